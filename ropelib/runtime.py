@@ -1,0 +1,48 @@
+"""Where ropelib's kernels run: on a CUDA GPU, or on the CPU through Triton's interpreter.
+
+`TRITON_INTERPRET=1` must be set before Triton compiles anything (in practice: before
+`import ropelib`). Nothing here touches the GPU at import time.
+"""
+import os
+
+import torch
+
+INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def on_gpu() -> bool:
+    """True when kernels run compiled on a CUDA GPU (not in the interpreter)."""
+    return (not INTERPRET) and torch.cuda.is_available()
+
+
+def default_device() -> str:
+    """The device notebooks and tests put tensors on: "cuda" on a GPU, else "cpu" (interpreter)."""
+    return "cuda" if on_gpu() else "cpu"
+
+
+def mode() -> str:
+    """A one-line description of the execution mode, for notebooks and benchmark headers."""
+    if on_gpu():
+        return f"GPU ({torch.cuda.get_device_name()})"
+    if INTERPRET:
+        return "CPU, Triton interpreter (TRITON_INTERPRET=1)"
+    return "CPU without the interpreter: kernels cannot run (set TRITON_INTERPRET=1 before import)"
+
+
+def check_kernel_device(t: torch.Tensor, name: str) -> None:
+    """Raise a clear error when a kernel cannot run on `t`'s device."""
+    if t.device.type == "cuda":
+        if INTERPRET:
+            raise ValueError(
+                f"{name} is on {t.device}, but TRITON_INTERPRET=1 runs kernels on the CPU: "
+                "move the tensors to the CPU or unset TRITON_INTERPRET before importing ropelib"
+            )
+        return
+    if t.device.type == "cpu":
+        if not INTERPRET:
+            raise ValueError(
+                f"{name} is a CPU tensor, but Triton kernels run on the CPU only through the "
+                "interpreter: set TRITON_INTERPRET=1 before importing ropelib, or move it to CUDA"
+            )
+        return
+    raise ValueError(f"{name} is on {t.device}; ropelib's kernels need a CUDA or CPU tensor")
