@@ -1,0 +1,246 @@
+"""The two teaching kernel generations (naive, batch-reuse) against the plain-PyTorch reference.
+
+Shapes are tiny: on the CPU every program instance costs a few ms in Triton's interpreter.
+"""
+import os
+import re
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
+
+from ropelib import runtime  # noqa: E402
+from ropelib.kernels.batch_reuse import rope_batch_reuse  # noqa: E402
+from ropelib.kernels.naive import rope_naive  # noqa: E402
+from ropelib.reference import rope_reference  # noqa: E402
+
+DEVICE = runtime.default_device()
+KERNELS = [rope_naive, rope_batch_reuse]
+# (atol, rtol) against an fp64 reference rounded once: the kernels round once too, so they may
+# differ by one unit in the last place where the fp32 and fp64 results straddle a rounding edge.
+TOL = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-3, 2e-3), torch.bfloat16: (1e-2, 1.6e-2),
+       torch.float64: (1e-12, 1e-12)}
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def te_freqs(P, D, device=DEVICE):
+    """TE-convention angles [P, 1, 1, D]: cat(f, f) with f = p * 10000^(-2i/D)."""
+    inv = 1.0 / (10000.0 ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
+    f = torch.outer(torch.arange(P, dtype=torch.float32), inv)
+    return torch.cat([f, f], dim=-1).view(P, 1, 1, D).to(device)
+
+
+def poisoned_out(x):
+    """An output buffer full of NaN: an element the kernel forgets to write stays NaN."""
+    return torch.full(x.shape, float("nan"), dtype=x.dtype, device=x.device)
+
+
+def assert_matches(y, ref):
+    atol, rtol = TOL[ref.dtype]
+    assert not torch.isnan(y).any(), "an output element was not written (still NaN)"
+    torch.testing.assert_close(y, ref, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.__name__)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("D", [16, 24, 64])  # 24: half = 12 is not a power of two (masked tile)
+def test_forward_matches_reference(kernel, dtype, D):
+    torch.manual_seed(0)
+    S, B, H = 3, 2, 2
+    x = torch.randn(S, B, H, D, device=DEVICE).to(dtype)
+    freqs = te_freqs(S + 2, D)  # a table longer than the sequence (TE's "margin")
+    x_before = x.clone()
+    y = kernel(x, freqs, out=poisoned_out(x))
+    assert torch.equal(x, x_before), "the kernel mutated its input"
+    assert y.dtype == dtype and y.shape == x.shape and y.is_contiguous()
+    assert_matches(y, rope_reference(x, freqs))
+    # The default output (no out=) is the same.
+    assert torch.equal(kernel(x, freqs), y)
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.__name__)
+def test_head_dim_72_and_2d_freqs(kernel):
+    # A real non-power-of-two head dim (half = 36 in a 64-wide tile), freqs given as [P, D].
+    torch.manual_seed(1)
+    x = torch.randn(2, 2, 1, 72, device=DEVICE, dtype=torch.bfloat16)
+    freqs = te_freqs(4, 72).view(4, 72)
+    assert_matches(kernel(x, freqs, out=poisoned_out(x)), rope_reference(x, freqs))
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.__name__)
+@pytest.mark.parametrize("view", ["bshd_transposed", "head_dim_strided", "freqs_strided"])
+def test_arbitrary_strides(kernel, view):
+    torch.manual_seed(2)
+    S, B, H, D = 3, 2, 2, 16
+    freqs = te_freqs(S, D)
+    if view == "bshd_transposed":      # a [B, S, H, D] tensor seen as sbhd: no copy
+        x = torch.randn(B, S, H, D, device=DEVICE).transpose(0, 1)
+    elif view == "head_dim_strided":   # every other feature: stride 2 along D
+        x = torch.randn(S, B, H, 2 * D, device=DEVICE)[..., ::2]
+    else:                              # a non-contiguous table: stride 2 along D
+        x = torch.randn(S, B, H, D, device=DEVICE)
+        freqs = torch.randn(S, 1, 1, 2 * D, device=DEVICE)[..., ::2]
+    assert not x.is_contiguous() or view == "freqs_strided"
+    y = kernel(x, freqs, out=poisoned_out(x))
+    assert_matches(y, rope_reference(x, freqs))
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.__name__)
+@pytest.mark.parametrize("table", ["te", "per_feature"])
+def test_backward_is_autograd_of_reference(kernel, table):
+    # backward=True must be the exact transpose, i.e. what autograd finds for the reference.
+    # "per_feature": random angles whose halves differ, so the transpose is not just -theta
+    # with the same table; the kernel must still be exact.
+    torch.manual_seed(3)
+    S, B, H, D = 3, 2, 2, 24
+    freqs = te_freqs(S, D) if table == "te" else torch.randn(S, 1, 1, D, device=DEVICE) * 3
+    x = torch.randn(S, B, H, D, device=DEVICE, dtype=torch.float64, requires_grad=True)
+    g = torch.randn(S, B, H, D, device=DEVICE, dtype=torch.float64)
+    (gx_ref,) = torch.autograd.grad(rope_reference(x, freqs), x, g)
+    g32 = g.float()
+    gx = kernel(g32, freqs, backward=True, out=poisoned_out(g32))
+    assert_matches(gx, gx_ref.float())
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.__name__)
+def test_backward_undoes_forward(kernel):
+    # R(theta)^T R(theta) = I: backward(forward(x)) == x, in fp64 to machine precision.
+    torch.manual_seed(4)
+    x = torch.randn(3, 2, 2, 16, device=DEVICE, dtype=torch.float64)
+    freqs = te_freqs(3, 16)
+    back = kernel(kernel(x, freqs), freqs, backward=True)
+    torch.testing.assert_close(back, x, atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.__name__)
+def test_stride0_grad_output(kernel):
+    # grad_output of `y.sum()` or of an expand is stride-0 ("overlapping"): read it as it is.
+    S, B, H, D = 3, 2, 2, 16
+    freqs = te_freqs(S, D)
+    g = torch.randn(S, 1, H, D, device=DEVICE).expand(S, B, H, D)
+    assert g.stride(1) == 0
+    gx = kernel(g, freqs, backward=True, out=poisoned_out(g))
+    x = torch.zeros(S, B, H, D, device=DEVICE, dtype=torch.float64, requires_grad=True)
+    (gx_ref,) = torch.autograd.grad(rope_reference(x, freqs), x, g.double())
+    assert_matches(gx, gx_ref.float())
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.__name__)
+def test_gradcheck_float64(kernel):
+    # A float64 autograd.Function around the kernel passes torch.autograd.gradcheck.
+    class Rope(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, freqs):
+            ctx.save_for_backward(freqs)
+            return kernel(x, freqs)
+
+        @staticmethod
+        def backward(ctx, gy):
+            (freqs,) = ctx.saved_tensors
+            return kernel(gy, freqs, backward=True), None
+
+    freqs = torch.randn(2, 1, 1, 8, device=DEVICE)
+    x = torch.randn(2, 1, 1, 8, device=DEVICE, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(Rope.apply, (x, freqs), eps=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.__name__)
+def test_in_place(kernel):
+    x = torch.randn(2, 2, 1, 16, device=DEVICE)
+    freqs = te_freqs(2, 16)
+    ref = rope_reference(x, freqs)
+    y = kernel(x, freqs, out=x)
+    assert y is x
+    assert_matches(x, ref)
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.__name__)
+def test_num_warps_does_not_change_the_result(kernel):
+    x = torch.randn(2, 2, 1, 16, device=DEVICE)
+    freqs = te_freqs(2, 16)
+    assert torch.equal(kernel(x, freqs, num_warps=1), kernel(x, freqs, num_warps=4))
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.__name__)
+def test_empty_input(kernel):
+    x = torch.randn(0, 2, 1, 16, device=DEVICE)
+    assert kernel(x, te_freqs(1, 16)).shape == x.shape
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.__name__)
+@pytest.mark.parametrize("case, exc, words", [
+    ("x_not_tensor", TypeError, "x must be a torch.Tensor"),
+    ("freqs_not_tensor", TypeError, "freqs must be a torch.Tensor"),
+    ("x_3d", ValueError, "x must be 4-D"),
+    ("x_int", TypeError, "x must be float16"),
+    ("odd_D", ValueError, "must be even"),
+    ("D_too_big", ValueError, "must be even and in"),
+    ("freqs_fp16", TypeError, "freqs must be float32"),
+    ("freqs_3d", ValueError, "freqs must be [P, 1, 1, D] or [P, D]"),
+    ("freqs_wrong_D", ValueError, "freqs' last dim must equal"),
+    ("freqs_short", ValueError, "freqs.shape[0] must be >= S"),
+    ("out_wrong_dtype", ValueError, "out must have x's shape"),
+    ("out_strided", ValueError, "out's last dim must be contiguous"),
+    ("out_overlaps", ValueError, "out overlaps x"),
+])
+def test_bad_input_is_rejected(kernel, case, exc, words):
+    x = torch.randn(3, 1, 1, 8, device=DEVICE)
+    freqs = te_freqs(3, 8)
+    kw = {}
+    if case == "x_not_tensor":
+        x = x.tolist()
+    elif case == "freqs_not_tensor":
+        freqs = freqs.tolist()
+    elif case == "x_3d":
+        x = x[0]
+    elif case == "x_int":
+        x = x.to(torch.int32)
+    elif case == "odd_D":
+        x = torch.randn(3, 1, 1, 7, device=DEVICE)
+    elif case == "D_too_big":
+        x, freqs = torch.randn(1, 1, 1, 514, device=DEVICE), te_freqs(1, 514)
+    elif case == "freqs_fp16":
+        freqs = freqs.half()
+    elif case == "freqs_3d":
+        freqs = freqs.view(3, 1, 8)
+    elif case == "freqs_wrong_D":
+        freqs = te_freqs(3, 4)
+    elif case == "freqs_short":
+        freqs = te_freqs(2, 8)
+    elif case == "out_wrong_dtype":
+        kw["out"] = torch.empty(x.shape, device=DEVICE, dtype=torch.float16)
+    elif case == "out_strided":
+        kw["out"] = torch.empty(3, 1, 1, 16, device=DEVICE)[..., ::2]
+    elif case == "out_overlaps":
+        big = torch.randn(4, 1, 1, 8, device=DEVICE)
+        x, kw["out"] = big[:3], big[1:]
+    with pytest.raises(exc, match=re.escape(words)):
+        kernel(x, freqs, **kw)
+
+
+@pytest.mark.skipif(runtime.INTERPRET or not torch.cuda.is_available(), reason="needs a CPU "
+                    "tensor refused without the interpreter, i.e. a compiled (GPU) session")
+@pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.__name__)
+def test_cpu_tensor_without_interpreter_is_rejected(kernel):
+    with pytest.raises(ValueError, match="interpreter"):
+        kernel(torch.randn(1, 1, 1, 8), te_freqs(1, 8, device="cpu"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not runtime.on_gpu(), reason="needs a CUDA GPU (compiled kernels)")
+@pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.__name__)
+@pytest.mark.parametrize("D", [64, 80, 128, 256])
+def test_gpu_large_bf16(kernel, D):
+    # Full-size positions: long tables stress the in-kernel sin/cos range reduction.
+    torch.manual_seed(5)
+    S, B, H = 4096, 2, 8
+    x = torch.randn(S, B, H, D, device="cuda", dtype=torch.bfloat16)
+    freqs = te_freqs(S, D, device="cuda")
+    y = kernel(x, freqs, out=poisoned_out(x))
+    assert_matches(y, rope_reference(x, freqs, compute_dtype=torch.float64))
+    g = torch.randn_like(x)
+    xg = x.double().requires_grad_()
+    (gx_ref,) = torch.autograd.grad(rope_reference(xg, freqs), xg, g.double())
+    assert_matches(kernel(g, freqs, backward=True), gx_ref.to(torch.bfloat16))
