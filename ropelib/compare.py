@@ -1,0 +1,861 @@
+"""One comparison engine behind notebook 06's dashboard, the benchmark suite and the tests.
+
+A *provider* computes RoPE on the same inputs as every other provider: ropelib's kernels (each
+generation), Transformer Engine's fused and unfused paths, plain PyTorch, ``torch.compile`` of
+plain PyTorch, Liger Kernel and flash-attn's rotary. For one :class:`Config`, :func:`run_case`
+returns one row per provider with
+
+* forward and forward+backward time (median, 20th and 80th percentile): ``triton.testing.do_bench``
+  on a GPU; on the CPU (Triton interpreter) a small wall-clock timer whose numbers mean nothing;
+* GB/s from a bytes-moved model: read x + write y + read the fp32 angle table (forward), twice
+  that for forward+backward (the backward reads dy, writes dx and reads the table again);
+* the time of a plain device copy of the same bytes measured in the same run
+  (``y.copy_(x)``; twice for forward+backward) and ``ratio = copy_ms / provider_ms``
+  (1.0 = as fast as a copy; RoPE is memory-bound, so a copy is the floor);
+* max abs / max relative / max ulp error of the forward output against an fp64 reference.
+
+A provider that is not installed, or does not support a configuration, is listed with the reason
+and never raises. Nothing here touches the GPU at import time.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import datetime
+import importlib
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Optional
+
+import torch
+
+from . import reference, runtime
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+LAYOUTS = ("sbhd", "bshd", "thd")
+CONFIG_FIELDS = ("seq_len", "batch", "heads", "head_dim", "dtype", "layout", "interleaved",
+                 "rotary_percent", "start_positions", "kv_heads")
+RESULT_FIELDS = ("provider", "available", "reason", "fwd_ms", "fwd_ms_p20", "fwd_ms_p80",
+                 "fwdbwd_ms", "fwdbwd_ms_p20", "fwdbwd_ms_p80", "fwd_gbps", "fwdbwd_gbps",
+                 "copy_fwd_ms", "copy_fwdbwd_ms", "ratio_fwd", "ratio_fwdbwd", "max_abs_err",
+                 "max_rel_err", "max_ulp_err", "device", "timing")
+ROW_FIELDS = CONFIG_FIELDS + RESULT_FIELDS
+TIMING_GPU = "do_bench"
+TIMING_CPU = "wall-clock (interpreter; meaningless)"
+
+
+# --- configuration ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Config:
+    """One RoPE problem. ``kv_heads`` set: Q [.., heads, D] and K [.., kv_heads, D] in one call.
+
+    ``start_positions=True`` gives each sequence a random start offset (TE's semantics; the angle
+    table is then 2*seq_len long). ``layout="thd"`` packs ``batch`` sequences of ``seq_len``.
+    """
+    seq_len: int
+    batch: int
+    heads: int
+    head_dim: int
+    dtype: str = "bf16"
+    layout: str = "sbhd"
+    interleaved: bool = False
+    rotary_percent: float = 1.0
+    start_positions: bool = False
+    kv_heads: Optional[int] = None
+
+    def __post_init__(self):
+        for name in ("seq_len", "batch", "heads", "head_dim"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"Config.{name} must be a positive int, got {v!r}")
+        if self.kv_heads is not None and (isinstance(self.kv_heads, bool)
+                                          or not isinstance(self.kv_heads, int)
+                                          or self.kv_heads < 1):
+            raise ValueError(f"Config.kv_heads must be None or a positive int, got {self.kv_heads!r}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"Config.dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"Config.layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if not (0.0 < float(self.rotary_percent) <= 1.0):
+            raise ValueError(f"Config.rotary_percent must be in (0, 1], got {self.rotary_percent!r}")
+        rot = self.rotary_dim
+        if rot < 2 or rot % 2:
+            raise ValueError(f"Config.rotary_percent={self.rotary_percent} gives rotary dim {rot} "
+                             f"for head_dim={self.head_dim}; it must be even and >= 2")
+
+    @property
+    def rotary_dim(self) -> int:
+        """TE's convention: ``int(head_dim * rotary_percent)``."""
+        return int(self.head_dim * self.rotary_percent)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def as_dict(self) -> dict:
+        return {f: getattr(self, f) for f in CONFIG_FIELDS}
+
+
+def angles(seq_len: int, rot_dim: int, *, interleaved: bool = False, base: float = 10000.0,
+           device=None) -> torch.Tensor:
+    """TE's angle table ``[seq_len, 1, 1, R]`` fp32: ``cat(f, f)`` (rotate-half) or
+    ``f0 f0 f1 f1 ...`` (interleaved), ``f[p, j] = p * base^(-2j/R)``."""
+    inv = 1.0 / (base ** (torch.arange(0, rot_dim, 2, dtype=torch.float32, device=device) / rot_dim))
+    f = torch.outer(torch.arange(seq_len, dtype=torch.float32, device=device), inv)  # [P, R/2]
+    emb = f.repeat_interleave(2, dim=-1) if interleaved else torch.cat((f, f), dim=-1)
+    return emb.view(seq_len, 1, 1, rot_dim)
+
+
+@dataclass
+class Case:
+    """The inputs of one run, shared by all providers (they must not modify them)."""
+    config: Config
+    x: torch.Tensor                        # [S,B,H,D] / [B,S,H,D] / [B*S,H,D]
+    k: Optional[torch.Tensor]              # same with kv_heads, or None
+    freqs: torch.Tensor                    # [P, 1, 1, R] fp32 angles (TE convention)
+    start: Optional[torch.Tensor]          # [B] int32 start offsets, or None
+    cu_seqlens: Optional[torch.Tensor]     # [B+1] int32 (thd), or None
+
+    @property
+    def tensors(self):
+        return (self.x,) if self.k is None else (self.x, self.k)
+
+
+def make_case(config: Config, device=None, seed: int = 0) -> Case:
+    """Fresh random inputs for ``config`` on ``device`` (default: ropelib's device)."""
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be a ropelib.compare.Config, got {type(config).__name__}")
+    device = torch.device(device or runtime.default_device())
+    g = torch.Generator().manual_seed(seed)
+    c = config
+    dtype = c.torch_dtype
+
+    def shape(h):
+        if c.layout == "sbhd":
+            return (c.seq_len, c.batch, h, c.head_dim)
+        if c.layout == "bshd":
+            return (c.batch, c.seq_len, h, c.head_dim)
+        return (c.batch * c.seq_len, h, c.head_dim)
+
+    x = torch.randn(shape(c.heads), generator=g).to(device=device, dtype=dtype)
+    k = None if c.kv_heads is None else \
+        torch.randn(shape(c.kv_heads), generator=g).to(device=device, dtype=dtype)
+    start = None
+    table_len = c.seq_len
+    if c.start_positions:
+        start = torch.randint(0, c.seq_len, (c.batch,), generator=g).to(device=device,
+                                                                        dtype=torch.int32)
+        table_len = 2 * c.seq_len
+    cu = None
+    if c.layout == "thd":
+        cu = (torch.arange(c.batch + 1, dtype=torch.int32) * c.seq_len).to(device)
+    freqs = angles(table_len, c.rotary_dim, interleaved=c.interleaved, device=device)
+    return Case(c, x, k, freqs, start, cu)
+
+
+def reference_output(case: Case):
+    """fp64 RoPE of each input tensor (not rounded): the oracle of the error columns."""
+    c = case.config
+    return tuple(reference.rope_reference(t.double(), case.freqs.double(), layout=c.layout,
+                                          interleaved=c.interleaved,
+                                          start_positions=case.start, cu_seqlens=case.cu_seqlens)
+                 for t in case.tensors)
+
+
+# --- providers --------------------------------------------------------------------------------
+
+@dataclass
+class Provider:
+    """``fn(case) -> output tensor`` (or ``(q_out, k_out)`` when ``kv_heads`` is set), autograd-
+    aware. ``supports(config)`` returns ``None`` or the reason a configuration cannot run."""
+    name: str
+    available: bool
+    reason: str
+    fn: Optional[Callable] = None
+    supports: Optional[Callable[[Config], Optional[str]]] = None
+    description: str = ""
+
+    def why_not(self, config: Config) -> Optional[str]:
+        if not self.available:
+            return self.reason
+        return self.supports(config) if self.supports is not None else None
+
+
+def _try_import(module: str):
+    try:
+        return importlib.import_module(module), ""
+    except Exception as e:  # ImportError, or a broken CUDA extension raising at import
+        return None, f"{module} does not import ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+
+
+def _kernels_runnable() -> Optional[str]:
+    if runtime.on_gpu() or runtime.INTERPRET:
+        return None
+    return "Triton kernels cannot run here: " + runtime.mode()
+
+
+def _each(case: Case, fn):
+    """Apply a single-tensor RoPE to x (and k): the two-launch Q+K path of providers without one."""
+    outs = tuple(fn(t) for t in case.tensors)
+    return outs[0] if case.k is None else outs
+
+
+def _ropelib_finished() -> Provider:
+    import ropelib
+    why = _kernels_runnable()
+    if not hasattr(ropelib, "apply_rope"):
+        return Provider("ropelib", False, "ropelib.apply_rope is not there yet (finished kernel)")
+    if why:
+        return Provider("ropelib", False, why)
+
+    def fn(case):
+        c = case.config
+        kw = dict(layout=c.layout, interleaved=c.interleaved, start_positions=case.start,
+                  cu_seqlens=case.cu_seqlens)
+        if case.k is not None:
+            return ropelib.apply_rope_qk(case.x, case.k, case.freqs, **kw)
+        return ropelib.apply_rope(case.x, case.freqs, **kw)
+    return Provider("ropelib", True, "", fn, description="ropelib.apply_rope (finished kernel)")
+
+
+class _GenerationFn(torch.autograd.Function):
+    """Autograd for the teaching generations: their launcher computes the backward itself."""
+
+    @staticmethod
+    def forward(ctx, x, freqs, launcher):
+        ctx.save_for_backward(freqs)
+        ctx.launcher = launcher
+        return launcher(x, freqs, backward=False)
+
+    @staticmethod
+    def backward(ctx, dy):
+        (freqs,) = ctx.saved_tensors
+        return ctx.launcher(dy.contiguous(), freqs, backward=True), None, None
+
+
+def _generation_supports(config: Config) -> Optional[str]:
+    reasons = []
+    if config.layout != "sbhd":
+        reasons.append("sbhd only")
+    if config.interleaved:
+        reasons.append("rotate-half only")
+    if config.rotary_percent != 1.0:
+        reasons.append("full rotary only")
+    if config.start_positions:
+        reasons.append("no start_positions")
+    if config.kv_heads is not None:
+        reasons.append("one tensor per launch (no Q+K)")
+    return ("unsupported config: " + ", ".join(reasons)) if reasons else None
+
+
+def _ropelib_generation(name: str, module: str, attr: str, description: str) -> Provider:
+    mod, why = _try_import(module)
+    if mod is None or not hasattr(mod, attr):
+        return Provider(name, False, why or f"{module}.{attr} is missing")
+    why = _kernels_runnable()
+    if why:
+        return Provider(name, False, why)
+    launcher = getattr(mod, attr)
+
+    def fn(case):
+        return _GenerationFn.apply(case.x, case.freqs, launcher)
+    return Provider(name, True, "", fn, _generation_supports, description)
+
+
+def _pytorch_fn(case):
+    c = case.config
+    return _each(case, lambda t: reference.te_unfused(
+        t, case.freqs, tensor_format=c.layout, start_positions=case.start,
+        interleaved=c.interleaved, cu_seqlens=case.cu_seqlens))
+
+
+def _pytorch() -> Provider:
+    return Provider("pytorch", True, "", _pytorch_fn,
+                    description="plain PyTorch, TE's unfused math in the input dtype")
+
+
+def _torch_compile() -> Provider:
+    if not runtime.on_gpu():
+        return Provider("torch.compile", False, "interpreter mode: torch.compile is benchmarked "
+                        "on a GPU only")
+    compiled = {}
+
+    def fn(case):
+        c = case.config
+        key = (c.layout, c.interleaved, case.start is None, case.k is None)
+        if key not in compiled:  # one compiled function per static variant
+            compiled[key] = torch.compile(_pytorch_fn, dynamic=False)
+        return compiled[key](case)
+    return Provider("torch.compile", True, "", fn,
+                    lambda c: "thd is not compiled (per-sequence Python loop)" if c.layout == "thd"
+                    else None, "torch.compile of the plain PyTorch provider")
+
+
+def _te(fused: bool) -> Provider:
+    name = "te_fused" if fused else "te_unfused"
+    mod, why = _try_import("transformer_engine.pytorch.attention.rope")
+    if mod is None:
+        return Provider(name, False, why)
+    te_apply = mod.apply_rotary_pos_emb
+
+    def fn(case):
+        c = case.config
+        kw = dict(tensor_format=c.layout, fused=fused)
+        if c.interleaved:
+            kw["interleaved"] = True
+        if case.start is not None:
+            kw["start_positions"] = case.start
+        if case.cu_seqlens is not None:
+            kw["cu_seqlens"] = case.cu_seqlens
+        return _each(case, lambda t: te_apply(t, case.freqs, **kw))
+    return Provider(name, True, "", fn,
+                    lambda c: None if runtime.on_gpu() else "Transformer Engine needs a GPU",
+                    f"Transformer Engine apply_rotary_pos_emb(fused={fused})")
+
+
+def _liger() -> Provider:
+    mod, why = _try_import("liger_kernel.ops.rope")
+    if mod is None:
+        return Provider("liger", False, why)
+
+    def supports(c):
+        reasons = []
+        if not runtime.on_gpu():
+            reasons.append("GPU only")
+        if c.layout != "bshd":
+            reasons.append("takes (batch, heads, seq, dim) views of bshd; other layouts copy")
+        if c.interleaved:
+            reasons.append("rotate-half only")
+        if c.rotary_percent != 1.0:
+            reasons.append("full rotary only")
+        if c.start_positions:
+            reasons.append("no start_positions")
+        return ("unsupported config: " + ", ".join(reasons)) if reasons else None
+
+    def fn(case):
+        c = case.config
+        f = case.freqs[:c.seq_len, 0, 0, :]                     # [S, D] angles, cat(f, f)
+        cos, sin = torch.cos(f).unsqueeze(0), torch.sin(f).unsqueeze(0)  # [1, S, D]
+        q = case.x.clone().transpose(1, 2)                     # [B, H, S, D] view, in place
+        # Liger rotates Q and K together; without kv_heads a one-head K rides along (1/H extra).
+        k = (case.k.clone() if case.k is not None else case.x[:, :, :1].clone()).transpose(1, 2)
+        if case.x.requires_grad:
+            q, k = q.detach().requires_grad_(), k.detach().requires_grad_()
+        qo, ko = mod.LigerRopeFunction.apply(q, k, cos.to(q.dtype), sin.to(q.dtype))
+        return qo.transpose(1, 2) if case.k is None else (qo.transpose(1, 2), ko.transpose(1, 2))
+    return Provider("liger", True, "", fn, supports, "Liger Kernel LigerRopeFunction (in place)")
+
+
+def _flash_attn() -> Provider:
+    mod, why = _try_import("flash_attn.layers.rotary")
+    if mod is None:
+        return Provider("flash_attn", False, why)
+
+    def supports(c):
+        return None if runtime.on_gpu() else "GPU only"
+
+    def fn(case):
+        c = case.config
+        R = c.rotary_dim
+        half = case.freqs[:, 0, 0, 0:R:2] if c.interleaved else case.freqs[:, 0, 0, :R // 2]
+        cos, sin = torch.cos(half).to(case.x.dtype), torch.sin(half).to(case.x.dtype)  # [P, R/2]
+        kw = dict(interleaved=c.interleaved)
+        if case.start is not None:
+            kw["seqlen_offsets"] = case.start
+        if c.layout == "thd":
+            kw.update(cu_seqlens=case.cu_seqlens, max_seqlen=c.seq_len)
+
+        def one(t):
+            if c.layout == "sbhd":
+                return mod.apply_rotary_emb(t.transpose(0, 1), cos, sin, **kw).transpose(0, 1)
+            return mod.apply_rotary_emb(t, cos, sin, **kw)
+        return _each(case, one)
+    return Provider("flash_attn", True, "", fn, supports,
+                    "flash-attn apply_rotary_emb (cos/sin table in the input dtype)")
+
+
+PROVIDER_NAMES = ("ropelib", "ropelib_naive", "ropelib_batch_reuse", "te_fused", "te_unfused",
+                  "pytorch", "torch.compile", "liger", "flash_attn")
+
+
+def providers() -> list:
+    """Every provider ropelib knows, available or not (then with the reason)."""
+    out = []
+    makers = {
+        "ropelib": _ropelib_finished,
+        "ropelib_naive": lambda: _ropelib_generation(
+            "ropelib_naive", "ropelib.kernels.naive", "rope_naive",
+            "generation 1: one program per (token, batch, head) row"),
+        "ropelib_batch_reuse": lambda: _ropelib_generation(
+            "ropelib_batch_reuse", "ropelib.kernels.batch_reuse", "rope_batch_reuse",
+            "generation 2: grid (S, H), cos/sin reused over the batch"),
+        "te_fused": lambda: _te(True),
+        "te_unfused": lambda: _te(False),
+        "pytorch": _pytorch,
+        "torch.compile": _torch_compile,
+        "liger": _liger,
+        "flash_attn": _flash_attn,
+    }
+    for name in PROVIDER_NAMES:
+        try:
+            out.append(makers[name]())
+        except Exception as e:  # a provider must never break the listing
+            out.append(Provider(name, False, f"failed to set up: {type(e).__name__}: {e}"))
+    return out
+
+
+def _resolve(selection) -> list:
+    if selection is None:
+        return providers()
+    if isinstance(selection, (str, Provider)):
+        selection = [selection]
+    known = None
+    out = []
+    for p in selection:
+        if isinstance(p, Provider):
+            out.append(p)
+        elif isinstance(p, str):
+            if known is None:
+                known = {q.name: q for q in providers()}
+            if p not in known:
+                raise ValueError(f"providers: unknown provider {p!r}; known: {PROVIDER_NAMES}")
+            out.append(known[p])
+        else:
+            raise TypeError(f"providers must hold names or Provider objects, got {type(p).__name__}")
+    return out
+
+
+# --- timing -----------------------------------------------------------------------------------
+
+def _sync(device):
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _wall_bench(fn, reps=3, warmup=1):
+    """Median, 20th and 80th percentile wall-clock ms of fn(); for the CPU interpreter only."""
+    for _ in range(warmup):
+        fn()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    ts.sort()
+    q = lambda p: ts[min(len(ts) - 1, int(round(p * (len(ts) - 1))))]
+    return statistics.median(ts), q(0.2), q(0.8)
+
+
+def _bench(fn, device, grad_to_none=None):
+    if torch.device(device).type == "cuda":
+        import triton.testing
+        return tuple(triton.testing.do_bench(fn, quantiles=[0.5, 0.2, 0.8],
+                                             grad_to_none=grad_to_none))
+    return _wall_bench(fn)
+
+
+def bytes_moved(config: Config, backward: bool = False) -> int:
+    """The bytes model behind GB/s: read x (+k), write y, read the fp32 angle table; the backward
+    moves as much again."""
+    c = config
+    elem = torch.tensor([], dtype=c.torch_dtype).element_size()
+    heads = c.heads + (c.kv_heads or 0)
+    tokens = c.seq_len * c.batch
+    n = 2 * tokens * heads * c.head_dim * elem + c.seq_len * c.rotary_dim * 4
+    return 2 * n if backward else n
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+def ulp(ref: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The unit in the last place of ``dtype`` at each value of ``ref`` (fp64 result); floored at
+    the ulp of the smallest normal so zeros do not divide by zero."""
+    fi = torch.finfo(dtype)
+    _, e = torch.frexp(ref.double().abs())          # |ref| = m * 2**e, m in [0.5, 1)
+    mag = torch.ldexp(torch.ones_like(ref, dtype=torch.float64), e - 1)  # 2**floor(log2|ref|)
+    return torch.clamp(mag, min=fi.tiny) * fi.eps
+
+
+def error_metrics(actual, reference_fp64) -> dict:
+    """max abs, max relative and max ulp error of ``actual`` (tensor or tuple) against fp64
+    values; relative error uses ``max(|ref|, 1e-3 * max|ref|)`` so values near zero do not turn
+    tiny absolute errors into huge relative ones."""
+    if isinstance(actual, torch.Tensor):
+        actual = (actual,)
+    if isinstance(reference_fp64, torch.Tensor):
+        reference_fp64 = (reference_fp64,)
+    if len(actual) != len(reference_fp64):
+        raise ValueError(f"actual has {len(actual)} tensors, reference {len(reference_fp64)}")
+    abs_e = rel_e = ulp_e = 0.0
+    for a, r in zip(actual, reference_fp64):
+        if a.shape != r.shape:
+            raise ValueError(f"actual shape {tuple(a.shape)} != reference shape {tuple(r.shape)}")
+        r = r.detach().double()
+        diff = (a.detach().double() - r).abs()
+        if not torch.isfinite(diff).all():
+            return {"max_abs_err": math.inf, "max_rel_err": math.inf, "max_ulp_err": math.inf}
+        floor = 1e-3 * float(r.abs().max()) if r.numel() else 0.0
+        abs_e = max(abs_e, float(diff.max()) if diff.numel() else 0.0)
+        rel_e = max(rel_e, float((diff / r.abs().clamp(min=max(floor, 1e-300))).max())
+                    if diff.numel() else 0.0)
+        ulp_e = max(ulp_e, float((diff / ulp(r, a.dtype)).max()) if diff.numel() else 0.0)
+    return {"max_abs_err": abs_e, "max_rel_err": rel_e, "max_ulp_err": ulp_e}
+
+
+# --- one configuration ------------------------------------------------------------------------
+
+def _empty_row(config, name, device, timing, available, reason):
+    row = dict(config.as_dict())
+    row.update({f: None for f in RESULT_FIELDS})
+    row.update(provider=name, available=available, reason=reason, device=str(device),
+               timing=timing)
+    return row
+
+
+def _outputs(out):
+    return (out,) if isinstance(out, torch.Tensor) else tuple(out)
+
+
+def run_case(config: Config, providers=None, *, backward: bool = True, device=None,
+             seed: int = 0) -> list:
+    """One row per provider for ``config`` (see the module docstring for the columns).
+
+    ``providers``: None (all), names, or :class:`Provider` objects. Unavailable or unsupported
+    providers, and providers that fail at run time, give a row with ``available=False`` and the
+    reason instead of raising.
+    """
+    if not isinstance(config, Config):
+        raise TypeError(f"config must be a ropelib.compare.Config, got {type(config).__name__}")
+    provs = _resolve(providers)
+    device = torch.device(device or runtime.default_device())
+    timing = TIMING_GPU if device.type == "cuda" else TIMING_CPU
+    case = make_case(config, device)
+    ref = reference_output(case)
+
+    # the copy floor of the same bytes, measured in this run
+    src = [t.clone() for t in case.tensors]
+    dst = [torch.empty_like(t) for t in case.tensors]
+
+    def copy_once():
+        for d, s in zip(dst, src):
+            d.copy_(s)
+
+    def copy_twice():
+        copy_once()
+        copy_once()
+    copy_fwd = _bench(copy_once, device)[0]
+    copy_fwdbwd = _bench(copy_twice, device)[0] if backward else None
+    nbytes, nbytes_bwd = bytes_moved(config), bytes_moved(config, backward=True)
+
+    rows = []
+    for p in provs:
+        why = p.why_not(config)
+        row = _empty_row(config, p.name, device, timing, why is None, why or "")
+        row.update(copy_fwd_ms=copy_fwd, copy_fwdbwd_ms=copy_fwdbwd)
+        if why is None:
+            try:
+                _measure(p, case, ref, row, backward, device, nbytes, nbytes_bwd,
+                         copy_fwd, copy_fwdbwd)
+            except Exception as e:
+                row.update(available=False, reason=f"failed: {type(e).__name__}: "
+                                                    f"{str(e).splitlines()[0] if str(e) else ''}")
+        rows.append(row)
+    return rows
+
+
+def _measure(p, case, ref, row, backward, device, nbytes, nbytes_bwd, copy_fwd, copy_fwdbwd):
+    inputs = [t.clone() for t in case.tensors]
+    fresh = dataclasses.replace(case, x=inputs[0], k=inputs[1] if len(inputs) > 1 else None)
+    with torch.no_grad():
+        out = _outputs(p.fn(fresh))
+    for t, t0 in zip(inputs, case.tensors):
+        if not torch.equal(t, t0):
+            raise RuntimeError("provider modified its input (in place): rows would mislead")
+    row.update(error_metrics(out, ref))
+
+    def fwd():
+        with torch.no_grad():
+            p.fn(case)
+    ms = _bench(fwd, device)
+    row.update(fwd_ms=ms[0], fwd_ms_p20=ms[1], fwd_ms_p80=ms[2],
+               fwd_gbps=nbytes / ms[0] / 1e6, ratio_fwd=copy_fwd / ms[0])
+    if backward:
+        leaves = [t.detach().clone().requires_grad_() for t in case.tensors]
+        gcase = dataclasses.replace(case, x=leaves[0], k=leaves[1] if len(leaves) > 1 else None)
+        grads = [torch.randn_like(t) for t in case.tensors]
+
+        def fwdbwd():
+            outs = _outputs(p.fn(gcase))
+            torch.autograd.backward(outs, grads)
+        ms = _bench(fwdbwd, device, grad_to_none=leaves)
+        row.update(fwdbwd_ms=ms[0], fwdbwd_ms_p20=ms[1], fwdbwd_ms_p80=ms[2],
+                   fwdbwd_gbps=nbytes_bwd / ms[0] / 1e6, ratio_fwdbwd=copy_fwdbwd / ms[0])
+
+
+# --- sweeps -----------------------------------------------------------------------------------
+
+class _TextBar:
+    """A progress bar for terminals without tqdm."""
+
+    def __init__(self, total, desc):
+        self.total, self.n, self.desc = total, 0, desc
+        self._draw()
+
+    def _draw(self):
+        w = 30
+        done = int(w * self.n / max(self.total, 1))
+        sys.stderr.write(f"\r{self.desc} [{'#' * done}{'.' * (w - done)}] {self.n}/{self.total}")
+        sys.stderr.flush()
+
+    def update(self, k=1):
+        self.n += k
+        self._draw()
+
+    def close(self):
+        sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+class _WidgetBar:
+    def __init__(self, total, desc):
+        import ipywidgets
+        from IPython.display import display
+        self.bar = ipywidgets.IntProgress(value=0, min=0, max=total, description=desc[:20])
+        display(self.bar)
+
+    def update(self, k=1):
+        self.bar.value += k
+
+    def close(self):
+        self.bar.bar_style = "success"
+
+
+def _in_notebook() -> bool:
+    try:
+        from IPython import get_ipython
+        ip = get_ipython()
+        return ip is not None and type(ip).__name__ == "ZMQInteractiveShell"
+    except Exception:
+        return False
+
+
+def progress_bar(total: int, desc: str = "sweep", kind=True):
+    """``kind``: True (auto: ipywidgets in a notebook, else tqdm, else text), "widget", "tqdm",
+    "text". Returns an object with ``update()`` and ``close()``."""
+    if kind is True:
+        kind = "widget" if _in_notebook() else "tqdm"
+    if kind == "widget":
+        try:
+            return _WidgetBar(total, desc)
+        except Exception:
+            kind = "tqdm"
+    if kind == "tqdm":
+        try:
+            from tqdm.auto import tqdm
+            return tqdm(total=total, desc=desc)
+        except ImportError:
+            kind = "text"
+    if kind == "text":
+        return _TextBar(total, desc)
+    raise ValueError(f"progress must be True, False, 'widget', 'tqdm' or 'text', got {kind!r}")
+
+
+def sweep(base: Config, axis: str, values: Iterable, providers=None, *, progress=True,
+          on_row: Optional[Callable[[dict], None]] = None, backward: bool = True,
+          device=None) -> list:
+    """``run_case`` for ``base`` with ``axis`` set to each of ``values``; rows in order.
+    ``on_row(row)`` is called as each row arrives (the dashboard's live update)."""
+    if not isinstance(base, Config):
+        raise TypeError(f"base must be a ropelib.compare.Config, got {type(base).__name__}")
+    if axis not in CONFIG_FIELDS:
+        raise ValueError(f"axis must be one of {CONFIG_FIELDS}, got {axis!r}")
+    values = list(values)
+    if not values:
+        raise ValueError("values must not be empty")
+    provs = _resolve(providers)   # resolved once: torch.compile caches live in the provider
+    configs = [dataclasses.replace(base, **{axis: v}) for v in values]
+    bar = progress_bar(len(configs), f"{axis} sweep", progress) if progress else None
+    rows = []
+    try:
+        for cfg in configs:
+            for row in run_case(cfg, provs, backward=backward, device=device):
+                rows.append(row)
+                if on_row is not None:
+                    on_row(row)
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    return rows
+
+
+# --- CSV and provenance -----------------------------------------------------------------------
+
+def environment_meta() -> dict:
+    """Where the numbers come from: GPU, driver, versions, date, execution mode."""
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "mode": runtime.mode(), "python": platform.python_version(),
+            "platform": platform.platform(), "torch": torch.__version__,
+            "cuda": torch.version.cuda or "none"}
+    try:
+        import triton
+        meta["triton"] = triton.__version__
+    except Exception:
+        meta["triton"] = "not installed"
+    try:
+        from importlib.metadata import version
+        meta["transformer_engine"] = version("transformer_engine")
+    except Exception:
+        meta["transformer_engine"] = "not installed"
+    meta["gpu"] = torch.cuda.get_device_name() if runtime.on_gpu() else "none"
+    meta["driver"] = "none"
+    if runtime.on_gpu():
+        try:
+            meta["driver"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]
+        except Exception:
+            meta["driver"] = "unknown"
+    return meta
+
+
+def write_csv(rows, path, meta=None) -> str:
+    """Rows to CSV; ``meta`` (e.g. :func:`environment_meta`) as leading ``# key: value`` lines."""
+    rows = list(rows)
+    if not rows:
+        raise ValueError("rows must not be empty")
+    fields = list(ROW_FIELDS) + sorted({k for r in rows for k in r} - set(ROW_FIELDS))
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", newline="") as f:
+        for k, v in (meta or {}).items():
+            f.write(f"# {k}: {str(v).replace(chr(10), ' ')}\n")
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: "" if r.get(k) is None else r.get(k) for k in fields})
+    return str(path)
+
+
+def _parse(v: str):
+    if v == "":
+        return None
+    if v in ("True", "False"):
+        return v == "True"
+    for conv in (int, float):
+        try:
+            return conv(v)
+        except ValueError:
+            pass
+    return v
+
+
+def read_meta(path) -> dict:
+    """The ``# key: value`` header of a CSV written by :func:`write_csv`."""
+    meta = {}
+    with open(path) as f:
+        for line in f:
+            if not line.startswith("# "):
+                break
+            k, _, v = line[2:].rstrip("\n").partition(": ")
+            meta[k] = v
+    return meta
+
+
+def read_csv(path) -> list:
+    """Rows of a CSV written by :func:`write_csv`, values parsed back to int/float/bool/None."""
+    with open(path, newline="") as f:
+        lines = [ln for ln in f if not ln.startswith("# ")]
+    rows = []
+    for r in csv.DictReader(lines):
+        row = {k: _parse(v) for k, v in r.items()}
+        if isinstance(row.get("rotary_percent"), int):
+            row["rotary_percent"] = float(row["rotary_percent"])
+        rows.append(row)
+    return rows
+
+
+# --- plots ------------------------------------------------------------------------------------
+
+def plot_sweep(rows, axis: str, *, metric: str = "fwd_gbps", ax=None, title=None,
+               group=("provider",)):
+    """Draw ``metric`` vs ``axis`` per provider (and extra ``group`` fields) with matplotlib."""
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 4))
+    series = {}
+    for r in rows:
+        if r.get(metric) is None or not r.get("available"):
+            continue
+        key = " ".join(str(r[g]) if g == "provider" else f"{g}={r[g]}" for g in group)
+        series.setdefault(key, []).append((r[axis], r[metric]))
+    for key, pts in series.items():
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=key)
+    ax.set_xlabel(axis)
+    ax.set_ylabel(metric)
+    timing = {r.get("timing") for r in rows}
+    t = title or f"{metric} vs {axis}"
+    if TIMING_CPU in timing:
+        t += "\n(CPU interpreter: timings meaningless)"
+    ax.set_title(t, fontsize=9)
+    ax.grid(alpha=0.3)
+    if series:
+        ax.legend(fontsize=7)
+    return ax
+
+
+# --- the seeds' sweeps ------------------------------------------------------------------------
+
+SEED_PROVIDERS = ("ropelib", "ropelib_batch_reuse", "te_fused", "te_unfused", "pytorch",
+                  "torch.compile")
+
+
+@dataclass(frozen=True)
+class SeedSweep:
+    """A sweep from the earlier projects, reproduced: ``sweep(base, axis, values, providers)``."""
+    name: str
+    base: Config
+    axis: str
+    values: tuple
+    providers: tuple = SEED_PROVIDERS
+    note: str = ""
+
+
+def _seed_sweeps() -> tuple:
+    out = []
+    # Seed 2: GB/s vs seq_len at head_num 64, head_dim 128, batch 1/2/4/8 (RTX 2070 Super).
+    for dtype in ("fp32", "bf16"):
+        for b in (1, 2, 4, 8):
+            out.append(SeedSweep(f"seq_len-b{b}-{dtype}", Config(256, b, 64, 128, dtype),
+                                 "seq_len", tuple(range(256, 4096, 256)),
+                                 note="seed 2: batch-reuse grid vs TE, head_num 64, head_dim 128"))
+    # Seed 3: Triton fused vs CUDA fused (TE) vs PyTorch unfused over each axis.
+    base = Config(2048, 2, 32, 128, "bf16")
+    note = "seed 3: Triton fused vs TE fused vs PyTorch unfused"
+    out += [SeedSweep("seq-bf16", base, "seq_len", (512, 1024, 2048, 4096, 8192), note=note),
+            SeedSweep("hidden-bf16", base, "head_dim", (64, 128, 256), note=note),
+            SeedSweep("heads-bf16", base, "heads", (8, 16, 32, 64), note=note),
+            SeedSweep("batch-bf16", base, "batch", (1, 2, 4, 8, 16), note=note)]
+    return tuple(out)
+
+
+SEED_SWEEPS = _seed_sweeps()
+
+
+def shrink(sweep_def: SeedSweep, seq_len=16, batch=None, heads=2, head_dim=16,
+           n_values=3) -> SeedSweep:
+    """A tiny copy of a seed sweep for the CPU interpreter (same axis, first values scaled)."""
+    scale = {"seq_len": seq_len, "batch": batch or min(sweep_def.base.batch, 2),
+             "heads": heads, "head_dim": head_dim}
+    base = dataclasses.replace(sweep_def.base, **scale)
+    tiny = {"seq_len": (4, 8, 16, 32), "head_dim": (8, 16, 32), "heads": (1, 2, 4),
+            "batch": (1, 2, 4)}.get(sweep_def.axis, sweep_def.values)
+    return dataclasses.replace(sweep_def, base=base, values=tuple(tiny[:n_values]))
