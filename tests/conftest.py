@@ -1,0 +1,117 @@
+"""Shared pytest set-up for ropelib's tests.
+
+The first thing it does: on a machine without a usable CUDA GPU, switch Triton's interpreter on
+(`TRITON_INTERPRET=1`) *before* anything imports ropelib, because Triton decides how to run a
+`@triton.jit` function when ropelib's kernel modules are imported. The variable is inherited by
+the pytest-xdist workers and by the notebook kernels that nbmake starts.
+
+Markers (registered in pyproject.toml):
+- `gpu`: skipped, with the reason, unless the kernels run compiled on a CUDA GPU;
+- `browser`: skipped, with the reason, unless playwright and a chromium binary are there
+  (set ROPELIB_REQUIRE_BROWSER=1, as .ci/run does once it installed chromium, to fail instead);
+- `slow`: informational; deselect with `-m "not slow"`.
+"""
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before ropelib (and its @triton.jit) is imported
+
+import importlib.util  # noqa: E402
+import random  # noqa: E402
+import shutil  # noqa: E402
+import zlib  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+def _gpu_skip_reason() -> str | None:
+    """Why GPU tests cannot run here, or None when they can."""
+    if not torch.cuda.is_available():
+        return "needs a CUDA GPU (torch.cuda.is_available() is False); CPU runs use the Triton interpreter"
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return "TRITON_INTERPRET=1 runs the kernels in the interpreter; GPU tests need compiled kernels"
+    return None
+
+
+def chromium_path() -> str | None:
+    """The chromium binary the browser tests drive (ROPELIB_CHROMIUM overrides the search)."""
+    explicit = os.environ.get("ROPELIB_CHROMIUM")
+    if explicit:
+        return explicit if os.path.exists(explicit) else None
+    for name in ("chromium", "chromium-browser"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def _browser_skip_reason() -> str | None:
+    """Why browser tests cannot run here, or None when they can."""
+    if importlib.util.find_spec("playwright") is None:
+        return "needs the playwright package (pip install -e '.[test]')"
+    if chromium_path() is None:
+        return "needs Debian's chromium (apt-get install -y chromium) or ROPELIB_CHROMIUM=/path/to/chromium"
+    return None
+
+
+def pytest_report_header(config):
+    import ropelib
+
+    lines = [f"ropelib {ropelib.__version__}: {ropelib.runtime.mode()}"]
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        lines.append("TRITON_INTERPRET=1 (kernels run on the CPU through Triton's interpreter)")
+    return lines
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_reason = _gpu_skip_reason()
+    browser_reason = _browser_skip_reason()
+    require_browser = os.environ.get("ROPELIB_REQUIRE_BROWSER") == "1"
+    for item in items:
+        if gpu_reason and item.get_closest_marker("gpu"):
+            item.add_marker(pytest.mark.skip(reason=gpu_reason))
+        if browser_reason and item.get_closest_marker("browser") and not require_browser:
+            item.add_marker(pytest.mark.skip(reason=browser_reason))
+
+
+def pytest_runtest_setup(item):
+    # CI installed chromium and set ROPELIB_REQUIRE_BROWSER=1: a missing piece fails the test.
+    if item.get_closest_marker("browser") and os.environ.get("ROPELIB_REQUIRE_BROWSER") == "1":
+        reason = _browser_skip_reason()
+        if reason:
+            pytest.fail(f"ROPELIB_REQUIRE_BROWSER=1 but the browser test {reason}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def device() -> str:
+    """"cuda" when the kernels run compiled on a GPU, else "cpu" (Triton interpreter)."""
+    import ropelib
+
+    return ropelib.default_device()
+
+
+@pytest.fixture
+def seeded(request) -> int:
+    """Seed torch, numpy and random afresh for each test; returns the seed.
+
+    The seed is derived from the test's id, so each test draws its own inputs and a failure
+    reproduces when the one test is rerun.
+    """
+    import numpy as np
+
+    seed = zlib.crc32(request.node.nodeid.encode())
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+    return seed
+
+
+@pytest.fixture(scope="session")
+def chromium_executable() -> str:
+    """Path of the chromium binary for playwright's `executable_path` (browser tests)."""
+    path = chromium_path()
+    if path is None:
+        pytest.skip(_browser_skip_reason() or "chromium not found")
+    return path
