@@ -182,7 +182,8 @@ def test_empty_input(kernel):
     ("freqs_wrong_D", ValueError, "freqs' last dim must equal"),
     ("freqs_short", ValueError, "freqs.shape[0] must be >= S"),
     ("out_wrong_dtype", ValueError, "out must have x's shape"),
-    ("out_strided", ValueError, "out's last dim must be contiguous"),
+    ("out_strided", ValueError, "out must be contiguous"),
+    ("out_expanded", ValueError, "out must be contiguous"),
     ("out_overlaps", ValueError, "out overlaps x"),
 ])
 def test_bad_input_is_rejected(kernel, case, exc, words):
@@ -213,6 +214,9 @@ def test_bad_input_is_rejected(kernel, case, exc, words):
         kw["out"] = torch.empty(x.shape, device=DEVICE, dtype=torch.float16)
     elif case == "out_strided":
         kw["out"] = torch.empty(3, 1, 1, 16, device=DEVICE)[..., ::2]
+    elif case == "out_expanded":      # stride 0: several programs would write one element
+        kw["out"] = torch.empty(3, 1, 1, 8, device=DEVICE).expand(3, 2, 1, 8)
+        x = torch.randn(3, 2, 1, 8, device=DEVICE)
     elif case == "out_overlaps":
         big = torch.randn(4, 1, 1, 8, device=DEVICE)
         x, kw["out"] = big[:3], big[1:]

@@ -71,6 +71,17 @@ def _rope_batch_reuse_kernel(
         tl.store(y_row + HALF + offs, y2.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+def batch_reuse_grid(S: int, H: int):
+    """The launch grid: one program per (token, head) pair; each loops over the batch."""
+    return (S, H)
+
+
+def angle_bytes_requested(S: int, B: int, H: int, D: int) -> int:
+    """Bytes of fp32 angles all programs load: one row of D angles per program, not per batch."""
+    programs = batch_reuse_grid(S, H)
+    return programs[0] * programs[1] * D * 4
+
+
 def rope_batch_reuse(x: torch.Tensor, freqs: torch.Tensor, *, backward: bool = False,
                      out: Optional[torch.Tensor] = None,
                      num_warps: Optional[int] = None) -> torch.Tensor:
@@ -80,8 +91,8 @@ def rope_batch_reuse(x: torch.Tensor, freqs: torch.Tensor, *, backward: bool = F
         x: [S, B, H, D] (sbhd), fp16/bf16/fp32/fp64, any strides; D even, <= 512.
         freqs: fp32 angles [P, 1, 1, D] or [P, D], P >= S (TE's convention, cat(f, f)).
         backward: rotate by -theta (the transpose), i.e. turn grad_y into grad_x.
-        out: optional [S, B, H, D] tensor of x's dtype with a contiguous last dim to write into
-            (`out=x` rotates in place); by default a new contiguous tensor.
+        out: optional contiguous [S, B, H, D] tensor of x's dtype to write into (`out=x`
+            rotates a contiguous x in place); by default a new contiguous tensor.
         num_warps: warps per program (32 threads each); by default from the tile size.
     Returns:
         The rotated tensor (out if given), dtype of x; math in fp32 (fp64 for fp64 x), one rounding.
@@ -92,7 +103,7 @@ def rope_batch_reuse(x: torch.Tensor, freqs: torch.Tensor, *, backward: bool = F
         return y
     S, B, H, D = x.shape
     half, block_half, compute = _launch_params(x)
-    _rope_batch_reuse_kernel[(S, H)](
+    _rope_batch_reuse_kernel[batch_reuse_grid(S, H)](
         x, y, f2, B,
         x.stride(0), x.stride(1), x.stride(2), x.stride(3),
         y.stride(0), y.stride(1), y.stride(2),

@@ -119,9 +119,9 @@ def _check_inputs(x, freqs, out, fn_name):
             raise ValueError(f"{fn_name}: out must have x's shape {tuple(x.shape)}, dtype "
                              f"{x.dtype} and device {x.device}; got {tuple(out.shape)}, "
                              f"{out.dtype}, {out.device}")
-        if out.numel() and out.stride(3) != 1:
-            raise ValueError(f"{fn_name}: out's last dim must be contiguous (stride 1), got "
-                             f"strides {out.stride()}")
+        if not out.is_contiguous():
+            # A stride-0 (expanded) out would have several programs write one element.
+            raise ValueError(f"{fn_name}: out must be contiguous, got strides {out.stride()}")
         same_storage = (out.numel() and x.numel() and
                         out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr())
         if same_storage and (out.data_ptr() != x.data_ptr() or out.stride() != x.stride()):
@@ -130,11 +130,26 @@ def _check_inputs(x, freqs, out, fn_name):
     return f2
 
 
+def half_tile(head_dim: int):
+    """(HALF, BLOCK_HALF): features per half, and the power-of-two tile a half is loaded in."""
+    half = head_dim // 2
+    return half, triton.next_power_of_2(half)
+
+
 def _launch_params(x):
     """(HALF, BLOCK_HALF, COMPUTE_DTYPE) for x."""
-    half = x.shape[3] // 2
     compute = tl.float64 if x.dtype == torch.float64 else tl.float32
-    return half, triton.next_power_of_2(half), compute
+    return (*half_tile(x.shape[3]), compute)
+
+
+def naive_grid(S: int, B: int, H: int):
+    """The launch grid: one program per (token, batch, head) row."""
+    return (S * B * H,)
+
+
+def angle_bytes_requested(S: int, B: int, H: int, D: int) -> int:
+    """Bytes of fp32 angles all programs load: every program reads its position's D angles."""
+    return naive_grid(S, B, H)[0] * D * 4
 
 
 def default_num_warps(block_half: int) -> int:
@@ -150,8 +165,8 @@ def rope_naive(x: torch.Tensor, freqs: torch.Tensor, *, backward: bool = False,
         x: [S, B, H, D] (sbhd), fp16/bf16/fp32/fp64, any strides; D even, <= 512.
         freqs: fp32 angles [P, 1, 1, D] or [P, D], P >= S (TE's convention, cat(f, f)).
         backward: rotate by -theta (the transpose), i.e. turn grad_y into grad_x.
-        out: optional [S, B, H, D] tensor of x's dtype with a contiguous last dim to write into
-            (`out=x` rotates in place); by default a new contiguous tensor.
+        out: optional contiguous [S, B, H, D] tensor of x's dtype to write into (`out=x`
+            rotates a contiguous x in place); by default a new contiguous tensor.
         num_warps: warps per program (32 threads each); by default from the tile size.
     Returns:
         The rotated tensor (out if given), dtype of x; math in fp32 (fp64 for fp64 x), one rounding.
@@ -162,7 +177,7 @@ def rope_naive(x: torch.Tensor, freqs: torch.Tensor, *, backward: bool = False,
         return y
     S, B, H, D = x.shape
     half, block_half, compute = _launch_params(x)
-    _rope_naive_kernel[(S * B * H,)](
+    _rope_naive_kernel[naive_grid(S, B, H)](
         x, y, f2, B, H,
         x.stride(0), x.stride(1), x.stride(2), x.stride(3),
         y.stride(0), y.stride(1), y.stride(2),
