@@ -1,0 +1,399 @@
+"""The allclose debugger behind notebook 07: why `torch.allclose(tokens_te, tokens_triton)` fails
+although the first ten printed values are identical.
+
+The story (BACKGROUND item 1): a Triton RoPE written after Unsloth's kernel was checked against
+Transformer Engine's fused RoPE with ``assert torch.allclose(tokens_te, tokens_triton)``; it
+failed, the first ten printed values of both tensors were identical, and the cause was never
+found. This module reproduces it with a small *teaching* kernel and lets each possible cause be
+switched on and off (:class:`Causes`), with the tools to look in the right place: an error map
+over position x feature, the argmax location, errors in ulps and dtype-aware tolerances.
+
+With Transformer Engine installed (and a GPU) the comparison uses the real TE fused kernel;
+otherwise ``ropelib.reference.te_fused_emulation`` (TE's math: fp32 sin/cos of fp32 angles,
+fp32 multiply-add, one rounding), labelled "TE emulation".
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from . import reference, runtime
+from .compare import DTYPES, angles, ulp
+
+__all__ = ["Causes", "Scenario", "REPRO", "FIXED", "CAUSE_DOCS", "tolerances", "ulp_error",
+           "error_map", "argmax_location", "plot_heatmap", "te_fused", "te_label",
+           "rope_unsloth_repro", "apply_rotary_pos_emb_triton", "reproduce", "diagnose"]
+
+
+# --- the reproduction kernel ------------------------------------------------------------------
+# THE REPRODUCTION, NOT ropelib's KERNEL. Written after Unsloth's `_rope_embedding`: rows are the
+# flattened first two dims of a bshd tensor, the position of a row is `row % SEQ_LEN`, the
+# cos/sin table [P, D/2] comes precomputed (in the model's dtype, as HF/Unsloth caches it), the
+# math runs in the table's dtype (`x.to(sin.dtype)`), and the tensor is rotated in place. Each
+# constexpr switches one of the causes notebook 07 studies.
+#
+# How it is parallelised: grid (ROWS, H); one program rotates the first R features of one head
+# of one row, loading the two halves as two tiles of BLOCK_HALF.
+
+@triton.jit
+def _rope_unsloth_repro_kernel(
+    x_ptr,  # *x: [ROWS, H, D] rotated in place; last dim contiguous
+    cos_ptr,  # *table: [P, HALF] cos values (or angles when FROM_ANGLES)
+    sin_ptr,  # *table: [P, HALF] sin values (ignored when FROM_ANGLES)
+    stride_xr, stride_xh,  # x strides (rows, heads), in elements
+    stride_t,  # table row stride, in elements
+    SEQ_LEN,  # the modulus of `row % SEQ_LEN`: the position of a row (Unsloth's indexing)
+    HALF: tl.constexpr,  # R // 2: features per half of the rotated part
+    BLOCK_HALF: tl.constexpr,  # next power of two >= HALF
+    FROM_ANGLES: tl.constexpr,  # True: the table holds fp32 angles, cos/sin computed here
+    COMPUTE_FP32: tl.constexpr,  # False: math in the table's dtype (Unsloth's `.to(sin1.dtype)`)
+    USE_FMA: tl.constexpr,  # True: y1 = fma(x1, c, -x2*s), y2 = fma(x2, c, x1*s)
+):
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1).to(tl.int64)
+    pos = row % SEQ_LEN  # right for bshd rows b*S + s with SEQ_LEN == S; wrong otherwise
+    offs = tl.arange(0, BLOCK_HALF)
+    mask = offs < HALF
+    if FROM_ANGLES:
+        theta = tl.load(cos_ptr + pos * stride_t + offs, mask=mask, other=0.0).to(tl.float32)
+        c = tl.cos(theta)
+        s = tl.sin(theta)
+    else:
+        c = tl.load(cos_ptr + pos * stride_t + offs, mask=mask, other=0.0)
+        s = tl.load(sin_ptr + pos * stride_t + offs, mask=mask, other=0.0)
+    x_row = x_ptr + row * stride_xr + head * stride_xh
+    x1 = tl.load(x_row + offs, mask=mask, other=0.0)
+    x2 = tl.load(x_row + HALF + offs, mask=mask, other=0.0)
+    if not COMPUTE_FP32:
+        # Math "in the input dtype": the table is rounded to x's dtype and so is every product
+        # (what bf16/fp16 arithmetic does; spelled out in fp32 so the interpreter agrees).
+        c = c.to(x_ptr.dtype.element_ty)
+        s = s.to(x_ptr.dtype.element_ty)
+    c = c.to(tl.float32)
+    s = s.to(tl.float32)
+    x1 = x1.to(tl.float32)
+    x2 = x2.to(tl.float32)
+    if USE_FMA:
+        # one rounding for x1*c and the sum (the products x2*s, x1*s are still rounded)
+        y1 = tl.fma(x1, c, -(x2 * s))
+        y2 = tl.fma(x2, c, x1 * s)
+    elif COMPUTE_FP32:
+        y1 = x1 * c - x2 * s
+        y2 = x2 * c + x1 * s
+    else:
+        DT: tl.constexpr = x_ptr.dtype.element_ty
+        y1 = (x1 * c).to(DT).to(tl.float32) - (x2 * s).to(DT).to(tl.float32)
+        y2 = (x2 * c).to(DT).to(tl.float32) + (x1 * s).to(DT).to(tl.float32)
+    tl.store(x_row + offs, y1.to(x_ptr.dtype.element_ty), mask=mask)
+    tl.store(x_row + HALF + offs, y2.to(x_ptr.dtype.element_ty), mask=mask)
+
+
+def rope_unsloth_repro(x: torch.Tensor, cos: torch.Tensor, sin: Optional[torch.Tensor] = None, *,
+                       seq_len: int, from_angles: bool = False, compute_fp32: bool = False,
+                       use_fma: bool = False) -> torch.Tensor:
+    """Rotate ``x`` [ROWS, H, D] (rows = flattened bshd batch x seq) **in place**, Unsloth-style.
+
+    ``cos``/``sin`` [P, R/2] tables (or ``cos`` = fp32 angles [P, R/2] with ``from_angles``);
+    the first R = 2 * cos.shape[1] features are rotated, the rest left alone. A row's position is
+    ``row % seq_len``. Returns ``x``.
+    """
+    if not isinstance(x, torch.Tensor) or x.dim() != 3:
+        raise ValueError(f"x must be a 3-D tensor [ROWS, H, D], got "
+                         f"{getattr(x, 'shape', type(x).__name__)}")
+    if x.stride(-1) != 1:
+        raise ValueError("x's last dim must be contiguous")
+    if cos.dim() != 2 or (sin is not None and sin.shape != cos.shape):
+        raise ValueError(f"cos/sin must be [P, R/2] tables of one shape, got {tuple(cos.shape)}")
+    if sin is None and not from_angles:
+        raise ValueError("sin is required unless from_angles=True")
+    if cos.stride(-1) != 1 or (sin is not None and sin.stride() != cos.stride()):
+        raise ValueError("cos/sin must have a contiguous last dim and equal strides")
+    half = cos.shape[1]
+    if 2 * half > x.shape[2]:
+        raise ValueError(f"the table rotates {2 * half} features but x has head dim {x.shape[2]}")
+    if not isinstance(seq_len, int) or seq_len < 1:
+        raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
+    runtime.check_kernel_device(x, "x")
+    _rope_unsloth_repro_kernel[(x.shape[0], x.shape[1])](
+        x, cos, cos if sin is None else sin, x.stride(0), x.stride(1), cos.stride(0), seq_len,
+        HALF=half, BLOCK_HALF=triton.next_power_of_2(half), FROM_ANGLES=bool(from_angles),
+        COMPUTE_FP32=bool(compute_fp32), USE_FMA=bool(use_fma))
+    return x
+
+
+# --- the causes -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Causes:
+    """Each field switches one cause on (True) or off. :data:`REPRO` is the reported failure,
+    :data:`FIXED` every cause off (plus the in-kernel sin/cos TE uses)."""
+    table_in_input_dtype: bool = True       # cos/sin table precomputed and stored in x's dtype
+    math_in_input_dtype: bool = True        # x.to(sin.dtype): multiply-add in x's dtype
+    sincos_in_kernel: bool = False          # cos/sin computed in the kernel from fp32 angles
+    fma: bool = False                       # explicit fused multiply-add (one rounding less)
+    sbhd_row_indexing: bool = False         # sbhd rows fed to the bshd `row % S` position formula
+    te_freqs_reshaped: bool = False         # TE's [s,1,1,d] freqs .view(-1, d/2) as [s, d/2] table
+    interleaved_mismatch: bool = False      # the model (TE) pairs (2j, 2j+1); the kernel halves
+    partial_rotary_ignored: bool = False    # TE rotary_percent=0.5; the kernel rotates all of D
+    table_margin: bool = False              # table has extra rows; kernel takes S from the table
+    inplace_double_rotation: bool = False   # in-place kernel runs first; TE rotates its output
+
+
+CAUSE_DOCS = {
+    "table_in_input_dtype": "cos/sin table precomputed in the input dtype (HF/Unsloth cache)",
+    "math_in_input_dtype": "multiply-add in the input dtype (x.to(sin.dtype))",
+    "sincos_in_kernel": "sin/cos computed in the kernel from fp32 angles (as TE does)",
+    "fma": "explicit fused multiply-add (operation order / one rounding less)",
+    "sbhd_row_indexing": "sbhd tensor indexed with the bshd position formula row % S",
+    "te_freqs_reshaped": "TE's duplicated [s,1,1,d] freqs viewed as an [s, d/2] table",
+    "interleaved_mismatch": "model uses interleaved pairs, kernel rotates halves",
+    "partial_rotary_ignored": "model rotates 50% of the head (rotary_percent=0.5), kernel all",
+    "table_margin": "table longer than the sequence; kernel takes S from the table",
+    "inplace_double_rotation": "in-place kernel ran first, TE rotated the rotated tensor",
+}
+
+REPRO = Causes()
+FIXED = Causes(table_in_input_dtype=False, math_in_input_dtype=False, sincos_in_kernel=True)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Sizes of the story. ``layout`` is TE's ``tensor_format`` (sbhd, TE's default)."""
+    seq_len: int = 64
+    batch: int = 2
+    heads: int = 4
+    head_dim: int = 32
+    dtype: str = "bf16"
+    layout: str = "sbhd"
+    margin: int = 8
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"Scenario.dtype must be one of {tuple(DTYPES)}, got {self.dtype!r}")
+        if self.layout not in ("sbhd", "bshd"):
+            raise ValueError(f"Scenario.layout must be 'sbhd' or 'bshd', got {self.layout!r}")
+        if self.head_dim % 4 or self.head_dim < 4:
+            raise ValueError(f"Scenario.head_dim must be a multiple of 4 (partial rotary halves "
+                             f"it), got {self.head_dim}")
+        for name in ("seq_len", "batch", "heads"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"Scenario.{name} must be >= 1")
+
+
+# --- the two sides of the comparison ----------------------------------------------------------
+
+def _te_module():
+    try:
+        from transformer_engine.pytorch.attention.rope import apply_rotary_pos_emb
+        return apply_rotary_pos_emb
+    except Exception:
+        return None
+
+
+def te_label(device=None) -> str:
+    """"TE fused" when the real Transformer Engine runs here, else "TE emulation"."""
+    dev = torch.device(device or runtime.default_device())
+    return "TE fused" if (_te_module() is not None and dev.type == "cuda") else "TE emulation"
+
+
+def te_fused(t: torch.Tensor, freqs: torch.Tensor, tensor_format: str = "sbhd",
+             interleaved: bool = False) -> torch.Tensor:
+    """TE's fused RoPE: the real one when installed (GPU), else ropelib's faithful emulation."""
+    fn = _te_module()
+    if fn is not None and t.device.type == "cuda":
+        kw = {"interleaved": True} if interleaved else {}
+        return fn(t, freqs, tensor_format=tensor_format, fused=True, **kw)
+    return reference.te_fused_emulation(t, freqs, tensor_format=tensor_format,
+                                        interleaved=interleaved)
+
+
+def apply_rotary_pos_emb_triton(t: torch.Tensor, freqs: torch.Tensor, tensor_format: str = "sbhd",
+                                causes: Causes = REPRO) -> torch.Tensor:
+    """The learner's wrapper around the Unsloth-style kernel, with the chosen causes.
+
+    ``t`` sbhd [S, B, H, D] or bshd [B, S, H, D]; ``freqs`` the kernel's own TE-style angles
+    [P, 1, 1, R] (rotate-half). Returns the rotated tensor; with ``inplace_double_rotation`` the
+    result is also written into ``t`` (the in-place kernel's side effect).
+    """
+    P, R = freqs.shape[0], freqs.shape[-1]
+    S = t.shape[0] if tensor_format == "sbhd" else t.shape[1]
+    f32 = freqs.float()
+    if causes.te_freqs_reshaped:
+        half = f32.reshape(-1, R // 2)[:P]   # rows 2p and 2p+1 both hold f_p: position p -> p//2
+    else:
+        half = f32[:, 0, 0, :R // 2]         # [P, R/2]: the distinct angles, f_p
+    half = half.contiguous()
+    if causes.sincos_in_kernel:
+        cos, sin, from_angles = half, None, True
+    else:
+        tdt = t.dtype if causes.table_in_input_dtype else torch.float32
+        cos, sin, from_angles = torch.cos(half).to(tdt), torch.sin(half).to(tdt), False
+    seq_mod = P if causes.table_margin else S
+    if tensor_format == "sbhd" and causes.sbhd_row_indexing:
+        work = t if causes.inplace_double_rotation else t.clone()
+        rows = work.view(-1, *work.shape[2:])          # rows s*B + b: position row % S is wrong
+        rope_unsloth_repro(rows, cos, sin, seq_len=seq_mod, from_angles=from_angles,
+                           compute_fp32=not causes.math_in_input_dtype, use_fma=causes.fma)
+        return work
+    bshd = t.transpose(0, 1) if tensor_format == "sbhd" else t
+    work = bshd.contiguous()
+    if work.data_ptr() == bshd.data_ptr() and not causes.inplace_double_rotation:
+        work = work.clone()                            # a safe wrapper never writes into t
+    rows = work.view(-1, *work.shape[2:])              # rows b*S + s
+    rope_unsloth_repro(rows, cos, sin, seq_len=seq_mod, from_angles=from_angles,
+                       compute_fp32=not causes.math_in_input_dtype, use_fma=causes.fma)
+    out = work.transpose(0, 1) if tensor_format == "sbhd" else work
+    if causes.inplace_double_rotation and out.data_ptr() != t.data_ptr():
+        t.copy_(out)
+    return out
+
+
+@dataclass
+class Result:
+    """One run of the story: the input, both outputs, the fp64 truth and what was compared."""
+    scenario: Scenario
+    causes: Causes
+    x: torch.Tensor               # the input as drawn (before any in-place write)
+    tokens_te: torch.Tensor
+    tokens_triton: torch.Tensor
+    reference: torch.Tensor       # fp64 RoPE of x with the model's settings (not rounded)
+    te_label: str
+    layout: str
+
+
+def reproduce(scenario: Scenario = Scenario(), causes: Causes = REPRO, device=None) -> Result:
+    """Run the seed's check: the Triton wrapper on ``tokens``, then TE on ``tokens``."""
+    if not isinstance(causes, Causes):
+        raise TypeError(f"causes must be ropelib.debug.Causes, got {type(causes).__name__}")
+    if not isinstance(scenario, Scenario):
+        raise TypeError(f"scenario must be ropelib.debug.Scenario, got {type(scenario).__name__}")
+    sc = scenario
+    device = torch.device(device or runtime.default_device())
+    dtype = DTYPES[sc.dtype]
+    g = torch.Generator().manual_seed(sc.seed)
+    shape = ((sc.seq_len, sc.batch, sc.heads, sc.head_dim) if sc.layout == "sbhd"
+             else (sc.batch, sc.seq_len, sc.heads, sc.head_dim))
+    tokens = torch.randn(shape, generator=g).to(device=device, dtype=dtype)
+    x = tokens.clone()
+    table_len = sc.seq_len + (sc.margin if causes.table_margin else 0)
+    # the model's angles (what TE gets) and the kernel's own (rotate-half, maybe full rotary)
+    R_model = sc.head_dim // 2 if causes.partial_rotary_ignored else sc.head_dim
+    freqs_model = angles(table_len, R_model, interleaved=causes.interleaved_mismatch,
+                         device=device)
+    freqs_kernel = angles(table_len, sc.head_dim, device=device)
+    tokens_triton = apply_rotary_pos_emb_triton(tokens, freqs_kernel, sc.layout, causes)
+    tokens_te = te_fused(tokens, freqs_model, sc.layout, interleaved=causes.interleaved_mismatch)
+    ref = reference.rope_reference(x.double(), freqs_model.double(), layout=sc.layout,
+                                   interleaved=causes.interleaved_mismatch)
+    return Result(sc, causes, x, tokens_te, tokens_triton, ref, te_label(device), sc.layout)
+
+
+# --- looking in the right place ---------------------------------------------------------------
+
+def tolerances(dtype) -> dict:
+    """Dtype-aware ``rtol``/``atol`` for ``torch.allclose(..., **tolerances(dtype))``.
+
+    rtol ~ a couple of ulps of the dtype (torch.testing's defaults): bf16 has 8 significant bits
+    (eps 2^-7), fp16 11, fp32 24. Compare with ``torch.allclose``'s defaults, rtol 1e-5 and
+    atol 1e-8, which ask bf16 for more bits than it has.
+    """
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {tuple(DTYPES)} or a torch dtype, got {dtype!r}")
+        dtype = DTYPES[dtype]
+    table = {torch.bfloat16: (1.6e-2, 1e-5), torch.float16: (1e-3, 1e-5),
+             torch.float32: (1.3e-6, 1e-5), torch.float64: (1e-7, 1e-7)}
+    if dtype not in table:
+        raise TypeError(f"dtype must be a floating dtype among {list(table)}, got {dtype}")
+    rtol, atol = table[dtype]
+    return {"rtol": rtol, "atol": atol}
+
+
+def ulp_error(actual: torch.Tensor, reference_fp64: torch.Tensor) -> torch.Tensor:
+    """|actual - reference| in units of ``actual.dtype``'s ulp at the reference value (fp64)."""
+    if actual.shape != reference_fp64.shape:
+        raise ValueError(f"actual {tuple(actual.shape)} and reference "
+                         f"{tuple(reference_fp64.shape)} must have one shape")
+    r = reference_fp64.double()
+    return (actual.double() - r).abs() / ulp(r, actual.dtype)
+
+
+def _to_sbhd(t: torch.Tensor, layout: str) -> torch.Tensor:
+    return t if layout == "sbhd" else t.transpose(0, 1)
+
+
+def error_map(a: torch.Tensor, b: torch.Tensor, layout: str = "sbhd") -> torch.Tensor:
+    """max |a - b| over batch and heads: a [S, D] float64 map over position x feature."""
+    if a.shape != b.shape:
+        raise ValueError(f"a {tuple(a.shape)} and b {tuple(b.shape)} must have one shape")
+    if layout not in ("sbhd", "bshd"):
+        raise ValueError(f"layout must be 'sbhd' or 'bshd', got {layout!r}")
+    d = _to_sbhd((a.double() - b.double()).abs(), layout)   # [S, B, H, D]
+    return d.amax(dim=(1, 2)).cpu()
+
+
+def argmax_location(a: torch.Tensor, b: torch.Tensor, layout: str = "sbhd") -> dict:
+    """Where |a - b| is largest: position, batch, head, feature and both values."""
+    d = _to_sbhd((a.double() - b.double()).abs(), layout)
+    idx = int(torch.argmax(d))
+    S, B, H, D = d.shape
+    s, rem = divmod(idx, B * H * D)
+    bb, rem = divmod(rem, H * D)
+    h, f = divmod(rem, D)
+    av, bv = _to_sbhd(a, layout)[s, bb, h, f], _to_sbhd(b, layout)[s, bb, h, f]
+    return {"position": s, "batch": bb, "head": h, "dim": f, "a": float(av), "b": float(bv),
+            "abs_diff": float(d[s, bb, h, f])}
+
+
+def plot_heatmap(err: torch.Tensor, ax=None, title: str = "max |difference| over batch, heads",
+                 log: bool = True):
+    """Draw an [S, D] error map (positions down, features across)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import LogNorm
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5, 4))
+    e = err.double().numpy()
+    pos = e[e > 0]
+    norm = LogNorm(vmin=max(pos.min(), 1e-8), vmax=max(pos.max(), 1e-7)) if (log and pos.size) \
+        else None
+    im = ax.imshow(e if norm is None else e.clip(min=norm.vmin), aspect="auto",
+                   interpolation="nearest", cmap="magma", norm=norm)
+    ax.set_xlabel("feature (dim)")
+    ax.set_ylabel("position")
+    ax.set_title(title, fontsize=9)
+    ax.figure.colorbar(im, ax=ax)
+    return ax
+
+
+def diagnose(result: Result, tolerance: str = "default") -> dict:
+    """What the learner should look at. ``tolerance``: "default" (torch.allclose's rtol 1e-5,
+    atol 1e-8) or "dtype" (:func:`tolerances`)."""
+    if tolerance not in ("default", "dtype"):
+        raise ValueError(f"tolerance must be 'default' or 'dtype', got {tolerance!r}")
+    a, b = result.tokens_te, result.tokens_triton
+    tol = {"rtol": 1e-5, "atol": 1e-8} if tolerance == "default" else tolerances(a.dtype)
+    dt = tolerances(a.dtype)
+    ref = result.reference
+    first_te, first_tr = a.flatten()[:10], b.flatten()[:10]
+    loc = argmax_location(a, b, result.layout)
+    return {
+        "te": result.te_label,
+        "tolerance": tolerance, "rtol": tol["rtol"], "atol": tol["atol"],
+        "allclose": bool(torch.allclose(a, b, **tol)),
+        "first_ten_equal": bool(torch.equal(first_te, first_tr)),
+        "first_ten_te": [round(float(v), 4) for v in first_te],
+        "first_ten_triton": [round(float(v), 4) for v in first_tr],
+        "max_abs_diff": loc["abs_diff"], "argmax": loc,
+        "n_mismatched": int((~torch.isclose(a, b, **tol)).sum()),
+        "numel": a.numel(),
+        "te_max_ulp": float(ulp_error(a, ref).max()),
+        "triton_max_ulp": float(ulp_error(b, ref).max()),
+        "te_matches_fp64": bool(torch.allclose(a.double(), ref, **dt)),
+        "triton_matches_fp64": bool(torch.allclose(b.double(), ref, **dt)),
+    }
