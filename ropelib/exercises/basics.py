@@ -1,0 +1,246 @@
+"""Exercise checks for notebooks 00-02 (setup, RoFormer math, PyTorch reference and layouts).
+
+Every `check_...` computes its expected answer from ropelib itself (`reference`, `frequencies`,
+`compare`), prints ✅ or ❌ through `ropelib.exercises.check`, returns a bool and never raises.
+Helpers that take the learner's *function* try it on several fresh inputs and report the first
+one that fails. The worked solutions are the `solution_*` functions below, shown folded in the
+notebooks with `ropelib.exercises.solution(basics.solution_...)`; the tests run every check on
+its solution and on wrong answers.
+"""
+import math
+from typing import Callable, Iterable, Optional, Sequence
+
+import torch
+
+from .. import frequencies, reference, runtime
+from . import _compare, call_answer, check
+
+__all__ = [
+    "check_device", "check_rotary_dim", "check_apply_rope",
+    "check_rotation_matrix", "check_relative_angle", "check_rotate_half",
+    "check_interleave_permutation",
+    "check_positions", "check_cos_sin_from_freqs", "check_bytes_moved",
+    "rotation_matrix_ref",
+]
+
+
+def _cases(name: str, fn: Callable, cases: Iterable, *, hint: Optional[str] = None,
+           atol: Optional[float] = None, rtol: Optional[float] = None,
+           post: Optional[Callable] = None) -> bool:
+    """Run fn(*args) for each (label, args, expected); one ✅ line, or ❌ for the first failure.
+
+    `post(answer, expected)` may reshape the learner's answer before comparing (e.g. angles
+    reduced modulo 2 pi).
+    """
+    answer = expected = None
+    for label, args, expected in cases:
+        ok, answer = call_answer(f"{name} ({label})", fn, *args)
+        if not ok:
+            return False
+        if post is not None:
+            try:
+                answer = post(answer, expected)
+            except Exception as exc:  # noqa: BLE001 -- report, never stop the notebook
+                return check(f"{name} ({label})", answer, expected, hint=f"{exc}")
+        same, _ = _compare(answer, expected, atol, rtol)
+        if not same:
+            return check(f"{name} ({label})", answer, expected, atol=atol, rtol=rtol, hint=hint)
+    return check(name, answer, expected, atol=atol, rtol=rtol, hint=hint)
+
+
+# --- notebook 00: setup and tour -------------------------------------------------------------
+
+def check_device(answer) -> bool:
+    """Which device do ropelib's notebooks put tensors on, on this machine? ("cuda" or "cpu")"""
+    return check("the device ropelib picks", answer, runtime.default_device(),
+                 hint="ropelib.default_device() is 'cuda' only with a GPU and without the interpreter")
+
+
+def check_rotary_dim(answer, head_dim: int = 80, rotary_percent: float = 0.5) -> bool:
+    """How many features of each head are rotated for this head_dim and rotary_percent?"""
+    return check(f"rotary dim for head_dim={head_dim}, rotary_percent={rotary_percent}", answer,
+                 frequencies.rotary_dim(head_dim, rotary_percent),
+                 hint="TE and HF both take int(head_dim * rotary_percent)")
+
+
+def check_apply_rope(y, x: torch.Tensor, freqs: torch.Tensor, *, layout: str = "sbhd",
+                     interleaved: bool = False) -> bool:
+    """Is y the RoPE of x (layout, interleaved) with the angle table freqs?"""
+    expected = reference.rope_reference(x.detach(), freqs, layout=layout, interleaved=interleaved)
+    return check(f"RoPE of x ({layout}{', interleaved' if interleaved else ''})", y, expected,
+                 hint="ropelib.apply_rope(x, freqs, layout=...); is the layout right?")
+
+
+# --- notebook 01: RoFormer math --------------------------------------------------------------
+
+def rotation_matrix_ref(m: int, inv_freq: torch.Tensor) -> torch.Tensor:
+    """R_m, the [R, R] block-diagonal rotation of position m (interleaved pairs, RoFormer eq. 13),
+    read off the reference: column i is the RoPE of the basis vector e_i."""
+    inv = inv_freq.to(torch.float64)
+    ang = (m * inv).repeat_interleave(2)                                # [R], pairwise
+    eye = torch.eye(ang.numel(), dtype=torch.float64)                   # rows e_i
+    return reference.apply_rope_ref(eye, ang.cos(), ang.sin(), interleaved=True).T
+
+
+def check_rotation_matrix(fn: Callable, rot_dim: int = 8, base: float = 10000.0) -> bool:
+    """fn(m, inv_freq) -> the [R, R] block-diagonal matrix R_m (pairs (2j, 2j+1), angle m*theta_j)."""
+    inv = frequencies.inv_freq(rot_dim, base).double()
+    cases = [(f"m={m}", (m, inv.clone()), rotation_matrix_ref(m, inv)) for m in (0, 1, 5, 37)]
+    return _cases("rotation matrix R_m", fn, cases, atol=1e-6, rtol=0,
+                  hint="block j is [[cos a, -sin a], [sin a, cos a]] with a = m * inv_freq[j]")
+
+
+def _wrap_to(answer, expected):
+    """answer reduced modulo 2 pi into (expected - pi, expected + pi]."""
+    a = torch.as_tensor(answer, dtype=torch.float64)
+    if a.shape != expected.shape:
+        return a
+    return expected + torch.remainder(a - expected + math.pi, 2 * math.pi) - math.pi
+
+
+def check_relative_angle(fn: Callable, rot_dim: int = 8, base: float = 10000.0) -> bool:
+    """fn(m, n, inv_freq) -> [R/2] angles phi_j with R_m^T R_n = blockdiag(rot(phi_j)).
+
+    The expected angles are read off the product of the reference matrices (atan2 of each
+    block); answers are compared modulo 2 pi.
+    """
+    inv = frequencies.inv_freq(rot_dim, base).double()
+    cases = []
+    for m, n in [(0, 3), (5, 2), (7, 7), (100, 42), (1000, 1001)]:
+        M = rotation_matrix_ref(m, inv).T @ rotation_matrix_ref(n, inv)
+        j = torch.arange(0, rot_dim, 2)
+        cases.append((f"m={m}, n={n}", (m, n, inv.clone()), torch.atan2(M[j + 1, j], M[j, j])))
+    return _cases("relative angle of R_m^T R_n", fn, cases, atol=1e-4, rtol=0, post=_wrap_to,
+                  hint="R_m^T = R_{-m}, and rotations in the same plane add their angles")
+
+
+def check_rotate_half(fn: Callable) -> bool:
+    """fn(x, interleaved) -> rotate_half(x): [-x2, x1] (halves) or [-x1, x0, -x3, x2, ...]."""
+    g = torch.Generator().manual_seed(1)
+    cases = []
+    for interleaved in (False, True):
+        for shape in ((8,), (3, 2, 12)):
+            x = torch.randn(shape, generator=g, dtype=torch.float64)
+            cases.append((f"interleaved={interleaved}, shape={shape}", (x.clone(), interleaved),
+                          reference.rotate_half(x, interleaved)))
+    return _cases("rotate_half", fn, cases, atol=0, rtol=0,
+                  hint="halves: torch.chunk(x, 2, -1); pairs: x[..., ::2] and x[..., 1::2]")
+
+
+def check_interleave_permutation(perm: Sequence[int], rot_dim: int = 8) -> bool:
+    """perm such that interleaved RoPE(x) == rotate-half RoPE(x[..., perm]) with the inverse
+    permutation applied to the result (tables from `rope_freqs` in each layout)."""
+    name = f"interleaved -> rotate-half permutation (R={rot_dim})"
+    if perm is None or perm is Ellipsis:
+        return check(name, perm, None)
+    try:
+        p = torch.as_tensor(list(perm), dtype=torch.int64)
+    except Exception:  # noqa: BLE001
+        return check(name, False, True, hint=f"perm must be a list of ints, got {perm!r}")
+    if p.shape != (rot_dim,) or not torch.equal(p.sort().values, torch.arange(rot_dim)):
+        return check(name, sorted(p.tolist()), list(range(rot_dim)),
+                     hint=f"perm must contain each of 0..{rot_dim - 1} exactly once")
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(5, 2, 3, rot_dim, generator=g, dtype=torch.float64)      # [S, B, H, R]
+    f_half = frequencies.rope_freqs(5, rot_dim).double()
+    f_int = frequencies.rope_freqs(5, rot_dim, interleaved=True).double()
+    expected = reference.rope_reference(x, f_int, interleaved=True)
+    answer = reference.rope_reference(x[..., p], f_half)[..., torch.argsort(p)]
+    return check(name, answer, expected, atol=1e-12, rtol=0,
+                 hint="pair (2j, 2j+1) must land on (j, j + R/2): even features first, then odd")
+
+
+# --- notebook 02: reference and layouts ------------------------------------------------------
+
+def check_positions(answer, layout: str = "sbhd", seq_len: int = 8, batch: int = 1, *,
+                    start_positions=None, cp_size: int = 1, cp_rank: int = 0,
+                    cu_seqlens=None) -> bool:
+    """The positions the tokens are rotated by, with TE's semantics ([B, S] or [T]).
+
+    For sbhd/bshd a 1-D answer of S positions is accepted when every sequence has the same
+    positions (no start_positions).
+    """
+    sp = None if start_positions is None else torch.as_tensor(start_positions)
+    cu = None if cu_seqlens is None else torch.as_tensor(cu_seqlens)
+    expected = reference.positions(layout, seq_len, batch, start_positions=sp, cp_size=cp_size,
+                                   cp_rank=cp_rank, cu_seqlens=cu)
+    if layout != "thd" and not isinstance(answer, (type(None), type(Ellipsis))):
+        try:
+            a = torch.as_tensor(answer)
+            if a.dim() == 1 and bool((expected == expected[:1]).all()):
+                expected = expected[0]
+        except Exception:  # noqa: BLE001 -- check() reports the wrong type
+            pass
+    what = [f"layout={layout}"]
+    if cp_size > 1:
+        what.append(f"cp rank {cp_rank} of {cp_size}")
+    if sp is not None:
+        what.append(f"start_positions={sp.tolist()}")
+    return check(f"positions ({', '.join(what)})", answer, expected,
+                 hint="context parallel: 2*cp_size chunks, rank r holds chunks r and 2*cp_size-1-r"
+                 if cp_size > 1 else "position = start offset + index in the sequence")
+
+
+def check_cos_sin_from_freqs(fn: Callable) -> bool:
+    """fn(freqs [S, 1, 1, R]) -> (cos, sin), each [S, R]: TE's angle table to HF's cache."""
+    cases = []
+    for interleaved, percent in ((False, 1.0), (True, 1.0), (False, 0.5)):
+        f = frequencies.rope_freqs(6, 16, rotary_percent=percent, interleaved=interleaved, offset=3)
+        want = frequencies.rope_cos_sin(6, 16, rotary_percent=percent, interleaved=interleaved,
+                                        offset=3)
+        cases.append((f"interleaved={interleaved}, rotary_percent={percent}", (f.clone(),),
+                      tuple(want)))
+    return _cases("freqs -> (cos, sin)", fn, cases,
+                  hint="drop the two middle dims of [S, 1, 1, R], then take cos and sin")
+
+
+def check_bytes_moved(answer, seq_len: int, batch: int, heads: int, head_dim: int,
+                      dtype: str = "bf16") -> bool:
+    """Bytes a fused forward must move at least: read x, write y, read the fp32 angle table."""
+    from ..compare import Config, bytes_moved  # imported late: compare is a heavier module
+
+    expected = bytes_moved(Config(seq_len, batch, heads, head_dim, dtype=dtype))
+    return check(f"bytes moved, x [{seq_len}, {batch}, {heads}, {head_dim}] {dtype}", answer,
+                 expected, hint="2 bytes per bf16 element, read once and written once, "
+                 "plus seq_len * head_dim fp32 angles")
+
+
+# --- worked solutions (shown folded in the notebooks) ----------------------------------------
+
+def solution_rotation_matrix(m, inv_freq):
+    R = 2 * inv_freq.numel()
+    M = torch.zeros(R, R, dtype=inv_freq.dtype)
+    for j, theta in enumerate(inv_freq):
+        c, s = torch.cos(m * theta), torch.sin(m * theta)
+        M[2 * j, 2 * j], M[2 * j, 2 * j + 1] = c, -s
+        M[2 * j + 1, 2 * j], M[2 * j + 1, 2 * j + 1] = s, c
+    return M
+
+
+def solution_relative_angle(m, n, inv_freq):
+    # R_m^T R_n = R_{-m} R_n = R_{n-m}: only the offset n - m survives.
+    return (n - m) * inv_freq
+
+
+def solution_rotate_half(x, interleaved=False):
+    if not interleaved:
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((-x2, x1), dim=-1)
+    x_even, x_odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack((-x_odd, x_even), dim=-1).flatten(-2)
+
+
+def solution_interleave_permutation(rot_dim=8):
+    # even features first (they become the first half), then the odd ones
+    return list(range(0, rot_dim, 2)) + list(range(1, rot_dim, 2))
+
+
+def solution_cos_sin_from_freqs(freqs):
+    angles = freqs[:, 0, 0, :]          # [S, 1, 1, R] -> [S, R]
+    return angles.cos(), angles.sin()
+
+
+def solution_bytes_moved(seq_len, batch, heads, head_dim, bytes_per_element=2):
+    x_bytes = seq_len * batch * heads * head_dim * bytes_per_element
+    table_bytes = seq_len * head_dim * 4          # fp32 angles, read once
+    return 2 * x_bytes + table_bytes              # read x, write y, read the table

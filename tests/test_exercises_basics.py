@@ -1,0 +1,200 @@
+"""ropelib.exercises (check, solution) and the notebook 00-02 checks in exercises.basics.
+
+Each check must accept its worked solution, reject wrong answers and unanswered placeholders,
+and never raise.
+"""
+import math
+
+import pytest
+import torch
+
+import ropelib
+from ropelib import frequencies, reference
+from ropelib.exercises import basics, call_answer, check, solution
+
+
+# --- check() ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("answer,expected,kw", [
+    (torch.ones(3), torch.ones(3), {}),
+    (torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0 + 1e-7]), {}),
+    ([0, 1, 2], torch.arange(3), {}),
+    (0.5, 0.5 + 1e-9, {}),
+    (48.0, 48, {}),
+    (True, True, {}),
+    (" SBHD", "sbhd", {}),
+    ((1, torch.zeros(2)), (1, torch.zeros(2)), {}),
+    ({"a": 1.0}, {"a": 1.0}, {}),
+    (torch.ones(2, dtype=torch.bfloat16), torch.full((2,), 1.004, dtype=torch.float64), {}),
+    (1.1, 1.0, {"atol": 0.2}),
+])
+def test_check_accepts(answer, expected, kw, capsys):
+    assert check("x", answer, expected, **kw) is True
+    assert capsys.readouterr().out.startswith("✅ x: correct")
+
+
+@pytest.mark.parametrize("answer,expected,words", [
+    (..., torch.ones(3), "no answer yet"),
+    (None, 3, "no answer yet"),
+    (torch.ones(4), torch.ones(3), "shape (4,), expected (3,)"),
+    (torch.ones(3) + 1e-3, torch.ones(3), "3 of 3 entries differ"),
+    (torch.tensor([0, 1, 3]), torch.tensor([0, 1, 2]), "first at index (2,)"),
+    (torch.tensor([0.5, 1.0]), torch.tensor([0, 1]), "integer values"),
+    (torch.tensor([float("nan")]), torch.tensor([1.0]), "NaN"),
+    (1, True, "True or False"),
+    (True, 1, "expected a number"),
+    (0.6, 0.5, "got 0.6, expected 0.5"),
+    ("bshd", "sbhd", "got 'bshd'"),
+    ([1, 2], [1, 2, 3], "2 items, expected 3"),
+    ((1, 2.5), (1, 2.0), "item [1]"),
+    (object(), torch.ones(2), "expected a tensor"),
+])
+def test_check_rejects_with_a_reason(answer, expected, words, capsys):
+    assert check("x", answer, expected, hint="look again") is False
+    out = capsys.readouterr().out
+    assert out.startswith("❌ x:") and words in out
+    # the hint helps with a wrong answer; an unanswered exercise is not given it
+    assert ("hint: look again" in out) != ("no answer yet" in out)
+
+
+def test_check_never_raises(capsys):
+    class Weird:
+        def __eq__(self, other):
+            raise RuntimeError("boom")
+    assert check("weird", Weird(), Weird()) is False
+    assert "could not compare" in capsys.readouterr().out
+
+
+def test_call_answer_reports_instead_of_raising(capsys):
+    assert call_answer("f", lambda: 1 / 0) == (False, None)
+    assert "ZeroDivisionError" in capsys.readouterr().out
+    assert call_answer("f", lambda: None) == (False, None)
+    assert call_answer("f", ...) == (False, None)
+    assert call_answer("f", 3) == (False, None)
+    assert call_answer("f", lambda a: a + 1, 1) == (True, 2)
+
+
+def test_solution_prints_outside_jupyter(capsys):
+    solution("""
+        x = 1
+        y = x + 1
+    """, title="Answer")
+    out = capsys.readouterr().out
+    assert "Answer" in out and "x = 1\ny = x + 1" in out
+    solution(basics.solution_relative_angle)
+    assert "def solution_relative_angle" in capsys.readouterr().out
+    with pytest.raises(TypeError, match="text_or_code"):
+        solution(3)
+
+
+def test_solution_renders_details_in_jupyter(monkeypatch):
+    import ropelib.exercises as ex
+    shown = []
+    monkeypatch.setattr(ex, "_in_jupyter", lambda: True)
+    monkeypatch.setattr("IPython.display.display", lambda obj: shown.append(obj))
+    solution("a < b", title="S")
+    html = shown[0].data
+    assert html.startswith("<details>") and "a &lt; b" in html and "<summary><b>S</b>" in html
+
+
+# --- notebook 00 -----------------------------------------------------------------------------
+
+def test_check_device(capsys):
+    assert basics.check_device(ropelib.default_device())
+    assert not basics.check_device("tpu")
+    assert not basics.check_device(...)
+
+
+def test_check_rotary_dim():
+    assert basics.check_rotary_dim(40, 80, 0.5)
+    assert basics.check_rotary_dim(96, 128, 0.75)
+    assert not basics.check_rotary_dim(80, 80, 0.5)
+    assert not basics.check_rotary_dim(..., 80, 0.5)
+
+
+@pytest.mark.parametrize("layout", ["sbhd", "bshd"])
+def test_check_apply_rope_uses_the_reference(layout):
+    x = torch.randn(4, 3, 2, 8)
+    f = frequencies.rope_freqs(4, 8)
+    y = reference.rope_reference(x, f, layout=layout, compute_dtype=torch.float32)
+    assert basics.check_apply_rope(y, x, f, layout=layout)
+    assert not basics.check_apply_rope(x, x, f, layout=layout)           # unrotated
+    other = "bshd" if layout == "sbhd" else "sbhd"
+    assert not basics.check_apply_rope(y, x, f, layout=other)            # wrong layout
+
+
+# --- notebook 01 -----------------------------------------------------------------------------
+
+def test_check_rotation_matrix():
+    assert basics.check_rotation_matrix(basics.solution_rotation_matrix)
+    # transposed (rotating the wrong way), and the rotate-half layout, are wrong
+    assert not basics.check_rotation_matrix(lambda m, inv: basics.solution_rotation_matrix(m, inv).T)
+    assert not basics.check_rotation_matrix(lambda m, inv: torch.eye(2 * inv.numel()))
+    assert not basics.check_rotation_matrix(lambda m, inv: ...)           # body not written yet
+    assert not basics.check_rotation_matrix(lambda m, inv: 1 / 0)
+
+
+def test_rotation_matrix_ref_is_orthogonal_and_composes():
+    inv = frequencies.inv_freq(8).double()
+    R3, R4, R7 = (basics.rotation_matrix_ref(m, inv) for m in (3, 4, 7))
+    torch.testing.assert_close(R3.T @ R3, torch.eye(8, dtype=torch.float64))
+    torch.testing.assert_close(R3 @ R4, R7)
+    # hand value: block 0 of R_1 turns by 1 radian
+    assert R3.shape == (8, 8) and basics.rotation_matrix_ref(1, inv)[1, 0].item() == pytest.approx(math.sin(1))
+
+
+def test_check_relative_angle():
+    assert basics.check_relative_angle(basics.solution_relative_angle)
+    # the same angles shifted by 2 pi are also right
+    assert basics.check_relative_angle(lambda m, n, inv: (n - m) * inv + 2 * math.pi)
+    assert not basics.check_relative_angle(lambda m, n, inv: (m - n) * inv)   # sign
+    assert not basics.check_relative_angle(lambda m, n, inv: (m + n) * inv)
+    assert not basics.check_relative_angle(lambda m, n, inv: (n - m) * inv[:2])
+
+
+def test_check_rotate_half():
+    assert basics.check_rotate_half(basics.solution_rotate_half)
+    assert basics.check_rotate_half(reference.rotate_half)
+    assert not basics.check_rotate_half(lambda x, interleaved: reference.rotate_half(x, False))
+    assert not basics.check_rotate_half(lambda x, interleaved: -reference.rotate_half(x, interleaved))
+
+
+def test_check_interleave_permutation():
+    assert basics.check_interleave_permutation(basics.solution_interleave_permutation(8))
+    assert basics.check_interleave_permutation(basics.solution_interleave_permutation(16), 16)
+    assert not basics.check_interleave_permutation(list(range(8)))
+    inverse = torch.argsort(torch.tensor(basics.solution_interleave_permutation(8))).tolist()
+    assert not basics.check_interleave_permutation(inverse)                # the inverse is wrong
+    assert not basics.check_interleave_permutation([0, 0, 1, 2, 3, 4, 5, 6])
+    assert not basics.check_interleave_permutation(...)
+    assert not basics.check_interleave_permutation("abc")
+
+
+# --- notebook 02 -----------------------------------------------------------------------------
+
+def test_check_positions():
+    # hand values: a 16-token sequence over cp_size=2 in 4 chunks of 4; rank 1 holds chunks 1, 2
+    assert basics.check_positions([4, 5, 6, 7, 8, 9, 10, 11], "sbhd", 8, 2, cp_size=2, cp_rank=1)
+    assert basics.check_positions([0, 1, 2, 3, 12, 13, 14, 15], "bshd", 8, 1, cp_size=2, cp_rank=0)
+    assert not basics.check_positions(list(range(8, 16)), "sbhd", 8, 2, cp_size=2, cp_rank=1)
+    want = torch.tensor([[3, 4, 5, 6], [0, 1, 2, 3]])
+    assert basics.check_positions(want, "sbhd", 4, 2, start_positions=[3, 0])
+    assert not basics.check_positions([3, 4, 5, 6], "sbhd", 4, 2, start_positions=[3, 0])
+    assert basics.check_positions([0, 1, 2, 0, 1], "thd", cu_seqlens=[0, 3, 5])
+    assert not basics.check_positions(..., "thd", cu_seqlens=[0, 3, 5])
+
+
+def test_check_cos_sin_from_freqs():
+    assert basics.check_cos_sin_from_freqs(basics.solution_cos_sin_from_freqs)
+    assert not basics.check_cos_sin_from_freqs(lambda f: (f[:, 0, 0].sin(), f[:, 0, 0].cos()))
+    assert not basics.check_cos_sin_from_freqs(lambda f: (f.cos(), f.sin()))   # wrong shape
+
+
+def test_check_bytes_moved():
+    args = (4096, 2, 32, 128)
+    assert basics.check_bytes_moved(basics.solution_bytes_moved(*args), *args)
+    # hand value: 2 * (4096*2*32*128*2) + 4096*128*4 = 134217728 + 2097152
+    assert basics.check_bytes_moved(136314880, *args)
+    assert not basics.check_bytes_moved(4096 * 2 * 32 * 128 * 2, *args)
+    assert basics.check_bytes_moved(basics.solution_bytes_moved(*args, bytes_per_element=4),
+                                    *args, dtype="fp32")
