@@ -170,6 +170,19 @@ def test_check_interleave_permutation():
     assert not basics.check_interleave_permutation("abc")
 
 
+def test_check_interleave_permutation_the_way_back():
+    back = basics.solution_interleave_permutation(8, to="interleaved")
+    assert back == [0, 4, 1, 5, 2, 6, 3, 7]                    # by hand: pairs (i, i+4) -> (2i, 2i+1)
+    assert basics.check_interleave_permutation(back, to="interleaved")
+    assert basics.check_interleave_permutation(basics.solution_interleave_permutation(12, "interleaved"),
+                                               12, to="interleaved")
+    forward = basics.solution_interleave_permutation(8)
+    assert not basics.check_interleave_permutation(forward, to="interleaved")
+    assert torch.equal(torch.argsort(torch.tensor(forward)), torch.tensor(back))
+    with pytest.raises(ValueError, match="to must be"):
+        basics.check_interleave_permutation(back, to="sideways")
+
+
 # --- notebook 02 -----------------------------------------------------------------------------
 
 def test_check_positions():

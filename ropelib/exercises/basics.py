@@ -127,10 +127,19 @@ def check_rotate_half(fn: Callable) -> bool:
                   hint="halves: torch.chunk(x, 2, -1); pairs: x[..., ::2] and x[..., 1::2]")
 
 
-def check_interleave_permutation(perm: Sequence[int], rot_dim: int = 8) -> bool:
-    """perm such that interleaved RoPE(x) == rotate-half RoPE(x[..., perm]) with the inverse
-    permutation applied to the result (tables from `rope_freqs` in each layout)."""
-    name = f"interleaved -> rotate-half permutation (R={rot_dim})"
+def check_interleave_permutation(perm: Sequence[int], rot_dim: int = 8, *,
+                                 to: str = "rotate_half") -> bool:
+    """The feature permutation between the two pairings of the same rotation.
+
+    to="rotate_half": perm with  interleaved RoPE(x) == rotate-half RoPE(x[..., perm])[..., inv]
+    to="interleaved": perm with  rotate-half RoPE(x) == interleaved RoPE(x[..., perm])[..., inv]
+    where inv = argsort(perm) undoes the permutation, and each side uses its own `rope_freqs`
+    table. Checked by applying the reference to random inputs, not against a stored list.
+    """
+    if to not in ("rotate_half", "interleaved"):
+        raise ValueError(f"to must be 'rotate_half' or 'interleaved', got {to!r}")
+    src, dst = (True, False) if to == "rotate_half" else (False, True)   # interleaved flags
+    name = f"{'interleaved' if src else 'rotate-half'} -> {to.replace('_', '-')} permutation (R={rot_dim})"
     if perm is None or perm is Ellipsis:
         return check(name, perm, None)
     try:
@@ -142,12 +151,13 @@ def check_interleave_permutation(perm: Sequence[int], rot_dim: int = 8) -> bool:
                      hint=f"perm must contain each of 0..{rot_dim - 1} exactly once")
     g = torch.Generator().manual_seed(2)
     x = torch.randn(5, 2, 3, rot_dim, generator=g, dtype=torch.float64)      # [S, B, H, R]
-    f_half = frequencies.rope_freqs(5, rot_dim).double()
-    f_int = frequencies.rope_freqs(5, rot_dim, interleaved=True).double()
-    expected = reference.rope_reference(x, f_int, interleaved=True)
-    answer = reference.rope_reference(x[..., p], f_half)[..., torch.argsort(p)]
+    f_src = frequencies.rope_freqs(5, rot_dim, interleaved=src).double()
+    f_dst = frequencies.rope_freqs(5, rot_dim, interleaved=dst).double()
+    expected = reference.rope_reference(x, f_src, interleaved=src)
+    answer = reference.rope_reference(x[..., p], f_dst, interleaved=dst)[..., torch.argsort(p)]
     return check(name, answer, expected, atol=1e-12, rtol=0,
-                 hint="pair (2j, 2j+1) must land on (j, j + R/2): even features first, then odd")
+                 hint="rotate-half pairs (j, j + R/2), interleaved pairs (2j, 2j+1): "
+                 "where must each pair's two features go?")
 
 
 # --- notebook 02: reference and layouts ------------------------------------------------------
@@ -230,9 +240,13 @@ def solution_rotate_half(x, interleaved=False):
     return torch.stack((-x_odd, x_even), dim=-1).flatten(-2)
 
 
-def solution_interleave_permutation(rot_dim=8):
-    # even features first (they become the first half), then the odd ones
-    return list(range(0, rot_dim, 2)) + list(range(1, rot_dim, 2))
+def solution_interleave_permutation(rot_dim=8, to="rotate_half"):
+    if to == "rotate_half":
+        # even features first (they become the first half), then the odd ones
+        return list(range(0, rot_dim, 2)) + list(range(1, rot_dim, 2))
+    # the way back: feature i of the first half and i + R/2 become the pair (2i, 2i+1)
+    half = rot_dim // 2
+    return [i // 2 + (i % 2) * half for i in range(rot_dim)]
 
 
 def solution_cos_sin_from_freqs(freqs):
