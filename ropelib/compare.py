@@ -480,6 +480,7 @@ def ulp(ref: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     fi = torch.finfo(dtype)
     _, e = torch.frexp(ref.double().abs())          # |ref| = m * 2**e, m in [0.5, 1)
     mag = torch.ldexp(torch.ones_like(ref, dtype=torch.float64), e - 1)  # 2**floor(log2|ref|)
+    mag = torch.where(ref == 0, torch.zeros_like(mag), mag)                # frexp(0) has e = 0
     return torch.clamp(mag, min=fi.tiny) * fi.eps
 
 
@@ -744,7 +745,12 @@ def write_csv(rows, path, meta=None) -> str:
     return str(path)
 
 
-def _parse(v: str):
+_STRING_FIELDS = ("provider", "reason", "device", "timing", "dtype", "layout")
+
+
+def _parse(v: str, key: str = ""):
+    if key in _STRING_FIELDS:
+        return v
     if v == "":
         return None
     if v in ("True", "False"):
@@ -775,7 +781,7 @@ def read_csv(path) -> list:
         lines = [ln for ln in f if not ln.startswith("# ")]
     rows = []
     for r in csv.DictReader(lines):
-        row = {k: _parse(v) for k, v in r.items()}
+        row = {k: _parse(v, k) for k, v in r.items()}
         if isinstance(row.get("rotary_percent"), int):
             row["rotary_percent"] = float(row["rotary_percent"])
         rows.append(row)

@@ -1,0 +1,198 @@
+"""ropelib.compare: the provider registry, rows, error metrics, sweeps and CSV."""
+import dataclasses
+import math
+
+import pytest
+import torch
+
+import ropelib
+from ropelib import compare as C
+from ropelib import reference
+
+TINY = C.Config(seq_len=4, batch=2, heads=2, head_dim=16, dtype="bf16")
+
+
+def test_providers_lists_every_name_with_reasons():
+    provs = C.providers()
+    assert [p.name for p in provs] == list(C.PROVIDER_NAMES)
+    for p in provs:
+        assert isinstance(p, C.Provider)
+        if not p.available:
+            assert p.reason, f"{p.name} is unavailable without a reason"
+            assert p.fn is None or callable(p.fn)
+        else:
+            assert callable(p.fn)
+    by_name = {p.name: p for p in provs}
+    assert by_name["pytorch"].available
+    if not ropelib.on_gpu():
+        assert not by_name["torch.compile"].available
+        assert "interpreter mode" in by_name["torch.compile"].reason
+
+
+def test_missing_modules_are_unavailable_not_raising(monkeypatch):
+    import importlib
+    real = importlib.import_module
+
+    def fake(name, *a, **k):
+        if name.startswith(("transformer_engine", "liger_kernel", "flash_attn")):
+            raise ImportError(f"No module named {name!r} (test)")
+        return real(name, *a, **k)
+    monkeypatch.setattr(C.importlib, "import_module", fake)
+    by_name = {p.name: p for p in C.providers()}
+    for name in ("te_fused", "te_unfused", "liger", "flash_attn"):
+        assert not by_name[name].available and "does not import" in by_name[name].reason
+    rows = C.run_case(TINY, ["te_fused", "liger"], backward=False)
+    assert [r["available"] for r in rows] == [False, False]
+    assert all(r["fwd_ms"] is None and r["max_abs_err"] is None for r in rows)
+
+
+def test_row_fields_and_derived_columns(device):
+    rows = C.run_case(TINY, ["pytorch"], device=device)
+    assert len(rows) == 1
+    r = rows[0]
+    assert set(C.ROW_FIELDS) <= set(r)
+    assert r["provider"] == "pytorch" and r["available"] and r["reason"] == ""
+    for f in C.CONFIG_FIELDS:
+        assert r[f] == getattr(TINY, f)
+    for f in ("fwd_ms", "fwd_ms_p20", "fwd_ms_p80", "fwdbwd_ms", "copy_fwd_ms", "copy_fwdbwd_ms"):
+        assert r[f] > 0, f
+    assert r["fwd_ms_p20"] <= r["fwd_ms"] <= r["fwd_ms_p80"]
+    assert r["fwd_gbps"] == pytest.approx(C.bytes_moved(TINY) / r["fwd_ms"] / 1e6)
+    assert r["fwdbwd_gbps"] == pytest.approx(C.bytes_moved(TINY, True) / r["fwdbwd_ms"] / 1e6)
+    assert r["ratio_fwd"] == pytest.approx(r["copy_fwd_ms"] / r["fwd_ms"])
+    assert r["device"] == str(torch.device(device))
+    expected = C.TIMING_GPU if device == "cuda" else C.TIMING_CPU
+    assert r["timing"] == expected
+    if device == "cpu":
+        assert "meaningless" in r["timing"]
+
+
+def test_bytes_model():
+    c = C.Config(8, 2, 4, 64, "fp32", rotary_percent=0.5)
+    x_bytes = 8 * 2 * 4 * 64 * 4
+    assert C.bytes_moved(c) == 2 * x_bytes + 8 * 32 * 4
+    assert C.bytes_moved(c, backward=True) == 2 * C.bytes_moved(c)
+    qk = dataclasses.replace(c, kv_heads=2, dtype="bf16")
+    assert C.bytes_moved(qk) == 2 * 8 * 2 * 6 * 64 * 2 + 8 * 32 * 4
+
+
+def test_ropelib_row_is_accurate(device):
+    if not hasattr(ropelib, "apply_rope"):
+        pytest.skip("ropelib.apply_rope has not landed")
+    cfg = C.Config(4, 1, 2, 16, "bf16")
+    r = C.run_case(cfg, ["ropelib"], backward=False, device=device)[0]
+    assert r["available"], r["reason"]
+    # one rounding from fp32 math: <= 0.5 ulp when rounding to nearest; the interpreter's
+    # fp32->bf16 conversion may truncate, which costs up to 1 ulp
+    assert r["max_ulp_err"] <= 1.0
+    assert r["max_abs_err"] < 0.05
+
+
+def test_wrong_provider_is_detected(device):
+    def wrong(case):   # sin with the wrong sign: the inverse rotation
+        c = case.config
+        return reference.te_unfused(case.x, -case.freqs, tensor_format=c.layout)
+    bad = C.Provider("wrong", True, "", wrong)
+    good, bad_row = C.run_case(TINY, ["pytorch", bad], backward=False, device=device)
+    assert bad_row["available"]
+    assert bad_row["max_abs_err"] > 0.5
+    assert bad_row["max_ulp_err"] > 100 * max(good["max_ulp_err"], 1.0)
+    assert good["max_ulp_err"] < 64   # bf16 math with rounded cos/sin: a few ulps, near 0 more
+
+
+def test_failing_and_inplace_providers_give_reasons(device):
+    def boom(case):
+        raise RuntimeError("kernel exploded")
+
+    def inplace(case):
+        return case.x.mul_(1.0).add_(1.0)
+    rows = C.run_case(TINY, [C.Provider("boom", True, "", boom),
+                             C.Provider("inplace", True, "", inplace),
+                             C.Provider("off", False, "not installed here")],
+                      backward=False, device=device)
+    assert [r["available"] for r in rows] == [False, False, False]
+    assert "kernel exploded" in rows[0]["reason"]
+    assert "in place" in rows[1]["reason"]
+    assert rows[2]["reason"] == "not installed here"
+
+
+def test_generation_rows_say_unsupported_configs(device):
+    cfg = dataclasses.replace(TINY, layout="bshd", interleaved=True)
+    r = C.run_case(cfg, ["ropelib_naive"], backward=False, device=device)[0]
+    assert not r["available"]
+    assert "sbhd only" in r["reason"] and "rotate-half only" in r["reason"]
+
+
+def test_ulp_and_error_metrics():
+    one = torch.tensor([1.0, -1.0, 3.0, 0.0], dtype=torch.float64)
+    assert C.ulp(one, torch.bfloat16).tolist()[:3] == [2 ** -7, 2 ** -7, 2 ** -6]
+    assert C.ulp(one, torch.float32)[0] == 2 ** -23
+    assert C.ulp(one, torch.float32)[3] == torch.finfo(torch.float32).tiny * 2 ** -23
+    ref = torch.linspace(-3, 3, 101, dtype=torch.float64)
+    exact = ref.float()
+    m = C.error_metrics(exact, ref)
+    assert m["max_ulp_err"] <= 0.5 and m["max_abs_err"] <= 2 ** -23 * 2
+    nudged = torch.nextafter(exact, torch.full_like(exact, math.inf))
+    assert 0.5 <= C.error_metrics(nudged, ref)["max_ulp_err"] <= 1.5 + 1e-9
+    with pytest.raises(ValueError, match="shape"):
+        C.error_metrics(exact[:3], ref)
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="seq_len"):
+        C.Config(0, 1, 1, 16)
+    with pytest.raises(ValueError, match="dtype"):
+        C.Config(4, 1, 1, 16, dtype="fp8")
+    with pytest.raises(ValueError, match="layout"):
+        C.Config(4, 1, 1, 16, layout="bhsd")
+    with pytest.raises(ValueError, match="rotary_percent"):
+        C.Config(4, 1, 1, 10, rotary_percent=0.3)
+    with pytest.raises(TypeError, match="config"):
+        C.run_case({"seq_len": 4}, ["pytorch"])
+    with pytest.raises(ValueError, match="unknown provider"):
+        C.run_case(TINY, ["nope"])
+
+
+@pytest.mark.parametrize("cfg", [
+    C.Config(6, 2, 3, 16, "fp32", layout="bshd", interleaved=True, rotary_percent=0.5,
+             start_positions=True),
+    C.Config(5, 2, 2, 8, "fp16", layout="thd", kv_heads=1),
+])
+def test_variants_run_with_small_errors(cfg, device):
+    r = C.run_case(cfg, ["pytorch"], device=device)[0]
+    assert r["available"], r["reason"]
+    assert r["max_abs_err"] < (1e-5 if cfg.dtype == "fp32" else 1e-2)
+
+
+def test_sweep_calls_on_row_and_writes_csv(tmp_path, device):
+    seen = []
+    rows = C.sweep(TINY, "seq_len", [2, 3], ["pytorch", "torch.compile"], progress="text",
+                   on_row=seen.append, backward=False, device=device)
+    assert rows == seen and len(rows) == 4
+    assert [r["seq_len"] for r in rows] == [2, 2, 3, 3]
+    meta = C.environment_meta()
+    for k in ("gpu", "driver", "torch", "triton", "transformer_engine", "date", "mode"):
+        assert k in meta
+    path = C.write_csv(rows, tmp_path / "sweep.csv", meta=meta)
+    back = C.read_csv(path)
+    assert C.read_meta(path)["torch"] == torch.__version__
+    assert len(back) == 4
+    for a, b in zip(rows, back):
+        for k in C.ROW_FIELDS:
+            if isinstance(a[k], float):
+                assert b[k] == pytest.approx(a[k]), k
+            else:
+                assert b[k] == a[k], k
+
+
+def test_seed_sweeps_cover_the_seeds():
+    names = {s.name for s in C.SEED_SWEEPS}
+    for dtype in ("fp32", "bf16"):
+        for b in (1, 2, 4, 8):
+            s = next(s for s in C.SEED_SWEEPS if s.name == f"seq_len-b{b}-{dtype}")
+            assert (s.base.heads, s.base.head_dim, s.base.batch, s.axis) == (64, 128, b, "seq_len")
+    assert {"seq-bf16", "hidden-bf16", "heads-bf16", "batch-bf16"} <= names
+    for s in C.SEED_SWEEPS:
+        assert {"ropelib", "te_fused", "pytorch"} <= set(s.providers)
+        tiny = C.shrink(s)
+        assert tiny.axis == s.axis and len(tiny.values) <= 3 and tiny.base.heads <= 2
