@@ -231,3 +231,15 @@ def test_readme_api_tour_runs(tmp_path):
     env = dict(os.environ)
     out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0 and "tour ok" in out.stdout, f"README API tour failed:\n{out.stderr[-4000:]}"
+
+
+def test_ci_script_is_strict_bash_and_pins_torch_before_ropelib():
+    ci_path = ROOT / ".ci" / "run"
+    syntax = subprocess.run(["bash", "-n", str(ci_path)], capture_output=True, text=True)
+    assert syntax.returncode == 0, f".ci/run is not valid bash:\n{syntax.stderr}"
+    ci = ci_path.read_text(encoding="utf-8")
+    assert "set -euo pipefail" in ci
+    torch_at = ci.index("pip_install torch==2.13.0")
+    ropelib_at = ci.index('pip_install -e ".[test,lab]"')
+    assert torch_at < ropelib_at, "the CPU torch must be installed before ropelib, or pip pulls a CUDA torch"
+    assert "export TRITON_INTERPRET=1" in ci
