@@ -384,7 +384,8 @@ print("interleaved RoPE(x) == rotate-half RoPE(x[..., perm])[..., argsort(perm)]
 # ## Exercises
 #
 # Each cell checks your answer at once (✅ or ❌) and never stops the notebook. Replace the
-# `...` and rerun the cell. The solutions are folded away below each exercise.
+# `...` and rerun the cell. The solutions are folded away below each exercise. (The `;` after a
+# check only stops Jupyter from echoing its `True`/`False`.)
 #
 # **Exercise 1 — the rotation matrix.** Write `rotation_matrix(m, inv_freq)` that returns the
 # $[d, d]$ block-diagonal $R_m$ for the interleaved pairing ($d = 2\cdot$`len(inv_freq)`),
@@ -399,7 +400,7 @@ def rotation_matrix(m, inv_freq):
     ...   # your code: a [d, d] float64 tensor
 
 
-basics.check_rotation_matrix(rotation_matrix)
+basics.check_rotation_matrix(rotation_matrix);
 
 # %%
 solution(basics.solution_rotation_matrix)
@@ -414,7 +415,7 @@ def relative_angle(m, n, inv_freq):
     ...   # your code: a [d/2] tensor of angles
 
 
-basics.check_relative_angle(relative_angle)
+basics.check_relative_angle(relative_angle);
 
 # %%
 solution(basics.solution_relative_angle)
@@ -429,7 +430,7 @@ def rotate_half(x, interleaved=False):
     ...   # your code
 
 
-basics.check_rotate_half(rotate_half)
+basics.check_rotate_half(rotate_half);
 
 # %%
 solution(basics.solution_rotate_half)
@@ -442,7 +443,7 @@ solution(basics.solution_rotate_half)
 # %%
 perm_back = ...   # your answer: a list of 8 ints
 
-basics.check_interleave_permutation(perm_back, 8, to="interleaved")
+basics.check_interleave_permutation(perm_back, 8, to="interleaved");
 
 # %%
 solution(basics.solution_interleave_permutation)

@@ -1,0 +1,450 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 02 — The PyTorch reference, the layouts, and why unfused RoPE is slow
+#
+# Notebook 01 had one head and one sequence. Real models rotate tensors of
+# `[sequence, batch, heads, head_dim]` in several memory layouts, with tables built two
+# different ways, partial rotation, offsets for KV-cache decoding and context parallelism.
+# `ropelib.reference` is the plain-PyTorch specification of all of it; every kernel is checked
+# against it.
+#
+# **After this notebook you will be able to**
+#
+# - tell the `sbhd`, `bshd` and `thd` layouts apart and move between them without a copy;
+# - build Transformer Engine's angle table (`freqs`) and Hugging Face's cos/sin cache, and
+#   convert one into the other;
+# - use partial rotary (`rotary_percent`), position offsets (`start_positions`, `position_ids`)
+#   and context-parallel positions (`cp_size`, `cp_rank`);
+# - count the kernels and bytes of the unfused PyTorch version and explain why it is several
+#   times slower than one fused kernel (and profile it on a GPU).
+
+# %%
+import os, torch
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")   # before ropelib (and its @triton.jit) is imported
+import ropelib
+device = ropelib.default_device()
+
+# %%
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from ropelib import frequencies, reference
+from ropelib.frequencies import rope_cos_sin, rope_freqs
+
+FIGURES = Path(ropelib.__file__).resolve().parents[1] / "figures"
+FIGURES.mkdir(exist_ok=True)
+GPU = device == "cuda"
+# Small shapes in the interpreter (each kernel program is simulated in Python), real ones on a GPU.
+S, B, H, D = (4096, 4, 32, 128) if GPU else (16, 2, 3, 32)
+dtype = torch.bfloat16
+torch.manual_seed(0)
+print(f"{ropelib.runtime.mode()}  |  x: S={S}, B={B}, H={H}, D={D}, {dtype}")
+
+# %% [markdown]
+# ## 1. Three layouts
+#
+# | layout | shape | who uses it |
+# |---|---|---|
+# | `sbhd` | `[S, B, H, D]` | Megatron-LM, Transformer Engine's default |
+# | `bshd` | `[B, S, H, D]` | flash-attention, most PyTorch code (HF transposes to `[B, H, S, D]` for attention) |
+# | `thd`  | `[T, H, D]` + `cu_seqlens` | packed variable-length sequences, no padding |
+#
+# The rotation is the same in all of them: token (sequence $b$, position $s$) is rotated by the
+# table row of its position. Only the *addressing* differs. A `bshd` tensor is often just a
+# transposed view of `sbhd` memory — same bytes, different strides — so a kernel that takes
+# strides needs no `.contiguous()` copy.
+
+# %%
+freqs = rope_freqs(2 * S, D)                     # [2S, 1, 1, D] fp32 angles (longer than needed)
+x_sbhd = torch.randn(S, B, H, D, device=device, dtype=dtype)
+x_bshd = x_sbhd.transpose(0, 1)                  # a view: no bytes move
+print("sbhd strides", x_sbhd.stride(), "| bshd view strides", x_bshd.stride(),
+      "| same memory:", x_sbhd.data_ptr() == x_bshd.data_ptr())
+
+y_sbhd = ropelib.apply_rope(x_sbhd, freqs.to(device), layout="sbhd")
+y_bshd = ropelib.apply_rope(x_bshd, freqs.to(device), layout="bshd")
+assert torch.equal(y_bshd, y_sbhd.transpose(0, 1))
+ref = reference.rope_reference(x_sbhd, freqs.to(device), layout="sbhd")
+torch.testing.assert_close(y_sbhd, ref)
+print("sbhd and bshd agree; both match the fp64 reference")
+
+# %% [markdown]
+# In `thd` the sequences of a batch are concatenated along the token axis and
+# `cu_seqlens = [0, l_0, l_0 + l_1, ...]` marks where each starts; positions restart at 0 in
+# every sequence. Packing avoids computing on padding.
+
+# %%
+lengths = [5, 11, 3] if not GPU else [1000, 3000, 96]
+cu_seqlens = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device=device)
+T = int(cu_seqlens[-1])
+x_thd = torch.randn(T, H, D, device=device, dtype=dtype)
+y_thd = ropelib.apply_rope(x_thd, freqs.to(device), layout="thd", cu_seqlens=cu_seqlens)
+print("positions of the packed tokens:",
+      reference.positions("thd", 0, cu_seqlens=cu_seqlens.cpu())[:25].tolist(), "...")
+# the same as rotating each sequence on its own (as [s, 1, H, D] sbhd):
+for i, part in enumerate(torch.split(x_thd, lengths)):
+    alone = ropelib.apply_rope(part.unsqueeze(1), freqs.to(device)).squeeze(1)
+    assert torch.equal(y_thd[cu_seqlens[i]:cu_seqlens[i + 1]], alone)
+print(f"thd with cu_seqlens={cu_seqlens.tolist()} == each sequence rotated alone")
+
+# %% [markdown]
+# ## 2. Two table conventions: TE's angles vs HF's cos/sin cache
+#
+# Both store, for every position $m$ and rotated feature $i$, something about the angle
+# $m\theta_{j(i)}$:
+#
+# - **Transformer Engine** passes the *angles* `freqs [P, 1, 1, R]` in fp32 (`cat(f, f)` for
+#   rotate-half); its fused kernel computes $\sin$ and $\cos$ itself, in fp32.
+# - **Hugging Face** precomputes a *cos/sin cache* `cos, sin [P, R]` in the model's dtype and
+#   applies $y = x\cos + \mathrm{rotate\_half}(x)\sin$ with `cos[position_ids]`, unsqueezed to
+#   broadcast over heads (`unsqueeze_dim=1` for `[B, H, S, D]`).
+#
+# `ropelib.frequencies` builds both (`rope_freqs`, `rope_cos_sin`), bit-for-bit like TE and HF.
+# `ropelib.apply_rope` accepts either (`freqs=` or `cos=, sin=`).
+#
+# The difference that matters is precision. A bf16 cache rounds $\cos$ and $\sin$ to 8 bits
+# of mantissa *before* the multiply; TE's unfused path does the same and then does the
+# multiply-adds in bf16 too. A fused kernel that reads fp32 angles and rounds once at the end
+# is as accurate as bf16 allows.
+
+# %%
+f_tab = rope_freqs(S, D).to(device)                               # [S, 1, 1, D] fp32
+cos_bf16, sin_bf16 = rope_cos_sin(S, D, dtype=dtype, device=device)  # [S, D] bf16
+print("freqs", tuple(f_tab.shape), f_tab.dtype, "| cos/sin", tuple(cos_bf16.shape), cos_bf16.dtype)
+
+# the correctly rounded answer: computed in fp64, rounded once to bf16
+exact = reference.rope_reference(x_sbhd, f_tab, compute_dtype=torch.float64).double()
+def err(y):
+    return (y.double() - exact).abs().max().item()
+
+errors = {
+    "fused, fp32 angles (ropelib)": err(ropelib.apply_rope(x_sbhd, f_tab)),
+    "fused, bf16 cos/sin cache": err(ropelib.apply_rope(x_sbhd, cos=cos_bf16, sin=sin_bf16)),
+    "TE unfused (math in bf16)": err(reference.te_unfused(x_sbhd, f_tab)),
+}
+for name, e in errors.items():
+    print(f"{name:30s} max |y - correctly rounded y|: {e:.4f}")
+assert errors["fused, fp32 angles (ropelib)"] <= errors["TE unfused (math in bf16)"]
+
+# %% [markdown]
+# The first line is 0 or one bf16 rounding step: it *is* the correctly rounded result. The
+# other two carry extra roundings. (Notebook 07 shows how this difference makes an innocent
+# `torch.allclose(te_out, triton_out)` fail.)
+
+# %% [markdown]
+# ## 3. Partial rotary
+#
+# Some models rotate only the first $R < D$ features of each head and pass the rest through:
+# GPT-NeoX/Pythia (`rotary_pct=0.25`), Phi-2 (`partial_rotary_factor=0.4`), ChatGLM. Both TE
+# and HF compute $R$ = `int(head_dim * rotary_percent)`; the table simply has $R$ columns.
+
+# %%
+R = frequencies.rotary_dim(D, 0.5)
+f_half = rope_freqs(S, D, rotary_percent=0.5).to(device)            # [S, 1, 1, R]
+y = ropelib.apply_rope(x_sbhd, f_half)
+assert f_half.shape[-1] == R == D // 2
+assert torch.equal(y[..., R:], x_sbhd[..., R:])                       # passed through, bit for bit
+assert torch.equal(y[..., :R], ropelib.apply_rope(x_sbhd[..., :R], f_half))
+print(f"rotary_percent=0.5: features 0..{R - 1} rotated, {R}..{D - 1} untouched")
+
+# %% [markdown]
+# ## 4. Position offsets: `start_positions`, `position_ids`, `offset`
+#
+# During generation with a KV cache, each step feeds *one* new token per sequence, and each
+# sequence of the batch may be at a different length. Its position is the number of tokens
+# already cached. TE's `start_positions[b]` adds an offset per sequence; HF passes explicit
+# `position_ids`. Either way, the new token must get exactly the rotation it would have had in
+# a full forward pass.
+
+# %%
+L = S                                                       # prompt length
+full = torch.randn(L + 1, B, H, D, device=device, dtype=dtype)
+y_full = ropelib.apply_rope(full, freqs.to(device))         # prefill of L+1 tokens
+
+step = full[L:]                                             # [1, B, H, D]: the next token
+start = torch.full((B,), L, device=device, dtype=torch.int32)
+y_step = ropelib.apply_rope(step, freqs.to(device), start_positions=start)
+assert torch.equal(y_step, y_full[L:])
+
+# sequences at different lengths: positions L-3, L-1, ... per batch entry
+start = torch.tensor([L - 3 + 2 * b for b in range(B)], device=device, dtype=torch.int32)
+y_step = ropelib.apply_rope(step, freqs.to(device), start_positions=start)
+pos_ids = start.view(B, 1).long()                           # HF style: explicit [B, S] positions
+torch.testing.assert_close(y_step, ropelib.apply_rope(step, freqs.to(device), position_ids=pos_ids))
+print("positions used:", reference.positions("sbhd", 1, B, start_positions=start.cpu()).flatten().tolist())
+
+# a table that starts at a position: rope_freqs(..., offset=o) == rope_freqs(...)[o:]
+assert torch.equal(rope_freqs(8, D, offset=5), rope_freqs(13, D)[5:])
+
+# %% [markdown]
+# The table must cover the largest position used: with `start_positions` TE requires
+# `max(start_positions) + S <= P`; ropelib raises a `ValueError` naming `freqs` otherwise.
+
+# %% [markdown]
+# ## 5. Context parallelism: which positions does a rank hold?
+#
+# With context parallelism (CP) the sequence is split over `cp_size` GPUs. A plain split would
+# be unfair under a causal mask: the rank with the last tokens attends to everything, the first
+# to almost nothing. TE therefore cuts the sequence into $2\,\mathrm{cp\_size}$ chunks and gives
+# rank $r$ chunks $r$ and $2\,\mathrm{cp\_size}-1-r$ (dual-chunk): the sums of work even out.
+# Each rank holds `S_local = 2 * chunk` tokens and must rotate them by their *global* positions.
+
+# %%
+cp_size, S_local = 4, 8
+global_len = cp_size * S_local
+pos = {r: reference.positions("sbhd", S_local, 1, cp_size=cp_size, cp_rank=r)[0] for r in range(cp_size)}
+for r, p in pos.items():
+    print(f"rank {r}: {p.tolist()}")
+assert torch.equal(torch.cat(list(pos.values())).sort().values, torch.arange(global_len))
+# causal attention work of a token ~ its position + 1: every rank gets the same total
+work = [int((p + 1).sum()) for p in pos.values()]
+assert len(set(work)) == 1, work
+print("causal work per rank:", work)
+
+fig, ax = plt.subplots(figsize=(9, 1.8))
+colors = plt.cm.tab10.colors
+for r, p in pos.items():
+    ax.bar(p.numpy(), 1, width=1.0, color=colors[r], edgecolor="white", label=f"rank {r}")
+ax.set(xlabel="global position", yticks=[], xlim=(-0.5, global_len - 0.5),
+       title=f"Dual-chunk context parallel: {global_len} tokens over cp_size={cp_size}")
+ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
+fig.tight_layout()
+fig.savefig(FIGURES / "02-context-parallel.png", dpi=120)
+plt.close(fig)
+
+# %% [markdown]
+# ![Each rank holds one chunk from the front and its mirror from the back](../figures/02-context-parallel.png)
+#
+# Rotating a rank's local tokens with `cp_size, cp_rank` must give the same rows as rotating the
+# whole sequence and then picking that rank's positions:
+
+# %%
+x_global = torch.randn(global_len, B, H, D, device=device, dtype=dtype)
+f_global = rope_freqs(global_len, D).to(device)
+y_global = ropelib.apply_rope(x_global, f_global)
+for r, p in pos.items():
+    x_local = x_global[p.to(device)]                     # the tokens rank r holds, in its order
+    y_local = ropelib.apply_rope(x_local, f_global, cp_size=cp_size, cp_rank=r)
+    assert torch.equal(y_local, y_global[p.to(device)])
+print("each rank's local rotation == the global rotation at its positions")
+
+# %% [markdown]
+# ## 6. Why the unfused version is slow
+#
+# RoPE does a handful of flops per element: it is **memory-bound**. Its speed is set by the
+# bytes it moves, and the floor is reading $x$ once and writing $y$ once (plus a small table).
+#
+# TE's plain-PyTorch path (`fused=False`, copied op for op in `ropelib.reference.te_unfused`)
+# is five lines of tensor code — but each line is a separate kernel that reads its inputs from
+# memory and writes a full-size temporary back. Let us count them. A `TorchDispatchMode` sees
+# every ATen operation that actually runs; we record the bytes each reads and writes (views,
+# which move nothing, are skipped). It works the same on the CPU and on a GPU.
+
+# %%
+class CountTraffic(TorchDispatchMode):
+    """Record (op, bytes read, bytes written) for every ATen op that is not a view."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        storages = {t.untyped_storage().data_ptr() for t in ins}
+        if outs and all(t.untyped_storage().data_ptr() in storages for t in outs):
+            return out                                        # a view: no bytes move
+        nbytes = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
+        self.ops.append((func.overloadpacket.__name__, nbytes(ins), nbytes(outs)))
+        return out
+
+
+# A fixed, realistic shape for the count (plain PyTorch, so it runs anywhere):
+Sc, Bc, Hc, Dc = 512, 2, 16, 128
+xc = torch.randn(Sc, Bc, Hc, Dc, dtype=dtype)
+fc = rope_freqs(Sc, Dc)
+with CountTraffic() as fwd:
+    yc = reference.te_unfused(xc, fc)
+x_bytes = xc.numel() * xc.element_size()
+print(f"{'op':10s} {'read':>10s} {'written':>10s}   (in units of x = {x_bytes / 2**20:.0f} MiB)")
+for name, r, w in fwd.ops:
+    print(f"{name:10s} {r / x_bytes:10.2f} {w / x_bytes:10.2f}")
+unfused_bytes = sum(r + w for _, r, w in fwd.ops)
+floor_bytes = 2 * x_bytes + fc.numel() * 4
+print(f"\n{len(fwd.ops)} kernels, {unfused_bytes / x_bytes:.1f}x the bytes of x; "
+      f"a fused kernel: 1 kernel, {floor_bytes / x_bytes:.2f}x  ->  {unfused_bytes / floor_bytes:.1f}x more traffic")
+assert len(fwd.ops) >= 8 and unfused_bytes > 5 * floor_bytes
+
+# %% [markdown]
+# The backward pass through autograd repeats the pattern (the gradient of each multiply is
+# another multiply, of the `cat` a split and a copy, ...):
+
+# %%
+xg = xc.clone().requires_grad_()
+yg = reference.te_unfused(xg, fc)
+dy = torch.randn_like(yg)
+with CountTraffic() as bwd:
+    yg.backward(dy)
+bwd_bytes = sum(r + w for _, r, w in bwd.ops)
+print(f"backward: {len(bwd.ops)} kernels ({', '.join(n for n, _, _ in bwd.ops)}), "
+      f"{bwd_bytes / x_bytes:.1f}x the bytes of x (a fused backward: {floor_bytes / x_bytes:.2f}x)")
+
+fig, ax = plt.subplots(figsize=(8, 3.4))
+labels = [f"{i}: {n}" for i, (n, _, _) in enumerate(fwd.ops)]
+ax.bar(labels, [r / x_bytes for _, r, _ in fwd.ops], label="read")
+ax.bar(labels, [w / x_bytes for _, _, w in fwd.ops], bottom=[r / x_bytes for _, r, _ in fwd.ops],
+       label="written")
+ax.axhline(floor_bytes / x_bytes, color="k", ls="--", lw=1)
+ax.text(len(labels) - 0.5, floor_bytes / x_bytes + 0.08, "one fused kernel, in total", ha="right", fontsize=8)
+ax.set(ylabel="bytes / bytes of x",
+       title=f"TE unfused forward: {len(fwd.ops)} kernels, {unfused_bytes / floor_bytes:.1f}x the traffic of one fused kernel")
+ax.tick_params(axis="x", rotation=45, labelsize=8)
+ax.legend(fontsize=8)
+fig.tight_layout()
+fig.savefig(FIGURES / "02-unfused-traffic.png", dpi=120)
+plt.close(fig)
+
+# %% [markdown]
+# ![Bytes read and written by each kernel of the unfused path, against the fused floor](../figures/02-unfused-traffic.png)
+#
+# Every op streams a full-size tensor through memory; several read two. Fusing them into one
+# kernel keeps the intermediates in registers, so the whole thing costs one read and one write.
+# The gap only grows in real training: each temporary is also an allocation, each kernel a
+# launch (a few microseconds, which dominate at decode-time sizes).
+#
+# ### The profiler's view
+#
+# `torch.profiler` lists the same operations. On the CPU it shows the ATen ops; on a GPU,
+# with CUDA activity, it lists the actual kernels launched — one per op for the unfused path,
+# a single Triton kernel for `ropelib.apply_rope`.
+
+# %%
+from collections import Counter
+
+from torch.profiler import ProfilerActivity, profile
+
+VIEW_OPS = {"aten::slice", "aten::alias", "aten::chunk", "aten::split", "aten::select", "aten::view",
+            "aten::transpose", "aten::unsqueeze", "aten::squeeze", "aten::expand", "aten::reshape",
+            "aten::as_strided", "aten::narrow", "aten::permute", "aten::t", "aten::detach"}
+activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if GPU else [])
+xp = torch.randn(S, B, H, D, device=device, dtype=dtype)
+fp = rope_freqs(S, D).to(device)
+reference.te_unfused(xp, fp), ropelib.apply_rope(xp, fp)          # warm up (compile, caches)
+launched = {}
+for name, fn in {"TE unfused": lambda: reference.te_unfused(xp, fp),
+                 "ropelib.apply_rope": lambda: ropelib.apply_rope(xp, fp)}.items():
+    with profile(activities=activities) as prof:
+        fn()
+        if GPU:
+            torch.cuda.synchronize()
+    if GPU:   # the kernels the GPU actually ran
+        what = "GPU kernels"
+        ops = [e.name for e in prof.events() if e.device_type.name == "CUDA"
+               and not e.name.startswith(("Memcpy", "Memset"))]
+    else:     # the top-level operations the CPU ran, views left out
+        what = "top-level ops (views left out)"
+        ops = [e.name for e in prof.events() if e.cpu_parent is None and e.name not in VIEW_OPS]
+    launched[name] = Counter(ops)
+    print(f"{name}: {len(ops)} {what}")
+    for op, n in launched[name].items():
+        print(f"    {n} x {op[:100]}")
+n_unfused, n_fused = (sum(launched[k].values()) for k in ("TE unfused", "ropelib.apply_rope"))
+assert n_unfused >= 8 and n_fused < n_unfused
+
+# %% [markdown]
+# On the CPU, `ropelib.apply_rope` shows up as one autograd function (`_RopeFn`): its Triton
+# kernel runs as Python inside the interpreter, invisible to the profiler. On a GPU the list
+# above shows the one Triton kernel it launches, against one CUDA kernel per line of the
+# unfused code.
+
+# %% [markdown]
+# On a GPU the next cell also times both against a plain copy of the same bytes (the
+# bandwidth floor). In the interpreter the kernels are simulated in Python, so times would mean
+# nothing and the cell only says so.
+
+# %%
+if GPU:
+    import triton
+
+    y_buf = torch.empty_like(xp)
+    t_unfused = triton.testing.do_bench(lambda: reference.te_unfused(xp, fp))
+    t_fused = triton.testing.do_bench(lambda: ropelib.apply_rope(xp, fp))
+    t_copy = triton.testing.do_bench(lambda: y_buf.copy_(xp))
+    moved = 2 * xp.numel() * xp.element_size() + fp.numel() * 4
+    for name, t in [("copy (floor)", t_copy), ("ropelib.apply_rope", t_fused), ("TE unfused", t_unfused)]:
+        print(f"{name:20s} {t * 1e3:8.1f} us   {moved / t / 1e6:7.0f} GB/s of useful traffic")
+    print(f"unfused / fused: {t_unfused / t_fused:.1f}x")
+else:
+    print("interpreter mode: no timings (run on a GPU for the numbers); the byte count above "
+          "is what the timings follow")
+
+# %% [markdown]
+# ## Exercises
+#
+# Replace each `...`, run the cell, and read the ✅ / ❌ line. Solutions are folded below. (The
+# `;` after a check only stops Jupyter from echoing its `True`/`False`.)
+#
+# **Exercise 1 — context-parallel positions.** A sequence of 16 tokens is split over
+# `cp_size=2` ranks, 8 tokens each. Which global positions does rank 1 hold, in its local order?
+
+# %%
+from ropelib.exercises import basics, solution
+
+rank1_positions = ...   # your answer: a list of 8 ints
+
+basics.check_positions(rank1_positions, "sbhd", seq_len=8, batch=1, cp_size=2, cp_rank=1);
+
+# %%
+solution("""
+4 chunks of 4 tokens: [0-3] [4-7] [8-11] [12-15]. Rank r holds chunk r and chunk 2*cp_size-1-r,
+so rank 1 holds chunks 1 and 2:
+
+rank1_positions = [4, 5, 6, 7, 8, 9, 10, 11]
+""")
+
+# %% [markdown]
+# **Exercise 2 — from TE's table to HF's cache.** Write `cos_sin_from_freqs(freqs)` that turns
+# TE's angles `[S, 1, 1, R]` into HF's `(cos, sin)`, each `[S, R]` (it must work for both
+# pairings and for partial rotary).
+
+# %%
+def cos_sin_from_freqs(freqs):
+    ...   # your code: return (cos, sin)
+
+
+basics.check_cos_sin_from_freqs(cos_sin_from_freqs);
+
+# %%
+solution(basics.solution_cos_sin_from_freqs)
+
+# %% [markdown]
+# **Exercise 3 — the bandwidth floor.** How many bytes must a fused forward kernel move at
+# least for `x` of shape `[S, B, H, D] = [4096, 2, 32, 128]` in bf16 with full rotary,
+# reading the fp32 angle table once? (This is the model `ropelib.compare` uses for GB/s.)
+
+# %%
+floor = ...   # your answer: an int
+
+basics.check_bytes_moved(floor, seq_len=4096, batch=2, heads=32, head_dim=128, dtype="bf16");
+
+# %%
+solution(basics.solution_bytes_moved)
