@@ -285,14 +285,16 @@ def _torch_compile() -> Provider:
     if not runtime.on_gpu():
         return Provider("torch.compile", False, "interpreter mode: torch.compile is benchmarked "
                         "on a GPU only")
-    compiled = {}
+    state = {"key": None, "fn": None}
 
     def fn(case):
-        c = case.config
-        key = (c.layout, c.interleaved, case.start is None, case.k is None)
-        if key not in compiled:  # one compiled function per static variant
-            compiled[key] = torch.compile(_pytorch_fn, dynamic=False)
-        return compiled[key](case)
+        # Static shapes (dynamic=False), compiled afresh for each new configuration: Dynamo's
+        # recompile limit (8 per function) would otherwise make a long sweep fall back to eager.
+        key = (case.config, tuple(t.shape for t in case.tensors), case.x.device)
+        if key != state["key"]:
+            torch._dynamo.reset()
+            state.update(key=key, fn=torch.compile(_pytorch_fn, dynamic=False))
+        return state["fn"](case)
     return Provider("torch.compile", True, "", fn,
                     lambda c: "thd is not compiled (per-sequence Python loop)" if c.layout == "thd"
                     else None, "torch.compile of the plain PyTorch provider")
