@@ -844,6 +844,7 @@ def _seed_sweeps() -> tuple:
         for b in (1, 2, 4, 8):
             out.append(SeedSweep(f"seq_len-b{b}-{dtype}", Config(256, b, 64, 128, dtype),
                                  "seq_len", tuple(range(256, 4096, 256)),
+                                 ("ropelib", "ropelib_batch_reuse", "te_fused", "pytorch"),
                                  note="seed 2: batch-reuse grid vs TE, head_num 64, head_dim 128"))
     # Seed 3: Triton fused vs CUDA fused (TE) vs PyTorch unfused over each axis.
     base = Config(2048, 2, 32, 128, "bf16")
