@@ -300,3 +300,54 @@ def test_scalings_are_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         sc.factor = 8.0
     assert hash(Llama3Scaling()) == hash(Llama3Scaling())   # usable as cache keys
+
+
+# --- the real thing, when Hugging Face transformers is installed (the `hf` extra) ------------
+
+def test_bit_exact_with_installed_transformers():
+    """inv_freq, attention factor and the cos/sin cache equal transformers' own code."""
+    pytest.importorskip("transformers")
+    try:
+        from transformers import LlamaConfig
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+        from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+        LlamaConfig(rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    except (ImportError, TypeError) as exc:  # transformers < 5 spells the config differently
+        pytest.skip(f"needs transformers >= 5 (rope_parameters): {exc}")
+
+    def config(params, head_dim=128, max_pos=131072):
+        return LlamaConfig(hidden_size=4 * head_dim, num_attention_heads=4, head_dim=head_dim,
+                           max_position_embeddings=max_pos, rope_parameters=params)
+
+    cases = [
+        ({"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}, {},
+         LinearScaling(4.0), 10000.0),
+        ({"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}, {"max_pos": 2048, "seq_len": 5000},
+         DynamicNTKScaling(2.0, 2048), 10000.0),
+        ({"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}, {},
+         Llama3Scaling(), 500000.0),
+        ({"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+          "original_max_position_embeddings": 4096}, {"max_pos": 16384},
+         YaRNScaling(4.0, 4096), 10000.0),
+        ({"rope_type": "yarn", "rope_theta": 150000.0, "factor": 32.0, "beta_fast": 32.0,
+          "beta_slow": 1.0, "truncate": False, "original_max_position_embeddings": 4096},
+         {"head_dim": 64, "max_pos": 131072},
+         YaRNScaling(32.0, 4096, truncate=False), 150000.0),
+        ({"rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "mscale": 0.707,
+          "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096}, {"head_dim": 64, "max_pos": 163840},
+         YaRNScaling(40.0, 4096, mscale=0.707, mscale_all_dim=1.0), 10000.0),
+    ]
+    for params, kw, scaling, base in cases:
+        head_dim = kw.get("head_dim", 128)
+        cfg = config(params, head_dim, kw.get("max_pos", 131072))
+        inv, attention = ROPE_INIT_FUNCTIONS[params["rope_type"]](cfg, "cpu", seq_len=kw.get("seq_len"))
+        ours = inv_freq(head_dim, base, scaling, seq_len=kw.get("seq_len"))
+        assert torch.equal(ours, inv.float()), params
+        assert scaling.attention_scaling == pytest.approx(attention, rel=1e-12), params
+
+    rotary = LlamaRotaryEmbedding(config({"rope_type": "default", "rope_theta": 10000.0}))
+    for dtype in (torch.float32, torch.bfloat16):
+        cos, sin = rotary(torch.zeros(1, dtype=dtype), torch.arange(3, 303)[None])
+        ours = rope_cos_sin(300, 128, offset=3, dtype=dtype)
+        assert torch.equal(ours[0], cos[0]) and torch.equal(ours[1], sin[0])
