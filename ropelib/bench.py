@@ -515,12 +515,13 @@ def _slug(text: str) -> str:
 def default_out(suite: str, meta: dict) -> Path:
     """benchmarks/results/<suite>-<gpu-slug>-<date>.csv on a GPU; a temp dir otherwise.
 
-    Interpreter timings are meaningless, so a CPU run never lands among the committed results.
+    Interpreter timings are meaningless and the quick suite is a plumbing check, so neither
+    lands among the committed results by default.
     """
     gpu = str(meta.get("gpu") or "none")
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M")
     name = f"{suite}-{_slug(gpu) if gpu != 'none' else 'cpu'}-{stamp}.csv"
-    if on_gpu():
+    if on_gpu() and suite != "quick":
         return RESULTS_DIR / name
     return Path(tempfile.gettempdir()) / "ropelib-bench" / name
 
@@ -537,15 +538,6 @@ def select_providers(names=None) -> list:
     return [p for p in allp if p.name in names]
 
 
-def _reset_compile_cache() -> None:
-    # Every case brings new shapes or dtypes, and compare compiles with dynamic=False: without a
-    # reset, Dynamo's recompile limit (8 per function) would make torch.compile fall back to
-    # eager after a few cases and the rows would be mislabelled.
-    dynamo = getattr(torch, "_dynamo", None)
-    if dynamo is not None and hasattr(dynamo, "reset"):
-        dynamo.reset()
-
-
 def run_suite(cases: list, provs: list, *, backward: bool = True, graph_calls: int = 100,
               device=None, progress=True, on_case: Optional[Callable] = None) -> list:
     """Run every case through compare.run_case (all providers, copy floor in the same run), add
@@ -556,7 +548,6 @@ def run_suite(cases: list, provs: list, *, backward: bool = True, graph_calls: i
         for case in cases:
             if bar is not None and hasattr(bar, "set_postfix_str"):
                 bar.set_postfix_str(case.name)
-            _reset_compile_cache()
             case_rows = run_case(case.config, provs, backward=backward, device=device)
             for r in case_rows:
                 r.update(case=case.name, group=case.group,
@@ -585,8 +576,9 @@ def main(argv=None) -> int:
                     help=f"comma list from {','.join(DTYPES)}: restricts the suite's dtypes "
                          "(decode/seed: replaces them)")
     ap.add_argument("--providers", default=None,
-                    help=f"comma list from {','.join(compare.PROVIDER_NAMES)} (default: all); "
-                         "the copy floor is always measured")
+                    help=f"comma list from {','.join(compare.PROVIDER_NAMES)} (default: all; "
+                         f"seed: {','.join(compare.SEED_PROVIDERS)}); the copy floor is always "
+                         "measured")
     ap.add_argument("--out", default=None,
                     help="CSV path (default benchmarks/results/<suite>-<gpu-slug>-<date>.csv; "
                          "a temp dir when not on a GPU)")
@@ -630,6 +622,8 @@ def main(argv=None) -> int:
     if not on_gpu() and args.suite != "quick":
         ap.error(f"--suite {args.suite} needs a CUDA GPU (full sizes); on a CPU use --suite quick")
     names = [n.strip() for n in args.providers.split(",") if n.strip()] if args.providers else None
+    if names is None and args.suite == "seed":
+        names = list(compare.SEED_PROVIDERS)  # the seeds' comparison: 120 cases, keep it lean
     try:
         provs = select_providers(names)
     except ValueError as e:

@@ -88,7 +88,12 @@ def test_quick_suite_writes_every_field(quick_run):
             if r["provider"] in ("te_fused", "torch.compile"):
                 assert r["available"] is False and r["reason"]
     graph = [r for r in rows if r["case"].startswith("quick-decode")]
-    assert graph and all(r["graph_reason"] for r in graph)  # no GPU: says why, no number
+    assert graph
+    if torch.cuda.is_available():  # ropelib's decode call must be capturable in a CUDA graph
+        me = next(r for r in graph if r["provider"] == "ropelib")
+        assert me["graph_fwd_ms"] > 0 and me["graph_copy_fwd_ms"] > 0, me["graph_reason"]
+    else:  # no GPU: each row says why there is no number
+        assert all(r["graph_reason"] and r["graph_fwd_ms"] is None for r in graph)
     assert "target met?" in stdout and "quick-qk-" in stdout
 
 
@@ -328,3 +333,16 @@ def test_graph_replay_times_a_copy():
     med, p20, p80 = bench.graph_replay_ms(lambda: y.copy_(x), calls=20)
     assert 0 < p20 <= med <= p80 < 1.0  # a 4 MiB copy takes microseconds, not milliseconds
     torch.testing.assert_close(y, x)
+
+
+@pytest.mark.gpu
+def test_graph_timings_for_real_providers():
+    case = next(c for c in bench.suite_cases("decode") if c.config.layout == "bshd")
+    provs = bench.select_providers(["ropelib", "torch.compile", "pytorch"])
+    rows = compare.run_case(case.config, provs, backward=False, device="cuda")
+    bench.add_graph_timings(case, rows, provs, calls=10)
+    by = {r["provider"]: r for r in rows}
+    assert by["ropelib"]["graph_fwd_ms"] > 0, by["ropelib"]["graph_reason"]
+    assert by["ropelib"]["graph_ratio_fwd"] == pytest.approx(
+        by["ropelib"]["graph_copy_fwd_ms"] / by["ropelib"]["graph_fwd_ms"])
+    assert by["pytorch"]["graph_fwd_ms"] is None and "not timed" in by["pytorch"]["graph_reason"]
