@@ -164,7 +164,7 @@ def plot_ratio(d: dict, path: Path) -> Path:
     axes[0][0].set_yticklabels(cases, fontsize=7)
     axes[0][0].invert_yaxis()
     for ax in axes[0]:  # below each panel: the bars fill the plot area from 0 to ~1
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.08), ncol=3)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.045), ncol=3)
     fig.suptitle(f"RoPE vs the copy floor ({d['path'].name})\n{_provenance(d)}", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120, bbox_inches="tight")
