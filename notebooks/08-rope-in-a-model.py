@@ -348,6 +348,10 @@ print(text)
 #
 # The model is built from a small random config: no weights are downloaded. `transformers` is
 # an optional extra (`pip install -e '.[hf]'`); without it this section explains and skips.
+#
+# Inside the block we also move every position by 7 (`position_ids` 7, 8, ...): the logits
+# must not change beyond rounding, because the scores depend only on $n - m$ (section 2). It
+# is the reason a test that "shifts the positions by one" cannot catch a RoPE bug.
 
 # %%
 HAVE_HF = importlib.util.find_spec("transformers") is not None
@@ -377,6 +381,9 @@ else:
     logits_s, grads_s = logits_and_grads(llama, ids)
     with patch_llama() as stats:
         logits_p, grads_p = logits_and_grads(llama, ids)
+        with torch.no_grad():                                 # every position moved by +7
+            shifted = llama(ids, position_ids=torch.arange(7, 7 + ids.shape[1], device=device)
+                            .expand_as(ids)).logits
         gen_kw = dict(attention_mask=torch.ones_like(ids[:, :4]), max_new_tokens=8,
                       do_sample=False)
         with torch.no_grad():
@@ -385,15 +392,18 @@ else:
     with torch.no_grad():
         gen_s = llama.generate(ids[:, :4], **gen_kw)
     grad_diff = max((grads_p[n] - g).abs().max().item() for n, g in grads_s.items())
+    shift_diff = (shifted - logits_p).abs().max().item()
     print(f"ropelib calls inside the block: {stats.calls} "
-          f"(2 layers x (1 training forward + 8 generation forwards))")
+          f"(2 layers x (1 training + 1 shifted + 8 generation forwards))")
     print(f"max |logits diff| {(logits_p - logits_s).abs().max().item():.2e}, "
           f"max |grad diff| {grad_diff:.2e}, greedy tokens equal: {torch.equal(gen_p, gen_s)}")
-    assert stats.calls == 2 * (1 + 8)
+    print(f"all positions shifted by 7: max |logits diff| {shift_diff:.2e}")
+    assert stats.calls == 2 * (1 + 1 + 8)
     torch.testing.assert_close(logits_p, logits_s, atol=1e-5, rtol=1e-5)
     for n, g in grads_s.items():
         torch.testing.assert_close(grads_p[n], g, atol=1e-5, rtol=1e-4, msg=n)
     assert torch.equal(gen_p, gen_s)
+    assert shift_diff < 1e-3 * logits_p.abs().max().item()     # RoPE sees relative positions only
 
 # %% [markdown]
 # ## 8. Drop-in II: a Transformer Engine-style block

@@ -335,15 +335,13 @@ def estimate_loss(model: GPT, data: CharDataset, split: str, *, iters: int, batc
     g = torch.Generator().manual_seed(seed)
     was_training = model.training
     model.eval()
-    total = 0.0
     losses = torch.zeros(iters, device=device)
     for i in range(iters):
         x, y = data.get_batch(split, batch_size, model.config.block_size, g, device)
         with _autocast(device, amp_dtype):
             losses[i] = model(x, y)[1]
-    total = losses.mean().item()
     model.train(was_training)
-    return total
+    return losses.mean().item()
 
 
 def train(model: GPT, data: CharDataset, *, steps: int, batch_size: int, lr: float = 1e-3,

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import ropelib
-from ropelib.model import (CharDataset, GPT, GPTConfig, TEStyleAttention, build, estimate_loss,
-                           pydoc_topics_text, rope_time_share, sample, train)
+from ropelib.model import (CharDataset, GPT, GPTConfig, TEStyleAttention, build, ema,
+                           estimate_loss, plot_loss_curves, pydoc_topics_text, read_history_csv,
+                           rope_time_share, sample, train, write_history_csv)
 from ropelib.frequencies import rope_freqs
 
 
@@ -229,3 +230,27 @@ def test_rope_time_share_ropelib_counts_the_kernel_backward(data):
     r = rope_time_share(model, data, batch_size=2, steps=1, warmup=1)
     assert 0.0 < r["share"] < 1.0 and r["rope_bwd_ms"] > 0
     assert len(r["backward_nodes"]) == 1                        # the kernel's autograd node
+
+
+# --- loss-curve data --------------------------------------------------------------------------
+
+def test_history_csv_round_trip_and_figure(tmp_path):
+    runs = {"ropelib": {"step": [1, 2, 3], "train_loss": [4.5, 3.25, 2.875],
+                        "eval_step": [2, 3], "val_loss": [3.5, 3.0]},
+            "reference": {"step": [1, 2, 3], "train_loss": [4.5, 3.25, 2.9],
+                          "eval_step": [2, 3], "val_loss": [3.5, 3.0625]}}
+    path = write_history_csv(runs, tmp_path / "curves.csv", {"gpu": "none", "steps": 3})
+    meta, back = read_history_csv(path)
+    assert meta == {"gpu": "none", "steps": "3"}
+    assert back == runs
+    fig = plot_loss_curves(back, tmp_path / "curves.png", baseline="reference")
+    assert (tmp_path / "curves.png").stat().st_size > 10_000
+    import matplotlib.pyplot as plt
+    plt.close(fig)
+    with pytest.raises(ValueError, match="histories"):
+        write_history_csv({}, tmp_path / "empty.csv")
+
+
+def test_ema_is_bias_corrected():
+    assert ema([2.0] * 5) == pytest.approx([2.0] * 5)
+    assert ema([0.0, 1.0], alpha=0.5) == pytest.approx([0.0, 2 / 3])
