@@ -61,6 +61,18 @@ def test_forward_matches_reference(kernel, dtype, D):
 
 
 @pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.__name__)
+def test_bf16_rounds_to_nearest_even(kernel):
+    # One rounding to nearest even, as torch does: almost every element equals the fp32
+    # reference rounded once (truncation, the interpreter's default cast, misses ~half).
+    torch.manual_seed(6)
+    x = torch.randn(4, 2, 2, 64, device=DEVICE, dtype=torch.bfloat16)
+    freqs = te_freqs(4, 64)
+    y = kernel(x, freqs)
+    same = (y == rope_reference(x, freqs, compute_dtype=torch.float32)).float().mean().item()
+    assert same > 0.97, f"only {same:.1%} of bf16 outputs match a round-to-nearest-even result"
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=lambda k: k.__name__)
 def test_head_dim_72_and_2d_freqs(kernel):
     # A real non-power-of-two head dim (half = 36 in a 64-wide tile), freqs given as [P, D].
     torch.manual_seed(1)
@@ -248,3 +260,51 @@ def test_gpu_large_bf16(kernel, D):
     xg = x.double().requires_grad_()
     (gx_ref,) = torch.autograd.grad(rope_reference(xg, freqs), xg, g.double())
     assert_matches(kernel(g, freqs, backward=True), gx_ref.to(torch.bfloat16))
+
+
+# --- the exercise checks of notebooks 03-05 (ropelib.exercises.kernels) ----------------------
+
+def _wrong_function(x, freqs):
+    # The forward where the backward is asked for, or rotate-half where interleaved is asked for.
+    return rope_naive(x.contiguous(), freqs.reshape(freqs.shape[0], 1, 1, -1))
+
+
+class _SavesX(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, freqs):
+        ctx.save_for_backward(x, freqs)
+        return rope_naive(x, freqs)
+
+    @staticmethod
+    def backward(ctx, gy):
+        _, freqs = ctx.saved_tensors
+        return rope_naive(gy, freqs, backward=True), None
+
+
+def _exercise_cases():
+    from ropelib.exercises import kernels as ex
+    return [
+        ("check_naive_grid", ex.solution_naive_grid, lambda S, B, H: (S, B * H)),
+        ("check_half_tile", ex.solution_half_tile, lambda D: (D // 2, D // 2, 0)),
+        ("check_row_index", ex.solution_row_index, lambda r, S, B, H: (r // (B * H), r % B, r % H)),
+        ("check_rope_interleaved", ex.solution_rope_interleaved, _wrong_function),
+        ("check_angle_bytes", ex.solution_angle_bytes, lambda g, S, B, H, D: S * D * 4),
+        ("check_floor_ms", ex.solution_floor_ms, lambda n, gbps: n / gbps),
+        ("check_percent_of_copy", ex.solution_percent_of_copy, lambda k, c, *_: 100 * c / k),
+        ("check_backward_matrix", ex.solution_backward_matrix,
+         lambda t: torch.tensor([[1.0, 0.0], [0.0, 1.0]])),
+        ("check_rope_backward", ex.solution_rope_backward, _wrong_function),
+        ("check_rope_function", ex.SolutionRopeFunction, _SavesX),
+    ]
+
+
+@pytest.mark.parametrize("i", range(10))
+def test_exercise_check_accepts_solution_and_rejects_wrong(i, capsys):
+    from ropelib.exercises import kernels as ex
+    name, right, wrong = _exercise_cases()[i]
+    checker = getattr(ex, name)
+    assert checker(right) is True, capsys.readouterr().out
+    assert checker(wrong) is False
+    assert checker(...) is False  # unanswered: a ❌ line, never an exception
+    out = capsys.readouterr().out
+    assert "✅" in out and "❌" in out

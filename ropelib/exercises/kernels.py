@@ -248,7 +248,7 @@ def solution_row_index(row, S, B, H):
 
 
 @triton.jit
-def _solution_interleaved_kernel(
+def _rope_interleaved_solution_kernel(
     x_ptr,  # *x: input [S, B, H, D], any strides
     y_ptr,  # *y: output [S, B, H, D], contiguous
     freqs_ptr,  # *fp32: angles [P, D] (f0 f0 f1 f1 ...), contiguous
@@ -278,7 +278,7 @@ def solution_rope_interleaved(x, freqs):
     S, B, H, D = x.shape
     f = freqs.reshape(freqs.shape[0], D).contiguous()
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    _solution_interleaved_kernel[(S * B * H,)](
+    _rope_interleaved_solution_kernel[(S * B * H,)](
         x, y, f, B, H, *x.stride(), HALF=D // 2, BLOCK_HALF=triton.next_power_of_2(D // 2))
     return y
 

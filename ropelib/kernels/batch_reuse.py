@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .common import BF16_RTNE, round_to
 from .naive import _check_inputs, _launch_params, default_num_warps
 
 
@@ -34,6 +35,7 @@ def _rope_batch_reuse_kernel(
     BLOCK_HALF: tl.constexpr,  # next power of two >= HALF: the tile each half is loaded in
     BACKWARD: tl.constexpr,  # False: y = R(theta) x; True: y = R(theta)^T x = R(-theta) x
     COMPUTE_DTYPE: tl.constexpr,  # tl.float32 (tl.float64 for fp64 inputs)
+    BF16_RTNE: tl.constexpr,  # round bf16 to nearest even by hand (the interpreter truncates)
 ):
     # One program = one (position, head) pair; int64 so offsets cannot overflow on huge tensors.
     s = tl.program_id(0).to(tl.int64)
@@ -67,8 +69,8 @@ def _rope_batch_reuse_kernel(
         y1 = x1 * cos1 - x2 * sin1
         y2 = x2 * cos2 + x1 * sin2
         y_row = y_base + b * stride_yb
-        tl.store(y_row + offs, y1.to(y_ptr.dtype.element_ty), mask=mask)
-        tl.store(y_row + HALF + offs, y2.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_row + offs, round_to(y1, y_ptr.dtype.element_ty, BF16_RTNE), mask=mask)
+        tl.store(y_row + HALF + offs, round_to(y2, y_ptr.dtype.element_ty, BF16_RTNE), mask=mask)
 
 
 def batch_reuse_grid(S: int, H: int):
@@ -109,6 +111,7 @@ def rope_batch_reuse(x: torch.Tensor, freqs: torch.Tensor, *, backward: bool = F
         y.stride(0), y.stride(1), y.stride(2),
         f2.stride(0), f2.stride(1),
         HALF=half, BLOCK_HALF=block_half, BACKWARD=bool(backward), COMPUTE_DTYPE=compute,
+        BF16_RTNE=BF16_RTNE,
         num_warps=num_warps or default_num_warps(block_half),
     )
     return y

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from ..runtime import check_kernel_device
+from .common import BF16_RTNE, round_to
 
 # x dtypes the teaching kernels accept; fp64 is computed in fp64 (so gradcheck works).
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -37,6 +38,7 @@ def _rope_naive_kernel(
     BLOCK_HALF: tl.constexpr,  # next power of two >= HALF: the tile each half is loaded in
     BACKWARD: tl.constexpr,  # False: y = R(theta) x; True: y = R(theta)^T x = R(-theta) x
     COMPUTE_DTYPE: tl.constexpr,  # tl.float32 (tl.float64 for fp64 inputs)
+    BF16_RTNE: tl.constexpr,  # round bf16 to nearest even by hand (the interpreter truncates)
 ):
     # One program = one row x[s, b, h, :]. int64 so row offsets cannot overflow on huge tensors.
     row = tl.program_id(0).to(tl.int64)
@@ -72,8 +74,8 @@ def _rope_naive_kernel(
     y1 = x1 * cos1 - x2 * sin1
     y2 = x2 * cos2 + x1 * sin2
     y_row = y_ptr + s * stride_ys + b * stride_yb + h * stride_yh
-    tl.store(y_row + offs, y1.to(y_ptr.dtype.element_ty), mask=mask)
-    tl.store(y_row + HALF + offs, y2.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_row + offs, round_to(y1, y_ptr.dtype.element_ty, BF16_RTNE), mask=mask)
+    tl.store(y_row + HALF + offs, round_to(y2, y_ptr.dtype.element_ty, BF16_RTNE), mask=mask)
 
 
 def _check_inputs(x, freqs, out, fn_name):
@@ -183,6 +185,7 @@ def rope_naive(x: torch.Tensor, freqs: torch.Tensor, *, backward: bool = False,
         y.stride(0), y.stride(1), y.stride(2),
         f2.stride(0), f2.stride(1),
         HALF=half, BLOCK_HALF=block_half, BACKWARD=bool(backward), COMPUTE_DTYPE=compute,
+        BF16_RTNE=BF16_RTNE,
         num_warps=num_warps or default_num_warps(block_half),
     )
     return y

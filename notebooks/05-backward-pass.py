@@ -1,0 +1,453 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 05 — The backward pass
+#
+# Training needs the gradient of RoPE: given $\partial L/\partial y$ for the rotated queries and
+# keys, produce $\partial L/\partial x$. This notebook derives it — it is the rotation by
+# $-\theta$ — wires a kernel into PyTorch's autograd, and checks the result the strict way.
+#
+# **After this notebook you will be able to**
+#
+# - derive RoPE's backward: the transpose of a rotation is the rotation by $-\theta$;
+# - write a `torch.autograd.Function` around a Triton kernel, and decide what to save in `ctx`;
+# - verify a backward with the autograd of a reference and with `torch.autograd.gradcheck` in
+#   float64;
+# - handle the "overlapping" gradients that `expand` and `sum` produce (stride-0 tensors);
+# - serve both directions with one kernel and one compile-time flag.
+
+# %%
+import os, torch
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")   # before ropelib (and its @triton.jit) is imported
+import ropelib
+device = ropelib.default_device()
+
+# %%
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+
+from ropelib import reference, runtime
+from ropelib.exercises import kernels as ex
+from ropelib.exercises import solution
+from ropelib.kernels.batch_reuse import _rope_batch_reuse_kernel, rope_batch_reuse
+
+ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "ropelib").is_dir())
+FIGURES = ROOT / "figures"
+FIGURES.mkdir(exist_ok=True)
+GPU = runtime.on_gpu()
+print(runtime.mode())
+S, B, H, D = (4096, 8, 32, 128) if GPU else (4, 3, 2, 16)
+print(f"x: [S={S}, B={B}, H={H}, D={D}] on {device}")
+
+# %% [markdown]
+# ## 1. The derivation
+#
+# Take one pair of features $(x_a, x_b)$ turned by the angle $\theta$:
+#
+# $$
+# y = R(\theta)\,x, \qquad
+# R(\theta) = \begin{pmatrix} \cos\theta & -\sin\theta \\ \sin\theta & \cos\theta \end{pmatrix}.
+# $$
+#
+# For a scalar loss $L$, the chain rule gives $\dfrac{\partial L}{\partial x_i} =
+# \sum_k \dfrac{\partial L}{\partial y_k}\dfrac{\partial y_k}{\partial x_i}$, i.e. with the
+# Jacobian $J = \partial y/\partial x = R(\theta)$ (RoPE is linear in $x$):
+#
+# $$ \frac{\partial L}{\partial x} = J^{\top} \frac{\partial L}{\partial y} = R(\theta)^{\top}\,
+#    \frac{\partial L}{\partial y}. $$
+#
+# Since $\cos$ is even and $\sin$ is odd,
+#
+# $$
+# R(\theta)^{\top} = \begin{pmatrix} \cos\theta & \sin\theta \\ -\sin\theta & \cos\theta \end{pmatrix}
+# = \begin{pmatrix} \cos(-\theta) & -\sin(-\theta) \\ \sin(-\theta) & \cos(-\theta) \end{pmatrix}
+# = R(-\theta).
+# $$
+#
+# A head is a block-diagonal matrix of such rotations (rotate-half pairs feature $j$ with
+# $j + D/2$; permuting the features makes the blocks adjacent), and the transpose of a
+# block-diagonal matrix is the block-diagonal matrix of the transposed blocks. So **the
+# backward of RoPE is RoPE with the angles negated**: the same kernel, rotating
+# $\partial L/\partial y$ by $-\theta$. As a bonus $R^{\top}R = I$: rotations are orthogonal, the
+# backward undoes the forward, and gradient norms are preserved.
+#
+# One detail. TE's table holds an angle per *feature*, so a rotate-half pair reads
+# $\theta_a$ (feature $j$) and $\theta_b$ (feature $j+D/2$), and the forward matrix is
+# $\begin{pmatrix} c_a & -s_a \\ s_b & c_b \end{pmatrix}$. Its transpose
+# $\begin{pmatrix} c_a & s_b \\ -s_a & c_b \end{pmatrix}$ **swaps the two sines and negates
+# them**. With TE's `cat(f, f)` table $\theta_a = \theta_b$ and that is exactly $R(-\theta)$; the
+# kernels implement the swap, so they are the exact transpose for any table.
+#
+# Check it numerically: the full $D \times D$ Jacobian of the reference at one position, from
+# autograd.
+
+# %%
+def jacobian(freqs_row):
+    """J [D, D] = d y / d x of the reference RoPE of one row, at the angles freqs_row [D]."""
+    Dj = freqs_row.numel()
+    f = freqs_row.view(1, 1, 1, Dj).float()
+    return torch.autograd.functional.jacobian(
+        lambda v: reference.rope_reference(v.view(1, 1, 1, Dj), f).view(Dj),
+        torch.zeros(Dj, dtype=torch.float64))
+
+
+f_pair = torch.tensor([0.5, 1.0, 1.5, 2.2])               # one angle per pair, large enough to see
+theta = torch.cat([f_pair, f_pair])                        # D = 8, TE's cat(f, f)
+J, J_neg = jacobian(theta), jacobian(-theta)
+assert torch.allclose(J.T, J_neg, atol=1e-12)                   # R(theta)^T = R(-theta)
+assert torch.allclose(J.T @ J, torch.eye(8, dtype=torch.float64), atol=1e-12)   # orthogonal
+
+theta_any = torch.randn(8) * 3                                  # halves differ: not TE's table
+J_any = jacobian(theta_any)
+print("J^T == J(-theta) for TE's table:", torch.allclose(J.T, J_neg, atol=1e-12))
+print("J^T == J(-theta) for a per-feature table with different halves:",
+      torch.allclose(J_any.T, jacobian(-theta_any), atol=1e-12))
+
+# The kernel's backward as a matrix: rotate each basis vector e_i (one row per position, all
+# positions with the same angles) and read off the columns.
+E = torch.eye(8, dtype=torch.float64, device=device).view(8, 1, 1, 8)
+table = theta_any.to(device).view(1, 8).expand(8, 8)            # stride 0: every row the same angles
+M_kernel = rope_batch_reuse(E, table, backward=True).view(8, 8).T.cpu()
+assert torch.allclose(M_kernel, J_any.T, atol=1e-6)             # the exact transpose, any table
+print("the kernel's backward == J^T, also for that table (it swaps and negates the sines)")
+
+
+def draw_jacobians(path):
+    fig, axes = plt.subplots(1, 3, figsize=(10, 3.4))
+    for ax, M, title in ((axes[0], J, r"$J = \partial y / \partial x$ at $\theta$"),
+                         (axes[1], J.T, r"$J^\top$ (the backward)"),
+                         (axes[2], J_neg, r"$J$ at $-\theta$")):
+        im = ax.imshow(M.numpy(), cmap="RdBu", vmin=-1, vmax=1)
+        ax.set_title(title)
+        ax.set_xticks(range(8)), ax.set_yticks(range(8))
+    fig.suptitle("RoPE of one position, D = 8, rotate-half: the transpose equals the rotation by -theta",
+                 fontsize=10)
+    fig.tight_layout()
+    fig.colorbar(im, ax=list(axes), shrink=0.8, label="entry (red < 0 < blue)")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+draw_jacobians(FIGURES / "05-jacobian.png")
+
+# %% [markdown]
+# ![The Jacobian, its transpose, and the Jacobian at minus theta](../figures/05-jacobian.png)
+#
+# The diagonal holds the cosines; the pairs $(j, j+4)$ show up as two off-diagonals, $-\sin$
+# above (red) and $+\sin$ below (blue) in $J$, and the other way round in $J^{\top}$ — which is
+# the picture of $J$ at $-\theta$.
+#
+# ## 2. One kernel for both directions
+#
+# The batch-reusing kernel of notebook 04 already has the backward in it, behind a
+# `tl.constexpr`:
+#
+# <!-- ropelib-source: ropelib.kernels.batch_reuse._rope_batch_reuse_kernel -->
+# ```python
+# @triton.jit
+# def _rope_batch_reuse_kernel(
+#     x_ptr,  # *x: input [S, B, H, D], any strides
+#     y_ptr,  # *y: output [S, B, H, D], same dtype as x, last dim contiguous
+#     freqs_ptr,  # *fp32: angles [P, D], P >= S (row s holds the D angles of position s)
+#     B,  # batch size: the length of the loop each program runs
+#     stride_xs, stride_xb, stride_xh, stride_xd,  # x strides, in elements
+#     stride_ys, stride_yb, stride_yh,  # y strides, in elements (stride_yd == 1)
+#     stride_fs, stride_fd,  # freqs strides, in elements
+#     HALF: tl.constexpr,  # D // 2: features in each half (any size, 72/2 = 36 included)
+#     BLOCK_HALF: tl.constexpr,  # next power of two >= HALF: the tile each half is loaded in
+#     BACKWARD: tl.constexpr,  # False: y = R(theta) x; True: y = R(theta)^T x = R(-theta) x
+#     COMPUTE_DTYPE: tl.constexpr,  # tl.float32 (tl.float64 for fp64 inputs)
+#     BF16_RTNE: tl.constexpr,  # round bf16 to nearest even by hand (the interpreter truncates)
+# ):
+#     # One program = one (position, head) pair; int64 so offsets cannot overflow on huge tensors.
+#     s = tl.program_id(0).to(tl.int64)
+#     h = tl.program_id(1).to(tl.int64)
+#
+#     offs = tl.arange(0, BLOCK_HALF)  # [BLOCK_HALF] feature index within a half
+#     mask = offs < HALF
+#
+#     # cos/sin of position s: computed once here, reused by every row of the batch below.
+#     f_row = freqs_ptr + s * stride_fs
+#     theta1 = tl.load(f_row + offs * stride_fd, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+#     theta2 = tl.load(f_row + (offs + HALF) * stride_fd, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+#     cos1 = tl.cos(theta1)
+#     cos2 = tl.cos(theta2)
+#     if BACKWARD:
+#         # Transpose of [[c1, -s1], [s2, c2]]: swap and negate the sines (= rotation by -theta).
+#         sin1 = -tl.sin(theta2)
+#         sin2 = -tl.sin(theta1)
+#     else:
+#         sin1 = tl.sin(theta1)
+#         sin2 = tl.sin(theta2)
+#
+#     x_base = x_ptr + s * stride_xs + h * stride_xh
+#     y_base = y_ptr + s * stride_ys + h * stride_yh
+#     # A runtime loop (not tl.static_range): B is not a constexpr, so one compiled kernel
+#     # serves every batch size.
+#     for b in range(0, B):
+#         x_row = x_base + b * stride_xb
+#         x1 = tl.load(x_row + offs * stride_xd, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+#         x2 = tl.load(x_row + (offs + HALF) * stride_xd, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+#         y1 = x1 * cos1 - x2 * sin1
+#         y2 = x2 * cos2 + x1 * sin2
+#         y_row = y_base + b * stride_yb
+#         tl.store(y_row + offs, round_to(y1, y_ptr.dtype.element_ty, BF16_RTNE), mask=mask)
+#         tl.store(y_row + HALF + offs, round_to(y2, y_ptr.dtype.element_ty, BF16_RTNE), mask=mask)
+# ```
+#
+# `BACKWARD` only changes which sines the program computes (swapped and negated); the loads, the
+# loop and the stores are the same. Because it is a `tl.constexpr`, Triton compiles two
+# specialised kernels from this one source, and neither pays for a runtime branch. The backward
+# reads $\partial L/\partial y$, writes $\partial L/\partial x$ and reads the angles: exactly the
+# bytes of the forward, so it runs at the same speed.
+
+# %%
+torch.manual_seed(0)
+freqs = ex.te_angles(S, D, device=device)
+x = torch.randn(S, B, H, D, device=device)
+g = torch.randn(S, B, H, D, device=device)             # stands for dL/dy
+
+gx = rope_batch_reuse(g, freqs, backward=True)
+torch.testing.assert_close(gx, rope_batch_reuse(g, -freqs), atol=1e-6, rtol=1e-6)   # = rotate by -theta
+torch.testing.assert_close(rope_batch_reuse(rope_batch_reuse(x, freqs), freqs, backward=True), x,
+                           atol=1e-5, rtol=1e-5)                                        # R^T R = I
+x64 = x.double().requires_grad_()
+(gx_ref,) = torch.autograd.grad(reference.rope_reference(x64, freqs), x64, g.double())
+torch.testing.assert_close(gx, gx_ref.float(), atol=1e-5, rtol=1e-5)                  # = autograd
+print("backward = rotation by -theta = autograd of the reference; backward(forward(x)) = x")
+
+if GPU:
+    from triton.testing import do_bench
+    fwd_ms = do_bench(lambda: rope_batch_reuse(x, freqs))
+    bwd_ms = do_bench(lambda: rope_batch_reuse(g, freqs, backward=True))
+    print(f"forward {fwd_ms * 1e3:.1f} us, backward {bwd_ms * 1e3:.1f} us (same bytes, same kernel)")
+
+# %% [markdown]
+# ## 3. A `torch.autograd.Function`
+#
+# Autograd needs two things from a custom op: a `forward` that computes the output and saves
+# what the backward will need, and a `backward` that turns the gradient of the output into one
+# gradient per input of `forward`.
+#
+# **What to save in `ctx`.** The backward is $R(\theta)^{\top}\,\partial L/\partial y$: it needs
+# the angles and nothing else.
+#
+# - **not `x`**: RoPE is linear in $x$, so the Jacobian does not depend on it. Saving `x` would
+#   keep a whole activation (a query or key tensor per layer) alive until the backward, for
+#   nothing;
+# - **not cos/sin**: the kernel recomputes them from the angles, which costs a few instructions
+#   instead of a table in memory;
+# - **`freqs`, with `ctx.save_for_backward`**: a reference to the (shared, small) angle table, not
+#   a copy. `save_for_backward` rather than `ctx.freqs = freqs` so that autograd can detect an
+#   in-place change of the table between forward and backward and avoid reference cycles.
+#
+# `backward` returns `None` for `freqs`: the angles are a fixed function of the positions, not
+# trained.
+
+# %%
+class RopeFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, freqs):
+        ctx.save_for_backward(freqs)            # the angles only: the backward is linear in dL/dy
+        return rope_batch_reuse(x, freqs)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        (freqs,) = ctx.saved_tensors
+        # any strides, stride 0 included: no .contiguous() copy (section 5)
+        return rope_batch_reuse(grad_y, freqs, backward=True), None
+
+
+xq = x.clone().requires_grad_()
+y = RopeFunction.apply(xq, freqs)
+saved = y.grad_fn.saved_tensors
+print("saved for backward:", [tuple(t.shape) for t in saved], "— the angle table only")
+assert len(saved) == 1 and saved[0].data_ptr() == freqs.data_ptr()
+
+y.backward(g)
+torch.testing.assert_close(xq.grad, gx_ref.float(), atol=1e-5, rtol=1e-5)
+for dtype in (torch.float16, torch.bfloat16):        # dtype-aware: one rounding of the fp32 result
+    xd, gd = x.to(dtype).requires_grad_(), g.to(dtype)
+    RopeFunction.apply(xd, freqs).backward(gd)
+    (want,) = torch.autograd.grad(reference.rope_reference(x64, freqs), x64, gd.double())
+    torch.testing.assert_close(xd.grad, want.to(dtype))   # torch's default tolerances for dtype
+print("gradients match the reference's autograd in fp32, fp16 and bf16")
+
+# %% [markdown]
+# ## 4. `gradcheck` in float64
+#
+# `torch.autograd.gradcheck` compares the backward with finite differences,
+# $\big(f(x + \varepsilon e_i) - f(x - \varepsilon e_i)\big) / 2\varepsilon$, for every input
+# element $i$ — one pair of forward calls per element, so keep the shapes tiny. With
+# $\varepsilon = 10^{-6}$ the difference of two outputs is ~$10^{-6}$ and must be exact to many
+# digits: in fp32 (7 digits) rounding alone swamps it. That is why gradcheck runs in float64
+# and why ropelib's kernels compute in fp64 when they are given fp64 (`COMPUTE_DTYPE`).
+
+# %%
+x_small = torch.randn(3, 2, 1, 8, device=device, dtype=torch.float64, requires_grad=True)
+f_small = ex.te_angles(3, 8, device=device)
+assert torch.autograd.gradcheck(RopeFunction.apply, (x_small, f_small), eps=1e-6, atol=1e-8)
+print("gradcheck (float64): passed")
+
+
+class RopeInFp32(torch.autograd.Function):
+    """The same op computed in fp32 and cast back: what gradcheck sees from an fp32-only kernel."""
+
+    @staticmethod
+    def forward(ctx, x, freqs):
+        ctx.save_for_backward(freqs)
+        return rope_batch_reuse(x.float(), freqs).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        (freqs,) = ctx.saved_tensors
+        return rope_batch_reuse(grad_y.float(), freqs, backward=True).to(grad_y.dtype), None
+
+
+fp32_ok = torch.autograd.gradcheck(RopeInFp32.apply, (x_small, f_small), eps=1e-6, atol=1e-8,
+                                   raise_exception=False)
+print("gradcheck of the same op computed in fp32:", "passed" if fp32_ok else "FAILED (as expected)")
+assert not fp32_ok
+
+if hasattr(ropelib, "apply_rope"):                    # the finished kernel, through its autograd
+    assert torch.autograd.gradcheck(lambda t: ropelib.apply_rope(t, f_small, layout="sbhd"),
+                                    (x_small,), eps=1e-6, atol=1e-8)
+    print("gradcheck of ropelib.apply_rope (the finished kernel): passed")
+
+# %% [markdown]
+# ## 5. Overlapping gradients from `expand`
+#
+# Autograd does not promise a contiguous $\partial L/\partial y$. Two everyday cases hand the
+# backward a tensor whose elements **overlap** in memory (stride 0):
+#
+# - `loss = y.sum()`: the gradient of a sum is a single 1 broadcast to `y`'s shape,
+#   `torch.ones(()).expand(y.shape)` — every stride is 0; TE's tests call this the
+#   "overlapping" loss;
+# - an input built with `expand` (the same query for every beam, say): the forward reads a
+#   stride-0 tensor, and autograd sums the $B$ gradients back into the un-expanded tensor.
+#
+# A kernel that assumes contiguity (offsets computed as `row * D`) reads past the end of a
+# one-element buffer. ropelib's kernels take every stride, so they read the stride-0 tensor as
+# it is, with no `.contiguous()` copy of $N$ elements. What a backward must never do is write
+# **into** such a tensor: all its elements are one memory cell. The kernels refuse a
+# non-contiguous `out=`:
+
+# %%
+seen = []
+
+
+class RopeFunctionSpy(RopeFunction):
+    @staticmethod
+    def backward(ctx, grad_y):
+        seen.append(grad_y.stride())
+        return RopeFunction.backward(ctx, grad_y)
+
+
+xq = x.clone().requires_grad_()
+RopeFunctionSpy.apply(xq, freqs).sum().backward()
+print("strides of dL/dy for loss = y.sum():", seen[-1])
+assert all(st == 0 for st in seen[-1])
+ones = torch.ones(S, B, H, D, device=device, dtype=torch.float64)
+x64 = x.double().requires_grad_()
+(g_sum_ref,) = torch.autograd.grad(reference.rope_reference(x64, freqs), x64, ones)
+torch.testing.assert_close(xq.grad, g_sum_ref.float(), atol=1e-5, rtol=1e-5)
+
+try:
+    g0 = torch.ones((), device=device).expand(S, B, H, D)
+    rope_batch_reuse(g0, freqs, backward=True, out=g0)
+    raise AssertionError("writing into a stride-0 tensor must be refused")
+except ValueError as exc:
+    print("refused:", exc)
+
+# the same query for every batch entry: x_base [S, 1, H, D] expanded to [S, B, H, D]
+x_base = torch.randn(S, 1, H, D, device=device, requires_grad=True)
+x_exp = x_base.expand(S, B, H, D)
+assert x_exp.stride(1) == 0
+y_exp = RopeFunction.apply(x_exp, freqs)
+torch.testing.assert_close(y_exp, reference.rope_reference(x_exp.detach(), freqs), atol=1e-5, rtol=1e-5)
+y_exp.backward(g)
+# autograd sums the B gradients: dL/dx_base = sum_b R^T g[:, b]
+torch.testing.assert_close(x_base.grad, gx_ref.float().sum(dim=1, keepdim=True), atol=1e-4, rtol=1e-5)
+print("expanded input: forward reads stride 0, backward's gradients summed over the batch")
+
+# %% [markdown]
+# ## 6. Summary, and the finished kernel
+#
+# - The backward of RoPE is the rotation by $-\theta$ — for per-feature tables, the transpose
+#   that swaps and negates the sines. It is linear, so it needs only the angles: save `freqs`,
+#   never `x`.
+# - One kernel serves both directions: a `tl.constexpr` flag flips the sines, everything else
+#   (and the bytes moved) is shared.
+# - Check a backward three ways: against the autograd of a plain PyTorch reference, with
+#   `gradcheck` in float64, and with stride-0 gradients from `sum` and `expand`.
+#
+# ropelib's finished kernel does the same — its header states the formulas:
+
+# %%
+try:
+    from ropelib.kernels import fused
+    doc = fused.__doc__ or ""
+    start = doc.find("Forward rotates")
+    print(doc[start:].strip() if start >= 0 else doc.strip())
+except ImportError as exc:
+    print(f"ropelib.kernels.fused is not importable here ({exc})")
+
+# %% [markdown]
+# ## Exercises
+#
+# **1.** For one pair rotated by `theta`, return the $2\times 2$ matrix $M$ with
+# $\partial L/\partial x = M\,\partial L/\partial y$.
+
+# %%
+def my_backward_matrix(theta):
+    ...  # your code: a torch tensor [2, 2]
+
+
+ex.check_backward_matrix(my_backward_matrix)
+solution(ex.solution_backward_matrix)
+
+# %% [markdown]
+# **2.** Return $\partial L/\partial x$ for sbhd `grad_y [S, B, H, D]` and TE's angle table
+# `freqs`. The checker also passes a stride-0 `grad_y`.
+
+# %%
+def my_rope_backward(grad_y, freqs):
+    ...  # your code
+
+
+ex.check_rope_backward(my_rope_backward)
+solution(ex.solution_rope_backward)
+
+# %% [markdown]
+# **3.** Write your own `torch.autograd.Function` with `forward(ctx, x, freqs)` (use any
+# ropelib teaching kernel). The checker compares output and gradient with the reference and
+# looks at what you saved.
+
+# %%
+class MyRope(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, freqs):
+        ...  # your code
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        ...  # your code
+
+
+ex.check_rope_function(MyRope)
+solution(ex.SolutionRopeFunction)
