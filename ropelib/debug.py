@@ -24,6 +24,7 @@ import triton.language as tl
 
 from . import reference, runtime
 from .compare import DTYPES, angles, ulp
+from .kernels.common import BF16_RTNE, round_to
 
 __all__ = ["Causes", "Scenario", "REPRO", "FIXED", "CAUSE_DOCS", "tolerances", "ulp_error",
            "error_map", "argmax_location", "plot_heatmap", "te_fused", "te_label",
@@ -53,6 +54,7 @@ def _rope_unsloth_repro_kernel(
     FROM_ANGLES: tl.constexpr,  # True: the table holds fp32 angles, cos/sin computed here
     COMPUTE_FP32: tl.constexpr,  # False: math in the table's dtype (Unsloth's `.to(sin1.dtype)`)
     USE_FMA: tl.constexpr,  # True: y1 = fma(x1, c, -x2*s), y2 = fma(x2, c, x1*s)
+    BF16_RTNE: tl.constexpr,  # round bf16 to nearest even by hand (the interpreter truncates)
 ):
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1).to(tl.int64)
@@ -72,8 +74,8 @@ def _rope_unsloth_repro_kernel(
     if not COMPUTE_FP32:
         # Math "in the input dtype": the table is rounded to x's dtype and so is every product
         # (what bf16/fp16 arithmetic does; spelled out in fp32 so the interpreter agrees).
-        c = c.to(x_ptr.dtype.element_ty)
-        s = s.to(x_ptr.dtype.element_ty)
+        c = round_to(c.to(tl.float32), x_ptr.dtype.element_ty, BF16_RTNE)
+        s = round_to(s.to(tl.float32), x_ptr.dtype.element_ty, BF16_RTNE)
     c = c.to(tl.float32)
     s = s.to(tl.float32)
     x1 = x1.to(tl.float32)
@@ -86,11 +88,12 @@ def _rope_unsloth_repro_kernel(
         y1 = x1 * c - x2 * s
         y2 = x2 * c + x1 * s
     else:
-        DT: tl.constexpr = x_ptr.dtype.element_ty
-        y1 = (x1 * c).to(DT).to(tl.float32) - (x2 * s).to(DT).to(tl.float32)
-        y2 = (x2 * c).to(DT).to(tl.float32) + (x1 * s).to(DT).to(tl.float32)
-    tl.store(x_row + offs, y1.to(x_ptr.dtype.element_ty), mask=mask)
-    tl.store(x_row + HALF + offs, y2.to(x_ptr.dtype.element_ty), mask=mask)
+        y1 = (round_to(x1 * c, x_ptr.dtype.element_ty, BF16_RTNE).to(tl.float32)
+              - round_to(x2 * s, x_ptr.dtype.element_ty, BF16_RTNE).to(tl.float32))
+        y2 = (round_to(x2 * c, x_ptr.dtype.element_ty, BF16_RTNE).to(tl.float32)
+              + round_to(x1 * s, x_ptr.dtype.element_ty, BF16_RTNE).to(tl.float32))
+    tl.store(x_row + offs, round_to(y1, x_ptr.dtype.element_ty, BF16_RTNE), mask=mask)
+    tl.store(x_row + HALF + offs, round_to(y2, x_ptr.dtype.element_ty, BF16_RTNE), mask=mask)
 
 
 def rope_unsloth_repro(x: torch.Tensor, cos: torch.Tensor, sin: Optional[torch.Tensor] = None, *,
@@ -122,7 +125,7 @@ def rope_unsloth_repro(x: torch.Tensor, cos: torch.Tensor, sin: Optional[torch.T
     _rope_unsloth_repro_kernel[(x.shape[0], x.shape[1])](
         x, cos, cos if sin is None else sin, x.stride(0), x.stride(1), cos.stride(0), seq_len,
         HALF=half, BLOCK_HALF=triton.next_power_of_2(half), FROM_ANGLES=bool(from_angles),
-        COMPUTE_FP32=bool(compute_fp32), USE_FMA=bool(use_fma))
+        COMPUTE_FP32=bool(compute_fp32), USE_FMA=bool(use_fma), BF16_RTNE=BF16_RTNE)
     return x
 
 
