@@ -97,9 +97,6 @@ def write(rows, path=CSV_PATH):
 
 def plot_generations(csv_path=CSV_PATH, png_path=FIGURE_PATH):
     """Draw figures/04-generations-gbps.png from the CSV: GB/s vs batch, and the reference case."""
-    import matplotlib
-    if png_path is not None:
-        matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
     rows = compare.read_csv(csv_path)
@@ -172,6 +169,8 @@ def main(argv=None):
     ap.add_argument("--no-backward", action="store_true", help="forward only")
     ap.add_argument("--plot-only", action="store_true", help="redraw the figure from the CSV")
     args = ap.parse_args(argv)
+    import matplotlib
+    matplotlib.use("Agg")  # a script draws to files only
     out = args.out or CSV_PATH
     if args.plot_only:
         print("wrote", plot_generations(out, args.figure or FIGURE_PATH) and (args.figure or FIGURE_PATH))
