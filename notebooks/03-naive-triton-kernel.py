@@ -46,7 +46,6 @@ device = ropelib.default_device()
 # %%
 from pathlib import Path
 
-import matplotlib
 import matplotlib.pyplot as plt
 import triton
 import triton.language as tl
@@ -415,13 +414,15 @@ else:
 # mistake with non-power-of-two rows. For $D = 72$ the second half's store then writes lanes
 # 36…63 of `offs + HALF`, i.e. elements 72…99: the first 28 elements of the *next* row.
 #
-# **Tool 1: `assert` in the kernel.** A Python `assert` in a `@triton.jit` function becomes
-# `tl.device_assert`: the interpreter always checks it, a GPU only when compiled with
-# `TRITON_DEBUG=1`. It must come *before* the access it guards.
+# **Tool 1: `assert` in the kernel.** The interpreter runs a Python `assert` in a `@triton.jit`
+# function as the plain Python statement it is, so it is always checked. On a GPU, Triton
+# compiles the same line to `tl.device_assert`, which is only active when the kernel is compiled
+# with `TRITON_DEBUG=1`. (An explicit `tl.device_assert` call is the other way round: the
+# interpreter of Triton 3.9 skips it.) The assert must come *before* the access it guards.
 
 # %%
 @triton.jit
-def _rotate_rows_kernel(
+def _rope_rows_debug_kernel(
     x_ptr,  # *x: [ROWS, 2 * HALF], contiguous
     y_ptr,  # *y: [ROWS, 2 * HALF], contiguous
     freqs_ptr,  # *fp32: [ROWS, 2 * HALF] angles, contiguous
@@ -456,7 +457,7 @@ ref_rows = reference.rope_reference(xr.view(ROWS, 1, 1, D72), fr).view(ROWS, D72
 
 if runtime.INTERPRET:
     try:
-        _rotate_rows_kernel[(ROWS,)](xr, torch.empty_like(xr), fr, HALF=half, BLOCK_HALF=block,
+        _rope_rows_debug_kernel[(ROWS,)](xr, torch.empty_like(xr), fr, HALF=half, BLOCK_HALF=block,
                                      MASK_STORES=False, CHECK=True)
         raise AssertionError("the bounds assert should have fired")
     except Exception as exc:
@@ -487,7 +488,7 @@ def guard_report(buf, view, pad):
 pad = 2 * block
 for mask_stores in (True, False):
     buf, y_rows = guarded_empty((ROWS, D72), pad, device=device)
-    _rotate_rows_kernel[(ROWS,)](xr, y_rows, fr, HALF=half, BLOCK_HALF=block,
+    _rope_rows_debug_kernel[(ROWS,)](xr, y_rows, fr, HALF=half, BLOCK_HALF=block,
                                  MASK_STORES=mask_stores, CHECK=False)
     report = guard_report(buf, y_rows, pad)
     print(f"MASK_STORES={mask_stores!s:5}: {report}, output matches reference: "
