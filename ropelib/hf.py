@@ -1,0 +1,71 @@
+"""Drop-in for Hugging Face transformers' `apply_rotary_pos_emb` (Llama and its many copies).
+
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+    from ropelib.hf import apply_rotary_pos_emb          # same signature, same semantics
+
+q and k are rotated in one launch, in fp32 with one rounding (HF rounds after each multiply
+and add in the input dtype, so 16-bit results can differ from HF's by an ulp: ropelib's are
+closer to the exact value).
+"""
+from typing import Optional, Tuple
+
+import torch
+
+from . import validation as V
+from .api import Plan, _RopeQKFn, _view4
+from .kernels.launch import Positions, Table
+
+__all__ = ["apply_rotary_pos_emb"]
+
+
+def _hf_table(t: torch.Tensor, name: str) -> torch.Tensor:
+    V.check_tensor(t, name, dims=(2, 3))
+    return t if t.dim() == 3 else t.unsqueeze(0)   # [B or 1, S, R]
+
+
+def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                         sin: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
+                         unsqueeze_dim: int = 1) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Applies rotary position embedding to the query and key tensors (Hugging Face semantics).
+
+    Args:
+        q: `[batch, heads, seq, head_dim]` (unsqueeze_dim=1) or `[batch, seq, heads, head_dim]`
+            (unsqueeze_dim=2).
+        k: same layout as q; its head count may differ (GQA).
+        cos, sin: `[batch or 1, seq, head_dim]` (or `[seq, head_dim]`), already gathered at the
+            positions, as HF's rotary modules return them.
+        position_ids: deprecated and unused, as in transformers.
+        unsqueeze_dim: 1 or 2, the dimension along which cos/sin broadcast over heads.
+    Returns:
+        (q_embed, k_embed), dtype promoted from q's and cos's like HF's arithmetic.
+    """
+    del position_ids   # unused in transformers too
+    for t, name in ((q, "q"), (k, "k")):
+        V.check_tensor(t, name, dims=(4,))
+        V.check_kernel_device(t, name)
+    if unsqueeze_dim not in (1, 2):
+        raise ValueError(f"unsqueeze_dim must be 1 ([b, h, s, d]) or 2 ([b, s, h, d]), got {unsqueeze_dim!r}")
+    if q.dtype != k.dtype:
+        raise TypeError(f"q and k must have the same dtype, got {q.dtype} and {k.dtype}")
+    V.check_same_device(q, "q", k=k, cos=cos, sin=sin)
+    c, s = _hf_table(cos, "cos"), _hf_table(sin, "sin")
+    if c.shape != s.shape:
+        raise ValueError(f"cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}")
+    if c.stride() != s.stride():
+        c, s = c.contiguous(), s.contiguous()
+    layout = "bhsd" if unsqueeze_dim == 1 else "bshd"
+    q4, k4 = _view4(q, layout), _view4(k, layout)
+    S, B, D = q4.shape[0], q4.shape[1], q4.shape[3]
+    if k4.shape[0] != S or k4.shape[1] != B or k4.shape[3] != D:
+        raise ValueError(f"q and k must agree in batch, seq and head_dim, got {tuple(q.shape)} and {tuple(k.shape)}")
+    R = c.shape[-1]
+    if R != D:
+        raise ValueError(f"cos/sin last dim ({R}) must equal head_dim ({D}): HF's formula rotates "
+                         "the whole head (use ropelib.apply_rope for partial rotary)")
+    V.check_rotary_dim(R, D, "cos")
+    if c.shape[1] != S or c.shape[0] not in (1, B):
+        raise ValueError(f"cos/sin must be [batch or 1, seq={S}, {D}] or [seq, {D}], got {tuple(cos.shape)}")
+    table = Table(c, s, S, c.stride(1), c.stride(0) if c.shape[0] > 1 else 0, c.stride(2))
+    out_dtype = torch.promote_types(q.dtype, cos.dtype)
+    pl = Plan(layout, S, B, D, R, table, Positions(), False, out_dtype)
+    return _RopeQKFn.apply(q, k, pl, pl, False)

@@ -1,0 +1,161 @@
+"""Host side of the finished kernel: strided views, tile heuristics, one launch.
+
+Arguments here are already validated (ropelib.validation); this module only maps tensors to
+the kernel's [S, B, H, D] view and picks tile sizes.
+"""
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ..runtime import INTERPRET
+from .common import BF16_RTNE
+from .fused import _rope_kernel
+
+_CDT = {torch.float64: tl.float64}
+_I32_LIMIT = 2**31 - 1
+
+
+@dataclass
+class Segment:
+    """One rotated tensor as the kernel sees it: x[S, B, H, D] -> y, heads possibly grouped.
+
+    Head h lives at (h // hpg) * stride_g + (h % hpg) * stride_h; hpg = 1 for plain tensors,
+    > 1 for the q of a packed QKV ([.., G, hpg * D]).
+    """
+    x: torch.Tensor
+    y: torch.Tensor
+    heads: int
+    x_strides: tuple   # (s, b, g, h, d)
+    y_strides: tuple
+    hpg: int = 1
+
+    @staticmethod
+    def of(x4: torch.Tensor, y4: torch.Tensor) -> "Segment":
+        """A plain [S, B, H, D] strided view pair."""
+        xs, ys = x4.stride(), y4.stride()
+        return Segment(x4, y4, x4.shape[2], (xs[0], xs[1], xs[2], 0, xs[3]),
+                       (ys[0], ys[1], ys[2], 0, ys[3]))
+
+    def max_offset(self, S, B, D) -> int:
+        def span(st):
+            g_max = (self.heads - 1) // self.hpg
+            h_max = min(self.hpg, self.heads) - 1
+            return (S - 1) * abs(st[0]) + (B - 1) * abs(st[1]) + g_max * abs(st[2]) \
+                + h_max * abs(st[3]) + (D - 1) * abs(st[4])
+        return max(span(self.x_strides), span(self.y_strides))
+
+
+@dataclass
+class Table:
+    """cos/sin (or angle) table rows indexed by position (and optionally batch)."""
+    c: torch.Tensor                  # cos table, or angles when s is None
+    s: Optional[torch.Tensor]        # sin table (same strides as c), None for angles
+    length: int                      # P: number of positions
+    stride_p: int
+    stride_b: int                    # 0 when shared across the batch
+    stride_d: int
+
+
+@dataclass
+class Positions:
+    explicit: Optional[torch.Tensor] = None   # [B or 1, S] ints; strides used as given
+    start: Optional[torch.Tensor] = None      # [B] ints
+    cp_size: int = 1
+    cp_rank: int = 0
+
+
+@lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def pick_tiles(S, B, H, R, D, elem_size, n_segments_heads, device):
+    """(BLOCK_S, BLOCK_H, B_CHUNK, num_warps) for this shape.
+
+    GPU: about 4096 elements per program per batch entry (8 KiB in bf16), heads first, then
+    tokens; the batch is split into chunks only when there would otherwise be too few programs
+    to fill the machine (decode-sized inputs). Interpreter: big tiles, since every program
+    instance costs milliseconds.
+    """
+    row = 2 * triton.next_power_of_2(max(R // 2, 1)) + (triton.next_power_of_2(D - R) if D > R else 0)
+    if INTERPRET or device.type != "cuda":
+        block_h = min(triton.next_power_of_2(H), 16)
+        block_s = min(triton.next_power_of_2(S), max(1, 2048 // (block_h * row)), 32)
+        return block_s, block_h, B, 4
+    target = 4096 if elem_size <= 2 else 2048
+    block_h = min(triton.next_power_of_2(H), max(1, target // row))
+    block_s = min(triton.next_power_of_2(S), max(1, target // (block_h * row)), 16)
+    tiles = triton.cdiv(S, block_s) * n_segments_heads(block_h)
+    want = 4 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    chunk = B
+    while chunk > 1 and tiles * triton.cdiv(B, chunk) < want:
+        chunk = triton.cdiv(chunk, 2)
+    while triton.cdiv(B, chunk) > 65535:
+        chunk *= 2
+    elems = block_s * block_h * row
+    num_warps = 4 if elems <= 4096 else 8
+    return block_s, block_h, chunk, num_warps
+
+
+def launch(q: Segment, q_table: Table, pos: Positions, *, S: int, B: int, R: int, D: int,
+           interleaved: bool, backward: bool, copy_pass: bool,
+           k: Optional[Segment] = None, k_table: Optional[Table] = None,
+           v: Optional[Segment] = None, tiles: Optional[tuple] = None) -> None:
+    """Run the finished kernel once over q (and k, and the v copy) in a single launch."""
+    dev = q.x.device
+    H_max = max(q.heads, k.heads if k else 0, v.heads if v else 0)
+    DV = v.x.shape[-1] if v is not None else 1
+
+    def n_blocks(block_h):
+        return sum(triton.cdiv(seg.heads, block_h) for seg in (q, k, v) if seg is not None)
+
+    block_s, block_h, chunk, num_warps = tiles or pick_tiles(
+        S, B, H_max, R, D, q.x.element_size(), n_blocks, dev)
+    nqb = triton.cdiv(q.heads, block_h)
+    nkb = triton.cdiv(k.heads, block_h) if k is not None else 0
+    grid = (triton.cdiv(S, block_s), n_blocks(block_h), triton.cdiv(B, chunk))
+
+    int64 = any(seg.max_offset(S, B, DV if seg is v else D) > _I32_LIMIT - 1024
+                for seg in (q, k, v) if seg is not None)
+    kt = k_table if k_table is not None else q_table
+    ks = k if k is not None else q
+    vs = v if v is not None else q
+    dummy = q.x
+    explicit = pos.explicit
+    if explicit is not None:
+        pos_ptr, psb, pss = explicit, explicit.stride(0), explicit.stride(1)
+    else:
+        pos_ptr, psb, pss = dummy, 0, 0
+    table_per_batch = (pos.start is not None
+                       or (explicit is not None and explicit.shape[0] > 1)
+                       or q_table.stride_b != 0 or kt.stride_b != 0)
+    cdt = _CDT.get(q.x.dtype, tl.float32)
+    _rope_kernel[grid](
+        q.x, q.y, ks.x, ks.y, vs.x, vs.y,
+        q_table.c, q_table.s if q_table.s is not None else q_table.c,
+        kt.c, kt.s if kt.s is not None else kt.c,
+        pos_ptr, pos.start if pos.start is not None else dummy,
+        S, B, q.heads, ks.heads, vs.heads, q.hpg, q_table.length, pos.cp_size, pos.cp_rank,
+        *q.x_strides, *q.y_strides,
+        ks.x_strides[0], ks.x_strides[1], ks.x_strides[2], ks.x_strides[4],
+        ks.y_strides[0], ks.y_strides[1], ks.y_strides[2], ks.y_strides[4],
+        vs.x_strides[0], vs.x_strides[1], vs.x_strides[2], vs.x_strides[4],
+        vs.y_strides[0], vs.y_strides[1], vs.y_strides[2], vs.y_strides[4],
+        q_table.stride_p, q_table.stride_b, q_table.stride_d,
+        kt.stride_p, kt.stride_b, kt.stride_d,
+        psb, pss,
+        nqb, nkb, chunk,
+        R=R, D=D, DV=DV,
+        BLOCK_S=block_s, BLOCK_H=block_h, BLOCK_HALF=triton.next_power_of_2(max(R // 2, 1)),
+        BLOCK_PASS=triton.next_power_of_2(D - R) if D > R else 0,
+        BLOCK_DV=triton.next_power_of_2(DV),
+        INTERLEAVED=interleaved, BACKWARD=backward, FROM_ANGLES=q_table.s is None,
+        EXPLICIT_POS=explicit is not None, HAS_START=pos.start is not None,
+        HAS_CP=pos.cp_size > 1, TABLE_PER_BATCH=table_per_batch, COPY_PASS=copy_pass,
+        ACCURATE=not INTERPRET, CDT=cdt, INT64=int64, BF16_RTNE=BF16_RTNE,
+        num_warps=num_warps,
+    )

@@ -1,0 +1,86 @@
+"""RotaryEmbedding: an nn.Module that owns its angle table and rotates q (and k) with the
+finished kernel."""
+from typing import Optional
+
+import torch
+
+from .api import apply_rope, apply_rope_qk
+from .frequencies import rope_cos_sin, rope_freqs, rotary_dim
+from .reference import LAYOUTS
+
+
+class RotaryEmbedding(torch.nn.Module):
+    """Rotary position embedding for attention inputs.
+
+    Args:
+        head_dim: features per head (D).
+        base: RoPE base (10000 in RoFormer/Llama 2, 500000 in Llama 3).
+        rotary_percent: share of the head that rotates; R = int(head_dim * rotary_percent).
+        interleaved: pair (2j, 2j+1) (GPT-J) instead of (j, j + R/2) (GPT-NeoX/Llama).
+        scaling: None or a scaling from ropelib.frequencies (Linear, NTK, DynamicNTK, Llama3,
+            YaRN). YaRN's attention factor is applied through a cos/sin table.
+        max_seq_len: initial table length; the table grows (doubling) when a call needs more.
+        layout: "sbhd", "bshd" or "thd" for the tensors passed to forward.
+
+    forward(q, k=None, *, start_positions=None, position_ids=None, cu_seqlens=None) returns the
+    rotated q, or (q, k) rotated in one launch.
+    """
+
+    def __init__(self, head_dim: int, *, base: float = 10000.0, rotary_percent: float = 1.0,
+                 interleaved: bool = False, scaling=None, max_seq_len: int = 2048,
+                 layout: str = "bshd"):
+        super().__init__()
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        self.head_dim, self.base, self.rotary_percent = head_dim, base, rotary_percent
+        self.interleaved, self.scaling, self.layout = interleaved, scaling, layout
+        self.rotary_dim = rotary_dim(head_dim, rotary_percent)
+        # YaRN scales cos and sin by its attention factor: that needs a table, not angles.
+        self._use_table = scaling is not None and getattr(scaling, "attention_scaling", 1.0) != 1.0
+        self.register_buffer("freqs", torch.empty(0), persistent=False)
+        self.register_buffer("cos", torch.empty(0), persistent=False)
+        self.register_buffer("sin", torch.empty(0), persistent=False)
+        self._build(max_seq_len, None)
+
+    def _build(self, length: int, device) -> None:
+        opts = dict(base=self.base, rotary_percent=self.rotary_percent,
+                    interleaved=self.interleaved, scaling=self.scaling, device=device)
+        if self._use_table:
+            self.cos, self.sin = rope_cos_sin(length, self.head_dim, **opts)
+        else:
+            self.freqs = rope_freqs(length, self.head_dim, **opts)
+
+    def table_length(self) -> int:
+        return (self.cos if self._use_table else self.freqs).shape[0]
+
+    def _needed(self, x, start_positions, position_ids, cu_seqlens) -> int:
+        if position_ids is not None:
+            return int(position_ids.max()) + 1 if position_ids.numel() else 0
+        if self.layout == "thd":
+            lens = (cu_seqlens[1:] - cu_seqlens[:-1]) if cu_seqlens is not None else x.new_zeros(1)
+            longest = int(lens.max()) if lens.numel() else 0
+        else:
+            longest = x.shape[0] if self.layout == "sbhd" else x.shape[1]
+        return longest + (int(start_positions.max()) if start_positions is not None
+                          and start_positions.numel() else 0)
+
+    def forward(self, q: torch.Tensor, k: Optional[torch.Tensor] = None, *,
+                start_positions=None, position_ids=None, cu_seqlens=None):
+        need = self._needed(q, start_positions, position_ids, cu_seqlens)
+        ref = self.cos if self._use_table else self.freqs
+        if need > ref.shape[0] or ref.device != q.device:
+            length = max(need, ref.shape[0])
+            while length < need:
+                length *= 2
+            self._build(max(length, 2 * ref.shape[0] if need > ref.shape[0] else length), q.device)
+        table = (dict(cos=self.cos, sin=self.sin) if self._use_table else dict(freqs=self.freqs))
+        opts = dict(layout=self.layout, interleaved=self.interleaved,
+                    start_positions=start_positions, position_ids=position_ids,
+                    cu_seqlens=cu_seqlens, **table)
+        if k is None:
+            return apply_rope(q, **opts)
+        return apply_rope_qk(q, k, **opts)
+
+    def extra_repr(self) -> str:
+        return (f"head_dim={self.head_dim}, rotary_dim={self.rotary_dim}, base={self.base}, "
+                f"interleaved={self.interleaved}, layout={self.layout!r}, scaling={self.scaling}")
