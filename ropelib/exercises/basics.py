@@ -68,7 +68,8 @@ def check_apply_rope(y, x: torch.Tensor, freqs: torch.Tensor, *, layout: str = "
     """Is y the RoPE of x (layout, interleaved) with the angle table freqs?"""
     expected = reference.rope_reference(x.detach(), freqs, layout=layout, interleaved=interleaved)
     return check(f"RoPE of x ({layout}{', interleaved' if interleaved else ''})", y, expected,
-                 hint="ropelib.apply_rope(x, freqs, layout=...); is the layout right?")
+                 hint="ropelib.apply_rope(x, freqs, layout=..., interleaved=...): "
+                 "are the layout and the pairing right?")
 
 
 # --- notebook 01: RoFormer math --------------------------------------------------------------

@@ -1,0 +1,274 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 00 — Setup and a one-minute tour of `ropelib`
+#
+# `ropelib` teaches rotary position embedding (RoPE) from the RoFormer math to a Triton kernel
+# that runs at the memory-bandwidth floor, and ships that kernel as a library. Every notebook
+# runs on a CUDA GPU (full sizes) and on a plain CPU, where Triton's *interpreter* executes the
+# same kernels in Python (small sizes, chosen automatically).
+#
+# **After this notebook you will be able to**
+#
+# - tell what is installed (PyTorch, Triton, Transformer Engine, transformers) and whether the
+#   kernels run compiled on a GPU or in the interpreter;
+# - switch interpreter mode on (and off) the right way;
+# - call `ropelib.apply_rope`, the `RotaryEmbedding` module and the Transformer Engine / Hugging
+#   Face drop-ins, forward and backward;
+# - find your way through the other notebooks.
+
+# %% [markdown]
+# Every notebook starts with this cell. It must run **before** `ropelib` is imported: Triton
+# decides how to run a `@triton.jit` function when the module defining it is imported, and it
+# reads `TRITON_INTERPRET` at that moment.
+
+# %%
+import os, torch
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")   # before ropelib (and its @triton.jit) is imported
+import ropelib
+device = ropelib.default_device()
+
+# %% [markdown]
+# ## 1. What is installed
+
+# %%
+import importlib.metadata
+import platform
+import subprocess
+import sys
+
+
+def version(*dists):
+    """The installed version of the first distribution found, or None."""
+    for dist in dists:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+GPU = device == "cuda"
+info = {
+    "python": platform.python_version(),
+    "torch": torch.__version__,
+    "triton": version("triton", "pytorch-triton"),
+    "transformer_engine": version("transformer_engine", "transformer-engine",
+                                  "transformer_engine_torch") or "not installed (optional)",
+    "transformers": version("transformers") or "not installed (optional)",
+    "ropelib": ropelib.__version__,
+    "CUDA available": torch.cuda.is_available(),
+    "GPU": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
+    "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "unset"),
+    "kernels run": ropelib.runtime.mode(),
+    "notebook device": device,
+}
+width = max(map(len, info))
+for key, value in info.items():
+    print(f"{key:>{width}} : {value}")
+assert ropelib.INTERPRET == (os.environ.get("TRITON_INTERPRET") == "1")
+assert GPU == ropelib.on_gpu()
+
+# %% [markdown]
+# Transformer Engine and transformers are optional: notebooks that compare against them use the
+# real package when it is there and say so when it is not (`ropelib.reference` carries faithful
+# copies of the code paths we compare with, so nothing breaks).
+
+# %% [markdown]
+# ## 2. Interpreter mode: how to switch it on and off
+#
+# | you want | do |
+# |---|---|
+# | the interpreter on a machine without a GPU | nothing: the first cell sets `TRITON_INTERPRET=1` |
+# | the interpreter on a GPU machine (to debug a kernel with `print`) | start with `TRITON_INTERPRET=1 jupyter lab`, or put `os.environ["TRITON_INTERPRET"] = "1"` at the top of the first cell, then **restart the kernel** |
+# | compiled kernels again | remove the variable and **restart the kernel** |
+#
+# Setting the variable after `import ropelib` changes nothing — the kernels were already set up.
+# In interpreter mode the tensors live on the CPU; ropelib refuses a CUDA tensor there, and a
+# CPU tensor without the interpreter, with a `ValueError` that says what to do.
+#
+# The mode is decided per process. Here a fresh Python process, started with the opposite
+# setting, reports its mode:
+
+# %%
+env = dict(os.environ)
+if env.get("TRITON_INTERPRET") == "1":
+    env.pop("TRITON_INTERPRET")
+else:
+    env["TRITON_INTERPRET"] = "1"
+other = subprocess.run([sys.executable, "-c", "import ropelib; print(ropelib.runtime.mode())"],
+                       env=env, capture_output=True, text=True, timeout=120)
+print("this kernel :", ropelib.runtime.mode())
+print("other process (TRITON_INTERPRET flipped):", other.stdout.strip() or other.stderr[-300:])
+assert other.returncode == 0
+
+# %% [markdown]
+# ## 3. The one-minute tour
+#
+# Sizes are small in the interpreter (each kernel program is simulated in Python) and realistic
+# on a GPU. RoPE needs an **angle table** — `ropelib.frequencies` builds it the way Transformer
+# Engine does, `[positions, 1, 1, rotary_dim]` in fp32 — and the tensor to rotate, here in
+# `sbhd` = `[seq, batch, heads, head_dim]`.
+
+# %%
+from ropelib import frequencies, reference
+
+S, B, H, D = (2048, 4, 16, 128) if GPU else (12, 2, 4, 32)
+dtype = torch.bfloat16
+torch.manual_seed(0)
+
+freqs = frequencies.rope_freqs(S, D, device=device)                 # [S, 1, 1, D] fp32 angles
+x = torch.randn(S, B, H, D, device=device, dtype=dtype)            # [S, B, H, D]
+
+y = ropelib.apply_rope(x, freqs)                                    # the finished Triton kernel
+torch.testing.assert_close(y, reference.rope_reference(x, freqs))   # fp64 reference, rounded once
+print("apply_rope:", tuple(x.shape), x.dtype, "->", tuple(y.shape), y.dtype, "| matches the reference")
+
+# %% [markdown]
+# The same call covers the other layouts and features, by keyword: `layout="bshd"` or `"thd"`
+# (with `cu_seqlens`), `interleaved=True`, a partial table (`rotary_percent < 1`),
+# `start_positions` / `position_ids`, `cp_size` / `cp_rank`, a `cos=`/`sin=` cache instead of
+# angles, and `inplace=True`. Notebook 02 goes through them.
+#
+# It is differentiable. The backward of a rotation by $\theta$ is the rotation by $-\theta$
+# (notebook 05 derives it), and the same kernel computes it:
+
+# %%
+x.requires_grad_(True)
+y = ropelib.apply_rope(x, freqs)
+dy = torch.randn_like(y)
+y.backward(dy)
+torch.testing.assert_close(x.grad, ropelib.apply_rope(dy, -freqs))
+x.requires_grad_(False)
+print("x.grad == rotation of dy by -theta")
+
+# %% [markdown]
+# ### `RotaryEmbedding`: the module for a model
+#
+# It owns the table (grown on demand) and rotates queries and keys — with grouped-query
+# attention the key may have fewer heads than the query. Its default layout is `bshd`.
+
+# %%
+kv_heads = H // 2
+q = torch.randn(B, S, H, D, device=device, dtype=dtype)            # [B, S, H, D]
+k = torch.randn(B, S, kv_heads, D, device=device, dtype=dtype)     # [B, S, H_kv, D]
+rope = ropelib.RotaryEmbedding(D, base=10000.0, layout="bshd").to(device)
+q_rot, k_rot = rope(q, k)
+torch.testing.assert_close(q_rot, ropelib.apply_rope(q, freqs, layout="bshd"))
+torch.testing.assert_close(k_rot, ropelib.apply_rope(k, freqs, layout="bshd"))
+print("RotaryEmbedding:", tuple(q_rot.shape), tuple(k_rot.shape))
+
+# %% [markdown]
+# ### Drop-ins: swap one import
+#
+# `ropelib.te.apply_rotary_pos_emb` has Transformer Engine 2.x's signature and defaults;
+# `fused=True` runs ropelib's kernel, `fused=False` the plain PyTorch path. `ropelib.hf.apply_rotary_pos_emb`
+# is Hugging Face's function (queries and keys `[B, H, S, D]`, a cos/sin cache
+# `[B, S, D]`).
+
+# %%
+from ropelib import hf as rope_hf
+from ropelib import te as rope_te
+
+t = torch.randn(S, B, H, D, device=device, dtype=dtype)
+fused = rope_te.apply_rotary_pos_emb(t, freqs, tensor_format="sbhd", fused=True)
+unfused = rope_te.apply_rotary_pos_emb(t, freqs, tensor_format="sbhd", fused=False)
+# fused=True: fp32 math, one rounding (what TE's CUDA kernel computes);
+# fused=False: TE's PyTorch code, op for op (cos/sin and the products rounded to bf16)
+torch.testing.assert_close(fused, reference.te_fused_emulation(t, freqs))
+assert torch.equal(unfused, reference.te_unfused(t, freqs))
+print("TE drop-in: fused vs unfused differ by up to",
+      (fused.float() - unfused.float()).abs().max().item(), "(bf16 roundings; notebook 07 explains)")
+
+cos, sin = frequencies.rope_cos_sin(S, D, dtype=dtype, device=device)      # [S, D] HF cache
+q_bhsd, k_bhsd = q.transpose(1, 2), k.transpose(1, 2)                      # [B, H, S, D]
+q_hf, k_hf = rope_hf.apply_rotary_pos_emb(q_bhsd, k_bhsd, cos[None], sin[None])
+# HF's formula, q * cos + rotate_half(q) * sin, in fp32 and rounded once:
+expected_q = (q_bhsd.float() * cos.float() + reference.rotate_half(q_bhsd.float()) * sin.float()).to(dtype)
+torch.testing.assert_close(q_hf, expected_q)
+print("HF drop-in:", tuple(q_hf.shape), tuple(k_hf.shape))
+
+# %% [markdown]
+# ## 4. Where to go next
+#
+# | notebook | you learn |
+# |---|---|
+# | 01 — RoFormer math | rotations, $R_m$, the complex view, relative positions, spectrum, long-term decay |
+# | 02 — PyTorch reference and layouts | sbhd/bshd/thd, TE vs HF tables, offsets, context parallel, why unfused is slow |
+# | 03 — a naive Triton kernel | programs, grids, masks, tiles, debugging in the interpreter |
+# | 04 — the batch-reusing grid kernel | reusing cos/sin across the batch, a bytes model, GB/s |
+# | 05 — the backward pass | rotation by $-\theta$, `autograd.Function`, gradcheck |
+#
+# The later notebooks compare against Transformer Engine and Hugging Face and benchmark on GPUs.
+
+# %% [markdown]
+# ## Exercises
+#
+# Each check prints ✅ or ❌ at once and never stops the notebook. Replace the `...` and rerun.
+# Solutions are folded below each exercise. (The `;` after a check only stops Jupyter from
+# echoing its `True`/`False`.)
+#
+# **Exercise 1.** On which device do this machine's notebooks put their tensors: `"cuda"` or
+# `"cpu"`? Answer from the printout in section 1, not by calling ropelib.
+
+# %%
+from ropelib.exercises import basics, solution
+
+my_device = ...   # "cuda" or "cpu"
+
+basics.check_device(my_device);
+
+# %%
+solution("""
+The kernels run compiled only with a usable GPU *and* TRITON_INTERPRET unset; otherwise they run
+in the interpreter on the CPU. ropelib.default_device() encodes that rule, and section 1 prints
+it as "notebook device".
+""")
+
+# %% [markdown]
+# **Exercise 2.** A model has `head_dim = 80` and `rotary_percent = 0.5` (partial rotary). How
+# many features of each head does RoPE rotate?
+
+# %%
+rotated_features = ...   # an int
+
+basics.check_rotary_dim(rotated_features, head_dim=80, rotary_percent=0.5);
+
+# %%
+solution("""
+Transformer Engine and Hugging Face both take int(head_dim * rotary_percent) = int(40.0) = 40.
+The table then has 40 columns; features 40..79 pass through unchanged.
+(ropelib.frequencies.rotary_dim(80, 0.5) computes it, and rejects an odd result.)
+""")
+
+# %% [markdown]
+# **Exercise 3.** Rotate `x_ex`, a `bshd` tensor, with the **interleaved** pairing (GPT-J
+# style). Build the table with `ropelib.frequencies.rope_freqs` and call `ropelib.apply_rope`.
+
+# %%
+x_ex = torch.randn(2, 6, 4, 16, device=device)     # [B, S, H, D]
+
+y_ex = ...   # your code
+
+basics.check_apply_rope(y_ex, x_ex, frequencies.rope_freqs(6, 16, interleaved=True, device=device),
+                        layout="bshd", interleaved=True);
+
+# %%
+solution("""
+freqs_ex = frequencies.rope_freqs(6, 16, interleaved=True, device=device)   # [S, 1, 1, D]
+y_ex = ropelib.apply_rope(x_ex, freqs_ex, layout="bshd", interleaved=True)
+""")
