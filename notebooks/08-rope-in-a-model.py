@@ -211,7 +211,8 @@ d_seed = mean_abs_diff(val["reference seed 1"], val["reference"])
 print(f"final val loss: " + ", ".join(f"{k} {v[-1]:.4f}" for k, v in val.items()))
 print(f"d(ropelib, reference)          = {d_kernel:.2e}   (same seed, other RoPE)")
 print(f"d(reference seed 1, reference) = {d_seed:.2e}   (run-to-run noise)")
-assert val["ropelib"][-1] < math.log(data.vocab_size) - 0.5   # it learned something
+if STEPS >= 30:                               # (not in a few-step smoke run)
+    assert val["ropelib"][-1] < math.log(data.vocab_size) - 0.5   # it learned something
 assert d_kernel <= d_seed, "ropelib's curve is further from the reference than another seed is"
 
 meta = {**environment_meta(), "config": cfg, "batch": BATCH, "steps": STEPS, "lr": LR,
@@ -302,6 +303,8 @@ for rope, s in shares.items():
         print(f"{'':>12}kernels: {', '.join(n[:40] for n in s['kernel_names'])}")
 for s in shares.values():
     assert 0.0 < s["share"] < 1.0
+print(f"(the step above is {shares['ropelib']['time']} summed over the step; the training loop's "
+      f"wall-clock step was {runs['ropelib']['ms_per_step']:.2f} ms with ropelib)")
 if ON_GPU:
     # cross-check: all of ropelib's RoPE time is in kernels named after it
     s = shares["ropelib"]
@@ -309,9 +312,11 @@ if ON_GPU:
           f"vs {s['rope_ms']:.3f} ms/step by range")
 
 # %% [markdown]
-# On a GPU, read the two lines side by side: the kernel's share is the bandwidth floor at work
-# (its effective GB/s is close to the copy bandwidth for these small tensors), and the
-# reference's share is the price of composing RoPE from generic elementwise kernels.
+# On a GPU, read the two lines side by side: the kernel's share is the bandwidth floor at work,
+# and the reference's share is the price of composing RoPE from generic elementwise kernels,
+# each a full pass over memory. (A model this small can leave the GPU idle between kernels
+# while Python launches the next one; the shares are of the time the GPU was busy, and the
+# wall-clock step time from training says how much idle time there was.)
 #
 # On the CPU both numbers are host time and mean something else: the reference's share is what
 # RoPE costs in plain PyTorch on a CPU, while ropelib's is dominated by Triton's interpreter
