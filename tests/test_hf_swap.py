@@ -28,13 +28,13 @@ def one_thread():
 
 
 @pytest.fixture(scope="module")
-def llama():
+def llama(device):
     # GQA (4 query heads, 2 KV heads), head_dim 16; a wide init so attention depends on position
     cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=96,
                       num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=2,
                       max_position_embeddings=64, initializer_range=0.2, pad_token_id=0)
     torch.manual_seed(0)
-    return LlamaForCausalLM(cfg).eval()
+    return LlamaForCausalLM(cfg).to(device).eval()
 
 
 def _logits_and_grads(model, ids, **kw):
@@ -44,8 +44,8 @@ def _logits_and_grads(model, ids, **kw):
     return out.logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-def test_patched_llama_matches_stock(llama):
-    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1))
+def test_patched_llama_matches_stock(llama, device):
+    ids = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(1)).to(device)
     stock = modeling_llama.apply_rotary_pos_emb
     logits_s, grads_s = _logits_and_grads(llama, ids)
     with patch_llama() as stats:
@@ -59,16 +59,16 @@ def test_patched_llama_matches_stock(llama):
 
     # the comparison can fail: positions twice as far apart change logits and gradients by far
     # more (shifting them all by one would not: RoPE sees only relative positions)
-    spread = 2 * torch.arange(12).expand(2, -1)
+    spread = 2 * torch.arange(12, device=device).expand(2, -1)
     logits_o, grads_o = _logits_and_grads(llama, ids, position_ids=spread)
     assert (logits_o - logits_s).abs().max() > 100 * 1e-5
     q = "model.layers.0.self_attn.q_proj.weight"
     assert (grads_o[q] - grads_s[q]).abs().max() > 100 * 1e-5
 
 
-def test_patched_llama_greedy_decoding_with_kv_cache(llama):
+def test_patched_llama_greedy_decoding_with_kv_cache(llama, device):
     # decoding rotates one new token at a time at positions 4, 5, ... (cos/sin [B, 1, D])
-    ids = torch.randint(1, 64, (2, 4), generator=torch.Generator().manual_seed(2))
+    ids = torch.randint(1, 64, (2, 4), generator=torch.Generator().manual_seed(2)).to(device)
     kw = dict(attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False,
               use_cache=True)
     with torch.no_grad():
