@@ -240,6 +240,6 @@ def test_ci_script_is_strict_bash_and_pins_torch_before_ropelib():
     ci = ci_path.read_text(encoding="utf-8")
     assert "set -euo pipefail" in ci
     torch_at = ci.index("pip_install torch==2.13.0")
-    ropelib_at = ci.index('pip_install -e ".[test,lab]"')
+    ropelib_at = ci.index('pip_install -e ".[test,lab,hf]"')
     assert torch_at < ropelib_at, "the CPU torch must be installed before ropelib, or pip pulls a CUDA torch"
     assert "export TRITON_INTERPRET=1" in ci
