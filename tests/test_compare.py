@@ -196,3 +196,35 @@ def test_seed_sweeps_cover_the_seeds():
         assert {"ropelib", "te_fused", "pytorch"} <= set(s.providers)
         tiny = C.shrink(s)
         assert tiny.axis == s.axis and len(tiny.values) <= 3 and tiny.base.heads <= 2
+
+
+def test_declared_inplace_provider_is_timed_on_a_copy(device):
+    def rotate_in_place(case):
+        c = case.config
+        y = reference.te_unfused(case.x, case.freqs, tensor_format=c.layout)
+        return case.x.copy_(y) if not case.x.requires_grad else y
+    prov = C.Provider("inplace-ok", True, "", rotate_in_place, inplace=True)
+    case = C.make_case(TINY, device)
+    r = C.run_case(TINY, [prov, "pytorch"], device=device)
+    assert r[0]["available"], r[0]["reason"]
+    assert r[0]["max_abs_err"] == pytest.approx(r[1]["max_abs_err"])   # same math, same inputs
+    assert torch.equal(C.make_case(TINY, device).x, case.x)            # inputs are reproducible
+
+
+def test_torch_compile_provider_recompiles_per_config(monkeypatch, device):
+    # the provider's logic with Dynamo's eager backend (no C++ toolchain needed on the CPU)
+    calls = []
+    real_compile = torch.compile
+
+    def eager_compile(fn, **kw):
+        calls.append(kw)
+        return real_compile(fn, backend="eager", **kw)
+    monkeypatch.setattr(C.runtime, "on_gpu", lambda: True)
+    monkeypatch.setattr(torch, "compile", eager_compile)
+    prov = C._torch_compile()
+    assert prov.available
+    rows = C.sweep(TINY, "seq_len", [3, 5], [prov], progress=False, backward=False,
+                   device=device)
+    assert all(r["available"] for r in rows), [r["reason"] for r in rows]
+    assert all(r["max_ulp_err"] < 64 for r in rows)
+    assert len(calls) == 2 and all(kw.get("dynamic") is False for kw in calls)
