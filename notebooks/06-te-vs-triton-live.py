@@ -115,9 +115,9 @@ display(HTML(widgets.rows_table_html(rows)))
 by = {r["provider"]: r for r in rows}
 ok = [r for r in rows if r["available"]]
 assert by["pytorch"]["available"] and by["ropelib"]["available"], by["ropelib"]["reason"]
-# ropelib computes in fp32 and rounds once: at most half an ulp on a GPU (the interpreter's
-# fp32 -> bf16 conversion may truncate, which costs up to one ulp)
-assert by["ropelib"]["max_ulp_err"] <= (0.5 + 1e-6 if GPU else 1.0)
+# ropelib computes in fp32 and rounds once: half an ulp, plus the fp32 error that outputs near
+# zero (where the two products cancel) can show — never more than one ulp
+assert by["ropelib"]["max_ulp_err"] <= 1.0
 # eager PyTorch rounds cos/sin and every product to bf16 (TE's unfused path): more ulps
 assert by["pytorch"]["max_ulp_err"] > by["ropelib"]["max_ulp_err"]
 for r in ok:
@@ -221,6 +221,11 @@ else:
 for png in sorted(FIGURES.glob("06-seed-*.png")):
     print(png.name)
     display(Image(filename=str(png), width=800))
+# every committed result file, with where and when it was measured
+for path in sorted(RESULTS.glob("*.csv")):
+    m = compare.read_meta(path)
+    print(f"{path.name}: {len(compare.read_csv(path))} rows, GPU {m.get('gpu', '?')}, "
+          f"TE {m.get('transformer_engine', '?')}, {m.get('date', '?')}")
 
 # %% [markdown]
 # ## What we saw

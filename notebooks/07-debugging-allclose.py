@@ -171,7 +171,8 @@ display(HTML("<table><tr><th></th><th>allclose default</th><th>mismatches</th>"
                                       f"<td>{v}</td>" for v in row) + "</tr>" for row in rows) +
              "</table>"))
 fx = debug.diagnose(fixed, "dtype")
-assert fx["allclose"] and fx["triton_max_ulp"] <= 0.5 + 1e-3 and fx["te_max_ulp"] <= 0.5 + 1e-3
+# one rounding of an fp32 result: 0.5 ulp, plus what fp32's own error shows near zero
+assert fx["allclose"] and fx["triton_max_ulp"] <= 1.0 and fx["te_max_ulp"] <= 1.0
 assert rows[0][6] > 4 * rows[1][6]     # the reported kernel is many ulps off fp64
 print("fixed kernel vs TE, default tolerances:", "pass" if rows[1][1] else
       f"fail ({rows[1][2]} elements one bf16 step apart)")
