@@ -69,7 +69,8 @@ def draw(rows, figures: Path) -> list:
         fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), sharey=True,
                                  squeeze=False)
         for ax, (b, sub) in zip(axes[0], panels):
-            compare.plot_sweep(sub, "seq_len", ax=ax, title=f"{dtype}, H=64, D=128, batch {b}")
+            compare.plot_sweep(sub, "seq_len", ax=ax, title=f"{dtype}, H={sub[0]['heads']}, "
+                                                            f"D={sub[0]['head_dim']}, batch {b}")
         fig.tight_layout()
         path = figures / f"06-seed-seq-len-{dtype}.png"
         fig.savefig(path, dpi=110)
@@ -117,9 +118,12 @@ def main(argv=None) -> int:
             print(f"{s.name:16s} {s.axis:9s} {list(s.values)}  {s.base}")
         return 0
     real = runtime.on_gpu() and not args.tiny
-    tmp = Path(tempfile.mkdtemp(prefix="ropelib-seed-"))
-    out = Path(args.out) if args.out else (RESULTS / "seed_sweeps.csv" if real
-                                           else tmp / "seed_sweeps.csv")
+    if args.out:
+        out = Path(args.out)
+    elif real:
+        out = RESULTS / "seed_sweeps.csv"
+    else:
+        out = Path(tempfile.mkdtemp(prefix="ropelib-seed-")) / "seed_sweeps.csv"
     figures = Path(args.figures) if args.figures else (FIGURES if real else out.parent)
     print(runtime.mode(), "->", out, file=sys.stderr)
     rows = run(sweeps)

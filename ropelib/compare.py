@@ -822,11 +822,22 @@ def read_csv(path) -> list:
 # --- plots ------------------------------------------------------------------------------------
 
 def plot_sweep(rows, axis: str, *, metric: str = "fwd_gbps", ax=None, title=None,
-               group=("provider",)):
-    """Draw ``metric`` vs ``axis`` per provider (and extra ``group`` fields) with matplotlib."""
+               group=("provider",), show_copy: bool = True):
+    """Draw ``metric`` vs ``axis`` per provider (and extra ``group`` fields) with matplotlib.
+    For GB/s metrics, ``show_copy`` adds the GB/s the same bytes would reach at the speed of
+    the copy measured in the same run (the floor a memory-bound kernel aims at)."""
     import matplotlib.pyplot as plt
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 4))
+    ratio = {"fwd_gbps": "ratio_fwd", "fwdbwd_gbps": "ratio_fwdbwd"}.get(metric)
+    if show_copy and ratio:
+        floor = {}
+        for r in rows:
+            if r.get(metric) and r.get(ratio) and r[axis] not in floor:
+                floor[r[axis]] = r[metric] / r[ratio]
+        if floor:
+            xs = sorted(floor)
+            ax.plot(xs, [floor[x] for x in xs], ls="--", color="gray", label="copy speed")
     series = {}
     for r in rows:
         if r.get(metric) is None or not r.get("available"):
