@@ -228,3 +228,21 @@ def test_torch_compile_provider_recompiles_per_config(monkeypatch, device):
     assert all(r["available"] for r in rows), [r["reason"] for r in rows]
     assert all(r["max_ulp_err"] < 64 for r in rows)
     assert len(calls) == 2 and all(kw.get("dynamic") is False for kw in calls)
+
+
+@pytest.mark.slow
+def test_seed_sweeps_script_runs_tiny(tmp_path):
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "seed_sweeps.py"
+    spec = importlib.util.spec_from_file_location("seed_sweeps", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "seed.csv"
+    assert mod.main(["--tiny", "--only", "seq_len-b2-bf16", "--out", str(out),
+                     "--figures", str(tmp_path)]) == 0
+    rows = C.read_csv(out)
+    assert {r["sweep"] for r in rows} == {"seq_len-b2-bf16"}
+    assert {r["provider"] for r in rows} >= {"pytorch"}
+    assert C.read_meta(out)["torch"] == torch.__version__
+    assert (tmp_path / "06-seed-seq-len-bf16.png").stat().st_size > 5000
