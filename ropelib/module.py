@@ -68,11 +68,10 @@ class RotaryEmbedding(torch.nn.Module):
                 start_positions=None, position_ids=None, cu_seqlens=None):
         need = self._needed(q, start_positions, position_ids, cu_seqlens)
         ref = self.cos if self._use_table else self.freqs
-        if need > ref.shape[0] or ref.device != q.device:
-            length = max(need, ref.shape[0])
-            while length < need:
-                length *= 2
-            self._build(max(length, 2 * ref.shape[0] if need > ref.shape[0] else length), q.device)
+        if need > ref.shape[0]:
+            self._build(max(need, 2 * ref.shape[0]), q.device)   # grow by doubling
+        elif ref.device != q.device:
+            self._build(ref.shape[0], q.device)
         table = (dict(cos=self.cos, sin=self.sin) if self._use_table else dict(freqs=self.freqs))
         opts = dict(layout=self.layout, interleaved=self.interleaved,
                     start_positions=start_positions, position_ids=position_ids,

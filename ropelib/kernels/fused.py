@@ -104,6 +104,7 @@ def _rope_segment(
     TABLE_PER_BATCH: tl.constexpr,     # positions or table rows depend on the batch entry
     COPY_PASS: tl.constexpr,           # write features R..D-1 (False when in place)
     ACCURATE: tl.constexpr, CDT: tl.constexpr, INT64: tl.constexpr, BF16_RTNE: tl.constexpr,
+    LOAD_EVICT: tl.constexpr, STORE_CACHE: tl.constexpr,   # cache hints for streamed x / y
 ):
     HALF: tl.constexpr = R // 2
     s_idx = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)          # [BLOCK_S]
@@ -153,17 +154,20 @@ def _rope_segment(
         if INTERLEAVED:
             k = tl.arange(0, 2 * BLOCK_HALF)
             mk = row_ok[:, :, None] & (k < R)[None, None, :]
-            x = tl.load(xr + k[None, None, :] * stride_xd, mask=mk, other=0.0)
+            x = tl.load(xr + k[None, None, :] * stride_xd, mask=mk, other=0.0,
+                        eviction_policy=LOAD_EVICT)
             x = tl.reshape(x, (BLOCK_S, BLOCK_H, BLOCK_HALF, 2))
             x_a, x_b = tl.split(x)
         else:
-            x_a = tl.load(xr + d_a[None, None, :] * stride_xd, mask=m, other=0.0)
-            x_b = tl.load(xr + d_b[None, None, :] * stride_xd, mask=m, other=0.0)
+            x_a = tl.load(xr + d_a[None, None, :] * stride_xd, mask=m, other=0.0,
+                          eviction_policy=LOAD_EVICT)
+            x_b = tl.load(xr + d_b[None, None, :] * stride_xd, mask=m, other=0.0,
+                          eviction_policy=LOAD_EVICT)
         if COPY_PASS:
             if BLOCK_PASS > 0:
                 e = R + tl.arange(0, BLOCK_PASS)
                 mp = row_ok[:, :, None] & (e < D)[None, None, :]
-                t = tl.load(xr + e[None, None, :] * stride_xd, mask=mp)
+                t = tl.load(xr + e[None, None, :] * stride_xd, mask=mp, eviction_policy=LOAD_EVICT)
         x_a = x_a.to(CDT)
         x_b = x_b.to(CDT)
         y_a = x_a * c_a - x_b * s_a
@@ -172,13 +176,13 @@ def _rope_segment(
         y_b = round_to(y_b, y_ptr.dtype.element_ty, BF16_RTNE)
         if INTERLEAVED:
             y = tl.reshape(tl.join(y_a, y_b), (BLOCK_S, BLOCK_H, 2 * BLOCK_HALF))
-            tl.store(yr + k[None, None, :] * stride_yd, y, mask=mk)
+            tl.store(yr + k[None, None, :] * stride_yd, y, mask=mk, cache_modifier=STORE_CACHE)
         else:
-            tl.store(yr + d_a[None, None, :] * stride_yd, y_a, mask=m)
-            tl.store(yr + d_b[None, None, :] * stride_yd, y_b, mask=m)
+            tl.store(yr + d_a[None, None, :] * stride_yd, y_a, mask=m, cache_modifier=STORE_CACHE)
+            tl.store(yr + d_b[None, None, :] * stride_yd, y_b, mask=m, cache_modifier=STORE_CACHE)
         if COPY_PASS:
             if BLOCK_PASS > 0:
-                tl.store(yr + e[None, None, :] * stride_yd, t, mask=mp)
+                tl.store(yr + e[None, None, :] * stride_yd, t, mask=mp, cache_modifier=STORE_CACHE)
 
 
 @triton.jit
@@ -229,6 +233,7 @@ def _rope_kernel(
     EXPLICIT_POS: tl.constexpr, HAS_START: tl.constexpr, HAS_CP: tl.constexpr,
     TABLE_PER_BATCH: tl.constexpr, COPY_PASS: tl.constexpr,
     ACCURATE: tl.constexpr, CDT: tl.constexpr, INT64: tl.constexpr, BF16_RTNE: tl.constexpr,
+    LOAD_EVICT: tl.constexpr, STORE_CACHE: tl.constexpr,
 ):
     pid_s = tl.program_id(0)
     pid_h = tl.program_id(1)
@@ -241,7 +246,8 @@ def _rope_kernel(
                       stp, stb, std, stride_pos_b, stride_pos_s,
                       R, D, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_PASS,
                       INTERLEAVED, BACKWARD, FROM_ANGLES, EXPLICIT_POS, HAS_START, HAS_CP,
-                      TABLE_PER_BATCH, COPY_PASS, ACCURATE, CDT, INT64, BF16_RTNE)
+                      TABLE_PER_BATCH, COPY_PASS, ACCURATE, CDT, INT64, BF16_RTNE,
+                      LOAD_EVICT, STORE_CACHE)
     elif pid_h < NQB + NKB:
         _rope_segment(k_ptr, ko_ptr, kc_ptr, ks_ptr, pos_ptr, start_ptr,
                       pid_s, (pid_h - NQB) * BLOCK_H, b_lo, b_hi, S, HK, 1, P, cp_size, cp_rank,
@@ -249,7 +255,8 @@ def _rope_kernel(
                       skp, skb, skd, stride_pos_b, stride_pos_s,
                       R, D, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_PASS,
                       INTERLEAVED, BACKWARD, FROM_ANGLES, EXPLICIT_POS, HAS_START, HAS_CP,
-                      TABLE_PER_BATCH, COPY_PASS, ACCURATE, CDT, INT64, BF16_RTNE)
+                      TABLE_PER_BATCH, COPY_PASS, ACCURATE, CDT, INT64, BF16_RTNE,
+                      LOAD_EVICT, STORE_CACHE)
     else:
         _copy_segment(v_ptr, vo_ptr, pid_s, (pid_h - NQB - NKB) * BLOCK_H, b_lo, b_hi, S, HV,
                       sv_s, sv_b, sv_h, sv_d, svo_s, svo_b, svo_h, svo_d,

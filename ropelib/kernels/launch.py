@@ -3,6 +3,8 @@
 Arguments here are already validated (ropelib.validation); this module only maps tensors to
 the kernel's [S, B, H, D] view and picks tile sizes.
 """
+import os
+import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Optional
@@ -73,32 +75,78 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def pick_tiles(S, B, H, R, D, elem_size, n_segments_heads, device):
-    """(BLOCK_S, BLOCK_H, B_CHUNK, num_warps) for this shape.
+def _pow2_floor(n: int) -> int:
+    return 1 << (max(int(n), 1).bit_length() - 1)
 
-    GPU: about 4096 elements per program per batch entry (8 KiB in bf16), heads first, then
-    tokens; the batch is split into chunks only when there would otherwise be too few programs
-    to fill the machine (decode-sized inputs). Interpreter: big tiles, since every program
-    instance costs milliseconds.
+
+@lru_cache(maxsize=4096)
+def pick_tiles(S: int, B: int, heads: tuple, R: int, D: int, elem_size: int, on_cuda: bool,
+               device_index: int = 0):
+    """(BLOCK_S, BLOCK_H, B_CHUNK, num_warps) for this shape; `heads` = heads of each segment.
+
+    GPU: each thread moves 16 elements per batch entry (2048 per program with 4 warps for
+    16-bit types, 4096 with 8 warps for fp32: measured best on an H100, benchmarks/NOTES.md),
+    heads first, then tokens; the batch is split into chunks only when there would otherwise be
+    too few programs to fill the machine (decode-sized inputs). Interpreter: big tiles, since
+    every program instance costs milliseconds.
     """
     row = 2 * triton.next_power_of_2(max(R // 2, 1)) + (triton.next_power_of_2(D - R) if D > R else 0)
-    if INTERPRET or device.type != "cuda":
+    H = max(heads)
+    if INTERPRET or not on_cuda:
         block_h = min(triton.next_power_of_2(H), 16)
-        block_s = min(triton.next_power_of_2(S), max(1, 2048 // (block_h * row)), 32)
+        block_s = min(triton.next_power_of_2(S), _pow2_floor(2048 // (block_h * row)), 32)
         return block_s, block_h, B, 4
-    target = 4096 if elem_size <= 2 else 2048
-    block_h = min(triton.next_power_of_2(H), max(1, target // row))
-    block_s = min(triton.next_power_of_2(S), max(1, target // (block_h * row)), 16)
-    tiles = triton.cdiv(S, block_s) * n_segments_heads(block_h)
-    want = 4 * _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    num_warps = 4 if elem_size <= 2 else 8
+    target = 16 * 32 * num_warps
+    block_h = min(triton.next_power_of_2(H), _pow2_floor(target // row))
+    block_s = min(triton.next_power_of_2(S), _pow2_floor(target // (block_h * row)), 16)
+    tiles = triton.cdiv(S, block_s) * sum(triton.cdiv(h, block_h) for h in heads if h)
+    want = 4 * _sm_count(device_index)
     chunk = B
     while chunk > 1 and tiles * triton.cdiv(B, chunk) < want:
         chunk = triton.cdiv(chunk, 2)
     while triton.cdiv(B, chunk) > 65535:
         chunk *= 2
-    elems = block_s * block_h * row
-    num_warps = 4 if elems <= 4096 else 8
+    if block_s * block_h * row < 32 * num_warps * 4:   # tiny tiles: fewer threads
+        num_warps = max(1, block_s * block_h * row // 128)
     return block_s, block_h, chunk, num_warps
+
+
+# Compiled kernels by specialisation: Triton's generic dispatch costs ~150 us per call for a
+# kernel with this many arguments (measured on an H100, benchmarks/NOTES.md); calling the
+# compiled kernel directly costs a few. The key covers everything Triton specialises on
+# (dtypes, 16-byte alignment, ints equal to 1 or divisible by 16, 32/64-bit ints) and the
+# constexprs, so a cached kernel is only reused where Triton would reuse it.
+_COMPILED: dict = {}
+FAST_LAUNCH = os.environ.get("ROPELIB_FAST_LAUNCH", "1") == "1" and not INTERPRET
+# Streaming cache hints: x is read once (evict first), y written once (.cs, streaming).
+STREAM_HINTS = os.environ.get("ROPELIB_STREAM_HINTS", "0") == "1"
+
+
+def _spec(v):
+    if isinstance(v, torch.Tensor):
+        return (v.dtype, v.data_ptr() % 16 == 0)
+    return (v == 1, v % 16 == 0, -2**31 <= v < 2**31)
+
+
+def _dispatch(grid, args, consts, num_warps, device):
+    global FAST_LAUNCH
+    if not FAST_LAUNCH:
+        _rope_kernel[grid](*args, **consts, num_warps=num_warps)
+        return
+    key = (device.index, num_warps, tuple(consts.values()), tuple(map(_spec, args)))
+    ck = _COMPILED.get(key)
+    if ck is None:
+        ck = _rope_kernel[grid](*args, **consts, num_warps=num_warps)
+        if len(_COMPILED) < 4096:
+            _COMPILED[key] = ck
+        return
+    try:
+        ck[grid](*args, *consts.values())
+    except Exception as e:   # a Triton whose CompiledKernel API differs: use the generic path
+        FAST_LAUNCH = False
+        warnings.warn(f"ropelib: direct kernel launch unavailable ({e!r}); using Triton's dispatch")
+        _rope_kernel[grid](*args, **consts, num_warps=num_warps)
 
 
 def launch(q: Segment, q_table: Table, pos: Positions, *, S: int, B: int, R: int, D: int,
@@ -107,38 +155,35 @@ def launch(q: Segment, q_table: Table, pos: Positions, *, S: int, B: int, R: int
            v: Optional[Segment] = None, tiles: Optional[tuple] = None) -> None:
     """Run the finished kernel once over q (and k, and the v copy) in a single launch."""
     dev = q.x.device
-    H_max = max(q.heads, k.heads if k else 0, v.heads if v else 0)
+    heads = (q.heads, k.heads if k is not None else 0, v.heads if v is not None else 0)
     DV = v.x.shape[-1] if v is not None else 1
-
-    def n_blocks(block_h):
-        return sum(triton.cdiv(seg.heads, block_h) for seg in (q, k, v) if seg is not None)
-
+    on_cuda = dev.type == "cuda"
     block_s, block_h, chunk, num_warps = tiles or pick_tiles(
-        S, B, H_max, R, D, q.x.element_size(), n_blocks, dev)
+        S, B, heads, R, D, q.x.element_size(), on_cuda,
+        (dev.index if dev.index is not None else torch.cuda.current_device()) if on_cuda else 0)
     nqb = triton.cdiv(q.heads, block_h)
     nkb = triton.cdiv(k.heads, block_h) if k is not None else 0
-    grid = (triton.cdiv(S, block_s), n_blocks(block_h), triton.cdiv(B, chunk))
+    nvb = triton.cdiv(v.heads, block_h) if v is not None else 0
+    grid = (triton.cdiv(S, block_s), nqb + nkb + nvb, triton.cdiv(B, chunk))
 
     int64 = any(seg.max_offset(S, B, DV if seg is v else D) > _I32_LIMIT - 1024
                 for seg in (q, k, v) if seg is not None)
     kt = k_table if k_table is not None else q_table
     ks = k if k is not None else q
     vs = v if v is not None else q
-    dummy = q.x
     explicit = pos.explicit
     if explicit is not None:
         pos_ptr, psb, pss = explicit, explicit.stride(0), explicit.stride(1)
     else:
-        pos_ptr, psb, pss = dummy, 0, 0
+        pos_ptr, psb, pss = q.x, 0, 0
     table_per_batch = (pos.start is not None
                        or (explicit is not None and explicit.shape[0] > 1)
                        or q_table.stride_b != 0 or kt.stride_b != 0)
-    cdt = _CDT.get(q.x.dtype, tl.float32)
-    _rope_kernel[grid](
+    args = (
         q.x, q.y, ks.x, ks.y, vs.x, vs.y,
         q_table.c, q_table.s if q_table.s is not None else q_table.c,
         kt.c, kt.s if kt.s is not None else kt.c,
-        pos_ptr, pos.start if pos.start is not None else dummy,
+        pos_ptr, pos.start if pos.start is not None else q.x,
         S, B, q.heads, ks.heads, vs.heads, q.hpg, q_table.length, pos.cp_size, pos.cp_rank,
         *q.x_strides, *q.y_strides,
         ks.x_strides[0], ks.x_strides[1], ks.x_strides[2], ks.x_strides[4],
@@ -149,6 +194,8 @@ def launch(q: Segment, q_table: Table, pos: Positions, *, S: int, B: int, R: int
         kt.stride_p, kt.stride_b, kt.stride_d,
         psb, pss,
         nqb, nkb, chunk,
+    )
+    consts = dict(
         R=R, D=D, DV=DV,
         BLOCK_S=block_s, BLOCK_H=block_h, BLOCK_HALF=triton.next_power_of_2(max(R // 2, 1)),
         BLOCK_PASS=triton.next_power_of_2(D - R) if D > R else 0,
@@ -156,6 +203,9 @@ def launch(q: Segment, q_table: Table, pos: Positions, *, S: int, B: int, R: int
         INTERLEAVED=interleaved, BACKWARD=backward, FROM_ANGLES=q_table.s is None,
         EXPLICIT_POS=explicit is not None, HAS_START=pos.start is not None,
         HAS_CP=pos.cp_size > 1, TABLE_PER_BATCH=table_per_batch, COPY_PASS=copy_pass,
-        ACCURATE=not INTERPRET, CDT=cdt, INT64=int64, BF16_RTNE=BF16_RTNE,
-        num_warps=num_warps,
+        ACCURATE=not INTERPRET, CDT=_CDT.get(q.x.dtype, tl.float32), INT64=int64,
+        BF16_RTNE=BF16_RTNE,
+        LOAD_EVICT="evict_first" if STREAM_HINTS else "",
+        STORE_CACHE=".cs" if STREAM_HINTS else "",
     )
+    _dispatch(grid, args, consts, num_warps, dev)
