@@ -244,3 +244,28 @@ def test_hf_against_transformers(unsqueeze_dim, dtype, seeded):
         ua, ur = UNFUSED_TOL[dtype]
         torch.testing.assert_close(qo, qh, atol=ua, rtol=ur)
         torch.testing.assert_close(ko, kh, atol=ua, rtol=ur)
+
+
+def test_hf_non_contiguous_q_from_projection(seeded):
+    """Llama's q: proj(x).view(B, S, H, D).transpose(1, 2) -- a strided [B, H, S, D] view."""
+    hq, hk = 4, 2
+    q = torch.randn(B, S, hq * D).view(B, S, hq, D).transpose(1, 2)
+    k = torch.randn(B, S, hk * D).view(B, S, hk, D).transpose(1, 2)
+    assert not q.is_contiguous()
+    cos, sin = ropelib.rope_cos_sin(S, D)
+    c, s = cos[None].expand(B, S, D), sin[None].expand(B, S, D)
+    qo, ko = rhf.apply_rotary_pos_emb(q, k, c, s)
+    qw, kw = hf_formula(q.double(), k.double(), c.double(), s.double())
+    torch.testing.assert_close(qo, qw.float(), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(ko, kw.float(), atol=1e-5, rtol=1e-5)
+
+
+def test_fused_qkv_grad_of_v_only(seeded):
+    split = [32, 16, 8]
+    qkv = torch.randn(B, S, 2, 56, requires_grad=True)
+    f = ropelib.rope_freqs(S, 16)
+    q, k, v = rte.apply_fused_qkv_rotary_pos_emb(qkv, f, f, split, tensor_format="bshd")
+    g = torch.randn_like(v)
+    (v * g).sum().backward()
+    assert torch.count_nonzero(qkv.grad[..., :48]) == 0
+    assert torch.equal(qkv.grad[..., 48:], g)

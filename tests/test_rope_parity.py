@@ -324,3 +324,47 @@ def test_fp64_is_more_accurate_than_fp32(seeded):
     f32 = rope_reference(x, freqs, compute_dtype=torch.float32)
     assert (y - exact).abs().max() < 1e-13
     assert (f32 - exact).abs().max() > 1e-9
+
+
+# --- several programs per launch (tile edges) -----------------------------------------------
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_many_tiles_masked_edges(interleaved, seeded):
+    """S and H larger than one tile and not multiples of it: every grid edge is masked."""
+    s, b, hq, hk, dh = 37, 3, 19, 17, 8
+    freqs = ropelib.rope_freqs(s + 9, dh, rotary_percent=0.5, interleaved=interleaved)
+    q = torch.randn(s, b, hq, dh).to(torch.bfloat16).requires_grad_(True)
+    k = torch.randn(s, b, hk, dh).to(torch.bfloat16).requires_grad_(True)
+    sp = torch.tensor([9, 0, 4])
+    opts = dict(interleaved=interleaved, start_positions=sp)
+    qo, ko = ropelib.apply_rope_qk(q, k, freqs, **opts)
+    assert_close(qo, rope_reference(q.detach(), freqs, **opts), what="q")
+    assert_close(ko, rope_reference(k.detach(), freqs, **opts), what="k")
+    gq, gk = torch.randn_like(qo), torch.randn_like(ko)
+    ((qo * gq).sum() + (ko * gk).sum()).backward()
+    qr = q.detach().double().requires_grad_(True)
+    kr = k.detach().double().requires_grad_(True)
+    ((rope_reference(qr, freqs, **opts) * gq.double()).sum()
+     + (rope_reference(kr, freqs, **opts) * gk.double()).sum()).backward()
+    assert_close(q.grad, qr.grad.to(q.dtype), what="q grad")
+    assert_close(k.grad, kr.grad.to(k.dtype), what="k grad")
+
+
+def test_many_tiles_fused_qkv(seeded):
+    s, b, g, dk, n_q = 35, 2, 5, 8, 4          # 20 query heads, 5 kv heads
+    split = [n_q * dk, dk, 6]
+    qkv = torch.randn(s, b, g, sum(split)).to(torch.bfloat16).requires_grad_(True)
+    f = ropelib.rope_freqs(s, dk)
+    q, k, v = ropelib.te.apply_fused_qkv_rotary_pos_emb(qkv, f, f, split)
+    qin = qkv.detach()[..., :n_q * dk].reshape(s, b, g * n_q, dk)
+    kin = qkv.detach()[..., n_q * dk:(n_q + 1) * dk]
+    assert_close(q, rope_reference(qin, f), what="q")
+    assert_close(k, rope_reference(kin, f), what="k")
+    assert torch.equal(v, qkv.detach()[..., (n_q + 1) * dk:])
+    (q.sum() + 2 * k.sum() + 3 * v.sum()).backward()
+    xr = qkv.detach().double().requires_grad_(True)
+    qr = xr[..., :n_q * dk].reshape(s, b, g * n_q, dk)
+    kr = xr[..., n_q * dk:(n_q + 1) * dk]
+    (rope_reference(qr, f).sum() + 2 * rope_reference(kr, f).sum()
+     + 3 * xr[..., (n_q + 1) * dk:].sum()).backward()
+    assert_close(qkv.grad, xr.grad.to(qkv.dtype), what="qkv grad")

@@ -295,3 +295,53 @@ def test_module_yarn_uses_scaled_cos_sin(seeded):
     xr = x.detach().double().requires_grad_(True)
     rope_reference(xr, cos=cos, sin=sin, layout="bshd").sum().backward()
     torch.testing.assert_close(x.grad, xr.grad.float(), atol=1e-5, rtol=1e-5)
+
+
+# --- corner cases ---------------------------------------------------------------------------
+
+def test_thd_with_empty_sequences(seeded):
+    cu = torch.tensor([0, 0, 3, 3, 8, 8], dtype=torch.int32)
+    sp = torch.tensor([5, 1, 7, 2, 9])
+    freqs = ropelib.rope_freqs(20, D)
+    x = torch.randn(8, H, D, requires_grad=True)
+    opts = dict(layout="thd", cu_seqlens=cu, start_positions=sp)
+    y = ropelib.apply_rope(x, freqs, **opts)
+    torch.testing.assert_close(y, rope_reference(x.detach(), freqs, **opts), atol=1e-5, rtol=1e-5)
+    y.sum().backward()
+    xr = x.detach().double().requires_grad_(True)
+    rope_reference(xr, freqs, **opts).sum().backward()
+    torch.testing.assert_close(x.grad, xr.grad.float(), atol=1e-5, rtol=1e-5)
+
+
+def test_non_contiguous_position_ids(seeded):
+    freqs = ropelib.rope_freqs(30, D)
+    pid = torch.randint(0, 30, (S, B)).t()          # [B, S] with strides (1, B)
+    assert not pid.is_contiguous()
+    x = torch.randn(B, S, H, D)
+    y = ropelib.apply_rope(x, freqs, layout="bshd", position_ids=pid)
+    torch.testing.assert_close(y, rope_reference(x, freqs, layout="bshd", position_ids=pid),
+                               atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("layout", ["bshd", "thd"])
+def test_inplace_other_layouts(layout, seeded):
+    freqs = ropelib.rope_freqs(S, D, rotary_percent=0.5, interleaved=True)
+    if layout == "thd":
+        x = torch.randn(S, H, D)
+        opts = dict(cu_seqlens=torch.tensor([0, 5, S]))
+    else:
+        x = torch.randn(B, S, H, D).transpose(1, 2).contiguous().transpose(1, 2)
+        opts = {}
+    y = ropelib.apply_rope(x, freqs, layout=layout, interleaved=True, **opts)
+    ropelib.apply_rope(x, freqs, layout=layout, interleaved=True, inplace=True, **opts)
+    assert torch.equal(x, y)
+
+
+def test_empty_batch_and_sequence():
+    freqs = ropelib.rope_freqs(4, D)
+    for shape in [(0, B, H, D), (4, 0, H, D)]:
+        x = torch.randn(shape, requires_grad=True)
+        y = ropelib.apply_rope(x, freqs)
+        assert y.shape == x.shape
+        y.sum().backward()
+        assert x.grad.shape == x.shape
