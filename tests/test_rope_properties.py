@@ -345,3 +345,31 @@ def test_empty_batch_and_sequence():
         assert y.shape == x.shape
         y.sum().backward()
         assert x.grad.shape == x.shape
+
+
+def test_inplace_on_a_view_backpropagates_to_the_base(seeded):
+    """In place on a strided view (the first D features of a wider tensor): autograd goes
+    through the view (CopySlices) and the untouched half gets its gradient unchanged."""
+    freqs = ropelib.rope_freqs(S, D)
+    leaf = torch.randn(S, B, H, 2 * D, requires_grad=True)
+    t = leaf.clone()
+    ropelib.apply_rope(t[..., :D], freqs, inplace=True)
+    g = torch.randn(S, B, H, 2 * D)
+    (t * g).sum().backward()
+    lr = leaf.detach().double().requires_grad_(True)
+    out = torch.cat([rope_reference(lr[..., :D], freqs), lr[..., D:]], dim=-1)
+    (out * g.double()).sum().backward()
+    torch.testing.assert_close(leaf.grad, lr.grad.float(), atol=1e-5, rtol=1e-5)
+    assert torch.equal(leaf.grad[..., D:], g[..., D:])
+
+
+@pytest.mark.parametrize("kind", ["expanded", "last_dim_stride_2"])
+def test_unusual_input_strides(kind, seeded):
+    freqs = ropelib.rope_freqs(S, D, interleaved=True)
+    if kind == "expanded":
+        x = torch.randn(1, B, H, D).expand(S, B, H, D)      # stride 0 over the sequence
+    else:
+        x = torch.randn(S, B, H, 2 * D)[..., ::2]            # feature stride 2
+    y = ropelib.apply_rope(x, freqs, interleaved=True)
+    assert y.is_contiguous()
+    torch.testing.assert_close(y, rope_reference(x, freqs, interleaved=True), atol=1e-5, rtol=1e-5)
