@@ -125,9 +125,26 @@ def test_more_than_2_31_elements():
 # --- the real Transformer Engine ------------------------------------------------------------
 
 def _te():
-    te_rope = pytest.importorskip("transformer_engine.pytorch.attention.rope",
-                                  reason="transformer_engine is not installed")
-    return te_rope
+    """TE's RoPE module: transformer_engine.pytorch.attention.rope (TE >= 2.2), else the
+    attention module of older releases; skipped when TE is not installed."""
+    pytest.importorskip("transformer_engine.pytorch", reason="transformer_engine is not installed")
+    import importlib
+    for name in ("transformer_engine.pytorch.attention.rope", "transformer_engine.pytorch.attention"):
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:
+            continue
+        if hasattr(mod, "apply_rotary_pos_emb"):
+            return mod
+    pytest.skip("this transformer_engine has no apply_rotary_pos_emb where expected")
+
+
+def _te_call(fn, *args, **kwargs):
+    """Call TE; an option this TE version does not support skips (with TE's message)."""
+    try:
+        return fn(*args, **kwargs)
+    except (TypeError, NotImplementedError) as e:
+        pytest.skip(f"transformer_engine does not support this case: {e}")
 
 
 TE_CASES = [
@@ -163,7 +180,7 @@ def test_parity_with_transformer_engine(case, dtype):
     a = t.clone().requires_grad_(True)
     c = t.clone().requires_grad_(True)
     ya = ropelib.te.apply_rotary_pos_emb(a, freqs, fused=True, **opts)
-    yc = te_rope.apply_rotary_pos_emb(c, freqs, fused=True, **opts)
+    yc = _te_call(te_rope.apply_rotary_pos_emb, c, freqs, fused=True, **opts)
     tol = BF16 if dtype == torch.bfloat16 else (1e-5, 1e-5)
     torch.testing.assert_close(ya, yc, atol=tol[0], rtol=tol[1])
     g = torch.randn_like(ya)
@@ -172,7 +189,7 @@ def test_parity_with_transformer_engine(case, dtype):
     torch.testing.assert_close(a.grad, c.grad, atol=tol[0], rtol=tol[1])
     # unfused paths: bit-identical (same PyTorch ops)
     ua = ropelib.te.apply_rotary_pos_emb(t, freqs, fused=False, **opts)
-    uc = te_rope.apply_rotary_pos_emb(t, freqs, fused=False, **opts)
+    uc = _te_call(te_rope.apply_rotary_pos_emb, t, freqs, fused=False, **opts)
     torch.testing.assert_close(ua, uc, atol=0, rtol=0)
 
 
@@ -192,8 +209,8 @@ def test_fused_qkv_parity_with_transformer_engine(layout, interleaved):
     a, c = qkv.clone().requires_grad_(True), qkv.clone().requires_grad_(True)
     outs_a = ropelib.te.apply_fused_qkv_rotary_pos_emb(a, qf, kf, split, tensor_format=layout,
                                                        interleaved=interleaved)
-    outs_c = te_rope.apply_fused_qkv_rotary_pos_emb(c, qf, kf, split, tensor_format=layout,
-                                                    interleaved=interleaved)
+    outs_c = _te_call(te_rope.apply_fused_qkv_rotary_pos_emb, c, qf, kf, split,
+                      tensor_format=layout, interleaved=interleaved)
     for oa, oc in zip(outs_a, outs_c):
         torch.testing.assert_close(oa, oc, atol=BF16[0], rtol=BF16[1])
     gs = [torch.randn_like(o) for o in outs_a]
