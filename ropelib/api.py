@@ -71,6 +71,14 @@ def _thd_positions(cu: torch.Tensor, T: int, start, cp_size: int, cp_rank: int) 
     return idx.to(torch.int32).unsqueeze(0)
 
 
+def _check_range(t: torch.Tensor, limit: int, message: str) -> bool:
+    """Raise ValueError(message) unless every value of t lies in [0, limit) (one device read)."""
+    lo, hi = torch.stack([t.min(), t.max()]).tolist()
+    if lo < 0 or hi >= limit:
+        raise ValueError(message.format(lo=lo, hi=hi, P=limit))
+    return True
+
+
 def plan(x: torch.Tensor, freqs=None, *, cos=None, sin=None, layout="sbhd", interleaved=False,
          start_positions=None, position_ids=None, cu_seqlens=None, cp_size=1, cp_rank=0,
          name="x", kernel_device=True) -> Plan:
@@ -108,10 +116,9 @@ def plan(x: torch.Tensor, freqs=None, *, cos=None, sin=None, layout="sbhd", inte
             raise ValueError(f"position_ids must be [S={S}] or [B={B}, S={S}] (or [1, S]), "
                              f"got {tuple(position_ids.shape)}")
         if checkable and p.numel():
-            lo, hi = torch.stack([p.min(), p.max()]).tolist()
-            if lo < 0 or hi >= P:
-                raise ValueError(f"position_ids must lie in [0, {P}) (the table has {P} rows), "
-                                 f"got values in [{lo}, {hi}]")
+            V.remembered(position_ids, ("position_ids", P), lambda: _check_range(
+                p, P, "position_ids must lie in [0, {P}) (the table has {P} rows), "
+                "got values in [{lo}, {hi}]"))
         pos.explicit = p
         return Plan(layout, S, B, D, R, table, pos, interleaved)
 
@@ -121,17 +128,25 @@ def plan(x: torch.Tensor, freqs=None, *, cos=None, sin=None, layout="sbhd", inte
         if cu_seqlens is None:
             raise ValueError("cu_seqlens must be given when layout is 'thd' "
                              "(or pass position_ids with every token's position)")
-        V.check_cu_seqlens(cu_seqlens, S, cp_size)
+        V.check_int_tensor(cu_seqlens, "cu_seqlens", dims=(1,))
         n_seq = cu_seqlens.shape[0] - 1
         if start_positions is not None and start_positions.shape[0] != n_seq:
             raise ValueError(f"start_positions must have one entry per sequence ({n_seq}), "
                              f"got {start_positions.shape[0]}")
-        p = _thd_positions(cu_seqlens, S, start_positions, cp_size, cp_rank)
-        if checkable and p.numel():
-            lo, hi = torch.stack([p.min(), p.max()]).tolist()
-            if lo < 0 or hi >= P:
-                raise ValueError(f"the positions used ({lo}..{hi}, from cu_seqlens, start_positions "
-                                 f"and cp) must lie inside the table of {P} rows")
+
+        def thd_positions():
+            p = _thd_positions(cu_seqlens, S, start_positions, cp_size, cp_rank)
+            if checkable and p.numel():
+                _check_range(p, P, "the positions used ({lo}..{hi}, from cu_seqlens, "
+                             "start_positions and cp) must lie inside the table of {P} rows")
+            return p
+        if checkable:
+            V.remembered(cu_seqlens, ("cu_seqlens", S, cp_size),
+                         lambda: V.check_cu_seqlens(cu_seqlens, S, cp_size) or True)
+        if start_positions is None:   # derived once per cu_seqlens object and version
+            p = V.remembered(cu_seqlens, ("thd", S, cp_size, cp_rank, P, checkable), thd_positions)
+        else:
+            p = thd_positions()
         pos.explicit = p
         return Plan(layout, S, B, D, R, table, pos, interleaved)
 
@@ -146,11 +161,10 @@ def plan(x: torch.Tensor, freqs=None, *, cos=None, sin=None, layout="sbhd", inte
                              f"got {start_positions.shape[0]}")
         pos.start = start_positions
         if checkable and B:
-            lo, hi = torch.stack([start_positions.min(), start_positions.max()]).tolist()
-            if lo < 0 or hi + S * cp_size > P:
-                raise ValueError(f"start_positions + seq_len*cp_size must fit in the table of "
-                                 f"{P} rows, got start_positions in [{lo}, {hi}] with "
-                                 f"seq_len={S}, cp_size={cp_size}")
+            V.remembered(start_positions, ("start", S * cp_size, P), lambda: _check_range(
+                start_positions, P - S * cp_size + 1,
+                "start_positions + seq_len*cp_size must fit in the table of " f"{P} rows, got "
+                "start_positions in [{lo}, {hi}] with " f"seq_len={S}, cp_size={cp_size}"))
     elif S * cp_size > P:
         raise ValueError(f"the table (freqs/cos) has {P} positions but the input needs "
                          f"seq_len*cp_size = {S}*{cp_size} = {S * cp_size}")

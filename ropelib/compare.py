@@ -500,20 +500,28 @@ def bytes_moved(config: Config, backward: bool = False) -> int:
 
 # --- errors -----------------------------------------------------------------------------------
 
-def ulp(ref: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def ulp(ref: torch.Tensor, dtype: torch.dtype, floor: float = 0.0) -> torch.Tensor:
     """The unit in the last place of ``dtype`` at each value of ``ref`` (fp64 result); floored at
-    the ulp of the smallest normal so zeros do not divide by zero."""
+    the ulp of the smallest normal so zeros do not divide by zero.
+
+    ``floor``: values smaller than this are measured in the ulp at ``floor``. RoPE outputs near
+    zero come from cancellation (x_a cos - x_b sin), where fp32 arithmetic is exact only to a few
+    fp32 ulps *of the operands*: an error metric in the output's own ulp would count that as
+    many ulps of a tiny result (seen on an H100 in bf16: 8 ulps at |y| ~ 1e-5)."""
     fi = torch.finfo(dtype)
-    _, e = torch.frexp(ref.double().abs())          # |ref| = m * 2**e, m in [0.5, 1)
+    mag_in = ref.double().abs()
+    if floor > 0:
+        mag_in = mag_in.clamp(min=floor)
+    _, e = torch.frexp(mag_in)                      # |ref| = m * 2**e, m in [0.5, 1)
     mag = torch.ldexp(torch.ones_like(ref, dtype=torch.float64), e - 1)  # 2**floor(log2|ref|)
-    mag = torch.where(ref == 0, torch.zeros_like(mag), mag)                # frexp(0) has e = 0
+    mag = torch.where(mag_in == 0, torch.zeros_like(mag), mag)             # frexp(0) has e = 0
     return torch.clamp(mag, min=fi.tiny) * fi.eps
 
 
 def error_metrics(actual, reference_fp64) -> dict:
     """max abs, max relative and max ulp error of ``actual`` (tensor or tuple) against fp64
-    values; relative error uses ``max(|ref|, 1e-3 * max|ref|)`` so values near zero do not turn
-    tiny absolute errors into huge relative ones."""
+    values; relative and ulp errors use ``max(|ref|, 1e-3 * max|ref|)`` so values near zero do not
+    turn tiny absolute errors into huge relative ones (see ``ulp``)."""
     if isinstance(actual, torch.Tensor):
         actual = (actual,)
     if isinstance(reference_fp64, torch.Tensor):
@@ -532,7 +540,7 @@ def error_metrics(actual, reference_fp64) -> dict:
         abs_e = max(abs_e, float(diff.max()) if diff.numel() else 0.0)
         rel_e = max(rel_e, float((diff / r.abs().clamp(min=max(floor, 1e-300))).max())
                     if diff.numel() else 0.0)
-        ulp_e = max(ulp_e, float((diff / ulp(r, a.dtype)).max()) if diff.numel() else 0.0)
+        ulp_e = max(ulp_e, float((diff / ulp(r, a.dtype, floor)).max()) if diff.numel() else 0.0)
     return {"max_abs_err": abs_e, "max_rel_err": rel_e, "max_ulp_err": ulp_e}
 
 

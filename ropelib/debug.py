@@ -319,12 +319,14 @@ def tolerances(dtype) -> dict:
 
 
 def ulp_error(actual: torch.Tensor, reference_fp64: torch.Tensor) -> torch.Tensor:
-    """|actual - reference| in units of ``actual.dtype``'s ulp at the reference value (fp64)."""
+    """|actual - reference| in units of ``actual.dtype``'s ulp at the reference value (fp64),
+    values below 1e-3 * max|reference| measured at that floor (see ``compare.ulp``)."""
     if actual.shape != reference_fp64.shape:
         raise ValueError(f"actual {tuple(actual.shape)} and reference "
                          f"{tuple(reference_fp64.shape)} must have one shape")
     r = reference_fp64.double()
-    return (actual.double() - r).abs() / ulp(r, actual.dtype)
+    floor = 1e-3 * float(r.abs().max()) if r.numel() else 0.0
+    return (actual.double() - r).abs() / ulp(r, actual.dtype, floor)
 
 
 def _to_sbhd(t: torch.Tensor, layout: str) -> torch.Tensor:

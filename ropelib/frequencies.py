@@ -373,12 +373,16 @@ def _angles(seq_len, head_dim, base, rotary_percent, interleaved, scaling, offse
     if not isinstance(interleaved, bool):
         raise TypeError(f"interleaved must be a bool, got {type(interleaved).__name__}")
     rot = rotary_dim(head_dim, rotary_percent)
-    inv = inv_freq(rot, base, scaling, seq_len=offset + seq_len, device=device)      # [R/2]
-    pos = torch.arange(seq_len, device=inv.device, dtype=torch.float32) + offset      # [S]
+    # Computed on the CPU and moved: pow/exp differ in the last bit between devices, and a
+    # table must have the same bits wherever it is built (a GPU run checked against a CPU one).
+    inv = inv_freq(rot, base, scaling, seq_len=offset + seq_len)                       # [R/2]
+    pos = torch.arange(seq_len, dtype=torch.float32) + offset                          # [S]
     f = torch.outer(pos, inv)                                                          # [S, R/2]
     if interleaved:
-        return torch.stack((f, f), dim=-1).reshape(seq_len, rot)   # f0 f0 f1 f1 ...
-    return torch.cat((f, f), dim=-1)                               # f0 .. f_{R/2-1} f0 ..
+        f = torch.stack((f, f), dim=-1).reshape(seq_len, rot)      # f0 f0 f1 f1 ...
+    else:
+        f = torch.cat((f, f), dim=-1)                              # f0 .. f_{R/2-1} f0 ..
+    return f.to(device) if device is not None else f
 
 
 def rope_freqs(seq_len: int, head_dim: int, *, base: float = 10000.0,

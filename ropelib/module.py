@@ -43,12 +43,14 @@ class RotaryEmbedding(torch.nn.Module):
         self._build(max_seq_len, None)
 
     def _build(self, length: int, device) -> None:
+        # Built on the CPU and moved, so the table has the same bits on every device.
         opts = dict(base=self.base, rotary_percent=self.rotary_percent,
-                    interleaved=self.interleaved, scaling=self.scaling, device=device)
+                    interleaved=self.interleaved, scaling=self.scaling)
         if self._use_table:
-            self.cos, self.sin = rope_cos_sin(length, self.head_dim, **opts)
+            cos, sin = rope_cos_sin(length, self.head_dim, **opts)
+            self.cos, self.sin = cos.to(device), sin.to(device)
         else:
-            self.freqs = rope_freqs(length, self.head_dim, **opts)
+            self.freqs = rope_freqs(length, self.head_dim, **opts).to(device)
 
     def table_length(self) -> int:
         return (self.cos if self._use_table else self.freqs).shape[0]

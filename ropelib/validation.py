@@ -5,7 +5,9 @@ that need tensor *values* (position bounds, cu_seqlens) read a few integers back
 once per call; they are skipped while a CUDA graph is being captured, where the kernel's clamp
 still keeps every read inside the table.
 """
-from typing import Optional
+import os
+import weakref
+from typing import Callable, Optional
 
 import torch
 
@@ -90,11 +92,52 @@ def non_overlapping(t: torch.Tensor) -> bool:
     return True
 
 
+CHECK_VALUES: bool = os.environ.get("ROPELIB_CHECK_VALUES", "1") == "1"
+
+
+def check_values(enabled: bool) -> None:
+    """Turn the checks of index *values* (positions inside the table, cu_seqlens) on or off.
+
+    They are on by default. Each reads a few integers back from the GPU (a synchronisation) the
+    first time a given index tensor is seen; results are remembered per tensor object and
+    version, so tensors reused across layers and steps are checked once. Off, out-of-range
+    positions are clamped to the table in the kernel (memory-safe, but a wrong answer).
+    """
+    global CHECK_VALUES
+    CHECK_VALUES = bool(enabled)
+
+
 def values_checkable(*tensors) -> bool:
     """Value checks read from the device; not allowed while capturing a CUDA graph."""
+    if not CHECK_VALUES:
+        return False
     if any(t is not None and t.is_cuda for t in tensors):
         return not torch.cuda.is_current_stream_capturing()
     return True
+
+
+_SEEN: dict = {}
+
+
+def remembered(t: torch.Tensor, extra: tuple, compute: Callable):
+    """compute() once per (tensor object, its version, extra); later calls return the result.
+
+    Index tensors (cu_seqlens, start_positions, position_ids) are usually reused for every
+    layer: checking and deriving from them once keeps synchronisations out of the hot path.
+    An in-place change of the tensor bumps its version and invalidates the entry.
+    """
+    key = (id(t), extra)
+    hit = _SEEN.get(key)
+    if hit is not None and hit[0]() is t and hit[1] == t._version:
+        return hit[2]
+    result = compute()
+    if len(_SEEN) > 4096:
+        for k in [k for k, v in _SEEN.items() if v[0]() is None]:
+            del _SEEN[k]
+        if len(_SEEN) > 4096:
+            _SEEN.clear()
+    _SEEN[key] = (weakref.ref(t), t._version, result)
+    return result
 
 
 def check_cu_seqlens(cu: torch.Tensor, total: int, cp_size: int, name="cu_seqlens") -> Optional[list]:

@@ -112,21 +112,25 @@ def pick_tiles(S: int, B: int, heads: tuple, R: int, D: int, elem_size: int, on_
     return block_s, block_h, chunk, num_warps
 
 
-# Compiled kernels by specialisation: Triton's generic dispatch costs ~150 us per call for a
-# kernel with this many arguments (measured on an H100, benchmarks/NOTES.md); calling the
-# compiled kernel directly costs a few. The key covers everything Triton specialises on
-# (dtypes, 16-byte alignment, ints equal to 1 or divisible by 16, 32/64-bit ints) and the
-# constexprs, so a cached kernel is only reused where Triton would reuse it.
+# Compiled kernels by arguments: Triton's generic dispatch cost ~150 us per call for a kernel
+# with this many arguments (measured on an H100, benchmarks/NOTES.md). Calling the compiled
+# kernel directly costs far less. The key holds every integer argument's exact value, each
+# tensor's dtype and 16-byte alignment and the constexprs: a superset of what Triton
+# specialises on, so a cached kernel is only reused where Triton would reuse it.
 _COMPILED: dict = {}
 FAST_LAUNCH = os.environ.get("ROPELIB_FAST_LAUNCH", "1") == "1" and not INTERPRET
 # Streaming cache hints: x is read once (evict first), y written once (.cs, streaming).
+# Measured on an H100 (benchmarks/NOTES.md): no gain, so off by default.
 STREAM_HINTS = os.environ.get("ROPELIB_STREAM_HINTS", "0") == "1"
+_N_TENSORS = 12   # the kernel's pointer arguments come first
 
 
-def _spec(v):
-    if isinstance(v, torch.Tensor):
-        return (v.dtype, v.data_ptr() % 16 == 0)
-    return (v == 1, v % 16 == 0, -2**31 <= v < 2**31)
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _np2(n: int) -> int:
+    return 1 << (n - 1).bit_length() if n > 1 else 1
 
 
 def _dispatch(grid, args, consts, num_warps, device):
@@ -134,19 +138,22 @@ def _dispatch(grid, args, consts, num_warps, device):
     if not FAST_LAUNCH:
         _rope_kernel[grid](*args, **consts, num_warps=num_warps)
         return
-    key = (device.index, num_warps, tuple(consts.values()), tuple(map(_spec, args)))
-    ck = _COMPILED.get(key)
-    if ck is None:
+    tensors = args[:_N_TENSORS]
+    key = (args[_N_TENSORS:], tuple([(t.dtype, t.data_ptr() & 15 == 0) for t in tensors]),
+           tuple(consts.values()), num_warps, device.index)
+    runner = _COMPILED.get(key)
+    if runner is None:
         ck = _rope_kernel[grid](*args, **consts, num_warps=num_warps)
         if len(_COMPILED) < 4096:
-            _COMPILED[key] = ck
+            try:
+                _COMPILED[key] = (ck[grid], tuple(consts.values()))
+            except Exception as e:   # a Triton whose CompiledKernel API differs
+                FAST_LAUNCH = False
+                warnings.warn(f"ropelib: direct kernel launch unavailable ({e!r}); "
+                              "using Triton's dispatch")
         return
-    try:
-        ck[grid](*args, *consts.values())
-    except Exception as e:   # a Triton whose CompiledKernel API differs: use the generic path
-        FAST_LAUNCH = False
-        warnings.warn(f"ropelib: direct kernel launch unavailable ({e!r}); using Triton's dispatch")
-        _rope_kernel[grid](*args, **consts, num_warps=num_warps)
+    run, const_values = runner
+    run(*args, *const_values)
 
 
 def launch(q: Segment, q_table: Table, pos: Positions, *, S: int, B: int, R: int, D: int,
@@ -161,10 +168,10 @@ def launch(q: Segment, q_table: Table, pos: Positions, *, S: int, B: int, R: int
     block_s, block_h, chunk, num_warps = tiles or pick_tiles(
         S, B, heads, R, D, q.x.element_size(), on_cuda,
         (dev.index if dev.index is not None else torch.cuda.current_device()) if on_cuda else 0)
-    nqb = triton.cdiv(q.heads, block_h)
-    nkb = triton.cdiv(k.heads, block_h) if k is not None else 0
-    nvb = triton.cdiv(v.heads, block_h) if v is not None else 0
-    grid = (triton.cdiv(S, block_s), nqb + nkb + nvb, triton.cdiv(B, chunk))
+    nqb = _cdiv(q.heads, block_h)
+    nkb = _cdiv(k.heads, block_h) if k is not None else 0
+    nvb = _cdiv(v.heads, block_h) if v is not None else 0
+    grid = (_cdiv(S, block_s), nqb + nkb + nvb, _cdiv(B, chunk))
 
     int64 = any(seg.max_offset(S, B, DV if seg is v else D) > _I32_LIMIT - 1024
                 for seg in (q, k, v) if seg is not None)
@@ -197,9 +204,9 @@ def launch(q: Segment, q_table: Table, pos: Positions, *, S: int, B: int, R: int
     )
     consts = dict(
         R=R, D=D, DV=DV,
-        BLOCK_S=block_s, BLOCK_H=block_h, BLOCK_HALF=triton.next_power_of_2(max(R // 2, 1)),
-        BLOCK_PASS=triton.next_power_of_2(D - R) if D > R else 0,
-        BLOCK_DV=triton.next_power_of_2(DV),
+        BLOCK_S=block_s, BLOCK_H=block_h, BLOCK_HALF=_np2(max(R // 2, 1)),
+        BLOCK_PASS=_np2(D - R) if D > R else 0,
+        BLOCK_DV=_np2(DV),
         INTERLEAVED=interleaved, BACKWARD=backward, FROM_ANGLES=q_table.s is None,
         EXPLICIT_POS=explicit is not None, HAS_START=pos.start is not None,
         HAS_CP=pos.cp_size > 1, TABLE_PER_BATCH=table_per_batch, COPY_PASS=copy_pass,
