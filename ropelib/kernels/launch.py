@@ -17,7 +17,6 @@ from ..runtime import INTERPRET
 from .common import BF16_RTNE
 from .fused import _rope_kernel
 
-_CDT = {torch.float64: tl.float64}
 _I32_LIMIT = 2**31 - 1
 
 
@@ -210,7 +209,9 @@ def launch(q: Segment, q_table: Table, pos: Positions, *, S: int, B: int, R: int
         INTERLEAVED=interleaved, BACKWARD=backward, FROM_ANGLES=q_table.s is None,
         EXPLICIT_POS=explicit is not None, HAS_START=pos.start is not None,
         HAS_CP=pos.cp_size > 1, TABLE_PER_BATCH=table_per_batch, COPY_PASS=copy_pass,
-        ACCURATE=not INTERPRET, CDT=_CDT.get(q.x.dtype, tl.float32), INT64=int64,
+        ACCURATE=not INTERPRET, INT64=int64,
+        # fp64 math when the input or the output (HF promotes with cos) is fp64
+        CDT=tl.float64 if torch.float64 in (q.x.dtype, q.y.dtype) else tl.float32,
         BF16_RTNE=BF16_RTNE,
         LOAD_EVICT="evict_first" if STREAM_HINTS else "",
         STORE_CACHE=".cs" if STREAM_HINTS else "",
