@@ -269,3 +269,18 @@ def test_fused_qkv_grad_of_v_only(seeded):
     (v * g).sum().backward()
     assert torch.count_nonzero(qkv.grad[..., :48]) == 0
     assert torch.equal(qkv.grad[..., 48:], g)
+
+
+def test_hf_promoted_fp64_output_is_computed_in_fp64():
+    # HF's q * cos with fp32 q and fp64 cos is fp64 arithmetic; the drop-in must not round to fp32.
+    from ropelib.hf import apply_rotary_pos_emb
+    from ropelib.reference import rotate_half
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 2, 5, 8, generator=g)
+    k = torch.randn(1, 1, 5, 8, generator=g)
+    ang = torch.randn(1, 5, 8, generator=g, dtype=torch.float64) * 100
+    c, s = ang.cos(), ang.sin()
+    qe, ke = apply_rotary_pos_emb(q, k, c, s)
+    assert qe.dtype == torch.float64
+    want = q * c.unsqueeze(1) + rotate_half(q) * s.unsqueeze(1)
+    assert (qe - want).abs().max().item() < 1e-12
