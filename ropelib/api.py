@@ -47,11 +47,7 @@ def _table(freqs, cos, sin, x: torch.Tensor, name="freqs") -> Tuple[Table, int]:
         return Table(f, None, f.shape[0], f.stride(0), 0, f.stride(1)), f.shape[1]
     if cos is None or sin is None:
         raise ValueError("pass freqs (angles [P, 1, 1, R] or [P, R]) or both cos and sin ([P, R])")
-    c, s = V.table_2d(cos, "cos"), V.table_2d(sin, "sin")
-    if c.shape != s.shape:
-        raise ValueError(f"cos and sin must have the same shape, got {tuple(c.shape)} and {tuple(s.shape)}")
-    if c.stride() != s.stride():
-        c, s = c.contiguous(), s.contiguous()
+    c, s = V.cos_sin_pair(V.table_2d(cos, "cos"), V.table_2d(sin, "sin"))
     return Table(c, s, c.shape[0], c.stride(0), 0, c.stride(1)), c.shape[1]
 
 
@@ -71,12 +67,11 @@ def _thd_positions(cu: torch.Tensor, T: int, start, cp_size: int, cp_rank: int) 
     return idx.to(torch.int32).unsqueeze(0)
 
 
-def _check_range(t: torch.Tensor, limit: int, message: str) -> bool:
+def _check_range(t: torch.Tensor, limit: int, message: str) -> None:
     """Raise ValueError(message) unless every value of t lies in [0, limit) (one device read)."""
     lo, hi = torch.stack([t.min(), t.max()]).tolist()
     if lo < 0 or hi >= limit:
         raise ValueError(message.format(lo=lo, hi=hi, P=limit))
-    return True
 
 
 def plan(x: torch.Tensor, freqs=None, *, cos=None, sin=None, layout="sbhd", interleaved=False,
@@ -142,7 +137,7 @@ def plan(x: torch.Tensor, freqs=None, *, cos=None, sin=None, layout="sbhd", inte
             return p
         if checkable:
             V.remembered(cu_seqlens, ("cu_seqlens", S, cp_size),
-                         lambda: V.check_cu_seqlens(cu_seqlens, S, cp_size) or True)
+                         lambda: V.check_cu_seqlens(cu_seqlens, S, cp_size))
         if start_positions is None:   # derived once per cu_seqlens object and version
             p = V.remembered(cu_seqlens, ("thd", S, cp_size, cp_rank, P, checkable), thd_positions)
         else:

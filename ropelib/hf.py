@@ -48,11 +48,7 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     if q.dtype != k.dtype:
         raise TypeError(f"q and k must have the same dtype, got {q.dtype} and {k.dtype}")
     V.check_same_device(q, "q", k=k, cos=cos, sin=sin)
-    c, s = _hf_table(cos, "cos"), _hf_table(sin, "sin")
-    if c.shape != s.shape:
-        raise ValueError(f"cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}")
-    if c.stride() != s.stride():
-        c, s = c.contiguous(), s.contiguous()
+    c, s = V.cos_sin_pair(_hf_table(cos, "cos"), _hf_table(sin, "sin"))
     layout = "bhsd" if unsqueeze_dim == 1 else "bshd"
     q4, k4 = _view4(q, layout), _view4(k, layout)
     S, B, D = q4.shape[0], q4.shape[1], q4.shape[3]

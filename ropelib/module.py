@@ -7,6 +7,7 @@ import torch
 from .api import apply_rope, apply_rope_qk
 from .frequencies import rope_cos_sin, rope_freqs, rotary_dim
 from .reference import LAYOUTS
+from .validation import remembered
 
 
 class RotaryEmbedding(torch.nn.Module):
@@ -56,15 +57,19 @@ class RotaryEmbedding(torch.nn.Module):
         return (self.cos if self._use_table else self.freqs).shape[0]
 
     def _needed(self, x, start_positions, position_ids, cu_seqlens) -> int:
+        # Maxima of index tensors are read from the device once per tensor object and version
+        # (validation.remembered), so a layer stack reusing them synchronises once.
+        def most(t):
+            return remembered(t, ("max",), lambda: int(t.max())) if t.numel() else 0
         if position_ids is not None:
-            return int(position_ids.max()) + 1 if position_ids.numel() else 0
+            return most(position_ids) + 1 if position_ids.numel() else 0
         if self.layout == "thd":
-            lens = (cu_seqlens[1:] - cu_seqlens[:-1]) if cu_seqlens is not None else x.new_zeros(1)
-            longest = int(lens.max()) if lens.numel() else 0
+            longest = remembered(cu_seqlens, ("longest",), lambda: int(
+                (cu_seqlens[1:] - cu_seqlens[:-1]).max()) if cu_seqlens.numel() > 1 else 0) \
+                if cu_seqlens is not None else 0
         else:
             longest = x.shape[0] if self.layout == "sbhd" else x.shape[1]
-        return longest + (int(start_positions.max()) if start_positions is not None
-                          and start_positions.numel() else 0)
+        return longest + (most(start_positions) if start_positions is not None else 0)
 
     def forward(self, q: torch.Tensor, k: Optional[torch.Tensor] = None, *,
                 start_positions=None, position_ids=None, cu_seqlens=None):

@@ -7,12 +7,12 @@ still keeps every read inside the table.
 """
 import os
 import weakref
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
 
 from .reference import LAYOUTS
-from .runtime import check_kernel_device
+from .runtime import check_kernel_device  # noqa: F401  (used as V.check_kernel_device)
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 MAX_HEAD_DIM = 1024
@@ -63,6 +63,15 @@ def table_2d(t: torch.Tensor, name: str) -> torch.Tensor:
                              f"got shape {tuple(t.shape)}")
         t = t[:, 0, 0, :]
     return t
+
+
+def cos_sin_pair(c: torch.Tensor, s: torch.Tensor):
+    """cos and sin tables of one shape, with one set of strides (the kernel reads both with it)."""
+    if c.shape != s.shape:
+        raise ValueError(f"cos and sin must have the same shape, got {tuple(c.shape)} and {tuple(s.shape)}")
+    if c.stride() != s.stride():
+        c, s = c.contiguous(), s.contiguous()
+    return c, s
 
 
 def check_rotary_dim(R: int, D: int, name: str) -> None:
@@ -140,13 +149,13 @@ def remembered(t: torch.Tensor, extra: tuple, compute: Callable):
     return result
 
 
-def check_cu_seqlens(cu: torch.Tensor, total: int, cp_size: int, name="cu_seqlens") -> Optional[list]:
+def check_cu_seqlens(cu: torch.Tensor, total: int, cp_size: int, name="cu_seqlens") -> None:
     """cu_seqlens: [n+1] ints, 0-based, non-decreasing, cu[-1] // cp_size == total local tokens."""
     check_int_tensor(cu, name, dims=(1,))
     if cu.shape[0] < 2:
         raise ValueError(f"{name} must have at least 2 entries ([0, len0, ...]), got {cu.shape[0]}")
     if not values_checkable(cu):
-        return None
+        return
     v = cu.tolist()
     if v[0] != 0:
         raise ValueError(f"{name} must start at 0, got {v[0]}")
@@ -159,4 +168,3 @@ def check_cu_seqlens(cu: torch.Tensor, total: int, cp_size: int, name="cu_seqlen
     if v[-1] // cp_size != total:
         raise ValueError(f"{name}[-1] // cp_size = {v[-1] // cp_size} must equal the number of "
                          f"tokens in t ({total})")
-    return v
