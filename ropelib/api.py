@@ -3,13 +3,13 @@
 A call is planned once (validate, map x to the kernel's [S, B, H, D] view, build the table and
 position specs), then the same plan runs forward (+theta) and backward (-theta).
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Tuple
 
 import torch
 
 from . import validation as V
-from .kernels.launch import Positions, Segment, Table, launch
+from .kernels.launch import Positions, Segment, Table, launch, prepare
 
 
 @dataclass
@@ -96,39 +96,64 @@ def plan(x: torch.Tensor, freqs=None, *, cos=None, sin=None, layout="sbhd", inte
     x4 = _view4(x, layout)
     S, B = x4.shape[0], x4.shape[1]
     P = table.length
-    pos = Positions(cp_size=cp_size, cp_rank=cp_rank)
-    checkable = V.values_checkable(x)
-
     if position_ids is not None:
         if start_positions is not None or cp_size > 1 or cu_seqlens is not None:
             raise ValueError("position_ids gives every token's position: do not combine it with "
                              "start_positions, cp_size > 1 or cu_seqlens")
         V.check_int_tensor(position_ids, "position_ids", dims=(1, 2))
-        p = position_ids if position_ids.dim() == 2 else position_ids.unsqueeze(0)
         if layout == "thd" and position_ids.dim() != 1:
             raise ValueError(f"position_ids for layout='thd' must be [T], got {tuple(position_ids.shape)}")
+        p = position_ids if position_ids.dim() == 2 else position_ids.unsqueeze(0)
         if p.shape[1] != S or p.shape[0] not in (1, B):
             raise ValueError(f"position_ids must be [S={S}] or [B={B}, S={S}] (or [1, S]), "
                              f"got {tuple(position_ids.shape)}")
+    else:
+        if start_positions is not None:
+            V.check_int_tensor(start_positions, "start_positions", dims=(1,))
+        if layout == "thd":
+            if cu_seqlens is None:
+                raise ValueError("cu_seqlens must be given when layout is 'thd' "
+                                 "(or pass position_ids with every token's position)")
+            V.check_int_tensor(cu_seqlens, "cu_seqlens", dims=(1,))
+            n_seq = cu_seqlens.shape[0] - 1
+            if start_positions is not None and start_positions.shape[0] != n_seq:
+                raise ValueError(f"start_positions must have one entry per sequence ({n_seq}), "
+                                 f"got {start_positions.shape[0]}")
+        elif cu_seqlens is not None:
+            raise ValueError(f"cu_seqlens is only for layout='thd', got layout={layout!r}")
+        elif cp_size > 1 and S % 2:
+            raise ValueError(f"with cp_size={cp_size} the local sequence length must be even "
+                             f"(two chunks per rank), got {S}")
+        elif start_positions is not None and start_positions.shape[0] != B:
+            raise ValueError(f"start_positions must have one entry per batch entry ({B}), "
+                             f"got {start_positions.shape[0]}")
+        elif start_positions is None and S * cp_size > P:
+            raise ValueError(f"the table (freqs/cos) has {P} positions but the input needs "
+                             f"seq_len*cp_size = {S}*{cp_size} = {S * cp_size}")
+    pos = positions(x, layout, S, B, P, start_positions, position_ids, cu_seqlens, cp_size, cp_rank)
+    return Plan(layout, S, B, D, R, table, pos, interleaved)
+
+
+def positions(x, layout, S, B, P, start_positions, position_ids, cu_seqlens, cp_size,
+              cp_rank) -> Positions:
+    """The part of a plan that depends on index *values*: checks and derived positions.
+
+    Arguments are already validated for shape and dtype (plan). Value checks read the device
+    once per index tensor object and version (validation.remembered) and are skipped while a
+    CUDA graph is being captured.
+    """
+    pos = Positions(cp_size=cp_size, cp_rank=cp_rank)
+    if position_ids is None and start_positions is None and cu_seqlens is None:
+        return pos
+    checkable = V.values_checkable(x)
+    if position_ids is not None:
+        p = position_ids if position_ids.dim() == 2 else position_ids.unsqueeze(0)
         if checkable and p.numel():
             V.remembered(position_ids, ("position_ids", P), lambda: _check_range(
                 p, P, "position_ids must lie in [0, {P}) (the table has {P} rows), "
                 "got values in [{lo}, {hi}]"))
         pos.explicit = p
-        return Plan(layout, S, B, D, R, table, pos, interleaved)
-
-    if start_positions is not None:
-        V.check_int_tensor(start_positions, "start_positions", dims=(1,))
-    if layout == "thd":
-        if cu_seqlens is None:
-            raise ValueError("cu_seqlens must be given when layout is 'thd' "
-                             "(or pass position_ids with every token's position)")
-        V.check_int_tensor(cu_seqlens, "cu_seqlens", dims=(1,))
-        n_seq = cu_seqlens.shape[0] - 1
-        if start_positions is not None and start_positions.shape[0] != n_seq:
-            raise ValueError(f"start_positions must have one entry per sequence ({n_seq}), "
-                             f"got {start_positions.shape[0]}")
-
+    elif layout == "thd":
         def thd_positions():
             p = _thd_positions(cu_seqlens, S, start_positions, cp_size, cp_rank)
             if checkable and p.numel():
@@ -139,31 +164,18 @@ def plan(x: torch.Tensor, freqs=None, *, cos=None, sin=None, layout="sbhd", inte
             V.remembered(cu_seqlens, ("cu_seqlens", S, cp_size),
                          lambda: V.check_cu_seqlens(cu_seqlens, S, cp_size))
         if start_positions is None:   # derived once per cu_seqlens object and version
-            p = V.remembered(cu_seqlens, ("thd", S, cp_size, cp_rank, P, checkable), thd_positions)
+            pos.explicit = V.remembered(cu_seqlens, ("thd", S, cp_size, cp_rank, P, checkable),
+                                        thd_positions)
         else:
-            p = thd_positions()
-        pos.explicit = p
-        return Plan(layout, S, B, D, R, table, pos, interleaved)
-
-    if cu_seqlens is not None:
-        raise ValueError(f"cu_seqlens is only for layout='thd', got layout={layout!r}")
-    if cp_size > 1 and S % 2:
-        raise ValueError(f"with cp_size={cp_size} the local sequence length must be even "
-                         f"(two chunks per rank), got {S}")
-    if start_positions is not None:
-        if start_positions.shape[0] != B:
-            raise ValueError(f"start_positions must have one entry per batch entry ({B}), "
-                             f"got {start_positions.shape[0]}")
+            pos.explicit = thd_positions()
+    elif start_positions is not None:
         pos.start = start_positions
         if checkable and B:
             V.remembered(start_positions, ("start", S * cp_size, P), lambda: _check_range(
                 start_positions, P - S * cp_size + 1,
                 "start_positions + seq_len*cp_size must fit in the table of " f"{P} rows, got "
                 "start_positions in [{lo}, {hi}] with " f"seq_len={S}, cp_size={cp_size}"))
-    elif S * cp_size > P:
-        raise ValueError(f"the table (freqs/cos) has {P} positions but the input needs "
-                         f"seq_len*cp_size = {S}*{cp_size} = {S * cp_size}")
-    return Plan(layout, S, B, D, R, table, pos, interleaved)
+    return pos
 
 
 def _run(pl: Plan, segs, *, backward: bool, copy_pass: bool, k_plan: Optional[Plan] = None,
@@ -181,63 +193,168 @@ def _out_like(x: torch.Tensor, dtype=None) -> torch.Tensor:
     return torch.empty(x.shape, dtype=dtype or x.dtype, device=x.device)
 
 
+# --- calls: a plan without its tensors, run again for every call of the same signature --------
+
+def _bare(pl: Plan) -> Plan:
+    """pl without references to tensors (a cached call must not keep a caller's tensors alive)."""
+    return replace(pl, table=replace(pl.table, c=None, s=None),
+                   pos=replace(pl.pos, explicit=None, start=None))
+
+
+class _Call:
+    """One call signature of apply_rope / apply_rope_qk: plans and compiled launches.
+
+    The tensors of a call are bound per call: `tabs` = ((cos or angles, sin or None) of q,
+    the same of k, (explicit positions, start positions)). A call is *reusable* when the
+    kernel's pointer arguments are exactly those tensors (no table had to be converted or made
+    contiguous); then every later call with the same signature (api._signature) runs its
+    launches without planning again.
+    """
+
+    def __init__(self, pq: Plan, pk: Optional[Plan], inplace: bool):
+        self.pq, self.pk = _bare(pq), (_bare(pk) if pk is not None else None)
+        self.inplace = inplace
+        self.empty = pq.S == 0 or pq.B == 0
+        self.fwd = None        # Prepared forward launch
+        self.bwd = {}          # gradient signature -> Prepared backward launch
+        self.reusable = True
+
+    def _bind(self, pl: Plan, tab, pos) -> tuple:
+        return replace(pl.table, c=tab[0], s=tab[1]), replace(pl.pos, explicit=pos[0], start=pos[1])
+
+    @staticmethod
+    def _pointers(q, qo, k, ko, tab, ktab, pos):
+        """The kernel's 12 pointer arguments, in launch.prepare's order."""
+        c, s = tab[0], tab[1] if tab[1] is not None else tab[0]
+        kc, ks = ktab[0], ktab[1] if ktab[1] is not None else ktab[0]
+        return (q, qo, k, ko, q, qo, c, s, kc, ks,
+                pos[0] if pos[0] is not None else q, pos[1] if pos[1] is not None else q)
+
+    def _launch(self, cached, pairs, tabs, *, backward: bool, k_only: bool = False):
+        """Run one launch over pairs [(in, out)] (q, then k); cached: the Prepared or None."""
+        tab, ktab, pos = tabs
+        if len(pairs) == 1:
+            (a, b), = pairs
+            if k_only:
+                tab = ktab
+            ptrs = self._pointers(a, b, a, b, tab, tab, pos)
+        else:
+            (a, b), (ka, kb) = pairs
+            ptrs = self._pointers(a, b, ka, kb, tab, ktab, pos)
+        if cached is not None:
+            cached.run(ptrs)
+            return cached
+        pl = self.pk if k_only else self.pq
+        table, position = self._bind(pl, tab, pos)
+        segs = [Segment.of(_view4(i, pl.layout), _view4(o, pl.layout)) for i, o in pairs]
+        k_table = self._bind(self.pk, ktab, pos)[0] if len(pairs) == 2 else None
+        prepared, tensors = prepare(
+            segs[0], table, position, S=pl.S, B=pl.B, R=pl.R, D=pl.D,
+            interleaved=pl.interleaved, backward=backward, copy_pass=backward or not self.inplace,
+            k=segs[1] if len(segs) > 1 else None, k_table=k_table)
+        prepared.run(tensors)
+        same = all(a.data_ptr() == b.data_ptr() and a.dtype == b.dtype
+                   for a, b in zip(tensors, ptrs))
+        if not same:
+            self.reusable = False
+        return prepared if same else None
+
+    def forward(self, xs, tabs):
+        """Rotate xs (one tensor, or q and k) by +theta; returns the outputs."""
+        pl = self.pq
+        outs = xs if self.inplace else tuple(_out_like(x, pl.out_dtype) for x in xs)
+        if not self.empty:
+            self.fwd = self._launch(self.fwd, list(zip(xs, outs)), tabs, backward=False)
+        return outs
+
+    def backward(self, gs, x_dtype, tabs):
+        """Gradients of the inputs from gs (None where no gradient flows): rotate by -theta."""
+        live = [g for g in gs if g is not None]
+        outs = [None if g is None else _out_like(g, x_dtype) for g in gs]
+        if self.empty or not live:
+            return outs
+        k_only = gs[0] is None
+        key = tuple(None if g is None else (g.stride(), g.dtype, g.data_ptr() & 15 == 0)
+                    for g in gs)
+        pairs = [(g, o) for g, o in zip(gs, outs) if g is not None]
+        prepared = self._launch(self.bwd.get(key), pairs, tabs, backward=True, k_only=k_only)
+        if prepared is not None and len(self.bwd) < 16:
+            self.bwd[key] = prepared
+        return outs
+
+
 class _RopeFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, pl: Plan, inplace: bool):
-        x4 = _view4(x, pl.layout)
-        if inplace:
-            _run(pl, [Segment.of(x4, x4)], backward=False, copy_pass=False)
-            ctx.mark_dirty(x)
-            y = x
-        else:
-            y = _out_like(x, pl.out_dtype)
-            _run(pl, [Segment.of(x4, _view4(y, pl.layout))], backward=False, copy_pass=True)
-        ctx.pl, ctx.x_dtype = pl, x.dtype
-        return y
+    """x (one tensor, or q and k) -> rotated; backward rotates the gradients back."""
 
     @staticmethod
-    def backward(ctx, g):
-        pl = ctx.pl
-        gx = _out_like(g, ctx.x_dtype)
-        _run(pl, [Segment.of(_view4(g, pl.layout), _view4(gx, pl.layout))],
-             backward=True, copy_pass=True)
-        return gx, None, None
-
-
-class _RopeQKFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, pq: Plan, pk: Plan, inplace: bool):
-        q4, k4 = _view4(q, pq.layout), _view4(k, pq.layout)
-        if inplace:
-            _run(pq, [Segment.of(q4, q4), Segment.of(k4, k4)], backward=False,
-                 copy_pass=False, k_plan=pk)
-            ctx.mark_dirty(q, k)
-            qo, ko = q, k
-        else:
-            qo, ko = _out_like(q, pq.out_dtype), _out_like(k, pq.out_dtype)
-            _run(pq, [Segment.of(q4, _view4(qo, pq.layout)), Segment.of(k4, _view4(ko, pq.layout))],
-                 backward=False, copy_pass=True, k_plan=pk)
-        ctx.plans, ctx.x_dtype = (pq, pk), q.dtype
-        return qo, ko
+    def forward(ctx, call: _Call, tabs, *xs):
+        outs = call.forward(xs, tabs)
+        if call.inplace:
+            ctx.mark_dirty(*xs)
+        ctx.call, ctx.tabs, ctx.x_dtype = call, tabs, xs[0].dtype
+        return outs if len(outs) > 1 else outs[0]
 
     @staticmethod
-    def backward(ctx, gq, gk):
-        pq, pk = ctx.plans
-        segs, outs = [], []
-        for g in (gq, gk):
-            if g is None:
-                outs.append(None)
-                continue
-            gx = _out_like(g, ctx.x_dtype)
-            segs.append(Segment.of(_view4(g, pq.layout), _view4(gx, pq.layout)))
-            outs.append(gx)
-        if gq is not None and gk is not None:
-            _run(pq, segs, backward=True, copy_pass=True, k_plan=pk)
-        elif gq is not None:
-            _run(pq, segs, backward=True, copy_pass=True)
-        elif gk is not None:
-            _run(pk, segs, backward=True, copy_pass=True)
-        return outs[0], outs[1], None, None, None
+    def backward(ctx, *gs):
+        return (None, None, *ctx.call.backward(gs, ctx.x_dtype, ctx.tabs))
+
+
+def _apply(call: _Call, tabs, *xs):
+    if torch.is_grad_enabled() and any(x.requires_grad for x in xs):
+        return _RopeFn.apply(call, tabs, *xs)
+    outs = call.forward(xs, tabs)
+    if call.inplace:
+        for x in xs:
+            torch.autograd.graph.increment_version(x)
+    return outs if len(outs) > 1 else outs[0]
+
+
+def _tab(freqs, cos, sin):
+    return (freqs, None) if freqs is not None else (cos, sin)
+
+
+def _plan_tabs(pl: Plan):
+    return pl.table.c, pl.table.s
+
+
+def _same_tensors(planned, given) -> bool:
+    """Did the plan use the given tables as they are (views of the same memory and dtype)?
+
+    Only then can a later call pass its own tables straight to the kernel."""
+    return all((a is None and b is None) or (a is not None and b is not None
+               and a.data_ptr() == b.data_ptr() and a.dtype == b.dtype)
+               for a, b in zip(planned, given))
+
+
+def _sig(t):
+    """What a launch depends on, of one (optional) tensor argument: not its data."""
+    if t is None:
+        return None
+    return (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15 == 0)
+
+
+def _options(layout, interleaved, cp_size, cp_rank, inplace) -> tuple:
+    """The options part of a signature, with types: 1 == True, but interleaved=1 is an error."""
+    return (type(layout), layout, type(interleaved), interleaved, type(cp_size), cp_size,
+            type(cp_rank), cp_rank, bool(inplace))
+
+
+# Calls by signature: positional tensors' signatures, then the options. Bounded; no tensors.
+_CALLS: dict = {}
+_MAX_CALLS = 1024
+
+
+def _remember(key, call: _Call) -> None:
+    if key is None or not call.reusable:
+        return
+    if len(_CALLS) >= _MAX_CALLS:
+        _CALLS.clear()
+    _CALLS[key] = call
+
+
+def clear_cache() -> None:
+    """Forget every planned call (they are re-planned, and re-validated, on next use)."""
+    _CALLS.clear()
 
 
 def _check_inplace(x: torch.Tensor, name: str) -> None:
@@ -271,13 +388,38 @@ def apply_rope(x: torch.Tensor, freqs: Optional[torch.Tensor] = None, *,
     Returns:
         A tensor shaped like x (contiguous in `layout`), or x itself when inplace. Features
         R..D-1 are passed through unchanged.
+
+    The first call with given shapes, strides, dtypes, alignment and options is validated and
+    planned in full; later calls like it reuse the plan and the compiled launch (clear_cache()
+    forgets them) and only re-check index tensors they have not seen before.
     """
+    try:
+        key = (_sig(x), _sig(freqs), _sig(cos), _sig(sin), _sig(start_positions),
+               _sig(position_ids), _sig(cu_seqlens), _options(layout, interleaved, cp_size,
+                                                              cp_rank, inplace))
+        call = _CALLS.get(key)
+    except Exception:   # not tensors, or unhashable options: the full checks will say what
+        key = call = None
+    if call is not None:
+        pl = call.pq
+        pos = (None, None)
+        if start_positions is not None or position_ids is not None or cu_seqlens is not None:
+            p = positions(x, pl.layout, pl.S, pl.B, pl.table.length, start_positions,
+                          position_ids, cu_seqlens, cp_size, cp_rank)
+            pos = (p.explicit, p.start)
+        tab = _tab(freqs, cos, sin)
+        return _apply(call, (tab, tab, pos), x)
     pl = plan(x, freqs, cos=cos, sin=sin, layout=layout, interleaved=interleaved,
               start_positions=start_positions, position_ids=position_ids, cu_seqlens=cu_seqlens,
               cp_size=cp_size, cp_rank=cp_rank)
     if inplace:
         _check_inplace(x, "x")
-    return _RopeFn.apply(x, pl, bool(inplace))
+    call = _Call(pl, None, bool(inplace))
+    tab = _plan_tabs(pl)
+    out = _apply(call, (tab, tab, (pl.pos.explicit, pl.pos.start)), x)
+    if _same_tensors(tab, _tab(freqs, cos, sin)):
+        _remember(key, call)
+    return out
 
 
 def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, freqs: Optional[torch.Tensor] = None, *,
@@ -292,11 +434,26 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, freqs: Optional[torch.Tensor
     Same arguments as apply_rope; k_freqs (or k_cos/k_sin) give k its own table of the same
     rotary dim, otherwise k uses q's. Returns (q_out, k_out).
     """
+    if k_freqs is None and k_cos is None and k_sin is None:
+        k_freqs, k_cos, k_sin = freqs, cos, sin
+    try:
+        key = (_sig(q), _sig(k), _sig(freqs), _sig(cos), _sig(sin), _sig(k_freqs), _sig(k_cos),
+               _sig(k_sin), _sig(start_positions), _sig(position_ids), _sig(cu_seqlens),
+               _options(layout, interleaved, cp_size, cp_rank, inplace))
+        call = _CALLS.get(key)
+    except Exception:
+        key = call = None
+    if call is not None and not (inplace and _share_storage(q, k)):
+        pl = call.pq
+        pos = (None, None)
+        if start_positions is not None or position_ids is not None or cu_seqlens is not None:
+            p = positions(q, pl.layout, pl.S, pl.B, min(pl.table.length, call.pk.table.length),
+                          start_positions, position_ids, cu_seqlens, cp_size, cp_rank)
+            pos = (p.explicit, p.start)
+        return _apply(call, (_tab(freqs, cos, sin), _tab(k_freqs, k_cos, k_sin), pos), q, k)
     opts = dict(layout=layout, interleaved=interleaved, start_positions=start_positions,
                 position_ids=position_ids, cu_seqlens=cu_seqlens, cp_size=cp_size, cp_rank=cp_rank)
     pq = plan(q, freqs, cos=cos, sin=sin, name="q", **opts)
-    if k_freqs is None and k_cos is None and k_sin is None:
-        k_freqs, k_cos, k_sin = freqs, cos, sin
     pk = plan(k, k_freqs, cos=k_cos, sin=k_sin, name="k", **opts)
     if q.dtype != k.dtype:
         raise TypeError(f"q and k must have the same dtype, got {q.dtype} and {k.dtype}")
@@ -310,6 +467,15 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, freqs: Optional[torch.Tensor
     if inplace:
         _check_inplace(q, "q")
         _check_inplace(k, "k")
-        if q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr():
+        if _share_storage(q, k):
             raise ValueError("inplace=True with q and k sharing storage is ambiguous; pass inplace=False")
-    return _RopeQKFn.apply(q, k, pq, pk, bool(inplace))
+    call = _Call(pq, pk, bool(inplace))
+    tab, ktab = _plan_tabs(pq), _plan_tabs(pk)
+    out = _apply(call, (tab, ktab, (pq.pos.explicit, pq.pos.start)), q, k)
+    if _same_tensors(tab, _tab(freqs, cos, sin)) and _same_tensors(ktab, _tab(k_freqs, k_cos, k_sin)):
+        _remember(key, call)
+    return out
+
+
+def _share_storage(q: torch.Tensor, k: torch.Tensor) -> bool:
+    return q.untyped_storage().data_ptr() == k.untyped_storage().data_ptr()

@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import validation as V
-from .api import Plan, _RopeQKFn, _view4
+from .api import Plan, _Call, _apply, _view4
 from .kernels.launch import Positions, Table
 
 __all__ = ["apply_rotary_pos_emb"]
@@ -64,4 +64,5 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     table = Table(c, s, S, c.stride(1), c.stride(0) if c.shape[0] > 1 else 0, c.stride(2))
     out_dtype = torch.promote_types(q.dtype, cos.dtype)
     pl = Plan(layout, S, B, D, R, table, Positions(), False, out_dtype)
-    return _RopeQKFn.apply(q, k, pl, pl, False)
+    tab = (c, s)
+    return _apply(_Call(pl, pl, False), (tab, tab, (None, None)), q, k)

@@ -373,3 +373,4 @@ def test_unusual_input_strides(kind, seeded):
     y = ropelib.apply_rope(x, freqs, interleaved=True)
     assert y.is_contiguous()
     torch.testing.assert_close(y, rope_reference(x, freqs, interleaved=True), atol=1e-5, rtol=1e-5)
+

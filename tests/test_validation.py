@@ -23,7 +23,8 @@ S, B, H, D = 8, 2, 2, 16
 def no_kernel(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("a kernel was launched for bad input")
-    monkeypatch.setattr(api, "launch", boom)
+    monkeypatch.setattr(api, "prepare", boom)
+    monkeypatch.setattr(api, "_CALLS", {})   # every call is planned (and validated) afresh
     yield
 
 
@@ -214,3 +215,4 @@ def test_cpu_without_interpreter_says_so(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "MSG:" in out.stdout, out.stdout
     assert "TRITON_INTERPRET=1" in out.stdout and "x is a CPU tensor" in out.stdout
+

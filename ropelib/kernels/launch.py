@@ -121,7 +121,6 @@ FAST_LAUNCH = os.environ.get("ROPELIB_FAST_LAUNCH", "1") == "1" and not INTERPRE
 # Streaming cache hints: x is read once (evict first), y written once (.cs, streaming).
 # Measured on an H100 (benchmarks/NOTES.md): no gain, so off by default.
 STREAM_HINTS = os.environ.get("ROPELIB_STREAM_HINTS", "0") == "1"
-_N_TENSORS = 12   # the kernel's pointer arguments come first
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -132,17 +131,21 @@ def _np2(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 1 else 1
 
 
-def _dispatch(grid, args, consts, num_warps, device):
+def _key(tensors, ints, consts, num_warps, device):
+    return (ints, tuple([(t.dtype, t.data_ptr() & 15 == 0) for t in tensors]),
+            tuple(consts.values()), num_warps, device.index)
+
+
+def _dispatch(grid, tensors, ints, consts, num_warps, device, key=None):
+    """Launch through the cached compiled kernel; the first call compiles through Triton."""
     global FAST_LAUNCH
     if not FAST_LAUNCH:
-        _rope_kernel[grid](*args, **consts, num_warps=num_warps)
-        return
-    tensors = args[:_N_TENSORS]
-    key = (args[_N_TENSORS:], tuple([(t.dtype, t.data_ptr() & 15 == 0) for t in tensors]),
-           tuple(consts.values()), num_warps, device.index)
+        _rope_kernel[grid](*tensors, *ints, **consts, num_warps=num_warps)
+        return None
+    key = key or _key(tensors, ints, consts, num_warps, device)
     runner = _COMPILED.get(key)
     if runner is None:
-        ck = _rope_kernel[grid](*args, **consts, num_warps=num_warps)
+        ck = _rope_kernel[grid](*tensors, *ints, **consts, num_warps=num_warps)
         if len(_COMPILED) < 4096:
             try:
                 _COMPILED[key] = (ck[grid], tuple(consts.values()))
@@ -150,16 +153,51 @@ def _dispatch(grid, args, consts, num_warps, device):
                 FAST_LAUNCH = False
                 warnings.warn(f"ropelib: direct kernel launch unavailable ({e!r}); "
                               "using Triton's dispatch")
-        return
+        return _COMPILED.get(key)
     run, const_values = runner
-    run(*args, *const_values)
+    run(*tensors, *ints, *const_values)
+    return runner
 
 
-def launch(q: Segment, q_table: Table, pos: Positions, *, S: int, B: int, R: int, D: int,
-           interleaved: bool, backward: bool, copy_pass: bool,
-           k: Optional[Segment] = None, k_table: Optional[Table] = None,
-           v: Optional[Segment] = None, tiles: Optional[tuple] = None) -> None:
+class Prepared:
+    """One planned launch with its 12 pointer arguments left open.
+
+    Everything else (grid, integer arguments, constexprs) is fixed, so `run(tensors)` may be
+    called again with other tensors of the same dtypes, 16-byte alignment, shapes and strides
+    (callers key their caches on exactly that): it then costs one call of the compiled kernel.
+    """
+    __slots__ = ("grid", "ints", "consts", "num_warps", "device", "key", "_run", "_tail")
+
+    def __init__(self, grid, ints, consts, num_warps, device, tensors):
+        self.grid, self.ints, self.consts = grid, ints, consts
+        self.num_warps, self.device = num_warps, device
+        self.key = _key(tensors, ints, consts, num_warps, device) if FAST_LAUNCH else None
+        self._run = self._tail = None
+
+    def run(self, tensors) -> None:
+        if self._run is not None and FAST_LAUNCH:
+            self._run(*tensors, *self._tail)
+            return
+        runner = _dispatch(self.grid, tensors, self.ints, self.consts, self.num_warps,
+                           self.device, self.key)
+        if runner is not None and FAST_LAUNCH:
+            self._run, self._tail = runner[0], self.ints + runner[1]
+
+
+def launch(q: Segment, q_table: Table, pos: Positions, **kw) -> None:
     """Run the finished kernel once over q (and k, and the v copy) in a single launch."""
+    prepared, tensors = prepare(q, q_table, pos, **kw)
+    prepared.run(tensors)
+
+
+def prepare(q: Segment, q_table: Table, pos: Positions, *, S: int, B: int, R: int, D: int,
+            interleaved: bool, backward: bool, copy_pass: bool,
+            k: Optional[Segment] = None, k_table: Optional[Table] = None,
+            v: Optional[Segment] = None, tiles: Optional[tuple] = None):
+    """Plan one launch: (Prepared, its 12 pointer tensors in kernel order).
+
+    Pointer order: q.x, q.y, k.x, k.y, v.x, v.y, q cos (or angles), q sin, k cos, k sin,
+    explicit positions, start positions; unused slots repeat q.x (or the cos table)."""
     dev = q.x.device
     heads = (q.heads, k.heads if k is not None else 0, v.heads if v is not None else 0)
     DV = v.x.shape[-1] if v is not None else 1
@@ -185,11 +223,12 @@ def launch(q: Segment, q_table: Table, pos: Positions, *, S: int, B: int, R: int
     table_per_batch = (pos.start is not None
                        or (explicit is not None and explicit.shape[0] > 1)
                        or q_table.stride_b != 0 or kt.stride_b != 0)
-    args = (
+    tensors = (
         q.x, q.y, ks.x, ks.y, vs.x, vs.y,
         q_table.c, q_table.s if q_table.s is not None else q_table.c,
         kt.c, kt.s if kt.s is not None else kt.c,
-        pos_ptr, pos.start if pos.start is not None else q.x,
+        pos_ptr, pos.start if pos.start is not None else q.x)
+    ints = (
         S, B, q.heads, ks.heads, vs.heads, q.hpg, q_table.length, pos.cp_size, pos.cp_rank,
         *q.x_strides, *q.y_strides,
         ks.x_strides[0], ks.x_strides[1], ks.x_strides[2], ks.x_strides[4],
@@ -216,4 +255,4 @@ def launch(q: Segment, q_table: Table, pos: Positions, *, S: int, B: int, R: int
         LOAD_EVICT="evict_first" if STREAM_HINTS else "",
         STORE_CACHE=".cs" if STREAM_HINTS else "",
     )
-    _dispatch(grid, args, consts, num_warps, dev)
+    return Prepared(grid, ints, consts, num_warps, dev, tensors), tensors

@@ -1,0 +1,113 @@
+"""The call cache of apply_rope / apply_rope_qk (api._CALLS): what a cached call must still do.
+
+A call's first run is validated and planned in full; later calls with the same signature reuse
+the plan. They must still bind their own tensors, re-check index values they have not seen, and
+refuse what the full checks refuse.
+"""
+import pytest
+import torch
+
+import ropelib
+from ropelib import api
+from ropelib.reference import rope_reference
+
+S, B, H, D = 8, 2, 2, 16
+F = ropelib.rope_freqs(2 * S + 4, D)
+
+
+def x4(dtype=torch.float32):
+    return torch.randn(S, B, H, D).to(dtype)
+
+
+# --- the call cache ---------------------------------------------------------------------------
+
+def test_cached_calls_bind_their_own_tensors(seeded):
+    """A second call of the same signature uses its own x, tables and positions, not the first's."""
+    api.clear_cache()
+    S, B, H, D = 6, 2, 3, 16
+    outs, refs = [], []
+    for i in range(3):
+        x = torch.randn(S, B, H, D, requires_grad=True)
+        freqs = ropelib.rope_freqs(S + 4, D, base=100.0 * (i + 1))
+        sp = torch.tensor([i, 3 - i])
+        y = ropelib.apply_rope(x, freqs, start_positions=sp)
+        g = torch.randn_like(y)
+        y.backward(g)
+        ref = rope_reference(x.detach().double(), freqs, start_positions=sp)
+        refs.append(ref)
+        torch.testing.assert_close(y.double(), ref, atol=1e-5, rtol=1e-5)
+        # backward of a rotation is the inverse rotation: rotating x.grad forward gives g back
+        back = rope_reference(x.grad.double(), freqs, start_positions=sp)
+        torch.testing.assert_close(back, g.double(), atol=1e-5, rtol=1e-5)
+    assert len(api._CALLS) == 1, "three calls of one signature should share one cache entry"
+
+
+def test_cache_keys_on_alignment_strides_and_dtype(seeded):
+    api.clear_cache()
+    S, B, H, D = 4, 2, 2, 16
+    freqs = ropelib.rope_freqs(S, D)
+    base = torch.randn(S * B * H * D + 4)
+    for x in (base[:S * B * H * D].view(S, B, H, D), base[1:1 + S * B * H * D].view(S, B, H, D),
+              torch.randn(B, S, H, D).transpose(0, 1), torch.randn(S, B, H, D).double()):
+        y = ropelib.apply_rope(x, freqs)
+        torch.testing.assert_close(y.double(), rope_reference(x.double(), freqs),
+                                   atol=1e-5, rtol=1e-5)
+    # four signatures; the fp64 one converts the fp32 angles to fp64 per call, so is not kept
+    assert len(api._CALLS) == 3
+
+
+def test_converted_tables_are_not_reused(seeded):
+    """bf16 angles are converted to fp32 per call: such a call is never served from the cache."""
+    api.clear_cache()
+    x = torch.randn(4, 2, 2, 16)
+    for base in (100.0, 10000.0):
+        freqs = ropelib.rope_freqs(4, 16, base=base).to(torch.bfloat16)
+        y = ropelib.apply_rope(x, freqs)
+        torch.testing.assert_close(y.double(), rope_reference(x.double(), freqs.float()),
+                                   atol=1e-5, rtol=1e-5)
+    assert not api._CALLS
+
+
+# --- checks still run when a call of the same signature is cached ----------------------------
+
+def _warm(**kw):
+    """A good call that leaves its signature in the call cache."""
+    api.clear_cache()
+    ropelib.apply_rope(x4(), F, **kw)
+    assert api._CALLS, "the good call was not cached"
+
+
+@pytest.mark.parametrize("good,bad,match", [
+    (dict(start_positions=torch.tensor([0, 1])), dict(start_positions=torch.tensor([0, 10**6])),
+     "start_positions"),
+    (dict(start_positions=torch.tensor([0, 1])), dict(start_positions=torch.tensor([-1, 0])),
+     "start_positions"),
+    (dict(position_ids=torch.arange(S)), dict(position_ids=torch.arange(S) + 10**6),
+     "position_ids"),
+    (dict(interleaved=True), dict(interleaved=1), "interleaved"),
+    (dict(cp_size=2, cp_rank=1), dict(cp_size=2, cp_rank=2), "cp_rank"),
+], ids=["start-too-large", "start-negative", "position-ids", "interleaved-int", "cp-rank"])
+def test_bad_values_caught_with_a_warm_cache(good, bad, match):
+    _warm(**good)
+    x = x4()
+    before = x.clone()
+    with pytest.raises((ValueError, TypeError), match=match):
+        ropelib.apply_rope(x, F, inplace=True, **bad)
+    assert torch.equal(x, before)
+
+
+def test_changed_index_tensor_in_place_is_rechecked():
+    sp = torch.tensor([0, 1])
+    ropelib.apply_rope(x4(), F, start_positions=sp)
+    sp[1] = 10**6   # same object, new version
+    with pytest.raises(ValueError, match="start_positions"):
+        ropelib.apply_rope(x4(), F, start_positions=sp)
+
+
+def test_inplace_qk_sharing_storage_refused_with_a_warm_cache():
+    api.clear_cache()
+    q, k = x4(), x4()
+    ropelib.apply_rope_qk(q, k, F, inplace=True)
+    base = torch.randn(2 * S, B, H, D)
+    with pytest.raises(ValueError, match="sharing storage"):
+        ropelib.apply_rope_qk(base[:S], base[S:], F, inplace=True)
