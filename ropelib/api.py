@@ -3,6 +3,7 @@
 A call is planned once (validate, map x to the kernel's [S, B, H, D] view, build the table and
 position specs), then the same plan runs forward (+theta) and backward (-theta).
 """
+import os
 from dataclasses import dataclass, replace
 from typing import Optional, Tuple
 
@@ -215,12 +216,13 @@ class _Call:
         self.pq, self.pk = _bare(pq), (_bare(pk) if pk is not None else None)
         self.inplace = inplace
         self.empty = pq.S == 0 or pq.B == 0
-        self.fwd = None        # Prepared forward launch
-        self.bwd = {}          # gradient signature -> Prepared backward launch
+        self.fwd = {}          # table flags -> Prepared forward launch
+        self.bwd = {}          # (gradient signatures, table flags) -> Prepared backward launch
         self.reusable = True
 
     def _bind(self, pl: Plan, tab, pos) -> tuple:
-        return replace(pl.table, c=tab[0], s=tab[1]), replace(pl.pos, explicit=pos[0], start=pos[1])
+        return (replace(pl.table, c=tab[0], s=tab[1], same_halves=tab[2]),
+                replace(pl.pos, explicit=pos[0], start=pos[1]))
 
     @staticmethod
     def _pointers(q, qo, k, ko, tab, ktab, pos):
@@ -264,7 +266,10 @@ class _Call:
         pl = self.pq
         outs = xs if self.inplace else tuple(_out_like(x, pl.out_dtype) for x in xs)
         if not self.empty:
-            self.fwd = self._launch(self.fwd, list(zip(xs, outs)), tabs, backward=False)
+            flags = (tabs[0][2], tabs[1][2])
+            prepared = self._launch(self.fwd.get(flags), list(zip(xs, outs)), tabs, backward=False)
+            if prepared is not None:
+                self.fwd[flags] = prepared
         return outs
 
     def backward(self, gs, x_dtype, tabs):
@@ -274,8 +279,8 @@ class _Call:
         if self.empty or not live:
             return outs
         k_only = gs[0] is None
-        key = tuple(None if g is None else (g.stride(), g.dtype, g.data_ptr() & 15 == 0)
-                    for g in gs)
+        key = (tuple(None if g is None else (g.stride(), g.dtype, g.data_ptr() & 15 == 0)
+                     for g in gs), tabs[0][2], tabs[1][2])
         pairs = [(g, o) for g, o in zip(gs, outs) if g is not None]
         prepared = self._launch(self.bwd.get(key), pairs, tabs, backward=True, k_only=k_only)
         if prepared is not None and len(self.bwd) < 16:
@@ -309,12 +314,38 @@ def _apply(call: _Call, tabs, *xs):
     return outs if len(outs) > 1 else outs[0]
 
 
-def _tab(freqs, cos, sin):
-    return (freqs, None) if freqs is not None else (cos, sin)
+# Tables whose paired columns hold equal values (TE's freqs: cat([f, f]) for rotate-half,
+# repeat_interleave(f, 2) for interleaved) are read and evaluated once per pair in the kernel.
+# Checked once per table tensor and version (one device read); ROPELIB_SAME_HALVES=0 turns it off.
+SAME_HALVES: bool = os.environ.get("ROPELIB_SAME_HALVES", "1") == "1"
 
 
-def _plan_tabs(pl: Plan):
-    return pl.table.c, pl.table.s
+def _equal_halves(t: torch.Tensor, R: int, interleaved: bool) -> bool:
+    t = t if t.dim() == 2 else t[:, 0, 0, :]
+    a, b = (t[:, 0:R:2], t[:, 1:R:2]) if interleaved else (t[:, :R // 2], t[:, R // 2:R])
+    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    return torch.equal(a.view(bits), b.view(bits))   # bitwise: -0.0 and 0.0 differ
+
+
+def _same_halves(c, s, R: int, interleaved: bool) -> bool:
+    if not SAME_HALVES or c.numel() == 0 or not V.values_checkable(c):
+        return False
+    key = ("halves", R, interleaved)
+    return all(V.remembered(t, key, lambda t=t: _equal_halves(t, R, interleaved))
+               for t in (c, s) if t is not None)
+
+
+def _tab(freqs, cos, sin, R: int, interleaved: bool):
+    c, s = (freqs, None) if freqs is not None else (cos, sin)
+    return c, s, _same_halves(c, s, R, interleaved)
+
+
+def _plan_tabs(pl: Plan, given: tuple):
+    """The plan's tables; inspected for equal halves only when they are the given tensors (a
+    converted copy is new on every call: inspecting it would cost a device read per call)."""
+    t = pl.table
+    same = _same_tensors((t.c, t.s), given) and _same_halves(t.c, t.s, pl.R, pl.interleaved)
+    return t.c, t.s, same
 
 
 def _same_tensors(planned, given) -> bool:
@@ -323,7 +354,7 @@ def _same_tensors(planned, given) -> bool:
     Only then can a later call pass its own tables straight to the kernel."""
     return all((a is None and b is None) or (a is not None and b is not None
                and a.data_ptr() == b.data_ptr() and a.dtype == b.dtype)
-               for a, b in zip(planned, given))
+               for a, b in zip(planned[:2], given[:2]))
 
 
 def _sig(t):
@@ -407,7 +438,7 @@ def apply_rope(x: torch.Tensor, freqs: Optional[torch.Tensor] = None, *,
             p = positions(x, pl.layout, pl.S, pl.B, pl.table.length, start_positions,
                           position_ids, cu_seqlens, cp_size, cp_rank)
             pos = (p.explicit, p.start)
-        tab = _tab(freqs, cos, sin)
+        tab = _tab(freqs, cos, sin, pl.R, pl.interleaved)
         return _apply(call, (tab, tab, pos), x)
     pl = plan(x, freqs, cos=cos, sin=sin, layout=layout, interleaved=interleaved,
               start_positions=start_positions, position_ids=position_ids, cu_seqlens=cu_seqlens,
@@ -415,9 +446,10 @@ def apply_rope(x: torch.Tensor, freqs: Optional[torch.Tensor] = None, *,
     if inplace:
         _check_inplace(x, "x")
     call = _Call(pl, None, bool(inplace))
-    tab = _plan_tabs(pl)
+    given = (freqs, None) if freqs is not None else (cos, sin)
+    tab = _plan_tabs(pl, given)
     out = _apply(call, (tab, tab, (pl.pos.explicit, pl.pos.start)), x)
-    if _same_tensors(tab, _tab(freqs, cos, sin)):
+    if _same_tensors(tab, given):
         _remember(key, call)
     return out
 
@@ -450,7 +482,9 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, freqs: Optional[torch.Tensor
             p = positions(q, pl.layout, pl.S, pl.B, min(pl.table.length, call.pk.table.length),
                           start_positions, position_ids, cu_seqlens, cp_size, cp_rank)
             pos = (p.explicit, p.start)
-        return _apply(call, (_tab(freqs, cos, sin), _tab(k_freqs, k_cos, k_sin), pos), q, k)
+        R, il = pl.R, pl.interleaved
+        return _apply(call, (_tab(freqs, cos, sin, R, il), _tab(k_freqs, k_cos, k_sin, R, il), pos),
+                      q, k)
     opts = dict(layout=layout, interleaved=interleaved, start_positions=start_positions,
                 position_ids=position_ids, cu_seqlens=cu_seqlens, cp_size=cp_size, cp_rank=cp_rank)
     pq = plan(q, freqs, cos=cos, sin=sin, name="q", **opts)
@@ -470,9 +504,11 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, freqs: Optional[torch.Tensor
         if _share_storage(q, k):
             raise ValueError("inplace=True with q and k sharing storage is ambiguous; pass inplace=False")
     call = _Call(pq, pk, bool(inplace))
-    tab, ktab = _plan_tabs(pq), _plan_tabs(pk)
+    given = (freqs, None) if freqs is not None else (cos, sin)
+    kgiven = (k_freqs, None) if k_freqs is not None else (k_cos, k_sin)
+    tab, ktab = _plan_tabs(pq, given), _plan_tabs(pk, kgiven)
     out = _apply(call, (tab, ktab, (pq.pos.explicit, pq.pos.start)), q, k)
-    if _same_tensors(tab, _tab(freqs, cos, sin)) and _same_tensors(ktab, _tab(k_freqs, k_cos, k_sin)):
+    if _same_tensors(tab, given) and _same_tensors(ktab, kgiven):
         _remember(key, call)
     return out
 

@@ -64,5 +64,5 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     table = Table(c, s, S, c.stride(1), c.stride(0) if c.shape[0] > 1 else 0, c.stride(2))
     out_dtype = torch.promote_types(q.dtype, cos.dtype)
     pl = Plan(layout, S, B, D, R, table, Positions(), False, out_dtype)
-    tab = (c, s)
+    tab = (c, s, False)   # tables gathered per call: not worth a device read to inspect
     return _apply(_Call(pl, pl, False), (tab, tab, (None, None)), q, k)

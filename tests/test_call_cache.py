@@ -111,3 +111,56 @@ def test_inplace_qk_sharing_storage_refused_with_a_warm_cache():
     base = torch.randn(2 * S, B, H, D)
     with pytest.raises(ValueError, match="sharing storage"):
         ropelib.apply_rope_qk(base[:S], base[S:], F, inplace=True)
+
+
+# --- tables with equal halves (TE's duplicated freqs) ----------------------------------------
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("kind", ["angles", "cos-sin"])
+def test_equal_halves_path_is_bit_identical(monkeypatch, interleaved, kind, seeded):
+    freqs = ropelib.rope_freqs(S + 3, D, interleaved=interleaved)
+    tables = dict(freqs=freqs) if kind == "angles" else dict(cos=freqs[:, 0, 0].cos(),
+                                                               sin=freqs[:, 0, 0].sin())
+    assert api._equal_halves(freqs, D, interleaved)
+    x = x4(torch.bfloat16).requires_grad_(True)
+    g = torch.randn(S, B, H, D, dtype=torch.bfloat16)
+    runs = []
+    for on in (False, True):
+        monkeypatch.setattr(api, "SAME_HALVES", on)
+        api.clear_cache()
+        x.grad = None
+        y = ropelib.apply_rope(x, interleaved=interleaved, start_positions=torch.tensor([1, 2]),
+                               **tables)
+        y.backward(g)
+        q, k = ropelib.apply_rope_qk(x.detach(), x.detach()[:, :, :1], interleaved=interleaved,
+                                     **tables)
+        runs.append((y, x.grad.clone(), q, k))
+        used = {p.consts["SAME_HALVES"] for c in api._CALLS.values() for p in c.fwd.values()}
+        assert used == {on}, "the equal-halves flag did not reach the kernel"
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
+def test_unequal_halves_use_both_columns(seeded):
+    f = ropelib.rope_freqs(S, D).clone()
+    f[:, 0, 0, D // 2:] *= 1.5    # the second half no longer repeats the first
+    assert not api._equal_halves(f, D, False)
+    x = x4()
+    torch.testing.assert_close(ropelib.apply_rope(x, f).double(), rope_reference(x.double(), f),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_equal_halves_rechecked_after_an_in_place_change(seeded):
+    f = ropelib.rope_freqs(S, D).clone()
+    x = x4()
+    ropelib.apply_rope(x, f)                       # seen with equal halves
+    f[:, 0, 0, D // 2:] += 0.25                    # same object, new version
+    torch.testing.assert_close(ropelib.apply_rope(x, f).double(), rope_reference(x.double(), f),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_equal_halves_compares_bits():
+    t = torch.zeros(3, 4)
+    t[:, 2] = -0.0
+    assert not api._equal_halves(t, 4, False)
+    assert api._equal_halves(torch.ones(3, 4), 4, False)

@@ -69,12 +69,23 @@ def _positions(s_idx, b, S, pos_ptr, stride_pos_b, stride_pos_s, start_ptr, cp_s
 
 @triton.jit
 def _load_table(c_ptr, s_ptr, rows, b, stride_tp, stride_tb, stride_td, d_a, d_b, mask,
-                FROM_ANGLES: tl.constexpr, ACCURATE: tl.constexpr, CDT: tl.constexpr):
+                FROM_ANGLES: tl.constexpr, ACCURATE: tl.constexpr, CDT: tl.constexpr,
+                SAME_HALVES: tl.constexpr):
     # rows [BLOCK_S], d_a/d_b [BLOCK_HALF] -> four [BLOCK_S, 1, BLOCK_HALF] factors
     base = rows[:, None, None].to(tl.int64) * stride_tp + b * stride_tb
     off_a = base + d_a[None, None, :] * stride_td
     off_b = base + d_b[None, None, :] * stride_td
-    if FROM_ANGLES:
+    if SAME_HALVES:
+        # columns d_a and d_b of the table hold the same values (TE's duplicated freqs,
+        # checked on the host): read and evaluate one of them
+        if FROM_ANGLES:
+            c_a, s_a = _cos_sin(tl.load(c_ptr + off_a, mask=mask, other=0.0).to(CDT), ACCURATE)
+        else:
+            c_a = tl.load(c_ptr + off_a, mask=mask, other=0.0).to(CDT)
+            s_a = tl.load(s_ptr + off_a, mask=mask, other=0.0).to(CDT)
+        c_b = c_a
+        s_b = s_a
+    elif FROM_ANGLES:
         c_a, s_a = _cos_sin(tl.load(c_ptr + off_a, mask=mask, other=0.0).to(CDT), ACCURATE)
         c_b, s_b = _cos_sin(tl.load(c_ptr + off_b, mask=mask, other=0.0).to(CDT), ACCURATE)
     else:
@@ -100,6 +111,7 @@ def _rope_segment(
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
     BLOCK_PASS: tl.constexpr,          # next_pow2(D - R); 0 when nothing passes through
     INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr, FROM_ANGLES: tl.constexpr,
+    SAME_HALVES: tl.constexpr,         # the table's two columns of each pair are equal
     EXPLICIT_POS: tl.constexpr, HAS_START: tl.constexpr, HAS_CP: tl.constexpr,
     TABLE_PER_BATCH: tl.constexpr,     # positions or table rows depend on the batch entry
     COPY_PASS: tl.constexpr,           # write features R..D-1 (False when in place)
@@ -132,7 +144,8 @@ def _rope_segment(
         rows = _positions(s_idx, 0, S, pos_ptr, stride_pos_b, stride_pos_s, start_ptr,
                           cp_size, cp_rank, P, EXPLICIT_POS, HAS_START, HAS_CP)
         c_a, s_a, c_b, s_b = _load_table(c_ptr, s_ptr, rows, 0, stride_tp, stride_tb, stride_td,
-                                         d_a, d_b, tab_mask, FROM_ANGLES, ACCURATE, CDT)
+                                         d_a, d_b, tab_mask, FROM_ANGLES, ACCURATE, CDT,
+                                         SAME_HALVES)
         if BACKWARD:
             s_a, s_b = -s_b, -s_a
 
@@ -146,7 +159,7 @@ def _rope_segment(
                               cp_size, cp_rank, P, EXPLICIT_POS, HAS_START, HAS_CP)
             c_a, s_a, c_b, s_b = _load_table(c_ptr, s_ptr, rows, bb, stride_tp, stride_tb,
                                              stride_td, d_a, d_b, tab_mask, FROM_ANGLES,
-                                             ACCURATE, CDT)
+                                             ACCURATE, CDT, SAME_HALVES)
             if BACKWARD:
                 s_a, s_b = -s_b, -s_a
         xr = x_ptr + (x_rows + bb * stride_xb)[:, :, None]    # [BLOCK_S, BLOCK_H, 1]
@@ -230,6 +243,7 @@ def _rope_kernel(
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
     BLOCK_PASS: tl.constexpr, BLOCK_DV: tl.constexpr,
     INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr, FROM_ANGLES: tl.constexpr,
+    SAME_HALVES: tl.constexpr,
     EXPLICIT_POS: tl.constexpr, HAS_START: tl.constexpr, HAS_CP: tl.constexpr,
     TABLE_PER_BATCH: tl.constexpr, COPY_PASS: tl.constexpr,
     ACCURATE: tl.constexpr, CDT: tl.constexpr, INT64: tl.constexpr, BF16_RTNE: tl.constexpr,
@@ -245,7 +259,7 @@ def _rope_kernel(
                       sq_s, sq_b, sq_g, sq_h, sq_d, sqo_s, sqo_b, sqo_g, sqo_h, sqo_d,
                       stp, stb, std, stride_pos_b, stride_pos_s,
                       R, D, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_PASS,
-                      INTERLEAVED, BACKWARD, FROM_ANGLES, EXPLICIT_POS, HAS_START, HAS_CP,
+                      INTERLEAVED, BACKWARD, FROM_ANGLES, SAME_HALVES, EXPLICIT_POS, HAS_START, HAS_CP,
                       TABLE_PER_BATCH, COPY_PASS, ACCURATE, CDT, INT64, BF16_RTNE,
                       LOAD_EVICT, STORE_CACHE)
     elif pid_h < NQB + NKB:
@@ -254,7 +268,7 @@ def _rope_kernel(
                       sk_s, sk_b, sk_h, 0, sk_d, sko_s, sko_b, sko_h, 0, sko_d,
                       skp, skb, skd, stride_pos_b, stride_pos_s,
                       R, D, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_PASS,
-                      INTERLEAVED, BACKWARD, FROM_ANGLES, EXPLICIT_POS, HAS_START, HAS_CP,
+                      INTERLEAVED, BACKWARD, FROM_ANGLES, SAME_HALVES, EXPLICIT_POS, HAS_START, HAS_CP,
                       TABLE_PER_BATCH, COPY_PASS, ACCURATE, CDT, INT64, BF16_RTNE,
                       LOAD_EVICT, STORE_CACHE)
     else:

@@ -59,6 +59,7 @@ class Table:
     stride_p: int
     stride_b: int                    # 0 when shared across the batch
     stride_d: int
+    same_halves: bool = False        # columns of each pair hold equal values (checked by caller)
 
 
 @dataclass
@@ -246,6 +247,7 @@ def prepare(q: Segment, q_table: Table, pos: Positions, *, S: int, B: int, R: in
         BLOCK_PASS=_np2(D - R) if D > R else 0,
         BLOCK_DV=_np2(DV),
         INTERLEAVED=interleaved, BACKWARD=backward, FROM_ANGLES=q_table.s is None,
+        SAME_HALVES=q_table.same_halves and kt.same_halves,
         EXPLICIT_POS=explicit is not None, HAS_START=pos.start is not None,
         HAS_CP=pos.cp_size > 1, TABLE_PER_BATCH=table_per_batch, COPY_PASS=copy_pass,
         ACCURATE=not INTERPRET, INT64=int64,
