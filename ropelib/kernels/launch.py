@@ -79,6 +79,13 @@ def _pow2_floor(n: int) -> int:
     return 1 << (max(int(n), 1).bit_length() - 1)
 
 
+# Tile knobs (measured on an H100, benchmarks/NOTES.md); the environment can override them
+# for tuning runs (benchmarks/probe.py).
+ELEMS_PER_THREAD = int(os.environ.get("ROPELIB_ELEMS_PER_THREAD", "16"))
+WARPS_16BIT = int(os.environ.get("ROPELIB_WARPS_16BIT", "4"))
+WARPS_32BIT = int(os.environ.get("ROPELIB_WARPS_32BIT", "8"))
+
+
 @lru_cache(maxsize=4096)
 def pick_tiles(S: int, B: int, heads: tuple, R: int, D: int, elem_size: int, on_cuda: bool,
                device_index: int = 0):
@@ -96,8 +103,8 @@ def pick_tiles(S: int, B: int, heads: tuple, R: int, D: int, elem_size: int, on_
         block_h = min(triton.next_power_of_2(H), 16)
         block_s = min(triton.next_power_of_2(S), _pow2_floor(2048 // (block_h * row)), 32)
         return block_s, block_h, B, 4
-    num_warps = 4 if elem_size <= 2 else 8
-    target = 16 * 32 * num_warps
+    num_warps = WARPS_16BIT if elem_size <= 2 else WARPS_32BIT
+    target = ELEMS_PER_THREAD * 32 * num_warps
     block_h = min(triton.next_power_of_2(H), _pow2_floor(target // row))
     block_s = min(triton.next_power_of_2(S), _pow2_floor(target // (block_h * row)), 16)
     tiles = triton.cdiv(S, block_s) * sum(triton.cdiv(h, block_h) for h in heads if h)

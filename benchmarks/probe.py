@@ -1,0 +1,217 @@
+"""GPU probe for the performance work of issue 5: host cost per call, kernel variants, fwd+bwd.
+
+    python benchmarks/probe.py [--quick]
+
+Three parts, each printed as a table (and all of it to stdout, for benchmarks/results/):
+
+1. Host cost at decode size (s=1, b=64, h=32, d=128, bf16): wall-clock microseconds per call of
+   many back-to-back calls (host-bound at this size), and the same calls under CUDA-graph replay
+   (GPU time only), for a device copy, ropelib (no grad, with start positions, Q+K) and TE fused.
+2. Kernel variants on large tensors (forward, do_bench median, ratio to a copy in the same run):
+   the default, equal-halves reading off, cos/sin tables instead of angles, and tile shapes
+   around the heuristic's choice.
+3. Forward+backward: do_bench time against the sum of the kernels the profiler saw in one
+   iteration, to tell host-bound or extra-kernel slowness from kernel slowness.
+"""
+import argparse
+import time
+
+import torch
+import triton
+import triton.testing
+
+import ropelib
+from ropelib import api, compare
+from ropelib.kernels import launch as L
+
+
+def wall_us(fn, n=2000):
+    for _ in range(50):
+        fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / n * 1e6
+
+
+def graph_us(fn, n=100):
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(n):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(20):
+        g.replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / (20 * n) * 1e6
+
+
+def bench_ms(fn, **kw):
+    return triton.testing.do_bench(fn, quantiles=[0.5, 0.2, 0.8], **kw)
+
+
+def host_costs():
+    print("\n## 1. host cost per call at decode size (us)")
+    cfg = compare.Config(seq_len=1, batch=64, heads=32, head_dim=128, dtype="bf16",
+                         start_positions=True)
+    case = compare.make_case(cfg, "cuda")
+    x, f, sp = case.x, case.freqs, case.start
+    k = torch.randn(1, 64, 8, 128, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+    te = next(p for p in compare.providers() if p.name == "te_fused")
+    rows = [
+        ("copy_", lambda: y.copy_(x)),
+        ("apply_rope", lambda: ropelib.apply_rope(x, f)),
+        ("apply_rope +start", lambda: ropelib.apply_rope(x, f, start_positions=sp)),
+        ("apply_rope_qk +start", lambda: ropelib.apply_rope_qk(x, k, f, start_positions=sp)),
+    ]
+    xg = x.clone().requires_grad_()
+    rows.append(("apply_rope (x needs grad)", lambda: ropelib.apply_rope(xg, f)))
+    if te.available:
+        rows.append(("te_fused +start", lambda: te.fn(case)))
+    print(f"{'call':28s} {'wall':>8s} {'graph':>8s}")
+    out = {}
+    with torch.no_grad():
+        for name, fn in rows:
+            if "grad" in name:
+                continue
+            out[name] = (wall_us(fn), graph_us(fn))
+    for name, fn in rows:
+        if "grad" in name:
+            out[name] = (wall_us(fn), float("nan"))
+    for name, (w, g) in out.items():
+        print(f"{name:28s} {w:8.1f} {g:8.1f}")
+    return out
+
+
+def _copy_ms(x):
+    y = torch.empty_like(x)
+    return bench_ms(lambda: y.copy_(x))[0]
+
+
+KNOBS = ("ELEMS_PER_THREAD", "WARPS_16BIT", "WARPS_32BIT")
+_DEFAULT = {k: getattr(L, k) for k in KNOBS}
+
+
+def _set(halves=True, **knobs):
+    """Tile knobs (launch.ELEMS_PER_THREAD, ...) and the equal-halves switch; caches cleared."""
+    for k in KNOBS:
+        setattr(L, k, knobs.get(k, _DEFAULT[k]))
+    api.SAME_HALVES = halves
+    L.pick_tiles.cache_clear()
+    api.clear_cache()
+
+
+def variants(quick):
+    print("\n## 2. kernel variants, forward (ratio = copy / variant, same run)")
+    print("knobs: ROPELIB_ELEMS_PER_THREAD / ROPELIB_WARPS_16BIT / ROPELIB_WARPS_32BIT; "
+          f"defaults {_DEFAULT}")
+    cases = [
+        ("ref-1GiB-bf16-sbhd", compare.Config(16384, 8, 32, 128, "bf16", "sbhd")),
+        ("256M-bf16-thd", compare.Config(4096, 8, 32, 128, "bf16", "thd")),
+        ("256M-bf16-thd-il", compare.Config(4096, 8, 32, 128, "bf16", "thd", interleaved=True)),
+        ("256M-bf16-bshd", compare.Config(4096, 8, 32, 128, "bf16", "bshd")),
+        ("256M-fp32-sbhd", compare.Config(2048, 8, 32, 128, "fp32", "sbhd")),
+        ("64M-bf16-sbhd", compare.Config(1024, 8, 32, 128, "bf16", "sbhd")),
+    ]
+    if quick:
+        cases = cases[:2]
+    vs = [("default", {}, True, False), ("equal-halves off", {}, False, False),
+          ("cos/sin tables", {}, True, True)]
+    for ept in (8, 16, 32):
+        for w in (2, 4, 8, 16):
+            if ept * w in (32, 64, 128, 256) and (ept, w) != (16, 4):
+                vs.append((f"ept={ept} warps16={w}", dict(ELEMS_PER_THREAD=ept, WARPS_16BIT=w),
+                           True, False))
+    vs32 = [(f"ept={ept} warps32={w}", dict(ELEMS_PER_THREAD=ept, WARPS_32BIT=w), True, False)
+            for ept, w in ((8, 8), (16, 4), (32, 4), (16, 16), (8, 16))]
+    results = []
+    for name, cfg in cases:
+        case = compare.make_case(cfg, "cuda")
+        x, f = case.x, case.freqs
+        kw = dict(layout=cfg.layout, interleaved=cfg.interleaved, cu_seqlens=case.cu_seqlens)
+        cos, sin = f[:, 0, 0].cos(), f[:, 0, 0].sin()
+        copy = _copy_ms(x)
+        mine = vs[:3] + ([v for v in vs[3:]] if x.element_size() == 2 else vs32)
+        for label, knobs, halves, tables in mine:
+            _set(halves, **knobs)
+            if tables:
+                fn = lambda: ropelib.apply_rope(x, cos=cos, sin=sin, **kw)
+            else:
+                fn = lambda: ropelib.apply_rope(x, f, **kw)
+            with torch.no_grad():
+                fn()
+                tiles = [p.grid for c in api._CALLS.values() for p in c.fwd.values()]
+                ms = bench_ms(fn)
+            results.append((name, label, ms[0], copy / ms[0]))
+            print(f"{name:20s} {label:24s} grid {str(tiles[:1]):22s} {ms[0]*1e3:9.1f} us  "
+                  f"ratio {copy / ms[0]:.3f}", flush=True)
+        _set()
+        del case, x
+        torch.cuda.empty_cache()
+    return results
+
+
+def fwdbwd():
+    print("\n## 3. forward+backward: do_bench vs the kernels' own time")
+    for cfg in (compare.Config(4096, 8, 32, 128, "bf16", "bshd"),
+                compare.Config(4096, 8, 32, 128, "bf16", "sbhd", interleaved=True)):
+        case = compare.make_case(cfg, "cuda")
+        x = case.x.detach().clone().requires_grad_()
+        dy = torch.randn_like(x)
+        y2 = torch.empty_like(x)
+        kw = dict(layout=cfg.layout, interleaved=cfg.interleaved)
+
+        def step():
+            ropelib.apply_rope(x, case.freqs, **kw).backward(dy)
+
+        def copy2():
+            y2.copy_(x.detach())
+            y2.copy_(dy)
+        c = bench_ms(copy2)[0]
+        ms = bench_ms(step, grad_to_none=[x])
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                x.grad = None
+                step()
+            torch.cuda.synchronize()
+        kern = {}
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA:
+                d = kern.setdefault(e.name[:60], [0, 0.0])
+                d[0] += 1
+                d[1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+        print(f"{cfg.layout} il={cfg.interleaved}: fwd+bwd {ms[0]*1e3:.1f} us (p20 {ms[1]*1e3:.1f}, "
+              f"p80 {ms[2]*1e3:.1f}), two copies {c*1e3:.1f} us, ratio {c / ms[0]:.3f}")
+        for name, (n, t) in sorted(kern.items(), key=lambda kv: -kv[1][1]):
+            print(f"    {n:5d} x {t / n:9.1f} us  {name}")
+        del case, x, dy, y2
+        torch.cuda.empty_cache()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--parts", default="123")
+    a = ap.parse_args()
+    print(torch.cuda.get_device_name(), torch.__version__, triton.__version__)
+    if "1" in a.parts:
+        host_costs()
+    if "3" in a.parts:
+        fwdbwd()
+    if "2" in a.parts:
+        variants(a.quick)
+
+
+if __name__ == "__main__":
+    main()
