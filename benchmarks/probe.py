@@ -89,8 +89,44 @@ def host_costs():
     for name, fn in rows:
         if "grad" in name:
             out[name] = (wall_us(fn), float("nan"))
+    # forward + backward per call, wall clock (host-bound at this size)
+    kg = k.clone().requires_grad_()
+    dy, dk = torch.randn_like(x), torch.randn_like(k)
+
+    def fb():
+        xg.grad = None
+        ropelib.apply_rope(xg, f).backward(dy)
+    out["apply_rope fwd+bwd"] = (wall_us(fb, 1000), float("nan"))
+    if te.available:
+        import dataclasses
+        gcase = dataclasses.replace(case, x=xg)
+
+        def te_fb():
+            xg.grad = None
+            te.fn(gcase).backward(dy)
+        out["te_fused fwd+bwd +start"] = (wall_us(te_fb, 1000), float("nan"))
     for name, (w, g) in out.items():
         print(f"{name:28s} {w:8.1f} {g:8.1f}")
+    # decode tiles: the smallest tile an underfilled grid is split into
+    with torch.no_grad():
+        for mt in (512, 1024, 2048, 4096):
+            L.MIN_TILE = mt
+            L.pick_tiles.cache_clear()
+            api.clear_cache()
+            print(f"decode MIN_TILE={mt:5d}: graph {graph_us(lambda: ropelib.apply_rope(x, f, start_positions=sp)):6.2f} us")
+    L.MIN_TILE = _MIN_TILE
+    L.pick_tiles.cache_clear()
+    api.clear_cache()
+    # where the host time of a forward+backward goes
+    import cProfile
+    import pstats
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(300):
+        fb()
+    torch.cuda.synchronize()
+    prof.disable()
+    pstats.Stats(prof).sort_stats("tottime").print_stats(14)
     return out
 
 
@@ -99,14 +135,16 @@ def _copy_ms(x):
     return bench_ms(lambda: y.copy_(x))[0]
 
 
-KNOBS = ("ELEMS_PER_THREAD", "WARPS_16BIT", "WARPS_32BIT")
+_MIN_TILE = L.MIN_TILE
+KNOBS = ("TILE_LOOP", "TILE_NOLOOP", "TILE_FP32")
 _DEFAULT = {k: getattr(L, k) for k in KNOBS}
 
 
-def _set(halves=True, **knobs):
-    """Tile knobs (launch.ELEMS_PER_THREAD, ...) and the equal-halves switch; caches cleared."""
+def _set(halves=True, tile=None):
+    """One (elements per thread, warps) for every regime (None: the defaults), the equal-halves
+    switch; caches cleared."""
     for k in KNOBS:
-        setattr(L, k, knobs.get(k, _DEFAULT[k]))
+        setattr(L, k, tile or _DEFAULT[k])
     api.SAME_HALVES = halves
     L.pick_tiles.cache_clear()
     api.clear_cache()
@@ -114,8 +152,7 @@ def _set(halves=True, **knobs):
 
 def variants(quick):
     print("\n## 2. kernel variants, forward (ratio = copy / variant, same run)")
-    print("knobs: ROPELIB_ELEMS_PER_THREAD / ROPELIB_WARPS_16BIT / ROPELIB_WARPS_32BIT; "
-          f"defaults {_DEFAULT}")
+    print(f"tile knobs (elements per thread, warps): defaults {_DEFAULT}")
     cases = [
         ("ref-1GiB-bf16-sbhd", compare.Config(16384, 8, 32, 128, "bf16", "sbhd")),
         ("256M-bf16-thd", compare.Config(4096, 8, 32, 128, "bf16", "thd")),
@@ -126,15 +163,13 @@ def variants(quick):
     ]
     if quick:
         cases = cases[:2]
-    vs = [("default", {}, True, False), ("equal-halves off", {}, False, False),
-          ("cos/sin tables", {}, True, True)]
+    vs = [("default", None, True, False), ("equal-halves off", None, False, False),
+          ("cos/sin tables", None, True, True)]
     for ept in (8, 16, 32):
         for w in (2, 4, 8, 16):
-            if ept * w in (32, 64, 128, 256) and (ept, w) != (16, 4):
-                vs.append((f"ept={ept} warps16={w}", dict(ELEMS_PER_THREAD=ept, WARPS_16BIT=w),
-                           True, False))
-    vs32 = [(f"ept={ept} warps32={w}", dict(ELEMS_PER_THREAD=ept, WARPS_32BIT=w), True, False)
-            for ept, w in ((8, 8), (16, 4), (32, 4), (16, 16), (8, 16))]
+            if ept * w in (32, 64, 128, 256):
+                vs.append((f"ept={ept} warps={w}", (ept, w), True, False))
+    vs32 = [v for v in vs[3:] if v[1] in ((8, 8), (16, 4), (32, 4), (16, 8), (16, 16), (8, 16))]
     results = []
     for name, cfg in cases:
         case = compare.make_case(cfg, "cuda")
@@ -143,8 +178,8 @@ def variants(quick):
         cos, sin = f[:, 0, 0].cos(), f[:, 0, 0].sin()
         copy = _copy_ms(x)
         mine = vs[:3] + ([v for v in vs[3:]] if x.element_size() == 2 else vs32)
-        for label, knobs, halves, tables in mine:
-            _set(halves, **knobs)
+        for label, tile, halves, tables in mine:
+            _set(halves, tile)
             if tables:
                 fn = lambda: ropelib.apply_rope(x, cos=cos, sin=sin, **kw)
             else:

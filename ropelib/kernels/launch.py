@@ -79,11 +79,21 @@ def _pow2_floor(n: int) -> int:
     return 1 << (max(int(n), 1).bit_length() - 1)
 
 
-# Tile knobs (measured on an H100, benchmarks/NOTES.md); the environment can override them
-# for tuning runs (benchmarks/probe.py).
-ELEMS_PER_THREAD = int(os.environ.get("ROPELIB_ELEMS_PER_THREAD", "16"))
-WARPS_16BIT = int(os.environ.get("ROPELIB_WARPS_16BIT", "4"))
-WARPS_32BIT = int(os.environ.get("ROPELIB_WARPS_32BIT", "8"))
+# Tile knobs: (elements per thread, warps) per program, measured on an H100 (benchmarks/NOTES.md,
+# probe-h100-20261122-session2.log). 16-bit inputs with a batch loop of >= 4 entries stream best
+# with many threads (8 x 16 warps); without one (thd, batch < 4) the cos/sin of a program's
+# tokens is evaluated per thread and not reused, so fewer threads with more elements each win
+# (32 x 4 warps). The environment overrides them for tuning runs (benchmarks/probe.py).
+def _knob(name, default):
+    v = os.environ.get(name)
+    return tuple(int(t) for t in v.split(",")) if v else default
+
+
+TILE_LOOP = _knob("ROPELIB_TILE_LOOP", (8, 16))       # 16-bit, batch loop of >= 4 entries
+TILE_NOLOOP = _knob("ROPELIB_TILE_NOLOOP", (32, 4))   # 16-bit, shorter batch loop
+TILE_FP32 = _knob("ROPELIB_TILE_FP32", (16, 8))       # 32- and 64-bit
+BATCH_LOOP_MIN = 4
+MIN_TILE = 512          # elements: the smallest tile an underfilled grid is split into
 
 
 @lru_cache(maxsize=4096)
@@ -91,10 +101,10 @@ def pick_tiles(S: int, B: int, heads: tuple, R: int, D: int, elem_size: int, on_
                device_index: int = 0):
     """(BLOCK_S, BLOCK_H, B_CHUNK, num_warps) for this shape; `heads` = heads of each segment.
 
-    GPU: each thread moves 16 elements per batch entry (2048 per program with 4 warps for
-    16-bit types, 4096 with 8 warps for fp32: measured best on an H100, benchmarks/NOTES.md),
-    heads first, then tokens; the batch is split into chunks only when there would otherwise be
-    too few programs to fill the machine (decode-sized inputs). Interpreter: big tiles, since
+    GPU: (elements per thread, warps) from the tile knobs above; a program's tile covers heads
+    first, then tokens. The batch is split into chunks only when there would otherwise be too few
+    programs to fill the machine (decode-sized inputs); 16-bit inputs whose programs then loop
+    over fewer than BATCH_LOOP_MIN batch entries take TILE_NOLOOP. Interpreter: big tiles, since
     every program instance costs milliseconds.
     """
     row = 2 * triton.next_power_of_2(max(R // 2, 1)) + (triton.next_power_of_2(D - R) if D > R else 0)
@@ -103,20 +113,31 @@ def pick_tiles(S: int, B: int, heads: tuple, R: int, D: int, elem_size: int, on_
         block_h = min(triton.next_power_of_2(H), 16)
         block_s = min(triton.next_power_of_2(S), _pow2_floor(2048 // (block_h * row)), 32)
         return block_s, block_h, B, 4
-    num_warps = WARPS_16BIT if elem_size <= 2 else WARPS_32BIT
-    target = ELEMS_PER_THREAD * 32 * num_warps
-    block_h = min(triton.next_power_of_2(H), _pow2_floor(target // row))
-    block_s = min(triton.next_power_of_2(S), _pow2_floor(target // (block_h * row)), 16)
-    tiles = triton.cdiv(S, block_s) * sum(triton.cdiv(h, block_h) for h in heads if h)
     want = 4 * _sm_count(device_index)
-    chunk = B
-    while chunk > 1 and tiles * triton.cdiv(B, chunk) < want:
-        chunk = triton.cdiv(chunk, 2)
-    while triton.cdiv(B, chunk) > 65535:
-        chunk *= 2
-    if block_s * block_h * row < 32 * num_warps * 4:   # tiny tiles: fewer threads
-        num_warps = max(1, block_s * block_h * row // 128)
-    return block_s, block_h, chunk, num_warps
+
+    def tiles_for(ept, num_warps):
+        target = ept * 32 * num_warps
+        while True:
+            block_h = min(triton.next_power_of_2(H), max(_pow2_floor(target // row), 1))
+            block_s = min(triton.next_power_of_2(S), max(_pow2_floor(target // (block_h * row)), 1), 16)
+            tiles = triton.cdiv(S, block_s) * sum(triton.cdiv(h, block_h) for h in heads if h)
+            chunk = B
+            while chunk > 1 and tiles * triton.cdiv(B, chunk) < want:
+                chunk = triton.cdiv(chunk, 2)
+            # still too few programs with one batch entry each (decode): smaller tiles
+            if chunk > 1 or tiles * B >= want or target <= MIN_TILE or block_h * block_s == 1:
+                break
+            target //= 2
+        while triton.cdiv(B, chunk) > 65535:
+            chunk *= 2
+        if block_s * block_h * row < 32 * num_warps * 4:   # tiny tiles: fewer threads
+            num_warps = max(1, block_s * block_h * row // 128)
+        return block_s, block_h, chunk, num_warps
+
+    if elem_size > 2:
+        return tiles_for(*TILE_FP32)
+    picked = tiles_for(*TILE_LOOP)
+    return picked if picked[2] >= BATCH_LOOP_MIN else tiles_for(*TILE_NOLOOP)
 
 
 # Compiled kernels by arguments: Triton's generic dispatch cost ~150 us per call for a kernel
