@@ -234,10 +234,51 @@ def fwdbwd():
         torch.cuda.empty_cache()
 
 
+def qk_rule(choice_file=None):
+    """Part 4: one BLOCK_H for q and k sized to the smaller (min) or larger (max) segment."""
+    print("\n## 4. Q+K in one launch: BLOCK_H sized to the smaller or the larger segment")
+    score = {"min": [], "max": []}
+    for dt, layout in (("bf16", "sbhd"), ("bf16", "bshd"), ("bf16", "thd"), ("fp32", "sbhd")):
+        elem = 2 if dt == "bf16" else 4
+        seq = 320 * 2**20 // (8 * 40 * 128 * elem)
+        cfg = compare.Config(seq, 8, 32, 128, dt, layout, kv_heads=8)
+        case = compare.make_case(cfg, "cuda")
+        kw = dict(layout=layout, cu_seqlens=case.cu_seqlens)
+        yq, yk = torch.empty_like(case.x), torch.empty_like(case.k)
+
+        def copy():
+            yq.copy_(case.x)
+            yk.copy_(case.k)
+        c = bench_ms(copy)[0]
+        for rule in ("min", "max"):
+            L.SEGMENT_BLOCK_H = rule
+            L.pick_tiles.cache_clear()
+            api.clear_cache()
+            with torch.no_grad():
+                ms = bench_ms(lambda: ropelib.apply_rope_qk(case.x, case.k, case.freqs, **kw))[0]
+            score[rule].append(c / ms)
+            print(f"qk-{dt}-{layout}-kv8 BLOCK_H={rule}: {ms*1e3:8.1f} us  ratio {c / ms:.3f}",
+                  flush=True)
+        del case, yq, yk
+        torch.cuda.empty_cache()
+    best = max(score, key=lambda r: sum(score[r]))
+    print(f"mean ratio: min {sum(score['min'])/4:.3f}, max {sum(score['max'])/4:.3f} -> {best}")
+    L.SEGMENT_BLOCK_H = _SEGMENT
+    L.pick_tiles.cache_clear()
+    api.clear_cache()
+    if choice_file:
+        with open(choice_file, "w") as fh:
+            fh.write(best)
+
+
+_SEGMENT = L.SEGMENT_BLOCK_H
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--parts", default="123")
+    ap.add_argument("--parts", default="1234")
+    ap.add_argument("--choice-file", default=None, help="part 4 writes the better rule here")
     a = ap.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__)
     if "1" in a.parts:
@@ -246,6 +287,8 @@ def main():
         fwdbwd()
     if "2" in a.parts:
         variants(a.quick)
+    if "4" in a.parts:
+        qk_rule(a.choice_file)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 Arguments here are already validated (ropelib.validation); this module only maps tensors to
 the kernel's [S, B, H, D] view and picks tile sizes.
 """
+import inspect
 import os
 import warnings
 from dataclasses import dataclass
@@ -93,6 +94,7 @@ TILE_LOOP = _knob("ROPELIB_TILE_LOOP", (8, 16))       # 16-bit, batch loop of >=
 TILE_NOLOOP = _knob("ROPELIB_TILE_NOLOOP", (32, 4))   # 16-bit, shorter batch loop
 TILE_FP32 = _knob("ROPELIB_TILE_FP32", (16, 8))       # 32- and 64-bit
 BATCH_LOOP_MIN = 4
+SEGMENT_BLOCK_H = os.environ.get("ROPELIB_SEGMENT_BLOCK_H", "min")   # "min" or "max" (see below)
 MIN_TILE = 512          # elements: the smallest tile an underfilled grid is split into
 
 
@@ -114,11 +116,14 @@ def pick_tiles(S: int, B: int, heads: tuple, R: int, D: int, elem_size: int, on_
         block_s = min(triton.next_power_of_2(S), _pow2_floor(2048 // (block_h * row)), 32)
         return block_s, block_h, B, 4
     want = 4 * _sm_count(device_index)
+    # Several segments (q and k of GQA: 32 and 8 heads) share one BLOCK_H: sized to the largest,
+    # the smaller segment's programs run mostly masked; sized to the smallest, none do.
+    H_block = min(h for h in heads if h) if SEGMENT_BLOCK_H == "min" else H
 
     def tiles_for(ept, num_warps):
         target = ept * 32 * num_warps
         while True:
-            block_h = min(triton.next_power_of_2(H), max(_pow2_floor(target // row), 1))
+            block_h = min(triton.next_power_of_2(H_block), max(_pow2_floor(target // row), 1))
             block_s = min(triton.next_power_of_2(S), max(_pow2_floor(target // (block_h * row)), 1), 16)
             tiles = triton.cdiv(S, block_s) * sum(triton.cdiv(h, block_h) for h in heads if h)
             chunk = B
@@ -195,22 +200,49 @@ class Prepared:
     called again with other tensors of the same dtypes, 16-byte alignment, shapes and strides
     (callers key their caches on exactly that): it then costs one call of the compiled kernel.
     """
-    __slots__ = ("grid", "ints", "consts", "num_warps", "device", "key", "_run", "_tail")
+    __slots__ = ("grid", "ints", "consts", "num_warps", "device", "key", "_run", "_tail",
+                 "_stream")
 
     def __init__(self, grid, ints, consts, num_warps, device, tensors):
         self.grid, self.ints, self.consts = grid, ints, consts
         self.num_warps, self.device = num_warps, device
         self.key = _key(tensors, ints, consts, num_warps, device) if FAST_LAUNCH else None
         self._run = self._tail = None
+        self._stream = False
 
     def run(self, tensors) -> None:
         if self._run is not None and FAST_LAUNCH:
-            self._run(*tensors, *self._tail)
+            # Pointers go in as ints: Triton's launcher then skips, per tensor, a data_ptr() call
+            # and a driver query that checks the pointer (the tensors were validated when the
+            # call was planned), and the stream comes from torch directly. Measured on an H100
+            # host: see benchmarks/NOTES.md (version 9).
+            ptrs = [t.data_ptr() for t in tensors]
+            if self._stream:
+                self._run(*ptrs, *self._tail, stream=_current_stream(self.device.index))
+            else:
+                self._run(*ptrs, *self._tail)
             return
         runner = _dispatch(self.grid, tensors, self.ints, self.consts, self.num_warps,
                            self.device, self.key)
         if runner is not None and FAST_LAUNCH:
             self._run, self._tail = runner[0], self.ints + runner[1]
+            self._stream = _takes_stream(self._run) and self.device.index is not None
+
+
+def _current_stream(index: int) -> int:
+    return torch.cuda.current_stream(index).cuda_stream
+
+
+if hasattr(torch._C, "_cuda_getCurrentRawStream"):
+    _current_stream = torch._C._cuda_getCurrentRawStream   # noqa: F811  (the same, in C)
+
+
+def _takes_stream(fn) -> bool:
+    """Does Triton's compiled-kernel runner accept the stream as a keyword (Triton >= 3.0)?"""
+    try:
+        return "stream" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def launch(q: Segment, q_table: Table, pos: Positions, **kw) -> None:
