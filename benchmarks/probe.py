@@ -274,10 +274,60 @@ def qk_rule(choice_file=None):
 _SEGMENT = L.SEGMENT_BLOCK_H
 
 
+def fwdbwd_scatter():
+    """Part 5: why do forward+backward ratios scatter between runs? Repeat run_case and watch
+    the caching allocator (cudaMalloc calls, retries) and the garbage collector."""
+    import gc
+    print("\n## 5. forward+backward scatter: repeated run_case, allocator and GC")
+    for cfg in (compare.Config(4096, 8, 32, 128, "bf16", "thd", interleaved=True),
+                compare.Config(4096, 8, 32, 128, "bf16", "sbhd")):
+        for trial in range(4):
+            no_gc = trial >= 2
+            if no_gc:
+                gc.disable()
+            before = torch.cuda.memory_stats()
+            row = compare.run_case(cfg, ["ropelib"], device="cuda")[0]
+            after = torch.cuda.memory_stats()
+            gc.enable()
+            mallocs = after.get("segment.all.allocated", 0) - before.get("segment.all.allocated", 0)
+            retries = after.get("num_alloc_retries", 0) - before.get("num_alloc_retries", 0)
+            print(f"{cfg.layout} il={cfg.interleaved} trial {trial} gc={'off' if no_gc else 'on '}: "
+                  f"fwd {row['ratio_fwd']:.3f} fwd+bwd {row['ratio_fwdbwd']:.3f} "
+                  f"(p20 {row['fwdbwd_ms_p20']*1e3:.0f} us, p50 {row['fwdbwd_ms']*1e3:.0f}, "
+                  f"p80 {row['fwdbwd_ms_p80']*1e3:.0f}) cudaMalloc segments +{mallocs} "
+                  f"retries +{retries}", flush=True)
+        # host time per forward+backward against GPU time, back to back without do_bench
+        case = compare.make_case(cfg, "cuda")
+        x = case.x.detach().clone().requires_grad_()
+        dy = torch.randn_like(x)
+        kw = dict(layout=cfg.layout, interleaved=cfg.interleaved, cu_seqlens=case.cu_seqlens)
+        for _ in range(5):
+            x.grad = None
+            ropelib.apply_rope(x, case.freqs, **kw).backward(dy)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        host = []
+        for _ in range(50):
+            h = time.perf_counter()
+            x.grad = None
+            ropelib.apply_rope(x, case.freqs, **kw).backward(dy)
+            host.append(time.perf_counter() - h)
+        e1.record()
+        torch.cuda.synchronize()
+        host.sort()
+        print(f"    50 back-to-back fwd+bwd: wall {(time.perf_counter() - t0) / 50 * 1e6:.0f} us/iter, "
+              f"GPU {e0.elapsed_time(e1) / 50 * 1e3:.0f} us/iter, host p50 {host[25] * 1e6:.0f} us, "
+              f"host max {host[-1] * 1e6:.0f} us")
+        del case, x, dy
+        torch.cuda.empty_cache()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--parts", default="1234")
+    ap.add_argument("--parts", default="12345")
     ap.add_argument("--choice-file", default=None, help="part 4 writes the better rule here")
     a = ap.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, triton.__version__)
@@ -289,6 +339,8 @@ def main():
         variants(a.quick)
     if "4" in a.parts:
         qk_rule(a.choice_file)
+    if "5" in a.parts:
+        fwdbwd_scatter()
 
 
 if __name__ == "__main__":
