@@ -164,3 +164,10 @@ def test_equal_halves_compares_bits():
     t[:, 2] = -0.0
     assert not api._equal_halves(t, 4, False)
     assert api._equal_halves(torch.ones(3, 4), 4, False)
+
+
+def test_public_clear_cache_forgets_plans():
+    ropelib.apply_rope(x4(), F)
+    assert api._CALLS
+    ropelib.clear_cache()
+    assert not api._CALLS

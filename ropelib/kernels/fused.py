@@ -28,6 +28,10 @@ tables (TE's convention) the transpose also swaps which member's sine is used:
 
 so backward is the forward kernel with (s_a, s_b) replaced by (-s_b, -s_a): one kernel, one
 constexpr.
+
+When the host has checked that the table's paired columns are equal (SAME_HALVES: TE's angle
+tables repeat every frequency), the kernel reads and evaluates one column per pair: half the
+sin/cos work, which matters where no batch loop amortises it (thd, batch 1).
 """
 import triton
 import triton.language as tl
