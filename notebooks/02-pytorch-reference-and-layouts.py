@@ -346,7 +346,8 @@ VIEW_OPS = {"aten::slice", "aten::alias", "aten::chunk", "aten::split", "aten::s
             "aten::transpose", "aten::unsqueeze", "aten::squeeze", "aten::expand", "aten::reshape",
             "aten::as_strided", "aten::narrow", "aten::permute", "aten::t", "aten::detach"}
 activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if GPU else [])
-xp = torch.randn(S, B, H, D, device=device, dtype=dtype)
+# an input that needs gradients, as in training: ropelib then runs as one autograd function
+xp = torch.randn(S, B, H, D, device=device, dtype=dtype, requires_grad=True)
 fp = rope_freqs(S, D).to(device)
 reference.te_unfused(xp, fp), ropelib.apply_rope(xp, fp)          # warm up (compile, caches)
 launched = {}
@@ -385,11 +386,12 @@ assert n_unfused >= 8 and n_fused < n_unfused
 if GPU:
     import triton
 
-    y_buf = torch.empty_like(xp)
-    t_unfused = triton.testing.do_bench(lambda: reference.te_unfused(xp, fp))
-    t_fused = triton.testing.do_bench(lambda: ropelib.apply_rope(xp, fp))
-    t_copy = triton.testing.do_bench(lambda: y_buf.copy_(xp))
-    moved = 2 * xp.numel() * xp.element_size() + fp.numel() * 4
+    xd = xp.detach()   # forward only: no autograd graph recorded while timing
+    y_buf = torch.empty_like(xd)
+    t_unfused = triton.testing.do_bench(lambda: reference.te_unfused(xd, fp))
+    t_fused = triton.testing.do_bench(lambda: ropelib.apply_rope(xd, fp))
+    t_copy = triton.testing.do_bench(lambda: y_buf.copy_(xd))
+    moved = 2 * xd.numel() * xd.element_size() + fp.numel() * 4
     for name, t in [("copy (floor)", t_copy), ("ropelib.apply_rope", t_fused), ("TE unfused", t_unfused)]:
         print(f"{name:20s} {t * 1e3:8.1f} us   {moved / t / 1e6:7.0f} GB/s of useful traffic")
     print(f"unfused / fused: {t_unfused / t_fused:.1f}x")

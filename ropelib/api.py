@@ -344,7 +344,8 @@ def _plan_tabs(pl: Plan, given: tuple):
     """The plan's tables; inspected for equal halves only when they are the given tensors (a
     converted copy is new on every call: inspecting it would cost a device read per call)."""
     t = pl.table
-    same = _same_tensors((t.c, t.s), given) and _same_halves(t.c, t.s, pl.R, pl.interleaved)
+    # inspect the given tensors (the plan's are views of them, new on every call)
+    same = _same_tensors((t.c, t.s), given) and _same_halves(*given, pl.R, pl.interleaved)
     return t.c, t.s, same
 
 

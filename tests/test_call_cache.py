@@ -171,3 +171,15 @@ def test_public_clear_cache_forgets_plans():
     assert api._CALLS
     ropelib.clear_cache()
     assert not api._CALLS
+
+
+def test_equal_halves_checked_once_per_table(monkeypatch):
+    """The check reads the device: once for a table reused by many calls, not once per call."""
+    seen = []
+    orig = api._equal_halves
+    monkeypatch.setattr(api, "_equal_halves", lambda *a: seen.append(1) or orig(*a))
+    api.clear_cache()
+    f = ropelib.rope_freqs(S, D).clone()
+    for _ in range(3):
+        ropelib.apply_rope(x4(), f)
+    assert len(seen) == 1
