@@ -208,8 +208,8 @@ class _Call:
     The tensors of a call are bound per call: `tabs` = ((cos or angles, sin or None) of q,
     the same of k, (explicit positions, start positions)). A call is *reusable* when the
     kernel's pointer arguments are exactly those tensors (no table had to be converted or made
-    contiguous); then every later call with the same signature (api._signature) runs its
-    launches without planning again.
+    contiguous); then every later call with the same signature (the key apply_rope builds
+    from _sig and _options) runs its launches without planning again.
     """
 
     def __init__(self, pq: Plan, pk: Optional[Plan], inplace: bool):
@@ -274,9 +274,8 @@ class _Call:
 
     def backward(self, gs, x_dtype, tabs):
         """Gradients of the inputs from gs (None where no gradient flows): rotate by -theta."""
-        live = [g for g in gs if g is not None]
         outs = [None if g is None else _out_like(g, x_dtype) for g in gs]
-        if self.empty or not live:
+        if self.empty or all(g is None for g in gs):
             return outs
         k_only = gs[0] is None
         key = (tuple(None if g is None else (g.stride(), g.dtype, g.data_ptr() & 15 == 0)
@@ -321,7 +320,7 @@ SAME_HALVES: bool = os.environ.get("ROPELIB_SAME_HALVES", "1") == "1"
 
 
 def _equal_halves(t: torch.Tensor, R: int, interleaved: bool) -> bool:
-    t = t if t.dim() == 2 else t[:, 0, 0, :]
+    t = V.table_2d(t, "table")
     a, b = (t[:, 0:R:2], t[:, 1:R:2]) if interleaved else (t[:, :R // 2], t[:, R // 2:R])
     bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
     return torch.equal(a.view(bits), b.view(bits))   # bitwise: -0.0 and 0.0 differ
@@ -335,16 +334,21 @@ def _same_halves(c, s, R: int, interleaved: bool) -> bool:
                for t in (c, s) if t is not None)
 
 
+def _given(freqs, cos, sin) -> tuple:
+    """The caller's tables as (cos or angles, sin or None)."""
+    return (freqs, None) if freqs is not None else (cos, sin)
+
+
 def _tab(freqs, cos, sin, R: int, interleaved: bool):
-    c, s = (freqs, None) if freqs is not None else (cos, sin)
+    c, s = _given(freqs, cos, sin)
     return c, s, _same_halves(c, s, R, interleaved)
 
 
 def _plan_tabs(pl: Plan, given: tuple):
-    """The plan's tables; inspected for equal halves only when they are the given tensors (a
-    converted copy is new on every call: inspecting it would cost a device read per call)."""
+    """The plan's tables; inspected for equal halves only when they are the given tensors, and
+    then through the given objects (a converted copy, or the plan's view, is new on every call:
+    inspecting it would cost a device read per call)."""
     t = pl.table
-    # inspect the given tensors (the plan's are views of them, new on every call)
     same = _same_tensors((t.c, t.s), given) and _same_halves(*given, pl.R, pl.interleaved)
     return t.c, t.s, same
 
@@ -356,6 +360,17 @@ def _same_tensors(planned, given) -> bool:
     return all((a is None and b is None) or (a is not None and b is not None
                and a.data_ptr() == b.data_ptr() and a.dtype == b.dtype)
                for a, b in zip(planned[:2], given[:2]))
+
+
+def _bound_positions(x, pl: Plan, P: int, start_positions, position_ids, cu_seqlens, cp_size,
+                     cp_rank) -> tuple:
+    """(explicit positions, start positions) of a cached call: its index tensors checked and
+    derived (positions(), remembered per tensor), or (None, None) when it has none."""
+    if start_positions is None and position_ids is None and cu_seqlens is None:
+        return None, None
+    p = positions(x, pl.layout, pl.S, pl.B, P, start_positions, position_ids, cu_seqlens,
+                  cp_size, cp_rank)
+    return p.explicit, p.start
 
 
 def _sig(t):
@@ -434,11 +449,8 @@ def apply_rope(x: torch.Tensor, freqs: Optional[torch.Tensor] = None, *,
         key = call = None
     if call is not None:
         pl = call.pq
-        pos = (None, None)
-        if start_positions is not None or position_ids is not None or cu_seqlens is not None:
-            p = positions(x, pl.layout, pl.S, pl.B, pl.table.length, start_positions,
-                          position_ids, cu_seqlens, cp_size, cp_rank)
-            pos = (p.explicit, p.start)
+        pos = _bound_positions(x, pl, pl.table.length, start_positions, position_ids, cu_seqlens,
+                               cp_size, cp_rank)
         tab = _tab(freqs, cos, sin, pl.R, pl.interleaved)
         return _apply(call, (tab, tab, pos), x)
     pl = plan(x, freqs, cos=cos, sin=sin, layout=layout, interleaved=interleaved,
@@ -447,7 +459,7 @@ def apply_rope(x: torch.Tensor, freqs: Optional[torch.Tensor] = None, *,
     if inplace:
         _check_inplace(x, "x")
     call = _Call(pl, None, bool(inplace))
-    given = (freqs, None) if freqs is not None else (cos, sin)
+    given = _given(freqs, cos, sin)
     tab = _plan_tabs(pl, given)
     out = _apply(call, (tab, tab, (pl.pos.explicit, pl.pos.start)), x)
     if _same_tensors(tab, given):
@@ -478,11 +490,8 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, freqs: Optional[torch.Tensor
         key = call = None
     if call is not None and not (inplace and _share_storage(q, k)):
         pl = call.pq
-        pos = (None, None)
-        if start_positions is not None or position_ids is not None or cu_seqlens is not None:
-            p = positions(q, pl.layout, pl.S, pl.B, min(pl.table.length, call.pk.table.length),
-                          start_positions, position_ids, cu_seqlens, cp_size, cp_rank)
-            pos = (p.explicit, p.start)
+        pos = _bound_positions(q, pl, min(pl.table.length, call.pk.table.length),
+                               start_positions, position_ids, cu_seqlens, cp_size, cp_rank)
         R, il = pl.R, pl.interleaved
         return _apply(call, (_tab(freqs, cos, sin, R, il), _tab(k_freqs, k_cos, k_sin, R, il), pos),
                       q, k)
@@ -505,8 +514,7 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, freqs: Optional[torch.Tensor
         if _share_storage(q, k):
             raise ValueError("inplace=True with q and k sharing storage is ambiguous; pass inplace=False")
     call = _Call(pq, pk, bool(inplace))
-    given = (freqs, None) if freqs is not None else (cos, sin)
-    kgiven = (k_freqs, None) if k_freqs is not None else (k_cos, k_sin)
+    given, kgiven = _given(freqs, cos, sin), _given(k_freqs, k_cos, k_sin)
     tab, ktab = _plan_tabs(pq, given), _plan_tabs(pk, kgiven)
     out = _apply(call, (tab, ktab, (pq.pos.explicit, pq.pos.start)), q, k)
     if _same_tensors(tab, given) and _same_tensors(ktab, kgiven):

@@ -229,12 +229,9 @@ class Prepared:
             self._stream = _takes_stream(self._run) and self.device.index is not None
 
 
-def _current_stream(index: int) -> int:
-    return torch.cuda.current_stream(index).cuda_stream
-
-
-if hasattr(torch._C, "_cuda_getCurrentRawStream"):
-    _current_stream = torch._C._cuda_getCurrentRawStream   # noqa: F811  (the same, in C)
+# The current CUDA stream of a device as an int (torch's C accessor where it has one).
+_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+    lambda index: torch.cuda.current_stream(index).cuda_stream)
 
 
 def _takes_stream(fn) -> bool:
