@@ -5,13 +5,15 @@ Set TRITON_INTERPRET=1 before importing ropelib to run the kernels on a CPU (Tri
 interpreter); nothing here touches the GPU at import time.
 """
 from . import frequencies, reference, runtime
-from .api import apply_rope, apply_rope_qk, clear_cache
+from . import ops  # noqa: F401  (registers torch.ops.ropelib.*)
+from .api import apply_rope, apply_rope_qk
 from .frequencies import rope_cos_sin, rope_freqs
 from .module import RotaryEmbedding
 from .runtime import INTERPRET, default_device, on_gpu
+from .validation import index_checks, set_index_checks
 from . import hf, te  # noqa: E402  (drop-ins; import after the API they wrap)
 
 __version__ = "0.1.0"
-__all__ = ["apply_rope", "apply_rope_qk", "clear_cache", "RotaryEmbedding", "rope_freqs", "rope_cos_sin",
-           "frequencies", "reference", "runtime", "te", "hf", "INTERPRET", "default_device",
-           "on_gpu"]
+__all__ = ["apply_rope", "apply_rope_qk", "RotaryEmbedding", "rope_freqs", "rope_cos_sin",
+           "set_index_checks", "index_checks", "frequencies", "reference", "runtime", "ops", "te",
+           "hf", "INTERPRET", "default_device", "on_gpu"]

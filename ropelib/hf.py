@@ -11,9 +11,9 @@ from typing import Optional, Tuple
 
 import torch
 
+from . import ops
 from . import validation as V
-from .api import Plan, _Call, _apply, _view4
-from .kernels.launch import Positions, Table
+from .api import saveable, check_no_table_grad, needs_grad
 
 __all__ = ["apply_rotary_pos_emb"]
 
@@ -21,6 +21,11 @@ __all__ = ["apply_rotary_pos_emb"]
 def _hf_table(t: torch.Tensor, name: str) -> torch.Tensor:
     V.check_tensor(t, name, dims=(2, 3))
     return t if t.dim() == 3 else t.unsqueeze(0)   # [B or 1, S, R]
+
+
+# HF unsqueezes cos/sin at this dim to broadcast over heads: 1 (or -3) for q [b, h, s, d],
+# 2 (or -2) for q [b, s, h, d].
+_LAYOUT_OF_UNSQUEEZE_DIM = {1: "bhsd", -3: "bhsd", 2: "bshd", -2: "bshd"}
 
 
 def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
@@ -35,7 +40,7 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
         cos, sin: `[batch or 1, seq, head_dim]` (or `[seq, head_dim]`), already gathered at the
             positions, as HF's rotary modules return them.
         position_ids: deprecated and unused, as in transformers.
-        unsqueeze_dim: 1 or 2, the dimension along which cos/sin broadcast over heads.
+        unsqueeze_dim: 1 or 2 (or -3 / -2), the dimension along which cos/sin broadcast over heads.
     Returns:
         (q_embed, k_embed), dtype promoted from q's and cos's like HF's arithmetic.
     """
@@ -43,14 +48,15 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     for t, name in ((q, "q"), (k, "k")):
         V.check_tensor(t, name, dims=(4,))
         V.check_kernel_device(t, name)
-    if unsqueeze_dim not in (1, 2):
-        raise ValueError(f"unsqueeze_dim must be 1 ([b, h, s, d]) or 2 ([b, s, h, d]), got {unsqueeze_dim!r}")
+    if type(unsqueeze_dim) is not int or unsqueeze_dim not in _LAYOUT_OF_UNSQUEEZE_DIM:
+        raise ValueError(f"unsqueeze_dim must be 1 ([b, h, s, d]) or 2 ([b, s, h, d]) (or -3, "
+                         f"-2), got {unsqueeze_dim!r}")
     if q.dtype != k.dtype:
         raise TypeError(f"q and k must have the same dtype, got {q.dtype} and {k.dtype}")
     V.check_same_device(q, "q", k=k, cos=cos, sin=sin)
     c, s = V.cos_sin_pair(_hf_table(cos, "cos"), _hf_table(sin, "sin"))
-    layout = "bhsd" if unsqueeze_dim == 1 else "bshd"
-    q4, k4 = _view4(q, layout), _view4(k, layout)
+    layout = _LAYOUT_OF_UNSQUEEZE_DIM[unsqueeze_dim]
+    q4, k4 = ops.view4(q, layout), ops.view4(k, layout)
     S, B, D = q4.shape[0], q4.shape[1], q4.shape[3]
     if k4.shape[0] != S or k4.shape[1] != B or k4.shape[3] != D:
         raise ValueError(f"q and k must agree in batch, seq and head_dim, got {tuple(q.shape)} and {tuple(k.shape)}")
@@ -61,8 +67,10 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     V.check_rotary_dim(R, D, "cos")
     if c.shape[1] != S or c.shape[0] not in (1, B):
         raise ValueError(f"cos/sin must be [batch or 1, seq={S}, {D}] or [seq, {D}], got {tuple(cos.shape)}")
-    table = Table(c, s, S, c.stride(1), c.stride(0) if c.shape[0] > 1 else 0, c.stride(2))
+    check_no_table_grad(("cos", c), ("sin", s))
+    if needs_grad(q, k):
+        c, s = saveable(c), saveable(s)
     out_dtype = torch.promote_types(q.dtype, cos.dtype)
-    pl = Plan(layout, S, B, D, R, table, Positions(), False, out_dtype)
-    tab = (c, s, False)   # tables gathered per call: not worth a device read to inspect
-    return _apply(_Call(pl, pl, False), (tab, tab, (None, None)), q, k)
+    # the rows of cos/sin are the tokens already: position s reads row s (of its batch entry)
+    return ops.rope_qk(q, k, c, s, c, s, None, None, None, layout, False, 1, 0, False,
+                       out_dtype)

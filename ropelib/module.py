@@ -7,7 +7,6 @@ import torch
 from .api import apply_rope, apply_rope_qk
 from .frequencies import rope_cos_sin, rope_freqs, rotary_dim
 from .reference import LAYOUTS
-from .validation import remembered
 
 
 class RotaryEmbedding(torch.nn.Module):
@@ -20,8 +19,15 @@ class RotaryEmbedding(torch.nn.Module):
         interleaved: pair (2j, 2j+1) (GPT-J) instead of (j, j + R/2) (GPT-NeoX/Llama).
         scaling: None or a scaling from ropelib.frequencies (Linear, NTK, DynamicNTK, Llama3,
             YaRN). YaRN's attention factor is applied through a cos/sin table.
-        max_seq_len: initial table length; the table grows (doubling) when a call needs more.
+        max_seq_len: positions the table covers. It grows (doubling) when an input's sequence
+            is longer, but index tensors (start_positions, position_ids, cu_seqlens) are not read
+            to find their largest position (that would synchronise with the GPU): set
+            max_seq_len to the longest position you use, e.g. the KV cache's length. A position
+            outside the table gives NaN (or an error where ropelib.set_index_checks asks).
         layout: "sbhd", "bshd" or "thd" for the tensors passed to forward.
+
+    The tables stay float32 whatever the module is converted to (`.to(torch.bfloat16)`,
+    `.half()`): angles rounded to 16 bits would be off by radians at long positions.
 
     forward(q, k=None, *, start_positions=None, position_ids=None, cu_seqlens=None) returns the
     rotated q, or (q, k) rotated in one launch.
@@ -44,7 +50,7 @@ class RotaryEmbedding(torch.nn.Module):
         self._build(max_seq_len, None)
 
     def _build(self, length: int, device) -> None:
-        # Built on the CPU and moved, so the table has the same bits on every device.
+        # Built in float32 on the CPU and moved, so the table has the same bits on every device.
         opts = dict(base=self.base, rotary_percent=self.rotary_percent,
                     interleaved=self.interleaved, scaling=self.scaling)
         if self._use_table:
@@ -53,36 +59,30 @@ class RotaryEmbedding(torch.nn.Module):
         else:
             self.freqs = rope_freqs(length, self.head_dim, **opts).to(device)
 
+    def _apply(self, fn, recurse=True):
+        # .to(dtype) / .half() would round the tables: rebuild them in float32 where they went.
+        super()._apply(fn, recurse)
+        table = self.cos if self._use_table else self.freqs
+        if table.dtype != torch.float32:
+            self._build(table.shape[0], table.device)
+        return self
+
     def table_length(self) -> int:
         return (self.cos if self._use_table else self.freqs).shape[0]
 
-    def _needed(self, x, start_positions, position_ids, cu_seqlens) -> int:
-        # Maxima of index tensors are read from the device once per tensor object and version
-        # (validation.remembered), so a layer stack reusing them synchronises once.
-        def most(t):
-            return remembered(t, ("max",), lambda: int(t.max())) if t.numel() else 0
-        if position_ids is not None:
-            return most(position_ids) + 1 if position_ids.numel() else 0
-        if self.layout == "thd":
-            longest = remembered(cu_seqlens, ("longest",), lambda: int(
-                (cu_seqlens[1:] - cu_seqlens[:-1]).max()) if cu_seqlens.numel() > 1 else 0) \
-                if cu_seqlens is not None else 0
-        else:
-            longest = x.shape[0] if self.layout == "sbhd" else x.shape[1]
-        return longest + (most(start_positions) if start_positions is not None else 0)
-
     def forward(self, q: torch.Tensor, k: Optional[torch.Tensor] = None, *,
                 start_positions=None, position_ids=None, cu_seqlens=None):
-        need = self._needed(q, start_positions, position_ids, cu_seqlens)
-        ref = self.cos if self._use_table else self.freqs
-        if need > ref.shape[0]:
-            self._build(max(need, 2 * ref.shape[0]), q.device)   # grow by doubling
-        elif ref.device != q.device:
-            self._build(ref.shape[0], q.device)
-        table = (dict(cos=self.cos, sin=self.sin) if self._use_table else dict(freqs=self.freqs))
+        table = self.cos if self._use_table else self.freqs
+        if self.layout != "thd":    # an input longer than the table: grow it (shapes only)
+            length = q.shape[0] if self.layout == "sbhd" else q.shape[1]
+            if length > table.shape[0]:
+                self._build(max(length, 2 * table.shape[0]), q.device)
+        if (self.cos if self._use_table else self.freqs).device != q.device:
+            self._build(table.shape[0], q.device)
+        tables = dict(cos=self.cos, sin=self.sin) if self._use_table else dict(freqs=self.freqs)
         opts = dict(layout=self.layout, interleaved=self.interleaved,
                     start_positions=start_positions, position_ids=position_ids,
-                    cu_seqlens=cu_seqlens, **table)
+                    cu_seqlens=cu_seqlens, **tables)
         if k is None:
             return apply_rope(q, **opts)
         return apply_rope_qk(q, k, **opts)

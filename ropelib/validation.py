@@ -1,13 +1,19 @@
 """Argument checks shared by every public entry point.
 
-Each check raises before any kernel runs, names the argument and says what was expected. Checks
-that need tensor *values* (position bounds, cu_seqlens) read a few integers back from the device
-once per call; they are skipped while a CUDA graph is being captured, where the kernel's clamp
-still keeps every read inside the table.
+Each check raises before any kernel runs, names the argument and says what was expected.
+
+Two kinds of check:
+- **Shape, dtype, stride and device checks** read only tensor metadata. They are always on,
+  cost no synchronisation and trace under torch.compile.
+- **Index value checks** (positions inside the table, well-formed cu_seqlens) must read the
+  index tensors' values. Reading a GPU tensor on the host waits for the GPU, so by default they
+  run only where the values already sit in host memory (CPU tensors). `set_index_checks("on")`
+  (or `ROPELIB_CHECK_INDICES=on`) checks GPU index tensors too, at one synchronisation per
+  call: use it while debugging. Under torch.compile they never run. Whatever the setting, the
+  kernel never reads outside the table: a token whose position lies outside it comes out NaN.
 """
+import contextlib
 import os
-import weakref
-from typing import Callable
 
 import torch
 
@@ -15,15 +21,20 @@ from .reference import LAYOUTS
 from .runtime import check_kernel_device  # noqa: F401  (used as V.check_kernel_device)
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+ANGLE_DTYPES = (torch.float32, torch.float64)
+INT_DTYPES = (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)
 MAX_HEAD_DIM = 1024
+
+
+def _dtype_names(dtypes) -> str:
+    return ", ".join(str(d).replace("torch.", "") for d in dtypes)
 
 
 def check_tensor(t, name: str, *, dims=None, dtypes=FLOAT_DTYPES) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if dtypes is not None and t.dtype not in dtypes:
-        names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
-        raise TypeError(f"{name} must have dtype in ({names}), got {t.dtype}")
+        raise TypeError(f"{name} must have dtype in ({_dtype_names(dtypes)}), got {t.dtype}")
     if dims is not None and t.dim() not in dims:
         want = " or ".join(str(d) for d in dims)
         raise ValueError(f"{name} must be {want}-D, got shape {tuple(t.shape)}")
@@ -31,8 +42,13 @@ def check_tensor(t, name: str, *, dims=None, dtypes=FLOAT_DTYPES) -> None:
 
 def check_int_tensor(t, name: str, dims) -> None:
     check_tensor(t, name, dims=dims, dtypes=None)
-    if t.dtype not in (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8):
+    if t.dtype not in INT_DTYPES:
         raise TypeError(f"{name} must be an integer tensor, got {t.dtype}")
+
+
+def check_bool(v, name: str) -> None:
+    if not isinstance(v, bool):
+        raise TypeError(f"{name} must be a bool, got {v!r}")
 
 
 def check_same_device(ref: torch.Tensor, ref_name: str, **others) -> None:
@@ -54,9 +70,9 @@ def check_layout(x: torch.Tensor, layout: str, name: str = "x") -> None:
         raise ValueError(f"{name} has an empty head or feature dimension: {tuple(x.shape)}")
 
 
-def table_2d(t: torch.Tensor, name: str) -> torch.Tensor:
+def table_2d(t, name: str, dtypes=FLOAT_DTYPES) -> torch.Tensor:
     """A table given as [P, R] or TE's [P, 1, 1, R] -> a [P, R] view."""
-    check_tensor(t, name, dims=(2, 4))
+    check_tensor(t, name, dims=(2, 4), dtypes=dtypes)
     if t.dim() == 4:
         if t.shape[1] != 1 or t.shape[2] != 1:
             raise ValueError(f"{name} must be [P, 1, 1, R] (TE convention) or [P, R], "
@@ -65,10 +81,28 @@ def table_2d(t: torch.Tensor, name: str) -> torch.Tensor:
     return t
 
 
-def cos_sin_pair(c: torch.Tensor, s: torch.Tensor):
-    """cos and sin tables of one shape, with one set of strides (the kernel reads both with it)."""
+def angle_table(freqs, name: str = "freqs") -> torch.Tensor:
+    """Angles [P, 1, 1, R] or [P, R], float32 (float64 allowed) -> a [P, R] view."""
+    check_tensor(freqs, name, dims=(2, 4), dtypes=None)
+    if freqs.dtype not in ANGLE_DTYPES:
+        raise TypeError(
+            f"{name} must be float32 angles (float64 allowed), got {freqs.dtype}: angles rounded "
+            f"to {str(freqs.dtype).replace('torch.', '')} are off by up to "
+            f"{'0.4%' if freqs.dtype == torch.bfloat16 else '0.05%'} of the angle (radians at "
+            "long positions); build them with ropelib.rope_freqs, or keep the table in float32 "
+            "when the model runs in 16 bits (as Transformer Engine requires)")
+    return table_2d(freqs, name, dtypes=None)
+
+
+def cos_sin_pair(c: torch.Tensor, s: torch.Tensor, names=("cos", "sin")):
+    """cos and sin tables of one shape and dtype, with one set of strides (the kernel reads both
+    with it)."""
     if c.shape != s.shape:
-        raise ValueError(f"cos and sin must have the same shape, got {tuple(c.shape)} and {tuple(s.shape)}")
+        raise ValueError(f"{names[0]} and {names[1]} must have the same shape, got "
+                         f"{tuple(c.shape)} and {tuple(s.shape)}")
+    if c.dtype != s.dtype:
+        raise TypeError(f"{names[0]} and {names[1]} must have the same dtype, got {c.dtype} "
+                        f"and {s.dtype}")
     if c.stride() != s.stride():
         c, s = c.contiguous(), s.contiguous()
     return c, s
@@ -84,9 +118,9 @@ def check_rotary_dim(R: int, D: int, name: str) -> None:
 
 
 def check_cp(cp_size, cp_rank) -> None:
-    if not isinstance(cp_size, int) or cp_size < 1:
+    if type(cp_size) is not int or cp_size < 1:
         raise ValueError(f"cp_size must be an int >= 1, got {cp_size!r}")
-    if not isinstance(cp_rank, int) or not 0 <= cp_rank < cp_size:
+    if type(cp_rank) is not int or not 0 <= cp_rank < cp_size:
         raise ValueError(f"cp_rank must be an int in [0, cp_size={cp_size}), got {cp_rank!r}")
 
 
@@ -101,61 +135,81 @@ def non_overlapping(t: torch.Tensor) -> bool:
     return True
 
 
-CHECK_VALUES: bool = os.environ.get("ROPELIB_CHECK_VALUES", "1") == "1"
+def memory_overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Could a and b share an element? (Same storage and intersecting address ranges.)"""
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+
+    def extent(t):
+        lo = t.storage_offset() * t.element_size()
+        span = sum((n - 1) * st for n, st in zip(t.shape, t.stride())) * t.element_size()
+        return lo, lo + span + t.element_size()
+    (a0, a1), (b0, b1) = extent(a), extent(b)
+    return a0 < b1 and b0 < a1
 
 
-def check_values(enabled: bool) -> None:
-    """Turn the checks of index *values* (positions inside the table, cu_seqlens) on or off.
+# --- index value checks ---------------------------------------------------------------------
 
-    They are on by default. Each reads a few integers back from the GPU (a synchronisation) the
-    first time a given index tensor is seen; results are remembered per tensor object and
-    version, so tensors reused across layers and steps are checked once. Off, out-of-range
-    positions are clamped to the table in the kernel (memory-safe, but a wrong answer).
+_INDEX_CHECK_MODES = ("auto", "on", "off")
+_index_checks = os.environ.get("ROPELIB_CHECK_INDICES", "auto")
+if _index_checks not in _INDEX_CHECK_MODES:
+    raise ValueError(f"ROPELIB_CHECK_INDICES must be one of {_INDEX_CHECK_MODES}, "
+                     f"got {_index_checks!r}")
+
+
+def set_index_checks(mode: str):
+    """When the values of index tensors (positions, cu_seqlens) are checked on the host.
+
+    "auto" (the default): index tensors in CPU memory are checked, GPU ones are not (reading
+    them would synchronise with the GPU); "on": all are checked, one synchronisation per call;
+    "off": none. Never under torch.compile. Unchecked positions outside the table give NaN rows.
+    Returns a context manager that restores the previous mode, so it also works as
+    `with ropelib.set_index_checks("on"): ...`.
     """
-    global CHECK_VALUES
-    CHECK_VALUES = bool(enabled)
+    global _index_checks
+    if mode not in _INDEX_CHECK_MODES:
+        raise ValueError(f"mode must be one of {_INDEX_CHECK_MODES}, got {mode!r}")
+    previous, _index_checks = _index_checks, mode
+
+    @contextlib.contextmanager
+    def restore():
+        try:
+            yield
+        finally:
+            set_index_checks(previous)
+    return restore()
+
+
+def index_checks() -> str:
+    """The current mode of the index value checks ("auto", "on" or "off")."""
+    return _index_checks
 
 
 def values_checkable(*tensors) -> bool:
-    """Value checks read from the device; not allowed while capturing a CUDA graph."""
-    if not CHECK_VALUES:
+    """Should the values of these index tensors be read on the host now?"""
+    if _index_checks == "off" or torch.compiler.is_compiling():
         return False
-    if any(t is not None and t.is_cuda for t in tensors):
-        return not torch.cuda.is_current_stream_capturing()
-    return True
+    present = [t for t in tensors if t is not None]
+    if _index_checks == "on":
+        return not any(t.is_cuda for t in present) or not torch.cuda.is_current_stream_capturing()
+    return all(t.device.type == "cpu" for t in present)
 
 
-_SEEN: dict = {}
-
-
-def remembered(t: torch.Tensor, extra: tuple, compute: Callable):
-    """compute() once per (tensor object, its version, extra); later calls return the result.
-
-    Index tensors (cu_seqlens, start_positions, position_ids) are usually reused for every
-    layer: checking and deriving from them once keeps synchronisations out of the hot path.
-    An in-place change of the tensor bumps its version and invalidates the entry.
-    """
-    key = (id(t), extra)
-    hit = _SEEN.get(key)
-    if hit is not None and hit[0]() is t and hit[1] == t._version:
-        return hit[2]
-    result = compute()
-    if len(_SEEN) > 4096:
-        for k in [k for k, v in _SEEN.items() if v[0]() is None]:
-            del _SEEN[k]
-        if len(_SEEN) > 4096:
-            _SEEN.clear()
-    _SEEN[key] = (weakref.ref(t), t._version, result)
-    return result
-
-
-def check_cu_seqlens(cu: torch.Tensor, total: int, cp_size: int, name="cu_seqlens") -> None:
-    """cu_seqlens: [n+1] ints, 0-based, non-decreasing, cu[-1] // cp_size == total local tokens."""
-    check_int_tensor(cu, name, dims=(1,))
-    if cu.shape[0] < 2:
-        raise ValueError(f"{name} must have at least 2 entries ([0, len0, ...]), got {cu.shape[0]}")
-    if not values_checkable(cu):
+def _check_range(t: torch.Tensor, limit: int, message: str) -> None:
+    """Raise ValueError(message) unless every value of t lies in [0, limit) (one host read)."""
+    if t.numel() == 0:
         return
+    lo, hi = torch.stack([t.min(), t.max()]).tolist()
+    if lo < 0 or hi >= limit:
+        raise ValueError(message.format(lo=lo, hi=hi, P=limit))
+
+
+def check_cu_seqlens(cu: torch.Tensor, total: int, cp_size: int, name="cu_seqlens") -> list:
+    """cu_seqlens [n+1]: 0-based, non-decreasing, cu[-1] // cp_size == total local tokens.
+
+    Returns the local sequence lengths."""
     v = cu.tolist()
     if v[0] != 0:
         raise ValueError(f"{name} must start at 0, got {v[0]}")
@@ -168,3 +222,26 @@ def check_cu_seqlens(cu: torch.Tensor, total: int, cp_size: int, name="cu_seqlen
     if v[-1] // cp_size != total:
         raise ValueError(f"{name}[-1] // cp_size = {v[-1] // cp_size} must equal the number of "
                          f"tokens in t ({total})")
+    return [n // cp_size for n in lens]
+
+
+def check_index_values(*, S: int, B: int, P: int, layout: str, start_positions=None,
+                       position_ids=None, cu_seqlens=None, cp_size: int = 1) -> None:
+    """Positions inside the table of P rows, and well-formed cu_seqlens (reads the values)."""
+    if position_ids is not None:
+        _check_range(position_ids, P, "position_ids must lie in [0, {P}) (the table has {P} "
+                     "rows), got values in [{lo}, {hi}]")
+        return
+    if layout == "thd":
+        lens = check_cu_seqlens(cu_seqlens, S, cp_size)
+        starts = start_positions.tolist() if start_positions is not None else [0] * len(lens)
+        for i, (n, s0) in enumerate(zip(lens, starts)):
+            if n and (s0 < 0 or s0 + n * cp_size > P):
+                raise ValueError(
+                    f"the positions of sequence {i} ({s0}..{s0 + n * cp_size - 1}, from cu_seqlens, "
+                    f"start_positions and cp) must lie inside the table of {P} rows")
+        return
+    if start_positions is not None and B:
+        _check_range(start_positions, P - S * cp_size + 1,
+                     "start_positions + seq_len*cp_size must fit in the table of " f"{P} rows, "
+                     "got start_positions in [{lo}, {hi}] with " f"seq_len={S}, cp_size={cp_size}")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import ropelib
-import ropelib.api as api
+import ropelib.ops as ops
 from ropelib.reference import rope_reference
 
 S, B, H, D = 6, 2, 2, 16
@@ -141,8 +141,10 @@ def test_inplace_autograd(seeded):
     leaf2 = leaf.detach().clone().requires_grad_(True)
     (ropelib.apply_rope(leaf2, freqs) * g).sum().backward()
     torch.testing.assert_close(leaf.grad, leaf2.grad, atol=0, rtol=0)
-    with pytest.raises(RuntimeError):   # a leaf that requires grad cannot be modified in place
+    before = leaf.detach().clone()
+    with pytest.raises(ValueError, match="leaf"):   # refused before anything is written
         ropelib.apply_rope(leaf, freqs, inplace=True)
+    assert torch.equal(leaf.detach(), before)
 
 
 def test_inplace_qk(seeded):
@@ -159,15 +161,15 @@ def test_inplace_qk(seeded):
 
 @pytest.fixture
 def poisoned(monkeypatch):
-    """Every output buffer that apply_rope allocates starts as NaN."""
-    orig = api._out_like
+    """Every output buffer that ropelib's operators allocate starts as NaN."""
+    orig = ops._empty_like
 
     def nan_out(x, dtype=None):
         out = orig(x, dtype)
         out.fill_(float("nan"))
         return out
 
-    monkeypatch.setattr(api, "_out_like", nan_out)
+    monkeypatch.setattr(ops, "_empty_like", nan_out)
     return nan_out
 
 
@@ -194,7 +196,7 @@ def test_poisoned_outputs_fully_written(poisoned, layout, rp, interleaved, seede
 
 
 def test_poison_fixture_is_effective(poisoned):
-    out = api._out_like(torch.zeros(2, 3))
+    out = ops._empty_like(torch.zeros(2, 3))
     assert torch.isnan(out).all()
 
 
@@ -246,12 +248,20 @@ def test_module_matches_reference_and_grows(layout, seeded):
     assert m.table_length() == 4
     x = torch.randn((S, B, H, D) if layout == "sbhd" else (B, S, H, D))
     y = m(x)
-    assert m.table_length() >= S
+    assert m.table_length() >= S, "a longer input grows the table (from its shape)"
     freqs = ropelib.rope_freqs(S, D, rotary_percent=0.5)
     torch.testing.assert_close(y, rope_reference(x, freqs, layout=layout), atol=1e-5, rtol=1e-5)
     sp = torch.tensor([9, 2])
+    # index tensors are not read to grow the table: positions past it are refused (CPU index
+    # tensors are checked) ...
+    with pytest.raises(ValueError, match="start_positions"):
+        m(x, start_positions=sp)
+    # ... or, unchecked, come out NaN, never a silently clamped row
+    with ropelib.set_index_checks("off"):
+        bad = m(x, start_positions=sp)
+    assert torch.isnan(bad).any()
+    m = ropelib.RotaryEmbedding(D, rotary_percent=0.5, max_seq_len=S + 9, layout=layout)
     y2 = m(x, start_positions=sp)
-    assert m.table_length() >= S + 9
     freqs = ropelib.rope_freqs(S + 9, D, rotary_percent=0.5)
     torch.testing.assert_close(y2, rope_reference(x, freqs, layout=layout, start_positions=sp),
                                atol=1e-5, rtol=1e-5)
@@ -263,7 +273,7 @@ def test_module_matches_reference_and_grows(layout, seeded):
 
 
 def test_module_thd_and_position_ids(seeded):
-    m = ropelib.RotaryEmbedding(D, interleaved=True, max_seq_len=2, layout="thd")
+    m = ropelib.RotaryEmbedding(D, interleaved=True, max_seq_len=34, layout="thd")
     x = torch.randn(7, H, D)
     cu = torch.tensor([0, 3, 7])
     y = m(x, cu_seqlens=cu)
@@ -272,10 +282,11 @@ def test_module_thd_and_position_ids(seeded):
                                                  cu_seqlens=cu), atol=1e-5, rtol=1e-5)
     pid = torch.tensor([0, 1, 2, 30, 31, 32, 33])
     y2 = m(x, position_ids=pid)
-    assert m.table_length() >= 34
     freqs = ropelib.rope_freqs(34, D, interleaved=True)
     torch.testing.assert_close(y2, rope_reference(x, freqs, layout="thd", interleaved=True,
                                                   position_ids=pid), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="position_ids"):
+        m(x, position_ids=pid + 1)
 
 
 def test_module_yarn_uses_scaled_cos_sin(seeded):

@@ -12,8 +12,10 @@ BF16_RTNE: bool = INTERPRET
 
 @triton.jit
 def round_to(y, DTYPE: tl.constexpr, BF16_RTNE: tl.constexpr):
-    """Cast fp32 `y` to DTYPE with round-to-nearest-even, also in the interpreter."""
+    """Cast fp32 (or fp64) `y` to DTYPE with round-to-nearest-even, also in the interpreter."""
     if BF16_RTNE and DTYPE == tl.bfloat16:
+        if y.dtype == tl.float64:
+            y = y.to(tl.float32)   # fp64 math (fp64 tables or outputs) rounds through fp32 here
         u = y.to(tl.uint32, bitcast=True)
         u = (u + 0x7FFF + ((u >> 16) & 1)) >> 16    # NaN stays NaN, overflow goes to inf
         return u.to(tl.uint16).to(tl.bfloat16, bitcast=True)

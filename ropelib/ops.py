@@ -1,0 +1,247 @@
+"""ropelib's PyTorch operators: the seam between the public API and the kernel.
+
+    torch.ops.ropelib.rope(x, ...)          -> y            rotate one tensor
+    torch.ops.ropelib.rope_qk(q, k, ...)    -> (q', k')     q and k in one launch
+    torch.ops.ropelib.rope_(x, ...)                          in place (no autograd)
+    torch.ops.ropelib.rope_qk_(q, k, ...)                    in place (no autograd)
+    torch.ops.ropelib.rope_qkv(qkv, ...)    -> (q, k, v)    Transformer Engine's packed QKV
+    torch.ops.ropelib.rope_qkv_backward(gq, gk, gv, ...) -> gqkv
+
+Each is registered with torch.library: on a GPU as a `triton_op`, so torch.compile sees the
+Triton kernel itself and Inductor launches it; in Triton's interpreter (CPU) as an opaque
+`custom_op`, whose kernel runs as Python. Both have a fake implementation (the same code, which
+only allocates when given fake tensors) and the functional ones an autograd formula: the
+backward of a rotation is the same op rotating by -theta, itself differentiable, so double
+backward works. What the backward reads (tables and index tensors) is saved for backward, so
+changing one of them in place between forward and backward raises autograd's usual error.
+
+Arguments are validated by the public API (ropelib.api) before they get here. Shared arguments:
+  table [P, R] or [B or 1, P, R]: angles (sin None) or cos, with sin of the same shape;
+  position_ids [B or 1, S] | cu_seqlens [N + 1] (layout "thd") | start_positions [B] or [N];
+  layout: "sbhd", "bshd", "thd" or "bhsd" (Hugging Face's [B, H, S, D]).
+"""
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from .kernels.launch import Positions, Table, View, plan, run
+from .runtime import INTERPRET
+
+
+def _define(name: str, mutates_args=()):
+    """Register fn as the op `name`: a triton_op on GPUs, a custom_op in the interpreter."""
+    def register(fn):
+        if INTERPRET:
+            op = torch.library.custom_op(name, mutates_args=mutates_args)(fn)
+            op.register_fake(fn)    # fn allocates; the launch does nothing for fake tensors
+            return op
+        return torch.library.triton_op(name, mutates_args=mutates_args)(fn)
+    return register
+
+
+def view4(t: Tensor, layout: str) -> Tensor:
+    """x in `layout` -> a [S, B, H, D] view of the same memory."""
+    if layout == "sbhd":
+        return t
+    if layout == "bshd":
+        return t.transpose(0, 1)
+    if layout == "bhsd":    # Hugging Face's [B, H, S, D]
+        return t.permute(2, 0, 1, 3)
+    return t.unsqueeze(1)   # thd -> [T, 1, H, D]
+
+
+def _launch(pairs: Sequence[Tuple[View, View]], tables: Sequence[Table], positions: Positions,
+            *, interleaved: bool, backward: bool, copy_pass: bool) -> None:
+    """Rotate pairs [(input, output)] (q, then optionally k) in one launch."""
+    (q, q_out), tq = pairs[0], tables[0]
+    S, B = q.tensor.shape[0], q.tensor.shape[1]
+    if S == 0 or B == 0:
+        return
+    k, k_out = pairs[1] if len(pairs) > 1 else (None, None)
+    run(plan(q, q_out, tq, positions, R=tq.cos.shape[-1], interleaved=interleaved,
+             backward=backward, copy_pass=copy_pass, k=k, k_out=k_out,
+             k_table=tables[1] if len(tables) > 1 else None))
+
+
+def _empty_like(x: Tensor, dtype: Optional[torch.dtype] = None) -> Tensor:
+    return torch.empty(x.shape, dtype=dtype or x.dtype, device=x.device)
+
+
+def _positions(position_ids, cu_seqlens, start_positions, cp_size, cp_rank) -> Positions:
+    return Positions(position_ids, cu_seqlens, start_positions, cp_size, cp_rank)
+
+
+# --- rotate one tensor, or q and k ----------------------------------------------------------
+
+@_define("ropelib::rope")
+def rope(x: Tensor, table: Tensor, sin: Optional[Tensor], position_ids: Optional[Tensor],
+         cu_seqlens: Optional[Tensor], start_positions: Optional[Tensor], layout: str,
+         interleaved: bool, cp_size: int, cp_rank: int, backward: bool,
+         out_dtype: Optional[torch.dtype]) -> Tensor:
+    y = _empty_like(x, out_dtype)
+    _launch([(View.of(view4(x, layout)), View.of(view4(y, layout)))], [Table(table, sin)],
+            _positions(position_ids, cu_seqlens, start_positions, cp_size, cp_rank),
+            interleaved=interleaved, backward=backward, copy_pass=True)
+    return y
+
+
+@_define("ropelib::rope_qk")
+def rope_qk(q: Tensor, k: Tensor, table: Tensor, sin: Optional[Tensor], k_table: Tensor,
+            k_sin: Optional[Tensor], position_ids: Optional[Tensor], cu_seqlens: Optional[Tensor],
+            start_positions: Optional[Tensor], layout: str, interleaved: bool, cp_size: int,
+            cp_rank: int, backward: bool, out_dtype: Optional[torch.dtype]
+            ) -> Tuple[Tensor, Tensor]:
+    q_out, k_out = _empty_like(q, out_dtype), _empty_like(k, out_dtype)
+    _launch([(View.of(view4(q, layout)), View.of(view4(q_out, layout))),
+             (View.of(view4(k, layout)), View.of(view4(k_out, layout)))],
+            [Table(table, sin), Table(k_table, k_sin)],
+            _positions(position_ids, cu_seqlens, start_positions, cp_size, cp_rank),
+            interleaved=interleaved, backward=backward, copy_pass=True)
+    return q_out, k_out
+
+
+@_define("ropelib::rope_", mutates_args=("x",))
+def rope_(x: Tensor, table: Tensor, sin: Optional[Tensor], position_ids: Optional[Tensor],
+          cu_seqlens: Optional[Tensor], start_positions: Optional[Tensor], layout: str,
+          interleaved: bool, cp_size: int, cp_rank: int) -> None:
+    x4 = View.of(view4(x, layout))
+    _launch([(x4, x4)], [Table(table, sin)],
+            _positions(position_ids, cu_seqlens, start_positions, cp_size, cp_rank),
+            interleaved=interleaved, backward=False, copy_pass=False)
+
+
+@_define("ropelib::rope_qk_", mutates_args=("q", "k"))
+def rope_qk_(q: Tensor, k: Tensor, table: Tensor, sin: Optional[Tensor], k_table: Tensor,
+             k_sin: Optional[Tensor], position_ids: Optional[Tensor],
+             cu_seqlens: Optional[Tensor], start_positions: Optional[Tensor], layout: str,
+             interleaved: bool, cp_size: int, cp_rank: int) -> None:
+    q4, k4 = View.of(view4(q, layout)), View.of(view4(k, layout))
+    _launch([(q4, q4), (k4, k4)], [Table(table, sin), Table(k_table, k_sin)],
+            _positions(position_ids, cu_seqlens, start_positions, cp_size, cp_rank),
+            interleaved=interleaved, backward=False, copy_pass=False)
+
+
+# The backward of a rotation is the rotation by -theta, with the same tables and positions.
+
+def _setup_rope(ctx, inputs, output):
+    x, table, sin, position_ids, cu_seqlens, start_positions, *options = inputs
+    ctx.save_for_backward(table, sin, position_ids, cu_seqlens, start_positions)
+    ctx.options = options   # layout, interleaved, cp_size, cp_rank, backward, out_dtype
+    ctx.x_dtype = x.dtype
+
+
+def _rope_backward(ctx, grad):
+    layout, interleaved, cp_size, cp_rank, backward, _ = ctx.options
+    gx = rope(grad, *ctx.saved_tensors, layout, interleaved, cp_size, cp_rank, not backward,
+              ctx.x_dtype)
+    return (gx,) + (None,) * 11
+
+
+def _setup_rope_qk(ctx, inputs, output):
+    q, k, table, sin, k_table, k_sin, position_ids, cu_seqlens, start_positions, *options = inputs
+    ctx.save_for_backward(table, sin, k_table, k_sin, position_ids, cu_seqlens, start_positions)
+    ctx.options = options
+    ctx.x_dtype = q.dtype
+
+
+def _rope_qk_backward(ctx, grad_q, grad_k):
+    table, sin, k_table, k_sin, *index = ctx.saved_tensors
+    layout, interleaved, cp_size, cp_rank, backward, _ = ctx.options
+    opts = (layout, interleaved, cp_size, cp_rank, not backward, ctx.x_dtype)
+    if grad_q is not None and grad_k is not None:
+        gq, gk = rope_qk(grad_q, grad_k, table, sin, k_table, k_sin, *index, *opts)
+    else:
+        gq = rope(grad_q, table, sin, *index, *opts) if grad_q is not None else None
+        gk = rope(grad_k, k_table, k_sin, *index, *opts) if grad_k is not None else None
+    return (gq, gk) + (None,) * 13
+
+
+rope.register_autograd(_rope_backward, setup_context=_setup_rope)
+rope_qk.register_autograd(_rope_qk_backward, setup_context=_setup_rope_qk)
+
+
+# --- Transformer Engine's packed QKV --------------------------------------------------------
+
+def _qkv_views(qkv4: Tensor, split: List[int]):
+    """[S, B, G, dq + dk + dv] -> views of q (grouped heads), k and v of the packed tensor.
+
+    q head h = g * n_q + i lives at g * stride_g + i * dk: a View with hpg = n_q, whose tensor
+    (qkv4[..., :dk]) gives the first element and the [S, B, ., D] sizes."""
+    dq, dk, dv = split
+    n_q = dq // dk
+    st = qkv4.stride()
+    G = qkv4.shape[2]
+    q = View(qkv4[..., :dk], G * n_q, (st[0], st[1], st[2], dk * st[3], st[3]), hpg=n_q)
+    return q, View.of(qkv4[..., dq:dq + dk]), qkv4[..., dq + dk:]
+
+
+def _grouped(v: View, hpg: int) -> View:
+    """A plain [S, B, H, D] view addressed in groups of hpg heads (to pair with a packed q)."""
+    s, b, h, _, d = v.strides
+    return View(v.tensor, v.heads, (s, b, hpg * h, h, d), hpg=hpg)
+
+
+@_define("ropelib::rope_qkv")
+def rope_qkv(qkv: Tensor, q_table: Tensor, k_table: Tensor, start_positions: Optional[Tensor],
+             layout: str, split: List[int], interleaved: bool, cp_size: int, cp_rank: int
+             ) -> Tuple[Tensor, Tensor, Tensor]:
+    dq, dk, dv = split
+    lead = qkv.shape[:3]    # (S, B, G) or (B, S, G)
+    G = lead[2]
+    q_out = torch.empty((*lead[:2], G * (dq // dk), dk), dtype=qkv.dtype, device=qkv.device)
+    k_out = torch.empty((*lead[:2], G, dk), dtype=qkv.dtype, device=qkv.device)
+    v_out = torch.empty((*lead[:2], G, dv), dtype=qkv.dtype, device=qkv.device)
+    q, k, v = _qkv_views(view4(qkv, layout), split)
+    _launch([(q, _grouped(View.of(view4(q_out, layout)), q.hpg)),
+             (k, View.of(view4(k_out, layout)))],
+            [Table(q_table, None), Table(k_table, None)],
+            _positions(None, None, start_positions, cp_size, cp_rank),
+            interleaved=interleaved, backward=False, copy_pass=True)
+    view4(v_out, layout).copy_(v)
+    return q_out, k_out, v_out
+
+
+@_define("ropelib::rope_qkv_backward")
+def rope_qkv_backward(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, q_table: Tensor,
+                      k_table: Tensor, start_positions: Optional[Tensor], layout: str,
+                      split: List[int], interleaved: bool, cp_size: int, cp_rank: int) -> Tensor:
+    lead = grad_k.shape[:3]
+    grad_qkv = torch.empty((*lead, sum(split)), dtype=grad_k.dtype, device=grad_k.device)
+    q, k, v = _qkv_views(view4(grad_qkv, layout), split)
+    _launch([(_grouped(View.of(view4(grad_q, layout)), q.hpg), q),
+             (View.of(view4(grad_k, layout)), k)],
+            [Table(q_table, None), Table(k_table, None)],
+            _positions(None, None, start_positions, cp_size, cp_rank),
+            interleaved=interleaved, backward=True, copy_pass=True)
+    v.copy_(view4(grad_v, layout))
+    return grad_qkv
+
+
+def _setup_qkv(ctx, inputs, output):
+    qkv, q_table, k_table, start_positions, *options = inputs
+    ctx.save_for_backward(q_table, k_table, start_positions)
+    ctx.options = options
+    ctx.outputs = [(o.shape, o.dtype, o.device) for o in output]
+
+
+def _qkv_backward(ctx, grad_q, grad_k, grad_v):
+    # an output that took no part in the loss has no gradient: its slice of grad_qkv is zero
+    grads = [g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
+             for g, (shape, dtype, device) in zip((grad_q, grad_k, grad_v), ctx.outputs)]
+    return (rope_qkv_backward(*grads, *ctx.saved_tensors, *ctx.options),) + (None,) * 8
+
+
+def _setup_qkv_backward(ctx, inputs, output):
+    grad_q, grad_k, grad_v, q_table, k_table, start_positions, *options = inputs
+    ctx.save_for_backward(q_table, k_table, start_positions)
+    ctx.options = options
+
+
+def _qkv_double_backward(ctx, grad_grad_qkv):
+    gq, gk, gv = rope_qkv(grad_grad_qkv, *ctx.saved_tensors, *ctx.options)
+    return (gq, gk, gv) + (None,) * 8
+
+
+rope_qkv.register_autograd(_qkv_backward, setup_context=_setup_qkv)
+rope_qkv_backward.register_autograd(_qkv_double_backward, setup_context=_setup_qkv_backward)
