@@ -9,8 +9,9 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
-from . import ops
+from . import eager, ops
 from . import validation as V
+from .kernels.launch import Positions, Table
 
 
 class Call(NamedTuple):
@@ -70,6 +71,8 @@ def prepare(x: torch.Tensor, freqs=None, *, cos=None, sin=None, layout="sbhd",
     table, sin = _tables(freqs, cos, sin)
     D, R, P = x.shape[-1], table.shape[1], table.shape[0]
     V.check_rotary_dim(R, D, "freqs" if freqs is not None else "cos")
+    if P == 0 and x.numel():
+        raise ValueError(f"the table ({'freqs' if freqs is not None else 'cos'}) has no positions")
     x4 = ops.view4(x, layout)
     S, B = x4.shape[0], x4.shape[1]
     if position_ids is not None:
@@ -114,13 +117,16 @@ def prepare(x: torch.Tensor, freqs=None, *, cos=None, sin=None, layout="sbhd",
     return call
 
 
-def check_values(call: Call, rows: Optional[int] = None) -> None:
-    """The index value checks, where the current mode wants them (validation.set_index_checks)."""
-    index = [t for t in call.index() if t is not None]
-    if index and V.values_checkable(*index):
+def check_values(call: Call, rows: Optional[int] = None, index=None) -> None:
+    """The index value checks, where the current mode wants them (validation.set_index_checks).
+
+    `index` (position_ids, cu_seqlens, start_positions) defaults to the call's own."""
+    position_ids, cu_seqlens, start_positions = index if index is not None else call.index()
+    present = [t for t in (position_ids, cu_seqlens, start_positions) if t is not None]
+    if present and V.values_checkable(*present):
         V.check_index_values(S=call.S, B=call.B, P=rows or call.table.shape[0],
-                             layout=call.layout, start_positions=call.start_positions,
-                             position_ids=call.position_ids, cu_seqlens=call.cu_seqlens,
+                             layout=call.layout, start_positions=start_positions,
+                             position_ids=position_ids, cu_seqlens=cu_seqlens,
                              cp_size=call.cp_size)
 
 
@@ -151,12 +157,101 @@ def check_in_place(x: torch.Tensor, name: str) -> None:
                          "one): autograd forbids changing it in place; pass inplace=False")
 
 
+def check_qk_in_place(q: torch.Tensor, k: torch.Tensor) -> None:
+    check_in_place(q, "q")
+    check_in_place(k, "k")
+    if not torch.compiler.is_compiling() and V.memory_overlaps(q, k):
+        raise ValueError("inplace=True with q and k overlapping in memory: each would be "
+                         "rotated on top of the other; pass inplace=False")
+
+
 def saveable(t):
     """Tables and index tensors made under torch.inference_mode cannot be saved for backward:
     a plain copy can (they are small)."""
     if t is not None and not torch.compiler.is_compiling() and t.is_inference():
         return t.clone()
     return t
+
+
+def _slot(normalized: Optional[torch.Tensor], given: Optional[torch.Tensor], index: int):
+    """Where a kernel pointer comes from in an eager call's tensors (see eager.Rotation)."""
+    if normalized is None:
+        return None
+    return index, normalized.data_ptr() != given.data_ptr()
+
+
+class _Planned:
+    """One checked and planned signature of a public function (see ropelib.eager)."""
+    __slots__ = ("rotation", "call", "rows", "in_place", "grad", "names", "has_index")
+
+    def __init__(self, rotation, call: Call, rows: int, in_place: bool, grad: bool, names):
+        self.rotation, self.rows, self.in_place, self.grad = rotation, rows, in_place, grad
+        self.has_index = any(t is not None for t in call.index())
+        self.call = call._replace(table=None, sin=None, position_ids=None, cu_seqlens=None,
+                                  start_positions=None)   # keeps no tensor
+        self.names = names
+
+    def __call__(self, xs: tuple, rest: tuple, checked: bool = False):
+        """rest = (table, sin, k_table, k_sin, position_ids, cu_seqlens, start_positions)."""
+        if not checked:
+            if self.has_index:
+                check_values(self.call, self.rows, rest[4:])
+            if self.in_place:
+                if len(xs) == 2:
+                    check_qk_in_place(*xs)
+                else:
+                    check_in_place(xs[0], self.names[0])
+        if self.grad:
+            rest = tuple(saveable(t) for t in rest)
+        outs = self.rotation(xs, rest, grad=self.grad)
+        if self.in_place and self.grad:   # an ordinary in-place copy, which autograd tracks
+            outs = tuple(x.copy_(y) for x, y in zip(xs, outs))
+        return outs if len(outs) > 1 else outs[0]
+
+
+def _plan_eager(xs, rest_given, normalized, c: Call, *, inplace: bool, rows: int, names,
+                out_dtype=None, k_shares_table: bool = False) -> _Planned:
+    """Plan the eager route of a checked call. normalized = (table, sin, k_table, k_sin):
+    the tables as the checks left them; rest_given: the caller's (table, sin, k_table, k_sin,
+    position_ids, cu_seqlens, start_positions)."""
+    grad = needs_grad(*xs)
+    direct_in_place = inplace and not grad
+    outs = xs if direct_in_place else tuple(
+        torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device) for x in xs)
+    n = len(xs)
+    r = 2 * n    # rest starts after xs and outs
+    table, sin, k_table, k_sin = normalized
+    slots = [(0, False), (n if not direct_in_place else 0, False)]
+    if n == 2:
+        slots += [(1, False), (3 if not direct_in_place else 1, False)]
+    else:
+        slots += [None, None]
+    slots += [_slot(table, rest_given[0], r), _slot(sin, rest_given[1], r + 1)]
+    if n == 2:
+        k_at = (r, r + 1) if k_shares_table else (r + 2, r + 3)
+        k_given = rest_given[0:2] if k_shares_table else rest_given[2:4]
+        slots += [_slot(k_table, k_given[0], k_at[0]), _slot(k_sin, k_given[1], k_at[1])]
+    else:
+        slots += [None, None]
+    index = (c.position_ids if c.position_ids is not None else c.cu_seqlens)
+    index_given, index_at = (rest_given[4], r + 4) if c.position_ids is not None \
+        else (rest_given[5], r + 5)
+    slots += [_slot(index, index_given, index_at), _slot(c.start_positions, rest_given[6], r + 6)]
+    tables = [Table(table, sin)] + ([Table(k_table, k_sin)] if n == 2 else [])
+    rotation = eager.Rotation(
+        xs4=[ops.view4(x, c.layout) for x in xs], outs4=[ops.view4(o, c.layout) for o in outs],
+        tables=tables, positions=Positions(c.position_ids, c.cu_seqlens, c.start_positions,
+                                           c.cp_size, c.cp_rank),
+        slots=slots, out_dtype=out_dtype, in_place=direct_in_place, backward=False,
+        interleaved=c.interleaved, view4=lambda t, layout=c.layout: ops.view4(t, layout))
+    return _Planned(rotation, c, rows, inplace, grad, names)
+
+
+def _options_head(name, layout, interleaved, cp_size, cp_rank, inplace) -> tuple:
+    """The options part of a signature, with their types (1 == True, but interleaved=1 is an
+    error)."""
+    return (name, layout, type(layout), interleaved, type(interleaved), cp_size, type(cp_size),
+            cp_rank, type(cp_rank), inplace, type(inplace))
 
 
 def apply_rope(x: torch.Tensor, freqs: Optional[torch.Tensor] = None, *,
@@ -189,6 +284,15 @@ def apply_rope(x: torch.Tensor, freqs: Optional[torch.Tensor] = None, *,
     A position outside the table gives NaN in the rows it touches; see
     ropelib.set_index_checks for when index values are checked on the host instead.
     """
+    given = (freqs if freqs is not None else cos, sin if freqs is None else None, None, None,
+             position_ids, cu_seqlens, start_positions)
+    sig = eager.signature(_options_head("rope", layout, interleaved, cp_size, cp_rank, inplace),
+                          (x, freqs, cos, sin, position_ids, cu_seqlens, start_positions)) \
+        if eager.active() else None
+    if sig is not None:
+        planned = eager.SIGNATURES.get(sig)
+        if planned is not None:
+            return planned((x,), given)
     V.check_bool(inplace, "inplace")
     c = prepare(x, freqs, cos=cos, sin=sin, layout=layout, interleaved=interleaved,
                 start_positions=start_positions, position_ids=position_ids,
@@ -196,9 +300,15 @@ def apply_rope(x: torch.Tensor, freqs: Optional[torch.Tensor] = None, *,
     check_no_table_grad(("freqs" if freqs is not None else "cos", c.table), ("sin", c.sin))
     if inplace:
         check_in_place(x, "x")
-        if not needs_grad(x):
-            ops.rope_(x, c.table, c.sin, *c.index(), *c.options())
-            return x
+    if sig is not None:
+        planned = eager.SIGNATURES.put(sig, _plan_eager(
+            (x,), given, (c.table, c.sin, None, None), c, inplace=inplace,
+            rows=c.table.shape[0], names=("x",)))
+        return planned((x,), given, checked=True)
+    # traced (torch.compile, export, ...): ropelib's operators
+    if inplace and not needs_grad(x):
+        ops.rope_(x, c.table, c.sin, *c.index(), *c.options())
+        return x
     tensors = [c.table, c.sin, *c.index()]
     if needs_grad(x):
         tensors = [saveable(t) for t in tensors]
@@ -220,12 +330,23 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, freqs: Optional[torch.Tensor
     Same arguments as apply_rope; k_freqs (or k_cos/k_sin) give k its own table of the same
     rotary dim, otherwise k uses q's. Returns (q_out, k_out).
     """
+    own_k_table = k_freqs is not None or k_cos is not None or k_sin is not None
+    given = (freqs if freqs is not None else cos, sin if freqs is None else None,
+             (k_freqs if k_freqs is not None else k_cos) if own_k_table else None,
+             (k_sin if k_freqs is None else None) if own_k_table else None,
+             position_ids, cu_seqlens, start_positions)
+    sig = eager.signature(_options_head("rope_qk", layout, interleaved, cp_size, cp_rank, inplace),
+                          (q, k, freqs, cos, sin, k_freqs, k_cos, k_sin, position_ids, cu_seqlens,
+                           start_positions)) if eager.active() else None
+    if sig is not None:
+        planned = eager.SIGNATURES.get(sig)
+        if planned is not None:
+            return planned((q, k), given)
     V.check_bool(inplace, "inplace")
     opts = dict(layout=layout, interleaved=interleaved, start_positions=start_positions,
                 position_ids=position_ids, cu_seqlens=cu_seqlens, cp_size=cp_size,
                 cp_rank=cp_rank)
     c = prepare(q, freqs, cos=cos, sin=sin, name="q", **opts)
-    own_k_table = k_freqs is not None or k_cos is not None or k_sin is not None
     if own_k_table:
         k_table, k_sin_t = _tables(k_freqs, k_cos, k_sin, ("k_freqs", "k_cos", "k_sin"))
     else:
@@ -243,6 +364,7 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, freqs: Optional[torch.Tensor
         raise ValueError(f"q and k must agree in sequence, batch and head dim, got "
                          f"{tuple(q.shape)} and {tuple(k.shape)}")
     table, sin_t = c.table, c.sin
+    rows = table.shape[0]
     if own_k_table:
         if k_table.shape[1] != c.R or (k_sin_t is None) != (sin_t is None):
             raise ValueError("q's and k's tables must have the same rotary dim and kind "
@@ -262,16 +384,17 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, freqs: Optional[torch.Tensor
     check_no_table_grad(("freqs" if freqs is not None else "cos", table), ("sin", sin_t),
                         ("k_freqs" if k_freqs is not None else "k_cos", k_table),
                         ("k_sin", k_sin_t))
-    tables = (table, sin_t, k_table, k_sin_t)
     if inplace:
-        check_in_place(q, "q")
-        check_in_place(k, "k")
-        if not torch.compiler.is_compiling() and V.memory_overlaps(q, k):
-            raise ValueError("inplace=True with q and k overlapping in memory: each would be "
-                             "rotated on top of the other; pass inplace=False")
-        if not needs_grad(q, k):
-            ops.rope_qk_(q, k, *tables, *c.index(), *c.options())
-            return q, k
+        check_qk_in_place(q, k)
+    if sig is not None:
+        planned = eager.SIGNATURES.put(sig, _plan_eager(
+            (q, k), given, (table, sin_t, k_table, k_sin_t), c, inplace=inplace, rows=rows,
+            names=("q", "k"), k_shares_table=not own_k_table))
+        return planned((q, k), given, checked=True)
+    tables = (table, sin_t, k_table, k_sin_t)
+    if inplace and not needs_grad(q, k):
+        ops.rope_qk_(q, k, *tables, *c.index(), *c.options())
+        return q, k
     tensors = [*tables, *c.index()]
     if needs_grad(q, k):
         tensors = [saveable(t) for t in tensors]

@@ -11,9 +11,9 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import ops
+from . import eager, ops
 from . import validation as V
-from .api import saveable, check_no_table_grad, needs_grad
+from .api import Call, _plan_eager, check_no_table_grad, needs_grad, saveable
 
 __all__ = ["apply_rotary_pos_emb"]
 
@@ -45,6 +45,13 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
         (q_embed, k_embed), dtype promoted from q's and cos's like HF's arithmetic.
     """
     del position_ids   # unused in transformers too
+    given = (cos, sin, None, None, None, None, None)
+    sig = eager.signature(("hf", unsqueeze_dim, type(unsqueeze_dim)), (q, k, cos, sin)) \
+        if eager.active() else None
+    if sig is not None:
+        planned = eager.SIGNATURES.get(sig)
+        if planned is not None:
+            return planned((q, k), given)
     for t, name in ((q, "q"), (k, "k")):
         V.check_tensor(t, name, dims=(4,))
         V.check_kernel_device(t, name)
@@ -68,9 +75,15 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     if c.shape[1] != S or c.shape[0] not in (1, B):
         raise ValueError(f"cos/sin must be [batch or 1, seq={S}, {D}] or [seq, {D}], got {tuple(cos.shape)}")
     check_no_table_grad(("cos", c), ("sin", s))
-    if needs_grad(q, k):
-        c, s = saveable(c), saveable(s)
     out_dtype = torch.promote_types(q.dtype, cos.dtype)
     # the rows of cos/sin are the tokens already: position s reads row s (of its batch entry)
+    if sig is not None:
+        call = Call(c, s, None, None, None, layout, False, 1, 0, S, B, R)
+        planned = eager.SIGNATURES.put(sig, _plan_eager(
+            (q, k), given, (c, s, c, s), call, inplace=False, rows=S, names=("q", "k"),
+            out_dtype=out_dtype, k_shares_table=True))
+        return planned((q, k), given, checked=True)
+    if needs_grad(q, k):
+        c, s = saveable(c), saveable(s)
     return ops.rope_qk(q, k, c, s, c, s, None, None, None, layout, False, 1, 0, False,
                        out_dtype)

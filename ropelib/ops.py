@@ -25,7 +25,8 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from .kernels.launch import Positions, Table, View, plan, run
+from .kernels import launch
+from .kernels.launch import Positions, Table, View, plan
 from .runtime import INTERPRET
 
 
@@ -59,9 +60,9 @@ def _launch(pairs: Sequence[Tuple[View, View]], tables: Sequence[Table], positio
     if S == 0 or B == 0:
         return
     k, k_out = pairs[1] if len(pairs) > 1 else (None, None)
-    run(plan(q, q_out, tq, positions, R=tq.cos.shape[-1], interleaved=interleaved,
-             backward=backward, copy_pass=copy_pass, k=k, k_out=k_out,
-             k_table=tables[1] if len(tables) > 1 else None))
+    launch.run(*plan(q, q_out, tq, positions, R=tq.cos.shape[-1], interleaved=interleaved,
+              backward=backward, copy_pass=copy_pass, k=k, k_out=k_out,
+              k_table=tables[1] if len(tables) > 1 else None))
 
 
 def _empty_like(x: Tensor, dtype: Optional[torch.dtype] = None) -> Tensor:

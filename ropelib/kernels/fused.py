@@ -258,11 +258,13 @@ def _rope_heads(
 def _rope_kernel(
     # tensors
     q_ptr, q_out_ptr,                   # q [S, B, HQ, D] (as a strided view) and its output
-    k_ptr, k_out_ptr,                   # k [S, B, HK, D]; unused when HK == 0
-    cos_ptr, sin_ptr,                   # q's table [P, R] (or [B, P, R]): angles, or cos and sin
-    k_cos_ptr, k_sin_ptr,               # k's table, same shape and strides (often q's)
+    k_ptr, k_out_ptr,                   # k [S, B, HK, D] (None without k)
+    cos_ptr, sin_ptr,                   # q's table [P, R] (or [B, P, R]): angles (sin None) or
+    k_cos_ptr, k_sin_ptr,               # cos and sin; k's table, same shape and strides
     index_ptr,                          # position ids [B or 1, S], or cu_seqlens [N_SEQ + 1]
     start_ptr,                          # start offsets [B] (or [N_SEQ] for packed sequences)
+    # (an unused pointer is None, never another argument again: torch.compile treats each
+    # written argument as a buffer of its own; in place, q_out_ptr is q_ptr, which it handles)
     # sizes
     S, B, HQ, HK,                       # tokens, batch, heads of q and of k
     P, N_SEQ,                           # table rows; packed sequences (0 unless cu_seqlens)
@@ -276,7 +278,7 @@ def _rope_kernel(
     stride_tab_b, stride_tab_p, stride_tab_d,   # 0 batch stride: one table for every entry
     stride_idx_b, stride_idx_s,                 # position ids (0 batch stride: shared)
     # what is computed
-    R: tl.constexpr, D: tl.constexpr, HPG: tl.constexpr,
+    R: tl.constexpr, D: tl.constexpr, HPG: tl.constexpr, HAS_K: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
     BLOCK_PASS: tl.constexpr,
     INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr, FROM_ANGLES: tl.constexpr,
@@ -298,7 +300,7 @@ def _rope_kernel(
                     R, D, HPG, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_PASS,
                     INTERLEAVED, BACKWARD, FROM_ANGLES, POSITIONS, HAS_START, HAS_CP,
                     TABLE_PER_BATCH, COPY_PASS, ACCURATE, CDT, INT64, BF16_RTNE)
-    else:
+    elif HAS_K:     # (without k the grid has q's blocks only; this is not compiled)
         _rope_heads(k_ptr, k_out_ptr, k_cos_ptr, k_sin_ptr, index_ptr, start_ptr,
                     pid_s, (pid_h - q_blocks) * BLOCK_H, b_lo, b_hi, S, HK, P, N_SEQ,
                     cp_size, cp_rank,

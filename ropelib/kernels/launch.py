@@ -6,7 +6,6 @@ Both see only shapes, strides, dtypes and options, never tensor values, so the s
 eagerly, under torch.compile (sizes may be symbolic) and while a CUDA graph is captured.
 Arguments are validated before they get here (ropelib.validation).
 """
-from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple, Optional
 
@@ -15,6 +14,7 @@ import triton.language as tl
 
 from ..runtime import INTERPRET
 from .common import BF16_RTNE
+from .direct import DirectLauncher
 from .fused import FROM_CU_SEQLENS, FROM_INDEX, FROM_POSITION_IDS, _rope_kernel
 
 _I32_LIMIT = 2**31 - 1
@@ -64,12 +64,39 @@ class Positions(NamedTuple):
     cp_rank: int = 0
 
 
-@dataclass(frozen=True)
+# The kernel's pointer arguments, in its order. An unused one is None.
+POINTERS = ("q_ptr", "q_out_ptr", "k_ptr", "k_out_ptr", "cos_ptr", "sin_ptr", "k_cos_ptr",
+            "k_sin_ptr", "index_ptr", "start_ptr")
+
+
 class Launch:
-    """One launch of the finished kernel: the grid, the warps, and the kernel's arguments by name."""
-    grid: tuple
-    num_warps: int
-    args: dict
+    """One planned launch of the finished kernel: the grid, the warps and every argument except
+    the pointers, by name; the pointers' dtypes and device. Pointers are bound per call, so one
+    Launch serves every call with the same shapes, strides, dtypes and options.
+
+    Equal Launches compare and hash equal (used to find the compiled kernel of an eager launch).
+    """
+    __slots__ = ("grid", "num_warps", "args", "dtypes", "device", "_key", "_hash")
+
+    def __init__(self, grid: tuple, num_warps: int, args: dict, dtypes: tuple, device):
+        self.grid, self.num_warps, self.args = grid, num_warps, args
+        self.dtypes, self.device = dtypes, device
+        self._key = self._hash = None
+
+    def key(self) -> tuple:
+        if self._key is None:   # only for concrete sizes (an eager launch), never while tracing
+            self._key = (self.grid, self.num_warps, tuple(self.args.items()), self.dtypes,
+                         self.device)
+            self._hash = hash(self._key)
+        return self._key
+
+    def __eq__(self, other):
+        return self is other or (isinstance(other, Launch) and self.key() == other.key())
+
+    def __hash__(self):
+        if self._hash is None:
+            self.key()
+        return self._hash
 
 
 # --- tiles ----------------------------------------------------------------------------------
@@ -126,7 +153,7 @@ def pick_tiles(S, B, heads: tuple, R: int, D: int, elem_size: int, sm_count: Opt
     if sm_count is None:
         block_h = _pow2_at_least(max(heads), 16)
         block_s = _pow2_at_least(S, min(32, _pow2_at_most(max(2048 // (block_h * row), 1))))
-        return block_s, block_h, B, 4
+        return block_s, block_h, max(B, 1), 4
     want = 4 * sm_count
 
     def tiles_for(ept, num_warps):
@@ -135,7 +162,7 @@ def pick_tiles(S, B, heads: tuple, R: int, D: int, elem_size: int, sm_count: Opt
             block_h = _pow2_at_least(min(heads), _pow2_at_most(max(target // row, 1)))
             block_s = _pow2_at_least(S, min(16, _pow2_at_most(max(target // (block_h * row), 1))))
             tiles = _cdiv(S, block_s) * sum(_cdiv(h, block_h) for h in heads)
-            chunk = B
+            chunk = max(B, 1)
             while chunk > 1 and tiles * _cdiv(B, chunk) < want:
                 chunk = _cdiv(chunk, 2)
             # still too few programs with one batch entry each (decode): smaller tiles
@@ -166,8 +193,8 @@ def _span(v: View, S, B, D):
 def plan(q: View, q_out: View, table: Table, positions: Positions, *, R: int,
          interleaved: bool, backward: bool, copy_pass: bool,
          k: Optional[View] = None, k_out: Optional[View] = None,
-         k_table: Optional[Table] = None, tiles: Optional[tuple] = None) -> Launch:
-    """One launch over q (and k): every kernel argument, by name.
+         k_table: Optional[Table] = None, tiles: Optional[tuple] = None):
+    """One launch over q (and k): (Launch, its pointer arguments in POINTERS order).
 
     q and q_out (k and k_out) are the [S, B, H, D] views the kernel reads and writes; `table`
     serves q and, unless `k_table` is given, k (a given k_table has the same strides).
@@ -184,8 +211,8 @@ def plan(q: View, q_out: View, table: Table, positions: Positions, *, R: int,
 
     views = [v for v in (q, q_out, k, k_out) if v is not None]
     int64 = any(_span(v, S, B, D) > _I32_LIMIT - 1024 for v in views)
-    k, k_out = k or q, k_out or q_out
-    kt = k_table or table
+    has_k = k is not None
+    kt = (k_table or table) if has_k else None
     tab_b, tab_p, tab_d = table.strides()
     pos = positions
     if pos.position_ids is not None:
@@ -197,14 +224,14 @@ def plan(q: View, q_out: View, table: Table, positions: Positions, *, R: int,
         mode, index, idx_b, idx_s = FROM_CU_SEQLENS, pos.cu_seqlens, 0, 0
         n_seq = pos.cu_seqlens.shape[0] - 1
     else:
-        mode, index, idx_b, idx_s, n_seq = FROM_INDEX, x, 0, 0, 0
+        mode, index, idx_b, idx_s, n_seq = FROM_INDEX, None, 0, 0, 0
     per_batch = (mode != FROM_CU_SEQLENS and pos.start is not None) or idx_b != 0 or tab_b != 0
-    out_dtypes = (q_out.tensor.dtype, k_out.tensor.dtype)
+    out_dtypes = (q_out.tensor.dtype, k_out.tensor.dtype if has_k else q_out.tensor.dtype)
+    pointers = (x, q_out.tensor, k.tensor if has_k else None, k_out.tensor if has_k else None,
+                table.cos, table.sin, kt.cos if has_k else None, kt.sin if has_k else None,
+                index, pos.start)
+    no_k = (0, 0, 0, 0, 0)
     args = dict(
-        q_ptr=x, q_out_ptr=q_out.tensor, k_ptr=k.tensor, k_out_ptr=k_out.tensor,
-        cos_ptr=table.cos, sin_ptr=table.sin if table.sin is not None else table.cos,
-        k_cos_ptr=kt.cos, k_sin_ptr=kt.sin if kt.sin is not None else kt.cos,
-        index_ptr=index, start_ptr=pos.start if pos.start is not None else index,
         S=S, B=B, HQ=q.heads, HK=HK, P=table.rows, N_SEQ=n_seq,
         cp_size=pos.cp_size, cp_rank=pos.cp_rank, B_CHUNK=chunk,
         **dict(zip(("stride_q_s", "stride_q_b", "stride_q_g", "stride_q_h", "stride_q_d"),
@@ -212,12 +239,12 @@ def plan(q: View, q_out: View, table: Table, positions: Positions, *, R: int,
         **dict(zip(("stride_qo_s", "stride_qo_b", "stride_qo_g", "stride_qo_h", "stride_qo_d"),
                    q_out.strides)),
         **dict(zip(("stride_k_s", "stride_k_b", "stride_k_h", "stride_k_d"),
-                   _plain(k.strides))),
+                   _plain(k.strides if has_k else no_k))),
         **dict(zip(("stride_ko_s", "stride_ko_b", "stride_ko_h", "stride_ko_d"),
-                   _plain(k_out.strides))),
+                   _plain(k_out.strides if has_k else no_k))),
         stride_tab_b=tab_b, stride_tab_p=tab_p, stride_tab_d=tab_d,
         stride_idx_b=idx_b, stride_idx_s=idx_s,
-        R=R, D=D, HPG=q.hpg,
+        R=R, D=D, HPG=q.hpg, HAS_K=has_k,
         BLOCK_S=block_s, BLOCK_H=block_h, BLOCK_HALF=_pow2_at_least(R // 2, 1 << 30),
         BLOCK_PASS=_pow2_at_least(D - R, 1 << 30) if D > R else 0,
         INTERLEAVED=interleaved, BACKWARD=backward, FROM_ANGLES=table.sin is None,
@@ -228,7 +255,8 @@ def plan(q: View, q_out: View, table: Table, positions: Positions, *, R: int,
         CDT=tl.float64 if torch.float64 in (x.dtype, *out_dtypes) else tl.float32,
         BF16_RTNE=BF16_RTNE,
     )
-    return Launch(grid, num_warps, args)
+    dtypes = tuple(t.dtype if t is not None else None for t in pointers)
+    return Launch(grid, num_warps, args, dtypes, x.device), pointers
 
 
 def _plain(strides: tuple) -> tuple:
@@ -242,13 +270,30 @@ def _is_fake(t: torch.Tensor) -> bool:
     return isinstance(t, torch._subclasses.FakeTensor) or t.device.type == "meta"
 
 
-def run(launch: Launch) -> None:
-    """Start the kernel. Through torch.library.wrap_triton on a GPU, so torch.compile sees the
-    Triton kernel itself; in the interpreter the kernel runs as Python on CPU tensors (and
-    does nothing when the op is only being evaluated for shapes)."""
+def _eager(t: torch.Tensor) -> bool:
+    """A plain tensor outside any tracing: the launch can go straight to the compiled kernel."""
+    return (type(t) is torch.Tensor and not torch.compiler.is_compiling()
+            and torch._C._len_torch_dispatch_stack() == 0)
+
+
+def run(launch: Launch, pointers: tuple) -> None:
+    """Start the kernel (pointers in POINTERS order): eagerly through ropelib's direct launcher
+    (kernels/direct.py); while torch.compile or another tracer is at work, through
+    torch.library.wrap_triton, so the Triton kernel itself lands in the graph; in the
+    interpreter as Python on CPU tensors (and not at all when the op is only being evaluated
+    for its output shapes)."""
+    q = pointers[0]
     if INTERPRET:
-        if not _is_fake(launch.args["q_ptr"]):
-            _rope_kernel[launch.grid](**launch.args, num_warps=launch.num_warps)
+        if not _is_fake(q):
+            _rope_kernel[launch.grid](**dict(zip(POINTERS, pointers)), **launch.args,
+                                      num_warps=launch.num_warps)
         return
-    torch.library.wrap_triton(_rope_kernel)[launch.grid](**launch.args,
+    if _eager(q):
+        DIRECT(launch, pointers)
+        return
+    torch.library.wrap_triton(_rope_kernel)[launch.grid](**dict(zip(POINTERS, pointers)),
+                                                          **launch.args,
                                                           num_warps=launch.num_warps)
+
+
+DIRECT = DirectLauncher(_rope_kernel, POINTERS)

@@ -1,0 +1,79 @@
+"""Where the host time of one eager call goes (GPU): public API, operator dispatch, planner,
+Triton's launcher. Decode size (s=1, b=64, h=32, d=128, bf16), calls back to back.
+
+    python benchmarks/host_probe.py
+"""
+import time
+
+import torch
+
+try:
+    import transformer_engine.pytorch  # noqa: F401  (before anything loads cuDNN)
+    from transformer_engine.pytorch.attention.rope import apply_rotary_pos_emb as te_rope
+except Exception:  # noqa: BLE001
+    te_rope = None
+
+import ropelib
+from ropelib import ops
+from ropelib.kernels import launch as L
+from ropelib.kernels.fused import _rope_kernel
+
+
+def per_call_us(fn, n=2000, warm=200):
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / n * 1e6)
+    return best
+
+
+def main():
+    dev = "cuda"
+    s, b, h, d = 1, 64, 32, 128
+    x = torch.randn(s, b, h, d, device=dev, dtype=torch.bfloat16)
+    xg = x.clone().requires_grad_(True)
+    freqs = ropelib.rope_freqs(4096, d, device=dev)
+    f2 = freqs[:, 0, 0]
+    sp = torch.randint(0, 4000, (b,), device=dev)
+    g = torch.randn_like(x)
+    rows = []
+
+    def add(name, fn):
+        rows.append((name, per_call_us(fn)))
+        print(f"{name:55s} {rows[-1][1]:8.1f} us", flush=True)
+
+    add("empty_like (floor of one torch op)", lambda: torch.empty_like(x))
+    add("apply_rope fwd", lambda: ropelib.apply_rope(x, freqs))
+    add("apply_rope fwd start_positions", lambda: ropelib.apply_rope(x, freqs, start_positions=sp))
+    add("te drop-in fused fwd start_positions",
+        lambda: ropelib.te.apply_rotary_pos_emb(x, freqs, start_positions=sp, fused=True))
+    add("torch.ops.ropelib.rope fwd start_positions", lambda: ops.rope(
+        x, f2, None, None, None, sp, "sbhd", False, 1, 0, False, None))
+    add("apply_rope fwd+bwd", lambda: ropelib.apply_rope(xg, freqs).backward(g))
+    add("apply_rope fwd+bwd start_positions",
+        lambda: ropelib.apply_rope(xg, freqs, start_positions=sp).backward(g))
+    y = torch.empty_like(x)
+    v, vo = L.View.of(x), L.View.of(y)
+    add("plan()", lambda: L.plan(v, vo, L.Table(f2, None), L.Positions(start=sp), R=d,
+                                 interleaved=False, backward=False, copy_pass=True))
+    launch = L.plan(v, vo, L.Table(f2, None), L.Positions(start=sp), R=d, interleaved=False,
+                    backward=False, copy_pass=True)
+    add("triton JITFunction launch of a planned call",
+        lambda: _rope_kernel[launch.grid](**launch.args, num_warps=launch.num_warps))
+    if te_rope is not None:
+        add("TE fused fwd", lambda: te_rope(x, freqs, fused=True))
+        add("TE fused fwd start_positions", lambda: te_rope(x, freqs, start_positions=sp, fused=True))
+        add("TE fused fwd+bwd", lambda: te_rope(xg, freqs, fused=True).backward(g))
+    print("\n| call | host us |\n|---|---:|")
+    for name, us in rows:
+        print(f"| {name} | {us:.1f} |")
+
+
+if __name__ == "__main__":
+    main()

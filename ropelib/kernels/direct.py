@@ -1,0 +1,105 @@
+"""Eager launches without Triton's per-call argument binding: the one place that relies on
+Triton's compiled-kernel interface.
+
+Triton's launcher (`kernel[grid](...)`, `JITFunction.run`) binds and specialises every argument
+on every call and builds a cache key from them: for the finished kernel's ~60 arguments that
+took 62 µs on an H100 host, ten times the kernel itself at decode size. A planned `Launch` fixes
+every argument except the pointers, so ropelib asks Triton once per (Launch, alignment of the
+pointers) for the compiled kernel (Triton compiles it, or finds it in its cache, and launches
+it), then starts later calls through that compiled kernel's launcher with the pointers' current
+addresses and the current CUDA stream.
+
+What it relies on (Triton 3.x, checked by `supported()` and in tests/test_direct_launch.py):
+`kernel[grid](...)` returns the `CompiledKernel`; `compiled[grid]` returns a runner taking
+every kernel argument in order (constexprs included, ignored) and a `stream=` keyword; a
+pointer may be passed as an int address. Triton specialises a pointer on 16-byte alignment, so
+alignment is part of the key. When a launch hook is installed (Triton's profiler), or the
+interface is not there, launches go through Triton's own path.
+"""
+import inspect
+import warnings
+
+import torch
+import triton
+
+# The current CUDA stream of a device, as an int (torch's C accessor where it has one).
+_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+    lambda index: torch.cuda.current_stream(index).cuda_stream)
+
+MAX_COMPILED = 4096
+
+
+def supported() -> bool:
+    """Does this Triton expose the compiled-kernel interface this module uses?"""
+    try:
+        from triton.compiler.compiler import CompiledKernel
+    except ImportError:
+        return False
+    major = int(triton.__version__.split(".")[0])
+    return major == 3 and hasattr(CompiledKernel, "__getitem__")
+
+
+def _hooks_installed() -> bool:
+    knobs = getattr(triton, "knobs", None)
+    runtime = getattr(knobs, "runtime", None)
+    return runtime is not None and (getattr(runtime, "launch_enter_hook", None) is not None
+                                    or getattr(runtime, "launch_exit_hook", None) is not None)
+
+
+def _takes_stream(runner) -> bool:
+    try:
+        return "stream" in inspect.signature(runner).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+class DirectLauncher:
+    """Kernel launches from a planned Launch and its pointers (see the module docstring)."""
+
+    def __init__(self, kernel, pointer_names: tuple):
+        self.kernel = kernel
+        self.pointer_names = pointer_names
+        self.enabled = supported()
+        self.compiled = {}    # (Launch, alignment) -> (runner, the non-pointer arguments in order)
+        self._order = None    # the kernel's parameter names
+
+    def _params(self) -> tuple:
+        if self._order is None:
+            self._order = tuple(self.kernel.arg_names)
+            assert self._order[:len(self.pointer_names)] == self.pointer_names, \
+                "the kernel's pointer arguments must come first, in POINTERS order"
+        return self._order
+
+    def _through_triton(self, launch, pointers: tuple):
+        return self.kernel[launch.grid](**dict(zip(self.pointer_names, pointers)), **launch.args,
+                                        num_warps=launch.num_warps)
+
+    def __call__(self, launch, pointers: tuple) -> None:
+        """Launch with these pointer tensors (or None), in the kernel's order."""
+        if not self.enabled or _hooks_installed():
+            self._through_triton(launch, pointers)
+            return
+        addresses = [t.data_ptr() if t is not None else None for t in pointers]
+        key = (launch, tuple(a % 16 == 0 if a is not None else None for a in addresses))
+        hit = self.compiled.get(key)
+        if hit is not None:
+            runner, tail = hit
+            runner(*addresses, *tail, stream=_current_stream(launch.device.index))
+            return
+        compiled = self._through_triton(launch, pointers)
+        try:
+            runner = compiled[launch.grid]
+        except Exception as e:  # noqa: BLE001  (a Triton whose interface differs)
+            self._disable(e)
+            return
+        if not _takes_stream(runner):
+            self._disable("its runner takes no stream= keyword")
+            return
+        names = self._params()[len(self.pointer_names):]
+        if len(self.compiled) >= MAX_COMPILED:
+            self.compiled.clear()
+        self.compiled[key] = (runner, tuple(launch.args[n] for n in names))
+
+    def _disable(self, why) -> None:
+        self.enabled = False
+        warnings.warn(f"ropelib: launching through Triton's own path ({why})", stacklevel=3)
