@@ -151,10 +151,13 @@ def check_in_place(x: torch.Tensor, name: str) -> None:
     if not V.non_overlapping(x):
         raise ValueError(f"inplace=True needs {name} without overlapping memory (an expand()ed or "
                          "stride-0 view would be written twice); pass inplace=False")
-    if needs_grad(x) and (x.is_leaf or (x._base is not None and x._base.is_leaf
-                                        and x._base.requires_grad)):
-        raise ValueError(f"inplace=True on {name}, a leaf tensor that requires grad (or a view of "
-                         "one): autograd forbids changing it in place; pass inplace=False")
+    if needs_grad(x):
+        # (torch.compile knows no ._base; there autograd's own check on views of leaves holds)
+        base = None if torch.compiler.is_compiling() else x._base
+        if x.is_leaf or (base is not None and base.is_leaf and base.requires_grad):
+            raise ValueError(f"inplace=True on {name}, a leaf tensor that requires grad (or a "
+                             "view of one): autograd forbids changing it in place; pass "
+                             "inplace=False")
 
 
 def check_qk_in_place(q: torch.Tensor, k: torch.Tensor) -> None:

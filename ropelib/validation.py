@@ -124,9 +124,12 @@ def check_cp(cp_size, cp_rank) -> None:
         raise ValueError(f"cp_rank must be an int in [0, cp_size={cp_size}), got {cp_rank!r}")
 
 
-def non_overlapping(t: torch.Tensor) -> bool:
-    """True when no two elements of t share memory (a precondition for writing in place)."""
-    dims = sorted((st, n) for st, n in zip(t.stride(), t.shape) if n > 1)
+def non_overlapping(t: torch.Tensor, shape=None, strides=None) -> bool:
+    """True when no two elements of t (or of a layout: shape and strides) share memory (a
+    precondition for writing in place)."""
+    shape = t.shape if shape is None else shape
+    strides = t.stride() if strides is None else strides
+    dims = sorted((st, n) for st, n in zip(strides, shape) if n > 1)
     need = 1
     for st, n in dims:
         if st < need:
@@ -136,18 +139,39 @@ def non_overlapping(t: torch.Tensor) -> bool:
 
 
 def memory_overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Could a and b share an element? (Same storage and intersecting address ranges.)"""
+    """Could a and b share an element?
+
+    Exact for two views with the same strides into one non-overlapping tensor (q and k as
+    head slices of one projection: disjoint index boxes), conservative otherwise (any overlap of
+    their address ranges counts)."""
     if a.numel() == 0 or b.numel() == 0:
         return False
     if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
         return False
 
     def extent(t):
-        lo = t.storage_offset() * t.element_size()
-        span = sum((n - 1) * st for n, st in zip(t.shape, t.stride())) * t.element_size()
-        return lo, lo + span + t.element_size()
+        lo = t.storage_offset()
+        return lo, lo + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1
     (a0, a1), (b0, b1) = extent(a), extent(b)
-    return a0 < b1 and b0 < a1
+    if a1 <= b0 or b1 <= a0 or a.element_size() != b.element_size():
+        return a0 < b1 and b0 < a1
+    if a.dim() != b.dim() or a.stride() != b.stride():
+        return True
+    if b0 < a0:
+        a, b, a0, b0 = b, a, b0, a0
+    # b's offset from a as an index shift along the shared strides, largest stride first
+    rest, shift = b0 - a0, [0] * a.dim()
+    for d in sorted(range(a.dim()), key=lambda d: -a.stride(d)):
+        if a.stride(d) > 0:
+            shift[d], rest = divmod(rest, a.stride(d))
+    if rest != 0:
+        return True
+    # the union of both index boxes must itself be laid out without overlap for the shift to
+    # be the only way to reach b's first element
+    union = [max(na, sh + nb) for na, nb, sh in zip(a.shape, b.shape, shift)]
+    if not non_overlapping(a, union, a.stride()):
+        return True
+    return all(sh < na for na, sh in zip(a.shape, shift))
 
 
 # --- index value checks ---------------------------------------------------------------------

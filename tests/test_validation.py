@@ -125,7 +125,7 @@ CASES = [
      ValueError, "rotary dim"),
     ("overlap-inplace", lambda: ropelib.apply_rope(torch.randn(1, B, H, D).expand(S, B, H, D), F, inplace=True),
      ValueError, "inplace"),
-    ("qk-shared-storage-inplace", lambda: (lambda t: ropelib.apply_rope_qk(t[:, :, :1], t[:, :, 1:], F, inplace=True))(x4()),
+    ("qk-overlapping-inplace", lambda: (lambda t: ropelib.apply_rope_qk(t[:, :, :2], t[:, :, 1:], F, inplace=True))(x4()),
      ValueError, "inplace"),
     # drop-ins
     ("te-bad-format", lambda: rte.apply_rotary_pos_emb(x4(), F, tensor_format="sbdh", fused=True), ValueError, "layout"),
