@@ -58,6 +58,11 @@ def prepare(x: torch.Tensor, freqs=None, *, cos=None, sin=None, layout="sbhd",
     plain-PyTorch paths that share these checks)."""
     V.check_tensor(x, name)
     V.check_layout(x, layout, name)
+    if not torch.compiler.is_compiling() and {"Grad", "Jvp"} & V.functorch_level():
+        raise NotImplementedError(
+            "ropelib does not run under torch.func's grad, jacrev, jvp or hessian: PyTorch's "
+            "custom operators cannot take part in those transforms. Use torch.autograd.grad or "
+            "loss.backward() (torch.vmap works)")
     if kernel_device:
         V.check_kernel_device(x, name)
     V.check_cp(cp_size, cp_rank)
@@ -66,9 +71,10 @@ def prepare(x: torch.Tensor, freqs=None, *, cos=None, sin=None, layout="sbhd",
                    ("cu_seqlens", cu_seqlens)):
         if t is not None:
             V.check_int_tensor(t, arg, dims=(1, 2) if arg == "position_ids" else (1,))
+    table, sin_t = _tables(freqs, cos, sin)
     V.check_same_device(x, name, freqs=freqs, cos=cos, sin=sin, start_positions=start_positions,
                         position_ids=position_ids, cu_seqlens=cu_seqlens)
-    table, sin = _tables(freqs, cos, sin)
+    sin = sin_t
     D, R, P = x.shape[-1], table.shape[1], table.shape[0]
     V.check_rotary_dim(R, D, "freqs" if freqs is not None else "cos")
     if P == 0 and x.numel():

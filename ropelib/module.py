@@ -67,6 +67,12 @@ class RotaryEmbedding(torch.nn.Module):
             self._build(table.shape[0], table.device)
         return self
 
+    def __prepare_scriptable__(self):
+        raise NotImplementedError(
+            "ropelib.RotaryEmbedding cannot be compiled by torch.jit.script (TorchScript compiles "
+            "neither ropelib's Python nor its Triton kernel): use torch.jit.trace, torch.export "
+            "or torch.compile")
+
     def table_length(self) -> int:
         return (self.cos if self._use_table else self.freqs).shape[0]
 

@@ -211,9 +211,15 @@ def index_checks() -> str:
     return _index_checks
 
 
+def functorch_level() -> set:
+    """The torch.func transforms at work ("Vmap", "Grad", "Jvp", ...), outermost first."""
+    stack = getattr(torch._C._functorch, "get_interpreter_stack", lambda: None)()
+    return {str(i.key()).split(".")[-1] for i in stack} if stack else set()
+
+
 def values_checkable(*tensors) -> bool:
     """Should the values of these index tensors be read on the host now?"""
-    if _index_checks == "off" or torch.compiler.is_compiling():
+    if _index_checks == "off" or torch.compiler.is_compiling() or functorch_level():
         return False
     present = [t for t in tensors if t is not None]
     if _index_checks == "on":

@@ -4,8 +4,8 @@
   the GPU (in head chunks, to bound memory);
 * a tensor with more than 2^31 elements (64-bit offsets): slices near the end checked;
 * parity with the real Transformer Engine when `transformer_engine` imports;
-* the fast launch path (launch.FAST_LAUNCH and its _COMPILED cache) gives the same bits as
-  Triton's generic dispatch, also for misaligned views;
+* the direct launcher (kernels/direct.py) gives the same bits as Triton's own launch path, also
+  for misaligned views;
 * CUDA-graph capture and replay equals eager; decode sizes.
 
 Run on a GPU: `pytest -q -m gpu tests/test_rope_gpu.py`
@@ -219,11 +219,11 @@ def test_fused_qkv_parity_with_transformer_engine(layout, interleaved):
     torch.testing.assert_close(a.grad, c.grad, atol=BF16[0], rtol=BF16[1])
 
 
-# --- fast launch path -----------------------------------------------------------------------
+# --- direct launcher ------------------------------------------------------------------------
 
-def test_fast_launch_bit_identical_to_generic_dispatch(monkeypatch):
+def test_direct_launch_bit_identical_to_triton_launch(monkeypatch):
+    from ropelib import eager
     from ropelib.kernels import launch as L
-    from ropelib import api
     torch.manual_seed(3)
     s, b, h, d = 64, 2, 8, 128
     freqs = ropelib.rope_freqs(s + 8, d, device=DEV)
@@ -234,7 +234,7 @@ def test_fast_launch_bit_identical_to_generic_dispatch(monkeypatch):
     sp = torch.tensor([3, 8], device=DEV)
 
     def results():
-        api.clear_cache()   # each phase plans its own calls (and keeps them for its repeats)
+        eager.SIGNATURES.clear()
         out = []
         for x in (aligned, misaligned, aligned, misaligned):
             y = ropelib.apply_rope(x, freqs, start_positions=sp)
@@ -244,20 +244,32 @@ def test_fast_launch_bit_identical_to_generic_dispatch(monkeypatch):
             out.append(xg.grad)
         return out
 
-    monkeypatch.setattr(L, "FAST_LAUNCH", False)
-    generic = results()
-    monkeypatch.setattr(L, "FAST_LAUNCH", True)
-    monkeypatch.setattr(L, "_COMPILED", {})
-    fast_first = results()        # fills the cache
-    assert len(L._COMPILED) >= 2  # aligned and misaligned specialisations are different entries
-    fast_cached = results()       # served from the cache
-    assert L.FAST_LAUNCH, "the fast path fell back to the generic dispatch"
-    for g_, f1, f2 in zip(generic, fast_first, fast_cached):
-        assert torch.equal(g_, f1) and torch.equal(g_, f2)
-    # misaligned input gives the same values as the aligned copy of it
+    monkeypatch.setattr(L.DIRECT, "enabled", False)
+    through_triton = results()
+    monkeypatch.setattr(L.DIRECT, "enabled", True)
+    monkeypatch.setattr(L.DIRECT, "compiled", {})
+    first = results()           # asks Triton for each compiled kernel
+    assert len(L.DIRECT.compiled) >= 2, "aligned and misaligned pointers are different kernels"
+    direct = results()          # straight to the compiled kernels
+    assert L.DIRECT.enabled, "the direct launcher fell back to Triton's path"
+    for t, f1, f2 in zip(through_triton, first, direct):
+        assert torch.equal(t, f1) and torch.equal(t, f2)
     y_mis = ropelib.apply_rope(misaligned, freqs, start_positions=sp)
     y_cpy = ropelib.apply_rope(misaligned.contiguous().clone(), freqs, start_positions=sp)
     assert torch.equal(y_mis, y_cpy)
+
+
+def test_operator_path_equals_eager_route():
+    """torch.ops.ropelib.rope (the dispatcher, then the same planner and kernel) gives the bits
+    of the eager route."""
+    torch.manual_seed(6)
+    x = torch.randn(128, 4, 8, 128, device=DEV, dtype=torch.bfloat16)
+    f = ropelib.rope_freqs(256, 128, device=DEV)
+    sp = torch.tensor([0, 5, 9, 100], device=DEV)
+    y = ropelib.apply_rope(x, f, start_positions=sp)
+    z = torch.ops.ropelib.rope(x, f[:, 0, 0], None, None, None, sp, "sbhd", False, 1, 0, False,
+                               None)
+    assert torch.equal(y, z)
 
 
 # --- CUDA graphs ----------------------------------------------------------------------------

@@ -40,10 +40,14 @@ def supported() -> bool:
 
 
 def _hooks_installed() -> bool:
-    knobs = getattr(triton, "knobs", None)
-    runtime = getattr(knobs, "runtime", None)
-    return runtime is not None and (getattr(runtime, "launch_enter_hook", None) is not None
-                                    or getattr(runtime, "launch_exit_hook", None) is not None)
+    """Is a launch hook (Triton's profiler) installed? A hook is a function, or (newer Triton) a
+    chain of them, empty when none is."""
+    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
+    for name in ("launch_enter_hook", "launch_exit_hook"):
+        hook = getattr(runtime, name, None)
+        if hook is not None and getattr(hook, "calls", True):
+            return True
+    return False
 
 
 def _takes_stream(runner) -> bool:

@@ -1,0 +1,127 @@
+"""The direct launcher (ropelib/kernels/direct.py) relies on Triton's compiled-kernel interface.
+These checks run without a GPU: the installed Triton still has what it relies on, the launcher
+keys compiled kernels by everything Triton specialises on, and it steps aside (to Triton's own
+path) when it cannot be used. tests/test_rope_gpu.py compares its results with Triton's path."""
+import inspect
+
+import pytest
+import torch
+import triton
+
+from ropelib.kernels import direct, launch
+from ropelib.kernels.fused import _rope_kernel
+
+
+def test_installed_triton_has_the_interface():
+    assert direct.supported(), f"triton {triton.__version__}: CompiledKernel.__getitem__ missing"
+    from triton.compiler.compiler import CompiledKernel
+    runner_src = inspect.getsource(CompiledKernel.__getitem__)
+    assert "stream" in runner_src
+
+
+def test_pointer_arguments_come_first_in_kernel_order():
+    names = tuple(inspect.signature(_rope_kernel.fn).parameters)
+    assert names[:len(launch.POINTERS)] == launch.POINTERS
+    # everything after the pointers is planned by name: the planner covers every parameter
+    assert set(names[len(launch.POINTERS):]) == set(_planned_args())
+
+
+def _planned_args():
+    q = torch.randn(4, 2, 3, 8)
+    out = torch.empty_like(q)
+    planned, pointers = launch.plan(
+        launch.View.of(q), launch.View.of(out), launch.Table(torch.randn(8, 8), None),
+        launch.Positions(start=torch.tensor([0, 1])), R=8, interleaved=False, backward=False,
+        copy_pass=True)
+    assert len(pointers) == len(launch.POINTERS)
+    return planned.args
+
+
+def test_launch_key_covers_what_triton_specialises_on():
+    """Equal Launches must mean the same compiled kernel: dtypes and device are part of it."""
+    def planned(dtype):
+        q = torch.randn(4, 2, 3, 8).to(dtype)
+        out = torch.empty_like(q)
+        return launch.plan(launch.View.of(q), launch.View.of(out),
+                           launch.Table(torch.randn(8, 8), None), launch.Positions(), R=8,
+                           interleaved=False, backward=False, copy_pass=True)[0]
+    assert planned(torch.float16) != planned(torch.bfloat16)
+    assert planned(torch.float16) == planned(torch.float16)
+    assert hash(planned(torch.float16)) == hash(planned(torch.float16))
+
+
+class _FakeKernel:
+    """Stands in for a JITFunction: records how it was launched."""
+    arg_names = list(inspect.signature(_rope_kernel.fn).parameters)
+
+    def __init__(self, runner_takes_stream=True):
+        self.calls = []
+        self.takes_stream = runner_takes_stream
+
+    def __getitem__(self, grid):
+        kernel = self
+
+        class Compiled:
+            def __getitem__(self, grid):
+                if kernel.takes_stream:
+                    return lambda *args, stream=None: kernel.calls.append(("direct", args))
+                return lambda *args: kernel.calls.append(("direct", args))
+
+        def run(**kwargs):
+            kernel.calls.append(("triton", kwargs))
+            return Compiled()
+        return run
+
+
+def _launch_twice(kernel, monkeypatch):
+    monkeypatch.setattr(direct, "_current_stream", lambda index: 0)
+    d = direct.DirectLauncher(kernel, launch.POINTERS)
+    d.enabled = True
+    q = torch.randn(4, 2, 3, 8)
+    out = torch.empty_like(q)
+    planned, pointers = launch.plan(launch.View.of(q), launch.View.of(out),
+                                    launch.Table(torch.randn(8, 8), None), launch.Positions(),
+                                    R=8, interleaved=False, backward=False, copy_pass=True)
+    d(planned, pointers)
+    d(planned, pointers)
+    return d
+
+
+def test_second_launch_goes_direct_with_addresses_in_order(monkeypatch):
+    kernel = _FakeKernel()
+    d = _launch_twice(kernel, monkeypatch)
+    assert [c[0] for c in kernel.calls] == ["triton", "direct"]
+    args = kernel.calls[1][1]
+    assert len(args) == len(kernel.arg_names)
+    assert isinstance(args[0], int) and args[2] is None     # q's address; no k
+    assert d.enabled
+
+
+def test_steps_aside_when_the_runner_takes_no_stream(monkeypatch):
+    kernel = _FakeKernel(runner_takes_stream=False)
+    with pytest.warns(UserWarning, match="Triton's own path"):
+        d = _launch_twice(kernel, monkeypatch)
+    assert not d.enabled
+    assert [c[0] for c in kernel.calls] == ["triton", "triton"]
+
+
+def test_steps_aside_while_a_launch_hook_is_installed(monkeypatch):
+    """Triton's profiler hooks see every launch: then launches go through Triton's path."""
+    def hook(*args, **kwargs):
+        pass
+    runtime = triton.knobs.runtime
+    current = runtime.launch_enter_hook
+    if hasattr(current, "add"):          # a chain of hooks (newer Triton)
+        current.add(hook)
+        undo = lambda: current.remove(hook)   # noqa: E731
+    else:
+        monkeypatch.setattr(runtime, "launch_enter_hook", hook)
+        undo = lambda: None   # noqa: E731
+    try:
+        assert direct._hooks_installed()
+        kernel = _FakeKernel()
+        _launch_twice(kernel, monkeypatch)
+        assert [c[0] for c in kernel.calls] == ["triton", "triton"]
+    finally:
+        undo()
+    assert not direct._hooks_installed()
