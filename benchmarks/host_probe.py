@@ -62,10 +62,14 @@ def main():
     v, vo = L.View.of(x), L.View.of(y)
     add("plan()", lambda: L.plan(v, vo, L.Table(f2, None), L.Positions(start=sp), R=d,
                                  interleaved=False, backward=False, copy_pass=True))
-    launch = L.plan(v, vo, L.Table(f2, None), L.Positions(start=sp), R=d, interleaved=False,
-                    backward=False, copy_pass=True)
-    add("triton JITFunction launch of a planned call",
-        lambda: _rope_kernel[launch.grid](**launch.args, num_warps=launch.num_warps))
+    launch, pointers = L.plan(v, vo, L.Table(f2, None), L.Positions(start=sp), R=d,
+                              interleaved=False, backward=False, copy_pass=True)
+    named = dict(zip(L.POINTERS, pointers))
+    add("Triton's own launch of a planned call",
+        lambda: _rope_kernel[launch.grid](**named, **launch.args, num_warps=launch.num_warps))
+    add("direct launch of a planned call", lambda: L.DIRECT(launch, pointers))
+    add("apply_rope_qk fwd start_positions (q 32 heads, k 8)",
+        lambda: ropelib.apply_rope_qk(x, x[:, :, :8], freqs, start_positions=sp))
     if te_rope is not None:
         add("TE fused fwd", lambda: te_rope(x, freqs, fused=True))
         add("TE fused fwd start_positions", lambda: te_rope(x, freqs, start_positions=sp, fused=True))

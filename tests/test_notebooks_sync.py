@@ -8,8 +8,10 @@ import json
 import re
 from pathlib import Path
 
-import jupytext
 import pytest
+
+jupytext = pytest.importorskip(
+    "jupytext", reason="the notebook checks need the lab extras: pip install -e '.[lab]'")
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
