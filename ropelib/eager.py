@@ -123,14 +123,13 @@ class Rotation:
         """Run the planned kernel on a call's tensors (xs, outs, rest)."""
         if self.empty():
             return
-        pointers = []
-        for slot in self.slots:
-            if slot is None:
-                pointers.append(None)
-            else:
-                t = tensors[slot[0]]
-                pointers.append(t.contiguous() if slot[1] else t)
-        launch.run(self.launch, tuple(pointers))
+        pointers = [None if slot is None else
+                    (tensors[slot[0]].contiguous() if slot[1] else tensors[slot[0]])
+                    for slot in self.slots]
+        if launch.INTERPRET:
+            launch.run(self.launch, pointers)
+        else:   # a plain eager call on a GPU (eager.active() chose this route)
+            launch.DIRECT(self.launch, pointers)
 
     def __call__(self, xs: tuple, rest: tuple, *, grad: bool):
         """Rotate xs (returns the outputs, or xs when in place); through autograd when grad."""

@@ -167,20 +167,21 @@ rope_qk.register_autograd(_rope_qk_backward, setup_context=_setup_rope_qk)
 def _qkv_views(qkv4: Tensor, split: List[int]):
     """[S, B, G, dq + dk + dv] -> views of q (grouped heads), k and v of the packed tensor.
 
-    q head h = g * n_q + i lives at g * stride_g + i * dk: a View with hpg = n_q, whose tensor
-    (qkv4[..., :dk]) gives the first element and the [S, B, ., D] sizes."""
+    q head h = g * n_q + i lives at g * stride_g + i * dk: a View with hpg = n_q over the whole
+    packed tensor (q starts at its first element), so torch.compile sees every element the
+    kernel reads or writes as part of the buffer it is given."""
     dq, dk, dv = split
     n_q = dq // dk
     st = qkv4.stride()
     G = qkv4.shape[2]
-    q = View(qkv4[..., :dk], G * n_q, (st[0], st[1], st[2], dk * st[3], st[3]), hpg=n_q)
+    q = View(qkv4, G * n_q, (st[0], st[1], st[2], dk * st[3], st[3]), hpg=n_q, head_dim=dk)
     return q, View.of(qkv4[..., dq:dq + dk]), qkv4[..., dq + dk:]
 
 
 def _grouped(v: View, hpg: int) -> View:
     """A plain [S, B, H, D] view addressed in groups of hpg heads (to pair with a packed q)."""
     s, b, h, _, d = v.strides
-    return View(v.tensor, v.heads, (s, b, hpg * h, h, d), hpg=hpg)
+    return View(v.tensor, v.heads, (s, b, hpg * h, h, d), hpg=hpg, head_dim=v.features())
 
 
 @_define("ropelib::rope_qkv")

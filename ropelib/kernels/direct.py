@@ -12,9 +12,12 @@ addresses and the current CUDA stream.
 What it relies on (Triton 3.x, checked by `supported()` and in tests/test_direct_launch.py):
 `kernel[grid](...)` returns the `CompiledKernel`; `compiled[grid]` returns a runner taking
 every kernel argument in order (constexprs included, ignored) and a `stream=` keyword; a
-pointer may be passed as an int address. Triton specialises a pointer on 16-byte alignment, so
-alignment is part of the key. When a launch hook is installed (Triton's profiler), or the
-interface is not there, launches go through Triton's own path.
+pointer may be passed as an int address. Where that runner is, as in Triton 3.4 to 3.9, a thin
+wrapper of `compiled.run(grid0, grid1, grid2, stream, function, packed_metadata,
+launch_metadata, enter_hook, exit_hook, *args)` (its source says so), the launcher calls
+`compiled.run` itself. Triton specialises a pointer on 16-byte alignment, so alignment is part
+of the key. When a launch hook is installed (Triton's profiler), or the interface is not there,
+launches go through Triton's own path.
 """
 import inspect
 import warnings
@@ -57,6 +60,30 @@ def _takes_stream(runner) -> bool:
         return False
 
 
+_RUNNER_CALL = ("self.run(grid[0], grid[1], grid[2], stream, self.function, self.packed_metadata,"
+                " launch_metadata,")
+
+
+def runner_is_thin() -> bool:
+    """Is CompiledKernel's runner a thin wrapper of its C launcher (see the docstring)?"""
+    try:
+        from triton.compiler.compiler import CompiledKernel
+        source = " ".join(inspect.getsource(CompiledKernel.__getitem__).split())
+    except (ImportError, OSError, TypeError):
+        return False
+    return _RUNNER_CALL in source
+
+
+def _c_launcher(compiled, grid: tuple):
+    """A callable (stream, *args) that starts `compiled` on `grid` through its C launcher."""
+    run, function, packed = compiled.run, compiled.function, compiled.packed_metadata
+    g0, g1, g2 = (tuple(grid) + (1, 1))[:3]
+
+    def launch(stream, *args):
+        run(g0, g1, g2, stream, function, packed, None, None, None, *args)
+    return launch
+
+
 class DirectLauncher:
     """Kernel launches from a planned Launch and its pointers (see the module docstring)."""
 
@@ -64,8 +91,9 @@ class DirectLauncher:
         self.kernel = kernel
         self.pointer_names = pointer_names
         self.enabled = supported()
-        self.compiled = {}    # (Launch, alignment) -> (runner, the non-pointer arguments in order)
+        self.compiled = {}    # (Launch, alignment) -> (start(stream, *args), non-pointer args)
         self._order = None    # the kernel's parameter names
+        self.thin = runner_is_thin()
 
     def _params(self) -> tuple:
         if self._order is None:
@@ -84,25 +112,31 @@ class DirectLauncher:
             self._through_triton(launch, pointers)
             return
         addresses = [t.data_ptr() if t is not None else None for t in pointers]
-        key = (launch, tuple(a % 16 == 0 if a is not None else None for a in addresses))
-        hit = self.compiled.get(key)
+        aligned = 0
+        for a in addresses:   # a bit per pointer: 16-byte aligned (None counts as aligned)
+            aligned = 2 * aligned + (a is None or a % 16 == 0)
+        hit = self.compiled.get((launch, aligned))
         if hit is not None:
-            runner, tail = hit
-            runner(*addresses, *tail, stream=_current_stream(launch.device.index))
+            start, tail = hit
+            start(_current_stream(launch.device.index), *addresses, *tail)
             return
         compiled = self._through_triton(launch, pointers)
         try:
-            runner = compiled[launch.grid]
+            if self.thin:
+                start = _c_launcher(compiled, launch.grid)
+            else:
+                runner = compiled[launch.grid]
+                if not _takes_stream(runner):
+                    self._disable("its runner takes no stream= keyword")
+                    return
+                start = (lambda runner: lambda stream, *args: runner(*args, stream=stream))(runner)
         except Exception as e:  # noqa: BLE001  (a Triton whose interface differs)
             self._disable(e)
-            return
-        if not _takes_stream(runner):
-            self._disable("its runner takes no stream= keyword")
             return
         names = self._params()[len(self.pointer_names):]
         if len(self.compiled) >= MAX_COMPILED:
             self.compiled.clear()
-        self.compiled[key] = (runner, tuple(launch.args[n] for n in names))
+        self.compiled[(launch, aligned)] = (start, tuple(launch.args[n] for n in names))
 
     def _disable(self, why) -> None:
         self.enabled = False

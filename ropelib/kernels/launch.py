@@ -24,18 +24,24 @@ class View(NamedTuple):
     """A tensor as the kernel addresses it: x[s, b, h, d] at s*s_ + b*b_ + head(h) + d*d_.
 
     head(h) = (h // hpg) * g + (h % hpg) * h_; hpg = 1 (plain tensors: g is the head stride)
-    except for the q of a packed QKV, whose heads come in groups of hpg.
+    except for the q of a packed QKV, whose heads come in groups of hpg. `tensor` is the whole
+    tensor the kernel reads or writes through this view ([S, B, ...]: torch.compile sees it as
+    the buffer), head_dim its features per head.
     """
     tensor: torch.Tensor
     heads: int
     strides: tuple          # (s, b, g, h, d) in elements
     hpg: int = 1
+    head_dim: Optional[int] = None   # None: tensor.shape[3]
 
     @staticmethod
     def of(t4: torch.Tensor) -> "View":
         """A plain [S, B, H, D] strided view."""
         s, b, h, d = t4.stride()
         return View(t4, t4.shape[2], (s, b, h, 0, d))
+
+    def features(self) -> int:
+        return self.tensor.shape[3] if self.head_dim is None else self.head_dim
 
 
 class Table(NamedTuple):
@@ -200,7 +206,7 @@ def plan(q: View, q_out: View, table: Table, positions: Positions, *, R: int,
     serves q and, unless `k_table` is given, k (a given k_table has the same strides).
     """
     x = q.tensor
-    S, B, D = x.shape[0], x.shape[1], x.shape[3]
+    S, B, D = x.shape[0], x.shape[1], q.features()
     HK = k.heads if k is not None else 0
     on_gpu = x.device.type == "cuda" and not INTERPRET
     sm = _sm_count(x.device.index if x.device.index is not None else torch.cuda.current_device()) \
