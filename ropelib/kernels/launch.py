@@ -161,6 +161,10 @@ def pick_tiles(S, B, heads: tuple, R: int, D: int, elem_size: int, sm_count: Opt
         block_s = _pow2_at_least(S, min(32, _pow2_at_most(max(2048 // (block_h * row), 1))))
         return block_s, block_h, max(B, 1), 4
     want = 4 * sm_count
+    # Under torch.compile with dynamic shapes S or B may be symbolic: then the grid is not
+    # fitted to the machine (every comparison with them would become a guard, and a new length
+    # a recompilation); a symbolic length is >= 2 (Dynamo specialises 0 and 1) and usually long.
+    fit = not isinstance(S, torch.SymInt) and not isinstance(B, torch.SymInt)
 
     def tiles_for(ept, num_warps):
         target = ept * 32 * num_warps
@@ -168,11 +172,12 @@ def pick_tiles(S, B, heads: tuple, R: int, D: int, elem_size: int, sm_count: Opt
             block_h = _pow2_at_least(min(heads), _pow2_at_most(max(target // row, 1)))
             block_s = _pow2_at_least(S, min(16, _pow2_at_most(max(target // (block_h * row), 1))))
             tiles = _cdiv(S, block_s) * sum(_cdiv(h, block_h) for h in heads)
-            chunk = max(B, 1)
-            while chunk > 1 and tiles * _cdiv(B, chunk) < want:
+            chunk = max(B, 1) if fit else B
+            while fit and chunk > 1 and tiles * _cdiv(B, chunk) < want:
                 chunk = _cdiv(chunk, 2)
             # still too few programs with one batch entry each (decode): smaller tiles
-            if chunk > 1 or tiles * B >= want or target <= MIN_TILE or block_h * block_s == 1:
+            if not fit or chunk > 1 or tiles * B >= want or target <= MIN_TILE \
+                    or block_h * block_s == 1:
                 break
             target //= 2
         while _cdiv(B, chunk) > 65535:
@@ -184,6 +189,9 @@ def pick_tiles(S, B, heads: tuple, R: int, D: int, elem_size: int, sm_count: Opt
     if elem_size > 2:
         return tiles_for(*tile_wide)
     picked = tiles_for(*tile_loop)
+    if not fit:
+        return picked if isinstance(B, torch.SymInt) or B >= BATCH_LOOP_MIN \
+            else tiles_for(*tile_noloop)
     return picked if picked[2] >= BATCH_LOOP_MIN else tiles_for(*tile_noloop)
 
 

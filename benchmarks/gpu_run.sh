@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# ropelib's GPU measurements from a clone of the repo, one step per call (each fits in a few
+# minutes on an H100 or H200):
+#
+#   bash benchmarks/gpu_run.sh tests     # every GPU test: pytest -m gpu tests
+#   bash benchmarks/gpu_run.sh targets   # python -m ropelib.bench --suite targets  (~5 min)
+#   bash benchmarks/gpu_run.sh decode    # decode suite (host cost, CUDA graphs) + host profile
+#   bash benchmarks/gpu_run.sh model     # compiled GPT, 200 steps, rope=reference vs ropelib
+#   bash benchmarks/gpu_run.sh sweeps    # notebook 06's bf16 sweeps, added to the committed CSV
+#
+# Several steps in one call: bash benchmarks/gpu_run.sh tests decode.
+# CSVs and logs land in benchmarks/results/, named with the GPU and the UTC date; when $OUT is
+# set (a lent machine that sends back what is under $OUT) they are copied there too.
+# Transformer Engine is compared when `import transformer_engine.pytorch` works.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+RESULTS=benchmarks/results
+mkdir -p "$RESULTS"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+PY=${PYTHON:-python3}
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
+      | tr 'A-Z' 'a-z' | tr -cs 'a-z0-9' '-' | sed 's/-$//')
+stamp=$(date -u +%Y%m%d-%H%M)
+tag="${gpu:-gpu}-$stamp"
+rc=0
+
+keep() {   # copy files to $OUT when the machine sends $OUT back
+    [ -n "${OUT:-}" ] && cp "$@" "$OUT/" 2>/dev/null
+    return 0
+}
+
+step() {
+    local name=$1 log="$RESULTS/$1-$tag.log"
+    shift
+    echo "=== $name ($(date -u +%H:%M:%S))"
+    "$@" 2>&1 | tee "$log"
+    local status=${PIPESTATUS[0]}
+    [ "$status" -eq 0 ] || { echo "=== $name failed: exit $status"; rc=1; }
+    keep "$log"
+}
+
+for what in "${@:-tests}"; do
+    case "$what" in
+        tests)
+            step pytest-gpu "$PY" -m pytest -q -m gpu tests -p no:cacheprovider ;;
+        targets)
+            step targets "$PY" -m ropelib.bench --suite targets --out "$RESULTS/targets-$tag.csv"
+            keep "$RESULTS/targets-$tag.csv" ;;
+        decode)
+            step decode "$PY" -m ropelib.bench --suite decode --out "$RESULTS/decode-$tag.csv"
+            keep "$RESULTS/decode-$tag.csv"
+            step host "$PY" benchmarks/host_probe.py ;;
+        model)
+            step model "$PY" -m ropelib.bench --suite model --out "$RESULTS/model-$tag.csv"
+            keep "$RESULTS/model-$tag.csv" ;;
+        sweeps)
+            step sweeps "$PY" benchmarks/seed_sweeps.py --only bf16 --append
+            keep "$RESULTS/seed_sweeps.csv" figures/06-seed-*.png ;;
+        *)
+            echo "unknown step: $what (tests, targets, decode, model, sweeps)"; exit 2 ;;
+    esac
+done
+exit $rc
