@@ -68,8 +68,39 @@ def main():
     add("Triton's own launch of a planned call",
         lambda: _rope_kernel[launch.grid](**named, **launch.args, num_warps=launch.num_warps))
     add("direct launch of a planned call", lambda: L.DIRECT(launch, pointers))
+    # the parts of a direct launch: Triton's C launcher alone, with every argument prepared
+    compiled = _rope_kernel[launch.grid](**named, **launch.args, num_warps=launch.num_warps)
+    addresses = [t.data_ptr() if t is not None else None for t in pointers]
+    tail = tuple(launch.args[n] for n in L.DIRECT._params()[len(L.POINTERS):])
+    stream = torch.cuda.current_stream().cuda_stream
+    gr = tuple(launch.grid) + (1, 1)
+    c_args = (gr[0], gr[1], gr[2], stream, compiled.function, compiled.packed_metadata, None,
+              None, None, *addresses, *tail)
+    run = compiled.run
+    add(f"Triton's C launcher alone ({len(c_args)} arguments)", lambda: run(*c_args))
+    from ropelib.kernels import direct
+    add("current stream", lambda: direct._current_stream(0))
+    add("10 data_ptr() calls", lambda: [t.data_ptr() for t in pointers if t is not None])
     add("apply_rope_qk fwd start_positions (q 32 heads, k 8)",
         lambda: ropelib.apply_rope_qk(x, x[:, :, :8], freqs, start_positions=sp))
+    # the Python around the launch: everything with the launch replaced by nothing
+    saved = L.DIRECT.__class__.__call__
+    L.DIRECT.__class__.__call__ = lambda self, launch, pointers: None
+    add("apply_rope fwd, launch removed", lambda: ropelib.apply_rope(x, freqs))
+    add("apply_rope fwd+bwd, launches removed", lambda: ropelib.apply_rope(xg, freqs).backward(g))
+    L.DIRECT.__class__.__call__ = saved
+
+    class Trivial(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, f):
+            ctx.save_for_backward(f)
+            return torch.empty_like(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            return torch.empty_like(grad), None
+    add("trivial autograd.Function fwd+bwd (empty_like both ways)",
+        lambda: Trivial.apply(xg, freqs).backward(g))
     if te_rope is not None:
         add("TE fused fwd", lambda: te_rope(x, freqs, fused=True))
         add("TE fused fwd start_positions", lambda: te_rope(x, freqs, start_positions=sp, fused=True))

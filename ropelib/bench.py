@@ -303,10 +303,12 @@ def add_graph_timings(case: BenchCase, rows: list, provs: list, calls: int = 100
 
 def _leaves_and_grads(inputs):
     """Leaf copies of a case's tensors that require grad, gradients for their outputs, and the
-    case rebuilt on the leaves (for forward+backward timings)."""
+    case rebuilt on the leaves (for forward+backward timings). The gradients draw no random
+    numbers: a CUDA-graph capture that failed before (a provider that reads a value on the
+    host) can leave the generator unusable outside capture."""
     leaves = [t.detach().clone().requires_grad_() for t in inputs.tensors]
     case = dataclasses.replace(inputs, x=leaves[0], k=leaves[1] if len(leaves) > 1 else None)
-    return leaves, [torch.randn_like(t) for t in inputs.tensors], case
+    return leaves, [torch.full_like(t, 0.5) for t in inputs.tensors], case
 
 
 GRAPH_FWDBWD_FIELDS = ("graph_fwdbwd_ms", "graph_copy_fwdbwd_ms", "graph_ratio_fwdbwd",
