@@ -182,78 +182,71 @@ def saveable(t):
     return t
 
 
-def _slot(normalized: Optional[torch.Tensor], given: Optional[torch.Tensor], index: int):
-    """Where a kernel pointer comes from in an eager call's tensors (see eager.Rotation)."""
-    if normalized is None:
-        return None
-    return index, normalized.data_ptr() != given.data_ptr()
-
-
 class _Planned:
-    """One checked and planned signature of a public function (see ropelib.eager)."""
-    __slots__ = ("rotation", "call", "rows", "in_place", "grad", "names", "has_index")
+    """One checked and planned signature of a public function (see ropelib.eager): the rotation,
+    which of the caller's tables and index tensors it reads (`used`: indices into the 7-tuple
+    (table, sin, k_table, k_sin, position_ids, cu_seqlens, start_positions)), and what each
+    call must still check."""
+    __slots__ = ("rotation", "used", "call", "rows", "in_place", "grad", "names", "has_index")
 
-    def __init__(self, rotation, call: Call, rows: int, in_place: bool, grad: bool, names):
-        self.rotation, self.rows, self.in_place, self.grad = rotation, rows, in_place, grad
-        self.has_index = any(t is not None for t in call.index())
+    def __init__(self, rotation, used: tuple, call: Call, rows: int, in_place: bool, grad: bool,
+                 names):
+        self.rotation, self.used, self.rows = rotation, used, rows
+        self.in_place, self.grad, self.names = in_place, grad, names
         self.call = call._replace(table=None, sin=None, position_ids=None, cu_seqlens=None,
                                   start_positions=None)   # keeps no tensor
-        self.names = names
+        self.has_index = any(t is not None for t in call.index())
 
-    def __call__(self, xs: tuple, rest: tuple, checked: bool = False):
-        """rest = (table, sin, k_table, k_sin, position_ids, cu_seqlens, start_positions)."""
+    def __call__(self, xs: tuple, given: tuple, checked: bool = False):
         if not checked:
             if self.has_index:
-                check_values(self.call, self.rows, rest[4:])
+                check_values(self.call, self.rows, given[4:])
             if self.in_place:
                 if len(xs) == 2:
                     check_qk_in_place(*xs)
                 else:
                     check_in_place(xs[0], self.names[0])
+        used = [given[j] for j in self.used]
         if self.grad:
-            rest = tuple(saveable(t) for t in rest)
-        outs = self.rotation(xs, rest, grad=self.grad)
-        if self.in_place and self.grad:   # an ordinary in-place copy, which autograd tracks
-            outs = tuple(x.copy_(y) for x, y in zip(xs, outs))
+            out = eager.Rotate.apply(self.rotation, len(xs), *xs, *map(saveable, used))
+            outs = out if isinstance(out, tuple) else (out,)
+            if self.in_place:   # an ordinary in-place copy, which autograd tracks (views too)
+                outs = tuple(x.copy_(y) for x, y in zip(xs, outs))
+        else:
+            outs = self.rotation.run(xs, used)
         return outs if len(outs) > 1 else outs[0]
 
 
-def _plan_eager(xs, rest_given, normalized, c: Call, *, inplace: bool, rows: int, names,
+def _plan_eager(xs, given, normalized, c: Call, *, inplace: bool, rows: int, names,
                 out_dtype=None, k_shares_table: bool = False) -> _Planned:
-    """Plan the eager route of a checked call. normalized = (table, sin, k_table, k_sin):
-    the tables as the checks left them; rest_given: the caller's (table, sin, k_table, k_sin,
+    """Plan the eager route of a checked call. normalized = (table, sin, k_table, k_sin): the
+    tables as the checks left them; given: the caller's (table, sin, k_table, k_sin,
     position_ids, cu_seqlens, start_positions)."""
     grad = needs_grad(*xs)
     direct_in_place = inplace and not grad
     outs = xs if direct_in_place else tuple(
         torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device) for x in xs)
-    n = len(xs)
-    r = 2 * n    # rest starts after xs and outs
     table, sin, k_table, k_sin = normalized
-    slots = [(0, False), (n if not direct_in_place else 0, False)]
-    if n == 2:
-        slots += [(1, False), (3 if not direct_in_place else 1, False)]
-    else:
-        slots += [None, None]
-    slots += [_slot(table, rest_given[0], r), _slot(sin, rest_given[1], r + 1)]
-    if n == 2:
-        k_at = (r, r + 1) if k_shares_table else (r + 2, r + 3)
-        k_given = rest_given[0:2] if k_shares_table else rest_given[2:4]
-        slots += [_slot(k_table, k_given[0], k_at[0]), _slot(k_sin, k_given[1], k_at[1])]
-    else:
-        slots += [None, None]
-    index = (c.position_ids if c.position_ids is not None else c.cu_seqlens)
-    index_given, index_at = (rest_given[4], r + 4) if c.position_ids is not None \
-        else (rest_given[5], r + 5)
-    slots += [_slot(index, index_given, index_at), _slot(c.start_positions, rest_given[6], r + 6)]
-    tables = [Table(table, sin)] + ([Table(k_table, k_sin)] if n == 2 else [])
+    # kernel pointer position -> (the normalized tensor it reads, where the caller gave it)
+    reads = {4: (table, 0), 5: (sin, 1)}
+    if len(xs) == 2:
+        k_at = (0, 1) if k_shares_table else (2, 3)
+        reads.update({6: (k_table, k_at[0]), 7: (k_sin, k_at[1])})
+    reads[8] = (c.position_ids, 4) if c.position_ids is not None else (c.cu_seqlens, 5)
+    reads[9] = (c.start_positions, 6)
+    reads = {pos: (t, j) for pos, (t, j) in reads.items() if t is not None}
+    used = tuple(sorted({j for _, j in reads.values()}))
+    # a pointer reads the caller's tensor, or a contiguous copy of it where the checks made one
+    rest_slots = [(pos, used.index(j), t.data_ptr() != given[j].data_ptr())
+                  for pos, (t, j) in sorted(reads.items())]
+    tables = [Table(table, sin)] + ([Table(k_table, k_sin)] if len(xs) == 2 else [])
     rotation = eager.Rotation(
         xs4=[ops.view4(x, c.layout) for x in xs], outs4=[ops.view4(o, c.layout) for o in outs],
         tables=tables, positions=Positions(c.position_ids, c.cu_seqlens, c.start_positions,
                                            c.cp_size, c.cp_rank),
-        slots=slots, out_dtype=out_dtype, in_place=direct_in_place, backward=False,
+        rest_slots=rest_slots, out_dtype=out_dtype, in_place=direct_in_place, backward=False,
         interleaved=c.interleaved, view4=lambda t, layout=c.layout: ops.view4(t, layout))
-    return _Planned(rotation, c, rows, inplace, grad, names)
+    return _Planned(rotation, used, c, rows, inplace, grad, names)
 
 
 def _options_head(name, layout, interleaved, cp_size, cp_rank, inplace) -> tuple:

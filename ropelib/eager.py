@@ -88,69 +88,77 @@ def _stand_in(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 class Rotation:
     """One planned rotation of one or two tensors (q, or q and k) for one signature.
 
-    A call's tensors are (xs..., outs..., rest...) with rest = (table, sin, k_table, k_sin,
-    position_ids, cu_seqlens, start_positions) as the caller gave them. `slots[i]` says where
-    the kernel's i-th pointer comes from: None, or (index into the call's tensors, copy?) where
-    copy means "made contiguous first" (what the checks did to that argument).
+    A call gives xs (q, or q and k), outputs made here (or xs when in place) and `used`: the
+    tables and index tensors the kernel reads, as the caller gave them. `rest_slots` says which
+    kernel pointer reads which of them: (pointer position, index into used, copy?) where copy
+    means "made contiguous first" (what the checks did to that argument).
     """
-    __slots__ = ("launch", "slots", "n", "out_dtype", "in_place", "backward", "_planned",
-                 "reverses", "view4")
+    __slots__ = ("launch", "n", "rest_slots", "out_dtype", "in_place", "backward", "view4",
+                 "_planned", "_starts", "_reverses", "_device", "empty")
 
-    def __init__(self, *, xs4, outs4, tables, positions, slots, out_dtype, in_place, backward,
-                 interleaved, view4: Callable, q_view=None):
+    def __init__(self, *, xs4, outs4, tables, positions, rest_slots, out_dtype, in_place,
+                 backward, interleaved, view4: Callable):
         self.n = len(xs4)
-        q = q_view or View.of(xs4[0])
-        pairs = [(q, View.of(outs4[0]))] + ([(View.of(xs4[1]), View.of(outs4[1]))]
-                                             if self.n > 1 else [])
-        self.launch, _ = plan(pairs[0][0], pairs[0][1], tables[0], positions,
+        k = (View.of(xs4[1]), View.of(outs4[1])) if self.n > 1 else (None, None)
+        self.launch, _ = plan(View.of(xs4[0]), View.of(outs4[0]), tables[0], positions,
                               R=tables[0].cos.shape[-1], interleaved=interleaved,
-                              backward=backward, copy_pass=not in_place,
-                              k=pairs[1][0] if self.n > 1 else None,
-                              k_out=pairs[1][1] if self.n > 1 else None,
+                              backward=backward, copy_pass=not in_place, k=k[0], k_out=k[1],
                               k_table=tables[1] if self.n > 1 else None)
-        self.slots, self.out_dtype, self.in_place = slots, out_dtype, in_place
+        self.rest_slots, self.out_dtype, self.in_place = tuple(rest_slots), out_dtype, in_place
         self.backward, self.view4 = backward, view4
+        self.empty = self.launch.args["S"] == 0 or self.launch.args["B"] == 0
+        self._device = self.launch.device.index
         # for planning reverses: the tables and positions without their data
         self._planned = ([Table(_stand_in(t.cos), _stand_in(t.sin)) for t in tables],
                          Positions(*(_stand_in(p) for p in positions[:3]), *positions[3:]),
                          interleaved)
-        self.reverses = {}
+        self._starts = {}      # pointer alignment -> (start(stream, *args), the other args)
+        self._reverses = {}    # gradient strides -> Rotation
 
-    def empty(self) -> bool:
-        return self.launch.args["S"] == 0 or self.launch.args["B"] == 0
-
-    def launch_on(self, tensors: tuple) -> None:
-        """Run the planned kernel on a call's tensors (xs, outs, rest)."""
-        if self.empty():
-            return
-        pointers = [None if slot is None else
-                    (tensors[slot[0]].contiguous() if slot[1] else tensors[slot[0]])
-                    for slot in self.slots]
-        if launch.INTERPRET:
-            launch.run(self.launch, pointers)
-        else:   # a plain eager call on a GPU (eager.active() chose this route)
-            launch.DIRECT(self.launch, pointers)
-
-    def __call__(self, xs: tuple, rest: tuple, *, grad: bool):
-        """Rotate xs (returns the outputs, or xs when in place); through autograd when grad."""
-        if grad:
-            outs = Rotate.apply(self, len(xs), *xs, *rest)
-            return outs if isinstance(outs, tuple) else (outs,)
-        outs = xs if self.in_place else tuple(
+    def run(self, xs: tuple, used: tuple) -> tuple:
+        """Rotate xs eagerly, outside autograd: returns the outputs (xs when in place)."""
+        outs = xs if self.in_place else [
             torch.empty_like(x, dtype=self.out_dtype, memory_format=torch.contiguous_format)
-            for x in xs)
-        self.launch_on((*xs, *outs, *rest))
+            for x in xs]
+        if not self.empty:
+            self._launch(xs, outs, used)
         if self.in_place:
             for x in xs:
                 torch.autograd.graph.increment_version(x)
-        return outs
+        return tuple(outs)
+
+    def _launch(self, xs, outs, used) -> None:
+        pointers = [xs[0], outs[0], None, None, None, None, None, None, None, None]
+        if self.n == 2:
+            pointers[2], pointers[3] = xs[1], outs[1]
+        for pos, j, copy in self.rest_slots:
+            pointers[pos] = used[j].contiguous() if copy else used[j]
+        if launch.INTERPRET:
+            launch.run(self.launch, pointers)
+            return
+        # a plain eager call on a GPU (eager.active() chose this route): straight to the
+        # compiled kernel known for this alignment of the pointers (kernels/direct.py)
+        addresses, aligned = [], 0
+        for t in pointers:
+            a = None if t is None else t.data_ptr()
+            addresses.append(a)
+            aligned = 2 * aligned + (a is None or a % 16 == 0)
+        hit = self._starts.get(aligned)
+        if hit is not None and not launch.DIRECT.hooked():
+            start, tail = hit
+            start(launch.current_stream(self._device), *addresses, *tail)
+            return
+        launch.DIRECT(self.launch, pointers)
+        found = launch.DIRECT.compiled.get((self.launch, aligned))
+        if found is not None:
+            self._starts[aligned] = found
 
     def reverse(self, grads: tuple, x_dtype) -> "Rotation":
         """The rotation back, for gradients with these strides (planned once per signature)."""
-        key = tuple((g.shape, g.stride(), g.dtype) if g is not None else None for g in grads)
-        rev = self.reverses.get(key)
+        key = tuple(None if g is None else g.stride() for g in grads)
+        rev = self._reverses.get(key)
         if rev is None:
-            rev = self.reverses[key] = self._plan_reverse(grads, x_dtype)
+            rev = self._reverses[key] = self._plan_reverse(grads, x_dtype)
         return rev
 
     def _plan_reverse(self, grads: tuple, x_dtype) -> "Rotation":
@@ -159,21 +167,17 @@ class Rotation:
         gs = [self.view4(grads[i]) for i in present]
         outs = [self.view4(torch.empty(grads[i].shape, dtype=x_dtype, device=grads[i].device))
                 for i in present]
-        # The reverse's call tensors are (gradients present, their outputs, rest): the rest
-        # slots keep their meaning, shifted by the change in how many tensors precede them.
-        shift = 2 * len(present) - 2 * self.n
-        rest = [None if s is None else (s[0] + shift, s[1]) for s in self.slots[4:]]
-        m = len(present)
-        if m == 2:
-            slots, use = [(0, False), (2, False), (1, False), (3, False)] + rest, tables
+        if len(present) == 2:
+            rest_slots, use = self.rest_slots, tables
         else:   # one gradient: q's, or k's with k's table in q's place
             which = present[0]
-            table_slots = rest[0:2] if which == 0 else rest[2:4]
-            slots = [(0, False), (1, False), None, None] + table_slots + [None, None] + rest[4:]
+            moves = {4: 4, 5: 5, 8: 8, 9: 9} if which == 0 else {6: 4, 7: 5, 8: 8, 9: 9}
+            rest_slots = [(moves[pos], j, copy) for pos, j, copy in self.rest_slots
+                          if pos in moves]
             use = [tables[which]]
-        return Rotation(xs4=gs, outs4=outs, tables=use, positions=positions, slots=slots,
-                        out_dtype=x_dtype, in_place=False, backward=not self.backward,
-                        interleaved=interleaved, view4=self.view4)
+        return Rotation(xs4=gs, outs4=outs, tables=use, positions=positions,
+                        rest_slots=rest_slots, out_dtype=x_dtype, in_place=False,
+                        backward=not self.backward, interleaved=interleaved, view4=self.view4)
 
 
 class Rotate(torch.autograd.Function):
@@ -181,22 +185,24 @@ class Rotate(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, rotation: Rotation, n: int, *tensors):
-        xs, rest = tensors[:n], tensors[n:]
-        outs = rotation(xs, rest, grad=False)
-        if rotation.in_place:
-            ctx.mark_dirty(*xs)
+        xs, used = tensors[:n], tensors[n:]
+        outs = rotation.run(xs, used)
         ctx.rotation, ctx.x_dtype = rotation, xs[0].dtype
-        ctx.save_for_backward(*rest)
+        ctx.save_for_backward(*used)
         return outs if len(outs) > 1 else outs[0]
 
     @staticmethod
     def backward(ctx, *grads):
-        rest = ctx.saved_tensors
-        present = tuple(g for g in grads if g is not None)
+        used = ctx.saved_tensors
+        present = [g for g in grads if g is not None]
         if not present:
-            return (None,) * (2 + len(grads) + len(rest))
+            return (None,) * (2 + len(grads) + len(used))
         rev = ctx.rotation.reverse(grads, ctx.x_dtype)
-        gx = rev(present, rest, grad=torch.is_grad_enabled())
+        if torch.is_grad_enabled():     # create_graph: the backward is itself differentiable
+            out = Rotate.apply(rev, len(present), *present, *used)
+            gx = out if isinstance(out, tuple) else (out,)
+        else:
+            gx = rev.run(tuple(present), used)
         it = iter(gx)
         gxs = tuple(next(it) if g is not None else None for g in grads)
-        return (None, None) + gxs + (None,) * len(rest)
+        return (None, None) + gxs + (None,) * len(used)

@@ -26,7 +26,7 @@ import torch
 import triton
 
 # The current CUDA stream of a device, as an int (torch's C accessor where it has one).
-_current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+current_stream = _current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
     lambda index: torch.cuda.current_stream(index).cuda_stream)
 
 MAX_COMPILED = 4096
@@ -101,6 +101,10 @@ class DirectLauncher:
             assert self._order[:len(self.pointer_names)] == self.pointer_names, \
                 "the kernel's pointer arguments must come first, in POINTERS order"
         return self._order
+
+    @staticmethod
+    def hooked() -> bool:
+        return _hooks_installed()
 
     def _through_triton(self, launch, pointers: tuple):
         return self.kernel[launch.grid](**dict(zip(self.pointer_names, pointers)), **launch.args,

@@ -14,7 +14,7 @@ import triton.language as tl
 
 from ..runtime import INTERPRET
 from .common import BF16_RTNE
-from .direct import DirectLauncher
+from .direct import DirectLauncher, current_stream  # noqa: F401  (used by ropelib.eager)
 from .fused import FROM_CU_SEQLENS, FROM_INDEX, FROM_POSITION_IDS, _rope_kernel
 
 _I32_LIMIT = 2**31 - 1
@@ -108,8 +108,13 @@ class Launch:
 # --- tiles ----------------------------------------------------------------------------------
 
 @lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+def _device(device_index: int) -> tuple:
+    """(SM count, tile knobs) of a GPU: looked up once per device, never per call."""
+    props = torch.cuda.get_device_properties(device_index)
+    knobs = TILES_BY_GPU.get(props.name, {})
+    return props.multi_processor_count, dict(tile_loop=knobs.get("loop", TILE_LOOP),
+                                             tile_noloop=knobs.get("noloop", TILE_NOLOOP),
+                                             tile_wide=knobs.get("wide", TILE_WIDE))
 
 
 def _pow2_at_least(n: int, cap: int) -> int:
@@ -140,6 +145,9 @@ TILE_NOLOOP = (32, 4)     # 16-bit, shorter batch loop
 TILE_WIDE = (16, 8)       # 32- and 64-bit
 BATCH_LOOP_MIN = 4
 MIN_TILE = 512            # elements: the smallest tile an underfilled grid is split into
+# GPUs whose best tiles differ from the H100's, by torch.cuda.get_device_name() (measured with
+# benchmarks/tiles.py; benchmarks/NOTES.md has the runs).
+TILES_BY_GPU: dict = {}
 
 
 def pick_tiles(S, B, heads: tuple, R: int, D: int, elem_size: int, sm_count: Optional[int],
@@ -217,10 +225,10 @@ def plan(q: View, q_out: View, table: Table, positions: Positions, *, R: int,
     S, B, D = x.shape[0], x.shape[1], q.features()
     HK = k.heads if k is not None else 0
     on_gpu = x.device.type == "cuda" and not INTERPRET
-    sm = _sm_count(x.device.index if x.device.index is not None else torch.cuda.current_device()) \
-        if on_gpu else None
+    sm, knobs = _device(x.device.index if x.device.index is not None
+                        else torch.cuda.current_device()) if on_gpu else (None, {})
     block_s, block_h, chunk, num_warps = tiles or pick_tiles(
-        S, B, (q.heads, HK), R, D, x.element_size(), sm)
+        S, B, (q.heads, HK), R, D, x.element_size(), sm, **knobs)
     grid = (_cdiv(S, block_s), _cdiv(q.heads, block_h) + _cdiv(HK, block_h), _cdiv(B, chunk))
 
     views = [v for v in (q, q_out, k, k_out) if v is not None]
