@@ -42,15 +42,16 @@ def supported() -> bool:
     return major == 3 and hasattr(CompiledKernel, "__getitem__")
 
 
+_RUNTIME = getattr(getattr(triton, "knobs", None), "runtime", None)
+
+
 def _hooks_installed() -> bool:
     """Is a launch hook (Triton's profiler) installed? A hook is a function, or (newer Triton) a
     chain of them, empty when none is."""
-    runtime = getattr(getattr(triton, "knobs", None), "runtime", None)
-    for name in ("launch_enter_hook", "launch_exit_hook"):
-        hook = getattr(runtime, name, None)
-        if hook is not None and getattr(hook, "calls", True):
-            return True
-    return False
+    enter = getattr(_RUNTIME, "launch_enter_hook", None)
+    leave = getattr(_RUNTIME, "launch_exit_hook", None)
+    return bool(enter is not None and getattr(enter, "calls", True)
+                or leave is not None and getattr(leave, "calls", True))
 
 
 def _takes_stream(runner) -> bool:
