@@ -3,8 +3,6 @@ Triton's launcher. Decode size (s=1, b=64, h=32, d=128, bf16), calls back to bac
 
     python benchmarks/host_probe.py
 """
-import time
-
 import torch
 
 try:
@@ -14,23 +12,14 @@ except Exception:  # noqa: BLE001
     te_rope = None
 
 import ropelib
+from ropelib.bench import host_us
 from ropelib import ops
 from ropelib.kernels import launch as L
 from ropelib.kernels.fused import _rope_kernel
 
 
-def per_call_us(fn, n=2000, warm=200):
-    for _ in range(warm):
-        fn()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - t0) / n * 1e6)
-    return best
+def per_call_us(fn):
+    return host_us(fn, calls=2000)
 
 
 def main():

@@ -1,9 +1,11 @@
 """Public entry points: apply_rope and apply_rope_qk.
 
 Each call checks its arguments (metadata only, plus index values where that is free: see
-ropelib.validation), normalises them (tables to [P, R] views, position ids to [B or 1, S]) and
-calls one of ropelib's operators (ropelib.ops), which plan and launch the kernel. Nothing here
-keeps state between calls, and nothing reads a GPU tensor's values unless asked to.
+ropelib.validation) and normalises them (tables to [P, R] views, position ids to [B or 1, S]).
+Traced (torch.compile, export, ...), it then calls one of ropelib's operators (ropelib.ops);
+a plain eager call takes the eager route (ropelib.eager), which keeps the check and plan of each
+signature and launches the same kernel directly. Nothing reads a GPU tensor's values unless
+asked to.
 """
 from typing import NamedTuple, Optional, Tuple
 
