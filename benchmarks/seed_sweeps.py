@@ -1,4 +1,4 @@
-"""Run the seeds' sweeps (ropelib.compare.SEED_SWEEPS) and draw them: notebook 06's GPU data.
+"""Run the sweeps of earlier studies (ropelib.compare.SEED_SWEEPS) and draw them: notebook 06's GPU data.
 
     python benchmarks/seed_sweeps.py                  # on a GPU: all sweeps, ~6 min on an H100
     python benchmarks/seed_sweeps.py --only fp32 && \

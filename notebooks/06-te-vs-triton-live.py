@@ -30,7 +30,8 @@
 #   than against the GPU's data-sheet bandwidth;
 # - use the dashboard: choose a configuration and providers, sweep one axis, watch the plot and
 #   table fill in, export the CSV and PNG;
-# - reproduce the seeds' sweeps (GB/s vs sequence length at batch 1, 2, 4, 8 with 64 heads of
+# - reproduce the sweeps earlier RoPE-in-Triton studies published (GB/s vs sequence length at
+#   batch 1, 2, 4, 8 with 64 heads of
 #   128; sequence / hidden / heads / batch sweeps of Triton vs TE vs PyTorch) and read the
 #   committed GPU results.
 #
@@ -158,9 +159,9 @@ assert len(dash_rows) == len(dash.controls["providers"].value) * n_values
 assert all(r["available"] for r in dash_rows if r["provider"] in ("ropelib", "pytorch"))
 
 # %% [markdown]
-# ## 4. The seeds' sweeps
+# ## 4. Sweeps from earlier studies
 #
-# `compare.SEED_SWEEPS` holds the sweeps of the earlier projects (BACKGROUND items 2 and 3):
+# `compare.SEED_SWEEPS` holds the sweeps that earlier RoPE-in-Triton studies published:
 #
 # - GB/s vs sequence length 256 … 3840 for batch 1, 2, 4, 8 with `head_num` 64 and `head_dim`
 #   128, in fp32 and bf16. The batch-reusing Triton kernel was reported at ~260 GB/s at batch 1
@@ -191,33 +192,36 @@ assert {r["provider"] for r in live} == set(names)
 # %% [markdown]
 # ## 5. The committed GPU results
 #
-# These come from a GPU run of `benchmarks/seed_sweeps.py` (the CSV header records the GPU,
-# driver, torch/triton/TE versions and the date). Until the lead's GPU run lands, the cell says
-# that they are not there yet — it never makes numbers up.
+# These come from GPU runs of `benchmarks/seed_sweeps.py`: fp32 in `seed_sweeps.csv` and bf16
+# in `seed_sweeps-bf16.csv`, each with its own header (GPU, driver, torch/triton/TE versions,
+# date), so each panel says where it was measured. A missing file is said, never made up, and a
+# panel with no measurement stops the notebook.
 
 # %%
-seed_csv = RESULTS / "seed_sweeps.csv"
-if seed_csv.exists():
-    meta = compare.read_meta(seed_csv)
-    seed_rows = compare.read_csv(seed_csv)
-    print({k: meta.get(k) for k in ("gpu", "driver", "torch", "triton", "transformer_engine",
-                                    "date")})
-    gpu_rows = [r for r in seed_rows if r["timing"] == compare.TIMING_GPU]
-    assert gpu_rows, "seed_sweeps.csv holds no GPU timings"
-    for dtype in ("fp32", "bf16"):
-        fig, axes = plt.subplots(1, 4, figsize=(16, 3.4), sharey=True)
-        for ax, b in zip(axes, (1, 2, 4, 8)):
-            sub = [r for r in gpu_rows if r["sweep"] == f"seq_len-b{b}-{dtype}"]
-            compare.plot_sweep(sub, "seq_len", ax=ax, title=f"{dtype}, batch {b}")
-        plt.show()
+sweep_csvs = {"fp32": RESULTS / "seed_sweeps.csv", "bf16": RESULTS / "seed_sweeps-bf16.csv"}
+for dtype, path in sweep_csvs.items():
+    if not path.exists():
+        print(f"{path.relative_to(ROOT)} is not there: its GPU results have not been committed. "
+              "Run `python benchmarks/seed_sweeps.py` on a GPU.")
+        continue
+    meta = compare.read_meta(path)
+    gpu_rows = [r for r in compare.read_csv(path)
+                if r["timing"] == compare.TIMING_GPU and r["dtype"] == dtype]
+    assert gpu_rows, f"{path.name} holds no {dtype} GPU timings"
+    where = f"{meta.get('gpu')}, TE {meta.get('transformer_engine')}, {meta.get('date')}"
+    fig, axes = plt.subplots(1, 4, figsize=(16, 3.4), sharey=True)
+    for ax, b in zip(axes, (1, 2, 4, 8)):
+        sub = [r for r in gpu_rows if r["sweep"] == f"seq_len-b{b}-{dtype}"]
+        assert sub, f"{path.name}: no seq_len sweep at batch {b} in {dtype}: an empty panel"
+        compare.plot_sweep(sub, "seq_len", ax=ax, title=f"{dtype}, batch {b}")
+    fig.suptitle(where, fontsize=9)
+    plt.show()
     for b in (1, 8):
         sub = {r["provider"]: r for r in gpu_rows
-               if r["sweep"] == f"seq_len-b{b}-bf16" and r["seq_len"] == 3840}
-        print(f"bf16 batch {b}, S=3840:",
+               if r["sweep"] == f"seq_len-b{b}-{dtype}" and r["seq_len"] == 3840}
+        assert sub, f"{path.name}: no {dtype} batch {b} measurement at S=3840"
+        print(f"{dtype} batch {b}, S=3840 ({meta.get('gpu')}):",
               {k: round(v["fwd_gbps"]) for k, v in sub.items() if v["fwd_gbps"]})
-else:
-    print(f"{seed_csv.relative_to(ROOT)} is not there yet: the GPU results have not been "
-          "committed. Run `python benchmarks/seed_sweeps.py` on a GPU.")
 for png in sorted(FIGURES.glob("06-seed-*.png")):
     print(png.name)
     display(Image(filename=str(png), width=800))
@@ -235,4 +239,4 @@ for path in sorted(RESULTS.glob("*.csv")):
 #   as ulps against fp64. The fused kernels round once (≤ 0.5 ulp); eager PyTorch rounds every
 #   intermediate.
 # - Interpreter timings are meaningless; the GPU numbers are the committed ones. Notebook 07
-#   takes up the other half of the seeds' story: the `allclose` that failed.
+#   takes up the other half of those studies' story: the `allclose` that failed.

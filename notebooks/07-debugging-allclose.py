@@ -16,7 +16,7 @@
 # %% [markdown]
 # # 07 — Debugging the `allclose` that failed
 #
-# One of the earlier projects (BACKGROUND item 1) wrote a Triton RoPE after Unsloth's kernel and
+# An earlier RoPE-in-Triton project wrote a Triton RoPE after Unsloth's kernel and
 # checked it against Transformer Engine's fused RoPE with
 #
 # ```python

@@ -868,7 +868,7 @@ def plot_sweep(rows, axis: str, *, metric: str = "fwd_gbps", ax=None, title=None
     return ax
 
 
-# --- the seeds' sweeps ------------------------------------------------------------------------
+# --- sweeps from earlier studies -------------------------------------------------------------
 
 SEED_PROVIDERS = ("ropelib", "ropelib_batch_reuse", "te_fused", "te_unfused", "pytorch",
                   "torch.compile")

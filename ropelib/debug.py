@@ -1,7 +1,7 @@
 """The allclose debugger behind notebook 07: why `torch.allclose(tokens_te, tokens_triton)` fails
 although the first ten printed values are identical.
 
-The story (BACKGROUND item 1): a Triton RoPE written after Unsloth's kernel was checked against
+The story: a Triton RoPE written after Unsloth's kernel was checked against
 Transformer Engine's fused RoPE with ``assert torch.allclose(tokens_te, tokens_triton)``; it
 failed, the first ten printed values of both tensors were identical, and the cause was never
 found. This module reproduces it with a small *teaching* kernel and lets each possible cause be
