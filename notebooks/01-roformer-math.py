@@ -51,8 +51,7 @@ import matplotlib.pyplot as plt
 from ropelib import frequencies, reference
 from ropelib.frequencies import LinearScaling, Llama3Scaling, NTKScaling, YaRNScaling
 
-FIGURES = Path(ropelib.__file__).resolve().parents[1] / "figures"   # repo's figures/ folder
-FIGURES.mkdir(exist_ok=True)
+FIGURES = ropelib.runtime.figures_dir()   # a scratch folder (ROPELIB_WRITE_FIGURES=1: figures/)
 torch.manual_seed(0)
 f64 = torch.float64
 print("device:", device, "| figures go to", FIGURES)
@@ -99,7 +98,7 @@ ax.set(xlim=(-1.3, 1.3), ylim=(-1.3, 1.3), aspect="equal",
 ax.grid(alpha=0.3)
 fig.tight_layout()
 fig.savefig(FIGURES / "01-2d-rotation.png", dpi=120)
-plt.close(fig)
+plt.show()
 
 # %% [markdown]
 # ![The same vector rotated by m·θ for positions m = 0..5](../figures/01-2d-rotation.png)
@@ -155,7 +154,7 @@ ax.set(title=r"$R_3$ for $d=8$ (interleaved pairs)", xticks=range(d), yticks=ran
 fig.colorbar(im, ax=ax, fraction=0.046)
 fig.tight_layout()
 fig.savefig(FIGURES / "01-block-diagonal.png", dpi=120)
-plt.close(fig)
+plt.show()
 
 # %% [markdown]
 # ![R_3 is block-diagonal: four 2x2 rotations turning at 1, 0.1, 0.01 and 0.001 rad per position](../figures/01-block-diagonal.png)
@@ -228,7 +227,7 @@ ax.set(title=r"$\langle R_m q, R_n k\rangle$: constant along diagonals", xlabel=
 fig.colorbar(im, ax=ax, fraction=0.046)
 fig.tight_layout()
 fig.savefig(FIGURES / "01-relative-scores.png", dpi=120)
-plt.close(fig)
+plt.show()
 
 # %% [markdown]
 # ![Scores for all (m, n): every diagonal holds one value](../figures/01-relative-scores.png)
@@ -285,7 +284,7 @@ ax2.set(xlabel="pair j", ylabel=r"$\theta'_j / \theta_j$", title="context-extens
 ax2.legend(fontsize=8)
 fig.tight_layout()
 fig.savefig(FIGURES / "01-frequency-spectrum.png", dpi=120)
-plt.close(fig)
+plt.show()
 print("wavelengths from", round(wavelength[0].item(), 2), "to", round(wavelength[-1].item()), "tokens")
 
 # %% [markdown]
@@ -330,7 +329,7 @@ ax.legend(fontsize=8)
 ax.grid(alpha=0.3)
 fig.tight_layout()
 fig.savefig(FIGURES / "01-long-term-decay.png", dpi=120)
-plt.close(fig)
+plt.show()
 print("bound at 0, 50, 250:", [round(bound[i].item(), 2) for i in (0, 50, 250)])
 
 # %% [markdown]

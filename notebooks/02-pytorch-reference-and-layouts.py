@@ -49,8 +49,7 @@ from torch.utils._pytree import tree_leaves
 from ropelib import frequencies, reference
 from ropelib.frequencies import rope_cos_sin, rope_freqs
 
-FIGURES = Path(ropelib.__file__).resolve().parents[1] / "figures"
-FIGURES.mkdir(exist_ok=True)
+FIGURES = ropelib.runtime.figures_dir()   # a scratch folder (ROPELIB_WRITE_FIGURES=1: figures/)
 GPU = device == "cuda"
 # Small shapes in the interpreter (each kernel program is simulated in Python), real ones on a GPU.
 S, B, H, D = (4096, 4, 32, 128) if GPU else (16, 2, 3, 32)
@@ -228,7 +227,7 @@ ax.set(xlabel="global position", yticks=[], xlim=(-0.5, global_len - 0.5),
 ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
 fig.tight_layout()
 fig.savefig(FIGURES / "02-context-parallel.png", dpi=120)
-plt.close(fig)
+plt.show()
 
 # %% [markdown]
 # ![Each rank holds one chunk from the front and its mirror from the back](../figures/02-context-parallel.png)
@@ -321,7 +320,7 @@ ax.tick_params(axis="x", rotation=45, labelsize=8)
 ax.legend(fontsize=8)
 fig.tight_layout()
 fig.savefig(FIGURES / "02-unfused-traffic.png", dpi=120)
-plt.close(fig)
+plt.show()
 
 # %% [markdown]
 # ![Bytes read and written by each kernel of the unfused path, against the fused floor](../figures/02-unfused-traffic.png)

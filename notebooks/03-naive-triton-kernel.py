@@ -57,8 +57,7 @@ from ropelib.exercises import solution
 from ropelib.kernels.naive import _rope_naive_kernel, half_tile, naive_grid, rope_naive
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "ropelib").is_dir())
-FIGURES = ROOT / "figures"
-FIGURES.mkdir(exist_ok=True)
+FIGURES = ropelib.runtime.figures_dir()   # a scratch folder (ROPELIB_WRITE_FIGURES=1: figures/)
 GPU = runtime.on_gpu()
 print(runtime.mode())
 
@@ -154,7 +153,7 @@ def draw_grid_and_masks(path):
     m.set_title(f"D = 72: each half is a tile of {block} lanes, {block - half} masked off (grey)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plt.show()
 
 
 draw_grid_and_masks(FIGURES / "03-grid-and-masks.png")

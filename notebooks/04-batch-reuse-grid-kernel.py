@@ -55,8 +55,7 @@ from ropelib.kernels.batch_reuse import _rope_batch_reuse_kernel, batch_reuse_gr
 from ropelib.kernels.naive import naive_grid, rope_naive
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "ropelib").is_dir())
-FIGURES = ROOT / "figures"
-FIGURES.mkdir(exist_ok=True)
+FIGURES = ropelib.runtime.figures_dir()   # a scratch folder (ROPELIB_WRITE_FIGURES=1: figures/)
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import generations  # benchmarks/generations.py: the measurement and the figure  # noqa: E402
 
@@ -138,7 +137,7 @@ def draw_grids(path):
                  fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plt.show()
 
 
 draw_grids(FIGURES / "04-grids.png")

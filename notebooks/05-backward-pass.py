@@ -47,8 +47,7 @@ from ropelib.exercises import solution
 from ropelib.kernels.batch_reuse import _rope_batch_reuse_kernel, rope_batch_reuse
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "ropelib").is_dir())
-FIGURES = ROOT / "figures"
-FIGURES.mkdir(exist_ok=True)
+FIGURES = ropelib.runtime.figures_dir()   # a scratch folder (ROPELIB_WRITE_FIGURES=1: figures/)
 GPU = runtime.on_gpu()
 print(runtime.mode())
 S, B, H, D = (4096, 8, 32, 128) if GPU else (4, 3, 2, 16)
@@ -140,7 +139,7 @@ def draw_jacobians(path):
     fig.tight_layout()
     fig.colorbar(im, ax=list(axes), shrink=0.8, label="entry (red < 0 < blue)")
     fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plt.show()
 
 
 draw_jacobians(FIGURES / "05-jacobian.png")

@@ -48,7 +48,6 @@ import ropelib
 device = ropelib.default_device()
 
 # %%
-import tempfile
 from pathlib import Path
 
 import matplotlib
@@ -62,8 +61,8 @@ ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "ropelib").is_d
 FIGURES = ROOT / "figures"
 RESULTS = ROOT / "benchmarks" / "results"
 GPU = runtime.on_gpu()
-# Figures from interpreter timings would mislead: on the CPU the dashboard exports to a temp dir.
-EXPORT_DIR = FIGURES if GPU else Path(tempfile.mkdtemp(prefix="ropelib-06-"))
+# The dashboard exports to a scratch folder (ROPELIB_WRITE_FIGURES=1: to figures/, on purpose)
+EXPORT_DIR = runtime.figures_dir()
 print(runtime.mode())
 print("timings:", compare.TIMING_GPU if GPU else compare.TIMING_CPU)
 

@@ -65,8 +65,7 @@ from ropelib import debug, runtime, widgets
 from ropelib.debug import FIXED, REPRO, Causes
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "ropelib").is_dir())
-FIGURES = ROOT / "figures"
-FIGURES.mkdir(exist_ok=True)
+FIGURES = ropelib.runtime.figures_dir()   # a scratch folder (ROPELIB_WRITE_FIGURES=1: figures/)
 GPU = runtime.on_gpu()
 SC = (debug.Scenario(seq_len=512, batch=2, heads=8, head_dim=128) if GPU
       else debug.Scenario(seq_len=32, batch=2, heads=2, head_dim=32))
@@ -125,7 +124,7 @@ debug.plot_heatmap(emap, ax=ax, title=f"|{res.te_label} - Triton|, reported fail
 ax.plot([loc["dim"]], [loc["position"]], "c+", ms=14, mew=2)
 fig.tight_layout()
 fig.savefig(FIGURES / "07-heatmap-repro.png", dpi=110)
-plt.close(fig)
+plt.show()
 assert loc["position"] > 0 and emap[0].max() == 0
 
 # %% [markdown]
@@ -226,7 +225,7 @@ ax.axvline(0.5, color="gray", ls=":")
 ax.invert_yaxis()
 fig.tight_layout()
 fig.savefig(FIGURES / "07-precision.png", dpi=110)
-plt.close(fig)
+plt.show()
 assert prec["sin/cos in kernel, fp32 (fixed)"]["triton_max_ulp"] <= 1.0
 assert prec["table fp32, math fp32"]["triton_max_ulp"] <= 1.0
 assert prec["table bf16, math bf16 (reported)"]["triton_max_ulp"] > 4
@@ -278,7 +277,7 @@ for ax, trap in zip(axes.flat, traps):
     assert dg["first_ten_equal"] and not dg["allclose"], trap
 fig.tight_layout()
 fig.savefig(FIGURES / "07-layout-traps.png", dpi=100)
-plt.close(fig)
+plt.show()
 display(HTML("<table><tr><th>trap</th><th>first ten equal</th><th>allclose (dtype-aware)</th>"
              "<th>max diff</th><th>at position</th><th>batch</th><th>TE ≈ fp64</th>"
              "<th>Triton ≈ fp64</th></tr>" +

@@ -59,8 +59,7 @@ from ropelib.model import (GPT, CharDataset, GPTConfig, TEStyleAttention, _Rotar
                            plot_loss_curves, read_history_csv, rope_time_share, sample, train,
                            write_history_csv)
 
-FIGURES = Path(ropelib.__file__).resolve().parents[1] / "figures"   # repo's figures/ folder
-FIGURES.mkdir(exist_ok=True)
+FIGURES = ropelib.runtime.figures_dir()   # a scratch folder (ROPELIB_WRITE_FIGURES=1: figures/)
 ON_GPU = device == "cuda"
 if ON_GPU:
     # ~10.7M parameters, nanoGPT's character-level configuration with rotary attention
@@ -225,7 +224,7 @@ fig = plot_loss_curves(saved, FIGURES / f"08-loss-curves{TAG}.png", baseline="re
                        title=f"{cfg.n_layer}-layer GPT on pydoc topics, "
                              f"{meta['gpu'] if ON_GPU else 'CPU (interpreter)'}, "
                              f"{runs['ropelib']['amp_dtype']}")
-plt.close(fig)
+plt.show()
 print("wrote", csv_path)
 
 # %% [markdown]

@@ -4,6 +4,8 @@
 `import ropelib`). Nothing here touches the GPU at import time.
 """
 import os
+import tempfile
+from pathlib import Path
 
 import torch
 
@@ -46,3 +48,19 @@ def check_kernel_device(t: torch.Tensor, name: str) -> None:
             )
         return
     raise ValueError(f"{name} is on {t.device}; ropelib's kernels need a CUDA or CPU tensor")
+
+
+def figures_dir() -> Path:
+    """Where the notebooks save the figures and CSVs they draw.
+
+    A scratch folder (under the system's temp dir), so that running a notebook leaves a
+    checkout as it was; the checkout's `figures/` only with ROPELIB_WRITE_FIGURES=1, to
+    regenerate the committed figures on purpose. The notebooks show every figure inline either
+    way; their markdown links show the committed ones.
+    """
+    if os.environ.get("ROPELIB_WRITE_FIGURES") == "1":
+        path = Path(__file__).resolve().parents[1] / "figures"
+    else:
+        path = Path(tempfile.gettempdir()) / "ropelib-figures"
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -243,3 +243,20 @@ def test_ci_script_is_strict_bash_and_pins_torch_before_ropelib():
     ropelib_at = ci.index('pip_install -e ".[test,lab,hf]"')
     assert torch_at < ropelib_at, "the CPU torch must be installed before ropelib, or pip pulls a CUDA torch"
     assert "export TRITON_INTERPRET=1" in ci
+
+
+def test_notebook_figures_go_to_a_scratch_folder_unless_asked(monkeypatch, tmp_path):
+    """Running a notebook must not rewrite committed figures: they go to a scratch folder, and
+    to the checkout's figures/ only with ROPELIB_WRITE_FIGURES=1."""
+    import tempfile
+    from ropelib import runtime
+    monkeypatch.delenv("ROPELIB_WRITE_FIGURES", raising=False)
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
+    scratch = runtime.figures_dir()
+    assert scratch == tmp_path / "ropelib-figures" and scratch.is_dir()
+    monkeypatch.setenv("ROPELIB_WRITE_FIGURES", "1")
+    assert runtime.figures_dir() == Path(runtime.__file__).resolve().parents[1] / "figures"
+    for nb in sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("0*.py")):
+        text = nb.read_text()
+        if "savefig" in text or "FIGURES /" in text:
+            assert "figures_dir()" in text, f"{nb.name} writes figures outside figures_dir()"
