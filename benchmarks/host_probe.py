@@ -68,7 +68,7 @@ def main():
     run = compiled.run
     add(f"Triton's C launcher alone ({len(c_args)} arguments)", lambda: run(*c_args))
     from ropelib.kernels import direct
-    add("current stream", lambda: direct._current_stream(0))
+    add("current stream", lambda: direct.current_stream(0))
     add("10 data_ptr() calls", lambda: [t.data_ptr() for t in pointers if t is not None])
     add("apply_rope_qk fwd start_positions (q 32 heads, k 8)",
         lambda: ropelib.apply_rope_qk(x, x[:, :, :8], freqs, start_positions=sp))

@@ -21,7 +21,7 @@ from typing import Callable, Optional
 
 import torch
 
-from .kernels import launch
+from .kernels import direct, launch
 from .kernels.launch import Positions, Table, View, plan
 
 MAX_SIGNATURES = 1024
@@ -138,15 +138,11 @@ class Rotation:
             return
         # a plain eager call on a GPU (eager.active() chose this route): straight to the
         # compiled kernel known for this alignment of the pointers (kernels/direct.py)
-        addresses, aligned = [], 0
-        for t in pointers:
-            a = None if t is None else t.data_ptr()
-            addresses.append(a)
-            aligned = 2 * aligned + (a is None or a % 16 == 0)
+        addresses, aligned = direct.addresses_and_alignment(pointers)
         hit = self._starts.get(aligned)
-        if hit is not None and not launch.DIRECT.hooked():
+        if hit is not None and not direct.hooks_installed():
             start, tail = hit
-            start(launch.current_stream(self._device), *addresses, *tail)
+            start(direct.current_stream(self._device), *addresses, *tail)
             return
         launch.DIRECT(self.launch, pointers)
         found = launch.DIRECT.compiled.get((self.launch, aligned))

@@ -78,7 +78,7 @@ class _FakeKernel:
 
 
 def _launch_twice(kernel, monkeypatch, thin=True):
-    monkeypatch.setattr(direct, "_current_stream", lambda index: 0)
+    monkeypatch.setattr(direct, "current_stream", lambda index: 0)
     d = direct.DirectLauncher(kernel, launch.POINTERS)
     d.enabled, d.thin = True, thin
     q = torch.randn(4, 2, 3, 8)
@@ -123,10 +123,10 @@ def test_steps_aside_while_a_launch_hook_is_installed(monkeypatch):
         monkeypatch.setattr(runtime, "launch_enter_hook", hook)
         undo = lambda: None   # noqa: E731
     try:
-        assert direct._hooks_installed()
+        assert direct.hooks_installed()
         kernel = _FakeKernel()
         _launch_twice(kernel, monkeypatch)
         assert [c[0] for c in kernel.calls] == ["triton", "triton"]
     finally:
         undo()
-    assert not direct._hooks_installed()
+    assert not direct.hooks_installed()

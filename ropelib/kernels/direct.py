@@ -26,7 +26,7 @@ import torch
 import triton
 
 # The current CUDA stream of a device, as an int (torch's C accessor where it has one).
-current_stream = _current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+current_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
     lambda index: torch.cuda.current_stream(index).cuda_stream)
 
 MAX_COMPILED = 4096
@@ -45,13 +45,24 @@ def supported() -> bool:
 _RUNTIME = getattr(getattr(triton, "knobs", None), "runtime", None)
 
 
-def _hooks_installed() -> bool:
+def hooks_installed() -> bool:
     """Is a launch hook (Triton's profiler) installed? A hook is a function, or (newer Triton) a
     chain of them, empty when none is."""
     enter = getattr(_RUNTIME, "launch_enter_hook", None)
     leave = getattr(_RUNTIME, "launch_exit_hook", None)
     return bool(enter is not None and getattr(enter, "calls", True)
                 or leave is not None and getattr(leave, "calls", True))
+
+
+def addresses_and_alignment(pointers) -> tuple:
+    """The pointers' addresses (None stays None) and a bit per pointer, 16-byte aligned or not
+    (None counts as aligned): Triton compiles a kernel per alignment pattern."""
+    addresses, aligned = [], 0
+    for t in pointers:
+        a = None if t is None else t.data_ptr()
+        addresses.append(a)
+        aligned = 2 * aligned + (a is None or a % 16 == 0)
+    return addresses, aligned
 
 
 def _takes_stream(runner) -> bool:
@@ -103,27 +114,20 @@ class DirectLauncher:
                 "the kernel's pointer arguments must come first, in POINTERS order"
         return self._order
 
-    @staticmethod
-    def hooked() -> bool:
-        return _hooks_installed()
-
     def _through_triton(self, launch, pointers: tuple):
         return self.kernel[launch.grid](**dict(zip(self.pointer_names, pointers)), **launch.args,
                                         num_warps=launch.num_warps)
 
     def __call__(self, launch, pointers: tuple) -> None:
         """Launch with these pointer tensors (or None), in the kernel's order."""
-        if not self.enabled or _hooks_installed():
+        if not self.enabled or hooks_installed():
             self._through_triton(launch, pointers)
             return
-        addresses = [t.data_ptr() if t is not None else None for t in pointers]
-        aligned = 0
-        for a in addresses:   # a bit per pointer: 16-byte aligned (None counts as aligned)
-            aligned = 2 * aligned + (a is None or a % 16 == 0)
+        addresses, aligned = addresses_and_alignment(pointers)
         hit = self.compiled.get((launch, aligned))
         if hit is not None:
             start, tail = hit
-            start(_current_stream(launch.device.index), *addresses, *tail)
+            start(current_stream(launch.device.index), *addresses, *tail)
             return
         compiled = self._through_triton(launch, pointers)
         try:

@@ -14,7 +14,7 @@ import triton.language as tl
 
 from ..runtime import INTERPRET
 from .common import BF16_RTNE
-from .direct import DirectLauncher, current_stream  # noqa: F401  (used by ropelib.eager)
+from .direct import DirectLauncher
 from .fused import FROM_CU_SEQLENS, FROM_INDEX, FROM_POSITION_IDS, _rope_kernel
 
 _I32_LIMIT = 2**31 - 1
