@@ -69,10 +69,6 @@ def _empty_like(x: Tensor, dtype: Optional[torch.dtype] = None) -> Tensor:
     return torch.empty(x.shape, dtype=dtype or x.dtype, device=x.device)
 
 
-def _positions(position_ids, cu_seqlens, start_positions, cp_size, cp_rank) -> Positions:
-    return Positions(position_ids, cu_seqlens, start_positions, cp_size, cp_rank)
-
-
 # --- rotate one tensor, or q and k ----------------------------------------------------------
 
 @_define("ropelib::rope")
@@ -82,7 +78,7 @@ def rope(x: Tensor, table: Tensor, sin: Optional[Tensor], position_ids: Optional
          out_dtype: Optional[torch.dtype]) -> Tensor:
     y = _empty_like(x, out_dtype)
     _launch([(View.of(view4(x, layout)), View.of(view4(y, layout)))], [Table(table, sin)],
-            _positions(position_ids, cu_seqlens, start_positions, cp_size, cp_rank),
+            Positions(position_ids, cu_seqlens, start_positions, cp_size, cp_rank),
             interleaved=interleaved, backward=backward, copy_pass=True)
     return y
 
@@ -97,7 +93,7 @@ def rope_qk(q: Tensor, k: Tensor, table: Tensor, sin: Optional[Tensor], k_table:
     _launch([(View.of(view4(q, layout)), View.of(view4(q_out, layout))),
              (View.of(view4(k, layout)), View.of(view4(k_out, layout)))],
             [Table(table, sin), Table(k_table, k_sin)],
-            _positions(position_ids, cu_seqlens, start_positions, cp_size, cp_rank),
+            Positions(position_ids, cu_seqlens, start_positions, cp_size, cp_rank),
             interleaved=interleaved, backward=backward, copy_pass=True)
     return q_out, k_out
 
@@ -108,7 +104,7 @@ def rope_(x: Tensor, table: Tensor, sin: Optional[Tensor], position_ids: Optiona
           interleaved: bool, cp_size: int, cp_rank: int) -> None:
     x4 = View.of(view4(x, layout))
     _launch([(x4, x4)], [Table(table, sin)],
-            _positions(position_ids, cu_seqlens, start_positions, cp_size, cp_rank),
+            Positions(position_ids, cu_seqlens, start_positions, cp_size, cp_rank),
             interleaved=interleaved, backward=False, copy_pass=False)
 
 
@@ -119,7 +115,7 @@ def rope_qk_(q: Tensor, k: Tensor, table: Tensor, sin: Optional[Tensor], k_table
              interleaved: bool, cp_size: int, cp_rank: int) -> None:
     q4, k4 = View.of(view4(q, layout)), View.of(view4(k, layout))
     _launch([(q4, q4), (k4, k4)], [Table(table, sin), Table(k_table, k_sin)],
-            _positions(position_ids, cu_seqlens, start_positions, cp_size, cp_rank),
+            Positions(position_ids, cu_seqlens, start_positions, cp_size, cp_rank),
             interleaved=interleaved, backward=False, copy_pass=False)
 
 
@@ -198,7 +194,7 @@ def rope_qkv(qkv: Tensor, q_table: Tensor, k_table: Tensor, start_positions: Opt
     _launch([(q, _grouped(View.of(view4(q_out, layout)), q.hpg)),
              (k, View.of(view4(k_out, layout)))],
             [Table(q_table, None), Table(k_table, None)],
-            _positions(None, None, start_positions, cp_size, cp_rank),
+            Positions(None, None, start_positions, cp_size, cp_rank),
             interleaved=interleaved, backward=False, copy_pass=True)
     view4(v_out, layout).copy_(v)
     return q_out, k_out, v_out
@@ -214,7 +210,7 @@ def rope_qkv_backward(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, q_table: T
     _launch([(_grouped(View.of(view4(grad_q, layout)), q.hpg), q),
              (View.of(view4(grad_k, layout)), k)],
             [Table(q_table, None), Table(k_table, None)],
-            _positions(None, None, start_positions, cp_size, cp_rank),
+            Positions(None, None, start_positions, cp_size, cp_rank),
             interleaved=interleaved, backward=True, copy_pass=True)
     v.copy_(view4(grad_v, layout))
     return grad_qkv
