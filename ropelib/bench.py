@@ -245,6 +245,16 @@ def graph_replay_ms(fn: Callable[[], object], calls: int = 100) -> tuple:
     return med / calls, p20 / calls, p80 / calls
 
 
+def _capture_failed(e: Exception) -> str:
+    """Why a CUDA-graph capture failed, for the CSV (after letting the device settle)."""
+    try:
+        torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001
+        pass
+    msg = str(e).splitlines()[0][:160] if str(e) else ""
+    return f"capture failed: {type(e).__name__}: {msg}"
+
+
 GRAPH_FIELDS = ("graph_fwd_ms", "graph_fwd_ms_p20", "graph_fwd_ms_p80", "graph_copy_fwd_ms",
                 "graph_ratio_fwd", "graph_reason")
 
@@ -293,12 +303,7 @@ def add_graph_timings(case: BenchCase, rows: list, provs: list, calls: int = 100
                 r["graph_ratio_fwd"] = copy_ms / r["graph_fwd_ms"]
             r["graph_reason"] = copy_err
         except Exception as e:  # noqa: BLE001 - e.g. a host sync inside the provider
-            try:
-                torch.cuda.synchronize()
-            except Exception:  # noqa: BLE001
-                pass
-            msg = str(e).splitlines()[0][:160] if str(e) else ""
-            r["graph_reason"] = f"capture failed: {type(e).__name__}: {msg}"
+            r["graph_reason"] = _capture_failed(e)
 
 
 def _leaves_and_grads(inputs):
@@ -352,12 +357,7 @@ def add_graph_fwdbwd_timings(case: BenchCase, rows: list, provs: list, calls: in
             r["graph_fwdbwd_ms"] = graph_replay_ms(fwdbwd, calls)[0]
             r["graph_ratio_fwdbwd"] = copy_ms / r["graph_fwdbwd_ms"]
         except Exception as e:  # noqa: BLE001 - reported in the CSV, never fatal
-            try:
-                torch.cuda.synchronize()
-            except Exception:  # noqa: BLE001
-                pass
-            msg = str(e).splitlines()[0][:160] if str(e) else ""
-            r["graph_fwdbwd_reason"] = f"capture failed: {type(e).__name__}: {msg}"
+            r["graph_fwdbwd_reason"] = _capture_failed(e)
 
 
 HOST_FIELDS = ("host_fwd_us", "host_fwdbwd_us", "host_reason")
