@@ -18,7 +18,10 @@ from . import compare, runtime
 AXES = ("seq_len", "batch", "heads", "head_dim")
 TABLE_COLUMNS = ("provider", "seq_len", "batch", "heads", "head_dim", "dtype", "fwd_ms",
                  "fwd_gbps", "ratio_fwd", "fwdbwd_ms", "fwdbwd_gbps", "ratio_fwdbwd",
-                 "max_ulp_err", "reason")
+                 "max_ulp_err", "max_head_ulp_err", "reason")
+# In the CPU interpreter every kernel program runs as Python (a few ms each): the dashboard's
+# sizes stop here, where one case with every provider takes a few seconds.
+INTERPRETER_CAPS = {"seq_len": 64, "batch": 4, "heads": 8, "head_dim": 64}
 
 
 # --- plain functions --------------------------------------------------------------------------
@@ -30,6 +33,12 @@ def default_sizes(device=None) -> dict:
         return {"seq_len": 2048, "batch": 2, "heads": 32, "head_dim": 128,
                 "values": "512, 1024, 2048, 4096, 8192"}
     return {"seq_len": 8, "batch": 1, "heads": 2, "head_dim": 16, "values": "4, 8, 16"}
+
+
+def size_caps(device=None) -> dict:
+    """The largest value of each size control: none on a GPU, :data:`INTERPRETER_CAPS` on the CPU."""
+    dev = str(device or runtime.default_device())
+    return {} if dev.startswith("cuda") else dict(INTERPRETER_CAPS)
 
 
 def parse_values(text: str) -> list:
@@ -152,15 +161,18 @@ class Dashboard:
         self.rows: list = []
         self.figure = None
         sizes = default_sizes(self.device)
-        pow2 = lambda lo, hi: [2 ** i for i in range(lo, hi + 1)]
+        self.caps = size_caps(self.device)
+
+        def pow2(name, lo, hi):
+            return [2 ** i for i in range(lo, hi + 1) if 2 ** i <= self.caps.get(name, 2 ** hi)]
         self.controls = {
-            "seq_len": W.SelectionSlider(options=pow2(2, 15), value=sizes["seq_len"],
+            "seq_len": W.SelectionSlider(options=pow2("seq_len", 2, 15), value=sizes["seq_len"],
                                          description="seq_len"),
-            "batch": W.SelectionSlider(options=pow2(0, 6), value=sizes["batch"],
+            "batch": W.SelectionSlider(options=pow2("batch", 0, 6), value=sizes["batch"],
                                        description="batch"),
-            "heads": W.SelectionSlider(options=pow2(0, 7), value=sizes["heads"],
+            "heads": W.SelectionSlider(options=pow2("heads", 0, 7), value=sizes["heads"],
                                        description="heads"),
-            "head_dim": W.SelectionSlider(options=pow2(3, 8), value=sizes["head_dim"],
+            "head_dim": W.SelectionSlider(options=pow2("head_dim", 3, 8), value=sizes["head_dim"],
                                           description="head_dim"),
             "dtype": W.Dropdown(options=list(compare.DTYPES), value="bf16", description="dtype"),
             "layout": W.Dropdown(options=list(compare.LAYOUTS), value="sbhd",
@@ -192,8 +204,9 @@ class Dashboard:
         self.export_button.on_click(lambda _: self.export())
         unavailable = [f"{p.name}: {p.reason}" for p in provs if not p.available]
         self.status.value = (f"<small>{html.escape(runtime.mode())}" +
-                             (" — timings are wall-clock in the interpreter: meaningless"
-                              if not str(self.device).startswith("cuda") else "") +
+                             (" — timings are wall-clock in the interpreter: meaningless; sizes "
+                              "capped at " + ", ".join(f"{k} {v}" for k, v in self.caps.items()) +
+                              " so that a run takes seconds" if self.caps else "") +
                              "<br>unavailable: " + html.escape("; ".join(unavailable)) +
                              "</small>")
         c = self.controls
@@ -238,6 +251,11 @@ class Dashboard:
         self.rows = []
         try:
             values = parse_values(self.controls["values"].value)
+            axis = self.controls["axis"].value
+            cap = self.caps.get(axis)
+            if cap is not None and max(values) > cap:
+                raise ValueError(f"values: {axis} is capped at {cap} in the CPU interpreter "
+                                 f"(a run must take seconds there), got {max(values)}")
             base = self.config()
             provs = self.selected_providers()
             if not provs:

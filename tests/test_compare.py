@@ -138,6 +138,32 @@ def test_ulp_and_error_metrics():
         C.error_metrics(exact[:3], ref)
 
 
+def test_head_ulp_error_measures_against_the_head_not_the_element():
+    """An output near zero off by one fp32 ulp of its head's largest value: hundreds of ulps of
+    its own value, one ulp of the head."""
+    ref = torch.tensor([[1.0, 2 ** -10, -0.75, 0.5]], dtype=torch.float64)
+    actual = ref.float().clone()
+    actual[0, 1] += 2 ** -23                        # one fp32 ulp at 1.0 (the head's max)
+    m = C.error_metrics(actual, ref)
+    assert m["max_ulp_err"] > 100
+    assert m["max_head_ulp_err"] == pytest.approx(1.0)
+    rounded = C.error_metrics(ref.to(torch.bfloat16), ref)
+    assert rounded["max_ulp_err"] <= 0.5 and rounded["max_head_ulp_err"] <= 0.5
+    # each head is measured against its own largest value
+    two = torch.stack([ref[0], 1000 * ref[0]])
+    off = two.float().clone()
+    off[0, 0] += 2 ** -22                            # two ulps of head 0; tiny next to head 1
+    assert C.error_metrics(off, two)["max_head_ulp_err"] == pytest.approx(2.0)
+
+
+def test_fused_kernel_rounds_once_and_fp32_is_within_a_few_head_ulps(device):
+    for dtype, bound in (("bf16", 0.5 + 1e-3), ("fp16", 0.5 + 1e-3), ("fp32", 4.0)):
+        cfg = dataclasses.replace(TINY, seq_len=64, dtype=dtype)
+        r = C.run_case(cfg, ["ropelib"], backward=False, device=device)[0]
+        assert r["available"], r["reason"]
+        assert r["max_head_ulp_err"] <= bound, (dtype, r["max_head_ulp_err"])
+
+
 def test_config_validation():
     with pytest.raises(ValueError, match="seq_len"):
         C.Config(0, 1, 1, 16)

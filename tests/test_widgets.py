@@ -49,6 +49,21 @@ def test_dashboard_reports_bad_values_without_raising(device):
         dash.export()
 
 
+def test_interpreter_caps_the_sizes_and_says_so():
+    """On the CPU the sliders stop where a run still takes seconds; a sweep past a cap is refused
+    with the cap named; on a GPU nothing is capped."""
+    assert widgets.size_caps("cuda") == {}
+    dash = widgets.Dashboard(providers=["pytorch"], device="cpu")
+    for name, cap in widgets.INTERPRETER_CAPS.items():
+        options = dash.controls[name].options
+        assert max(options) == cap, (name, options)
+    assert "capped at seq_len 64" in dash.status.value
+    dash.controls["axis"].value = "heads"
+    dash.controls["values"].value = "2, 64"
+    assert dash.run() == []
+    assert "heads is capped at 8" in dash.status.value
+
+
 def test_parse_values_and_table():
     assert widgets.parse_values("4, 8;16") == [4, 8, 16]
     with pytest.raises(ValueError, match="values"):
