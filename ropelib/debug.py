@@ -6,7 +6,9 @@ Transformer Engine's fused RoPE with ``assert torch.allclose(tokens_te, tokens_t
 failed, the first ten printed values of both tensors were identical, and the cause was never
 found. This module reproduces it with a small *teaching* kernel and lets each possible cause be
 switched on and off (:class:`Causes`), with the tools to look in the right place: an error map
-over position x feature, the argmax location, errors in ulps and dtype-aware tolerances.
+over position x feature, the argmax location, errors in ulps and dtype-aware tolerances, a
+norm-wise error per rotated pair, the positions a rotated output encodes, and a decision table
+from the shape of a difference to its family of causes (:data:`DECISIONS`, :func:`classify`).
 
 With Transformer Engine installed (and a GPU) the comparison uses the real TE fused kernel;
 otherwise ``ropelib.reference.te_fused_emulation`` (TE's math: fp32 sin/cos of fp32 angles,
@@ -26,9 +28,11 @@ from . import reference, runtime
 from .compare import DTYPES, angles, ulp
 from .kernels.common import BF16_RTNE, round_to
 
-__all__ = ["Causes", "Scenario", "REPRO", "FIXED", "CAUSE_DOCS", "tolerances", "ulp_error",
-           "error_map", "argmax_location", "plot_heatmap", "te_fused", "te_label",
-           "rope_unsloth_repro", "apply_rotary_pos_emb_triton", "reproduce", "diagnose"]
+__all__ = ["Causes", "Scenario", "REPRO", "FIXED", "CAUSE_DOCS", "DECISIONS", "tolerances",
+           "unit_roundoff", "ulp_error", "one_ulp_up", "steps_apart", "normwise_error",
+           "recovered_positions", "error_map", "argmax_location", "plot_heatmap", "te_fused",
+           "te_label", "rope_unsloth_repro", "apply_rotary_pos_emb_triton", "reproduce",
+           "diagnose", "classify", "model_pairing", "LAYOUT_NORMWISE_U"]
 
 
 # --- the reproduction kernel ------------------------------------------------------------------
@@ -134,11 +138,16 @@ def rope_unsloth_repro(x: torch.Tensor, cos: torch.Tensor, sin: Optional[torch.T
 @dataclass(frozen=True)
 class Causes:
     """Each field switches one cause on (True) or off. :data:`REPRO` is the reported failure,
-    :data:`FIXED` every cause off (plus the in-kernel sin/cos TE uses)."""
+    :data:`FIXED` every cause off (plus the in-kernel sin/cos TE uses).
+
+    ``sincos_one_ulp`` stands for a different but equally correct sin/cos: the fp32 table TE's
+    emulation uses, moved one fp32 ulp up (:func:`one_ulp_up`) at every position but 0, where
+    every implementation gives cos 0 = 1 and sin 0 = 0 exactly. It replaces in-kernel sin/cos."""
     table_in_input_dtype: bool = True       # cos/sin table precomputed and stored in x's dtype
     math_in_input_dtype: bool = True        # x.to(sin.dtype): multiply-add in x's dtype
     sincos_in_kernel: bool = False          # cos/sin computed in the kernel from fp32 angles
     fma: bool = False                       # explicit fused multiply-add (one rounding less)
+    sincos_one_ulp: bool = False            # fp32 cos/sin one ulp up at every position but 0
     sbhd_row_indexing: bool = False         # sbhd rows fed to the bshd `row % S` position formula
     te_freqs_reshaped: bool = False         # TE's [s,1,1,d] freqs .view(-1, d/2) as [s, d/2] table
     interleaved_mismatch: bool = False      # the model (TE) pairs (2j, 2j+1); the kernel halves
@@ -152,6 +161,7 @@ CAUSE_DOCS = {
     "math_in_input_dtype": "multiply-add in the input dtype (x.to(sin.dtype))",
     "sincos_in_kernel": "sin/cos computed in the kernel from fp32 angles (as TE does)",
     "fma": "explicit fused multiply-add (operation order / one rounding less)",
+    "sincos_one_ulp": "fp32 sin/cos one ulp off from position 1 on (another correct sin/cos)",
     "sbhd_row_indexing": "sbhd tensor indexed with the bshd position formula row % S",
     "te_freqs_reshaped": "TE's duplicated [s,1,1,d] freqs viewed as an [s, d/2] table",
     "interleaved_mismatch": "model uses interleaved pairs, kernel rotates halves",
@@ -232,11 +242,14 @@ def apply_rotary_pos_emb_triton(t: torch.Tensor, freqs: torch.Tensor, tensor_for
     else:
         half = f32[:, 0, 0, :R // 2]         # [P, R/2]: the distinct angles, f_p
     half = half.contiguous()
-    if causes.sincos_in_kernel:
+    if causes.sincos_in_kernel and not causes.sincos_one_ulp:
         cos, sin, from_angles = half, None, True
     else:
+        cos, sin = torch.cos(half), torch.sin(half)    # fp32, as TE's emulation computes them
+        if causes.sincos_one_ulp:                      # a table, since the kernel's can't be nudged
+            cos, sin = one_ulp_up(cos), one_ulp_up(sin)
         tdt = t.dtype if causes.table_in_input_dtype else torch.float32
-        cos, sin, from_angles = torch.cos(half).to(tdt), torch.sin(half).to(tdt), False
+        cos, sin, from_angles = cos.to(tdt), sin.to(tdt), False
     seq_mod = P if causes.table_margin else S
     if tensor_format == "sbhd" and causes.sbhd_row_indexing:
         work = t if causes.inplace_double_rotation else t.clone()
@@ -329,6 +342,108 @@ def ulp_error(actual: torch.Tensor, reference_fp64: torch.Tensor) -> torch.Tenso
     return (actual.double() - r).abs() / ulp(r, actual.dtype, floor)
 
 
+def unit_roundoff(dtype) -> float:
+    """u = 2^-p for a dtype with p significant bits: the largest relative error of one rounding
+    to nearest. bf16 has p = 8 (7 stored + the implicit bit), so u = 2^-8; fp16 2^-11, fp32
+    2^-24. (``torch.finfo(dtype).eps`` = 2u is the gap between 1 and the next number.)"""
+    if isinstance(dtype, str):
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {tuple(DTYPES)} or a torch dtype, "
+                             f"got {dtype!r}")
+        dtype = DTYPES[dtype]
+    return torch.finfo(dtype).eps / 2
+
+
+def one_ulp_up(table: torch.Tensor, first_position: int = 1) -> torch.Tensor:
+    """A copy of a cos/sin ``table`` [P, ...] with rows ``first_position:`` moved one ulp of its
+    dtype towards +inf (``torch.nextafter``): what a different, equally correct sin/cos
+    implementation gives for some entries. Row 0 (angle 0: cos 1, sin 0) stays exact."""
+    if not table.is_floating_point():
+        raise TypeError(f"table must be a floating tensor, got {table.dtype}")
+    out = table.clone()
+    rows = out[first_position:]
+    rows.copy_(torch.nextafter(rows, torch.full_like(rows, float("inf"))))
+    return out
+
+
+_INT_OF = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32,
+           torch.float64: torch.int64}
+
+
+def _ordered(t: torch.Tensor) -> torch.Tensor:
+    # floats as int64 that count representable values: ..., -tiny -> -1, +-0 -> 0, tiny -> 1, ...
+    i = t.contiguous().view(_INT_OF[t.dtype]).long()
+    mag = i & (2 ** (8 * t.element_size() - 1) - 1)
+    return torch.where(i < 0, -mag, mag)
+
+
+def steps_apart(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """How many representable values of their (common) dtype lie between ``a`` and ``b``,
+    elementwise: 0 for equal values, 1 for neighbours (one rounding step apart)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        raise ValueError(f"a ({tuple(a.shape)}, {a.dtype}) and b ({tuple(b.shape)}, {b.dtype}) "
+                         f"must have one shape and one dtype")
+    if a.dtype not in _INT_OF:
+        raise TypeError(f"dtype must be one of {list(_INT_OF)}, got {a.dtype}")
+    return (_ordered(a) - _ordered(b)).abs()
+
+
+def normwise_error(actual: torch.Tensor, reference_fp64: torch.Tensor, x: torch.Tensor, *,
+                   rot_dim: Optional[int] = None, interleaved: bool = False) -> torch.Tensor:
+    """|y - y*| / (|x_a| + |x_b|) for every element, (a, b) the rotated pair it belongs to.
+
+    A rotation keeps |y*_a| <= |x_a| + |x_b|, so an output rounded once has norm-wise error
+    <= u (:func:`unit_roundoff`); a cos/sin table rounded to the dtype adds at most about u more.
+    Unlike the error in ulps of y* it does not blow up where y* is near zero by cancellation.
+    ``x`` is the input (last dim D, the first ``rot_dim`` features rotated: pairs (j, j + R/2),
+    or (2j, 2j+1) with ``interleaved``); a pass-through feature is measured against |x_j|.
+    A zero pair gives 0 where y is exact, inf elsewhere.
+    """
+    if not (actual.shape == reference_fp64.shape == x.shape):
+        raise ValueError(f"actual {tuple(actual.shape)}, reference {tuple(reference_fp64.shape)} "
+                         f"and x {tuple(x.shape)} must have one shape")
+    D = x.shape[-1]
+    R = D if rot_dim is None else rot_dim
+    if R % 2 or not 0 < R <= D:
+        raise ValueError(f"rot_dim must be even and in (0, {D}], got {rot_dim}")
+    ax = x.detach().double().abs()
+    rot = ax[..., :R]
+    if interleaved:
+        partner = rot.unflatten(-1, (R // 2, 2)).flip(-1).flatten(-2)
+    else:
+        partner = torch.cat((rot[..., R // 2:], rot[..., :R // 2]), dim=-1)
+    denom = torch.cat((rot + partner, ax[..., R:]), dim=-1)
+    err = (actual.detach().double() - reference_fp64.detach().double()).abs()
+    safe = err / denom.clamp(min=torch.finfo(torch.float64).tiny)
+    return torch.where(denom > 0, safe, torch.where(err == 0, torch.zeros_like(err),
+                                                    torch.full_like(err, float("inf"))))
+
+
+def recovered_positions(x: torch.Tensor, y: torch.Tensor, layout: str = "sbhd", *,
+                        rot_dim: Optional[int] = None, interleaved: bool = False,
+                        base: float = 10000.0) -> torch.Tensor:
+    """The position each token's output encodes: the angle from the input pair to the output
+    pair of the lowest frequency, atan2(x_a y_b - x_b y_a, x_a y_a + x_b y_b), divided by that
+    frequency base^(-(R-2)/R). [S, B, H] (fp64). A right RoPE gives back s; a wrong position
+    gives the wrong s; wrong pairs or frequencies give no clean curve. The lowest frequency
+    turns by less than pi over ~31 000 positions (R = 128), so nothing wraps; use fp32 or
+    fp64 outputs (bf16 rounding hides angles below ~2^-8 rad)."""
+    if x.shape != y.shape or x.dim() != 4:
+        raise ValueError(f"x {tuple(x.shape)} and y {tuple(y.shape)} must be one 4-D shape")
+    if layout not in ("sbhd", "bshd"):
+        raise ValueError(f"layout must be 'sbhd' or 'bshd', got {layout!r}")
+    D = x.shape[-1]
+    R = D if rot_dim is None else rot_dim
+    if R % 2 or not 0 < R <= D:
+        raise ValueError(f"rot_dim must be even and in (0, {D}], got {rot_dim}")
+    j = R // 2 - 1
+    a, b = (2 * j, 2 * j + 1) if interleaved else (j, j + R // 2)
+    xs, ys = _to_sbhd(x.detach().double(), layout), _to_sbhd(y.detach().double(), layout)
+    cross = xs[..., a] * ys[..., b] - xs[..., b] * ys[..., a]
+    dot = xs[..., a] * ys[..., a] + xs[..., b] * ys[..., b]
+    return torch.atan2(cross, dot) / base ** (-2 * j / R)
+
+
 def _to_sbhd(t: torch.Tensor, layout: str) -> torch.Tensor:
     return t if layout == "sbhd" else t.transpose(0, 1)
 
@@ -378,7 +493,10 @@ def plot_heatmap(err: torch.Tensor, ax=None, title: str = "max |difference| over
 
 def diagnose(result: Result, tolerance: str = "default") -> dict:
     """What the learner should look at. ``tolerance``: "default" (torch.allclose's rtol 1e-5,
-    atol 1e-8) or "dtype" (:func:`tolerances`)."""
+    atol 1e-8) or "dtype" (:func:`tolerances`). Besides allclose, the argmax and the max ulp
+    error of each side vs fp64: ``n_differ`` (elements not bit-equal), ``max_steps_apart``
+    (:func:`steps_apart`), each side's max :func:`normwise_error` in units of u, and the
+    ``verdict`` of :func:`classify`."""
     if tolerance not in ("default", "dtype"):
         raise ValueError(f"tolerance must be 'default' or 'dtype', got {tolerance!r}")
     a, b = result.tokens_te, result.tokens_triton
@@ -387,7 +505,9 @@ def diagnose(result: Result, tolerance: str = "default") -> dict:
     ref = result.reference
     first_te, first_tr = a.flatten()[:10], b.flatten()[:10]
     loc = argmax_location(a, b, result.layout)
-    return {
+    pairing = model_pairing(result)
+    u = unit_roundoff(a.dtype)
+    diag = {
         "te": result.te_label,
         "tolerance": tolerance, "rtol": tol["rtol"], "atol": tol["atol"],
         "allclose": bool(torch.allclose(a, b, **tol)),
@@ -401,4 +521,69 @@ def diagnose(result: Result, tolerance: str = "default") -> dict:
         "triton_max_ulp": float(ulp_error(b, ref).max()),
         "te_matches_fp64": bool(torch.allclose(a.double(), ref, **dt)),
         "triton_matches_fp64": bool(torch.allclose(b.double(), ref, **dt)),
+        "n_differ": int((a != b).sum()),
+        "max_steps_apart": int(steps_apart(a, b).max()),
+        "te_max_normwise_u": float(normwise_error(a, ref, result.x, **pairing).max()) / u,
+        "triton_max_normwise_u": float(normwise_error(b, ref, result.x, **pairing).max()) / u,
     }
+    diag["verdict"] = classify(diag)
+    return diag
+
+
+def model_pairing(result: Result) -> dict:
+    """The model's (TE's) rotary dim and pairing in a run: ``rot_dim``, ``interleaved``."""
+    sc, c = result.scenario, result.causes
+    return {"rot_dim": sc.head_dim // 2 if c.partial_rotary_ignored else sc.head_dim,
+            "interleaved": c.interleaved_mismatch}
+
+
+# --- from the shape of a difference to its cause ----------------------------------------------
+
+# Rounding causes stay within a few u norm-wise (cos, sin, two products and the sum rounded once
+# each); a layout trap moves outputs by O(1) of the pair's size, i.e. hundreds of u in bf16.
+LAYOUT_NORMWISE_U = 8.0
+
+DECISIONS = {
+    "equal": {
+        "shape": "no element differs",
+        "cause": "nothing to find",
+        "toggles": (),
+        "fix": "-"},
+    "tolerance": {
+        "shape": "a few scattered elements one rounding step apart; both sides within 1 ulp of "
+                 "fp64",
+        "cause": "two correct kernels: sin/cos, FMA or operation order differ in the last fp32 bit",
+        "toggles": ("sincos_one_ulp", "fma"),
+        "fix": "compare with dtype-aware tolerances (tolerances(dtype))"},
+    "precision": {
+        "shape": "many ulps off fp64 where outputs are near zero, yet a few u norm-wise",
+        "cause": "a cos/sin table (or the products) in the input dtype: bf16 rounding before the "
+                 "cancellation",
+        "toggles": ("table_in_input_dtype", "math_in_input_dtype"),
+        "fix": "fp32 table or sin/cos from fp32 angles, fp32 math, one rounding on the store"},
+    "layout": {
+        "shape": f"O(1) differences (norm-wise > {LAYOUT_NORMWISE_U:g} u) in a pattern over "
+                 "positions, batches or features",
+        "cause": "a layout trap: sbhd vs bshd, duplicated TE angles, interleaved vs rotate-half, "
+                 "partial rotary, table margin, in-place double rotation",
+        "toggles": ("sbhd_row_indexing", "te_freqs_reshaped", "interleaved_mismatch",
+                    "partial_rotary_ignored", "table_margin", "inplace_double_rotation"),
+        "fix": "recover the positions the output encodes (recovered_positions) and fix the "
+               "indexing, pairing or rotary dim"},
+}
+
+
+def classify(diag: dict) -> str:
+    """The row of :data:`DECISIONS` that a :func:`diagnose` result falls in: "equal",
+    "layout" (norm-wise error beyond :data:`LAYOUT_NORMWISE_U` u on either side), "tolerance"
+    (both sides within 1 ulp of fp64: two correct results) or "precision" (the rest).
+
+    Made for outputs narrower than the fp32 math (bf16, fp16), where the final rounding hides
+    fp32's own errors; fp32 outputs show those as several ulps near zero."""
+    if diag["n_differ"] == 0:
+        return "equal"
+    if max(diag["te_max_normwise_u"], diag["triton_max_normwise_u"]) > LAYOUT_NORMWISE_U:
+        return "layout"
+    if max(diag["te_max_ulp"], diag["triton_max_ulp"]) <= 1.0:
+        return "tolerance"
+    return "precision"

@@ -132,7 +132,8 @@ def toggle_result(causes, scenario=None, tolerance: str = "default", device=None
 def summary_html(diag: dict) -> str:
     ok = "✅ True" if diag["allclose"] else "❌ False"
     loc = diag["argmax"]
-    return (f"<b>torch.allclose({html.escape(diag['te'])}, Triton, rtol={diag['rtol']:g}, "
+    return (f"<div class='ropelib-summary'>"
+            f"<b>torch.allclose({html.escape(diag['te'])}, Triton, rtol={diag['rtol']:g}, "
             f"atol={diag['atol']:g})</b>: {ok} "
             f"({diag['n_mismatched']} of {diag['numel']} elements differ)<br>"
             f"first ten values equal: {diag['first_ten_equal']}<br>"
@@ -141,7 +142,7 @@ def summary_html(diag: dict) -> str:
             f"({loc['a']:.4g} vs {loc['b']:.4g})<br>"
             f"error vs fp64: {html.escape(diag['te'])} {diag['te_max_ulp']:.3g} ulp, "
             f"Triton {diag['triton_max_ulp']:.3g} ulp; within dtype tolerance of fp64: "
-            f"{diag['te_matches_fp64']} / {diag['triton_matches_fp64']}")
+            f"{diag['te_matches_fp64']} / {diag['triton_matches_fp64']}</div>")
 
 
 # --- notebook 06: the dashboard ---------------------------------------------------------------

@@ -1,11 +1,25 @@
-"""Notebook 06 in a real browser: JupyterLab on localhost, headless Debian chromium via playwright.
+"""Every notebook in a real browser, started the way the README says: headless Debian chromium
+(playwright) drives JupyterLab on localhost.
 
-Runs all cells, checks that the dashboard's widgets render, moves a slider and saves a
-screenshot (to ROPELIB_BROWSER_SCREENSHOT if set, else the test's tmp dir). The notebook is
-served from a scratch directory (with links to ropelib/, figures/ and benchmarks/) so that
-JupyterLab's autosave never writes outputs into the committed .ipynb.
+The test makes a learner's checkout: a fresh git repository holding this tree's files, set up with
+the README's own commands (its `git config` step, then `jupyter lab` with the README's arguments,
+in the checkout's root, plus a port and a token). Then, for every notebook in turn, it
+
+- opens it, runs all cells and waits for the last one;
+- asserts that every cell ran, that no cell shows an error, and that every image on the page
+  (markdown figures from ../figures/, plots, widget images) loaded: natural width > 0;
+- in 06 and 07 moves a widget and asserts that the widget's output changed;
+- saves it, as a learner would.
+
+Afterwards `git status --porcelain` in the checkout must be empty (git reads notebooks through
+the output-stripping filter) and the checkout's notebook tests must pass with the saved files.
+Finally 07 is reopened: its saved widget outputs have no live model until the cells run again,
+which the notebook tells the learner; after Run All the widget is back.
+Screenshots of every notebook go to ROPELIB_BROWSER_SCREENSHOTS (a folder) if set.
 """
+import json
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -18,10 +32,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOK = ROOT / "notebooks" / "06-te-vs-triton-live.ipynb"
+NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]-*.ipynb"))
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                   "--no-first-run", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync"]
+RUN_TIMEOUT_MS = 300_000    # one notebook, all cells, CPU interpreter
 
 pytestmark = pytest.mark.browser
 
@@ -32,26 +47,68 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def readme_setup():
+    """(git config commands, jupyter lab arguments) of the README's pip set-up command."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    blocks = [b.strip() for b in re.findall(r"```bash\n(.*?)```", readme, re.S)]
+    setup = next(b for b in blocks if b.startswith("python3 -m venv"))
+    steps = [s.strip() for s in setup.split("&&")]
+    git_steps = [s.split() for s in steps if s.startswith("git config")]
+    lab = next(s for s in steps if s.startswith("jupyter lab"))
+    return git_steps, lab.split()[2:]
+
+
+def _git(cwd, *args, **kw):
+    env = dict(os.environ, GIT_AUTHOR_NAME="learner", GIT_AUTHOR_EMAIL="learner@example.com",
+               GIT_COMMITTER_NAME="learner", GIT_COMMITTER_EMAIL="learner@example.com")
+    return subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          check=True, **kw)
+
+
 @pytest.fixture
-def lab(tmp_path):
-    """A JupyterLab server on 127.0.0.1 serving a scratch copy of notebook 06: (url, token)."""
+def checkout(tmp_path):
+    """A learner's clone: this tree's files (tracked, and new ones git would track) in a fresh
+    repository, configured by the README's git step."""
+    if shutil.which("git") is None:
+        pytest.skip("needs git")
+    dest = tmp_path / "ropelib"
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for rel in filter(None, listed):
+        src = ROOT / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    _git(dest, "init", "-q")
+    _git(dest, "add", "-A")
+    _git(dest, "commit", "-q", "-m", "clone")
+    git_steps, _ = readme_setup()
+    assert git_steps, "the README's set-up has no git step (the notebook output filter)"
+    for step in git_steps:
+        _git(dest, *step[1:])
+    assert _git(dest, "status", "--porcelain").stdout == ""
+    return dest
+
+
+@pytest.fixture
+def lab(checkout, tmp_path):
+    """JupyterLab started in the checkout's root with the README's arguments: (url, token)."""
     pytest.importorskip("jupyterlab")
-    work = tmp_path / "lab"
-    work.mkdir()
-    shutil.copy(NOTEBOOK, work / NOTEBOOK.name)
-    for name in ("ropelib", "figures", "benchmarks"):
-        (work / name).symlink_to(ROOT / name, target_is_directory=True)
+    _, readme_args = readme_setup()
     port, token = _free_port(), secrets.token_hex(16)
-    cmd = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1",
-           f"--port={port}", f"--IdentityProvider.token={token}",
-           "--ServerApp.open_browser=False", f"--ServerApp.root_dir={work}",
-           "--ServerApp.disable_check_xsrf=False", "--LabApp.news_url=None",
+    cmd = [sys.executable, "-m", "jupyter", "lab", *readme_args, "--no-browser",
+           "--ip=127.0.0.1", f"--port={port}", f"--IdentityProvider.token={token}",
+           "--LabApp.news_url=None",
            "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         cmd.append("--allow-root")
-    env = dict(os.environ, JUPYTER_PLATFORM_DIRS="1")
-    log = open(tmp_path / "lab.log", "w")
-    proc = subprocess.Popen(cmd, cwd=work, stdout=log, stderr=subprocess.STDOUT, env=env)
+    # a scratch home for JupyterLab's own settings and workspaces: none of the user's, none left
+    env = dict(os.environ, JUPYTER_PLATFORM_DIRS="1",
+               JUPYTERLAB_SETTINGS_DIR=str(tmp_path / "lab-settings"),
+               JUPYTERLAB_WORKSPACES_DIR=str(tmp_path / "lab-workspaces"))
+    log_path = tmp_path / "lab.log"
+    log = open(log_path, "w")
+    proc = subprocess.Popen(cmd, cwd=checkout, stdout=log, stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 60
@@ -62,8 +119,7 @@ def lab(tmp_path):
             except Exception:
                 if proc.poll() is not None or time.time() > deadline:
                     log.flush()
-                    pytest.fail("JupyterLab did not start:\n" +
-                                (tmp_path / "lab.log").read_text()[-3000:])
+                    pytest.fail("JupyterLab did not start:\n" + log_path.read_text()[-3000:])
                 time.sleep(0.5)
         yield url, token
     finally:
@@ -75,71 +131,184 @@ def lab(tmp_path):
         log.close()
 
 
-def test_notebook_06_runs_and_widgets_respond_in_chromium(lab, chromium_executable, tmp_path):
+def _api(url, token, path, method="GET"):
+    req = urllib.request.Request(f"{url}{path}?token={token}", method=method)
+    with urllib.request.urlopen(req, timeout=10) as r:
+        body = r.read()
+    return json.loads(body) if body else None
+
+
+def _shut_down_kernels(url, token):
+    for k in _api(url, token, "/api/kernels"):
+        _api(url, token, f"/api/kernels/{k['id']}", method="DELETE")
+
+
+# --- what the page shows ----------------------------------------------------------------------
+
+PROMPTS_JS = """() => [...document.querySelectorAll(
+    '.jp-NotebookPanel:not(.lm-mod-hidden) .jp-CodeCell .jp-InputArea-prompt')]
+    .map(e => e.textContent.trim())"""
+IMAGES_JS = """async () => {
+    const imgs = [...document.querySelectorAll('.jp-NotebookPanel:not(.lm-mod-hidden) img')];
+    const out = [];
+    for (const img of imgs) {
+        img.scrollIntoView();
+        if (!img.complete) {
+            await new Promise(r => { img.onload = img.onerror = r; setTimeout(r, 10000); });
+        }
+        out.push({src: (img.getAttribute('src') || '').slice(0, 80), width: img.naturalWidth});
+    }
+    return out;
+}"""
+ERRORS_JS = """() => [...document.querySelectorAll(
+    '.jp-NotebookPanel:not(.lm-mod-hidden) .jp-OutputArea-output')]
+    .map(e => e.innerText)
+    .filter(t => /Traceback|^\\w*Error\\b|Error displaying widget/m.test(t))"""
+
+
+def _open(page, url, token, name):
+    page.goto(f"{url}/lab/tree/notebooks/{name}?reset&token={token}")
+    page.wait_for_selector(".jp-NotebookPanel .jp-Cell", timeout=90_000)
+    # the notebook names its kernel (python3); should JupyterLab still ask, take that one
+    dialog = page.locator(".jp-Dialog .jp-mod-accept")
+    if dialog.count():
+        dialog.first.click()
+    page.wait_for_selector(".jp-NotebookPanel:not(.lm-mod-hidden) "
+                           ".jp-Notebook-ExecutionIndicator[data-status='idle']",
+                           timeout=90_000, state="attached")
+
+
+def _run_all(page, name):
+    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+    page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).first.click()
+    # every code cell gets a number; none is queued or running ([*])
+    page.wait_for_function(
+        f"() => {{ const p = ({PROMPTS_JS})(); return p.length > 0 && "
+        "p.every(t => /^\\[\\d+\\]:$/.test(t) || /^\\[ \\]:$/.test(t)) && !p.some(t => t === '[*]:') "
+        "&& document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden) "
+        ".jp-Notebook-ExecutionIndicator[data-status=\"idle\"]') !== null; }",
+        timeout=RUN_TIMEOUT_MS, polling=1000)
+    page.wait_for_timeout(1500)   # outputs that arrive with the last idle message
+    prompts = page.evaluate(PROMPTS_JS)
+    not_run = [i for i, t in enumerate(prompts) if not re.fullmatch(r"\[\d+\]:", t)]
+    return prompts, not_run
+
+
+def _save(page):
+    page.keyboard.press("Control+s")
+    page.wait_for_function(
+        "() => !document.querySelector('.jp-NotebookPanel:not(.lm-mod-hidden)')"
+        "?.classList.contains('jp-mod-dirty') && "
+        "!document.querySelector('.lm-TabBar-tab.jp-mod-current.jp-mod-dirty')",
+        timeout=30_000)
+
+
+def _move_dashboard(page):
+    """06: raise batch one notch and press run; the table's batch column must follow."""
+    table = page.locator("table.ropelib-rows").last
+    before = table.inner_text()
+    slider = page.locator(".widget-hslider").filter(
+        has=page.locator("label", has_text=re.compile(r"^batch$"))).first
+    slider.scroll_into_view_if_needed()
+    readout = slider.locator(".widget-readout")
+    old = readout.text_content().strip()
+    handle = slider.locator(".noUi-handle").first
+    handle.click()
+    handle.press("ArrowRight")
+    page.wait_for_function("([el, old]) => el.textContent.trim() !== old",
+                           arg=[readout.element_handle(), old], timeout=10_000)
+    new = readout.text_content().strip()
+    assert int(new) > int(old), (old, new)
+    page.locator(".jupyter-widgets button", has_text=re.compile(r"^\s*run\s*$")).first.click()
+    page.wait_for_function("([el, old]) => el.innerText !== old",
+                           arg=[table.element_handle(), before], timeout=120_000)
+    return before, table.inner_text(), (old, new)
+
+
+def _move_toggles(page):
+    """07: uncheck the first cause that is checked; the panel's summary must change."""
+    summary = page.locator(".ropelib-summary").last
+    before = summary.inner_text()
+    box = page.locator(".widget-checkbox input[type=checkbox]:checked").first
+    box.scroll_into_view_if_needed()
+    box.click()
+    page.wait_for_function("([el, old]) => el.innerText !== old",
+                           arg=[summary.element_handle(), before], timeout=120_000)
+    return before, summary.inner_text()
+
+
+WIDGET_MOVES = {"06-te-vs-triton-live.ipynb": _move_dashboard,
+                "07-debugging-allclose.ipynb": _move_toggles}
+
+
+def test_every_notebook_runs_shows_its_figures_and_saves_clean(lab, checkout, chromium_executable,
+                                                               tmp_path):
     sync_api = pytest.importorskip("playwright.sync_api")
     url, token = lab
-    shot = Path(os.environ.get("ROPELIB_BROWSER_SCREENSHOT", tmp_path / "06-browser.png"))
+    shots = Path(os.environ.get("ROPELIB_BROWSER_SCREENSHOTS", tmp_path / "screenshots"))
+    shots.mkdir(parents=True, exist_ok=True)
+    problems, report = [], []
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium_executable, headless=True,
                                     args=CHROMIUM_FLAGS)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.set_default_timeout(60_000)
-            page.goto(f"{url}/lab/tree/{NOTEBOOK.name}?token={token}")
-            page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
-            # JupyterLab may ask which kernel to start: take the notebook's own (python3)
-            try:
-                page.wait_for_selector(".jp-Dialog .jp-mod-accept", timeout=15_000)
-                page.locator(".jp-Dialog .jp-mod-accept").first.click()
-            except sync_api.TimeoutError:
-                pass
-            # the kernel must be up before "Run All Cells"
-            page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle'], "
-                                   "[data-status='idle']", timeout=90_000, state="attached")
-            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-            page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+            for name in NOTEBOOKS:
+                t0 = time.time()
+                try:
+                    _open(page, url, token, name)
+                    prompts, not_run = _run_all(page, name)
+                    errors = page.evaluate(ERRORS_JS)
+                    images = page.evaluate(IMAGES_JS)
+                    broken = [i["src"] for i in images if i["width"] == 0]
+                    if errors:
+                        problems.append(f"{name}: a cell shows an error:\n{errors[0][-1500:]}")
+                    if not_run:
+                        problems.append(f"{name}: code cells {not_run} did not run")
+                    if broken:
+                        problems.append(f"{name}: images that did not load: {broken}")
+                    moved = ""
+                    if name in WIDGET_MOVES:
+                        before, after, *rest = WIDGET_MOVES[name](page)
+                        if before == after:
+                            problems.append(f"{name}: moving a widget did not change its output")
+                        moved = f", widget output changed {rest[0] if rest else ''}".rstrip()
+                    _save(page)
+                    page.screenshot(path=str(shots / f"{Path(name).stem}.png"))
+                    report.append(f"{name}: {len(prompts)} code cells, {len(images)} images, "
+                                  f"{time.time() - t0:.0f} s{moved}")
+                except sync_api.Error as e:
+                    page.screenshot(path=str(shots / f"{Path(name).stem}-failed.png"),
+                                    full_page=True)
+                    problems.append(f"{name}: {type(e).__name__}: {str(e).splitlines()[0]}")
+                finally:
+                    _shut_down_kernels(url, token)
 
-            # the last code cell prints whether the committed GPU results are there
-            try:
-                page.wait_for_function(
-                    "() => [...document.querySelectorAll('.jp-OutputArea-output')].some("
-                    "e => /not there yet|GPU results|seed_sweeps/.test(e.innerText))",
-                    timeout=150_000)
-            except sync_api.TimeoutError:
-                page.screenshot(path=str(tmp_path / "timeout.png"), full_page=True)
-                pytest.fail(f"notebook 06 did not finish in the browser; see "
-                            f"{tmp_path / 'timeout.png'}")
-            errors = page.locator(".jp-OutputArea-output[data-mime-type="
-                                  "'application/vnd.jupyter.stderr'] >> text=Traceback")
-            assert errors.count() == 0, errors.first.inner_text()
-            assert page.locator("text=AssertionError").count() == 0
-
-            # the dashboard rendered: sliders, the run button, the plot image, the table
-            sliders = page.locator(".widget-hslider")
-            assert sliders.count() >= 4
-            assert page.locator("button", has_text="run").count() >= 1
-            assert page.locator(".widget-image img, img.widget-image, "
-                                ".jupyter-widget-image").count() >= 1
-            assert page.locator("table.ropelib-rows td", has_text="pytorch").count() >= 1
-
-            # move the seq_len slider with the keyboard and watch its readout
-            slider = sliders.filter(has=page.locator("label", has_text="seq_len")).first
-            slider.scroll_into_view_if_needed()
-            readout = slider.locator(".widget-readout")
-            page.wait_for_function("el => el.textContent.trim() !== ''",
-                                   arg=readout.element_handle(), timeout=10_000)
-            before = readout.text_content().strip()
-            handle = slider.locator(".noUi-handle").first
-            handle.click()
-            handle.press("ArrowRight")
-            page.wait_for_function(
-                "([el, old]) => el.textContent.trim() !== old",
-                arg=[readout.element_handle(), before], timeout=10_000)
-            after = readout.text_content().strip()
-            assert after != before and int(after) > int(before), (before, after)
-
-            shot.parent.mkdir(parents=True, exist_ok=True)
-            page.screenshot(path=str(shot), full_page=False)
+            # a reopened notebook: its saved widget views have no model until its cells run again
+            name = "07-debugging-allclose.ipynb"
+            source = (checkout / "notebooks" / name).read_text(encoding="utf-8")
+            assert "application/vnd.jupyter.widget-view+json" in source, \
+                f"{name} was saved without its widget outputs: the reopen check would prove nothing"
+            assert "Run All Cells" in source, f"{name} does not tell the learner how to get widgets back"
+            _open(page, url, token, name)
+            _, not_run = _run_all(page, name)
+            errors = page.evaluate(ERRORS_JS)
+            assert not errors, f"{name} reopened and run again still shows: {errors[0][:500]}"
+            assert page.locator(".ropelib-summary").count() >= 1
+            _shut_down_kernels(url, token)
         finally:
             browser.close()
-    assert shot.stat().st_size > 10_000
+    print("\n".join(report))
+    assert not problems, "\n".join(problems)
+
+    # the learner's checkout is as it was: outputs stay on disk, git sees none of them
+    status = _git(checkout, "status", "--porcelain").stdout
+    assert status == "", f"running and saving the notebooks changed the checkout:\n{status}"
+    saved = (checkout / "notebooks" / "00-setup-and-tour.ipynb").read_text(encoding="utf-8")
+    assert '"output_type"' in saved, "the notebooks were not saved with their outputs"
+    # and the notebook tests of the README's test command pass on the saved files
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          "tests/test_notebooks_sync.py"], cwd=checkout, capture_output=True,
+                         text=True)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]

@@ -111,3 +111,130 @@ def test_bad_arguments():
         D.reproduce(SMALL, causes={"fma": True})
     with pytest.raises(ValueError, match="tolerance"):
         D.diagnose(D.reproduce(D.Scenario(seq_len=2, batch=1, heads=1, head_dim=8)), "loose")
+
+
+def test_unit_roundoff_is_half_of_eps():
+    assert D.unit_roundoff("bf16") == 2 ** -8          # 8 significant bits: 7 stored + 1
+    assert D.unit_roundoff(torch.float16) == 2 ** -11
+    assert D.unit_roundoff("fp32") == 2 ** -24
+    with pytest.raises(ValueError, match="dtype"):
+        D.unit_roundoff("fp8")
+    # one rounding to nearest of 1 + 3u/2 (between 1 and 1 + 2u) is off by u/2 relative
+    x = torch.tensor(1 + 3 * 2 ** -9, dtype=torch.float64)
+    assert abs(float(x.to(torch.bfloat16)) - float(x)) <= D.unit_roundoff("bf16") * float(x)
+
+
+def test_one_ulp_up_and_steps_apart():
+    t = torch.tensor([[1.0, 0.0], [0.5, -0.25], [1.0, 0.0]])
+    up = D.one_ulp_up(t)
+    assert torch.equal(up[0], t[0])                    # position 0: cos 1, sin 0 stay exact
+    assert up[1, 0] == 0.5 + 2 ** -24 and up[1, 1] == -0.25 + 2 ** -26   # spacing 2^-23 x 2^e
+    assert up[2, 0] == 1.0 + 2 ** -23 and up[2, 1] == torch.finfo(torch.float32).tiny * 2 ** -23
+    assert torch.equal(t[1], torch.tensor([0.5, -0.25]))   # the input is not changed
+    assert D.steps_apart(up, t).tolist() == [[0, 0], [1, 1], [1, 1]]
+    b = torch.tensor([1.0, -1.0, 0.0, -0.0, 2.0], dtype=torch.bfloat16)
+    c = torch.tensor([1.0 + 2 ** -7, -1.0 - 2 ** -7, 0.0, 0.0, 1.0], dtype=torch.bfloat16)
+    # neighbours, neighbours, +0 vs +0, -0 vs +0 (one value), 2 vs 1: the 128 values of [1, 2)
+    assert D.steps_apart(b, c).tolist() == [1, 1, 0, 0, 128]
+    tiny = torch.tensor([-2 ** -133], dtype=torch.bfloat16)     # smallest bf16 subnormal
+    assert D.steps_apart(tiny, -tiny).tolist() == [2]           # -tiny, 0, +tiny
+    with pytest.raises(ValueError, match="dtype"):
+        D.steps_apart(b, c.float())
+    with pytest.raises(TypeError, match="floating"):
+        D.one_ulp_up(torch.arange(3))
+
+
+def test_normwise_error_on_known_pairs():
+    x = torch.tensor([[3.0, 0.0, 4.0, 1.0]], dtype=torch.float64)     # rotate-half: (0,2), (1,3)
+    ref = torch.tensor([[1.0, 2.0, 5.0, -1.0]], dtype=torch.float64)
+    got = torch.tensor([[1.5, 2.0, 4.0, -1.25]], dtype=torch.float64)
+    e = D.normwise_error(got, ref, x)
+    # |1.5-1|/(3+4), 0/(0+1), |4-5|/(4+3), 0.25/(1+0)
+    assert torch.allclose(e, torch.tensor([[0.5 / 7, 0.0, 1 / 7, 0.25]], dtype=torch.float64))
+    ei = D.normwise_error(got, ref, x, interleaved=True)           # pairs (0,1), (2,3)
+    assert torch.allclose(ei, torch.tensor([[0.5 / 3, 0.0, 1 / 5, 0.25 / 5]],
+                                           dtype=torch.float64))
+    ep = D.normwise_error(got, ref, x, rot_dim=2)                  # pair (0,1); 2, 3 pass through
+    assert torch.allclose(ep, torch.tensor([[0.5 / 3, 0.0, 1 / 4, 0.25 / 1]],
+                                           dtype=torch.float64))
+    z = torch.zeros(1, 2, dtype=torch.float64)                     # a zero pair
+    assert D.normwise_error(z, z, z).tolist() == [[0.0, 0.0]]
+    assert D.normwise_error(torch.tensor([[1e-3, 0.0]]), z, z)[0, 0] == float("inf")
+    with pytest.raises(ValueError, match="rot_dim"):
+        D.normwise_error(got, ref, x, rot_dim=3)
+    with pytest.raises(ValueError, match="shape"):
+        D.normwise_error(got[:, :2], ref, x)
+
+
+def test_normwise_error_is_fair_to_a_bf16_table_and_harsh_to_a_wrong_angle():
+    # one rounding of an exact rotation: <= u norm-wise, whatever the ulps near zero say
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 1, 2, 16, generator=g, dtype=torch.float64).to(torch.bfloat16)
+    f = angles(64, 16).double()
+    exact = reference.rope_reference(x.double(), f)
+    u = D.unit_roundoff("bf16")
+    once = exact.to(torch.bfloat16)
+    assert float(D.normwise_error(once, exact, x).max()) <= u
+    c16, s16 = torch.cos(f[:, 0, 0]).to(torch.bfloat16), torch.sin(f[:, 0, 0]).to(torch.bfloat16)
+    table16 = reference.rope_reference(x, cos=c16, sin=s16, compute_dtype=torch.float32)
+    nw = float(D.normwise_error(table16, exact, x).max()) / u
+    assert 1.0 < nw <= 2.5                                         # the table adds about u
+    assert float(D.ulp_error(table16, exact).max()) > 4            # ... many ulps near zero
+    shifted = reference.rope_reference(x.double(), angles(65, 16).double()[1:])  # s + 1
+    assert float(D.normwise_error(shifted, exact, x).max()) / u > D.LAYOUT_NORMWISE_U
+
+
+def test_recovered_positions_read_back_the_position(device):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 40, 3, 16, generator=g, dtype=torch.float64).to(device)   # bshd
+    s = torch.arange(40, dtype=torch.float64).view(-1, 1, 1)
+    for interleaved in (False, True):
+        f = angles(80, 16, interleaved=interleaved, device=device).double()
+        y = reference.rope_reference(x, f[:40], layout="bshd", interleaved=interleaved)
+        got = D.recovered_positions(x, y, "bshd", interleaved=interleaved).cpu()
+        assert got.shape == (40, 2, 3) and torch.allclose(got, s.expand(40, 2, 3), atol=1e-6)
+        y2 = reference.rope_reference(x, f[::2][:40], layout="bshd", interleaved=interleaved)
+        assert torch.allclose(D.recovered_positions(x, y2, "bshd", interleaved=interleaved).cpu(),
+                              2 * s.expand(40, 2, 3), atol=1e-6)   # every other angle: 2s
+    # partial rotary: only the first R features are read
+    f8 = angles(40, 8, device=device).double()
+    y8 = reference.rope_reference(x, f8, layout="bshd")
+    assert torch.allclose(D.recovered_positions(x, y8, "bshd", rot_dim=8).cpu(),
+                          s.expand(40, 2, 3), atol=1e-6)
+    with pytest.raises(ValueError, match="layout"):
+        D.recovered_positions(x, y8, "thd")
+    with pytest.raises(ValueError, match="rot_dim"):
+        D.recovered_positions(x, y8, "bshd", rot_dim=18)
+
+
+def test_one_ulp_sincos_fails_default_allclose_and_passes_dtype_tolerances(device):
+    # 65 536 elements: a one-ulp change of sin/cos flips a bf16 rounding about once in 30 000
+    sc = D.Scenario(seq_len=128, batch=2, heads=4, head_dim=64)
+    r = D.reproduce(sc, dataclasses.replace(D.FIXED, sincos_one_ulp=True), device=device)
+    d, dt = D.diagnose(r), D.diagnose(r, "dtype")
+    assert d["first_ten_equal"] and not d["allclose"] and dt["allclose"], d
+    assert 0 < d["n_mismatched"] <= 1e-3 * d["numel"]
+    assert d["verdict"] == "tolerance" and d["triton_max_ulp"] <= 1.0
+    if r.te_label == "TE emulation":     # the same table unmoved agrees bit for bit
+        assert d["max_steps_apart"] == 1
+        ctl = D.reproduce(sc, dataclasses.replace(D.FIXED, sincos_in_kernel=False), device=device)
+        assert D.diagnose(ctl)["n_differ"] == 0
+
+
+def test_classify_follows_the_decision_table(device):
+    cases = {"precision": D.REPRO,
+             "layout": dataclasses.replace(D.FIXED, te_freqs_reshaped=True)}
+    for want, causes in cases.items():
+        d = D.diagnose(D.reproduce(SMALL, causes, device=device))
+        assert D.classify(d) == d["verdict"] == want, (want, d)
+    d = D.diagnose(D.reproduce(SMALL, D.REPRO, device=device))
+    assert d["triton_max_ulp"] > 4 and d["triton_max_normwise_u"] <= 3   # bf16, not wrong
+    base = {"n_differ": 3, "te_max_ulp": 0.5, "triton_max_ulp": 1.0, "te_max_normwise_u": 0.9,
+            "triton_max_normwise_u": 1.1}
+    assert D.classify(base) == "tolerance"
+    assert D.classify({**base, "n_differ": 0}) == "equal"
+    assert D.classify({**base, "triton_max_ulp": 30.0}) == "precision"
+    assert D.classify({**base, "te_max_normwise_u": 500.0}) == "layout"
+    assert set(D.DECISIONS) == {"equal", "tolerance", "precision", "layout"}
+    toggles = {t for row in D.DECISIONS.values() for t in row["toggles"]}
+    assert toggles <= {f.name for f in dataclasses.fields(D.Causes)}

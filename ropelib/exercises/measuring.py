@@ -1,0 +1,66 @@
+"""Exercise checks for notebook 06 (measuring kernels against a copy).
+
+A call's time is modelled as a fixed cost plus the bytes it moves over a bandwidth,
+``ms = t0 + bytes / bandwidth``. Fitting that line to a sweep separates what a provider pays per
+call (launches, Python, autograd: host time) from how fast it streams memory. The checks try the
+learner's fit on made-up sweeps whose answer is known, then on nothing else: the notebook applies
+the learner's function to the committed GPU results.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence, Tuple
+
+import numpy as np
+
+from . import call_answer, check
+
+__all__ = ["check_fit_time_model", "check_prediction", "solution_fit_time_model"]
+
+
+def _sweep(t0_us: float, gbps: float, noise: float, seed: int):
+    """A made-up sweep: bytes from 8 MB to 400 MB, ms = t0 + bytes / bandwidth, times (1 + noise)."""
+    rng = np.random.default_rng(seed)
+    nbytes = np.linspace(8e6, 4e8, 12)
+    ms = (t0_us * 1e-3 + nbytes / (gbps * 1e9) * 1e3) * (1 + noise * rng.standard_normal(12))
+    return nbytes.tolist(), ms.tolist()
+
+
+def check_fit_time_model(fn: Callable) -> bool:
+    """fn(nbytes, ms) -> (t0_us, gbps): the least-squares line ms = t0 + bytes / bandwidth, with t0
+    in microseconds and the bandwidth in GB/s (1e9 bytes per second)."""
+    name = "fit_time_model"
+    for t0_us, gbps, noise, seed in ((8.0, 3000.0, 0.0, 0), (60.0, 500.0, 0.0, 1),
+                                     (150.0, 2500.0, 0.02, 2)):
+        nbytes, ms = _sweep(t0_us, gbps, noise, seed)
+        ok, answer = call_answer(f"{name} (t0 {t0_us:g} us, {gbps:g} GB/s)", fn, list(nbytes),
+                                 list(ms))
+        if not ok:
+            return False
+        want = solution_fit_time_model(nbytes, ms)
+        try:
+            got = tuple(float(v) for v in answer)
+        except (TypeError, ValueError):
+            return check(name, answer, want, hint="return a pair (t0_us, gbps)")
+        if len(got) != 2:
+            return check(name, answer, want, hint="return a pair (t0_us, gbps)")
+        if not check(f"{name} (t0 {t0_us:g} us, {gbps:g} GB/s{', noisy' if noise else ''})",
+                     got, want, rtol=1e-3, atol=1e-6,
+                     hint="np.polyfit(nbytes, ms, 1) gives (slope, intercept): the intercept is t0 "
+                          "in ms, 1 / slope is bytes per ms"):
+            return False
+    return True
+
+
+def check_prediction(predicted_ms: float, measured_ms: float, *, within: float = 0.2) -> bool:
+    """Was the prediction within ``within`` (relative) of the measurement?"""
+    if predicted_ms is None or not np.isfinite(predicted_ms) or predicted_ms <= 0:
+        return check("prediction", predicted_ms, measured_ms,
+                     hint="predict a positive time in ms from your fitted t0 and bandwidth")
+    return check(f"prediction within {within:.0%} of the measurement", float(predicted_ms),
+                 float(measured_ms), rtol=within, atol=0.0,
+                 hint="ms = t0_us * 1e-3 + bytes / (gbps * 1e9) * 1e3")
+
+
+def solution_fit_time_model(nbytes: Sequence[float], ms: Sequence[float]) -> Tuple[float, float]:
+    slope, intercept = np.polyfit(np.asarray(nbytes, float), np.asarray(ms, float), 1)
+    return intercept * 1e3, 1.0 / slope * 1e3 / 1e9   # (t0 in us, GB/s)

@@ -1,0 +1,40 @@
+"""Notebook 06's exercise checks: the fixed-cost + bandwidth fit and the prediction."""
+import numpy as np
+
+from ropelib.exercises import measuring
+
+
+def test_the_worked_fit_passes_and_recovers_a_known_line(capsys):
+    assert measuring.check_fit_time_model(measuring.solution_fit_time_model)
+    nbytes = [1e7, 2e7, 4e7]
+    ms = [0.005 + b / 2e12 * 1e3 for b in nbytes]            # t0 = 5 us, 2000 GB/s
+    t0, gbps = measuring.solution_fit_time_model(nbytes, ms)
+    assert abs(t0 - 5.0) < 1e-6 and abs(gbps - 2000.0) < 1e-6
+    assert "✅" in capsys.readouterr().out
+
+
+def test_wrong_fits_fail(capsys):
+    cheats = {
+        "not answered": lambda nbytes, ms: None,
+        "units swapped (ms, bytes per ms)": lambda nbytes, ms: tuple(
+            np.polyfit(nbytes, ms, 1)[::-1]),
+        "t0 in ms": lambda nbytes, ms: (measuring.solution_fit_time_model(nbytes, ms)[0] / 1e3,
+                                        measuring.solution_fit_time_model(nbytes, ms)[1]),
+        "line through the first and last point": lambda nbytes, ms: (
+            (ms[0] - nbytes[0] * (ms[-1] - ms[0]) / (nbytes[-1] - nbytes[0])) * 1e3,
+            (nbytes[-1] - nbytes[0]) / (ms[-1] - ms[0]) * 1e3 / 1e9),
+        "bandwidth from the largest point alone": lambda nbytes, ms: (
+            0.0, nbytes[-1] / ms[-1] * 1e3 / 1e9),
+        "one number": lambda nbytes, ms: 3.0,
+        "raises": lambda nbytes, ms: 1 / 0,
+    }
+    for name, fn in cheats.items():
+        assert not measuring.check_fit_time_model(fn), name
+    assert "❌" in capsys.readouterr().out
+
+
+def test_prediction_check():
+    assert measuring.check_prediction(1.1, 1.0)
+    assert not measuring.check_prediction(1.3, 1.0)
+    assert not measuring.check_prediction(None, 1.0)
+    assert not measuring.check_prediction(-1.0, 1.0)
