@@ -6,7 +6,11 @@
 #   bash benchmarks/gpu_run.sh targets   # python -m ropelib.bench --suite targets  (~5 min)
 #   bash benchmarks/gpu_run.sh decode    # decode suite (host cost, CUDA graphs) + host profile
 #   bash benchmarks/gpu_run.sh model     # compiled GPT, 200 steps, rope=reference vs ropelib
-#   bash benchmarks/gpu_run.sh sweeps    # notebook 06's bf16 sweeps, added to the committed CSV
+#   bash benchmarks/gpu_run.sh sweeps    # notebook 06's sweeps, fp32 and bf16 (~6 min)
+#   bash benchmarks/gpu_run.sh ablation  # notebook 04's ablation: what makes the grid kernel fast
+#   bash benchmarks/gpu_run.sh ladder    # notebook 05's ladder: from batch-reuse to the finished kernel
+#   bash benchmarks/gpu_run.sh notebooks # every notebook executed with its outputs (needs nbclient
+#                                        # and ipykernel; installed from ./.gpu-wheels if there)
 #
 # Several steps in one call: bash benchmarks/gpu_run.sh tests decode.
 # CSVs and logs land in benchmarks/results/, named with the GPU and the UTC date; when $OUT is
@@ -54,10 +58,22 @@ for what in "${@:-tests}"; do
             step model "$PY" -m ropelib.bench --suite model --out "$RESULTS/model-$tag.csv"
             keep "$RESULTS/model-$tag.csv" ;;
         sweeps)
-            step sweeps "$PY" benchmarks/seed_sweeps.py --only bf16 --append
+            step sweeps "$PY" benchmarks/seed_sweeps.py
             keep "$RESULTS/seed_sweeps.csv" figures/06-seed-*.png ;;
+        ablation)
+            step ablation "$PY" benchmarks/ablation.py --out "$RESULTS/ablation.csv"
+            keep "$RESULTS/ablation.csv" ;;
+        ladder)
+            step ladder "$PY" benchmarks/ladder.py --out "$RESULTS/ladder.csv"
+            keep "$RESULTS/ladder.csv" ;;
+        notebooks)
+            if ! "$PY" -c "import nbclient, ipykernel" 2>/dev/null && [ -d .gpu-wheels ]; then
+                "$PY" -m pip install -q --no-index --find-links .gpu-wheels nbclient ipykernel ipywidgets
+            fi
+            executed=${OUT:-benchmarks/scratch}/executed
+            step notebooks "$PY" benchmarks/run_notebooks.py --out "$executed" ;;
         *)
-            echo "unknown step: $what (tests, targets, decode, model, sweeps)"; exit 2 ;;
+            echo "unknown step: $what (tests, targets, decode, model, sweeps, ablation, ladder, notebooks)"; exit 2 ;;
     esac
 done
 exit $rc
