@@ -2,13 +2,13 @@
 # jupyter:
 #   jupytext:
 #     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
 #     text_representation:
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -25,16 +25,22 @@
 # **After this notebook you will be able to**
 #
 # - say what a Triton *program* and a *grid* are, and choose the grid of a kernel;
+# - write a RoPE kernel in a few lines, then grow it: masks for any head dim, strides for any
+#   layout, dtypes, up to the kernel ropelib ships;
 # - tell `BLOCK_SIZE` (the tile of data a program works on) from `num_warps` (the threads that
-#   work on it);
-# - load a row whose length is not a power of two with power-of-two tiles and a mask;
-# - load the two halves of a head separately, as rotate-half needs;
+#   work on it), and say why one small program per row cannot keep a GPU's memory busy;
+# - see which 32-byte sectors a load or store touches, measured from a real launch, and why
+#   stride-2 accesses cost more than a contiguous load split in registers;
 # - debug a kernel on the CPU in Triton's interpreter: print inside it, catch out-of-bounds
 #   accesses, and know where the interpreter differs from a GPU;
 # - check a kernel against the reference the way ropelib's tests do.
 #
 # Everything runs on a GPU, or on the CPU through Triton's interpreter (`TRITON_INTERPRET=1`),
 # where sizes are chosen small automatically.
+#
+# **Time budget.** Running every cell takes about 10 s on the CPU in the interpreter
+# (measured: 8 s for the whole notebook run as a test, on 2 CPU cores). Reading it and trying
+# the suggested edits takes about an hour; the kernel exercise at the end, 20–40 minutes more.
 
 # %%
 import os, torch
@@ -44,20 +50,17 @@ import ropelib
 device = ropelib.default_device()
 
 # %%
-from pathlib import Path
-
 import matplotlib.pyplot as plt
+import numpy as np
 import triton
 import triton.language as tl
 
-from ropelib import reference, runtime
+from ropelib import access, reference, runtime
 from ropelib.compare import error_metrics
 from ropelib.exercises import kernels as ex
 from ropelib.exercises import solution
-from ropelib.kernels.naive import _rope_naive_kernel, half_tile, naive_grid, rope_naive
 
-ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "ropelib").is_dir())
-FIGURES = ropelib.runtime.figures_dir()   # a scratch folder (ROPELIB_WRITE_FIGURES=1: figures/)
+FIGURES = runtime.figures_dir()   # a scratch folder (ROPELIB_WRITE_FIGURES=1: figures/)
 GPU = runtime.on_gpu()
 print(runtime.mode())
 
@@ -102,16 +105,47 @@ print(freqs.shape, freqs.dtype, "->", y_ref.shape, y_ref.dtype)
 # multiprocessor, and the compiler spreads its tiles over the block's threads; in the
 # interpreter the programs run one after another as Python.
 #
-# The naive choice: **one program per row** `x[s, b, h, :]`, all on one grid axis,
-# so the grid has $S \cdot B \cdot H$ programs. Program `row` splits its id into
-# $(s, b, h)$ with $h$ moving fastest, the order the rows of a contiguous sbhd tensor lie in
-# memory:
+# The naive choice: **one program per row** `x[s, b, h, :]`, all on one grid axis, with $h$
+# moving fastest, then $b$, then $s$ — the order the rows of a contiguous sbhd tensor lie in
+# memory.
+#
+# **Before reading on**, answer two questions in code. Replace the `...` and run the cell: the
+# check prints ✅ or ❌ and never stops the notebook. The solutions are folded away below, and
+# the rest of this section gives the answers.
+#
+# **Exercise 1.** Return the naive kernel's launch grid for `x [S, B, H, D]` (a tuple).
+
+# %%
+def my_naive_grid(S, B, H):
+    ...  # your code
+
+
+ex.check_naive_grid(my_naive_grid);
+
+# %%
+solution(ex.solution_naive_grid)
+
+# %% [markdown]
+# **Exercise 2.** Program `row` of that grid rotates which row `(s, b, h)` of `x [S, B, H, D]`?
+
+# %%
+def my_row_index(row, S, B, H):
+    ...  # your code
+
+
+ex.check_row_index(my_row_index);
+
+# %%
+solution(ex.solution_row_index)
+
+# %% [markdown]
+# The grid has $S \cdot B \cdot H$ programs, and program `row` splits its id into $(s, b, h)$:
 #
 # $$ s = \lfloor \text{row} / (BH) \rfloor, \quad b = \lfloor \text{row} / H \rfloor \bmod B,
 #    \quad h = \text{row} \bmod H . $$
 
 # %%
-grid = naive_grid(S, B, H)
+grid = (S * B * H,)   # one program per row, all on axis 0
 print(f"grid = {grid}: {grid[0]:,} programs, each rotating one row of {D} features")
 
 rows = torch.arange(grid[0])
@@ -123,7 +157,7 @@ assert torch.equal(s_idx * xc.stride(0) + b_idx * xc.stride(1) + h_idx * xc.stri
 
 # %% [markdown]
 # The figure shows it for a toy tensor: each cell is one program, labelled with its id. On the
-# right, the tile one program loads for a head of $D = 72$ (next section).
+# right, the tile one program loads for a head of $D = 72$ (section 3.2).
 
 # %%
 def draw_grid_and_masks(path):
@@ -140,7 +174,8 @@ def draw_grid_and_masks(path):
     a.set_xticks([i + 0.5 for i in range(B_ * H_)], [f"b{i // H_}h{i % H_}" for i in range(B_ * H_)])
     a.set_yticks([S_ - 0.5 - s for s in range(S_)], [f"s={s}" for s in range(S_)])
     a.set_title(f"naive grid: one program per row\n(S={S_}, B={B_}, H={H_}: {S_ * B_ * H_} programs)")
-    half, block = half_tile(72)
+    half = 72 // 2
+    block = triton.next_power_of_2(half)
     for r, name in enumerate(("x1 = x[..., :36]", "x2 = x[..., 36:]")):
         for lane in range(block):
             live = lane < half
@@ -162,84 +197,270 @@ draw_grid_and_masks(FIGURES / "03-grid-and-masks.png")
 # ![The naive grid and the masked tiles of a D = 72 head](../figures/03-grid-and-masks.png)
 
 # %% [markdown]
-# ## 3. The kernel
+# ## 3. The kernel, one step at a time
 #
-# This is `ropelib/kernels/naive.py`'s kernel, shown as it is in ropelib (a test checks that
-# this copy is the code that runs):
+# ### 3.1 The smallest RoPE kernel
 #
-# <!-- ropelib-source: ropelib.kernels.naive._rope_naive_kernel -->
-# ```python
-# @triton.jit
-# def _rope_naive_kernel(
-#     x_ptr,  # *x: input [S, B, H, D], any strides
-#     y_ptr,  # *y: output [S, B, H, D], same dtype as x, last dim contiguous
-#     freqs_ptr,  # *fp32: angles [P, D], P >= S (row s holds the D angles of position s)
-#     B,  # batch size: splits the program id into (s, b, h)
-#     H,  # number of heads
-#     stride_xs, stride_xb, stride_xh, stride_xd,  # x strides, in elements
-#     stride_ys, stride_yb, stride_yh,  # y strides, in elements (stride_yd == 1)
-#     stride_fs, stride_fd,  # freqs strides, in elements
-#     HALF: tl.constexpr,  # D // 2: features in each half (any size, 72/2 = 36 included)
-#     BLOCK_HALF: tl.constexpr,  # next power of two >= HALF: the tile each half is loaded in
-#     BACKWARD: tl.constexpr,  # False: y = R(theta) x; True: y = R(theta)^T x = R(-theta) x
-#     COMPUTE_DTYPE: tl.constexpr,  # tl.float32 (tl.float64 for fp64 inputs)
-#     BF16_RTNE: tl.constexpr,  # round bf16 to nearest even by hand (the interpreter truncates)
-# ):
-#     # One program = one row x[s, b, h, :]. int64 so row offsets cannot overflow on huge tensors.
-#     row = tl.program_id(0).to(tl.int64)
-#     s = row // (B * H)
-#     b = (row // H) % B
-#     h = row % H
+# Start with the least that works: a contiguous fp32 `x`, a head dim whose half is a power of
+# two, TE's `cat(f, f)` table. One program rotates one row; program `row` finds its position as
+# `row // (B*H)` because the $B \cdot H$ rows of one position lie next to each other. A loaded
+# tile cannot be sliced, so the two halves are loaded as two tiles, from `offs` and `HALF + offs`.
 #
-#     # Tiles are powers of two; the mask switches off the lanes past HALF (e.g. 36 of 64).
-#     offs = tl.arange(0, BLOCK_HALF)  # [BLOCK_HALF] feature index within a half
-#     mask = offs < HALF
+# This cell is meant to be changed: swap a sign, load the wrong half, use `row` instead of `s`
+# for the angles — and rerun it and the check below to see what breaks.
+
+# %%
+@triton.jit
+def _rope_step1_kernel(
+    x_ptr,  # *fp32: x [S, B, H, D], contiguous
+    y_ptr,  # *fp32: y [S, B, H, D], contiguous
+    freqs_ptr,  # *fp32: angles [S, D], contiguous, cat(f, f)
+    BH,  # B * H: the rows that share a position
+    HALF: tl.constexpr,  # D // 2, a power of two in this first version
+):
+    row = tl.program_id(0)  # one program per row x[s, b, h, :]
+    s = row // BH  # the position of this row
+    offs = tl.arange(0, HALF)  # [HALF] feature index within a half
+    theta = tl.load(freqs_ptr + s * 2 * HALF + offs)  # cat(f, f): both halves use these angles
+    x1 = tl.load(x_ptr + row * 2 * HALF + offs)
+    x2 = tl.load(x_ptr + row * 2 * HALF + HALF + offs)
+    c, sn = tl.cos(theta), tl.sin(theta)
+    tl.store(y_ptr + row * 2 * HALF + offs, x1 * c - x2 * sn)
+    tl.store(y_ptr + row * 2 * HALF + HALF + offs, x2 * c + x1 * sn)
+
+
+x32 = x.float()
+f2 = freqs.view(S, D)                                          # [S, D]: the table without the 1, 1
+y1 = torch.full_like(x32, float("nan"))                        # poisoned: unwritten stays NaN
+_rope_step1_kernel[(S * B * H,)](x32, y1, f2, B * H, HALF=D // 2)
+torch.testing.assert_close(y1, reference.rope_reference(x32, freqs), atol=1e-5, rtol=1e-5)
+print(f"step 1: {S * B * H} programs, matches the reference (fp32, D={D})")
+
+# %% [markdown]
+# ### 3.2 Any head dim: power-of-two tiles and masks
 #
-#     # Angles of position s for both halves, then cos/sin in COMPUTE_DTYPE (fp32 math).
-#     f_row = freqs_ptr + s * stride_fs
-#     theta1 = tl.load(f_row + offs * stride_fd, mask=mask, other=0.0).to(COMPUTE_DTYPE)
-#     theta2 = tl.load(f_row + (offs + HALF) * stride_fd, mask=mask, other=0.0).to(COMPUTE_DTYPE)
-#     cos1 = tl.cos(theta1)
-#     cos2 = tl.cos(theta2)
-#     if BACKWARD:
-#         # The transpose of [[c1, -s1], [s2, c2]] is [[c1, s2], [-s1, c2]]: swap and negate the
-#         # sines. With TE's cat(f, f) table s1 == s2, so this is the rotation by -theta.
-#         sin1 = -tl.sin(theta2)
-#         sin2 = -tl.sin(theta1)
-#     else:
-#         sin1 = tl.sin(theta1)
-#         sin2 = tl.sin(theta2)
+# `tl.arange(0, N)` only exists for a power of two $N$: register tiles are laid out over threads
+# in powers of two. Asking for 36 lanes fails at compile time (or, in the interpreter, when the
+# line runs):
+
+# %%
+@triton.jit
+def _arange_36_kernel(out_ptr):  # out_ptr: *int32 [64]
+    offs = tl.arange(0, 36)
+    tl.store(out_ptr + offs, offs)
+
+
+try:
+    _arange_36_kernel[(1,)](torch.zeros(64, dtype=torch.int32, device=device))
+    raise AssertionError("tl.arange(0, 36) should have been refused")
+except Exception as exc:  # CompilationError on a GPU, InterpreterError in the interpreter
+    message = str(exc)
+    assert "power of 2" in message
+    print(type(exc).__name__, "->", next(l for l in message.splitlines() if "power of 2" in l).strip())
+
+# %% [markdown]
+# **Exercise 3.** Then how would you load a half of $D/2$ features? For a head dim `D`, return
+# `(HALF, BLOCK_HALF, masked)`: features per half, the power-of-two tile each half is loaded
+# in, and how many lanes of that tile must be switched off. (The figure of section 2 shows
+# $D = 72$.)
+
+# %%
+def my_half_tile(D):
+    ...  # your code
+
+
+ex.check_half_tile(my_half_tile);
+
+# %%
+solution(ex.solution_half_tile)
+
+# %% [markdown]
+# So a half of $D/2$ features is loaded as a tile of the next power of two, `BLOCK_HALF`, and a
+# **mask** switches off the lanes past the end: `tl.load(ptr + offs, mask=offs < HALF,
+# other=0.0)` neither reads the masked lanes (they get `other`) nor does the masked `tl.store`
+# write them. Head dims used in practice — 72, 80, 96 — all need it; 64 and 128 do not, and the
+# mask then costs nothing. Step 2 also loads the angles of the second half on their own
+# ($\theta_{j+D/2}$), so it follows the per-feature formula of section 1 for any table, not only
+# `cat(f, f)`.
+
+# %%
+@triton.jit
+def _rope_step2_kernel(
+    x_ptr,  # *fp32: x [S, B, H, D], contiguous
+    y_ptr,  # *fp32: y [S, B, H, D], contiguous
+    freqs_ptr,  # *fp32: angles [S, D], contiguous, any table
+    BH,  # B * H: the rows that share a position
+    HALF: tl.constexpr,  # D // 2: any size now (72 / 2 = 36)
+    BLOCK_HALF: tl.constexpr,  # next power of two >= HALF: the tile each half is loaded in
+):
+    row = tl.program_id(0)
+    s = row // BH
+    offs = tl.arange(0, BLOCK_HALF)
+    mask = offs < HALF  # lanes past HALF neither load nor store
+    f_row = freqs_ptr + s * 2 * HALF
+    theta1 = tl.load(f_row + offs, mask=mask, other=0.0)
+    theta2 = tl.load(f_row + HALF + offs, mask=mask, other=0.0)  # per feature: any table works
+    x_row = x_ptr + row * 2 * HALF
+    x1 = tl.load(x_row + offs, mask=mask, other=0.0)
+    x2 = tl.load(x_row + HALF + offs, mask=mask, other=0.0)
+    y_row = y_ptr + row * 2 * HALF
+    tl.store(y_row + offs, x1 * tl.cos(theta1) - x2 * tl.sin(theta1), mask=mask)
+    tl.store(y_row + HALF + offs, x2 * tl.cos(theta2) + x1 * tl.sin(theta2), mask=mask)
+
+
+for d in (64, 72, 80, 96):
+    xs = torch.randn(min(S, 8), B, H, d, device=device)
+    fs = torch.rand(xs.shape[0], d, device=device) * 6        # a table that is not cat(f, f)
+    ys = torch.full_like(xs, float("nan"))
+    half, block = d // 2, triton.next_power_of_2(d // 2)
+    _rope_step2_kernel[(xs.shape[0] * B * H,)](xs, ys, fs, B * H, HALF=half, BLOCK_HALF=block)
+    torch.testing.assert_close(ys, reference.rope_reference(xs, fs), atol=1e-5, rtol=1e-5)
+    print(f"step 2, D={d:3d}: HALF={half} in a tile of {block} ({block - half:2d} lanes masked), "
+          "matches the reference")
+
+# %% [markdown]
+# ### 3.3 Any layout and dtype: strides
 #
-#     # A loaded tile cannot be sliced, so the two halves are loaded as two tiles.
-#     x_row = x_ptr + s * stride_xs + b * stride_xb + h * stride_xh
-#     x1 = tl.load(x_row + offs * stride_xd, mask=mask, other=0.0).to(COMPUTE_DTYPE)
-#     x2 = tl.load(x_row + (offs + HALF) * stride_xd, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+# Real inputs are views: a `[B, S, H, D]` tensor transposed to sbhd, an angle table longer than
+# the sequence. Pointers are plain addresses plus offsets in *elements*, so the kernel takes
+# every stride and reads any view without a copy. With strides the rows are no longer at
+# `row * D`, so the program splits its id into $(s, b, h)$ — $h$ fastest, the order of the rows
+# of a contiguous sbhd tensor — as int64 so that offsets of tensors beyond $2^{31}$ elements
+# cannot overflow. The data is loaded in its own dtype and converted to fp32 for the math; the
+# result is rounded once, at the store. The output is allocated contiguous, so it needs no
+# strides.
+
+# %%
+@triton.jit
+def _rope_step3_kernel(
+    x_ptr,  # *x: [S, B, H, D], any strides, fp16/bf16/fp32
+    y_ptr,  # *y: [S, B, H, D], contiguous, x's dtype
+    freqs_ptr,  # *fp32: angles [P, D], P >= S
+    B,  # batch size: splits the program id into (s, b, h)
+    H,  # number of heads
+    stride_xs, stride_xb, stride_xh, stride_xd,  # x strides, in elements
+    stride_fs, stride_fd,  # freqs strides, in elements
+    HALF: tl.constexpr,  # D // 2
+    BLOCK_HALF: tl.constexpr,  # next power of two >= HALF
+):
+    row = tl.program_id(0).to(tl.int64)  # int64: no overflow on huge tensors
+    s = row // (B * H)
+    b = (row // H) % B
+    h = row % H
+    offs = tl.arange(0, BLOCK_HALF)
+    mask = offs < HALF
+    f_row = freqs_ptr + s * stride_fs
+    theta1 = tl.load(f_row + offs * stride_fd, mask=mask, other=0.0)
+    theta2 = tl.load(f_row + (offs + HALF) * stride_fd, mask=mask, other=0.0)
+    x_row = x_ptr + s * stride_xs + b * stride_xb + h * stride_xh
+    x1 = tl.load(x_row + offs * stride_xd, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_row + (offs + HALF) * stride_xd, mask=mask, other=0.0).to(tl.float32)
+    y1 = x1 * tl.cos(theta1) - x2 * tl.sin(theta1)
+    y2 = x2 * tl.cos(theta2) + x1 * tl.sin(theta2)
+    y_row = y_ptr + row * 2 * HALF  # y is contiguous: row r starts at element r * D
+    tl.store(y_row + offs, y1.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_row + HALF + offs, y2.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def rope_step3(x, freqs):
+    """Launch step 3: x [S, B, H, D] any strides, freqs [P, 1, 1, D] or [P, D] fp32."""
+    S_, B_, H_, D_ = x.shape
+    f = freqs.reshape(freqs.shape[0], D_)
+    y = torch.full(x.shape, float("nan"), dtype=x.dtype, device=x.device)
+    _rope_step3_kernel[(S_ * B_ * H_,)](x, y, f, B_, H_, *x.stride(), *f.stride(),
+                                        HALF=D_ // 2, BLOCK_HALF=triton.next_power_of_2(D_ // 2))
+    return y
+
+
+xt = torch.randn(B, min(S, 8), H, 80, device=device).transpose(0, 1)   # bshd seen as sbhd
+ft = ex.te_angles(xt.shape[0] + 10, 80, device=device)                # a table with a margin
+for dtype in (torch.float32, torch.bfloat16):
+    m = error_metrics(rope_step3(xt.to(dtype), ft), reference.rope_reference(xt.to(dtype), ft))
+    # fp32 ulps near zero mean little: report them for bf16 only
+    ulps = "" if dtype == torch.float32 else f", max ulp err {m['max_ulp_err']:.2f}"
+    print(f"step 3, {str(dtype):14} bshd view, D=80, table of {ft.shape[0]} positions: "
+          f"max abs err {m['max_abs_err']:.1e}{ulps}")
+    assert m["max_abs_err"] < (1e-5 if dtype == torch.float32 else 0.05)
+
+# %% [markdown]
+# Step 3 is a complete naive RoPE kernel. On the CPU its bf16 outputs may be one unit in the
+# last place off: the interpreter's `.to(tl.bfloat16)` truncates where a GPU rounds to nearest
+# (section 6.3 shows it).
 #
-#     # rotate-half: y = x * cos + [-x2, x1] * sin, in COMPUTE_DTYPE, rounded once on the store.
-#     y1 = x1 * cos1 - x2 * sin1
-#     y2 = x2 * cos2 + x1 * sin2
-#     y_row = y_ptr + s * stride_ys + b * stride_yb + h * stride_yh
-#     tl.store(y_row + offs, round_to(y1, y_ptr.dtype.element_ty, BF16_RTNE), mask=mask)
-#     tl.store(y_row + HALF + offs, round_to(y2, y_ptr.dtype.element_ty, BF16_RTNE), mask=mask)
-# ```
+# ### 3.4 The kernel ropelib ships
 #
-# Read it top to bottom:
+# `ropelib.kernels.naive` adds three compile-time switches to step 3 — a test checks that this
+# cell is the code in ropelib, line for line:
 #
-# - **where am I:** the program id becomes $(s, b, h)$, as int64 so that offsets of tensors
-#   beyond $2^{31}$ elements cannot overflow;
-# - **the tile:** `offs = tl.arange(0, BLOCK_HALF)` and `mask = offs < HALF` (section 5);
-# - **the angles:** both halves' angles of position $s$, then `tl.cos`/`tl.sin` in fp32 (fp64
-#   when x is fp64, so that `gradcheck` works in notebook 05) — computed in the kernel, so no
-#   cos/sin table is ever written to memory;
-# - **the data:** the two halves as two loads (section 6), converted to fp32;
-# - **the math:** the two formulas of section 1, in fp32, and **one rounding** to the output
-#   dtype at the store (`round_to`, section 7.3 says why it is not just `.to`);
-# - **`BACKWARD`:** a compile-time switch for the gradient (notebook 05). Constexpr arguments are
-#   baked into the compiled code: each value gets its own specialised kernel.
+# - **`BACKWARD`** rotates by $-\theta$, which turns `grad_y` into `grad_x` (notebook 05);
+# - **`COMPUTE_DTYPE`** is fp32, or fp64 for fp64 inputs, so that `gradcheck` works;
+# - **`BF16_RTNE`** makes the store round bf16 to nearest even by hand (`round_to`) when the
+#   interpreter would truncate; on a GPU it is False and `round_to` is a plain cast.
 #
-# Pointers are plain addresses plus offsets in *elements*, so the kernel takes every stride and
-# reads any view (a transposed bshd tensor, a stride-0 expand) without a copy. The launcher
-# validates the inputs, allocates a contiguous output and picks the constexprs:
+# Constexpr arguments are baked into the compiled code: each value gets its own specialised
+# kernel, so a switch that is off costs nothing. The output may also be a given tensor
+# (`out=`), hence `y`'s strides.
+
+# %%
+from ropelib.kernels.common import BF16_RTNE, round_to   # the rounding helper the kernel calls
+
+# %%
+# ropelib-source: ropelib.kernels.naive._rope_naive_kernel
+@triton.jit
+def _rope_naive_kernel(
+    x_ptr,  # *x: input [S, B, H, D], any strides
+    y_ptr,  # *y: output [S, B, H, D], same dtype as x, last dim contiguous
+    freqs_ptr,  # *fp32: angles [P, D], P >= S (row s holds the D angles of position s)
+    B,  # batch size: splits the program id into (s, b, h)
+    H,  # number of heads
+    stride_xs, stride_xb, stride_xh, stride_xd,  # x strides, in elements
+    stride_ys, stride_yb, stride_yh,  # y strides, in elements (stride_yd == 1)
+    stride_fs, stride_fd,  # freqs strides, in elements
+    HALF: tl.constexpr,  # D // 2: features in each half (any size, 72/2 = 36 included)
+    BLOCK_HALF: tl.constexpr,  # next power of two >= HALF: the tile each half is loaded in
+    BACKWARD: tl.constexpr,  # False: y = R(theta) x; True: y = R(theta)^T x = R(-theta) x
+    COMPUTE_DTYPE: tl.constexpr,  # tl.float32 (tl.float64 for fp64 inputs)
+    BF16_RTNE: tl.constexpr,  # round bf16 to nearest even by hand (the interpreter truncates)
+):
+    # One program = one row x[s, b, h, :]. int64 so row offsets cannot overflow on huge tensors.
+    row = tl.program_id(0).to(tl.int64)
+    s = row // (B * H)
+    b = (row // H) % B
+    h = row % H
+
+    # Tiles are powers of two; the mask switches off the lanes past HALF (e.g. 36 of 64).
+    offs = tl.arange(0, BLOCK_HALF)  # [BLOCK_HALF] feature index within a half
+    mask = offs < HALF
+
+    # Angles of position s for both halves, then cos/sin in COMPUTE_DTYPE (fp32 math).
+    f_row = freqs_ptr + s * stride_fs
+    theta1 = tl.load(f_row + offs * stride_fd, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+    theta2 = tl.load(f_row + (offs + HALF) * stride_fd, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+    cos1 = tl.cos(theta1)
+    cos2 = tl.cos(theta2)
+    if BACKWARD:
+        # The transpose of [[c1, -s1], [s2, c2]] is [[c1, s2], [-s1, c2]]: swap and negate the
+        # sines. With TE's cat(f, f) table s1 == s2, so this is the rotation by -theta.
+        sin1 = -tl.sin(theta2)
+        sin2 = -tl.sin(theta1)
+    else:
+        sin1 = tl.sin(theta1)
+        sin2 = tl.sin(theta2)
+
+    # A loaded tile cannot be sliced, so the two halves are loaded as two tiles.
+    x_row = x_ptr + s * stride_xs + b * stride_xb + h * stride_xh
+    x1 = tl.load(x_row + offs * stride_xd, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+    x2 = tl.load(x_row + (offs + HALF) * stride_xd, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+
+    # rotate-half: y = x * cos + [-x2, x1] * sin, in COMPUTE_DTYPE, rounded once on the store.
+    y1 = x1 * cos1 - x2 * sin1
+    y2 = x2 * cos2 + x1 * sin2
+    y_row = y_ptr + s * stride_ys + b * stride_yb + h * stride_yh
+    tl.store(y_row + offs, round_to(y1, y_ptr.dtype.element_ty, BF16_RTNE), mask=mask)
+    tl.store(y_row + HALF + offs, round_to(y2, y_ptr.dtype.element_ty, BF16_RTNE), mask=mask)
+
+# %% [markdown]
+# The launcher validates the inputs, allocates a contiguous output and picks the constexprs:
 #
 # <!-- ropelib-source: ropelib.kernels.naive.rope_naive -->
 # ```python
@@ -274,16 +495,28 @@ draw_grid_and_masks(FIGURES / "03-grid-and-masks.png")
 #     )
 #     return y
 # ```
+#
+# Launched with the same arguments, the kernel of the cell above gives the same bits as
+# `rope_naive` — and in fp32, as step 3:
 
 # %%
-y = rope_naive(x, freqs)
-err = error_metrics(y, reference.rope_reference(x, freqs, compute_dtype=torch.float64))
-print(f"naive kernel vs fp64 reference (bf16 output): max abs err {err['max_abs_err']:.2e}, "
-      f"max ulp err {err['max_ulp_err']:.2f}")
-assert err["max_ulp_err"] <= 1.0          # at most one unit in the last place of bf16
+from ropelib.kernels.naive import rope_naive
 
+for dtype in (torch.float32, torch.bfloat16):
+    xd = xt.to(dtype)
+    fd = ft.view(ft.shape[0], 80)
+    mine = torch.full(xd.shape, float("nan"), dtype=dtype, device=device)
+    _rope_naive_kernel[(xd.shape[0] * B * H,)](
+        xd, mine, fd, B, H, *xd.stride(), *mine.stride()[:3], *fd.stride(),
+        HALF=40, BLOCK_HALF=64, BACKWARD=False, COMPUTE_DTYPE=tl.float32, BF16_RTNE=BF16_RTNE)
+    assert torch.equal(mine, rope_naive(xd, ft)), "the notebook's copy and ropelib's kernel differ"
+    step3_same = (rope_step3(xd, ft) == mine).float().mean().item()
+    print(f"{str(dtype):14}: this cell's kernel == rope_naive bit for bit; step 3 agrees on "
+          f"{step3_same:.0%} of the outputs")
+    if dtype == torch.float32 and runtime.INTERPRET:   # same fp32 operations, same order
+        assert step3_same == 1.0
 # %% [markdown]
-# ## 4. `BLOCK_SIZE` vs `num_warps`
+# ## 4. `BLOCK_SIZE` vs `num_warps`, and bytes in flight
 #
 # Two numbers are easy to mix up:
 #
@@ -296,84 +529,221 @@ assert err["max_ulp_err"] <= 1.0          # at most one unit in the last place o
 # For $D = 128$ each half is a tile of 64 elements. With 1 warp each thread holds 2 of them;
 # with 4 warps, 128 threads share 64 elements, so half the threads hold copies and do no
 # useful work. The result cannot depend on it; only the speed can. `rope_naive` picks one warp
-# per 128 elements of a half (`default_num_warps`), and takes `num_warps=` to try others.
+# per 128 elements of a half (`default_num_warps`: one warp for $D = 128$), and takes
+# `num_warps=` to try others.
+#
+# **In the interpreter `num_warps` does nothing**: it runs each program as one NumPy
+# computation on whole tiles, with no threads, and ignores the option. The four results below
+# are bit-identical on the CPU for that reason alone, so there this cell proves nothing about
+# warps. On a GPU it is a real test — four compiled kernels, four thread layouts — and the
+# timings show what the choice costs.
 
 # %%
 results = {nw: rope_naive(x, freqs, num_warps=nw) for nw in (1, 2, 4, 8)}
 for nw, out in results.items():
     assert torch.equal(out, results[1]), f"num_warps={nw} changed the result"
-print("num_warps 1, 2, 4, 8: bit-identical results")
+print("num_warps 1, 2, 4, 8: bit-identical results" +
+      ("" if GPU else " (the interpreter ignores num_warps)"))
 
 if GPU:
     from triton.testing import do_bench
     nbytes = 2 * x.numel() * x.element_size()
     for nw in (1, 2, 4, 8):
-        ms = do_bench(lambda: rope_naive(x, freqs, num_warps=nw))
+        ms = do_bench(lambda: rope_naive(x, freqs, num_warps=nw), quantiles=[0.5, 0.2, 0.8])[0]
         print(f"num_warps={nw}: {ms * 1e3:8.1f} us  {nbytes / ms / 1e6:7.0f} GB/s (x read + y written)")
 else:
-    print("(timings need a GPU: in the interpreter, programs run one by one in Python)")
+    print("(timings need a GPU: in the interpreter programs run one by one in Python, and "
+          "num_warps is not used)")
 
 # %% [markdown]
-# ## 5. Masks and power-of-two tiles
+# **Why the naive kernel is slow on a GPU.** ropelib's benchmark on an H100
+# (`benchmarks/results/generations.csv`, bf16, $S=16384, B=8, H=32, D=128$) measured the naive
+# kernel at 853 GB/s against 3002 GB/s for a plain device copy of the same tensor: **28 %**.
+# The kernel does almost no arithmetic; what limits it is how many bytes are *in flight*.
 #
-# `tl.arange(0, N)` only exists for a power of two $N$: register tiles are laid out over threads
-# in powers of two. Asking for 36 lanes fails at compile time (or, in the interpreter, when the
-# line runs):
+# Little's law says a memory system delivers bandwidth $\times$ latency bytes only if that many
+# bytes are requested and not yet returned at every moment. With about 3 TB/s and a DRAM
+# latency of roughly 0.6–0.8 µs (an order of magnitude, not measured here), an H100 needs about
+# 2 MB in flight: some 15 KB for each of its 132 streaming multiprocessors (SMs). A naive program
+# with $D = 128$ in bf16 loads two 128-byte halves — 256 bytes of `x` — then waits, computes and
+# stores. It runs as one warp, and an SM holds at most 32 such programs at a time (its limit on
+# resident thread blocks), so it has at most $32 \times 256 \text{ B} = 8 \text{ KB}$ of `x`
+# requested at once, and less while programs start, compute and store. Half the needed bytes in
+# flight at best, plus the cost of starting 4 million programs of 512 bytes each: hence 28 %.
+#
+# More warps per program do not help — they would hold copies of the same 64-element tiles. What
+# helps is more bytes per program: several rows in one program (notebook 04 and ropelib's
+# finished kernel), so each SM keeps many loads outstanding.
+
+# %% [markdown]
+# ## 5. Coalescing, made visible
+#
+# A GPU does not move single elements between memory and its SMs. The unit is a **sector** of
+# 32 aligned bytes (a 128-byte cache line is four of them). When the 32 threads of a warp run a
+# load, the hardware gathers the addresses of all of them and fetches every sector they touch,
+# once; a load is *coalesced* when its lanes cover whole sectors, so every byte fetched is
+# used. The L1 cache of each SM keeps recently loaded sectors, so a second load of the same
+# sectors soon after is served from L1 without going back to L2 or DRAM. Stores are different:
+# L1 does not collect them — each store instruction sends its sectors on to L2 at once, with a
+# mask of the bytes it writes. L1 softens a wasteful pattern of loads, but not of stores.
+#
+# Three ways to load and store the pairs of a row, as RoPE kernels do:
+#
+# - **(a) rotate-half**: the two halves are two contiguous runs (`offs`, `HALF + offs`);
+# - **(b) interleaved, stride 2**: the even features `2*j` and the odd `2*j + 1` as two loads,
+#   the way the exercise at the end can be solved;
+# - **(c) interleaved, one contiguous load split in registers**: a `[pairs, 2]` tile at offsets
+#   `2*j[:, None] + [0, 1]` is one contiguous run; `tl.split` separates even and odd in
+#   registers, `tl.join` puts them back for one contiguous store.
+#
+# (b) and (c) below are a pair swap, `y[2j] = x[2j+1]`, `y[2j+1] = x[2j]`: RoPE's data
+# movement without its arithmetic. Nothing here is computed from the source:
+# `ropelib.access.record` runs a launch in the interpreter with `tl.load`/`tl.store` wrapped
+# and returns the byte address of every lane each instruction touched.
 
 # %%
 @triton.jit
-def _arange_36_kernel(out_ptr):  # out_ptr: *int32 [64]
-    offs = tl.arange(0, 36)
-    tl.store(out_ptr + offs, offs)
+def _pair_swap_kernel(
+    x_ptr,  # *x: [n_rows, D], contiguous
+    y_ptr,  # *y: [n_rows, D], contiguous: y[2j] = x[2j+1], y[2j+1] = x[2j]
+    n_rows,  # rows of x
+    D: tl.constexpr,  # features per row, a power of two
+    ROWS: tl.constexpr,  # rows per program
+    STRIDED_LOAD: tl.constexpr,  # True: two stride-2 loads; False: one contiguous load + tl.split
+    STRIDED_STORE: tl.constexpr,  # True: two stride-2 stores; False: tl.join + one contiguous store
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # [ROWS]
+    j = tl.arange(0, D // 2)  # [D/2] pair index
+    even = rows[:, None] * D + 2 * j[None, :]  # [ROWS, D/2] offsets of the even features
+    pair = even[:, :, None] + tl.arange(0, 2)[None, None, :]  # [ROWS, D/2, 2]: one contiguous run
+    live = rows[:, None] < n_rows
+    if STRIDED_LOAD:
+        a = tl.load(x_ptr + even, mask=live)
+        b = tl.load(x_ptr + even + 1, mask=live)
+    else:
+        a, b = tl.split(tl.load(x_ptr + pair, mask=live[:, :, None]))
+    if STRIDED_STORE:
+        tl.store(y_ptr + even, b, mask=live)
+        tl.store(y_ptr + even + 1, a, mask=live)
+    else:
+        tl.store(y_ptr + pair, tl.join(b, a), mask=live[:, :, None])
 
 
-try:
-    _arange_36_kernel[(1,)](torch.zeros(64, dtype=torch.int32, device=device))
-    raise AssertionError("tl.arange(0, 36) should have been refused")
-except Exception as exc:  # CompilationError on a GPU, InterpreterError in the interpreter
-    message = str(exc)
-    assert "power of 2" in message
-    print(type(exc).__name__, "->", next(l for l in message.splitlines() if "power of 2" in l).strip())
+def pair_swap(x, strided_load, strided_store, rows_per_program=1, out=None):
+    y = torch.full_like(x, float("nan")) if out is None else out
+    grid = (triton.cdiv(x.shape[0], rows_per_program),)
+    _pair_swap_kernel[grid](x, y, x.shape[0], D=x.shape[1], ROWS=rows_per_program,
+                            STRIDED_LOAD=strided_load, STRIDED_STORE=strided_store)
+    return y
+
+
+xp = torch.randn(5, 128, device=device, dtype=torch.bfloat16)
+for sl in (False, True):
+    for ss in (False, True):
+        assert torch.equal(pair_swap(xp, sl, ss, 2), xp.view(5, 64, 2).flip(-1).reshape(5, 128))
+print("pair swap: all four load/store combinations correct")
 
 # %% [markdown]
-# So a half of $D/2$ features is loaded as a tile of the next power of two, and a **mask**
-# switches off the lanes past the end: `tl.load(ptr + offs, mask=offs < HALF, other=0.0)`
-# neither reads the masked lanes (they get `other`) nor does the masked `tl.store` write them.
-# Head dims used in practice — 72, 80, 96 — all need it; 64 and 128 do not, and the mask then
-# costs nothing. The kernel is right for each:
+# Now record one program of each pattern on one bf16 row of $D = 128$ (256 bytes: 8 sectors),
+# and keep the accesses to `x` and `y` (the rotate-half kernel also loads angles):
 
 # %%
-Dims = (64, 72, 80, 96, 128)
-for d in Dims:
-    xs = torch.randn(min(S, 64), B, H, d, device=device, dtype=torch.bfloat16)
-    fs = ex.te_angles(xs.shape[0], d, device=device)
-    half, block = half_tile(d)
-    m = error_metrics(rope_naive(xs, fs), reference.rope_reference(xs, fs))
-    print(f"D={d:4d}: HALF={half:3d} in a tile of {block:3d} ({block - half:2d} masked)  "
-          f"max ulp err {m['max_ulp_err']:.2f}")
-    assert m["max_ulp_err"] <= 1.0
+row_x = torch.randn(1, 1, 1, 128, dtype=torch.bfloat16)              # CPU: the interpreter records
+row_f = ex.te_angles(1, 128, device="cpu").view(1, 128)
+row_y = torch.empty_like(row_x)
+patterns = {
+    "(a) rotate-half: two contiguous halves": (
+        _rope_step3_kernel, (1,), (row_x, row_y, row_f, 1, 1, *row_x.stride(), *row_f.stride()),
+        dict(HALF=64, BLOCK_HALF=64)),
+    "(b) interleaved: stride-2 loads and stores": (
+        _pair_swap_kernel, (1,), (row_x.view(1, 128), row_y.view(1, 128), 1),
+        dict(D=128, ROWS=1, STRIDED_LOAD=True, STRIDED_STORE=True)),
+    "(c) interleaved: contiguous [64, 2] tile, tl.split / tl.join": (
+        _pair_swap_kernel, (1,), (row_x.view(1, 128), row_y.view(1, 128), 1),
+        dict(D=128, ROWS=1, STRIDED_LOAD=False, STRIDED_STORE=False)),
+}
+recorded = {}
+for name, (kernel, grid_, args, kw) in patterns.items():
+    log = access.record(kernel, grid_, *args, **kw)
+    mine = access.by_tensor(log, {"x": row_x, "y": row_y})
+    recorded[name] = [(t, a) for t in ("x", "y") for a in mine[t]]
+    xy = mine["x"] + mine["y"]
+    ld, st = access.summary(xy, "load"), access.summary(xy, "store")
+    print(name)
+    for what, stats in (("loads: ", ld), ("stores:", st)):
+        print(f"   {what} {stats['instructions']} instr., {stats['sectors moved']:2d} sectors moved, "
+              f"{stats['distinct sectors']} distinct, {stats['efficiency']:.0%} of moved bytes used")
+
+# the same bytes in all three, but (b) moves every sector twice, half used each time
+assert all(sum(len(a.addresses) for _, a in r) == 2 * 128 for r in recorded.values())
+eff = {n: access.summary([a for _, a in r], "store")["efficiency"] for n, r in recorded.items()}
+assert list(eff.values()) == [1.0, 0.5, 1.0]
+
+
+# %%
+def draw_sectors(recorded, path):
+    fig, axes = plt.subplots(len(recorded), 1, figsize=(9, 1.0 + 1.05 * len(recorded) * 2.2))
+    for ax, (name, accesses) in zip(axes, recorded.items()):
+        grid_ = np.zeros((len(accesses), 8))
+        labels = []
+        for i, (tensor, a) in enumerate(accesses):
+            base = (row_x if tensor == "x" else row_y).data_ptr()
+            for sector, used in access.sector_use(a, base).items():
+                grid_[i, sector] = used / access.SECTOR_BYTES
+            labels.append(f"{a.kind} {tensor}  ({len(a.addresses)} lanes)")
+        ax.imshow(grid_, cmap="Blues", vmin=0, vmax=1, aspect="auto")
+        for (i, k), v in np.ndenumerate(grid_):
+            if v:
+                ax.text(k, i, f"{v * 32:.0f} B", ha="center", va="center", fontsize=8,
+                        color="w" if v > 0.6 else "k")
+        ax.set_yticks(range(len(labels)), labels)
+        ax.set_xticks(range(8), [f"{32 * k}–{32 * k + 31}" for k in range(8)], fontsize=7)
+        ax.set_title(name, fontsize=10, loc="left")
+    axes[-1].set_xlabel("32-byte sector of the 256-byte row (bytes of it each instruction uses)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.show()
+
+
+draw_sectors(recorded, FIGURES / "03-access-sectors.png")
 
 # %% [markdown]
-# ## 6. Loading the two halves separately
+# ![Sectors touched by rotate-half, stride-2 and split loads and stores](../figures/03-access-sectors.png)
 #
-# In NumPy one would load the row and slice it, `x1, x2 = row[:HALF], row[HALF:]`. A Triton tile
-# is a value in registers spread over threads, not an array in memory: it cannot be sliced
-# after it is loaded. So the kernel loads the two halves **as two tiles** from two offset
-# vectors, `offs` and `offs + HALF`. Each load is a contiguous run of memory, so the threads'
-# accesses coalesce, and together they read exactly the row's bytes once. The rotated halves
-# are stored the same way.
+# Read the picture row by row. In (a) each instruction covers 4 whole sectors: every byte
+# moved is used. In (b) each instruction touches all 8 sectors of the row and uses 16 of the 32
+# bytes of each: the loads *request* twice the sectors they need. On a GPU the second stride-2
+# load finds those sectors in L1, so DRAM traffic stays the same and the cost is twice the load
+# instructions and L1 requests. The two stride-2 stores cannot be saved that way: each sends 8
+# half-written sectors to L2, twice the store traffic of (c). In (c) one instruction covers the
+# row in whole sectors, and the swap happens in registers: the pattern of ropelib's finished
+# kernel for the interleaved form (also wider per thread: 16-byte vector loads).
 #
-# (For the interleaved form, pairs $(2j, 2j+1)$, the offsets are `2*offs` and `2*offs + 1`:
-# exercise 4. Faster kernels load one contiguous tile of shape `[BLOCK, 2]` and split it with
-# `tl.split`, which keeps 16-byte vector loads; the finished kernel does that.)
+# On a GPU this cell measures it on a large tensor, 16 rows per program. A stride-2 load should
+# cost little (L1 catches it); a stride-2 store more.
+
+# %%
+if GPU:
+    from triton.testing import do_bench
+    xg = torch.randn(1 << 18, 128, device=device, dtype=torch.bfloat16)     # 64 MiB
+    yg = torch.empty_like(xg)
+    nbytes = 2 * xg.numel() * xg.element_size()
+    for sl, ss in ((False, False), (True, False), (False, True), (True, True)):
+        ms = do_bench(lambda: pair_swap(xg, sl, ss, 16, out=yg), quantiles=[0.5, 0.2, 0.8])[0]
+        kind = {False: "contiguous", True: "stride-2  "}
+        print(f"load {kind[sl]}  store {kind[ss]}: {ms * 1e3:7.1f} us  {nbytes / ms / 1e6:6.0f} GB/s")
+else:
+    print("Timings need a GPU: the interpreter runs programs one after another in Python, has no "
+          "caches and no sectors, so it cannot show what a memory pattern costs. The recorded "
+          "addresses above are the same on a GPU.")
 
 # %% [markdown]
-# ## 7. Debugging in the interpreter
+# ## 6. Debugging in the interpreter
 #
 # With `TRITON_INTERPRET=1` a kernel runs as ordinary Python on NumPy arrays. That makes three
 # things possible that a GPU does not offer so easily.
 #
-# ### 7.1 Print inside the kernel
+# ### 6.1 Print inside the kernel
 #
 # `tl.device_print` works everywhere (on a GPU its output goes to the terminal that started
 # Jupyter, not to the notebook); in the interpreter plain `print` works too and shows whole
@@ -395,14 +765,14 @@ def _peek_kernel(B, H, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr):
 
 
 if runtime.INTERPRET:
-    half, block = half_tile(72)
+    half, block = 36, triton.next_power_of_2(36)
     _peek_kernel[(2,)](2, 3, HALF=half, BLOCK_HALF=block)
 else:
     print("plain print() inside a kernel needs the interpreter: set TRITON_INTERPRET=1 before "
           "importing ropelib (its output would go to the terminal on a GPU)")
 
 # %% [markdown]
-# ### 7.2 Catch out-of-bounds accesses
+# ### 6.2 Catch out-of-bounds accesses
 #
 # A GPU does not complain when a kernel writes past the end of a row: it overwrites the next
 # row, or memory that is not yours. The interpreter does not check either — an unmasked access
@@ -449,7 +819,7 @@ def _rope_rows_debug_kernel(
 
 
 ROWS, D72 = 4, 72
-half, block = half_tile(D72)
+half, block = D72 // 2, triton.next_power_of_2(D72 // 2)
 xr = torch.randn(ROWS, D72, device=device)
 fr = torch.rand(ROWS, D72, device=device) * 6
 ref_rows = reference.rope_reference(xr.view(ROWS, 1, 1, D72), fr).view(ROWS, D72)
@@ -505,7 +875,7 @@ for mask_stores in (True, False):
 # then — the kind of bug that passes a test once and fails in training. Poisoned outputs and
 # guard bands are why ropelib's tests catch it every time.
 #
-# ### 7.3 Where the interpreter differs from a GPU
+# ### 6.3 Where the interpreter differs from a GPU
 #
 # The interpreter is a model of the GPU, not the GPU. One difference matters for RoPE: it casts
 # fp32 to bf16 by **truncation**, while a GPU (and `torch`) rounds to nearest even. A kernel
@@ -533,7 +903,7 @@ assert (differ > 0.3) if runtime.INTERPRET else (differ == 0.0)
 # the casts first.
 
 # %% [markdown]
-# ## 8. Correctness, the way ropelib's tests check it
+# ## 7. Correctness, the way ropelib's tests check it
 #
 # `tests/test_kernels_teaching.py` checks the kernel like this, and so should every kernel you
 # write:
@@ -579,53 +949,59 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16):
 #
 # ## Exercises
 #
-# Each cell checks your answer at once (✅ or ❌). The solutions are folded below each cell.
+# Exercises 1–3 came with the sections they belong to. The last one asks for a kernel.
 #
-# **1.** Return the naive kernel's launch grid for `x [S, B, H, D]` (a tuple).
+# **Exercise 4: write a kernel.** Rotate the **interleaved** form (GPT-J, RoFormer), where pair
+# $j$ is features $(2j, 2j+1)$, with **partial rotary**: only the first `R` features are rotated,
+# the last `D - R` pass through unchanged (as in models that rotate part of each head). The angle
+# table is TE's interleaved one, `[P, R]` with each angle twice: `f0 f0 f1 f1 …`, so pair $j$
+# turns by `freqs[s, 2j]`:
+#
+# $$ y_{2j} = x_{2j}\cos\theta_j - x_{2j+1}\sin\theta_j, \qquad
+#    y_{2j+1} = x_{2j+1}\cos\theta_j + x_{2j}\sin\theta_j, \qquad 0 \le j < R/2 , $$
+#
+# and $y_k = x_k$ for $k \ge R$. The check launches *your kernel* itself, one program per row,
+# on fresh random inputs (sbhd and a transposed bshd view, fp32 and bf16, a head dim whose pairs
+# do not fill a power-of-two tile, `R < D`), into an output buffer it allocates and fills with
+# NaN; only what your kernel stores counts. Write the body; keep the signature. Sections 3.2,
+# 3.3 and 5 have all the pieces.
 
 # %%
-def my_naive_grid(S, B, H):
+@triton.jit
+def my_rope_interleaved_kernel(
+    x_ptr,  # *x: input [S, B, H, D], any strides
+    y_ptr,  # *y: output [S, B, H, D], contiguous
+    freqs_ptr,  # *fp32: angles [P, R], contiguous, f0 f0 f1 f1 ...
+    B, H,  # batch size and heads: split the program id into (s, b, h)
+    stride_xs, stride_xb, stride_xh, stride_xd,  # x strides, in elements
+    D: tl.constexpr,  # head dim
+    R: tl.constexpr,  # rotary dim: even, <= D
+    BLOCK_PAIRS: tl.constexpr,  # next power of two >= D // 2
+):
     ...  # your code
 
 
-ex.check_naive_grid(my_naive_grid)
-solution(ex.solution_naive_grid)
-
-# %% [markdown]
-# **2.** For a head dim `D`, return `(HALF, BLOCK_HALF, masked)`: features per half, the tile
-# each half is loaded in, and how many lanes of that tile the mask switches off.
+ex.check_rope_interleaved(my_rope_interleaved_kernel);
 
 # %%
-def my_half_tile(D):
-    ...  # your code
-
-
-ex.check_half_tile(my_half_tile)
-solution(ex.solution_half_tile)
+solution(ex.solution_rope_interleaved.fn, title="Solution: an interleaved, partial-rotary kernel")
 
 # %% [markdown]
-# **3.** Program `row` of the naive grid rotates which row `(s, b, h)` of `x [S, B, H, D]`?
-
-# %%
-def my_row_index(row, S, B, H):
-    ...  # your code
-
-
-ex.check_row_index(my_row_index)
-solution(ex.solution_row_index)
-
-# %% [markdown]
-# **4.** Write a naive kernel for the **interleaved** form (GPT-J, RoFormer): pair $j$ is
-# $(2j, 2j+1)$ and TE's interleaved table repeats each angle twice (`f0 f0 f1 f1 …`).
-# `my_rope_interleaved(x, freqs)` takes sbhd `x [S, B, H, D]` (any strides) and
-# `freqs [P, 1, 1, D]` and returns a new tensor. Start from the naive kernel: what changes is
-# only which offsets you load and store.
-
-# %%
-def my_rope_interleaved(x, freqs):
-    ...  # your code: a @triton.jit kernel and its launcher
-
-
-ex.check_rope_interleaved(my_rope_interleaved)
-solution(ex.solution_rope_interleaved)
-solution(ex._rope_interleaved_solution_kernel.fn, title="Solution: the kernel")
+# The solution uses two stride-2 loads and stores, pattern (b) of section 5. Rewrite it with one
+# contiguous `[BLOCK_PAIRS, 2]` load, `tl.split` and `tl.join` (pattern (c)) and run the check
+# again; then record both with `access.record` and compare their sectors.
+#
+# ## Questions for a study group
+#
+# 1. The check of exercise 4 allocates the output and fills it with NaN. Which wrong kernels
+#    would pass if it used `torch.empty` instead, on the CPU and on a GPU?
+# 2. Section 4 estimated the bytes in flight per SM. Which changes to the naive kernel raise
+#    them — more warps, more rows per program, larger `BLOCK_HALF`, a second wave of programs —
+#    and which only look as if they would?
+# 3. A stride-2 load wastes half of every sector it fetches, yet L1 makes the second load
+#    nearly free. When would it not: think of a tile larger than L1 can hold between the two
+#    loads, or of loads that other programs evict first.
+# 4. The interpreter ignores `num_warps`, truncates bf16 and runs programs in order. For each,
+#    name a bug that passes on the CPU and fails on a GPU, and a check that would catch it.
+# 5. The angle table is read by every one of the $B \cdot H$ programs of a position. How much
+#    DRAM traffic does that cost on a GPU, and how would you find out from the sector picture?

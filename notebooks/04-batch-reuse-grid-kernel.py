@@ -2,13 +2,13 @@
 # jupyter:
 #   jupytext:
 #     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
 #     text_representation:
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -20,17 +20,21 @@
 # row of the batch at position $s$ — and every head — loads the same angles and computes the
 # same cos/sin. This notebook changes one thing, the **grid**, so that each program computes
 # cos/sin once and reuses them for the whole batch. It is the kernel an earlier study project
-# built and benchmarked (its story is retold below), and the second of ropelib's three
-# generations.
+# built and benchmarked against Transformer Engine (its story is retold below, with what can and
+# cannot be concluded from it), and the second of ropelib's three generations.
+#
+# **Time:** about 60 minutes. The cells run in under 10 seconds on a CPU (Triton's
+# interpreter); the rest is reading, the four exercises (the last one is a kernel, ~20 minutes)
+# and the discussion questions.
 #
 # **After this notebook you will be able to**
 #
 # - find the work a grid makes programs repeat, and remove it by choosing another grid;
-# - write a program that loops over the batch and reuses values it loaded once;
+# - write a Triton program that loops over the batch and reuses values it loaded once;
 # - build a bytes-moved model of a memory-bound kernel, and turn a time into GB/s and into a
 #   percentage of what a plain device copy reaches;
-# - read the GB/s comparison of the three generations, and say what the finished kernel does
-#   beyond the batch-reusing grid.
+# - tell a measured explanation of a speed-up from a plausible one, with an ablation that
+#   changes one factor at a time.
 
 # %%
 import os, torch
@@ -46,17 +50,20 @@ import time
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import triton
+import triton.language as tl
 
 from ropelib import compare, reference, runtime
+from ropelib.exercises import grid_kernel
 from ropelib.exercises import kernels as ex
 from ropelib.exercises import solution
 from ropelib.kernels import batch_reuse, naive
-from ropelib.kernels.batch_reuse import _rope_batch_reuse_kernel, batch_reuse_grid, rope_batch_reuse
-from ropelib.kernels.naive import naive_grid, rope_naive
+from ropelib.kernels.common import BF16_RTNE, round_to
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "ropelib").is_dir())
 FIGURES = ropelib.runtime.figures_dir()   # a scratch folder (ROPELIB_WRITE_FIGURES=1: figures/)
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import ablation     # benchmarks/ablation.py: why the batch-reuse kernel is fast, factor by factor  # noqa: E402
 import generations  # benchmarks/generations.py: the measurement and the figure  # noqa: E402
 
 GPU = runtime.on_gpu()
@@ -73,19 +80,19 @@ print(f"x: [S={S}, B={B}, H={H}, D={D}] on {device}")
 # - load the position's angles $B \cdot H$ times instead of once, and
 # - evaluate the same $D$ cosines and $D$ sines $B \cdot H$ times.
 #
-# The angle loads mostly hit the L2 cache (the whole table of the issue's reference case,
+# The angle loads mostly hit the L2 cache (the whole table of the reference case below,
 # $16384 \times 128$ fp32 angles, is 8 MiB; an H100 has 50 MiB of L2), so they cost
 # instructions and cache bandwidth rather than DRAM bytes. The other cost is the number of
 # programs: each naive program moves only one row — 512 bytes for $D = 128$ in bf16 — and a
 # GPU pays a fixed price to start every program. Here is the bill for the reference case:
 
 # %%
-Sr, Br, Hr, Dr = 16384, 8, 32, 128            # the issue's reference case, bf16
+Sr, Br, Hr, Dr = 16384, 8, 32, 128            # the reference case: 1 GiB of bf16 activations
 x_bytes = Sr * Br * Hr * Dr * 2
 GiB = 2 ** 30
 bill = {
-    "naive": (naive_grid(Sr, Br, Hr)[0], naive.angle_bytes_requested(Sr, Br, Hr, Dr)),
-    "batch-reuse": (batch_reuse_grid(Sr, Hr)[0] * batch_reuse_grid(Sr, Hr)[1],
+    "naive": (naive.naive_grid(Sr, Br, Hr)[0], naive.angle_bytes_requested(Sr, Br, Hr, Dr)),
+    "batch-reuse": (batch_reuse.batch_reuse_grid(Sr, Hr)[0] * batch_reuse.batch_reuse_grid(Sr, Hr)[1],
                     batch_reuse.angle_bytes_requested(Sr, Br, Hr, Dr)),
 }
 print(f"x and y: {x_bytes / GiB:.0f} GiB each; the angle table itself: {Sr * Dr * 4 / 2**20:.0f} MiB")
@@ -145,101 +152,273 @@ draw_grids(FIGURES / "04-grids.png")
 # %% [markdown]
 # ![The naive grid and the (S, H) grid](../figures/04-grids.png)
 #
-# The kernel, `ropelib/kernels/batch_reuse.py`, as it is in ropelib:
+# ### 2.1 A first kernel you can edit
 #
-# <!-- ropelib-source: ropelib.kernels.batch_reuse._rope_batch_reuse_kernel -->
-# ```python
-# @triton.jit
-# def _rope_batch_reuse_kernel(
-#     x_ptr,  # *x: input [S, B, H, D], any strides
-#     y_ptr,  # *y: output [S, B, H, D], same dtype as x, last dim contiguous
-#     freqs_ptr,  # *fp32: angles [P, D], P >= S (row s holds the D angles of position s)
-#     B,  # batch size: the length of the loop each program runs
-#     stride_xs, stride_xb, stride_xh, stride_xd,  # x strides, in elements
-#     stride_ys, stride_yb, stride_yh,  # y strides, in elements (stride_yd == 1)
-#     stride_fs, stride_fd,  # freqs strides, in elements
-#     HALF: tl.constexpr,  # D // 2: features in each half (any size, 72/2 = 36 included)
-#     BLOCK_HALF: tl.constexpr,  # next power of two >= HALF: the tile each half is loaded in
-#     BACKWARD: tl.constexpr,  # False: y = R(theta) x; True: y = R(theta)^T x = R(-theta) x
-#     COMPUTE_DTYPE: tl.constexpr,  # tl.float32 (tl.float64 for fp64 inputs)
-#     BF16_RTNE: tl.constexpr,  # round bf16 to nearest even by hand (the interpreter truncates)
-# ):
-#     # One program = one (position, head) pair; int64 so offsets cannot overflow on huge tensors.
-#     s = tl.program_id(0).to(tl.int64)
-#     h = tl.program_id(1).to(tl.int64)
-#
-#     offs = tl.arange(0, BLOCK_HALF)  # [BLOCK_HALF] feature index within a half
-#     mask = offs < HALF
-#
-#     # cos/sin of position s: computed once here, reused by every row of the batch below.
-#     f_row = freqs_ptr + s * stride_fs
-#     theta1 = tl.load(f_row + offs * stride_fd, mask=mask, other=0.0).to(COMPUTE_DTYPE)
-#     theta2 = tl.load(f_row + (offs + HALF) * stride_fd, mask=mask, other=0.0).to(COMPUTE_DTYPE)
-#     cos1 = tl.cos(theta1)
-#     cos2 = tl.cos(theta2)
-#     if BACKWARD:
-#         # Transpose of [[c1, -s1], [s2, c2]]: swap and negate the sines (= rotation by -theta).
-#         sin1 = -tl.sin(theta2)
-#         sin2 = -tl.sin(theta1)
-#     else:
-#         sin1 = tl.sin(theta1)
-#         sin2 = tl.sin(theta2)
-#
-#     x_base = x_ptr + s * stride_xs + h * stride_xh
-#     y_base = y_ptr + s * stride_ys + h * stride_yh
-#     # A runtime loop (not tl.static_range): B is not a constexpr, so one compiled kernel
-#     # serves every batch size.
-#     for b in range(0, B):
-#         x_row = x_base + b * stride_xb
-#         x1 = tl.load(x_row + offs * stride_xd, mask=mask, other=0.0).to(COMPUTE_DTYPE)
-#         x2 = tl.load(x_row + (offs + HALF) * stride_xd, mask=mask, other=0.0).to(COMPUTE_DTYPE)
-#         y1 = x1 * cos1 - x2 * sin1
-#         y2 = x2 * cos2 + x1 * sin2
-#         y_row = y_base + b * stride_yb
-#         tl.store(y_row + offs, round_to(y1, y_ptr.dtype.element_ty, BF16_RTNE), mask=mask)
-#         tl.store(y_row + HALF + offs, round_to(y2, y_ptr.dtype.element_ty, BF16_RTNE), mask=mask)
-# ```
-#
-# Compared with the naive kernel only the top and the loop changed: `tl.program_id(0)` and
+# The smallest version that works: contiguous tensors, a power-of-two half, TE's `cat(f, f)`
+# table (so both halves of a pair read the same angle), fp32. `tl.program_id(0)` and
 # `tl.program_id(1)` are $s$ and $h$; cos/sin are computed before the loop; the body is the
-# naive kernel's row, at `b * stride_xb`.
+# naive kernel's row, at batch entry `b`.
+
+# %%
+@triton.jit
+def _rope_batch_reuse_v1(
+    x_ptr,  # *x: input [S, B, H, D], contiguous
+    y_ptr,  # *y: output [S, B, H, D], contiguous
+    freqs_ptr,  # *fp32: angles [S, D], contiguous, cat(f, f): both halves alike
+    B,  # batch size: the length of the loop
+    H,  # heads: to find row (s, b, h) in memory
+    HALF: tl.constexpr,  # D // 2, a power of two in this first version
+):
+    s = tl.program_id(0)  # grid (S, H): one program per (position, head)
+    h = tl.program_id(1)
+    offs = tl.arange(0, HALF)
+    theta = tl.load(freqs_ptr + s * 2 * HALF + offs)  # the first half's angles (= the second's)
+    cos = tl.cos(theta)  # once per program...
+    sin = tl.sin(theta)
+    for b in range(0, B):  # ...reused by every row of the batch
+        row = ((s * B + b) * H + h) * 2 * HALF  # where x[s, b, h, 0] is in a contiguous tensor
+        x1 = tl.load(x_ptr + row + offs)
+        x2 = tl.load(x_ptr + row + HALF + offs)
+        tl.store(y_ptr + row + offs, x1 * cos - x2 * sin)
+        tl.store(y_ptr + row + HALF + offs, x2 * cos + x1 * sin)
+
+
+def rope_v1(x, freqs):
+    """Launch version 1: x contiguous fp32 [S, B, H, D], freqs [P, 1, 1, D] with P >= S."""
+    S, B, H, D = x.shape
+    y = torch.empty_like(x)
+    _rope_batch_reuse_v1[(S, H)](x, y, freqs.reshape(-1, D)[:S].contiguous(), B, H, HALF=D // 2)
+    return y
+
+
+torch.manual_seed(0)
+freqs = ex.te_angles(S, D, device=device)
+x32 = torch.randn(S, B, H, D, device=device)
+torch.testing.assert_close(rope_v1(x32, freqs), reference.rope_reference(x32, freqs))
+print("version 1 == reference (fp32)")
+
+# %% [markdown]
+# Change it and rerun the cell: swap a sign, drop the loop, or move the two lines `cos = ...`,
+# `sin = ...` into the loop. The first two break the check above. The third still gives the
+# right answer — only the work changes, and in the interpreter the work can be counted:
+# `grid_kernel.count_trig()` counts the cos/sin tiles evaluated while the kernel runs.
+
+# %%
+with grid_kernel.count_trig() as count:
+    rope_v1(x32, freqs)
+if count is None:
+    print("counting cos/sin needs the interpreter (TRITON_INTERPRET=1)")
+else:
+    print(f"{S * H} programs evaluated {count['trig']} cos/sin tiles for {S * B * H} rows "
+          f"({count['trig'] / (S * H):.0f} per program: cos and sin, once)")
+    assert count["trig"] == 2 * S * H or count["trig"] == 2 * S * B * H, "edited? see the text above"
+
+# %% [markdown]
+# ### 2.2 Any strides, any head size, any table
 #
+# Three things make version 1 too narrow for real tensors, and each costs a line or two:
+#
+# - **strides**: `q` often arrives as a view (a bshd tensor transposed to sbhd, a slice of a
+#   fused QKV projection), so the row address is `s*stride_xs + b*stride_xb + h*stride_xh` and
+#   feature `j` is at `j*stride_xd`;
+# - **head sizes whose half is not a power of two** (80 → 40): `tl.arange` needs a power of two,
+#   so the tile is `BLOCK_HALF = next_power_of_2(HALF)` lanes and a mask switches the rest off;
+# - **both halves' angles**: a pair reads $\theta_1$ (feature $j$) and $\theta_2$ (feature
+#   $j + D/2$); with TE's table they are equal, but the kernel should not depend on it. And the
+#   arithmetic runs in fp32 whatever the input dtype, rounded once on the store.
+
+# %%
+@triton.jit
+def _rope_batch_reuse_v2(
+    x_ptr,  # *x: input [S, B, H, D], any strides
+    y_ptr,  # *y: output [S, B, H, D], last dim contiguous
+    freqs_ptr,  # *fp32: angles [S, D], contiguous, one angle per feature
+    B,  # batch size: the length of the loop
+    stride_xs, stride_xb, stride_xh, stride_xd,  # x strides, in elements
+    stride_ys, stride_yb, stride_yh,  # y strides, in elements (stride_yd == 1)
+    HALF: tl.constexpr,  # D // 2: any size
+    BLOCK_HALF: tl.constexpr,  # next power of two >= HALF: the tile each half is loaded in
+):
+    s = tl.program_id(0).to(tl.int64)  # int64: offsets into huge tensors overflow int32
+    h = tl.program_id(1).to(tl.int64)
+    offs = tl.arange(0, BLOCK_HALF)
+    mask = offs < HALF  # lanes past HALF switched off
+    theta1 = tl.load(freqs_ptr + s * 2 * HALF + offs, mask=mask, other=0.0)
+    theta2 = tl.load(freqs_ptr + s * 2 * HALF + HALF + offs, mask=mask, other=0.0)
+    cos1, sin1 = tl.cos(theta1), tl.sin(theta1)
+    cos2, sin2 = tl.cos(theta2), tl.sin(theta2)
+    for b in range(0, B):
+        x_row = x_ptr + s * stride_xs + b * stride_xb + h * stride_xh
+        x1 = tl.load(x_row + offs * stride_xd, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(x_row + (offs + HALF) * stride_xd, mask=mask, other=0.0).to(tl.float32)
+        y_row = y_ptr + s * stride_ys + b * stride_yb + h * stride_yh
+        tl.store(y_row + offs, (x1 * cos1 - x2 * sin1).to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_row + HALF + offs, (x2 * cos2 + x1 * sin2).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def rope_v2(x, freqs):
+    S, B, H, D = x.shape
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _rope_batch_reuse_v2[(S, H)](
+        x, y, freqs.reshape(-1, D)[:S].contiguous(), B,
+        *x.stride(), y.stride(0), y.stride(1), y.stride(2),
+        HALF=D // 2, BLOCK_HALF=triton.next_power_of_2(D // 2))
+    return y
+
+
+# a bshd fp16 tensor seen as sbhd (not contiguous), D = 80 (a half of 40 in a 64-lane tile),
+# a table whose two halves differ
+x_bshd = torch.randn(B, S, H, 80, device=device, dtype=torch.float16)
+x_view = x_bshd.transpose(0, 1)
+f_any = torch.rand(S, 80, device=device) * 6 - 3
+assert not x_view.is_contiguous()
+torch.testing.assert_close(rope_v2(x_view, f_any), reference.rope_reference(x_view, f_any))
+print("version 2 == reference (fp16, a non-contiguous view, D = 80, halves with different angles)")
+
+# %% [markdown]
+# ### 2.3 The version in ropelib
+#
+# `ropelib/kernels/batch_reuse.py` adds three compile-time switches to version 2, and reads the
+# table through its strides (a `[P, 1, 1, D]` table needs no copy):
+#
+# - `BACKWARD` — the same kernel serves the backward pass (notebook 05);
+# - `COMPUTE_DTYPE` — fp64 math for fp64 inputs, so `gradcheck` can run (notebook 05);
+# - `BF16_RTNE` — Triton's interpreter truncates when it casts to bf16, a GPU rounds to
+#   nearest even; `round_to` rounds by hand in the interpreter so both give the same bits.
+#
+# The next cell is that kernel, character for character (a test,
+# `tests/test_notebook_kernels_same.py`, fails if the two ever differ). It is runnable too:
+# the cell after it launches it and compares with ropelib's launcher.
+
+# %%
+# ropelib-source: ropelib.kernels.batch_reuse._rope_batch_reuse_kernel
+@triton.jit
+def _rope_batch_reuse_kernel(
+    x_ptr,  # *x: input [S, B, H, D], any strides
+    y_ptr,  # *y: output [S, B, H, D], same dtype as x, last dim contiguous
+    freqs_ptr,  # *fp32: angles [P, D], P >= S (row s holds the D angles of position s)
+    B,  # batch size: the length of the loop each program runs
+    stride_xs, stride_xb, stride_xh, stride_xd,  # x strides, in elements
+    stride_ys, stride_yb, stride_yh,  # y strides, in elements (stride_yd == 1)
+    stride_fs, stride_fd,  # freqs strides, in elements
+    HALF: tl.constexpr,  # D // 2: features in each half (any size, 72/2 = 36 included)
+    BLOCK_HALF: tl.constexpr,  # next power of two >= HALF: the tile each half is loaded in
+    BACKWARD: tl.constexpr,  # False: y = R(theta) x; True: y = R(theta)^T x = R(-theta) x
+    COMPUTE_DTYPE: tl.constexpr,  # tl.float32 (tl.float64 for fp64 inputs)
+    BF16_RTNE: tl.constexpr,  # round bf16 to nearest even by hand (the interpreter truncates)
+):
+    # One program = one (position, head) pair; int64 so offsets cannot overflow on huge tensors.
+    s = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+
+    offs = tl.arange(0, BLOCK_HALF)  # [BLOCK_HALF] feature index within a half
+    mask = offs < HALF
+
+    # cos/sin of position s: computed once here, reused by every row of the batch below.
+    f_row = freqs_ptr + s * stride_fs
+    theta1 = tl.load(f_row + offs * stride_fd, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+    theta2 = tl.load(f_row + (offs + HALF) * stride_fd, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+    cos1 = tl.cos(theta1)
+    cos2 = tl.cos(theta2)
+    if BACKWARD:
+        # Transpose of [[c1, -s1], [s2, c2]]: swap and negate the sines (= rotation by -theta).
+        sin1 = -tl.sin(theta2)
+        sin2 = -tl.sin(theta1)
+    else:
+        sin1 = tl.sin(theta1)
+        sin2 = tl.sin(theta2)
+
+    x_base = x_ptr + s * stride_xs + h * stride_xh
+    y_base = y_ptr + s * stride_ys + h * stride_yh
+    # A runtime loop (not tl.static_range): B is not a constexpr, so one compiled kernel
+    # serves every batch size.
+    for b in range(0, B):
+        x_row = x_base + b * stride_xb
+        x1 = tl.load(x_row + offs * stride_xd, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+        x2 = tl.load(x_row + (offs + HALF) * stride_xd, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+        y1 = x1 * cos1 - x2 * sin1
+        y2 = x2 * cos2 + x1 * sin2
+        y_row = y_base + b * stride_yb
+        tl.store(y_row + offs, round_to(y1, y_ptr.dtype.element_ty, BF16_RTNE), mask=mask)
+        tl.store(y_row + HALF + offs, round_to(y2, y_ptr.dtype.element_ty, BF16_RTNE), mask=mask)
+
+# %%
+def launch_ropelib_version(x, freqs):
+    S, B, H, D = x.shape
+    f2 = freqs.reshape(freqs.shape[0], D)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _rope_batch_reuse_kernel[(S, H)](
+        x, y, f2, B, *x.stride(), y.stride(0), y.stride(1), y.stride(2), *f2.stride(),
+        HALF=D // 2, BLOCK_HALF=triton.next_power_of_2(D // 2), BACKWARD=False,
+        COMPUTE_DTYPE=tl.float32, BF16_RTNE=BF16_RTNE)
+    return y
+
+
+x = torch.randn(S, B, H, D, device=device, dtype=torch.bfloat16)
+y2 = launch_ropelib_version(x, freqs)
+assert torch.equal(y2, batch_reuse.rope_batch_reuse(x, freqs))   # the same bits as ropelib's
+y1 = naive.rope_naive(x, freqs)
+m = compare.error_metrics(y2, reference.rope_reference(x, freqs))
+print(f"batch-reuse vs fp64 reference: max ulp err {m['max_ulp_err']:.2f}; "
+      f"bit-identical to the naive kernel: {torch.equal(y1, y2)}")
+assert m["max_ulp_err"] <= 1.0
+print(f"programs launched: naive {naive.naive_grid(S, B, H)[0]:,}, batch-reuse "
+      f"{batch_reuse.batch_reuse_grid(S, H)[0] * batch_reuse.batch_reuse_grid(S, H)[1]:,}")
+
+# %% [markdown]
 # **`range` vs `tl.static_range`.** The earlier project looped with `tl.static_range(B)`, which
 # unrolls the loop at compile time: $B$ must then be a `tl.constexpr`, and every batch size
 # compiles its own kernel; in exchange the compiler sees all iterations at once and can issue
 # their loads together. ropelib's loop is a runtime `range(0, B)`: one compiled kernel serves
 # every batch size, and the other programs running on the same multiprocessor hide the wait
-# for each iteration's loads.
-
-# %%
-torch.manual_seed(0)
-x = torch.randn(S, B, H, D, device=device, dtype=torch.bfloat16)
-freqs = ex.te_angles(S, D, device=device)
-
-y2 = rope_batch_reuse(x, freqs)
-y1 = rope_naive(x, freqs)
-m = compare.error_metrics(y2, reference.rope_reference(x, freqs))
-print(f"batch-reuse vs fp64 reference: max ulp err {m['max_ulp_err']:.2f}; "
-      f"bit-identical to the naive kernel: {torch.equal(y1, y2)}")
-assert m["max_ulp_err"] <= 1.0
-print(f"programs launched: naive {naive_grid(S, B, H)[0]:,}, batch-reuse "
-      f"{batch_reuse_grid(S, H)[0] * batch_reuse_grid(S, H)[1]:,}")
-
-# %% [markdown]
+# for each iteration's loads. Which one is faster on a GPU is one of the questions the
+# ablation of section 5.3 measures.
+#
 # ## 3. The story: a batch-reusing kernel on an RTX 2070 Super
 #
-# An earlier study project wrote exactly this kernel for TE's sbhd layout: grid
-# `(seq_len, head_num)`, cos/sin loaded once per program, a `tl.static_range` loop over the
-# batch loading the halves `x1`, `x2` and storing `x1·cos − x2·sin` and `x1·sin + x2·cos`. It
-# was tested against Transformer Engine with TE's own test matrix and benchmarked on an RTX
-# 2070 Super (448 GB/s peak), head dim 128, 64 heads, seq 256…3968. TE's CUDA kernel levelled
-# off near 250 GB/s; the Triton kernel reached about 260 GB/s at batch 1, about 310 GB/s at
-# batch 2 (+24 %), +36 % at batch 4 and +44 % at batch 8. The larger the batch, the more each
-# program reuses its cos/sin, and the more its advantage grows. Its listed limits — no partial
-# rotary, no transposed inputs, sbhd/bshd only — are what ropelib's finished kernel adds.
+# An earlier study project wrote this kernel for TE's sbhd layout: grid `(seq_len, head_num)`,
+# cos/sin loaded once per program, a `tl.static_range` loop over the batch loading the halves
+# `x1`, `x2` and storing `x1·cos − x2·sin` and `x1·sin + x2·cos`. It was tested against
+# Transformer Engine with TE's own test matrix and benchmarked on an RTX 2070 Super (448 GB/s
+# peak), head dim 128, 64 heads, seq 256…3968. TE's CUDA kernel levelled off near 250 GB/s; the
+# Triton kernel reached about 260 GB/s at batch 1, about 310 GB/s at batch 2 (+24 %), +36 % at
+# batch 4 and +44 % at batch 8. Its listed limits — no partial rotary, no transposed inputs,
+# sbhd/bshd only — are what ropelib's finished kernel adds. Those are that project's numbers on
+# that GPU, as it reported them.
 #
-# Those are that project's numbers on that GPU. Section 5 measures ropelib's generations on
-# yours, or shows the committed measurement from an H100/H200.
+# **Why was it faster?** The tempting answer — "it reuses cos/sin across the batch, and TE
+# does not" — does not survive a look at TE's kernel. `fused_rope.cu` launches a grid
+# `(s, b)`: one CUDA block of 4 or 8 warps per (position, batch entry), and the block reuses
+# the sines and cosines of position $s$ across the $h$ heads it rotates. Depending on the
+# version, they are computed once per block into shared memory, or once per warp in
+# registers (each warp then loops over $h / \text{warps}$ heads). Count the evaluations per
+# position, for the $D$ features:
+#
+# | kernel | grid | cos/sin evaluated per position |
+# |---|---|---|
+# | TE fused | $(s, b)$ | $B \cdot D$ (shared memory) to $8 B \cdot D$ (8 warps, registers) |
+# | (S, H) grid | $(S, H)$ | $H \cdot D$ |
+# | naive | $(S B H,)$ | $B H \cdot D$ |
+#
+# With that project's 64 heads and batches of 1 to 8, the (S, H) grid evaluates at least as
+# many sines and cosines as TE — up to 64 times as many — never fewer. So reusing cos/sin
+# cannot be what made it faster, and neither can its reuse "growing with the batch": TE's
+# reuse does not shrink when the batch grows.
+#
+# Other differences between the two kernels could matter, and each is a hypothesis until it is
+# measured:
+#
+# - **how each thread touches memory**: a TE thread reads one element (2 bytes in bf16) at a
+#   time, and reads every element twice — once as itself, once as its rotate-half partner —
+#   while a Triton program loads a half-row tile that the compiler can split into wide
+#   (up to 16-byte) vector loads;
+# - **work per program and number of programs**: $S \cdot H$ programs of $B$ rows each, against
+#   $S \cdot B$ blocks of $H$ rows each;
+# - **the loop**: unrolled at compile time (`tl.static_range`) or not;
+# - **warps per program**, which with the tile size decide how many elements each thread moves;
+# - **where cos/sin come from**: computed (`sin`, `cos` on the SFU) or read from a table.
+#
+# Section 5.3 times kernels that differ in one of these at a time.
 #
 # ## 4. A bytes-moved model, GB/s and the copy floor
 #
@@ -260,21 +439,18 @@ print(f"programs launched: naive {naive_grid(S, B, H)[0]:,}, batch-reuse "
 #
 # `ropelib.compare.bytes_moved` is this model; `benchmarks/generations.py` times the copy and
 # the three generations with `triton.testing.do_bench` (median of many runs, the L2 cache
-# flushed between them).
+# flushed between them). Exercise 2 turns the bytes into the fastest possible time.
 
 # %%
 cfg = compare.Config(Sr, Br, Hr, Dr, dtype="bf16")
 print(f"reference case: {compare.bytes_moved(cfg) / GiB:.4f} GiB per forward "
       f"(x {x_bytes / GiB:.0f} GiB + y {x_bytes / GiB:.0f} GiB + angles {Sr * Dr * 4 / 2**20:.0f} MiB)")
-for copy_gbps in (3000.0, 4000.0):  # what a copy reaches on an H100 / H200, roughly
-    print(f"  at a copy speed of {copy_gbps:.0f} GB/s the floor is "
-          f"{ex.solution_floor_ms(compare.bytes_moved(cfg), copy_gbps):.3f} ms")
 assert compare.bytes_moved(cfg) == 2 * x_bytes + Sr * Dr * 4
 
 # %% [markdown]
-# ## 5. Measured: naive vs batch-reuse vs finished vs copy
+# ## 5. Measured
 #
-# ### 5.1 Live, on this machine
+# ### 5.1 Live, on this machine: naive vs batch-reuse vs finished vs copy
 
 # %%
 if GPU:
@@ -292,14 +468,14 @@ if GPU:
 else:
     # The interpreter runs programs one by one in Python: wall-clock times measure Python, not
     # memory bandwidth. What it can show is how many programs each grid launches.
-    for name, fn, grid in (("naive", rope_naive, naive_grid(S, B, H)),
-                           ("batch-reuse", rope_batch_reuse, batch_reuse_grid(S, H))):
+    for name, fn, grid in (("naive", naive.rope_naive, naive.naive_grid(S, B, H)),
+                           ("batch-reuse", batch_reuse.rope_batch_reuse, batch_reuse.batch_reuse_grid(S, H))):
         t0 = time.perf_counter()
         fn(x, freqs)
         programs = grid[0] * (grid[1] if len(grid) > 1 else 1)
         print(f"{name:12}: {programs:3d} programs, {(time.perf_counter() - t0) * 1e3:6.0f} ms "
               "in the interpreter (meaningless as a speed)")
-    print("No GPU here: the measurement below comes from the committed results.")
+    print("No GPU here: the measurements below come from the committed results.")
 
 # %% [markdown]
 # ### 5.2 Committed results from an H100/H200
@@ -334,8 +510,87 @@ else:
 # %% [markdown]
 # How to read it: the dashed line (left) and the grey bar (right) are the copy, the ceiling. A
 # generation's distance below it is the price of its design. The batch sweep on the left shows
-# what reuse over the batch buys as $B$ grows, and the bars on the right are the issue's 1 GiB
-# reference case.
+# how each generation's GB/s changes as $B$ grows, and the bars on the right are the 1 GiB
+# reference case. These curves say *how fast*, not *why*: the batch-reuse kernel differs from
+# the naive one in the number of programs, the work per program and the reuse of cos/sin all at
+# once.
+#
+# ### 5.3 Why: one factor at a time
+#
+# `benchmarks/ablation.py` times, at bf16 sbhd $s = 4096, b = 8, h = 32, d = 128$ and at
+# $s = 32768, b = 1$ (the same bytes), a device copy, TE's fused kernel (when Transformer
+# Engine is installed), ropelib's three generations, and one ablation kernel with switches,
+# each variant changing one thing. Here is the plan: the launch each variant makes at the first
+# size, and how many cos/sin values it evaluates per position (the table variants evaluate none
+# and read two fp32 tables instead):
+
+# %%
+S_a, B_a, H_a, D_a = 4096, 8, 32, 128
+print(f"{'variant':22} {'factor':18} {'grid':>12} {'heads/prog':>10} {'batch/prog':>10} "
+      f"{'warps':>5} {'elems/thread':>12} {'cos,sin per position':>21}")
+for name, factor, desc, opts in ablation.variants(H_a):
+    c = ablation._shape_columns(S_a, B_a, H_a, D_a, opts)
+    print(f"{name:22} {factor:18} {c['grid']:>12} {c['heads_per_program']:10} "
+          f"{c['batch_per_program']:10} {c['num_warps']:5} {c['elems_per_thread']:12.2f} "
+          f"{c['cos_sin_per_position']:21,}")
+print(f"TE fused: grid ({S_a}, {B_a}), all {H_a} heads per block -> at least "
+      f"{B_a * D_a:,} cos,sin per position")
+
+# %% [markdown]
+# Which comparison answers which question:
+#
+# - `sh_loop_b` vs `sh_one_b`: what does reusing cos/sin **over the batch** buy, with everything
+#   else the same? (`sh_one_b` evaluates them $B$ times as often);
+# - `*_table` vs the same without: does evaluating sines and cosines cost time at all, when a
+#   memory-bound kernel could read them instead?
+# - `heads_all_one_b` — TE's grid $(s, b)$ written in Triton, cos/sin reused over all heads —
+#   vs `sh_loop_b` and vs `te_fused`: is it the grid or the code inside it?
+# - `heads{2,4,8}_loop_b` and the `_w{1,2,4,8}` rows: how the tile and the warps (and so the
+#   elements each thread moves per load) change the time.
+#
+# The cell reads the committed measurement, when there is one. On this machine it does not
+# measure anything: timings need a GPU (`python benchmarks/ablation.py --out
+# benchmarks/results/ablation.csv`), and the CPU can only check that every variant computes
+# RoPE correctly (`python benchmarks/ablation.py --dry-run`, which the test suite runs).
+
+# %%
+ABLATION_CSV = ROOT / "benchmarks" / "results" / "ablation.csv"
+if ABLATION_CSV.exists():
+    meta = compare.read_meta(ABLATION_CSV)
+    assert meta.get("gpu") not in (None, "", "none"), "the committed ablation must come from a GPU"
+    arows = compare.read_csv(ABLATION_CSV)
+    print(f"measured on {meta.get('gpu')} (driver {meta.get('driver')}), torch {meta.get('torch')}, "
+          f"triton {meta.get('triton')}, transformer_engine {meta.get('transformer_engine')}, "
+          f"{meta.get('date')}")
+    print(ablation.table(arows))
+    for case in dict.fromkeys(r["case"] for r in arows):
+        t = {r["variant"]: r["ms"] for r in arows if r["case"] == case and r.get("ms")}
+        print(f"\n{case}: what each factor does (time of the first / time of the second)")
+        for a, b_, what in (("sh_one_b", "sh_loop_b", "reusing cos/sin over the batch"),
+                            ("sh_loop_b", "sh_loop_b_table", "reading cos/sin instead of computing them"),
+                            ("sh_loop_b", "sh_loop_b_unrolled", "unrolling the batch loop"),
+                            ("sh_loop_b", "heads_all_one_b", "TE's grid (s, b), in Triton"),
+                            ("te_fused", "heads_all_one_b", "TE's grid: Triton instead of TE's CUDA"),
+                            ("te_fused", "sh_loop_b", "the (S, H) grid instead of TE fused"),
+                            ("ropelib_batch_reuse", "ropelib_finished", "the finished kernel")):
+            if a in t and b_ in t:
+                print(f"  {what:45s} {a} / {b_} = {t[a] / t[b_]:.2f}")
+        for tile in dict.fromkeys(k.rsplit("_w", 1)[0] for k in t if k.rsplit("_w", 1)[-1].isdigit()):
+            ws = {k: v for k, v in t.items() if k.startswith(tile + "_w")}
+            fast, slow = min(ws, key=ws.get), max(ws, key=ws.get)
+            print(f"  warps for {tile}: fastest {fast} ({ws[fast]:.4f} ms), "
+                  f"slowest {slow} ({ws[slow]:.4f} ms)")
+else:
+    print(f"{ABLATION_CSV.relative_to(ROOT)} is not there yet: the numbers come from running "
+          "`python benchmarks/ablation.py --out benchmarks/results/ablation.csv` on a GPU "
+          "(about two minutes). Until then, section 3's question stays open.")
+
+# %% [markdown]
+# A ratio above 1 means the second kernel of the pair is faster. Read each one against the
+# question it answers, and keep its limits in mind: one GPU, two sizes, bf16 only, and the
+# timings of a memory-bound kernel move by a few percent from run to run (the CSV keeps the
+# 20 % and 80 % quantiles). A factor that changes the time by less than that has not been shown
+# to matter.
 #
 # ## 6. What the finished kernel does beyond the batch-reusing grid
 #
@@ -365,6 +620,9 @@ except ImportError as exc:
 # %% [markdown]
 # ## Exercises
 #
+# Each check prints ✅ or ❌ and never stops the notebook. Replace the `...` (or the `pass`) and
+# rerun the cell; the solutions are folded away in the cell after each exercise.
+#
 # **1.** How many bytes of fp32 angles do all programs of a generation load together?
 # `my_angle_bytes(generation, S, B, H, D)` with `generation` `"naive"` or `"batch_reuse"`.
 
@@ -373,20 +631,27 @@ def my_angle_bytes(generation, S, B, H, D):
     ...  # your code
 
 
-ex.check_angle_bytes(my_angle_bytes)
+ex.check_angle_bytes(my_angle_bytes);
+
+# %%
 solution(ex.solution_angle_bytes)
 
 # %% [markdown]
-# **2.** A device copy reached `copy_gbps` GB/s. What is the fastest time, in ms, for a kernel
-# that must move `nbytes` bytes?
+# **2.** A device copy reached `copy_gbps` GB/s (1 GB = $10^9$ bytes). What is the fastest time,
+# in ms, for a kernel that must move `nbytes` bytes?
 
 # %%
 def my_floor_ms(nbytes, copy_gbps):
     ...  # your code
 
 
-ex.check_floor_ms(my_floor_ms)
+ex.check_floor_ms(my_floor_ms);
+
+# %%
 solution(ex.solution_floor_ms)
+for copy_gbps in (3000.0, 4000.0):  # roughly what a copy reaches on an H100 / an H200
+    print(f"at a copy speed of {copy_gbps:.0f} GB/s the reference case needs at least "
+          f"{ex.solution_floor_ms(compare.bytes_moved(cfg), copy_gbps):.3f} ms")
 
 # %% [markdown]
 # **3.** A generation ran in `kernel_ms`, the copy of the same tensor in `copy_ms`. Return the
@@ -398,5 +663,58 @@ def my_percent_of_copy(kernel_ms, copy_ms, S, B, H, D, dtype):
     ...  # your code
 
 
-ex.check_percent_of_copy(my_percent_of_copy)
+ex.check_percent_of_copy(my_percent_of_copy);
+
+# %%
 solution(ex.solution_percent_of_copy)
+
+# %% [markdown]
+# **4. The kernel.** Write the batch-reusing kernel yourself, from a blank `@triton.jit`,
+# without scrolling up — and give it one feature the kernel above lacks: **partial rotary**.
+# The table holds $R \le D$ angles per position; features $0 \ldots R-1$ are rotated as
+# rotate-half pairs $(j, j + R/2)$, features $R \ldots D-1$ are copied unchanged.
+#
+# The check launches your kernel itself, on grid $(S, H)$, with the signature below: fresh
+# inputs of several shapes, a non-contiguous `x`, partial rotary, fp16, into an output it fills
+# with NaN first (an element you do not write stays NaN). In the interpreter it also counts
+# your cos/sin evaluations: a batch of 3 must cost no more of them than a batch of 1.
+
+# %%
+@triton.jit
+def my_batch_reuse_kernel(
+    x_ptr,  # *x: input [S, B, H, D], any strides
+    y_ptr,  # *y: output [S, B, H, D], contiguous, same dtype as x
+    freqs_ptr,  # *fp32: angles [S, R], contiguous; R = 2 * ROT_HALF <= D
+    B,  # batch size: each program loops over it
+    stride_xs, stride_xb, stride_xh, stride_xd,  # x strides, in elements
+    stride_ys, stride_yb, stride_yh,  # y strides, in elements (stride_yd == 1)
+    D,  # head dim: features R..D-1 are copied unchanged (partial rotary)
+    ROT_HALF: tl.constexpr,  # R // 2: features in each rotated half
+    BLOCK_HALF: tl.constexpr,  # next power of two >= ROT_HALF
+    BLOCK_PASS: tl.constexpr,  # next power of two >= D - R (1 when R == D)
+):
+    # launched on grid (S, H): program (s, h) rotates x[s, b, h, :] for every b
+    pass  # your code
+
+
+grid_kernel.check_batch_reuse_kernel(my_batch_reuse_kernel);
+
+# %%
+grid_kernel.show_solution()
+
+# %% [markdown]
+# ## Questions for discussion
+#
+# 1. Section 3 counts cos/sin evaluations per position for TE's grid $(s, b)$ and the
+#    $(S, H)$ grid. For which shapes does each grid evaluate fewer? Does that count matter for a
+#    memory-bound kernel at all — what do the `*_table` rows of the ablation say on your GPU?
+# 2. The earlier project's advantage over TE grew with the batch size. Give two explanations
+#    that do not involve cos/sin, and name the ablation rows (or a new variant) that would tell
+#    them apart.
+# 3. `tl.static_range(B)` compiles one kernel per batch size; `range(0, B)` one kernel for all.
+#    When would you accept the extra compilations? (Think of training, where shapes are fixed,
+#    and of serving, where the batch changes every step.)
+# 4. With $B = 1$ the $(S, H)$ grid reuses nothing. What would you change in the grid for
+#    decode-like shapes ($S = 1$, $B = 64$)? Which of the finished kernel's features answers this?
+# 5. The bytes model counts the angle table once. For which shapes is that term no longer
+#    negligible next to $2Ne$, and what does that mean for "% of copy"?

@@ -2,13 +2,13 @@
 # jupyter:
 #   jupytext:
 #     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
 #     text_representation:
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3
+#     display_name: Python 3 (ipykernel)
 #     language: python
 #     name: python3
 # ---
@@ -27,7 +27,12 @@
 # - verify a backward with the autograd of a reference and with `torch.autograd.gradcheck` in
 #   float64;
 # - handle the "overlapping" gradients that `expand` and `sum` produce (stride-0 tensors);
-# - serve both directions with one kernel and one compile-time flag.
+# - serve both directions with one kernel and one compile-time flag, and write the backward
+#   kernel yourself.
+#
+# **Time:** about 60 minutes. The cells run in about 15 seconds on a CPU (Triton's
+# interpreter); the rest is reading, the four exercises (the backward kernel is the long one,
+# ~20 minutes) and the discussion questions.
 
 # %%
 import os, torch
@@ -41,7 +46,11 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
+import triton
+import triton.language as tl
+
 from ropelib import reference, runtime
+from ropelib.exercises import backward_kernel
 from ropelib.exercises import kernels as ex
 from ropelib.exercises import solution
 from ropelib.kernels.batch_reuse import _rope_batch_reuse_kernel, rope_batch_reuse
@@ -409,6 +418,9 @@ except ImportError as exc:
 # %% [markdown]
 # ## Exercises
 #
+# Each check prints ✅ or ❌ and never stops the notebook. Replace the `...` (or the `pass`) and
+# rerun the cell; the solutions are folded away in the cell after each exercise.
+#
 # **1.** For one pair rotated by `theta`, return the $2\times 2$ matrix $M$ with
 # $\partial L/\partial x = M\,\partial L/\partial y$.
 
@@ -417,25 +429,68 @@ def my_backward_matrix(theta):
     ...  # your code: a torch tensor [2, 2]
 
 
-ex.check_backward_matrix(my_backward_matrix)
+ex.check_backward_matrix(my_backward_matrix);
+
+# %%
 solution(ex.solution_backward_matrix)
 
 # %% [markdown]
-# **2.** Return $\partial L/\partial x$ for sbhd `grad_y [S, B, H, D]` and TE's angle table
-# `freqs`. The checker also passes a stride-0 `grad_y`.
+# **2. The backward kernel.** Write it from a blank `@triton.jit`: the signature below (the
+# one of notebook 04's kernel exercise, with partial rotary), launched on grid $(S, H)$, each
+# program looping over the batch. It reads $\partial L/\partial y$ and writes
+# $\partial L/\partial x = R(\theta)^{\top}\,\partial L/\partial y$; the gradients of the
+# pass-through features $R \ldots D-1$ pass through unchanged.
+#
+# The check launches your kernel itself on fresh gradients: TE's table and a table whose two
+# halves differ, a stride-0 $\partial L/\partial y$ (the one `y.sum()` produces), a
+# non-contiguous one, partial rotary and fp16, into an output it fills with NaN first; it
+# compares with the autograd of `ropelib.reference`.
+
+# %%
+@triton.jit
+def my_backward_kernel(
+    gy_ptr,  # *dL/dy: input [S, B, H, D], any strides (stride 0 included)
+    gx_ptr,  # *dL/dx: output [S, B, H, D], contiguous, same dtype as dL/dy
+    freqs_ptr,  # *fp32: angles [S, R], contiguous; R = 2 * ROT_HALF <= D
+    B,  # batch size: each program loops over it
+    stride_gs, stride_gb, stride_gh, stride_gd,  # dL/dy strides, in elements
+    stride_xs, stride_xb, stride_xh,  # dL/dx strides, in elements (last one == 1)
+    D,  # head dim: gradients of features R..D-1 pass through unchanged
+    ROT_HALF: tl.constexpr,  # R // 2: features in each rotated half
+    BLOCK_HALF: tl.constexpr,  # next power of two >= ROT_HALF
+    BLOCK_PASS: tl.constexpr,  # next power of two >= D - R (1 when R == D)
+):
+    # launched on grid (S, H), as notebook 04's kernel: dL/dx = R(theta)^T dL/dy
+    pass  # your code
+
+
+backward_kernel.check_backward_kernel(my_backward_kernel);
+
+# %%
+backward_kernel.show_solution()
+
+# %% [markdown]
+# **3. Its launcher.** `my_rope_backward(grad_y, freqs)` takes `grad_y [S, B, H, D]` (any
+# strides) and TE's table `freqs [P, 1, 1, R]` ($P \ge S$), allocates a contiguous
+# `grad_x`, launches `my_backward_kernel` on it and returns it. The check calls your function
+# on fresh gradients (one of them stride 0) and also makes sure a Triton kernel was launched.
 
 # %%
 def my_rope_backward(grad_y, freqs):
     ...  # your code
 
 
-ex.check_rope_backward(my_rope_backward)
+ex.check_rope_backward(my_rope_backward);
+
+# %%
 solution(ex.solution_rope_backward)
 
 # %% [markdown]
-# **3.** Write your own `torch.autograd.Function` with `forward(ctx, x, freqs)` (use any
-# ropelib teaching kernel). The checker compares output and gradient with the reference and
-# looks at what you saved.
+# **4. The autograd Function.** Write `MyRope` with `forward(ctx, x, freqs)`: the forward with
+# a ropelib teaching kernel (`rope_batch_reuse`), the backward with your launcher from
+# exercise 3. The check compares $y$ and $\partial L/\partial x$ with the reference (also for
+# `y.sum()`), makes sure forward and backward each launch a kernel, and checks what your
+# Function keeps: once `forward` has returned, nothing may hold `x` or a tensor as large as it.
 
 # %%
 class MyRope(torch.autograd.Function):
@@ -448,5 +503,23 @@ class MyRope(torch.autograd.Function):
         ...  # your code
 
 
-ex.check_rope_function(MyRope)
+ex.check_rope_function(MyRope);
+
+# %%
 solution(ex.SolutionRopeFunction)
+
+# %% [markdown]
+# ## Questions for discussion
+#
+# 1. The backward reads and writes exactly the bytes of the forward. So a forward+backward
+#    step costs twice a forward — why does the committed benchmark show fwd+bwd GB/s close to
+#    fwd GB/s at large sizes, but far lower at small ones?
+# 2. With TE's `cat(f, f)` table, "negate the sines" and "swap and negate the sines" give the
+#    same kernel. Why did ropelib keep the swap? What would break, and where would you notice?
+# 3. `ctx.save_for_backward(freqs)` keeps a reference to a table shared by every layer. What
+#    would `ctx.save_for_backward(cos, sin)` cost instead, in memory and in bytes moved by the
+#    backward?
+# 4. `gradcheck` fails for the same op computed in fp32. What does that say about testing a bf16
+#    kernel's backward — which tolerance, against which reference?
+# 5. A stride-0 `grad_y` is read as it is. Could the backward exploit that all its rows are
+#    equal? Would it be worth a special case?

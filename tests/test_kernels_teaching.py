@@ -265,7 +265,8 @@ def test_gpu_large_bf16(kernel, D):
 # --- the exercise checks of notebooks 03-05 (ropelib.exercises.kernels) ----------------------
 
 def _wrong_function(x, freqs):
-    # The forward where the backward is asked for, or rotate-half where interleaved is asked for.
+    # The forward where the backward is asked for; for notebook 03's interleaved exercise, a plain
+    # function where a @triton.jit kernel is asked for (tests/test_exercises_naive.py: the rest).
     return rope_naive(x.contiguous(), freqs.reshape(freqs.shape[0], 1, 1, -1))
 
 

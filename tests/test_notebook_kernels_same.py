@@ -14,6 +14,14 @@ The marker names the object; the fenced block right after it must equal
 `inspect.getsource(object)` (for a `@triton.jit` kernel, of the Python function it wraps). The
 notebook's code cells must import that object from ropelib, so what runs is what is shown.
 
+A runnable copy is a code cell that starts with the marker as a comment and holds the source
+after it, so the learner can edit and launch it (notebook 03's last kernel step):
+
+    # ropelib-source: ropelib.kernels.naive._rope_naive_kernel
+    @triton.jit
+    def _rope_naive_kernel(
+    ...
+
 When a kernel changes, refresh every shown copy and rebuild the .ipynb files:
 
     python tests/test_notebook_kernels_same.py && jupytext --sync notebooks/0[345]-*.py
@@ -41,6 +49,7 @@ REQUIRED = {
     "05-backward-pass": ["ropelib.kernels.batch_reuse._rope_batch_reuse_kernel"],
 }
 MARKER = re.compile(r"<!--\s*ropelib-source:\s*([\w.]+)\s*-->")
+CODE_MARKER = re.compile(r"\A# ropelib-source: ([\w.]+)\n")
 FENCE = re.compile(r"```python\n(.*?)\n```", re.S)
 
 
@@ -68,6 +77,11 @@ def shown_sources(cells):
     """[(dotted name, shown code)] for every marker in the markdown cells."""
     found = []
     for cell_type, text in cells:
+        if cell_type == "code":
+            m = CODE_MARKER.match(text)
+            if m:  # a runnable copy: the rest of the cell is the source
+                found.append((m.group(1), text[m.end():].strip("\n")))
+            continue
         if cell_type != "markdown":
             continue
         for m in MARKER.finditer(text):
@@ -109,9 +123,12 @@ def test_shown_kernel_is_ropelibs(slug, ext):
         assert code == actual, (f"{path.name} shows a stale copy of {name}; run "
                                 f"`python tests/test_notebook_kernels_same.py` and jupytext --sync:\n"
                                 + _diff(code, actual, name))
-        # ...and the notebook runs that very object: a code cell imports it from its module.
+        # ...and the notebook runs that very object: a code cell imports it from its module
+        # (a runnable copy is itself the code that runs).
         module, attr = name.rsplit(".", 1)
-        if "." in module and not hasattr(importlib.import_module(module), "__path__"):
+        runnable = any(k == "code" and CODE_MARKER.match(t) and CODE_MARKER.match(t).group(1) == name
+                       for k, t in cells)
+        if not runnable and "." in module and not hasattr(importlib.import_module(module), "__path__"):
             imports = [t for k, t in cells if k == "code"
                        and re.search(rf"from\s+{re.escape(module)}\s+import[^\n]*\b{attr}\b", t)]
             assert imports, f"{path.name} shows {name} but no code cell imports it from {module}"
@@ -125,6 +142,12 @@ def test_markers_are_found_and_compared():
     stale = fresh.replace("row = tl.program_id(0)", "row = tl.program_id(1)")
     ((_, code),) = shown_sources([("markdown", stale)])
     assert code != source_of(name)
+    # a runnable copy in a code cell is compared the same way
+    runnable = f"# ropelib-source: {name}\n{source_of(name)}\n"
+    assert shown_sources([("code", runnable)]) == [(name, source_of(name))]
+    ((_, code),) = shown_sources([("code", runnable.replace("program_id(0)", "program_id(1)"))])
+    assert code != source_of(name)
+    assert shown_sources([("code", "x = 1  # ropelib-source: not at the top")]) == []
     with pytest.raises(AssertionError, match="not followed"):
         shown_sources([("markdown", f"<!-- ropelib-source: {name} -->\nprose\n```python\nx\n```")])
 
@@ -133,6 +156,8 @@ def refresh_py_sources() -> None:
     """Rewrite every shown block in notebooks/0[345]-*.py with the current ropelib source."""
     block = re.compile(r"(# <!--\s*ropelib-source:\s*([\w.]+)\s*-->\n# ```python\n)(.*?)(^# ```$)",
                        re.S | re.M)
+    # a runnable copy: from its marker to the next cell marker (or the end of the file)
+    runnable = re.compile(r"(^# ropelib-source: ([\w.]+)\n)(.*?)(?=^\n*# %%|\Z)", re.S | re.M)
     for slug in REQUIRED:
         path = NOTEBOOKS / f"{slug}.py"
         if not path.exists():
@@ -143,6 +168,7 @@ def refresh_py_sources() -> None:
             code = "\n".join(("# " + ln) if ln else "#" for ln in source_of(m.group(2)).split("\n"))
             return m.group(1) + code + "\n" + m.group(4)
         new = block.sub(fill, text)
+        new = runnable.sub(lambda m: m.group(1) + source_of(m.group(2)) + "\n", new)
         if new != text:
             path.write_text(new, encoding="utf-8")
             print(f"refreshed {path.relative_to(ROOT)}")

@@ -89,22 +89,9 @@ def check_row_index(fn: Callable) -> bool:
                   hint="h moves fastest, then b, then s: s = row // (B * H)")
 
 
-def check_rope_interleaved(fn: Callable) -> bool:
-    """fn(x, freqs) -> y: interleaved RoPE (pairs 2j, 2j+1) of sbhd x [S, B, H, D] with TE's
-    interleaved angle table [P, 1, 1, D] (f0 f0 f1 f1 ...), checked against the reference."""
-    device = runtime.default_device()
-    cases = []
-    gen = torch.Generator().manual_seed(0)
-    for S, B, H, D, dtype in ((3, 2, 2, 16, torch.float32), (2, 1, 2, 24, torch.float32),
-                              (3, 1, 1, 8, torch.bfloat16)):
-        x = torch.randn(S, B, H, D, generator=gen).to(device=device, dtype=dtype)
-        freqs = te_angles(S + 1, D, interleaved=True, device=device)
-        want = reference.rope_reference(x, freqs, interleaved=True)
-        cases.append((f"x [{S}, {B}, {H}, {D}] {str(dtype).replace('torch.', '')}",
-                      (x, freqs), want))
-    return _cases("interleaved RoPE", fn, cases,
-                  hint="pair j is (2j, 2j+1): load the even and the odd features as two tiles "
-                       "(offsets 2*offs and 2*offs + 1), and read the angle of each")
+# The kernel exercise of notebook 03 lives in naive_kernel: its check launches the learner's
+# @triton.jit kernel itself (re-exported here with its solution).
+from .naive_kernel import check_rope_interleaved, solution_rope_interleaved  # noqa: E402
 
 
 # --- notebook 04: the batch-reusing grid ------------------------------------------------------
@@ -176,7 +163,11 @@ def _reference_grad(grad_y: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
 
 
 def check_rope_backward(fn: Callable) -> bool:
-    """fn(grad_y, freqs) -> grad_x for sbhd grad_y [S, B, H, D] (also stride-0 grad_y)."""
+    """fn(grad_y, freqs) -> grad_x for sbhd grad_y [S, B, H, D] (also stride-0 grad_y), computed
+    by a Triton kernel the function launches (a PyTorch-only answer does not count)."""
+    from .backward_kernel import count_launches
+
+    name = "grad_x from grad_y"
     device = runtime.default_device()
     gen = torch.Generator().manual_seed(1)
     cases = []
@@ -188,14 +179,46 @@ def check_rope_backward(fn: Callable) -> bool:
         freqs = te_angles(S, D, device=device)
         label = f"grad_y [{S}, {B}, {H}, {D}]" + (" stride 0 over batch" if expand else "")
         cases.append((label, (g, freqs), _reference_grad(g, freqs)))
-    return _cases("grad_x from grad_y", fn, cases, atol=1e-5, rtol=1e-5,
-                  hint="rotate grad_y by -theta: rope_batch_reuse(grad_y, freqs, backward=True)")
+    with count_launches() as launched:
+        ok, _ = call_answer(f"{name} ({cases[0][0]})", fn, *cases[0][1])
+    if not ok:
+        return False
+    if launched["launches"] == 0:
+        print(f"❌ {name}: no Triton kernel was launched: launch your backward kernel "
+              "(exercise 2) on grid (S, H), into a tensor you allocate")
+        return False
+    return _cases(name, fn, cases, atol=1e-5, rtol=1e-5,
+                  hint="the transpose of each pair's rotation (section 1); read grad_y through "
+                       "its strides, stride 0 included, and allocate a contiguous grad_x")
+
+
+def _held_tensors(obj, depth: int = 0):
+    """Tensors in obj: a tensor, or lists/tuples/dicts of them (two levels deep)."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif depth < 2 and isinstance(obj, (list, tuple)):
+        for o in obj:
+            yield from _held_tensors(o, depth + 1)
+    elif depth < 2 and isinstance(obj, dict):
+        for o in obj.values():
+            yield from _held_tensors(o, depth + 1)
 
 
 def check_rope_function(cls) -> bool:
-    """cls: a torch.autograd.Function with forward(ctx, x, freqs) -> y (sbhd RoPE). Checks y,
-    grad_x against autograd of the reference, and that ctx did not save x (RoPE is linear in x:
-    its backward needs the angles, not the activation)."""
+    """cls: a torch.autograd.Function with forward(ctx, x, freqs) -> y (sbhd RoPE).
+
+    Checks, on fresh inputs: y and grad_x against the reference (grad_x also for the stride-0
+    gradient of y.sum()); that forward and backward each launch a Triton kernel; and that nothing
+    keeps x alive or holds a tensor as large as x once forward has returned (RoPE is linear in x:
+    its backward needs the angles, not the activation). The last is what is checkable about
+    memory: `ctx.save_for_backward(x)`, `ctx.x = x`, a copy of x or of y in ctx, or x parked in a
+    global all fail it.
+    """
+    import gc
+    import weakref
+
+    from .backward_kernel import count_launches
+
     name = "RoPE autograd.Function"
     if cls is None or cls is Ellipsis:
         return check(name, None, True)
@@ -204,28 +227,57 @@ def check_rope_function(cls) -> bool:
         return False
     device = runtime.default_device()
     gen = torch.Generator().manual_seed(2)
-    x = torch.randn(3, 2, 2, 16, generator=gen).to(device).requires_grad_()
-    freqs = te_angles(3, 16, device=device)
-    g = torch.randn(3, 2, 2, 16, generator=gen).to(device)
-    ok, y = call_answer(f"{name} (forward)", cls.apply, x, freqs)
+    S, B, H, D = 3, 2, 2, 16                 # x holds B * H = 4 times as many numbers as freqs
+    leaf = torch.randn(S, B, H, D, generator=gen).to(device).requires_grad_()
+    freqs = te_angles(S, D, device=device)
+    g = torch.randn(S, B, H, D, generator=gen).to(device)
+    want_y = reference.rope_reference(leaf.detach(), freqs)
+    x = leaf * 1.0                           # a non-leaf: only what keeps it alive can hold it
+    x_alive, x_numel = weakref.ref(x), x.numel()
+    with count_launches() as fwd_launches:
+        ok, y = call_answer(f"{name} (forward)", cls.apply, x, freqs)
+    del x
     if not ok:
         return False
-    want_y = reference.rope_reference(x.detach(), freqs)
     same, _ = _compare(y, want_y, 1e-5, 1e-5)
     if not same:
         return check(f"{name} (forward)", y, want_y, atol=1e-5, rtol=1e-5)
-    saved = getattr(y.grad_fn, "saved_tensors", ()) if y.grad_fn is not None else ()
-    if any(t.data_ptr() == x.data_ptr() and t.shape == x.shape for t in saved):
-        print(f"❌ {name}: ctx saved x; the backward only needs freqs (RoPE is linear in x), "
-              "so saving x keeps an activation alive for nothing")
+    if fwd_launches["launches"] == 0:
+        print(f"❌ {name}: forward launched no Triton kernel (a PyTorch formula does not count): "
+              "call a kernel launcher, e.g. ropelib.kernels.batch_reuse.rope_batch_reuse")
         return False
-    try:
-        (gx,) = torch.autograd.grad(y, x, g)
-    except Exception as exc:  # noqa: BLE001 -- report, never stop the notebook
-        print(f"❌ {name} (backward): raised {type(exc).__name__}: {exc}")
+    gc.collect()
+    ctx = y.grad_fn
+    held = list(getattr(ctx, "saved_tensors", ()) or ())
+    held += [t for v in vars(ctx).values() for t in _held_tensors(v)] if hasattr(ctx, "__dict__") else []
+    big = [tuple(t.shape) for t in held if t.numel() >= x_numel]
+    if x_alive() is not None or big:
+        what = "x is still alive after forward returned" if x_alive() is not None else \
+            f"ctx holds a tensor as large as x ({big[0]})"
+        print(f"❌ {name}: {what}. The backward of RoPE needs only the angles (it is linear in "
+              "x): save freqs with ctx.save_for_backward, and keep no activation for it")
         return False
-    return check(f"{name} (grad_x)", gx, _reference_grad(g, freqs), atol=1e-5, rtol=1e-5,
-                 hint="backward returns one gradient per forward input: (grad_x, None)")
+    with count_launches() as bwd_launches:
+        try:
+            (gx,) = torch.autograd.grad(y, leaf, g, retain_graph=True)
+            (gx_sum,) = torch.autograd.grad(y.sum(), leaf)
+        except Exception as exc:  # noqa: BLE001 -- report, never stop the notebook
+            print(f"❌ {name} (backward): raised {type(exc).__name__}: {exc}")
+            return False
+    if bwd_launches["launches"] < 2:
+        print(f"❌ {name}: backward launched no Triton kernel: launch your backward kernel "
+              "(exercise 2) or ropelib's")
+        return False
+    if not _compare(gx, _reference_grad(g, freqs), 1e-5, 1e-5)[0]:
+        return check(f"{name} (grad_x)", gx, _reference_grad(g, freqs), atol=1e-5, rtol=1e-5,
+                     hint="backward returns one gradient per forward input: (grad_x, None)")
+    want_sum = _reference_grad(torch.ones((), device=device).expand(S, B, H, D), freqs)
+    if not _compare(gx_sum, want_sum, 1e-5, 1e-5)[0]:
+        return check(f"{name} (grad_x of y.sum(), a stride-0 gradient)", gx_sum, want_sum,
+                     atol=1e-5, rtol=1e-5)
+    print(f"✅ {name}: y and grad_x match the reference (also for y.sum()), forward and backward "
+          "launch kernels, and nothing as large as x is kept for the backward")
+    return True
 
 
 # --- worked solutions (shown folded in the notebooks) ----------------------------------------
@@ -245,42 +297,6 @@ def solution_row_index(row, S, B, H):
     b = (row // H) % B
     h = row % H
     return s, b, h
-
-
-@triton.jit
-def _rope_interleaved_solution_kernel(
-    x_ptr,  # *x: input [S, B, H, D], any strides
-    y_ptr,  # *y: output [S, B, H, D], contiguous
-    freqs_ptr,  # *fp32: angles [P, D] (f0 f0 f1 f1 ...), contiguous
-    B, H,  # batch size and heads: split the program id into (s, b, h)
-    stride_xs, stride_xb, stride_xh, stride_xd,  # x strides, in elements
-    HALF: tl.constexpr,  # D // 2: number of pairs
-    BLOCK_HALF: tl.constexpr,  # next power of two >= HALF
-):
-    # One program per row, as the naive kernel; pair j is (2j, 2j+1).
-    row = tl.program_id(0).to(tl.int64)
-    s, b, h = row // (B * H), (row // H) % B, row % H
-    j = tl.arange(0, BLOCK_HALF)
-    mask = j < HALF
-    theta_even = tl.load(freqs_ptr + s * 2 * HALF + 2 * j, mask=mask, other=0.0)
-    theta_odd = tl.load(freqs_ptr + s * 2 * HALF + 2 * j + 1, mask=mask, other=0.0)
-    x_row = x_ptr + s * stride_xs + b * stride_xb + h * stride_xh
-    x_even = tl.load(x_row + 2 * j * stride_xd, mask=mask, other=0.0).to(tl.float32)
-    x_odd = tl.load(x_row + (2 * j + 1) * stride_xd, mask=mask, other=0.0).to(tl.float32)
-    y_even = x_even * tl.cos(theta_even) - x_odd * tl.sin(theta_even)
-    y_odd = x_odd * tl.cos(theta_odd) + x_even * tl.sin(theta_odd)
-    y_row = y_ptr + row * 2 * HALF
-    tl.store(y_row + 2 * j, y_even.to(y_ptr.dtype.element_ty), mask=mask)
-    tl.store(y_row + 2 * j + 1, y_odd.to(y_ptr.dtype.element_ty), mask=mask)
-
-
-def solution_rope_interleaved(x, freqs):
-    S, B, H, D = x.shape
-    f = freqs.reshape(freqs.shape[0], D).contiguous()
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    _rope_interleaved_solution_kernel[(S * B * H,)](
-        x, y, f, B, H, *x.stride(), HALF=D // 2, BLOCK_HALF=triton.next_power_of_2(D // 2))
-    return y
 
 
 def solution_angle_bytes(generation, S, B, H, D):
@@ -307,7 +323,19 @@ def solution_backward_matrix(theta):
 
 
 def solution_rope_backward(grad_y, freqs):
-    return rope_batch_reuse(grad_y, freqs, backward=True)  # reads stride-0 grad_y as it is
+    from .backward_kernel import _rope_backward_solution_kernel  # exercise 2's kernel
+
+    S, B, H, D = grad_y.shape
+    R = freqs.shape[-1]
+    f2 = freqs.reshape(freqs.shape[0], R)[:S].float().contiguous()   # [S, R] as the kernel reads it
+    grad_x = torch.empty(grad_y.shape, dtype=grad_y.dtype, device=grad_y.device)
+    _rope_backward_solution_kernel[(S, H)](                          # grid (S, H), loop over B
+        grad_y, grad_x, f2, B,
+        *grad_y.stride(),                 # any strides: stride-0 grad_y is read as it is
+        grad_x.stride(0), grad_x.stride(1), grad_x.stride(2),
+        D, ROT_HALF=R // 2, BLOCK_HALF=triton.next_power_of_2(R // 2),
+        BLOCK_PASS=triton.next_power_of_2(max(D - R, 1)))
+    return grad_x
 
 
 class SolutionRopeFunction(torch.autograd.Function):
@@ -319,4 +347,4 @@ class SolutionRopeFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_y):
         (freqs,) = ctx.saved_tensors
-        return rope_batch_reuse(grad_y, freqs, backward=True), None  # no gradient for freqs
+        return solution_rope_backward(grad_y, freqs), None  # your kernel; no gradient for freqs

@@ -1,0 +1,402 @@
+"""Why is a batch-reusing Triton RoPE kernel faster than Transformer Engine's? An ablation.
+
+    python benchmarks/ablation.py --out benchmarks/results/ablation.csv   # on a GPU (~2 min)
+    TRITON_INTERPRET=1 python benchmarks/ablation.py --dry-run            # CPU: tiny shapes, no timing
+
+Notebook 04 retells an earlier project whose (S, H)-grid Triton kernel, which computes cos/sin
+once per (position, head) and loops over the batch, beat Transformer Engine's fused RoPE. Reusing
+cos/sin cannot be the reason by itself: TE's `fused_rope.cu` launches a grid (s, b) and reuses the
+cos/sin of a position across all h heads, so per position it evaluates them b times where the
+(S, H) grid evaluates them h times. This script times, at large bf16 sbhd sizes, kernels that
+differ in one factor at a time, so each factor's share can be read off:
+
+* the floor: a device copy `y.copy_(x)` of the same tensor, and the references: TE fused (if
+  installed), ropelib's naive kernel, its batch-reuse kernel and its finished kernel;
+* one ablation kernel (`_rope_ablation_kernel`) with switches, each row changing one of them:
+  - batch per program: all B rows (cos/sin reused over the batch) vs one (grid (S, H, B));
+  - cos/sin computed from the angles vs read from precomputed fp32 cos and sin tables;
+  - the batch loop at run time (`range`) vs unrolled at compile time (`tl.static_range`);
+  - heads per program (the tile's rows): 1 (the (S, H) grid), 2, 4, 8, and all H with one batch
+    row per program, which is TE's grid (s, b) written in Triton;
+  - warps per program (with the tile, this sets how many contiguous elements each thread moves).
+
+Every variant's output is checked against `ropelib.reference` (fp64) before it is timed. Timings
+are `triton.testing.do_bench` medians (20 %/80 % quantiles alongside) in ms; GB/s uses
+ropelib.compare's bytes model (x read + y written + the fp32 angle table read once) for every
+row, so GB/s ratios are time ratios; `pct_of_copy` compares with the copy timed in the same run.
+The CSV starts with `# key: value` lines (GPU, driver, versions, date) that ropelib.compare
+reads back. `--dry-run` runs every variant through Triton's interpreter on tiny shapes and
+checks its output; it times nothing.
+"""
+import argparse
+import csv
+import os
+import sys
+from pathlib import Path
+
+try:  # Transformer Engine first: it loads its own CUDA libraries before torch and triton do
+    import transformer_engine.pytorch  # noqa: F401
+    TE_WHY = ""
+except Exception as exc:  # noqa: BLE001 -- optional; the reason goes into the CSV
+    TE_WHY = f"Transformer Engine not importable ({type(exc).__name__})"
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit below or in ropelib
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # run from a checkout without `pip install -e .`
+    sys.path.insert(0, str(REPO_ROOT))
+
+import ropelib  # noqa: E402
+from ropelib import compare, reference, runtime  # noqa: E402
+from ropelib.kernels.batch_reuse import rope_batch_reuse  # noqa: E402
+from ropelib.kernels.common import BF16_RTNE, round_to  # noqa: E402
+from ropelib.kernels.naive import rope_naive  # noqa: E402
+
+CSV_PATH = REPO_ROOT / "benchmarks" / "results" / "ablation.csv"
+FIELDS = ["case", "seq_len", "batch", "heads", "head_dim", "dtype", "variant", "factor",
+          "description", "available", "reason", "grid", "programs", "heads_per_program",
+          "batch_per_program", "batch_loop", "cos_sin", "num_warps", "tile_elems",
+          "elems_per_thread", "cos_sin_per_position", "max_head_ulp_err", "ms", "ms_p20", "ms_p80",
+          "gbps", "copy_gbps", "pct_of_copy"]
+
+
+# --- the ablation kernel ----------------------------------------------------------------------
+
+@triton.jit
+def _rotate_tile(x_ptr, y_ptr, x_off, y_off, mask, cos1, sin1, cos2, sin2,
+                 HALF: tl.constexpr,  # features in each half
+                 BF16_RTNE: tl.constexpr):  # round bf16 to nearest even by hand (interpreter)
+    # one [heads, BLOCK_HALF] tile of both halves: y1 = x1 c1 - x2 s1, y2 = x2 c2 + x1 s2
+    x1 = tl.load(x_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_ptr + x_off + HALF, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + y_off, round_to(x1 * cos1 - x2 * sin1, y_ptr.dtype.element_ty, BF16_RTNE),
+             mask=mask)
+    tl.store(y_ptr + y_off + HALF,
+             round_to(x2 * cos2 + x1 * sin2, y_ptr.dtype.element_ty, BF16_RTNE), mask=mask)
+
+
+@triton.jit
+def _rope_ablation_kernel(
+    x_ptr,  # *x: input [S, B, H, D], last dim contiguous
+    y_ptr,  # *y: output [S, B, H, D], last dim contiguous
+    freqs_ptr,  # *fp32: angles [S, D], contiguous (TABLE=False)
+    cos_ptr, sin_ptr,  # *fp32: cos and sin of the angles [S, D], contiguous (TABLE=True)
+    B, H,  # batch size, heads
+    BATCH_PER_PROGRAM,  # batch rows each program loops over at run time; divides B
+    stride_xs, stride_xb, stride_xh,  # x strides, in elements
+    stride_ys, stride_yb, stride_yh,  # y strides, in elements
+    HALF: tl.constexpr,  # D // 2
+    BLOCK_HALF: tl.constexpr,  # next power of two >= HALF
+    BLOCK_H: tl.constexpr,  # heads per program: the rows of the tile
+    UNROLL_B: tl.constexpr,  # 0: runtime loop; n > 0 (divides B): n rows unrolled (static_range)
+    TABLE: tl.constexpr,  # True: read cos/sin tables; False: compute cos/sin from the angles
+    BF16_RTNE: tl.constexpr,  # round bf16 to nearest even by hand (the interpreter truncates)
+):
+    # grid (S, cdiv(H, BLOCK_H), cdiv(B, batch rows per program))
+    s = tl.program_id(0).to(tl.int64)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H]
+    offs = tl.arange(0, BLOCK_HALF)  # [BLOCK_HALF]
+    d_mask = offs < HALF
+    mask = (heads < H)[:, None] & d_mask[None, :]  # [BLOCK_H, BLOCK_HALF]
+
+    # cos/sin of position s, once per program, shared by its heads and its batch rows
+    row = s * 2 * HALF
+    if TABLE:
+        cos1 = tl.load(cos_ptr + row + offs, mask=d_mask, other=0.0)
+        cos2 = tl.load(cos_ptr + row + HALF + offs, mask=d_mask, other=0.0)
+        sin1 = tl.load(sin_ptr + row + offs, mask=d_mask, other=0.0)
+        sin2 = tl.load(sin_ptr + row + HALF + offs, mask=d_mask, other=0.0)
+    else:
+        theta1 = tl.load(freqs_ptr + row + offs, mask=d_mask, other=0.0)
+        theta2 = tl.load(freqs_ptr + row + HALF + offs, mask=d_mask, other=0.0)
+        cos1, sin1 = tl.cos(theta1), tl.sin(theta1)
+        cos2, sin2 = tl.cos(theta2), tl.sin(theta2)
+    cos1, sin1 = cos1[None, :], sin1[None, :]
+    cos2, sin2 = cos2[None, :], sin2[None, :]
+
+    x_off = s * stride_xs + heads[:, None] * stride_xh + offs[None, :]
+    y_off = s * stride_ys + heads[:, None] * stride_yh + offs[None, :]
+    if UNROLL_B > 0:
+        b0 = tl.program_id(2) * UNROLL_B
+        for i in tl.static_range(UNROLL_B):
+            b = b0 + i
+            _rotate_tile(x_ptr, y_ptr, x_off + b * stride_xb, y_off + b * stride_yb,
+                         mask, cos1, sin1, cos2, sin2, HALF, BF16_RTNE)
+    else:
+        b0 = tl.program_id(2) * BATCH_PER_PROGRAM
+        for i in range(0, BATCH_PER_PROGRAM):
+            b = b0 + i
+            _rotate_tile(x_ptr, y_ptr, x_off + b * stride_xb, y_off + b * stride_yb,
+                         mask, cos1, sin1, cos2, sin2, HALF, BF16_RTNE)
+
+
+def default_warps(tile_elems: int) -> int:
+    """One warp per 128 elements of a half-tile, 1 to 8 (ropelib's teaching kernels' rule)."""
+    return max(1, min(8, tile_elems // 128))
+
+
+def rope_ablation(x, freqs2d, cos2d, sin2d, *, heads_per_program=1, batch_per_program=None,
+                  unroll=False, table=False, num_warps=None, out=None):
+    """Launch the ablation kernel. batch_per_program None: all B rows in each program."""
+    S, B, H, D = x.shape
+    half, block_half = D // 2, triton.next_power_of_2(D // 2)
+    bpp = B if batch_per_program is None else batch_per_program
+    if B % bpp:
+        raise ValueError(f"batch_per_program={bpp} must divide B={B} (the kernel has no batch mask)")
+    y = torch.empty_like(x) if out is None else out
+    grid = (S, triton.cdiv(H, heads_per_program), triton.cdiv(B, bpp))
+    warps = num_warps or default_warps(heads_per_program * block_half)
+    _rope_ablation_kernel[grid](
+        x, y, freqs2d, cos2d, sin2d, B, H, bpp,
+        x.stride(0), x.stride(1), x.stride(2), y.stride(0), y.stride(1), y.stride(2),
+        HALF=half, BLOCK_HALF=block_half, BLOCK_H=heads_per_program,
+        UNROLL_B=bpp if unroll else 0, TABLE=table, BF16_RTNE=BF16_RTNE, num_warps=warps)
+    return y
+
+
+def variants(H: int):
+    """[(name, factor, description, options)] of the ablation kernel; one factor per row."""
+    v = [
+        ("sh_loop_b", "baseline", "grid (S, H), loop over all B rows: the batch-reuse structure",
+         dict()),
+        ("sh_one_b", "batch per program",
+         "grid (S, H, B), one batch row per program: no reuse over the batch",
+         dict(batch_per_program=1)),
+        ("sh_loop_b_table", "cos/sin source", "as sh_loop_b, cos/sin read from fp32 tables",
+         dict(table=True)),
+        ("sh_one_b_table", "cos/sin source", "as sh_one_b, cos/sin read from fp32 tables",
+         dict(batch_per_program=1, table=True)),
+        ("sh_loop_b_unrolled", "batch loop", "as sh_loop_b, the loop unrolled (tl.static_range)",
+         dict(unroll=True)),
+    ]
+    for hp in (2, 4, 8):
+        if hp < H:
+            v.append((f"heads{hp}_loop_b", "heads per program",
+                      f"{hp} heads per program (a [{hp}, D/2] tile), loop over all B rows",
+                      dict(heads_per_program=hp)))
+    v.append(("heads_all_one_b", "heads per program",
+              "all H heads per program, one batch row: TE's grid (s, b), in Triton",
+              dict(heads_per_program=triton.next_power_of_2(H), batch_per_program=1)))
+    v.append(("heads_all_one_b_table", "heads per program",
+              "as heads_all_one_b, cos/sin read from fp32 tables",
+              dict(heads_per_program=triton.next_power_of_2(H), batch_per_program=1, table=True)))
+    for w in (1, 2, 4, 8):
+        v.append((f"sh_loop_b_w{w}", "num_warps", f"as sh_loop_b with num_warps={w}",
+                  dict(num_warps=w)))
+    hp = min(8, triton.next_power_of_2(H))
+    for w in (1, 2, 4, 8):
+        v.append((f"heads{hp}_loop_b_w{w}", "num_warps",
+                  f"{hp} heads per program, loop over all B rows, num_warps={w}",
+                  dict(heads_per_program=hp, num_warps=w)))
+    return v
+
+
+def cases(dry_run: bool):
+    """[(name, S, B, H, D)]: bf16 sbhd; the second has b = 1 and the same bytes."""
+    if dry_run:  # interpreter-sized; D = 24 makes a masked half (12 of 16 lanes)
+        return [("tiny", 3, 3, 4, 16), ("tiny-b1", 4, 1, 3, 24)]
+    return [("s4096-b8", 4096, 8, 32, 128), ("s32768-b1", 32768, 1, 32, 128)]
+
+
+# --- the other providers ----------------------------------------------------------------------
+
+def _te_apply():
+    """TE's apply_rotary_pos_emb, or (None, why)."""
+    if TE_WHY:
+        return None, TE_WHY
+    for module in ("transformer_engine.pytorch.attention.rope", "transformer_engine.pytorch.attention"):
+        try:
+            mod = __import__(module, fromlist=["apply_rotary_pos_emb"])
+            return mod.apply_rotary_pos_emb, ""
+        except (ImportError, AttributeError):
+            continue
+    return None, "apply_rotary_pos_emb not found in transformer_engine.pytorch.attention"
+
+
+def providers(x, freqs4d, H):
+    """[(name, factor, description, fn or None, options, why)] for one case."""
+    freqs2d = freqs4d.reshape(freqs4d.shape[0], -1).contiguous()
+    cos2d, sin2d = torch.cos(freqs2d), torch.sin(freqs2d)
+    te, te_why = _te_apply()
+    if te is not None and not runtime.on_gpu():
+        te, te_why = None, "Transformer Engine needs a GPU"
+    out = [
+        ("copy", "floor", "y.copy_(x): the least any kernel must move", None, {}, ""),
+        ("te_fused", "reference", "Transformer Engine apply_rotary_pos_emb(fused=True)",
+         (lambda: te(x, freqs4d, tensor_format="sbhd", fused=True)) if te else None, {}, te_why),
+        ("ropelib_naive", "reference", "ropelib naive kernel: grid (S*B*H,)",
+         lambda: rope_naive(x, freqs4d), {}, ""),
+        ("ropelib_batch_reuse", "reference", "ropelib batch-reuse kernel: grid (S, H), loop over B",
+         lambda: rope_batch_reuse(x, freqs4d), {}, ""),
+        ("ropelib_finished", "reference", "ropelib.apply_rope (the finished kernel)",
+         lambda: ropelib.apply_rope(x, freqs4d, layout="sbhd"), {}, ""),
+    ]
+    for name, factor, desc, opts in variants(H):
+        out.append((name, factor, desc,
+                    (lambda o=opts: rope_ablation(x, freqs2d, cos2d, sin2d, **o)), opts, ""))
+    return out
+
+
+def _shape_columns(S, B, H, D, opts):
+    """The ablation kernel's launch, as columns: grid, programs, tile, cos/sin evaluations."""
+    hp = opts.get("heads_per_program", 1)
+    bpp = opts.get("batch_per_program") or B
+    block_half = triton.next_power_of_2(D // 2)
+    grid = (S, triton.cdiv(H, hp), triton.cdiv(B, bpp))
+    warps = opts.get("num_warps") or default_warps(hp * block_half)
+    programs_per_position = grid[1] * grid[2]
+    return dict(grid="x".join(map(str, grid)), programs=grid[0] * programs_per_position,
+                heads_per_program=hp, batch_per_program=bpp,
+                batch_loop="unrolled" if opts.get("unroll") else "runtime",
+                cos_sin="table" if opts.get("table") else "computed", num_warps=warps,
+                tile_elems=hp * block_half, elems_per_thread=hp * block_half / (32 * warps),
+                cos_sin_per_position=0 if opts.get("table") else programs_per_position * D)
+
+
+def run(dry_run: bool, progress: bool = True):
+    """Check every provider's output on every case; time it unless dry_run. Returns rows."""
+    if not dry_run and not runtime.on_gpu():
+        raise SystemExit(f"{runtime.mode()}: timings need a GPU; use --dry-run here")
+    device = runtime.default_device()
+    rows = []
+    for case, S, B, H, D in cases(dry_run):
+        if progress:
+            print(f"{case}: sbhd s={S}, b={B}, h={H}, d={D}, bf16", flush=True)
+        gen = torch.Generator(device=device).manual_seed(0)
+        x = torch.randn(S, B, H, D, device=device, dtype=torch.bfloat16, generator=gen)
+        freqs4d = compare.angles(S, D).to(device).view(S, 1, 1, D)
+        want = reference.rope_reference(x.double(), freqs4d)  # fp64
+        nbytes = compare.bytes_moved(compare.Config(S, B, H, D, dtype="bf16"))
+        copy_bytes = 2 * x.numel() * x.element_size()
+        y_copy = torch.empty_like(x)
+        copy_ms = copy_gbps = None
+        if not dry_run:
+            copy_ms = triton.testing.do_bench(lambda: y_copy.copy_(x), quantiles=[0.5, 0.2, 0.8])
+            copy_gbps = copy_bytes / copy_ms[0] / 1e6
+        for name, factor, desc, fn, opts, why in providers(x, freqs4d, H):
+            row = dict(case=case, seq_len=S, batch=B, heads=H, head_dim=D, dtype="bf16",
+                       variant=name, factor=factor, description=desc, available=True, reason="")
+            if opts or name.startswith(("sh_", "heads")):
+                row.update(_shape_columns(S, B, H, D, opts))
+            if name == "copy":
+                if copy_ms:
+                    row.update(ms=copy_ms[0], ms_p20=copy_ms[1], ms_p80=copy_ms[2],
+                               gbps=copy_gbps, copy_gbps=copy_gbps, pct_of_copy=100.0)
+                rows.append(row)
+                continue
+            if fn is None:
+                row.update(available=False, reason=why)
+                rows.append(row)
+                if progress:
+                    print(f"  {name:24s} not run: {why}", flush=True)
+                continue
+            try:
+                y = fn()
+                err = compare.error_metrics(y, want)["max_head_ulp_err"]
+            except Exception as exc:  # noqa: BLE001 -- one failing provider must not stop the run
+                row.update(available=False, reason=f"{type(exc).__name__}: {exc}"[:200])
+                rows.append(row)
+                if progress:
+                    print(f"  {name:24s} failed: {row['reason']}", flush=True)
+                continue
+            row["max_head_ulp_err"] = err
+            if not err <= 1.0:
+                row.update(available=False, reason=f"output differs from the reference "
+                                                    f"({err:.2f} head ulps)")
+            elif not dry_run:
+                ms = triton.testing.do_bench(fn, quantiles=[0.5, 0.2, 0.8])
+                gbps = nbytes / ms[0] / 1e6
+                row.update(ms=ms[0], ms_p20=ms[1], ms_p80=ms[2], gbps=gbps, copy_gbps=copy_gbps,
+                           pct_of_copy=100.0 * gbps / copy_gbps)
+            rows.append(row)
+            if progress:
+                print("  " + line(row), flush=True)
+    return rows
+
+
+def line(row) -> str:
+    """One printed line per row."""
+    if not row.get("available"):
+        return f"{row['variant']:24s} not run: {row.get('reason')}"
+    if row.get("ms") is None:
+        return f"{row['variant']:24s} output checked ({row.get('max_head_ulp_err', 0):.2f} head ulps)"
+    return (f"{row['variant']:24s} {row['ms']:8.4f} ms {row['gbps']:7.0f} GB/s "
+            f"{row['pct_of_copy']:5.1f}% of copy")
+
+
+def write(rows, path) -> str:
+    """The rows to CSV, after `# key: value` provenance lines (ropelib.compare.read_meta)."""
+    meta = compare.environment_meta()
+    meta["script"] = "benchmarks/ablation.py"
+    meta["bytes_model"] = "x read + y written + fp32 angles [S, D] read once; copy: x + y"
+    meta["timing"] = "triton.testing.do_bench median ms (p20, p80)" if runtime.on_gpu() else \
+        "none (dry run: outputs checked only)"
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        for k, v in meta.items():
+            f.write(f"# {k}: {str(v).replace(chr(10), ' ')}\n")
+        w = csv.DictWriter(f, fieldnames=FIELDS)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: "" if r.get(k) is None else r.get(k) for k in FIELDS})
+    return str(path)
+
+
+def table(rows) -> str:
+    """The printed summary: per case, every row's time and its ratio to the baseline variant."""
+    out = []
+    for case in dict.fromkeys(r["case"] for r in rows):
+        rs = [r for r in rows if r["case"] == case]
+        base = next((r for r in rs if r["variant"] == "sh_loop_b" and r.get("ms")), None)
+        r0 = rs[0]
+        out.append(f"\n{case}: sbhd s={r0['seq_len']}, b={r0['batch']}, h={r0['heads']}, "
+                   f"d={r0['head_dim']}, bf16")
+        out.append(f"{'variant':24s} {'factor':18s} {'ms':>9s} {'GB/s':>7s} {'% copy':>7s} "
+                   f"{'vs sh_loop_b':>12s}")
+        for r in rs:
+            if r.get("ms") is None:
+                out.append(f"{r['variant']:24s} {r['factor']:18s} "
+                           + (("(output checked, not timed)" if r.get("max_head_ulp_err") is not None
+                               else "(not timed)") if r.get("available") else
+                              f"not run: {r.get('reason')}"))
+                continue
+            rel = f"{base['ms'] / r['ms']:.2f}x" if base else ""
+            out.append(f"{r['variant']:24s} {r['factor']:18s} {r['ms']:9.4f} {r['gbps']:7.0f} "
+                       f"{r['pct_of_copy']:6.1f}% {rel:>12s}")
+    return "\n".join(out)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=None,
+                    help=f"CSV path (the committed results: {CSV_PATH.relative_to(REPO_ROOT)})")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="tiny shapes through the interpreter: check every output, time nothing")
+    args = ap.parse_args(argv)
+    if args.out is None and not args.dry_run:
+        ap.error("--out is required (where the CSV goes)")
+    if args.dry_run and args.out is not None and args.out.resolve() == CSV_PATH.resolve():
+        ap.error("a dry run must not replace the committed GPU results: pass --out elsewhere")
+    print(runtime.mode())
+    rows = run(args.dry_run)
+    print(table(rows))
+    # TE is optional; every other provider must run and match the reference
+    failed = [f"{r['case']}/{r['variant']}" for r in rows
+              if not r.get("available") and r["variant"] != "te_fused"]
+    if args.out is not None:
+        print("wrote", write(rows, args.out))
+    if failed:
+        print("failed or differ from the reference:", ", ".join(failed))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

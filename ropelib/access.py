@@ -1,0 +1,135 @@
+"""Which bytes a Triton kernel touches: a launch's loads and stores, recorded in the interpreter.
+
+A study tool (notebook 03). `record(kernel, grid, *args)` launches `kernel[grid](*args)` in
+Triton's CPU interpreter with `tl.load`/`tl.store` wrapped, and returns one `Access` per memory
+instruction each program ran: which program, load or store, and the byte address of every lane
+the mask left on. `sector_use` turns one access into what a GPU's memory system sees: the
+32-byte sectors it touches and how many of their bytes it uses.
+
+The addresses are measured, not computed from the kernel's source: what the interpreter loads
+and stores is what the kernel asked for. (Which lanes a GPU groups into one warp instruction
+depends on the compiler's layout; a program's tile is the unit recorded here.)
+"""
+import contextlib
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Tuple
+
+import numpy as np
+import torch
+
+SECTOR_BYTES = 32  # the unit an NVIDIA GPU's L1/L2 move: a cache line is 4 sectors of 32 bytes
+
+
+@dataclass(frozen=True)
+class Access:
+    """One memory instruction of one program."""
+    program: Tuple[int, int, int]  # tl.program_id(0), (1), (2)
+    kind: str                      # "load" or "store"
+    addresses: np.ndarray          # uint64 byte address of each live lane, in lane order
+    itemsize: int                  # bytes per element
+
+    def offsets(self, tensor: torch.Tensor) -> np.ndarray:
+        """Byte offsets of the lanes from the start of `tensor`'s data."""
+        return self.addresses.astype(np.int64) - np.int64(tensor.data_ptr())
+
+    def within(self, tensor: torch.Tensor) -> bool:
+        """True when every lane lies in `tensor`'s storage."""
+        start = tensor.untyped_storage().data_ptr()
+        end = start + tensor.untyped_storage().nbytes()
+        a = self.addresses
+        return a.size > 0 and bool(((a >= start) & (a + self.itemsize <= end)).all())
+
+
+def _interpreted(kernel):
+    """The interpreter's version of a @triton.jit kernel (also when the GPU compiler is on)."""
+    from triton.runtime.interpreter import InterpretedFunction
+    if isinstance(kernel, InterpretedFunction):
+        return kernel
+    fn = getattr(kernel, "fn", None)
+    if fn is None:
+        raise TypeError(f"record: expected a @triton.jit kernel, got {type(kernel).__name__}")
+    return InterpretedFunction(fn)
+
+
+@contextlib.contextmanager
+def _recording(log: List[Access]):
+    from triton.runtime import interpreter as interp
+
+    builder = interp.InterpreterBuilder
+    load, store = builder.create_masked_load, builder.create_masked_store
+
+    def _add(self, kind, ptrs, mask):
+        live = np.broadcast_to(mask.data, ptrs.data.shape).astype(bool)
+        log.append(Access(tuple(int(i) for i in self.grid_idx), kind,
+                          ptrs.data[live].astype(np.uint64).ravel().copy(),
+                          ptrs.get_element_ty().primitive_bitwidth // 8))
+
+    def masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
+        _add(self, "load", ptrs, mask)
+        return load(self, ptrs, mask, other, cache_policy, is_volatile)
+
+    def masked_store(self, ptrs, value, mask, cache_policy):
+        _add(self, "store", ptrs, mask)
+        return store(self, ptrs, value, mask, cache_policy)
+
+    builder.create_masked_load, builder.create_masked_store = masked_load, masked_store
+    try:
+        yield log
+    finally:
+        builder.create_masked_load, builder.create_masked_store = load, store
+
+
+def record(kernel, grid, *args, **kwargs) -> List[Access]:
+    """Launch kernel[grid](*args, **kwargs) in the interpreter; return every load and store run.
+
+    Args:
+        kernel: a @triton.jit function (run through the interpreter even on a GPU machine).
+        grid: the launch grid, a tuple.
+        args, kwargs: the kernel's arguments; tensors must be CPU tensors, so that the recorded
+            addresses are those of the tensors passed (compare with `tensor.data_ptr()`).
+    Returns:
+        One Access per executed tl.load / tl.store, in program order (masked-off lanes dropped).
+    """
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor) and a.device.type != "cpu":
+            raise ValueError("record: pass CPU tensors (the interpreter runs on the CPU), got one "
+                             f"on {a.device}")
+    log: List[Access] = []
+    with _recording(log):
+        _interpreted(kernel)[grid](*args, **kwargs)
+    return log
+
+
+def sector_use(access: Access, base: int = 0) -> Dict[int, int]:
+    """{sector index: bytes of it the access uses}; sectors counted from byte `base`."""
+    first = (access.addresses.astype(np.int64) - base) // SECTOR_BYTES
+    used: Dict[int, int] = {}
+    for sector in first.tolist():  # elements of 1, 2, 4, 8 bytes never straddle a sector
+        used[sector] = used.get(sector, 0) + access.itemsize
+    return used
+
+
+def summary(accesses, kind: str) -> Dict[str, float]:
+    """Instructions, sectors moved (summed over instructions), distinct sectors and the fraction
+    of the moved sector bytes that were used, for the accesses of one kind ("load"/"store")."""
+    mine = [a for a in accesses if a.kind == kind]
+    moved = used = 0
+    distinct = set()
+    for a in mine:
+        u = sector_use(a)
+        moved += len(u)
+        used += sum(u.values())
+        distinct.update(u)
+    return {"instructions": len(mine), "sectors moved": moved, "distinct sectors": len(distinct),
+            "bytes used": used, "efficiency": used / (moved * SECTOR_BYTES) if moved else 0.0}
+
+
+def by_tensor(accesses, tensors: Mapping[str, torch.Tensor]) -> Dict[str, List[Access]]:
+    """Group accesses by the named tensor whose storage they lie in (others are left out)."""
+    out: Dict[str, List[Access]] = {name: [] for name in tensors}
+    for a in accesses:
+        for name, t in tensors.items():
+            if a.within(t):
+                out[name].append(a)
+                break
+    return out

@@ -1,0 +1,291 @@
+"""Notebook 04's kernel exercise: write the batch-reusing kernel from a blank `@triton.jit`.
+
+The learner's kernel has a fixed signature (`KERNEL_SIGNATURE`, printed in the notebook) and is
+launched by the check itself, on grid (S, H), into an output buffer the check allocates and fills
+with NaN. So nothing a Python function returns can pass, an element the kernel forgets to write
+stays NaN, and a kernel that skips the batch loop leaves every batch entry but the first unwritten.
+The inputs are drawn fresh: several shapes, a non-contiguous x (a bshd tensor seen as sbhd, with
+a feature stride of 2), partial rotary (features R..D-1 copied unchanged) and fp16. Under the
+interpreter the check also counts how often the kernel evaluates cos/sin: once per program, not
+once per batch row, is the point of the grid.
+
+The helpers here (blank-kernel detection, the launch, the cos/sin counter, the comparison) also
+serve notebook 05's backward-kernel exercise (`backward_kernel`).
+"""
+import ast
+import contextlib
+import inspect
+import textwrap
+from typing import Callable, Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import reference, runtime
+from . import _compare, check, solution
+
+__all__ = ["KERNEL_SIGNATURE", "check_batch_reuse_kernel", "show_solution", "launch",
+           "is_blank_kernel", "count_trig"]
+
+KERNEL_SIGNATURE = '''\
+@triton.jit
+def my_batch_reuse_kernel(
+    x_ptr,  # *x: input [S, B, H, D], any strides
+    y_ptr,  # *y: output [S, B, H, D], contiguous, same dtype as x
+    freqs_ptr,  # *fp32: angles [S, R], contiguous; R = 2 * ROT_HALF <= D
+    B,  # batch size: each program loops over it
+    stride_xs, stride_xb, stride_xh, stride_xd,  # x strides, in elements
+    stride_ys, stride_yb, stride_yh,  # y strides, in elements (stride_yd == 1)
+    D,  # head dim: features R..D-1 are copied unchanged (partial rotary)
+    ROT_HALF: tl.constexpr,  # R // 2: features in each rotated half
+    BLOCK_HALF: tl.constexpr,  # next power of two >= ROT_HALF
+    BLOCK_PASS: tl.constexpr,  # next power of two >= D - R (1 when R == D)
+):
+    # launched on grid (S, H): program (s, h) rotates x[s, b, h, :] for every b
+    pass  # your code
+'''
+
+
+# --- what every kernel check needs ------------------------------------------------------------
+
+def is_kernel(obj) -> bool:
+    """True for a @triton.jit function (compiled, or run by the interpreter)."""
+    return isinstance(obj, triton.runtime.KernelInterface)
+
+
+def is_blank_kernel(kernel) -> bool:
+    """True when the kernel's body holds nothing but a docstring, `pass`, `...` and comments."""
+    fn = getattr(kernel, "fn", kernel)
+    try:
+        src = getattr(kernel, "src", None) or inspect.getsource(fn)
+        tree = ast.parse(textwrap.dedent(src))
+    except (OSError, TypeError, SyntaxError):
+        return False  # no source to read: let the launch decide
+    body = tree.body[0].body if tree.body and hasattr(tree.body[0], "body") else []
+    for stmt in body:
+        if isinstance(stmt, ast.Pass):
+            continue
+        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) \
+                and (stmt.value.value is Ellipsis or isinstance(stmt.value.value, str)):
+            continue
+        return False
+    return True
+
+
+def kernel_ready(name: str, kernel) -> bool:
+    """Print ❌ and return False when `kernel` is missing, not a Triton kernel, or still blank."""
+    if kernel is None or kernel is Ellipsis:
+        print(f"❌ {name}: no answer yet (define the kernel)")
+        return False
+    if not is_kernel(kernel):
+        print(f"❌ {name}: expected a @triton.jit kernel, got {type(kernel).__name__}: the check "
+              "launches your kernel itself, so a Python function cannot answer")
+        return False
+    if is_blank_kernel(kernel):
+        print(f"❌ {name}: no answer yet (write the kernel body in place of `pass`, then rerun "
+              "the cell)")
+        return False
+    return True
+
+
+def launch(kernel, x: torch.Tensor, freqs2d: torch.Tensor) -> torch.Tensor:
+    """Launch `kernel` (KERNEL_SIGNATURE's argument order) on grid (S, H); return its output.
+
+    x: [S, B, H, D], any strides; freqs2d: contiguous fp32 [S, R], R <= D, R even. The output
+    starts as NaN, so an element the kernel does not write stays NaN.
+    """
+    S, B, H, D = x.shape
+    R = freqs2d.shape[-1]
+    y = torch.full(x.shape, float("nan"), dtype=x.dtype, device=x.device)
+    kernel[(S, H)](
+        x, y, freqs2d, B,
+        x.stride(0), x.stride(1), x.stride(2), x.stride(3),
+        y.stride(0), y.stride(1), y.stride(2),
+        D,
+        ROT_HALF=R // 2, BLOCK_HALF=triton.next_power_of_2(R // 2),
+        BLOCK_PASS=triton.next_power_of_2(max(D - R, 1)),
+    )
+    return y
+
+
+@contextlib.contextmanager
+def count_trig():
+    """Count cos/sin tile evaluations inside the block (interpreter only; else yields None)."""
+    if not runtime.INTERPRET:
+        yield None
+        return
+    from triton.runtime.interpreter import InterpreterBuilder
+    counts = {"trig": 0}
+    saved = {n: getattr(InterpreterBuilder, n) for n in ("create_cos", "create_sin")}
+
+    def counting(original):
+        def wrapper(self, arg):
+            counts["trig"] += 1
+            return original(self, arg)
+        return wrapper
+    for n, original in saved.items():
+        setattr(InterpreterBuilder, n, counting(original))
+    try:
+        yield counts
+    finally:
+        for n, original in saved.items():
+            setattr(InterpreterBuilder, n, original)
+
+
+def _short(exc: Exception) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
+
+
+def _unwritten(y: torch.Tensor, R: int) -> Optional[str]:
+    """None when every element was written; else what was left NaN, and the likely reason."""
+    bad = torch.isnan(y)
+    if not bool(bad.any()):
+        return None
+    S, B, H, D = y.shape
+    first = tuple(int(i) for i in bad.nonzero()[0])
+    why = ""
+    if B > 1 and not bool(bad[:, 0].any()) and bool(bad[:, 1:].all()):
+        why = "only batch entry b = 0 was written: loop over b in range(0, B)"
+    elif R < D and bool(bad[..., R:].all()) and not bool(bad[..., :R].any()):
+        why = "the pass-through features R..D-1 were not copied"
+    elif bool(bad.all()):
+        why = "nothing was written: does the kernel tl.store into y_ptr?"
+    return (f"{int(bad.sum())} of {bad.numel()} output elements were not written (the output "
+            f"starts as NaN), first at [s, b, h, d] = {list(first)}" + (f"; {why}" if why else ""))
+
+
+def check_kernel_cases(name: str, kernel, cases, expected: Callable, *, hint: str,
+                       reuse_check: bool = True) -> bool:
+    """Launch `kernel` on every (label, x, freqs2d); compare with expected(x, freqs2d).
+
+    Prints one ✅ line, or ❌ for the first case that fails; returns the verdict; never raises.
+    With `reuse_check`, also checks under the interpreter that cos/sin are evaluated as often for
+    a batch of 3 as for a batch of 1 (once per program, before the batch loop).
+    """
+    if not kernel_ready(name, kernel):
+        return False
+    for label, x, f2 in cases:
+        try:
+            y = launch(kernel, x, f2)
+        except Exception as exc:  # noqa: BLE001 -- report, never stop the notebook
+            print(f"❌ {name} ({label}): launching your kernel raised {_short(exc)}")
+            return False
+        missing = _unwritten(y, f2.shape[-1])
+        if missing:
+            print(f"❌ {name} ({label}): {missing}")
+            return False
+        want = expected(x, f2)
+        ok, _ = _compare(y, want, None, None)
+        if not ok:
+            return check(f"{name} ({label})", y, want, hint=hint)
+    if reuse_check and runtime.INTERPRET:
+        evaluations = []
+        for B in (1, 3):
+            x, f2 = _inputs(torch.Generator().manual_seed(7), 2, B, 2, 16, 16, torch.float32)
+            with count_trig() as counts:
+                try:
+                    launch(kernel, x, f2)
+                except Exception as exc:  # noqa: BLE001
+                    print(f"❌ {name} (B={B}): launching your kernel raised {_short(exc)}")
+                    return False
+            evaluations.append(counts["trig"])
+        if evaluations[1] > evaluations[0]:
+            print(f"❌ {name}: correct outputs, but cos/sin were evaluated {evaluations[0]} times "
+                  f"for a batch of 1 and {evaluations[1]} times for a batch of 3 (same S, H): "
+                  "compute them once per program, before the loop over the batch, and reuse them")
+            return False
+    print(f"✅ {name}: correct on {len(cases)} launches"
+          + (", cos/sin computed once per program" if reuse_check and runtime.INTERPRET else ""))
+    return True
+
+
+def _inputs(gen, S, B, H, D, R, dtype, *, strided=False, table="te"):
+    """Fresh x [S, B, H, D] (strided: a bshd tensor seen as sbhd, feature stride 2) and angles."""
+    device = runtime.default_device()
+    if strided:
+        base = torch.randn(B, S, H, 2 * D, generator=gen).to(device=device, dtype=dtype)
+        x = base.permute(1, 0, 2, 3)[..., ::2]
+    else:
+        x = torch.randn(S, B, H, D, generator=gen).to(device=device, dtype=dtype)
+    if table == "te":  # TE's cat(f, f) with f = s * 10000^(-2i/R)
+        inv = 1.0 / (10000.0 ** (torch.arange(0, R, 2, dtype=torch.float32) / R))
+        f = torch.outer(torch.arange(S, dtype=torch.float32), inv)
+        f2 = torch.cat((f, f), dim=-1)
+    else:  # one free angle per feature: the two halves of a pair differ
+        f2 = torch.rand(S, R, generator=gen) * 6.0 - 3.0
+    return x, f2.to(device).contiguous()
+
+
+def _forward_cases(gen):
+    c = []
+    for S, B, H, D, R, dtype, strided in ((3, 2, 2, 16, 16, torch.float32, False),
+                                          (2, 3, 3, 24, 24, torch.float32, False),
+                                          (3, 2, 2, 16, 16, torch.float32, True),
+                                          (2, 2, 2, 20, 8, torch.float32, False),
+                                          (2, 1, 3, 32, 32, torch.float16, False)):
+        x, f2 = _inputs(gen, S, B, H, D, R, dtype, strided=strided)
+        label = (f"x [{S}, {B}, {H}, {D}] {str(dtype).replace('torch.', '')}"
+                 + (", non-contiguous" if strided else "")
+                 + (f", rotary dim {R} of {D}" if R < D else ""))
+        c.append((label, x, f2))
+    return c
+
+
+def _forward_expected(x, f2):
+    return reference.rope_reference(x, f2)
+
+
+# --- notebook 04 ----------------------------------------------------------------------------------
+
+def check_batch_reuse_kernel(kernel) -> bool:
+    """Launch the learner's kernel (KERNEL_SIGNATURE) on grid (S, H) and compare with the
+    reference: several shapes, non-contiguous x, partial rotary, fp16; cos/sin once per program."""
+    return check_kernel_cases(
+        "batch-reusing kernel", kernel, _forward_cases(torch.Generator().manual_seed(4)),
+        _forward_expected,
+        hint="y1 = x1*cos1 - x2*sin1 and y2 = x2*cos2 + x1*sin2 with angles theta1 = freqs[s, j], "
+             "theta2 = freqs[s, j + ROT_HALF]; load x with its strides, store y at offsets "
+             "b * stride_yb + ... ; copy features 2*ROT_HALF .. D-1 as they are")
+
+
+@triton.jit
+def _rope_batch_reuse_solution_kernel(
+    x_ptr,  # *x: input [S, B, H, D], any strides
+    y_ptr,  # *y: output [S, B, H, D], contiguous, same dtype as x
+    freqs_ptr,  # *fp32: angles [S, R], contiguous; R = 2 * ROT_HALF <= D
+    B,  # batch size: each program loops over it
+    stride_xs, stride_xb, stride_xh, stride_xd,  # x strides, in elements
+    stride_ys, stride_yb, stride_yh,  # y strides, in elements (stride_yd == 1)
+    D,  # head dim: features R..D-1 are copied unchanged (partial rotary)
+    ROT_HALF: tl.constexpr,  # R // 2: features in each rotated half
+    BLOCK_HALF: tl.constexpr,  # next power of two >= ROT_HALF
+    BLOCK_PASS: tl.constexpr,  # next power of two >= D - R (1 when R == D)
+):
+    s = tl.program_id(0).to(tl.int64)  # grid (S, H): one program per (position, head)
+    h = tl.program_id(1).to(tl.int64)
+    offs = tl.arange(0, BLOCK_HALF)
+    mask = offs < ROT_HALF
+    # once per program: the angles of position s and their cos/sin, for both halves
+    f_row = freqs_ptr + s * 2 * ROT_HALF
+    theta1 = tl.load(f_row + offs, mask=mask, other=0.0)
+    theta2 = tl.load(f_row + ROT_HALF + offs, mask=mask, other=0.0)
+    cos1, sin1 = tl.cos(theta1), tl.sin(theta1)
+    cos2, sin2 = tl.cos(theta2), tl.sin(theta2)
+    p = 2 * ROT_HALF + tl.arange(0, BLOCK_PASS)  # pass-through features R..D-1
+    p_mask = p < D
+    for b in range(0, B):  # the same cos/sin for every row of the batch
+        x_row = x_ptr + s * stride_xs + b * stride_xb + h * stride_xh
+        y_row = y_ptr + s * stride_ys + b * stride_yb + h * stride_yh
+        x1 = tl.load(x_row + offs * stride_xd, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(x_row + (offs + ROT_HALF) * stride_xd, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_row + offs, (x1 * cos1 - x2 * sin1).to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_row + ROT_HALF + offs, (x2 * cos2 + x1 * sin2).to(y_ptr.dtype.element_ty),
+                 mask=mask)
+        tl.store(y_row + p, tl.load(x_row + p * stride_xd, mask=p_mask), mask=p_mask)
+
+
+def show_solution() -> None:
+    """Show the worked kernel folded away (after the exercise)."""
+    solution(_rope_batch_reuse_solution_kernel.fn, title="Solution: the batch-reusing kernel")

@@ -1,0 +1,182 @@
+"""Notebook 03's kernel exercise: the learner writes a @triton.jit kernel, the check launches it.
+
+`check_rope_interleaved(kernel)` takes the learner's *kernel*, not a function that returns a
+tensor: it draws fresh inputs, allocates the output itself (filled with NaN, so an element the
+kernel never writes cannot pass, inside NaN guard bands that catch stores outside it), launches
+`kernel[grid](...)` with the signature below and compares what the kernel wrote with
+`ropelib.reference`. Returning the input, a PyTorch result or the reference has nothing to
+return to: only what the kernel stores through `y_ptr` counts.
+
+The kernel rotates the interleaved form (GPT-J, RoFormer: pair j is features (2j, 2j+1)) with a
+*partial* rotary dim R <= D: the first R features are rotated, the last D - R pass through
+unchanged. Its arguments, in order (the grid is one program per row, (S * B * H,)):
+
+    x_ptr,                                         # *x: input [S, B, H, D], any strides
+    y_ptr,                                         # *y: output [S, B, H, D], contiguous
+    freqs_ptr,                                     # *fp32: angles [P, R], f0 f0 f1 f1 ...
+    B, H,                                          # batch size and heads (program id -> s, b, h)
+    stride_xs, stride_xb, stride_xh, stride_xd,    # x strides, in elements
+    D: tl.constexpr,                               # head dim
+    R: tl.constexpr,                               # rotary dim: even, <= D
+    BLOCK_PAIRS: tl.constexpr,                     # next power of two >= D // 2
+"""
+import ast
+import inspect
+import textwrap
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import reference, runtime
+from . import _compare, check
+
+__all__ = ["check_rope_interleaved", "solution_rope_interleaved", "is_blank", "launch_interleaved",
+           "CASES"]
+
+# (S, B, H, D, R, dtype, layout): the tail D - R > 0 in most; bshd is a transposed view.
+CASES = (
+    (3, 2, 2, 16, 16, torch.float32, "sbhd"),
+    (2, 3, 2, 24, 16, torch.float32, "bshd"),   # D/2 = 12 pairs: a masked tile; 4 features pass
+    (3, 1, 3, 20, 8, torch.bfloat16, "sbhd"),   # bf16, 12 features pass through
+)
+
+
+def is_blank(kernel) -> bool:
+    """True when a kernel's body is only a docstring, `pass` or `...` (not written yet)."""
+    fn = getattr(kernel, "fn", kernel)
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (TypeError, OSError, SyntaxError):
+        return False
+    body = tree.body[0].body if tree.body and hasattr(tree.body[0], "body") else []
+    return all(isinstance(s, ast.Pass)
+               or (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)) for s in body)
+
+
+def _is_kernel(obj) -> bool:
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+    return isinstance(obj, (JITFunction, InterpretedFunction))
+
+
+def launch_interleaved(kernel, x: torch.Tensor, freqs: torch.Tensor, out: torch.Tensor) -> None:
+    """Launch a kernel of the signature above: x [S, B, H, D], freqs [P, R], out contiguous."""
+    S, B, H, D = x.shape
+    R = freqs.shape[-1]
+    kernel[(S * B * H,)](x, out, freqs, B, H, *x.stride(),
+                         D=D, R=R, BLOCK_PAIRS=triton.next_power_of_2(D // 2))
+
+
+def _guarded(shape, pad, *, dtype, device, fill=float("nan")):
+    """(buffer, view): a contiguous `shape` view in the middle of a buffer with `pad` elements
+    of `fill` on each side, so a kernel that overshoots stays in memory the check owns."""
+    n = torch.Size(shape).numel()
+    buf = torch.full((pad + n + pad,), fill, dtype=dtype, device=device)
+    return buf, buf[pad:pad + n].view(shape)
+
+
+def _pad(D: int) -> int:
+    return 4 * triton.next_power_of_2(D) + 64  # wider than any unmasked tile of one row
+
+
+def _inputs(case, gen, device):
+    S, B, H, D, R, dtype, layout = case
+    shape = (B, S, H, D) if layout == "bshd" else (S, B, H, D)
+    _, x = _guarded(shape, _pad(D), dtype=dtype, device=device, fill=0.0)
+    x.copy_(torch.randn(shape, generator=gen).to(dtype))
+    if layout == "bshd":  # a [B, S, H, D] tensor seen as sbhd: strides (D*H, S*H*D, D, 1)
+        x = x.transpose(0, 1)
+    # TE's interleaved table, f0 f0 f1 f1 ..., for R rotary features and a table longer than S;
+    # a random offset per call so a kernel that hard-codes angles cannot pass
+    base = float(torch.rand((), generator=gen)) * 3
+    inv = 1.0 / (10000.0 ** (torch.arange(0, R, 2, dtype=torch.float32) / R))
+    f = torch.outer(torch.arange(S + 2, dtype=torch.float32) + base, inv).repeat_interleave(2, -1)
+    _, f_view = _guarded(tuple(f.shape), _pad(D), dtype=torch.float32, device=device, fill=0.0)
+    return x, f_view.copy_(f)
+
+
+def check_rope_interleaved(kernel, *, seed: Optional[int] = None) -> bool:
+    """Launch the learner's @triton.jit kernel on fresh inputs; compare with the reference.
+
+    Args:
+        kernel: a @triton.jit function with the signature in this module's docstring.
+        seed: for the random inputs (fresh ones each call by default).
+    Returns:
+        True when every case matches: rotated pairs, the untouched tail, every element written.
+    """
+    name = "interleaved RoPE kernel"
+    if kernel is None or kernel is Ellipsis or (_is_kernel(kernel) and is_blank(kernel)):
+        print(f"❌ {name}: no kernel yet (write the body of the @triton.jit function, then rerun)")
+        return False
+    if not _is_kernel(kernel):
+        print(f"❌ {name}: expected a @triton.jit kernel, got {type(kernel).__name__} "
+              f"{getattr(kernel, '__name__', '')!s}; the check launches the kernel itself and "
+              "reads the output buffer it allocated")
+        return False
+    device = runtime.default_device()
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())) if seed is None else seed)
+    for case in CASES:
+        S, B, H, D, R, dtype, layout = case
+        label = f"x [{S}, {B}, {H}, {D}] {str(dtype).replace('torch.', '')} {layout}, R={R}"
+        x, freqs = _inputs(case, gen, device)
+        x_before = x.clone()
+        pad = _pad(D)
+        y_buf, y = _guarded((S, B, H, D), pad, dtype=dtype, device=device)  # poisoned, guarded
+        try:
+            launch_interleaved(kernel, x, freqs, y)
+        except Exception as exc:  # noqa: BLE001 -- report, never stop the notebook
+            last = str(exc).strip().splitlines()[-1:] or [""]
+            print(f"❌ {name} ({label}): the launch raised {type(exc).__name__}: {last[0][:300]}")
+            return False
+        if not torch.equal(x, x_before):
+            print(f"❌ {name} ({label}): the kernel changed its input x")
+            return False
+        outside = int((~y_buf[:pad].isnan()).sum() + (~y_buf[-pad:].isnan()).sum())
+        if outside:
+            print(f"❌ {name} ({label}): the kernel stored {outside} elements outside y "
+                  "(a store without its mask, or a wrong row offset)")
+            return False
+        unwritten = int(y.isnan().sum())
+        if unwritten:
+            where = tuple(int(i) for i in y.isnan().nonzero()[0])
+            print(f"❌ {name} ({label}): {unwritten} of {y.numel()} output elements were never "
+                  f"written (first at {where}; features >= R = {R} must be copied)")
+            return False
+        want = reference.rope_reference(x, freqs, interleaved=True)
+        tol = (1e-5, 1e-5) if dtype == torch.float32 else (1e-2, 1.6e-2)
+        same, _ = _compare(y, want, *tol)
+        if not same:
+            return check(f"{name} ({label})", y, want, atol=tol[0], rtol=tol[1],
+                         hint="pair j is (2j, 2j+1) and uses angle freqs[s, 2j]; pairs j >= R/2 "
+                              "are copied (an angle of 0 rotates by nothing)")
+    print(f"✅ {name}: correct on {len(CASES)} launches (sbhd and bshd views, fp32 and bf16, "
+          "a masked tile, partial rotary)")
+    return True
+
+
+@triton.jit
+def solution_rope_interleaved(
+    x_ptr,  # *x: input [S, B, H, D], any strides
+    y_ptr,  # *y: output [S, B, H, D], contiguous
+    freqs_ptr,  # *fp32: angles [P, R], contiguous, f0 f0 f1 f1 ...
+    B, H,  # batch size and heads: split the program id into (s, b, h)
+    stride_xs, stride_xb, stride_xh, stride_xd,  # x strides, in elements
+    D: tl.constexpr,  # head dim
+    R: tl.constexpr,  # rotary dim (even, <= D): pairs j < R // 2 turn, the rest are copied
+    BLOCK_PAIRS: tl.constexpr,  # next power of two >= D // 2
+):
+    row = tl.program_id(0).to(tl.int64)  # one program per row x[s, b, h, :]
+    s, b, h = row // (B * H), (row // H) % B, row % H
+    j = tl.arange(0, BLOCK_PAIRS)  # pair index: features 2j and 2j + 1
+    live = j < D // 2
+    # angle 0 for the tail pairs (j >= R/2): cos 1, sin 0 copies them unchanged
+    theta = tl.load(freqs_ptr + s * R + 2 * j, mask=j < R // 2, other=0.0)
+    c, sn = tl.cos(theta), tl.sin(theta)
+    x_row = x_ptr + s * stride_xs + b * stride_xb + h * stride_xh
+    x_even = tl.load(x_row + 2 * j * stride_xd, mask=live, other=0.0).to(tl.float32)
+    x_odd = tl.load(x_row + (2 * j + 1) * stride_xd, mask=live, other=0.0).to(tl.float32)
+    y_row = y_ptr + row * D
+    tl.store(y_row + 2 * j, (x_even * c - x_odd * sn).to(y_ptr.dtype.element_ty), mask=live)
+    tl.store(y_row + 2 * j + 1, (x_odd * c + x_even * sn).to(y_ptr.dtype.element_ty), mask=live)

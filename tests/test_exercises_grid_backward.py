@@ -1,0 +1,343 @@
+"""Notebooks 04 and 05: the kernel exercises (exercises.grid_kernel, exercises.backward_kernel)
+and the launcher / autograd.Function checks of notebook 05 (exercises.kernels).
+
+Each check launches the learner's kernel itself, or runs the learner's function on fresh inputs;
+every known way to pass it without doing the exercise must fail, and the worked solution must pass.
+"""
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from ropelib import reference, runtime  # noqa: E402
+from ropelib.exercises import backward_kernel as bk  # noqa: E402
+from ropelib.exercises import grid_kernel as gk  # noqa: E402
+from ropelib.exercises import kernels as ex  # noqa: E402
+from ropelib.kernels.batch_reuse import rope_batch_reuse  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+INTERPRETER_ONLY = pytest.mark.skipif(not runtime.INTERPRET,
+                                      reason="counting cos/sin needs Triton's interpreter")
+
+
+# --- known cheats and mistakes, each with the exercise's signature -------------------------------
+
+@triton.jit
+def _blank(x_ptr, y_ptr, freqs_ptr, B, sxs, sxb, sxh, sxd, sys_, syb, syh, D,
+           ROT_HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr):
+    """A docstring and a pass: not answered yet."""
+    pass  # your code
+
+
+@triton.jit
+def _writes_nothing(x_ptr, y_ptr, freqs_ptr, B, sxs, sxb, sxh, sxd, sys_, syb, syh, D,
+                    ROT_HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr):
+    s = tl.program_id(0)
+    offs = tl.arange(0, BLOCK_HALF)
+    tl.load(x_ptr + s * sxs + offs * sxd, mask=offs < ROT_HALF)  # reads, stores nothing
+
+
+@triton.jit
+def _copies_input(x_ptr, y_ptr, freqs_ptr, B, sxs, sxb, sxh, sxd, sys_, syb, syh, D,
+                  ROT_HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr):
+    # "returning the input": y = x, every element written
+    s = tl.program_id(0)
+    h = tl.program_id(1)
+    offs = tl.arange(0, 2 * BLOCK_HALF)
+    m = offs < 2 * ROT_HALF
+    p = 2 * ROT_HALF + tl.arange(0, BLOCK_PASS)
+    for b in range(0, B):
+        x_row = x_ptr + s * sxs + b * sxb + h * sxh
+        y_row = y_ptr + s * sys_ + b * syb + h * syh
+        tl.store(y_row + offs, tl.load(x_row + offs * sxd, mask=m), mask=m)
+        tl.store(y_row + p, tl.load(x_row + p * sxd, mask=p < D), mask=p < D)
+
+
+@triton.jit
+def _rotate(x_ptr, y_ptr, freqs_ptr, B, sxs, sxb, sxh, sxd, sys_, syb, syh, D,
+            ROT_HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
+            ONE_BATCH: tl.constexpr, TRIG_IN_LOOP: tl.constexpr, PASS: tl.constexpr,
+            CONTIGUOUS: tl.constexpr, SIGN: tl.constexpr, SWAP: tl.constexpr):
+    """A correct forward kernel with switches that each plant one mistake (or the backward)."""
+    s = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    offs = tl.arange(0, BLOCK_HALF)
+    mask = offs < ROT_HALF
+    theta1 = tl.load(freqs_ptr + s * 2 * ROT_HALF + offs, mask=mask, other=0.0)
+    theta2 = tl.load(freqs_ptr + s * 2 * ROT_HALF + ROT_HALF + offs, mask=mask, other=0.0)
+    c1, c2 = tl.cos(theta1), tl.cos(theta2)
+    if SWAP:
+        s1, s2 = SIGN * tl.sin(theta2), SIGN * tl.sin(theta1)
+    else:
+        s1, s2 = SIGN * tl.sin(theta1), SIGN * tl.sin(theta2)
+    p = 2 * ROT_HALF + tl.arange(0, BLOCK_PASS)
+    n_b = 1 if ONE_BATCH else B
+    for b in range(0, n_b):
+        if CONTIGUOUS:  # ignores the strides it was given
+            x_row = x_ptr + s * sys_ + b * syb + h * syh   # y's (contiguous) strides
+            step = 1
+        else:
+            x_row = x_ptr + s * sxs + b * sxb + h * sxh
+            step = sxd
+        if TRIG_IN_LOOP:  # right values, but cos/sin once per row instead of once per program
+            c1, c2 = tl.cos(theta1), tl.cos(theta2)
+            s1, s2 = SIGN * tl.sin(theta1), SIGN * tl.sin(theta2)
+        y_row = y_ptr + s * sys_ + b * syb + h * syh
+        x1 = tl.load(x_row + offs * step, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(x_row + (offs + ROT_HALF) * step, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_row + offs, (x1 * c1 - x2 * s1).to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_row + ROT_HALF + offs, (x2 * c2 + x1 * s2).to(y_ptr.dtype.element_ty),
+                 mask=mask)
+        if PASS:
+            tl.store(y_row + p, tl.load(x_row + p * step, mask=p < D), mask=p < D)
+
+
+class _Switched:
+    """_rotate with some switches fixed: looks like a kernel with the exercise's signature."""
+
+    def __init__(self, **switches):
+        opts = dict(ONE_BATCH=False, TRIG_IN_LOOP=False, PASS=True, CONTIGUOUS=False, SIGN=1,
+                    SWAP=False)
+        opts.update(switches)
+        self.opts = opts
+
+    def __getitem__(self, grid):
+        return lambda *args, **kw: _rotate[grid](*args, **kw, **self.opts)
+
+
+class _KernelLike(_Switched, triton.runtime.KernelInterface):
+    """Registered as a Triton kernel, so the checks launch it (its source is _rotate's)."""
+    src = "def _rotate():\n    return 0\n"
+
+
+def _mistake(**switches):
+    return _KernelLike(**switches)
+
+
+def _reference_fn(x, freqs):
+    return reference.rope_reference(x, freqs)
+
+
+# --- notebook 04: the batch-reusing kernel -------------------------------------------------------
+
+def test_batch_reuse_check_accepts_the_solution(capsys):
+    assert gk.check_batch_reuse_kernel(gk._rope_batch_reuse_solution_kernel) is True
+    assert "✅" in capsys.readouterr().out
+
+
+def test_the_planted_mistakes_harness_is_right_when_nothing_is_planted(capsys):
+    # the cheats below differ from a correct kernel in one switch each
+    assert gk.check_batch_reuse_kernel(_mistake()) is True, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answer, words", [
+    (..., "no answer yet"),
+    (None, "no answer yet"),
+    (_blank, "no answer yet"),
+    (_reference_fn, "expected a @triton.jit kernel"),       # returning the reference
+    (lambda x, freqs: x, "expected a @triton.jit kernel"),  # returning the input
+    (_writes_nothing, "nothing was written"),
+    (_copies_input, "entries differ"),                       # the input, through a kernel
+], ids=["ellipsis", "none", "blank", "reference", "input", "writes-nothing", "copies-input"])
+def test_batch_reuse_check_rejects_cheats(answer, words, capsys):
+    assert gk.check_batch_reuse_kernel(answer) is False
+    out = capsys.readouterr().out
+    assert "❌" in out and words in out, out
+
+
+@pytest.mark.parametrize("switches, words", [
+    (dict(ONE_BATCH=True), "only batch entry b = 0"),
+    (dict(PASS=False), "pass-through features"),
+    (dict(CONTIGUOUS=True), "non-contiguous"),
+    (dict(SIGN=-1, SWAP=True), "entries differ"),            # the backward, not the forward
+], ids=["ignores-batch-loop", "no-partial-rotary", "ignores-strides", "backward"])
+def test_batch_reuse_check_rejects_mistakes(switches, words, capsys):
+    assert gk.check_batch_reuse_kernel(_mistake(**switches)) is False
+    out = capsys.readouterr().out
+    assert "❌" in out and words in out, out
+
+
+@INTERPRETER_ONLY
+def test_batch_reuse_check_rejects_cos_sin_in_the_loop(capsys):
+    assert gk.check_batch_reuse_kernel(_mistake(TRIG_IN_LOOP=True)) is False
+    assert "compute them once per program" in capsys.readouterr().out
+
+
+def test_blank_detection():
+    assert gk.is_blank_kernel(_blank)
+    assert not gk.is_blank_kernel(_writes_nothing)
+    assert not gk.is_blank_kernel(gk._rope_batch_reuse_solution_kernel)
+
+
+@INTERPRETER_ONLY
+def test_count_trig_counts_cos_and_sin_tiles():
+    x = torch.randn(2, 3, 2, 16)
+    with gk.count_trig() as n:
+        rope_batch_reuse(x, torch.randn(2, 16))
+    assert n["trig"] == 4 * 2 * 2      # cos, sin of two halves, per (s, h) program; not per b
+
+
+# --- notebook 05: the backward kernel ------------------------------------------------------------
+
+def test_backward_check_accepts_the_solution(capsys):
+    assert bk.check_backward_kernel(bk._rope_backward_solution_kernel) is True
+    assert "✅" in capsys.readouterr().out
+    assert bk.check_backward_kernel(_mistake(SIGN=-1, SWAP=True)) is True
+
+
+@pytest.mark.parametrize("answer, words", [
+    (_blank, "no answer yet"),
+    (bk.reference_grad, "expected a @triton.jit kernel"),    # returning the reference
+    (_copies_input, "entries differ"),                       # returning dL/dy
+    (gk._rope_batch_reuse_solution_kernel, "entries differ"),  # the forward kernel
+    (_mistake(SIGN=-1), "halves with different angles"),     # negated sines, not swapped
+    (_mistake(SIGN=-1, SWAP=True, ONE_BATCH=True), "only batch entry b = 0"),
+    (_writes_nothing, "nothing was written"),
+], ids=["blank", "reference", "input", "forward", "no-swap", "ignores-batch-loop",
+        "writes-nothing"])
+def test_backward_check_rejects_cheats(answer, words, capsys):
+    assert bk.check_backward_kernel(answer) is False
+    out = capsys.readouterr().out
+    assert "❌" in out and words in out, out
+
+
+# --- notebook 05: the launcher and the autograd.Function -----------------------------------------
+
+def test_rope_backward_check(capsys):
+    assert ex.check_rope_backward(ex.solution_rope_backward) is True
+    assert ex.check_rope_backward(bk.reference_grad) is False          # right values, no kernel
+    assert "no Triton kernel" in capsys.readouterr().out
+    assert ex.check_rope_backward(lambda g, f: rope_batch_reuse(g, f)) is False   # the forward
+    assert ex.check_rope_backward(lambda g, f: g.clone()) is False
+    assert ex.check_rope_backward(...) is False
+
+
+def _function(forward, backward):
+    return type("Candidate", (torch.autograd.Function,),
+                {"forward": staticmethod(forward), "backward": staticmethod(backward)})
+
+
+def _bwd_saved_freqs(ctx, g):
+    (freqs,) = ctx.saved_tensors[-1:]
+    return rope_batch_reuse(g, freqs, backward=True), None
+
+
+def _fwd_saves_x(ctx, x, freqs):
+    ctx.save_for_backward(x, freqs)
+    return rope_batch_reuse(x, freqs)
+
+
+def _fwd_ctx_attribute(ctx, x, freqs):
+    ctx.x = x                     # not through save_for_backward: invisible to saved_tensors
+    ctx.save_for_backward(freqs)
+    return rope_batch_reuse(x, freqs)
+
+
+_STASH = []
+
+
+def _fwd_global(ctx, x, freqs):
+    _STASH.append(x)              # parked outside ctx
+    ctx.save_for_backward(freqs)
+    return rope_batch_reuse(x, freqs)
+
+
+def _fwd_saves_copy(ctx, x, freqs):
+    ctx.save_for_backward(x.detach().clone(), freqs)   # a copy: x itself may die
+    return rope_batch_reuse(x, freqs)
+
+
+def _fwd_saves_output(ctx, x, freqs):
+    y = rope_batch_reuse(x, freqs)
+    ctx.y = y.detach()
+    ctx.save_for_backward(freqs)
+    return y
+
+
+def _fwd_kernel(ctx, x, freqs):
+    ctx.save_for_backward(freqs)
+    return rope_batch_reuse(x, freqs)
+
+
+def _fwd_reference(ctx, x, freqs):
+    ctx.save_for_backward(freqs)
+    return reference.rope_reference(x, freqs)          # plain PyTorch, no kernel
+
+
+def _bwd_reference(ctx, g):
+    (freqs,) = ctx.saved_tensors
+    with torch.enable_grad():
+        return ex._reference_grad(g, freqs), None      # autograd of the reference, no kernel
+
+
+def _bwd_recompute(ctx, g):
+    x, freqs = ctx.saved_tensors
+    with torch.enable_grad():
+        x = x.detach().double().requires_grad_()
+        (gx,) = torch.autograd.grad(reference.rope_reference(x, freqs), x, g.double())
+    return gx.to(g.dtype), None
+
+
+def _bwd_forward(ctx, g):
+    (freqs,) = ctx.saved_tensors
+    return rope_batch_reuse(g, freqs), None            # rotates the wrong way
+
+
+def test_rope_function_check_accepts_the_solution(capsys):
+    assert ex.check_rope_function(ex.SolutionRopeFunction) is True
+    assert "✅" in capsys.readouterr().out
+    assert ex.check_rope_function(_function(_fwd_kernel, _bwd_saved_freqs)) is True
+
+
+@pytest.mark.parametrize("forward, backward, words", [
+    (_fwd_saves_x, _bwd_saved_freqs, "x is still alive"),
+    (_fwd_ctx_attribute, _bwd_saved_freqs, "x is still alive"),
+    (_fwd_global, _bwd_saved_freqs, "x is still alive"),
+    (_fwd_saves_copy, _bwd_recompute, "as large as x"),
+    (_fwd_saves_output, _bwd_saved_freqs, "as large as x"),
+    (_fwd_reference, _bwd_saved_freqs, "forward launched no Triton kernel"),
+    (_fwd_kernel, _bwd_reference, "backward launched no Triton kernel"),
+    (_fwd_kernel, _bwd_forward, "entries differ"),
+], ids=["save_for_backward-x", "ctx.x", "global", "saved-copy-recompute", "saved-output",
+        "reference-forward", "reference-backward", "wrong-direction"])
+def test_rope_function_check_rejects_shortcuts(forward, backward, words, capsys):
+    _STASH.clear()
+    assert ex.check_rope_function(_function(forward, backward)) is False
+    out = capsys.readouterr().out
+    assert "❌" in out and words in out, out
+    _STASH.clear()
+
+
+def test_rope_function_check_unanswered(capsys):
+    assert ex.check_rope_function(...) is False
+    assert ex.check_rope_function(_function(lambda ctx, x, f: None, lambda ctx, g: None)) is False
+    assert "❌" in capsys.readouterr().out
+
+
+# --- the notebooks show the signatures the checks launch -----------------------------------------
+
+@pytest.mark.parametrize("notebook, signature", [
+    ("04-batch-reuse-grid-kernel.py", gk.KERNEL_SIGNATURE),
+    ("05-backward-pass.py", bk.BACKWARD_KERNEL_SIGNATURE),
+])
+def test_notebook_exercise_cell_has_the_launched_signature(notebook, signature):
+    text = (ROOT / "notebooks" / notebook).read_text(encoding="utf-8")
+    assert signature in text
+
+
+def test_no_solution_is_used_before_its_exercise():
+    # notebook 04 used solution_floor_ms before exercise 2: no worked solution (and no check)
+    # may be called before the exercises start
+    import re
+    for notebook in ("04-batch-reuse-grid-kernel.py", "05-backward-pass.py"):
+        text = (ROOT / "notebooks" / notebook).read_text(encoding="utf-8")
+        before = text[:text.index("## Exercises")]
+        used = re.findall(r"\bsolution\(|solution_\w+|Solution\w+|show_solution|check_\w+", before)
+        assert not used, (notebook, used)

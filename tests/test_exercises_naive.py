@@ -1,0 +1,250 @@
+"""Notebook 03: its kernel exercise (exercises.naive_kernel) and its access recorder (access).
+
+The exercise check launches the learner's @triton.jit kernel itself; each known way to pass it
+without writing the kernel must fail, and the worked solution must pass.
+"""
+import os
+
+import numpy as np
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from ropelib import access, reference, runtime  # noqa: E402
+from ropelib.exercises import kernels as ex  # noqa: E402
+from ropelib.exercises import naive_kernel as nk  # noqa: E402
+
+DEVICE = runtime.default_device()
+
+
+# --- known cheats, each a kernel (or not) with the exercise's signature --------------------------
+
+@triton.jit
+def _blank_kernel(x_ptr, y_ptr, freqs_ptr, B, H, stride_xs, stride_xb, stride_xh, stride_xd,
+                  D: tl.constexpr, R: tl.constexpr, BLOCK_PAIRS: tl.constexpr):
+    pass  # your code
+
+
+@triton.jit
+def _writes_nothing_kernel(x_ptr, y_ptr, freqs_ptr, B, H, stride_xs, stride_xb, stride_xh,
+                           stride_xd, D: tl.constexpr, R: tl.constexpr, BLOCK_PAIRS: tl.constexpr):
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK_PAIRS)
+    tl.load(x_ptr + row * 0 + offs * stride_xd, mask=offs < D)  # reads, stores nothing
+
+
+@triton.jit
+def _copies_input_kernel(x_ptr, y_ptr, freqs_ptr, B, H, stride_xs, stride_xb, stride_xh,
+                         stride_xd, D: tl.constexpr, R: tl.constexpr, BLOCK_PAIRS: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    s, b, h = row // (B * H), (row // H) % B, row % H
+    offs = tl.arange(0, 2 * BLOCK_PAIRS)
+    x_row = x_ptr + s * stride_xs + b * stride_xb + h * stride_xh
+    tl.store(y_ptr + row * D + offs, tl.load(x_row + offs * stride_xd, mask=offs < D), mask=offs < D)
+
+
+@triton.jit
+def _skips_tail_kernel(x_ptr, y_ptr, freqs_ptr, B, H, stride_xs, stride_xb, stride_xh, stride_xd,
+                       D: tl.constexpr, R: tl.constexpr, BLOCK_PAIRS: tl.constexpr):
+    # right on the rotated pairs, but never writes the D - R features that pass through
+    row = tl.program_id(0).to(tl.int64)
+    s, b, h = row // (B * H), (row // H) % B, row % H
+    j = tl.arange(0, BLOCK_PAIRS)
+    rot = j < R // 2
+    theta = tl.load(freqs_ptr + s * R + 2 * j, mask=rot, other=0.0)
+    x_row = x_ptr + s * stride_xs + b * stride_xb + h * stride_xh
+    xe = tl.load(x_row + 2 * j * stride_xd, mask=rot, other=0.0).to(tl.float32)
+    xo = tl.load(x_row + (2 * j + 1) * stride_xd, mask=rot, other=0.0).to(tl.float32)
+    c, sn = tl.cos(theta), tl.sin(theta)
+    tl.store(y_ptr + row * D + 2 * j, (xe * c - xo * sn).to(y_ptr.dtype.element_ty), mask=rot)
+    tl.store(y_ptr + row * D + 2 * j + 1, (xo * c + xe * sn).to(y_ptr.dtype.element_ty), mask=rot)
+
+
+@triton.jit
+def _zeroes_tail_kernel(x_ptr, y_ptr, freqs_ptr, B, H, stride_xs, stride_xb, stride_xh, stride_xd,
+                        D: tl.constexpr, R: tl.constexpr, BLOCK_PAIRS: tl.constexpr):
+    # writes every element, but the pass-through tail gets 0 instead of x
+    row = tl.program_id(0).to(tl.int64)
+    s, b, h = row // (B * H), (row // H) % B, row % H
+    j = tl.arange(0, BLOCK_PAIRS)
+    live, rot = j < D // 2, j < R // 2
+    theta = tl.load(freqs_ptr + s * R + 2 * j, mask=rot, other=0.0)
+    x_row = x_ptr + s * stride_xs + b * stride_xb + h * stride_xh
+    xe = tl.load(x_row + 2 * j * stride_xd, mask=rot, other=0.0).to(tl.float32)
+    xo = tl.load(x_row + (2 * j + 1) * stride_xd, mask=rot, other=0.0).to(tl.float32)
+    c, sn = tl.cos(theta), tl.sin(theta)
+    tl.store(y_ptr + row * D + 2 * j, (xe * c - xo * sn).to(y_ptr.dtype.element_ty), mask=live)
+    tl.store(y_ptr + row * D + 2 * j + 1, (xo * c + xe * sn).to(y_ptr.dtype.element_ty), mask=live)
+
+
+@triton.jit
+def _contiguous_only_kernel(x_ptr, y_ptr, freqs_ptr, B, H, stride_xs, stride_xb, stride_xh,
+                            stride_xd, D: tl.constexpr, R: tl.constexpr, BLOCK_PAIRS: tl.constexpr):
+    # the solution, but it ignores x's strides (assumes a contiguous sbhd x)
+    row = tl.program_id(0).to(tl.int64)
+    s = row // (B * H)
+    j = tl.arange(0, BLOCK_PAIRS)
+    live = j < D // 2
+    theta = tl.load(freqs_ptr + s * R + 2 * j, mask=j < R // 2, other=0.0)
+    c, sn = tl.cos(theta), tl.sin(theta)
+    xe = tl.load(x_ptr + row * D + 2 * j, mask=live, other=0.0).to(tl.float32)
+    xo = tl.load(x_ptr + row * D + 2 * j + 1, mask=live, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * D + 2 * j, (xe * c - xo * sn).to(y_ptr.dtype.element_ty), mask=live)
+    tl.store(y_ptr + row * D + 2 * j + 1, (xo * c + xe * sn).to(y_ptr.dtype.element_ty), mask=live)
+
+
+@triton.jit
+def _unmasked_store_kernel(x_ptr, y_ptr, freqs_ptr, B, H, stride_xs, stride_xb, stride_xh,
+                           stride_xd, D: tl.constexpr, R: tl.constexpr, BLOCK_PAIRS: tl.constexpr):
+    # the solution with the stores' masks forgotten: D = 24 has 12 pairs in a 16-lane tile, so the
+    # last row's stores run past the end of y
+    row = tl.program_id(0).to(tl.int64)
+    s, b, h = row // (B * H), (row // H) % B, row % H
+    j = tl.arange(0, BLOCK_PAIRS)
+    live = j < D // 2
+    theta = tl.load(freqs_ptr + s * R + 2 * j, mask=j < R // 2, other=0.0)
+    c, sn = tl.cos(theta), tl.sin(theta)
+    x_row = x_ptr + s * stride_xs + b * stride_xb + h * stride_xh
+    xe = tl.load(x_row + 2 * j * stride_xd, mask=live, other=0.0).to(tl.float32)
+    xo = tl.load(x_row + (2 * j + 1) * stride_xd, mask=live, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * D + 2 * j, (xe * c - xo * sn).to(y_ptr.dtype.element_ty))
+    tl.store(y_ptr + row * D + 2 * j + 1, (xo * c + xe * sn).to(y_ptr.dtype.element_ty))
+
+
+def _reference_launcher(x, freqs):
+    return reference.rope_reference(x, freqs, interleaved=True)
+
+
+def _returns_input(x, freqs):
+    return x
+
+
+CHEATS = {
+    "the plain PyTorch reference": reference.rope_reference,
+    "a launcher returning the reference": _reference_launcher,
+    "a function returning the input": _returns_input,
+    "a blank kernel": _blank_kernel,
+    "a kernel that writes nothing": _writes_nothing_kernel,
+    "a kernel that copies the input": _copies_input_kernel,
+    "a kernel that skips the partial-rotary tail": _skips_tail_kernel,
+    "a kernel that zeroes the partial-rotary tail": _zeroes_tail_kernel,
+    "a kernel that ignores x's strides": _contiguous_only_kernel,
+    "a kernel that stores without masks": _unmasked_store_kernel,
+}
+
+
+@pytest.mark.parametrize("what", list(CHEATS))
+def test_check_rejects(what, capsys):
+    assert nk.check_rope_interleaved(CHEATS[what], seed=3) is False
+    out = capsys.readouterr().out
+    assert "❌" in out and "✅" not in out
+
+
+def test_unmasked_stores_are_caught_by_the_guard_bands(capsys):
+    assert nk.check_rope_interleaved(_unmasked_store_kernel, seed=0) is False
+    assert "outside y" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_check_accepts_the_solution(seed, capsys):
+    assert nk.check_rope_interleaved(nk.solution_rope_interleaved, seed=seed) is True, \
+        capsys.readouterr().out
+    assert "✅" in capsys.readouterr().out
+
+
+def test_check_reexported_and_unanswered(capsys):
+    assert ex.check_rope_interleaved is nk.check_rope_interleaved
+    assert ex.solution_rope_interleaved is nk.solution_rope_interleaved
+    for unanswered in (None, ...):
+        assert nk.check_rope_interleaved(unanswered) is False
+    assert "no kernel yet" in capsys.readouterr().out
+
+
+def test_is_blank():
+    assert nk.is_blank(_blank_kernel)
+    assert not nk.is_blank(_writes_nothing_kernel)
+    assert not nk.is_blank(nk.solution_rope_interleaved)
+
+
+def test_solution_matches_reference_on_partial_rotary():
+    # independent of the check: the tail passes bit-exactly, the rotated part matches
+    torch.manual_seed(0)
+    S, B, H, D, R = 3, 2, 1, 12, 8
+    x = torch.randn(S, B, H, D, device=DEVICE)
+    f = torch.rand(S, R // 2).repeat_interleave(2, -1).contiguous().to(DEVICE)
+    y = torch.full_like(x, float("nan"))
+    nk.launch_interleaved(nk.solution_rope_interleaved, x, f, y)
+    assert torch.equal(y[..., R:], x[..., R:])
+    torch.testing.assert_close(y, reference.rope_reference(x, f, interleaved=True),
+                               atol=1e-5, rtol=1e-5)
+
+
+# --- the access recorder ---------------------------------------------------------------------
+
+@triton.jit
+def _pair_swap_kernel(x_ptr, y_ptr, D: tl.constexpr, STRIDED: tl.constexpr):
+    # y[2j] = x[2j+1], y[2j+1] = x[2j] for one row per program
+    row = tl.program_id(0)
+    j = tl.arange(0, D // 2)
+    even = row * D + 2 * j
+    if STRIDED:
+        a = tl.load(x_ptr + even)
+        b = tl.load(x_ptr + even + 1)
+        tl.store(y_ptr + even, b)
+        tl.store(y_ptr + even + 1, a)
+    else:
+        pair = even[:, None] + tl.arange(0, 2)[None, :]
+        a, b = tl.split(tl.load(x_ptr + pair))
+        tl.store(y_ptr + pair, tl.join(b, a))
+
+
+def test_record_measures_addresses_and_sectors():
+    x = torch.randn(2, 64, dtype=torch.bfloat16)  # a row is 128 bytes: 4 sectors
+    for strided in (False, True):
+        y = torch.zeros_like(x)
+        log = access.record(_pair_swap_kernel, (2,), x, y, D=64, STRIDED=strided)
+        assert torch.equal(y, x.view(2, 32, 2).flip(-1).reshape(2, 64))  # it really ran
+        assert [a.program[0] for a in log] == sorted(a.program[0] for a in log)
+        groups = access.by_tensor(log, {"x": x, "y": y})
+        n = 2 if strided else 1
+        assert len(groups["x"]) == len(groups["y"]) == 2 * n
+        first = groups["x"][0]
+        assert first.itemsize == 2 and first.program == (0, 0, 0)
+        want = np.arange(0, 128, 4) if strided else np.arange(0, 128, 2)
+        np.testing.assert_array_equal(first.offsets(x), want)
+        use = access.sector_use(first, x.data_ptr())
+        assert sorted(use) == [0, 1, 2, 3]
+        assert set(use.values()) == ({16} if strided else {32})
+        loads, stores = access.summary(log, "load"), access.summary(log, "store")
+        assert loads["distinct sectors"] == stores["distinct sectors"] == 8
+        assert loads["sectors moved"] == stores["sectors moved"] == 8 * n
+        assert loads["efficiency"] == pytest.approx(1 / n)
+
+
+def test_record_drops_masked_lanes_and_restores_the_interpreter():
+    from triton.runtime import interpreter
+
+    before = interpreter.InterpreterBuilder.create_masked_load
+    x = torch.arange(64, dtype=torch.float32)
+    y = torch.zeros(64)
+    log = access.record(nk.solution_rope_interleaved, (1,), x.view(1, 1, 1, 64)[..., :40].clone(),
+                        torch.zeros(1, 1, 1, 40), torch.zeros(1, 8), 1, 1, 40, 40, 40, 1,
+                        D=40, R=8, BLOCK_PAIRS=32)
+    assert interpreter.InterpreterBuilder.create_masked_load is before
+    angle_load = log[0]
+    assert angle_load.kind == "load" and len(angle_load.addresses) == 4  # R/2 of 32 lanes live
+    assert all(len(a.addresses) == 20 for a in log[1:])                   # D/2 of 32 lanes
+    with pytest.raises(TypeError, match="@triton.jit kernel"):
+        access.record(_reference_launcher, (1,), x, y)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA tensor to refuse")
+def test_record_refuses_gpu_tensors():
+    x = torch.zeros(64, device="cuda")
+    with pytest.raises(ValueError, match="CPU tensors"):
+        access.record(_pair_swap_kernel, (1,), x, x, D=64, STRIDED=True)
