@@ -29,6 +29,9 @@
 # - call `ropelib.apply_rope`, the `RotaryEmbedding` module and the Transformer Engine / Hugging
 #   Face drop-ins, forward and backward;
 # - find your way through the other notebooks.
+#
+# **Time:** about 20 minutes to read and do the three exercises; the cells run in about 7 s
+# on a CPU (Triton's interpreter).
 
 # %% [markdown]
 # Every notebook starts with this cell. It must run **before** `ropelib` is imported: Triton
@@ -272,3 +275,23 @@ solution("""
 freqs_ex = frequencies.rope_freqs(6, 16, interleaved=True, device=device)   # [S, 1, 1, D]
 y_ex = ropelib.apply_rope(x_ex, freqs_ex, layout="bshd", interleaved=True)
 """)
+
+# %% [markdown]
+# ## Questions for a study group
+#
+# 1. The interpreter/compiled choice is made once per process, when `ropelib` is imported. What
+#    would go wrong if a library let you switch it per call, and how would you organise a test
+#    suite that must cover both modes?
+# 2. The same `apply_rope` serves training (a whole sequence, with gradients) and decoding (one
+#    token per sequence, `start_positions`). Which of the two would you optimise first for a
+#    chat service, and for a pretraining run? What limits the speed in each?
+# 3. The backward pass is the same kernel with $-\theta$. What does that let a training stack
+#    skip that a general elementwise op would need (think of what autograd saves for the
+#    backward), and is there a catch with `inplace=True`?
+# 4. The TE drop-in's fused and unfused paths differ by bf16 rounding on the same input. If you
+#    were moving a production model from one to the other, what evidence would convince you the
+#    switch is safe: bitwise equality, `allclose`, matching loss curves? (Notebooks 07 and 08
+#    come back to this.)
+# 5. `ropelib` offers a function, a module and two drop-ins for one operation. Which would you
+#    pick for a model you write yourself, for a Hugging Face checkpoint you fine-tune, and for a
+#    Transformer Engine stack, and what does each choice tie you to?

@@ -28,11 +28,15 @@
 # - show numerically that the attention score $\langle R_m q, R_n k\rangle$ depends only on $m-n$;
 # - read the frequency spectrum $\theta_j = b^{-2j/d}$ as wavelengths, and see what the
 #   context-extension scalings (linear, NTK, Llama 3, YaRN) do to it;
-# - reproduce the long-term decay of the paper's Figure 2;
+# - reproduce the long-term decay of the paper's Figure 2 and say exactly what it bounds: the
+#   expected score of independent random $q, k$ is 0 at every distance;
 # - turn the interleaved pairing (GPT-J, RoFormer) into the rotate-half pairing (GPT-NeoX,
 #   Llama, Transformer Engine) with a permutation.
 #
 # Nothing here needs a GPU: it is plain PyTorch in float64.
+#
+# **Time:** about 60 minutes to read and do the four exercises; the cells run in about 6 s on
+# a CPU.
 
 # %%
 import os, torch
@@ -117,8 +121,9 @@ plt.show()
 # $$
 #
 # In the paper the pairs are neighbours, $(x_{2j}, x_{2j+1})$: the **interleaved** layout.
-# Multiplying by this sparse matrix would waste $d^2$ multiply-adds per token; the rotation is
-# applied elementwise instead (eq. 34):
+# A dense matrix-vector product would spend $d^2$ multiply-adds per token on a matrix that is
+# almost all zeros; the rotation is applied elementwise instead, with $2d$ multiplies and $d$
+# adds (eq. 34):
 #
 # $$
 # R_m x = x \odot \cos(m\boldsymbol\theta) + \mathrm{rotate\_half}(x) \odot \sin(m\boldsymbol\theta),
@@ -238,11 +243,13 @@ plt.show()
 # %% [markdown]
 # ## 5. The frequency spectrum — and what context-extension scalings do to it
 #
-# $\theta_j = b^{-2j/d}$ falls geometrically from $1$ to almost $b^{-1}$. Its wavelength
-# $\lambda_j = 2\pi/\theta_j$ is the number of positions pair $j$ needs for a full turn: from
-# $2\pi \approx 6.3$ tokens for $j = 0$ to $\approx 2\pi b$ for the last pair. Pairs whose
-# wavelength exceeds the training context never complete a turn during training; those are the
-# ones the context-extension methods of `ropelib.frequencies` change:
+# $\theta_j = b^{-2j/d}$ falls geometrically from $1$ to $b^{-(d-2)/d}$, just above $b^{-1}$. Its
+# wavelength $\lambda_j = 2\pi/\theta_j$ is the number of positions pair $j$ needs for a full
+# turn: from $2\pi \approx 6.3$ tokens for $j = 0$ to $2\pi b^{(d-2)/d}$, just under $2\pi b$,
+# for the last pair. Pairs whose wavelength exceeds the training context never complete a turn
+# during training, so a longer context shows them angles they never saw. The context-extension
+# methods of `ropelib.frequencies` slow those pairs down (linear scaling slows every pair; the
+# others keep the fast pairs and change mostly or only the slow ones):
 #
 # | scaling | effect on $\theta_j$ |
 # |---|---|
@@ -291,49 +298,156 @@ print("wavelengths from", round(wavelength[0].item(), 2), "to", round(wavelength
 # ![Left: the wavelength of each pair. Right: how each scaling changes the frequencies](../figures/01-frequency-spectrum.png)
 
 # %% [markdown]
-# ## 6. Long-term decay (RoFormer §3.4.3, Figure 2)
+# ## 6. Long-term decay (RoFormer §3.4.3, Figure 2) — and what it does *not* say
 #
-# Write the score with complex pairs, $h_j = q_j \overline{k_j}$, and let
-# $S_j = \sum_{i<j} e^{i(m-n)\theta_i}$ (so $S_0 = 0$). Summation by parts (Abel) gives
+# Write the score of section 4 with complex pairs. Let $h_j = q_j \overline{k_j}$ for
+# $j = 0, \dots, d/2-1$ and $\Delta = m - n$, so that the score is
+# $\mathrm{Re}\sum_{j=0}^{d/2-1} h_j e^{i\Delta\theta_j}$. Define the partial sums
 #
 # $$
-# \Big|\sum_{j=0}^{d/2-1} h_j e^{i(m-n)\theta_j}\Big|
-# \le \Big(\max_j |h_{j+1} - h_j|\Big) \sum_{j=1}^{d/2} |S_j| .
+# S_j = \sum_{i=0}^{j-1} e^{i\Delta\theta_i}, \qquad j = 0, 1, \dots, d/2,
+# \qquad\text{so}\qquad S_0 = 0, \quad e^{i\Delta\theta_j} = S_{j+1} - S_j ,
 # $$
 #
-# The paper plots the *relative upper bound* $\frac{1}{d/2}\sum_{j=1}^{d/2} |S_j|$ against
-# the distance $m-n$ for $d = 128$, $b = 10000$: it decays, so far-apart tokens can interact
-# less strongly — a sensible prior for language. At distance 0 every $S_j = j$, so the bound
-# starts at exactly $(d/2+1)/2 = 32.5$. We also plot the score of the constant vector
-# $q = k = \mathbf 1$, $\sum_j 2\cos((m-n)\theta_j)$, which follows the same trend.
+# and **set $h_{d/2} = 0$** (there is no pair $d/2$; setting it to zero folds the boundary term
+# into the sum). Summation by parts (the Abel transformation) then reads
+#
+# $$
+# \sum_{j=0}^{d/2-1} h_j \,(S_{j+1} - S_j)
+# = \sum_{j=1}^{d/2} h_{j-1} S_j - \sum_{j=0}^{d/2-1} h_j S_j
+# = -\sum_{j=0}^{d/2-1} S_{j+1}\,(h_{j+1} - h_j),
+# $$
+#
+# where the two boundary terms that the reindexing leaves over, $h_0 S_0$ and
+# $h_{d/2} S_{d/2}$, vanish because $S_0 = 0$ and $h_{d/2} = 0$. The triangle inequality gives
+# RoFormer's bound
+#
+# $$
+# \big|\langle R_m q, R_n k\rangle\big|
+# \le \Big|\sum_{j=0}^{d/2-1} h_j e^{i\Delta\theta_j}\Big|
+# \le \sum_{j=0}^{d/2-1} |S_{j+1}|\,|h_{j+1} - h_j|
+# \le \Big(\max_{0 \le j < d/2} |h_{j+1} - h_j|\Big) \sum_{j=1}^{d/2} |S_j| .
+# $$
+#
+# (Because $h_{d/2} = 0$, the last difference is $|h_{d/2-1}|$ itself: the maximum runs over
+# the steps between neighbouring pairs *and* the size of the last pair.)
+#
+# The bound is a product. The first factor depends on $q$ and $k$; the second depends only on
+# the distance and the frequencies. The paper plots the second, as the *relative upper bound*
+# $\frac{1}{d/2}\sum_{j=1}^{d/2} |S_j|$, against $\Delta$ for $d = 128$, $b = 10000$. At
+# distance 0 every $S_j = j$, so it starts at exactly $(d/2+1)/2 = 32.5$, and it decays. We also
+# plot the score of the constant vector $q = k = \mathbf 1$: every $h_j = (1+i)(1-i) = 2$, so
+# the score is $\sum_j 2\cos(\Delta\theta_j)$, and it falls with distance too.
+#
+# **What the decay is not.** It is a property of the *bound*, and of vectors for which the bound
+# is informative ($h_j$ varying slowly with $j$, as for $q = k = \mathbf 1$). It is not a
+# property of every pair $(q, k)$. The expected score is
+#
+# $$
+# \mathbb E\,\langle R_m q, R_n k\rangle = \mathrm{Re}\sum_{j} \mathbb E[h_j]\, e^{i\Delta\theta_j},
+# $$
+#
+# so only the correlation between $q$ and $k$ shapes how the score varies with distance on
+# average:
+#
+# - **$q$, $k$ independent with zero mean**: $\mathbb E[h_j] = \mathbb E[q_j]\,\overline{\mathbb E[k_j]} = 0$,
+#   so the expected score is **0 at every distance**, near or far. With i.i.d. $\mathcal N(0,1)$
+#   entries the spread does not shrink either: $R_{n-m}$ is orthogonal, so
+#   $\mathbb E\,(q^\top R_{n-m} k)^2 = \mathrm{tr}(R_{n-m} R_{n-m}^\top) = d$ at every distance.
+#   For such pairs the bound holds but is hundreds to thousands of times larger than the score
+#   (the last column of the table below).
+# - **$k = q$** (a query meeting a key that points the same way): $\mathbb E[h_j] = \mathbb E|q_j|^2 = 2$
+#   for $\mathcal N(0,1)$ entries, so the expected score is exactly the curve
+#   $\sum_j 2\cos(\Delta\theta_j)$ of $q = k = \mathbf 1$, and *that* decays.
+#
+# So the long-term decay is a prior built into the construction — aligned query and key
+# vectors score less the further apart they are — not a rule that far tokens interact less. A
+# trained model chooses its $q$ and $k$ and can give a high score at any distance (the slowest
+# pairs barely turn over a whole context). The next cell computes all of it: the bound, the
+# summation-by-parts identity, and the scores of 4096 random pairs at every distance.
 
 # %%
 d = 128
 theta = frequencies.inv_freq(d, 10000.0).double()            # [64]
 dist = torch.arange(0, 257, dtype=f64)                      # relative distance m - n
-S_j = torch.cumsum(torch.exp(1j * dist[:, None] * theta[None, :]), dim=1)   # [257, 64]: S_1..S_{d/2}
+phase = torch.exp(1j * dist[:, None] * theta[None, :])      # [257, 64]: e^{i (m-n) theta_j}
+S_j = torch.cumsum(phase, dim=1)                            # [257, 64]: S_1 .. S_{d/2}
 bound = S_j.abs().mean(dim=1)                               # (1/(d/2)) sum_j |S_j|
-ones_score = 2 * torch.cos(dist[:, None] * theta[None, :]).sum(dim=1) / (d / 2)
+ones_score = 2 * torch.cos(dist[:, None] * theta[None, :]).sum(dim=1)   # q = k = 1
 
 assert abs(bound[0].item() - (d / 2 + 1) / 2) < 1e-9         # 32.5 at distance 0
 assert bound[200:].max() < 0.5 * bound[:20].mean()           # it decays
 assert bound[100:].max() < bound[:10].min()
 
-fig, ax = plt.subplots(figsize=(6, 3.6))
-ax.plot(dist, bound, label=r"relative upper bound $\frac{1}{d/2}\sum_j |S_j|$")
-ax.plot(dist, ones_score * bound[0] / ones_score[0], lw=1, alpha=0.7,
-        label=r"score of $q=k=\mathbf{1}$ (scaled to the same start)")
-ax.set(xlabel="relative distance m − n", ylabel="relative upper bound",
-       title="Long-term decay of RoPE (RoFormer Fig. 2), d = 128, b = 10000")
-ax.legend(fontsize=8)
-ax.grid(alpha=0.3)
+# Random pairs, N(0, 1) entries, as complex pairs z_j = x_{2j} + i x_{2j+1}:
+N = 4096
+gen = torch.Generator().manual_seed(0)
+def pairs(v):
+    return torch.complex(v[..., 0::2], v[..., 1::2])         # [N, d] -> [N, d/2]
+q = torch.randn(N, d, dtype=f64, generator=gen)
+k = torch.randn(N, d, dtype=f64, generator=gen)
+h_indep = pairs(q) * pairs(k).conj()                        # [N, 64]: k independent of q
+h_same = pairs(q) * pairs(q).conj()                         # [N, 64]: k = q
+score_indep = (h_indep @ phase.T).real                      # [N, 257]: the score at each distance
+score_same = (h_same @ phase.T).real
+
+# The scores are the RoPE scores of section 4 (a spot check at distance 37):
+m_, n_ = 40, 3
+ang = lambda p: (p * theta).repeat_interleave(2)
+rot = lambda v, p: reference.apply_rope_ref(v, ang(p).cos(), ang(p).sin(), interleaved=True)
+assert torch.allclose((rot(q[:5], m_) * rot(k[:5], n_)).sum(-1), score_indep[:5, m_ - n_])
+
+# Summation by parts with h_{d/2} = 0, and the bound, for every pair and distance:
+dh = torch.diff(h_indep, dim=1, append=torch.zeros(N, 1, dtype=h_indep.dtype))   # h_{j+1} - h_j
+assert torch.allclose(h_indep @ phase.T, -(dh @ S_j.T))
+upper = dh.abs().max(dim=1).values[:, None] * S_j.abs().sum(dim=1)[None, :]      # [N, 257]
+assert torch.all(score_indep.abs() <= upper)
+
+# Independent pairs: mean 0 and spread sqrt(d) at every distance (within sampling error).
+mean_indep, std_indep = score_indep.mean(dim=0), score_indep.std(dim=0)
+assert torch.all(mean_indep.abs() < 4 * std_indep / math.sqrt(N))
+assert torch.all((std_indep / math.sqrt(d) - 1).abs() < 0.1)
+# Equal pairs: the mean follows the decaying curve of q = k = 1.
+mean_same, std_same = score_same.mean(dim=0), score_same.std(dim=0)
+assert torch.all((mean_same - ones_score).abs() < 4 * std_same / math.sqrt(N))
+assert ones_score[200:].abs().max() < 0.5 * ones_score[0]
+
+print(f"{'m - n':>6} {'bound':>7} {'q=k=1':>7} {'mean, k=q':>10} {'mean, indep.':>13} "
+      f"{'std, indep.':>12} {'bound / |score|':>16}")
+for i in (0, 10, 50, 100, 250):
+    ratio = (upper[:, i] / score_indep[:, i].abs()).median().item()
+    print(f"{i:6d} {bound[i].item():7.2f} {ones_score[i].item():7.1f} {mean_same[i].item():10.1f} "
+          f"{mean_indep[i].item():13.2f} {std_indep[i].item():12.1f} {ratio:16.0f}")
+print(f"(N = {N} random pairs; sqrt(d) = {math.sqrt(d):.1f}; the last column is the median over pairs)")
+
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
+ax1.plot(dist, bound, label=r"relative upper bound $\frac{1}{d/2}\sum_j |S_j|$")
+ax1.plot(dist, ones_score * bound[0] / ones_score[0], lw=1, alpha=0.7,
+         label=r"score of $q=k=\mathbf{1}$ (scaled to the same start)")
+ax1.set(xlabel="relative distance m − n", ylabel="relative upper bound",
+        title="The bound decays (RoFormer Fig. 2), d = 128, b = 10000")
+ax1.legend(fontsize=8)
+ax1.grid(alpha=0.3)
+ax2.fill_between(dist, mean_indep - std_indep, mean_indep + std_indep, color="C2", alpha=0.2,
+                 label=r"$q, k$ independent: mean $\pm$ one std")
+ax2.plot(dist, mean_indep, color="C2", lw=1.2, label=r"$q, k$ independent: mean score")
+ax2.plot(dist, mean_same, color="C1", lw=1.2, label=r"$k = q$: mean score")
+ax2.plot(dist, ones_score, color="k", lw=0.8, ls="--", label=r"$\sum_j 2\cos((m-n)\theta_j)$")
+ax2.axhline(0, color="gray", lw=0.5)
+ax2.set(xlabel="relative distance m − n", ylabel=r"score $\langle R_m q, R_n k\rangle$",
+        title=f"Scores of {N} random pairs, N(0, 1) entries")
+ax2.legend(fontsize=8)
+ax2.grid(alpha=0.3)
 fig.tight_layout()
 fig.savefig(FIGURES / "01-long-term-decay.png", dpi=120)
 plt.show()
-print("bound at 0, 50, 250:", [round(bound[i].item(), 2) for i in (0, 50, 250)])
 
 # %% [markdown]
-# ![The relative upper bound decays with distance, as in RoFormer's Figure 2](../figures/01-long-term-decay.png)
+# ![Left: the relative upper bound decays with distance, as in RoFormer's Figure 2. Right: the mean score of independent random q, k is zero at every distance, with a spread that does not shrink; the mean score of k = q decays like the bound](../figures/01-long-term-decay.png)
+#
+# Read the table and the right panel together: the bound and the $k = q$ curve fall by about
+# a factor of three to five over 250 positions, while independent pairs score 0 on average and
+# spread by $\sqrt d$ at every distance.
 
 # %% [markdown]
 # ## 7. Rotate-half vs interleaved: one rotation, two pairings
@@ -446,3 +560,23 @@ basics.check_interleave_permutation(perm_back, 8, to="interleaved");
 
 # %%
 solution(basics.solution_interleave_permutation)
+
+# %% [markdown]
+# ## Questions for a study group
+#
+# 1. Independent random $q$ and $k$ score 0 on average at every distance, so the long-term
+#    decay only matters if training makes $\mathbb E[q_j \overline{k_j}]$ large and smooth across
+#    the pairs $j$. Given the $q$ and $k$ of a trained model, how would you find out whether a
+#    head uses the decay, ignores it, or works against it?
+# 2. The scores depend only on $n - m$, yet causal language models with RoPE and no other
+#    position signal can tell how far into a text a token is. Where can that information come
+#    from?
+# 3. The slowest pairs barely turn over a whole training context, so they behave almost like
+#    unrotated features. What could a model use them for, and what happens to them, and to the
+#    fastest pairs, under linear scaling versus NTK or YaRN when the context is made longer?
+# 4. Interleaved and rotate-half pairings give the same scores once $W_q$ and $W_k$ are
+#    permuted. Why does the choice still matter to a kernel author, and what would you expect
+#    to see if a checkpoint were loaded with the wrong pairing and no permutation?
+# 5. RoPE rotates queries and keys but not values. What would change if the values were rotated
+#    by their position too, and how could the output be made to depend on relative positions
+#    only again?

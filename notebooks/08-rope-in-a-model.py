@@ -32,9 +32,12 @@
 # - swap ropelib into a `transformers` Llama with one context manager and into a TE-style
 #   block with one import, and prove logits and gradients unchanged.
 #
-# On a GPU the model trains for a few thousand steps (a few minutes) and the figures in
+# On a GPU the model trains for a couple of thousand steps (a few minutes) and the figures in
 # `figures/08-*` come from such a run. On a CPU the kernel runs in Triton's interpreter, so the
 # model is tiny and trains for a few dozen steps: the code path is the same, the numbers are not.
+#
+# **Time:** about 40 minutes to read (no exercises here: the questions at the end are for
+# discussion); the cells run in about 17 s on a CPU (Triton's interpreter).
 
 # %%
 import os, torch
@@ -233,8 +236,9 @@ print("wrote", csv_path)
 # difference](../figures/08-loss-curves.png)
 #
 # *The figure above is from a GPU run (bf16 autocast; the CSV beside it records the GPU, the
-# versions and the sizes). A CPU run writes
-# [`figures/08-loss-curves-cpu.png`](../figures/08-loss-curves-cpu.png) and its CSV instead.*
+# versions and the sizes). A CPU run draws
+# [`figures/08-loss-curves-cpu.png`](../figures/08-loss-curves-cpu.png) and its CSV instead.
+# Either run writes to a scratch folder unless `ROPELIB_WRITE_FIGURES=1` is set.*
 #
 # What to read in it. On the left, the ropelib curve lies on top of the reference curve from
 # the same seed, and the second seed's curve wanders around both. On the right, the kernel's
@@ -271,10 +275,11 @@ print(f"ropelib / reference: {speedup:.3f}x" + ("" if ON_GPU else
 # \times 2\,(\text{read, write}) \times B\,S\,C \times \text{bytes per element},
 # $$
 #
-# a few tens of MB for the GPU model here — tens of microseconds at the 3+ TB/s of an H100's
-# memory, next to a step of milliseconds. So RoPE done well should be around 1 % of the step;
-# the plain PyTorch version, with its upcast, multiplies, negation, concatenations and downcast
-# each passing over the tensor, several times that.
+# about 600 MB for the GPU model here ($6 \times 8 \times 64 \times 256 \times 384$ bf16 elements)
+# — about 0.2 ms at the 3+ TB/s of an H100's memory, next to a step of about 19 ms (16,384
+# tokens at the 0.85 M tokens/s of the committed H100 run). So RoPE done well should be around
+# 1 % of the step; the plain PyTorch version, with its upcast, multiplies, negation,
+# concatenations and downcast each passing over the tensor, several times that.
 #
 # `rope_time_share` measures it with `torch.profiler`. Every RoPE call runs inside a
 # `record_function("rope")` range, which gives the forward; the backward is found through the
@@ -456,6 +461,29 @@ for what, a, b in zip(("output", "grad x", "grad W_qkv"), res["ropelib"], res["r
 # - Drop-in: one context manager puts ropelib into a Hugging Face Llama (logits, gradients and
 #   KV-cache decoding unchanged), one import into a TE-style block.
 #
-# To regenerate the GPU figure: run this notebook on a GPU
-# (`jupyter nbconvert --to notebook --execute notebooks/08-rope-in-a-model.ipynb`); it writes
-# `figures/08-loss-curves.png` and `figures/08-loss-curves.csv`.
+# To regenerate the GPU figure: run this notebook on a GPU with `ROPELIB_WRITE_FIGURES=1`
+# (`ROPELIB_WRITE_FIGURES=1 jupyter nbconvert --to notebook --execute notebooks/08-rope-in-a-model.ipynb`);
+# it writes `figures/08-loss-curves.png` and `figures/08-loss-curves.csv`. Without the variable
+# the notebook draws the same figures into a scratch folder and leaves `figures/` as it was.
+
+# %% [markdown]
+# ## Questions for a study group
+#
+# 1. Flash-attention-style kernels can apply RoPE while loading the $Q$ and $K$ tiles, so the
+#    rotated tensors never go to memory. When would that beat a separate RoPE kernel, and when
+#    not? Think of training versus decoding, of each $K$ tile being loaded by many query
+#    blocks, of a KV cache that stores rotated keys, and of who maintains the fused kernel.
+# 2. The committed H100 run's CSV records 0.85 M tokens/s with ropelib, 0.87 M with the
+#    reference, and 0.95 M for the reference with another seed, for the same model. What does
+#    that spread say about judging a kernel that takes about 1 % of a step by end-to-end
+#    throughput, and how would you measure its effect instead?
+# 3. Shifting every position by 7 leaves the logits unchanged. Which RoPE bugs does that
+#    invariance hide from an end-to-end test, and which would still show (an offset applied to
+#    $q$ but not $k$, a wrong `start_positions` for one sequence of a batch, a position wrapped
+#    past the table)? Which small unit test catches each?
+# 4. The parity test accepts the kernel when its loss curve is closer to the reference than a
+#    second seed is. Describe a kernel bug that would pass this test after a few thousand steps
+#    and still hurt a long training run. What would you add to catch it?
+# 5. RoPE is about 1 % of a training step when done well. Argue for and against writing a
+#    custom kernel for it at all. Where does its share grow: small-batch decoding, long
+#    contexts on small models, memory for the temporaries of the unfused path?
