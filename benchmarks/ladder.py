@@ -1,0 +1,273 @@
+"""The ladder from the batch-reusing grid to the finished kernel, timed one rung at a time.
+
+    python benchmarks/ladder.py --out benchmarks/results/ladder.csv   # on a GPU (~1 min)
+    TRITON_INTERPRET=1 python benchmarks/ladder.py --dry-run          # CPU: tiny shapes, no timing
+
+Notebook 05 (the finished kernel) builds ropelib's finished kernel in rungs, each adding one
+idea (ropelib/ladder.py, where the kernels are defined; the notebook shows and runs the same
+code). This script times, at bf16 sbhd sizes, a device copy `y.copy_(x)` (the floor), every
+rung, and ropelib.apply_rope (the product, all features):
+
+* s4096-b8   s=4096, b=8, h=32, d=128 (256 MiB): a batch loop of 8 to reuse cos/sin over;
+* s16384-b8-h8  8 heads (the k of a GQA model), 256 MiB: one token's heads fill a tile only
+             an eighth as much, so the tile must span tokens too;
+* s32768-b1  the same bytes with b=1: nothing to reuse over the batch, sin/cos per row;
+* s16-b64    16 tokens of a batch of 64 (8 MiB): too few (token, head) tiles to fill the GPU
+             unless the batch is split into chunks.
+
+Every output is checked against `ropelib.reference` (fp64) before it is timed, and the last rung
+against ropelib's finished kernel bit for bit. Timings are `triton.testing.do_bench` medians
+(20 %/80 % quantiles alongside, the L2 cache flushed between runs) in ms, each rung writing into
+a preallocated output; GB/s uses ropelib.compare's bytes model (x read + y written + the fp32
+angle table read once), `pct_of_copy` compares with the copy timed in the same run. The CSV
+starts with `# key: value` lines (GPU, driver, versions, date) that ropelib.compare reads back;
+`plot_waterfall` draws the "% of copy" waterfall of notebook 05 from it.
+"""
+import argparse
+import csv
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit in ropelib
+
+import triton  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # run from a checkout without `pip install -e .`
+    sys.path.insert(0, str(REPO_ROOT))
+
+import ropelib  # noqa: E402
+from ropelib import compare, ladder, reference, runtime  # noqa: E402
+
+CSV_PATH = REPO_ROOT / "benchmarks" / "results" / "ladder.csv"
+FIGURE_PATH = REPO_ROOT / "figures" / "05-ladder-waterfall.png"
+PROVIDERS = ("copy",) + ladder.NAMES + ("ropelib",)
+FIELDS = ["case", "seq_len", "batch", "heads", "head_dim", "dtype", "provider", "step", "idea",
+          "available", "reason", "grid", "num_warps", "block_s", "block_h", "chunk",
+          "max_head_ulp_err", "bit_equal_ropelib", "ms", "ms_p20", "ms_p80", "gbps", "copy_gbps",
+          "pct_of_copy"]
+
+
+def cases(dry_run: bool):
+    """[(name, S, B, H, D)], bf16 sbhd."""
+    if dry_run:  # interpreter-sized; D = 24: a half of 12 in a 16-lane tile (masked lanes)
+        return [("tiny", 5, 3, 3, 24), ("tiny-b1", 7, 1, 2, 16)]
+    return [("s4096-b8", 4096, 8, 32, 128), ("s16384-b8-h8", 16384, 8, 8, 128),
+            ("s32768-b1", 32768, 1, 32, 128), ("s16-b64", 16, 64, 32, 128)]
+
+
+def _launch_columns(rung, x):
+    if rung == "batch_reuse":
+        S, B, H, _ = x.shape
+        return dict(grid=f"{S}x{H}", num_warps="", block_s=1, block_h=1, chunk=B)
+    sm, knobs = ladder.device_knobs(x)
+    p = ladder.plan(rung, *x.shape, x.element_size(), sm, knobs)
+    return dict(grid="x".join(map(str, p.grid)), num_warps=p.num_warps, block_s=p.block_s,
+                block_h=p.block_h, chunk=p.chunk)
+
+
+def run(dry_run: bool, progress: bool = True):
+    """Check every provider's output on every case; time it unless dry_run. Returns rows."""
+    if not dry_run and not runtime.on_gpu():
+        raise SystemExit(f"{runtime.mode()}: timings need a GPU; use --dry-run here")
+    device = runtime.default_device()
+    rows = []
+    for case, S, B, H, D in cases(dry_run):
+        if progress:
+            print(f"{case}: sbhd s={S}, b={B}, h={H}, d={D}, bf16", flush=True)
+        gen = torch.Generator(device=device).manual_seed(0)
+        x = torch.randn(S, B, H, D, device=device, dtype=torch.bfloat16, generator=gen)
+        freqs = compare.angles(S, D).to(device).view(S, 1, 1, D)
+        want = reference.rope_reference(x.double(), freqs)   # fp64
+        finished = ropelib.apply_rope(x, freqs, layout="sbhd")
+        nbytes = compare.bytes_moved(compare.Config(S, B, H, D, dtype="bf16"))
+        y = torch.empty_like(x)
+        copy_ms = copy_gbps = None
+        if not dry_run:
+            copy_ms = triton.testing.do_bench(lambda: y.copy_(x), quantiles=[0.5, 0.2, 0.8])
+            copy_gbps = 2 * x.numel() * x.element_size() / copy_ms[0] / 1e6
+        for step, provider in enumerate(PROVIDERS):
+            row = dict(case=case, seq_len=S, batch=B, heads=H, head_dim=D, dtype="bf16",
+                       provider=provider, step=step, available=True, reason="")
+            if provider == "copy":
+                row.update(idea="y.copy_(x): the least any kernel must move")
+                if copy_ms:
+                    row.update(ms=copy_ms[0], ms_p20=copy_ms[1], ms_p80=copy_ms[2],
+                               gbps=copy_gbps, copy_gbps=copy_gbps, pct_of_copy=100.0)
+                rows.append(row)
+                continue
+            if provider == "ropelib":
+                row.update(idea="ropelib.apply_rope: the finished kernel, every feature")
+                fn = lambda: ropelib.apply_rope(x, freqs, layout="sbhd")  # noqa: E731
+            else:
+                rung = ladder.RUNGS[ladder.NAMES.index(provider)]
+                row.update(idea=rung.idea, **_launch_columns(provider, x))
+                fn = lambda r=provider: ladder.rope_ladder(r, x, freqs, out=y)  # noqa: E731
+            try:
+                y.fill_(float("nan"))   # an element a rung does not write stays NaN
+                out = fn()
+                err = compare.error_metrics(out, want)["max_head_ulp_err"]
+            except Exception as exc:  # noqa: BLE001 -- one failing provider must not stop the run
+                row.update(available=False, reason=f"{type(exc).__name__}: {exc}"[:200])
+                rows.append(row)
+                if progress:
+                    print(f"  {provider:14s} failed: {row['reason']}", flush=True)
+                continue
+            row["max_head_ulp_err"] = err
+            if provider == ladder.NAMES[-1]:
+                row["bit_equal_ropelib"] = bool(torch.equal(out, finished))
+            if not err <= 1.0:
+                row.update(available=False,
+                           reason=f"output differs from the reference ({err:.2f} head ulps)")
+            elif not dry_run:
+                ms = triton.testing.do_bench(fn, quantiles=[0.5, 0.2, 0.8])
+                gbps = nbytes / ms[0] / 1e6
+                row.update(ms=ms[0], ms_p20=ms[1], ms_p80=ms[2], gbps=gbps, copy_gbps=copy_gbps,
+                           pct_of_copy=100.0 * gbps / copy_gbps)
+            rows.append(row)
+            if progress:
+                print("  " + line(row), flush=True)
+    return rows
+
+
+def line(row) -> str:
+    """One printed line per row."""
+    if not row.get("available"):
+        return f"{row['provider']:14s} not run: {row.get('reason')}"
+    if row.get("ms") is None:
+        extra = "" if row.get("bit_equal_ropelib") is None else \
+            f", bit-equal to ropelib: {row['bit_equal_ropelib']}"
+        return (f"{row['provider']:14s} output checked "
+                f"({row.get('max_head_ulp_err', 0):.2f} head ulps{extra})")
+    return (f"{row['provider']:14s} {row['ms']:8.4f} ms {row['gbps']:7.0f} GB/s "
+            f"{row['pct_of_copy']:5.1f}% of copy")
+
+
+def write(rows, path) -> str:
+    """The rows to CSV, after `# key: value` provenance lines (ropelib.compare.read_meta)."""
+    meta = compare.environment_meta()
+    meta["script"] = "benchmarks/ladder.py"
+    meta["bytes_model"] = "x read + y written + fp32 angles [S, D] read once; copy: x + y"
+    meta["timing"] = "triton.testing.do_bench median ms (p20, p80)" if runtime.on_gpu() else \
+        "none (dry run: outputs checked only)"
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        for k, v in meta.items():
+            f.write(f"# {k}: {str(v).replace(chr(10), ' ')}\n")
+        w = csv.DictWriter(f, fieldnames=FIELDS)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: "" if r.get(k) is None else r.get(k) for k in FIELDS})
+    return str(path)
+
+
+def table(rows) -> str:
+    """The printed summary: per case, each rung's time, % of copy and gain over the rung before."""
+    out = []
+    for case in dict.fromkeys(r["case"] for r in rows):
+        rs = [r for r in rows if r["case"] == case]
+        r0 = rs[0]
+        out.append(f"\n{case}: sbhd s={r0['seq_len']}, b={r0['batch']}, h={r0['heads']}, "
+                   f"d={r0['head_dim']}, bf16")
+        out.append(f"{'step':>4s} {'provider':14s} {'grid':>12s} {'warps':>5s} {'ms':>9s} "
+                   f"{'GB/s':>7s} {'% copy':>7s} {'vs prev':>8s}")
+        prev = None
+        for r in rs:
+            head = (f"{r['step']:4d} {r['provider']:14s} {str(r.get('grid') or ''):>12s} "
+                    f"{str(r.get('num_warps') or ''):>5s}")
+            if r.get("ms") is None:
+                out.append(head + " " + ("(output checked, not timed)" if r.get("available")
+                                         else f"not run: {r.get('reason')}"))
+                continue
+            gain = f"{prev / r['ms']:.2f}x" if prev and r["provider"] not in ("copy",) else ""
+            out.append(head + f" {r['ms']:9.4f} {r['gbps']:7.0f} {r['pct_of_copy']:6.1f}% "
+                       f"{gain:>8s}")
+            if r["provider"] != "copy":
+                prev = r["ms"]
+    return "\n".join(out)
+
+
+def plot_waterfall(rows, path=None, title=None):
+    """The "% of copy" waterfall: one panel per case, one bar per rung from the rung before.
+
+    rows: read back with ropelib.compare.read_csv (or as `run` returns them); only timed rows
+    are drawn. A bar rises (green) or falls (red) from the previous rung's % of copy to its own;
+    the first rung starts at 0, ropelib's own kernel is drawn in grey at the end and the copy is
+    the dashed line at 100 %. Returns the figure (saved to `path` when given).
+    """
+    import matplotlib.pyplot as plt
+    timed = [r for r in rows if r.get("pct_of_copy") is not None and r["provider"] != "copy"]
+    if not timed:
+        raise ValueError("no timed rows to draw: run benchmarks/ladder.py on a GPU first")
+    case_names = list(dict.fromkeys(r["case"] for r in timed))
+    fig, axes = plt.subplots(1, len(case_names), figsize=(5.2 * len(case_names), 4.2),
+                             squeeze=False)
+    for ax, case in zip(axes[0], case_names):
+        rs = sorted((r for r in timed if r["case"] == case), key=lambda r: r["step"])
+        prev = 0.0
+        for i, r in enumerate(rs):
+            pct = float(r["pct_of_copy"])
+            if r["provider"] == "ropelib":
+                ax.bar(i, pct, color="0.6")
+            else:
+                lo, hi = sorted((prev, pct))
+                ax.bar(i, max(hi - lo, 0.4), bottom=lo,
+                       color="tab:green" if pct >= prev else "tab:red")
+                if i:
+                    ax.plot([i - 1.4, i - 0.6], [prev, prev], color="0.3", lw=0.8)
+                prev = pct
+            ax.text(i, pct + 1.5, f"{pct:.0f}", ha="center", fontsize=8)
+        ax.axhline(100, color="k", ls="--", lw=1)
+        ax.set_xticks(range(len(rs)), [r["provider"] for r in rs], rotation=40, ha="right",
+                      fontsize=8)
+        ax.set_ylim(0, 115)
+        r0 = rs[0]
+        ax.set_title(f"s={r0['seq_len']}, b={r0['batch']}, h={r0['heads']}, d={r0['head_dim']}",
+                     fontsize=9)
+    axes[0][0].set_ylabel("% of a device copy's GB/s")
+    fig.suptitle(title or "From the batch-reusing grid to the finished kernel, one idea at a time",
+                 fontsize=10)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=110)
+    return fig
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=None,
+                    help=f"CSV path (the committed results: {CSV_PATH.relative_to(REPO_ROOT)})")
+    ap.add_argument("--figure", type=Path, default=None,
+                    help=f"also draw the waterfall there (committed: "
+                         f"{FIGURE_PATH.relative_to(REPO_ROOT)})")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="tiny shapes through the interpreter: check every output, time nothing")
+    args = ap.parse_args(argv)
+    if args.out is None and not args.dry_run:
+        ap.error("--out is required (where the CSV goes)")
+    if args.dry_run and args.out is not None and args.out.resolve() == CSV_PATH.resolve():
+        ap.error("a dry run must not replace the committed GPU results: pass --out elsewhere")
+    print(runtime.mode())
+    rows = run(args.dry_run)
+    print(table(rows))
+    failed = [f"{r['case']}/{r['provider']}" for r in rows if not r.get("available")]
+    failed += [f"{r['case']}/{r['provider']} (not bit-equal to ropelib)" for r in rows
+               if r.get("bit_equal_ropelib") is False and not runtime.on_gpu()]
+    if args.out is not None:
+        print("wrote", write(rows, args.out))
+    if args.figure is not None and not args.dry_run:
+        plot_waterfall(rows, args.figure)
+        print("drew", args.figure)
+    if failed:
+        print("failed or differ:", ", ".join(failed))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

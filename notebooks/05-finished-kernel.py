@@ -1,0 +1,669 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 05 — The finished kernel, one idea at a time
+#
+# Notebook 04's batch-reusing grid reaches about three quarters of what a plain device copy of
+# the same tensor reaches; ropelib's finished kernel (`ropelib/kernels/fused.py`) reaches
+# 96–98 % on the same GPU. This notebook closes that gap in small steps. It starts from a
+# number — how many bytes a GPU must have in flight to stream at full speed — and derives the
+# tile from it, then climbs a ladder of kernels, each adding one idea and each checked against
+# the reference, until the last one computes what ropelib's kernel computes, bit for bit.
+#
+# **Time budget.** About 75 minutes: 15 for the bytes-in-flight model, 30 for the ladder (read
+# each kernel, change it, rerun its cell), 10 for the compiled layout, 20 for the kernel exercise;
+# the discussion questions are for afterwards. Running every cell takes under a minute on a CPU
+# (Triton's interpreter runs the kernels; a second Python compiles them for an H100 to show the
+# layout), most of it in the compilation of section 4.
+#
+# **After this notebook you will be able to**
+#
+# - size a memory-bound kernel's tile from Little's law: bytes in flight = bandwidth × latency;
+# - grow a Triton kernel from one (token, head) row per program to a 3-D tile of tokens × heads ×
+#   half-features, with a grid axis over batch chunks, and say what each step buys;
+# - read the layout Triton gives a tile (`#ttg.blocked<...>`: sizePerThread, threadsPerWarp,
+#   warpsPerCTA, order) and the vector width of the loads it becomes — without a GPU;
+# - know two refinements of the finished kernel: accurate sin/cos and the equal-halves shortcut.
+
+# %%
+import os, torch
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")   # before ropelib (and its @triton.jit) is imported
+import ropelib
+device = ropelib.default_device()
+
+# %%
+import importlib.util
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import triton
+import triton.language as tl
+
+from ropelib import compare, ladder, reference, runtime
+from ropelib.exercises import finished_kernel as fk
+from ropelib.kernels import launch
+from ropelib.kernels.common import BF16_RTNE, round_to
+from ropelib.kernels.fused import _cos_sin
+
+ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "ropelib").is_dir())
+FIGURES = runtime.figures_dir()   # a scratch folder (ROPELIB_WRITE_FIGURES=1: figures/)
+_spec = importlib.util.spec_from_file_location("ladder_bench", ROOT / "benchmarks" / "ladder.py")
+bench = importlib.util.module_from_spec(_spec)   # benchmarks/ladder.py: times every rung on a GPU
+_spec.loader.exec_module(bench)
+
+GPU = runtime.on_gpu()
+print(runtime.mode())
+
+
+def check_rung(y, x, freqs, name):
+    """Compare a rung's output with the fp64 reference, rounded once to x's dtype."""
+    want = reference.rope_reference(x, freqs[: x.shape[0]])
+    torch.testing.assert_close(y, want, atol=1e-5, rtol=1e-5 if x.dtype == torch.float32 else 1e-2)
+    err = compare.error_metrics(y, reference.rope_reference(x.double(), freqs[: x.shape[0]]))
+    print(f"{name:13s} == reference ({err['max_head_ulp_err']:.2f} head ulps)")
+
+
+# %% [markdown]
+# ## 1. Where we start
+#
+# `benchmarks/results/generations.csv` holds the three generations measured on a GPU, each as a
+# percentage of the GB/s a device copy `y.copy_(x)` of the same tensor reaches in the same run
+# (notebook 04 explains the bytes model). At bf16 sbhd $s = 4096$, $b = 8$, $h = 32$, $d = 128$:
+
+# %%
+GEN_CSV = ROOT / "benchmarks" / "results" / "generations.csv"
+generations = compare.read_csv(GEN_CSV) if GEN_CSV.exists() else []
+gen_meta = compare.read_meta(GEN_CSV) if GEN_CSV.exists() else {}
+start = {r["provider"]: r for r in generations
+         if (r["seq_len"], r["batch"], r["heads"], r["head_dim"]) == (4096, 8, 32, 128)
+         and r["dtype"] == "bf16" and r["layout"] == "sbhd" and r.get("pct_of_copy")}
+if start:
+    print(f"measured on {gen_meta.get('gpu')}, triton {gen_meta.get('triton')}, {gen_meta.get('date')}")
+    for name in ("ropelib_naive", "ropelib_batch_reuse", "ropelib"):
+        if name in start:
+            r = start[name]
+            print(f"  {name:20s} {r['fwd_ms'] * 1e3:6.0f} µs  {r['fwd_gbps']:5.0f} GB/s  "
+                  f"{r['pct_of_copy']:5.1f} % of copy ({r['copy_gbps']:.0f} GB/s)")
+    assert start["ropelib"]["pct_of_copy"] > start["ropelib_batch_reuse"]["pct_of_copy"]
+else:
+    print("benchmarks/results/generations.csv is missing: `python benchmarks/generations.py` "
+          "on a GPU measures it")
+
+# %% [markdown]
+# The batch-reusing kernel already reads every byte once and writes every byte once. The
+# missing 15–20 % is not extra traffic; it is time the memory system sits idle. Why, and how
+# big a program's work must be to prevent it, is the first thing to work out.
+#
+# ## 2. How many bytes must be in flight
+#
+# A GPU's DRAM answers a load after a latency $L$ — hundreds of nanoseconds — whatever its
+# bandwidth. To deliver bandwidth $W$, requests worth $W \cdot L$ bytes must be outstanding at
+# every moment: **Little's law**, the queue-length formula (items in the system = arrival rate ×
+# time each spends in it). Split over the streaming multiprocessors (SMs):
+#
+# $$ \text{bytes in flight per SM} = \frac{W}{N_\text{SM}} \cdot L . $$
+#
+# The numbers, and where each comes from:
+#
+# - $W$ = 3.35 TB/s and $N_\text{SM}$ = 132 for an H100 SXM; 4.8 TB/s and 132 for an H200:
+#   **data sheet**. A copy measured on the H100 reaches less (read from the CSV above);
+# - $L \approx$ 600–800 ns from an SM to HBM and back, under load: an **order of magnitude**
+#   from published microbenchmarks, not measured here;
+# - at most 2048 resident threads and 65 536 32-bit registers per SM (compute capability 9.0):
+#   **data sheet**.
+
+# %%
+LATENCY_NS = (600, 800)       # order of magnitude, not measured here
+SMS, THREADS_PER_SM, REGS_PER_SM = 132, 2048, 65536
+gpus = {"H100 SXM (data sheet)": 3.35e12, "H200 (data sheet)": 4.8e12}
+if start:
+    gpus[f"{gen_meta.get('gpu')} copy (measured)"] = start["ropelib"]["copy_gbps"] * 1e9
+for name, bw in gpus.items():
+    per_sm = bw / SMS                                 # bytes per second per SM
+    lo, hi = (per_sm * ns * 1e-9 for ns in LATENCY_NS)
+    print(f"{name:38s} {per_sm / 1e9:5.1f} B/ns per SM -> {lo / 1024:4.1f}-{hi / 1024:4.1f} KiB in "
+          f"flight per SM, {lo / THREADS_PER_SM:4.1f}-{hi / THREADS_PER_SM:4.1f} B per thread "
+          f"with {THREADS_PER_SM} threads resident")
+
+# %% [markdown]
+# About **15–20 KiB per SM on an H100, 25–30 KiB on an H200**. Every resident thread must keep
+# 8–15 bytes of loads outstanding, all the time, with the SM full of threads. That is where the
+# tile comes from:
+#
+# - **per thread**: one 16-byte vector (8 bf16 values) per load is about right; 2-byte loads,
+#   one element per thread, cannot be enough;
+# - **per program**: a program with $T$ threads moving $e$ elements each streams a tile of
+#   $e \cdot T$ elements; ropelib's planner aims at $e \cdot T$ = 8 × (32 × 16) = 4096 elements
+#   (both halves) for bf16 with a batch loop — `TILE_LOOP` in `ropelib/kernels/launch.py`;
+# - **number of programs**: if $k$ programs fit on an SM at once, the grid needs at least
+#   $k \cdot N_\text{SM}$ of them, or SMs idle. With 512-thread programs $k \le 2048/512 = 4$,
+#   hence the planner's `want = 4 * sm_count` = 528 programs; below that it splits the batch
+#   into chunks (section 3, rung 4).
+#
+# The batch-reusing kernel fails the first point: a program is one head, 64 features per half,
+# on one warp (`default_num_warps`), so each thread loads 2 bf16 — 4 bytes — per half, and an
+# SM holds at most 32 such programs (the hardware's limit on resident blocks): 32 × 32 threads ×
+# 2 loads × 4 bytes = 8 KiB in flight, half of what is needed.
+
+# %%
+from ropelib.kernels import naive
+warps_br = naive.default_num_warps(64)                 # the batch-reuse kernel at d = 128
+in_flight_br = 32 * (32 * warps_br) * 2 * (64 // (32 * warps_br)) * 2   # blocks x threads x loads x bytes
+print(f"batch-reuse at d=128: {warps_br} warp per program, {64 // (32 * warps_br)} bf16 per thread "
+      f"per load, at most 32 programs per SM -> {in_flight_br / 1024:.0f} KiB in flight per SM")
+tiles_h100 = launch.pick_tiles(4096, 8, (32, 0), 128, 128, 2, SMS)
+print(f"ropelib's planner on an H100 (132 SMs), s=4096 b=8 h=32 d=128 bf16: "
+      f"(BLOCK_S, BLOCK_H, B_CHUNK, num_warps) = {tiles_h100}")
+assert tiles_h100 == (1, 32, 8, 16)   # a [1, 32, 64] tile per half, all 8 batch entries, 16 warps
+
+# %% [markdown]
+# ## 3. The ladder
+#
+# Each rung below is a kernel in a code cell: change it and rerun the cell, and the check under
+# it tells you whether it still computes RoPE. They support what the lesson needs — sbhd,
+# rotate-half, full rotary, fp32 angles $[S, D]$, the forward pass — and they are the kernels
+# `benchmarks/ladder.py` times on a GPU (`ropelib/ladder.py` holds them; a test checks that the
+# cells here are those). Every rung is launched by `ladder.rope_ladder`, with the rung's own
+# plan; `kernel=` launches the copy in this notebook.
+
+# %%
+S, B, H, D = (4096, 8, 32, 128) if GPU else (6, 3, 5, 48)   # D = 48: a half of 24 in a 32-lane tile
+torch.manual_seed(0)
+x = torch.randn(S, B, H, D, device=device, dtype=torch.bfloat16)
+freqs = compare.angles(S, D).view(S, D).to(device)           # TE's cat([f, f]): equal halves
+print(f"x [S={S}, B={B}, H={H}, D={D}] bf16 on {device}")
+for rung in ladder.RUNGS:
+    print(f"  {rung.name:13s} {rung.idea}")
+
+# %% [markdown]
+# ### Rung 0 — the batch-reusing grid (notebook 04)
+#
+# Grid $(S, H)$, one head of one token per program, cos/sin computed once and reused over the
+# batch loop. `ladder.rope_ladder("batch_reuse", ...)` runs `ropelib.kernels.batch_reuse`.
+
+# %%
+check_rung(ladder.rope_ladder("batch_reuse", x, freqs), x, freqs, "batch_reuse")
+
+# %% [markdown]
+# ### Rung 1 — a tile of heads
+#
+# All heads of a token need the same cos/sin. A program that takes `BLOCK_H` heads computes
+# them once for all of its heads, and its loads become a $[\text{BLOCK\_H}, D/2]$ tile instead
+# of one half-row: at $h = 32$, $d = 128$ that is 2048 elements per half, 16 per thread on 4
+# warps. The grid shrinks from $S \cdot H$ to $S \cdot \lceil H / \text{BLOCK\_H} \rceil$.
+
+# %%
+# ropelib-source: ropelib.ladder._ladder_heads_kernel
+@triton.jit
+def _ladder_heads_kernel(
+    x_ptr, y_ptr,  # x, y [S, B, H, D] (any strides)
+    freqs_ptr,  # *fp32: angles [P, D], row s for position s, features contiguous
+    B, H,  # batch (each program loops over it), heads
+    stride_xs, stride_xb, stride_xh, stride_xd,  # x strides, in elements
+    stride_ys, stride_yb, stride_yh, stride_yd,  # y strides, in elements
+    stride_fs,  # freqs row stride
+    HALF: tl.constexpr,  # D // 2
+    BLOCK_HALF: tl.constexpr,  # next power of two >= HALF
+    BLOCK_H: tl.constexpr,  # heads per program: the rows of the tile
+    BF16_RTNE: tl.constexpr,  # round bf16 to nearest even by hand (the interpreter truncates)
+):
+    # grid (S, cdiv(H, BLOCK_H)): program (s, hb) rotates heads hb*BLOCK_H.. of token s, all b
+    s = tl.program_id(0)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H]
+    j = tl.arange(0, BLOCK_HALF)  # [BLOCK_HALF]
+    m = (h < H)[:, None] & (j < HALF)[None, :]  # [BLOCK_H, BLOCK_HALF]
+    # cos/sin of token s, once per program: shared by its BLOCK_H heads and all B rows
+    theta_a = tl.load(freqs_ptr + s * stride_fs + j, mask=j < HALF, other=0.0)
+    theta_b = tl.load(freqs_ptr + s * stride_fs + HALF + j, mask=j < HALF, other=0.0)
+    c_a, s_a = tl.cos(theta_a)[None, :], tl.sin(theta_a)[None, :]  # [1, BLOCK_HALF]
+    c_b, s_b = tl.cos(theta_b)[None, :], tl.sin(theta_b)[None, :]
+    x_off = s * stride_xs + h[:, None] * stride_xh + j[None, :] * stride_xd
+    y_off = s * stride_ys + h[:, None] * stride_yh + j[None, :] * stride_yd
+    for b in range(0, B):
+        xr = x_ptr + x_off + b * stride_xb
+        yr = y_ptr + y_off + b * stride_yb
+        x_a = tl.load(xr, mask=m, other=0.0).to(tl.float32)
+        x_b = tl.load(xr + HALF * stride_xd, mask=m, other=0.0).to(tl.float32)
+        tl.store(yr, round_to(x_a * c_a - x_b * s_a, y_ptr.dtype.element_ty, BF16_RTNE), mask=m)
+        tl.store(yr + HALF * stride_yd,
+                 round_to(x_b * c_b + x_a * s_b, y_ptr.dtype.element_ty, BF16_RTNE), mask=m)
+
+# %%
+check_rung(ladder.rope_ladder("heads", x, freqs, kernel=_ladder_heads_kernel), x, freqs, "heads")
+print("launch:", ladder.plan("heads", S, B, H, D, 2))
+
+# %% [markdown]
+# ### Rungs 2 and 3 — a 3-D tile sized for bytes in flight, then the warps
+#
+# With 32 heads, one token's heads already make a big tile. With 8 (the k of a GQA model) they
+# make a quarter of it, and with $d = 64$ half again. The tile must then span **tokens** too:
+# $[\text{BLOCK\_S}, \text{BLOCK\_H}, D/2]$ per half, heads first, then tokens, up to the
+# 4096-element target of section 2 (`ladder.tile_shape`). cos/sin are now a
+# $[\text{BLOCK\_S}, 1, D/2]$ tile, broadcast over the heads.
+#
+# Rung 2 launches this kernel with Triton's default 4 warps, rung 3 with 16: the same tile,
+# 32 or 8 elements per thread in all. Which is better is not obvious — more threads hide latency
+# by numbers, fewer threads with more elements each issue more independent loads — and section 4
+# shows what each becomes in machine code.
+
+# %%
+# ropelib-source: ropelib.ladder._ladder_tile_kernel
+@triton.jit
+def _ladder_tile_kernel(
+    x_ptr, y_ptr,  # x, y [S, B, H, D] (any strides)
+    freqs_ptr,  # *fp32: angles [P, D], row s for position s, features contiguous
+    S, B, H,  # tokens, batch (each program loops over it), heads
+    stride_xs, stride_xb, stride_xh, stride_xd,  # x strides, in elements
+    stride_ys, stride_yb, stride_yh, stride_yd,  # y strides, in elements
+    stride_fs,  # freqs row stride
+    HALF: tl.constexpr,  # D // 2
+    BLOCK_HALF: tl.constexpr,  # next power of two >= HALF
+    BLOCK_S: tl.constexpr,  # tokens per program
+    BLOCK_H: tl.constexpr,  # heads per program
+    BF16_RTNE: tl.constexpr,  # round bf16 to nearest even by hand (the interpreter truncates)
+):
+    # grid (cdiv(S, BLOCK_S), cdiv(H, BLOCK_H)): a [BLOCK_S, BLOCK_H, BLOCK_HALF] tile per half
+    s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)  # [BLOCK_S]
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H]
+    j = tl.arange(0, BLOCK_HALF)  # [BLOCK_HALF]
+    m = ((s < S)[:, None] & (h < H)[None, :])[:, :, None] & (j < HALF)[None, None, :]
+    tab_m = (s < S)[:, None, None] & (j < HALF)[None, None, :]  # [BLOCK_S, 1, BLOCK_HALF]
+    f = freqs_ptr + s[:, None, None] * stride_fs + j[None, None, :]
+    theta_a = tl.load(f, mask=tab_m, other=0.0)
+    theta_b = tl.load(f + HALF, mask=tab_m, other=0.0)
+    c_a, s_a = tl.cos(theta_a), tl.sin(theta_a)  # [BLOCK_S, 1, BLOCK_HALF]: once per program
+    c_b, s_b = tl.cos(theta_b), tl.sin(theta_b)
+    x_off = s[:, None, None] * stride_xs + h[None, :, None] * stride_xh + j[None, None, :] * stride_xd
+    y_off = s[:, None, None] * stride_ys + h[None, :, None] * stride_yh + j[None, None, :] * stride_yd
+    for b in range(0, B):
+        xr = x_ptr + x_off + b * stride_xb
+        yr = y_ptr + y_off + b * stride_yb
+        x_a = tl.load(xr, mask=m, other=0.0).to(tl.float32)
+        x_b = tl.load(xr + HALF * stride_xd, mask=m, other=0.0).to(tl.float32)
+        tl.store(yr, round_to(x_a * c_a - x_b * s_a, y_ptr.dtype.element_ty, BF16_RTNE), mask=m)
+        tl.store(yr + HALF * stride_yd,
+                 round_to(x_b * c_b + x_a * s_b, y_ptr.dtype.element_ty, BF16_RTNE), mask=m)
+
+# %%
+for rung in ("tile", "warps"):
+    check_rung(ladder.rope_ladder(rung, x, freqs, kernel=_ladder_tile_kernel), x, freqs, rung)
+for h in (32, 8):
+    print(f"h={h:2d}, s=16384, b=8, d=128 on an H100: tile rung {ladder.plan('tile', 16384, 8, h, 128, 2, SMS)}")
+
+# %% [markdown]
+# ### Rungs 4 and 5 — batch chunks, accurate sin/cos
+#
+# **Chunks.** Rungs 1–3 give each program the whole batch. For 16 tokens of a batch of 64 (a
+# decoding step) that makes 16 programs on 132 SMs: most of the GPU idles. A third grid axis
+# over chunks of `B_CHUNK` batch entries restores the count; the planner
+# (`launch.pick_tiles`) chooses the chunk, the smallest split that gives 4 programs per SM, and
+# for 16-bit inputs whose programs loop over fewer than 4 entries a tile of fewer threads with
+# more elements each (no batch loop amortises their sin/cos).
+#
+# **Accurate sin/cos** (rung 5, the constexpr `ACCURATE`): `_cos_sin` from ropelib's kernel
+# calls libdevice's `cosf`/`sinf`, whose argument reduction is exact for any angle — as TE's
+# `sincosf`. Positions reach $10^5$ and beyond, and a fast approximation loses accuracy as the
+# angle grows (notebook 07 follows one such difference to its cause). The interpreter has no
+# libdevice and uses NumPy's functions, accurate too. Which code `tl.cos` becomes on a GPU
+# depends on the Triton version: section 4 reads it from the compiled code.
+
+# %%
+# ropelib-source: ropelib.ladder._ladder_chunk_kernel
+@triton.jit
+def _ladder_chunk_kernel(
+    x_ptr, y_ptr,  # x, y [S, B, H, D] (any strides)
+    freqs_ptr,  # *fp32: angles [P, D], row s for position s, features contiguous
+    S, B, H,  # tokens, batch, heads
+    B_CHUNK,  # batch entries per program (the last chunk may be shorter)
+    stride_xs, stride_xb, stride_xh, stride_xd,  # x strides, in elements
+    stride_ys, stride_yb, stride_yh, stride_yd,  # y strides, in elements
+    stride_fs,  # freqs row stride
+    HALF: tl.constexpr,  # D // 2
+    BLOCK_HALF: tl.constexpr,  # next power of two >= HALF
+    BLOCK_S: tl.constexpr,  # tokens per program
+    BLOCK_H: tl.constexpr,  # heads per program
+    ACCURATE: tl.constexpr,  # libdevice cos/sin (GPU) instead of the fast approximations
+    BF16_RTNE: tl.constexpr,  # round bf16 to nearest even by hand (the interpreter truncates)
+):
+    # grid (cdiv(S, BLOCK_S), cdiv(H, BLOCK_H), cdiv(B, B_CHUNK))
+    s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)  # [BLOCK_S]
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H]
+    b_lo = tl.program_id(2) * B_CHUNK
+    b_hi = tl.minimum(b_lo + B_CHUNK, B)
+    j = tl.arange(0, BLOCK_HALF)  # [BLOCK_HALF]
+    m = ((s < S)[:, None] & (h < H)[None, :])[:, :, None] & (j < HALF)[None, None, :]
+    tab_m = (s < S)[:, None, None] & (j < HALF)[None, None, :]
+    f = freqs_ptr + s[:, None, None] * stride_fs + j[None, None, :]
+    theta_a = tl.load(f, mask=tab_m, other=0.0)
+    theta_b = tl.load(f + HALF, mask=tab_m, other=0.0)
+    c_a, s_a = _cos_sin(theta_a, ACCURATE)  # [BLOCK_S, 1, BLOCK_HALF]
+    c_b, s_b = _cos_sin(theta_b, ACCURATE)
+    x_off = s[:, None, None] * stride_xs + h[None, :, None] * stride_xh + j[None, None, :] * stride_xd
+    y_off = s[:, None, None] * stride_ys + h[None, :, None] * stride_yh + j[None, None, :] * stride_yd
+    for b in range(b_lo, b_hi):
+        xr = x_ptr + x_off + b * stride_xb
+        yr = y_ptr + y_off + b * stride_yb
+        x_a = tl.load(xr, mask=m, other=0.0).to(tl.float32)
+        x_b = tl.load(xr + HALF * stride_xd, mask=m, other=0.0).to(tl.float32)
+        tl.store(yr, round_to(x_a * c_a - x_b * s_a, y_ptr.dtype.element_ty, BF16_RTNE), mask=m)
+        tl.store(yr + HALF * stride_yd,
+                 round_to(x_b * c_b + x_a * s_b, y_ptr.dtype.element_ty, BF16_RTNE), mask=m)
+
+# %%
+for rung in ("chunks", "accurate"):
+    check_rung(ladder.rope_ladder(rung, x, freqs, kernel=_ladder_chunk_kernel), x, freqs, rung)
+# the tails: chunks of 2 of a batch of 3, blocks of 4 tokens and 2 heads (S=6, H=5 do not divide)
+small = ladder.Plan(grid=(triton.cdiv(S, 4), triton.cdiv(H, 2), triton.cdiv(B, 2)), num_warps=4,
+                    block_s=4, block_h=2, chunk=2)
+check_rung(ladder.rope_ladder("chunks", x, freqs, kernel=_ladder_chunk_kernel, tiles=small),
+           x, freqs, "chunks, tails")
+for s_, b_ in ((16, 64), (4096, 8)):
+    print(f"s={s_}, b={b_}, h=32, d=128 on an H100: warps rung {ladder.plan('warps', s_, b_, 32, 128, 2, SMS).grid} "
+          f"-> chunks rung {ladder.plan('chunks', s_, b_, 32, 128, 2, SMS)}")
+
+# %% [markdown]
+# ### Rung 6 — the equal-halves shortcut
+#
+# TE's angle tables repeat every frequency in both halves (`cat([f, f])`), so for rotate-half
+# $\theta_a = \theta_b$ and the second half's sin/cos are the first's. A program compares the two
+# halves of the rows it loaded, bit for bit, and when they are equal evaluates sin/cos once per
+# pair: half the special-function work. With a batch loop that work is amortised anyway; with
+# $b = 1$ (or packed sequences) it is paid per row, and there it shows. The check is on the
+# values the program reads, so a table whose halves differ is still right.
+
+# %%
+# ropelib-source: ropelib.ladder._ladder_final_kernel
+@triton.jit
+def _ladder_final_kernel(
+    x_ptr, y_ptr,  # x, y [S, B, H, D] (any strides)
+    freqs_ptr,  # *fp32: angles [P, D], row s for position s, features contiguous
+    S, B, H,  # tokens, batch, heads
+    B_CHUNK,  # batch entries per program (the last chunk may be shorter)
+    stride_xs, stride_xb, stride_xh, stride_xd,  # x strides, in elements
+    stride_ys, stride_yb, stride_yh, stride_yd,  # y strides, in elements
+    stride_fs,  # freqs row stride
+    HALF: tl.constexpr,  # D // 2
+    BLOCK_HALF: tl.constexpr,  # next power of two >= HALF
+    BLOCK_S: tl.constexpr,  # tokens per program
+    BLOCK_H: tl.constexpr,  # heads per program
+    ACCURATE: tl.constexpr,  # libdevice cos/sin (GPU) instead of the fast approximations
+    BF16_RTNE: tl.constexpr,  # round bf16 to nearest even by hand (the interpreter truncates)
+):
+    # grid (cdiv(S, BLOCK_S), cdiv(H, BLOCK_H), cdiv(B, B_CHUNK))
+    s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)  # [BLOCK_S]
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H]
+    b_lo = tl.program_id(2) * B_CHUNK
+    b_hi = tl.minimum(b_lo + B_CHUNK, B)
+    j = tl.arange(0, BLOCK_HALF)  # [BLOCK_HALF]
+    m = ((s < S)[:, None] & (h < H)[None, :])[:, :, None] & (j < HALF)[None, None, :]
+    tab_m = (s < S)[:, None, None] & (j < HALF)[None, None, :]
+    f = freqs_ptr + s[:, None, None] * stride_fs + j[None, None, :]
+    theta_a = tl.load(f, mask=tab_m, other=0.0)
+    theta_b = tl.load(f + HALF, mask=tab_m, other=0.0)
+    c_a, s_a = _cos_sin(theta_a, ACCURATE)  # [BLOCK_S, 1, BLOCK_HALF]
+    # both halves of every row of the tile bit-equal (TE's cat([f, f])): reuse the first's
+    differ = tl.max(tl.where(theta_a.to(tl.int32, bitcast=True) == theta_b.to(tl.int32, bitcast=True),
+                             0, 1))
+    if differ == 0:
+        c_b = c_a
+        s_b = s_a
+    else:
+        c_b, s_b = _cos_sin(theta_b, ACCURATE)
+    x_off = s[:, None, None] * stride_xs + h[None, :, None] * stride_xh + j[None, None, :] * stride_xd
+    y_off = s[:, None, None] * stride_ys + h[None, :, None] * stride_yh + j[None, None, :] * stride_yd
+    for b in range(b_lo, b_hi):
+        xr = x_ptr + x_off + b * stride_xb
+        yr = y_ptr + y_off + b * stride_yb
+        x_a = tl.load(xr, mask=m, other=0.0).to(tl.float32)
+        x_b = tl.load(xr + HALF * stride_xd, mask=m, other=0.0).to(tl.float32)
+        tl.store(yr, round_to(x_a * c_a - x_b * s_a, y_ptr.dtype.element_ty, BF16_RTNE), mask=m)
+        tl.store(yr + HALF * stride_yd,
+                 round_to(x_b * c_b + x_a * s_b, y_ptr.dtype.element_ty, BF16_RTNE), mask=m)
+
+# %%
+y_final = ladder.rope_ladder("equal_halves", x, freqs, kernel=_ladder_final_kernel)
+check_rung(y_final, x, freqs, "equal_halves")
+f_free = torch.rand(S, D, device=device) * 6 - 3                 # halves that differ
+check_rung(ladder.rope_ladder("equal_halves", x, f_free, kernel=_ladder_final_kernel), x, f_free,
+           "  free table")
+for dtype in (torch.bfloat16, torch.float16, torch.float32):
+    xd = x.to(dtype)
+    mine = ladder.rope_ladder("equal_halves", xd, freqs, kernel=_ladder_final_kernel)
+    theirs = ropelib.apply_rope(xd, freqs.view(S, 1, 1, D), layout="sbhd")
+    assert torch.equal(mine, theirs), dtype
+print("rung 6 == ropelib.apply_rope, bit for bit (bf16, fp16, fp32)")
+
+# %% [markdown]
+# Rung 6 is ropelib's kernel on this subset. What `ropelib/kernels/fused.py` adds beyond it is
+# breadth, not speed: any layout through a strided 4-D view (bshd, thd, HF's bhsd), interleaved
+# pairs, partial rotary with the pass-through copied, q and k in one launch, position ids,
+# packed sequences, context parallelism, the backward pass (a constexpr), fp64, int64 offsets
+# for huge tensors, and NaN for positions outside the table.
+#
+# ## 4. How Triton lays the tile over threads
+#
+# `num_warps` says how many threads a program has; Triton decides which elements each thread
+# holds. It writes the decision into the kernel's TritonGPU IR (TTGIR) as a **blocked layout**:
+#
+# - `sizePerThread` — the contiguous elements one thread holds along each axis;
+# - `threadsPerWarp` — how a warp's 32 threads spread over the axes (the product is 32);
+# - `warpsPerCTA` — how the program's warps spread over the axes (the product is `num_warps`);
+# - `order` — the axes from fastest to slowest varying; `[2, 1, 0]` puts the feature axis first.
+#
+# When the tile is bigger than one pass of all threads, the pattern repeats, and each thread
+# holds several of its vectors. Along the contiguous feature axis, `sizePerThread` of 8 bf16 is
+# 16 bytes: one `ld.global.v4.b32` (four 32-bit words) per thread, the widest load there is; 4
+# bf16 become `ld.global.v2.b32` (8 bytes). Triton chooses the width from what it can prove:
+# the feature stride is 1 (an argument equal to 1 is compiled as the constant 1), the pointers
+# and the other strides are multiples of 16 bytes (the launch checks this and tells the
+# compiler), and the tile has enough elements per thread.
+#
+# No GPU is needed to see it: `ladder.compile_for_gpu` compiles a kernel for an H100 (sm_90, 132
+# SMs) with the arguments a launch at bf16 sbhd $s = 4096$, $b = 8$, $h = 32$, $d = 128$ would
+# have, and reads the TTGIR, the PTX and the register count of the machine code
+# (`cuobjdump`). In the interpreter it runs the compiler in a second Python, without
+# `TRITON_INTERPRET`.
+
+# %%
+try:
+    compiled = ladder.compile_for_gpu(["heads", "tile", "warps", "accurate", "ropelib"])
+    compiled_h200 = ladder.compile_for_gpu(["ropelib"], knobs={"tile_loop": (16, 8)})
+except Exception as exc:  # noqa: BLE001 -- no compiler for this target here: say so
+    compiled = compiled_h200 = None
+    print(f"compiling for sm_90 did not work here ({type(exc).__name__}: {str(exc)[:300]}).\n"
+          "The layout rules below still hold; on a GPU, kernel.warmup(...) or the compiled "
+          "kernel's .asm['ttgir'] shows the same.")
+
+
+def show_compiled(c, label):
+    x_layout = max(c["layouts"], key=lambda l: l["sizePerThread"][-1] * len(l["sizePerThread"]))
+    print(f"{label}: grid {tuple(c['grid'])}, {c['num_warps']} warps, tile {c['tile']}, "
+          f"{c.get('registers')} registers/thread, sin/cos: {c['trig']}")
+    print(f"   x tile layout: {x_layout}")
+    print(f"   global loads/stores in the PTX: {c['accesses']}")
+
+
+if compiled:
+    for c in compiled:
+        show_compiled(c, c["what"])
+    show_compiled(compiled_h200[0], "ropelib with the H200's tile (16 elements, 8 warps)")
+    print("\nropelib's TTGIR layouts, as written in the IR:")
+    print("\n".join(compiled[-1]["ttgir_blocked"]))
+    fin, fin_h200 = compiled[-1], compiled_h200[0]
+    assert fin["tile"] == {"BLOCK_S": 1, "BLOCK_H": 32, "B_CHUNK": 8} and fin["num_warps"] == 16
+    widths = {c["what"]: max(l["sizePerThread"][-1] for l in c["layouts"]) for c in compiled}
+    assert widths["ropelib"] == 4 and max(l["sizePerThread"][-1] for l in fin_h200["layouts"]) == 8
+    trig = {c["what"]: c["trig"] for c in compiled}
+    if trig["warps"] == trig["accurate"]:
+        print(f"\nwith Triton {triton.__version__}, tl.cos/tl.sin compile to the same sin/cos as "
+              f"libdevice's ({trig['warps']}): rungs 4 and 5 are the same machine code here")
+    else:
+        print(f"\nwith Triton {triton.__version__}: tl.cos/tl.sin -> {trig['warps']}, "
+              f"libdevice -> {trig['accurate']}")
+
+# %% [markdown]
+# How to read it, for ropelib's finished tile on an H100 (the numbers come from the cell above;
+# rerun it after changing the knobs):
+#
+# - the x tile per half is $[1, 32, 64]$ = 2048 bf16 on 16 warps = 512 threads: **4 per thread**.
+#   The layout says `sizePerThread = [1, 1, 4]`, `threadsPerWarp = [1, 2, 16]` (16 threads
+#   along the 64 features, 2 heads per warp), `warpsPerCTA = [1, 16, 1]` (the 16 warps stacked
+#   over heads): each thread loads one 8-byte vector per half (`ld.global.v2.b32`). The fp32
+#   angles get 16-byte loads (`ld.global.v4.b32`);
+# - with 48 registers per thread (what ptxas allocates with Triton 3.9 here),
+#   $65536 / 48 \approx 1365$ threads fit on an SM: 2 programs of 512 threads, 1024 threads × 2 loads × 8 bytes = **16 KiB in flight per SM** — the low end of
+#   section 2's 15–20 KiB;
+# - the H200's tile, (16 elements, 8 warps), gives `sizePerThread = [1, 1, 8]`: **16-byte**
+#   vectors, for a GPU whose Little's-law budget is half as large again. ropelib's tile sweep
+#   found it 3 % faster there (`benchmarks/NOTES.md`, version 13);
+# - the 4-warp tile (rungs 1–2) holds 16 per thread, as two 16-byte vectors per half, and needs
+#   more registers, so fewer threads fit.
+#
+# Counters of the memory system (bytes in flight, stalls) would need a profiler such as Nsight
+# Compute on a GPU; none was read for this notebook. What section 5 shows is time and GB/s.
+
+# %% [markdown]
+# ## 5. Measured: the ladder as a "% of copy" waterfall
+#
+# `python benchmarks/ladder.py --out benchmarks/results/ladder.csv --figure figures/05-ladder-waterfall.png`
+# times, on a GPU, the copy, every rung and `ropelib.apply_rope` at four bf16 sbhd sizes: the
+# one above, 8 heads instead of 32, $b = 1$ with the same bytes, and 16 tokens of a batch of
+# 64. The cell below draws the waterfall from the committed CSV: each bar goes from the rung
+# before to the rung's own % of copy, green up, red down.
+
+# %%
+LADDER_CSV = bench.CSV_PATH
+if LADDER_CSV.exists():
+    meta = compare.read_meta(LADDER_CSV)
+    assert meta.get("gpu") not in (None, "", "none"), "the committed ladder must come from a GPU"
+    rows = compare.read_csv(LADDER_CSV)
+    print(f"measured on {meta.get('gpu')} (driver {meta.get('driver')}), torch {meta.get('torch')}, "
+          f"triton {meta.get('triton')}, {meta.get('date')}")
+    print(bench.table(rows))
+    for r in rows:
+        if r.get("pct_of_copy") is not None:
+            assert r["pct_of_copy"] < 110, f"{r['case']}/{r['provider']}: faster than a copy?"
+    bench.plot_waterfall(rows, FIGURES / "05-ladder-waterfall.png")
+    plt.show()
+else:
+    print(f"{LADDER_CSV.relative_to(ROOT)} is not there yet: the numbers come from "
+          "`python benchmarks/ladder.py --out benchmarks/results/ladder.csv` on a GPU "
+          "(about a minute). Nothing is drawn until then.")
+
+# %% [markdown]
+# Read each step against the idea it adds and the size it is measured at: a rung that cannot
+# matter at a size (chunks when the grid is already full, the equal-halves shortcut when a batch
+# loop amortises sin/cos) should be flat there, and a step of a percent or two is within the
+# run-to-run noise of a memory-bound kernel (the CSV keeps the 20 % and 80 % quantiles).
+#
+# ![The ladder on a GPU: % of a copy per rung, four sizes](../figures/05-ladder-waterfall.png)
+#
+# **What the committed run shows** (the cell below checks each point on the CSV):
+#
+# - **A tile of heads is the big step** at every large size: it turns a program that moves one
+#   head row (256 bytes in bf16) into one that moves tens of KiB, which is what bytes in flight
+#   asked for in section 2. At $b = 1$ it is the difference between a fifth of a copy and three
+#   quarters: there the batch loop of notebook 04 has nothing to reuse.
+# - **The other ideas are small or size-dependent.** More warps help one tile and hurt another
+#   (at $b = 1$ the 8-warp rung drops, and the planner goes back to 4); batch chunks matter only
+#   when $S \cdot H$ leaves SMs idle; the equal-halves shortcut pays where sin/cos are not
+#   amortised by a batch loop ($b = 1$). A step of a few percent is within noise.
+# - **The 16-token panel measures launches, not kernels.** A copy of that tensor takes about
+#   10 µs; every rung is launched through Triton's Python launcher, which costs tens of
+#   microseconds of host time per call, so the GPU waits. ropelib's bar is its own launch path,
+#   which calls Triton's compiled launcher directly. At this size, decoding-style calls, the host
+#   is the bottleneck, and only a cheaper launch (or a CUDA graph) helps.
+
+# %%
+if LADDER_CSV.exists():
+    by_case = {}
+    for r in rows:
+        by_case.setdefault(r["case"], {})[r["provider"]] = r["pct_of_copy"]
+    for case, pct in by_case.items():
+        steps = [name for name in ladder.NAMES if name in pct]
+        gains = {b: pct[b] - pct[a] for a, b in zip(steps, steps[1:])}
+        if case != "s16-b64":
+            # the tile of heads is the largest single step
+            assert max(gains, key=gains.get) == "heads", (case, gains)
+            assert pct["ropelib"] > pct["batch_reuse"] + 10, (case, pct)
+    small = by_case["s16-b64"]
+    # host-bound: every rung far below ropelib's direct launch
+    assert all(small[name] < 0.6 * small["ropelib"] for name in ladder.NAMES if name in small)
+    print({case: round(pct["ropelib"]) for case, pct in by_case.items()}, "% of copy for ropelib")
+
+# %% [markdown]
+# ## Exercise: the interleaved 3-D tile
+#
+# Write rung 4 (3-D tile, a grid axis over batch chunks) for the other pairing, **interleaved**:
+# pair $j$ of a head is features $(2j, 2j+1)$, its angles `freqs[s, 2j]` and `freqs[s, 2j+1]`:
+#
+# $$ y_{2j} = x_{2j} \cos\theta_{2j} - x_{2j+1} \sin\theta_{2j}, \qquad
+#    y_{2j+1} = x_{2j+1} \cos\theta_{2j+1} + x_{2j} \sin\theta_{2j+1}. $$
+#
+# The check launches your kernel itself, on grid
+# $(\lceil S/\text{BLOCK\_S} \rceil, \lceil H/\text{BLOCK\_H} \rceil, \lceil B/\text{B\_CHUNK} \rceil)$,
+# with fresh inputs every time: $S$, $H$ and $B$ that the blocks do not divide, a head dim of
+# 24, non-contiguous x and y, fp32 and fp16, into an output full of NaN inside a NaN guard band
+# (an element you do not write, or one you write outside the output, shows). Replace the
+# `pass` and rerun the cell; until then the check says what to do.
+
+# %%
+@triton.jit
+def my_interleaved_tile_kernel(
+    x_ptr,  # *x: input [S, B, H, D], any strides
+    y_ptr,  # *y: output [S, B, H, D], any strides, same dtype as x
+    freqs_ptr,  # *fp32: angles [S, D], contiguous; pair j uses freqs[s, 2j] and freqs[s, 2j + 1]
+    S, B, H,  # tokens, batch, heads
+    B_CHUNK,  # batch entries per program (the last chunk may be shorter)
+    stride_xs, stride_xb, stride_xh, stride_xd,  # x strides, in elements
+    stride_ys, stride_yb, stride_yh, stride_yd,  # y strides, in elements
+    HALF: tl.constexpr,  # D // 2: pairs per head
+    BLOCK_HALF: tl.constexpr,  # next power of two >= HALF
+    BLOCK_S: tl.constexpr,  # tokens per program
+    BLOCK_H: tl.constexpr,  # heads per program
+):
+    # launched on grid (cdiv(S, BLOCK_S), cdiv(H, BLOCK_H), cdiv(B, B_CHUNK))
+    pass  # your code
+
+
+fk.check_interleaved_tile_kernel(my_interleaved_tile_kernel);
+
+# %%
+fk.show_solution()
+
+# %% [markdown]
+# The solution loads the two members of a pair with stride-2 addresses, so no thread holds
+# contiguous features and the loads cannot be vectors. Compile it with
+# `ladder.compile_for_gpu`'s machinery in mind: how would you load a contiguous
+# $[\ldots, 2 \cdot \text{BLOCK\_HALF}]$ row and split it (`tl.reshape`, `tl.split`, `tl.join`),
+# as `fused.py` does?
+#
+# ## Questions for discussion
+#
+# 1. Section 2 used 600–800 ns for the memory latency. How would the tile change if it were
+#    twice that? Which measurement on a GPU would tell you the latency your kernel actually sees?
+# 2. ropelib's H100 tile gives 8-byte vectors, the H200's 16-byte ones, and each was the faster
+#    on its own GPU. What in section 2's model differs between the two GPUs, and what else
+#    (registers, resident programs) could make a wider vector lose?
+# 3. At which sizes should the chunks rung change nothing, and at which should the equal-halves
+#    rung change nothing? Check your answer against the waterfall.
+# 4. The planner splits the batch until there are 4 programs per SM. With 48 registers per
+#    thread only 2 programs of 512 threads fit on an SM: is 4 per SM too many, or does it help
+#    with the last, partly filled wave of programs?
+# 5. The finished kernel decides the equal-halves shortcut per tile, on the values it loaded,
+#    rather than once per table on the host. What does each choice cost, and when would you
+#    prefer the other?

@@ -1,0 +1,485 @@
+"""From the batch-reusing grid to the finished kernel, one idea at a time (a study module).
+
+Notebook 05 (the finished kernel) climbs this ladder and `benchmarks/ladder.py` times it; both
+use the kernels defined here, and a test checks that the copies the notebook shows are these.
+Every rung supports the subset the lesson needs: sbhd x [S, B, H, D] (any strides), rotate-half
+pairs (j, j + D/2), full rotary, fp32 angles [P, D] (P >= S) for positions 0..S-1, forward.
+
+    rung 0  batch_reuse   ropelib.kernels.batch_reuse: one (token, head) per program, loop over B
+    rung 1  heads         a program takes BLOCK_H heads of one token: cos/sin shared by its heads
+    rung 2  tile          a 3-D tile, tokens x heads x half, sized for the bytes a GPU needs
+                          in flight; Triton's default 4 warps
+    rung 3  warps         the same tile on 16 warps: fewer elements, so one vector, per thread
+    rung 4  chunks        a third grid axis over chunks of the batch: enough programs to fill
+                          the GPU when S * H is small (ropelib's planner picks tile and chunk)
+    rung 5  accurate      libdevice's cosf/sinf, exact for any angle, instead of the fast ones
+    rung 6  equal_halves  when both halves of a table row hold the same angles (TE's
+                          cat([f, f])), sin/cos once per pair: half the special-function work
+
+The last rung computes what ropelib's finished kernel computes, bit for bit, on this subset.
+Offsets are int32: tensors below 2**31 elements.
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import NamedTuple, Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from .kernels import launch as _launch
+from .kernels.batch_reuse import rope_batch_reuse
+from .kernels.common import BF16_RTNE, round_to
+from .kernels.fused import _cos_sin
+from .runtime import INTERPRET
+
+
+# --- rung 1: a tile of heads ------------------------------------------------------------------
+
+@triton.jit
+def _ladder_heads_kernel(
+    x_ptr, y_ptr,  # x, y [S, B, H, D] (any strides)
+    freqs_ptr,  # *fp32: angles [P, D], row s for position s, features contiguous
+    B, H,  # batch (each program loops over it), heads
+    stride_xs, stride_xb, stride_xh, stride_xd,  # x strides, in elements
+    stride_ys, stride_yb, stride_yh, stride_yd,  # y strides, in elements
+    stride_fs,  # freqs row stride
+    HALF: tl.constexpr,  # D // 2
+    BLOCK_HALF: tl.constexpr,  # next power of two >= HALF
+    BLOCK_H: tl.constexpr,  # heads per program: the rows of the tile
+    BF16_RTNE: tl.constexpr,  # round bf16 to nearest even by hand (the interpreter truncates)
+):
+    # grid (S, cdiv(H, BLOCK_H)): program (s, hb) rotates heads hb*BLOCK_H.. of token s, all b
+    s = tl.program_id(0)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H]
+    j = tl.arange(0, BLOCK_HALF)  # [BLOCK_HALF]
+    m = (h < H)[:, None] & (j < HALF)[None, :]  # [BLOCK_H, BLOCK_HALF]
+    # cos/sin of token s, once per program: shared by its BLOCK_H heads and all B rows
+    theta_a = tl.load(freqs_ptr + s * stride_fs + j, mask=j < HALF, other=0.0)
+    theta_b = tl.load(freqs_ptr + s * stride_fs + HALF + j, mask=j < HALF, other=0.0)
+    c_a, s_a = tl.cos(theta_a)[None, :], tl.sin(theta_a)[None, :]  # [1, BLOCK_HALF]
+    c_b, s_b = tl.cos(theta_b)[None, :], tl.sin(theta_b)[None, :]
+    x_off = s * stride_xs + h[:, None] * stride_xh + j[None, :] * stride_xd
+    y_off = s * stride_ys + h[:, None] * stride_yh + j[None, :] * stride_yd
+    for b in range(0, B):
+        xr = x_ptr + x_off + b * stride_xb
+        yr = y_ptr + y_off + b * stride_yb
+        x_a = tl.load(xr, mask=m, other=0.0).to(tl.float32)
+        x_b = tl.load(xr + HALF * stride_xd, mask=m, other=0.0).to(tl.float32)
+        tl.store(yr, round_to(x_a * c_a - x_b * s_a, y_ptr.dtype.element_ty, BF16_RTNE), mask=m)
+        tl.store(yr + HALF * stride_yd,
+                 round_to(x_b * c_b + x_a * s_b, y_ptr.dtype.element_ty, BF16_RTNE), mask=m)
+
+
+# --- rungs 2 and 3: a 3-D tile, tokens x heads x half -------------------------------------------
+
+@triton.jit
+def _ladder_tile_kernel(
+    x_ptr, y_ptr,  # x, y [S, B, H, D] (any strides)
+    freqs_ptr,  # *fp32: angles [P, D], row s for position s, features contiguous
+    S, B, H,  # tokens, batch (each program loops over it), heads
+    stride_xs, stride_xb, stride_xh, stride_xd,  # x strides, in elements
+    stride_ys, stride_yb, stride_yh, stride_yd,  # y strides, in elements
+    stride_fs,  # freqs row stride
+    HALF: tl.constexpr,  # D // 2
+    BLOCK_HALF: tl.constexpr,  # next power of two >= HALF
+    BLOCK_S: tl.constexpr,  # tokens per program
+    BLOCK_H: tl.constexpr,  # heads per program
+    BF16_RTNE: tl.constexpr,  # round bf16 to nearest even by hand (the interpreter truncates)
+):
+    # grid (cdiv(S, BLOCK_S), cdiv(H, BLOCK_H)): a [BLOCK_S, BLOCK_H, BLOCK_HALF] tile per half
+    s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)  # [BLOCK_S]
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H]
+    j = tl.arange(0, BLOCK_HALF)  # [BLOCK_HALF]
+    m = ((s < S)[:, None] & (h < H)[None, :])[:, :, None] & (j < HALF)[None, None, :]
+    tab_m = (s < S)[:, None, None] & (j < HALF)[None, None, :]  # [BLOCK_S, 1, BLOCK_HALF]
+    f = freqs_ptr + s[:, None, None] * stride_fs + j[None, None, :]
+    theta_a = tl.load(f, mask=tab_m, other=0.0)
+    theta_b = tl.load(f + HALF, mask=tab_m, other=0.0)
+    c_a, s_a = tl.cos(theta_a), tl.sin(theta_a)  # [BLOCK_S, 1, BLOCK_HALF]: once per program
+    c_b, s_b = tl.cos(theta_b), tl.sin(theta_b)
+    x_off = s[:, None, None] * stride_xs + h[None, :, None] * stride_xh + j[None, None, :] * stride_xd
+    y_off = s[:, None, None] * stride_ys + h[None, :, None] * stride_yh + j[None, None, :] * stride_yd
+    for b in range(0, B):
+        xr = x_ptr + x_off + b * stride_xb
+        yr = y_ptr + y_off + b * stride_yb
+        x_a = tl.load(xr, mask=m, other=0.0).to(tl.float32)
+        x_b = tl.load(xr + HALF * stride_xd, mask=m, other=0.0).to(tl.float32)
+        tl.store(yr, round_to(x_a * c_a - x_b * s_a, y_ptr.dtype.element_ty, BF16_RTNE), mask=m)
+        tl.store(yr + HALF * stride_yd,
+                 round_to(x_b * c_b + x_a * s_b, y_ptr.dtype.element_ty, BF16_RTNE), mask=m)
+
+
+# --- rungs 4 and 5: chunks of the batch; accurate sin/cos ---------------------------------------
+
+@triton.jit
+def _ladder_chunk_kernel(
+    x_ptr, y_ptr,  # x, y [S, B, H, D] (any strides)
+    freqs_ptr,  # *fp32: angles [P, D], row s for position s, features contiguous
+    S, B, H,  # tokens, batch, heads
+    B_CHUNK,  # batch entries per program (the last chunk may be shorter)
+    stride_xs, stride_xb, stride_xh, stride_xd,  # x strides, in elements
+    stride_ys, stride_yb, stride_yh, stride_yd,  # y strides, in elements
+    stride_fs,  # freqs row stride
+    HALF: tl.constexpr,  # D // 2
+    BLOCK_HALF: tl.constexpr,  # next power of two >= HALF
+    BLOCK_S: tl.constexpr,  # tokens per program
+    BLOCK_H: tl.constexpr,  # heads per program
+    ACCURATE: tl.constexpr,  # libdevice cos/sin (GPU) instead of the fast approximations
+    BF16_RTNE: tl.constexpr,  # round bf16 to nearest even by hand (the interpreter truncates)
+):
+    # grid (cdiv(S, BLOCK_S), cdiv(H, BLOCK_H), cdiv(B, B_CHUNK))
+    s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)  # [BLOCK_S]
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H]
+    b_lo = tl.program_id(2) * B_CHUNK
+    b_hi = tl.minimum(b_lo + B_CHUNK, B)
+    j = tl.arange(0, BLOCK_HALF)  # [BLOCK_HALF]
+    m = ((s < S)[:, None] & (h < H)[None, :])[:, :, None] & (j < HALF)[None, None, :]
+    tab_m = (s < S)[:, None, None] & (j < HALF)[None, None, :]
+    f = freqs_ptr + s[:, None, None] * stride_fs + j[None, None, :]
+    theta_a = tl.load(f, mask=tab_m, other=0.0)
+    theta_b = tl.load(f + HALF, mask=tab_m, other=0.0)
+    c_a, s_a = _cos_sin(theta_a, ACCURATE)  # [BLOCK_S, 1, BLOCK_HALF]
+    c_b, s_b = _cos_sin(theta_b, ACCURATE)
+    x_off = s[:, None, None] * stride_xs + h[None, :, None] * stride_xh + j[None, None, :] * stride_xd
+    y_off = s[:, None, None] * stride_ys + h[None, :, None] * stride_yh + j[None, None, :] * stride_yd
+    for b in range(b_lo, b_hi):
+        xr = x_ptr + x_off + b * stride_xb
+        yr = y_ptr + y_off + b * stride_yb
+        x_a = tl.load(xr, mask=m, other=0.0).to(tl.float32)
+        x_b = tl.load(xr + HALF * stride_xd, mask=m, other=0.0).to(tl.float32)
+        tl.store(yr, round_to(x_a * c_a - x_b * s_a, y_ptr.dtype.element_ty, BF16_RTNE), mask=m)
+        tl.store(yr + HALF * stride_yd,
+                 round_to(x_b * c_b + x_a * s_b, y_ptr.dtype.element_ty, BF16_RTNE), mask=m)
+
+
+# --- rung 6: the equal-halves shortcut ----------------------------------------------------------
+
+@triton.jit
+def _ladder_final_kernel(
+    x_ptr, y_ptr,  # x, y [S, B, H, D] (any strides)
+    freqs_ptr,  # *fp32: angles [P, D], row s for position s, features contiguous
+    S, B, H,  # tokens, batch, heads
+    B_CHUNK,  # batch entries per program (the last chunk may be shorter)
+    stride_xs, stride_xb, stride_xh, stride_xd,  # x strides, in elements
+    stride_ys, stride_yb, stride_yh, stride_yd,  # y strides, in elements
+    stride_fs,  # freqs row stride
+    HALF: tl.constexpr,  # D // 2
+    BLOCK_HALF: tl.constexpr,  # next power of two >= HALF
+    BLOCK_S: tl.constexpr,  # tokens per program
+    BLOCK_H: tl.constexpr,  # heads per program
+    ACCURATE: tl.constexpr,  # libdevice cos/sin (GPU) instead of the fast approximations
+    BF16_RTNE: tl.constexpr,  # round bf16 to nearest even by hand (the interpreter truncates)
+):
+    # grid (cdiv(S, BLOCK_S), cdiv(H, BLOCK_H), cdiv(B, B_CHUNK))
+    s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)  # [BLOCK_S]
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H]
+    b_lo = tl.program_id(2) * B_CHUNK
+    b_hi = tl.minimum(b_lo + B_CHUNK, B)
+    j = tl.arange(0, BLOCK_HALF)  # [BLOCK_HALF]
+    m = ((s < S)[:, None] & (h < H)[None, :])[:, :, None] & (j < HALF)[None, None, :]
+    tab_m = (s < S)[:, None, None] & (j < HALF)[None, None, :]
+    f = freqs_ptr + s[:, None, None] * stride_fs + j[None, None, :]
+    theta_a = tl.load(f, mask=tab_m, other=0.0)
+    theta_b = tl.load(f + HALF, mask=tab_m, other=0.0)
+    c_a, s_a = _cos_sin(theta_a, ACCURATE)  # [BLOCK_S, 1, BLOCK_HALF]
+    # both halves of every row of the tile bit-equal (TE's cat([f, f])): reuse the first's
+    differ = tl.max(tl.where(theta_a.to(tl.int32, bitcast=True) == theta_b.to(tl.int32, bitcast=True),
+                             0, 1))
+    if differ == 0:
+        c_b = c_a
+        s_b = s_a
+    else:
+        c_b, s_b = _cos_sin(theta_b, ACCURATE)
+    x_off = s[:, None, None] * stride_xs + h[None, :, None] * stride_xh + j[None, None, :] * stride_xd
+    y_off = s[:, None, None] * stride_ys + h[None, :, None] * stride_yh + j[None, None, :] * stride_yd
+    for b in range(b_lo, b_hi):
+        xr = x_ptr + x_off + b * stride_xb
+        yr = y_ptr + y_off + b * stride_yb
+        x_a = tl.load(xr, mask=m, other=0.0).to(tl.float32)
+        x_b = tl.load(xr + HALF * stride_xd, mask=m, other=0.0).to(tl.float32)
+        tl.store(yr, round_to(x_a * c_a - x_b * s_a, y_ptr.dtype.element_ty, BF16_RTNE), mask=m)
+        tl.store(yr + HALF * stride_yd,
+                 round_to(x_b * c_b + x_a * s_b, y_ptr.dtype.element_ty, BF16_RTNE), mask=m)
+
+
+# --- the rungs and their launches -----------------------------------------------------------------
+
+class Rung(NamedTuple):
+    name: str
+    idea: str
+    kernel: object   # the @triton.jit kernel (None for rung 0, ropelib's batch_reuse launcher)
+
+
+RUNGS = (
+    Rung("batch_reuse", "grid (S, H): one token and one head per program, loop over B", None),
+    Rung("heads", "BLOCK_H heads per program: cos/sin shared by the heads", _ladder_heads_kernel),
+    Rung("tile", "3-D tile tokens x heads x half, sized for bytes in flight; 4 warps",
+         _ladder_tile_kernel),
+    Rung("warps", "the same tile on 16 warps: one 8- or 16-byte vector per thread per load",
+         _ladder_tile_kernel),
+    Rung("chunks", "grid axis over batch chunks: enough programs to fill the GPU",
+         _ladder_chunk_kernel),
+    Rung("accurate", "libdevice cos/sin: exact for any angle", _ladder_chunk_kernel),
+    Rung("equal_halves", "equal table halves: sin/cos once per pair", _ladder_final_kernel),
+)
+NAMES = tuple(r.name for r in RUNGS)
+KERNELS = {"heads": "_ladder_heads_kernel", "tile": "_ladder_tile_kernel",
+           "warps": "_ladder_tile_kernel", "chunks": "_ladder_chunk_kernel",
+           "accurate": "_ladder_chunk_kernel", "equal_halves": "_ladder_final_kernel"}
+HEADS_PER_PROGRAM = 32     # rung 1's BLOCK_H cap: all heads of a token for H <= 32
+
+
+class Plan(NamedTuple):
+    """One rung's launch: the grid, the warps, and the tile (BLOCK_S, BLOCK_H, B_CHUNK)."""
+    grid: tuple
+    num_warps: int
+    block_s: int
+    block_h: int
+    chunk: int
+
+
+def _pow2_at_most(n: int) -> int:
+    return 1 << (max(int(n), 1).bit_length() - 1)
+
+
+def tile_shape(S: int, H: int, D: int, target: int) -> tuple:
+    """(BLOCK_S, BLOCK_H) of a tile of about `target` elements (both halves): heads first, then
+    tokens, at most 16 tokens; the same rule as ropelib's planner, without the batch chunks."""
+    row = 2 * triton.next_power_of_2(D // 2)
+    block_h = min(triton.next_power_of_2(H), _pow2_at_most(max(target // row, 1)))
+    block_s = min(triton.next_power_of_2(S), 16, _pow2_at_most(max(target // (block_h * row), 1)))
+    return block_s, block_h
+
+
+def device_knobs(x: torch.Tensor) -> tuple:
+    """(SM count or None, ropelib's tile knobs for this GPU): None and {} in the interpreter."""
+    if x.device.type != "cuda" or INTERPRET:
+        return None, {}
+    return _launch._device(x.device.index if x.device.index is not None
+                           else torch.cuda.current_device())
+
+
+def plan(rung: str, S: int, B: int, H: int, D: int, elem_size: int,
+         sm_count: Optional[int] = None, knobs: Optional[dict] = None) -> Plan:
+    """The launch of `rung` for x [S, B, H, D] with `elem_size`-byte elements.
+
+    On a GPU (sm_count given) the tiles come from ropelib's knobs: (elements per thread, warps)
+    = (8, 16) for 16-bit inputs on an H100 (knobs: the GPU's own, ropelib.kernels.launch); rung 2
+    keeps that tile on 4 warps. In the interpreter (sm_count None) tiles are as large as ropelib
+    makes them there, since each program instance costs milliseconds.
+    """
+    knobs = knobs or {}
+    cdiv = triton.cdiv
+    if rung == "heads":
+        bh = min(triton.next_power_of_2(H), HEADS_PER_PROGRAM)
+        return Plan((S, cdiv(H, bh)), 4, 1, bh, B)
+    if rung in ("tile", "warps"):
+        if sm_count is None:
+            bs, bh, _, warps = _launch.pick_tiles(S, B, (H,), D, D, elem_size, None)
+        else:
+            ept, warps = knobs.get("tile_wide" if elem_size > 2 else "tile_loop",
+                                   _launch.TILE_WIDE if elem_size > 2 else _launch.TILE_LOOP)
+            bs, bh = tile_shape(S, H, D, ept * 32 * warps)
+            if rung == "tile":
+                warps = 4
+        return Plan((cdiv(S, bs), cdiv(H, bh)), warps, bs, bh, B)
+    if rung in ("chunks", "accurate", "equal_halves"):
+        bs, bh, chunk, warps = _launch.pick_tiles(S, B, (H,), D, D, elem_size, sm_count, **knobs)
+        return Plan((cdiv(S, bs), cdiv(H, bh), cdiv(B, chunk)), warps, bs, bh, chunk)
+    raise ValueError(f"rung must be one of {NAMES[1:]}, got {rung!r}")
+
+
+def _table(freqs: torch.Tensor, S: int, D: int) -> torch.Tensor:
+    f = freqs.reshape(freqs.shape[0], freqs.shape[-1])
+    if f.dtype != torch.float32 or f.shape[-1] != D or f.shape[0] < S:
+        raise ValueError(f"freqs must be fp32 angles [P, {D}] or [P, 1, 1, {D}] with P >= {S}, "
+                         f"got {tuple(freqs.shape)} {freqs.dtype}")
+    return f if f.stride(-1) == 1 else f.contiguous()
+
+
+def rope_ladder(rung: str, x: torch.Tensor, freqs: torch.Tensor, *,
+                out: Optional[torch.Tensor] = None, tiles: Optional[Plan] = None,
+                kernel=None) -> torch.Tensor:
+    """Rotate sbhd x [S, B, H, D] (rotate-half, full rotary) with the kernel of `rung`.
+
+    Args:
+        rung: one of NAMES ("batch_reuse" runs ropelib.kernels.batch_reuse).
+        x: [S, B, H, D], fp16/bf16/fp32, any strides, D even.
+        freqs: fp32 angles [P, D] or [P, 1, 1, D], P >= S.
+        out: a tensor of x's shape and dtype to write (any strides); by default a new one.
+        tiles: a Plan to launch with instead of `plan(...)`'s (tests use small chunks).
+        kernel: a kernel with the rung's signature to launch instead of the rung's own (the
+            notebook launches its editable copies this way).
+    Returns:
+        y (out if given); math in fp32, one rounding to x's dtype.
+    """
+    S, B, H, D = x.shape
+    if rung == "batch_reuse":
+        return rope_batch_reuse(x, freqs, out=out)
+    f = _table(freqs, S, D)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device) if out is None else out
+    if x.numel() == 0:
+        return y
+    sm, knobs = device_knobs(x)
+    p = tiles or plan(rung, S, B, H, D, x.element_size(), sm, knobs)
+    common = dict(HALF=D // 2, BLOCK_HALF=triton.next_power_of_2(D // 2), BF16_RTNE=BF16_RTNE,
+                  num_warps=p.num_warps)
+    strides = (*x.stride(), *y.stride(), f.stride(0))
+    kernel = kernel or globals()[KERNELS[rung]]
+    if rung == "heads":
+        kernel[p.grid](x, y, f, B, H, *strides, BLOCK_H=p.block_h, **common)
+    elif rung in ("tile", "warps"):
+        kernel[p.grid](x, y, f, S, B, H, *strides, BLOCK_S=p.block_s, BLOCK_H=p.block_h,
+                       **common)
+    else:
+        kernel[p.grid](x, y, f, S, B, H, p.chunk, *strides, BLOCK_S=p.block_s,
+                       BLOCK_H=p.block_h, ACCURATE=(rung != "chunks") and not INTERPRET,
+                       **common)
+    return y
+
+
+# --- what the compiler makes of a tile (no GPU needed) ------------------------------------------
+
+_BLOCKED = re.compile(r"#ttg\.blocked<\{([^}]*)\}>")
+_MEMORY = re.compile(r"\b(ld|st)\.global((?:\.[a-z0-9]+)*)\s")
+
+
+def _ptx_accesses(ptx: str) -> dict:
+    """{'ld.v2.b32': n, ...}: the global loads/stores in the PTX (instructions in the code, not
+    executions) by vector width and word size. Loads through the read-only path (`.nc`) are
+    left out: there, only libdevice's sin/cos read their constant table that way."""
+    counts = {}
+    for op, suffix in _MEMORY.findall(ptx):
+        parts = suffix.strip(".").split(".")
+        if "nc" in parts:
+            continue
+        vec = next((p for p in parts if p in ("v2", "v4", "v8")), "v1")
+        bits = next((p for p in parts if p[0] in "bfus" and p[1:].isdigit()), "?")
+        key = f"{op}.{vec}.{bits}"
+        counts[key] = counts.get(key, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def _trig(ptx: str) -> str:
+    """Which sin/cos the PTX computes: libdevice's (__nv_sinf/__nv_cosf, with its exact argument
+    reduction), the hardware approximations (sin.approx/cos.approx), both or none."""
+    lib = bool(re.search(r"__nv_(sin|cos)f", ptx))
+    fast = bool(re.search(r"\b(sin|cos)\.approx", ptx))
+    return {(True, False): "libdevice", (False, True): "approx", (True, True): "both"}.get(
+        (lib, fast), "none")
+
+
+def _resources(cubin: bytes) -> dict:
+    """{'registers': per thread, 'shared': bytes} of a cubin, read with the cuobjdump that ships
+    with Triton (or on PATH); {} when there is none."""
+    import shutil
+    import tempfile
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    tool = str(tool) if tool.exists() else shutil.which("cuobjdump")
+    if not tool or not cubin:
+        return {}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(cubin)
+        text = subprocess.run([tool, "--dump-resource-usage", str(path)], capture_output=True,
+                              text=True, timeout=60).stdout
+    regs, shared = re.search(r"REG:(\d+)", text), re.search(r"SHARED:(\d+)", text)
+    return {"registers": int(regs.group(1)) if regs else None,
+            "shared": int(shared.group(1)) if shared else None}
+
+
+def _compile_here(what: str, S: int, B: int, H: int, D: int, dtype: str, sm_count: int,
+                  arch: int, knobs: Optional[dict] = None) -> dict:
+    """Compile `what` (a rung, or "ropelib" for the finished kernel) for a CUDA target; no GPU."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+    if INTERPRET:
+        raise RuntimeError("compile with TRITON_INTERPRET unset (compile_for_gpu does)")
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    knobs = {k: tuple(v) for k, v in (knobs or {}).items()}
+    x = torch.empty(S, B, H, D, dtype=dt)   # only shapes, strides, dtypes and alignment matter
+    y = torch.empty_like(x)
+    f = torch.empty(S, D, dtype=torch.float32)
+    if what == "ropelib":
+        tiles = _launch.pick_tiles(S, B, (H, 0), D, D, x.element_size(), sm_count, **knobs)
+        lau, ptrs = _launch.plan(_launch.View.of(x), _launch.View.of(y), _launch.Table(f, None),
+                                 _launch.Positions(), R=D, interleaved=False, backward=False,
+                                 copy_pass=False, tiles=tiles)
+        kernel = _launch._rope_kernel
+        args = dict(zip(_launch.POINTERS, ptrs), **lau.args)
+        grid, warps, tile = lau.grid, lau.num_warps, dict(BLOCK_S=tiles[0], BLOCK_H=tiles[1],
+                                                          B_CHUNK=tiles[2])
+    else:
+        p = plan(what, S, B, H, D, x.element_size(), sm_count, knobs)
+        kernel = globals()[KERNELS[what]]
+        strides = dict(zip(("stride_xs", "stride_xb", "stride_xh", "stride_xd", "stride_ys",
+                            "stride_yb", "stride_yh", "stride_yd", "stride_fs"),
+                           (*x.stride(), *y.stride(), f.stride(0))))
+        args = dict(x_ptr=x, y_ptr=y, freqs_ptr=f, B=B, H=H, HALF=D // 2,
+                    BLOCK_HALF=triton.next_power_of_2(D // 2), BLOCK_H=p.block_h,
+                    BF16_RTNE=False, **strides)
+        if what != "heads":
+            args.update(S=S, BLOCK_S=p.block_s)
+        if what in ("chunks", "accurate", "equal_halves"):
+            args.update(B_CHUNK=p.chunk, ACCURATE=what != "chunks")
+        grid, warps, tile = p.grid, p.num_warps, dict(BLOCK_S=p.block_s, BLOCK_H=p.block_h,
+                                                      B_CHUNK=p.chunk)
+    target = GPUTarget("cuda", arch, 32)
+    backend = make_backend(target)
+    # the JIT's own specialization: ints equal to 1 become constants, pointers and multiples of
+    # 16 get a divisibility hint (what lets the compiler prove a contiguous run is aligned)
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    bound, spec, opts = binder(**args, num_warps=warps)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, {"num_warps": warps},
+                                                              bound, spec, opts)
+    compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
+                              options=options.__dict__)
+    ttgir, ptx = compiled.asm["ttgir"], compiled.asm["ptx"]
+    layouts = []
+    for spec_text in _BLOCKED.findall(ttgir):
+        fields = dict(re.findall(r"(\w+) = \[([\d, ]*)\]", spec_text))
+        layouts.append({k: [int(v) for v in fields[k].split(",")] for k in
+                        ("sizePerThread", "threadsPerWarp", "warpsPerCTA", "order") if k in fields})
+    return dict(what=what, shape=[S, B, H, D], dtype=dtype, sm_count=sm_count, arch=arch,
+                grid=list(grid), num_warps=warps, tile=tile, layouts=layouts,
+                accesses=_ptx_accesses(ptx), trig=_trig(ptx),
+                **_resources(compiled.asm.get("cubin", b"")),
+                ttgir_blocked=[line for line in ttgir.splitlines() if line.startswith("#blocked")])
+
+
+def compile_for_gpu(whats, S: int = 4096, B: int = 8, H: int = 32, D: int = 128,
+                    dtype: str = "bf16", *, sm_count: int = 132, arch: int = 90,
+                    knobs: Optional[dict] = None, timeout: float = 300.0) -> list:
+    """Compile rungs (or "ropelib", the finished kernel) as launches on a CUDA GPU would.
+
+    No GPU is needed: Triton compiles for a target (default sm_90, an H100/H200 with 132 SMs)
+    with the tiles ropelib would pick there (`knobs`: another GPU's, e.g. the H200's
+    {"tile_loop": (16, 8)}). For each of `whats` (a name or a sequence of names) returns a dict:
+    the launch, the TTGIR layouts (`#ttg.blocked`: sizePerThread, threadsPerWarp, warpsPerCTA,
+    order), the PTX's global loads/stores by vector width, which sin/cos it calls, and the
+    registers per thread of the machine code (ptxas's allocation, read with cuobjdump). Under the
+    interpreter the compilation runs in a child Python with TRITON_INTERPRET unset (a kernel
+    object cannot be both interpreted and compiled).
+    """
+    whats = [whats] if isinstance(whats, str) else list(whats)
+    if not INTERPRET:
+        return [_compile_here(w, S, B, H, D, dtype, sm_count, arch, knobs) for w in whats]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")   # Triton's default, without its warning
+    call = json.dumps([whats, S, B, H, D, dtype, sm_count, arch, knobs])
+    code = ("import json; from ropelib.ladder import _compile_here; "
+            f"w, *a = json.loads({call!r}); "
+            "print(json.dumps([_compile_here(x, *a) for x in w]))")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"compiling {whats} for sm_{arch} failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])

@@ -1,0 +1,345 @@
+"""Notebook 05 (the finished kernel): its ladder is ropelib.ladder's, the last rung is ropelib's
+kernel bit for bit, benchmarks/ladder.py checks every rung and draws its waterfall, the layout
+can be read without a GPU, and the kernel exercise rejects the known cheats."""
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit is imported
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+import ropelib  # noqa: E402
+from ropelib import compare, ladder, reference, runtime  # noqa: E402
+from ropelib.exercises import finished_kernel as fk  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "notebooks" / "05-finished-kernel"
+LADDER_KERNELS = ["ropelib.ladder._ladder_heads_kernel", "ropelib.ladder._ladder_tile_kernel",
+                  "ropelib.ladder._ladder_chunk_kernel", "ropelib.ladder._ladder_final_kernel"]
+
+
+def _load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return _load("ladder_bench", ROOT / "benchmarks" / "ladder.py")
+
+
+@pytest.fixture(scope="module")
+def same():
+    return _load("kernels_same", ROOT / "tests" / "test_notebook_kernels_same.py")
+
+
+# --- one ladder: the notebook's cells, ropelib.ladder, the benchmark ------------------------------
+
+@pytest.mark.parametrize("ext", [".py", ".ipynb"])
+def test_notebook_runs_the_ladder_kernels_of_ropelib(same, ext):
+    cells = same.notebook_cells(NOTEBOOK.with_suffix(ext))
+    shown = dict(same.shown_sources(cells))
+    assert set(LADDER_KERNELS) <= set(shown), "every ladder kernel is a runnable cell"
+    for name in LADDER_KERNELS:
+        assert shown[name] == same.source_of(name), f"{name}: the notebook's copy is stale"
+    code = "\n".join(t for k, t in cells if k == "code")
+    for name in LADDER_KERNELS:   # the notebook launches its own copy through ropelib's launcher
+        assert f"kernel={name.rsplit('.', 1)[1]}" in code
+    assert "benchmarks\" / \"ladder.py" in code or "benchmarks/ladder.py" in code
+
+
+def test_benchmark_times_ropelibs_ladder(bench):
+    assert bench.ladder is ladder
+    assert bench.PROVIDERS == ("copy",) + ladder.NAMES + ("ropelib",)
+    assert {ladder.KERNELS[r] for r in ladder.NAMES[1:]} == {n.rsplit(".", 1)[1] for n in LADDER_KERNELS}
+
+
+# --- correctness -----------------------------------------------------------------------------------
+
+def _x(S, B, H, D, dtype, strided, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    if strided:   # a bshd tensor seen as sbhd, every other feature
+        return torch.randn(B, S, H, 2 * D, generator=gen).to(dtype).permute(1, 0, 2, 3)[..., ::2]
+    return torch.randn(S, B, H, D, generator=gen).to(dtype)
+
+
+SHAPES = [(5, 3, 3, 24, torch.bfloat16, False), (4, 2, 5, 16, torch.float16, True),
+          (3, 5, 2, 32, torch.float32, False), (7, 1, 4, 8, torch.bfloat16, True)]
+
+
+@pytest.mark.parametrize("S, B, H, D, dtype, strided", SHAPES)
+def test_last_rung_equals_ropelib_bit_for_bit(S, B, H, D, dtype, strided):
+    x = _x(S, B, H, D, dtype, strided)
+    freqs = compare.angles(S + 3, D)                 # more rows than tokens
+    theirs = ropelib.apply_rope(x, freqs[:S], layout="sbhd")
+    mine = ladder.rope_ladder("equal_halves", x, freqs)
+    assert torch.equal(mine, theirs)
+    free = torch.rand(S, D, generator=torch.Generator().manual_seed(1)) * 6 - 3
+    assert torch.equal(ladder.rope_ladder("equal_halves", x, free),
+                       ropelib.apply_rope(x, free.view(S, 1, 1, D), layout="sbhd"))
+
+
+@pytest.mark.parametrize("S, B, H, D, dtype, strided", SHAPES)
+@pytest.mark.parametrize("rung", ladder.NAMES)
+def test_every_rung_matches_the_reference_with_gpu_plans(rung, S, B, H, D, dtype, strided):
+    # the plans a GPU with 132 SMs would use (chunks, small tiles with masked tails), run here
+    x = _x(S, B, H, D, dtype, strided)
+    freqs = torch.rand(S, D, generator=torch.Generator().manual_seed(2)) * 6 - 3
+    tiles = None if rung == "batch_reuse" else ladder.plan(rung, S, B, H, D, x.element_size(), 132)
+    y = torch.full((S, B, H, D), float("nan"), dtype=dtype)
+    ladder.rope_ladder(rung, x, freqs, out=y, tiles=tiles)
+    want = reference.rope_reference(x.double(), freqs)
+    # 16-bit: one rounding of fp32 math; fp32: fp32 arithmetic is a few ulps of the head
+    assert compare.error_metrics(y, want)["max_head_ulp_err"] <= (4.0 if dtype == torch.float32 else 1.0)
+
+
+def test_gpu_plans_follow_ropelibs_planner():
+    from ropelib.kernels import launch
+    for S, B, H in ((4096, 8, 32), (16, 64, 32), (32768, 1, 32), (16384, 8, 8)):
+        p = ladder.plan("equal_halves", S, B, H, 128, 2, 132)
+        bs, bh, chunk, warps = launch.pick_tiles(S, B, (H,), 128, 128, 2, 132)
+        assert (p.block_s, p.block_h, p.chunk, p.num_warps) == (bs, bh, chunk, warps)
+        assert p.grid == (triton.cdiv(S, bs), triton.cdiv(H, bh), triton.cdiv(B, chunk))
+    # rungs 2 and 3 differ in the warps only; the tile spans tokens when heads are few
+    t, w = ladder.plan("tile", 16384, 8, 8, 128, 2, 132), ladder.plan("warps", 16384, 8, 8, 128, 2, 132)
+    assert (t.block_s, t.block_h, t.grid) == (w.block_s, w.block_h, w.grid) == (4, 8, (4096, 1))
+    assert (t.num_warps, w.num_warps) == (4, 16)
+    # chunks split a batch of 64 over 16 tokens; the rungs before cannot
+    assert ladder.plan("warps", 16, 64, 32, 128, 2, 132).grid == (16, 1)
+    assert ladder.plan("chunks", 16, 64, 32, 128, 2, 132).grid == (16, 1, 64)
+
+
+# --- the benchmark ---------------------------------------------------------------------------------
+
+def test_dry_run_checks_every_rung_and_writes_a_readable_csv(bench, tmp_path, capsys):
+    out = tmp_path / "ladder.csv"
+    assert bench.main(["--dry-run", "--out", str(out)]) == 0
+    rows, meta = compare.read_csv(out), compare.read_meta(out)
+    assert meta["script"] == "benchmarks/ladder.py" and "dry run" in meta["timing"]
+    assert {r["case"] for r in rows} == {"tiny", "tiny-b1"}
+    assert [r["provider"] for r in rows if r["case"] == "tiny"] == list(bench.PROVIDERS)
+    for r in rows:
+        if r["provider"] == "copy":
+            continue
+        assert r["available"] is True, (r["case"], r["provider"], r["reason"])
+        assert 0 <= r["max_head_ulp_err"] <= 1.0 and r["ms"] is None
+    assert [r["bit_equal_ropelib"] for r in rows if r["provider"] == "equal_halves"] == [True, True]
+    assert "failed" not in capsys.readouterr().out
+
+
+def test_a_wrong_rung_is_caught(bench, monkeypatch):
+    original = ladder.rope_ladder
+
+    def broken(rung, x, freqs, **kw):
+        y = original(rung, x, freqs, **kw)
+        return y.roll(1, dims=-1) if rung == "warps" else y
+    monkeypatch.setattr(bench.ladder, "rope_ladder", broken)
+    rows = bench.run(dry_run=True, progress=False)
+    bad = [r for r in rows if r["provider"] == "warps"]
+    assert bad and all(r["available"] is False and "differs" in r["reason"] for r in bad)
+    assert all(r["available"] for r in rows if r["provider"] == "tile")
+
+
+def test_timing_needs_a_gpu(bench):
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU the real run is allowed")
+    with pytest.raises(SystemExit):
+        bench.run(dry_run=False, progress=False)
+    with pytest.raises(SystemExit):   # the committed CSV never receives dry-run rows
+        bench.main(["--dry-run", "--out", str(bench.CSV_PATH)])
+
+
+def test_waterfall_is_drawn_from_a_csv(bench, tmp_path):
+    import matplotlib
+    matplotlib.use("Agg")
+    pct = {"batch_reuse": 80.0, "heads": 90.0, "tile": 89.0, "warps": 94.0, "chunks": 94.5,
+           "accurate": 93.0, "equal_halves": 96.0, "ropelib": 96.5}
+    rows = []
+    for case, b in (("s4096-b8", 8), ("s32768-b1", 1)):
+        for step, p in enumerate(bench.PROVIDERS):
+            r = dict(case=case, seq_len=4096 * 8 // b, batch=b, heads=32, head_dim=128,
+                     dtype="bf16", provider=p, step=step, idea="", available=True, reason="")
+            v = 100.0 if p == "copy" else pct[p] - (5.0 if b == 1 else 0.0)
+            r.update(ms=1.0 / v, gbps=30.0 * v, copy_gbps=3000.0, pct_of_copy=v)
+            rows.append(r)
+    path = tmp_path / "synthetic.csv"
+    bench.write(rows, path)
+    back = compare.read_csv(path)
+    png = tmp_path / "waterfall.png"
+    fig = bench.plot_waterfall(back, png)
+    assert png.exists() and png.stat().st_size > 10_000
+    axes = [a for a in fig.axes if a.patches]
+    assert len(axes) == 2
+    assert all(len(a.patches) == len(bench.PROVIDERS) - 1 for a in axes)   # the copy is a line
+    tops = [round(max(p.get_y() + p.get_height(), p.get_y()), 6) for p in axes[0].patches]
+    assert tops[0] == 80.0 and tops[1] == 90.0
+    with pytest.raises(ValueError, match="no timed rows"):
+        bench.plot_waterfall([dict(r, pct_of_copy=None) for r in back])
+    assert "05-" in bench.FIGURE_PATH.name and bench.FIGURE_PATH.parent.name == "figures"
+
+
+# --- the layout, read from a compilation for sm_90 -------------------------------------------------
+
+def test_the_compiled_layout_of_the_finished_tile():
+    warps, final = ladder.compile_for_gpu(["warps", "ropelib"])
+    for c in (warps, final):
+        assert c["tile"] == {"BLOCK_S": 1, "BLOCK_H": 32, "B_CHUNK": 8} and c["num_warps"] == 16
+        x_layout = next(l for l in c["layouts"] if l["sizePerThread"] == [1, 1, 4])
+        assert x_layout["warpsPerCTA"] == [1, 16, 1] and x_layout["order"] == [2, 1, 0]
+        assert x_layout["threadsPerWarp"][0] * x_layout["threadsPerWarp"][1] \
+            * x_layout["threadsPerWarp"][2] == 32
+        assert c["accesses"].get("ld.v2.b32", 0) >= 2 and c["accesses"].get("st.v2.b32", 0) >= 2
+        assert c["registers"] is None or 16 <= c["registers"] <= 255
+    (h200,) = ladder.compile_for_gpu("ropelib", knobs={"tile_loop": (16, 8)})
+    assert h200["num_warps"] == 8
+    assert any(l["sizePerThread"] == [1, 1, 8] for l in h200["layouts"])
+    assert h200["accesses"].get("st.v4.b32", 0) >= 2     # 16-byte stores of bf16
+
+
+# --- the exercise ----------------------------------------------------------------------------------
+
+@triton.jit
+def _body(x_ptr, y_ptr, freqs_ptr, S, B, H, B_CHUNK, sxs, sxb, sxh, sxd, sys_, syb, syh, syd,
+          HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_S: tl.constexpr,
+          BLOCK_H: tl.constexpr, ROTATE_HALF: tl.constexpr, FULL_BLOCKS_ONLY: tl.constexpr,
+          NO_B_LIMIT: tl.constexpr, CONTIGUOUS_Y: tl.constexpr, COPY: tl.constexpr,
+          STORE: tl.constexpr):
+    """The interleaved solution with switches that each plant one known mistake."""
+    s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    b_lo = tl.program_id(2) * B_CHUNK
+    if NO_B_LIMIT:
+        b_hi = b_lo + B_CHUNK          # runs past B in the last chunk
+    else:
+        b_hi = tl.minimum(b_lo + B_CHUNK, B)
+    j = tl.arange(0, BLOCK_HALF)
+    s_lim = S
+    if FULL_BLOCKS_ONLY:
+        s_lim = (S // BLOCK_S) * BLOCK_S   # the partial last block of tokens is skipped
+    m = ((s < s_lim)[:, None] & (h < H)[None, :])[:, :, None] & (j < HALF)[None, None, :]
+    tab_m = (s < S)[:, None, None] & (j < HALF)[None, None, :]
+    if ROTATE_HALF:
+        da = j
+        db = j + HALF
+    else:
+        da = 2 * j
+        db = 2 * j + 1
+    f = freqs_ptr + s[:, None, None] * (2 * HALF)
+    ta = tl.load(f + da[None, None, :], mask=tab_m, other=0.0)
+    tb = tl.load(f + db[None, None, :], mask=tab_m, other=0.0)
+    if CONTIGUOUS_Y:      # ignores y's strides
+        syd2 = 1
+        syh2 = 2 * HALF
+        syb2 = H * 2 * HALF
+        sys2 = B * H * 2 * HALF
+    else:
+        syd2 = syd
+        syh2 = syh
+        syb2 = syb
+        sys2 = sys_
+    for b in range(b_lo, b_hi):
+        xr = x_ptr + s[:, None, None] * sxs + b * sxb + h[None, :, None] * sxh
+        yr = y_ptr + s[:, None, None] * sys2 + b * syb2 + h[None, :, None] * syh2
+        xa = tl.load(xr + da[None, None, :] * sxd, mask=m, other=0.0).to(tl.float32)
+        xb = tl.load(xr + db[None, None, :] * sxd, mask=m, other=0.0).to(tl.float32)
+        if COPY:
+            ya = xa
+            yb = xb
+        else:
+            ya = xa * tl.cos(ta) - xb * tl.sin(ta)
+            yb = xb * tl.cos(tb) + xa * tl.sin(tb)
+        if STORE:
+            tl.store(yr + da[None, None, :] * syd2, ya.to(y_ptr.dtype.element_ty), mask=m)
+            tl.store(yr + db[None, None, :] * syd2, yb.to(y_ptr.dtype.element_ty), mask=m)
+
+
+@pytest.fixture(scope="module")
+def variants(tmp_path_factory):
+    """The mistakes as @triton.jit kernels with the exercise's signature, in their own module."""
+    import sys
+    import types
+    folder = tmp_path_factory.mktemp("variants")
+    body = types.ModuleType("tests_exercise_body")
+    body._body = _body
+    sys.modules["tests_exercise_body"] = body
+    made = {}
+    for label, sw in {"solution-like": {}, "rotate_half": dict(ROTATE_HALF=True),
+                      "skips_tail": dict(FULL_BLOCKS_ONLY=True),
+                      "chunk_past_b": dict(NO_B_LIMIT=True),
+                      "contiguous_y": dict(CONTIGUOUS_Y=True), "copies_input": dict(COPY=True),
+                      "writes_nothing": dict(STORE=False)}.items():
+        args = ", ".join(f"{k}={v}" for k, v in dict(
+            dict(ROTATE_HALF=False, FULL_BLOCKS_ONLY=False, NO_B_LIMIT=False,
+                 CONTIGUOUS_Y=False, COPY=False, STORE=True), **sw).items())
+        src = ("import triton\nimport triton.language as tl\n"
+               "from tests_exercise_body import _body\n\n\n@triton.jit\n"
+               "def kernel(x_ptr, y_ptr, freqs_ptr, S, B, H, B_CHUNK, sxs, sxb, sxh, sxd, sys_,\n"
+               "           syb, syh, syd, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,\n"
+               "           BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr):\n"
+               "    _body(x_ptr, y_ptr, freqs_ptr, S, B, H, B_CHUNK, sxs, sxb, sxh, sxd, sys_, syb,\n"
+               f"          syh, syd, HALF, BLOCK_HALF, BLOCK_S, BLOCK_H, {args})\n")
+        file = folder / f"variant_{label.replace('-', '_')}.py"
+        file.write_text(src)
+        made[label] = _load(f"variant_{label.replace('-', '_')}", file).kernel
+    yield made
+    del sys.modules["tests_exercise_body"]
+
+
+def test_the_exercise_accepts_the_solution(capsys):
+    assert fk.check_interleaved_tile_kernel(fk._rope_interleaved_tile_solution_kernel) is True
+    assert fk.check_interleaved_tile_kernel(fk._rope_interleaved_tile_solution_kernel, seed=5)
+    assert "✅" in capsys.readouterr().out
+
+
+def test_the_planted_mistakes_harness_is_sound(variants):
+    # without a mistake, the switched kernel passes: the rejections below are the mistakes'
+    assert fk.check_interleaved_tile_kernel(variants["solution-like"], seed=3) is True
+
+
+@pytest.mark.parametrize("label, why", [
+    ("rotate_half", "entries differ"), ("skips_tail", "not written"),
+    ("chunk_past_b", "outside the output"), ("contiguous_y", ""),
+    ("copies_input", "entries differ"), ("writes_nothing", "not written")])
+def test_the_exercise_rejects_known_mistakes(variants, label, why, capsys):
+    assert fk.check_interleaved_tile_kernel(variants[label], seed=3) is False
+    out = capsys.readouterr().out
+    assert "❌" in out and why in out
+
+
+def test_the_exercise_rejects_answers_that_are_not_kernels(capsys):
+    def returns_reference(x, freqs):
+        return reference.rope_reference(x, freqs, interleaved=True)
+
+    class HostKernel(triton.runtime.KernelInterface):
+        """Looks like a kernel, computes the reference on the host and writes it into y."""
+        def __getitem__(self, grid):
+            def run(x, y, freqs, *args, **kwargs):
+                y.copy_(reference.rope_reference(x, freqs, interleaved=True))
+            return run
+
+    @triton.jit
+    def blank(x_ptr, y_ptr, freqs_ptr, S, B, H, B_CHUNK, sxs, sxb, sxh, sxd, sys_, syb, syh, syd,
+              HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_S: tl.constexpr,
+              BLOCK_H: tl.constexpr):
+        pass  # your code
+
+    for answer in (returns_reference, HostKernel(), blank, None, ...):
+        assert fk.check_interleaved_tile_kernel(answer) is False
+    out = capsys.readouterr().out
+    assert out.count("❌") == 5 and "no answer yet" in out and "@triton.jit" in out
+
+
+def test_the_exercise_signature_is_the_notebooks():
+    text = NOTEBOOK.with_suffix(".py").read_text(encoding="utf-8")
+    assert fk.KERNEL_SIGNATURE.strip() in text
+    # the answer is not shown or imported before the exercise
+    before = text.split("def my_interleaved_tile_kernel")[0]
+    assert "_rope_interleaved_tile_solution_kernel" not in before and "show_solution" not in before
