@@ -9,6 +9,7 @@ from . import ops  # noqa: F401  (registers torch.ops.ropelib.*)
 from .api import apply_rope, apply_rope_qk
 from .frequencies import rope_cos_sin, rope_freqs
 from .module import RotaryEmbedding
+from .qk_norm import QKNormRoPE, qk_norm_rope  # per-head QK-RMSNorm fused with RoPE
 from .runtime import INTERPRET, default_device, on_gpu
 from .validation import index_checks, set_index_checks
 from . import hf, te  # noqa: E402  (drop-ins; import after the API they wrap)
@@ -16,4 +17,4 @@ from . import hf, te  # noqa: E402  (drop-ins; import after the API they wrap)
 __version__ = "0.1.0"
 __all__ = ["apply_rope", "apply_rope_qk", "RotaryEmbedding", "rope_freqs", "rope_cos_sin",
            "set_index_checks", "index_checks", "frequencies", "reference", "runtime", "ops", "te",
-           "hf", "INTERPRET", "default_device", "on_gpu"]
+           "hf", "INTERPRET", "default_device", "on_gpu", "qk_norm_rope", "QKNormRoPE"]

@@ -1,0 +1,425 @@
+"""Per-head QK-RMSNorm fused with RoPE: one kernel, forward and backward (a constexpr switch).
+
+Qwen3 and Gemma 3 normalise every head vector of q and of k over the head dim before rotating it:
+
+    r = 1 / sqrt(mean_d(x_d^2) + eps)       one number per (token, head) row, in fp32
+    n = x r,   s = w + offset,   u = n s     w [D] learned (w_q, w_k); offset 1 for Gemma
+    y = rot(theta) u                        RoPE on the first R features, u[R:] passed through
+
+and the backward, with gy the gradient of y (rot(-theta) is the transpose of the rotation):
+
+    gu = rot(-theta) gy
+    gw = sum over rows of gu n              (q's rows for w_q, k's rows for w_k)
+    gn = gu s
+    gx = r (gn - n mean_d(gn n))
+
+How it is parallelised
+----------------------
+q and k are seen as strided [S, B, H, D] views (ropelib.ops.view4); nothing is copied. The grid is
+
+    axis 0: blocks of BLOCK_S tokens                 cdiv(S, BLOCK_S)
+    axis 1: blocks of BLOCK_H heads of q, then of k  cdiv(HQ, BLOCK_H) + cdiv(HK, BLOCK_H)
+    axis 2: chunks of B_CHUNK batch entries          cdiv(B, B_CHUNK)
+
+A program loads the cos/sin of its tokens once ([BLOCK_S, 1, HALF]) and loops over its batch
+entries; per entry it loads a [BLOCK_S, BLOCK_H, D] tile (two rotary halves and the pass-through
+part), reduces each row's sum of squares in fp32, scales, rotates and stores. A whole row sits in
+one program, so the norm needs no second pass and no atomics. In the backward each program also
+sums gu n over every row it handled and writes that [D] partial sum to its own row of a
+[programs, D] fp32 buffer; the host sums the buffer (q's programs for w_q, k's for w_k). The
+reduction order is fixed by the grid, so gw is deterministic.
+
+Math is fp32 (fp64 for fp64 inputs) with one rounding at the store. Tables follow ropelib's
+convention (one angle or cos/sin value per feature; see kernels/fused.py), so the transpose swaps
+which member's sine is used:
+
+    forward   y_a = u_a c_a - u_b s_a       y_b = u_b c_b + u_a s_b
+    backward  gu_a = gy_a c_a + gy_b s_b    gu_b = gy_b c_b - gy_a s_a
+"""
+from functools import lru_cache
+from typing import Optional, Tuple
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import wrap_triton
+
+from ..runtime import INTERPRET
+from .common import BF16_RTNE, round_to
+from .fused import _cos_sin
+from .launch import _cdiv, _eager, _is_fake, _pow2_at_least, _pow2_at_most
+
+_I32_LIMIT = 2**31 - 1
+
+
+@triton.jit
+def _rows_of_table(s_idx, b, S, P, pos_ptr, stride_pos_b, stride_pos_s, HAS_POS: tl.constexpr):
+    # s_idx [BLOCK_S] token indices, b batch entry -> (table rows [BLOCK_S] int32, valid [BLOCK_S])
+    if HAS_POS:
+        p = tl.load(pos_ptr + b * stride_pos_b + s_idx * stride_pos_s, mask=s_idx < S, other=0)
+        valid = (p >= 0) & (p < P)       # compared before narrowing, so huge ids cannot wrap
+        p = p.to(tl.int32)
+    else:
+        p = s_idx
+        valid = p < P
+    # masked tokens (s >= S) count as valid: they must not turn a partial sum into NaN
+    return tl.minimum(tl.maximum(p, 0), P - 1), valid | (s_idx >= S)
+
+
+@triton.jit
+def _table(cos_ptr, sin_ptr, rows, b, stride_tab_b, stride_tab_p, stride_tab_d, d_a, d_b, mask,
+           FROM_ANGLES: tl.constexpr, ACCURATE: tl.constexpr, CDT: tl.constexpr):
+    # rows [BLOCK_S] -> c_a, s_a, c_b, s_b, each [BLOCK_S, 1, BLOCK_HALF]
+    base = rows[:, None, None].to(tl.int64) * stride_tab_p + b * stride_tab_b
+    off_a = base + d_a[None, None, :] * stride_tab_d
+    off_b = base + d_b[None, None, :] * stride_tab_d
+    if FROM_ANGLES:
+        c_a, s_a = _cos_sin(tl.load(cos_ptr + off_a, mask=mask, other=0.0).to(CDT), ACCURATE)
+        c_b, s_b = _cos_sin(tl.load(cos_ptr + off_b, mask=mask, other=0.0).to(CDT), ACCURATE)
+    else:
+        c_a = tl.load(cos_ptr + off_a, mask=mask, other=0.0).to(CDT)
+        s_a = tl.load(sin_ptr + off_a, mask=mask, other=0.0).to(CDT)
+        c_b = tl.load(cos_ptr + off_b, mask=mask, other=0.0).to(CDT)
+        s_b = tl.load(sin_ptr + off_b, mask=mask, other=0.0).to(CDT)
+    return c_a, s_a, c_b, s_b
+
+
+@triton.jit
+def _norm_rope_heads(
+    x_ptr,                              # this segment's input (q or k)
+    gy_ptr,                             # backward: the gradient of its output (None forward)
+    out_ptr,                            # forward: y; backward: gx
+    w_ptr,                              # its weight [D]
+    cos_ptr, sin_ptr, pos_ptr,          # table (angles, or cos and sin); position ids
+    part_ptr,                           # backward: this program's [D] row of partial sums of gu n
+    pid_s, h0, b_lo, b_hi,              # tile origin: token block, first head, batch range
+    S, H, P,                            # tokens, heads of this segment, table rows
+    eps, weight_offset,
+    stride_x_s, stride_x_b, stride_x_h, stride_x_d,
+    stride_g_s, stride_g_b, stride_g_h, stride_g_d,
+    stride_o_s, stride_o_b, stride_o_h, stride_o_d,
+    stride_w,
+    stride_tab_b, stride_tab_p, stride_tab_d,
+    stride_pos_b, stride_pos_s,
+    R: tl.constexpr, D: tl.constexpr,   # rotary dim (even, <= D), head dim
+    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    BLOCK_PASS: tl.constexpr,           # next_pow2(D - R); 0 when the whole head is rotated
+    INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr, FROM_ANGLES: tl.constexpr,
+    HAS_POS: tl.constexpr, TABLE_PER_BATCH: tl.constexpr,
+    ACCURATE: tl.constexpr, CDT: tl.constexpr, INT64: tl.constexpr, BF16_RTNE: tl.constexpr,
+):
+    HALF: tl.constexpr = R // 2
+    s_idx = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)          # [BLOCK_S]
+    h_idx = h0 + tl.arange(0, BLOCK_H)                        # [BLOCK_H]
+    j = tl.arange(0, BLOCK_HALF)                              # [BLOCK_HALF]
+    if INTERLEAVED:
+        d_a = 2 * j
+        d_b = 2 * j + 1
+    else:
+        d_a = j
+        d_b = j + HALF
+    if INT64:
+        s_off = s_idx.to(tl.int64)
+        h_off = h_idx.to(tl.int64)
+    else:
+        s_off = s_idx
+        h_off = h_idx
+    row_ok = (s_idx < S)[:, None] & (h_idx < H)[None, :]     # [BLOCK_S, BLOCK_H]
+    m = row_ok[:, :, None] & (j < HALF)[None, None, :]        # [BLOCK_S, BLOCK_H, BLOCK_HALF]
+    tab_mask = (s_idx < S)[:, None, None] & (j < HALF)[None, None, :]
+    x_rows = s_off[:, None] * stride_x_s + h_off[None, :] * stride_x_h   # [BLOCK_S, BLOCK_H]
+    o_rows = s_off[:, None] * stride_o_s + h_off[None, :] * stride_o_h
+    g_rows = s_off[:, None] * stride_g_s + h_off[None, :] * stride_g_h
+
+    # the scale s = w + offset, broadcast over rows: [1, 1, BLOCK_HALF] (and [1, 1, BLOCK_PASS])
+    sw_a = (tl.load(w_ptr + d_a * stride_w, mask=j < HALF, other=0.0).to(CDT)
+            + weight_offset)[None, None, :]
+    sw_b = (tl.load(w_ptr + d_b * stride_w, mask=j < HALF, other=0.0).to(CDT)
+            + weight_offset)[None, None, :]
+    if BLOCK_PASS > 0:
+        e = R + tl.arange(0, BLOCK_PASS)
+        mp = row_ok[:, :, None] & (e < D)[None, None, :]
+        sw_p = (tl.load(w_ptr + e * stride_w, mask=e < D, other=0.0).to(CDT)
+                + weight_offset)[None, None, :]
+    if BACKWARD:
+        acc_a = tl.zeros((BLOCK_HALF,), dtype=CDT)            # sum of gu n over rows, per feature
+        acc_b = tl.zeros((BLOCK_HALF,), dtype=CDT)
+        if BLOCK_PASS > 0:
+            acc_p = tl.zeros((BLOCK_PASS,), dtype=CDT)
+
+    if not TABLE_PER_BATCH:
+        rows, valid = _rows_of_table(s_idx, 0, S, P, pos_ptr, stride_pos_b, stride_pos_s,
+                                     HAS_POS)
+        c_a, s_a, c_b, s_b = _table(cos_ptr, sin_ptr, rows, 0, stride_tab_b, stride_tab_p,
+                                    stride_tab_d, d_a, d_b, tab_mask, FROM_ANGLES, ACCURATE, CDT)
+
+    for b in range(b_lo, b_hi):
+        if INT64:
+            bb = b.to(tl.int64)
+        else:
+            bb = b
+        if TABLE_PER_BATCH:
+            rows, valid = _rows_of_table(s_idx, bb, S, P, pos_ptr, stride_pos_b, stride_pos_s,
+                                         HAS_POS)
+            c_a, s_a, c_b, s_b = _table(cos_ptr, sin_ptr, rows, bb, stride_tab_b, stride_tab_p,
+                                        stride_tab_d, d_a, d_b, tab_mask, FROM_ANGLES, ACCURATE,
+                                        CDT)
+        bad = ~valid[:, None, None]      # a position outside the table: NaN, never a clamped row
+        xr = x_ptr + (x_rows + bb * stride_x_b)[:, :, None]   # [BLOCK_S, BLOCK_H, 1]
+        orow = out_ptr + (o_rows + bb * stride_o_b)[:, :, None]
+        x_a = tl.load(xr + d_a[None, None, :] * stride_x_d, mask=m, other=0.0).to(CDT)
+        x_b = tl.load(xr + d_b[None, None, :] * stride_x_d, mask=m, other=0.0).to(CDT)
+        ss = tl.sum(x_a * x_a, axis=2) + tl.sum(x_b * x_b, axis=2)          # [BLOCK_S, BLOCK_H]
+        if BLOCK_PASS > 0:
+            x_p = tl.load(xr + e[None, None, :] * stride_x_d, mask=mp, other=0.0).to(CDT)
+            ss += tl.sum(x_p * x_p, axis=2)
+        if CDT == tl.float64:
+            r = 1.0 / tl.sqrt(ss / D + eps)     # (rsqrt is fp32 only)
+        else:
+            r = tl.rsqrt(ss / D + eps)
+        r = r[:, :, None]
+        n_a = x_a * r
+        n_b = x_b * r
+        if not BACKWARD:
+            u_a = n_a * sw_a
+            u_b = n_b * sw_b
+            y_a = tl.where(bad, float("nan"), u_a * c_a - u_b * s_a)
+            y_b = tl.where(bad, float("nan"), u_b * c_b + u_a * s_b)
+            tl.store(orow + d_a[None, None, :] * stride_o_d,
+                     round_to(y_a, out_ptr.dtype.element_ty, BF16_RTNE), mask=m)
+            tl.store(orow + d_b[None, None, :] * stride_o_d,
+                     round_to(y_b, out_ptr.dtype.element_ty, BF16_RTNE), mask=m)
+            if BLOCK_PASS > 0:
+                tl.store(orow + e[None, None, :] * stride_o_d,
+                         round_to(x_p * r * sw_p, out_ptr.dtype.element_ty, BF16_RTNE), mask=mp)
+        else:
+            gr = gy_ptr + (g_rows + bb * stride_g_b)[:, :, None]
+            gy_a = tl.load(gr + d_a[None, None, :] * stride_g_d, mask=m, other=0.0).to(CDT)
+            gy_b = tl.load(gr + d_b[None, None, :] * stride_g_d, mask=m, other=0.0).to(CDT)
+            # gu = R(-theta) gy
+            gu_a = tl.where(bad, float("nan"), gy_a * c_a + gy_b * s_b)
+            gu_b = tl.where(bad, float("nan"), gy_b * c_b - gy_a * s_a)
+            acc_a += tl.sum(tl.sum(gu_a * n_a, axis=0), axis=0)
+            acc_b += tl.sum(tl.sum(gu_b * n_b, axis=0), axis=0)
+            gn_a = gu_a * sw_a
+            gn_b = gu_b * sw_b
+            dot = tl.sum(gn_a * n_a, axis=2) + tl.sum(gn_b * n_b, axis=2)   # [BLOCK_S, BLOCK_H]
+            if BLOCK_PASS > 0:
+                gu_p = tl.load(gr + e[None, None, :] * stride_g_d, mask=mp, other=0.0).to(CDT)
+                n_p = x_p * r
+                acc_p += tl.sum(tl.sum(gu_p * n_p, axis=0), axis=0)
+                gn_p = gu_p * sw_p
+                dot += tl.sum(gn_p * n_p, axis=2)
+            dot = (dot / D)[:, :, None]
+            tl.store(orow + d_a[None, None, :] * stride_o_d,
+                     round_to(r * (gn_a - n_a * dot), out_ptr.dtype.element_ty, BF16_RTNE),
+                     mask=m)
+            tl.store(orow + d_b[None, None, :] * stride_o_d,
+                     round_to(r * (gn_b - n_b * dot), out_ptr.dtype.element_ty, BF16_RTNE),
+                     mask=m)
+            if BLOCK_PASS > 0:
+                tl.store(orow + e[None, None, :] * stride_o_d,
+                         round_to(r * (gn_p - n_p * dot), out_ptr.dtype.element_ty, BF16_RTNE),
+                         mask=mp)
+    if BACKWARD:
+        tl.store(part_ptr + d_a, acc_a, mask=j < HALF)
+        tl.store(part_ptr + d_b, acc_b, mask=j < HALF)
+        if BLOCK_PASS > 0:
+            tl.store(part_ptr + e, acc_p, mask=e < D)
+
+
+@triton.jit
+def _qk_norm_rope_kernel(
+    # tensors
+    q_ptr, k_ptr,                       # q [S, B, HQ, D], k [S, B, HK, D] (strided views)
+    gq_ptr, gk_ptr,                     # backward: gradients of the outputs (None forward)
+    q_out_ptr, k_out_ptr,               # forward: the outputs; backward: the gradients of q, k
+    w_q_ptr, w_k_ptr,                   # weights [D]
+    cos_ptr, sin_ptr,                   # table [P, R] or [B or 1, P, R]: angles (sin None), or
+                                        # cos and sin
+    pos_ptr,                            # position ids [B or 1, S] (None: the token index)
+    part_ptr,                           # backward: partial sums [programs, D] (None forward)
+    # sizes and scalars
+    S, B, HQ, HK, P,                    # tokens, batch, heads of q and of k, table rows
+    B_CHUNK,                            # batch entries per program
+    eps, weight_offset,                 # RMSNorm epsilon; the scale is w + weight_offset
+    # strides, in elements
+    stride_q_s, stride_q_b, stride_q_h, stride_q_d,
+    stride_k_s, stride_k_b, stride_k_h, stride_k_d,
+    stride_gq_s, stride_gq_b, stride_gq_h, stride_gq_d,
+    stride_gk_s, stride_gk_b, stride_gk_h, stride_gk_d,
+    stride_qo_s, stride_qo_b, stride_qo_h, stride_qo_d,
+    stride_ko_s, stride_ko_b, stride_ko_h, stride_ko_d,
+    stride_wq, stride_wk,
+    stride_tab_b, stride_tab_p, stride_tab_d,   # 0 batch stride: one table for every entry
+    stride_pos_b, stride_pos_s,                 # 0 batch stride: shared position ids
+    # what is computed
+    R: tl.constexpr, D: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    BLOCK_PASS: tl.constexpr,
+    INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr, FROM_ANGLES: tl.constexpr,
+    HAS_POS: tl.constexpr, TABLE_PER_BATCH: tl.constexpr,
+    ACCURATE: tl.constexpr, CDT: tl.constexpr, INT64: tl.constexpr, BF16_RTNE: tl.constexpr,
+):
+    pid_s = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    pid_b = tl.program_id(2)
+    b_lo = pid_b * B_CHUNK
+    b_hi = tl.minimum(b_lo + B_CHUNK, B)
+    if BACKWARD:    # this program's row of the partial sums
+        part = part_ptr + ((pid_s * tl.num_programs(1) + pid_h) * tl.num_programs(2) + pid_b) * D
+    else:
+        part = part_ptr
+    q_blocks = tl.cdiv(HQ, BLOCK_H)
+    if pid_h < q_blocks:
+        _norm_rope_heads(q_ptr, gq_ptr, q_out_ptr, w_q_ptr, cos_ptr, sin_ptr, pos_ptr, part,
+                         pid_s, pid_h * BLOCK_H, b_lo, b_hi, S, HQ, P, eps, weight_offset,
+                         stride_q_s, stride_q_b, stride_q_h, stride_q_d,
+                         stride_gq_s, stride_gq_b, stride_gq_h, stride_gq_d,
+                         stride_qo_s, stride_qo_b, stride_qo_h, stride_qo_d,
+                         stride_wq, stride_tab_b, stride_tab_p, stride_tab_d,
+                         stride_pos_b, stride_pos_s,
+                         R, D, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, BACKWARD,
+                         FROM_ANGLES, HAS_POS, TABLE_PER_BATCH, ACCURATE, CDT, INT64, BF16_RTNE)
+    else:
+        _norm_rope_heads(k_ptr, gk_ptr, k_out_ptr, w_k_ptr, cos_ptr, sin_ptr, pos_ptr, part,
+                         pid_s, (pid_h - q_blocks) * BLOCK_H, b_lo, b_hi, S, HK, P, eps,
+                         weight_offset,
+                         stride_k_s, stride_k_b, stride_k_h, stride_k_d,
+                         stride_gk_s, stride_gk_b, stride_gk_h, stride_gk_d,
+                         stride_ko_s, stride_ko_b, stride_ko_h, stride_ko_d,
+                         stride_wk, stride_tab_b, stride_tab_p, stride_tab_d,
+                         stride_pos_b, stride_pos_s,
+                         R, D, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, BACKWARD,
+                         FROM_ANGLES, HAS_POS, TABLE_PER_BATCH, ACCURATE, CDT, INT64, BF16_RTNE)
+
+
+# --- host side: tiles, arguments, the launch ------------------------------------------------
+
+ROWS_PER_STEP = 2048    # GPU: elements of q (or k) a program moves per batch entry (16 x 128)
+
+
+def _tokens_per_program(S, cap: int) -> int:
+    """min(cap, next power of two >= S); cap itself for a symbolic S (torch.compile with dynamic
+    shapes), so that a new length is no new guard and no recompilation."""
+    return cap if isinstance(S, torch.SymInt) else _pow2_at_least(S, cap)
+
+
+def pick_tiles(S, B, HQ: int, HK: int, D: int, sm_count: Optional[int]):
+    """(BLOCK_S, BLOCK_H, B_CHUNK, num_warps). S and B may be symbolic: only compared.
+
+    GPU: about ROWS_PER_STEP elements per batch step, heads first (BLOCK_H at most the smaller
+    head count, so k's blocks are not mostly masked under GQA), looping over the whole batch
+    unless that leaves fewer than 4 programs per SM (decode). Interpreter: big tiles, since each
+    program instance costs milliseconds.
+    """
+    block_d = _pow2_at_least(D, 1 << 30)
+    if sm_count is None:
+        block_h = _pow2_at_least(max(HQ, HK), 16)
+        block_s = _tokens_per_program(S, max(1, 4096 // (block_h * block_d)))
+        return block_s, block_h, B, 4
+    rows = max(1, ROWS_PER_STEP // block_d)
+    block_h = min(_pow2_at_most(min(HQ, HK)), rows)
+    block_s = _tokens_per_program(S, max(1, rows // block_h))
+    fit = not isinstance(S, torch.SymInt) and not isinstance(B, torch.SymInt)
+    chunk = B
+    if fit:
+        tiles = _cdiv(S, block_s) * (_cdiv(HQ, block_h) + _cdiv(HK, block_h))
+        while chunk > 1 and tiles * _cdiv(B, chunk) < 4 * sm_count:
+            chunk = _cdiv(chunk, 2)
+        chunk = max(chunk, 1)
+    num_warps = max(1, min(4, block_s * block_h * block_d // 512))
+    return block_s, block_h, chunk, num_warps
+
+
+@lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _strides4(t: Optional[torch.Tensor]) -> tuple:
+    return tuple(t.stride()) if t is not None else (0, 0, 0, 0)
+
+
+def _span(t: torch.Tensor) -> int:
+    return sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()) if n > 0)
+
+
+def launch(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch.Tensor,
+           w_q: torch.Tensor, w_k: torch.Tensor, table: torch.Tensor, sin: Optional[torch.Tensor],
+           pos: Optional[torch.Tensor], *, interleaved: bool, eps: float, weight_offset: float,
+           gq4: Optional[torch.Tensor] = None, gk4: Optional[torch.Tensor] = None,
+           ) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    """One launch over q and k ([S, B, H, D] views). Forward (gq4 None): writes the normed and
+    rotated q, k into q_out4, k_out4; returns None. Backward: reads the output gradients gq4,
+    gk4, writes the input gradients into q_out4, k_out4 and returns the gradients of w_q and
+    w_k in fp32 (fp64 for fp64 inputs): the programs' partial sums [programs, D], summed.
+
+    table: angles (sin None) or cos [P, R] or [B or 1, P, R]; pos: position ids [B or 1, S] or
+    None (token s reads row s). Arguments are validated by the caller (ropelib.qk_norm)."""
+    backward = gq4 is not None
+    S, B, HQ, D = q4.shape
+    HK = k4.shape[2]
+    R = table.shape[-1]
+    on_gpu = q4.device.type == "cuda" and not INTERPRET
+    sm = _sm_count(q4.device.index if q4.device.index is not None
+                   else torch.cuda.current_device()) if on_gpu else None
+    block_s, block_h, chunk, num_warps = pick_tiles(S, B, HQ, HK, D, sm)
+    q_blocks = _cdiv(HQ, block_h)
+    grid = (_cdiv(S, block_s), q_blocks + _cdiv(HK, block_h), _cdiv(B, chunk))
+    cdt_torch = torch.float64 if q4.dtype == torch.float64 else torch.float32
+    partials = torch.empty((*grid, D), dtype=cdt_torch, device=q4.device) if backward else None
+    if S == 0 or B == 0:
+        if backward:
+            return partials.new_zeros(D), partials.new_zeros(D)
+        return None
+    if table.dim() == 2:
+        tab_b, tab_p, tab_d = 0, table.stride(0), table.stride(1)
+    else:
+        tab_b = table.stride(0) if table.shape[0] > 1 else 0
+        tab_p, tab_d = table.stride(1), table.stride(2)
+    if pos is not None:
+        pos_b = pos.stride(0) if pos.shape[0] > 1 else 0
+        pos_s = pos.stride(1)
+    else:
+        pos_b = pos_s = 0
+    tensors = [t for t in (q4, k4, q_out4, k_out4, gq4, gk4) if t is not None]
+    int64 = any(_span(t) > _I32_LIMIT - 1024 for t in tensors)
+    args = dict(
+        q_ptr=q4, k_ptr=k4, gq_ptr=gq4, gk_ptr=gk4, q_out_ptr=q_out4, k_out_ptr=k_out4,
+        w_q_ptr=w_q, w_k_ptr=w_k, cos_ptr=table, sin_ptr=sin, pos_ptr=pos, part_ptr=partials,
+        S=S, B=B, HQ=HQ, HK=HK, P=table.shape[-2], B_CHUNK=chunk,
+        eps=eps, weight_offset=weight_offset,
+        **dict(zip(("stride_q_s", "stride_q_b", "stride_q_h", "stride_q_d"), _strides4(q4))),
+        **dict(zip(("stride_k_s", "stride_k_b", "stride_k_h", "stride_k_d"), _strides4(k4))),
+        **dict(zip(("stride_gq_s", "stride_gq_b", "stride_gq_h", "stride_gq_d"),
+                   _strides4(gq4))),
+        **dict(zip(("stride_gk_s", "stride_gk_b", "stride_gk_h", "stride_gk_d"),
+                   _strides4(gk4))),
+        **dict(zip(("stride_qo_s", "stride_qo_b", "stride_qo_h", "stride_qo_d"),
+                   _strides4(q_out4))),
+        **dict(zip(("stride_ko_s", "stride_ko_b", "stride_ko_h", "stride_ko_d"),
+                   _strides4(k_out4))),
+        stride_wq=w_q.stride(0), stride_wk=w_k.stride(0),
+        stride_tab_b=tab_b, stride_tab_p=tab_p, stride_tab_d=tab_d,
+        stride_pos_b=pos_b, stride_pos_s=pos_s,
+        R=R, D=D, BLOCK_S=block_s, BLOCK_H=block_h,
+        BLOCK_HALF=_pow2_at_least(R // 2, 1 << 30),
+        BLOCK_PASS=_pow2_at_least(D - R, 1 << 30) if D > R else 0,
+        INTERLEAVED=interleaved, BACKWARD=backward, FROM_ANGLES=sin is None,
+        HAS_POS=pos is not None, TABLE_PER_BATCH=tab_b != 0 or pos_b != 0,
+        ACCURATE=not INTERPRET, INT64=int64,
+        CDT=tl.float64 if cdt_torch == torch.float64 else tl.float32, BF16_RTNE=BF16_RTNE,
+    )
+    if INTERPRET:
+        if not _is_fake(q4):
+            _qk_norm_rope_kernel[grid](**args, num_warps=num_warps)
+    elif _eager(q4):
+        _qk_norm_rope_kernel[grid](**args, num_warps=num_warps)
+    else:   # torch.compile or another tracer: the Triton kernel itself goes into the graph
+        # (called by this name so that torch.library finds the kernel of the triton_op)
+        wrap_triton(_qk_norm_rope_kernel)[grid](**args, num_warps=num_warps)
+    if not backward:
+        return None
+    # a fixed order of summation: the same bits on every run
+    return partials[:, :q_blocks].sum((0, 1, 2)), partials[:, q_blocks:].sum((0, 1, 2))

@@ -1,0 +1,353 @@
+"""Per-head QK-RMSNorm and RoPE in one kernel, forward and backward (Qwen3, Gemma 3).
+
+    q_out = rope(rmsnorm(q) * (w_q + weight_offset)),   k_out likewise with w_k
+
+where rmsnorm normalises each head vector over the head dim (statistics in fp32). Qwen3 uses
+weight_offset 0, Gemma 3 uses 1 (its scale is 1 + w). OLMo 2 normalises the whole q (k)
+projection across all heads, which is a different operation and not this one.
+
+Three ways in:
+    ropelib.qk_norm_rope(q, k, w_q, w_k, freqs, layout="bshd")   the function (autograd-aware)
+    ropelib.QKNormRoPE(head_dim)                                 an nn.Module holding w_q, w_k
+    ropelib.qk_norm.qk_norm_apply_rotary_pos_emb(q, k, cos, sin, q_norm.weight, k_norm.weight)
+                                                                 replaces HF's q_norm, k_norm and
+                                                                 apply_rotary_pos_emb
+
+and two operators, registered like ropelib's others (ropelib.ops: a triton_op on GPUs, a
+custom_op in the interpreter, each with a fake implementation):
+    torch.ops.ropelib.qk_norm_rope(q, k, w_q, w_k, table, sin, position_ids, layout,
+                                   interleaved, eps, weight_offset) -> (q_out, k_out)
+    torch.ops.ropelib.qk_norm_rope_backward(grad_q_out, grad_k_out, q, k, w_q, w_k, table, sin,
+                                            position_ids, layout, interleaved, eps,
+                                            weight_offset) -> (grad_q, grad_k, grad_w_q, grad_w_k)
+The forward saves q, k and the weights for the backward (the per-row statistics are recomputed
+there: the backward reads q and k anyway). Double backward is not supported.
+
+Supported: layouts sbhd, bshd and thd (thd with position_ids); GQA (k's heads divide q's); fp16,
+bf16, fp32 and fp64 inputs (weights of any of these dtypes); partial rotary (the norm covers the
+whole head, the rotation the first R features, the rest is scaled and passed through); both
+pairings (rotate-half, interleaved); angle tables or cos/sin tables [P, R]; explicit position ids
+[S] or [B, S]. Not supported: start_positions, cu_seqlens, context parallelism, in-place output,
+separate tables for q and k.
+"""
+import numbers
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from . import validation as V
+from .api import check_no_table_grad, needs_grad, saveable
+from .kernels.qk_norm_rope import launch as launch_kernel
+from .ops import _define, view4
+
+__all__ = ["qk_norm_rope", "QKNormRoPE", "qk_norm_apply_rotary_pos_emb"]
+
+_OP_LAYOUTS = ("sbhd", "bshd", "thd", "bhsd")   # bhsd: Hugging Face's [B, H, S, D]
+
+
+def _pos2d(position_ids: Optional[Tensor]) -> Optional[Tensor]:
+    return position_ids.unsqueeze(0) if position_ids is not None and position_ids.dim() == 1 \
+        else position_ids
+
+
+# --- the operators --------------------------------------------------------------------------
+
+@_define("ropelib::qk_norm_rope")
+def qk_norm_rope_op(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, table: Tensor,
+                    sin: Optional[Tensor], position_ids: Optional[Tensor], layout: str,
+                    interleaved: bool, eps: float, weight_offset: float) -> Tuple[Tensor, Tensor]:
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    launch_kernel(view4(q, layout), view4(k, layout), view4(q_out, layout),
+                  view4(k_out, layout), w_q, w_k, table, sin, _pos2d(position_ids),
+                  interleaved=interleaved, eps=eps, weight_offset=weight_offset)
+    return q_out, k_out
+
+
+@_define("ropelib::qk_norm_rope_backward")
+def qk_norm_rope_backward_op(grad_q_out: Tensor, grad_k_out: Tensor, q: Tensor, k: Tensor,
+                             w_q: Tensor, w_k: Tensor, table: Tensor, sin: Optional[Tensor],
+                             position_ids: Optional[Tensor], layout: str, interleaved: bool,
+                             eps: float, weight_offset: float
+                             ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    grad_q = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    grad_k = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    gw_q, gw_k = launch_kernel(
+        view4(q, layout), view4(k, layout), view4(grad_q, layout), view4(grad_k, layout),
+        w_q, w_k, table, sin, _pos2d(position_ids), interleaved=interleaved, eps=eps,
+        weight_offset=weight_offset, gq4=view4(grad_q_out, layout),
+        gk4=view4(grad_k_out, layout))
+    return grad_q, grad_k, gw_q.to(w_q.dtype), gw_k.to(w_k.dtype)
+
+
+def _setup(ctx, inputs, output):
+    q, k, w_q, w_k, table, sin, position_ids, *options = inputs
+    ctx.save_for_backward(q, k, w_q, w_k, table, sin, position_ids)
+    ctx.options = options   # layout, interleaved, eps, weight_offset
+
+
+def _backward(ctx, grad_q_out, grad_k_out):
+    q, k, w_q, w_k, table, sin, position_ids = ctx.saved_tensors
+    # an output that took no part in the loss has no gradient: it contributes zero
+    if grad_q_out is None:
+        grad_q_out = torch.zeros_like(q)
+    if grad_k_out is None:
+        grad_k_out = torch.zeros_like(k)
+    gq, gk, gw_q, gw_k = qk_norm_rope_backward_op(grad_q_out, grad_k_out, q, k, w_q, w_k, table,
+                                                  sin, position_ids, *ctx.options)
+    return gq, gk, gw_q, gw_k, None, None, None, None, None, None, None
+
+
+qk_norm_rope_op.register_autograd(_backward, setup_context=_setup)
+
+
+# --- argument checks ------------------------------------------------------------------------
+
+def _check_real(v, name: str, *, positive: bool = False) -> float:
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(v).__name__} ({v!r})")
+    if type(v) is not float:    # (float() of a float constant would make it symbolic in Dynamo)
+        v = float(v)
+    if v != v or v in (float("inf"), float("-inf")) or (positive and v <= 0):
+        raise ValueError(f"{name} must be a finite number{' > 0' if positive else ''}, got {v}")
+    return v
+
+
+def _check_inputs(q, k, w_q, w_k, layout: str, w_names=("w_q", "w_k")) -> None:
+    """q, k and the weights: tensors of supported dtypes on one device, shapes that agree."""
+    for t, name in ((q, "q"), (k, "k")):
+        V.check_tensor(t, name)
+        V.check_kernel_device(t, name)
+    if q.dtype != k.dtype:
+        raise TypeError(f"q and k must have the same dtype, got {q.dtype} and {k.dtype}")
+    for t, name in zip((w_q, w_k), w_names):
+        V.check_tensor(t, name, dims=(1,))
+    V.check_same_device(q, "q", k=k, **dict(zip(w_names, (w_q, w_k))))
+    q4, k4 = view4(q, layout), view4(k, layout)
+    S, B, HQ, D = q4.shape
+    if (k4.shape[0], k4.shape[1], k4.shape[3]) != (S, B, D):
+        raise ValueError(f"q and k must agree in sequence, batch and head dim, got "
+                         f"{tuple(q.shape)} and {tuple(k.shape)}")
+    HK = k4.shape[2]
+    if HQ % HK:
+        raise ValueError(f"k's head count ({HK}) must divide q's ({HQ}) (grouped-query "
+                         "attention)")
+    for t, name in zip((w_q, w_k), w_names):
+        if t.shape[0] != D:
+            raise ValueError(f"{name} must be [head_dim] = [{D}], got shape {tuple(t.shape)}")
+    if D > V.MAX_HEAD_DIM:
+        raise ValueError(f"head dim {D} is larger than the supported {V.MAX_HEAD_DIM}")
+
+
+def _check_table_values(position_ids, rows: int) -> None:
+    """Position ids inside the table, where their values can be read without a synchronisation
+    (see ropelib.set_index_checks); elsewhere a position outside the table gives NaN rows."""
+    if position_ids is None or position_ids.numel() == 0 or not V.values_checkable(position_ids):
+        return
+    lo, hi = torch.stack([position_ids.min(), position_ids.max()]).tolist()
+    if lo < 0 or hi >= rows:
+        raise ValueError(f"position_ids must lie in [0, {rows}) (the table's rows), got values "
+                         f"in [{lo}, {hi}]")
+
+
+# --- the public function ----------------------------------------------------------------------
+
+def qk_norm_rope(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, freqs: Optional[Tensor] = None,
+                 *, cos: Optional[Tensor] = None, sin: Optional[Tensor] = None, eps: float = 1e-6,
+                 layout: str = "bshd", interleaved: bool = False,
+                 position_ids: Optional[Tensor] = None,
+                 weight_offset: float = 0.0) -> Tuple[Tensor, Tensor]:
+    """Per-head RMSNorm of q and k, scaled by (w + weight_offset), then RoPE; one kernel launch.
+
+    Args:
+        q: [B, S, Hq, D] (bshd), [S, B, Hq, D] (sbhd) or [T, Hq, D] (thd); any strides; fp16,
+            bf16, fp32 (math in fp32) or fp64 (math in fp64).
+        k: like q with Hk heads; Hk divides Hq (GQA); same dtype.
+        w_q, w_k: [D] weights of q's and k's norm (any float dtype; their gradients come back
+            in it).
+        freqs: angles [P, 1, 1, R] or [P, R], float32 (or float64), as ropelib.rope_freqs
+            builds them; or instead
+        cos, sin: tables [P, R] of one float dtype (ropelib.rope_cos_sin).
+        eps: added to the mean square (1e-6 in Qwen3 and Gemma 3).
+        layout: "bshd", "sbhd" or "thd".
+        interleaved: pair features (2j, 2j+1) instead of (j, j + R/2).
+        position_ids: [S] or [B, S] (thd: [T], required) integer positions, rows of the table;
+            by default token s reads row s.
+        weight_offset: the scale is w + weight_offset: 0.0 (Qwen3) or 1.0 (Gemma 3's 1 + w).
+
+    Returns:
+        (q_out, k_out): shaped like q and k, contiguous in `layout`, in q's dtype. With R < D
+        the features R..D-1 are normed and scaled but not rotated.
+
+    A position outside the table gives NaN in the rows it touches (and in the gradients).
+    """
+    if layout not in V.LAYOUTS:
+        raise ValueError(f"layout must be one of {V.LAYOUTS}, got {layout!r}")
+    V.check_tensor(q, "q")
+    V.check_layout(q, layout, "q")
+    V.check_tensor(k, "k")
+    V.check_layout(k, layout, "k")
+    V.check_bool(interleaved, "interleaved")
+    eps = _check_real(eps, "eps", positive=True)
+    weight_offset = _check_real(weight_offset, "weight_offset")
+    _check_inputs(q, k, w_q, w_k, layout)
+    if (freqs is None) == (cos is None and sin is None):
+        raise ValueError("pass either freqs (angles) or cos and sin (tables), not both or "
+                         "neither")
+    if freqs is not None:
+        table, sin_t = V.angle_table(freqs), None
+        tname = "freqs"
+    else:
+        if cos is None or sin is None:
+            raise ValueError("cos and sin must be given together")
+        table, sin_t = V.cos_sin_pair(V.table_2d(cos, "cos"), V.table_2d(sin, "sin"))
+        tname = "cos"
+    V.check_same_device(q, "q", **{tname: table}, sin=sin_t)
+    D = q.shape[-1]
+    V.check_rotary_dim(table.shape[-1], D, tname)
+    check_no_table_grad((tname, table), ("sin", sin_t))
+    P = table.shape[0]
+    S = q.shape[0] if layout in ("sbhd", "thd") else q.shape[1]
+    B = 1 if layout == "thd" else (q.shape[1] if layout == "sbhd" else q.shape[0])
+    if position_ids is not None:
+        V.check_int_tensor(position_ids, "position_ids", dims=(1,) if layout == "thd" else (1, 2))
+        V.check_same_device(q, "q", position_ids=position_ids)
+        if position_ids.shape[-1] != S or (position_ids.dim() == 2
+                                           and position_ids.shape[0] not in (1, B)):
+            want = f"[{S}]" if layout == "thd" else f"[{S}] or [{B} or 1, {S}]"
+            raise ValueError(f"position_ids must be {want} for q of shape {tuple(q.shape)} "
+                             f"({layout}), got {tuple(position_ids.shape)}")
+        _check_table_values(position_ids, P)
+    elif layout == "thd":
+        raise ValueError("layout='thd' (packed sequences) needs position_ids [T]: the position "
+                         "of each token inside its sequence")
+    elif S > P:
+        raise ValueError(f"the table has {P} positions but the sequence has {S}: pass a longer "
+                         "table or position_ids")
+    if needs_grad(q, k, w_q, w_k):
+        table, sin_t, position_ids = saveable(table), saveable(sin_t), saveable(position_ids)
+    return qk_norm_rope_op(q, k, w_q, w_k, table, sin_t, position_ids, layout, interleaved, eps,
+                           weight_offset)
+
+
+class QKNormRoPE(nn.Module):
+    """The q and k norms of a Qwen3 (weight_offset=0) or Gemma 3 (weight_offset=1) attention
+    block, fused with RoPE.
+
+    Holds w_q and w_k [head_dim], initialised so that the scale w + weight_offset is 1.
+    forward(q, k, freqs=None, *, cos=None, sin=None, position_ids=None) -> (q_out, k_out), with
+    the arguments of ropelib.qk_norm_rope.
+    """
+
+    def __init__(self, head_dim: int, eps: float = 1e-6, weight_offset: float = 0.0, *,
+                 layout: str = "bshd", interleaved: bool = False, device=None, dtype=None):
+        super().__init__()
+        if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 2:
+            raise ValueError(f"head_dim must be an int >= 2, got {head_dim!r}")
+        if layout not in V.LAYOUTS:
+            raise ValueError(f"layout must be one of {V.LAYOUTS}, got {layout!r}")
+        V.check_bool(interleaved, "interleaved")
+        self.head_dim, self.layout, self.interleaved = head_dim, layout, interleaved
+        self.eps = _check_real(eps, "eps", positive=True)
+        self.weight_offset = _check_real(weight_offset, "weight_offset")
+        init = 1.0 - self.weight_offset
+        self.w_q = nn.Parameter(torch.full((head_dim,), init, device=device, dtype=dtype))
+        self.w_k = nn.Parameter(torch.full((head_dim,), init, device=device, dtype=dtype))
+
+    @classmethod
+    def from_norms(cls, q_norm: nn.Module, k_norm: nn.Module, weight_offset: float = 0.0,
+                   **kwargs) -> "QKNormRoPE":
+        """From a model's two RMSNorm modules (Qwen3RMSNorm: `weight`, `variance_epsilon`;
+        Gemma3RMSNorm: `weight`, `eps`, with weight_offset=1.0). The weights are copied."""
+        eps = getattr(q_norm, "variance_epsilon", getattr(q_norm, "eps", None))
+        if eps is None:
+            raise ValueError("q_norm has neither variance_epsilon nor eps")
+        w = q_norm.weight
+        m = cls(w.shape[0], eps, weight_offset, device=w.device, dtype=w.dtype, **kwargs)
+        with torch.no_grad():
+            m.w_q.copy_(q_norm.weight)
+            m.w_k.copy_(k_norm.weight)
+        return m
+
+    def forward(self, q: Tensor, k: Tensor, freqs: Optional[Tensor] = None, *,
+                cos: Optional[Tensor] = None, sin: Optional[Tensor] = None,
+                position_ids: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+        return qk_norm_rope(q, k, self.w_q, self.w_k, freqs, cos=cos, sin=sin, eps=self.eps,
+                            layout=self.layout, interleaved=self.interleaved,
+                            position_ids=position_ids, weight_offset=self.weight_offset)
+
+    def extra_repr(self) -> str:
+        return (f"head_dim={self.head_dim}, eps={self.eps}, weight_offset={self.weight_offset}, "
+                f"layout={self.layout!r}, interleaved={self.interleaved}")
+
+
+# --- Hugging Face drop-in ---------------------------------------------------------------------
+
+_LAYOUT_OF_UNSQUEEZE_DIM = {1: "bhsd", -3: "bhsd", 2: "bshd", -2: "bshd"}
+
+
+def qk_norm_apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor,
+                                 q_norm_weight: Tensor, k_norm_weight: Tensor, eps: float = 1e-6,
+                                 unsqueeze_dim: int = 1, weight_offset: float = 0.0
+                                 ) -> Tuple[Tensor, Tensor]:
+    """`q_norm`, `k_norm` and `apply_rotary_pos_emb` of a Hugging Face Qwen3 (Gemma 3) attention
+    in one launch. In Qwen3Attention.forward,
+
+        q = self.q_norm(self.q_proj(h).view(hidden_shape)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(h).view(hidden_shape)).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+
+    becomes
+
+        q = self.q_proj(h).view(hidden_shape).transpose(1, 2)
+        k = self.k_proj(h).view(hidden_shape).transpose(1, 2)
+        q, k = qk_norm_apply_rotary_pos_emb(q, k, cos, sin, self.q_norm.weight,
+                                            self.k_norm.weight, self.q_norm.variance_epsilon)
+
+    (Gemma 3: weight_offset=1.0, eps=self.q_norm.eps).
+
+    Args:
+        q, k: the projections before the norm, `[batch, heads, seq, head_dim]` (unsqueeze_dim=1)
+            or `[batch, seq, heads, head_dim]` (unsqueeze_dim=2); any strides; k's heads divide q's.
+        cos, sin: `[batch or 1, seq, head_dim]` (or `[seq, head_dim]`), gathered at the positions,
+            as HF's rotary modules return them.
+        q_norm_weight, k_norm_weight: `[head_dim]`.
+        eps: the norms' epsilon. unsqueeze_dim: 1 or 2 (or -3 / -2), as in HF.
+        weight_offset: 0.0 (Qwen3) or 1.0 (Gemma 3).
+    Returns:
+        (q_embed, k_embed) shaped like q and k (contiguous), in q's dtype. The math is fp32 with
+        one rounding; HF rounds after the norm and after each multiply and add in the model's
+        dtype, so 16-bit results can differ from HF's by a few ulps.
+    """
+    if type(unsqueeze_dim) is not int or unsqueeze_dim not in _LAYOUT_OF_UNSQUEEZE_DIM:
+        raise ValueError(f"unsqueeze_dim must be 1 ([b, h, s, d]) or 2 ([b, s, h, d]) (or -3, "
+                         f"-2), got {unsqueeze_dim!r}")
+    layout = _LAYOUT_OF_UNSQUEEZE_DIM[unsqueeze_dim]
+    for t, name in ((q, "q"), (k, "k")):
+        V.check_tensor(t, name, dims=(4,))
+    eps = _check_real(eps, "eps", positive=True)
+    weight_offset = _check_real(weight_offset, "weight_offset")
+    _check_inputs(q, k, q_norm_weight, k_norm_weight, layout,
+                  w_names=("q_norm_weight", "k_norm_weight"))
+    for t, name in ((cos, "cos"), (sin, "sin")):
+        V.check_tensor(t, name, dims=(2, 3))
+    c, s = V.cos_sin_pair(cos if cos.dim() == 3 else cos.unsqueeze(0),
+                          sin if sin.dim() == 3 else sin.unsqueeze(0))
+    V.check_same_device(q, "q", cos=c, sin=s)
+    q4 = view4(q, layout)
+    S, B, D = q4.shape[0], q4.shape[1], q4.shape[3]
+    if c.shape[-1] != D:
+        raise ValueError(f"cos/sin last dim ({c.shape[-1]}) must equal head_dim ({D}): HF's "
+                         "formula rotates the whole head (use ropelib.qk_norm_rope for partial "
+                         "rotary)")
+    V.check_rotary_dim(D, D, "cos")
+    if c.shape[1] != S or c.shape[0] not in (1, B):
+        raise ValueError(f"cos/sin must be [batch or 1, seq={S}, {D}] or [seq, {D}], got "
+                         f"{tuple(cos.shape)}")
+    check_no_table_grad(("cos", c), ("sin", s))
+    if needs_grad(q, k, q_norm_weight, k_norm_weight):
+        c, s = saveable(c), saveable(s)
+    # the rows of cos/sin are the tokens already: token s reads row s (of its batch entry)
+    return qk_norm_rope_op(q, k, q_norm_weight, k_norm_weight, c, s, None, layout, False, eps,
+                           weight_offset)

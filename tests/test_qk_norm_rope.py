@@ -1,0 +1,532 @@
+"""ropelib.qk_norm_rope: per-head QK-RMSNorm fused with RoPE, forward and backward.
+
+* parity with plain PyTorch in fp64 (RMSNorm, then ropelib.reference's RoPE): the outputs and all
+  four gradients (q, k, w_q, w_k), bf16/fp32/fp16, GQA, both layouts, Gemma's offset, partial
+  rotary, interleaved pairs, cos/sin tables, position ids, thd;
+* torch.autograd.gradcheck in fp64 (the kernel computes in fp64 for fp64 inputs);
+* every output element written (outputs poisoned with NaN), deterministic weight gradients;
+* torch.library.opcheck of both operators, torch.compile(aot_eager, fullgraph=True) with no
+  graph break and the same bits as eager;
+* the nn.Module and the Hugging Face drop-in (against transformers' Qwen3 and Gemma 3 modules
+  when transformers is installed); bad input raises an error that names the argument;
+* benchmarks/qk_norm_bench.py --dry-run.
+"""
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+import torch._dynamo
+
+import ropelib
+from ropelib import qk_norm
+from ropelib.kernels import qk_norm_rope as kernel
+from ropelib.ops import view4
+from ropelib.reference import rope_reference
+
+ROOT = Path(__file__).resolve().parents[1]
+OPS = torch.ops.ropelib
+# dtype -> (atol, rtol): about one ulp of the output dtype at values of a few units
+TOL = {torch.float32: (2e-5, 2e-5), torch.float16: (4e-3, 2**-10), torch.bfloat16: (3e-2, 2**-7),
+       torch.float64: (1e-12, 1e-12)}
+# the weight gradients: a sum over every row, accumulated in fp32
+W_TOL = {torch.float32: (1e-4, 1e-5), torch.float16: (1e-2, 2e-3), torch.bfloat16: (5e-2, 1e-2),
+         torch.float64: (1e-12, 1e-12)}
+
+
+def reference(q, k, w_q, w_k, *, cos, sin, layout="bshd", interleaved=False, position_ids=None,
+              eps=1e-6, weight_offset=0.0):
+    """rope(rmsnorm(x) * (w + offset)) in fp64 from the same inputs: plain, differentiable
+    PyTorch (cos, sin: [P, R] tables)."""
+    def one(x, w):
+        x = x.double()
+        n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        u = n * (w.double() + weight_offset)
+        return rope_reference(u, cos=cos.double(), sin=sin.double(), layout=layout,
+                              interleaved=interleaved, position_ids=position_ids)
+    return one(q, w_q), one(k, w_k)
+
+
+def make(layout="bshd", dtype=torch.float32, *, S=5, B=2, HQ=4, HK=2, D=16, R=None,
+         w_dtype=None, P=None):
+    """Fresh q, k, w_q, w_k (leaves requiring grad) and cos/sin tables [P, R] in fp32."""
+    shape = {"bshd": lambda h: (B, S, h, D), "sbhd": lambda h: (S, B, h, D),
+             "thd": lambda h: (S, h, D)}[layout]
+    q = (2 * torch.randn(shape(HQ))).to(dtype).requires_grad_()
+    k = (0.5 * torch.randn(shape(HK))).to(dtype).requires_grad_()
+    w_q = (1 + 0.3 * torch.randn(D)).to(w_dtype or torch.float32).requires_grad_()
+    w_k = (1 + 0.3 * torch.randn(D)).to(w_dtype or torch.float32).requires_grad_()
+    rot = 1.0 if R is None else R / D
+    cos, sin = ropelib.rope_cos_sin(P or 2 * S + 3, D, rotary_percent=rot)
+    return q, k, w_q, w_k, cos, sin
+
+
+def _close(got, want, tol):
+    atol, rtol = tol
+    torch.testing.assert_close(got.double(), want.double(), atol=atol, rtol=rtol)
+
+
+def check_against_reference(q, k, w_q, w_k, cos, sin, *, freqs=None, **opts):
+    """Outputs and the four gradients of qk_norm_rope against the fp64 reference."""
+    if freqs is not None:
+        q_out, k_out = ropelib.qk_norm_rope(q, k, w_q, w_k, freqs, **opts)
+    else:
+        q_out, k_out = ropelib.qk_norm_rope(q, k, w_q, w_k, cos=cos, sin=sin, **opts)
+    want_q, want_k = reference(q, k, w_q, w_k, cos=cos, sin=sin, **opts)
+    assert q_out.dtype == q.dtype and q_out.shape == q.shape and k_out.shape == k.shape
+    _close(q_out, want_q, TOL[q.dtype])
+    _close(k_out, want_k, TOL[q.dtype])
+    gq_out, gk_out = torch.randn_like(q_out), torch.randn_like(k_out)
+    got = torch.autograd.grad((q_out, k_out), (q, k, w_q, w_k), (gq_out, gk_out))
+    want = torch.autograd.grad((want_q, want_k), (q, k, w_q, w_k),
+                               (gq_out.double(), gk_out.double()))
+    for g, w, x in zip(got, want, (q, k, w_q, w_k)):
+        assert g.dtype == x.dtype and g.shape == x.shape
+    _close(got[0], want[0], TOL[q.dtype])
+    _close(got[1], want[1], TOL[q.dtype])
+    _close(got[2], want[2], W_TOL[w_q.dtype])
+    _close(got[3], want[3], W_TOL[w_k.dtype])
+
+
+# --- parity ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["bshd", "sbhd"])
+@pytest.mark.parametrize("heads", [(4, 2), (3, 3), (6, 1)], ids=["gqa", "mha", "mqa"])
+@pytest.mark.parametrize("weight_offset", [0.0, 1.0], ids=["qwen3", "gemma3"])
+def test_matches_rmsnorm_then_rope(dtype, layout, heads, weight_offset, seeded):
+    q, k, w_q, w_k, cos, sin = make(layout, dtype, HQ=heads[0], HK=heads[1])
+    if weight_offset:
+        with torch.no_grad():   # Gemma's weights sit around 0 (the scale is 1 + w)
+            w_q -= 1
+            w_k -= 1
+    check_against_reference(q, k, w_q, w_k, cos, sin, layout=layout, weight_offset=weight_offset)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_sixteen_bit_weights(dtype, seeded):
+    """Weights in the model's dtype (as HF keeps them): their gradients come back in it."""
+    q, k, w_q, w_k, cos, sin = make("bshd", dtype, w_dtype=dtype)
+    check_against_reference(q, k, w_q, w_k, cos, sin, eps=1e-5)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_partial_rotary_angles_and_position_ids(interleaved, seeded):
+    """R < D: the norm covers the whole head, the rotation the first R features. Angles computed
+    in the kernel, explicit per-batch positions, head dim not a power of two."""
+    S, B, D, R = 7, 3, 24, 16
+    q, k, w_q, w_k, _, _ = make("bshd", torch.float32, S=S, B=B, HQ=6, HK=2, D=D)
+    freqs = ropelib.rope_freqs(40, D, rotary_percent=R / D, interleaved=interleaved)
+    pos = torch.randint(0, 40, (B, S))
+    f = freqs[:, 0, 0].double()
+    check_against_reference(q, k, w_q, w_k, f.cos(), f.sin(), freqs=freqs, position_ids=pos,
+                            interleaved=interleaved, eps=1e-5)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_per_feature_tables(interleaved, seeded):
+    """A table whose two members of a pair hold different angles (ropelib's per-feature
+    convention, as Transformer Engine's): forward and backward read each member's own entry."""
+    q, k, w_q, w_k, _, _ = make("bshd", torch.float32, S=5, B=2, D=16)
+    angles = 3 * torch.randn(5, 16)
+    check_against_reference(q, k, w_q, w_k, angles.double().cos(), angles.double().sin(),
+                            freqs=angles, interleaved=interleaved)
+
+
+def test_shared_position_ids_and_sbhd(seeded):
+    q, k, w_q, w_k, cos, sin = make("sbhd", torch.float32, S=6, B=2, P=30)
+    check_against_reference(q, k, w_q, w_k, cos, sin, layout="sbhd",
+                            position_ids=torch.randint(0, 30, (6,)))
+
+
+def test_thd_packed_tokens(seeded):
+    """thd: positions given per token (two packed sequences of 4 and 5 tokens)."""
+    q, k, w_q, w_k, cos, sin = make("thd", torch.bfloat16, S=9, HQ=4, HK=1)
+    pos = torch.tensor([0, 1, 2, 3, 0, 1, 2, 3, 4])
+    check_against_reference(q, k, w_q, w_k, cos, sin, layout="thd", position_ids=pos)
+
+
+def test_gradcheck_fp64(seeded):
+    """The backward op is the derivative of the forward op (finite differences in fp64)."""
+    q, k, w_q, w_k, cos, sin = make("bshd", torch.float64, S=3, B=1, HQ=2, HK=1, D=8, R=6,
+                                    w_dtype=torch.float64)
+    pos = torch.tensor([[4, 0, 2]])
+
+    def fn(q, k, w_q, w_k):
+        return ropelib.qk_norm_rope(q, k, w_q, w_k, cos=cos, sin=sin, position_ids=pos,
+                                    weight_offset=0.5)
+    assert torch.autograd.gradcheck(fn, (q, k, w_q, w_k), eps=1e-6, atol=1e-7, rtol=1e-6,
+                                    fast_mode=True)
+
+
+def test_one_output_unused(seeded):
+    """Only q_out in the loss: k and w_k get zero gradients."""
+    q, k, w_q, w_k, cos, sin = make()
+    q_out, _ = ropelib.qk_norm_rope(q, k, w_q, w_k, cos=cos, sin=sin)
+    g = torch.randn_like(q_out)
+    gq, gk, gwq, gwk = torch.autograd.grad(q_out, (q, k, w_q, w_k), g)
+    want_q, _ = reference(q, k, w_q, w_k, cos=cos, sin=sin)
+    wq, wwq = torch.autograd.grad(want_q, (q, w_q), g.double())
+    _close(gq, wq, TOL[torch.float32])
+    _close(gwq, wwq, W_TOL[torch.float32])
+    assert torch.count_nonzero(gk) == 0 and torch.count_nonzero(gwk) == 0
+
+
+def test_strided_inputs_are_read_in_place(seeded):
+    """q and k as views of one fused projection (no copy), q's heads transposed in memory."""
+    B, S, HQ, HK, D = 2, 5, 4, 2, 16
+    proj = torch.randn(B, S, (HQ + HK) * D)
+    q = proj[..., :HQ * D].view(B, S, HQ, D)
+    k = proj[..., HQ * D:].view(B, S, HK, D)
+    q_t = q.transpose(1, 2).contiguous().transpose(1, 2)     # [B, S, H, D] with H-major memory
+    _, _, w_q, w_k, cos, sin = make(D=D)
+    check_against_reference(q.clone().requires_grad_(), k.clone().requires_grad_(), w_q, w_k,
+                            cos, sin)
+    a = ropelib.qk_norm_rope(q, k, w_q, w_k, cos=cos, sin=sin)
+    b = ropelib.qk_norm_rope(q_t, k.contiguous(), w_q, w_k, cos=cos, sin=sin)
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
+
+
+# --- every element written, deterministic ---------------------------------------------------
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_every_output_element_is_written(backward, seeded):
+    """Outputs poisoned with NaN before the launch: none may survive (odd sizes, masked heads,
+    a pass-through part)."""
+    S, B, HQ, HK, D, R = 5, 3, 6, 2, 20, 12
+    q, k = torch.randn(S, B, HQ, D), torch.randn(S, B, HK, D)
+    w_q, w_k = torch.randn(D), torch.randn(D)
+    freqs = ropelib.rope_freqs(S, D, rotary_percent=R / D)[:, 0, 0]
+    q_out, k_out = torch.full_like(q, float("nan")), torch.full_like(k, float("nan"))
+    grads = dict(gq4=torch.randn_like(q), gk4=torch.randn_like(k)) if backward else {}
+    res = kernel.launch(q, k, q_out, k_out, w_q, w_k, freqs, None, None, interleaved=False,
+                        eps=1e-6, weight_offset=0.0, **grads)
+    assert not q_out.isnan().any() and not k_out.isnan().any()
+    if backward:
+        assert all(g.shape == (D,) and not g.isnan().any() for g in res)
+
+
+def test_weight_gradients_are_deterministic(seeded):
+    q, k, w_q, w_k, cos, sin = make("bshd", torch.bfloat16, S=9, B=3)
+    gq, gk = torch.randn_like(q), torch.randn_like(k)
+    args = (q.detach(), k.detach(), w_q.detach(), w_k.detach(), cos, sin, None, "bshd", False,
+            1e-6, 0.0)
+    first = OPS.qk_norm_rope_backward(gq, gk, *args)
+    second = OPS.qk_norm_rope_backward(gq, gk, *args)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+def test_position_outside_the_table_gives_nan_rows(seeded):
+    """The operator (unchecked) never reads outside the table: the row comes out NaN."""
+    q, k, w_q, w_k, cos, sin = make("bshd", torch.float32, S=4, B=1, P=8)
+    pos = torch.tensor([[0, 1, 9, 3]])
+    q_out, k_out = OPS.qk_norm_rope(q.detach(), k.detach(), w_q.detach(), w_k.detach(), cos, sin,
+                                    pos, "bshd", False, 1e-6, 0.0)
+    assert q_out[0, 2].isnan().all() and k_out[0, 2].isnan().all()
+    assert not q_out[0, [0, 1, 3]].isnan().any()
+
+
+# --- operators and torch.compile ------------------------------------------------------------
+
+def test_opcheck_both_operators(seeded):
+    q, k, w_q, w_k, cos, sin = make("bshd", torch.float64, S=4, B=2, HQ=2, HK=1, D=8)
+    pos = torch.randint(0, cos.shape[0], (2, 4))
+    f = ropelib.rope_freqs(cos.shape[0], 8)[:, 0, 0]
+    opts = ("bshd", False, 1e-6, 0.0)
+    torch.library.opcheck(OPS.qk_norm_rope.default, (q, k, w_q, w_k, cos, sin, None, *opts))
+    torch.library.opcheck(OPS.qk_norm_rope.default,
+                          (q.transpose(0, 1), k.transpose(0, 1), w_q, w_k, f, None, pos,
+                           "sbhd", True, 1e-5, 1.0))
+    torch.library.opcheck(OPS.qk_norm_rope_backward.default,
+                          (torch.randn_like(q), torch.randn_like(k), q.detach(), k.detach(),
+                           w_q.detach(), w_k.detach(), cos, sin, pos, *opts))
+
+
+def test_registered_as_triton_ops_on_a_gpu():
+    from torch._library.triton import get_triton_kernels_for_op
+    for name in ("qk_norm_rope", "qk_norm_rope_backward"):
+        assert hasattr(OPS, name)
+        assert bool(get_triton_kernels_for_op(f"ropelib::{name}")) == (not ropelib.INTERPRET)
+
+
+def _compiled_equals_eager(fn, args, n_grad):
+    args_e = [a.detach().clone().requires_grad_(i < n_grad) for i, a in enumerate(args)]
+    args_c = [a.detach().clone().requires_grad_(i < n_grad) for i, a in enumerate(args)]
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(fn)(*args_e)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1, \
+        [str(b.reason) for b in explained.break_reasons]
+    torch._dynamo.reset()
+    out_e = fn(*args_e)
+    out_c = torch.compile(fn, backend="aot_eager", fullgraph=True)(*args_c)
+    grads = [torch.randn_like(o) for o in out_e]
+    torch.autograd.backward(out_e, grads)
+    torch.autograd.backward(out_c, grads)
+    for x, y in zip(out_c, out_e):
+        assert torch.equal(x, y)
+    for a, c in zip(args_e[:n_grad], args_c[:n_grad]):
+        assert torch.equal(c.grad, a.grad)
+    torch._dynamo.reset()
+
+
+def test_compile_fullgraph_function(seeded):
+    q, k, w_q, w_k, _, _ = make("bshd", torch.bfloat16)
+    freqs = ropelib.rope_freqs(16, 16)
+    pos = torch.randint(0, 16, (2, 5))
+
+    def fn(q, k, w_q, w_k, pos):
+        return ropelib.qk_norm_rope(q * 2, k, w_q, w_k, freqs, position_ids=pos, eps=1e-5)
+    _compiled_equals_eager(fn, (q, k, w_q, w_k, pos), 4)
+
+
+def test_compile_fullgraph_module_and_hf(seeded):
+    m = ropelib.QKNormRoPE(16, weight_offset=1.0)
+    with torch.no_grad():
+        m.w_q.normal_()
+    q, k, _, _, cos, sin = make("bshd", torch.float32)
+    _compiled_equals_eager(lambda q, k: m(q, k, cos=cos, sin=sin), (q, k), 2)
+    c, s = cos[None, :5], sin[None, :5]
+    w_q, w_k = torch.randn(16), torch.randn(16)
+    _compiled_equals_eager(
+        lambda q, k, w_q, w_k: qk_norm.qk_norm_apply_rotary_pos_emb(q, k, c, s, w_q, w_k),
+        (q.transpose(1, 2), k.transpose(1, 2), w_q, w_k), 4)
+
+
+def test_changing_sequence_length_compiles_once(seeded):
+    """With dynamic shapes a new sequence length reuses the graph: no new guard on the length.
+    (The first compilation may restart once: under dynamic=True Dynamo first traces the float
+    defaults eps and weight_offset as symbols, then specialises them.)"""
+    import torch._dynamo.testing
+    freqs = ropelib.rope_freqs(64, 16)
+    counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+    w_q, w_k = torch.randn(16), torch.randn(16)
+
+    def fn(q, k):
+        return ropelib.qk_norm_rope(q, k, w_q, w_k, freqs, layout="bshd")
+    torch._dynamo.reset()
+    c = torch.compile(fn, backend=counter, fullgraph=True, dynamic=True)
+    frames = []
+    for s in (5, 9, 17, 40):
+        q = torch.randn(2, s, 4, 16, requires_grad=True)
+        k = torch.randn(2, s, 2, 16)
+        out = c(q, k)
+        for x, y in zip(out, fn(q, k)):
+            assert torch.equal(x, y)
+        out[0].sum().backward()
+        frames.append(counter.frame_count)
+    assert frames[1:] == frames[:1] * 3, f"compilations after each length: {frames}"
+    torch._dynamo.reset()
+
+
+# --- module and Hugging Face drop-in --------------------------------------------------------
+
+def test_module_starts_as_plain_rmsnorm_and_learns(seeded):
+    for offset in (0.0, 1.0):
+        m = ropelib.QKNormRoPE(16, eps=1e-5, weight_offset=offset)
+        assert torch.equal(m.w_q + offset, torch.ones(16))
+        q, k, _, _, cos, sin = make()
+        q_out, k_out = m(q, k, cos=cos, sin=sin)
+        want_q, _ = reference(q, k, torch.ones(16), torch.ones(16), cos=cos, sin=sin, eps=1e-5)
+        _close(q_out, want_q, TOL[torch.float32])
+        (q_out.square().sum() + k_out.sum()).backward()
+        assert m.w_q.grad is not None and m.w_k.grad.abs().sum() > 0
+    assert "weight_offset=1.0" in repr(m)
+
+
+def _hf_case(dtype):
+    B, S, HQ, HK, D = 2, 6, 4, 2, 16
+    q = torch.randn(B, S, HQ, D).to(dtype).transpose(1, 2)   # HF's q_proj(h).view(...).transpose
+    k = torch.randn(B, S, HK, D).to(dtype).transpose(1, 2)
+    cos, sin = ropelib.rope_cos_sin(20, D)
+    pos = torch.randint(0, 20, (B, S))
+    return q, k, cos[pos].to(dtype), sin[pos].to(dtype)       # [B, S, D], as HF gathers them
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_hf_drop_in_against_transformers(family, dtype, seeded):
+    if family == "qwen3":
+        mod = pytest.importorskip("transformers.models.qwen3.modeling_qwen3")
+        norm_cls, offset, init = mod.Qwen3RMSNorm, 0.0, 1.0
+    else:
+        mod = pytest.importorskip("transformers.models.gemma3.modeling_gemma3")
+        norm_cls, offset, init = mod.Gemma3RMSNorm, 1.0, 0.0
+    q, k, cos, sin = _hf_case(dtype)
+    D = q.shape[-1]
+    q_norm, k_norm = norm_cls(D, eps=1e-6).to(dtype), norm_cls(D, eps=1e-6).to(dtype)
+    with torch.no_grad():
+        q_norm.weight.copy_(init + 0.3 * torch.randn(D))
+        k_norm.weight.copy_(init + 0.3 * torch.randn(D))
+    # HF: norm in [B, S, H, D], transpose, then apply_rotary_pos_emb
+    want_q, want_k = mod.apply_rotary_pos_emb(q_norm(q.transpose(1, 2)).transpose(1, 2),
+                                              k_norm(k.transpose(1, 2)).transpose(1, 2), cos, sin)
+    got_q, got_k = qk_norm.qk_norm_apply_rotary_pos_emb(q, k, cos, sin, q_norm.weight,
+                                                        k_norm.weight, 1e-6,
+                                                        weight_offset=offset)
+    # HF rounds after the norm and after each multiply and add: a few ulps in 16 bits
+    tol = (1e-5, 1e-5) if dtype == torch.float32 else (6e-2, 4 * 2**-7)
+    _close(got_q, want_q, tol)
+    _close(got_k, want_k, tol)
+    m = ropelib.QKNormRoPE.from_norms(q_norm, k_norm, weight_offset=offset, layout="bshd")
+    mq, mk = m(q.transpose(1, 2), k.transpose(1, 2), cos=cos[0], sin=sin[0])  # batch 0's table
+    _close(mq[0], got_q[0].transpose(0, 1), (0, 0))
+    _close(mk[0], got_k[0].transpose(0, 1), (0, 0))
+
+
+def test_hf_drop_in_bshd_and_gradients(seeded):
+    q, k, cos, sin = _hf_case(torch.float32)
+    q, k = q.transpose(1, 2).detach().requires_grad_(), k.transpose(1, 2).detach().requires_grad_()
+    w_q, w_k = torch.randn(16, requires_grad=True), torch.randn(16, requires_grad=True)
+    got = qk_norm.qk_norm_apply_rotary_pos_emb(q, k, cos, sin, w_q, w_k, unsqueeze_dim=2)
+    # each batch entry has its own gathered table: rows are tokens, one table per entry
+    for b in range(q.shape[0]):
+        want = reference(q[b:b + 1], k[b:b + 1], w_q, w_k, cos=cos[b], sin=sin[b])
+        _close(got[0][b:b + 1], want[0], TOL[torch.float32])
+        _close(got[1][b:b + 1], want[1], TOL[torch.float32])
+    g = torch.autograd.grad(got[0].sum() + got[1].square().sum(), (q, k, w_q, w_k))
+    wants = [reference(q[b:b + 1], k[b:b + 1], w_q, w_k, cos=cos[b], sin=sin[b])
+             for b in range(q.shape[0])]
+    loss = sum(a.sum() + c.square().sum() for a, c in wants)
+    w = torch.autograd.grad(loss, (q, k, w_q, w_k))
+    for a, b in zip(g, w):
+        _close(a, b, W_TOL[torch.float32])
+
+
+# --- bad input ------------------------------------------------------------------------------
+
+def _bad(**over):
+    q, k, w_q, w_k, cos, sin = make("bshd", torch.float32, S=4, P=6)
+    args = dict(q=q, k=k, w_q=w_q, w_k=w_k, freqs=None, cos=cos, sin=sin)
+    args.update(over)
+    return args
+
+
+@pytest.mark.parametrize("over,error,match", [
+    (dict(w_q=torch.ones(15)), ValueError, r"w_q must be \[head_dim\] = \[16\]"),
+    (dict(w_k=torch.ones(2, 16)), ValueError, "w_k must be 1-D"),
+    (dict(w_q=torch.ones(16, dtype=torch.int32)), TypeError, "w_q must have dtype"),
+    (dict(k=torch.randn(2, 4, 3, 16)), ValueError, r"k's head count \(3\) must divide q's \(4\)"),
+    (dict(k=torch.randn(2, 5, 2, 16)), ValueError, "q and k must agree"),
+    (dict(k=torch.randn(2, 4, 2, 16, dtype=torch.float64)), TypeError, "same dtype"),
+    (dict(q=torch.randn(2, 4, 16)), ValueError, "q must be 4-D"),
+    (dict(cos=torch.ones(6, 16, dtype=torch.float64)), TypeError, "cos and sin must have the "
+                                                                  "same dtype"),
+    (dict(cos=torch.ones(6, 16, dtype=torch.int32), sin=torch.ones(6, 16, dtype=torch.int32)),
+     TypeError, "cos must have dtype"),
+    (dict(cos=torch.ones(6, 14)), ValueError, "cos and sin must have the same shape"),
+    (dict(cos=torch.ones(6, 18), sin=torch.ones(6, 18)), ValueError, "larger than the head dim"),
+    (dict(cos=torch.ones(6, 5), sin=torch.ones(6, 5)), ValueError, "positive even"),
+    (dict(cos=torch.ones(3, 16), sin=torch.ones(3, 16)), ValueError, "table has 3 positions"),
+    (dict(cos=None, sin=None, freqs=ropelib.rope_freqs(6, 16).bfloat16()), TypeError,
+     "freqs must be float32 angles"),
+    (dict(freqs=ropelib.rope_freqs(6, 16)), ValueError, "either freqs"),
+    (dict(cos=None, sin=None), ValueError, "either freqs"),
+    (dict(sin=None), ValueError, "cos and sin must be given together"),
+    (dict(cos=torch.ones(6, 16, requires_grad=True)), ValueError, "cos requires grad"),
+    (dict(q=torch.randn(2, 4, 4, 16).to(torch.int64)), TypeError, "q must have dtype"),
+])
+def test_bad_input_is_named(over, error, match):
+    args = _bad(**over)
+    with pytest.raises(error, match=match):
+        ropelib.qk_norm_rope(args.pop("q"), args.pop("k"), args.pop("w_q"), args.pop("w_k"),
+                             args.pop("freqs"), **args)
+
+
+@pytest.mark.parametrize("opts,error,match", [
+    (dict(eps=0.0), ValueError, "eps must be a finite number > 0"),
+    (dict(eps="1e-6"), TypeError, "eps must be a real number"),
+    (dict(weight_offset=float("nan")), ValueError, "weight_offset must be a finite"),
+    (dict(layout="bhsd"), ValueError, "layout must be one of"),
+    (dict(interleaved=1), TypeError, "interleaved must be a bool"),
+    (dict(position_ids=torch.tensor([[0, 1, 2, 9]] * 2)), ValueError,
+     r"position_ids must lie in \[0, 6\)"),
+    (dict(position_ids=torch.zeros(3, 4, dtype=torch.long)), ValueError,
+     r"position_ids must be \[4\] or \[2 or 1, 4\]"),
+    (dict(position_ids=torch.zeros(2, 4)), TypeError, "position_ids must be an integer tensor"),
+])
+def test_bad_options_are_named(opts, error, match):
+    args = _bad()
+    with pytest.raises(error, match=match):
+        ropelib.qk_norm_rope(args["q"], args["k"], args["w_q"], args["w_k"], cos=args["cos"],
+                             sin=args["sin"], **opts)
+
+
+def test_thd_needs_position_ids():
+    q, k, w_q, w_k, cos, sin = make("thd", S=6)
+    with pytest.raises(ValueError, match="layout='thd' .* needs position_ids"):
+        ropelib.qk_norm_rope(q, k, w_q, w_k, cos=cos, sin=sin, layout="thd")
+
+
+def test_hf_drop_in_bad_input():
+    q, k, cos, sin = _hf_case(torch.float32)
+    w = torch.ones(16)
+    with pytest.raises(ValueError, match="unsqueeze_dim must be 1"):
+        qk_norm.qk_norm_apply_rotary_pos_emb(q, k, cos, sin, w, w, unsqueeze_dim=3)
+    with pytest.raises(ValueError, match=r"cos/sin last dim \(8\) must equal head_dim"):
+        qk_norm.qk_norm_apply_rotary_pos_emb(q, k, cos[..., :8], sin[..., :8], w, w)
+    with pytest.raises(ValueError, match="cos/sin must be"):
+        qk_norm.qk_norm_apply_rotary_pos_emb(q, k, cos[:, :3], sin[:, :3], w, w)
+    with pytest.raises(ValueError, match=r"k_norm_weight must be \[head_dim\]"):
+        qk_norm.qk_norm_apply_rotary_pos_emb(q, k, cos, sin, w, torch.ones(8))
+    with pytest.raises(ValueError, match="head_dim must be an int"):
+        ropelib.QKNormRoPE(1)
+
+
+# --- benchmark ------------------------------------------------------------------------------
+
+def test_benchmark_dry_run(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("qk_norm_bench",
+                                                  ROOT / "benchmarks" / "qk_norm_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "qk.csv"
+    assert bench.main(["--dry-run", "--out", str(out)]) == 0
+    from ropelib import compare
+    rows = compare.read_csv(out)
+    meta = compare.read_meta(out)
+    assert meta["script"] == "benchmarks/qk_norm_bench.py" and "dry run" in meta["timing"]
+    assert {r["provider"] for r in rows} == {"ropelib", "torch_compile", "eager"}
+    assert {r["pass"] for r in rows} == {"fwd", "fwd+bwd"}
+    for r in rows:
+        assert r["available"] is True and r["max_abs_err"] < 5e-2, r
+    assert "ropelib" in capsys.readouterr().out
+
+
+# --- GPU ------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_gpu_model_sized_parity():
+    torch.manual_seed(0)
+    B, S, HQ, HK, D = 2, 1024, 32, 8, 128
+    q = torch.randn(B, S, HQ, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(B, S, HK, D, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w_q = (1 + 0.3 * torch.randn(D, device="cuda")).requires_grad_()
+    w_k = (1 + 0.3 * torch.randn(D, device="cuda")).requires_grad_()
+    cos, sin = ropelib.rope_cos_sin(S, D, device="cuda")
+    check_against_reference(q, k, w_q, w_k, cos, sin)
+
+
+@pytest.mark.gpu
+def test_gpu_inductor_fullgraph_equals_eager():
+    torch.manual_seed(1)
+    B, S, HQ, HK, D = 2, 256, 16, 4, 128
+    freqs = ropelib.rope_freqs(S, D).cuda()
+    w_q, w_k = torch.randn(D, device="cuda"), torch.randn(D, device="cuda")
+
+    def fn(q, k, w_q, w_k):
+        return ropelib.qk_norm_rope(q, k, w_q, w_k, freqs)
+    args = [torch.randn(B, S, HQ, D, device="cuda", dtype=torch.bfloat16),
+            torch.randn(B, S, HK, D, device="cuda", dtype=torch.bfloat16), w_q, w_k]
+    args_e = [a.clone().requires_grad_() for a in args]
+    args_c = [a.clone().requires_grad_() for a in args]
+    out_e = fn(*args_e)
+    out_c = torch.compile(fn, fullgraph=True)(*args_c)
+    grads = [torch.randn_like(o) for o in out_e]
+    torch.autograd.backward(out_e, grads)
+    torch.autograd.backward(out_c, grads)
+    for x, y in zip(out_c, out_e):
+        assert torch.equal(x, y)
+    for a, c in zip(args_e, args_c):
+        assert torch.equal(c.grad, a.grad)
