@@ -6,7 +6,7 @@
 #   bash benchmarks/gpu_run.sh targets   # python -m ropelib.bench --suite targets  (~5 min)
 #   bash benchmarks/gpu_run.sh decode    # decode suite (host cost, CUDA graphs) + host profile
 #   bash benchmarks/gpu_run.sh model     # compiled GPT, 200 steps, rope=reference vs ropelib
-#   bash benchmarks/gpu_run.sh sweeps    # notebook 06's sweeps, fp32 and bf16 (~6 min)
+#   bash benchmarks/gpu_run.sh sweeps    # notebook 07's sweeps, fp32 and bf16 (~6 min)
 #   bash benchmarks/gpu_run.sh ablation  # notebook 04's ablation: what makes the grid kernel fast
 #   bash benchmarks/gpu_run.sh ladder    # notebook 05's ladder: from batch-reuse to the finished kernel
 #   bash benchmarks/gpu_run.sh notebooks # every notebook executed with its outputs (needs nbclient
@@ -59,7 +59,7 @@ for what in "${@:-tests}"; do
             keep "$RESULTS/model-$tag.csv" ;;
         sweeps)
             step sweeps "$PY" benchmarks/seed_sweeps.py
-            keep "$RESULTS/seed_sweeps.csv" figures/06-seed-*.png ;;
+            keep "$RESULTS/seed_sweeps.csv" figures/07-seed-*.png ;;
         ablation)
             step ablation "$PY" benchmarks/ablation.py --out "$RESULTS/ablation.csv"
             keep "$RESULTS/ablation.csv" ;;

@@ -1,4 +1,4 @@
-"""Run the sweeps of earlier studies (ropelib.compare.SEED_SWEEPS) and draw them: notebook 06's GPU data.
+"""Run the sweeps of earlier studies (ropelib.compare.SEED_SWEEPS) and draw them: notebook 07's GPU data.
 
     python benchmarks/seed_sweeps.py                  # on a GPU: all sweeps, ~6 min on an H100
     python benchmarks/seed_sweeps.py --only fp32 && \
@@ -7,8 +7,8 @@
     python benchmarks/seed_sweeps.py --tiny           # shrunk sizes; the CPU interpreter works
 
 Writes benchmarks/results/seed_sweeps.csv (rows of compare.run_case plus a `sweep` column, the
-environment in the header) and figures/06-seed-seq-len-{fp32,bf16}.png (GB/s vs seq_len, one
-panel per batch) and figures/06-seed-axes.png (seq/hidden/heads/batch sweeps). Interpreter runs
+environment in the header) and figures/07-seed-seq-len-{fp32,bf16}.png (GB/s vs seq_len, one
+panel per batch) and figures/07-seed-axes.png (seq/hidden/heads/batch sweeps). Interpreter runs
 (--tiny or no GPU) go to a temp directory unless --out/--figures say otherwise: their timings
 are meaningless and must not replace the committed GPU results.
 """
@@ -57,7 +57,7 @@ def run(sweeps, progress=True) -> list:
 
 
 def draw(rows, figures: Path) -> list:
-    """figures/06-seed-seq-len-<dtype>.png and 06-seed-axes.png from ``rows``; returns paths."""
+    """figures/07-seed-seq-len-<dtype>.png and 07-seed-axes.png from ``rows``; returns paths."""
     figures.mkdir(parents=True, exist_ok=True)
     out = []
     for dtype in ("fp32", "bf16"):
@@ -72,7 +72,7 @@ def draw(rows, figures: Path) -> list:
             compare.plot_sweep(sub, "seq_len", ax=ax, title=f"{dtype}, H={sub[0]['heads']}, "
                                                             f"D={sub[0]['head_dim']}, batch {b}")
         fig.tight_layout()
-        path = figures / f"06-seed-seq-len-{dtype}.png"
+        path = figures / f"07-seed-seq-len-{dtype}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
         out.append(path)
@@ -85,7 +85,7 @@ def draw(rows, figures: Path) -> list:
         for ax, (n, a, sub) in zip(axes[0], panels):
             compare.plot_sweep(sub, a, ax=ax, title=f"{n}: Triton vs TE vs PyTorch")
         fig.tight_layout()
-        path = figures / "06-seed-axes.png"
+        path = figures / "07-seed-axes.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
         out.append(path)

@@ -148,7 +148,7 @@ print("apply_rope:", tuple(x.shape), x.dtype, "->", tuple(y.shape), y.dtype, "| 
 # angles, and `inplace=True`. Notebook 02 goes through them.
 #
 # It is differentiable. The backward of a rotation by $\theta$ is the rotation by $-\theta$
-# (notebook 05 derives it), and the same kernel computes it:
+# (notebook 06 derives it), and the same kernel computes it:
 
 # %%
 x.requires_grad_(True)
@@ -195,7 +195,7 @@ unfused = rope_te.apply_rotary_pos_emb(t, freqs, tensor_format="sbhd", fused=Fal
 torch.testing.assert_close(fused, reference.te_fused_emulation(t, freqs))
 assert torch.equal(unfused, reference.te_unfused(t, freqs))
 print("TE drop-in: fused vs unfused differ by up to",
-      (fused.float() - unfused.float()).abs().max().item(), "(bf16 roundings; notebook 07 explains)")
+      (fused.float() - unfused.float()).abs().max().item(), "(bf16 roundings; notebook 08 explains)")
 
 cos, sin = frequencies.rope_cos_sin(S, D, dtype=dtype, device=device)      # [S, D] HF cache
 q_bhsd, k_bhsd = q.transpose(1, 2), k.transpose(1, 2)                      # [B, H, S, D]
@@ -290,7 +290,7 @@ y_ex = ropelib.apply_rope(x_ex, freqs_ex, layout="bshd", interleaved=True)
 #    backward), and is there a catch with `inplace=True`?
 # 4. The TE drop-in's fused and unfused paths differ by bf16 rounding on the same input. If you
 #    were moving a production model from one to the other, what evidence would convince you the
-#    switch is safe: bitwise equality, `allclose`, matching loss curves? (Notebooks 07 and 08
+#    switch is safe: bitwise equality, `allclose`, matching loss curves? (Notebooks 08 and 09
 #    come back to this.)
 # 5. `ropelib` offers a function, a module and two drop-ins for one operation. Which would you
 #    pick for a model you write yourself, for a Hugging Face checkpoint you fine-tune, and for a

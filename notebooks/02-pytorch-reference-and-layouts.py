@@ -148,7 +148,7 @@ assert errors["fused, fp32 angles (ropelib)"] <= errors["TE unfused (math in bf1
 
 # %% [markdown]
 # The first line is 0 or one bf16 rounding step: it *is* the correctly rounded result. The
-# other two carry extra roundings. (Notebook 07 shows how this difference makes an innocent
+# other two carry extra roundings. (Notebook 08 shows how this difference makes an innocent
 # `torch.allclose(te_out, triton_out)` fail.)
 
 # %% [markdown]

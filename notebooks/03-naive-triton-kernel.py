@@ -392,7 +392,7 @@ for dtype in (torch.float32, torch.bfloat16):
 # `ropelib.kernels.naive` adds three compile-time switches to step 3 — a test checks that this
 # cell is the code in ropelib, line for line:
 #
-# - **`BACKWARD`** rotates by $-\theta$, which turns `grad_y` into `grad_x` (notebook 05);
+# - **`BACKWARD`** rotates by $-\theta$, which turns `grad_y` into `grad_x` (notebook 06);
 # - **`COMPUTE_DTYPE`** is fp32, or fp64 for fp64 inputs, so that `gradcheck` works;
 # - **`BF16_RTNE`** makes the store round bf16 to nearest even by hand (`round_to`) when the
 #   interpreter would truncate; on a GPU it is False and `round_to` is a plain cast.

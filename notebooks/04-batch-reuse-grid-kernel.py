@@ -281,8 +281,8 @@ print("version 2 == reference (fp16, a non-contiguous view, D = 80, halves with 
 # `ropelib/kernels/batch_reuse.py` adds three compile-time switches to version 2, and reads the
 # table through its strides (a `[P, 1, 1, D]` table needs no copy):
 #
-# - `BACKWARD` — the same kernel serves the backward pass (notebook 05);
-# - `COMPUTE_DTYPE` — fp64 math for fp64 inputs, so `gradcheck` can run (notebook 05);
+# - `BACKWARD` — the same kernel serves the backward pass (notebook 06);
+# - `COMPUTE_DTYPE` — fp64 math for fp64 inputs, so `gradcheck` can run (notebook 06);
 # - `BF16_RTNE` — Triton's interpreter truncates when it casts to bf16, a GPU rounds to
 #   nearest even; `round_to` rounds by hand in the interpreter so both give the same bits.
 #

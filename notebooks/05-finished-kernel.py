@@ -317,7 +317,7 @@ for h in (32, 8):
 # **Accurate sin/cos** (rung 5, the constexpr `ACCURATE`): `_cos_sin` from ropelib's kernel
 # calls libdevice's `cosf`/`sinf`, whose argument reduction is exact for any angle — as TE's
 # `sincosf`. Positions reach $10^5$ and beyond, and a fast approximation loses accuracy as the
-# angle grows (notebook 07 follows one such difference to its cause). The interpreter has no
+# angle grows (notebook 08 follows one such difference to its cause). The interpreter has no
 # libdevice and uses NumPy's functions, accurate too. Which code `tl.cos` becomes on a GPU
 # depends on the Triton version: section 4 reads it from the compiled code.
 

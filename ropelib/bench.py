@@ -163,7 +163,7 @@ SWEEP_SEQ_LENS = tuple(128 * i for i in range(2, 32))  # 256, 384, ..., 3968
 
 def sweep_cases(dtypes=("fp32",)) -> list:
     """A sweep over sequence length and batch: sbhd, 64 heads, head_dim 128, batch 1/2/4/8,
-    seq 256...3968 (the sizes of notebook 06's sweep figures)."""
+    seq 256...3968 (the sizes of notebook 07's sweep figures)."""
     return [BenchCase(f"sweep-{dt}-b{b}-s{s}", "sweep",
                       Config(seq_len=s, batch=b, heads=64, head_dim=128, dtype=dt,
                              layout="sbhd"))

@@ -1,4 +1,4 @@
-"""One comparison engine behind notebook 06's dashboard, the benchmark suite and the tests.
+"""One comparison engine behind notebook 07's dashboard, the benchmark suite and the tests.
 
 A *provider* computes RoPE on the same inputs as every other provider: ropelib's kernels (each
 generation), Transformer Engine's fused and unfused paths, plain PyTorch, ``torch.compile`` of

@@ -1,4 +1,4 @@
-"""The allclose debugger behind notebook 07: why `torch.allclose(tokens_te, tokens_triton)` fails
+"""The allclose debugger behind notebook 08: why `torch.allclose(tokens_te, tokens_triton)` fails
 although the first ten printed values are identical.
 
 The story: a Triton RoPE written after Unsloth's kernel was checked against
@@ -40,7 +40,7 @@ __all__ = ["Causes", "Scenario", "REPRO", "FIXED", "CAUSE_DOCS", "DECISIONS", "t
 # flattened first two dims of a bshd tensor, the position of a row is `row % SEQ_LEN`, the
 # cos/sin table [P, D/2] comes precomputed (in the model's dtype, as HF/Unsloth caches it), the
 # math runs in the table's dtype (`x.to(sin.dtype)`), and the tensor is rotated in place. Each
-# constexpr switches one of the causes notebook 07 studies.
+# constexpr switches one of the causes notebook 08 studies.
 #
 # How it is parallelised: grid (ROWS, H); one program rotates the first R features of one head
 # of one row, loading the two halves as two tiles of BLOCK_HALF.

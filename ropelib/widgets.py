@@ -1,4 +1,4 @@
-"""ipywidgets front ends for notebooks 06 (live TE-vs-Triton dashboard) and 07 (allclose toggles).
+"""ipywidgets front ends for notebooks 07 (live TE-vs-Triton dashboard) and 08 (allclose toggles).
 
 The logic lives in plain functions (:func:`draw_sweep`, :func:`rows_table_html`,
 :func:`toggle_result`, ...) and in the methods the widgets call (:meth:`Dashboard.run`,
@@ -113,7 +113,7 @@ def figure_png(fig, dpi: int = 100) -> bytes:
 
 
 def toggle_result(causes, scenario=None, tolerance: str = "default", device=None):
-    """Run notebook 07's story with ``causes``; returns (diagnosis dict, heatmap figure)."""
+    """Run notebook 08's story with ``causes``; returns (diagnosis dict, heatmap figure)."""
     from matplotlib.figure import Figure
     from . import debug
     scenario = scenario or debug.Scenario()
@@ -145,7 +145,7 @@ def summary_html(diag: dict) -> str:
             f"{diag['te_matches_fp64']} / {diag['triton_matches_fp64']}</div>")
 
 
-# --- notebook 06: the dashboard ---------------------------------------------------------------
+# --- notebook 07: the dashboard ---------------------------------------------------------------
 
 class Dashboard:
     """Configuration controls, a provider set, a run button, a live plot and a table.
@@ -155,7 +155,7 @@ class Dashboard:
     """
 
     def __init__(self, providers=None, device=None, figures_dir: str = "figures",
-                 stem: str = "06-dashboard"):
+                 stem: str = "07-dashboard"):
         import ipywidgets as W
         self.device = device or runtime.default_device()
         self.figures_dir, self.stem = figures_dir, stem
@@ -292,7 +292,7 @@ class Dashboard:
         return csv_path, png_path
 
 
-# --- notebook 07: the cause toggles -----------------------------------------------------------
+# --- notebook 08: the cause toggles -----------------------------------------------------------
 
 class TogglePanel:
     """One checkbox per cause (:class:`ropelib.debug.Causes`); every change re-runs the story and

@@ -8,12 +8,12 @@ in the checkout's root, plus a port and a token). Then, for every notebook in tu
 - opens it, runs all cells and waits for the last one;
 - asserts that every cell ran, that no cell shows an error, and that every image on the page
   (markdown figures from ../figures/, plots, widget images) loaded: natural width > 0;
-- in 06 and 07 moves a widget and asserts that the widget's output changed;
+- in 07 and 08 moves a widget and asserts that the widget's output changed;
 - saves it, as a learner would.
 
 Afterwards `git status --porcelain` in the checkout must be empty (git reads notebooks through
 the output-stripping filter) and the checkout's notebook tests must pass with the saved files.
-Finally 07 is reopened: its saved widget outputs have no live model until the cells run again,
+Finally 08 is reopened: its saved widget outputs have no live model until the cells run again,
 which the notebook tells the learner; after Run All the widget is back.
 Screenshots of every notebook go to ROPELIB_BROWSER_SCREENSHOTS (a folder) if set.
 """
@@ -237,8 +237,8 @@ def _move_toggles(page):
     return before, summary.inner_text()
 
 
-WIDGET_MOVES = {"06-te-vs-triton-live.ipynb": _move_dashboard,
-                "07-debugging-allclose.ipynb": _move_toggles}
+WIDGET_MOVES = {"07-te-vs-triton-live.ipynb": _move_dashboard,
+                "08-debugging-allclose.ipynb": _move_toggles}
 
 
 def test_every_notebook_runs_shows_its_figures_and_saves_clean(lab, checkout, chromium_executable,
@@ -286,7 +286,7 @@ def test_every_notebook_runs_shows_its_figures_and_saves_clean(lab, checkout, ch
                     _shut_down_kernels(url, token)
 
             # a reopened notebook: its saved widget views have no model until its cells run again
-            name = "07-debugging-allclose.ipynb"
+            name = "08-debugging-allclose.ipynb"
             source = (checkout / "notebooks" / name).read_text(encoding="utf-8")
             assert "application/vnd.jupyter.widget-view+json" in source, \
                 f"{name} was saved without its widget outputs: the reopen check would prove nothing"

@@ -271,4 +271,4 @@ def test_seed_sweeps_script_runs_tiny(tmp_path):
     assert {r["sweep"] for r in rows} == {"seq_len-b2-bf16"}
     assert {r["provider"] for r in rows} >= {"pytorch"}
     assert C.read_meta(out)["torch"] == torch.__version__
-    assert (tmp_path / "06-seed-seq-len-bf16.png").stat().st_size > 5000
+    assert (tmp_path / "07-seed-seq-len-bf16.png").stat().st_size > 5000

@@ -1,5 +1,5 @@
-"""Notebooks 04 and 05: the kernel exercises (exercises.grid_kernel, exercises.backward_kernel)
-and the launcher / autograd.Function checks of notebook 05 (exercises.kernels).
+"""Notebooks 04 and 06: the kernel exercises (exercises.grid_kernel, exercises.backward_kernel)
+and the launcher / autograd.Function checks of notebook 06 (exercises.kernels).
 
 Each check launches the learner's kernel itself, or runs the learner's function on fresh inputs;
 every known way to pass it without doing the exercise must fail, and the worked solution must pass.
@@ -184,7 +184,7 @@ def test_count_trig_counts_cos_and_sin_tiles():
     assert n["trig"] == 4 * 2 * 2      # cos, sin of two halves, per (s, h) program; not per b
 
 
-# --- notebook 05: the backward kernel ------------------------------------------------------------
+# --- notebook 06: the backward kernel ------------------------------------------------------------
 
 def test_backward_check_accepts_the_solution(capsys):
     assert bk.check_backward_kernel(bk._rope_backward_solution_kernel) is True
@@ -208,7 +208,7 @@ def test_backward_check_rejects_cheats(answer, words, capsys):
     assert "❌" in out and words in out, out
 
 
-# --- notebook 05: the launcher and the autograd.Function -----------------------------------------
+# --- notebook 06: the launcher and the autograd.Function -----------------------------------------
 
 def test_rope_backward_check(capsys):
     assert ex.check_rope_backward(ex.solution_rope_backward) is True
@@ -325,7 +325,7 @@ def test_rope_function_check_unanswered(capsys):
 
 @pytest.mark.parametrize("notebook, signature", [
     ("04-batch-reuse-grid-kernel.py", gk.KERNEL_SIGNATURE),
-    ("05-backward-pass.py", bk.BACKWARD_KERNEL_SIGNATURE),
+    ("06-backward-pass.py", bk.BACKWARD_KERNEL_SIGNATURE),
 ])
 def test_notebook_exercise_cell_has_the_launched_signature(notebook, signature):
     text = (ROOT / "notebooks" / notebook).read_text(encoding="utf-8")
@@ -336,7 +336,7 @@ def test_no_solution_is_used_before_its_exercise():
     # notebook 04 used solution_floor_ms before exercise 2: no worked solution (and no check)
     # may be called before the exercises start
     import re
-    for notebook in ("04-batch-reuse-grid-kernel.py", "05-backward-pass.py"):
+    for notebook in ("04-batch-reuse-grid-kernel.py", "06-backward-pass.py"):
         text = (ROOT / "notebooks" / notebook).read_text(encoding="utf-8")
         before = text[:text.index("## Exercises")]
         used = re.findall(r"\bsolution\(|solution_\w+|Solution\w+|show_solution|check_\w+", before)

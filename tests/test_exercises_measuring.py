@@ -1,4 +1,4 @@
-"""Notebook 06's exercise checks: the fixed-cost + bandwidth fit and the prediction."""
+"""Notebook 07's exercise checks: the fixed-cost + bandwidth fit and the prediction."""
 import numpy as np
 
 from ropelib.exercises import measuring

@@ -262,7 +262,7 @@ def test_gpu_large_bf16(kernel, D):
     assert_matches(kernel(g, freqs, backward=True), gx_ref.to(torch.bfloat16))
 
 
-# --- the exercise checks of notebooks 03-05 (ropelib.exercises.kernels) ----------------------
+# --- the exercise checks of notebooks 03-06 (ropelib.exercises.kernels) ----------------------
 
 def _wrong_function(x, freqs):
     # The forward where the backward is asked for; for notebook 03's interleaved exercise, a plain

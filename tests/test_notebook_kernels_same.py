@@ -1,4 +1,4 @@
-"""The kernel code notebooks 03-05 show inline is the code ropelib runs.
+"""The kernel code notebooks 03-06 show inline is the code ropelib runs.
 
 A notebook shows a ropelib object's source in a markdown cell, so it can be read without running
 anything:
@@ -46,7 +46,7 @@ REQUIRED = {
     "03-naive-triton-kernel": ["ropelib.kernels.naive._rope_naive_kernel",
                                "ropelib.kernels.naive.rope_naive"],
     "04-batch-reuse-grid-kernel": ["ropelib.kernels.batch_reuse._rope_batch_reuse_kernel"],
-    "05-backward-pass": ["ropelib.kernels.batch_reuse._rope_batch_reuse_kernel"],
+    "06-backward-pass": ["ropelib.kernels.batch_reuse._rope_batch_reuse_kernel"],
 }
 MARKER = re.compile(r"<!--\s*ropelib-source:\s*([\w.]+)\s*-->")
 CODE_MARKER = re.compile(r"\A# ropelib-source: ([\w.]+)\n")

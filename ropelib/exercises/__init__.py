@@ -6,8 +6,9 @@ never raises, so a notebook keeps running top to bottom with unanswered exercise
 the verdict as a bool for tests. `solution(...)` shows a worked solution folded away in a
 collapsible block in Jupyter (plain text elsewhere).
 
-The `check_...` helpers for each notebook live in submodules (`basics` for notebooks 00-02,
-`kernels` for 03-05); they compute the expected answer from ropelib itself, never hard-code it.
+The `check_...` helpers for each notebook live in submodules: `basics` for notebooks 00-02;
+`kernels`, `naive_kernel`, `grid_kernel`, `finished_kernel` and `backward_kernel` for 03-06;
+`measuring` for 07. They compute the expected answer from ropelib itself, never hard-code it.
 """
 import html
 import inspect

@@ -1,4 +1,4 @@
-"""Notebook 05's kernel exercise: write the backward kernel from a blank `@triton.jit`.
+"""Notebook 06's kernel exercise: write the backward kernel from a blank `@triton.jit`.
 
 The backward turns dL/dy into dL/dx = R(theta)^T dL/dy: for a rotate-half pair reading the angles
 theta1 (feature j) and theta2 (feature j + R/2) it is
@@ -12,7 +12,7 @@ gradients: TE's table and a table whose two halves differ (so the swap of the si
 stride-0 gradient (what `y.sum()` hands the backward), a non-contiguous one, partial rotary and
 fp16, and compares with the autograd of the reference.
 
-`count_launches` counts Triton kernel launches; the autograd-Function check of notebook 05 uses it
+`count_launches` counts Triton kernel launches; the autograd-Function check of notebook 06 uses it
 to tell a Function that runs kernels from one that falls back to PyTorch.
 """
 import contextlib

@@ -10,7 +10,7 @@ interpreter the check also counts how often the kernel evaluates cos/sin: once p
 once per batch row, is the point of the grid.
 
 The helpers here (blank-kernel detection, the launch, the cos/sin counter, the comparison) also
-serve notebook 05's backward-kernel exercise (`backward_kernel`).
+serve notebook 06's backward-kernel exercise (`backward_kernel`).
 """
 import ast
 import contextlib

@@ -1,4 +1,4 @@
-"""Exercise checks for notebooks 03-05 (the naive kernel, the batch-reusing grid, the backward).
+"""Exercise checks for notebooks 03, 04 and 06 (the naive kernel, the batch-reusing grid, the backward).
 
 Every `check_...` computes its expected answer from ropelib itself (the kernel modules' grid and
 tile helpers, `reference`, `compare`), prints ✅ or ❌ through `ropelib.exercises.check`, returns
@@ -138,7 +138,7 @@ def check_percent_of_copy(fn: Callable) -> bool:
                   hint="GB/s = bytes / (ms * 1e6); the kernel also reads S * D fp32 angles")
 
 
-# --- notebook 05: the backward pass -----------------------------------------------------------
+# --- notebook 06: the backward pass -----------------------------------------------------------
 
 def _jacobian_pair(theta: float) -> torch.Tensor:
     """d y / d x [2, 2] of RoPE on one pair (x_a, x_b) rotated by theta (reference, fp64)."""

@@ -1,4 +1,4 @@
-"""Exercise checks for notebook 06 (measuring kernels against a copy).
+"""Exercise checks for notebook 07 (measuring kernels against a copy).
 
 A call's time is modelled as a fixed cost plus the bytes it moves over a bandwidth,
 ``ms = t0 + bytes / bandwidth``. Fitting that line to a sweep separates what a provider pays per

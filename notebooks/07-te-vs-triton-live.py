@@ -14,9 +14,9 @@
 # ---
 
 # %% [markdown]
-# # 06 — Transformer Engine vs Triton, live
+# # 07 — Transformer Engine vs Triton, live
 #
-# Notebooks 03–05 built ropelib's kernels one generation at a time. Here we put them side by
+# Notebooks 03–06 built ropelib's kernels one generation at a time. Here we put them side by
 # side with everything else that computes RoPE — Transformer Engine's fused CUDA kernel and its
 # plain-PyTorch path, eager PyTorch, `torch.compile`, Liger Kernel and flash-attn where they are
 # installed — on the *same inputs*, and measure them the way the earlier study projects did,
@@ -191,7 +191,7 @@ dash.controls["values"].value = "1024, 2048, 4096, 8192" if GPU else "4, 8, 16"
 dash.controls["providers"].value = tuple(
     n for n in ("ropelib", "te_fused", "te_unfused", "pytorch", "torch.compile") if n in available)
 dash_rows = dash.run()
-csv_path, png_path = dash.export(stem="06-dashboard")
+csv_path, png_path = dash.export(stem="07-dashboard")
 print("exported", csv_path, "and", png_path)
 n_values = len(widgets.parse_values(dash.controls["values"].value))
 assert len(dash_rows) == len(dash.controls["providers"].value) * n_values
@@ -210,7 +210,7 @@ assert all(r["available"] for r in dash_rows if r["provider"] in ("ropelib", "py
 #   fused vs PyTorch unfused (an A100 study: Triton fused edged out TE, both far ahead of eager).
 #
 # `benchmarks/seed_sweeps.py` runs them all on a GPU and writes
-# `benchmarks/results/seed_sweeps.csv` and `figures/06-seed-*.png`. Here we list them and run
+# `benchmarks/results/seed_sweeps.csv` and `figures/07-seed-*.png`. Here we list them and run
 # the first, full size on a GPU and shrunk to a few tiny values in the interpreter.
 
 # %%
@@ -261,7 +261,7 @@ for dtype, path in sweep_csvs.items():
         assert sub, f"{path.name}: no {dtype} batch {b} measurement at S=3840"
         print(f"{dtype} batch {b}, S=3840 ({meta.get('gpu')}):",
               {k: round(v["fwd_gbps"]) for k, v in sub.items() if v["fwd_gbps"]})
-for png in sorted(FIGURES.glob("06-seed-*.png")):
+for png in sorted(FIGURES.glob("07-seed-*.png")):
     print(png.name)
     display(Image(filename=str(png), width=800))
 # every committed result file, with where and when it was measured
@@ -385,7 +385,7 @@ for dtype, path in sweep_csvs.items():
 # angle table for the backward, and launches two kernels. TE's C++ extension does the same
 # bookkeeping in C++. At training sizes — tens of MiB per call and more — the bytes dominate and
 # the gap closes; for small per-layer tensors, or where the host is the bottleneck, capture the
-# step in a CUDA graph or compile it with `torch.compile` (notebook 08), which takes the Python
+# step in a CUDA graph or compile it with `torch.compile` (notebook 09), which takes the Python
 # out of the loop.
 #
 # **Exercise 2 — predict, then read.** Before looking at the measured row, predict ropelib's
@@ -423,7 +423,7 @@ else:
 # - A sweep is a fixed cost per call plus bytes over bandwidth. ropelib's forward is at the copy
 #   on large tensors. Its eager forward+backward loses to TE's where the fixed cost dominates:
 #   small tensors, batch 1.
-# - Interpreter timings are meaningless; the GPU numbers are the committed ones. Notebook 07
+# - Interpreter timings are meaningless; the GPU numbers are the committed ones. Notebook 08
 #   takes up the other half of those studies' story: the `allclose` that failed.
 #
 # ## Questions for discussion

@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # 05 — The backward pass
+# # 06 — The backward pass
 #
 # Training needs the gradient of RoPE: given $\partial L/\partial y$ for the rotated queries and
 # keys, produce $\partial L/\partial x$. This notebook derives it — it is the rotation by
@@ -151,10 +151,10 @@ def draw_jacobians(path):
     plt.show()
 
 
-draw_jacobians(FIGURES / "05-jacobian.png")
+draw_jacobians(FIGURES / "06-jacobian.png")
 
 # %% [markdown]
-# ![The Jacobian, its transpose, and the Jacobian at minus theta](../figures/05-jacobian.png)
+# ![The Jacobian, its transpose, and the Jacobian at minus theta](../figures/06-jacobian.png)
 #
 # The diagonal holds the cosines; the pairs $(j, j+4)$ show up as two off-diagonals, $-\sin$
 # above (red) and $+\sin$ below (blue) in $J$, and the other way round in $J^{\top}$ — which is

@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # 08 — ropelib inside a real model: training parity, speed, and drop-in use
+# # 09 — ropelib inside a real model: training parity, speed, and drop-in use
 #
 # A kernel earns its place in a model when three things hold: the model trains exactly as well
 # with it as without it, the step gets faster (or at least no slower), and it goes in without
@@ -68,7 +68,7 @@ if ON_GPU:
     # ~10.7M parameters, nanoGPT's character-level configuration with rotary attention
     SIZES = dict(block_size=256, n_layer=6, n_head=6, n_embd=384)
     BATCH, STEPS, EVAL_EVERY, EVAL_ITERS, LR, SAMPLE_CHARS = 64, 2000, 100, 20, 1e-3, 500
-    TAG = ""                        # figures/08-loss-curves.png: the committed GPU run
+    TAG = ""                        # figures/09-loss-curves.png: the committed GPU run
 else:
     # The interpreter executes each kernel program op by op in Python, looping over the batch
     # inside it: a tiny model, a small batch, a few dozen steps.
@@ -221,9 +221,9 @@ meta = {**environment_meta(), "config": cfg, "batch": BATCH, "steps": STEPS, "lr
         "amp_dtype": runs["ropelib"]["amp_dtype"],
         **{f"tokens_per_s:{k}": f"{r['tokens_per_s']:.0f}" for k, r in runs.items()},
         "d_kernel": f"{d_kernel:.3e}", "d_seed": f"{d_seed:.3e}"}
-csv_path = write_history_csv(runs, FIGURES / f"08-loss-curves{TAG}.csv", meta)
+csv_path = write_history_csv(runs, FIGURES / f"09-loss-curves{TAG}.csv", meta)
 _, saved = read_history_csv(csv_path)                    # the figure is drawn from the CSV
-fig = plot_loss_curves(saved, FIGURES / f"08-loss-curves{TAG}.png", baseline="reference",
+fig = plot_loss_curves(saved, FIGURES / f"09-loss-curves{TAG}.png", baseline="reference",
                        title=f"{cfg.n_layer}-layer GPT on pydoc topics, "
                              f"{meta['gpu'] if ON_GPU else 'CPU (interpreter)'}, "
                              f"{runs['ropelib']['amp_dtype']}")
@@ -233,11 +233,11 @@ print("wrote", csv_path)
 # %% [markdown]
 # ![Loss curves of ropelib and the PyTorch reference from the same seed, and a second seed of
 # the reference; right: the kernel's difference from the reference next to the seed-to-seed
-# difference](../figures/08-loss-curves.png)
+# difference](../figures/09-loss-curves.png)
 #
 # *The figure above is from a GPU run (bf16 autocast; the CSV beside it records the GPU, the
 # versions and the sizes). A CPU run draws
-# [`figures/08-loss-curves-cpu.png`](../figures/08-loss-curves-cpu.png) and its CSV instead.
+# [`figures/09-loss-curves-cpu.png`](../figures/09-loss-curves-cpu.png) and its CSV instead.
 # Either run writes to a scratch folder unless `ROPELIB_WRITE_FIGURES=1` is set.*
 #
 # What to read in it. On the left, the ropelib curve lies on top of the reference curve from
@@ -449,7 +449,7 @@ for what, a, b in zip(("output", "grad x", "grad W_qkv"), res["ropelib"], res["r
 # %% [markdown]
 # In bf16 the two TE paths would *not* agree this closely, and that is not a bug of either:
 # TE's unfused path rounds $\cos$ and $\sin$ to bf16 before multiplying, its fused kernel (and
-# ropelib) multiply in fp32 and round once. Notebook 07 follows that difference to the bit.
+# ropelib) multiply in fp32 and round once. Notebook 08 follows that difference to the bit.
 #
 # ## Summary
 #
@@ -462,8 +462,8 @@ for what, a, b in zip(("output", "grad x", "grad W_qkv"), res["ropelib"], res["r
 #   KV-cache decoding unchanged), one import into a TE-style block.
 #
 # To regenerate the GPU figure: run this notebook on a GPU with `ROPELIB_WRITE_FIGURES=1`
-# (`ROPELIB_WRITE_FIGURES=1 jupyter nbconvert --to notebook --execute notebooks/08-rope-in-a-model.ipynb`);
-# it writes `figures/08-loss-curves.png` and `figures/08-loss-curves.csv`. Without the variable
+# (`ROPELIB_WRITE_FIGURES=1 jupyter nbconvert --to notebook --execute notebooks/09-rope-in-a-model.ipynb`);
+# it writes `figures/09-loss-curves.png` and `figures/09-loss-curves.csv`. Without the variable
 # the notebook draws the same figures into a scratch folder and leaves `figures/` as it was.
 
 # %% [markdown]

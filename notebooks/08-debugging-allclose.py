@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # 07 — Debugging the `allclose` that failed
+# # 08 — Debugging the `allclose` that failed
 #
 # An earlier RoPE-in-Triton project wrote a Triton RoPE after Unsloth's kernel and
 # checked it against Transformer Engine's fused RoPE with
@@ -134,12 +134,12 @@ fig, ax = plt.subplots(figsize=(6, 4))
 debug.plot_heatmap(emap, ax=ax, title=f"|{res.te_label} - Triton|, reported failure (bf16)")
 ax.plot([loc["dim"]], [loc["position"]], "c+", ms=14, mew=2)
 fig.tight_layout()
-fig.savefig(FIGURES / "07-heatmap-repro.png", dpi=110)
+fig.savefig(FIGURES / "08-heatmap-repro.png", dpi=110)
 plt.show()
 assert loc["position"] > 0 and emap[0].max() == 0
 
 # %% [markdown]
-# ![Error map of the reported failure: zero at position 0, differences everywhere else](../figures/07-heatmap-repro.png)
+# ![Error map of the reported failure: zero at position 0, differences everywhere else](../figures/08-heatmap-repro.png)
 #
 # Row 0 is black (no difference); every other position differs somewhere, by up to a few bf16
 # steps. The differences are small — but how small is small?
@@ -316,7 +316,7 @@ ax.set_xlabel("max error vs fp64 (bf16 ulps, log scale)")
 ax.axvline(0.5, color="gray", ls=":")
 ax.invert_yaxis()
 fig.tight_layout()
-fig.savefig(FIGURES / "07-precision.png", dpi=110)
+fig.savefig(FIGURES / "08-precision.png", dpi=110)
 plt.show()
 assert prec["sin/cos in kernel, fp32 (fixed)"]["triton_max_ulp"] <= 1.0
 assert prec["table fp32, math fp32"]["triton_max_ulp"] <= 1.0
@@ -327,7 +327,7 @@ assert all(v["triton_max_normwise_u"] <= 3 for v in prec.values())
 assert prec["sin/cos in kernel, fp32 (fixed)"]["triton_max_normwise_u"] <= 1.0
 
 # %% [markdown]
-# ![Max error vs fp64 per precision variant](../figures/07-precision.png)
+# ![Max error vs fp64 per precision variant](../figures/08-precision.png)
 #
 # The ulps and the norm-wise error tell one story from two sides. Norm-wise, a bf16 table
 # and bf16 products cost one or two $u$ — the standard HF/Unsloth cache is not *wrong*, it is
@@ -433,7 +433,7 @@ for ax in axes[:, 0]:
     ax.set_ylabel("recovered position")
 axes[0, 0].legend(fontsize=7)
 fig.tight_layout()
-fig.savefig(FIGURES / "07-trap-positions.png", dpi=100)
+fig.savefig(FIGURES / "08-trap-positions.png", dpi=100)
 plt.show()
 
 S_T = torch.arange(TRAP_SC.seq_len, dtype=torch.float64)
@@ -458,7 +458,7 @@ for trap in ("interleaved_mismatch", "partial_rotary_ignored"):  # the kernel's 
 print({t: f"{v:.0f}" for t, v in spread.items()}, "= largest |recovered position|")
 
 # %% [markdown]
-# ![The position each trap's output encodes, against the true position](../figures/07-trap-positions.png)
+# ![The position each trap's output encodes, against the true position](../figures/08-trap-positions.png)
 #
 # Each trap leaves its own curve:
 #
