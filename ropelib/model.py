@@ -1,6 +1,6 @@
 """A small GPT-style language model whose rotary embedding is ropelib's kernel or plain PyTorch.
 
-Notebook 08 trains it twice from the same seed, once per RoPE implementation, and compares the
+Notebook 09 trains it twice from the same seed, once per RoPE implementation, and compares the
 loss curves, the throughput and the share of a training step spent in RoPE. Everything here is
 ordinary PyTorch except one line: `_Rotary.forward`, switched by `GPT(config, rope=...)`.
 
