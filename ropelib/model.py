@@ -14,6 +14,13 @@ The model (nanoGPT's layout with rotary attention instead of learned positions):
 token embedding -> n_layer x [x + attn(ln1(x)); x + mlp(ln2(x))] -> ln_f -> head (tied to the
 embedding). Attention: q, k, v [B, S, H, D] (bshd views of one QKV matmul), RoPE on q and k,
 causal `scaled_dot_product_attention`.
+
+Generation with a KV cache (`generate`, `forward_cached`, `KVCache`) runs the same weights one
+step at a time: each layer appends its keys and values to a contiguous or paged cache at each
+sequence's position, RoPE fused with that write (`ropelib.rope_kv_cache`) or not. The training
+path above does not use it.
+
+    out = generate(model, idx, 20, cache="paged")           # greedy, [B, T + 20]
 """
 import math
 import time
@@ -461,6 +468,158 @@ def sample(model: GPT, data: CharDataset, prompt: str, max_new_tokens: int, *,
         idx = torch.cat((idx, nxt), dim=1)
     model.train(was_training)
     return data.decode(idx[0])
+
+
+# --- generation with a KV cache ---------------------------------------------------------------
+
+CACHE_KINDS = ("contiguous", "paged")
+
+
+class KVCache:
+    """Keys and values of every layer of a GPT for a batch of sequences, appended at each
+    sequence's own position by `forward_cached`.
+
+    kind "contiguous": k[i], v[i] [B, max_len, H, D]. kind "paged": k[i], v[i]
+    [n_blocks, page_size, H, D], a pool of blocks of page_size positions, and block_table
+    [B, max_len / page_size] int32: sequence b's position p lives in block
+    block_table[b, p // page_size] at offset p % page_size. The blocks are handed out in a
+    shuffled order, so a lookup that ignored the table could not pass unnoticed.
+    seqlens [B] int32 (on the device): tokens cached per sequence, the next token's position.
+    dtype float8_e4m3fn stores fp8(value / scale), with k_scale for keys and v_scale for values.
+    """
+
+    def __init__(self, config: GPTConfig, batch: int, max_len: int, *,
+                 kind: str = "contiguous", page_size: int = 16, dtype=torch.float32,
+                 device=None, k_scale: float = 1.0, v_scale: float = 1.0):
+        if kind not in CACHE_KINDS:
+            raise ValueError(f"kind must be one of {CACHE_KINDS}, got {kind!r}")
+        if batch < 1 or max_len < 1 or page_size < 1:
+            raise ValueError(f"batch, max_len and page_size must be >= 1, got {batch}, "
+                             f"{max_len}, {page_size}")
+        H, D = config.n_head, config.head_dim
+        self.kind, self.dtype, self.length = kind, dtype, 0
+        if kind == "paged":
+            per_seq = -(-max_len // page_size)
+            g = torch.Generator().manual_seed(0)
+            order = torch.randperm(batch * per_seq, generator=g)
+            self.block_table = order.view(batch, per_seq).to(torch.int32).to(device)
+            shape = (batch * per_seq, page_size, H, D)
+        else:
+            self.block_table = None
+            shape = (batch, max_len, H, D)
+        self.max_len = max_len
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layer)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.n_layer)]
+        self.seqlens = torch.zeros(batch, dtype=torch.int32, device=device)
+        fp8 = dtype == torch.float8_e4m3fn
+        self.k_scale = torch.tensor([k_scale], device=device) if fp8 else None
+        self.v_scale = torch.tensor([v_scale], device=device) if fp8 else None
+
+    def read(self, i: int, length: int, dtype) -> tuple:
+        """Layer i's keys and values of positions 0..length-1: [B, length, H, D] each, in
+        `dtype` (dequantized: value * scale, for an fp8 cache)."""
+        out = []
+        for cache, scale in ((self.k[i], self.k_scale), (self.v[i], self.v_scale)):
+            if self.block_table is not None:    # [B, blocks, page, H, D] -> [B, positions, H, D]
+                cache = cache[self.block_table.long()].flatten(1, 2)
+            t = cache[:, :length].float()
+            out.append((t * scale if scale is not None else t).to(dtype))
+        return tuple(out)
+
+
+def _attention_cached(attn: CausalSelfAttention, x: torch.Tensor, cache: KVCache, i: int,
+                      fused: bool) -> torch.Tensor:
+    """CausalSelfAttention.forward for new tokens x [B, S, C] that attend to the cache."""
+    from .api import apply_rope_qk
+    from .kv_cache import rope_kv_cache, write_kv_cache
+
+    B, S, C = x.shape
+    q, k, v = attn.qkv(x).view(B, S, 3, attn.n_head, attn.head_dim).unbind(2)   # [B, S, H, D]
+    freqs = attn.rotary.freqs                                                  # [P, 1, 1, R]
+    kc, vc = cache.k[i], cache.v[i]
+    scales = dict(block_table=cache.block_table, k_scale=cache.k_scale, v_scale=cache.v_scale)
+    if fused:   # one launch: rotate q and k, write k and v into the cache
+        q = rope_kv_cache(q, k, v, kc, vc, cache.seqlens, freqs, **scales)
+    else:       # ropelib's RoPE, then the cache write in PyTorch
+        pos = cache.seqlens.long()[:, None] + torch.arange(S, device=x.device)       # [B, S]
+        q, k = apply_rope_qk(q, k, freqs, layout="bshd", position_ids=pos)
+        write_kv_cache(k, v, kc, vc, cache.seqlens, **scales)
+    L = cache.length + S
+    keys, values = cache.read(i, L, q.dtype)                                   # [B, L, H, D]
+    pos = cache.seqlens[:, None] + torch.arange(S, device=x.device)            # [B, S]
+    mask = torch.arange(L, device=x.device)[None, None, :] <= pos[:, :, None]  # [B, S, L]
+    y = F.scaled_dot_product_attention(q.transpose(1, 2), keys.transpose(1, 2),
+                                       values.transpose(1, 2), attn_mask=mask[:, None])
+    return attn.proj(y.transpose(1, 2).reshape(B, S, C))
+
+
+@torch.no_grad()
+def forward_cached(model: GPT, idx: torch.Tensor, cache: KVCache, *,
+                   fused: bool = True) -> torch.Tensor:
+    """The next S tokens idx [B, S] of every sequence, attending to what the cache holds:
+    logits [B, S, V]. Appends their keys and values to the cache and advances it by S.
+    (The model in eval mode: no dropout.)"""
+    if idx.dim() != 2:
+        raise ValueError(f"idx must be [B, S], got shape {tuple(idx.shape)}")
+    S = idx.shape[1]
+    if cache.length + S > min(cache.max_len, model.config.block_size):
+        raise ValueError(f"the cache holds {cache.length} tokens; {S} more exceed its "
+                         f"{cache.max_len} positions or block_size={model.config.block_size}")
+    x = model.tok_emb(idx)
+    for i, block in enumerate(model.blocks):
+        x = x + _attention_cached(block.attn, block.ln1(x), cache, i, fused)
+        x = x + block.proj(F.gelu(block.fc(block.ln2(x))))
+    cache.seqlens += S
+    cache.length += S
+    return model.head(model.ln_f(x))
+
+
+@torch.no_grad()
+def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *,
+             cache: Optional[str] = "contiguous", fused: bool = True, page_size: int = 16,
+             cache_dtype=None, k_scale: float = 1.0, v_scale: float = 1.0) -> torch.Tensor:
+    """Greedy decoding: idx [B, T] prompts -> [B, T + max_new_tokens] (argmax at every step).
+
+    cache "contiguous" or "paged": the prompt is run once (prefill), then one token per step
+    through `forward_cached`, RoPE fused with the cache write (fused=True, ropelib.rope_kv_cache)
+    or not (fused=False: ropelib.apply_rope_qk, then the write in PyTorch). cache None: no
+    cache, the whole sequence through the model at every step (the baseline).
+    cache_dtype: the cache's dtype (default: the model's); float8_e4m3fn with k_scale, v_scale.
+    Every position must have a table row: T + max_new_tokens - 1 <= block_size.
+    """
+    if cache is not None and cache not in CACHE_KINDS:
+        raise ValueError(f"cache must be one of {CACHE_KINDS} or None, got {cache!r}")
+    if idx.dim() != 2 or idx.shape[1] < 1:
+        raise ValueError(f"idx must be [B, T] with T >= 1, got shape {tuple(idx.shape)}")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    B, T = idx.shape
+    if T + max_new_tokens - 1 > model.config.block_size:
+        raise ValueError(f"prompt length {T} + max_new_tokens {max_new_tokens} - 1 exceeds "
+                         f"block_size={model.config.block_size} (the table's positions)")
+    if max_new_tokens == 0:
+        return idx
+    was_training = model.training
+    model.eval()
+    try:
+        if cache is None:
+            for _ in range(max_new_tokens):
+                logits, _ = model(idx)
+                idx = torch.cat((idx, logits[:, -1].argmax(-1, keepdim=True)), dim=1)
+            return idx
+        param = next(model.parameters())
+        kv = KVCache(model.config, B, T + max_new_tokens - 1, kind=cache, page_size=page_size,
+                     dtype=cache_dtype or param.dtype, device=param.device, k_scale=k_scale,
+                     v_scale=v_scale)
+        logits = forward_cached(model, idx, kv, fused=fused)
+        for step in range(max_new_tokens):
+            nxt = logits[:, -1].argmax(-1, keepdim=True)
+            idx = torch.cat((idx, nxt), dim=1)
+            if step + 1 < max_new_tokens:
+                logits = forward_cached(model, nxt, kv, fused=fused)
+        return idx
+    finally:
+        model.train(was_training)
 
 
 # --- where the step time goes -----------------------------------------------------------------

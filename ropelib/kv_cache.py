@@ -1,0 +1,223 @@
+"""RoPE fused with the KV-cache write, for decoding with a key/value cache.
+
+At every decoding step an attention layer rotates q and k of its new tokens and appends k and v
+to the cache. `rope_kv_cache` does both in one launch: it returns the rotated q and writes the
+rotated k (and v) straight into the cache, at each sequence's own position, so the rotated k
+never makes a round trip through memory.
+
+    q_out = ropelib.rope_kv_cache(q, k, v, k_cache, v_cache, cache_seqlens, freqs)
+    cache_seqlens += q.shape[1]          # the caller keeps the lengths (as flash-attn's API)
+
+and the operator, registered like ropelib's others (ropelib.ops: a triton_op on GPUs, a
+custom_op in the interpreter, a fake implementation; no autograd: this is for inference):
+
+    torch.ops.ropelib.rope_kv_cache(q, k, v, k_cache, v_cache, cache_seqlens, block_table,
+                                    table, sin, k_scale, v_scale, interleaved) -> q_out
+        mutates k_cache and v_cache
+
+`write_kv_cache` is the same cache write in plain PyTorch (the unfused path: rotate with
+ropelib.apply_rope_qk, then write), and `quantize_fp8` the rounding a float8 cache uses.
+
+Supported: q [B, S, HQ, D], k [B, S, HK, D], v [B, S, HK, DV] (bshd, any strides; decode S = 1
+or a prefill chunk S > 1); GQA (HK divides HQ); q, k, v in fp16, bf16 or fp32; caches in fp16,
+bf16, fp32 or float8_e4m3fn (with a per-tensor fp32 scale each: stored = fp8(value / scale),
+saturating at +-448); contiguous caches [B, L, HK, D] or paged ones [NB, BS, HK, D] with a
+block table [B, MAX_BLOCKS]; rotate-half or interleaved pairs; angle tables or cos/sin tables
+[P, R] (R <= D: features R..D-1 pass through). Not supported: fp64, layouts other than bshd,
+per-head or per-token scales, other fp8 formats, autograd.
+"""
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import validation as V
+from .api import _tables
+from .kernels.kv_cache import CACHE_DTYPES, FP8_MAX, launch as launch_kernel
+from .ops import _define
+
+__all__ = ["rope_kv_cache", "write_kv_cache", "quantize_fp8"]
+
+INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+FP8 = torch.float8_e4m3fn
+
+
+# --- the operator ---------------------------------------------------------------------------
+
+@_define("ropelib::rope_kv_cache", mutates_args=("k_cache", "v_cache"))
+def rope_kv_cache_op(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
+                     cache_seqlens: Tensor, block_table: Optional[Tensor], table: Tensor,
+                     sin: Optional[Tensor], k_scale: Optional[Tensor], v_scale: Optional[Tensor],
+                     interleaved: bool) -> Tensor:
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    launch_kernel(q, k, v, q_out, k_cache, v_cache, cache_seqlens, block_table, table, sin,
+                  k_scale, v_scale, interleaved=interleaved)
+    return q_out
+
+
+# --- plain PyTorch: the unfused cache write -------------------------------------------------
+
+def quantize_fp8(x: Tensor, scale: Tensor) -> Tensor:
+    """x / scale rounded to float8_e4m3fn (nearest even), saturating at +-448, NaN kept."""
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+
+
+def _store(x: Tensor, cache: Tensor, scale: Optional[Tensor]) -> Tensor:
+    if cache.dtype == FP8:
+        return quantize_fp8(x, scale)
+    return x.to(cache.dtype)
+
+
+def cache_slots(cache_seqlens: Tensor, S: int, block_table: Optional[Tensor] = None,
+                block_size: Optional[int] = None):
+    """(row, slot) index tensors [B, S] of the new tokens in a cache: (b, p) for a contiguous
+    cache, (block_table[b, p // BS], p % BS) for a paged one; p = cache_seqlens[b] + s."""
+    p = cache_seqlens.long()[:, None] + torch.arange(S, device=cache_seqlens.device)
+    if block_table is None:
+        return torch.arange(p.shape[0], device=p.device)[:, None].expand_as(p), p
+    return block_table.long().gather(1, p // block_size), p % block_size
+
+
+def write_kv_cache(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
+                   cache_seqlens: Tensor, *, block_table: Optional[Tensor] = None,
+                   k_scale: Optional[Tensor] = None, v_scale: Optional[Tensor] = None) -> None:
+    """Write k, v [B, S, HK, D] (already rotated) into the caches at each sequence's positions,
+    in plain PyTorch: the second half of the unfused path. Same caches, tables and scales as
+    `rope_kv_cache`; positions are not checked (an index outside the cache raises PyTorch's own
+    error)."""
+    rows, slots = cache_slots(cache_seqlens, k.shape[1], block_table, k_cache.shape[1])
+    k_cache.index_put_((rows, slots), _store(k, k_cache, k_scale))
+    v_cache.index_put_((rows, slots), _store(v, v_cache, v_scale))
+
+
+# --- argument checks ------------------------------------------------------------------------
+
+def _check_scale(scale, cache: Tensor, name: str, cache_name: str) -> Optional[Tensor]:
+    if cache.dtype != FP8:
+        if scale is not None:
+            raise ValueError(f"{name} is for a float8_e4m3fn {cache_name}; {cache_name} is "
+                             f"{cache.dtype}: pass {name}=None")
+        return None
+    if scale is None:
+        raise ValueError(f"{cache_name} is float8_e4m3fn: pass {name}, its fp32 per-tensor "
+                         "scale (stored = fp8(value / scale))")
+    V.check_tensor(scale, name, dtypes=(torch.float32,))
+    if scale.numel() != 1:
+        raise ValueError(f"{name} must hold one value (a per-tensor scale), got shape "
+                         f"{tuple(scale.shape)}")
+    V.check_same_device(cache, cache_name, **{name: scale})
+    return scale.reshape(1)
+
+
+def _check_values(cache_seqlens: Tensor, block_table: Optional[Tensor], S: int, capacity: int,
+                  P: int, block_size: int, n_blocks: int) -> None:
+    """Positions inside the cache and the table, block-table entries inside the pool, where the
+    values can be read without a synchronisation (see ropelib.set_index_checks)."""
+    present = [t for t in (cache_seqlens, block_table) if t is not None]
+    if not V.values_checkable(*present) or cache_seqlens.numel() == 0 or S == 0:
+        return
+    lo, hi = (int(x) for x in torch.stack([cache_seqlens.min(), cache_seqlens.max()]).tolist())
+    if lo < 0 or hi + S > capacity:
+        raise ValueError(f"cache_seqlens + {S} new tokens must fit in the cache of {capacity} "
+                         f"positions per sequence, got cache_seqlens in [{lo}, {hi}]")
+    if hi + S > P:
+        raise ValueError(f"the new tokens' positions reach {hi + S - 1}, beyond the table's "
+                         f"{P} rows (freqs/cos)")
+    if block_table is not None:
+        rows, _ = cache_slots(cache_seqlens, S, block_table, block_size)
+        blo, bhi = (int(x) for x in torch.stack([rows.min(), rows.max()]).tolist())
+        if blo < 0 or bhi >= n_blocks:
+            raise ValueError(f"block_table entries of the blocks written must lie in [0, "
+                             f"{n_blocks}) (the caches' blocks), got values in [{blo}, {bhi}]")
+
+
+# --- the public function --------------------------------------------------------------------
+
+def rope_kv_cache(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
+                  cache_seqlens: Tensor, freqs: Optional[Tensor] = None, *,
+                  cos: Optional[Tensor] = None, sin: Optional[Tensor] = None,
+                  block_table: Optional[Tensor] = None, k_scale: Optional[Tensor] = None,
+                  v_scale: Optional[Tensor] = None, interleaved: bool = False) -> Tensor:
+    """Rotate q and k of the new tokens and write k and v into the cache; one launch.
+
+    Token s of sequence b sits at position p = cache_seqlens[b] + s: it reads row p of the
+    table and is written to the cache at p. The caches are written in place; cache_seqlens is
+    not advanced (the caller adds S after the step).
+
+    Args:
+        q: [B, S, HQ, D] new tokens' queries (bshd, any strides), fp16, bf16 or fp32.
+        k: [B, S, HK, D] keys, HK divides HQ (GQA); v: [B, S, HK, DV] values; q's dtype.
+        k_cache, v_cache: contiguous [B, L, HK, D] (and DV), or, with block_table, paged
+            [NB, BS, HK, D]: NB blocks of BS positions. fp16, bf16, fp32 or float8_e4m3fn.
+        cache_seqlens: [B] int32 (or int64) on q's device: tokens already cached per sequence.
+        freqs: angles [P, 1, 1, R] or [P, R], float32, as ropelib.rope_freqs builds them; or
+        cos, sin: tables [P, R] (ropelib.rope_cos_sin).
+        block_table: [B, MAX_BLOCKS] int32: sequence b's position p lives in block
+            block_table[b, p // BS] at offset p % BS.
+        k_scale, v_scale: fp32 per-tensor scales (one value each), required for a
+            float8_e4m3fn cache (stored = fp8(value / scale), saturating at +-448), else None.
+        interleaved: pair features (2j, 2j+1) instead of (j, j + R/2).
+
+    Returns:
+        q_out: the rotated q, [B, S, HQ, D] contiguous, q's dtype.
+
+    Positions are checked against the cache and the table, and the block table's entries
+    against the pool, where their values sit on the host (ropelib.set_index_checks("on") checks
+    GPU tensors too, at one synchronisation). Unchecked, the kernel never writes outside the
+    caches: a token without a valid slot is not written and its q_out row comes out NaN; a
+    position outside the table gives NaN in q_out and in the cached k.
+    """
+    for t, name in ((q, "q"), (k, "k"), (v, "v")):
+        V.check_tensor(t, name, dims=(4,), dtypes=INPUT_DTYPES)
+        V.check_kernel_device(t, name)
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"q, k and v must have one dtype, got {q.dtype}, {k.dtype} and {v.dtype}")
+    V.check_bool(interleaved, "interleaved")
+    B, S, HQ, D = q.shape
+    HK, DV = k.shape[2], v.shape[3]
+    if tuple(k.shape) != (B, S, HK, D) or tuple(v.shape[:3]) != (B, S, HK):
+        raise ValueError(f"q [B, S, HQ, D], k [B, S, HK, D] and v [B, S, HK, DV] must agree, got "
+                         f"{tuple(q.shape)}, {tuple(k.shape)} and {tuple(v.shape)}")
+    if HK == 0 or HQ % HK:
+        raise ValueError(f"k's head count ({HK}) must divide q's ({HQ}) (grouped-query "
+                         "attention)")
+    for t, name in ((k_cache, "k_cache"), (v_cache, "v_cache")):
+        V.check_tensor(t, name, dims=(4,), dtypes=CACHE_DTYPES)
+        if not V.non_overlapping(t):
+            raise ValueError(f"{name} has elements that share memory (an expanded tensor?): it "
+                             "is written in place")
+    if not torch.compiler.is_compiling() and V.memory_overlaps(k_cache, v_cache):
+        raise ValueError("k_cache and v_cache share memory: they are written in place")
+    paged = block_table is not None
+    lead = k_cache.shape[:2]
+    if tuple(k_cache.shape[2:]) != (HK, D) or tuple(v_cache.shape) != (*lead, HK, DV):
+        kind = "[NB, BS, HK, D]" if paged else "[B, L, HK, D]"
+        raise ValueError(f"k_cache must be {kind} with HK={HK}, D={D} (and v_cache the same "
+                         f"with DV={DV}), got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    V.check_int_tensor(cache_seqlens, "cache_seqlens", dims=(1,))
+    if cache_seqlens.dtype not in (torch.int32, torch.int64) or cache_seqlens.shape[0] != B:
+        raise ValueError(f"cache_seqlens must be [B={B}] int32 (or int64), got "
+                         f"{cache_seqlens.dtype} of shape {tuple(cache_seqlens.shape)}")
+    if paged:
+        V.check_int_tensor(block_table, "block_table", dims=(2,))
+        if block_table.dtype not in (torch.int32, torch.int64) or block_table.shape[0] != B:
+            raise ValueError(f"block_table must be [B={B}, MAX_BLOCKS] int32, got "
+                             f"{block_table.dtype} of shape {tuple(block_table.shape)}")
+        capacity = block_table.shape[1] * k_cache.shape[1]
+    else:
+        if k_cache.shape[0] != B:
+            raise ValueError(f"a contiguous k_cache must be [B={B}, L, HK, D], got "
+                             f"{tuple(k_cache.shape)} (pass block_table for a paged cache)")
+        capacity = k_cache.shape[1]
+    k_scale = _check_scale(k_scale, k_cache, "k_scale", "k_cache")
+    v_scale = _check_scale(v_scale, v_cache, "v_scale", "v_cache")
+    table, sin_t = _tables(freqs, cos, sin)
+    tname = "freqs" if freqs is not None else "cos"
+    V.check_same_device(q, "q", k=k, v=v, k_cache=k_cache, v_cache=v_cache,
+                        cache_seqlens=cache_seqlens, block_table=block_table,
+                        **{tname: table}, sin=sin_t)
+    V.check_rotary_dim(table.shape[1], D, tname)
+    _check_values(cache_seqlens, block_table, S, capacity, table.shape[0], k_cache.shape[1],
+                  k_cache.shape[0])
+    return rope_kv_cache_op(q, k, v, k_cache, v_cache, cache_seqlens, block_table, table, sin_t,
+                            k_scale, v_scale, interleaved)
