@@ -15,7 +15,7 @@ from . import eager, ops
 from . import validation as V
 from .api import Call, _plan_eager, check_no_table_grad, needs_grad, saveable
 
-__all__ = ["apply_rotary_pos_emb"]
+__all__ = ["apply_rotary_pos_emb", "apply_multimodal_rotary_pos_emb"]
 
 
 def _hf_table(t: torch.Tensor, name: str) -> torch.Tensor:
@@ -87,3 +87,48 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
         c, s = saveable(c), saveable(s)
     return ops.rope_qk(q, k, c, s, c, s, None, None, None, layout, False, 1, 0, False,
                        out_dtype)
+
+
+def apply_multimodal_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
+                                    sin: torch.Tensor, mrope_section, unsqueeze_dim: int = 1
+                                    ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Qwen2-VL's multimodal RoPE (transformers 4.x `apply_multimodal_rotary_pos_emb`): same
+    signature, same results.
+
+    cos/sin hold one table per axis (time, height, width), [3, batch, seq, head_dim], as
+    Qwen2-VL's rotary module of transformers 4.x returns them; `mrope_section` (pairs per axis,
+    e.g. [16, 24, 24]) says which axis's table each feature takes. This function takes those
+    materialised tables by definition: it picks each feature's axis row out of them (one gather
+    into [batch, seq, head_dim], which transformers builds as well with its split and cat) and
+    rotates q and k in one launch with `apply_rotary_pos_emb`'s cos/sin path. To skip the
+    tables altogether, use ropelib.apply_mrope_qk with the positions (the kernel forms the
+    angles itself).
+
+    Args:
+        q, k: `[batch, heads, seq, head_dim]` (unsqueeze_dim=1) or `[batch, seq, heads,
+            head_dim]` (unsqueeze_dim=2); k's head count may differ (GQA).
+        cos, sin: `[3, batch or 1, seq, head_dim]`.
+        mrope_section: three ints (a list or tuple) summing to head_dim / 2.
+        unsqueeze_dim: 1 or 2 (or -3 / -2), as in transformers.
+    Returns:
+        (q_embed, k_embed), dtype promoted from q's and cos's like transformers' arithmetic.
+    """
+    for t, name in ((cos, "cos"), (sin, "sin")):
+        V.check_tensor(t, name, dims=(4,))
+    c, s = V.cos_sin_pair(cos, sin)
+    if not isinstance(mrope_section, (list, tuple)) or len(mrope_section) != 3 or any(
+            isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in mrope_section):
+        raise ValueError(f"mrope_section must be three ints >= 0 (frequency pairs of the time, "
+                         f"height and width axes), got {mrope_section!r}")
+    D = c.shape[-1]
+    if 2 * sum(mrope_section) != D:
+        raise ValueError(f"mrope_section {list(mrope_section)} covers {2 * sum(mrope_section)} "
+                         f"features, but cos/sin have head_dim {D}: twice its sum must equal it")
+    if c.shape[0] != 3:
+        raise ValueError(f"cos/sin must be [3, batch, seq, head_dim] (one table per axis: "
+                         f"time, height, width), got {tuple(cos.shape)}")
+    # feature i takes axis (section index of i) % 3, over the section list doubled (both halves)
+    axis = torch.repeat_interleave(torch.arange(6) % 3, torch.tensor(list(mrope_section) * 2))
+    index = axis.to(c.device)[None, None, None, :].expand(1, *c.shape[1:])
+    return apply_rotary_pos_emb(q, k, c.gather(0, index)[0], s.gather(0, index)[0],
+                                unsqueeze_dim=unsqueeze_dim)

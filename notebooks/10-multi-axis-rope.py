@@ -1,0 +1,403 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 10 — Multi-axis RoPE: M-RoPE for images and video, 2-D and 3-D axial RoPE
+#
+# A word has one position: its index in the text. An image patch has two, its row and its
+# column; a video patch three, its frame, row and column. Flattening a picture into a sequence
+# and giving patch $i$ position $i$ tells the model that the patch below another one is $w$
+# tokens away while the one to its right is 1 away. Multi-axis RoPE keeps the geometry: it
+# gives each frequency pair of the head one axis to follow.
+#
+# **After this notebook you will be able to**
+#
+# - read an `mrope_section` such as Qwen2-VL's `[16, 24, 24]` and say which features of a
+#   128-wide head turn with time, with the row and with the column;
+# - tell Qwen2-VL's contiguous sections from Qwen3-VL's interleaved assignment and from the
+#   axial RoPE of vision encoders (one frequency ladder per axis);
+# - build the `[3, tokens]` position ids of text followed by an image, and rotate q and k from
+#   them with `ropelib.apply_mrope_qk`, matching transformers' Qwen2-VL and Qwen3-VL code;
+# - explain why one kernel serves all of them, forward and backward, without ever building a
+#   `[3, B, S, D]` cos/sin tensor.
+#
+# **Time:** about 35 minutes to read and 20 for the two exercises; the cells run in about
+# 15 s on a CPU (Triton's interpreter).
+
+# %%
+import os, torch
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")   # before ropelib (and its @triton.jit) is imported
+import ropelib
+device = ropelib.default_device()
+
+# %%
+import importlib.util
+
+import matplotlib.pyplot as plt
+
+from ropelib import mrope
+from ropelib.exercises import multi_axis as ex
+from ropelib.exercises import solution
+from ropelib.reference import rotate_half
+
+FIGURES = ropelib.runtime.figures_dir()   # a scratch folder (ROPELIB_WRITE_FIGURES=1: figures/)
+HAVE_HF = importlib.util.find_spec("transformers") is not None
+torch.manual_seed(0)
+print(ropelib.runtime.mode(), "| device:", device, "| transformers:", HAVE_HF)
+
+# %% [markdown]
+# ## 1. One angle per pair, one axis per pair
+#
+# Plain RoPE (notebook 01) turns feature pair $j$ of a head by the angle $m\,\omega_j$, where
+# $m$ is the token's position and $\omega_j = b^{-2j/R}$ the pair's inverse frequency ($R$ the
+# rotary dim, $b$ the base). Multi-axis RoPE gives every token a position on each of $A$ axes,
+# $p_0(m), \dots, p_{A-1}(m)$, and every pair an axis $a_j$:
+#
+# $$\theta_j(m) = p_{a_j}(m)\,\omega_j .$$
+#
+# The rotation is the same as before, so the score of a query at $m$ and a key at $n$ still
+# depends only on differences, now one per axis:
+#
+# $$\langle R_{\theta(m)} q, R_{\theta(n)} k\rangle = \sum_j \mathrm{Re}\big[\,q_j
+# \bar k_j\, e^{\,i\,(p_{a_j}(m) - p_{a_j}(n))\,\omega_j}\big].$$
+#
+# What the variants choose is the map $j \mapsto (a_j, \omega_j)$:
+#
+# | variant | axes | which pairs follow which axis | inverse frequencies |
+# |---|---|---|---|
+# | M-RoPE (Qwen2-VL, Qwen2.5-VL) | time, row, column | contiguous sections: `mrope_section = [16, 24, 24]` pairs | one ladder $b^{-2j/R}$ over the whole head |
+# | interleaved M-RoPE (Qwen3-VL) | time, row, column | round robin: t h w t h w … (`[24, 20, 20]`) | one ladder over the whole head |
+# | axial RoPE (ViT encoders, video models) | row, column (+ time) | contiguous sections | a ladder of its own per axis |
+#
+# For a text token Qwen2-VL sets $t = h = w = m$, so every pair turns by $m\,\omega_j$: plain
+# RoPE, and a language model keeps its behaviour on text. `ropelib.multi_axis_frequencies`
+# returns the two per-pair tensors, `inv_freq` $[R/2]$ and `axis` $[R/2]$:
+
+# %%
+qwen2 = ropelib.multi_axis_frequencies(128, [16, 24, 24], 1e6)                        # Qwen2-VL
+qwen3 = ropelib.multi_axis_frequencies(128, [24, 20, 20], 5e6,                       # Qwen3-VL
+                                       style="mrope_interleaved")
+vit2d = ropelib.multi_axis_frequencies(128, [32, 32], 1e4, style="axial")             # 2-D patches
+for name, f in (("Qwen2-VL", qwen2), ("Qwen3-VL", qwen3), ("2-D axial", vit2d)):
+    print(f"{name:10} axis of pairs 0..15: {f.axis[:16].tolist()}   n_axes={f.n_axes}")
+assert qwen2.axis.tolist() == [0] * 16 + [1] * 24 + [2] * 24
+assert torch.bincount(qwen3.axis.long()).tolist() == [24, 20, 20]
+
+# %% [markdown]
+# The figure shows, for a head of 128 features (64 pairs), which axis each pair follows
+# (colour) and how fast it turns (height, log scale). Qwen2-VL gives time the 16 fastest pairs
+# and the column the slowest: a wide image gets only slow frequencies for its columns.
+# Qwen3-VL's round robin gives every axis both fast and slow pairs. Axial RoPE restarts the
+# ladder for each axis, so both image axes get the full range.
+
+# %%
+COLOURS = {0: "tab:blue", 1: "tab:orange", 2: "tab:green"}
+fig, axes = plt.subplots(1, 3, figsize=(13, 3.2), sharey=True)
+for ax, (title, f, names) in zip(axes, (
+        ("M-RoPE (Qwen2-VL) [16, 24, 24]", qwen2, ("time", "row", "column")),
+        ("interleaved M-RoPE (Qwen3-VL) [24, 20, 20]", qwen3, ("time", "row", "column")),
+        ("2-D axial [32, 32]", vit2d, ("row", "column")))):
+    j = torch.arange(f.inv_freq.shape[0])
+    for a, label in enumerate(names):
+        sel = f.axis == a
+        ax.bar(j[sel], f.inv_freq[sel], color=COLOURS[a], width=0.9, label=label)
+    ax.set_yscale("log")
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("frequency pair j (features j and j + 64)")
+axes[0].set_ylabel(r"inverse frequency $\omega_j$")
+for ax in axes:
+    ax.legend(fontsize=8, loc="upper right")
+fig.tight_layout()
+fig.savefig(FIGURES / "10-axes-and-frequencies.png", dpi=120)
+plt.show()
+
+# %% [markdown]
+# ## 2. Positions: text, then an image
+#
+# Qwen2-VL numbers the tokens of a prompt like this (`get_rope_index` in transformers): text
+# token $i$ gets $(i, i, i)$; an image of $h \times w$ patches (after the 2×2 merge) that starts
+# after $n$ text tokens gets $(n,\ n + \text{row},\ n + \text{col})$; the text after it
+# continues at one past the largest position used. `mrope.grid_positions(t, h, w, start=n)`
+# gives the image part in raster order.
+
+# %%
+n_text, h, w = 3, 2, 3
+image = mrope.grid_positions(1, h, w, start=n_text)
+after = int(image.max()) + 1
+positions = torch.cat([torch.arange(n_text).expand(3, n_text), image,
+                       (torch.arange(2) + after).expand(3, 2)], 1)
+print("      ", "  ".join(f"{i:2d}" for i in range(positions.shape[1])))
+for name, row in zip(("time", "row", "col"), positions):
+    print(f"{name:>6}", "  ".join(f"{v:2d}" for v in row.tolist()))
+
+# %% [markdown]
+# The image spans 6 tokens but advances the text position by only 3 ($\max(h, w)$): the next
+# text token starts at 6, not at 9.
+#
+# ## 3. Qwen2-VL, worked: ropelib against transformers
+#
+# transformers computes the angles of all three axes for every pair, `[3, B, S, 64]`, takes
+# cos and sin, and then keeps each pair's axis (`recomposition_frequencies`), giving cos/sin
+# `[B, S, 128]` for `apply_rotary_pos_emb`. ropelib's kernel reads the three position rows of
+# its tokens and the 64 frequencies, picks each pair's axis and forms only the angles it uses:
+# nothing of size `[3, B, S, D]` exists, and q and k are rotated in one launch.
+#
+# A tiny random configuration (head dim 16, `mrope_section [2, 3, 3]`) keeps this fast in the
+# interpreter; no weights are downloaded.
+
+# %%
+B, HQ, HK, D, section = 2, 4, 2, 16, [2, 3, 3]
+S = positions.shape[1]
+pos = torch.stack([positions, positions + 4], 1).to(device)   # [3, B, S]: a second prompt later
+q = torch.randn(B, S, HQ, D, device=device)                   # bshd, as the projection gives it
+k = torch.randn(B, S, HK, D, device=device)
+freqs = ropelib.multi_axis_frequencies(D, section, 1e4, device=device)
+q_rot, k_rot = ropelib.apply_mrope_qk(q, k, pos, freqs)       # layout="bshd" is the default
+
+if HAVE_HF:
+    from transformers.models.qwen2_vl import modeling_qwen2_vl
+    from transformers.models.qwen2_vl.configuration_qwen2_vl import Qwen2VLTextConfig
+    cfg = Qwen2VLTextConfig(hidden_size=HQ * D, num_attention_heads=HQ, rope_parameters=dict(
+        rope_type="default", rope_theta=1e4, mrope_section=section))
+    rotary = modeling_qwen2_vl.Qwen2VLRotaryEmbedding(cfg).to(device)
+    cos, sin = rotary(q, pos)                                  # [B, S, D], sections recomposed
+    want_q, want_k = modeling_qwen2_vl.apply_rotary_pos_emb(   # transformers works on [B, H, S, D]
+        q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+    err = max((q_rot - want_q.transpose(1, 2)).abs().max().item(),
+              (k_rot - want_k.transpose(1, 2)).abs().max().item())
+    print(f"transformers Qwen2-VL vs ropelib, fp32: max |difference| = {err:.2e}")
+    assert torch.equal(freqs.inv_freq.cpu(), rotary.inv_freq.cpu())
+    assert err < 1e-5
+else:
+    print("transformers is not installed: skipping the comparison (pip install -e '.[hf]')")
+
+# %% [markdown]
+# Models written for transformers 4.x call `apply_multimodal_rotary_pos_emb(q, k, cos, sin,
+# mrope_section)` with cos/sin `[3, B, S, D]` (one table per axis). `ropelib.hf` has a drop-in
+# with that signature. It takes the materialised tables by definition, so it cannot skip them:
+# it gathers each feature's axis row (`[B, S, D]`, as transformers' split and cat do) and
+# rotates q and k in one launch. Where the positions are at hand, `apply_mrope_qk` skips the
+# tables altogether.
+
+# %%
+inv = freqs.inv_freq
+emb = pos[..., None].float() * inv                            # [3, B, S, D/2]
+emb = torch.cat((emb, emb), -1)                               # [3, B, S, D], the 4.x tables
+hq, hk = ropelib.hf.apply_multimodal_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2),
+                                                    emb.cos(), emb.sin(), section)
+print("drop-in vs apply_mrope_qk: max |difference| =",
+      f"{(hq.transpose(1, 2) - q_rot).abs().max().item():.2e}")
+assert torch.allclose(hq.transpose(1, 2), q_rot, atol=1e-5)
+assert torch.allclose(hk.transpose(1, 2), k_rot, atol=1e-5)
+
+# %% [markdown]
+# Qwen3-VL changes only the map from pairs to axes. The same call with
+# `style="mrope_interleaved"` matches its rotary module:
+
+# %%
+freqs3 = ropelib.multi_axis_frequencies(D, [3, 3, 2], 1e4, style="mrope_interleaved",
+                                        device=device)
+q3, k3 = ropelib.apply_mrope_qk(q, k, pos, freqs3)
+if HAVE_HF:
+    from transformers.models.qwen3_vl import modeling_qwen3_vl
+    from transformers.models.qwen3_vl.configuration_qwen3_vl import Qwen3VLTextConfig
+    cfg3 = Qwen3VLTextConfig(hidden_size=HQ * D, num_attention_heads=HQ, head_dim=D,
+                             rope_parameters=dict(rope_type="default", rope_theta=1e4,
+                                                  mrope_section=[3, 3, 2], mrope_interleaved=True))
+    cos3, sin3 = modeling_qwen3_vl.Qwen3VLTextRotaryEmbedding(cfg3).to(device)(q, pos)
+    want3, _ = modeling_qwen3_vl.apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2),
+                                                      cos3, sin3)
+    err3 = (q3 - want3.transpose(1, 2)).abs().max().item()
+    print(f"transformers Qwen3-VL vs ropelib: max |difference| = {err3:.2e}")
+    assert err3 < 1e-5
+
+# %% [markdown]
+# ## 4. 2-D patches: axial RoPE in a vision encoder
+#
+# Qwen2-VL's vision encoder rotates each patch by its (row, column) with axial RoPE: the first
+# half of the pairs follow the row, the second the column, each half with its own ladder. Its
+# tokens are packed (all images of a batch in one sequence), which is ropelib's `thd` layout
+# with positions `[2, T]`.
+#
+# The property that makes it worth having: a query–key score depends only on the 2-D offset
+# between the two patches. Move the whole image by (3 rows, 5 columns) and no score changes; the
+# same content at the same offset scores alike anywhere in the image. Flatten the image to 1-D
+# raster positions instead and the last patch of a row sits 1 away from the first patch of the
+# next row, exactly as far as from its right-hand neighbour: the two look the same to RoPE.
+
+# %%
+hv, wv, Dv = 4, 5, 16
+grid = mrope.grid_positions(1, hv, wv, axes=2).to(device)      # [2, 20]: (row, column)
+fv = ropelib.multi_axis_frequencies(Dv, [4, 4], 1e4, style="axial", device=device)
+qv = torch.randn(hv * wv, 2, Dv, device=device)                 # thd: [T, H, D]
+kv = torch.randn(hv * wv, 2, Dv, device=device)
+
+
+def scores(positions):
+    qr, kr = ropelib.apply_mrope_qk(qv, kv, positions, fv, layout="thd")
+    return torch.einsum("thd,uhd->htu", qr, kr)                 # [H, T, T]
+
+
+shift = torch.tensor([[3], [5]], device=device)
+drift = (scores(grid) - scores(grid + shift)).abs().max().item()
+print(f"scores after moving the image by (3, 5): max change {drift:.2e}")
+assert drift < 1e-4
+
+# the same content at the same 2-D offset scores the same, wherever it sits in the image
+same_q, same_k = qv[0:1].expand(hv * wv, -1, -1), kv[0:1].expand(hv * wv, -1, -1)
+qr, kr = ropelib.apply_mrope_qk(same_q.contiguous(), same_k.contiguous(), grid, fv, layout="thd")
+s = torch.einsum("thd,uhd->htu", qr, kr)
+a, b = 0 * wv + 0, 1 * wv + 1       # (0, 0) -> (1, 1)
+c, d = 2 * wv + 3, 3 * wv + 4       # (2, 3) -> (3, 4): the same offset (1, 1)
+assert torch.allclose(s[:, a, b], s[:, c, d], atol=1e-4)
+print("score for offset (1, 1) at two places:", s[0, a, b].item(), s[0, c, d].item())
+
+# 1-D raster positions (one axis: plain RoPE) cannot tell (0, 4) -> (1, 0) from (0, 0) -> (0, 1)
+raster = ropelib.multi_axis_frequencies(Dv, [Dv // 2], 1e4, device=device)
+q1, k1 = ropelib.apply_mrope_qk(same_q.contiguous(), same_k.contiguous(),
+                                torch.arange(hv * wv, device=device)[None], raster, layout="thd")
+s1 = torch.einsum("thd,uhd->htu", q1, k1)
+wrap = (0 * wv + 4, 1 * wv + 0)     # (0, 4) -> (1, 0)
+print("1-D: next row vs right neighbour:", s1[0, wrap[0], wrap[1]].item(), s1[0, 0, 1].item())
+print("2-D: next row vs right neighbour:", s[0, wrap[0], wrap[1]].item(), s[0, 0, 1].item())
+assert torch.allclose(s1[:, wrap[0], wrap[1]], s1[:, 0, 1], atol=1e-4)
+assert not torch.allclose(s[:, wrap[0], wrap[1]], s[:, 0, 1], atol=1e-3)
+
+if HAVE_HF:
+    from transformers.vision_utils import get_vision_position_ids
+    from transformers.models.qwen2_vl.configuration_qwen2_vl import Qwen2VLVisionConfig
+    vis = modeling_qwen2_vl.Qwen2VLVisionRotaryEmbedding(
+        Qwen2VLVisionConfig(embed_dim=2 * Dv, num_heads=2)).to(device)
+    vpos = get_vision_position_ids(torch.tensor([[1, 4, 6]]), 2).to(device)   # [T, 2], 2x2 blocks
+    vq, vk = torch.randn(vpos.shape[0], 2, Dv, device=device), torch.randn(vpos.shape[0], 2, Dv,
+                                                                          device=device)
+    vcos, vsin = vis(vq, vpos)
+    want_vq, _ = modeling_qwen2_vl.apply_rotary_pos_emb_vision(vq, vk, vcos, vsin)
+    got_vq, _ = ropelib.apply_mrope_qk(vq, vk, vpos.T, fv, layout="thd")
+    errv = (got_vq - want_vq).abs().max().item()
+    print(f"transformers Qwen2-VL vision rotary vs ropelib: max |difference| = {errv:.2e}")
+    assert errv < 1e-5
+
+# %% [markdown]
+# A video adds a third axis (frame, row, column): `style="axial"` with three sections, e.g.
+# `[22, 21, 21]` pairs for a 128-wide head, and `grid_positions(t, h, w)` for the positions.
+#
+# ## 5. The backward pass is the same kernel
+#
+# Both features of a pair turn by the same angle, so the transpose of the rotation is the
+# rotation by $-\theta$: the gradient of q is `grad_out` rotated back. The operator
+# `torch.ops.ropelib.mrope` registers exactly that as its autograd formula (one constexpr,
+# `BACKWARD`, flips the sine). A check against plain PyTorch in float64:
+
+# %%
+x = torch.randn(B, S, HQ, D, device=device, dtype=torch.float64, requires_grad=True)
+y = ropelib.apply_mrope(x, pos, freqs)
+g = torch.randn_like(y)
+gx, = torch.autograd.grad(y, x, g)
+
+ang = pos[..., None].double() * freqs.inv_freq.double()                     # [3, B, S, D/2]
+theta = ang.gather(0, freqs.axis.long().view(1, 1, 1, -1).expand(1, B, S, -1))[0]
+c = torch.cat((theta, theta), -1).cos()[:, :, None]
+s_ = torch.cat((theta, theta), -1).sin()[:, :, None]
+y_ref = x * c + rotate_half(x) * s_
+assert torch.allclose(y, y_ref, atol=1e-12)
+gx_ref = g * c - rotate_half(g) * s_                                        # rotation by -theta
+assert torch.allclose(gx, gx_ref, atol=1e-12)
+assert torch.allclose(gx, torch.autograd.grad(y_ref, x, g)[0], atol=1e-12)
+print("forward and backward match plain PyTorch (float64)")
+
+# %% [markdown]
+# ## Exercises
+#
+# Each check prints ✅ or ❌ and never stops the notebook. Replace the `...` and rerun the
+# cell; the solutions are folded away in the cell after each exercise.
+#
+# **1. The section split.** Write `my_axis_of_pairs(section, interleaved)`: a list or tensor of
+# `sum(section)` ints, the axis of each frequency pair. With `interleaved=False`, contiguous
+# runs (Qwen2-VL: `[16, 24, 24]` → sixteen 0s, twenty-four 1s, twenty-four 2s). With
+# `interleaved=True`, Qwen3-VL's rule: every pair starts on axis 0; pair $j$ follows axis
+# $a \ge 1$ when $j \bmod n = a$ and $j < n \cdot \text{section}[a]$ ($n$ axes).
+
+# %%
+def my_axis_of_pairs(section, interleaved):
+    ...  # your code
+
+
+if my_axis_of_pairs([2, 3, 3], False) is None:
+    print("Exercise 1: fill in my_axis_of_pairs, then rerun this cell")
+else:
+    ex.check_axis_of_pairs(my_axis_of_pairs)
+
+# %%
+solution(ex.solution_axis_of_pairs)
+
+# %% [markdown]
+# **2. The positions of an image prompt.** Write `my_text_then_image(n_text, h, w)`: the
+# `[3, n_text + h*w + 1]` positions (time, row, column) of `n_text` text tokens, one image of
+# `h × w` patches in raster order, and one more text token after it, numbered as in section 2.
+
+# %%
+def my_text_then_image(n_text, h, w):
+    ...  # your code
+
+
+if my_text_then_image(3, 2, 2) is None:
+    print("Exercise 2: fill in my_text_then_image, then rerun this cell")
+else:
+    ex.check_text_then_image(my_text_then_image)
+
+# %%
+solution(ex.solution_text_then_image)
+
+# %% [markdown]
+# ## Summary
+#
+# - Multi-axis RoPE gives each frequency pair an axis: $\theta_j = p_{a_j}\,\omega_j$. The
+#   variants differ only in the map $j \mapsto (a_j, \omega_j)$: contiguous sections on one
+#   ladder (Qwen2-VL), round robin on one ladder (Qwen3-VL), one ladder per axis (axial).
+# - Text tokens with $t = h = w$ get plain RoPE; an image advances the text position by
+#   $\max(h, w)$, not by its number of patches.
+# - ropelib's kernel takes positions `[axes, B, S]` (or `[axes, T]`), `inv_freq` and `axis`
+#   `[R/2]`, forms only the angles it uses, rotates q and k in one launch, and runs backward
+#   as the rotation by $-\theta$. It matches transformers' Qwen2-VL, Qwen3-VL and Qwen2-VL
+#   vision code; `ropelib.hf.apply_multimodal_rotary_pos_emb` is the 4.x drop-in.
+# - `benchmarks/mrope_bench.py` times it against a copy of q and k, transformers' code and
+#   torch.compile of that code on a GPU.
+
+# %% [markdown]
+# ## Questions for a study group
+#
+# 1. Qwen2-VL gives time the fastest 16 pairs and the column the slowest 24. What does a very
+#    wide image (say 2 × 200 patches) see along its columns, and why might Qwen3-VL's round
+#    robin help? What does it cost a text token?
+# 2. An image advances the text position by $\max(h, w)$. What would go wrong with advancing
+#    it by $h \cdot w$ in a long document with many images? And with advancing it by 1?
+# 3. The kernel reads `[axes, B, S]` ints instead of a `[B, S, D]` cos/sin table. Count the
+#    bytes of each for Qwen2-VL-7B (head dim 128, bf16 tables) and compare them with q and k.
+#    When does the difference matter: training, prefill, decoding one token?
+# 4. In the vision encoder every image of a batch is packed into one sequence. Why does that
+#    make per-token positions (rather than a token index and a table) the natural input?
+# 5. Axial RoPE makes scores depend on the 2-D offset only. Which tasks might want the model
+#    to know the absolute row and column as well, and how do vision models provide it?
+
+# %% [markdown]
+# ## Long-context precision
+#
+# Angles $p\,\omega_j$ are formed in fp32, as transformers forms them, and at long positions
+# an fp32 angle keeps fewer fractional bits, which blurs the fastest pairs first. This section
+# is filled from `benchmarks/angle_precision.py`, which measures how far fp32 angles drift from
+# exact ones as positions grow and what that does to the rotated q and k; its results go here
+# once that script has been run on a GPU.
