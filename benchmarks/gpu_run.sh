@@ -9,6 +9,7 @@
 #   bash benchmarks/gpu_run.sh sweeps    # notebook 07's sweeps, fp32 and bf16 (~6 min)
 #   bash benchmarks/gpu_run.sh ablation  # notebook 04's ablation: what makes the grid kernel fast
 #   bash benchmarks/gpu_run.sh ladder    # notebook 05's ladder: from batch-reuse to the finished kernel
+#   bash benchmarks/gpu_run.sh features  # fused QK-norm, KV-cache write, M-RoPE, table-free angles
 #   bash benchmarks/gpu_run.sh notebooks # every notebook executed with its outputs (needs nbclient
 #                                        # and ipykernel; installed from ./.gpu-wheels if there)
 #
@@ -66,6 +67,14 @@ for what in "${@:-tests}"; do
         ladder)
             step ladder "$PY" benchmarks/ladder.py --out "$RESULTS/ladder.csv"
             keep "$RESULTS/ladder.csv" ;;
+        features)
+            for bench in qk_norm decode_cache mrope; do
+                step "$bench" "$PY" "benchmarks/${bench}_bench.py" --out "$RESULTS/$bench-$tag.csv"
+                keep "$RESULTS/$bench-$tag.csv"
+            done
+            step angle_precision "$PY" benchmarks/angle_precision.py --time \
+                --out "$RESULTS/angle_precision-$tag.csv" --figure figures/10-angle-precision.png
+            keep "$RESULTS/angle_precision-$tag.csv" figures/10-angle-precision.png ;;
         notebooks)
             if ! "$PY" -c "import nbclient, ipykernel" 2>/dev/null && [ -d .gpu-wheels ]; then
                 "$PY" -m pip install -q --no-index --find-links .gpu-wheels nbclient ipykernel ipywidgets
@@ -73,7 +82,7 @@ for what in "${@:-tests}"; do
             executed=${OUT:-benchmarks/scratch}/executed
             step notebooks "$PY" benchmarks/run_notebooks.py --out "$executed" ;;
         *)
-            echo "unknown step: $what (tests, targets, decode, model, sweeps, ablation, ladder, notebooks)"; exit 2 ;;
+            echo "unknown step: $what (tests, targets, decode, model, sweeps, ablation, ladder, features, notebooks)"; exit 2 ;;
     esac
 done
 exit $rc

@@ -175,9 +175,10 @@ assert all(r["max_head_ulp_err"] <= 4 for r in rows32)
 # In the CPU interpreter the size sliders stop at seq_len 64, batch 4, 8 heads and head_dim 64,
 # where one configuration with every provider takes a few seconds; the dashboard says so.
 #
-# Widgets live in the running kernel. If you reopen this notebook later, the saved dashboard
-# shows "Error displaying widget: model not found" until you run the cells again
-# (Run → Run All Cells).
+# Widgets live in the running kernel. Started the README's way, JupyterLab saves this notebook
+# without outputs, so a reopened notebook shows the dashboard again once you run its cells
+# (Run → Run All Cells). Opened some other way, a saved dashboard shows "Error displaying
+# widget: model not found" until you do.
 
 # %%
 dash = widgets.Dashboard(device=device, figures_dir=str(EXPORT_DIR))

@@ -508,7 +508,8 @@ display(HTML("<table><tr><th>verdict</th><th>shape of the difference</th><th>cau
 # reset the boxes; the tolerance buttons switch between `allclose`'s defaults and dtype-aware
 # tolerances. (At this panel's small size the one-ulp cause usually flips no rounding at all —
 # section 3b needed 131 072 elements for a handful.) Widgets live in the running kernel: a
-# notebook reopened from disk shows them again after its cells run (Run → Run All Cells).
+# notebook reopened from disk shows them again after its cells run (Run → Run All Cells); until
+# then a widget saved with its output says "Error displaying widget: model not found".
 
 # %%
 import ipywidgets as W

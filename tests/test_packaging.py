@@ -212,7 +212,8 @@ def test_readme_has_one_setup_command_that_opens_the_notebooks():
     fenced = [b.strip() for b in re.findall(r"```bash\n(.*?)```", _readme(), re.S)]
     # JupyterLab serves the checkout (the notebooks' ../figures/ links resolve) and opens notebook 00
     # and the clone's git reads notebooks through the output-stripping filter (.gitconfig)
-    lab = ("git config include.path ../.gitconfig && "
+    # and JupyterLab saves the study notebooks without outputs (.jupyter/jupyter_server_config.py)
+    lab = ("git config include.path ../.gitconfig && JUPYTER_CONFIG_PATH=$PWD/.jupyter "
            "jupyter lab --ServerApp.root_dir=. notebooks/00-setup-and-tour.ipynb")
     assert f"conda env create -f environment.yml && conda activate ropelib && {lab}" in fenced
     assert any(b.startswith("python3 -m venv .venv") and b.endswith(lab) for b in fenced)
