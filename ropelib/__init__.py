@@ -8,6 +8,7 @@ from . import frequencies, reference, runtime
 from . import ops  # noqa: F401  (registers torch.ops.ropelib.*)
 from .api import apply_rope, apply_rope_qk
 from .frequencies import rope_cos_sin, rope_freqs
+from .frequencies import Angles, rope_angles  # angles computed in the kernel, no table
 from .module import RotaryEmbedding
 from .qk_norm import QKNormRoPE, qk_norm_rope  # per-head QK-RMSNorm fused with RoPE
 from .kv_cache import rope_kv_cache  # RoPE fused with the KV-cache write (decoding)
@@ -22,4 +23,4 @@ __all__ = ["apply_rope", "apply_rope_qk", "RotaryEmbedding", "rope_freqs", "rope
            "set_index_checks", "index_checks", "frequencies", "reference", "runtime", "ops", "te",
            "hf", "INTERPRET", "default_device", "on_gpu", "qk_norm_rope", "QKNormRoPE",
            "rope_kv_cache", "apply_mrope", "apply_mrope_qk", "MultiAxisRotaryEmbedding",
-           "multi_axis_frequencies"]
+           "multi_axis_frequencies", "Angles", "rope_angles"]

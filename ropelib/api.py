@@ -13,13 +13,14 @@ import torch
 
 from . import eager, ops
 from . import validation as V
+from .frequencies import Angles
 from .kernels.launch import Positions, Table
 
 
 class Call(NamedTuple):
     """One call's tables, index tensors and options, checked and normalised for the operators."""
-    table: torch.Tensor                    # angles [P, R], or cos [P, R]
-    sin: Optional[torch.Tensor]            # sin [P, R] (None with angles)
+    table: torch.Tensor                    # angles [P, R], cos [P, R], or Angles.turns [R]
+    sin: Optional[torch.Tensor]            # sin [P, R] (None with angles), Angles.amplitude [1]
     position_ids: Optional[torch.Tensor]   # [B or 1, S]
     cu_seqlens: Optional[torch.Tensor]     # [N + 1], contiguous
     start_positions: Optional[torch.Tensor]  # [B] or [N], contiguous
@@ -37,9 +38,26 @@ class Call(NamedTuple):
     def options(self) -> tuple:
         return self.layout, self.interleaved, self.cp_size, self.cp_rank
 
+    def rows(self) -> int:
+        """Positions the table serves (angles computed in the kernel: up to 2^31 - 1)."""
+        return Table(self.table, self.sin).rows
 
-def _tables(freqs, cos, sin, names=("freqs", "cos", "sin")):
-    """(table, sin): angles [P, R] (sin None), or cos and sin [P, R] with one set of strides."""
+
+def _check_angles(angles) -> None:
+    if not isinstance(angles, Angles):
+        raise TypeError(f"angles must be a ropelib.frequencies.Angles (from "
+                        f"ropelib.frequencies.rope_angles), got {type(angles).__name__}")
+
+
+def _tables(freqs, cos, sin, names=("freqs", "cos", "sin"), angles=None):
+    """(table, sin): angles [P, R] (sin None), cos and sin [P, R] with one set of strides, or
+    an Angles' turns [R] and amplitude [1]."""
+    if angles is not None:
+        _check_angles(angles)
+        if freqs is not None or cos is not None or sin is not None:
+            raise ValueError(f"pass either angles (computed in the kernel) or a table "
+                             f"({names[0]}, or {names[1]} and {names[2]}), not both")
+        return angles.turns.contiguous(), angles.amplitude
     if freqs is not None:
         if cos is not None or sin is not None:
             raise ValueError(f"pass either {names[0]} (angles) or {names[1]} and {names[2]} "
@@ -53,7 +71,7 @@ def _tables(freqs, cos, sin, names=("freqs", "cos", "sin")):
 
 def prepare(x: torch.Tensor, freqs=None, *, cos=None, sin=None, layout="sbhd",
             interleaved=False, start_positions=None, position_ids=None, cu_seqlens=None,
-            cp_size=1, cp_rank=0, name="x", kernel_device=True) -> Call:
+            cp_size=1, cp_rank=0, name="x", kernel_device=True, angles=None) -> Call:
     """Check one call and normalise its arguments. Raises before anything runs.
 
     kernel_device=False skips the check that a Triton kernel can run on x's device (for the
@@ -73,12 +91,15 @@ def prepare(x: torch.Tensor, freqs=None, *, cos=None, sin=None, layout="sbhd",
                    ("cu_seqlens", cu_seqlens)):
         if t is not None:
             V.check_int_tensor(t, arg, dims=(1, 2) if arg == "position_ids" else (1,))
-    table, sin_t = _tables(freqs, cos, sin)
+    table, sin_t = _tables(freqs, cos, sin, angles=angles)
     V.check_same_device(x, name, freqs=freqs, cos=cos, sin=sin, start_positions=start_positions,
-                        position_ids=position_ids, cu_seqlens=cu_seqlens)
+                        position_ids=position_ids, cu_seqlens=cu_seqlens,
+                        angles=table if angles is not None else None)
     sin = sin_t
-    D, R, P = x.shape[-1], table.shape[1], table.shape[0]
-    V.check_rotary_dim(R, D, "freqs" if freqs is not None else "cos")
+    exact = Table(table, sin).exact
+    D, P = x.shape[-1], Table(table, sin).rows
+    R = table.shape[0] if exact else table.shape[1]
+    V.check_rotary_dim(R, D, "angles" if exact else "freqs" if freqs is not None else "cos")
     if P == 0 and x.numel():
         raise ValueError(f"the table ({'freqs' if freqs is not None else 'cos'}) has no positions")
     x4 = ops.view4(x, layout)
@@ -132,7 +153,7 @@ def check_values(call: Call, rows: Optional[int] = None, index=None) -> None:
     position_ids, cu_seqlens, start_positions = index if index is not None else call.index()
     present = [t for t in (position_ids, cu_seqlens, start_positions) if t is not None]
     if present and V.values_checkable(*present):
-        V.check_index_values(S=call.S, B=call.B, P=rows or call.table.shape[0],
+        V.check_index_values(S=call.S, B=call.B, P=rows or call.rows(),
                              layout=call.layout, start_positions=start_positions,
                              position_ids=position_ids, cu_seqlens=cu_seqlens,
                              cp_size=call.cp_size)
@@ -251,6 +272,21 @@ def _plan_eager(xs, given, normalized, c: Call, *, inplace: bool, rows: int, nam
     return _Planned(rotation, used, c, rows, inplace, grad, names)
 
 
+def _given(freqs, cos, sin, angles, position_ids, cu_seqlens, start_positions):
+    """(given, tables): the caller's 7-tuple (table, sin, k_table, k_sin, position_ids,
+    cu_seqlens, start_positions) of what the kernel reads, and the table arguments for the
+    signature (None: a call the eager route does not cache; the full checks say what is wrong).
+    With angles the kernel reads the Angles' turns and amplitude where it reads a table."""
+    if angles is None:
+        return ((freqs if freqs is not None else cos, sin if freqs is None else None, None, None,
+                 position_ids, cu_seqlens, start_positions), (freqs, cos, sin))
+    if not isinstance(angles, Angles) or freqs is not None or cos is not None \
+            or sin is not None:
+        return (None,) * 7, None
+    return ((angles.turns, angles.amplitude, None, None, position_ids, cu_seqlens,
+             start_positions), (angles.turns, angles.amplitude))
+
+
 def _options_head(name, layout, interleaved, cp_size, cp_rank, inplace) -> tuple:
     """The options part of a signature, with their types (1 == True, but interleaved=1 is an
     error)."""
@@ -264,7 +300,7 @@ def apply_rope(x: torch.Tensor, freqs: Optional[torch.Tensor] = None, *,
                start_positions: Optional[torch.Tensor] = None,
                position_ids: Optional[torch.Tensor] = None,
                cu_seqlens: Optional[torch.Tensor] = None, cp_size: int = 1, cp_rank: int = 0,
-               inplace: bool = False) -> torch.Tensor:
+               inplace: bool = False, angles: Optional[Angles] = None) -> torch.Tensor:
     """Rotary position embedding of x with the finished Triton kernel (autograd-aware).
 
     Args:
@@ -273,6 +309,9 @@ def apply_rope(x: torch.Tensor, freqs: Optional[torch.Tensor] = None, *,
         freqs: angles [P, 1, 1, R] (TE's convention) or [P, R], float32 (or float64); sin/cos
             are computed in the kernel.
         cos, sin: instead of freqs, a table [P, R] of any float dtype (both the same).
+        angles: instead of a table, `ropelib.frequencies.rope_angles(...)`: the kernel computes
+            every angle from the position, reduced exactly (within an fp32 ulp at positions up
+            to 2^31 - 2), and multiplies cos and sin by its attention scaling (YaRN's).
         layout: "sbhd", "bshd" or "thd".
         interleaved: pair features (2j, 2j+1) instead of (j, j + R/2).
         start_positions: [B] (or [n_seq] for thd) offsets added to every position (KV cache).
@@ -288,11 +327,11 @@ def apply_rope(x: torch.Tensor, freqs: Optional[torch.Tensor] = None, *,
     A position outside the table gives NaN in the rows it touches; see
     ropelib.set_index_checks for when index values are checked on the host instead.
     """
-    given = (freqs if freqs is not None else cos, sin if freqs is None else None, None, None,
-             position_ids, cu_seqlens, start_positions)
-    sig = eager.signature(_options_head("rope", layout, interleaved, cp_size, cp_rank, inplace),
-                          (x, freqs, cos, sin, position_ids, cu_seqlens, start_positions)) \
-        if eager.active() else None
+    given, tables = _given(freqs, cos, sin, angles, position_ids, cu_seqlens, start_positions)
+    sig = eager.signature(_options_head("rope" if angles is None else "rope_angles", layout,
+                                        interleaved, cp_size, cp_rank, inplace),
+                          (x, *tables, position_ids, cu_seqlens, start_positions)) \
+        if eager.active() and tables is not None else None
     if sig is not None:
         planned = eager.SIGNATURES.get(sig)
         if planned is not None:
@@ -300,14 +339,14 @@ def apply_rope(x: torch.Tensor, freqs: Optional[torch.Tensor] = None, *,
     V.check_bool(inplace, "inplace")
     c = prepare(x, freqs, cos=cos, sin=sin, layout=layout, interleaved=interleaved,
                 start_positions=start_positions, position_ids=position_ids,
-                cu_seqlens=cu_seqlens, cp_size=cp_size, cp_rank=cp_rank)
+                cu_seqlens=cu_seqlens, cp_size=cp_size, cp_rank=cp_rank, angles=angles)
     check_no_table_grad(("freqs" if freqs is not None else "cos", c.table), ("sin", c.sin))
     if inplace:
         check_in_place(x, "x")
     if sig is not None:
         planned = eager.SIGNATURES.put(sig, _plan_eager(
             (x,), given, (c.table, c.sin, None, None), c, inplace=inplace,
-            rows=c.table.shape[0], names=("x",)))
+            rows=c.rows(), names=("x",)))
         return planned((x,), given, checked=True)
     # traced (torch.compile, export, ...): ropelib's operators
     if inplace and not needs_grad(x):
@@ -328,20 +367,26 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, freqs: Optional[torch.Tensor
                   k_sin: Optional[torch.Tensor] = None, layout: str = "sbhd",
                   interleaved: bool = False, start_positions=None, position_ids=None,
                   cu_seqlens=None, cp_size: int = 1, cp_rank: int = 0,
-                  inplace: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+                  inplace: bool = False, angles: Optional[Angles] = None
+                  ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Rotate q and k in one launch (same positions; head counts may differ, as in GQA).
 
     Same arguments as apply_rope; k_freqs (or k_cos/k_sin) give k its own table of the same
-    rotary dim, otherwise k uses q's. Returns (q_out, k_out).
+    rotary dim, otherwise k uses q's (with `angles`, k uses the same angles). Returns
+    (q_out, k_out).
     """
     own_k_table = k_freqs is not None or k_cos is not None or k_sin is not None
-    given = (freqs if freqs is not None else cos, sin if freqs is None else None,
-             (k_freqs if k_freqs is not None else k_cos) if own_k_table else None,
-             (k_sin if k_freqs is None else None) if own_k_table else None,
-             position_ids, cu_seqlens, start_positions)
-    sig = eager.signature(_options_head("rope_qk", layout, interleaved, cp_size, cp_rank, inplace),
-                          (q, k, freqs, cos, sin, k_freqs, k_cos, k_sin, position_ids, cu_seqlens,
-                           start_positions)) if eager.active() else None
+    if angles is not None and own_k_table:
+        raise ValueError("angles serve q and k alike: do not pass k_freqs, k_cos or k_sin "
+                         "with angles")
+    given, tables = _given(freqs, cos, sin, angles, position_ids, cu_seqlens, start_positions)
+    if own_k_table:
+        given = (*given[:2], k_freqs if k_freqs is not None else k_cos,
+                 k_sin if k_freqs is None else None, *given[4:])
+    sig = eager.signature(_options_head("rope_qk" if angles is None else "rope_qk_angles",
+                                        layout, interleaved, cp_size, cp_rank, inplace),
+                          (q, k, *tables, k_freqs, k_cos, k_sin, position_ids, cu_seqlens,
+                           start_positions)) if eager.active() and tables is not None else None
     if sig is not None:
         planned = eager.SIGNATURES.get(sig)
         if planned is not None:
@@ -350,7 +395,7 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, freqs: Optional[torch.Tensor
     opts = dict(layout=layout, interleaved=interleaved, start_positions=start_positions,
                 position_ids=position_ids, cu_seqlens=cu_seqlens, cp_size=cp_size,
                 cp_rank=cp_rank)
-    c = prepare(q, freqs, cos=cos, sin=sin, name="q", **opts)
+    c = prepare(q, freqs, cos=cos, sin=sin, name="q", angles=angles, **opts)
     if own_k_table:
         k_table, k_sin_t = _tables(k_freqs, k_cos, k_sin, ("k_freqs", "k_cos", "k_sin"))
     else:
@@ -368,7 +413,7 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, freqs: Optional[torch.Tensor
         raise ValueError(f"q and k must agree in sequence, batch and head dim, got "
                          f"{tuple(q.shape)} and {tuple(k.shape)}")
     table, sin_t = c.table, c.sin
-    rows = table.shape[0]
+    rows = c.rows()
     if own_k_table:
         if k_table.shape[1] != c.R or (k_sin_t is None) != (sin_t is None):
             raise ValueError("q's and k's tables must have the same rotary dim and kind "

@@ -26,6 +26,7 @@ import torch
 __all__ = [
     "inv_freq", "rotary_dim", "rope_freqs", "rope_cos_sin",
     "LinearScaling", "NTKScaling", "DynamicNTKScaling", "Llama3Scaling", "YaRNScaling",
+    "Angles", "rope_angles", "reduced_angles", "EXACT_POSITIONS",
 ]
 
 
@@ -62,10 +63,11 @@ def _check_rot_dim(rot_dim) -> int:
     return rot_dim
 
 
-def _default_inv_freq(rot_dim: int, base: float, device=None) -> torch.Tensor:
-    # theta_j = base^(-2j/R), computed exactly as TE and HF do: fp32 exponent, fp32 pow.
-    return 1.0 / (base ** (torch.arange(0, rot_dim, 2, dtype=torch.float32, device=device)
-                           / rot_dim))
+def _default_inv_freq(rot_dim: int, base: float, device=None,
+                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    # theta_j = base^(-2j/R), computed exactly as TE and HF do: fp32 exponent, fp32 pow
+    # (float64 throughout for dtype=torch.float64: the frequencies the in-kernel angles use).
+    return 1.0 / (base ** (torch.arange(0, rot_dim, 2, dtype=dtype, device=device) / rot_dim))
 
 
 # --- scalings --------------------------------------------------------------------------------
@@ -95,9 +97,9 @@ class LinearScaling:
         return 1.0
 
     def inv_freq(self, rot_dim: int, base: float, seq_len: Optional[int] = None,
-                 device=None) -> torch.Tensor:
-        """[R/2] fp32 scaled inverse frequencies (`seq_len` is unused)."""
-        inv = _default_inv_freq(rot_dim, base, device)
+                 device=None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """[R/2] scaled inverse frequencies in `dtype` (`seq_len` is unused)."""
+        inv = _default_inv_freq(rot_dim, base, device, dtype)
         inv /= self.factor
         return inv
 
@@ -126,12 +128,12 @@ class NTKScaling:
         return 1.0
 
     def inv_freq(self, rot_dim: int, base: float, seq_len: Optional[int] = None,
-                 device=None) -> torch.Tensor:
-        """[R/2] fp32 inverse frequencies with the NTK base (`seq_len` is unused)."""
+                 device=None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """[R/2] inverse frequencies with the NTK base, in `dtype` (`seq_len` is unused)."""
         if rot_dim <= 2:
             raise ValueError(f"NTKScaling needs a rotary dim > 2 (exponent R/(R-2)), got {rot_dim}")
         base = base * self.factor ** (rot_dim / (rot_dim - 2))
-        return _default_inv_freq(rot_dim, base, device)
+        return _default_inv_freq(rot_dim, base, device, dtype)
 
 
 @dataclass(frozen=True)
@@ -162,14 +164,14 @@ class DynamicNTKScaling:
         return 1.0
 
     def inv_freq(self, rot_dim: int, base: float, seq_len: Optional[int] = None,
-                 device=None) -> torch.Tensor:
-        """[R/2] fp32 inverse frequencies for a table of `seq_len` positions."""
+                 device=None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """[R/2] inverse frequencies for a table of `seq_len` positions, in `dtype`."""
         if rot_dim <= 2:
             raise ValueError(f"DynamicNTKScaling needs a rotary dim > 2, got {rot_dim}")
         l0 = self.original_max_position_embeddings
         length = seq_len if seq_len is not None and seq_len > l0 else l0
         base = base * ((self.factor * length / l0) - (self.factor - 1)) ** (rot_dim / (rot_dim - 2))
-        return _default_inv_freq(rot_dim, base, device)
+        return _default_inv_freq(rot_dim, base, device, dtype)
 
 
 @dataclass(frozen=True)
@@ -210,9 +212,9 @@ class Llama3Scaling:
         return 1.0
 
     def inv_freq(self, rot_dim: int, base: float, seq_len: Optional[int] = None,
-                 device=None) -> torch.Tensor:
-        """[R/2] fp32 inverse frequencies (`seq_len` is unused)."""
-        inv = _default_inv_freq(rot_dim, base, device)
+                 device=None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """[R/2] inverse frequencies in `dtype` (`seq_len` is unused)."""
+        inv = _default_inv_freq(rot_dim, base, device, dtype)
         factor, lo, hi = self.factor, self.low_freq_factor, self.high_freq_factor
         l0 = self.original_max_position_embeddings
         low_freq_wavelen, high_freq_wavelen = l0 / lo, l0 / hi
@@ -291,8 +293,8 @@ class YaRNScaling:
         return self._m(self.factor, self.mscale)
 
     def inv_freq(self, rot_dim: int, base: float, seq_len: Optional[int] = None,
-                 device=None) -> torch.Tensor:
-        """[R/2] fp32 inverse frequencies (`seq_len` is unused)."""
+                 device=None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """[R/2] inverse frequencies in `dtype` (`seq_len` is unused)."""
         l0 = self.original_max_position_embeddings
 
         def correction_dim(num_rotations):
@@ -304,9 +306,9 @@ class YaRNScaling:
         low, high = max(low, 0), min(high, rot_dim - 1)
         if low == high:
             high += 0.001  # avoid 0/0 in the ramp, as HF does
-        ramp = torch.clamp((torch.arange(rot_dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
-        extrapolation_weight = (1 - ramp).to(device=device, dtype=torch.float32)
-        pos_freqs = base ** (torch.arange(0, rot_dim, 2, dtype=torch.float32, device=device) / rot_dim)
+        ramp = torch.clamp((torch.arange(rot_dim // 2, dtype=dtype) - low) / (high - low), 0, 1)
+        extrapolation_weight = (1 - ramp).to(device=device, dtype=dtype)
+        pos_freqs = base ** (torch.arange(0, rot_dim, 2, dtype=dtype, device=device) / rot_dim)
         inv_extrapolation = 1.0 / pos_freqs
         inv_interpolation = 1.0 / (self.factor * pos_freqs)
         return (inv_interpolation * (1 - extrapolation_weight)
@@ -344,7 +346,8 @@ def rotary_dim(head_dim: int, rotary_percent: float = 1.0) -> int:
 
 
 def inv_freq(rot_dim: int, base: float = 10000.0, scaling: Optional[Scaling] = None, *,
-             seq_len: Optional[int] = None, device=None) -> torch.Tensor:
+             seq_len: Optional[int] = None, device=None,
+             dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Inverse frequencies theta_j = base^(-2j/R), j = 0..R/2-1, changed by `scaling`.
 
     Args:
@@ -353,18 +356,22 @@ def inv_freq(rot_dim: int, base: float = 10000.0, scaling: Optional[Scaling] = N
         scaling: None or one of the scaling dataclasses.
         seq_len: table length, used only by `DynamicNTKScaling`.
         device: where to build the tensor.
+        dtype: torch.float32 (the default: the same bits as TE and HF) or torch.float64 (the
+            same formula in float64, as the in-kernel angles of `rope_angles` use).
 
     Returns:
-        [R/2] float32.
+        [R/2] in `dtype`.
     """
     rot_dim = _check_rot_dim(rot_dim)
     base = _check_base(base)
     _check_scaling(scaling)
     if seq_len is not None:
         _check_int("seq_len", seq_len, 0)
+    if dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype!r}")
     if scaling is None:
-        return _default_inv_freq(rot_dim, base, device)
-    return scaling.inv_freq(rot_dim, base, seq_len=seq_len, device=device)
+        return _default_inv_freq(rot_dim, base, device, dtype)
+    return scaling.inv_freq(rot_dim, base, seq_len=seq_len, device=device, dtype=dtype)
 
 
 def _angles(seq_len, head_dim, base, rotary_percent, interleaved, scaling, offset, device):
@@ -420,3 +427,171 @@ def rope_cos_sin(seq_len: int, head_dim: int, *, base: float = 10000.0,
     emb = _angles(seq_len, head_dim, base, rotary_percent, interleaved, scaling, offset, device)
     a = 1.0 if scaling is None else scaling.attention_scaling
     return (emb.cos() * a).to(dtype), (emb.sin() * a).to(dtype)
+
+
+# --- angles computed in the kernel -----------------------------------------------------------
+#
+# A table stores m * theta_j rounded to fp32: at position m ~ 2^24 its ulp is ~1 radian, and
+# the fp32 theta_j itself is off by up to 2^-24 of its value, which m multiplies. `Angles`
+# stores no angle: the kernel computes each one from the token's integer position m and the
+# frequency, exactly. theta_j / (2 pi), the fraction of a turn pair j advances per position, is
+# kept as a 96-bit fixed-point number T_j (from the float64 theta_j, with 2 pi known to 256
+# bits), so that
+#
+#     m theta_j mod 2 pi  =  2 pi * ((m T_j) mod 2^96) / 2^96
+#
+# and (m T_j) mod 2^96 is integer arithmetic: the kernel's 64-bit products wrap modulo 2^64,
+# which is the range reduction itself. Read as a signed number it is the angle in [-pi, pi).
+# T_j's rounding moves the angle by at most m 2^-97 turns (2^-66 turns for m < 2^31), so the
+# reduced angle is converted to fp32 (via fp64) with one rounding: within an fp32 ulp of the
+# exact value at any position the kernel accepts.
+
+EXACT_POSITIONS = 2**31 - 1   # in-kernel angles take positions 0 .. 2^31 - 2 (int32 in the kernel)
+_TURN_BITS = 96               # fraction of a turn per position: a 64-bit word + a 32-bit word
+_PI_BITS = 256
+
+
+def _two_pi_fixed(bits: int = _PI_BITS) -> int:
+    """round(2 pi * 2^bits), from Machin's formula pi = 16 atan(1/5) - 4 atan(1/239) in integers."""
+    guard = 32
+    one = 1 << (bits + guard)
+
+    def atan_inv(x: int) -> int:   # atan(1/x) * one, each term truncated (error < 1 per term)
+        total = term = one // x
+        x2, n, sign = x * x, 1, -1
+        while term:
+            term //= x2
+            n += 2
+            total += sign * (term // n)
+            sign = -sign
+        return total
+    two_pi = 2 * (16 * atan_inv(5) - 4 * atan_inv(239))
+    return (two_pi + (1 << (guard - 1))) >> guard
+
+
+_TWO_PI = _two_pi_fixed()
+
+
+def _turn_words(inv: torch.Tensor) -> torch.Tensor:
+    """[R/2] frequencies (radians per position, float64) -> [R] int64: T_j = round(theta_j / 2pi
+    * 2^96) mod 2^96 as hi_j = T_j >> 32 (64 bits, two's complement) at j and lo_j = T_j mod 2^32
+    at R/2 + j."""
+    hi, lo = [], []
+    for f in inv.tolist():
+        n, d = float(f).as_integer_ratio()                 # exact: theta = n / d
+        num, den = n << (_TURN_BITS + _PI_BITS), d * _TWO_PI
+        t = ((2 * num + den) // (2 * den)) % (1 << _TURN_BITS)   # nearest integer, mod 2^96
+        h = t >> 32
+        hi.append(h - (1 << 64) if h >= 1 << 63 else h)
+        lo.append(t & 0xFFFFFFFF)
+    return torch.tensor(hi + lo, dtype=torch.int64)
+
+
+def reduced_angles(positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """The exact angles m theta_j reduced to [-pi, pi), rounded once to float64: [N, R/2].
+
+    A host-side reference (Python integers: theta_j as the exact value of its float, 2 pi to
+    256 bits), for checking kernels. Plain float64 is not enough at long positions: m * theta in
+    float64 is off by up to 2^-29 radians at m = 2^24 before any reduction.
+
+    Args:
+        positions: [N] integer positions.
+        inv_freq: [R/2] frequencies theta_j (float32 or float64; its exact values are used).
+    """
+    if positions.dim() != 1 or positions.dtype.is_floating_point or positions.is_complex():
+        raise TypeError(f"positions must be a 1-D integer tensor, got {positions.dtype} "
+                        f"{tuple(positions.shape)}")
+    if inv_freq.dim() != 1 or inv_freq.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"inv_freq must be a 1-D float32 or float64 tensor, got {inv_freq.dtype} "
+                        f"{tuple(inv_freq.shape)}")
+    fracs = [float(f).as_integer_ratio() for f in inv_freq.tolist()]
+    out = []
+    for m in positions.tolist():
+        row = []
+        for n, d in fracs:
+            den = d * _TWO_PI
+            r = (m * n << _PI_BITS) % den                  # m theta / 2pi mod 1, times den
+            if 2 * r >= den:
+                r -= den                                   # centred: [-1/2, 1/2) turn
+            row.append(r * _TWO_PI / (den << _PI_BITS))    # correctly rounded int division
+        out.append(row)
+    return torch.tensor(out, dtype=torch.float64).reshape(len(out), len(fracs))
+
+
+class Angles:
+    """RoPE angles the kernel computes itself from each token's position: no table is read.
+
+    Pass it as `apply_rope(x, angles=...)` (or `apply_rope_qk`) instead of a `freqs` or cos/sin
+    table. Every position option works as with a table (position_ids, start_positions,
+    cu_seqlens, context parallelism), for positions 0 <= m < 2^31 - 1; the pairing (rotate-half
+    or interleaved) is the call's `interleaved` option, so one `Angles` serves both. The kernel
+    reduces m theta_j modulo 2 pi exactly (see above) and multiplies cos and sin by
+    `attention_scaling` (YaRN's amplitude), forward and backward.
+
+    Attributes:
+        inv_freq: [R/2] float64, theta_j (the exact values of the tensor given).
+        attention_scaling: the amplitude multiplying cos and sin.
+        turns: [R] int64, theta_j / (2 pi) in 96-bit fixed point (what the kernel reads).
+        amplitude: [1] float64, attention_scaling as a tensor (what the kernel reads).
+    """
+    __slots__ = ("inv_freq", "attention_scaling", "turns", "amplitude")
+
+    def __init__(self, inv_freq: torch.Tensor, attention_scaling: float = 1.0):
+        if not isinstance(inv_freq, torch.Tensor):
+            raise TypeError(f"inv_freq must be a tensor, got {type(inv_freq).__name__}")
+        if inv_freq.dim() != 1 or inv_freq.numel() == 0:
+            raise ValueError(f"inv_freq must be [R/2] with R/2 >= 1 (one frequency per pair), "
+                             f"got shape {tuple(inv_freq.shape)}")
+        if inv_freq.dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"inv_freq must be float32 or float64, got {inv_freq.dtype} (build it "
+                            "with ropelib.frequencies.inv_freq(..., dtype=torch.float64))")
+        inv = inv_freq.detach().to(dtype=torch.float64)
+        if not bool(torch.isfinite(inv).all()):
+            raise ValueError("inv_freq must be finite")
+        self.attention_scaling = _check_positive("attention_scaling", attention_scaling)
+        self.inv_freq = inv
+        self.turns = _turn_words(inv.cpu()).to(inv.device)
+        self.amplitude = torch.tensor([self.attention_scaling], dtype=torch.float64,
+                                      device=inv.device)
+
+    @property
+    def rot_dim(self) -> int:
+        """R, the number of rotated features (two per frequency)."""
+        return 2 * self.inv_freq.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.turns.device
+
+    def to(self, device) -> "Angles":
+        """The same angles with their tensors on `device`."""
+        moved = object.__new__(Angles)
+        moved.attention_scaling = self.attention_scaling
+        for name in ("inv_freq", "turns", "amplitude"):
+            setattr(moved, name, getattr(self, name).to(device))
+        return moved
+
+    def __repr__(self) -> str:
+        return (f"Angles(rot_dim={self.rot_dim}, attention_scaling={self.attention_scaling}, "
+                f"device={self.device})")
+
+
+def rope_angles(head_dim: int, *, base: float = 10000.0, rotary_percent: float = 1.0,
+                scaling: Optional[Scaling] = None, seq_len: Optional[int] = None,
+                device=None) -> Angles:
+    """`Angles` for `apply_rope(x, angles=...)`: the frequencies of `inv_freq(..., scaling)` in
+    float64 and the scaling's attention factor (1 except for YaRN).
+
+    Args:
+        head_dim, rotary_percent: as for `rope_freqs` (R = rotary_dim(head_dim, rotary_percent)).
+        base: the RoPE base.
+        scaling: None or one of the scaling dataclasses.
+        seq_len: the length `DynamicNTKScaling` scales for (HF: max position + 1); unused by
+            the others.
+        device: where the kernel will run.
+    """
+    rot = rotary_dim(head_dim, rotary_percent)
+    inv = inv_freq(rot, base, scaling, seq_len=seq_len, dtype=torch.float64)
+    a = 1.0 if scaling is None else scaling.attention_scaling
+    angles = Angles(inv, a)
+    return angles.to(device) if device is not None else angles

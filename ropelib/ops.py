@@ -17,6 +17,8 @@ changing one of them in place between forward and backward raises autograd's usu
 
 Arguments are validated by the public API (ropelib.api) before they get here. Shared arguments:
   table [P, R] or [B or 1, P, R]: angles (sin None) or cos, with sin of the same shape;
+        or, for angles computed in the kernel (ropelib.frequencies.Angles), table = turns [R]
+        int64 and sin = amplitude [1];
   position_ids [B or 1, S] | cu_seqlens [N + 1] (layout "thd") | start_positions [B] or [N];
   layout: "sbhd", "bshd", "thd" or "bhsd" (Hugging Face's [B, H, S, D]).
 """

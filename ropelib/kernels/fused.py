@@ -40,6 +40,18 @@ repeat_interleave(f, 2)). A program compares the two columns of its rows bit for
 they are equal, evaluates sin/cos once per pair: half the special-function work, which matters
 where no batch loop amortises it (thd, batch 1). The check is in the kernel, on the values it
 reads, so no host-side inspection or cache is involved.
+
+Angles without a table (EXACT, ropelib.frequencies.Angles): the table is `turns` [R] int64,
+theta_j / (2 pi) in 96-bit fixed point (a 64-bit word at j, a 32-bit word at R/2 + j), and
+`sin` the amplitude [1] (YaRN's attention factor). A program computes the angle of each of its
+(token, pair) once from the integer position m, exactly (_exact_angle):
+
+    m T_j mod 2^96 = (m hi_j mod 2^64 + (m lo_j >> 32)) * 2^32 + (m lo_j mod 2^32)
+
+with 64-bit integer products that wrap modulo 2^64 (one turn): that is the range reduction,
+and the high word read as signed is the angle in [-1/2, 1/2) turn. It is scaled by 2 pi in fp64
+(2 pi as three fp32 constants) and rounded once to fp32, then sin/cos as above. Both members
+of a pair share their angle.
 """
 import triton
 import triton.language as tl
@@ -52,6 +64,12 @@ FROM_INDEX = 0        # token index, with TE's context-parallel split and start 
 FROM_POSITION_IDS = 1  # explicit ids [B or 1, S]
 FROM_CU_SEQLENS = 2   # packed sequences: the token's offset inside its sequence
 
+# 2 pi = TWO_PI_1 + TWO_PI_2 + TWO_PI_3 (each exact in fp32, the sum within 2^-75 of 2 pi), so
+# a product with it is exact to fp64 precision whatever precision the constants are given in.
+TWO_PI_1: tl.constexpr = 6.2831854820251465
+TWO_PI_2: tl.constexpr = -1.7484555314695172e-07
+TWO_PI_3: tl.constexpr = -6.8604980400235275e-15
+
 
 @triton.jit
 def _cos_sin(angle, ACCURATE: tl.constexpr):
@@ -61,6 +79,37 @@ def _cos_sin(angle, ACCURATE: tl.constexpr):
         return libdevice.cos(angle), libdevice.sin(angle)
     else:
         return tl.cos(angle), tl.sin(angle)
+
+
+@triton.jit
+def _exact_angle(turns_ptr, pos, j, stride_d, HALF: tl.constexpr, CDT: tl.constexpr):
+    # pos [BLOCK_S] int32 positions >= 0, j [BLOCK_HALF] pairs -> angles [BLOCK_S, 1, BLOCK_HALF]
+    # m theta_j reduced to [-pi, pi), in CDT (fp32: one rounding of the fp64 value).
+    ok = j < HALF
+    hi = tl.load(turns_ptr + j * stride_d, mask=ok, other=0).to(tl.uint64, bitcast=True)
+    lo = tl.load(turns_ptr + (j + HALF) * stride_d, mask=ok, other=0).to(tl.uint64, bitcast=True)
+    m = pos.to(tl.uint64)[:, None, None]
+    whole = m * hi[None, None, :]          # mod 2^64: whole turns fall off the top
+    part = m * lo[None, None, :]           # < 2^63: m < 2^31, lo < 2^32
+    top = part >> 32
+    turn = (whole + top).to(tl.int64, bitcast=True)         # [-2^63, 2^63): [-1/2, 1/2) turn
+    rest = (part - (top << 32)).to(tl.float64)              # the low 32 bits
+    t = turn.to(tl.float64) * 5.421010862427522e-20 + rest * 1.2621774483536189e-29  # 2^-64, 2^-96
+    angle = t * TWO_PI_1 + (t * TWO_PI_2 + t * TWO_PI_3)
+    return angle.to(CDT)
+
+
+@triton.jit
+def _exact_angles_kernel(turns_ptr, pos_ptr, out_ptr, N, stride_out,
+                         HALF: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    # positions [N] -> the angles the finished kernel rotates by, out [N, HALF] fp32 (one
+    # program per BLOCK_N positions; for checking _exact_angle against a host reference)
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    j = tl.arange(0, BLOCK_HALF)
+    pos = tl.load(pos_ptr + n, mask=n < N, other=0).to(tl.int32)
+    angle = _exact_angle(turns_ptr, pos, j, 1, HALF, tl.float32)      # [BLOCK_N, 1, BLOCK_HALF]
+    offs = n[:, None, None] * stride_out + j[None, None, :]
+    tl.store(out_ptr + offs, angle, mask=(n < N)[:, None, None] & (j < HALF)[None, None, :])
 
 
 @triton.jit
@@ -123,12 +172,22 @@ def _table_rows(s_idx, b, S, P, index_ptr, stride_idx_b, stride_idx_s, start_ptr
 
 @triton.jit
 def _load_table(cos_ptr, sin_ptr, rows, b, stride_tab_b, stride_tab_p, stride_tab_d, d_a, d_b,
-                mask, FROM_ANGLES: tl.constexpr, ACCURATE: tl.constexpr, CDT: tl.constexpr):
+                mask, FROM_ANGLES: tl.constexpr, ACCURATE: tl.constexpr, CDT: tl.constexpr,
+                EXACT: tl.constexpr, HALF: tl.constexpr):
     # rows [BLOCK_S], d_a/d_b [BLOCK_HALF] -> four [BLOCK_S, 1, BLOCK_HALF] factors c_a, s_a, c_b, s_b
+    # (EXACT: rows are the positions, cos_ptr the turns [R], sin_ptr the amplitude [1])
     base = rows[:, None, None].to(tl.int64) * stride_tab_p + b * stride_tab_b
     off_a = base + d_a[None, None, :] * stride_tab_d
     off_b = base + d_b[None, None, :] * stride_tab_d
-    if FROM_ANGLES:
+    if EXACT:
+        j = tl.arange(0, d_a.shape[0])
+        c, s = _cos_sin(_exact_angle(cos_ptr, rows, j, stride_tab_d, HALF, CDT), ACCURATE)
+        amp = tl.load(sin_ptr).to(CDT)
+        c_a = c * amp
+        s_a = s * amp
+        c_b = c_a
+        s_b = s_a
+    elif FROM_ANGLES:
         angle_a = tl.load(cos_ptr + off_a, mask=mask, other=0.0)
         angle_b = tl.load(cos_ptr + off_b, mask=mask, other=0.0)
         c_a, s_a = _cos_sin(angle_a.to(CDT), ACCURATE)
@@ -172,6 +231,7 @@ def _rope_heads(
     TABLE_PER_BATCH: tl.constexpr,      # positions or table rows depend on the batch entry
     COPY_PASS: tl.constexpr,            # write features R..D-1 (False when in place)
     ACCURATE: tl.constexpr, CDT: tl.constexpr, INT64: tl.constexpr, BF16_RTNE: tl.constexpr,
+    EXACT: tl.constexpr,                # angles from positions and turns (no table)
 ):
     HALF: tl.constexpr = R // 2
     s_idx = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)          # [BLOCK_S]
@@ -200,7 +260,7 @@ def _rope_heads(
                                   start_ptr, N_SEQ, cp_size, cp_rank, POSITIONS, HAS_START, HAS_CP)
         c_a, s_a, c_b, s_b = _load_table(cos_ptr, sin_ptr, rows, 0, stride_tab_b, stride_tab_p,
                                          stride_tab_d, d_a, d_b, tab_mask, FROM_ANGLES,
-                                         ACCURATE, CDT)
+                                         ACCURATE, CDT, EXACT, HALF)
         if BACKWARD:
             s_a, s_b = -s_b, -s_a
 
@@ -215,7 +275,7 @@ def _rope_heads(
                                       HAS_CP)
             c_a, s_a, c_b, s_b = _load_table(cos_ptr, sin_ptr, rows, bb, stride_tab_b,
                                              stride_tab_p, stride_tab_d, d_a, d_b, tab_mask,
-                                             FROM_ANGLES, ACCURATE, CDT)
+                                             FROM_ANGLES, ACCURATE, CDT, EXACT, HALF)
             if BACKWARD:
                 s_a, s_b = -s_b, -s_a
         xr = x_ptr + (x_rows + bb * stride_x_b)[:, :, None]    # [BLOCK_S, BLOCK_H, 1]
@@ -260,7 +320,8 @@ def _rope_kernel(
     q_ptr, q_out_ptr,                   # q [S, B, HQ, D] (as a strided view) and its output
     k_ptr, k_out_ptr,                   # k [S, B, HK, D] (None without k)
     cos_ptr, sin_ptr,                   # q's table [P, R] (or [B, P, R]): angles (sin None) or
-    k_cos_ptr, k_sin_ptr,               # cos and sin; k's table, same shape and strides
+    k_cos_ptr, k_sin_ptr,               # cos and sin, or turns [R] and amplitude [1] (EXACT);
+                                        # k's table, same shape and strides
     index_ptr,                          # position ids [B or 1, S], or cu_seqlens [N_SEQ + 1]
     start_ptr,                          # start offsets [B] (or [N_SEQ] for packed sequences)
     # (an unused pointer is None, never another argument again: torch.compile treats each
@@ -285,6 +346,7 @@ def _rope_kernel(
     POSITIONS: tl.constexpr, HAS_START: tl.constexpr, HAS_CP: tl.constexpr,
     TABLE_PER_BATCH: tl.constexpr, COPY_PASS: tl.constexpr,
     ACCURATE: tl.constexpr, CDT: tl.constexpr, INT64: tl.constexpr, BF16_RTNE: tl.constexpr,
+    EXACT: tl.constexpr,                # cos_ptr: turns [R] int64, sin_ptr: amplitude [1]
 ):
     pid_s = tl.program_id(0)
     pid_h = tl.program_id(1)
@@ -299,7 +361,7 @@ def _rope_kernel(
                     stride_tab_b, stride_tab_p, stride_tab_d, stride_idx_b, stride_idx_s,
                     R, D, HPG, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_PASS,
                     INTERLEAVED, BACKWARD, FROM_ANGLES, POSITIONS, HAS_START, HAS_CP,
-                    TABLE_PER_BATCH, COPY_PASS, ACCURATE, CDT, INT64, BF16_RTNE)
+                    TABLE_PER_BATCH, COPY_PASS, ACCURATE, CDT, INT64, BF16_RTNE, EXACT)
     elif HAS_K:     # (without k the grid has q's blocks only; this is not compiled)
         _rope_heads(k_ptr, k_out_ptr, k_cos_ptr, k_sin_ptr, index_ptr, start_ptr,
                     pid_s, (pid_h - q_blocks) * BLOCK_H, b_lo, b_hi, S, HK, P, N_SEQ,
@@ -309,4 +371,4 @@ def _rope_kernel(
                     stride_tab_b, stride_tab_p, stride_tab_d, stride_idx_b, stride_idx_s,
                     R, D, 1, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_PASS,
                     INTERLEAVED, BACKWARD, FROM_ANGLES, POSITIONS, HAS_START, HAS_CP,
-                    TABLE_PER_BATCH, COPY_PASS, ACCURATE, CDT, INT64, BF16_RTNE)
+                    TABLE_PER_BATCH, COPY_PASS, ACCURATE, CDT, INT64, BF16_RTNE, EXACT)

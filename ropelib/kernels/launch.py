@@ -12,10 +12,12 @@ from typing import NamedTuple, Optional
 import torch
 import triton.language as tl
 
+from ..frequencies import EXACT_POSITIONS
 from ..runtime import INTERPRET
 from .common import BF16_RTNE
 from .direct import DirectLauncher
-from .fused import FROM_CU_SEQLENS, FROM_INDEX, FROM_POSITION_IDS, _rope_kernel
+from .fused import (FROM_CU_SEQLENS, FROM_INDEX, FROM_POSITION_IDS, _exact_angles_kernel,
+                    _rope_kernel)
 
 _I32_LIMIT = 2**31 - 1
 
@@ -45,20 +47,31 @@ class View(NamedTuple):
 
 
 class Table(NamedTuple):
-    """Angles (sin is None) or cos and sin: [P, R] or, one per batch entry, [B or 1, P, R]."""
+    """Angles (sin is None) or cos and sin: [P, R] or, one per batch entry, [B or 1, P, R].
+
+    Or no table at all (`exact`): cos is the turns [R] int64 of ropelib.frequencies.Angles and
+    sin its amplitude [1]; the kernel computes every angle from the position, for positions up
+    to EXACT_POSITIONS."""
     cos: torch.Tensor
     sin: Optional[torch.Tensor]
+
+    @property
+    def exact(self) -> bool:
+        return self.cos.dtype == torch.int64
 
     def strides(self) -> tuple:
         """(batch, position, feature) strides; batch 0 when one table serves every entry."""
         t = self.cos
+        if self.exact:
+            return 0, 0, t.stride(0)
         if t.dim() == 2:
             return 0, t.stride(0), t.stride(1)
         return (t.stride(0) if t.shape[0] > 1 else 0), t.stride(1), t.stride(2)
 
     @property
     def rows(self):
-        return self.cos.shape[-2]
+        """Positions the table serves (valid positions are 0 .. rows - 1)."""
+        return EXACT_POSITIONS if self.exact else self.cos.shape[-2]
 
 
 class Positions(NamedTuple):
@@ -273,13 +286,14 @@ def plan(q: View, q_out: View, table: Table, positions: Positions, *, R: int,
         R=R, D=D, HPG=q.hpg, HAS_K=has_k,
         BLOCK_S=block_s, BLOCK_H=block_h, BLOCK_HALF=_pow2_at_least(R // 2, 1 << 30),
         BLOCK_PASS=_pow2_at_least(D - R, 1 << 30) if D > R else 0,
-        INTERLEAVED=interleaved, BACKWARD=backward, FROM_ANGLES=table.sin is None,
+        INTERLEAVED=interleaved, BACKWARD=backward,
+        FROM_ANGLES=table.sin is None and not table.exact,
         POSITIONS=mode, HAS_START=pos.start is not None, HAS_CP=pos.cp_size > 1,
         TABLE_PER_BATCH=per_batch, COPY_PASS=copy_pass,
         ACCURATE=not INTERPRET, INT64=int64,
         # fp64 math when an input or an output (HF promotes with cos) is fp64
         CDT=tl.float64 if torch.float64 in (x.dtype, *out_dtypes) else tl.float32,
-        BF16_RTNE=BF16_RTNE,
+        BF16_RTNE=BF16_RTNE, EXACT=table.exact,
     )
     dtypes = tuple(t.dtype if t is not None else None for t in pointers)
     return Launch(grid, num_warps, args, dtypes, x.device), pointers
@@ -323,3 +337,29 @@ def run(launch: Launch, pointers: tuple) -> None:
 
 
 DIRECT = DirectLauncher(_rope_kernel, POINTERS)
+
+
+def exact_angles(turns: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The angles the kernel rotates by without a table: [N, R/2] fp32 for positions [N] and
+    the turns [R] of a ropelib.frequencies.Angles (for checking them against a reference).
+    Positions must lie in [0, EXACT_POSITIONS)."""
+    if turns.dtype != torch.int64 or turns.dim() != 1 or turns.shape[0] % 2:
+        raise ValueError(f"turns must be Angles.turns ([R] int64), got {turns.dtype} "
+                         f"{tuple(turns.shape)}")
+    if positions.dim() != 1 or positions.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"positions must be [N] int32 or int64, got {positions.dtype} "
+                         f"{tuple(positions.shape)}")
+    if positions.device != turns.device:
+        raise ValueError(f"positions are on {positions.device} but turns on {turns.device}")
+    half = turns.shape[0] // 2
+    n = positions.shape[0]
+    out = torch.empty(n, half, dtype=torch.float32, device=turns.device)
+    if n:
+        lo, hi = int(positions.min()), int(positions.max())
+        if lo < 0 or hi >= EXACT_POSITIONS:
+            raise ValueError(f"positions must lie in [0, {EXACT_POSITIONS}), got [{lo}, {hi}]")
+        block_n = 16 if INTERPRET else 64
+        _exact_angles_kernel[(_cdiv(n, block_n),)](
+            turns.contiguous(), positions.contiguous(), out, n, out.stride(0), HALF=half,
+            BLOCK_N=block_n, BLOCK_HALF=_pow2_at_least(half, 1 << 30))
+    return out
