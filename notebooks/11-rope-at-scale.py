@@ -1,0 +1,737 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 11 — RoPE at scale: context parallelism, and decoding with the fused cache write
+#
+# Two places where RoPE meets a large system. In **training on long sequences**, one sequence
+# no longer fits on one GPU and is split across several: each GPU must rotate its tokens by
+# where they sit in the *whole* sequence, and the split must give every GPU the same amount of
+# causal attention to do. In **generation**, every new token's key is rotated once and stored
+# in a KV cache, contiguous or paged, possibly in fp8; ropelib does the rotation and the store
+# in one kernel.
+#
+# **After this notebook you will be able to**
+#
+# - explain why a causal mask makes a contiguous split of the sequence unbalanced, and why
+#   Transformer Engine's dual-chunk split (rank $r$ holds chunks $r$ and $2c-1-r$ of $2c$)
+#   balances it exactly;
+# - rotate a rank's shard at its global positions with `apply_rope(..., cp_size, cp_rank)`;
+# - run context-parallel training with two processes on a CPU and check that it computes the
+#   loss one process computes;
+# - read a contiguous and a paged (block-table) KV cache, follow one decoding step of
+#   `ropelib.rope_kv_cache` slot by slot, and check it against RoPE-then-write bit for bit;
+# - choose the scale of an fp8 cache, and say what error it costs.
+#
+# **Time:** about 35 minutes to read and 15 for the two exercises; the cells run in about
+# 15-20 s on a CPU (Triton's interpreter), the two-process run taking the largest share.
+
+# %%
+import os, torch
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")   # before ropelib (and its @triton.jit) is imported
+import ropelib
+device = ropelib.default_device()
+
+# %%
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import torch.nn.functional as F
+from matplotlib.colors import ListedColormap
+from matplotlib.ticker import MaxNLocator
+
+from ropelib import compare, kv_cache
+from ropelib import context_parallel as cp
+from ropelib.exercises import at_scale as ex
+from ropelib.exercises import solution
+from ropelib.model import GPT, CharDataset, GPTConfig, KVCache, forward_cached, generate
+
+ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "ropelib").is_dir())
+RESULTS = ROOT / "benchmarks" / "results"
+FIGURES = ropelib.runtime.figures_dir()   # a scratch folder (ROPELIB_WRITE_FIGURES=1: figures/)
+torch.manual_seed(0)
+print(ropelib.runtime.mode(), "| device:", device, "| figures go to", FIGURES)
+
+# %% [markdown]
+# ## 1. Context parallelism: why the dual-chunk split balances causal attention
+#
+# Activations grow with the sequence length $S$. Context parallelism (CP) splits every sequence
+# over $c$ ranks, so each rank keeps $S/c$ tokens of every layer. Everything in a transformer
+# layer is per token except attention: a query needs the keys and values of every earlier
+# token. So each rank all-gathers k and v from the others (`ropelib.context_parallel`; ring
+# attention passes them round instead), and computes attention for its own queries only.
+#
+# Under a causal mask the query at position $p$ attends $p+1$ keys: the work of a row grows
+# with its position. Give rank $r$ the contiguous block $[rS/c, (r+1)S/c)$ and it gets
+#
+# $$W_r^{\text{contiguous}} = \sum_{p = rS/c}^{(r+1)S/c - 1} (p+1)
+#   = \frac{S}{c}\Big(\frac{(2r+1)S}{2c} + \frac{1}{2}\Big),$$
+#
+# so the last rank does about $2c-1$ times the work of the first, and every other rank waits
+# for it. Transformer Engine's **dual-chunk** split cuts the sequence into $2c$ chunks of
+# $s = S/2c$ and gives rank $r$ chunks $r$ and $2c-1-r$: an early, cheap chunk and a late,
+# expensive one. Chunk $j$ costs $s\,(js + \tfrac{s+1}{2})$, so rank $r$'s two chunks cost
+#
+# $$W_r^{\text{dual}} = s\Big(rs + (2c-1-r)s + s + 1\Big) = s\,(2cs + 1)
+#   = \frac{S}{2c}(S+1),$$
+#
+# the same for every rank: exactly $1/c$ of the $S(S+1)/2$ (query, key) pairs. With $S=8$ and
+# $c=2$: rank 0 holds positions 0 1 | 6 7, rank 1 holds 2 3 | 4 5.
+#
+# The figure colours each (query, key) pair of a causal mask by the rank that computes it.
+
+# %%
+def mask_by_rank(S, cp_size, split):
+    """[S, S] ints: the rank that computes each causal (query, key) pair; -1 above the diagonal."""
+    owner = torch.empty(S, dtype=torch.long)
+    for r in range(cp_size):
+        if split == "contiguous":
+            owner[r * S // cp_size:(r + 1) * S // cp_size] = r
+        else:
+            owner[cp.dual_chunk_positions(S // cp_size, cp_size, r)] = r
+    causal = torch.ones(S, S, dtype=torch.bool).tril()
+    return torch.where(causal, owner[:, None].expand(S, S), -1)
+
+
+def work_per_rank(S, cp_size, split):
+    m = mask_by_rank(S, cp_size, split)
+    return [int((m == r).sum()) for r in range(cp_size)]
+
+
+S, CP = 16, 2
+shares = {split: work_per_rank(S, CP, split) for split in ("contiguous", "dual-chunk")}
+for split, w in shares.items():
+    print(f"{split:>10}: (query, key) pairs per rank {w}, of {S * (S + 1) // 2}")
+assert len(set(shares["dual-chunk"])) == 1                          # every rank the same work
+assert shares["dual-chunk"][0] == S * (S + 1) // 2 // CP
+for c in (2, 3, 4, 8):                                              # and for more ranks
+    w = work_per_rank(2 * c * 8, c, "dual-chunk")
+    assert len(set(w)) == 1, (c, w)
+
+fig, axes = plt.subplots(1, 3, figsize=(13, 4.2), gridspec_kw=dict(width_ratios=[1, 1, 1.2]))
+cmap = ListedColormap(["white", "tab:blue", "tab:orange"])
+for ax, split in zip(axes, ("contiguous", "dual-chunk")):
+    ax.imshow(mask_by_rank(S, CP, split) + 1, cmap=cmap, vmin=0, vmax=2)
+    ax.set_title(f"{split} split, {CP} ranks\npairs per rank: {shares[split]}", fontsize=10)
+    ax.set_xlabel("key position")
+    ax.set_ylabel("query position")
+    ax.set_xticks(range(0, S, 2))
+    ax.set_yticks(range(0, S, 2))
+for r in range(CP):
+    axes[0].plot([], [], "s", color=cmap(r + 1), label=f"rank {r}")
+axes[0].legend(loc="upper right", fontsize=8)
+sizes = [1, 2, 3, 4, 6, 8, 12, 16]
+for split, style in (("contiguous", "o-"), ("dual-chunk", "s-")):
+    imbalance = []
+    for c in sizes:
+        w = work_per_rank(2 * c * 16, c, split)
+        imbalance.append(max(w) / (sum(w) / c))
+    axes[2].plot(sizes, imbalance, style, label=split)
+axes[2].set_xlabel("ranks $c$ (sequence $S = 32c$)")
+axes[2].set_ylabel("busiest rank's work / mean work")
+axes[2].set_title("the step waits for the busiest rank", fontsize=10)
+axes[2].legend(fontsize=8)
+axes[2].grid(alpha=0.3)
+fig.tight_layout()
+fig.savefig(FIGURES / "11-dual-chunk-split.png", dpi=120)
+plt.show()
+
+# %% [markdown]
+# ![The causal mask of 16 tokens coloured by rank: the contiguous split gives rank 1 almost
+# three times rank 0's pairs, the dual-chunk split gives both 68; right: the busiest rank's
+# work over the mean, growing towards 2 with the contiguous split and 1 with the
+# dual-chunk split](../figures/11-dual-chunk-split.png)
+#
+# With the contiguous split the imbalance tends to 2 as $c$ grows: the whole group runs at
+# half speed. The dual-chunk split stays at exactly 1. (The all-gathered k and v cost every
+# rank the same either way.)
+#
+# ### RoPE at global positions
+#
+# A rank holds $S/c$ tokens, but they are not positions $0 \ldots S/c-1$: rank 0 of the $S=8$
+# example holds 0 1 6 7. Rotating the shard as if it were a short sequence would give tokens 6
+# and 7 the angles of positions 2 and 3, and every score between the two chunks would see the
+# wrong distance. `apply_rope(..., cp_size=c, cp_rank=r)` makes the kernel map each local index
+# to its global position (the same map as `cp.dual_chunk_positions`), so the shard is rotated
+# exactly as the full sequence would be; nothing is gathered for RoPE.
+
+# %%
+B, H, D = 2, 2, 8
+x = torch.randn(B, S, H, D, device=device)                    # bshd: the whole sequence
+freqs = ropelib.rope_freqs(S, D, device=device)
+full = ropelib.apply_rope(x, freqs, layout="bshd")
+for r in range(CP):
+    shard = cp.shard(x, CP, r)                                # [B, S / CP, H, D]
+    got = ropelib.apply_rope(shard, freqs, layout="bshd", cp_size=CP, cp_rank=r)
+    local = ropelib.apply_rope(shard, freqs, layout="bshd")   # positions 0..7: wrong
+    print(f"rank {r}: global positions {cp.dual_chunk_positions(S // CP, CP, r).tolist()}")
+    assert torch.equal(got, cp.shard(full, CP, r))            # bit for bit the full sequence's
+    assert not torch.allclose(local, cp.shard(full, CP, r))
+print("each rank's shard, rotated with cp_size/cp_rank, equals its share of the full rotation")
+
+# %% [markdown]
+# Attention then needs the keys in global order: each rank all-gathers k and v (rank 0's
+# tokens, then rank 1's), reorders them with `cp.global_order`, and attends its two chunks.
+# A chunk holds consecutive positions $[p_0, p_0 + s)$, so it sees keys $[0, p_0 + s)$ with a
+# causal mask aligned to the bottom right: `cp.dual_chunk_attention`, two calls of
+# `scaled_dot_product_attention`. In float64 it matches causal attention over the whole
+# sequence:
+
+# %%
+q, k, v = (torch.randn(B, H, S, D, dtype=torch.float64) for _ in range(3))   # bhsd
+whole = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+for r in range(CP):
+    gathered = torch.cat([cp.shard(k, CP, rr, dim=2) for rr in range(CP)], dim=2)  # rank-major
+    k_all = gathered.index_select(2, cp.global_order(S // CP, CP))
+    assert torch.equal(k_all, k)
+    mine = cp.dual_chunk_attention(cp.shard(q, CP, r, dim=2), k_all, v, CP, r)
+    torch.testing.assert_close(mine, cp.shard(whole, CP, r, dim=2), rtol=1e-12, atol=1e-12)
+print("dual-chunk attention of each rank = its share of causal attention over the sequence")
+
+# %% [markdown]
+# ## 2. Two processes on the CPU
+#
+# `benchmarks/cp_train.py` trains ropelib's small GPT (notebook 09) with the sequence split
+# over the processes that `torchrun` starts: NCCL on GPUs, gloo on CPUs. Per step, each rank
+#
+# 1. takes the same batch (the same seed on every rank) and keeps its dual-chunk `shard`;
+# 2. in every layer rotates its q and k at their global positions, all-gathers k and v, and
+#    runs `dual_chunk_attention` (the backward of the all-gather is a reduce-scatter);
+# 3. averages the gradients over the ranks (one all-reduce) and steps AdamW.
+#
+# Each rank's loss is the mean over its tokens, all ranks hold the same number of tokens, so
+# the mean over ranks is the whole batch's loss. With `--dry-run` it trains a tiny model for 3
+# steps, then rank 0 trains the same model from the same seed on the same batches in one
+# process (`--compare-single`), and the CSV holds both losses. Here it runs on the CPU whatever
+# the machine has (gloo, the interpreter), so it needs neither two GPUs nor a free one.
+
+# %%
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+scratch = Path(tempfile.mkdtemp(prefix="ropelib-cp-"))
+dry_csv = scratch / "cp-dry-run-cpu.csv"
+env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+proc = subprocess.run(
+    [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+     "--master_port", str(free_port()), str(ROOT / "benchmarks" / "cp_train.py"),
+     "--dry-run", "--out", str(dry_csv)],
+    capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+print(proc.stdout[-2500:])
+assert proc.returncode == 0, proc.stderr[-3000:]
+
+# %% [markdown]
+# The CSV starts with `# key: value` lines (versions, sizes, the summary) and has one row per
+# step. The same two functions read and draw the committed GPU runs in section 3.
+
+# %%
+def read_cp_run(path) -> dict:
+    """A CSV of benchmarks/cp_train.py: its header (meta) and its columns, per step."""
+    meta, rows = compare.read_meta(path), compare.read_csv(path)
+    run = {"path": Path(path), "meta": meta, "cp_size": int(meta["cp_size"])}
+    for key in ("step", "loss", "single_loss", "ms", "tokens_per_s"):
+        run[key] = [r.get(key) for r in rows]
+    return run
+
+
+def plot_cp_run(run, ax, one_gpu=None):
+    """Loss per step of a CP run, with its 1-process baseline (the steps it has) and, if given,
+    a separate 1-rank run's loss."""
+    n = run["cp_size"]
+    ax.plot(run["step"], run["loss"], "-", lw=1.2, label=f"{n} ranks (context parallel)")
+    base = [(s, v) for s, v in zip(run["step"], run["single_loss"]) if v is not None]
+    if base:
+        ax.plot(*zip(*base), "o", ms=4, mfc="none", label="1 process, same seed and batches")
+    if one_gpu is not None:
+        ax.plot(one_gpu["step"], one_gpu["loss"], "--", lw=1, label="1-rank run (its own CSV)")
+    m = run["meta"]
+    where = m["gpu"] if m.get("gpu", "none") != "none" else "CPU"
+    ax.set_title(f"{where}: S={m['seq_len']}, {m['n_layer']} layers x {m['n_embd']}, "
+                 f"{m['dtype']}", fontsize=10)
+    ax.set_xlabel("step")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("training loss (nats/char)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+
+
+dry = read_cp_run(dry_csv)
+shutil.rmtree(scratch, ignore_errors=True)       # the run's scratch folder: read, not kept
+diffs = [abs(a - b) for a, b in zip(dry["loss"], dry["single_loss"])]
+print(f"loss, 2 ranks:  {dry['loss']}")
+print(f"loss, 1 process: {dry['single_loss']}")
+print(f"max |difference| = {max(diffs):.2e} (fp32, CPU)")
+assert dry["cp_size"] == 2 and len(dry["loss"]) == 3 and None not in dry["single_loss"]
+assert max(diffs) <= 1e-4                         # the script's fp32 tolerance
+assert len(set(dry["loss"])) == 3                 # it trained: the loss moved every step
+fig, ax = plt.subplots(figsize=(6, 3.5))
+plot_cp_run(dry, ax)
+fig.tight_layout()
+plt.show()
+
+# %% [markdown]
+# The two losses agree to the last few fp32 bits. They are not bit-identical: attention over
+# two chunks and an all-reduce of the gradients sum in another order than one process does.
+# `tests/test_context_parallel.py` checks more: the loss and every parameter's gradient of
+# 2 ranks against 1 process, with both ropelib's kernel and the PyTorch reference.
+#
+# ## 3. The GPU run
+#
+# On GPUs the point is a sequence too long for one. The default case of `cp_train.py` is a
+# 12-layer, 1024-wide model on sequences of 131072 characters in bf16; split over the ranks,
+# each keeps $1/c$ of the activations plus every layer's gathered k and v. Its CSVs go to
+# `benchmarks/results/cp-*.csv`, e.g.
+#
+#     torchrun --nproc_per_node 2 benchmarks/cp_train.py --steps 200 --compare-single \
+#         --out benchmarks/results/cp-<gpu>-<date>.csv
+#     torchrun --nproc_per_node 1 benchmarks/cp_train.py --steps 200 \
+#         --out benchmarks/results/cp-<gpu>-1gpu-<date>.csv     # the 1-GPU speed, if it fits
+#
+# The cell below draws the newest run of each group size it finds there and reports their
+# tokens/s as the CSVs record them.
+
+# %%
+def newest_cp_runs(folder) -> dict:
+    """{cp_size: the newest run (by its `# date:`)} of the cp-*.csv files in folder."""
+    runs = {}
+    for path in sorted(Path(folder).glob("cp-*.csv")):
+        run = read_cp_run(path)
+        old = runs.get(run["cp_size"])
+        if old is None or run["meta"].get("date", "") > old["meta"].get("date", ""):
+            runs[run["cp_size"]] = run
+    return runs
+
+
+def report_cp_runs(runs) -> None:
+    print(f"{'ranks':>5} {'device':<24} {'seq_len':>8} {'tokens/s':>10} {'ms/step':>9}  "
+          f"peak GiB per rank   file")
+    for n, r in sorted(runs.items()):
+        m = r["meta"]
+        where = m["gpu"] if m.get("gpu", "none") != "none" else m.get("device", "?")
+        print(f"{n:>5} {where[:24]:<24} {m['seq_len']:>8} "
+              f"{float(m['tokens_per_s']):>10.0f} {float(m['ms_per_step']):>9.1f}  "
+              f"{m.get('peak_mem_gib_per_rank', ''):<18} {r['path'].name}")
+    multi = [n for n in runs if n > 1]
+    if 1 in runs and multi:
+        n = min(multi)
+        same = all(runs[1]["meta"][k] == runs[n]["meta"][k]
+                   for k in ("seq_len", "n_layer", "n_embd", "batch_size", "dtype"))
+        if same:
+            ratio = float(runs[n]["meta"]["tokens_per_s"]) / float(runs[1]["meta"]["tokens_per_s"])
+            print(f"{n} ranks / 1 rank: {ratio:.2f}x the tokens/s on the same sequences")
+        else:
+            print("the 1-rank and the multi-rank runs differ in size: their tokens/s do not "
+                  "compare")
+
+
+gpu_runs = newest_cp_runs(RESULTS)
+multi = sorted(n for n in gpu_runs if n > 1)
+if multi:
+    run = gpu_runs[2] if 2 in gpu_runs else gpu_runs[multi[0]]
+    report_cp_runs(gpu_runs)
+    m = run["meta"]
+    print(f"largest |loss difference| over the first steps, {run['cp_size']} ranks vs 1 process "
+          f"({m['dtype']}): {m.get('max_loss_diff', 'not measured')}; "
+          f"1-process baseline: {m.get('single_process', 'not run')}")
+    fig, ax = plt.subplots(figsize=(7, 4))
+    plot_cp_run(run, ax, one_gpu=gpu_runs.get(1))
+    fig.tight_layout()
+    fig.savefig(FIGURES / "11-cp-gpu-loss.png", dpi=120)
+    plt.show()
+else:
+    print("No benchmarks/results/cp-*.csv from a GPU run is committed yet, so there is no "
+          "GPU loss curve or tokens/s to show here.\nThey come from `torchrun "
+          "--nproc_per_node 2 benchmarks/cp_train.py --compare-single --out "
+          "benchmarks/results/cp-....csv` on two GPUs (and --nproc_per_node 1 for one GPU).")
+
+# %% [markdown]
+# What to expect from such a run, and what not to: the loss per step of $c$ ranks follows the
+# 1-process loss (in bf16 within rounding noise, not to the bit). Tokens/s of 2 GPUs on one
+# sequence need not be twice one GPU's: each rank does half the attention and half the MLPs,
+# but it also all-gathers k and v in every layer and all-reduces the gradients. The gain CP buys
+# is first of all memory: sequences that do not fit on one GPU.
+#
+# ## 4. Decoding with the fused cache write
+#
+# ### What a KV cache holds
+#
+# A language model generates one token at a time, and the new token attends to the keys and
+# values of every earlier one. Recomputing them at every step would cost the whole prefix
+# again, so each layer keeps them in a **KV cache** and appends the new token's k and v. With
+# RoPE the cached key is the *rotated* key $R_p k_p$: it is rotated once, at its own position
+# $p$, when it is written, and never again. The new query is rotated at its position, and the
+# score $\langle R_m q, R_p k\rangle$ depends on $m - p$ as in training.
+#
+# So a decoding step of one layer does, for each sequence $b$ of the batch at its own length
+# $\ell_b$ (`cache_seqlens`): rotate $q$ and $k$ at position $p = \ell_b$, store the rotated
+# $k$ and the $v$ at slot $p$, then attend over slots $0 \ldots p$. Unfused, that is a RoPE
+# kernel that writes rotated $k$ to memory, then a copy of it (and $v$) into the cache.
+# `ropelib.rope_kv_cache` does both in one launch: it returns the rotated $q$ and writes the
+# rotated $k$ straight into its slot.
+#
+# Two layouts hold the cache:
+#
+# | layout | tensor | position $p$ of sequence $b$ |
+# |---|---|---|
+# | contiguous | `[B, L, HK, D]` | `cache[b, p]` |
+# | paged | a pool `[NB, BS, HK, D]` of blocks of `BS` positions + `block_table [B, MAX_BLOCKS]` | `cache[block_table[b, p // BS], p % BS]` |
+#
+# A contiguous cache reserves $L$ positions for every sequence up front. A paged cache (vLLM's
+# PagedAttention) hands out blocks as sequences grow, so memory follows the actual lengths, and
+# sequences can share blocks (a common prompt); the block table maps a sequence's positions to
+# blocks anywhere in the pool.
+#
+# ### One decoding step, slot by slot
+#
+# Two sequences, with 3 and 5 tokens already cached; each gets one new token.
+
+# %%
+B, L, HQ, HK, D = 2, 8, 2, 1, 8
+seqlens = torch.tensor([3, 5], dtype=torch.int32, device=device)     # tokens cached per sequence
+freqs = ropelib.rope_freqs(L, D, device=device)
+q_new = torch.randn(B, 1, HQ, D, device=device)                      # the new token's q, k, v
+k_new = torch.randn(B, 1, HK, D, device=device)
+v_new = torch.randn(B, 1, HK, D, device=device)
+
+held = (torch.arange(L, device=device)[None] < seqlens[:, None].long())   # [B, L]: earlier tokens
+history_k = torch.randn(B, L, HK, D, device=device) * held[..., None, None]
+history_v = torch.randn(B, L, HK, D, device=device) * held[..., None, None]
+k_cache, v_cache = history_k.clone(), history_v.clone()              # contiguous [B, L, HK, D]
+
+q_rot = ropelib.rope_kv_cache(q_new, k_new, v_new, k_cache, v_cache, seqlens, freqs)
+
+changed = (k_cache != history_k).any(-1).any(-1)                     # [B, L]
+print("position   " + " ".join(str(p) for p in range(L)))
+for b in range(B):
+    marks = ["N" if changed[b, p] else ("x" if held[b, p] else ".") for p in range(L)]
+    print(f"sequence {b} " + " ".join(marks))
+print("x: held before the step, N: written by this step, .: free")
+assert changed.nonzero().tolist() == [[b, int(seqlens[b])] for b in range(B)]
+assert torch.equal(v_cache[changed], v_new[:, 0])                    # v is stored as it is
+
+# %% [markdown]
+# The unfused path, as a model without the fused kernel would run it: `apply_rope_qk` with
+# the start positions, then `kv_cache.write_kv_cache` (the index arithmetic and two
+# `index_put_` in PyTorch). Same table, same fp32 math, one rounding: the same bits.
+
+# %%
+q_ref, k_ref = ropelib.apply_rope_qk(q_new, k_new, freqs, layout="bshd", start_positions=seqlens)
+k_unf, v_unf = history_k.clone(), history_v.clone()
+kv_cache.write_kv_cache(k_ref, v_new, k_unf, v_unf, seqlens)
+assert torch.equal(q_rot, q_ref)
+assert torch.equal(k_cache, k_unf) and torch.equal(v_cache, v_unf)
+print("fused = RoPE, then the write: q, k cache and v cache bit for bit")
+
+# %% [markdown]
+# ### The same step in a paged cache
+#
+# Blocks of 2 positions, a pool of 8 blocks handed out in a shuffled order. The history is
+# written through the block table first (`kv_cache.cache_slots` gives each position's
+# (block, offset)); then the same decoding step goes into the pool.
+
+# %%
+BS = 2
+block_table = torch.randperm(B * L // BS).view(B, L // BS).to(torch.int32).to(device)
+pool_k = torch.zeros(B * L // BS, BS, HK, D, device=device)          # [NB, BS, HK, D]
+pool_v = torch.zeros_like(pool_k)
+rows, offsets = kv_cache.cache_slots(torch.zeros_like(seqlens), L, block_table, BS)  # [B, L] each
+pool_k[rows, offsets], pool_v[rows, offsets] = history_k, history_v
+before = pool_k.clone()
+
+q_paged = ropelib.rope_kv_cache(q_new, k_new, v_new, pool_k, pool_v, seqlens, freqs,
+                                block_table=block_table)
+
+print("block table:", block_table.tolist())
+for b in range(B):
+    p = int(seqlens[b])
+    print(f"sequence {b}, position {p}: its block {p // BS} -> pool block "
+          f"{int(block_table[b, p // BS])}, offset {p % BS}")
+written = (pool_k != before).any(-1).any(-1).nonzero().tolist()       # [(block, offset)]
+print("pool slots written:", written)
+want = [[int(block_table[b, int(seqlens[b]) // BS]), int(seqlens[b]) % BS] for b in range(B)]
+assert sorted(written) == sorted(want)
+assert torch.equal(q_paged, q_rot)
+# read through the block table, the pool is the contiguous cache
+logical = pool_k[block_table.long()].flatten(1, 2)                   # [B, L, HK, D]
+assert torch.equal(logical, k_cache)
+print("paged cache read through its block table == the contiguous cache, bit for bit")
+
+# %% [markdown]
+# ### Generating with the fused and the unfused path
+#
+# `ropelib.model.generate` decodes greedily with a KV cache of either layout, RoPE fused with
+# the write (`fused=True`) or not. Without a cache (`cache=None`) it reruns the whole sequence
+# through the model at every step: the baseline all of them must reproduce. The model is tiny
+# and untrained; its weights are drawn with a larger spread than GPT-2's initialisation
+# (std 0.3, not 0.02), because at 0.02 greedy decoding only repeats the last character, and a
+# check that every path repeats it would prove little.
+
+# %%
+data = CharDataset.from_pydoc_topics()
+cfg = GPTConfig(vocab_size=data.vocab_size, block_size=32, n_layer=2, n_head=2, n_embd=32)
+model = GPT(cfg).to(device)
+g = torch.Generator().manual_seed(3)      # drawn on the CPU: the same weights on any device
+with torch.no_grad():
+    for p in model.parameters():          # matrices ~ N(0, 0.3^2); gains ~ 1, biases ~ 0
+        p.copy_(torch.randn(p.shape, generator=g) * (0.3 if p.dim() > 1 else 0.1) + (p.dim() == 1))
+prompts = torch.tensor([data.encode("def f"), data.encode("class")], device=device)
+NEW = 6
+outs = {"no cache": generate(model, prompts, NEW, cache=None)}
+for layout in ("contiguous", "paged"):
+    for fused in (True, False):
+        outs[f"{layout}, {'fused' if fused else 'unfused'}"] = generate(
+            model, prompts, NEW, cache=layout, fused=fused, page_size=4)
+for name, out in outs.items():
+    print(f"{name:>20}: {[data.decode(o[-NEW:]) for o in out]}")
+    assert torch.equal(out, outs["no cache"]), name
+assert all(len(set(row)) > 2 for row in outs["no cache"][:, -NEW:].tolist())  # not one token
+# the logits too: prefill the prompt, decode token by token, against one full forward pass
+tokens = outs["no cache"]
+kv = KVCache(cfg, tokens.shape[0], tokens.shape[1], kind="paged", page_size=4, device=device)
+steps = [forward_cached(model, tokens[:, :5], kv)]                  # prefill: 5 tokens at once
+steps += [forward_cached(model, tokens[:, t:t + 1], kv) for t in range(5, tokens.shape[1])]
+full_logits, _ = model(tokens)
+gap = (torch.cat(steps, 1) - full_logits).abs().max().item()
+print(f"cached decoding vs the full forward pass: max |logit difference| {gap:.1e} (fp32)")
+assert gap < 1e-4
+
+# %% [markdown]
+# ### An fp8 cache, and its scale
+#
+# At long contexts the cache dominates decoding memory and bandwidth: every step reads all of
+# it. A `float8_e4m3fn` cache halves it against bf16. e4m3 has 3 mantissa bits and a largest
+# value of 448, so the cache stores $\mathrm{fp8}(x / s)$ with a per-tensor fp32 scale $s$ and
+# reads back $s \cdot \mathrm{fp8}(x/s)$. Rounding to nearest costs at most half a step, a
+# relative error of $2^{-4}$ for values in the normal range ($|x/s| \ge 2^{-6}$); smaller values
+# fall into subnormals with a fixed absolute step $2^{-9} s$, and values above $448\,s$
+# saturate. The fused kernel divides, rounds and stores in the same launch; its bits are those
+# of `kv_cache.quantize_fp8` applied to the unfused rotated key.
+
+# %%
+FP8 = torch.float8_e4m3fn
+k_fp8, v_fp8 = (torch.zeros(B, L, HK, D, dtype=FP8, device=device) for _ in range(2))
+amax = k_ref.abs().max().item()
+scale = torch.tensor([amax / 448], device=device)                 # the largest value maps to 448
+ropelib.rope_kv_cache(q_new, k_new, v_new, k_fp8, v_fp8, seqlens, freqs,
+                      k_scale=scale, v_scale=scale)
+rows, slots = kv_cache.cache_slots(seqlens, 1)
+stored = k_fp8[rows, slots]                                        # [B, 1, HK, D] fp8
+assert torch.equal(stored.view(torch.uint8),
+                   kv_cache.quantize_fp8(k_ref, scale).view(torch.uint8))
+back = stored.float() * scale
+normal = (k_ref / scale).abs() >= 2 ** -6
+err = (back - k_ref).abs()
+worst = (err / k_ref.abs())[normal].max().item()
+print(f"scale = amax/448 = {scale.item():.3g}: max relative error {worst:.4f} "
+      f"(bound 2^-4 = {2 ** -4})")
+assert bool((err[normal] <= 2 ** -4 * k_ref.abs()[normal]).all())
+assert bool((err[~normal] <= 2 ** -10 * scale).all())             # half a subnormal step
+
+# %% [markdown]
+# The scale is a choice. Too small and the large values saturate at $448\,s$; too large and
+# the small values sink into the subnormals and lose their relative precision. The sweep rounds
+# keys with `quantize_fp8`, keys whose 64 features have scales spread from 0.1 to 10 (keys of
+# trained models have a few large features too), and measures the error of all of them and of
+# the smallest ones:
+
+# %%
+g = torch.Generator().manual_seed(1)
+keys = torch.randn(64, 8, 64, generator=g) * torch.logspace(-1, 1, 64)   # feature scales 0.1..10
+small = keys[..., :8]                                                    # the features near 0.1
+
+
+def rel_rms(x, s):
+    """Relative RMS error of x stored in fp8 with scale s and read back."""
+    s = torch.as_tensor(s, dtype=torch.float32).reshape(1)
+    return ((kv_cache.quantize_fp8(x, s).float() * s - x).norm() / x.norm()).item()
+
+
+scales = torch.logspace(-4, 3, 71)
+curves = {"all features": [rel_rms(keys, s) for s in scales],
+          "the smallest features (scale 0.1)": [rel_rms(small, s) for s in scales]}
+best = keys.abs().max().item() / 448
+fig, ax = plt.subplots(figsize=(6.5, 3.8))
+for label, errs in curves.items():
+    ax.loglog(scales, errs, ".-", label=label)
+ax.axvline(best, color="tab:green", ls="--", label=f"amax / 448 = {best:.2g}")
+ax.axhline(2 ** -8, color="tab:gray", ls=":", label="bf16: at most $2^{-8}$ relative")
+ax.set_xlabel("scale $s$")
+ax.set_ylabel(r"relative RMS error $\|\hat k - k\| / \|k\|$")
+ax.set_title("saturation on the left, subnormals on the right", fontsize=10)
+ax.legend(fontsize=8)
+ax.grid(alpha=0.3, which="both")
+fig.tight_layout()
+fig.savefig(FIGURES / "11-fp8-scale.png", dpi=120)
+plt.show()
+for label, errs in curves.items():
+    x = keys if label == "all features" else small
+    print(f"{label:>34}: {rel_rms(x, best):.4f} at amax/448, lowest {min(errs):.4f}, "
+          f"{errs[0]:.3f} at s={scales[0]:.0e}, {errs[-1]:.3f} at s={scales[-1]:.0e}")
+    assert rel_rms(x, best) <= 1.1 * min(errs)   # amax/448 is as good as any scale of the sweep
+assert curves["all features"][0] > 0.5                       # saturated
+assert curves["the smallest features (scale 0.1)"][-1] > 0.5  # sunk below the subnormals
+
+# %% [markdown]
+# ![Relative RMS error of an fp8 key cache against its scale, for all features and for the
+# smallest ones: a floor of a few percent around amax/448, rising steeply when the large values
+# saturate (left) and when the small ones sink into the subnormals
+# (right)](../figures/11-fp8-scale.png)
+#
+# Around `amax / 448` the error sits on a floor of a few percent: the price of 3 mantissa
+# bits, some 16 times bf16's. The error of the whole tensor hides the small features: a scale
+# 100 times too large still looks fine overall while the smallest features have lost most of
+# their bits. Whether a model's outputs notice is a question for the model,
+# measured on its tasks; the kernel's part is to round exactly as `quantize_fp8` says.
+#
+# ### Decode latency on a GPU
+#
+# `benchmarks/decode_cache_bench.py` times one decoding step of one layer (q `[B, 1, 32, 128]`,
+# k and v `[B, 1, 8, 128]`, bf16, a cache of 4096 positions), fused against unfused, in
+# contiguous and paged caches of bf16 and fp8, eagerly and replayed from a CUDA graph (launch
+# overhead gone). Its CSV goes to `benchmarks/results/decode_cache*.csv`; the cell draws the
+# newest one found there.
+
+# %%
+def plot_decode_cache(rows, axes) -> None:
+    """ms per decoding step against batch: one panel per (cache layout, cache dtype), a line per
+    (provider, mode)."""
+    panels = sorted({(r["cache"], r["cache_dtype"]) for r in rows})
+    for ax, (cache, dtype) in zip(axes, panels):
+        for provider, colour in (("fused", "tab:blue"), ("unfused", "tab:orange")):
+            for mode, style in (("eager", "o-"), ("graph", "s--")):
+                pts = sorted((r["batch"], r["ms"]) for r in rows
+                             if (r["cache"], r["cache_dtype"], r["provider"], r["mode"])
+                             == (cache, dtype, provider, mode) and r.get("ms"))
+                if pts:
+                    ax.plot(*zip(*pts), style, color=colour, label=f"{provider}, {mode}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"{cache} cache, {dtype}", fontsize=10)
+        ax.set_xlabel("batch (sequences decoded together)")
+        ax.grid(alpha=0.3, which="both")
+    axes[0].set_ylabel("ms per decoding step (one layer)")
+    axes[0].legend(fontsize=8)
+
+
+found = sorted(RESULTS.glob("decode_cache*.csv"),
+               key=lambda p: compare.read_meta(p).get("date", ""))          # newest last
+timed = [r for r in compare.read_csv(found[-1]) if r.get("ms")] if found else []
+if timed:
+    meta = compare.read_meta(found[-1])
+    print(f"{found[-1].name}: {meta.get('gpu')}, torch {meta.get('torch')}, "
+          f"triton {meta.get('triton')}, {meta.get('date')}")
+    n_panels = len({(r["cache"], r["cache_dtype"]) for r in timed})
+    fig, axes = plt.subplots(1, n_panels, figsize=(4 * n_panels, 3.8), sharey=True, squeeze=False)
+    plot_decode_cache(timed, axes[0])
+    fig.tight_layout()
+    fig.savefig(FIGURES / "11-decode-cache-latency.png", dpi=120)
+    plt.show()
+    for r in timed:
+        if r["provider"] == "fused" and r.get("speedup_vs_unfused"):
+            print(f"{r['cache']:>10} {r['cache_dtype']:<14} {r['mode']:<5} B={r['batch']:<4} "
+                  f"fused {r['ms'] * 1e3:7.1f} us  {r['speedup_vs_unfused']:.2f}x the unfused step")
+else:
+    print("No timed benchmarks/results/decode_cache*.csv is committed yet, so there is no decode "
+          "latency to show here.\nIt comes from `python benchmarks/decode_cache_bench.py --out "
+          "benchmarks/results/decode_cache-<gpu>.csv` on a GPU (the interpreter times nothing).")
+
+# %% [markdown]
+# ## Exercises
+#
+# Each check prints ✅ or ❌ and never stops the notebook. Replace the `...` and rerun the
+# cell; the solutions are folded away in the cell after each exercise.
+#
+# **1. The positions a rank holds.** Write `my_dual_chunk_positions(seq_len, cp_size, cp_rank)`:
+# the `seq_len / cp_size` global positions rank `cp_rank` holds under the dual-chunk split, in
+# the order the rank holds them (its first chunk, then its second). For `(8, 2, 0)`:
+# `[0, 1, 6, 7]`.
+
+# %%
+def my_dual_chunk_positions(seq_len, cp_size, cp_rank):
+    ...  # your code
+
+
+if my_dual_chunk_positions(8, 2, 0) is None:
+    print("Exercise 1: fill in my_dual_chunk_positions, then rerun this cell")
+else:
+    ex.check_dual_chunk_positions(my_dual_chunk_positions)
+
+# %%
+solution(ex.solution_dual_chunk_positions)
+
+# %% [markdown]
+# **2. The slot of a position in a paged cache.** Write
+# `my_paged_slot(block_table_row, block_size, position)`: `(block, offset)`, where in the pool
+# `[n_blocks, block_size, H, D]` the key of `position` of a sequence with that block-table row
+# is stored. For the row `[5, 2, 7, 0]` with blocks of 4, position 9 lives in pool block 7.
+
+# %%
+def my_paged_slot(block_table_row, block_size, position):
+    ...  # your code
+
+
+if my_paged_slot([5, 2, 7, 0], 4, 9) is None:
+    print("Exercise 2: fill in my_paged_slot, then rerun this cell")
+else:
+    ex.check_paged_slot(my_paged_slot)
+
+# %%
+solution(ex.solution_paged_slot)
+
+# %% [markdown]
+# ## Summary
+#
+# - A causal row at position $p$ costs $p+1$ pairs, so a contiguous split leaves the last
+#   rank with about $2c-1$ times the first rank's work. Rank $r$ holding chunks $r$ and
+#   $2c-1-r$ of $2c$ gives every rank exactly $S(S+1)/2c$ pairs.
+# - A rank's tokens keep their global positions: `apply_rope(..., cp_size, cp_rank)` rotates a
+#   shard bit for bit as the full sequence would be rotated. Attention all-gathers k and v
+#   and runs two lower-right causal blocks per rank (`cp.dual_chunk_attention`).
+# - Two gloo processes on a CPU train to the 1-process loss within fp32 rounding
+#   (`benchmarks/cp_train.py --dry-run`); the same script on GPUs writes the CSVs section 3
+#   reads.
+# - A KV cache stores rotated keys. `rope_kv_cache` rotates q and k and writes k and v into
+#   their slots in one launch, contiguous (`[b, p]`) or paged
+#   (`[block_table[b, p // BS], p % BS]`), with exactly the bits of RoPE-then-write, and
+#   `generate` picks the same tokens fused, unfused and without a cache.
+# - An fp8 cache with scale `amax / 448` costs a few percent relative error (3 mantissa bits);
+#   a scale far off either way costs much more (saturation, subnormals).
+
+# %% [markdown]
+# ## Questions for a study group
+#
+# 1. The dual-chunk split balances the (query, key) pairs. Flash attention skips fully masked
+#    tiles; does the balance still hold when the work is counted in tiles of 128 × 128 and the
+#    chunks are not a multiple of 128? What would you do about it?
+# 2. All-gather CP keeps every layer's full k and v on every rank during the forward pass.
+#    How much memory is that for the default `cp_train.py` case (131072 tokens, 12 layers,
+#    1024 wide, bf16), and how does ring attention avoid it? What does it pay instead?
+# 3. In the CP run every rank rotates only its own tokens, at their global positions. What
+#    would break, and how would you notice, if the keys were rotated *after* the all-gather
+#    with the local positions of each rank?
+# 4. The fused cache write saves one round trip of the rotated k through memory. At decode
+#    (one token per sequence) that is a few KB per sequence; why can it still matter for the
+#    step time, and why do CUDA graphs change the comparison?
+# 5. A paged cache lets two sequences share the blocks of a common prompt. What must happen
+#    when one of them writes its next token into a shared, half-full block?
