@@ -117,7 +117,9 @@ assert all(p.available or p.reason for p in provs)
 #   both products large. Arithmetic in a format is exact only to about an ulp *of those
 #   operands*, so a tiny output carries an error that is many of its own ulps. That is the
 #   arithmetic's honest error, not a bug. The head-wise column measures every provider on that
-#   fair scale; the element-wise one shows what cancellation does.
+#   fair scale; the element-wise one shows what cancellation does. Even a bf16 output computed
+#   in fp32 can score above 0.5 element-wise on a GPU: near zero, fp32's own error in the
+#   cancellation can reach half a bf16 ulp of the tiny result.
 
 # %%
 if GPU:
@@ -131,9 +133,8 @@ display(HTML(widgets.rows_table_html(rows)))
 by = {r["provider"]: r for r in rows}
 ok = [r for r in rows if r["available"]]
 assert by["pytorch"]["available"] and by["ropelib"]["available"], by["ropelib"]["reason"]
-# ropelib computes a bf16 output in fp32 and rounds once: within half an ulp on both scales
+# ropelib computes a bf16 output in fp32 and rounds once: within half an ulp of the head
 assert by["ropelib"]["max_head_ulp_err"] <= 0.5 + 1e-3
-assert by["ropelib"]["max_ulp_err"] <= 0.5 + 1e-3
 # eager PyTorch rounds cos/sin and every product to bf16 (TE's unfused path): more ulps
 assert by["pytorch"]["max_head_ulp_err"] > by["ropelib"]["max_head_ulp_err"]
 for r in ok:

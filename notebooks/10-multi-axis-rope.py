@@ -47,12 +47,16 @@ device = ropelib.default_device()
 import importlib.util
 
 import matplotlib.pyplot as plt
+from IPython.display import Image, display
 
 from ropelib import mrope
 from ropelib.exercises import multi_axis as ex
 from ropelib.exercises import solution
 from ropelib.reference import rotate_half
 
+from pathlib import Path
+
+ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "ropelib").is_dir())
 FIGURES = ropelib.runtime.figures_dir()   # a scratch folder (ROPELIB_WRITE_FIGURES=1: figures/)
 HAVE_HF = importlib.util.find_spec("transformers") is not None
 torch.manual_seed(0)
@@ -378,6 +382,50 @@ solution(ex.solution_text_then_image)
 #   torch.compile of that code on a GPU.
 
 # %% [markdown]
+# ## Long-context precision
+#
+# Every axis above, and plain 1-D RoPE, rotates by angles $p\,\omega_j$. Libraries form them as
+# `position * inv_freq` in fp32: at position $p$ an fp32 angle keeps only 24 significant bits,
+# so its error grows with $p$ — about $p\,\omega_j \cdot 2^{-24}$ rad, and more where the
+# fp32 frequency itself is rounded. A bf16 cos/sin cache (transformers' default under autocast)
+# adds bf16's own rounding on top. Long-context models reach $10^6$ positions and beyond.
+#
+# ropelib can skip the table: `ropelib.rope_angles(...)` holds each pair's frequency as a
+# fixed-point fraction of a turn, and the kernel multiplies it by the integer position with
+# wrapping 64-bit integer products, so whole turns fall away exactly and the angle is rounded
+# once to fp32: within half an fp32 ulp of the exact angle at any position up to $2^{31}-2$,
+# for every scaling law `ropelib.frequencies` has. `apply_rope(x, angles=..., position_ids=...)`
+# reads no cos/sin table at all.
+#
+# `benchmarks/angle_precision.py` measures all three against float64 from 1 K to 16 M
+# positions (Llama-like: $d = 128$, base 500 000). The cell runs a few positions of it here; the
+# arithmetic is integer and IEEE fp64, the same in the interpreter and on a GPU.
+
+# %%
+_spec = importlib.util.spec_from_file_location(
+    "angle_precision", ROOT / "benchmarks" / "angle_precision.py")
+angle_precision = importlib.util.module_from_spec(_spec)   # the script's functions, not its main
+_spec.loader.exec_module(angle_precision)
+
+prec_rows = angle_precision.precision(per_decade=1, window=4, heads=1, device=device)
+print(angle_precision.table(prec_rows))
+png = angle_precision.figure(prec_rows, FIGURES / "10-angle-precision.png")
+display(Image(filename=png, width=820))
+
+by = {(r["method"], r["position"]): r for r in prec_rows}
+top = max(r["position"] for r in prec_rows)
+assert all(r["angle_ulps"] <= 0.5 + 1e-6 for r in prec_rows if r["method"] == "ropelib_exact")
+assert by[("fp32_angle_table", top)]["angle_err_rad"] > 0.1       # fp32 angles: tenths of a rad
+assert by[("ropelib_exact", top)]["out_err"] < 1e-5
+
+# %% [markdown]
+# At a thousand positions every method is fine. By a million the fp32 angle of the fastest
+# pairs is off by hundredths of a radian, and by 16 M by more than a radian: the model sees a
+# different position than the one it was trained to see, for exactly the pairs that carry the
+# finest position information. The bf16 cache is worse at short range and meets the fp32 table
+# once the fp32 product error dominates. The table-free angle stays at half an ulp throughout.
+
+# %% [markdown]
 # ## Questions for a study group
 #
 # 1. Qwen2-VL gives time the fastest 16 pairs and the column the slowest 24. What does a very
@@ -392,12 +440,3 @@ solution(ex.solution_text_then_image)
 #    make per-token positions (rather than a token index and a table) the natural input?
 # 5. Axial RoPE makes scores depend on the 2-D offset only. Which tasks might want the model
 #    to know the absolute row and column as well, and how do vision models provide it?
-
-# %% [markdown]
-# ## Long-context precision
-#
-# Angles $p\,\omega_j$ are formed in fp32, as transformers forms them, and at long positions
-# an fp32 angle keeps fewer fractional bits, which blurs the fastest pairs first. This section
-# is filled from `benchmarks/angle_precision.py`, which measures how far fp32 angles drift from
-# exact ones as positions grow and what that does to the rotated q and k; its results go here
-# once that script has been run on a GPU.

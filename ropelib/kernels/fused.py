@@ -66,9 +66,9 @@ FROM_CU_SEQLENS = 2   # packed sequences: the token's offset inside its sequence
 
 # 2 pi = TWO_PI_1 + TWO_PI_2 + TWO_PI_3 (each exact in fp32, the sum within 2^-75 of 2 pi), so
 # a product with it is exact to fp64 precision whatever precision the constants are given in.
-TWO_PI_1: tl.constexpr = 6.2831854820251465
-TWO_PI_2: tl.constexpr = -1.7484555314695172e-07
-TWO_PI_3: tl.constexpr = -6.8604980400235275e-15
+TWO_PI_1 = tl.constexpr(6.2831854820251465)
+TWO_PI_2 = tl.constexpr(-1.7484555314695172e-07)
+TWO_PI_3 = tl.constexpr(-6.8604980400235275e-15)
 
 
 @triton.jit

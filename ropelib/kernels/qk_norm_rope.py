@@ -109,6 +109,10 @@ def _norm_rope_heads(
     ACCURATE: tl.constexpr, CDT: tl.constexpr, INT64: tl.constexpr, BF16_RTNE: tl.constexpr,
 ):
     HALF: tl.constexpr = R // 2
+    # float arguments arrive as fp32 from a plain launch and may arrive as fp64 from Inductor's:
+    # fix them to the compute dtype so every value (and the loop-carried sums) keeps one type
+    eps = tl.cast(eps, CDT)
+    weight_offset = tl.cast(weight_offset, CDT)
     s_idx = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)          # [BLOCK_S]
     h_idx = h0 + tl.arange(0, BLOCK_H)                        # [BLOCK_H]
     j = tl.arange(0, BLOCK_HALF)                              # [BLOCK_HALF]
