@@ -101,19 +101,21 @@ def to_html(executed: Path, to: Path) -> int:
                 cell.source = cell.source.replace("](../figures/", f"]({figures}/")
         body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"path": str(NOTEBOOKS)}})
         (to / f"{path.stem}.html").write_text(body, encoding="utf-8")
-        index.append(f"| [{path.stem}]({path.stem}.html) | {run.get('seconds', '?')} s | "
-                     f"{run.get('status', '?')} |")
+        index.append(f"| [{path.stem}]({path.stem}.html) | {run.get('gpu', '?')} | "
+                     f"{run.get('transformer_engine', '?')} | {run.get('date', '?')} | "
+                     f"{run.get('seconds', '?')} s | {run.get('status', '?')} |")
         print("wrote", to / f"{path.stem}.html")
     first = next(iter(sorted(executed.glob("[0-9][0-9]-*.ipynb"))), None)
     run = nbformat.read(first, as_version=4).metadata.get("ropelib_executed", {}) if first else {}
     (to / "README.md").write_text(
         "# The notebooks, executed on a GPU\n\n"
-        f"Run top to bottom on an {run.get('gpu', '?')} ({run.get('date', '?')}): torch "
-        f"{run.get('torch', '?')}, Triton {run.get('triton', '?')}, Transformer Engine "
-        f"{run.get('transformer_engine', '?')}, Python {run.get('python', '?')}. "
-        "Open a page in a browser to read the GPU's outputs next to your own run; the widgets are "
-        "static here (they need a live kernel).\n\n"
-        "| notebook | run time | result |\n|---|---|---|\n" + "\n".join(index) + "\n",
+        f"Each notebook run top to bottom on a GPU with torch {run.get('torch', '?')}, Triton "
+        f"{run.get('triton', '?')} and Python {run.get('python', '?')}; the table says which GPU, "
+        "whether Transformer Engine was installed, when, and how long the run took. Open a page "
+        "in a browser to read the GPU's outputs next to your own run; the widgets are static "
+        "here (they need a live kernel).\n\n"
+        "| notebook | GPU | Transformer Engine | date (UTC) | run time | result |\n"
+        "|---|---|---|---|---|---|\n" + "\n".join(index) + "\n",
         encoding="utf-8")
     return 0
 

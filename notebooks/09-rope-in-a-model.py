@@ -175,7 +175,8 @@ del models
 #
 # If the kernel were subtly wrong (a sign, an off-by-one position, a missing gradient term) the
 # model would still train, but to a different loss, and its gap from the reference would grow
-# beyond the seed-to-seed gap.
+# well beyond the seed-to-seed gap. A correct kernel's gap is of the size of that noise: one
+# sample of it, sometimes a little above, sometimes below (the check allows 1.5 times).
 
 # %%
 runs = {}
@@ -215,7 +216,11 @@ print(f"d(ropelib, reference)          = {d_kernel:.2e}   (same seed, other RoPE
 print(f"d(reference seed 1, reference) = {d_seed:.2e}   (run-to-run noise)")
 if STEPS >= 30:                               # (not in a few-step smoke run)
     assert val["ropelib"][-1] < math.log(data.vocab_size) - 0.5   # it learned something
-assert d_kernel <= d_seed, "ropelib's curve is further from the reference than another seed is"
+# Under bf16 autocast two correct implementations round differently from the first step, and
+# training amplifies any difference: the kernel's gap is itself a sample of run-to-run noise
+# (on an H200 it came out at 1.13x the seed gap once and below it another time). A wrong
+# kernel trains to a different loss: a gap many times the seed gap.
+assert d_kernel <= 1.5 * d_seed, "ropelib's curve is further from the reference than seed noise"
 
 meta = {**environment_meta(), "config": cfg, "batch": BATCH, "steps": STEPS, "lr": LR,
         "amp_dtype": runs["ropelib"]["amp_dtype"],

@@ -406,7 +406,7 @@ def test_gpu_angles_and_rotation_match_the_exact_reference():
     want = F.reduced_angles(pos, a.inv_freq.cpu())
     assert ((got - want).abs() / _ulp32(want)).max() <= 0.5 + 1e-6
     x = torch.randn(64, 4, 8, 128, device="cuda", requires_grad=True)
-    pid = torch.randint(0, 2 ** 24, (4, 64), device="cuda")
+    pid = torch.randint(0, 2 ** 24, (64, 4), device="cuda")        # [B, S] of bshd x
     y = ropelib.apply_rope(x, angles=a, layout="bshd", position_ids=pid)
     ref = _reference_at(x.detach().cpu(), a.to("cpu"), pid.cpu(), layout="bshd")
     torch.testing.assert_close(y.detach().cpu().double(), ref, atol=3e-6, rtol=0)
