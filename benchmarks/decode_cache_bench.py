@@ -96,15 +96,21 @@ def check(c) -> float:
                   v_cache=torch.zeros_like(c["v_cache"]))
         outs[name] = (fn(cc), cc["k_cache"], cc["v_cache"])
     (qf, kf, vf), (qu, ku, vu) = outs["fused"], outs["unfused"]
-    if not torch.equal(qf, qu):
-        raise AssertionError("fused q differs from the unfused q")
+    # Two different kernels, each fp32 math rounded once: on a GPU the compiler may contract a
+    # product and a sum into an FMA in one and not the other, which moves a rounding by one ulp
+    # (the H200 showed such differences at batch 64 and 256). More than one ulp is an error.
+    def within_one_ulp(a, b, dtype=None):
+        one_ulp = compare.ulp(b.double(), dtype or b.dtype)
+        return bool(((a.double() - b.double()).abs() <= one_ulp).all())
+    if not within_one_ulp(qf, qu):
+        raise AssertionError("fused q differs from the unfused q by more than one ulp")
     rows, slots = kv_cache.cache_slots(c["cache_seqlens"], 1, c["block_table"],
                                        c["k_cache"].shape[1])
     kf, ku, vf, vu = (t[rows, slots].float() for t in (kf, ku, vf, vu))
     if c["k_cache"].dtype == FP8:   # the unfused path rounds to bf16 before fp8
         ok = bool(((kf - ku).abs() <= 2**-3 * ku.abs() + 2**-9).all())
     else:
-        ok = torch.equal(kf, ku)
+        ok = within_one_ulp(kf, ku, c["k_cache"].dtype)
     if not ok or not torch.equal(vf, vu):
         raise AssertionError("the fused step wrote other cache values than the unfused one")
     f = c["freqs"][:, 0, 0].double()
