@@ -9,6 +9,7 @@
 import importlib.util
 import pathlib
 import re
+import warnings
 
 _script = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "strip_notebook_outputs.py"
 _spec = importlib.util.spec_from_file_location("strip_notebook_outputs", _script)
@@ -23,4 +24,7 @@ def strip_study_notebooks(model, path, **kwargs):
         _strip.strip(model["content"])
 
 
+# The contents manager receives this setting once per class of its hierarchy that is named
+# ContentsManager; the second time traitlets warns that it overrides the (identical) first.
+warnings.filterwarnings("ignore", message="Overriding existing pre_save_hook")
 c.ContentsManager.pre_save_hook = strip_study_notebooks  # noqa: F821 (c: Jupyter's config)
