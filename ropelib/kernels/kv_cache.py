@@ -51,7 +51,7 @@ from ..runtime import INTERPRET
 from .common import BF16_RTNE, round_to
 from .direct import DirectLauncher
 from .fused import _cos_sin
-from .launch import Launch, _cdiv, _device, _eager, _is_fake, _pow2_at_least, _pow2_at_most
+from .launch import Launch, _cdiv, _device, _pow2_at_least, _pow2_at_most, start
 
 FP8_BY_BITS: bool = INTERPRET
 FP8_MAX = 448.0           # the largest finite float8_e4m3fn
@@ -371,14 +371,4 @@ def launch(q, k, v, q_out, k_cache, v_cache, cache_seqlens, block_table, table, 
         return
     lnch, pointers = plan(q, k, v, q_out, k_cache, v_cache, cache_seqlens, block_table, table,
                           sin, k_scale, v_scale, interleaved=interleaved)
-    if INTERPRET:
-        if not _is_fake(q):
-            _rope_kv_cache_kernel[lnch.grid](**dict(zip(POINTERS, pointers)), **lnch.args,
-                                             num_warps=lnch.num_warps)
-        return
-    if _eager(q):
-        DIRECT(lnch, pointers)
-        return
-    # torch.compile or another tracer: the Triton kernel itself goes into the graph
-    torch.library.wrap_triton(_rope_kv_cache_kernel)[lnch.grid](
-        **dict(zip(POINTERS, pointers)), **lnch.args, num_warps=lnch.num_warps)
+    start(DIRECT, lnch, pointers)

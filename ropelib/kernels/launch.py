@@ -316,24 +316,28 @@ def _eager(t: torch.Tensor) -> bool:
             and torch._C._len_torch_dispatch_stack() == 0)
 
 
-def run(launch: Launch, pointers: tuple) -> None:
-    """Start the kernel (pointers in POINTERS order): eagerly through ropelib's direct launcher
-    (kernels/direct.py); while torch.compile or another tracer is at work, through
-    torch.library.wrap_triton, so the Triton kernel itself lands in the graph; in the
+def start(direct: DirectLauncher, launch: Launch, pointers: tuple) -> None:
+    """Start direct.kernel (pointers in direct.pointer_names order): eagerly through ropelib's
+    direct launcher (kernels/direct.py); while torch.compile or another tracer is at work,
+    through torch.library.wrap_triton, so the Triton kernel itself lands in the graph; in the
     interpreter as Python on CPU tensors (and not at all when the op is only being evaluated
-    for its output shapes)."""
+    for its output shapes). Every kernel family (RoPE, multi-axis, KV-cache write) starts here."""
     q = pointers[0]
+    named = dict(zip(direct.pointer_names, pointers))
     if INTERPRET:
         if not _is_fake(q):
-            _rope_kernel[launch.grid](**dict(zip(POINTERS, pointers)), **launch.args,
-                                      num_warps=launch.num_warps)
+            direct.kernel[launch.grid](**named, **launch.args, num_warps=launch.num_warps)
         return
     if _eager(q):
-        DIRECT(launch, pointers)
+        direct(launch, pointers)
         return
-    torch.library.wrap_triton(_rope_kernel)[launch.grid](**dict(zip(POINTERS, pointers)),
-                                                          **launch.args,
+    torch.library.wrap_triton(direct.kernel)[launch.grid](**named, **launch.args,
                                                           num_warps=launch.num_warps)
+
+
+def run(launch: Launch, pointers: tuple) -> None:
+    """Start the finished RoPE kernel (pointers in POINTERS order); see `start`."""
+    start(DIRECT, launch, pointers)
 
 
 DIRECT = DirectLauncher(_rope_kernel, POINTERS)

@@ -46,7 +46,7 @@ from ..runtime import INTERPRET
 from .common import BF16_RTNE, round_to
 from .direct import DirectLauncher
 from .fused import _cos_sin
-from .launch import Launch, _cdiv, _eager, _is_fake, _pow2_at_least, pick_tiles
+from .launch import Launch, _cdiv, _pow2_at_least, pick_tiles, start
 
 _I32_LIMIT = 2**31 - 1
 MAX_AXES = 4
@@ -252,21 +252,8 @@ def plan(q4: torch.Tensor, q_out4: torch.Tensor, pos: torch.Tensor, inv_freq: to
 
 
 def run(launch: Launch, pointers: tuple) -> None:
-    """Start the kernel: in the interpreter as Python (not at all for fake tensors); eagerly on
-    a GPU through ropelib's direct launcher; under torch.compile through wrap_triton, so the
-    Triton kernel itself lands in the graph."""
-    q = pointers[0]
-    if INTERPRET:
-        if not _is_fake(q):
-            _mrope_kernel[launch.grid](**dict(zip(POINTERS, pointers)), **launch.args,
-                                       num_warps=launch.num_warps)
-        return
-    if _eager(q):
-        DIRECT(launch, pointers)
-        return
-    torch.library.wrap_triton(_mrope_kernel)[launch.grid](**dict(zip(POINTERS, pointers)),
-                                                           **launch.args,
-                                                           num_warps=launch.num_warps)
+    """Start the multi-axis kernel (pointers in POINTERS order); see `launch.start`."""
+    start(DIRECT, launch, pointers)
 
 
 def launch(q4, q_out4, pos, inv_freq, axis, *, interleaved: bool, backward: bool, k4=None,
