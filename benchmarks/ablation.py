@@ -29,7 +29,6 @@ reads back. `--dry-run` runs every variant through Triton's interpreter on tiny 
 checks its output; it times nothing.
 """
 import argparse
-import csv
 import os
 import sys
 from pathlib import Path
@@ -337,16 +336,7 @@ def write(rows, path) -> str:
     meta["bytes_model"] = "x read + y written + fp32 angles [S, D] read once; copy: x + y"
     meta["timing"] = "triton.testing.do_bench median ms (p20, p80)" if runtime.on_gpu() else \
         "none (dry run: outputs checked only)"
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
-        for k, v in meta.items():
-            f.write(f"# {k}: {str(v).replace(chr(10), ' ')}\n")
-        w = csv.DictWriter(f, fieldnames=FIELDS)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: "" if r.get(k) is None else r.get(k) for k in FIELDS})
-    return str(path)
+    return compare.write_csv(rows, path, meta=meta, fields=FIELDS)
 
 
 def table(rows) -> str:

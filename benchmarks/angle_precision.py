@@ -25,7 +25,6 @@ medians in ms (p20, p80) and GB/s (x read once, written once). The CSV starts wi
 `# key: value` lines (GPU, versions, date); a table is printed last.
 """
 import argparse
-import csv
 import math
 import os
 import sys
@@ -169,16 +168,7 @@ def write(rows, path) -> str:
     meta["config"] = f"head_dim={HEAD_DIM} base={BASE:g} no scaling; errors vs exact reduction"
     meta["timing"] = "triton.testing.do_bench median ms (p20, p80)" if any(
         r.get("ms") for r in rows) else "none (precision only)"
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
-        for k, v in meta.items():
-            f.write(f"# {k}: {str(v).replace(chr(10), ' ')}\n")
-        w = csv.DictWriter(f, fieldnames=FIELDS)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: "" if r.get(k) is None else r.get(k) for k in FIELDS})
-    return str(path)
+    return compare.write_csv(rows, path, meta=meta, fields=FIELDS)
 
 
 def table(rows) -> str:

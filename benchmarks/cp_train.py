@@ -31,7 +31,6 @@ fails when it exceeds 1e-4. A 1-process run that does not fit in memory is repor
 there is no GPU, with `--compare-single` implied.
 """
 import argparse
-import csv
 import datetime
 import os
 import sys
@@ -116,16 +115,7 @@ def gather_objects(obj, world):
 
 
 def write(rows, path, meta):
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
-        for k, v in meta.items():
-            f.write(f"# {k}: {str(v).replace(chr(10), ' ')}\n")
-        w = csv.DictWriter(f, fieldnames=FIELDS)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: "" if r.get(k) is None else r.get(k) for k in FIELDS})
-    return str(path)
+    return compare.write_csv(rows, path, meta=meta, fields=FIELDS)
 
 
 def table(meta) -> str:

@@ -785,12 +785,15 @@ def environment_meta() -> dict:
     return meta
 
 
-def write_csv(rows, path, meta=None) -> str:
-    """Rows to CSV; ``meta`` (e.g. :func:`environment_meta`) as leading ``# key: value`` lines."""
+def write_csv(rows, path, meta=None, fields=None) -> str:
+    """Rows to CSV; ``meta`` (e.g. :func:`environment_meta`) as leading ``# key: value`` lines.
+    ``fields``: the columns, in order (a benchmark's own); by default the comparison rows'
+    ``ROW_FIELDS`` and then any other keys the rows have. A missing value is an empty cell."""
     rows = list(rows)
-    if not rows:
-        raise ValueError("rows must not be empty")
-    fields = list(ROW_FIELDS) + sorted({k for r in rows for k in r} - set(ROW_FIELDS))
+    if fields is None:
+        if not rows:
+            raise ValueError("rows must not be empty")
+        fields = list(ROW_FIELDS) + sorted({k for r in rows for k in r} - set(ROW_FIELDS))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", newline="") as f:
         for k, v in (meta or {}).items():
