@@ -97,20 +97,23 @@ def check(c) -> float:
         outs[name] = (fn(cc), cc["k_cache"], cc["v_cache"])
     (qf, kf, vf), (qu, ku, vu) = outs["fused"], outs["unfused"]
     # Two different kernels, each fp32 math rounded once: on a GPU the compiler may contract a
-    # product and a sum into an FMA in one and not the other, which moves a rounding by one ulp
-    # (the H200 showed such differences at batch 64 and 256). More than one ulp is an error.
-    def within_one_ulp(a, b, dtype=None):
-        one_ulp = compare.ulp(b.double(), dtype or b.dtype)
-        return bool(((a.double() - b.double()).abs() <= one_ulp).all())
-    if not within_one_ulp(qf, qu):
-        raise AssertionError("fused q differs from the unfused q by more than one ulp")
+    # product and a sum into an FMA in one and not the other. That moves the fp32 result of
+    # x_a c - x_b s by an fp32 rounding of its terms (a few 2^-24 |x|), which can change the
+    # rounded output by one ulp, or by more where the terms cancel and the output is small (the
+    # H200 showed both at batch 64 and 256). More than that is an error.
+    def within_rounding(a, b, x, dtype=None):
+        bound = compare.ulp(b.double(), dtype or b.dtype) + 2**-20 * float(x.abs().max())
+        return bool(((a.double() - b.double()).abs() <= bound).all())
+    if not within_rounding(qf, qu, c["q"]):
+        raise AssertionError("fused q differs from the unfused q by more than one ulp and an "
+                             "fp32 rounding")
     rows, slots = kv_cache.cache_slots(c["cache_seqlens"], 1, c["block_table"],
                                        c["k_cache"].shape[1])
     kf, ku, vf, vu = (t[rows, slots].float() for t in (kf, ku, vf, vu))
     if c["k_cache"].dtype == FP8:   # the unfused path rounds to bf16 before fp8
         ok = bool(((kf - ku).abs() <= 2**-3 * ku.abs() + 2**-9).all())
     else:
-        ok = within_one_ulp(kf, ku, c["k_cache"].dtype)
+        ok = within_rounding(kf, ku, c["k"], c["k_cache"].dtype)
     if not ok or not torch.equal(vf, vu):
         raise AssertionError("the fused step wrote other cache values than the unfused one")
     f = c["freqs"][:, 0, 0].double()

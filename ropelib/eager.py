@@ -85,6 +85,33 @@ def _stand_in(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
 
 
+class Started:
+    """Eager starts of one planned Launch of any kernel family (its DirectLauncher given):
+    straight to the compiled kernel known for the pointers' alignment (kernels/direct.py), past
+    the launcher's own lookup; in the interpreter, the kernel as Python."""
+    __slots__ = ("direct", "launch", "_starts", "_device")
+
+    def __init__(self, direct_launcher, planned):
+        self.direct, self.launch = direct_launcher, planned
+        self._starts = {}      # pointer alignment -> (start(stream, *args), the other args)
+        self._device = planned.device.index
+
+    def __call__(self, pointers) -> None:
+        if launch.INTERPRET:
+            launch.start(self.direct, self.launch, pointers)
+            return
+        addresses, aligned = direct.addresses_and_alignment(pointers)
+        hit = self._starts.get(aligned)
+        if hit is not None and not direct.hooks_installed():
+            start, tail = hit
+            start(direct.current_stream(self._device), *addresses, *tail)
+            return
+        self.direct(self.launch, pointers)
+        found = self.direct.compiled.get((self.launch, aligned))
+        if found is not None:
+            self._starts[aligned] = found
+
+
 class Rotation:
     """One planned rotation of one or two tensors (q, or q and k) for one signature.
 
@@ -94,7 +121,7 @@ class Rotation:
     means "made contiguous first" (what the checks did to that argument).
     """
     __slots__ = ("launch", "n", "rest_slots", "out_dtype", "in_place", "backward", "view4",
-                 "_planned", "_starts", "_reverses", "_device", "empty")
+                 "_planned", "_start", "_reverses", "empty")
 
     def __init__(self, *, xs4, outs4, tables, positions, rest_slots, out_dtype, in_place,
                  backward, interleaved, view4: Callable):
@@ -107,12 +134,11 @@ class Rotation:
         self.rest_slots, self.out_dtype, self.in_place = tuple(rest_slots), out_dtype, in_place
         self.backward, self.view4 = backward, view4
         self.empty = self.launch.args["S"] == 0 or self.launch.args["B"] == 0
-        self._device = self.launch.device.index
+        self._start = Started(launch.DIRECT, self.launch)
         # for planning reverses: the tables and positions without their data
         self._planned = ([Table(_stand_in(t.cos), _stand_in(t.sin)) for t in tables],
                          Positions(*(_stand_in(p) for p in positions[:3]), *positions[3:]),
                          interleaved)
-        self._starts = {}      # pointer alignment -> (start(stream, *args), the other args)
         self._reverses = {}    # gradient strides -> Rotation
 
     def run(self, xs: tuple, used: tuple) -> tuple:
@@ -133,21 +159,7 @@ class Rotation:
             pointers[2], pointers[3] = xs[1], outs[1]
         for pos, j, copy in self.rest_slots:
             pointers[pos] = used[j].contiguous() if copy else used[j]
-        if launch.INTERPRET:
-            launch.run(self.launch, pointers)
-            return
-        # a plain eager call on a GPU (eager.active() chose this route): straight to the
-        # compiled kernel known for this alignment of the pointers (kernels/direct.py)
-        addresses, aligned = direct.addresses_and_alignment(pointers)
-        hit = self._starts.get(aligned)
-        if hit is not None and not direct.hooks_installed():
-            start, tail = hit
-            start(direct.current_stream(self._device), *addresses, *tail)
-            return
-        launch.DIRECT(self.launch, pointers)
-        found = launch.DIRECT.compiled.get((self.launch, aligned))
-        if found is not None:
-            self._starts[aligned] = found
+        self._start(pointers)
 
     def reverse(self, grads: tuple, x_dtype) -> "Rotation":
         """The rotation back, for gradients with these strides (planned once per signature)."""

@@ -47,6 +47,7 @@ from typing import NamedTuple, Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
+from . import eager
 from . import validation as V
 from .api import check_no_table_grad, needs_grad, saveable
 from .frequencies import _default_inv_freq
@@ -263,11 +264,16 @@ def _check_freqs(freqs, ref: Tensor, ref_name: str, D: int) -> AxisFrequencies:
     V.check_same_device(ref, ref_name, **{"freqs.inv_freq": inv, "freqs.axis": axis})
     V.check_rotary_dim(2 * inv.shape[0], D, "freqs")
     check_no_table_grad(("freqs.inv_freq", inv))
-    if V.values_checkable(axis) and axis.numel():
+    if V.values_checkable(axis):
+        _check_axis_values(axis, n_axes)
+    return AxisFrequencies(inv.contiguous(), axis.to(torch.int32).contiguous(), n_axes)
+
+
+def _check_axis_values(axis: Tensor, n_axes: int) -> None:
+    if axis.numel():
         lo, hi = torch.stack([axis.min(), axis.max()]).tolist()
         if lo < 0 or hi >= n_axes:
             raise ValueError(f"freqs.axis must lie in [0, {n_axes}), got values in [{lo}, {hi}]")
-    return AxisFrequencies(inv.contiguous(), axis.to(torch.int32).contiguous(), n_axes)
 
 
 def _check_positions(positions, n_axes: int, layout: str, S: int, B: int, ref: Tensor,
@@ -314,6 +320,83 @@ def _prepare(xs, names, positions, freqs, layout, interleaved):
     return positions, freqs
 
 
+# --- the eager route ------------------------------------------------------------------------
+# As for ropelib.apply_rope (ropelib.eager): a plain eager call is checked and planned once per
+# signature, then goes straight to the compiled kernel; gradients through eager.Rotate, whose
+# backward is the same route rotating back.
+
+class _Route:
+    """One checked and planned call of the multi-axis kernel (q, or q and k): the launch, and
+    the launches back for gradients of given strides. `used`: (positions, inv_freq, axis)."""
+    __slots__ = ("start", "n", "layout", "interleaved", "backward", "empty", "_used",
+                 "_reverses")
+
+    def __init__(self, xs, used, layout: str, interleaved: bool, backward: bool):
+        positions, inv, axis = used
+        outs = [torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in xs]
+        x4, o4 = [view4(t, layout) for t in xs], [view4(t, layout) for t in outs]
+        planned, _ = kernel.plan(x4[0], o4[0], positions, inv, axis, interleaved=interleaved,
+                                 backward=backward, k4=x4[1] if len(xs) > 1 else None,
+                                 k_out4=o4[1] if len(xs) > 1 else None)
+        self.start = eager.Started(kernel.DIRECT, planned)
+        self.n, self.layout, self.interleaved, self.backward = len(xs), layout, interleaved, \
+            backward
+        self.empty = x4[0].shape[0] == 0 or x4[0].shape[1] == 0
+        self._used = tuple(eager._stand_in(t) for t in used)   # shapes and strides, no data
+        self._reverses = {}
+
+    def run(self, xs: tuple, used: tuple) -> tuple:
+        outs = tuple(torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in xs)
+        if not self.empty:
+            k, k_out = (xs[1], outs[1]) if self.n > 1 else (None, None)
+            self.start((xs[0], outs[0], k, k_out, *used))
+        return outs
+
+    def reverse(self, grads: tuple, x_dtype) -> "_Route":
+        """The rotation back for gradients with these strides (q's and k's, either None)."""
+        key = tuple(None if g is None else g.stride() for g in grads)
+        rev = self._reverses.get(key)
+        if rev is None:
+            present = tuple(g for g in grads if g is not None)
+            rev = self._reverses[key] = _Route(present, self._used, self.layout,
+                                               self.interleaved, not self.backward)
+        return rev
+
+
+_ROUTES = eager.Signatures()
+
+
+def _eager_call(xs: tuple, positions, freqs, layout, interleaved):
+    """The eager route's result, or None when the call must take the checked operator path
+    (first call of a signature, a tracer at work, something the signature cannot hold)."""
+    if not eager.active() or not isinstance(freqs, AxisFrequencies) \
+            or not isinstance(positions, Tensor):
+        return None
+    inv, axis, n_axes = freqs
+    head = ("mrope", layout, type(layout), interleaved, type(interleaved), n_axes, type(n_axes))
+    sig = eager.signature(head, (*xs, positions, inv, axis))
+    if sig is None:
+        return None
+    route = _ROUTES.get(sig)
+    if route is None:
+        positions, freqs = _prepare(xs, ("q", "k") if len(xs) == 2 else ("x",), positions,
+                                    freqs, layout, interleaved)
+        route = _ROUTES.put(sig, _Route(xs, (positions, freqs.inv_freq, freqs.axis), layout,
+                                        interleaved, False))
+    else:
+        if V.values_checkable(axis):
+            _check_axis_values(axis, n_axes)
+        if positions.dim() == 2:
+            positions = positions.unsqueeze(1)
+        inv, axis = inv.contiguous(), axis.to(torch.int32).contiguous()
+        positions, freqs = (positions, AxisFrequencies(inv, axis, n_axes))
+    used = (positions, freqs.inv_freq, freqs.axis)
+    if needs_grad(*xs):
+        return eager.Rotate.apply(route, len(xs), *xs, *map(saveable, used))
+    outs = route.run(xs, used)
+    return outs if len(outs) > 1 else outs[0]
+
+
 # --- the public functions -------------------------------------------------------------------
 
 def apply_mrope(x: Tensor, positions: Tensor, freqs: AxisFrequencies, *, layout: str = "bshd",
@@ -331,6 +414,9 @@ def apply_mrope(x: Tensor, positions: Tensor, freqs: AxisFrequencies, *, layout:
     Returns:
         y shaped like x (contiguous in `layout`), in x's dtype; features R..D-1 copied.
     """
+    out = _eager_call((x,), positions, freqs, layout, interleaved)
+    if out is not None:
+        return out
     positions, freqs = _prepare((x,), ("x",), positions, freqs, layout, interleaved)
     return mrope_op(x, positions, freqs.inv_freq, freqs.axis, layout, interleaved, False)
 
@@ -341,6 +427,9 @@ def apply_mrope_qk(q: Tensor, k: Tensor, positions: Tensor, freqs: AxisFrequenci
 
     Arguments as `apply_mrope`; q and k share layout, sequence, batch, head dim and dtype.
     Returns (q', k')."""
+    out = _eager_call((q, k), positions, freqs, layout, interleaved)
+    if out is not None:
+        return out
     positions, freqs = _prepare((q, k), ("q", "k"), positions, freqs, layout, interleaved)
     return mrope_qk_op(q, k, positions, freqs.inv_freq, freqs.axis, layout, interleaved, False)
 

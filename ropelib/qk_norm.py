@@ -36,8 +36,10 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor, nn
 
+from . import eager
 from . import validation as V
 from .api import check_no_table_grad, needs_grad, saveable
+from .kernels import qk_norm_rope as kernel
 from .kernels.qk_norm_rope import launch as launch_kernel
 from .ops import _define, view4
 
@@ -100,6 +102,98 @@ def _backward(ctx, grad_q_out, grad_k_out):
 
 
 qk_norm_rope_op.register_autograd(_backward, setup_context=_setup)
+
+
+# --- the eager route ------------------------------------------------------------------------
+# As for ropelib.apply_rope (ropelib.eager): a plain eager call is checked and planned once per
+# signature, then goes straight to the compiled kernel, forward and backward.
+
+class _Route:
+    """One checked and planned qk_norm_rope call: the forward launch, and the backward launch
+    for output gradients of given strides."""
+    __slots__ = ("fwd", "layout", "options", "_stand_ins", "_backwards")
+
+    def __init__(self, q, k, w_q, w_k, table, sin, position_ids, layout, interleaved, eps,
+                 weight_offset):
+        outs = [view4(torch.empty(x.shape, dtype=x.dtype, device=x.device), layout)
+                for x in (q, k)]
+        self.layout, self.options = layout, dict(interleaved=interleaved, eps=eps,
+                                                 weight_offset=weight_offset)
+        self.fwd = eager.Started(kernel.DIRECT, kernel.plan(
+            view4(q, layout), view4(k, layout), *outs, w_q, w_k, table, sin,
+            _pos2d(position_ids), **self.options))
+        self._stand_ins = tuple(eager._stand_in(t) for t in (q, k, w_q, w_k, table, sin,
+                                                             _pos2d(position_ids)))
+        self._backwards = {}
+
+    def forward(self, q, k, w_q, w_k, table, sin, position_ids):
+        q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+        if self.fwd.launch.args["S"] and self.fwd.launch.args["B"]:
+            self.fwd((q, k, None, None, q_out, k_out, w_q, w_k, table, sin, _pos2d(position_ids),
+                      None))
+        return q_out, k_out
+
+    def backward(self, gq, gk, q, k, w_q, w_k, table, sin, position_ids):
+        key = (gq.stride(), gk.stride())
+        bwd = self._backwards.get(key)
+        if bwd is None:
+            q_, k_, w_q_, w_k_, table_, sin_, pos_ = self._stand_ins
+            lay = self.layout
+            planned = kernel.plan(view4(q_, lay), view4(k_, lay),
+                                  view4(torch.empty(q.shape, dtype=q.dtype, device=q.device), lay),
+                                  view4(torch.empty(k.shape, dtype=k.dtype, device=k.device), lay),
+                                  w_q_, w_k_, table_, sin_, pos_, gq4=view4(gq, lay),
+                                  gk4=view4(gk, lay), **self.options)
+            bwd = self._backwards[key] = eager.Started(kernel.DIRECT, planned)
+        grad_q = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        grad_k = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+        part = kernel.partials(bwd.launch)
+        if part.numel():
+            bwd((q, k, gq, gk, grad_q, grad_k, w_q, w_k, table, sin, _pos2d(position_ids),
+                 part))
+        gw_q, gw_k = kernel.weight_grads(bwd.launch, part)
+        return grad_q, grad_k, gw_q.to(w_q.dtype), gw_k.to(w_k.dtype)
+
+
+class _NormRotate(torch.autograd.Function):
+    """(q, k, w_q, w_k) -> (q_out, k_out) through a planned _Route. Differentiable once, as the
+    operator: a backward that would itself be differentiated (create_graph) raises."""
+
+    @staticmethod
+    def forward(ctx, route, q, k, w_q, w_k, table, sin, position_ids):
+        ctx.route = route
+        ctx.save_for_backward(q, k, w_q, w_k, table, sin, position_ids)
+        return route.forward(q, k, w_q, w_k, table, sin, position_ids)
+
+    @staticmethod
+    def backward(ctx, grad_q_out, grad_k_out):
+        if torch.is_grad_enabled():
+            raise RuntimeError("ropelib.qk_norm_rope has no double backward: its gradients "
+                               "cannot be differentiated again (create_graph=True)")
+        q, k, w_q, w_k, table, sin, position_ids = ctx.saved_tensors
+        if grad_q_out is None:
+            grad_q_out = torch.zeros_like(q)
+        if grad_k_out is None:
+            grad_k_out = torch.zeros_like(k)
+        grads = ctx.route.backward(grad_q_out, grad_k_out, q, k, w_q, w_k, table, sin,
+                                   position_ids)
+        return (None, *grads, None, None, None)
+
+
+_ROUTES = eager.Signatures()
+
+
+def _as_2d(t: Tensor) -> Tensor:
+    return t[:, 0, 0, :] if t.dim() == 4 else t
+
+
+def _tables(freqs, cos, sin):
+    """(table, sin) as the checks leave them, for a call whose signature was checked."""
+    if freqs is not None:
+        return _as_2d(freqs), None
+    c, s = _as_2d(cos), _as_2d(sin)
+    return (c.contiguous(), s.contiguous()) if c.stride() != s.stride() else (c, s)
 
 
 # --- argument checks ------------------------------------------------------------------------
@@ -182,6 +276,17 @@ def qk_norm_rope(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, freqs: Optional
 
     A position outside the table gives NaN in the rows it touches (and in the gradients).
     """
+    sig = eager.signature(("qk_norm_rope", layout, type(layout), interleaved, type(interleaved),
+                           eps, type(eps), weight_offset, type(weight_offset)),
+                          (q, k, w_q, w_k, freqs, cos, sin, position_ids)) \
+        if eager.active() else None
+    hit = _ROUTES.get(sig) if sig is not None else None
+    if hit is not None:     # checked before: only the values of CPU position ids are new
+        route, rows = hit
+        table, sin_t = _tables(freqs, cos, sin)
+        if position_ids is not None:
+            _check_table_values(position_ids, rows)
+        return _run_route(route, q, k, w_q, w_k, table, sin_t, position_ids)
     if layout not in V.LAYOUTS:
         raise ValueError(f"layout must be one of {V.LAYOUTS}, got {layout!r}")
     V.check_tensor(q, "q")
@@ -225,10 +330,22 @@ def qk_norm_rope(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, freqs: Optional
     elif S > P:
         raise ValueError(f"the table has {P} positions but the sequence has {S}: pass a longer "
                          "table or position_ids")
+    if sig is not None:
+        route = _Route(q, k, w_q, w_k, table, sin_t, position_ids, layout, interleaved, eps,
+                       weight_offset)
+        _ROUTES.put(sig, (route, P))
+        return _run_route(route, q, k, w_q, w_k, table, sin_t, position_ids)
     if needs_grad(q, k, w_q, w_k):
         table, sin_t, position_ids = saveable(table), saveable(sin_t), saveable(position_ids)
     return qk_norm_rope_op(q, k, w_q, w_k, table, sin_t, position_ids, layout, interleaved, eps,
                            weight_offset)
+
+
+def _run_route(route, q, k, w_q, w_k, table, sin, position_ids):
+    if needs_grad(q, k, w_q, w_k):
+        return _NormRotate.apply(route, q, k, w_q, w_k, saveable(table), saveable(sin),
+                                 saveable(position_ids))
+    return route.forward(q, k, w_q, w_k, table, sin, position_ids)
 
 
 class QKNormRoPE(nn.Module):

@@ -495,3 +495,71 @@ def test_exercise_solutions_pass_and_wrong_answers_fail(capsys):
     assert not ex.check_axis_of_pairs(lambda s, i: None)
     out = capsys.readouterr().out
     assert out.count("✅") == 2 and out.count("❌") == 3
+
+
+# --- the GPU's tile choices, run in the interpreter --------------------------------------------
+
+@pytest.mark.parametrize("tiles", [(2, 2, 3, 1, 4), (4, 1, 1, 2, 2), (1, 4, 5, 3, 1),
+                                   (8, 2, 2, 1, 4)])
+@pytest.mark.parametrize("per_batch", [False, True])
+def test_any_tiling_gives_the_same_bits(tiles, per_batch, seeded):
+    """Token blocks, head groups that straddle q's and k's heads, batch chunks: the GPU picks
+    these for short inputs; every split must give the bits of the one-program-per-block launch."""
+    S, B, HQ, HK, D = 7, 3, 4, 2, 20
+    f = mrope.multi_axis_frequencies(12, [2, 2, 2])
+    q, k = torch.randn(S, B, HQ, D), torch.randn(S, B, HK, D)
+    pos = torch.randint(0, 50, (3, B if per_batch else 1, S))
+    want_q, want_k = torch.empty_like(q), torch.empty_like(k)
+    kernel.launch(q, want_q, pos, f.inv_freq, f.axis, interleaved=False, backward=False,
+                  k4=k, k_out4=want_k)
+    got_q, got_k = torch.full_like(q, float("nan")), torch.full_like(k, float("nan"))
+    kernel.run(*kernel.plan(q, got_q, pos, f.inv_freq, f.axis, interleaved=False,
+                            backward=False, k4=k, k_out4=got_k, tiles=tiles))
+    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
+
+
+def test_gpu_tile_picker_fills_the_machine():
+    """pick_tiles for a GPU (pure Python): whole batch and every head in one program when there
+    are enough token blocks; batch, then heads, into the grid when there are not."""
+    # long prefill, shared positions: the batch loop and all heads stay in the program
+    bs, hps, heads, chunk, warps = kernel.pick_tiles(65536, 4, 32, 128, 128, False, 132)
+    assert (heads, chunk) == (32, 4) and bs * hps * 128 <= kernel.STEP_ELEMENTS
+    # per-batch positions: one batch entry per program (angles differ per entry anyway)
+    assert kernel.pick_tiles(8192, 4, 32, 128, 128, True, 132)[3] == 1
+    # decode: one token, 64 sequences: batch in the grid, heads split
+    bs, hps, heads, chunk, warps = kernel.pick_tiles(1, 64, 40, 128, 128, False, 132)
+    assert bs == 1 and chunk == 1 and heads < 40
+    assert 64 * -(-40 // heads) >= kernel.PROGRAMS_PER_SM * 132 or heads == 1
+
+
+# --- the eager route ----------------------------------------------------------------------------
+
+def test_eager_route_equals_the_operator_forward_and_backward(seeded):
+    """A repeated eager call takes the planned route (no checks, no dispatcher); its outputs and
+    gradients are the operator's bits, and a route's second signature (other strides) plans
+    its own launch."""
+    f = mrope.multi_axis_frequencies(16, [2, 3, 3])
+    pos = torch.randint(0, 30, (3, 2, 6))
+    mrope._ROUTES.clear()
+    for _ in range(2):
+        q, k = make("bshd", torch.float32)
+        got = ropelib.apply_mrope_qk(q, k, pos, f)
+        want = OPS.mrope_qk(q, k, pos, f.inv_freq, f.axis, "bshd", False, False)
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
+        g = [torch.randn_like(t) for t in got]
+        gg = torch.autograd.grad(got, (q, k), [g[0].transpose(1, 2).contiguous().transpose(1, 2),
+                                               g[1]])
+        gw = torch.autograd.grad(want, (q, k), g)
+        assert all(torch.equal(a, b) for a, b in zip(gg, gw))
+    assert len(mrope._ROUTES.entries) == 1
+
+
+def test_eager_route_still_checks_values_it_can_read(seeded):
+    """A cached signature skips the shape checks, not the value checks of CPU index tensors."""
+    q, k = make("bshd", torch.float32, grad=False)
+    pos = torch.randint(0, 9, (3, 2, 6))
+    f = mrope.multi_axis_frequencies(16, [2, 3, 3])
+    ropelib.apply_mrope_qk(q, k, pos, f)
+    bad = mrope.AxisFrequencies(f.inv_freq, torch.full_like(f.axis, 3), 3)
+    with pytest.raises(ValueError, match=r"freqs.axis must lie in \[0, 3\)"):
+        ropelib.apply_mrope_qk(q, k, pos, bad)

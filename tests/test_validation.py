@@ -24,6 +24,7 @@ def no_kernel(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("a kernel was launched for bad input")
     monkeypatch.setattr(launch, "run", boom)
+    monkeypatch.setattr(launch, "start", boom)
     yield
 
 

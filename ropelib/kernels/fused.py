@@ -44,14 +44,18 @@ reads, so no host-side inspection or cache is involved.
 Angles without a table (EXACT, ropelib.frequencies.Angles): the table is `turns` [R] int64,
 theta_j / (2 pi) in 96-bit fixed point (a 64-bit word at j, a 32-bit word at R/2 + j), and
 `sin` the amplitude [1] (YaRN's attention factor). A program computes the angle of each of its
-(token, pair) once from the integer position m, exactly (_exact_angle):
+(token, pair) once from the integer position m, exactly (_exact_turn):
 
     m T_j mod 2^96 = (m hi_j mod 2^64 + (m lo_j >> 32)) * 2^32 + (m lo_j mod 2^32)
 
 with 64-bit integer products that wrap modulo 2^64 (one turn): that is the range reduction,
-and the high word read as signed is the angle in [-1/2, 1/2) turn. It is scaled by 2 pi in fp64
-(2 pi as three fp32 constants) and rounded once to fp32, then sin/cos as above. Both members
-of a pair share their angle.
+and the high word read as signed is the angle in [-1/2, 1/2) turn. Its cos and sin come from
+that fixed-point turn without any further reduction (_cos_sin_of_turn): the nearest quarter turn
+q is its top bits, the rest (within 1/8 turn) becomes fp32 radians r (a two-word product, no
+fp64), and short polynomials give cos r and sin r on [-pi/4, pi/4]; q swaps and negates them.
+That is cheaper than an accurate sin/cos of a radian angle (no range reduction left to do, no
+fp64), and as accurate: within 2 fp32 ulps of the exact values at every position (fp64 inputs
+use fp64 angles and fp64 sin/cos instead). Both members of a pair share their angle.
 """
 import triton
 import triton.language as tl
@@ -82,9 +86,10 @@ def _cos_sin(angle, ACCURATE: tl.constexpr):
 
 
 @triton.jit
-def _exact_angle(turns_ptr, pos, j, stride_d, HALF: tl.constexpr, CDT: tl.constexpr):
-    # pos [BLOCK_S] int32 positions >= 0, j [BLOCK_HALF] pairs -> angles [BLOCK_S, 1, BLOCK_HALF]
-    # m theta_j reduced to [-pi, pi), in CDT (fp32: one rounding of the fp64 value).
+def _exact_turn(turns_ptr, pos, j, stride_d, HALF: tl.constexpr):
+    # pos [BLOCK_S] int32 positions >= 0, j [BLOCK_HALF] pairs -> [BLOCK_S, 1, BLOCK_HALF] each:
+    # m theta_j / (2 pi) in units of 2^-64 turn, wrapped to [-2^63, 2^63) (int64), and the
+    # 32 bits below it (int64 in [0, 2^32), units of 2^-96 turn)
     ok = j < HALF
     hi = tl.load(turns_ptr + j * stride_d, mask=ok, other=0).to(tl.uint64, bitcast=True)
     lo = tl.load(turns_ptr + (j + HALF) * stride_d, mask=ok, other=0).to(tl.uint64, bitcast=True)
@@ -93,10 +98,59 @@ def _exact_angle(turns_ptr, pos, j, stride_d, HALF: tl.constexpr, CDT: tl.conste
     part = m * lo[None, None, :]           # < 2^63: m < 2^31, lo < 2^32
     top = part >> 32
     turn = (whole + top).to(tl.int64, bitcast=True)         # [-2^63, 2^63): [-1/2, 1/2) turn
-    rest = (part - (top << 32)).to(tl.float64)              # the low 32 bits
-    t = turn.to(tl.float64) * 5.421010862427522e-20 + rest * 1.2621774483536189e-29  # 2^-64, 2^-96
+    rest = (part - (top << 32)).to(tl.int64, bitcast=True)  # the low 32 bits
+    return turn, rest
+
+
+@triton.jit
+def _exact_angle(turns_ptr, pos, j, stride_d, HALF: tl.constexpr, CDT: tl.constexpr):
+    # pos [BLOCK_S] int32 positions >= 0, j [BLOCK_HALF] pairs -> angles [BLOCK_S, 1, BLOCK_HALF]
+    # m theta_j reduced to [-pi, pi), in CDT (fp32: one rounding of the fp64 value).
+    turn, rest = _exact_turn(turns_ptr, pos, j, stride_d, HALF)
+    t = turn.to(tl.float64) * 5.421010862427522e-20 \
+        + rest.to(tl.float64) * 1.2621774483536189e-29       # 2^-64, 2^-96: turns
     angle = t * TWO_PI_1 + (t * TWO_PI_2 + t * TWO_PI_3)
     return angle.to(CDT)
+
+
+# 2 pi / 2^64 (radians per unit of a 64-bit turn) = TURN_RAD_HI + TURN_RAD_LO, each fp32
+TURN_RAD_HI = tl.constexpr(3.4061216748705226e-19)
+TURN_RAD_LO = tl.constexpr(-9.478396428567739e-27)
+# minimax polynomials of sin and cos on [-pi/4, pi/4] (Cephes' sinf and cosf)
+SIN_1 = tl.constexpr(-1.6666654611e-1)
+SIN_2 = tl.constexpr(8.3321608736e-3)
+SIN_3 = tl.constexpr(-1.9515295891e-4)
+COS_1 = tl.constexpr(4.166664568298827e-2)
+COS_2 = tl.constexpr(-1.388731625493765e-3)
+COS_3 = tl.constexpr(2.443315711809948e-5)
+
+
+@triton.jit
+def _cos_sin_of_turn(turn):
+    # turn (int64, units of 2^-64 turn; wraps like the angle) -> cos, sin in fp32
+    q = (turn + (1 << 61)) >> 62           # the nearest quarter turn, in [-2, 1] (wrapping)
+    f = turn - (q << 62)                   # [-2^61, 2^61]: within 1/8 turn of it
+    f_hi = f.to(tl.float32)
+    f_lo = (f - f_hi.to(tl.int64)).to(tl.float32)
+    r = f_hi * TURN_RAD_HI + (f_lo * TURN_RAD_HI + f_hi * TURN_RAD_LO)   # radians, |r| <= pi/4
+    z = r * r
+    sin_r = r + r * z * (SIN_1 + z * (SIN_2 + z * SIN_3))
+    cos_r = 1.0 - 0.5 * z + z * z * (COS_1 + z * (COS_2 + z * COS_3))
+    q = q & 3                              # angle = r + q pi/2
+    c = tl.where(q == 0, cos_r, tl.where(q == 1, -sin_r, tl.where(q == 2, -cos_r, sin_r)))
+    s = tl.where(q == 0, sin_r, tl.where(q == 1, cos_r, tl.where(q == 2, -sin_r, -cos_r)))
+    return c, s
+
+
+@triton.jit
+def _exact_cos_sin(turns_ptr, pos, j, stride_d, HALF: tl.constexpr, ACCURATE: tl.constexpr,
+                   CDT: tl.constexpr):
+    # pos [BLOCK_S] positions, j [BLOCK_HALF] pairs -> cos, sin [BLOCK_S, 1, BLOCK_HALF] in CDT
+    if CDT == tl.float64:
+        return _cos_sin(_exact_angle(turns_ptr, pos, j, stride_d, HALF, CDT), ACCURATE)
+    else:
+        turn, rest = _exact_turn(turns_ptr, pos, j, stride_d, HALF)
+        return _cos_sin_of_turn(turn)
 
 
 @triton.jit
@@ -181,7 +235,7 @@ def _load_table(cos_ptr, sin_ptr, rows, b, stride_tab_b, stride_tab_p, stride_ta
     off_b = base + d_b[None, None, :] * stride_tab_d
     if EXACT:
         j = tl.arange(0, d_a.shape[0])
-        c, s = _cos_sin(_exact_angle(cos_ptr, rows, j, stride_tab_d, HALF, CDT), ACCURATE)
+        c, s = _exact_cos_sin(cos_ptr, rows, j, stride_tab_d, HALF, ACCURATE, CDT)
         amp = tl.load(sin_ptr).to(CDT)
         c_a = c * amp
         s_a = s * amp

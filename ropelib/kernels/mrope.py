@@ -14,26 +14,33 @@ tensor exists anywhere: a program reads N_AXES ints per token and R/2 frequencie
 
 How it is parallelised
 ----------------------
-As the finished kernel (kernels/fused.py): every input is a strided [S, B, H, D] view (sbhd as
-is, bshd with S and B swapped, thd as [T, 1, H, D]); nothing is copied. The grid is
+Every input is a strided [S, B, H, D] view (sbhd as is, bshd with S and B swapped, thd as
+[T, 1, H, D]); nothing is copied. The grid is
 
-    axis 0: blocks of BLOCK_S tokens                 cdiv(S, BLOCK_S)
-    axis 1: blocks of BLOCK_H heads of q, then of k  cdiv(HQ, BLOCK_H) + cdiv(HK, BLOCK_H)
-    axis 2: chunks of B_CHUNK batch entries          cdiv(B, B_CHUNK)
+    axis 0: blocks of BLOCK_S tokens                         cdiv(S, BLOCK_S)
+    axis 1: groups of heads (q's heads, then k's, as one list) cdiv(HQ + HK, HEADS)
+    axis 2: chunks of B_CHUNK batch entries                  cdiv(B, B_CHUNK)
 
 A program loads the positions of its BLOCK_S tokens on every axis ([BLOCK_S] each), picks for
-each pair the position of its axis, forms the angles and their cos/sin once ([BLOCK_S, 1, HALF],
-broadcast over its heads) and reuses them for every batch entry of its chunk, unless the
-positions differ per batch entry ([N_AXES, B, S] with B > 1): then inside the batch loop. x is
-read once and y written once, tile [BLOCK_S, BLOCK_H, HALF] per half. Math is fp32 (fp64 for
-fp64 inputs) with one rounding at the store.
+each pair the position of its axis and forms the angles and their cos/sin once, as a 2-D tile
+[BLOCK_S, HALF]. Then it loops: over its batch entries, and inside, over its heads, rotating one
+head's [BLOCK_S, HALF] halves per step with that same tile. Angles are the expensive part here
+(an accurate sin and cos per pair, no table), so the loop over heads is written out rather than
+laid across threads: with heads in the tile, the threads that hold different heads of one token
+would each evaluate the same sin/cos. Positions that differ per batch entry ([N_AXES, B, S]
+with B > 1) are re-read and the angles re-formed per entry, once for all heads. x is read once
+and y written once; math is fp32 (fp64 for fp64 inputs) with one rounding at the store.
+
+The grid is fitted to the GPU: batch entries go into the grid rather than the loop, then heads
+are split into groups, until there are enough programs to fill the machine (short inputs).
 
 Both members of a pair share one angle, so the backward (the transpose of the rotation) is the
 rotation by -theta: the same kernel with sin negated (BACKWARD).
 
 Pairing: rotate-half pairs feature j with j + R/2 (transformers' rotate_half); interleaved pairs
-2j with 2j+1. Features R..D-1 are copied through (partial rotary). A pair whose axis index is
-outside [0, N_AXES) gets a NaN angle: its features come out NaN, never silently unrotated.
+2j with 2j+1 (one contiguous load of R features, split into even/odd lanes). Features R..D-1
+are copied through (partial rotary). A pair whose axis index is outside [0, N_AXES) gets a NaN
+angle: its features come out NaN, never silently unrotated.
 """
 from functools import lru_cache
 from typing import Optional
@@ -46,101 +53,84 @@ from ..runtime import INTERPRET
 from .common import BF16_RTNE, round_to
 from .direct import DirectLauncher
 from .fused import _cos_sin
-from .launch import Launch, _cdiv, _pow2_at_least, pick_tiles, start
+from .launch import Launch, _cdiv, _pow2_at_least, _pow2_at_most, start
 
 _I32_LIMIT = 2**31 - 1
 MAX_AXES = 4
 
 
 @triton.jit
-def _mrope_cos_sin(pos_ptr, inv_ptr, axis_ptr, s_idx, b, S, stride_pos_a, stride_pos_b,
-                   stride_pos_s, HALF: tl.constexpr, BLOCK_S: tl.constexpr,
-                   BLOCK_HALF: tl.constexpr, N_AXES: tl.constexpr, ACCURATE: tl.constexpr,
-                   CDT: tl.constexpr):
-    # s_idx [BLOCK_S] tokens, b batch entry -> cos, sin [BLOCK_S, 1, BLOCK_HALF]
-    j = tl.arange(0, BLOCK_HALF)
-    inv = tl.load(inv_ptr + j, mask=j < HALF, other=0.0).to(CDT)          # [BLOCK_HALF]
-    ax = tl.load(axis_ptr + j, mask=j < HALF, other=0)                    # [BLOCK_HALF]
-    # the position of each pair's axis: [BLOCK_S, BLOCK_HALF], NaN where no axis matches
+def _mrope_cos_sin(pos_ptr, inv, ax, s_idx, b, S, stride_pos_a, stride_pos_b, stride_pos_s,
+                   BLOCK_S: tl.constexpr, BLOCK_HALF: tl.constexpr, N_AXES: tl.constexpr,
+                   ACCURATE: tl.constexpr, CDT: tl.constexpr):
+    # s_idx [BLOCK_S] tokens, b batch entry, inv/ax [BLOCK_HALF] -> cos, sin [BLOCK_S, BLOCK_HALF]
+    # the position of each pair's axis, NaN where no axis matches
     p = tl.full((BLOCK_S, BLOCK_HALF), float("nan"), CDT)
     for a in tl.static_range(N_AXES):
         p_a = tl.load(pos_ptr + a * stride_pos_a + b * stride_pos_b + s_idx * stride_pos_s,
                       mask=s_idx < S, other=0).to(CDT)                    # [BLOCK_S]
         p = tl.where((ax == a)[None, :], p_a[:, None], p)
-    angle = p * inv[None, :]
-    c, s = _cos_sin(angle, ACCURATE)
-    return c[:, None, :], s[:, None, :]
+    return _cos_sin(p * inv[None, :], ACCURATE)
 
 
 @triton.jit
-def _mrope_heads(
-    x_ptr, y_ptr,                       # this segment's input and output
-    pos_ptr, inv_ptr, axis_ptr,         # positions [N_AXES, B or 1, S]; frequencies, axes [R/2]
-    pid_s, h0, b_lo, b_hi,              # tile origin: token block, first head, batch range
-    S, H,                               # tokens, heads of this segment
-    stride_x_s, stride_x_b, stride_x_h, stride_x_d,
-    stride_y_s, stride_y_b, stride_y_h, stride_y_d,
-    stride_pos_a, stride_pos_b, stride_pos_s,
-    R: tl.constexpr, D: tl.constexpr,   # rotary dim (even), head dim
-    N_AXES: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
-    BLOCK_PASS: tl.constexpr,           # next_pow2(D - R); 0 when nothing passes through
-    INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
-    POS_PER_BATCH: tl.constexpr,        # positions differ per batch entry
-    ACCURATE: tl.constexpr, CDT: tl.constexpr, INT64: tl.constexpr, BF16_RTNE: tl.constexpr,
-):
+def _rotate_heads(x_ptr, y_ptr, x_rows, y_rows, ok, c, s, stride_x_d, stride_y_d,
+                  R: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, HPS: tl.constexpr,
+                  BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
+                  INTERLEAVED: tl.constexpr, CDT: tl.constexpr, BF16_RTNE: tl.constexpr):
+    # HPS heads of BLOCK_S tokens: x_rows, y_rows [BLOCK_S, HPS] offsets of their rows, ok
+    # [BLOCK_S, HPS] which exist; c, s [BLOCK_S, 1, BLOCK_HALF] (the same for every head)
     HALF: tl.constexpr = R // 2
-    s_idx = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)          # [BLOCK_S]
-    h_idx = h0 + tl.arange(0, BLOCK_H)                        # [BLOCK_H]
-    j = tl.arange(0, BLOCK_HALF)                              # [BLOCK_HALF]
+    j = tl.arange(0, BLOCK_HALF)
+    xr = x_ptr + x_rows[:, :, None]                           # [BLOCK_S, HPS, 1]
+    yr = y_ptr + y_rows[:, :, None]
     if INTERLEAVED:
-        d_a = 2 * j
-        d_b = 2 * j + 1
+        f = tl.arange(0, 2 * BLOCK_HALF)
+        mf = ok[:, :, None] & (f < R)[None, None, :]
+        x = tl.load(xr + f[None, None, :] * stride_x_d, mask=mf, other=0.0)
+        x_a, x_b = tl.split(tl.reshape(x, (BLOCK_S, HPS, BLOCK_HALF, 2)))
     else:
-        d_a = j
-        d_b = j + HALF
-    if INT64:
-        s_off = s_idx.to(tl.int64)
-        h_off = h_idx.to(tl.int64)
-    else:
-        s_off = s_idx
-        h_off = h_idx
-    row_ok = (s_idx < S)[:, None] & (h_idx < H)[None, :]     # [BLOCK_S, BLOCK_H]
-    m = row_ok[:, :, None] & (j < HALF)[None, None, :]        # [BLOCK_S, BLOCK_H, BLOCK_HALF]
-    x_rows = s_off[:, None] * stride_x_s + h_off[None, :] * stride_x_h   # [BLOCK_S, BLOCK_H]
-    y_rows = s_off[:, None] * stride_y_s + h_off[None, :] * stride_y_h
+        m = ok[:, :, None] & (j < HALF)[None, None, :]
+        x_a = tl.load(xr + j[None, None, :] * stride_x_d, mask=m, other=0.0)
+        x_b = tl.load(xr + (j + HALF)[None, None, :] * stride_x_d, mask=m, other=0.0)
     if BLOCK_PASS > 0:
         e = R + tl.arange(0, BLOCK_PASS)
-        mp = row_ok[:, :, None] & (e < D)[None, None, :]
+        mp = ok[:, :, None] & (e < D)[None, None, :]
+        t = tl.load(xr + e[None, None, :] * stride_x_d, mask=mp)
+    x_a = x_a.to(CDT)
+    x_b = x_b.to(CDT)
+    y_a = round_to(x_a * c - x_b * s, y_ptr.dtype.element_ty, BF16_RTNE)
+    y_b = round_to(x_b * c + x_a * s, y_ptr.dtype.element_ty, BF16_RTNE)
+    if INTERLEAVED:
+        tl.store(yr + f[None, None, :] * stride_y_d,
+                 tl.reshape(tl.join(y_a, y_b), (BLOCK_S, HPS, 2 * BLOCK_HALF)), mask=mf)
+    else:
+        tl.store(yr + j[None, None, :] * stride_y_d, y_a, mask=m)
+        tl.store(yr + (j + HALF)[None, None, :] * stride_y_d, y_b, mask=m)
+    if BLOCK_PASS > 0:
+        tl.store(yr + e[None, None, :] * stride_y_d, t.to(y_ptr.dtype.element_ty), mask=mp)
 
-    if not POS_PER_BATCH:
-        c, s = _mrope_cos_sin(pos_ptr, inv_ptr, axis_ptr, s_idx, 0, S, stride_pos_a,
-                              stride_pos_b, stride_pos_s, HALF, BLOCK_S, BLOCK_HALF, N_AXES,
-                              ACCURATE, CDT)
-        if BACKWARD:
-            s = -s
-    for b in range(b_lo, b_hi):
+
+@triton.jit
+def _rotate_segment(x_ptr, y_ptr, s_off, tok_ok, bb, h_lo, h_hi, c, s,
+                    stride_x_s, stride_x_b, stride_x_h, stride_x_d,
+                    stride_y_s, stride_y_b, stride_y_h, stride_y_d,
+                    R: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, HPS: tl.constexpr,
+                    BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
+                    INTERLEAVED: tl.constexpr, CDT: tl.constexpr, INT64: tl.constexpr,
+                    BF16_RTNE: tl.constexpr):
+    # heads h_lo .. h_hi - 1 of one tensor (q or k), batch entry bb, HPS heads per step
+    x_tok = s_off * stride_x_s + bb * stride_x_b                         # [BLOCK_S]
+    y_tok = s_off * stride_y_s + bb * stride_y_b
+    for h0 in range(h_lo, h_hi, HPS):
+        h = h0 + tl.arange(0, HPS)                                       # [HPS]
+        ok = tok_ok[:, None] & (h < h_hi)[None, :]                       # [BLOCK_S, HPS]
         if INT64:
-            bb = b.to(tl.int64)
-        else:
-            bb = b
-        if POS_PER_BATCH:
-            c, s = _mrope_cos_sin(pos_ptr, inv_ptr, axis_ptr, s_idx, bb, S, stride_pos_a,
-                                  stride_pos_b, stride_pos_s, HALF, BLOCK_S, BLOCK_HALF,
-                                  N_AXES, ACCURATE, CDT)
-            if BACKWARD:
-                s = -s
-        xr = x_ptr + (x_rows + bb * stride_x_b)[:, :, None]    # [BLOCK_S, BLOCK_H, 1]
-        yr = y_ptr + (y_rows + bb * stride_y_b)[:, :, None]
-        x_a = tl.load(xr + d_a[None, None, :] * stride_x_d, mask=m, other=0.0).to(CDT)
-        x_b = tl.load(xr + d_b[None, None, :] * stride_x_d, mask=m, other=0.0).to(CDT)
-        y_a = round_to(x_a * c - x_b * s, y_ptr.dtype.element_ty, BF16_RTNE)
-        y_b = round_to(x_b * c + x_a * s, y_ptr.dtype.element_ty, BF16_RTNE)
-        tl.store(yr + d_a[None, None, :] * stride_y_d, y_a, mask=m)
-        tl.store(yr + d_b[None, None, :] * stride_y_d, y_b, mask=m)
-        if BLOCK_PASS > 0:
-            t = tl.load(xr + e[None, None, :] * stride_x_d, mask=mp)
-            tl.store(yr + e[None, None, :] * stride_y_d, t.to(y_ptr.dtype.element_ty), mask=mp)
+            h = h.to(tl.int64)
+        _rotate_heads(x_ptr, y_ptr, x_tok[:, None] + h[None, :] * stride_x_h,
+                      y_tok[:, None] + h[None, :] * stride_y_h, ok, c, s, stride_x_d,
+                      stride_y_d, R, D, BLOCK_S, HPS, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, CDT,
+                      BF16_RTNE)
 
 
 @triton.jit
@@ -153,6 +143,7 @@ def _mrope_kernel(
     axis_ptr,                           # axis of each pair [R/2], int32, contiguous
     # sizes
     S, B, HQ, HK,                       # tokens, batch, heads of q and of k
+    HEADS,                              # heads per program (of the list q's heads, k's heads)
     B_CHUNK,                            # batch entries per program
     # strides, in elements
     stride_q_s, stride_q_b, stride_q_h, stride_q_d,
@@ -162,38 +153,70 @@ def _mrope_kernel(
     stride_pos_a, stride_pos_b, stride_pos_s,   # 0 batch stride: positions shared by the batch
     # what is computed
     R: tl.constexpr, D: tl.constexpr, N_AXES: tl.constexpr, HAS_K: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
-    BLOCK_PASS: tl.constexpr,
+    BLOCK_S: tl.constexpr, HPS: tl.constexpr,  # tokens per program, heads per loop step
+    BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
     INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr, POS_PER_BATCH: tl.constexpr,
     ACCURATE: tl.constexpr, CDT: tl.constexpr, INT64: tl.constexpr, BF16_RTNE: tl.constexpr,
 ):
-    pid_s = tl.program_id(0)
-    pid_h = tl.program_id(1)
+    HALF: tl.constexpr = R // 2
+    s_idx = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)            # [BLOCK_S]
+    tok_ok = s_idx < S
+    h_lo = tl.program_id(1) * HEADS
+    h_hi = tl.minimum(h_lo + HEADS, HQ + HK)
     b_lo = tl.program_id(2) * B_CHUNK
     b_hi = tl.minimum(b_lo + B_CHUNK, B)
-    q_blocks = tl.cdiv(HQ, BLOCK_H)
-    if pid_h < q_blocks:
-        _mrope_heads(q_ptr, q_out_ptr, pos_ptr, inv_ptr, axis_ptr, pid_s, pid_h * BLOCK_H,
-                     b_lo, b_hi, S, HQ,
-                     stride_q_s, stride_q_b, stride_q_h, stride_q_d,
-                     stride_qo_s, stride_qo_b, stride_qo_h, stride_qo_d,
-                     stride_pos_a, stride_pos_b, stride_pos_s,
-                     R, D, N_AXES, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_PASS, INTERLEAVED,
-                     BACKWARD, POS_PER_BATCH, ACCURATE, CDT, INT64, BF16_RTNE)
-    elif HAS_K:     # (without k the grid has q's blocks only)
-        _mrope_heads(k_ptr, k_out_ptr, pos_ptr, inv_ptr, axis_ptr, pid_s,
-                     (pid_h - q_blocks) * BLOCK_H, b_lo, b_hi, S, HK,
-                     stride_k_s, stride_k_b, stride_k_h, stride_k_d,
-                     stride_ko_s, stride_ko_b, stride_ko_h, stride_ko_d,
-                     stride_pos_a, stride_pos_b, stride_pos_s,
-                     R, D, N_AXES, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_PASS, INTERLEAVED,
-                     BACKWARD, POS_PER_BATCH, ACCURATE, CDT, INT64, BF16_RTNE)
+    if INT64:
+        s_off = s_idx.to(tl.int64)
+    else:
+        s_off = s_idx
+    j = tl.arange(0, BLOCK_HALF)
+    inv = tl.load(inv_ptr + j, mask=j < HALF, other=0.0).to(CDT)          # [BLOCK_HALF]
+    ax = tl.load(axis_ptr + j, mask=j < HALF, other=0)                    # [BLOCK_HALF]
+    if not POS_PER_BATCH:
+        c, s = _mrope_cos_sin(pos_ptr, inv, ax, s_idx, 0, S, stride_pos_a, stride_pos_b,
+                              stride_pos_s, BLOCK_S, BLOCK_HALF, N_AXES, ACCURATE, CDT)
+        if BACKWARD:
+            s = -s
+    for b in range(b_lo, b_hi):
+        if INT64:
+            bb = b.to(tl.int64)
+        else:
+            bb = b
+        if POS_PER_BATCH:
+            c, s = _mrope_cos_sin(pos_ptr, inv, ax, s_idx, bb, S, stride_pos_a, stride_pos_b,
+                                  stride_pos_s, BLOCK_S, BLOCK_HALF, N_AXES, ACCURATE, CDT)
+            if BACKWARD:
+                s = -s
+        c3 = c[:, None, :]                                               # [BLOCK_S, 1, HALF]
+        s3 = s[:, None, :]
+        _rotate_segment(q_ptr, q_out_ptr, s_off, tok_ok, bb, h_lo, tl.minimum(h_hi, HQ), c3, s3,
+                        stride_q_s, stride_q_b, stride_q_h, stride_q_d,
+                        stride_qo_s, stride_qo_b, stride_qo_h, stride_qo_d,
+                        R, D, BLOCK_S, HPS, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, CDT, INT64,
+                        BF16_RTNE)
+        if HAS_K:
+            _rotate_segment(k_ptr, k_out_ptr, s_off, tok_ok, bb, tl.maximum(h_lo, HQ) - HQ,
+                            h_hi - HQ, c3, s3,
+                            stride_k_s, stride_k_b, stride_k_h, stride_k_d,
+                            stride_ko_s, stride_ko_b, stride_ko_h, stride_ko_d,
+                            R, D, BLOCK_S, HPS, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, CDT, INT64,
+                            BF16_RTNE)
 
 
 # --- host side: the plan and the launch -----------------------------------------------------
 
 POINTERS = ("q_ptr", "q_out_ptr", "k_ptr", "k_out_ptr", "pos_ptr", "inv_ptr", "axis_ptr")
 DIRECT = DirectLauncher(_mrope_kernel, POINTERS)
+
+# GPU tiles: a loop step moves about STEP_ELEMENTS elements (both halves and the pass-through
+# part, padded to powers of two) of up to HEADS_PER_STEP heads, ELEMENTS_PER_THREAD per thread.
+# Measured with benchmarks/feature_tiles.py on an H200 (bf16, q and k >= 256 MiB): 8 heads of
+# one token on 2 warps streamed best in every case, 0.96-0.98 of a copy; one head of 8 tokens
+# per step reached 0.84-0.92.
+STEP_ELEMENTS = 1024
+HEADS_PER_STEP = 8
+ELEMENTS_PER_THREAD = 16
+PROGRAMS_PER_SM = 8      # fewer programs than this per SM: split the batch, then the heads
 
 
 @lru_cache(maxsize=None)
@@ -205,6 +228,48 @@ def _span(t: torch.Tensor) -> int:
     return sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()) if n > 0)
 
 
+def _row(R: int, D: int) -> int:
+    """Elements of one head row as the kernel's tiles hold it (each part padded)."""
+    return 2 * _pow2_at_least(R // 2, 1 << 30) + (_pow2_at_least(D - R, 1 << 30) if D > R else 0)
+
+
+def fit_grid(S, B, heads: int, block_s: int, per_batch: bool, sm_count: int) -> tuple:
+    """(HEADS, B_CHUNK): every head and the whole batch in one program, unless that leaves
+    fewer than PROGRAMS_PER_SM programs per SM: then the batch goes into the grid, then the heads
+    are split into groups. With per-batch positions every entry is its own program (its angles
+    are its own anyway). S and B may be symbolic (torch.compile with dynamic shapes): then
+    nothing is fitted to the machine, since a comparison would become a guard."""
+    chunk = 1 if per_batch else B
+    if isinstance(S, torch.SymInt) or isinstance(B, torch.SymInt):
+        return heads, chunk
+    want = PROGRAMS_PER_SM * sm_count
+    blocks = _cdiv(S, block_s)
+    chunk = max(chunk, 1)
+    while chunk > 1 and blocks * _cdiv(B, chunk) < want:
+        chunk = _cdiv(chunk, 2)
+    group = heads
+    while group > 1 and blocks * _cdiv(B, chunk) * _cdiv(heads, group) < want:
+        group = _cdiv(group, 2)
+    while _cdiv(B, chunk) > 65535:
+        chunk *= 2
+    return group, chunk
+
+
+def pick_tiles(S, B, heads: int, R: int, D: int, per_batch: bool, sm_count: Optional[int]):
+    """(BLOCK_S, HPS, HEADS, B_CHUNK, num_warps) for `heads` heads (q's and k's) of [S, B, ., D].
+
+    GPU: a loop step of HPS heads x BLOCK_S tokens moves about STEP_ELEMENTS elements; the grid
+    as fit_grid says. Interpreter (sm_count None): big tiles, since every program instance and
+    every loop step costs milliseconds. S and B may be symbolic: they are only compared."""
+    row = _row(R, D)
+    if sm_count is None:
+        return _pow2_at_least(S, 32), _pow2_at_least(heads, 16), heads, max(B, 1), 4
+    hps = min(_pow2_at_most(max(heads, 1)), HEADS_PER_STEP, _pow2_at_most(max(STEP_ELEMENTS // row, 1)))
+    block_s = _pow2_at_least(S, _pow2_at_most(max(STEP_ELEMENTS // (row * hps), 1)))
+    num_warps = max(1, min(16, block_s * hps * row // (32 * ELEMENTS_PER_THREAD)))
+    return (block_s, hps, *fit_grid(S, B, heads, block_s, per_batch, sm_count), num_warps)
+
+
 def plan(q4: torch.Tensor, q_out4: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor,
          axis: torch.Tensor, *, interleaved: bool, backward: bool,
          k4: Optional[torch.Tensor] = None, k_out4: Optional[torch.Tensor] = None,
@@ -212,25 +277,26 @@ def plan(q4: torch.Tensor, q_out4: torch.Tensor, pos: torch.Tensor, inv_freq: to
     """One launch over q (and k), [S, B, H, D] views: (Launch, pointers in POINTERS order).
 
     pos [N_AXES, B or 1, S] ints; inv_freq [R/2] fp32/fp64 and axis [R/2] int32, contiguous.
-    Arguments are validated by the caller (ropelib.mrope). Sees only shapes, strides and dtypes,
-    never values, so it runs eagerly and under torch.compile alike."""
+    `tiles` (BLOCK_S, HPS, HEADS, B_CHUNK, num_warps) overrides pick_tiles. Arguments are validated
+    by the caller (ropelib.mrope). Sees only shapes, strides and dtypes, never values, so it
+    runs eagerly and under torch.compile alike."""
     S, B, HQ, D = q4.shape
     HK = k4.shape[2] if k4 is not None else 0
     R = 2 * inv_freq.shape[0]
+    pos_b = pos.stride(1) if pos.shape[1] > 1 else 0
     on_gpu = q4.device.type == "cuda" and not INTERPRET
     sm = _sm_count(q4.device.index if q4.device.index is not None
                    else torch.cuda.current_device()) if on_gpu else None
-    block_s, block_h, chunk, num_warps = tiles or pick_tiles(
-        S, B, (HQ, HK), R, D, q4.element_size(), sm)
-    grid = (_cdiv(S, block_s), _cdiv(HQ, block_h) + _cdiv(HK, block_h), _cdiv(B, chunk))
+    block_s, hps, heads, chunk, num_warps = tiles or pick_tiles(S, B, HQ + HK, R, D, pos_b != 0,
+                                                                sm)
+    grid = (_cdiv(S, block_s), _cdiv(HQ + HK, heads), _cdiv(B, chunk))
     views = [t for t in (q4, q_out4, k4, k_out4) if t is not None]
     has_k = k4 is not None
     zero4 = (0, 0, 0, 0)
-    pos_b = pos.stride(1) if pos.shape[1] > 1 else 0
     cdt = tl.float64 if torch.float64 in {t.dtype for t in views} | {inv_freq.dtype} \
         else tl.float32
     args = dict(
-        S=S, B=B, HQ=HQ, HK=HK, B_CHUNK=chunk,
+        S=S, B=B, HQ=HQ, HK=HK, HEADS=heads, B_CHUNK=chunk,
         **dict(zip(("stride_q_s", "stride_q_b", "stride_q_h", "stride_q_d"), q4.stride())),
         **dict(zip(("stride_qo_s", "stride_qo_b", "stride_qo_h", "stride_qo_d"),
                    q_out4.stride())),
@@ -240,7 +306,7 @@ def plan(q4: torch.Tensor, q_out4: torch.Tensor, pos: torch.Tensor, inv_freq: to
                    k_out4.stride() if has_k else zero4)),
         stride_pos_a=pos.stride(0), stride_pos_b=pos_b, stride_pos_s=pos.stride(2),
         R=R, D=D, N_AXES=pos.shape[0], HAS_K=has_k,
-        BLOCK_S=block_s, BLOCK_H=block_h, BLOCK_HALF=_pow2_at_least(R // 2, 1 << 30),
+        BLOCK_S=block_s, HPS=hps, BLOCK_HALF=_pow2_at_least(R // 2, 1 << 30),
         BLOCK_PASS=_pow2_at_least(D - R, 1 << 30) if D > R else 0,
         INTERLEAVED=interleaved, BACKWARD=backward, POS_PER_BATCH=pos_b != 0,
         ACCURATE=not INTERPRET, CDT=cdt,

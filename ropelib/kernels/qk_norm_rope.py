@@ -42,12 +42,11 @@ from typing import Optional, Tuple
 import torch
 import triton
 import triton.language as tl
-from torch.library import wrap_triton
-
 from ..runtime import INTERPRET
 from .common import BF16_RTNE, round_to
+from .direct import DirectLauncher
 from .fused import _cos_sin
-from .launch import _cdiv, _eager, _is_fake, _pow2_at_least, _pow2_at_most
+from .launch import Launch, _cdiv, _pow2_at_least, _pow2_at_most, start
 
 _I32_LIMIT = 2**31 - 1
 
@@ -298,9 +297,13 @@ def _qk_norm_rope_kernel(
                          FROM_ANGLES, HAS_POS, TABLE_PER_BATCH, ACCURATE, CDT, INT64, BF16_RTNE)
 
 
-# --- host side: tiles, arguments, the launch ------------------------------------------------
+# --- host side: tiles, the plan, the launch --------------------------------------------------
 
-ROWS_PER_STEP = 2048    # GPU: elements of q (or k) a program moves per batch entry (16 x 128)
+# GPU: elements of q (or k) a program moves per batch entry, and per thread (measured on an
+# H200 with benchmarks/feature_tiles.py: one warp on 8 heads of one token was best forward and
+# backward)
+ROWS_PER_STEP = 1024
+ELEMENTS_PER_THREAD = 32
 
 
 def _tokens_per_program(S, cap: int) -> int:
@@ -332,7 +335,7 @@ def pick_tiles(S, B, HQ: int, HK: int, D: int, sm_count: Optional[int]):
         while chunk > 1 and tiles * _cdiv(B, chunk) < 4 * sm_count:
             chunk = _cdiv(chunk, 2)
         chunk = max(chunk, 1)
-    num_warps = max(1, min(4, block_s * block_h * block_d // 512))
+    num_warps = max(1, min(4, block_s * block_h * block_d // (32 * ELEMENTS_PER_THREAD)))
     return block_s, block_h, chunk, num_warps
 
 
@@ -349,34 +352,29 @@ def _span(t: torch.Tensor) -> int:
     return sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()) if n > 0)
 
 
-def launch(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch.Tensor,
-           w_q: torch.Tensor, w_k: torch.Tensor, table: torch.Tensor, sin: Optional[torch.Tensor],
-           pos: Optional[torch.Tensor], *, interleaved: bool, eps: float, weight_offset: float,
-           gq4: Optional[torch.Tensor] = None, gk4: Optional[torch.Tensor] = None,
-           ) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
-    """One launch over q and k ([S, B, H, D] views). Forward (gq4 None): writes the normed and
-    rotated q, k into q_out4, k_out4; returns None. Backward: reads the output gradients gq4,
-    gk4, writes the input gradients into q_out4, k_out4 and returns the gradients of w_q and
-    w_k in fp32 (fp64 for fp64 inputs): the programs' partial sums [programs, D], summed.
+# The kernel's pointer arguments, in its order (an unused one is None).
+POINTERS = ("q_ptr", "k_ptr", "gq_ptr", "gk_ptr", "q_out_ptr", "k_out_ptr", "w_q_ptr", "w_k_ptr",
+            "cos_ptr", "sin_ptr", "pos_ptr", "part_ptr")
+DIRECT = DirectLauncher(_qk_norm_rope_kernel, POINTERS)
 
-    table: angles (sin None) or cos [P, R] or [B or 1, P, R]; pos: position ids [B or 1, S] or
-    None (token s reads row s). Arguments are validated by the caller (ropelib.qk_norm)."""
+
+def plan(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch.Tensor,
+         w_q: torch.Tensor, w_k: torch.Tensor, table: torch.Tensor, sin: Optional[torch.Tensor],
+         pos: Optional[torch.Tensor], *, interleaved: bool, eps: float, weight_offset: float,
+         gq4: Optional[torch.Tensor] = None, gk4: Optional[torch.Tensor] = None) -> Launch:
+    """The launch over q and k ([S, B, H, D] views): forward (gq4 None) or backward. Sees only
+    shapes, strides, dtypes and the options, never values (stand-in tensors do), so one Launch
+    serves every call alike. Pointers are bound by `run`, in POINTERS order."""
     backward = gq4 is not None
     S, B, HQ, D = q4.shape
     HK = k4.shape[2]
     R = table.shape[-1]
-    on_gpu = q4.device.type == "cuda" and not INTERPRET
-    sm = _sm_count(q4.device.index if q4.device.index is not None
-                   else torch.cuda.current_device()) if on_gpu else None
+    on_gpu = q_out4.device.type == "cuda" and not INTERPRET
+    device = q_out4.device
+    sm = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
+        if on_gpu else None
     block_s, block_h, chunk, num_warps = pick_tiles(S, B, HQ, HK, D, sm)
-    q_blocks = _cdiv(HQ, block_h)
-    grid = (_cdiv(S, block_s), q_blocks + _cdiv(HK, block_h), _cdiv(B, chunk))
-    cdt_torch = torch.float64 if q4.dtype == torch.float64 else torch.float32
-    partials = torch.empty((*grid, D), dtype=cdt_torch, device=q4.device) if backward else None
-    if S == 0 or B == 0:
-        if backward:
-            return partials.new_zeros(D), partials.new_zeros(D)
-        return None
+    grid = (_cdiv(S, block_s), _cdiv(HQ, block_h) + _cdiv(HK, block_h), _cdiv(B, chunk))
     if table.dim() == 2:
         tab_b, tab_p, tab_d = 0, table.stride(0), table.stride(1)
     else:
@@ -388,10 +386,8 @@ def launch(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: tor
     else:
         pos_b = pos_s = 0
     tensors = [t for t in (q4, k4, q_out4, k_out4, gq4, gk4) if t is not None]
-    int64 = any(_span(t) > _I32_LIMIT - 1024 for t in tensors)
+    cdt = tl.float64 if q4.dtype == torch.float64 else tl.float32
     args = dict(
-        q_ptr=q4, k_ptr=k4, gq_ptr=gq4, gk_ptr=gk4, q_out_ptr=q_out4, k_out_ptr=k_out4,
-        w_q_ptr=w_q, w_k_ptr=w_k, cos_ptr=table, sin_ptr=sin, pos_ptr=pos, part_ptr=partials,
         S=S, B=B, HQ=HQ, HK=HK, P=table.shape[-2], B_CHUNK=chunk,
         eps=eps, weight_offset=weight_offset,
         **dict(zip(("stride_q_s", "stride_q_b", "stride_q_h", "stride_q_d"), _strides4(q4))),
@@ -412,18 +408,54 @@ def launch(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: tor
         BLOCK_PASS=_pow2_at_least(D - R, 1 << 30) if D > R else 0,
         INTERLEAVED=interleaved, BACKWARD=backward, FROM_ANGLES=sin is None,
         HAS_POS=pos is not None, TABLE_PER_BATCH=tab_b != 0 or pos_b != 0,
-        ACCURATE=not INTERPRET, INT64=int64,
-        CDT=tl.float64 if cdt_torch == torch.float64 else tl.float32, BF16_RTNE=BF16_RTNE,
+        ACCURATE=not INTERPRET, INT64=any(_span(t) > _I32_LIMIT - 1024 for t in tensors),
+        CDT=cdt, BF16_RTNE=BF16_RTNE,
     )
-    if INTERPRET:
-        if not _is_fake(q4):
-            _qk_norm_rope_kernel[grid](**args, num_warps=num_warps)
-    elif _eager(q4):
-        _qk_norm_rope_kernel[grid](**args, num_warps=num_warps)
-    else:   # torch.compile or another tracer: the Triton kernel itself goes into the graph
-        # (called by this name so that torch.library finds the kernel of the triton_op)
-        wrap_triton(_qk_norm_rope_kernel)[grid](**args, num_warps=num_warps)
-    if not backward:
+    dtypes = (q4.dtype, k4.dtype, gq4.dtype if backward else None,
+              gk4.dtype if backward else None, q_out4.dtype, k_out4.dtype, w_q.dtype, w_k.dtype,
+              table.dtype, sin.dtype if sin is not None else None,
+              pos.dtype if pos is not None else None,
+              (torch.float64 if cdt == tl.float64 else torch.float32) if backward else None)
+    return Launch(grid, num_warps, args, dtypes, device)
+
+
+def partials(planned: Launch) -> Optional[torch.Tensor]:
+    """A backward launch's buffer of per-program partial sums [programs, D] (None forward)."""
+    if not planned.args["BACKWARD"]:
         return None
-    # a fixed order of summation: the same bits on every run
-    return partials[:, :q_blocks].sum((0, 1, 2)), partials[:, q_blocks:].sum((0, 1, 2))
+    return torch.empty((*planned.grid, planned.args["D"]), dtype=planned.dtypes[-1],
+                       device=planned.device)
+
+
+def weight_grads(planned: Launch, part: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The gradients of w_q and w_k from a backward launch's partial sums, in a fixed order of
+    summation (the same bits on every run)."""
+    q_blocks = _cdiv(planned.args["HQ"], planned.args["BLOCK_H"])
+    if planned.args["S"] == 0 or planned.args["B"] == 0:
+        return part.new_zeros(planned.args["D"]), part.new_zeros(planned.args["D"])
+    return part[:, :q_blocks].sum((0, 1, 2)), part[:, q_blocks:].sum((0, 1, 2))
+
+
+def run(planned: Launch, pointers: tuple) -> None:
+    """Start the kernel (pointers in POINTERS order); see `launch.start`."""
+    if planned.args["S"] and planned.args["B"]:
+        start(DIRECT, planned, pointers)
+
+
+def launch(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch.Tensor,
+           w_q: torch.Tensor, w_k: torch.Tensor, table: torch.Tensor, sin: Optional[torch.Tensor],
+           pos: Optional[torch.Tensor], *, interleaved: bool, eps: float, weight_offset: float,
+           gq4: Optional[torch.Tensor] = None, gk4: Optional[torch.Tensor] = None,
+           ) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    """Plan and run one launch over q and k ([S, B, H, D] views). Forward (gq4 None): writes the
+    normed and rotated q, k into q_out4, k_out4; returns None. Backward: reads the output
+    gradients gq4, gk4, writes the input gradients into q_out4, k_out4 and returns the
+    gradients of w_q and w_k in fp32 (fp64 for fp64 inputs).
+
+    table: angles (sin None) or cos [P, R] or [B or 1, P, R]; pos: position ids [B or 1, S] or
+    None (token s reads row s). Arguments are validated by the caller (ropelib.qk_norm)."""
+    planned = plan(q4, k4, q_out4, k_out4, w_q, w_k, table, sin, pos, interleaved=interleaved,
+                   eps=eps, weight_offset=weight_offset, gq4=gq4, gk4=gk4)
+    part = partials(planned)
+    run(planned, (q4, k4, gq4, gk4, q_out4, k_out4, w_q, w_k, table, sin, pos, part))
+    return weight_grads(planned, part) if part is not None else None
