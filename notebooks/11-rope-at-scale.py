@@ -411,9 +411,10 @@ if all(p.exists() for p in curves.values()):
     for name, style in (("1gpu-seed0", "-"), ("2gpu-seed0", "--"), ("1gpu-seed1", ":")):
         ax.plot(range(1, len(loss[name]) + 1), loss[name], style, label=name)
     ax.set(xlabel="step", ylabel="loss", ylim=(1.5, 5),
-           title="bf16, 16384 tokens per sequence, H200: 2 ranks vs 1 process vs another seed")
+           title="2 ranks vs 1 process vs another seed\n(bf16, 16384 tokens per sequence, H200)")
     ax.legend()
     fig.tight_layout()
+    fig.savefig(FIGURES / "11-cp-bf16-200-steps.png", dpi=120)
     plt.show()
 else:
     print("the 200-step bf16 runs (benchmarks/results/cp200-*.csv) are not in this checkout")
