@@ -12,7 +12,8 @@ candidate timed against a device copy of the same bytes (a GPU is needed).
   forward and backward launches of ropelib.kernels.qk_norm_rope for every (BLOCK_S, BLOCK_H,
   num_warps) candidate.
 * exact: table-free angles against the cos/sin table on the two cases of
-  benchmarks/angle_precision.py --time, for every (elements per thread, warps) tile knob.
+  benchmarks/angle_precision.py --time and on 1 GiB (bshd, batch 16), for every (elements per
+  thread, warps) tile knob.
 
 Times are triton.testing.do_bench medians; "of copy" is the copy's time over the kernel's, the
 copy moving the bytes the kernel must move (q and k read and written; the QK-norm backward also
@@ -143,6 +144,7 @@ def exact_tiles() -> list:
     knobs = L._device(0)[1]
     best = []
     for case, shape, layout in (("bshd-b4-s8192-h32", (4, 8192, 32, D), "bshd"),
+                                ("bshd-b16-s8192-h32 (1 GiB)", (16, 8192, 32, D), "bshd"),
                                 ("thd-t32768-h32", (32768, 32, D), "thd")):
         x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
         y = torch.empty_like(x)

@@ -31,8 +31,10 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from . import eager
 from . import validation as V
 from .api import _tables
+from .kernels import kv_cache as kernel
 from .kernels.kv_cache import CACHE_DTYPES, FP8_MAX, launch as launch_kernel
 from .ops import _define
 
@@ -131,6 +133,52 @@ def _check_values(cache_seqlens: Tensor, block_table: Optional[Tensor], S: int, 
                              f"{n_blocks}) (the caches' blocks), got values in [{blo}, {bhi}]")
 
 
+# --- the eager route ------------------------------------------------------------------------
+# As for ropelib.apply_rope (ropelib.eager): a decoding step repeats the same call with new
+# values, so a plain eager call is checked and planned once per signature and then goes
+# straight to the compiled kernel. Every call still checks what its signature cannot hold: the
+# values of host index tensors and whether the two caches share memory.
+
+class _Route:
+    """One checked and planned rope_kv_cache call: the launch and what each call re-checks."""
+    __slots__ = ("start", "capacity", "rows", "block_size", "n_blocks", "empty")
+
+    def __init__(self, q, k, v, k_cache, v_cache, cache_seqlens, block_table, table, sin,
+                 k_scale, v_scale, interleaved, capacity):
+        q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        planned, _ = kernel.plan(q, k, v, q_out, k_cache, v_cache, cache_seqlens, block_table,
+                                 table, sin, k_scale, v_scale, interleaved=interleaved)
+        self.start = eager.Started(kernel.DIRECT, planned)
+        self.capacity, self.rows = capacity, table.shape[0]
+        self.block_size, self.n_blocks = k_cache.shape[1], k_cache.shape[0]
+        self.empty = q.shape[0] == 0 or q.shape[1] == 0
+
+    def __call__(self, q, k, v, k_cache, v_cache, cache_seqlens, block_table, table, sin,
+                 k_scale, v_scale) -> Tensor:
+        if V.memory_overlaps(k_cache, v_cache):
+            raise ValueError("k_cache and v_cache share memory: they are written in place")
+        _check_values(cache_seqlens, block_table, q.shape[1], self.capacity, self.rows,
+                      self.block_size, self.n_blocks)
+        q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        if not self.empty:
+            self.start((q, k, v, q_out, k_cache, v_cache, table, sin, cache_seqlens,
+                        block_table, k_scale, v_scale))
+            torch.autograd.graph.increment_version(k_cache)
+            torch.autograd.graph.increment_version(v_cache)
+        return q_out
+
+
+_ROUTES = eager.Signatures()
+
+
+def _unchecked_tables(freqs, cos, sin):
+    """(table, sin) as the checks leave them, for a call whose signature was checked."""
+    if freqs is not None:
+        return (freqs[:, 0, 0, :] if freqs.dim() == 4 else freqs), None
+    c, s = (t[:, 0, 0, :] if t.dim() == 4 else t for t in (cos, sin))
+    return (c.contiguous(), s.contiguous()) if c.stride() != s.stride() else (c, s)
+
+
 # --- the public function --------------------------------------------------------------------
 
 def rope_kv_cache(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
@@ -167,6 +215,15 @@ def rope_kv_cache(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Ten
     caches: a token without a valid slot is not written and its q_out row comes out NaN; a
     position outside the table gives NaN in q_out and in the cached k.
     """
+    sig = eager.signature(("rope_kv_cache", interleaved, type(interleaved)),
+                          (q, k, v, k_cache, v_cache, cache_seqlens, freqs, cos, sin,
+                           block_table, k_scale, v_scale)) if eager.active() else None
+    route = _ROUTES.get(sig) if sig is not None else None
+    if route is not None:   # checked before: only values and the caches' overlap are new
+        table, sin_t = _unchecked_tables(freqs, cos, sin)
+        return route(q, k, v, k_cache, v_cache, cache_seqlens, block_table, table, sin_t,
+                     k_scale.reshape(1) if k_scale is not None else None,
+                     v_scale.reshape(1) if v_scale is not None else None)
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
         V.check_tensor(t, name, dims=(4,), dtypes=INPUT_DTYPES)
         V.check_kernel_device(t, name)
@@ -219,5 +276,10 @@ def rope_kv_cache(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Ten
     V.check_rotary_dim(table.shape[1], D, tname)
     _check_values(cache_seqlens, block_table, S, capacity, table.shape[0], k_cache.shape[1],
                   k_cache.shape[0])
+    if sig is not None and not any(t.requires_grad for t in (q, k, v, k_cache, v_cache)):
+        route = _ROUTES.put(sig, _Route(q, k, v, k_cache, v_cache, cache_seqlens, block_table,
+                                        table, sin_t, k_scale, v_scale, interleaved, capacity))
+        return route(q, k, v, k_cache, v_cache, cache_seqlens, block_table, table, sin_t,
+                     k_scale, v_scale)
     return rope_kv_cache_op(q, k, v, k_cache, v_cache, cache_seqlens, block_table, table, sin_t,
                             k_scale, v_scale, interleaved)

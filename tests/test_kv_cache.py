@@ -319,6 +319,42 @@ def test_k_and_v_caches_may_not_overlap(seeded):
     assert not kv.isnan().any() and kv.abs().sum() > 0
 
 
+# --- the eager route ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("paged_block", [None, 4], ids=["contiguous", "paged"])
+def test_eager_route_equals_the_operator_step_after_step(paged_block, seeded):
+    """Decoding repeats one signature: after the first (checked) call the route is planned; its
+    q and cache writes are the operator's bits, step after step, and it is planned once."""
+    c = make(S=1, paged_block=paged_block, seqlens=[0, 3, 5])
+    kv_cache._ROUTES.clear()
+    kc, vc = c["k_cache"].clone(), c["v_cache"].clone()
+    kc_op, vc_op = c["k_cache"].clone(), c["v_cache"].clone()
+    for _ in range(3):
+        q = ropelib.rope_kv_cache(c["q"], c["k"], c["v"], kc, vc, c["cache_seqlens"],
+                                  c["freqs"], block_table=c["block_table"])
+        q_op = torch.ops.ropelib.rope_kv_cache(c["q"], c["k"], c["v"], kc_op, vc_op,
+                                               c["cache_seqlens"], c["block_table"],
+                                               c["freqs"][:, 0, 0, :], None, None, None, False)
+        same_bits(q, q_op)
+        same_bits(kc, kc_op)
+        same_bits(vc, vc_op)
+        c["cache_seqlens"] += 1
+    assert len(kv_cache._ROUTES.entries) == 1
+
+
+def test_eager_route_still_checks_values_and_overlap(seeded):
+    """A planned signature skips the shape checks, not what its signature cannot hold."""
+    c = make(S=1)
+    kv = torch.zeros(3, 12, 2, 2, 16)       # k and v side by side in one buffer: allowed
+    _call(c, k_cache=kv[:, :, 0], v_cache=kv[:, :, 1])
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        _call(c, k_cache=kv[:, :, 0], v_cache=kv[:, :, 1],
+              cache_seqlens=torch.full((3,), 12, dtype=torch.int32))
+    with pytest.raises(ValueError, match="share memory"):      # the same signature
+        _call(c, k_cache=kv[:, :, 0], v_cache=kv[:, :, 0])
+    assert len(kv_cache._ROUTES.entries) >= 1
+
+
 # --- operator and torch.compile -------------------------------------------------------------
 
 def test_opcheck(seeded):
