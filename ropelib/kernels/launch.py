@@ -130,6 +130,13 @@ def _device(device_index: int) -> tuple:
                                              tile_wide=knobs.get("wide", TILE_WIDE))
 
 
+@lru_cache(maxsize=None)
+def _exact_loop(device_index: int) -> tuple:
+    """The batch-loop tile knob of table-free angles on this GPU."""
+    knobs = TILES_BY_GPU.get(torch.cuda.get_device_properties(device_index).name, {})
+    return knobs.get("exact_loop", knobs.get("loop", TILE_LOOP))
+
+
 def _pow2_at_least(n: int, cap: int) -> int:
     """min(cap, next power of two >= n), by comparisons only (n may be a symbolic size)."""
     p = 1
@@ -163,7 +170,11 @@ MIN_TILE = 512            # elements: the smallest tile an underfilled grid is s
 TILES_BY_GPU: dict = {
     # 1 GiB bf16 with a batch loop: 0.946 of copy with (16, 8) against 0.917 with the H100's
     # (8, 16); thd and fp32 keep the H100's (tiles-nvidia-h200-20261122.log)
-    "NVIDIA H200": {"loop": (16, 8)},
+    "NVIDIA H200": {"loop": (16, 8),
+                    # table-free angles (more arithmetic per element) keep more threads: bshd
+                    # bf16 0.5345 ms at 1 GiB and 0.1375 ms at 256 MiB with (8, 16), 0.5476 and
+                    # 0.1389 with (16, 8) (feature-tiles-exact-nvidia-h200-20261122.log)
+                    "exact_loop": (8, 16)},
 }
 
 
@@ -244,6 +255,9 @@ def plan(q: View, q_out: View, table: Table, positions: Positions, *, R: int,
     on_gpu = x.device.type == "cuda" and not INTERPRET
     sm, knobs = _device(x.device.index if x.device.index is not None
                         else torch.cuda.current_device()) if on_gpu else (None, {})
+    if table.exact and on_gpu:
+        knobs = dict(knobs, tile_loop=_exact_loop(x.device.index if x.device.index is not None
+                                                  else torch.cuda.current_device()))
     block_s, block_h, chunk, num_warps = tiles or pick_tiles(
         S, B, (q.heads, HK), R, D, x.element_size(), sm, **knobs)
     grid = (_cdiv(S, block_s), _cdiv(q.heads, block_h) + _cdiv(HK, block_h), _cdiv(B, chunk))
