@@ -69,6 +69,16 @@ def _tables(freqs, cos, sin, names=("freqs", "cos", "sin"), angles=None):
     return V.cos_sin_pair(V.table_2d(cos, names[1]), V.table_2d(sin, names[2]), names[1:])
 
 
+def checked_tables(freqs, cos, sin):
+    """(table, sin) as `_tables` leaves them, without its checks: for a call whose signature
+    (shapes, strides, dtypes) was checked before (the eager routes of ropelib.qk_norm and
+    ropelib.kv_cache)."""
+    if freqs is not None:
+        return (freqs[:, 0, 0, :] if freqs.dim() == 4 else freqs), None
+    c, s = (t[:, 0, 0, :] if t.dim() == 4 else t for t in (cos, sin))
+    return (c.contiguous(), s.contiguous()) if c.stride() != s.stride() else (c, s)
+
+
 def prepare(x: torch.Tensor, freqs=None, *, cos=None, sin=None, layout="sbhd",
             interleaved=False, start_positions=None, position_ids=None, cu_seqlens=None,
             cp_size=1, cp_rank=0, name="x", kernel_device=True, angles=None) -> Call:

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from . import eager
 from . import validation as V
-from .api import _tables
+from .api import _tables, checked_tables
 from .kernels import kv_cache as kernel
 from .kernels.kv_cache import CACHE_DTYPES, FP8_MAX, launch as launch_kernel
 from .ops import _define
@@ -171,14 +171,6 @@ class _Route:
 _ROUTES = eager.Signatures()
 
 
-def _unchecked_tables(freqs, cos, sin):
-    """(table, sin) as the checks leave them, for a call whose signature was checked."""
-    if freqs is not None:
-        return (freqs[:, 0, 0, :] if freqs.dim() == 4 else freqs), None
-    c, s = (t[:, 0, 0, :] if t.dim() == 4 else t for t in (cos, sin))
-    return (c.contiguous(), s.contiguous()) if c.stride() != s.stride() else (c, s)
-
-
 # --- the public function --------------------------------------------------------------------
 
 def rope_kv_cache(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
@@ -220,7 +212,7 @@ def rope_kv_cache(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Ten
                            block_table, k_scale, v_scale)) if eager.active() else None
     route = _ROUTES.get(sig) if sig is not None else None
     if route is not None:   # checked before: only values and the caches' overlap are new
-        table, sin_t = _unchecked_tables(freqs, cos, sin)
+        table, sin_t = checked_tables(freqs, cos, sin)
         return route(q, k, v, k_cache, v_cache, cache_seqlens, block_table, table, sin_t,
                      k_scale.reshape(1) if k_scale is not None else None,
                      v_scale.reshape(1) if v_scale is not None else None)

@@ -38,7 +38,7 @@ from torch import Tensor, nn
 
 from . import eager
 from . import validation as V
-from .api import check_no_table_grad, needs_grad, saveable
+from .api import check_no_table_grad, checked_tables, needs_grad, saveable
 from .kernels import qk_norm_rope as kernel
 from .kernels.qk_norm_rope import launch as launch_kernel
 from .ops import _define, view4
@@ -184,18 +184,6 @@ class _NormRotate(torch.autograd.Function):
 _ROUTES = eager.Signatures()
 
 
-def _as_2d(t: Tensor) -> Tensor:
-    return t[:, 0, 0, :] if t.dim() == 4 else t
-
-
-def _tables(freqs, cos, sin):
-    """(table, sin) as the checks leave them, for a call whose signature was checked."""
-    if freqs is not None:
-        return _as_2d(freqs), None
-    c, s = _as_2d(cos), _as_2d(sin)
-    return (c.contiguous(), s.contiguous()) if c.stride() != s.stride() else (c, s)
-
-
 # --- argument checks ------------------------------------------------------------------------
 
 def _check_real(v, name: str, *, positive: bool = False) -> float:
@@ -283,7 +271,7 @@ def qk_norm_rope(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, freqs: Optional
     hit = _ROUTES.get(sig) if sig is not None else None
     if hit is not None:     # checked before: only the values of CPU position ids are new
         route, rows = hit
-        table, sin_t = _tables(freqs, cos, sin)
+        table, sin_t = checked_tables(freqs, cos, sin)
         if position_ids is not None:
             _check_table_values(position_ids, rows)
         return _run_route(route, q, k, w_q, w_k, table, sin_t, position_ids)
