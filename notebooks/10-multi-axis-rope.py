@@ -31,9 +31,9 @@
 # - build the `[3, tokens]` position ids of text followed by an image, and rotate q and k from
 #   them with `ropelib.apply_mrope_qk`, matching transformers' Qwen2-VL and Qwen3-VL code;
 # - explain why one kernel serves all of them, forward and backward, without ever building a
-#   `[3, B, S, D]` cos/sin tensor.
+#   `[3, B, S, D]` cos/sin tensor, and why it forms each token's angles once for all its heads.
 #
-# **Time:** about 35 minutes to read and 20 for the two exercises; the cells run in about
+# **Time:** about 40 minutes to read and 20 for the two exercises; the cells run in about
 # 15 s on a CPU (Triton's interpreter).
 
 # %%
@@ -324,6 +324,72 @@ assert torch.allclose(gx, torch.autograd.grad(y_ref, x, g)[0], atol=1e-12)
 print("forward and backward match plain PyTorch (float64)")
 
 # %% [markdown]
+# ## 6. Where the time goes: angles once per token, not once per head
+#
+# Without a table, the expensive part of this kernel is not memory: it is the accurate sine and
+# cosine of every (token, pair) angle, each tens of instructions. Every head of a token uses the
+# same angles, so the question is how many times the kernel evaluates them.
+#
+# A first version of the kernel tiled the work as the finished 1-D kernel does: a program held a
+# `[BLOCK_S, BLOCK_H, D/2]` tile of a few heads of a few tokens and formed the angles for its
+# tile. With Qwen2-VL's 28 q and 4 k heads in blocks of 4, that is 8 programs per token, each
+# evaluating the same angles; and inside a program Triton spreads the heads over threads, so the
+# threads holding different heads of one token evaluate them again. The kernel as it is now
+# forms the angles of its tokens once, as a `[BLOCK_S, D/2]` tile, and loops over every head
+# (8 heads of one token per step, found best on an H200 by `benchmarks/feature_tiles.py`).
+# Counting evaluations per element of q and k moved:
+
+# %%
+def sincos_per_element(programs_per_token, thread_copies, heads=28 + 4, head_dim=128):
+    """sin/cos evaluations per element of q and k moved: every program that holds a token
+    evaluates its head_dim / 2 angles, thread_copies times over."""
+    return programs_per_token * (head_dim // 2) * thread_copies / (heads * head_dim)
+
+
+# head blocks of 4: 7 programs for q's 28 heads and 1 for k's 4, and inside each at least 2
+# threads holding other heads of the token evaluate the same angles
+before = sincos_per_element(programs_per_token=7 + 1, thread_copies=2)
+# now: one program per token holds every head of q and k, the angles as their own 2-D tile
+after = sincos_per_element(programs_per_token=1, thread_copies=1)
+print(f"sin/cos per element moved: at least {before:.3f} with head blocks of 4, {after:.4f} "
+      f"with one program per token for every head ({before / after:.0f}x fewer)")
+assert before / after >= 16
+
+# %% [markdown]
+# Both versions were measured on an H200 with `benchmarks/mrope_bench.py` (bf16, q and k
+# together ≥ 256 MiB; the CSVs are committed). Ratio to a copy of q and k, forward:
+
+# %%
+from ropelib import compare
+
+RESULTS = ROOT / "benchmarks" / "results"
+runs = {"head blocks (first version)": RESULTS / "mrope-nvidia-h200-20261122-1841.csv",
+        "angles once per token (now)": RESULTS / "mrope-nvidia-h200-20261122-2054.csv"}
+ratios = {}
+for label, path in runs.items():
+    rows = [r for r in compare.read_csv(path) if r["provider"] == "ropelib"
+            and r["pass"] == "fwd" and r.get("fraction_of_copy")]
+    ratios[label] = {r["case"].split("-")[0]: float(r["fraction_of_copy"]) for r in rows}
+cases = sorted(ratios["angles once per token (now)"])
+fig, ax = plt.subplots(figsize=(7, 3.2))
+width = 0.38
+for i, (label, by_case) in enumerate(ratios.items()):
+    ax.bar([c + (i - 0.5) * width for c in range(len(cases))],
+           [by_case.get(name, 0) for name in cases], width, label=label)
+ax.set_xticks(range(len(cases)), cases)
+ax.axhline(1.0, color="grey", lw=0.8)
+ax.set(ylabel="fraction of a copy", ylim=(0, 1.1),
+       title="multi-axis RoPE forward, H200, bf16 (committed runs)")
+ax.legend(loc="lower right", fontsize=8)
+fig.tight_layout()
+fig.savefig(FIGURES / "10-mrope-angles-once.png", dpi=120)
+plt.show()
+for name in cases:
+    print(f"{name:8s} " + "  ".join(f"{label}: {by[name]:.2f}" for label, by in ratios.items()))
+assert all(ratios["angles once per token (now)"][c] > ratios["head blocks (first version)"][c]
+           for c in cases)
+
+# %% [markdown]
 # ## Exercises
 #
 # Each check prints ✅ or ❌ and never stops the notebook. Replace the `...` and rerun the
@@ -438,5 +504,8 @@ assert by[("ropelib_exact", top)]["out_err"] < 1e-5
 #    When does the difference matter: training, prefill, decoding one token?
 # 4. In the vision encoder every image of a batch is packed into one sequence. Why does that
 #    make per-token positions (rather than a token index and a table) the natural input?
-# 5. Axial RoPE makes scores depend on the 2-D offset only. Which tasks might want the model
+# 5. Section 6 counts sin/cos evaluations. Why does the same redundancy cost the finished 1-D
+#    kernel almost nothing when it reads a cos/sin table, and what changes for the batch loop
+#    when positions differ per batch entry (Qwen2-VL's `[3, B, S]`)?
+# 6. Axial RoPE makes scores depend on the 2-D offset only. Which tasks might want the model
 #    to know the absolute row and column as well, and how do vision models provide it?
