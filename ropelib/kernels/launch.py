@@ -137,6 +137,17 @@ def _exact_loop(device_index: int) -> tuple:
     return knobs.get("exact_loop", knobs.get("loop", TILE_LOOP))
 
 
+def multiprocessors(device: torch.device) -> int:
+    """The SM count of a CUDA device (looked up once per device)."""
+    return _device(device.index if device.index is not None else torch.cuda.current_device())[0]
+
+
+def needs_int64(tensors) -> bool:
+    """Does an element offset into one of these tensors (any strides) come near int32's limit?"""
+    return any(sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()) if n > 0)
+               > _I32_LIMIT - 1024 for t in tensors)
+
+
 def _pow2_at_least(n: int, cap: int) -> int:
     """min(cap, next power of two >= n), by comparisons only (n may be a symbolic size)."""
     p = 1

@@ -42,7 +42,6 @@ Pairing: rotate-half pairs feature j with j + R/2 (transformers' rotate_half); i
 are copied through (partial rotary). A pair whose axis index is outside [0, N_AXES) gets a NaN
 angle: its features come out NaN, never silently unrotated.
 """
-from functools import lru_cache
 from typing import Optional
 
 import torch
@@ -53,9 +52,9 @@ from ..runtime import INTERPRET
 from .common import BF16_RTNE, round_to
 from .direct import DirectLauncher
 from .fused import _cos_sin
-from .launch import Launch, _cdiv, _pow2_at_least, _pow2_at_most, start
+from .launch import (Launch, _cdiv, _pow2_at_least, _pow2_at_most, multiprocessors,
+                     needs_int64, start)
 
-_I32_LIMIT = 2**31 - 1
 MAX_AXES = 4
 
 
@@ -219,15 +218,6 @@ ELEMENTS_PER_THREAD = 16
 PROGRAMS_PER_SM = 8      # fewer programs than this per SM: split the batch, then the heads
 
 
-@lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
-def _span(t: torch.Tensor) -> int:
-    return sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()) if n > 0)
-
-
 def _row(R: int, D: int) -> int:
     """Elements of one head row as the kernel's tiles hold it (each part padded)."""
     return 2 * _pow2_at_least(R // 2, 1 << 30) + (_pow2_at_least(D - R, 1 << 30) if D > R else 0)
@@ -264,7 +254,8 @@ def pick_tiles(S, B, heads: int, R: int, D: int, per_batch: bool, sm_count: Opti
     row = _row(R, D)
     if sm_count is None:
         return _pow2_at_least(S, 32), _pow2_at_least(heads, 16), heads, max(B, 1), 4
-    hps = min(_pow2_at_most(max(heads, 1)), HEADS_PER_STEP, _pow2_at_most(max(STEP_ELEMENTS // row, 1)))
+    hps = min(_pow2_at_most(max(heads, 1)), HEADS_PER_STEP,
+              _pow2_at_most(max(STEP_ELEMENTS // row, 1)))
     block_s = _pow2_at_least(S, _pow2_at_most(max(STEP_ELEMENTS // (row * hps), 1)))
     num_warps = max(1, min(16, block_s * hps * row // (32 * ELEMENTS_PER_THREAD)))
     return (block_s, hps, *fit_grid(S, B, heads, block_s, per_batch, sm_count), num_warps)
@@ -285,8 +276,7 @@ def plan(q4: torch.Tensor, q_out4: torch.Tensor, pos: torch.Tensor, inv_freq: to
     R = 2 * inv_freq.shape[0]
     pos_b = pos.stride(1) if pos.shape[1] > 1 else 0
     on_gpu = q4.device.type == "cuda" and not INTERPRET
-    sm = _sm_count(q4.device.index if q4.device.index is not None
-                   else torch.cuda.current_device()) if on_gpu else None
+    sm = multiprocessors(q4.device) if on_gpu else None
     block_s, hps, heads, chunk, num_warps = tiles or pick_tiles(S, B, HQ + HK, R, D, pos_b != 0,
                                                                 sm)
     grid = (_cdiv(S, block_s), _cdiv(HQ + HK, heads), _cdiv(B, chunk))
@@ -310,7 +300,7 @@ def plan(q4: torch.Tensor, q_out4: torch.Tensor, pos: torch.Tensor, inv_freq: to
         BLOCK_PASS=_pow2_at_least(D - R, 1 << 30) if D > R else 0,
         INTERLEAVED=interleaved, BACKWARD=backward, POS_PER_BATCH=pos_b != 0,
         ACCURATE=not INTERPRET, CDT=cdt,
-        INT64=any(_span(t) > _I32_LIMIT - 1024 for t in views), BF16_RTNE=BF16_RTNE,
+        INT64=needs_int64(views), BF16_RTNE=BF16_RTNE,
     )
     pointers = (q4, q_out4, k4, k_out4, pos, inv_freq, axis)
     dtypes = tuple(t.dtype if t is not None else None for t in pointers)

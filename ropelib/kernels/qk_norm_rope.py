@@ -36,19 +36,18 @@ which member's sine is used:
     forward   y_a = u_a c_a - u_b s_a       y_b = u_b c_b + u_a s_b
     backward  gu_a = gy_a c_a + gy_b s_b    gu_b = gy_b c_b - gy_a s_a
 """
-from functools import lru_cache
 from typing import Optional, Tuple
 
 import torch
 import triton
 import triton.language as tl
+
 from ..runtime import INTERPRET
 from .common import BF16_RTNE, round_to
 from .direct import DirectLauncher
 from .fused import _cos_sin
-from .launch import Launch, _cdiv, _pow2_at_least, _pow2_at_most, start
-
-_I32_LIMIT = 2**31 - 1
+from .launch import (Launch, _cdiv, _pow2_at_least, _pow2_at_most, multiprocessors,
+                     needs_int64, start)
 
 
 @triton.jit
@@ -339,17 +338,8 @@ def pick_tiles(S, B, HQ: int, HK: int, D: int, sm_count: Optional[int]):
     return block_s, block_h, chunk, num_warps
 
 
-@lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
-
-
 def _strides4(t: Optional[torch.Tensor]) -> tuple:
     return tuple(t.stride()) if t is not None else (0, 0, 0, 0)
-
-
-def _span(t: torch.Tensor) -> int:
-    return sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()) if n > 0)
 
 
 # The kernel's pointer arguments, in its order (an unused one is None).
@@ -371,8 +361,7 @@ def plan(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch
     R = table.shape[-1]
     on_gpu = q_out4.device.type == "cuda" and not INTERPRET
     device = q_out4.device
-    sm = _sm_count(device.index if device.index is not None else torch.cuda.current_device()) \
-        if on_gpu else None
+    sm = multiprocessors(device) if on_gpu else None
     block_s, block_h, chunk, num_warps = pick_tiles(S, B, HQ, HK, D, sm)
     grid = (_cdiv(S, block_s), _cdiv(HQ, block_h) + _cdiv(HK, block_h), _cdiv(B, chunk))
     if table.dim() == 2:
@@ -408,7 +397,7 @@ def plan(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch
         BLOCK_PASS=_pow2_at_least(D - R, 1 << 30) if D > R else 0,
         INTERLEAVED=interleaved, BACKWARD=backward, FROM_ANGLES=sin is None,
         HAS_POS=pos is not None, TABLE_PER_BATCH=tab_b != 0 or pos_b != 0,
-        ACCURATE=not INTERPRET, INT64=any(_span(t) > _I32_LIMIT - 1024 for t in tensors),
+        ACCURATE=not INTERPRET, INT64=needs_int64(tensors),
         CDT=cdt, BF16_RTNE=BF16_RTNE,
     )
     dtypes = (q4.dtype, k4.dtype, gq4.dtype if backward else None,
