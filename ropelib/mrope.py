@@ -266,7 +266,18 @@ def _check_freqs(freqs, ref: Tensor, ref_name: str, D: int) -> AxisFrequencies:
     check_no_table_grad(("freqs.inv_freq", inv))
     if V.values_checkable(axis):
         _check_axis_values(axis, n_axes)
+    return _kernel_freqs(freqs)
+
+
+def _kernel_freqs(freqs: AxisFrequencies) -> AxisFrequencies:
+    """The frequencies as the kernel reads them: contiguous, axes int32."""
+    inv, axis, n_axes = freqs
     return AxisFrequencies(inv.contiguous(), axis.to(torch.int32).contiguous(), n_axes)
+
+
+def _positions3(positions: Tensor) -> Tensor:
+    """[n_axes, S] (shared by the batch, or thd) -> [n_axes, 1, S]; [n_axes, B, S] as is."""
+    return positions.unsqueeze(1) if positions.dim() == 2 else positions
 
 
 def _check_axis_values(axis: Tensor, n_axes: int) -> None:
@@ -281,8 +292,7 @@ def _check_positions(positions, n_axes: int, layout: str, S: int, B: int, ref: T
     """positions [n_axes, S] / [n_axes, B or 1, S] (thd: [n_axes, T]) -> [n_axes, B or 1, S]."""
     V.check_int_tensor(positions, "positions", dims=(2,) if layout == "thd" else (2, 3))
     V.check_same_device(ref, ref_name, positions=positions)
-    if positions.dim() == 2:
-        positions = positions.unsqueeze(1)
+    positions = _positions3(positions)
     if positions.shape[0] != n_axes or positions.shape[2] != S \
             or positions.shape[1] not in (1, B):
         want = f"[{n_axes}, {S}]" if layout == "thd" else \
@@ -383,13 +393,10 @@ def _eager_call(xs: tuple, positions, freqs, layout, interleaved):
                                     freqs, layout, interleaved)
         route = _ROUTES.put(sig, _Route(xs, (positions, freqs.inv_freq, freqs.axis), layout,
                                         interleaved, False))
-    else:
+    else:       # checked before: only the values of host index tensors are new
         if V.values_checkable(axis):
             _check_axis_values(axis, n_axes)
-        if positions.dim() == 2:
-            positions = positions.unsqueeze(1)
-        inv, axis = inv.contiguous(), axis.to(torch.int32).contiguous()
-        positions, freqs = (positions, AxisFrequencies(inv, axis, n_axes))
+        positions, freqs = _positions3(positions), _kernel_freqs(freqs)
     used = (positions, freqs.inv_freq, freqs.axis)
     if needs_grad(*xs):
         return eager.Rotate.apply(route, len(xs), *xs, *map(saveable, used))

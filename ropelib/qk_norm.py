@@ -111,7 +111,7 @@ qk_norm_rope_op.register_autograd(_backward, setup_context=_setup)
 class _Route:
     """One checked and planned qk_norm_rope call: the forward launch, and the backward launch
     for output gradients of given strides."""
-    __slots__ = ("fwd", "layout", "options", "_stand_ins", "_backwards")
+    __slots__ = ("fwd", "layout", "options", "empty", "_stand_ins", "_backwards")
 
     def __init__(self, q, k, w_q, w_k, table, sin, position_ids, layout, interleaved, eps,
                  weight_offset):
@@ -122,6 +122,7 @@ class _Route:
         self.fwd = eager.Started(kernel.DIRECT, kernel.plan(
             view4(q, layout), view4(k, layout), *outs, w_q, w_k, table, sin,
             _pos2d(position_ids), **self.options))
+        self.empty = not (self.fwd.launch.args["S"] and self.fwd.launch.args["B"])
         self._stand_ins = tuple(eager._stand_in(t) for t in (q, k, w_q, w_k, table, sin,
                                                              _pos2d(position_ids)))
         self._backwards = {}
@@ -129,25 +130,23 @@ class _Route:
     def forward(self, q, k, w_q, w_k, table, sin, position_ids):
         q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-        if self.fwd.launch.args["S"] and self.fwd.launch.args["B"]:
+        if not self.empty:
             self.fwd((q, k, None, None, q_out, k_out, w_q, w_k, table, sin, _pos2d(position_ids),
                       None))
         return q_out, k_out
 
     def backward(self, gq, gk, q, k, w_q, w_k, table, sin, position_ids):
+        grad_q = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        grad_k = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         key = (gq.stride(), gk.stride())
         bwd = self._backwards.get(key)
         if bwd is None:
             q_, k_, w_q_, w_k_, table_, sin_, pos_ = self._stand_ins
             lay = self.layout
-            planned = kernel.plan(view4(q_, lay), view4(k_, lay),
-                                  view4(torch.empty(q.shape, dtype=q.dtype, device=q.device), lay),
-                                  view4(torch.empty(k.shape, dtype=k.dtype, device=k.device), lay),
-                                  w_q_, w_k_, table_, sin_, pos_, gq4=view4(gq, lay),
-                                  gk4=view4(gk, lay), **self.options)
+            planned = kernel.plan(view4(q_, lay), view4(k_, lay), view4(grad_q, lay),
+                                  view4(grad_k, lay), w_q_, w_k_, table_, sin_, pos_,
+                                  gq4=view4(gq, lay), gk4=view4(gk, lay), **self.options)
             bwd = self._backwards[key] = eager.Started(kernel.DIRECT, planned)
-        grad_q = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        grad_k = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         part = kernel.partials(bwd.launch)
         if part.numel():
             bwd((q, k, gq, gk, grad_q, grad_k, w_q, w_k, table, sin, _pos2d(position_ids),

@@ -137,9 +137,14 @@ def _exact_loop(device_index: int) -> tuple:
     return knobs.get("exact_loop", knobs.get("loop", TILE_LOOP))
 
 
+def _index(device: torch.device) -> int:
+    """A CUDA device's index (the current device for a bare "cuda")."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def multiprocessors(device: torch.device) -> int:
     """The SM count of a CUDA device (looked up once per device)."""
-    return _device(device.index if device.index is not None else torch.cuda.current_device())[0]
+    return _device(_index(device))[0]
 
 
 def needs_int64(tensors) -> bool:
@@ -264,11 +269,9 @@ def plan(q: View, q_out: View, table: Table, positions: Positions, *, R: int,
     S, B, D = x.shape[0], x.shape[1], q.features()
     HK = k.heads if k is not None else 0
     on_gpu = x.device.type == "cuda" and not INTERPRET
-    sm, knobs = _device(x.device.index if x.device.index is not None
-                        else torch.cuda.current_device()) if on_gpu else (None, {})
+    sm, knobs = _device(_index(x.device)) if on_gpu else (None, {})
     if table.exact and on_gpu:
-        knobs = dict(knobs, tile_loop=_exact_loop(x.device.index if x.device.index is not None
-                                                  else torch.cuda.current_device()))
+        knobs = dict(knobs, tile_loop=_exact_loop(_index(x.device)))
     block_s, block_h, chunk, num_warps = tiles or pick_tiles(
         S, B, (q.heads, HK), R, D, x.element_size(), sm, **knobs)
     grid = (_cdiv(S, block_s), _cdiv(q.heads, block_h) + _cdiv(HK, block_h), _cdiv(B, chunk))
