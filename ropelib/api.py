@@ -137,15 +137,20 @@ def prepare(x: torch.Tensor, freqs=None, *, cos=None, sin=None, layout="sbhd",
                              f"got {start_positions.shape[0]}")
     elif cu_seqlens is not None:
         raise ValueError(f"cu_seqlens is only for layout='thd', got layout={layout!r}")
-    elif cp_size > 1 and S % 2:
-        raise ValueError(f"with cp_size={cp_size} the local sequence length must be even "
-                         f"(two chunks per rank), got {S}")
-    elif start_positions is not None and start_positions.shape[0] != B:
-        raise ValueError(f"start_positions must have one entry per batch entry ({B}), "
-                         f"got {start_positions.shape[0]}")
-    elif start_positions is None and S * cp_size > P:
-        raise ValueError(f"the table (freqs/cos) has {P} positions but the input needs "
-                         f"seq_len*cp_size = {S}*{cp_size} = {S * cp_size}")
+    else:
+        # Each sequence covers rows start_positions[b] .. start_positions[b] + S * cp_size - 1
+        # of the table (the whole global sequence, of which this rank holds two chunks), as in
+        # Transformer Engine; the start values themselves are checked by check_values.
+        if cp_size > 1 and S % 2:
+            raise ValueError(f"with cp_size={cp_size} the local sequence length must be even "
+                             f"(two chunks per rank), got {S}")
+        if start_positions is not None and start_positions.shape[0] != B:
+            raise ValueError(f"start_positions must have one entry per batch entry ({B}), "
+                             f"got {start_positions.shape[0]}")
+        if S * cp_size > P:
+            raise ValueError(f"the table (freqs/cos) has {P} positions but the input needs "
+                             f"seq_len*cp_size = {S}*{cp_size} = {S * cp_size}"
+                             + (" (plus start_positions)" if start_positions is not None else ""))
     if start_positions is not None:
         start_positions = start_positions.contiguous()
     if cu_seqlens is not None:

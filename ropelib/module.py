@@ -29,8 +29,10 @@ class RotaryEmbedding(torch.nn.Module):
     The tables stay float32 whatever the module is converted to (`.to(torch.bfloat16)`,
     `.half()`): angles rounded to 16 bits would be off by radians at long positions.
 
-    forward(q, k=None, *, start_positions=None, position_ids=None, cu_seqlens=None) returns the
-    rotated q, or (q, k) rotated in one launch.
+    forward(q, k=None, *, start_positions=None, position_ids=None, cu_seqlens=None, cp_size=1,
+    cp_rank=0) returns the rotated q, or (q, k) rotated in one launch. With context parallelism
+    (cp_size > 1) q and k hold this rank's two chunks of every sequence, and a sequence's
+    positions are its start position (if given) plus the token's global position.
     """
 
     def __init__(self, head_dim: int, *, base: float = 10000.0, rotary_percent: float = 1.0,
@@ -77,10 +79,12 @@ class RotaryEmbedding(torch.nn.Module):
         return (self.cos if self._use_table else self.freqs).shape[0]
 
     def forward(self, q: torch.Tensor, k: Optional[torch.Tensor] = None, *,
-                start_positions=None, position_ids=None, cu_seqlens=None):
+                start_positions=None, position_ids=None, cu_seqlens=None, cp_size: int = 1,
+                cp_rank: int = 0):
         table = self.cos if self._use_table else self.freqs
-        if self.layout != "thd":    # an input longer than the table: grow it (shapes only)
-            length = q.shape[0] if self.layout == "sbhd" else q.shape[1]
+        if self.layout != "thd" and type(cp_size) is int:   # an input longer than the table:
+            # grow it (shapes only; the global sequence is cp_size times the local one)
+            length = (q.shape[0] if self.layout == "sbhd" else q.shape[1]) * max(cp_size, 1)
             if length > table.shape[0]:
                 self._build(max(length, 2 * table.shape[0]), q.device)
         if (self.cos if self._use_table else self.freqs).device != q.device:
@@ -88,7 +92,7 @@ class RotaryEmbedding(torch.nn.Module):
         tables = dict(cos=self.cos, sin=self.sin) if self._use_table else dict(freqs=self.freqs)
         opts = dict(layout=self.layout, interleaved=self.interleaved,
                     start_positions=start_positions, position_ids=position_ids,
-                    cu_seqlens=cu_seqlens, **tables)
+                    cu_seqlens=cu_seqlens, cp_size=cp_size, cp_rank=cp_rank, **tables)
         if k is None:
             return apply_rope(q, **opts)
         return apply_rope_qk(q, k, **opts)

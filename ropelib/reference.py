@@ -161,14 +161,30 @@ def _te_cp_freqs(freqs, seqlen, cp_size, cp_rank):
     return freqs[:seqlen]
 
 
+def _te_check_table(freqs, start_positions, seqlens, cp_size):
+    # TE's table-length assertion (read on the host, as TE does), as a ValueError: sequence i
+    # uses rows start_positions[i] .. start_positions[i] + seqlens[i] * cp_size - 1.
+    starts = [0] * len(seqlens) if start_positions is None else start_positions.tolist()
+    need = max((s0 + n * cp_size for s0, n in zip(starts, seqlens) if n), default=0)
+    if need > freqs.shape[0]:
+        raise ValueError(f"freqs has {freqs.shape[0]} positions but the input needs {need} "
+                         f"(max over sequences of start_positions + seq_len * cp_size, "
+                         f"cp_size={cp_size})")
+
+
 def te_unfused(t, freqs, tensor_format="sbhd", start_positions=None, interleaved=False,
                cu_seqlens=None, cp_size=1, cp_rank=0):
-    """Transformer Engine 2.x `apply_rotary_pos_emb(..., fused=False)`, line for line."""
+    """Transformer Engine 2.x `apply_rotary_pos_emb(..., fused=False)`, line for line.
+
+    With start_positions and cp_size > 1 (as TE does it): each sequence's table is first
+    offset by its start position, then the rank takes its two dual chunks of the
+    seq_len * cp_size rows that follow."""
     if tensor_format == "thd":
         if cu_seqlens is None:
             raise ValueError("cu_seqlens must not be None when tensor_format is 'thd'")
         cu = cu_seqlens // cp_size
         seqlens = (cu[1:] - cu[:-1]).tolist()
+        _te_check_table(freqs, start_positions, seqlens, cp_size)
         return torch.cat([
             _te_base(x.unsqueeze(1),
                      _te_cp_freqs(freqs[start_positions[i]:] if start_positions is not None
@@ -177,6 +193,7 @@ def te_unfused(t, freqs, tensor_format="sbhd", start_positions=None, interleaved
             for i, x in enumerate(torch.split(t, seqlens))]).squeeze(1)
     seqlen = t.size(0) if tensor_format == "sbhd" else t.size(1)
     if start_positions is not None:
+        _te_check_table(freqs, start_positions, [seqlen] * len(start_positions), cp_size)
         freqs = torch.cat([freqs[i:i + seqlen * cp_size] for i in start_positions], dim=1)
     return _te_base(t, _te_cp_freqs(freqs, seqlen, cp_size, cp_rank), tensor_format, interleaved)
 

@@ -30,7 +30,10 @@ def apply_rotary_pos_emb(t: torch.Tensor, freqs: torch.Tensor, tensor_format: st
         t: `[s, b, h, d]`, `[b, s, h, d]` or `[t, h, d]`.
         freqs: angles `[s2, 1, 1, d2]`, `s2 >= s * cp_size`, `d2 <= d`.
         tensor_format: "sbhd", "bshd" or "thd".
-        start_positions: `[b]` per-sequence offsets (KV-cache decoding).
+        start_positions: `[b]` (or `[n_seq]` for "thd") per-sequence offsets. With
+            `cp_size > 1` each sequence's positions are `start_positions[i]` plus the token's
+            global (dual-chunk) position, and the table needs
+            `max(start_positions) + seq_len * cp_size` rows, as in Transformer Engine.
         interleaved: pair features (2j, 2j+1).
         fused: True runs ropelib's kernel; False TE's unfused PyTorch path.
         cu_seqlens: `[b + 1]` int32 cumulative (padded, global) sequence lengths for "thd".
@@ -38,9 +41,6 @@ def apply_rotary_pos_emb(t: torch.Tensor, freqs: torch.Tensor, tensor_format: st
     """
     if tensor_format == "thd" and cu_seqlens is None:
         raise ValueError("cu_seqlens must not be None when tensor_format is 'thd'")
-    if cp_size != 1 and start_positions is not None:
-        raise ValueError("start_positions with cp_size > 1 is not supported (as in Transformer "
-                         "Engine)")
     V.check_bool(fused, "fused")
     if fused:
         return apply_rope(t, freqs, layout=tensor_format, interleaved=interleaved,
@@ -73,6 +73,9 @@ def apply_fused_qkv_rotary_pos_emb(qkv: torch.Tensor, q_freqs: torch.Tensor,
             along the last dim; `dq` is a multiple of `dk` (dq / dk query heads per group).
         q_freqs, k_freqs: angles `[s2, 1, 1, d2]`.
         qkv_split_arg_list: `[dq, dk, dv]`.
+        start_positions, cp_size, cp_rank: as in `apply_rotary_pos_emb`; start_positions
+            combine with cp_size > 1 the same way there (TE's fused QKV function refuses the
+            combination; its kernel computes the same positions).
         cu_seqlens: unused (as in TE; "thd" is not supported there).
     Returns:
         (q `[s, b, g * dq/dk, dk]`, k `[s, b, g, dk]`, v `[s, b, g, dv]`), contiguous.
@@ -80,8 +83,6 @@ def apply_fused_qkv_rotary_pos_emb(qkv: torch.Tensor, q_freqs: torch.Tensor,
     V.check_tensor(qkv, "qkv")
     if tensor_format not in ("sbhd", "bshd"):
         raise ValueError(f"tensor_format must be 'sbhd' or 'bshd' for packed QKV, got {tensor_format!r}")
-    if cp_size != 1 and start_positions is not None:
-        raise ValueError("start_positions with cp_size > 1 is not supported (as in TE)")
     if (not isinstance(qkv_split_arg_list, (list, tuple)) or len(qkv_split_arg_list) != 3
             or not all(type(v) is int and v > 0 for v in qkv_split_arg_list)):
         raise ValueError(f"qkv_split_arg_list must be 3 positive ints [dq, dk, dv], got {qkv_split_arg_list!r}")

@@ -35,12 +35,12 @@ def _te_case(layout, dtype, cp, start, interleaved):
         opts["cu_seqlens"] = cu
         if start:
             opts["start_positions"] = torch.tensor([1, 0, 3])
-        P = 12 + 3 + 4
+        P = 24 + 3 + 4
     else:
         t = torch.randn((S, B, H, D) if layout == "sbhd" else (B, S, H, D)).to(dtype)
         if start:
             opts["start_positions"] = torch.tensor([2, 5])
-        P = S * cp_size + 5 + 3
+        P = S * cp_size + 5 + 3    # start + seq_len * cp_size fits
     freqs = ropelib.rope_freqs(P, D, rotary_percent=0.5, interleaved=interleaved)
     return t, freqs, opts
 
@@ -52,11 +52,6 @@ def _te_case(layout, dtype, cp, start, interleaved):
 @pytest.mark.parametrize("interleaved", [False, True])
 def test_te_apply_rotary_pos_emb(layout, dtype, cp, start, interleaved, seeded):
     t, freqs, opts = _te_case(layout, dtype, cp, start, interleaved)
-    if start and cp[0] > 1:   # Transformer Engine refuses this combination, on both paths
-        for fused in (False, True):
-            with pytest.raises(ValueError, match="start_positions with cp_size > 1"):
-                rte.apply_rotary_pos_emb(t, freqs, fused=fused, **opts)
-        return
     unf = rte.apply_rotary_pos_emb(t, freqs, fused=False, **opts)
     assert torch.equal(unf, te_unfused(t, freqs, **opts))
     tt = t.clone().requires_grad_(True)
@@ -119,7 +114,7 @@ def _split_qkv(qkv, split, layout):
 @pytest.mark.parametrize("layout", ["sbhd", "bshd"])
 @pytest.mark.parametrize("split", [[32, 16, 16], [16, 16, 16], [64, 16, 8]])
 @pytest.mark.parametrize("interleaved", [False, True])
-@pytest.mark.parametrize("opt", ["plain", "start", "cp"])
+@pytest.mark.parametrize("opt", ["plain", "start", "cp", "start_cp"])
 def test_fused_qkv(layout, split, interleaved, opt, seeded):
     G = 2
     dtype = torch.bfloat16
@@ -127,9 +122,9 @@ def test_fused_qkv(layout, split, interleaved, opt, seeded):
     shape = (S, B, G, dq + dk + dv) if layout == "sbhd" else (B, S, G, dq + dk + dv)
     qkv = torch.randn(shape).to(dtype)
     opts = dict(tensor_format=layout, interleaved=interleaved)
-    if opt == "start":
+    if opt in ("start", "start_cp"):
         opts["start_positions"] = torch.tensor([3, 1])
-    if opt == "cp":
+    if opt in ("cp", "start_cp"):
         opts.update(cp_size=2, cp_rank=1)
     P = 2 * S + 4
     qf = ropelib.rope_freqs(P, dk, rotary_percent=0.5, interleaved=interleaved)
