@@ -26,6 +26,7 @@ block table [B, MAX_BLOCKS]; rotate-half or interleaved pairs; angle tables or c
 [P, R] (R <= D: features R..D-1 pass through). Not supported: fp64, layouts other than bshd,
 per-head or per-token scales, other fp8 formats, autograd.
 """
+import math
 from typing import Optional
 
 import torch
@@ -51,6 +52,15 @@ def rope_kv_cache_op(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: 
                      cache_seqlens: Tensor, block_table: Optional[Tensor], table: Tensor,
                      sin: Optional[Tensor], k_scale: Optional[Tensor], v_scale: Optional[Tensor],
                      interleaved: bool) -> Tensor:
+    # Run on real tensors (a direct call, or a graph of torch.compile's "eager" backend), an
+    # input that shares memory with a cache would be read after the kernel wrote it: refused
+    # here, before the launch. A graph that PyTorch functionalizes (aot_eager, Inductor) reads
+    # every input as it was before the call, and fake tensors have no addresses to compare.
+    tensors = {"q": q, "k": k, "v": v, "cache_seqlens": cache_seqlens,
+               "block_table": block_table, "table (freqs or cos)": table, "sin": sin,
+               "k_scale": k_scale, "v_scale": v_scale}
+    if _addressable(*tensors.values(), k_cache, v_cache):
+        _check_aliasing(tensors, k_cache, v_cache)
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     launch_kernel(q, k, v, q_out, k_cache, v_cache, cache_seqlens, block_table, table, sin,
                   k_scale, v_scale, interleaved=interleaved)
@@ -111,6 +121,70 @@ def _check_scale(scale, cache: Tensor, name: str, cache_name: str) -> Optional[T
     return scale.reshape(1)
 
 
+def _check_scale_values(k_scale: Optional[Tensor], v_scale: Optional[Tensor]) -> None:
+    """Scales finite and non-zero (stored = fp8(value / scale): zero would store +-448 or NaN
+    for every value), where the values can be read without a synchronisation (as positions)."""
+    present = {n: t for n, t in (("k_scale", k_scale), ("v_scale", v_scale)) if t is not None}
+    if not present or not V.values_checkable(*present.values()):
+        return
+    values = torch.cat([t.reshape(1) for t in present.values()]).tolist()   # one host read
+    for (name, _), value in zip(present.items(), values):
+        if value == 0 or not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite, non-zero fp32 scale (stored = "
+                             f"fp8(value / {name})), got {value}")
+
+
+def _addressable(*tensors) -> bool:
+    """Tensors (or None) with memory of their own, outside any compiler, tracer, transform or
+    dispatch mode: their addresses can be compared. Traced, the operator's schema declares
+    which arguments it writes."""
+    return eager.active() and all(t is None or type(t) in (Tensor, torch.nn.Parameter)
+                                  and t.device.type != "meta" for t in tensors)
+
+
+def _span(t: Optional[Tensor]) -> int:
+    """Bytes from t's first element to just past its last (0: empty or None)."""
+    if t is None or t.numel() == 0:
+        return 0
+    return (sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1) * t.element_size()
+
+
+def _shares_memory(a: Tensor, a0: int, a_span: int, b: Tensor, b0: int, b_span: int) -> bool:
+    """Could a (first byte at a0, reaching a_span bytes) and b share an element?"""
+    if not (a_span and b_span and a0 < b0 + b_span and b0 < a0 + a_span):
+        return False
+    # the address ranges interleave: exact for views with one set of strides into one buffer
+    # (k and v caches side by side in one pool), conservative otherwise
+    if a.element_size() != b.element_size() or \
+            a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return True
+    return V.memory_overlaps(a, b)
+
+
+def _check_aliasing(reads: dict, k_cache: Tensor, v_cache: Tensor, spans=None) -> None:
+    """Refuse caches that share memory with each other or with anything the call reads (name ->
+    tensor or None): one launch reads and writes all of them at once, so a shared element
+    would be read after it was overwritten, or written twice. `spans` (from `_span`, reads
+    first, then the caches) when the caller knows them: they depend on shapes and strides only
+    (the eager route keeps them, so that a call only asks each tensor where it starts)."""
+    if spans is None:
+        spans = [_span(t) for t in (*reads.values(), k_cache, v_cache)]
+    *read_spans, kc_span, vc_span = spans
+    caches = (("k_cache", k_cache, k_cache.data_ptr(), kc_span),
+              ("v_cache", v_cache, v_cache.data_ptr(), vc_span))
+    if _shares_memory(*caches[0][1:], *caches[1][1:]):
+        raise ValueError("k_cache and v_cache share memory: they are written in place")
+    for (name, t), span in zip(reads.items(), read_spans):
+        if not span:
+            continue
+        t0 = t.data_ptr()
+        for cache_name, cache, c0, c_span in caches:
+            if _shares_memory(t, t0, span, cache, c0, c_span):
+                raise ValueError(f"{name} shares memory with {cache_name}, which this call "
+                                 f"writes: {name} would be read after it was (partly) "
+                                 f"overwritten; pass {name} in memory of its own (a clone)")
+
+
 def _check_values(cache_seqlens: Tensor, block_table: Optional[Tensor], S: int, capacity: int,
                   P: int, block_size: int, n_blocks: int) -> None:
     """Positions inside the cache and the table, block-table entries inside the pool, where the
@@ -126,39 +200,63 @@ def _check_values(cache_seqlens: Tensor, block_table: Optional[Tensor], S: int, 
         raise ValueError(f"the new tokens' positions reach {hi + S - 1}, beyond the table's "
                          f"{P} rows (freqs/cos)")
     if block_table is not None:
-        rows, _ = cache_slots(cache_seqlens, S, block_table, block_size)
+        rows, slots = cache_slots(cache_seqlens, S, block_table, block_size)
         blo, bhi = (int(x) for x in torch.stack([rows.min(), rows.max()]).tolist())
         if blo < 0 or bhi >= n_blocks:
             raise ValueError(f"block_table entries of the blocks written must lie in [0, "
                              f"{n_blocks}) (the caches' blocks), got values in [{blo}, {bhi}]")
+        # two new tokens in one slot: on a GPU their writes race (a contiguous cache cannot
+        # have any: each sequence owns its row, each token its position)
+        flat = (rows * block_size + slots).flatten()
+        if torch.unique(flat).numel() < flat.numel():
+            order = torch.sort(flat, stable=True).indices
+            at = int((flat[order[1:]] == flat[order[:-1]]).nonzero()[0, 0])
+            (b0, s0), (b1, s1) = (divmod(int(order[i]), S) for i in (at, at + 1))
+            pos = cache_seqlens.long()
+            raise ValueError(
+                f"block_table maps two new tokens to one cache slot (block "
+                f"{int(rows.flatten()[order[at]])}, offset {int(slots.flatten()[order[at]])}): "
+                f"sequence {b0} at position {int(pos[b0]) + s0} and sequence {b1} at position "
+                f"{int(pos[b1]) + s1}; the blocks a call writes must not repeat in block_table "
+                "(within a sequence or across sequences)")
 
 
 # --- the eager route ------------------------------------------------------------------------
 # As for ropelib.apply_rope (ropelib.eager): a decoding step repeats the same call with new
 # values, so a plain eager call is checked and planned once per signature and then goes
 # straight to the compiled kernel. Every call still checks what its signature cannot hold: the
-# values of host index tensors and whether the two caches share memory.
+# values of host index tensors and scales, and whether the caches share memory with each other
+# or with what the call reads (where each tensor lies; how far it reaches is in the signature).
 
 class _Route:
     """One checked and planned rope_kv_cache call: the launch and what each call re-checks."""
-    __slots__ = ("start", "capacity", "rows", "block_size", "n_blocks", "empty")
+    __slots__ = ("start", "capacity", "rows", "block_size", "n_blocks", "empty", "tname",
+                 "spans")
 
     def __init__(self, q, k, v, k_cache, v_cache, cache_seqlens, block_table, table, sin,
-                 k_scale, v_scale, interleaved, capacity):
-        q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        planned, _ = kernel.plan(q, k, v, q_out, k_cache, v_cache, cache_seqlens, block_table,
-                                 table, sin, k_scale, v_scale, interleaved=interleaved)
-        self.start = eager.Started(kernel.DIRECT, planned)
+                 k_scale, v_scale, interleaved, capacity, tname):
+        self.empty = q.shape[0] == 0 or q.shape[1] == 0
+        self.start = None
+        if not self.empty:      # nothing to launch (and no tiles for an empty batch)
+            q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+            planned, _ = kernel.plan(q, k, v, q_out, k_cache, v_cache, cache_seqlens,
+                                     block_table, table, sin, k_scale, v_scale,
+                                     interleaved=interleaved)
+            self.start = eager.Started(kernel.DIRECT, planned)
         self.capacity, self.rows = capacity, table.shape[0]
         self.block_size, self.n_blocks = k_cache.shape[1], k_cache.shape[0]
-        self.empty = q.shape[0] == 0 or q.shape[1] == 0
+        self.tname = tname
+        self.spans = [_span(t) for t in (q, k, v, cache_seqlens, block_table, table, sin,
+                                         k_scale, v_scale, k_cache, v_cache)]
 
     def __call__(self, q, k, v, k_cache, v_cache, cache_seqlens, block_table, table, sin,
                  k_scale, v_scale) -> Tensor:
-        if V.memory_overlaps(k_cache, v_cache):
-            raise ValueError("k_cache and v_cache share memory: they are written in place")
+        _check_aliasing({"q": q, "k": k, "v": v, "cache_seqlens": cache_seqlens,
+                         "block_table": block_table, self.tname: table, "sin": sin,
+                         "k_scale": k_scale, "v_scale": v_scale}, k_cache, v_cache, self.spans)
         _check_values(cache_seqlens, block_table, q.shape[1], self.capacity, self.rows,
                       self.block_size, self.n_blocks)
+        _check_scale_values(k_scale, v_scale)
         q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         if not self.empty:
             self.start((q, k, v, q_out, k_cache, v_cache, table, sin, cache_seqlens,
@@ -201,11 +299,21 @@ def rope_kv_cache(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Ten
     Returns:
         q_out: the rotated q, [B, S, HQ, D] contiguous, q's dtype.
 
-    Positions are checked against the cache and the table, and the block table's entries
-    against the pool, where their values sit on the host (ropelib.set_index_checks("on") checks
-    GPU tensors too, at one synchronisation). Unchecked, the kernel never writes outside the
+    Positions are checked against the cache and the table, the block table's entries against
+    the pool, the new tokens' slots for repeats (two tokens of the call in one slot: a paged
+    cache whose block_table repeats a block written now) and the scales for zero or non-finite
+    values, where their values sit on the host (ropelib.set_index_checks("on") checks GPU
+    tensors too, at one synchronisation). Unchecked, the kernel never writes outside the
     caches: a token without a valid slot is not written and its q_out row comes out NaN; a
-    position outside the table gives NaN in q_out and in the cached k.
+    position outside the table gives NaN in q_out and in the cached k; two tokens in one slot
+    both write it, in no set order, so it holds one token's k and v or, element by element, a
+    mix of both; a zero scale stores +-448 (NaN for zero values).
+
+    The caches must not share memory with each other or with anything the call reads (q, k,
+    v, the tables, cache_seqlens, block_table, the scales): that is refused, before anything is
+    written, wherever the call runs on real tensors (torch.compile's "eager" backend included);
+    a graph that PyTorch functionalizes (aot_eager, Inductor) reads every input as it was
+    before the call. q, k and v may be views of one projection: they are only read.
     """
     sig = eager.signature(("rope_kv_cache", interleaved, type(interleaved)),
                           (q, k, v, k_cache, v_cache, cache_seqlens, freqs, cos, sin,
@@ -235,8 +343,6 @@ def rope_kv_cache(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Ten
         if not V.non_overlapping(t):
             raise ValueError(f"{name} has elements that share memory (an expanded tensor?): it "
                              "is written in place")
-    if not torch.compiler.is_compiling() and V.memory_overlaps(k_cache, v_cache):
-        raise ValueError("k_cache and v_cache share memory: they are written in place")
     paged = block_table is not None
     lead = k_cache.shape[:2]
     if tuple(k_cache.shape[2:]) != (HK, D) or tuple(v_cache.shape) != (*lead, HK, DV):
@@ -266,11 +372,17 @@ def rope_kv_cache(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Ten
                         cache_seqlens=cache_seqlens, block_table=block_table,
                         **{tname: table}, sin=sin_t)
     V.check_rotary_dim(table.shape[1], D, tname)
+    reads = dict(q=q, k=k, v=v, cache_seqlens=cache_seqlens, block_table=block_table,
+                 **{tname: table}, sin=sin_t, k_scale=k_scale, v_scale=v_scale)
+    if _addressable(*reads.values(), k_cache, v_cache):
+        _check_aliasing(reads, k_cache, v_cache)
     _check_values(cache_seqlens, block_table, S, capacity, table.shape[0], k_cache.shape[1],
                   k_cache.shape[0])
+    _check_scale_values(k_scale, v_scale)
     if sig is not None and not any(t.requires_grad for t in (q, k, v, k_cache, v_cache)):
         route = _ROUTES.put(sig, _Route(q, k, v, k_cache, v_cache, cache_seqlens, block_table,
-                                        table, sin_t, k_scale, v_scale, interleaved, capacity))
+                                        table, sin_t, k_scale, v_scale, interleaved, capacity,
+                                        tname))
         return route(q, k, v, k_cache, v_cache, cache_seqlens, block_table, table, sin_t,
                      k_scale, v_scale)
     return rope_kv_cache_op(q, k, v, k_cache, v_cache, cache_seqlens, block_table, table, sin_t,

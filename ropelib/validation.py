@@ -129,7 +129,16 @@ def non_overlapping(t: torch.Tensor, shape=None, strides=None) -> bool:
     precondition for writing in place)."""
     shape = t.shape if shape is None else shape
     strides = t.stride() if strides is None else strides
-    dims = sorted((st, n) for st, n in zip(strides, shape) if n > 1)
+    # dims by stride, smallest first: an insertion sort of plain comparisons, because
+    # torch.compile traces those with symbolic sizes (dynamic=True, or after a recompile for a
+    # new batch size) but cannot sort symbolic keys; equal strides need no order (both fail)
+    dims = []
+    for st, n in zip(strides, shape):
+        if n > 1:
+            i = len(dims)
+            while i > 0 and st < dims[i - 1][0]:
+                i -= 1
+            dims.insert(i, (st, n))
     need = 1
     for st, n in dims:
         if st < need:

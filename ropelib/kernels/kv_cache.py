@@ -291,7 +291,8 @@ def pick_tiles(S, B, HQ: int, HK: int, D: int, DV: int, sm_count: Optional[int])
         block_h = _pow2_at_least(max(HQ, HK), 16)
         cap = max(1, 4096 // (block_h * block_d))
         block_s = cap if isinstance(S, torch.SymInt) else _pow2_at_least(S, cap)
-        return block_s, block_h, B, 4
+        # an empty batch still gets a chunk of 1 (its grid is empty), not a division by zero
+        return block_s, block_h, B if isinstance(B, torch.SymInt) else max(B, 1), 4
     rows = max(1, ELEMENTS_PER_STEP // block_d)
     block_h = min(_pow2_at_most(min(HQ, HK)), rows)
     cap = max(1, rows // block_h)
