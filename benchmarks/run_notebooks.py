@@ -8,15 +8,25 @@ The first form runs on the machine that has the GPU (it needs nbclient and ipyke
 else from Jupyter); the second runs anywhere nbconvert is installed and writes one self-contained
 HTML page per notebook (plots embedded, figures/ linked) plus an index that names the machine and the times.
 The notebooks in the checkout are only read: the executed copies go to DIR.
+
+A page links the committed figures (figures/) relative to where it is written, so the links
+hold in every clone when the pages go inside the checkout (docs/executed, the default). Pages
+written outside the checkout embed those figures instead: a relative link from there would
+leave the repository (a page copied into docs/executed later would point at the rendering
+machine's folders). Every page is checked after it is written: an image that is neither
+embedded nor an existing file inside the checkout fails the conversion.
 """
 from __future__ import annotations
 
 import argparse
+import base64
 import csv
 import datetime
 import json
+import mimetypes
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -84,6 +94,56 @@ def execute(out: Path, only: str | None, timeout_s: int) -> int:
     return 1 if failed else 0
 
 
+_FIGURE_LINK = re.compile(r"\]\(\.\./figures/([^)\s]+)\)")   # ](../figures/NAME) in markdown
+_IMG_SRC = re.compile(r"<img\b[^>]*?\bsrc\s*=\s*([\"'])(.*?)\1", re.S | re.I)
+
+
+def _inside_checkout(folder: Path) -> bool:
+    try:
+        folder.resolve().relative_to(ROOT)
+        return True
+    except ValueError:
+        return False
+
+
+def _data_uri(path: Path) -> str:
+    mime = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+    return f"data:{mime};base64,{base64.b64encode(path.read_bytes()).decode('ascii')}"
+
+
+def figure_links(markdown: str, to: Path) -> str:
+    """The notebooks' markdown links to ../figures/NAME (relative to notebooks/), rewritten for
+    a page written in `to`: a relative link when `to` is inside the checkout, the figure
+    embedded (a data: URI) when it is not."""
+    if _inside_checkout(to):
+        figures = os.path.relpath(ROOT / "figures", to.resolve()).replace(os.sep, "/")
+        return _FIGURE_LINK.sub(lambda m: f"]({figures}/{m.group(1)})", markdown)
+
+    def embed(m):
+        path = ROOT / "figures" / m.group(1)
+        if not path.is_file():
+            raise FileNotFoundError(f"a notebook links figures/{m.group(1)}, which does not exist")
+        return f"]({_data_uri(path)})"
+    return _FIGURE_LINK.sub(embed, markdown)
+
+
+def broken_images(page: Path) -> list:
+    """The <img src> of an HTML page that are neither embedded (data:) nor an existing file
+    inside the checkout (reached from the page's folder). An absolute path, a URL or a link
+    leaving the repository counts as broken: it would not work in another clone."""
+    broken = []
+    for _, src in _IMG_SRC.findall(page.read_text(encoding="utf-8")):
+        if src.startswith("data:"):
+            continue
+        if re.match(r"^[a-z][a-z0-9+.-]*:|^/", src, re.I):
+            broken.append(src)
+            continue
+        target = (page.parent / src.split("#")[0].split("?")[0]).resolve()
+        if not (_inside_checkout(target) and target.is_file()):
+            broken.append(src)
+    return broken
+
+
 def to_html(executed: Path, to: Path) -> int:
     import nbformat
     from nbconvert import HTMLExporter
@@ -94,13 +154,18 @@ def to_html(executed: Path, to: Path) -> int:
     for path in sorted(executed.glob("[0-9][0-9]-*.ipynb")):
         nb = nbformat.read(path, as_version=4)
         run = nb.metadata.get("ropelib_executed", {})
-        # markdown links to ../figures/ are relative to notebooks/: point them at figures/ from here
-        figures = os.path.relpath(ROOT / "figures", to.resolve()).replace(os.sep, "/")
+        # markdown links to ../figures/ are relative to notebooks/: point them at figures/ from
+        # the page (or embed the figures where the page is written outside the checkout)
         for cell in nb.cells:
             if cell.cell_type == "markdown":
-                cell.source = cell.source.replace("](../figures/", f"]({figures}/")
+                cell.source = figure_links(cell.source, to)
         body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"path": str(NOTEBOOKS)}})
-        (to / f"{path.stem}.html").write_text(body, encoding="utf-8")
+        page = to / f"{path.stem}.html"
+        page.write_text(body, encoding="utf-8")
+        broken = broken_images(page)
+        if broken:
+            print(f"{page}: images that would not show in a clone: {broken}", file=sys.stderr)
+            return 1
         index.append(f"| [{path.stem}]({path.stem}.html) | {run.get('gpu', '?')} | "
                      f"{run.get('transformer_engine', '?')} | {run.get('date', '?')} | "
                      f"{run.get('seconds', '?')} s | {run.get('status', '?')} |")

@@ -28,6 +28,16 @@ def _hf_table(t: torch.Tensor, name: str) -> torch.Tensor:
 _LAYOUT_OF_UNSQUEEZE_DIM = {1: "bhsd", -3: "bhsd", 2: "bshd", -2: "bshd"}
 
 
+def _layout_hint(unsqueeze_dim: int) -> str:
+    """What a shape mismatch may mean: q and k in the other layout than unsqueeze_dim says."""
+    if _LAYOUT_OF_UNSQUEEZE_DIM[unsqueeze_dim] == "bhsd":
+        return (f" (unsqueeze_dim={unsqueeze_dim} expects Hugging Face's layout q, k = [batch, "
+                "heads, seq, head_dim]; for [batch, seq, heads, head_dim] (bshd) inputs pass "
+                "q.transpose(1, 2) and k.transpose(1, 2), or unsqueeze_dim=2)")
+    return (f" (unsqueeze_dim={unsqueeze_dim} expects q, k = [batch, seq, heads, head_dim]; "
+            "for Hugging Face's [batch, heads, seq, head_dim] pass unsqueeze_dim=1)")
+
+
 def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
                          sin: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
                          unsqueeze_dim: int = 1) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -66,14 +76,16 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     q4, k4 = ops.view4(q, layout), ops.view4(k, layout)
     S, B, D = q4.shape[0], q4.shape[1], q4.shape[3]
     if k4.shape[0] != S or k4.shape[1] != B or k4.shape[3] != D:
-        raise ValueError(f"q and k must agree in batch, seq and head_dim, got {tuple(q.shape)} and {tuple(k.shape)}")
+        raise ValueError(f"q and k must agree in batch, seq and head_dim, got {tuple(q.shape)} "
+                         f"and {tuple(k.shape)}{_layout_hint(unsqueeze_dim)}")
     R = c.shape[-1]
     if R != D:
         raise ValueError(f"cos/sin last dim ({R}) must equal head_dim ({D}): HF's formula rotates "
                          "the whole head (use ropelib.apply_rope for partial rotary)")
     V.check_rotary_dim(R, D, "cos")
     if c.shape[1] != S or c.shape[0] not in (1, B):
-        raise ValueError(f"cos/sin must be [batch or 1, seq={S}, {D}] or [seq, {D}], got {tuple(cos.shape)}")
+        raise ValueError(f"cos/sin must be [batch or 1, seq={S}, {D}] or [seq, {D}], got "
+                         f"{tuple(cos.shape)}{_layout_hint(unsqueeze_dim)}")
     check_no_table_grad(("cos", c), ("sin", s))
     out_dtype = torch.promote_types(q.dtype, cos.dtype)
     # the rows of cos/sin are the tokens already: position s reads row s (of its batch entry)
