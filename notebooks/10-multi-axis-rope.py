@@ -458,10 +458,11 @@ solution(ex.solution_text_then_image)
 #
 # ropelib can skip the table: `ropelib.rope_angles(...)` holds each pair's frequency as a
 # fixed-point fraction of a turn, and the kernel multiplies it by the integer position with
-# wrapping 64-bit integer products, so whole turns fall away exactly and the angle is rounded
-# once to fp32: within half an fp32 ulp of the exact angle at any position up to $2^{31}-2$,
-# for every scaling law `ropelib.frequencies` has. `apply_rope(x, angles=..., position_ids=...)`
-# reads no cos/sin table at all.
+# wrapping 64-bit integer products, so whole turns fall away exactly: the angle, rounded once
+# to fp32, is within half an fp32 ulp of the exact angle at any position up to $2^{31}-2$, for
+# every scaling law `ropelib.frequencies` has. The kernel forms the fp32 cos and sin from that
+# fixed-point turn itself, with no fp32 angle in between, within one fp32 ulp of the exact cos
+# and sin. `apply_rope(x, angles=..., position_ids=...)` reads no cos/sin table at all.
 #
 # `benchmarks/angle_precision.py` measures all three against float64 from 1 K to 16 M
 # positions (Llama-like: $d = 128$, base 500 000). The cell runs a few positions of it here; the

@@ -450,6 +450,10 @@ class MultiAxisRotaryEmbedding(nn.Module):
 
     forward(q, k, positions) -> (q', k'); forward(x, None, positions) -> x'. `rotary_dim`
     (default head_dim) below head_dim gives partial rotary.
+
+    The frequencies stay float32 whatever the module is converted to (`.to(torch.bfloat16)`,
+    `.half()`, `.double()`): rounded to 16 bits they would be off by radians at long
+    positions, and float64 ones would make the kernel compute in float64 for every input.
     """
 
     def __init__(self, head_dim: int, section: Sequence[int], base: float = 10000.0, *,
@@ -471,6 +475,15 @@ class MultiAxisRotaryEmbedding(nn.Module):
         self.n_axes, self.head_dim, self.rotary_dim = f.n_axes, head_dim, rotary_dim
         self.section, self.base, self.style = list(section), float(base), style
         self.layout, self.interleaved = layout, interleaved
+
+    def _apply(self, fn, recurse=True):
+        # .to(dtype) / .half() would round the frequencies: keep them as built, moved to the
+        # device the module went to.
+        inv_freq = self.inv_freq
+        super()._apply(fn, recurse)
+        if self.inv_freq.dtype != inv_freq.dtype:
+            self.inv_freq = inv_freq.to(self.inv_freq.device)
+        return self
 
     @property
     def freqs(self) -> AxisFrequencies:

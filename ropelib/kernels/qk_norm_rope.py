@@ -107,10 +107,12 @@ def _norm_rope_heads(
     ACCURATE: tl.constexpr, CDT: tl.constexpr, INT64: tl.constexpr, BF16_RTNE: tl.constexpr,
 ):
     HALF: tl.constexpr = R // 2
-    # float arguments arrive as fp32 from a plain launch and may arrive as fp64 from Inductor's:
-    # fix them to the compute dtype so every value (and the loop-carried sums) keeps one type
-    eps = tl.cast(eps, CDT)
-    weight_offset = tl.cast(weight_offset, CDT)
+    # Fix the float arguments to the compute dtype, so every value (and the loop-carried sums)
+    # keeps one type. They arrive as fp64 (the kernel's annotation) or, in the interpreter, as
+    # Python floats: tl.full keeps every bit of either, where tl.cast would first round a Python
+    # float to fp32 (fp64 inputs would get an fp32 eps).
+    eps = tl.full((), eps, CDT)
+    weight_offset = tl.full((), weight_offset, CDT)
     s_idx = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)          # [BLOCK_S]
     h_idx = h0 + tl.arange(0, BLOCK_H)                        # [BLOCK_H]
     j = tl.arange(0, BLOCK_HALF)                              # [BLOCK_HALF]
@@ -244,7 +246,10 @@ def _qk_norm_rope_kernel(
     # sizes and scalars
     S, B, HQ, HK, P,                    # tokens, batch, heads of q and of k, table rows
     B_CHUNK,                            # batch entries per program
-    eps, weight_offset,                 # RMSNorm epsilon; the scale is w + weight_offset
+    # RMSNorm epsilon; the scale is w + weight_offset. fp64, so that fp64 inputs get them
+    # unrounded: a plain float argument is passed as fp32 (as it still is by Triton before 3.4,
+    # which ignores a float annotation)
+    eps: tl.float64, weight_offset: tl.float64,
     # strides, in elements
     stride_q_s, stride_q_b, stride_q_h, stride_q_d,
     stride_k_s, stride_k_b, stride_k_h, stride_k_d,
@@ -323,7 +328,7 @@ def pick_tiles(S, B, HQ: int, HK: int, D: int, sm_count: Optional[int]):
     if sm_count is None:
         block_h = _pow2_at_least(max(HQ, HK), 16)
         block_s = _tokens_per_program(S, max(1, 4096 // (block_h * block_d)))
-        return block_s, block_h, B, 4
+        return block_s, block_h, max(B, 1), 4     # (B may be 0: the grid is then empty)
     rows = max(1, ROWS_PER_STEP // block_d)
     block_h = min(_pow2_at_most(min(HQ, HK)), rows)
     block_s = _tokens_per_program(S, max(1, rows // block_h))
