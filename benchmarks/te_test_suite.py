@@ -50,21 +50,28 @@ def _patch(mode: str) -> None:
 class _Outcomes:
     """A pytest plugin that records each case's outcome (setup skips included)."""
 
-    def __init__(self):
-        self.by_case = {}
+    def __init__(self, path):
+        self.by_case, self.path = {}, path
 
     def pytest_runtest_logreport(self, report):
         if report.when == "call" or report.outcome != "passed":
             if report.nodeid not in self.by_case or report.outcome != "passed":
                 self.by_case[report.nodeid] = report.outcome
+        if report.when == "teardown" and len(self.by_case) % 500 == 0:
+            self.save()   # a run cut short still leaves what it did
+
+    def save(self):
+        with open(self.path, "w") as f:
+            json.dump(self.by_case, f, indent=0, sort_keys=True)
 
 
-def run(test_file: str, mode: str, extra) -> dict:
+def run(test_file: str, mode: str, extra, path) -> dict:
     import pytest
     _patch(mode)
-    rec = _Outcomes()
+    rec = _Outcomes(path)
     pytest.main([test_file, "-q", "-p", "no:cacheprovider", "--no-header", "-rN",
                  "--tb=line", *extra], plugins=[rec])
+    rec.save()
     return rec.by_case
 
 
@@ -89,10 +96,10 @@ def main() -> int:
     ap.add_argument("test_file")
     ap.add_argument("--modes", nargs="+", default=["dropins"], choices=["te", "dropins", "mixed"])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("pytest_args", nargs=argparse.REMAINDER,
-                    help="after --: passed to pytest (e.g. -k 'not qkv')")
-    a = ap.parse_args()
-    extra = [x for x in a.pytest_args if x != "--"]
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    a = ap.parse_args(argv[:cut])
+    extra = argv[cut + 1:]   # after --: passed to pytest (e.g. -k 'not qkv')
     results = {}
     if len(a.modes) > 1:   # one process per mode: each patches TE's module afresh
         import subprocess
@@ -103,9 +110,7 @@ def main() -> int:
                 results[mode] = json.load(f)
     else:
         mode = a.modes[0]
-        results[mode] = run(a.test_file, mode, extra)
-        with open(os.path.join(a.out, f"te-suite-{mode}.json"), "w") as f:
-            json.dump(results[mode], f, indent=0, sort_keys=True)
+        results[mode] = run(a.test_file, mode, extra, os.path.join(a.out, f"te-suite-{mode}.json"))
         print("\n".join(summary(mode, results[mode])))
         return 0
     lines = [line for mode in a.modes for line in summary(mode, results[mode])]
