@@ -15,7 +15,8 @@ positions differ per batch entry (start_positions, per-batch position ids or tab
 case it reloads them inside the batch loop. x is read once and y written once; the tile is
 [BLOCK_S, BLOCK_H, HALF] per half, so each thread moves contiguous runs of the head dim (16-byte
 vectors where the strides allow). Math is fp32 (fp64 for fp64 inputs or outputs) with one
-rounding at the store.
+rounding at the store; each output is one fma, y_a = fma(x_a, c_a, -(x_b s_a)) and
+y_b = fma(x_b, c_b, x_a s_b), the order Transformer Engine's CUDA kernel computes in.
 
 Positions come from one of three places (POSITIONS): the token index (with TE's context-parallel
 dual-chunk split and per-batch start offsets), explicit position ids, or, for packed sequences,
@@ -370,8 +371,12 @@ def _rope_heads(
                 t = tl.load(xr + e[None, None, :] * stride_x_d, mask=mp)
         x_a = x_a.to(CDT)
         x_b = x_b.to(CDT)
-        y_a = x_a * c_a - x_b * s_a
-        y_b = x_b * c_b + x_a * s_b
+        # Explicit fmas, in the order Transformer Engine's CUDA kernel contracts to: left to
+        # the compiler, which product is fused may differ from one specialisation of this
+        # kernel to another (a packed-QKV launch and a plain one); written out, every launch
+        # rounds the same way.
+        y_a = tl.fma(x_a, c_a, -(x_b * s_a))
+        y_b = tl.fma(x_b, c_b, x_a * s_b)
         # a position outside the table: NaN, never a silently clamped row
         y_a = tl.where(valid[:, None, None], y_a, float("nan"))
         y_b = tl.where(valid[:, None, None], y_b, float("nan"))
