@@ -384,6 +384,12 @@ for s_, b_ in ((16, 64), (4096, 8)):
 # pair: half the special-function work. With a batch loop that work is amortised anyway; with
 # $b = 1$ (or packed sequences) it is paid per row, and there it shows. The check is on the
 # values the program reads, so a table whose halves differ is still right.
+#
+# This rung also writes each output as one fused multiply-add,
+# $y_a = \mathrm{fma}(x_a, c_a, -x_b s_a)$: left to the compiler, which of the two products gets
+# fused may differ from one compiled specialisation to another, and then two launches of "the
+# same" kernel round differently. ropelib writes it out, in the order Transformer Engine's CUDA
+# kernel computes; notebook 08 is about what such an ordering does to `allclose`.
 
 # %%
 # ropelib-source: ropelib.ladder._ladder_final_kernel
@@ -430,9 +436,11 @@ def _ladder_final_kernel(
         yr = y_ptr + y_off + b * stride_yb
         x_a = tl.load(xr, mask=m, other=0.0).to(tl.float32)
         x_b = tl.load(xr + HALF * stride_xd, mask=m, other=0.0).to(tl.float32)
-        tl.store(yr, round_to(x_a * c_a - x_b * s_a, y_ptr.dtype.element_ty, BF16_RTNE), mask=m)
-        tl.store(yr + HALF * stride_yd,
-                 round_to(x_b * c_b + x_a * s_b, y_ptr.dtype.element_ty, BF16_RTNE), mask=m)
+        # one fma per output, in the order ropelib (and Transformer Engine) compute it
+        y_a = tl.fma(x_a, c_a, -(x_b * s_a))
+        y_b = tl.fma(x_b, c_b, x_a * s_b)
+        tl.store(yr, round_to(y_a, y_ptr.dtype.element_ty, BF16_RTNE), mask=m)
+        tl.store(yr + HALF * stride_yd, round_to(y_b, y_ptr.dtype.element_ty, BF16_RTNE), mask=m)
 
 # %%
 y_final = ladder.rope_ladder("equal_halves", x, freqs, kernel=_ladder_final_kernel)

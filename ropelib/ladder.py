@@ -202,9 +202,11 @@ def _ladder_final_kernel(
         yr = y_ptr + y_off + b * stride_yb
         x_a = tl.load(xr, mask=m, other=0.0).to(tl.float32)
         x_b = tl.load(xr + HALF * stride_xd, mask=m, other=0.0).to(tl.float32)
-        tl.store(yr, round_to(x_a * c_a - x_b * s_a, y_ptr.dtype.element_ty, BF16_RTNE), mask=m)
-        tl.store(yr + HALF * stride_yd,
-                 round_to(x_b * c_b + x_a * s_b, y_ptr.dtype.element_ty, BF16_RTNE), mask=m)
+        # one fma per output, in the order ropelib (and Transformer Engine) compute it
+        y_a = tl.fma(x_a, c_a, -(x_b * s_a))
+        y_b = tl.fma(x_b, c_b, x_a * s_b)
+        tl.store(yr, round_to(y_a, y_ptr.dtype.element_ty, BF16_RTNE), mask=m)
+        tl.store(yr + HALF * stride_yd, round_to(y_b, y_ptr.dtype.element_ty, BF16_RTNE), mask=m)
 
 
 # --- the rungs and their launches -----------------------------------------------------------------

@@ -219,8 +219,9 @@ def _rope_kv_cache_kernel(
             x_b = tl.load(xr + d_b[None, None, :] * stride_q_d, mask=m, other=0.0).to(tl.float32)
             # a token without a table row or a cache slot: NaN, never a silent wrong answer
             bad = ~(tab_ok & slot_ok)[:, None, None]
-            y_a = tl.where(bad, float("nan"), x_a * c_a - x_b * s_a)
-            y_b = tl.where(bad, float("nan"), x_b * c_b + x_a * s_b)
+            # (the finished kernel's fmas: the same bits as apply_rope, then the write)
+            y_a = tl.where(bad, float("nan"), tl.fma(x_a, c_a, -(x_b * s_a)))
+            y_b = tl.where(bad, float("nan"), tl.fma(x_b, c_b, x_a * s_b))
             tl.store(yr + d_a[None, None, :] * stride_qo_d,
                      round_to(y_a, q_out_ptr.dtype.element_ty, BF16_RTNE), mask=m)
             tl.store(yr + d_b[None, None, :] * stride_qo_d,
@@ -242,8 +243,9 @@ def _rope_kv_cache_kernel(
             x_a = tl.load(xr + d_a[None, None, :] * stride_k_d, mask=m, other=0.0).to(tl.float32)
             x_b = tl.load(xr + d_b[None, None, :] * stride_k_d, mask=m, other=0.0).to(tl.float32)
             bad = ~tab_ok[:, None, None]
-            y_a = tl.where(bad, float("nan"), x_a * c_a - x_b * s_a)
-            y_b = tl.where(bad, float("nan"), x_b * c_b + x_a * s_b)
+            # (the finished kernel's fmas: the same bits as apply_rope, then the write)
+            y_a = tl.where(bad, float("nan"), tl.fma(x_a, c_a, -(x_b * s_a)))
+            y_b = tl.where(bad, float("nan"), tl.fma(x_b, c_b, x_a * s_b))
             kdt = k_cache_ptr.dtype.element_ty
             tl.store(kr + d_a[None, None, :] * stride_kc_d,
                      _to_cache(y_a, k_scale, kdt, K_SCALED, BF16_RTNE, FP8_BY_BITS), mask=wm)
