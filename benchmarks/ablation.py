@@ -22,9 +22,9 @@ differ in one factor at a time, so each factor's share can be read off:
 
 Every variant's output is checked against `ropelib.reference` (fp64) before it is timed. Timings
 are `triton.testing.do_bench` medians (20 %/80 % quantiles alongside) in ms; GB/s uses
-ropelib.compare's bytes model (x read + y written + the fp32 angle table read once) for every
+ropelib.bench.compare's bytes model (x read + y written + the fp32 angle table read once) for every
 row, so GB/s ratios are time ratios; `pct_of_copy` compares with the copy timed in the same run.
-The CSV starts with `# key: value` lines (GPU, driver, versions, date) that ropelib.compare
+The CSV starts with `# key: value` lines (GPU, driver, versions, date) that ropelib.bench.compare
 reads back. `--dry-run` runs every variant through Triton's interpreter on tiny shapes and
 checks its output; it times nothing.
 """
@@ -52,10 +52,11 @@ if str(REPO_ROOT) not in sys.path:  # run from a checkout without `pip install -
     sys.path.insert(0, str(REPO_ROOT))
 
 import ropelib  # noqa: E402
-from ropelib import compare, reference, runtime  # noqa: E402
-from ropelib.kernels.batch_reuse import rope_batch_reuse  # noqa: E402
+from ropelib import reference, runtime  # noqa: E402
+from ropelib.bench import compare  # noqa: E402
+from ropelib.course.kernels.batch_reuse import rope_batch_reuse  # noqa: E402
 from ropelib.kernels.common import BF16_RTNE, round_to  # noqa: E402
-from ropelib.kernels.naive import rope_naive  # noqa: E402
+from ropelib.course.kernels.naive import rope_naive  # noqa: E402
 
 CSV_PATH = REPO_ROOT / "benchmarks" / "results" / "ablation.csv"
 FIELDS = ["case", "seq_len", "batch", "heads", "head_dim", "dtype", "variant", "factor",
@@ -330,7 +331,7 @@ def line(row) -> str:
 
 
 def write(rows, path) -> str:
-    """The rows to CSV, after `# key: value` provenance lines (ropelib.compare.read_meta)."""
+    """The rows to CSV, after `# key: value` provenance lines (ropelib.bench.compare.read_meta)."""
     meta = compare.environment_meta()
     meta["script"] = "benchmarks/ablation.py"
     meta["bytes_model"] = "x read + y written + fp32 angles [S, D] read once; copy: x + y"

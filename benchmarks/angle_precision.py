@@ -40,7 +40,8 @@ if str(REPO_ROOT) not in sys.path:  # run from a checkout without `pip install -
     sys.path.insert(0, str(REPO_ROOT))
 
 import ropelib  # noqa: E402
-from ropelib import compare, runtime  # noqa: E402
+from ropelib import runtime  # noqa: E402
+from ropelib.bench import compare  # noqa: E402
 from ropelib import frequencies as F  # noqa: E402
 from ropelib.kernels import launch  # noqa: E402
 from ropelib.reference import rope_reference  # noqa: E402

@@ -7,7 +7,8 @@
 Each of the N ranks holds Transformer Engine's dual-chunk share (chunks r and 2N-1-r of 2N) of
 every sequence, rotates its q and k with ropelib at their global positions (`cp_size`,
 `cp_rank`), all-gathers k and v, and attends with the causal mask by global positions (see
-`ropelib.context_parallel`). Gradients are averaged over the ranks after every backward. NCCL on
+`ropelib.context_parallel`; `ropelib.course.context_parallel_training` wraps the GPT with it).
+Gradients are averaged over the ranks after every backward. NCCL on
 GPUs, gloo on the CPU.
 
 The default case is long: a 12-layer, 1024-wide model (16 heads of 64) on sequences of 131072
@@ -22,7 +23,7 @@ attention would avoid). The CSV records each rank's measured peak.
 The CSV (`--out`) holds one row per step: the whole batch's loss, the 1-process loss for the
 first `--compare-steps` steps with `--compare-single`, the step time and tokens/s (all ranks
 together; each step's loss is read back, so the time includes that sync). It starts with the
-environment header (`# key: value`, as ropelib.compare.read_meta reads) plus the run's sizes,
+environment header (`# key: value`, as ropelib.bench.compare.read_meta reads) plus the run's sizes,
 each rank's peak memory and the summary. With `--compare-single`, rank 0 trains the same model
 from the same seed on the same batches in one process (the other ranks wait) and reports the
 largest |loss difference| over those steps; in fp32 (`--dtype fp32`, and `--dry-run`) the run
@@ -48,9 +49,11 @@ if str(REPO_ROOT) not in sys.path:  # run from a checkout without `pip install -
 
 import torch.distributed as dist  # noqa: E402
 
-from ropelib import compare, runtime  # noqa: E402
+from ropelib import runtime  # noqa: E402
+from ropelib.bench import compare  # noqa: E402
 from ropelib import context_parallel as cp  # noqa: E402
-from ropelib.model import GPT, CharDataset, GPTConfig  # noqa: E402
+from ropelib.course import context_parallel_training as cpt  # noqa: E402
+from ropelib.course.model import GPT, CharDataset, GPTConfig  # noqa: E402
 
 FIELDS = ["step", "loss", "single_loss", "ms", "tokens_per_s"]
 FP32_TOLERANCE = 1e-4
@@ -146,7 +149,7 @@ def run(args, device, world, rank, backend) -> int:
     cfg = GPTConfig(vocab_size=data.vocab_size, block_size=args.seq_len, n_layer=args.n_layer,
                     n_head=args.n_head, n_embd=args.n_embd)
     torch.manual_seed(args.seed)
-    model = cp.context_parallel(GPT(cfg, args.rope)).to(device)
+    model = cpt.context_parallel(GPT(cfg, args.rope)).to(device)
     cp.broadcast_params(model)
     n_params = sum(p.numel() for p in model.parameters())
     say(f"model: {n_params / 1e6:.1f} M parameters, {args.n_layer} layers x {args.n_embd} "
@@ -169,7 +172,7 @@ def run(args, device, world, rank, backend) -> int:
                 ("" if ms is None else f"  {ms:8.1f} ms  {tps:10.0f} tok/s"), flush=True)
 
     t_prev[0] = time.perf_counter()
-    hist = cp.train(model, data, on_step=log, **kw)
+    hist = cpt.train(model, data, on_step=log, **kw)
     peaks = gather_objects(hist["peak_mem_gib"], world)
     meta = {**compare.environment_meta(), "script": "benchmarks/cp_train.py",
             "device": str(device), "backend": backend, "cp_size": world,
@@ -194,7 +197,7 @@ def run(args, device, world, rank, backend) -> int:
             try:
                 torch.manual_seed(args.seed)
                 single = GPT(cfg, args.rope).to(device)
-                h1 = cp.train(single, data, group=solo, stop_after=args.compare_steps, **kw)
+                h1 = cpt.train(single, data, group=solo, stop_after=args.compare_steps, **kw)
                 diffs = [abs(a - b) for a, b in zip(hist["train_loss"], h1["train_loss"])]
                 for r, loss in zip(rows, h1["train_loss"]):
                     r["single_loss"] = f"{loss:.6f}"

@@ -20,7 +20,7 @@ within one e4m3 step for fp8, where the unfused path rounds to bf16 first).
 
 Timings are `triton.testing.do_bench` medians in ms (20 %/80 % quantiles alongside); GB/s counts
 q, k, v read, q written, k and v written in the cache's dtype and one table row per sequence.
-The CSV starts with `# key: value` lines (GPU, versions, date) that ropelib.compare.read_meta
+The CSV starts with `# key: value` lines (GPU, versions, date) that ropelib.bench.compare.read_meta
 reads back. `--dry-run` runs tiny shapes through Triton's interpreter, eagerly, and checks the
 outputs; it times nothing.
 """
@@ -39,7 +39,8 @@ if str(REPO_ROOT) not in sys.path:  # run from a checkout without `pip install -
     sys.path.insert(0, str(REPO_ROOT))
 
 import ropelib  # noqa: E402
-from ropelib import compare, kv_cache, runtime  # noqa: E402
+from ropelib import kv_cache, runtime  # noqa: E402
+from ropelib.bench import compare  # noqa: E402
 from ropelib.reference import rope_reference  # noqa: E402
 
 FP8 = torch.float8_e4m3fn

@@ -6,7 +6,7 @@
 
 Generations: `ropelib_naive` (one program per row), `ropelib_batch_reuse` (grid (S, H), cos/sin
 reused over the batch) and `ropelib` (the finished kernel, `ropelib.apply_rope`), each timed
-forward and forward+backward by `ropelib.compare.run_case` (triton.testing.do_bench medians,
+forward and forward+backward by `ropelib.bench.compare.run_case` (triton.testing.do_bench medians,
 with the copy floor `y.copy_(x)` measured in the same run on the same tensors).
 
 GB/s uses compare's bytes model: read x + write y + read the fp32 angle table once
@@ -29,7 +29,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(REPO_ROOT))
 
-from ropelib import compare, runtime  # noqa: E402
+from ropelib import runtime  # noqa: E402
+from ropelib.bench import compare  # noqa: E402
 
 CSV_PATH = REPO_ROOT / "benchmarks" / "results" / "generations.csv"
 FIGURE_PATH = REPO_ROOT / "figures" / "04-generations-gbps.png"
@@ -56,7 +57,7 @@ def cases(quick: bool = False):
 
 
 def measure(case_list, providers=PROVIDERS, *, backward: bool = True, progress: bool = True):
-    """Run every case through ropelib.compare.run_case; add case/group, copy GB/s, % of copy."""
+    """Run every case through ropelib.bench.compare.run_case; add case/group, copy GB/s, % of copy."""
     rows = []
     for name, group, cfg in case_list:
         if progress:

@@ -12,7 +12,7 @@ except Exception:  # noqa: BLE001
     te_rope = None
 
 import ropelib
-from ropelib.bench import host_us
+from ropelib.bench.suite import host_us
 from ropelib import ops
 from ropelib.kernels import launch as L
 from ropelib.kernels.fused import _rope_kernel

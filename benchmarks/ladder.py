@@ -4,7 +4,7 @@
     TRITON_INTERPRET=1 python benchmarks/ladder.py --dry-run          # CPU: tiny shapes, no timing
 
 Notebook 05 (the finished kernel) builds ropelib's finished kernel in rungs, each adding one
-idea (ropelib/ladder.py, where the kernels are defined; the notebook shows and runs the same
+idea (ropelib/course/ladder.py, where the kernels are defined; the notebook shows and runs the same
 code). This script times, at bf16 sbhd sizes, a device copy `y.copy_(x)` (the floor), every
 rung, and ropelib.apply_rope (the product, all features):
 
@@ -18,9 +18,9 @@ rung, and ropelib.apply_rope (the product, all features):
 Every output is checked against `ropelib.reference` (fp64) before it is timed, and the last rung
 against ropelib's finished kernel bit for bit. Timings are `triton.testing.do_bench` medians
 (20 %/80 % quantiles alongside, the L2 cache flushed between runs) in ms, each rung writing into
-a preallocated output; GB/s uses ropelib.compare's bytes model (x read + y written + the fp32
+a preallocated output; GB/s uses ropelib.bench.compare's bytes model (x read + y written + the fp32
 angle table read once), `pct_of_copy` compares with the copy timed in the same run. The CSV
-starts with `# key: value` lines (GPU, driver, versions, date) that ropelib.compare reads back;
+starts with `# key: value` lines (GPU, driver, versions, date) that ropelib.bench.compare reads back;
 `plot_waterfall` draws the "% of copy" waterfall of notebook 05 from it.
 """
 import argparse
@@ -40,7 +40,9 @@ if str(REPO_ROOT) not in sys.path:  # run from a checkout without `pip install -
     sys.path.insert(0, str(REPO_ROOT))
 
 import ropelib  # noqa: E402
-from ropelib import compare, ladder, reference, runtime  # noqa: E402
+from ropelib import reference, runtime  # noqa: E402
+from ropelib.bench import compare  # noqa: E402
+from ropelib.course import ladder  # noqa: E402
 
 CSV_PATH = REPO_ROOT / "benchmarks" / "results" / "ladder.csv"
 FIGURE_PATH = REPO_ROOT / "figures" / "05-ladder-waterfall.png"
@@ -147,7 +149,7 @@ def line(row) -> str:
 
 
 def write(rows, path) -> str:
-    """The rows to CSV, after `# key: value` provenance lines (ropelib.compare.read_meta)."""
+    """The rows to CSV, after `# key: value` provenance lines (ropelib.bench.compare.read_meta)."""
     meta = compare.environment_meta()
     meta["script"] = "benchmarks/ladder.py"
     meta["bytes_model"] = "x read + y written + fp32 angles [S, D] read once; copy: x + y"
@@ -185,7 +187,7 @@ def table(rows) -> str:
 def plot_waterfall(rows, path=None, title=None):
     """The "% of copy" waterfall: one panel per case, one bar per rung from the rung before.
 
-    rows: read back with ropelib.compare.read_csv (or as `run` returns them); only timed rows
+    rows: read back with ropelib.bench.compare.read_csv (or as `run` returns them); only timed rows
     are drawn. A bar rises (green) or falls (red) from the previous rung's % of copy to its own;
     the first rung starts at 0, ropelib's own kernel is drawn in grey at the end and the copy is
     the dashed line at 100 %. Returns the figure (saved to `path` when given).

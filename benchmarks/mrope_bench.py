@@ -46,7 +46,8 @@ if str(REPO_ROOT) not in sys.path:  # run from a checkout without `pip install -
     sys.path.insert(0, str(REPO_ROOT))
 
 import ropelib  # noqa: E402
-from ropelib import compare, mrope, runtime  # noqa: E402
+from ropelib import mrope, runtime  # noqa: E402
+from ropelib.bench import compare  # noqa: E402
 from ropelib.reference import rotate_half  # noqa: E402
 
 # case -> (layout, B, S, HQ, HK, D, section, style, base); dry run: tiny shapes of each

@@ -31,8 +31,8 @@ matplotlib.use("Agg")  # files only; no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
-from ropelib import bench  # noqa: E402
-from ropelib.compare import TIMING_CPU, read_csv, read_meta  # noqa: E402
+from ropelib.bench import suite as bench  # noqa: E402
+from ropelib.bench.compare import TIMING_CPU, read_csv, read_meta  # noqa: E402
 
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
 FIGURES_DIR = REPO_ROOT / "figures"

@@ -17,7 +17,7 @@ provider's outputs (and gradients) are checked against an fp64 reference before 
 Timings are `triton.testing.do_bench` medians (20 %/80 % quantiles alongside) in ms; GB/s uses
 one bytes model for every provider: forward reads q, k and writes q', k'; the backward reads q,
 k, gq', gk' and writes gq, gk (table and weights are counted once). The CSV starts with
-`# key: value` lines (GPU, versions, date) that ropelib.compare.read_meta reads back. `--dry-run`
+`# key: value` lines (GPU, versions, date) that ropelib.bench.compare.read_meta reads back. `--dry-run`
 runs tiny shapes through Triton's interpreter (torch.compile with the aot_eager backend, since
 Inductor's code needs a GPU there) and checks the outputs; it times nothing.
 """
@@ -36,7 +36,8 @@ if str(REPO_ROOT) not in sys.path:  # run from a checkout without `pip install -
     sys.path.insert(0, str(REPO_ROOT))
 
 import ropelib  # noqa: E402
-from ropelib import compare, runtime  # noqa: E402
+from ropelib import runtime  # noqa: E402
+from ropelib.bench import compare  # noqa: E402
 from ropelib.reference import rotate_half  # noqa: E402
 
 FIELDS = ["case", "provider", "pass", "dtype", "layout", "B", "S", "HQ", "HK", "D", "ms", "p20",

@@ -1,4 +1,4 @@
-"""Run the sweeps of earlier studies (ropelib.compare.SEED_SWEEPS) and draw them: notebook 07's GPU data.
+"""Run the sweeps of earlier studies (ropelib.bench.compare.SEED_SWEEPS) and draw them: notebook 07's GPU data.
 
     python benchmarks/seed_sweeps.py                  # on a GPU: all sweeps, ~6 min on an H100
     python benchmarks/seed_sweeps.py --only fp32 && \
@@ -34,7 +34,8 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ropelib import compare, runtime  # noqa: E402
+from ropelib import runtime  # noqa: E402
+from ropelib.bench import compare  # noqa: E402
 
 RESULTS = REPO_ROOT / "benchmarks" / "results"
 FIGURES = REPO_ROOT / "figures"

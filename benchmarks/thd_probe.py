@@ -7,7 +7,7 @@ import torch
 import triton.testing
 
 import ropelib
-from ropelib.compare import Config, make_case
+from ropelib.bench.compare import Config, make_case
 
 
 def ms(fn):

@@ -229,7 +229,7 @@ print("HF drop-in:", tuple(q_hf.shape), tuple(k_hf.shape))
 # `"cpu"`? Answer from the printout in section 1, not by calling ropelib.
 
 # %%
-from ropelib.exercises import basics, solution
+from ropelib.course.exercises import basics, solution
 
 my_device = ...   # "cuda" or "cpu"
 

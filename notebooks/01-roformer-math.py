@@ -505,8 +505,8 @@ print("interleaved RoPE(x) == rotate-half RoPE(x[..., perm])[..., argsort(perm)]
 # building the $2\times2$ blocks yourself (no `torch.block_diag`, no `ropelib`).
 
 # %%
-from ropelib.exercises import solution
-from ropelib.exercises import basics
+from ropelib.course.exercises import solution
+from ropelib.course.exercises import basics
 
 
 def rotation_matrix(m, inv_freq):

@@ -411,7 +411,7 @@ else:
 # `cp_size=2` ranks, 8 tokens each. Which global positions does rank 1 hold, in its local order?
 
 # %%
-from ropelib.exercises import basics, solution
+from ropelib.course.exercises import basics, solution
 
 rank1_positions = ...   # your answer: a list of 8 ints
 
@@ -443,7 +443,7 @@ solution(basics.solution_cos_sin_from_freqs)
 # %% [markdown]
 # **Exercise 3 — the bandwidth floor.** How many bytes must a fused forward kernel move at
 # least for `x` of shape `[S, B, H, D] = [4096, 2, 32, 128]` in bf16 with full rotary,
-# reading the fp32 angle table once? (This is the model `ropelib.compare` uses for GB/s.)
+# reading the fp32 angle table once? (This is the model `ropelib.bench.compare` uses for GB/s.)
 
 # %%
 floor = ...   # your answer: an int

@@ -55,10 +55,11 @@ import numpy as np
 import triton
 import triton.language as tl
 
-from ropelib import access, reference, runtime
-from ropelib.compare import error_metrics
-from ropelib.exercises import kernels as ex
-from ropelib.exercises import solution
+from ropelib import reference, runtime
+from ropelib.course import access
+from ropelib.bench.compare import error_metrics
+from ropelib.course.exercises import kernels as ex
+from ropelib.course.exercises import solution
 
 FIGURES = runtime.figures_dir()   # a scratch folder (ROPELIB_WRITE_FIGURES=1: figures/)
 GPU = runtime.on_gpu()
@@ -389,7 +390,7 @@ for dtype in (torch.float32, torch.bfloat16):
 #
 # ### 3.4 The kernel ropelib ships
 #
-# `ropelib.kernels.naive` adds three compile-time switches to step 3 — a test checks that this
+# `ropelib.course.kernels.naive` adds three compile-time switches to step 3 — a test checks that this
 # cell is the code in ropelib, line for line:
 #
 # - **`BACKWARD`** rotates by $-\theta$, which turns `grad_y` into `grad_x` (notebook 06);
@@ -405,7 +406,7 @@ for dtype in (torch.float32, torch.bfloat16):
 from ropelib.kernels.common import BF16_RTNE, round_to   # the rounding helper the kernel calls
 
 # %%
-# ropelib-source: ropelib.kernels.naive._rope_naive_kernel
+# ropelib-source: ropelib.course.kernels.naive._rope_naive_kernel
 @triton.jit
 def _rope_naive_kernel(
     x_ptr,  # *x: input [S, B, H, D], any strides
@@ -462,7 +463,7 @@ def _rope_naive_kernel(
 # %% [markdown]
 # The launcher validates the inputs, allocates a contiguous output and picks the constexprs:
 #
-# <!-- ropelib-source: ropelib.kernels.naive.rope_naive -->
+# <!-- ropelib-source: ropelib.course.kernels.naive.rope_naive -->
 # ```python
 # def rope_naive(x: torch.Tensor, freqs: torch.Tensor, *, backward: bool = False,
 #                out: Optional[torch.Tensor] = None, num_warps: Optional[int] = None) -> torch.Tensor:
@@ -500,7 +501,7 @@ def _rope_naive_kernel(
 # `rope_naive` — and in fp32, as step 3:
 
 # %%
-from ropelib.kernels.naive import rope_naive
+from ropelib.course.kernels.naive import rope_naive
 
 for dtype in (torch.float32, torch.bfloat16):
     xd = xt.to(dtype)
@@ -598,7 +599,7 @@ else:
 #
 # (b) and (c) below are a pair swap, `y[2j] = x[2j+1]`, `y[2j+1] = x[2j]`: RoPE's data
 # movement without its arithmetic. Nothing here is computed from the source:
-# `ropelib.access.record` runs a launch in the interpreter with `tl.load`/`tl.store` wrapped
+# `ropelib.course.access.record` runs a launch in the interpreter with `tl.load`/`tl.store` wrapped
 # and returns the byte address of every lane each instruction touched.
 
 # %%

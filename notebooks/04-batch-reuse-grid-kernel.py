@@ -53,11 +53,12 @@ import matplotlib.pyplot as plt
 import triton
 import triton.language as tl
 
-from ropelib import compare, reference, runtime
-from ropelib.exercises import grid_kernel
-from ropelib.exercises import kernels as ex
-from ropelib.exercises import solution
-from ropelib.kernels import batch_reuse, naive
+from ropelib import reference, runtime
+from ropelib.bench import compare
+from ropelib.course.exercises import grid_kernel
+from ropelib.course.exercises import kernels as ex
+from ropelib.course.exercises import solution
+from ropelib.course.kernels import batch_reuse, naive
 from ropelib.kernels.common import BF16_RTNE, round_to
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "ropelib").is_dir())
@@ -278,7 +279,7 @@ print("version 2 == reference (fp16, a non-contiguous view, D = 80, halves with 
 # %% [markdown]
 # ### 2.3 The version in ropelib
 #
-# `ropelib/kernels/batch_reuse.py` adds three compile-time switches to version 2, and reads the
+# `ropelib/course/kernels/batch_reuse.py` adds three compile-time switches to version 2, and reads the
 # table through its strides (a `[P, 1, 1, D]` table needs no copy):
 #
 # - `BACKWARD` — the same kernel serves the backward pass (notebook 06);
@@ -291,7 +292,7 @@ print("version 2 == reference (fp16, a non-contiguous view, D = 80, halves with 
 # the cell after it launches it and compares with ropelib's launcher.
 
 # %%
-# ropelib-source: ropelib.kernels.batch_reuse._rope_batch_reuse_kernel
+# ropelib-source: ropelib.course.kernels.batch_reuse._rope_batch_reuse_kernel
 @triton.jit
 def _rope_batch_reuse_kernel(
     x_ptr,  # *x: input [S, B, H, D], any strides
@@ -437,7 +438,7 @@ print(f"programs launched: naive {naive.naive_grid(S, B, H)[0]:,}, batch-reuse "
 #
 # $$ \%\ \text{of copy} = 100 \cdot \frac{\text{GB/s}_{\text{kernel}}}{\text{GB/s}_{\text{copy}}} .$$
 #
-# `ropelib.compare.bytes_moved` is this model; `benchmarks/generations.py` times the copy and
+# `ropelib.bench.compare.bytes_moved` is this model; `benchmarks/generations.py` times the copy and
 # the three generations with `triton.testing.do_bench` (median of many runs, the L2 cache
 # flushed between them). Exercise 2 turns the bytes into the fastest possible time.
 

@@ -53,8 +53,10 @@ import matplotlib.pyplot as plt
 import triton
 import triton.language as tl
 
-from ropelib import compare, ladder, reference, runtime
-from ropelib.exercises import finished_kernel as fk
+from ropelib import reference, runtime
+from ropelib.bench import compare
+from ropelib.course import ladder
+from ropelib.course.exercises import finished_kernel as fk
 from ropelib.kernels import launch
 from ropelib.kernels.common import BF16_RTNE, round_to
 from ropelib.kernels.fused import _cos_sin
@@ -160,7 +162,7 @@ for name, bw in gpus.items():
 # 2 loads × 4 bytes = 8 KiB in flight, half of what is needed.
 
 # %%
-from ropelib.kernels import naive
+from ropelib.course.kernels import naive
 warps_br = naive.default_num_warps(64)                 # the batch-reuse kernel at d = 128
 in_flight_br = 32 * (32 * warps_br) * 2 * (64 // (32 * warps_br)) * 2   # blocks x threads x loads x bytes
 print(f"batch-reuse at d=128: {warps_br} warp per program, {64 // (32 * warps_br)} bf16 per thread "
@@ -176,7 +178,7 @@ assert tiles_h100 == (1, 32, 8, 16)   # a [1, 32, 64] tile per half, all 8 batch
 # Each rung below is a kernel in a code cell: change it and rerun the cell, and the check under
 # it tells you whether it still computes RoPE. They support what the lesson needs — sbhd,
 # rotate-half, full rotary, fp32 angles $[S, D]$, the forward pass — and they are the kernels
-# `benchmarks/ladder.py` times on a GPU (`ropelib/ladder.py` holds them; a test checks that the
+# `benchmarks/ladder.py` times on a GPU (`ropelib/course/ladder.py` holds them; a test checks that the
 # cells here are those). Every rung is launched by `ladder.rope_ladder`, with the rung's own
 # plan; `kernel=` launches the copy in this notebook.
 
@@ -193,7 +195,7 @@ for rung in ladder.RUNGS:
 # ### Rung 0 — the batch-reusing grid (notebook 04)
 #
 # Grid $(S, H)$, one head of one token per program, cos/sin computed once and reused over the
-# batch loop. `ladder.rope_ladder("batch_reuse", ...)` runs `ropelib.kernels.batch_reuse`.
+# batch loop. `ladder.rope_ladder("batch_reuse", ...)` runs `ropelib.course.kernels.batch_reuse`.
 
 # %%
 check_rung(ladder.rope_ladder("batch_reuse", x, freqs), x, freqs, "batch_reuse")
@@ -207,7 +209,7 @@ check_rung(ladder.rope_ladder("batch_reuse", x, freqs), x, freqs, "batch_reuse")
 # warps. The grid shrinks from $S \cdot H$ to $S \cdot \lceil H / \text{BLOCK\_H} \rceil$.
 
 # %%
-# ropelib-source: ropelib.ladder._ladder_heads_kernel
+# ropelib-source: ropelib.course.ladder._ladder_heads_kernel
 @triton.jit
 def _ladder_heads_kernel(
     x_ptr, y_ptr,  # x, y [S, B, H, D] (any strides)
@@ -261,7 +263,7 @@ print("launch:", ladder.plan("heads", S, B, H, D, 2))
 # shows what each becomes in machine code.
 
 # %%
-# ropelib-source: ropelib.ladder._ladder_tile_kernel
+# ropelib-source: ropelib.course.ladder._ladder_tile_kernel
 @triton.jit
 def _ladder_tile_kernel(
     x_ptr, y_ptr,  # x, y [S, B, H, D] (any strides)
@@ -322,7 +324,7 @@ for h in (32, 8):
 # depends on the Triton version: section 4 reads it from the compiled code.
 
 # %%
-# ropelib-source: ropelib.ladder._ladder_chunk_kernel
+# ropelib-source: ropelib.course.ladder._ladder_chunk_kernel
 @triton.jit
 def _ladder_chunk_kernel(
     x_ptr, y_ptr,  # x, y [S, B, H, D] (any strides)
@@ -392,7 +394,7 @@ for s_, b_ in ((16, 64), (4096, 8)):
 # kernel computes; notebook 08 is about what such an ordering does to `allclose`.
 
 # %%
-# ropelib-source: ropelib.ladder._ladder_final_kernel
+# ropelib-source: ropelib.course.ladder._ladder_final_kernel
 @triton.jit
 def _ladder_final_kernel(
     x_ptr, y_ptr,  # x, y [S, B, H, D] (any strides)

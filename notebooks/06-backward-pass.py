@@ -50,10 +50,10 @@ import triton
 import triton.language as tl
 
 from ropelib import reference, runtime
-from ropelib.exercises import backward_kernel
-from ropelib.exercises import kernels as ex
-from ropelib.exercises import solution
-from ropelib.kernels.batch_reuse import _rope_batch_reuse_kernel, rope_batch_reuse
+from ropelib.course.exercises import backward_kernel
+from ropelib.course.exercises import kernels as ex
+from ropelib.course.exercises import solution
+from ropelib.course.kernels.batch_reuse import _rope_batch_reuse_kernel, rope_batch_reuse
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "ropelib").is_dir())
 FIGURES = ropelib.runtime.figures_dir()   # a scratch folder (ROPELIB_WRITE_FIGURES=1: figures/)
@@ -165,7 +165,7 @@ draw_jacobians(FIGURES / "06-jacobian.png")
 # The batch-reusing kernel of notebook 04 already has the backward in it, behind a
 # `tl.constexpr`:
 #
-# <!-- ropelib-source: ropelib.kernels.batch_reuse._rope_batch_reuse_kernel -->
+# <!-- ropelib-source: ropelib.course.kernels.batch_reuse._rope_batch_reuse_kernel -->
 # ```python
 # @triton.jit
 # def _rope_batch_reuse_kernel(

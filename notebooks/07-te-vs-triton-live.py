@@ -61,8 +61,10 @@ import matplotlib
 import matplotlib.pyplot as plt
 from IPython.display import HTML, Image, display
 
-from ropelib import compare, runtime, widgets
-from ropelib.debug import tolerances
+from ropelib import runtime
+from ropelib.bench import compare
+from ropelib.course import widgets
+from ropelib.course.debug import tolerances
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "ropelib").is_dir())
 FIGURES = ROOT / "figures"
@@ -320,7 +322,7 @@ for dtype, path in sweep_csvs.items():
 
 # %%
 import numpy as np
-from ropelib.exercises import measuring
+from ropelib.course.exercises import measuring
 
 
 def fit_time_model(nbytes, ms):
@@ -331,7 +333,7 @@ def fit_time_model(nbytes, ms):
 fitted_by_learner = measuring.check_fit_time_model(fit_time_model)
 
 # %%
-from ropelib.exercises import solution
+from ropelib.course.exercises import solution
 solution(measuring.solution_fit_time_model)
 # the rest of the notebook uses your fit if it passed, else the worked one
 fit = fit_time_model if fitted_by_learner else measuring.solution_fit_time_model

@@ -50,7 +50,7 @@
 # - go from the shape of a difference to its family of causes with a decision table;
 # - write the comparison that passes for the right reasons.
 #
-# **What runs here.** The Triton side is a small teaching kernel in `ropelib.debug`, *the
+# **What runs here.** The Triton side is a small teaching kernel in `ropelib.course.debug`, *the
 # reproduction* — not ropelib's kernel — with one switch per cause. The TE side is the real TE
 # fused kernel when Transformer Engine is installed on a GPU; otherwise
 # `ropelib.reference.te_fused_emulation`, which computes what TE's CUDA kernel computes (fp32
@@ -72,8 +72,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import HTML, display
 
-from ropelib import debug, runtime, widgets
-from ropelib.debug import FIXED, REPRO, Causes
+from ropelib import runtime
+from ropelib.bench import compare
+from ropelib.course import debug, widgets
+from ropelib.course.debug import FIXED, REPRO, Causes
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "ropelib").is_dir())
 FIGURES = ropelib.runtime.figures_dir()   # a scratch folder (ROPELIB_WRITE_FIGURES=1: figures/)
@@ -157,7 +159,7 @@ assert loc["position"] > 0 and emap[0].max() == 0
 # error at most the **unit roundoff** $u = 2^{-8}$ (fp16: 11 bits, $u = 2^{-11}$; fp32: 24 bits,
 # $u = 2^{-24}$; `torch.finfo(dtype).eps` is $2u$). The default `rtol` asks bf16 for about 17
 # bits — a difference of *one* rounding step fails it. Tolerances must come from the dtype
-# (`ropelib.debug.tolerances`, the same values as `torch.testing.assert_close`):
+# (`ropelib.course.debug.tolerances`, the same values as `torch.testing.assert_close`):
 
 # %%
 for name in ("bf16", "fp16", "fp32"):
@@ -200,7 +202,7 @@ print(f"fixed kernel vs {fixed.te_label}: {debug.diagnose(fixed)['n_differ']} of
 # implementations that differ in the last bit for some table entries:
 
 # %%
-f_half = ropelib.compare.angles(SC.seq_len, SC.head_dim)[:, 0, 0, :SC.head_dim // 2].cpu()
+f_half = compare.angles(SC.seq_len, SC.head_dim)[:, 0, 0, :SC.head_dim // 2].cpu()
 c_torch, c_numpy = torch.cos(f_half), torch.from_numpy(np.cos(f_half.numpy()))
 apart = debug.steps_apart(c_torch, c_numpy)
 print(f"torch.cos vs numpy.cos in fp32: {int((apart > 0).sum())} of {apart.numel()} table "
@@ -251,7 +253,7 @@ if one_ulp.te_label == "TE emulation":                       # the nudge is the 
 big = debug.Scenario(seq_len=512, batch=2, heads=8, head_dim=128)
 xb = torch.randn(big.seq_len, big.batch, big.heads, big.head_dim,
                  generator=torch.Generator().manual_seed(0)).bfloat16()
-fb = ropelib.compare.angles(big.seq_len, big.head_dim)[:, 0, 0, :]          # [S, D] fp32
+fb = compare.angles(big.seq_len, big.head_dim)[:, 0, 0, :]          # [S, D] fp32
 yb = ropelib.reference.te_fused_emulation(xb, fb.view(big.seq_len, 1, 1, -1))
 yb_moved = ropelib.reference.rope_reference(
     xb, cos=debug.one_ulp_up(torch.cos(fb)), sin=debug.one_ulp_up(torch.sin(fb)),

@@ -56,9 +56,9 @@ import matplotlib
 import matplotlib.pyplot as plt
 
 from ropelib import reference
-from ropelib.compare import environment_meta
+from ropelib.bench.compare import environment_meta
 from ropelib.frequencies import rope_freqs
-from ropelib.model import (GPT, CharDataset, GPTConfig, TEStyleAttention, _Rotary, build,
+from ropelib.course.model import (GPT, CharDataset, GPTConfig, TEStyleAttention, _Rotary, build,
                            plot_loss_curves, read_history_csv, rope_time_share, sample, train,
                            write_history_csv)
 

@@ -50,8 +50,8 @@ import matplotlib.pyplot as plt
 from IPython.display import Image, display
 
 from ropelib import mrope
-from ropelib.exercises import multi_axis as ex
-from ropelib.exercises import solution
+from ropelib.course.exercises import multi_axis as ex
+from ropelib.course.exercises import solution
 from ropelib.reference import rotate_half
 
 from pathlib import Path
@@ -360,7 +360,7 @@ assert before / after >= 16
 # together ≥ 256 MiB; the CSVs are committed). Ratio to a copy of q and k, forward:
 
 # %%
-from ropelib import compare
+from ropelib.bench import compare
 
 RESULTS = ROOT / "benchmarks" / "results"
 runs = {"head blocks (first version)": RESULTS / "mrope-nvidia-h200-20261122-1841.csv",

@@ -58,11 +58,12 @@ import torch.nn.functional as F
 from matplotlib.colors import ListedColormap
 from matplotlib.ticker import MaxNLocator
 
-from ropelib import compare, kv_cache
+from ropelib import kv_cache
+from ropelib.bench import compare
 from ropelib import context_parallel as cp
-from ropelib.exercises import at_scale as ex
-from ropelib.exercises import solution
-from ropelib.model import GPT, CharDataset, GPTConfig, KVCache, forward_cached, generate
+from ropelib.course.exercises import at_scale as ex
+from ropelib.course.exercises import solution
+from ropelib.course.model import GPT, CharDataset, GPTConfig, KVCache, forward_cached, generate
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "ropelib").is_dir())
 RESULTS = ROOT / "benchmarks" / "results"
@@ -534,7 +535,7 @@ print("paged cache read through its block table == the contiguous cache, bit for
 # %% [markdown]
 # ### Generating with the fused and the unfused path
 #
-# `ropelib.model.generate` decodes greedily with a KV cache of either layout, RoPE fused with
+# `ropelib.course.model.generate` decodes greedily with a KV cache of either layout, RoPE fused with
 # the write (`fused=True`) or not. Without a cache (`cache=None`) it reruns the whole sequence
 # through the model at every step: the baseline all of them must reproduce. The model is tiny
 # and untrained; its weights are drawn with a larger spread than GPT-2's initialisation

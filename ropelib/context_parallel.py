@@ -1,14 +1,17 @@
-"""Context parallelism: train `ropelib.model.GPT` with every sequence split across ranks.
+"""Context parallelism: RoPE'd attention with every sequence split across ranks.
 
 Long sequences cost activation memory in proportion to their length. Context parallelism (CP)
 splits each sequence over the `cp_size` ranks of a `torch.distributed` group (NCCL on GPUs, gloo
 on CPUs), so every rank holds `S / cp_size` tokens of every layer's activations:
 
     dist.init_process_group("nccl")                       # torchrun --nproc_per_node N ...
-    torch.manual_seed(0); model = context_parallel(GPT(cfg), group=None).cuda()
-    opt = make_optimizer(model, lr=1e-3)
-    x, y = data.get_batch("train", B, cfg.block_size, g, "cuda")      # the same batch on every rank
-    loss = train_step(model, opt, shard(x), shard(y))     # the loss of the whole batch
+    x = shard(x)                              # this rank's dual-chunk share of [B, S, ...]
+    q, k = apply_rope_qk(q, k, freqs, cp_size=cp_size, cp_rank=cp_rank)   # global positions
+    k_all = all_gather_seq(k_seq_major).index_select(0, global_order(S_loc, cp_size))
+    y = dual_chunk_attention(q, k_all, v_all, cp_size, cp_rank)   # (v gathered the same way)
+
+`ropelib.course.context_parallel_training` puts these together for the course's demo GPT
+(`ContextParallelAttention`, `context_parallel`, `train_step`, `train`).
 
 The split is Transformer Engine's dual-chunk one: the sequence is cut into 2*cp_size chunks and
 rank r holds chunks r and 2*cp_size-1-r. Under a causal mask a token at position p attends p+1
@@ -19,7 +22,8 @@ late one gives every rank the same number of (query, key) pairs. With S = 8 and 
     rank 0 holds       0 1               6 7      chunks 0 and 3
     rank 1 holds             2 3   4 5            chunks 1 and 2
 
-What each rank does in every attention layer (`ContextParallelAttention`):
+What each rank does in every attention layer (as `ropelib.course.context_parallel_training`'s
+`ContextParallelAttention` does it):
 
 1. q, k, v of its own tokens [B, S_loc, H, D]; RoPE by ropelib with `cp_size`, `cp_rank`, so every
    token is rotated by its *global* position (the kernel maps local index -> global position).
@@ -38,8 +42,6 @@ of tokens, so the mean of the ranks' losses is the loss of the whole batch, and 
 ranks' gradients (`all_reduce_grads`, DDP-style) is its gradient. Data parallelism is not
 mixed in here: every rank of the group sees the same batch.
 """
-import math
-import time
 from typing import Optional
 
 import torch
@@ -48,12 +50,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from . import reference
-from .model import GPT, CausalSelfAttention, CharDataset, ROPE_LABEL
 
 __all__ = ["dual_chunk_positions", "shard", "global_order", "unshard", "all_gather_seq",
-           "dual_chunk_attention", "ContextParallelAttention", "context_parallel",
-           "group_size_rank", "all_reduce_grads", "broadcast_params", "mean_across_ranks",
-           "make_optimizer", "train_step", "train"]
+           "dual_chunk_attention", "group_size_rank", "all_reduce_grads", "broadcast_params",
+           "mean_across_ranks"]
 
 
 # --- the dual-chunk split (pure PyTorch, no processes) ----------------------------------------
@@ -226,186 +226,3 @@ def dual_chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cp_s
             qi, k[:, :, :end], v[:, :, :end], attn_mask=causal_lower_right(seg, end),
             dropout_p=dropout_p))
     return torch.cat(outs, dim=2)
-
-
-class ContextParallelAttention(nn.Module):
-    """`ropelib.model.CausalSelfAttention` with the sequence split over `group`.
-
-    Takes over the attention's own qkv, proj and rotary modules (same parameters, same
-    state_dict keys); forward maps this rank's x [B, S_loc, C] to [B, S_loc, C]. With one rank
-    it computes exactly what the wrapped attention does.
-    """
-
-    def __init__(self, attn: CausalSelfAttention, group=None):
-        super().__init__()
-        if not isinstance(attn, CausalSelfAttention):
-            raise TypeError(f"attn must be a ropelib.model.CausalSelfAttention, got "
-                            f"{type(attn).__name__}")
-        self.n_head, self.head_dim, self.dropout = attn.n_head, attn.head_dim, attn.dropout
-        self.qkv, self.proj, self.rotary = attn.qkv, attn.proj, attn.rotary
-        self.group = group
-        self._orders = {}
-
-    def _order(self, local_len, cp_size, device):
-        key = (local_len, cp_size, str(device))
-        if key not in self._orders:
-            self._orders[key] = global_order(local_len, cp_size, device)
-        return self._orders[key]
-
-    def _rope(self, q, k, cp_size, cp_rank):
-        """RoPE of this rank's q, k [B, S_loc, H, D] at their global positions."""
-        S = q.shape[1] * cp_size
-        rows = self.rotary.freqs.shape[0]
-        if S > rows:
-            raise ValueError(f"the global sequence has {S} tokens (local {q.shape[1]} x cp_size "
-                             f"{cp_size}), more than block_size={rows}")
-        with torch.profiler.record_function(ROPE_LABEL):
-            if self.rotary.impl == "ropelib":
-                from .api import apply_rope_qk   # the kernel maps local index -> global position
-                return apply_rope_qk(q, k, self.rotary.freqs[:S], layout="bshd",
-                                     cp_size=cp_size, cp_rank=cp_rank)
-            pos = dual_chunk_positions(q.shape[1], cp_size, cp_rank, q.device)
-            cos, sin = self.rotary.cos[pos, None, :], self.rotary.sin[pos, None, :]  # [S_loc, 1, R]
-            return (reference.apply_rope_ref(q.float(), cos, sin).to(q.dtype),
-                    reference.apply_rope_ref(k.float(), cos, sin).to(k.dtype))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        cp_size, cp_rank = group_size_rank(self.group)
-        B, S_loc, C = x.shape
-        q, k, v = self.qkv(x).view(B, S_loc, 3, self.n_head, self.head_dim).unbind(2)
-        q, k = self._rope(q, k, cp_size, cp_rank)
-        dropout_p = self.dropout if self.training else 0.0
-        if cp_size == 1:
-            y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                               v.transpose(1, 2), is_causal=True,
-                                               dropout_p=dropout_p)
-        else:
-            _check_split(S_loc, cp_size, cp_rank)
-            kv = torch.stack((k.transpose(0, 1), v.transpose(0, 1)), 1)   # [S_loc, 2, B, H, D]
-            kv = all_gather_seq(kv, self.group)                     # [S, 2, B, H, D], rank-major
-            kv = kv.index_select(0, self._order(S_loc, cp_size, kv.device))   # global order
-            k_all, v_all = kv.permute(1, 2, 3, 0, 4).unbind(0)      # [B, H, S, D] each
-            y = dual_chunk_attention(q.transpose(1, 2), k_all, v_all, cp_size, cp_rank,
-                                     dropout_p)
-        return self.proj(y.transpose(1, 2).reshape(B, S_loc, C))
-
-
-def context_parallel(model: GPT, group=None) -> GPT:
-    """Make `model` context-parallel over `group` (default: the default process group), in place:
-    every block's attention becomes a `ContextParallelAttention` over the same parameters.
-    The model then takes each rank's `shard` of the batch: idx [B, S / cp_size]; its loss is the
-    mean over this rank's tokens (`mean_across_ranks` gives the whole batch's). Returns model.
-    """
-    if not isinstance(model, GPT):
-        raise TypeError(f"model must be a ropelib.model.GPT, got {type(model).__name__}")
-    for block in model.blocks:
-        if not isinstance(block.attn, ContextParallelAttention):
-            block.attn = ContextParallelAttention(block.attn, group)
-    return model
-
-
-# --- training ---------------------------------------------------------------------------------
-
-def make_optimizer(model: nn.Module, lr: float, weight_decay: float = 0.1) -> torch.optim.AdamW:
-    """AdamW as `ropelib.model.train` sets it up: decay on matrices, none on gains and biases."""
-    device = next(model.parameters()).device
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                              {"params": no_decay, "weight_decay": 0.0}],
-                             lr=lr, betas=(0.9, 0.95), fused=device.type == "cuda")
-
-
-def train_step(model: GPT, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-               *, group=None, grad_clip: float = 1.0, amp_dtype=None) -> torch.Tensor:
-    """One optimizer step on this rank's shard x, y [B, S_loc] (the whole batch in one process).
-
-    Forward, backward (the all-gathers' reduce-scatters run inside), gradients averaged over the
-    group, clipped (the same norm on every rank), stepped. Returns the whole batch's loss,
-    detached, on the device (no host sync).
-    """
-    device = x.device
-    with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-        _, loss = model(x, y)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    all_reduce_grads(model, group)
-    if grad_clip:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    optimizer.step()
-    return mean_across_ranks(loss, group)
-
-
-def train(model: GPT, data: CharDataset, *, steps: int, batch_size: int, group=None,
-          lr: float = 1e-3, min_lr: Optional[float] = None, warmup: Optional[int] = None,
-          weight_decay: float = 0.1, grad_clip: float = 1.0, seed: int = 0, amp_dtype=None,
-          timing_warmup: Optional[int] = None, stop_after: Optional[int] = None,
-          on_step=None) -> dict:
-    """Train a `context_parallel` model (or a plain GPT with group=None in one process) with the
-    schedule of `ropelib.model.train`: AdamW, linear warmup, cosine decay to min_lr.
-
-    Every rank draws the same batches (a generator seeded with `seed`) of block_size tokens and
-    keeps its `shard`, so a 1-process run with the same seed sees the same data. `on_step(it,
-    loss)` is called with the loss as a float after every step (a host sync; None: no sync).
-    `stop_after=n` runs only the first n steps of the `steps`-step schedule (a baseline for the
-    start of a longer run).
-
-    Returns `step`, `train_loss` (the whole batch's, every step), `tokens_per_s` and
-    `ms_per_step` (whole-batch tokens over the steps after `timing_warmup`), `train_time_s`,
-    `cp_size`, and on a GPU `peak_mem_gib` (this rank's peak allocated memory).
-    """
-    if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
-    run_steps = steps if stop_after is None else stop_after
-    if not 1 <= run_steps <= steps:
-        raise ValueError(f"stop_after must be in [1, steps={steps}], got {stop_after}")
-    cp_size, cp_rank = group_size_rank(group)
-    device = next(model.parameters()).device
-    T = model.config.block_size
-    min_lr = lr / 10 if min_lr is None else min_lr
-    warmup = min(100, steps // 10) if warmup is None else warmup
-    timing_warmup = min(5, run_steps // 5) if timing_warmup is None else timing_warmup
-    opt = make_optimizer(model, lr, weight_decay)
-
-    def lr_at(it):
-        if it < warmup:
-            return lr * (it + 1) / warmup
-        t = (it - warmup) / max(1, steps - warmup)
-        return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * t))
-
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    g = torch.Generator().manual_seed(seed)
-    losses = torch.zeros(run_steps, device=device)
-    t_all, t_start = time.perf_counter(), None
-    model.train()
-    for it in range(run_steps):
-        if it == timing_warmup:
-            sync()
-            t_start = time.perf_counter()
-        for group_ in opt.param_groups:
-            group_["lr"] = lr_at(it)
-        x, y = data.get_batch("train", batch_size, T, g, device)
-        x, y = shard(x, cp_size, cp_rank), shard(y, cp_size, cp_rank)
-        losses[it] = train_step(model, opt, x, y, group=group, grad_clip=grad_clip,
-                                amp_dtype=amp_dtype)
-        if on_step is not None:
-            on_step(it, losses[it].item())
-    sync()
-    t_end = time.perf_counter()
-    timed = run_steps - timing_warmup
-    elapsed = t_end - t_start if t_start is not None else float("nan")
-    return {
-        "step": list(range(1, run_steps + 1)),
-        "train_loss": losses.tolist(),
-        "tokens_per_s": timed * batch_size * T / elapsed if timed else float("nan"),
-        "ms_per_step": 1e3 * elapsed / timed if timed else float("nan"),
-        "train_time_s": t_end - t_all,
-        "cp_size": cp_size,
-        "peak_mem_gib": (torch.cuda.max_memory_allocated(device) / 2**30
-                         if device.type == "cuda" else None),
-    }

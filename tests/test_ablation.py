@@ -1,5 +1,5 @@
 """benchmarks/ablation.py: every variant computes RoPE correctly (the dry run, in the interpreter),
-each variant changes one factor of the launch, and the CSV reads back with ropelib.compare."""
+each variant changes one factor of the launch, and the CSV reads back with ropelib.bench.compare."""
 import importlib.util
 import os
 from pathlib import Path
@@ -22,7 +22,7 @@ def ablation():
 
 
 def test_dry_run_checks_every_variant_and_writes_a_readable_csv(ablation, tmp_path, capsys):
-    from ropelib import compare
+    from ropelib.bench import compare
     out = tmp_path / "ablation.csv"
     assert ablation.main(["--dry-run", "--out", str(out)]) == 0
     rows = compare.read_csv(out)

@@ -1,4 +1,4 @@
-"""The benchmark suite (ropelib/bench.py) and its figure script (benchmarks/plot.py).
+"""The benchmark suite (ropelib/bench/suite.py) and its figure script (benchmarks/plot.py).
 
 On the CPU the quick suite runs end to end in Triton's interpreter on tiny shapes (its timings
 mean nothing; the CSV's fields, the error columns and the plumbing do). The target checker is
@@ -18,7 +18,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before ropelib's kernels are imported
 
-from ropelib import bench, compare  # noqa: E402
+from ropelib.bench import compare  # noqa: E402
+from ropelib.bench import suite as bench  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 MiB = 1 << 20

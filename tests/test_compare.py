@@ -1,4 +1,4 @@
-"""ropelib.compare: the provider registry, rows, error metrics, sweeps and CSV."""
+"""ropelib.bench.compare: the provider registry, rows, error metrics, sweeps and CSV."""
 import dataclasses
 import math
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import ropelib
-from ropelib import compare as C
+from ropelib.bench import compare as C
 from ropelib import reference
 
 TINY = C.Config(seq_len=4, batch=2, heads=2, head_dim=16, dtype="bf16")

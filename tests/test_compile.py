@@ -178,7 +178,7 @@ def test_changing_sequence_length_compiles_once(seeded):
 
 
 def test_compiled_model_matches_eager(seeded):
-    from ropelib.model import GPT, GPTConfig
+    from ropelib.course.model import GPT, GPTConfig
     cfg = GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=2, n_embd=32)
     torch.manual_seed(0)
     model = GPT(cfg, rope="ropelib")
@@ -280,7 +280,7 @@ def test_inductor_dynamic_sequence_length_and_reduce_overhead():
 
 
 def _gpt_setup(compiled: bool):
-    from ropelib.model import GPT, GPTConfig
+    from ropelib.course.model import GPT, GPTConfig
     cfg = GPTConfig(vocab_size=256, block_size=512, n_layer=4, n_head=8, n_embd=512)
     torch.manual_seed(0)
     model = GPT(cfg, rope="ropelib").cuda()

@@ -1,4 +1,5 @@
-"""Context parallelism (ropelib.context_parallel): the dual-chunk split and its inverse, attention
+"""Context parallelism (ropelib.context_parallel, and ropelib.course.context_parallel_training
+for the demo GPT): the dual-chunk split and its inverse, attention
 with the causal mask by global positions, and 2-process training on gloo against 1-process
 training of the same model on the same data (loss and every gradient)."""
 import os
@@ -13,7 +14,8 @@ import torch.nn.functional as F
 
 import ropelib
 from ropelib import context_parallel as cp
-from ropelib.model import GPT, GPTConfig, CharDataset
+from ropelib.course import context_parallel_training as cpt
+from ropelib.course.model import GPT, GPTConfig, CharDataset
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = "the quick brown fox jumps over the lazy dog. " * 40
@@ -69,8 +71,8 @@ def test_split_errors_name_what_is_wrong():
         cp.shard(torch.zeros(1, 8), 0, 0)
     with pytest.raises(ValueError, match="not a multiple of cp_size=3"):
         cp.shard(torch.zeros(1, 8), 3, 0)
-    with pytest.raises(TypeError, match="ropelib.model.GPT"):
-        cp.context_parallel(torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="ropelib.course.model.GPT"):
+        cpt.context_parallel(torch.nn.Linear(2, 2))
 
 
 @pytest.mark.parametrize("cp_size", [2, 3])
@@ -114,15 +116,15 @@ def test_one_rank_is_the_plain_model(rope, device, seeded):
     torch.manual_seed(0)
     plain = GPT(cfg, rope).to(device)
     torch.manual_seed(0)
-    wrapped = cp.context_parallel(GPT(cfg, rope).to(device))   # no process group: cp_size 1
-    assert isinstance(wrapped.blocks[0].attn, cp.ContextParallelAttention)
+    wrapped = cpt.context_parallel(GPT(cfg, rope).to(device))   # no process group: cp_size 1
+    assert isinstance(wrapped.blocks[0].attn, cpt.ContextParallelAttention)
     assert wrapped.state_dict().keys() == plain.state_dict().keys()
     idx = torch.randint(cfg.vocab_size, (2, 16), device=device)
     torch.testing.assert_close(wrapped(idx, idx)[1], plain(idx, idx)[1], rtol=0, atol=0)
 
 
 def test_global_length_beyond_block_size_is_refused(seeded):
-    model = cp.context_parallel(GPT(_tiny_config(), "reference"))
+    model = cpt.context_parallel(GPT(_tiny_config(), "reference"))
     attn = model.blocks[0].attn
     q = torch.randn(1, 10, 2, 8)
     with pytest.raises(ValueError, match="more than block_size=16"):
@@ -157,21 +159,21 @@ def _worker(rank, world, port, out_dir):
     # covered above; this checks the loop, the shared batches, the clipping and the optimizer)
     train_kw = dict(steps=3, batch_size=2, lr=3e-3, warmup=1, seed=5)
     torch.manual_seed(0)
-    h_one = cp.train(GPT(cfg, "reference"), data, **train_kw)
+    h_one = cpt.train(GPT(cfg, "reference"), data, **train_kw)
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         for rope, r in results.items():
             torch.manual_seed(0)
-            model = cp.context_parallel(GPT(cfg, rope))
+            model = cpt.context_parallel(GPT(cfg, rope))
             _, local = model(cp.shard(x), cp.shard(y))
             local.backward()
             cp.all_reduce_grads(model)
             r.update(cp_loss=cp.mean_across_ranks(local), local_loss=local.detach(),
                      cp_grads={n: p.grad for n, p in model.named_parameters()})
         torch.manual_seed(0)
-        h_cp = cp.train(cp.context_parallel(GPT(cfg, "reference")), data, **train_kw)
+        h_cp = cpt.train(cpt.context_parallel(GPT(cfg, "reference")), data, **train_kw)
         results["train"] = {"cp": h_cp["train_loss"], "one": h_one["train_loss"],
                             "cp_size": h_cp["cp_size"]}
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))

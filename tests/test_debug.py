@@ -1,12 +1,12 @@
-"""ropelib.debug: the allclose failure reproduced, every cause switchable, the tools to find it."""
+"""ropelib.course.debug: the allclose failure reproduced, every cause switchable, the tools to find it."""
 import dataclasses
 
 import pytest
 import torch
 
-from ropelib import debug as D
+from ropelib.course import debug as D
 from ropelib import reference
-from ropelib.compare import angles
+from ropelib.bench.compare import angles
 
 SMALL = D.Scenario(seq_len=16, batch=2, heads=2, head_dim=16)
 

@@ -1,11 +1,11 @@
-"""The notebook 11 checks in ropelib.exercises.at_scale: each accepts its worked solution,
+"""The notebook 11 checks in ropelib.course.exercises.at_scale: each accepts its worked solution,
 rejects wrong answers (the mistakes a learner is likely to make) and unanswered placeholders,
 and never raises."""
 import pytest
 import torch
 
 from ropelib import context_parallel as cp
-from ropelib.exercises import at_scale
+from ropelib.course.exercises import at_scale
 
 
 # --- 1. dual-chunk positions --------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""ropelib.exercises (check, solution) and the notebook 00-02 checks in exercises.basics.
+"""ropelib.course.exercises (check, solution) and the notebook 00-02 checks in exercises.basics.
 
 Each check must accept its worked solution, reject wrong answers and unanswered placeholders,
 and never raise.
@@ -10,7 +10,7 @@ import torch
 
 import ropelib
 from ropelib import frequencies, reference
-from ropelib.exercises import basics, call_answer, check, solution
+from ropelib.course.exercises import basics, call_answer, check, solution
 
 
 # --- check() ---------------------------------------------------------------------------------
@@ -88,7 +88,7 @@ def test_solution_prints_outside_jupyter(capsys):
 
 
 def test_solution_renders_details_in_jupyter(monkeypatch):
-    import ropelib.exercises as ex
+    import ropelib.course.exercises as ex
     shown = []
     monkeypatch.setattr(ex, "_in_jupyter", lambda: True)
     monkeypatch.setattr("IPython.display.display", lambda obj: shown.append(obj))

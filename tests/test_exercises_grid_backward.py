@@ -17,10 +17,10 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from ropelib import reference, runtime  # noqa: E402
-from ropelib.exercises import backward_kernel as bk  # noqa: E402
-from ropelib.exercises import grid_kernel as gk  # noqa: E402
-from ropelib.exercises import kernels as ex  # noqa: E402
-from ropelib.kernels.batch_reuse import rope_batch_reuse  # noqa: E402
+from ropelib.course.exercises import backward_kernel as bk  # noqa: E402
+from ropelib.course.exercises import grid_kernel as gk  # noqa: E402
+from ropelib.course.exercises import kernels as ex  # noqa: E402
+from ropelib.course.kernels.batch_reuse import rope_batch_reuse  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 INTERPRETER_ONLY = pytest.mark.skipif(not runtime.INTERPRET,

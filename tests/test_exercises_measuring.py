@@ -1,7 +1,7 @@
 """Notebook 07's exercise checks: the fixed-cost + bandwidth fit and the prediction."""
 import numpy as np
 
-from ropelib.exercises import measuring
+from ropelib.course.exercises import measuring
 
 
 def test_the_worked_fit_passes_and_recovers_a_known_line(capsys):

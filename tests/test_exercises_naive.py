@@ -15,9 +15,10 @@ if not torch.cuda.is_available():
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from ropelib import access, reference, runtime  # noqa: E402
-from ropelib.exercises import kernels as ex  # noqa: E402
-from ropelib.exercises import naive_kernel as nk  # noqa: E402
+from ropelib import reference, runtime  # noqa: E402
+from ropelib.course import access  # noqa: E402
+from ropelib.course.exercises import kernels as ex  # noqa: E402
+from ropelib.course.exercises import naive_kernel as nk  # noqa: E402
 
 DEVICE = runtime.default_device()
 

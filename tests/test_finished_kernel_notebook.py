@@ -1,4 +1,4 @@
-"""Notebook 05 (the finished kernel): its ladder is ropelib.ladder's, the last rung is ropelib's
+"""Notebook 05 (the finished kernel): its ladder is ropelib.course.ladder's, the last rung is ropelib's
 kernel bit for bit, benchmarks/ladder.py checks every rung and draws its waterfall, the layout
 can be read without a GPU, and the kernel exercise rejects the known cheats."""
 import importlib.util
@@ -15,13 +15,17 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 import ropelib  # noqa: E402
-from ropelib import compare, ladder, reference, runtime  # noqa: E402
-from ropelib.exercises import finished_kernel as fk  # noqa: E402
+from ropelib import reference, runtime  # noqa: E402
+from ropelib.bench import compare  # noqa: E402
+from ropelib.course import ladder  # noqa: E402
+from ropelib.course.exercises import finished_kernel as fk  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "05-finished-kernel"
-LADDER_KERNELS = ["ropelib.ladder._ladder_heads_kernel", "ropelib.ladder._ladder_tile_kernel",
-                  "ropelib.ladder._ladder_chunk_kernel", "ropelib.ladder._ladder_final_kernel"]
+LADDER_KERNELS = ["ropelib.course.ladder._ladder_heads_kernel",
+                  "ropelib.course.ladder._ladder_tile_kernel",
+                  "ropelib.course.ladder._ladder_chunk_kernel",
+                  "ropelib.course.ladder._ladder_final_kernel"]
 
 
 def _load(name, path):
@@ -41,7 +45,7 @@ def same():
     return _load("kernels_same", ROOT / "tests" / "test_notebook_kernels_same.py")
 
 
-# --- one ladder: the notebook's cells, ropelib.ladder, the benchmark ------------------------------
+# --- one ladder: the notebook's cells, ropelib.course.ladder, the benchmark ------------------------------
 
 @pytest.mark.parametrize("ext", [".py", ".ipynb"])
 def test_notebook_runs_the_ladder_kernels_of_ropelib(same, ext):

@@ -12,8 +12,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
 
 from ropelib import runtime  # noqa: E402
-from ropelib.kernels.batch_reuse import rope_batch_reuse  # noqa: E402
-from ropelib.kernels.naive import rope_naive  # noqa: E402
+from ropelib.course.kernels.batch_reuse import rope_batch_reuse  # noqa: E402
+from ropelib.course.kernels.naive import rope_naive  # noqa: E402
 from ropelib.reference import rope_reference  # noqa: E402
 
 DEVICE = runtime.default_device()
@@ -262,7 +262,7 @@ def test_gpu_large_bf16(kernel, D):
     assert_matches(kernel(g, freqs, backward=True), gx_ref.to(torch.bfloat16))
 
 
-# --- the exercise checks of notebooks 03-06 (ropelib.exercises.kernels) ----------------------
+# --- the exercise checks of notebooks 03-06 (ropelib.course.exercises.kernels) ----------------------
 
 def _wrong_function(x, freqs):
     # The forward where the backward is asked for; for notebook 03's interleaved exercise, a plain
@@ -283,7 +283,7 @@ class _SavesX(torch.autograd.Function):
 
 
 def _exercise_cases():
-    from ropelib.exercises import kernels as ex
+    from ropelib.course.exercises import kernels as ex
     return [
         ("check_naive_grid", ex.solution_naive_grid, lambda S, B, H: (S, B * H)),
         ("check_half_tile", ex.solution_half_tile, lambda D: (D // 2, D // 2, 0)),
@@ -301,7 +301,7 @@ def _exercise_cases():
 
 @pytest.mark.parametrize("i", range(10))
 def test_exercise_check_accepts_solution_and_rejects_wrong(i, capsys):
-    from ropelib.exercises import kernels as ex
+    from ropelib.course.exercises import kernels as ex
     name, right, wrong = _exercise_cases()[i]
     checker = getattr(ex, name)
     assert checker(right) is True, capsys.readouterr().out

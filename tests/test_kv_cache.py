@@ -9,7 +9,7 @@
 * bad positions and block tables: a clear error where the values are checked, and never a write
   outside the caches where they are not (guard regions), with NaN q rows;
 * torch.library.opcheck, torch.compile(aot_eager, fullgraph=True) of a decode step;
-* ropelib.model.generate: fused, unfused and no-cache greedy decoding give the same tokens;
+* ropelib.course.model.generate: fused, unfused and no-cache greedy decoding give the same tokens;
 * benchmarks/decode_cache_bench.py --dry-run.
 """
 import importlib.util
@@ -411,7 +411,7 @@ def test_compiled_decode_step_has_no_graph_break(seeded):
 def model():
     """A small GPT with weights large enough that greedy decoding does not just repeat a token
     (std 0.3; untrained, at GPT-2's 0.02, every sequence repeats its last token)."""
-    from ropelib.model import GPTConfig, build
+    from ropelib.course.model import GPTConfig, build
     cfg = GPTConfig(vocab_size=40, block_size=24, n_layer=2, n_head=4, n_embd=32)
     m = build(cfg, "ropelib", seed=0)
     g = torch.Generator().manual_seed(3)
@@ -429,7 +429,7 @@ def prompts():
 
 @pytest.fixture(scope="module")
 def full_forward_tokens(model, prompts):
-    from ropelib.model import generate
+    from ropelib.course.model import generate
     return generate(model, prompts, 10, cache=None)
 
 
@@ -447,7 +447,7 @@ def test_full_forward_baseline_is_greedy(model, prompts, full_forward_tokens):
 @pytest.mark.parametrize("fused_rope", [True, False], ids=["fused", "unfused"])
 def test_generate_with_cache_matches_full_forward(model, prompts, full_forward_tokens, cache,
                                                   fused_rope):
-    from ropelib.model import generate
+    from ropelib.course.model import generate
     out = generate(model, prompts, 10, cache=cache, fused=fused_rope, page_size=4)
     assert torch.equal(out, full_forward_tokens)
 
@@ -455,7 +455,7 @@ def test_generate_with_cache_matches_full_forward(model, prompts, full_forward_t
 def test_cached_logits_match_the_full_forward(model, full_forward_tokens):
     """Prefill of 9 tokens, then 5 decode steps: each step's logits against the full forward
     (fp32; attention over the cache sums in another order), fused and unfused bit-equal."""
-    from ropelib.model import KVCache, forward_cached
+    from ropelib.course.model import KVCache, forward_cached
     tokens = full_forward_tokens[:, :14]
     want, _ = model(tokens)
     got = {}
@@ -471,14 +471,14 @@ def test_cached_logits_match_the_full_forward(model, full_forward_tokens):
 
 
 def test_generate_fp8_cache_fused_equals_unfused(model, prompts):
-    from ropelib.model import generate
+    from ropelib.course.model import generate
     opts = dict(cache="contiguous", cache_dtype=FP8, k_scale=0.5, v_scale=0.25)
     assert torch.equal(generate(model, prompts, 6, fused=True, **opts),
                        generate(model, prompts, 6, fused=False, **opts))
 
 
 def test_generate_arguments(model, prompts):
-    from ropelib.model import generate
+    from ropelib.course.model import generate
     with pytest.raises(ValueError, match="block_size=24"):
         generate(model, prompts, 21)
     with pytest.raises(ValueError, match="cache must be one of"):
@@ -523,7 +523,7 @@ def test_gpu_decode_under_cuda_graph(cache_dtype, paged_block):
 # --- the benchmark's dry run ----------------------------------------------------------------
 
 def test_benchmark_dry_run(tmp_path, capsys):
-    from ropelib import compare
+    from ropelib.bench import compare
     spec = importlib.util.spec_from_file_location(
         "decode_cache_bench", ROOT / "benchmarks" / "decode_cache_bench.py")
     bench = importlib.util.module_from_spec(spec)

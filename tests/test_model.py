@@ -1,4 +1,4 @@
-"""ropelib.model: the GPT with a switchable RoPE, its dataset, training loop and profiler.
+"""ropelib.course.model: the GPT with a switchable RoPE, its dataset, training loop and profiler.
 
 The central check: the model with ropelib's kernel computes the same loss and the same gradients
 as the model with the plain-PyTorch reference (fp32, CPU, Triton interpreter, tiny sizes), and a
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import ropelib
-from ropelib.model import (CharDataset, GPT, GPTConfig, TEStyleAttention, build, ema,
+from ropelib.course.model import (CharDataset, GPT, GPTConfig, TEStyleAttention, build, ema,
                            estimate_loss, plot_loss_curves, pydoc_topics_text, read_history_csv,
                            rope_time_share, sample, train, write_history_csv)
 from ropelib.frequencies import rope_freqs

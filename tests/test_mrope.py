@@ -484,7 +484,7 @@ def test_benchmark_dry_run(tmp_path):
 # --- notebook 10's exercises ----------------------------------------------------------------
 
 def test_exercise_solutions_pass_and_wrong_answers_fail(capsys):
-    from ropelib.exercises import multi_axis as ex
+    from ropelib.course.exercises import multi_axis as ex
     assert ex.check_axis_of_pairs(ex.solution_axis_of_pairs)
     assert ex.check_text_then_image(ex.solution_text_then_image)
     # contiguous runs where Qwen3-VL interleaves; an image that advances by h*w

@@ -3,7 +3,7 @@
 A notebook shows a ropelib object's source in a markdown cell, so it can be read without running
 anything:
 
-    <!-- ropelib-source: ropelib.kernels.naive._rope_naive_kernel -->
+    <!-- ropelib-source: ropelib.course.kernels.naive._rope_naive_kernel -->
     ```python
     @triton.jit
     def _rope_naive_kernel(
@@ -17,7 +17,7 @@ notebook's code cells must import that object from ropelib, so what runs is what
 A runnable copy is a code cell that starts with the marker as a comment and holds the source
 after it, so the learner can edit and launch it (notebook 03's last kernel step):
 
-    # ropelib-source: ropelib.kernels.naive._rope_naive_kernel
+    # ropelib-source: ropelib.course.kernels.naive._rope_naive_kernel
     @triton.jit
     def _rope_naive_kernel(
     ...
@@ -43,10 +43,10 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 # Each notebook and the ropelib objects it must show.
 REQUIRED = {
-    "03-naive-triton-kernel": ["ropelib.kernels.naive._rope_naive_kernel",
-                               "ropelib.kernels.naive.rope_naive"],
-    "04-batch-reuse-grid-kernel": ["ropelib.kernels.batch_reuse._rope_batch_reuse_kernel"],
-    "06-backward-pass": ["ropelib.kernels.batch_reuse._rope_batch_reuse_kernel"],
+    "03-naive-triton-kernel": ["ropelib.course.kernels.naive._rope_naive_kernel",
+                               "ropelib.course.kernels.naive.rope_naive"],
+    "04-batch-reuse-grid-kernel": ["ropelib.course.kernels.batch_reuse._rope_batch_reuse_kernel"],
+    "06-backward-pass": ["ropelib.course.kernels.batch_reuse._rope_batch_reuse_kernel"],
 }
 MARKER = re.compile(r"<!--\s*ropelib-source:\s*([\w.]+)\s*-->")
 CODE_MARKER = re.compile(r"\A# ropelib-source: ([\w.]+)\n")
@@ -54,7 +54,7 @@ FENCE = re.compile(r"```python\n(.*?)\n```", re.S)
 
 
 def resolve(dotted: str):
-    """ropelib.kernels.naive._rope_naive_kernel -> the object (module path, then attributes)."""
+    """ropelib.course.kernels.naive._rope_naive_kernel -> the object (module path, then attributes)."""
     parts = dotted.split(".")
     for i in range(len(parts), 0, -1):
         try:
@@ -136,7 +136,7 @@ def test_shown_kernel_is_ropelibs(slug, ext):
 
 def test_markers_are_found_and_compared():
     # The checker itself: a stale copy is caught, a fresh one passes.
-    name = "ropelib.kernels.naive._rope_naive_kernel"
+    name = "ropelib.course.kernels.naive._rope_naive_kernel"
     fresh = f"<!-- ropelib-source: {name} -->\n```python\n{source_of(name)}\n```"
     assert shown_sources([("markdown", fresh)]) == [(name, source_of(name))]
     stale = fresh.replace("row = tl.program_id(0)", "row = tl.program_id(1)")

@@ -483,7 +483,7 @@ def test_benchmark_dry_run(tmp_path, capsys):
     spec.loader.exec_module(bench)
     out = tmp_path / "qk.csv"
     assert bench.main(["--dry-run", "--out", str(out)]) == 0
-    from ropelib import compare
+    from ropelib.bench import compare
     rows = compare.read_csv(out)
     meta = compare.read_meta(out)
     assert meta["script"] == "benchmarks/qk_norm_bench.py" and "dry run" in meta["timing"]

@@ -1,10 +1,11 @@
-"""ropelib.widgets driven headlessly: set a control's value, call the callback, check the output."""
+"""ropelib.course.widgets driven headlessly: set a control's value, call the callback, check the output."""
 import pytest
 
 pytest.importorskip("ipywidgets")
 pytest.importorskip("matplotlib")
 
-from ropelib import compare, debug, widgets  # noqa: E402
+from ropelib.bench import compare  # noqa: E402
+from ropelib.course import debug, widgets  # noqa: E402
 
 
 def test_dashboard_run_produces_rows_plot_and_table(tmp_path, device):

@@ -8,7 +8,7 @@
 
 RoPE moves bytes and does almost no arithmetic, so the yardstick is a device-to-device copy of
 the same tensor(s) timed in the same run: ratio = copy time / provider time (1.0 = the floor).
-Every case is timed by `ropelib.compare.run_case` (all providers, forward and forward+backward,
+Every case is timed by `ropelib.bench.compare.run_case` (all providers, forward and forward+backward,
 do_bench medians with 20 %/80 % quantiles). Decode cases add the host cost of an eager call
 (calls back to back, wall clock) and the latency under CUDA-graph replay; 64 MiB cases add the
 forward+backward under CUDA-graph replay. One CSV row per (case, provider), with the environment
@@ -32,7 +32,7 @@ import torch
 
 from . import compare
 from .compare import Config, environment_meta, providers, run_case, write_csv
-from .runtime import INTERPRET, on_gpu
+from ..runtime import INTERPRET, on_gpu
 
 
 SUITES = ("targets", "quick", "decode", "sweep", "model")
@@ -41,7 +41,7 @@ LAYOUTS = ("sbhd", "bshd", "thd")
 ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 MiB = 1 << 20
 
-# Provider names in ropelib.compare.providers() that the targets are stated against.
+# Provider names in ropelib.bench.compare.providers() that the targets are stated against.
 ROPELIB = "ropelib"
 TE_FUSED = "te_fused"
 TORCH_COMPILE = "torch.compile"
@@ -679,12 +679,12 @@ MODEL_IMPLS = ("reference", "ropelib")
 def model_suite(*, steps: int = 200, batch_size: int = 8, block_size: int = 512,
                 n_layer: int = 4, n_head: int = 8, n_embd: int = 512, lr: float = 1e-4,
                 timing_warmup: int = 20, compile: bool = True, device=None) -> list:
-    """ropelib.model's GPT trained for `steps` steps, once with RoPE by plain PyTorch
+    """ropelib.course.model's GPT trained for `steps` steps, once with RoPE by plain PyTorch
     ("reference") and once by ropelib, same seed, same weights, same batches (bf16 autocast on a
     GPU, AdamW). Under torch.compile (default) it also records how many graphs and graph breaks
     Dynamo makes of a training forward. One row per (impl, step): train_loss; every row carries
     the impl's ms_per_step, tokens_per_s, graphs and graph_breaks."""
-    from .model import CharDataset, GPTConfig, build, train
+    from ..course.model import CharDataset, GPTConfig, build, train
     device = device or ("cuda" if on_gpu() else "cpu")
     data = CharDataset.from_pydoc_topics()
     cfg = GPTConfig(vocab_size=data.vocab_size, block_size=block_size, n_layer=n_layer,

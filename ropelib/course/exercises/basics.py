@@ -1,10 +1,10 @@
 """Exercise checks for notebooks 00-02 (setup, RoFormer math, PyTorch reference and layouts).
 
 Every `check_...` computes its expected answer from ropelib itself (`reference`, `frequencies`,
-`compare`), prints ✅ or ❌ through `ropelib.exercises.check`, returns a bool and never raises.
+`compare`), prints ✅ or ❌ through `ropelib.course.exercises.check`, returns a bool and never raises.
 Helpers that take the learner's *function* try it on several fresh inputs and report the first
 one that fails. The worked solutions are the `solution_*` functions below, shown folded in the
-notebooks with `ropelib.exercises.solution(basics.solution_...)`; the tests run every check on
+notebooks with `ropelib.course.exercises.solution(basics.solution_...)`; the tests run every check on
 its solution and on wrong answers.
 """
 import math
@@ -12,7 +12,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import torch
 
-from .. import frequencies, reference, runtime
+from ... import frequencies, reference, runtime
 from . import _compare, call_answer, check
 
 __all__ = [
@@ -208,7 +208,7 @@ def check_cos_sin_from_freqs(fn: Callable) -> bool:
 def check_bytes_moved(answer, seq_len: int, batch: int, heads: int, head_dim: int,
                       dtype: str = "bf16") -> bool:
     """Bytes a fused forward must move at least: read x, write y, read the fp32 angle table."""
-    from ..compare import Config, bytes_moved  # imported late: compare is a heavier module
+    from ...bench.compare import Config, bytes_moved  # imported late: compare is a heavier module
 
     expected = bytes_moved(Config(seq_len, batch, heads, head_dim, dtype=dtype))
     return check(f"bytes moved, x [{seq_len}, {batch}, {heads}, {head_dim}] {dtype}", answer,

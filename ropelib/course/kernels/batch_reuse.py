@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import BF16_RTNE, round_to
+from ...kernels.common import BF16_RTNE, round_to
 from .naive import _check_inputs, _launch_params, default_num_warps
 
 

@@ -31,8 +31,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import reference
-from .frequencies import rope_cos_sin, rope_freqs
+from .. import reference
+from ..frequencies import rope_cos_sin, rope_freqs
 
 ROPE_IMPLS = ("ropelib", "reference")
 ROPE_LABEL = "rope"  # torch.profiler range around every RoPE call (see rope_time_share)
@@ -178,7 +178,7 @@ class _Rotary(nn.Module):
         S = q.shape[1]
         with torch.profiler.record_function(ROPE_LABEL):
             if self.impl == "ropelib":
-                from . import apply_rope_qk  # the finished kernel, autograd-aware
+                from .. import apply_rope_qk  # the finished kernel, autograd-aware
                 return apply_rope_qk(q, k, self.freqs[:S], layout="bshd")
             cos, sin = self.cos[:S, None, :], self.sin[:S, None, :]     # [S, 1, R] vs [B, S, H, R]
             return (reference.apply_rope_ref(q.float(), cos, sin).to(q.dtype),
@@ -310,7 +310,7 @@ class TEStyleAttention(nn.Module):
 
     def _rope(self, t, freqs):
         if self.rope == "ropelib":
-            from .te import apply_rotary_pos_emb
+            from ..te import apply_rotary_pos_emb
             return apply_rotary_pos_emb(t, freqs, tensor_format="sbhd", fused=True)
         return reference.te_unfused(t, freqs, tensor_format="sbhd")
 
@@ -530,8 +530,8 @@ class KVCache:
 def _attention_cached(attn: CausalSelfAttention, x: torch.Tensor, cache: KVCache, i: int,
                       fused: bool) -> torch.Tensor:
     """CausalSelfAttention.forward for new tokens x [B, S, C] that attend to the cache."""
-    from .api import apply_rope_qk
-    from .kv_cache import rope_kv_cache, write_kv_cache
+    from ..api import apply_rope_qk
+    from ..kv_cache import rope_kv_cache, write_kv_cache
 
     B, S, C = x.shape
     q, k, v = attn.qkv(x).view(B, S, 3, attn.n_head, attn.head_dim).unbind(2)   # [B, S, H, D]
@@ -724,7 +724,7 @@ def rope_time_share(model: GPT, data: CharDataset, *, batch_size: int, steps: in
 def write_history_csv(histories: dict, path, meta: Optional[dict] = None) -> str:
     """Loss curves of several runs to one CSV: `step`, then `train_loss:<run>` for every step and
     `val_loss:<run>` where the run evaluated (empty elsewhere). `meta` (e.g. sizes, tokens/s,
-    `ropelib.compare.environment_meta()`) goes first as `# key: value` lines."""
+    `ropelib.bench.compare.environment_meta()`) goes first as `# key: value` lines."""
     import csv
     import os
 

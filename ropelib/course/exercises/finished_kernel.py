@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import reference, runtime
+from ... import reference, runtime
 from . import _compare, check, solution
 from .grid_kernel import is_blank_kernel
 

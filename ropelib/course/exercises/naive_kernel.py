@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import reference, runtime
+from ... import reference, runtime
 from . import _compare, check
 
 __all__ = ["check_rope_interleaved", "solution_rope_interleaved", "is_blank", "launch_interleaved",

@@ -1,10 +1,10 @@
 """Exercise checks for notebooks 03, 04 and 06 (the naive kernel, the batch-reusing grid, the backward).
 
 Every `check_...` computes its expected answer from ropelib itself (the kernel modules' grid and
-tile helpers, `reference`, `compare`), prints ✅ or ❌ through `ropelib.exercises.check`, returns
+tile helpers, `reference`, `compare`), prints ✅ or ❌ through `ropelib.course.exercises.check`, returns
 a bool and never raises. Helpers that take the learner's *function* try it on several inputs and
 report the first one that fails. The worked solutions are the `solution_*` functions below,
-shown folded in the notebooks with `ropelib.exercises.solution(kernels.solution_...)`.
+shown folded in the notebooks with `ropelib.course.exercises.solution(kernels.solution_...)`.
 
 Inputs are tiny so that checks which launch a learner's Triton kernel stay fast in the CPU
 interpreter.
@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import reference, runtime
+from ... import reference, runtime
 from ..kernels import batch_reuse, naive
 from ..kernels.batch_reuse import rope_batch_reuse
 from . import _compare, call_answer, check
@@ -121,9 +121,9 @@ def check_floor_ms(fn: Callable) -> bool:
 
 def check_percent_of_copy(fn: Callable) -> bool:
     """fn(kernel_ms, copy_ms, S, B, H, D, dtype) -> the kernel's GB/s as a percentage of the
-    copy's GB/s, with ropelib.compare's bytes model for the kernel (x + y + fp32 angles) and
+    copy's GB/s, with ropelib.bench.compare's bytes model for the kernel (x + y + fp32 angles) and
     x + y for the copy."""
-    from ..compare import Config, bytes_moved  # imported late: compare is a heavier module
+    from ...bench.compare import Config, bytes_moved  # imported late: compare is a heavier module
 
     cases = []
     for kms, cms, S, B, H, D, dt in ((0.8, 0.6, 16384, 8, 32, 128, "bf16"),
@@ -244,7 +244,7 @@ def check_rope_function(cls) -> bool:
         return check(f"{name} (forward)", y, want_y, atol=1e-5, rtol=1e-5)
     if fwd_launches["launches"] == 0:
         print(f"❌ {name}: forward launched no Triton kernel (a PyTorch formula does not count): "
-              "call a kernel launcher, e.g. ropelib.kernels.batch_reuse.rope_batch_reuse")
+              "call a kernel launcher, e.g. ropelib.course.kernels.batch_reuse.rope_batch_reuse")
         return False
     gc.collect()
     ctx = y.grad_fn

@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch
 
-from .. import context_parallel, kv_cache
+from ... import context_parallel, kv_cache
 from . import _compare, call_answer, check
 
 __all__ = ["check_dual_chunk_positions", "solution_dual_chunk_positions", "check_paged_slot",

@@ -37,7 +37,7 @@ from typing import Callable, Iterable, Optional
 
 import torch
 
-from . import reference, runtime
+from .. import reference, runtime
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 LAYOUTS = ("sbhd", "bshd", "thd")
@@ -133,7 +133,8 @@ class Case:
 def make_case(config: Config, device=None, seed: int = 0) -> Case:
     """Fresh random inputs for ``config`` on ``device`` (default: ropelib's device)."""
     if not isinstance(config, Config):
-        raise TypeError(f"config must be a ropelib.compare.Config, got {type(config).__name__}")
+        raise TypeError(f"config must be a ropelib.bench.compare.Config, got "
+                        f"{type(config).__name__}")
     device = torch.device(device or runtime.default_device())
     g = torch.Generator().manual_seed(seed)
     c = config
@@ -419,10 +420,10 @@ def providers() -> list:
     makers = {
         "ropelib": _ropelib_finished,
         "ropelib_naive": lambda: _ropelib_generation(
-            "ropelib_naive", "ropelib.kernels.naive", "rope_naive",
+            "ropelib_naive", "ropelib.course.kernels.naive", "rope_naive",
             "generation 1: one program per (token, batch, head) row"),
         "ropelib_batch_reuse": lambda: _ropelib_generation(
-            "ropelib_batch_reuse", "ropelib.kernels.batch_reuse", "rope_batch_reuse",
+            "ropelib_batch_reuse", "ropelib.course.kernels.batch_reuse", "rope_batch_reuse",
             "generation 2: grid (S, H), cos/sin reused over the batch"),
         "te_fused": lambda: _te(True),
         "te_unfused": lambda: _te(False),
@@ -585,7 +586,8 @@ def run_case(config: Config, providers=None, *, backward: bool = True, device=No
     reason instead of raising.
     """
     if not isinstance(config, Config):
-        raise TypeError(f"config must be a ropelib.compare.Config, got {type(config).__name__}")
+        raise TypeError(f"config must be a ropelib.bench.compare.Config, got "
+                        f"{type(config).__name__}")
     provs = _resolve(providers)
     device = torch.device(device or runtime.default_device())
     timing = TIMING_GPU if device.type == "cuda" else TIMING_CPU
@@ -731,7 +733,7 @@ def sweep(base: Config, axis: str, values: Iterable, providers=None, *, progress
     """``run_case`` for ``base`` with ``axis`` set to each of ``values``; rows in order.
     ``on_row(row)`` is called as each row arrives (the dashboard's live update)."""
     if not isinstance(base, Config):
-        raise TypeError(f"base must be a ropelib.compare.Config, got {type(base).__name__}")
+        raise TypeError(f"base must be a ropelib.bench.compare.Config, got {type(base).__name__}")
     if axis not in CONFIG_FIELDS:
         raise ValueError(f"axis must be one of {CONFIG_FIELDS}, got {axis!r}")
     values = list(values)

@@ -5,7 +5,7 @@ use the kernels defined here, and a test checks that the copies the notebook sho
 Every rung supports the subset the lesson needs: sbhd x [S, B, H, D] (any strides), rotate-half
 pairs (j, j + D/2), full rotary, fp32 angles [P, D] (P >= S) for positions 0..S-1, forward.
 
-    rung 0  batch_reuse   ropelib.kernels.batch_reuse: one (token, head) per program, loop over B
+    rung 0  batch_reuse   ropelib.course.kernels.batch_reuse: one (token, head) per program, loop over B
     rung 1  heads         a program takes BLOCK_H heads of one token: cos/sin shared by its heads
     rung 2  tile          a 3-D tile, tokens x heads x half, sized for the bytes a GPU needs
                           in flight; Triton's default 4 warps
@@ -31,11 +31,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .kernels import launch as _launch
+from ..kernels import launch as _launch
 from .kernels.batch_reuse import rope_batch_reuse
-from .kernels.common import BF16_RTNE, round_to
-from .kernels.fused import _cos_sin
-from .runtime import INTERPRET
+from ..kernels.common import BF16_RTNE, round_to
+from ..kernels.fused import _cos_sin
+from ..runtime import INTERPRET
 
 
 # --- rung 1: a tile of heads ------------------------------------------------------------------
@@ -310,7 +310,7 @@ def rope_ladder(rung: str, x: torch.Tensor, freqs: torch.Tensor, *,
     """Rotate sbhd x [S, B, H, D] (rotate-half, full rotary) with the kernel of `rung`.
 
     Args:
-        rung: one of NAMES ("batch_reuse" runs ropelib.kernels.batch_reuse).
+        rung: one of NAMES ("batch_reuse" runs ropelib.course.kernels.batch_reuse).
         x: [S, B, H, D], fp16/bf16/fp32, any strides, D even.
         freqs: fp32 angles [P, D] or [P, 1, 1, D], P >= S.
         out: a tensor of x's shape and dtype to write (any strides); by default a new one.
@@ -477,7 +477,7 @@ def compile_for_gpu(whats, S: int = 4096, B: int = 8, H: int = 32, D: int = 128,
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")   # Triton's default, without its warning
     call = json.dumps([whats, S, B, H, D, dtype, sm_count, arch, knobs])
-    code = ("import json; from ropelib.ladder import _compile_here; "
+    code = ("import json; from ropelib.course.ladder import _compile_here; "
             f"w, *a = json.loads({call!r}); "
             "print(json.dumps([_compile_here(x, *a) for x in w]))")
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,

@@ -13,7 +13,8 @@ import io
 import os
 from typing import Optional
 
-from . import compare, runtime
+from .. import runtime
+from ..bench import compare
 
 AXES = ("seq_len", "batch", "heads", "head_dim")
 TABLE_COLUMNS = ("provider", "seq_len", "batch", "heads", "head_dim", "dtype", "fwd_ms",
@@ -295,7 +296,7 @@ class Dashboard:
 # --- notebook 08: the cause toggles -----------------------------------------------------------
 
 class TogglePanel:
-    """One checkbox per cause (:class:`ropelib.debug.Causes`); every change re-runs the story and
+    """One checkbox per cause (:class:`ropelib.course.debug.Causes`); every change re-runs the story and
     shows ``allclose``, the max error and the heatmap."""
 
     def __init__(self, scenario=None, causes=None, device=None):

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import reference, runtime
+from ... import reference, runtime
 from . import solution
 from .grid_kernel import _inputs, check_kernel_cases
 
@@ -136,7 +136,7 @@ def count_launches():
     """
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
-    from ..kernels.direct import DirectLauncher
+    from ...kernels.direct import DirectLauncher
 
     counts = {"launches": 0}
     patched = [(JITFunction, "run"), (InterpretedFunction, "run"), (DirectLauncher, "__call__")]

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import reference, runtime
+from ... import reference, runtime
 from . import _compare, check, solution
 
 __all__ = ["KERNEL_SIGNATURE", "check_batch_reuse_kernel", "show_solution", "launch",

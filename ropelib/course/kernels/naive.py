@@ -16,8 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..runtime import check_kernel_device
-from .common import BF16_RTNE, round_to
+from ...runtime import check_kernel_device
+from ...kernels.common import BF16_RTNE, round_to
 
 # x dtypes the teaching kernels accept; fp64 is computed in fp64 (so gradcheck works).
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)

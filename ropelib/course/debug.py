@@ -24,9 +24,9 @@ import torch
 import triton
 import triton.language as tl
 
-from . import reference, runtime
-from .compare import DTYPES, angles, ulp
-from .kernels.common import BF16_RTNE, round_to
+from .. import reference, runtime
+from ..bench.compare import DTYPES, angles, ulp
+from ..kernels.common import BF16_RTNE, round_to
 
 __all__ = ["Causes", "Scenario", "REPRO", "FIXED", "CAUSE_DOCS", "DECISIONS", "tolerances",
            "unit_roundoff", "ulp_error", "one_ulp_up", "steps_apart", "normwise_error",
@@ -286,9 +286,10 @@ class Result:
 def reproduce(scenario: Scenario = Scenario(), causes: Causes = REPRO, device=None) -> Result:
     """Run the seed's check: the Triton wrapper on ``tokens``, then TE on ``tokens``."""
     if not isinstance(causes, Causes):
-        raise TypeError(f"causes must be ropelib.debug.Causes, got {type(causes).__name__}")
+        raise TypeError(f"causes must be ropelib.course.debug.Causes, got {type(causes).__name__}")
     if not isinstance(scenario, Scenario):
-        raise TypeError(f"scenario must be ropelib.debug.Scenario, got {type(scenario).__name__}")
+        raise TypeError(f"scenario must be ropelib.course.debug.Scenario, got "
+                        f"{type(scenario).__name__}")
     sc = scenario
     device = torch.device(device or runtime.default_device())
     dtype = DTYPES[sc.dtype]

@@ -9,7 +9,7 @@ from typing import Callable
 
 import torch
 
-from .. import mrope
+from ... import mrope
 from . import _compare, call_answer, check
 
 

@@ -1,0 +1,8 @@
+"""`python -m ropelib.bench --suite {targets,quick,decode,sweep,model} ...`: the benchmark suites
+of `ropelib.bench.suite` (`--help` lists the options)."""
+import sys
+
+from .suite import main
+
+if __name__ == "__main__":   # importing this module (e.g. walking the package) runs nothing
+    sys.exit(main())
