@@ -13,6 +13,7 @@ import torch
 
 from . import eager, ops
 from . import validation as V
+from .conventions import LAYOUT_OF_UNSQUEEZE_DIM
 from .api import Call, _plan_eager, check_no_table_grad, needs_grad, saveable
 
 __all__ = ["apply_rotary_pos_emb", "apply_multimodal_rotary_pos_emb"]
@@ -25,12 +26,11 @@ def _hf_table(t: torch.Tensor, name: str) -> torch.Tensor:
 
 # HF unsqueezes cos/sin at this dim to broadcast over heads: 1 (or -3) for q [b, h, s, d],
 # 2 (or -2) for q [b, s, h, d].
-_LAYOUT_OF_UNSQUEEZE_DIM = {1: "bhsd", -3: "bhsd", 2: "bshd", -2: "bshd"}
 
 
 def _layout_hint(unsqueeze_dim: int) -> str:
     """What a shape mismatch may mean: q and k in the other layout than unsqueeze_dim says."""
-    if _LAYOUT_OF_UNSQUEEZE_DIM[unsqueeze_dim] == "bhsd":
+    if LAYOUT_OF_UNSQUEEZE_DIM[unsqueeze_dim] == "bhsd":
         return (f" (unsqueeze_dim={unsqueeze_dim} expects Hugging Face's layout q, k = [batch, "
                 "heads, seq, head_dim]; for [batch, seq, heads, head_dim] (bshd) inputs pass "
                 "q.transpose(1, 2) and k.transpose(1, 2), or unsqueeze_dim=2)")
@@ -65,14 +65,14 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     for t, name in ((q, "q"), (k, "k")):
         V.check_tensor(t, name, dims=(4,))
         V.check_kernel_device(t, name)
-    if type(unsqueeze_dim) is not int or unsqueeze_dim not in _LAYOUT_OF_UNSQUEEZE_DIM:
+    if type(unsqueeze_dim) is not int or unsqueeze_dim not in LAYOUT_OF_UNSQUEEZE_DIM:
         raise ValueError(f"unsqueeze_dim must be 1 ([b, h, s, d]) or 2 ([b, s, h, d]) (or -3, "
                          f"-2), got {unsqueeze_dim!r}")
     if q.dtype != k.dtype:
         raise TypeError(f"q and k must have the same dtype, got {q.dtype} and {k.dtype}")
     V.check_same_device(q, "q", k=k, cos=cos, sin=sin)
     c, s = V.cos_sin_pair(_hf_table(cos, "cos"), _hf_table(sin, "sin"))
-    layout = _LAYOUT_OF_UNSQUEEZE_DIM[unsqueeze_dim]
+    layout = LAYOUT_OF_UNSQUEEZE_DIM[unsqueeze_dim]
     q4, k4 = ops.view4(q, layout), ops.view4(k, layout)
     S, B, D = q4.shape[0], q4.shape[1], q4.shape[3]
     if k4.shape[0] != S or k4.shape[1] != B or k4.shape[3] != D:

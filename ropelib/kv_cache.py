@@ -36,12 +36,12 @@ from . import eager
 from . import validation as V
 from .api import _tables, checked_tables
 from .kernels import kv_cache as kernel
-from .kernels.kv_cache import CACHE_DTYPES, FP8_MAX, launch as launch_kernel
+from .conventions import KV_CACHE_DTYPES, KV_INPUT_DTYPES
+from .kernels.kv_cache import FP8_MAX, launch as launch_kernel
 from .ops import _define
 
 __all__ = ["rope_kv_cache", "write_kv_cache", "quantize_fp8"]
 
-INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FP8 = torch.float8_e4m3fn
 
 
@@ -325,7 +325,7 @@ def rope_kv_cache(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Ten
                      k_scale.reshape(1) if k_scale is not None else None,
                      v_scale.reshape(1) if v_scale is not None else None)
     for t, name in ((q, "q"), (k, "k"), (v, "v")):
-        V.check_tensor(t, name, dims=(4,), dtypes=INPUT_DTYPES)
+        V.check_tensor(t, name, dims=(4,), dtypes=KV_INPUT_DTYPES)
         V.check_kernel_device(t, name)
     if not q.dtype == k.dtype == v.dtype:
         raise TypeError(f"q, k and v must have one dtype, got {q.dtype}, {k.dtype} and {v.dtype}")
@@ -339,7 +339,7 @@ def rope_kv_cache(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Ten
         raise ValueError(f"k's head count ({HK}) must divide q's ({HQ}) (grouped-query "
                          "attention)")
     for t, name in ((k_cache, "k_cache"), (v_cache, "v_cache")):
-        V.check_tensor(t, name, dims=(4,), dtypes=CACHE_DTYPES)
+        V.check_tensor(t, name, dims=(4,), dtypes=KV_CACHE_DTYPES)
         if not V.non_overlapping(t):
             raise ValueError(f"{name} has elements that share memory (an expanded tensor?): it "
                              "is written in place")

@@ -6,7 +6,7 @@ import torch
 
 from .api import apply_rope, apply_rope_qk
 from .frequencies import rope_cos_sin, rope_freqs, rotary_dim
-from .reference import LAYOUTS
+from .conventions import LAYOUTS
 
 
 class RotaryEmbedding(torch.nn.Module):

@@ -27,6 +27,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from .conventions import HF_LAYOUT
 from .kernels import launch
 from .kernels.launch import Positions, Table, View, plan
 from .runtime import INTERPRET
@@ -49,7 +50,7 @@ def view4(t: Tensor, layout: str) -> Tensor:
         return t
     if layout == "bshd":
         return t.transpose(0, 1)
-    if layout == "bhsd":    # Hugging Face's [B, H, S, D]
+    if layout == HF_LAYOUT:    # Hugging Face's [B, H, S, D]
         return t.permute(2, 0, 1, 3)
     return t.unsqueeze(1)   # thd -> [T, 1, H, D]
 

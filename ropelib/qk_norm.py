@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from . import eager
 from . import validation as V
+from .conventions import LAYOUT_OF_UNSQUEEZE_DIM
 from .api import check_no_table_grad, checked_tables, needs_grad, saveable
 from .kernels import qk_norm_rope as kernel
 from .kernels.qk_norm_rope import launch as launch_kernel
@@ -45,7 +46,6 @@ from .ops import _define, view4
 
 __all__ = ["qk_norm_rope", "QKNormRoPE", "qk_norm_apply_rotary_pos_emb"]
 
-_OP_LAYOUTS = ("sbhd", "bshd", "thd", "bhsd")   # bhsd: Hugging Face's [B, H, S, D]
 
 
 def _pos2d(position_ids: Optional[Tensor]) -> Optional[Tensor]:
@@ -388,7 +388,6 @@ class QKNormRoPE(nn.Module):
 
 # --- Hugging Face drop-in ---------------------------------------------------------------------
 
-_LAYOUT_OF_UNSQUEEZE_DIM = {1: "bhsd", -3: "bhsd", 2: "bshd", -2: "bshd"}
 
 
 def qk_norm_apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor,
@@ -424,10 +423,10 @@ def qk_norm_apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor,
         one rounding; HF rounds after the norm and after each multiply and add in the model's
         dtype, so 16-bit results can differ from HF's by a few ulps.
     """
-    if type(unsqueeze_dim) is not int or unsqueeze_dim not in _LAYOUT_OF_UNSQUEEZE_DIM:
+    if type(unsqueeze_dim) is not int or unsqueeze_dim not in LAYOUT_OF_UNSQUEEZE_DIM:
         raise ValueError(f"unsqueeze_dim must be 1 ([b, h, s, d]) or 2 ([b, s, h, d]) (or -3, "
                          f"-2), got {unsqueeze_dim!r}")
-    layout = _LAYOUT_OF_UNSQUEEZE_DIM[unsqueeze_dim]
+    layout = LAYOUT_OF_UNSQUEEZE_DIM[unsqueeze_dim]
     for t, name in ((q, "q"), (k, "k")):
         V.check_tensor(t, name, dims=(4,))
     eps = _check_real(eps, "eps", positive=True)

@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-LAYOUTS = ("sbhd", "bshd", "thd")
+from .conventions import LAYOUTS
 
 
 def rotate_half(x: torch.Tensor, interleaved: bool = False) -> torch.Tensor:

@@ -17,13 +17,9 @@ import os
 
 import torch
 
-from .reference import LAYOUTS
+from .conventions import (ANGLE_DTYPES, FLOAT_DTYPES, INT_DTYPES,  # noqa: F401  (V.*)
+                          LAYOUTS, MAX_HEAD_DIM)
 from .runtime import check_kernel_device  # noqa: F401  (used as V.check_kernel_device)
-
-FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-ANGLE_DTYPES = (torch.float32, torch.float64)
-INT_DTYPES = (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)
-MAX_HEAD_DIM = 1024
 
 
 def _dtype_names(dtypes) -> str:

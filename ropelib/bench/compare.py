@@ -38,9 +38,9 @@ from typing import Callable, Iterable, Optional
 import torch
 
 from .. import reference, runtime
+from ..conventions import LAYOUTS
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-LAYOUTS = ("sbhd", "bshd", "thd")
 CONFIG_FIELDS = ("seq_len", "batch", "heads", "head_dim", "dtype", "layout", "interleaved",
                  "rotary_percent", "start_positions", "kv_heads")
 RESULT_FIELDS = ("provider", "available", "reason", "fwd_ms", "fwd_ms_p20", "fwd_ms_p80",

@@ -32,12 +32,12 @@ import torch
 
 from . import compare
 from .compare import Config, environment_meta, providers, run_case, write_csv
+from ..conventions import LAYOUTS
 from ..runtime import INTERPRET, on_gpu
 
 
 SUITES = ("targets", "quick", "decode", "sweep", "model")
 DTYPES = ("bf16", "fp16", "fp32")
-LAYOUTS = ("sbhd", "bshd", "thd")
 ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 MiB = 1 << 20
 

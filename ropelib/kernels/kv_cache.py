@@ -55,7 +55,6 @@ from .launch import Launch, _cdiv, _device, _pow2_at_least, _pow2_at_most, start
 
 FP8_BY_BITS: bool = INTERPRET
 FP8_MAX = 448.0           # the largest finite float8_e4m3fn
-CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn)
 
 
 @triton.jit

@@ -1,0 +1,18 @@
+"""What ropelib accepts, each fact stated once: the tensor layouts, the dtype sets and the size
+limits that every entry point checks against (the checks themselves are ropelib.validation)."""
+import torch
+
+LAYOUTS = ("sbhd", "bshd", "thd")          # what the public functions take: [S, B, H, D],
+                                           # [B, S, H, D], packed [T, H, D]
+HF_LAYOUT = "bhsd"                         # Hugging Face's [B, H, S, D]: the hf drop-ins
+                                           # (ops.view4 sees every layout as [S, B, H, D])
+# Hugging Face's unsqueeze_dim (where cos and sin get their head axis) -> the layout of q and k
+LAYOUT_OF_UNSQUEEZE_DIM = {1: HF_LAYOUT, -3: HF_LAYOUT, 2: "bshd", -2: "bshd"}
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # rotated inputs
+ANGLE_DTYPES = (torch.float32, torch.float64)      # angle tables and frequencies
+INT_DTYPES = (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)  # index tensors
+KV_INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)   # q, k, v of rope_kv_cache
+KV_CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn)
+
+MAX_HEAD_DIM = 1024                        # the kernels hold a head's features in registers
