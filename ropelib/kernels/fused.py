@@ -188,6 +188,16 @@ def _exact_angles_kernel(turns_ptr, pos_ptr, out_ptr, N, stride_out,
 
 
 @triton.jit
+def _dual_chunk_position(idx, length, cp_size, cp_rank):
+    # index idx of a rank's `length` local tokens -> its index in the global sequence of
+    # cp_size * length tokens, under TE's dual-chunk split: rank r holds chunks r and
+    # 2*cp_size-1-r of 2*cp_size (ropelib.reference.positions writes the same map in PyTorch)
+    seg = length // 2
+    return tl.where(idx < seg, cp_rank * seg + idx,
+                    cp_size * length - (cp_rank + 1) * seg + (idx - seg))
+
+
+@triton.jit
 def _packed_positions(t, cu_ptr, start_ptr, N_SEQ, cp_size, cp_rank,
                       HAS_START: tl.constexpr, HAS_CP: tl.constexpr):
     # t [BLOCK_S] token indices of a packed batch -> (positions, valid) [BLOCK_S] each.
@@ -208,11 +218,8 @@ def _packed_positions(t, cu_ptr, start_ptr, N_SEQ, cp_size, cp_rank,
     length = tl.load(cu_ptr + seq + 1).to(tl.int32) // cp_size - first
     idx = t - first
     valid = (idx >= 0) & (idx < length)
-    if HAS_CP:
-        # TE's dual-chunk split of each sequence: rank r holds chunks r and 2*cp_size-1-r.
-        seg = length // 2
-        idx = tl.where(idx < seg, cp_rank * seg + idx,
-                       cp_size * length - (cp_rank + 1) * seg + (idx - seg))
+    if HAS_CP:      # each packed sequence is split over the ranks on its own
+        idx = _dual_chunk_position(idx, length, cp_size, cp_rank)
     if HAS_START:
         idx = idx + tl.load(start_ptr + seq).to(tl.int32)
     return idx, valid
@@ -233,10 +240,7 @@ def _table_rows(s_idx, b, S, P, index_ptr, stride_idx_b, stride_idx_s, start_ptr
         valid = valid & (p >= 0) & (p < P)
     else:                   # FROM_INDEX
         if HAS_CP:
-            # TE's dual-chunk split: rank r holds global chunks r and 2*cp_size-1-r.
-            seg = S // 2
-            p = tl.where(s_idx < seg, cp_rank * seg + s_idx,
-                         cp_size * S - (cp_rank + 1) * seg + (s_idx - seg))
+            p = _dual_chunk_position(s_idx, S, cp_size, cp_rank)
         else:
             p = s_idx
         if HAS_START:
