@@ -13,7 +13,7 @@ import torch
 
 from . import eager, ops
 from . import validation as V
-from .conventions import LAYOUT_OF_UNSQUEEZE_DIM
+from .conventions import HF_LAYOUT, LAYOUT_OF_UNSQUEEZE_DIM
 from .api import Call, _plan_eager, check_no_table_grad, needs_grad, saveable
 
 __all__ = ["apply_rotary_pos_emb", "apply_multimodal_rotary_pos_emb"]
@@ -24,13 +24,9 @@ def _hf_table(t: torch.Tensor, name: str) -> torch.Tensor:
     return t if t.dim() == 3 else t.unsqueeze(0)   # [B or 1, S, R]
 
 
-# HF unsqueezes cos/sin at this dim to broadcast over heads: 1 (or -3) for q [b, h, s, d],
-# 2 (or -2) for q [b, s, h, d].
-
-
 def _layout_hint(unsqueeze_dim: int) -> str:
     """What a shape mismatch may mean: q and k in the other layout than unsqueeze_dim says."""
-    if LAYOUT_OF_UNSQUEEZE_DIM[unsqueeze_dim] == "bhsd":
+    if LAYOUT_OF_UNSQUEEZE_DIM[unsqueeze_dim] == HF_LAYOUT:
         return (f" (unsqueeze_dim={unsqueeze_dim} expects Hugging Face's layout q, k = [batch, "
                 "heads, seq, head_dim]; for [batch, seq, heads, head_dim] (bshd) inputs pass "
                 "q.transpose(1, 2) and k.transpose(1, 2), or unsqueeze_dim=2)")

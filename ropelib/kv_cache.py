@@ -372,18 +372,17 @@ def rope_kv_cache(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Ten
                         cache_seqlens=cache_seqlens, block_table=block_table,
                         **{tname: table}, sin=sin_t)
     V.check_rotary_dim(table.shape[1], D, tname)
-    reads = dict(q=q, k=k, v=v, cache_seqlens=cache_seqlens, block_table=block_table,
-                 **{tname: table}, sin=sin_t, k_scale=k_scale, v_scale=v_scale)
-    if _addressable(*reads.values(), k_cache, v_cache):
-        _check_aliasing(reads, k_cache, v_cache)
-    _check_values(cache_seqlens, block_table, S, capacity, table.shape[0], k_cache.shape[1],
-                  k_cache.shape[0])
-    _check_scale_values(k_scale, v_scale)
     if sig is not None and not any(t.requires_grad for t in (q, k, v, k_cache, v_cache)):
+        # planning reads shapes only; the route checks the values, the scales and shared
+        # memory before its launch, on this call as on every later one
         route = _ROUTES.put(sig, _Route(q, k, v, k_cache, v_cache, cache_seqlens, block_table,
                                         table, sin_t, k_scale, v_scale, interleaved, capacity,
                                         tname))
         return route(q, k, v, k_cache, v_cache, cache_seqlens, block_table, table, sin_t,
                      k_scale, v_scale)
+    _check_values(cache_seqlens, block_table, S, capacity, table.shape[0], k_cache.shape[1],
+                  k_cache.shape[0])
+    _check_scale_values(k_scale, v_scale)
+    # (the operator itself refuses caches sharing memory with its inputs, on real tensors)
     return rope_kv_cache_op(q, k, v, k_cache, v_cache, cache_seqlens, block_table, table, sin_t,
                             k_scale, v_scale, interleaved)
