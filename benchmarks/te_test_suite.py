@@ -12,6 +12,10 @@ replaces them there, so every case runs through:
 
     python benchmarks/te_test_suite.py PATH/test_fused_rope.py --modes te dropins mixed
 
+The drop-ins plan (and Triton compiles) a kernel for each new case, which is CPU work: `--jobs N`
+runs each mode as N processes at once, each taking every N-th case, and merges what they record.
+`--csv FILE` writes the counts per mode and test function.
+
 Needs a CUDA GPU and transformer_engine. Prints one line per mode and test function
 (passed / failed / skipped), writes the per-case outcomes to te-suite-<mode>.json (in --out),
 and, with `te` among the modes, lists every case TE passes that another mode fails (none may).
@@ -47,6 +51,18 @@ def _patch(mode: str) -> None:
         raise ValueError(f"mode must be te, dropins or mixed, got {mode!r}")
 
 
+class _Shard:
+    """A pytest plugin that keeps every `count`-th collected case, starting at `index`."""
+
+    def __init__(self, index, count):
+        self.index, self.count = index, count
+
+    def pytest_collection_modifyitems(self, config, items):
+        keep = [i % self.count == self.index for i in range(len(items))]
+        config.hook.pytest_deselected(items=[it for it, k in zip(items, keep) if not k])
+        items[:] = [it for it, k in zip(items, keep) if k]
+
+
 class _Outcomes:
     """A pytest plugin that records each case's outcome (setup skips included)."""
 
@@ -65,20 +81,47 @@ class _Outcomes:
             json.dump(self.by_case, f, indent=0, sort_keys=True)
 
 
-def run(test_file: str, mode: str, extra, path) -> dict:
+def run(test_file: str, mode: str, extra, path, shard=(0, 1)) -> dict:
     import pytest
     _patch(mode)
     rec = _Outcomes(path)
     pytest.main([test_file, "-q", "-p", "no:cacheprovider", "--no-header", "-rN",
-                 "--tb=line", *extra], plugins=[rec])
+                 "--tb=line", *extra], plugins=[rec, _Shard(*shard)])
     rec.save()
     return rec.by_case
 
 
-def summary(mode: str, by_case: dict) -> list:
+def counts_by_function(by_case: dict) -> dict:
     counts = collections.defaultdict(collections.Counter)
     for nodeid, outcome in by_case.items():
         counts[nodeid.split("::")[-1].split("[")[0]][outcome] += 1
+    return counts
+
+
+def write_csv(path: str, results: dict, te_commit: str) -> None:
+    import csv
+    try:
+        import torch
+        gpu = torch.cuda.get_device_name()
+    except Exception:  # noqa: BLE001
+        gpu = "unknown"
+    try:
+        from importlib.metadata import version
+        te_version = version("transformer_engine")
+    except Exception:  # noqa: BLE001
+        te_version = "unknown"
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["gpu", "transformer_engine", "te_tests_commit", "mode", "test", "run",
+                    "passed", "failed", "skipped"])
+        for mode, by_case in results.items():
+            for fn, c in sorted(counts_by_function(by_case).items()):
+                w.writerow([gpu, te_version, te_commit, mode, fn, sum(c.values()), c["passed"],
+                            c["failed"], c["skipped"]])
+
+
+def summary(mode: str, by_case: dict) -> list:
+    counts = counts_by_function(by_case)
     lines = []
     total = collections.Counter()
     for fn in sorted(counts):
@@ -96,23 +139,51 @@ def main() -> int:
     ap.add_argument("test_file")
     ap.add_argument("--modes", nargs="+", default=["dropins"], choices=["te", "dropins", "mixed"])
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--jobs", type=int, default=1, help="processes per mode, run at once")
+    ap.add_argument("--csv", help="write the counts per mode and test function here")
+    ap.add_argument("--te-commit", default="", help="the TE commit the test file is from (CSV)")
+    ap.add_argument("--shard", nargs=2, type=int, default=None, help=argparse.SUPPRESS)
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)
     a = ap.parse_args(argv[:cut])
     extra = argv[cut + 1:]   # after --: passed to pytest (e.g. -k 'not qkv')
+    if a.jobs < 1:
+        ap.error(f"--jobs must be at least 1, got {a.jobs}")
     results = {}
-    if len(a.modes) > 1:   # one process per mode: each patches TE's module afresh
+    if len(a.modes) > 1 or a.jobs > 1:   # each process patches TE's module afresh
         import subprocess
+        procs = []
         for mode in a.modes:
-            subprocess.run([sys.executable, __file__, a.test_file, "--modes", mode,
-                            "--out", a.out, "--", *extra], check=False)
-            with open(os.path.join(a.out, f"te-suite-{mode}.json")) as f:
-                results[mode] = json.load(f)
+            for i in range(a.jobs):
+                log = open(os.path.join(a.out, f"te-suite-{mode}-{i}.log"), "w")
+                procs.append((mode, i, log, subprocess.Popen(
+                    [sys.executable, __file__, a.test_file, "--modes", mode, "--out", a.out,
+                     "--shard", str(i), str(a.jobs), "--", *extra],
+                    stdout=log, stderr=subprocess.STDOUT)))
+        for mode, i, log, proc in procs:
+            proc.wait()
+            log.close()
+            part = os.path.join(a.out, f"te-suite-{mode}-{i}.json")
+            if not os.path.exists(part):
+                print(f"{mode} shard {i} recorded nothing (exit {proc.returncode}); see {log.name}")
+                continue
+            with open(part) as f:
+                results.setdefault(mode, {}).update(json.load(f))
+            os.remove(part)
+        for mode, by_case in results.items():
+            with open(os.path.join(a.out, f"te-suite-{mode}.json"), "w") as f:
+                json.dump(by_case, f, indent=0, sort_keys=True)
     else:
         mode = a.modes[0]
-        results[mode] = run(a.test_file, mode, extra, os.path.join(a.out, f"te-suite-{mode}.json"))
+        shard = tuple(a.shard) if a.shard else (0, 1)
+        name = f"te-suite-{mode}-{shard[0]}.json" if a.shard else f"te-suite-{mode}.json"
+        results[mode] = run(a.test_file, mode, extra, os.path.join(a.out, name), shard)
         print("\n".join(summary(mode, results[mode])))
+        if a.csv:
+            write_csv(a.csv, results, a.te_commit)
         return 0
+    if a.csv:
+        write_csv(a.csv, results, a.te_commit)
     lines = [line for mode in a.modes for line in summary(mode, results[mode])]
     bad = 0
     if "te" in results:

@@ -285,23 +285,24 @@ H, D, L = 2, 16, 8
 FREQS = ropelib.rope_freqs(L, D)
 
 
-def _kv_step(q, k, v, kc, vc, seqlens):
-    return ropelib.rope_kv_cache(q, k, v, kc, vc, seqlens, FREQS)
+def _kv_step(q, k, v, kc, vc, seqlens, freqs):
+    return ropelib.rope_kv_cache(q, k, v, kc, vc, seqlens, freqs)
 
 
-def _rope_in_place(q, k, v, kc, vc, seqlens):
-    return ropelib.apply_rope(q, FREQS, layout="bshd", inplace=True)
+def _rope_in_place(q, k, v, kc, vc, seqlens, freqs):
+    return ropelib.apply_rope(q, freqs, layout="bshd", inplace=True)
 
 
-def _rope_qk_in_place(q, k, v, kc, vc, seqlens):
-    return ropelib.apply_rope_qk(q, k, FREQS, layout="bshd", inplace=True)
+def _rope_qk_in_place(q, k, v, kc, vc, seqlens, freqs):
+    return ropelib.apply_rope_qk(q, k, freqs, layout="bshd", inplace=True)
 
 
-def _step_args(B):
+def _step_args(B, device="cpu"):
     S = 2
-    return [torch.randn(B, S, 2 * H, D), torch.randn(B, S, H, D), torch.randn(B, S, H, D),
+    args = [torch.randn(B, S, 2 * H, D), torch.randn(B, S, H, D), torch.randn(B, S, H, D),
             torch.full((B, L, H, D), float("nan")), torch.full((B, L, H, D), float("nan")),
             torch.randint(0, L - S + 1, (B,), dtype=torch.int32)]
+    return [t.to(device) for t in args]
 
 
 @pytest.mark.parametrize("fn", [_kv_step, _rope_in_place, _rope_qk_in_place],
@@ -316,8 +317,32 @@ def test_3_compiled_with_symbolic_sizes_equals_eager(fn, mode, backend, seeded):
         for B in ((3,) if mode == "dynamic" else (2, 3)):    # 3: a recompile, sizes symbolic
             args = _step_args(B)
             want_args = [t.clone() for t in args]
-            want = fn(*want_args)
-            got = compiled(*args)
+            want = fn(*want_args, FREQS)
+            got = compiled(*args, FREQS)
+            for a, b in zip(torch.utils._pytree.tree_leaves((got, args)),
+                            torch.utils._pytree.tree_leaves((want, want_args))):
+                assert torch.equal(a.isnan(), b.isnan())
+                assert torch.equal(a.nan_to_num(0), b.nan_to_num(0))
+    finally:
+        torch._dynamo.reset()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fn", [_kv_step, _rope_in_place, _rope_qk_in_place],
+                         ids=["rope_kv_cache", "apply_rope_inplace", "apply_rope_qk_inplace"])
+@pytest.mark.parametrize("mode", ["static", "dynamic", "recompile_after_batch_change"])
+def test_3_inductor_on_the_gpu_equals_eager(fn, mode, seeded):
+    """The same under Inductor, which functionalizes the graph and generates the launch."""
+    torch._dynamo.reset()
+    freqs = FREQS.cuda()
+    try:
+        compiled = torch.compile(fn, backend="inductor", fullgraph=True,
+                                 dynamic={"static": False, "dynamic": True}.get(mode))
+        for B in ((2, 3) if mode == "recompile_after_batch_change" else (3,)):
+            args = _step_args(B, "cuda")
+            want_args = [t.clone() for t in args]
+            want = fn(*want_args, freqs)
+            got = compiled(*args, freqs)
             for a, b in zip(torch.utils._pytree.tree_leaves((got, args)),
                             torch.utils._pytree.tree_leaves((want, want_args))):
                 assert torch.equal(a.isnan(), b.isnan())
