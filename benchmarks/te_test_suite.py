@@ -73,8 +73,12 @@ class _Outcomes:
         if report.when == "call" or report.outcome != "passed":
             if report.nodeid not in self.by_case or report.outcome != "passed":
                 self.by_case[report.nodeid] = report.outcome
-        if report.when == "teardown" and len(self.by_case) % 500 == 0:
-            self.save()   # a run cut short still leaves what it did
+        if report.when == "teardown":
+            if len(self.by_case) % 500 == 0:
+                self.save()   # a run cut short still leaves what it did
+            import torch
+            if torch.cuda.is_initialized():
+                torch.cuda.empty_cache()   # processes running at once share the GPU's memory
 
     def save(self):
         with open(self.path, "w") as f:

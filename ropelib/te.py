@@ -36,11 +36,14 @@ def apply_rotary_pos_emb(t: torch.Tensor, freqs: torch.Tensor, tensor_format: st
             `max(start_positions) + seq_len * cp_size` rows, as in Transformer Engine.
         interleaved: pair features (2j, 2j+1).
         fused: True runs ropelib's kernel; False TE's unfused PyTorch path.
-        cu_seqlens: `[b + 1]` int32 cumulative (padded, global) sequence lengths for "thd".
+        cu_seqlens: `[b + 1]` int32 cumulative (padded, global) sequence lengths for "thd";
+            ignored for "sbhd" and "bshd", as in Transformer Engine.
         cp_size, cp_rank: context parallelism (dual-chunk split).
     """
     if tensor_format == "thd" and cu_seqlens is None:
         raise ValueError("cu_seqlens must not be None when tensor_format is 'thd'")
+    if tensor_format != "thd":
+        cu_seqlens = None   # TE reads cu_seqlens only for "thd" and ignores it otherwise
     V.check_bool(fused, "fused")
     if fused:
         return apply_rope(t, freqs, layout=tensor_format, interleaved=interleaved,

@@ -89,6 +89,19 @@ def test_te_defaults_match_te_signature():
                                         "tensor_format"]
 
 
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("layout", ["sbhd", "bshd"])
+def test_te_ignores_cu_seqlens_outside_thd(layout, fused, seeded):
+    """TE reads cu_seqlens only for "thd" (its own test passes one with "bshd"): so does the drop-in."""
+    x = torch.randn(S, B, H, D) if layout == "sbhd" else torch.randn(B, S, H, D)
+    freqs = ropelib.rope_freqs(2 * S, D)
+    cu = torch.tensor([0, S, 2 * S], dtype=torch.int32)
+    for cp_size, cp_rank in ((1, 0), (2, 1)):
+        opts = dict(tensor_format=layout, fused=fused, cp_size=cp_size, cp_rank=cp_rank)
+        assert torch.equal(rte.apply_rotary_pos_emb(x, freqs, cu_seqlens=cu, **opts),
+                           rte.apply_rotary_pos_emb(x, freqs, **opts))
+
+
 def test_te_thd_requires_cu_seqlens():
     t = torch.randn(8, H, D)
     with pytest.raises(ValueError, match="cu_seqlens"):
