@@ -265,18 +265,21 @@ def _plan_eager(xs, given, normalized, c: Call, *, inplace: bool, rows: int, nam
     outs = xs if direct_in_place else tuple(
         torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device) for x in xs)
     table, sin, k_table, k_sin = normalized
-    # kernel pointer position -> (the normalized tensor it reads, where the caller gave it)
-    reads = {4: (table, 0), 5: (sin, 1)}
+    # kernel pointer -> (the normalized tensor it reads, where the caller gave it)
+    reads = {"cos_ptr": (table, 0), "sin_ptr": (sin, 1)}
     if len(xs) == 2:
         k_at = (0, 1) if k_shares_table else (2, 3)
-        reads.update({6: (k_table, k_at[0]), 7: (k_sin, k_at[1])})
-    reads[8] = (c.position_ids, 4) if c.position_ids is not None else (c.cu_seqlens, 5)
-    reads[9] = (c.start_positions, 6)
-    reads = {pos: (t, j) for pos, (t, j) in reads.items() if t is not None}
+        reads.update({"k_cos_ptr": (k_table, k_at[0]), "k_sin_ptr": (k_sin, k_at[1])})
+    if c.position_ids is not None:
+        reads["position_ids_ptr"] = (c.position_ids, 4)
+    else:
+        reads["cu_seqlens_ptr"] = (c.cu_seqlens, 5)
+    reads["start_ptr"] = (c.start_positions, 6)
+    reads = {name: (t, j) for name, (t, j) in reads.items() if t is not None}
     used = tuple(sorted({j for _, j in reads.values()}))
     # a pointer reads the caller's tensor, or a contiguous copy of it where the checks made one
-    rest_slots = [(pos, used.index(j), t.data_ptr() != given[j].data_ptr())
-                  for pos, (t, j) in sorted(reads.items())]
+    rest_slots = [(name, used.index(j), t.data_ptr() != given[j].data_ptr())
+                  for name, (t, j) in reads.items()]
     tables = [Table(table, sin)] + ([Table(k_table, k_sin)] if len(xs) == 2 else [])
     rotation = eager.Rotation(
         xs4=[ops.view4(x, c.layout) for x in xs], outs4=[ops.view4(o, c.layout) for o in outs],

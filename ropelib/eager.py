@@ -117,7 +117,7 @@ class Rotation:
 
     A call gives xs (q, or q and k), outputs made here (or xs when in place) and `used`: the
     tables and index tensors the kernel reads, as the caller gave them. `rest_slots` says which
-    kernel pointer reads which of them: (pointer position, index into used, copy?) where copy
+    kernel pointer reads which of them: (pointer name, index into used, copy?) where copy
     means "made contiguous first" (what the checks did to that argument).
     """
     __slots__ = ("launch", "n", "rest_slots", "out_dtype", "in_place", "backward", "view4",
@@ -154,12 +154,12 @@ class Rotation:
         return tuple(outs)
 
     def _launch(self, xs, outs, used) -> None:
-        pointers = [xs[0], outs[0], None, None, None, None, None, None, None, None]
+        named = {"q_ptr": xs[0], "q_out_ptr": outs[0]}
         if self.n == 2:
-            pointers[2], pointers[3] = xs[1], outs[1]
-        for pos, j, copy in self.rest_slots:
-            pointers[pos] = used[j].contiguous() if copy else used[j]
-        self._start(pointers)
+            named.update(k_ptr=xs[1], k_out_ptr=outs[1])
+        for name, j, copy in self.rest_slots:
+            named[name] = used[j].contiguous() if copy else used[j]
+        self._start(tuple(named.get(name) for name in launch.POINTERS))
 
     def reverse(self, grads: tuple, x_dtype) -> "Rotation":
         """The rotation back, for gradients with these strides (planned once per signature)."""
@@ -179,9 +179,12 @@ class Rotation:
             rest_slots, use = self.rest_slots, tables
         else:   # one gradient: q's, or k's with k's table in q's place
             which = present[0]
-            moves = {4: 4, 5: 5, 8: 8, 9: 9} if which == 0 else {6: 4, 7: 5, 8: 8, 9: 9}
-            rest_slots = [(moves[pos], j, copy) for pos, j, copy in self.rest_slots
-                          if pos in moves]
+            positions_from = ("position_ids_ptr", "cu_seqlens_ptr", "start_ptr")
+            moves = dict(zip(positions_from, positions_from))
+            moves.update({"cos_ptr": "cos_ptr", "sin_ptr": "sin_ptr"} if which == 0
+                         else {"k_cos_ptr": "cos_ptr", "k_sin_ptr": "sin_ptr"})
+            rest_slots = [(moves[name], j, copy) for name, j, copy in self.rest_slots
+                          if name in moves]
             use = [tables[which]]
         return Rotation(xs4=gs, outs4=outs, tables=use, positions=positions,
                         rest_slots=rest_slots, out_dtype=x_dtype, in_place=False,

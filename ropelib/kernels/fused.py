@@ -7,7 +7,8 @@ thd as [T, 1, H, D], HF's [B, H, S, D] permuted): nothing is copied. The grid is
 
     axis 0: blocks of BLOCK_S tokens                 cdiv(S, BLOCK_S)
     axis 1: blocks of BLOCK_H heads of q, then of k  cdiv(HQ, BLOCK_H) + cdiv(HK, BLOCK_H)
-    axis 2: chunks of B_CHUNK batch entries          cdiv(B, B_CHUNK)
+    axis 2: chunks of batch entries                  the planner's choice; a program takes
+                                                     cdiv(B, programs on this axis) entries
 
 A program finds the table rows of its BLOCK_S tokens, loads their cos/sin once ([BLOCK_S, 1,
 HALF], broadcast over its heads) and reuses them for every batch entry of its chunk, unless the
@@ -18,7 +19,7 @@ vectors where the strides allow). Math is fp32 (fp64 for fp64 inputs or outputs)
 rounding at the store; each output is one fma, y_a = fma(x_a, c_a, -(x_b s_a)) and
 y_b = fma(x_b, c_b, x_a s_b), the order Transformer Engine's CUDA kernel computes in.
 
-Positions come from one of three places (POSITIONS): the token index (with TE's context-parallel
+Positions come from one of three places (whichever pointer is given): the token index (with TE's context-parallel
 dual-chunk split and per-batch start offsets), explicit position ids, or, for packed sequences,
 a binary search of the token index in cu_seqlens. A position outside the table makes its row NaN
 (the table read is clamped, so memory stays safe and the bad value cannot pass unnoticed).
@@ -70,12 +71,12 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from .common import round_to
+from ..runtime import INTERPRET
+from .common import BF16_RTNE, round_to
 
-# Where positions come from (the POSITIONS constexpr).
-FROM_INDEX = 0        # token index, with TE's context-parallel split and start offsets
-FROM_POSITION_IDS = 1  # explicit ids [B or 1, S]
-FROM_CU_SEQLENS = 2   # packed sequences: the token's offset inside its sequence
+# Accurate sin/cos (libdevice's, as TE's sincosf) on the GPU; the interpreter has no libdevice.
+ACCURATE = tl.constexpr(not INTERPRET)
+ROUND_BF16_RTNE = tl.constexpr(BF16_RTNE)
 
 # 2 pi = TWO_PI_1 + TWO_PI_2 + TWO_PI_3 (each exact in fp32, the sum within 2^-75 of 2 pi), so
 # a product with it is exact to fp64 precision whatever precision the constants are given in.
@@ -198,8 +199,7 @@ def _dual_chunk_position(idx, length, cp_size, cp_rank):
 
 
 @triton.jit
-def _packed_positions(t, cu_ptr, start_ptr, N_SEQ, cp_size, cp_rank,
-                      HAS_START: tl.constexpr, HAS_CP: tl.constexpr):
+def _packed_positions(t, cu_ptr, start_ptr, N_SEQ, cp_size, cp_rank):
     # t [BLOCK_S] token indices of a packed batch -> (positions, valid) [BLOCK_S] each.
     # The sequence of token t is the last i with cu_seqlens[i] // cp_size <= t (binary search;
     # cu_seqlens are the global lengths, a rank holds 1/cp_size of every sequence).
@@ -218,32 +218,32 @@ def _packed_positions(t, cu_ptr, start_ptr, N_SEQ, cp_size, cp_rank,
     length = tl.load(cu_ptr + seq + 1).to(tl.int32) // cp_size - first
     idx = t - first
     valid = (idx >= 0) & (idx < length)
-    if HAS_CP:      # each packed sequence is split over the ranks on its own
+    if cp_size > 1:      # each packed sequence is split over the ranks on its own
         idx = _dual_chunk_position(idx, length, cp_size, cp_rank)
-    if HAS_START:
+    if start_ptr is not None:
         idx = idx + tl.load(start_ptr + seq).to(tl.int32)
     return idx, valid
 
 
 @triton.jit
-def _table_rows(s_idx, b, S, P, index_ptr, stride_idx_b, stride_idx_s, start_ptr, N_SEQ,
-                cp_size, cp_rank, POSITIONS: tl.constexpr, HAS_START: tl.constexpr,
-                HAS_CP: tl.constexpr):
-    # s_idx [BLOCK_S] token indices, b batch entry -> (table rows [BLOCK_S] int32, valid [BLOCK_S])
-    if POSITIONS == 1:      # FROM_POSITION_IDS
-        p = tl.load(index_ptr + b * stride_idx_b + s_idx * stride_idx_s, mask=s_idx < S, other=0)
+def _table_rows(s_idx, b, S, P, position_ids_ptr, stride_ids_b, stride_ids_s, cu_seqlens_ptr,
+                start_ptr, N_SEQ, cp_size, cp_rank):
+    # s_idx [BLOCK_S] token indices, b batch entry -> (table rows [BLOCK_S] int32, valid [BLOCK_S]).
+    # Positions come from position ids, else from cu_seqlens (packed sequences), else from the
+    # token index (with TE's context-parallel split); start offsets add to the last two.
+    if position_ids_ptr is not None:
+        p = tl.load(position_ids_ptr + b * stride_ids_b + s_idx * stride_ids_s, mask=s_idx < S,
+                    other=0)
         valid = (p >= 0) & (p < P)   # compared before narrowing, so huge ids cannot wrap
         p = p.to(tl.int32)
-    elif POSITIONS == 2:    # FROM_CU_SEQLENS
-        p, valid = _packed_positions(s_idx, index_ptr, start_ptr, N_SEQ, cp_size, cp_rank,
-                                     HAS_START, HAS_CP)
+    elif cu_seqlens_ptr is not None:
+        p, valid = _packed_positions(s_idx, cu_seqlens_ptr, start_ptr, N_SEQ, cp_size, cp_rank)
         valid = valid & (p >= 0) & (p < P)
-    else:                   # FROM_INDEX
-        if HAS_CP:
+    else:
+        p = s_idx
+        if cp_size > 1:
             p = _dual_chunk_position(s_idx, S, cp_size, cp_rank)
-        else:
-            p = s_idx
-        if HAS_START:
+        if start_ptr is not None:
             p = p + tl.load(start_ptr + b).to(tl.int32)
         valid = (p >= 0) & (p < P)
     return tl.minimum(tl.maximum(p, 0), P - 1), valid
@@ -251,10 +251,11 @@ def _table_rows(s_idx, b, S, P, index_ptr, stride_idx_b, stride_idx_s, start_ptr
 
 @triton.jit
 def _load_table(cos_ptr, sin_ptr, rows, b, stride_tab_b, stride_tab_p, stride_tab_d, d_a, d_b,
-                mask, FROM_ANGLES: tl.constexpr, ACCURATE: tl.constexpr, CDT: tl.constexpr,
-                EXACT: tl.constexpr, HALF: tl.constexpr):
-    # rows [BLOCK_S], d_a/d_b [BLOCK_HALF] -> four [BLOCK_S, 1, BLOCK_HALF] factors c_a, s_a, c_b, s_b
-    # (EXACT: rows are the positions, cos_ptr the turns [R], sin_ptr the amplitude [1])
+                mask, CDT: tl.constexpr, HALF: tl.constexpr):
+    # rows [BLOCK_S], d_a/d_b [BLOCK_HALF] -> four [BLOCK_S, 1, BLOCK_HALF] factors c_a, s_a, c_b, s_b.
+    # The table is angles (sin_ptr None), cos and sin, or no table at all: int64 turns [R] in
+    # cos_ptr and the amplitude [1] in sin_ptr (rows are then the positions themselves).
+    EXACT: tl.constexpr = cos_ptr.dtype.element_ty == tl.int64
     base = rows[:, None, None].to(tl.int64) * stride_tab_p + b * stride_tab_b
     off_a = base + d_a[None, None, :] * stride_tab_d
     off_b = base + d_b[None, None, :] * stride_tab_d
@@ -266,7 +267,7 @@ def _load_table(cos_ptr, sin_ptr, rows, b, stride_tab_b, stride_tab_p, stride_ta
         s_a = s * amp
         c_b = c_a
         s_b = s_a
-    elif FROM_ANGLES:
+    elif sin_ptr is None:
         angle_a = tl.load(cos_ptr + off_a, mask=mask, other=0.0)
         angle_b = tl.load(cos_ptr + off_b, mask=mask, other=0.0)
         c_a, s_a = _cos_sin(angle_a.to(CDT), ACCURATE)
@@ -293,24 +294,22 @@ def _load_table(cos_ptr, sin_ptr, rows, b, stride_tab_b, stride_tab_p, stride_ta
 @triton.jit
 def _rope_heads(
     x_ptr, y_ptr,                       # this segment's input and output (the same when in place)
-    cos_ptr, sin_ptr,                   # its table: angles (cos_ptr only) or cos and sin
-    index_ptr, start_ptr,               # position ids or cu_seqlens; start offsets
+    cos_ptr, sin_ptr,                   # its table (see _load_table)
+    position_ids_ptr, cu_seqlens_ptr, start_ptr,   # where positions come from (_table_rows)
     pid_s, h0, b_lo, b_hi,              # tile origin: token block, first head, batch range
     S, H, P, N_SEQ, cp_size, cp_rank,   # tokens, heads of this segment, table rows, sequences
     stride_x_s, stride_x_b, stride_x_g, stride_x_h, stride_x_d,  # head h at (h//HPG)*g + (h%HPG)*h
     stride_y_s, stride_y_b, stride_y_g, stride_y_h, stride_y_d,
     stride_tab_b, stride_tab_p, stride_tab_d,
-    stride_idx_b, stride_idx_s,
+    stride_ids_b, stride_ids_s,
     R: tl.constexpr, D: tl.constexpr,   # rotary dim (even), head dim
     HPG: tl.constexpr,                  # heads per group: > 1 for the q of a packed QKV
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
     BLOCK_PASS: tl.constexpr,           # next_pow2(D - R); 0 when nothing passes through
-    INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr, FROM_ANGLES: tl.constexpr,
-    POSITIONS: tl.constexpr, HAS_START: tl.constexpr, HAS_CP: tl.constexpr,
+    INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
     TABLE_PER_BATCH: tl.constexpr,      # positions or table rows depend on the batch entry
     COPY_PASS: tl.constexpr,            # write features R..D-1 (False when in place)
-    ACCURATE: tl.constexpr, CDT: tl.constexpr, INT64: tl.constexpr, BF16_RTNE: tl.constexpr,
-    EXACT: tl.constexpr,                # angles from positions and turns (no table)
+    CDT: tl.constexpr, INT64: tl.constexpr,
 ):
     HALF: tl.constexpr = R // 2
     s_idx = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)          # [BLOCK_S]
@@ -335,11 +334,10 @@ def _rope_heads(
         + (h_idx % HPG)[None, :] * stride_y_h
 
     if not TABLE_PER_BATCH:
-        rows, valid = _table_rows(s_idx, 0, S, P, index_ptr, stride_idx_b, stride_idx_s,
-                                  start_ptr, N_SEQ, cp_size, cp_rank, POSITIONS, HAS_START, HAS_CP)
+        rows, valid = _table_rows(s_idx, 0, S, P, position_ids_ptr, stride_ids_b, stride_ids_s,
+                                  cu_seqlens_ptr, start_ptr, N_SEQ, cp_size, cp_rank)
         c_a, s_a, c_b, s_b = _load_table(cos_ptr, sin_ptr, rows, 0, stride_tab_b, stride_tab_p,
-                                         stride_tab_d, d_a, d_b, tab_mask, FROM_ANGLES,
-                                         ACCURATE, CDT, EXACT, HALF)
+                                         stride_tab_d, d_a, d_b, tab_mask, CDT, HALF)
         if BACKWARD:
             s_a, s_b = -s_b, -s_a
 
@@ -349,12 +347,12 @@ def _rope_heads(
         else:
             bb = b
         if TABLE_PER_BATCH:
-            rows, valid = _table_rows(s_idx, bb, S, P, index_ptr, stride_idx_b, stride_idx_s,
-                                      start_ptr, N_SEQ, cp_size, cp_rank, POSITIONS, HAS_START,
-                                      HAS_CP)
+            rows, valid = _table_rows(s_idx, bb, S, P, position_ids_ptr, stride_ids_b,
+                                      stride_ids_s, cu_seqlens_ptr, start_ptr, N_SEQ, cp_size,
+                                      cp_rank)
             c_a, s_a, c_b, s_b = _load_table(cos_ptr, sin_ptr, rows, bb, stride_tab_b,
                                              stride_tab_p, stride_tab_d, d_a, d_b, tab_mask,
-                                             FROM_ANGLES, ACCURATE, CDT, EXACT, HALF)
+                                             CDT, HALF)
             if BACKWARD:
                 s_a, s_b = -s_b, -s_a
         xr = x_ptr + (x_rows + bb * stride_x_b)[:, :, None]    # [BLOCK_S, BLOCK_H, 1]
@@ -384,8 +382,8 @@ def _rope_heads(
         # a position outside the table: NaN, never a silently clamped row
         y_a = tl.where(valid[:, None, None], y_a, float("nan"))
         y_b = tl.where(valid[:, None, None], y_b, float("nan"))
-        y_a = round_to(y_a, y_ptr.dtype.element_ty, BF16_RTNE)
-        y_b = round_to(y_b, y_ptr.dtype.element_ty, BF16_RTNE)
+        y_a = round_to(y_a, y_ptr.dtype.element_ty, ROUND_BF16_RTNE)
+        y_b = round_to(y_b, y_ptr.dtype.element_ty, ROUND_BF16_RTNE)
         if INTERLEAVED:
             y = tl.reshape(tl.join(y_a, y_b), (BLOCK_S, BLOCK_H, 2 * BLOCK_HALF))
             tl.store(yr + k[None, None, :] * stride_y_d, y, mask=mk)
@@ -399,59 +397,60 @@ def _rope_heads(
 
 @triton.jit
 def _rope_kernel(
-    # tensors
+    # tensors (an unused one is None: what the kernel does follows from which are given and
+    # their dtypes; never another argument again, since torch.compile treats each written
+    # argument as a buffer of its own; in place, q_out_ptr is q_ptr, which it handles)
     q_ptr, q_out_ptr,                   # q [S, B, HQ, D] (as a strided view) and its output
-    k_ptr, k_out_ptr,                   # k [S, B, HK, D] (None without k)
-    cos_ptr, sin_ptr,                   # q's table [P, R] (or [B, P, R]): angles (sin None) or
-    k_cos_ptr, k_sin_ptr,               # cos and sin, or turns [R] and amplitude [1] (EXACT);
-                                        # k's table, same shape and strides
-    index_ptr,                          # position ids [B or 1, S], or cu_seqlens [N_SEQ + 1]
-    start_ptr,                          # start offsets [B] (or [N_SEQ] for packed sequences)
-    # (an unused pointer is None, never another argument again: torch.compile treats each
-    # written argument as a buffer of its own; in place, q_out_ptr is q_ptr, which it handles)
+    k_ptr, k_out_ptr,                   # k [S, B, HK, D]: None without k
+    cos_ptr, sin_ptr,                   # q's table [P, R] (or [B, P, R]): angles (sin None), or
+                                        # cos and sin, or turns [R] int64 and amplitude [1]
+    k_cos_ptr, k_sin_ptr,               # k's table, same shape and strides
+    position_ids_ptr,                   # [B or 1, S] position ids, or None
+    cu_seqlens_ptr,                     # [N_SEQ + 1] packed sequences' offsets, or None
+    start_ptr,                          # [B] (or [N_SEQ] packed) start offsets, or None
     # sizes
     S, B, HQ, HK,                       # tokens, batch, heads of q and of k
     P, N_SEQ,                           # table rows; packed sequences (0 unless cu_seqlens)
     cp_size, cp_rank,                   # context parallelism (TE's dual-chunk split)
-    B_CHUNK,                            # batch entries per program
     # strides, in elements; q's heads may be grouped: head h at (h // HPG) * g + (h % HPG) * h
     stride_q_s, stride_q_b, stride_q_g, stride_q_h, stride_q_d,
     stride_qo_s, stride_qo_b, stride_qo_g, stride_qo_h, stride_qo_d,
     stride_k_s, stride_k_b, stride_k_h, stride_k_d,
     stride_ko_s, stride_ko_b, stride_ko_h, stride_ko_d,
     stride_tab_b, stride_tab_p, stride_tab_d,   # 0 batch stride: one table for every entry
-    stride_idx_b, stride_idx_s,                 # position ids (0 batch stride: shared)
+    stride_ids_b, stride_ids_s,                 # position ids (0 batch stride: shared)
     # what is computed
-    R: tl.constexpr, D: tl.constexpr, HPG: tl.constexpr, HAS_K: tl.constexpr,
+    R: tl.constexpr, D: tl.constexpr, HPG: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
     BLOCK_PASS: tl.constexpr,
-    INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr, FROM_ANGLES: tl.constexpr,
-    POSITIONS: tl.constexpr, HAS_START: tl.constexpr, HAS_CP: tl.constexpr,
-    TABLE_PER_BATCH: tl.constexpr, COPY_PASS: tl.constexpr,
-    ACCURATE: tl.constexpr, CDT: tl.constexpr, INT64: tl.constexpr, BF16_RTNE: tl.constexpr,
-    EXACT: tl.constexpr,                # cos_ptr: turns [R] int64, sin_ptr: amplitude [1]
+    INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
+    TABLE_PER_BATCH: tl.constexpr, COPY_PASS: tl.constexpr, INT64: tl.constexpr,
 ):
+    # fp64 math when q or its output (Hugging Face promotes with cos) is fp64, else fp32
+    CDT: tl.constexpr = tl.float64 if (q_ptr.dtype.element_ty == tl.float64
+                                       or q_out_ptr.dtype.element_ty == tl.float64) \
+        else tl.float32
     pid_s = tl.program_id(0)
     pid_h = tl.program_id(1)
-    b_lo = tl.program_id(2) * B_CHUNK
-    b_hi = tl.minimum(b_lo + B_CHUNK, B)
+    chunk = tl.cdiv(B, tl.num_programs(2))      # batch entries per program
+    b_lo = tl.program_id(2) * chunk
+    b_hi = tl.minimum(b_lo + chunk, B)
     q_blocks = tl.cdiv(HQ, BLOCK_H)
     if pid_h < q_blocks:
-        _rope_heads(q_ptr, q_out_ptr, cos_ptr, sin_ptr, index_ptr, start_ptr,
-                    pid_s, pid_h * BLOCK_H, b_lo, b_hi, S, HQ, P, N_SEQ, cp_size, cp_rank,
+        _rope_heads(q_ptr, q_out_ptr, cos_ptr, sin_ptr, position_ids_ptr, cu_seqlens_ptr,
+                    start_ptr, pid_s, pid_h * BLOCK_H, b_lo, b_hi, S, HQ, P, N_SEQ, cp_size,
+                    cp_rank,
                     stride_q_s, stride_q_b, stride_q_g, stride_q_h, stride_q_d,
                     stride_qo_s, stride_qo_b, stride_qo_g, stride_qo_h, stride_qo_d,
-                    stride_tab_b, stride_tab_p, stride_tab_d, stride_idx_b, stride_idx_s,
-                    R, D, HPG, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_PASS,
-                    INTERLEAVED, BACKWARD, FROM_ANGLES, POSITIONS, HAS_START, HAS_CP,
-                    TABLE_PER_BATCH, COPY_PASS, ACCURATE, CDT, INT64, BF16_RTNE, EXACT)
-    elif HAS_K:     # (without k the grid has q's blocks only; this is not compiled)
-        _rope_heads(k_ptr, k_out_ptr, k_cos_ptr, k_sin_ptr, index_ptr, start_ptr,
-                    pid_s, (pid_h - q_blocks) * BLOCK_H, b_lo, b_hi, S, HK, P, N_SEQ,
+                    stride_tab_b, stride_tab_p, stride_tab_d, stride_ids_b, stride_ids_s,
+                    R, D, HPG, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, BACKWARD,
+                    TABLE_PER_BATCH, COPY_PASS, CDT, INT64)
+    elif k_ptr is not None:     # (without k the grid has q's blocks only)
+        _rope_heads(k_ptr, k_out_ptr, k_cos_ptr, k_sin_ptr, position_ids_ptr, cu_seqlens_ptr,
+                    start_ptr, pid_s, (pid_h - q_blocks) * BLOCK_H, b_lo, b_hi, S, HK, P, N_SEQ,
                     cp_size, cp_rank,
                     stride_k_s, stride_k_b, stride_k_h, 0, stride_k_d,
                     stride_ko_s, stride_ko_b, stride_ko_h, 0, stride_ko_d,
-                    stride_tab_b, stride_tab_p, stride_tab_d, stride_idx_b, stride_idx_s,
-                    R, D, 1, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_PASS,
-                    INTERLEAVED, BACKWARD, FROM_ANGLES, POSITIONS, HAS_START, HAS_CP,
-                    TABLE_PER_BATCH, COPY_PASS, ACCURATE, CDT, INT64, BF16_RTNE, EXACT)
+                    stride_tab_b, stride_tab_p, stride_tab_d, stride_ids_b, stride_ids_s,
+                    R, D, 1, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, BACKWARD,
+                    TABLE_PER_BATCH, COPY_PASS, CDT, INT64)

@@ -10,14 +10,11 @@ from functools import lru_cache
 from typing import NamedTuple, Optional
 
 import torch
-import triton.language as tl
 
 from ..frequencies import EXACT_POSITIONS
 from ..runtime import INTERPRET
-from .common import BF16_RTNE
 from .direct import DirectLauncher
-from .fused import (FROM_CU_SEQLENS, FROM_INDEX, FROM_POSITION_IDS, _exact_angles_kernel,
-                    _rope_kernel)
+from .fused import _exact_angles_kernel, _rope_kernel
 
 _I32_LIMIT = 2**31 - 1
 
@@ -85,7 +82,7 @@ class Positions(NamedTuple):
 
 # The kernel's pointer arguments, in its order. An unused one is None.
 POINTERS = ("q_ptr", "q_out_ptr", "k_ptr", "k_out_ptr", "cos_ptr", "sin_ptr", "k_cos_ptr",
-            "k_sin_ptr", "index_ptr", "start_ptr")
+            "k_sin_ptr", "position_ids_ptr", "cu_seqlens_ptr", "start_ptr")
 
 
 class Launch:
@@ -282,25 +279,18 @@ def plan(q: View, q_out: View, table: Table, positions: Positions, *, R: int,
     kt = (k_table or table) if has_k else None
     tab_b, tab_p, tab_d = table.strides()
     pos = positions
-    if pos.position_ids is not None:
-        mode, index = FROM_POSITION_IDS, pos.position_ids
-        idx_b = index.stride(0) if index.shape[0] > 1 else 0
-        idx_s = index.stride(1)
-        n_seq = 0
-    elif pos.cu_seqlens is not None:
-        mode, index, idx_b, idx_s = FROM_CU_SEQLENS, pos.cu_seqlens, 0, 0
-        n_seq = pos.cu_seqlens.shape[0] - 1
-    else:
-        mode, index, idx_b, idx_s, n_seq = FROM_INDEX, None, 0, 0, 0
-    per_batch = (mode != FROM_CU_SEQLENS and pos.start is not None) or idx_b != 0 or tab_b != 0
-    out_dtypes = (q_out.tensor.dtype, k_out.tensor.dtype if has_k else q_out.tensor.dtype)
+    ids, cu = pos.position_ids, (pos.cu_seqlens if pos.position_ids is None else None)
+    ids_b = ids.stride(0) if ids is not None and ids.shape[0] > 1 else 0
+    ids_s = ids.stride(1) if ids is not None else 0
+    n_seq = cu.shape[0] - 1 if cu is not None else 0
+    per_batch = (cu is None and pos.start is not None) or ids_b != 0 or tab_b != 0
     pointers = (x, q_out.tensor, k.tensor if has_k else None, k_out.tensor if has_k else None,
                 table.cos, table.sin, kt.cos if has_k else None, kt.sin if has_k else None,
-                index, pos.start)
+                ids, cu, pos.start)
     no_k = (0, 0, 0, 0, 0)
     args = dict(
         S=S, B=B, HQ=q.heads, HK=HK, P=table.rows, N_SEQ=n_seq,
-        cp_size=pos.cp_size, cp_rank=pos.cp_rank, B_CHUNK=chunk,
+        cp_size=pos.cp_size, cp_rank=pos.cp_rank,
         **dict(zip(("stride_q_s", "stride_q_b", "stride_q_g", "stride_q_h", "stride_q_d"),
                    q.strides)),
         **dict(zip(("stride_qo_s", "stride_qo_b", "stride_qo_g", "stride_qo_h", "stride_qo_d"),
@@ -310,18 +300,12 @@ def plan(q: View, q_out: View, table: Table, positions: Positions, *, R: int,
         **dict(zip(("stride_ko_s", "stride_ko_b", "stride_ko_h", "stride_ko_d"),
                    _plain(k_out.strides if has_k else no_k))),
         stride_tab_b=tab_b, stride_tab_p=tab_p, stride_tab_d=tab_d,
-        stride_idx_b=idx_b, stride_idx_s=idx_s,
-        R=R, D=D, HPG=q.hpg, HAS_K=has_k,
+        stride_ids_b=ids_b, stride_ids_s=ids_s,
+        R=R, D=D, HPG=q.hpg,
         BLOCK_S=block_s, BLOCK_H=block_h, BLOCK_HALF=_pow2_at_least(R // 2, 1 << 30),
         BLOCK_PASS=_pow2_at_least(D - R, 1 << 30) if D > R else 0,
         INTERLEAVED=interleaved, BACKWARD=backward,
-        FROM_ANGLES=table.sin is None and not table.exact,
-        POSITIONS=mode, HAS_START=pos.start is not None, HAS_CP=pos.cp_size > 1,
-        TABLE_PER_BATCH=per_batch, COPY_PASS=copy_pass,
-        ACCURATE=not INTERPRET, INT64=int64,
-        # fp64 math when an input or an output (HF promotes with cos) is fp64
-        CDT=tl.float64 if torch.float64 in (x.dtype, *out_dtypes) else tl.float32,
-        BF16_RTNE=BF16_RTNE, EXACT=table.exact,
+        TABLE_PER_BATCH=per_batch, COPY_PASS=copy_pass, INT64=int64,
     )
     dtypes = tuple(t.dtype if t is not None else None for t in pointers)
     return Launch(grid, num_warps, args, dtypes, x.device), pointers
