@@ -272,3 +272,25 @@ def test_seed_sweeps_script_runs_tiny(tmp_path):
     assert {r["provider"] for r in rows} >= {"pytorch"}
     assert C.read_meta(out)["torch"] == torch.__version__
     assert (tmp_path / "07-seed-seq-len-bf16.png").stat().st_size > 5000
+
+
+@pytest.mark.parametrize("layout", ["sbhd", "bshd", "thd"])
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("rotary_percent", [1.0, 0.5])
+@pytest.mark.parametrize("start", [False, True])
+@pytest.mark.parametrize("kv_heads", [None, 1])
+def test_torch_compile_provider_computes_hugging_faces_formula(layout, interleaved,
+                                                               rotary_percent, start, kv_heads):
+    """The torch.compile provider compiles Hugging Face's formula (tables in the input dtype):
+    run here uncompiled, in fp32, it is RoPE to fp32 rounding in every configuration."""
+    if layout == "thd" and start:
+        pytest.skip("the benchmark has no start offsets for packed sequences")
+    cfg = C.Config(seq_len=6, batch=2, heads=2, head_dim=8, dtype="fp32", layout=layout,
+                   interleaved=interleaved, rotary_percent=rotary_percent,
+                   start_positions=start, kv_heads=kv_heads)
+    case = C.make_case(cfg, device="cpu")
+    core, extra = C._hf_formula_core(case)
+    got = core(case.x, case.k, *extra)
+    got = got if isinstance(got, tuple) else (got,)
+    for g, want in zip(got, C.reference_output(case)):
+        torch.testing.assert_close(g.double(), want, rtol=1e-5, atol=1e-5)

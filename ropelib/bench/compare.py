@@ -32,7 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
 import torch
@@ -285,33 +285,92 @@ def _pytorch() -> Provider:
                     description="plain PyTorch, TE's unfused math in the input dtype")
 
 
-def _torch_compile() -> Provider:
+def _compiled_provider(name: str, description: str, make_core, supports=None) -> Provider:
+    """torch.compile of `make_core(case) -> (core, extra inputs)`: static shapes, compiled afresh
+    for each new configuration (Dynamo's recompile limit, 8 per function, would otherwise make a
+    long sweep fall back to eager)."""
     if not runtime.on_gpu():
-        return Provider("torch.compile", False, "interpreter mode: torch.compile is benchmarked "
-                        "on a GPU only")
-    state = {"key": None, "fn": None}
-
-    def make(case):
-        c, start, cu = case.config, case.start, case.cu_seqlens
-
-        def core(x, freqs, k=None):
-            kw = dict(tensor_format=c.layout, start_positions=start, interleaved=c.interleaved,
-                      cu_seqlens=cu)
-            y = reference.te_unfused(x, freqs, **kw)
-            return y if k is None else (y, reference.te_unfused(k, freqs, **kw))
-        return torch.compile(core, dynamic=False)
+        return Provider(name, False, "interpreter mode: torch.compile is benchmarked on a GPU only")
+    state = {"key": None, "fn": None, "extra": ()}
 
     def fn(case):
-        # Static shapes (dynamic=False), compiled afresh for each new configuration: Dynamo's
-        # recompile limit (8 per function) would otherwise make a long sweep fall back to eager.
         key = (case.config, tuple(t.shape for t in case.tensors), case.x.device)
         if key != state["key"]:
             torch._dynamo.reset()
-            state.update(key=key, fn=make(case))
-        return state["fn"](case.x, case.freqs, case.k)
-    return Provider("torch.compile", True, "", fn,
-                    lambda c: "thd is not compiled (per-sequence Python loop)" if c.layout == "thd"
-                    else None, "torch.compile of the plain PyTorch provider")
+            core, extra = make_core(case)
+            state.update(key=key, fn=torch.compile(core, dynamic=False), extra=extra)
+        return state["fn"](case.x, case.k, *state["extra"])
+    return Provider(name, True, "", fn, supports, description)
+
+
+def hf_rotate(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool):
+    """Hugging Face's formula, `t * cos + rotate_half(t) * sin`, on the first R = cos.shape[-1]
+    features (the rest pass through); interleaved pairs rotate as GPT-J's rotate_every_two."""
+    R = cos.shape[-1]
+    rot = t[..., :R]
+    if interleaved:
+        rotated = torch.stack((-rot[..., 1::2], rot[..., 0::2]), dim=-1).flatten(-2)
+    else:
+        rotated = torch.cat((-rot[..., R // 2:], rot[..., :R // 2]), dim=-1)
+    out = rot * cos + rotated * sin
+    return out if R == t.shape[-1] else torch.cat((out, t[..., R:]), dim=-1)
+
+
+def _hf_formula_core(case):
+    """What a user writes and compiles: cos/sin tables in the input dtype, built once as a
+    model caches them; the rows of each token gathered inside the compiled function."""
+    c = case.config
+    f = case.freqs[:, 0, 0, :]
+    cos_t, sin_t = torch.cos(f).to(case.x.dtype), torch.sin(f).to(case.x.dtype)   # [P, R]
+    S = c.seq_len
+    if c.layout == "thd":
+        pos = torch.arange(c.batch * S, device=case.x.device) % S                   # [T]
+    elif case.start is not None:
+        pos = case.start.long()[:, None] + torch.arange(S, device=case.x.device)    # [B, S]
+    else:
+        pos = None
+
+    def core(x, k, cos_t, sin_t, pos):
+        if pos is None:
+            cos, sin = cos_t[:S], sin_t[:S]                        # [S, R]
+        else:
+            cos, sin = cos_t[pos], sin_t[pos]                      # [B, S, R] or [T, R]
+        if c.layout == "thd":
+            cos, sin = cos[:, None], sin[:, None]                  # [T, 1, R]
+        elif pos is None:
+            shape = (S, 1, 1, -1) if c.layout == "sbhd" else (1, S, 1, -1)
+            cos, sin = cos.view(shape), sin.view(shape)
+        else:
+            cos, sin = cos[:, :, None], sin[:, :, None]            # [B, S, 1, R]
+            if c.layout == "sbhd":
+                cos, sin = cos.transpose(0, 1), sin.transpose(0, 1)
+        y = hf_rotate(x, cos, sin, c.interleaved)
+        return y if k is None else (y, hf_rotate(k, cos, sin, c.interleaved))
+    return core, (cos_t, sin_t, pos)
+
+
+def _torch_compile() -> Provider:
+    return _compiled_provider(
+        "torch.compile", "torch.compile of Hugging Face's formula x*cos + rotate_half(x)*sin "
+        "(cos/sin tables in the input dtype)", _hf_formula_core)
+
+
+def _te_unfused_core(case):
+    c, start, cu = case.config, case.start, case.cu_seqlens
+
+    def core(x, k, freqs):
+        kw = dict(tensor_format=c.layout, start_positions=start, interleaved=c.interleaved,
+                  cu_seqlens=cu)
+        y = reference.te_unfused(x, freqs, **kw)
+        return y if k is None else (y, reference.te_unfused(k, freqs, **kw))
+    return core, (case.freqs,)
+
+
+def _torch_compile_te_unfused() -> Provider:
+    return _compiled_provider(
+        "torch.compile_te_unfused", "torch.compile of TE's unfused PyTorch path (which Inductor "
+        "cannot fuse into one pass)", _te_unfused_core,
+        lambda c: "thd is not compiled (per-sequence Python loop)" if c.layout == "thd" else None)
 
 
 def _te(fused: bool) -> Provider:
@@ -411,7 +470,7 @@ def _flash_attn() -> Provider:
 
 
 PROVIDER_NAMES = ("ropelib", "ropelib_naive", "ropelib_batch_reuse", "te_fused", "te_unfused",
-                  "pytorch", "torch.compile", "liger", "flash_attn")
+                  "pytorch", "torch.compile", "torch.compile_te_unfused", "liger", "flash_attn")
 
 
 def providers() -> list:
@@ -429,6 +488,7 @@ def providers() -> list:
         "te_unfused": lambda: _te(False),
         "pytorch": _pytorch,
         "torch.compile": _torch_compile,
+        "torch.compile_te_unfused": _torch_compile_te_unfused,
         "liger": _liger,
         "flash_attn": _flash_attn,
     }
