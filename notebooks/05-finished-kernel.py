@@ -59,7 +59,7 @@ from ropelib.course import ladder
 from ropelib.course.exercises import finished_kernel as fk
 from ropelib.kernels import launch
 from ropelib.kernels.common import BF16_RTNE, round_to
-from ropelib.kernels.fused import _cos_sin
+from ropelib.kernels.common import cos_sin
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "ropelib").is_dir())
 FIGURES = runtime.figures_dir()   # a scratch folder (ROPELIB_WRITE_FIGURES=1: figures/)
@@ -316,7 +316,7 @@ for h in (32, 8):
 # for 16-bit inputs whose programs loop over fewer than 4 entries a tile of fewer threads with
 # more elements each (no batch loop amortises their sin/cos).
 #
-# **Accurate sin/cos** (rung 5, the constexpr `ACCURATE`): `_cos_sin` from ropelib's kernel
+# **Accurate sin/cos** (rung 5, the constexpr `ACCURATE`): `cos_sin` from ropelib's kernels
 # calls libdevice's `cosf`/`sinf`, whose argument reduction is exact for any angle — as TE's
 # `sincosf`. Positions reach $10^5$ and beyond, and a fast approximation loses accuracy as the
 # angle grows (notebook 08 follows one such difference to its cause). The interpreter has no
@@ -352,8 +352,8 @@ def _ladder_chunk_kernel(
     f = freqs_ptr + s[:, None, None] * stride_fs + j[None, None, :]
     theta_a = tl.load(f, mask=tab_m, other=0.0)
     theta_b = tl.load(f + HALF, mask=tab_m, other=0.0)
-    c_a, s_a = _cos_sin(theta_a, ACCURATE)  # [BLOCK_S, 1, BLOCK_HALF]
-    c_b, s_b = _cos_sin(theta_b, ACCURATE)
+    c_a, s_a = cos_sin(theta_a, ACCURATE)  # [BLOCK_S, 1, BLOCK_HALF]
+    c_b, s_b = cos_sin(theta_b, ACCURATE)
     x_off = s[:, None, None] * stride_xs + h[None, :, None] * stride_xh + j[None, None, :] * stride_xd
     y_off = s[:, None, None] * stride_ys + h[None, :, None] * stride_yh + j[None, None, :] * stride_yd
     for b in range(b_lo, b_hi):
@@ -422,7 +422,7 @@ def _ladder_final_kernel(
     f = freqs_ptr + s[:, None, None] * stride_fs + j[None, None, :]
     theta_a = tl.load(f, mask=tab_m, other=0.0)
     theta_b = tl.load(f + HALF, mask=tab_m, other=0.0)
-    c_a, s_a = _cos_sin(theta_a, ACCURATE)  # [BLOCK_S, 1, BLOCK_HALF]
+    c_a, s_a = cos_sin(theta_a, ACCURATE)  # [BLOCK_S, 1, BLOCK_HALF]
     # both halves of every row of the tile bit-equal (TE's cat([f, f])): reuse the first's
     differ = tl.max(tl.where(theta_a.to(tl.int32, bitcast=True) == theta_b.to(tl.int32, bitcast=True),
                              0, 1))
@@ -430,7 +430,7 @@ def _ladder_final_kernel(
         c_b = c_a
         s_b = s_a
     else:
-        c_b, s_b = _cos_sin(theta_b, ACCURATE)
+        c_b, s_b = cos_sin(theta_b, ACCURATE)
     x_off = s[:, None, None] * stride_xs + h[None, :, None] * stride_xh + j[None, None, :] * stride_xd
     y_off = s[:, None, None] * stride_ys + h[None, :, None] * stride_yh + j[None, None, :] * stride_yd
     for b in range(b_lo, b_hi):

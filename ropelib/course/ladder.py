@@ -34,7 +34,7 @@ import triton.language as tl
 from ..kernels import launch as _launch
 from .kernels.batch_reuse import rope_batch_reuse
 from ..kernels.common import BF16_RTNE, round_to
-from ..kernels.fused import _cos_sin
+from ..kernels.common import cos_sin
 from ..runtime import INTERPRET
 
 
@@ -143,8 +143,8 @@ def _ladder_chunk_kernel(
     f = freqs_ptr + s[:, None, None] * stride_fs + j[None, None, :]
     theta_a = tl.load(f, mask=tab_m, other=0.0)
     theta_b = tl.load(f + HALF, mask=tab_m, other=0.0)
-    c_a, s_a = _cos_sin(theta_a, ACCURATE)  # [BLOCK_S, 1, BLOCK_HALF]
-    c_b, s_b = _cos_sin(theta_b, ACCURATE)
+    c_a, s_a = cos_sin(theta_a, ACCURATE)  # [BLOCK_S, 1, BLOCK_HALF]
+    c_b, s_b = cos_sin(theta_b, ACCURATE)
     x_off = s[:, None, None] * stride_xs + h[None, :, None] * stride_xh + j[None, None, :] * stride_xd
     y_off = s[:, None, None] * stride_ys + h[None, :, None] * stride_yh + j[None, None, :] * stride_yd
     for b in range(b_lo, b_hi):
@@ -186,7 +186,7 @@ def _ladder_final_kernel(
     f = freqs_ptr + s[:, None, None] * stride_fs + j[None, None, :]
     theta_a = tl.load(f, mask=tab_m, other=0.0)
     theta_b = tl.load(f + HALF, mask=tab_m, other=0.0)
-    c_a, s_a = _cos_sin(theta_a, ACCURATE)  # [BLOCK_S, 1, BLOCK_HALF]
+    c_a, s_a = cos_sin(theta_a, ACCURATE)  # [BLOCK_S, 1, BLOCK_HALF]
     # both halves of every row of the tile bit-equal (TE's cat([f, f])): reuse the first's
     differ = tl.max(tl.where(theta_a.to(tl.int32, bitcast=True) == theta_b.to(tl.int32, bitcast=True),
                              0, 1))
@@ -194,7 +194,7 @@ def _ladder_final_kernel(
         c_b = c_a
         s_b = s_a
     else:
-        c_b, s_b = _cos_sin(theta_b, ACCURATE)
+        c_b, s_b = cos_sin(theta_b, ACCURATE)
     x_off = s[:, None, None] * stride_xs + h[None, :, None] * stride_xh + j[None, None, :] * stride_xd
     y_off = s[:, None, None] * stride_ys + h[None, :, None] * stride_yh + j[None, None, :] * stride_yd
     for b in range(b_lo, b_hi):

@@ -1,13 +1,28 @@
-"""Small @triton.jit helpers shared by the kernel generations."""
+"""The @triton.jit helpers every kernel family shares (RoPE, QK-norm + RoPE, the KV-cache write,
+multi-axis RoPE), and the two settings that follow from where the kernels run.
+
+    pair_features   the two features (d_a, d_b) of each rotated pair: rotate-half or interleaved
+    load_table      cos and sin of table rows: angles (sin_ptr None) or cos and sin tables
+    cos_sin         cos and sin of angles (libdevice's on the GPU)
+    rotate_pair     the rotation, one fma per output in Transformer Engine's order
+    dual_chunk_position   TE's context-parallel map from a rank's token to its global position
+    round_to        the one rounding at the store (round-to-nearest-even, also in the interpreter)
+"""
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from ..runtime import INTERPRET
 
+# Accurate sin/cos (libdevice's cosf/sinf, which reduce any angle exactly, as TE's sincosf) on
+# the GPU; the interpreter has no libdevice, and numpy's cos/sin are accurate too.
+ACCURATE = tl.constexpr(not INTERPRET)
+
 # Triton's CPU interpreter converts fp32 -> bf16 by truncation (round toward zero), while the
-# GPU rounds to nearest even. Kernels pass BF16_RTNE=INTERPRET to round_to so both modes give
-# the same bits: one round-to-nearest-even, as torch's .to(torch.bfloat16) does.
+# GPU rounds to nearest even. round_to rounds by bits in the interpreter so both modes give the
+# same bits: one round-to-nearest-even, as torch's .to(torch.bfloat16) does.
 BF16_RTNE: bool = INTERPRET
+ROUND_BF16_RTNE = tl.constexpr(BF16_RTNE)
 
 
 @triton.jit
@@ -21,3 +36,82 @@ def round_to(y, DTYPE: tl.constexpr, BF16_RTNE: tl.constexpr):
         return u.to(tl.uint16).to(tl.bfloat16, bitcast=True)
     else:
         return y.to(DTYPE)
+
+
+@triton.jit
+def cos_sin(angle, ACCURATE: tl.constexpr):
+    """cos and sin of `angle` (any shape; fp32 or fp64)."""
+    if ACCURATE:
+        return libdevice.cos(angle), libdevice.sin(angle)
+    else:
+        return tl.cos(angle), tl.sin(angle)
+
+
+@triton.jit
+def pair_features(j, HALF: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """j [BLOCK_HALF] pair indices -> (d_a, d_b): rotate-half pairs j with j + R/2, interleaved
+    pairs 2j with 2j + 1."""
+    if INTERLEAVED:
+        d_a = 2 * j
+        d_b = 2 * j + 1
+    else:
+        d_a = j
+        d_b = j + HALF
+    return d_a, d_b
+
+
+@triton.jit
+def load_table(cos_ptr, sin_ptr, rows, b, stride_tab_b, stride_tab_p, stride_tab_d, d_a, d_b,
+               mask, CDT: tl.constexpr):
+    """rows [BLOCK_S] of the table of batch entry b (batch stride 0: one table for all), pairs'
+    features d_a, d_b [BLOCK_HALF] -> c_a, s_a, c_b, s_b, each [BLOCK_S, 1, BLOCK_HALF] in CDT.
+
+    The table is angles (sin_ptr None: their cos and sin are evaluated here) or cos and sin.
+    Angle tables usually repeat every frequency in both members of a pair (TE's cat([f, f]) or
+    repeat_interleave(f, 2)): where the two columns of the rows read are equal bit for bit,
+    sin/cos is evaluated once per pair, half the special-function work."""
+    base = rows[:, None, None].to(tl.int64) * stride_tab_p + b * stride_tab_b
+    off_a = base + d_a[None, None, :] * stride_tab_d
+    off_b = base + d_b[None, None, :] * stride_tab_d
+    if sin_ptr is None:
+        angle_a = tl.load(cos_ptr + off_a, mask=mask, other=0.0)
+        angle_b = tl.load(cos_ptr + off_b, mask=mask, other=0.0)
+        c_a, s_a = cos_sin(angle_a.to(CDT), ACCURATE)
+        if cos_ptr.dtype.element_ty == tl.float64:
+            bits = tl.int64
+        else:
+            bits = tl.int32
+        differ = tl.max(tl.where(angle_a.to(bits, bitcast=True) == angle_b.to(bits, bitcast=True),
+                                 0, 1))
+        if differ == 0:
+            c_b = c_a
+            s_b = s_a
+        else:
+            c_b, s_b = cos_sin(angle_b.to(CDT), ACCURATE)
+    else:
+        c_a = tl.load(cos_ptr + off_a, mask=mask, other=0.0).to(CDT)
+        s_a = tl.load(sin_ptr + off_a, mask=mask, other=0.0).to(CDT)
+        c_b = tl.load(cos_ptr + off_b, mask=mask, other=0.0).to(CDT)
+        s_b = tl.load(sin_ptr + off_b, mask=mask, other=0.0).to(CDT)
+    return c_a, s_a, c_b, s_b
+
+
+@triton.jit
+def rotate_pair(x_a, x_b, c_a, s_a, c_b, s_b):
+    """y_a = x_a c_a - x_b s_a, y_b = x_b c_b + x_a s_b, each one fma in the order Transformer
+    Engine's CUDA kernel contracts to. Left to the compiler, which product is fused may differ
+    from one specialisation of a kernel to another (a packed-QKV launch and a plain one);
+    written out, every launch, and the interpreter, round the same way."""
+    y_a = tl.fma(x_a, c_a, -(x_b * s_a))
+    y_b = tl.fma(x_b, c_b, x_a * s_b)
+    return y_a, y_b
+
+
+@triton.jit
+def dual_chunk_position(idx, length, cp_size, cp_rank):
+    """Index idx of a rank's `length` local tokens -> its index in the global sequence of
+    cp_size * length tokens, under TE's dual-chunk split: rank r holds chunks r and
+    2*cp_size-1-r of 2*cp_size (ropelib.reference.positions writes the same map in PyTorch)."""
+    seg = length // 2
+    return tl.where(idx < seg, cp_rank * seg + idx,
+                    cp_size * length - (cp_rank + 1) * seg + (idx - seg))

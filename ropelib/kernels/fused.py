@@ -69,30 +69,15 @@ fp64 inputs use fp64 angles and fp64 sin/cos instead. Both members of a pair sha
 """
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
-from ..runtime import INTERPRET
-from .common import BF16_RTNE, round_to
-
-# Accurate sin/cos (libdevice's, as TE's sincosf) on the GPU; the interpreter has no libdevice.
-ACCURATE = tl.constexpr(not INTERPRET)
-ROUND_BF16_RTNE = tl.constexpr(BF16_RTNE)
+from .common import (ACCURATE, ROUND_BF16_RTNE, cos_sin, dual_chunk_position, load_table,
+                     pair_features, rotate_pair, round_to)
 
 # 2 pi = TWO_PI_1 + TWO_PI_2 + TWO_PI_3 (each exact in fp32, the sum within 2^-75 of 2 pi), so
 # a product with it is exact to fp64 precision whatever precision the constants are given in.
 TWO_PI_1 = tl.constexpr(6.2831854820251465)
 TWO_PI_2 = tl.constexpr(-1.7484555314695172e-07)
 TWO_PI_3 = tl.constexpr(-6.8604980400235275e-15)
-
-
-@triton.jit
-def _cos_sin(angle, ACCURATE: tl.constexpr):
-    # libdevice's cosf/sinf reduce any angle exactly (as TE's sincosf); the interpreter has no
-    # libdevice, and numpy's cos/sin are accurate too.
-    if ACCURATE:
-        return libdevice.cos(angle), libdevice.sin(angle)
-    else:
-        return tl.cos(angle), tl.sin(angle)
 
 
 @triton.jit
@@ -169,7 +154,7 @@ def _exact_cos_sin(turns_ptr, pos, j, stride_d, HALF: tl.constexpr, ACCURATE: tl
                    CDT: tl.constexpr):
     # pos [BLOCK_S] positions, j [BLOCK_HALF] pairs -> cos, sin [BLOCK_S, 1, BLOCK_HALF] in CDT
     if CDT == tl.float64:
-        return _cos_sin(_exact_angle(turns_ptr, pos, j, stride_d, HALF, CDT), ACCURATE)
+        return cos_sin(_exact_angle(turns_ptr, pos, j, stride_d, HALF, CDT), ACCURATE)
     else:
         turn, rest = _exact_turn(turns_ptr, pos, j, stride_d, HALF)
         return _cos_sin_of_turn(turn)
@@ -186,16 +171,6 @@ def _exact_angles_kernel(turns_ptr, pos_ptr, out_ptr, N, stride_out,
     angle = _exact_angle(turns_ptr, pos, j, 1, HALF, tl.float32)      # [BLOCK_N, 1, BLOCK_HALF]
     offs = n[:, None, None] * stride_out + j[None, None, :]
     tl.store(out_ptr + offs, angle, mask=(n < N)[:, None, None] & (j < HALF)[None, None, :])
-
-
-@triton.jit
-def _dual_chunk_position(idx, length, cp_size, cp_rank):
-    # index idx of a rank's `length` local tokens -> its index in the global sequence of
-    # cp_size * length tokens, under TE's dual-chunk split: rank r holds chunks r and
-    # 2*cp_size-1-r of 2*cp_size (ropelib.reference.positions writes the same map in PyTorch)
-    seg = length // 2
-    return tl.where(idx < seg, cp_rank * seg + idx,
-                    cp_size * length - (cp_rank + 1) * seg + (idx - seg))
 
 
 @triton.jit
@@ -219,7 +194,7 @@ def _packed_positions(t, cu_ptr, start_ptr, N_SEQ, cp_size, cp_rank):
     idx = t - first
     valid = (idx >= 0) & (idx < length)
     if cp_size > 1:      # each packed sequence is split over the ranks on its own
-        idx = _dual_chunk_position(idx, length, cp_size, cp_rank)
+        idx = dual_chunk_position(idx, length, cp_size, cp_rank)
     if start_ptr is not None:
         idx = idx + tl.load(start_ptr + seq).to(tl.int32)
     return idx, valid
@@ -242,7 +217,7 @@ def _table_rows(s_idx, b, S, P, position_ids_ptr, stride_ids_b, stride_ids_s, cu
     else:
         p = s_idx
         if cp_size > 1:
-            p = _dual_chunk_position(s_idx, S, cp_size, cp_rank)
+            p = dual_chunk_position(s_idx, S, cp_size, cp_rank)
         if start_ptr is not None:
             p = p + tl.load(start_ptr + b).to(tl.int32)
         valid = (p >= 0) & (p < P)
@@ -253,13 +228,9 @@ def _table_rows(s_idx, b, S, P, position_ids_ptr, stride_ids_b, stride_ids_s, cu
 def _load_table(cos_ptr, sin_ptr, rows, b, stride_tab_b, stride_tab_p, stride_tab_d, d_a, d_b,
                 mask, CDT: tl.constexpr, HALF: tl.constexpr):
     # rows [BLOCK_S], d_a/d_b [BLOCK_HALF] -> four [BLOCK_S, 1, BLOCK_HALF] factors c_a, s_a, c_b, s_b.
-    # The table is angles (sin_ptr None), cos and sin, or no table at all: int64 turns [R] in
-    # cos_ptr and the amplitude [1] in sin_ptr (rows are then the positions themselves).
-    EXACT: tl.constexpr = cos_ptr.dtype.element_ty == tl.int64
-    base = rows[:, None, None].to(tl.int64) * stride_tab_p + b * stride_tab_b
-    off_a = base + d_a[None, None, :] * stride_tab_d
-    off_b = base + d_b[None, None, :] * stride_tab_d
-    if EXACT:
+    # A table (common.load_table), or no table at all: int64 turns [R] in cos_ptr and the
+    # amplitude [1] in sin_ptr, and rows are then the positions themselves.
+    if cos_ptr.dtype.element_ty == tl.int64:
         j = tl.arange(0, d_a.shape[0])
         c, s = _exact_cos_sin(cos_ptr, rows, j, stride_tab_d, HALF, ACCURATE, CDT)
         amp = tl.load(sin_ptr).to(CDT)
@@ -267,27 +238,9 @@ def _load_table(cos_ptr, sin_ptr, rows, b, stride_tab_b, stride_tab_p, stride_ta
         s_a = s * amp
         c_b = c_a
         s_b = s_a
-    elif sin_ptr is None:
-        angle_a = tl.load(cos_ptr + off_a, mask=mask, other=0.0)
-        angle_b = tl.load(cos_ptr + off_b, mask=mask, other=0.0)
-        c_a, s_a = _cos_sin(angle_a.to(CDT), ACCURATE)
-        # Bit-equal columns (TE's duplicated frequencies): reuse column a's sin/cos.
-        if cos_ptr.dtype.element_ty == tl.float64:
-            bits = tl.int64
-        else:
-            bits = tl.int32
-        differ = tl.max(tl.where(angle_a.to(bits, bitcast=True) == angle_b.to(bits, bitcast=True),
-                                 0, 1))
-        if differ == 0:
-            c_b = c_a
-            s_b = s_a
-        else:
-            c_b, s_b = _cos_sin(angle_b.to(CDT), ACCURATE)
     else:
-        c_a = tl.load(cos_ptr + off_a, mask=mask, other=0.0).to(CDT)
-        s_a = tl.load(sin_ptr + off_a, mask=mask, other=0.0).to(CDT)
-        c_b = tl.load(cos_ptr + off_b, mask=mask, other=0.0).to(CDT)
-        s_b = tl.load(sin_ptr + off_b, mask=mask, other=0.0).to(CDT)
+        c_a, s_a, c_b, s_b = load_table(cos_ptr, sin_ptr, rows, b, stride_tab_b, stride_tab_p,
+                                        stride_tab_d, d_a, d_b, mask, CDT)
     return c_a, s_a, c_b, s_b
 
 
@@ -315,12 +268,7 @@ def _rope_heads(
     s_idx = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)          # [BLOCK_S]
     h_idx = h0 + tl.arange(0, BLOCK_H)                        # [BLOCK_H]
     j = tl.arange(0, BLOCK_HALF)                              # [BLOCK_HALF]
-    if INTERLEAVED:
-        d_a = 2 * j
-        d_b = 2 * j + 1
-    else:
-        d_a = j
-        d_b = j + HALF
+    d_a, d_b = pair_features(j, HALF, INTERLEAVED)
     if INT64:
         s_off = s_idx.to(tl.int64)
     else:
@@ -373,12 +321,7 @@ def _rope_heads(
                 t = tl.load(xr + e[None, None, :] * stride_x_d, mask=mp)
         x_a = x_a.to(CDT)
         x_b = x_b.to(CDT)
-        # Explicit fmas, in the order Transformer Engine's CUDA kernel contracts to: left to
-        # the compiler, which product is fused may differ from one specialisation of this
-        # kernel to another (a packed-QKV launch and a plain one); written out, every launch
-        # rounds the same way.
-        y_a = tl.fma(x_a, c_a, -(x_b * s_a))
-        y_b = tl.fma(x_b, c_b, x_a * s_b)
+        y_a, y_b = rotate_pair(x_a, x_b, c_a, s_a, c_b, s_b)
         # a position outside the table: NaN, never a silently clamped row
         y_a = tl.where(valid[:, None, None], y_a, float("nan"))
         y_b = tl.where(valid[:, None, None], y_b, float("nan"))

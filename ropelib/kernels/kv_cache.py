@@ -20,13 +20,14 @@ q, k and v are strided [B, S, H, D] views (bshd; nothing is copied). The grid is
 
     axis 0: blocks of BLOCK_S new tokens                  cdiv(S, BLOCK_S)
     axis 1: blocks of BLOCK_H heads of q, then of k       cdiv(HQ, BLOCK_H) + cdiv(HK, BLOCK_H)
-    axis 2: chunks of B_CHUNK batch entries               cdiv(B, B_CHUNK)
+    axis 2: chunks of batch entries                       cdiv(B, chunk); a program takes
+                                                          cdiv(B, programs on this axis)
 
 A q program rotates its [BLOCK_S, BLOCK_H, D] tile of q into q_out; a k program rotates the same
 tile of k and copies the tile of v, both into the cache slots of its tokens. Every batch entry
 has its own positions, so a program finds its tokens' table rows and slots (one load of
 cache_seqlens, and of the block table when paged) and loads their cos/sin inside its batch loop.
-On a GPU a program takes one batch entry (B_CHUNK = 1) and the heads are split until the grid
+On a GPU a program takes one batch entry (chunks of 1) and the heads are split until the grid
 fills the machine (decode is a few KB per sequence); in the interpreter one program takes every
 batch entry. Math is fp32 (an angle table's cos/sin evaluated in the kernel), with one rounding
 at each store.
@@ -48,12 +49,12 @@ import triton
 import triton.language as tl
 
 from ..runtime import INTERPRET
-from .common import BF16_RTNE, round_to
+from .common import ROUND_BF16_RTNE, load_table, pair_features, rotate_pair, round_to
 from .direct import DirectLauncher
-from .fused import _cos_sin
 from .launch import Launch, _cdiv, _device, _pow2_at_least, _pow2_at_most, start
 
 FP8_BY_BITS: bool = INTERPRET
+ENCODE_FP8_BY_BITS = tl.constexpr(FP8_BY_BITS)
 FP8_MAX = 448.0           # the largest finite float8_e4m3fn
 
 
@@ -92,26 +93,6 @@ def _to_cache(y, scale, DTYPE: tl.constexpr, SCALED: tl.constexpr, BF16_RTNE: tl
 
 
 @triton.jit
-def _table(cos_ptr, sin_ptr, rows, stride_tab_p, stride_tab_d, d_a, d_b, mask,
-           FROM_ANGLES: tl.constexpr, ACCURATE: tl.constexpr):
-    # rows [BLOCK_S] -> fp32 c_a, s_a, c_b, s_b, each [BLOCK_S, 1, BLOCK_HALF]
-    base = rows[:, None, None] * stride_tab_p
-    off_a = base + d_a[None, None, :] * stride_tab_d
-    off_b = base + d_b[None, None, :] * stride_tab_d
-    if FROM_ANGLES:
-        c_a, s_a = _cos_sin(tl.load(cos_ptr + off_a, mask=mask, other=0.0).to(tl.float32),
-                            ACCURATE)
-        c_b, s_b = _cos_sin(tl.load(cos_ptr + off_b, mask=mask, other=0.0).to(tl.float32),
-                            ACCURATE)
-    else:
-        c_a = tl.load(cos_ptr + off_a, mask=mask, other=0.0).to(tl.float32)
-        s_a = tl.load(sin_ptr + off_a, mask=mask, other=0.0).to(tl.float32)
-        c_b = tl.load(cos_ptr + off_b, mask=mask, other=0.0).to(tl.float32)
-        s_b = tl.load(sin_ptr + off_b, mask=mask, other=0.0).to(tl.float32)
-    return c_a, s_a, c_b, s_b
-
-
-@triton.jit
 def _slots(p, bb, s_ok, block_table_ptr, stride_bt_b, stride_bt_n, CACHE_LEN, N_BLOCKS,
            MAX_BLOCKS, PAGED: tl.constexpr):
     # positions p [BLOCK_S] (int64) of batch entry bb -> (cache row, slot in the row, valid)
@@ -141,7 +122,6 @@ def _rope_kv_cache_kernel(
     S, B, HQ, HK, P,                    # new tokens, batch, heads of q and of k/v, table rows
     CACHE_LEN,                          # contiguous: the cache's length L; paged: block size BS
     N_BLOCKS, MAX_BLOCKS,               # paged: blocks in the pool, block-table columns
-    B_CHUNK,                            # batch entries per program
     # strides, in elements
     stride_q_b, stride_q_s, stride_q_h, stride_q_d,
     stride_k_b, stride_k_s, stride_k_h, stride_k_d,
@@ -157,16 +137,19 @@ def _rope_kv_cache_kernel(
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
     BLOCK_PASS: tl.constexpr,           # next_pow2(D - R); 0 when every feature rotates
     BLOCK_DV: tl.constexpr,
-    PAGED: tl.constexpr, INTERLEAVED: tl.constexpr, FROM_ANGLES: tl.constexpr,
-    K_SCALED: tl.constexpr, V_SCALED: tl.constexpr,
-    ACCURATE: tl.constexpr, BF16_RTNE: tl.constexpr,
-    FP8_BY_BITS: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
 ):
     HALF: tl.constexpr = R // 2
+    PAGED: tl.constexpr = block_table_ptr is not None
+    K_SCALED: tl.constexpr = k_scale_ptr is not None
+    V_SCALED: tl.constexpr = v_scale_ptr is not None
+    BF16_RTNE: tl.constexpr = ROUND_BF16_RTNE
+    FP8_BY_BITS: tl.constexpr = ENCODE_FP8_BY_BITS
     pid_s = tl.program_id(0)
     pid_h = tl.program_id(1)
-    b_lo = tl.program_id(2) * B_CHUNK
-    b_hi = tl.minimum(b_lo + B_CHUNK, B)
+    chunk = tl.cdiv(B, tl.num_programs(2))      # batch entries per program
+    b_lo = tl.program_id(2) * chunk
+    b_hi = tl.minimum(b_lo + chunk, B)
     q_blocks = tl.cdiv(HQ, BLOCK_H)
     is_q = pid_h < q_blocks
     if is_q:
@@ -177,12 +160,7 @@ def _rope_kv_cache_kernel(
         H = HK
     s_idx = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)          # [BLOCK_S]
     j = tl.arange(0, BLOCK_HALF)
-    if INTERLEAVED:
-        d_a = 2 * j
-        d_b = 2 * j + 1
-    else:
-        d_a = j
-        d_b = j + HALF
+    d_a, d_b = pair_features(j, HALF, INTERLEAVED)
     s_ok = s_idx < S
     h_ok = h_idx < H
     row_ok = s_ok[:, None] & h_ok[None, :]                   # [BLOCK_S, BLOCK_H]
@@ -205,8 +183,8 @@ def _rope_kv_cache_kernel(
         p = tl.load(seqlens_ptr + bb * stride_sl).to(tl.int64) + s64     # [BLOCK_S] positions
         tab_ok = (p >= 0) & (p < P)
         rows = tl.minimum(tl.maximum(p, 0), P - 1)
-        c_a, s_a, c_b, s_b = _table(cos_ptr, sin_ptr, rows, stride_tab_p, stride_tab_d, d_a,
-                                    d_b, tab_mask, FROM_ANGLES, ACCURATE)
+        c_a, s_a, c_b, s_b = load_table(cos_ptr, sin_ptr, rows, 0, 0, stride_tab_p,
+                                        stride_tab_d, d_a, d_b, tab_mask, tl.float32)
         c_row, c_slot, slot_ok = _slots(p, bb, s_ok, block_table_ptr, stride_bt_b, stride_bt_n,
                                         CACHE_LEN, N_BLOCKS, MAX_BLOCKS, PAGED)
         if is_q:
@@ -218,9 +196,10 @@ def _rope_kv_cache_kernel(
             x_b = tl.load(xr + d_b[None, None, :] * stride_q_d, mask=m, other=0.0).to(tl.float32)
             # a token without a table row or a cache slot: NaN, never a silent wrong answer
             bad = ~(tab_ok & slot_ok)[:, None, None]
-            # (the finished kernel's fmas: the same bits as apply_rope, then the write)
-            y_a = tl.where(bad, float("nan"), tl.fma(x_a, c_a, -(x_b * s_a)))
-            y_b = tl.where(bad, float("nan"), tl.fma(x_b, c_b, x_a * s_b))
+            # (the finished kernel's rotation: the same bits as apply_rope, then the write)
+            y_a, y_b = rotate_pair(x_a, x_b, c_a, s_a, c_b, s_b)
+            y_a = tl.where(bad, float("nan"), y_a)
+            y_b = tl.where(bad, float("nan"), y_b)
             tl.store(yr + d_a[None, None, :] * stride_qo_d,
                      round_to(y_a, q_out_ptr.dtype.element_ty, BF16_RTNE), mask=m)
             tl.store(yr + d_b[None, None, :] * stride_qo_d,
@@ -242,9 +221,9 @@ def _rope_kv_cache_kernel(
             x_a = tl.load(xr + d_a[None, None, :] * stride_k_d, mask=m, other=0.0).to(tl.float32)
             x_b = tl.load(xr + d_b[None, None, :] * stride_k_d, mask=m, other=0.0).to(tl.float32)
             bad = ~tab_ok[:, None, None]
-            # (the finished kernel's fmas: the same bits as apply_rope, then the write)
-            y_a = tl.where(bad, float("nan"), tl.fma(x_a, c_a, -(x_b * s_a)))
-            y_b = tl.where(bad, float("nan"), tl.fma(x_b, c_b, x_a * s_b))
+            y_a, y_b = rotate_pair(x_a, x_b, c_a, s_a, c_b, s_b)
+            y_a = tl.where(bad, float("nan"), y_a)
+            y_b = tl.where(bad, float("nan"), y_b)
             kdt = k_cache_ptr.dtype.element_ty
             tl.store(kr + d_a[None, None, :] * stride_kc_d,
                      _to_cache(y_a, k_scale, kdt, K_SCALED, BF16_RTNE, FP8_BY_BITS), mask=wm)
@@ -279,7 +258,7 @@ ELEMENTS_PER_STEP = 2048    # GPU: elements of q (or k) a program moves per batc
 
 
 def pick_tiles(S, B, HQ: int, HK: int, D: int, DV: int, sm_count: Optional[int]):
-    """(BLOCK_S, BLOCK_H, B_CHUNK, num_warps). S and B may be symbolic: only compared.
+    """(BLOCK_S, BLOCK_H, batch entries per program, num_warps). S and B may be symbolic: only compared.
 
     GPU: one batch entry per program, a tile of about ELEMENTS_PER_STEP elements, heads first
     (at most the smaller head count, so k's blocks are not mostly masked under GQA), halved
@@ -329,7 +308,7 @@ def plan(q, k, v, q_out, k_cache, v_cache, cache_seqlens, block_table, table, si
     args = dict(
         S=S, B=B, HQ=HQ, HK=HK, P=table.shape[0],
         CACHE_LEN=k_cache.shape[1], N_BLOCKS=k_cache.shape[0] if paged else 0,
-        MAX_BLOCKS=block_table.shape[1] if paged else 0, B_CHUNK=chunk,
+        MAX_BLOCKS=block_table.shape[1] if paged else 0,
         **dict(zip(("stride_q_b", "stride_q_s", "stride_q_h", "stride_q_d"), _strides4(q))),
         **dict(zip(("stride_k_b", "stride_k_s", "stride_k_h", "stride_k_d"), _strides4(k))),
         **dict(zip(("stride_v_b", "stride_v_s", "stride_v_h", "stride_v_d"), _strides4(v))),
@@ -347,10 +326,7 @@ def plan(q, k, v, q_out, k_cache, v_cache, cache_seqlens, block_table, table, si
         BLOCK_HALF=_pow2_at_least(R // 2, 1 << 30),
         BLOCK_PASS=_pow2_at_least(D - R, 1 << 30) if D > R else 0,
         BLOCK_DV=_pow2_at_least(DV, 1 << 30),
-        PAGED=paged, INTERLEAVED=interleaved, FROM_ANGLES=sin is None,
-        K_SCALED=k_scale is not None, V_SCALED=v_scale is not None,
-        ACCURATE=not INTERPRET,
-        BF16_RTNE=BF16_RTNE, FP8_BY_BITS=FP8_BY_BITS,
+        INTERLEAVED=interleaved,
     )
     pointers = (q, k, v, q_out, k_cache, v_cache, table, sin, cache_seqlens, block_table,
                 k_scale, v_scale)

@@ -19,7 +19,8 @@ Every input is a strided [S, B, H, D] view (sbhd as is, bshd with S and B swappe
 
     axis 0: blocks of BLOCK_S tokens                         cdiv(S, BLOCK_S)
     axis 1: groups of heads (q's heads, then k's, as one list) cdiv(HQ + HK, HEADS)
-    axis 2: chunks of B_CHUNK batch entries                  cdiv(B, B_CHUNK)
+    axis 2: chunks of batch entries                          cdiv(B, chunk); a program takes
+                                                             cdiv(B, programs on this axis)
 
 A program loads the positions of its BLOCK_S tokens on every axis ([BLOCK_S] each), picks for
 each pair the position of its axis and forms the angles and their cos/sin once, as a 2-D tile
@@ -51,9 +52,8 @@ import triton
 import triton.language as tl
 
 from ..runtime import INTERPRET
-from .common import BF16_RTNE, round_to
+from .common import ACCURATE, ROUND_BF16_RTNE, cos_sin, rotate_pair, round_to
 from .direct import DirectLauncher
-from .fused import _cos_sin
 from .launch import (Launch, _cdiv, _pow2_at_least, _pow2_at_most, multiprocessors,
                      needs_int64, start)
 
@@ -63,7 +63,7 @@ MAX_AXES = 4
 @triton.jit
 def _mrope_cos_sin(pos_ptr, inv, ax, s_idx, b, S, stride_pos_a, stride_pos_b, stride_pos_s,
                    BLOCK_S: tl.constexpr, BLOCK_HALF: tl.constexpr, N_AXES: tl.constexpr,
-                   ACCURATE: tl.constexpr, CDT: tl.constexpr):
+                   CDT: tl.constexpr):
     # s_idx [BLOCK_S] tokens, b batch entry, inv/ax [BLOCK_HALF] -> cos, sin [BLOCK_S, BLOCK_HALF]
     # the position of each pair's axis, NaN where no axis matches
     p = tl.full((BLOCK_S, BLOCK_HALF), float("nan"), CDT)
@@ -71,14 +71,14 @@ def _mrope_cos_sin(pos_ptr, inv, ax, s_idx, b, S, stride_pos_a, stride_pos_b, st
         p_a = tl.load(pos_ptr + a * stride_pos_a + b * stride_pos_b + s_idx * stride_pos_s,
                       mask=s_idx < S, other=0).to(CDT)                    # [BLOCK_S]
         p = tl.where((ax == a)[None, :], p_a[:, None], p)
-    return _cos_sin(p * inv[None, :], ACCURATE)
+    return cos_sin(p * inv[None, :], ACCURATE)
 
 
 @triton.jit
 def _rotate_heads(x_ptr, y_ptr, x_rows, y_rows, ok, c, s, stride_x_d, stride_y_d,
                   R: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, HPS: tl.constexpr,
                   BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
-                  INTERLEAVED: tl.constexpr, CDT: tl.constexpr, BF16_RTNE: tl.constexpr):
+                  INTERLEAVED: tl.constexpr, CDT: tl.constexpr):
     # HPS heads of BLOCK_S tokens: x_rows, y_rows [BLOCK_S, HPS] offsets of their rows, ok
     # [BLOCK_S, HPS] which exist; c, s [BLOCK_S, 1, BLOCK_HALF] (the same for every head)
     HALF: tl.constexpr = R // 2
@@ -100,8 +100,9 @@ def _rotate_heads(x_ptr, y_ptr, x_rows, y_rows, ok, c, s, stride_x_d, stride_y_d
         t = tl.load(xr + e[None, None, :] * stride_x_d, mask=mp)
     x_a = x_a.to(CDT)
     x_b = x_b.to(CDT)
-    y_a = round_to(x_a * c - x_b * s, y_ptr.dtype.element_ty, BF16_RTNE)
-    y_b = round_to(x_b * c + x_a * s, y_ptr.dtype.element_ty, BF16_RTNE)
+    y_a, y_b = rotate_pair(x_a, x_b, c, s, c, s)     # both members of a pair share the angle
+    y_a = round_to(y_a, y_ptr.dtype.element_ty, ROUND_BF16_RTNE)
+    y_b = round_to(y_b, y_ptr.dtype.element_ty, ROUND_BF16_RTNE)
     if INTERLEAVED:
         tl.store(yr + f[None, None, :] * stride_y_d,
                  tl.reshape(tl.join(y_a, y_b), (BLOCK_S, HPS, 2 * BLOCK_HALF)), mask=mf)
@@ -118,8 +119,7 @@ def _rotate_segment(x_ptr, y_ptr, s_off, tok_ok, bb, h_lo, h_hi, c, s,
                     stride_y_s, stride_y_b, stride_y_h, stride_y_d,
                     R: tl.constexpr, D: tl.constexpr, BLOCK_S: tl.constexpr, HPS: tl.constexpr,
                     BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
-                    INTERLEAVED: tl.constexpr, CDT: tl.constexpr, INT64: tl.constexpr,
-                    BF16_RTNE: tl.constexpr):
+                    INTERLEAVED: tl.constexpr, CDT: tl.constexpr, INT64: tl.constexpr):
     # heads h_lo .. h_hi - 1 of one tensor (q or k), batch entry bb, HPS heads per step
     x_tok = s_off * stride_x_s + bb * stride_x_b                         # [BLOCK_S]
     y_tok = s_off * stride_y_s + bb * stride_y_b
@@ -130,8 +130,7 @@ def _rotate_segment(x_ptr, y_ptr, s_off, tok_ok, bb, h_lo, h_hi, c, s,
             h = h.to(tl.int64)
         _rotate_heads(x_ptr, y_ptr, x_tok[:, None] + h[None, :] * stride_x_h,
                       y_tok[:, None] + h[None, :] * stride_y_h, ok, c, s, stride_x_d,
-                      stride_y_d, R, D, BLOCK_S, HPS, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, CDT,
-                      BF16_RTNE)
+                      stride_y_d, R, D, BLOCK_S, HPS, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, CDT)
 
 
 @triton.jit
@@ -145,7 +144,6 @@ def _mrope_kernel(
     # sizes
     S, B, HQ, HK,                       # tokens, batch, heads of q and of k
     HEADS,                              # heads per program (of the list q's heads, k's heads)
-    B_CHUNK,                            # batch entries per program
     # strides, in elements
     stride_q_s, stride_q_b, stride_q_h, stride_q_d,
     stride_qo_s, stride_qo_b, stride_qo_h, stride_qo_d,
@@ -153,19 +151,20 @@ def _mrope_kernel(
     stride_ko_s, stride_ko_b, stride_ko_h, stride_ko_d,
     stride_pos_a, stride_pos_b, stride_pos_s,   # 0 batch stride: positions shared by the batch
     # what is computed
-    R: tl.constexpr, D: tl.constexpr, N_AXES: tl.constexpr, HAS_K: tl.constexpr,
+    R: tl.constexpr, D: tl.constexpr, N_AXES: tl.constexpr,
     BLOCK_S: tl.constexpr, HPS: tl.constexpr,  # tokens per program, heads per loop step
     BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
     INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr, POS_PER_BATCH: tl.constexpr,
-    ACCURATE: tl.constexpr, CDT: tl.constexpr, INT64: tl.constexpr, BF16_RTNE: tl.constexpr,
+    CDT: tl.constexpr, INT64: tl.constexpr,
 ):
     HALF: tl.constexpr = R // 2
     s_idx = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)            # [BLOCK_S]
     tok_ok = s_idx < S
     h_lo = tl.program_id(1) * HEADS
     h_hi = tl.minimum(h_lo + HEADS, HQ + HK)
-    b_lo = tl.program_id(2) * B_CHUNK
-    b_hi = tl.minimum(b_lo + B_CHUNK, B)
+    chunk = tl.cdiv(B, tl.num_programs(2))      # batch entries per program
+    b_lo = tl.program_id(2) * chunk
+    b_hi = tl.minimum(b_lo + chunk, B)
     if INT64:
         s_off = s_idx.to(tl.int64)
     else:
@@ -175,7 +174,7 @@ def _mrope_kernel(
     ax = tl.load(axis_ptr + j, mask=j < HALF, other=0)                    # [BLOCK_HALF]
     if not POS_PER_BATCH:
         c, s = _mrope_cos_sin(pos_ptr, inv, ax, s_idx, 0, S, stride_pos_a, stride_pos_b,
-                              stride_pos_s, BLOCK_S, BLOCK_HALF, N_AXES, ACCURATE, CDT)
+                              stride_pos_s, BLOCK_S, BLOCK_HALF, N_AXES, CDT)
         if BACKWARD:
             s = -s
     for b in range(b_lo, b_hi):
@@ -185,7 +184,7 @@ def _mrope_kernel(
             bb = b
         if POS_PER_BATCH:
             c, s = _mrope_cos_sin(pos_ptr, inv, ax, s_idx, bb, S, stride_pos_a, stride_pos_b,
-                                  stride_pos_s, BLOCK_S, BLOCK_HALF, N_AXES, ACCURATE, CDT)
+                                  stride_pos_s, BLOCK_S, BLOCK_HALF, N_AXES, CDT)
             if BACKWARD:
                 s = -s
         c3 = c[:, None, :]                                               # [BLOCK_S, 1, HALF]
@@ -193,15 +192,13 @@ def _mrope_kernel(
         _rotate_segment(q_ptr, q_out_ptr, s_off, tok_ok, bb, h_lo, tl.minimum(h_hi, HQ), c3, s3,
                         stride_q_s, stride_q_b, stride_q_h, stride_q_d,
                         stride_qo_s, stride_qo_b, stride_qo_h, stride_qo_d,
-                        R, D, BLOCK_S, HPS, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, CDT, INT64,
-                        BF16_RTNE)
-        if HAS_K:
+                        R, D, BLOCK_S, HPS, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, CDT, INT64)
+        if k_ptr is not None:
             _rotate_segment(k_ptr, k_out_ptr, s_off, tok_ok, bb, tl.maximum(h_lo, HQ) - HQ,
                             h_hi - HQ, c3, s3,
                             stride_k_s, stride_k_b, stride_k_h, stride_k_d,
                             stride_ko_s, stride_ko_b, stride_ko_h, stride_ko_d,
-                            R, D, BLOCK_S, HPS, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, CDT, INT64,
-                            BF16_RTNE)
+                            R, D, BLOCK_S, HPS, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, CDT, INT64)
 
 
 # --- host side: the plan and the launch -----------------------------------------------------
@@ -288,7 +285,7 @@ def plan(q4: torch.Tensor, q_out4: torch.Tensor, pos: torch.Tensor, inv_freq: to
     cdt = tl.float64 if torch.float64 in {t.dtype for t in views} | {inv_freq.dtype} \
         else tl.float32
     args = dict(
-        S=S, B=B, HQ=HQ, HK=HK, HEADS=heads, B_CHUNK=chunk,
+        S=S, B=B, HQ=HQ, HK=HK, HEADS=heads,
         **dict(zip(("stride_q_s", "stride_q_b", "stride_q_h", "stride_q_d"), q4.stride())),
         **dict(zip(("stride_qo_s", "stride_qo_b", "stride_qo_h", "stride_qo_d"),
                    q_out4.stride())),
@@ -297,12 +294,11 @@ def plan(q4: torch.Tensor, q_out4: torch.Tensor, pos: torch.Tensor, inv_freq: to
         **dict(zip(("stride_ko_s", "stride_ko_b", "stride_ko_h", "stride_ko_d"),
                    k_out4.stride() if has_k else zero4)),
         stride_pos_a=pos.stride(0), stride_pos_b=pos_b, stride_pos_s=pos.stride(2),
-        R=R, D=D, N_AXES=pos.shape[0], HAS_K=has_k,
+        R=R, D=D, N_AXES=pos.shape[0],
         BLOCK_S=block_s, HPS=hps, BLOCK_HALF=_pow2_at_least(R // 2, 1 << 30),
         BLOCK_PASS=_pow2_at_least(D - R, 1 << 30) if D > R else 0,
         INTERLEAVED=interleaved, BACKWARD=backward, POS_PER_BATCH=pos_b != 0,
-        ACCURATE=not INTERPRET, CDT=cdt,
-        INT64=needs_int64(views), BF16_RTNE=BF16_RTNE,
+        CDT=cdt, INT64=needs_int64(views),
     )
     pointers = (q4, q_out4, k4, k_out4, pos, inv_freq, axis)
     dtypes = tuple(t.dtype if t is not None else None for t in pointers)

@@ -19,7 +19,8 @@ q and k are seen as strided [S, B, H, D] views (ropelib.ops.view4); nothing is c
 
     axis 0: blocks of BLOCK_S tokens                 cdiv(S, BLOCK_S)
     axis 1: blocks of BLOCK_H heads of q, then of k  cdiv(HQ, BLOCK_H) + cdiv(HK, BLOCK_H)
-    axis 2: chunks of B_CHUNK batch entries          cdiv(B, B_CHUNK)
+    axis 2: chunks of batch entries                  cdiv(B, chunk); a program takes
+                                                     cdiv(B, programs on this axis)
 
 A program loads the cos/sin of its tokens once ([BLOCK_S, 1, HALF]) and loops over its batch
 entries; per entry it loads a [BLOCK_S, BLOCK_H, D] tile (two rotary halves and the pass-through
@@ -43,17 +44,16 @@ import triton
 import triton.language as tl
 
 from ..runtime import INTERPRET
-from .common import BF16_RTNE, round_to
+from .common import ROUND_BF16_RTNE, load_table, pair_features, rotate_pair, round_to
 from .direct import DirectLauncher
-from .fused import _cos_sin
 from .launch import (Launch, _cdiv, _pow2_at_least, _pow2_at_most, multiprocessors,
                      needs_int64, start)
 
 
 @triton.jit
-def _rows_of_table(s_idx, b, S, P, pos_ptr, stride_pos_b, stride_pos_s, HAS_POS: tl.constexpr):
+def _rows_of_table(s_idx, b, S, P, pos_ptr, stride_pos_b, stride_pos_s):
     # s_idx [BLOCK_S] token indices, b batch entry -> (table rows [BLOCK_S] int32, valid [BLOCK_S])
-    if HAS_POS:
+    if pos_ptr is not None:
         p = tl.load(pos_ptr + b * stride_pos_b + s_idx * stride_pos_s, mask=s_idx < S, other=0)
         valid = (p >= 0) & (p < P)       # compared before narrowing, so huge ids cannot wrap
         p = p.to(tl.int32)
@@ -62,24 +62,6 @@ def _rows_of_table(s_idx, b, S, P, pos_ptr, stride_pos_b, stride_pos_s, HAS_POS:
         valid = p < P
     # masked tokens (s >= S) count as valid: they must not turn a partial sum into NaN
     return tl.minimum(tl.maximum(p, 0), P - 1), valid | (s_idx >= S)
-
-
-@triton.jit
-def _table(cos_ptr, sin_ptr, rows, b, stride_tab_b, stride_tab_p, stride_tab_d, d_a, d_b, mask,
-           FROM_ANGLES: tl.constexpr, ACCURATE: tl.constexpr, CDT: tl.constexpr):
-    # rows [BLOCK_S] -> c_a, s_a, c_b, s_b, each [BLOCK_S, 1, BLOCK_HALF]
-    base = rows[:, None, None].to(tl.int64) * stride_tab_p + b * stride_tab_b
-    off_a = base + d_a[None, None, :] * stride_tab_d
-    off_b = base + d_b[None, None, :] * stride_tab_d
-    if FROM_ANGLES:
-        c_a, s_a = _cos_sin(tl.load(cos_ptr + off_a, mask=mask, other=0.0).to(CDT), ACCURATE)
-        c_b, s_b = _cos_sin(tl.load(cos_ptr + off_b, mask=mask, other=0.0).to(CDT), ACCURATE)
-    else:
-        c_a = tl.load(cos_ptr + off_a, mask=mask, other=0.0).to(CDT)
-        s_a = tl.load(sin_ptr + off_a, mask=mask, other=0.0).to(CDT)
-        c_b = tl.load(cos_ptr + off_b, mask=mask, other=0.0).to(CDT)
-        s_b = tl.load(sin_ptr + off_b, mask=mask, other=0.0).to(CDT)
-    return c_a, s_a, c_b, s_b
 
 
 @triton.jit
@@ -102,9 +84,8 @@ def _norm_rope_heads(
     R: tl.constexpr, D: tl.constexpr,   # rotary dim (even, <= D), head dim
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
     BLOCK_PASS: tl.constexpr,           # next_pow2(D - R); 0 when the whole head is rotated
-    INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr, FROM_ANGLES: tl.constexpr,
-    HAS_POS: tl.constexpr, TABLE_PER_BATCH: tl.constexpr,
-    ACCURATE: tl.constexpr, CDT: tl.constexpr, INT64: tl.constexpr, BF16_RTNE: tl.constexpr,
+    INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr, TABLE_PER_BATCH: tl.constexpr,
+    CDT: tl.constexpr, INT64: tl.constexpr,
 ):
     HALF: tl.constexpr = R // 2
     # Fix the float arguments to the compute dtype, so every value (and the loop-carried sums)
@@ -116,12 +97,7 @@ def _norm_rope_heads(
     s_idx = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)          # [BLOCK_S]
     h_idx = h0 + tl.arange(0, BLOCK_H)                        # [BLOCK_H]
     j = tl.arange(0, BLOCK_HALF)                              # [BLOCK_HALF]
-    if INTERLEAVED:
-        d_a = 2 * j
-        d_b = 2 * j + 1
-    else:
-        d_a = j
-        d_b = j + HALF
+    d_a, d_b = pair_features(j, HALF, INTERLEAVED)
     if INT64:
         s_off = s_idx.to(tl.int64)
         h_off = h_idx.to(tl.int64)
@@ -152,10 +128,9 @@ def _norm_rope_heads(
             acc_p = tl.zeros((BLOCK_PASS,), dtype=CDT)
 
     if not TABLE_PER_BATCH:
-        rows, valid = _rows_of_table(s_idx, 0, S, P, pos_ptr, stride_pos_b, stride_pos_s,
-                                     HAS_POS)
-        c_a, s_a, c_b, s_b = _table(cos_ptr, sin_ptr, rows, 0, stride_tab_b, stride_tab_p,
-                                    stride_tab_d, d_a, d_b, tab_mask, FROM_ANGLES, ACCURATE, CDT)
+        rows, valid = _rows_of_table(s_idx, 0, S, P, pos_ptr, stride_pos_b, stride_pos_s)
+        c_a, s_a, c_b, s_b = load_table(cos_ptr, sin_ptr, rows, 0, stride_tab_b, stride_tab_p,
+                                        stride_tab_d, d_a, d_b, tab_mask, CDT)
 
     for b in range(b_lo, b_hi):
         if INT64:
@@ -163,11 +138,9 @@ def _norm_rope_heads(
         else:
             bb = b
         if TABLE_PER_BATCH:
-            rows, valid = _rows_of_table(s_idx, bb, S, P, pos_ptr, stride_pos_b, stride_pos_s,
-                                         HAS_POS)
-            c_a, s_a, c_b, s_b = _table(cos_ptr, sin_ptr, rows, bb, stride_tab_b, stride_tab_p,
-                                        stride_tab_d, d_a, d_b, tab_mask, FROM_ANGLES, ACCURATE,
-                                        CDT)
+            rows, valid = _rows_of_table(s_idx, bb, S, P, pos_ptr, stride_pos_b, stride_pos_s)
+            c_a, s_a, c_b, s_b = load_table(cos_ptr, sin_ptr, rows, bb, stride_tab_b,
+                                            stride_tab_p, stride_tab_d, d_a, d_b, tab_mask, CDT)
         bad = ~valid[:, None, None]      # a position outside the table: NaN, never a clamped row
         xr = x_ptr + (x_rows + bb * stride_x_b)[:, :, None]   # [BLOCK_S, BLOCK_H, 1]
         orow = out_ptr + (o_rows + bb * stride_o_b)[:, :, None]
@@ -187,22 +160,25 @@ def _norm_rope_heads(
         if not BACKWARD:
             u_a = n_a * sw_a
             u_b = n_b * sw_b
-            y_a = tl.where(bad, float("nan"), u_a * c_a - u_b * s_a)
-            y_b = tl.where(bad, float("nan"), u_b * c_b + u_a * s_b)
+            y_a, y_b = rotate_pair(u_a, u_b, c_a, s_a, c_b, s_b)
+            y_a = tl.where(bad, float("nan"), y_a)
+            y_b = tl.where(bad, float("nan"), y_b)
             tl.store(orow + d_a[None, None, :] * stride_o_d,
-                     round_to(y_a, out_ptr.dtype.element_ty, BF16_RTNE), mask=m)
+                     round_to(y_a, out_ptr.dtype.element_ty, ROUND_BF16_RTNE), mask=m)
             tl.store(orow + d_b[None, None, :] * stride_o_d,
-                     round_to(y_b, out_ptr.dtype.element_ty, BF16_RTNE), mask=m)
+                     round_to(y_b, out_ptr.dtype.element_ty, ROUND_BF16_RTNE), mask=m)
             if BLOCK_PASS > 0:
                 tl.store(orow + e[None, None, :] * stride_o_d,
-                         round_to(x_p * r * sw_p, out_ptr.dtype.element_ty, BF16_RTNE), mask=mp)
+                         round_to(x_p * r * sw_p, out_ptr.dtype.element_ty, ROUND_BF16_RTNE),
+                         mask=mp)
         else:
             gr = gy_ptr + (g_rows + bb * stride_g_b)[:, :, None]
             gy_a = tl.load(gr + d_a[None, None, :] * stride_g_d, mask=m, other=0.0).to(CDT)
             gy_b = tl.load(gr + d_b[None, None, :] * stride_g_d, mask=m, other=0.0).to(CDT)
             # gu = R(-theta) gy
-            gu_a = tl.where(bad, float("nan"), gy_a * c_a + gy_b * s_b)
-            gu_b = tl.where(bad, float("nan"), gy_b * c_b - gy_a * s_a)
+            gu_a, gu_b = rotate_pair(gy_a, gy_b, c_a, -s_b, c_b, -s_a)
+            gu_a = tl.where(bad, float("nan"), gu_a)
+            gu_b = tl.where(bad, float("nan"), gu_b)
             acc_a += tl.sum(tl.sum(gu_a * n_a, axis=0), axis=0)
             acc_b += tl.sum(tl.sum(gu_b * n_b, axis=0), axis=0)
             gn_a = gu_a * sw_a
@@ -216,14 +192,14 @@ def _norm_rope_heads(
                 dot += tl.sum(gn_p * n_p, axis=2)
             dot = (dot / D)[:, :, None]
             tl.store(orow + d_a[None, None, :] * stride_o_d,
-                     round_to(r * (gn_a - n_a * dot), out_ptr.dtype.element_ty, BF16_RTNE),
+                     round_to(r * (gn_a - n_a * dot), out_ptr.dtype.element_ty, ROUND_BF16_RTNE),
                      mask=m)
             tl.store(orow + d_b[None, None, :] * stride_o_d,
-                     round_to(r * (gn_b - n_b * dot), out_ptr.dtype.element_ty, BF16_RTNE),
+                     round_to(r * (gn_b - n_b * dot), out_ptr.dtype.element_ty, ROUND_BF16_RTNE),
                      mask=m)
             if BLOCK_PASS > 0:
                 tl.store(orow + e[None, None, :] * stride_o_d,
-                         round_to(r * (gn_p - n_p * dot), out_ptr.dtype.element_ty, BF16_RTNE),
+                         round_to(r * (gn_p - n_p * dot), out_ptr.dtype.element_ty, ROUND_BF16_RTNE),
                          mask=mp)
     if BACKWARD:
         tl.store(part_ptr + d_a, acc_a, mask=j < HALF)
@@ -245,7 +221,6 @@ def _qk_norm_rope_kernel(
     part_ptr,                           # backward: partial sums [programs, D] (None forward)
     # sizes and scalars
     S, B, HQ, HK, P,                    # tokens, batch, heads of q and of k, table rows
-    B_CHUNK,                            # batch entries per program
     # RMSNorm epsilon; the scale is w + weight_offset. fp64, so that fp64 inputs get them
     # unrounded: a plain float argument is passed as fp32 (as it still is by Triton before 3.4,
     # which ignores a float annotation)
@@ -264,15 +239,15 @@ def _qk_norm_rope_kernel(
     R: tl.constexpr, D: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
     BLOCK_PASS: tl.constexpr,
-    INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr, FROM_ANGLES: tl.constexpr,
-    HAS_POS: tl.constexpr, TABLE_PER_BATCH: tl.constexpr,
-    ACCURATE: tl.constexpr, CDT: tl.constexpr, INT64: tl.constexpr, BF16_RTNE: tl.constexpr,
+    INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr, TABLE_PER_BATCH: tl.constexpr,
+    CDT: tl.constexpr, INT64: tl.constexpr,
 ):
     pid_s = tl.program_id(0)
     pid_h = tl.program_id(1)
     pid_b = tl.program_id(2)
-    b_lo = pid_b * B_CHUNK
-    b_hi = tl.minimum(b_lo + B_CHUNK, B)
+    chunk = tl.cdiv(B, tl.num_programs(2))      # batch entries per program
+    b_lo = pid_b * chunk
+    b_hi = tl.minimum(b_lo + chunk, B)
     if BACKWARD:    # this program's row of the partial sums
         part = part_ptr + ((pid_s * tl.num_programs(1) + pid_h) * tl.num_programs(2) + pid_b) * D
     else:
@@ -287,7 +262,7 @@ def _qk_norm_rope_kernel(
                          stride_wq, stride_tab_b, stride_tab_p, stride_tab_d,
                          stride_pos_b, stride_pos_s,
                          R, D, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, BACKWARD,
-                         FROM_ANGLES, HAS_POS, TABLE_PER_BATCH, ACCURATE, CDT, INT64, BF16_RTNE)
+                         TABLE_PER_BATCH, CDT, INT64)
     else:
         _norm_rope_heads(k_ptr, gk_ptr, k_out_ptr, w_k_ptr, cos_ptr, sin_ptr, pos_ptr, part,
                          pid_s, (pid_h - q_blocks) * BLOCK_H, b_lo, b_hi, S, HK, P, eps,
@@ -298,7 +273,7 @@ def _qk_norm_rope_kernel(
                          stride_wk, stride_tab_b, stride_tab_p, stride_tab_d,
                          stride_pos_b, stride_pos_s,
                          R, D, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, BACKWARD,
-                         FROM_ANGLES, HAS_POS, TABLE_PER_BATCH, ACCURATE, CDT, INT64, BF16_RTNE)
+                         TABLE_PER_BATCH, CDT, INT64)
 
 
 # --- host side: tiles, the plan, the launch --------------------------------------------------
@@ -317,7 +292,7 @@ def _tokens_per_program(S, cap: int) -> int:
 
 
 def pick_tiles(S, B, HQ: int, HK: int, D: int, sm_count: Optional[int]):
-    """(BLOCK_S, BLOCK_H, B_CHUNK, num_warps). S and B may be symbolic: only compared.
+    """(BLOCK_S, BLOCK_H, batch entries per program, num_warps). S and B may be symbolic: only compared.
 
     GPU: about ROWS_PER_STEP elements per batch step, heads first (BLOCK_H at most the smaller
     head count, so k's blocks are not mostly masked under GQA), looping over the whole batch
@@ -382,7 +357,7 @@ def plan(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch
     tensors = [t for t in (q4, k4, q_out4, k_out4, gq4, gk4) if t is not None]
     cdt = tl.float64 if q4.dtype == torch.float64 else tl.float32
     args = dict(
-        S=S, B=B, HQ=HQ, HK=HK, P=table.shape[-2], B_CHUNK=chunk,
+        S=S, B=B, HQ=HQ, HK=HK, P=table.shape[-2],
         eps=eps, weight_offset=weight_offset,
         **dict(zip(("stride_q_s", "stride_q_b", "stride_q_h", "stride_q_d"), _strides4(q4))),
         **dict(zip(("stride_k_s", "stride_k_b", "stride_k_h", "stride_k_d"), _strides4(k4))),
@@ -400,10 +375,8 @@ def plan(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch
         R=R, D=D, BLOCK_S=block_s, BLOCK_H=block_h,
         BLOCK_HALF=_pow2_at_least(R // 2, 1 << 30),
         BLOCK_PASS=_pow2_at_least(D - R, 1 << 30) if D > R else 0,
-        INTERLEAVED=interleaved, BACKWARD=backward, FROM_ANGLES=sin is None,
-        HAS_POS=pos is not None, TABLE_PER_BATCH=tab_b != 0 or pos_b != 0,
-        ACCURATE=not INTERPRET, INT64=needs_int64(tensors),
-        CDT=cdt, BF16_RTNE=BF16_RTNE,
+        INTERLEAVED=interleaved, BACKWARD=backward, TABLE_PER_BATCH=tab_b != 0 or pos_b != 0,
+        INT64=needs_int64(tensors), CDT=cdt,
     )
     dtypes = (q4.dtype, k4.dtype, gq4.dtype if backward else None,
               gk4.dtype if backward else None, q_out4.dtype, k_out4.dtype, w_q.dtype, w_k.dtype,
