@@ -1,6 +1,7 @@
 """The @triton.jit helpers every kernel family shares (RoPE, QK-norm + RoPE, the KV-cache write,
 multi-axis RoPE), and the two settings that follow from where the kernels run.
 
+    batch_range     the batch entries of a program (grid axis 2 splits the batch into chunks)
     pair_features   the two features (d_a, d_b) of each rotated pair: rotate-half or interleaved
     load_table      cos and sin of table rows: angles (sin_ptr None) or cos and sin tables
     cos_sin         cos and sin of angles (libdevice's on the GPU)
@@ -45,6 +46,15 @@ def cos_sin(angle, ACCURATE: tl.constexpr):
         return libdevice.cos(angle), libdevice.sin(angle)
     else:
         return tl.cos(angle), tl.sin(angle)
+
+
+@triton.jit
+def batch_range(B):
+    """The batch entries [b_lo, b_hi) of this program: grid axis 2 splits the B entries into
+    chunks of cdiv(B, programs on that axis), so the planner's choice of grid is the only one."""
+    chunk = tl.cdiv(B, tl.num_programs(2))
+    b_lo = tl.program_id(2) * chunk
+    return b_lo, tl.minimum(b_lo + chunk, B)
 
 
 @triton.jit

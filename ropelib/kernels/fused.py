@@ -70,8 +70,8 @@ fp64 inputs use fp64 angles and fp64 sin/cos instead. Both members of a pair sha
 import triton
 import triton.language as tl
 
-from .common import (ACCURATE, ROUND_BF16_RTNE, cos_sin, dual_chunk_position, load_table,
-                     pair_features, rotate_pair, round_to)
+from .common import (ACCURATE, ROUND_BF16_RTNE, batch_range, cos_sin, dual_chunk_position,
+                     load_table, pair_features, rotate_pair, round_to)
 
 # 2 pi = TWO_PI_1 + TWO_PI_2 + TWO_PI_3 (each exact in fp32, the sum within 2^-75 of 2 pi), so
 # a product with it is exact to fp64 precision whatever precision the constants are given in.
@@ -375,9 +375,7 @@ def _rope_kernel(
         else tl.float32
     pid_s = tl.program_id(0)
     pid_h = tl.program_id(1)
-    chunk = tl.cdiv(B, tl.num_programs(2))      # batch entries per program
-    b_lo = tl.program_id(2) * chunk
-    b_hi = tl.minimum(b_lo + chunk, B)
+    b_lo, b_hi = batch_range(B)
     q_blocks = tl.cdiv(HQ, BLOCK_H)
     if pid_h < q_blocks:
         _rope_heads(q_ptr, q_out_ptr, cos_ptr, sin_ptr, position_ids_ptr, cu_seqlens_ptr,

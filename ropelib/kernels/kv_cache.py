@@ -49,7 +49,7 @@ import triton
 import triton.language as tl
 
 from ..runtime import INTERPRET
-from .common import ROUND_BF16_RTNE, load_table, pair_features, rotate_pair, round_to
+from .common import ROUND_BF16_RTNE, batch_range, load_table, pair_features, rotate_pair, round_to
 from .direct import DirectLauncher
 from .launch import Launch, _cdiv, _device, _pow2_at_least, _pow2_at_most, start
 
@@ -147,9 +147,7 @@ def _rope_kv_cache_kernel(
     FP8_BY_BITS: tl.constexpr = ENCODE_FP8_BY_BITS
     pid_s = tl.program_id(0)
     pid_h = tl.program_id(1)
-    chunk = tl.cdiv(B, tl.num_programs(2))      # batch entries per program
-    b_lo = tl.program_id(2) * chunk
-    b_hi = tl.minimum(b_lo + chunk, B)
+    b_lo, b_hi = batch_range(B)
     q_blocks = tl.cdiv(HQ, BLOCK_H)
     is_q = pid_h < q_blocks
     if is_q:

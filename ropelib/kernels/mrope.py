@@ -52,7 +52,7 @@ import triton
 import triton.language as tl
 
 from ..runtime import INTERPRET
-from .common import ACCURATE, ROUND_BF16_RTNE, cos_sin, rotate_pair, round_to
+from .common import ACCURATE, ROUND_BF16_RTNE, batch_range, cos_sin, rotate_pair, round_to
 from .direct import DirectLauncher
 from .launch import (Launch, _cdiv, _pow2_at_least, _pow2_at_most, multiprocessors,
                      needs_int64, start)
@@ -162,9 +162,7 @@ def _mrope_kernel(
     tok_ok = s_idx < S
     h_lo = tl.program_id(1) * HEADS
     h_hi = tl.minimum(h_lo + HEADS, HQ + HK)
-    chunk = tl.cdiv(B, tl.num_programs(2))      # batch entries per program
-    b_lo = tl.program_id(2) * chunk
-    b_hi = tl.minimum(b_lo + chunk, B)
+    b_lo, b_hi = batch_range(B)
     if INT64:
         s_off = s_idx.to(tl.int64)
     else:

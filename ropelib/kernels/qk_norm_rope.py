@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 from ..runtime import INTERPRET
-from .common import ROUND_BF16_RTNE, load_table, pair_features, rotate_pair, round_to
+from .common import ROUND_BF16_RTNE, batch_range, load_table, pair_features, rotate_pair, round_to
 from .direct import DirectLauncher
 from .launch import (Launch, _cdiv, _pow2_at_least, _pow2_at_most, multiprocessors,
                      needs_int64, start)
@@ -199,7 +199,8 @@ def _norm_rope_heads(
                      mask=m)
             if BLOCK_PASS > 0:
                 tl.store(orow + e[None, None, :] * stride_o_d,
-                         round_to(r * (gn_p - n_p * dot), out_ptr.dtype.element_ty, ROUND_BF16_RTNE),
+                         round_to(r * (gn_p - n_p * dot), out_ptr.dtype.element_ty,
+                                  ROUND_BF16_RTNE),
                          mask=mp)
     if BACKWARD:
         tl.store(part_ptr + d_a, acc_a, mask=j < HALF)
@@ -245,9 +246,7 @@ def _qk_norm_rope_kernel(
     pid_s = tl.program_id(0)
     pid_h = tl.program_id(1)
     pid_b = tl.program_id(2)
-    chunk = tl.cdiv(B, tl.num_programs(2))      # batch entries per program
-    b_lo = pid_b * chunk
-    b_hi = tl.minimum(b_lo + chunk, B)
+    b_lo, b_hi = batch_range(B)
     if BACKWARD:    # this program's row of the partial sums
         part = part_ptr + ((pid_s * tl.num_programs(1) + pid_h) * tl.num_programs(2) + pid_b) * D
     else:

@@ -1,0 +1,111 @@
+"""Compile every product kernel for an H100/H200 (sm_90) on this machine, without a GPU:
+Triton's front end, its optimiser and ptxas run on the CPU, so an error only the GPU compiler
+finds (the interpreter runs kernels as Python) shows up here. Run without TRITON_INTERPRET (under
+the interpreter @triton.jit gives interpreted functions); tests/test_kernels_compile.py runs it.
+
+Prints one line per variant: `name arguments fma-count`."""
+import inspect
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+import ropelib
+from ropelib.kernels import kv_cache as KV
+from ropelib.kernels import launch as L
+from ropelib.kernels import mrope as MR
+from ropelib.kernels import qk_norm_rope as QK
+
+TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
+         torch.float64: "fp64", torch.int32: "i32", torch.int64: "i64",
+         torch.float8_e4m3fn: "fp8e4nv"}
+
+
+def compile_for_gpu(name, kernel, pointer_names, planned, pointers):
+    params = inspect.signature(kernel.fn).parameters
+    sig, consts = {}, {}
+    for n, t in zip(pointer_names, pointers):
+        if t is None:
+            sig[n], consts[n] = "constexpr", None
+        else:
+            sig[n] = "*" + TYPES[t.dtype]
+    for n, v in planned.args.items():
+        if "constexpr" in str(params[n].annotation):
+            sig[n], consts[n] = "constexpr", v
+        elif isinstance(v, float):
+            sig[n] = "fp32"
+        else:
+            sig[n] = "i32"
+    sig = {n: sig[n] for n in kernel.arg_names}
+    compiled = triton.compile(ASTSource(kernel, sig, constexprs=consts),
+                              target=GPUTarget("cuda", 90, 32),
+                              options=dict(num_warps=planned.num_warps))
+    ptx = compiled.asm["ptx"]
+    print(name, len(kernel.arg_names), ptx.count("fma.rn.f32") + ptx.count("fma.rn.f64"))
+
+
+def main():
+    S, B, H, D, P = 8, 2, 2, 64, 32
+    bf = torch.bfloat16
+    f = ropelib.rope_freqs(P, D)[:, 0, 0]
+    x, y = torch.randn(S, B, 2 * H, D, dtype=bf), torch.empty(S, B, 2 * H, D, dtype=bf)
+    k, ko = torch.randn(S, B, H, D, dtype=bf), torch.empty(S, B, H, D, dtype=bf)
+    start = torch.zeros(B, dtype=torch.int32)
+    for name, table, pos, with_k, interleaved, backward in [
+        ("rope-angles", L.Table(f, None), L.Positions(), False, False, False),
+        ("rope-qk-start-cp", L.Table(f, None), L.Positions(start=start, cp_size=2, cp_rank=1),
+         True, True, True),
+        ("rope-cos-sin-position-ids", L.Table(f.cos(), f.sin()),
+         L.Positions(position_ids=torch.zeros(1, S, dtype=torch.int64)), False, False, False),
+        ("rope-packed", L.Table(f, None),
+         L.Positions(cu_seqlens=torch.tensor([0, 3, S], dtype=torch.int32)), False, False, False),
+        ("rope-table-free", L.Table(torch.zeros(D, dtype=torch.int64), torch.ones(1)),
+         L.Positions(), False, False, False),
+    ]:
+        kv = dict(k=L.View.of(k), k_out=L.View.of(ko)) if with_k else {}
+        planned, ptrs = L.plan(L.View.of(x), L.View.of(y), table, pos, R=D,
+                               interleaved=interleaved, backward=backward, copy_pass=True,
+                               tiles=(4, 2, 1, 4), **kv)
+        compile_for_gpu(name, L._rope_kernel, L.POINTERS, planned, ptrs)
+    x64 = torch.randn(S, B, H, D, dtype=torch.float64)
+    planned, ptrs = L.plan(L.View.of(x64), L.View.of(torch.empty_like(x64)),
+                           L.Table(f.double(), None), L.Positions(), R=D, interleaved=True,
+                           backward=False, copy_pass=True, tiles=(4, 2, 1, 4))
+    compile_for_gpu("rope-fp64", L._rope_kernel, L.POINTERS, planned, ptrs)
+
+    qb, kb = x.transpose(0, 1), k.transpose(0, 1)               # [B, S, H, D]
+    for name, kc, vc, block_table, table, sin, scale in [
+        ("kv-cache", torch.empty(B, P, H, D, dtype=bf), torch.empty(B, P, H, D, dtype=bf), None,
+         f, None, None),
+        ("kv-cache-paged-fp8", torch.empty(8, 4, H, D, dtype=torch.float8_e4m3fn),
+         torch.empty(8, 4, H, D, dtype=torch.float8_e4m3fn), torch.zeros(B, 4, dtype=torch.int32),
+         f.cos(), f.sin(), torch.ones(1)),
+    ]:
+        planned, ptrs = KV.plan(qb, kb, kb, torch.empty_like(qb), kc, vc, start, block_table,
+                                table, sin, scale, scale, interleaved=False)
+        compile_for_gpu(name, KV._rope_kv_cache_kernel, KV.POINTERS, planned, ptrs)
+
+    w = torch.ones(D)
+    for name, table, sin, pos, backward in [
+        ("qk-norm", f, None, None, False),
+        ("qk-norm-backward", f.cos(), f.sin(), torch.zeros(1, S, dtype=torch.int64), True),
+    ]:
+        qo, kout = torch.empty_like(x), torch.empty_like(k)
+        grads = dict(gq4=torch.randn_like(x), gk4=torch.randn_like(k)) if backward else {}
+        planned = QK.plan(x, k, qo, kout, w, w, table, sin, pos, interleaved=True, eps=1e-6,
+                          weight_offset=0.0, **grads)
+        ptrs = (x, k, grads.get("gq4"), grads.get("gk4"), qo, kout, w, w, table, sin, pos,
+                QK.partials(planned))
+        compile_for_gpu(name, QK._qk_norm_rope_kernel, QK.POINTERS, planned, ptrs)
+
+    positions = torch.zeros(3, 1, S, dtype=torch.int64)
+    inv, axis = torch.rand(D // 2), torch.zeros(D // 2, dtype=torch.int32)
+    for name, kv in [("multi-axis", {}), ("multi-axis-qk", dict(k4=k, k_out4=ko))]:
+        planned, ptrs = MR.plan(x, y, positions, inv, axis, interleaved=False, backward=True,
+                                **kv)
+        compile_for_gpu(name, MR._mrope_kernel, MR.POINTERS, planned, ptrs)
+
+
+if __name__ == "__main__":
+    main()
