@@ -16,7 +16,6 @@ fp32 multiply-add, one rounding), labelled "TE emulation".
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
