@@ -141,7 +141,7 @@ EXACT_CANDIDATES = [(4, 16), (8, 8), (8, 16), (16, 4), (16, 8), (32, 4), (32, 8)
 def exact_tiles() -> list:
     D, base = 128, 10000.0
     sm = torch.cuda.get_device_properties(0).multi_processor_count
-    knobs = L._device(0)[1]
+    knobs = L.device_tiles(0)[1]
     best = []
     for case, shape, layout in (("bshd-b4-s8192-h32", (4, 8192, 32, D), "bshd"),
                                 ("bshd-b16-s8192-h32 (1 GiB)", (16, 8192, 32, D), "bshd"),

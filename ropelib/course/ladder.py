@@ -245,7 +245,7 @@ class Plan(NamedTuple):
     chunk: int
 
 
-def _pow2_at_most(n: int) -> int:
+def pow2_at_most(n: int) -> int:
     return 1 << (max(int(n), 1).bit_length() - 1)
 
 
@@ -253,8 +253,8 @@ def tile_shape(S: int, H: int, D: int, target: int) -> tuple:
     """(BLOCK_S, BLOCK_H) of a tile of about `target` elements (both halves): heads first, then
     tokens, at most 16 tokens; the same rule as ropelib's planner, without the batch chunks."""
     row = 2 * triton.next_power_of_2(D // 2)
-    block_h = min(triton.next_power_of_2(H), _pow2_at_most(max(target // row, 1)))
-    block_s = min(triton.next_power_of_2(S), 16, _pow2_at_most(max(target // (block_h * row), 1)))
+    block_h = min(triton.next_power_of_2(H), pow2_at_most(max(target // row, 1)))
+    block_s = min(triton.next_power_of_2(S), 16, pow2_at_most(max(target // (block_h * row), 1)))
     return block_s, block_h
 
 
@@ -262,8 +262,8 @@ def device_knobs(x: torch.Tensor) -> tuple:
     """(SM count or None, ropelib's tile knobs for this GPU): None and {} in the interpreter."""
     if x.device.type != "cuda" or INTERPRET:
         return None, {}
-    return _launch._device(x.device.index if x.device.index is not None
-                           else torch.cuda.current_device())
+    return _launch.device_tiles(x.device.index if x.device.index is not None
+                                else torch.cuda.current_device())
 
 
 def plan(rung: str, S: int, B: int, H: int, D: int, elem_size: int,

@@ -51,7 +51,7 @@ import triton.language as tl
 from ..runtime import INTERPRET
 from .common import ROUND_BF16_RTNE, batch_range, load_table, pair_features, rotate_pair, round_to
 from .direct import DirectLauncher
-from .launch import Launch, _cdiv, _device, _pow2_at_least, _pow2_at_most, start
+from .launch import Launch, cdiv, multiprocessors, pow2_at_least, pow2_at_most, start
 
 FP8_BY_BITS: bool = INTERPRET
 ENCODE_FP8_BY_BITS = tl.constexpr(FP8_BY_BITS)
@@ -263,24 +263,24 @@ def pick_tiles(S, B, HQ: int, HK: int, D: int, DV: int, sm_count: Optional[int])
     while the grid has fewer than 2 programs per SM (decode at small batch). Interpreter: every
     head and batch entry in one program, since each program instance costs milliseconds.
     """
-    block_d = _pow2_at_least(max(D, DV), 1 << 30)
+    block_d = pow2_at_least(max(D, DV), 1 << 30)
     symbolic = isinstance(S, torch.SymInt) or isinstance(B, torch.SymInt)
     if sm_count is None:
-        block_h = _pow2_at_least(max(HQ, HK), 16)
+        block_h = pow2_at_least(max(HQ, HK), 16)
         cap = max(1, 4096 // (block_h * block_d))
-        block_s = cap if isinstance(S, torch.SymInt) else _pow2_at_least(S, cap)
+        block_s = cap if isinstance(S, torch.SymInt) else pow2_at_least(S, cap)
         # an empty batch still gets a chunk of 1 (its grid is empty), not a division by zero
         return block_s, block_h, B if isinstance(B, torch.SymInt) else max(B, 1), 4
     rows = max(1, ELEMENTS_PER_STEP // block_d)
-    block_h = min(_pow2_at_most(min(HQ, HK)), rows)
+    block_h = min(pow2_at_most(min(HQ, HK)), rows)
     cap = max(1, rows // block_h)
-    block_s = cap if isinstance(S, torch.SymInt) else _pow2_at_least(S, cap)
+    block_s = cap if isinstance(S, torch.SymInt) else pow2_at_least(S, cap)
     if not symbolic:
-        while block_h > 1 and _cdiv(S, block_s) * (_cdiv(HQ, block_h) + _cdiv(HK, block_h)) \
+        while block_h > 1 and cdiv(S, block_s) * (cdiv(HQ, block_h) + cdiv(HK, block_h)) \
                 * B < 2 * sm_count:
             block_h //= 2
     chunk = 1
-    while not isinstance(B, torch.SymInt) and _cdiv(B, chunk) > 65535:
+    while not isinstance(B, torch.SymInt) and cdiv(B, chunk) > 65535:
         chunk *= 2
     num_warps = max(1, min(4, block_s * block_h * block_d // 512))
     return block_s, block_h, chunk, num_warps
@@ -298,10 +298,9 @@ def plan(q, k, v, q_out, k_cache, v_cache, cache_seqlens, block_table, table, si
     HK, DV = k.shape[2], v.shape[3]
     R = table.shape[-1]
     on_gpu = q.device.type == "cuda" and not INTERPRET
-    sm = _device(q.device.index if q.device.index is not None
-                 else torch.cuda.current_device())[0] if on_gpu else None
+    sm = multiprocessors(q.device) if on_gpu else None
     block_s, block_h, chunk, num_warps = pick_tiles(S, B, HQ, HK, D, DV, sm)
-    grid = (_cdiv(S, block_s), _cdiv(HQ, block_h) + _cdiv(HK, block_h), _cdiv(B, chunk))
+    grid = (cdiv(S, block_s), cdiv(HQ, block_h) + cdiv(HK, block_h), cdiv(B, chunk))
     paged = block_table is not None
     args = dict(
         S=S, B=B, HQ=HQ, HK=HK, P=table.shape[0],
@@ -321,9 +320,9 @@ def plan(q, k, v, q_out, k_cache, v_cache, cache_seqlens, block_table, table, si
         stride_bt_b=block_table.stride(0) if paged else 0,
         stride_bt_n=block_table.stride(1) if paged else 0,
         R=R, D=D, DV=DV, BLOCK_S=block_s, BLOCK_H=block_h,
-        BLOCK_HALF=_pow2_at_least(R // 2, 1 << 30),
-        BLOCK_PASS=_pow2_at_least(D - R, 1 << 30) if D > R else 0,
-        BLOCK_DV=_pow2_at_least(DV, 1 << 30),
+        BLOCK_HALF=pow2_at_least(R // 2, 1 << 30),
+        BLOCK_PASS=pow2_at_least(D - R, 1 << 30) if D > R else 0,
+        BLOCK_DV=pow2_at_least(DV, 1 << 30),
         INTERLEAVED=interleaved,
     )
     pointers = (q, k, v, q_out, k_cache, v_cache, table, sin, cache_seqlens, block_table,

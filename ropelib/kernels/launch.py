@@ -118,7 +118,7 @@ class Launch:
 # --- tiles ----------------------------------------------------------------------------------
 
 @lru_cache(maxsize=None)
-def _device(device_index: int) -> tuple:
+def device_tiles(device_index: int) -> tuple:
     """(SM count, tile knobs) of a GPU: looked up once per device, never per call."""
     props = torch.cuda.get_device_properties(device_index)
     knobs = TILES_BY_GPU.get(props.name, {})
@@ -141,7 +141,7 @@ def _index(device: torch.device) -> int:
 
 def multiprocessors(device: torch.device) -> int:
     """The SM count of a CUDA device (looked up once per device)."""
-    return _device(_index(device))[0]
+    return device_tiles(_index(device))[0]
 
 
 def needs_int64(tensors) -> bool:
@@ -150,7 +150,7 @@ def needs_int64(tensors) -> bool:
                > _I32_LIMIT - 1024 for t in tensors)
 
 
-def _pow2_at_least(n: int, cap: int) -> int:
+def pow2_at_least(n: int, cap: int) -> int:
     """min(cap, next power of two >= n), by comparisons only (n may be a symbolic size)."""
     p = 1
     while p < cap and p < n:
@@ -158,14 +158,14 @@ def _pow2_at_least(n: int, cap: int) -> int:
     return p
 
 
-def _pow2_at_most(n: int) -> int:
+def pow2_at_most(n: int) -> int:
     p = 1
     while 2 * p <= n:
         p *= 2
     return p
 
 
-def _cdiv(a, b):
+def cdiv(a, b):
     return (a + b - 1) // b
 
 
@@ -203,11 +203,11 @@ def pick_tiles(S, B, heads: tuple, R: int, D: int, elem_size: int, sm_count: Opt
     masked. Interpreter (sm_count None): big tiles, since every program instance costs
     milliseconds. S and B may be symbolic: they are only compared, never converted.
     """
-    row = 2 * _pow2_at_least(R // 2, 1 << 30) + (_pow2_at_least(D - R, 1 << 30) if D > R else 0)
+    row = 2 * pow2_at_least(R // 2, 1 << 30) + (pow2_at_least(D - R, 1 << 30) if D > R else 0)
     heads = tuple(h for h in heads if h)
     if sm_count is None:
-        block_h = _pow2_at_least(max(heads), 16)
-        block_s = _pow2_at_least(S, min(32, _pow2_at_most(max(2048 // (block_h * row), 1))))
+        block_h = pow2_at_least(max(heads), 16)
+        block_s = pow2_at_least(S, min(32, pow2_at_most(max(2048 // (block_h * row), 1))))
         return block_s, block_h, max(B, 1), 4
     want = 4 * sm_count
     # Under torch.compile with dynamic shapes S or B may be symbolic: then the grid is not
@@ -218,18 +218,18 @@ def pick_tiles(S, B, heads: tuple, R: int, D: int, elem_size: int, sm_count: Opt
     def tiles_for(ept, num_warps):
         target = ept * 32 * num_warps
         while True:
-            block_h = _pow2_at_least(min(heads), _pow2_at_most(max(target // row, 1)))
-            block_s = _pow2_at_least(S, min(16, _pow2_at_most(max(target // (block_h * row), 1))))
-            tiles = _cdiv(S, block_s) * sum(_cdiv(h, block_h) for h in heads)
+            block_h = pow2_at_least(min(heads), pow2_at_most(max(target // row, 1)))
+            block_s = pow2_at_least(S, min(16, pow2_at_most(max(target // (block_h * row), 1))))
+            tiles = cdiv(S, block_s) * sum(cdiv(h, block_h) for h in heads)
             chunk = max(B, 1) if fit else B
-            while fit and chunk > 1 and tiles * _cdiv(B, chunk) < want:
-                chunk = _cdiv(chunk, 2)
+            while fit and chunk > 1 and tiles * cdiv(B, chunk) < want:
+                chunk = cdiv(chunk, 2)
             # still too few programs with one batch entry each (decode): smaller tiles
             if not fit or chunk > 1 or tiles * B >= want or target <= MIN_TILE \
                     or block_h * block_s == 1:
                 break
             target //= 2
-        while _cdiv(B, chunk) > 65535:
+        while cdiv(B, chunk) > 65535:
             chunk *= 2
         if block_s * block_h * row < 32 * num_warps * 4:   # tiny tiles: fewer threads
             num_warps = max(1, block_s * block_h * row // 128)
@@ -266,12 +266,12 @@ def plan(q: View, q_out: View, table: Table, positions: Positions, *, R: int,
     S, B, D = x.shape[0], x.shape[1], q.features()
     HK = k.heads if k is not None else 0
     on_gpu = x.device.type == "cuda" and not INTERPRET
-    sm, knobs = _device(_index(x.device)) if on_gpu else (None, {})
+    sm, knobs = device_tiles(_index(x.device)) if on_gpu else (None, {})
     if table.exact and on_gpu:
         knobs = dict(knobs, tile_loop=_exact_loop(_index(x.device)))
     block_s, block_h, chunk, num_warps = tiles or pick_tiles(
         S, B, (q.heads, HK), R, D, x.element_size(), sm, **knobs)
-    grid = (_cdiv(S, block_s), _cdiv(q.heads, block_h) + _cdiv(HK, block_h), _cdiv(B, chunk))
+    grid = (cdiv(S, block_s), cdiv(q.heads, block_h) + cdiv(HK, block_h), cdiv(B, chunk))
 
     views = [v for v in (q, q_out, k, k_out) if v is not None]
     int64 = any(_span(v, S, B, D) > _I32_LIMIT - 1024 for v in views)
@@ -302,8 +302,8 @@ def plan(q: View, q_out: View, table: Table, positions: Positions, *, R: int,
         stride_tab_b=tab_b, stride_tab_p=tab_p, stride_tab_d=tab_d,
         stride_ids_b=ids_b, stride_ids_s=ids_s,
         R=R, D=D, HPG=q.hpg,
-        BLOCK_S=block_s, BLOCK_H=block_h, BLOCK_HALF=_pow2_at_least(R // 2, 1 << 30),
-        BLOCK_PASS=_pow2_at_least(D - R, 1 << 30) if D > R else 0,
+        BLOCK_S=block_s, BLOCK_H=block_h, BLOCK_HALF=pow2_at_least(R // 2, 1 << 30),
+        BLOCK_PASS=pow2_at_least(D - R, 1 << 30) if D > R else 0,
         INTERLEAVED=interleaved, BACKWARD=backward,
         TABLE_PER_BATCH=per_batch, COPY_PASS=copy_pass, INT64=int64,
     )
@@ -375,7 +375,7 @@ def exact_angles(turns: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         if lo < 0 or hi >= EXACT_POSITIONS:
             raise ValueError(f"positions must lie in [0, {EXACT_POSITIONS}), got [{lo}, {hi}]")
         block_n = 16 if INTERPRET else 64
-        _exact_angles_kernel[(_cdiv(n, block_n),)](
+        _exact_angles_kernel[(cdiv(n, block_n),)](
             turns.contiguous(), positions.contiguous(), out, n, out.stride(0), HALF=half,
-            BLOCK_N=block_n, BLOCK_HALF=_pow2_at_least(half, 1 << 30))
+            BLOCK_N=block_n, BLOCK_HALF=pow2_at_least(half, 1 << 30))
     return out

@@ -54,7 +54,7 @@ import triton.language as tl
 from ..runtime import INTERPRET
 from .common import ACCURATE, ROUND_BF16_RTNE, batch_range, cos_sin, rotate_pair, round_to
 from .direct import DirectLauncher
-from .launch import (Launch, _cdiv, _pow2_at_least, _pow2_at_most, multiprocessors,
+from .launch import (Launch, cdiv, pow2_at_least, pow2_at_most, multiprocessors,
                      needs_int64, start)
 
 MAX_AXES = 4
@@ -217,7 +217,7 @@ PROGRAMS_PER_SM = 8      # fewer programs than this per SM: split the batch, the
 
 def _row(R: int, D: int) -> int:
     """Elements of one head row as the kernel's tiles hold it (each part padded)."""
-    return 2 * _pow2_at_least(R // 2, 1 << 30) + (_pow2_at_least(D - R, 1 << 30) if D > R else 0)
+    return 2 * pow2_at_least(R // 2, 1 << 30) + (pow2_at_least(D - R, 1 << 30) if D > R else 0)
 
 
 def fit_grid(S, B, heads: int, block_s: int, per_batch: bool, sm_count: int) -> tuple:
@@ -230,14 +230,14 @@ def fit_grid(S, B, heads: int, block_s: int, per_batch: bool, sm_count: int) -> 
     if isinstance(S, torch.SymInt) or isinstance(B, torch.SymInt):
         return heads, chunk
     want = PROGRAMS_PER_SM * sm_count
-    blocks = _cdiv(S, block_s)
+    blocks = cdiv(S, block_s)
     chunk = max(chunk, 1)
-    while chunk > 1 and blocks * _cdiv(B, chunk) < want:
-        chunk = _cdiv(chunk, 2)
+    while chunk > 1 and blocks * cdiv(B, chunk) < want:
+        chunk = cdiv(chunk, 2)
     group = heads
-    while group > 1 and blocks * _cdiv(B, chunk) * _cdiv(heads, group) < want:
-        group = _cdiv(group, 2)
-    while _cdiv(B, chunk) > 65535:
+    while group > 1 and blocks * cdiv(B, chunk) * cdiv(heads, group) < want:
+        group = cdiv(group, 2)
+    while cdiv(B, chunk) > 65535:
         chunk *= 2
     return group, chunk
 
@@ -250,10 +250,10 @@ def pick_tiles(S, B, heads: int, R: int, D: int, per_batch: bool, sm_count: Opti
     every loop step costs milliseconds. S and B may be symbolic: they are only compared."""
     row = _row(R, D)
     if sm_count is None:
-        return _pow2_at_least(S, 32), _pow2_at_least(heads, 16), heads, max(B, 1), 4
-    hps = min(_pow2_at_most(max(heads, 1)), HEADS_PER_STEP,
-              _pow2_at_most(max(STEP_ELEMENTS // row, 1)))
-    block_s = _pow2_at_least(S, _pow2_at_most(max(STEP_ELEMENTS // (row * hps), 1)))
+        return pow2_at_least(S, 32), pow2_at_least(heads, 16), heads, max(B, 1), 4
+    hps = min(pow2_at_most(max(heads, 1)), HEADS_PER_STEP,
+              pow2_at_most(max(STEP_ELEMENTS // row, 1)))
+    block_s = pow2_at_least(S, pow2_at_most(max(STEP_ELEMENTS // (row * hps), 1)))
     num_warps = max(1, min(16, block_s * hps * row // (32 * ELEMENTS_PER_THREAD)))
     return (block_s, hps, *fit_grid(S, B, heads, block_s, per_batch, sm_count), num_warps)
 
@@ -276,7 +276,7 @@ def plan(q4: torch.Tensor, q_out4: torch.Tensor, pos: torch.Tensor, inv_freq: to
     sm = multiprocessors(q4.device) if on_gpu else None
     block_s, hps, heads, chunk, num_warps = tiles or pick_tiles(S, B, HQ + HK, R, D, pos_b != 0,
                                                                 sm)
-    grid = (_cdiv(S, block_s), _cdiv(HQ + HK, heads), _cdiv(B, chunk))
+    grid = (cdiv(S, block_s), cdiv(HQ + HK, heads), cdiv(B, chunk))
     views = [t for t in (q4, q_out4, k4, k_out4) if t is not None]
     has_k = k4 is not None
     zero4 = (0, 0, 0, 0)
@@ -293,8 +293,8 @@ def plan(q4: torch.Tensor, q_out4: torch.Tensor, pos: torch.Tensor, inv_freq: to
                    k_out4.stride() if has_k else zero4)),
         stride_pos_a=pos.stride(0), stride_pos_b=pos_b, stride_pos_s=pos.stride(2),
         R=R, D=D, N_AXES=pos.shape[0],
-        BLOCK_S=block_s, HPS=hps, BLOCK_HALF=_pow2_at_least(R // 2, 1 << 30),
-        BLOCK_PASS=_pow2_at_least(D - R, 1 << 30) if D > R else 0,
+        BLOCK_S=block_s, HPS=hps, BLOCK_HALF=pow2_at_least(R // 2, 1 << 30),
+        BLOCK_PASS=pow2_at_least(D - R, 1 << 30) if D > R else 0,
         INTERLEAVED=interleaved, BACKWARD=backward, POS_PER_BATCH=pos_b != 0,
         CDT=cdt, INT64=needs_int64(views),
     )

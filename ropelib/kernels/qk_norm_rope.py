@@ -46,7 +46,7 @@ import triton.language as tl
 from ..runtime import INTERPRET
 from .common import ROUND_BF16_RTNE, batch_range, load_table, pair_features, rotate_pair, round_to
 from .direct import DirectLauncher
-from .launch import (Launch, _cdiv, _pow2_at_least, _pow2_at_most, multiprocessors,
+from .launch import (Launch, cdiv, pow2_at_least, pow2_at_most, multiprocessors,
                      needs_int64, start)
 
 
@@ -287,7 +287,7 @@ ELEMENTS_PER_THREAD = 32
 def _tokens_per_program(S, cap: int) -> int:
     """min(cap, next power of two >= S); cap itself for a symbolic S (torch.compile with dynamic
     shapes), so that a new length is no new guard and no recompilation."""
-    return cap if isinstance(S, torch.SymInt) else _pow2_at_least(S, cap)
+    return cap if isinstance(S, torch.SymInt) else pow2_at_least(S, cap)
 
 
 def pick_tiles(S, B, HQ: int, HK: int, D: int, sm_count: Optional[int]):
@@ -298,20 +298,20 @@ def pick_tiles(S, B, HQ: int, HK: int, D: int, sm_count: Optional[int]):
     unless that leaves fewer than 4 programs per SM (decode). Interpreter: big tiles, since each
     program instance costs milliseconds.
     """
-    block_d = _pow2_at_least(D, 1 << 30)
+    block_d = pow2_at_least(D, 1 << 30)
     if sm_count is None:
-        block_h = _pow2_at_least(max(HQ, HK), 16)
+        block_h = pow2_at_least(max(HQ, HK), 16)
         block_s = _tokens_per_program(S, max(1, 4096 // (block_h * block_d)))
         return block_s, block_h, max(B, 1), 4     # (B may be 0: the grid is then empty)
     rows = max(1, ROWS_PER_STEP // block_d)
-    block_h = min(_pow2_at_most(min(HQ, HK)), rows)
+    block_h = min(pow2_at_most(min(HQ, HK)), rows)
     block_s = _tokens_per_program(S, max(1, rows // block_h))
     fit = not isinstance(S, torch.SymInt) and not isinstance(B, torch.SymInt)
     chunk = B
     if fit:
-        tiles = _cdiv(S, block_s) * (_cdiv(HQ, block_h) + _cdiv(HK, block_h))
-        while chunk > 1 and tiles * _cdiv(B, chunk) < 4 * sm_count:
-            chunk = _cdiv(chunk, 2)
+        tiles = cdiv(S, block_s) * (cdiv(HQ, block_h) + cdiv(HK, block_h))
+        while chunk > 1 and tiles * cdiv(B, chunk) < 4 * sm_count:
+            chunk = cdiv(chunk, 2)
         chunk = max(chunk, 1)
     num_warps = max(1, min(4, block_s * block_h * block_d // (32 * ELEMENTS_PER_THREAD)))
     return block_s, block_h, chunk, num_warps
@@ -342,7 +342,7 @@ def plan(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch
     device = q_out4.device
     sm = multiprocessors(device) if on_gpu else None
     block_s, block_h, chunk, num_warps = pick_tiles(S, B, HQ, HK, D, sm)
-    grid = (_cdiv(S, block_s), _cdiv(HQ, block_h) + _cdiv(HK, block_h), _cdiv(B, chunk))
+    grid = (cdiv(S, block_s), cdiv(HQ, block_h) + cdiv(HK, block_h), cdiv(B, chunk))
     if table.dim() == 2:
         tab_b, tab_p, tab_d = 0, table.stride(0), table.stride(1)
     else:
@@ -372,8 +372,8 @@ def plan(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch
         stride_tab_b=tab_b, stride_tab_p=tab_p, stride_tab_d=tab_d,
         stride_pos_b=pos_b, stride_pos_s=pos_s,
         R=R, D=D, BLOCK_S=block_s, BLOCK_H=block_h,
-        BLOCK_HALF=_pow2_at_least(R // 2, 1 << 30),
-        BLOCK_PASS=_pow2_at_least(D - R, 1 << 30) if D > R else 0,
+        BLOCK_HALF=pow2_at_least(R // 2, 1 << 30),
+        BLOCK_PASS=pow2_at_least(D - R, 1 << 30) if D > R else 0,
         INTERLEAVED=interleaved, BACKWARD=backward, TABLE_PER_BATCH=tab_b != 0 or pos_b != 0,
         INT64=needs_int64(tensors), CDT=cdt,
     )
@@ -396,7 +396,7 @@ def partials(planned: Launch) -> Optional[torch.Tensor]:
 def weight_grads(planned: Launch, part: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """The gradients of w_q and w_k from a backward launch's partial sums, in a fixed order of
     summation (the same bits on every run)."""
-    q_blocks = _cdiv(planned.args["HQ"], planned.args["BLOCK_H"])
+    q_blocks = cdiv(planned.args["HQ"], planned.args["BLOCK_H"])
     if planned.args["S"] == 0 or planned.args["B"] == 0:
         return part.new_zeros(planned.args["D"]), part.new_zeros(planned.args["D"])
     return part[:, :q_blocks].sum((0, 1, 2)), part[:, q_blocks:].sum((0, 1, 2))
