@@ -36,6 +36,7 @@ import ropelib  # noqa: E402
 from ropelib import frequencies as F  # noqa: E402
 from ropelib import mrope  # noqa: E402
 from ropelib.kernels import launch as L  # noqa: E402
+from ropelib.kernels.tiles import BATCH_LOOP_MIN, device_tiles  # noqa: E402
 from ropelib.kernels import mrope as MK  # noqa: E402
 from ropelib.kernels import qk_norm_rope as QK  # noqa: E402
 from ropelib.ops import view4  # noqa: E402
@@ -141,7 +142,7 @@ EXACT_CANDIDATES = [(4, 16), (8, 8), (8, 16), (16, 4), (16, 8), (32, 4), (32, 8)
 def exact_tiles() -> list:
     D, base = 128, 10000.0
     sm = torch.cuda.get_device_properties(0).multi_processor_count
-    knobs = L.device_tiles(0)[1]
+    knobs = device_tiles(0)[1]
     best = []
     for case, shape, layout in (("bshd-b4-s8192-h32", (4, 8192, 32, D), "bshd"),
                                 ("bshd-b16-s8192-h32 (1 GiB)", (16, 8192, 32, D), "bshd"),
@@ -158,7 +159,7 @@ def exact_tiles() -> list:
         angles = F.rope_angles(D, base=base, device="cuda")
         cos, sin = ropelib.rope_cos_sin(S, D, base=base, device="cuda")
         tables = {"exact": L.Table(angles.turns, angles.amplitude), "cos/sin": L.Table(cos, sin)}
-        knob = "tile_loop" if x4.shape[1] >= L.BATCH_LOOP_MIN else "tile_noloop"
+        knob = "tile_loop" if x4.shape[1] >= BATCH_LOOP_MIN else "tile_noloop"
         default = L.pick_tiles(x4.shape[0], x4.shape[1], (x4.shape[2], 0), D, D, 2, sm, **knobs)
         rows = []
         for name, table in tables.items():

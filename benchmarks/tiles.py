@@ -3,8 +3,8 @@ forward timed against a device copy for each candidate, on the cases the tile kn
 
     python benchmarks/tiles.py            # ~1 minute; prints a table, the best per knob last
 
-The knobs and their H100 values are ropelib.kernels.launch.TILE_LOOP / TILE_NOLOOP / TILE_WIDE;
-a GPU whose best differs gets its own row in launch.TILES_BY_GPU.
+The knobs and their H100 values are ropelib.kernels.tiles.TILE_LOOP / TILE_NOLOOP / TILE_WIDE;
+a GPU whose best differs gets its own row in tiles.TILES_BY_GPU.
 """
 import torch
 import triton.testing

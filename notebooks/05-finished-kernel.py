@@ -150,7 +150,7 @@ for name, bw in gpus.items():
 #   one element per thread, cannot be enough;
 # - **per program**: a program with $T$ threads moving $e$ elements each streams a tile of
 #   $e \cdot T$ elements; ropelib's planner aims at $e \cdot T$ = 8 × (32 × 16) = 4096 elements
-#   (both halves) for bf16 with a batch loop — `TILE_LOOP` in `ropelib/kernels/launch.py`;
+#   (both halves) for bf16 with a batch loop — `TILE_LOOP` in `ropelib/kernels/tiles.py`;
 # - **number of programs**: if $k$ programs fit on an SM at once, the grid needs at least
 #   $k \cdot N_\text{SM}$ of them, or SMs idle. With 512-thread programs $k \le 2048/512 = 4$,
 #   hence the planner's `want = 4 * sm_count` = 528 programs; below that it splits the batch

@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from ..kernels import launch as _launch
+from ..kernels import tiles as _tiles
 from .kernels.batch_reuse import rope_batch_reuse
 from ..kernels.common import BF16_RTNE, round_to
 from ..kernels.common import cos_sin
@@ -262,8 +263,8 @@ def device_knobs(x: torch.Tensor) -> tuple:
     """(SM count or None, ropelib's tile knobs for this GPU): None and {} in the interpreter."""
     if x.device.type != "cuda" or INTERPRET:
         return None, {}
-    return _launch.device_tiles(x.device.index if x.device.index is not None
-                                else torch.cuda.current_device())
+    return _tiles.device_tiles(x.device.index if x.device.index is not None
+                               else torch.cuda.current_device())
 
 
 def plan(rung: str, S: int, B: int, H: int, D: int, elem_size: int,
@@ -285,7 +286,7 @@ def plan(rung: str, S: int, B: int, H: int, D: int, elem_size: int,
             bs, bh, _, warps = _launch.pick_tiles(S, B, (H,), D, D, elem_size, None)
         else:
             ept, warps = knobs.get("tile_wide" if elem_size > 2 else "tile_loop",
-                                   _launch.TILE_WIDE if elem_size > 2 else _launch.TILE_LOOP)
+                                   _tiles.TILE_WIDE if elem_size > 2 else _tiles.TILE_LOOP)
             bs, bh = tile_shape(S, H, D, ept * 32 * warps)
             if rung == "tile":
                 warps = 4

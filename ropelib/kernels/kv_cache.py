@@ -51,7 +51,8 @@ import triton.language as tl
 from ..runtime import INTERPRET
 from .common import ROUND_BF16_RTNE, batch_range, load_table, pair_features, rotate_pair, round_to
 from .direct import DirectLauncher
-from .launch import Launch, cdiv, multiprocessors, pow2_at_least, pow2_at_most, start
+from .launch import Launch, cdiv, pow2_at_least, pow2_at_most, start
+from .tiles import KV_CACHE_ELEMENTS_PER_STEP, KV_CACHE_PROGRAMS_PER_SM, multiprocessors
 
 FP8_BY_BITS: bool = INTERPRET
 ENCODE_FP8_BY_BITS = tl.constexpr(FP8_BY_BITS)
@@ -252,7 +253,7 @@ def _rope_kv_cache_kernel(
 
 POINTERS = ("q_ptr", "k_ptr", "v_ptr", "q_out_ptr", "k_cache_ptr", "v_cache_ptr", "cos_ptr",
             "sin_ptr", "seqlens_ptr", "block_table_ptr", "k_scale_ptr", "v_scale_ptr")
-ELEMENTS_PER_STEP = 2048    # GPU: elements of q (or k) a program moves per batch entry (16 x 128)
+ELEMENTS_PER_STEP = KV_CACHE_ELEMENTS_PER_STEP    # GPU tiles: kernels/tiles.py
 
 
 def pick_tiles(S, B, HQ: int, HK: int, D: int, DV: int, sm_count: Optional[int]):
@@ -277,7 +278,7 @@ def pick_tiles(S, B, HQ: int, HK: int, D: int, DV: int, sm_count: Optional[int])
     block_s = cap if isinstance(S, torch.SymInt) else pow2_at_least(S, cap)
     if not symbolic:
         while block_h > 1 and cdiv(S, block_s) * (cdiv(HQ, block_h) + cdiv(HK, block_h)) \
-                * B < 2 * sm_count:
+                * B < KV_CACHE_PROGRAMS_PER_SM * sm_count:
             block_h //= 2
     chunk = 1
     while not isinstance(B, torch.SymInt) and cdiv(B, chunk) > 65535:

@@ -6,7 +6,6 @@ Both see only shapes, strides, dtypes and options, never tensor values, so the s
 eagerly, under torch.compile (sizes may be symbolic) and while a CUDA graph is captured.
 Arguments are validated before they get here (ropelib.validation).
 """
-from functools import lru_cache
 from typing import NamedTuple, Optional
 
 import torch
@@ -15,6 +14,8 @@ from ..frequencies import EXACT_POSITIONS
 from ..runtime import INTERPRET
 from .direct import DirectLauncher
 from .fused import _exact_angles_kernel, _rope_kernel
+from .tiles import (BATCH_LOOP_MIN, MIN_TILE, PROGRAMS_PER_SM, TILE_LOOP, TILE_NOLOOP, TILE_WIDE,
+                    device_index, device_tiles, exact_loop_tile)
 
 _I32_LIMIT = 2**31 - 1
 
@@ -117,33 +118,6 @@ class Launch:
 
 # --- tiles ----------------------------------------------------------------------------------
 
-@lru_cache(maxsize=None)
-def device_tiles(device_index: int) -> tuple:
-    """(SM count, tile knobs) of a GPU: looked up once per device, never per call."""
-    props = torch.cuda.get_device_properties(device_index)
-    knobs = TILES_BY_GPU.get(props.name, {})
-    return props.multi_processor_count, dict(tile_loop=knobs.get("loop", TILE_LOOP),
-                                             tile_noloop=knobs.get("noloop", TILE_NOLOOP),
-                                             tile_wide=knobs.get("wide", TILE_WIDE))
-
-
-@lru_cache(maxsize=None)
-def _exact_loop(device_index: int) -> tuple:
-    """The batch-loop tile knob of table-free angles on this GPU."""
-    knobs = TILES_BY_GPU.get(torch.cuda.get_device_properties(device_index).name, {})
-    return knobs.get("exact_loop", knobs.get("loop", TILE_LOOP))
-
-
-def _index(device: torch.device) -> int:
-    """A CUDA device's index (the current device for a bare "cuda")."""
-    return device.index if device.index is not None else torch.cuda.current_device()
-
-
-def multiprocessors(device: torch.device) -> int:
-    """The SM count of a CUDA device (looked up once per device)."""
-    return device_tiles(_index(device))[0]
-
-
 def needs_int64(tensors) -> bool:
     """Does an element offset into one of these tensors (any strides) come near int32's limit?"""
     return any(sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()) if n > 0)
@@ -169,28 +143,6 @@ def cdiv(a, b):
     return (a + b - 1) // b
 
 
-# Tile knobs, (elements per thread, warps) per program, measured on an H100 (benchmarks/NOTES.md).
-# 16-bit inputs with a batch loop of >= BATCH_LOOP_MIN entries stream best with many threads
-# (8 x 16 warps); without one (thd, batch < 4) the cos/sin of a program's tokens is evaluated per
-# thread and not reused, so fewer threads with more elements each win (32 x 4 warps).
-TILE_LOOP = (8, 16)       # 16-bit, batch loop of >= 4 entries
-TILE_NOLOOP = (32, 4)     # 16-bit, shorter batch loop
-TILE_WIDE = (16, 8)       # 32- and 64-bit
-BATCH_LOOP_MIN = 4
-MIN_TILE = 512            # elements: the smallest tile an underfilled grid is split into
-# GPUs whose best tiles differ from the H100's, by torch.cuda.get_device_name() (measured with
-# benchmarks/tiles.py; benchmarks/NOTES.md has the runs).
-TILES_BY_GPU: dict = {
-    # 1 GiB bf16 with a batch loop: 0.946 of copy with (16, 8) against 0.917 with the H100's
-    # (8, 16); thd and fp32 keep the H100's (tiles-nvidia-h200-20261122.log)
-    "NVIDIA H200": {"loop": (16, 8),
-                    # table-free angles (more arithmetic per element) keep more threads: bshd
-                    # bf16 0.5345 ms at 1 GiB and 0.1375 ms at 256 MiB with (8, 16), 0.5476 and
-                    # 0.1389 with (16, 8) (feature-tiles-exact-nvidia-h200-20261122.log)
-                    "exact_loop": (8, 16)},
-}
-
-
 def pick_tiles(S, B, heads: tuple, R: int, D: int, elem_size: int, sm_count: Optional[int],
                tile_loop=TILE_LOOP, tile_noloop=TILE_NOLOOP, tile_wide=TILE_WIDE):
     """(BLOCK_S, BLOCK_H, B_CHUNK, num_warps) for this shape; `heads` = heads of q (and of k).
@@ -209,7 +161,7 @@ def pick_tiles(S, B, heads: tuple, R: int, D: int, elem_size: int, sm_count: Opt
         block_h = pow2_at_least(max(heads), 16)
         block_s = pow2_at_least(S, min(32, pow2_at_most(max(2048 // (block_h * row), 1))))
         return block_s, block_h, max(B, 1), 4
-    want = 4 * sm_count
+    want = PROGRAMS_PER_SM * sm_count
     # Under torch.compile with dynamic shapes S or B may be symbolic: then the grid is not
     # fitted to the machine (every comparison with them would become a guard, and a new length
     # a recompilation); a symbolic length is >= 2 (Dynamo specialises 0 and 1) and usually long.
@@ -266,9 +218,9 @@ def plan(q: View, q_out: View, table: Table, positions: Positions, *, R: int,
     S, B, D = x.shape[0], x.shape[1], q.features()
     HK = k.heads if k is not None else 0
     on_gpu = x.device.type == "cuda" and not INTERPRET
-    sm, knobs = device_tiles(_index(x.device)) if on_gpu else (None, {})
+    sm, knobs = device_tiles(device_index(x.device)) if on_gpu else (None, {})
     if table.exact and on_gpu:
-        knobs = dict(knobs, tile_loop=_exact_loop(_index(x.device)))
+        knobs = dict(knobs, tile_loop=exact_loop_tile(device_index(x.device)))
     block_s, block_h, chunk, num_warps = tiles or pick_tiles(
         S, B, (q.heads, HK), R, D, x.element_size(), sm, **knobs)
     grid = (cdiv(S, block_s), cdiv(q.heads, block_h) + cdiv(HK, block_h), cdiv(B, chunk))

@@ -54,8 +54,9 @@ import triton.language as tl
 from ..runtime import INTERPRET
 from .common import ACCURATE, ROUND_BF16_RTNE, batch_range, cos_sin, rotate_pair, round_to
 from .direct import DirectLauncher
-from .launch import (Launch, cdiv, pow2_at_least, pow2_at_most, multiprocessors,
-                     needs_int64, start)
+from .launch import Launch, cdiv, needs_int64, pow2_at_least, pow2_at_most, start
+from .tiles import (MROPE_ELEMENTS_PER_THREAD, MROPE_HEADS_PER_STEP, MROPE_PROGRAMS_PER_SM,
+                    MROPE_STEP_ELEMENTS, multiprocessors)
 
 MAX_AXES = 4
 
@@ -204,15 +205,11 @@ def _mrope_kernel(
 POINTERS = ("q_ptr", "q_out_ptr", "k_ptr", "k_out_ptr", "pos_ptr", "inv_ptr", "axis_ptr")
 DIRECT = DirectLauncher(_mrope_kernel, POINTERS)
 
-# GPU tiles: a loop step moves about STEP_ELEMENTS elements (both halves and the pass-through
-# part, padded to powers of two) of up to HEADS_PER_STEP heads, ELEMENTS_PER_THREAD per thread.
-# Measured with benchmarks/feature_tiles.py on an H200 (bf16, q and k >= 256 MiB): 8 heads of
-# one token on 2 warps streamed best in every case, 0.96-0.98 of a copy; one head of 8 tokens
-# per step reached 0.84-0.92.
-STEP_ELEMENTS = 1024
-HEADS_PER_STEP = 8
-ELEMENTS_PER_THREAD = 16
-PROGRAMS_PER_SM = 8      # fewer programs than this per SM: split the batch, then the heads
+# GPU tiles (kernels/tiles.py says where they were measured)
+STEP_ELEMENTS = MROPE_STEP_ELEMENTS
+HEADS_PER_STEP = MROPE_HEADS_PER_STEP
+ELEMENTS_PER_THREAD = MROPE_ELEMENTS_PER_THREAD
+PROGRAMS_PER_SM = MROPE_PROGRAMS_PER_SM
 
 
 def _row(R: int, D: int) -> int:

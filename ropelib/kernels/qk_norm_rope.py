@@ -46,8 +46,9 @@ import triton.language as tl
 from ..runtime import INTERPRET
 from .common import ROUND_BF16_RTNE, batch_range, load_table, pair_features, rotate_pair, round_to
 from .direct import DirectLauncher
-from .launch import (Launch, cdiv, pow2_at_least, pow2_at_most, multiprocessors,
-                     needs_int64, start)
+from .launch import Launch, cdiv, needs_int64, pow2_at_least, pow2_at_most, start
+from .tiles import (QK_NORM_ELEMENTS_PER_THREAD, QK_NORM_PROGRAMS_PER_SM, QK_NORM_ROWS_PER_STEP,
+                    multiprocessors)
 
 
 @triton.jit
@@ -277,11 +278,9 @@ def _qk_norm_rope_kernel(
 
 # --- host side: tiles, the plan, the launch --------------------------------------------------
 
-# GPU: elements of q (or k) a program moves per batch entry, and per thread (measured on an
-# H200 with benchmarks/feature_tiles.py: one warp on 8 heads of one token was best forward and
-# backward)
-ROWS_PER_STEP = 1024
-ELEMENTS_PER_THREAD = 32
+# GPU tiles (kernels/tiles.py says where they were measured)
+ROWS_PER_STEP = QK_NORM_ROWS_PER_STEP
+ELEMENTS_PER_THREAD = QK_NORM_ELEMENTS_PER_THREAD
 
 
 def _tokens_per_program(S, cap: int) -> int:
@@ -310,7 +309,7 @@ def pick_tiles(S, B, HQ: int, HK: int, D: int, sm_count: Optional[int]):
     chunk = B
     if fit:
         tiles = cdiv(S, block_s) * (cdiv(HQ, block_h) + cdiv(HK, block_h))
-        while chunk > 1 and tiles * cdiv(B, chunk) < 4 * sm_count:
+        while chunk > 1 and tiles * cdiv(B, chunk) < QK_NORM_PROGRAMS_PER_SM * sm_count:
             chunk = cdiv(chunk, 2)
         chunk = max(chunk, 1)
     num_warps = max(1, min(4, block_s * block_h * block_d // (32 * ELEMENTS_PER_THREAD)))

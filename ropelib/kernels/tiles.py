@@ -1,0 +1,79 @@
+"""Every kernel family's tile knobs in one place, each with where it was measured, and the
+per-GPU lookup. The planners (`pick_tiles` of kernels/launch.py, qk_norm_rope.py, kv_cache.py,
+mrope.py) turn these into a grid for each shape; benchmarks/tiles.py and
+benchmarks/feature_tiles.py are the sweeps that chose them (runs in benchmarks/NOTES.md).
+"""
+from functools import lru_cache
+
+import torch
+
+# --- the finished RoPE kernel (kernels/fused.py) --------------------------------------------
+# (elements per thread, warps) per program, measured on an H100. 16-bit inputs with a batch loop
+# of >= BATCH_LOOP_MIN entries stream best with many threads (8 x 16 warps); without one (thd,
+# batch < 4) the cos/sin of a program's tokens is evaluated per thread and not reused, so fewer
+# threads with more elements each win (32 x 4 warps).
+TILE_LOOP = (8, 16)       # 16-bit, batch loop of >= 4 entries
+TILE_NOLOOP = (32, 4)     # 16-bit, shorter batch loop
+TILE_WIDE = (16, 8)       # 32- and 64-bit
+BATCH_LOOP_MIN = 4
+MIN_TILE = 512            # elements: the smallest tile an underfilled grid is split into
+PROGRAMS_PER_SM = 4       # fewer programs than this per SM: split the batch, then shrink tiles
+# GPUs whose best tiles differ from the H100's, by torch.cuda.get_device_name().
+TILES_BY_GPU: dict = {
+    # 1 GiB bf16 with a batch loop: 0.946 of copy with (16, 8) against 0.917 with the H100's
+    # (8, 16); thd and fp32 keep the H100's (tiles-nvidia-h200-20261122.log)
+    "NVIDIA H200": {"loop": (16, 8),
+                    # table-free angles (more arithmetic per element) keep more threads: bshd
+                    # bf16 0.5345 ms at 1 GiB and 0.1375 ms at 256 MiB with (8, 16), 0.5476 and
+                    # 0.1389 with (16, 8) (feature-tiles-exact-nvidia-h200-20261122.log)
+                    "exact_loop": (8, 16)},
+}
+
+# --- QK-RMSNorm + RoPE (kernels/qk_norm_rope.py) ---------------------------------------------
+# Elements of q (or k) a program moves per batch entry, and per thread. Measured on an H200 with
+# benchmarks/feature_tiles.py: one warp on 8 heads of one token was best forward and backward.
+QK_NORM_ROWS_PER_STEP = 1024
+QK_NORM_ELEMENTS_PER_THREAD = 32
+QK_NORM_PROGRAMS_PER_SM = 4      # fewer: split the batch
+
+# --- RoPE + KV-cache write (kernels/kv_cache.py) ---------------------------------------------
+KV_CACHE_ELEMENTS_PER_STEP = 2048   # of q (or k) per program and batch entry (16 x 128)
+KV_CACHE_PROGRAMS_PER_SM = 2        # fewer: split the heads (decode is a few KB per sequence)
+
+# --- multi-axis RoPE (kernels/mrope.py) ------------------------------------------------------
+# A loop step moves about MROPE_STEP_ELEMENTS elements (both halves and the pass-through part,
+# padded to powers of two) of up to MROPE_HEADS_PER_STEP heads, MROPE_ELEMENTS_PER_THREAD per
+# thread. Measured with benchmarks/feature_tiles.py on an H200 (bf16, q and k >= 256 MiB): 8
+# heads of one token on 2 warps streamed best in every case, 0.96-0.98 of a copy; one head of 8
+# tokens per step reached 0.84-0.92.
+MROPE_STEP_ELEMENTS = 1024
+MROPE_HEADS_PER_STEP = 8
+MROPE_ELEMENTS_PER_THREAD = 16
+MROPE_PROGRAMS_PER_SM = 8      # fewer: split the batch, then the heads
+
+
+@lru_cache(maxsize=None)
+def device_tiles(device_index: int) -> tuple:
+    """(SM count, the finished kernel's tile knobs) of a GPU: looked up once per device."""
+    props = torch.cuda.get_device_properties(device_index)
+    knobs = TILES_BY_GPU.get(props.name, {})
+    return props.multi_processor_count, dict(tile_loop=knobs.get("loop", TILE_LOOP),
+                                             tile_noloop=knobs.get("noloop", TILE_NOLOOP),
+                                             tile_wide=knobs.get("wide", TILE_WIDE))
+
+
+@lru_cache(maxsize=None)
+def exact_loop_tile(device_index: int) -> tuple:
+    """The batch-loop tile knob of table-free angles on this GPU."""
+    knobs = TILES_BY_GPU.get(torch.cuda.get_device_properties(device_index).name, {})
+    return knobs.get("exact_loop", knobs.get("loop", TILE_LOOP))
+
+
+def device_index(device: torch.device) -> int:
+    """A CUDA device's index (the current device for a bare "cuda")."""
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def multiprocessors(device: torch.device) -> int:
+    """The SM count of a CUDA device (looked up once per device)."""
+    return device_tiles(device_index(device))[0]
