@@ -4,7 +4,8 @@
 #
 #   bash benchmarks/gpu_run.sh tests     # every GPU test: pytest -m gpu tests
 #   bash benchmarks/gpu_run.sh targets   # python -m ropelib.bench --suite targets  (~5 min)
-#   bash benchmarks/gpu_run.sh decode    # decode suite (host cost, CUDA graphs) + host profile
+#   bash benchmarks/gpu_run.sh decode    # decode suite (host cost, CUDA graphs), host profile,
+#                                        # launch cost per kernel argument
 #   bash benchmarks/gpu_run.sh model     # compiled GPT, 200 steps, rope=reference vs ropelib
 #   bash benchmarks/gpu_run.sh sweeps    # notebook 07's sweeps, fp32 and bf16 (~6 min)
 #   bash benchmarks/gpu_run.sh ablation  # notebook 04's ablation: what makes the grid kernel fast
@@ -54,7 +55,9 @@ for what in "${@:-tests}"; do
         decode)
             step decode "$PY" -m ropelib.bench --suite decode --out "$RESULTS/decode-$tag.csv"
             keep "$RESULTS/decode-$tag.csv"
-            step host "$PY" benchmarks/host_probe.py ;;
+            step host "$PY" benchmarks/host_probe.py
+            step launch-cost "$PY" benchmarks/launch_cost.py --out "$RESULTS/launch-cost-$tag.csv"
+            keep "$RESULTS/launch-cost-$tag.csv" ;;
         model)
             step model "$PY" -m ropelib.bench --suite model --out "$RESULTS/model-$tag.csv"
             keep "$RESULTS/model-$tag.csv" ;;
