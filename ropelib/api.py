@@ -220,7 +220,7 @@ def saveable(t):
     return t
 
 
-class _Planned:
+class _PlannedSignature:
     """One checked and planned signature of a public function (see ropelib.eager): the rotation,
     which of the caller's tables and index tensors it reads (`used`: indices into the 7-tuple
     (table, sin, k_table, k_sin, position_ids, cu_seqlens, start_positions)), and what each
@@ -256,7 +256,7 @@ class _Planned:
 
 
 def _plan_eager(xs, given, normalized, c: Call, *, inplace: bool, rows: int, names,
-                out_dtype=None, k_shares_table: bool = False) -> _Planned:
+                out_dtype=None, k_shares_table: bool = False) -> _PlannedSignature:
     """Plan the eager route of a checked call. normalized = (table, sin, k_table, k_sin): the
     tables as the checks left them; given: the caller's (table, sin, k_table, k_sin,
     position_ids, cu_seqlens, start_positions)."""
@@ -278,16 +278,17 @@ def _plan_eager(xs, given, normalized, c: Call, *, inplace: bool, rows: int, nam
     reads = {name: (t, j) for name, (t, j) in reads.items() if t is not None}
     used = tuple(sorted({j for _, j in reads.values()}))
     # a pointer reads the caller's tensor, or a contiguous copy of it where the checks made one
-    rest_slots = [(name, used.index(j), t.data_ptr() != given[j].data_ptr())
+    pointer_sources = [(name, used.index(j), t.data_ptr() != given[j].data_ptr())
                   for name, (t, j) in reads.items()]
     tables = [Table(table, sin)] + ([Table(k_table, k_sin)] if len(xs) == 2 else [])
     rotation = eager.Rotation(
         xs4=[ops.view4(x, c.layout) for x in xs], outs4=[ops.view4(o, c.layout) for o in outs],
         tables=tables, positions=Positions(c.position_ids, c.cu_seqlens, c.start_positions,
                                            c.cp_size, c.cp_rank),
-        rest_slots=rest_slots, out_dtype=out_dtype, in_place=direct_in_place, backward=False,
-        interleaved=c.interleaved, view4=lambda t, layout=c.layout: ops.view4(t, layout))
-    return _Planned(rotation, used, c, rows, inplace, grad, names)
+        pointer_sources=pointer_sources, out_dtype=out_dtype, in_place=direct_in_place,
+        backward=False, interleaved=c.interleaved,
+        view4=lambda t, layout=c.layout: ops.view4(t, layout))
+    return _PlannedSignature(rotation, used, c, rows, inplace, grad, names)
 
 
 def _given(freqs, cos, sin, angles, position_ids, cu_seqlens, start_positions):

@@ -85,7 +85,7 @@ def _stand_in(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
 
 
-class Started:
+class EagerLaunch:
     """Eager starts of one planned Launch of any kernel family (its DirectLauncher given):
     straight to the compiled kernel known for the pointers' alignment (kernels/direct.py), past
     the launcher's own lookup; in the interpreter, the kernel as Python."""
@@ -116,14 +116,14 @@ class Rotation:
     """One planned rotation of one or two tensors (q, or q and k) for one signature.
 
     A call gives xs (q, or q and k), outputs made here (or xs when in place) and `used`: the
-    tables and index tensors the kernel reads, as the caller gave them. `rest_slots` says which
-    kernel pointer reads which of them: (pointer name, index into used, copy?) where copy
+    tables and index tensors the kernel reads, as the caller gave them. `pointer_sources` says
+    which kernel pointer reads which of them: (pointer name, index into used, copy?) where copy
     means "made contiguous first" (what the checks did to that argument).
     """
-    __slots__ = ("launch", "n", "rest_slots", "out_dtype", "in_place", "backward", "view4",
+    __slots__ = ("launch", "n", "pointer_sources", "out_dtype", "in_place", "backward", "view4",
                  "_planned", "_start", "_reverses", "empty")
 
-    def __init__(self, *, xs4, outs4, tables, positions, rest_slots, out_dtype, in_place,
+    def __init__(self, *, xs4, outs4, tables, positions, pointer_sources, out_dtype, in_place,
                  backward, interleaved, view4: Callable):
         self.n = len(xs4)
         k = (View.of(xs4[1]), View.of(outs4[1])) if self.n > 1 else (None, None)
@@ -131,10 +131,11 @@ class Rotation:
                               R=tables[0].cos.shape[-1], interleaved=interleaved,
                               backward=backward, copy_pass=not in_place, k=k[0], k_out=k[1],
                               k_table=tables[1] if self.n > 1 else None)
-        self.rest_slots, self.out_dtype, self.in_place = tuple(rest_slots), out_dtype, in_place
+        self.pointer_sources = tuple(pointer_sources)
+        self.out_dtype, self.in_place = out_dtype, in_place
         self.backward, self.view4 = backward, view4
         self.empty = self.launch.args["S"] == 0 or self.launch.args["B"] == 0
-        self._start = Started(launch.DIRECT, self.launch)
+        self._start = EagerLaunch(launch.DIRECT, self.launch)
         # for planning reverses: the tables and positions without their data
         self._planned = ([Table(_stand_in(t.cos), _stand_in(t.sin)) for t in tables],
                          Positions(*(_stand_in(p) for p in positions[:3]), *positions[3:]),
@@ -157,7 +158,7 @@ class Rotation:
         named = {"q_ptr": xs[0], "q_out_ptr": outs[0]}
         if self.n == 2:
             named.update(k_ptr=xs[1], k_out_ptr=outs[1])
-        for name, j, copy in self.rest_slots:
+        for name, j, copy in self.pointer_sources:
             named[name] = used[j].contiguous() if copy else used[j]
         self._start(tuple(named.get(name) for name in launch.POINTERS))
 
@@ -176,18 +177,18 @@ class Rotation:
         outs = [self.view4(torch.empty(grads[i].shape, dtype=x_dtype, device=grads[i].device))
                 for i in present]
         if len(present) == 2:
-            rest_slots, use = self.rest_slots, tables
+            pointer_sources, use = self.pointer_sources, tables
         else:   # one gradient: q's, or k's with k's table in q's place
             which = present[0]
             positions_from = ("position_ids_ptr", "cu_seqlens_ptr", "start_ptr")
             moves = dict(zip(positions_from, positions_from))
             moves.update({"cos_ptr": "cos_ptr", "sin_ptr": "sin_ptr"} if which == 0
                          else {"k_cos_ptr": "cos_ptr", "k_sin_ptr": "sin_ptr"})
-            rest_slots = [(moves[name], j, copy) for name, j, copy in self.rest_slots
-                          if name in moves]
+            pointer_sources = [(moves[name], j, copy)
+                               for name, j, copy in self.pointer_sources if name in moves]
             use = [tables[which]]
         return Rotation(xs4=gs, outs4=outs, tables=use, positions=positions,
-                        rest_slots=rest_slots, out_dtype=x_dtype, in_place=False,
+                        pointer_sources=pointer_sources, out_dtype=x_dtype, in_place=False,
                         backward=not self.backward, interleaved=interleaved, view4=self.view4)
 
 

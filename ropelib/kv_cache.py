@@ -242,7 +242,7 @@ class _Route:
             planned, _ = kernel.plan(q, k, v, q_out, k_cache, v_cache, cache_seqlens,
                                      block_table, table, sin, k_scale, v_scale,
                                      interleaved=interleaved)
-            self.start = eager.Started(kernel.DIRECT, planned)
+            self.start = eager.EagerLaunch(kernel.DIRECT, planned)
         self.capacity, self.rows = capacity, table.shape[0]
         self.block_size, self.n_blocks = k_cache.shape[1], k_cache.shape[0]
         self.tname = tname

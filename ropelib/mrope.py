@@ -348,7 +348,7 @@ class _Route:
         planned, _ = kernel.plan(x4[0], o4[0], positions, inv, axis, interleaved=interleaved,
                                  backward=backward, k4=x4[1] if len(xs) > 1 else None,
                                  k_out4=o4[1] if len(xs) > 1 else None)
-        self.start = eager.Started(kernel.DIRECT, planned)
+        self.start = eager.EagerLaunch(kernel.DIRECT, planned)
         self.n, self.layout, self.interleaved, self.backward = len(xs), layout, interleaved, \
             backward
         self.empty = x4[0].shape[0] == 0 or x4[0].shape[1] == 0

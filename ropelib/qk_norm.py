@@ -119,7 +119,7 @@ class _Route:
                 for x in (q, k)]
         self.layout, self.options = layout, dict(interleaved=interleaved, eps=eps,
                                                  weight_offset=weight_offset)
-        self.fwd = eager.Started(kernel.DIRECT, kernel.plan(
+        self.fwd = eager.EagerLaunch(kernel.DIRECT, kernel.plan(
             view4(q, layout), view4(k, layout), *outs, w_q, w_k, table, sin,
             _pos2d(position_ids), **self.options))
         self.empty = not (self.fwd.launch.args["S"] and self.fwd.launch.args["B"])
@@ -146,7 +146,7 @@ class _Route:
             planned = kernel.plan(view4(q_, lay), view4(k_, lay), view4(grad_q, lay),
                                   view4(grad_k, lay), w_q_, w_k_, table_, sin_, pos_,
                                   gq4=view4(gq, lay), gk4=view4(gk, lay), **self.options)
-            bwd = self._backwards[key] = eager.Started(kernel.DIRECT, planned)
+            bwd = self._backwards[key] = eager.EagerLaunch(kernel.DIRECT, planned)
         part = kernel.partials(bwd.launch)
         if part.numel():
             bwd((q, k, gq, gk, grad_q, grad_k, w_q, w_k, table, sin, _pos2d(position_ids),
