@@ -263,8 +263,7 @@ def device_knobs(x: torch.Tensor) -> tuple:
     """(SM count or None, ropelib's tile knobs for this GPU): None and {} in the interpreter."""
     if x.device.type != "cuda" or INTERPRET:
         return None, {}
-    return _tiles.device_tiles(x.device.index if x.device.index is not None
-                               else torch.cuda.current_device())
+    return _tiles.device_tiles(_tiles.device_index(x.device))
 
 
 def plan(rung: str, S: int, B: int, H: int, D: int, elem_size: int,

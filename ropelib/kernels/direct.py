@@ -5,11 +5,11 @@ Triton's launcher (`kernel[grid](...)`, `JITFunction.run`) binds and specialises
 on every call and builds a cache key from them. Measured on an H100 host
 (benchmarks/launch_cost.py): about 16 µs plus 0.46 µs per argument, 62 µs for the finished
 kernel's 54 arguments called by name, against 9 µs for its C launcher alone; even a kernel of
-32 arguments would cost about twice Transformer Engine's whole fused call (16 µs) through it. A planned `Launch` fixes
-every argument except the pointers, so ropelib asks Triton once per (Launch, alignment of the
-pointers) for the compiled kernel (Triton compiles it, or finds it in its cache, and launches
-it), then starts later calls through that compiled kernel's launcher with the pointers' current
-addresses and the current CUDA stream.
+32 arguments would cost about twice Transformer Engine's whole fused call (16 µs) through it.
+A planned `Launch` fixes every argument except the pointers, so ropelib asks Triton once per
+(Launch, alignment of the pointers) for the compiled kernel (Triton compiles it, or finds it in
+its cache, and launches it), then starts later calls through that compiled kernel's launcher
+with the pointers' current addresses and the current CUDA stream.
 
 What it relies on (Triton 3.x, checked by `supported()` and in tests/test_direct_launch.py):
 `kernel[grid](...)` returns the `CompiledKernel`; `compiled[grid]` returns a runner taking

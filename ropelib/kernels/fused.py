@@ -19,10 +19,11 @@ vectors where the strides allow). Math is fp32 (fp64 for fp64 inputs or outputs)
 rounding at the store; each output is one fma, y_a = fma(x_a, c_a, -(x_b s_a)) and
 y_b = fma(x_b, c_b, x_a s_b), the order Transformer Engine's CUDA kernel computes in.
 
-Positions come from one of three places (whichever pointer is given): the token index (with TE's context-parallel
-dual-chunk split and per-batch start offsets), explicit position ids, or, for packed sequences,
-a binary search of the token index in cu_seqlens. A position outside the table makes its row NaN
-(the table read is clamped, so memory stays safe and the bad value cannot pass unnoticed).
+Positions come from one of three places (whichever pointer is given): the token index (with
+TE's context-parallel dual-chunk split and per-batch start offsets), explicit position ids, or,
+for packed sequences, a binary search of the token index in cu_seqlens. A position outside the
+table makes its row NaN (the table read is clamped, so memory stays safe and the bad value
+cannot pass unnoticed).
 
 The pairing: rotate-half pairs feature j with j + R/2 (two contiguous half loads); interleaved
 pairs 2j with 2j+1 (one contiguous load of R features, split into even/odd lanes, joined back
@@ -227,7 +228,7 @@ def _table_rows(s_idx, b, S, P, position_ids_ptr, stride_ids_b, stride_ids_s, cu
 @triton.jit
 def _load_table(cos_ptr, sin_ptr, rows, b, stride_tab_b, stride_tab_p, stride_tab_d, d_a, d_b,
                 mask, CDT: tl.constexpr, HALF: tl.constexpr):
-    # rows [BLOCK_S], d_a/d_b [BLOCK_HALF] -> four [BLOCK_S, 1, BLOCK_HALF] factors c_a, s_a, c_b, s_b.
+    # rows [BLOCK_S], d_a/d_b [BLOCK_HALF] -> c_a, s_a, c_b, s_b, each [BLOCK_S, 1, BLOCK_HALF].
     # A table (common.load_table), or no table at all: int64 turns [R] in cos_ptr and the
     # amplitude [1] in sin_ptr, and rows are then the positions themselves.
     if cos_ptr.dtype.element_ty == tl.int64:

@@ -81,16 +81,15 @@ def _fp8_e4m3(y, BY_BITS: tl.constexpr):
 
 
 @triton.jit
-def _to_cache(y, scale, DTYPE: tl.constexpr, SCALED: tl.constexpr, BF16_RTNE: tl.constexpr,
-              FP8_BY_BITS: tl.constexpr):
+def _to_cache(y, scale, DTYPE: tl.constexpr, SCALED: tl.constexpr):
     # fp32 values -> the cache's dtype: divided by the scale (IEEE division, as torch's),
     # then rounded once
     if SCALED:
         y = tl.div_rn(y, scale)
     if DTYPE == tl.float8e4nv:
-        return _fp8_e4m3(y, FP8_BY_BITS)
+        return _fp8_e4m3(y, ENCODE_FP8_BY_BITS)
     else:
-        return round_to(y, DTYPE, BF16_RTNE)
+        return round_to(y, DTYPE, ROUND_BF16_RTNE)
 
 
 @triton.jit
@@ -144,8 +143,6 @@ def _rope_kv_cache_kernel(
     PAGED: tl.constexpr = block_table_ptr is not None
     K_SCALED: tl.constexpr = k_scale_ptr is not None
     V_SCALED: tl.constexpr = v_scale_ptr is not None
-    BF16_RTNE: tl.constexpr = ROUND_BF16_RTNE
-    FP8_BY_BITS: tl.constexpr = ENCODE_FP8_BY_BITS
     pid_s = tl.program_id(0)
     pid_h = tl.program_id(1)
     b_lo, b_hi = batch_range(B)
@@ -200,16 +197,16 @@ def _rope_kv_cache_kernel(
             y_a = tl.where(bad, float("nan"), y_a)
             y_b = tl.where(bad, float("nan"), y_b)
             tl.store(yr + d_a[None, None, :] * stride_qo_d,
-                     round_to(y_a, q_out_ptr.dtype.element_ty, BF16_RTNE), mask=m)
+                     round_to(y_a, q_out_ptr.dtype.element_ty, ROUND_BF16_RTNE), mask=m)
             tl.store(yr + d_b[None, None, :] * stride_qo_d,
-                     round_to(y_b, q_out_ptr.dtype.element_ty, BF16_RTNE), mask=m)
+                     round_to(y_b, q_out_ptr.dtype.element_ty, ROUND_BF16_RTNE), mask=m)
             if BLOCK_PASS > 0:     # features R..D-1 pass through
                 e = R + tl.arange(0, BLOCK_PASS)
                 mp = row_ok[:, :, None] & (e < D)[None, None, :]
                 t = tl.load(xr + e[None, None, :] * stride_q_d, mask=mp, other=0.0).to(tl.float32)
                 tl.store(yr + e[None, None, :] * stride_qo_d,
                          round_to(tl.where(bad, float("nan"), t), q_out_ptr.dtype.element_ty,
-                                  BF16_RTNE), mask=mp)
+                                  ROUND_BF16_RTNE), mask=mp)
         else:
             w_ok = row_ok & slot_ok[:, None]                 # [BLOCK_S, BLOCK_H]: slots to write
             wm = w_ok[:, :, None] & (j < HALF)[None, None, :]
@@ -225,16 +222,16 @@ def _rope_kv_cache_kernel(
             y_b = tl.where(bad, float("nan"), y_b)
             kdt = k_cache_ptr.dtype.element_ty
             tl.store(kr + d_a[None, None, :] * stride_kc_d,
-                     _to_cache(y_a, k_scale, kdt, K_SCALED, BF16_RTNE, FP8_BY_BITS), mask=wm)
+                     _to_cache(y_a, k_scale, kdt, K_SCALED), mask=wm)
             tl.store(kr + d_b[None, None, :] * stride_kc_d,
-                     _to_cache(y_b, k_scale, kdt, K_SCALED, BF16_RTNE, FP8_BY_BITS), mask=wm)
+                     _to_cache(y_b, k_scale, kdt, K_SCALED), mask=wm)
             if BLOCK_PASS > 0:
                 e = R + tl.arange(0, BLOCK_PASS)
                 mp = row_ok[:, :, None] & (e < D)[None, None, :]
                 t = tl.load(xr + e[None, None, :] * stride_k_d, mask=mp, other=0.0).to(tl.float32)
                 t = tl.where(bad, float("nan"), t)
                 tl.store(kr + e[None, None, :] * stride_kc_d,
-                         _to_cache(t, k_scale, kdt, K_SCALED, BF16_RTNE, FP8_BY_BITS),
+                         _to_cache(t, k_scale, kdt, K_SCALED),
                          mask=mp & w_ok[:, :, None])
             # v: copied (scaled and rounded for its cache) into the same slots
             f = tl.arange(0, BLOCK_DV)
@@ -245,8 +242,8 @@ def _rope_kv_cache_kernel(
                                  + h64[None, :] * stride_vc_h)[:, :, None]
             val = tl.load(vr + f[None, None, :] * stride_v_d, mask=mv, other=0.0).to(tl.float32)
             tl.store(vcr + f[None, None, :] * stride_vc_d,
-                     _to_cache(val, v_scale, v_cache_ptr.dtype.element_ty, V_SCALED, BF16_RTNE,
-                               FP8_BY_BITS), mask=mv & w_ok[:, :, None])
+                     _to_cache(val, v_scale, v_cache_ptr.dtype.element_ty, V_SCALED),
+                     mask=mv & w_ok[:, :, None])
 
 
 # --- host side: tiles, the plan, the launch -------------------------------------------------
@@ -257,7 +254,8 @@ ELEMENTS_PER_STEP = KV_CACHE_ELEMENTS_PER_STEP    # GPU tiles: kernels/tiles.py
 
 
 def pick_tiles(S, B, HQ: int, HK: int, D: int, DV: int, sm_count: Optional[int]):
-    """(BLOCK_S, BLOCK_H, batch entries per program, num_warps). S and B may be symbolic: only compared.
+    """(BLOCK_S, BLOCK_H, batch entries per program, num_warps). S and B may be symbolic: only
+    compared.
 
     GPU: one batch entry per program, a tile of about ELEMENTS_PER_STEP elements, heads first
     (at most the smaller head count, so k's blocks are not mostly masked under GQA), halved

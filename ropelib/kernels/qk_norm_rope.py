@@ -290,7 +290,8 @@ def _tokens_per_program(S, cap: int) -> int:
 
 
 def pick_tiles(S, B, HQ: int, HK: int, D: int, sm_count: Optional[int]):
-    """(BLOCK_S, BLOCK_H, batch entries per program, num_warps). S and B may be symbolic: only compared.
+    """(BLOCK_S, BLOCK_H, batch entries per program, num_warps). S and B may be symbolic: only
+    compared.
 
     GPU: about ROWS_PER_STEP elements per batch step, heads first (BLOCK_H at most the smaller
     head count, so k's blocks are not mostly masked under GQA), looping over the whole batch
