@@ -167,7 +167,7 @@ def exact_tiles() -> list:
                 tiles = L.pick_tiles(x4.shape[0], x4.shape[1], (x4.shape[2], 0), D, D, 2, sm,
                                      **{**knobs, knob: (ept, warps)})
                 plan, ptrs = L.plan(L.View.of(x4), L.View.of(y4), table, pos, R=D,
-                                    interleaved=False, backward=False, copy_pass=True,
+                                    interleaved=False, backward=False, layout="sbhd",
                                     tiles=tiles)
                 t = ms(lambda: L.run(plan, ptrs))
                 rows.append((copy / t, t, f"{name:8s} ept {ept:3d} warps {warps:2d} {tiles}",

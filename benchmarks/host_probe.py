@@ -50,17 +50,17 @@ def main():
     y = torch.empty_like(x)
     v, vo = L.View.of(x), L.View.of(y)
     add("plan()", lambda: L.plan(v, vo, L.Table(f2, None), L.Positions(start=sp), R=d,
-                                 interleaved=False, backward=False, copy_pass=True))
+                                 interleaved=False, backward=False, layout="sbhd"))
     launch, pointers = L.plan(v, vo, L.Table(f2, None), L.Positions(start=sp), R=d,
-                              interleaved=False, backward=False, copy_pass=True)
-    named = dict(zip(L.POINTERS, pointers))
+                              interleaved=False, backward=False, layout="sbhd")
+    named = dict(zip(launch.launcher.pointer_names, pointers))
     add("Triton's own launch of a planned call",
         lambda: _rope_kernel[launch.grid](**named, **launch.args, num_warps=launch.num_warps))
-    add("direct launch of a planned call", lambda: L.DIRECT(launch, pointers))
+    add("direct launch of a planned call", lambda: launch.launcher(launch, pointers))
     # the parts of a direct launch: Triton's C launcher alone, with every argument prepared
     compiled = _rope_kernel[launch.grid](**named, **launch.args, num_warps=launch.num_warps)
     addresses = [t.data_ptr() if t is not None else None for t in pointers]
-    tail = tuple(launch.args[n] for n in L.DIRECT._params()[len(L.POINTERS):])
+    tail = tuple(launch.args[n] for n in launch.launcher._params()[len(pointers):])
     stream = torch.cuda.current_stream().cuda_stream
     gr = tuple(launch.grid) + (1, 1)
     c_args = (gr[0], gr[1], gr[2], stream, compiled.function, compiled.packed_metadata, None,
@@ -73,11 +73,11 @@ def main():
     add("apply_rope_qk fwd start_positions (q 32 heads, k 8)",
         lambda: ropelib.apply_rope_qk(x, x[:, :, :8], freqs, start_positions=sp))
     # the Python around the launch: everything with the launch replaced by nothing
-    saved = L.DIRECT.__class__.__call__
-    L.DIRECT.__class__.__call__ = lambda self, launch, pointers: None
+    saved = L.TOKENS.__class__.__call__
+    L.TOKENS.__class__.__call__ = lambda self, launch, pointers: None
     add("apply_rope fwd, launch removed", lambda: ropelib.apply_rope(x, freqs))
     add("apply_rope fwd+bwd, launches removed", lambda: ropelib.apply_rope(xg, freqs).backward(g))
-    L.DIRECT.__class__.__call__ = saved
+    L.TOKENS.__class__.__call__ = saved
 
     class Trivial(torch.autograd.Function):
         @staticmethod

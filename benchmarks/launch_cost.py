@@ -77,9 +77,9 @@ def main() -> int:
     start_pos = torch.randint(0, 4000, (b,), device="cuda", dtype=torch.int32)
     planned, ptrs = L.plan(L.View.of(q), L.View.of(qo), L.Table(f, None),
                            L.Positions(start=start_pos), R=d, interleaved=False, backward=False,
-                           copy_pass=True, k=L.View.of(k), k_out=L.View.of(ko))
-    named = dict(zip(L.POINTERS, ptrs))
-    kernel = L._rope_kernel
+                           layout="sbhd", k=L.View.of(k), k_out=L.View.of(ko))
+    named = dict(zip(planned.launcher.pointer_names, ptrs))
+    kernel = planned.launcher.kernel
     n_args = len(kernel.arg_names)
     compiled = kernel[planned.grid](**named, **planned.args, num_warps=planned.num_warps)
     rows.append(dict(kernel="finished RoPE, q+k decode", arguments=n_args, path="triton",
@@ -88,7 +88,7 @@ def main() -> int:
     c_start = direct._c_launcher(compiled, planned.grid)
     stream = direct.current_stream(torch.cuda.current_device())
     addrs, _ = direct.addresses_and_alignment(ptrs)
-    tail = tuple(planned.args[n] for n in kernel.arg_names[len(L.POINTERS):])
+    tail = tuple(planned.args[n] for n in kernel.arg_names[len(ptrs):])
     rows.append(dict(kernel="finished RoPE, q+k decode", arguments=n_args, path="c",
                      host_us=host_us(lambda: c_start(stream, *addrs, *tail), calls=2000)))
     rows.append(dict(kernel="finished RoPE, q+k decode", arguments=n_args, path="ropelib direct",

@@ -45,7 +45,7 @@ def main():
                   (ept, warps)}
             tiles = L.pick_tiles(S, B, (H, 0), D, D, x.element_size(), sm, **kw)
             planned, ptrs = L.plan(q, qo, L.Table(f, None), pos, R=D, interleaved=False,
-                                   backward=False, copy_pass=True, tiles=tiles)
+                                   backward=False, layout="sbhd", tiles=tiles)
             t = ms(lambda: L.run(planned, ptrs))
             rows.append((copy / t, ept, warps, tiles))
         rows.sort(reverse=True)

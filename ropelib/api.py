@@ -81,11 +81,13 @@ def checked_tables(freqs, cos, sin):
 
 def prepare(x: torch.Tensor, freqs=None, *, cos=None, sin=None, layout="sbhd",
             interleaved=False, start_positions=None, position_ids=None, cu_seqlens=None,
-            cp_size=1, cp_rank=0, name="x", kernel_device=True, angles=None) -> Call:
+            cp_size=1, cp_rank=0, name="x", kernel_device=True, angles=None,
+            table_names=("freqs", "cos", "sin")) -> Call:
     """Check one call and normalise its arguments. Raises before anything runs.
 
     kernel_device=False skips the check that a Triton kernel can run on x's device (for the
-    plain-PyTorch paths that share these checks)."""
+    plain-PyTorch paths that share these checks); table_names name the table arguments in
+    errors."""
     V.check_tensor(x, name)
     V.check_layout(x, layout, name)
     if not torch.compiler.is_compiling() and {"Grad", "Jvp"} & V.functorch_level():
@@ -101,7 +103,7 @@ def prepare(x: torch.Tensor, freqs=None, *, cos=None, sin=None, layout="sbhd",
                    ("cu_seqlens", cu_seqlens)):
         if t is not None:
             V.check_int_tensor(t, arg, dims=(1, 2) if arg == "position_ids" else (1,))
-    table, sin_t = _tables(freqs, cos, sin, angles=angles)
+    table, sin_t = _tables(freqs, cos, sin, table_names, angles=angles)
     V.check_same_device(x, name, freqs=freqs, cos=cos, sin=sin, start_positions=start_positions,
                         position_ids=position_ids, cu_seqlens=cu_seqlens,
                         angles=table if angles is not None else None)
@@ -109,9 +111,10 @@ def prepare(x: torch.Tensor, freqs=None, *, cos=None, sin=None, layout="sbhd",
     exact = Table(table, sin).exact
     D, P = x.shape[-1], Table(table, sin).rows
     R = table.shape[0] if exact else table.shape[1]
-    V.check_rotary_dim(R, D, "angles" if exact else "freqs" if freqs is not None else "cos")
+    table_name = "angles" if exact else table_names[0 if freqs is not None else 1]
+    V.check_rotary_dim(R, D, table_name)
     if P == 0 and x.numel():
-        raise ValueError(f"the table ({'freqs' if freqs is not None else 'cos'}) has no positions")
+        raise ValueError(f"the table ({table_name}) has no positions")
     x4 = ops.view4(x, layout)
     S, B = x4.shape[0], x4.shape[1]
     if position_ids is not None:
@@ -120,7 +123,9 @@ def prepare(x: torch.Tensor, freqs=None, *, cos=None, sin=None, layout="sbhd",
                              "start_positions, cp_size > 1 or cu_seqlens")
         if layout == "thd" and position_ids.dim() != 1:
             raise ValueError(f"position_ids for layout='thd' must be [T], got {tuple(position_ids.shape)}")
-        position_ids = position_ids if position_ids.dim() == 2 else position_ids.unsqueeze(0)
+        # [B or 1, S], contiguous: the kernel reads a row of ids at stride 1
+        position_ids = (position_ids if position_ids.dim() == 2
+                        else position_ids.unsqueeze(0)).contiguous()
         if position_ids.shape[1] != S or position_ids.shape[0] not in (1, B):
             raise ValueError(f"position_ids must be [S={S}] or [B={B}, S={S}] (or [1, S]), "
                              f"got {tuple(position_ids.shape)}")
@@ -148,7 +153,7 @@ def prepare(x: torch.Tensor, freqs=None, *, cos=None, sin=None, layout="sbhd",
             raise ValueError(f"start_positions must have one entry per batch entry ({B}), "
                              f"got {start_positions.shape[0]}")
         if S * cp_size > P:
-            raise ValueError(f"the table (freqs/cos) has {P} positions but the input needs "
+            raise ValueError(f"the table ({table_name}) has {P} positions but the input needs "
                              f"seq_len*cp_size = {S}*{cp_size} = {S * cp_size}"
                              + (" (plus start_positions)" if start_positions is not None else ""))
     if start_positions is not None:
@@ -222,9 +227,9 @@ def saveable(t):
 
 class _PlannedSignature:
     """One checked and planned signature of a public function (see ropelib.eager): the rotation,
-    which of the caller's tables and index tensors it reads (`used`: indices into the 7-tuple
-    (table, sin, k_table, k_sin, position_ids, cu_seqlens, start_positions)), and what each
-    call must still check."""
+    which of the caller's tables and index tensors it reads (`used`: indices into the 5-tuple
+    (table, sin, position_ids, cu_seqlens, start_positions)), and what each call must still
+    check."""
     __slots__ = ("rotation", "used", "call", "rows", "in_place", "grad", "names", "has_index")
 
     def __init__(self, rotation, used: tuple, call: Call, rows: int, in_place: bool, grad: bool,
@@ -238,7 +243,7 @@ class _PlannedSignature:
     def __call__(self, xs: tuple, given: tuple, checked: bool = False):
         if not checked:
             if self.has_index:
-                check_values(self.call, self.rows, given[4:])
+                check_values(self.call, self.rows, given[2:])
             if self.in_place:
                 if len(xs) == 2:
                     check_qk_in_place(*xs)
@@ -256,54 +261,45 @@ class _PlannedSignature:
 
 
 def _plan_eager(xs, given, normalized, c: Call, *, inplace: bool, rows: int, names,
-                out_dtype=None, k_shares_table: bool = False) -> _PlannedSignature:
-    """Plan the eager route of a checked call. normalized = (table, sin, k_table, k_sin): the
-    tables as the checks left them; given: the caller's (table, sin, k_table, k_sin,
-    position_ids, cu_seqlens, start_positions)."""
+                out_dtype=None) -> _PlannedSignature:
+    """Plan the eager route of a checked call. normalized = (table, sin): the table as the
+    checks left it; given: the caller's (table, sin, position_ids, cu_seqlens,
+    start_positions)."""
     grad = needs_grad(*xs)
     direct_in_place = inplace and not grad
     outs = xs if direct_in_place else tuple(
         torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device) for x in xs)
-    table, sin, k_table, k_sin = normalized
+    table, sin = normalized
     # kernel pointer -> (the normalized tensor it reads, where the caller gave it)
-    reads = {"cos_ptr": (table, 0), "sin_ptr": (sin, 1)}
-    if len(xs) == 2:
-        k_at = (0, 1) if k_shares_table else (2, 3)
-        reads.update({"k_cos_ptr": (k_table, k_at[0]), "k_sin_ptr": (k_sin, k_at[1])})
-    if c.position_ids is not None:
-        reads["position_ids_ptr"] = (c.position_ids, 4)
-    else:
-        reads["cu_seqlens_ptr"] = (c.cu_seqlens, 5)
-    reads["start_ptr"] = (c.start_positions, 6)
+    reads = {"cos_ptr": (table, 0), "sin_ptr": (sin, 1), "position_ids_ptr": (c.position_ids, 2),
+             "cu_seqlens_ptr": (c.cu_seqlens, 3), "start_ptr": (c.start_positions, 4)}
     reads = {name: (t, j) for name, (t, j) in reads.items() if t is not None}
     used = tuple(sorted({j for _, j in reads.values()}))
     # a pointer reads the caller's tensor, or a contiguous copy of it where the checks made one
     pointer_sources = [(name, used.index(j), t.data_ptr() != given[j].data_ptr())
-                  for name, (t, j) in reads.items()]
-    tables = [Table(table, sin)] + ([Table(k_table, k_sin)] if len(xs) == 2 else [])
+                       for name, (t, j) in reads.items()]
     rotation = eager.Rotation(
-        xs4=[ops.view4(x, c.layout) for x in xs], outs4=[ops.view4(o, c.layout) for o in outs],
-        tables=tables, positions=Positions(c.position_ids, c.cu_seqlens, c.start_positions,
-                                           c.cp_size, c.cp_rank),
+        xs=xs, outs=outs, table=Table(table, sin),
+        positions=Positions(c.position_ids, c.cu_seqlens, c.start_positions, c.cp_size,
+                            c.cp_rank),
         pointer_sources=pointer_sources, out_dtype=out_dtype, in_place=direct_in_place,
-        backward=False, interleaved=c.interleaved,
-        view4=lambda t, layout=c.layout: ops.view4(t, layout))
+        backward=False, interleaved=c.interleaved, layout=c.layout)
     return _PlannedSignature(rotation, used, c, rows, inplace, grad, names)
 
 
 def _given(freqs, cos, sin, angles, position_ids, cu_seqlens, start_positions):
-    """(given, tables): the caller's 7-tuple (table, sin, k_table, k_sin, position_ids,
-    cu_seqlens, start_positions) of what the kernel reads, and the table arguments for the
-    signature (None: a call the eager route does not cache; the full checks say what is wrong).
-    With angles the kernel reads the Angles' turns and amplitude where it reads a table."""
+    """(given, tables): the caller's 5-tuple (table, sin, position_ids, cu_seqlens,
+    start_positions) of what the kernel reads, and the table arguments for the signature
+    (None: a call the eager route does not cache; the full checks say what is wrong). With
+    angles the kernel reads the Angles' turns and amplitude where it reads a table."""
     if angles is None:
-        return ((freqs if freqs is not None else cos, sin if freqs is None else None, None, None,
+        return ((freqs if freqs is not None else cos, sin if freqs is None else None,
                  position_ids, cu_seqlens, start_positions), (freqs, cos, sin))
     if not isinstance(angles, Angles) or freqs is not None or cos is not None \
             or sin is not None:
-        return (None,) * 7, None
-    return ((angles.turns, angles.amplitude, None, None, position_ids, cu_seqlens,
-             start_positions), (angles.turns, angles.amplitude))
+        return (None,) * 5, None
+    return ((angles.turns, angles.amplitude, position_ids, cu_seqlens, start_positions),
+            (angles.turns, angles.amplitude))
 
 
 def _options_head(name, layout, interleaved, cp_size, cp_rank, inplace) -> tuple:
@@ -364,8 +360,7 @@ def apply_rope(x: torch.Tensor, freqs: Optional[torch.Tensor] = None, *,
         check_in_place(x, "x")
     if sig is not None:
         planned = eager.SIGNATURES.put(sig, _plan_eager(
-            (x,), given, (c.table, c.sin, None, None), c, inplace=inplace,
-            rows=c.rows(), names=("x",)))
+            (x,), given, (c.table, c.sin), c, inplace=inplace, rows=c.rows(), names=("x",)))
         return planned((x,), given, checked=True)
     # traced (torch.compile, export, ...): ropelib's operators
     if inplace and not needs_grad(x):
@@ -391,21 +386,18 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, freqs: Optional[torch.Tensor
     """Rotate q and k in one launch (same positions; head counts may differ, as in GQA).
 
     Same arguments as apply_rope; k_freqs (or k_cos/k_sin) give k its own table of the same
-    rotary dim, otherwise k uses q's (with `angles`, k uses the same angles). Returns
-    (q_out, k_out).
+    rotary dim, otherwise k uses q's (with `angles`, k uses the same angles); with its own
+    table k is rotated by a launch of its own. Returns (q_out, k_out).
     """
     own_k_table = k_freqs is not None or k_cos is not None or k_sin is not None
     if angles is not None and own_k_table:
         raise ValueError("angles serve q and k alike: do not pass k_freqs, k_cos or k_sin "
                          "with angles")
     given, tables = _given(freqs, cos, sin, angles, position_ids, cu_seqlens, start_positions)
-    if own_k_table:
-        given = (*given[:2], k_freqs if k_freqs is not None else k_cos,
-                 k_sin if k_freqs is None else None, *given[4:])
     sig = eager.signature(_options_head("rope_qk" if angles is None else "rope_qk_angles",
                                         layout, interleaved, cp_size, cp_rank, inplace),
-                          (q, k, *tables, k_freqs, k_cos, k_sin, position_ids, cu_seqlens,
-                           start_positions)) if eager.active() and tables is not None else None
+                          (q, k, *tables, position_ids, cu_seqlens, start_positions)) \
+        if eager.active() and tables is not None and not own_k_table else None
     if sig is not None:
         planned = eager.SIGNATURES.get(sig)
         if planned is not None:
@@ -415,10 +407,6 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, freqs: Optional[torch.Tensor
                 position_ids=position_ids, cu_seqlens=cu_seqlens, cp_size=cp_size,
                 cp_rank=cp_rank)
     c = prepare(q, freqs, cos=cos, sin=sin, name="q", angles=angles, **opts)
-    if own_k_table:
-        k_table, k_sin_t = _tables(k_freqs, k_cos, k_sin, ("k_freqs", "k_cos", "k_sin"))
-    else:
-        k_table, k_sin_t = c.table, c.sin
     V.check_tensor(k, "k")
     V.check_layout(k, layout, "k")
     V.check_kernel_device(k, "k")
@@ -426,44 +414,35 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, freqs: Optional[torch.Tensor
         raise TypeError(f"q and k must have the same dtype, got {q.dtype} and {k.dtype}")
     if q.device != k.device:
         raise ValueError(f"q is on {q.device} but k is on {k.device}")
-    V.check_same_device(q, "q", k_freqs=k_freqs, k_cos=k_cos, k_sin=k_sin)
     k4 = ops.view4(k, layout)
     if (k4.shape[0], k4.shape[1], k.shape[-1]) != (c.S, c.B, q.shape[-1]):
         raise ValueError(f"q and k must agree in sequence, batch and head dim, got "
                          f"{tuple(q.shape)} and {tuple(k.shape)}")
-    table, sin_t = c.table, c.sin
-    rows = c.rows()
+    check_no_table_grad(("freqs" if freqs is not None else "cos", c.table), ("sin", c.sin))
     if own_k_table:
-        if k_table.shape[1] != c.R or (k_sin_t is None) != (sin_t is None):
+        # every check of both before either is written: k's table as apply_rope checks it
+        ck = prepare(k, k_freqs, cos=k_cos, sin=k_sin, name="k",
+                     table_names=("k_freqs", "k_cos", "k_sin"), **opts)
+        if ck.R != c.R or (ck.sin is None) != (c.sin is None):
             raise ValueError("q's and k's tables must have the same rotary dim and kind "
                              "(angles or cos/sin)")
-        rows = min(table.shape[0], k_table.shape[0])   # the kernel reads both with one length
-        table, k_table = table[:rows], k_table[:rows]
-        sin_t = sin_t[:rows] if sin_t is not None else None
-        k_sin_t = k_sin_t[:rows] if k_sin_t is not None else None
-        if k_table.stride() != table.stride():        # ... and one set of strides
-            table, sin_t, k_table, k_sin_t = (t.contiguous() if t is not None else None
-                                              for t in (table, sin_t, k_table, k_sin_t))
-        if c.position_ids is None and c.layout != "thd" and c.start_positions is None \
-                and c.S * cp_size > rows:
-            raise ValueError(f"k's table has {rows} positions but the input needs "
-                             f"seq_len*cp_size = {c.S * cp_size}")
-        check_values(c, rows)
-    check_no_table_grad(("freqs" if freqs is not None else "cos", table), ("sin", sin_t),
-                        ("k_freqs" if k_freqs is not None else "k_cos", k_table),
-                        ("k_sin", k_sin_t))
+        check_no_table_grad(("k_freqs" if k_freqs is not None else "k_cos", ck.table),
+                            ("k_sin", ck.sin))
+        if inplace:
+            check_qk_in_place(q, k)
+        return (apply_rope(q, freqs, cos=cos, sin=sin, inplace=inplace, **opts),
+                apply_rope(k, k_freqs, cos=k_cos, sin=k_sin, inplace=inplace, **opts))
     if inplace:
         check_qk_in_place(q, k)
     if sig is not None:
         planned = eager.SIGNATURES.put(sig, _plan_eager(
-            (q, k), given, (table, sin_t, k_table, k_sin_t), c, inplace=inplace, rows=rows,
-            names=("q", "k"), k_shares_table=not own_k_table))
+            (q, k), given, (c.table, c.sin), c, inplace=inplace, rows=c.rows(),
+            names=("q", "k")))
         return planned((q, k), given, checked=True)
-    tables = (table, sin_t, k_table, k_sin_t)
     if inplace and not needs_grad(q, k):
-        ops.rope_qk_(q, k, *tables, *c.index(), *c.options())
+        ops.rope_qk_(q, k, c.table, c.sin, *c.index(), *c.options())
         return q, k
-    tensors = [*tables, *c.index()]
+    tensors = [c.table, c.sin, *c.index()]
     if needs_grad(q, k):
         tensors = [saveable(t) for t in tensors]
     q_out, k_out = ops.rope_qk(q, k, *tensors, *c.options(), False, None)

@@ -17,10 +17,11 @@ at decode sizes. So a plain eager call takes a shorter way to the same planner a
   rotation reversed. It is itself differentiable, so double backward works. The tables and index
   tensors are saved for backward: changing one in place before backward raises autograd's error.
 """
-from typing import Callable, Optional
+from typing import Optional
 
 import torch
 
+from . import ops
 from .kernels import direct, launch
 from .kernels.launch import Positions, Table, View, plan
 
@@ -120,24 +121,27 @@ class Rotation:
     which kernel pointer reads which of them: (pointer name, index into used, copy?) where copy
     means "made contiguous first" (what the checks did to that argument).
     """
-    __slots__ = ("launch", "n", "pointer_sources", "out_dtype", "in_place", "backward", "view4",
+    __slots__ = ("launch", "n", "pointer_sources", "out_dtype", "in_place", "backward", "layout",
                  "_planned", "_start", "_reverses", "empty")
 
-    def __init__(self, *, xs4, outs4, tables, positions, pointer_sources, out_dtype, in_place,
-                 backward, interleaved, view4: Callable):
-        self.n = len(xs4)
-        k = (View.of(xs4[1]), View.of(outs4[1])) if self.n > 1 else (None, None)
-        self.launch, _ = plan(View.of(xs4[0]), View.of(outs4[0]), tables[0], positions,
-                              R=tables[0].cos.shape[-1], interleaved=interleaved,
-                              backward=backward, copy_pass=not in_place, k=k[0], k_out=k[1],
-                              k_table=tables[1] if self.n > 1 else None)
+    def __init__(self, *, xs, outs, table, positions, pointer_sources, out_dtype, in_place,
+                 backward, interleaved, layout: str):
+        self.n = len(xs)
+
+        def view(t):
+            return View.of(ops.view4(t, layout))
+        k = (view(xs[1]), None if in_place else view(outs[1])) if self.n > 1 else (None, None)
+        self.launch, _ = plan(view(xs[0]), None if in_place else view(outs[0]), table, positions,
+                              R=table.cos.shape[-1], interleaved=interleaved, backward=backward,
+                              layout=layout, k=k[0], k_out=k[1])
         self.pointer_sources = tuple(pointer_sources)
         self.out_dtype, self.in_place = out_dtype, in_place
-        self.backward, self.view4 = backward, view4
-        self.empty = self.launch.args["S"] == 0 or self.launch.args["B"] == 0
-        self._start = EagerLaunch(launch.DIRECT, self.launch)
-        # for planning reverses: the tables and positions without their data
-        self._planned = ([Table(_stand_in(t.cos), _stand_in(t.sin)) for t in tables],
+        self.backward, self.layout = backward, layout
+        x4 = ops.view4(xs[0], layout)
+        self.empty = x4.shape[0] == 0 or x4.shape[1] == 0
+        self._start = EagerLaunch(self.launch.launcher, self.launch)
+        # for planning reverses: the table and positions without their data
+        self._planned = (Table(_stand_in(table.cos), _stand_in(table.sin)),
                          Positions(*(_stand_in(p) for p in positions[:3]), *positions[3:]),
                          interleaved)
         self._reverses = {}    # gradient strides -> Rotation
@@ -155,12 +159,12 @@ class Rotation:
         return tuple(outs)
 
     def _launch(self, xs, outs, used) -> None:
-        named = {"q_ptr": xs[0], "q_out_ptr": outs[0]}
+        named = {"q_ptr": xs[0], "q_out_ptr": None if self.in_place else outs[0]}
         if self.n == 2:
-            named.update(k_ptr=xs[1], k_out_ptr=outs[1])
+            named.update(k_ptr=xs[1], k_out_ptr=None if self.in_place else outs[1])
         for name, j, copy in self.pointer_sources:
             named[name] = used[j].contiguous() if copy else used[j]
-        self._start(tuple(named.get(name) for name in launch.POINTERS))
+        self._start(tuple(named.get(name) for name in self.launch.launcher.pointer_names))
 
     def reverse(self, grads: tuple, x_dtype) -> "Rotation":
         """The rotation back, for gradients with these strides (planned once per signature)."""
@@ -171,25 +175,12 @@ class Rotation:
         return rev
 
     def _plan_reverse(self, grads: tuple, x_dtype) -> "Rotation":
-        tables, positions, interleaved = self._planned
-        present = [i for i, g in enumerate(grads) if g is not None]
-        gs = [self.view4(grads[i]) for i in present]
-        outs = [self.view4(torch.empty(grads[i].shape, dtype=x_dtype, device=grads[i].device))
-                for i in present]
-        if len(present) == 2:
-            pointer_sources, use = self.pointer_sources, tables
-        else:   # one gradient: q's, or k's with k's table in q's place
-            which = present[0]
-            positions_from = ("position_ids_ptr", "cu_seqlens_ptr", "start_ptr")
-            moves = dict(zip(positions_from, positions_from))
-            moves.update({"cos_ptr": "cos_ptr", "sin_ptr": "sin_ptr"} if which == 0
-                         else {"k_cos_ptr": "cos_ptr", "k_sin_ptr": "sin_ptr"})
-            pointer_sources = [(moves[name], j, copy)
-                               for name, j, copy in self.pointer_sources if name in moves]
-            use = [tables[which]]
-        return Rotation(xs4=gs, outs4=outs, tables=use, positions=positions,
-                        pointer_sources=pointer_sources, out_dtype=x_dtype, in_place=False,
-                        backward=not self.backward, interleaved=interleaved, view4=self.view4)
+        table, positions, interleaved = self._planned
+        present = [g for g in grads if g is not None]
+        outs = [torch.empty(g.shape, dtype=x_dtype, device=g.device) for g in present]
+        return Rotation(xs=present, outs=outs, table=table, positions=positions,
+                        pointer_sources=self.pointer_sources, out_dtype=x_dtype, in_place=False,
+                        backward=not self.backward, interleaved=interleaved, layout=self.layout)
 
 
 class Rotate(torch.autograd.Function):

@@ -51,7 +51,7 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
         (q_embed, k_embed), dtype promoted from q's and cos's like HF's arithmetic.
     """
     del position_ids   # unused in transformers too
-    given = (cos, sin, None, None, None, None, None)
+    given = (cos, sin, None, None, None)
     sig = eager.signature(("hf", unsqueeze_dim, type(unsqueeze_dim)), (q, k, cos, sin)) \
         if eager.active() else None
     if sig is not None:
@@ -88,13 +88,12 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     if sig is not None:
         call = Call(c, s, None, None, None, layout, False, 1, 0, S, B, R)
         planned = eager.SIGNATURES.put(sig, _plan_eager(
-            (q, k), given, (c, s, c, s), call, inplace=False, rows=S, names=("q", "k"),
-            out_dtype=out_dtype, k_shares_table=True))
+            (q, k), given, (c, s), call, inplace=False, rows=S, names=("q", "k"),
+            out_dtype=out_dtype))
         return planned((q, k), given, checked=True)
     if needs_grad(q, k):
         c, s = saveable(c), saveable(s)
-    return ops.rope_qk(q, k, c, s, c, s, None, None, None, layout, False, 1, 0, False,
-                       out_dtype)
+    return ops.rope_qk(q, k, c, s, None, None, None, layout, False, 1, 0, False, out_dtype)
 
 
 def apply_multimodal_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,

@@ -22,14 +22,14 @@ Arguments are validated by the public API (ropelib.api) before they get here. Sh
   position_ids [B or 1, S] | cu_seqlens [N + 1] (layout "thd") | start_positions [B] or [N];
   layout: "sbhd", "bshd", "thd" or "bhsd" (Hugging Face's [B, H, S, D]).
 """
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from .conventions import HF_LAYOUT
 from .kernels import launch
-from .kernels.launch import Positions, Table, View, plan
+from .kernels.launch import Positions, Table, View, plan, plan_qkv
 from .runtime import INTERPRET
 
 
@@ -55,17 +55,20 @@ def view4(t: Tensor, layout: str) -> Tensor:
     return t.unsqueeze(1)   # thd -> [T, 1, H, D]
 
 
-def _launch(pairs: Sequence[Tuple[View, View]], tables: Sequence[Table], positions: Positions,
-            *, interleaved: bool, backward: bool, copy_pass: bool) -> None:
-    """Rotate pairs [(input, output)] (q, then optionally k) in one launch."""
-    (q, q_out), tq = pairs[0], tables[0]
-    S, B = q.tensor.shape[0], q.tensor.shape[1]
-    if S == 0 or B == 0:
+def _launch(x: Tensor, y: Optional[Tensor], table: Table, positions: Positions, layout: str, *,
+            interleaved: bool, backward: bool, k: Optional[Tensor] = None,
+            k_out: Optional[Tensor] = None) -> None:
+    """Rotate x (and k) in `layout` into y (and k_out), fresh contiguous tensors, or in place
+    (y None), in one launch."""
+    x4 = view4(x, layout)
+    if x4.shape[0] == 0 or x4.shape[1] == 0:
         return
-    k, k_out = pairs[1] if len(pairs) > 1 else (None, None)
-    launch.run(*plan(q, q_out, tq, positions, R=tq.cos.shape[-1], interleaved=interleaved,
-              backward=backward, copy_pass=copy_pass, k=k, k_out=k_out,
-              k_table=tables[1] if len(tables) > 1 else None))
+
+    def view(t):
+        return View.of(view4(t, layout)) if t is not None else None
+    launch.run(*plan(view(x), view(y), table, positions, R=table.cos.shape[-1],
+                     interleaved=interleaved, backward=backward, layout=layout, k=view(k),
+                     k_out=view(k_out)))
 
 
 def _empty_like(x: Tensor, dtype: Optional[torch.dtype] = None) -> Tensor:
@@ -80,24 +83,22 @@ def rope(x: Tensor, table: Tensor, sin: Optional[Tensor], position_ids: Optional
          interleaved: bool, cp_size: int, cp_rank: int, backward: bool,
          out_dtype: Optional[torch.dtype]) -> Tensor:
     y = _empty_like(x, out_dtype)
-    _launch([(View.of(view4(x, layout)), View.of(view4(y, layout)))], [Table(table, sin)],
-            Positions(position_ids, cu_seqlens, start_positions, cp_size, cp_rank),
-            interleaved=interleaved, backward=backward, copy_pass=True)
+    _launch(x, y, Table(table, sin),
+            Positions(position_ids, cu_seqlens, start_positions, cp_size, cp_rank), layout,
+            interleaved=interleaved, backward=backward)
     return y
 
 
 @_define("ropelib::rope_qk")
-def rope_qk(q: Tensor, k: Tensor, table: Tensor, sin: Optional[Tensor], k_table: Tensor,
-            k_sin: Optional[Tensor], position_ids: Optional[Tensor], cu_seqlens: Optional[Tensor],
+def rope_qk(q: Tensor, k: Tensor, table: Tensor, sin: Optional[Tensor],
+            position_ids: Optional[Tensor], cu_seqlens: Optional[Tensor],
             start_positions: Optional[Tensor], layout: str, interleaved: bool, cp_size: int,
             cp_rank: int, backward: bool, out_dtype: Optional[torch.dtype]
             ) -> Tuple[Tensor, Tensor]:
     q_out, k_out = _empty_like(q, out_dtype), _empty_like(k, out_dtype)
-    _launch([(View.of(view4(q, layout)), View.of(view4(q_out, layout))),
-             (View.of(view4(k, layout)), View.of(view4(k_out, layout)))],
-            [Table(table, sin), Table(k_table, k_sin)],
-            Positions(position_ids, cu_seqlens, start_positions, cp_size, cp_rank),
-            interleaved=interleaved, backward=backward, copy_pass=True)
+    _launch(q, q_out, Table(table, sin),
+            Positions(position_ids, cu_seqlens, start_positions, cp_size, cp_rank), layout,
+            interleaved=interleaved, backward=backward, k=k, k_out=k_out)
     return q_out, k_out
 
 
@@ -105,21 +106,19 @@ def rope_qk(q: Tensor, k: Tensor, table: Tensor, sin: Optional[Tensor], k_table:
 def rope_(x: Tensor, table: Tensor, sin: Optional[Tensor], position_ids: Optional[Tensor],
           cu_seqlens: Optional[Tensor], start_positions: Optional[Tensor], layout: str,
           interleaved: bool, cp_size: int, cp_rank: int) -> None:
-    x4 = View.of(view4(x, layout))
-    _launch([(x4, x4)], [Table(table, sin)],
-            Positions(position_ids, cu_seqlens, start_positions, cp_size, cp_rank),
-            interleaved=interleaved, backward=False, copy_pass=False)
+    _launch(x, None, Table(table, sin),
+            Positions(position_ids, cu_seqlens, start_positions, cp_size, cp_rank), layout,
+            interleaved=interleaved, backward=False)
 
 
 @_define("ropelib::rope_qk_", mutates_args=("q", "k"))
-def rope_qk_(q: Tensor, k: Tensor, table: Tensor, sin: Optional[Tensor], k_table: Tensor,
-             k_sin: Optional[Tensor], position_ids: Optional[Tensor],
-             cu_seqlens: Optional[Tensor], start_positions: Optional[Tensor], layout: str,
-             interleaved: bool, cp_size: int, cp_rank: int) -> None:
-    q4, k4 = View.of(view4(q, layout)), View.of(view4(k, layout))
-    _launch([(q4, q4), (k4, k4)], [Table(table, sin), Table(k_table, k_sin)],
-            Positions(position_ids, cu_seqlens, start_positions, cp_size, cp_rank),
-            interleaved=interleaved, backward=False, copy_pass=False)
+def rope_qk_(q: Tensor, k: Tensor, table: Tensor, sin: Optional[Tensor],
+             position_ids: Optional[Tensor], cu_seqlens: Optional[Tensor],
+             start_positions: Optional[Tensor], layout: str, interleaved: bool, cp_size: int,
+             cp_rank: int) -> None:
+    _launch(q, None, Table(table, sin),
+            Positions(position_ids, cu_seqlens, start_positions, cp_size, cp_rank), layout,
+            interleaved=interleaved, backward=False, k=k)
 
 
 # The backward of a rotation is the rotation by -theta, with the same tables and positions.
@@ -139,22 +138,22 @@ def _rope_backward(ctx, grad):
 
 
 def _setup_rope_qk(ctx, inputs, output):
-    q, k, table, sin, k_table, k_sin, position_ids, cu_seqlens, start_positions, *options = inputs
-    ctx.save_for_backward(table, sin, k_table, k_sin, position_ids, cu_seqlens, start_positions)
+    q, k, table, sin, position_ids, cu_seqlens, start_positions, *options = inputs
+    ctx.save_for_backward(table, sin, position_ids, cu_seqlens, start_positions)
     ctx.options = options
     ctx.x_dtype = q.dtype
 
 
 def _rope_qk_backward(ctx, grad_q, grad_k):
-    table, sin, k_table, k_sin, *index = ctx.saved_tensors
+    tables_and_index = ctx.saved_tensors
     layout, interleaved, cp_size, cp_rank, backward, _ = ctx.options
     opts = (layout, interleaved, cp_size, cp_rank, not backward, ctx.x_dtype)
     if grad_q is not None and grad_k is not None:
-        gq, gk = rope_qk(grad_q, grad_k, table, sin, k_table, k_sin, *index, *opts)
+        gq, gk = rope_qk(grad_q, grad_k, *tables_and_index, *opts)
     else:
-        gq = rope(grad_q, table, sin, *index, *opts) if grad_q is not None else None
-        gk = rope(grad_k, k_table, k_sin, *index, *opts) if grad_k is not None else None
-    return (gq, gk) + (None,) * 13
+        gq = rope(grad_q, *tables_and_index, *opts) if grad_q is not None else None
+        gk = rope(grad_k, *tables_and_index, *opts) if grad_k is not None else None
+    return (gq, gk) + (None,) * 11
 
 
 rope.register_autograd(_rope_backward, setup_context=_setup_rope)
@@ -163,24 +162,17 @@ rope_qk.register_autograd(_rope_qk_backward, setup_context=_setup_rope_qk)
 
 # --- Transformer Engine's packed QKV --------------------------------------------------------
 
-def _qkv_views(qkv4: Tensor, split: List[int]):
-    """[S, B, G, dq + dk + dv] -> views of q (grouped heads), k and v of the packed tensor.
-
-    q head h = g * n_q + i lives at g * stride_g + i * dk: a View with hpg = n_q over the whole
-    packed tensor (q starts at its first element), so torch.compile sees every element the
-    kernel reads or writes as part of the buffer it is given."""
-    dq, dk, dv = split
-    n_q = dq // dk
-    st = qkv4.stride()
-    G = qkv4.shape[2]
-    q = View(qkv4, G * n_q, (st[0], st[1], st[2], dk * st[3], st[3]), hpg=n_q, head_dim=dk)
-    return q, View.of(qkv4[..., dq:dq + dk]), qkv4[..., dq + dk:]
-
-
-def _grouped(v: View, hpg: int) -> View:
-    """A plain [S, B, H, D] view addressed in groups of hpg heads (to pair with a packed q)."""
-    s, b, h, _, d = v.strides
-    return View(v.tensor, v.heads, (s, b, hpg * h, h, d), hpg=hpg, head_dim=v.features())
+def _launch_qkv(qkv: Tensor, q: Tensor, k: Tensor, q_table: Tensor, k_table: Tensor,
+                start_positions: Optional[Tensor], layout: str, split: List[int], *,
+                interleaved: bool, backward: bool, cp_size: int, cp_rank: int) -> None:
+    """Packed qkv -> rotated q, k (forward), or the gradients q, k -> packed (backward)."""
+    k4 = view4(k, layout)
+    if k4.shape[0] == 0 or k4.shape[1] == 0:
+        return
+    launch.run(*plan_qkv(view4(qkv, layout), view4(q, layout), k4, q_table, k_table,
+                         start_positions, heads_per_group=split[0] // split[1],
+                         interleaved=interleaved, backward=backward, cp_size=cp_size,
+                         cp_rank=cp_rank))
 
 
 @_define("ropelib::rope_qkv")
@@ -193,13 +185,11 @@ def rope_qkv(qkv: Tensor, q_table: Tensor, k_table: Tensor, start_positions: Opt
     q_out = torch.empty((*lead[:2], G * (dq // dk), dk), dtype=qkv.dtype, device=qkv.device)
     k_out = torch.empty((*lead[:2], G, dk), dtype=qkv.dtype, device=qkv.device)
     v_out = torch.empty((*lead[:2], G, dv), dtype=qkv.dtype, device=qkv.device)
-    q, k, v = _qkv_views(view4(qkv, layout), split)
-    _launch([(q, _grouped(View.of(view4(q_out, layout)), q.hpg)),
-             (k, View.of(view4(k_out, layout)))],
-            [Table(q_table, None), Table(k_table, None)],
-            Positions(None, None, start_positions, cp_size, cp_rank),
-            interleaved=interleaved, backward=False, copy_pass=True)
-    view4(v_out, layout).copy_(v)
+    if qkv.stride(-1) != 1:     # the kernel reads features at stride 1
+        qkv = qkv.contiguous()
+    _launch_qkv(qkv, q_out, k_out, q_table, k_table, start_positions, layout, split,
+                interleaved=interleaved, backward=False, cp_size=cp_size, cp_rank=cp_rank)
+    view4(v_out, layout).copy_(view4(qkv, layout)[..., dq + dk:])
     return q_out, k_out, v_out
 
 
@@ -209,13 +199,9 @@ def rope_qkv_backward(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, q_table: T
                       split: List[int], interleaved: bool, cp_size: int, cp_rank: int) -> Tensor:
     lead = grad_k.shape[:3]
     grad_qkv = torch.empty((*lead, sum(split)), dtype=grad_k.dtype, device=grad_k.device)
-    q, k, v = _qkv_views(view4(grad_qkv, layout), split)
-    _launch([(_grouped(View.of(view4(grad_q, layout)), q.hpg), q),
-             (View.of(view4(grad_k, layout)), k)],
-            [Table(q_table, None), Table(k_table, None)],
-            Positions(None, None, start_positions, cp_size, cp_rank),
-            interleaved=interleaved, backward=True, copy_pass=True)
-    v.copy_(view4(grad_v, layout))
+    _launch_qkv(grad_qkv, grad_q, grad_k, q_table, k_table, start_positions, layout, split,
+                interleaved=interleaved, backward=True, cp_size=cp_size, cp_rank=cp_rank)
+    view4(grad_qkv, layout)[..., split[0] + split[1]:].copy_(view4(grad_v, layout))
     return grad_qkv
 
 

@@ -74,7 +74,14 @@ def table_2d(t, name: str, dtypes=FLOAT_DTYPES) -> torch.Tensor:
             raise ValueError(f"{name} must be [P, 1, 1, R] (TE convention) or [P, R], "
                              f"got shape {tuple(t.shape)}")
         t = t[:, 0, 0, :]
-    return t
+    return kernel_table(t)
+
+
+def kernel_table(t: torch.Tensor) -> torch.Tensor:
+    """t, or a contiguous copy where the kernels could not read it as it is: they read a table's
+    features at stride 1, and a batch of tables [B, P, R] as one dense block."""
+    dense_batch = t.dim() < 3 or t.shape[0] == 1 or t.stride(0) in (0, t.shape[1] * t.stride(1))
+    return t if t.stride(-1) == 1 and dense_batch else t.contiguous()
 
 
 def angle_table(freqs, name: str = "freqs") -> torch.Tensor:
@@ -99,6 +106,7 @@ def cos_sin_pair(c: torch.Tensor, s: torch.Tensor, names=("cos", "sin")):
     if c.dtype != s.dtype:
         raise TypeError(f"{names[0]} and {names[1]} must have the same dtype, got {c.dtype} "
                         f"and {s.dtype}")
+    c, s = kernel_table(c), kernel_table(s)
     if c.stride() != s.stride():
         c, s = c.contiguous(), s.contiguous()
     return c, s

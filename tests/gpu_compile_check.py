@@ -52,27 +52,39 @@ def main():
     x, y = torch.randn(S, B, 2 * H, D, dtype=bf), torch.empty(S, B, 2 * H, D, dtype=bf)
     k, ko = torch.randn(S, B, H, D, dtype=bf), torch.empty(S, B, H, D, dtype=bf)
     start = torch.zeros(B, dtype=torch.int32)
-    for name, table, pos, with_k, interleaved, backward in [
-        ("rope-angles", L.Table(f, None), L.Positions(), False, False, False),
+    for name, table, pos, with_k, interleaved, backward, in_place in [
+        ("rope-angles", L.Table(f, None), L.Positions(), False, False, False, False),
         ("rope-qk-start-cp", L.Table(f, None), L.Positions(start=start, cp_size=2, cp_rank=1),
-         True, True, True),
+         True, True, True, False),
+        ("rope-qk-in-place", L.Table(f, None), L.Positions(start=start), True, False, False,
+         True),
         ("rope-cos-sin-position-ids", L.Table(f.cos(), f.sin()),
-         L.Positions(position_ids=torch.zeros(1, S, dtype=torch.int64)), False, False, False),
+         L.Positions(position_ids=torch.zeros(1, S, dtype=torch.int64)), False, False, False,
+         False),
         ("rope-packed", L.Table(f, None),
-         L.Positions(cu_seqlens=torch.tensor([0, 3, S], dtype=torch.int32)), False, False, False),
+         L.Positions(cu_seqlens=torch.tensor([0, 3, S], dtype=torch.int32)), True, False, False,
+         False),
         ("rope-table-free", L.Table(torch.zeros(D, dtype=torch.int64), torch.ones(1)),
-         L.Positions(), False, False, False),
+         L.Positions(), False, False, False, False),
     ]:
-        kv = dict(k=L.View.of(k), k_out=L.View.of(ko)) if with_k else {}
-        planned, ptrs = L.plan(L.View.of(x), L.View.of(y), table, pos, R=D,
-                               interleaved=interleaved, backward=backward, copy_pass=True,
+        kv = dict(k=L.View.of(k), k_out=None if in_place else L.View.of(ko)) if with_k else {}
+        planned, ptrs = L.plan(L.View.of(x), None if in_place else L.View.of(y), table, pos,
+                               R=D, interleaved=interleaved, backward=backward, layout="sbhd",
                                tiles=(4, 2, 1, 4), **kv)
-        compile_for_gpu(name, L._rope_kernel, L.POINTERS, planned, ptrs)
+        compile_for_gpu(name, planned.launcher.kernel, planned.launcher.pointer_names, planned,
+                        ptrs)
     x64 = torch.randn(S, B, H, D, dtype=torch.float64)
     planned, ptrs = L.plan(L.View.of(x64), L.View.of(torch.empty_like(x64)),
                            L.Table(f.double(), None), L.Positions(), R=D, interleaved=True,
-                           backward=False, copy_pass=True, tiles=(4, 2, 1, 4))
-    compile_for_gpu("rope-fp64", L._rope_kernel, L.POINTERS, planned, ptrs)
+                           backward=False, layout="bshd", tiles=(4, 2, 1, 4))
+    compile_for_gpu("rope-fp64", planned.launcher.kernel, planned.launcher.pointer_names,
+                    planned, ptrs)
+    qkv = torch.randn(S, B, H, 4 * D, dtype=bf)     # 2 query heads per group
+    for name, backward in [("rope-qkv", False), ("rope-qkv-backward", True)]:
+        planned, ptrs = L.plan_qkv(qkv, x, k, f, f, start, heads_per_group=2, interleaved=False,
+                                   backward=backward, cp_size=1, cp_rank=0)
+        compile_for_gpu(name, planned.launcher.kernel, planned.launcher.pointer_names, planned,
+                        ptrs)
 
     qb, kb = x.transpose(0, 1), k.transpose(0, 1)               # [B, S, H, D]
     for name, kc, vc, block_table, table, sin, scale in [

@@ -11,6 +11,8 @@ import triton
 from ropelib.kernels import direct, launch
 from ropelib.kernels.fused import _rope_kernel
 
+POINTERS = launch.TOKENS.pointer_names
+
 
 def test_installed_triton_has_the_interface():
     assert direct.supported(), f"triton {triton.__version__}: CompiledKernel.__getitem__ missing"
@@ -18,22 +20,36 @@ def test_installed_triton_has_the_interface():
         "launcher differently; the direct launcher would fall back to the runner"
 
 
-def test_pointer_arguments_come_first_in_kernel_order():
-    names = tuple(inspect.signature(_rope_kernel.fn).parameters)
-    assert names[:len(launch.POINTERS)] == launch.POINTERS
-    # everything after the pointers is planned by name: the planner covers every parameter
-    assert set(names[len(launch.POINTERS):]) == set(_planned_args())
+def _planned(positions, with_k=True):
+    q, k = torch.randn(4, 2, 3, 8), torch.randn(4, 2, 1, 8)
+    views = dict(k=launch.View.of(k), k_out=launch.View.of(torch.empty_like(k))) if with_k \
+        else {}
+    return launch.plan(launch.View.of(q), launch.View.of(torch.empty_like(q)),
+                       launch.Table(torch.randn(8, 8), None), positions, R=8, interleaved=False,
+                       backward=False, layout="sbhd", **views)
 
 
-def _planned_args():
-    q = torch.randn(4, 2, 3, 8)
-    out = torch.empty_like(q)
-    planned, pointers = launch.plan(
-        launch.View.of(q), launch.View.of(out), launch.Table(torch.randn(8, 8), None),
-        launch.Positions(start=torch.tensor([0, 1])), R=8, interleaved=False, backward=False,
-        copy_pass=True)
-    assert len(pointers) == len(launch.POINTERS)
-    return planned.args
+def _planned_qkv():
+    qkv, q, k = torch.randn(4, 2, 2, 32), torch.randn(4, 2, 4, 8), torch.randn(4, 2, 2, 8)
+    f = torch.randn(8, 8)
+    return launch.plan_qkv(qkv, q, k, f, f, torch.tensor([0, 1]), heads_per_group=2,
+                           interleaved=False, backward=False, cp_size=1, cp_rank=0)
+
+
+@pytest.mark.parametrize("which", ["tokens", "ids", "packed", "qkv"])
+def test_pointer_arguments_come_first_in_kernel_order(which):
+    """Each finished kernel takes its pointers first, in its launcher's order, and the planner
+    names every other parameter; none takes more than 32 arguments."""
+    planned, pointers = {
+        "tokens": lambda: _planned(launch.Positions(start=torch.tensor([0, 1]))),
+        "ids": lambda: _planned(launch.Positions(position_ids=torch.zeros(1, 4, dtype=int))),
+        "packed": lambda: _planned(launch.Positions(cu_seqlens=torch.tensor([0, 4])), with_k=False),
+        "qkv": _planned_qkv}[which]()
+    names = tuple(planned.launcher.kernel.arg_names)
+    pointer_names = planned.launcher.pointer_names
+    assert names[:len(pointer_names)] == pointer_names and len(pointers) == len(pointer_names)
+    assert set(names[len(pointer_names):]) == set(planned.args)
+    assert len(names) <= 32, (which, len(names))
 
 
 def test_launch_key_covers_what_triton_specialises_on():
@@ -43,7 +59,7 @@ def test_launch_key_covers_what_triton_specialises_on():
         out = torch.empty_like(q)
         return launch.plan(launch.View.of(q), launch.View.of(out),
                            launch.Table(torch.randn(8, 8), None), launch.Positions(), R=8,
-                           interleaved=False, backward=False, copy_pass=True)[0]
+                           interleaved=False, backward=False, layout="sbhd")[0]
     assert planned(torch.float16) != planned(torch.bfloat16)
     assert planned(torch.float16) == planned(torch.float16)
     assert hash(planned(torch.float16)) == hash(planned(torch.float16))
@@ -79,13 +95,13 @@ class _FakeKernel:
 
 def _launch_twice(kernel, monkeypatch, thin=True):
     monkeypatch.setattr(direct, "current_stream", lambda index: 0)
-    d = direct.DirectLauncher(kernel, launch.POINTERS)
+    d = direct.DirectLauncher(kernel, POINTERS)
     d.enabled, d.thin = True, thin
     q = torch.randn(4, 2, 3, 8)
     out = torch.empty_like(q)
     planned, pointers = launch.plan(launch.View.of(q), launch.View.of(out),
                                     launch.Table(torch.randn(8, 8), None), launch.Positions(),
-                                    R=8, interleaved=False, backward=False, copy_pass=True)
+                                    R=8, interleaved=False, backward=False, layout="sbhd")
     d(planned, pointers)
     d(planned, pointers)
     return d

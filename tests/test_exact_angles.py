@@ -290,10 +290,10 @@ def test_opcheck():
                             None)),
         (ops.rope.default, (t, *ta, None, torch.tensor([0, 3, 8]), None, "thd", False, 1, 0,
                             False, None)),
-        (ops.rope_qk.default, (x, k, *ta, *ta, None, None, None, "sbhd", False, 2, 1, False,
+        (ops.rope_qk.default, (x, k, *ta, None, None, None, "sbhd", False, 2, 1, False,
                                None)),
         (ops.rope_.default, (x.detach().clone(), *ta, None, None, None, "sbhd", False, 1, 0)),
-        (ops.rope_qk_.default, (x.detach().clone(), k.detach().clone(), *ta, *ta, None, None,
+        (ops.rope_qk_.default, (x.detach().clone(), k.detach().clone(), *ta, None, None,
                                 None, "sbhd", True, 1, 0)),
     ]
     for op, args in cases:

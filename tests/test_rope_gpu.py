@@ -276,14 +276,14 @@ def test_direct_launch_bit_identical_to_triton_launch(monkeypatch):
             out.append(xg.grad)
         return out
 
-    monkeypatch.setattr(L.DIRECT, "enabled", False)
+    monkeypatch.setattr(L.TOKENS, "enabled", False)
     through_triton = results()
-    monkeypatch.setattr(L.DIRECT, "enabled", True)
-    monkeypatch.setattr(L.DIRECT, "compiled", {})
+    monkeypatch.setattr(L.TOKENS, "enabled", True)
+    monkeypatch.setattr(L.TOKENS, "compiled", {})
     first = results()           # asks Triton for each compiled kernel
-    assert len(L.DIRECT.compiled) >= 2, "aligned and misaligned pointers are different kernels"
+    assert len(L.TOKENS.compiled) >= 2, "aligned and misaligned pointers are different kernels"
     direct = results()          # straight to the compiled kernels
-    assert L.DIRECT.enabled, "the direct launcher fell back to Triton's path"
+    assert L.TOKENS.enabled, "the direct launcher fell back to Triton's path"
     for t, f1, f2 in zip(through_triton, first, direct):
         assert torch.equal(t, f1) and torch.equal(t, f2)
     y_mis = ropelib.apply_rope(misaligned, freqs, start_positions=sp)

@@ -412,9 +412,9 @@ def _compile_here(what: str, S: int, B: int, H: int, D: int, dtype: str, sm_coun
         tiles = _launch.pick_tiles(S, B, (H, 0), D, D, x.element_size(), sm_count, **knobs)
         lau, ptrs = _launch.plan(_launch.View.of(x), _launch.View.of(y), _launch.Table(f, None),
                                  _launch.Positions(), R=D, interleaved=False, backward=False,
-                                 copy_pass=False, tiles=tiles)
-        kernel = _launch._rope_kernel
-        args = dict(zip(_launch.POINTERS, ptrs), **lau.args)
+                                 layout="sbhd", tiles=tiles)
+        kernel = lau.launcher.kernel
+        args = dict(zip(lau.launcher.pointer_names, ptrs), **lau.args)
         grid, warps, tile = lau.grid, lau.num_warps, dict(BLOCK_S=tiles[0], BLOCK_H=tiles[1],
                                                           B_CHUNK=tiles[2])
     else:

@@ -7,6 +7,7 @@ multi-axis RoPE), and the two settings that follow from where the kernels run.
     cos_sin         cos and sin of angles (libdevice's on the GPU)
     rotate_pair     the rotation, one fma per output in Transformer Engine's order
     dual_chunk_position   TE's context-parallel map from a rank's token to its global position
+    contiguous_strides    the strides of a fresh output, from its shape and layout
     round_to        the one rounding at the store (round-to-nearest-even, also in the interpreter)
 """
 import triton
@@ -125,3 +126,28 @@ def dual_chunk_position(idx, length, cp_size, cp_rank):
     seg = length // 2
     return tl.where(idx < seg, cp_rank * seg + idx,
                     cp_size * length - (cp_rank + 1) * seg + (idx - seg))
+
+
+@triton.jit
+def contiguous_strides(S, B, H, D: tl.constexpr, LAYOUT: tl.constexpr, INT64: tl.constexpr):
+    """(s, b, h) strides of a fresh contiguous tensor seen as [S, B, H, D] (features at stride 1):
+    LAYOUT 0 sbhd (and thd, B = 1), 1 bshd, 2 Hugging Face's bhsd (kernels/launch.OUT_LAYOUT).
+    Products in int64 when the tensor may pass 2^31 elements."""
+    if INT64:
+        unit = tl.full([], 1, tl.int64)
+    else:
+        unit = tl.full([], 1, tl.int32)
+    hd = unit * H * D
+    if LAYOUT == 1:
+        st_s = hd
+        st_b = hd * S
+        st_h = unit * D
+    elif LAYOUT == 2:
+        st_s = unit * D
+        st_b = hd * S
+        st_h = unit * S * D
+    else:
+        st_s = hd * B
+        st_b = hd
+        st_h = unit * D
+    return st_s, st_b, st_h

@@ -1,4 +1,19 @@
-"""The finished RoPE kernel: one pass over the tensor, forward and backward, every layout.
+"""The finished RoPE kernels: one pass over the tensor, forward and backward, every layout.
+
+One body (_rope_heads) behind four narrow entry points, one per source of positions, so that no
+kernel takes more than 32 arguments (each argument costs host time at every launch through
+Triton's launcher, and a wide kernel costs more in compiled graphs):
+
+    _rope_kernel          the token index (+ start offsets, context parallelism)     32 args
+    _rope_ids_kernel      explicit position ids                                     31
+    _rope_packed_kernel   packed sequences (thd, cu_seqlens)                        29
+    _rope_qkv_kernel      Transformer Engine's packed QKV, forward and backward     32
+
+What is not an argument follows from the others: k, start offsets, in place (an output None),
+angles or cos/sin or table-free (the table's pointers and dtype), fp64 math, the tile widths
+(from R and D); an output is a fresh contiguous tensor whose strides follow from its shape and
+layout; outputs and tables read features at stride 1 (the inputs' feature strides are
+arguments: a gradient may be expanded).
 
 How it is parallelised
 ----------------------
@@ -71,8 +86,8 @@ fp64 inputs use fp64 angles and fp64 sin/cos instead. Both members of a pair sha
 import triton
 import triton.language as tl
 
-from .common import (ACCURATE, ROUND_BF16_RTNE, batch_range, cos_sin, dual_chunk_position,
-                     load_table, pair_features, rotate_pair, round_to)
+from .common import (ACCURATE, ROUND_BF16_RTNE, batch_range, contiguous_strides, cos_sin,
+                     dual_chunk_position, load_table, pair_features, rotate_pair, round_to)
 
 # 2 pi = TWO_PI_1 + TWO_PI_2 + TWO_PI_3 (each exact in fp32, the sum within 2^-75 of 2 pi), so
 # a product with it is exact to fp64 precision whatever precision the constants are given in.
@@ -202,14 +217,13 @@ def _packed_positions(t, cu_ptr, start_ptr, N_SEQ, cp_size, cp_rank):
 
 
 @triton.jit
-def _table_rows(s_idx, b, S, P, position_ids_ptr, stride_ids_b, stride_ids_s, cu_seqlens_ptr,
-                start_ptr, N_SEQ, cp_size, cp_rank):
+def _table_rows(s_idx, b, S, P, position_ids_ptr, stride_ids_b, cu_seqlens_ptr, start_ptr, N_SEQ,
+                cp_size, cp_rank):
     # s_idx [BLOCK_S] token indices, b batch entry -> (table rows [BLOCK_S] int32, valid [BLOCK_S]).
     # Positions come from position ids, else from cu_seqlens (packed sequences), else from the
     # token index (with TE's context-parallel split); start offsets add to the last two.
     if position_ids_ptr is not None:
-        p = tl.load(position_ids_ptr + b * stride_ids_b + s_idx * stride_ids_s, mask=s_idx < S,
-                    other=0)
+        p = tl.load(position_ids_ptr + b * stride_ids_b + s_idx, mask=s_idx < S, other=0)
         valid = (p >= 0) & (p < P)   # compared before narrowing, so huge ids cannot wrap
         p = p.to(tl.int32)
     elif cu_seqlens_ptr is not None:
@@ -226,22 +240,22 @@ def _table_rows(s_idx, b, S, P, position_ids_ptr, stride_ids_b, stride_ids_s, cu
 
 
 @triton.jit
-def _load_table(cos_ptr, sin_ptr, rows, b, stride_tab_b, stride_tab_p, stride_tab_d, d_a, d_b,
-                mask, CDT: tl.constexpr, HALF: tl.constexpr):
+def _load_table(cos_ptr, sin_ptr, rows, b, stride_tab_b, stride_tab_p, d_a, d_b, mask,
+                CDT: tl.constexpr, HALF: tl.constexpr):
     # rows [BLOCK_S], d_a/d_b [BLOCK_HALF] -> c_a, s_a, c_b, s_b, each [BLOCK_S, 1, BLOCK_HALF].
     # A table (common.load_table), or no table at all: int64 turns [R] in cos_ptr and the
     # amplitude [1] in sin_ptr, and rows are then the positions themselves.
     if cos_ptr.dtype.element_ty == tl.int64:
         j = tl.arange(0, d_a.shape[0])
-        c, s = _exact_cos_sin(cos_ptr, rows, j, stride_tab_d, HALF, ACCURATE, CDT)
+        c, s = _exact_cos_sin(cos_ptr, rows, j, 1, HALF, ACCURATE, CDT)
         amp = tl.load(sin_ptr).to(CDT)
         c_a = c * amp
         s_a = s * amp
         c_b = c_a
         s_b = s_a
     else:
-        c_a, s_a, c_b, s_b = load_table(cos_ptr, sin_ptr, rows, b, stride_tab_b, stride_tab_p,
-                                        stride_tab_d, d_a, d_b, mask, CDT)
+        c_a, s_a, c_b, s_b = load_table(cos_ptr, sin_ptr, rows, b, stride_tab_b, stride_tab_p, 1,
+                                        d_a, d_b, mask, CDT)
     return c_a, s_a, c_b, s_b
 
 
@@ -253,19 +267,30 @@ def _rope_heads(
     pid_s, h0, b_lo, b_hi,              # tile origin: token block, first head, batch range
     S, H, P, N_SEQ, cp_size, cp_rank,   # tokens, heads of this segment, table rows, sequences
     stride_x_s, stride_x_b, stride_x_g, stride_x_h, stride_x_d,  # head h at (h//HPG)*g + (h%HPG)*h
-    stride_y_s, stride_y_b, stride_y_g, stride_y_h, stride_y_d,
-    stride_tab_b, stride_tab_p, stride_tab_d,
-    stride_ids_b, stride_ids_s,
+    stride_y_s, stride_y_b, stride_y_g, stride_y_h,              # (the output's features: stride 1)
+    stride_tab_b, stride_tab_p,         # (the table's features: stride 1)
+    stride_ids_b,                       # (position ids: [B or 1, S], contiguous)
     R: tl.constexpr, D: tl.constexpr,   # rotary dim (even), head dim
     HPG: tl.constexpr,                  # heads per group: > 1 for the q of a packed QKV
-    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
-    BLOCK_PASS: tl.constexpr,           # next_pow2(D - R); 0 when nothing passes through
+    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
     INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
-    TABLE_PER_BATCH: tl.constexpr,      # positions or table rows depend on the batch entry
+    PER_ENTRY: tl.constexpr,            # positions or table rows depend on the batch entry
     COPY_PASS: tl.constexpr,            # write features R..D-1 (False when in place)
     CDT: tl.constexpr, INT64: tl.constexpr,
 ):
     HALF: tl.constexpr = R // 2
+    # tile widths: the next powers of two of R/2 and of D - R (constexpr bit arithmetic; both
+    # are below 2^16)
+    h0_: tl.constexpr = HALF - 1
+    h1_: tl.constexpr = h0_ | (h0_ >> 1)
+    h2_: tl.constexpr = h1_ | (h1_ >> 2)
+    h3_: tl.constexpr = h2_ | (h2_ >> 4)
+    BLOCK_HALF: tl.constexpr = (h3_ | (h3_ >> 8)) + 1
+    p0_: tl.constexpr = D - R - 1 if D > R else 0
+    p1_: tl.constexpr = p0_ | (p0_ >> 1)
+    p2_: tl.constexpr = p1_ | (p1_ >> 2)
+    p3_: tl.constexpr = p2_ | (p2_ >> 4)
+    BLOCK_PASS: tl.constexpr = (p3_ | (p3_ >> 8)) + 1 if D > R else 0
     s_idx = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)          # [BLOCK_S]
     h_idx = h0 + tl.arange(0, BLOCK_H)                        # [BLOCK_H]
     j = tl.arange(0, BLOCK_HALF)                              # [BLOCK_HALF]
@@ -282,11 +307,11 @@ def _rope_heads(
     y_rows = s_off[:, None] * stride_y_s + (h_idx // HPG)[None, :] * stride_y_g \
         + (h_idx % HPG)[None, :] * stride_y_h
 
-    if not TABLE_PER_BATCH:
-        rows, valid = _table_rows(s_idx, 0, S, P, position_ids_ptr, stride_ids_b, stride_ids_s,
+    if not PER_ENTRY:
+        rows, valid = _table_rows(s_idx, 0, S, P, position_ids_ptr, stride_ids_b,
                                   cu_seqlens_ptr, start_ptr, N_SEQ, cp_size, cp_rank)
         c_a, s_a, c_b, s_b = _load_table(cos_ptr, sin_ptr, rows, 0, stride_tab_b, stride_tab_p,
-                                         stride_tab_d, d_a, d_b, tab_mask, CDT, HALF)
+                                         d_a, d_b, tab_mask, CDT, HALF)
         if BACKWARD:
             s_a, s_b = -s_b, -s_a
 
@@ -295,13 +320,11 @@ def _rope_heads(
             bb = b.to(tl.int64)
         else:
             bb = b
-        if TABLE_PER_BATCH:
+        if PER_ENTRY:
             rows, valid = _table_rows(s_idx, bb, S, P, position_ids_ptr, stride_ids_b,
-                                      stride_ids_s, cu_seqlens_ptr, start_ptr, N_SEQ, cp_size,
-                                      cp_rank)
+                                      cu_seqlens_ptr, start_ptr, N_SEQ, cp_size, cp_rank)
             c_a, s_a, c_b, s_b = _load_table(cos_ptr, sin_ptr, rows, bb, stride_tab_b,
-                                             stride_tab_p, stride_tab_d, d_a, d_b, tab_mask,
-                                             CDT, HALF)
+                                             stride_tab_p, d_a, d_b, tab_mask, CDT, HALF)
             if BACKWARD:
                 s_a, s_b = -s_b, -s_a
         xr = x_ptr + (x_rows + bb * stride_x_b)[:, :, None]    # [BLOCK_S, BLOCK_H, 1]
@@ -330,69 +353,215 @@ def _rope_heads(
         y_b = round_to(y_b, y_ptr.dtype.element_ty, ROUND_BF16_RTNE)
         if INTERLEAVED:
             y = tl.reshape(tl.join(y_a, y_b), (BLOCK_S, BLOCK_H, 2 * BLOCK_HALF))
-            tl.store(yr + k[None, None, :] * stride_y_d, y, mask=mk)
+            tl.store(yr + k[None, None, :], y, mask=mk)
         else:
-            tl.store(yr + d_a[None, None, :] * stride_y_d, y_a, mask=m)
-            tl.store(yr + d_b[None, None, :] * stride_y_d, y_b, mask=m)
+            tl.store(yr + d_a[None, None, :], y_a, mask=m)
+            tl.store(yr + d_b[None, None, :], y_b, mask=m)
         if COPY_PASS:
             if BLOCK_PASS > 0:
-                tl.store(yr + e[None, None, :] * stride_y_d, t, mask=mp)
+                tl.store(yr + e[None, None, :], t, mask=mp)
 
 
 @triton.jit
-def _rope_kernel(
-    # tensors (an unused one is None: what the kernel does follows from which are given and
-    # their dtypes; never another argument again, since torch.compile treats each written
-    # argument as a buffer of its own; in place, q_out_ptr is q_ptr, which it handles)
-    q_ptr, q_out_ptr,                   # q [S, B, HQ, D] (as a strided view) and its output
-    k_ptr, k_out_ptr,                   # k [S, B, HK, D]: None without k
-    cos_ptr, sin_ptr,                   # q's table [P, R] (or [B, P, R]): angles (sin None), or
-                                        # cos and sin, or turns [R] int64 and amplitude [1]
-    k_cos_ptr, k_sin_ptr,               # k's table, same shape and strides
-    position_ids_ptr,                   # [B or 1, S] position ids, or None
-    cu_seqlens_ptr,                     # [N_SEQ + 1] packed sequences' offsets, or None
-    start_ptr,                          # [B] (or [N_SEQ] packed) start offsets, or None
-    # sizes
-    S, B, HQ, HK,                       # tokens, batch, heads of q and of k
-    P, N_SEQ,                           # table rows; packed sequences (0 unless cu_seqlens)
-    cp_size, cp_rank,                   # context parallelism (TE's dual-chunk split)
-    # strides, in elements; q's heads may be grouped: head h at (h // HPG) * g + (h % HPG) * h
-    stride_q_s, stride_q_b, stride_q_g, stride_q_h, stride_q_d,
-    stride_qo_s, stride_qo_b, stride_qo_g, stride_qo_h, stride_qo_d,
+def _rope_q_or_k(
+    q_ptr, q_out_ptr, k_ptr, k_out_ptr, cos_ptr, sin_ptr,
+    position_ids_ptr, cu_seqlens_ptr, start_ptr,
+    S, B, HQ, HK, P, N_SEQ, cp_size, cp_rank,
+    stride_q_s, stride_q_b, stride_q_h, stride_q_d,
     stride_k_s, stride_k_b, stride_k_h, stride_k_d,
-    stride_ko_s, stride_ko_b, stride_ko_h, stride_ko_d,
-    stride_tab_b, stride_tab_p, stride_tab_d,   # 0 batch stride: one table for every entry
-    stride_ids_b, stride_ids_s,                 # position ids (0 batch stride: shared)
-    # what is computed
-    R: tl.constexpr, D: tl.constexpr, HPG: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
-    BLOCK_PASS: tl.constexpr,
-    INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
-    TABLE_PER_BATCH: tl.constexpr, COPY_PASS: tl.constexpr, INT64: tl.constexpr,
+    stride_tab_b, stride_tab_p, stride_ids_b,
+    R: tl.constexpr, D: tl.constexpr, OUT_LAYOUT: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
+    INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr, PER_ENTRY: tl.constexpr,
+    INT64: tl.constexpr,
 ):
+    # The program's tile of q's heads or of k's (grid axis 1: q's head blocks, then k's). In
+    # place (q_out_ptr None) the output is the input; otherwise a fresh contiguous tensor in
+    # OUT_LAYOUT, whose strides follow from its shape.
     # fp64 math when q or its output (Hugging Face promotes with cos) is fp64, else fp32
-    CDT: tl.constexpr = tl.float64 if (q_ptr.dtype.element_ty == tl.float64
-                                       or q_out_ptr.dtype.element_ty == tl.float64) \
-        else tl.float32
+    if q_out_ptr is None:
+        CDT: tl.constexpr = tl.float64 if q_ptr.dtype.element_ty == tl.float64 else tl.float32
+    else:
+        CDT: tl.constexpr = tl.float64 if (q_ptr.dtype.element_ty == tl.float64
+                                           or q_out_ptr.dtype.element_ty == tl.float64) \
+            else tl.float32
     pid_s = tl.program_id(0)
     pid_h = tl.program_id(1)
     b_lo, b_hi = batch_range(B)
     q_blocks = tl.cdiv(HQ, BLOCK_H)
     if pid_h < q_blocks:
-        _rope_heads(q_ptr, q_out_ptr, cos_ptr, sin_ptr, position_ids_ptr, cu_seqlens_ptr,
-                    start_ptr, pid_s, pid_h * BLOCK_H, b_lo, b_hi, S, HQ, P, N_SEQ, cp_size,
-                    cp_rank,
-                    stride_q_s, stride_q_b, stride_q_g, stride_q_h, stride_q_d,
-                    stride_qo_s, stride_qo_b, stride_qo_g, stride_qo_h, stride_qo_d,
-                    stride_tab_b, stride_tab_p, stride_tab_d, stride_ids_b, stride_ids_s,
-                    R, D, HPG, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, BACKWARD,
-                    TABLE_PER_BATCH, COPY_PASS, CDT, INT64)
+        if q_out_ptr is None:
+            _rope_heads(q_ptr, q_ptr, cos_ptr, sin_ptr, position_ids_ptr, cu_seqlens_ptr,
+                        start_ptr, pid_s, pid_h * BLOCK_H, b_lo, b_hi, S, HQ, P, N_SEQ, cp_size,
+                        cp_rank, stride_q_s, stride_q_b, stride_q_h, 0, stride_q_d,
+                        stride_q_s, stride_q_b, stride_q_h, 0,
+                        stride_tab_b, stride_tab_p, stride_ids_b, R, D, 1, BLOCK_S, BLOCK_H,
+                        INTERLEAVED, BACKWARD, PER_ENTRY, False, CDT, INT64)
+        else:
+            out_s, out_b, out_h = contiguous_strides(S, B, HQ, D, OUT_LAYOUT, INT64)
+            _rope_heads(q_ptr, q_out_ptr, cos_ptr, sin_ptr, position_ids_ptr, cu_seqlens_ptr,
+                        start_ptr, pid_s, pid_h * BLOCK_H, b_lo, b_hi, S, HQ, P, N_SEQ, cp_size,
+                        cp_rank, stride_q_s, stride_q_b, stride_q_h, 0, stride_q_d,
+                        out_s, out_b, out_h, 0,
+                        stride_tab_b, stride_tab_p, stride_ids_b, R, D, 1, BLOCK_S, BLOCK_H,
+                        INTERLEAVED, BACKWARD, PER_ENTRY, True, CDT, INT64)
     elif k_ptr is not None:     # (without k the grid has q's blocks only)
-        _rope_heads(k_ptr, k_out_ptr, k_cos_ptr, k_sin_ptr, position_ids_ptr, cu_seqlens_ptr,
-                    start_ptr, pid_s, (pid_h - q_blocks) * BLOCK_H, b_lo, b_hi, S, HK, P, N_SEQ,
-                    cp_size, cp_rank,
-                    stride_k_s, stride_k_b, stride_k_h, 0, stride_k_d,
-                    stride_ko_s, stride_ko_b, stride_ko_h, 0, stride_ko_d,
-                    stride_tab_b, stride_tab_p, stride_tab_d, stride_ids_b, stride_ids_s,
-                    R, D, 1, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, BACKWARD,
-                    TABLE_PER_BATCH, COPY_PASS, CDT, INT64)
+        h0 = (pid_h - q_blocks) * BLOCK_H
+        if k_out_ptr is None:
+            _rope_heads(k_ptr, k_ptr, cos_ptr, sin_ptr, position_ids_ptr, cu_seqlens_ptr,
+                        start_ptr, pid_s, h0, b_lo, b_hi, S, HK, P, N_SEQ, cp_size, cp_rank,
+                        stride_k_s, stride_k_b, stride_k_h, 0, stride_k_d,
+                        stride_k_s, stride_k_b, stride_k_h, 0,
+                        stride_tab_b, stride_tab_p, stride_ids_b, R, D, 1, BLOCK_S, BLOCK_H,
+                        INTERLEAVED, BACKWARD, PER_ENTRY, False, CDT, INT64)
+        else:
+            out_s, out_b, out_h = contiguous_strides(S, B, HK, D, OUT_LAYOUT, INT64)
+            _rope_heads(k_ptr, k_out_ptr, cos_ptr, sin_ptr, position_ids_ptr, cu_seqlens_ptr,
+                        start_ptr, pid_s, h0, b_lo, b_hi, S, HK, P, N_SEQ, cp_size, cp_rank,
+                        stride_k_s, stride_k_b, stride_k_h, 0, stride_k_d,
+                        out_s, out_b, out_h, 0,
+                        stride_tab_b, stride_tab_p, stride_ids_b, R, D, 1, BLOCK_S, BLOCK_H,
+                        INTERLEAVED, BACKWARD, PER_ENTRY, True, CDT, INT64)
+
+
+# --- the entry points: one per source of positions, each at most 32 arguments ----------------
+# Common to all: q (and k, None without it) with their outputs (None in place: written where
+# they are read); a table cos_ptr/sin_ptr as _load_table reads it; features are contiguous in
+# every output and table (stride 1), and q's and k's feature strides are arguments.
+
+@triton.jit
+def _rope_kernel(
+    q_ptr, q_out_ptr, k_ptr, k_out_ptr,  # q [S, B, HQ, D] and k [S, B, HK, D] as strided views
+    cos_ptr, sin_ptr,                    # the table [P, R] (or [B, P, R] with TABLE_PER_ENTRY)
+    start_ptr,                           # [B] start offsets, or None
+    S, B, HQ, HK, P,                     # tokens, batch, heads of q and of k, table rows
+    cp_size, cp_rank,                    # context parallelism (TE's dual-chunk split)
+    stride_q_s, stride_q_b, stride_q_h, stride_q_d,
+    stride_k_s, stride_k_b, stride_k_h, stride_k_d,
+    stride_tab_p,                        # the table's row stride (a batch of tables is dense)
+    R: tl.constexpr, D: tl.constexpr,    # rotary dim, head dim
+    OUT_LAYOUT: tl.constexpr,            # the outputs' layout (see common.contiguous_strides)
+    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
+    INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
+    TABLE_PER_ENTRY: tl.constexpr,       # one table per batch entry (Hugging Face's [B, S, R])
+    INT64: tl.constexpr,
+):
+    # Positions: the token index (with TE's dual-chunk map when cp_size > 1), plus start offsets.
+    PER_ENTRY: tl.constexpr = TABLE_PER_ENTRY or start_ptr is not None
+    stride_tab_b = (tl.full([], 0, tl.int64) + P) * stride_tab_p if TABLE_PER_ENTRY else 0
+    _rope_q_or_k(q_ptr, q_out_ptr, k_ptr, k_out_ptr, cos_ptr, sin_ptr, None, None, start_ptr,
+                 S, B, HQ, HK, P, 0, cp_size, cp_rank,
+                 stride_q_s, stride_q_b, stride_q_h, stride_q_d,
+                 stride_k_s, stride_k_b, stride_k_h, stride_k_d,
+                 stride_tab_b, stride_tab_p, 0, R, D, OUT_LAYOUT, BLOCK_S, BLOCK_H,
+                 INTERLEAVED, BACKWARD, PER_ENTRY, INT64)
+
+
+@triton.jit
+def _rope_ids_kernel(
+    q_ptr, q_out_ptr, k_ptr, k_out_ptr, cos_ptr, sin_ptr,
+    position_ids_ptr,                    # [B or 1, S] position ids, contiguous
+    S, B, HQ, HK, P,
+    stride_q_s, stride_q_b, stride_q_h, stride_q_d,
+    stride_k_s, stride_k_b, stride_k_h, stride_k_d,
+    stride_tab_p,
+    R: tl.constexpr, D: tl.constexpr, OUT_LAYOUT: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
+    INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
+    TABLE_PER_ENTRY: tl.constexpr,
+    IDS_PER_ENTRY: tl.constexpr,         # position ids [B, S] (else [1, S], shared)
+    INT64: tl.constexpr,
+):
+    # Positions: explicit position ids.
+    PER_ENTRY: tl.constexpr = TABLE_PER_ENTRY or IDS_PER_ENTRY
+    stride_tab_b = (tl.full([], 0, tl.int64) + P) * stride_tab_p if TABLE_PER_ENTRY else 0
+    stride_ids_b = S if IDS_PER_ENTRY else 0
+    _rope_q_or_k(q_ptr, q_out_ptr, k_ptr, k_out_ptr, cos_ptr, sin_ptr, position_ids_ptr, None,
+                 None, S, B, HQ, HK, P, 0, 1, 0,
+                 stride_q_s, stride_q_b, stride_q_h, stride_q_d,
+                 stride_k_s, stride_k_b, stride_k_h, stride_k_d,
+                 stride_tab_b, stride_tab_p, stride_ids_b, R, D, OUT_LAYOUT, BLOCK_S, BLOCK_H,
+                 INTERLEAVED, BACKWARD, PER_ENTRY, INT64)
+
+
+@triton.jit
+def _rope_packed_kernel(
+    q_ptr, q_out_ptr, k_ptr, k_out_ptr, cos_ptr, sin_ptr,
+    cu_seqlens_ptr,                      # [N_SEQ + 1] the packed sequences' global offsets
+    start_ptr,                           # [N_SEQ] start offsets, or None
+    T, HQ, HK, P, N_SEQ,                 # tokens (all sequences), heads, table rows, sequences
+    cp_size, cp_rank,
+    stride_q_t, stride_q_h, stride_q_d,  # q [T, HQ, D], k [T, HK, D]
+    stride_k_t, stride_k_h, stride_k_d,
+    stride_tab_p,
+    R: tl.constexpr, D: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
+    INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr, INT64: tl.constexpr,
+):
+    # Positions: packed sequences (thd), found by a binary search of the token in cu_seqlens.
+    _rope_q_or_k(q_ptr, q_out_ptr, k_ptr, k_out_ptr, cos_ptr, sin_ptr, None, cu_seqlens_ptr,
+                 start_ptr, T, 1, HQ, HK, P, N_SEQ, cp_size, cp_rank,
+                 stride_q_t, 0, stride_q_h, stride_q_d, stride_k_t, 0, stride_k_h, stride_k_d,
+                 0, stride_tab_p, 0, R, D, 0, BLOCK_S, BLOCK_H, INTERLEAVED, BACKWARD, False,
+                 INT64)
+
+
+@triton.jit
+def _rope_qkv_kernel(
+    qkv_ptr,                             # packed [S, B, G, (HPG + 2) * D]: q, k, v of each group
+    q_ptr, k_ptr,                        # q [S, B, G * HPG, D], k [S, B, G, D]
+    q_cos_ptr, k_cos_ptr,                # angles [P, R] of q and of k
+    start_ptr,                           # [B] start offsets, or None
+    S, B, G, P, cp_size, cp_rank,
+    stride_qkv_s, stride_qkv_b, stride_qkv_g,
+    stride_q_s, stride_q_b, stride_q_h, stride_q_d,
+    stride_k_s, stride_k_b, stride_k_h, stride_k_d,
+    stride_tab_p,
+    R: tl.constexpr, D: tl.constexpr,
+    HPG: tl.constexpr,                   # query heads per group
+    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    BACKWARD: tl.constexpr,              # False: packed -> q, k; True: gradients q, k -> packed
+    INT64: tl.constexpr,
+):
+    # Transformer Engine's packed QKV. Forward reads q and k out of the packed tensor and writes
+    # them rotated into their own tensors; backward reads the gradients of q and k and writes
+    # them rotated back into the packed gradient (v is copied outside the kernel). In the packed
+    # tensor, q head h of a group lies at (h // HPG) * stride_g + (h % HPG) * D, and k at HPG * D.
+    CDT: tl.constexpr = tl.float64 if qkv_ptr.dtype.element_ty == tl.float64 else tl.float32
+    PER_ENTRY: tl.constexpr = start_ptr is not None
+    pid_s = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    b_lo, b_hi = batch_range(B)
+    q_blocks = tl.cdiv(G * HPG, BLOCK_H)
+    if pid_h < q_blocks:
+        if BACKWARD:
+            _rope_heads(q_ptr, qkv_ptr, q_cos_ptr, None, None, None, start_ptr, pid_s,
+                        pid_h * BLOCK_H, b_lo, b_hi, S, G * HPG, P, 0, cp_size, cp_rank,
+                        stride_q_s, stride_q_b, HPG * stride_q_h, stride_q_h, stride_q_d,
+                        stride_qkv_s, stride_qkv_b, stride_qkv_g, D,
+                        0, stride_tab_p, 0, R, D, HPG, BLOCK_S, BLOCK_H, INTERLEAVED, True,
+                        PER_ENTRY, True, CDT, INT64)
+        else:
+            _rope_heads(qkv_ptr, q_ptr, q_cos_ptr, None, None, None, start_ptr, pid_s,
+                        pid_h * BLOCK_H, b_lo, b_hi, S, G * HPG, P, 0, cp_size, cp_rank,
+                        stride_qkv_s, stride_qkv_b, stride_qkv_g, D, 1,
+                        stride_q_s, stride_q_b, HPG * stride_q_h, stride_q_h,
+                        0, stride_tab_p, 0, R, D, HPG, BLOCK_S, BLOCK_H, INTERLEAVED, False,
+                        PER_ENTRY, True, CDT, INT64)
+    else:
+        h0 = (pid_h - q_blocks) * BLOCK_H
+        if BACKWARD:
+            _rope_heads(k_ptr, qkv_ptr + HPG * D, k_cos_ptr, None, None, None, start_ptr, pid_s,
+                        h0, b_lo, b_hi, S, G, P, 0, cp_size, cp_rank,
+                        stride_k_s, stride_k_b, stride_k_h, 0, stride_k_d,
+                        stride_qkv_s, stride_qkv_b, stride_qkv_g, 0,
+                        0, stride_tab_p, 0, R, D, 1, BLOCK_S, BLOCK_H, INTERLEAVED, True,
+                        PER_ENTRY, True, CDT, INT64)
+        else:
+            _rope_heads(qkv_ptr + HPG * D, k_ptr, k_cos_ptr, None, None, None, start_ptr, pid_s,
+                        h0, b_lo, b_hi, S, G, P, 0, cp_size, cp_rank,
+                        stride_qkv_s, stride_qkv_b, stride_qkv_g, 0, 1,
+                        stride_k_s, stride_k_b, stride_k_h, 0,
+                        0, stride_tab_p, 0, R, D, 1, BLOCK_S, BLOCK_H, INTERLEAVED, False,
+                        PER_ENTRY, True, CDT, INT64)

@@ -1,7 +1,9 @@
-"""Host side of the finished kernel: a planner and one launch path.
+"""Host side of the finished kernels: a planner and one launch path.
 
 `plan(...)` turns what is to be rotated (strided [S, B, H, D] views, tables, positions, options)
-into a `Launch`: the grid, the warps and every kernel argument by name. `run(launch)` starts it.
+into a `Launch`: which of the finished kernels runs (by where positions come from), the grid,
+the warps and every kernel argument by name; `plan_qkv(...)` does the same for Transformer
+Engine's packed QKV. `run(launch, pointers)` starts it.
 Both see only shapes, strides, dtypes and options, never tensor values, so the same code runs
 eagerly, under torch.compile (sizes may be symbolic) and while a CUDA graph is captured.
 Arguments are validated before they get here (ropelib.validation).
@@ -10,10 +12,12 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from ..conventions import HF_LAYOUT
 from ..frequencies import EXACT_POSITIONS
 from ..runtime import INTERPRET
 from .direct import DirectLauncher
-from .fused import _exact_angles_kernel, _rope_kernel
+from .fused import (_exact_angles_kernel, _rope_ids_kernel, _rope_kernel, _rope_packed_kernel,
+                    _rope_qkv_kernel)
 from .tiles import (BATCH_LOOP_MIN, MIN_TILE, PROGRAMS_PER_SM, TILE_LOOP, TILE_NOLOOP, TILE_WIDE,
                     device_index, device_tiles, exact_loop_tile)
 
@@ -81,29 +85,26 @@ class Positions(NamedTuple):
     cp_rank: int = 0
 
 
-# The kernel's pointer arguments, in its order. An unused one is None.
-POINTERS = ("q_ptr", "q_out_ptr", "k_ptr", "k_out_ptr", "cos_ptr", "sin_ptr", "k_cos_ptr",
-            "k_sin_ptr", "position_ids_ptr", "cu_seqlens_ptr", "start_ptr")
-
-
 class Launch:
-    """One planned launch of the finished kernel: the grid, the warps and every argument except
-    the pointers, by name; the pointers' dtypes and device. Pointers are bound per call, so one
+    """One planned launch of a kernel: the grid, the warps and every argument except the
+    pointers, by name; the pointers' dtypes and device; the DirectLauncher of its kernel (for
+    the finished RoPE kernels; other families pass theirs to `start`). Pointers are bound per call, so one
     Launch serves every call with the same shapes, strides, dtypes and options.
 
     Equal Launches compare and hash equal (used to find the compiled kernel of an eager launch).
     """
-    __slots__ = ("grid", "num_warps", "args", "dtypes", "device", "_key", "_hash")
+    __slots__ = ("grid", "num_warps", "args", "dtypes", "device", "launcher", "_key", "_hash")
 
-    def __init__(self, grid: tuple, num_warps: int, args: dict, dtypes: tuple, device):
+    def __init__(self, grid: tuple, num_warps: int, args: dict, dtypes: tuple, device,
+                 launcher=None):
         self.grid, self.num_warps, self.args = grid, num_warps, args
-        self.dtypes, self.device = dtypes, device
+        self.dtypes, self.device, self.launcher = dtypes, device, launcher
         self._key = self._hash = None
 
     def key(self) -> tuple:
         if self._key is None:   # only for concrete sizes (an eager launch), never while tracing
             self._key = (self.grid, self.num_warps, tuple(self.args.items()), self.dtypes,
-                         self.device)
+                         self.device, id(self.launcher))
             self._hash = hash(self._key)
         return self._key
 
@@ -205,67 +206,120 @@ def _span(v: View, S, B, D):
     return (S - 1) * s + (B - 1) * b + groups * g + within * h + (D - 1) * d
 
 
-def plan(q: View, q_out: View, table: Table, positions: Positions, *, R: int,
-         interleaved: bool, backward: bool, copy_pass: bool,
-         k: Optional[View] = None, k_out: Optional[View] = None,
-         k_table: Optional[Table] = None, tiles: Optional[tuple] = None):
-    """One launch over q (and k): (Launch, its pointer arguments in POINTERS order).
+# A fresh output's layout, as the kernels derive its strides from its shape (common.contiguous_strides)
+OUT_LAYOUT = {"sbhd": 0, "thd": 0, "bshd": 1, HF_LAYOUT: 2}
 
-    q and q_out (k and k_out) are the [S, B, H, D] views the kernel reads and writes; `table`
-    serves q and, unless `k_table` is given, k (a given k_table has the same strides).
+
+def _qk_strides(v: Optional[View]) -> tuple:
+    """(s, b, h, d) of a plain view (zeros without one)."""
+    if v is None:
+        return 0, 0, 0, 0
+    s, b, h, _, d = v.strides
+    return s, b, h, d
+
+
+def _table_strides(table: Table, B) -> tuple:
+    """(per entry, row stride) of a table the kernels can read: features at stride 1 and a batch
+    of tables dense (the checks in ropelib.validation.kernel_table make them so)."""
+    tab_b, tab_p, tab_d = table.strides()
+    assert tab_d == 1, "a table's features must be contiguous"
+    per_entry = tab_b != 0
+    assert not per_entry or tab_b == table.rows * tab_p, "a batch of tables must be dense"
+    return per_entry, tab_p
+
+
+def _tiles(x: torch.Tensor, S, B, heads: tuple, R: int, D: int, exact: bool):
+    on_gpu = x.device.type == "cuda" and not INTERPRET
+    sm, knobs = device_tiles(device_index(x.device)) if on_gpu else (None, {})
+    if exact and on_gpu:
+        knobs = dict(knobs, tile_loop=exact_loop_tile(device_index(x.device)))
+    return pick_tiles(S, B, heads, R, D, x.element_size(), sm, **knobs)
+
+
+def plan(q: View, q_out: Optional[View], table: Table, positions: Positions, *, R: int,
+         interleaved: bool, backward: bool, layout: str, k: Optional[View] = None,
+         k_out: Optional[View] = None, tiles: Optional[tuple] = None):
+    """One launch over q (and k): (Launch, its pointer arguments in its kernel's order).
+
+    q and k are the [S, B, H, D] views the kernel reads; q_out and k_out the fresh contiguous
+    outputs in `layout`, or None to rotate in place. `table` serves q and k. Which of the
+    kernels runs follows from where positions come from: the token index (with start offsets
+    and context parallelism), position ids, or packed sequences.
     """
     x = q.tensor
     S, B, D = x.shape[0], x.shape[1], q.features()
     HK = k.heads if k is not None else 0
-    on_gpu = x.device.type == "cuda" and not INTERPRET
-    sm, knobs = device_tiles(device_index(x.device)) if on_gpu else (None, {})
-    if table.exact and on_gpu:
-        knobs = dict(knobs, tile_loop=exact_loop_tile(device_index(x.device)))
-    block_s, block_h, chunk, num_warps = tiles or pick_tiles(
-        S, B, (q.heads, HK), R, D, x.element_size(), sm, **knobs)
+    block_s, block_h, chunk, num_warps = tiles or _tiles(x, S, B, (q.heads, HK), R, D,
+                                                         table.exact)
     grid = (cdiv(S, block_s), cdiv(q.heads, block_h) + cdiv(HK, block_h), cdiv(B, chunk))
-
     views = [v for v in (q, q_out, k, k_out) if v is not None]
     int64 = any(_span(v, S, B, D) > _I32_LIMIT - 1024 for v in views)
-    has_k = k is not None
-    kt = (k_table or table) if has_k else None
-    tab_b, tab_p, tab_d = table.strides()
+    per_entry, tab_p = _table_strides(table, B)
+    qs, ks = _qk_strides(q), _qk_strides(k)
     pos = positions
-    ids, cu = pos.position_ids, (pos.cu_seqlens if pos.position_ids is None else None)
-    ids_b = ids.stride(0) if ids is not None and ids.shape[0] > 1 else 0
-    ids_s = ids.stride(1) if ids is not None else 0
-    n_seq = cu.shape[0] - 1 if cu is not None else 0
-    per_batch = (cu is None and pos.start is not None) or ids_b != 0 or tab_b != 0
-    pointers = (x, q_out.tensor, k.tensor if has_k else None, k_out.tensor if has_k else None,
-                table.cos, table.sin, kt.cos if has_k else None, kt.sin if has_k else None,
-                ids, cu, pos.start)
-    no_k = (0, 0, 0, 0, 0)
-    args = dict(
-        S=S, B=B, HQ=q.heads, HK=HK, P=table.rows, N_SEQ=n_seq,
-        cp_size=pos.cp_size, cp_rank=pos.cp_rank,
-        **dict(zip(("stride_q_s", "stride_q_b", "stride_q_g", "stride_q_h", "stride_q_d"),
-                   q.strides)),
-        **dict(zip(("stride_qo_s", "stride_qo_b", "stride_qo_g", "stride_qo_h", "stride_qo_d"),
-                   q_out.strides)),
-        **dict(zip(("stride_k_s", "stride_k_b", "stride_k_h", "stride_k_d"),
-                   _plain(k.strides if has_k else no_k))),
-        **dict(zip(("stride_ko_s", "stride_ko_b", "stride_ko_h", "stride_ko_d"),
-                   _plain(k_out.strides if has_k else no_k))),
-        stride_tab_b=tab_b, stride_tab_p=tab_p, stride_tab_d=tab_d,
-        stride_ids_b=ids_b, stride_ids_s=ids_s,
-        R=R, D=D, HPG=q.hpg,
-        BLOCK_S=block_s, BLOCK_H=block_h, BLOCK_HALF=pow2_at_least(R // 2, 1 << 30),
-        BLOCK_PASS=pow2_at_least(D - R, 1 << 30) if D > R else 0,
-        INTERLEAVED=interleaved, BACKWARD=backward,
-        TABLE_PER_BATCH=per_batch, COPY_PASS=copy_pass, INT64=int64,
-    )
+    out = (q_out.tensor if q_out is not None else None,
+           k_out.tensor if k_out is not None else None)
+    tensors = (x, out[0], k.tensor if k is not None else None, out[1], table.cos, table.sin)
+    options = dict(R=R, D=D, BLOCK_S=block_s, BLOCK_H=block_h, INTERLEAVED=interleaved,
+                   BACKWARD=backward, INT64=int64)
+    if pos.position_ids is not None:
+        ids = pos.position_ids
+        assert ids.stride(-1) == 1 or S == 1, "position ids must be contiguous"
+        ids_per_entry = ids.shape[0] > 1
+        assert not ids_per_entry or ids.stride(0) == S, "position ids must be contiguous"
+        launcher, pointers = IDS, tensors + (ids,)
+        args = dict(S=S, B=B, HQ=q.heads, HK=HK, P=table.rows,
+                    **_named("q", qs), **_named("k", ks), stride_tab_p=tab_p,
+                    OUT_LAYOUT=OUT_LAYOUT[layout], TABLE_PER_ENTRY=per_entry,
+                    IDS_PER_ENTRY=ids_per_entry, **options)
+    elif pos.cu_seqlens is not None:
+        launcher, pointers = PACKED, tensors + (pos.cu_seqlens, pos.start)
+        args = dict(T=S, HQ=q.heads, HK=HK, P=table.rows, N_SEQ=pos.cu_seqlens.shape[0] - 1,
+                    cp_size=pos.cp_size, cp_rank=pos.cp_rank,
+                    stride_q_t=qs[0], stride_q_h=qs[2], stride_q_d=qs[3],
+                    stride_k_t=ks[0], stride_k_h=ks[2], stride_k_d=ks[3],
+                    stride_tab_p=tab_p, **options)
+    else:
+        launcher, pointers = TOKENS, tensors + (pos.start,)
+        args = dict(S=S, B=B, HQ=q.heads, HK=HK, P=table.rows, cp_size=pos.cp_size,
+                    cp_rank=pos.cp_rank, **_named("q", qs), **_named("k", ks),
+                    stride_tab_p=tab_p, OUT_LAYOUT=OUT_LAYOUT[layout],
+                    TABLE_PER_ENTRY=per_entry, **options)
     dtypes = tuple(t.dtype if t is not None else None for t in pointers)
-    return Launch(grid, num_warps, args, dtypes, x.device), pointers
+    return Launch(grid, num_warps, args, dtypes, x.device, launcher), pointers
 
 
-def _plain(strides: tuple) -> tuple:
-    """(s, b, g, h, d) of an ungrouped view -> the kernel's (s, b, h, d) for k."""
-    return strides[0], strides[1], strides[2], strides[4]
+def _named(tensor: str, strides: tuple) -> dict:
+    return dict(zip((f"stride_{tensor}_s", f"stride_{tensor}_b", f"stride_{tensor}_h",
+                     f"stride_{tensor}_d"), strides))
+
+
+def plan_qkv(qkv4: torch.Tensor, q4: torch.Tensor, k4: torch.Tensor, q_table: torch.Tensor,
+             k_table: torch.Tensor, start: Optional[torch.Tensor], *, heads_per_group: int,
+             interleaved: bool, backward: bool, cp_size: int, cp_rank: int):
+    """One launch of Transformer Engine's packed QKV: (Launch, pointers).
+
+    qkv4 [S, B, G, W] is the packed tensor (features contiguous), q4 [S, B, G * hpg, D] and
+    k4 [S, B, G, D] the separate q and k (outputs forward, gradients backward); q_table and
+    k_table angles [P, R] with one set of strides."""
+    S, B, G, D = k4.shape
+    R = q_table.shape[-1]
+    assert qkv4.stride(-1) == 1, "the packed tensor's features must be contiguous"
+    assert q_table.stride() == k_table.stride() and q_table.stride(-1) == 1
+    block_s, block_h, chunk, num_warps = _tiles(qkv4, S, B, (G * heads_per_group, G), R, D,
+                                                False)
+    grid = (cdiv(S, block_s), cdiv(G * heads_per_group, block_h) + cdiv(G, block_h),
+            cdiv(B, chunk))
+    args = dict(S=S, B=B, G=G, P=q_table.shape[0], cp_size=cp_size, cp_rank=cp_rank,
+                stride_qkv_s=qkv4.stride(0), stride_qkv_b=qkv4.stride(1),
+                stride_qkv_g=qkv4.stride(2), **_named("q", q4.stride()),
+                **_named("k", k4.stride()), stride_tab_p=q_table.stride(0), R=R, D=D,
+                HPG=heads_per_group, BLOCK_S=block_s, BLOCK_H=block_h,
+                INTERLEAVED=interleaved, BACKWARD=backward,
+                INT64=needs_int64((qkv4, q4, k4)))
+    pointers = (qkv4, q4, k4, q_table, k_table, start)
+    dtypes = tuple(t.dtype if t is not None else None for t in pointers)
+    return Launch(grid, num_warps, args, dtypes, qkv4.device, QKV), pointers
 
 
 # --- the launch path ------------------------------------------------------------------------
@@ -300,11 +354,19 @@ def start(direct: DirectLauncher, launch: Launch, pointers: tuple) -> None:
 
 
 def run(launch: Launch, pointers: tuple) -> None:
-    """Start the finished RoPE kernel (pointers in POINTERS order); see `start`."""
-    start(DIRECT, launch, pointers)
+    """Start a planned launch of the finished RoPE kernels (pointers in its kernel's order)."""
+    start(launch.launcher, launch, pointers)
 
 
-DIRECT = DirectLauncher(_rope_kernel, POINTERS)
+# The finished kernels, by where positions come from, with their pointer arguments in order
+# (an unused one is None).
+_ROTATED = ("q_ptr", "q_out_ptr", "k_ptr", "k_out_ptr", "cos_ptr", "sin_ptr")
+TOKENS = DirectLauncher(_rope_kernel, _ROTATED + ("start_ptr",))
+IDS = DirectLauncher(_rope_ids_kernel, _ROTATED + ("position_ids_ptr",))
+PACKED = DirectLauncher(_rope_packed_kernel, _ROTATED + ("cu_seqlens_ptr", "start_ptr"))
+QKV = DirectLauncher(_rope_qkv_kernel, ("qkv_ptr", "q_ptr", "k_ptr", "q_cos_ptr", "k_cos_ptr",
+                                        "start_ptr"))
+LAUNCHERS = (TOKENS, IDS, PACKED, QKV)
 
 
 def exact_angles(turns: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
