@@ -31,7 +31,9 @@ by -theta, itself differentiable):
     torch.ops.ropelib.mrope(x, positions, inv_freq, axis, layout, interleaved, backward) -> y
     torch.ops.ropelib.mrope_qk(q, k, positions, inv_freq, axis, layout, interleaved, backward)
         -> (q', k')
-with positions [n_axes, B or 1, S] (thd: [n_axes, 1, T]).
+with positions [n_axes, B or 1, S] (thd: [n_axes, 1, T]), which the kernel reads contiguous (the
+operators make a contiguous copy of other strides; positions expanded over the batch are read
+as [n_axes, 1, S]).
 
 Supported: layouts sbhd, bshd, thd (packed: positions per token); fp16, bf16, fp32, fp64 (math in
 fp32, fp64 for fp64); partial rotary (R < D: features R..D-1 pass through); both pairings
@@ -196,8 +198,8 @@ def grid_positions(t: int, h: int, w: int, *, start: int = 0, axes: int = 3,
 def mrope_op(x: Tensor, positions: Tensor, inv_freq: Tensor, axis: Tensor, layout: str,
              interleaved: bool, backward: bool) -> Tensor:
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    kernel.launch(view4(x, layout), view4(y, layout), positions, inv_freq, axis,
-                  interleaved=interleaved, backward=backward)
+    kernel.launch(view4(x, layout), view4(y, layout), _positions3(positions), inv_freq, axis,
+                  interleaved=interleaved, backward=backward, layout=layout)
     return y
 
 
@@ -206,9 +208,9 @@ def mrope_qk_op(q: Tensor, k: Tensor, positions: Tensor, inv_freq: Tensor, axis:
                 layout: str, interleaved: bool, backward: bool) -> Tuple[Tensor, Tensor]:
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    kernel.launch(view4(q, layout), view4(q_out, layout), positions, inv_freq, axis,
-                  interleaved=interleaved, backward=backward, k4=view4(k, layout),
-                  k_out4=view4(k_out, layout))
+    kernel.launch(view4(q, layout), view4(q_out, layout), _positions3(positions), inv_freq,
+                  axis, interleaved=interleaved, backward=backward, layout=layout,
+                  k4=view4(k, layout), k_out4=view4(k_out, layout))
     return q_out, k_out
 
 
@@ -276,8 +278,14 @@ def _kernel_freqs(freqs: AxisFrequencies) -> AxisFrequencies:
 
 
 def _positions3(positions: Tensor) -> Tensor:
-    """[n_axes, S] (shared by the batch, or thd) -> [n_axes, 1, S]; [n_axes, B, S] as is."""
-    return positions.unsqueeze(1) if positions.dim() == 2 else positions
+    """[n_axes, S] (shared by the batch, or thd) -> [n_axes, 1, S]; [n_axes, B, S] as is, or
+    [n_axes, 1, S] when expanded over the batch (stride 0). Contiguous, as the kernel reads
+    them (a no-op for the usual input)."""
+    if positions.dim() == 2:
+        positions = positions.unsqueeze(1)
+    elif positions.shape[1] > 1 and positions.stride(1) == 0:
+        positions = positions[:, :1]
+    return positions.contiguous()
 
 
 def _check_axis_values(axis: Tensor, n_axes: int) -> None:
@@ -289,7 +297,8 @@ def _check_axis_values(axis: Tensor, n_axes: int) -> None:
 
 def _check_positions(positions, n_axes: int, layout: str, S: int, B: int, ref: Tensor,
                      ref_name: str) -> Tensor:
-    """positions [n_axes, S] / [n_axes, B or 1, S] (thd: [n_axes, T]) -> [n_axes, B or 1, S]."""
+    """positions [n_axes, S] / [n_axes, B or 1, S] (thd: [n_axes, T]) -> [n_axes, B or 1, S],
+    contiguous (see _positions3)."""
     V.check_int_tensor(positions, "positions", dims=(2,) if layout == "thd" else (2, 3))
     V.check_same_device(ref, ref_name, positions=positions)
     positions = _positions3(positions)
@@ -346,7 +355,8 @@ class _Route:
         outs = [torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in xs]
         x4, o4 = [view4(t, layout) for t in xs], [view4(t, layout) for t in outs]
         planned, _ = kernel.plan(x4[0], o4[0], positions, inv, axis, interleaved=interleaved,
-                                 backward=backward, k4=x4[1] if len(xs) > 1 else None,
+                                 backward=backward, layout=layout,
+                                 k4=x4[1] if len(xs) > 1 else None,
                                  k_out4=o4[1] if len(xs) > 1 else None)
         self.start = eager.EagerLaunch(kernel.DIRECT, planned)
         self.n, self.layout, self.interleaved, self.backward = len(xs), layout, interleaved, \

@@ -206,6 +206,33 @@ def test_strided_views_of_one_projection(seeded):
     _close(a[0], reference(q, pos, f), TOL[torch.float32])
 
 
+
+def test_positions_of_any_strides_are_read_contiguous(seeded):
+    """The kernel reads positions contiguous ([n_axes, B or 1, S]): the checks make them so (a
+    copy only for strided ones; positions expanded over the batch become [n_axes, 1, S], read
+    once for every batch entry), on the checked call and on the eager route alike; the planner
+    refuses others."""
+    B, S = 3, 5
+    f = mrope.multi_axis_frequencies(16, [2, 3, 3])
+    q, k = torch.randn(B, S, 4, 16), torch.randn(B, S, 2, 16)
+    pos = torch.randint(0, 20, (3, S))
+    want = ropelib.apply_mrope_qk(q, k, pos, f)
+    per_batch = torch.stack([pos, pos.flip(1), pos + 1], 1)             # [3, B, S]
+    want_per_batch = ropelib.apply_mrope_qk(q, k, per_batch, f)
+    assert mrope._positions3(pos[:, None].expand(3, B, S)).shape == (3, 1, S)
+    for strided, expect in ((pos[:, None].expand(3, B, S), want), (pos.t().contiguous().t(), want),
+                            (per_batch.transpose(1, 2).contiguous().transpose(1, 2),
+                             want_per_batch)):
+        for _ in range(2):      # the checked call, then the eager route
+            got = ropelib.apply_mrope_qk(q, k, strided, f)
+            assert all(torch.equal(a, b) for a, b in zip(got, expect))
+        got = OPS.mrope_qk(q, k, strided, f.inv_freq, f.axis, "bshd", False, False)
+        assert all(torch.equal(a, b) for a, b in zip(got, expect))
+    with pytest.raises(AssertionError, match="contiguous"):
+        kernel.plan(q.transpose(0, 1), torch.empty_like(q).transpose(0, 1),
+                    per_batch.transpose(1, 2).contiguous().transpose(1, 2), f.inv_freq, f.axis,
+                    interleaved=False, backward=False, layout="bshd")
+
 # --- parity with transformers ---------------------------------------------------------------
 
 def _tf(module):
@@ -313,9 +340,9 @@ def test_every_output_element_is_written(backward, seeded):
     f = mrope.multi_axis_frequencies(12, [2, 2, 2])
     q, k = torch.randn(S, B, HQ, D), torch.randn(S, B, HK, D)
     q_out, k_out = torch.full_like(q, float("nan")), torch.full_like(k, float("nan"))
-    pos = torch.randint(0, 9, (3, B, S)).transpose(1, 2)      # [3, B, S] view of [3, S, B]
+    pos = torch.randint(0, 9, (3, B, S))
     kernel.launch(q, q_out, pos, f.inv_freq, f.axis, interleaved=False, backward=backward,
-                  k4=k, k_out4=k_out)
+                  layout="sbhd", k4=k, k_out4=k_out)
     assert not q_out.isnan().any() and not k_out.isnan().any()
     assert torch.equal(q_out[..., 12:], q[..., 12:])
 
@@ -511,10 +538,10 @@ def test_any_tiling_gives_the_same_bits(tiles, per_batch, seeded):
     pos = torch.randint(0, 50, (3, B if per_batch else 1, S))
     want_q, want_k = torch.empty_like(q), torch.empty_like(k)
     kernel.launch(q, want_q, pos, f.inv_freq, f.axis, interleaved=False, backward=False,
-                  k4=k, k_out4=want_k)
+                  layout="sbhd", k4=k, k_out4=want_k)
     got_q, got_k = torch.full_like(q, float("nan")), torch.full_like(k, float("nan"))
     kernel.run(*kernel.plan(q, got_q, pos, f.inv_freq, f.axis, interleaved=False,
-                            backward=False, k4=k, k_out4=got_k, tiles=tiles))
+                            backward=False, layout="sbhd", k4=k, k_out4=got_k, tiles=tiles))
     assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k)
 
 

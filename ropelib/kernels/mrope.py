@@ -15,7 +15,10 @@ tensor exists anywhere: a program reads N_AXES ints per token and R/2 frequencie
 How it is parallelised
 ----------------------
 Every input is a strided [S, B, H, D] view (sbhd as is, bshd with S and B swapped, thd as
-[T, 1, H, D]); nothing is copied. The grid is
+[T, 1, H, D]); nothing is copied. The outputs are fresh contiguous tensors in the call's layout,
+whose strides the kernel derives from their shape (common.contiguous_strides; features at
+stride 1), and positions are contiguous, so neither passes strides: the kernel takes 32
+arguments. The grid is
 
     axis 0: blocks of BLOCK_S tokens                         cdiv(S, BLOCK_S)
     axis 1: groups of heads (q's heads, then k's, as one list) cdiv(HQ + HK, HEADS)
@@ -52,9 +55,10 @@ import triton
 import triton.language as tl
 
 from ..runtime import INTERPRET
-from .common import ACCURATE, ROUND_BF16_RTNE, batch_range, cos_sin, rotate_pair, round_to
+from .common import (ACCURATE, ROUND_BF16_RTNE, batch_range, contiguous_strides, cos_sin,
+                     rotate_pair, round_to)
 from .direct import DirectLauncher
-from .launch import Launch, cdiv, needs_int64, pow2_at_least, pow2_at_most, start
+from .launch import OUT_LAYOUT, Launch, cdiv, needs_int64, pow2_at_least, pow2_at_most, start
 from .tiles import (MROPE_ELEMENTS_PER_THREAD, MROPE_HEADS_PER_STEP, MROPE_PROGRAMS_PER_SM,
                     MROPE_STEP_ELEMENTS, multiprocessors)
 
@@ -139,25 +143,39 @@ def _mrope_kernel(
     # tensors
     q_ptr, q_out_ptr,                   # q [S, B, HQ, D] (a strided view) and its output
     k_ptr, k_out_ptr,                   # k [S, B, HK, D] and its output (None without k)
-    pos_ptr,                            # positions [N_AXES, B or 1, S], ints, any strides
+    pos_ptr,                            # positions [N_AXES, B or 1, S], ints, contiguous
     inv_ptr,                            # inverse frequencies [R/2], fp32 (or fp64), contiguous
     axis_ptr,                           # axis of each pair [R/2], int32, contiguous
     # sizes
     S, B, HQ, HK,                       # tokens, batch, heads of q and of k
     HEADS,                              # heads per program (of the list q's heads, k's heads)
-    # strides, in elements
+    # the inputs' strides, in elements (the outputs' follow from their shape and OUT_LAYOUT)
     stride_q_s, stride_q_b, stride_q_h, stride_q_d,
-    stride_qo_s, stride_qo_b, stride_qo_h, stride_qo_d,
     stride_k_s, stride_k_b, stride_k_h, stride_k_d,
-    stride_ko_s, stride_ko_b, stride_ko_h, stride_ko_d,
-    stride_pos_a, stride_pos_b, stride_pos_s,   # 0 batch stride: positions shared by the batch
     # what is computed
     R: tl.constexpr, D: tl.constexpr, N_AXES: tl.constexpr,
+    OUT_LAYOUT: tl.constexpr,           # the outputs' layout (see common.contiguous_strides)
     BLOCK_S: tl.constexpr, HPS: tl.constexpr,  # tokens per program, heads per loop step
     BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
-    INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr, POS_PER_BATCH: tl.constexpr,
-    CDT: tl.constexpr, INT64: tl.constexpr,
+    INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
+    POS_PER_BATCH: tl.constexpr,        # positions [N_AXES, B, S] (else [N_AXES, 1, S], shared)
+    INT64: tl.constexpr,
 ):
+    # The outputs are fresh contiguous tensors in OUT_LAYOUT (features at stride 1); positions
+    # are contiguous, so their strides follow from [N_AXES, B or 1, S].
+    # fp64 math when an input, an output or the frequencies are fp64, else fp32
+    if k_ptr is None:
+        CDT: tl.constexpr = tl.float64 if (q_ptr.dtype.element_ty == tl.float64
+                                           or q_out_ptr.dtype.element_ty == tl.float64
+                                           or inv_ptr.dtype.element_ty == tl.float64) \
+            else tl.float32
+    else:
+        CDT: tl.constexpr = tl.float64 if (q_ptr.dtype.element_ty == tl.float64
+                                           or q_out_ptr.dtype.element_ty == tl.float64
+                                           or k_ptr.dtype.element_ty == tl.float64
+                                           or k_out_ptr.dtype.element_ty == tl.float64
+                                           or inv_ptr.dtype.element_ty == tl.float64) \
+            else tl.float32
     HALF: tl.constexpr = R // 2
     s_idx = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)            # [BLOCK_S]
     tok_ok = s_idx < S
@@ -166,14 +184,21 @@ def _mrope_kernel(
     b_lo, b_hi = batch_range(B)
     if INT64:
         s_off = s_idx.to(tl.int64)
+        unit = tl.full([], 1, tl.int64)
     else:
         s_off = s_idx
+        unit = tl.full([], 1, tl.int32)
+    # positions [N_AXES, B or 1, S], contiguous
+    stride_pos_b = unit * S if POS_PER_BATCH else 0
+    stride_pos_a = unit * S * B if POS_PER_BATCH else unit * S
+    qo_s, qo_b, qo_h = contiguous_strides(S, B, HQ, D, OUT_LAYOUT, INT64)
+    ko_s, ko_b, ko_h = contiguous_strides(S, B, HK, D, OUT_LAYOUT, INT64)
     j = tl.arange(0, BLOCK_HALF)
     inv = tl.load(inv_ptr + j, mask=j < HALF, other=0.0).to(CDT)          # [BLOCK_HALF]
     ax = tl.load(axis_ptr + j, mask=j < HALF, other=0)                    # [BLOCK_HALF]
     if not POS_PER_BATCH:
-        c, s = _mrope_cos_sin(pos_ptr, inv, ax, s_idx, 0, S, stride_pos_a, stride_pos_b,
-                              stride_pos_s, BLOCK_S, BLOCK_HALF, N_AXES, CDT)
+        c, s = _mrope_cos_sin(pos_ptr, inv, ax, s_idx, 0, S, stride_pos_a, stride_pos_b, 1,
+                              BLOCK_S, BLOCK_HALF, N_AXES, CDT)
         if BACKWARD:
             s = -s
     for b in range(b_lo, b_hi):
@@ -182,21 +207,19 @@ def _mrope_kernel(
         else:
             bb = b
         if POS_PER_BATCH:
-            c, s = _mrope_cos_sin(pos_ptr, inv, ax, s_idx, bb, S, stride_pos_a, stride_pos_b,
-                                  stride_pos_s, BLOCK_S, BLOCK_HALF, N_AXES, CDT)
+            c, s = _mrope_cos_sin(pos_ptr, inv, ax, s_idx, bb, S, stride_pos_a, stride_pos_b, 1,
+                                  BLOCK_S, BLOCK_HALF, N_AXES, CDT)
             if BACKWARD:
                 s = -s
         c3 = c[:, None, :]                                               # [BLOCK_S, 1, HALF]
         s3 = s[:, None, :]
         _rotate_segment(q_ptr, q_out_ptr, s_off, tok_ok, bb, h_lo, tl.minimum(h_hi, HQ), c3, s3,
-                        stride_q_s, stride_q_b, stride_q_h, stride_q_d,
-                        stride_qo_s, stride_qo_b, stride_qo_h, stride_qo_d,
+                        stride_q_s, stride_q_b, stride_q_h, stride_q_d, qo_s, qo_b, qo_h, 1,
                         R, D, BLOCK_S, HPS, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, CDT, INT64)
         if k_ptr is not None:
             _rotate_segment(k_ptr, k_out_ptr, s_off, tok_ok, bb, tl.maximum(h_lo, HQ) - HQ,
                             h_hi - HQ, c3, s3,
-                            stride_k_s, stride_k_b, stride_k_h, stride_k_d,
-                            stride_ko_s, stride_ko_b, stride_ko_h, stride_ko_d,
+                            stride_k_s, stride_k_b, stride_k_h, stride_k_d, ko_s, ko_b, ko_h, 1,
                             R, D, BLOCK_S, HPS, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, CDT, INT64)
 
 
@@ -256,44 +279,40 @@ def pick_tiles(S, B, heads: int, R: int, D: int, per_batch: bool, sm_count: Opti
 
 
 def plan(q4: torch.Tensor, q_out4: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor,
-         axis: torch.Tensor, *, interleaved: bool, backward: bool,
+         axis: torch.Tensor, *, interleaved: bool, backward: bool, layout: str,
          k4: Optional[torch.Tensor] = None, k_out4: Optional[torch.Tensor] = None,
          tiles: Optional[tuple] = None):
     """One launch over q (and k), [S, B, H, D] views: (Launch, pointers in POINTERS order).
 
-    pos [N_AXES, B or 1, S] ints; inv_freq [R/2] fp32/fp64 and axis [R/2] int32, contiguous.
-    `tiles` (BLOCK_S, HPS, HEADS, B_CHUNK, num_warps) overrides pick_tiles. Arguments are validated
-    by the caller (ropelib.mrope). Sees only shapes, strides and dtypes, never values, so it
-    runs eagerly and under torch.compile alike."""
+    q_out4 and k_out4 are views of fresh contiguous outputs in `layout` (the kernel derives
+    their strides from their shape); pos [N_AXES, B or 1, S] ints, contiguous; inv_freq [R/2]
+    fp32/fp64 and axis [R/2] int32, contiguous. `tiles` (BLOCK_S, HPS, HEADS, B_CHUNK,
+    num_warps) overrides pick_tiles. Arguments are validated by the caller (ropelib.mrope).
+    Sees only shapes, strides and dtypes, never values, so it runs eagerly and under
+    torch.compile alike."""
     S, B, HQ, D = q4.shape
     HK = k4.shape[2] if k4 is not None else 0
     R = 2 * inv_freq.shape[0]
-    pos_b = pos.stride(1) if pos.shape[1] > 1 else 0
+    assert pos.is_contiguous(), "positions must be contiguous"
+    per_batch = pos.shape[1] > 1
     on_gpu = q4.device.type == "cuda" and not INTERPRET
     sm = multiprocessors(q4.device) if on_gpu else None
-    block_s, hps, heads, chunk, num_warps = tiles or pick_tiles(S, B, HQ + HK, R, D, pos_b != 0,
+    block_s, hps, heads, chunk, num_warps = tiles or pick_tiles(S, B, HQ + HK, R, D, per_batch,
                                                                 sm)
     grid = (cdiv(S, block_s), cdiv(HQ + HK, heads), cdiv(B, chunk))
     views = [t for t in (q4, q_out4, k4, k_out4) if t is not None]
     has_k = k4 is not None
     zero4 = (0, 0, 0, 0)
-    cdt = tl.float64 if torch.float64 in {t.dtype for t in views} | {inv_freq.dtype} \
-        else tl.float32
     args = dict(
         S=S, B=B, HQ=HQ, HK=HK, HEADS=heads,
         **dict(zip(("stride_q_s", "stride_q_b", "stride_q_h", "stride_q_d"), q4.stride())),
-        **dict(zip(("stride_qo_s", "stride_qo_b", "stride_qo_h", "stride_qo_d"),
-                   q_out4.stride())),
         **dict(zip(("stride_k_s", "stride_k_b", "stride_k_h", "stride_k_d"),
                    k4.stride() if has_k else zero4)),
-        **dict(zip(("stride_ko_s", "stride_ko_b", "stride_ko_h", "stride_ko_d"),
-                   k_out4.stride() if has_k else zero4)),
-        stride_pos_a=pos.stride(0), stride_pos_b=pos_b, stride_pos_s=pos.stride(2),
-        R=R, D=D, N_AXES=pos.shape[0],
+        R=R, D=D, N_AXES=pos.shape[0], OUT_LAYOUT=OUT_LAYOUT[layout],
         BLOCK_S=block_s, HPS=hps, BLOCK_HALF=pow2_at_least(R // 2, 1 << 30),
         BLOCK_PASS=pow2_at_least(D - R, 1 << 30) if D > R else 0,
-        INTERLEAVED=interleaved, BACKWARD=backward, POS_PER_BATCH=pos_b != 0,
-        CDT=cdt, INT64=needs_int64(views),
+        INTERLEAVED=interleaved, BACKWARD=backward, POS_PER_BATCH=per_batch,
+        INT64=needs_int64(views + [pos]),
     )
     pointers = (q4, q_out4, k4, k_out4, pos, inv_freq, axis)
     dtypes = tuple(t.dtype if t is not None else None for t in pointers)
@@ -305,10 +324,10 @@ def run(launch: Launch, pointers: tuple) -> None:
     start(DIRECT, launch, pointers)
 
 
-def launch(q4, q_out4, pos, inv_freq, axis, *, interleaved: bool, backward: bool, k4=None,
-           k_out4=None) -> None:
+def launch(q4, q_out4, pos, inv_freq, axis, *, interleaved: bool, backward: bool, layout: str,
+           k4=None, k_out4=None) -> None:
     """Plan and run one launch (see `plan`); nothing for empty inputs."""
     if q4.shape[0] == 0 or q4.shape[1] == 0:
         return
     run(*plan(q4, q_out4, pos, inv_freq, axis, interleaved=interleaved, backward=backward,
-              k4=k4, k_out4=k_out4))
+              layout=layout, k4=k4, k_out4=k_out4))
