@@ -188,6 +188,46 @@ def test_strided_inputs_are_read_in_place(seeded):
         assert torch.equal(x, y)
 
 
+def test_inputs_the_kernels_read_at_stride_one_are_copied_where_they_are_not(seeded):
+    """q, k, weights and a table with features at stride 2 (also on the eager route's later
+    calls, which skip the checks), expanded output gradients (the kernels read those contiguous),
+    and, through the operator, a batch of tables with per-entry position ids."""
+    q, k, w_q, w_k, cos, sin = make("bshd", torch.float32)
+
+    def stride2(t):
+        return torch.stack([t.detach(), torch.full_like(t.detach(), float("nan"))],
+                           -1).flatten(-2)[..., ::2].requires_grad_(t.requires_grad)
+    q2, k2, w_q2, w_k2, cos2, sin2 = (stride2(t) for t in (q, k, w_q, w_k, cos, sin))
+    assert q2.stride(-1) == 2 and cos2.stride(-1) == 2
+    qk_norm._ROUTES.clear()
+    for _ in range(2):      # the checked call, then the planned route
+        check_against_reference(q2, k2, w_q2, w_k2, cos2, sin2)
+        got = ropelib.qk_norm_rope(q2, k2, w_q2, w_k2, cos=cos2, sin=sin2)
+        want = reference(q2, k2, w_q2, w_k2, cos=cos, sin=sin)
+        leaves = (q2, k2, w_q2, w_k2)
+        g = torch.autograd.grad(got[0].sum() + got[1].sum(), leaves)      # expanded gradients
+        w = torch.autograd.grad(want[0].sum() + want[1].sum(), leaves)
+        for a, b in zip(g, w):
+            _close(a, b, W_TOL[torch.float32])
+    # a batch of tables [B, P, R] read at per-entry position ids [B, S]
+    B, S = q.shape[:2]
+    cos3, sin3 = torch.stack([cos, cos.flip(0)]), torch.stack([sin, sin.flip(0)])
+    pos = torch.randint(0, cos.shape[0], (B, S))
+    args = (q.detach(), k.detach(), w_q.detach(), w_k.detach())
+    got = OPS.qk_norm_rope(*args, cos3, sin3, pos, "bshd", False, 1e-6, 0.0)
+    gq, gk = torch.randn_like(got[0]), torch.randn_like(got[1])
+    grads = OPS.qk_norm_rope_backward(gq, gk, *args, cos3, sin3, pos, "bshd", False, 1e-6, 0.0)
+    leaves = [t.clone().requires_grad_() for t in args]
+    wants = [reference(leaves[0][b:b + 1], leaves[1][b:b + 1], *leaves[2:], cos=cos3[b],
+                       sin=sin3[b], position_ids=pos[b]) for b in range(B)]
+    for i in range(2):
+        _close(got[i], torch.cat([w[i] for w in wants]), TOL[torch.float32])
+    loss = sum((w[0] * gq[b:b + 1]).sum() + (w[1] * gk[b:b + 1]).sum()
+               for b, w in enumerate(wants))
+    for a, b in zip(grads, torch.autograd.grad(loss, leaves)):
+        _close(a, b, W_TOL[torch.float32])
+
+
 # --- every element written, deterministic ---------------------------------------------------
 
 @pytest.mark.parametrize("backward", [False, True])
@@ -200,8 +240,8 @@ def test_every_output_element_is_written(backward, seeded):
     freqs = ropelib.rope_freqs(S, D, rotary_percent=R / D)[:, 0, 0]
     q_out, k_out = torch.full_like(q, float("nan")), torch.full_like(k, float("nan"))
     grads = dict(gq4=torch.randn_like(q), gk4=torch.randn_like(k)) if backward else {}
-    res = kernel.launch(q, k, q_out, k_out, w_q, w_k, freqs, None, None, interleaved=False,
-                        eps=1e-6, weight_offset=0.0, **grads)
+    res = kernel.launch(q, k, q_out, k_out, w_q, w_k, freqs, None, None, layout="sbhd",
+                        interleaved=False, eps=1e-6, weight_offset=0.0, **grads)
     assert not q_out.isnan().any() and not k_out.isnan().any()
     if backward:
         assert all(g.shape == (D,) and not g.isnan().any() for g in res)
