@@ -25,6 +25,13 @@ saturating at +-448); contiguous caches [B, L, HK, D] or paged ones [NB, BS, HK,
 block table [B, MAX_BLOCKS]; rotate-half or interleaved pairs; angle tables or cos/sin tables
 [P, R] (R <= D: features R..D-1 pass through). Not supported: fp64, layouts other than bshd,
 per-head or per-token scales, other fp8 formats, autograd.
+
+The kernels (ropelib.kernels.kv_cache) read q, k and v token-major (each token's heads one
+dense block, the tokens evenly spaced), the table dense and the index tensors contiguous: an
+input that is not so is copied first (contiguous tensors, views of one projection split along
+its last dim and every decode step S = 1 of them are read as they are). The caches are written
+in place, so they are not copied: their features must be at stride 1, and the two caches of a
+paged call laid out alike (views of one pool, or two pools of one layout); others are refused.
 """
 import math
 from typing import Optional
@@ -61,6 +68,9 @@ def rope_kv_cache_op(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: 
                "k_scale": k_scale, "v_scale": v_scale}
     if _addressable(*tensors.values(), k_cache, v_cache):
         _check_aliasing(tensors, k_cache, v_cache)
+    _check_cache_layout(k_cache, v_cache, block_table is not None)
+    q, k, v, cache_seqlens, block_table, table, sin = _kernel_inputs(
+        q, k, v, cache_seqlens, block_table, table, sin)
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     launch_kernel(q, k, v, q_out, k_cache, v_cache, cache_seqlens, block_table, table, sin,
                   k_scale, v_scale, interleaved=interleaved)
@@ -103,6 +113,36 @@ def write_kv_cache(k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
 
 
 # --- argument checks ------------------------------------------------------------------------
+
+def _kernel_inputs(q, k, v, cache_seqlens, block_table, table, sin) -> tuple:
+    """The inputs as the kernels read them (ropelib.kernels.kv_cache.plan): q, k, v token-major
+    (each token's heads one dense block, tokens evenly spaced), the table dense [P, R],
+    cache_seqlens and block_table contiguous. Each is the tensor itself where it already is so
+    (contiguous tensors, views of one projection split along its last dim, any decode step:
+    nothing is copied), else a contiguous copy."""
+    qkv = tuple(t if kernel.token_stride(t) is not None else t.contiguous() for t in (q, k, v))
+    rest = tuple(t if t is None or t.is_contiguous() else t.contiguous()
+                 for t in (cache_seqlens, block_table, table, sin))
+    return qkv + rest
+
+
+def _check_cache_layout(k_cache: Tensor, v_cache: Tensor, paged: bool) -> None:
+    """Caches the kernels can write as they are (they are written in place, so they cannot be
+    copied): features at stride 1; paged, the two laid out alike (one set of strides, in units
+    of the head dim, serves both: ropelib.kernels.kv_cache.paged_units)."""
+    for t, name in ((k_cache, "k_cache"), (v_cache, "v_cache")):
+        if not kernel.cache_feature_stride_ok(t):
+            raise ValueError(f"{name}'s features (its last dim) must be at stride 1, got strides "
+                             f"{tuple(t.stride())}: it is written in place, so it cannot be "
+                             "copied")
+    if paged and kernel.paged_units(k_cache, v_cache) is None:
+        D, DV = k_cache.shape[3], v_cache.shape[3]
+        raise ValueError(f"a paged k_cache and v_cache must be laid out alike: each of "
+                         f"k_cache's (block, slot, head) strides a multiple of its head dim "
+                         f"D={D} and v_cache's the same multiple of DV={DV} (views of one pool, "
+                         f"or two pools of one layout), got strides {tuple(k_cache.stride())} "
+                         f"and {tuple(v_cache.stride())}")
+
 
 def _check_scale(scale, cache: Tensor, name: str, cache_name: str) -> Optional[Tensor]:
     if cache.dtype != FP8:
@@ -229,20 +269,28 @@ def _check_values(cache_seqlens: Tensor, block_table: Optional[Tensor], S: int, 
 # or with what the call reads (where each tensor lies; how far it reaches is in the signature).
 
 class _Route:
-    """One checked and planned rope_kv_cache call: the launch and what each call re-checks."""
+    """One checked and planned rope_kv_cache call: the launch, which inputs each call copies
+    for the kernel (`copies`, in _kernel_inputs' order: none in the usual case) and what each
+    call re-checks."""
     __slots__ = ("start", "capacity", "rows", "block_size", "n_blocks", "empty", "tname",
-                 "spans")
+                 "spans", "copies", "paged")
 
     def __init__(self, q, k, v, k_cache, v_cache, cache_seqlens, block_table, table, sin,
                  k_scale, v_scale, interleaved, capacity, tname):
         self.empty = q.shape[0] == 0 or q.shape[1] == 0
         self.start = None
+        self.paged = block_table is not None
+        given = (q, k, v, cache_seqlens, block_table, table, sin)
+        used = _kernel_inputs(*given)
+        # the signature fixes every stride, so what this call copies every later one copies
+        copies = tuple(u is not g for u, g in zip(used, given))
+        self.copies = copies if any(copies) else None
         if not self.empty:      # nothing to launch (and no tiles for an empty batch)
+            uq, uk, uv, useq, ubt, utab, usin = used
             q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-            planned, _ = kernel.plan(q, k, v, q_out, k_cache, v_cache, cache_seqlens,
-                                     block_table, table, sin, k_scale, v_scale,
-                                     interleaved=interleaved)
-            self.start = eager.EagerLaunch(kernel.DIRECT, planned)
+            planned, _ = kernel.plan(uq, uk, uv, q_out, k_cache, v_cache, useq, ubt, utab,
+                                     usin, k_scale, v_scale, interleaved=interleaved)
+            self.start = eager.EagerLaunch(planned.launcher, planned)
         self.capacity, self.rows = capacity, table.shape[0]
         self.block_size, self.n_blocks = k_cache.shape[1], k_cache.shape[0]
         self.tname = tname
@@ -257,10 +305,18 @@ class _Route:
         _check_values(cache_seqlens, block_table, q.shape[1], self.capacity, self.rows,
                       self.block_size, self.n_blocks)
         _check_scale_values(k_scale, v_scale)
+        if self.copies is not None:
+            q, k, v, cache_seqlens, block_table, table, sin = (
+                t.contiguous() if c else t for t, c in zip(
+                    (q, k, v, cache_seqlens, block_table, table, sin), self.copies))
         q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         if not self.empty:
-            self.start((q, k, v, q_out, k_cache, v_cache, table, sin, cache_seqlens,
-                        block_table, k_scale, v_scale))
+            if self.paged:
+                self.start((q, k, v, q_out, k_cache, v_cache, table, sin, cache_seqlens,
+                            block_table, k_scale, v_scale))
+            else:
+                self.start((q, k, v, q_out, k_cache, v_cache, table, sin, cache_seqlens,
+                            k_scale, v_scale))
             torch.autograd.graph.increment_version(k_cache)
             torch.autograd.graph.increment_version(v_cache)
         return q_out
@@ -283,10 +339,13 @@ def rope_kv_cache(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Ten
     not advanced (the caller adds S after the step).
 
     Args:
-        q: [B, S, HQ, D] new tokens' queries (bshd, any strides), fp16, bf16 or fp32.
+        q: [B, S, HQ, D] new tokens' queries (bshd, any strides: copied where not
+            token-major, see the module docstring), fp16, bf16 or fp32.
         k: [B, S, HK, D] keys, HK divides HQ (GQA); v: [B, S, HK, DV] values; q's dtype.
         k_cache, v_cache: contiguous [B, L, HK, D] (and DV), or, with block_table, paged
             [NB, BS, HK, D]: NB blocks of BS positions. fp16, bf16, fp32 or float8_e4m3fn.
+            Features at stride 1; paged, laid out alike (k_cache's block, slot and head
+            strides D times one set of units, v_cache's DV times the same).
         cache_seqlens: [B] int32 (or int64) on q's device: tokens already cached per sequence.
         freqs: angles [P, 1, 1, R] or [P, R], float32, as ropelib.rope_freqs builds them; or
         cos, sin: tables [P, R] (ropelib.rope_cos_sin).
@@ -364,6 +423,7 @@ def rope_kv_cache(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Ten
             raise ValueError(f"a contiguous k_cache must be [B={B}, L, HK, D], got "
                              f"{tuple(k_cache.shape)} (pass block_table for a paged cache)")
         capacity = k_cache.shape[1]
+    _check_cache_layout(k_cache, v_cache, paged)
     k_scale = _check_scale(k_scale, k_cache, "k_scale", "k_cache")
     v_scale = _check_scale(v_scale, v_cache, "v_scale", "v_cache")
     table, sin_t = _tables(freqs, cos, sin)
@@ -375,6 +435,8 @@ def rope_kv_cache(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Ten
     if sig is not None and not any(t.requires_grad for t in (q, k, v, k_cache, v_cache)):
         # planning reads shapes only; the route checks the values, the scales and shared
         # memory before its launch, on this call as on every later one
+        # (the tables as later calls of this signature give them: see checked_tables)
+        table, sin_t = checked_tables(freqs, cos, sin)
         route = _ROUTES.put(sig, _Route(q, k, v, k_cache, v_cache, cache_seqlens, block_table,
                                         table, sin_t, k_scale, v_scale, interleaved, capacity,
                                         tname))

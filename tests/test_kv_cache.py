@@ -150,6 +150,67 @@ def test_cos_sin_tables_and_strided_inputs(seeded):
     assert q_f.is_contiguous() and q_f.dtype == torch.bfloat16
 
 
+def _strided_like_hf(t):
+    """t [B, S, H, D] as a transposed [B, H, S, D] (Hugging Face's layout): not token-major for
+    S > 1 (heads at stride S*D), so the call copies it."""
+    return t.transpose(1, 2).contiguous().transpose(1, 2)
+
+
+@pytest.mark.parametrize("paged_block", [None, 3], ids=["contiguous", "paged"])
+def test_inputs_the_kernel_cannot_read_as_they_are_are_copied(paged_block, seeded):
+    """q, k, v not token-major (transposed [B, H, S, D], tokens unevenly spaced), a table whose
+    rows are not dense (features sliced off), index tensors with strides: copied before the
+    launch, on the first call, on the planned route and through the operator; the same bits
+    as the unfused path, and the caller's tensors untouched."""
+    c = make(B=2, S=3, HQ=4, HK=2, D=16, DV=8, paged_block=paged_block, seqlens=[0, 5])
+    want = unfused(c)
+    c["q"] = _strided_like_hf(c["q"])
+    c["k"] = torch.cat([c["k"], torch.zeros_like(c["k"])], 1)[:, :3]     # batch stride 2S x
+    c["v"] = _strided_like_hf(c["v"])
+    c["freqs"] = torch.cat([c["freqs"], c["freqs"]], -1)[..., :16]          # rows of 32
+    c["cache_seqlens"] = torch.stack([c["cache_seqlens"], c["cache_seqlens"]], 1)[:, 0]
+    if paged_block:
+        c["block_table"] = c["block_table"].t().contiguous().t()
+    assert kernel.token_stride(c["q"]) is None and kernel.token_stride(c["k"]) is None
+    assert not c["freqs"].is_contiguous() and not c["cache_seqlens"].is_contiguous()
+    kv_cache._ROUTES.clear()
+    for _ in range(2):          # the first call, then the planned route
+        for a, b in zip(fused(c), want):
+            same_bits(a, b)
+    assert len(kv_cache._ROUTES.entries) == 1
+    kc, vc = c["k_cache"].clone(), c["v_cache"].clone()
+    q = OPS.rope_kv_cache(c["q"], c["k"], c["v"], kc, vc, c["cache_seqlens"], c["block_table"],
+                          c["freqs"][:, 0, 0], None, None, None, False)
+    for a, b in zip((q, kc, vc), want):
+        same_bits(a, b)
+
+
+def test_decode_views_are_read_as_they_are():
+    """Views of one projection, and any decode step (S = 1) of a transposed [B, H, 1, D], are
+    token-major: the kernel reads them without a copy."""
+    qkv = torch.randn(2, 3, 10, 16)                  # [B, S, HQ + 2 HK, D]: 6 + 2 + 2 heads
+    for t in (qkv[:, :, :6], qkv[:, :, 6:8], qkv[:, :, 8:],
+              torch.randn(2, 4, 1, 16).transpose(1, 2), torch.randn(2, 3, 4, 16)):
+        assert kernel.token_stride(t) is not None
+    assert kernel.token_stride(torch.randn(2, 4, 3, 16).transpose(1, 2)) is None
+
+
+def test_contiguous_caches_of_different_layouts(seeded):
+    """Contiguous caches keep strides of their own: k_cache [B, L, HK, D] and v_cache a
+    transposed [B, HK, L, DV] (Hugging Face's), both written as the unfused path writes them."""
+    c = make(B=2, S=2, HQ=4, HK=2, D=16, DV=8, L=6, seqlens=[0, 3])
+    c["v_cache"] = c["v_cache"].transpose(1, 2).contiguous().transpose(1, 2)
+    q, kc, vc = fused(c)
+    for a, b in zip((q, kc, vc), unfused(c)):
+        same_bits(a, b)
+
+
+def test_each_kernel_takes_at_most_32_arguments():
+    """One entry kernel per kind of cache; none wider than 32 arguments (host time per launch)."""
+    widths = {lc.kernel.fn.__name__: len(lc.kernel.arg_names) for lc in kernel.LAUNCHERS}
+    assert widths == {"_rope_kv_cache_kernel": 32, "_rope_kv_paged_kernel": 32}, widths
+
+
 def test_caches_of_another_dtype(seeded):
     """fp32 tokens into bf16 caches: rounded once (to nearest even) at the store."""
     c = make(S=2, dtype=torch.float32, cache_dtype=torch.bfloat16)

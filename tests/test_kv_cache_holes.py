@@ -221,6 +221,45 @@ def test_1_views_of_one_projection_into_one_kv_pool_are_accepted(seeded):
             assert torch.equal(c[n].nan_to_num(0), want.nan_to_num(0))
 
 
+@pytest.mark.parametrize("case", ["k_features_strided", "v_features_strided",
+                                  "paged_caches_laid_out_differently"])
+@pytest.mark.parametrize("path", ["call", "operator"])
+def test_1_caches_the_kernel_cannot_write_as_they_are_are_refused(case, path, seeded):
+    """Caches are written in place, so never copied: features at stride 1, and a paged call's
+    two caches laid out alike (one set of strides in units of the head dim). Refused with the
+    argument's name, before any write."""
+    c = make(paged_block=4 if case.startswith("paged") else None, S=1)
+    if case == "k_features_strided":
+        c["k_cache"] = torch.randn(*c["k_cache"].shape[:3], 32)[..., ::2]
+        match = "k_cache's features"
+    elif case == "v_features_strided":
+        c["v_cache"] = torch.randn(*c["v_cache"].shape[:3], 32)[..., ::2]
+        match = "v_cache's features"
+    else:       # v_cache head-major ([NB, HK, BS, D] transposed), k_cache slot-major
+        c["v_cache"] = c["v_cache"].transpose(1, 2).contiguous().transpose(1, 2)
+        match = "paged k_cache and v_cache must be laid out alike"
+    before = snapshot(c)
+    with pytest.raises(ValueError, match=re.escape(match)):
+        call(c) if path == "call" else call_op(c)
+    assert untouched(c, before)
+
+
+def test_1_paged_pools_of_one_layout_are_accepted(seeded):
+    """Two head-major pools ([NB, HK, BS, D] transposed), as FlashInfer's HND layout: laid out
+    alike, accepted; the unfused path's caches."""
+    c = make(paged_block=4, S=2, seqlens=[3, 5])
+    for n in ("k_cache", "v_cache"):
+        c[n] = c[n].transpose(1, 2).contiguous().transpose(1, 2)
+    want_kc, want_vc = unfused_caches(c)
+    kv_cache._ROUTES.clear()
+    for _ in range(2):
+        kc, vc = c["k_cache"].clone(), c["v_cache"].clone()     # (clones keep the strides)
+        assert kc.stride() == c["k_cache"].stride() and not kc.is_contiguous()
+        q = call(dict(c, k_cache=kc, v_cache=vc))
+        torch.testing.assert_close(q.double(), reference_q(c), atol=2e-5, rtol=2e-5)
+        assert torch.equal(bits(kc), bits(want_kc)) and torch.equal(bits(vc), bits(want_vc))
+
+
 # --- 2. two new tokens in one cache slot -----------------------------------------------------
 
 def _repeated_slot(case):

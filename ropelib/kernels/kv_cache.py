@@ -14,9 +14,26 @@ S = 1; a prefill chunk: S > 1), both as rows of the RoPE table and as cache slot
 `store` rounds fp32 to the cache's dtype once (round to nearest even); a float8_e4m3fn cache
 divides by its fp32 per-tensor scale first and saturates at +-448 (NaN stays NaN).
 
+Two entry kernels share one body (_rope_kv_cache_body), one per kind of cache, so that neither
+takes more than 32 arguments (each argument costs host time at every launch, and decode is
+host-bound):
+
+    _rope_kv_cache_kernel   contiguous cache [B, L, HK, D]                        32 args
+    _rope_kv_paged_kernel   paged cache [NB, BS, HK, D] with a block table          32
+
+What is not an argument follows from the others: paged or not, float8 scaling or not (the
+pointers given), the tile widths (from R, D and DV), q_out's strides (a fresh contiguous bshd
+tensor), and every stride the kernels require to be what the shapes make it. They read q, k
+and v token-major: each token's heads one dense block (heads at stride D, or DV, features at
+stride 1) and the tokens evenly spaced (batch stride = S x token stride), so one token stride
+each; the caches' features at stride 1, and a paged cache's two pools laid out alike (their
+block, slot and head strides are D and DV times one set of units); the table dense [P, R];
+cache_seqlens and block_table contiguous. ropelib.kv_cache copies an input that is not so (a
+contiguous tensor, views of one projection and every decode step are) and refuses such caches.
+
 How it is parallelised
 ----------------------
-q, k and v are strided [B, S, H, D] views (bshd; nothing is copied). The grid is
+q, k and v are token-major [B, S, H, D] views (bshd). The grid is
 
     axis 0: blocks of BLOCK_S new tokens                  cdiv(S, BLOCK_S)
     axis 1: blocks of BLOCK_H heads of q, then of k       cdiv(HQ, BLOCK_H) + cdiv(HK, BLOCK_H)
@@ -49,7 +66,8 @@ import triton
 import triton.language as tl
 
 from ..runtime import INTERPRET
-from .common import ROUND_BF16_RTNE, batch_range, load_table, pair_features, rotate_pair, round_to
+from .common import (ROUND_BF16_RTNE, batch_range, contiguous_strides, load_table, pair_features,
+                     rotate_pair, round_to)
 from .direct import DirectLauncher
 from .launch import Launch, cdiv, pow2_at_least, pow2_at_most, start
 from .tiles import KV_CACHE_ELEMENTS_PER_STEP, KV_CACHE_PROGRAMS_PER_SM, multiprocessors
@@ -109,40 +127,47 @@ def _slots(p, bb, s_ok, block_table_ptr, stride_bt_b, stride_bt_n, CACHE_LEN, N_
 
 
 @triton.jit
-def _rope_kv_cache_kernel(
-    # tensors (pointers first, in POINTERS order)
+def _rope_kv_cache_body(
     q_ptr, k_ptr, v_ptr,                # new tokens [B, S, HQ, D], [B, S, HK, D], [B, S, HK, DV]
-    q_out_ptr,                          # rotated q [B, S, HQ, D]
+    q_out_ptr,                          # rotated q [B, S, HQ, D], fresh and contiguous
     k_cache_ptr, v_cache_ptr,           # contiguous [B, L, HK, D] or paged [NB, BS, HK, D] (v: DV)
-    cos_ptr, sin_ptr,                   # table [P, R]: angles (sin None) or cos and sin
+    cos_ptr, sin_ptr,                   # table [P, R], dense: angles (sin None) or cos and sin
     seqlens_ptr,                        # [B] ints: the position of each sequence's first new token
-    block_table_ptr,                    # [B, MAX_BLOCKS] ints (None: contiguous cache)
+    block_table_ptr,                    # [B, MAX_BLOCKS] ints, contiguous (None: contiguous cache)
     k_scale_ptr, v_scale_ptr,           # fp32 [1] scales of float8 caches (None: no scaling)
-    # sizes
     S, B, HQ, HK, P,                    # new tokens, batch, heads of q and of k/v, table rows
     CACHE_LEN,                          # contiguous: the cache's length L; paged: block size BS
     N_BLOCKS, MAX_BLOCKS,               # paged: blocks in the pool, block-table columns
-    # strides, in elements
-    stride_q_b, stride_q_s, stride_q_h, stride_q_d,
-    stride_k_b, stride_k_s, stride_k_h, stride_k_d,
-    stride_v_b, stride_v_s, stride_v_h, stride_v_d,
-    stride_qo_b, stride_qo_s, stride_qo_h, stride_qo_d,
-    stride_kc_b, stride_kc_s, stride_kc_h, stride_kc_d,   # _b: batch entry or block
-    stride_vc_b, stride_vc_s, stride_vc_h, stride_vc_d,
-    stride_tab_p, stride_tab_d,
-    stride_sl,                          # cache_seqlens
-    stride_bt_b, stride_bt_n,           # block table
-    # what is computed
+    stride_q_t, stride_k_t, stride_v_t,  # token strides: batch stride = S x token stride
+    stride_kc_b, stride_kc_s, stride_kc_h,   # _b: batch entry or block (features: stride 1)
+    stride_vc_b, stride_vc_s, stride_vc_h,
     R: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,   # rotary dim, head dims of k and v
-    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
-    BLOCK_PASS: tl.constexpr,           # next_pow2(D - R); 0 when every feature rotates
-    BLOCK_DV: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
     INTERLEAVED: tl.constexpr,
 ):
+    # q, k and v: each token's heads one dense block (heads at stride D or DV, features at
+    # stride 1); q_out: contiguous bshd; caches: features at stride 1; the table dense [P, R].
     HALF: tl.constexpr = R // 2
     PAGED: tl.constexpr = block_table_ptr is not None
     K_SCALED: tl.constexpr = k_scale_ptr is not None
     V_SCALED: tl.constexpr = v_scale_ptr is not None
+    # tile widths: the next powers of two of R/2, of D - R (0 when every feature rotates) and of
+    # DV (constexpr bit arithmetic, as fused._rope_heads; all are below 2^16)
+    h0_: tl.constexpr = HALF - 1
+    h1_: tl.constexpr = h0_ | (h0_ >> 1)
+    h2_: tl.constexpr = h1_ | (h1_ >> 2)
+    h3_: tl.constexpr = h2_ | (h2_ >> 4)
+    BLOCK_HALF: tl.constexpr = (h3_ | (h3_ >> 8)) + 1
+    p0_: tl.constexpr = D - R - 1 if D > R else 0
+    p1_: tl.constexpr = p0_ | (p0_ >> 1)
+    p2_: tl.constexpr = p1_ | (p1_ >> 2)
+    p3_: tl.constexpr = p2_ | (p2_ >> 4)
+    BLOCK_PASS: tl.constexpr = (p3_ | (p3_ >> 8)) + 1 if D > R else 0
+    v0_: tl.constexpr = DV - 1
+    v1_: tl.constexpr = v0_ | (v0_ >> 1)
+    v2_: tl.constexpr = v1_ | (v1_ >> 2)
+    v3_: tl.constexpr = v2_ | (v2_ >> 4)
+    BLOCK_DV: tl.constexpr = (v3_ | (v3_ >> 8)) + 1
     pid_s = tl.program_id(0)
     pid_h = tl.program_id(1)
     b_lo, b_hi = batch_range(B)
@@ -172,84 +197,141 @@ def _rope_kv_cache_kernel(
         v_scale = tl.load(v_scale_ptr)
     else:
         v_scale = 1.0
+    # batch strides of the inputs (int64: caches and inputs may exceed 2^31 elements), and the
+    # output's strides from its shape
+    S64 = tl.full([], 0, tl.int64) + S
+    stride_q_b = S64 * stride_q_t
+    stride_k_b = S64 * stride_k_t
+    stride_v_b = S64 * stride_v_t
+    stride_qo_s, stride_qo_b, stride_qo_h = contiguous_strides(S, B, HQ, D, 1, True)
 
     b_lo64 = b_lo.to(tl.int64)
     for b in range(b_lo, b_hi):
         bb = b_lo64 + (b - b_lo)        # int64 offsets: caches may exceed 2^31 elements
-        p = tl.load(seqlens_ptr + bb * stride_sl).to(tl.int64) + s64     # [BLOCK_S] positions
+        p = tl.load(seqlens_ptr + bb).to(tl.int64) + s64     # [BLOCK_S] positions
         tab_ok = (p >= 0) & (p < P)
         rows = tl.minimum(tl.maximum(p, 0), P - 1)
-        c_a, s_a, c_b, s_b = load_table(cos_ptr, sin_ptr, rows, 0, 0, stride_tab_p,
-                                        stride_tab_d, d_a, d_b, tab_mask, tl.float32)
-        c_row, c_slot, slot_ok = _slots(p, bb, s_ok, block_table_ptr, stride_bt_b, stride_bt_n,
-                                        CACHE_LEN, N_BLOCKS, MAX_BLOCKS, PAGED)
+        c_a, s_a, c_b, s_b = load_table(cos_ptr, sin_ptr, rows, 0, 0, R, 1, d_a, d_b, tab_mask,
+                                        tl.float32)
+        c_row, c_slot, slot_ok = _slots(p, bb, s_ok, block_table_ptr, MAX_BLOCKS, 1, CACHE_LEN,
+                                        N_BLOCKS, MAX_BLOCKS, PAGED)
         if is_q:
-            xr = q_ptr + (bb * stride_q_b + s64[:, None] * stride_q_s
-                          + h64[None, :] * stride_q_h)[:, :, None]        # [BLOCK_S, BLOCK_H, 1]
+            xr = q_ptr + (bb * stride_q_b + s64[:, None] * stride_q_t
+                          + h64[None, :] * D)[:, :, None]              # [BLOCK_S, BLOCK_H, 1]
             yr = q_out_ptr + (bb * stride_qo_b + s64[:, None] * stride_qo_s
                               + h64[None, :] * stride_qo_h)[:, :, None]
-            x_a = tl.load(xr + d_a[None, None, :] * stride_q_d, mask=m, other=0.0).to(tl.float32)
-            x_b = tl.load(xr + d_b[None, None, :] * stride_q_d, mask=m, other=0.0).to(tl.float32)
+            x_a = tl.load(xr + d_a[None, None, :], mask=m, other=0.0).to(tl.float32)
+            x_b = tl.load(xr + d_b[None, None, :], mask=m, other=0.0).to(tl.float32)
             # a token without a table row or a cache slot: NaN, never a silent wrong answer
             bad = ~(tab_ok & slot_ok)[:, None, None]
             # (the finished kernel's rotation: the same bits as apply_rope, then the write)
             y_a, y_b = rotate_pair(x_a, x_b, c_a, s_a, c_b, s_b)
             y_a = tl.where(bad, float("nan"), y_a)
             y_b = tl.where(bad, float("nan"), y_b)
-            tl.store(yr + d_a[None, None, :] * stride_qo_d,
+            tl.store(yr + d_a[None, None, :],
                      round_to(y_a, q_out_ptr.dtype.element_ty, ROUND_BF16_RTNE), mask=m)
-            tl.store(yr + d_b[None, None, :] * stride_qo_d,
+            tl.store(yr + d_b[None, None, :],
                      round_to(y_b, q_out_ptr.dtype.element_ty, ROUND_BF16_RTNE), mask=m)
             if BLOCK_PASS > 0:     # features R..D-1 pass through
                 e = R + tl.arange(0, BLOCK_PASS)
                 mp = row_ok[:, :, None] & (e < D)[None, None, :]
-                t = tl.load(xr + e[None, None, :] * stride_q_d, mask=mp, other=0.0).to(tl.float32)
-                tl.store(yr + e[None, None, :] * stride_qo_d,
+                t = tl.load(xr + e[None, None, :], mask=mp, other=0.0).to(tl.float32)
+                tl.store(yr + e[None, None, :],
                          round_to(tl.where(bad, float("nan"), t), q_out_ptr.dtype.element_ty,
                                   ROUND_BF16_RTNE), mask=mp)
         else:
             w_ok = row_ok & slot_ok[:, None]                 # [BLOCK_S, BLOCK_H]: slots to write
             wm = w_ok[:, :, None] & (j < HALF)[None, None, :]
-            xr = k_ptr + (bb * stride_k_b + s64[:, None] * stride_k_s
-                          + h64[None, :] * stride_k_h)[:, :, None]
+            xr = k_ptr + (bb * stride_k_b + s64[:, None] * stride_k_t
+                          + h64[None, :] * D)[:, :, None]
             kr = k_cache_ptr + (c_row[:, None] * stride_kc_b + c_slot[:, None] * stride_kc_s
                                 + h64[None, :] * stride_kc_h)[:, :, None]
-            x_a = tl.load(xr + d_a[None, None, :] * stride_k_d, mask=m, other=0.0).to(tl.float32)
-            x_b = tl.load(xr + d_b[None, None, :] * stride_k_d, mask=m, other=0.0).to(tl.float32)
+            x_a = tl.load(xr + d_a[None, None, :], mask=m, other=0.0).to(tl.float32)
+            x_b = tl.load(xr + d_b[None, None, :], mask=m, other=0.0).to(tl.float32)
             bad = ~tab_ok[:, None, None]
             y_a, y_b = rotate_pair(x_a, x_b, c_a, s_a, c_b, s_b)
             y_a = tl.where(bad, float("nan"), y_a)
             y_b = tl.where(bad, float("nan"), y_b)
             kdt = k_cache_ptr.dtype.element_ty
-            tl.store(kr + d_a[None, None, :] * stride_kc_d,
-                     _to_cache(y_a, k_scale, kdt, K_SCALED), mask=wm)
-            tl.store(kr + d_b[None, None, :] * stride_kc_d,
-                     _to_cache(y_b, k_scale, kdt, K_SCALED), mask=wm)
+            tl.store(kr + d_a[None, None, :], _to_cache(y_a, k_scale, kdt, K_SCALED), mask=wm)
+            tl.store(kr + d_b[None, None, :], _to_cache(y_b, k_scale, kdt, K_SCALED), mask=wm)
             if BLOCK_PASS > 0:
                 e = R + tl.arange(0, BLOCK_PASS)
                 mp = row_ok[:, :, None] & (e < D)[None, None, :]
-                t = tl.load(xr + e[None, None, :] * stride_k_d, mask=mp, other=0.0).to(tl.float32)
+                t = tl.load(xr + e[None, None, :], mask=mp, other=0.0).to(tl.float32)
                 t = tl.where(bad, float("nan"), t)
-                tl.store(kr + e[None, None, :] * stride_kc_d,
-                         _to_cache(t, k_scale, kdt, K_SCALED),
+                tl.store(kr + e[None, None, :], _to_cache(t, k_scale, kdt, K_SCALED),
                          mask=mp & w_ok[:, :, None])
             # v: copied (scaled and rounded for its cache) into the same slots
             f = tl.arange(0, BLOCK_DV)
             mv = row_ok[:, :, None] & (f < DV)[None, None, :]
-            vr = v_ptr + (bb * stride_v_b + s64[:, None] * stride_v_s
-                          + h64[None, :] * stride_v_h)[:, :, None]
+            vr = v_ptr + (bb * stride_v_b + s64[:, None] * stride_v_t
+                          + h64[None, :] * DV)[:, :, None]
             vcr = v_cache_ptr + (c_row[:, None] * stride_vc_b + c_slot[:, None] * stride_vc_s
                                  + h64[None, :] * stride_vc_h)[:, :, None]
-            val = tl.load(vr + f[None, None, :] * stride_v_d, mask=mv, other=0.0).to(tl.float32)
-            tl.store(vcr + f[None, None, :] * stride_vc_d,
+            val = tl.load(vr + f[None, None, :], mask=mv, other=0.0).to(tl.float32)
+            tl.store(vcr + f[None, None, :],
                      _to_cache(val, v_scale, v_cache_ptr.dtype.element_ty, V_SCALED),
                      mask=mv & w_ok[:, :, None])
 
 
+# --- the entry points: one per kind of cache, each at most 32 arguments ----------------------
+
+@triton.jit
+def _rope_kv_cache_kernel(
+    q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, seqlens_ptr,
+    k_scale_ptr, v_scale_ptr,
+    S, B, HQ, HK, P,
+    L,                                  # the cache's length (positions per sequence)
+    stride_q_t, stride_k_t, stride_v_t,
+    stride_kc_b, stride_kc_s, stride_kc_h,   # k_cache [B, L, HK, D] (features: stride 1)
+    stride_vc_b, stride_vc_s, stride_vc_h,   # v_cache [B, L, HK, DV]
+    R: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
+):
+    # A contiguous cache: sequence b's position p is row b, slot p.
+    _rope_kv_cache_body(q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr,
+                        sin_ptr, seqlens_ptr, None, k_scale_ptr, v_scale_ptr,
+                        S, B, HQ, HK, P, L, 0, 0, stride_q_t, stride_k_t, stride_v_t,
+                        stride_kc_b, stride_kc_s, stride_kc_h,
+                        stride_vc_b, stride_vc_s, stride_vc_h,
+                        R, D, DV, BLOCK_S, BLOCK_H, INTERLEAVED)
+
+
+@triton.jit
+def _rope_kv_paged_kernel(
+    q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr, sin_ptr, seqlens_ptr,
+    block_table_ptr,                    # [B, MAX_BLOCKS] ints, contiguous
+    k_scale_ptr, v_scale_ptr,
+    S, B, HQ, HK, P,
+    BS, N_BLOCKS, MAX_BLOCKS,           # block size, blocks in the pool, block-table columns
+    stride_q_t, stride_k_t, stride_v_t,
+    stride_c_b, stride_c_s, stride_c_h,  # both caches' (block, slot, head) strides in units of
+                                        # their head dim: k_cache's are D x these, v_cache's DV x
+    R: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
+):
+    # A paged cache [NB, BS, HK, D]: sequence b's position p is block block_table[b, p // BS],
+    # slot p % BS. The two caches are laid out alike (views of one pool, or two pools of one
+    # layout), so one set of strides serves both (in int64: a pool may pass 2^31 elements).
+    unit = tl.full([], 1, tl.int64)
+    _rope_kv_cache_body(q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr,
+                        sin_ptr, seqlens_ptr, block_table_ptr, k_scale_ptr, v_scale_ptr,
+                        S, B, HQ, HK, P, BS, N_BLOCKS, MAX_BLOCKS,
+                        stride_q_t, stride_k_t, stride_v_t,
+                        unit * stride_c_b * D, unit * stride_c_s * D, unit * stride_c_h * D,
+                        unit * stride_c_b * DV, unit * stride_c_s * DV, unit * stride_c_h * DV,
+                        R, D, DV, BLOCK_S, BLOCK_H, INTERLEAVED)
+
+
 # --- host side: tiles, the plan, the launch -------------------------------------------------
 
-POINTERS = ("q_ptr", "k_ptr", "v_ptr", "q_out_ptr", "k_cache_ptr", "v_cache_ptr", "cos_ptr",
-            "sin_ptr", "seqlens_ptr", "block_table_ptr", "k_scale_ptr", "v_scale_ptr")
+_POINTERS = ("q_ptr", "k_ptr", "v_ptr", "q_out_ptr", "k_cache_ptr", "v_cache_ptr", "cos_ptr",
+             "sin_ptr", "seqlens_ptr")
+_SCALES = ("k_scale_ptr", "v_scale_ptr")
+CONTIGUOUS = DirectLauncher(_rope_kv_cache_kernel, _POINTERS + _SCALES)
+PAGED = DirectLauncher(_rope_kv_paged_kernel, _POINTERS + ("block_table_ptr",) + _SCALES)
+LAUNCHERS = (CONTIGUOUS, PAGED)
 ELEMENTS_PER_STEP = KV_CACHE_ELEMENTS_PER_STEP    # GPU tiles: kernels/tiles.py
 
 
@@ -285,64 +367,100 @@ def pick_tiles(S, B, HQ: int, HK: int, D: int, DV: int, sm_count: Optional[int])
     return block_s, block_h, chunk, num_warps
 
 
-def _strides4(t: torch.Tensor) -> tuple:
-    return tuple(t.stride())
+def token_stride(t: torch.Tensor) -> Optional[int]:
+    """The token stride the kernels read q, k or v [B, S, H, Dh] with, or None where they could
+    not read it as it is: each token's heads must be one dense [H, Dh] block (features at
+    stride 1, heads at stride Dh) and the tokens evenly spaced (batch stride = S x token
+    stride). A contiguous tensor, a view of one projection split along its last dim, and any
+    decode step (S = 1) of such heads are. Size-1 dims may have any stride."""
+    B, S, H, Dh = t.shape
+    sb, ss, sh, sd = t.stride()
+    if (Dh > 1 and sd != 1) or (H > 1 and sh != Dh) or (B > 1 and S > 1 and sb != S * ss):
+        return None
+    return ss if S > 1 else sb
+
+
+def cache_feature_stride_ok(cache: torch.Tensor) -> bool:
+    """Are a cache's features at stride 1 (as the kernels write them)?"""
+    return cache.shape[3] <= 1 or cache.stride(3) == 1
+
+
+def paged_units(k_cache: torch.Tensor, v_cache: torch.Tensor) -> Optional[tuple]:
+    """(block, slot, head) strides of two paged caches [NB, BS, HK, D] and [NB, BS, HK, DV] in
+    units of their head dims (k_cache's strides are D x these, v_cache's DV x), or None where
+    the caches are not laid out alike. Views of one pool (D = DV) and two pools of one layout
+    are; a size-1 dim's stride is taken as 0."""
+    D, DV = k_cache.shape[3], v_cache.shape[3]
+    units = []
+    for n, sk, sv in zip(k_cache.shape[:3], k_cache.stride()[:3], v_cache.stride()[:3]):
+        if n <= 1:
+            units.append(0)
+        elif sk % D == 0 and sv == sk // D * DV:
+            units.append(sk // D)
+        else:
+            return None
+    return tuple(units)
 
 
 def plan(q, k, v, q_out, k_cache, v_cache, cache_seqlens, block_table, table, sin, k_scale,
          v_scale, *, interleaved: bool):
-    """One launch: (Launch, its pointer arguments in POINTERS order). Shapes, strides and
-    dtypes only; arguments are validated by the caller (ropelib.kv_cache)."""
+    """One launch: (Launch, its pointer arguments in its kernel's order). The kernel follows
+    from the cache: contiguous (block_table None) or paged. Shapes, strides and dtypes only;
+    arguments are validated, and copied where the kernels could not read them as they are, by
+    the caller (ropelib.kv_cache): q, k, v token-major (`token_stride`), q_out fresh and
+    contiguous, the caches' features at stride 1 (paged: laid out alike, `paged_units`), the
+    table dense [P, R], cache_seqlens and block_table contiguous."""
     B, S, HQ, D = q.shape
     HK, DV = k.shape[2], v.shape[3]
     R = table.shape[-1]
+    strides = tuple(token_stride(t) for t in (q, k, v))
+    assert None not in strides, "q, k and v must be token-major (kernels.kv_cache.token_stride)"
+    assert q_out.is_contiguous(), "q_out must be a fresh contiguous tensor"
+    assert cache_feature_stride_ok(k_cache) and cache_feature_stride_ok(v_cache), \
+        "the caches' features must be at stride 1"
+    for t in (table, sin):
+        assert t is None or t.is_contiguous(), "the table must be dense [P, R]"
+    for t in (cache_seqlens, block_table):
+        assert t is None or t.is_contiguous(), "cache_seqlens and block_table must be contiguous"
     on_gpu = q.device.type == "cuda" and not INTERPRET
     sm = multiprocessors(q.device) if on_gpu else None
     block_s, block_h, chunk, num_warps = pick_tiles(S, B, HQ, HK, D, DV, sm)
     grid = (cdiv(S, block_s), cdiv(HQ, block_h) + cdiv(HK, block_h), cdiv(B, chunk))
-    paged = block_table is not None
-    args = dict(
-        S=S, B=B, HQ=HQ, HK=HK, P=table.shape[0],
-        CACHE_LEN=k_cache.shape[1], N_BLOCKS=k_cache.shape[0] if paged else 0,
-        MAX_BLOCKS=block_table.shape[1] if paged else 0,
-        **dict(zip(("stride_q_b", "stride_q_s", "stride_q_h", "stride_q_d"), _strides4(q))),
-        **dict(zip(("stride_k_b", "stride_k_s", "stride_k_h", "stride_k_d"), _strides4(k))),
-        **dict(zip(("stride_v_b", "stride_v_s", "stride_v_h", "stride_v_d"), _strides4(v))),
-        **dict(zip(("stride_qo_b", "stride_qo_s", "stride_qo_h", "stride_qo_d"),
-                   _strides4(q_out))),
-        **dict(zip(("stride_kc_b", "stride_kc_s", "stride_kc_h", "stride_kc_d"),
-                   _strides4(k_cache))),
-        **dict(zip(("stride_vc_b", "stride_vc_s", "stride_vc_h", "stride_vc_d"),
-                   _strides4(v_cache))),
-        stride_tab_p=table.stride(0), stride_tab_d=table.stride(1),
-        stride_sl=cache_seqlens.stride(0),
-        stride_bt_b=block_table.stride(0) if paged else 0,
-        stride_bt_n=block_table.stride(1) if paged else 0,
-        R=R, D=D, DV=DV, BLOCK_S=block_s, BLOCK_H=block_h,
-        BLOCK_HALF=pow2_at_least(R // 2, 1 << 30),
-        BLOCK_PASS=pow2_at_least(D - R, 1 << 30) if D > R else 0,
-        BLOCK_DV=pow2_at_least(DV, 1 << 30),
-        INTERLEAVED=interleaved,
-    )
-    pointers = (q, k, v, q_out, k_cache, v_cache, table, sin, cache_seqlens, block_table,
-                k_scale, v_scale)
+    args = dict(S=S, B=B, HQ=HQ, HK=HK, P=table.shape[0])
+    if block_table is None:
+        launcher = CONTIGUOUS
+        args.update(L=k_cache.shape[1])
+        args.update(zip(("stride_q_t", "stride_k_t", "stride_v_t"), strides))
+        args.update(zip(("stride_kc_b", "stride_kc_s", "stride_kc_h"), k_cache.stride()[:3]))
+        args.update(zip(("stride_vc_b", "stride_vc_s", "stride_vc_h"), v_cache.stride()[:3]))
+        pointers = (q, k, v, q_out, k_cache, v_cache, table, sin, cache_seqlens, k_scale,
+                    v_scale)
+    else:
+        units = paged_units(k_cache, v_cache)
+        assert units is not None, "paged caches must be laid out alike (kv_cache.paged_units)"
+        launcher = PAGED
+        args.update(BS=k_cache.shape[1], N_BLOCKS=k_cache.shape[0],
+                    MAX_BLOCKS=block_table.shape[1])
+        args.update(zip(("stride_q_t", "stride_k_t", "stride_v_t"), strides))
+        args.update(zip(("stride_c_b", "stride_c_s", "stride_c_h"), units))
+        pointers = (q, k, v, q_out, k_cache, v_cache, table, sin, cache_seqlens, block_table,
+                    k_scale, v_scale)
+    args.update(R=R, D=D, DV=DV, BLOCK_S=block_s, BLOCK_H=block_h, INTERLEAVED=interleaved)
     dtypes = tuple(t.dtype if t is not None else None for t in pointers)
-    return Launch(grid, num_warps, args, dtypes, q.device), pointers
-
-
-DIRECT = DirectLauncher(_rope_kv_cache_kernel, POINTERS)
+    return Launch(grid, num_warps, args, dtypes, q.device, launcher), pointers
 
 
 def launch(q, k, v, q_out, k_cache, v_cache, cache_seqlens, block_table, table, sin, k_scale,
            v_scale, *, interleaved: bool) -> None:
     """Rotate q into q_out and write the rotated k and v into the caches: one launch.
 
-    q, k, v, q_out: [B, S, H, D] views (bshd); caches [B, L, HK, D] (block_table None) or
-    [NB, BS, HK, D] with block_table [B, MAX_BLOCKS]; cache_seqlens [B]; table angles (sin
-    None) or cos [P, R]; k_scale, v_scale fp32 [1] or None."""
+    q, k, v: [B, S, H, D] token-major views (bshd); q_out fresh [B, S, HQ, D]; caches
+    [B, L, HK, D] (block_table None) or [NB, BS, HK, D] with block_table [B, MAX_BLOCKS];
+    cache_seqlens [B]; table angles (sin None) or cos [P, R], dense; k_scale, v_scale fp32 [1]
+    or None. (`plan` says what the kernels read as it is.)"""
     B, S = q.shape[0], q.shape[1]
     if S == 0 or B == 0:
         return
     lnch, pointers = plan(q, k, v, q_out, k_cache, v_cache, cache_seqlens, block_table, table,
                           sin, k_scale, v_scale, interleaved=interleaved)
-    start(DIRECT, lnch, pointers)
+    start(lnch.launcher, lnch, pointers)
