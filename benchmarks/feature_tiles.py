@@ -65,13 +65,13 @@ def mrope_tiles() -> list:
     for case, (layout, B, S, HQ, HK, D, section, style, base) in MB.CASES.items():
         freqs = mrope.multi_axis_frequencies(D, section, base, style=style, device="cuda")
         pos = MB.positions_for(case, B, S, "cuda")
-        pos3 = pos.unsqueeze(1) if pos.dim() == 2 else pos
+        pos3 = mrope._positions3(pos)       # [3, B or 1, S], contiguous, as the checks leave it
         shape = (lambda h: (S, h, D)) if layout == "thd" else (lambda h: (B, S, h, D))
         q, k = (torch.randn(shape(h), device="cuda", dtype=torch.bfloat16) for h in (HQ, HK))
         qo, ko = torch.empty_like(q), torch.empty_like(k)
         copy = ms(lambda: (qo.copy_(q), ko.copy_(k)))
         q4, k4, qo4, ko4 = (view4(t, layout) for t in (q, k, qo, ko))
-        per_batch = pos3.shape[1] > 1 and pos3.stride(1) != 0
+        per_batch = pos3.shape[1] > 1
         picked = MK.pick_tiles(q4.shape[0], q4.shape[1], HQ + HK, D, D, per_batch, sm)
         row = MK._row(D, D)
         for backward in (False,):
@@ -84,8 +84,8 @@ def mrope_tiles() -> list:
                                            per_batch, sm)
                 tiles = (block_s, hps, group, chunk, warps)
                 plan, ptrs = MK.plan(q4, qo4, pos3, freqs.inv_freq, freqs.axis,
-                                     interleaved=False, backward=backward, k4=k4, k_out4=ko4,
-                                     tiles=tiles)
+                                     interleaved=False, backward=backward, layout=layout,
+                                     k4=k4, k_out4=ko4, tiles=tiles)
                 t = ms(lambda: MK.run(plan, ptrs))
                 rows.append((copy / t, t, f"BLOCK_S {block_s:3d} HPS {hps} heads {group:3d} "
                              f"chunk {chunk} warps {warps}", tiles == picked))
@@ -121,7 +121,7 @@ def qk_norm_tiles() -> list:
                     chunk = original(S_, B_, HQ_, HK_, D_, sm_)[2]
                     return _t[0], _t[1], chunk, _t[2]
                 QK.pick_tiles = fixed
-                kw = dict(interleaved=False, eps=1e-6, weight_offset=0.0)
+                kw = dict(layout="bshd", interleaved=False, eps=1e-6, weight_offset=0.0)
                 if backward:
                     kw.update(gq4=gq4, gk4=gk4)
                 t = ms(lambda: QK.launch(q4, k4, qo4, ko4, w_q, w_k, cos, sin, None, **kw))

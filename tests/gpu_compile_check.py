@@ -86,7 +86,7 @@ def main():
         compile_for_gpu(name, planned.launcher.kernel, planned.launcher.pointer_names, planned,
                         ptrs)
 
-    qb, kb = x.transpose(0, 1), k.transpose(0, 1)               # [B, S, H, D]
+    qb, kb = x.transpose(0, 1).contiguous(), k.transpose(0, 1).contiguous()   # [B, S, H, D]
     for name, kc, vc, block_table, table, sin, scale in [
         ("kv-cache", torch.empty(B, P, H, D, dtype=bf), torch.empty(B, P, H, D, dtype=bf), None,
          f, None, None),
@@ -96,7 +96,8 @@ def main():
     ]:
         planned, ptrs = KV.plan(qb, kb, kb, torch.empty_like(qb), kc, vc, start, block_table,
                                 table, sin, scale, scale, interleaved=False)
-        compile_for_gpu(name, KV._rope_kv_cache_kernel, KV.POINTERS, planned, ptrs)
+        compile_for_gpu(name, planned.launcher.kernel, planned.launcher.pointer_names, planned,
+                        ptrs)
 
     w = torch.ones(D)
     for name, table, sin, pos, backward in [
@@ -104,18 +105,21 @@ def main():
         ("qk-norm-backward", f.cos(), f.sin(), torch.zeros(1, S, dtype=torch.int64), True),
     ]:
         qo, kout = torch.empty_like(x), torch.empty_like(k)
-        grads = dict(gq4=torch.randn_like(x), gk4=torch.randn_like(k)) if backward else {}
-        planned = QK.plan(x, k, qo, kout, w, w, table, sin, pos, interleaved=True, eps=1e-6,
-                          weight_offset=0.0, **grads)
-        ptrs = (x, k, grads.get("gq4"), grads.get("gk4"), qo, kout, w, w, table, sin, pos,
-                QK.partials(planned))
-        compile_for_gpu(name, QK._qk_norm_rope_kernel, QK.POINTERS, planned, ptrs)
+        planned = QK.plan(x, k, w, w, table, sin, pos, layout="sbhd", interleaved=True,
+                          eps=1e-6, weight_offset=0.0, grad_dtypes=(bf, bf) if backward else None)
+        if backward:
+            ptrs = (x, k, torch.randn_like(x), torch.randn_like(k), qo, kout, w, w, table, sin,
+                    pos, QK.partials(planned))
+        else:
+            ptrs = (x, k, qo, kout, w, w, table, sin, pos)
+        compile_for_gpu(name, planned.launcher.kernel, planned.launcher.pointer_names, planned,
+                        ptrs)
 
     positions = torch.zeros(3, 1, S, dtype=torch.int64)
     inv, axis = torch.rand(D // 2), torch.zeros(D // 2, dtype=torch.int32)
     for name, kv in [("multi-axis", {}), ("multi-axis-qk", dict(k4=k, k_out4=ko))]:
         planned, ptrs = MR.plan(x, y, positions, inv, axis, interleaved=False, backward=True,
-                                **kv)
+                                layout="sbhd", **kv)
         compile_for_gpu(name, MR._mrope_kernel, MR.POINTERS, planned, ptrs)
 
 
