@@ -74,9 +74,9 @@ def checked_tables(freqs, cos, sin):
     (shapes, strides, dtypes) was checked before (the eager routes of ropelib.qk_norm and
     ropelib.kv_cache)."""
     if freqs is not None:
-        return (freqs[:, 0, 0, :] if freqs.dim() == 4 else freqs), None
+        return V.kernel_table(freqs[:, 0, 0, :] if freqs.dim() == 4 else freqs), None
     c, s = (t[:, 0, 0, :] if t.dim() == 4 else t for t in (cos, sin))
-    return (c.contiguous(), s.contiguous()) if c.stride() != s.stride() else (c, s)
+    return V.cos_sin_pair(c, s)
 
 
 def prepare(x: torch.Tensor, freqs=None, *, cos=None, sin=None, layout="sbhd",

@@ -1,4 +1,4 @@
-"""Per-head QK-RMSNorm and RoPE fused: one launch forward, one backward (Qwen3, Gemma 3).
+"""Per-head QK-RMSNorm and RoPE in one kernel, forward and backward (Qwen3, Gemma 3).
 
     q_out = rope(rmsnorm(q) * (w_q + weight_offset)),   k_out likewise with w_k
 
@@ -47,41 +47,10 @@ from .ops import _define, view4
 __all__ = ["qk_norm_rope", "QKNormRoPE", "qk_norm_apply_rotary_pos_emb"]
 
 
-# --- what the kernels read as it is (kernels/qk_norm_rope.plan) -------------------------------
 
-def _ids2d(position_ids: Optional[Tensor]) -> Optional[Tensor]:
-    """Position ids as the kernels read them: [B or 1, S], contiguous (a copy of a few bytes per
-    token where they are not)."""
-    if position_ids is None:
-        return None
-    return (position_ids.unsqueeze(0) if position_ids.dim() == 1 else position_ids).contiguous()
-
-
-def _unit_stride(t: Tensor) -> Tensor:
-    """q, k or a weight with its features (last dim) at stride 1, as the kernels read them: t
-    itself, or a copy where they are not (no projection makes such a q or k: a view of a fused
-    QKV projection keeps each head's features contiguous, so this copies nothing in the usual
-    case; q's and k's other strides are the kernels' arguments)."""
-    return t if t.stride(-1) == 1 else t.contiguous()
-
-
-def _kernel_tables(table: Tensor, sin: Optional[Tensor]):
-    """The table (and sin) as the kernels read them, as the checks leave them
-    (validation.kernel_table: features at stride 1, a batch of tables dense; cos and sin with one
-    set of strides): themselves, or copies where they are not (tables built by ropelib, Transformer
-    Engine or Hugging Face are already so). Also for a call of the operators themselves."""
-    if sin is None:
-        return V.kernel_table(table), None
-    return V.cos_sin_pair(table, sin)
-
-
-def _dense(grad: Tensor) -> Tensor:
-    """A gradient of q_out or k_out as the backward kernel reads it: contiguous in the layout,
-    like the output itself, so that its strides follow from its shape and are no arguments.
-    Autograd's gradients from attention (and from any op that makes a fresh tensor) are
-    contiguous: this copies nothing in the usual case (an expanded or transposed gradient is
-    copied)."""
-    return grad.contiguous()
+def _pos2d(position_ids: Optional[Tensor]) -> Optional[Tensor]:
+    return position_ids.unsqueeze(0) if position_ids is not None and position_ids.dim() == 1 \
+        else position_ids
 
 
 # --- the operators --------------------------------------------------------------------------
@@ -92,10 +61,8 @@ def qk_norm_rope_op(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, table: Tenso
                     interleaved: bool, eps: float, weight_offset: float) -> Tuple[Tensor, Tensor]:
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    table, sin = _kernel_tables(table, sin)
-    launch_kernel(view4(_unit_stride(q), layout), view4(_unit_stride(k), layout),
-                  view4(q_out, layout), view4(k_out, layout), _unit_stride(w_q),
-                  _unit_stride(w_k), table, sin, _ids2d(position_ids), layout=layout,
+    launch_kernel(view4(q, layout), view4(k, layout), view4(q_out, layout),
+                  view4(k_out, layout), w_q, w_k, table, sin, _pos2d(position_ids),
                   interleaved=interleaved, eps=eps, weight_offset=weight_offset)
     return q_out, k_out
 
@@ -108,13 +75,11 @@ def qk_norm_rope_backward_op(grad_q_out: Tensor, grad_k_out: Tensor, q: Tensor, 
                              ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     grad_q = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     grad_k = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    table, sin = _kernel_tables(table, sin)
     gw_q, gw_k = launch_kernel(
-        view4(_unit_stride(q), layout), view4(_unit_stride(k), layout), view4(grad_q, layout),
-        view4(grad_k, layout), _unit_stride(w_q), _unit_stride(w_k), table, sin,
-        _ids2d(position_ids), layout=layout, interleaved=interleaved, eps=eps,
-        weight_offset=weight_offset, gq4=view4(_dense(grad_q_out), layout),
-        gk4=view4(_dense(grad_k_out), layout))
+        view4(q, layout), view4(k, layout), view4(grad_q, layout), view4(grad_k, layout),
+        w_q, w_k, table, sin, _pos2d(position_ids), interleaved=interleaved, eps=eps,
+        weight_offset=weight_offset, gq4=view4(grad_q_out, layout),
+        gk4=view4(grad_k_out, layout))
     return grad_q, grad_k, gw_q.to(w_q.dtype), gw_k.to(w_k.dtype)
 
 
@@ -141,53 +106,51 @@ qk_norm_rope_op.register_autograd(_backward, setup_context=_setup)
 
 # --- the eager route ------------------------------------------------------------------------
 # As for ropelib.apply_rope (ropelib.eager): a plain eager call is checked and planned once per
-# signature, then goes straight to the compiled kernels, forward and backward.
+# signature, then goes straight to the compiled kernel, forward and backward.
 
 class _Route:
     """One checked and planned qk_norm_rope call: the forward launch, and the backward launch
-    (planned at the first backward, per dtypes of the output gradients; their strides need no
-    plan: they are made contiguous, see _dense)."""
-    __slots__ = ("fwd", "layout", "options", "empty", "_copy", "_backwards")
+    for output gradients of given strides."""
+    __slots__ = ("fwd", "layout", "options", "empty", "_stand_ins", "_backwards")
 
     def __init__(self, q, k, w_q, w_k, table, sin, position_ids, layout, interleaved, eps,
                  weight_offset):
-        self.layout, self.options = layout, dict(layout=layout, interleaved=interleaved, eps=eps,
+        outs = [view4(torch.empty(x.shape, dtype=x.dtype, device=x.device), layout)
+                for x in (q, k)]
+        self.layout, self.options = layout, dict(interleaved=interleaved, eps=eps,
                                                  weight_offset=weight_offset)
-        # does a call copy q, k or a weight (_unit_stride)? The signature fixes the strides.
-        self._copy = any(t.stride(-1) != 1 for t in (q, k, w_q, w_k))
-        q, k, w_q, w_k = (_unit_stride(t) for t in (q, k, w_q, w_k))
-        pos = _ids2d(position_ids)
-        self.fwd = eager.EagerLaunch(kernel.FORWARD, kernel.plan(
-            view4(q, layout), view4(k, layout), w_q, w_k, table, sin, pos, **self.options))
+        self.fwd = eager.EagerLaunch(kernel.DIRECT, kernel.plan(
+            view4(q, layout), view4(k, layout), *outs, w_q, w_k, table, sin,
+            _pos2d(position_ids), **self.options))
         self.empty = not (self.fwd.launch.args["S"] and self.fwd.launch.args["B"])
-        self._backwards = {}    # dtypes of the output gradients -> EagerLaunch
-
-    def _inputs(self, q, k, w_q, w_k):
-        return tuple(_unit_stride(t) for t in (q, k, w_q, w_k)) if self._copy else (q, k, w_q, w_k)
+        self._stand_ins = tuple(eager._stand_in(t) for t in (q, k, w_q, w_k, table, sin,
+                                                             _pos2d(position_ids)))
+        self._backwards = {}
 
     def forward(self, q, k, w_q, w_k, table, sin, position_ids):
         q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
         if not self.empty:
-            q, k, w_q, w_k = self._inputs(q, k, w_q, w_k)
-            self.fwd((q, k, q_out, k_out, w_q, w_k, table, sin, _ids2d(position_ids)))
+            self.fwd((q, k, None, None, q_out, k_out, w_q, w_k, table, sin, _pos2d(position_ids),
+                      None))
         return q_out, k_out
 
     def backward(self, gq, gk, q, k, w_q, w_k, table, sin, position_ids):
         grad_q = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         grad_k = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-        gq, gk = _dense(gq), _dense(gk)
-        q, k, w_q_, w_k_ = self._inputs(q, k, w_q, w_k)
-        pos = _ids2d(position_ids)
-        key = (gq.dtype, gk.dtype)
+        key = (gq.stride(), gk.stride())
         bwd = self._backwards.get(key)
-        if bwd is None:     # (of this signature: the shapes, strides and dtypes are the first's)
-            planned = kernel.plan(view4(q, self.layout), view4(k, self.layout), w_q_, w_k_,
-                                  table, sin, pos, grad_dtypes=key, **self.options)
-            bwd = self._backwards[key] = eager.EagerLaunch(kernel.BACKWARD, planned)
+        if bwd is None:
+            q_, k_, w_q_, w_k_, table_, sin_, pos_ = self._stand_ins
+            lay = self.layout
+            planned = kernel.plan(view4(q_, lay), view4(k_, lay), view4(grad_q, lay),
+                                  view4(grad_k, lay), w_q_, w_k_, table_, sin_, pos_,
+                                  gq4=view4(gq, lay), gk4=view4(gk, lay), **self.options)
+            bwd = self._backwards[key] = eager.EagerLaunch(kernel.DIRECT, planned)
         part = kernel.partials(bwd.launch)
         if part.numel():
-            bwd((q, k, gq, gk, grad_q, grad_k, w_q_, w_k_, table, sin, pos, part))
+            bwd((q, k, gq, gk, grad_q, grad_k, w_q, w_k, table, sin, _pos2d(position_ids),
+                 part))
         gw_q, gw_k = kernel.weight_grads(bwd.launch, part)
         return grad_q, grad_k, gw_q.to(w_q.dtype), gw_k.to(w_k.dtype)
 
@@ -307,7 +270,7 @@ def qk_norm_rope(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, freqs: Optional
     hit = _ROUTES.get(sig) if sig is not None else None
     if hit is not None:     # checked before: only the values of CPU position ids are new
         route, rows = hit
-        table, sin_t = _kernel_tables(*checked_tables(freqs, cos, sin))
+        table, sin_t = checked_tables(freqs, cos, sin)
         if position_ids is not None:
             _check_table_values(position_ids, rows)
         return _run_route(route, q, k, w_q, w_k, table, sin_t, position_ids)

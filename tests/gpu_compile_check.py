@@ -105,15 +105,12 @@ def main():
         ("qk-norm-backward", f.cos(), f.sin(), torch.zeros(1, S, dtype=torch.int64), True),
     ]:
         qo, kout = torch.empty_like(x), torch.empty_like(k)
-        planned = QK.plan(x, k, w, w, table, sin, pos, layout="sbhd", interleaved=True,
-                          eps=1e-6, weight_offset=0.0, grad_dtypes=(bf, bf) if backward else None)
-        if backward:
-            ptrs = (x, k, torch.randn_like(x), torch.randn_like(k), qo, kout, w, w, table, sin,
-                    pos, QK.partials(planned))
-        else:
-            ptrs = (x, k, qo, kout, w, w, table, sin, pos)
-        compile_for_gpu(name, planned.launcher.kernel, planned.launcher.pointer_names, planned,
-                        ptrs)
+        grads = dict(gq4=torch.randn_like(x), gk4=torch.randn_like(k)) if backward else {}
+        planned = QK.plan(x, k, qo, kout, w, w, table, sin, pos, interleaved=True, eps=1e-6,
+                          weight_offset=0.0, **grads)
+        ptrs = (x, k, grads.get("gq4"), grads.get("gk4"), qo, kout, w, w, table, sin, pos,
+                QK.partials(planned))
+        compile_for_gpu(name, QK._qk_norm_rope_kernel, QK.POINTERS, planned, ptrs)
 
     positions = torch.zeros(3, 1, S, dtype=torch.int64)
     inv, axis = torch.rand(D // 2), torch.zeros(D // 2, dtype=torch.int32)

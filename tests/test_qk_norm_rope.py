@@ -240,8 +240,8 @@ def test_every_output_element_is_written(backward, seeded):
     freqs = ropelib.rope_freqs(S, D, rotary_percent=R / D)[:, 0, 0]
     q_out, k_out = torch.full_like(q, float("nan")), torch.full_like(k, float("nan"))
     grads = dict(gq4=torch.randn_like(q), gk4=torch.randn_like(k)) if backward else {}
-    res = kernel.launch(q, k, q_out, k_out, w_q, w_k, freqs, None, None, layout="sbhd",
-                        interleaved=False, eps=1e-6, weight_offset=0.0, **grads)
+    res = kernel.launch(q, k, q_out, k_out, w_q, w_k, freqs, None, None, interleaved=False,
+                        eps=1e-6, weight_offset=0.0, **grads)
     assert not q_out.isnan().any() and not k_out.isnan().any()
     if backward:
         assert all(g.shape == (D,) and not g.isnan().any() for g in res)

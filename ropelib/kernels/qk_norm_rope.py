@@ -1,4 +1,4 @@
-"""Per-head QK-RMSNorm fused with RoPE: two narrow kernels over one body, forward and backward.
+"""Per-head QK-RMSNorm fused with RoPE: one kernel, forward and backward (a constexpr switch).
 
 Qwen3 and Gemma 3 normalise every head vector of q and of k over the head dim before rotating it:
 
@@ -13,27 +13,9 @@ and the backward, with gy the gradient of y (rot(-theta) is the transpose of the
     gn = gu s
     gx = r (gn - n mean_d(gn n))
 
-One body (_norm_rope_heads) behind two entry points, so that neither kernel takes more than 32
-arguments (each argument costs host time at every launch; see kernels/fused.py):
-
-    _qk_norm_rope_kernel            forward: q, k -> q_out, k_out                     29 args
-    _qk_norm_rope_backward_kernel   backward: q, k, gradients of q_out, k_out
-                                    -> gradients of q, k, per-program partial sums    32
-
-What is not an argument follows from the others: position ids or the token index (pos_ptr None
-or not), angles or cos/sin (sin_ptr None or not), fp64 math (q's dtype), the tile widths (from R
-and D). The outputs (and, backward, the gradients of the outputs, which the callers make
-contiguous when they are not) are contiguous tensors in the caller's layout (LAYOUT, the codes of
-kernels/launch.OUT_LAYOUT), so their strides follow from their shapes. q and k are read through
-their (s, b, h) strides, features at stride 1; weights, tables (features) and position ids at
-stride 1; a batch of tables is dense (its batch stride is P times the row stride). The four
-switches (INTERLEAVED, a table per batch entry, position ids per batch entry, int64 offsets) come
-as the bits of one constexpr, FLAGS: as four constexprs the backward would take 35 arguments.
-
 How it is parallelised
 ----------------------
-q and k are seen as strided [S, B, H, D] views (ropelib.ops.view4); nothing is copied (but a q or
-k whose features are not at stride 1, which no projection gives). The grid is
+q and k are seen as strided [S, B, H, D] views (ropelib.ops.view4); nothing is copied. The grid is
 
     axis 0: blocks of BLOCK_S tokens                 cdiv(S, BLOCK_S)
     axis 1: blocks of BLOCK_H heads of q, then of k  cdiv(HQ, BLOCK_H) + cdiv(HK, BLOCK_H)
@@ -41,13 +23,12 @@ k whose features are not at stride 1, which no projection gives). The grid is
                                                      cdiv(B, programs on this axis)
 
 A program loads the cos/sin of its tokens once ([BLOCK_S, 1, HALF]) and loops over its batch
-entries (reloading them per entry when the table or the position ids differ per entry); per entry
-it loads a [BLOCK_S, BLOCK_H, D] tile (two rotary halves and the pass-through part), reduces each
-row's sum of squares in fp32, scales, rotates and stores. A whole row sits in one program, so the
-norm needs no second pass and no atomics. In the backward each program also sums gu n over every
-row it handled and writes that [D] partial sum to its own row of a [programs, D] fp32 buffer; the
-host sums the buffer (q's programs for w_q, k's for w_k). The reduction order is fixed by the
-grid, so gw is deterministic.
+entries; per entry it loads a [BLOCK_S, BLOCK_H, D] tile (two rotary halves and the pass-through
+part), reduces each row's sum of squares in fp32, scales, rotates and stores. A whole row sits in
+one program, so the norm needs no second pass and no atomics. In the backward each program also
+sums gu n over every row it handled and writes that [D] partial sum to its own row of a
+[programs, D] fp32 buffer; the host sums the buffer (q's programs for w_q, k's for w_k). The
+reduction order is fixed by the grid, so gw is deterministic.
 
 Math is fp32 (fp64 for fp64 inputs) with one rounding at the store. Tables follow ropelib's
 convention (one angle or cos/sin value per feature; see kernels/fused.py), so the transpose swaps
@@ -63,19 +44,18 @@ import triton
 import triton.language as tl
 
 from ..runtime import INTERPRET
-from .common import (ROUND_BF16_RTNE, batch_range, contiguous_strides, load_table, pair_features,
-                     rotate_pair, round_to)
+from .common import ROUND_BF16_RTNE, batch_range, load_table, pair_features, rotate_pair, round_to
 from .direct import DirectLauncher
-from .launch import OUT_LAYOUT, Launch, cdiv, needs_int64, pow2_at_least, pow2_at_most, start
+from .launch import Launch, cdiv, needs_int64, pow2_at_least, pow2_at_most, start
 from .tiles import (QK_NORM_ELEMENTS_PER_THREAD, QK_NORM_PROGRAMS_PER_SM, QK_NORM_ROWS_PER_STEP,
                     multiprocessors)
 
 
 @triton.jit
-def _rows_of_table(s_idx, b, S, P, pos_ptr, stride_pos_b):
+def _rows_of_table(s_idx, b, S, P, pos_ptr, stride_pos_b, stride_pos_s):
     # s_idx [BLOCK_S] token indices, b batch entry -> (table rows [BLOCK_S] int32, valid [BLOCK_S])
     if pos_ptr is not None:
-        p = tl.load(pos_ptr + b * stride_pos_b + s_idx, mask=s_idx < S, other=0)
+        p = tl.load(pos_ptr + b * stride_pos_b + s_idx * stride_pos_s, mask=s_idx < S, other=0)
         valid = (p >= 0) & (p < P)       # compared before narrowing, so huge ids cannot wrap
         p = p.to(tl.int32)
     else:
@@ -90,36 +70,25 @@ def _norm_rope_heads(
     x_ptr,                              # this segment's input (q or k)
     gy_ptr,                             # backward: the gradient of its output (None forward)
     out_ptr,                            # forward: y; backward: gx
-    w_ptr,                              # its weight [D], contiguous
+    w_ptr,                              # its weight [D]
     cos_ptr, sin_ptr, pos_ptr,          # table (angles, or cos and sin); position ids
     part_ptr,                           # backward: this program's [D] row of partial sums of gu n
     pid_s, h0, b_lo, b_hi,              # tile origin: token block, first head, batch range
     S, H, P,                            # tokens, heads of this segment, table rows
     eps, weight_offset,
-    stride_x_s, stride_x_b, stride_x_h,  # the input's (features at stride 1)
-    stride_o_s, stride_o_b, stride_o_h,  # the output's, and backward gy's (both contiguous in one
-                                         # layout: the same strides; features at stride 1)
-    stride_tab_b, stride_tab_p,         # (the table's features: stride 1)
-    stride_pos_b,                       # (position ids: [B or 1, S], contiguous)
+    stride_x_s, stride_x_b, stride_x_h, stride_x_d,
+    stride_g_s, stride_g_b, stride_g_h, stride_g_d,
+    stride_o_s, stride_o_b, stride_o_h, stride_o_d,
+    stride_w,
+    stride_tab_b, stride_tab_p, stride_tab_d,
+    stride_pos_b, stride_pos_s,
     R: tl.constexpr, D: tl.constexpr,   # rotary dim (even, <= D), head dim
-    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
-    INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
-    PER_ENTRY: tl.constexpr,            # table rows depend on the batch entry
+    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    BLOCK_PASS: tl.constexpr,           # next_pow2(D - R); 0 when the whole head is rotated
+    INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr, TABLE_PER_BATCH: tl.constexpr,
     CDT: tl.constexpr, INT64: tl.constexpr,
 ):
     HALF: tl.constexpr = R // 2
-    # tile widths: the next powers of two of R/2 and of D - R (constexpr bit arithmetic; both
-    # are below 2^16), BLOCK_PASS 0 when the whole head is rotated
-    h0_: tl.constexpr = HALF - 1
-    h1_: tl.constexpr = h0_ | (h0_ >> 1)
-    h2_: tl.constexpr = h1_ | (h1_ >> 2)
-    h3_: tl.constexpr = h2_ | (h2_ >> 4)
-    BLOCK_HALF: tl.constexpr = (h3_ | (h3_ >> 8)) + 1
-    p0_: tl.constexpr = D - R - 1 if D > R else 0
-    p1_: tl.constexpr = p0_ | (p0_ >> 1)
-    p2_: tl.constexpr = p1_ | (p1_ >> 2)
-    p3_: tl.constexpr = p2_ | (p2_ >> 4)
-    BLOCK_PASS: tl.constexpr = (p3_ | (p3_ >> 8)) + 1 if D > R else 0
     # Fix the float arguments to the compute dtype, so every value (and the loop-carried sums)
     # keeps one type. They arrive as fp64 (the kernel's annotation) or, in the interpreter, as
     # Python floats: tl.full keeps every bit of either, where tl.cast would first round a Python
@@ -141,43 +110,46 @@ def _norm_rope_heads(
     tab_mask = (s_idx < S)[:, None, None] & (j < HALF)[None, None, :]
     x_rows = s_off[:, None] * stride_x_s + h_off[None, :] * stride_x_h   # [BLOCK_S, BLOCK_H]
     o_rows = s_off[:, None] * stride_o_s + h_off[None, :] * stride_o_h
+    g_rows = s_off[:, None] * stride_g_s + h_off[None, :] * stride_g_h
 
     # the scale s = w + offset, broadcast over rows: [1, 1, BLOCK_HALF] (and [1, 1, BLOCK_PASS])
-    sw_a = (tl.load(w_ptr + d_a, mask=j < HALF, other=0.0).to(CDT) + weight_offset)[None, None, :]
-    sw_b = (tl.load(w_ptr + d_b, mask=j < HALF, other=0.0).to(CDT) + weight_offset)[None, None, :]
+    sw_a = (tl.load(w_ptr + d_a * stride_w, mask=j < HALF, other=0.0).to(CDT)
+            + weight_offset)[None, None, :]
+    sw_b = (tl.load(w_ptr + d_b * stride_w, mask=j < HALF, other=0.0).to(CDT)
+            + weight_offset)[None, None, :]
     if BLOCK_PASS > 0:
         e = R + tl.arange(0, BLOCK_PASS)
         mp = row_ok[:, :, None] & (e < D)[None, None, :]
-        sw_p = (tl.load(w_ptr + e, mask=e < D, other=0.0).to(CDT) + weight_offset)[None, None, :]
+        sw_p = (tl.load(w_ptr + e * stride_w, mask=e < D, other=0.0).to(CDT)
+                + weight_offset)[None, None, :]
     if BACKWARD:
         acc_a = tl.zeros((BLOCK_HALF,), dtype=CDT)            # sum of gu n over rows, per feature
         acc_b = tl.zeros((BLOCK_HALF,), dtype=CDT)
         if BLOCK_PASS > 0:
             acc_p = tl.zeros((BLOCK_PASS,), dtype=CDT)
 
-    if not PER_ENTRY:
-        rows, valid = _rows_of_table(s_idx, 0, S, P, pos_ptr, stride_pos_b)
-        c_a, s_a, c_b, s_b = load_table(cos_ptr, sin_ptr, rows, 0, stride_tab_b, stride_tab_p, 1,
-                                        d_a, d_b, tab_mask, CDT)
+    if not TABLE_PER_BATCH:
+        rows, valid = _rows_of_table(s_idx, 0, S, P, pos_ptr, stride_pos_b, stride_pos_s)
+        c_a, s_a, c_b, s_b = load_table(cos_ptr, sin_ptr, rows, 0, stride_tab_b, stride_tab_p,
+                                        stride_tab_d, d_a, d_b, tab_mask, CDT)
 
     for b in range(b_lo, b_hi):
         if INT64:
             bb = b.to(tl.int64)
         else:
             bb = b
-        if PER_ENTRY:
-            rows, valid = _rows_of_table(s_idx, bb, S, P, pos_ptr, stride_pos_b)
+        if TABLE_PER_BATCH:
+            rows, valid = _rows_of_table(s_idx, bb, S, P, pos_ptr, stride_pos_b, stride_pos_s)
             c_a, s_a, c_b, s_b = load_table(cos_ptr, sin_ptr, rows, bb, stride_tab_b,
-                                            stride_tab_p, 1, d_a, d_b, tab_mask, CDT)
+                                            stride_tab_p, stride_tab_d, d_a, d_b, tab_mask, CDT)
         bad = ~valid[:, None, None]      # a position outside the table: NaN, never a clamped row
         xr = x_ptr + (x_rows + bb * stride_x_b)[:, :, None]   # [BLOCK_S, BLOCK_H, 1]
-        o_off = (o_rows + bb * stride_o_b)[:, :, None]
-        orow = out_ptr + o_off
-        x_a = tl.load(xr + d_a[None, None, :], mask=m, other=0.0).to(CDT)
-        x_b = tl.load(xr + d_b[None, None, :], mask=m, other=0.0).to(CDT)
+        orow = out_ptr + (o_rows + bb * stride_o_b)[:, :, None]
+        x_a = tl.load(xr + d_a[None, None, :] * stride_x_d, mask=m, other=0.0).to(CDT)
+        x_b = tl.load(xr + d_b[None, None, :] * stride_x_d, mask=m, other=0.0).to(CDT)
         ss = tl.sum(x_a * x_a, axis=2) + tl.sum(x_b * x_b, axis=2)          # [BLOCK_S, BLOCK_H]
         if BLOCK_PASS > 0:
-            x_p = tl.load(xr + e[None, None, :], mask=mp, other=0.0).to(CDT)
+            x_p = tl.load(xr + e[None, None, :] * stride_x_d, mask=mp, other=0.0).to(CDT)
             ss += tl.sum(x_p * x_p, axis=2)
         if CDT == tl.float64:
             r = 1.0 / tl.sqrt(ss / D + eps)     # (rsqrt is fp32 only)
@@ -192,18 +164,18 @@ def _norm_rope_heads(
             y_a, y_b = rotate_pair(u_a, u_b, c_a, s_a, c_b, s_b)
             y_a = tl.where(bad, float("nan"), y_a)
             y_b = tl.where(bad, float("nan"), y_b)
-            tl.store(orow + d_a[None, None, :],
+            tl.store(orow + d_a[None, None, :] * stride_o_d,
                      round_to(y_a, out_ptr.dtype.element_ty, ROUND_BF16_RTNE), mask=m)
-            tl.store(orow + d_b[None, None, :],
+            tl.store(orow + d_b[None, None, :] * stride_o_d,
                      round_to(y_b, out_ptr.dtype.element_ty, ROUND_BF16_RTNE), mask=m)
             if BLOCK_PASS > 0:
-                tl.store(orow + e[None, None, :],
+                tl.store(orow + e[None, None, :] * stride_o_d,
                          round_to(x_p * r * sw_p, out_ptr.dtype.element_ty, ROUND_BF16_RTNE),
                          mask=mp)
         else:
-            gr = gy_ptr + o_off
-            gy_a = tl.load(gr + d_a[None, None, :], mask=m, other=0.0).to(CDT)
-            gy_b = tl.load(gr + d_b[None, None, :], mask=m, other=0.0).to(CDT)
+            gr = gy_ptr + (g_rows + bb * stride_g_b)[:, :, None]
+            gy_a = tl.load(gr + d_a[None, None, :] * stride_g_d, mask=m, other=0.0).to(CDT)
+            gy_b = tl.load(gr + d_b[None, None, :] * stride_g_d, mask=m, other=0.0).to(CDT)
             # gu = R(-theta) gy
             gu_a, gu_b = rotate_pair(gy_a, gy_b, c_a, -s_b, c_b, -s_a)
             gu_a = tl.where(bad, float("nan"), gu_a)
@@ -214,20 +186,20 @@ def _norm_rope_heads(
             gn_b = gu_b * sw_b
             dot = tl.sum(gn_a * n_a, axis=2) + tl.sum(gn_b * n_b, axis=2)   # [BLOCK_S, BLOCK_H]
             if BLOCK_PASS > 0:
-                gu_p = tl.load(gr + e[None, None, :], mask=mp, other=0.0).to(CDT)
+                gu_p = tl.load(gr + e[None, None, :] * stride_g_d, mask=mp, other=0.0).to(CDT)
                 n_p = x_p * r
                 acc_p += tl.sum(tl.sum(gu_p * n_p, axis=0), axis=0)
                 gn_p = gu_p * sw_p
                 dot += tl.sum(gn_p * n_p, axis=2)
             dot = (dot / D)[:, :, None]
-            tl.store(orow + d_a[None, None, :],
+            tl.store(orow + d_a[None, None, :] * stride_o_d,
                      round_to(r * (gn_a - n_a * dot), out_ptr.dtype.element_ty, ROUND_BF16_RTNE),
                      mask=m)
-            tl.store(orow + d_b[None, None, :],
+            tl.store(orow + d_b[None, None, :] * stride_o_d,
                      round_to(r * (gn_b - n_b * dot), out_ptr.dtype.element_ty, ROUND_BF16_RTNE),
                      mask=m)
             if BLOCK_PASS > 0:
-                tl.store(orow + e[None, None, :],
+                tl.store(orow + e[None, None, :] * stride_o_d,
                          round_to(r * (gn_p - n_p * dot), out_ptr.dtype.element_ty,
                                   ROUND_BF16_RTNE),
                          mask=mp)
@@ -238,33 +210,40 @@ def _norm_rope_heads(
             tl.store(part_ptr + e, acc_p, mask=e < D)
 
 
-# The bits of FLAGS (the kernels test them as literals)
-FLAG_INTERLEAVED = 1        # pairs (2j, 2j + 1) instead of (j, j + R/2)
-FLAG_TABLE_PER_ENTRY = 2    # a table [B, P, R], one per batch entry (else [P, R] for all)
-FLAG_IDS_PER_ENTRY = 4      # position ids [B, S] (else [1, S], shared)
-FLAG_INT64 = 8              # element offsets in int64 (a tensor passes 2^31 elements)
-
-
 @triton.jit
-def _q_or_k(
-    q_ptr, k_ptr, gq_ptr, gk_ptr, q_out_ptr, k_out_ptr, w_q_ptr, w_k_ptr, cos_ptr, sin_ptr,
-    pos_ptr, part_ptr,
-    S, B, HQ, HK, P, eps, weight_offset,
-    stride_q_s, stride_q_b, stride_q_h, stride_k_s, stride_k_b, stride_k_h, stride_tab_p,
-    R: tl.constexpr, D: tl.constexpr, LAYOUT: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, FLAGS: tl.constexpr, BACKWARD: tl.constexpr,
+def _qk_norm_rope_kernel(
+    # tensors
+    q_ptr, k_ptr,                       # q [S, B, HQ, D], k [S, B, HK, D] (strided views)
+    gq_ptr, gk_ptr,                     # backward: gradients of the outputs (None forward)
+    q_out_ptr, k_out_ptr,               # forward: the outputs; backward: the gradients of q, k
+    w_q_ptr, w_k_ptr,                   # weights [D]
+    cos_ptr, sin_ptr,                   # table [P, R] or [B or 1, P, R]: angles (sin None), or
+                                        # cos and sin
+    pos_ptr,                            # position ids [B or 1, S] (None: the token index)
+    part_ptr,                           # backward: partial sums [programs, D] (None forward)
+    # sizes and scalars
+    S, B, HQ, HK, P,                    # tokens, batch, heads of q and of k, table rows
+    # RMSNorm epsilon; the scale is w + weight_offset. fp64, so that fp64 inputs get them
+    # unrounded: a plain float argument is passed as fp32 (as it still is by Triton before 3.4,
+    # which ignores a float annotation)
+    eps: tl.float64, weight_offset: tl.float64,
+    # strides, in elements
+    stride_q_s, stride_q_b, stride_q_h, stride_q_d,
+    stride_k_s, stride_k_b, stride_k_h, stride_k_d,
+    stride_gq_s, stride_gq_b, stride_gq_h, stride_gq_d,
+    stride_gk_s, stride_gk_b, stride_gk_h, stride_gk_d,
+    stride_qo_s, stride_qo_b, stride_qo_h, stride_qo_d,
+    stride_ko_s, stride_ko_b, stride_ko_h, stride_ko_d,
+    stride_wq, stride_wk,
+    stride_tab_b, stride_tab_p, stride_tab_d,   # 0 batch stride: one table for every entry
+    stride_pos_b, stride_pos_s,                 # 0 batch stride: shared position ids
+    # what is computed
+    R: tl.constexpr, D: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    BLOCK_PASS: tl.constexpr,
+    INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr, TABLE_PER_BATCH: tl.constexpr,
+    CDT: tl.constexpr, INT64: tl.constexpr,
 ):
-    # The program's tile of q's heads or of k's (grid axis 1: q's head blocks, then k's); the
-    # outputs (and gq, gk) are contiguous in LAYOUT, so their strides follow from their shapes.
-    INTERLEAVED: tl.constexpr = (FLAGS & 1) != 0        # FLAG_INTERLEAVED
-    TABLE_PER_ENTRY: tl.constexpr = (FLAGS & 2) != 0    # FLAG_TABLE_PER_ENTRY
-    IDS_PER_ENTRY: tl.constexpr = (FLAGS & 4) != 0      # FLAG_IDS_PER_ENTRY
-    INT64: tl.constexpr = (FLAGS & 8) != 0              # FLAG_INT64
-    PER_ENTRY: tl.constexpr = TABLE_PER_ENTRY or IDS_PER_ENTRY
-    # fp64 math for fp64 inputs, else fp32
-    CDT: tl.constexpr = tl.float64 if q_ptr.dtype.element_ty == tl.float64 else tl.float32
-    stride_tab_b = (tl.full([], 0, tl.int64) + P) * stride_tab_p if TABLE_PER_ENTRY else 0
-    stride_pos_b = S if IDS_PER_ENTRY else 0
     pid_s = tl.program_id(0)
     pid_h = tl.program_id(1)
     pid_b = tl.program_id(2)
@@ -275,71 +254,26 @@ def _q_or_k(
         part = part_ptr
     q_blocks = tl.cdiv(HQ, BLOCK_H)
     if pid_h < q_blocks:
-        out_s, out_b, out_h = contiguous_strides(S, B, HQ, D, LAYOUT, INT64)
         _norm_rope_heads(q_ptr, gq_ptr, q_out_ptr, w_q_ptr, cos_ptr, sin_ptr, pos_ptr, part,
                          pid_s, pid_h * BLOCK_H, b_lo, b_hi, S, HQ, P, eps, weight_offset,
-                         stride_q_s, stride_q_b, stride_q_h, out_s, out_b, out_h,
-                         stride_tab_b, stride_tab_p, stride_pos_b,
-                         R, D, BLOCK_S, BLOCK_H, INTERLEAVED, BACKWARD, PER_ENTRY, CDT, INT64)
+                         stride_q_s, stride_q_b, stride_q_h, stride_q_d,
+                         stride_gq_s, stride_gq_b, stride_gq_h, stride_gq_d,
+                         stride_qo_s, stride_qo_b, stride_qo_h, stride_qo_d,
+                         stride_wq, stride_tab_b, stride_tab_p, stride_tab_d,
+                         stride_pos_b, stride_pos_s,
+                         R, D, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, BACKWARD,
+                         TABLE_PER_BATCH, CDT, INT64)
     else:
-        out_s, out_b, out_h = contiguous_strides(S, B, HK, D, LAYOUT, INT64)
         _norm_rope_heads(k_ptr, gk_ptr, k_out_ptr, w_k_ptr, cos_ptr, sin_ptr, pos_ptr, part,
                          pid_s, (pid_h - q_blocks) * BLOCK_H, b_lo, b_hi, S, HK, P, eps,
-                         weight_offset, stride_k_s, stride_k_b, stride_k_h, out_s, out_b, out_h,
-                         stride_tab_b, stride_tab_p, stride_pos_b,
-                         R, D, BLOCK_S, BLOCK_H, INTERLEAVED, BACKWARD, PER_ENTRY, CDT, INT64)
-
-
-# --- the entry points, at most 32 arguments each ----------------------------------------------
-
-@triton.jit
-def _qk_norm_rope_kernel(
-    q_ptr, k_ptr,                       # q [S, B, HQ, D], k [S, B, HK, D] (strided views)
-    q_out_ptr, k_out_ptr,               # the outputs, contiguous in LAYOUT
-    w_q_ptr, w_k_ptr,                   # weights [D]
-    cos_ptr, sin_ptr,                   # table [P, R] or [B, P, R]: angles (sin None), or
-                                        # cos and sin
-    pos_ptr,                            # position ids [B or 1, S] (None: the token index)
-    S, B, HQ, HK, P,                    # tokens, batch, heads of q and of k, table rows
-    # RMSNorm epsilon; the scale is w + weight_offset. fp64, so that fp64 inputs get them
-    # unrounded: a plain float argument is passed as fp32 (as it still is by Triton before 3.4,
-    # which ignores a float annotation)
-    eps: tl.float64, weight_offset: tl.float64,
-    stride_q_s, stride_q_b, stride_q_h,     # strides in elements (features at stride 1)
-    stride_k_s, stride_k_b, stride_k_h,
-    stride_tab_p,                       # the table's row stride (a batch of tables is dense)
-    R: tl.constexpr, D: tl.constexpr,   # rotary dim, head dim
-    LAYOUT: tl.constexpr,               # the outputs' layout (see common.contiguous_strides)
-    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
-    FLAGS: tl.constexpr,                # FLAG_* bits
-):
-    # Forward: q, k -> q_out, k_out.
-    _q_or_k(q_ptr, k_ptr, None, None, q_out_ptr, k_out_ptr, w_q_ptr, w_k_ptr, cos_ptr, sin_ptr,
-            pos_ptr, None, S, B, HQ, HK, P, eps, weight_offset,
-            stride_q_s, stride_q_b, stride_q_h, stride_k_s, stride_k_b, stride_k_h, stride_tab_p,
-            R, D, LAYOUT, BLOCK_S, BLOCK_H, FLAGS, False)
-
-
-@triton.jit
-def _qk_norm_rope_backward_kernel(
-    q_ptr, k_ptr,                       # the forward's inputs, as there
-    gq_ptr, gk_ptr,                     # gradients of q_out, k_out, contiguous in LAYOUT
-    grad_q_ptr, grad_k_ptr,             # the gradients of q and k, contiguous in LAYOUT
-    w_q_ptr, w_k_ptr, cos_ptr, sin_ptr, pos_ptr,   # as in the forward
-    part_ptr,                           # partial sums of gu n [programs, D], fp32 (fp64)
-    S, B, HQ, HK, P,
-    eps: tl.float64, weight_offset: tl.float64,
-    stride_q_s, stride_q_b, stride_q_h,
-    stride_k_s, stride_k_b, stride_k_h,
-    stride_tab_p,
-    R: tl.constexpr, D: tl.constexpr, LAYOUT: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, FLAGS: tl.constexpr,
-):
-    # Backward: the gradients of q and k, and per program its partial sums for w_q or w_k.
-    _q_or_k(q_ptr, k_ptr, gq_ptr, gk_ptr, grad_q_ptr, grad_k_ptr, w_q_ptr, w_k_ptr, cos_ptr,
-            sin_ptr, pos_ptr, part_ptr, S, B, HQ, HK, P, eps, weight_offset,
-            stride_q_s, stride_q_b, stride_q_h, stride_k_s, stride_k_b, stride_k_h, stride_tab_p,
-            R, D, LAYOUT, BLOCK_S, BLOCK_H, FLAGS, True)
+                         weight_offset,
+                         stride_k_s, stride_k_b, stride_k_h, stride_k_d,
+                         stride_gk_s, stride_gk_b, stride_gk_h, stride_gk_d,
+                         stride_ko_s, stride_ko_b, stride_ko_h, stride_ko_d,
+                         stride_wk, stride_tab_b, stride_tab_p, stride_tab_d,
+                         stride_pos_b, stride_pos_s,
+                         R, D, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, BACKWARD,
+                         TABLE_PER_BATCH, CDT, INT64)
 
 
 # --- host side: tiles, the plan, the launch --------------------------------------------------
@@ -383,92 +317,77 @@ def pick_tiles(S, B, HQ: int, HK: int, D: int, sm_count: Optional[int]):
     return block_s, block_h, chunk, num_warps
 
 
-# The kernels' pointer arguments, in their order (an unused one is None): the forward's, and the
-# backward's
-FORWARD = DirectLauncher(_qk_norm_rope_kernel, (
-    "q_ptr", "k_ptr", "q_out_ptr", "k_out_ptr", "w_q_ptr", "w_k_ptr", "cos_ptr", "sin_ptr",
-    "pos_ptr"))
-BACKWARD = DirectLauncher(_qk_norm_rope_backward_kernel, (
-    "q_ptr", "k_ptr", "gq_ptr", "gk_ptr", "grad_q_ptr", "grad_k_ptr", "w_q_ptr", "w_k_ptr",
-    "cos_ptr", "sin_ptr", "pos_ptr", "part_ptr"))
-LAUNCHERS = (FORWARD, BACKWARD)
+def _strides4(t: Optional[torch.Tensor]) -> tuple:
+    return tuple(t.stride()) if t is not None else (0, 0, 0, 0)
 
 
-def _dense_strides(S, B, H, D, layout: int) -> tuple:
-    """(s, b, h, d) strides of a contiguous tensor in `layout` (a code of launch.OUT_LAYOUT) seen
-    as [S, B, H, D], as common.contiguous_strides derives them in the kernels."""
-    if layout == 1:
-        return H * D, S * H * D, D, 1
-    if layout == 2:
-        return D, H * S * D, S * D, 1
-    return B * H * D, H * D, D, 1
+# The kernel's pointer arguments, in its order (an unused one is None).
+POINTERS = ("q_ptr", "k_ptr", "gq_ptr", "gk_ptr", "q_out_ptr", "k_out_ptr", "w_q_ptr", "w_k_ptr",
+            "cos_ptr", "sin_ptr", "pos_ptr", "part_ptr")
+DIRECT = DirectLauncher(_qk_norm_rope_kernel, POINTERS)
 
 
-def dense_in(t4: torch.Tensor, layout: str) -> bool:
-    """Is the [S, B, H, D] view t4 of a tensor contiguous in `layout`, as the kernels address
-    their outputs and the gradients of the outputs? (Sizes of 1 take any stride, and an empty
-    tensor is never read.)"""
-    want = _dense_strides(*t4.shape, OUT_LAYOUT[layout])
-    return t4.numel() == 0 or all(n == 1 or st == w
-                                  for n, st, w in zip(t4.shape, t4.stride(), want))
-
-
-def plan(q4: torch.Tensor, k4: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor,
-         table: torch.Tensor, sin: Optional[torch.Tensor], pos: Optional[torch.Tensor], *,
-         layout: str, interleaved: bool, eps: float, weight_offset: float,
-         grad_dtypes: Optional[tuple] = None) -> Launch:
-    """The launch over q and k ([S, B, H, D] views of tensors in `layout`): forward (grad_dtypes
-    None) or backward (grad_dtypes: those of the gradients of q_out and of k_out). Sees only
+def plan(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch.Tensor,
+         w_q: torch.Tensor, w_k: torch.Tensor, table: torch.Tensor, sin: Optional[torch.Tensor],
+         pos: Optional[torch.Tensor], *, interleaved: bool, eps: float, weight_offset: float,
+         gq4: Optional[torch.Tensor] = None, gk4: Optional[torch.Tensor] = None) -> Launch:
+    """The launch over q and k ([S, B, H, D] views): forward (gq4 None) or backward. Sees only
     shapes, strides, dtypes and the options, never values (stand-in tensors do), so one Launch
-    serves every call alike: a Launch of FORWARD or of BACKWARD, whose pointers `run` binds in
-    that launcher's order (pointer_names).
-
-    What the kernels read as it is, the callers make so (ropelib.qk_norm): q's and k's features
-    at stride 1; the outputs (fresh), and backward the gradients of the outputs, contiguous in
-    `layout`; the weights contiguous; the table's features at stride 1 and a batch of tables
-    dense (validation.kernel_table); position ids [B or 1, S] contiguous."""
+    serves every call alike. Pointers are bound by `run`, in POINTERS order."""
+    backward = gq4 is not None
     S, B, HQ, D = q4.shape
     HK = k4.shape[2]
     R = table.shape[-1]
-    assert q4.stride(3) == 1 and k4.stride(3) == 1, "q's and k's features must be contiguous"
-    assert w_q.stride(0) == 1 and w_k.stride(0) == 1, "the weights must be contiguous"
-    device = q4.device
-    on_gpu = device.type == "cuda" and not INTERPRET
+    on_gpu = q_out4.device.type == "cuda" and not INTERPRET
+    device = q_out4.device
     sm = multiprocessors(device) if on_gpu else None
     block_s, block_h, chunk, num_warps = pick_tiles(S, B, HQ, HK, D, sm)
     grid = (cdiv(S, block_s), cdiv(HQ, block_h) + cdiv(HK, block_h), cdiv(B, chunk))
-    assert table.stride(-1) == 1, "a table's features must be contiguous"
-    tab_p = table.stride(-2)
-    table_per_entry = table.dim() == 3 and table.shape[0] > 1 and table.stride(0) != 0
-    assert not table_per_entry or table.stride(0) == table.shape[1] * tab_p, \
-        "a batch of tables must be dense"
-    ids_per_entry = pos is not None and pos.shape[0] > 1
+    if table.dim() == 2:
+        tab_b, tab_p, tab_d = 0, table.stride(0), table.stride(1)
+    else:
+        tab_b = table.stride(0) if table.shape[0] > 1 else 0
+        tab_p, tab_d = table.stride(1), table.stride(2)
     if pos is not None:
-        assert pos.stride(-1) == 1 or S == 1, "position ids must be contiguous"
-        assert not ids_per_entry or pos.stride(0) == S, "position ids must be contiguous"
-    # outputs (and gradients of outputs) are contiguous: their span is their size
-    int64 = needs_int64((q4, k4)) or q4.numel() > 2**31 - 1024 or k4.numel() > 2**31 - 1024
-    flags = (FLAG_INTERLEAVED * bool(interleaved) + FLAG_TABLE_PER_ENTRY * table_per_entry
-             + FLAG_IDS_PER_ENTRY * ids_per_entry + FLAG_INT64 * int64)
+        pos_b = pos.stride(0) if pos.shape[0] > 1 else 0
+        pos_s = pos.stride(1)
+    else:
+        pos_b = pos_s = 0
+    tensors = [t for t in (q4, k4, q_out4, k_out4, gq4, gk4) if t is not None]
+    cdt = tl.float64 if q4.dtype == torch.float64 else tl.float32
     args = dict(
-        S=S, B=B, HQ=HQ, HK=HK, P=table.shape[-2], eps=eps, weight_offset=weight_offset,
-        stride_q_s=q4.stride(0), stride_q_b=q4.stride(1), stride_q_h=q4.stride(2),
-        stride_k_s=k4.stride(0), stride_k_b=k4.stride(1), stride_k_h=k4.stride(2),
-        stride_tab_p=tab_p, R=R, D=D, LAYOUT=OUT_LAYOUT[layout], BLOCK_S=block_s,
-        BLOCK_H=block_h, FLAGS=flags)
-    tables = (w_q.dtype, w_k.dtype, table.dtype, sin.dtype if sin is not None else None,
-              pos.dtype if pos is not None else None)
-    if grad_dtypes is not None:
-        part = torch.float64 if q4.dtype == torch.float64 else torch.float32
-        dtypes = (q4.dtype, k4.dtype, *grad_dtypes, q4.dtype, k4.dtype, *tables, part)
-        return Launch(grid, num_warps, args, dtypes, device, BACKWARD)
-    dtypes = (q4.dtype, k4.dtype, q4.dtype, k4.dtype, *tables)
-    return Launch(grid, num_warps, args, dtypes, device, FORWARD)
+        S=S, B=B, HQ=HQ, HK=HK, P=table.shape[-2],
+        eps=eps, weight_offset=weight_offset,
+        **dict(zip(("stride_q_s", "stride_q_b", "stride_q_h", "stride_q_d"), _strides4(q4))),
+        **dict(zip(("stride_k_s", "stride_k_b", "stride_k_h", "stride_k_d"), _strides4(k4))),
+        **dict(zip(("stride_gq_s", "stride_gq_b", "stride_gq_h", "stride_gq_d"),
+                   _strides4(gq4))),
+        **dict(zip(("stride_gk_s", "stride_gk_b", "stride_gk_h", "stride_gk_d"),
+                   _strides4(gk4))),
+        **dict(zip(("stride_qo_s", "stride_qo_b", "stride_qo_h", "stride_qo_d"),
+                   _strides4(q_out4))),
+        **dict(zip(("stride_ko_s", "stride_ko_b", "stride_ko_h", "stride_ko_d"),
+                   _strides4(k_out4))),
+        stride_wq=w_q.stride(0), stride_wk=w_k.stride(0),
+        stride_tab_b=tab_b, stride_tab_p=tab_p, stride_tab_d=tab_d,
+        stride_pos_b=pos_b, stride_pos_s=pos_s,
+        R=R, D=D, BLOCK_S=block_s, BLOCK_H=block_h,
+        BLOCK_HALF=pow2_at_least(R // 2, 1 << 30),
+        BLOCK_PASS=pow2_at_least(D - R, 1 << 30) if D > R else 0,
+        INTERLEAVED=interleaved, BACKWARD=backward, TABLE_PER_BATCH=tab_b != 0 or pos_b != 0,
+        INT64=needs_int64(tensors), CDT=cdt,
+    )
+    dtypes = (q4.dtype, k4.dtype, gq4.dtype if backward else None,
+              gk4.dtype if backward else None, q_out4.dtype, k_out4.dtype, w_q.dtype, w_k.dtype,
+              table.dtype, sin.dtype if sin is not None else None,
+              pos.dtype if pos is not None else None,
+              (torch.float64 if cdt == tl.float64 else torch.float32) if backward else None)
+    return Launch(grid, num_warps, args, dtypes, device)
 
 
 def partials(planned: Launch) -> Optional[torch.Tensor]:
     """A backward launch's buffer of per-program partial sums [programs, D] (None forward)."""
-    if planned.launcher is not BACKWARD:
+    if not planned.args["BACKWARD"]:
         return None
     return torch.empty((*planned.grid, planned.args["D"]), dtype=planned.dtypes[-1],
                        device=planned.device)
@@ -484,33 +403,25 @@ def weight_grads(planned: Launch, part: torch.Tensor) -> Tuple[torch.Tensor, tor
 
 
 def run(planned: Launch, pointers: tuple) -> None:
-    """Start the planned kernel (pointers in its launcher's order); see `launch.start`."""
+    """Start the kernel (pointers in POINTERS order); see `launch.start`."""
     if planned.args["S"] and planned.args["B"]:
-        start(planned.launcher, planned, pointers)
+        start(DIRECT, planned, pointers)
 
 
 def launch(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch.Tensor,
            w_q: torch.Tensor, w_k: torch.Tensor, table: torch.Tensor, sin: Optional[torch.Tensor],
-           pos: Optional[torch.Tensor], *, layout: str, interleaved: bool, eps: float,
-           weight_offset: float, gq4: Optional[torch.Tensor] = None,
-           gk4: Optional[torch.Tensor] = None) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
-    """Plan and run one launch over q and k ([S, B, H, D] views of tensors in `layout`). Forward
-    (gq4 None): writes the normed and rotated q, k into q_out4, k_out4; returns None. Backward:
-    reads the output gradients gq4, gk4, writes the input gradients into q_out4, k_out4 and
-    returns the gradients of w_q and w_k in fp32 (fp64 for fp64 inputs).
+           pos: Optional[torch.Tensor], *, interleaved: bool, eps: float, weight_offset: float,
+           gq4: Optional[torch.Tensor] = None, gk4: Optional[torch.Tensor] = None,
+           ) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    """Plan and run one launch over q and k ([S, B, H, D] views). Forward (gq4 None): writes the
+    normed and rotated q, k into q_out4, k_out4; returns None. Backward: reads the output
+    gradients gq4, gk4, writes the input gradients into q_out4, k_out4 and returns the
+    gradients of w_q and w_k in fp32 (fp64 for fp64 inputs).
 
-    q_out4, k_out4 (and gq4, gk4) must be contiguous in `layout`; table: angles (sin None) or cos
-    [P, R] or [B or 1, P, R]; pos: position ids [B or 1, S] or None (token s reads row s).
-    Arguments are validated, and made what `plan` says, by the caller (ropelib.qk_norm)."""
-    outs = (q_out4, k_out4) if gq4 is None else (q_out4, k_out4, gq4, gk4)
-    assert all(dense_in(t, layout) for t in outs), \
-        f"the outputs and their gradients must be contiguous in {layout}"
-    planned = plan(q4, k4, w_q, w_k, table, sin, pos, layout=layout, interleaved=interleaved,
-                   eps=eps, weight_offset=weight_offset,
-                   grad_dtypes=(gq4.dtype, gk4.dtype) if gq4 is not None else None)
+    table: angles (sin None) or cos [P, R] or [B or 1, P, R]; pos: position ids [B or 1, S] or
+    None (token s reads row s). Arguments are validated by the caller (ropelib.qk_norm)."""
+    planned = plan(q4, k4, q_out4, k_out4, w_q, w_k, table, sin, pos, interleaved=interleaved,
+                   eps=eps, weight_offset=weight_offset, gq4=gq4, gk4=gk4)
     part = partials(planned)
-    if part is None:
-        run(planned, (q4, k4, q_out4, k_out4, w_q, w_k, table, sin, pos))
-        return None
     run(planned, (q4, k4, gq4, gk4, q_out4, k_out4, w_q, w_k, table, sin, pos, part))
-    return weight_grads(planned, part)
+    return weight_grads(planned, part) if part is not None else None
