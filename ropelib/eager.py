@@ -23,7 +23,7 @@ import torch
 
 from . import ops
 from .kernels import direct, launch
-from .kernels.launch import Positions, Table, View, plan
+from .kernels.launch import Positions, Table, plan
 
 MAX_SIGNATURES = 1024
 
@@ -127,13 +127,12 @@ class Rotation:
     def __init__(self, *, xs, outs, table, positions, pointer_sources, out_dtype, in_place,
                  backward, interleaved, layout: str):
         self.n = len(xs)
-
-        def view(t):
-            return View.of(ops.view4(t, layout))
-        k = (view(xs[1]), None if in_place else view(outs[1])) if self.n > 1 else (None, None)
-        self.launch, _ = plan(view(xs[0]), None if in_place else view(outs[0]), table, positions,
+        view = ops.kernel_view
+        outs = [None] * self.n if in_place else outs      # in place: no outputs of their own
+        k, k_out = (xs[1], outs[1]) if self.n > 1 else (None, None)
+        self.launch, _ = plan(view(xs[0], layout), view(outs[0], layout), table, positions,
                               R=table.cos.shape[-1], interleaved=interleaved, backward=backward,
-                              layout=layout, k=k[0], k_out=k[1])
+                              layout=layout, k=view(k, layout), k_out=view(k_out, layout))
         self.pointer_sources = tuple(pointer_sources)
         self.out_dtype, self.in_place = out_dtype, in_place
         self.backward, self.layout = backward, layout

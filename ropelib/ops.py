@@ -55,6 +55,11 @@ def view4(t: Tensor, layout: str) -> Tensor:
     return t.unsqueeze(1)   # thd -> [T, 1, H, D]
 
 
+def kernel_view(t: Optional[Tensor], layout: str) -> Optional[View]:
+    """t in `layout` as the kernels address it (a plain [S, B, H, D] View); None stays None."""
+    return View.of(view4(t, layout)) if t is not None else None
+
+
 def _launch(x: Tensor, y: Optional[Tensor], table: Table, positions: Positions, layout: str, *,
             interleaved: bool, backward: bool, k: Optional[Tensor] = None,
             k_out: Optional[Tensor] = None) -> None:
@@ -63,12 +68,9 @@ def _launch(x: Tensor, y: Optional[Tensor], table: Table, positions: Positions, 
     x4 = view4(x, layout)
     if x4.shape[0] == 0 or x4.shape[1] == 0:
         return
-
-    def view(t):
-        return View.of(view4(t, layout)) if t is not None else None
-    launch.run(*plan(view(x), view(y), table, positions, R=table.cos.shape[-1],
-                     interleaved=interleaved, backward=backward, layout=layout, k=view(k),
-                     k_out=view(k_out)))
+    launch.run(*plan(kernel_view(x, layout), kernel_view(y, layout), table, positions,
+                     R=table.cos.shape[-1], interleaved=interleaved, backward=backward,
+                     layout=layout, k=kernel_view(k, layout), k_out=kernel_view(k_out, layout)))
 
 
 def _empty_like(x: Tensor, dtype: Optional[torch.dtype] = None) -> Tensor:

@@ -390,38 +390,29 @@ def _rope_q_or_k(
     b_lo, b_hi = batch_range(B)
     q_blocks = tl.cdiv(HQ, BLOCK_H)
     if pid_h < q_blocks:
-        if q_out_ptr is None:
-            _rope_heads(q_ptr, q_ptr, cos_ptr, sin_ptr, position_ids_ptr, cu_seqlens_ptr,
-                        start_ptr, pid_s, pid_h * BLOCK_H, b_lo, b_hi, S, HQ, P, N_SEQ, cp_size,
-                        cp_rank, stride_q_s, stride_q_b, stride_q_h, 0, stride_q_d,
-                        stride_q_s, stride_q_b, stride_q_h, 0,
-                        stride_tab_b, stride_tab_p, stride_ids_b, R, D, 1, BLOCK_S, BLOCK_H,
-                        INTERLEAVED, BACKWARD, PER_ENTRY, False, CDT, INT64)
+        if q_out_ptr is None:       # in place: the output is the input
+            q_y = q_ptr
+            qy_s, qy_b, qy_h = stride_q_s, stride_q_b, stride_q_h
         else:
-            out_s, out_b, out_h = contiguous_strides(S, B, HQ, D, OUT_LAYOUT, INT64)
-            _rope_heads(q_ptr, q_out_ptr, cos_ptr, sin_ptr, position_ids_ptr, cu_seqlens_ptr,
-                        start_ptr, pid_s, pid_h * BLOCK_H, b_lo, b_hi, S, HQ, P, N_SEQ, cp_size,
-                        cp_rank, stride_q_s, stride_q_b, stride_q_h, 0, stride_q_d,
-                        out_s, out_b, out_h, 0,
-                        stride_tab_b, stride_tab_p, stride_ids_b, R, D, 1, BLOCK_S, BLOCK_H,
-                        INTERLEAVED, BACKWARD, PER_ENTRY, True, CDT, INT64)
+            q_y = q_out_ptr
+            qy_s, qy_b, qy_h = contiguous_strides(S, B, HQ, D, OUT_LAYOUT, INT64)
+        _rope_heads(q_ptr, q_y, cos_ptr, sin_ptr, position_ids_ptr, cu_seqlens_ptr, start_ptr,
+                    pid_s, pid_h * BLOCK_H, b_lo, b_hi, S, HQ, P, N_SEQ, cp_size, cp_rank,
+                    stride_q_s, stride_q_b, stride_q_h, 0, stride_q_d, qy_s, qy_b, qy_h, 0,
+                    stride_tab_b, stride_tab_p, stride_ids_b, R, D, 1, BLOCK_S, BLOCK_H,
+                    INTERLEAVED, BACKWARD, PER_ENTRY, q_out_ptr is not None, CDT, INT64)
     elif k_ptr is not None:     # (without k the grid has q's blocks only)
-        h0 = (pid_h - q_blocks) * BLOCK_H
         if k_out_ptr is None:
-            _rope_heads(k_ptr, k_ptr, cos_ptr, sin_ptr, position_ids_ptr, cu_seqlens_ptr,
-                        start_ptr, pid_s, h0, b_lo, b_hi, S, HK, P, N_SEQ, cp_size, cp_rank,
-                        stride_k_s, stride_k_b, stride_k_h, 0, stride_k_d,
-                        stride_k_s, stride_k_b, stride_k_h, 0,
-                        stride_tab_b, stride_tab_p, stride_ids_b, R, D, 1, BLOCK_S, BLOCK_H,
-                        INTERLEAVED, BACKWARD, PER_ENTRY, False, CDT, INT64)
+            k_y = k_ptr
+            ky_s, ky_b, ky_h = stride_k_s, stride_k_b, stride_k_h
         else:
-            out_s, out_b, out_h = contiguous_strides(S, B, HK, D, OUT_LAYOUT, INT64)
-            _rope_heads(k_ptr, k_out_ptr, cos_ptr, sin_ptr, position_ids_ptr, cu_seqlens_ptr,
-                        start_ptr, pid_s, h0, b_lo, b_hi, S, HK, P, N_SEQ, cp_size, cp_rank,
-                        stride_k_s, stride_k_b, stride_k_h, 0, stride_k_d,
-                        out_s, out_b, out_h, 0,
-                        stride_tab_b, stride_tab_p, stride_ids_b, R, D, 1, BLOCK_S, BLOCK_H,
-                        INTERLEAVED, BACKWARD, PER_ENTRY, True, CDT, INT64)
+            k_y = k_out_ptr
+            ky_s, ky_b, ky_h = contiguous_strides(S, B, HK, D, OUT_LAYOUT, INT64)
+        _rope_heads(k_ptr, k_y, cos_ptr, sin_ptr, position_ids_ptr, cu_seqlens_ptr, start_ptr,
+                    pid_s, (pid_h - q_blocks) * BLOCK_H, b_lo, b_hi, S, HK, P, N_SEQ, cp_size,
+                    cp_rank, stride_k_s, stride_k_b, stride_k_h, 0, stride_k_d, ky_s, ky_b, ky_h,
+                    0, stride_tab_b, stride_tab_p, stride_ids_b, R, D, 1, BLOCK_S, BLOCK_H,
+                    INTERLEAVED, BACKWARD, PER_ENTRY, k_out_ptr is not None, CDT, INT64)
 
 
 # --- the entry points: one per source of positions, each at most 32 arguments ----------------

@@ -218,7 +218,7 @@ def _qk_strides(v: Optional[View]) -> tuple:
     return s, b, h, d
 
 
-def _table_strides(table: Table, B) -> tuple:
+def _table_strides(table: Table) -> tuple:
     """(per entry, row stride) of a table the kernels can read: features at stride 1 and a batch
     of tables dense (the checks in ropelib.validation.kernel_table make them so)."""
     tab_b, tab_p, tab_d = table.strides()
@@ -254,7 +254,7 @@ def plan(q: View, q_out: Optional[View], table: Table, positions: Positions, *, 
     grid = (cdiv(S, block_s), cdiv(q.heads, block_h) + cdiv(HK, block_h), cdiv(B, chunk))
     views = [v for v in (q, q_out, k, k_out) if v is not None]
     int64 = any(_span(v, S, B, D) > _I32_LIMIT - 1024 for v in views)
-    per_entry, tab_p = _table_strides(table, B)
+    per_entry, tab_p = _table_strides(table)
     qs, ks = _qk_strides(q), _qk_strides(k)
     pos = positions
     out = (q_out.tensor if q_out is not None else None,
