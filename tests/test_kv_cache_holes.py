@@ -344,6 +344,20 @@ def _step_args(B, device="cpu"):
     return [t.to(device) for t in args]
 
 
+def _check_compiled(fn, compiled, batches, freqs, device):
+    """compiled(...) returns and writes (outputs and caches, NaN where eager's are) what fn does
+    eagerly, for a step of each batch size in turn."""
+    for B in batches:
+        args = _step_args(B, device)
+        want_args = [t.clone() for t in args]
+        want = fn(*want_args, freqs)
+        got = compiled(*args, freqs)
+        for a, b in zip(torch.utils._pytree.tree_leaves((got, args)),
+                        torch.utils._pytree.tree_leaves((want, want_args))):
+            assert torch.equal(a.isnan(), b.isnan())
+            assert torch.equal(a.nan_to_num(0), b.nan_to_num(0))
+
+
 @pytest.mark.parametrize("fn", [_kv_step, _rope_in_place, _rope_qk_in_place],
                          ids=["rope_kv_cache", "apply_rope_inplace", "apply_rope_qk_inplace"])
 @pytest.mark.parametrize("mode", ["dynamic", "recompile_after_batch_change"])
@@ -353,15 +367,8 @@ def test_3_compiled_with_symbolic_sizes_equals_eager(fn, mode, backend, seeded):
     try:
         compiled = torch.compile(fn, backend=backend, fullgraph=True,
                                  dynamic=True if mode == "dynamic" else None)
-        for B in ((3,) if mode == "dynamic" else (2, 3)):    # 3: a recompile, sizes symbolic
-            args = _step_args(B)
-            want_args = [t.clone() for t in args]
-            want = fn(*want_args, FREQS)
-            got = compiled(*args, FREQS)
-            for a, b in zip(torch.utils._pytree.tree_leaves((got, args)),
-                            torch.utils._pytree.tree_leaves((want, want_args))):
-                assert torch.equal(a.isnan(), b.isnan())
-                assert torch.equal(a.nan_to_num(0), b.nan_to_num(0))
+        # batch 3 after 2: a recompile; dynamic=True: batch 3 with symbolic sizes
+        _check_compiled(fn, compiled, (3,) if mode == "dynamic" else (2, 3), FREQS, "cpu")
     finally:
         torch._dynamo.reset()
 
@@ -377,15 +384,8 @@ def test_3_inductor_on_the_gpu_equals_eager(fn, mode, seeded):
     try:
         compiled = torch.compile(fn, backend="inductor", fullgraph=True,
                                  dynamic={"static": False, "dynamic": True}.get(mode))
-        for B in ((2, 3) if mode == "recompile_after_batch_change" else (3,)):
-            args = _step_args(B, "cuda")
-            want_args = [t.clone() for t in args]
-            want = fn(*want_args, freqs)
-            got = compiled(*args, freqs)
-            for a, b in zip(torch.utils._pytree.tree_leaves((got, args)),
-                            torch.utils._pytree.tree_leaves((want, want_args))):
-                assert torch.equal(a.isnan(), b.isnan())
-                assert torch.equal(a.nan_to_num(0), b.nan_to_num(0))
+        _check_compiled(fn, compiled, (2, 3) if mode == "recompile_after_batch_change" else (3,),
+                        freqs, "cuda")
     finally:
         torch._dynamo.reset()
 
