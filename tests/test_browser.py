@@ -137,6 +137,19 @@ def lab(checkout, tmp_path):
         log.close()
 
 
+def _lab_log(tmp_path) -> str:
+    """What the JupyterLab server of the `lab` fixture has logged so far."""
+    path = tmp_path / "lab.log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _kernel_deaths(tmp_path, from_line: int) -> list[str]:
+    """The lab's log lines, from line from_line on, that say a kernel died or was restarted."""
+    lines = _lab_log(tmp_path).splitlines()[from_line:]
+    return [ln.strip()[-200:] for ln in lines
+            if re.search(r"restarting kernel|kernel.*(died|dead)|KernelRestarter", ln, re.I)]
+
+
 def _api(url, token, path, method="GET"):
     req = urllib.request.Request(f"{url}{path}?token={token}", method=method)
     with urllib.request.urlopen(req, timeout=10) as r:
@@ -311,7 +324,7 @@ def test_every_notebook_runs_shows_its_figures_and_saves_clean(lab, checkout, ch
     url, token = lab
     shots = Path(os.environ.get("ROPELIB_BROWSER_SCREENSHOTS", tmp_path / "screenshots"))
     shots.mkdir(parents=True, exist_ok=True)
-    problems, report, report_names = [], [], []
+    problems, report, report_names, retried = [], [], [], []
     started = time.time()
     with sync_api.sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium_executable, headless=True,
@@ -324,15 +337,33 @@ def test_every_notebook_runs_shows_its_figures_and_saves_clean(lab, checkout, ch
                     continue
                 t0 = time.time()
                 try:
+                    log_start = _lab_log(tmp_path).count("\n")
                     _open(page, url, token, name)
                     prompts, not_run = _run_all(page, name)
                     errors = page.evaluate(ERRORS_JS)
+                    died = _kernel_deaths(tmp_path, log_start)
+                    if not_run and not errors and died:
+                        # The kernel process died under the run (the lab's log says so) while no
+                        # cell reported an error: a notebook that kills its kernel itself dies
+                        # again, so run it once more and let that run decide.
+                        retried.append(f"{name}: the kernel died ({died[-1]}); ran it again")
+                        _save(page)
+                        _shut_down_kernels(url, token)
+                        _open(page, url, token, name)
+                        prompts, not_run = _run_all(page, name)
+                        errors = page.evaluate(ERRORS_JS)
+                    if not_run and not errors:
+                        not_run_why = (f" (the lab's log: {' | '.join(died[-3:])})" if died else
+                                       " (no cell showed an error; the lab's log shows no "
+                                       "kernel restart)")
+                    else:
+                        not_run_why = ""
                     images = page.evaluate(IMAGES_JS)
                     broken = [i["src"] for i in images if i["width"] == 0]
                     if errors:
                         problems.append(f"{name}: a cell shows an error:\n{errors[0][-1500:]}")
                     if not_run:
-                        problems.append(f"{name}: code cells {not_run} did not run")
+                        problems.append(f"{name}: code cells {not_run} did not run{not_run_why}")
                     if broken:
                         problems.append(f"{name}: images that did not load: {broken}")
                     moved = ""
@@ -367,7 +398,7 @@ def test_every_notebook_runs_shows_its_figures_and_saves_clean(lab, checkout, ch
                 _shut_down_kernels(url, token)
         finally:
             browser.close()
-    print("\n".join(report))
+    print("\n".join(report + retried))
     assert not problems, "\n".join(problems)
 
     # the learner's checkout is as it was: outputs stay on disk, git sees none of them
