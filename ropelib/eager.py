@@ -22,7 +22,7 @@ from typing import Optional
 import torch
 
 from . import ops
-from .kernels import direct, launch
+from .kernels import direct, planning
 from .kernels.launch import Positions, Table, plan
 
 MAX_SIGNATURES = 1024
@@ -98,8 +98,8 @@ class EagerLaunch:
         self._device = planned.device.index
 
     def __call__(self, pointers) -> None:
-        if launch.INTERPRET:
-            launch.start(self.direct, self.launch, pointers)
+        if planning.INTERPRET:
+            planning.start(self.direct, self.launch, pointers)
             return
         addresses, aligned = direct.addresses_and_alignment(pointers)
         hit = self._starts.get(aligned)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import ropelib
-from ropelib.kernels import launch
+from ropelib.kernels import launch, planning
 from ropelib import hf as rhf
 from ropelib import te as rte
 
@@ -24,7 +24,7 @@ def no_kernel(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("a kernel was launched for bad input")
     monkeypatch.setattr(launch, "run", boom)
-    monkeypatch.setattr(launch, "start", boom)
+    monkeypatch.setattr(planning, "start", boom)
     yield
 
 

@@ -131,7 +131,7 @@ def dual_chunk_position(idx, length, cp_size, cp_rank):
 @triton.jit
 def contiguous_strides(S, B, H, D: tl.constexpr, LAYOUT: tl.constexpr, INT64: tl.constexpr):
     """(s, b, h) strides of a fresh contiguous tensor seen as [S, B, H, D] (features at stride 1):
-    LAYOUT 0 sbhd (and thd, B = 1), 1 bshd, 2 Hugging Face's bhsd (kernels/launch.OUT_LAYOUT).
+    LAYOUT 0 sbhd (and thd, B = 1), 1 bshd, 2 Hugging Face's bhsd (kernels/planning.OUT_LAYOUT).
     Products in int64 when the tensor may pass 2^31 elements."""
     if INT64:
         unit = tl.full([], 1, tl.int64)

@@ -69,7 +69,7 @@ from ..runtime import INTERPRET
 from .common import (ROUND_BF16_RTNE, batch_range, contiguous_strides, load_table, pair_features,
                      rotate_pair, round_to)
 from .direct import DirectLauncher
-from .launch import Launch, cdiv, pow2_at_least, pow2_at_most, start
+from .planning import Launch, cdiv, pow2_at_least, pow2_at_most, start
 from .tiles import KV_CACHE_ELEMENTS_PER_STEP, KV_CACHE_PROGRAMS_PER_SM, multiprocessors
 
 FP8_BY_BITS: bool = INTERPRET

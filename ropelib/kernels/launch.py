@@ -1,4 +1,5 @@
-"""Host side of the finished kernels: a planner and one launch path.
+"""The finished RoPE kernels' planner (kernels/fused.py); what every family shares on the host
+(the Launch record, how it starts, grid arithmetic) is in kernels/planning.py.
 
 `plan(...)` turns what is to be rotated (strided [S, B, H, D] views, tables, positions, options)
 into a `Launch`: which of the finished kernels runs (by where positions come from), the grid,
@@ -12,17 +13,15 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from ..conventions import HF_LAYOUT
 from ..frequencies import EXACT_POSITIONS
 from ..runtime import INTERPRET
 from .direct import DirectLauncher
 from .fused import (_exact_angles_kernel, _rope_ids_kernel, _rope_kernel, _rope_packed_kernel,
                     _rope_qkv_kernel)
+from .planning import (I32_LIMIT, OUT_LAYOUT, Launch, cdiv, needs_int64, pow2_at_least, pow2_at_most,
+                       start)
 from .tiles import (BATCH_LOOP_MIN, MIN_TILE, PROGRAMS_PER_SM, TILE_LOOP, TILE_NOLOOP, TILE_WIDE,
                     device_index, device_tiles, exact_loop_tile)
-
-_I32_LIMIT = 2**31 - 1
-
 
 class View(NamedTuple):
     """A tensor as the kernel addresses it: x[s, b, h, d] at s*s_ + b*b_ + head(h) + d*d_.
@@ -85,64 +84,7 @@ class Positions(NamedTuple):
     cp_rank: int = 0
 
 
-class Launch:
-    """One planned launch of a kernel: the grid, the warps and every argument except the
-    pointers, by name; the pointers' dtypes and device; the DirectLauncher of its kernel (for
-    the finished RoPE kernels; other families pass theirs to `start`). Pointers are bound per call, so one
-    Launch serves every call with the same shapes, strides, dtypes and options.
-
-    Equal Launches compare and hash equal (used to find the compiled kernel of an eager launch).
-    """
-    __slots__ = ("grid", "num_warps", "args", "dtypes", "device", "launcher", "_key", "_hash")
-
-    def __init__(self, grid: tuple, num_warps: int, args: dict, dtypes: tuple, device,
-                 launcher=None):
-        self.grid, self.num_warps, self.args = grid, num_warps, args
-        self.dtypes, self.device, self.launcher = dtypes, device, launcher
-        self._key = self._hash = None
-
-    def key(self) -> tuple:
-        if self._key is None:   # only for concrete sizes (an eager launch), never while tracing
-            self._key = (self.grid, self.num_warps, tuple(self.args.items()), self.dtypes,
-                         self.device, id(self.launcher))
-            self._hash = hash(self._key)
-        return self._key
-
-    def __eq__(self, other):
-        return self is other or (isinstance(other, Launch) and self.key() == other.key())
-
-    def __hash__(self):
-        if self._hash is None:
-            self.key()
-        return self._hash
-
-
 # --- tiles ----------------------------------------------------------------------------------
-
-def needs_int64(tensors) -> bool:
-    """Does an element offset into one of these tensors (any strides) come near int32's limit?"""
-    return any(sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()) if n > 0)
-               > _I32_LIMIT - 1024 for t in tensors)
-
-
-def pow2_at_least(n: int, cap: int) -> int:
-    """min(cap, next power of two >= n), by comparisons only (n may be a symbolic size)."""
-    p = 1
-    while p < cap and p < n:
-        p *= 2
-    return p
-
-
-def pow2_at_most(n: int) -> int:
-    p = 1
-    while 2 * p <= n:
-        p *= 2
-    return p
-
-
-def cdiv(a, b):
-    return (a + b - 1) // b
-
 
 def pick_tiles(S, B, heads: tuple, R: int, D: int, elem_size: int, sm_count: Optional[int],
                tile_loop=TILE_LOOP, tile_noloop=TILE_NOLOOP, tile_wide=TILE_WIDE):
@@ -206,9 +148,6 @@ def _span(v: View, S, B, D):
     return (S - 1) * s + (B - 1) * b + groups * g + within * h + (D - 1) * d
 
 
-# A fresh output's layout, as the kernels derive its strides from its shape (common.contiguous_strides)
-OUT_LAYOUT = {"sbhd": 0, "thd": 0, "bshd": 1, HF_LAYOUT: 2}
-
 
 def _qk_strides(v: Optional[View]) -> tuple:
     """(s, b, h, d) of a plain view (zeros without one)."""
@@ -253,7 +192,7 @@ def plan(q: View, q_out: Optional[View], table: Table, positions: Positions, *, 
                                                          table.exact)
     grid = (cdiv(S, block_s), cdiv(q.heads, block_h) + cdiv(HK, block_h), cdiv(B, chunk))
     views = [v for v in (q, q_out, k, k_out) if v is not None]
-    int64 = any(_span(v, S, B, D) > _I32_LIMIT - 1024 for v in views)
+    int64 = any(_span(v, S, B, D) > I32_LIMIT - 1024 for v in views)
     per_entry, tab_p = _table_strides(table)
     qs, ks = _qk_strides(q), _qk_strides(k)
     pos = positions
@@ -320,37 +259,6 @@ def plan_qkv(qkv4: torch.Tensor, q4: torch.Tensor, k4: torch.Tensor, q_table: to
     pointers = (qkv4, q4, k4, q_table, k_table, start)
     dtypes = tuple(t.dtype if t is not None else None for t in pointers)
     return Launch(grid, num_warps, args, dtypes, qkv4.device, QKV), pointers
-
-
-# --- the launch path ------------------------------------------------------------------------
-
-def _is_fake(t: torch.Tensor) -> bool:
-    return isinstance(t, torch._subclasses.FakeTensor) or t.device.type == "meta"
-
-
-def _eager(t: torch.Tensor) -> bool:
-    """A plain tensor outside any tracing: the launch can go straight to the compiled kernel."""
-    return (type(t) is torch.Tensor and not torch.compiler.is_compiling()
-            and torch._C._len_torch_dispatch_stack() == 0)
-
-
-def start(direct: DirectLauncher, launch: Launch, pointers: tuple) -> None:
-    """Start direct.kernel (pointers in direct.pointer_names order): eagerly through ropelib's
-    direct launcher (kernels/direct.py); while torch.compile or another tracer is at work,
-    through torch.library.wrap_triton, so the Triton kernel itself lands in the graph; in the
-    interpreter as Python on CPU tensors (and not at all when the op is only being evaluated
-    for its output shapes). Every kernel family (RoPE, multi-axis, KV-cache write) starts here."""
-    q = pointers[0]
-    named = dict(zip(direct.pointer_names, pointers))
-    if INTERPRET:
-        if not _is_fake(q):
-            direct.kernel[launch.grid](**named, **launch.args, num_warps=launch.num_warps)
-        return
-    if _eager(q):
-        direct(launch, pointers)
-        return
-    torch.library.wrap_triton(direct.kernel)[launch.grid](**named, **launch.args,
-                                                          num_warps=launch.num_warps)
 
 
 def run(launch: Launch, pointers: tuple) -> None:

@@ -58,7 +58,7 @@ from ..runtime import INTERPRET
 from .common import (ACCURATE, ROUND_BF16_RTNE, batch_range, contiguous_strides, cos_sin,
                      rotate_pair, round_to)
 from .direct import DirectLauncher
-from .launch import OUT_LAYOUT, Launch, cdiv, needs_int64, pow2_at_least, pow2_at_most, start
+from .planning import OUT_LAYOUT, Launch, cdiv, needs_int64, pow2_at_least, pow2_at_most, start
 from .tiles import (MROPE_ELEMENTS_PER_THREAD, MROPE_HEADS_PER_STEP, MROPE_PROGRAMS_PER_SM,
                     MROPE_STEP_ELEMENTS, multiprocessors)
 
@@ -320,7 +320,7 @@ def plan(q4: torch.Tensor, q_out4: torch.Tensor, pos: torch.Tensor, inv_freq: to
 
 
 def run(launch: Launch, pointers: tuple) -> None:
-    """Start the multi-axis kernel (pointers in POINTERS order); see `launch.start`."""
+    """Start the multi-axis kernel (pointers in POINTERS order); see `planning.start`."""
     start(DIRECT, launch, pointers)
 
 

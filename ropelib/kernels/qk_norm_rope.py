@@ -46,7 +46,7 @@ import triton.language as tl
 from ..runtime import INTERPRET
 from .common import ROUND_BF16_RTNE, batch_range, load_table, pair_features, rotate_pair, round_to
 from .direct import DirectLauncher
-from .launch import Launch, cdiv, needs_int64, pow2_at_least, pow2_at_most, start
+from .planning import Launch, cdiv, needs_int64, pow2_at_least, pow2_at_most, start
 from .tiles import (QK_NORM_ELEMENTS_PER_THREAD, QK_NORM_PROGRAMS_PER_SM, QK_NORM_ROWS_PER_STEP,
                     multiprocessors)
 
@@ -403,7 +403,7 @@ def weight_grads(planned: Launch, part: torch.Tensor) -> Tuple[torch.Tensor, tor
 
 
 def run(planned: Launch, pointers: tuple) -> None:
-    """Start the kernel (pointers in POINTERS order); see `launch.start`."""
+    """Start the kernel (pointers in POINTERS order); see `planning.start`."""
     if planned.args["S"] and planned.args["B"]:
         start(DIRECT, planned, pointers)
 

@@ -1,0 +1,109 @@
+"""What every kernel family shares on the host: a planned Launch, how it starts, and the
+arithmetic of tiles and grids.
+
+A planner (the finished RoPE kernels' in kernels/launch.py; multi-axis, QK-norm + RoPE and the
+KV-cache write in their kernel modules) turns shapes, strides, dtypes and options into a
+`Launch`; `start` runs it: eagerly through the direct launcher (kernels/direct.py), while
+torch.compile or another tracer is at work through torch.library.wrap_triton, and in Triton's
+interpreter as Python.
+"""
+import torch
+
+from ..conventions import HF_LAYOUT
+from ..runtime import INTERPRET
+from .direct import DirectLauncher
+
+I32_LIMIT = 2**31 - 1
+# how a fresh output is laid out, for kernels/common.contiguous_strides: sbhd (and thd, B = 1),
+# bshd, Hugging Face's bhsd
+OUT_LAYOUT = {"sbhd": 0, "thd": 0, "bshd": 1, HF_LAYOUT: 2}
+
+
+class Launch:
+    """One planned launch of a kernel: the grid, the warps and every argument except the
+    pointers, by name; the pointers' dtypes and device; the DirectLauncher of its kernel (for
+    the finished RoPE kernels; other families pass theirs to `start`). Pointers are bound per call, so one
+    Launch serves every call with the same shapes, strides, dtypes and options.
+
+    Equal Launches compare and hash equal (used to find the compiled kernel of an eager launch).
+    """
+    __slots__ = ("grid", "num_warps", "args", "dtypes", "device", "launcher", "_key", "_hash")
+
+    def __init__(self, grid: tuple, num_warps: int, args: dict, dtypes: tuple, device,
+                 launcher=None):
+        self.grid, self.num_warps, self.args = grid, num_warps, args
+        self.dtypes, self.device, self.launcher = dtypes, device, launcher
+        self._key = self._hash = None
+
+    def key(self) -> tuple:
+        if self._key is None:   # only for concrete sizes (an eager launch), never while tracing
+            self._key = (self.grid, self.num_warps, tuple(self.args.items()), self.dtypes,
+                         self.device, id(self.launcher))
+            self._hash = hash(self._key)
+        return self._key
+
+    def __eq__(self, other):
+        return self is other or (isinstance(other, Launch) and self.key() == other.key())
+
+    def __hash__(self):
+        if self._hash is None:
+            self.key()
+        return self._hash
+
+
+# --- tiles and grids -----------------------------------------------------------------------
+
+def needs_int64(tensors) -> bool:
+    """Does an element offset into one of these tensors (any strides) come near int32's limit?"""
+    return any(sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()) if n > 0)
+               > I32_LIMIT - 1024 for t in tensors)
+
+
+def pow2_at_least(n: int, cap: int) -> int:
+    """min(cap, next power of two >= n), by comparisons only (n may be a symbolic size)."""
+    p = 1
+    while p < cap and p < n:
+        p *= 2
+    return p
+
+
+def pow2_at_most(n: int) -> int:
+    p = 1
+    while 2 * p <= n:
+        p *= 2
+    return p
+
+
+def cdiv(a, b):
+    return (a + b - 1) // b
+
+
+# --- starting a launch ------------------------------------------------------------------------
+
+def is_fake(t: torch.Tensor) -> bool:
+    return isinstance(t, torch._subclasses.FakeTensor) or t.device.type == "meta"
+
+
+def plain_eager(t: torch.Tensor) -> bool:
+    """A plain tensor outside any tracing: the launch can go straight to the compiled kernel."""
+    return (type(t) is torch.Tensor and not torch.compiler.is_compiling()
+            and torch._C._len_torch_dispatch_stack() == 0)
+
+
+def start(direct: DirectLauncher, launch: Launch, pointers: tuple) -> None:
+    """Start direct.kernel (pointers in direct.pointer_names order): eagerly through ropelib's
+    direct launcher (kernels/direct.py); while torch.compile or another tracer is at work,
+    through torch.library.wrap_triton, so the Triton kernel itself lands in the graph; in the
+    interpreter as Python on CPU tensors (and not at all when the op is only being evaluated
+    for its output shapes). Every kernel family (RoPE, multi-axis, KV-cache write) starts here."""
+    q = pointers[0]
+    named = dict(zip(direct.pointer_names, pointers))
+    if INTERPRET:
+        if not is_fake(q):
+            direct.kernel[launch.grid](**named, **launch.args, num_warps=launch.num_warps)
+        return
+    if plain_eager(q):
+        direct(launch, pointers)
+        return
+    torch.library.wrap_triton(direct.kernel)[launch.grid](**named, **launch.args,
+                                                          num_warps=launch.num_warps)
