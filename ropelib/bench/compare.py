@@ -523,7 +523,8 @@ def _resolve(selection) -> list:
 
 # --- timing -----------------------------------------------------------------------------------
 
-def _sync(device):
+def sync(device) -> None:
+    """Wait for the device's queued work (a no-op off CUDA)."""
     if torch.device(device).type == "cuda":
         torch.cuda.synchronize()
 
@@ -542,7 +543,10 @@ def _wall_bench(fn, reps=3, warmup=1):
     return statistics.median(ts), q(0.2), q(0.8)
 
 
-def _bench(fn, device, grad_to_none=None):
+def time_ms(fn, device, grad_to_none=None) -> tuple:
+    """(median, 20th, 80th percentile) in ms of fn(): ``triton.testing.do_bench`` on a CUDA
+    device (L2 flushed between calls; ``grad_to_none``: tensors whose .grad is reset between
+    calls); elsewhere a few wall-clock calls whose numbers mean nothing (the interpreter)."""
     if torch.device(device).type == "cuda":
         import triton.testing
         return tuple(triton.testing.do_bench(fn, quantiles=[0.5, 0.2, 0.8],
@@ -633,7 +637,8 @@ def _empty_row(config, name, device, timing, available, reason):
     return row
 
 
-def _outputs(out):
+def output_tuple(out) -> tuple:
+    """A provider's output as a tuple of tensors (one tensor, or q and k)."""
     return (out,) if isinstance(out, torch.Tensor) else tuple(out)
 
 
@@ -665,8 +670,8 @@ def run_case(config: Config, providers=None, *, backward: bool = True, device=No
     def copy_twice():
         copy_once()
         copy_once()
-    copy_fwd = _bench(copy_once, device)[0]
-    copy_fwdbwd = _bench(copy_twice, device)[0] if backward else None
+    copy_fwd = time_ms(copy_once, device)[0]
+    copy_fwdbwd = time_ms(copy_twice, device)[0] if backward else None
     nbytes, nbytes_bwd = bytes_moved(config), bytes_moved(config, backward=True)
 
     rows = []
@@ -689,7 +694,7 @@ def _measure(p, case, ref, row, backward, device, nbytes, nbytes_bwd, copy_fwd, 
     inputs = [t.clone() for t in case.tensors]
     fresh = dataclasses.replace(case, x=inputs[0], k=inputs[1] if len(inputs) > 1 else None)
     with torch.no_grad():
-        out = _outputs(p.fn(fresh))
+        out = output_tuple(p.fn(fresh))
     if not p.inplace:
         for t, t0 in zip(inputs, case.tensors):
             if not torch.equal(t, t0):
@@ -703,7 +708,7 @@ def _measure(p, case, ref, row, backward, device, nbytes, nbytes_bwd, copy_fwd, 
     def fwd():
         with torch.no_grad():
             p.fn(case)
-    ms = _bench(fwd, device)
+    ms = time_ms(fwd, device)
     row.update(fwd_ms=ms[0], fwd_ms_p20=ms[1], fwd_ms_p80=ms[2],
                fwd_gbps=nbytes / ms[0] / 1e6, ratio_fwd=copy_fwd / ms[0])
     if backward:
@@ -712,9 +717,9 @@ def _measure(p, case, ref, row, backward, device, nbytes, nbytes_bwd, copy_fwd, 
         grads = [torch.randn_like(t) for t in case.tensors]
 
         def fwdbwd():
-            outs = _outputs(p.fn(gcase))
+            outs = output_tuple(p.fn(gcase))
             torch.autograd.backward(outs, grads)
-        ms = _bench(fwdbwd, device, grad_to_none=leaves)
+        ms = time_ms(fwdbwd, device, grad_to_none=leaves)
         row.update(fwdbwd_ms=ms[0], fwdbwd_ms_p20=ms[1], fwdbwd_ms_p80=ms[2],
                    fwdbwd_gbps=nbytes_bwd / ms[0] / 1e6, ratio_fwdbwd=copy_fwdbwd / ms[0])
 

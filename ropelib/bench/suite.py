@@ -217,17 +217,21 @@ def suite_cases(suite: str, dtypes=None, full_matrix: bool = False) -> list:
 GRAPH_PROVIDERS = (ROPELIB, TE_FUSED, TORCH_COMPILE)
 
 
-def graph_replay_ms(fn: Callable[[], object], calls: int = 100) -> tuple:
+def graph_replay_ms(fn: Callable[[], object], calls: int = 100, device="cuda") -> tuple:
     """Latency per call of `fn` under CUDA-graph replay: (median, p20, p80) in ms.
 
     `calls` invocations are captured into one torch.cuda.CUDAGraph; a replay is timed with
     do_bench and divided by `calls`. That takes Python and launch overhead out, as a decode
-    loop captured in a graph does.
+    loop captured in a graph does. On a device other than CUDA (the interpreter) the same calls
+    run eagerly, wall clock: the plumbing is checked, the number means nothing.
     """
     import triton.testing
 
     if calls < 1:
         raise ValueError(f"calls must be >= 1, got {calls}")
+    if torch.device(device).type != "cuda":
+        med, p20, p80 = compare.time_ms(lambda: [fn() for _ in range(calls)], device)
+        return med / calls, p20 / calls, p80 / calls
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # warm up (compile, autotune, allocate) outside capture
@@ -259,17 +263,32 @@ GRAPH_FIELDS = ("graph_fwd_ms", "graph_fwd_ms_p20", "graph_fwd_ms_p80", "graph_c
                 "graph_ratio_fwd", "graph_reason")
 
 
-def add_graph_timings(case: BenchCase, rows: list, provs: list, calls: int = 100) -> None:
-    """Fill GRAPH_FIELDS of a case's rows in place: forward under CUDA-graph replay for ropelib,
-    TE fused and torch.compile, and a copy of the same bytes. A provider that cannot be
-    captured gets the reason in `graph_reason`; nothing raises."""
+def _timing_device(device):
+    """Where the graph and host timings run: `device` when given (the floor suite times tiny
+    shapes on the CPU too), else the GPU, or None (not timed) without one."""
+    if device is not None:
+        return torch.device(device)
+    return torch.device("cuda") if on_gpu() else None
+
+
+def _not_timed(names: tuple, what: str) -> str:
+    return f"not timed {what} ({', '.join(names)} only)"
+
+
+def add_graph_timings(case: BenchCase, rows: list, provs: list, calls: int = 100,
+                      names: tuple = GRAPH_PROVIDERS, device=None) -> None:
+    """Fill GRAPH_FIELDS of a case's rows in place: forward under CUDA-graph replay for the
+    providers in `names` (default ropelib, TE fused and torch.compile), and a copy of the same
+    bytes. A provider that cannot be captured gets the reason in `graph_reason`; nothing
+    raises. `device`: see _timing_device."""
     for r in rows:
         r.update({f: None for f in GRAPH_FIELDS}, graph_reason="")
-    if not on_gpu():
+    device = _timing_device(device)
+    if device is None:
         for r in rows:
             r["graph_reason"] = "not timed: CUDA graphs need a GPU"
         return
-    inputs = compare.make_case(case.config, "cuda", seed=1)
+    inputs = compare.make_case(case.config, device, seed=1)
     src = [t.clone() for t in inputs.tensors]
     dst = [torch.empty_like(t) for t in inputs.tensors]
 
@@ -278,15 +297,15 @@ def add_graph_timings(case: BenchCase, rows: list, provs: list, calls: int = 100
             d.copy_(s)
     copy_ms, copy_err = None, ""
     try:
-        copy_ms = graph_replay_ms(copy_once, calls)[0]
+        copy_ms = graph_replay_ms(copy_once, calls, device)[0]
     except Exception as e:  # noqa: BLE001 - reported in the CSV, never fatal
         copy_err = f"copy under graph failed: {type(e).__name__}: {str(e)[:120]}"
     by_name = {p.name: p for p in provs}
     for r in rows:
         r["graph_copy_fwd_ms"] = copy_ms
         name = r.get("provider")
-        if name not in GRAPH_PROVIDERS:
-            r["graph_reason"] = "not timed under graphs (ropelib, te_fused, torch.compile only)"
+        if name not in names:
+            r["graph_reason"] = _not_timed(names, "under graphs")
             continue
         if not r.get("available") or name not in by_name:
             r["graph_reason"] = "provider unavailable"
@@ -298,7 +317,7 @@ def add_graph_timings(case: BenchCase, rows: list, provs: list, calls: int = 100
                 p.fn(inputs)
         try:
             r["graph_fwd_ms"], r["graph_fwd_ms_p20"], r["graph_fwd_ms_p80"] = \
-                graph_replay_ms(fwd, calls)
+                graph_replay_ms(fwd, calls, device)
             if copy_ms is not None:
                 r["graph_ratio_fwd"] = copy_ms / r["graph_fwd_ms"]
             r["graph_reason"] = copy_err
@@ -320,17 +339,20 @@ GRAPH_FWDBWD_FIELDS = ("graph_fwdbwd_ms", "graph_copy_fwdbwd_ms", "graph_ratio_f
                        "graph_fwdbwd_reason")
 
 
-def add_graph_fwdbwd_timings(case: BenchCase, rows: list, provs: list, calls: int = 20) -> None:
-    """Fill GRAPH_FWDBWD_FIELDS in place: forward+backward of ropelib, TE fused and
-    torch.compile captured in a CUDA graph (a training step captured whole runs so), against
-    two copies of the same bytes captured the same way."""
+def add_graph_fwdbwd_timings(case: BenchCase, rows: list, provs: list, calls: int = 20,
+                             names: tuple = GRAPH_PROVIDERS, device=None) -> None:
+    """Fill GRAPH_FWDBWD_FIELDS in place: forward+backward of the providers in `names`
+    (default ropelib, TE fused and torch.compile) captured in a CUDA graph (a training step
+    captured whole runs so), against two copies of the same bytes captured the same way.
+    `device`: see _timing_device."""
     for r in rows:
         r.update({f: None for f in GRAPH_FWDBWD_FIELDS}, graph_fwdbwd_reason="")
-    if not on_gpu():
+    device = _timing_device(device)
+    if device is None:
         for r in rows:
             r["graph_fwdbwd_reason"] = "not timed: CUDA graphs need a GPU"
         return
-    inputs = compare.make_case(case.config, "cuda", seed=1)
+    inputs = compare.make_case(case.config, device, seed=1)
     src = [t.clone() for t in inputs.tensors]
     dst = [torch.empty_like(t) for t in inputs.tensors]
 
@@ -338,65 +360,75 @@ def add_graph_fwdbwd_timings(case: BenchCase, rows: list, provs: list, calls: in
         for _ in range(2):
             for d, s in zip(dst, src):
                 d.copy_(s)
-    copy_ms = graph_replay_ms(copy_twice, calls)[0]
+    copy_ms = graph_replay_ms(copy_twice, calls, device)[0]
     by_name = {p.name: p for p in provs}
     for r in rows:
         r["graph_copy_fwdbwd_ms"] = copy_ms
         name = r.get("provider")
-        if name not in GRAPH_PROVIDERS or not r.get("available") or name not in by_name:
-            r["graph_fwdbwd_reason"] = "not timed (ropelib, te_fused, torch.compile only)" \
-                if name not in GRAPH_PROVIDERS else "provider unavailable"
+        if name not in names or not r.get("available") or name not in by_name:
+            r["graph_fwdbwd_reason"] = _not_timed(names, "under graphs") \
+                if name not in names else "provider unavailable"
             continue
         p = by_name[name]
         leaves, grads, gcase = _leaves_and_grads(inputs)
 
         def fwdbwd(p=p, gcase=gcase, grads=grads):
-            outs = compare._outputs(p.fn(gcase))
+            outs = compare.output_tuple(p.fn(gcase))
             torch.autograd.backward(outs, grads)
         try:
-            r["graph_fwdbwd_ms"] = graph_replay_ms(fwdbwd, calls)[0]
+            r["graph_fwdbwd_ms"] = graph_replay_ms(fwdbwd, calls, device)[0]
             r["graph_ratio_fwdbwd"] = copy_ms / r["graph_fwdbwd_ms"]
         except Exception as e:  # noqa: BLE001 - reported in the CSV, never fatal
             r["graph_fwdbwd_reason"] = _capture_failed(e)
 
 
-HOST_FIELDS = ("host_fwd_us", "host_fwdbwd_us", "host_reason")
+HOST_FIELDS = ("host_fwd_us", "host_fwdbwd_us", "host_copy_fwd_us", "host_copy_fwdbwd_us",
+               "host_reason")
 HOST_PROVIDERS = (ROPELIB, TE_FUSED)
 
 
-def host_us(fn: Callable[[], object], calls: int = 300, reps: int = 5) -> float:
+def host_us(fn: Callable[[], object], calls: int = 300, reps: int = 5, device="cuda",
+            warmup: int = 20) -> float:
     """Microseconds per call of fn() called back to back (no synchronisation in between), the
     best of `reps` runs. Where a call's device work is shorter than its host work (decode sizes)
     this is the host cost of the call: what an eager decode loop pays per call."""
-    for _ in range(20):
+    for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
+    compare.sync(device)
     best = float("inf")
     for _ in range(reps):
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
-        torch.cuda.synchronize()
+        compare.sync(device)
         best = min(best, (time.perf_counter() - t0) / calls * 1e6)
     return best
 
 
-def add_host_timings(case: BenchCase, rows: list, provs: list) -> None:
-    """Fill HOST_FIELDS in place for ropelib and TE fused: the host cost of an eager forward
-    (no grad) and of a forward+backward, each measured back to back in this process."""
+def add_host_timings(case: BenchCase, rows: list, provs: list, names: tuple = HOST_PROVIDERS,
+                     device=None, calls: int = 300, reps: int = 5) -> None:
+    """Fill HOST_FIELDS in place for the providers in `names` (default ropelib and TE fused):
+    the host cost of an eager forward (no grad, `calls` calls back to back) and of a
+    forward+backward (calls // 3), each measured back to back in this process; and on every row
+    the host cost of copying the same tensors eagerly (once; twice for forward+backward).
+    `device`: see _timing_device."""
     for r in rows:
         r.update({f: None for f in HOST_FIELDS}, host_reason="")
-    if not on_gpu():
+    device = _timing_device(device)
+    if device is None:
         for r in rows:
             r["host_reason"] = "not timed: host cost is measured against a GPU"
         return
-    inputs = compare.make_case(case.config, "cuda", seed=1)
+    inputs = compare.make_case(case.config, device, seed=1)
+    copy_fwd_us, copy_fwdbwd_us = _copy_host_us(inputs, device, calls, reps)
+    bwd_calls = max(1, calls // 3)
     by_name = {p.name: p for p in provs}
     for r in rows:
+        r.update(host_copy_fwd_us=copy_fwd_us, host_copy_fwdbwd_us=copy_fwdbwd_us)
         name = r.get("provider")
-        if name not in HOST_PROVIDERS or not r.get("available") or name not in by_name:
-            r["host_reason"] = "not timed (ropelib, te_fused only)" \
-                if name not in HOST_PROVIDERS else "provider unavailable"
+        if name not in names or not r.get("available") or name not in by_name:
+            r["host_reason"] = _not_timed(names, "on the host") \
+                if name not in names else "provider unavailable"
             continue
         p = by_name[name]
         leaves, grads, gcase = _leaves_and_grads(inputs)
@@ -406,12 +438,30 @@ def add_host_timings(case: BenchCase, rows: list, provs: list) -> None:
                 p.fn(inputs)
 
         def fwdbwd(p=p, gcase=gcase, grads=grads):
-            torch.autograd.backward(compare._outputs(p.fn(gcase)), grads)
+            torch.autograd.backward(compare.output_tuple(p.fn(gcase)), grads)
         try:
-            r["host_fwd_us"] = host_us(fwd)
-            r["host_fwdbwd_us"] = host_us(fwdbwd, calls=100)
+            r["host_fwd_us"] = host_us(fwd, calls, reps, device, warmup=min(20, calls))
+            r["host_fwdbwd_us"] = host_us(fwdbwd, bwd_calls, reps, device,
+                                          warmup=min(20, bwd_calls))
         except Exception as e:  # noqa: BLE001
             r["host_reason"] = f"failed: {type(e).__name__}: {str(e)[:120]}"
+
+
+def _copy_host_us(inputs, device, calls: int, reps: int) -> tuple:
+    """Host µs of copying a case's tensors eagerly: (one copy per tensor, two per tensor), the
+    yardstick of the host-cost rows."""
+    src = [t.clone() for t in inputs.tensors]
+    dst = [torch.empty_like(t) for t in inputs.tensors]
+
+    def copy_once():
+        for d, s in zip(dst, src):
+            d.copy_(s)
+
+    def copy_twice():
+        copy_once()
+        copy_once()
+    return (host_us(copy_once, calls, reps, device, warmup=min(20, calls)),
+            host_us(copy_twice, max(1, calls // 3), reps, device, warmup=min(20, calls)))
 
 
 # --- target checks ------------------------------------------------------------------------

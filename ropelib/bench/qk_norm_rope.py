@@ -1,0 +1,225 @@
+"""Fused per-head QK-RMSNorm + RoPE measured: ropelib's kernel against the same math in PyTorch,
+eagerly and under torch.compile.
+
+The case is a Qwen3-sized attention block: q [8, 4096, 32, 128] and k [8, 4096, 8, 128] in bf16
+(bshd), with learned weights w_q, w_k [128] (fp32) and a cos/sin table [4096, 128] (fp32). Three
+providers compute rope(rmsnorm(x) * w) for q and for k, each with statistics and math in fp32
+and one rounding to bf16:
+
+* ropelib: `ropelib.qk_norm_rope`, one launch forward, one backward;
+* torch_compile: `norm_rope_torch` under `torch.compile` (Inductor on a GPU, aot_eager in the
+  interpreter);
+* eager: `norm_rope_torch`, eagerly.
+
+`measure` returns one row per (provider, pass): "fwd", and "fwd+bwd" (gradients of q, k, w_q,
+w_k). Every provider's outputs (and gradients) are checked against an fp64 reference before it
+is timed; `timed=True` times through `ropelib.bench.compare.time_ms` (do_bench medians in ms on
+a GPU, meaningless wall clock in the interpreter). GB/s uses one bytes model for every provider:
+forward reads q, k and writes q', k'; the backward reads q, k, gq', gk' and writes gq, gk (table
+and weights are counted once). `with_copy=True` adds "copy" rows, a device copy of q and k (two
+for forward+backward) on the same tensors, and `fraction_of_copy` on every row.
+"""
+import torch
+
+import ropelib
+from .. import runtime
+from ..reference import rotate_half
+from . import compare
+
+FIELDS = ["case", "provider", "pass", "dtype", "layout", "B", "S", "HQ", "HK", "D", "ms", "p20",
+          "p80", "gbps", "speedup_vs_eager", "max_abs_err", "available", "reason"]
+EPS = 1e-6
+SHAPE = dict(B=8, S=4096, HQ=32, HK=8, D=128)
+TINY_SHAPE = dict(B=2, S=8, HQ=4, HK=2, D=16)
+PASSES = ("fwd", "fwd+bwd")
+# bf16 outputs and gradients: a few ulps at values of a few units
+MAX_ABS_ERR = 5e-2
+
+
+def norm_rope_torch(q, k, w_q, w_k, cos, sin):
+    """Plain PyTorch: per-head RMSNorm (fp32) scaled by w, then RoPE (fp32), one rounding.
+    q, k [B, S, H, D]; cos, sin [S, D] fp32."""
+    c, s = cos[:, None, :], sin[:, None, :]     # [S, 1, D]: broadcast over batch and heads
+
+    def one(x, w):
+        x = x.float()
+        u = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * w.float()
+        return (u * c + rotate_half(u) * s).to(q.dtype)
+    return one(q, w_q), one(k, w_k)
+
+
+def norm_rope_ropelib(q, k, w_q, w_k, cos, sin):
+    return ropelib.qk_norm_rope(q, k, w_q, w_k, cos=cos, sin=sin, eps=EPS, layout="bshd")
+
+
+def inputs(B, S, HQ, HK, D, dtype, device, seed=0):
+    """((q, k, w_q, w_k, cos, sin), (gq, gk)): fresh inputs and output gradients."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    q = torch.randn(B, S, HQ, D, generator=g).to(device=device, dtype=dtype)
+    k = torch.randn(B, S, HK, D, generator=g).to(device=device, dtype=dtype)
+    w_q = (1 + 0.3 * torch.randn(D, generator=g)).to(device)
+    w_k = (1 + 0.3 * torch.randn(D, generator=g)).to(device)
+    gq = torch.randn(B, S, HQ, D, generator=g).to(device=device, dtype=dtype)
+    gk = torch.randn(B, S, HK, D, generator=g).to(device=device, dtype=dtype)
+    cos, sin = ropelib.rope_cos_sin(S, D, device=device)
+    return (q, k, w_q, w_k, cos, sin), (gq, gk)
+
+
+def reference(args, grads):
+    """fp64 outputs and gradients of q, k, w_q, w_k (from the same inputs)."""
+    q, k, w_q, w_k, cos, sin = (a.double() for a in args)
+    leaves = [t.requires_grad_() for t in (q, k, w_q, w_k)]
+    c, s = cos[:, None, :], sin[:, None, :]
+
+    def one(x, w):
+        u = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * w
+        return u * c + rotate_half(u) * s
+    outs = (one(q, w_q), one(k, w_k))
+    return outs, torch.autograd.grad(outs, leaves, [g.double() for g in grads])
+
+
+def max_abs_err(got, want) -> float:
+    return max(float((a.detach().double() - b.detach()).abs().max()) for a, b in zip(got, want))
+
+
+def _leaves(args, backward):
+    """The inputs as leaves; q, k and the weights require grad for the backward pass."""
+    return [a.detach().requires_grad_(i < 4 and backward) for i, a in enumerate(args)]
+
+
+def _run_once(fn, args, grads, backward):
+    leaves = _leaves(args, backward)
+    out = fn(*leaves)
+    if not backward:
+        return out
+    return out + torch.autograd.grad(out, leaves[:4], grads)
+
+
+def bytes_moved(B, S, HQ, HK, D, elem, backward) -> int:
+    x = B * S * (HQ + HK) * D * elem
+    extras = 2 * S * D * 4 + 2 * D * 4       # cos, sin, w_q, w_k read once
+    return 2 * x + extras + (3 * x + 2 * D * 4 if backward else 0)
+
+
+def providers(backend: str):
+    """(name, fn) of ropelib, compiled PyTorch (`backend`: Inductor or aot_eager) and eager."""
+    return [("ropelib", norm_rope_ropelib),
+            ("torch_compile", torch.compile(norm_rope_torch, backend=backend, fullgraph=True)),
+            ("eager", norm_rope_torch)]
+
+
+def measure(*, tiny: bool, timed: bool, device, with_copy: bool = False, **shape) -> list:
+    """Rows of every provider, forward and forward+backward (see the module docstring);
+    `shape` overrides B, S, HQ, HK, D of SHAPE (or TINY_SHAPE when `tiny`)."""
+    dims = dict(TINY_SHAPE if tiny else SHAPE, **shape)
+    B, S, HQ, HK, D = (dims[n] for n in ("B", "S", "HQ", "HK", "D"))
+    args, grads = inputs(B, S, HQ, HK, D, torch.bfloat16, device)
+    ref_out, ref_grads = reference(args, grads)
+    case = "tiny" if tiny else f"b{B}-s{S}-h{HQ}/{HK}-d{D}"
+    backend = "inductor" if timed and torch.device(device).type == "cuda" else "aot_eager"
+    base = dict(case=case, dtype="bfloat16", layout="bshd", B=B, S=S, HQ=HQ, HK=HK, D=D,
+                available=True, reason="")
+    rows = []
+    for name, fn in providers(backend):
+        for backward in (False, True):
+            row = dict(base, provider=name, **{"pass": PASSES[backward]})
+            rows.append(row)
+            try:
+                got = _run_once(fn, args, grads, backward)
+            except Exception as exc:  # noqa: BLE001 -- recorded in the CSV, never hidden
+                row.update(available=False, reason=f"{type(exc).__name__}: {exc}"[:200])
+                continue
+            row["max_abs_err"] = max_abs_err(got, ref_out + (ref_grads if backward else ()))
+            if not row["max_abs_err"] <= MAX_ABS_ERR:       # NaN fails too
+                row.update(available=False, reason="differs from the fp64 reference")
+                continue
+            if timed:
+                _time_provider(row, fn, args, grads, backward, device,
+                               bytes_moved(B, S, HQ, HK, D, 2, backward))
+    if with_copy:
+        rows += copy_rows(args[:2], dict(base, provider="copy"), timed=timed, device=device)
+    _relative_columns(rows)
+    return rows
+
+
+def _time_provider(row, fn, args, grads, backward, device, nbytes) -> None:
+    leaves = _leaves(args, backward)
+    if backward:
+        def step():
+            torch.autograd.backward(fn(*leaves), grads)
+    else:
+        def step():
+            fn(*leaves)
+    ms, p20, p80 = compare.time_ms(step, device, leaves[:4] if backward else None)
+    row.update(ms=ms, p20=p20, p80=p80, gbps=nbytes / ms / 1e6)
+
+
+def copy_rows(tensors, base: dict, *, timed: bool, device) -> list:
+    """A device copy of `tensors` (q and k), once ("fwd") and twice ("fwd+bwd"), as rows."""
+    src = [t.clone() for t in tensors]
+    dst = [torch.empty_like(t) for t in tensors]
+
+    def copy_once():
+        for d, s in zip(dst, src):
+            d.copy_(s)
+
+    def copy_twice():
+        copy_once()
+        copy_once()
+    rows = []
+    for backward, fn in ((False, copy_once), (True, copy_twice)):
+        row = dict(base, **{"pass": PASSES[backward]})
+        if timed:
+            row["ms"], row["p20"], row["p80"] = compare.time_ms(fn, device)
+        rows.append(row)
+    return rows
+
+
+def _relative_columns(rows) -> None:
+    """speedup_vs_eager and (with copy rows) fraction_of_copy, per pass."""
+    def timed_row(provider, pass_):
+        return next((e for e in rows if e["provider"] == provider and e["pass"] == pass_
+                     and e.get("ms")), None)
+    for r in rows:
+        if not r.get("ms"):
+            continue
+        eager, copy = timed_row("eager", r["pass"]), timed_row("copy", r["pass"])
+        if eager:
+            r["speedup_vs_eager"] = eager["ms"] / r["ms"]
+        if copy:
+            r["fraction_of_copy"] = copy["ms"] / r["ms"]
+
+
+def run(dry_run: bool, B=8, S=4096, HQ=32, HK=8, D=128) -> list:
+    """The rows of the script: timed on a GPU, tiny shapes checked only in a dry run."""
+    device = runtime.default_device()
+    if not dry_run and device != "cuda":
+        raise SystemExit("timing needs a CUDA GPU; use --dry-run on the CPU")
+    shape = {} if dry_run else dict(B=B, S=S, HQ=HQ, HK=HK, D=D)
+    return measure(tiny=dry_run, timed=not dry_run, device=device, **shape)
+
+
+def table(rows) -> str:
+    head = f"{'provider':<14} {'pass':<8} {'ms':>9} {'GB/s':>8} {'vs eager':>9} {'max err':>9}"
+    out = [f"case {rows[0]['case']} (bf16, bshd)", head, "-" * len(head)]
+    for r in rows:
+        if not r["available"]:
+            out.append(f"{r['provider']:<14} {r['pass']:<8} unavailable: {r['reason']}")
+            continue
+        ms = f"{r['ms']:9.3f}" if r.get("ms") else f"{'-':>9}"
+        gb = f"{r['gbps']:8.0f}" if r.get("gbps") else f"{'-':>8}"
+        sp = f"{r['speedup_vs_eager']:8.2f}x" if r.get("speedup_vs_eager") else f"{'-':>9}"
+        err = f"{r['max_abs_err']:9.2e}" if r.get("max_abs_err") is not None else f"{'-':>9}"
+        out.append(f"{r['provider']:<14} {r['pass']:<8} {ms} {gb} {sp} {err}")
+    return "\n".join(out)
+
+
+def write(rows, path, script: str) -> str:
+    """The rows as a CSV with the environment header (GPU, versions, date)."""
+    meta = compare.environment_meta()
+    meta["script"] = script
+    meta["bytes_model"] = ("fwd: q, k read + q', k' written; bwd adds q, k, gq', gk' read + "
+                           "gq, gk written; cos/sin and weights once")
+    meta["timing"] = "triton.testing.do_bench median ms (p20, p80)" if runtime.on_gpu() else \
+        "none (dry run: outputs checked only)"
+    return compare.write_csv(rows, path, meta=meta, fields=FIELDS)
