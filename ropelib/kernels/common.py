@@ -72,6 +72,29 @@ def pair_features(j, HALF: tl.constexpr, INTERLEAVED: tl.constexpr):
 
 
 @triton.jit
+def head_tile(pid_s, h0, S, H, BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
+              BLOCK_HALF: tl.constexpr, HALF: tl.constexpr, INTERLEAVED: tl.constexpr,
+              INT64: tl.constexpr):
+    """A program's tile of BLOCK_S tokens from pid_s * BLOCK_S, BLOCK_H heads from h0 and the
+    pairs of a head: s_idx [BLOCK_S] and s_off (its offsets, int64 when INT64), h_idx [BLOCK_H],
+    the pairs' features d_a, d_b [BLOCK_HALF], and the masks row_ok [BLOCK_S, BLOCK_H] (token
+    and head in range), m [BLOCK_S, BLOCK_H, BLOCK_HALF] (and the pair) and tab_mask
+    [BLOCK_S, 1, BLOCK_HALF] (token and pair: a table row)."""
+    s_idx = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)
+    h_idx = h0 + tl.arange(0, BLOCK_H)
+    j = tl.arange(0, BLOCK_HALF)
+    d_a, d_b = pair_features(j, HALF, INTERLEAVED)
+    if INT64:
+        s_off = s_idx.to(tl.int64)
+    else:
+        s_off = s_idx
+    row_ok = (s_idx < S)[:, None] & (h_idx < H)[None, :]
+    m = row_ok[:, :, None] & (j < HALF)[None, None, :]
+    tab_mask = (s_idx < S)[:, None, None] & (j < HALF)[None, None, :]
+    return s_idx, s_off, h_idx, d_a, d_b, row_ok, m, tab_mask
+
+
+@triton.jit
 def load_table(cos_ptr, sin_ptr, rows, b, stride_tab_b, stride_tab_p, stride_tab_d, d_a, d_b,
                mask, CDT: tl.constexpr):
     """rows [BLOCK_S] of the table of batch entry b (batch stride 0: one table for all), pairs'

@@ -87,7 +87,7 @@ import triton
 import triton.language as tl
 
 from .common import (ACCURATE, ROUND_BF16_RTNE, batch_range, contiguous_strides, cos_sin,
-                     dual_chunk_position, load_table, pair_features, rotate_pair, round_to)
+                     dual_chunk_position, head_tile, load_table, rotate_pair, round_to)
 
 # 2 pi = TWO_PI_1 + TWO_PI_2 + TWO_PI_3 (each exact in fp32, the sum within 2^-75 of 2 pi), so
 # a product with it is exact to fp64 precision whatever precision the constants are given in.
@@ -291,17 +291,8 @@ def _rope_heads(
     p2_: tl.constexpr = p1_ | (p1_ >> 2)
     p3_: tl.constexpr = p2_ | (p2_ >> 4)
     BLOCK_PASS: tl.constexpr = (p3_ | (p3_ >> 8)) + 1 if D > R else 0
-    s_idx = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)          # [BLOCK_S]
-    h_idx = h0 + tl.arange(0, BLOCK_H)                        # [BLOCK_H]
-    j = tl.arange(0, BLOCK_HALF)                              # [BLOCK_HALF]
-    d_a, d_b = pair_features(j, HALF, INTERLEAVED)
-    if INT64:
-        s_off = s_idx.to(tl.int64)
-    else:
-        s_off = s_idx
-    row_ok = (s_idx < S)[:, None] & (h_idx < H)[None, :]     # [BLOCK_S, BLOCK_H]
-    m = row_ok[:, :, None] & (j < HALF)[None, None, :]        # [BLOCK_S, BLOCK_H, BLOCK_HALF]
-    tab_mask = (s_idx < S)[:, None, None] & (j < HALF)[None, None, :]
+    s_idx, s_off, h_idx, d_a, d_b, row_ok, m, tab_mask = head_tile(
+        pid_s, h0, S, H, BLOCK_S, BLOCK_H, BLOCK_HALF, HALF, INTERLEAVED, INT64)
     x_rows = s_off[:, None] * stride_x_s + (h_idx // HPG)[None, :] * stride_x_g \
         + (h_idx % HPG)[None, :] * stride_x_h                 # [BLOCK_S, BLOCK_H]
     y_rows = s_off[:, None] * stride_y_s + (h_idx // HPG)[None, :] * stride_y_g \

@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 from ..runtime import INTERPRET
-from .common import ROUND_BF16_RTNE, batch_range, load_table, pair_features, rotate_pair, round_to
+from .common import ROUND_BF16_RTNE, batch_range, head_tile, load_table, rotate_pair, round_to
 from .direct import DirectLauncher
 from .planning import Launch, cdiv, needs_int64, pow2_at_least, pow2_at_most, start
 from .tiles import (QK_NORM_ELEMENTS_PER_THREAD, QK_NORM_PROGRAMS_PER_SM, QK_NORM_ROWS_PER_STEP,
@@ -95,19 +95,13 @@ def _norm_rope_heads(
     # float to fp32 (fp64 inputs would get an fp32 eps).
     eps = tl.full((), eps, CDT)
     weight_offset = tl.full((), weight_offset, CDT)
-    s_idx = pid_s * BLOCK_S + tl.arange(0, BLOCK_S)          # [BLOCK_S]
-    h_idx = h0 + tl.arange(0, BLOCK_H)                        # [BLOCK_H]
-    j = tl.arange(0, BLOCK_HALF)                              # [BLOCK_HALF]
-    d_a, d_b = pair_features(j, HALF, INTERLEAVED)
+    s_idx, s_off, h_idx, d_a, d_b, row_ok, m, tab_mask = head_tile(
+        pid_s, h0, S, H, BLOCK_S, BLOCK_H, BLOCK_HALF, HALF, INTERLEAVED, INT64)
+    j = tl.arange(0, BLOCK_HALF)                              # [BLOCK_HALF] pairs
     if INT64:
-        s_off = s_idx.to(tl.int64)
         h_off = h_idx.to(tl.int64)
     else:
-        s_off = s_idx
         h_off = h_idx
-    row_ok = (s_idx < S)[:, None] & (h_idx < H)[None, :]     # [BLOCK_S, BLOCK_H]
-    m = row_ok[:, :, None] & (j < HALF)[None, None, :]        # [BLOCK_S, BLOCK_H, BLOCK_HALF]
-    tab_mask = (s_idx < S)[:, None, None] & (j < HALF)[None, None, :]
     x_rows = s_off[:, None] * stride_x_s + h_off[None, :] * stride_x_h   # [BLOCK_S, BLOCK_H]
     o_rows = s_off[:, None] * stride_o_s + h_off[None, :] * stride_o_h
     g_rows = s_off[:, None] * stride_g_s + h_off[None, :] * stride_g_h
