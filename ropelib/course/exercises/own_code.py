@@ -3,26 +3,44 @@
 An exercise that asks for a kernel, or for a formula worked out by hand, is not answered by
 calling the finished library (`ropelib.apply_rope`, `torch.ops.ropelib.*`), one of the course's
 teaching kernels (`ropelib.course.kernels`), or the library function that computes the very
-thing asked for. `run_own_code` calls the learner's function while watching every Python call it
-makes (`sys.setprofile`, this thread only): a call whose code lives in a barred file or is a
-barred function stops the answer with `LibraryAnswer`, which says what was called and what to
-do instead. The checks compute their expected values outside this call, so they may use the
-library freely.
+thing asked for. `run_own_code` calls the learner's function inside `library_barred`, which
+watches the answer two ways:
+
+* every Python call it makes (`sys.setprofile`, this thread only): a call whose code lives in a
+  barred file or is a barred function stops the answer with `LibraryAnswer`, which says what was
+  called and what to do instead;
+* every Triton kernel it launches (`kernel[grid](...)`, compiled or interpreted, and ropelib's
+  direct launcher, in any thread: on a GPU autograd runs a backward in a thread of its own): a
+  kernel defined in a barred file, or a kernel of the learner's that calls a barred
+  `@triton.jit` helper (the compiler inlines those, so no Python call would show), is refused
+  the same way. Once a kernel is known to be allowed, its run is not watched call by call (a
+  kernel cannot call Python code), which keeps the interpreter at its usual speed.
+
+The checks compute their expected values outside the block, so they may use the library freely.
 
 What is barred, by default: every module of the product (`ropelib/*.py` and `ropelib/kernels/`,
-so the finished kernels, the operators and the public API) and the teaching kernels
-(`ropelib/course/kernels/`). `allow` lets an exercise permit what it hands the learner (for
-example `ropelib.frequencies` for the angle table of a kernel exercise); `bar` adds functions
-elsewhere. The course's helpers (recording accesses, the checks themselves) are never barred.
+so the finished kernels, the operators, the public API and `ropelib.reference`) and the teaching
+kernels (`ropelib/course/kernels/`). `allow` lets an exercise permit what it hands the learner: a
+module (for example `ropelib.frequencies` for the angle table of a kernel exercise, or
+`ropelib.course.kernels.batch_reuse` for a forward pass the exercise does not ask for) or a
+function; whatever an allowed function calls in turn is allowed too. `bar` adds functions,
+classes (their methods) and `@triton.jit` kernels from anywhere, for example an exercise's own
+worked solution. The course's helpers (recording accesses, the checks themselves) are never
+barred by default.
 """
 import sys
+import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterable, Optional, Tuple
+from types import ModuleType
+from typing import Any, Callable, Iterable, Iterator, Optional, Tuple
 
 PACKAGE = Path(__file__).resolve().parents[2]          # .../ropelib
 COURSE = PACKAGE / "course"
 TEACHING_KERNELS = COURSE / "kernels"
+
+__all__ = ["LibraryAnswer", "library_barred", "run_own_code", "library_kernel", "PACKAGE",
+           "COURSE", "TEACHING_KERNELS"]
 
 
 class LibraryAnswer(RuntimeError):
@@ -31,6 +49,34 @@ class LibraryAnswer(RuntimeError):
 
 def _module_file(module) -> Path:
     return Path(module.__file__).resolve()
+
+
+def _function(obj):
+    """The Python function behind a @triton.jit kernel (also an autotuned one), else obj."""
+    seen = 0
+    while hasattr(obj, "fn") and not hasattr(obj, "__code__") and seen < 8:
+        obj = obj.fn
+        seen += 1
+    return obj
+
+
+def _codes(obj) -> Iterator:
+    """The code objects of a function, a @triton.jit kernel, or a class's methods."""
+    obj = _function(obj)
+    if isinstance(obj, type):
+        for value in vars(obj).values():
+            value = getattr(value, "__func__", value)          # staticmethod, classmethod
+            if callable(value) and hasattr(value, "__code__"):
+                yield value.__code__
+        return
+    code = getattr(obj, "__code__", None)
+    if code is not None:
+        yield code
+
+
+def _resolved(filename: str) -> Optional[Path]:
+    p = Path(filename)
+    return p.resolve() if p.is_absolute() else None
 
 
 def _barred_files(allow: Iterable) -> Tuple[set, set]:
@@ -42,61 +88,229 @@ def _barred_files(allow: Iterable) -> Tuple[set, set]:
     return files, folders
 
 
-def _describe(code) -> str:
-    path = Path(code.co_filename)
+class _Rules:
+    """Which code an answer may run: `verdict(code)` is "allowed", "barred" or None (neither:
+    the learner's code, PyTorch, Triton, the course's helpers)."""
+
+    def __init__(self, allow: Iterable, bar: Iterable):
+        allow, bar = list(allow), list(bar)
+        modules = [m for m in allow if isinstance(m, ModuleType)]
+        self.allowed_files = {_module_file(m) for m in modules if getattr(m, "__file__", None)}
+        self.files, self.folders = _barred_files(modules)
+        self.allowed_codes = {c for a in allow if not isinstance(a, ModuleType) for c in _codes(a)}
+        self.barred_codes = {c for b in bar for c in _codes(b)}
+        # the interpreter runs a kernel from code recompiled from its source: same file and name
+        self.allowed_names = {self._name(c) for c in self.allowed_codes}
+        self.barred_names = {self._name(c) for c in self.barred_codes}
+        self._by_file: dict = {}
+
+    @staticmethod
+    def _name(code) -> tuple:
+        return (str(_resolved(code.co_filename) or code.co_filename), code.co_name)
+
+    def file_verdict(self, filename: str) -> Optional[str]:
+        hit = self._by_file.get(filename, 0)
+        if hit == 0:
+            p = _resolved(filename)
+            if p is None:
+                hit = None
+            elif p in self.allowed_files:
+                hit = "allowed"
+            elif p in self.files or any(folder in p.parents for folder in self.folders):
+                hit = "barred"
+            else:
+                hit = None
+            self._by_file[filename] = hit
+        return hit
+
+    def verdict(self, code) -> Optional[str]:
+        if code in self.allowed_codes:
+            return "allowed"
+        if code in self.barred_codes:
+            return "barred"
+        hit = self.file_verdict(code.co_filename)
+        if (self.allowed_names or self.barred_names) and hit != "allowed":
+            name = self._name(code)
+            if name in self.allowed_names:
+                return "allowed"
+            if name in self.barred_names:
+                return "barred"
+        return hit
+
+    def kernel_barred(self, kernel, launch_args=()) -> Optional[Any]:
+        """The barred code a launch of `kernel` would run, or None: the kernel itself, or, for a
+        kernel that is not the library's, a @triton.jit helper it calls (or is given)."""
+        fn = _function(kernel)
+        code = getattr(fn, "__code__", None)
+        if code is None:
+            return None
+        hit = self.verdict(code)
+        if hit == "barred":
+            return code
+        if hit == "allowed":
+            return None
+        for helper in _jit_helpers(fn, launch_args):
+            if self.verdict(helper.__code__) == "barred":
+                return helper.__code__
+        return None
+
+
+def _is_jit(obj) -> bool:
     try:
-        where = path.resolve().relative_to(PACKAGE.parent)
-    except ValueError:
-        where = path
-    return f"{code.co_name} ({where})"
+        from triton.runtime.jit import KernelInterface
+    except ImportError:  # pragma: no cover -- triton is a dependency
+        return False
+    return isinstance(obj, KernelInterface) or type(obj).__name__ in ("JITFunction",
+                                                                       "InterpretedFunction")
+
+
+def _jit_helpers(fn, extra=(), seen=None) -> Iterator:
+    """The functions of the @triton.jit helpers `fn` refers to by a global (or closure) name or
+    as an attribute of a module it imports, and theirs; `extra`: objects it is launched with."""
+    seen = set() if seen is None else seen
+    code = fn.__code__
+    names = set(code.co_names)
+    scope = dict(getattr(fn, "__globals__", {}))
+    for name, cell in zip(code.co_freevars, getattr(fn, "__closure__", None) or ()):
+        try:
+            scope[name] = cell.cell_contents
+        except ValueError:  # an empty cell
+            pass
+    found = [scope[n] for n in names | set(code.co_freevars) if n in scope]
+    modules = [m for m in found if isinstance(m, ModuleType)]
+    for m in modules:              # attribute chains: ropelib.kernels.common.rotate_pair
+        for n in names:
+            obj = getattr(m, n, None)
+            if isinstance(obj, ModuleType):
+                if obj not in modules and len(modules) < 64:
+                    modules.append(obj)
+            elif obj is not None:
+                found.append(obj)
+    found += list(extra)
+    for obj in found:
+        if not _is_jit(obj):
+            continue
+        helper = _function(obj)
+        if not hasattr(helper, "__code__") or helper.__code__ in seen:
+            continue
+        seen.add(helper.__code__)
+        yield helper
+        yield from _jit_helpers(helper, (), seen)
+
+
+def _describe(code) -> str:
+    """"ropelib's apply_rope (ropelib/api.py)", or "block_diag (torch/functional.py)"."""
+    path = _resolved(code.co_filename) or Path(code.co_filename)
+    if PACKAGE in path.parents:
+        return f"ropelib's {code.co_name} ({path.relative_to(PACKAGE.parent).as_posix()})"
+    parts = path.parts
+    if "site-packages" in parts:
+        path = Path(*parts[parts.index("site-packages") + 1:])
+    else:
+        path = Path(path.name)
+    return f"{code.co_name} ({path.as_posix()})"
+
+
+def _refusal(what: str, verb: str, code) -> str:
+    return (f"this exercise wants {what}, but the answer {verb} {_describe(code)}: write it "
+            "yourself (the library computes the expected value to compare with)")
+
+
+def library_kernel(kernel, *, allow: Iterable = (), bar: Iterable = ()) -> Optional[str]:
+    """Which of ropelib's kernels (or @triton.jit helpers) `kernel` is or calls, e.g. "ropelib's
+    round_to (ropelib/kernels/common.py)"; None for a kernel of the learner's own that calls none
+    of them. The rules of `library_barred`, without launching anything."""
+    code = _Rules(allow, bar).kernel_barred(kernel)
+    return None if code is None else _describe(code)
 
 
 @contextmanager
-def library_barred(what: str, *, allow: Iterable = (), bar: Iterable[Callable] = ()):
-    """Within the block, a Python call into barred code raises LibraryAnswer (this thread).
+def _launches_watched(rules: _Rules, what: str, caught: list, inside: list, owner: int):
+    """Refuse launches of barred kernels (any thread); run allowed ones unwatched."""
+    patched = []
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+        from triton.runtime.jit import JITFunction
+        patched += [(JITFunction, "run"), (InterpretedFunction, "run")]
+    except ImportError:  # pragma: no cover -- triton is a dependency
+        pass
+    try:
+        from ...kernels.direct import DirectLauncher
+        patched.append((DirectLauncher, "__call__"))
+    except ImportError:  # pragma: no cover -- the finished kernels' launcher
+        pass
+    saved = [(cls, attr, cls.__dict__[attr]) for cls, attr in patched if attr in cls.__dict__]
 
-    what: the exercise's subject, for the message ("your backward kernel").
-    allow: modules of the product the exercise hands the learner.
-    bar: further functions the answer must not call (their code objects are matched).
-    """
-    files, folders = _barred_files(allow)
-    barred_codes = {getattr(f, "__code__", None) for f in bar} - {None}
-    seen: dict = {}
-    caught = []
+    def guarded(original, is_launcher):
+        def launch(self, *args, **kwargs):
+            kernel = getattr(self, "kernel", None) if is_launcher else self
+            if not (inside and threading.get_ident() == owner):   # not inside allowed code
+                extra = [a for a in (*args, *kwargs.values()) if _is_jit(a)]
+                code = rules.kernel_barred(kernel, extra)
+                if code is not None:
+                    caught.append(("launched", code))
+                    raise LibraryAnswer(_refusal(what, "launched", code))
+            previous = sys.getprofile()
+            sys.setprofile(None)       # an allowed kernel: nothing inside it calls Python code
+            try:
+                return original(self, *args, **kwargs)
+            finally:
+                sys.setprofile(previous)
+        return launch
 
-    def barred(code) -> bool:
-        hit = seen.get(code.co_filename)
-        if hit is None:
-            p = Path(code.co_filename)
-            if p.is_absolute():
-                p = p.resolve()
-                hit = p in files or any(folder in p.parents for folder in folders)
-            else:
-                hit = False
-            seen[code.co_filename] = hit
-        return hit or code in barred_codes
-
-    def watch(frame, event, arg):
-        if event == "call" and not caught and barred(frame.f_code):
-            caught.append(frame.f_code)
-            raise LibraryAnswer(
-                f"this exercise wants {what}, but the answer called ropelib's "
-                f"{_describe(frame.f_code)}: write it yourself (the library computes the "
-                "expected value to compare with)")
-
-    previous = sys.getprofile()
-    sys.setprofile(watch)
+    for cls, attr, original in saved:
+        setattr(cls, attr, guarded(original, attr == "__call__"))
     try:
         yield
     finally:
-        sys.setprofile(previous)
+        for cls, attr, original in saved:
+            setattr(cls, attr, original)
+
+
+@contextmanager
+def library_barred(what: str, *, allow: Iterable = (), bar: Iterable = ()):
+    """Within the block, a call into barred code raises LibraryAnswer (see the module docstring).
+
+    what: the exercise's subject, for the message ("your backward kernel").
+    allow: modules or functions of the product the exercise hands the learner; what they call
+        in turn is allowed too.
+    bar: further functions, classes or @triton.jit kernels the answer must not call (their
+        code objects are matched; a kernel also by its file and name).
+
+    A barred call that the answer catches and survives is still reported: the block raises
+    LibraryAnswer when it ends.
+    """
+    rules = _Rules(allow, bar)
+    caught = []
+    inside = []                     # frames of allowed code running now (this thread)
+    owner = threading.get_ident()
+
+    def watch(frame, event, arg):
+        if event == "call":
+            if inside or caught:
+                return
+            hit = rules.verdict(frame.f_code)
+            if hit == "allowed":
+                inside.append(frame)
+            elif hit == "barred":
+                caught.append(("called", frame.f_code))
+                raise LibraryAnswer(_refusal(what, "called", frame.f_code))
+        elif event == "return" and inside and inside[-1] is frame:
+            inside.pop()
+
+    previous = sys.getprofile()
+    with _launches_watched(rules, what, caught, inside, owner):
+        sys.setprofile(watch)
+        try:
+            yield
+        finally:
+            sys.setprofile(previous)
     if caught:       # raised inside the answer and caught there: still not the learner's code
-        raise LibraryAnswer(f"this exercise wants {what}, but the answer called ropelib's "
-                            f"{_describe(caught[0])}")
+        raise LibraryAnswer(_refusal(what, *caught[0]))
 
 
 def run_own_code(name: str, what: str, fn: Optional[Callable], *args,
-                 allow: Iterable = (), bar: Iterable[Callable] = (), **kwargs
+                 allow: Iterable = (), bar: Iterable = (), **kwargs
                  ) -> Tuple[bool, Any]:
     """Call the learner's fn(*args, **kwargs) with the library's answers barred.
 
@@ -122,4 +336,3 @@ def run_own_code(name: str, what: str, fn: Optional[Callable], *args,
         print(f"❌ {name}: your function returned None (not answered yet?)")
         return False, None
     return True, out
-
