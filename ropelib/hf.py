@@ -19,11 +19,6 @@ from .api import Call, _plan_eager, check_no_table_grad, needs_grad, saveable
 __all__ = ["apply_rotary_pos_emb", "apply_multimodal_rotary_pos_emb"]
 
 
-def _hf_table(t: torch.Tensor, name: str) -> torch.Tensor:
-    V.check_tensor(t, name, dims=(2, 3))
-    return t if t.dim() == 3 else t.unsqueeze(0)   # [B or 1, S, R]
-
-
 def _layout_hint(unsqueeze_dim: int) -> str:
     """What a shape mismatch may mean: q and k in the other layout than unsqueeze_dim says."""
     if LAYOUT_OF_UNSQUEEZE_DIM[unsqueeze_dim] == HF_LAYOUT:
@@ -67,26 +62,19 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     if q.dtype != k.dtype:
         raise TypeError(f"q and k must have the same dtype, got {q.dtype} and {k.dtype}")
     V.check_same_device(q, "q", k=k, cos=cos, sin=sin)
-    c, s = V.cos_sin_pair(_hf_table(cos, "cos"), _hf_table(sin, "sin"))
     layout = LAYOUT_OF_UNSQUEEZE_DIM[unsqueeze_dim]
     q4, k4 = ops.view4(q, layout), ops.view4(k, layout)
     S, B, D = q4.shape[0], q4.shape[1], q4.shape[3]
     if k4.shape[0] != S or k4.shape[1] != B or k4.shape[3] != D:
         raise ValueError(f"q and k must agree in batch, seq and head_dim, got {tuple(q.shape)} "
                          f"and {tuple(k.shape)}{_layout_hint(unsqueeze_dim)}")
-    R = c.shape[-1]
-    if R != D:
-        raise ValueError(f"cos/sin last dim ({R}) must equal head_dim ({D}): HF's formula rotates "
-                         "the whole head (use ropelib.apply_rope for partial rotary)")
-    V.check_rotary_dim(R, D, "cos")
-    if c.shape[1] != S or c.shape[0] not in (1, B):
-        raise ValueError(f"cos/sin must be [batch or 1, seq={S}, {D}] or [seq, {D}], got "
-                         f"{tuple(cos.shape)}{_layout_hint(unsqueeze_dim)}")
+    c, s = V.hf_cos_sin(cos, sin, S, B, D, partial="ropelib.apply_rope",
+                        hint=_layout_hint(unsqueeze_dim))
     check_no_table_grad(("cos", c), ("sin", s))
     out_dtype = torch.promote_types(q.dtype, cos.dtype)
     # the rows of cos/sin are the tokens already: position s reads row s (of its batch entry)
     if sig is not None:
-        call = Call(c, s, None, None, None, layout, False, 1, 0, S, B, R)
+        call = Call(c, s, None, None, None, layout, False, 1, 0, S, B, D)
         planned = eager.SIGNATURES.put(sig, _plan_eager(
             (q, k), given, (c, s), call, inplace=False, rows=S, names=("q", "k"),
             out_dtype=out_dtype))

@@ -433,21 +433,10 @@ def qk_norm_apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor,
     weight_offset = _check_real(weight_offset, "weight_offset")
     _check_inputs(q, k, q_norm_weight, k_norm_weight, layout,
                   w_names=("q_norm_weight", "k_norm_weight"))
-    for t, name in ((cos, "cos"), (sin, "sin")):
-        V.check_tensor(t, name, dims=(2, 3))
-    c, s = V.cos_sin_pair(cos if cos.dim() == 3 else cos.unsqueeze(0),
-                          sin if sin.dim() == 3 else sin.unsqueeze(0))
-    V.check_same_device(q, "q", cos=c, sin=s)
     q4 = view4(q, layout)
     S, B, D = q4.shape[0], q4.shape[1], q4.shape[3]
-    if c.shape[-1] != D:
-        raise ValueError(f"cos/sin last dim ({c.shape[-1]}) must equal head_dim ({D}): HF's "
-                         "formula rotates the whole head (use ropelib.qk_norm_rope for partial "
-                         "rotary)")
-    V.check_rotary_dim(D, D, "cos")
-    if c.shape[1] != S or c.shape[0] not in (1, B):
-        raise ValueError(f"cos/sin must be [batch or 1, seq={S}, {D}] or [seq, {D}], got "
-                         f"{tuple(cos.shape)}")
+    c, s = V.hf_cos_sin(cos, sin, S, B, D, partial="ropelib.qk_norm_rope")
+    V.check_same_device(q, "q", cos=c, sin=s)
     check_no_table_grad(("cos", c), ("sin", s))
     if needs_grad(q, k, q_norm_weight, k_norm_weight):
         c, s = saveable(c), saveable(s)

@@ -112,6 +112,24 @@ def cos_sin_pair(c: torch.Tensor, s: torch.Tensor, names=("cos", "sin")):
     return c, s
 
 
+def hf_cos_sin(cos: torch.Tensor, sin: torch.Tensor, S, B, D, *, partial: str, hint: str = ""):
+    """Hugging Face's cos and sin, already gathered at the tokens ([B or 1, S, D] or [S, D]),
+    as the kernels read them: [B or 1, S, D] each, features at stride 1. HF's formula rotates
+    the whole head; `partial` names the function for partial rotary, `hint` ends shape errors."""
+    for t, name in ((cos, "cos"), (sin, "sin")):
+        check_tensor(t, name, dims=(2, 3))
+    c, s = cos_sin_pair(cos if cos.dim() == 3 else cos.unsqueeze(0),
+                        sin if sin.dim() == 3 else sin.unsqueeze(0))
+    if c.shape[-1] != D:
+        raise ValueError(f"cos/sin last dim ({c.shape[-1]}) must equal head_dim ({D}): HF's "
+                         f"formula rotates the whole head (use {partial} for partial rotary)")
+    check_rotary_dim(D, D, "cos")
+    if c.shape[1] != S or c.shape[0] not in (1, B):
+        raise ValueError(f"cos/sin must be [batch or 1, seq={S}, {D}] or [seq, {D}], got "
+                         f"{tuple(cos.shape)}{hint}")
+    return c, s
+
+
 def check_rotary_dim(R: int, D: int, name: str) -> None:
     if R <= 0 or R % 2:
         raise ValueError(f"the rotary dim (last dim of {name}) must be a positive even number, got {R}")
