@@ -1,0 +1,685 @@
+"""RoPE fused into the QKV projection: one Triton GEMM whose epilogue (QK-RMSNorms and) rotates q
+and k while the tile is in registers, and two backward GEMMs whose prologue undoes it.
+
+Every RoPE kernel reads q and k and writes them back: a copy of q and k on top of the
+projection. Here the projection's output tile is normed and rotated before it is ever stored,
+and in the backward the gradient of the projection (dQKV) is formed tile by tile in registers
+from the gradients of the rotated outputs and never written to memory.
+
+    forward   Y = X W^T + b                         X [M, K], W [N, K], N = (HQ + 2 HK) D
+              per q or k head and token:  r = 1 / sqrt(mean_d Y_d^2 + eps)   (with norm weights)
+                                          u = Y r w        (u = Y without them)
+                                          q or k = rot(theta) u on features 0..R-1, u past R
+              v = Y                                   (stored unrotated)
+    backward  gu = rot(-theta) gy                     gy the gradient of q (or k), gv of v
+              dY = r (gu w - n mean_d(gu w n)),  n = Y r   (dY = gu without the norm)
+              dX = dY W          dW = dY^T X          db = sum over tokens of dY
+              dw = sum over tokens and heads of gu n      (w_q over q's heads, w_k over k's)
+
+M = B S tokens (x [B, S, K] as [M, K]; packed sequences [T, K] are M = T, B = 1), K the hidden
+size, HQ and HK the query and key/value heads, D the head dim, R the rotary dim (even, R <= D).
+The weight is a fused nn.Linear's [N, K]: q's HQ D rows, then k's HK D, then v's HK D.
+
+How a tile covers a head
+------------------------
+A program's column tile is one whole head (BLOCK_N = D), held as two accumulators (three with
+partial rotary) whose weight rows are gathered by pair:
+
+    acc_a [BLOCK_M, R/2]  <- weight rows d_a = j        (interleaved: 2j)       j < R/2
+    acc_b [BLOCK_M, R/2]  <- weight rows d_b = j + R/2  (interleaved: 2j + 1)
+    acc_p [BLOCK_M, D-R]  <- weight rows R..D-1, passed through unrotated
+
+so the two members of every rotated pair sit at the same row and column of two accumulators of
+the same register layout, and the rotation is elementwise (common.rotate_pair, the same fma
+order as every ropelib kernel). The alternatives cost more or reach further: splitting one
+[BLOCK_M, D] accumulator with tl.reshape/tl.split moves an MMA accumulator between register
+layouts through shared memory, and permuting the weight's rows once (pairs adjacent) would
+make ropelib own a reordered copy of the caller's nn.Linear weight and hand its gradient back
+in that order. Gathering rows costs nothing extra: each weight row is read contiguously along
+K as before, and the MMAs are the same FLOPs split into 2-3 of width R/2 (padded to 16, the
+narrowest tl.dot). A whole head in one program also gives the RMS norm its row statistics
+without a second pass or atomics. Rotate-half and interleaved differ only in which rows are
+gathered (and in the strided stores of an interleaved head).
+
+How it is parallelised
+----------------------
+forward  _qkv_rope_fwd_kernel   one program per (BLOCK_M tokens, head): cdiv(M, BLOCK_M) x
+         (HQ + 2 HK) programs on one axis, GROUP_M token tiles at a time over every head (the
+         grouped order of Triton's matmul tutorial, so a few token tiles of x stay in L2 while
+         every head's weight streams past). The K loop accumulates in fp32; the epilogue adds
+         the bias, and for a q or k head computes each token's angles once (from its position:
+         table-free Angles, or an angle table), norms, rotates, rounds once and stores into q,
+         k or v in the output layout (bshd [B, S, H, D] or bhsd [B, H, S, D]).
+dX       _qkv_rope_dx_kernel    one program per (BLOCK_M tokens, BLOCK_K hidden columns),
+         grouped: it computes its tokens' angles once, then loops over every head (q's, k's,
+         v's): forms that head's dY tile [BLOCK_M, D] from gq/gk/gv (and the saved norm
+         inputs), rounds it to the weight's dtype and multiplies it into W[head rows, columns].
+dW, db   _qkv_rope_dw_kernel    one program per (head, BLOCK_K hidden columns), grouped: it
+         loops over all M tokens in steps of BLOCK_M, forms the head's dY tile the same way and
+         accumulates dY^T X into [D, BLOCK_K]. The programs of the first column block also sum
+         dY over the tokens (the bias gradient, fp32) and gu n (the norm weights' gradient, one
+         fp32 [D] row per head); the host adds up the q heads' rows and the k heads' rows: the
+         norm-weight gradients are done in this kernel, with a [HQ + HK, D] sum on the host.
+
+dY is never written: each backward program forms the tiles it needs. The price is that the
+prologue (loads of gy, the inverse rotation, the norm's backward) is repeated by every program
+along the other GEMM dimension: K / BLOCK_K times (hidden 4096 / 128: 32 times) in each of dX
+and dW, against once if dY were written and read back. It is elementwise work beside BLOCK_K
+multiply-adds per element on the tensor cores; whether it hides behind them on an H100 is not
+yet measured (benchmarks/qkv_rope_bench.py measures it).
+
+With norm weights, the backward needs each q and k head's input to the norm (n = Y r). The
+forward then also writes Y's q and k columns (before the norm, in x's dtype) and r (fp32, one per
+token and head), only when a gradient will be asked for; without norm weights nothing beyond
+x, W and the positions is kept.
+
+Positions: the token index s (x [B, S, K]), explicit position ids [B or 1, S], or, for packed
+sequences, the token's index in its sequence (a binary search of cu_seqlens). A position outside
+the table makes its q and k rows NaN, forward and backward (as in every ropelib kernel). Math is
+fp32 (tl.dot accumulates fp32; fp32 inputs multiply in full fp32, not TF32) with one rounding
+at each store; the backward rounds dY to the weight's dtype once, as the MMA operand, where the
+unfused pipeline rounds it once when it writes it.
+"""
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from ..runtime import INTERPRET
+from .common import ROUND_BF16_RTNE, contiguous_strides, pair_features, rotate_pair, round_to
+from .fused import _load_table, _packed_positions
+
+# --- tiles: one place, NOT YET MEASURED on a GPU ----------------------------------------------
+# A first guess from the usual Hopper bf16 GEMM tiles (BLOCK_M 128, BLOCK_N = head_dim,
+# BLOCK_K 64, 8 warps, 3 stages); the backward keeps BLOCK_M at 64 because each program also
+# holds its tokens' cos/sin in registers across the head loop. benchmarks/qkv_rope_bench.py is
+# the measurement to move these by; once measured they belong in kernels/tiles.py with where.
+GPU_TILES = {
+    "fwd": dict(BLOCK_M=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3),
+    "dx": dict(BLOCK_M=64, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=3),
+    "dw": dict(BLOCK_M=64, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=3),
+}
+MAX_HEAD_DIM = 256      # a head's D columns live in one program's registers
+
+# Triton's interpreter multiplies the bf16 operands of tl.dot as their raw 16-bit patterns
+# (numpy has no bf16): there they are widened to fp32 first, which changes no bit of the result
+# (a product of two bf16 values is exact in fp32, and the MMA accumulates in fp32 anyway).
+WIDEN_BF16_DOT = tl.constexpr(INTERPRET)
+
+
+@triton.jit
+def _mma(a, b, acc, PRECISION: tl.constexpr):
+    # acc + a @ b, accumulated in fp32
+    if WIDEN_BF16_DOT and a.dtype == tl.bfloat16:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc, input_precision=PRECISION)
+
+
+@triton.jit
+def _grouped(pid, n_rows, n_cols, GROUP: tl.constexpr):
+    # a program id -> (row tile, column tile), GROUP row tiles at a time (Triton's tutorial 03)
+    width = GROUP * n_cols
+    first = (pid // width) * GROUP
+    size = tl.minimum(n_rows - first, GROUP)
+    return first + (pid % width) % size, (pid % width) // size
+
+
+@triton.jit
+def _token_rows(m, M, S, P, pos_ptr, cu_seqlens_ptr, N_SEQ, IDS_PER_ENTRY: tl.constexpr):
+    # m [BLOCK_M] token rows of x (b S + s; packed: t) -> (table rows [BLOCK_M] int32, clamped,
+    # and valid [BLOCK_M]); rows past M count as valid (they are masked, and must stay finite)
+    ok = m < M
+    if pos_ptr is not None:         # position ids [B, S] (entry m) or [1, S] (entry m % S)
+        if IDS_PER_ENTRY:
+            p = tl.load(pos_ptr + m, mask=ok, other=0)
+        else:
+            p = tl.load(pos_ptr + m % S, mask=ok, other=0)
+        valid = (p >= 0) & (p < P)  # compared before narrowing, so huge ids cannot wrap
+        p = p.to(tl.int32)
+    elif cu_seqlens_ptr is not None:
+        p, valid = _packed_positions(m, cu_seqlens_ptr, None, N_SEQ, 1, 0)
+        valid = valid & (p < P)
+    else:
+        p = m % S
+        valid = p < P
+    return tl.minimum(tl.maximum(p, 0), P - 1), valid | ~ok
+
+
+@triton.jit
+def _cos_sin(cos_ptr, sin_ptr, m, M, S, P, pos_ptr, cu_seqlens_ptr, N_SEQ, d_a, d_b,
+             IDS_PER_ENTRY: tl.constexpr, R: tl.constexpr, BLOCK_M: tl.constexpr,
+             BLOCK_HALF: tl.constexpr):
+    # the angles of tokens m [BLOCK_M]: c_a, s_a, c_b, s_b [BLOCK_M, BLOCK_HALF] fp32 and
+    # valid [BLOCK_M]. cos_ptr/sin_ptr: an angle table [P, R] (sin_ptr None), or no table:
+    # Angles.turns [R] int64 and its amplitude [1] (fused._load_table reads either).
+    HALF: tl.constexpr = R // 2
+    rows, valid = _token_rows(m, M, S, P, pos_ptr, cu_seqlens_ptr, N_SEQ, IDS_PER_ENTRY)
+    j = tl.arange(0, BLOCK_HALF)
+    mask = (m < M)[:, None, None] & (j < HALF)[None, None, :]
+    c_a, s_a, c_b, s_b = _load_table(cos_ptr, sin_ptr, rows, 0, 0, R, d_a, d_b, mask,
+                                     tl.float32, HALF)       # each [BLOCK_M, 1, BLOCK_HALF]
+    shape: tl.constexpr = (BLOCK_M, BLOCK_HALF)
+    return (tl.reshape(c_a, shape), tl.reshape(s_a, shape), tl.reshape(c_b, shape),
+            tl.reshape(s_b, shape), valid)
+
+
+@triton.jit
+def _head_rows(m, hh, H, S, B, D: tl.constexpr, LAYOUT: tl.constexpr, INT64: tl.constexpr):
+    # tokens m [BLOCK_M] of head hh -> their rows' offsets in a fresh q, k or v (or in its
+    # gradient) of H heads laid out as LAYOUT (1 bshd, 2 bhsd; common.contiguous_strides)
+    st_s, st_b, st_h = contiguous_strides(S, B, H, D, LAYOUT, INT64)
+    if INT64:
+        m = m.to(tl.int64)
+    return (m % S) * st_s + (m // S) * st_b + hh * st_h
+
+
+@triton.jit
+def _norm_rotate_store(y_a, y_b, y_p, out_ptr, nw_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b, s_b,
+                       valid, m, m_ok, hh, H, g, NQK, S, B, eps, d_a, d_b, e, j_ok, e_ok,
+                       D: tl.constexpr, LAYOUT: tl.constexpr, INT64: tl.constexpr,
+                       ROTATE: tl.constexpr, HAS_PASS: tl.constexpr):
+    # The epilogue of head hh of q, k (ROTATE) or v: y_* [BLOCK_M, *] fp32 the projection with
+    # its bias. q and k: RMS-normed (nw_ptr given; the norm's input Y and r saved where
+    # rstd_ptr is given, at the head's index g of NQK = HQ + HK), rotated, NaN where the
+    # position is outside the table. Stored once rounded, in the output's dtype.
+    if ROTATE:
+        if nw_ptr is not None:
+            ss = tl.sum(y_a * y_a, axis=1) + tl.sum(y_b * y_b, axis=1)
+            if HAS_PASS:
+                ss += tl.sum(y_p * y_p, axis=1)
+            r = tl.rsqrt(ss / D + eps)                                    # [BLOCK_M]
+            if rstd_ptr is not None:
+                if INT64:
+                    mg = m.to(tl.int64) * NQK + g
+                else:
+                    mg = m * NQK + g
+                tl.store(rstd_ptr + mg, r, mask=m_ok)
+                pre = pre_ptr + (mg * D)[:, None]
+                dt = pre_ptr.dtype.element_ty
+                tl.store(pre + d_a[None, :], round_to(y_a, dt, ROUND_BF16_RTNE),
+                         mask=m_ok[:, None] & j_ok[None, :])
+                tl.store(pre + d_b[None, :], round_to(y_b, dt, ROUND_BF16_RTNE),
+                         mask=m_ok[:, None] & j_ok[None, :])
+                if HAS_PASS:
+                    tl.store(pre + e[None, :], round_to(y_p, dt, ROUND_BF16_RTNE),
+                             mask=m_ok[:, None] & e_ok[None, :])
+            r = r[:, None]
+            # u = n w, n = y r: the order kernels/qk_norm_rope.py computes in
+            y_a = y_a * r * tl.load(nw_ptr + d_a, mask=j_ok, other=0.0).to(tl.float32)[None, :]
+            y_b = y_b * r * tl.load(nw_ptr + d_b, mask=j_ok, other=0.0).to(tl.float32)[None, :]
+            if HAS_PASS:
+                y_p = y_p * r * tl.load(nw_ptr + e, mask=e_ok, other=0.0).to(tl.float32)[None, :]
+        y_a, y_b = rotate_pair(y_a, y_b, c_a, s_a, c_b, s_b)
+        y_a = tl.where(valid[:, None], y_a, float("nan"))
+        y_b = tl.where(valid[:, None], y_b, float("nan"))
+    dt = out_ptr.dtype.element_ty
+    row = out_ptr + _head_rows(m, hh, H, S, B, D, LAYOUT, INT64)[:, None]
+    mask = m_ok[:, None] & j_ok[None, :]
+    tl.store(row + d_a[None, :], round_to(y_a, dt, ROUND_BF16_RTNE), mask=mask)
+    tl.store(row + d_b[None, :], round_to(y_b, dt, ROUND_BF16_RTNE), mask=mask)
+    if HAS_PASS:
+        tl.store(row + e[None, :], round_to(y_p, dt, ROUND_BF16_RTNE),
+                 mask=m_ok[:, None] & e_ok[None, :])
+
+
+@triton.jit
+def _grad_tile(g_ptr, hh, H, g, NQK, nw_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b, s_b, valid,
+               m, m_ok, S, B, d_a, d_b, e, j_ok, e_ok,
+               D: tl.constexpr, LAYOUT: tl.constexpr, INT64: tl.constexpr,
+               ROTATE: tl.constexpr, HAS_PASS: tl.constexpr):
+    # The backward's prologue: dY of head hh of q, k (ROTATE) or v for tokens m, from the
+    # gradient g_ptr of that output (laid out like it) -> (dY_a, dY_b, dY_p, gun_a, gun_b,
+    # gun_p), fp32 [BLOCK_M, *]: dY in the accumulators' pairing, and gu n (the norm weight's
+    # gradient terms; zeros without the norm). Rows past M come out zero.
+    row = g_ptr + _head_rows(m, hh, H, S, B, D, LAYOUT, INT64)[:, None]
+    mask = m_ok[:, None] & j_ok[None, :]
+    mask_p = m_ok[:, None] & e_ok[None, :]
+    ga = tl.load(row + d_a[None, :], mask=mask, other=0.0).to(tl.float32)
+    gb = tl.load(row + d_b[None, :], mask=mask, other=0.0).to(tl.float32)
+    if HAS_PASS:
+        gp = tl.load(row + e[None, :], mask=mask_p, other=0.0).to(tl.float32)
+    else:
+        gp = ga
+    gun_a = tl.zeros_like(ga)
+    gun_b = tl.zeros_like(ga)
+    gun_p = tl.zeros_like(gp)
+    if ROTATE:
+        # gu = rot(-theta) gy: the transpose swaps which member's sine is used
+        ga, gb = rotate_pair(ga, gb, c_a, -s_b, c_b, -s_a)
+        ga = tl.where(valid[:, None], ga, float("nan"))
+        gb = tl.where(valid[:, None], gb, float("nan"))
+        if nw_ptr is not None:
+            if INT64:
+                mg = m.to(tl.int64) * NQK + g
+            else:
+                mg = m * NQK + g
+            r = tl.load(rstd_ptr + mg, mask=m_ok, other=0.0)[:, None]
+            pre = pre_ptr + (mg * D)[:, None]
+            n_a = tl.load(pre + d_a[None, :], mask=mask, other=0.0).to(tl.float32) * r
+            n_b = tl.load(pre + d_b[None, :], mask=mask, other=0.0).to(tl.float32) * r
+            gun_a = ga * n_a
+            gun_b = gb * n_b
+            gn_a = ga * tl.load(nw_ptr + d_a, mask=j_ok, other=0.0).to(tl.float32)[None, :]
+            gn_b = gb * tl.load(nw_ptr + d_b, mask=j_ok, other=0.0).to(tl.float32)[None, :]
+            dot = tl.sum(gn_a * n_a, axis=1) + tl.sum(gn_b * n_b, axis=1)
+            if HAS_PASS:
+                n_p = tl.load(pre + e[None, :], mask=mask_p, other=0.0).to(tl.float32) * r
+                gun_p = gp * n_p
+                gn_p = gp * tl.load(nw_ptr + e, mask=e_ok, other=0.0).to(tl.float32)[None, :]
+                dot += tl.sum(gn_p * n_p, axis=1)
+            dot = (dot / D)[:, None]
+            # dY = r (gn - n mean(gn n)), the RMS norm's backward
+            ga = r * (gn_a - n_a * dot)
+            gb = r * (gn_b - n_b * dot)
+            if HAS_PASS:
+                gp = r * (gn_p - n_p * dot)
+    return ga, gb, gp, gun_a, gun_b, gun_p
+
+
+# --- the kernels --------------------------------------------------------------------------------
+# Shared arguments: positions from pos_ptr (position ids [B or 1, S], contiguous), else
+# cu_seqlens_ptr ([N_SEQ + 1], packed sequences), else the token index; cos_ptr/sin_ptr an angle
+# table [P, R] contiguous (sin_ptr None) or Angles' turns [R] and amplitude [1]; norm_q_ptr and
+# norm_k_ptr the norm weights [D] (None: no norm); rstd_ptr [M, HQ + HK] fp32 and pre_ptr
+# [M, HQ + HK, D] the norm's saved statistics and inputs. q, k, v and their gradients are
+# contiguous in LAYOUT (1 bshd, 2 bhsd), x [M, K] and the weight [N, K] contiguous: their
+# strides follow from the shapes.
+
+@triton.jit
+def _qkv_rope_fwd_kernel(
+    x_ptr, w_ptr, bias_ptr,             # x [M, K], weight [N, K], bias [N] or None
+    q_ptr, k_ptr, v_ptr,                # outputs [B, S, H, D] (bshd) or [B, H, S, D] (bhsd)
+    cos_ptr, sin_ptr, pos_ptr, cu_seqlens_ptr,
+    norm_q_ptr, norm_k_ptr,             # norm weights [D], or None
+    rstd_ptr, pre_ptr,                  # saved for the norm's backward, or None
+    S, B, K, HQ, HK, P, N_SEQ,          # tokens per sequence, sequences, hidden, heads, table
+                                        # rows, packed sequences
+    eps,                                # the norm's epsilon
+    D: tl.constexpr, R: tl.constexpr,   # head dim, rotary dim
+    LAYOUT: tl.constexpr,               # of q, k, v: 1 bshd, 2 bhsd
+    INTERLEAVED: tl.constexpr,          # pairs (2j, 2j+1) instead of (j, j + R/2)
+    IDS_PER_ENTRY: tl.constexpr,        # position ids [B, S] (else [1, S])
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    INT64: tl.constexpr,                # offsets past 2^31 elements
+):
+    HALF: tl.constexpr = R // 2
+    HAS_PASS: tl.constexpr = D > R
+    BLOCK_HALF: tl.constexpr = 16 if HALF <= 16 else (32 if HALF <= 32 else (
+        64 if HALF <= 64 else 128))
+    BLOCK_PASS: tl.constexpr = 16 if D - R <= 16 else (32 if D - R <= 32 else (
+        64 if D - R <= 64 else (128 if D - R <= 128 else 256)))
+    # fp32 inputs multiply in fp32 (F.linear's default), not TF32
+    PRECISION: tl.constexpr = "ieee" if x_ptr.dtype.element_ty == tl.float32 else "tf32"
+    M = S * B
+    NQK = HQ + HK
+    pid_m, h = _grouped(tl.program_id(0), tl.cdiv(M, BLOCK_M), NQK + HK, GROUP_M)
+    m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_ok = m < M
+    if INT64:
+        m_off = m.to(tl.int64)
+        n0 = h.to(tl.int64) * D
+    else:
+        m_off = m
+        n0 = h * D
+    j = tl.arange(0, BLOCK_HALF)
+    j_ok = j < HALF
+    d_a, d_b = pair_features(j, HALF, INTERLEAVED)
+    e = R + tl.arange(0, BLOCK_PASS)
+    e_ok = e < D
+    kk = tl.arange(0, BLOCK_K)
+    x_rows = x_ptr + m_off[:, None] * K                         # [BLOCK_M, 1]
+    w_a = w_ptr + (n0 + d_a)[None, :] * K                      # [1, BLOCK_HALF]: rows d_a
+    w_b = w_ptr + (n0 + d_b)[None, :] * K
+    w_p = w_ptr + (n0 + e)[None, :] * K
+    acc_a = tl.zeros((BLOCK_M, BLOCK_HALF), dtype=tl.float32)
+    acc_b = tl.zeros((BLOCK_M, BLOCK_HALF), dtype=tl.float32)
+    acc_p = tl.zeros((BLOCK_M, BLOCK_PASS), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = (k0 + kk) < K
+        x = tl.load(x_rows + (k0 + kk)[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        wt = tl.load(w_a + (k0 + kk)[:, None], mask=k_ok[:, None] & j_ok[None, :], other=0.0)
+        acc_a = _mma(x, wt, acc_a, PRECISION)     # [BLOCK_M, BLOCK_HALF]
+        wt = tl.load(w_b + (k0 + kk)[:, None], mask=k_ok[:, None] & j_ok[None, :], other=0.0)
+        acc_b = _mma(x, wt, acc_b, PRECISION)
+        if HAS_PASS:
+            wt = tl.load(w_p + (k0 + kk)[:, None], mask=k_ok[:, None] & e_ok[None, :],
+                         other=0.0)
+            acc_p = _mma(x, wt, acc_p, PRECISION)
+    if bias_ptr is not None:
+        acc_a += tl.load(bias_ptr + n0 + d_a, mask=j_ok, other=0.0).to(tl.float32)[None, :]
+        acc_b += tl.load(bias_ptr + n0 + d_b, mask=j_ok, other=0.0).to(tl.float32)[None, :]
+        if HAS_PASS:
+            acc_p += tl.load(bias_ptr + n0 + e, mask=e_ok, other=0.0).to(tl.float32)[None, :]
+
+    if h < NQK:
+        c_a, s_a, c_b, s_b, valid = _cos_sin(cos_ptr, sin_ptr, m, M, S, P, pos_ptr,
+                                             cu_seqlens_ptr, N_SEQ, d_a, d_b, IDS_PER_ENTRY, R,
+                                             BLOCK_M, BLOCK_HALF)
+        if h < HQ:
+            _norm_rotate_store(acc_a, acc_b, acc_p, q_ptr, norm_q_ptr, rstd_ptr, pre_ptr,
+                               c_a, s_a, c_b, s_b, valid, m, m_ok, h, HQ, h, NQK, S, B, eps,
+                               d_a, d_b, e, j_ok, e_ok, D, LAYOUT, INT64, True, HAS_PASS)
+        else:
+            _norm_rotate_store(acc_a, acc_b, acc_p, k_ptr, norm_k_ptr, rstd_ptr, pre_ptr,
+                               c_a, s_a, c_b, s_b, valid, m, m_ok, h - HQ, HK, h, NQK, S, B, eps,
+                               d_a, d_b, e, j_ok, e_ok, D, LAYOUT, INT64, True, HAS_PASS)
+    else:
+        _norm_rotate_store(acc_a, acc_b, acc_p, v_ptr, None, None, None, 0.0, 0.0, 0.0, 0.0,
+                           m_ok, m, m_ok, h - NQK, HK, h, NQK, S, B, eps,
+                           d_a, d_b, e, j_ok, e_ok, D, LAYOUT, INT64, False, HAS_PASS)
+
+
+@triton.jit
+def _dx_head(acc, dy_a, dy_b, dy_p, w_ptr, n0, kk, k_ok, d_a, d_b, e, j_ok, e_ok, K,
+             HAS_PASS: tl.constexpr, PRECISION: tl.constexpr):
+    # acc [BLOCK_M, BLOCK_K] += dY (this head, rounded to the weight's dtype) @ W[head rows, kk]
+    dt = w_ptr.dtype.element_ty
+    w = tl.load(w_ptr + (n0 + d_a)[:, None] * K + kk[None, :], mask=j_ok[:, None] & k_ok[None, :],
+                other=0.0)
+    acc = _mma(round_to(dy_a, dt, ROUND_BF16_RTNE), w, acc, PRECISION)
+    w = tl.load(w_ptr + (n0 + d_b)[:, None] * K + kk[None, :], mask=j_ok[:, None] & k_ok[None, :],
+                other=0.0)
+    acc = _mma(round_to(dy_b, dt, ROUND_BF16_RTNE), w, acc, PRECISION)
+    if HAS_PASS:
+        w = tl.load(w_ptr + (n0 + e)[:, None] * K + kk[None, :],
+                    mask=e_ok[:, None] & k_ok[None, :], other=0.0)
+        acc = _mma(round_to(dy_p, dt, ROUND_BF16_RTNE), w, acc, PRECISION)
+    return acc
+
+
+@triton.jit
+def _qkv_rope_dx_kernel(
+    gq_ptr, gk_ptr, gv_ptr,             # gradients of q, k, v (laid out like them)
+    w_ptr,                              # weight [N, K]
+    dx_ptr,                             # out: the gradient of x [M, K]
+    cos_ptr, sin_ptr, pos_ptr, cu_seqlens_ptr,
+    norm_q_ptr, norm_k_ptr, rstd_ptr, pre_ptr,
+    S, B, K, HQ, HK, P, N_SEQ,
+    D: tl.constexpr, R: tl.constexpr, LAYOUT: tl.constexpr, INTERLEAVED: tl.constexpr,
+    IDS_PER_ENTRY: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, INT64: tl.constexpr,
+):
+    HALF: tl.constexpr = R // 2
+    HAS_PASS: tl.constexpr = D > R
+    BLOCK_HALF: tl.constexpr = 16 if HALF <= 16 else (32 if HALF <= 32 else (
+        64 if HALF <= 64 else 128))
+    BLOCK_PASS: tl.constexpr = 16 if D - R <= 16 else (32 if D - R <= 32 else (
+        64 if D - R <= 64 else (128 if D - R <= 128 else 256)))
+    PRECISION: tl.constexpr = "ieee" if w_ptr.dtype.element_ty == tl.float32 else "tf32"
+    M = S * B
+    NQK = HQ + HK
+    pid_m, pid_k = _grouped(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(K, BLOCK_K), GROUP_M)
+    m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    m_ok = m < M
+    kk = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    k_ok = kk < K
+    j = tl.arange(0, BLOCK_HALF)
+    j_ok = j < HALF
+    d_a, d_b = pair_features(j, HALF, INTERLEAVED)
+    e = R + tl.arange(0, BLOCK_PASS)
+    e_ok = e < D
+    # the tokens' angles, once for every q and k head
+    c_a, s_a, c_b, s_b, valid = _cos_sin(cos_ptr, sin_ptr, m, M, S, P, pos_ptr, cu_seqlens_ptr,
+                                         N_SEQ, d_a, d_b, IDS_PER_ENTRY, R, BLOCK_M, BLOCK_HALF)
+    acc = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+    for h in range(0, HQ):
+        if INT64:
+            n0 = h.to(tl.int64) * D
+        else:
+            n0 = h * D
+        dy_a, dy_b, dy_p, _, _, _ = _grad_tile(
+            gq_ptr, h, HQ, h, NQK, norm_q_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b, s_b, valid,
+            m, m_ok, S, B, d_a, d_b, e, j_ok, e_ok, D, LAYOUT, INT64, True, HAS_PASS)
+        acc = _dx_head(acc, dy_a, dy_b, dy_p, w_ptr, n0, kk, k_ok, d_a, d_b, e, j_ok, e_ok, K,
+                       HAS_PASS, PRECISION)
+    for h in range(0, HK):
+        if INT64:
+            n0 = (HQ + h).to(tl.int64) * D
+        else:
+            n0 = (HQ + h) * D
+        dy_a, dy_b, dy_p, _, _, _ = _grad_tile(
+            gk_ptr, h, HK, HQ + h, NQK, norm_k_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b, s_b,
+            valid, m, m_ok, S, B, d_a, d_b, e, j_ok, e_ok, D, LAYOUT, INT64, True, HAS_PASS)
+        acc = _dx_head(acc, dy_a, dy_b, dy_p, w_ptr, n0, kk, k_ok, d_a, d_b, e, j_ok, e_ok, K,
+                       HAS_PASS, PRECISION)
+    for h in range(0, HK):
+        if INT64:
+            n0 = (NQK + h).to(tl.int64) * D
+        else:
+            n0 = (NQK + h) * D
+        dy_a, dy_b, dy_p, _, _, _ = _grad_tile(
+            gv_ptr, h, HK, 0, NQK, None, None, None, c_a, s_a, c_b, s_b, valid,
+            m, m_ok, S, B, d_a, d_b, e, j_ok, e_ok, D, LAYOUT, INT64, False, HAS_PASS)
+        acc = _dx_head(acc, dy_a, dy_b, dy_p, w_ptr, n0, kk, k_ok, d_a, d_b, e, j_ok, e_ok, K,
+                       HAS_PASS, PRECISION)
+    if INT64:
+        m_off = m.to(tl.int64)
+    else:
+        m_off = m
+    tl.store(dx_ptr + m_off[:, None] * K + kk[None, :],
+             round_to(acc, dx_ptr.dtype.element_ty, ROUND_BF16_RTNE),
+             mask=m_ok[:, None] & k_ok[None, :])
+
+
+@triton.jit
+def _dw_head(g_ptr, hh, H, g, NQK, nw_ptr, rstd_ptr, pre_ptr, x_ptr, cos_ptr, sin_ptr, pos_ptr,
+             cu_seqlens_ptr, S, B, K, P, N_SEQ, kk, k_ok, d_a, d_b, e, j_ok, e_ok,
+             D: tl.constexpr, R: tl.constexpr, LAYOUT: tl.constexpr,
+             IDS_PER_ENTRY: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+             BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr, INT64: tl.constexpr,
+             ROTATE: tl.constexpr, HAS_PASS: tl.constexpr, PRECISION: tl.constexpr):
+    # One head's rows of dW over columns kk: sum over every token block of dY^T X, with the
+    # column sums of dY (the bias gradient) and of gu n (the norm weight's) along the way.
+    M = S * B
+    dt = x_ptr.dtype.element_ty
+    acc_a = tl.zeros((BLOCK_HALF, BLOCK_K), dtype=tl.float32)
+    acc_b = tl.zeros((BLOCK_HALF, BLOCK_K), dtype=tl.float32)
+    acc_p = tl.zeros((BLOCK_PASS, BLOCK_K), dtype=tl.float32)
+    db_a = tl.zeros((BLOCK_HALF,), dtype=tl.float32)
+    db_b = tl.zeros((BLOCK_HALF,), dtype=tl.float32)
+    db_p = tl.zeros((BLOCK_PASS,), dtype=tl.float32)
+    gw_a = tl.zeros((BLOCK_HALF,), dtype=tl.float32)
+    gw_b = tl.zeros((BLOCK_HALF,), dtype=tl.float32)
+    gw_p = tl.zeros((BLOCK_PASS,), dtype=tl.float32)
+    for m0 in range(0, M, BLOCK_M):
+        m = m0 + tl.arange(0, BLOCK_M)
+        m_ok = m < M
+        if ROTATE:
+            c_a, s_a, c_b, s_b, valid = _cos_sin(cos_ptr, sin_ptr, m, M, S, P, pos_ptr,
+                                                 cu_seqlens_ptr, N_SEQ, d_a, d_b, IDS_PER_ENTRY,
+                                                 R, BLOCK_M, BLOCK_HALF)
+        else:
+            c_a, s_a, c_b, s_b, valid = 0.0, 0.0, 0.0, 0.0, m_ok
+        dy_a, dy_b, dy_p, gun_a, gun_b, gun_p = _grad_tile(
+            g_ptr, hh, H, g, NQK, nw_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b, s_b, valid,
+            m, m_ok, S, B, d_a, d_b, e, j_ok, e_ok, D, LAYOUT, INT64, ROTATE, HAS_PASS)
+        if INT64:
+            m_off = m.to(tl.int64)
+        else:
+            m_off = m
+        x = tl.load(x_ptr + m_off[:, None] * K + kk[None, :], mask=m_ok[:, None] & k_ok[None, :],
+                    other=0.0)                                          # [BLOCK_M, BLOCK_K]
+        acc_a = _mma(tl.trans(round_to(dy_a, dt, ROUND_BF16_RTNE)), x, acc_a, PRECISION)
+        acc_b = _mma(tl.trans(round_to(dy_b, dt, ROUND_BF16_RTNE)), x, acc_b, PRECISION)
+        db_a += tl.sum(dy_a, axis=0)
+        db_b += tl.sum(dy_b, axis=0)
+        gw_a += tl.sum(gun_a, axis=0)
+        gw_b += tl.sum(gun_b, axis=0)
+        if HAS_PASS:
+            acc_p = _mma(tl.trans(round_to(dy_p, dt, ROUND_BF16_RTNE)), x, acc_p, PRECISION)
+            db_p += tl.sum(dy_p, axis=0)
+            gw_p += tl.sum(gun_p, axis=0)
+    return acc_a, acc_b, acc_p, db_a, db_b, db_p, gw_a, gw_b, gw_p
+
+
+@triton.jit
+def _qkv_rope_dw_kernel(
+    gq_ptr, gk_ptr, gv_ptr,             # gradients of q, k, v (laid out like them)
+    x_ptr,                              # x [M, K]
+    dw_ptr,                             # out: the weight's gradient [N, K]
+    db_ptr,                             # out: the bias's gradient [N] fp32, or None
+    dnorm_ptr,                          # out: [HQ + HK, D] fp32 per-head sums of gu n, or None
+    cos_ptr, sin_ptr, pos_ptr, cu_seqlens_ptr,
+    norm_q_ptr, norm_k_ptr, rstd_ptr, pre_ptr,
+    S, B, K, HQ, HK, P, N_SEQ,
+    D: tl.constexpr, R: tl.constexpr, LAYOUT: tl.constexpr, INTERLEAVED: tl.constexpr,
+    IDS_PER_ENTRY: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, INT64: tl.constexpr,
+):
+    HALF: tl.constexpr = R // 2
+    HAS_PASS: tl.constexpr = D > R
+    BLOCK_HALF: tl.constexpr = 16 if HALF <= 16 else (32 if HALF <= 32 else (
+        64 if HALF <= 64 else 128))
+    BLOCK_PASS: tl.constexpr = 16 if D - R <= 16 else (32 if D - R <= 32 else (
+        64 if D - R <= 64 else (128 if D - R <= 128 else 256)))
+    PRECISION: tl.constexpr = "ieee" if x_ptr.dtype.element_ty == tl.float32 else "tf32"
+    NQK = HQ + HK
+    h, pid_k = _grouped(tl.program_id(0), NQK + HK, tl.cdiv(K, BLOCK_K), GROUP_M)
+    kk = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    k_ok = kk < K
+    j = tl.arange(0, BLOCK_HALF)
+    j_ok = j < HALF
+    d_a, d_b = pair_features(j, HALF, INTERLEAVED)
+    e = R + tl.arange(0, BLOCK_PASS)
+    e_ok = e < D
+    if h < HQ:
+        acc_a, acc_b, acc_p, db_a, db_b, db_p, gw_a, gw_b, gw_p = _dw_head(
+            gq_ptr, h, HQ, h, NQK, norm_q_ptr, rstd_ptr, pre_ptr, x_ptr, cos_ptr, sin_ptr,
+            pos_ptr, cu_seqlens_ptr, S, B, K, P, N_SEQ, kk, k_ok, d_a, d_b, e, j_ok, e_ok,
+            D, R, LAYOUT, IDS_PER_ENTRY, BLOCK_M, BLOCK_K, BLOCK_HALF, BLOCK_PASS, INT64,
+            True, HAS_PASS, PRECISION)
+    elif h < NQK:
+        acc_a, acc_b, acc_p, db_a, db_b, db_p, gw_a, gw_b, gw_p = _dw_head(
+            gk_ptr, h - HQ, HK, h, NQK, norm_k_ptr, rstd_ptr, pre_ptr, x_ptr, cos_ptr, sin_ptr,
+            pos_ptr, cu_seqlens_ptr, S, B, K, P, N_SEQ, kk, k_ok, d_a, d_b, e, j_ok, e_ok,
+            D, R, LAYOUT, IDS_PER_ENTRY, BLOCK_M, BLOCK_K, BLOCK_HALF, BLOCK_PASS, INT64,
+            True, HAS_PASS, PRECISION)
+    else:
+        acc_a, acc_b, acc_p, db_a, db_b, db_p, gw_a, gw_b, gw_p = _dw_head(
+            gv_ptr, h - NQK, HK, h, NQK, None, None, None, x_ptr, cos_ptr, sin_ptr,
+            pos_ptr, cu_seqlens_ptr, S, B, K, P, N_SEQ, kk, k_ok, d_a, d_b, e, j_ok, e_ok,
+            D, R, LAYOUT, IDS_PER_ENTRY, BLOCK_M, BLOCK_K, BLOCK_HALF, BLOCK_PASS, INT64,
+            False, HAS_PASS, PRECISION)
+    if INT64:
+        n0 = h.to(tl.int64) * D
+    else:
+        n0 = h * D
+    dt = dw_ptr.dtype.element_ty
+    k_mask = k_ok[None, :]
+    tl.store(dw_ptr + (n0 + d_a)[:, None] * K + kk[None, :], round_to(acc_a, dt, ROUND_BF16_RTNE),
+             mask=j_ok[:, None] & k_mask)
+    tl.store(dw_ptr + (n0 + d_b)[:, None] * K + kk[None, :], round_to(acc_b, dt, ROUND_BF16_RTNE),
+             mask=j_ok[:, None] & k_mask)
+    if HAS_PASS:
+        tl.store(dw_ptr + (n0 + e)[:, None] * K + kk[None, :],
+                 round_to(acc_p, dt, ROUND_BF16_RTNE), mask=e_ok[:, None] & k_mask)
+    if pid_k == 0:              # the column sums, once per head
+        if db_ptr is not None:
+            tl.store(db_ptr + n0 + d_a, db_a, mask=j_ok)
+            tl.store(db_ptr + n0 + d_b, db_b, mask=j_ok)
+            if HAS_PASS:
+                tl.store(db_ptr + n0 + e, db_p, mask=e_ok)
+        if dnorm_ptr is not None:
+            if h < NQK:
+                tl.store(dnorm_ptr + n0 + d_a, gw_a, mask=j_ok)
+                tl.store(dnorm_ptr + n0 + d_b, gw_b, mask=j_ok)
+                if HAS_PASS:
+                    tl.store(dnorm_ptr + n0 + e, gw_p, mask=e_ok)
+
+# --- host side: tiles, plans, launches -------------------------------------------------------
+
+class Planned(NamedTuple):
+    """One planned launch: the kernel, its grid, every argument but the pointers (by name), and
+    the launch options."""
+    kernel: object
+    grid: tuple
+    args: dict
+    num_warps: int
+    num_stages: int
+
+
+# each kernel's pointer arguments, in its order (an unused one is None)
+_TABLES = ("cos_ptr", "sin_ptr", "pos_ptr", "cu_seqlens_ptr", "norm_q_ptr", "norm_k_ptr",
+           "rstd_ptr", "pre_ptr")
+FWD_POINTERS = ("x_ptr", "w_ptr", "bias_ptr", "q_ptr", "k_ptr", "v_ptr") + _TABLES
+DX_POINTERS = ("gq_ptr", "gk_ptr", "gv_ptr", "w_ptr", "dx_ptr") + _TABLES
+DW_POINTERS = ("gq_ptr", "gk_ptr", "gv_ptr", "x_ptr", "dw_ptr", "db_ptr", "dnorm_ptr") + _TABLES
+LAYOUT = {"bshd": 1, "bhsd": 2}     # as kernels/common.contiguous_strides numbers them
+
+
+def _cdiv(a, b):
+    return (a + b - 1) // b
+
+
+def _pow2_between(n, lo: int, hi: int) -> int:
+    """The power of two >= n, clamped to [lo, hi] (n may be a symbolic size: only compared)."""
+    p = lo
+    while p < hi and p < n:
+        p *= 2
+    return p
+
+
+def pick_tiles(kind: str, M, K, device: torch.device) -> dict:
+    """BLOCK_M, BLOCK_K, GROUP_M, num_warps, num_stages of one of the three kernels ("fwd",
+    "dx", "dw"). GPU: GPU_TILES. Interpreter: tiles that fit the (small) problem, since every
+    program instance costs milliseconds there."""
+    if device.type == "cuda" and not INTERPRET:
+        return dict(GPU_TILES[kind])
+    return dict(BLOCK_M=_pow2_between(M, 16, 64), BLOCK_K=_pow2_between(K, 16, 64), GROUP_M=8,
+                num_warps=4, num_stages=1)
+
+
+def _needs_int64(*sizes) -> bool:
+    return any(n > 2**31 - 1 - 1024 for n in sizes)
+
+
+def plan(kind: str, *, S, B, K, HQ, HK, D, R, P, ids, cu_seqlens, layout: str,
+         interleaved: bool, eps: float, device: torch.device) -> Planned:
+    """The launch of one kernel ("fwd", "dx" or "dw") for x [M = B S, K] and HQ, HK heads of D
+    features (R rotated). Sees only sizes and options, never values."""
+    M, N = S * B, (HQ + 2 * HK) * D
+    t = pick_tiles(kind, M, K, device)
+    args = dict(S=S, B=B, K=K, HQ=HQ, HK=HK, P=P,
+                N_SEQ=cu_seqlens.shape[0] - 1 if cu_seqlens is not None else 0,
+                D=D, R=R, LAYOUT=LAYOUT[layout], INTERLEAVED=interleaved,
+                IDS_PER_ENTRY=ids is not None and ids.shape[0] > 1,
+                BLOCK_M=t["BLOCK_M"], BLOCK_K=t["BLOCK_K"], GROUP_M=t["GROUP_M"],
+                INT64=_needs_int64(M * K, M * N, N * K))
+    if kind == "fwd":
+        kernel, grid = _qkv_rope_fwd_kernel, (_cdiv(M, t["BLOCK_M"]) * (HQ + 2 * HK),)
+        args = dict(args, eps=eps)
+    elif kind == "dx":
+        kernel, grid = _qkv_rope_dx_kernel, (_cdiv(M, t["BLOCK_M"]) * _cdiv(K, t["BLOCK_K"]),)
+    else:
+        kernel, grid = _qkv_rope_dw_kernel, ((HQ + 2 * HK) * _cdiv(K, t["BLOCK_K"]),)
+    # in the kernel's argument order
+    order = [n for n in kernel.arg_names if n in args]
+    return Planned(kernel, grid, {n: args[n] for n in order}, t["num_warps"], t["num_stages"])
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    return isinstance(t, torch._subclasses.FakeTensor) or t.device.type == "meta"
+
+
+def run(planned: Planned, names: tuple, pointers: tuple) -> None:
+    """Start a planned launch. A GEMM of milliseconds does not need ropelib's direct launcher
+    (kernels/direct.py: microseconds of host time per launch), and that launcher's Launch has
+    no num_stages, which a pipelined GEMM needs: so eagerly through Triton's own launcher,
+    while torch.compile or another tracer is at work through torch.library.wrap_triton (the
+    kernel lands in the graph), in the interpreter as Python (and not at all for fake tensors,
+    when the operator is only evaluated for its output shapes)."""
+    first = pointers[0]
+    named = dict(zip(names, pointers))
+    if INTERPRET:
+        if not _is_fake(first):
+            planned.kernel[planned.grid](**named, **planned.args, num_warps=planned.num_warps)
+        return
+    options = dict(num_warps=planned.num_warps, num_stages=planned.num_stages)
+    if (type(first) is torch.Tensor and not torch.compiler.is_compiling()
+            and torch._C._len_torch_dispatch_stack() == 0):
+        planned.kernel[planned.grid](**named, **planned.args, **options)
+    else:
+        torch.library.wrap_triton(planned.kernel)[planned.grid](**named, **planned.args,
+                                                                **options)

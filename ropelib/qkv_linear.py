@@ -1,0 +1,567 @@
+"""RoPE fused into the QKV projection: `qkv_rope_linear` and the module `QKVRoPE`.
+
+    q, k, v = ropelib.qkv_rope_linear(x, weight, bias, n_heads=32, n_kv_heads=8, head_dim=128,
+                                      angles=ropelib.rope_angles(128, base=500000.0))
+
+computes a fused nn.Linear's projection x W^T + b, splits it into q, k and v heads, RMS-norms
+each q and k head (with norm weights, as Qwen3 and Gemma 3 do) and rotates q and k, all in one
+Triton GEMM whose epilogue does the norm and the rotation while the tile is in registers
+(ropelib/kernels/qkv_gemm.py says how). The backward's two GEMMs (dX and dW) undo the rotation
+(and the norm) as they load the gradient: the gradient of the projection is never written.
+
+One path: the public function checks its arguments and calls an operator, registered like
+ropelib's others (ropelib.ops: a triton_op on GPUs, a custom_op in the interpreter, each with a
+fake implementation), which launches the kernel:
+
+    torch.ops.ropelib.qkv_rope_linear(x, weight, bias, table, sin, position_ids, cu_seqlens,
+        q_norm_weight, k_norm_weight, n_heads, n_kv_heads, head_dim, eps, interleaved,
+        out_layout, save_for_norm) -> (q, k, v, rstd, norm_input)
+    torch.ops.ropelib.qkv_rope_linear_backward(grad_q, grad_k, grad_v, x, weight, table, sin,
+        position_ids, cu_seqlens, q_norm_weight, k_norm_weight, rstd, norm_input, n_heads,
+        n_kv_heads, head_dim, interleaved, out_layout, grad_x, grad_params, has_bias)
+        -> (grad_x, grad_weight, grad_bias, grad_q_norm_weight, grad_k_norm_weight)
+
+The forward's autograd formula is the backward operator (double backward is not supported).
+rstd and norm_input are what the norm's backward needs (empty without norm weights or when no
+gradient will be asked for); tensors an operator does not compute come back empty ([0]).
+"""
+import math
+import numbers
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from . import validation as V
+from .api import check_no_table_grad, needs_grad, saveable
+from .frequencies import EXACT_POSITIONS, Angles
+from .kernels import qkv_gemm as kernel
+from .ops import _define
+
+__all__ = ["qkv_rope_linear", "QKVRoPE"]
+
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)    # x and the weight
+OUT_LAYOUTS = ("bshd", "bhsd")
+
+
+def _sizes(x: Tensor) -> Tuple[int, int, int]:
+    """(B, S, K) of x [B, S, K], or (1, T, K) of packed x [T, K]."""
+    if x.dim() == 3:
+        return x.shape[0], x.shape[1], x.shape[2]
+    return 1, x.shape[0], x.shape[1]
+
+
+def _out_shape(x: Tensor, heads: int, head_dim: int, out_layout: str) -> tuple:
+    B, S, _ = _sizes(x)
+    if x.dim() == 2:
+        return (S, heads, head_dim)                   # packed: [T, H, D]
+    return (B, S, heads, head_dim) if out_layout == "bshd" else (B, heads, S, head_dim)
+
+
+def _rows(table: Tensor) -> int:
+    """Positions a table serves (Angles' turns: every position up to 2^31 - 2)."""
+    return EXACT_POSITIONS if table.dtype == torch.int64 else table.shape[0]
+
+
+def _plan(kind: str, x: Tensor, table: Tensor, position_ids, cu_seqlens, n_heads, n_kv_heads,
+          head_dim, interleaved, out_layout, eps=1e-6):
+    B, S, K = _sizes(x)
+    R = table.shape[0] if table.dtype == torch.int64 else table.shape[1]
+    return kernel.plan(kind, S=S, B=B, K=K, HQ=n_heads, HK=n_kv_heads, D=head_dim, R=R,
+                       P=_rows(table), ids=position_ids, cu_seqlens=cu_seqlens,
+                       layout=out_layout, interleaved=interleaved, eps=eps, device=x.device)
+
+
+def _contiguous(t: Optional[Tensor]) -> Optional[Tensor]:
+    return t.contiguous() if t is not None else None
+
+
+# --- the operators --------------------------------------------------------------------------
+
+@_define("ropelib::qkv_rope_linear")
+def qkv_rope_linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], table: Tensor,
+                       sin: Optional[Tensor], position_ids: Optional[Tensor],
+                       cu_seqlens: Optional[Tensor], q_norm_weight: Optional[Tensor],
+                       k_norm_weight: Optional[Tensor], n_heads: int, n_kv_heads: int,
+                       head_dim: int, eps: float, interleaved: bool, out_layout: str,
+                       save_for_norm: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    B, S, K = _sizes(x)
+    M, NQK = B * S, n_heads + n_kv_heads
+
+    def fresh(heads):
+        return torch.empty(_out_shape(x, heads, head_dim, out_layout), dtype=x.dtype,
+                           device=x.device)
+    q, k, v = fresh(n_heads), fresh(n_kv_heads), fresh(n_kv_heads)
+    if save_for_norm and q_norm_weight is not None:
+        rstd = torch.empty((M, NQK), dtype=torch.float32, device=x.device)
+        norm_input = torch.empty((M, NQK * head_dim), dtype=x.dtype, device=x.device)
+    else:
+        rstd = torch.empty((0,), dtype=torch.float32, device=x.device)
+        norm_input = torch.empty((0,), dtype=x.dtype, device=x.device)
+    if M:
+        planned = _plan("fwd", x, table, position_ids, cu_seqlens, n_heads, n_kv_heads,
+                        head_dim, interleaved, out_layout, eps)
+        kernel.run(planned, kernel.FWD_POINTERS, (
+            x.contiguous(), weight.contiguous(), _contiguous(bias), q, k, v, table, sin,
+            position_ids, cu_seqlens, q_norm_weight, k_norm_weight,
+            rstd if rstd.numel() else None, norm_input if norm_input.numel() else None))
+    return q, k, v, rstd, norm_input
+
+
+@_define("ropelib::qkv_rope_linear_backward")
+def qkv_rope_linear_backward_op(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor,
+                                weight: Tensor, table: Tensor, sin: Optional[Tensor],
+                                position_ids: Optional[Tensor], cu_seqlens: Optional[Tensor],
+                                q_norm_weight: Optional[Tensor], k_norm_weight: Optional[Tensor],
+                                rstd: Tensor, norm_input: Tensor, n_heads: int, n_kv_heads: int,
+                                head_dim: int, interleaved: bool, out_layout: str, grad_x: bool,
+                                grad_params: bool, has_bias: bool
+                                ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    B, S, K = _sizes(x)
+    M, NQK = B * S, n_heads + n_kv_heads
+    norm = q_norm_weight is not None
+    if norm and M and rstd.numel() == 0:
+        raise RuntimeError("qkv_rope_linear_backward needs the norm's statistics: the forward "
+                           "ran with save_for_norm=False")
+    empty = torch.empty((0,), dtype=x.dtype, device=x.device)
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if grad_x else empty
+    dw = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device) if grad_params \
+        else torch.empty((0,), dtype=weight.dtype, device=weight.device)
+    db32 = torch.zeros((weight.shape[0],), dtype=torch.float32, device=x.device) \
+        if grad_params and has_bias else None
+    dnorm = torch.zeros((NQK, head_dim), dtype=torch.float32, device=x.device) \
+        if grad_params and norm else None
+    tables = (table, sin, position_ids, cu_seqlens, q_norm_weight, k_norm_weight,
+              rstd if norm else None, norm_input if norm else None)
+    grads = tuple(g.contiguous() for g in (grad_q, grad_k, grad_v))
+    if M and grad_x:
+        planned = _plan("dx", x, table, position_ids, cu_seqlens, n_heads, n_kv_heads, head_dim,
+                        interleaved, out_layout)
+        kernel.run(planned, kernel.DX_POINTERS, grads + (weight.contiguous(), dx) + tables)
+    if grad_params:
+        if M:
+            planned = _plan("dw", x, table, position_ids, cu_seqlens, n_heads, n_kv_heads,
+                            head_dim, interleaved, out_layout)
+            kernel.run(planned, kernel.DW_POINTERS,
+                       grads + (x.contiguous(), dw, db32, dnorm) + tables)
+        else:
+            dw.zero_()
+    db = db32.to(weight.dtype) if db32 is not None else empty
+    if dnorm is not None:
+        dwq = dnorm[:n_heads].sum(0).to(q_norm_weight.dtype)
+        dwk = dnorm[n_heads:].sum(0).to(k_norm_weight.dtype)
+    else:
+        dwq, dwk = empty.clone(), empty.clone()
+    return dx, dw, db, dwq, dwk
+
+
+def _setup(ctx, inputs, output):
+    (x, weight, bias, table, sin, position_ids, cu_seqlens, q_norm_weight, k_norm_weight,
+     n_heads, n_kv_heads, head_dim, _eps, interleaved, out_layout, _save) = inputs
+    _, _, _, rstd, norm_input = output
+    ctx.save_for_backward(x, weight, table, sin, position_ids, cu_seqlens, q_norm_weight,
+                          k_norm_weight, rstd, norm_input)
+    ctx.options = (n_heads, n_kv_heads, head_dim, interleaved, out_layout)
+    ctx.has_bias = bias is not None
+    ctx.outputs = [(o.shape, o.dtype, o.device) for o in output[:3]]
+    ctx.mark_non_differentiable(rstd, norm_input)
+
+
+def _backward(ctx, grad_q, grad_k, grad_v, _grad_rstd, _grad_norm_input):
+    (x, weight, table, sin, position_ids, cu_seqlens, q_norm_weight, k_norm_weight, rstd,
+     norm_input) = ctx.saved_tensors
+    # an output that took no part in the loss has no gradient: its gradient is zero
+    grads = [g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
+             for g, (shape, dtype, device) in zip((grad_q, grad_k, grad_v), ctx.outputs)]
+    need = ctx.needs_input_grad
+    grad_x = need[0]
+    grad_params = need[1] or need[2] or need[7] or need[8]
+    dx, dw, db, dwq, dwk = qkv_rope_linear_backward_op(
+        *grads, x, weight, table, sin, position_ids, cu_seqlens, q_norm_weight, k_norm_weight,
+        rstd, norm_input, *ctx.options, grad_x, grad_params, ctx.has_bias)
+    return (dx if need[0] else None, dw if need[1] else None, db if need[2] else None,
+            None, None, None, None, dwq if need[7] else None, dwk if need[8] else None,
+            None, None, None, None, None, None, None)
+
+
+qkv_rope_linear_op.register_autograd(_backward, setup_context=_setup)
+
+
+# --- argument checks ------------------------------------------------------------------------
+
+def _check_count(v, name: str, minimum: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(v).__name__} ({v!r})")
+    if v < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {v}")
+    return int(v)
+
+
+def _check_real(v, name: str, *, positive: bool = False) -> float:
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(v).__name__} ({v!r})")
+    if type(v) is not float:    # (float() of a float constant would make it symbolic in Dynamo)
+        v = float(v)
+    if not math.isfinite(v) or (positive and v <= 0):
+        raise ValueError(f"{name} must be a finite number{' > 0' if positive else ''}, got {v}")
+    return v
+
+
+def _check_table(freqs, angles, rotary_dim, head_dim: int, x: Tensor):
+    """(table, sin, R): an angle table [P, R] (contiguous, sin None), or Angles' turns [R] and
+    amplitude [1]."""
+    if (freqs is None) == (angles is None):
+        raise ValueError("pass freqs (angles [P, 1, 1, R] or [P, R], ropelib.rope_freqs) or "
+                         "angles (ropelib.rope_angles: computed in the kernel, no table), "
+                         "exactly one of them")
+    if angles is not None:
+        if not isinstance(angles, Angles):
+            raise TypeError(f"angles must be a ropelib.frequencies.Angles (from "
+                            f"ropelib.rope_angles), got {type(angles).__name__}")
+        table, sin, name = angles.turns.contiguous(), angles.amplitude, "angles"
+        R = angles.rot_dim
+    else:
+        table, sin, name = V.angle_table(freqs, "freqs").contiguous(), None, "freqs"
+        R = table.shape[1]
+    V.check_same_device(x, "x", **{name: table})
+    V.check_rotary_dim(R, head_dim, name)
+    if rotary_dim is not None:
+        rotary_dim = _check_count(rotary_dim, "rotary_dim", 2)
+        if rotary_dim != R:
+            raise ValueError(f"rotary_dim={rotary_dim} but {name} rotates {R} features (its "
+                             f"last dim{'' if freqs is not None else ': rot_dim'}); build "
+                             f"{name} for rotary_dim={rotary_dim} (rotary_percent="
+                             f"{rotary_dim}/{head_dim}) or leave rotary_dim out")
+    check_no_table_grad((name, table))
+    return table, sin, R
+
+
+def _check_positions(x: Tensor, position_ids, cu_seqlens, P: int, out_layout: str):
+    """position_ids as [B or 1, S] contiguous (int), cu_seqlens contiguous; values checked where
+    they can be read without a synchronisation (ropelib.set_index_checks)."""
+    B, S, _ = _sizes(x)
+    for name, t in (("position_ids", position_ids), ("cu_seqlens", cu_seqlens)):
+        if t is not None:
+            V.check_int_tensor(t, name, dims=(1,) if name == "cu_seqlens" else (1, 2))
+            V.check_same_device(x, "x", **{name: t})
+    if x.dim() == 3:
+        if cu_seqlens is not None:
+            raise ValueError("cu_seqlens is for packed sequences, x [T, hidden]; x is "
+                             f"[B, S, hidden] = {tuple(x.shape)}: pass position_ids instead")
+    else:
+        if (position_ids is None) == (cu_seqlens is None):
+            raise ValueError(f"x [T, hidden] = {tuple(x.shape)} holds packed sequences: pass "
+                             "cu_seqlens [N + 1] (their offsets) or position_ids [T] (every "
+                             "token's position), exactly one; or give x as [B, S, hidden]")
+        if out_layout != "bshd":
+            raise ValueError(f"out_layout={out_layout!r} needs x [B, S, hidden]; packed x "
+                             "[T, hidden] gives q, k, v as [T, H, D] (out_layout='bshd')")
+    if position_ids is not None:
+        if position_ids.dim() == 1:
+            position_ids = position_ids.unsqueeze(0)
+        if position_ids.shape[1] != S or position_ids.shape[0] not in (1, B):
+            want = f"[T={S}]" if x.dim() == 2 else f"[S={S}] or [B={B} or 1, S={S}]"
+            raise ValueError(f"position_ids must be {want} for x of shape {tuple(x.shape)}, "
+                             f"got {tuple(position_ids.shape)}")
+        position_ids = position_ids.contiguous()
+        if position_ids.numel() and V.values_checkable(position_ids):
+            V.check_index_values(S=S, B=B, P=P, layout="bshd", position_ids=position_ids)
+    elif cu_seqlens is not None:
+        if cu_seqlens.shape[0] < 2:
+            raise ValueError(f"cu_seqlens must have at least 2 entries ([0, len0, ...]), got "
+                             f"{cu_seqlens.shape[0]}")
+        cu_seqlens = cu_seqlens.contiguous()
+        if V.values_checkable(cu_seqlens):
+            V.check_index_values(S=S, B=1, P=P, layout="thd", cu_seqlens=cu_seqlens)
+    elif S > P:
+        raise ValueError(f"the table (freqs) has {P} positions but the sequence has {S} tokens: "
+                         "pass a longer table, angles, or position_ids")
+    return position_ids, cu_seqlens
+
+
+def _check_norm_weights(q_norm_weight, k_norm_weight, head_dim: int, x: Tensor) -> bool:
+    if (q_norm_weight is None) != (k_norm_weight is None):
+        raise ValueError("pass both q_norm_weight and k_norm_weight (QK-norm), or neither")
+    if q_norm_weight is None:
+        return False
+    for name, w in (("q_norm_weight", q_norm_weight), ("k_norm_weight", k_norm_weight)):
+        V.check_tensor(w, name, dims=(1,), dtypes=V.FLOAT_DTYPES)
+        if w.shape[0] != head_dim:
+            raise ValueError(f"{name} must be [head_dim] = [{head_dim}], got shape "
+                             f"{tuple(w.shape)}")
+        V.check_same_device(x, "x", **{name: w})
+    return True
+
+
+def _check_projection(x, weight, bias, n_heads, n_kv_heads, head_dim):
+    V.check_tensor(x, "x", dims=(2, 3), dtypes=DTYPES)
+    V.check_kernel_device(x, "x")
+    V.check_tensor(weight, "weight", dims=(2,), dtypes=DTYPES)
+    if weight.dtype != x.dtype:
+        raise TypeError(f"weight must have x's dtype ({x.dtype}), got {weight.dtype}")
+    V.check_same_device(x, "x", weight=weight)
+    K = x.shape[-1]
+    N = (n_heads + 2 * n_kv_heads) * head_dim
+    if tuple(weight.shape) != (N, K):
+        raise ValueError(f"weight must be [(n_heads + 2 n_kv_heads) * head_dim, hidden] = "
+                         f"[({n_heads} + 2*{n_kv_heads}) * {head_dim}, {K}] = [{N}, {K}] "
+                         f"(q's rows, then k's, then v's, as a fused nn.Linear stores them), "
+                         f"got {tuple(weight.shape)}")
+    if bias is not None:
+        V.check_tensor(bias, "bias", dims=(1,), dtypes=DTYPES)
+        if bias.dtype != x.dtype:
+            raise TypeError(f"bias must have x's dtype ({x.dtype}), got {bias.dtype}")
+        if bias.shape[0] != N:
+            raise ValueError(f"bias must be [{N}] (one per output feature), got "
+                             f"{tuple(bias.shape)}")
+        V.check_same_device(x, "x", bias=bias)
+
+
+# --- the public function --------------------------------------------------------------------
+
+def qkv_rope_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *, n_heads: int,
+                    n_kv_heads: int, head_dim: int, freqs: Optional[Tensor] = None,
+                    angles: Optional[Angles] = None, position_ids: Optional[Tensor] = None,
+                    cu_seqlens: Optional[Tensor] = None,
+                    q_norm_weight: Optional[Tensor] = None,
+                    k_norm_weight: Optional[Tensor] = None, eps: float = 1e-6,
+                    weight_offset: float = 0.0, rotary_dim: Optional[int] = None,
+                    interleaved: bool = False, out_layout: str = "bshd"
+                    ) -> Tuple[Tensor, Tensor, Tensor]:
+    """The QKV projection with (QK-RMSNorm and) RoPE in its epilogue: one Triton GEMM.
+
+    Equals `F.linear(x, weight, bias)` split into q, k, v heads, then (with norm weights) the
+    per-head RMS norm of q and k, then `ropelib.apply_rope` on q and k, up to the GEMM's own
+    rounding (see Exactness), forward and backward.
+
+    Args:
+        x: [B, S, hidden], or packed sequences [T, hidden] (with cu_seqlens or position_ids);
+            fp16, bf16 (fp32 accumulation) or fp32 (multiplied in fp32, not TF32).
+        weight: [(n_heads + 2 n_kv_heads) * head_dim, hidden] in x's dtype: a fused nn.Linear's
+            weight (q's rows, then k's, then v's). bias: None or [that many], x's dtype.
+        n_heads, n_kv_heads, head_dim: the heads of q and of k and v (GQA when they differ),
+            head_dim <= 256.
+        freqs: angles [P, 1, 1, R] or [P, R], float32 (ropelib.rope_freqs); or instead
+        angles: ropelib.rope_angles(...): every angle computed in the kernel from the position,
+            exactly reduced, no table to load (preferred here: the epilogue reads nothing).
+        position_ids: [S] or [B or 1, S] integer positions (packed x: [T]); by default token s
+            of each sequence is at position s.
+        cu_seqlens: [N + 1] offsets of N packed sequences in x [T, hidden] (token t of sequence
+            i is at position t - cu_seqlens[i]).
+        q_norm_weight, k_norm_weight: [head_dim] QK-norm weights (any float dtype), both or
+            neither: q and k heads are RMS-normed (statistics in fp32) and scaled by
+            w + weight_offset (0.0 Qwen3, 1.0 Gemma 3) before the rotation. eps: the norm's.
+        rotary_dim: R, checked against the table's (partial rotary: features R..head_dim-1 pass
+            through unrotated); by default the table's.
+        interleaved: pair features (2j, 2j+1) instead of (j, j + R/2).
+        out_layout: "bshd" ([B, S, H, D]) or "bhsd" ([B, H, S, D], what
+            scaled_dot_product_attention takes); packed x gives [T, H, D].
+
+    Returns:
+        (q, k, v), fresh contiguous tensors in out_layout and x's dtype, q and k rotated, v as
+        projected. Differentiable in x, weight, bias and the norm weights (not twice).
+
+    Exactness: the unfused pipeline rounds the projection to x's dtype before the norm and the
+    rotation; here they run on the fp32 accumulator and round once. For a rotated pair with
+    fp32 values (y_a, y_b) before the final rounding and rho = sqrt(y_a^2 + y_b^2), rounding the
+    inputs of a rotation by at most u = 2^-8 (bf16; 2^-11 fp16, 2^-24 fp32) each moves its
+    outputs by at most u (|y_a||c| + |y_b||s|) <= u rho (Cauchy-Schwarz, c^2 + s^2 = 1); the two
+    final roundings add half an ulp each. So, with the same fp32 accumulator,
+
+        |fused - unfused| <= u rho + ulp(rho)  <=  2 ulps of rho in the output dtype
+
+    per rotated element (3 ulps of rho with the norm: rounding y also moves r, by a relative u,
+    which scales the whole row); pass-through features and v agree to one rounding, i.e. they
+    are equal for equal accumulators. The two GEMMs' accumulators differ only by fp32 summation
+    order (at most K 2^-24 sum_k |x_k w_k|), which adds to the bound.
+    tests/test_qkv_rope_linear.py asserts it element by element.
+
+    A position outside the table (with freqs) gives NaN in the q and k rows it touches, forward
+    and backward; position ids in CPU memory are checked (ropelib.set_index_checks).
+    """
+    n_heads = _check_count(n_heads, "n_heads", 1)
+    n_kv_heads = _check_count(n_kv_heads, "n_kv_heads", 1)
+    head_dim = _check_count(head_dim, "head_dim", 2)
+    if head_dim > kernel.MAX_HEAD_DIM:
+        raise ValueError(f"head_dim must be <= {kernel.MAX_HEAD_DIM} (a head's columns live in "
+                         f"one program's registers), got {head_dim}")
+    if not torch.compiler.is_compiling() and {"Grad", "Jvp"} & V.functorch_level():
+        raise NotImplementedError(
+            "qkv_rope_linear does not run under torch.func's grad, jacrev, jvp or hessian: "
+            "PyTorch's custom operators cannot take part in those transforms. Use "
+            "torch.autograd.grad or loss.backward()")
+    _check_projection(x, weight, bias, n_heads, n_kv_heads, head_dim)
+    V.check_bool(interleaved, "interleaved")
+    if out_layout not in OUT_LAYOUTS:
+        raise ValueError(f"out_layout must be one of {OUT_LAYOUTS}, got {out_layout!r}")
+    eps = _check_real(eps, "eps", positive=True)
+    weight_offset = _check_real(weight_offset, "weight_offset")
+    table, sin, _ = _check_table(freqs, angles, rotary_dim, head_dim, x)
+    position_ids, cu_seqlens = _check_positions(x, position_ids, cu_seqlens, _rows(table),
+                                                out_layout)
+    norm = _check_norm_weights(q_norm_weight, k_norm_weight, head_dim, x)
+    if norm and weight_offset != 0.0:   # Gemma's scale 1 + w, in fp32 (autograd sees the sum)
+        q_norm_weight = q_norm_weight.float() + weight_offset
+        k_norm_weight = k_norm_weight.float() + weight_offset
+    grad = needs_grad(x, weight, *(t for t in (bias, q_norm_weight, k_norm_weight)
+                                   if t is not None))
+    if grad:
+        table, sin, position_ids, cu_seqlens = (saveable(t) for t in (table, sin, position_ids,
+                                                                      cu_seqlens))
+    q, k, v, _, _ = qkv_rope_linear_op(
+        x.contiguous(), weight.contiguous(), _contiguous(bias), table, sin, position_ids,
+        cu_seqlens, q_norm_weight, k_norm_weight, n_heads, n_kv_heads, head_dim, eps,
+        interleaved, out_layout, norm and grad)
+    return q, k, v
+
+
+# --- the module -----------------------------------------------------------------------------
+
+class QKVRoPE(nn.Module):
+    """A fused QKV projection with RoPE (and QK-norm) in its GEMM's epilogue: the nn.Linear of
+    an attention block's q, k, v projections, with the rotation (and the norms) folded in.
+
+    Holds `weight` [(n_heads + 2 n_kv_heads) * head_dim, hidden_size], `bias` (or None) and,
+    with qk_norm=True, `q_norm_weight` and `k_norm_weight` [head_dim] (initialised so that the
+    scale w + weight_offset is 1). forward(x, freqs=None, *, angles=None, position_ids=None,
+    cu_seqlens=None) -> (q, k, v) with the arguments of ropelib.qkv_rope_linear.
+
+    `QKVRoPE.from_linear(qkv_proj, ...)` takes an existing fused nn.Linear (its parameters are
+    shared, not copied); `QKVRoPE.from_linears(q_proj, k_proj, v_proj, ...)` three separate ones
+    (their weights are concatenated into a new parameter).
+    """
+
+    def __init__(self, hidden_size: int, n_heads: int, n_kv_heads: int, head_dim: int, *,
+                 bias: bool = False, qk_norm: bool = False, eps: float = 1e-6,
+                 weight_offset: float = 0.0, interleaved: bool = False,
+                 out_layout: str = "bshd", device=None, dtype=None):
+        super().__init__()
+        self.hidden_size = _check_count(hidden_size, "hidden_size", 1)
+        self.n_heads = _check_count(n_heads, "n_heads", 1)
+        self.n_kv_heads = _check_count(n_kv_heads, "n_kv_heads", 1)
+        self.head_dim = _check_count(head_dim, "head_dim", 2)
+        for name, flag in (("bias", bias), ("qk_norm", qk_norm), ("interleaved", interleaved)):
+            V.check_bool(flag, name)
+        if out_layout not in OUT_LAYOUTS:
+            raise ValueError(f"out_layout must be one of {OUT_LAYOUTS}, got {out_layout!r}")
+        self.eps = _check_real(eps, "eps", positive=True)
+        self.weight_offset = _check_real(weight_offset, "weight_offset")
+        self.interleaved, self.out_layout = interleaved, out_layout
+        n = (n_heads + 2 * n_kv_heads) * head_dim
+        bound = 1.0 / math.sqrt(hidden_size)        # nn.Linear's initialisation
+        self.weight = nn.Parameter(torch.empty((n, hidden_size), device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.empty((n,), device=device, dtype=dtype)) if bias else None
+        with torch.no_grad():
+            self.weight.uniform_(-bound, bound)
+            if self.bias is not None:
+                self.bias.uniform_(-bound, bound)
+        if qk_norm:
+            init = 1.0 - self.weight_offset
+            self.q_norm_weight = nn.Parameter(torch.full((head_dim,), init, device=device,
+                                                         dtype=dtype))
+            self.k_norm_weight = nn.Parameter(torch.full((head_dim,), init, device=device,
+                                                         dtype=dtype))
+        else:
+            self.q_norm_weight = self.k_norm_weight = None
+
+    @staticmethod
+    def _norm_settings(q_norm, k_norm, eps):
+        """(eps, q weight, k weight) of two RMSNorm modules (transformers' Qwen3RMSNorm:
+        `variance_epsilon`; Gemma3RMSNorm and torch's nn.RMSNorm: `eps`)."""
+        if (q_norm is None) != (k_norm is None):
+            raise ValueError("pass both q_norm and k_norm (RMSNorm modules), or neither")
+        if q_norm is None:
+            return eps, None, None
+        for name, mod in (("q_norm", q_norm), ("k_norm", k_norm)):
+            if not isinstance(getattr(mod, "weight", None), torch.Tensor):
+                raise TypeError(f"{name} must be an RMSNorm module with a weight, got "
+                                f"{type(mod).__name__}")
+        found = getattr(q_norm, "variance_epsilon", getattr(q_norm, "eps", None))
+        if eps is None:
+            if found is None:
+                raise ValueError("q_norm has neither variance_epsilon nor eps: pass eps=")
+            eps = found
+        return eps, q_norm.weight, k_norm.weight
+
+    @classmethod
+    def _wrap(cls, weight, bias, n_heads, n_kv_heads, head_dim, q_w, k_w, eps, **kwargs):
+        """A module around existing parameters (built on the meta device, then given them)."""
+        if not isinstance(weight, torch.Tensor) or weight.dim() != 2:
+            raise TypeError("the projection must be an nn.Linear (a 2-D weight)")
+        m = cls(weight.shape[1], n_heads, n_kv_heads, head_dim, bias=bias is not None,
+                qk_norm=q_w is not None, eps=1e-6 if eps is None else eps, device="meta",
+                **kwargs)
+        n = (m.n_heads + 2 * m.n_kv_heads) * m.head_dim
+        if weight.shape[0] != n:
+            raise ValueError(f"the projection has {weight.shape[0]} output features, but "
+                             f"n_heads={n_heads}, n_kv_heads={n_kv_heads}, head_dim={head_dim} "
+                             f"need (n_heads + 2 n_kv_heads) * head_dim = {n}")
+        m.weight = weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight)
+        if bias is not None:
+            m.bias = bias if isinstance(bias, nn.Parameter) else nn.Parameter(bias)
+        if q_w is not None:
+            for name, w in (("q_norm_weight", q_w), ("k_norm_weight", k_w)):
+                if tuple(w.shape) != (head_dim,):
+                    raise ValueError(f"{name} must be [head_dim] = [{head_dim}], got "
+                                     f"{tuple(w.shape)}")
+                setattr(m, name, w if isinstance(w, nn.Parameter) else nn.Parameter(w))
+        return m
+
+    @classmethod
+    def from_linear(cls, qkv_proj: nn.Linear, *, n_heads: int, n_kv_heads: int, head_dim: int,
+                    q_norm: Optional[nn.Module] = None, k_norm: Optional[nn.Module] = None,
+                    eps: Optional[float] = None, **kwargs) -> "QKVRoPE":
+        """From a fused nn.Linear (q's rows, then k's, then v's) and, optionally, the q and k
+        RMSNorm modules; their parameters are shared with the new module, not copied. kwargs:
+        weight_offset, interleaved, out_layout."""
+        eps, q_w, k_w = cls._norm_settings(q_norm, k_norm, eps)
+        return cls._wrap(qkv_proj.weight, qkv_proj.bias, n_heads, n_kv_heads, head_dim, q_w, k_w,
+                         eps, **kwargs)
+
+    @classmethod
+    def from_linears(cls, q_proj: nn.Linear, k_proj: nn.Linear, v_proj: nn.Linear, *,
+                     head_dim: int, q_norm: Optional[nn.Module] = None,
+                     k_norm: Optional[nn.Module] = None, eps: Optional[float] = None,
+                     **kwargs) -> "QKVRoPE":
+        """From separate q, k and v projections (as transformers' Llama, Qwen3 and Gemma 3 keep
+        them); their weights (and biases) are concatenated into new parameters, the norm
+        weights shared. The head counts follow from the projections' sizes."""
+        head_dim = _check_count(head_dim, "head_dim", 2)
+        projs = (("q_proj", q_proj), ("k_proj", k_proj), ("v_proj", v_proj))
+        for name, p in projs:
+            if not isinstance(getattr(p, "weight", None), torch.Tensor) or p.weight.dim() != 2:
+                raise TypeError(f"{name} must be an nn.Linear, got {type(p).__name__}")
+            if p.weight.shape[0] % head_dim:
+                raise ValueError(f"{name} has {p.weight.shape[0]} output features, not a "
+                                 f"multiple of head_dim={head_dim}")
+        if k_proj.weight.shape != v_proj.weight.shape or \
+                k_proj.weight.shape[1] != q_proj.weight.shape[1]:
+            raise ValueError(f"k_proj and v_proj must have one shape and q_proj the same input "
+                             f"size, got {tuple(q_proj.weight.shape)}, "
+                             f"{tuple(k_proj.weight.shape)}, {tuple(v_proj.weight.shape)}")
+        biases = [p.bias for _, p in projs]
+        if any(b is None for b in biases) and any(b is not None for b in biases):
+            raise ValueError("q_proj, k_proj and v_proj must all have a bias or none")
+        eps, q_w, k_w = cls._norm_settings(q_norm, k_norm, eps)
+        with torch.no_grad():
+            weight = torch.cat([p.weight for _, p in projs]).detach()
+            bias = torch.cat(biases).detach() if biases[0] is not None else None
+        return cls._wrap(weight, bias, q_proj.weight.shape[0] // head_dim,
+                         k_proj.weight.shape[0] // head_dim, head_dim, q_w, k_w, eps, **kwargs)
+
+    def forward(self, x: Tensor, freqs: Optional[Tensor] = None, *,
+                angles: Optional[Angles] = None, position_ids: Optional[Tensor] = None,
+                cu_seqlens: Optional[Tensor] = None) -> Tuple[Tensor, Tensor, Tensor]:
+        return qkv_rope_linear(x, self.weight, self.bias, n_heads=self.n_heads,
+                               n_kv_heads=self.n_kv_heads, head_dim=self.head_dim, freqs=freqs,
+                               angles=angles, position_ids=position_ids, cu_seqlens=cu_seqlens,
+                               q_norm_weight=self.q_norm_weight, k_norm_weight=self.k_norm_weight,
+                               eps=self.eps, weight_offset=self.weight_offset,
+                               interleaved=self.interleaved, out_layout=self.out_layout)
+
+    def extra_repr(self) -> str:
+        return (f"hidden_size={self.hidden_size}, n_heads={self.n_heads}, "
+                f"n_kv_heads={self.n_kv_heads}, head_dim={self.head_dim}, "
+                f"bias={self.bias is not None}, qk_norm={self.q_norm_weight is not None}, "
+                f"eps={self.eps}, weight_offset={self.weight_offset}, "
+                f"interleaved={self.interleaved}, out_layout={self.out_layout!r}")
