@@ -16,6 +16,7 @@ from ropelib.kernels import kv_cache as KV
 from ropelib.kernels import launch as L
 from ropelib.kernels import mrope as MR
 from ropelib.kernels import qk_norm_rope as QK
+from ropelib.kernels import qkv_gemm as QG
 
 TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
          torch.float64: "fp64", torch.int32: "i32", torch.int64: "i64",
@@ -118,6 +119,41 @@ def main():
         planned, ptrs = MR.plan(x, y, positions, inv, axis, interleaved=False, backward=True,
                                 layout="sbhd", **kv)
         compile_for_gpu(name, MR._mrope_kernel, MR.POINTERS, planned, ptrs)
+
+    # RoPE fused into the QKV projection (kernels/qkv_gemm.py), with the GPU's tiles
+    HQ, HK, D, K = 4, 2, 128, 256
+    N, M = (HQ + 2 * HK) * D, S * B
+    cuda = torch.device("cuda")
+    turns, amp = torch.zeros(D, dtype=torch.int64), torch.ones(1, dtype=torch.float64)
+    ids, cu = torch.zeros(B, S, dtype=torch.int64), torch.tensor([0, 3, M], dtype=torch.int32)
+    for name, kind, dtype, R, table, sin, pos, cu_seqlens, norm, layout, interleaved in [
+        ("qkv-linear-fwd", "fwd", bf, D, f, None, None, None, False, "bshd", False),
+        ("qkv-linear-fwd-fp32", "fwd", torch.float32, D, f, None, None, None, False, "bshd",
+         False),
+        ("qkv-linear-fwd-norm-table-free", "fwd", bf, D // 2, turns[:D // 2], amp, ids, None,
+         True, "bhsd", True),
+        ("qkv-linear-dx-norm-table-free", "dx", bf, D // 2, turns[:D // 2], amp, ids, None,
+         True, "bhsd", True),
+        ("qkv-linear-dw-norm-packed", "dw", bf, D, f, None, None, cu, True, "bshd", False),
+    ]:
+        R_, P = (R, 2**31 - 1) if table.dtype == torch.int64 else (table.shape[1], table.shape[0])
+        planned = QG.plan(kind, S=S, B=B, K=K, HQ=HQ, HK=HK, D=D, R=R_, P=P, ids=pos,
+                          cu_seqlens=cu_seqlens, layout=layout, interleaved=interleaved,
+                          eps=1e-6, device=cuda)
+        x, w = torch.empty(M, K, dtype=dtype), torch.empty(N, K, dtype=dtype)
+        outs = [torch.empty(M, h * D, dtype=dtype) for h in (HQ, HK, HK)]
+        wn = [torch.ones(D), torch.ones(D)] if norm else [None, None]
+        saved = [torch.empty(M, HQ + HK), torch.empty(M, (HQ + HK) * D, dtype=dtype)] if norm \
+            else [None, None]
+        shared = (table, sin, pos, cu_seqlens, *wn, *saved)
+        if kind == "fwd":
+            names, ptrs = QG.FWD_POINTERS, (x, w, torch.empty(N, dtype=dtype), *outs, *shared)
+        elif kind == "dx":
+            names, ptrs = QG.DX_POINTERS, (*outs, w, x, *shared)
+        else:
+            names, ptrs = QG.DW_POINTERS, (*outs, x, w, torch.empty(N),
+                                           torch.empty(HQ + HK, D), *shared)
+        compile_for_gpu(name, planned.kernel, names, planned, ptrs)
 
 
 if __name__ == "__main__":
