@@ -31,10 +31,13 @@
 # - build the `[3, tokens]` position ids of text followed by an image, and rotate q and k from
 #   them with `ropelib.apply_mrope_qk`, matching transformers' Qwen2-VL and Qwen3-VL code;
 # - explain why one kernel serves all of them, forward and backward, without ever building a
-#   `[3, B, S, D]` cos/sin tensor, and why it forms each token's angles once for all its heads.
+#   `[3, B, S, D]` cos/sin tensor;
+# - write a multi-axis RoPE kernel in Triton that forms each token's angles once for all its
+#   heads, and measure what that saves: counted in Triton's interpreter on any machine, timed
+#   with `triton.testing.do_bench` on a GPU.
 #
-# **Time:** about 40 minutes to read and 20 for the two exercises; the cells run in about
-# 15 s on a CPU (Triton's interpreter).
+# **Time:** about 45 minutes to read and 45 for the three exercises (the kernel takes most);
+# the cells run in about 20 s on a CPU (Triton's interpreter).
 
 # %%
 import os, torch
@@ -47,6 +50,8 @@ device = ropelib.default_device()
 import importlib.util
 
 import matplotlib.pyplot as plt
+import triton
+import triton.language as tl
 from IPython.display import Image, display
 
 from ropelib import mrope
@@ -327,37 +332,260 @@ print("forward and backward match plain PyTorch (float64)")
 # ## 6. Where the time goes: angles once per token, not once per head
 #
 # Without a table, the expensive part of this kernel is not memory: it is the accurate sine and
-# cosine of every (token, pair) angle, each tens of instructions. Every head of a token uses the
-# same angles, so the question is how many times the kernel evaluates them.
+# cosine of every (token, pair) angle, each tens of instructions. Every head of a token turns by
+# the same angles, so the question is how many times a kernel evaluates them, and that is
+# decided by one thing: whether the lines that form the angles sit before the loop over the
+# heads or inside it. You will write the kernel, then count and time both versions.
 #
-# A first version of the kernel tiled the work as the finished 1-D kernel does: a program held a
-# `[BLOCK_S, BLOCK_H, D/2]` tile of a few heads of a few tokens and formed the angles for its
-# tile. With Qwen2-VL's 28 q and 4 k heads in blocks of 4, that is 8 programs per token, each
-# evaluating the same angles; and inside a program Triton spreads the heads over threads, so the
-# threads holding different heads of one token evaluate them again. The kernel as it is now
-# forms the angles of its tokens once, as a `[BLOCK_S, D/2]` tile, and loops over every head
-# (8 heads of one token per step, found best on an H200 by `benchmarks/feature_tiles.py`).
-# Counting evaluations per element of q and k moved:
+# ### Exercise 3: a multi-axis RoPE kernel
+#
+# A simplified kernel, to see the idea without ropelib's generality: q `[T, HQ, D]` and k
+# `[T, HK, D]` of $T$ packed tokens (the `thd` layout, contiguous), the whole head rotated in
+# rotate-half pairs $(j, j + D/2)$, positions `[N_AXES, T]`, and the two per-pair tensors of
+# section 1, `inv_freq` $\omega_j$ and `axis` $a_j$, each `[D/2]`. A program takes a tile of
+# `BLOCK_T` tokens (grid `(cdiv(T, BLOCK_T),)`) and
+#
+# 1. loads `inv_freq` and `axis` once, and for every axis $a$ the positions $p_a(t)$ of its
+#    tokens;
+# 2. gives each pair the position of its axis, a `[BLOCK_T, D/2]` tile built with
+#    `tl.where(axis == a, p_a, ...)` over the axes, and forms
+#    $\theta_{t,j} = p_{a_j}(t)\,\omega_j$ with its $\cos$ and $\sin$, **once**;
+# 3. loops over the heads of q, then of k, and rotates each with those same tiles:
+#
+# $$y_j = x_j \cos\theta_{t,j} - x_{j+D/2} \sin\theta_{t,j}, \qquad
+#   y_{j+D/2} = x_{j+D/2} \cos\theta_{t,j} + x_j \sin\theta_{t,j}.$$
+#
+# ropelib's own kernel (`ropelib/kernels/mrope.py`) does the same with strides, three layouts,
+# a batch, partial rotary, interleaved pairs, fp64 and tile sizes measured per GPU.
+#
+# The check launches your kernel in Triton's interpreter on fresh inputs (Qwen2-VL's sections,
+# Qwen3-VL's interleaving, 2-D axial; a last tile with fewer than `BLOCK_T` tokens; fp32 and
+# bf16), compares q and k with `ropelib.apply_mrope_qk`, and counts the sines and cosines your
+# kernel evaluates: a kernel that forms the angles once per head computes the right values and
+# still does not pass. It runs your own code only: calling ropelib from the kernel fails it. On
+# a GPU it runs the compiled kernel there too; there `tl.sin` and `tl.cos` may compile to fast
+# approximations (ropelib's kernels call libdevice's, which reduce any angle exactly), and the
+# fp32 tolerance allows for that at the positions the check draws.
 
 # %%
-def sincos_per_element(programs_per_token, thread_copies, heads=28 + 4, head_dim=128):
-    """sin/cos evaluations per element of q and k moved: every program that holds a token
-    evaluates its head_dim / 2 angles, thread_copies times over."""
-    return programs_per_token * (head_dim // 2) * thread_copies / (heads * head_dim)
+@triton.jit
+def my_mrope_kernel(
+    q_ptr, k_ptr,            # q [T, HQ, D] and k [T, HK, D]: T tokens, contiguous
+    q_out_ptr, k_out_ptr,    # the rotated q and k, same shapes, contiguous
+    pos_ptr,                 # positions [N_AXES, T], int32, contiguous
+    inv_freq_ptr,            # [D // 2] fp32: the inverse frequency of pair j
+    axis_ptr,                # [D // 2] int32: the axis pair j follows
+    T,                       # tokens
+    HQ: tl.constexpr,        # heads of q
+    HK: tl.constexpr,        # heads of k
+    D: tl.constexpr,         # head dim, a power of two, all rotated: pair j is (j, j + D/2)
+    N_AXES: tl.constexpr,    # position axes (3 for M-RoPE: time, row, column)
+    BLOCK_T: tl.constexpr,   # tokens per program
+):
+    # 1. this program's tokens t [BLOCK_T] (mask t < T) and pairs j [D // 2]; inv_freq, axis
+    # 2. each pair's position: for a in tl.static_range(N_AXES), tl.where(axis == a, ...);
+    #    then theta [BLOCK_T, D // 2], and its cos and sin, once
+    # 3. for h in range(HQ): the row of head h of each token is (t * HQ + h) * D; load both
+    #    halves, rotate, store; then the same for k
+    pass
 
 
-# head blocks of 4: 7 programs for q's 28 heads and 1 for k's 4, and inside each at least 2
-# threads holding other heads of the token evaluate the same angles
-before = sincos_per_element(programs_per_token=7 + 1, thread_copies=2)
-# now: one program per token holds every head of q and k, the angles as their own 2-D tile
-after = sincos_per_element(programs_per_token=1, thread_copies=1)
-print(f"sin/cos per element moved: at least {before:.3f} with head blocks of 4, {after:.4f} "
-      f"with one program per token for every head ({before / after:.0f}x fewer)")
-assert before / after >= 16
+mine_ok = ex.check_mrope_kernel(my_mrope_kernel)
+
+# %%
+solution(ex.solution_mrope_kernel.fn, title="Solution: angles once per token, then every head")
 
 # %% [markdown]
-# Both versions were measured on an H200 with `benchmarks/mrope_bench.py` (bf16, q and k
-# together ≥ 256 MiB; the CSVs are committed). Ratio to a copy of q and k, forward:
+# ### The other way: angles per (token, head)
+#
+# The same kernel with step 2 moved inside the head loops: every head loads the positions and
+# the frequencies again and evaluates every sine and cosine again. Two small `@triton.jit`
+# helpers keep it short (a kernel may call them like functions; Triton inlines them). It
+# computes the same numbers, checked here against ropelib:
+
+# %%
+@triton.jit
+def angles_cos_sin(pos_ptr, inv_freq_ptr, axis_ptr, t, T, HALF: tl.constexpr,
+                   N_AXES: tl.constexpr, BLOCK_T: tl.constexpr):
+    """cos, sin [BLOCK_T, HALF] of the angles of tokens t [BLOCK_T]: step 2 of the kernel."""
+    j = tl.arange(0, HALF)
+    inv = tl.load(inv_freq_ptr + j)
+    ax = tl.load(axis_ptr + j)
+    p = tl.zeros((BLOCK_T, HALF), dtype=tl.float32)
+    for a in tl.static_range(N_AXES):
+        p_a = tl.load(pos_ptr + a * T + t, mask=t < T, other=0).to(tl.float32)
+        p = tl.where(ax[None, :] == a, p_a[:, None], p)
+    theta = p * inv[None, :]
+    return tl.cos(theta), tl.sin(theta)
+
+
+@triton.jit
+def rotate_head(x_ptr, y_ptr, row, c, s, live, HALF: tl.constexpr):
+    """Rotate one head of BLOCK_T tokens (row [BLOCK_T, 1]: where it starts) by c, s."""
+    j = tl.arange(0, HALF)[None, :]
+    x1 = tl.load(x_ptr + row + j, mask=live).to(tl.float32)
+    x2 = tl.load(x_ptr + row + HALF + j, mask=live).to(tl.float32)
+    tl.store(y_ptr + row + j, x1 * c - x2 * s, mask=live)
+    tl.store(y_ptr + row + HALF + j, x2 * c + x1 * s, mask=live)
+
+
+@triton.jit
+def mrope_per_head_kernel(
+    q_ptr, k_ptr, q_out_ptr, k_out_ptr, pos_ptr, inv_freq_ptr, axis_ptr, T,   # as above
+    HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, N_AXES: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
+    HALF: tl.constexpr = D // 2
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)           # [BLOCK_T] tokens
+    live = (t < T)[:, None]
+    for h in range(HQ):
+        c, s = angles_cos_sin(pos_ptr, inv_freq_ptr, axis_ptr, t, T, HALF, N_AXES, BLOCK_T)
+        rotate_head(q_ptr, q_out_ptr, (t[:, None] * HQ + h) * D, c, s, live, HALF)
+    for h in range(HK):
+        c, s = angles_cos_sin(pos_ptr, inv_freq_ptr, axis_ptr, t, T, HALF, N_AXES, BLOCK_T)
+        rotate_head(k_ptr, k_out_ptr, (t[:, None] * HK + h) * D, c, s, live, HALF)
+
+
+once_kernel = my_mrope_kernel if mine_ok else ex.solution_mrope_kernel
+once_name = "yours" if mine_ok else "the worked solution"
+T6, HQ6, HK6, D6 = 16, 28, 4, 128                          # Qwen2-VL-7B's heads, 16 tokens
+f6 = ropelib.multi_axis_frequencies(D6, [16, 24, 24], 1e6)
+pos6 = torch.randint(0, 256, (3, T6), dtype=torch.int32)
+q6, k6 = torch.randn(T6, HQ6, D6), torch.randn(T6, HK6, D6)
+want6 = ropelib.apply_mrope_qk(q6.to(device), k6.to(device), pos6.to(device), f6.to(device),
+                               layout="thd")
+for kern in (mrope_per_head_kernel, once_kernel):
+    got6 = ex.launch_mrope(kern, q6.to(device), k6.to(device), pos6.to(device), f6.to(device),
+                           BLOCK_T=4)
+    assert all(torch.allclose(g, w, atol=3e-5) for g, w in zip(got6, want6)), kern
+print(f"angles per (token, head) and angles once per token ({once_name}): "
+      "both match ropelib.apply_mrope_qk")
+
+# %% [markdown]
+# ### Counting the work (any machine: Triton's interpreter)
+#
+# In the interpreter a kernel's time says nothing about a GPU, but its work can be counted
+# exactly. `ropelib.course.work_count` runs a launch in the interpreter (on CPU tensors, on any
+# machine) and counts what it issues: programs, sines and cosines (every lane of every tile),
+# and the elements each load reads from each tensor. For Qwen2-VL-7B's 28 q and 4 k heads of
+# 128 features, 16 tokens in tiles of 4:
+
+# %%
+BLOCK6 = 4
+counted = {"angles per (token, head)": ex.count_mrope(mrope_per_head_kernel, q6, k6, pos6, f6,
+                                                      BLOCK6),
+           f"angles once per token ({once_name})": ex.count_mrope(once_kernel, q6, k6, pos6, f6,
+                                                                  BLOCK6)}
+slots = T6 * (D6 // 2)                                      # (token, pair) angles there are
+print(f"{'kernel':<44} {'programs':>8} {'sin':>7} {'cos':>7} {'sin per angle':>13} "
+      f"{'positions read':>14} {'inv_freq+axis read':>18} {'q and k read':>12}")
+for label, w in counted.items():
+    print(f"{label:<44} {w.programs:>8} {w.sin:>7} {w.cos:>7} {w.sin / slots:>13g} "
+          f"{w.loads['positions']:>14} {w.loads['inv_freq'] + w.loads['axis']:>18} "
+          f"{w.loads['q'] + w.loads['k']:>12}")
+per_head, once = counted.values()
+heads = HQ6 + HK6
+assert per_head.sin == per_head.cos == heads * slots        # one set of angles per head
+assert per_head.loads["positions"] == heads * 3 * T6        # every head reads them again
+assert per_head.loads["inv_freq"] == heads * per_head.programs * (D6 // 2)
+assert once.sin <= 2 * slots and once.cos <= 2 * slots      # once per token (the check's rule)
+assert per_head.loads["q"] + per_head.loads["k"] == once.loads["q"] + once.loads["k"] \
+    == q6.numel() + k6.numel()                              # the same data moved
+print(f"per (token, head): {per_head.sin // slots} times the sines and cosines of once per "
+      f"token, for {heads} heads; q and k are read once by both")
+
+# %% [markdown]
+# The kernel that forms its angles per (token, head) evaluates $H_q + H_k = 32$ times the
+# sines and cosines, and reads the positions and the frequencies once per head, for the same
+# q and k moved. How the two grow with the head count:
+
+# %%
+head_counts = [1, 2, 4, 8, 16, 32]
+per_element = {label: [] for label in counted}
+for hq in head_counts:                                      # hq heads of q and one of k
+    qh, kh = torch.randn(8, hq, D6), torch.randn(8, 1, D6)
+    for label, kern in zip(counted, (mrope_per_head_kernel, once_kernel)):
+        w = ex.count_mrope(kern, qh, kh, pos6[:, :8].contiguous(), f6, BLOCK6)
+        per_element[label].append(w.sincos / (qh.numel() + kh.numel()))
+fig, ax = plt.subplots(figsize=(6.5, 3.4))
+xs = [h + 1 for h in head_counts]
+for label, ys in per_element.items():
+    ax.plot(xs, ys, "o-", label=label)
+ax.set(xscale="log", yscale="log", xlabel="heads of q and k (one k head)",
+       ylabel="sin + cos evaluated\nper element of q and k",
+       title="counted in Triton's interpreter, head dim 128")
+ax.set_xticks(xs, [str(x) for x in xs])
+ax.xaxis.set_minor_locator(plt.NullLocator())
+ax.legend(fontsize=8)
+ax.grid(alpha=0.3, which="both")
+fig.tight_layout()
+fig.savefig(FIGURES / "10-sincos-per-element.png", dpi=120)
+plt.show()
+assert all(abs(y - per_element["angles per (token, head)"][0]) < 1e-12
+           for y in per_element["angles per (token, head)"])          # flat: 1 per element
+assert per_element[f"angles once per token ({once_name})"][-1] <= 2 / 33 + 1e-12
+
+# %% [markdown]
+# The per-head kernel evaluates a sine and a cosine for every pair of every head: one
+# evaluation per element of q and k moved, whatever the head count. The once-per-token kernel
+# shares them among the heads, so its evaluations per element fall as one over the head count.
+#
+# ### Timing on a GPU
+#
+# Counting says how much work each kernel issues, not what it costs: on a GPU the sines and
+# cosines of one tile compete with the loads of the next, and a kernel that moves
+# $4\,T\,(H_q + H_k)\,D$ bytes of bf16 (q and k, read and written) may hide some arithmetic
+# behind memory. Where a GPU is there the cell times both kernels, ropelib's finished kernel and
+# a copy of q and k with `triton.testing.do_bench` (median of its runs, in GB/s of q and k
+# moved); elsewhere it says so and the counts above are the measurement.
+
+# %%
+def gbps(ms, *tensors):
+    return 2 * sum(t.numel() * t.element_size() for t in tensors) / (ms * 1e-3) / 1e9
+
+
+if ropelib.runtime.on_gpu():
+    TG = 16384                                              # tokens
+    fg = f6.to(device)
+    qg = torch.randn(TG, HQ6, D6, device=device, dtype=torch.bfloat16)
+    kg = torch.randn(TG, HK6, D6, device=device, dtype=torch.bfloat16)
+    posg = torch.randint(0, 256, (3, TG), device=device, dtype=torch.int32)
+    outs = (torch.empty_like(qg), torch.empty_like(kg))
+    wantg = ropelib.apply_mrope_qk(qg, kg, posg, fg, layout="thd")
+    timers = {"angles per (token, head)": lambda: ex.launch_mrope(
+                  mrope_per_head_kernel, qg, kg, posg, fg, BLOCK_T=8, out=outs),
+              f"angles once per token ({once_name})": lambda: ex.launch_mrope(
+                  once_kernel, qg, kg, posg, fg, BLOCK_T=8, out=outs),
+              "ropelib.apply_mrope_qk": lambda: ropelib.apply_mrope_qk(qg, kg, posg, fg,
+                                                                       layout="thd"),
+              "copy of q and k": lambda: (qg.clone(), kg.clone())}
+    for label in list(timers)[:2]:
+        timers[label]()
+        assert all(torch.allclose(o.float(), w.float(), atol=2e-2, rtol=2e-2)
+                   for o, w in zip(outs, wantg)), label
+    print(f"{torch.cuda.get_device_name()}, T={TG}, {HQ6} q + {HK6} k heads of {D6}, bf16:")
+    timed = {}
+    for label, fn in timers.items():
+        ms, lo, hi = triton.testing.do_bench(fn, quantiles=[0.5, 0.2, 0.8])
+        timed[label] = ms
+        print(f"  {label:<44} {ms * 1e3:8.1f} us  ({lo * 1e3:.1f}-{hi * 1e3:.1f})  "
+              f"{gbps(ms, qg, kg):7.0f} GB/s")
+    first, second = list(timed)[:2]
+    print(f"angles per (token, head) take {timed[first] / timed[second]:.2f}x the time of "
+          "angles once per token")
+else:
+    print("No GPU here: nothing to time (the interpreter's time says nothing about a GPU). "
+          "The counts above are what this machine can measure.")
+
+# %% [markdown]
+# ropelib's own kernel went through the same change. Its first version tiled the work as the
+# finished 1-D kernel does: a program held a block of a few heads of a few tokens and formed
+# the angles for its tile, so every block of heads formed them again, and inside a program
+# every thread holding another head of the token did too. The kernel as it is now forms the
+# angles of its tokens once, as a `[BLOCK_S, D/2]` tile, and loops over every head, a few
+# heads per step (`benchmarks/feature_tiles.py` measured how many). Both versions were
+# measured on an H200 with `benchmarks/mrope_bench.py` (bf16, q and k together ≥ 256 MiB;
+# the CSVs are committed). Ratio to a copy of q and k, forward:
 
 # %%
 from ropelib.bench import compare
@@ -393,7 +621,10 @@ assert all(ratios["angles once per token (now)"][c] > ratios["head blocks (first
 # ## Exercises
 #
 # Each check prints ✅ or ❌ and never stops the notebook. Replace the `...` and rerun the
-# cell; the solutions are folded away in the cell after each exercise.
+# cell; the solutions are folded away in the cell after each exercise. The checks run your own
+# code: an answer that calls ropelib's `axis_of_pairs`, `multi_axis_frequencies` or
+# `grid_positions` (or any other part of the library) is not one. Exercise 3, the kernel, is in
+# section 6.
 #
 # **1. The section split.** Write `my_axis_of_pairs(section, interleaved)`: a list or tensor of
 # `sum(section)` ints, the axis of each frequency pair. With `interleaved=False`, contiguous
@@ -444,8 +675,12 @@ solution(ex.solution_text_then_image)
 #   `[R/2]`, forms only the angles it uses, rotates q and k in one launch, and runs backward
 #   as the rotation by $-\theta$. It matches transformers' Qwen2-VL, Qwen3-VL and Qwen2-VL
 #   vision code; `ropelib.hf.apply_multimodal_rotary_pos_emb` is the 4.x drop-in.
-# - `benchmarks/mrope_bench.py` times it against a copy of q and k, transformers' code and
-#   torch.compile of that code on a GPU.
+# - Every head of a token turns by the same angles: a kernel that forms them once per token
+#   and loops over the heads evaluates $H_q + H_k$ times fewer sines and cosines than one that
+#   forms them per (token, head), for the same bytes moved (counted in the interpreter; timed
+#   on a GPU).
+# - `benchmarks/mrope_bench.py` times ropelib's kernel against a copy of q and k,
+#   transformers' code and torch.compile of that code on a GPU.
 
 # %% [markdown]
 # ## Long-context precision

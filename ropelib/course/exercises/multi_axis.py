@@ -1,26 +1,60 @@
-"""Exercises of notebook 10 (multi-axis RoPE): the axis of each frequency pair, and the
-positions of an image grid after text.
+"""Exercises of notebook 10 (multi-axis RoPE): the axis of each frequency pair, the positions of
+an image grid after text, and a multi-axis RoPE kernel that forms each token's angles once.
 
-Each `check_...` calls the learner's function on several cases and compares it with what
-ropelib.mrope computes (never a hard-coded answer); `solution_...` are the worked answers the
-notebook shows folded away (tests/test_mrope.py checks that they pass).
+Each `check_...` runs the learner's answer with ropelib's own answers barred (`own_code`: the
+product's modules, ropelib.mrope's `axis_of_pairs` and `grid_positions` among them, and the
+teaching kernels) and compares it with what ropelib computes, never with a hard-coded answer;
+`solution_...` are the worked answers the notebook shows folded away
+(tests/test_exercises_multi_axis.py checks that they pass and that library answers fail).
+
+The kernel exercise (`check_mrope_kernel`) takes the learner's @triton.jit *kernel*. The check
+allocates the outputs itself (NaN, inside NaN guard bands), launches the kernel with the
+signature below on fresh inputs through Triton's interpreter on the CPU, barred from ropelib
+and with its sines and cosines counted (`ropelib.course.work_count`), and compares q and k
+with `ropelib.apply_mrope_qk`; on a GPU it then also runs the compiled kernel there. It passes
+when the values match and the kernel evaluates at most two sines (and cosines) per (token,
+pair): angles formed per head would cost as many per (token, pair) as there are heads.
+
+    q_ptr, k_ptr,            # q [T, HQ, D] and k [T, HK, D]: T tokens, contiguous
+    q_out_ptr, k_out_ptr,    # the rotated q and k, same shapes, contiguous
+    pos_ptr,                 # positions [N_AXES, T], int32, contiguous
+    inv_freq_ptr,            # [D // 2] fp32: the inverse frequency of pair j
+    axis_ptr,                # [D // 2] int32: the axis pair j follows
+    T,                       # tokens
+    HQ: tl.constexpr,        # heads of q
+    HK: tl.constexpr,        # heads of k
+    D: tl.constexpr,         # head dim, a power of two, all rotated: pair j is (j, j + D/2)
+    N_AXES: tl.constexpr,    # position axes (3 for M-RoPE: time, row, column)
+    BLOCK_T: tl.constexpr,   # tokens per program; the grid is (cdiv(T, BLOCK_T),)
 """
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
+import triton
+import triton.language as tl
 
-from ... import mrope
-from . import _compare, call_answer, check
+from ... import mrope, runtime
+from ..work_count import WorkCount, count_work, interpreted
+from . import _compare, check
+from .naive_kernel import is_blank
+from .own_code import LibraryAnswer, library_barred, run_own_code
+
+__all__ = ["check_axis_of_pairs", "solution_axis_of_pairs", "check_text_then_image",
+           "solution_text_then_image", "check_mrope_kernel", "solution_mrope_kernel",
+           "launch_mrope", "count_mrope", "KERNEL_CASES"]
 
 
-def _cases(name: str, fn: Callable, cases, hint: str) -> bool:
+def _cases(name: str, what: str, fn: Callable, cases, hint: str) -> bool:
+    """Run fn on every case with the library barred; report the first wrong one (or ✅)."""
     answer = expected = None
     for label, args, expected in cases:
-        ok, answer = call_answer(f"{name} ({label})", fn, *args)
+        ok, answer = run_own_code(f"{name} ({label})", what, fn, *args)
         if not ok:
             return False
-        if isinstance(answer, (list, tuple)):
-            answer = torch.as_tensor(answer)
+        try:
+            answer = torch.as_tensor(answer) if isinstance(answer, (list, tuple)) else answer
+        except (TypeError, ValueError, RuntimeError):
+            pass  # not a list of numbers: check() below says what is wrong with it
         same, _ = _compare(answer, expected, None, None)
         if not same:
             return check(f"{name} ({label})", answer, expected, hint=hint)
@@ -31,12 +65,14 @@ def _cases(name: str, fn: Callable, cases, hint: str) -> bool:
 
 def check_axis_of_pairs(fn: Callable) -> bool:
     """fn(section, interleaved) -> [sum(section)] ints: the axis of each frequency pair, with
-    contiguous sections (Qwen2-VL) or Qwen3-VL's round-robin rule (interleaved=True)."""
+    contiguous sections (Qwen2-VL) or Qwen3-VL's round-robin rule (interleaved=True). Your own
+    code: ropelib.mrope's axis_of_pairs and multi_axis_frequencies are barred."""
     cases = [(f"{s}, interleaved={i}", (list(s), i),
               mrope.axis_of_pairs(s, "mrope_interleaved" if i else "mrope").long())
              for s, i in (([16, 24, 24], False), ([2, 3, 3], False), ([24, 20, 20], True),
                           ([3, 3, 2], True), ([8, 8], False))]
-    return _cases("axis of each pair", fn, cases,
+    return _cases("axis of each pair", "the axis of each pair worked out by your code", fn,
+                  cases,
                   hint="contiguous: section[0] zeros, then section[1] ones, ...; interleaved: "
                        "start all 0, then pair j takes axis a >= 1 when j % n == a and "
                        "j < n * section[a]")
@@ -64,10 +100,11 @@ def _text_then_image(n_text: int, h: int, w: int) -> torch.Tensor:
 
 def check_text_then_image(fn: Callable) -> bool:
     """fn(n_text, h, w) -> [3, n_text + h*w + 1] positions (time, row, column): n_text text
-    tokens, one image of h x w patches in raster order, then one more text token."""
+    tokens, one image of h x w patches in raster order, then one more text token. Your own
+    code: ropelib.mrope.grid_positions is barred."""
     cases = [(f"n_text={n}, {h}x{w}", (n, h, w), _text_then_image(n, h, w))
              for n, h, w in ((3, 2, 2), (0, 1, 4), (5, 3, 2), (1, 4, 4))]
-    return _cases("text-then-image positions", fn, cases,
+    return _cases("text-then-image positions", "the positions built by your code", fn, cases,
                   hint="text token i: (i, i, i); the image starts every axis at n_text and adds "
                        "its row to axis 1, its column to axis 2; the next text token continues "
                        "at one past the largest position used so far")
@@ -80,3 +117,190 @@ def solution_text_then_image(n_text, h, w):
                          cols.reshape(-1)]) + n_text
     nxt = int(image.max()) + 1
     return torch.cat([text, image, torch.full((3, 1), nxt)], 1)
+
+
+# --- 3. the kernel: every token's angles once, then all its heads ----------------------------
+
+# (T, HQ, HK, D, section, style, dtype, BLOCK_T): a masked last tile, an odd head count, two
+# axes, interleaved sections, bf16
+KERNEL_CASES = (
+    (7, 4, 2, 16, (2, 3, 3), "mrope", torch.float32, 4),
+    (6, 3, 1, 16, (3, 3, 2), "mrope_interleaved", torch.float32, 2),
+    (5, 2, 2, 8, (2, 2), "axial", torch.bfloat16, 4),
+)
+
+
+def launch_mrope(kernel, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
+                 freqs: "mrope.AxisFrequencies", BLOCK_T: int, out=None, num_warps: int = 4):
+    """Launch a kernel of this module's signature: q [T, HQ, D], k [T, HK, D] contiguous,
+    positions [N_AXES, T] int32 contiguous. Returns (q_out, k_out) (`out`, if given)."""
+    T, HQ, D = q.shape
+    q_out, k_out = out if out is not None else (torch.empty_like(q), torch.empty_like(k))
+    kernel[(triton.cdiv(T, BLOCK_T),)](
+        q, k, q_out, k_out, positions, freqs.inv_freq, freqs.axis, T,
+        HQ=HQ, HK=k.shape[1], D=D, N_AXES=positions.shape[0], BLOCK_T=BLOCK_T,
+        num_warps=num_warps)
+    return q_out, k_out
+
+
+def _guarded(shape, dtype, device):
+    """(buffer, view): a NaN view in the middle of a NaN buffer, so a store outside the view
+    lands in memory the check owns and shows up."""
+    n, pad = torch.Size(shape).numel(), 64 + 4 * shape[-1]
+    buf = torch.full((pad + n + pad,), float("nan"), dtype=dtype, device=device)
+    return buf, buf[pad:pad + n].view(shape), pad
+
+
+def _kernel_inputs(case, gen):
+    T, HQ, HK, D, section, style, dtype, _ = case
+    q = torch.randn(T, HQ, D, generator=gen).to(dtype)
+    k = torch.randn(T, HK, D, generator=gen).to(dtype)
+    positions = torch.randint(0, 64, (len(section), T), generator=gen, dtype=torch.int32)
+    base = float(torch.randint(100, 20000, (), generator=gen))
+    freqs = mrope.multi_axis_frequencies(D, list(section), base, style=style)
+    return q, k, positions, freqs
+
+
+def count_mrope(kernel, q, k, positions, freqs, BLOCK_T: int) -> WorkCount:
+    """Run a kernel of this module's signature in Triton's interpreter on CPU tensors and count
+    its programs, sines, cosines and loads (of q, k, positions, inv_freq, axis)."""
+    with count_work(q=q, k=k, positions=positions, inv_freq=freqs.inv_freq,
+                    axis=freqs.axis) as work:
+        launch_mrope(interpreted(kernel), q, k, positions, freqs, BLOCK_T)
+    return work
+
+
+def _is_kernel(obj) -> bool:
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+    return isinstance(obj, (JITFunction, InterpretedFunction))
+
+
+def _compare_outputs(name, label, got, want, bufs, tol) -> bool:
+    for which, y, w, (buf, pad) in zip(("q", "k"), got, want, bufs):
+        outside = int((~buf[:pad].isnan()).sum() + (~buf[-pad:].isnan()).sum())
+        if outside:
+            print(f"❌ {name} ({label}): the kernel stored {outside} elements outside {which}_out "
+                  "(a store without its mask, or a wrong row offset)")
+            return False
+        if bool(y.isnan().any()):
+            where = tuple(int(i) for i in y.isnan().nonzero()[0])
+            print(f"❌ {name} ({label}): {int(y.isnan().sum())} elements of {which}_out were "
+                  f"never written (first at [token, head, feature] = {where})")
+            return False
+        same, _ = _compare(y, w, *tol)
+        if not same:
+            return check(f"{name} ({label}): {which}_out", y, w, atol=tol[0], rtol=tol[1],
+                         hint="pair j turns by positions[axis[j], t] * inv_freq[j]; rotate-half "
+                              "pairs features j and j + D/2")
+    return True
+
+
+def check_mrope_kernel(kernel, *, seed: Optional[int] = None) -> bool:
+    """Launch the learner's multi-axis RoPE kernel (the signature in this module's docstring)
+    on fresh inputs; compare with ropelib.apply_mrope_qk and count its sines and cosines.
+
+    Returns True when every case matches and the kernel forms each token's angles once (at
+    most 2 sines and 2 cosines per (token, pair) over the tokens its programs cover).
+    """
+    name = "multi-axis RoPE kernel"
+    if kernel is None or kernel is Ellipsis or (_is_kernel(kernel) and is_blank(kernel)):
+        print(f"❌ {name}: no kernel yet (write the body of the @triton.jit function, then rerun)")
+        return False
+    if not _is_kernel(kernel):
+        print(f"❌ {name}: expected a @triton.jit kernel, got {type(kernel).__name__}; the check "
+              "launches the kernel itself and reads the outputs it allocated")
+        return False
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())) if seed is None else seed)
+    on_gpu = runtime.on_gpu()
+    counts = []
+    for case in KERNEL_CASES:
+        T, HQ, HK, D, section, style, dtype, BLOCK_T = case
+        label = (f"T={T}, {HQ} q and {HK} k heads, D={D}, {style} {list(section)}, "
+                 f"{str(dtype).replace('torch.', '')}")
+        # (atol, rtol); fp32 leaves room for tl.sin and tl.cos, fast approximations on GPUs
+        tol = (3e-5, 1e-5) if dtype == torch.float32 else (1e-2, 1.6e-2)
+        q, k, positions, freqs = _kernel_inputs(case, gen)
+        ref = "cuda" if on_gpu else "cpu"       # where ropelib's kernel runs
+        want = mrope.apply_mrope_qk(q.to(ref), k.to(ref), positions.to(ref), freqs.to(ref),
+                                    layout="thd")
+        for device in ("cpu", "cuda") if on_gpu else ("cpu",):
+            args = [t.to(device) for t in (q, k, positions)]
+            f = freqs.to(device)
+            qb, q_out, q_pad = _guarded(q.shape, dtype, device)
+            kb, k_out, k_pad = _guarded(k.shape, dtype, device)
+            where = "interpreter" if device == "cpu" else "compiled on the GPU"
+            try:
+                if device == "cpu":      # your own code: ropelib barred, sines counted
+                    with count_work() as work, library_barred("your multi-axis RoPE kernel"):
+                        launch_mrope(interpreted(kernel), *args, f, BLOCK_T, out=(q_out, k_out))
+                else:
+                    launch_mrope(kernel, *args, f, BLOCK_T, out=(q_out, k_out))
+            except LibraryAnswer as exc:
+                print(f"❌ {name}: {exc}")
+                return False
+            except Exception as exc:  # noqa: BLE001 -- report, never stop the notebook
+                last = (str(exc).strip().splitlines() or [""])[-1]
+                print(f"❌ {name} ({label}, {where}): the launch raised {type(exc).__name__}: "
+                      f"{last[:300]}")
+                return False
+            if not _compare_outputs(name, f"{label}, {where}", (q_out, k_out),
+                                    [w.to(device) for w in want], ((qb, q_pad), (kb, k_pad)),
+                                    tol):
+                return False
+        covered = work.programs * BLOCK_T * (D // 2)     # (token, pair) slots of its programs
+        per_slot = max(work.sin, work.cos) / covered
+        if per_slot > 2:
+            print(f"❌ {name} ({label}): right values, but {work.sin} sines and {work.cos} "
+                  f"cosines for {work.programs} programs x {BLOCK_T} tokens x {D // 2} pairs: "
+                  f"{per_slot:g} per (token, pair) with {HQ + HK} heads. Form the angles once "
+                  "per token, before the loop over the heads, and reuse them for every head")
+            return False
+        counts.append(per_slot)
+    gpu = " and compiled on the GPU" if on_gpu else ""
+    print(f"✅ {name}: correct on {len(KERNEL_CASES)} launches in the interpreter{gpu} (M-RoPE, "
+          f"interleaved, 2-D axial; a masked tile; fp32 and bf16), with "
+          f"{max(counts):g} sine and cosine per (token, pair) whatever the head count")
+    return True
+
+
+@triton.jit
+def solution_mrope_kernel(
+    q_ptr, k_ptr,  # q [T, HQ, D] and k [T, HK, D]: T tokens, contiguous
+    q_out_ptr, k_out_ptr,  # the rotated q and k, same shapes, contiguous
+    pos_ptr,  # positions [N_AXES, T], int32, contiguous
+    inv_freq_ptr,  # [D // 2] fp32: the inverse frequency of pair j
+    axis_ptr,  # [D // 2] int32: the axis pair j follows
+    T,  # tokens
+    HQ: tl.constexpr,  # heads of q
+    HK: tl.constexpr,  # heads of k
+    D: tl.constexpr,  # head dim, a power of two, all rotated: pair j is (j, j + D/2)
+    N_AXES: tl.constexpr,  # position axes (3 for M-RoPE: time, row, column)
+    BLOCK_T: tl.constexpr,  # tokens per program
+):
+    HALF: tl.constexpr = D // 2
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)  # [BLOCK_T] this program's tokens
+    live = (t < T)[:, None]  # [BLOCK_T, 1]
+    j = tl.arange(0, HALF)  # [HALF] pairs
+    inv = tl.load(inv_freq_ptr + j)
+    ax = tl.load(axis_ptr + j)
+    # each pair's position is the one of its axis: [BLOCK_T, HALF]
+    p = tl.zeros((BLOCK_T, HALF), dtype=tl.float32)
+    for a in tl.static_range(N_AXES):
+        p_a = tl.load(pos_ptr + a * T + t, mask=t < T, other=0).to(tl.float32)  # [BLOCK_T]
+        p = tl.where(ax[None, :] == a, p_a[:, None], p)
+    theta = p * inv[None, :]
+    c = tl.cos(theta)  # once per token: every head below reuses them
+    s = tl.sin(theta)
+    for h in range(HQ):
+        row = (t[:, None] * HQ + h) * D  # [BLOCK_T, 1]: where head h of each token starts
+        x1 = tl.load(q_ptr + row + j[None, :], mask=live).to(tl.float32)
+        x2 = tl.load(q_ptr + row + HALF + j[None, :], mask=live).to(tl.float32)
+        tl.store(q_out_ptr + row + j[None, :], x1 * c - x2 * s, mask=live)
+        tl.store(q_out_ptr + row + HALF + j[None, :], x2 * c + x1 * s, mask=live)
+    for h in range(HK):
+        row = (t[:, None] * HK + h) * D
+        x1 = tl.load(k_ptr + row + j[None, :], mask=live).to(tl.float32)
+        x2 = tl.load(k_ptr + row + HALF + j[None, :], mask=live).to(tl.float32)
+        tl.store(k_out_ptr + row + j[None, :], x1 * c - x2 * s, mask=live)
+        tl.store(k_out_ptr + row + HALF + j[None, :], x2 * c + x1 * s, mask=live)

@@ -1,0 +1,166 @@
+"""Count the work a Triton kernel issues, by running it in Triton's interpreter.
+
+On a GPU a kernel's cost is its time. In the interpreter (the CPU runs the kernel's Python one
+program after another, with numpy for every tile) time says nothing about a GPU, but the work
+the kernel issues can be counted exactly: how many programs run, how many sines and cosines
+are evaluated (every lane of a tile, masked or not: a GPU evaluates those lanes too) and how
+many elements each load reads from each tensor (the lanes whose mask is on).
+
+    with count_work(positions=pos, inv_freq=inv) as work:
+        interpreted(kernel)[grid](q, ..., BLOCK_T=4)
+    work.programs, work.sin, work.cos, work.loads["positions"]
+
+`interpreted(kernel)` is the kernel as the interpreter runs it: the kernel itself under
+TRITON_INTERPRET=1; elsewhere (a GPU machine) its Python function run by the interpreter, on CPU
+tensors, with the @triton.jit helpers it calls by a global name interpreted along with it.
+"""
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Dict
+
+import numpy as np
+import torch
+
+__all__ = ["WorkCount", "count_work", "interpreted"]
+
+
+@dataclass
+class WorkCount:
+    """What the launches inside one `count_work` block issued."""
+    programs: int = 0                   # program instances run
+    sin: int = 0                        # sine evaluations (elements of every tl.sin)
+    cos: int = 0                        # cosine evaluations
+    loads: Dict[str, int] = field(default_factory=dict)   # elements loaded, per named tensor
+
+    @property
+    def sincos(self) -> int:
+        return self.sin + self.cos
+
+
+def _byte_range(t: torch.Tensor):
+    """[first byte, one past the last) of a tensor's elements (non-negative strides)."""
+    span = (sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1) * t.element_size()
+    return t.data_ptr(), t.data_ptr() + (span if t.numel() else 0)
+
+
+@contextmanager
+def count_work(**tensors: torch.Tensor):
+    """Count programs, sin/cos evaluations and loads of the interpreted launches in the block.
+
+    tensors: name -> a CPU tensor the kernel reads; `loads[name]` counts the elements loaded
+    from its memory (lanes whose mask is on). Only launches run by Triton's interpreter are
+    counted (see `interpreted`).
+    """
+    from triton.runtime.interpreter import InterpreterBuilder
+
+    for name, t in tensors.items():
+        if t.device.type != "cpu":
+            raise ValueError(f"count_work counts interpreted launches, which read CPU tensors: "
+                             f"{name} is on {t.device}")
+    work = WorkCount(loads={name: 0 for name in tensors})
+    ranges = {name: _byte_range(t) for name, t in tensors.items()}
+    saved = {name: getattr(InterpreterBuilder, name)
+             for name in ("create_sin", "create_cos", "create_masked_load", "set_grid_idx")}
+
+    def sin(self, arg):
+        work.sin += int(arg.data.size)
+        return saved["create_sin"](self, arg)
+
+    def cos(self, arg):
+        work.cos += int(arg.data.size)
+        return saved["create_cos"](self, arg)
+
+    def masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
+        addr = np.asarray(ptrs.data)
+        on = np.broadcast_to(np.asarray(mask.data, dtype=bool), addr.shape)
+        for name, (lo, hi) in ranges.items():
+            work.loads[name] += int(((addr >= lo) & (addr < hi) & on).sum())
+        return saved["create_masked_load"](self, ptrs, mask, other, cache_policy, is_volatile)
+
+    def grid_idx(self, x, y, z):
+        work.programs += 1
+        return saved["set_grid_idx"](self, x, y, z)
+
+    patched = {"create_sin": sin, "create_cos": cos, "create_masked_load": masked_load,
+               "set_grid_idx": grid_idx}
+    for name, fn in patched.items():
+        setattr(InterpreterBuilder, name, fn)
+    try:
+        yield work
+    finally:
+        for name, fn in saved.items():
+            setattr(InterpreterBuilder, name, fn)
+
+
+def _is_jit(obj) -> bool:
+    from triton.runtime.jit import JITFunction
+    return isinstance(obj, JITFunction)
+
+
+def _jit_globals(fn, found: dict) -> dict:
+    """{(id of a namespace, name): (namespace, name, JITFunction)} of the @triton.jit helpers
+    fn calls by a global name, and theirs."""
+    g = fn.__globals__
+    for name in fn.__code__.co_names:
+        obj = g.get(name)
+        key = (id(g), name)
+        if _is_jit(obj) and key not in found:
+            found[key] = (g, name, obj)
+            _jit_globals(obj.fn, found)
+    return found
+
+
+def _language_jit(found: dict) -> dict:
+    """The same for triton.language's own @triton.jit functions (tl.zeros, tl.cdiv, tl.sum's
+    combine functions...): made by `jit` when triton was imported, so compiled-mode ones
+    where the interpreter was not switched on then."""
+    import sys
+    for mod_name, mod in list(sys.modules.items()):
+        if mod is None or not (mod_name == "triton.language"
+                               or mod_name.startswith("triton.language.")):
+            continue
+        space = vars(mod)
+        for name, obj in list(space.items()):
+            if _is_jit(obj):
+                found.setdefault((id(space), name), (space, name, obj))
+    return found
+
+
+class _Interpreted:
+    """A compiled-mode @triton.jit kernel launched through Triton's interpreter: for the
+    launch, the @triton.jit functions it may call (its helpers by global name, triton.language's
+    own) are swapped for interpreted ones, then put back."""
+
+    def __init__(self, kernel):
+        from triton.runtime.interpreter import InterpretedFunction
+        self.kernel = kernel
+        self.run = InterpretedFunction(kernel.fn)
+
+    def __getitem__(self, grid):
+        from triton.runtime.interpreter import InterpretedFunction
+
+        def launch(*args, **kwargs):
+            try:    # imported on a launch's first use, it wants triton.language as it was
+                import triton.experimental.gluon  # noqa: F401
+            except Exception:  # noqa: BLE001 -- not in every release
+                pass
+            swapped = _language_jit(_jit_globals(self.kernel.fn, {}))
+            for space, name, obj in swapped.values():
+                space[name] = InterpretedFunction(obj.fn)
+            try:
+                return self.run[grid](*args, **kwargs)
+            finally:
+                for space, name, obj in swapped.values():
+                    space[name] = obj
+        return launch
+
+
+def interpreted(kernel):
+    """The kernel as Triton's interpreter runs it (launch it on CPU tensors): the kernel itself
+    under TRITON_INTERPRET=1, else a wrapper that interprets its Python function."""
+    from triton.runtime.interpreter import InterpretedFunction
+    if isinstance(kernel, InterpretedFunction):
+        return kernel
+    if _is_jit(kernel):
+        return _Interpreted(kernel)
+    raise TypeError(f"expected a @triton.jit kernel, got {type(kernel).__name__}")
