@@ -122,7 +122,8 @@ def prepare(x: torch.Tensor, freqs=None, *, cos=None, sin=None, layout="sbhd",
             raise ValueError("position_ids gives every token's position: do not combine it with "
                              "start_positions, cp_size > 1 or cu_seqlens")
         if layout == "thd" and position_ids.dim() != 1:
-            raise ValueError(f"position_ids for layout='thd' must be [T], got {tuple(position_ids.shape)}")
+            raise ValueError(f"position_ids for layout='thd' must be [T], got "
+                             f"{tuple(position_ids.shape)}")
         # [B or 1, S], contiguous: the kernel reads a row of ids at stride 1
         position_ids = (position_ids if position_ids.dim() == 2
                         else position_ids.unsqueeze(0)).contiguous()
@@ -225,45 +226,45 @@ def saveable(t):
     return t
 
 
-class _PlannedSignature:
+class PlannedCall:
     """One checked and planned signature of a public function (see ropelib.eager): the rotation,
-    which of the caller's tables and index tensors it reads (`used`: indices into the 5-tuple
-    (table, sin, position_ids, cu_seqlens, start_positions)), and what each call must still
-    check."""
-    __slots__ = ("rotation", "used", "call", "rows", "in_place", "grad", "names", "has_index")
+    which of the caller's tables and index tensors it reads (`read_slots`: indices into the
+    5-tuple (table, sin, position_ids, cu_seqlens, start_positions)), and what each call must
+    still check."""
+    __slots__ = ("rotation", "read_slots", "call", "rows", "in_place", "grad", "names", "has_index")
 
-    def __init__(self, rotation, used: tuple, call: Call, rows: int, in_place: bool, grad: bool,
-                 names):
-        self.rotation, self.used, self.rows = rotation, used, rows
+    def __init__(self, rotation, read_slots: tuple, call: Call, rows: int, in_place: bool,
+                 grad: bool, names):
+        self.rotation, self.read_slots, self.rows = rotation, read_slots, rows
         self.in_place, self.grad, self.names = in_place, grad, names
         self.call = call._replace(table=None, sin=None, position_ids=None, cu_seqlens=None,
                                   start_positions=None)   # keeps no tensor
         self.has_index = any(t is not None for t in call.index())
 
-    def __call__(self, xs: tuple, given: tuple, checked: bool = False):
+    def __call__(self, xs: tuple, tables_and_index: tuple, checked: bool = False):
         if not checked:
             if self.has_index:
-                check_values(self.call, self.rows, given[2:])
+                check_values(self.call, self.rows, tables_and_index[2:])
             if self.in_place:
                 if len(xs) == 2:
                     check_qk_in_place(*xs)
                 else:
                     check_in_place(xs[0], self.names[0])
-        used = [given[j] for j in self.used]
+        reads = [tables_and_index[j] for j in self.read_slots]
         if self.grad:
-            out = eager.Rotate.apply(self.rotation, len(xs), *xs, *map(saveable, used))
+            out = eager.Rotate.apply(self.rotation, len(xs), *xs, *map(saveable, reads))
             outs = out if isinstance(out, tuple) else (out,)
             if self.in_place:   # an ordinary in-place copy, which autograd tracks (views too)
                 outs = tuple(x.copy_(y) for x, y in zip(xs, outs))
         else:
-            outs = self.rotation.run(xs, used)
+            outs = self.rotation.run(xs, reads)
         return outs if len(outs) > 1 else outs[0]
 
 
-def _plan_eager(xs, given, normalized, c: Call, *, inplace: bool, rows: int, names,
-                out_dtype=None) -> _PlannedSignature:
+def plan_eager_call(xs, tables_and_index, normalized, c: Call, *, inplace: bool, rows: int,
+                    names, out_dtype=None) -> PlannedCall:
     """Plan the eager route of a checked call. normalized = (table, sin): the table as the
-    checks left it; given: the caller's (table, sin, position_ids, cu_seqlens,
+    checks left it; tables_and_index: the caller's (table, sin, position_ids, cu_seqlens,
     start_positions)."""
     grad = needs_grad(*xs)
     direct_in_place = inplace and not grad
@@ -274,21 +275,21 @@ def _plan_eager(xs, given, normalized, c: Call, *, inplace: bool, rows: int, nam
     reads = {"cos_ptr": (table, 0), "sin_ptr": (sin, 1), "position_ids_ptr": (c.position_ids, 2),
              "cu_seqlens_ptr": (c.cu_seqlens, 3), "start_ptr": (c.start_positions, 4)}
     reads = {name: (t, j) for name, (t, j) in reads.items() if t is not None}
-    used = tuple(sorted({j for _, j in reads.values()}))
+    read_slots = tuple(sorted({j for _, j in reads.values()}))
     # a pointer reads the caller's tensor, or a contiguous copy of it where the checks made one
-    pointer_sources = [(name, used.index(j), t.data_ptr() != given[j].data_ptr())
+    pointer_sources = [(name, read_slots.index(j), t.data_ptr() != tables_and_index[j].data_ptr())
                        for name, (t, j) in reads.items()]
-    rotation = eager.Rotation(
+    rotation = eager.PlannedRotation(
         xs=xs, outs=outs, table=Table(table, sin),
         positions=Positions(c.position_ids, c.cu_seqlens, c.start_positions, c.cp_size,
                             c.cp_rank),
         pointer_sources=pointer_sources, out_dtype=out_dtype, in_place=direct_in_place,
         backward=False, interleaved=c.interleaved, layout=c.layout)
-    return _PlannedSignature(rotation, used, c, rows, inplace, grad, names)
+    return PlannedCall(rotation, read_slots, c, rows, inplace, grad, names)
 
 
-def _given(freqs, cos, sin, angles, position_ids, cu_seqlens, start_positions):
-    """(given, tables): the caller's 5-tuple (table, sin, position_ids, cu_seqlens,
+def _kernel_reads(freqs, cos, sin, angles, position_ids, cu_seqlens, start_positions):
+    """(tables_and_index, tables): the caller's 5-tuple (table, sin, position_ids, cu_seqlens,
     start_positions) of what the kernel reads, and the table arguments for the signature
     (None: a call the eager route does not cache; the full checks say what is wrong). With
     angles the kernel reads the Angles' turns and amplitude where it reads a table."""
@@ -342,7 +343,8 @@ def apply_rope(x: torch.Tensor, freqs: Optional[torch.Tensor] = None, *,
     A position outside the table gives NaN in the rows it touches; see
     ropelib.set_index_checks for when index values are checked on the host instead.
     """
-    given, tables = _given(freqs, cos, sin, angles, position_ids, cu_seqlens, start_positions)
+    tables_and_index, tables = _kernel_reads(freqs, cos, sin, angles, position_ids, cu_seqlens,
+                                             start_positions)
     sig = eager.signature(_options_head("rope" if angles is None else "rope_angles", layout,
                                         interleaved, cp_size, cp_rank, inplace),
                           (x, *tables, position_ids, cu_seqlens, start_positions)) \
@@ -350,7 +352,7 @@ def apply_rope(x: torch.Tensor, freqs: Optional[torch.Tensor] = None, *,
     if sig is not None:
         planned = eager.SIGNATURES.get(sig)
         if planned is not None:
-            return planned((x,), given)
+            return planned((x,), tables_and_index)
     V.check_bool(inplace, "inplace")
     c = prepare(x, freqs, cos=cos, sin=sin, layout=layout, interleaved=interleaved,
                 start_positions=start_positions, position_ids=position_ids,
@@ -359,9 +361,10 @@ def apply_rope(x: torch.Tensor, freqs: Optional[torch.Tensor] = None, *,
     if inplace:
         check_in_place(x, "x")
     if sig is not None:
-        planned = eager.SIGNATURES.put(sig, _plan_eager(
-            (x,), given, (c.table, c.sin), c, inplace=inplace, rows=c.rows(), names=("x",)))
-        return planned((x,), given, checked=True)
+        planned = eager.SIGNATURES.put(sig, plan_eager_call(
+            (x,), tables_and_index, (c.table, c.sin), c, inplace=inplace, rows=c.rows(),
+            names=("x",)))
+        return planned((x,), tables_and_index, checked=True)
     # traced (torch.compile, export, ...): ropelib's operators
     if inplace and not needs_grad(x):
         ops.rope_(x, c.table, c.sin, *c.index(), *c.options())
@@ -393,7 +396,8 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, freqs: Optional[torch.Tensor
     if angles is not None and own_k_table:
         raise ValueError("angles serve q and k alike: do not pass k_freqs, k_cos or k_sin "
                          "with angles")
-    given, tables = _given(freqs, cos, sin, angles, position_ids, cu_seqlens, start_positions)
+    tables_and_index, tables = _kernel_reads(freqs, cos, sin, angles, position_ids, cu_seqlens,
+                                             start_positions)
     sig = eager.signature(_options_head("rope_qk" if angles is None else "rope_qk_angles",
                                         layout, interleaved, cp_size, cp_rank, inplace),
                           (q, k, *tables, position_ids, cu_seqlens, start_positions)) \
@@ -401,7 +405,7 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, freqs: Optional[torch.Tensor
     if sig is not None:
         planned = eager.SIGNATURES.get(sig)
         if planned is not None:
-            return planned((q, k), given)
+            return planned((q, k), tables_and_index)
     V.check_bool(inplace, "inplace")
     opts = dict(layout=layout, interleaved=interleaved, start_positions=start_positions,
                 position_ids=position_ids, cu_seqlens=cu_seqlens, cp_size=cp_size,
@@ -435,10 +439,10 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, freqs: Optional[torch.Tensor
     if inplace:
         check_qk_in_place(q, k)
     if sig is not None:
-        planned = eager.SIGNATURES.put(sig, _plan_eager(
-            (q, k), given, (c.table, c.sin), c, inplace=inplace, rows=c.rows(),
+        planned = eager.SIGNATURES.put(sig, plan_eager_call(
+            (q, k), tables_and_index, (c.table, c.sin), c, inplace=inplace, rows=c.rows(),
             names=("q", "k")))
-        return planned((q, k), given, checked=True)
+        return planned((q, k), tables_and_index, checked=True)
     if inplace and not needs_grad(q, k):
         ops.rope_qk_(q, k, c.table, c.sin, *c.index(), *c.options())
         return q, k

@@ -113,12 +113,12 @@ class EagerLaunch:
             self._starts[aligned] = found
 
 
-class Rotation:
+class PlannedRotation:
     """One planned rotation of one or two tensors (q, or q and k) for one signature.
 
-    A call gives xs (q, or q and k), outputs made here (or xs when in place) and `used`: the
+    A call gives xs (q, or q and k), outputs made here (or xs when in place) and `reads`: the
     tables and index tensors the kernel reads, as the caller gave them. `pointer_sources` says
-    which kernel pointer reads which of them: (pointer name, index into used, copy?) where copy
+    which kernel pointer reads which of them: (pointer name, index into reads, copy?) where copy
     means "made contiguous first" (what the checks did to that argument).
     """
     __slots__ = ("launch", "n", "pointer_sources", "out_dtype", "in_place", "backward", "layout",
@@ -143,29 +143,29 @@ class Rotation:
         self._planned = (Table(_stand_in(table.cos), _stand_in(table.sin)),
                          Positions(*(_stand_in(p) for p in positions[:3]), *positions[3:]),
                          interleaved)
-        self._reverses = {}    # gradient strides -> Rotation
+        self._reverses = {}    # gradient strides -> PlannedRotation
 
-    def run(self, xs: tuple, used: tuple) -> tuple:
+    def run(self, xs: tuple, reads: tuple) -> tuple:
         """Rotate xs eagerly, outside autograd: returns the outputs (xs when in place)."""
         outs = xs if self.in_place else [
             torch.empty_like(x, dtype=self.out_dtype, memory_format=torch.contiguous_format)
             for x in xs]
         if not self.empty:
-            self._launch(xs, outs, used)
+            self._launch(xs, outs, reads)
         if self.in_place:
             for x in xs:
                 torch.autograd.graph.increment_version(x)
         return tuple(outs)
 
-    def _launch(self, xs, outs, used) -> None:
+    def _launch(self, xs, outs, reads) -> None:
         named = {"q_ptr": xs[0], "q_out_ptr": None if self.in_place else outs[0]}
         if self.n == 2:
             named.update(k_ptr=xs[1], k_out_ptr=None if self.in_place else outs[1])
         for name, j, copy in self.pointer_sources:
-            named[name] = used[j].contiguous() if copy else used[j]
+            named[name] = reads[j].contiguous() if copy else reads[j]
         self._start(tuple(named.get(name) for name in self.launch.launcher.pointer_names))
 
-    def reverse(self, grads: tuple, x_dtype) -> "Rotation":
+    def reverse(self, grads: tuple, x_dtype) -> "PlannedRotation":
         """The rotation back, for gradients with these strides (planned once per signature)."""
         key = tuple(None if g is None else g.stride() for g in grads)
         rev = self._reverses.get(key)
@@ -173,11 +173,11 @@ class Rotation:
             rev = self._reverses[key] = self._plan_reverse(grads, x_dtype)
         return rev
 
-    def _plan_reverse(self, grads: tuple, x_dtype) -> "Rotation":
+    def _plan_reverse(self, grads: tuple, x_dtype) -> "PlannedRotation":
         table, positions, interleaved = self._planned
         present = [g for g in grads if g is not None]
         outs = [torch.empty(g.shape, dtype=x_dtype, device=g.device) for g in present]
-        return Rotation(xs=present, outs=outs, table=table, positions=positions,
+        return PlannedRotation(xs=present, outs=outs, table=table, positions=positions,
                         pointer_sources=self.pointer_sources, out_dtype=x_dtype, in_place=False,
                         backward=not self.backward, interleaved=interleaved, layout=self.layout)
 
@@ -186,25 +186,25 @@ class Rotate(torch.autograd.Function):
     """xs -> rotated xs; backward rotates the gradients back (the same route, reversed)."""
 
     @staticmethod
-    def forward(ctx, rotation: Rotation, n: int, *tensors):
-        xs, used = tensors[:n], tensors[n:]
-        outs = rotation.run(xs, used)
+    def forward(ctx, rotation: PlannedRotation, n: int, *tensors):
+        xs, reads = tensors[:n], tensors[n:]
+        outs = rotation.run(xs, reads)
         ctx.rotation, ctx.x_dtype = rotation, xs[0].dtype
-        ctx.save_for_backward(*used)
+        ctx.save_for_backward(*reads)
         return outs if len(outs) > 1 else outs[0]
 
     @staticmethod
     def backward(ctx, *grads):
-        used = ctx.saved_tensors
+        reads = ctx.saved_tensors
         present = [g for g in grads if g is not None]
         if not present:
-            return (None,) * (2 + len(grads) + len(used))
+            return (None,) * (2 + len(grads) + len(reads))
         rev = ctx.rotation.reverse(grads, ctx.x_dtype)
         if torch.is_grad_enabled():     # create_graph: the backward is itself differentiable
-            out = Rotate.apply(rev, len(present), *present, *used)
+            out = Rotate.apply(rev, len(present), *present, *reads)
             gx = out if isinstance(out, tuple) else (out,)
         else:
-            gx = rev.run(tuple(present), used)
+            gx = rev.run(tuple(present), reads)
         it = iter(gx)
         gxs = tuple(next(it) if g is not None else None for g in grads)
-        return (None, None) + gxs + (None,) * len(used)
+        return (None, None) + gxs + (None,) * len(reads)

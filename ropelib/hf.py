@@ -14,7 +14,7 @@ import torch
 from . import eager, ops
 from . import validation as V
 from .conventions import HF_LAYOUT, LAYOUT_OF_UNSQUEEZE_DIM
-from .api import Call, _plan_eager, check_no_table_grad, needs_grad, saveable
+from .api import Call, plan_eager_call, check_no_table_grad, needs_grad, saveable
 
 __all__ = ["apply_rotary_pos_emb", "apply_multimodal_rotary_pos_emb"]
 
@@ -46,13 +46,13 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
         (q_embed, k_embed), dtype promoted from q's and cos's like HF's arithmetic.
     """
     del position_ids   # unused in transformers too
-    given = (cos, sin, None, None, None)
+    tables_and_index = (cos, sin, None, None, None)
     sig = eager.signature(("hf", unsqueeze_dim, type(unsqueeze_dim)), (q, k, cos, sin)) \
         if eager.active() else None
     if sig is not None:
         planned = eager.SIGNATURES.get(sig)
         if planned is not None:
-            return planned((q, k), given)
+            return planned((q, k), tables_and_index)
     for t, name in ((q, "q"), (k, "k")):
         V.check_tensor(t, name, dims=(4,))
         V.check_kernel_device(t, name)
@@ -75,10 +75,10 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     # the rows of cos/sin are the tokens already: position s reads row s (of its batch entry)
     if sig is not None:
         call = Call(c, s, None, None, None, layout, False, 1, 0, S, B, D)
-        planned = eager.SIGNATURES.put(sig, _plan_eager(
-            (q, k), given, (c, s), call, inplace=False, rows=S, names=("q", "k"),
+        planned = eager.SIGNATURES.put(sig, plan_eager_call(
+            (q, k), tables_and_index, (c, s), call, inplace=False, rows=S, names=("q", "k"),
             out_dtype=out_dtype))
-        return planned((q, k), given, checked=True)
+        return planned((q, k), tables_and_index, checked=True)
     if needs_grad(q, k):
         c, s = saveable(c), saveable(s)
     return ops.rope_qk(q, k, c, s, None, None, None, layout, False, 1, 0, False, out_dtype)
