@@ -89,13 +89,17 @@ def _setup(ctx, inputs, output):
     ctx.options = options   # layout, interleaved, eps, weight_offset
 
 
+def output_grads(grad_q_out, grad_k_out, q, k) -> tuple:
+    """The gradients of (q_out, k_out) as the backward kernel reads them: an output that took
+    no part in the loss has no gradient (None), and contributes zero. The operator's backward
+    and the eager route's both start here."""
+    return (torch.zeros_like(q) if grad_q_out is None else grad_q_out,
+            torch.zeros_like(k) if grad_k_out is None else grad_k_out)
+
+
 def _backward(ctx, grad_q_out, grad_k_out):
     q, k, w_q, w_k, table, sin, position_ids = ctx.saved_tensors
-    # an output that took no part in the loss has no gradient: it contributes zero
-    if grad_q_out is None:
-        grad_q_out = torch.zeros_like(q)
-    if grad_k_out is None:
-        grad_k_out = torch.zeros_like(k)
+    grad_q_out, grad_k_out = output_grads(grad_q_out, grad_k_out, q, k)
     gq, gk, gw_q, gw_k = qk_norm_rope_backward_op(grad_q_out, grad_k_out, q, k, w_q, w_k, table,
                                                   sin, position_ids, *ctx.options)
     return gq, gk, gw_q, gw_k, None, None, None, None, None, None, None
@@ -171,10 +175,7 @@ class _NormRotate(torch.autograd.Function):
             raise RuntimeError("ropelib.qk_norm_rope has no double backward: its gradients "
                                "cannot be differentiated again (create_graph=True)")
         q, k, w_q, w_k, table, sin, position_ids = ctx.saved_tensors
-        if grad_q_out is None:
-            grad_q_out = torch.zeros_like(q)
-        if grad_k_out is None:
-            grad_k_out = torch.zeros_like(k)
+        grad_q_out, grad_k_out = output_grads(grad_q_out, grad_k_out, q, k)
         grads = ctx.route.backward(grad_q_out, grad_k_out, q, k, w_q, w_k, table, sin,
                                    position_ids)
         return (None, *grads, None, None, None)
