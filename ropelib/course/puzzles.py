@@ -1,0 +1,1493 @@
+"""Notebook 12's RoPE puzzles: short Triton kernels to write or repair, graded on the CPU.
+
+Each puzzle is one RoPE kernel with a fixed signature, built around a bug that real RoPE kernels
+shipped with. Beside it: a plain-PyTorch spec (`spec_*`, fp64), a `check_*` that launches the
+learner's kernel itself, and a worked solution (`solution_*_kernel`, shown folded in the
+notebook; tests/test_puzzles.py runs the notebook with them filled in). A check
+
+1. launches the kernel on small fresh inputs in Triton's interpreter, with ropelib's own answers
+   barred (`exercises.own_code`): the library's kernels, a kernel that calls its @triton.jit
+   helpers, and the puzzle's worked solution itself fail, whatever they compute (a learner's
+   copy of the solution, typed into the notebook, is the learner's code);
+2. watches every load and store (`BoundsCheckedMemory`): each live lane must be an element of an
+   input (loads) or of the output (stores). A lane outside them is reported and masked off
+   before it touches memory, so a buggy kernel cannot read or overwrite what the check does not
+   own. Outputs start as NaN, so an element the kernel never writes cannot pass;
+3. compares the output with the spec and says what differs, naming the mistake when the output
+   is what a known wrong kernel gives;
+4. draws which elements of each tensor the kernel loaded and stored (inline, from the recorded
+   accesses: they depend on the learner's kernel);
+5. on a GPU with no interpreter, runs the compiled kernel on the same cases, then times it
+   against a device copy of the same bytes (`triton.testing.do_bench`); on the CPU it says why
+   it does not.
+
+Checks print ✅ / ❌ with the reason and return a bool; they never raise.
+
+One memory layer does something more for puzzle 7: a tensor can be *virtual*, rows far apart in
+addresses (row i at element i * row_stride, past 2^31) but held compactly in memory. The layer
+maps each address the kernel computes to the row it falls in, so a kernel's 64-bit offsets are
+checked without allocating the gigabytes between the rows.
+"""
+import contextlib
+import functools
+import inspect
+import math
+import textwrap
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from .. import runtime
+from . import access
+from .exercises.naive_kernel import is_blank
+from .exercises.own_code import run_own_code
+
+__all__ = ["PUZZLES", "BoundsCheckedMemory", "Region", "run_in_checked_memory", "draw_accesses",
+           "grade", "scoreboard", "show_spec",
+           "check_rotate_row", "check_interleaved", "check_partial", "check_odd_head_dim",
+           "check_long_context", "check_position_ids", "check_int64_offsets", "check_backward",
+           "check_shared_table", "check_start_positions"]
+
+PAD = 256            # guard elements on each side of every input and output buffer
+INT32_MAX = 2**31 - 1
+
+
+# --- the specs: plain PyTorch, fp64 -------------------------------------------------------------
+
+def spec_rotate_row(x, theta):
+    """x [..., 2H], theta [..., H] -> y: rotate-half, pair j = features (j, j + H) by theta[j]."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    c, s = theta.cos(), theta.sin()
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+
+
+def spec_interleaved(x, theta):
+    """x [N, 2H], theta [N, H] -> y: GPT-J's interleaved pairs, j = features (2j, 2j + 1)."""
+    x_even, x_odd = x[..., 0::2], x[..., 1::2]
+    c, s = theta.cos(), theta.sin()
+    return torch.stack((x_even * c - x_odd * s, x_odd * c + x_even * s), dim=-1).flatten(-2)
+
+
+def spec_partial(x, theta, R):
+    """x [N, D], theta [N, R/2] -> y: the first R features rotate-half (pairs (j, j + R/2)),
+    features R..D-1 copied unchanged."""
+    x1, x2, rest = x[..., :R // 2], x[..., R // 2:R], x[..., R:]
+    c, s = theta.cos(), theta.sin()
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s, rest), dim=-1)
+
+
+def spec_long_context(x, positions, inv_freq):
+    """x [N, 2H], positions [N] ints, inv_freq [H] -> y, the angles pos * inv_freq in fp64."""
+    theta = positions.double()[:, None] * inv_freq.double()[None, :]
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half].double(), x[..., half:].double()
+    return torch.cat((x1 * theta.cos() - x2 * theta.sin(), x2 * theta.cos() + x1 * theta.sin()), -1)
+
+
+def spec_position_ids(x, position_ids, cos, sin):
+    """x [B, S, 2H], position_ids [B, S] (any strides), cos/sin [P, H] -> y [B, S, 2H]."""
+    c, s = cos[position_ids], sin[position_ids]        # [B, S, H]: the table row of each token
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+
+
+def spec_backward(dy, theta):
+    """dL/dy [N, 2H], theta [N, H] -> dL/dx: the autograd of spec_rotate_row."""
+    x = torch.zeros(dy.shape, dtype=torch.float64, requires_grad=True)
+    y = spec_rotate_row(x, theta.double())
+    (dx,) = torch.autograd.grad(y, x, dy.double())
+    return dx
+
+
+def spec_shared_table(x, cos, sin):
+    """x [S, B, 2H], cos/sin [S, H] -> y: every batch entry of position s uses row s."""
+    c, s = cos[:, None, :], sin[:, None, :]            # [S, 1, H]: broadcast over the batch
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+
+
+def spec_start_positions(x, start, cos, sin):
+    """x [B, T, 2H] new tokens, start [B], cos/sin [P, H] -> y: token t of sequence b is at
+    position start[b] + t (what is already in its KV cache comes first)."""
+    T = x.shape[1]
+    positions = start[:, None] + torch.arange(T)       # [B, T]
+    c, s = cos[positions], sin[positions]
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+
+
+# --- the memory the checks launch kernels into --------------------------------------------------
+
+@dataclass
+class Region:
+    """A tensor as the memory layer sees it: its name, whether the kernel reads or writes it, and
+    (virtual tensors) the row stride in elements of the addresses the kernel is given."""
+    name: str
+    tensor: torch.Tensor               # CPU; a virtual region's rows, [N, W] contiguous
+    kind: str                          # "in" (the kernel loads it) or "out" (stores)
+    row_stride: Optional[int] = None   # virtual: row i at element i * row_stride of the base
+
+    @property
+    def itemsize(self) -> int:
+        return self.tensor.element_size()
+
+    @property
+    def base(self) -> int:
+        return self.tensor.data_ptr()
+
+    @functools.cached_property
+    def addresses(self) -> np.ndarray:
+        """uint64 byte address of each element, shaped like the tensor (a virtual region: where
+        its rows really are)."""
+        t = self.tensor
+        offs = torch.zeros(t.shape, dtype=torch.int64)
+        for d, (n, st) in enumerate(zip(t.shape, t.stride())):
+            shape = [1] * t.dim()
+            shape[d] = n
+            offs = offs + (torch.arange(n, dtype=torch.int64) * st).view(shape)
+        return (np.uint64(self.base) + (offs * self.itemsize).numpy().astype(np.uint64))
+
+    @functools.cached_property
+    def _sorted(self) -> np.ndarray:
+        return np.unique(self.addresses.ravel())
+
+    def locate(self, lanes: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        """(hit, real): which lanes (uint64 addresses) are elements of this region, and the
+        address in memory of each hit (the same, except in a virtual region)."""
+        if self.row_stride is None:
+            pos = np.searchsorted(self._sorted, lanes)
+            hit = self._sorted[np.minimum(pos, len(self._sorted) - 1)] == lanes
+            return hit, lanes
+        rows, width = self.tensor.shape
+        off = (lanes - np.uint64(self.base)).view(np.int64)      # bytes from the base, signed
+        hit = (off >= 0) & (off % self.itemsize == 0)
+        elem = np.where(hit, off // self.itemsize, 0)
+        row, col = elem // self.row_stride, elem % self.row_stride
+        hit &= (row < rows) & (col < width)
+        real = np.where(hit, np.uint64(self.base)
+                        + ((row * width + col) * self.itemsize).astype(np.uint64), lanes)
+        return hit, real.astype(np.uint64)
+
+    def element_offset(self, address: int) -> int:
+        """Signed element offset of `address` from this region's base."""
+        return (int(address) - self.base) // self.itemsize
+
+    def describe(self) -> str:
+        t = self.tensor
+        if self.row_stride is not None:
+            return (f"{self.name} [{t.shape[0]}, {t.shape[1]}] with rows {self.row_stride:,} "
+                    f"elements apart (virtual: only the rows exist)")
+        return f"{self.name} {list(t.shape)}, strides {tuple(t.stride())}"
+
+
+@dataclass
+class Fault:
+    """Lanes of one memory instruction that were no element of a tensor they may touch."""
+    program: Tuple[int, int, int]
+    kind: str                  # "load" or "store"
+    lanes: np.ndarray          # uint64 addresses (masked off: never touched)
+    why: str                   # "outside" or "into input x" / "from output y"
+    near: Optional[str]        # the region the instruction's other lanes hit, if any
+
+
+class BoundsCheckedMemory:
+    """The interpreter's loads and stores, checked against named tensors and recorded.
+
+    Within `installed()`, every tl.load / tl.store the interpreter runs is checked lane by lane:
+    a load must read an element of an "in" region, a store write an element of an "out" region.
+    Other lanes are recorded as a Fault and masked off (a load gets its `other` value), so they
+    never touch memory. Each instruction's live lanes are recorded as an `access.Access` at the
+    address they really use (virtual regions are mapped to their rows)."""
+
+    def __init__(self, regions: Sequence[Region]):
+        self.regions = list(regions)
+        self.accesses: List[access.Access] = []
+        self.owners: List[Optional[str]] = []      # region of each access (its first lane)
+        self.faults: List[Fault] = []
+
+    def region(self, name: str) -> Region:
+        return next(r for r in self.regions if r.name == name)
+
+    def _route(self, builder, kind, ptrs, mask):
+        from triton.runtime.interpreter import TensorHandle
+
+        program = tuple(int(i) for i in builder.grid_idx)
+        live = np.broadcast_to(mask.data, ptrs.data.shape).astype(bool)
+        addrs = np.ascontiguousarray(ptrs.data).astype(np.uint64)
+        lanes = addrs[live]
+        real = lanes.copy()
+        owner = np.full(lanes.shape, -1)
+        for k, reg in enumerate(self.regions):          # virtual regions are listed first
+            free = owner < 0
+            if not free.any():
+                break
+            hit, mapped = reg.locate(lanes[free])
+            idx = np.flatnonzero(free)[hit]
+            owner[idx] = k
+            real[idx] = mapped[hit]
+        wanted = "in" if kind == "load" else "out"
+        ok = owner >= 0
+        ok[ok] = np.array([self.regions[k].kind == wanted for k in owner[ok]], dtype=bool)
+        if not ok.all():
+            bad_owner = owner[~ok]
+            near = self.regions[int(owner[ok][0])].name if ok.any() else None
+            if (bad_owner < 0).any():
+                self.faults.append(Fault(program, kind, lanes[~ok][bad_owner < 0], "outside",
+                                         near))
+            for k in sorted(set(bad_owner[bad_owner >= 0].tolist())):
+                reg = self.regions[k]
+                why = f"into input {reg.name}" if kind == "store" else f"from output {reg.name}"
+                self.faults.append(Fault(program, kind, lanes[~ok][bad_owner == k], why, near))
+        new_live = live.copy()
+        new_live[live] = ok
+        addrs[live] = np.where(ok, real, lanes)
+        if ok.any():
+            first = int(owner[ok][0])
+            self.accesses.append(access.Access(program, kind, real[ok].copy(),
+                                               ptrs.get_element_ty().primitive_bitwidth // 8))
+            self.owners.append(self.regions[first].name)
+        return TensorHandle(addrs, ptrs.dtype), TensorHandle(new_live, mask.dtype)
+
+    @contextlib.contextmanager
+    def installed(self):
+        """Route the interpreter's masked loads and stores through this memory."""
+        from triton.runtime import interpreter as interp
+
+        builder = interp.InterpreterBuilder
+        load, store = builder.create_masked_load, builder.create_masked_store
+        memory = self
+
+        # the builder's other arguments (cache and eviction policies, volatility) differ between
+        # Triton releases: pass them through as they come
+        def masked_load(b, ptrs, mask, *rest, **kw):
+            ptrs, mask = memory._route(b, "load", ptrs, mask)
+            return load(b, ptrs, mask, *rest, **kw)
+
+        def masked_store(b, ptrs, value, mask, *rest, **kw):
+            ptrs, mask = memory._route(b, "store", ptrs, mask)
+            return store(b, ptrs, value, mask, *rest, **kw)
+
+        builder.create_masked_load, builder.create_masked_store = masked_load, masked_store
+        try:
+            yield self
+        finally:
+            builder.create_masked_load, builder.create_masked_store = load, store
+
+    def counts(self, name: str, kind: str) -> np.ndarray:
+        """How many live lanes of `kind` hit each element of region `name` (its shape)."""
+        reg = self.region(name)
+        mine = [a.addresses for a, o in zip(self.accesses, self.owners) if a.kind == kind]
+        lanes = np.concatenate(mine) if mine else np.zeros(0, np.uint64)
+        flat = reg.addresses.ravel()
+        uniq, n = np.unique(lanes, return_counts=True)
+        pos = np.searchsorted(uniq, flat)
+        pos = np.minimum(pos, max(len(uniq) - 1, 0))
+        found = (uniq[pos] == flat) if len(uniq) else np.zeros(flat.shape, bool)
+        return np.where(found, n[pos] if len(uniq) else 0, 0).reshape(reg.addresses.shape)
+
+    def storing_programs(self, name: str) -> np.ndarray:
+        """Per element of region `name`: -1 never stored, -2 stored by two or more programs,
+        else the index (in order of appearance) of the one program that stored it."""
+        reg = self.region(name)
+        flat = reg.addresses.ravel()
+        where = {int(a): i for i, a in enumerate(flat)}
+        programs: Dict[Tuple[int, int, int], int] = {}
+        out = np.full(flat.shape, -1)
+        for a in self.accesses:
+            if a.kind != "store":
+                continue
+            p = programs.setdefault(a.program, len(programs))
+            for addr in a.addresses.tolist():
+                i = where.get(addr)
+                if i is not None:
+                    out[i] = p if out[i] in (-1, p) else -2
+        return out.reshape(reg.addresses.shape)
+
+    def fault_report(self) -> Optional[str]:
+        """One paragraph on the lanes that were masked off, or None when every lane was fine."""
+        if not self.faults:
+            return None
+        lines = []
+        for kind in ("load", "store"):
+            mine = [f for f in self.faults if f.kind == kind]
+            if not mine:
+                continue
+            lanes = sum(len(f.lanes) for f in mine)
+            programs = sorted({f.program for f in mine})
+            first = mine[0]
+            where = self._nearest(first)
+            lines.append(f"{lanes} {kind} lane{'s' if lanes > 1 else ''} in "
+                         f"{len(programs)} program{'s' if len(programs) > 1 else ''} "
+                         f"(first: program {first.program[0]}"
+                         f"{', ' + str(first.program[1]) if any(p[1] for p in programs) else ''}) "
+                         f"{where}; the check masked them off")
+        return "; ".join(lines)
+
+    def _nearest(self, fault: Fault) -> str:
+        if fault.why != "outside":
+            return f"went {fault.why}"
+        addr = int(fault.lanes[0])
+        wanted = "in" if fault.kind == "load" else "out"
+        if fault.near is not None:      # the tensor the instruction's other lanes are in
+            reg = self.region(fault.near)
+        else:
+            cands = [r for r in self.regions if r.kind == wanted] or self.regions
+            reg = min(cands, key=lambda r: abs(r.element_offset(addr)))
+        off = reg.element_offset(addr)
+        text = (f"{'read' if fault.kind == 'load' else 'wrote'} no element of any "
+                f"{'input' if fault.kind == 'load' else 'output'}: the first at element offset "
+                f"{off:,} from {reg.describe()}")
+        if abs(off) >= 2**30 and (reg.row_stride is None or off < 0):
+            text += (" — an offset near -2^31 is what a 32-bit offset gives once it wraps past "
+                     f"2^31 - 1 = {INT32_MAX:,}")
+        return text
+
+
+# --- the cases a check launches -----------------------------------------------------------------
+
+@dataclass
+class Case:
+    """One launch of a puzzle's kernel: its arguments, and what the spec says it must write."""
+    label: str
+    grid: Tuple[int, ...]
+    args: tuple                                    # the kernel's arguments, in order
+    constexprs: Dict[str, int]
+    inputs: Dict[str, torch.Tensor]                # name -> a tensor the kernel reads
+    out_name: str
+    out: torch.Tensor                              # the graded output, filled with NaN
+    out_buffer: Optional[torch.Tensor]             # out in the middle of NaN guard bands
+    expected: Optional[torch.Tensor]               # the spec's answer, fp64 (None: timing only)
+    tol: Tuple[float, float] = (1e-5, 1e-5)        # (atol, rtol)
+    wrong: List[Tuple[str, torch.Tensor]] = field(default_factory=list)  # (mistake, its output)
+    row_strides: Dict[str, int] = field(default_factory=dict)            # virtual regions
+    extra: Dict[str, object] = field(default_factory=dict)
+
+    @property
+    def virtual(self) -> bool:
+        return bool(self.row_strides)
+
+    def regions(self) -> List[Region]:
+        regs = [Region(n, t, "in", self.row_strides.get(n)) for n, t in self.inputs.items()]
+        regs.append(Region(self.out_name, self.out, "out", self.row_strides.get(self.out_name)))
+        return sorted(regs, key=lambda r: r.row_stride is None)     # virtual first
+
+
+def _placed(t: torch.Tensor, device, pad: int = PAD) -> torch.Tensor:
+    """t copied into the middle of a buffer with `pad` guard elements each side (NaN for floats,
+    0 for integers): a compiled kernel that reads past t's ends reads the band."""
+    fill = float("nan") if t.is_floating_point() else 0
+    buf = torch.full((pad + t.numel() + pad,), fill, dtype=t.dtype, device=device)
+    return buf[pad:pad + t.numel()].view(t.shape).copy_(t)
+
+
+def _poisoned(shape, dtype, device, pad: int = PAD) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(buffer, view): a NaN-filled `shape` view in the middle of NaN guard bands."""
+    n = math.prod(shape)
+    buf = torch.full((pad + n + pad,), float("nan"), dtype=dtype, device=device)
+    return buf, buf[pad:pad + n].view(shape)
+
+
+def _angles(gen, *shape) -> torch.Tensor:
+    return torch.rand(*shape, generator=gen) * 12.0 - 6.0       # any angle, both signs
+
+
+def _randn(gen, *shape) -> torch.Tensor:
+    return torch.randn(*shape, generator=gen)
+
+
+def _row_case(label, grid, names_in, out_shape, expected, constexprs, device, *, args_after=(),
+              out_dtype=torch.float32, wrong=(), tol=(1e-5, 1e-5)):
+    """A case whose kernel takes (inputs..., out, *args_after): the common puzzle signature."""
+    inputs = {n: _placed(t, device) for n, t in names_in.items()}
+    buf, out = _poisoned(out_shape, out_dtype, device)
+    args = tuple(inputs.values()) + (out,) + tuple(args_after)
+    return Case(label, grid, args, constexprs, inputs, "y", out, buf, expected, tol,
+                list(wrong))
+
+
+# --- the puzzles --------------------------------------------------------------------------------
+
+@dataclass
+class Puzzle:
+    number: int
+    key: str
+    title: str
+    spec: Callable
+    build: Callable                  # (generator, device) -> [Case]
+    solution: object                 # the worked solution, a @triton.jit kernel
+    hint: str                        # shown under a wrong answer
+    big: Optional[Callable] = None   # device -> a Case worth timing on a GPU
+    no_timing: str = ""              # why a puzzle is not timed
+    picture: int = 0                 # which case's accesses to draw when every case passes
+    compare: Optional[Callable] = None   # (case, got) -> problem or None (default: tolerances)
+    require: Optional[Callable] = None   # (case, memory) -> problem or None: a further rule
+    plot: Optional[Callable] = None      # (ax, case, got): a panel beside the access picture
+
+
+PUZZLES: Dict[str, Puzzle] = {}
+_RESULTS: Dict[str, bool] = {}
+
+
+def _register(p: Puzzle) -> Puzzle:
+    PUZZLES[p.key] = p
+    return p
+
+
+# 1. one row, rotate-half ------------------------------------------------------------------------
+
+@triton.jit
+def solution_rotate_row_kernel(
+    x_ptr,  # *fp32: x [2 * HALF], one row
+    theta_ptr,  # *fp32: angles [HALF], one per pair
+    y_ptr,  # *fp32: y [2 * HALF]
+    HALF: tl.constexpr,  # features per half (a power of two in this puzzle)
+):
+    j = tl.arange(0, HALF)  # pair j is features (j, j + HALF)
+    theta = tl.load(theta_ptr + j)
+    x1 = tl.load(x_ptr + j)
+    x2 = tl.load(x_ptr + HALF + j)
+    c, s = tl.cos(theta), tl.sin(theta)
+    tl.store(y_ptr + j, x1 * c - x2 * s)
+    tl.store(y_ptr + HALF + j, x2 * c + x1 * s)
+
+
+def _build_rotate_row(gen, device):
+    cases = []
+    for half in (4, 16, 64):
+        x, theta = _randn(gen, 2 * half), _angles(gen, half)
+        cases.append(_row_case(f"D={2 * half}", (1,), {"x": x, "theta": theta}, (2 * half,),
+                               spec_rotate_row(x.double(), theta.double()), {"HALF": half},
+                               device))
+    return cases
+
+
+ROTATE_ROW = _register(Puzzle(
+    1, "rotate_row", "rotate one row", spec_rotate_row, _build_rotate_row,
+    solution_rotate_row_kernel,
+    hint="load the two halves as two tiles, x[j] and x[j + HALF]; y1 = x1 cos - x2 sin, "
+         "y2 = x2 cos + x1 sin",
+    no_timing="one program on one row: a launch's fixed cost is all a timer would see (the "
+              "puzzles after this one are timed)"))
+
+
+# 2. interleaved (GPT-J) pairs ------------------------------------------------------------------
+
+@triton.jit
+def solution_interleaved_kernel(
+    x_ptr,  # *fp32: x [N_ROWS, 2 * HALF], contiguous
+    theta_ptr,  # *fp32: angles [N_ROWS, HALF], contiguous, one per pair
+    y_ptr,  # *fp32: y [N_ROWS, 2 * HALF], contiguous
+    N_ROWS,  # rows in x
+    HALF: tl.constexpr,  # pairs per row (a power of two here)
+    BLOCK_ROWS: tl.constexpr,  # rows per program
+):
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    j = tl.arange(0, HALF)  # pair j is features (2j, 2j + 1)
+    live = rows[:, None] < N_ROWS  # [BLOCK_ROWS, 1]: the last tile may be short
+    theta = tl.load(theta_ptr + rows[:, None] * HALF + j[None, :], mask=live, other=0.0)
+    row = x_ptr + rows[:, None] * (2 * HALF)
+    x_even = tl.load(row + 2 * j[None, :], mask=live, other=0.0)
+    x_odd = tl.load(row + 2 * j[None, :] + 1, mask=live, other=0.0)
+    c, s = tl.cos(theta), tl.sin(theta)
+    out = y_ptr + rows[:, None] * (2 * HALF)
+    tl.store(out + 2 * j[None, :], x_even * c - x_odd * s, mask=live)
+    tl.store(out + 2 * j[None, :] + 1, x_odd * c + x_even * s, mask=live)
+
+
+def _build_interleaved(gen, device, block_rows=4):
+    cases = []
+    for n, half in ((5, 8), (3, 32), (8, 4)):
+        x, theta = _randn(gen, n, 2 * half), _angles(gen, n, half)
+        x64, t64 = x.double(), theta.double()
+        wrong = [("your kernel pairs feature j with j + D/2: that is rotate-half (GPT-NeoX, "
+                  "Llama). GPT-J's interleaved form pairs 2j with 2j + 1",
+                  spec_rotate_row(x64, t64))]
+        cases.append(_row_case(f"x [{n}, {2 * half}]", (triton.cdiv(n, block_rows),),
+                               {"x": x, "theta": theta}, (n, 2 * half),
+                               spec_interleaved(x64, t64),
+                               {"HALF": half, "BLOCK_ROWS": block_rows}, device,
+                               args_after=(n,), wrong=wrong))
+    return cases
+
+
+def _big_interleaved(device):
+    n, half, br = 1 << 17, 64, 16
+    x = torch.randn(n, 2 * half, device=device)
+    theta = torch.rand(n, half, device=device)
+    y = torch.empty_like(x)
+    return Case(f"x [{n}, {2 * half}] fp32", (triton.cdiv(n, br),), (x, theta, y, n),
+                {"HALF": half, "BLOCK_ROWS": br}, {"x": x, "theta": theta}, "y", y, None,
+                None)
+
+
+INTERLEAVED = _register(Puzzle(
+    2, "interleaved", "interleaved pairs", spec_interleaved, _build_interleaved,
+    solution_interleaved_kernel,
+    hint="GPT-J pairs features (2j, 2j + 1), both turned by theta[j]: load x[2j] and x[2j + 1]",
+    big=_big_interleaved))
+
+
+# 3. partial rotary --------------------------------------------------------------------------------
+
+@triton.jit
+def solution_partial_kernel(
+    x_ptr,  # *fp32: x [N_ROWS, D], contiguous
+    theta_ptr,  # *fp32: angles [N_ROWS, R // 2], contiguous
+    y_ptr,  # *fp32: y [N_ROWS, D], contiguous
+    N_ROWS,  # rows in x
+    D: tl.constexpr,  # head dim
+    R: tl.constexpr,  # rotary dim (R // 2 a power of two here); features R..D-1 pass through
+    BLOCK_ROWS: tl.constexpr,  # rows per program
+    BLOCK_PASS: tl.constexpr,  # next power of two >= D - R
+):
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    live = rows[:, None] < N_ROWS
+    j = tl.arange(0, R // 2)  # pair j is features (j, j + R/2): the halves of the rotary part
+    theta = tl.load(theta_ptr + rows[:, None] * (R // 2) + j[None, :], mask=live, other=0.0)
+    row_x = x_ptr + rows[:, None] * D
+    row_y = y_ptr + rows[:, None] * D
+    x1 = tl.load(row_x + j[None, :], mask=live, other=0.0)
+    x2 = tl.load(row_x + R // 2 + j[None, :], mask=live, other=0.0)
+    c, s = tl.cos(theta), tl.sin(theta)
+    tl.store(row_y + j[None, :], x1 * c - x2 * s, mask=live)
+    tl.store(row_y + R // 2 + j[None, :], x2 * c + x1 * s, mask=live)
+    k = R + tl.arange(0, BLOCK_PASS)  # the pass-through features, copied unchanged
+    tail = live & (k[None, :] < D)
+    tl.store(row_y + k[None, :], tl.load(row_x + k[None, :], mask=tail), mask=tail)
+
+
+def _build_partial(gen, device, block_rows=4):
+    cases = []
+    for n, d, r in ((4, 64, 32), (5, 80, 32), (3, 24, 8)):
+        x, theta = _randn(gen, n, d), _angles(gen, n, r // 2)
+        cases.append(_row_case(f"x [{n}, {d}], R={r}", (triton.cdiv(n, block_rows),),
+                               {"x": x, "theta": theta}, (n, d),
+                               spec_partial(x.double(), theta.double(), r),
+                               {"D": d, "R": r, "BLOCK_ROWS": block_rows,
+                                "BLOCK_PASS": triton.next_power_of_2(d - r)},
+                               device, args_after=(n,)))
+    return cases
+
+
+def _big_partial(device):
+    n, d, r, br = 1 << 17, 128, 64, 16
+    x = torch.randn(n, d, device=device)
+    theta = torch.rand(n, r // 2, device=device)
+    y = torch.empty_like(x)
+    return Case(f"x [{n}, {d}] fp32, R={r}", (triton.cdiv(n, br),), (x, theta, y, n),
+                {"D": d, "R": r, "BLOCK_ROWS": br, "BLOCK_PASS": triton.next_power_of_2(d - r)},
+                {"x": x, "theta": theta}, "y", y, None, None)
+
+
+PARTIAL = _register(Puzzle(
+    3, "partial", "partial rotary", spec_partial, _build_partial, solution_partial_kernel,
+    hint="the rotary halves are R/2 wide (pairs j, j + R/2, not j + D/2), and features "
+         "R..D-1 of y must be written too: copy them from x",
+    big=_big_partial, picture=1))
+
+
+# 4. head dims that are not powers of two ------------------------------------------------------
+
+@triton.jit
+def solution_odd_head_dim_kernel(
+    x_ptr,  # *fp32: x [N_ROWS, 2 * HALF], contiguous
+    theta_ptr,  # *fp32: angles [N_ROWS, HALF], contiguous
+    y_ptr,  # *fp32: y [N_ROWS, 2 * HALF], contiguous
+    N_ROWS,  # rows in x
+    HALF: tl.constexpr,  # features per half: any size (80 / 2 = 40)
+    BLOCK_ROWS: tl.constexpr,  # rows per program
+    BLOCK_HALF: tl.constexpr,  # next power of two >= HALF: the tile a half is loaded in
+):
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    j = tl.arange(0, BLOCK_HALF)
+    live = (rows[:, None] < N_ROWS) & (j[None, :] < HALF)  # lanes past HALF neither load nor store
+    theta = tl.load(theta_ptr + rows[:, None] * HALF + j[None, :], mask=live, other=0.0)
+    row_x = x_ptr + rows[:, None] * (2 * HALF)
+    x1 = tl.load(row_x + j[None, :], mask=live, other=0.0)
+    x2 = tl.load(row_x + HALF + j[None, :], mask=live, other=0.0)
+    c, s = tl.cos(theta), tl.sin(theta)
+    row_y = y_ptr + rows[:, None] * (2 * HALF)
+    tl.store(row_y + j[None, :], x1 * c - x2 * s, mask=live)
+    tl.store(row_y + HALF + j[None, :], x2 * c + x1 * s, mask=live)
+
+
+def _build_odd_head_dim(gen, device, block_rows=4):
+    cases = []
+    for n, d in ((5, 80), (3, 96), (6, 72), (4, 64)):
+        half = d // 2
+        x, theta = _randn(gen, n, d), _angles(gen, n, half)
+        cases.append(_row_case(f"x [{n}, {d}]", (triton.cdiv(n, block_rows),),
+                               {"x": x, "theta": theta}, (n, d),
+                               spec_rotate_row(x.double(), theta.double()),
+                               {"HALF": half, "BLOCK_ROWS": block_rows,
+                                "BLOCK_HALF": triton.next_power_of_2(half)},
+                               device, args_after=(n,)))
+    return cases
+
+
+def _big_odd_head_dim(device):
+    n, d, br = 1 << 17, 80, 16
+    x = torch.randn(n, d, device=device)
+    theta = torch.rand(n, d // 2, device=device)
+    y = torch.empty_like(x)
+    return Case(f"x [{n}, {d}] fp32", (triton.cdiv(n, br),), (x, theta, y, n),
+                {"HALF": d // 2, "BLOCK_ROWS": br, "BLOCK_HALF": triton.next_power_of_2(d // 2)},
+                {"x": x, "theta": theta}, "y", y, None, None)
+
+
+ODD_HEAD_DIM = _register(Puzzle(
+    4, "odd_head_dim", "head dims 80, 96, 72", spec_rotate_row, _build_odd_head_dim,
+    solution_odd_head_dim_kernel,
+    hint="a tile of BLOCK_HALF lanes is wider than a half of HALF features: mask the lanes "
+         "j >= HALF in every load and store, not only the rows past N_ROWS",
+    big=_big_odd_head_dim))
+
+
+# 5. angles at long context -----------------------------------------------------------------------
+
+@triton.jit
+def solution_long_context_kernel(
+    x_ptr,  # *bf16: x [N_ROWS, 2 * HALF], contiguous
+    freqs_ptr,  # *bf16: the caller's angle table [N_ROWS, HALF], rounded to bf16 (not read)
+    pos_ptr,  # *int32: position of each row [N_ROWS]
+    inv_freq_ptr,  # *fp32: inverse frequencies [HALF]
+    y_ptr,  # *bf16: y [N_ROWS, 2 * HALF], contiguous
+    N_ROWS,  # rows in x
+    HALF: tl.constexpr,  # pairs per row (a power of two here)
+    BLOCK_ROWS: tl.constexpr,  # rows per program
+):
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    j = tl.arange(0, HALF)
+    live = rows[:, None] < N_ROWS
+    pos = tl.load(pos_ptr + rows, mask=rows < N_ROWS, other=0)
+    inv = tl.load(inv_freq_ptr + j)
+    # the angle in fp32 from the integer position: exact positions up to 2^24, one rounding
+    theta = pos.to(tl.float32)[:, None] * inv[None, :]
+    c, s = tl.cos(theta), tl.sin(theta)
+    row_x = x_ptr + rows[:, None] * (2 * HALF)
+    x1 = tl.load(row_x + j[None, :], mask=live, other=0.0).to(tl.float32)
+    x2 = tl.load(row_x + HALF + j[None, :], mask=live, other=0.0).to(tl.float32)
+    row_y = y_ptr + rows[:, None] * (2 * HALF)
+    tl.store(row_y + j[None, :], (x1 * c - x2 * s).to(y_ptr.dtype.element_ty), mask=live)
+    tl.store(row_y + HALF + j[None, :], (x2 * c + x1 * s).to(y_ptr.dtype.element_ty), mask=live)
+
+
+ANGLE_TOL = 0.03   # radians: fp32 angles err by at most 0.008 rad below position 2^17, bf16 y 0.006
+
+
+def _inv_freq(half: int) -> torch.Tensor:
+    return 1.0 / (10000.0 ** (torch.arange(half, dtype=torch.float32) / half))
+
+
+def _build_long_context(gen, device, block_rows=8):
+    cases = []
+    spread = torch.unique(torch.logspace(0, math.log10(131071), 40).round().to(torch.int32))
+    for label, pos, half in (
+            ("positions 0 .. 131,071", torch.tensor([0, 1, 100, 256, 257, 1000, 4097, 65537,
+                                                     100003, 120001, 131071, 99999],
+                                                    dtype=torch.int32), 16),
+            (f"{len(spread)} positions spread over 1 .. 131,071", spread, 8)):
+        n = len(pos)
+        x = _randn(gen, n, 2 * half).to(torch.bfloat16)
+        inv = _inv_freq(half)
+        table = (pos.double()[:, None] * inv.double()[None, :]).to(torch.bfloat16)
+        case = _row_case(label, (triton.cdiv(n, block_rows),),
+                         {"x": x, "freqs": table, "pos": pos, "inv_freq": inv}, (n, 2 * half),
+                         spec_long_context(x, pos, inv), {"HALF": half, "BLOCK_ROWS": block_rows},
+                         device, args_after=(n,), out_dtype=torch.bfloat16)
+        case.extra["positions"] = pos
+        cases.append(case)
+    return cases
+
+
+def _pair_angle_error(case, got) -> torch.Tensor:
+    """[N]: per row, the largest angle error in radians, from |y_pair - spec_pair| / |x_pair|."""
+    x = case.inputs["x"].double().cpu()
+    half = x.shape[-1] // 2
+    d = got.double().cpu() - case.expected.cpu()
+    num = (d[:, :half] ** 2 + d[:, half:] ** 2).sqrt()
+    den = (x[:, :half] ** 2 + x[:, half:] ** 2).sqrt().clamp_min(1e-3)
+    chord = (num / den).nan_to_num(float("inf")).amax(dim=1)
+    return 2 * torch.asin((chord / 2).clamp(max=1.0))   # a chord of 2 sin(a/2) is an angle a
+
+
+def _bf16_spacing(p: int) -> int:
+    return 1 if p < 256 else 2 ** (int(math.log2(p)) - 7)
+
+
+def _compare_long_context(case, got) -> Optional[str]:
+    err = _pair_angle_error(case, got)
+    worst = int(err.argmax())
+    if float(err[worst]) <= ANGLE_TOL:
+        return None
+    pos = case.extra["positions"]
+    p = int(pos[worst])
+    right = [f"{int(q):,}" for q in pos[err <= ANGLE_TOL]]
+    return (f"at position {p:,} the rotation is off by {float(err[worst]):.2f} rad (allowed "
+            f"{ANGLE_TOL}); right at {len(right)} of {len(pos)} positions"
+            + (f" ({', '.join(right[:6])}{', ...' if len(right) > 6 else ''})" if right else "")
+            + f". bf16 values near {p:,} are {_bf16_spacing(p)} apart, so an angle held in bf16 "
+            "is off by up to half that")
+
+
+def _plot_long_context(ax, case, got):
+    err = _pair_angle_error(case, got).clamp(1e-6, 10)
+    pos, order = case.extra["positions"].clamp_min(1).sort()
+    ax.loglog(pos.numpy(), err[order].numpy(), "o-", ms=3)
+    ax.axhline(ANGLE_TOL, color="tab:red", lw=1, ls="--", label=f"allowed {ANGLE_TOL} rad")
+    ax.set_xlabel("position", fontsize=7)
+    ax.set_ylabel("angle error (rad)", fontsize=7)
+    ax.set_title("angle error by position", fontsize=8)
+    ax.tick_params(labelsize=6)
+    ax.legend(fontsize=6)
+
+
+def _big_long_context(device):
+    n, half, br = 1 << 17, 64, 16
+    x = torch.randn(n, 2 * half, device=device, dtype=torch.bfloat16)
+    pos = torch.arange(n, device=device, dtype=torch.int32)
+    inv = _inv_freq(half).to(device)
+    table = (pos.double()[:, None] * inv.double()[None, :]).to(torch.bfloat16)
+    y = torch.empty_like(x)
+    return Case(f"x [{n}, {2 * half}] bf16", (triton.cdiv(n, br),), (x, table, pos, inv, y, n),
+                {"HALF": half, "BLOCK_ROWS": br}, {"x": x, "pos": pos, "inv_freq": inv}, "y", y,
+                None, None)
+
+
+LONG_CONTEXT = _register(Puzzle(
+    5, "long_context", "angles at position 100k", spec_long_context, _build_long_context,
+    solution_long_context_kernel,
+    hint="no kernel can get back what a bf16 table lost: compute theta = position * inv_freq in "
+         "fp32 from pos_ptr and inv_freq_ptr (and do the rotation in fp32)",
+    big=_big_long_context, picture=1, compare=_compare_long_context, plot=_plot_long_context))
+
+
+# 6. position ids with strides ---------------------------------------------------------------------
+
+@triton.jit
+def solution_position_ids_kernel(
+    x_ptr,  # *fp32: x [B, S, 2 * HALF], contiguous
+    pos_ptr,  # *int64: position_ids [B, S], any strides (stride 0 over the batch included)
+    cos_ptr,  # *fp32: cos table [P, HALF], contiguous
+    sin_ptr,  # *fp32: sin table [P, HALF], contiguous
+    y_ptr,  # *fp32: y [B, S, 2 * HALF], contiguous
+    S,  # tokens per sequence
+    stride_pb, stride_ps,  # position_ids strides, in elements
+    HALF: tl.constexpr,  # pairs per row (a power of two here)
+    BLOCK_S: tl.constexpr,  # tokens per program
+):
+    b = tl.program_id(0)
+    s = tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)
+    live_s = s < S
+    pos = tl.load(pos_ptr + b * stride_pb + s * stride_ps, mask=live_s, other=0)
+    j = tl.arange(0, HALF)
+    live = live_s[:, None]
+    c = tl.load(cos_ptr + pos[:, None] * HALF + j[None, :], mask=live, other=1.0)
+    sn = tl.load(sin_ptr + pos[:, None] * HALF + j[None, :], mask=live, other=0.0)
+    row = (b * S + s)[:, None] * (2 * HALF)
+    x1 = tl.load(x_ptr + row + j[None, :], mask=live, other=0.0)
+    x2 = tl.load(x_ptr + row + HALF + j[None, :], mask=live, other=0.0)
+    tl.store(y_ptr + row + j[None, :], x1 * c - x2 * sn, mask=live)
+    tl.store(y_ptr + row + HALF + j[None, :], x2 * c + x1 * sn, mask=live)
+
+
+def _table(P, half):
+    ang = torch.arange(P, dtype=torch.float64)[:, None] * _inv_freq(half).double()[None, :]
+    return ang.cos().float(), ang.sin().float()
+
+
+def _build_position_ids(gen, device, block_s=4):
+    B, S, half, P = 3, 5, 8, 40
+    cases = []
+    for kind in ("contiguous", "expanded", "strided"):
+        x = _randn(gen, B, S, 2 * half)
+        cos, sin = _table(P, half)
+        if kind == "contiguous":
+            ids = _placed(torch.randint(0, P, (B, S), generator=gen), device)
+            label = "position_ids [3, 5], contiguous"
+        elif kind == "expanded":    # one row of positions for the whole batch: stride 0
+            ids = _placed(torch.arange(S)[None, :] + 7, device).expand(B, S)
+            label = "position_ids [1, 5].expand(3, 5): stride 0 over the batch"
+        else:                       # every other row of a transposed [S, 2B] tensor
+            base = _placed(torch.randint(0, P, (S, 2 * B), generator=gen), device)
+            ids = base.t()[::2]
+            label = f"position_ids = t.t()[::2], strides {tuple(ids.stride())}"
+        expected = spec_position_ids(x.double(), ids.cpu(), cos.double(), sin.double())
+        inputs = {"x": _placed(x, device), "position_ids": ids, "cos": _placed(cos, device),
+                  "sin": _placed(sin, device)}
+        buf, out = _poisoned((B, S, 2 * half), torch.float32, device)
+        args = (inputs["x"], ids, inputs["cos"], inputs["sin"], out, S, *ids.stride())
+        cases.append(Case(label, (B, triton.cdiv(S, block_s)), args,
+                          {"HALF": half, "BLOCK_S": block_s}, inputs, "y", out, buf, expected))
+    return cases
+
+
+def _big_position_ids(device):
+    B, S, half, bs = 8, 16384, 64, 16
+    x = torch.randn(B, S, 2 * half, device=device)
+    cos, sin = (t.to(device) for t in _table(S, half))
+    ids = torch.arange(S, device=device)[None, :].expand(B, S)
+    y = torch.empty_like(x)
+    return Case(f"x [{B}, {S}, {2 * half}] fp32, expanded ids", (B, triton.cdiv(S, bs)),
+                (x, ids, cos, sin, y, S, *ids.stride()), {"HALF": half, "BLOCK_S": bs},
+                {"x": x, "position_ids": ids, "cos": cos, "sin": sin}, "y", y, None,
+                None)
+
+
+POSITION_IDS = _register(Puzzle(
+    6, "position_ids", "position ids with strides", spec_position_ids, _build_position_ids,
+    solution_position_ids_kernel,
+    hint="position b, s is at pos_ptr + b * stride_pb + s * stride_ps: an expanded tensor has "
+         "stride_pb == 0, a sliced one strides that are not (S, 1)",
+    big=_big_position_ids, picture=1))
+
+
+# 7. 64-bit offsets --------------------------------------------------------------------------------
+
+@triton.jit
+def solution_int64_offsets_kernel(
+    x_ptr,  # *fp32: x [N_ROWS, 2 * HALF], rows stride_x elements apart
+    theta_ptr,  # *fp32: angles [N_ROWS, HALF], contiguous
+    y_ptr,  # *fp32: y [N_ROWS, 2 * HALF], rows stride_y elements apart
+    N_ROWS,  # rows in x
+    stride_x,  # x's row stride, in elements (int32 when it fits)
+    stride_y,  # y's row stride, in elements
+    HALF: tl.constexpr,  # pairs per row (a power of two here)
+    BLOCK_ROWS: tl.constexpr,  # rows per program
+):
+    # int64 before any multiplication: row * stride passes 2^31 in a tensor of 2^31 elements
+    rows = tl.program_id(0).to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    j = tl.arange(0, HALF)
+    live = rows[:, None] < N_ROWS
+    theta = tl.load(theta_ptr + rows[:, None] * HALF + j[None, :], mask=live, other=0.0)
+    row_x = x_ptr + rows[:, None] * stride_x
+    x1 = tl.load(row_x + j[None, :], mask=live, other=0.0)
+    x2 = tl.load(row_x + HALF + j[None, :], mask=live, other=0.0)
+    c, s = tl.cos(theta), tl.sin(theta)
+    row_y = y_ptr + rows[:, None] * stride_y
+    tl.store(row_y + j[None, :], x1 * c - x2 * s, mask=live)
+    tl.store(row_y + HALF + j[None, :], x2 * c + x1 * s, mask=live)
+
+
+# rows far apart: row 2 of x starts at element 2^31 + 128, row 2 of y at 2,400,000,000
+VIRTUAL_STRIDE_X, VIRTUAL_STRIDE_Y = 2**30 + 64, 1_200_000_000
+
+
+def _build_int64_offsets(gen, device, block_rows=4):
+    half = 16
+    cases = []
+    # an ordinary strided case: rows padded to 48 and 40 elements
+    n = 5
+    x, theta = _randn(gen, n, 2 * half), _angles(gen, n, half)
+    xs = _placed(torch.zeros(n, 48), device)
+    xs[:, :2 * half] = x.to(device)
+    x_view = xs[:, :2 * half]
+    ybuf, ys = _poisoned((n, 40), torch.float32, device)
+    y_view = ys[:, :2 * half]
+    inputs = {"x": x_view, "theta": _placed(theta, device)}
+    cases.append(Case("rows 48 and 40 elements apart", (triton.cdiv(n, block_rows),),
+                      (x_view, inputs["theta"], y_view, n, 48, 40),
+                      {"HALF": half, "BLOCK_ROWS": block_rows}, inputs, "y", y_view, ybuf,
+                      spec_rotate_row(x.double(), theta.double())))
+    if device == "cpu":     # the interpreter's memory layer holds only the rows: CPU only
+        n = 3
+        x, theta = _randn(gen, n, 2 * half), _angles(gen, n, half)
+        inputs = {"x": _placed(x, device), "theta": _placed(theta, device)}
+        ybuf, y = _poisoned((n, 2 * half), torch.float32, device)
+        cases.append(Case(f"rows {VIRTUAL_STRIDE_X:,} and {VIRTUAL_STRIDE_Y:,} elements apart: "
+                          "row 2 past 2^31", (triton.cdiv(n, block_rows),),
+                          (inputs["x"], inputs["theta"], y, n, VIRTUAL_STRIDE_X, VIRTUAL_STRIDE_Y),
+                          {"HALF": half, "BLOCK_ROWS": block_rows}, inputs, "y", y, ybuf,
+                          spec_rotate_row(x.double(), theta.double()),
+                          row_strides={"x": VIRTUAL_STRIDE_X, "y": VIRTUAL_STRIDE_Y}))
+    return cases
+
+
+def _big_int64_offsets(device):
+    n, half, br = 1 << 17, 64, 16
+    x = torch.randn(n, 2 * half, device=device)
+    theta = torch.rand(n, half, device=device)
+    y = torch.empty_like(x)
+    return Case(f"x [{n}, {2 * half}] fp32", (triton.cdiv(n, br),),
+                (x, theta, y, n, x.stride(0), y.stride(0)), {"HALF": half, "BLOCK_ROWS": br},
+                {"x": x, "theta": theta}, "y", y, None, None)
+
+
+INT64_OFFSETS = _register(Puzzle(
+    7, "int64_offsets", "offsets past 2^31", spec_rotate_row, _build_int64_offsets,
+    solution_int64_offsets_kernel,
+    hint="program ids, tl.arange and strides below 2^31 are int32, and so is their product: "
+         "make the row index int64 (.to(tl.int64)) before multiplying by a stride",
+    big=_big_int64_offsets, picture=1))
+
+
+# 8. the backward ---------------------------------------------------------------------------------
+
+@triton.jit
+def solution_backward_kernel(
+    dy_ptr,  # *fp32: dL/dy [N_ROWS, 2 * HALF], contiguous
+    theta_ptr,  # *fp32: angles [N_ROWS, HALF], contiguous
+    dx_ptr,  # *fp32: dL/dx [N_ROWS, 2 * HALF], contiguous
+    N_ROWS,  # rows in dL/dy
+    HALF: tl.constexpr,  # pairs per row (a power of two here)
+    BLOCK_ROWS: tl.constexpr,  # rows per program
+):
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    j = tl.arange(0, HALF)
+    live = rows[:, None] < N_ROWS
+    theta = tl.load(theta_ptr + rows[:, None] * HALF + j[None, :], mask=live, other=0.0)
+    row = rows[:, None] * (2 * HALF)
+    g1 = tl.load(dy_ptr + row + j[None, :], mask=live, other=0.0)
+    g2 = tl.load(dy_ptr + row + HALF + j[None, :], mask=live, other=0.0)
+    c, s = tl.cos(theta), tl.sin(theta)
+    # the transpose of [[c, -s], [s, c]]: the rotation by -theta
+    tl.store(dx_ptr + row + j[None, :], g1 * c + g2 * s, mask=live)
+    tl.store(dx_ptr + row + HALF + j[None, :], g2 * c - g1 * s, mask=live)
+
+
+def _build_backward(gen, device, block_rows=4):
+    cases = []
+    for n, half in ((5, 8), (3, 32)):
+        dy, theta = _randn(gen, n, 2 * half), _angles(gen, n, half)
+        dy64, t64 = dy.double(), theta.double()
+        half_wrong = spec_rotate_row(dy64, -t64).clone()
+        half_wrong[:, half:] = spec_rotate_row(dy64, t64)[:, half:]
+        wrong = [("your dL/dx is the forward rotation of dL/dy (by +theta): that is J dL/dy, "
+                  "the backward needs J^T dL/dy, the rotation by -theta",
+                  spec_rotate_row(dy64, t64)),
+                 ("the first half is right, the second still rotates by +theta: flip the sign "
+                  "of its sine term too", half_wrong)]
+        case = _row_case(f"dL/dy [{n}, {2 * half}]", (triton.cdiv(n, block_rows),),
+                         {"dy": dy, "theta": theta}, (n, 2 * half), spec_backward(dy, theta),
+                         {"HALF": half, "BLOCK_ROWS": block_rows}, device, args_after=(n,),
+                         wrong=wrong)
+        case.out_name = "dx"
+        cases.append(case)
+    return cases
+
+
+def _big_backward(device):
+    case = _big_interleaved(device)
+    case.out_name, case.inputs = "dx", {"dy": case.inputs["x"], "theta": case.inputs["theta"]}
+    return case
+
+
+BACKWARD = _register(Puzzle(
+    8, "backward", "the backward's sign", spec_backward, _build_backward,
+    solution_backward_kernel,
+    hint="dL/dx = J^T dL/dy; J rotates each pair by +theta, so J^T rotates it by -theta: "
+         "dx1 = g1 cos + g2 sin, dx2 = g2 cos - g1 sin",
+    big=_big_backward))
+
+
+# 9. one table for the whole batch ---------------------------------------------------------------
+
+@triton.jit
+def solution_shared_table_kernel(
+    x_ptr,  # *fp32: x [S, B, 2 * HALF], contiguous
+    cos_ptr,  # *fp32: cos table [S, HALF], contiguous
+    sin_ptr,  # *fp32: sin table [S, HALF], contiguous
+    y_ptr,  # *fp32: y [S, B, 2 * HALF], contiguous
+    S,  # positions
+    B,  # batch entries per position (the program loops over them)
+    HALF: tl.constexpr,  # pairs per row (a power of two here)
+    BLOCK_S: tl.constexpr,  # positions per program
+):
+    s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    j = tl.arange(0, HALF)
+    live = (s < S)[:, None]
+    # the table rows of these positions, loaded once and used for every batch entry
+    c = tl.load(cos_ptr + s[:, None] * HALF + j[None, :], mask=live, other=1.0)
+    sn = tl.load(sin_ptr + s[:, None] * HALF + j[None, :], mask=live, other=0.0)
+    for b in range(B):
+        row = (s * B + b)[:, None] * (2 * HALF)
+        x1 = tl.load(x_ptr + row + j[None, :], mask=live, other=0.0)
+        x2 = tl.load(x_ptr + row + HALF + j[None, :], mask=live, other=0.0)
+        tl.store(y_ptr + row + j[None, :], x1 * c - x2 * sn, mask=live)
+        tl.store(y_ptr + row + HALF + j[None, :], x2 * c + x1 * sn, mask=live)
+
+
+def _build_shared_table(gen, device, block_s=4):
+    cases = []
+    for S, B, half in ((5, 4, 8), (3, 2, 16)):
+        x = _randn(gen, S, B, 2 * half)
+        ang = _angles(gen, S, half).double()
+        cos, sin = ang.cos().float(), ang.sin().float()
+        inputs = {"x": _placed(x, device), "cos": _placed(cos, device),
+                  "sin": _placed(sin, device)}
+        buf, out = _poisoned((S, B, 2 * half), torch.float32, device)
+        cases.append(Case(f"x [{S}, {B}, {2 * half}]", (triton.cdiv(S, block_s),),
+                          (inputs["x"], inputs["cos"], inputs["sin"], out, S, B),
+                          {"HALF": half, "BLOCK_S": block_s}, inputs, "y", out, buf,
+                          spec_shared_table(x.double(), cos.double(), sin.double())))
+    return cases
+
+
+def _each_table_element_once(case, memory) -> Optional[str]:
+    for name in ("cos", "sin"):
+        n = memory.counts(name, "load")
+        if n.max() > 1:
+            B = case.args[5]
+            return (f"right values, but each element of {name} was loaded {int(n.max())} times "
+                    f"({int(n.sum())} loads for {n.size} elements; B = {B}): the table of a "
+                    "position is the same for every batch entry, load it once per program, "
+                    "before the loop over b")
+    return None
+
+
+def _big_shared_table(device):
+    S, B, half, bs = 16384, 8, 64, 16
+    x = torch.randn(S, B, 2 * half, device=device)
+    cos, sin = (t.to(device) for t in _table(S, half))
+    y = torch.empty_like(x)
+    return Case(f"x [{S}, {B}, {2 * half}] fp32", (triton.cdiv(S, bs),), (x, cos, sin, y, S, B),
+                {"HALF": half, "BLOCK_S": bs}, {"x": x, "cos": cos, "sin": sin}, "y", y, None,
+                None)
+
+
+SHARED_TABLE = _register(Puzzle(
+    9, "shared_table", "one table for the batch", spec_shared_table, _build_shared_table,
+    solution_shared_table_kernel,
+    hint="the cos/sin rows depend on s only: load them before `for b in range(B)`",
+    big=_big_shared_table, require=_each_table_element_once))
+
+
+# 10. KV-cache start positions -------------------------------------------------------------------
+
+@triton.jit
+def solution_start_positions_kernel(
+    x_ptr,  # *fp32: new tokens x [B, T, 2 * HALF], contiguous
+    start_ptr,  # *int32: start [B], tokens already in each sequence's KV cache
+    cos_ptr,  # *fp32: cos table [P, HALF], contiguous
+    sin_ptr,  # *fp32: sin table [P, HALF], contiguous
+    y_ptr,  # *fp32: y [B, T, 2 * HALF], contiguous
+    T,  # new tokens per sequence
+    HALF: tl.constexpr,  # pairs per row (a power of two here)
+    BLOCK_T: tl.constexpr,  # tokens per program
+):
+    b = tl.program_id(0)
+    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    live = (t < T)[:, None]
+    pos = tl.load(start_ptr + b) + t  # token t of sequence b sits after its cached tokens
+    j = tl.arange(0, HALF)
+    c = tl.load(cos_ptr + pos[:, None] * HALF + j[None, :], mask=live, other=1.0)
+    sn = tl.load(sin_ptr + pos[:, None] * HALF + j[None, :], mask=live, other=0.0)
+    row = (b * T + t)[:, None] * (2 * HALF)
+    x1 = tl.load(x_ptr + row + j[None, :], mask=live, other=0.0)
+    x2 = tl.load(x_ptr + row + HALF + j[None, :], mask=live, other=0.0)
+    tl.store(y_ptr + row + j[None, :], x1 * c - x2 * sn, mask=live)
+    tl.store(y_ptr + row + HALF + j[None, :], x2 * c + x1 * sn, mask=live)
+
+
+def _build_start_positions(gen, device, block_t=4):
+    cases = []
+    for B, T, half, P, starts in ((3, 4, 8, 32, [0, 5, 17]), (4, 1, 8, 64, [3, 40, 0, 63]),
+                                  (2, 6, 16, 24, [2, 18])):
+        x = _randn(gen, B, T, 2 * half)
+        cos, sin = _table(P, half)
+        start = torch.tensor(starts, dtype=torch.int32)
+        x64, c64, s64 = x.double(), cos.double(), sin.double()
+        wrong = [("this is RoPE at positions 0 .. T-1 in every sequence: token t of sequence b "
+                  "is at start[b] + t", spec_start_positions(x64, torch.zeros_like(start), c64,
+                                                             s64)),
+                 ("every sequence starts at start[0]: read start[b] for sequence b",
+                  spec_start_positions(x64, start[:1].expand(B), c64, s64))]
+        inputs = {"x": _placed(x, device), "start": _placed(start, device),
+                  "cos": _placed(cos, device), "sin": _placed(sin, device)}
+        buf, out = _poisoned((B, T, 2 * half), torch.float32, device)
+        cases.append(Case(f"x [{B}, {T}, {2 * half}], start {starts}", (B, triton.cdiv(T, block_t)),
+                          (inputs["x"], inputs["start"], inputs["cos"], inputs["sin"], out, T),
+                          {"HALF": half, "BLOCK_T": block_t}, inputs, "y", out, buf,
+                          spec_start_positions(x64, start, c64, s64), wrong=wrong))
+    return cases
+
+
+def _big_start_positions(device):
+    B, T, half, bt = 64, 2048, 64, 16
+    x = torch.randn(B, T, 2 * half, device=device)
+    cos, sin = (t.to(device) for t in _table(4 * T, half))
+    start = torch.randint(0, 3 * T, (B,), device=device, dtype=torch.int32)
+    y = torch.empty_like(x)
+    return Case(f"x [{B}, {T}, {2 * half}] fp32", (B, triton.cdiv(T, bt)),
+                (x, start, cos, sin, y, T), {"HALF": half, "BLOCK_T": bt},
+                {"x": x, "start": start, "cos": cos, "sin": sin}, "y", y, None,
+                None)
+
+
+START_POSITIONS = _register(Puzzle(
+    10, "start_positions", "KV-cache start positions", spec_start_positions,
+    _build_start_positions, solution_start_positions_kernel,
+    hint="position = start[b] + t: load start_ptr + b once per program and add it to t",
+    big=_big_start_positions))
+
+
+# --- grading ----------------------------------------------------------------------------------
+
+def _is_kernel(obj) -> bool:
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+    return isinstance(obj, (JITFunction, InterpretedFunction))
+
+
+def _interpreted(kernel):
+    """The interpreter's version of a @triton.jit kernel (also when the GPU compiler is on)."""
+    from triton.runtime.interpreter import InterpretedFunction
+    return kernel if isinstance(kernel, InterpretedFunction) else InterpretedFunction(kernel.fn)
+
+
+def _ranges(idx: Sequence[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> '0-2, 5, 7-8'."""
+    out, idx = [], sorted(idx)
+    i = 0
+    while i < len(idx):
+        j = i
+        while j + 1 < len(idx) and idx[j + 1] == idx[j] + 1:
+            j += 1
+        out.append(str(idx[i]) if i == j else f"{idx[i]}-{idx[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+def _what_differs(case: Case, got: torch.Tensor) -> Optional[str]:
+    """None when got matches the spec within the case's tolerances, else what differs."""
+    got64 = got.detach().to("cpu", torch.float64)
+    want = case.expected.to("cpu", torch.float64)
+    width = want.shape[-1]
+    nan = got64.isnan()
+    if nan.any():
+        flat = nan.reshape(-1, width)
+        first = tuple(int(i) for i in nan.nonzero()[0])
+        return (f"{int(nan.sum())} of {nan.numel()} output elements were never written (first "
+                f"at {first}); features {_ranges(flat.any(0).nonzero().flatten().tolist())} "
+                f"of rows {_ranges(flat.any(1).nonzero().flatten().tolist())}")
+    atol, rtol = case.tol
+    close = torch.isclose(got64, want, atol=atol, rtol=rtol)
+    if close.all():
+        return None
+    for why, alt in case.wrong:
+        if torch.isclose(got64, alt.to("cpu", torch.float64), atol=atol, rtol=rtol).all():
+            return why
+    bad = (~close).reshape(-1, width)
+    err = (got64 - want).abs().masked_fill(close, 0)
+    worst = tuple(int(i) for i in torch.unravel_index(err.argmax(), err.shape))
+    return (f"{int(bad.sum())} of {bad.numel()} elements differ (features "
+            f"{_ranges(bad.any(0).nonzero().flatten().tolist())} of rows "
+            f"{_ranges(bad.any(1).nonzero().flatten().tolist())}); worst at {worst}: got "
+            f"{got64[worst].item():.5g}, expected {want[worst].item():.5g}")
+
+
+def _judge(p: Puzzle, case: Case, got: torch.Tensor) -> Optional[str]:
+    if p.compare is not None and not got.isnan().any():
+        return p.compare(case, got)
+    return _what_differs(case, got)
+
+
+class _Ran:
+    """What the launch closure hands back: the exception the launch raised, if any."""
+
+    def __init__(self, error: Optional[BaseException] = None):
+        self.error = error
+
+
+def _launch_checked(kernel, case: Case, memory: BoundsCheckedMemory) -> Callable[[], _Ran]:
+    interp = _interpreted(kernel)
+
+    def launch() -> _Ran:
+        try:
+            with memory.installed():
+                interp[case.grid](*case.args, **case.constexprs)
+        except Exception as exc:  # noqa: BLE001 -- reported by the check
+            return _Ran(exc)
+        return _Ran()
+    return launch
+
+
+def _error_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    cause = exc.__cause__
+    if cause is not None and str(cause).strip():
+        text = f"{type(cause).__name__}: {str(cause).strip()}"
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return (lines[-1] if lines else type(exc).__name__)[:300]
+
+
+def draw_accesses(memory: BoundsCheckedMemory, title: str,
+                  panel: Optional[Callable] = None) -> None:
+    """Draw, per tensor of `memory`, which elements the kernel loaded (inputs: how often) and
+    stored (outputs: which program); `panel(ax)` may draw one more plot beside them."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import MaxNLocator
+
+    regions = sorted(memory.regions, key=lambda r: r.kind != "in")     # inputs, then outputs
+    panels = len(regions) + (1 if panel is not None else 0)
+    fig, axes = plt.subplots(1, panels, figsize=(min(3.1 * panels, 15.5), 2.9), squeeze=False)
+    load_colors = np.array([[0.90, 0.90, 0.90], [0.62, 0.79, 0.88], [0.26, 0.57, 0.78],
+                            [0.03, 0.32, 0.61], [0.03, 0.19, 0.42]])
+    programs = plt.get_cmap("tab10")
+    for ax, reg in zip(axes[0], regions):
+        width = reg.addresses.shape[-1] if reg.addresses.ndim else 1
+        if reg.kind == "in":
+            n = memory.counts(reg.name, "load")
+            img = load_colors[np.clip(n, 0, 4)].reshape(-1, width, 3)
+            top = int(n.max()) if n.size else 0
+            what = f"loads per element: up to {top}" if top else "never read"
+        else:
+            who = memory.storing_programs(reg.name).reshape(-1, width)
+            img = np.zeros(who.shape + (3,))
+            img[who == -1] = load_colors[0]
+            img[who == -2] = (0.0, 0.0, 0.0)
+            for k in sorted(set(who[who >= 0].tolist())):
+                img[who == k] = programs(k % 10)[:3]
+            what = "stored: colour = program"
+        ax.imshow(img, aspect="auto", interpolation="nearest")
+        dims = "x".join(str(d) for d in reg.tensor.shape)
+        ax.set_title(f"{reg.name} [{dims}]\n{what}", fontsize=8)
+        ax.set_xlabel("last dim", fontsize=7)
+        ax.tick_params(labelsize=6)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        if img.shape[0] == 1:
+            ax.set_yticks([0])
+    if panel is not None:
+        panel(axes[0][-1])
+    handles = [Patch(color=load_colors[0], label="never touched"),
+               Patch(color=load_colors[1], label="loaded once"),
+               Patch(color=load_colors[3], label="loaded 3 times"),
+               Patch(color=(0, 0, 0), label="stored by 2+ programs")]
+    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=7, frameon=False)
+    if memory.faults:
+        title += (f"\n{len(memory.faults)} instructions had lanes outside the tensors (not drawn: "
+                  "the check masked them off)")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    plt.show()
+    plt.close(fig)
+
+
+def run_in_checked_memory(kernel, grid, *args, inputs: Dict[str, torch.Tensor],
+                          outputs: Dict[str, torch.Tensor], **kwargs) -> BoundsCheckedMemory:
+    """Launch kernel[grid](*args, **kwargs) in the interpreter with every load and store checked
+    against `inputs` (may be loaded) and `outputs` (may be stored), all CPU tensors; return the
+    memory, with its recorded accesses and faults. An exception of the launch propagates."""
+    regions = [Region(n, t, "in") for n, t in inputs.items()]
+    regions += [Region(n, t, "out") for n, t in outputs.items()]
+    memory = BoundsCheckedMemory(regions)
+    with memory.installed():
+        _interpreted(kernel)[grid](*args, **kwargs)
+    return memory
+
+
+def _picture(p: Puzzle, case: Case, memory: BoundsCheckedMemory, verdict: str) -> None:
+    panel = None if p.plot is None else (lambda ax: p.plot(ax, case, case.out))
+    draw_accesses(memory, f"puzzle {p.number}, {case.label}: {verdict}", panel)
+
+
+def _sectors(memory: BoundsCheckedMemory) -> str:
+    parts = []
+    for reg in memory.regions:
+        kind = "load" if reg.kind == "in" else "store"
+        mine = [a for a, o in zip(memory.accesses, memory.owners) if o == reg.name]
+        if not mine:
+            continue
+        s = access.summary(mine, kind)
+        parts.append(f"{reg.name} {s['instructions']} {kind}{'s' if s['instructions'] > 1 else ''}"
+                     f" ({s['efficiency']:.0%} of the sectors' bytes used)")
+    return "; ".join(parts)
+
+
+def _fail(p: Puzzle, label: str, problem: str) -> bool:
+    print(f"❌ puzzle {p.number} ({p.title}), {label}: {problem}\n   hint: {p.hint}")
+    _RESULTS[p.key] = False
+    return False
+
+
+def grade(p: Puzzle, kernel, *, seed: Optional[int] = None, draw: bool = True,
+          time_it: bool = True) -> bool:
+    """Check a learner's kernel for puzzle p: ✅ or ❌ with what differs; never raises."""
+    try:
+        return _grade(p, kernel, seed=seed, draw=draw, time_it=time_it)
+    except Exception as exc:  # noqa: BLE001 -- a check must not stop the notebook
+        print(f"❌ puzzle {p.number} ({p.title}): the check could not run your kernel "
+              f"({type(exc).__name__}: {_error_line(exc)})")
+        _RESULTS[p.key] = False
+        return False
+
+
+def _grade(p: Puzzle, kernel, *, seed, draw, time_it) -> bool:
+    name = f"puzzle {p.number} ({p.title})"
+    if kernel is None or kernel is Ellipsis or (_is_kernel(kernel) and is_blank(kernel)):
+        print(f"❌ {name}: no kernel yet (write the body of the @triton.jit function, then rerun)")
+        _RESULTS[p.key] = False
+        return False
+    if not _is_kernel(kernel):
+        print(f"❌ {name}: expected a @triton.jit kernel, got {type(kernel).__name__}; the "
+              "check launches the kernel itself and reads the output it allocated")
+        _RESULTS[p.key] = False
+        return False
+    seed = int(torch.randint(0, 2**31, ())) if seed is None else seed
+    cases = p.build(torch.Generator().manual_seed(seed), "cpu")
+    shown = None
+    for i, case in enumerate(cases):
+        memory = BoundsCheckedMemory(case.regions())
+        ok, ran = run_own_code(f"{name}, {case.label}", "your kernel",
+                               _launch_checked(kernel, case, memory), bar=(p.solution,))
+        if not ok:
+            _RESULTS[p.key] = False
+            return False
+        if ran.error is not None:
+            return _fail(p, case.label, f"the launch raised {_error_line(ran.error)}")
+        problem = memory.fault_report() or _judge(p, case, case.out)
+        if problem is None and p.require is not None:
+            problem = p.require(case, memory)
+        if problem is not None:
+            _fail(p, case.label, problem)
+            if draw:
+                _picture(p, case, memory, "wrong")
+            return False
+        if i == p.picture or shown is None:
+            shown = (case, memory)
+    case, memory = shown
+    print(f"✅ {name}: correct on {len(cases)} launches ({'; '.join(c.label for c in cases)})")
+    print(f"   accesses of {case.label}: {_sectors(memory)}")
+    if draw:
+        _picture(p, case, memory, "correct")
+    _RESULTS[p.key] = True
+    if time_it:
+        return _on_gpu(p, kernel, seed)
+    return True
+
+
+def _on_gpu(p: Puzzle, kernel, seed: int) -> bool:
+    """The compiled kernel on the same cases, then its time against a device copy; CPU: why not."""
+    if not runtime.on_gpu():
+        why = ("no GPU here" if not torch.cuda.is_available() else
+               "TRITON_INTERPRET=1 runs kernels in the interpreter")
+        print(f"   ⏱ timing skipped ({why}): the interpreter runs programs one after another in "
+              "Python, so its time says nothing about a GPU's")
+        return True
+    cases = [c for c in p.build(torch.Generator().manual_seed(seed), "cuda") if not c.virtual]
+    for case in cases:
+        kernel[case.grid](*case.args, **case.constexprs)
+        torch.cuda.synchronize()
+        outside = case.out_buffer.numel() - case.out.numel() - int(case.out_buffer.isnan().sum()) \
+            + int(case.out.isnan().sum())
+        problem = (f"the compiled kernel stored {outside} elements outside {case.out_name}"
+                   if outside else _judge(p, case, case.out))
+        if problem is not None:
+            return _fail(p, case.label + " (compiled, on the GPU)",
+                         problem + " — it passed in the interpreter: look for a race between "
+                         "programs or a load whose mask differs from its store's")
+    if p.big is None:
+        print(f"   ⏱ not timed: {p.no_timing}")
+        return True
+    from triton.testing import do_bench
+
+    big = p.big("cuda")
+
+    def run():
+        kernel[big.grid](*big.args, **big.constexprs)
+
+    run()
+    torch.cuda.synchronize()
+    storages = {}
+    for t in big.args:
+        if isinstance(t, torch.Tensor):
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    nbytes = sum(storages.values())
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = do_bench(run, quantiles=[0.5, 0.2, 0.8])[0]
+    copy_ms = do_bench(lambda: dst.copy_(src), quantiles=[0.5, 0.2, 0.8])[0]
+    print(f"   ⏱ {torch.cuda.get_device_name()}, {big.label}: your kernel {ms * 1e3:.1f} us for "
+          f"{nbytes / 1e6:.0f} MB of tensors; a device copy of the same bytes "
+          f"{copy_ms * 1e3:.1f} us: {copy_ms / ms:.0%} of copy speed (median of do_bench)")
+    return True
+
+
+# --- what the notebook calls --------------------------------------------------------------------
+
+def check_rotate_row(kernel, **kw) -> bool:
+    """Puzzle 1: rotate one row of 2 * HALF features, rotate-half pairs (j, j + HALF)."""
+    return grade(ROTATE_ROW, kernel, **kw)
+
+
+def check_interleaved(kernel, **kw) -> bool:
+    """Puzzle 2: GPT-J's interleaved pairs (2j, 2j + 1), a tile of rows per program."""
+    return grade(INTERLEAVED, kernel, **kw)
+
+
+def check_partial(kernel, **kw) -> bool:
+    """Puzzle 3: partial rotary, the first R features rotated and the rest copied."""
+    return grade(PARTIAL, kernel, **kw)
+
+
+def check_odd_head_dim(kernel, **kw) -> bool:
+    """Puzzle 4: head dims whose halves are no power of two (80, 96, 72)."""
+    return grade(ODD_HEAD_DIM, kernel, **kw)
+
+
+def check_long_context(kernel, **kw) -> bool:
+    """Puzzle 5: angles at positions up to 131,071, graded by angle error vs the fp64 spec."""
+    return grade(LONG_CONTEXT, kernel, **kw)
+
+
+def check_position_ids(kernel, **kw) -> bool:
+    """Puzzle 6: position ids read through their strides (expanded, sliced)."""
+    return grade(POSITION_IDS, kernel, **kw)
+
+
+def check_int64_offsets(kernel, **kw) -> bool:
+    """Puzzle 7: row offsets past 2^31 elements (a virtual tensor: only its rows exist)."""
+    return grade(INT64_OFFSETS, kernel, **kw)
+
+
+def check_backward(kernel, **kw) -> bool:
+    """Puzzle 8: dL/dx from dL/dy, checked against the autograd of the spec."""
+    return grade(BACKWARD, kernel, **kw)
+
+
+def check_shared_table(kernel, **kw) -> bool:
+    """Puzzle 9: one cos/sin table row per position, loaded once for the whole batch."""
+    return grade(SHARED_TABLE, kernel, **kw)
+
+
+def check_start_positions(kernel, **kw) -> bool:
+    """Puzzle 10: new tokens after a KV cache, at positions start[b] + t."""
+    return grade(START_POSITIONS, kernel, **kw)
+
+
+def show_spec(key: str) -> None:
+    """Show a puzzle's plain-PyTorch spec (its source) as a code block."""
+    src = textwrap.dedent(inspect.getsource(PUZZLES[key].spec)).strip("\n")
+    try:
+        from IPython import get_ipython
+        shell = get_ipython()
+    except ImportError:
+        shell = None
+    if shell is not None and type(shell).__name__ == "ZMQInteractiveShell":
+        from IPython.display import Markdown, display
+        display(Markdown(f"```python\n{src}\n```"))
+    else:
+        print(src)
+
+
+def scoreboard() -> Dict[str, Optional[bool]]:
+    """Print which puzzles passed in this kernel process; return {key: True/False/None}."""
+    result = {}
+    for p in PUZZLES.values():
+        r = _RESULTS.get(p.key)
+        result[p.key] = r
+        mark = "✅" if r else ("❌" if r is False else "· ")
+        print(f"{mark} {p.number:2d}. {p.title}")
+    done = sum(1 for r in result.values() if r)
+    print(f"{done} of {len(result)} solved")
+    return result
