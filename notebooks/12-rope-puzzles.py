@@ -1,0 +1,622 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 12 — RoPE puzzles
+#
+# Ten short puzzles, each a Triton kernel to write or to repair. Every one comes from a bug that
+# real RoPE kernels shipped with: the wrong pairing of features, a head dim that is not a power
+# of two, angles that lose their precision at long context, offsets that wrap past $2^{31}$, a
+# backward that turns the wrong way. Triton-Puzzles taught Triton this way: every puzzle runs on
+# a CPU in Triton's interpreter, every kernel sits beside a plain-PyTorch spec, and a check
+# tells you at once whether you are right, and if not, what differs.
+#
+# **After this notebook you will be able to**
+#
+# - write RoPE kernels that work on a tile of rows per program, with masks for short tiles and
+#   for head dims that are not powers of two;
+# - recognise ten RoPE bugs by their symptoms: which elements come out wrong, which are never
+#   written, which loads leave the tensor;
+# - read a picture of the elements a kernel loaded and stored, and the sectors behind them;
+# - keep angles in fp32 and offsets in int64 where they need it, and honour any strides a
+#   caller hands you.
+#
+# **How a check works.** You write or repair the kernel; the check launches it itself, with its
+# own inputs and grid, into an output it fills with NaN (so an element you never write cannot
+# pass), inside NaN guard bands. In the interpreter every load and store goes through a memory
+# that knows the tensors: a lane that reads no element of an input, or writes no element of the
+# output, is reported and masked off before it touches memory, so a wrong kernel cannot crash
+# the notebook. Then the output is compared with the spec (fp64), and the check draws which
+# elements of each tensor your kernel touched. On a GPU it also runs the compiled kernel and
+# times it against a device copy of the same bytes. An answer that calls ropelib's own kernels
+# or its `@triton.jit` helpers fails: the puzzles want your code.
+#
+# **Reading the pictures.** One panel per tensor, rows down and the last dim across. Inputs:
+# grey means never loaded, light to dark blue loaded once, twice, three or more times. Outputs:
+# the colour of the program that stored the element, grey never stored, black stored by two or
+# more programs (a race on a GPU, where programs run in no fixed order).
+#
+# **Time:** the cells run in about 15 s on a CPU with every puzzle unanswered, and about as long
+# solved. Solving them takes 2–4 hours; puzzles 1–4 are warm-ups, 5–10 are the bugs that took
+# real engineers days to find.
+
+# %%
+import os, torch
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")   # before ropelib (and its @triton.jit) is imported
+import ropelib
+device = ropelib.default_device()
+
+# %%
+import triton
+import triton.language as tl
+
+from ropelib import runtime
+from ropelib.course import puzzles as pz
+from ropelib.course.exercises import solution
+
+print(runtime.mode())
+
+# %% [markdown]
+# ## 0. How the checks see memory
+#
+# Here is the tool every check uses, on a kernel that is not RoPE: a copy of 10 elements in
+# tiles of 4, with the classic bug — no mask, so the last program's tile runs 2 elements past
+# the end. `pz.run_in_checked_memory` launches it in the interpreter with `x` as the only input
+# and `y` as the only output. The two stray lanes of the load and the two of the store are
+# reported and masked off; every element of `y` is still written.
+
+# %%
+@triton.jit
+def _copy_kernel(
+    x_ptr,  # *fp32: x [N]
+    y_ptr,  # *fp32: y [N]
+    N,  # elements (unused: that is the bug)
+    BLOCK: tl.constexpr,  # elements per program
+):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs))    # no mask: the last tile runs past N
+
+
+x = torch.arange(10.0)
+y = torch.full((10,), float("nan"))
+memory = pz.run_in_checked_memory(_copy_kernel, (3,), x, y, 10, BLOCK=4,
+                                  inputs={"x": x}, outputs={"y": y})
+print(memory.fault_report())
+assert sum(len(f.lanes) for f in memory.faults) == 4   # 2 lanes of the load, 2 of the store
+assert torch.equal(y, x)                               # the stray lanes never touched memory
+pz.draw_accesses(memory, "copy without a mask: 3 programs of 4 lanes for 10 elements")
+
+# %% [markdown]
+# The picture shows 3 programs storing 4, 4 and 2 elements of `y`, and every element of `x`
+# loaded once. On a GPU the same kernel would read 8 bytes past `x` and write 8 bytes past `y`
+# — into whatever tensor lies there — and no error would say so.
+#
+# Each puzzle below has the same cells: what it is about, the spec (`pz.show_spec`), a kernel
+# cell with its check, and the worked solution folded away. Edit the kernel cell and rerun it;
+# the check never stops the notebook.
+
+# %% [markdown]
+# ## Puzzle 1 — rotate one row (write)
+#
+# The warm-up. One row of $D = 2H$ features, rotate-half pairing: feature $j$ with $j + H$,
+# turned by $\theta_j$:
+#
+# $$
+# \begin{aligned}
+# y_j     &= x_j \cos\theta_j - x_{j+H} \sin\theta_j, \\
+# y_{j+H} &= x_{j+H} \cos\theta_j + x_j \sin\theta_j,
+# \end{aligned}
+# \qquad 0 \le j < H .
+# $$
+#
+# The grid is `(1,)`: one program, one row. $H$ is a power of two here, so `tl.arange(0, HALF)`
+# covers a half. A loaded tile cannot be sliced: load the two halves as two tiles.
+
+# %%
+pz.show_spec("rotate_row")
+
+# %%
+@triton.jit
+def my_rotate_row_kernel(
+    x_ptr,  # *fp32: x [2 * HALF], one row
+    theta_ptr,  # *fp32: angles [HALF], one per pair
+    y_ptr,  # *fp32: y [2 * HALF]
+    HALF: tl.constexpr,  # features per half (a power of two in this puzzle)
+):
+    ...  # your code: one program, grid (1,)
+
+
+pz.check_rotate_row(my_rotate_row_kernel);
+
+# %%
+solution(pz.solution_rotate_row_kernel.fn, title="Solution: puzzle 1")
+
+# %% [markdown]
+# ## Puzzle 2 — interleaved pairs (repair)
+#
+# RoPE has two pairings. GPT-J and RoFormer turn *adjacent* features, pair $j = (2j, 2j+1)$
+# (interleaved); GPT-NeoX and Llama turn feature $j$ with $j + H$ (rotate-half). Both are RoPE,
+# and a model run with the other one than it was trained with gets wrong attention scores and
+# no error. The mix-up has shipped more than once: in checkpoint conversions between
+# frameworks (which permute the rows of the q and k projections to move from one pairing to
+# the other), and in fused kernels whose `interleaved` switch was ignored on one path.
+#
+# $$
+# y_{2j} = x_{2j} \cos\theta_j - x_{2j+1} \sin\theta_j, \qquad
+# y_{2j+1} = x_{2j+1} \cos\theta_j + x_{2j} \sin\theta_j .
+# $$
+#
+# The kernel below works on a tile of `BLOCK_ROWS` rows per program (grid
+# `(cdiv(N_ROWS, BLOCK_ROWS),)`; the mask switches off the rows of a short last tile). It was
+# written for rotate-half, and is now called for a GPT-J model. Repair it.
+
+# %%
+pz.show_spec("interleaved")
+
+# %%
+@triton.jit
+def my_interleaved_kernel(
+    x_ptr,  # *fp32: x [N_ROWS, 2 * HALF], contiguous
+    theta_ptr,  # *fp32: angles [N_ROWS, HALF], contiguous, one per pair
+    y_ptr,  # *fp32: y [N_ROWS, 2 * HALF], contiguous
+    N_ROWS,  # rows in x
+    HALF: tl.constexpr,  # pairs per row (a power of two here)
+    BLOCK_ROWS: tl.constexpr,  # rows per program
+):
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    j = tl.arange(0, HALF)
+    live = rows[:, None] < N_ROWS  # [BLOCK_ROWS, 1]: the last tile may be short
+    theta = tl.load(theta_ptr + rows[:, None] * HALF + j[None, :], mask=live, other=0.0)
+    row = x_ptr + rows[:, None] * (2 * HALF)
+    x1 = tl.load(row + j[None, :], mask=live, other=0.0)  # pair j: features j and j + HALF
+    x2 = tl.load(row + HALF + j[None, :], mask=live, other=0.0)
+    c, s = tl.cos(theta), tl.sin(theta)
+    out = y_ptr + rows[:, None] * (2 * HALF)
+    tl.store(out + j[None, :], x1 * c - x2 * s, mask=live)
+    tl.store(out + HALF + j[None, :], x2 * c + x1 * s, mask=live)
+
+
+pz.check_interleaved(my_interleaved_kernel);
+
+# %%
+solution(pz.solution_interleaved_kernel.fn, title="Solution: puzzle 2")
+
+# %% [markdown]
+# Compare the line under the ✅ with puzzle 1's: the solution's loads and stores use half of
+# the bytes of every sector they move (stride 2). Notebook 03, section 5, loads the row as one
+# contiguous `[HALF, 2]` tile and splits it in registers instead (`tl.split`, `tl.join`): try
+# it here, and watch the percentage.
+
+# %% [markdown]
+# ## Puzzle 3 — partial rotary (repair)
+#
+# Many models rotate only the first $R$ features of each head and pass the other $D - R$
+# through unchanged: GPT-NeoX rotates a quarter of each head, GPT-J 64 of 256 features, Phi-2 32
+# of 80. With rotate-half, the halves are those of the *rotary* part, so feature $j$ pairs with
+# $j + R/2$:
+#
+# $$
+# y_j = x_j \cos\theta_j - x_{j+R/2}\sin\theta_j,\quad
+# y_{j+R/2} = x_{j+R/2}\cos\theta_j + x_j \sin\theta_j \;\; (j < R/2), \qquad
+# y_k = x_k \;\; (k \ge R).
+# $$
+#
+# Kernels written for full rotary have shipped two mistakes here: the partner of feature $j$
+# taken at $j + D/2$ (reading and writing past the rotary features), and only the rotary
+# features written into a fresh output, leaving the rest as whatever memory held. The second
+# hides as long as the output is a copy of `x`, and shows when someone switches to
+# `torch.empty`. This kernel has both. `BLOCK_PASS` is a power-of-two tile for the $D - R$
+# pass-through features.
+
+# %%
+pz.show_spec("partial")
+
+# %%
+@triton.jit
+def my_partial_kernel(
+    x_ptr,  # *fp32: x [N_ROWS, D], contiguous
+    theta_ptr,  # *fp32: angles [N_ROWS, R // 2], contiguous
+    y_ptr,  # *fp32: y [N_ROWS, D], contiguous
+    N_ROWS,  # rows in x
+    D: tl.constexpr,  # head dim
+    R: tl.constexpr,  # rotary dim (R // 2 a power of two here); features R..D-1 pass through
+    BLOCK_ROWS: tl.constexpr,  # rows per program
+    BLOCK_PASS: tl.constexpr,  # next power of two >= D - R
+):
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    live = rows[:, None] < N_ROWS
+    j = tl.arange(0, R // 2)
+    theta = tl.load(theta_ptr + rows[:, None] * (R // 2) + j[None, :], mask=live, other=0.0)
+    row_x = x_ptr + rows[:, None] * D
+    row_y = y_ptr + rows[:, None] * D
+    x1 = tl.load(row_x + j[None, :], mask=live, other=0.0)
+    x2 = tl.load(row_x + D // 2 + j[None, :], mask=live, other=0.0)  # the partner of feature j
+    c, s = tl.cos(theta), tl.sin(theta)
+    tl.store(row_y + j[None, :], x1 * c - x2 * s, mask=live)
+    tl.store(row_y + D // 2 + j[None, :], x2 * c + x1 * s, mask=live)
+
+
+pz.check_partial(my_partial_kernel);
+
+# %%
+solution(pz.solution_partial_kernel.fn, title="Solution: puzzle 3")
+
+# %% [markdown]
+# ## Puzzle 4 — head dims 80, 96, 72 (repair)
+#
+# `tl.arange(0, N)` needs a power of two, and head dims are not always one: 80 (Phi-2), 96
+# (Phi-3-mini), 72. A half of $H = 40$ features is loaded as a tile of `BLOCK_HALF` $= 64$
+# lanes, and the 24 lanes past $H$ must be masked off in *every* load and store. This kernel
+# rounds the tile up but masks only the rows, so each row's second half reads and writes 24
+# features into the next row. In the interpreter the programs run in order and the next row's
+# own stores repair the damage, except at the very end; on a GPU the programs race, and a few
+# rows come out wrong now and then. The memory check sees the stray lanes either way.
+
+# %%
+pz.show_spec("odd_head_dim")
+
+# %%
+@triton.jit
+def my_odd_head_dim_kernel(
+    x_ptr,  # *fp32: x [N_ROWS, 2 * HALF], contiguous
+    theta_ptr,  # *fp32: angles [N_ROWS, HALF], contiguous
+    y_ptr,  # *fp32: y [N_ROWS, 2 * HALF], contiguous
+    N_ROWS,  # rows in x
+    HALF: tl.constexpr,  # features per half: any size (80 / 2 = 40)
+    BLOCK_ROWS: tl.constexpr,  # rows per program
+    BLOCK_HALF: tl.constexpr,  # next power of two >= HALF: the tile a half is loaded in
+):
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    j = tl.arange(0, BLOCK_HALF)
+    live = rows[:, None] < N_ROWS
+    theta = tl.load(theta_ptr + rows[:, None] * HALF + j[None, :], mask=live, other=0.0)
+    row_x = x_ptr + rows[:, None] * (2 * HALF)
+    x1 = tl.load(row_x + j[None, :], mask=live, other=0.0)
+    x2 = tl.load(row_x + HALF + j[None, :], mask=live, other=0.0)
+    c, s = tl.cos(theta), tl.sin(theta)
+    row_y = y_ptr + rows[:, None] * (2 * HALF)
+    tl.store(row_y + j[None, :], x1 * c - x2 * s, mask=live)
+    tl.store(row_y + HALF + j[None, :], x2 * c + x1 * s, mask=live)
+
+
+pz.check_odd_head_dim(my_odd_head_dim_kernel);
+
+# %%
+solution(pz.solution_odd_head_dim_kernel.fn, title="Solution: puzzle 4")
+
+# %% [markdown]
+# ## Puzzle 5 — angles at position 100,000 (repair)
+#
+# The angle of pair $j$ at position $p$ is $\theta = p\,\omega_j$ with
+# $\omega_j = 10000^{-j/H}$, so $\omega_0 = 1$: at position 100,000 it is 100,000 radians, and
+# cos and sin need it to a few hundredths of a radian. bf16 keeps 8 significant bits. It holds
+# every integer only up to 256; near 100,000 its neighbouring values are 512 apart, so an angle
+# stored in bf16 can be off by 256 radians — any angle at all.
+#
+# Models have shipped with exactly that: a model cast with `model.to(torch.bfloat16)` casts its
+# inverse-frequency buffer with the weights, and the angle tables built from it (or built under
+# autocast) come out in bf16. Attention works at short context and degrades, with no error,
+# as the context grows. Storing *cos and sin* in bf16 is much less harmful (at most $2^{-9}$
+# off, at any position): the damage is done in the angle.
+#
+# This kernel reads the angle table the caller cached in bf16. No kernel can get back what
+# the table lost; the caller also passes the integer positions and the fp32 inverse
+# frequencies. Repair it: compute $\theta$ in fp32. The check grades the **angle error** of each
+# pair, $|y - y_\text{spec}| / |x|$ against the fp64 spec, at positions up to 131,071, and
+# allows 0.03 rad: fp32 angles are off by at most $2^{-7} \approx 0.008$ rad there (fp32 values
+# near $2^{17}$ are $2^{-6}$ apart), and rounding $y$ to bf16 adds at most 0.006.
+
+# %%
+pz.show_spec("long_context")
+
+# %%
+@triton.jit
+def my_long_context_kernel(
+    x_ptr,  # *bf16: x [N_ROWS, 2 * HALF], contiguous
+    freqs_ptr,  # *bf16: the caller's angle table [N_ROWS, HALF], rounded to bf16
+    pos_ptr,  # *int32: position of each row [N_ROWS]
+    inv_freq_ptr,  # *fp32: inverse frequencies [HALF]
+    y_ptr,  # *bf16: y [N_ROWS, 2 * HALF], contiguous
+    N_ROWS,  # rows in x
+    HALF: tl.constexpr,  # pairs per row (a power of two here)
+    BLOCK_ROWS: tl.constexpr,  # rows per program
+):
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    j = tl.arange(0, HALF)
+    live = rows[:, None] < N_ROWS
+    theta = tl.load(freqs_ptr + rows[:, None] * HALF + j[None, :], mask=live, other=0.0)
+    c, s = tl.cos(theta.to(tl.float32)), tl.sin(theta.to(tl.float32))
+    row_x = x_ptr + rows[:, None] * (2 * HALF)
+    x1 = tl.load(row_x + j[None, :], mask=live, other=0.0).to(tl.float32)
+    x2 = tl.load(row_x + HALF + j[None, :], mask=live, other=0.0).to(tl.float32)
+    row_y = y_ptr + rows[:, None] * (2 * HALF)
+    tl.store(row_y + j[None, :], (x1 * c - x2 * s).to(y_ptr.dtype.element_ty), mask=live)
+    tl.store(row_y + HALF + j[None, :], (x2 * c + x1 * s).to(y_ptr.dtype.element_ty), mask=live)
+
+
+pz.check_long_context(my_long_context_kernel);
+
+# %%
+solution(pz.solution_long_context_kernel.fn, title="Solution: puzzle 5")
+
+# %% [markdown]
+# fp32 is not the end of the story: an fp32 angle is off by up to 0.03 rad at position $2^{20}$
+# and 0.5 rad at $2^{24}$, where fp32 stops holding every integer. For contexts that long,
+# ropelib's kernels can compute the angle themselves, reduced modulo $2\pi$ exactly
+# (`ropelib.frequencies.Angles`, passed as `apply_rope(x, angles=...)`).
+
+# %% [markdown]
+# ## Puzzle 6 — position ids with strides (repair)
+#
+# Hugging Face models hand RoPE `position_ids [B, S]`, and these are often not a contiguous
+# tensor: one row of positions expanded over the batch (`arange(S)[None].expand(B, -1)`, stride
+# 0 over the batch), or a slice of a larger tensor. A kernel that finds position $(b, s)$ at
+# `b * S + s` reads batch entry 1 of an expanded tensor past the end of its storage (it holds
+# $S$ elements), and a sliced one at the wrong elements. Fused kernels have shipped that
+# assumption, and the usual repair was a `.contiguous()` in the wrapper: a copy on every call.
+# Honouring the strides costs nothing.
+#
+# The grid is `(B, cdiv(S, BLOCK_S))`: program $(b, t)$ rotates `BLOCK_S` tokens of sequence
+# $b$, gathering their rows of the cos/sin tables by position.
+
+# %%
+pz.show_spec("position_ids")
+
+# %%
+@triton.jit
+def my_position_ids_kernel(
+    x_ptr,  # *fp32: x [B, S, 2 * HALF], contiguous
+    pos_ptr,  # *int64: position_ids [B, S], any strides (stride 0 over the batch included)
+    cos_ptr,  # *fp32: cos table [P, HALF], contiguous
+    sin_ptr,  # *fp32: sin table [P, HALF], contiguous
+    y_ptr,  # *fp32: y [B, S, 2 * HALF], contiguous
+    S,  # tokens per sequence
+    stride_pb, stride_ps,  # position_ids strides, in elements
+    HALF: tl.constexpr,  # pairs per row (a power of two here)
+    BLOCK_S: tl.constexpr,  # tokens per program
+):
+    b = tl.program_id(0)
+    s = tl.program_id(1) * BLOCK_S + tl.arange(0, BLOCK_S)
+    live_s = s < S
+    pos = tl.load(pos_ptr + b * S + s, mask=live_s, other=0)  # position_ids[b, s]
+    j = tl.arange(0, HALF)
+    live = live_s[:, None]
+    c = tl.load(cos_ptr + pos[:, None] * HALF + j[None, :], mask=live, other=1.0)
+    sn = tl.load(sin_ptr + pos[:, None] * HALF + j[None, :], mask=live, other=0.0)
+    row = (b * S + s)[:, None] * (2 * HALF)
+    x1 = tl.load(x_ptr + row + j[None, :], mask=live, other=0.0)
+    x2 = tl.load(x_ptr + row + HALF + j[None, :], mask=live, other=0.0)
+    tl.store(y_ptr + row + j[None, :], x1 * c - x2 * sn, mask=live)
+    tl.store(y_ptr + row + HALF + j[None, :], x2 * c + x1 * sn, mask=live)
+
+
+pz.check_position_ids(my_position_ids_kernel);
+
+# %%
+solution(pz.solution_position_ids_kernel.fn, title="Solution: puzzle 6")
+
+# %% [markdown]
+# ## Puzzle 7 — offsets past $2^{31}$ (repair)
+#
+# `tl.program_id`, `tl.arange` and every integer argument below $2^{31}$ are int32 in Triton
+# (arguments are specialised on their value: a stride of $2^{31}$ or more arrives as int64),
+# and int32 arithmetic wraps silently. Row 262,144 of a tensor with 8,192 elements per row
+# (64 heads × 128 features) starts at element $2^{31}$: long-context prefill and large KV caches
+# pass that size, and kernels across the field have moved their offsets to int64 after
+# corrupting memory there. The trap is two int32 factors, `row` and `stride`, whose product is
+# not.
+#
+# The check cannot allocate gigabytes in the interpreter, so it hands your kernel rows that are
+# $2^{30} + 64$ elements apart (row 2 starts past $2^{31}$), and its memory holds only the three
+# rows: each address your kernel computes is checked and mapped to the row it lands in.
+# **What is checked:** the offsets your kernel computes, in the interpreter's int32 and int64
+# arithmetic, which are the types the compiled kernel uses. **What is not:** a real tensor of
+# $2^{31}$ elements on a GPU; there the check runs the compiled kernel on the ordinary strided
+# case only.
+
+# %%
+pz.show_spec("int64_offsets")
+
+# %%
+@triton.jit
+def my_int64_offsets_kernel(
+    x_ptr,  # *fp32: x [N_ROWS, 2 * HALF], rows stride_x elements apart
+    theta_ptr,  # *fp32: angles [N_ROWS, HALF], contiguous
+    y_ptr,  # *fp32: y [N_ROWS, 2 * HALF], rows stride_y elements apart
+    N_ROWS,  # rows in x
+    stride_x,  # x's row stride, in elements (int32 when it fits)
+    stride_y,  # y's row stride, in elements
+    HALF: tl.constexpr,  # pairs per row (a power of two here)
+    BLOCK_ROWS: tl.constexpr,  # rows per program
+):
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    j = tl.arange(0, HALF)
+    live = rows[:, None] < N_ROWS
+    theta = tl.load(theta_ptr + rows[:, None] * HALF + j[None, :], mask=live, other=0.0)
+    row_x = x_ptr + rows[:, None] * stride_x
+    x1 = tl.load(row_x + j[None, :], mask=live, other=0.0)
+    x2 = tl.load(row_x + HALF + j[None, :], mask=live, other=0.0)
+    c, s = tl.cos(theta), tl.sin(theta)
+    row_y = y_ptr + rows[:, None] * stride_y
+    tl.store(row_y + j[None, :], x1 * c - x2 * s, mask=live)
+    tl.store(row_y + HALF + j[None, :], x2 * c + x1 * s, mask=live)
+
+
+pz.check_int64_offsets(my_int64_offsets_kernel);
+
+# %%
+solution(pz.solution_int64_offsets_kernel.fn, title="Solution: puzzle 7")
+
+# %% [markdown]
+# ## Puzzle 8 — the backward's sign (repair)
+#
+# RoPE is linear in $x$: each pair is multiplied by the rotation $J = R(\theta)$. The backward
+# multiplies the incoming gradient by its transpose, which is the rotation by $-\theta$:
+#
+# $$
+# \frac{\partial L}{\partial x} = J^\top \frac{\partial L}{\partial y}, \qquad
+# J = \begin{pmatrix} \cos\theta & -\sin\theta \\ \sin\theta & \cos\theta \end{pmatrix}, \qquad
+# J^\top = \begin{pmatrix} \cos\theta & \sin\theta \\ -\sin\theta & \cos\theta \end{pmatrix}
+# = R(-\theta).
+# $$
+#
+# A backward that reuses the forward kernel as it is turns the gradient the wrong way. It
+# raises nothing; the loss still falls, more slowly, and a gradient check is what catches it.
+# The check here compares your kernel with `torch.autograd` run through the spec.
+
+# %%
+pz.show_spec("backward")
+
+# %%
+@triton.jit
+def my_backward_kernel(
+    dy_ptr,  # *fp32: dL/dy [N_ROWS, 2 * HALF], contiguous
+    theta_ptr,  # *fp32: angles [N_ROWS, HALF], contiguous
+    dx_ptr,  # *fp32: dL/dx [N_ROWS, 2 * HALF], contiguous
+    N_ROWS,  # rows in dL/dy
+    HALF: tl.constexpr,  # pairs per row (a power of two here)
+    BLOCK_ROWS: tl.constexpr,  # rows per program
+):
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    j = tl.arange(0, HALF)
+    live = rows[:, None] < N_ROWS
+    theta = tl.load(theta_ptr + rows[:, None] * HALF + j[None, :], mask=live, other=0.0)
+    row = rows[:, None] * (2 * HALF)
+    g1 = tl.load(dy_ptr + row + j[None, :], mask=live, other=0.0)
+    g2 = tl.load(dy_ptr + row + HALF + j[None, :], mask=live, other=0.0)
+    c, s = tl.cos(theta), tl.sin(theta)
+    tl.store(dx_ptr + row + j[None, :], g1 * c - g2 * s, mask=live)  # the forward's formula
+    tl.store(dx_ptr + row + HALF + j[None, :], g2 * c + g1 * s, mask=live)
+
+
+pz.check_backward(my_backward_kernel);
+
+# %%
+solution(pz.solution_backward_kernel.fn, title="Solution: puzzle 8")
+
+# %% [markdown]
+# ## Puzzle 9 — one table for the whole batch (repair)
+#
+# Every batch entry (and every head) at position $s$ uses the same cos/sin row. This kernel
+# has one program per tile of positions and loops over the batch, but loads the table inside
+# the loop: $B$ loads of every table element where one would do. The output is right; the
+# check counts the table loads from the recorded accesses and wants each element loaded at
+# most once. On a GPU most of the repeated loads hit in L1 or L2, so they cost instructions and
+# cache bandwidth rather than DRAM traffic; notebook 04 measures what the batch-reusing grid
+# saves.
+
+# %%
+pz.show_spec("shared_table")
+
+# %%
+@triton.jit
+def my_shared_table_kernel(
+    x_ptr,  # *fp32: x [S, B, 2 * HALF], contiguous
+    cos_ptr,  # *fp32: cos table [S, HALF], contiguous
+    sin_ptr,  # *fp32: sin table [S, HALF], contiguous
+    y_ptr,  # *fp32: y [S, B, 2 * HALF], contiguous
+    S,  # positions
+    B,  # batch entries per position (the program loops over them)
+    HALF: tl.constexpr,  # pairs per row (a power of two here)
+    BLOCK_S: tl.constexpr,  # positions per program
+):
+    s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    j = tl.arange(0, HALF)
+    live = (s < S)[:, None]
+    for b in range(B):
+        c = tl.load(cos_ptr + s[:, None] * HALF + j[None, :], mask=live, other=1.0)
+        sn = tl.load(sin_ptr + s[:, None] * HALF + j[None, :], mask=live, other=0.0)
+        row = (s * B + b)[:, None] * (2 * HALF)
+        x1 = tl.load(x_ptr + row + j[None, :], mask=live, other=0.0)
+        x2 = tl.load(x_ptr + row + HALF + j[None, :], mask=live, other=0.0)
+        tl.store(y_ptr + row + j[None, :], x1 * c - x2 * sn, mask=live)
+        tl.store(y_ptr + row + HALF + j[None, :], x2 * c + x1 * sn, mask=live)
+
+
+pz.check_shared_table(my_shared_table_kernel);
+
+# %%
+solution(pz.solution_shared_table_kernel.fn, title="Solution: puzzle 9")
+
+# %% [markdown]
+# ## Puzzle 10 — KV-cache start positions (repair)
+#
+# When a model generates (or prefills a long prompt in chunks), the new tokens of sequence $b$
+# come after the `start[b]` tokens already in its KV cache: token $t$ is at position
+# $\text{start}_b + t$, and sequences in one batch have different starts. Rotating the new
+# tokens at positions $0 \ldots T-1$, or with one start for the whole batch, has shipped in
+# serving code; it raises nothing, the model just loses its place in the text. This kernel
+# forgets the starts. The grid is `(B, cdiv(T, BLOCK_T))`.
+
+# %%
+pz.show_spec("start_positions")
+
+# %%
+@triton.jit
+def my_start_positions_kernel(
+    x_ptr,  # *fp32: new tokens x [B, T, 2 * HALF], contiguous
+    start_ptr,  # *int32: start [B], tokens already in each sequence's KV cache
+    cos_ptr,  # *fp32: cos table [P, HALF], contiguous
+    sin_ptr,  # *fp32: sin table [P, HALF], contiguous
+    y_ptr,  # *fp32: y [B, T, 2 * HALF], contiguous
+    T,  # new tokens per sequence
+    HALF: tl.constexpr,  # pairs per row (a power of two here)
+    BLOCK_T: tl.constexpr,  # tokens per program
+):
+    b = tl.program_id(0)
+    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    live = (t < T)[:, None]
+    pos = t  # the position of token t
+    j = tl.arange(0, HALF)
+    c = tl.load(cos_ptr + pos[:, None] * HALF + j[None, :], mask=live, other=1.0)
+    sn = tl.load(sin_ptr + pos[:, None] * HALF + j[None, :], mask=live, other=0.0)
+    row = (b * T + t)[:, None] * (2 * HALF)
+    x1 = tl.load(x_ptr + row + j[None, :], mask=live, other=0.0)
+    x2 = tl.load(x_ptr + row + HALF + j[None, :], mask=live, other=0.0)
+    tl.store(y_ptr + row + j[None, :], x1 * c - x2 * sn, mask=live)
+    tl.store(y_ptr + row + HALF + j[None, :], x2 * c + x1 * sn, mask=live)
+
+
+pz.check_start_positions(my_start_positions_kernel);
+
+# %%
+solution(pz.solution_start_positions_kernel.fn, title="Solution: puzzle 10")
+
+# %% [markdown]
+# ## Where you stand
+#
+# The checks remember what passed in this kernel process:
+
+# %%
+pz.scoreboard();
+
+# %% [markdown]
+# ## Questions for a study group
+#
+# 1. Puzzle 4's bug passed on the CPU except for the last row. Which of the ten bugs would a
+#    test with one small, contiguous, power-of-two, short-context input catch, and which need
+#    the input that shows them? Write down the inputs a RoPE test suite needs.
+# 2. In puzzle 5, the fix computes $\theta = p\,\omega_j$ in fp32. At which position does an
+#    fp32 angle become as wrong as the bf16 table was at position 1,000? What would you do for
+#    a model with a context of $2^{24}$ tokens?
+# 3. Puzzle 7's check maps virtual addresses to real rows. What would it take to check a
+#    kernel's int64 offsets on a real GPU, and what does that cost in memory and time?
+# 4. Puzzle 9 counts loads, not DRAM bytes. Using the sector counts the checks print, estimate
+#    the DRAM bytes the repeated table loads cost on a GPU with a 50 MB L2 for the timed size
+#    (`S = 16384`, `B = 8`, `HALF = 64`), and say why the answer is not $B$ times the table.
+# 5. Puzzles 2 and 6 gather with stride 2 or by position. Which of the ten kernels reach the
+#    copy bandwidth on a GPU, and which cannot, whatever their tile? Predict, then run the
+#    notebook on a GPU and compare with the ⏱ lines.

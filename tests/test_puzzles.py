@@ -1,0 +1,322 @@
+"""Notebook 12's puzzles (ropelib.course.puzzles): each worked solution passes its check, each
+starting kernel of the notebook fails it for the reason the puzzle is about, an answer that calls
+ropelib's own @triton.jit helpers fails, and the notebook with the solutions filled in grades
+exactly those solutions (every check ✅). The memory layer the checks run kernels in is tested on
+its own: faults masked off, virtual rows past 2^31, load counts."""
+import ast
+import importlib.util
+import inspect
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import triton
+import triton.language as tl
+
+from ropelib.course import puzzles as pz
+from ropelib.kernels.common import cos_sin, rotate_pair
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "notebooks" / "12-rope-puzzles.py"
+KEYS = list(pz.PUZZLES)
+
+# what each starting kernel of the notebook gets wrong, as the check words it
+STARTER_FAILS_WITH = {
+    "rotate_row": "no kernel yet",
+    "interleaved": "that is rotate-half",
+    "partial": "were never written",
+    "odd_head_dim": "read no element of any input",
+    "long_context": "bf16 values near",
+    "position_ids": "read no element of any input",
+    "int64_offsets": "a 32-bit offset",
+    "backward": "the rotation by -theta",
+    "shared_table": "was loaded 4 times",
+    "start_positions": "positions 0 .. T-1",
+}
+
+
+def _import_file(path: Path, name: str):
+    """Import a module from a file (the interpreter reads a kernel's source from its file)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _notebook_kernels(source: str):
+    """{name: (first line, last line)} of the notebook's learner kernels `my_*_kernel`
+    (1-based, decorator included)."""
+    found = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.FunctionDef) and re.fullmatch(r"my_\w+_kernel", node.name):
+            first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            found[node.name] = (first, node.end_lineno)
+    return found
+
+
+@pytest.fixture(scope="module")
+def starters(tmp_path_factory):
+    """The notebook's starting kernels, imported from a file holding exactly their source."""
+    source = NOTEBOOK.read_text(encoding="utf-8")
+    lines = source.splitlines()
+    blocks = [("\n".join(lines[a - 1:b])) for a, b in _notebook_kernels(source).values()]
+    path = tmp_path_factory.mktemp("starters") / "puzzle_starters.py"
+    path.write_text("import triton\nimport triton.language as tl\n\n\n"
+                    + "\n\n\n".join(blocks) + "\n", encoding="utf-8")
+    return _import_file(path, "puzzle_starters")
+
+
+def test_the_notebook_has_a_kernel_cell_per_puzzle():
+    kernels = _notebook_kernels(NOTEBOOK.read_text(encoding="utf-8"))
+    assert sorted(kernels) == sorted(f"my_{k}_kernel" for k in KEYS)
+    assert 8 <= len(KEYS) <= 12
+    assert [p.number for p in pz.PUZZLES.values()] == list(range(1, len(KEYS) + 1))
+
+
+def _solution_as_learner(key: str) -> str:
+    """The worked solution's source as a learner who typed it into the notebook has it."""
+    fn = pz.PUZZLES[key].solution.fn
+    src = textwrap.dedent(inspect.getsource(fn))
+    return src.replace(f"def {fn.__name__}(", f"def my_{key}_kernel(", 1)
+
+
+@pytest.fixture(scope="module")
+def own_solutions(tmp_path_factory):
+    """Every worked solution, copied into a file of the learner's (their own code objects)."""
+    path = tmp_path_factory.mktemp("solutions") / "puzzle_solutions.py"
+    path.write_text("import triton\nimport triton.language as tl\n\n\n"
+                    + "\n\n\n".join(_solution_as_learner(k) for k in KEYS) + "\n",
+                    encoding="utf-8")
+    return _import_file(path, "puzzle_solutions")
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_worked_solution_passes(key, own_solutions, capsys):
+    p = pz.PUZZLES[key]
+    for seed in (0, 1):
+        assert pz.grade(p, getattr(own_solutions, f"my_{key}_kernel"), seed=seed,
+                        draw=False) is True
+        out = capsys.readouterr().out
+        assert f"✅ puzzle {p.number} " in out and "❌" not in out, out
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_handing_in_the_solution_object_fails(key, capsys):
+    p = pz.PUZZLES[key]
+    assert pz.grade(p, p.solution, seed=0, draw=False) is False
+    assert (f"ropelib's {p.solution.fn.__name__} (ropelib/course/puzzles.py)"
+            in capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_starting_kernel_fails_for_its_reason(key, starters, capsys):
+    kernel = getattr(starters, f"my_{key}_kernel")
+    assert pz.grade(pz.PUZZLES[key], kernel, seed=3, draw=False) is False
+    out = capsys.readouterr().out
+    assert out.startswith(f"❌ puzzle {pz.PUZZLES[key].number} "), out
+    assert STARTER_FAILS_WITH[key] in out, out
+
+
+def _with_library_call(kernel, name: str) -> str:
+    """The solution's source, renamed, with a call to ropelib's pair_features at the top."""
+    src = textwrap.dedent(inspect.getsource(kernel.fn))
+    src = src.replace(f"def {kernel.fn.__name__}(", f"def {name}(", 1)
+    lines = src.splitlines()
+    end = next(i for i, line in enumerate(lines) if line.startswith("):"))
+    lines.insert(end + 1, "    _a, _b = pair_features(tl.arange(0, 2), 1, False)  # ropelib's")
+    return "\n".join(lines)
+
+
+@pytest.fixture(scope="module")
+def library_answers(tmp_path_factory):
+    blocks = [_with_library_call(p.solution, f"lib_{k}_kernel") for k, p in pz.PUZZLES.items()]
+    path = tmp_path_factory.mktemp("library") / "puzzle_library_answers.py"
+    path.write_text("import triton\nimport triton.language as tl\n"
+                    "from ropelib.kernels.common import pair_features\n\n\n"
+                    + "\n\n\n".join(blocks) + "\n", encoding="utf-8")
+    return _import_file(path, "puzzle_library_answers")
+
+
+@pytest.mark.parametrize("key", KEYS)
+def test_an_answer_calling_ropelib_fails(key, library_answers, capsys):
+    kernel = getattr(library_answers, f"lib_{key}_kernel")
+    assert pz.grade(pz.PUZZLES[key], kernel, seed=0, draw=False) is False
+    out = capsys.readouterr().out
+    assert "ropelib's pair_features (ropelib/kernels/common.py)" in out, out
+
+
+@triton.jit
+def _rotate_row_with_ropelib(
+    x_ptr,  # *fp32: x [2 * HALF]
+    theta_ptr,  # *fp32: angles [HALF]
+    y_ptr,  # *fp32: y [2 * HALF]
+    HALF: tl.constexpr,  # features per half
+):
+    j = tl.arange(0, HALF)
+    c, s = cos_sin(tl.load(theta_ptr + j), False)            # ropelib's helpers: not allowed
+    y1, y2 = rotate_pair(tl.load(x_ptr + j), tl.load(x_ptr + HALF + j), c, s, c, s)
+    tl.store(y_ptr + j, y1)
+    tl.store(y_ptr + HALF + j, y2)
+
+
+def test_a_right_answer_built_on_ropelibs_helpers_fails(capsys):
+    assert pz.check_rotate_row(_rotate_row_with_ropelib, seed=0, draw=False) is False
+    out = capsys.readouterr().out
+    assert "ropelib's" in out and "(ropelib/kernels/common.py)" in out, out
+
+
+def test_a_teaching_kernel_handed_in_fails(capsys):
+    from ropelib.course.kernels.naive import _rope_naive_kernel
+    assert pz.check_rotate_row(_rope_naive_kernel, seed=0, draw=False) is False
+    assert "❌ puzzle 1" in capsys.readouterr().out
+
+
+def test_checks_never_raise(capsys):
+    def plain_function(x, theta):
+        return x
+
+    @triton.jit
+    def raises(x_ptr, theta_ptr, y_ptr, HALF: tl.constexpr):
+        tl.store(y_ptr + tl.arange(0, 3), tl.load(x_ptr))     # arange of 3: refused
+
+    for answer in (None, ..., plain_function, raises, pz.solution_rotate_row_kernel):
+        assert pz.check_rotate_row(answer, seed=0, draw=False) is False
+    out = capsys.readouterr().out
+    assert out.count("❌ puzzle 1") == 5, out
+    assert "expected a @triton.jit kernel" in out and "the launch raised" in out
+
+
+def test_timing_line_on_the_cpu_says_why_it_is_skipped(own_solutions, capsys):
+    if pz.runtime.on_gpu():
+        pytest.skip("on a GPU the checks time the kernel")
+    assert pz.check_interleaved(own_solutions.my_interleaved_kernel, seed=0, draw=False) is True
+    assert "⏱ timing skipped (" in capsys.readouterr().out
+
+
+def test_pictures_draw_for_right_and_wrong_kernels(starters, own_solutions, monkeypatch):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    shown = []
+    monkeypatch.setattr(plt, "show", lambda *a, **k: shown.append(len(plt.gcf().axes)))
+    assert pz.check_long_context(own_solutions.my_long_context_kernel, seed=0, time_it=False)
+    assert pz.check_int64_offsets(starters.my_int64_offsets_kernel, seed=0) is False
+    assert shown == [6, 3]     # x, freqs, pos, inv_freq, y + the angle-error panel; x, theta, y
+
+
+# --- the memory layer -------------------------------------------------------------------------
+
+@triton.jit
+def _copy_rows_kernel(
+    x_ptr,  # *fp32: x rows, stride_x elements apart
+    y_ptr,  # *fp32: y rows, stride_y elements apart
+    N_ROWS,  # rows
+    stride_x, stride_y,  # row strides, in elements
+    W: tl.constexpr,  # elements per row
+    INT64: tl.constexpr,  # offsets in int64
+):
+    rows = tl.arange(0, 4)
+    if INT64:
+        rows = rows.to(tl.int64)
+    cols = tl.arange(0, W)
+    live = rows[:, None] < N_ROWS
+    v = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=live)
+    tl.store(y_ptr + rows[:, None] * stride_y + cols[None, :], v, mask=live)
+
+
+def _virtual_copy(int64: bool):
+    x = torch.randn(3, 8)
+    y = torch.full((3, 8), float("nan"))
+    memory = pz.BoundsCheckedMemory([pz.Region("x", x, "in", row_stride=2**30 + 64),
+                                     pz.Region("y", y, "out", row_stride=2**30 + 8)])
+    with memory.installed():
+        pz._interpreted(_copy_rows_kernel)[(1,)](x, y, 3, 2**30 + 64, 2**30 + 8, W=8,
+                                                 INT64=int64)
+    return x, y, memory
+
+
+def test_virtual_rows_past_2_31_are_mapped_with_int64_offsets():
+    x, y, memory = _virtual_copy(int64=True)
+    assert not memory.faults
+    assert torch.equal(x, y)
+
+
+def test_virtual_rows_past_2_31_fault_with_int32_offsets():
+    x, y, memory = _virtual_copy(int64=False)
+    assert torch.equal(x[:2], y[:2]) and y[2].isnan().all()     # row 2 never touched
+    assert [(f.kind, len(f.lanes)) for f in memory.faults] == [("load", 8), ("store", 8)]
+    report = memory.fault_report()
+    wrapped = 2 * (2**30 + 64) - 2**32
+    assert f"element offset {wrapped:,} from x" in report and "32-bit offset" in report
+
+
+def test_faults_are_masked_off_and_counted():
+    x = torch.arange(10.0)
+    y = torch.full((10,), float("nan"))
+    memory = pz.run_in_checked_memory(_copy_rows_kernel, (1,), x, y, 3, 4, 4, W=4, INT64=False,
+                                      inputs={"x": x[:8].view(2, 4)}, outputs={"y": y})
+    # rows 0-1 of x are inputs; row 2 (elements 8-11) is not: its load lanes are masked off,
+    # and y[8:12] stores lanes 10, 11 outside y
+    assert torch.equal(y[:8], x[:8]) and (y[8:] == 0).all()
+    kinds = sorted((f.kind, len(f.lanes)) for f in memory.faults)
+    assert kinds == [("load", 4), ("store", 2)]
+    counts = memory.counts("x", "load")
+    assert counts.shape == (2, 4) and (counts == 1).all()
+    assert (memory.storing_programs("y") == 0).sum() == 10
+
+
+def test_region_addresses_follow_strides():
+    base = torch.arange(12).view(3, 4)
+    region = pz.Region("ids", base.t()[::2], "in")               # [2, 3], strides (2, 4)
+    want = base.data_ptr() + 8 * np.array([[0, 4, 8], [2, 6, 10]], dtype=np.uint64)
+    assert np.array_equal(region.addresses, want)
+    hit, real = region.locate(np.array([want[1, 2], want[1, 2] + 8], dtype=np.uint64))
+    assert hit.tolist() == [True, False] and real[0] == want[1, 2]
+
+
+# --- the notebook -------------------------------------------------------------------------------
+
+def test_each_section_checks_and_shows_its_own_puzzle():
+    text = NOTEBOOK.read_text(encoding="utf-8")
+    last = -1
+    for key in KEYS:
+        spec = text.index(f'pz.show_spec("{key}")')
+        check = text.index(f"pz.check_{key}(my_{key}_kernel)")
+        shown = text.index(f"solution(pz.solution_{key}_kernel.fn")
+        assert last < spec < check < shown, key
+        last = shown
+
+
+@pytest.mark.slow
+def test_notebook_with_the_worked_solutions_passes_every_check(tmp_path):
+    """The notebook's cells, run as a script with each learner kernel replaced by the worked
+    solution the notebook shows, typed in under the learner's name: every check says ✅, and
+    the scoreboard counts all puzzles."""
+    source = NOTEBOOK.read_text(encoding="utf-8")
+    lines = source.splitlines()
+    for name, (first, last) in sorted(_notebook_kernels(source).items(),
+                                      key=lambda kv: -kv[1][0]):
+        key = name[len("my_"):-len("_kernel")]
+        lines[first - 1:last] = _solution_as_learner(key).splitlines()
+    script = tmp_path / "12-rope-puzzles-solved.py"
+    script.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    env = {**os.environ, "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "1"),
+           "MPLBACKEND": "Agg"}
+    t0 = time.perf_counter()
+    run = subprocess.run([sys.executable, str(script)], cwd=NOTEBOOK.parent, env=env,
+                         capture_output=True, text=True, timeout=600)
+    seconds = time.perf_counter() - t0
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    out = run.stdout
+    assert "❌" not in out, out
+    for p in pz.PUZZLES.values():
+        assert f"✅ puzzle {p.number} ({p.title}): correct" in out, out
+    assert f"{len(KEYS)} of {len(KEYS)} solved" in out
+    assert seconds < 120, f"the solved notebook took {seconds:.0f} s"
