@@ -1,9 +1,13 @@
 """ropelib.course.exercises (check, solution) and the notebook 00-02 checks in exercises.basics.
 
-Each check must accept its worked solution, reject wrong answers and unanswered placeholders,
-and never raise.
+Each check must accept a learner's own copy of its worked solution, reject answers that call
+ropelib's (or the worked solution itself), wrong answers and unanswered placeholders, and never
+raise.
 """
+import importlib.util
 import math
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +15,12 @@ import torch
 import ropelib
 from ropelib import frequencies, reference
 from ropelib.course.exercises import basics, call_answer, check, solution
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("own_code_tests", ROOT / "tests" / "test_own_code.py")
+_own_code_tests = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_own_code_tests)
+learner_copy = _own_code_tests.learner_copy     # a solution as a learner who typed it has it
 
 
 # --- check() ---------------------------------------------------------------------------------
@@ -125,13 +135,44 @@ def test_check_apply_rope_uses_the_reference(layout):
 
 # --- notebook 01 -----------------------------------------------------------------------------
 
-def test_check_rotation_matrix():
-    assert basics.check_rotation_matrix(basics.solution_rotation_matrix)
+def _block_diag_answer(m, inv_freq):
+    """Right values, built with torch.block_diag, which exercise 1 rules out."""
+    a = m * inv_freq
+    return torch.block_diag(*[torch.stack([torch.stack([c, -s]), torch.stack([s, c])])
+                              for c, s in zip(a.cos(), a.sin())])
+
+
+def _reference_answer(m, inv_freq):
+    """Right values, read off ropelib.reference (the notebook's own R_from_reference)."""
+    ang = (m * inv_freq).repeat_interleave(2)
+    eye = torch.eye(ang.numel(), dtype=torch.float64)
+    return reference.apply_rope_ref(eye, ang.cos(), ang.sin(), interleaved=True).T
+
+
+def test_check_rotation_matrix(capsys):
+    own = learner_copy(basics.solution_rotation_matrix)
+    assert basics.check_rotation_matrix(own)
     # transposed (rotating the wrong way), and the rotate-half layout, are wrong
-    assert not basics.check_rotation_matrix(lambda m, inv: basics.solution_rotation_matrix(m, inv).T)
+    assert not basics.check_rotation_matrix(lambda m, inv: own(m, inv).T)
     assert not basics.check_rotation_matrix(lambda m, inv: torch.eye(2 * inv.numel()))
     assert not basics.check_rotation_matrix(lambda m, inv: ...)           # body not written yet
     assert not basics.check_rotation_matrix(lambda m, inv: 1 / 0)
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("answer, words", [
+    (_block_diag_answer, "block_diag (torch/functional.py)"),
+    (_reference_answer, "ropelib's apply_rope_ref (ropelib/reference.py)"),
+    (basics.rotation_matrix_ref, "ropelib's rotation_matrix_ref"),
+    (basics.solution_rotation_matrix, "ropelib's solution_rotation_matrix"),
+], ids=["torch.block_diag", "reference", "the check's own matrix", "the worked solution"])
+def test_check_rotation_matrix_refuses_library_answers(answer, words, capsys):
+    inv = frequencies.inv_freq(8).double()
+    torch.testing.assert_close(answer(5, inv), basics.rotation_matrix_ref(5, inv))  # right values
+    assert basics.check_rotation_matrix(answer) is False
+    out = capsys.readouterr().out
+    assert out.startswith("❌ rotation matrix R_m (m=0): this exercise wants your rotation matrix")
+    assert words in out, out
 
 
 def test_rotation_matrix_ref_is_orthogonal_and_composes():
@@ -143,8 +184,18 @@ def test_rotation_matrix_ref_is_orthogonal_and_composes():
     assert R3.shape == (8, 8) and basics.rotation_matrix_ref(1, inv)[1, 0].item() == pytest.approx(math.sin(1))
 
 
-def test_check_relative_angle():
-    assert basics.check_relative_angle(basics.solution_relative_angle)
+def _relative_angle_from_reference(m, n, inv_freq):
+    """Right values (modulo 2 pi), read off the reference's matrices."""
+    M = _reference_answer(m, inv_freq).T @ _reference_answer(n, inv_freq)
+    j = torch.arange(0, 2 * inv_freq.numel(), 2)
+    return torch.atan2(M[j + 1, j], M[j, j])
+
+
+def test_check_relative_angle(capsys):
+    assert basics.check_relative_angle(learner_copy(basics.solution_relative_angle))
+    for library in (_relative_angle_from_reference, basics.solution_relative_angle):
+        assert not basics.check_relative_angle(library)
+        assert "ropelib's" in capsys.readouterr().out
     # the same angles shifted by 2 pi are also right
     assert basics.check_relative_angle(lambda m, n, inv: (n - m) * inv + 2 * math.pi)
     assert not basics.check_relative_angle(lambda m, n, inv: (m - n) * inv)   # sign
@@ -152,11 +203,18 @@ def test_check_relative_angle():
     assert not basics.check_relative_angle(lambda m, n, inv: (n - m) * inv[:2])
 
 
-def test_check_rotate_half():
-    assert basics.check_rotate_half(basics.solution_rotate_half)
-    assert basics.check_rotate_half(reference.rotate_half)
-    assert not basics.check_rotate_half(lambda x, interleaved: reference.rotate_half(x, False))
-    assert not basics.check_rotate_half(lambda x, interleaved: -reference.rotate_half(x, interleaved))
+def test_check_rotate_half(capsys):
+    own = learner_copy(basics.solution_rotate_half)
+    assert basics.check_rotate_half(own)
+    assert not basics.check_rotate_half(lambda x, interleaved: own(x, False))
+    assert not basics.check_rotate_half(lambda x, interleaved: -own(x, interleaved))
+    capsys.readouterr()
+    # ropelib's own rotate_half, and the worked solution, are not the learner's
+    for library in (reference.rotate_half, lambda x, interleaved: reference.rotate_half(x, interleaved),
+                    basics.solution_rotate_half):
+        assert not basics.check_rotate_half(library)
+        out = capsys.readouterr().out
+        assert "this exercise wants your own rotate_half" in out and "ropelib's" in out
 
 
 def test_check_interleave_permutation():
@@ -197,8 +255,20 @@ def test_check_positions():
     assert not basics.check_positions(..., "thd", cu_seqlens=[0, 3, 5])
 
 
-def test_check_cos_sin_from_freqs():
-    assert basics.check_cos_sin_from_freqs(basics.solution_cos_sin_from_freqs)
+def _library_cos_sin(freqs):
+    """Right values for the check's tables, from ropelib.frequencies instead of freqs."""
+    interleaved = bool(torch.equal(freqs[..., 0], freqs[..., 1]))
+    return frequencies.rope_cos_sin(freqs.shape[0], 16, rotary_percent=freqs.shape[-1] / 16,
+                                    interleaved=interleaved, offset=3)
+
+
+def test_check_cos_sin_from_freqs(capsys):
+    assert basics.check_cos_sin_from_freqs(learner_copy(basics.solution_cos_sin_from_freqs))
+    f = frequencies.rope_freqs(6, 16, interleaved=True, offset=3)
+    torch.testing.assert_close(_library_cos_sin(f), basics.solution_cos_sin_from_freqs(f))
+    for library in (_library_cos_sin, basics.solution_cos_sin_from_freqs):
+        assert not basics.check_cos_sin_from_freqs(library)
+        assert "ropelib's" in capsys.readouterr().out
     assert not basics.check_cos_sin_from_freqs(lambda f: (f[:, 0, 0].sin(), f[:, 0, 0].cos()))
     assert not basics.check_cos_sin_from_freqs(lambda f: (f.cos(), f.sin()))   # wrong shape
 

@@ -2,8 +2,11 @@
 and the launcher / autograd.Function checks of notebook 06 (exercises.kernels).
 
 Each check launches the learner's kernel itself, or runs the learner's function on fresh inputs;
-every known way to pass it without doing the exercise must fail, and the worked solution must pass.
+every known way to pass it without doing the exercise must fail (ropelib's kernels, its finished
+API and the worked solution itself included), and a learner's own copy of the worked solution
+must pass.
 """
+import importlib.util
 import os
 from pathlib import Path
 
@@ -16,15 +19,24 @@ if not torch.cuda.is_available():
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+import ropelib  # noqa: E402
 from ropelib import reference, runtime  # noqa: E402
 from ropelib.course.exercises import backward_kernel as bk  # noqa: E402
 from ropelib.course.exercises import grid_kernel as gk  # noqa: E402
 from ropelib.course.exercises import kernels as ex  # noqa: E402
+from ropelib.course.kernels import batch_reuse  # noqa: E402
 from ropelib.course.kernels.batch_reuse import rope_batch_reuse  # noqa: E402
+from ropelib.kernels import common  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 INTERPRETER_ONLY = pytest.mark.skipif(not runtime.INTERPRET,
                                       reason="counting cos/sin needs Triton's interpreter")
+_spec = importlib.util.spec_from_file_location("own_code_tests", ROOT / "tests" / "test_own_code.py")
+_own_code_tests = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_own_code_tests)
+learner_copy = _own_code_tests.learner_copy     # a solution as a learner who typed it has it
+OWN_FORWARD = learner_copy(gk._rope_batch_reuse_solution_kernel)     # exercise 4 of notebook 04
+OWN_BACKWARD = learner_copy(bk._rope_backward_solution_kernel)       # exercise 2 of notebook 06
 
 
 # --- known cheats and mistakes, each with the exercise's signature -------------------------------
@@ -125,11 +137,65 @@ def _reference_fn(x, freqs):
     return reference.rope_reference(x, freqs)
 
 
+@triton.jit
+def _calls_library_helper(x_ptr, y_ptr, freqs_ptr, B, sxs, sxb, sxh, sxd, sys_, syb, syh, D,
+                          ROT_HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
+                          BLOCK_PASS: tl.constexpr):
+    """The worked forward with its rotation done by ropelib's @triton.jit helper."""
+    s = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    offs = tl.arange(0, BLOCK_HALF)
+    mask = offs < ROT_HALF
+    theta1 = tl.load(freqs_ptr + s * 2 * ROT_HALF + offs, mask=mask, other=0.0)
+    theta2 = tl.load(freqs_ptr + s * 2 * ROT_HALF + ROT_HALF + offs, mask=mask, other=0.0)
+    c1, s1, c2, s2 = tl.cos(theta1), tl.sin(theta1), tl.cos(theta2), tl.sin(theta2)
+    p = 2 * ROT_HALF + tl.arange(0, BLOCK_PASS)
+    for b in range(0, B):
+        x_row = x_ptr + s * sxs + b * sxb + h * sxh
+        y_row = y_ptr + s * sys_ + b * syb + h * syh
+        x1 = tl.load(x_row + offs * sxd, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(x_row + (offs + ROT_HALF) * sxd, mask=mask, other=0.0).to(tl.float32)
+        y1, y2 = common.rotate_pair(x1, x2, c1, s1, c2, s2)
+        tl.store(y_row + offs, y1.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_row + ROT_HALF + offs, y2.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_row + p, tl.load(x_row + p * sxd, mask=p < D), mask=p < D)
+
+
+def _launcher_of(kernel):
+    """A learner's launcher (notebook 06, exercise 3) of `kernel`: grid (S, H), contiguous grad_x."""
+    def my_rope_backward(grad_y, freqs):
+        S, B, H, D = grad_y.shape
+        R = freqs.shape[-1]
+        f2 = freqs.reshape(freqs.shape[0], R)[:S].float().contiguous()
+        grad_x = torch.empty(grad_y.shape, dtype=grad_y.dtype, device=grad_y.device)
+        kernel[(S, H)](grad_y, grad_x, f2, B, *grad_y.stride(), grad_x.stride(0),
+                       grad_x.stride(1), grad_x.stride(2), D, ROT_HALF=R // 2,
+                       BLOCK_HALF=triton.next_power_of_2(R // 2),
+                       BLOCK_PASS=triton.next_power_of_2(max(D - R, 1)))
+        return grad_x
+    return my_rope_backward
+
+
+own_rope_backward = _launcher_of(OWN_BACKWARD)
+
+
 # --- notebook 04: the batch-reusing kernel -------------------------------------------------------
 
-def test_batch_reuse_check_accepts_the_solution(capsys):
-    assert gk.check_batch_reuse_kernel(gk._rope_batch_reuse_solution_kernel) is True
+def test_batch_reuse_check_accepts_an_own_copy_of_the_solution(capsys):
+    assert gk.check_batch_reuse_kernel(OWN_FORWARD) is True
     assert "✅" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answer, words", [
+    (gk._rope_batch_reuse_solution_kernel, "launched ropelib's _rope_batch_reuse_solution_kernel"),
+    (batch_reuse._rope_batch_reuse_kernel, "launched ropelib's _rope_batch_reuse_kernel"),
+    (_calls_library_helper, "launched ropelib's rotate_pair (ropelib/kernels/common.py)"),
+], ids=["worked-solution", "teaching-kernel", "library-helper"])
+def test_batch_reuse_check_refuses_ropelibs_kernels(answer, words, capsys):
+    assert gk.check_batch_reuse_kernel(answer) is False
+    out = capsys.readouterr().out
+    assert out.startswith("❌ batch-reusing kernel: this exercise wants your batch-reusing kernel")
+    assert words in out, out
 
 
 def test_the_planted_mistakes_harness_is_right_when_nothing_is_planted(capsys):
@@ -186,17 +252,28 @@ def test_count_trig_counts_cos_and_sin_tiles():
 
 # --- notebook 06: the backward kernel ------------------------------------------------------------
 
-def test_backward_check_accepts_the_solution(capsys):
-    assert bk.check_backward_kernel(bk._rope_backward_solution_kernel) is True
+def test_backward_check_accepts_own_kernels(capsys):
+    assert bk.check_backward_kernel(OWN_BACKWARD) is True
     assert "✅" in capsys.readouterr().out
     assert bk.check_backward_kernel(_mistake(SIGN=-1, SWAP=True)) is True
+
+
+@pytest.mark.parametrize("answer, words", [
+    (bk._rope_backward_solution_kernel, "launched ropelib's _rope_backward_solution_kernel"),
+    (batch_reuse._rope_batch_reuse_kernel, "launched ropelib's _rope_batch_reuse_kernel"),
+], ids=["worked-solution", "teaching-kernel"])
+def test_backward_check_refuses_ropelibs_kernels(answer, words, capsys):
+    assert bk.check_backward_kernel(answer) is False
+    out = capsys.readouterr().out
+    assert out.startswith("❌ backward kernel: this exercise wants your backward kernel")
+    assert words in out, out
 
 
 @pytest.mark.parametrize("answer, words", [
     (_blank, "no answer yet"),
     (bk.reference_grad, "expected a @triton.jit kernel"),    # returning the reference
     (_copies_input, "entries differ"),                       # returning dL/dy
-    (gk._rope_batch_reuse_solution_kernel, "entries differ"),  # the forward kernel
+    (OWN_FORWARD, "entries differ"),                         # the forward kernel
     (_mistake(SIGN=-1), "halves with different angles"),     # negated sines, not swapped
     (_mistake(SIGN=-1, SWAP=True, ONE_BATCH=True), "only batch entry b = 0"),
     (_writes_nothing, "nothing was written"),
@@ -210,11 +287,54 @@ def test_backward_check_rejects_cheats(answer, words, capsys):
 
 # --- notebook 06: the launcher and the autograd.Function -----------------------------------------
 
-def test_rope_backward_check(capsys):
-    assert ex.check_rope_backward(ex.solution_rope_backward) is True
-    assert ex.check_rope_backward(bk.reference_grad) is False          # right values, no kernel
+def _pytorch_backward(grad_y, freqs):
+    """Right values in plain PyTorch, written out: no kernel."""
+    f = freqs.reshape(freqs.shape[0], 1, 1, -1)[: grad_y.shape[0]]
+    g1, g2 = grad_y.chunk(2, dim=-1)
+    f1, f2 = f.chunk(2, dim=-1)
+    return torch.cat((g1 * f1.cos() + g2 * f2.sin(), g2 * f2.cos() - g1 * f1.sin()), dim=-1)
+
+
+def test_rope_backward_check_accepts_an_own_launcher_of_an_own_kernel(capsys):
+    assert ex.check_rope_backward(own_rope_backward) is True
+    assert ex.check_rope_backward(own_rope_backward, kernel=OWN_BACKWARD) is True
+    assert "✅" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answer, words", [
+    (lambda g, f: ropelib.apply_rope(g, -f), "called ropelib's apply_rope (ropelib/api.py)"),
+    (lambda g, f: rope_batch_reuse(g, f, backward=True), "called ropelib's rope_batch_reuse"),
+    (ex.solution_rope_backward, "called ropelib's solution_rope_backward"),
+    (_launcher_of(bk._rope_backward_solution_kernel),
+     "launched ropelib's _rope_backward_solution_kernel"),
+    (bk.reference_grad, "called ropelib's reference_grad"),
+], ids=["apply_rope(g, -f)", "teaching-kernel", "worked-solution", "worked-kernel",
+        "autograd-of-reference"])
+def test_rope_backward_check_refuses_library_answers(answer, words, capsys):
+    if answer is not bk.reference_grad:    # right values: only whose code it is makes it fail
+        g = torch.randn(2, 2, 1, 8)
+        f = ex.te_angles(2, 8, device=g.device)
+        torch.testing.assert_close(answer(g, f), bk.reference_grad(g, f), atol=1e-5, rtol=1e-5)
+    assert ex.check_rope_backward(answer, kernel=OWN_BACKWARD) is False
+    out = capsys.readouterr().out
+    assert "this exercise wants your launcher of your backward kernel" in out and words in out, out
+    assert ex.check_rope_backward(answer) is False      # without naming the kernel, too
+
+
+def test_rope_backward_check_wants_the_named_kernel(capsys):
+    other = _launcher_of(_mistake(SIGN=-1, SWAP=True))   # right, but not exercise 2's kernel
+    assert ex.check_rope_backward(other) is True
+    capsys.readouterr()
+    assert ex.check_rope_backward(other, kernel=OWN_BACKWARD) is False
+    assert "not your backward kernel" in capsys.readouterr().out
+    assert ex.check_rope_backward(own_rope_backward, kernel=_blank) is False
+    assert "still blank" in capsys.readouterr().out
+
+
+def test_rope_backward_check_rejects_pytorch_and_wrong_answers(capsys):
+    assert ex.check_rope_backward(_pytorch_backward) is False          # right values, no kernel
     assert "no Triton kernel" in capsys.readouterr().out
-    assert ex.check_rope_backward(lambda g, f: rope_batch_reuse(g, f)) is False   # the forward
+    assert ex.check_rope_backward(_launcher_of(OWN_FORWARD)) is False  # the forward
     assert ex.check_rope_backward(lambda g, f: g.clone()) is False
     assert ex.check_rope_backward(...) is False
 
@@ -226,7 +346,17 @@ def _function(forward, backward):
 
 def _bwd_saved_freqs(ctx, g):
     (freqs,) = ctx.saved_tensors[-1:]
-    return rope_batch_reuse(g, freqs, backward=True), None
+    return own_rope_backward(g, freqs), None           # the learner's launcher and kernel
+
+
+def _bwd_teaching_kernel(ctx, g):
+    (freqs,) = ctx.saved_tensors[-1:]
+    return rope_batch_reuse(g, freqs, backward=True), None   # ropelib's, not the learner's
+
+
+def _bwd_finished_api(ctx, g):
+    (freqs,) = ctx.saved_tensors[-1:]
+    return ropelib.apply_rope(g, -freqs), None
 
 
 def _fwd_saves_x(ctx, x, freqs):
@@ -266,15 +396,32 @@ def _fwd_kernel(ctx, x, freqs):
     return rope_batch_reuse(x, freqs)
 
 
+def _fwd_finished_api(ctx, x, freqs):
+    ctx.save_for_backward(freqs)
+    return ropelib.apply_rope(x, freqs)                # the finished kernel, with its autograd
+
+
 def _fwd_reference(ctx, x, freqs):
     ctx.save_for_backward(freqs)
-    return reference.rope_reference(x, freqs)          # plain PyTorch, no kernel
+    return reference.rope_reference(x, freqs)          # ropelib's plain PyTorch reference
+
+
+def _fwd_pytorch(ctx, x, freqs):
+    ctx.save_for_backward(freqs)
+    f = freqs.view(freqs.shape[0], 1, 1, -1)[: x.shape[0]]
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * f.cos() + torch.cat((-x2, x1), dim=-1) * f.sin()   # own PyTorch, no kernel
 
 
 def _bwd_reference(ctx, g):
     (freqs,) = ctx.saved_tensors
     with torch.enable_grad():
         return ex._reference_grad(g, freqs), None      # autograd of the reference, no kernel
+
+
+def _bwd_pytorch(ctx, g):
+    (freqs,) = ctx.saved_tensors
+    return _pytorch_backward(g, freqs), None           # own PyTorch, no kernel
 
 
 def _bwd_recompute(ctx, g):
@@ -287,13 +434,42 @@ def _bwd_recompute(ctx, g):
 
 def _bwd_forward(ctx, g):
     (freqs,) = ctx.saved_tensors
-    return rope_batch_reuse(g, freqs), None            # rotates the wrong way
+    return _launcher_of(OWN_FORWARD)(g, freqs), None   # rotates the wrong way
 
 
-def test_rope_function_check_accepts_the_solution(capsys):
-    assert ex.check_rope_function(ex.SolutionRopeFunction) is True
+def test_rope_function_check_accepts_an_own_function(capsys):
+    own = _function(_fwd_kernel, _bwd_saved_freqs)    # forward: a teaching kernel, as handed
+    assert ex.check_rope_function(own) is True
     assert "✅" in capsys.readouterr().out
-    assert ex.check_rope_function(_function(_fwd_kernel, _bwd_saved_freqs)) is True
+    assert ex.check_rope_function(own, kernel=OWN_BACKWARD) is True
+
+
+@pytest.mark.parametrize("answer, words", [
+    (ex.SolutionRopeFunction, "called ropelib's forward (ropelib/course/exercises/kernels.py)"),
+    (_function(_fwd_kernel, _bwd_teaching_kernel), "backward): this exercise wants your "
+     "autograd.Function's backward, with your own kernel, but the answer called ropelib's "
+     "rope_batch_reuse"),
+    (_function(_fwd_kernel, _bwd_finished_api), "called ropelib's apply_rope"),
+    (_function(_fwd_finished_api, _bwd_saved_freqs), "(forward): this exercise wants your "
+     "autograd.Function (a teaching kernel may do its forward), but the answer called ropelib's "
+     "apply_rope"),
+    (_function(_fwd_reference, _bwd_saved_freqs), "called ropelib's rope_reference"),
+    (_function(_fwd_kernel, _bwd_reference), "called ropelib's _reference_grad"),
+], ids=["worked-solution", "teaching-kernel-backward", "finished-api-backward",
+        "finished-api-forward", "reference-forward", "reference-backward"])
+def test_rope_function_check_refuses_library_answers(answer, words, capsys):
+    assert ex.check_rope_function(answer, kernel=OWN_BACKWARD) is False
+    out = capsys.readouterr().out
+    assert words in out, out
+    assert ex.check_rope_function(answer) is False
+
+
+def test_rope_function_check_wants_the_named_kernel(capsys):
+    other = _function(_fwd_kernel, lambda ctx, g: (_launcher_of(_mistake(SIGN=-1, SWAP=True))(
+        g, ctx.saved_tensors[0]), None))
+    assert ex.check_rope_function(other) is True
+    assert ex.check_rope_function(other, kernel=OWN_BACKWARD) is False
+    assert "not your backward kernel" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("forward, backward, words", [
@@ -302,11 +478,11 @@ def test_rope_function_check_accepts_the_solution(capsys):
     (_fwd_global, _bwd_saved_freqs, "x is still alive"),
     (_fwd_saves_copy, _bwd_recompute, "as large as x"),
     (_fwd_saves_output, _bwd_saved_freqs, "as large as x"),
-    (_fwd_reference, _bwd_saved_freqs, "forward launched no Triton kernel"),
-    (_fwd_kernel, _bwd_reference, "backward launched no Triton kernel"),
+    (_fwd_pytorch, _bwd_saved_freqs, "forward launched no Triton kernel"),
+    (_fwd_kernel, _bwd_pytorch, "backward launched no Triton kernel"),
     (_fwd_kernel, _bwd_forward, "entries differ"),
 ], ids=["save_for_backward-x", "ctx.x", "global", "saved-copy-recompute", "saved-output",
-        "reference-forward", "reference-backward", "wrong-direction"])
+        "pytorch-forward", "pytorch-backward", "wrong-direction"])
 def test_rope_function_check_rejects_shortcuts(forward, backward, words, capsys):
     _STASH.clear()
     assert ex.check_rope_function(_function(forward, backward)) is False

@@ -1,16 +1,37 @@
-"""Notebook 07's exercise checks: the fixed-cost + bandwidth fit and the prediction."""
+"""Notebook 07's exercise checks: the fixed-cost + bandwidth fit and the prediction.
+
+The fit check accepts a learner's own copy of the worked fit and refuses the worked fit itself
+(ropelib's, not the learner's)."""
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 
 from ropelib.course.exercises import measuring
 
+_spec = importlib.util.spec_from_file_location(
+    "own_code_tests", Path(__file__).resolve().parent / "test_own_code.py")
+_own_code_tests = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_own_code_tests)
 
-def test_the_worked_fit_passes_and_recovers_a_known_line(capsys):
-    assert measuring.check_fit_time_model(measuring.solution_fit_time_model)
+
+def test_an_own_fit_passes_and_the_worked_fit_recovers_a_known_line(capsys):
+    assert measuring.check_fit_time_model(_own_code_tests.learner_copy(
+        measuring.solution_fit_time_model))
     nbytes = [1e7, 2e7, 4e7]
     ms = [0.005 + b / 2e12 * 1e3 for b in nbytes]            # t0 = 5 us, 2000 GB/s
     t0, gbps = measuring.solution_fit_time_model(nbytes, ms)
     assert abs(t0 - 5.0) < 1e-6 and abs(gbps - 2000.0) < 1e-6
     assert "✅" in capsys.readouterr().out
+
+
+def test_the_worked_fit_is_not_the_learners(capsys):
+    assert not measuring.check_fit_time_model(measuring.solution_fit_time_model)
+    assert not measuring.check_fit_time_model(
+        lambda nbytes, ms: measuring.solution_fit_time_model(nbytes, ms))
+    out = capsys.readouterr().out
+    assert "this exercise wants your fit, but the answer called ropelib's solution_fit_time_model" \
+        in out
 
 
 def test_wrong_fits_fail(capsys):

@@ -1,9 +1,12 @@
 """Notebook 03: its kernel exercise (exercises.naive_kernel) and its access recorder (access).
 
 The exercise check launches the learner's @triton.jit kernel itself; each known way to pass it
-without writing the kernel must fail, and the worked solution must pass.
+without writing the kernel must fail (ropelib's kernels and the worked solution itself
+included), and a learner's own copy of the worked solution must pass.
 """
+import importlib.util
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,8 +22,16 @@ from ropelib import reference, runtime  # noqa: E402
 from ropelib.course import access  # noqa: E402
 from ropelib.course.exercises import kernels as ex  # noqa: E402
 from ropelib.course.exercises import naive_kernel as nk  # noqa: E402
+from ropelib.course.kernels import naive  # noqa: E402
+from ropelib.kernels import common  # noqa: E402
 
 DEVICE = runtime.default_device()
+_spec = importlib.util.spec_from_file_location(
+    "own_code_tests", Path(__file__).resolve().parent / "test_own_code.py")
+_own_code_tests = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_own_code_tests)
+learner_copy = _own_code_tests.learner_copy     # a solution as a learner who typed it has it
+OWN_SOLUTION = learner_copy(nk.solution_rope_interleaved)
 
 
 # --- known cheats, each a kernel (or not) with the exercise's signature --------------------------
@@ -117,6 +128,25 @@ def _unmasked_store_kernel(x_ptr, y_ptr, freqs_ptr, B, H, stride_xs, stride_xb, 
     tl.store(y_ptr + row * D + 2 * j + 1, (xo * c + xe * sn).to(y_ptr.dtype.element_ty))
 
 
+@triton.jit
+def _rounds_with_library_helper(x_ptr, y_ptr, freqs_ptr, B, H, stride_xs, stride_xb, stride_xh,
+                                stride_xd, D: tl.constexpr, R: tl.constexpr,
+                                BLOCK_PAIRS: tl.constexpr):
+    # right values, but the stores round through ropelib's @triton.jit helper
+    row = tl.program_id(0).to(tl.int64)
+    s, b, h = row // (B * H), (row // H) % B, row % H
+    j = tl.arange(0, BLOCK_PAIRS)
+    live = j < D // 2
+    theta = tl.load(freqs_ptr + s * R + 2 * j, mask=j < R // 2, other=0.0)
+    c, sn = tl.cos(theta), tl.sin(theta)
+    x_row = x_ptr + s * stride_xs + b * stride_xb + h * stride_xh
+    xe = tl.load(x_row + 2 * j * stride_xd, mask=live, other=0.0).to(tl.float32)
+    xo = tl.load(x_row + (2 * j + 1) * stride_xd, mask=live, other=0.0).to(tl.float32)
+    ty = y_ptr.dtype.element_ty
+    tl.store(y_ptr + row * D + 2 * j, common.round_to(xe * c - xo * sn, ty, False), mask=live)
+    tl.store(y_ptr + row * D + 2 * j + 1, common.round_to(xo * c + xe * sn, ty, False), mask=live)
+
+
 def _reference_launcher(x, freqs):
     return reference.rope_reference(x, freqs, interleaved=True)
 
@@ -136,6 +166,9 @@ CHEATS = {
     "a kernel that zeroes the partial-rotary tail": _zeroes_tail_kernel,
     "a kernel that ignores x's strides": _contiguous_only_kernel,
     "a kernel that stores without masks": _unmasked_store_kernel,
+    "the worked solution itself": nk.solution_rope_interleaved,
+    "ropelib's naive teaching kernel": naive._rope_naive_kernel,
+    "a kernel that calls ropelib's @triton.jit helper": _rounds_with_library_helper,
 }
 
 
@@ -151,10 +184,33 @@ def test_unmasked_stores_are_caught_by_the_guard_bands(capsys):
     assert "outside y" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("what, words", [
+    ("the worked solution itself", "launched ropelib's solution_rope_interleaved"),
+    ("ropelib's naive teaching kernel", "launched ropelib's _rope_naive_kernel"),
+    ("a kernel that calls ropelib's @triton.jit helper", "launched ropelib's round_to"),
+])
+def test_ropelibs_kernels_are_refused_before_they_run(what, words, capsys):
+    assert nk.check_rope_interleaved(CHEATS[what], seed=0) is False
+    out = capsys.readouterr().out
+    assert out.startswith("❌ interleaved RoPE kernel: this exercise wants your interleaved RoPE "
+                          "kernel") and words in out, out
+
+
+def test_the_helper_kernel_is_right_but_for_the_helper():
+    # what the check refuses is whose code it is, not its values: launched outside the check,
+    # the kernel that rounds through ropelib's helper computes RoPE
+    S, B, H, D, R = 3, 2, 1, 12, 8
+    x = torch.randn(S, B, H, D, device=DEVICE)
+    f = torch.rand(S, R // 2).repeat_interleave(2, -1).contiguous().to(DEVICE)
+    y = torch.full_like(x, float("nan"))
+    nk.launch_interleaved(_rounds_with_library_helper, x, f, y)
+    torch.testing.assert_close(y, reference.rope_reference(x, f, interleaved=True),
+                               atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("seed", [0, 1])
-def test_check_accepts_the_solution(seed, capsys):
-    assert nk.check_rope_interleaved(nk.solution_rope_interleaved, seed=seed) is True, \
-        capsys.readouterr().out
+def test_check_accepts_an_own_copy_of_the_solution(seed, capsys):
+    assert nk.check_rope_interleaved(OWN_SOLUTION, seed=seed) is True, capsys.readouterr().out
     assert "✅" in capsys.readouterr().out
 
 

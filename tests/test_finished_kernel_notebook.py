@@ -297,10 +297,23 @@ def variants(tmp_path_factory):
     del sys.modules["tests_exercise_body"]
 
 
-def test_the_exercise_accepts_the_solution(capsys):
-    assert fk.check_interleaved_tile_kernel(fk._rope_interleaved_tile_solution_kernel) is True
-    assert fk.check_interleaved_tile_kernel(fk._rope_interleaved_tile_solution_kernel, seed=5)
+def _learner_copy(obj):
+    return _load("own_code_tests", ROOT / "tests" / "test_own_code.py").learner_copy(obj)
+
+
+def test_the_exercise_accepts_an_own_copy_of_the_solution(capsys):
+    own = _learner_copy(fk._rope_interleaved_tile_solution_kernel)
+    assert fk.check_interleaved_tile_kernel(own) is True
+    assert fk.check_interleaved_tile_kernel(own, seed=5)
     assert "✅" in capsys.readouterr().out
+
+
+def test_the_exercise_refuses_the_worked_solution(capsys):
+    assert fk.check_interleaved_tile_kernel(fk._rope_interleaved_tile_solution_kernel) is False
+    out = capsys.readouterr().out
+    assert out.startswith("❌ interleaved 3-D tile kernel: this exercise wants your interleaved "
+                          "3-D tile kernel, but the answer launched ropelib's "
+                          "_rope_interleaved_tile_solution_kernel"), out
 
 
 def test_the_planted_mistakes_harness_is_sound(variants):

@@ -2,8 +2,10 @@
 
 Shapes are tiny: on the CPU every program instance costs a few ms in Triton's interpreter.
 """
+import importlib.util
 import os
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,6 +14,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
 
 from ropelib import runtime  # noqa: E402
+from ropelib.course.kernels import batch_reuse, naive  # noqa: E402
 from ropelib.course.kernels.batch_reuse import rope_batch_reuse  # noqa: E402
 from ropelib.course.kernels.naive import rope_naive  # noqa: E402
 from ropelib.reference import rope_reference  # noqa: E402
@@ -264,6 +267,15 @@ def test_gpu_large_bf16(kernel, D):
 
 # --- the exercise checks of notebooks 03-06 (ropelib.course.exercises.kernels) ----------------------
 
+def _learner_copy(obj):
+    """A worked solution as a learner who typed it has it (tests/test_own_code.py)."""
+    spec = importlib.util.spec_from_file_location(
+        "own_code_tests", Path(__file__).resolve().parent / "test_own_code.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.learner_copy(obj)
+
+
 def _wrong_function(x, freqs):
     # The forward where the backward is asked for; for notebook 03's interleaved exercise, a plain
     # function where a @triton.jit kernel is asked for (tests/test_exercises_naive.py: the rest).
@@ -282,30 +294,89 @@ class _SavesX(torch.autograd.Function):
         return rope_naive(gy, freqs, backward=True), None
 
 
+def _own_rope_backward_and_function():
+    """A learner's launcher of their own backward kernel, and a Function using it."""
+    import triton
+
+    from ropelib.course.exercises import backward_kernel as bk
+    kernel = _learner_copy(bk._rope_backward_solution_kernel)
+
+    def my_rope_backward(grad_y, freqs):
+        S, B, H, D = grad_y.shape
+        R = freqs.shape[-1]
+        f2 = freqs.reshape(freqs.shape[0], R)[:S].float().contiguous()
+        grad_x = torch.empty(grad_y.shape, dtype=grad_y.dtype, device=grad_y.device)
+        kernel[(S, H)](grad_y, grad_x, f2, B, *grad_y.stride(), grad_x.stride(0),
+                       grad_x.stride(1), grad_x.stride(2), D, ROT_HALF=R // 2,
+                       BLOCK_HALF=triton.next_power_of_2(R // 2),
+                       BLOCK_PASS=triton.next_power_of_2(max(D - R, 1)))
+        return grad_x
+
+    class MyRope(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, freqs):
+            ctx.save_for_backward(freqs)
+            return rope_batch_reuse(x, freqs)       # the exercise hands the forward over
+
+        @staticmethod
+        def backward(ctx, grad_y):
+            (freqs,) = ctx.saved_tensors
+            return my_rope_backward(grad_y, freqs), None
+    return my_rope_backward, MyRope
+
+
 def _exercise_cases():
+    """(check, a learner's own answer, the worked solution, a wrong answer) per exercise."""
     from ropelib.course.exercises import kernels as ex
+    own_backward, own_function = _own_rope_backward_and_function()
     return [
-        ("check_naive_grid", ex.solution_naive_grid, lambda S, B, H: (S, B * H)),
-        ("check_half_tile", ex.solution_half_tile, lambda D: (D // 2, D // 2, 0)),
-        ("check_row_index", ex.solution_row_index, lambda r, S, B, H: (r // (B * H), r % B, r % H)),
-        ("check_rope_interleaved", ex.solution_rope_interleaved, _wrong_function),
-        ("check_angle_bytes", ex.solution_angle_bytes, lambda g, S, B, H, D: S * D * 4),
-        ("check_floor_ms", ex.solution_floor_ms, lambda n, gbps: n / gbps),
-        ("check_percent_of_copy", ex.solution_percent_of_copy, lambda k, c, *_: 100 * c / k),
-        ("check_backward_matrix", ex.solution_backward_matrix,
-         lambda t: torch.tensor([[1.0, 0.0], [0.0, 1.0]])),
-        ("check_rope_backward", ex.solution_rope_backward, _wrong_function),
-        ("check_rope_function", ex.SolutionRopeFunction, _SavesX),
+        ("check_naive_grid", _learner_copy(ex.solution_naive_grid), ex.solution_naive_grid,
+         lambda S, B, H: (S, B * H)),
+        ("check_half_tile", _learner_copy(ex.solution_half_tile), ex.solution_half_tile,
+         lambda D: (D // 2, D // 2, 0)),
+        ("check_row_index", _learner_copy(ex.solution_row_index), ex.solution_row_index,
+         lambda r, S, B, H: (r // (B * H), r % B, r % H)),
+        ("check_rope_interleaved", _learner_copy(ex.solution_rope_interleaved),
+         ex.solution_rope_interleaved, _wrong_function),
+        ("check_angle_bytes", _learner_copy(ex.solution_angle_bytes), ex.solution_angle_bytes,
+         lambda g, S, B, H, D: S * D * 4),
+        ("check_floor_ms", _learner_copy(ex.solution_floor_ms), ex.solution_floor_ms,
+         lambda n, gbps: n / gbps),
+        ("check_percent_of_copy", _learner_copy(ex.solution_percent_of_copy),
+         ex.solution_percent_of_copy, lambda k, c, *_: 100 * c / k),
+        ("check_backward_matrix", _learner_copy(ex.solution_backward_matrix),
+         ex.solution_backward_matrix, lambda t: torch.tensor([[1.0, 0.0], [0.0, 1.0]])),
+        ("check_rope_backward", own_backward, ex.solution_rope_backward, _wrong_function),
+        ("check_rope_function", own_function, ex.SolutionRopeFunction, _SavesX),
     ]
 
 
 @pytest.mark.parametrize("i", range(10))
-def test_exercise_check_accepts_solution_and_rejects_wrong(i, capsys):
+def test_exercise_check_accepts_own_answer_and_rejects_worked_and_wrong(i, capsys):
     from ropelib.course.exercises import kernels as ex
-    name, right, wrong = _exercise_cases()[i]
+    name, own, worked, wrong = _exercise_cases()[i]
     checker = getattr(ex, name)
-    assert checker(right) is True, capsys.readouterr().out
+    assert checker(own) is True, capsys.readouterr().out
+    assert "✅" in capsys.readouterr().out
+    assert checker(worked) is False        # the worked solution is ropelib's, not the learner's
+    assert "ropelib's" in capsys.readouterr().out
     assert checker(wrong) is False
     assert checker(...) is False  # unanswered: a ❌ line, never an exception
+    assert "❌" in capsys.readouterr().out
+
+
+# the helper in ropelib that computes the very thing each exercise asks for
+_LIBRARY_ANSWERS = {
+    "check_naive_grid": lambda S, B, H: naive.naive_grid(S, B, H),
+    "check_half_tile": lambda D: (*naive.half_tile(D), naive.half_tile(D)[1] - naive.half_tile(D)[0]),
+    "check_angle_bytes": lambda g, S, B, H, D: (naive if g == "naive" else batch_reuse)
+    .angle_bytes_requested(S, B, H, D),
+}
+
+
+@pytest.mark.parametrize("name", list(_LIBRARY_ANSWERS))
+def test_exercise_check_refuses_the_teaching_kernels_helper(name, capsys):
+    from ropelib.course.exercises import kernels as ex
+    assert getattr(ex, name)(_LIBRARY_ANSWERS[name]) is False
     out = capsys.readouterr().out
-    assert "✅" in out and "❌" in out
+    assert "but the answer called ropelib's" in out and "ropelib/course/kernels/" in out, out

@@ -8,7 +8,10 @@ collapsible block in Jupyter (plain text elsewhere).
 
 The `check_...` helpers for each notebook live in submodules: `basics` for notebooks 00-02;
 `kernels`, `naive_kernel`, `grid_kernel`, `finished_kernel` and `backward_kernel` for 03-06;
-`measuring` for 07. They compute the expected answer from ropelib itself, never hard-code it.
+`measuring` for 07; `multi_axis` and `at_scale` for 10 and 11. They compute the expected answer
+from ropelib itself, never hard-code it, and run the learner's function or kernel with ropelib's
+own answers barred (`own_code`): an answer that calls the finished library, the teaching kernels,
+the library function that computes the very thing asked, or the worked solution is refused.
 """
 import html
 import inspect
@@ -193,8 +196,9 @@ def check(name: str, answer: Any, expected: Any, *, atol: Optional[float] = None
 def call_answer(name: str, fn: Callable, *args, **kwargs) -> Tuple[bool, Any]:
     """Call a learner's function; on an exception print ❌ with it and return (False, None).
 
-    `check_...` helpers that take a function use this so an unfinished exercise (a body of
-    `...`, which returns None) or a crash is reported instead of stopping the notebook.
+    An unfinished exercise (a body of `...`, which returns None) or a crash is reported instead
+    of stopping the notebook. The exercise checks call `own_code.run_own_code`, which does the
+    same with ropelib's own answers barred.
     """
     if fn is None or fn is Ellipsis:
         print(f"❌ {name}: no answer yet (define the function)")

@@ -12,8 +12,12 @@ gradients: TE's table and a table whose two halves differ (so the swap of the si
 stride-0 gradient (what `y.sum()` hands the backward), a non-contiguous one, partial rotary and
 fp16, and compares with the autograd of the reference.
 
-`count_launches` counts Triton kernel launches; the autograd-Function check of notebook 06 uses it
-to tell a Function that runs kernels from one that falls back to PyTorch.
+The launches run with ropelib's own answers barred (`own_code`): ropelib's kernels, the forward
+kernel of notebook 04's worked solution and this exercise's worked solution are refused.
+
+`count_launches` counts Triton kernel launches and records which kernels ran; the launcher and
+autograd-Function checks of notebook 06 use it to tell a Function that runs the learner's kernel
+from one that falls back to PyTorch or to ropelib's.
 """
 import contextlib
 
@@ -23,7 +27,7 @@ import triton.language as tl
 
 from ... import reference, runtime
 from . import solution
-from .grid_kernel import _inputs, check_kernel_cases
+from .grid_kernel import _inputs, _rope_batch_reuse_solution_kernel, check_kernel_cases
 
 __all__ = ["BACKWARD_KERNEL_SIGNATURE", "check_backward_kernel", "show_solution",
            "count_launches", "reference_grad"]
@@ -80,7 +84,8 @@ def check_backward_kernel(kernel) -> bool:
     reference (TE's and a general table, stride-0 and strided dL/dy, partial rotary, fp16)."""
     return check_kernel_cases(
         "backward kernel", kernel, _backward_cases(torch.Generator().manual_seed(5)),
-        reference_grad,
+        reference_grad, what="your backward kernel",
+        bar=(_rope_backward_solution_kernel, _rope_batch_reuse_solution_kernel),
         hint="dL/dx = J^T dL/dy. Write J for one pair (theta1 on feature j, theta2 on j + R/2) "
              "and transpose it: the sines change sign AND change places, which only shows when "
              "the two halves' angles differ")
@@ -130,26 +135,28 @@ def show_solution() -> None:
 
 @contextlib.contextmanager
 def count_launches():
-    """Count Triton kernel launches inside the block: {'launches': n}.
+    """Count Triton kernel launches inside the block: {'launches': n, 'kernels': [...]}.
 
-    Counts every `kernel[grid](...)` (compiled or interpreted) and ropelib's direct launcher.
+    Counts every `kernel[grid](...)` (compiled or interpreted) and ropelib's direct launcher;
+    'kernels' lists the kernel of each launch (the @triton.jit object), in order.
     """
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
     from ...kernels.direct import DirectLauncher
 
-    counts = {"launches": 0}
+    counts = {"launches": 0, "kernels": []}
     patched = [(JITFunction, "run"), (InterpretedFunction, "run"), (DirectLauncher, "__call__")]
     saved = [(cls, attr, cls.__dict__[attr]) for cls, attr in patched if attr in cls.__dict__]
 
-    def counting(original):
+    def counting(original, is_launcher):
         def wrapper(self, *args, **kwargs):
             if not kwargs.get("warmup", False):
                 counts["launches"] += 1
+                counts["kernels"].append(getattr(self, "kernel", self) if is_launcher else self)
             return original(self, *args, **kwargs)
         return wrapper
     for cls, attr, original in saved:
-        setattr(cls, attr, counting(original))
+        setattr(cls, attr, counting(original, attr == "__call__"))
     try:
         yield counts
     finally:

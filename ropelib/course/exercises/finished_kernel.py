@@ -14,7 +14,9 @@ on grid (cdiv(S, BLOCK_S), cdiv(H, BLOCK_H), cdiv(B, B_CHUNK)) with the signatur
 The output starts as NaN inside a NaN guard band, so an element the kernel does not write stays
 NaN and a store outside the output (a chunk that runs past B, a token past S) lands in the band.
 Only a `@triton.jit` function is accepted: a Python function, or an object that only looks like
-a kernel, has no way to hand back a tensor it computed on the host.
+a kernel, has no way to hand back a tensor it computed on the host. The launch runs with
+ropelib's own answers barred (`own_code`): one of ropelib's kernels (the worked solution below
+included), or a kernel that calls one of ropelib's @triton.jit helpers, is refused.
 """
 from typing import Optional
 
@@ -24,6 +26,7 @@ import triton.language as tl
 
 from ... import reference, runtime
 from . import _compare, check, solution
+from .own_code import LibraryAnswer, library_barred
 from .grid_kernel import is_blank_kernel
 
 __all__ = ["KERNEL_SIGNATURE", "check_interleaved_tile_kernel", "show_solution", "launch",
@@ -140,7 +143,12 @@ def check_interleaved_tile_kernel(kernel, seed: Optional[int] = None) -> bool:
         x, y, y_buf, f = _inputs(gen, S, B, H, D, dtype, xs, ys, table)
         x_before = x.clone()
         try:
-            launch(kernel, x, y, f, bs, bh, chunk)
+            with library_barred("your interleaved 3-D tile kernel",
+                                bar=(_rope_interleaved_tile_solution_kernel,)):
+                launch(kernel, x, y, f, bs, bh, chunk)
+        except LibraryAnswer as exc:
+            print(f"❌ {name}: {exc}")
+            return False
         except Exception as exc:  # noqa: BLE001 -- report, never stop the notebook
             print(f"❌ {name} ({label}): launching your kernel raised {_short(exc)}")
             return False

@@ -9,6 +9,10 @@ a feature stride of 2), partial rotary (features R..D-1 copied unchanged) and fp
 interpreter the check also counts how often the kernel evaluates cos/sin: once per program, not
 once per batch row, is the point of the grid.
 
+Every launch runs with ropelib's own answers barred (`own_code`): a kernel of ropelib's (the
+teaching kernels, the finished ones, the worked solution below), or a kernel that calls one of
+ropelib's @triton.jit helpers, is refused before it runs, whatever it would write.
+
 The helpers here (blank-kernel detection, the launch, the cos/sin counter, the comparison) also
 serve notebook 06's backward-kernel exercise (`backward_kernel`).
 """
@@ -24,6 +28,7 @@ import triton.language as tl
 
 from ... import reference, runtime
 from . import _compare, check, solution
+from .own_code import LibraryAnswer, library_barred
 
 __all__ = ["KERNEL_SIGNATURE", "check_batch_reuse_kernel", "show_solution", "launch",
            "is_blank_kernel", "count_trig"]
@@ -157,18 +162,24 @@ def _unwritten(y: torch.Tensor, R: int) -> Optional[str]:
 
 
 def check_kernel_cases(name: str, kernel, cases, expected: Callable, *, hint: str,
-                       reuse_check: bool = True) -> bool:
+                       reuse_check: bool = True, what: str = "your kernel",
+                       bar=()) -> bool:
     """Launch `kernel` on every (label, x, freqs2d); compare with expected(x, freqs2d).
 
     Prints one ✅ line, or ❌ for the first case that fails; returns the verdict; never raises.
-    With `reuse_check`, also checks under the interpreter that cos/sin are evaluated as often for
-    a batch of 3 as for a batch of 1 (once per program, before the batch loop).
+    Every launch runs with ropelib's answers and `bar` barred (`what` names the exercise in a
+    refusal). With `reuse_check`, also checks under the interpreter that cos/sin are evaluated as
+    often for a batch of 3 as for a batch of 1 (once per program, before the batch loop).
     """
     if not kernel_ready(name, kernel):
         return False
     for label, x, f2 in cases:
         try:
-            y = launch(kernel, x, f2)
+            with library_barred(what, bar=bar):
+                y = launch(kernel, x, f2)
+        except LibraryAnswer as exc:
+            print(f"❌ {name}: {exc}")
+            return False
         except Exception as exc:  # noqa: BLE001 -- report, never stop the notebook
             print(f"❌ {name} ({label}): launching your kernel raised {_short(exc)}")
             return False
@@ -186,7 +197,8 @@ def check_kernel_cases(name: str, kernel, cases, expected: Callable, *, hint: st
             x, f2 = _inputs(torch.Generator().manual_seed(7), 2, B, 2, 16, 16, torch.float32)
             with count_trig() as counts:
                 try:
-                    launch(kernel, x, f2)
+                    with library_barred(what, bar=bar):
+                        launch(kernel, x, f2)
                 except Exception as exc:  # noqa: BLE001
                     print(f"❌ {name} (B={B}): launching your kernel raised {_short(exc)}")
                     return False
@@ -244,7 +256,8 @@ def check_batch_reuse_kernel(kernel) -> bool:
     reference: several shapes, non-contiguous x, partial rotary, fp16; cos/sin once per program."""
     return check_kernel_cases(
         "batch-reusing kernel", kernel, _forward_cases(torch.Generator().manual_seed(4)),
-        _forward_expected,
+        _forward_expected, what="your batch-reusing kernel",
+        bar=(_rope_batch_reuse_solution_kernel,),
         hint="y1 = x1*cos1 - x2*sin1 and y2 = x2*cos2 + x1*sin2 with angles theta1 = freqs[s, j], "
              "theta2 = freqs[s, j + ROT_HALF]; load x with its strides, store y at offsets "
              "b * stride_yb + ... ; copy features 2*ROT_HALF .. D-1 as they are")

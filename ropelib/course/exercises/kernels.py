@@ -3,8 +3,12 @@
 Every `check_...` computes its expected answer from ropelib itself (the kernel modules' grid and
 tile helpers, `reference`, `compare`), prints ✅ or ❌ through `ropelib.course.exercises.check`, returns
 a bool and never raises. Helpers that take the learner's *function* try it on several inputs and
-report the first one that fails. The worked solutions are the `solution_*` functions below,
-shown folded in the notebooks with `ropelib.course.exercises.solution(kernels.solution_...)`.
+report the first one that fails. They run it with ropelib's own answers barred (`own_code`): the
+teaching kernels' helpers that compute the very thing asked (`naive.naive_grid`,
+`naive.half_tile`, `angle_bytes_requested`), the finished API, `ropelib.reference`, the teaching
+kernels themselves and the worked solutions below are refused, whatever they return. The worked
+solutions are the `solution_*` functions below, shown folded in the notebooks with
+`ropelib.course.exercises.solution(kernels.solution_...)`.
 
 Inputs are tiny so that checks which launch a learner's Triton kernel stay fast in the CPU
 interpreter.
@@ -19,7 +23,8 @@ import triton.language as tl
 from ... import reference, runtime
 from ..kernels import batch_reuse, naive
 from ..kernels.batch_reuse import rope_batch_reuse
-from . import _compare, call_answer, check
+from . import _compare, check
+from .own_code import LibraryAnswer, library_barred, run_own_code
 
 __all__ = [
     "check_naive_grid", "check_half_tile", "check_row_index", "check_rope_interleaved",
@@ -32,12 +37,14 @@ __all__ = [
 ]
 
 
-def _cases(name: str, fn: Callable, cases: Iterable, *, hint: Optional[str] = None,
-           atol: Optional[float] = None, rtol: Optional[float] = None) -> bool:
-    """Run fn(*args) for each (label, args, expected); one ✅ line, or ❌ for the first failure."""
+def _cases(name: str, what: str, fn: Callable, cases: Iterable, *, hint: Optional[str] = None,
+           atol: Optional[float] = None, rtol: Optional[float] = None,
+           bar: Iterable = ()) -> bool:
+    """Run fn(*args) for each (label, args, expected) with ropelib's answers (and `bar`) barred;
+    one ✅ line, or ❌ for the first failure. `what` names the exercise in a refusal."""
     answer = expected = None
     for label, args, expected in cases:
-        ok, answer = call_answer(f"{name} ({label})", fn, *args)
+        ok, answer = run_own_code(f"{name} ({label})", what, fn, *args, bar=bar)
         if not ok:
             return False
         same, _ = _compare(answer, expected, atol, rtol)
@@ -63,8 +70,9 @@ def check_naive_grid(fn: Callable) -> bool:
     """fn(S, B, H) -> the launch grid (a tuple) of the naive kernel: one program per row."""
     cases = [(f"S={S}, B={B}, H={H}", (S, B, H), tuple(naive.naive_grid(S, B, H)))
              for S, B, H in _SHAPES]
-    return _cases("naive grid", fn, cases,
-                  hint="one program per (token, batch, head) row, on one grid axis")
+    return _cases("naive grid", "your grid", fn, cases,
+                  hint="one program per (token, batch, head) row, on one grid axis",
+                  bar=(solution_naive_grid,))
 
 
 def check_half_tile(fn: Callable) -> bool:
@@ -73,8 +81,9 @@ def check_half_tile(fn: Callable) -> bool:
     for D in (16, 64, 72, 80, 96, 128, 256):
         half, block = naive.half_tile(D)
         cases.append((f"D={D}", (D,), (half, block, block - half)))
-    return _cases("half tile", fn, cases,
-                  hint="tl.arange needs a power of two: triton.next_power_of_2(D // 2)")
+    return _cases("half tile", "your tile sizes", fn, cases,
+                  hint="tl.arange needs a power of two: triton.next_power_of_2(D // 2)",
+                  bar=(solution_half_tile,))
 
 
 def check_row_index(fn: Callable) -> bool:
@@ -85,8 +94,9 @@ def check_row_index(fn: Callable) -> bool:
             # sbhd rows in memory order: unravel the flat row index over the shape [S, B, H]
             want = tuple(int(i) for i in torch.unravel_index(torch.tensor(row), (S, B, H)))
             cases.append((f"row={row} of [S={S}, B={B}, H={H}]", (row, S, B, H), want))
-    return _cases("program id -> (s, b, h)", fn, cases,
-                  hint="h moves fastest, then b, then s: s = row // (B * H)")
+    return _cases("program id -> (s, b, h)", "your index arithmetic", fn, cases,
+                  hint="h moves fastest, then b, then s: s = row // (B * H)",
+                  bar=(solution_row_index,))
 
 
 # The kernel exercise of notebook 03 lives in naive_kernel: its check launches the learner's
@@ -105,9 +115,9 @@ def check_angle_bytes(fn: Callable) -> bool:
     "naive" or "batch_reuse" (each program loads the D angles of its position)."""
     cases = [(f"{g}, S={S}, B={B}, H={H}, D={D}", (g, S, B, H, D), _GENERATIONS[g](S, B, H, D))
              for g in _GENERATIONS for S, B, H, D in ((16384, 8, 32, 128), (7, 3, 2, 72))]
-    return _cases("angle-table bytes requested", fn, cases,
+    return _cases("angle-table bytes requested", "your count of the bytes", fn, cases,
                   hint="programs launched x D angles x 4 bytes; how many programs does each "
-                       "grid have?")
+                       "grid have?", bar=(solution_angle_bytes,))
 
 
 def check_floor_ms(fn: Callable) -> bool:
@@ -115,8 +125,9 @@ def check_floor_ms(fn: Callable) -> bool:
     nbytes, at the bandwidth a device copy reached (GB/s, 1 GB = 1e9 bytes)."""
     cases = [(f"{n} bytes at {g} GB/s", (n, g), n / (g * 1e9) * 1e3)
              for n, g in ((2 ** 31, 3000.0), (10 ** 9, 1000.0), (123456789, 777.0))]
-    return _cases("time floor", fn, cases, rtol=1e-9, atol=1e-12,
-                  hint="seconds = bytes / (bytes per second); ms = 1000 x seconds")
+    return _cases("time floor", "your time floor", fn, cases, rtol=1e-9, atol=1e-12,
+                  hint="seconds = bytes / (bytes per second); ms = 1000 x seconds",
+                  bar=(solution_floor_ms,))
 
 
 def check_percent_of_copy(fn: Callable) -> bool:
@@ -134,8 +145,9 @@ def check_percent_of_copy(fn: Callable) -> bool:
         copy_gbps = 2 * S * B * H * D * elem / (cms * 1e6)
         cases.append((f"{kms} ms vs copy {cms} ms, [{S}, {B}, {H}, {D}] {dt}",
                       (kms, cms, S, B, H, D, dt), 100.0 * kernel_gbps / copy_gbps))
-    return _cases("percent of copy bandwidth", fn, cases, rtol=1e-9, atol=1e-9,
-                  hint="GB/s = bytes / (ms * 1e6); the kernel also reads S * D fp32 angles")
+    return _cases("percent of copy bandwidth", "your percentage", fn, cases, rtol=1e-9, atol=1e-9,
+                  hint="GB/s = bytes / (ms * 1e6); the kernel also reads S * D fp32 angles",
+                  bar=(solution_percent_of_copy,))
 
 
 # --- notebook 06: the backward pass -----------------------------------------------------------
@@ -152,8 +164,9 @@ def _jacobian_pair(theta: float) -> torch.Tensor:
 def check_backward_matrix(fn: Callable) -> bool:
     """fn(theta) -> M [2, 2] with grad_x = M @ grad_y for one pair rotated by theta."""
     cases = [(f"theta={t:g}", (t,), _jacobian_pair(t).T) for t in (0.3, -1.2, 2.5, 10.0)]
-    return _cases("backward matrix of one pair", fn, cases, atol=1e-6, rtol=1e-6,
-                  hint="grad_x = J^T grad_y, and J is the rotation by theta")
+    return _cases("backward matrix of one pair", "your matrix", fn, cases, atol=1e-6, rtol=1e-6,
+                  hint="grad_x = J^T grad_y, and J is the rotation by theta",
+                  bar=(solution_backward_matrix, _jacobian_pair))
 
 
 def _reference_grad(grad_y: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
@@ -162,12 +175,47 @@ def _reference_grad(grad_y: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     return gx.to(grad_y.dtype)
 
 
-def check_rope_backward(fn: Callable) -> bool:
+def _solutions():
+    """What the checks of notebook 06 bar besides ropelib: the worked answers and the helpers that
+    compute the expected gradient."""
+    from .backward_kernel import _rope_backward_solution_kernel, reference_grad
+    return (solution_rope_backward, SolutionRopeFunction, _rope_backward_solution_kernel,
+            reference_grad, _reference_grad)
+
+
+def _kernel_name(kernel) -> str:
+    fn = getattr(kernel, "fn", kernel)
+    return getattr(fn, "__name__", type(kernel).__name__)
+
+
+def _launched(kernel, kernels) -> bool:
+    """Was `kernel` (or a kernel of the same function) among the launched `kernels`?"""
+    fn = getattr(kernel, "fn", kernel)
+    return any(k is kernel or getattr(k, "fn", None) is fn for k in kernels)
+
+
+def _kernel_written(name: str, kernel) -> bool:
+    """False (with a ❌ line) when exercise 2's kernel is given but still blank."""
+    from .grid_kernel import is_blank_kernel
+    if kernel is not None and is_blank_kernel(kernel):
+        print(f"❌ {name}: your backward kernel ({_kernel_name(kernel)}) is still blank: write it "
+              "first (exercise 2), then launch it here")
+        return False
+    return True
+
+
+def check_rope_backward(fn: Callable, kernel=None) -> bool:
     """fn(grad_y, freqs) -> grad_x for sbhd grad_y [S, B, H, D] (also stride-0 grad_y), computed
-    by a Triton kernel the function launches (a PyTorch-only answer does not count)."""
+    by a Triton kernel of the learner's that the function launches: `kernel` (exercise 2's) when
+    given. A PyTorch-only answer does not count, and neither do ropelib's kernels: the function
+    runs with ropelib's answers barred (`ropelib.apply_rope(g, -freqs)`, the teaching kernels'
+    `rope_batch_reuse(g, freqs, backward=True)`, the worked solution and its kernel)."""
     from .backward_kernel import count_launches
 
     name = "grad_x from grad_y"
+    what = "your launcher of your backward kernel"
+    if not _kernel_written(name, kernel):
+        return False
     device = runtime.default_device()
     gen = torch.Generator().manual_seed(1)
     cases = []
@@ -180,14 +228,19 @@ def check_rope_backward(fn: Callable) -> bool:
         label = f"grad_y [{S}, {B}, {H}, {D}]" + (" stride 0 over batch" if expand else "")
         cases.append((label, (g, freqs), _reference_grad(g, freqs)))
     with count_launches() as launched:
-        ok, _ = call_answer(f"{name} ({cases[0][0]})", fn, *cases[0][1])
+        ok, _ = run_own_code(f"{name} ({cases[0][0]})", what, fn, *cases[0][1], bar=_solutions())
     if not ok:
         return False
     if launched["launches"] == 0:
         print(f"❌ {name}: no Triton kernel was launched: launch your backward kernel "
               "(exercise 2) on grid (S, H), into a tensor you allocate")
         return False
-    return _cases(name, fn, cases, atol=1e-5, rtol=1e-5,
+    if kernel is not None and not _launched(kernel, launched["kernels"]):
+        print(f"❌ {name}: your function launched "
+              f"{', '.join(sorted({_kernel_name(k) for k in launched['kernels']}))}, not your "
+              f"backward kernel {_kernel_name(kernel)} (exercise 2): launch that one")
+        return False
+    return _cases(name, what, fn, cases, atol=1e-5, rtol=1e-5, bar=_solutions(),
                   hint="the transpose of each pair's rotation (section 1); read grad_y through "
                        "its strides, stride 0 included, and allocate a contiguous grad_x")
 
@@ -204,7 +257,7 @@ def _held_tensors(obj, depth: int = 0):
             yield from _held_tensors(o, depth + 1)
 
 
-def check_rope_function(cls) -> bool:
+def check_rope_function(cls, kernel=None) -> bool:
     """cls: a torch.autograd.Function with forward(ctx, x, freqs) -> y (sbhd RoPE).
 
     Checks, on fresh inputs: y and grad_x against the reference (grad_x also for the stride-0
@@ -213,13 +266,21 @@ def check_rope_function(cls) -> bool:
     its backward needs the angles, not the activation). The last is what is checkable about
     memory: `ctx.save_for_backward(x)`, `ctx.x = x`, a copy of x or of y in ctx, or x parked in a
     global all fail it.
+
+    The forward may use the teaching kernels (`rope_batch_reuse`, `rope_naive`), which the
+    exercise hands the learner; the backward runs with all of ropelib's answers barred, so it must
+    launch the learner's own kernel (`kernel`, exercise 2's, when given). The finished API and
+    the worked solution are barred in both.
     """
     import gc
     import weakref
 
+    from ..kernels import batch_reuse, naive
     from .backward_kernel import count_launches
 
     name = "RoPE autograd.Function"
+    what_fwd = "your autograd.Function (a teaching kernel may do its forward)"
+    what_bwd = "your autograd.Function's backward, with your own kernel"
     if cls is None or cls is Ellipsis:
         return check(name, None, True)
     if not (isinstance(cls, type) and issubclass(cls, torch.autograd.Function)):
@@ -234,8 +295,11 @@ def check_rope_function(cls) -> bool:
     want_y = reference.rope_reference(leaf.detach(), freqs)
     x = leaf * 1.0                           # a non-leaf: only what keeps it alive can hold it
     x_alive, x_numel = weakref.ref(x), x.numel()
+    if not _kernel_written(name, kernel):
+        return False
     with count_launches() as fwd_launches:
-        ok, y = call_answer(f"{name} (forward)", cls.apply, x, freqs)
+        ok, y = run_own_code(f"{name} (forward)", what_fwd, cls.apply, x, freqs,
+                             allow=(batch_reuse, naive), bar=_solutions())
     del x
     if not ok:
         return False
@@ -257,16 +321,26 @@ def check_rope_function(cls) -> bool:
         print(f"❌ {name}: {what}. The backward of RoPE needs only the angles (it is linear in "
               "x): save freqs with ctx.save_for_backward, and keep no activation for it")
         return False
+    y_sum = y.sum()                          # outside the block: autograd's sum, not the answer's
     with count_launches() as bwd_launches:
         try:
-            (gx,) = torch.autograd.grad(y, leaf, g, retain_graph=True)
-            (gx_sum,) = torch.autograd.grad(y.sum(), leaf)
+            with library_barred(what_bwd, bar=_solutions()):
+                (gx,) = torch.autograd.grad(y, leaf, g, retain_graph=True)
+                (gx_sum,) = torch.autograd.grad(y_sum, leaf)
+        except LibraryAnswer as exc:
+            print(f"❌ {name} (backward): {exc}")
+            return False
         except Exception as exc:  # noqa: BLE001 -- report, never stop the notebook
             print(f"❌ {name} (backward): raised {type(exc).__name__}: {exc}")
             return False
     if bwd_launches["launches"] < 2:
         print(f"❌ {name}: backward launched no Triton kernel: launch your backward kernel "
-              "(exercise 2) or ropelib's")
+              "(exercise 2), through your launcher (exercise 3)")
+        return False
+    if kernel is not None and not _launched(kernel, bwd_launches["kernels"]):
+        print(f"❌ {name}: the backward launched "
+              f"{', '.join(sorted({_kernel_name(k) for k in bwd_launches['kernels']}))}, not your "
+              f"backward kernel {_kernel_name(kernel)} (exercise 2)")
         return False
     if not _compare(gx, _reference_grad(g, freqs), 1e-5, 1e-5)[0]:
         return check(f"{name} (grad_x)", gx, _reference_grad(g, freqs), atol=1e-5, rtol=1e-5,

@@ -4,7 +4,8 @@ A call's time is modelled as a fixed cost plus the bytes it moves over a bandwid
 ``ms = t0 + bytes / bandwidth``. Fitting that line to a sweep separates what a provider pays per
 call (launches, Python, autograd: host time) from how fast it streams memory. The checks try the
 learner's fit on made-up sweeps whose answer is known, then on nothing else: the notebook applies
-the learner's function to the committed GPU results.
+the learner's function to the committed GPU results. The fit runs with ropelib's own answers and
+the worked solution below barred (`own_code`); `np.polyfit` is the learner's to use.
 """
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from typing import Callable, Sequence, Tuple
 
 import numpy as np
 
-from . import call_answer, check
+from . import check
+from .own_code import run_own_code
 
 __all__ = ["check_fit_time_model", "check_prediction", "solution_fit_time_model"]
 
@@ -32,8 +34,8 @@ def check_fit_time_model(fn: Callable) -> bool:
     for t0_us, gbps, noise, seed in ((8.0, 3000.0, 0.0, 0), (60.0, 500.0, 0.0, 1),
                                      (150.0, 2500.0, 0.02, 2)):
         nbytes, ms = _sweep(t0_us, gbps, noise, seed)
-        ok, answer = call_answer(f"{name} (t0 {t0_us:g} us, {gbps:g} GB/s)", fn, list(nbytes),
-                                 list(ms))
+        ok, answer = run_own_code(f"{name} (t0 {t0_us:g} us, {gbps:g} GB/s)", "your fit", fn,
+                                  list(nbytes), list(ms), bar=(solution_fit_time_model,))
         if not ok:
             return False
         want = solution_fit_time_model(nbytes, ms)

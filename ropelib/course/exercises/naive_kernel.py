@@ -5,7 +5,9 @@ tensor: it draws fresh inputs, allocates the output itself (filled with NaN, so 
 kernel never writes cannot pass, inside NaN guard bands that catch stores outside it), launches
 `kernel[grid](...)` with the signature below and compares what the kernel wrote with
 `ropelib.reference`. Returning the input, a PyTorch result or the reference has nothing to
-return to: only what the kernel stores through `y_ptr` counts.
+return to: only what the kernel stores through `y_ptr` counts. The launch runs with ropelib's own
+answers barred (`own_code`): one of ropelib's kernels (the worked solution below included), or a
+kernel that calls one of ropelib's @triton.jit helpers, is refused.
 
 The kernel rotates the interleaved form (GPT-J, RoFormer: pair j is features (2j, 2j+1)) with a
 *partial* rotary dim R <= D: the first R features are rotated, the last D - R pass through
@@ -31,6 +33,7 @@ import triton.language as tl
 
 from ... import reference, runtime
 from . import _compare, check
+from .own_code import LibraryAnswer, library_barred
 
 __all__ = ["check_rope_interleaved", "solution_rope_interleaved", "is_blank", "launch_interleaved",
            "CASES"]
@@ -125,7 +128,12 @@ def check_rope_interleaved(kernel, *, seed: Optional[int] = None) -> bool:
         pad = _pad(D)
         y_buf, y = _guarded((S, B, H, D), pad, dtype=dtype, device=device)  # poisoned, guarded
         try:
-            launch_interleaved(kernel, x, freqs, y)
+            with library_barred("your interleaved RoPE kernel",
+                                bar=(solution_rope_interleaved,)):
+                launch_interleaved(kernel, x, freqs, y)
+        except LibraryAnswer as exc:
+            print(f"❌ {name}: {exc}")
+            return False
         except Exception as exc:  # noqa: BLE001 -- report, never stop the notebook
             last = str(exc).strip().splitlines()[-1:] or [""]
             print(f"❌ {name} ({label}): the launch raised {type(exc).__name__}: {last[0][:300]}")
