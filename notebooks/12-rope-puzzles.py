@@ -49,8 +49,7 @@
 # more programs (a race on a GPU, where programs run in no fixed order).
 #
 # **Time:** the cells run in about 15 s on a CPU with every puzzle unanswered, and about as long
-# solved. Solving them takes 2–4 hours; puzzles 1–4 are warm-ups, 5–10 are the bugs that took
-# real engineers days to find.
+# solved. Solving them takes 2–4 hours; puzzles 1–4 are warm-ups, 5–10 need more thought.
 
 # %%
 import os, torch
@@ -152,7 +151,8 @@ solution(pz.solution_rotate_row_kernel.fn, title="Solution: puzzle 1")
 # and a model run with the other one than it was trained with gets wrong attention scores and
 # no error. The mix-up has shipped more than once: in checkpoint conversions between
 # frameworks (which permute the rows of the q and k projections to move from one pairing to
-# the other), and in fused kernels whose `interleaved` switch was ignored on one path.
+# the other), and in fused kernels with an `interleaved` switch that one code path did not
+# honour.
 #
 # $$
 # y_{2j} = x_{2j} \cos\theta_j - x_{2j+1} \sin\theta_j, \qquad
@@ -261,9 +261,11 @@ solution(pz.solution_partial_kernel.fn, title="Solution: puzzle 3")
 # (Phi-3-mini), 72. A half of $H = 40$ features is loaded as a tile of `BLOCK_HALF` $= 64$
 # lanes, and the 24 lanes past $H$ must be masked off in *every* load and store. This kernel
 # rounds the tile up but masks only the rows, so each row's second half reads and writes 24
-# features into the next row. In the interpreter the programs run in order and the next row's
-# own stores repair the damage, except at the very end; on a GPU the programs race, and a few
-# rows come out wrong now and then. The memory check sees the stray lanes either way.
+# features past its end: into the first features of the next row, or past the tensor after the
+# last row. Within a program's tile the spill lands after the next row's first half was stored
+# and stays; across programs it depends on which program stores last, which on a GPU, where
+# programs run in no fixed order, changes from run to run. The check reports both: the stray
+# lanes past the tensor, and the rows that came out wrong.
 
 # %%
 pz.show_spec("odd_head_dim")
@@ -316,8 +318,8 @@ solution(pz.solution_odd_head_dim_kernel.fn, title="Solution: puzzle 4")
 # the table lost; the caller also passes the integer positions and the fp32 inverse
 # frequencies. Repair it: compute $\theta$ in fp32. The check grades the **angle error** of each
 # pair, $|y - y_\text{spec}| / |x|$ against the fp64 spec, at positions up to 131,071, and
-# allows 0.03 rad: fp32 angles are off by at most $2^{-7} \approx 0.008$ rad there (fp32 values
-# near $2^{17}$ are $2^{-6}$ apart), and rounding $y$ to bf16 adds at most 0.006.
+# allows 0.03 rad: fp32 values below $2^{17}$ are $2^{-7}$ apart, so an fp32 angle is off by at
+# most $2^{-8} \approx 0.004$ rad there, and rounding $y$ to bf16 adds at most 0.006.
 
 # %%
 pz.show_spec("long_context")
@@ -353,8 +355,8 @@ pz.check_long_context(my_long_context_kernel);
 solution(pz.solution_long_context_kernel.fn, title="Solution: puzzle 5")
 
 # %% [markdown]
-# fp32 is not the end of the story: an fp32 angle is off by up to 0.03 rad at position $2^{20}$
-# and 0.5 rad at $2^{24}$, where fp32 stops holding every integer. For contexts that long,
+# fp32 is not the end of the story: an fp32 angle is off by up to 0.03 rad below position
+# $2^{20}$ and up to 0.5 rad below $2^{24}$, where fp32 stops holding every integer. For contexts that long,
 # ropelib's kernels can compute the angle themselves, reduced modulo $2\pi$ exactly
 # (`ropelib.frequencies.Angles`, passed as `apply_rope(x, angles=...)`).
 
@@ -474,8 +476,9 @@ solution(pz.solution_int64_offsets_kernel.fn, title="Solution: puzzle 7")
 # $$
 #
 # A backward that reuses the forward kernel as it is turns the gradient the wrong way. It
-# raises nothing; the loss still falls, more slowly, and a gradient check is what catches it.
-# The check here compares your kernel with `torch.autograd` run through the spec.
+# raises nothing: training goes on, with wrong gradients for everything before RoPE (the q and
+# k projections), and a gradient check is what catches it. The check here compares your kernel
+# with `torch.autograd` run through the spec.
 
 # %%
 pz.show_spec("backward")
