@@ -58,7 +58,8 @@ def signature(head: tuple, tensors: tuple) -> Optional[tuple]:
 
 
 class Signatures:
-    """Planned rotations by signature (bounded: cleared when full)."""
+    """Planned calls by signature, of every public function that takes the eager route (each
+    signature starts with its function's name); bounded: cleared when full."""
 
     def __init__(self):
         self.entries = {}

@@ -322,9 +322,6 @@ class _Route:
         return q_out
 
 
-_ROUTES = eager.Signatures()
-
-
 # --- the public function --------------------------------------------------------------------
 
 def rope_kv_cache(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
@@ -377,7 +374,7 @@ def rope_kv_cache(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Ten
     sig = eager.signature(("rope_kv_cache", interleaved, type(interleaved)),
                           (q, k, v, k_cache, v_cache, cache_seqlens, freqs, cos, sin,
                            block_table, k_scale, v_scale)) if eager.active() else None
-    route = _ROUTES.get(sig) if sig is not None else None
+    route = eager.SIGNATURES.get(sig) if sig is not None else None
     if route is not None:   # checked before: only values and the caches' overlap are new
         table, sin_t = checked_tables(freqs, cos, sin)
         return route(q, k, v, k_cache, v_cache, cache_seqlens, block_table, table, sin_t,
@@ -437,7 +434,7 @@ def rope_kv_cache(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Ten
         # memory before its launch, on this call as on every later one
         # (the tables as later calls of this signature give them: see checked_tables)
         table, sin_t = checked_tables(freqs, cos, sin)
-        route = _ROUTES.put(sig, _Route(q, k, v, k_cache, v_cache, cache_seqlens, block_table,
+        route = eager.SIGNATURES.put(sig, _Route(q, k, v, k_cache, v_cache, cache_seqlens, block_table,
                                         table, sin_t, k_scale, v_scale, interleaved, capacity,
                                         tname))
         return route(q, k, v, k_cache, v_cache, cache_seqlens, block_table, table, sin_t,

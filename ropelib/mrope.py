@@ -383,9 +383,6 @@ class _Route:
         return rev
 
 
-_ROUTES = eager.Signatures()
-
-
 def _eager_call(xs: tuple, positions, freqs, layout, interleaved):
     """The eager route's result, or None when the call must take the checked operator path
     (first call of a signature, a tracer at work, something the signature cannot hold)."""
@@ -397,11 +394,11 @@ def _eager_call(xs: tuple, positions, freqs, layout, interleaved):
     sig = eager.signature(head, (*xs, positions, inv, axis))
     if sig is None:
         return None
-    route = _ROUTES.get(sig)
+    route = eager.SIGNATURES.get(sig)
     if route is None:
         positions, freqs = _prepare(xs, ("q", "k") if len(xs) == 2 else ("x",), positions,
                                     freqs, layout, interleaved)
-        route = _ROUTES.put(sig, _Route(xs, (positions, freqs.inv_freq, freqs.axis), layout,
+        route = eager.SIGNATURES.put(sig, _Route(xs, (positions, freqs.inv_freq, freqs.axis), layout,
                                         interleaved, False))
     else:       # checked before: only the values of host index tensors are new
         if V.values_checkable(axis):

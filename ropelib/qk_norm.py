@@ -181,9 +181,6 @@ class _NormRotate(torch.autograd.Function):
         return (None, *grads, None, None, None)
 
 
-_ROUTES = eager.Signatures()
-
-
 # --- argument checks ------------------------------------------------------------------------
 
 def _check_real(v, name: str, *, positive: bool = False) -> float:
@@ -268,7 +265,7 @@ def qk_norm_rope(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, freqs: Optional
                            eps, type(eps), weight_offset, type(weight_offset)),
                           (q, k, w_q, w_k, freqs, cos, sin, position_ids)) \
         if eager.active() else None
-    hit = _ROUTES.get(sig) if sig is not None else None
+    hit = eager.SIGNATURES.get(sig) if sig is not None else None
     if hit is not None:     # checked before: only the values of CPU position ids are new
         route, rows = hit
         table, sin_t = checked_tables(freqs, cos, sin)
@@ -321,7 +318,7 @@ def qk_norm_rope(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, freqs: Optional
     if sig is not None:
         route = _Route(q, k, w_q, w_k, table, sin_t, position_ids, layout, interleaved, eps,
                        weight_offset)
-        _ROUTES.put(sig, (route, P))
+        eager.SIGNATURES.put(sig, (route, P))
         return _run_route(route, q, k, w_q, w_k, table, sin_t, position_ids)
     if needs_grad(q, k, w_q, w_k):
         table, sin_t, position_ids = saveable(table), saveable(sin_t), saveable(position_ids)

@@ -20,7 +20,7 @@ import torch
 import torch._dynamo
 
 import ropelib
-from ropelib import kv_cache
+from ropelib import eager, kv_cache
 from ropelib.kernels import kv_cache as kernel
 from ropelib.reference import rope_reference
 
@@ -173,11 +173,11 @@ def test_inputs_the_kernel_cannot_read_as_they_are_are_copied(paged_block, seede
         c["block_table"] = c["block_table"].t().contiguous().t()
     assert kernel.token_stride(c["q"]) is None and kernel.token_stride(c["k"]) is None
     assert not c["freqs"].is_contiguous() and not c["cache_seqlens"].is_contiguous()
-    kv_cache._ROUTES.clear()
+    eager.SIGNATURES.clear()
     for _ in range(2):          # the first call, then the planned route
         for a, b in zip(fused(c), want):
             same_bits(a, b)
-    assert len(kv_cache._ROUTES.entries) == 1
+    assert len(eager.SIGNATURES.entries) == 1
     kc, vc = c["k_cache"].clone(), c["v_cache"].clone()
     q = OPS.rope_kv_cache(c["q"], c["k"], c["v"], kc, vc, c["cache_seqlens"], c["block_table"],
                           c["freqs"][:, 0, 0], None, None, None, False)
@@ -387,7 +387,7 @@ def test_eager_route_equals_the_operator_step_after_step(paged_block, seeded):
     """Decoding repeats one signature: after the first (checked) call the route is planned; its
     q and cache writes are the operator's bits, step after step, and it is planned once."""
     c = make(S=1, paged_block=paged_block, seqlens=[0, 3, 5])
-    kv_cache._ROUTES.clear()
+    eager.SIGNATURES.clear()
     kc, vc = c["k_cache"].clone(), c["v_cache"].clone()
     kc_op, vc_op = c["k_cache"].clone(), c["v_cache"].clone()
     for _ in range(3):
@@ -400,7 +400,7 @@ def test_eager_route_equals_the_operator_step_after_step(paged_block, seeded):
         same_bits(kc, kc_op)
         same_bits(vc, vc_op)
         c["cache_seqlens"] += 1
-    assert len(kv_cache._ROUTES.entries) == 1
+    assert len(eager.SIGNATURES.entries) == 1
 
 
 def test_eager_route_still_checks_values_and_overlap(seeded):
@@ -413,7 +413,7 @@ def test_eager_route_still_checks_values_and_overlap(seeded):
               cache_seqlens=torch.full((3,), 12, dtype=torch.int32))
     with pytest.raises(ValueError, match="share memory"):      # the same signature
         _call(c, k_cache=kv[:, :, 0], v_cache=kv[:, :, 0])
-    assert len(kv_cache._ROUTES.entries) >= 1
+    assert len(eager.SIGNATURES.entries) >= 1
 
 
 # --- operator and torch.compile -------------------------------------------------------------

@@ -21,7 +21,7 @@ import torch
 import torch._dynamo
 
 import ropelib
-from ropelib import kv_cache
+from ropelib import eager, kv_cache
 from ropelib.reference import rope_reference
 
 FP8 = torch.float8_e4m3fn
@@ -160,11 +160,11 @@ def fresh(c, scales):
 @pytest.mark.parametrize("case", list(ALIAS_CASES))
 def test_1_input_sharing_memory_with_a_written_cache_is_refused(case, path, seeded):
     c, name, cache_name, scales = aliased(case)
-    kv_cache._ROUTES.clear()
+    eager.SIGNATURES.clear()
     if path == "planned_route":    # the same signature planned by a call without sharing
         good, good_scales = fresh(c, scales)
         call(good, **good_scales)
-        assert len(kv_cache._ROUTES.entries) == 1
+        assert len(eager.SIGNATURES.entries) == 1
     before = snapshot(c)
     if name == "freqs" and path in ("operator", "compiled_eager_backend"):
         name = "table (freqs or cos)"       # the operator's name of the argument
@@ -212,7 +212,7 @@ def test_1_views_of_one_projection_into_one_kv_pool_are_accepted(seeded):
     pool = torch.full((c["k_cache"].shape[0], BS, 2, H, D), float("nan"))
     c["k_cache"], c["v_cache"] = pool[:, :, 0], pool[:, :, 1]
     want_kc, want_vc = unfused_caches(c)
-    kv_cache._ROUTES.clear()
+    eager.SIGNATURES.clear()
     for _ in range(2):          # the first call, then the planned route
         q = call(c)
         torch.testing.assert_close(q.double(), reference_q(c), atol=2e-5, rtol=2e-5)
@@ -251,7 +251,7 @@ def test_1_paged_pools_of_one_layout_are_accepted(seeded):
     for n in ("k_cache", "v_cache"):
         c[n] = c[n].transpose(1, 2).contiguous().transpose(1, 2)
     want_kc, want_vc = unfused_caches(c)
-    kv_cache._ROUTES.clear()
+    eager.SIGNATURES.clear()
     for _ in range(2):
         kc, vc = c["k_cache"].clone(), c["v_cache"].clone()     # (clones keep the strides)
         assert kc.stride() == c["k_cache"].stride() and not kc.is_contiguous()
@@ -276,13 +276,13 @@ def _repeated_slot(case):
 @pytest.mark.parametrize("case", ["across_sequences", "within_a_sequence"])
 def test_2_repeated_cache_slots_are_refused(case, path, seeded):
     c = _repeated_slot(case)
-    kv_cache._ROUTES.clear()
+    eager.SIGNATURES.clear()
     if path == "planned_route":
         good = dict(c, block_table=torch.arange(c["block_table"].numel(), dtype=torch.int32)
                     .view(c["block_table"].shape), k_cache=c["k_cache"].clone(),
                     v_cache=c["v_cache"].clone())
         call(good)
-        assert len(kv_cache._ROUTES.entries) == 1
+        assert len(eager.SIGNATURES.entries) == 1
     before = snapshot(c)
     with ropelib.set_index_checks("on" if path == "checks_on" else "auto"):
         with pytest.raises(ValueError, match="block_table maps two new tokens to one cache "
@@ -402,7 +402,7 @@ def test_4_empty_calls_write_nothing(B, S, cache, seeded):
         assert c["k_cache"].shape[0] == 0
     scales = dict(k_scale=torch.tensor([0.5]), v_scale=torch.tensor([2.0])) if fp8 else {}
     before = snapshot(c)
-    kv_cache._ROUTES.clear()
+    eager.SIGNATURES.clear()
     for q in (call(c, **scales), call(c, **scales), call_op(c, **scales)):   # planned, reused
         assert q.shape == (B, S, 4, 16) and q.dtype == torch.float32
     assert untouched(c, before)
@@ -428,10 +428,10 @@ def test_4_empty_batch_rotations(seeded):
 def test_5_zero_or_non_finite_scales_are_refused(name, value, path, seeded):
     c = make(S=2, cache_dtype=FP8, paged_block=4)
     scales = dict(k_scale=torch.tensor([0.5]), v_scale=torch.tensor([2.0]))
-    kv_cache._ROUTES.clear()
+    eager.SIGNATURES.clear()
     if path == "planned_route":
         call(dict(c, k_cache=c["k_cache"].clone(), v_cache=c["v_cache"].clone()), **scales)
-        assert len(kv_cache._ROUTES.entries) == 1
+        assert len(eager.SIGNATURES.entries) == 1
     scales[name] = torch.tensor([value])
     before = snapshot(c)
     with pytest.raises(ValueError, match=f"{name} must be a finite, non-zero"):

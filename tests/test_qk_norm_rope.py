@@ -19,9 +19,8 @@ import torch
 import torch._dynamo
 
 import ropelib
-from ropelib import qk_norm
+from ropelib import eager, qk_norm
 from ropelib.kernels import qk_norm_rope as kernel
-from ropelib.ops import view4
 from ropelib.reference import rope_reference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -199,7 +198,7 @@ def test_inputs_the_kernels_read_at_stride_one_are_copied_where_they_are_not(see
                            -1).flatten(-2)[..., ::2].requires_grad_(t.requires_grad)
     q2, k2, w_q2, w_k2, cos2, sin2 = (stride2(t) for t in (q, k, w_q, w_k, cos, sin))
     assert q2.stride(-1) == 2 and cos2.stride(-1) == 2
-    qk_norm._ROUTES.clear()
+    eager.SIGNATURES.clear()
     for _ in range(2):      # the checked call, then the planned route
         check_against_reference(q2, k2, w_q2, w_k2, cos2, sin2)
         got = ropelib.qk_norm_rope(q2, k2, w_q2, w_k2, cos=cos2, sin=sin2)
@@ -584,7 +583,7 @@ def test_eager_route_equals_the_operator(seeded):
     """Repeated eager calls take the planned route (checked once per signature, no dispatcher):
     outputs and all four gradients are the operator's bits, for gradients of any strides."""
     q, k, w_q, w_k, cos, sin = make("bshd", torch.float32)
-    qk_norm._ROUTES.clear()
+    eager.SIGNATURES.clear()
     for transposed in (False, True, False):
         got = ropelib.qk_norm_rope(q, k, w_q, w_k, cos=cos, sin=sin)
         want = OPS.qk_norm_rope(q, k, w_q, w_k, cos, sin, None, "bshd", False, 1e-6, 0.0)
@@ -595,7 +594,7 @@ def test_eager_route_equals_the_operator(seeded):
         leaves = (q, k, w_q, w_k)
         for a, b in zip(torch.autograd.grad(got, leaves, g), torch.autograd.grad(want, leaves, g)):
             assert torch.equal(a, b)
-    assert len(qk_norm._ROUTES.entries) == 1
+    assert len(eager.SIGNATURES.entries) == 1
 
 
 def test_eager_route_refuses_double_backward(seeded):
