@@ -9,7 +9,8 @@ every sequence, rotates its q and k with ropelib at their global positions (`cp_
 `cp_rank`), all-gathers k and v, and attends with the causal mask by global positions (see
 `ropelib.context_parallel`; `ropelib.course.context_parallel_training` wraps the GPT with it).
 Gradients are averaged over the ranks after every backward. NCCL on
-GPUs, gloo on the CPU.
+GPUs, gloo on the CPU, and gloo where a host has more ranks than GPUs (two ranks sharing one GPU,
+as notebook 11 runs its check on a machine with one).
 
 The default case is long: a 12-layer, 1024-wide model (16 heads of 64) on sequences of 131072
 characters of Python's own docs (`pydoc_data.topics`, no download), batch 1, bf16 autocast. By
@@ -100,9 +101,14 @@ def setup():
         device = torch.device("cuda" if runtime.on_gpu() else "cpu")
         return device, 1, 0, "none"
     if runtime.on_gpu():
-        local = int(os.environ.get("LOCAL_RANK", 0))
-        torch.cuda.set_device(local)
-        device, backend = torch.device("cuda", local), "nccl"
+        local, gpus = int(os.environ.get("LOCAL_RANK", 0)), torch.cuda.device_count()
+        if int(os.environ.get("LOCAL_WORLD_SIZE", 1)) <= gpus:
+            device, backend = torch.device("cuda", local), "nccl"
+        else:
+            # more ranks than GPUs on this host (notebook 11: two ranks on one GPU): NCCL
+            # refuses two ranks on one GPU, gloo carries the collectives through host memory
+            device, backend = torch.device("cuda", local % gpus), "gloo"
+        torch.cuda.set_device(device)
     else:
         device, backend = torch.device("cpu"), "gloo"
     dist.init_process_group(backend, timeout=datetime.timedelta(minutes=30))
