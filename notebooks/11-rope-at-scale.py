@@ -33,10 +33,13 @@
 #   loss one process computes;
 # - read a contiguous and a paged (block-table) KV cache, follow one decoding step of
 #   `ropelib.rope_kv_cache` slot by slot, and check it against RoPE-then-write bit for bit;
+# - write the fused RoPE + KV-cache write kernel yourself, for a contiguous cache and then for
+#   a paged one (block table → physical block);
 # - choose the scale of an fp8 cache, and say what error it costs.
 #
-# **Time:** about 35 minutes to read and 15 for the two exercises; the cells run in about
-# 15-20 s on a CPU (Triton's interpreter), the two-process run taking the largest share.
+# **Time:** about 40 minutes to read and 50 for the four exercises (the two kernels take
+# most); the cells run in about 20-25 s on a CPU (Triton's interpreter), the two-process run
+# taking the largest share.
 
 # %%
 import os, torch
@@ -55,6 +58,8 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 from matplotlib.colors import ListedColormap
 from matplotlib.ticker import MaxNLocator
 
@@ -221,8 +226,13 @@ print("dual-chunk attention of each rank = its share of causal attention over th
 # Each rank's loss is the mean over its tokens, all ranks hold the same number of tokens, so
 # the mean over ranks is the whole batch's loss. With `--dry-run` it trains a tiny model for 3
 # steps, then rank 0 trains the same model from the same seed on the same batches in one
-# process (`--compare-single`), and the CSV holds both losses. Here it runs on the CPU whatever
-# the machine has (gloo, the interpreter), so it needs neither two GPUs nor a free one.
+# process (`--compare-single`), and the CSV holds both losses.
+#
+# Where the kernels run decides where the two processes run, and both rotate with ropelib's
+# kernel. Without a GPU: on the CPU, with gloo and Triton's interpreter. With GPUs: ropelib's
+# compiled kernel, one GPU per rank with NCCL where there are two, and both ranks on the one GPU
+# where there is one (NCCL refuses two ranks on one GPU; gloo carries the collectives through
+# host memory), in fp32 so that the two losses compare to the script's fp32 tolerance.
 
 # %%
 def free_port() -> int:
@@ -232,27 +242,20 @@ def free_port() -> int:
 
 
 scratch = Path(tempfile.mkdtemp(prefix="ropelib-cp-"))
-dry_csv = scratch / "cp-dry-run-cpu.csv"
-env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-
-
-def cp_dry_run(rope: str):
-    return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-         "--master_port", str(free_port()), str(ROOT / "benchmarks" / "cp_train.py"),
-         "--dry-run", "--rope", rope, "--out", str(dry_csv)],
-        capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
-
-
-proc = cp_dry_run("ropelib")
-if proc.returncode != 0 and torch.cuda.is_available():
-    # On a GPU machine this CPU run needs Triton's interpreter, which not every Triton release
-    # runs cleanly; the context-parallel machinery (split, gather, attention, gradients) is the
-    # same with the PyTorch rotation, so show it with that and say so.
-    print("the interpreter could not run ropelib's kernel here:",
-          proc.stderr.strip().splitlines()[-1][:200])
-    print("running the same 2-process check with the PyTorch reference rotation instead")
-    proc = cp_dry_run("reference")
+dry_csv = scratch / "cp-dry-run.csv"
+if ropelib.runtime.on_gpu():            # compiled kernels: the GPUs, the interpreter off
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["OMP_NUM_THREADS"] = "1"
+    precision = ["--dtype", "fp32"]
+else:                                   # the CPU: gloo and the interpreter
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": "",
+           "OMP_NUM_THREADS": "1"}
+    precision = []
+proc = subprocess.run(
+    [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+     "--master_port", str(free_port()), str(ROOT / "benchmarks" / "cp_train.py"),
+     "--dry-run", "--rope", "ropelib", *precision, "--out", str(dry_csv)],
+    capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
 print(proc.stdout[-2500:])
 assert proc.returncode == 0, proc.stderr[-3000:]
 
@@ -294,10 +297,13 @@ def plot_cp_run(run, ax, one_gpu=None):
 dry = read_cp_run(dry_csv)
 shutil.rmtree(scratch, ignore_errors=True)       # the run's scratch folder: read, not kept
 diffs = [abs(a - b) for a, b in zip(dry["loss"], dry["single_loss"])]
+ran_on = f"{dry['meta']['device']}, {dry['meta']['backend']}, rope {dry['meta']['rope']}"
 print(f"loss, 2 ranks:  {dry['loss']}")
 print(f"loss, 1 process: {dry['single_loss']}")
-print(f"max |difference| = {max(diffs):.2e} (fp32, CPU)")
+print(f"max |difference| = {max(diffs):.2e} ({dry['meta']['dtype']}; {ran_on})")
 assert dry["cp_size"] == 2 and len(dry["loss"]) == 3 and None not in dry["single_loss"]
+assert dry["meta"]["rope"] == "ropelib" and dry["meta"]["dtype"] == "fp32"
+assert dry["meta"]["device"].startswith("cuda" if ropelib.runtime.on_gpu() else "cpu")
 assert max(diffs) <= 1e-4                         # the script's fp32 tolerance
 assert len(set(dry["loss"])) == 3                 # it trained: the loss moved every step
 fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -499,6 +505,54 @@ assert torch.equal(k_cache, k_unf) and torch.equal(v_cache, v_unf)
 print("fused = RoPE, then the write: q, k cache and v cache bit for bit")
 
 # %% [markdown]
+# ### Exercise 3: the fused kernel, contiguous cache
+#
+# Now write that kernel, for one decoding step (one new token per sequence). One program per
+# sequence $b$ (grid `(B,)`) takes all the heads of its token as one tile, `[HQ, D/2]` per half
+# for q and `[HK, D/2]` for k and v:
+#
+# 1. its position $p$ = `seqlens[b]` (the tokens already cached), and row $p$ of the angle
+#    table: $\theta_j = $ `freqs[p, j]` for the pairs $(j, j + D/2)$, with $\cos\theta_j$ and
+#    $\sin\theta_j$;
+# 2. q's heads rotated, into `q_out`;
+# 3. k's heads rotated and v's heads as they are, stored straight into slot $p$ of sequence
+#    $b$: in a contiguous cache `[B, L, HK, D]`, feature $d$ of head $h$ sits at element
+#    $((b L + p)\,H_K + h)\,D + d$.
+#
+# Nothing else of the cache is touched, and the rotated k never exists outside the cache. The
+# check draws decoding steps (each sequence at its own position, fp32 and bf16, fewer k heads
+# than q heads), fills the caches with a history and NaN in every free slot, runs your kernel in
+# Triton's interpreter (on a GPU also compiled there) and compares `q_out` and both caches with
+# what `ropelib.rope_kv_cache` makes of the same step: a slot written that should not be, or
+# one left NaN, shows up. It runs your own code only: calling ropelib from the kernel fails it.
+
+# %%
+@triton.jit
+def my_rope_kv_cache_kernel(
+    q_ptr, k_ptr, v_ptr,        # the new token of each sequence: q [B, HQ, D], k, v [B, HK, D]
+    q_out_ptr,                  # the rotated q [B, HQ, D], contiguous
+    k_cache_ptr, v_cache_ptr,   # caches [B, L, HK, D], contiguous, written in place
+    seqlens_ptr,                # [B] int32: tokens already cached = the new token's position
+    freqs_ptr,                  # angles [P, D] fp32, contiguous: pair (j, j + D/2) turns by
+                                #   freqs[p, j]
+    L,                          # positions per sequence in the cache
+    HQ: tl.constexpr,           # heads of q (a power of two)
+    HK: tl.constexpr,           # heads of k and v (a power of two)
+    D: tl.constexpr,            # head dim (a power of two), all rotated
+):
+    # 1. b = tl.program_id(0); pos = tl.load(seqlens_ptr + b); j = tl.arange(0, D // 2)[None, :]
+    #    theta = row pos of freqs (features j), then its cos and sin
+    # 2. hq = tl.arange(0, HQ)[:, None]: the heads' rows (b * HQ + hq) * D; rotate both halves
+    # 3. the same for k, stored at ((b * L + pos) * HK + hk) * D; v copied to the same slot
+    pass
+
+
+kv_ok = ex.check_rope_kv_cache_kernel(my_rope_kv_cache_kernel)
+
+# %%
+solution(ex.solution_rope_kv_cache_kernel.fn, title="Solution: RoPE + contiguous cache write")
+
+# %% [markdown]
 # ### The same step in a paged cache
 #
 # Blocks of 2 positions, a pool of 8 blocks handed out in a shuffled order. The history is
@@ -531,6 +585,61 @@ assert torch.equal(q_paged, q_rot)
 logical = pool_k[block_table.long()].flatten(1, 2)                   # [B, L, HK, D]
 assert torch.equal(logical, k_cache)
 print("paged cache read through its block table == the contiguous cache, bit for bit")
+
+# %% [markdown]
+# ### Exercise 4: the same kernel for a paged cache
+#
+# Only the address of the slot changes. Position $p$ of sequence $b$ is the
+# $\lfloor p / BS \rfloor$-th block of that sequence; the block table names the pool's block,
+# `block = block_table[b, p // BS]`, and the slot is `p % BS` inside it. In the pool
+# `[NB, BS, HK, D]`, feature $d$ of head $h$ sits at element
+# $((\mathit{block}\cdot BS + p \bmod BS)\,H_K + h)\,D + d$. The kernel takes the block table
+# (`[B, MAX_BLOCKS]` int32) and the block size in place of $L$; everything else is exercise 3.
+
+# %%
+@triton.jit
+def my_rope_kv_paged_kernel(
+    q_ptr, k_ptr, v_ptr,        # the new token of each sequence: q [B, HQ, D], k, v [B, HK, D]
+    q_out_ptr,                  # the rotated q [B, HQ, D], contiguous
+    k_cache_ptr, v_cache_ptr,   # pools [NB, BS, HK, D], contiguous, written in place
+    seqlens_ptr,                # [B] int32: tokens already cached = the new token's position
+    block_table_ptr,            # [B, MAX_BLOCKS] int32: position p lives in block
+                                #   block_table[b, p // BS] at offset p % BS
+    freqs_ptr,                  # angles [P, D] fp32, contiguous, as in exercise 3
+    MAX_BLOCKS,                 # block-table columns
+    BS,                         # positions per block
+    HQ: tl.constexpr,           # heads of q (a power of two)
+    HK: tl.constexpr,           # heads of k and v (a power of two)
+    D: tl.constexpr,            # head dim (a power of two), all rotated
+):
+    # exercise 3, with the slot of k and v from the block table
+    pass
+
+
+paged_ok = ex.check_rope_kv_paged_kernel(my_rope_kv_paged_kernel)
+
+# %%
+solution(ex.solution_rope_kv_paged_kernel.fn, title="Solution: RoPE + paged cache write")
+
+# %% [markdown]
+# The step of this section through the paged kernel (yours once it passes, the worked one until
+# then): the same slots as `ropelib.rope_kv_cache` wrote, the same values to fp32 rounding
+# (the two kernels round their products in another order: ropelib's does one fma per output,
+# as Transformer Engine does).
+
+# %%
+paged_kernel = my_rope_kv_paged_kernel if paged_ok else ex.solution_rope_kv_paged_kernel
+mine_k, mine_v = before.clone(), torch.zeros_like(pool_v)
+mine_v[rows, offsets] = history_v
+q_mine = torch.empty_like(q_new[:, 0])
+ex.launch_kv_paged(paged_kernel, q_new[:, 0].contiguous(), k_new[:, 0].contiguous(),
+                   v_new[:, 0].contiguous(), q_mine, mine_k, mine_v, seqlens, block_table,
+                   freqs.view(L, D))
+print(f"{'your' if paged_ok else 'the worked'} paged kernel wrote pool slots",
+      (mine_k != before).any(-1).any(-1).nonzero().tolist())
+assert sorted((mine_k != before).any(-1).any(-1).nonzero().tolist()) == sorted(want)
+assert torch.allclose(mine_k, pool_k, atol=3e-5) and torch.equal(mine_v, pool_v)
+assert torch.allclose(q_mine, q_paged[:, 0], atol=3e-5)
 
 # %% [markdown]
 # ### Generating with the fused and the unfused path
@@ -715,7 +824,9 @@ else:
 # ## Exercises
 #
 # Each check prints ✅ or ❌ and never stops the notebook. Replace the `...` and rerun the
-# cell; the solutions are folded away in the cell after each exercise.
+# cell; the solutions are folded away in the cell after each exercise. The checks run your own
+# code: an answer that calls `ropelib.context_parallel`, `ropelib.kv_cache` (or any other part
+# of the library) is not one. Exercises 3 and 4, the kernels, are in section 4.
 #
 # **1. The positions a rank holds.** Write `my_dual_chunk_positions(seq_len, cp_size, cp_rank)`:
 # the `seq_len / cp_size` global positions rank `cp_rank` holds under the dual-chunk split, in
@@ -769,7 +880,9 @@ solution(ex.solution_paged_slot)
 # - A KV cache stores rotated keys. `rope_kv_cache` rotates q and k and writes k and v into
 #   their slots in one launch, contiguous (`[b, p]`) or paged
 #   (`[block_table[b, p // BS], p % BS]`), with exactly the bits of RoPE-then-write, and
-#   `generate` picks the same tokens fused, unfused and without a cache.
+#   `generate` picks the same tokens fused, unfused and without a cache. The kernel is one
+#   program per sequence: its position, one row of angles, every head rotated, k and v stored
+#   at the slot; paged, the block table turns the position's block into the pool's.
 # - An fp8 cache with scale `amax / 448` costs a few percent relative error (3 mantissa bits);
 #   a scale far off either way costs much more (saturation, subnormals).
 

@@ -1,11 +1,18 @@
 """The notebook 11 checks in ropelib.course.exercises.at_scale: each accepts its worked solution,
-rejects wrong answers (the mistakes a learner is likely to make) and unanswered placeholders,
-and never raises."""
+rejects wrong answers (the mistakes a learner is likely to make), answers that call ropelib's
+own (the library computes the expected values; the learner's code must compute the answer) and
+unanswered placeholders, and never raises. The kernels run under Triton's interpreter on the
+CPU, on tiny decoding steps."""
 import pytest
 import torch
+import triton
+import triton.language as tl
 
+import ropelib
 from ropelib import context_parallel as cp
+from ropelib import kv_cache
 from ropelib.course.exercises import at_scale
+from ropelib.kernels.common import rotate_pair
 
 
 # --- 1. dual-chunk positions --------------------------------------------------------------------
@@ -47,6 +54,17 @@ def test_dual_chunk_rejects_wrong_answers(wrong, capsys):
     assert at_scale.check_dual_chunk_positions(wrong) is False
     out = capsys.readouterr().out
     assert "❌ dual-chunk positions" in out and "hint:" in out
+
+
+@pytest.mark.parametrize("library", [
+    lambda S, n, r: cp.dual_chunk_positions(S // n, n, r),
+    lambda S, n, r: cp.shard(torch.arange(S), n, r, dim=0),
+], ids=["dual_chunk_positions", "shard"])
+def test_dual_chunk_rejects_the_library(library, capsys):
+    assert at_scale.check_dual_chunk_positions(library) is False
+    out = capsys.readouterr().out
+    assert "❌ dual-chunk positions" in out and "ropelib's" in out \
+        and "ropelib/context_parallel.py" in out
 
 
 def test_dual_chunk_rejects_unanswered_and_never_raises(capsys):
@@ -95,8 +113,182 @@ def test_paged_slot_rejects_wrong_answers(wrong, capsys):
     assert "❌ paged slot" in capsys.readouterr().out
 
 
+def test_paged_slot_rejects_the_library(capsys):
+    def with_cache_slots(row, bs, p):
+        rows, slots = kv_cache.cache_slots(torch.tensor([p]), 1, torch.tensor([row]), bs)
+        return int(rows[0, 0]), int(slots[0, 0])
+
+    assert at_scale.check_paged_slot(with_cache_slots) is False
+    out = capsys.readouterr().out
+    assert "ropelib's cache_slots (ropelib/kv_cache.py)" in out
+
+
 def test_paged_slot_rejects_unanswered(capsys):
     assert at_scale.check_paged_slot(lambda row, bs, p: None) is False
     assert "returned None" in capsys.readouterr().out
     assert at_scale.check_paged_slot(lambda row, bs, p: row[100]) is False
     assert "raised IndexError" in capsys.readouterr().out
+
+
+# --- 3. and 4. RoPE + KV-cache write kernels ----------------------------------------------------
+
+@triton.jit
+def _rotate_heads(x_ptr, y_ptr, rows, c, s, HALF: tl.constexpr):
+    j = tl.arange(0, HALF)[None, :]
+    x1 = tl.load(x_ptr + rows + j).to(tl.float32)
+    x2 = tl.load(x_ptr + rows + HALF + j).to(tl.float32)
+    tl.store(y_ptr + rows + j, x1 * c - x2 * s)
+    tl.store(y_ptr + rows + HALF + j, x2 * c + x1 * s)
+
+
+@triton.jit
+def _step(q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, freqs_ptr, b, pos, slot_row,
+          HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr, ROTATE_K: tl.constexpr):
+    # one decoding step of sequence b at position pos, k and v to cache row slot_row
+    HALF: tl.constexpr = D // 2
+    theta = tl.load(freqs_ptr + pos * D + tl.arange(0, HALF)[None, :])
+    c, s = tl.cos(theta), tl.sin(theta)
+    hq = tl.arange(0, HQ)[:, None]
+    _rotate_heads(q_ptr, q_out_ptr, (b * HQ + hq) * D, c, s, HALF)
+    hk = tl.arange(0, HK)[:, None]
+    slot = (slot_row * HK + hk) * D
+    f = tl.arange(0, D)[None, :]
+    if ROTATE_K:
+        j = tl.arange(0, HALF)[None, :]
+        k1 = tl.load(k_ptr + (b * HK + hk) * D + j).to(tl.float32)
+        k2 = tl.load(k_ptr + (b * HK + hk) * D + HALF + j).to(tl.float32)
+        tl.store(k_cache_ptr + slot + j, k1 * c - k2 * s)
+        tl.store(k_cache_ptr + slot + HALF + j, k2 * c + k1 * s)
+    else:                                   # the key stored as it came: RoPE forgotten
+        tl.store(k_cache_ptr + slot + f, tl.load(k_ptr + (b * HK + hk) * D + f))
+    tl.store(v_cache_ptr + slot + f, tl.load(v_ptr + (b * HK + hk) * D + f))
+
+
+@triton.jit
+def unrotated_k_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, seqlens_ptr,
+                       freqs_ptr, L, HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr):
+    b = tl.program_id(0)
+    pos = tl.load(seqlens_ptr + b)
+    _step(q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, freqs_ptr, b, pos,
+          b * L + pos, HQ, HK, D, False)
+
+
+@triton.jit
+def next_slot_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, seqlens_ptr,
+                     freqs_ptr, L, HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr):
+    # writes one slot too far (position seqlens[b] + 1), wraps the last one
+    b = tl.program_id(0)
+    pos = tl.load(seqlens_ptr + b)
+    _step(q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, freqs_ptr, b, pos,
+          b * L + (pos + 1) % L, HQ, HK, D, True)
+
+
+@triton.jit
+def no_block_table_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, seqlens_ptr,
+                          block_table_ptr, freqs_ptr, MAX_BLOCKS, BS, HQ: tl.constexpr,
+                          HK: tl.constexpr, D: tl.constexpr):
+    # the sequence's own block number taken as the pool's block
+    b = tl.program_id(0)
+    pos = tl.load(seqlens_ptr + b)
+    _step(q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, freqs_ptr, b, pos,
+          (b * MAX_BLOCKS + pos // BS) * BS + pos % BS, HQ, HK, D, True)
+
+
+@triton.jit
+def library_rotation_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
+                            seqlens_ptr, freqs_ptr, L, HQ: tl.constexpr, HK: tl.constexpr,
+                            D: tl.constexpr):
+    # the worked solution's structure, with the rotation taken from ropelib's kernels
+    HALF: tl.constexpr = D // 2
+    b = tl.program_id(0)
+    pos = tl.load(seqlens_ptr + b)
+    j = tl.arange(0, HALF)[None, :]
+    theta = tl.load(freqs_ptr + pos * D + j)
+    c, s = tl.cos(theta), tl.sin(theta)
+    hq = tl.arange(0, HQ)[:, None]
+    x1 = tl.load(q_ptr + (b * HQ + hq) * D + j).to(tl.float32)
+    x2 = tl.load(q_ptr + (b * HQ + hq) * D + HALF + j).to(tl.float32)
+    y1, y2 = rotate_pair(x1, x2, c, s, c, s)
+    tl.store(q_out_ptr + (b * HQ + hq) * D + j, y1)
+    tl.store(q_out_ptr + (b * HQ + hq) * D + HALF + j, y2)
+    hk = tl.arange(0, HK)[:, None]
+    slot = ((b * L + pos) * HK + hk) * D
+    k1 = tl.load(k_ptr + (b * HK + hk) * D + j).to(tl.float32)
+    k2 = tl.load(k_ptr + (b * HK + hk) * D + HALF + j).to(tl.float32)
+    z1, z2 = rotate_pair(k1, k2, c, s, c, s)
+    tl.store(k_cache_ptr + slot + j, z1)
+    tl.store(k_cache_ptr + slot + HALF + j, z2)
+    f = tl.arange(0, D)[None, :]
+    tl.store(v_cache_ptr + slot + f, tl.load(v_ptr + (b * HK + hk) * D + f))
+
+
+@triton.jit
+def blank_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, seqlens_ptr,
+                 freqs_ptr, L, HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr):
+    # 1. ... 2. ... 3. ...
+    pass
+
+
+def test_contiguous_kernel_solution_passes(capsys):
+    assert at_scale.check_rope_kv_cache_kernel(at_scale.solution_rope_kv_cache_kernel) is True
+    assert capsys.readouterr().out.startswith(
+        "✅ RoPE + contiguous KV-cache write kernel: q, k cache and v cache as "
+        "ropelib.rope_kv_cache writes them")
+
+
+def test_paged_kernel_solution_passes(capsys):
+    assert at_scale.check_rope_kv_paged_kernel(at_scale.solution_rope_kv_paged_kernel) is True
+    assert capsys.readouterr().out.startswith("✅ RoPE + paged KV-cache write kernel")
+
+
+def test_kv_kernel_calling_ropelibs_kernels_fails(capsys):
+    assert at_scale.check_rope_kv_cache_kernel(library_rotation_kernel, seed=0) is False
+    out = capsys.readouterr().out
+    assert "ropelib's rotate_pair (ropelib/kernels/common.py)" in out
+
+
+@pytest.mark.parametrize("check", [at_scale.check_rope_kv_cache_kernel,
+                                   at_scale.check_rope_kv_paged_kernel])
+def test_kv_kernel_check_rejects_the_finished_function(check, capsys):
+    def fused(q, k, v, q_out, k_cache, v_cache, seqlens, *rest):   # the library's answer
+        q_out.copy_(ropelib.rope_kv_cache(q[:, None], k[:, None], v[:, None], k_cache,
+                                          v_cache, seqlens, rest[-1])[:, 0])
+
+    assert check(fused) is False
+    assert "expected a @triton.jit kernel" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("wrong,paged,says", [
+    (unrotated_k_kernel, False, "k_cache"),
+    (next_slot_kernel, False, "the kernel wrote the k cache at (sequence, position)"),
+    (no_block_table_kernel, True, "block_table[b, p // BS] names the block"),
+    (at_scale.solution_rope_kv_cache_kernel, True, "the launch raised TypeError"),
+])
+def test_kv_kernel_rejects_wrong_kernels(wrong, paged, says, capsys):
+    check = at_scale.check_rope_kv_paged_kernel if paged else at_scale.check_rope_kv_cache_kernel
+    assert check(wrong, seed=4) is False
+    out = capsys.readouterr().out
+    assert "❌ RoPE +" in out and says in out
+
+
+def test_kv_kernel_rejects_blank_and_nothing(capsys):
+    assert at_scale.check_rope_kv_cache_kernel(blank_kernel) is False
+    assert "no kernel yet" in capsys.readouterr().out
+    assert at_scale.check_rope_kv_paged_kernel(None) is False
+    assert "no kernel yet" in capsys.readouterr().out
+
+
+def test_paged_solution_writes_where_the_block_table_says():
+    # the worked kernel on one step: the pool slot of each sequence's new token, nothing else
+    B, MB, BS, HQ, HK, D = 2, 3, 2, 2, 1, 8
+    table = torch.tensor([[4, 0, 2], [1, 5, 3]], dtype=torch.int32)
+    seqlens = torch.tensor([3, 4], dtype=torch.int32)
+    pool_k, pool_v = torch.zeros(6, BS, HK, D), torch.zeros(6, BS, HK, D)
+    q, k, v = torch.randn(B, HQ, D), torch.randn(B, HK, D), torch.randn(B, HK, D)
+    freqs = ropelib.rope_freqs(MB * BS, D).view(MB * BS, D)
+    at_scale.launch_kv_paged(at_scale.solution_rope_kv_paged_kernel, q, k, v,
+                             torch.empty_like(q), pool_k, pool_v, seqlens, table, freqs)
+    # position 3 of sequence 0: its block 1 -> pool block 0, offset 1; position 4 of
+    # sequence 1: its block 2 -> pool block 3, offset 0
+    assert pool_v.flatten(2).any(-1).nonzero().tolist() == [[0, 1], [3, 0]]
+    assert torch.equal(pool_v[0, 1], v[0]) and torch.equal(pool_v[3, 0], v[1])

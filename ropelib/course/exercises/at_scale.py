@@ -1,27 +1,70 @@
 """Exercises of notebook 11 (RoPE at scale): the global positions a context-parallel rank holds,
-and the slot of a position in a paged KV cache.
+the slot of a position in a paged KV cache, and RoPE fused with the KV-cache write as a kernel,
+for a contiguous cache and then for a paged one.
 
-Each `check_...` calls the learner's function on several cases and compares it with what
-ropelib computes (`ropelib.context_parallel.dual_chunk_positions`,
-`ropelib.kv_cache.cache_slots`), never with a hard-coded answer; `solution_...` are the worked
-answers the notebook shows folded away (tests/test_exercises_at_scale.py checks that they pass).
+Each `check_...` runs the learner's answer with ropelib's own answers barred (`own_code`: the
+product's modules, so `ropelib.context_parallel`, `ropelib.kv_cache` and the finished kernels, and
+the teaching kernels) and compares it with what ropelib computes
+(`ropelib.context_parallel.dual_chunk_positions`, `ropelib.kv_cache.cache_slots`,
+`ropelib.rope_kv_cache`), never with a hard-coded answer; `solution_...` are the worked answers
+the notebook shows folded away (tests/test_exercises_at_scale.py checks that they pass and that
+library answers fail).
+
+The kernel exercises take the learner's @triton.jit *kernel*: the check draws one decoding step
+(one new token per sequence, each at its own position), fills the caches with a history and NaN
+in every free slot, launches the kernel through Triton's interpreter on the CPU with ropelib
+barred (on a GPU, then compiled there too) and compares the rotated q and both caches with what
+`ropelib.rope_kv_cache` makes of the same step. One program per sequence (grid (B,)), all heads
+of its token as one tile. The contiguous kernel's arguments:
+
+    q_ptr, k_ptr, v_ptr,        # the new token of each sequence: q [B, HQ, D], k and v
+                                #   [B, HK, D], contiguous
+    q_out_ptr,                  # the rotated q [B, HQ, D], contiguous
+    k_cache_ptr, v_cache_ptr,   # caches [B, L, HK, D], contiguous, written in place
+    seqlens_ptr,                # [B] int32: tokens already cached = the new token's position
+    freqs_ptr,                  # angles [P, D] fp32, contiguous (ropelib.rope_freqs viewed
+                                #   [P, D]): pair (j, j + D/2) at position p turns by
+                                #   freqs[p, j]
+    L,                          # positions per sequence in the cache
+    HQ: tl.constexpr,           # heads of q (a power of two)
+    HK: tl.constexpr,           # heads of k and v (a power of two)
+    D: tl.constexpr,            # head dim (a power of two), all rotated
+
+The paged kernel takes the same, with the caches pools [NB, BS, HK, D] (contiguous) and, in
+place of L, the block table:
+
+    ..., seqlens_ptr,
+    block_table_ptr,            # [B, MAX_BLOCKS] int32, contiguous: position p of sequence b
+                                #   lives in block block_table[b, p // BS] at offset p % BS
+    freqs_ptr,
+    MAX_BLOCKS,                 # block-table columns
+    BS,                         # positions per block
+    HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr,
 """
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
+import triton
+import triton.language as tl
 
-from ... import context_parallel, kv_cache
-from . import _compare, call_answer, check
+from ... import context_parallel, frequencies, kv_cache, runtime
+from ..work_count import interpreted
+from . import _compare, check
+from .naive_kernel import is_blank
+from .own_code import LibraryAnswer, library_barred, run_own_code
 
 __all__ = ["check_dual_chunk_positions", "solution_dual_chunk_positions", "check_paged_slot",
-           "solution_paged_slot"]
+           "solution_paged_slot", "check_rope_kv_cache_kernel", "solution_rope_kv_cache_kernel",
+           "check_rope_kv_paged_kernel", "solution_rope_kv_paged_kernel", "launch_kv_cache",
+           "launch_kv_paged", "CONTIGUOUS_CASES", "PAGED_CASES"]
 
 
-def _cases(name: str, fn: Callable, cases, hint: str) -> bool:
-    """Run fn on every case; report the first wrong one (or ✅ for all). Never raises."""
+def _cases(name: str, what: str, fn: Callable, cases, hint: str) -> bool:
+    """Run fn on every case with the library barred; report the first wrong one (or ✅ for
+    all). Never raises."""
     answer = expected = None
     for label, args, expected in cases:
-        ok, answer = call_answer(f"{name} ({label})", fn, *args)
+        ok, answer = run_own_code(f"{name} ({label})", what, fn, *args)
         if not ok:
             return False
         try:
@@ -38,12 +81,13 @@ def _cases(name: str, fn: Callable, cases, hint: str) -> bool:
 
 def check_dual_chunk_positions(fn: Callable) -> bool:
     """fn(seq_len, cp_size, cp_rank) -> the seq_len / cp_size global positions (ints, in the
-    order the rank holds them) of Transformer Engine's dual-chunk split."""
+    order the rank holds them) of Transformer Engine's dual-chunk split. Your own code:
+    ropelib.context_parallel is barred."""
     cases = []
     for S, n, r in ((8, 2, 0), (8, 2, 1), (24, 3, 1), (16, 4, 3), (16, 4, 0), (6, 1, 0)):
         want = context_parallel.dual_chunk_positions(S // n, n, r)
         cases.append((f"seq_len={S}, cp_size={n}, rank {r}", (S, n, r), want))
-    return _cases("dual-chunk positions", fn, cases,
+    return _cases("dual-chunk positions", "the positions worked out by your code", fn, cases,
                   hint="cut the sequence into 2*cp_size chunks of seq_len / (2*cp_size); rank r "
                        "holds chunk r, then chunk 2*cp_size-1-r")
 
@@ -67,13 +111,13 @@ def _slot(row, block_size: int, position: int):
 def check_paged_slot(fn: Callable) -> bool:
     """fn(block_table_row, block_size, position) -> (block, offset): where the key of `position`
     of a sequence whose block-table row is `block_table_row` is stored in a paged cache
-    [n_blocks, block_size, H, D]."""
+    [n_blocks, block_size, H, D]. Your own code: ropelib.kv_cache is barred."""
     cases = []
     for row, bs, p in (([5, 2, 7, 0], 4, 9), ([5, 2, 7, 0], 4, 3), ([3, 1], 16, 16),
                        ([6, 4, 1, 0, 2], 2, 7), ([0, 1, 2], 8, 23)):
         cases.append((f"row {row}, block_size={bs}, position {p}", (list(row), bs, p),
                       _slot(row, bs, p)))
-    return _cases("paged slot", fn, cases,
+    return _cases("paged slot", "the slot worked out by your code", fn, cases,
                   hint="the sequence's position p sits in its (p // block_size)-th block, at "
                        "offset p % block_size; the block table says which block of the pool "
                        "that is")
@@ -82,3 +126,243 @@ def check_paged_slot(fn: Callable) -> bool:
 def solution_paged_slot(block_table_row, block_size, position):
     logical = position // block_size           # the sequence's own block number
     return block_table_row[logical], position % block_size
+
+
+# --- 3. RoPE fused with the KV-cache write, as a kernel --------------------------------------
+
+# (B, L, HQ, HK, D, dtype): contiguous caches [B, L, HK, D]
+CONTIGUOUS_CASES = (
+    (3, 8, 4, 2, 8, torch.float32),
+    (2, 6, 2, 2, 16, torch.float32),        # a cache length that is not a power of two
+    (4, 5, 2, 1, 8, torch.bfloat16),
+)
+# (B, MAX_BLOCKS, BS, HQ, HK, D, dtype): pools [B * MAX_BLOCKS + 3, BS, HK, D], blocks shuffled
+PAGED_CASES = (
+    (3, 4, 2, 4, 2, 8, torch.float32),
+    (2, 2, 4, 2, 2, 16, torch.float32),
+    (4, 3, 2, 2, 1, 8, torch.bfloat16),
+)
+
+
+def launch_kv_cache(kernel, q, k, v, q_out, k_cache, v_cache, seqlens, freqs) -> None:
+    """Launch a contiguous-cache kernel of this module's signature: q [B, HQ, D], k, v
+    [B, HK, D], caches [B, L, HK, D], freqs [P, D]; one program per sequence."""
+    B, HQ, D = q.shape
+    kernel[(B,)](q, k, v, q_out, k_cache, v_cache, seqlens, freqs, k_cache.shape[1],
+                 HQ=HQ, HK=k.shape[1], D=D)
+
+
+def launch_kv_paged(kernel, q, k, v, q_out, k_cache, v_cache, seqlens, block_table,
+                    freqs) -> None:
+    """Launch a paged-cache kernel of this module's signature: pools [NB, BS, HK, D] and
+    block_table [B, MAX_BLOCKS]; one program per sequence."""
+    B, HQ, D = q.shape
+    kernel[(B,)](q, k, v, q_out, k_cache, v_cache, seqlens, block_table, freqs,
+                 block_table.shape[1], k_cache.shape[1], HQ=HQ, HK=k.shape[1], D=D)
+
+
+def _decode_step(case, paged: bool, gen):
+    """One decoding step's inputs: (q, k, v, seqlens, block_table or None, freqs [P, D],
+    k_cache, v_cache) with a history in the held slots and NaN in every free one."""
+    if paged:
+        B, MB, BS, HQ, HK, D, dtype = case
+        L = MB * BS
+        block_table = torch.randperm(B * MB + 3, generator=gen)[:B * MB].view(B, MB).int()
+        lead = (B * MB + 3, BS)
+    else:
+        B, L, HQ, HK, D, dtype = case
+        block_table, lead = None, (B, L)
+    q = torch.randn(B, HQ, D, generator=gen).to(dtype)
+    k = torch.randn(B, HK, D, generator=gen).to(dtype)
+    v = torch.randn(B, HK, D, generator=gen).to(dtype)
+    seqlens = torch.randint(0, L, (B,), generator=gen, dtype=torch.int32)
+    base = float(torch.randint(100, 20000, (), generator=gen))
+    freqs = frequencies.rope_freqs(L + 2, D, base=base).view(L + 2, D)
+    k_cache = torch.full((*lead, HK, D), float("nan"), dtype=dtype)
+    v_cache = torch.full((*lead, HK, D), float("nan"), dtype=dtype)
+    for b in range(B):                        # the history: positions 0 .. seqlens[b] - 1
+        for p in range(int(seqlens[b])):
+            row, slot = (int(block_table[b, p // BS]), p % BS) if paged else (b, p)
+            k_cache[row, slot] = torch.randn(HK, D, generator=gen).to(dtype)
+            v_cache[row, slot] = torch.randn(HK, D, generator=gen).to(dtype)
+    return q, k, v, seqlens, block_table, freqs, k_cache, v_cache
+
+
+def _expected(q, k, v, seqlens, block_table, freqs, k_cache, v_cache, device):
+    """ropelib.rope_kv_cache on copies: (q_out [B, HQ, D], k_cache, v_cache) on the CPU."""
+    kc, vc = k_cache.to(device, copy=True), v_cache.to(device, copy=True)
+    q_out = kv_cache.rope_kv_cache(
+        q[:, None].to(device), k[:, None].to(device), v[:, None].to(device), kc, vc,
+        seqlens.to(device), freqs.to(device),
+        block_table=None if block_table is None else block_table.to(device))
+    return q_out[:, 0].cpu(), kc.cpu(), vc.cpu()
+
+
+def _slots_changed(before, after):
+    """[(row, slot)] of the cache whose contents changed (NaN == NaN)."""
+    diff = ~((before == after) | (before.isnan() & after.isnan()))
+    return sorted(map(tuple, diff.flatten(2).any(-1).nonzero().tolist()))
+
+
+def _check_kv_kernel(kernel, paged: bool, seed: Optional[int]) -> bool:
+    name = f"RoPE + {'paged' if paged else 'contiguous'} KV-cache write kernel"
+    if kernel is None or kernel is Ellipsis or (_is_kernel(kernel) and is_blank(kernel)):
+        print(f"❌ {name}: no kernel yet (write the body of the @triton.jit function, then rerun)")
+        return False
+    if not _is_kernel(kernel):
+        print(f"❌ {name}: expected a @triton.jit kernel, got {type(kernel).__name__}; the check "
+              "launches the kernel itself and reads the outputs and caches it allocated")
+        return False
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())) if seed is None else seed)
+    on_gpu = runtime.on_gpu()
+    cases = PAGED_CASES if paged else CONTIGUOUS_CASES
+    for case in cases:
+        step = _decode_step(case, paged, gen)
+        q, k, v, seqlens, block_table, freqs, k_cache, v_cache = step
+        B, HQ, D = q.shape
+        dtype = q.dtype
+        label = (f"B={B}, {HQ} q and {k.shape[1]} kv heads, D={D}, "
+                 f"{str(dtype).replace('torch.', '')}, positions {seqlens.tolist()}")
+        # (atol, rtol); fp32 leaves room for tl.sin and tl.cos, fast approximations on GPUs
+        tol = (3e-5, 1e-5) if dtype == torch.float32 else (1e-2, 1.6e-2)
+        want_q, want_k, want_v = _expected(*step, "cuda" if on_gpu else "cpu")
+        for device in ("cpu", "cuda") if on_gpu else ("cpu",):
+            where = "interpreter" if device == "cpu" else "compiled on the GPU"
+            # copies: the kernel writes the caches, and a faulty one might write anything
+            qd, kd, vd, sd, kc, vc, fd = (t.to(device, copy=True) for t in (
+                q, k, v, seqlens, k_cache, v_cache, freqs))
+            bt = None if block_table is None else block_table.to(device)
+            q_out = torch.full_like(qd, float("nan"))
+            args = (qd, kd, vd, q_out, kc, vc, sd) + ((bt,) if paged else ()) + (fd,)
+            try:
+                if device == "cpu":      # your own code: ropelib barred
+                    with library_barred(f"your {name}"):
+                        (launch_kv_paged if paged else launch_kv_cache)(interpreted(kernel), *args)
+                else:
+                    (launch_kv_paged if paged else launch_kv_cache)(kernel, *args)
+            except LibraryAnswer as exc:
+                print(f"❌ {name}: {exc}")
+                return False
+            except Exception as exc:  # noqa: BLE001 -- report, never stop the notebook
+                last = (str(exc).strip().splitlines() or [""])[-1]
+                print(f"❌ {name} ({label}, {where}): the launch raised {type(exc).__name__}: "
+                      f"{last[:300]}")
+                return False
+            kc, vc, q_out = kc.cpu(), vc.cpu(), q_out.cpu()
+            lbl = f"{label}, {where}"
+            if not torch.equal(qd.cpu(), q) or not torch.equal(kd.cpu(), k):
+                print(f"❌ {name} ({lbl}): the kernel changed its inputs q or k")
+                return False
+            wrote, should = _slots_changed(k_cache, kc), _slots_changed(k_cache, want_k)
+            if wrote != should:
+                what = "(block, offset)" if paged else "(sequence, position)"
+                print(f"❌ {name} ({lbl}): the kernel wrote the k cache at {what} {wrote}, the new "
+                      f"tokens belong at {should}" + (
+                          "; block_table[b, p // BS] names the block, p % BS the offset"
+                          if paged else "; sequence b's new token goes to position seqlens[b]"))
+                return False
+            for which, got, want in (("q_out", q_out, want_q), ("k_cache", kc, want_k),
+                                     ("v_cache", vc, want_v)):
+                same, _ = _compare(got, want, *tol)
+                if not same:
+                    return check(f"{name} ({lbl}): {which}", got, want, atol=tol[0],
+                                 rtol=tol[1],
+                                 hint="rotate q and k by freqs[seqlens[b], j] (pair j, j + D/2); "
+                                      "store v as it is")
+    gpu = " and compiled on the GPU" if on_gpu else ""
+    print(f"✅ {name}: q, k cache and v cache as ropelib.rope_kv_cache writes them, on "
+          f"{len(cases)} decoding steps in the interpreter{gpu} (fp32 and bf16, GQA)")
+    return True
+
+
+def _is_kernel(obj) -> bool:
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+    return isinstance(obj, (JITFunction, InterpretedFunction))
+
+
+def check_rope_kv_cache_kernel(kernel, *, seed: Optional[int] = None) -> bool:
+    """Launch the learner's RoPE + contiguous KV-cache write kernel (the signature in this
+    module's docstring) on fresh decoding steps; compare with ropelib.rope_kv_cache."""
+    return _check_kv_kernel(kernel, False, seed)
+
+
+def check_rope_kv_paged_kernel(kernel, *, seed: Optional[int] = None) -> bool:
+    """Launch the learner's RoPE + paged KV-cache write kernel (the signature in this module's
+    docstring) on fresh decoding steps; compare with ropelib.rope_kv_cache(block_table=...)."""
+    return _check_kv_kernel(kernel, True, seed)
+
+
+@triton.jit
+def solution_rope_kv_cache_kernel(
+    q_ptr, k_ptr, v_ptr,  # the new token of each sequence: q [B, HQ, D], k, v [B, HK, D]
+    q_out_ptr,  # the rotated q [B, HQ, D], contiguous
+    k_cache_ptr, v_cache_ptr,  # caches [B, L, HK, D], contiguous, written in place
+    seqlens_ptr,  # [B] int32: tokens already cached = the new token's position
+    freqs_ptr,  # angles [P, D] fp32, contiguous: pair (j, j + D/2) turns by freqs[p, j]
+    L,  # positions per sequence in the cache
+    HQ: tl.constexpr,  # heads of q (a power of two)
+    HK: tl.constexpr,  # heads of k and v (a power of two)
+    D: tl.constexpr,  # head dim (a power of two), all rotated
+):
+    HALF: tl.constexpr = D // 2
+    b = tl.program_id(0)  # one program per sequence
+    pos = tl.load(seqlens_ptr + b)  # the new token's position
+    j = tl.arange(0, HALF)[None, :]  # [1, HALF] pairs
+    theta = tl.load(freqs_ptr + pos * D + j)  # [1, HALF]: one row of the table
+    c, s = tl.cos(theta), tl.sin(theta)
+    hq = tl.arange(0, HQ)[:, None]  # [HQ, 1]
+    q_row = q_ptr + (b * HQ + hq) * D
+    x1 = tl.load(q_row + j).to(tl.float32)
+    x2 = tl.load(q_row + HALF + j).to(tl.float32)
+    out_row = q_out_ptr + (b * HQ + hq) * D
+    tl.store(out_row + j, x1 * c - x2 * s)
+    tl.store(out_row + HALF + j, x2 * c + x1 * s)
+    hk = tl.arange(0, HK)[:, None]  # [HK, 1]
+    k_row = k_ptr + (b * HK + hk) * D
+    k1 = tl.load(k_row + j).to(tl.float32)
+    k2 = tl.load(k_row + HALF + j).to(tl.float32)
+    slot = ((b * L + pos) * HK + hk) * D  # [HK, 1]: cache[b, pos, h, :]
+    tl.store(k_cache_ptr + slot + j, k1 * c - k2 * s)
+    tl.store(k_cache_ptr + slot + HALF + j, k2 * c + k1 * s)
+    f = tl.arange(0, D)[None, :]  # v is stored as it is
+    tl.store(v_cache_ptr + slot + f, tl.load(v_ptr + (b * HK + hk) * D + f))
+
+
+@triton.jit
+def solution_rope_kv_paged_kernel(
+    q_ptr, k_ptr, v_ptr,  # the new token of each sequence: q [B, HQ, D], k, v [B, HK, D]
+    q_out_ptr,  # the rotated q [B, HQ, D], contiguous
+    k_cache_ptr, v_cache_ptr,  # pools [NB, BS, HK, D], contiguous, written in place
+    seqlens_ptr,  # [B] int32: tokens already cached = the new token's position
+    block_table_ptr,  # [B, MAX_BLOCKS] int32: position p lives in block_table[b, p // BS]
+    freqs_ptr,  # angles [P, D] fp32, contiguous: pair (j, j + D/2) turns by freqs[p, j]
+    MAX_BLOCKS,  # block-table columns
+    BS,  # positions per block
+    HQ: tl.constexpr,  # heads of q (a power of two)
+    HK: tl.constexpr,  # heads of k and v (a power of two)
+    D: tl.constexpr,  # head dim (a power of two), all rotated
+):
+    HALF: tl.constexpr = D // 2
+    b = tl.program_id(0)  # one program per sequence
+    pos = tl.load(seqlens_ptr + b)  # the new token's position
+    j = tl.arange(0, HALF)[None, :]  # [1, HALF] pairs
+    theta = tl.load(freqs_ptr + pos * D + j)  # [1, HALF]: one row of the table
+    c, s = tl.cos(theta), tl.sin(theta)
+    hq = tl.arange(0, HQ)[:, None]  # [HQ, 1]
+    q_row = q_ptr + (b * HQ + hq) * D
+    x1 = tl.load(q_row + j).to(tl.float32)
+    x2 = tl.load(q_row + HALF + j).to(tl.float32)
+    out_row = q_out_ptr + (b * HQ + hq) * D
+    tl.store(out_row + j, x1 * c - x2 * s)
+    tl.store(out_row + HALF + j, x2 * c + x1 * s)
+    hk = tl.arange(0, HK)[:, None]  # [HK, 1]
+    k_row = k_ptr + (b * HK + hk) * D
+    k1 = tl.load(k_row + j).to(tl.float32)
+    k2 = tl.load(k_row + HALF + j).to(tl.float32)
+    block = tl.load(block_table_ptr + b * MAX_BLOCKS + pos // BS)  # the physical block
+    slot = ((block * BS + pos % BS) * HK + hk) * D  # [HK, 1]: pool[block, pos % BS, h, :]
+    tl.store(k_cache_ptr + slot + j, k1 * c - k2 * s)
+    tl.store(k_cache_ptr + slot + HALF + j, k2 * c + k1 * s)
+    f = tl.arange(0, D)[None, :]  # v is stored as it is
+    tl.store(v_cache_ptr + slot + f, tl.load(v_ptr + (b * HK + hk) * D + f))

@@ -225,7 +225,7 @@ def check_mrope_kernel(kernel, *, seed: Optional[int] = None) -> bool:
         want = mrope.apply_mrope_qk(q.to(ref), k.to(ref), positions.to(ref), freqs.to(ref),
                                     layout="thd")
         for device in ("cpu", "cuda") if on_gpu else ("cpu",):
-            args = [t.to(device) for t in (q, k, positions)]
+            args = [t.to(device, copy=True) for t in (q, k, positions)]
             f = freqs.to(device)
             qb, q_out, q_pad = _guarded(q.shape, dtype, device)
             kb, k_out, k_pad = _guarded(k.shape, dtype, device)
