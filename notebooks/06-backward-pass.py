@@ -27,12 +27,13 @@
 # - verify a backward with the autograd of a reference and with `torch.autograd.gradcheck` in
 #   float64;
 # - handle the "overlapping" gradients that `expand` and `sum` produce (stride-0 tensors);
-# - serve both directions with one kernel and one compile-time flag, and write the backward
-#   kernel yourself.
+# - serve both directions with one kernel and one compile-time flag — in a cell you can edit,
+#   launch and break — and write the backward kernel, its launcher and its `autograd.Function`
+#   yourself.
 #
 # **Time:** about 60 minutes. The cells run in about 15 seconds on a CPU (Triton's
-# interpreter); the rest is reading, the four exercises (the backward kernel is the long one,
-# ~20 minutes) and the discussion questions.
+# interpreter); the rest is reading, changing the kernel of section 2, the four exercises (the
+# backward kernel is the long one, ~20 minutes) and the discussion questions.
 
 # %%
 import os, torch
@@ -53,7 +54,8 @@ from ropelib import reference, runtime
 from ropelib.course.exercises import backward_kernel
 from ropelib.course.exercises import kernels as ex
 from ropelib.course.exercises import solution
-from ropelib.course.kernels.batch_reuse import _rope_batch_reuse_kernel, rope_batch_reuse
+from ropelib.course.kernels.batch_reuse import rope_batch_reuse   # ropelib's launcher of it
+from ropelib.kernels.common import BF16_RTNE, round_to              # used by section 2's kernel
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "ropelib").is_dir())
 FIGURES = ropelib.runtime.figures_dir()   # a scratch folder (ROPELIB_WRITE_FIGURES=1: figures/)
@@ -163,66 +165,103 @@ draw_jacobians(FIGURES / "06-jacobian.png")
 # ## 2. One kernel for both directions
 #
 # The batch-reusing kernel of notebook 04 already has the backward in it, behind a
-# `tl.constexpr`:
+# `tl.constexpr`. The next cell is that kernel, character for character (a test,
+# `tests/test_notebook_kernels_same.py`, checks that it is the code of
+# `ropelib/course/kernels/batch_reuse.py`). Running the cell defines the kernel that this
+# notebook launches from here on: the launcher after it, the `autograd.Function` of section 3,
+# `gradcheck` in section 4 and the stride-0 gradients of section 5 all run *this* copy.
 #
-# <!-- ropelib-source: ropelib.course.kernels.batch_reuse._rope_batch_reuse_kernel -->
-# ```python
-# @triton.jit
-# def _rope_batch_reuse_kernel(
-#     x_ptr,  # *x: input [S, B, H, D], any strides
-#     y_ptr,  # *y: output [S, B, H, D], same dtype as x, last dim contiguous
-#     freqs_ptr,  # *fp32: angles [P, D], P >= S (row s holds the D angles of position s)
-#     B,  # batch size: the length of the loop each program runs
-#     stride_xs, stride_xb, stride_xh, stride_xd,  # x strides, in elements
-#     stride_ys, stride_yb, stride_yh,  # y strides, in elements (stride_yd == 1)
-#     stride_fs, stride_fd,  # freqs strides, in elements
-#     HALF: tl.constexpr,  # D // 2: features in each half (any size, 72/2 = 36 included)
-#     BLOCK_HALF: tl.constexpr,  # next power of two >= HALF: the tile each half is loaded in
-#     BACKWARD: tl.constexpr,  # False: y = R(theta) x; True: y = R(theta)^T x = R(-theta) x
-#     COMPUTE_DTYPE: tl.constexpr,  # tl.float32 (tl.float64 for fp64 inputs)
-#     BF16_RTNE: tl.constexpr,  # round bf16 to nearest even by hand (the interpreter truncates)
-# ):
-#     # One program = one (position, head) pair; int64 so offsets cannot overflow on huge tensors.
-#     s = tl.program_id(0).to(tl.int64)
-#     h = tl.program_id(1).to(tl.int64)
-#
-#     offs = tl.arange(0, BLOCK_HALF)  # [BLOCK_HALF] feature index within a half
-#     mask = offs < HALF
-#
-#     # cos/sin of position s: computed once here, reused by every row of the batch below.
-#     f_row = freqs_ptr + s * stride_fs
-#     theta1 = tl.load(f_row + offs * stride_fd, mask=mask, other=0.0).to(COMPUTE_DTYPE)
-#     theta2 = tl.load(f_row + (offs + HALF) * stride_fd, mask=mask, other=0.0).to(COMPUTE_DTYPE)
-#     cos1 = tl.cos(theta1)
-#     cos2 = tl.cos(theta2)
-#     if BACKWARD:
-#         # Transpose of [[c1, -s1], [s2, c2]]: swap and negate the sines (= rotation by -theta).
-#         sin1 = -tl.sin(theta2)
-#         sin2 = -tl.sin(theta1)
-#     else:
-#         sin1 = tl.sin(theta1)
-#         sin2 = tl.sin(theta2)
-#
-#     x_base = x_ptr + s * stride_xs + h * stride_xh
-#     y_base = y_ptr + s * stride_ys + h * stride_yh
-#     # A runtime loop (not tl.static_range): B is not a constexpr, so one compiled kernel
-#     # serves every batch size.
-#     for b in range(0, B):
-#         x_row = x_base + b * stride_xb
-#         x1 = tl.load(x_row + offs * stride_xd, mask=mask, other=0.0).to(COMPUTE_DTYPE)
-#         x2 = tl.load(x_row + (offs + HALF) * stride_xd, mask=mask, other=0.0).to(COMPUTE_DTYPE)
-#         y1 = x1 * cos1 - x2 * sin1
-#         y2 = x2 * cos2 + x1 * sin2
-#         y_row = y_base + b * stride_yb
-#         tl.store(y_row + offs, round_to(y1, y_ptr.dtype.element_ty, BF16_RTNE), mask=mask)
-#         tl.store(y_row + HALF + offs, round_to(y2, y_ptr.dtype.element_ty, BF16_RTNE), mask=mask)
-# ```
-#
+# Change it and rerun the cells below. Negate the sines without swapping them, or swap without
+# negating, or drop the `BACKWARD` branch: the check after the launcher stops at the first
+# identity that no longer holds.
+
+# %%
+# ropelib-source: ropelib.course.kernels.batch_reuse._rope_batch_reuse_kernel
+@triton.jit
+def _rope_batch_reuse_kernel(
+    x_ptr,  # *x: input [S, B, H, D], any strides
+    y_ptr,  # *y: output [S, B, H, D], same dtype as x, last dim contiguous
+    freqs_ptr,  # *fp32: angles [P, D], P >= S (row s holds the D angles of position s)
+    B,  # batch size: the length of the loop each program runs
+    stride_xs, stride_xb, stride_xh, stride_xd,  # x strides, in elements
+    stride_ys, stride_yb, stride_yh,  # y strides, in elements (stride_yd == 1)
+    stride_fs, stride_fd,  # freqs strides, in elements
+    HALF: tl.constexpr,  # D // 2: features in each half (any size, 72/2 = 36 included)
+    BLOCK_HALF: tl.constexpr,  # next power of two >= HALF: the tile each half is loaded in
+    BACKWARD: tl.constexpr,  # False: y = R(theta) x; True: y = R(theta)^T x = R(-theta) x
+    COMPUTE_DTYPE: tl.constexpr,  # tl.float32 (tl.float64 for fp64 inputs)
+    BF16_RTNE: tl.constexpr,  # round bf16 to nearest even by hand (the interpreter truncates)
+):
+    # One program = one (position, head) pair; int64 so offsets cannot overflow on huge tensors.
+    s = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+
+    offs = tl.arange(0, BLOCK_HALF)  # [BLOCK_HALF] feature index within a half
+    mask = offs < HALF
+
+    # cos/sin of position s: computed once here, reused by every row of the batch below.
+    f_row = freqs_ptr + s * stride_fs
+    theta1 = tl.load(f_row + offs * stride_fd, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+    theta2 = tl.load(f_row + (offs + HALF) * stride_fd, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+    cos1 = tl.cos(theta1)
+    cos2 = tl.cos(theta2)
+    if BACKWARD:
+        # Transpose of [[c1, -s1], [s2, c2]]: swap and negate the sines (= rotation by -theta).
+        sin1 = -tl.sin(theta2)
+        sin2 = -tl.sin(theta1)
+    else:
+        sin1 = tl.sin(theta1)
+        sin2 = tl.sin(theta2)
+
+    x_base = x_ptr + s * stride_xs + h * stride_xh
+    y_base = y_ptr + s * stride_ys + h * stride_yh
+    # A runtime loop (not tl.static_range): B is not a constexpr, so one compiled kernel
+    # serves every batch size.
+    for b in range(0, B):
+        x_row = x_base + b * stride_xb
+        x1 = tl.load(x_row + offs * stride_xd, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+        x2 = tl.load(x_row + (offs + HALF) * stride_xd, mask=mask, other=0.0).to(COMPUTE_DTYPE)
+        y1 = x1 * cos1 - x2 * sin1
+        y2 = x2 * cos2 + x1 * sin2
+        y_row = y_base + b * stride_yb
+        tl.store(y_row + offs, round_to(y1, y_ptr.dtype.element_ty, BF16_RTNE), mask=mask)
+        tl.store(y_row + HALF + offs, round_to(y2, y_ptr.dtype.element_ty, BF16_RTNE), mask=mask)
+
+# %% [markdown]
 # `BACKWARD` only changes which sines the program computes (swapped and negated); the loads, the
 # loop and the stores are the same. Because it is a `tl.constexpr`, Triton compiles two
 # specialised kernels from this one source, and neither pays for a runtime branch. The backward
 # reads $\partial L/\partial y$, writes $\partial L/\partial x$ and reads the angles: exactly the
 # bytes of the forward, so it runs at the same speed.
+#
+# The launch is yours too: one program per (token, head), the grid $(S, H)$; the strides of
+# every tensor, so any view of $x$ (a stride-0 gradient included) is read as it is; the half
+# width and its power-of-two tile; and the three constexprs. `COMPUTE_DTYPE` is fp64 for fp64
+# inputs, which `gradcheck` needs (section 4).
+
+# %%
+def rope_cell(x, freqs, *, backward=False):
+    """Launch the kernel of the cell above: x [S, B, H, D] (any strides), fp32 angles freqs
+    [P, 1, 1, D] or [P, D] (P >= S); returns a new contiguous tensor of x's dtype."""
+    S, B, H, D = x.shape
+    f2 = freqs.reshape(freqs.shape[0], D)                     # [P, D], a view when it can be
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _rope_batch_reuse_kernel[(S, H)](                         # one program per (token, head)
+        x, y, f2, B,
+        x.stride(0), x.stride(1), x.stride(2), x.stride(3),
+        y.stride(0), y.stride(1), y.stride(2),
+        f2.stride(0), f2.stride(1),
+        HALF=D // 2, BLOCK_HALF=triton.next_power_of_2(D // 2),
+        BACKWARD=backward,
+        COMPUTE_DTYPE=tl.float64 if x.dtype == torch.float64 else tl.float32,
+        BF16_RTNE=BF16_RTNE)
+    return y
+
+# %% [markdown]
+# The check: the backward of the cell's kernel against the autograd of the plain-PyTorch
+# reference (for TE's table and for a table whose two halves differ, where only the swap of the
+# sines gives the transpose), against ropelib's own backward bit for bit, and the two identities
+# of section 1.
 
 # %%
 torch.manual_seed(0)
@@ -230,19 +269,25 @@ freqs = ex.te_angles(S, D, device=device)
 x = torch.randn(S, B, H, D, device=device)
 g = torch.randn(S, B, H, D, device=device)             # stands for dL/dy
 
-gx = rope_batch_reuse(g, freqs, backward=True)
-torch.testing.assert_close(gx, rope_batch_reuse(g, -freqs), atol=1e-6, rtol=1e-6)   # = rotate by -theta
-torch.testing.assert_close(rope_batch_reuse(rope_batch_reuse(x, freqs), freqs, backward=True), x,
-                           atol=1e-5, rtol=1e-5)                                        # R^T R = I
+gx = rope_cell(g, freqs, backward=True)
 x64 = x.double().requires_grad_()
 (gx_ref,) = torch.autograd.grad(reference.rope_reference(x64, freqs), x64, g.double())
-torch.testing.assert_close(gx, gx_ref.float(), atol=1e-5, rtol=1e-5)                  # = autograd
-print("backward = rotation by -theta = autograd of the reference; backward(forward(x)) = x")
+torch.testing.assert_close(gx, gx_ref.float(), atol=1e-5, rtol=1e-5)                 # = autograd
+f_any = torch.rand(S, D, device=device) * 6 - 3        # the two halves differ: the swap matters
+(gx_any,) = torch.autograd.grad(reference.rope_reference(x64, f_any), x64, g.double())
+torch.testing.assert_close(rope_cell(g, f_any, backward=True), gx_any.float(), atol=1e-5,
+                           rtol=1e-5)                                                 # any table
+assert torch.equal(gx, rope_batch_reuse(g, freqs, backward=True))    # = ropelib's, bit for bit
+torch.testing.assert_close(gx, rope_cell(g, -freqs), atol=1e-6, rtol=1e-6)   # = rotate by -theta
+torch.testing.assert_close(rope_cell(rope_cell(x, freqs), freqs, backward=True), x,
+                           atol=1e-5, rtol=1e-5)                                      # R^T R = I
+print("the cell's backward = autograd of the reference (any table) = ropelib's backward, "
+      "bit for bit = rotation by -theta; backward(forward(x)) = x")
 
 if GPU:
     from triton.testing import do_bench
-    fwd_ms = do_bench(lambda: rope_batch_reuse(x, freqs))
-    bwd_ms = do_bench(lambda: rope_batch_reuse(g, freqs, backward=True))
+    fwd_ms = do_bench(lambda: rope_cell(x, freqs))
+    bwd_ms = do_bench(lambda: rope_cell(g, freqs, backward=True))
     print(f"forward {fwd_ms * 1e3:.1f} us, backward {bwd_ms * 1e3:.1f} us (same bytes, same kernel)")
 
 # %% [markdown]
@@ -272,13 +317,13 @@ class RopeFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, freqs):
         ctx.save_for_backward(freqs)            # the angles only: the backward is linear in dL/dy
-        return rope_batch_reuse(x, freqs)
+        return rope_cell(x, freqs)              # section 2's kernel
 
     @staticmethod
     def backward(ctx, grad_y):
         (freqs,) = ctx.saved_tensors
         # any strides, stride 0 included: no .contiguous() copy (section 5)
-        return rope_batch_reuse(grad_y, freqs, backward=True), None
+        return rope_cell(grad_y, freqs, backward=True), None
 
 
 xq = x.clone().requires_grad_()
@@ -319,12 +364,12 @@ class RopeInFp32(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, freqs):
         ctx.save_for_backward(freqs)
-        return rope_batch_reuse(x.float(), freqs).to(x.dtype)
+        return rope_cell(x.float(), freqs).to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad_y):
         (freqs,) = ctx.saved_tensors
-        return rope_batch_reuse(grad_y.float(), freqs, backward=True).to(grad_y.dtype), None
+        return rope_cell(grad_y.float(), freqs, backward=True).to(grad_y.dtype), None
 
 
 fp32_ok = torch.autograd.gradcheck(RopeInFp32.apply, (x_small, f_small), eps=1e-6, atol=1e-8,
@@ -350,10 +395,10 @@ if hasattr(ropelib, "apply_rope"):                    # the finished kernel, thr
 #   stride-0 tensor, and autograd sums the $B$ gradients back into the un-expanded tensor.
 #
 # A kernel that assumes contiguity (offsets computed as `row * D`) reads past the end of a
-# one-element buffer. ropelib's kernels take every stride, so they read the stride-0 tensor as
-# it is, with no `.contiguous()` copy of $N$ elements. What a backward must never do is write
-# **into** such a tensor: all its elements are one memory cell. The kernels refuse a
-# non-contiguous `out=`:
+# one-element buffer. The kernel of section 2 takes every stride, so it reads the stride-0
+# tensor as it is, with no `.contiguous()` copy of $N$ elements. What a backward must never do
+# is write **into** such a tensor: all its elements are one memory cell. `rope_cell` always
+# allocates its output; ropelib's launchers, which accept an `out=`, refuse a non-contiguous one:
 
 # %%
 seen = []
@@ -419,7 +464,10 @@ except ImportError as exc:
 # ## Exercises
 #
 # Each check prints ✅ or ❌ and never stops the notebook. Replace the `...` (or the `pass`) and
-# rerun the cell; the solutions are folded away in the cell after each exercise.
+# rerun the cell; the solutions are folded away in the cell after each exercise. The checks run
+# your code with ropelib's own answers barred: an answer that calls `ropelib.apply_rope`,
+# `ropelib.reference`, a teaching kernel where the exercise asks for yours, or a worked
+# solution is refused, even when its numbers are right.
 #
 # **1.** For one pair rotated by `theta`, return the $2\times 2$ matrix $M$ with
 # $\partial L/\partial x = M\,\partial L/\partial y$.
@@ -473,24 +521,28 @@ backward_kernel.show_solution()
 # **3. Its launcher.** `my_rope_backward(grad_y, freqs)` takes `grad_y [S, B, H, D]` (any
 # strides) and TE's table `freqs [P, 1, 1, R]` ($P \ge S$), allocates a contiguous
 # `grad_x`, launches `my_backward_kernel` on it and returns it. The check calls your function
-# on fresh gradients (one of them stride 0) and also makes sure a Triton kernel was launched.
+# on fresh gradients (one of them stride 0) and makes sure it launched `my_backward_kernel`:
+# `ropelib.apply_rope(grad_y, -freqs)`, `rope_batch_reuse(grad_y, freqs, backward=True)` and
+# section 2's `rope_cell` all compute the right numbers, and none of them is your kernel.
 
 # %%
 def my_rope_backward(grad_y, freqs):
     ...  # your code
 
 
-ex.check_rope_backward(my_rope_backward);
+ex.check_rope_backward(my_rope_backward, kernel=my_backward_kernel);
 
 # %%
 solution(ex.solution_rope_backward)
 
 # %% [markdown]
 # **4. The autograd Function.** Write `MyRope` with `forward(ctx, x, freqs)`: the forward with
-# a ropelib teaching kernel (`rope_batch_reuse`), the backward with your launcher from
-# exercise 3. The check compares $y$ and $\partial L/\partial x$ with the reference (also for
-# `y.sum()`), makes sure forward and backward each launch a kernel, and checks what your
-# Function keeps: once `forward` has returned, nothing may hold `x` or a tensor as large as it.
+# a ropelib teaching kernel (`rope_batch_reuse`, which this exercise hands you, or section 2's
+# `rope_cell`), the backward with your launcher from exercise 3. The check compares $y$ and
+# $\partial L/\partial x$ with the reference (also for `y.sum()`), makes sure the forward
+# launches a kernel and the backward launches `my_backward_kernel` (ropelib's kernels and API
+# are barred there), and checks what your Function keeps: once `forward` has returned, nothing
+# may hold `x` or a tensor as large as it.
 
 # %%
 class MyRope(torch.autograd.Function):
@@ -503,7 +555,7 @@ class MyRope(torch.autograd.Function):
         ...  # your code
 
 
-ex.check_rope_function(MyRope);
+ex.check_rope_function(MyRope, kernel=my_backward_kernel);
 
 # %%
 solution(ex.SolutionRopeFunction)
