@@ -689,7 +689,7 @@ def _inv_freq(half: int) -> torch.Tensor:
 
 def _build_long_context(gen, device, block_rows=8):
     cases = []
-    spread = torch.unique(torch.logspace(0, math.log10(131071), 40).round().to(torch.int32))
+    spread = (torch.arange(40) * (math.log(131071) / 39)).exp().round().to(torch.int32).unique()
     for label, pos, half in (
             ("positions 0 .. 131,071", torch.tensor([0, 1, 100, 256, 257, 1000, 4097, 65537,
                                                      100003, 120001, 131071, 99999],
@@ -716,7 +716,7 @@ def _pair_angle_error(case, got) -> torch.Tensor:
     num = (d[:, :half] ** 2 + d[:, half:] ** 2).sqrt()
     den = (x[:, :half] ** 2 + x[:, half:] ** 2).sqrt().clamp_min(1e-3)
     chord = (num / den).nan_to_num(float("inf")).amax(dim=1)
-    return 2 * torch.asin((chord / 2).clamp(max=1.0))   # a chord of 2 sin(a/2) is an angle a
+    return 2 * (chord / 2).clamp(max=1.0).asin()   # a chord of 2 sin(a/2) is an angle a
 
 
 def _bf16_spacing(p: int) -> int:
