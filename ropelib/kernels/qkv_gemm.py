@@ -301,6 +301,8 @@ def _qkv_rope_fwd_kernel(
     LAYOUT: tl.constexpr,               # of q, k, v: 1 bshd, 2 bhsd
     INTERLEAVED: tl.constexpr,          # pairs (2j, 2j+1) instead of (j, j + R/2)
     IDS_PER_ENTRY: tl.constexpr,        # position ids [B, S] (else [1, S])
+    ROTATE: tl.constexpr,               # False: the same GEMM without the epilogue (a plain
+                                        # projection into q, k, v heads: the baseline)
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     INT64: tl.constexpr,                # offsets past 2^31 elements
 ):
@@ -354,17 +356,20 @@ def _qkv_rope_fwd_kernel(
             acc_p += tl.load(bias_ptr + n0 + e, mask=e_ok, other=0.0).to(tl.float32)[None, :]
 
     if h < NQK:
-        c_a, s_a, c_b, s_b, valid = _cos_sin(cos_ptr, sin_ptr, m, M, S, P, pos_ptr,
-                                             cu_seqlens_ptr, N_SEQ, d_a, d_b, IDS_PER_ENTRY, R,
-                                             BLOCK_M, BLOCK_HALF)
+        if ROTATE:
+            c_a, s_a, c_b, s_b, valid = _cos_sin(cos_ptr, sin_ptr, m, M, S, P, pos_ptr,
+                                                 cu_seqlens_ptr, N_SEQ, d_a, d_b, IDS_PER_ENTRY,
+                                                 R, BLOCK_M, BLOCK_HALF)
+        else:
+            c_a, s_a, c_b, s_b, valid = 0.0, 0.0, 0.0, 0.0, m_ok
         if h < HQ:
             _norm_rotate_store(acc_a, acc_b, acc_p, q_ptr, norm_q_ptr, rstd_ptr, pre_ptr,
                                c_a, s_a, c_b, s_b, valid, m, m_ok, h, HQ, h, NQK, S, B, eps,
-                               d_a, d_b, e, j_ok, e_ok, D, LAYOUT, INT64, True, HAS_PASS)
+                               d_a, d_b, e, j_ok, e_ok, D, LAYOUT, INT64, ROTATE, HAS_PASS)
         else:
             _norm_rotate_store(acc_a, acc_b, acc_p, k_ptr, norm_k_ptr, rstd_ptr, pre_ptr,
                                c_a, s_a, c_b, s_b, valid, m, m_ok, h - HQ, HK, h, NQK, S, B, eps,
-                               d_a, d_b, e, j_ok, e_ok, D, LAYOUT, INT64, True, HAS_PASS)
+                               d_a, d_b, e, j_ok, e_ok, D, LAYOUT, INT64, ROTATE, HAS_PASS)
     else:
         _norm_rotate_store(acc_a, acc_b, acc_p, v_ptr, None, None, None, 0.0, 0.0, 0.0, 0.0,
                            m_ok, m, m_ok, h - NQK, HK, h, NQK, S, B, eps,
@@ -398,7 +403,7 @@ def _qkv_rope_dx_kernel(
     norm_q_ptr, norm_k_ptr, rstd_ptr, pre_ptr,
     S, B, K, HQ, HK, P, N_SEQ,
     D: tl.constexpr, R: tl.constexpr, LAYOUT: tl.constexpr, INTERLEAVED: tl.constexpr,
-    IDS_PER_ENTRY: tl.constexpr,
+    IDS_PER_ENTRY: tl.constexpr, ROTATE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, INT64: tl.constexpr,
 ):
     HALF: tl.constexpr = R // 2
@@ -420,9 +425,12 @@ def _qkv_rope_dx_kernel(
     d_a, d_b = pair_features(j, HALF, INTERLEAVED)
     e = R + tl.arange(0, BLOCK_PASS)
     e_ok = e < D
-    # the tokens' angles, once for every q and k head
-    c_a, s_a, c_b, s_b, valid = _cos_sin(cos_ptr, sin_ptr, m, M, S, P, pos_ptr, cu_seqlens_ptr,
-                                         N_SEQ, d_a, d_b, IDS_PER_ENTRY, R, BLOCK_M, BLOCK_HALF)
+    if ROTATE:      # the tokens' angles, once for every q and k head
+        c_a, s_a, c_b, s_b, valid = _cos_sin(cos_ptr, sin_ptr, m, M, S, P, pos_ptr,
+                                             cu_seqlens_ptr, N_SEQ, d_a, d_b, IDS_PER_ENTRY, R,
+                                             BLOCK_M, BLOCK_HALF)
+    else:
+        c_a, s_a, c_b, s_b, valid = 0.0, 0.0, 0.0, 0.0, m_ok
     acc = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
     for h in range(0, HQ):
         if INT64:
@@ -431,7 +439,7 @@ def _qkv_rope_dx_kernel(
             n0 = h * D
         dy_a, dy_b, dy_p, _, _, _ = _grad_tile(
             gq_ptr, h, HQ, h, NQK, norm_q_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b, s_b, valid,
-            m, m_ok, S, B, d_a, d_b, e, j_ok, e_ok, D, LAYOUT, INT64, True, HAS_PASS)
+            m, m_ok, S, B, d_a, d_b, e, j_ok, e_ok, D, LAYOUT, INT64, ROTATE, HAS_PASS)
         acc = _dx_head(acc, dy_a, dy_b, dy_p, w_ptr, n0, kk, k_ok, d_a, d_b, e, j_ok, e_ok, K,
                        HAS_PASS, PRECISION)
     for h in range(0, HK):
@@ -441,7 +449,7 @@ def _qkv_rope_dx_kernel(
             n0 = (HQ + h) * D
         dy_a, dy_b, dy_p, _, _, _ = _grad_tile(
             gk_ptr, h, HK, HQ + h, NQK, norm_k_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b, s_b,
-            valid, m, m_ok, S, B, d_a, d_b, e, j_ok, e_ok, D, LAYOUT, INT64, True, HAS_PASS)
+            valid, m, m_ok, S, B, d_a, d_b, e, j_ok, e_ok, D, LAYOUT, INT64, ROTATE, HAS_PASS)
         acc = _dx_head(acc, dy_a, dy_b, dy_p, w_ptr, n0, kk, k_ok, d_a, d_b, e, j_ok, e_ok, K,
                        HAS_PASS, PRECISION)
     for h in range(0, HK):
@@ -525,7 +533,7 @@ def _qkv_rope_dw_kernel(
     norm_q_ptr, norm_k_ptr, rstd_ptr, pre_ptr,
     S, B, K, HQ, HK, P, N_SEQ,
     D: tl.constexpr, R: tl.constexpr, LAYOUT: tl.constexpr, INTERLEAVED: tl.constexpr,
-    IDS_PER_ENTRY: tl.constexpr,
+    IDS_PER_ENTRY: tl.constexpr, ROTATE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, INT64: tl.constexpr,
 ):
     HALF: tl.constexpr = R // 2
@@ -549,13 +557,13 @@ def _qkv_rope_dw_kernel(
             gq_ptr, h, HQ, h, NQK, norm_q_ptr, rstd_ptr, pre_ptr, x_ptr, cos_ptr, sin_ptr,
             pos_ptr, cu_seqlens_ptr, S, B, K, P, N_SEQ, kk, k_ok, d_a, d_b, e, j_ok, e_ok,
             D, R, LAYOUT, IDS_PER_ENTRY, BLOCK_M, BLOCK_K, BLOCK_HALF, BLOCK_PASS, INT64,
-            True, HAS_PASS, PRECISION)
+            ROTATE, HAS_PASS, PRECISION)
     elif h < NQK:
         acc_a, acc_b, acc_p, db_a, db_b, db_p, gw_a, gw_b, gw_p = _dw_head(
             gk_ptr, h - HQ, HK, h, NQK, norm_k_ptr, rstd_ptr, pre_ptr, x_ptr, cos_ptr, sin_ptr,
             pos_ptr, cu_seqlens_ptr, S, B, K, P, N_SEQ, kk, k_ok, d_a, d_b, e, j_ok, e_ok,
             D, R, LAYOUT, IDS_PER_ENTRY, BLOCK_M, BLOCK_K, BLOCK_HALF, BLOCK_PASS, INT64,
-            True, HAS_PASS, PRECISION)
+            ROTATE, HAS_PASS, PRECISION)
     else:
         acc_a, acc_b, acc_p, db_a, db_b, db_p, gw_a, gw_b, gw_p = _dw_head(
             gv_ptr, h - NQK, HK, h, NQK, None, None, None, x_ptr, cos_ptr, sin_ptr,
@@ -636,15 +644,16 @@ def _needs_int64(*sizes) -> bool:
 
 
 def plan(kind: str, *, S, B, K, HQ, HK, D, R, P, ids, cu_seqlens, layout: str,
-         interleaved: bool, eps: float, device: torch.device) -> Planned:
+         interleaved: bool, eps: float, device: torch.device, rotate: bool = True) -> Planned:
     """The launch of one kernel ("fwd", "dx" or "dw") for x [M = B S, K] and HQ, HK heads of D
-    features (R rotated). Sees only sizes and options, never values."""
+    features (R rotated). Sees only sizes and options, never values. rotate=False: the same
+    GEMM without the norm and the rotation (benchmarks/qkv_rope_bench.py's baseline)."""
     M, N = S * B, (HQ + 2 * HK) * D
     t = pick_tiles(kind, M, K, device)
     args = dict(S=S, B=B, K=K, HQ=HQ, HK=HK, P=P,
                 N_SEQ=cu_seqlens.shape[0] - 1 if cu_seqlens is not None else 0,
                 D=D, R=R, LAYOUT=LAYOUT[layout], INTERLEAVED=interleaved,
-                IDS_PER_ENTRY=ids is not None and ids.shape[0] > 1,
+                IDS_PER_ENTRY=ids is not None and ids.shape[0] > 1, ROTATE=rotate,
                 BLOCK_M=t["BLOCK_M"], BLOCK_K=t["BLOCK_K"], GROUP_M=t["GROUP_M"],
                 INT64=_needs_int64(M * K, M * N, N * K))
     if kind == "fwd":
