@@ -12,6 +12,7 @@ from .frequencies import Angles, rope_angles  # angles computed in the kernel, n
 from .module import RotaryEmbedding
 from .qk_norm import QKNormRoPE, qk_norm_rope  # per-head QK-RMSNorm fused with RoPE
 from .kv_cache import rope_kv_cache  # RoPE fused with the KV-cache write (decoding)
+from .qkv_linear import QKVRoPE, qkv_rope_linear  # RoPE fused into the QKV projection's GEMM
 from .mrope import (MultiAxisRotaryEmbedding, apply_mrope, apply_mrope_qk,  # multi-axis
                     multi_axis_frequencies)
 from .runtime import INTERPRET, default_device, on_gpu
@@ -23,4 +24,4 @@ __all__ = ["apply_rope", "apply_rope_qk", "RotaryEmbedding", "rope_freqs", "rope
            "set_index_checks", "index_checks", "frequencies", "reference", "runtime", "ops", "te",
            "hf", "INTERPRET", "default_device", "on_gpu", "qk_norm_rope", "QKNormRoPE",
            "rope_kv_cache", "apply_mrope", "apply_mrope_qk", "MultiAxisRotaryEmbedding",
-           "multi_axis_frequencies", "Angles", "rope_angles"]
+           "multi_axis_frequencies", "Angles", "rope_angles", "qkv_rope_linear", "QKVRoPE"]
