@@ -1,0 +1,583 @@
+"""ropelib.qkv_rope_linear and QKVRoPE: RoPE (and QK-RMSNorm) fused into the QKV projection.
+
+* the forward against the unfused pipeline (F.linear, then the norm, then ropelib's RoPE), element
+  by element within the bound the docstring derives: rotate-half and interleaved, partial rotary,
+  GQA and MHA, norm on and off (Qwen3's and Gemma 3's scale), angle tables and table-free
+  angles, position ids, bshd and bhsd, with and without bias, bf16, fp16 and fp32;
+* the backward (x, weight, bias, norm weights) against autograd of the unfused pipeline: equal
+  to fp32 rounding in fp32, and in bf16 no further from an fp64 run than the unfused pipeline is;
+* packed sequences (cu_seqlens, or position ids [T]); every output element written (outputs
+  poisoned with NaN); a position outside the table gives NaN rows, or an error where checked;
+* torch.library.opcheck of both operators, torch.compile(aot_eager, fullgraph=True) with no graph
+  break and the same bits as eager, inference_mode, the module and its constructors from
+  nn.Linear layers; bad input raises an error that names the argument;
+* benchmarks/qkv_rope_bench.py --dry-run.
+
+Shapes are tiny (a GEMM in Triton's interpreter costs milliseconds per program instance).
+"""
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+import torch._dynamo
+import torch.nn.functional as F
+from torch import nn
+
+import ropelib
+from ropelib import qkv_linear
+from ropelib.kernels import qkv_gemm
+
+ROOT = Path(__file__).resolve().parents[1]
+OPS = torch.ops.ropelib
+# the unit roundoff u and the significand bits of each dtype
+UNIT = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32: 2.0**-24}
+BITS = {torch.bfloat16: 8, torch.float16: 11, torch.float32: 24}
+
+
+def make(dtype=torch.bfloat16, *, B=1, S=16, K=32, HQ=2, HK=1, D=16, bias=True, norm=False,
+         packed=False):
+    """x [B, S, K] (packed: [S, K]), weight [N, K], bias [N] and norm weights [D]: leaves."""
+    N = (HQ + 2 * HK) * D
+    x = torch.randn((S, K) if packed else (B, S, K)).to(dtype).requires_grad_()
+    w = (torch.randn(N, K) / K**0.5).to(dtype).requires_grad_()
+    b = (0.5 * torch.randn(N)).to(dtype).requires_grad_() if bias else None
+    wq = (1 + 0.3 * torch.randn(D)).requires_grad_() if norm else None
+    wk = (1 + 0.3 * torch.randn(D)).requires_grad_() if norm else None
+    return x, w, b, wq, wk
+
+
+def _split(y, HQ, HK, D):
+    lead = y.shape[:-1]
+    return [t.reshape(*lead, h, D) for t, h in zip(y.split([HQ * D, HK * D, HK * D], -1),
+                                                     (HQ, HK, HK))]
+
+
+def unfused(x, w, b, wq=None, wk=None, *, HQ, HK, D, freqs=None, angles=None,
+            position_ids=None, cu_seqlens=None, eps=1e-6, weight_offset=0.0, interleaved=False,
+            out_layout="bshd"):
+    """F.linear, then the QK-norm, then ropelib's RoPE: (q, k, v) and the number of roundings
+    before the last one on the way to q and k (see qkv_rope_linear's Exactness)."""
+    q, k, v = _split(F.linear(x, w, b), HQ, HK, D)
+    layout = "thd" if x.dim() == 2 else "bshd"
+    opts = dict(layout=layout, interleaved=interleaved, position_ids=position_ids)
+    if wq is not None and freqs is not None and cu_seqlens is None:
+        # the norm and the rotation in one rounding
+        q, k = ropelib.qk_norm_rope(q, k, wq, wk, freqs, eps=eps, weight_offset=weight_offset,
+                                    **opts)
+        roundings = 2
+    else:
+        roundings = 1
+        if wq is not None:      # the norm rounded to x's dtype, then rotated
+            def norm(t, wt):
+                t32 = t.to(torch.float64 if t.dtype == torch.float64 else torch.float32)
+                r = torch.rsqrt(t32.pow(2).mean(-1, keepdim=True) + eps)
+                return (t32 * r * (wt.to(t32.dtype) + weight_offset)).to(t.dtype)
+            q, k = norm(q, wq), norm(k, wk)
+            roundings = 3
+        q, k = ropelib.apply_rope_qk(q, k, freqs, angles=angles, cu_seqlens=cu_seqlens, **opts)
+    if out_layout == "bhsd":
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    return (q, k, v), roundings
+
+
+def exact(x, w, b, wq=None, wk=None, *, HQ, HK, D, R, eps=1e-6, weight_offset=0.0,
+          interleaved=False, out_layout="bshd"):
+    """For the bound: rho, the norm of each rotated pair (|value| past R and in v), in fp64
+    from the same inputs, and the fp32 GEMMs' summation slack (2 K 2^-24 sum |x w|, scaled as
+    the value is). Each [.., H, D] in out_layout."""
+    x64, w64 = x.detach().double(), w.detach().double()
+    y = F.linear(x64, w64, b.detach().double() if b is not None else None)
+    e = F.linear(x64.abs(), w64.abs(), b.detach().double().abs() if b is not None else None)
+    slack = 2 * x.shape[-1] * 2.0**-24 * e
+    outs = []
+    for i, (t, s) in enumerate(zip(_split(y, HQ, HK, D), _split(slack, HQ, HK, D))):
+        if i < 2 and wq is not None:
+            wt = (wq if i == 0 else wk).detach().double() + weight_offset
+            r = torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps)
+            t, s = t * r * wt, s * r * wt.abs()
+        t, s = t.abs(), s.abs()
+        if i < 2:               # a rotated pair mixes its two members
+            j = torch.arange(R // 2)
+            a, bb = (2 * j, 2 * j + 1) if interleaved else (j, j + R // 2)
+            rho = (t[..., a] ** 2 + t[..., bb] ** 2).sqrt()
+            t, s = t.clone(), s.clone()
+            pair_slack = s[..., a] + s[..., bb]
+            t[..., a], t[..., bb], s[..., a], s[..., bb] = rho, rho, pair_slack, pair_slack
+        if out_layout == "bhsd":
+            t, s = t.transpose(1, 2), s.transpose(1, 2)
+        outs.append((t, s))
+    return outs
+
+
+def ulp(t: torch.Tensor, dtype) -> torch.Tensor:
+    """The spacing of `dtype` at |t| (its smallest normal's below that)."""
+    _, e = torch.frexp(t.double().abs().clamp_min(torch.finfo(dtype).tiny))
+    return torch.ldexp(torch.ones_like(t, dtype=torch.float64), e - BITS[dtype])
+
+
+def assert_within_bound(got, want, rho, slack, roundings: int, dtype):
+    """|fused - unfused| <= roundings u rho + ulp(fused)/2 + ulp(unfused)/2 + GEMM slack, plus
+    a few fp32 roundings of the rotation and norm arithmetic, element by element."""
+    bound = (roundings * UNIT[dtype] + 4 * 2.0**-24) * rho + 0.5 * (ulp(got, dtype)
+                                                                   + ulp(want, dtype)) + slack
+    err = (got.detach().double() - want.detach().double()).abs()
+    excess = err - bound
+    assert not got.isnan().any()
+    assert (excess <= 0).all(), (f"{int((excess > 0).sum())} elements past the bound, worst "
+                                 f"{float(err.flatten()[excess.argmax()])} vs "
+                                 f"{float(bound.flatten()[excess.argmax()])}")
+
+
+def check_forward(dtype, *, HQ=2, HK=1, D=16, R=None, norm=False, bias=True, table="freqs",
+                  interleaved=False, position_ids=False, out_layout="bshd", weight_offset=0.0,
+                  B=1, S=16, K=32):
+    R = R or D
+    x, w, b, wq, wk = make(dtype, B=B, S=S, K=K, HQ=HQ, HK=HK, D=D, bias=bias, norm=norm)
+    if weight_offset:
+        with torch.no_grad():   # Gemma's weights sit around 0 (the scale is 1 + w)
+            wq -= 1
+            wk -= 1
+    P = 3 * S
+    pos = torch.randint(0, P, (B, S)) if position_ids else None
+    tables = {"freqs": dict(freqs=ropelib.rope_freqs(P, D, rotary_percent=R / D,
+                                                     interleaved=interleaved)),
+              "angles": dict(angles=ropelib.rope_angles(D, rotary_percent=R / D))}[table]
+    got = ropelib.qkv_rope_linear(x, w, b, n_heads=HQ, n_kv_heads=HK, head_dim=D,
+                                  position_ids=pos, q_norm_weight=wq, k_norm_weight=wk,
+                                  interleaved=interleaved, out_layout=out_layout,
+                                  weight_offset=weight_offset, **tables)
+    want, roundings = unfused(x, w, b, wq, wk, HQ=HQ, HK=HK, D=D, position_ids=pos,
+                              interleaved=interleaved, out_layout=out_layout,
+                              weight_offset=weight_offset, **tables)
+    bounds = exact(x, w, b, wq, wk, HQ=HQ, HK=HK, D=D, R=R, interleaved=interleaved,
+                   out_layout=out_layout, weight_offset=weight_offset)
+    for i, (g, t, (rho, slack)) in enumerate(zip(got, want, bounds)):
+        assert g.shape == t.shape and g.dtype == dtype and g.is_contiguous()
+        assert_within_bound(g, t, rho, slack, roundings if i < 2 else 1, dtype)
+    return got, want
+
+
+# --- forward: exactness against the unfused pipeline ------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("norm", [False, True], ids=["plain", "qk-norm"])
+@pytest.mark.parametrize("table", ["freqs", "angles"])
+def test_forward_within_the_bound(dtype, norm, table, seeded):
+    check_forward(dtype, norm=norm, table=table)
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["rotate-half", "interleaved"])
+@pytest.mark.parametrize("R", [16, 8], ids=["full", "partial"])
+@pytest.mark.parametrize("heads", [(2, 1), (2, 2), (3, 1)], ids=["gqa", "mha", "odd"])
+def test_forward_pairings_and_heads(interleaved, R, heads, seeded):
+    check_forward(torch.bfloat16, HQ=heads[0], HK=heads[1], R=R, interleaved=interleaved,
+                  norm=heads == (2, 1))
+
+
+@pytest.mark.parametrize("out_layout", ["bshd", "bhsd"])
+@pytest.mark.parametrize("table", ["freqs", "angles"])
+def test_forward_position_ids_and_layouts(out_layout, table, seeded):
+    """Per-batch position ids, two sequences, a head dim that is not a power of two."""
+    check_forward(torch.bfloat16, B=2, S=8, D=24, R=16, position_ids=True, out_layout=out_layout,
+                  table=table, norm=True, bias=False)
+
+
+def test_forward_gemma_scale_and_odd_sizes(seeded):
+    """weight_offset=1 (Gemma 3's 1 + w), tokens and hidden size no multiple of the tiles."""
+    check_forward(torch.bfloat16, S=13, K=40, norm=True, weight_offset=1.0, table="freqs")
+
+
+def test_same_angles_as_apply_rope_bit_for_bit(seeded):
+    """fp32 with the same accumulator order aside, the rotation itself is apply_rope's: with a
+    weight that is the identity, the fused q is apply_rope(x) exactly."""
+    S, D = 16, 16
+    x = torch.randn(1, S, D)
+    w = torch.eye(D).repeat(3, 1)                       # q = x, k = x, v = x (one head each)
+    angles = ropelib.rope_angles(D)
+    q, k, v = ropelib.qkv_rope_linear(x, w, n_heads=1, n_kv_heads=1, head_dim=D, angles=angles)
+    want = ropelib.apply_rope(x.reshape(1, S, 1, D), layout="bshd", angles=angles)
+    assert torch.equal(q, want) and torch.equal(k, want)
+    assert torch.equal(v, x.reshape(1, S, 1, D))
+
+
+# --- backward --------------------------------------------------------------------------------
+
+def check_backward(dtype, *, norm, bias=True, table="freqs", interleaved=False, R=16, D=16,
+                   out_layout="bshd", position_ids=False, B=1, S=16, HQ=2, HK=1,
+                   weight_offset=0.0):
+    x, w, b, wq, wk = make(dtype, B=B, S=S, HQ=HQ, HK=HK, D=D, bias=bias, norm=norm)
+    pos = torch.randint(0, 2 * S, (B, S)) if position_ids else None
+    tables = {"freqs": dict(freqs=ropelib.rope_freqs(2 * S, D, rotary_percent=R / D,
+                                                     interleaved=interleaved)),
+              "angles": dict(angles=ropelib.rope_angles(D, rotary_percent=R / D))}[table]
+    opts = dict(position_ids=pos, interleaved=interleaved, out_layout=out_layout,
+                weight_offset=weight_offset, **tables)
+    got = ropelib.qkv_rope_linear(x, w, b, n_heads=HQ, n_kv_heads=HK, head_dim=D,
+                                  q_norm_weight=wq, k_norm_weight=wk, **opts)
+    want, _ = unfused(x, w, b, wq, wk, HQ=HQ, HK=HK, D=D, **opts)
+    leaves = [t for t in (x, w, b, wq, wk) if t is not None]
+    grads = [torch.randn_like(t) for t in got]
+    g_fused = torch.autograd.grad(got, leaves, grads)
+    g_unfused = torch.autograd.grad(want, leaves, grads)
+    for g, leaf in zip(g_fused, leaves):
+        assert g.shape == leaf.shape and g.dtype == leaf.dtype and not g.isnan().any()
+    if dtype == torch.float32:
+        for a, c in zip(g_fused, g_unfused):
+            scale = float(c.abs().max())
+            torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-5 * scale)
+        return
+    # 16 bits: both pipelines round dY (and their results) once to the model's dtype, at
+    # different points; the fused one is to be no further from the exact gradients than the
+    # unfused one (an fp64 run of the same pipeline), and close to them
+    leaves64 = [t.detach().double().requires_grad_() for t in leaves]
+    it = iter(leaves64)
+    x64, w64 = next(it), next(it)
+    b64 = next(it) if b is not None else None
+    wq64, wk64 = (next(it), next(it)) if norm else (None, None)
+    want64, _ = unfused(x64, w64, b64, wq64, wk64, HQ=HQ, HK=HK, D=D, **opts)
+    g_exact = torch.autograd.grad(want64, leaves64, [g.double() for g in grads])
+    for name, a, c, e in zip(("x", "weight", "bias", "q_norm", "k_norm"), g_fused, g_unfused,
+                             g_exact):
+        err_fused = float((a.double() - e).abs().max())
+        err_unfused = float((c.double() - e).abs().max())
+        scale = float(e.abs().max())
+        assert err_fused <= 2 * err_unfused + 4 * UNIT[dtype] * scale, (name, err_fused,
+                                                                        err_unfused)
+        assert err_fused <= 8 * UNIT[dtype] * scale, (name, err_fused, scale)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("norm", [False, True], ids=["plain", "qk-norm"])
+@pytest.mark.parametrize("table", ["freqs", "angles"])
+def test_backward_matches_autograd_of_the_unfused_pipeline(dtype, norm, table, seeded):
+    check_backward(dtype, norm=norm, table=table)
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["rotate-half", "interleaved"])
+@pytest.mark.parametrize("R", [16, 8], ids=["full", "partial"])
+def test_backward_pairings_and_partial_rotary(interleaved, R, seeded):
+    check_backward(torch.float32, norm=True, interleaved=interleaved, R=R, HQ=3, HK=1)
+
+
+@pytest.mark.parametrize("out_layout", ["bshd", "bhsd"])
+def test_backward_position_ids_layouts_and_gemma_scale(out_layout, seeded):
+    check_backward(torch.float32, norm=True, bias=False, D=24, R=16, B=2, S=8,
+                   position_ids=True, out_layout=out_layout, weight_offset=1.0, table="angles")
+
+
+def test_backward_with_frozen_parts_and_unused_outputs(seeded):
+    """Only x needs a gradient (frozen projection); only q and v enter the loss."""
+    x, w, b, _, _ = make(torch.float32)
+    w.requires_grad_(False)
+    b.requires_grad_(False)
+    freqs = ropelib.rope_freqs(16, 16)
+    q, k, v = ropelib.qkv_rope_linear(x, w, b, n_heads=2, n_kv_heads=1, head_dim=16,
+                                      freqs=freqs)
+    (gx,) = torch.autograd.grad(q.sum() + 2 * v.sum(), (x,))
+    (q2, _, v2), _ = unfused(x, w, b, HQ=2, HK=1, D=16, freqs=freqs)
+    (want,) = torch.autograd.grad(q2.sum() + 2 * v2.sum(), (x,))
+    torch.testing.assert_close(gx, want, rtol=1e-5, atol=1e-5)
+
+
+# --- packed sequences --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("norm", [False, True], ids=["plain", "qk-norm"])
+def test_packed_sequences(norm, seeded):
+    """x [T, hidden] with cu_seqlens: each token at its index in its sequence; the same with
+    position ids [T]; gradients too."""
+    T, D = 16, 16
+    x, w, b, wq, wk = make(torch.float32, S=T, norm=norm, packed=True)
+    cu = torch.tensor([0, 5, 12, 16], dtype=torch.int32)
+    freqs = ropelib.rope_freqs(8, D)
+    got = ropelib.qkv_rope_linear(x, w, b, n_heads=2, n_kv_heads=1, head_dim=D, freqs=freqs,
+                                  cu_seqlens=cu, q_norm_weight=wq, k_norm_weight=wk)
+    want, _ = unfused(x, w, b, wq, wk, HQ=2, HK=1, D=D, freqs=freqs, cu_seqlens=cu)
+    assert [tuple(t.shape) for t in got] == [(T, 2, D), (T, 1, D), (T, 1, D)]
+    for g, t in zip(got, want):
+        torch.testing.assert_close(g, t, rtol=1e-5, atol=1e-5)
+    pos = torch.cat([torch.arange(n) for n in (5, 7, 4)])
+    by_ids = ropelib.qkv_rope_linear(x, w, b, n_heads=2, n_kv_heads=1, head_dim=D, freqs=freqs,
+                                     position_ids=pos, q_norm_weight=wq, k_norm_weight=wk)
+    assert all(torch.equal(a, c) for a, c in zip(got, by_ids))
+    leaves = [t for t in (x, w, b, wq, wk) if t is not None]
+    grads = [torch.randn_like(t) for t in got]
+    for a, c in zip(torch.autograd.grad(got, leaves, grads),
+                    torch.autograd.grad(want, leaves, grads)):
+        torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-5 * float(c.abs().max()))
+
+
+# --- every element written; positions outside the table -----------------------------------------
+
+def test_every_output_element_is_written(seeded):
+    """The kernels' outputs poisoned with NaN before the launch (odd token count, hidden size
+    and head count, partial rotary): none survives, forward or backward."""
+    S, K, HQ, HK, D, R = 13, 40, 3, 1, 24, 16
+    x, w, b, wq, wk = (t.detach() if t is not None else None
+                       for t in make(torch.float32, S=S, K=K, HQ=HQ, HK=HK, D=D, norm=True))
+    freqs = ropelib.rope_freqs(S, D, rotary_percent=R / D)[:, 0, 0].contiguous()
+    M, N = S, (HQ + 2 * HK) * D
+
+    def nan(*shape):
+        return torch.full(shape, float("nan"))
+    q, k, v = nan(1, S, HQ, D), nan(1, S, HK, D), nan(1, S, HK, D)
+    rstd, pre = nan(M, HQ + HK), nan(M, (HQ + HK) * D)
+    opts = dict(S=S, B=1, K=K, HQ=HQ, HK=HK, D=D, R=R, P=S, ids=None, cu_seqlens=None,
+                layout="bshd", interleaved=False, eps=1e-6, device=x.device)
+    shared = (freqs, None, None, None, wq, wk, rstd, pre)
+    qkv_gemm.run(qkv_gemm.plan("fwd", **opts), qkv_gemm.FWD_POINTERS,
+                 (x.reshape(M, K), w, b, q, k, v) + shared)
+    for t in (q, k, v, rstd, pre):
+        assert not t.isnan().any()
+    g = [torch.randn_like(t) for t in (q, k, v)]
+    dx, dw, db, dnorm = nan(M, K), nan(N, K), nan(N), nan(HQ + HK, D)
+    qkv_gemm.run(qkv_gemm.plan("dx", **opts), qkv_gemm.DX_POINTERS, (*g, w, dx) + shared)
+    qkv_gemm.run(qkv_gemm.plan("dw", **opts), qkv_gemm.DW_POINTERS,
+                 (*g, x.reshape(M, K), dw, db, dnorm) + shared)
+    for t in (dx, dw, db, dnorm):
+        assert not t.isnan().any()
+
+
+def test_position_outside_the_table(seeded):
+    """Checked where the ids sit in CPU memory (an error); unchecked, the rows come out NaN,
+    and only those."""
+    x, w, b, _, _ = make(torch.float32, B=1, S=4)
+    freqs = ropelib.rope_freqs(6, 16)
+    pos = torch.tensor([[0, 1, 9, 2]])
+    with pytest.raises(ValueError, match=r"position_ids must lie in \[0, 6\)"):
+        ropelib.qkv_rope_linear(x, w, b, n_heads=2, n_kv_heads=1, head_dim=16, freqs=freqs,
+                                position_ids=pos)
+    with ropelib.set_index_checks("off"):
+        q, k, v = ropelib.qkv_rope_linear(x, w, b, n_heads=2, n_kv_heads=1, head_dim=16,
+                                          freqs=freqs, position_ids=pos)
+    assert q[0, 2].isnan().all() and k[0, 2].isnan().all() and not v.isnan().any()
+    assert not q[0, [0, 1, 3]].isnan().any() and not k[0, [0, 1, 3]].isnan().any()
+
+
+def test_empty_batch(seeded):
+    x, w, b, wq, wk = make(torch.float32, B=0, S=4, norm=True)
+    out = ropelib.qkv_rope_linear(x, w, b, n_heads=2, n_kv_heads=1, head_dim=16,
+                                  freqs=ropelib.rope_freqs(4, 16), q_norm_weight=wq,
+                                  k_norm_weight=wk)
+    assert [tuple(t.shape) for t in out] == [(0, 4, 2, 16), (0, 4, 1, 16), (0, 4, 1, 16)]
+    grads = torch.autograd.grad([t.sum() for t in out], (x, w, b, wq, wk))
+    assert all(not g.any() for g in grads)
+
+
+# --- operators, torch.compile, inference_mode ----------------------------------------------------
+
+def _op_args(norm: bool, save: bool):
+    x, w, b, wq, wk = make(torch.float32, S=8, norm=norm)
+    angles = ropelib.rope_angles(16)
+    return (x, w, b, angles.turns, angles.amplitude, None, None, wq, wk, 2, 1, 16, 1e-6, False,
+            "bhsd", save)
+
+
+@pytest.mark.parametrize("norm", [False, True], ids=["plain", "qk-norm"])
+def test_opcheck(norm, seeded):
+    args = _op_args(norm, norm)
+    torch.library.opcheck(OPS.qkv_rope_linear.default, args)
+    x, w, b, table, sin, pos, cu, wq, wk = args[:9]
+    q, k, v, rstd, pre = OPS.qkv_rope_linear(*args)
+    grads = tuple(torch.randn_like(t) for t in (q, k, v))
+    torch.library.opcheck(OPS.qkv_rope_linear_backward.default,
+                          grads + (x.detach(), w.detach(), table, sin, pos, cu,
+                                   wq.detach() if norm else None, wk.detach() if norm else None,
+                                   rstd, pre, 2, 1, 16, False, "bhsd", True, True, True))
+
+
+def test_registered_as_triton_ops_on_a_gpu():
+    from torch._library.triton import get_triton_kernels_for_op
+    for name in ("qkv_rope_linear", "qkv_rope_linear_backward"):
+        assert hasattr(OPS, name)
+        assert bool(get_triton_kernels_for_op(f"ropelib::{name}")) == (not ropelib.INTERPRET)
+
+
+@pytest.mark.parametrize("table", ["freqs", "angles"])
+def test_compile_fullgraph_equals_eager(table, seeded):
+    x, w, b, wq, wk = make(torch.bfloat16, B=2, S=8, norm=True)
+    tables = dict(freqs=ropelib.rope_freqs(8, 16)) if table == "freqs" else \
+        dict(angles=ropelib.rope_angles(16))
+    pos = torch.randint(0, 8, (2, 8))
+
+    def fn(x, w, b, wq, wk, pos):
+        return ropelib.qkv_rope_linear(x * 2, w, b, n_heads=2, n_kv_heads=1, head_dim=16,
+                                       position_ids=pos, q_norm_weight=wq, k_norm_weight=wk,
+                                       out_layout="bhsd", **tables)
+    args = (x, w, b, wq, wk, pos)
+    args_e = [a.detach().clone().requires_grad_(i < 5) for i, a in enumerate(args)]
+    args_c = [a.detach().clone().requires_grad_(i < 5) for i, a in enumerate(args)]
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(fn)(*args_e)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1, \
+        [str(r.reason) for r in explained.break_reasons]
+    torch._dynamo.reset()
+    out_e = fn(*args_e)
+    out_c = torch.compile(fn, backend="aot_eager", fullgraph=True)(*args_c)
+    grads = [torch.randn_like(o) for o in out_e]
+    torch.autograd.backward(out_e, grads)
+    torch.autograd.backward(out_c, grads)
+    assert all(torch.equal(c, e) for c, e in zip(out_c, out_e))
+    for a, c in zip(args_e[:5], args_c[:5]):
+        assert torch.equal(c.grad, a.grad)
+    torch._dynamo.reset()
+
+
+def test_inference_mode(seeded):
+    x, w, b, wq, wk = (t.detach() for t in make(torch.bfloat16, norm=True))
+    freqs = ropelib.rope_freqs(16, 16)
+    opts = dict(n_heads=2, n_kv_heads=1, head_dim=16, freqs=freqs, q_norm_weight=wq,
+                k_norm_weight=wk)
+    with torch.no_grad():
+        want = ropelib.qkv_rope_linear(x, w, b, **opts)
+    with torch.inference_mode():
+        got = ropelib.qkv_rope_linear(x, w, b, **opts)
+        made_inside = ropelib.rope_freqs(16, 16)
+    assert all(torch.equal(a, c) for a, c in zip(got, want))
+    # a table made under inference_mode serves a later call that needs gradients
+    xg = x.clone().requires_grad_()
+    q, _, _ = ropelib.qkv_rope_linear(xg, w, b, **dict(opts, freqs=made_inside))
+    q.sum().backward()
+    assert xg.grad is not None and not xg.grad.isnan().any()
+
+
+# --- the module ---------------------------------------------------------------------------------
+
+class _RMSNorm(nn.Module):
+    """The shape of transformers' Qwen3RMSNorm: `weight` and `variance_epsilon`."""
+
+    def __init__(self, dim, eps=1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(1 + 0.3 * torch.randn(dim))
+        self.variance_epsilon = eps
+
+
+def test_module_from_linear_shares_the_parameters(seeded):
+    hidden, HQ, HK, D = 32, 2, 1, 16
+    lin = nn.Linear(hidden, (HQ + 2 * HK) * D, bias=True)
+    q_norm, k_norm = _RMSNorm(D, 1e-5), _RMSNorm(D, 1e-5)
+    m = ropelib.QKVRoPE.from_linear(lin, n_heads=HQ, n_kv_heads=HK, head_dim=D, q_norm=q_norm,
+                                    k_norm=k_norm, out_layout="bhsd")
+    assert m.weight is lin.weight and m.bias is lin.bias
+    assert m.q_norm_weight is q_norm.weight and m.eps == 1e-5
+    x = torch.randn(1, 16, hidden)
+    freqs = ropelib.rope_freqs(16, D)
+    got = m(x, freqs)
+    want = ropelib.qkv_rope_linear(x, lin.weight, lin.bias, n_heads=HQ, n_kv_heads=HK,
+                                   head_dim=D, freqs=freqs, q_norm_weight=q_norm.weight,
+                                   k_norm_weight=k_norm.weight, eps=1e-5, out_layout="bhsd")
+    assert all(torch.equal(a, c) for a, c in zip(got, want))
+    sum(t.sum() for t in got).backward()
+    assert lin.weight.grad is not None and q_norm.weight.grad is not None
+    assert "n_heads=2" in repr(m)
+
+
+def test_module_from_linears(seeded):
+    """Separate q, k, v projections (transformers' Llama): one fused projection, same result."""
+    hidden, HQ, HK, D = 32, 2, 1, 16
+    q_proj = nn.Linear(hidden, HQ * D, bias=False)
+    k_proj = nn.Linear(hidden, HK * D, bias=False)
+    v_proj = nn.Linear(hidden, HK * D, bias=False)
+    m = ropelib.QKVRoPE.from_linears(q_proj, k_proj, v_proj, head_dim=D)
+    assert (m.n_heads, m.n_kv_heads, m.bias) == (HQ, HK, None)
+    x = torch.randn(1, 16, hidden)
+    angles = ropelib.rope_angles(D)
+    q, k, v = m(x, angles=angles)
+    shape = (1, 16, -1, D)
+    want_q = ropelib.apply_rope(q_proj(x).reshape(shape), layout="bshd", angles=angles)
+    want_k = ropelib.apply_rope(k_proj(x).reshape(shape), layout="bshd", angles=angles)
+    for got, want in ((q, want_q), (k, want_k), (v, v_proj(x).reshape(shape))):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_module_own_parameters():
+    m = ropelib.QKVRoPE(32, 4, 2, 8, bias=True, qk_norm=True, weight_offset=1.0)
+    assert m.weight.shape == (64, 32) and m.bias.shape == (64,)
+    assert torch.equal(m.q_norm_weight, torch.zeros(8))     # the scale w + 1 starts at 1
+    assert float(m.weight.detach().abs().max()) <= 32 ** -0.5
+    with pytest.raises(ValueError, match="out_layout must be one of"):
+        ropelib.QKVRoPE(32, 4, 2, 8, out_layout="sbhd")
+    with pytest.raises(ValueError, match="need .n_heads . 2 n_kv_heads. . head_dim = 64"):
+        ropelib.QKVRoPE.from_linear(nn.Linear(32, 60), n_heads=4, n_kv_heads=2, head_dim=8)
+    with pytest.raises(ValueError, match="pass both q_norm and k_norm"):
+        ropelib.QKVRoPE.from_linear(nn.Linear(32, 64), n_heads=4, n_kv_heads=2, head_dim=8,
+                                    q_norm=_RMSNorm(8))
+    with pytest.raises(ValueError, match="q_proj has 30 output features, not a multiple"):
+        ropelib.QKVRoPE.from_linears(nn.Linear(32, 30), nn.Linear(32, 16), nn.Linear(32, 16),
+                                     head_dim=8)
+
+
+# --- errors ------------------------------------------------------------------------------------
+
+def _bad():
+    x, w, b, wq, wk = (t.detach() for t in make(torch.float32, S=4, norm=True))
+    return dict(x=x, weight=w, bias=b, n_heads=2, n_kv_heads=1, head_dim=16,
+                freqs=ropelib.rope_freqs(6, 16), q_norm_weight=wq, k_norm_weight=wk)
+
+
+@pytest.mark.parametrize("change, error, match", [
+    (dict(x=torch.randn(4, 32, dtype=torch.float64)), TypeError, "x must have dtype in"),
+    (dict(x=torch.randn(32)), ValueError, "x must be 2 or 3-D"),
+    (dict(weight=torch.randn(48, 32)), ValueError,
+     r"weight must be \[\(n_heads \+ 2 n_kv_heads\) \* head_dim, hidden\] .* = \[64, 32\]"),
+    (dict(weight=torch.randn(64, 32, dtype=torch.bfloat16)), TypeError,
+     "weight must have x's dtype"),
+    (dict(bias=torch.randn(7)), ValueError, r"bias must be \[64\]"),
+    (dict(n_heads=0), ValueError, "n_heads must be >= 1"),
+    (dict(head_dim=16.0), TypeError, "head_dim must be an int"),
+    (dict(head_dim=512), ValueError, "head_dim must be <= 256"),
+    (dict(freqs=None), ValueError, "pass freqs .* or angles .*exactly one"),
+    (dict(angles=ropelib.rope_angles(16)), ValueError, "exactly one of them"),
+    (dict(freqs=ropelib.rope_freqs(6, 32)), ValueError, "larger than the head dim"),
+    (dict(freqs=ropelib.rope_freqs(6, 16).bfloat16()), TypeError, "freqs must be float32"),
+    (dict(freqs=ropelib.rope_freqs(3, 16)), ValueError, "the table .* has 3 positions"),
+    (dict(rotary_dim=8), ValueError, "rotary_dim=8 but freqs rotates 16 features"),
+    (dict(k_norm_weight=None), ValueError, "pass both q_norm_weight and k_norm_weight"),
+    (dict(q_norm_weight=torch.ones(8)), ValueError, r"q_norm_weight must be \[head_dim\]"),
+    (dict(eps=0.0), ValueError, "eps must be a finite number > 0"),
+    (dict(interleaved=1), TypeError, "interleaved must be a bool"),
+    (dict(out_layout="sbhd"), ValueError, "out_layout must be one of"),
+    (dict(position_ids=torch.zeros(2, 4, dtype=torch.long)), ValueError,
+     r"position_ids must be \[S=4\] or \[B=1 or 1, S=4\]"),
+    (dict(position_ids=torch.zeros(1, 4)), TypeError, "position_ids must be an integer tensor"),
+    (dict(cu_seqlens=torch.tensor([0, 4])), ValueError, "cu_seqlens is for packed sequences"),
+])
+def test_bad_arguments_are_named(change, error, match):
+    args = dict(_bad(), **change)
+    x, w, b = args.pop("x"), args.pop("weight"), args.pop("bias")
+    with pytest.raises(error, match=match):
+        ropelib.qkv_rope_linear(x, w, b, **args)
+
+
+def test_packed_input_errors():
+    args = _bad()
+    x = args.pop("x")[0]                 # [T, hidden]
+    w, b = args.pop("weight"), args.pop("bias")
+    with pytest.raises(ValueError, match=r"x \[T, hidden\] = \(4, 32\) holds packed sequences"):
+        ropelib.qkv_rope_linear(x, w, b, **args)
+    with pytest.raises(ValueError, match="out_layout='bhsd' needs x"):
+        ropelib.qkv_rope_linear(x, w, b, cu_seqlens=torch.tensor([0, 4]), out_layout="bhsd",
+                                **args)
+    with pytest.raises(ValueError, match="cu_seqlens.* must equal the number of tokens"):
+        ropelib.qkv_rope_linear(x, w, b, cu_seqlens=torch.tensor([0, 3]), **args)
+
+
+# --- benchmark ---------------------------------------------------------------------------------
+
+def test_benchmark_dry_run(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("qkv_rope_bench",
+                                                  ROOT / "benchmarks" / "qkv_rope_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "qkv.csv"
+    assert bench.main(["--dry-run", "--out", str(out)]) == 0
+    from ropelib.bench import compare
+    rows = compare.read_csv(out)
+    meta = compare.read_meta(out)
+    assert meta["script"] == "benchmarks/qkv_rope_bench.py" and "dry run" in meta["timing"]
+    assert {r["provider"] for r in rows} == {"triton_gemm", "fused", "unfused", "cublas"}
+    assert {r["pass"] for r in rows} == {"fwd", "fwd+bwd"}
+    assert {r["qk_norm"] for r in rows} == {True, False}
+    for r in rows:
+        assert r["available"] is True, r
+    assert "fused" in capsys.readouterr().out
