@@ -42,9 +42,7 @@ if str(REPO_ROOT) not in sys.path:  # run from a checkout without `pip install -
 
 from ropelib import runtime  # noqa: E402
 from ropelib.bench import kv_cache_decode  # noqa: E402
-from ropelib.bench.kv_cache_decode import (BATCHES, FP8, PROVIDERS, bytes_moved,  # noqa: E402,F401
-                                           check, fused_step, make_case, run, table,
-                                           time_step, unfused_step)
+from ropelib.bench.kv_cache_decode import BATCHES, run, table  # noqa: E402
 
 SCRIPT = "benchmarks/decode_cache_bench.py"
 

@@ -2,7 +2,7 @@
 torch.compile of it.
 
     python benchmarks/mrope_bench.py --out benchmarks/results/mrope.csv    # on a GPU
-    python benchmarks/mrope_bench.py --tables --case mrope --out t.csv     # + the 4.x drop-in vs Liger
+    python benchmarks/mrope_bench.py --tables --case mrope --out t.csv   # + 4.x drop-in vs Liger
     TRITON_INTERPRET=1 python benchmarks/mrope_bench.py --dry-run           # CPU: tiny shapes
 
 Three cases, bf16, q and k together at least 256 MiB: mrope (Qwen2-VL-7B's text attention,
@@ -50,8 +50,8 @@ if str(REPO_ROOT) not in sys.path:  # run from a checkout without `pip install -
 
 from ropelib import runtime  # noqa: E402
 from ropelib.bench import multi_axis  # noqa: E402
-# the names benchmarks/feature_tiles.py reads from this script
-from ropelib.bench.multi_axis import CASES, TINY, TOL, positions_for, run, table  # noqa: E402,F401
+# CASES and positions_for: benchmarks/feature_tiles.py reads them from this script
+from ropelib.bench.multi_axis import CASES, positions_for, run, table  # noqa: E402,F401
 
 SCRIPT = "benchmarks/mrope_bench.py"
 

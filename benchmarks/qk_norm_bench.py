@@ -39,9 +39,8 @@ if str(REPO_ROOT) not in sys.path:  # run from a checkout without `pip install -
 
 from ropelib import runtime  # noqa: E402
 from ropelib.bench import qk_norm_rope  # noqa: E402
-# the names benchmarks/feature_tiles.py and the tests read from this script
-from ropelib.bench.qk_norm_rope import (EPS, FIELDS, bytes_moved, inputs,  # noqa: E402,F401
-                                        norm_rope_ropelib, norm_rope_torch, run, table)
+# inputs: benchmarks/feature_tiles.py reads it from this script
+from ropelib.bench.qk_norm_rope import inputs, run, table  # noqa: E402,F401
 
 SCRIPT = "benchmarks/qk_norm_bench.py"
 

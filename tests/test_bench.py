@@ -1,9 +1,12 @@
-"""The benchmark suite (ropelib/bench/suite.py) and its figure script (benchmarks/plot.py).
+"""The benchmark suite (ropelib/bench/suite.py), its figure script (benchmarks/plot.py), the
+floor suite (ropelib/bench/floor.py) and the README's table drawn from its CSVs
+(ropelib/bench/readme_table.py).
 
-On the CPU the quick suite runs end to end in Triton's interpreter on tiny shapes (its timings
-mean nothing; the CSV's fields, the error columns and the plumbing do). The target checker is
-tested on SYNTHETIC rows built here: made-up timings chosen to sit on each side of every
-performance bar, never presented as measurements.
+On the CPU the quick and floor suites run end to end in Triton's interpreter on tiny shapes
+(their timings mean nothing; the CSV's fields, the error columns and the plumbing do). The
+target checker and the README table are tested on SYNTHETIC rows built here: made-up timings
+chosen to sit on each side of every performance bar, never presented as measurements; the
+README's committed table is checked against the committed floor CSVs.
 """
 import importlib.util
 import math
@@ -19,6 +22,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before ropelib's kernels are imported
 
 from ropelib.bench import compare  # noqa: E402
+from ropelib.bench import floor, readme_table  # noqa: E402
 from ropelib.bench import suite as bench  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -380,3 +384,224 @@ def test_graph_timings_for_real_providers():
     assert by["ropelib"]["graph_ratio_fwd"] == pytest.approx(
         by["ropelib"]["graph_copy_fwd_ms"] / by["ropelib"]["graph_fwd_ms"])
     assert by["pytorch"]["graph_fwd_ms"] is None and "not timed" in by["pytorch"]["graph_reason"]
+
+
+# --- the floor suite on the CPU ------------------------------------------------------------
+
+# the plain RoPE rows' providers on the CPU: the teaching kernels left out (slow in the
+# interpreter), three that cannot run there (their skipped lines must say why)
+FLOOR_PROVIDERS = ("ropelib", "pytorch", "te_fused", "torch.compile", "liger")
+
+
+@pytest.fixture(scope="module")
+def floor_run(tmp_path_factory):
+    """`python -m ropelib.bench --suite floor` in a subprocess: (csv path, stdout)."""
+    out = tmp_path_factory.mktemp("floor") / "floor.csv"
+    env = dict(os.environ)
+    if not torch.cuda.is_available():
+        env["TRITON_INTERPRET"] = "1"
+    proc = subprocess.run([sys.executable, "-m", "ropelib.bench", "--suite", "floor",
+                           "--out", str(out), "--providers", ",".join(FLOOR_PROVIDERS)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc.stdout
+
+
+def test_floor_suite_writes_every_row(floor_run):
+    path, stdout = floor_run
+    result = floor.read(path)     # raises unless the columns are exactly floor.FIELDS
+    assert path.read_text().splitlines()[len(result.meta) + len(result.skipped)] == \
+        "case,provider,ms,ratio_to_copy"
+    for k in META_KEYS + ("suite", "sizes", "timing", "ratio_to_copy", "host_rows",
+                          "graph_rows", "providers", "elapsed_s"):
+        assert result.meta.get(k), k
+    assert result.meta["suite"] == "floor"
+    keys = [(r["case"], r["provider"]) for r in result.rows]
+    assert len(keys) == len(set(keys))               # one row per (case, provider)
+    names = floor.case_names()
+    assert list(dict.fromkeys(r["case"] for r in result.rows)) == names   # every row, in order
+    for name in names:
+        by = {r["provider"]: r for r in result.rows if r["case"] == name}
+        assert by[floor.COPY]["ratio_to_copy"] == 1.0, name
+        assert by["ropelib"]["ms"] > 0 and by["ropelib"]["ratio_to_copy"] > 0, name
+        if floor.is_host_case(name):       # host rows: a provider other than ropelib too
+            assert "pytorch" in by, name
+    assert all(math.isfinite(r["ms"]) and r["ms"] > 0 for r in result.rows)
+    features = [n for n in names if n.startswith(("multi-axis", "QK-RMSNorm"))]
+    for name in features:              # transformers' code / plain PyTorch, compiled and eager
+        assert {"torch.compile", "pytorch"} & {r["provider"] for r in result.rows
+                                               if r["case"] == name}, name
+    if not torch.cuda.is_available():
+        assert "MEANINGLESS" in result.meta["timing"] and "tiny" in result.meta["sizes"]
+        # a provider that cannot run gets no row, and a skipped line says why
+        assert any(line.startswith("torch.compile in ") and "interpreter mode" in line
+                   for line in result.skipped), result.skipped
+        assert any(line.startswith("te_fused in all ") for line in result.skipped)
+        assert not any(r["provider"] in ("te_fused", "liger") for r in result.rows)
+        # about 20 s of CPU time; the bound leaves room for a machine busy with other tests
+        assert int(result.meta["elapsed_s"]) < 120
+    assert "forward 1 GiB bf16 sbhd: copy 1.000" in stdout
+
+
+def _size_of_label(label: str) -> int:
+    value, unit = label.split()[:2]
+    return int(value) << {"GiB": 30, "MiB": 20}[unit]
+
+
+def test_floor_cases_are_the_sizes_their_names_say():
+    full, tiny = floor.rope_cases(), floor.rope_cases(tiny=True)
+    assert [c.name for c in full] == [c.name for c in tiny]
+    for c, t in zip(full, tiny):
+        cfg = c.config
+        if c.host:     # decode: one token for 64 sequences, 32 heads of 128
+            assert (cfg.seq_len, cfg.batch, cfg.heads, cfg.head_dim) == (1, 64, 32, 128)
+            assert cfg.layout == c.name.split()[0]
+            assert cfg.start_positions == c.name.endswith("start positions")
+        else:
+            assert bench.config_bytes(cfg) == _size_of_label(c.name), c.name
+            assert (cfg.heads, cfg.head_dim) == (32, 128)
+            assert cfg.dtype == c.name.split()[2] and cfg.layout == c.name.split()[3]
+            assert cfg.interleaved == c.name.endswith("interleaved")
+            assert c.graph_fwdbwd == c.name.startswith("64 MiB")
+        for f in ("dtype", "layout", "interleaved", "start_positions"):   # same paths, tiny
+            assert getattr(t.config, f) == getattr(cfg, f)
+        assert bench.config_bytes(t.config) < 4096
+    by_name = {c.name: c.config for c in full}
+    assert (by_name["1 GiB bf16 sbhd"].seq_len, by_name["1 GiB bf16 sbhd"].batch) == (16384, 8)
+    assert by_name["2 GiB fp32 sbhd"].seq_len == 16384
+    assert (by_name["128 MiB bf16 sbhd"].seq_len, by_name["128 MiB bf16 sbhd"].batch) == (16384, 1)
+    assert {c.config.layout for c in full if c.name.startswith("64 MiB")} == set(bench.LAYOUTS)
+    # the features at the sizes their names say
+    from ropelib.bench import multi_axis, qk_norm_rope
+    assert multi_axis.CASES["mrope"][:6] == ("bshd", 4, 8192, 28, 4, 128)
+    assert qk_norm_rope.SHAPE == dict(B=8, S=4096, HQ=32, HK=8, D=128)
+    assert floor.KV_CACHE_CASE.format(cache="paged", dtype="bf16").startswith(
+        "RoPE + KV-cache write decode b64 paged bf16")
+
+
+def test_floor_cli_lists_and_refuses_what_does_not_apply(capsys):
+    assert bench.main(["--suite", "floor", "--list"]) == 0
+    out = capsys.readouterr().out
+    for name in floor.case_names():
+        assert f"    {name}\n" in out
+    assert bench.main(["--suite", "floor", "--list", "--cases", "^QK"]) == 0
+    assert "1 parts, 2 row names" in capsys.readouterr().out
+    for argv, msg in ((["--dtype", "fp32"], "--dtype does not apply"),
+                      (["--fwd-only"], "--fwd-only does not apply"),
+                      (["--cases", "no-such-row", "--list"], "matches no row")):
+        with pytest.raises(SystemExit) as e:
+            bench.main(["--suite", "floor"] + argv)
+        assert e.value.code == 2
+        assert msg in capsys.readouterr().err
+    assert bench.default_out("floor", {"gpu": "NVIDIA H200"}).name == "floor-nvidia-h200.csv"
+
+
+def test_floor_rows_from_synthetic_wide_rows():
+    """rope_rows turns run_case's rows (one per provider) into one row per (row, provider)."""
+    case = next(c for c in floor.rope_cases() if c.host)
+    wide = [dict(provider="ropelib", available=True, reason="", host_fwd_us=20.0,
+                 host_fwdbwd_us=140.0, host_copy_fwd_us=10.0, host_copy_fwdbwd_us=20.0,
+                 graph_fwd_ms=0.0025, graph_copy_fwd_ms=0.002, graph_reason="", host_reason=""),
+            dict(provider="te_fused", available=False, reason="not installed"),
+            dict(provider="pytorch", available=True, reason="", host_fwd_us=40.0,
+                 host_fwdbwd_us=None, host_copy_fwd_us=10.0, host_copy_fwdbwd_us=20.0,
+                 graph_fwd_ms=None, host_reason="failed: RuntimeError: x", graph_reason="")]
+    m = floor.rope_rows(case, wide)
+    host_fwd, host_bwd, graphs = floor.rope_case_names(case)
+    got = {(r["case"], r["provider"]): (r["ms"], r["ratio_to_copy"]) for r in m.rows}
+    assert got[(host_fwd, "copy")] == (pytest.approx(0.010), 1.0)
+    assert got[(host_fwd, "ropelib")] == (pytest.approx(0.020), pytest.approx(0.5))
+    assert got[(host_bwd, "ropelib")] == (pytest.approx(0.140), pytest.approx(20 / 140))
+    assert got[(graphs, "ropelib")] == (0.0025, pytest.approx(0.8))
+    assert (graphs, "pytorch") not in got       # not timed under graphs by design: no line
+    assert (host_bwd, "pytorch") not in got
+    assert (host_bwd, "pytorch", "failed: RuntimeError: x") in m.skipped
+    assert (host_fwd, "te_fused", "not installed") in m.skipped
+    lines = floor.skipped_lines(m)
+    assert "te_fused in all 3 rows it was tried in: not installed" in lines   # graphs too
+    assert f"pytorch in {host_bwd}: failed: RuntimeError: x" in lines
+
+
+# --- the README's table, drawn from floor CSVs -------------------------------------------------
+
+def _synthetic_floor_csv(folder: Path, gpu: str, liger: bool) -> Path:
+    """A made-up floor CSV (not a measurement) for one GPU."""
+    m = floor.Measured()
+    m.add("forward 1 GiB bf16 sbhd", "copy", 1.0, 1.0)
+    m.add("forward 1 GiB bf16 sbhd", "ropelib", 1.0 / 0.977, 1.0)
+    m.add("forward 1 GiB bf16 sbhd", "torch.compile", 1.0 / 1.004, 1.0)
+    m.add("forward 1 GiB bf16 sbhd", "te_fused", None, 1.0, "TE not installed")
+    m.add("forward 256 MiB bf16 bshd", "copy", 0.25, 0.25)
+    m.add("forward 256 MiB bf16 bshd", "ropelib", 0.25 / 0.95, 0.25)
+    m.add("forward 256 MiB bf16 bshd", "liger", 0.25 / 0.5 if liger else None, 0.25, "no liger")
+    m.add("decode host forward sbhd", "copy", 0.002, 0.002)
+    m.add("decode host forward sbhd", "ropelib", 0.0219, 0.002)
+    m.add("decode host forward sbhd", "te_fused", 0.0172, 0.002)
+    meta = dict(date="2026-01-01T00:00:00Z", mode=f"GPU ({gpu})", torch="9.9", triton="9.9",
+                transformer_engine="9.9", gpu=gpu, driver="1.0", liger_kernel="9.9")
+    path = folder / f"floor-{bench._slug(gpu)}.csv"
+    floor.write(path, meta, m)
+    return path
+
+
+def test_readme_table_renders_floor_csvs(tmp_path):
+    paths = [_synthetic_floor_csv(tmp_path, "NVIDIA H100 80GB HBM3", liger=True),
+             _synthetic_floor_csv(tmp_path, "NVIDIA H200", liger=False)]
+    results = readme_table.load(sorted(paths))
+    table = readme_table.render(results, tmp_path)
+    lines = table.splitlines()
+    head = next(line for line in lines if line.startswith("| case"))
+    assert head == ("| case | H100 ropelib | H100 torch.compile | H100 TE | H100 Liger "
+                    "| H200 ropelib | H200 torch.compile | H200 TE |")
+    rows = {line.split(" | ")[0][2:]: line for line in lines if line.startswith("| ")}
+    assert rows["forward 1 GiB bf16 sbhd"] == \
+        "| forward 1 GiB bf16 sbhd | 0.977 | 1.004 | — | — | 0.977 | 1.004 | — |"
+    assert rows["forward 256 MiB bf16 bshd"] == \
+        "| forward 256 MiB bf16 bshd | 0.950 | — | — | 0.500 | 0.950 | — | — |"
+    assert rows["decode host forward sbhd"] == \
+        "| decode host forward sbhd | 21.9 µs | — | 17.2 µs | — | 21.9 µs | — | 17.2 µs |"
+    assert "H100: NVIDIA H100 80GB HBM3, driver 1.0, torch 9.9" in table
+    assert "([CSV](floor-nvidia-h200.csv))" in table
+    # into a README between the markers, and back out
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{readme_table.BEGIN}\nold\n{readme_table.END}\n\nafter\n")
+    argv = ["--results", str(tmp_path), "--readme", str(readme)]
+    assert readme_table.main(argv + ["--check"]) == 1      # stale
+    assert readme_table.main(argv) == 0
+    assert readme_table.main(argv + ["--check"]) == 0
+    text = readme.read_text()
+    assert readme_table.region(text) == table and text.endswith("\nafter\n")
+    assert readme_table.replace_region(text, table) == text
+    readme.write_text("no markers\n")
+    assert readme_table.main(argv) == 2
+
+
+def test_readme_table_refuses_interpreter_csvs(tmp_path, capsys):
+    path = _synthetic_floor_csv(tmp_path, "NVIDIA H200", liger=False)
+    text = path.read_text().replace("# gpu: NVIDIA H200", "# gpu: none")
+    path.write_text(text)
+    with pytest.raises(ValueError, match="interpreter"):
+        readme_table.load([path])
+    assert readme_table.main(["--results", str(tmp_path), "--print"]) == 2
+
+
+RESULTS = REPO / "benchmarks" / "results"
+
+
+def test_readme_has_the_floor_table_region():
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    inside = readme_table.region(text)      # raises without the markers
+    assert text.count(readme_table.BEGIN) == 1 and text.count(readme_table.END) == 1
+    if not readme_table.find_results(RESULTS):
+        assert inside == readme_table.render([])
+
+
+def test_readme_table_is_what_the_committed_floor_csvs_render():
+    paths = readme_table.find_results(RESULTS)
+    if not paths:
+        pytest.skip("no benchmarks/results/floor-*.csv committed yet: run `python -m "
+                    "ropelib.bench --suite floor --out benchmarks/results/` on a GPU, then "
+                    "`python -m ropelib.bench.readme_table`")
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert readme_table.region(text) == readme_table.render(readme_table.load(paths), REPO), \
+        "README.md's floor table is stale: run python -m ropelib.bench.readme_table"

@@ -1,5 +1,5 @@
-"""`python -m ropelib.bench --suite {targets,quick,decode,sweep,model} ...`: the benchmark suites
-of `ropelib.bench.suite` (`--help` lists the options)."""
+"""`python -m ropelib.bench --suite {targets,quick,decode,sweep,model,floor} ...`: the benchmark
+suites of `ropelib.bench.suite` and `ropelib.bench.floor` (`--help` lists the options)."""
 import sys
 
 from .suite import main

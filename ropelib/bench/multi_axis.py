@@ -153,7 +153,11 @@ def measure_case(case: str, *, tiny: bool, timed: bool, device) -> list:
     shape, freqs, positions, q, k, gq, gk = case_inputs(case, tiny, device)
     layout = shape["layout"]
     ref_out, ref_grads = reference(q, k, positions, freqs, (gq, gk))
-    hf_fn, hf_note = hf_function(case, shape["D"], shape["section"], shape["base"], freqs, device)
+    try:
+        hf_fn, hf_note = hf_function(case, shape["D"], shape["section"], shape["base"], freqs,
+                                     device)
+    except Exception as e:  # noqa: BLE001 -- transformers missing or changed: rows say why
+        hf_fn, hf_note = _raises(e), "transformers' code did not load"
     providers = [
         ("ropelib", lambda q, k, p: ropelib.apply_mrope_qk(q, k, p, freqs, layout=layout), ""),
         ("copy", lambda q, k, p: (q.clone(), k.clone()), "q.clone(), k.clone()"),
@@ -164,6 +168,13 @@ def measure_case(case: str, *, tiny: bool, timed: bool, device) -> list:
     base = _base_row(case, shape, tiny)
     return measure_providers(providers, base, (q, k), positions, (gq, gk), ref_out, ref_grads,
                              timed=timed, device=device)
+
+
+def _raises(error: Exception):
+    """A provider function that raises `error` when called (its rows then say why)."""
+    def fn(*args):
+        raise error
+    return fn
 
 
 def _base_row(case, shape, tiny, suffix="") -> dict:

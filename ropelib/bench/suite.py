@@ -1,10 +1,12 @@
 """ropelib's benchmark suite: against the copy floor, Transformer Engine and torch.compile.
 
     python -m ropelib.bench --suite targets          # every performance bar, ~5 min on an H100
+    python -m ropelib.bench --suite floor --out benchmarks/results/   # the README's table's rows
     python -m ropelib.bench --suite decode           # decode size: host cost and CUDA graphs
     python -m ropelib.bench --suite model            # a compiled GPT's training step, 200 steps
     python -m ropelib.bench --suite sweep            # fp32 sweep over seq_len and batch (h=64)
     TRITON_INTERPRET=1 python -m ropelib.bench --suite quick   # tiny sizes, runs on a CPU
+    TRITON_INTERPRET=1 python -m ropelib.bench --suite floor --out /tmp/floor.csv   # likewise
 
 RoPE moves bytes and does almost no arithmetic, so the yardstick is a device-to-device copy of
 the same tensor(s) timed in the same run: ratio = copy time / provider time (1.0 = the floor).
@@ -14,7 +16,10 @@ do_bench medians with 20 %/80 % quantiles). Decode cases add the host cost of an
 forward+backward under CUDA-graph replay. One CSV row per (case, provider), with the environment
 (GPU, driver, versions, date) in it, written where --out says (default: the current directory);
 a summary says, per case, which of ropelib's performance bars it clears. `benchmarks/plot.py`
-draws the figures.
+draws the figures. The floor suite (`ropelib.bench.floor`) writes its own CSV instead: one row
+per (case, provider) with ms and the ratio to the copy, every performance row of the README
+(plain RoPE, decode host cost and CUDA graphs, multi-axis, QK-norm, KV-cache write), which
+`python -m ropelib.bench.readme_table` turns into the README's table.
 """
 import argparse
 import dataclasses
@@ -36,7 +41,8 @@ from ..conventions import LAYOUTS
 from ..runtime import INTERPRET, on_gpu
 
 
-SUITES = ("targets", "quick", "decode", "sweep", "model")
+SUITES = ("targets", "quick", "decode", "sweep", "model", "floor")
+CPU_SUITES = ("quick", "floor")   # suites with tiny shapes for Triton's interpreter
 DTYPES = ("bf16", "fp16", "fp32")
 ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 MiB = 1 << 20
@@ -207,8 +213,8 @@ def suite_cases(suite: str, dtypes=None, full_matrix: bool = False) -> list:
         return decode_cases(dtypes or ("bf16",))
     if suite == "sweep":
         return sweep_cases(dtypes or ("fp32",))
-    if suite == "model":
-        return []
+    if suite in ("model", "floor"):
+        return []   # their own runners: model_suite, ropelib.bench.floor
     return quick_cases(dtypes or DTYPES)
 
 
@@ -711,11 +717,13 @@ def out_path(arg: Optional[str], suite: str, meta: dict) -> Path:
 
 
 def default_out(suite: str, meta: dict) -> Path:
-    """<suite>-<gpu-slug>-<date>.csv in the current directory on a GPU; a temp dir otherwise
-    (interpreter timings are meaningless and the quick suite is a plumbing check)."""
+    """<suite>-<gpu-slug>-<date>.csv (floor: floor-<gpu-slug>.csv, one file per GPU) in the
+    current directory on a GPU; a temp dir otherwise (interpreter timings are meaningless and
+    the CPU suites are plumbing checks)."""
     gpu = str(meta.get("gpu") or "none")
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M")
-    name = f"{suite}-{_slug(gpu) if gpu != 'none' else 'cpu'}-{stamp}.csv"
+    slug = _slug(gpu) if gpu != "none" else "cpu"
+    name = f"floor-{slug}.csv" if suite == "floor" else f"{suite}-{slug}-{stamp}.csv"
     if on_gpu() and suite != "quick":
         return Path.cwd() / name
     return Path(tempfile.gettempdir()) / "ropelib-bench" / name
@@ -850,14 +858,16 @@ def main(argv=None) -> int:
                     help="targets: every performance bar (~5 min on an H100); quick: tiny "
                          "shapes (runs on a CPU); decode: s=1 b=64 h=32 d=128, host cost and CUDA "
                          "graphs; sweep: fp32 over seq_len and batch; model: a compiled GPT's "
-                         "training step and loss curve, rope=reference vs ropelib")
+                         "training step and loss curve, rope=reference vs ropelib; floor: every "
+                         "row of the README's performance table, floor-<gpu>.csv (~5 min on an "
+                         "H100; tiny shapes on a CPU)")
     ap.add_argument("--dtype", default=None,
                     help=f"comma list from {','.join(DTYPES)}: restricts the suite's dtypes "
                          "(decode/sweep: replaces them)")
     ap.add_argument("--providers", default=None,
                     help=f"comma list from {','.join(compare.PROVIDER_NAMES)} (default: all; "
-                         f"sweep: {','.join(compare.SEED_PROVIDERS)}); the copy floor is always "
-                         "measured")
+                         f"sweep: {','.join(compare.SEED_PROVIDERS)}; floor: the plain RoPE "
+                         "rows only); the copy floor is always measured")
     ap.add_argument("--out", default=None,
                     help="CSV path, or a folder for <suite>-<gpu-slug>-<date>.csv (default: "
                          "the current folder; a temp dir when not on a GPU)")
@@ -894,6 +904,8 @@ def main(argv=None) -> int:
         print(model_summary(rows))
         print(f"{len(rows)} rows -> {out}")
         return 0
+    if args.suite == "floor":
+        return _floor_main(ap, args)
     dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()] if args.dtype else None
     try:
         cases = suite_cases(args.suite, dtypes, args.full_matrix)
@@ -958,6 +970,51 @@ def main(argv=None) -> int:
     print("\nropelib's bars, cases: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     print(f"{len(rows)} rows, {len(cases)} cases in {elapsed:.0f} s -> {out}")
     return 0
+
+
+def _floor_main(ap, args) -> int:
+    """--suite floor: check the options that apply, list or run ropelib.bench.floor."""
+    from . import floor   # imports this module: loaded here, not at the top
+    for given, option in ((args.dtype, "--dtype"), (args.fwd_only, "--fwd-only"),
+                          (args.full_matrix, "--full-matrix")):
+        if given:
+            ap.error(f"{option} does not apply to --suite floor (its rows are fixed)")
+    if args.graph_calls < 1:
+        ap.error("--graph-calls must be >= 1")
+    if args.reserve_gib < 0:
+        ap.error("--reserve-gib must be >= 0")
+    try:
+        selected = floor.select_parts(floor.parts(tiny=not on_gpu()), args.cases)
+    except re.error as e:
+        ap.error(f"--cases is not a regular expression: {e}")
+    if not selected:
+        ap.error(f"--cases {args.cases!r} matches no row of suite 'floor'")
+    if args.list:
+        for part in selected:
+            print(part.name)
+            for name in part.case_names:
+                print(f"    {name}")
+        print(f"{len(selected)} parts, {sum(len(p.case_names) for p in selected)} row names")
+        return 0
+    if not on_gpu() and not INTERPRET:
+        ap.error("no CUDA GPU: run on the CPU with TRITON_INTERPRET=1 set before Python starts "
+                 "(TRITON_INTERPRET=1 python -m ropelib.bench --suite floor --out floor.csv)")
+    names = [n.strip() for n in args.providers.split(",") if n.strip()] if args.providers else None
+    try:
+        provs = select_providers(names)
+    except ValueError as e:
+        ap.error(str(e))
+    reserved = 0.0
+    if on_gpu() and args.reserve_gib > 0:
+        warm_allocator(args.reserve_gib)
+        reserved = args.reserve_gib
+    out = out_path(args.out, "floor", environment_meta())
+    if not on_gpu():
+        print("CPU, Triton interpreter: tiny shapes, timings MEANINGLESS (plumbing only).",
+              file=sys.stderr)
+    print("floor: providers " + ", ".join(p.name + ("" if p.available else " (unavailable)")
+                                          for p in provs), file=sys.stderr)
+    return floor.main(provs, out, selected, args.graph_calls, reserved)
 
 
 if __name__ == "__main__":
