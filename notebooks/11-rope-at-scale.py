@@ -514,7 +514,8 @@ print("fused = RoPE, then the write: q, k cache and v cache bit for bit")
 # 1. its position $p$ = `seqlens[b]` (the tokens already cached), and row $p$ of the angle
 #    table: $\theta_j = $ `freqs[p, j]` for the pairs $(j, j + D/2)$, with $\cos\theta_j$ and
 #    $\sin\theta_j$;
-# 2. q's heads rotated, into `q_out`;
+# 2. q's heads rotated, $y_j = x_j\cos\theta_j - x_{j+D/2}\sin\theta_j$ and
+#    $y_{j+D/2} = x_{j+D/2}\cos\theta_j + x_j\sin\theta_j$, into `q_out`;
 # 3. k's heads rotated and v's heads as they are, stored straight into slot $p$ of sequence
 #    $b$: in a contiguous cache `[B, L, HK, D]`, feature $d$ of head $h$ sits at element
 #    $((b L + p)\,H_K + h)\,D + d$.

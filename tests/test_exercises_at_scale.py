@@ -195,6 +195,30 @@ def no_block_table_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_p
 
 
 @triton.jit
+def library_paged_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, seqlens_ptr,
+                         block_table_ptr, freqs_ptr, MAX_BLOCKS, BS, HQ: tl.constexpr,
+                         HK: tl.constexpr, D: tl.constexpr):
+    # the right slots, k rotated by ropelib's rotate_pair
+    HALF: tl.constexpr = D // 2
+    b = tl.program_id(0)
+    pos = tl.load(seqlens_ptr + b)
+    j = tl.arange(0, HALF)[None, :]
+    theta = tl.load(freqs_ptr + pos * D + j)
+    c, s = tl.cos(theta), tl.sin(theta)
+    _rotate_heads(q_ptr, q_out_ptr, (b * HQ + tl.arange(0, HQ)[:, None]) * D, c, s, HALF)
+    hk = tl.arange(0, HK)[:, None]
+    block = tl.load(block_table_ptr + b * MAX_BLOCKS + pos // BS)
+    slot = ((block * BS + pos % BS) * HK + hk) * D
+    k1 = tl.load(k_ptr + (b * HK + hk) * D + j).to(tl.float32)
+    k2 = tl.load(k_ptr + (b * HK + hk) * D + HALF + j).to(tl.float32)
+    z1, z2 = rotate_pair(k1, k2, c, s, c, s)
+    tl.store(k_cache_ptr + slot + j, z1)
+    tl.store(k_cache_ptr + slot + HALF + j, z2)
+    f = tl.arange(0, D)[None, :]
+    tl.store(v_cache_ptr + slot + f, tl.load(v_ptr + (b * HK + hk) * D + f))
+
+
+@triton.jit
 def library_rotation_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
                             seqlens_ptr, freqs_ptr, L, HQ: tl.constexpr, HK: tl.constexpr,
                             D: tl.constexpr):
@@ -241,8 +265,11 @@ def test_paged_kernel_solution_passes(capsys):
     assert capsys.readouterr().out.startswith("✅ RoPE + paged KV-cache write kernel")
 
 
-def test_kv_kernel_calling_ropelibs_kernels_fails(capsys):
-    assert at_scale.check_rope_kv_cache_kernel(library_rotation_kernel, seed=0) is False
+@pytest.mark.parametrize("check,kernel", [
+    (at_scale.check_rope_kv_cache_kernel, library_rotation_kernel),
+    (at_scale.check_rope_kv_paged_kernel, library_paged_kernel)], ids=["contiguous", "paged"])
+def test_kv_kernel_calling_ropelibs_kernels_fails(check, kernel, capsys):
+    assert check(kernel, seed=0) is False
     out = capsys.readouterr().out
     assert "ropelib's rotate_pair (ropelib/kernels/common.py)" in out
 
