@@ -520,6 +520,25 @@ def test_floor_rows_from_synthetic_wide_rows():
     lines = floor.skipped_lines(m)
     assert "te_fused in all 3 rows it was tried in: not installed" in lines   # graphs too
     assert f"pytorch in {host_bwd}: failed: RuntimeError: x" in lines
+    # a device case: a forward that ran before its backward failed keeps its row; a provider
+    # far from the fp64 reference gets none
+    case = next(c for c in floor.rope_cases() if c.name == "256 MiB bf16 bshd")
+    fwd, fwdbwd = floor.rope_case_names(case)
+    wide = [dict(provider="ropelib", available=True, reason="", fwd_ms=1.0, fwdbwd_ms=2.1,
+                 copy_fwd_ms=0.98, copy_fwdbwd_ms=1.96, max_head_ulp_err=0.5),
+            dict(provider="liger", available=False, reason="failed: RuntimeError: bwd",
+                 fwd_ms=1.1, fwdbwd_ms=None, copy_fwd_ms=0.98, copy_fwdbwd_ms=1.96,
+                 max_head_ulp_err=1.0),
+            dict(provider="flash_attn", available=True, reason="", fwd_ms=0.9, fwdbwd_ms=1.9,
+                 copy_fwd_ms=0.98, copy_fwdbwd_ms=1.96, max_head_ulp_err=float("nan"))]
+    m = floor.rope_rows(case, wide)
+    got = {(r["case"], r["provider"]): r["ratio_to_copy"] for r in m.rows}
+    assert got == {(fwd, "copy"): 1.0, (fwdbwd, "copy"): 1.0,
+                   (fwd, "ropelib"): pytest.approx(0.98), (fwdbwd, "ropelib"): pytest.approx(
+                       1.96 / 2.1), (fwd, "liger"): pytest.approx(0.98 / 1.1)}
+    assert (fwdbwd, "liger", "failed: RuntimeError: bwd") in m.skipped
+    assert any(p == "flash_attn" and "differs from the fp64 reference" in why
+               for _, p, why in m.skipped)
 
 
 # --- the README's table, drawn from floor CSVs -------------------------------------------------
