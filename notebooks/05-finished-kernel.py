@@ -24,10 +24,10 @@
 # the reference, until the last one computes what ropelib's kernel computes, bit for bit.
 #
 # **Time budget.** About 75 minutes: 15 for the bytes-in-flight model, 30 for the ladder (read
-# each kernel, change it, rerun its cell), 10 for the compiled layout, 20 for the kernel exercise;
-# the discussion questions are for afterwards. Running every cell takes under a minute on a CPU
-# (Triton's interpreter runs the kernels; a second Python compiles them for an H100 to show the
-# layout), most of it in the compilation of section 4.
+# each kernel, change it or its launch, rerun its cells), 10 for the compiled layout, 20 for the
+# kernel exercise; the discussion questions are for afterwards. Running every cell takes about a
+# minute on a CPU (Triton's interpreter runs the kernels; a second Python compiles them for an
+# H100 to show the layout), most of it in the compilation of section 4.
 #
 # **After this notebook you will be able to**
 #
@@ -175,12 +175,19 @@ assert tiles_h100 == (1, 32, 8, 16)   # a [1, 32, 64] tile per half, all 8 batch
 # %% [markdown]
 # ## 3. The ladder
 #
-# Each rung below is a kernel in a code cell: change it and rerun the cell, and the check under
-# it tells you whether it still computes RoPE. They support what the lesson needs — sbhd,
-# rotate-half, full rotary, fp32 angles $[S, D]$, the forward pass — and they are the kernels
-# `benchmarks/ladder.py` times on a GPU (`ropelib/course/ladder.py` holds them; a test checks that the
-# cells here are those). Every rung is launched by `ladder.rope_ladder`, with the rung's own
-# plan; `kernel=` launches the copy in this notebook.
+# Each rung below is a kernel in a code cell, and the cell after it launches that kernel: the
+# grid, the tile constants (`BLOCK_S`, `BLOCK_H`, `B_CHUNK`), the warps and the call itself are
+# all in the notebook. Change the kernel or its launch and rerun the two cells; the check under
+# them tells you whether it still computes RoPE. The rungs support what the lesson needs —
+# sbhd, rotate-half, full rotary, fp32 angles $[S, D]$, the forward pass — and they are the
+# kernels `benchmarks/ladder.py` times on a GPU (`ropelib/course/ladder.py` holds them; a test
+# checks that the cells here are those).
+#
+# Each launch cell starts from the tile the benchmark measures (`ladder.plan`, from ropelib's
+# planner and this GPU's tile knobs; in the interpreter, the large tiles that keep it fast),
+# launches the notebook's copy with it, then once more with small blocks that leave partial
+# tiles at the edges, and checks that the first launch gives the same bits as the measured rung
+# (`ladder.rope_ladder`, ropelib's copy of the kernel).
 
 # %%
 S, B, H, D = (4096, 8, 32, 128) if GPU else (6, 3, 5, 48)   # D = 48: a half of 24 in a 32-lane tile
@@ -190,6 +197,8 @@ freqs = compare.angles(S, D).view(S, D).to(device)           # TE's cat([f, f]):
 print(f"x [S={S}, B={B}, H={H}, D={D}] bf16 on {device}")
 for rung in ladder.RUNGS:
     print(f"  {rung.name:13s} {rung.idea}")
+SM_HERE, KNOBS_HERE = ladder.device_knobs(x)   # this GPU's SM count and tile knobs (None, {} here
+                                               # in the interpreter)
 
 # %% [markdown]
 # ### Rung 0 — the batch-reusing grid (notebook 04)
@@ -245,8 +254,25 @@ def _ladder_heads_kernel(
                  round_to(x_b * c_b + x_a * s_b, y_ptr.dtype.element_ty, BF16_RTNE), mask=m)
 
 # %%
-check_rung(ladder.rope_ladder("heads", x, freqs, kernel=_ladder_heads_kernel), x, freqs, "heads")
-print("launch:", ladder.plan("heads", S, B, H, D, 2))
+def launch_heads(x, freqs, *, block_h, num_warps=4):
+    """Rung 1: grid (S, cdiv(H, BLOCK_H)); a program rotates BLOCK_H heads of one token, all b."""
+    S, B, H, D = x.shape
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    grid = (S, triton.cdiv(H, block_h))
+    _ladder_heads_kernel[grid](
+        x, y, freqs, B, H,
+        *x.stride(), *y.stride(), freqs.stride(0),
+        HALF=D // 2, BLOCK_HALF=triton.next_power_of_2(D // 2), BLOCK_H=block_h,
+        BF16_RTNE=BF16_RTNE, num_warps=num_warps)
+    return y
+
+
+p = ladder.plan("heads", S, B, H, D, x.element_size(), SM_HERE, KNOBS_HERE)
+print("launch:", p)
+y = launch_heads(x, freqs, block_h=p.block_h, num_warps=p.num_warps)
+check_rung(y, x, freqs, "heads")
+check_rung(launch_heads(x, freqs, block_h=2), x, freqs, "  BLOCK_H=2")   # H = 5: a partial tile
+assert torch.equal(y, ladder.rope_ladder("heads", x, freqs))              # the measured rung
 
 # %% [markdown]
 # ### Rungs 2 and 3 — a 3-D tile sized for bytes in flight, then the warps
@@ -301,8 +327,27 @@ def _ladder_tile_kernel(
                  round_to(x_b * c_b + x_a * s_b, y_ptr.dtype.element_ty, BF16_RTNE), mask=m)
 
 # %%
+def launch_tile(x, freqs, *, block_s, block_h, num_warps):
+    """Rungs 2 and 3: grid (cdiv(S, BLOCK_S), cdiv(H, BLOCK_H)); a [BLOCK_S, BLOCK_H, D/2] tile
+    per half, each program looping over the whole batch."""
+    S, B, H, D = x.shape
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(S, block_s), triton.cdiv(H, block_h))
+    _ladder_tile_kernel[grid](
+        x, y, freqs, S, B, H,
+        *x.stride(), *y.stride(), freqs.stride(0),
+        HALF=D // 2, BLOCK_HALF=triton.next_power_of_2(D // 2),
+        BLOCK_S=block_s, BLOCK_H=block_h, BF16_RTNE=BF16_RTNE, num_warps=num_warps)
+    return y
+
+
 for rung in ("tile", "warps"):
-    check_rung(ladder.rope_ladder(rung, x, freqs, kernel=_ladder_tile_kernel), x, freqs, rung)
+    p = ladder.plan(rung, S, B, H, D, x.element_size(), SM_HERE, KNOBS_HERE)
+    y = launch_tile(x, freqs, block_s=p.block_s, block_h=p.block_h, num_warps=p.num_warps)
+    check_rung(y, x, freqs, rung)
+    assert torch.equal(y, ladder.rope_ladder(rung, x, freqs))             # the measured rung
+check_rung(launch_tile(x, freqs, block_s=4, block_h=2, num_warps=1), x, freqs,
+           "  (4, 2) tile")                           # S = 6, H = 5: partial tiles on both axes
 for h in (32, 8):
     print(f"h={h:2d}, s=16384, b=8, d=128 on an H100: tile rung {ladder.plan('tile', 16384, 8, h, 128, 2, SMS)}")
 
@@ -366,13 +411,34 @@ def _ladder_chunk_kernel(
                  round_to(x_b * c_b + x_a * s_b, y_ptr.dtype.element_ty, BF16_RTNE), mask=m)
 
 # %%
+ACCURATE = not runtime.INTERPRET    # libdevice's cos/sin on a GPU; the interpreter has no
+                                    # libdevice, and NumPy's cos/sin are accurate anyway
+
+
+def launch_chunks(x, freqs, *, block_s, block_h, chunk, num_warps, accurate):
+    """Rungs 4 and 5: grid (cdiv(S, BLOCK_S), cdiv(H, BLOCK_H), cdiv(B, B_CHUNK)); each program
+    loops over its chunk of the batch."""
+    S, B, H, D = x.shape
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(S, block_s), triton.cdiv(H, block_h), triton.cdiv(B, chunk))
+    _ladder_chunk_kernel[grid](
+        x, y, freqs, S, B, H, chunk,
+        *x.stride(), *y.stride(), freqs.stride(0),
+        HALF=D // 2, BLOCK_HALF=triton.next_power_of_2(D // 2),
+        BLOCK_S=block_s, BLOCK_H=block_h, ACCURATE=accurate, BF16_RTNE=BF16_RTNE,
+        num_warps=num_warps)
+    return y
+
+
 for rung in ("chunks", "accurate"):
-    check_rung(ladder.rope_ladder(rung, x, freqs, kernel=_ladder_chunk_kernel), x, freqs, rung)
+    p = ladder.plan(rung, S, B, H, D, x.element_size(), SM_HERE, KNOBS_HERE)
+    y = launch_chunks(x, freqs, block_s=p.block_s, block_h=p.block_h, chunk=p.chunk,
+                      num_warps=p.num_warps, accurate=ACCURATE and rung == "accurate")
+    check_rung(y, x, freqs, rung)
+    assert torch.equal(y, ladder.rope_ladder(rung, x, freqs))             # the measured rung
 # the tails: chunks of 2 of a batch of 3, blocks of 4 tokens and 2 heads (S=6, H=5 do not divide)
-small = ladder.Plan(grid=(triton.cdiv(S, 4), triton.cdiv(H, 2), triton.cdiv(B, 2)), num_warps=4,
-                    block_s=4, block_h=2, chunk=2)
-check_rung(ladder.rope_ladder("chunks", x, freqs, kernel=_ladder_chunk_kernel, tiles=small),
-           x, freqs, "chunks, tails")
+check_rung(launch_chunks(x, freqs, block_s=4, block_h=2, chunk=2, num_warps=4, accurate=False),
+           x, freqs, "  tails")
 for s_, b_ in ((16, 64), (4096, 8)):
     print(f"s={s_}, b={b_}, h=32, d=128 on an H100: warps rung {ladder.plan('warps', s_, b_, 32, 128, 2, SMS).grid} "
           f"-> chunks rung {ladder.plan('chunks', s_, b_, 32, 128, 2, SMS)}")
@@ -445,14 +511,36 @@ def _ladder_final_kernel(
         tl.store(yr + HALF * stride_yd, round_to(y_b, y_ptr.dtype.element_ty, BF16_RTNE), mask=m)
 
 # %%
-y_final = ladder.rope_ladder("equal_halves", x, freqs, kernel=_ladder_final_kernel)
+def launch_final(x, freqs, *, block_s, block_h, chunk, num_warps, accurate=ACCURATE):
+    """Rung 6: rung 4's grid and tile, with the equal-halves shortcut inside the kernel."""
+    S, B, H, D = x.shape
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(S, block_s), triton.cdiv(H, block_h), triton.cdiv(B, chunk))
+    _ladder_final_kernel[grid](
+        x, y, freqs, S, B, H, chunk,
+        *x.stride(), *y.stride(), freqs.stride(0),
+        HALF=D // 2, BLOCK_HALF=triton.next_power_of_2(D // 2),
+        BLOCK_S=block_s, BLOCK_H=block_h, ACCURATE=accurate, BF16_RTNE=BF16_RTNE,
+        num_warps=num_warps)
+    return y
+
+
+def final_tile(x):
+    """The measured tile for x: ropelib's planner (the knobs of this GPU)."""
+    p = ladder.plan("equal_halves", *x.shape, x.element_size(), SM_HERE, KNOBS_HERE)
+    return dict(block_s=p.block_s, block_h=p.block_h, chunk=p.chunk, num_warps=p.num_warps)
+
+
+y_final = launch_final(x, freqs, **final_tile(x))
 check_rung(y_final, x, freqs, "equal_halves")
+assert torch.equal(y_final, ladder.rope_ladder("equal_halves", x, freqs))   # the measured rung
 f_free = torch.rand(S, D, device=device) * 6 - 3                 # halves that differ
-check_rung(ladder.rope_ladder("equal_halves", x, f_free, kernel=_ladder_final_kernel), x, f_free,
-           "  free table")
+check_rung(launch_final(x, f_free, **final_tile(x)), x, f_free, "  free table")
+check_rung(launch_final(x, f_free, block_s=4, block_h=2, chunk=2, num_warps=4), x, f_free,
+           "  free table, tails")
 for dtype in (torch.bfloat16, torch.float16, torch.float32):
     xd = x.to(dtype)
-    mine = ladder.rope_ladder("equal_halves", xd, freqs, kernel=_ladder_final_kernel)
+    mine = launch_final(xd, freqs, **final_tile(xd))
     theirs = ropelib.apply_rope(xd, freqs.view(S, 1, 1, D), layout="sbhd")
     assert torch.equal(mine, theirs), dtype
 print("rung 6 == ropelib.apply_rope, bit for bit (bf16, fp16, fp32)")

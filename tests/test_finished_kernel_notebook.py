@@ -3,6 +3,7 @@ kernel bit for bit, benchmarks/ladder.py checks every rung and draws its waterfa
 can be read without a GPU, and the kernel exercise rejects the known cheats."""
 import importlib.util
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -54,10 +55,27 @@ def test_notebook_runs_the_ladder_kernels_of_ropelib(same, ext):
     assert set(LADDER_KERNELS) <= set(shown), "every ladder kernel is a runnable cell"
     for name in LADDER_KERNELS:
         assert shown[name] == same.source_of(name), f"{name}: the notebook's copy is stale"
-    code = "\n".join(t for k, t in cells if k == "code")
-    for name in LADDER_KERNELS:   # the notebook launches its own copy through ropelib's launcher
-        assert f"kernel={name.rsplit('.', 1)[1]}" in code
-    assert "benchmarks\" / \"ladder.py" in code or "benchmarks/ladder.py" in code
+    code = [t for k, t in cells if k == "code"]
+    for name in LADDER_KERNELS:
+        short = name.rsplit(".", 1)[1]
+        defined = next(i for i, t in enumerate(code) if f"def {short}(" in t)
+        # the launch is the learner's: a later cell launches the notebook's copy itself, with a
+        # grid and tile constants it computes, and compares with the measured rung
+        launches = [t for t in code[defined + 1:] if re.search(rf"\b{short}\[grid\]\(", t)]
+        assert launches, f"no cell launches the notebook's {short}"
+        launch = launches[0]
+        assert "grid = (" in launch and "triton.cdiv(" in launch
+        assert "BLOCK_HALF=" in launch and "num_warps=num_warps" in launch
+        assert "ladder.rope_ladder(" in launch, f"{short}: compared with the measured rung"
+    # no cell hands the editable kernel to ropelib's launcher: its launch is in the notebook
+    assert not any(re.search(r"rope_ladder\([^)]*kernel=", t) for t in code)
+    joined = "\n".join(code)
+    assert "benchmarks\" / \"ladder.py" in joined or "benchmarks/ladder.py" in joined
+
+
+def test_rope_ladder_launches_only_its_own_kernels():
+    import inspect
+    assert "kernel" not in inspect.signature(ladder.rope_ladder).parameters
 
 
 def test_benchmark_times_ropelibs_ladder(bench):

@@ -1,7 +1,9 @@
 """From the batch-reusing grid to the finished kernel, one idea at a time (a study module).
 
-Notebook 05 (the finished kernel) climbs this ladder and `benchmarks/ladder.py` times it; both
-use the kernels defined here, and a test checks that the copies the notebook shows are these.
+Notebook 05 (the finished kernel) climbs this ladder and `benchmarks/ladder.py` times it. The
+notebook shows each kernel in a cell the learner edits and launches it there, with the tile
+`plan` picks (a test checks that its copies are these); the benchmark launches the kernels
+defined here through `rope_ladder`.
 Every rung supports the subset the lesson needs: sbhd x [S, B, H, D] (any strides), rotate-half
 pairs (j, j + D/2), full rotary, fp32 angles [P, D] (P >= S) for positions 0..S-1, forward.
 
@@ -305,8 +307,7 @@ def _table(freqs: torch.Tensor, S: int, D: int) -> torch.Tensor:
 
 
 def rope_ladder(rung: str, x: torch.Tensor, freqs: torch.Tensor, *,
-                out: Optional[torch.Tensor] = None, tiles: Optional[Plan] = None,
-                kernel=None) -> torch.Tensor:
+                out: Optional[torch.Tensor] = None, tiles: Optional[Plan] = None) -> torch.Tensor:
     """Rotate sbhd x [S, B, H, D] (rotate-half, full rotary) with the kernel of `rung`.
 
     Args:
@@ -315,8 +316,6 @@ def rope_ladder(rung: str, x: torch.Tensor, freqs: torch.Tensor, *,
         freqs: fp32 angles [P, D] or [P, 1, 1, D], P >= S.
         out: a tensor of x's shape and dtype to write (any strides); by default a new one.
         tiles: a Plan to launch with instead of `plan(...)`'s (tests use small chunks).
-        kernel: a kernel with the rung's signature to launch instead of the rung's own (the
-            notebook launches its editable copies this way).
     Returns:
         y (out if given); math in fp32, one rounding to x's dtype.
     """
@@ -332,7 +331,7 @@ def rope_ladder(rung: str, x: torch.Tensor, freqs: torch.Tensor, *,
     common = dict(HALF=D // 2, BLOCK_HALF=triton.next_power_of_2(D // 2), BF16_RTNE=BF16_RTNE,
                   num_warps=p.num_warps)
     strides = (*x.stride(), *y.stride(), f.stride(0))
-    kernel = kernel or globals()[KERNELS[rung]]
+    kernel = globals()[KERNELS[rung]]
     if rung == "heads":
         kernel[p.grid](x, y, f, B, H, *strides, BLOCK_H=p.block_h, **common)
     elif rung in ("tile", "warps"):
