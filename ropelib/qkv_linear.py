@@ -123,10 +123,11 @@ def qkv_rope_linear_backward_op(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, 
     if norm and M and rstd.numel() == 0:
         raise RuntimeError("qkv_rope_linear_backward needs the norm's statistics: the forward "
                            "ran with save_for_norm=False")
-    empty = torch.empty((0,), dtype=x.dtype, device=x.device)
-    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if grad_x else empty
+    def empty(like: Tensor) -> Tensor:     # an output not computed (each its own tensor)
+        return torch.empty((0,), dtype=like.dtype, device=like.device)
+    dx = torch.empty(x.shape, dtype=x.dtype, device=x.device) if grad_x else empty(x)
     dw = torch.empty(weight.shape, dtype=weight.dtype, device=weight.device) if grad_params \
-        else torch.empty((0,), dtype=weight.dtype, device=weight.device)
+        else empty(weight)
     db32 = torch.zeros((weight.shape[0],), dtype=torch.float32, device=x.device) \
         if grad_params and has_bias else None
     dnorm = torch.zeros((NQK, head_dim), dtype=torch.float32, device=x.device) \
@@ -146,12 +147,12 @@ def qkv_rope_linear_backward_op(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, 
                        grads + (x.contiguous(), dw, db32, dnorm) + tables)
         else:
             dw.zero_()
-    db = db32.to(weight.dtype) if db32 is not None else empty
-    if dnorm is not None:
+    db = db32.to(weight.dtype) if db32 is not None else empty(weight)
+    if dnorm is not None:       # the q heads' rows, then the k heads': in a fixed order
         dwq = dnorm[:n_heads].sum(0).to(q_norm_weight.dtype)
         dwk = dnorm[n_heads:].sum(0).to(k_norm_weight.dtype)
     else:
-        dwq, dwk = empty.clone(), empty.clone()
+        dwq, dwk = empty(x), empty(x)
     return dx, dw, db, dwq, dwk
 
 
@@ -202,7 +203,8 @@ def _check_real(v, name: str, *, positive: bool = False) -> float:
         raise TypeError(f"{name} must be a real number, got {type(v).__name__} ({v!r})")
     if type(v) is not float:    # (float() of a float constant would make it symbolic in Dynamo)
         v = float(v)
-    if not math.isfinite(v) or (positive and v <= 0):
+    # (comparisons, not math.isfinite: torch.compile(dynamic=True) may trace v as a symbol)
+    if v != v or v in (float("inf"), float("-inf")) or (positive and v <= 0):
         raise ValueError(f"{name} must be a finite number{' > 0' if positive else ''}, got {v}")
     return v
 

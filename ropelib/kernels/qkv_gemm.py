@@ -39,7 +39,9 @@ in that order. Gathering rows costs nothing extra: each weight row is read conti
 K as before, and the MMAs are the same FLOPs split into 2-3 of width R/2 (padded to 16, the
 narrowest tl.dot). A whole head in one program also gives the RMS norm its row statistics
 without a second pass or atomics. Rotate-half and interleaved differ only in which rows are
-gathered (and in the strided stores of an interleaved head).
+gathered (and in the strided stores of an interleaved head: two stores of every other element,
+which the L2 merges; joining the halves for one contiguous store, as kernels/fused.py does, would
+move the accumulators between layouts: not measured either way).
 
 How it is parallelised
 ----------------------
@@ -67,6 +69,10 @@ along the other GEMM dimension: K / BLOCK_K times (hidden 4096 / 128: 32 times) 
 and dW, against once if dY were written and read back. It is elementwise work beside BLOCK_K
 multiply-adds per element on the tensor cores; whether it hides behind them on an H100 is not
 yet measured (benchmarks/qkv_rope_bench.py measures it).
+
+A constexpr ROTATE=False turns all three kernels into the same GEMMs without the norm and the
+rotation (a plain projection into q, k, v heads, and its backward): the baseline that
+benchmarks/qkv_rope_bench.py measures the epilogue and the prologues against.
 
 With norm weights, the backward needs each q and k head's input to the norm (n = Y r). The
 forward then also writes Y's q and k columns (before the norm, in x's dtype) and r (fp32, one per
@@ -102,9 +108,9 @@ GPU_TILES = {
 }
 MAX_HEAD_DIM = 256      # a head's D columns live in one program's registers
 
-# Triton's interpreter multiplies the bf16 operands of tl.dot as their raw 16-bit patterns
-# (numpy has no bf16): there they are widened to fp32 first, which changes no bit of the result
-# (a product of two bf16 values is exact in fp32, and the MMA accumulates in fp32 anyway).
+# Triton's interpreter (3.9) multiplies the bf16 operands of tl.dot as their raw 16-bit
+# patterns (numpy has no bf16): there they are widened to fp32 first, which computes what the
+# MMA does (a product of two bf16 values is exact in fp32; the sum is fp32).
 WIDEN_BF16_DOT = tl.constexpr(INTERPRET)
 
 
@@ -622,7 +628,10 @@ def _cdiv(a, b):
 
 
 def _pow2_between(n, lo: int, hi: int) -> int:
-    """The power of two >= n, clamped to [lo, hi] (n may be a symbolic size: only compared)."""
+    """The power of two >= n, clamped to [lo, hi]; hi for a symbolic n (torch.compile with
+    dynamic shapes), so that a new length is no new guard and no recompilation."""
+    if isinstance(n, torch.SymInt):
+        return hi
     p = lo
     while p < hi and p < n:
         p *= 2
