@@ -145,7 +145,9 @@ print("apply_rope:", tuple(x.shape), x.dtype, "->", tuple(y.shape), y.dtype, "| 
 # The same call covers the other layouts and features, by keyword: `layout="bshd"` or `"thd"`
 # (with `cu_seqlens`), `interleaved=True`, a partial table (`rotary_percent < 1`),
 # `start_positions` / `position_ids`, `cp_size` / `cp_rank`, a `cos=`/`sin=` cache instead of
-# angles, and `inplace=True`. Notebook 02 goes through them.
+# angles, and `inplace=True`. Notebook 02 goes through the layouts, the two kinds of table,
+# partial rotary, position offsets and context parallelism, notebook 01 through the two
+# pairings; `docs/API.md` describes every keyword.
 #
 # It is differentiable. The backward of a rotation by $\theta$ is the rotation by $-\theta$
 # (notebook 06 derives it), and the same kernel computes it:
@@ -210,13 +212,19 @@ print("HF drop-in:", tuple(q_hf.shape), tuple(k_hf.shape))
 #
 # | notebook | you learn |
 # |---|---|
-# | 01 — RoFormer math | rotations, $R_m$, the complex view, relative positions, spectrum, long-term decay |
-# | 02 — PyTorch reference and layouts | sbhd/bshd/thd, TE vs HF tables, offsets, context parallel, why unfused is slow |
-# | 03 — a naive Triton kernel | programs, grids, masks, tiles, debugging in the interpreter |
-# | 04 — the batch-reusing grid kernel | reusing cos/sin across the batch, a bytes model, GB/s |
-# | 05 — the backward pass | rotation by $-\theta$, `autograd.Function`, gradcheck |
-#
-# The later notebooks compare against Transformer Engine and Hugging Face and benchmark on GPUs.
+# | [00 — Setup and a one-minute tour of `ropelib`](00-setup-and-tour.ipynb) | what is installed, GPU or interpreter mode, the API in one minute (this notebook) |
+# | [01 — The RoFormer math: rotations that encode relative position](01-roformer-math.ipynb) | rotations, $R_m$, the complex view, relative positions, spectrum, long-term decay, the two pairings |
+# | [02 — The PyTorch reference, the layouts, and why unfused RoPE is slow](02-pytorch-reference-and-layouts.ipynb) | sbhd/bshd/thd, TE vs HF tables, partial rotary, offsets, context parallel, why unfused is slow |
+# | [03 — A naive Triton kernel for RoPE](03-naive-triton-kernel.ipynb) | programs, grids, masks, tiles, memory accesses, debugging in the interpreter |
+# | [04 — The batch-reusing grid kernel](04-batch-reuse-grid-kernel.ipynb) | reusing cos/sin across the batch, a bytes model, GB/s against a copy |
+# | [05 — The finished kernel, one idea at a time](05-finished-kernel.ipynb) | bytes in flight → the tile, a ladder of kernels up to ropelib's, the compiled layout |
+# | [06 — The backward pass](06-backward-pass.ipynb) | rotation by $-\theta$, one kernel for both directions, `autograd.Function`, gradcheck, stride-0 gradients |
+# | [07 — Transformer Engine vs Triton, live](07-te-vs-triton-live.ipynb) | every provider on the same inputs, ulps, % of a copy, the dashboard, fixed cost vs bandwidth |
+# | [08 — Debugging the `allclose` that failed](08-debugging-allclose.ipynb) | why two correct kernels fail `torch.allclose`, tolerances in ulps, layout traps |
+# | [09 — ropelib inside a real model: training parity, speed, and drop-in use](09-rope-in-a-model.ipynb) | a small GPT trained with and without ropelib, tokens/s, the Hugging Face and TE drop-ins |
+# | [10 — Multi-axis RoPE: M-RoPE for images and video, 2-D and 3-D axial RoPE](10-multi-axis-rope.ipynb) | Qwen2-VL / Qwen3-VL sections, image and video positions, axial RoPE |
+# | [11 — RoPE at scale: context parallelism, and decoding with the fused cache write](11-rope-at-scale.ipynb) | the dual-chunk split, RoPE at global positions, RoPE fused into the KV-cache write (contiguous, paged, fp8) |
+# | [12 — RoPE puzzles](12-rope-puzzles.ipynb) | ten short kernels to write or repair, each from a bug real RoPE kernels shipped with |
 
 # %% [markdown]
 # ## Exercises

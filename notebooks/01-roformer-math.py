@@ -500,9 +500,15 @@ print("interleaved RoPE(x) == rotate-half RoPE(x[..., perm])[..., argsort(perm)]
 # `...` and rerun the cell. The solutions are folded away below each exercise. (The `;` after a
 # check only stops Jupyter from echoing its `True`/`False`.)
 #
+# The exercises ask for the formulas, so the checks run your functions with `ropelib` barred:
+# a function that calls `ropelib.reference` (as this notebook's `R_from_reference` does),
+# `ropelib.frequencies` or a worked solution is refused, even when its numbers are right. Plain
+# PyTorch is yours to use.
+#
 # **Exercise 1 — the rotation matrix.** Write `rotation_matrix(m, inv_freq)` that returns the
 # $[d, d]$ block-diagonal $R_m$ for the interleaved pairing ($d = 2\cdot$`len(inv_freq)`),
-# building the $2\times2$ blocks yourself (no `torch.block_diag`, no `ropelib`).
+# building the $2\times2$ blocks yourself: no `torch.block_diag` and no `ropelib` (the check
+# refuses both).
 
 # %%
 from ropelib.course.exercises import solution
@@ -536,7 +542,8 @@ solution(basics.solution_relative_angle)
 # %% [markdown]
 # **Exercise 3 — rotate_half.** Implement both pairings of `rotate_half(x, interleaved)`:
 # $[x_1, x_2] \to [-x_2, x_1]$ on halves, and $(x_0, x_1, x_2, x_3, \dots) \to
-# (-x_1, x_0, -x_3, x_2, \dots)$ on neighbours.
+# (-x_1, x_0, -x_3, x_2, \dots)$ on neighbours. (`ropelib.reference.rotate_half` is the answer,
+# and so it is not one: the check refuses it.)
 
 # %%
 def rotate_half(x, interleaved=False):
