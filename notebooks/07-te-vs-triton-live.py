@@ -317,7 +317,8 @@ for dtype, path in sweep_csvs.items():
 #
 # **Exercise 1 — fit the line.** Write `fit_time_model(nbytes, ms)` returning `(t0_us, gbps)`: the
 # least-squares line through the points, $t_0$ in microseconds and the bandwidth in GB/s
-# ($10^9$ bytes per second). `np.polyfit` is allowed. The check tries it on made-up sweeps whose
+# ($10^9$ bytes per second). `np.polyfit` is allowed; the worked fit below is not (the check
+# runs your function with it and ropelib barred). The check tries it on made-up sweeps whose
 # answer is known.
 
 # %%
@@ -388,9 +389,10 @@ for dtype, path in sweep_csvs.items():
 # GPU time. An eager forward+backward goes through PyTorch's autograd in Python, saves the
 # angle table for the backward, and launches two kernels. TE's C++ extension does the same
 # bookkeeping in C++. At training sizes — tens of MiB per call and more — the bytes dominate and
-# the gap closes; for small per-layer tensors, or where the host is the bottleneck, capture the
-# step in a CUDA graph or compile it with `torch.compile` (notebook 09), which takes the Python
-# out of the loop.
+# the gap closes; for small per-layer tensors, or where the host is the bottleneck, take the
+# Python out of the loop: capture the step in a CUDA graph (notebook 11 times a decoding step
+# replayed from one), or compile it with `torch.compile`, which sees each ropelib entry point
+# whole, with no graph break (`docs/API.md`, "Autograd, torch.compile and other transforms").
 #
 # **Exercise 2 — predict, then read.** Before looking at the measured row, predict ropelib's
 # forward time at batch 1, S = 2048, bf16 (or the first dtype committed), from your fit alone:

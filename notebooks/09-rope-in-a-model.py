@@ -32,9 +32,10 @@
 # - swap ropelib into a `transformers` Llama with one context manager and into a TE-style
 #   block with one import, and prove logits and gradients unchanged.
 #
-# On a GPU the model trains for a couple of thousand steps (a few minutes) and the figures in
-# `figures/08-*` come from such a run. On a CPU the kernel runs in Triton's interpreter, so the
-# model is tiny and trains for a few dozen steps: the code path is the same, the numbers are not.
+# On a GPU the model trains for a couple of thousand steps (a few minutes) and the figure
+# `figures/09-loss-curves.png` comes from such a run. On a CPU the kernel runs in Triton's
+# interpreter, so the model is tiny and trains for a few dozen steps: the code path is the same,
+# the numbers are not.
 #
 # **Time:** about 40 minutes to read (no exercises here: the questions at the end are for
 # discussion); the cells run in about 17 s on a CPU (Triton's interpreter).
@@ -76,7 +77,7 @@ else:
     SIZES = dict(block_size=32, n_layer=2, n_head=2, n_embd=32)
     BATCH, STEPS, EVAL_EVERY, EVAL_ITERS, LR, SAMPLE_CHARS = 4, 30, 10, 2, 3e-3, 40
     TAG = "-cpu"
-STEPS = int(os.environ.get("ROPELIB_NB08_STEPS", STEPS))   # e.g. a short smoke run on a GPU
+STEPS = int(os.environ.get("ROPELIB_NB09_STEPS", STEPS))   # e.g. a short smoke run on a GPU
 print(ropelib.runtime.mode(), "| device:", device, "| figures go to", FIGURES)
 
 # %% [markdown]
