@@ -390,9 +390,10 @@ for dtype, path in sweep_csvs.items():
 # angle table for the backward, and launches two kernels. TE's C++ extension does the same
 # bookkeeping in C++. At training sizes — tens of MiB per call and more — the bytes dominate and
 # the gap closes; for small per-layer tensors, or where the host is the bottleneck, take the
-# Python out of the loop: capture the step in a CUDA graph (notebook 11 times a decoding step
-# replayed from one), or compile it with `torch.compile`, which sees each ropelib entry point
-# whole, with no graph break (`docs/API.md`, "Autograd, torch.compile and other transforms").
+# Python out of the loop: capture the step in a CUDA graph (notebook 11 plots a decoding step
+# timed eagerly and replayed from one), or compile it with `torch.compile`, which sees each
+# ropelib entry point whole, with no graph break (`docs/API.md`, "Autograd, torch.compile and
+# other transforms").
 #
 # **Exercise 2 — predict, then read.** Before looking at the measured row, predict ropelib's
 # forward time at batch 1, S = 2048, bf16 (or the first dtype committed), from your fit alone:
