@@ -43,7 +43,7 @@ def norm_rope_torch(q, k, w_q, w_k, cos, sin):
 
     def one(x, w):
         x = x.float()
-        u = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * w.float()
+        u = x * (x.pow(2).mean(-1, keepdim=True) + EPS).rsqrt() * w.float()
         return (u * c + rotate_half(u) * s).to(q.dtype)
     return one(q, w_q), one(k, w_k)
 
@@ -72,7 +72,7 @@ def reference(args, grads):
     c, s = cos[:, None, :], sin[:, None, :]
 
     def one(x, w):
-        u = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * w
+        u = x * (x.pow(2).mean(-1, keepdim=True) + EPS).rsqrt() * w
         return u * c + rotate_half(u) * s
     outs = (one(q, w_q), one(k, w_k))
     return outs, torch.autograd.grad(outs, leaves, [g.double() for g in grads])
