@@ -285,6 +285,25 @@ def test_backward_check_rejects_cheats(answer, words, capsys):
     assert "❌" in out and words in out, out
 
 
+# --- notebook 06: the backward matrix of one pair ------------------------------------------------
+
+def _matrix_from_reference(theta):
+    """Right values: the transposed Jacobian of ropelib.reference's RoPE of one pair."""
+    freqs = torch.full((1, 1, 1, 2), float(theta))
+    return torch.autograd.functional.jacobian(
+        lambda v: reference.rope_reference(v.view(1, 1, 1, 2), freqs).view(2),
+        torch.zeros(2, dtype=torch.float64)).T
+
+
+def test_backward_matrix_check_wants_the_learners_matrix(capsys):
+    assert ex.check_backward_matrix(learner_copy(ex.solution_backward_matrix)) is True
+    torch.testing.assert_close(_matrix_from_reference(0.3), ex.solution_backward_matrix(0.3))
+    for library in (_matrix_from_reference, ex.solution_backward_matrix, ex._jacobian_pair):
+        assert ex.check_backward_matrix(library) is False
+        out = capsys.readouterr().out
+        assert "this exercise wants your matrix, but the answer called ropelib's" in out, out
+
+
 # --- notebook 06: the launcher and the autograd.Function -----------------------------------------
 
 def _pytorch_backward(grad_y, freqs):
