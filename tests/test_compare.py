@@ -294,3 +294,15 @@ def test_torch_compile_provider_computes_hugging_faces_formula(layout, interleav
     got = got if isinstance(got, tuple) else (got,)
     for g, want in zip(got, C.reference_output(case)):
         torch.testing.assert_close(g.double(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_time_ms_and_output_tuple_on_the_cpu():
+    """The timer every benchmark shares: (median, p20, p80) in ms; off CUDA a few wall-clock
+    calls (meaningless numbers, but ordered and positive)."""
+    calls = []
+    med, p20, p80 = C.time_ms(lambda: calls.append(1), "cpu")
+    assert 0 <= p20 <= med <= p80 and len(calls) >= 2
+    C.sync("cpu")   # a no-op off CUDA
+    x = torch.zeros(2)
+    assert C.output_tuple(x) == (x,) and C.output_tuple((x, x)) == (x, x)
+

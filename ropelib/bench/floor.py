@@ -114,8 +114,6 @@ def _one_line(text) -> str:
 
 # --- plain RoPE ---------------------------------------------------------------------------
 
-MiB = 1 << 20
-
 # label -> Config fields at full size (b8 h32 d128 bf16 sbhd unless said)
 LARGE = (("1 GiB bf16 sbhd", dict(seq_len=16384)),
          ("2 GiB fp32 sbhd", dict(seq_len=16384, dtype="fp32")),
