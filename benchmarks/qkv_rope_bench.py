@@ -1,7 +1,7 @@
 """RoPE fused into the QKV projection: what the epilogue costs, and what it saves.
 
-    python benchmarks/qkv_rope_bench.py                   # on a GPU: benchmarks/results/qkv_rope-<gpu>.csv
-    TRITON_INTERPRET=1 python benchmarks/qkv_rope_bench.py --dry-run     # CPU: tiny shapes
+    python benchmarks/qkv_rope_bench.py              # GPU: benchmarks/results/qkv_rope-<gpu>.csv
+    TRITON_INTERPRET=1 python benchmarks/qkv_rope_bench.py --dry-run    # CPU: tiny shapes
 
 The case is Llama-3-8B's attention projection: hidden 4096, 32 query heads and 8 key/value
 heads of 128 (N = 6144), bf16, 8k and 32k tokens (one sequence each), with and without

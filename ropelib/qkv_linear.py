@@ -364,18 +364,21 @@ def qkv_rope_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *,
         projected. Differentiable in x, weight, bias and the norm weights (not twice).
 
     Exactness: the unfused pipeline rounds the projection to x's dtype before the norm and the
-    rotation; here they run on the fp32 accumulator and round once. For a rotated pair with
-    fp32 values (y_a, y_b) before the final rounding and rho = sqrt(y_a^2 + y_b^2), rounding the
-    inputs of a rotation by at most u = 2^-8 (bf16; 2^-11 fp16, 2^-24 fp32) each moves its
-    outputs by at most u (|y_a||c| + |y_b||s|) <= u rho (Cauchy-Schwarz, c^2 + s^2 = 1); the two
-    final roundings add half an ulp each. So, with the same fp32 accumulator,
+    rotation; here they run on the fp32 accumulator and round once. Take a pair (y_a, y_b)
+    entering the rotation, rho = sqrt(y_a^2 + y_b^2) (the rotated pair has the same norm), and
+    u the unit roundoff of x's dtype (2^-8 bf16, 2^-11 fp16, 2^-24 fp32). Each rounding of the
+    rotation's inputs by a relative u moves its outputs by at most u (|y_a||c| + |y_b||s|)
+    <= u rho (Cauchy-Schwarz, c^2 + s^2 = 1), and the two final roundings add half an ulp each:
 
-        |fused - unfused| <= u rho + ulp(rho)  <=  2 ulps of rho in the output dtype
+        |fused - unfused| <= k u rho + ulp(fused)/2 + ulp(unfused)/2
 
-    per rotated element (3 ulps of rho with the norm: rounding y also moves r, by a relative u,
-    which scales the whole row); pass-through features and v agree to one rounding, i.e. they
-    are equal for equal accumulators. The two GEMMs' accumulators differ only by fp32 summation
-    order (at most K 2^-24 sum_k |x_k w_k|), which adds to the bound.
+    per rotated element, k the roundings the unfused pipeline makes before its last: 1 for
+    F.linear then apply_rope; 2 for F.linear then ropelib.qk_norm_rope (rounding y also moves
+    the norm's r by a relative u); 3 for a norm that rounds its output, then apply_rope. As
+    u rho < ulp(rho), that is within k + 1 ulps of rho: 2 bf16 ulps without the norm, 3 with
+    it. Pass-through features and v are rounded once by both: equal for equal accumulators. The
+    two GEMMs' accumulators themselves differ by fp32 summation order (at most
+    2 K 2^-24 sum_k |x_k w_k| apart), which adds to the bound.
     tests/test_qkv_rope_linear.py asserts it element by element.
 
     A position outside the table (with freqs) gives NaN in the q and k rows it touches, forward
@@ -516,8 +519,10 @@ class QKVRoPE(nn.Module):
         """From a fused nn.Linear (q's rows, then k's, then v's) and, optionally, the q and k
         RMSNorm modules; their parameters are shared with the new module, not copied. kwargs:
         weight_offset, interleaved, out_layout."""
+        if not isinstance(getattr(qkv_proj, "weight", None), torch.Tensor):
+            raise TypeError(f"qkv_proj must be an nn.Linear, got {type(qkv_proj).__name__}")
         eps, q_w, k_w = cls._norm_settings(q_norm, k_norm, eps)
-        return cls._wrap(qkv_proj.weight, qkv_proj.bias, n_heads, n_kv_heads, head_dim, q_w, k_w,
+        return cls._wrap(qkv_proj.weight, getattr(qkv_proj, "bias", None), n_heads, n_kv_heads, head_dim, q_w, k_w,
                          eps, **kwargs)
 
     @classmethod

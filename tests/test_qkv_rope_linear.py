@@ -28,7 +28,6 @@ import torch.nn.functional as F
 from torch import nn
 
 import ropelib
-from ropelib import qkv_linear
 from ropelib.kernels import qkv_gemm
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -35,10 +35,12 @@ order as every ropelib kernel). The alternatives cost more or reach further: spl
 [BLOCK_M, D] accumulator with tl.reshape/tl.split moves an MMA accumulator between register
 layouts through shared memory, and permuting the weight's rows once (pairs adjacent) would
 make ropelib own a reordered copy of the caller's nn.Linear weight and hand its gradient back
-in that order. Gathering rows costs nothing extra: each weight row is read contiguously along
-K as before, and the MMAs are the same FLOPs split into 2-3 of width R/2 (padded to 16, the
-narrowest tl.dot). A whole head in one program also gives the RMS norm its row statistics
-without a second pass or atomics. Rotate-half and interleaved differ only in which rows are
+in that order. Gathering rows reads each weight row contiguously along K as before, and the
+MMAs are the same FLOPs split into 2-3 of width R/2 (padded to 16, the narrowest tl.dot); what
+it may cost is that each of them reads the x tile from shared memory again (two reads of it
+for a fully rotated head where one [BLOCK_M, D] MMA reads it once): not yet measured. A whole
+head in one program also gives the RMS norm its row statistics without a second pass or
+atomics. Rotate-half and interleaved differ only in which rows are
 gathered (and in the strided stores of an interleaved head: two stores of every other element,
 which the L2 merges; joining the halves for one contiguous store, as kernels/fused.py does, would
 move the accumulators between layouts: not measured either way).
