@@ -8,9 +8,11 @@ What an exercise allows, and everything it calls, runs. The block restores what 
 `learner_copy(obj)` is also used by the exercise tests: a worked solution compiled again from its
 source in a file of its own, as a learner who typed it in a notebook would have it.
 """
+import atexit
 import inspect
 import itertools
 import os
+import shutil
 import sys
 import tempfile
 import textwrap
@@ -38,6 +40,7 @@ DEVICE = runtime.default_device()
 INTERPRETER_ONLY = pytest.mark.skipif(not runtime.INTERPRET, reason="needs Triton's interpreter")
 
 _COPIES = Path(tempfile.mkdtemp(prefix="ropelib-own-code-"))
+atexit.register(shutil.rmtree, _COPIES, ignore_errors=True)
 _count = itertools.count()
 
 
