@@ -175,6 +175,13 @@ def test_allow_permits_a_module_and_all_it_calls(capsys):
     assert "rope_cos_sin" in capsys.readouterr().out
 
 
+def test_bar_matches_a_function_by_its_code_not_its_name(capsys):
+    barred = lambda: 1            # noqa: E731 -- two lambdas of one file, one barred
+    other = lambda: 2             # noqa: E731
+    assert not run_own_code("f", "w", barred, bar=(barred,))[0]
+    assert run_own_code("f", "w", other, bar=(barred,)) == (True, 2)
+
+
 def test_a_barred_function_wins_over_its_allowed_module(capsys):
     assert not run_own_code("t", "your cos/sin", lambda: frequencies.rope_cos_sin(3, 16),
                             allow=(frequencies,), bar=(frequencies.rope_cos_sin,))[0]

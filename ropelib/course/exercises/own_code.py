@@ -99,9 +99,10 @@ class _Rules:
         self.files, self.folders = _barred_files(modules)
         self.allowed_codes = {c for a in allow if not isinstance(a, ModuleType) for c in _codes(a)}
         self.barred_codes = {c for b in bar for c in _codes(b)}
-        # the interpreter runs a kernel from code recompiled from its source: same file and name
-        self.allowed_names = {self._name(c) for c in self.allowed_codes}
-        self.barred_names = {self._name(c) for c in self.barred_codes}
+        # the interpreter runs a kernel (and the @triton.jit helpers it calls) from code
+        # recompiled from its source: same file and name, another code object
+        self.allowed_names = {self._name(c) for a in allow if _is_jit(a) for c in _codes(a)}
+        self.barred_names = {self._name(c) for b in bar if _is_jit(b) for c in _codes(b)}
         self._by_file: dict = {}
 
     @staticmethod
