@@ -1,4 +1,4 @@
-"""Notebook 12's puzzles (ropelib.course.puzzles): each worked solution passes its check, each
+"""Notebook 13's puzzles (ropelib.course.puzzles): each worked solution passes its check, each
 starting kernel of the notebook fails it for the reason the puzzle is about, an answer that calls
 ropelib's own @triton.jit helpers fails, and the notebook with the solutions filled in grades
 exactly those solutions (every check ✅). The memory layer the checks run kernels in is tested on
@@ -24,7 +24,7 @@ from ropelib.course import puzzles as pz
 from ropelib.kernels.common import cos_sin, rotate_pair
 
 ROOT = Path(__file__).resolve().parents[1]
-NOTEBOOK = ROOT / "notebooks" / "12-rope-puzzles.py"
+NOTEBOOK = ROOT / "notebooks" / "13-rope-puzzles.py"
 KEYS = list(pz.PUZZLES)
 
 # what each starting kernel of the notebook gets wrong, as the check words it
@@ -305,7 +305,7 @@ def test_notebook_with_the_worked_solutions_passes_every_check(tmp_path):
                                       key=lambda kv: -kv[1][0]):
         key = name[len("my_"):-len("_kernel")]
         lines[first - 1:last] = _solution_as_learner(key).splitlines()
-    script = tmp_path / "12-rope-puzzles-solved.py"
+    script = tmp_path / "13-rope-puzzles-solved.py"
     script.write_text("\n".join(lines) + "\n", encoding="utf-8")
     env = {**os.environ, "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "1"),
            "MPLBACKEND": "Agg"}

@@ -1,4 +1,4 @@
-"""Notebook 12's RoPE puzzles: short Triton kernels to write or repair, graded on the CPU.
+"""Notebook 13's RoPE puzzles: short Triton kernels to write or repair, graded on the CPU.
 
 Each puzzle is one RoPE kernel with a fixed signature, built around a bug that real RoPE kernels
 shipped with. Beside it: a plain-PyTorch spec (`spec_*`, fp64), a `check_*` that launches the

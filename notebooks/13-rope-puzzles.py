@@ -14,7 +14,7 @@
 # ---
 
 # %% [markdown]
-# # 12 — RoPE puzzles
+# # 13 — RoPE puzzles
 #
 # Ten short puzzles, each a Triton kernel to write or to repair. Every one comes from a bug that
 # real RoPE kernels shipped with: the wrong pairing of features, a head dim that is not a power
