@@ -14,5 +14,8 @@ ANGLE_DTYPES = (torch.float32, torch.float64)      # angle tables and frequencie
 INT_DTYPES = (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8)  # index tensors
 KV_INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)   # q, k, v of rope_kv_cache
 KV_CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn)
+QKV_LINEAR_DTYPES = (torch.float16, torch.bfloat16, torch.float32)   # x, weight of qkv_rope_linear
+QKV_LINEAR_LAYOUTS = ("bshd", HF_LAYOUT)   # where qkv_rope_linear puts q, k, v
 
 MAX_HEAD_DIM = 1024                        # the kernels hold a head's features in registers
+QKV_LINEAR_MAX_HEAD_DIM = 256              # qkv_rope_linear: a head's columns are one GEMM tile

@@ -45,7 +45,7 @@ from .api import _tables, checked_tables
 from .kernels import kv_cache as kernel
 from .conventions import KV_CACHE_DTYPES, KV_INPUT_DTYPES
 from .kernels.kv_cache import FP8_MAX, launch as launch_kernel
-from .ops import _define
+from .ops import define_op
 
 __all__ = ["rope_kv_cache", "write_kv_cache", "quantize_fp8"]
 
@@ -54,7 +54,7 @@ FP8 = torch.float8_e4m3fn
 
 # --- the operator ---------------------------------------------------------------------------
 
-@_define("ropelib::rope_kv_cache", mutates_args=("k_cache", "v_cache"))
+@define_op("ropelib::rope_kv_cache", mutates_args=("k_cache", "v_cache"))
 def rope_kv_cache_op(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
                      cache_seqlens: Tensor, block_table: Optional[Tensor], table: Tensor,
                      sin: Optional[Tensor], k_scale: Optional[Tensor], v_scale: Optional[Tensor],

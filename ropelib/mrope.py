@@ -55,7 +55,7 @@ from .api import check_no_table_grad, needs_grad, saveable
 from .frequencies import _default_inv_freq
 from .kernels import mrope as kernel
 from .kernels.mrope import MAX_AXES
-from .ops import _define, view4
+from .ops import define_op, view4
 
 __all__ = ["AxisFrequencies", "multi_axis_frequencies", "axis_of_pairs", "grid_positions",
            "apply_mrope", "apply_mrope_qk", "MultiAxisRotaryEmbedding", "STYLES"]
@@ -194,7 +194,7 @@ def grid_positions(t: int, h: int, w: int, *, start: int = 0, axes: int = 3,
 
 # --- the operators --------------------------------------------------------------------------
 
-@_define("ropelib::mrope")
+@define_op("ropelib::mrope")
 def mrope_op(x: Tensor, positions: Tensor, inv_freq: Tensor, axis: Tensor, layout: str,
              interleaved: bool, backward: bool) -> Tensor:
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -203,7 +203,7 @@ def mrope_op(x: Tensor, positions: Tensor, inv_freq: Tensor, axis: Tensor, layou
     return y
 
 
-@_define("ropelib::mrope_qk")
+@define_op("ropelib::mrope_qk")
 def mrope_qk_op(q: Tensor, k: Tensor, positions: Tensor, inv_freq: Tensor, axis: Tensor,
                 layout: str, interleaved: bool, backward: bool) -> Tuple[Tensor, Tensor]:
     q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)

@@ -33,7 +33,7 @@ from .kernels.launch import Positions, Table, View, plan, plan_qkv
 from .runtime import INTERPRET
 
 
-def _define(name: str, mutates_args=()):
+def define_op(name: str, mutates_args=()):
     """Register fn as the op `name`: a triton_op on GPUs, a custom_op in the interpreter."""
     def register(fn):
         if INTERPRET:
@@ -79,7 +79,7 @@ def _empty_like(x: Tensor, dtype: Optional[torch.dtype] = None) -> Tensor:
 
 # --- rotate one tensor, or q and k ----------------------------------------------------------
 
-@_define("ropelib::rope")
+@define_op("ropelib::rope")
 def rope(x: Tensor, table: Tensor, sin: Optional[Tensor], position_ids: Optional[Tensor],
          cu_seqlens: Optional[Tensor], start_positions: Optional[Tensor], layout: str,
          interleaved: bool, cp_size: int, cp_rank: int, backward: bool,
@@ -91,7 +91,7 @@ def rope(x: Tensor, table: Tensor, sin: Optional[Tensor], position_ids: Optional
     return y
 
 
-@_define("ropelib::rope_qk")
+@define_op("ropelib::rope_qk")
 def rope_qk(q: Tensor, k: Tensor, table: Tensor, sin: Optional[Tensor],
             position_ids: Optional[Tensor], cu_seqlens: Optional[Tensor],
             start_positions: Optional[Tensor], layout: str, interleaved: bool, cp_size: int,
@@ -104,7 +104,7 @@ def rope_qk(q: Tensor, k: Tensor, table: Tensor, sin: Optional[Tensor],
     return q_out, k_out
 
 
-@_define("ropelib::rope_", mutates_args=("x",))
+@define_op("ropelib::rope_", mutates_args=("x",))
 def rope_(x: Tensor, table: Tensor, sin: Optional[Tensor], position_ids: Optional[Tensor],
           cu_seqlens: Optional[Tensor], start_positions: Optional[Tensor], layout: str,
           interleaved: bool, cp_size: int, cp_rank: int) -> None:
@@ -113,7 +113,7 @@ def rope_(x: Tensor, table: Tensor, sin: Optional[Tensor], position_ids: Optiona
             interleaved=interleaved, backward=False)
 
 
-@_define("ropelib::rope_qk_", mutates_args=("q", "k"))
+@define_op("ropelib::rope_qk_", mutates_args=("q", "k"))
 def rope_qk_(q: Tensor, k: Tensor, table: Tensor, sin: Optional[Tensor],
              position_ids: Optional[Tensor], cu_seqlens: Optional[Tensor],
              start_positions: Optional[Tensor], layout: str, interleaved: bool, cp_size: int,
@@ -177,7 +177,7 @@ def _launch_qkv(qkv: Tensor, q: Tensor, k: Tensor, q_table: Tensor, k_table: Ten
                          cp_rank=cp_rank))
 
 
-@_define("ropelib::rope_qkv")
+@define_op("ropelib::rope_qkv")
 def rope_qkv(qkv: Tensor, q_table: Tensor, k_table: Tensor, start_positions: Optional[Tensor],
              layout: str, split: List[int], interleaved: bool, cp_size: int, cp_rank: int
              ) -> Tuple[Tensor, Tensor, Tensor]:
@@ -195,7 +195,7 @@ def rope_qkv(qkv: Tensor, q_table: Tensor, k_table: Tensor, start_positions: Opt
     return q_out, k_out, v_out
 
 
-@_define("ropelib::rope_qkv_backward")
+@define_op("ropelib::rope_qkv_backward")
 def rope_qkv_backward(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, q_table: Tensor,
                       k_table: Tensor, start_positions: Optional[Tensor], layout: str,
                       split: List[int], interleaved: bool, cp_size: int, cp_rank: int) -> Tensor:

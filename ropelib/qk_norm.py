@@ -42,7 +42,7 @@ from .conventions import LAYOUT_OF_UNSQUEEZE_DIM
 from .api import check_no_table_grad, checked_tables, needs_grad, saveable
 from .kernels import qk_norm_rope as kernel
 from .kernels.qk_norm_rope import launch as launch_kernel
-from .ops import _define, view4
+from .ops import define_op, view4
 
 __all__ = ["qk_norm_rope", "QKNormRoPE", "qk_norm_apply_rotary_pos_emb"]
 
@@ -55,7 +55,7 @@ def _pos2d(position_ids: Optional[Tensor]) -> Optional[Tensor]:
 
 # --- the operators --------------------------------------------------------------------------
 
-@_define("ropelib::qk_norm_rope")
+@define_op("ropelib::qk_norm_rope")
 def qk_norm_rope_op(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, table: Tensor,
                     sin: Optional[Tensor], position_ids: Optional[Tensor], layout: str,
                     interleaved: bool, eps: float, weight_offset: float) -> Tuple[Tensor, Tensor]:
@@ -67,7 +67,7 @@ def qk_norm_rope_op(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, table: Tenso
     return q_out, k_out
 
 
-@_define("ropelib::qk_norm_rope_backward")
+@define_op("ropelib::qk_norm_rope_backward")
 def qk_norm_rope_backward_op(grad_q_out: Tensor, grad_k_out: Tensor, q: Tensor, k: Tensor,
                              w_q: Tensor, w_k: Tensor, table: Tensor, sin: Optional[Tensor],
                              position_ids: Optional[Tensor], layout: str, interleaved: bool,

@@ -33,15 +33,16 @@ import torch
 from torch import Tensor, nn
 
 from . import validation as V
+from .conventions import QKV_LINEAR_DTYPES, QKV_LINEAR_LAYOUTS
 from .api import check_no_table_grad, needs_grad, saveable
 from .frequencies import EXACT_POSITIONS, Angles
 from .kernels import qkv_gemm as kernel
-from .ops import _define
+from .ops import define_op
 
 __all__ = ["qkv_rope_linear", "QKVRoPE"]
 
-DTYPES = (torch.float16, torch.bfloat16, torch.float32)    # x and the weight
-OUT_LAYOUTS = ("bshd", "bhsd")
+DTYPES = QKV_LINEAR_DTYPES        # x and the weight
+OUT_LAYOUTS = QKV_LINEAR_LAYOUTS
 
 
 def _sizes(x: Tensor) -> Tuple[int, int, int]:
@@ -78,7 +79,7 @@ def _contiguous(t: Optional[Tensor]) -> Optional[Tensor]:
 
 # --- the operators --------------------------------------------------------------------------
 
-@_define("ropelib::qkv_rope_linear")
+@define_op("ropelib::qkv_rope_linear")
 def qkv_rope_linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], table: Tensor,
                        sin: Optional[Tensor], position_ids: Optional[Tensor],
                        cu_seqlens: Optional[Tensor], q_norm_weight: Optional[Tensor],
@@ -108,7 +109,7 @@ def qkv_rope_linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], table:
     return q, k, v, rstd, norm_input
 
 
-@_define("ropelib::qkv_rope_linear_backward")
+@define_op("ropelib::qkv_rope_linear_backward")
 def qkv_rope_linear_backward_op(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor,
                                 weight: Tensor, table: Tensor, sin: Optional[Tensor],
                                 position_ids: Optional[Tensor], cu_seqlens: Optional[Tensor],

@@ -94,6 +94,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..conventions import QKV_LINEAR_MAX_HEAD_DIM
 from ..runtime import INTERPRET
 from .common import ROUND_BF16_RTNE, contiguous_strides, pair_features, rotate_pair, round_to
 from .fused import _load_table, _packed_positions
@@ -108,7 +109,7 @@ GPU_TILES = {
     "dx": dict(BLOCK_M=64, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=3),
     "dw": dict(BLOCK_M=64, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=3),
 }
-MAX_HEAD_DIM = 256      # a head's D columns live in one program's registers
+MAX_HEAD_DIM = QKV_LINEAR_MAX_HEAD_DIM   # a head's D columns live in one program's registers
 
 # Triton's interpreter (3.9) multiplies the bf16 operands of tl.dot as their raw 16-bit
 # patterns (numpy has no bf16): there they are widened to fp32 first, which computes what the
