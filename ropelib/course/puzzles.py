@@ -43,7 +43,7 @@ import triton.language as tl
 
 from .. import runtime
 from . import access
-from .exercises.naive_kernel import is_blank
+from .exercises import kernel_answer
 from .exercises.own_code import run_own_code
 
 __all__ = ["PUZZLES", "BoundsCheckedMemory", "Region", "run_in_checked_memory", "draw_accesses",
@@ -1131,12 +1131,6 @@ START_POSITIONS = _register(Puzzle(
 
 # --- grading ----------------------------------------------------------------------------------
 
-def _is_kernel(obj) -> bool:
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-    return isinstance(obj, (JITFunction, InterpretedFunction))
-
-
 def _interpreted(kernel):
     """The interpreter's version of a @triton.jit kernel (also when the GPU compiler is on)."""
     from triton.runtime.interpreter import InterpretedFunction
@@ -1324,13 +1318,7 @@ def grade(p: Puzzle, kernel, *, seed: Optional[int] = None, draw: bool = True,
 
 def _grade(p: Puzzle, kernel, *, seed, draw, time_it) -> bool:
     name = f"puzzle {p.number} ({p.title})"
-    if kernel is None or kernel is Ellipsis or (_is_kernel(kernel) and is_blank(kernel)):
-        print(f"❌ {name}: no kernel yet (write the body of the @triton.jit function, then rerun)")
-        _RESULTS[p.key] = False
-        return False
-    if not _is_kernel(kernel):
-        print(f"❌ {name}: expected a @triton.jit kernel, got {type(kernel).__name__}; the "
-              "check launches the kernel itself and reads the output it allocated")
+    if not kernel_answer(name, kernel, "the output it allocated"):
         _RESULTS[p.key] = False
         return False
     seed = int(torch.randint(0, 2**31, ())) if seed is None else seed

@@ -13,6 +13,7 @@ from ropelib itself, never hard-code it, and run the learner's function or kerne
 own answers barred (`own_code`): an answer that calls the finished library, the teaching kernels,
 the library function that computes the very thing asked, or the worked solution is refused.
 """
+import ast
 import html
 import inspect
 import math
@@ -22,7 +23,7 @@ from typing import Any, Callable, Optional, Tuple, Union
 
 import torch
 
-__all__ = ["check", "solution", "call_answer"]
+__all__ = ["check", "solution", "call_answer", "is_kernel", "is_blank_kernel", "kernel_answer"]
 
 # A placeholder `...` (Ellipsis) or None means "not answered yet".
 _UNANSWERED = (None, Ellipsis)
@@ -215,6 +216,45 @@ def call_answer(name: str, fn: Callable, *args, **kwargs) -> Tuple[bool, Any]:
         print(f"❌ {name}: your function returned None (not answered yet?)")
         return False, None
     return True, out
+
+
+def is_kernel(obj) -> bool:
+    """True for a @triton.jit function (compiled, or run by the interpreter)."""
+    import triton
+    return isinstance(obj, triton.runtime.KernelInterface)
+
+
+def is_blank_kernel(kernel) -> bool:
+    """True when the kernel's body holds nothing but a docstring, `pass`, `...` and comments."""
+    fn = getattr(kernel, "fn", kernel)
+    try:
+        src = getattr(kernel, "src", None) or inspect.getsource(fn)
+        tree = ast.parse(textwrap.dedent(src))
+    except (OSError, TypeError, SyntaxError):
+        return False  # no source to read: let the launch decide
+    body = tree.body[0].body if tree.body and hasattr(tree.body[0], "body") else []
+    for stmt in body:
+        if isinstance(stmt, ast.Pass):
+            continue
+        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) \
+                and (stmt.value.value is Ellipsis or isinstance(stmt.value.value, str)):
+            continue
+        return False
+    return True
+
+
+def kernel_answer(name: str, kernel, reads: str) -> bool:
+    """Print ❌ and return False when a kernel exercise's answer is missing or still blank, or
+    is not a @triton.jit kernel (the check launches it itself and reads `reads`)."""
+    if kernel is None or kernel is Ellipsis or (is_kernel(kernel) and is_blank_kernel(kernel)):
+        print(f"❌ {name}: no kernel yet (write the body of the @triton.jit function, then rerun)")
+        return False
+    if not is_kernel(kernel):
+        called = f"{type(kernel).__name__} {getattr(kernel, '__name__', '')!s}".rstrip()
+        print(f"❌ {name}: expected a @triton.jit kernel, got {called}; the check launches the "
+              f"kernel itself and reads {reads}")
+        return False
+    return True
 
 
 def _in_jupyter() -> bool:

@@ -49,8 +49,7 @@ import triton.language as tl
 
 from ... import context_parallel, frequencies, kv_cache, runtime
 from ..work_count import interpreted
-from . import _compare, check
-from .naive_kernel import is_blank
+from . import _compare, check, kernel_answer
 from .own_code import LibraryAnswer, library_barred, run_own_code
 
 __all__ = ["check_dual_chunk_positions", "solution_dual_chunk_positions", "check_paged_slot",
@@ -206,12 +205,7 @@ def _slots_changed(before, after):
 
 def _check_kv_kernel(kernel, paged: bool, seed: Optional[int]) -> bool:
     name = f"RoPE + {'paged' if paged else 'contiguous'} KV-cache write kernel"
-    if kernel is None or kernel is Ellipsis or (_is_kernel(kernel) and is_blank(kernel)):
-        print(f"❌ {name}: no kernel yet (write the body of the @triton.jit function, then rerun)")
-        return False
-    if not _is_kernel(kernel):
-        print(f"❌ {name}: expected a @triton.jit kernel, got {type(kernel).__name__}; the check "
-              "launches the kernel itself and reads the outputs and caches it allocated")
+    if not kernel_answer(name, kernel, "the outputs and caches it allocated"):
         return False
     gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())) if seed is None else seed)
     on_gpu = runtime.on_gpu()
@@ -273,12 +267,6 @@ def _check_kv_kernel(kernel, paged: bool, seed: Optional[int]) -> bool:
     print(f"✅ {name}: q, k cache and v cache as ropelib.rope_kv_cache writes them, on "
           f"{len(cases)} decoding steps in the interpreter{gpu} (fp32 and bf16, GQA)")
     return True
-
-
-def _is_kernel(obj) -> bool:
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-    return isinstance(obj, (JITFunction, InterpretedFunction))
 
 
 def check_rope_kv_cache_kernel(kernel, *, seed: Optional[int] = None) -> bool:

@@ -16,10 +16,7 @@ ropelib's @triton.jit helpers, is refused before it runs, whatever it would writ
 The helpers here (blank-kernel detection, the launch, the cos/sin counter, the comparison) also
 serve notebook 06's backward-kernel exercise (`backward_kernel`).
 """
-import ast
 import contextlib
-import inspect
-import textwrap
 from typing import Callable, Optional
 
 import torch
@@ -27,7 +24,7 @@ import triton
 import triton.language as tl
 
 from ... import reference, runtime
-from . import _compare, check, solution
+from . import _compare, check, is_blank_kernel, is_kernel, solution
 from .own_code import LibraryAnswer, library_barred
 
 __all__ = ["KERNEL_SIGNATURE", "check_batch_reuse_kernel", "show_solution", "launch",
@@ -53,30 +50,6 @@ def my_batch_reuse_kernel(
 
 
 # --- what every kernel check needs ------------------------------------------------------------
-
-def is_kernel(obj) -> bool:
-    """True for a @triton.jit function (compiled, or run by the interpreter)."""
-    return isinstance(obj, triton.runtime.KernelInterface)
-
-
-def is_blank_kernel(kernel) -> bool:
-    """True when the kernel's body holds nothing but a docstring, `pass`, `...` and comments."""
-    fn = getattr(kernel, "fn", kernel)
-    try:
-        src = getattr(kernel, "src", None) or inspect.getsource(fn)
-        tree = ast.parse(textwrap.dedent(src))
-    except (OSError, TypeError, SyntaxError):
-        return False  # no source to read: let the launch decide
-    body = tree.body[0].body if tree.body and hasattr(tree.body[0], "body") else []
-    for stmt in body:
-        if isinstance(stmt, ast.Pass):
-            continue
-        if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) \
-                and (stmt.value.value is Ellipsis or isinstance(stmt.value.value, str)):
-            continue
-        return False
-    return True
-
 
 def kernel_ready(name: str, kernel) -> bool:
     """Print ❌ and return False when `kernel` is missing, not a Triton kernel, or still blank."""

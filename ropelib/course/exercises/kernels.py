@@ -23,7 +23,7 @@ import triton.language as tl
 from ... import reference, runtime
 from ..kernels import batch_reuse, naive
 from ..kernels.batch_reuse import rope_batch_reuse
-from . import _compare, check
+from . import _compare, check, is_blank_kernel
 from .own_code import LibraryAnswer, library_barred, run_own_code
 
 __all__ = [
@@ -196,7 +196,6 @@ def _launched(kernel, kernels) -> bool:
 
 def _kernel_written(name: str, kernel) -> bool:
     """False (with a ❌ line) when exercise 2's kernel is given but still blank."""
-    from .grid_kernel import is_blank_kernel
     if kernel is not None and is_blank_kernel(kernel):
         print(f"❌ {name}: your backward kernel ({_kernel_name(kernel)}) is still blank: write it "
               "first (exercise 2), then launch it here")

@@ -35,8 +35,7 @@ import triton.language as tl
 
 from ... import mrope, runtime
 from ..work_count import WorkCount, count_work, interpreted
-from . import _compare, check
-from .naive_kernel import is_blank
+from . import _compare, check, kernel_answer
 from .own_code import LibraryAnswer, library_barred, run_own_code
 
 __all__ = ["check_axis_of_pairs", "solution_axis_of_pairs", "check_text_then_image",
@@ -170,12 +169,6 @@ def count_mrope(kernel, q, k, positions, freqs, BLOCK_T: int) -> WorkCount:
     return work
 
 
-def _is_kernel(obj) -> bool:
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-    return isinstance(obj, (JITFunction, InterpretedFunction))
-
-
 def _compare_outputs(name, label, got, want, bufs, tol) -> bool:
     for which, y, w, (buf, pad) in zip(("q", "k"), got, want, bufs):
         outside = int((~buf[:pad].isnan()).sum() + (~buf[-pad:].isnan()).sum())
@@ -204,12 +197,7 @@ def check_mrope_kernel(kernel, *, seed: Optional[int] = None) -> bool:
     most 2 sines and 2 cosines per (token, pair) over the tokens its programs cover).
     """
     name = "multi-axis RoPE kernel"
-    if kernel is None or kernel is Ellipsis or (_is_kernel(kernel) and is_blank(kernel)):
-        print(f"❌ {name}: no kernel yet (write the body of the @triton.jit function, then rerun)")
-        return False
-    if not _is_kernel(kernel):
-        print(f"❌ {name}: expected a @triton.jit kernel, got {type(kernel).__name__}; the check "
-              "launches the kernel itself and reads the outputs it allocated")
+    if not kernel_answer(name, kernel, "the outputs it allocated"):
         return False
     gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())) if seed is None else seed)
     on_gpu = runtime.on_gpu()

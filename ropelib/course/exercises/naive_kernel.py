@@ -22,9 +22,6 @@ unchanged. Its arguments, in order (the grid is one program per row, (S * B * H,
     R: tl.constexpr,                               # rotary dim: even, <= D
     BLOCK_PAIRS: tl.constexpr,                     # next power of two >= D // 2
 """
-import ast
-import inspect
-import textwrap
 from typing import Optional
 
 import torch
@@ -32,10 +29,10 @@ import triton
 import triton.language as tl
 
 from ... import reference, runtime
-from . import _compare, check
+from . import _compare, check, kernel_answer
 from .own_code import LibraryAnswer, library_barred
 
-__all__ = ["check_rope_interleaved", "solution_rope_interleaved", "is_blank", "launch_interleaved",
+__all__ = ["check_rope_interleaved", "solution_rope_interleaved", "launch_interleaved",
            "CASES"]
 
 # (S, B, H, D, R, dtype, layout): the tail D - R > 0 in most; bshd is a transposed view.
@@ -44,24 +41,6 @@ CASES = (
     (2, 3, 2, 24, 16, torch.float32, "bshd"),   # D/2 = 12 pairs: a masked tile; 4 features pass
     (3, 1, 3, 20, 8, torch.bfloat16, "sbhd"),   # bf16, 12 features pass through
 )
-
-
-def is_blank(kernel) -> bool:
-    """True when a kernel's body is only a docstring, `pass` or `...` (not written yet)."""
-    fn = getattr(kernel, "fn", kernel)
-    try:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
-    except (TypeError, OSError, SyntaxError):
-        return False
-    body = tree.body[0].body if tree.body and hasattr(tree.body[0], "body") else []
-    return all(isinstance(s, ast.Pass)
-               or (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)) for s in body)
-
-
-def _is_kernel(obj) -> bool:
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-    return isinstance(obj, (JITFunction, InterpretedFunction))
 
 
 def launch_interleaved(kernel, x: torch.Tensor, freqs: torch.Tensor, out: torch.Tensor) -> None:
@@ -110,13 +89,7 @@ def check_rope_interleaved(kernel, *, seed: Optional[int] = None) -> bool:
         True when every case matches: rotated pairs, the untouched tail, every element written.
     """
     name = "interleaved RoPE kernel"
-    if kernel is None or kernel is Ellipsis or (_is_kernel(kernel) and is_blank(kernel)):
-        print(f"❌ {name}: no kernel yet (write the body of the @triton.jit function, then rerun)")
-        return False
-    if not _is_kernel(kernel):
-        print(f"❌ {name}: expected a @triton.jit kernel, got {type(kernel).__name__} "
-              f"{getattr(kernel, '__name__', '')!s}; the check launches the kernel itself and "
-              "reads the output buffer it allocated")
+    if not kernel_answer(name, kernel, "the output buffer it allocated"):
         return False
     device = runtime.default_device()
     gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())) if seed is None else seed)
