@@ -14,6 +14,7 @@ own answers barred (`own_code`): an answer that calls the finished library, the 
 the library function that computes the very thing asked, or the worked solution is refused.
 """
 import ast
+import contextlib
 import html
 import inspect
 import math
@@ -201,6 +202,14 @@ def call_answer(name: str, fn: Callable, *args, **kwargs) -> Tuple[bool, Any]:
     of stopping the notebook. The exercise checks call `own_code.run_own_code`, which does the
     same with ropelib's own answers barred.
     """
+    return guarded_call(name, fn, args, kwargs)
+
+
+def guarded_call(name: str, fn: Callable, args: tuple, kwargs: dict,
+                 guard: Callable = contextlib.nullcontext, refusals: tuple = ()
+                 ) -> Tuple[bool, Any]:
+    """call_answer's work: fn(*args, **kwargs) inside `with guard():`. An exception of a type in
+    `refusals` (the guard's verdict) is printed as it is, any other as the function's error."""
     if fn is None or fn is Ellipsis:
         print(f"❌ {name}: no answer yet (define the function)")
         return False, None
@@ -208,7 +217,11 @@ def call_answer(name: str, fn: Callable, *args, **kwargs) -> Tuple[bool, Any]:
         print(f"❌ {name}: expected a function, got {type(fn).__name__}")
         return False, None
     try:
-        out = fn(*args, **kwargs)
+        with guard():
+            out = fn(*args, **kwargs)
+    except refusals as exc:
+        print(f"❌ {name}: {exc}")
+        return False, None
     except Exception as exc:  # noqa: BLE001 -- report, do not stop the notebook
         print(f"❌ {name}: your function raised {type(exc).__name__}: {exc}")
         return False, None

@@ -35,6 +35,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Iterable, Iterator, Optional, Tuple
 
+from . import guarded_call
+
 PACKAGE = Path(__file__).resolve().parents[2]          # .../ropelib
 COURSE = PACKAGE / "course"
 TEACHING_KERNELS = COURSE / "kernels"
@@ -318,22 +320,6 @@ def run_own_code(name: str, what: str, fn: Optional[Callable], *args,
     Returns (True, its result), or prints ❌ with the reason and returns (False, None) when the
     answer is missing, raises, returns None or calls barred code (see `library_barred`).
     """
-    if fn is None or fn is Ellipsis:
-        print(f"❌ {name}: no answer yet (define the function)")
-        return False, None
-    if not callable(fn):
-        print(f"❌ {name}: expected a function, got {type(fn).__name__}")
-        return False, None
-    try:
-        with library_barred(what, allow=allow, bar=bar):
-            out = fn(*args, **kwargs)
-    except LibraryAnswer as exc:
-        print(f"❌ {name}: {exc}")
-        return False, None
-    except Exception as exc:  # noqa: BLE001 -- report, do not stop the notebook
-        print(f"❌ {name}: your function raised {type(exc).__name__}: {exc}")
-        return False, None
-    if out is None:
-        print(f"❌ {name}: your function returned None (not answered yet?)")
-        return False, None
-    return True, out
+    return guarded_call(name, fn, args, kwargs,
+                        guard=lambda: library_barred(what, allow=allow, bar=bar),
+                        refusals=(LibraryAnswer,))
