@@ -50,30 +50,12 @@ import triton.language as tl
 from ... import context_parallel, frequencies, kv_cache, runtime
 from ..work_count import interpreted
 from . import _compare, check, kernel_answer
-from .own_code import LibraryAnswer, library_barred, run_own_code
+from .own_code import LibraryAnswer, check_cases, library_barred, listed_as_tensor
 
 __all__ = ["check_dual_chunk_positions", "solution_dual_chunk_positions", "check_paged_slot",
            "solution_paged_slot", "check_rope_kv_cache_kernel", "solution_rope_kv_cache_kernel",
            "check_rope_kv_paged_kernel", "solution_rope_kv_paged_kernel", "launch_kv_cache",
            "launch_kv_paged", "CONTIGUOUS_CASES", "PAGED_CASES"]
-
-
-def _cases(name: str, what: str, fn: Callable, cases, hint: str) -> bool:
-    """Run fn on every case with the library barred; report the first wrong one (or ✅ for
-    all). Never raises."""
-    answer = expected = None
-    for label, args, expected in cases:
-        ok, answer = run_own_code(f"{name} ({label})", what, fn, *args)
-        if not ok:
-            return False
-        try:
-            answer = torch.as_tensor(answer) if isinstance(answer, (list, tuple)) else answer
-        except (TypeError, ValueError, RuntimeError):
-            pass  # not a list of numbers: check() below says what is wrong with it
-        same, _ = _compare(answer, expected, None, None)
-        if not same:
-            return check(f"{name} ({label})", answer, expected, hint=hint)
-    return check(name, answer, expected, hint=hint)
 
 
 # --- 1. which global positions does rank r hold? ---------------------------------------------
@@ -86,9 +68,10 @@ def check_dual_chunk_positions(fn: Callable) -> bool:
     for S, n, r in ((8, 2, 0), (8, 2, 1), (24, 3, 1), (16, 4, 3), (16, 4, 0), (6, 1, 0)):
         want = context_parallel.dual_chunk_positions(S // n, n, r)
         cases.append((f"seq_len={S}, cp_size={n}, rank {r}", (S, n, r), want))
-    return _cases("dual-chunk positions", "the positions worked out by your code", fn, cases,
-                  hint="cut the sequence into 2*cp_size chunks of seq_len / (2*cp_size); rank r "
-                       "holds chunk r, then chunk 2*cp_size-1-r")
+    return check_cases("dual-chunk positions", "the positions worked out by your code", fn, cases,
+                       post=listed_as_tensor,
+                       hint="cut the sequence into 2*cp_size chunks of seq_len / (2*cp_size); "
+                            "rank r holds chunk r, then chunk 2*cp_size-1-r")
 
 
 def solution_dual_chunk_positions(seq_len, cp_size, cp_rank):
@@ -116,10 +99,11 @@ def check_paged_slot(fn: Callable) -> bool:
                        ([6, 4, 1, 0, 2], 2, 7), ([0, 1, 2], 8, 23)):
         cases.append((f"row {row}, block_size={bs}, position {p}", (list(row), bs, p),
                       _slot(row, bs, p)))
-    return _cases("paged slot", "the slot worked out by your code", fn, cases,
-                  hint="the sequence's position p sits in its (p // block_size)-th block, at "
-                       "offset p % block_size; the block table says which block of the pool "
-                       "that is")
+    return check_cases("paged slot", "the slot worked out by your code", fn, cases,
+                       post=listed_as_tensor,
+                       hint="the sequence's position p sits in its (p // block_size)-th block, at "
+                            "offset p % block_size; the block table says which block of the pool "
+                            "that is")
 
 
 def solution_paged_slot(block_table_row, block_size, position):

@@ -11,13 +11,13 @@ the `solution_*` functions below, shown folded in the notebooks with
 copy of its solution, on library answers and on wrong answers.
 """
 import math
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from ... import frequencies, reference, runtime
-from . import _compare, check
-from .own_code import run_own_code
+from . import check
+from .own_code import check_cases
 
 __all__ = [
     "check_device", "check_rotary_dim", "check_apply_rope",
@@ -26,31 +26,6 @@ __all__ = [
     "check_positions", "check_cos_sin_from_freqs", "check_bytes_moved",
     "rotation_matrix_ref",
 ]
-
-
-def _cases(name: str, what: str, fn: Callable, cases: Iterable, *, hint: Optional[str] = None,
-           atol: Optional[float] = None, rtol: Optional[float] = None,
-           post: Optional[Callable] = None, bar: Iterable = ()) -> bool:
-    """Run fn(*args) for each (label, args, expected) with ropelib's answers (and `bar`) barred;
-    one ✅ line, or ❌ for the first failure.
-
-    `what` names the exercise in a refusal ("your rotation matrix"). `post(answer, expected)`
-    may reshape the learner's answer before comparing (e.g. angles reduced modulo 2 pi).
-    """
-    answer = expected = None
-    for label, args, expected in cases:
-        ok, answer = run_own_code(f"{name} ({label})", what, fn, *args, bar=bar)
-        if not ok:
-            return False
-        if post is not None:
-            try:
-                answer = post(answer, expected)
-            except Exception as exc:  # noqa: BLE001 -- report, never stop the notebook
-                return check(f"{name} ({label})", answer, expected, hint=f"{exc}")
-        same, _ = _compare(answer, expected, atol, rtol)
-        if not same:
-            return check(f"{name} ({label})", answer, expected, atol=atol, rtol=rtol, hint=hint)
-    return check(name, answer, expected, atol=atol, rtol=rtol, hint=hint)
 
 
 # --- notebook 00: setup and tour -------------------------------------------------------------
@@ -92,10 +67,10 @@ def check_rotation_matrix(fn: Callable, rot_dim: int = 8, base: float = 10000.0)
     """fn(m, inv_freq) -> the [R, R] block-diagonal matrix R_m (pairs (2j, 2j+1), angle m*theta_j)."""
     inv = frequencies.inv_freq(rot_dim, base).double()
     cases = [(f"m={m}", (m, inv.clone()), rotation_matrix_ref(m, inv)) for m in (0, 1, 5, 37)]
-    return _cases("rotation matrix R_m", "your rotation matrix, built from its 2x2 blocks "
-                  "(no torch.block_diag, no ropelib)", fn, cases, atol=1e-6, rtol=0,
-                  hint="block j is [[cos a, -sin a], [sin a, cos a]] with a = m * inv_freq[j]",
-                  bar=(torch.block_diag, rotation_matrix_ref, solution_rotation_matrix))
+    return check_cases("rotation matrix R_m", "your rotation matrix, built from its 2x2 blocks "
+                       "(no torch.block_diag, no ropelib)", fn, cases, atol=1e-6, rtol=0,
+                       hint="block j is [[cos a, -sin a], [sin a, cos a]] with a = m * inv_freq[j]",
+                       bar=(torch.block_diag, rotation_matrix_ref, solution_rotation_matrix))
 
 
 def _wrap_to(answer, expected):
@@ -118,10 +93,10 @@ def check_relative_angle(fn: Callable, rot_dim: int = 8, base: float = 10000.0) 
         M = rotation_matrix_ref(m, inv).T @ rotation_matrix_ref(n, inv)
         j = torch.arange(0, rot_dim, 2)
         cases.append((f"m={m}, n={n}", (m, n, inv.clone()), torch.atan2(M[j + 1, j], M[j, j])))
-    return _cases("relative angle of R_m^T R_n", "your relative angles", fn, cases, atol=1e-4,
-                  rtol=0, post=_wrap_to,
-                  hint="R_m^T = R_{-m}, and rotations in the same plane add their angles",
-                  bar=(rotation_matrix_ref, solution_relative_angle, solution_rotation_matrix))
+    return check_cases("relative angle of R_m^T R_n", "your relative angles", fn, cases, atol=1e-4,
+                       rtol=0, post=_wrap_to,
+                       hint="R_m^T = R_{-m}, and rotations in the same plane add their angles",
+                       bar=(rotation_matrix_ref, solution_relative_angle, solution_rotation_matrix))
 
 
 def check_rotate_half(fn: Callable) -> bool:
@@ -133,10 +108,10 @@ def check_rotate_half(fn: Callable) -> bool:
             x = torch.randn(shape, generator=g, dtype=torch.float64)
             cases.append((f"interleaved={interleaved}, shape={shape}", (x.clone(), interleaved),
                           reference.rotate_half(x, interleaved)))
-    return _cases("rotate_half", "your own rotate_half", fn, cases,
-                  atol=0, rtol=0,
-                  hint="halves: torch.chunk(x, 2, -1); pairs: x[..., ::2] and x[..., 1::2]",
-                  bar=(solution_rotate_half,))
+    return check_cases("rotate_half", "your own rotate_half", fn, cases,
+                       atol=0, rtol=0,
+                       hint="halves: torch.chunk(x, 2, -1); pairs: x[..., ::2] and x[..., 1::2]",
+                       bar=(solution_rotate_half,))
 
 
 def check_interleave_permutation(perm: Sequence[int], rot_dim: int = 8, *,
@@ -212,9 +187,9 @@ def check_cos_sin_from_freqs(fn: Callable) -> bool:
                                         offset=3)
         cases.append((f"interleaved={interleaved}, rotary_percent={percent}", (f.clone(),),
                       tuple(want)))
-    return _cases("freqs -> (cos, sin)", "your own conversion", fn, cases,
-                  hint="drop the two middle dims of [S, 1, 1, R], then take cos and sin",
-                  bar=(solution_cos_sin_from_freqs,))
+    return check_cases("freqs -> (cos, sin)", "your own conversion", fn, cases,
+                       hint="drop the two middle dims of [S, 1, 1, R], then take cos and sin",
+                       bar=(solution_cos_sin_from_freqs,))
 
 
 def check_bytes_moved(answer, seq_len: int, batch: int, heads: int, head_dim: int,

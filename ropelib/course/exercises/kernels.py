@@ -14,7 +14,7 @@ Inputs are tiny so that checks which launch a learner's Triton kernel stay fast 
 interpreter.
 """
 import math
-from typing import Callable, Iterable, Optional
+from typing import Callable
 
 import torch
 import triton
@@ -24,7 +24,7 @@ from ... import reference, runtime
 from ..kernels import batch_reuse, naive
 from ..kernels.batch_reuse import rope_batch_reuse
 from . import _compare, check, is_blank_kernel
-from .own_code import LibraryAnswer, library_barred, run_own_code
+from .own_code import LibraryAnswer, check_cases, library_barred, run_own_code
 
 __all__ = [
     "check_naive_grid", "check_half_tile", "check_row_index", "check_rope_interleaved",
@@ -35,22 +35,6 @@ __all__ = [
     "solution_backward_matrix", "solution_rope_backward", "SolutionRopeFunction",
     "te_angles",
 ]
-
-
-def _cases(name: str, what: str, fn: Callable, cases: Iterable, *, hint: Optional[str] = None,
-           atol: Optional[float] = None, rtol: Optional[float] = None,
-           bar: Iterable = ()) -> bool:
-    """Run fn(*args) for each (label, args, expected) with ropelib's answers (and `bar`) barred;
-    one ✅ line, or ❌ for the first failure. `what` names the exercise in a refusal."""
-    answer = expected = None
-    for label, args, expected in cases:
-        ok, answer = run_own_code(f"{name} ({label})", what, fn, *args, bar=bar)
-        if not ok:
-            return False
-        same, _ = _compare(answer, expected, atol, rtol)
-        if not same:
-            return check(f"{name} ({label})", answer, expected, atol=atol, rtol=rtol, hint=hint)
-    return check(name, answer, expected, atol=atol, rtol=rtol, hint=hint)
 
 
 def te_angles(P: int, D: int, *, interleaved: bool = False, device=None) -> torch.Tensor:
@@ -70,9 +54,9 @@ def check_naive_grid(fn: Callable) -> bool:
     """fn(S, B, H) -> the launch grid (a tuple) of the naive kernel: one program per row."""
     cases = [(f"S={S}, B={B}, H={H}", (S, B, H), tuple(naive.naive_grid(S, B, H)))
              for S, B, H in _SHAPES]
-    return _cases("naive grid", "your grid", fn, cases,
-                  hint="one program per (token, batch, head) row, on one grid axis",
-                  bar=(solution_naive_grid,))
+    return check_cases("naive grid", "your grid", fn, cases,
+                       hint="one program per (token, batch, head) row, on one grid axis",
+                       bar=(solution_naive_grid,))
 
 
 def check_half_tile(fn: Callable) -> bool:
@@ -81,9 +65,9 @@ def check_half_tile(fn: Callable) -> bool:
     for D in (16, 64, 72, 80, 96, 128, 256):
         half, block = naive.half_tile(D)
         cases.append((f"D={D}", (D,), (half, block, block - half)))
-    return _cases("half tile", "your tile sizes", fn, cases,
-                  hint="tl.arange needs a power of two: triton.next_power_of_2(D // 2)",
-                  bar=(solution_half_tile,))
+    return check_cases("half tile", "your tile sizes", fn, cases,
+                       hint="tl.arange needs a power of two: triton.next_power_of_2(D // 2)",
+                       bar=(solution_half_tile,))
 
 
 def check_row_index(fn: Callable) -> bool:
@@ -94,9 +78,9 @@ def check_row_index(fn: Callable) -> bool:
             # sbhd rows in memory order: unravel the flat row index over the shape [S, B, H]
             want = tuple(int(i) for i in torch.unravel_index(torch.tensor(row), (S, B, H)))
             cases.append((f"row={row} of [S={S}, B={B}, H={H}]", (row, S, B, H), want))
-    return _cases("program id -> (s, b, h)", "your index arithmetic", fn, cases,
-                  hint="h moves fastest, then b, then s: s = row // (B * H)",
-                  bar=(solution_row_index,))
+    return check_cases("program id -> (s, b, h)", "your index arithmetic", fn, cases,
+                       hint="h moves fastest, then b, then s: s = row // (B * H)",
+                       bar=(solution_row_index,))
 
 
 # The kernel exercise of notebook 03 lives in naive_kernel: its check launches the learner's
@@ -115,9 +99,9 @@ def check_angle_bytes(fn: Callable) -> bool:
     "naive" or "batch_reuse" (each program loads the D angles of its position)."""
     cases = [(f"{g}, S={S}, B={B}, H={H}, D={D}", (g, S, B, H, D), _GENERATIONS[g](S, B, H, D))
              for g in _GENERATIONS for S, B, H, D in ((16384, 8, 32, 128), (7, 3, 2, 72))]
-    return _cases("angle-table bytes requested", "your count of the bytes", fn, cases,
-                  hint="programs launched x D angles x 4 bytes; how many programs does each "
-                       "grid have?", bar=(solution_angle_bytes,))
+    return check_cases("angle-table bytes requested", "your count of the bytes", fn, cases,
+                       hint="programs launched x D angles x 4 bytes; how many programs does each "
+                            "grid have?", bar=(solution_angle_bytes,))
 
 
 def check_floor_ms(fn: Callable) -> bool:
@@ -125,9 +109,9 @@ def check_floor_ms(fn: Callable) -> bool:
     nbytes, at the bandwidth a device copy reached (GB/s, 1 GB = 1e9 bytes)."""
     cases = [(f"{n} bytes at {g} GB/s", (n, g), n / (g * 1e9) * 1e3)
              for n, g in ((2 ** 31, 3000.0), (10 ** 9, 1000.0), (123456789, 777.0))]
-    return _cases("time floor", "your time floor", fn, cases, rtol=1e-9, atol=1e-12,
-                  hint="seconds = bytes / (bytes per second); ms = 1000 x seconds",
-                  bar=(solution_floor_ms,))
+    return check_cases("time floor", "your time floor", fn, cases, rtol=1e-9, atol=1e-12,
+                       hint="seconds = bytes / (bytes per second); ms = 1000 x seconds",
+                       bar=(solution_floor_ms,))
 
 
 def check_percent_of_copy(fn: Callable) -> bool:
@@ -145,9 +129,9 @@ def check_percent_of_copy(fn: Callable) -> bool:
         copy_gbps = 2 * S * B * H * D * elem / (cms * 1e6)
         cases.append((f"{kms} ms vs copy {cms} ms, [{S}, {B}, {H}, {D}] {dt}",
                       (kms, cms, S, B, H, D, dt), 100.0 * kernel_gbps / copy_gbps))
-    return _cases("percent of copy bandwidth", "your percentage", fn, cases, rtol=1e-9, atol=1e-9,
-                  hint="GB/s = bytes / (ms * 1e6); the kernel also reads S * D fp32 angles",
-                  bar=(solution_percent_of_copy,))
+    return check_cases("percent of copy bandwidth", "your percentage", fn, cases, rtol=1e-9, atol=1e-9,
+                       hint="GB/s = bytes / (ms * 1e6); the kernel also reads S * D fp32 angles",
+                       bar=(solution_percent_of_copy,))
 
 
 # --- notebook 06: the backward pass -----------------------------------------------------------
@@ -164,9 +148,9 @@ def _jacobian_pair(theta: float) -> torch.Tensor:
 def check_backward_matrix(fn: Callable) -> bool:
     """fn(theta) -> M [2, 2] with grad_x = M @ grad_y for one pair rotated by theta."""
     cases = [(f"theta={t:g}", (t,), _jacobian_pair(t).T) for t in (0.3, -1.2, 2.5, 10.0)]
-    return _cases("backward matrix of one pair", "your matrix", fn, cases, atol=1e-6, rtol=1e-6,
-                  hint="grad_x = J^T grad_y, and J is the rotation by theta",
-                  bar=(solution_backward_matrix, _jacobian_pair))
+    return check_cases("backward matrix of one pair", "your matrix", fn, cases, atol=1e-6, rtol=1e-6,
+                       hint="grad_x = J^T grad_y, and J is the rotation by theta",
+                       bar=(solution_backward_matrix, _jacobian_pair))
 
 
 def _reference_grad(grad_y: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
@@ -239,9 +223,9 @@ def check_rope_backward(fn: Callable, kernel=None) -> bool:
               f"{', '.join(sorted({_kernel_name(k) for k in launched['kernels']}))}, not your "
               f"backward kernel {_kernel_name(kernel)} (exercise 2): launch that one")
         return False
-    return _cases(name, what, fn, cases, atol=1e-5, rtol=1e-5, bar=_solutions(),
-                  hint="the transpose of each pair's rotation (section 1); read grad_y through "
-                       "its strides, stride 0 included, and allocate a contiguous grad_x")
+    return check_cases(name, what, fn, cases, atol=1e-5, rtol=1e-5, bar=_solutions(),
+                       hint="the transpose of each pair's rotation (section 1); read grad_y through "
+                            "its strides, stride 0 included, and allocate a contiguous grad_x")
 
 
 def _held_tensors(obj, depth: int = 0):

@@ -36,28 +36,11 @@ import triton.language as tl
 from ... import mrope, runtime
 from ..work_count import WorkCount, count_work, interpreted
 from . import _compare, check, kernel_answer
-from .own_code import LibraryAnswer, library_barred, run_own_code
+from .own_code import LibraryAnswer, check_cases, library_barred, listed_as_tensor
 
 __all__ = ["check_axis_of_pairs", "solution_axis_of_pairs", "check_text_then_image",
            "solution_text_then_image", "check_mrope_kernel", "solution_mrope_kernel",
            "launch_mrope", "count_mrope", "KERNEL_CASES"]
-
-
-def _cases(name: str, what: str, fn: Callable, cases, hint: str) -> bool:
-    """Run fn on every case with the library barred; report the first wrong one (or ✅)."""
-    answer = expected = None
-    for label, args, expected in cases:
-        ok, answer = run_own_code(f"{name} ({label})", what, fn, *args)
-        if not ok:
-            return False
-        try:
-            answer = torch.as_tensor(answer) if isinstance(answer, (list, tuple)) else answer
-        except (TypeError, ValueError, RuntimeError):
-            pass  # not a list of numbers: check() below says what is wrong with it
-        same, _ = _compare(answer, expected, None, None)
-        if not same:
-            return check(f"{name} ({label})", answer, expected, hint=hint)
-    return check(name, answer, expected, hint=hint)
 
 
 # --- 1. which axis does frequency pair j follow? ---------------------------------------------
@@ -70,11 +53,12 @@ def check_axis_of_pairs(fn: Callable) -> bool:
               mrope.axis_of_pairs(s, "mrope_interleaved" if i else "mrope").long())
              for s, i in (([16, 24, 24], False), ([2, 3, 3], False), ([24, 20, 20], True),
                           ([3, 3, 2], True), ([8, 8], False))]
-    return _cases("axis of each pair", "the axis of each pair worked out by your code", fn,
-                  cases,
-                  hint="contiguous: section[0] zeros, then section[1] ones, ...; interleaved: "
-                       "start all 0, then pair j takes axis a >= 1 when j % n == a and "
-                       "j < n * section[a]")
+    return check_cases("axis of each pair", "the axis of each pair worked out by your code", fn,
+                       cases,
+                       post=listed_as_tensor,
+                       hint="contiguous: section[0] zeros, then section[1] ones, ...; interleaved: "
+                            "start all 0, then pair j takes axis a >= 1 when j % n == a and "
+                            "j < n * section[a]")
 
 
 def solution_axis_of_pairs(section, interleaved):
@@ -103,10 +87,11 @@ def check_text_then_image(fn: Callable) -> bool:
     code: ropelib.mrope.grid_positions is barred."""
     cases = [(f"n_text={n}, {h}x{w}", (n, h, w), _text_then_image(n, h, w))
              for n, h, w in ((3, 2, 2), (0, 1, 4), (5, 3, 2), (1, 4, 4))]
-    return _cases("text-then-image positions", "the positions built by your code", fn, cases,
-                  hint="text token i: (i, i, i); the image starts every axis at n_text and adds "
-                       "its row to axis 1, its column to axis 2; the next text token continues "
-                       "at one past the largest position used so far")
+    return check_cases("text-then-image positions", "the positions built by your code", fn, cases,
+                       post=listed_as_tensor,
+                       hint="text token i: (i, i, i); the image starts every axis at n_text and "
+                            "adds its row to axis 1, its column to axis 2; the next text token "
+                            "continues at one past the largest position used so far")
 
 
 def solution_text_then_image(n_text, h, w):

@@ -35,7 +35,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Iterable, Iterator, Optional, Tuple
 
-from . import guarded_call
+import torch
+
+from . import _compare, check, guarded_call
 
 PACKAGE = Path(__file__).resolve().parents[2]          # .../ropelib
 COURSE = PACKAGE / "course"
@@ -323,3 +325,40 @@ def run_own_code(name: str, what: str, fn: Optional[Callable], *args,
     return guarded_call(name, fn, args, kwargs,
                         guard=lambda: library_barred(what, allow=allow, bar=bar),
                         refusals=(LibraryAnswer,))
+
+
+def check_cases(name: str, what: str, fn: Callable, cases: Iterable, *,
+                hint: Optional[str] = None, atol: Optional[float] = None,
+                rtol: Optional[float] = None, post: Optional[Callable] = None,
+                bar: Iterable = ()) -> bool:
+    """Run fn(*args) for each (label, args, expected) with ropelib's answers (and `bar`) barred;
+    one ✅ line, or ❌ for the first failure. Never raises.
+
+    `what` names the exercise in a refusal ("your rotation matrix"). `post(answer, expected)`
+    may reshape the learner's answer before comparing (e.g. angles reduced modulo 2 pi).
+    """
+    answer = expected = None
+    for label, args, expected in cases:
+        ok, answer = run_own_code(f"{name} ({label})", what, fn, *args, bar=bar)
+        if not ok:
+            return False
+        if post is not None:
+            try:
+                answer = post(answer, expected)
+            except Exception as exc:  # noqa: BLE001 -- report, never stop the notebook
+                return check(f"{name} ({label})", answer, expected, hint=f"{exc}")
+        same, _ = _compare(answer, expected, atol, rtol)
+        if not same:
+            return check(f"{name} ({label})", answer, expected, atol=atol, rtol=rtol, hint=hint)
+    return check(name, answer, expected, atol=atol, rtol=rtol, hint=hint)
+
+
+def listed_as_tensor(answer, expected):
+    """A `post` for check_cases: a list or tuple of numbers compared as a tensor (anything else
+    as it is, for check() to say what is wrong with it)."""
+    if isinstance(answer, (list, tuple)):
+        try:
+            return torch.as_tensor(answer)
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    return answer
