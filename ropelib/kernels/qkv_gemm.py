@@ -98,6 +98,7 @@ from ..conventions import QKV_LINEAR_MAX_HEAD_DIM
 from ..runtime import INTERPRET
 from .common import ROUND_BF16_RTNE, contiguous_strides, pair_features, rotate_pair, round_to
 from .fused import _load_table, _packed_positions
+from .planning import cdiv, is_fake
 
 # --- tiles: one place, NOT YET MEASURED on a GPU ----------------------------------------------
 # A first guess from the usual Hopper bf16 GEMM tiles (BLOCK_M 128, BLOCK_N = head_dim,
@@ -626,10 +627,6 @@ DW_POINTERS = ("gq_ptr", "gk_ptr", "gv_ptr", "x_ptr", "dw_ptr", "db_ptr", "dnorm
 LAYOUT = {"bshd": 1, "bhsd": 2}     # as kernels/common.contiguous_strides numbers them
 
 
-def _cdiv(a, b):
-    return (a + b - 1) // b
-
-
 def _pow2_between(n, lo: int, hi: int) -> int:
     """The power of two >= n, clamped to [lo, hi]; hi for a symbolic n (torch.compile with
     dynamic shapes), so that a new length is no new guard and no recompilation."""
@@ -669,19 +666,15 @@ def plan(kind: str, *, S, B, K, HQ, HK, D, R, P, ids, cu_seqlens, layout: str,
                 BLOCK_M=t["BLOCK_M"], BLOCK_K=t["BLOCK_K"], GROUP_M=t["GROUP_M"],
                 INT64=_needs_int64(M * K, M * N, N * K))
     if kind == "fwd":
-        kernel, grid = _qkv_rope_fwd_kernel, (_cdiv(M, t["BLOCK_M"]) * (HQ + 2 * HK),)
+        kernel, grid = _qkv_rope_fwd_kernel, (cdiv(M, t["BLOCK_M"]) * (HQ + 2 * HK),)
         args = dict(args, eps=eps)
     elif kind == "dx":
-        kernel, grid = _qkv_rope_dx_kernel, (_cdiv(M, t["BLOCK_M"]) * _cdiv(K, t["BLOCK_K"]),)
+        kernel, grid = _qkv_rope_dx_kernel, (cdiv(M, t["BLOCK_M"]) * cdiv(K, t["BLOCK_K"]),)
     else:
-        kernel, grid = _qkv_rope_dw_kernel, ((HQ + 2 * HK) * _cdiv(K, t["BLOCK_K"]),)
+        kernel, grid = _qkv_rope_dw_kernel, ((HQ + 2 * HK) * cdiv(K, t["BLOCK_K"]),)
     # in the kernel's argument order
     order = [n for n in kernel.arg_names if n in args]
     return Planned(kernel, grid, {n: args[n] for n in order}, t["num_warps"], t["num_stages"])
-
-
-def _is_fake(t: torch.Tensor) -> bool:
-    return isinstance(t, torch._subclasses.FakeTensor) or t.device.type == "meta"
 
 
 def run(planned: Planned, names: tuple, pointers: tuple) -> None:
@@ -694,7 +687,7 @@ def run(planned: Planned, names: tuple, pointers: tuple) -> None:
     first = pointers[0]
     named = dict(zip(names, pointers))
     if INTERPRET:
-        if not _is_fake(first):
+        if not is_fake(first):
             planned.kernel[planned.grid](**named, **planned.args, num_warps=planned.num_warps)
         return
     options = dict(num_warps=planned.num_warps, num_stages=planned.num_stages)
