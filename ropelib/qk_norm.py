@@ -30,7 +30,6 @@ pairings (rotate-half, interleaved); angle tables or cos/sin tables [P, R]; expl
 [S] or [B, S]. Not supported: start_positions, cu_seqlens, context parallelism, in-place output,
 separate tables for q and k.
 """
-import numbers
 from typing import Optional, Tuple
 
 import torch
@@ -183,16 +182,6 @@ class _NormRotate(torch.autograd.Function):
 
 # --- argument checks ------------------------------------------------------------------------
 
-def _check_real(v, name: str, *, positive: bool = False) -> float:
-    if isinstance(v, bool) or not isinstance(v, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(v).__name__} ({v!r})")
-    if type(v) is not float:    # (float() of a float constant would make it symbolic in Dynamo)
-        v = float(v)
-    if v != v or v in (float("inf"), float("-inf")) or (positive and v <= 0):
-        raise ValueError(f"{name} must be a finite number{' > 0' if positive else ''}, got {v}")
-    return v
-
-
 def _check_inputs(q, k, w_q, w_k, layout: str, w_names=("w_q", "w_k")) -> None:
     """q, k and the weights: tensors of supported dtypes on one device, shapes that agree."""
     for t, name in ((q, "q"), (k, "k")):
@@ -279,8 +268,8 @@ def qk_norm_rope(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, freqs: Optional
     V.check_tensor(k, "k")
     V.check_layout(k, layout, "k")
     V.check_bool(interleaved, "interleaved")
-    eps = _check_real(eps, "eps", positive=True)
-    weight_offset = _check_real(weight_offset, "weight_offset")
+    eps = V.check_real(eps, "eps", positive=True)
+    weight_offset = V.check_real(weight_offset, "weight_offset")
     _check_inputs(q, k, w_q, w_k, layout)
     if (freqs is None) == (cos is None and sin is None):
         raise ValueError("pass either freqs (angles) or cos and sin (tables), not both or "
@@ -351,8 +340,8 @@ class QKNormRoPE(nn.Module):
             raise ValueError(f"layout must be one of {V.LAYOUTS}, got {layout!r}")
         V.check_bool(interleaved, "interleaved")
         self.head_dim, self.layout, self.interleaved = head_dim, layout, interleaved
-        self.eps = _check_real(eps, "eps", positive=True)
-        self.weight_offset = _check_real(weight_offset, "weight_offset")
+        self.eps = V.check_real(eps, "eps", positive=True)
+        self.weight_offset = V.check_real(weight_offset, "weight_offset")
         init = 1.0 - self.weight_offset
         self.w_q = nn.Parameter(torch.full((head_dim,), init, device=device, dtype=dtype))
         self.w_k = nn.Parameter(torch.full((head_dim,), init, device=device, dtype=dtype))
@@ -427,8 +416,8 @@ def qk_norm_apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor,
     layout = LAYOUT_OF_UNSQUEEZE_DIM[unsqueeze_dim]
     for t, name in ((q, "q"), (k, "k")):
         V.check_tensor(t, name, dims=(4,))
-    eps = _check_real(eps, "eps", positive=True)
-    weight_offset = _check_real(weight_offset, "weight_offset")
+    eps = V.check_real(eps, "eps", positive=True)
+    weight_offset = V.check_real(weight_offset, "weight_offset")
     _check_inputs(q, k, q_norm_weight, k_norm_weight, layout,
                   w_names=("q_norm_weight", "k_norm_weight"))
     q4 = view4(q, layout)

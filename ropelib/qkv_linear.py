@@ -199,17 +199,6 @@ def _check_count(v, name: str, minimum: int) -> int:
     return int(v)
 
 
-def _check_real(v, name: str, *, positive: bool = False) -> float:
-    if isinstance(v, bool) or not isinstance(v, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(v).__name__} ({v!r})")
-    if type(v) is not float:    # (float() of a float constant would make it symbolic in Dynamo)
-        v = float(v)
-    # (comparisons, not math.isfinite: torch.compile(dynamic=True) may trace v as a symbol)
-    if v != v or v in (float("inf"), float("-inf")) or (positive and v <= 0):
-        raise ValueError(f"{name} must be a finite number{' > 0' if positive else ''}, got {v}")
-    return v
-
-
 def _check_table(freqs, angles, rotary_dim, head_dim: int, x: Tensor):
     """(table, sin, R): an angle table [P, R] (contiguous, sin None), or Angles' turns [R] and
     amplitude [1]."""
@@ -400,8 +389,8 @@ def qkv_rope_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *,
     V.check_bool(interleaved, "interleaved")
     if out_layout not in OUT_LAYOUTS:
         raise ValueError(f"out_layout must be one of {OUT_LAYOUTS}, got {out_layout!r}")
-    eps = _check_real(eps, "eps", positive=True)
-    weight_offset = _check_real(weight_offset, "weight_offset")
+    eps = V.check_real(eps, "eps", positive=True)
+    weight_offset = V.check_real(weight_offset, "weight_offset")
     table, sin, _ = _check_table(freqs, angles, rotary_dim, head_dim, x)
     position_ids, cu_seqlens = _check_positions(x, position_ids, cu_seqlens, _rows(table),
                                                 out_layout)
@@ -450,8 +439,8 @@ class QKVRoPE(nn.Module):
             V.check_bool(flag, name)
         if out_layout not in OUT_LAYOUTS:
             raise ValueError(f"out_layout must be one of {OUT_LAYOUTS}, got {out_layout!r}")
-        self.eps = _check_real(eps, "eps", positive=True)
-        self.weight_offset = _check_real(weight_offset, "weight_offset")
+        self.eps = V.check_real(eps, "eps", positive=True)
+        self.weight_offset = V.check_real(weight_offset, "weight_offset")
         self.interleaved, self.out_layout = interleaved, out_layout
         n = (n_heads + 2 * n_kv_heads) * head_dim
         bound = 1.0 / math.sqrt(hidden_size)        # nn.Linear's initialisation

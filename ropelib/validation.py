@@ -13,6 +13,7 @@ Two kinds of check:
   kernel never reads outside the table: a token whose position lies outside it comes out NaN.
 """
 import contextlib
+import numbers
 import os
 
 import torch
@@ -128,6 +129,18 @@ def hf_cos_sin(cos: torch.Tensor, sin: torch.Tensor, S, B, D, *, partial: str, h
         raise ValueError(f"cos/sin must be [batch or 1, seq={S}, {D}] or [seq, {D}], got "
                          f"{tuple(cos.shape)}{hint}")
     return c, s
+
+
+def check_real(v, name: str, *, positive: bool = False) -> float:
+    """A finite real number (> 0 when `positive`), as a Python float; `name` in the error."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(v).__name__} ({v!r})")
+    if type(v) is not float:    # (float() of a float constant would make it symbolic in Dynamo)
+        v = float(v)
+    # (comparisons, not math.isfinite: torch.compile(dynamic=True) may trace v as a symbol)
+    if v != v or v in (float("inf"), float("-inf")) or (positive and v <= 0):
+        raise ValueError(f"{name} must be a finite number{' > 0' if positive else ''}, got {v}")
+    return v
 
 
 def check_rotary_dim(R: int, D: int, name: str) -> None:
