@@ -637,6 +637,22 @@ def _empty_row(config, name, device, timing, available, reason):
     return row
 
 
+def copy_floor(tensors) -> tuple:
+    """(copy_once, copy_twice): device copies of the bytes of `tensors` (into buffers made here,
+    from clones of them), once (a forward's floor) and twice (forward+backward)."""
+    src = [t.clone() for t in tensors]
+    dst = [torch.empty_like(t) for t in tensors]
+
+    def copy_once():
+        for d, s in zip(dst, src):
+            d.copy_(s)
+
+    def copy_twice():
+        copy_once()
+        copy_once()
+    return copy_once, copy_twice
+
+
 def output_tuple(out) -> tuple:
     """A provider's output as a tuple of tensors (one tensor, or q and k)."""
     return (out,) if isinstance(out, torch.Tensor) else tuple(out)
@@ -660,16 +676,7 @@ def run_case(config: Config, providers=None, *, backward: bool = True, device=No
     ref = reference_output(case)
 
     # the copy floor of the same bytes, measured in this run
-    src = [t.clone() for t in case.tensors]
-    dst = [torch.empty_like(t) for t in case.tensors]
-
-    def copy_once():
-        for d, s in zip(dst, src):
-            d.copy_(s)
-
-    def copy_twice():
-        copy_once()
-        copy_once()
+    copy_once, copy_twice = copy_floor(case.tensors)
     copy_fwd = time_ms(copy_once, device)[0]
     copy_fwdbwd = time_ms(copy_twice, device)[0] if backward else None
     nbytes, nbytes_bwd = bytes_moved(config), bytes_moved(config, backward=True)

@@ -156,16 +156,7 @@ def _time_provider(row, fn, args, grads, backward, device, nbytes) -> None:
 
 def copy_rows(tensors, base: dict, *, timed: bool, device) -> list:
     """A device copy of `tensors` (q and k), once ("fwd") and twice ("fwd+bwd"), as rows."""
-    src = [t.clone() for t in tensors]
-    dst = [torch.empty_like(t) for t in tensors]
-
-    def copy_once():
-        for d, s in zip(dst, src):
-            d.copy_(s)
-
-    def copy_twice():
-        copy_once()
-        copy_once()
+    copy_once, copy_twice = compare.copy_floor(tensors)
     rows = []
     for backward, fn in ((False, copy_once), (True, copy_twice)):
         row = dict(base, **{"pass": PASSES[backward]})

@@ -295,12 +295,7 @@ def add_graph_timings(case: BenchCase, rows: list, provs: list, calls: int = 100
             r["graph_reason"] = "not timed: CUDA graphs need a GPU"
         return
     inputs = compare.make_case(case.config, device, seed=1)
-    src = [t.clone() for t in inputs.tensors]
-    dst = [torch.empty_like(t) for t in inputs.tensors]
-
-    def copy_once():
-        for d, s in zip(dst, src):
-            d.copy_(s)
+    copy_once, _ = compare.copy_floor(inputs.tensors)
     copy_ms, copy_err = None, ""
     try:
         copy_ms = graph_replay_ms(copy_once, calls, device)[0]
@@ -359,13 +354,7 @@ def add_graph_fwdbwd_timings(case: BenchCase, rows: list, provs: list, calls: in
             r["graph_fwdbwd_reason"] = "not timed: CUDA graphs need a GPU"
         return
     inputs = compare.make_case(case.config, device, seed=1)
-    src = [t.clone() for t in inputs.tensors]
-    dst = [torch.empty_like(t) for t in inputs.tensors]
-
-    def copy_twice():
-        for _ in range(2):
-            for d, s in zip(dst, src):
-                d.copy_(s)
+    _, copy_twice = compare.copy_floor(inputs.tensors)
     copy_ms = graph_replay_ms(copy_twice, calls, device)[0]
     by_name = {p.name: p for p in provs}
     for r in rows:
@@ -456,16 +445,7 @@ def add_host_timings(case: BenchCase, rows: list, provs: list, names: tuple = HO
 def _copy_host_us(inputs, device, calls: int, reps: int) -> tuple:
     """Host µs of copying a case's tensors eagerly: (one copy per tensor, two per tensor), the
     yardstick of the host-cost rows."""
-    src = [t.clone() for t in inputs.tensors]
-    dst = [torch.empty_like(t) for t in inputs.tensors]
-
-    def copy_once():
-        for d, s in zip(dst, src):
-            d.copy_(s)
-
-    def copy_twice():
-        copy_once()
-        copy_once()
+    copy_once, copy_twice = compare.copy_floor(inputs.tensors)
     return (host_us(copy_once, calls, reps, device, warmup=min(20, calls)),
             host_us(copy_twice, max(1, calls // 3), reps, device, warmup=min(20, calls)))
 
