@@ -1,0 +1,144 @@
+"""Tile choices of the fused QKV projection (kernels/qkv_gemm.GPU_TILES), measured on a GPU.
+
+    python benchmarks/qkv_tiles.py --out benchmarks/results/      # GPU: qkv_tiles-<gpu>.csv
+    TRITON_INTERPRET=1 python benchmarks/qkv_tiles.py --dry-run   # CPU: tiny shapes, one tile
+
+Llama-3-8B's projection (hidden 4096, 32 query and 8 key/value heads of 128, bf16), 8192 tokens,
+no QK-norm. Each of the three kernels (forward, dX, dW) is timed alone, launched as
+kernels/qkv_gemm plans it, once per candidate tile (BLOCK_M, BLOCK_K, GROUP_M, warps, stages):
+with the epilogue (rotate=True) and without it (rotate=False, the bare GEMM), so the column
+`epilogue_cost` = rotate / bare - 1 says what the rotation costs at that tile. Registers and
+spills per thread come from Triton's compiled kernel. `--apply` prints the GPU_TILES the
+fastest rotating tiles would give (it edits nothing). Timings: triton.testing.do_bench medians.
+"""
+import argparse
+import os
+import re
+import sys
+from pathlib import Path
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before ropelib's @triton.jit runs
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+import ropelib  # noqa: E402
+from ropelib import runtime  # noqa: E402
+from ropelib.bench import compare  # noqa: E402
+from ropelib.kernels import qkv_gemm  # noqa: E402
+
+FIELDS = ["kernel", "BLOCK_M", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "rotate", "ms",
+          "tflops", "epilogue_cost", "n_regs", "n_spills", "reason"]
+KEYS = ("BLOCK_M", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
+
+CANDIDATES = {
+    "fwd": [(128, 64, 8, 8, 3), (128, 64, 8, 8, 4), (128, 32, 8, 8, 4), (128, 64, 8, 4, 3),
+            (64, 64, 8, 4, 4), (64, 128, 8, 4, 3), (128, 128, 8, 8, 2), (256, 64, 8, 8, 3),
+            (64, 64, 8, 8, 4)],
+    "dx": [(64, 128, 8, 8, 3), (128, 128, 8, 8, 3), (128, 64, 8, 4, 3), (64, 128, 8, 4, 4),
+           (128, 128, 8, 8, 4), (64, 64, 8, 4, 3), (128, 64, 8, 8, 4)],
+    "dw": [(64, 128, 8, 8, 3), (128, 128, 8, 8, 3), (64, 64, 8, 4, 4), (128, 64, 8, 8, 3),
+           (64, 128, 8, 4, 4), (32, 128, 8, 4, 4), (128, 128, 8, 8, 4)],
+}
+
+
+def _compiled(kernel):
+    """(n_regs, n_spills) of the kernel's most recently compiled variant, or ("", "")."""
+    try:
+        caches = kernel.device_caches[torch.cuda.current_device()][0]
+        ck = list(caches.values())[-1]
+        return ck.n_regs, ck.n_spills
+    except Exception:  # noqa: BLE001 -- the Triton version keeps it elsewhere: leave blank
+        return "", ""
+
+
+def run(dry_run: bool, tokens=8192, hidden=4096, HQ=32, HK=8, D=128) -> list:
+    device = runtime.default_device()
+    if dry_run:
+        tokens, hidden, HQ, HK, D = 16, 32, 2, 1, 16
+    N, M, K = (HQ + 2 * HK) * D, tokens, hidden
+    g = torch.Generator(device="cpu").manual_seed(0)
+    bf = dict(device=device, dtype=torch.bfloat16)
+    x = torch.randn(1, tokens, hidden, generator=g).to(**bf)
+    w = (torch.randn(N, hidden, generator=g) / hidden**0.5).to(**bf)
+    outs = [torch.empty(1, tokens, h, D, **bf) for h in (HQ, HK, HK)]
+    grads = [torch.randn(1, tokens, h, D, generator=g).to(**bf) for h in (HQ, HK, HK)]
+    dx, dw = torch.empty_like(x), torch.empty_like(w)
+    angles = ropelib.rope_angles(D, base=500000.0, device=device)
+    tables = (angles.turns, angles.amplitude, None, None, None, None, None, None)
+    pointers = {"fwd": (qkv_gemm.FWD_POINTERS, (x, w, None, *outs, *tables)),
+                "dx": (qkv_gemm.DX_POINTERS, (*grads, w, dx, *tables)),
+                "dw": (qkv_gemm.DW_POINTERS, (*grads, x, dw, None, None, *tables))}
+    saved = {k: dict(v) for k, v in qkv_gemm.GPU_TILES.items()}
+    rows = []
+    try:
+        for kind, cands in CANDIDATES.items():
+            for cand in (cands[:1] if dry_run else cands):
+                bare = None
+                for rotate in (False, True):
+                    row = dict(zip(KEYS, cand), kernel=kind, rotate=rotate, reason="")
+                    rows.append(row)
+                    qkv_gemm.GPU_TILES[kind] = dict(zip(KEYS, cand))
+                    planned = qkv_gemm.plan(
+                        kind, S=tokens, B=1, K=K, HQ=HQ, HK=HK, D=D, R=D, P=2**31 - 1, ids=None,
+                        cu_seqlens=None, layout="bshd", interleaved=False, eps=1e-6,
+                        device=x.device, rotate=rotate)
+                    names, ptrs = pointers[kind]
+                    try:
+                        qkv_gemm.run(planned, names, ptrs)
+                        if dry_run:
+                            continue
+                        import triton.testing
+                        ms = triton.testing.do_bench(lambda: qkv_gemm.run(planned, names, ptrs),
+                                                     warmup=10, rep=60)
+                    except Exception as exc:  # noqa: BLE001 -- recorded, the sweep goes on
+                        row["reason"] = f"{type(exc).__name__}: {exc}"[:160]
+                        continue
+                    row["n_regs"], row["n_spills"] = _compiled(planned.kernel)
+                    row.update(ms=ms, tflops=2 * M * N * K / ms / 1e9)
+                    if rotate and bare:
+                        row["epilogue_cost"] = ms / bare - 1
+                    bare = ms if not rotate else bare
+                    print(f"{kind:3} {cand} rotate={rotate!s:5} {ms:7.3f} ms "
+                          f"{row['tflops']:6.1f} TFLOP/s regs {row['n_regs']} "
+                          f"spills {row['n_spills']}", flush=True)
+    finally:
+        qkv_gemm.GPU_TILES.update(saved)
+    return rows
+
+
+def best(rows) -> dict:
+    out = {}
+    for kind in CANDIDATES:
+        timed = [r for r in rows if r["kernel"] == kind and r["rotate"] and r.get("ms")]
+        if timed:
+            r = min(timed, key=lambda r: r["ms"])
+            out[kind] = {k: r[k] for k in KEYS}
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=None, help="a folder for qkv_tiles-<gpu>.csv")
+    ap.add_argument("--dry-run", action="store_true", help="tiny shapes, one tile, no timing")
+    args = ap.parse_args(argv)
+    print(runtime.mode())
+    rows = run(args.dry_run)
+    print("fastest rotating tiles:", best(rows))
+    if args.out is not None and not args.dry_run:
+        gpu = re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name().lower()).strip("-")
+        meta = compare.environment_meta()
+        meta.update(script="benchmarks/qkv_tiles.py", case="t8192 hidden 4096 32/8 heads x 128 "
+                    "bf16, no QK-norm", timing="triton.testing.do_bench median ms")
+        args.out.mkdir(parents=True, exist_ok=True)
+        print("wrote", compare.write_csv(rows, args.out / f"qkv_tiles-{gpu}.csv", meta=meta,
+                                         fields=FIELDS))
+    return 0 if all(not r["reason"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
