@@ -1,0 +1,745 @@
+"""Why each RoPE kernel variant is fast or slow: its mechanism, measured, not just its time.
+
+    python3 benchmarks/mechanism.py --ncu --out OUT_DIR        # on a GPU (~1 min, ~3 with ncu)
+    TRITON_INTERPRET=1 python benchmarks/mechanism.py --dry-run  # CPU: tiny shapes, checks only
+
+Notebooks 03 (naive kernel), 04 (batch-reuse grid and its ablation), 05 (the ladder to the
+finished kernel) and 07 (sweeps) explain speed by mechanism: registers and occupancy, vector
+width of the loads, sin/cos work, bytes moved. This script runs every variant they time, once
+after a warm-up launch, at the 256 MiB bf16 sbhd sizes of the benchmarks, and records:
+
+* from Triton's compiled kernel (captured at launch): registers and spills per thread, warps,
+  shared memory, the grid (programs) and programs per SM; the theoretical occupancy those allow
+  (`theoretical_occupancy`: registers, the 64-warp and 32-block caps, shared memory); from its
+  PTX, the global loads/stores by vector width (static instructions in the code, not
+  executions) and the sin/cos it computes;
+* the bytes the kernel must move (ropelib.bench.compare's bytes model: x read + y written + the
+  fp32 angle table read once; the copy: x + y) and the elements, so measured bytes and
+  instructions can be put per element;
+* with `--ncu` (Nsight Compute found on PATH, /opt/nvidia/nsight-compute/*/ or
+  /usr/local/cuda/bin): the script re-runs itself under ncu (`--profiled-run`), each measured
+  launch between cudaProfilerStart/Stop (ncu `--profile-from-start off`: warm-ups and set-up
+  kernels are not profiled) inside an NVTX range named case/variant, and writes a manifest of
+  the launches in order (case, variant, Triton kernel name). ncu's kernel records are matched to
+  the manifest in ID order, a record whose name is not the expected kernel's being skipped.
+  Measured: DRAM bytes read and written, achieved occupancy, warp instructions executed,
+  duration, SM and DRAM throughput (% of peak).
+
+The variants: the device copy `y.copy_(x)` (the floor), ropelib's naive kernel, its batch-reuse
+kernel, every row of benchmarks/ablation.py, every rung of ropelib/course/ladder.py (rung 0 is
+the batch-reuse kernel) and ropelib.apply_rope (finished); all at s4096-b8 (s=4096, b=8, h=32,
+d=128), a few at s32768-b1 (the same bytes, b=1) and s16-b64 (8 MiB, too few tiles). Every
+output is checked against `ropelib.reference` (fp64) outside the profiled window. A variant that
+fails is reported in its row (`status`, `reason`); the others still run.
+
+Output: OUT_DIR/mechanism-<gpu>.csv, starting with `# key: value` lines (GPU, versions, date,
+whether ncu ran, the meaning of every column) that ropelib.bench.compare.read_meta reads back,
+then a short table on stdout. With ncu, also the report (mechanism-<gpu>.ncu-rep) and ncu's raw
+CSV (mechanism-<gpu>-ncu-raw.csv). `--dry-run` runs every variant through Triton's interpreter
+at tiny shapes and checks its output; GPU-only columns stay empty.
+"""
+import argparse
+import csv
+import glob
+import io
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import NamedTuple, Optional
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit below or in ropelib
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+BENCH_DIR = Path(__file__).resolve().parent
+for _p in (REPO_ROOT, BENCH_DIR):  # ropelib from a checkout; the ablation kernel from its script
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+import ablation  # noqa: E402  (benchmarks/ablation.py: the ablation kernel and its rows)
+import ropelib  # noqa: E402
+from ropelib import reference, runtime  # noqa: E402
+from ropelib.bench import compare  # noqa: E402
+from ropelib.course import ladder  # noqa: E402
+from ropelib.course.kernels.batch_reuse import rope_batch_reuse  # noqa: E402
+from ropelib.course.kernels.naive import rope_naive  # noqa: E402
+
+NCU_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum",
+               "sm__warps_active.avg.pct_of_peak_sustained_active", "smsp__inst_executed.sum",
+               "gpu__time_duration.sum", "launch__grid_size", "launch__block_size",
+               "launch__registers_per_thread", "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+               "dram__throughput.avg.pct_of_peak_sustained_elapsed")
+# ncu metric -> CSV column
+NCU_COLUMNS = {"gpu__time_duration.sum": "ncu_duration_ns",
+               "dram__bytes_read.sum": "ncu_dram_read_bytes",
+               "dram__bytes_write.sum": "ncu_dram_write_bytes",
+               "sm__warps_active.avg.pct_of_peak_sustained_active": "ncu_achieved_occupancy_pct",
+               "smsp__inst_executed.sum": "ncu_warp_inst",
+               "launch__grid_size": "ncu_grid_size", "launch__block_size": "ncu_block_size",
+               "launch__registers_per_thread": "ncu_registers",
+               "sm__throughput.avg.pct_of_peak_sustained_elapsed": "ncu_sm_throughput_pct",
+               "dram__throughput.avg.pct_of_peak_sustained_elapsed": "ncu_dram_throughput_pct"}
+
+COLUMNS = {  # column -> meaning (written into the CSV header)
+    "case": "shape name (bf16 sbhd)", "seq_len": "S", "batch": "B", "heads": "H",
+    "head_dim": "D", "dtype": "x dtype",
+    "variant": "what ran (copy, naive, batch_reuse, an ablation row, a ladder rung, ropelib)",
+    "source": "floor | generation (notebooks 03/04) | ablation (benchmarks/ablation.py) | "
+              "ladder (ropelib/course/ladder.py)",
+    "description": "the variant in words",
+    "status": "ok | failed (see reason) | differs (output differs from the reference)",
+    "reason": "why a variant failed, or what could not be read",
+    "max_head_ulp_err": "output vs ropelib.reference (fp64), in ulps of each head's largest value",
+    "elements": "S*B*H*D elements of x",
+    "model_bytes": "bytes the kernel must move: x read + y written + fp32 angles [S, D] read "
+                   "once (ropelib.bench.compare.bytes_moved); copy: x + y",
+    "kernel": "the Triton kernel launched (its function name); empty for the copy",
+    "grid": "launch grid (programs per axis)", "programs": "programs (thread blocks) launched",
+    "num_warps": "warps per program", "registers": "registers per thread (CompiledKernel.n_regs)",
+    "spills": "registers spilled per thread (CompiledKernel.n_spills)",
+    "shared_bytes": "static shared memory per program (metadata.shared)",
+    "sm_count": "SMs of the GPU", "programs_per_sm": "programs / SMs",
+    "occ_blocks_per_sm": "theoretical resident programs per SM (theoretical_occupancy)",
+    "occ_warps_per_sm": "theoretical resident warps per SM (of 64)",
+    "occ_theoretical_pct": "theoretical occupancy: resident warps / 64",
+    "occ_limiter": "what caps the resident programs: registers, warps (64/SM), blocks (32/SM), "
+                   "shared",
+    "waves": "programs / (SMs * resident programs per SM)",
+    "ptx_ld_v4": "global loads of 4-word vectors in the PTX (static count, not executions)",
+    "ptx_ld_v2": "global loads of 2-word vectors in the PTX", "ptx_ld_v1": "scalar global loads",
+    "ptx_st_v4": "global stores of 4-word vectors in the PTX",
+    "ptx_st_v2": "global stores of 2-word vectors", "ptx_st_v1": "scalar global stores",
+    "ptx_access_detail": "the same by op.vector.word-size (ladder._ptx_accesses; .nc loads left out)",
+    "ptx_sin_cos_approx": "sin.approx/cos.approx instructions in the PTX",
+    "trig": "which sin/cos the PTX computes: approx, libdevice, both, none",
+    "ptx_instructions": "instructions in the PTX (static lines, a size measure)",
+    "ncu_kernel": "ncu's kernel name for the matched record",
+    "ncu_duration_ns": "gpu__time_duration.sum (ns; clocks not locked)",
+    "ncu_dram_read_bytes": "dram__bytes_read.sum", "ncu_dram_write_bytes": "dram__bytes_write.sum",
+    "ncu_dram_bytes_over_model": "(DRAM read + write) / model_bytes",
+    "ncu_achieved_occupancy_pct": "sm__warps_active.avg.pct_of_peak_sustained_active",
+    "ncu_warp_inst": "smsp__inst_executed.sum: warp-level instructions executed",
+    "ncu_warp_inst_per_element": "ncu_warp_inst / elements",
+    "ncu_thread_inst_per_element": "ncu_warp_inst * 32 / elements: thread instructions per "
+                                   "element if every lane of every warp is active (an upper bound)",
+    "ncu_grid_size": "launch__grid_size (blocks)", "ncu_block_size": "launch__block_size (threads)",
+    "ncu_registers": "launch__registers_per_thread",
+    "ncu_sm_throughput_pct": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
+    "ncu_dram_throughput_pct": "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+    "ncu_gbps": "model_bytes / ncu duration (GB/s)",
+}
+FIELDS = list(COLUMNS)
+
+
+# --- theoretical occupancy --------------------------------------------------------------------
+
+def theoretical_occupancy(registers: int, warps_per_block: int, shared_bytes: int = 0, *,
+                          regs_per_sm: int = 65536, reg_alloc_unit: int = 256,
+                          warp_alloc_granularity: int = 4, max_warps_per_sm: int = 64,
+                          max_blocks_per_sm: int = 32, shared_per_sm: int = 233472,
+                          shared_reserved_per_block: int = 1024) -> dict:
+    """Programs and warps one SM can hold, as CUDA's occupancy calculator counts them (H100/H200).
+
+    Registers are allocated per warp in units of `reg_alloc_unit` (registers * 32 rounded up to
+    256), and warps in groups of `warp_alloc_granularity` (the SM's 4 sub-partitions, each with a
+    quarter of the register file); an SM holds at most 64 warps and 32 blocks, and 228 KiB of
+    shared memory (1 KiB reserved per block). Returns blocks_per_sm, warps_per_sm,
+    occupancy_pct (warps / 64) and limiter (the caps that bind, joined by '+').
+    """
+    if registers < 0 or warps_per_block < 1:
+        raise ValueError(f"registers >= 0 and warps_per_block >= 1, got {registers}, "
+                         f"{warps_per_block}")
+    regs_per_warp = math.ceil(max(registers, 1) * 32 / reg_alloc_unit) * reg_alloc_unit
+    warps_by_regs = (regs_per_sm // regs_per_warp) // warp_alloc_granularity * warp_alloc_granularity
+    limits = {"registers": warps_by_regs // warps_per_block,
+              "warps": max_warps_per_sm // warps_per_block,
+              "blocks": max_blocks_per_sm}
+    if shared_bytes:
+        limits["shared"] = shared_per_sm // (shared_bytes + shared_reserved_per_block)
+    blocks = min(limits.values())
+    warps = blocks * warps_per_block
+    return dict(blocks_per_sm=blocks, warps_per_sm=warps,
+                occupancy_pct=100.0 * warps / max_warps_per_sm,
+                limiter="+".join(k for k, v in limits.items() if v == blocks))
+
+
+# --- what the compiled kernel says --------------------------------------------------------------
+
+class Launch(NamedTuple):
+    kernel: str             # the @triton.jit function's name
+    grid: Optional[tuple]   # None when the grid was a callable
+    num_warps: int          # as launched (Triton's default 4 when not given)
+    compiled: object        # Triton's CompiledKernel (None in the interpreter)
+
+
+class LaunchRecorder:
+    """Records every `kernel[grid](...)` launch (JITFunction.run, InterpretedFunction.run) made
+    while active: the kernel's name, its grid and the CompiledKernel that run returns."""
+
+    def __init__(self):
+        self.launches = []
+        self._saved = []
+
+    def _classes(self):
+        from triton.runtime import jit
+        out = [jit.JITFunction]
+        try:
+            from triton.runtime import interpreter
+            out.append(interpreter.InterpretedFunction)
+        except (ImportError, AttributeError):
+            pass
+        return out
+
+    def __enter__(self):
+        for cls in self._classes():
+            original = cls.__dict__.get("run")
+            if original is None:
+                continue
+            self._saved.append((cls, original))
+            cls.run = self._wrap(original)
+        return self
+
+    def __exit__(self, *exc):
+        for cls, original in self._saved:
+            cls.run = original
+        self._saved = []
+
+    def _wrap(self, original):
+        recorder = self
+
+        def run(fn_self, *args, grid, warmup, **kwargs):
+            result = original(fn_self, *args, grid=grid, warmup=warmup, **kwargs)
+            if not warmup:
+                fn = getattr(fn_self, "fn", None)
+                name = getattr(fn, "__name__", None) or getattr(fn_self, "__name__", "?")
+                g = None if callable(grid) else tuple(int(v) for v in grid)
+                compiled = result if hasattr(result, "metadata") else None
+                warps = int(kwargs.get("num_warps") or 4)
+                recorder.launches.append(Launch(name, g, warps, compiled))
+            return result
+        return run
+
+
+_PTX_INSTRUCTION = re.compile(r"^\s*(?:@!?%\w+\s+)?[a-z][\w.]*[\s;]", re.M)
+
+
+def ptx_columns(ptx: str) -> dict:
+    """Global loads/stores by vector width, sin/cos instructions, instruction count of a PTX."""
+    accesses = ladder._ptx_accesses(ptx)
+    cols = {f"ptx_{op}_{vec}": 0 for op in ("ld", "st") for vec in ("v4", "v2", "v1")}
+    for key, n in accesses.items():
+        op, vec, _ = key.split(".")
+        column = f"ptx_{op}_{vec}"
+        if column in cols:
+            cols[column] += n
+        else:  # v8 (Blackwell): kept in the detail column only
+            cols.setdefault(column, n)
+    cols = {k: v for k, v in cols.items() if k in COLUMNS}
+    cols["ptx_access_detail"] = " ".join(f"{k}={v}" for k, v in accesses.items())
+    cols["ptx_sin_cos_approx"] = len(re.findall(r"\b(?:sin|cos)\.approx", ptx))
+    cols["trig"] = ladder._trig(ptx)
+    cols["ptx_instructions"] = sum(1 for line in _PTX_INSTRUCTION.findall(ptx)
+                                   if not line.lstrip().startswith((".", "//")))
+    return cols
+
+
+def compiled_columns(compiled) -> tuple:
+    """(columns, what was not available) from a CompiledKernel (Triton 3.x)."""
+    cols, missing = {}, []
+    if compiled is None:
+        return cols, ["compiled kernel (interpreter, or launched without JITFunction.run)"]
+    if getattr(compiled, "n_regs", None) is None and hasattr(compiled, "_init_handles"):
+        try:
+            compiled._init_handles()
+        except Exception as exc:  # noqa: BLE001 -- report, keep the rest
+            missing.append(f"_init_handles ({type(exc).__name__})")
+    for attr, column in (("n_regs", "registers"), ("n_spills", "spills")):
+        v = getattr(compiled, attr, None)
+        if v is None:
+            missing.append(attr)
+        else:
+            cols[column] = int(v)
+    md = getattr(compiled, "metadata", None)
+    for attr, column in (("num_warps", "num_warps"), ("shared", "shared_bytes")):
+        v = getattr(md, attr, None)
+        if v is None and isinstance(md, dict):
+            v = md.get(attr)
+        if v is None:
+            missing.append(f"metadata.{attr}")
+        else:
+            cols[column] = int(v)
+    try:
+        ptx = compiled.asm["ptx"]
+        cols.update(ptx_columns(ptx if isinstance(ptx, str) else ptx.decode()))
+    except Exception as exc:  # noqa: BLE001
+        missing.append(f"ptx ({type(exc).__name__})")
+    return cols, missing
+
+
+def launch_columns(launch: Optional[Launch], sm_count: Optional[int]) -> tuple:
+    """(columns, missing) of one Triton launch: kernel, grid, compiled resources, occupancy."""
+    if launch is None:
+        return {}, []
+    cols = {"kernel": launch.kernel, "num_warps": launch.num_warps}
+    if launch.grid is not None:
+        cols["grid"] = "x".join(map(str, launch.grid))
+        cols["programs"] = math.prod(launch.grid)
+    more, missing = compiled_columns(launch.compiled)
+    cols.update(more)
+    if sm_count and "programs" in cols:
+        cols["sm_count"] = sm_count
+        cols["programs_per_sm"] = round(cols["programs"] / sm_count, 2)
+    if "registers" in cols and "num_warps" in cols:
+        occ = theoretical_occupancy(cols["registers"], cols["num_warps"],
+                                    cols.get("shared_bytes") or 0)
+        cols.update(occ_blocks_per_sm=occ["blocks_per_sm"], occ_warps_per_sm=occ["warps_per_sm"],
+                    occ_theoretical_pct=round(occ["occupancy_pct"], 1),
+                    occ_limiter=occ["limiter"])
+        if sm_count and "programs" in cols and occ["blocks_per_sm"]:
+            cols["waves"] = round(cols["programs"] / (sm_count * occ["blocks_per_sm"]), 2)
+    return cols, missing
+
+
+# --- the variants and the cases -------------------------------------------------------------------
+
+class Variant(NamedTuple):
+    name: str
+    source: str
+    description: str
+    make: object   # make(x, freqs4d, y) -> a callable launching the variant, returning its output
+
+
+def variants(H: int) -> list:
+    """Every variant the notebooks time, in the order of the benchmarks."""
+    out = [
+        Variant("copy", "floor", "y.copy_(x): the least any kernel must move",
+                lambda x, f, y: (lambda: y.copy_(x))),
+        Variant("naive", "generation", "ropelib naive kernel: grid (S*B*H,) (notebook 03)",
+                lambda x, f, y: (lambda: rope_naive(x, f, out=y))),
+        Variant("batch_reuse", "generation",
+                "ropelib batch-reuse kernel: grid (S, H), loop over B (notebook 04; ladder rung 0)",
+                lambda x, f, y: (lambda: rope_batch_reuse(x, f, out=y))),
+    ]
+
+    def ablation_row(opts):
+        def make(x, f, y):
+            f2 = f.reshape(f.shape[0], -1).contiguous()
+            c2, s2 = torch.cos(f2), torch.sin(f2)
+            return lambda: ablation.rope_ablation(x, f2, c2, s2, out=y, **opts)
+        return make
+
+    for name, factor, desc, opts in ablation.variants(H):
+        out.append(Variant(name, "ablation", f"{factor}: {desc}", ablation_row(opts)))
+    for rung in ladder.RUNGS[1:]:
+        out.append(Variant(rung.name, "ladder", rung.idea,
+                           lambda x, f, y, r=rung.name: (lambda: ladder.rope_ladder(r, x, f, out=y))))
+    out.append(Variant("ropelib", "generation", "ropelib.apply_rope: the finished kernel",
+                       lambda x, f, y: (lambda: ropelib.apply_rope(x, f, layout="sbhd"))))
+    return out
+
+
+ALL = None   # a case's variant selection: every variant
+
+
+def cases(dry_run: bool) -> list:
+    """[(name, S, B, H, D, variant names or ALL)], bf16 sbhd; about 40 kernels in all."""
+    b1 = ("copy", "naive", "batch_reuse", "heads_all_one_b", "warps", "chunks", "ropelib")
+    few_tokens = ("copy", "warps", "chunks", "ropelib")
+    if dry_run:  # interpreter-sized; D = 24: a half of 12 in a 16-lane tile (masked lanes)
+        return [("tiny", 5, 2, 3, 24, ALL), ("tiny-b1", 6, 1, 2, 16, b1),
+                ("tiny-few-tokens", 2, 4, 2, 16, few_tokens)]
+    return [("s4096-b8", 4096, 8, 32, 128, ALL), ("s32768-b1", 32768, 1, 32, 128, b1),
+            ("s16-b64", 16, 64, 32, 128, few_tokens)]
+
+
+def _selected(case) -> list:
+    _, _, _, H, _, names = case
+    vs = variants(H)
+    return vs if names is ALL else [v for v in vs if v.name in names]
+
+
+def _sync():
+    if runtime.on_gpu():
+        torch.cuda.synchronize()
+
+
+def _inputs(S, B, H, D, device):
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(S, B, H, D, device=device, dtype=torch.bfloat16, generator=gen)
+    freqs = compare.angles(S, D).to(device).view(S, 1, 1, D)
+    return x, freqs
+
+
+def _reason(exc) -> str:
+    return f"{type(exc).__name__}: {exc}"[:300].replace("\n", " ")
+
+
+# --- the measured run ---------------------------------------------------------------------------
+
+def run(dry_run: bool, progress: bool = True) -> list:
+    """Launch every variant (a warm-up that compiles, and the launch whose kernel is read), check
+    its output against the reference; return one row per (case, variant)."""
+    if not dry_run and not runtime.on_gpu():
+        raise SystemExit(f"{runtime.mode()}: the mechanism needs a GPU; use --dry-run here")
+    device = runtime.default_device()
+    sm_count = (torch.cuda.get_device_properties(0).multi_processor_count
+                if runtime.on_gpu() else None)
+    rows = []
+    for case in cases(dry_run):
+        name, S, B, H, D, _ = case
+        if progress:
+            print(f"{name}: sbhd s={S}, b={B}, h={H}, d={D}, bf16", flush=True)
+        x, freqs = _inputs(S, B, H, D, device)
+        want = reference.rope_reference(x.double(), freqs)  # fp64
+        y = torch.empty_like(x)
+        elements = x.numel()
+        kernel_bytes = compare.bytes_moved(compare.Config(S, B, H, D, dtype="bf16"))
+        for v in _selected(case):
+            row = dict(case=name, seq_len=S, batch=B, heads=H, head_dim=D, dtype="bf16",
+                       variant=v.name, source=v.source, description=v.description,
+                       status="ok", reason="", elements=elements,
+                       model_bytes=2 * x.numel() * x.element_size() if v.name == "copy"
+                       else kernel_bytes)
+            rows.append(row)
+            try:
+                fn = v.make(x, freqs, y)
+                y.fill_(float("nan"))   # an element a variant does not write stays NaN
+                with LaunchRecorder() as rec:
+                    out = fn()          # warm-up: compiles; the launch is recorded
+                    _sync()
+                    if not dry_run:     # the launch ncu would profile (the interpreter: once)
+                        out = fn()
+                        _sync()
+            except Exception as exc:  # noqa: BLE001 -- one failing variant must not stop the run
+                row.update(status="failed", reason=_reason(exc))
+                if progress:
+                    print(f"  {v.name:24s} failed: {row['reason']}", flush=True)
+                continue
+            cols, missing = launch_columns(rec.launches[-1] if rec.launches else None, sm_count)
+            row.update(cols)
+            if v.name != "copy" and not rec.launches:
+                missing.append("no Triton launch recorded")
+            if runtime.on_gpu() and missing:
+                row["reason"] = "not available: " + ", ".join(missing)
+            try:
+                if v.name == "copy":
+                    err = 0.0 if torch.equal(out, x) else float("inf")
+                else:
+                    err = compare.error_metrics(out, want)["max_head_ulp_err"]
+                row["max_head_ulp_err"] = err
+                if not err <= 1.0:
+                    row.update(status="differs",
+                               reason=f"output differs from the reference ({err:.2f} head ulps) "
+                                      + row["reason"])
+            except Exception as exc:  # noqa: BLE001
+                row.update(status="failed", reason="check: " + _reason(exc))
+            if progress:
+                print("  " + line(row), flush=True)
+        del x, freqs, want, y
+        if runtime.on_gpu():
+            torch.cuda.empty_cache()
+    return rows
+
+
+def profiled_run(manifest_path: Path) -> int:
+    """The run under ncu: each measured launch alone between cudaProfilerStart/Stop, in an NVTX
+    range `case/variant`; the manifest lists those launches in order."""
+    if not runtime.on_gpu():
+        raise SystemExit("--profiled-run needs a GPU")
+    manifest = []
+    for case in cases(False):
+        name, S, B, H, D, _ = case
+        x, freqs = _inputs(S, B, H, D, "cuda")
+        y = torch.empty_like(x)
+        for v in _selected(case):
+            try:
+                fn = v.make(x, freqs, y)
+                with LaunchRecorder() as rec:
+                    fn()   # warm-up, not profiled: compiles, fills caches of the launchers
+                    torch.cuda.synchronize()
+                    torch.cuda.profiler.start()
+                    torch.cuda.nvtx.range_push(f"{name}/{v.name}")
+                    try:
+                        fn()
+                        torch.cuda.synchronize()
+                    finally:
+                        torch.cuda.nvtx.range_pop()
+                        torch.cuda.profiler.stop()
+            except Exception as exc:  # noqa: BLE001
+                print(f"{name}/{v.name} failed: {_reason(exc)}", flush=True)
+                continue
+            kernel = rec.launches[-1].kernel if rec.launches else None
+            manifest.append(dict(case=name, variant=v.name, kernel=kernel))
+        del x, freqs, y
+        torch.cuda.empty_cache()
+    Path(manifest_path).write_text(json.dumps(manifest, indent=1))
+    print(f"profiled {len(manifest)} launches; manifest {manifest_path}", flush=True)
+    return 0
+
+
+# --- Nsight Compute -------------------------------------------------------------------------------
+
+def find_ncu() -> Optional[str]:
+    """The ncu executable: on PATH, else the newest under /opt/nvidia/nsight-compute, else CUDA's."""
+    candidates = [shutil.which("ncu") or ""]
+    candidates += sorted(glob.glob("/opt/nvidia/nsight-compute/*/ncu"), reverse=True)
+    candidates += ["/usr/local/cuda/bin/ncu"]
+    candidates += sorted(glob.glob("/usr/local/cuda-*/bin/ncu"), reverse=True)
+    return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
+
+
+_UNIT_SCALE = {"byte": 1, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9, "tbyte": 1e12,
+               "kibyte": 1024, "mibyte": 1024 ** 2, "gibyte": 1024 ** 3,
+               "nsecond": 1, "usecond": 1e3, "msecond": 1e6, "second": 1e9,
+               "ns": 1, "us": 1e3, "ms": 1e6, "s": 1e9,
+               "inst": 1, "kinst": 1e3, "minst": 1e6, "ginst": 1e9}
+
+
+def _number(text: str, unit: str):
+    t = (text or "").strip().replace(",", "")
+    if t in ("", "n/a", "N/A"):
+        return None
+    try:
+        v = float(t)
+    except ValueError:
+        return None
+    return v * _UNIT_SCALE.get((unit or "").strip().lower(), 1)
+
+
+def parse_ncu_csv(text: str) -> list:
+    """Kernel records of `ncu --csv --page raw` output: header row (with "ID" and "Kernel Name"),
+    units row, one row per kernel; anything before the header (==PROF== lines, the program's
+    output) is skipped. Returns [{"id", "kernel", metric: value in base units (bytes, ns)}]."""
+    lines = text.splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.startswith('"ID"')), None)
+    if start is None:
+        return []
+    table = list(csv.reader(io.StringIO("\n".join(lines[start:]))))
+    header, units, data = table[0], table[1] if len(table) > 1 else [], table[2:]
+    if units and units[0].strip():   # no units row: the second row is already a kernel
+        data, units = table[1:], []
+    records = []
+    for r in data:
+        if len(r) != len(header):
+            continue
+        rec = dict(zip(header, r))
+        try:
+            out = {"id": int(rec["ID"]), "kernel": rec.get("Kernel Name", "")}
+        except (KeyError, ValueError):
+            continue
+        for i, col in enumerate(header):
+            if col in NCU_METRICS:
+                out[col] = _number(r[i], units[i] if i < len(units) else "")
+        records.append(out)
+    return sorted(records, key=lambda rec: rec["id"])
+
+
+def match_records(manifest: list, records: list) -> dict:
+    """{(case, variant): ncu record}: manifest and records zipped in order; a record whose kernel
+    name does not contain the launch's expected Triton kernel is skipped (not one of ours)."""
+    out, i = {}, 0
+    for entry in manifest:
+        want = entry.get("kernel")
+        j = i
+        while j < len(records) and want and want not in records[j]["kernel"]:
+            j += 1
+        if j >= len(records):
+            continue   # not profiled (ncu skipped it): leave the next entries their chance
+        out[(entry["case"], entry["variant"])] = records[j]
+        i = j + 1
+    return out
+
+
+def ncu_row_columns(record: dict, row: dict) -> dict:
+    """A matched ncu record as the row's ncu_* columns, with the per-element ratios."""
+    cols = {"ncu_kernel": record["kernel"][:120]}
+    for metric, column in NCU_COLUMNS.items():
+        v = record.get(metric)
+        if v is not None:
+            cols[column] = int(v) if float(v).is_integer() else round(v, 2)
+    rd, wr = record.get("dram__bytes_read.sum"), record.get("dram__bytes_write.sum")
+    if rd is not None and wr is not None and row.get("model_bytes"):
+        cols["ncu_dram_bytes_over_model"] = round((rd + wr) / row["model_bytes"], 3)
+    inst = record.get("smsp__inst_executed.sum")
+    if inst is not None and row.get("elements"):
+        cols["ncu_warp_inst_per_element"] = round(inst / row["elements"], 4)
+        cols["ncu_thread_inst_per_element"] = round(inst * 32 / row["elements"], 3)
+    ns = record.get("gpu__time_duration.sum")
+    if ns and row.get("model_bytes"):
+        cols["ncu_gbps"] = round(row["model_bytes"] / ns, 1)
+    return cols
+
+
+def run_ncu(ncu: str, out_dir: Path, slug: str, timeout: float) -> tuple:
+    """Profile `--profiled-run` under ncu. Returns ({(case, variant): record}, status line)."""
+    report = out_dir / f"mechanism-{slug}.ncu-rep"
+    manifest_path = out_dir / f"mechanism-{slug}-manifest.json"
+    raw_path = out_dir / f"mechanism-{slug}-ncu-raw.csv"
+    cmd = [ncu, "--profile-from-start", "off", "--clock-control", "none", "--nvtx",
+           "--metrics", ",".join(NCU_METRICS), "-f", "--export", str(report),
+           sys.executable, str(Path(__file__).resolve()), "--profiled-run",
+           "--manifest", str(manifest_path)]
+    print("running:", " ".join(cmd), flush=True)
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {}, f"failed: timed out after {timeout:.0f} s"
+    except OSError as exc:
+        return {}, f"failed: {_reason(exc)}"
+    tail = (done.stdout[-1500:] + done.stderr[-1500:]).strip()
+    print(tail, flush=True)
+    if done.returncode != 0 or not report.exists():
+        why = " | ".join(tail.splitlines()[-4:])
+        return {}, f"failed: exit {done.returncode}: {why}"[:600]
+    text = ""
+    for extra in (["--print-units", "base"], []):
+        imp = subprocess.run([ncu, "--import", str(report), "--csv", "--page", "raw", *extra],
+                             capture_output=True, text=True, timeout=300)
+        text = imp.stdout
+        if imp.returncode == 0 and '"ID"' in text:
+            break
+    raw_path.write_text(text)
+    records = parse_ncu_csv(text)
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, ValueError) as exc:
+        return {}, f"failed: no manifest ({_reason(exc)})"
+    matched = match_records(manifest, records)
+    version = subprocess.run([ncu, "--version"], capture_output=True, text=True).stdout
+    version = " ".join(version.split()[-3:]) if version else "?"
+    return matched, (f"{ncu} ({version}); {len(records)} kernel records, {len(matched)} of "
+                     f"{len(manifest)} launches matched; report {report.name}, raw {raw_path.name}")
+
+
+# --- output -------------------------------------------------------------------------------------
+
+def gpu_slug() -> str:
+    name = torch.cuda.get_device_name() if runtime.on_gpu() else "cpu-interpreter"
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def write(rows, path, ncu_status: str) -> str:
+    """The rows to CSV, after `# key: value` lines (ropelib.bench.compare.read_meta)."""
+    meta = compare.environment_meta()
+    meta["script"] = "benchmarks/mechanism.py"
+    meta["ncu"] = ncu_status
+    meta["bytes_model"] = "x read + y written + fp32 angles [S, D] read once; copy: x + y"
+    meta["launches"] = "each variant: one warm-up launch (compiles), then the launch measured"
+    for column, meaning in COLUMNS.items():
+        meta[f"column {column}"] = meaning
+    return compare.write_csv(rows, path, meta=meta, fields=FIELDS)
+
+
+def _fmt(v, spec=""):
+    return "" if v is None or v == "" else format(v, spec)
+
+
+def line(row) -> str:
+    if row["status"] == "failed":
+        return f"{row['variant']:24s} failed: {row['reason']}"
+    return (f"{row['variant']:24s} regs {_fmt(row.get('registers')):>3s} "
+            f"warps {_fmt(row.get('num_warps')):>2s} programs {_fmt(row.get('programs')):>8s} "
+            f"ld v4/v2/v1 {_widths(row, 'ld') or '-'} "
+            f"err {_fmt(row.get('max_head_ulp_err'), '.2f')} {row['status']}")
+
+
+def _widths(row, op) -> str:
+    """'v4/v2/v1' counts of a row's PTX loads or stores; empty without PTX."""
+    counts = [row.get(f"ptx_{op}_{w}") for w in ("v4", "v2", "v1")]
+    return "" if all(c is None or c == "" for c in counts) else "/".join(map(str, counts))
+
+
+def table(rows) -> str:
+    """The printed summary: per case, the static mechanism and what ncu measured."""
+    out = []
+    head = (f"{'variant':22s} {'regs':>4s} {'spill':>5s} {'warps':>5s} {'programs':>9s} {'/SM':>7s} "
+            f"{'occ%':>5s} {'ld4/2/1':>9s} {'st4/2/1':>9s} {'sincos':>6s} {'trig':>9s} "
+            f"{'us':>8s} {'DRAM/mdl':>8s} {'achv%':>6s} {'thr-inst/el':>11s} {'GB/s':>6s}")
+    for case in dict.fromkeys(r["case"] for r in rows):
+        rs = [r for r in rows if r["case"] == case]
+        r0 = rs[0]
+        out.append(f"\n{case}: sbhd s={r0['seq_len']}, b={r0['batch']}, h={r0['heads']}, "
+                   f"d={r0['head_dim']}, bf16")
+        out.append(head)
+        for r in rs:
+            if r["status"] == "failed":
+                out.append(f"{r['variant']:22s} failed: {r['reason'][:100]}")
+                continue
+            ns = r.get("ncu_duration_ns")
+            out.append(
+                f"{r['variant']:22s} {_fmt(r.get('registers')):>4s} {_fmt(r.get('spills')):>5s} "
+                f"{_fmt(r.get('num_warps')):>5s} {_fmt(r.get('programs')):>9s} "
+                f"{_fmt(r.get('programs_per_sm')):>7s} "
+                f"{_fmt(r.get('occ_theoretical_pct'), '.0f'):>5s} "
+                f"{_widths(r, 'ld'):>9s} {_widths(r, 'st'):>9s} "
+                f"{_fmt(r.get('ptx_sin_cos_approx')):>6s} {_fmt(r.get('trig')):>9s} "
+                f"{_fmt(ns / 1e3 if ns else None, '.1f'):>8s} "
+                f"{_fmt(r.get('ncu_dram_bytes_over_model'), '.2f'):>8s} "
+                f"{_fmt(r.get('ncu_achieved_occupancy_pct'), '.0f'):>6s} "
+                f"{_fmt(r.get('ncu_thread_inst_per_element'), '.1f'):>11s} "
+                f"{_fmt(r.get('ncu_gbps'), '.0f'):>6s}"
+                + ("" if r["status"] == "ok" else f"  {r['status']}"))
+    return "\n".join(out)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=None,
+                    help="folder for mechanism-<gpu>.csv (and the ncu report)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="tiny shapes through the interpreter: check every output, no GPU columns")
+    ap.add_argument("--ncu", action="store_true",
+                    help="also profile every launch under Nsight Compute (if ncu is found)")
+    ap.add_argument("--ncu-timeout", type=float, default=420.0,
+                    help="seconds the run under ncu may take (default 420)")
+    ap.add_argument("--profiled-run", action="store_true",
+                    help="internal: the run ncu profiles (writes --manifest)")
+    ap.add_argument("--manifest", type=Path, default=None, help="internal: the manifest's path")
+    args = ap.parse_args(argv)
+    if args.profiled_run:
+        if args.manifest is None:
+            ap.error("--profiled-run needs --manifest")
+        return profiled_run(args.manifest)
+    if args.out is None and not args.dry_run:
+        ap.error("--out is required (the folder the CSV goes to)")
+    print(runtime.mode(), flush=True)
+    slug = gpu_slug()
+    matched, ncu_status = {}, "not requested (run with --ncu)"
+    if args.ncu and args.dry_run:
+        ncu_status = "not run (dry run)"
+    elif args.ncu:
+        ncu = find_ncu()
+        if ncu is None:
+            ncu_status = "not found"
+        else:
+            args.out.mkdir(parents=True, exist_ok=True)
+            try:
+                matched, ncu_status = run_ncu(ncu, args.out, slug, args.ncu_timeout)
+            except Exception as exc:  # noqa: BLE001 -- the static columns still get written
+                matched, ncu_status = {}, f"failed: {_reason(exc)}"
+        print("ncu:", ncu_status, flush=True)
+    rows = run(args.dry_run)
+    for row in rows:
+        record = matched.get((row["case"], row["variant"]))
+        if record is not None:
+            row.update(ncu_row_columns(record, row))
+    if args.out is not None:
+        print("wrote", write(rows, args.out / f"mechanism-{slug}.csv", ncu_status))
+    print(f"# ncu: {ncu_status}")
+    print(table(rows))
+    failed = [f"{r['case']}/{r['variant']}" for r in rows if r["status"] != "ok"]
+    if failed:
+        print("failed or differ from the reference:", ", ".join(failed))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
