@@ -587,17 +587,22 @@ def run_ncu(ncu: str, out_dir: Path, slug: str, timeout: float) -> tuple:
            sys.executable, str(Path(__file__).resolve()), "--profiled-run",
            "--manifest", str(manifest_path)]
     print("running:", " ".join(cmd), flush=True)
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {}, f"failed: timed out after {timeout:.0f} s"
+    try:  # its own process group: on a timeout, ncu and the profiled python end together
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
     except OSError as exc:
         return {}, f"failed: {_reason(exc)}"
-    tail = (done.stdout[-1500:] + done.stderr[-1500:]).strip()
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        proc.communicate()
+        return {}, f"failed: timed out after {timeout:.0f} s (--ncu-timeout)"
+    tail = (stdout[-1500:] + stderr[-1500:]).strip()
     print(tail, flush=True)
-    if done.returncode != 0 or not report.exists():
+    if proc.returncode != 0 or not report.exists():
         why = " | ".join(tail.splitlines()[-4:])
-        return {}, f"failed: exit {done.returncode}: {why}"[:600]
+        return {}, f"failed: exit {proc.returncode}: {why}"[:600]
     text = ""
     for extra in (["--print-units", "base"], []):
         imp = subprocess.run([ncu, "--import", str(report), "--csv", "--page", "raw", *extra],

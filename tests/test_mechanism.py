@@ -172,3 +172,11 @@ def test_a_failing_ncu_leaves_the_reason(mechanism, tmp_path):
     fake.chmod(0o755)
     matched, status = mechanism.run_ncu(str(fake), tmp_path, "fake-gpu", timeout=60)
     assert matched == {} and status.startswith("failed: exit 3") and "ERR_NVGPUCTRPERM" in status
+
+
+def test_an_ncu_that_hangs_is_stopped(mechanism, tmp_path):
+    fake = tmp_path / "ncu"
+    fake.write_text("#!/bin/sh\nsleep 30\n")
+    fake.chmod(0o755)
+    matched, status = mechanism.run_ncu(str(fake), tmp_path, "fake-gpu", timeout=1)
+    assert matched == {} and status.startswith("failed: timed out after 1 s")
