@@ -20,14 +20,18 @@ after a warm-up launch, at the 256 MiB bf16 sbhd sizes of the benchmarks, and re
   /usr/local/cuda/bin): the script re-runs itself under ncu (`--profiled-run`), each measured
   launch between cudaProfilerStart/Stop (ncu `--profile-from-start off`: warm-ups and set-up
   kernels are not profiled) inside an NVTX range named case/variant, and writes a manifest of
-  the launches in order (case, variant, Triton kernel name). ncu's kernel records are matched to
-  the manifest in ID order, a record whose name is not the expected kernel's being skipped.
+  the launches in order (case, variant, Triton kernel name). Each ncu kernel record is matched
+  to its variant by the NVTX range it ran in (ncu's "thread Domain:Push/Pop_Range" column);
+  only without that column, to the manifest in ID order (a record whose name is not the
+  expected kernel's skipped).
   Measured: DRAM bytes read and written, achieved occupancy, warp instructions executed,
   duration, SM and DRAM throughput (% of peak).
 
-The variants: the device copy `y.copy_(x)` (the floor), ropelib's naive kernel, its batch-reuse
-kernel, every row of benchmarks/ablation.py, every rung of ropelib/course/ladder.py (rung 0 is
-the batch-reuse kernel) and ropelib.apply_rope (finished); all at s4096-b8 (s=4096, b=8, h=32,
+The variants: the copy (the floor: the bytes of `y.copy_(x)`, moved by a trivial Triton
+load/store kernel, since a same-dtype contiguous copy_ is a cudaMemcpy ncu does not profile),
+ropelib's naive kernel, its batch-reuse kernel, every row of benchmarks/ablation.py, every
+rung of ropelib/course/ladder.py (rung 0 is the batch-reuse kernel) and ropelib.apply_rope
+(finished); all at s4096-b8 (s=4096, b=8, h=32,
 d=128), a few at s32768-b1 (the same bytes, b=1) and s16-b64 (8 MiB, too few tiles). Every
 output is checked against `ropelib.reference` (fp64) outside the profiled window. A variant that
 fails is reported in its row (`status`, `reason`); the others still run.
@@ -56,6 +60,9 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit below or in ropelib
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 BENCH_DIR = Path(__file__).resolve().parent
@@ -100,7 +107,7 @@ COLUMNS = {  # column -> meaning (written into the CSV header)
     "elements": "S*B*H*D elements of x",
     "model_bytes": "bytes the kernel must move: x read + y written + fp32 angles [S, D] read "
                    "once (ropelib.bench.compare.bytes_moved); copy: x + y",
-    "kernel": "the Triton kernel launched (its function name); empty for the copy",
+    "kernel": "the Triton kernel launched (its function name); the copy: _copy_kernel",
     "grid": "launch grid (programs per axis)", "programs": "programs (thread blocks) launched",
     "num_warps": "warps per program", "registers": "registers per thread (CompiledKernel.n_regs)",
     "spills": "registers spilled per thread (CompiledKernel.n_spills)",
@@ -316,11 +323,31 @@ class Variant(NamedTuple):
     make: object   # make(x, freqs4d, y) -> a callable launching the variant, returning its output
 
 
+@triton.jit
+def _copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
+
+
+def copy_triton(x: torch.Tensor, y: torch.Tensor, block: int = 2048) -> torch.Tensor:
+    """y = x for contiguous same-dtype tensors: a plain Triton load/store over the flat tensor
+    (16-byte accesses where the pointers allow). `y.copy_(x)` of such tensors is a
+    cudaMemcpyAsync D2D, which Nsight Compute does not profile (not a kernel): this moves the
+    same bytes as a kernel ncu does see."""
+    assert x.is_contiguous() and y.is_contiguous() and x.shape == y.shape and x.dtype == y.dtype
+    n = x.numel()
+    _copy_kernel[(triton.cdiv(n, block),)](x, y, n, BLOCK=block, num_warps=4)
+    return y
+
+
 def variants(H: int) -> list:
     """Every variant the notebooks time, in the order of the benchmarks."""
     out = [
-        Variant("copy", "floor", "y.copy_(x): the least any kernel must move",
-                lambda x, f, y: (lambda: y.copy_(x))),
+        Variant("copy", "floor",
+                "copy (Triton load/store): y = x, the bytes of y.copy_(x), the least any kernel "
+                "must move; a Triton kernel, since y.copy_(x) is a cudaMemcpy ncu does not profile",
+                lambda x, f, y: (lambda: copy_triton(x, y))),
         Variant("naive", "generation", "ropelib naive kernel: grid (S*B*H,) (notebook 03)",
                 lambda x, f, y: (lambda: rope_naive(x, f, out=y))),
         Variant("batch_reuse", "generation",
@@ -424,7 +451,7 @@ def run(dry_run: bool, progress: bool = True) -> list:
                 continue
             cols, missing = launch_columns(rec.launches[-1] if rec.launches else None, sm_count)
             row.update(cols)
-            if v.name != "copy" and not rec.launches:
+            if not rec.launches:
                 missing.append("no Triton launch recorded")
             if runtime.on_gpu() and missing:
                 row["reason"] = "not available: " + ", ".join(missing)
@@ -516,7 +543,8 @@ def _number(text: str, unit: str):
 def parse_ncu_csv(text: str) -> list:
     """Kernel records of `ncu --csv --page raw` output: header row (with "ID" and "Kernel Name"),
     units row, one row per kernel; anything before the header (==PROF== lines, the program's
-    output) is skipped. Returns [{"id", "kernel", metric: value in base units (bytes, ns)}]."""
+    output) is skipped. Returns [{"id", "kernel", metric: value in base units (bytes, ns)}],
+    with "nvtx" (the innermost push/pop range's name, or None) where ncu wrote the NVTX column."""
     lines = text.splitlines()
     start = next((i for i, ln in enumerate(lines) if ln.startswith('"ID"')), None)
     if start is None:
@@ -525,6 +553,7 @@ def parse_ncu_csv(text: str) -> list:
     header, units, data = table[0], table[1] if len(table) > 1 else [], table[2:]
     if units and units[0].strip():   # no units row: the second row is already a kernel
         data, units = table[1:], []
+    nvtx_col = next((c for c in header if "Push/Pop_Range" in c), None)
     records = []
     for r in data:
         if len(r) != len(header):
@@ -534,6 +563,8 @@ def parse_ncu_csv(text: str) -> list:
             out = {"id": int(rec["ID"]), "kernel": rec.get("Kernel Name", "")}
         except (KeyError, ValueError):
             continue
+        if nvtx_col is not None:
+            out["nvtx"] = nvtx_range(rec[nvtx_col])
         for i, col in enumerate(header):
             if col in NCU_METRICS:
                 out[col] = _number(r[i], units[i] if i < len(units) else "")
@@ -541,9 +572,44 @@ def parse_ncu_csv(text: str) -> list:
     return sorted(records, key=lambda rec: rec["id"])
 
 
+_NVTX_DOMAIN = re.compile(r'"?<[^<>"]*>:')   # `<default domain>:` or another `<domain>:`
+
+
+def nvtx_range(cell: str) -> Optional[str]:
+    """The range name in ncu's "thread Domain:Push/Pop_Range:..." cell, e.g.
+    `3042  "<default domain>:s4096-b8/naive:none:none:none:none:none:none" ` -> `s4096-b8/naive`.
+    With nested ranges (several quoted entries) the last one (the innermost) counts."""
+    hits = list(_NVTX_DOMAIN.finditer(cell or ""))
+    if not hits:
+        return None
+    rest = cell[hits[-1].end():]
+    end = rest.find(":none")
+    if end < 0:
+        end = rest.find(":")
+    name = (rest if end < 0 else rest[:end]).strip().strip('"').strip()
+    return name or None
+
+
 def match_records(manifest: list, records: list) -> dict:
-    """{(case, variant): ncu record}: manifest and records zipped in order; a record whose kernel
-    name does not contain the launch's expected Triton kernel is skipped (not one of ours)."""
+    """{(case, variant): ncu record}. Records carrying an NVTX range ("nvtx" key, from ncu's
+    Push/Pop_Range column) are matched by that name `case/variant`; of several in one range the
+    first whose kernel name contains the expected Triton kernel (else the first). Only without
+    NVTX: manifest and records zipped in order, a record whose kernel name does not contain the
+    launch's expected Triton kernel skipped (not one of ours)."""
+    if any("nvtx" in r for r in records):
+        by_range = {}
+        for r in records:
+            if r.get("nvtx"):
+                by_range.setdefault(r["nvtx"], []).append(r)
+        out = {}
+        for entry in manifest:
+            found = by_range.get(f"{entry['case']}/{entry['variant']}")
+            if not found:
+                continue
+            want = entry.get("kernel")
+            out[(entry["case"], entry["variant"])] = next(
+                (r for r in found if want and want in r["kernel"]), found[0])
+        return out
     out, i = {}, 0
     for entry in manifest:
         want = entry.get("kernel")
@@ -575,6 +641,14 @@ def ncu_row_columns(record: dict, row: dict) -> dict:
     if ns and row.get("model_bytes"):
         cols["ncu_gbps"] = round(row["model_bytes"] / ns, 1)
     return cols
+
+
+def match_files(raw_path: Path, manifest_path: Path) -> tuple:
+    """Re-match a saved raw CSV (mechanism-<gpu>-ncu-raw.csv) and manifest:
+    ({(case, variant): record}, records, manifest)."""
+    records = parse_ncu_csv(Path(raw_path).read_text())
+    manifest = json.loads(Path(manifest_path).read_text())
+    return match_records(manifest, records), records, manifest
 
 
 def run_ncu(ncu: str, out_dir: Path, slug: str, timeout: float) -> tuple:
@@ -611,12 +685,10 @@ def run_ncu(ncu: str, out_dir: Path, slug: str, timeout: float) -> tuple:
         if imp.returncode == 0 and '"ID"' in text:
             break
     raw_path.write_text(text)
-    records = parse_ncu_csv(text)
     try:
-        manifest = json.loads(manifest_path.read_text())
+        matched, records, manifest = match_files(raw_path, manifest_path)
     except (OSError, ValueError) as exc:
         return {}, f"failed: no manifest ({_reason(exc)})"
-    matched = match_records(manifest, records)
     version = subprocess.run([ncu, "--version"], capture_output=True, text=True).stdout
     version = " ".join(version.split()[-3:]) if version else "?"
     return matched, (f"{ncu} ({version}); {len(records)} kernel records, {len(matched)} of "

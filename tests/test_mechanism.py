@@ -180,3 +180,64 @@ def test_an_ncu_that_hangs_is_stopped(mechanism, tmp_path):
     fake.chmod(0o755)
     matched, status = mechanism.run_ncu(str(fake), tmp_path, "fake-gpu", timeout=1)
     assert matched == {} and status.startswith("failed: timed out after 1 s")
+
+
+# Trimmed from a real H100 `ncu --import R --csv --page raw --print-units base` (columns cut to
+# the ones parsed, plus the NVTX ones; 3 of 36 records): the device copy y.copy_(x) was a
+# cudaMemcpy, so record 0 is s4096-b8/naive, not the copy.
+NCU_RAW_NVTX = '''==PROF== Connected to process 3042
+"ID","Process ID","Process Name","Host Name","thread Domain:Push/Pop_Range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg","Id:Domain:Start/Stop_Range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","dram__bytes_read.sum","dram__bytes_write.sum","gpu__time_duration.sum","launch__grid_size","sm__warps_active.avg.pct_of_peak_sustained_active","smsp__inst_executed.sum"
+"","","","","","","","","","","","","","byte","byte","ns","","%","inst"
+"0","3042","python3","127.0.0.1","3042  ""<default domain>:s4096-b8/naive:none:none:none:none:none:none"" ","","_rope_naive_kernel","1","7","(32, 1, 1)","(1048576, 1, 1)","0","9.0","270,551,040","252,926,720","633,792","1,048,576","29.48","368,050,176"
+"1","3042","python3","127.0.0.1","3042  ""<default domain>:s4096-b8/batch_reuse:none:none:none:none:none:none"" ","","_rope_batch_reuse_kernel","1","7","(32, 1, 1)","(131072, 1, 1)","0","9.0","279,533,312","252,979,712","220,736","131,072","48.36","68,026,368"
+"35","3042","python3","127.0.0.1","3042  ""<default domain>:s16-b64/ropelib:none:none:none:none:none:none"" ","","_rope_kernel","1","7","(128, 1, 1)","(1024, 1, 1)","0","9.0","8,446,720","2,304","10,048","1,024","35.63","3,362,816"
+'''
+
+
+def test_nvtx_range_name(mechanism):
+    cell = '3042  "<default domain>:s4096-b8/naive:none:none:none:none:none:none" '
+    assert mechanism.nvtx_range(cell) == "s4096-b8/naive"
+    assert mechanism.nvtx_range('1  "<default domain>:c/v:x"') == "c/v"
+    assert mechanism.nvtx_range('1  "<default domain>:outer:none" 1  "<default domain>:c/v:none"') \
+        == "c/v"
+    assert mechanism.nvtx_range("") is None and mechanism.nvtx_range("n/a") is None
+
+
+def test_match_records_by_nvtx_range_not_by_order(mechanism):
+    recs = mechanism.parse_ncu_csv(NCU_RAW_NVTX)
+    assert [(r["id"], r["nvtx"]) for r in recs] == [
+        (0, "s4096-b8/naive"), (1, "s4096-b8/batch_reuse"), (35, "s16-b64/ropelib")]
+    naive = recs[0]
+    assert naive["gpu__time_duration.sum"] == 633792 and naive["dram__bytes_read.sum"] == 270551040
+    # the copy has no record (a cudaMemcpy in that run): in-order matching gave it naive's
+    manifest = [dict(case="s4096-b8", variant="copy", kernel=None),
+                dict(case="s4096-b8", variant="naive", kernel="_rope_naive_kernel"),
+                dict(case="s4096-b8", variant="batch_reuse", kernel="_rope_batch_reuse_kernel"),
+                dict(case="s4096-b8", variant="ropelib", kernel="_rope_kernel"),
+                dict(case="s16-b64", variant="copy", kernel="_copy_kernel"),
+                dict(case="s16-b64", variant="ropelib", kernel="_rope_kernel")]
+    got = mechanism.match_records(manifest, recs)
+    assert {k: v["id"] for k, v in got.items()} == {("s4096-b8", "naive"): 0,
+                                                    ("s4096-b8", "batch_reuse"): 1,
+                                                    ("s16-b64", "ropelib"): 35}
+    row = dict(elements=4096 * 8 * 32 * 128, model_bytes=2 * 2 * 4096 * 8 * 32 * 128 + 4096 * 128 * 4)
+    cols = mechanism.ncu_row_columns(got[("s4096-b8", "naive")], row)
+    assert cols["ncu_duration_ns"] == 633792
+    assert cols["ncu_dram_bytes_over_model"] == pytest.approx((270551040 + 252926720)
+                                                              / row["model_bytes"], rel=1e-3)
+    assert cols["ncu_achieved_occupancy_pct"] == pytest.approx(29.48)
+
+
+def test_duration_units_convert_to_ns(mechanism):
+    assert mechanism._number("633.792", "usecond") == pytest.approx(633792)
+    assert mechanism._number("633,792", "nsecond") == pytest.approx(633792)
+    assert mechanism._number("0.633792", "msecond") == pytest.approx(633792)
+
+
+def test_copy_variant_is_a_triton_kernel(mechanism):
+    x = torch.randn(3, 5, 7).to(torch.bfloat16)
+    y = torch.empty_like(x)
+    v = next(v for v in mechanism.variants(7) if v.name == "copy")
+    with mechanism.LaunchRecorder() as rec:
+        out = v.make(x, None, y)()
+    assert torch.equal(out, x) and [ln.kernel for ln in rec.launches] == ["_copy_kernel"]
