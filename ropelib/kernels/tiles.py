@@ -11,9 +11,11 @@ import torch
 # (elements per thread, warps) per program, measured on an H100. 16-bit inputs with a batch loop
 # of >= BATCH_LOOP_MIN entries stream best with many threads (8 x 16 warps); without one (thd,
 # batch < 4) the cos/sin of a program's tokens is evaluated per thread and not reused, so fewer
-# threads with more elements each win (32 x 4 warps).
+# threads with more elements each win: 64 x 4 warps (two tokens of 32 heads x 128) reached 0.946
+# of a copy at s16384 b1 bf16 where 32 x 4 (one token) reached 0.868, and a precomputed cos/sin
+# table 0.953 (benchmarks/compile_gap.py, results/compile_gap-nvidia-h100-80gb-hbm3.log).
 TILE_LOOP = (8, 16)       # 16-bit, batch loop of >= 4 entries
-TILE_NOLOOP = (32, 4)     # 16-bit, shorter batch loop
+TILE_NOLOOP = (64, 4)     # 16-bit, shorter batch loop
 TILE_WIDE = (16, 8)       # 32- and 64-bit
 BATCH_LOOP_MIN = 4
 MIN_TILE = 512            # elements: the smallest tile an underfilled grid is split into
