@@ -31,7 +31,8 @@ __all__ = ["Causes", "Scenario", "REPRO", "FIXED", "CAUSE_DOCS", "DECISIONS", "t
            "unit_roundoff", "ulp_error", "one_ulp_up", "steps_apart", "normwise_error",
            "recovered_positions", "error_map", "argmax_location", "plot_heatmap", "te_fused",
            "te_label", "rope_unsloth_repro", "apply_rotary_pos_emb_triton", "reproduce",
-           "diagnose", "classify", "model_pairing", "LAYOUT_NORMWISE_U"]
+           "diagnose", "classify", "model_pairing", "LAYOUT_NORMWISE_U", "te_bits_file",
+           "load_te_bits", "te_bits_inputs", "te_bits_case", "TeBitsCase", "bits_differ"]
 
 
 # --- the reproduction kernel ------------------------------------------------------------------
@@ -587,3 +588,109 @@ def classify(diag: dict) -> str:
     if max(diag["te_max_ulp"], diag["triton_max_ulp"]) <= 1.0:
         return "tolerance"
     return "precision"
+
+
+# --- bit for bit against the real TE: the measurements of benchmarks/te_bits.py ---------------
+# benchmarks/te_bits.py ran the teaching kernel's variants against the real TE fused RoPE on a GPU
+# and saved TE's outputs, TE's own fp32 cos/sin and a row per variant to
+# benchmarks/results/te-bits-<gpu>.pt. Notebook 08 reads that file: on a CPU its kernels run
+# against TE's stored outputs, on the same inputs regenerated here.
+
+def te_bits_file(root=None):
+    """The committed ``benchmarks/results/te-bits-<gpu>.pt`` to read (an H200's if there is one,
+    else an H100's, else any GPU's; never a ``-dry-run`` file), or None."""
+    from pathlib import Path
+    root = Path(root) if root is not None else Path(__file__).resolve().parents[2]
+    files = sorted(p for p in (root / "benchmarks" / "results").glob("te-bits-*.pt")
+                   if "dry-run" not in p.name)
+    for gpu in ("h200", "h100"):
+        for p in files:
+            if gpu in p.name:
+                return p
+    return files[0] if files else None
+
+
+def load_te_bits(path) -> dict:
+    """The dict benchmarks/te_bits.py saved (CPU tensors)."""
+    data = torch.load(path, map_location="cpu", weights_only=False)
+    if data.get("meta", {}).get("format") != "te-bits/1":
+        raise ValueError(f"{path} is not a te-bits/1 file")
+    if data["meta"].get("dry_run"):
+        raise ValueError(f"{path} is a dry run (TE emulation), not a GPU run against TE")
+    return data
+
+
+def _sha256(t: torch.Tensor) -> str:
+    import hashlib
+    return hashlib.sha256(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes()
+                          ).hexdigest()
+
+
+def bits_differ(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Elementwise: do the bits of ``a`` and ``b`` (one shape, one dtype) differ?"""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        raise ValueError(f"a ({tuple(a.shape)}, {a.dtype}) and b ({tuple(b.shape)}, {b.dtype}) "
+                         f"must have one shape and one dtype")
+    it = _INT_OF[a.dtype]
+    return a.contiguous().view(it) != b.contiguous().view(it)
+
+
+def te_bits_inputs(scenario: Scenario, device="cpu"):
+    """(x sbhd, angles [S, D/2] fp32) drawn as benchmarks/te_bits.py draws them: the CPU
+    generator's randn cast to the dtype, the angles of bench.compare.angles on ``device``."""
+    g = torch.Generator().manual_seed(scenario.seed)
+    x = torch.randn((scenario.seq_len, scenario.batch, scenario.heads, scenario.head_dim),
+                    generator=g).to(device=device, dtype=DTYPES[scenario.dtype])
+    f = angles(scenario.seq_len, scenario.head_dim, device=device)
+    return x, f[:, 0, 0, :scenario.head_dim // 2].contiguous()
+
+
+def _unpack(p: dict, base):
+    if p["kind"] == "full":
+        return p["tensor"]
+    if p["kind"] == "sparse":
+        t = base.clone().contiguous()
+        t.view(-1)[p["idx"].long()] = p["val"]
+        return t
+    return None
+
+
+@dataclass
+class TeBitsCase:
+    """One scenario of a te-bits file, ready to run on the CPU: the inputs (regenerated, checked
+    against the stored hashes), TE's output and TE's own fp32 cos/sin of the angles."""
+    key: str
+    scenario: Scenario
+    x: torch.Tensor            # sbhd, the scenario's dtype
+    angles: torch.Tensor       # [S, D/2] fp32, the angles the GPU computed
+    te: Optional[torch.Tensor]  # TE's output (None where the file keeps only its hash)
+    te_cos: torch.Tensor       # [S, D/2] fp32: TE's own cos/sin, read back from TE
+    te_sin: torch.Tensor
+    rows: dict                 # variant -> its row (n_differ, max_steps, hist, ptx_tail, ...)
+    sincos: dict               # cos/sin source -> {"cos": ..., "sin": ...} vs TE's own
+
+    def output(self, name: str) -> Optional[torch.Tensor]:
+        """A variant's stored GPU output (None where only its row was kept)."""
+        return _unpack(self.rec["outputs"][name], self.te)
+
+
+def te_bits_case(data: dict, key: str) -> TeBitsCase:
+    """Scenario ``key`` of a te-bits file; x is drawn again here and must hash to the stored x,
+    the angles are the GPU's (stored) and must hash to the stored angles."""
+    rec = data["scenarios"][key]
+    if "error" in rec:
+        raise RuntimeError(f"scenario {key} failed on the GPU:\n{rec['error']}")
+    sc = Scenario(**rec["scenario"])
+    x, ang_here = te_bits_inputs(sc, "cpu")
+    if _sha256(x) != rec["x_sha256"]:
+        raise AssertionError(f"{key}: x drawn here differs from the x the GPU compared")
+    ang = rec.get("angles", ang_here)
+    if _sha256(ang) != rec["angles_sha256"]:
+        raise AssertionError(f"{key}: the angles differ from the ones the GPU compared")
+    te = _unpack(rec["te"], None)
+    base = (torch.cos(ang_here), torch.sin(ang_here))
+    cos, sin = (_unpack(rec["sincos_ref"][k], b) for k, b in zip(("cos", "sin"), base))
+    case = TeBitsCase(key, sc, x, ang, te, cos, sin, {r["variant"]: r for r in rec["rows"]},
+                      rec["sincos"])
+    case.rec = rec
+    return case
