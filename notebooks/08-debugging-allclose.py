@@ -615,6 +615,7 @@ step_c = check_bits(BIG, fma_xc)
 assert BIG.x.numel() == 2 ** 20
 assert step_c["n"] == 0                                   # bit for bit, here
 assert gpu_row(BIG, "fma_xc/tl") == gpu_row(BIG, "fma_xc/libdevice") == 0   # and on the GPU
+assert gpu_row(BIG, "debug:FIXED+fma") == 0      # the reproduction kernel with Causes(fma=True)
 
 # %% [markdown]
 # Zero: every one of the $2^{20}$ bf16 outputs has TE's bits. `tl.fma` is one rounding on both
@@ -698,8 +699,9 @@ if not GPU:
     assert [r[0] for r in steps_tbl if r[2] == 0] == ["c"]    # and here too
     assert all(r[2] in (None, r[3]) for r in steps_tbl[2:])   # here = the GPU, step by step
 
-fig, ax = plt.subplots(figsize=(7, 2.8))
-labels = [f"{r[0]}: {r[1].split(' —')[0][:38]}" for r in steps_tbl]
+fig, ax = plt.subplots(figsize=(8, 3))
+labels = ["a: as written", "b: other sin/cos = TE's", "c: fma(x, c, rot*s)",
+          "d: fma(rot, s, x*c)", "e: the GPU's choice", "no contraction"]
 ax.barh(np.arange(len(steps_tbl)) + 0.2, [r[3] for r in steps_tbl], height=0.4,
         color="tab:green", label=f"{GPU_NAME} (file)")
 ax.barh(np.arange(len(steps_tbl)) - 0.2, [0 if r[2] is None else r[2] for r in steps_tbl],
@@ -707,7 +709,9 @@ ax.barh(np.arange(len(steps_tbl)) - 0.2, [0 if r[2] is None else r[2] for r in s
 ax.set_yticks(np.arange(len(steps_tbl)), labels, fontsize=8)
 ax.invert_yaxis()
 ax.set_xlabel(f"bf16 elements whose bits differ from TE (of {BIG.x.numel():,})")
-ax.legend(fontsize=8)
+ax.text(0.3, 2, "0: bit for bit, on both", va="center", fontsize=8)
+ax.set_xlim(0, 1.35 * max(r[3] for r in steps_tbl))
+ax.legend(fontsize=8, loc="lower right")
 fig.tight_layout()
 fig.savefig(FIGURES / "08-bits-steps.png", dpi=110)
 plt.show()
