@@ -150,6 +150,13 @@ def _max_diff(got, want) -> float:
                for a, b in zip(got, want))
 
 
+def _max_rel_diff(got, want) -> float:
+    """The largest difference of each output relative to that output's largest magnitude."""
+    return max(float((a.detach().float() - b.detach().float()).abs().max()
+                     / b.detach().float().abs().max().clamp_min(1e-30))
+               for a, b in zip(got, want))
+
+
 def run(dry_run: bool, token_counts=(8192, 32768), hidden=4096, HQ=32, HK=8, D=128) -> list:
     device = runtime.default_device()
     if dry_run:
@@ -183,8 +190,10 @@ def run(dry_run: bool, token_counts=(8192, 32768), hidden=4096, HQ=32, HK=8, D=1
                     # the GEMMs alone rotate nothing: their v is compared (and their timing)
                     pick = slice(None) if name in ("fused", "unfused") else slice(2, 3)
                     row["max_abs_diff_vs_unfused"] = _max_diff(got[pick], ref[backward][pick])
-                    # bf16 outputs of size ~1-4 and gradients of size ~10-100: a few ulps
-                    if row["max_abs_diff_vs_unfused"] > 0.5:
+                    # a few bf16 roundings of each output's scale (the weight's gradient sums
+                    # 8k tokens: values ~700, one bf16 step 4; on an H200 the QK-norm backward
+                    # came within 0.55 % of the unfused pipeline's largest value)
+                    if _max_rel_diff(got[pick], ref[backward][pick]) > 2.0**-5:
                         row.update(available=False, reason="differs from the unfused pipeline")
                         continue
                     if dry_run:
