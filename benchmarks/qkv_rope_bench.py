@@ -24,7 +24,7 @@ normed with QK-norm) and v in [B, S, H, D]:
 forward + backward (gradients of x, the weight and, with QK-norm, the norm weights); TFLOP/s
 counts the GEMMs only (2 M N K forward, 6 M N K forward + backward). Before it is timed, each
 provider's outputs are compared with the unfused pipeline's (max_abs_diff_vs_unfused). The tile
-choices are kernels/qkv_gemm.GPU_TILES, a first guess not yet measured on a GPU. The CSV
+choices are kernels/qkv_gemm.GPU_TILES, chosen by benchmarks/qkv_tiles.py. The CSV
 starts with `# key: value` lines (GPU, versions, date) that ropelib.bench.compare.read_meta
 reads back. `--dry-run` runs tiny shapes through Triton's interpreter and checks the outputs;
 it times nothing.
@@ -245,7 +245,7 @@ def write(rows, path) -> str:
     meta = compare.environment_meta()
     meta["script"] = "benchmarks/qkv_rope_bench.py"
     meta["tiles"] = ("kernels/qkv_gemm.GPU_TILES (BLOCK_M/BLOCK_K/GROUP_M/warps/stages per "
-                     "kernel), not yet measured on a GPU")
+                     "kernel), from benchmarks/qkv_tiles.py's sweep")
     meta["tflops_model"] = "GEMM only: 2 M N K forward, 6 M N K forward + backward"
     meta["timing"] = "triton.testing.do_bench median ms (p20, p80)" if runtime.on_gpu() else \
         "none (dry run: outputs checked only)"
