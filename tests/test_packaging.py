@@ -340,7 +340,7 @@ TORCH_API_SINCE = {
     **{f"torch.{name}": _OLD for name in (
         "Generator", "Size", "SymInt", "Tensor", "__version__", "version.cuda", "device", "dtype",
         "finfo", "promote_types", "contiguous_format", "manual_seed", "is_grad_enabled",
-        "no_grad", "autocast", "compile",
+        "no_grad", "autocast", "compile", "load",
         "bool", "uint8", "int8", "int16", "int32", "int64", "long", "float16", "bfloat16",
         "float32", "float64", "complex64", "complex128",
         "allclose", "arange", "argmax", "argsort", "as_tensor", "atan2", "bincount", "block_diag",
