@@ -1,0 +1,264 @@
+"""Notebook 12's kernel exercises: RoPE in the epilogue of the QKV GEMM, and its inverse in the
+prologue of the dX GEMM.
+
+The learner edits two small Triton GEMMs whose main loops are written (the signatures of
+`ropelib.course.kernels.qkv_teaching`'s kernels):
+
+* the forward, grid (cdiv(M, BLOCK_M), H), one program per (tile of tokens, head) holding the
+  head as two accumulators (features j and j + D/2): the epilogue rotates a q or k head's tile
+  by each token's angles before it is stored, and stores a v head as it is;
+* the dX GEMM, grid (cdiv(M, BLOCK_M), cdiv(K, BLOCK_K)), looping over the heads: the prologue
+  turns the gradient of a rotated q or k head into the gradient of the projection,
+  dY = R(-theta) dL/dq, as the tile is loaded, so dY is never written.
+
+Each check launches the learner's kernel itself on inputs it draws fresh: token counts that are
+not multiples of BLOCK_M, hidden sizes that are not multiples of BLOCK_K, grouped-query heads
+(HQ > HK), head dims 32 and 64, positions in random order (so a token's position is not its
+index), and an angle table of free angles (so every feature's sine matters). The output starts as
+NaN between NaN guard bands, so an unwritten element or a store past the last token shows. The
+expected values are the fp64 PyTorch reference (`reference_qkv`, and autograd through it for
+dX); a test holds that reference to `ropelib.qkv_rope_linear`.
+
+Only a `@triton.jit` kernel is accepted, and it runs with ropelib's own answers barred
+(`own_code`): the finished kernels, the teaching kernels (the worked solutions, shown with
+`show_epilogue_solution` and `show_prologue_solution`) and a kernel that calls one of their
+@triton.jit helpers are refused.
+"""
+from typing import Callable, Optional
+
+import torch
+import triton
+
+from ... import runtime
+from ..kernels import qkv_teaching
+from . import _compare, check, is_blank_kernel, solution
+from .own_code import LibraryAnswer, library_barred
+
+__all__ = ["check_epilogue_kernel", "check_prologue_kernel", "show_epilogue_solution",
+           "show_prologue_solution", "reference_qkv", "reference_dx", "draw_inputs",
+           "launch_forward", "launch_dx", "CASES"]
+
+# (M tokens, K hidden, HQ, HK, D, BLOCK_M, BLOCK_K): a few programs each, for the interpreter
+CASES = (
+    (20, 48, 2, 1, 32, 16, 16),     # a partial token tile, three steps of the K loop
+    (37, 40, 3, 1, 64, 32, 32),     # D = 64, a partial K step
+    (16, 32, 4, 2, 32, 16, 16),     # grouped-query heads, one token tile
+)
+_PAD = 2        # guard band: tokens of NaN before the output, and _PAD + BLOCK_M after it (an
+                # unmasked last tile stores into the band, not past the buffer)
+
+
+def _tolerance():
+    # the interpreter multiplies fp32 in fp32; a GPU's tl.dot multiplies fp32 inputs in TF32
+    return (1e-4, 1e-4) if runtime.INTERPRET else (2e-2, 2e-2)
+
+
+def draw_inputs(gen: torch.Generator, M, K, HQ, HK, D, device=None):
+    """x [M, K], weight [(HQ + 2 HK) D, K] (outputs of order 1), cos and sin [P, D/2] of free
+    angles, positions [M] int64 in random order (P = 2 M + 3 rows, not all used)."""
+    device = device or runtime.default_device()
+    H, P = HQ + 2 * HK, 2 * M + 3
+    x = torch.randn(M, K, generator=gen)
+    w = torch.randn(H * D, K, generator=gen) / K ** 0.5
+    theta = torch.rand(P, D // 2, generator=gen) * 6.0 - 3.0
+    pos = torch.randperm(P, generator=gen)[:M]
+    return (x.to(device), w.to(device), theta.cos().to(device), theta.sin().to(device),
+            pos.to(device))
+
+
+def reference_qkv(x, weight, cos, sin, positions, HQ, HK, D) -> torch.Tensor:
+    """qkv [M, H, D] in fp64: x @ weight^T split into heads, q's and k's heads rotated
+    rotate-half (feature j with j + D/2) by the angles of each token's position."""
+    M, H, half = x.shape[0], HQ + 2 * HK, D // 2
+    y = (x.double() @ weight.double().T).view(M, H, D)
+    c = cos.double()[positions][:, None, :]
+    s = sin.double()[positions][:, None, :]
+    a, b = y[..., :half], y[..., half:]
+    rotated = torch.cat((a * c - b * s, b * c + a * s), dim=-1)
+    n_rot = HQ + HK
+    return torch.cat((rotated[:, :n_rot], y[:, n_rot:]), dim=1)
+
+
+def reference_dx(grad_qkv, x, weight, cos, sin, positions, HQ, HK, D) -> torch.Tensor:
+    """dL/dx [M, K] in fp64 for the gradient grad_qkv [M, H, D] of reference_qkv's output:
+    autograd through the fp64 reference (it does not use the inverse rotation's formula)."""
+    x64 = x.double().detach().requires_grad_(True)
+    y = reference_qkv(x64, weight, cos, sin, positions, HQ, HK, D)
+    (gx,) = torch.autograd.grad(y, x64, grad_qkv.double())
+    return gx
+
+
+def launch_forward(kernel, x, weight, out, cos, sin, positions, HQ, HK, D, BLOCK_M, BLOCK_K):
+    """Launch a forward kernel (the teaching kernel's signature) on grid (cdiv(M, BLOCK_M), H)."""
+    M, K = x.shape
+    H = HQ + 2 * HK
+    kernel[(triton.cdiv(M, BLOCK_M), H)](x, weight, out, cos, sin, positions, M, K, H, HQ + HK,
+                                         D=D, BLOCK_M=BLOCK_M, BLOCK_K=BLOCK_K)
+
+
+def launch_dx(kernel, grad_qkv, weight, grad_x, cos, sin, positions, HQ, HK, D, BLOCK_M,
+              BLOCK_K):
+    """Launch a dX kernel (the teaching kernel's signature) on grid
+    (cdiv(M, BLOCK_M), cdiv(K, BLOCK_K))."""
+    M, K = grad_x.shape
+    H = HQ + 2 * HK
+    kernel[(triton.cdiv(M, BLOCK_M), triton.cdiv(K, BLOCK_K))](
+        grad_qkv, weight, grad_x, cos, sin, positions, M, K, H, HQ + HK,
+        D=D, BLOCK_M=BLOCK_M, BLOCK_K=BLOCK_K)
+
+
+def _is_triton_kernel(obj) -> bool:
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+    return isinstance(obj, (JITFunction, InterpretedFunction))
+
+
+def _ready(name: str, kernel, reads: str) -> bool:
+    if kernel is None or kernel is Ellipsis:
+        print(f"❌ {name}: no answer yet (define the kernel)")
+        return False
+    if not _is_triton_kernel(kernel):
+        print(f"❌ {name}: expected a function decorated with @triton.jit, got "
+              f"{type(kernel).__name__}: the check launches your kernel on inputs it draws "
+              f"itself, so only what the kernel stores through {reads} counts")
+        return False
+    if is_blank_kernel(kernel):
+        print(f"❌ {name}: no answer yet (write the kernel's body, then rerun the cell)")
+        return False
+    return True
+
+
+def _short(exc: Exception) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
+
+
+def _label(M, K, HQ, HK, D, BLOCK_M, BLOCK_K) -> str:
+    return (f"M={M} tokens, K={K}, {HQ} q / {HK} k,v heads of {D}, "
+            f"BLOCK_M={BLOCK_M}, BLOCK_K={BLOCK_K}")
+
+
+def _run_cases(name: str, what: str, kernel, seed: Optional[int], make_output: Callable,
+               launch: Callable, expected: Callable, where: Callable, hint: str) -> bool:
+    """Launch `kernel` on each case into a NaN output inside NaN guard bands; compare."""
+    seed = int(torch.randint(0, 2**31 - 1, (1,)).item()) if seed is None else seed
+    gen = torch.Generator().manual_seed(seed)
+    atol, rtol = _tolerance()
+    for case in CASES:
+        M, K, HQ, HK, D, BLOCK_M, BLOCK_K = case
+        label = _label(*case)
+        inputs = draw_inputs(gen, M, K, HQ, HK, D)
+        x, w, cos, sin, pos = inputs
+        extra = make_output(gen, case, inputs)          # (kernel input or None, buffer, view)
+        kin, buf, out = extra
+        before = [t.clone() for t in (x, w, cos, sin, pos) + ((kin,) if kin is not None else ())]
+        try:
+            with library_barred(what):
+                launch(kernel, case, inputs, kin, out)
+        except LibraryAnswer as exc:
+            print(f"❌ {name}: {exc}")
+            return False
+        except Exception as exc:  # noqa: BLE001 -- report, never stop the notebook
+            print(f"❌ {name} ({label}): launching your kernel raised {_short(exc)}")
+            return False
+        if not (bool(torch.isnan(buf[:_PAD]).all()) and bool(torch.isnan(buf[_PAD + M:]).all())):
+            print(f"❌ {name} ({label}): the kernel wrote outside the output (into the NaN guard "
+                  "band around it): mask the last token tile (m < M)"
+                  + (" and the last column tile (k < K)" if buf.dim() == 2 else ""))
+            return False
+        after = (x, w, cos, sin, pos) + ((kin,) if kin is not None else ())
+        if not all(torch.equal(a, b) for a, b in zip(after, before)):
+            print(f"❌ {name} ({label}): the kernel changed one of its inputs")
+            return False
+        bad = torch.isnan(out)
+        if bool(bad.any()):
+            first = [int(i) for i in bad.nonzero()[0]]
+            print(f"❌ {name} ({label}): {int(bad.sum())} of {out.numel()} output elements were "
+                  f"not written (the output starts as NaN), first at {where(first)}")
+            return False
+        want = expected(case, inputs, kin)
+        ok, _ = _compare(out, want, atol, rtol)
+        if not ok:
+            print(f"   (inputs drawn with seed={seed})")
+            return check(f"{name} ({label})", out, want, atol=atol, rtol=rtol, hint=hint)
+    print(f"✅ {name}: correct on {len(CASES)} launches (partial token and K tiles, grouped-query "
+          "heads, D = 32 and 64, positions in random order, free angles)")
+    return True
+
+
+def check_epilogue_kernel(kernel, seed: Optional[int] = None) -> bool:
+    """Launch the learner's forward kernel (the teaching kernel's signature) and compare its
+    qkv [M, H, D] with the fp64 reference. Prints ✅ or ❌ with the first failing case; never
+    raises. `seed` fixes the inputs (default: fresh ones, the seed printed on a failure)."""
+    name = "QKV GEMM with RoPE in the epilogue"
+    if not _ready(name, kernel, "out_ptr"):
+        return False
+
+    def make_output(gen, case, inputs):
+        M, K, HQ, HK, D = case[:5]
+        buf = torch.full((_PAD + M + _PAD + case[5], HQ + 2 * HK, D), float("nan"),
+                         dtype=inputs[0].dtype, device=inputs[0].device)
+        return None, buf, buf[_PAD:_PAD + M]
+
+    def launch(kernel, case, inputs, kin, out):
+        x, w, cos, sin, pos = inputs
+        launch_forward(kernel, x, w, out, cos, sin, pos, *case[2:])
+
+    def expected(case, inputs, kin):
+        HQ, HK, D = case[2:5]
+        return reference_qkv(*inputs, HQ, HK, D).to(inputs[0].dtype)
+
+    def where(first):
+        return f"[token, head, feature] = {first}"
+
+    return _run_cases(
+        name, "your epilogue", kernel, seed, make_output, launch, expected, where,
+        hint="for a q or k head (h < N_ROT), at each token's position p: "
+             "q[j] = a cos - b sin and q[j + D/2] = b cos + a sin, with a = acc_a, b = acc_b "
+             "and cos, sin = row p of the tables (p = positions[m], not m); a v head is stored "
+             "as it is")
+
+
+def check_prologue_kernel(kernel, seed: Optional[int] = None) -> bool:
+    """Launch the learner's dX kernel (the teaching kernel's signature) on a fresh gradient of
+    q, k and v and compare dL/dx [M, K] with autograd through the fp64 reference. Prints ✅ or
+    ❌; never raises."""
+    name = "dX GEMM with the inverse rotation in the prologue"
+    if not _ready(name, kernel, "gx_ptr"):
+        return False
+
+    def make_output(gen, case, inputs):
+        M, K, HQ, HK, D = case[:5]
+        g = torch.randn(M, HQ + 2 * HK, D, generator=gen).to(inputs[0].device)
+        buf = torch.full((_PAD + M + _PAD + case[5], K), float("nan"), dtype=inputs[1].dtype,
+                         device=inputs[1].device)
+        return g, buf, buf[_PAD:_PAD + M]
+
+    def launch(kernel, case, inputs, g, out):
+        x, w, cos, sin, pos = inputs
+        launch_dx(kernel, g, w, out, cos, sin, pos, *case[2:])
+
+    def expected(case, inputs, g):
+        HQ, HK, D = case[2:5]
+        return reference_dx(g, *inputs, HQ, HK, D).to(inputs[1].dtype)
+
+    def where(first):
+        return f"[token, hidden column] = {first}"
+
+    return _run_cases(
+        name, "your prologue", kernel, seed, make_output, launch, expected, where,
+        hint="the forward rotated (a, b) by R(theta); the gradient goes back through "
+             "R(theta)^T = R(-theta): dY_a = g_a cos + g_b sin, dY_b = g_b cos - g_a sin, for "
+             "q and k heads only (h < N_ROT); v's gradient is dY as it is")
+
+
+def show_epilogue_solution() -> None:
+    """Show the worked forward kernel (ropelib.course.kernels.qkv_teaching) folded away."""
+    solution(qkv_teaching._qkv_rope_teaching_kernel.fn,
+             title="Solution: the QKV GEMM with RoPE in its epilogue")
+
+
+def show_prologue_solution() -> None:
+    """Show the worked dX kernel (ropelib.course.kernels.qkv_teaching) folded away."""
+    solution(qkv_teaching._qkv_dx_teaching_kernel.fn,
+             title="Solution: the dX GEMM with the inverse rotation in its prologue")
