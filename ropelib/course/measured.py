@@ -1,0 +1,159 @@
+"""The committed GPU measurements that notebooks 03, 04, 05 and 07 explain, read back from
+``benchmarks/results/`` and nothing else.
+
+One GPU for every number the notebooks show: the H200 run (``*-nvidia-h200.csv``); the H100
+floor CSV is read only where the notebooks set the two side by side. Every CSV starts with
+``# key: value`` lines naming the GPU, driver and versions (:func:`ropelib.bench.compare.read_meta`).
+
+``mechanism-nvidia-h200.csv`` holds, for each kernel variant, what the compiler and Nsight
+Compute reported (registers, grid, theoretical and achieved occupancy, DRAM bytes, warp
+instructions). :func:`mechanism` adds what follows from those columns and the shape alone:
+
+* ``steps``: the batch iterations one program makes. A 1-D grid (copy, naive) makes one; a 2-D
+  grid ``(S, H-tiles)`` loops over the whole batch; a 3-D grid over ``B / grid_z`` entries;
+* ``x_bytes_per_program``, ``x_bytes_per_step`` (the x one program loads per batch iteration,
+  both halves) and ``x_bytes_per_warp_step`` (that over the program's warps);
+* ``resident_warps``: achieved occupancy × 64 warps per SM (the measured average);
+* ``x_kib_per_sm``: resident warps × x bytes per warp step / 1024: the x bytes that the warps on
+  one SM ask for in one batch step. It is **derived, not a counter**: an upper bound on the bytes
+  of x in flight per SM, reached only while every resident warp waits on its loads at once;
+* ``ns_per_program``: Nsight Compute's duration / programs, and ``us`` the duration in µs.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from ..bench import compare
+
+RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
+GPU = "nvidia-h200"          # the run every performance number of notebooks 03-07 comes from
+ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
+WARPS_PER_SM = 64            # Hopper: 2048 resident threads per SM
+
+
+def path(kind: str, gpu: str = GPU) -> Path:
+    """``benchmarks/results/<kind>-<gpu>.csv``, e.g. ``path("ladder")``."""
+    return RESULTS / f"{kind}-{gpu}.csv"
+
+
+def load(kind: str, gpu: str = GPU) -> tuple:
+    """(meta, rows) of a committed result CSV. Raises FileNotFoundError saying what measures it,
+    and ValueError when its header names no GPU (a CPU dry run is not a measurement)."""
+    p = path(kind, gpu)
+    if not p.exists():
+        raise FileNotFoundError(f"{p} is not in this checkout: `python benchmarks/{kind}.py` "
+                                "on a GPU measures it")
+    meta = compare.read_meta(p)
+    if meta.get("gpu") in (None, "", "none"):
+        raise ValueError(f"{p.name}: its header names no GPU, so it holds no GPU timings")
+    return meta, compare.read_csv(p)
+
+
+def where(meta: dict) -> str:
+    """One line naming where and when a CSV was measured."""
+    return (f"{meta['gpu']}, torch {meta.get('torch', '?')}, triton {meta.get('triton', '?')}, "
+            f"{meta.get('date', '?')[:10]}")
+
+
+def steps(row: dict) -> int:
+    """Batch iterations one program makes, from the launch grid and the batch size."""
+    grid = [int(g) for g in str(row["grid"]).split("x")]
+    if len(grid) == 1:
+        return 1
+    if len(grid) == 2:
+        return int(row["batch"])
+    return math.ceil(int(row["batch"]) / grid[2])
+
+
+def derive(row: dict) -> dict:
+    """A mechanism row with the derived columns of the module docstring added."""
+    r = dict(row)
+    e = ELEMENT_BYTES[r["dtype"]]
+    r["steps"] = steps(r)
+    r["x_bytes_per_program"] = r["elements"] * e / r["programs"]
+    r["x_bytes_per_step"] = r["x_bytes_per_program"] / r["steps"]
+    r["x_bytes_per_warp_step"] = r["x_bytes_per_step"] / r["num_warps"]
+    r["resident_warps"] = r["ncu_achieved_occupancy_pct"] / 100 * WARPS_PER_SM
+    r["x_kib_per_sm"] = r["resident_warps"] * r["x_bytes_per_warp_step"] / 1024
+    r["us"] = r["ncu_duration_ns"] / 1e3
+    r["ns_per_program"] = r["ncu_duration_ns"] / r["programs"]
+    return r
+
+
+def mechanism(case: str = "s4096-b8", gpu: str = GPU) -> dict:
+    """{variant: derived row} of one case of ``mechanism-<gpu>.csv`` (rows that ran and were
+    profiled; a failed variant is left out)."""
+    _, rows = load("mechanism", gpu)
+    out = {r["variant"]: derive(r) for r in rows
+           if r["case"] == case and r["status"] == "ok" and r.get("ncu_duration_ns")}
+    if not out:
+        raise ValueError(f"mechanism-{gpu}.csv has no profiled rows for case {case!r}")
+    return out
+
+
+def timings(kind: str, case: str, gpu: str = GPU) -> dict:
+    """{name: row} of one case of a do_bench CSV: ``ablation`` (keyed by variant), ``ladder``
+    (keyed by provider). Only timed rows."""
+    _, rows = load(kind, gpu)
+    key = {"ablation": "variant", "ladder": "provider"}[kind]
+    return {r[key]: r for r in rows if r["case"] == case and r.get("ms")}
+
+
+def floor(gpu: str = GPU) -> dict:
+    """{case: {provider: row}} of ``floor-<gpu>.csv`` (ms, ratio_to_copy)."""
+    _, rows = load("floor", gpu)
+    out = {}
+    for r in rows:
+        out.setdefault(r["case"], {})[r["provider"]] = r
+    return out
+
+
+def table(rows, columns) -> str:
+    """A fixed-width text table of ``rows`` (dicts): ``columns`` is [(header, key, format)]."""
+    width = {h: max(len(h), 7, *(len(str(r.get(k))) for r in rows if isinstance(r.get(k), str)))
+             for h, k, _ in columns}
+    lines = ["  ".join(f"{h:>{width[h]}}" for h, _, _ in columns)]
+    for r in rows:
+        cells = []
+        for h, k, fmt in columns:
+            v = r.get(k)
+            if isinstance(v, str):
+                cells.append(f"{v:<{width[h]}}")
+            else:
+                cells.append(f"{(format(v, fmt) if v is not None else '-'):>{width[h]}}")
+        lines.append("  ".join(cells))
+    return "\n".join(lines)
+
+
+def plot_in_flight(case: str = "s4096-b8", path=None, gpu: str = GPU, label=()):
+    """Time against the x bytes the resident warps of one SM ask for per batch step
+    (``x_kib_per_sm``), one point per profiled variant of ``case``; the colour is the warp
+    instructions per element. The title names the GPU. Returns the figure (saved to ``path``)."""
+    import matplotlib.pyplot as plt
+    meta, _ = load("mechanism", gpu)
+    rows = list(mechanism(case, gpu).values())
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    sc = ax.scatter([r["x_kib_per_sm"] for r in rows], [r["us"] for r in rows],
+                    c=[r["ncu_warp_inst_per_element"] for r in rows], cmap="viridis_r", s=36,
+                    edgecolors="k", linewidths=0.4)
+    for r in rows:
+        if not label or r["variant"] in label:
+            ax.annotate(r["variant"], (r["x_kib_per_sm"], r["us"]), fontsize=7,
+                        xytext=(4, 3), textcoords="offset points")
+    fig.colorbar(sc, ax=ax, label="warp instructions per element (ncu)")
+    ax.set_xscale("log")
+    ticks = [2 ** k for k in range(0, 8)]
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel("KiB of x the resident warps of one SM request per step\n"
+                  "(achieved occupancy x bytes per warp: derived, an upper bound on bytes in flight)")
+    ax.set_ylabel("kernel time, µs (Nsight Compute)")
+    r0 = rows[0]
+    ax.set_title(f"{meta['gpu']}: bf16 sbhd s={r0['seq_len']}, b={r0['batch']}, h={r0['heads']}, "
+                 f"d={r0['head_dim']} ({meta.get('date', '?')[:10]})", fontsize=9)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=120)
+    return fig

@@ -1,0 +1,69 @@
+"""ropelib.course.measured reads the committed H200 results the notebooks explain, and derives
+only what follows from their columns."""
+import math
+
+import pytest
+
+from ropelib.bench import compare
+from ropelib.course import measured
+
+
+def test_every_file_the_notebooks_read_is_an_h200_measurement():
+    for kind in ("mechanism", "ablation", "ladder", "generations", "floor"):
+        meta, rows = measured.load(kind)
+        assert meta["gpu"] == "NVIDIA H200" and rows, kind
+    meta, _ = measured.load("floor", "nvidia-h100-80gb-hbm3")
+    assert "H100" in meta["gpu"]
+
+
+def test_a_missing_file_says_what_measures_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(measured, "RESULTS", tmp_path)
+    with pytest.raises(FileNotFoundError, match="benchmarks/ladder.py"):
+        measured.load("ladder")
+    (tmp_path / "ladder-nvidia-h200.csv").write_text("# gpu: none\ncase,ms\na,1\n")
+    with pytest.raises(ValueError, match="no GPU"):
+        measured.load("ladder")
+
+
+@pytest.mark.parametrize("grid, batch, steps", [("65536", 8, 1), ("4096x32", 8, 8),
+                                                ("4096x32x8", 8, 1), ("16x1x64", 64, 1),
+                                                ("16384x1x1", 3, 3), ("10x1x2", 3, 2)])
+def test_steps_follow_the_grid(grid, batch, steps):
+    assert measured.steps({"grid": grid, "batch": batch}) == steps
+
+
+def test_derived_columns_by_hand():
+    mech = measured.mechanism("s4096-b8")
+    naive, reuse, copy = mech["naive"], mech["batch_reuse"], mech["copy"]
+    # the naive kernel: one 128-feature bf16 row of x per one-warp program
+    assert naive["steps"] == 1 and naive["x_bytes_per_warp_step"] == 256
+    # batch-reuse: the same row, 8 times per program
+    assert reuse["steps"] == 8 and reuse["x_bytes_per_program"] == 8 * 256
+    assert reuse["x_bytes_per_warp_step"] == 256
+    # the copy: 2048 elements per 4-warp program, no loop
+    assert copy["x_bytes_per_warp_step"] == 2048 * 2 / 4
+    for r in (naive, reuse, copy):
+        want = r["ncu_achieved_occupancy_pct"] / 100 * 64 * r["x_bytes_per_warp_step"] / 1024
+        assert math.isclose(r["x_kib_per_sm"], want)
+        assert math.isclose(r["us"] * 1e3, r["ncu_duration_ns"])
+
+
+def test_mechanism_and_timings_cover_the_same_variants():
+    mech = measured.mechanism("s4096-b8")
+    abl = measured.timings("ablation", "s4096-b8")
+    lad = measured.timings("ladder", "s4096-b8")
+    ablation_rows = {v for v in abl if v not in ("copy", "te_fused") and not v.startswith("ropelib")}
+    assert ablation_rows <= set(mech)
+    assert {p for p in lad if p not in ("copy",)} <= set(mech)
+    with pytest.raises(ValueError):
+        measured.mechanism("no-such-case")
+
+
+def test_table_and_figure_name_what_they_show(tmp_path):
+    text = measured.table([{"variant": "naive", "us": 634.7}], [("kernel", "variant", ""),
+                                                                ("time us", "us", ".0f")])
+    assert "naive" in text and "635" in text
+    import matplotlib
+    matplotlib.use("Agg")
+    fig = measured.plot_in_flight(path=tmp_path / "f.png")
+    assert "NVIDIA H200" in fig.axes[0].get_title() and (tmp_path / "f.png").stat().st_size > 0
