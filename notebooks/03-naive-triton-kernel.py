@@ -557,24 +557,64 @@ else:
           "num_warps is not used)")
 
 # %% [markdown]
-# **Why the naive kernel is slow on a GPU.** ropelib's benchmark on an H100
-# (`benchmarks/results/generations.csv`, bf16, $S=16384, B=8, H=32, D=128$) measured the naive
-# kernel at 853 GB/s against 3002 GB/s for a plain device copy of the same tensor: **28 %**.
-# The kernel does almost no arithmetic; what limits it is how many bytes are *in flight*.
+# **Why the naive kernel is slow on a GPU.** It is tempting to estimate this from a data sheet;
+# ropelib measured it instead. `benchmarks/mechanism.py` ran the naive kernel, a plain copy and
+# every later kernel of the course on an NVIDIA H200 under Nsight Compute, at bf16 sbhd
+# $S = 4096, B = 8, H = 32, D = 128$ (256 MiB of `x`), and committed what the profiler and the
+# compiler reported to `benchmarks/results/mechanism-nvidia-h200.csv`. The cell below reads
+# it (`ropelib.course.measured`), prints the naive kernel beside the copy and checks each
+# statement of this paragraph:
 #
-# Little's law says a memory system delivers bandwidth $\times$ latency bytes only if that many
-# bytes are requested and not yet returned at every moment. With about 3 TB/s and a DRAM
-# latency of roughly 0.6–0.8 µs (an order of magnitude, not measured here), an H100 needs about
-# 2 MB in flight: some 15 KB for each of its 132 streaming multiprocessors (SMs). A naive program
-# with $D = 128$ in bf16 loads two 128-byte halves — 256 bytes of `x` — then waits, computes and
-# stores. It runs as one warp, and an SM holds at most 32 such programs at a time (its limit on
-# resident thread blocks), so it has at most $32 \times 256 \text{ B} = 8 \text{ KB}$ of `x`
-# requested at once, and less while programs start, compute and store. Half the needed bytes in
-# flight at best, plus the cost of starting 4 million programs of 512 bytes each: hence 28 %.
+# - **Not bytes.** The DRAM bytes the profiler counted are within a few percent of the bytes
+#   model (read $x$, write $y$, read the angle table once) for the naive kernel as for the copy:
+#   it moves no extra data, yet takes several times as long as the copy.
+# - **Tiny programs.** It launches $S \cdot B \cdot H$ = a million one-warp programs, each
+#   reading one 256-byte row of `x` and writing one of `y`. An SM holds at most 32 programs at
+#   a time (its limit on resident thread blocks), so the GPU works through them in some 250
+#   *waves*, and the profiler's
+#   *achieved occupancy* — the average share of an SM's 64 warp slots that hold a warp — stays
+#   far below the copy's: programs this short spend much of their life being started and retired.
+# - **Few bytes in flight.** A memory system delivers its bandwidth only when enough bytes are
+#   requested and not yet returned at every moment (Little's law: bytes in flight = bandwidth ×
+#   latency). Per SM that is at most *resident warps × bytes each warp has asked for*. There is
+#   no counter for it; the cell derives the upper bound from the measured occupancy and the
+#   bytes per program. The naive kernel can have only a few KiB of `x` requested per SM, about a
+#   tenth of what the copy's warps ask for.
 #
-# More warps per program do not help — they would hold copies of the same 64-element tiles. What
-# helps is more bytes per program: several rows in one program (notebook 04 and ropelib's
-# finished kernel), so each SM keeps many loads outstanding.
+# More warps per program would not help: they would split the same 64-element tiles into
+# smaller pieces per thread (notebook 04's ablation measures exactly that, and it gets slower).
+# What helps is more bytes per program — several rows in one program, as in notebook 04 and
+# ropelib's finished kernel — so that fewer programs keep more loads outstanding.
+
+# %%
+from ropelib.course import measured
+
+mech = measured.mechanism("s4096-b8")            # Nsight Compute + compiler, one row per kernel
+mech_meta, _ = measured.load("mechanism")
+copy_m, naive_m = mech["copy"], mech["naive"]
+print(f"measured on {measured.where(mech_meta)}: bf16 sbhd S=4096, B=8, H=32, D=128")
+print(measured.table([copy_m, naive_m], [
+    ("kernel", "variant", ""), ("time us", "us", ".0f"), ("DRAM/model", "ncu_dram_bytes_over_model", ".3f"),
+    ("programs", "programs", ","), ("warps", "num_warps", "d"), ("x B/prog", "x_bytes_per_program", ".0f"),
+    ("waves", "waves", ".1f"), ("occ. theor. %", "occ_theoretical_pct", ".0f"),
+    ("occ. achieved %", "ncu_achieved_occupancy_pct", ".1f"), ("x KiB/SM", "x_kib_per_sm", ".1f")]))
+slower = naive_m["us"] / copy_m["us"]
+print(f"the naive kernel takes {slower:.1f}x the copy's time; {naive_m['ns_per_program']:.2f} ns "
+      f"per program over the whole GPU")
+# not bytes: both move what the model says, within a few percent
+assert all(0.9 <= r["ncu_dram_bytes_over_model"] <= 1.05 for r in (copy_m, naive_m))
+assert slower > 3
+# tiny programs: a million one-warp programs of one row, hundreds of waves
+nv = naive_m
+assert nv["programs"] == nv["seq_len"] * nv["batch"] * nv["heads"] and nv["num_warps"] == 1
+assert nv["x_bytes_per_program"] == nv["head_dim"] * 2 and 200 < nv["waves"] < 300
+assert naive_m["occ_limiter"] == "blocks"                       # 32 programs per SM at most
+assert naive_m["ncu_achieved_occupancy_pct"] < naive_m["occ_theoretical_pct"]
+assert naive_m["ncu_achieved_occupancy_pct"] < 0.5 * copy_m["ncu_achieved_occupancy_pct"]
+# few bytes in flight: a few KiB of x requested per SM, about a tenth of the copy's
+assert naive_m["x_kib_per_sm"] < 8 and naive_m["x_kib_per_sm"] < 0.15 * copy_m["x_kib_per_sm"]
+# more warps on the same tile: slower (notebook 04's ablation, the batch-looping kernel)
+assert mech["sh_loop_b_w8"]["us"] > mech["sh_loop_b_w4"]["us"] > mech["sh_loop_b_w1"]["us"]
 
 # %% [markdown]
 # ## 5. Coalescing, made visible
@@ -996,8 +1036,8 @@ solution(ex.solution_rope_interleaved.fn, title="Solution: an interleaved, parti
 #
 # 1. The check of exercise 4 allocates the output and fills it with NaN. Which wrong kernels
 #    would pass if it used `torch.empty` instead, on the CPU and on a GPU?
-# 2. Section 4 estimated the bytes in flight per SM. Which changes to the naive kernel raise
-#    them — more warps, more rows per program, larger `BLOCK_HALF`, a second wave of programs —
+# 2. Section 4 derived, from the measured occupancy, how many bytes of `x` the warps of one SM
+#    can have requested at once. Which changes to the naive kernel raise that — more warps, more rows per program, larger `BLOCK_HALF`, a second wave of programs —
 #    and which only look as if they would?
 # 3. A stride-2 load wastes half of every sector it fetches, yet L1 makes the second load
 #    nearly free. When would it not: think of a tile larger than L1 can hold between the two

@@ -82,7 +82,7 @@ print(f"x: [S={S}, B={B}, H={H}, D={D}] on {device}")
 # - evaluate the same $D$ cosines and $D$ sines $B \cdot H$ times.
 #
 # The angle loads mostly hit the L2 cache (the whole table of the reference case below,
-# $16384 \times 128$ fp32 angles, is 8 MiB; an H100 has 50 MiB of L2), so they cost
+# $16384 \times 128$ fp32 angles, is 8 MiB; an H200 has 50 MiB of L2), so they cost
 # instructions and cache bandwidth rather than DRAM bytes. The other cost is the number of
 # programs: each naive program moves only one row — 512 bytes for $D = 128$ in bf16 — and a
 # GPU pays a fixed price to start every program. Here is the bill for the reference case:
@@ -479,22 +479,25 @@ else:
     print("No GPU here: the measurements below come from the committed results.")
 
 # %% [markdown]
-# ### 5.2 Committed results from an H100/H200
+# ### 5.2 Committed results from an H200
 #
-# `python benchmarks/generations.py` on a GPU writes `benchmarks/results/generations.csv` (with
-# the GPU's name, the driver, torch/Triton versions and the date in its header) and draws this
-# figure from it; the cell below redraws it from the CSV, so it runs without a GPU:
+# `python benchmarks/generations.py` on a GPU times the three generations and the copy and
+# writes a CSV with the GPU's name, the driver, torch/Triton versions and the date in its
+# header. Every number of this notebook comes from one run on an NVIDIA H200
+# (`benchmarks/results/generations-nvidia-h200.csv` and its siblings); the cell below redraws
+# the figure from the CSV, so it runs without a GPU:
 #
 # ![GB/s of the three generations and of a device copy](../figures/04-generations-gbps.png)
 
 # %%
-if generations.CSV_PATH.exists():
-    meta = compare.read_meta(generations.CSV_PATH)
-    rows = compare.read_csv(generations.CSV_PATH)
-    generations.plot_generations(generations.CSV_PATH, generations.FIGURE_PATH)
-    print(f"measured on {meta.get('gpu')} (driver {meta.get('driver')}), torch {meta.get('torch')}, "
-          f"triton {meta.get('triton')}, {meta.get('date')}")
-    assert meta.get("gpu") not in (None, "", "none"), "the committed CSV must come from a GPU"
+from ropelib.course import measured   # the committed H200 results, read back
+
+GEN_CSV = measured.path("generations")
+if GEN_CSV.exists():
+    meta, rows = measured.load("generations")
+    generations.plot_generations(GEN_CSV, FIGURES / "04-generations-gbps.png")
+    plt.show()
+    print(f"measured on {measured.where(meta)} (driver {meta.get('driver')})")
     for r in rows:
         if r["case"] == generations.REFERENCE or r["group"] == "batch":
             print(f"{r['case']:10} " + generations.summary_line(r))
@@ -505,7 +508,7 @@ if generations.CSV_PATH.exists():
         gain = ref["ropelib_batch_reuse"]["fwd_gbps"] / ref["ropelib_naive"]["fwd_gbps"]
         print(f"reference case: batch-reuse moves data {gain:.2f}x as fast as naive")
 else:
-    print(f"{generations.CSV_PATH.relative_to(ROOT)} is not there yet: run "
+    print(f"{GEN_CSV.relative_to(ROOT)} is not there yet: run "
           "`python benchmarks/generations.py` on a GPU to measure and draw it.")
 
 # %% [markdown]
@@ -540,8 +543,9 @@ print(f"TE fused: grid ({S_a}, {B_a}), all {H_a} heads per block -> at least "
 # %% [markdown]
 # Which comparison answers which question:
 #
-# - `sh_loop_b` vs `sh_one_b`: what does reusing cos/sin **over the batch** buy, with everything
-#   else the same? (`sh_one_b` evaluates them $B$ times as often);
+# - `sh_loop_b` vs `sh_one_b`: a loop over the batch against one program per batch row. This
+#   changes two things at once: `sh_one_b` evaluates cos/sin $B$ times as often *and* launches
+#   $B$ times as many programs, each $1/B$ the size; the `*_table` rows tell the two apart;
 # - `*_table` vs the same without: does evaluating sines and cosines cost time at all, when a
 #   memory-bound kernel could read them instead?
 # - `heads_all_one_b` — TE's grid $(s, b)$ written in Triton, cos/sin reused over all heads —
@@ -549,25 +553,23 @@ print(f"TE fused: grid ({S_a}, {B_a}), all {H_a} heads per block -> at least "
 # - `heads{2,4,8}_loop_b` and the `_w{1,2,4,8}` rows: how the tile and the warps (and so the
 #   elements each thread moves per load) change the time.
 #
-# The cell reads the committed measurement, when there is one. On this machine it does not
-# measure anything: timings need a GPU (`python benchmarks/ablation.py --out
-# benchmarks/results/ablation.csv`), and the CPU can only check that every variant computes
+# The cell reads the committed H200 measurement (`benchmarks/results/ablation-nvidia-h200.csv`).
+# On this machine it does not measure anything: timings need a GPU (`python
+# benchmarks/ablation.py --out ...`), and the CPU can only check that every variant computes
 # RoPE correctly (`python benchmarks/ablation.py --dry-run`, which the test suite runs).
 
 # %%
-ABLATION_CSV = ROOT / "benchmarks" / "results" / "ablation.csv"
+ABLATION_CSV = measured.path("ablation")
 if ABLATION_CSV.exists():
-    meta = compare.read_meta(ABLATION_CSV)
-    assert meta.get("gpu") not in (None, "", "none"), "the committed ablation must come from a GPU"
-    arows = compare.read_csv(ABLATION_CSV)
-    print(f"measured on {meta.get('gpu')} (driver {meta.get('driver')}), torch {meta.get('torch')}, "
-          f"triton {meta.get('triton')}, transformer_engine {meta.get('transformer_engine')}, "
-          f"{meta.get('date')}")
+    meta, arows = measured.load("ablation")
+    print(f"measured on {measured.where(meta)}, transformer_engine "
+          f"{meta.get('transformer_engine')} (driver {meta.get('driver')})")
     print(ablation.table(arows))
     for case in dict.fromkeys(r["case"] for r in arows):
         t = {r["variant"]: r["ms"] for r in arows if r["case"] == case and r.get("ms")}
         print(f"\n{case}: what each factor does (time of the first / time of the second)")
-        for a, b_, what in (("sh_one_b", "sh_loop_b", "reusing cos/sin over the batch"),
+        for a, b_, what in (("sh_one_b", "sh_loop_b", "B rows per program instead of one"),
+                            ("sh_one_b", "sh_one_b_table", "one row per program, no sin/cos"),
                             ("sh_loop_b", "sh_loop_b_table", "reading cos/sin instead of computing them"),
                             ("sh_loop_b", "sh_loop_b_unrolled", "unrolling the batch loop"),
                             ("sh_loop_b", "heads_all_one_b", "TE's grid (s, b), in Triton"),
@@ -583,7 +585,7 @@ if ABLATION_CSV.exists():
                   f"slowest {slow} ({ws[slow]:.4f} ms)")
 else:
     print(f"{ABLATION_CSV.relative_to(ROOT)} is not there yet: the numbers come from running "
-          "`python benchmarks/ablation.py --out benchmarks/results/ablation.csv` on a GPU "
+          f"`python benchmarks/ablation.py --out {ABLATION_CSV.relative_to(ROOT)}` on a GPU "
           "(about two minutes). Until then, section 3's question stays open.")
 
 # %% [markdown]
@@ -593,6 +595,105 @@ else:
 # 20 % and 80 % quantiles). A factor that changes the time by less than that has not been shown
 # to matter.
 #
+# ### 5.4 Why, measured: the profiler's answer
+#
+# Timings say how much a factor changes, not why. `benchmarks/mechanism.py` ran the same
+# variants once more under Nsight Compute on the same H200 and committed what the profiler and
+# the compiler reported (`benchmarks/results/mechanism-nvidia-h200.csv`). For each variant the
+# cell below prints its time, the DRAM bytes over the bytes model, the programs and warps, the
+# batch steps each program makes, the bytes of `x` one warp loads per step, the **achieved
+# occupancy** (the average share of an SM's 64 warp slots in use), the **KiB of `x` the resident
+# warps of one SM request per step**, and the warp instructions executed per element. The KiB per
+# SM is not a counter: it is derived (`ropelib.course.measured`) as resident warps × bytes per
+# warp, an upper bound on the bytes of `x` in flight, reached only while every warp waits on its
+# loads at once. The cell checks every statement below on the CSV:
+#
+# - **No variant moves extra bytes.** DRAM bytes are within a few percent of the model for all of
+#   them. The differences are all in how well each keeps the memory system busy.
+# - **The speed-up over the naive kernel is not cos/sin reuse.** `sh_one_b` (one batch row per
+#   program) is as slow as the naive kernel, and `sh_one_b_table`, which evaluates no sine or
+#   cosine at all, is just as slow: all three launch a million one-warp programs of one row. The
+#   ratio `sh_one_b / sh_loop_b` above is the price of $B$ times as many programs, each $1/B$ the
+#   size. At $s = 32768, b = 1$ the batch-reuse kernel has nothing to loop over, launches as many
+#   programs as the naive kernel, and takes its time.
+# - **Bytes in flight = occupancy × bytes per warp.** The batch-reuse kernel's one-warp programs
+#   fill at most half of an SM's warp slots (32 programs per SM), and each warp asks for one
+#   256-byte row per step. Two warps on the same tile (`sh_loop_b_w2`) nearly double the
+#   occupancy but halve the bytes each warp holds: the same KiB per SM, the same time. Four
+#   heads per program on two warps (`heads4_loop_b`) raise both: several times the KiB per SM,
+#   and a time close to the finished kernel's.
+# - **Instructions count where nothing amortises them.** TE's grid written in Triton
+#   (`heads_all_one_b`: one program per token and batch row, all heads) asks for as many bytes
+#   per SM as `heads4_loop_b`, but executes several times as many instructions per element —
+#   close to the one-row programs, although the source evaluates cos/sin once per token: each
+#   thread evaluates them for the features it holds, for every head. It takes about twice as
+#   long, and reading cos/sin from a table brings it back to the others.
+#
+# **So, why was the batch-reusing grid faster than TE?** On this H200 it is (the ratio is
+# printed below), and the measured reason is not that it reuses cos/sin more — section 3 counted
+# that it reuses them less. Its batch loop gives each program $B$ rows: enough work per program
+# that neither the program count nor the per-program sin/cos limits it, so its time follows the
+# bytes its warps keep in flight. TE's grid, run as Triton, is limited by instructions instead.
+# TE's own CUDA kernel was timed in this run but not profiled; its time lies between the Triton
+# version of its grid with and without sin/cos, so which of section 3's other differences (2-byte
+# loads, every element read twice) holds it back stays a hypothesis until it is profiled.
+#
+# ![Time against the KiB of x requested per SM, every profiled variant, H200](../figures/04-bytes-in-flight.png)
+
+# %%
+mech = measured.mechanism("s4096-b8")
+mech_meta, _ = measured.load("mechanism")
+print(f"Nsight Compute on {measured.where(mech_meta)}: bf16 sbhd s=4096, b=8, h=32, d=128")
+order = ["copy", "naive", "sh_one_b", "sh_one_b_table", "batch_reuse", "sh_loop_b", "sh_loop_b_table",
+         "sh_loop_b_w2", "sh_loop_b_w4", "heads2_loop_b", "heads4_loop_b", "heads8_loop_b",
+         "heads_all_one_b", "heads_all_one_b_table", "ropelib"]
+print(measured.table([mech[v] for v in order if v in mech], [
+    ("variant", "variant", ""), ("us", "us", ".0f"), ("DRAM/model", "ncu_dram_bytes_over_model", ".3f"),
+    ("programs", "programs", ","), ("warps", "num_warps", "d"), ("steps", "steps", "d"),
+    ("x B/warp/step", "x_bytes_per_warp_step", ".0f"), ("occ. %", "ncu_achieved_occupancy_pct", ".0f"),
+    ("x KiB/SM", "x_kib_per_sm", ".1f"), ("warp inst/elem", "ncu_warp_inst_per_element", ".2f")]))
+measured.plot_in_flight("s4096-b8", FIGURES / "04-bytes-in-flight.png",
+                        label=("copy", "naive", "sh_one_b_table", "batch_reuse", "sh_loop_b_w4",
+                               "heads_all_one_b", "ropelib"))
+plt.show()
+
+
+def same_time(a, b, tol=0.05):
+    return abs(a["us"] - b["us"]) <= tol * max(a["us"], b["us"])
+
+
+# no variant moves extra bytes
+assert all(0.9 <= r["ncu_dram_bytes_over_model"] <= 1.05 for r in mech.values())
+# not cos/sin reuse: one row per program is equally slow with and without sin/cos
+assert same_time(mech["sh_one_b"], mech["naive"]) and same_time(mech["sh_one_b_table"], mech["sh_one_b"])
+assert mech["sh_one_b"]["programs"] == mech["naive"]["programs"] == mech["sh_one_b_table"]["programs"]
+assert mech["sh_one_b"]["us"] > 3 * mech["sh_loop_b"]["us"]
+b1 = measured.mechanism("s32768-b1")
+assert b1["batch_reuse"]["programs"] == b1["naive"]["programs"] and same_time(b1["batch_reuse"], b1["naive"])
+# bytes in flight: occupancy alone (two warps, same tile) changes nothing; occupancy and bytes do
+br, w2, h4 = mech["batch_reuse"], mech["sh_loop_b_w2"], mech["heads4_loop_b"]
+assert br["occ_limiter"] == "blocks" and br["occ_theoretical_pct"] == 50
+assert w2["ncu_achieved_occupancy_pct"] > 1.5 * br["ncu_achieved_occupancy_pct"] and same_time(w2, br)
+assert abs(w2["x_kib_per_sm"] - br["x_kib_per_sm"]) < 0.1 * br["x_kib_per_sm"]
+assert h4["ncu_achieved_occupancy_pct"] > 1.5 * br["ncu_achieved_occupancy_pct"]
+assert h4["x_kib_per_sm"] > 3 * br["x_kib_per_sm"] and h4["us"] < 0.8 * br["us"]
+assert same_time(h4, mech["ropelib"], tol=0.1)
+# instructions: TE's grid in Triton asks for as many bytes, executes far more, and is slower
+te_grid, te_table = mech["heads_all_one_b"], mech["heads_all_one_b_table"]
+assert te_grid["x_kib_per_sm"] >= 0.8 * h4["x_kib_per_sm"]
+assert te_grid["ncu_warp_inst_per_element"] > 3 * mech["sh_loop_b"]["ncu_warp_inst_per_element"]
+assert te_grid["ncu_warp_inst_per_element"] > 0.5 * mech["naive"]["ncu_warp_inst_per_element"]
+assert te_grid["us"] > 1.8 * h4["us"] and te_table["us"] < 1.2 * h4["us"]
+# the answer: the (S, H) grid beats TE fused; TE's time lies between its grid's two Triton versions
+t = measured.timings("ablation", "s4096-b8")
+print(f"TE fused / batch-reusing grid (sh_loop_b): {t['te_fused']['ms'] / t['sh_loop_b']['ms']:.2f}; "
+      f"TE's grid in Triton: {t['heads_all_one_b']['ms'] * 1e3:.0f} us with sin/cos, "
+      f"{t['heads_all_one_b_table']['ms'] * 1e3:.0f} us from tables; TE fused "
+      f"{t['te_fused']['ms'] * 1e3:.0f} us")
+assert t["te_fused"]["ms"] > 1.1 * t["sh_loop_b"]["ms"]
+assert t["heads_all_one_b_table"]["ms"] < t["te_fused"]["ms"] < t["heads_all_one_b"]["ms"]
+
+# %% [markdown]
 # ## 6. What the finished kernel does beyond the batch-reusing grid
 #
 # The (S, H) grid still has limits:
@@ -650,8 +751,9 @@ ex.check_floor_ms(my_floor_ms);
 
 # %%
 solution(ex.solution_floor_ms)
-for copy_gbps in (3000.0, 4000.0):  # roughly what a copy reaches on an H100 / an H200
-    print(f"at a copy speed of {copy_gbps:.0f} GB/s the reference case needs at least "
+if GEN_CSV.exists():   # the copy speed measured on the H200, reference case
+    copy_gbps = next(r["copy_gbps"] for r in rows if r["case"] == generations.REFERENCE)
+    print(f"at the H200 copy's {copy_gbps:.0f} GB/s the reference case needs at least "
           f"{ex.solution_floor_ms(compare.bytes_moved(cfg), copy_gbps):.3f} ms")
 
 # %% [markdown]
