@@ -1,0 +1,663 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     notebook_metadata_filter: -jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 12 — RoPE in the QKV projection: a GEMM epilogue, and a prologue for the backward
+#
+# Every RoPE kernel of this course reads q and k and writes them back. Right before it, the
+# attention block's QKV projection has just *written* q and k. This notebook removes that
+# round trip: the projection's GEMM rotates its output tile while it is still in registers
+# (an **epilogue**), and the backward GEMMs undo the rotation as they load the gradient (a
+# **prologue**). Then it reads what that is worth on an H100 and an H200 — today ropelib's
+# fused kernel is correct and *slower* than the unfused pipeline — and why.
+#
+# **After this notebook you will be able to**
+#
+# - count the bytes a separate RoPE pass moves and say why it can only approach the copy floor,
+#   and what fusing it into the GEMM can save at most;
+# - explain what a GEMM epilogue is, and why rotate-half forces the output tile to cover a whole
+#   head (features $j$ and $j + D/2$ are far apart in the weight's rows);
+# - write the epilogue of a small Triton QKV GEMM (one program per token tile and head, two
+#   accumulators for the two halves), and the prologue of its dX GEMM ($R(-\theta)$ on load);
+# - read the measured numbers: the GEMM's main loop against cuBLAS, what the epilogue costs, and
+#   what the backward's prologue costs when every column block repeats it.
+#
+# **Time:** about 30 minutes to read and 30 for the two kernel exercises; the cells run in about
+# 15 s on a CPU (Triton's interpreter, small shapes).
+
+# %%
+import os, torch
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")   # before ropelib (and its @triton.jit) is imported
+import ropelib
+device = ropelib.default_device()
+
+# %%
+import re
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from ropelib.bench import compare
+from ropelib.course.exercises import qkv_epilogue as ex
+from ropelib.course.kernels import qkv_teaching
+from ropelib.kernels import qkv_gemm
+
+ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "ropelib").is_dir())
+RESULTS = ROOT / "benchmarks" / "results"
+FIGURES = ropelib.runtime.figures_dir()   # a scratch folder (ROPELIB_WRITE_FIGURES=1: figures/)
+torch.manual_seed(0)
+print(ropelib.runtime.mode(), "| device:", device, "| figures go to", FIGURES)
+
+# %% [markdown]
+# ## 1. What a separate RoPE pass costs, and what fusing it can save
+#
+# The attention block starts with one projection of the hidden states $X \in \mathbb{R}^{M
+# \times K}$ ($M$ tokens, hidden size $K$) by the fused weight $W \in \mathbb{R}^{N \times K}$,
+# $N = (H_Q + 2H_K)\,D$: $Y = X W^{\top}$, split into $H_Q$ query heads and $H_K$ key and
+# value heads of $D$ features. Then RoPE rotates q and k. As two kernels:
+#
+# - the **GEMM** does $2MNK$ floating-point operations and moves
+#   $b\,(MK + NK + MN)$ bytes ($b$ bytes per element). At the benchmark's shape (Llama-3-8B's
+#   projection) that is thousands of operations per byte moved, far more than the GPU's
+#   operations per byte of memory traffic (both printed below, the second as cuBLAS's
+#   measured FLOP/s over the copy's bytes/s): the GEMM is **compute-bound**, its time set by
+#   the tensor cores;
+# - the **RoPE pass** does a few operations per element and moves
+#   $$\text{bytes}_{\text{RoPE}} = 2 \cdot M\,(H_Q + H_K)\,D \cdot b$$
+#   — it reads q and k and writes them back (with table-free angles, nothing else of note).
+#   That is exactly a copy of q and k, so the fastest it can possibly run is the time a device
+#   copy of the same bytes takes: the **copy floor**. A well-written RoPE kernel gets close to
+#   it and can never beat it.
+#
+# The backward has the same shape: the RoPE backward reads $\partial L/\partial q$ and
+# $\partial L/\partial k$ and writes the un-rotated gradients (another copy's worth), then the
+# two backward GEMMs ($dX = dY\,W$, $dW = dY^{\top} X$) run.
+#
+# So the most a fusion can save is the RoPE pass itself: in the forward, the unfused pipeline's
+# time minus the GEMM's, and the same again in the backward. The next cell reads the committed
+# measurements (`benchmarks/results/qkv_rope-<gpu>.csv`, from `benchmarks/qkv_rope_bench.py`:
+# cuBLAS `F.linear` alone, and cuBLAS followed by ropelib's RoPE) and the copy each GPU measured
+# in the floor suite (`floor-<gpu>.csv`), and prints, per GPU and token count, the RoPE pass's
+# measured cost, its copy floor, and the share of the unfused pipeline that a fusion could
+# save at most. The assertions under it hold what this section says.
+
+# %%
+GPUS = {"nvidia-h100-80gb-hbm3": "H100", "nvidia-h200": "H200"}
+QKV = {slug: compare.read_csv(RESULTS / f"qkv_rope-{slug}.csv") for slug in GPUS}
+META = {slug: compare.read_meta(RESULTS / f"qkv_rope-{slug}.csv") for slug in GPUS}
+
+
+def measured(slug, provider, pass_, tokens, qk_norm=False):
+    """The one row of qkv_rope-<slug>.csv for this provider, pass and token count."""
+    rows = [r for r in QKV[slug] if r["provider"] == provider and r["pass"] == pass_
+            and r["tokens"] == tokens and r["qk_norm"] == qk_norm]
+    assert len(rows) == 1, (slug, provider, pass_, tokens, qk_norm, len(rows))
+    return rows[0]
+
+
+def copy_gbps(slug):
+    """GB/s of the floor suite's device copy of 1 GiB of bf16 (read 1 GiB, write 1 GiB)."""
+    path = RESULTS / f"floor-{slug}.csv"
+    (row,) = [r for r in compare.read_csv(path)
+              if r["case"] == "forward 1 GiB bf16 sbhd" and r["provider"] == "copy"]
+    return 2 * 2**30 / (row["ms"] * 1e-3) / 1e9
+
+
+TOKENS = sorted({r["tokens"] for r in QKV["nvidia-h100-80gb-hbm3"]})
+bound = {}
+for slug, gpu in GPUS.items():
+    bw = copy_gbps(slug)
+    print(f"{META[slug]['gpu']}: device copy {bw:,.0f} GB/s")
+    for tokens in TOKENS:
+        r = measured(slug, "cublas", "fwd", tokens)
+        M, HQ, HK, D, K = r["tokens"], r["HQ"], r["HK"], r["D"], r["hidden"]
+        b = 2                                                  # bf16
+        rope_bytes = 2 * M * (HQ + HK) * D * b
+        floor_ms = rope_bytes / (bw * 1e9) * 1e3
+        for pass_, copies in (("fwd", 1), ("fwd+bwd", 2)):
+            cublas = measured(slug, "cublas", pass_, tokens)["ms"]
+            unfused = measured(slug, "unfused", pass_, tokens)["ms"]
+            rope = unfused - cublas
+            bound[slug, tokens, pass_] = dict(rope=rope, floor=copies * floor_ms,
+                                              share=rope / unfused)
+            print(f"  {tokens:>6} tokens {pass_:<8} cuBLAS {cublas:6.3f} ms, + RoPE {unfused:6.3f}"
+                  f" ms: the RoPE pass{'es' if copies == 2 else ''} {rope:.3f} ms (copy floor "
+                  f"of {copies} x {rope_bytes / 1e6:.0f} MB: {copies * floor_ms:.3f} ms), "
+                  f"{rope / unfused:.1%} of the pipeline")
+    N = (HQ + 2 * HK) * D
+    intensity = 2 * M * N * K / (b * (M * K + N * K + M * N))
+    balance = measured(slug, "cublas", "fwd", tokens)["tflops"] * 1e12 / (bw * 1e9)
+    print(f"  the GEMM at {M} tokens: {intensity:,.0f} FLOP per byte moved; the GPU: "
+          f"{balance:,.0f} (cuBLAS's FLOP/s over the copy's bytes/s)")
+    assert intensity > 1000 and intensity > 3 * balance      # compute-bound
+
+# what the prose says: a fusion can save at most a small share of the pipeline (the RoPE pass),
+# the pass costs about its copy floor where q and k are much larger than the L2 cache
+for (slug, tokens, pass_), v in bound.items():
+    assert 0 < v["share"] < 0.15, (slug, tokens, pass_, v)
+for slug in GPUS:
+    v = bound[slug, max(TOKENS), "fwd"]
+    assert 0.9 < v["rope"] / v["floor"] < 1.5, (slug, v)
+
+# %% [markdown]
+# Read the printout as a bound. Forward, at the largest token count, the RoPE pass after
+# cuBLAS costs about a copy of q and k (the assertion holds it within 0.9–1.5× the copy floor).
+# Elsewhere the difference of two separately timed medians can come out under the floor — one
+# likely reason, not measured here, is that part of what the GEMM just wrote is still in the
+# L2 cache when the RoPE kernel reads it. Either way the RoPE pass is a small share of the
+# pipeline (under 15 % on both GPUs, forward and forward+backward): that share, and no more, is
+# what fusing RoPE into the projection can win. It is worth having — it is a whole
+# pass over q and k, every layer, every step — but only if the fused GEMM is as fast as
+# cuBLAS.
+#
+# ## 2. What a GEMM epilogue is
+#
+# A tiled GEMM gives each program one output tile $Y[m_0{:}m_0{+}B_M,\; n_0{:}n_0{+}B_N]$. It
+# loops over $K$ in steps of $B_K$, loads a tile of $X$ and a tile of $W$, and accumulates
+# their product in an fp32 accumulator that lives in registers the whole time:
+#
+# $$\text{acc} \mathrel{+}= X[m_0{:}m_0{+}B_M,\; k{:}k{+}B_K]\;
+#   W[n_0{:}n_0{+}B_N,\; k{:}k{+}B_K]^{\top}.$$
+#
+# After the loop the tile is finished, and before it is stored the program may do anything
+# elementwise with it: add the bias, apply an activation, scale, cast. That is the **epilogue**.
+# It costs instructions and registers, but no extra memory traffic — the tile is stored once,
+# as it would have been anyway. RoPE is elementwise *per pair*: output feature $j$ of a head
+# needs the feature $j + D/2$ of the same head and token (rotate-half), and the angles of the
+# token's position:
+#
+# $$q_j = a_j \cos\theta_{p,j} - b_j \sin\theta_{p,j}, \qquad
+#   q_{j+D/2} = b_j \cos\theta_{p,j} + a_j \sin\theta_{p,j}, \qquad
+#   a_j = y_j,\; b_j = y_{j + D/2}.$$
+#
+# ## 3. The output tile must cover a head
+#
+# A GEMM usually tiles $N$ in blocks of 64 or 128 columns with no regard for heads. With
+# rotate-half, the partner of column $hD + j$ is column $hD + j + D/2$: a tile narrower than a
+# head, or one that straddles two heads, does not hold both members of a pair. Three ways out:
+#
+# - **one whole head per program** ($B_N = D$), so both members are in the tile. ropelib does
+#   this, and holds the head as **two accumulators**, `acc_a` from the weight rows
+#   $hD + j$ and `acc_b` from the rows $hD + D/2 + j$, $j < D/2$. The two members of every pair
+#   then sit at the same row and column of two tiles of the same register layout, and the
+#   rotation is elementwise between them;
+# - one $[B_M, D]$ accumulator split into halves inside the kernel (`tl.reshape`, `tl.split`):
+#   that moves an MMA accumulator between register layouts through shared memory;
+# - **permute the weight's rows** once so that pairs are adjacent: then ropelib would own a
+#   reordered copy of the caller's `nn.Linear` weight and hand its gradient back in that order.
+#
+# The header of `ropelib/kernels/qkv_gemm.py` (printed below) weighs these, and says what the
+# two-accumulator choice may cost: two MMAs of width $D/2$ read the $X$ tile from shared memory
+# twice where one MMA of width $D$ reads it once. A whole head in one program also gives
+# QK-norm's RMS statistics (one per token and head) for free.
+
+# %%
+header = qkv_gemm.__doc__
+start = header.index("How a tile covers a head")
+print(header[start:header.index("How it is parallelised")])
+
+# %% [markdown]
+# The two accumulators are just a different grouping of the same products. For one head of a
+# tiny projection, `acc_a` is $X$ times the rows $hD + j$ of $W$, and it equals the first half
+# of that head's columns of $XW^{\top}$:
+
+# %%
+M_, K_, HQ_, HK_, D_ = 6, 16, 2, 1, 8
+x_small = torch.randn(M_, K_)
+w_small = torch.randn((HQ_ + 2 * HK_) * D_, K_)
+h = 1                                                   # the second query head
+rows_a = h * D_ + torch.arange(D_ // 2)                 # features j
+rows_b = rows_a + D_ // 2                               # features j + D/2
+print("weight rows of acc_a:", rows_a.tolist(), "| of acc_b:", rows_b.tolist())
+acc_a, acc_b = x_small @ w_small[rows_a].T, x_small @ w_small[rows_b].T
+y_head = (x_small @ w_small.T)[:, h * D_:(h + 1) * D_]
+assert torch.allclose(torch.cat((acc_a, acc_b), dim=1), y_head, atol=1e-5)
+print("cat(acc_a, acc_b) == head", h, "of x @ W^T:", True)
+
+# %% [markdown]
+# ## 4. Exercise 1: the epilogue
+#
+# The kernel below is a complete QKV GEMM except for its epilogue. One program per (tile of
+# `BLOCK_M` tokens, head): grid $(\lceil M / B_M \rceil,\; H)$ with $H = H_Q + 2H_K$ heads in
+# the weight's order (q's, then k's, then v's). The K loop fills `acc_a` and `acc_b` as above;
+# the output `qkv` is $[M, H, D]$.
+#
+# **Write the epilogue** where it says `# your epilogue`: for a q or k head (`h < N_ROT`,
+# $N_{\text{rot}} = H_Q + H_K$), load each token's position from `pos_ptr`, that position's row
+# of `cos_ptr` and `sin_ptr` ($[P, D/2]$, one angle per pair), and rotate `acc_a`, `acc_b` with
+# the formula of section 2; a v head is stored as it is. Mind the rows past $M$ in the last
+# token tile.
+#
+# The check launches your kernel itself on inputs it draws fresh — token counts that are not a
+# multiple of `BLOCK_M`, hidden sizes that are not a multiple of `BLOCK_K`, grouped-query heads,
+# $D$ = 32 and 64, positions in random order, angles that differ in every feature — into an
+# output it fills with NaN first, with NaN guard bands around it, and compares with a float64
+# PyTorch reference. It runs your kernel with ropelib's own kernels barred: a kernel that is, or
+# calls, one of ropelib's is refused.
+
+# %%
+@triton.jit
+def my_qkv_rope_kernel(
+    x_ptr,  # *x: input [M, K], contiguous (M tokens, K the hidden size)
+    w_ptr,  # *weight: [N, K], contiguous, N = H D: q's heads' rows, then k's, then v's
+    out_ptr,  # *qkv: output [M, H, D], contiguous, same dtype as x
+    cos_ptr, sin_ptr,  # *fp32: [P, D // 2] each, cos and sin of position p's angles
+    pos_ptr,  # *int64: [M], each token's position (its row of cos and sin)
+    M, K,  # tokens, hidden size
+    H,  # heads of q, k and v together: HQ + 2 HK
+    N_ROT,  # HQ + HK: heads h < N_ROT are q's and k's (rotated), the others v's
+    D: tl.constexpr,  # head dim (a power of two, D // 2 >= 16)
+    BLOCK_M: tl.constexpr,  # tokens per program (>= 16)
+    BLOCK_K: tl.constexpr,  # hidden columns per step of the K loop (>= 16)
+):
+    # grid (cdiv(M, BLOCK_M), H): one program per (tile of tokens, head)
+    HALF: tl.constexpr = D // 2
+    h = tl.program_id(1)
+    m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)   # [BLOCK_M] tokens
+    m_ok = m < M
+    j = tl.arange(0, HALF)                                    # [HALF] pair index
+    kk = tl.arange(0, BLOCK_K)
+    rows_a = h * D + j               # weight rows of features j and j + D/2 of head h
+    acc_a = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)       # features j
+    acc_b = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)       # features j + D/2
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = (k0 + kk) < K
+        x = tl.load(x_ptr + m[:, None] * K + (k0 + kk)[None, :],
+                    mask=m_ok[:, None] & k_ok[None, :], other=0.0)          # [BLOCK_M, BLOCK_K]
+        w = w_ptr + rows_a[None, :] * K + (k0 + kk)[:, None]                # W^T [BLOCK_K, HALF]
+        w_a = tl.load(w, mask=k_ok[:, None], other=0.0)
+        w_b = tl.load(w + HALF * K, mask=k_ok[:, None], other=0.0)
+        acc_a = tl.dot(x, w_a, acc_a)
+        acc_b = tl.dot(x, w_b, acc_b)
+    # --- the epilogue: head h's [BLOCK_M, D] tile is in registers, fp32 ---
+    if h < N_ROT:                    # a q or k head: rotate each token by its position's angles
+        pass  # your epilogue
+    out = out_ptr + (m[:, None] * H + h) * D + j[None, :]
+    tl.store(out, acc_a.to(out_ptr.dtype.element_ty), mask=m_ok[:, None])
+    tl.store(out + HALF, acc_b.to(out_ptr.dtype.element_ty), mask=m_ok[:, None])
+
+
+epilogue_ok = ex.check_epilogue_kernel(my_qkv_rope_kernel)
+
+# %%
+ex.show_epilogue_solution()
+
+# %% [markdown]
+# The worked kernel is `ropelib.course.kernels.qkv_teaching` (the solution above). Against
+# ropelib's finished `qkv_rope_linear` — the same projection, with the angles of a real RoPE
+# table and positions that are not the token index:
+
+# %%
+M_, K_, HQ_, HK_, D_ = 40, 64, 4, 2, 32
+P_ = 64
+freqs_ = ropelib.rope_freqs(P_, D_, device=device).view(P_, D_)      # cat(f, f): [P, D]
+cos_, sin_ = freqs_[:, :D_ // 2].cos(), freqs_[:, :D_ // 2].sin()    # one angle per pair
+pos_ = torch.randperm(P_, device=device)[:M_]
+x_ = torch.randn(M_, K_, device=device, requires_grad=True)
+w_ = torch.randn((HQ_ + 2 * HK_) * D_, K_, device=device) / K_ ** 0.5
+
+q_lib, k_lib, v_lib = ropelib.qkv_rope_linear(x_[None], w_, n_heads=HQ_, n_kv_heads=HK_,
+                                              head_dim=D_, freqs=freqs_,
+                                              position_ids=pos_[None])
+q_t, k_t, v_t = qkv_teaching.qkv_rope_teaching(x_.detach(), w_, cos_, sin_, pos_, n_heads=HQ_,
+                                               n_kv_heads=HK_, head_dim=D_)
+tol = dict(atol=1e-4, rtol=1e-4) if ropelib.runtime.INTERPRET else dict(atol=2e-2, rtol=2e-2)
+for name, mine, lib in (("q", q_t, q_lib[0]), ("k", k_t, k_lib[0]), ("v", v_t, v_lib[0])):
+    torch.testing.assert_close(mine, lib, **tol)
+    print(f"{name} {tuple(mine.shape)}: teaching kernel vs qkv_rope_linear, max |diff| "
+          f"{(mine - lib).abs().max().item():.1e}")
+
+# %% [markdown]
+# ## 5. The backward's prologue: undo the rotation while loading $dY$
+#
+# Write the forward per q or k head and token as $q = R(\theta)\,u$, $u$ the head's slice of
+# $Y = XW^{\top}$. A rotation's transpose is its inverse, so the gradient that flows back into
+# the projection is
+#
+# $$\frac{\partial L}{\partial u} = R(\theta)^{\top} \frac{\partial L}{\partial q}
+#   = R(-\theta)\, g: \qquad
+#   dY_{a} = g_a \cos\theta + g_b \sin\theta, \quad
+#   dY_{b} = g_b \cos\theta - g_a \sin\theta,$$
+#
+# with $v$'s gradient passing through. The backward GEMMs then need $dY$:
+# $dX = dY\,W$ and $dW = dY^{\top} X$. The unfused pipeline runs the RoPE backward as a pass
+# (reads $g$, writes $dY$: a copy's worth again) and the GEMMs read $dY$. Fused, each backward
+# GEMM forms the $dY$ tile it needs **as it loads it** — the prologue — and $dY$ is never
+# written.
+#
+# The price is in *how often* it is formed. A dX program owns $B_M$ tokens and $B_K$ hidden
+# columns and loops over every head; the $dY$ tile of a (token tile, head) is needed by all
+# $K / B_K$ column blocks, so every one of them loads $g$, its cosines and sines, and rotates
+# it. dW does the same across its column blocks. Written once, $dY$ would be formed once; fused,
+# $K / B_K$ times (32 times for $K = 4096$, $B_K = 128$). Section 7 shows what that costs.
+#
+# ## 6. Exercise 2: the prologue of the dX GEMM
+#
+# The kernel below is the dX GEMM: one program per ($B_M$ tokens, $B_K$ hidden columns), grid
+# $(\lceil M/B_M \rceil, \lceil K/B_K \rceil)$, looping over the $H$ heads, each head's
+# gradient tile loaded as two halves `g_a`, `g_b` and multiplied into the weight's rows of that
+# head. **Write** (1) the loads of this program's tokens' cosines and sines, once per program —
+# every head of a token has the same angles — and (2) the prologue: for a q or k head,
+# `g_a, g_b` become $dY_a, dY_b$ before they meet the weight. The check compares with autograd
+# through the float64 reference (which never uses the inverse-rotation formula).
+
+# %%
+@triton.jit
+def my_qkv_dx_kernel(
+    g_ptr,  # *dL/dqkv: [M, H, D], contiguous: gradients of the rotated q and k, and of v
+    w_ptr,  # *weight: [N, K], contiguous, N = H D (as in the forward)
+    gx_ptr,  # *dL/dx: output [M, K], contiguous, same dtype as the weight
+    cos_ptr, sin_ptr,  # *fp32: [P, D // 2] each, cos and sin of position p's angles
+    pos_ptr,  # *int64: [M], each token's position
+    M, K,  # tokens, hidden size
+    H,  # heads of q, k and v together: HQ + 2 HK
+    N_ROT,  # HQ + HK: heads h < N_ROT are q's and k's (rotated in the forward)
+    D: tl.constexpr,  # head dim (a power of two, D // 2 >= 16)
+    BLOCK_M: tl.constexpr,  # tokens per program (>= 16)
+    BLOCK_K: tl.constexpr,  # hidden columns per program (>= 16)
+):
+    # grid (cdiv(M, BLOCK_M), cdiv(K, BLOCK_K)): dX tile = sum over heads h of dY_h @ W_h
+    HALF: tl.constexpr = D // 2
+    m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)   # [BLOCK_M] tokens
+    kk = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)  # [BLOCK_K] hidden columns
+    m_ok = m < M
+    k_ok = kk < K
+    j = tl.arange(0, HALF)
+    # your code: this program's tokens' cos and sin [BLOCK_M, HALF], once for every head
+    acc = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+    for h in range(0, H):
+        g = g_ptr + (m[:, None] * H + h) * D + j[None, :]
+        g_a = tl.load(g, mask=m_ok[:, None], other=0.0).to(tl.float32)          # [BLOCK_M, HALF]
+        g_b = tl.load(g + HALF, mask=m_ok[:, None], other=0.0).to(tl.float32)
+        # --- the prologue: dY = R(-theta) g for a q or k head, formed in registers ---
+        if h < N_ROT:
+            pass  # your prologue
+        w = w_ptr + (h * D + j)[:, None] * K + kk[None, :]                     # W_h [HALF, BLOCK_K]
+        w_a = tl.load(w, mask=k_ok[None, :], other=0.0)
+        w_b = tl.load(w + HALF * K, mask=k_ok[None, :], other=0.0)
+        acc = tl.dot(g_a.to(w_a.dtype), w_a, acc)
+        acc = tl.dot(g_b.to(w_b.dtype), w_b, acc)
+    tl.store(gx_ptr + m[:, None] * K + kk[None, :], acc.to(gx_ptr.dtype.element_ty),
+             mask=m_ok[:, None] & k_ok[None, :])
+
+
+prologue_ok = ex.check_prologue_kernel(my_qkv_dx_kernel)
+
+# %%
+ex.show_prologue_solution()
+
+# %% [markdown]
+# The worked dX kernel against the gradient autograd computes through `qkv_rope_linear`
+# (whose backward runs ropelib's dX and dW kernels, each with this prologue):
+
+# %%
+g_ = torch.randn(M_, HQ_ + 2 * HK_, D_, device=device)
+(gx_lib,) = torch.autograd.grad((q_lib, k_lib, v_lib), x_,
+                                tuple(t[None] for t in g_.split((HQ_, HK_, HK_), dim=1)))
+gx_t = qkv_teaching.qkv_dx_teaching(g_, w_, cos_, sin_, pos_, n_heads=HQ_, n_kv_heads=HK_,
+                                    head_dim=D_)
+torch.testing.assert_close(gx_t, gx_lib, **tol)
+print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_linear, max |diff| "
+      f"{(gx_t - gx_lib).abs().max().item():.1e}")
+
+# %% [markdown]
+# ## 7. The measured result
+#
+# `benchmarks/qkv_rope_bench.py` times four ways to compute rotated q, k and v for
+# Llama-3-8B's projection (bf16, one sequence), forward and forward+backward: cuBLAS `F.linear`
+# alone (no rotation: the target), cuBLAS then ropelib's RoPE (**unfused**), ropelib's Triton
+# GEMM *without* its epilogue and prologues (the same kernels with `ROTATE=False`: what the
+# main loop costs on its own), and the **fused** `qkv_rope_linear`. The figure puts each
+# provider's time over cuBLAS's, per GPU; the table under it prints the milliseconds. The ratios
+# separate three effects:
+#
+# - **Triton GEMM / cuBLAS**: the main loop alone. Until it reaches cuBLAS, the fused forward
+#   cannot beat the unfused pipeline, whatever the epilogue costs: the main loop's excess over
+#   cuBLAS is larger than the whole RoPE pass that section 1 bounds the gain by (asserted);
+# - **fused / Triton GEMM, forward**: the epilogue — loading the angles, the rotation, and the
+#   registers it needs (`n_regs` in the tile sweep: the rotating kernels use nearly all of the
+#   255 registers a thread may have, the bare ones far fewer);
+# - **fused / Triton GEMM, forward+backward**: mostly the backward's prologue, re-formed by every
+#   column block (section 5). The tile sweep (`qkv_tiles-<gpu>.csv`) times the dX and dW kernels
+#   with and without it at the tiles the benchmark ran.
+#
+# The assertions under the table hold each of these statements for both GPUs and both token
+# counts: the bare Triton GEMM is slower than cuBLAS, the epilogue adds time, the fused pipeline
+# is slower than the unfused one forward and more than twice as slow forward+backward, the
+# rotating kernels need far more registers, dW takes more than twice as long with its prologue,
+# and the prologues' extra time in dX and dW is most (over half) of the gap between the fused
+# and the unfused forward+backward.
+
+# %%
+PROVIDERS = (("cublas", "cuBLAS alone"), ("unfused", "cuBLAS + RoPE (unfused)"),
+             ("triton_gemm", "Triton GEMM, no epilogue"), ("fused", "fused qkv_rope_linear"))
+COLORS = dict(cublas="tab:gray", unfused="tab:blue", triton_gemm="tab:orange", fused="tab:red")
+
+
+def draw_measured(path):
+    fig, axes = plt.subplots(len(GPUS), 2, figsize=(11, 3.6 * len(GPUS)), sharey=True)
+    for row, slug in enumerate(GPUS):
+        for col, pass_ in enumerate(("fwd", "fwd+bwd")):
+            ax = axes[row][col]
+            width = 0.8 / len(PROVIDERS)
+            for i, (prov, label) in enumerate(PROVIDERS):
+                ratios = [measured(slug, prov, pass_, t)["ms"] / measured(slug, "cublas", pass_, t)["ms"]
+                          for t in TOKENS]
+                xs = [k + (i - (len(PROVIDERS) - 1) / 2) * width for k in range(len(TOKENS))]
+                bars = ax.bar(xs, ratios, width, color=COLORS[prov], label=label)
+                for bar, t in zip(bars, TOKENS):
+                    ax.annotate(f"{measured(slug, prov, pass_, t)['ms']:.2f}",
+                                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                                ha="center", va="bottom", fontsize=7)
+            ax.axhline(1.0, color="k", lw=0.6)
+            ax.set_xticks(range(len(TOKENS)), [f"{t} tokens" for t in TOKENS])
+            ax.set_title(f"{META[slug]['gpu']}: {'forward' if pass_ == 'fwd' else 'forward + backward'}",
+                         fontsize=10)
+            ax.grid(axis="y", alpha=0.3)
+        axes[row][0].set_ylabel("time / cuBLAS alone (labels: ms)")
+    axes[0][0].legend(fontsize=8, loc="upper left")
+    r = measured(slug, "fused", "fwd", TOKENS[0])
+    fig.suptitle(f"RoPE in the QKV projection: hidden {r['hidden']}, {r['HQ']}/{r['HK']} heads "
+                 f"of {r['D']}, {r['dtype']}, no QK-norm", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.show()
+
+
+draw_measured(FIGURES / "12-qkv-projection-measured.png")
+
+# %% [markdown]
+# ![Time over cuBLAS's per provider, forward and forward+backward, on an H100 and an H200](../figures/12-qkv-projection-measured.png)
+
+# %%
+def tile_key(tiles_column, kernel):
+    """'fwd:128/64/8/8/4 dx:...' -> (BLOCK_M, BLOCK_K, GROUP_M, num_warps, num_stages) of kernel."""
+    found = dict(part.split(":") for part in tiles_column.split())
+    return tuple(int(v) for v in found[kernel].split("/"))
+
+
+def tile_rows(slug, kernel, key):
+    """{rotate: row} of qkv_tiles-<slug>.csv at this kernel's tile."""
+    rows = [r for r in compare.read_csv(RESULTS / f"qkv_tiles-{slug}.csv")
+            if r["kernel"] == kernel and (r["BLOCK_M"], r["BLOCK_K"], r["GROUP_M"],
+                                           r["num_warps"], r["num_stages"]) == key]
+    return {r["rotate"]: r for r in rows}
+
+
+for slug in GPUS:
+    tiles = measured(slug, "fused", "fwd", max(TOKENS))["tiles"]
+    print(f"{META[slug]['gpu']} ({META[slug]['date']}, torch {META[slug]['torch']}, "
+          f"triton {META[slug]['triton']}; tiles {tiles})")
+    for tokens in TOKENS:
+        ms = {(p, s): measured(slug, p, s, tokens)["ms"] for p, _ in PROVIDERS
+              for s in ("fwd", "fwd+bwd")}
+        for s in ("fwd", "fwd+bwd"):
+            print(f"  {tokens:>6} {s:<8} " + "  ".join(f"{p} {ms[p, s]:6.3f}" for p, _ in PROVIDERS)
+                  + f" ms | Triton GEMM / cuBLAS {ms['triton_gemm', s] / ms['cublas', s]:.2f}, "
+                  f"fused / Triton GEMM {ms['fused', s] / ms['triton_gemm', s]:.2f}, "
+                  f"fused / unfused {ms['fused', s] / ms['unfused', s]:.2f}")
+            assert ms["triton_gemm", s] > ms["cublas", s]          # the main loop trails cuBLAS
+            assert ms["triton_gemm", s] - ms["cublas", s] > ms["unfused", s] - ms["cublas", s]
+            assert ms["fused", s] > ms["triton_gemm", s]           # the epilogue/prologue cost
+            assert ms["fused", s] > ms["unfused", s]               # fused is slower today
+        assert ms["fused", "fwd+bwd"] > 2 * ms["unfused", "fwd+bwd"]   # several times, with bwd
+    for kernel in ("fwd", "dx", "dw"):
+        key = tile_key(tiles, kernel)
+        t = tile_rows(slug, kernel, key)
+        print(f"  tile sweep, {kernel} at {'/'.join(map(str, key))}: {t[False]['ms']:.2f} ms bare, "
+              f"{t[True]['ms']:.2f} ms rotating ({t[True]['ms'] / t[False]['ms']:.2f}x); registers "
+              f"per thread {t[False]['n_regs']} -> {t[True]['n_regs']}")
+        assert t[True]["ms"] > t[False]["ms"]
+        assert t[True]["n_regs"] >= 250 > 200 > t[False]["n_regs"]     # near the 255 limit
+    dw = tile_rows(slug, "dw", tile_key(tiles, "dw"))
+    dx = tile_rows(slug, "dx", tile_key(tiles, "dx"))
+    assert dw[True]["ms"] > 2 * dw[False]["ms"]                         # the re-formed dY
+    swept = int(re.match(r"t(\d+)", compare.read_meta(RESULTS / f"qkv_tiles-{slug}.csv")["case"])[1])
+    prologues = (dw[True]["ms"] - dw[False]["ms"]) + (dx[True]["ms"] - dx[False]["ms"])
+    gap = measured(slug, "fused", "fwd+bwd", swept)["ms"] - measured(slug, "unfused", "fwd+bwd", swept)["ms"]
+    print(f"  at {swept} tokens the prologues add {prologues:.2f} ms to dX and dW; the fused "
+          f"forward+backward trails the unfused one by {gap:.2f} ms ({prologues / gap:.0%})")
+    assert prologues > 0.5 * gap
+
+# %% [markdown]
+# With QK-norm (Qwen3's per-head RMS norm before the rotation, in the same epilogue) the fused
+# pipeline is slower than the unfused one too (asserted below wherever both ran); forward+backward
+# the norm's backward joins the prologue. Not every configuration ran on every GPU: a row that
+# did not says why (the `reason` column). On the H100 the fused backward with QK-norm ran out of
+# shared memory with the dX tile of that run (the `tiles` printed above); `qkv_gemm.GPU_TILES`
+# now holds the fastest dX tile that fits QK-norm's shared memory, the one the H200 ran
+# (asserted below).
+
+# %%
+for slug in GPUS:
+    for r in QKV[slug]:
+        if r["qk_norm"] and r["provider"] in ("fused", "unfused"):
+            what = f"{r['ms']:7.3f} ms" if r["available"] else f"did not run: {r['reason'][:80]}"
+            print(f"{GPUS[slug]} {r['tokens']:>6} tokens QK-norm {r['provider']:<8} {r['pass']:<8} {what}")
+    for tokens in TOKENS:
+        for s in ("fwd", "fwd+bwd"):
+            fu, un = (measured(slug, p, s, tokens, qk_norm=True) for p in ("fused", "unfused"))
+            if fu["available"] and un["available"]:
+                assert fu["ms"] > un["ms"], (slug, tokens, s)
+            elif not fu["available"]:
+                assert "shared memory" in fu["reason"]
+                g = qkv_gemm.GPU_TILES["dx"]
+                now = (g["BLOCK_M"], g["BLOCK_K"], g["GROUP_M"], g["num_warps"], g["num_stages"])
+                assert tile_key(fu["tiles"], "dx") != now
+                assert tile_key(measured("nvidia-h200", "fused", s, tokens, True)["tiles"], "dx") == now
+
+# %% [markdown]
+# **Why it is slower today, in three parts.**
+#
+# 1. *The main loop.* The fused kernel is a Triton `tl.dot` loop; cuBLAS's Hopper GEMMs are
+#    faster at this shape (the first ratio printed above). Section 1 bounds what fusion can save
+#    by the RoPE pass, a small share of the pipeline; the main loop trails cuBLAS by more than
+#    that, so the fused kernel loses before the epilogue does anything.
+# 2. *The epilogue.* It adds the angle loads and the rotation, and pushes the kernel to the
+#    register limit (the tile sweep's `n_regs`); its share is the second ratio.
+# 3. *The backward's prologue.* Each of the $K / B_K$ column blocks of dX and dW re-forms the
+#    $dY$ tiles it needs: gradient loads, cosines and sines, the rotation. The sweep's dW at the
+#    benchmark's tile runs more than twice as long with the prologue as without it, and the
+#    prologues' extra time is most of the forward+backward gap (both printed above). Writing $dY$ once (one pass — the one the unfused
+#    pipeline makes anyway), computing the angles once per token into a small table, or giving
+#    each dW program more columns would each cut the repetition.
+#
+# The idea is sound — it removes a pass whose cost section 1 measured — but it pays off only
+# with a main loop as fast as cuBLAS's and a backward that forms $dY$ about once.
+#
+# ## 8. On a GPU: your kernel, live
+#
+# On a GPU the next cell times your epilogue kernel (the worked one if your check did not pass)
+# at the benchmark's shape, against cuBLAS alone, cuBLAS + ropelib's RoPE, and `qkv_rope_linear`
+# — all with `triton.testing.do_bench`, in bf16. On a CPU it says so and times nothing: the
+# interpreter's times say nothing about a GPU.
+
+# %%
+if torch.cuda.is_available():
+    from triton.testing import do_bench
+
+    r = measured("nvidia-h100-80gb-hbm3", "cublas", "fwd", min(TOKENS))   # the benchmark's shape
+    M, K, HQ, HK, D = r["tokens"], r["hidden"], r["HQ"], r["HK"], r["D"]
+    H = HQ + 2 * HK
+    xg = torch.randn(M, K, device=device, dtype=torch.bfloat16)
+    wg = (torch.randn(H * D, K, device=device) / K ** 0.5).to(torch.bfloat16)
+    freqs_g = ropelib.rope_freqs(M, D, base=500000.0, device=device)      # [M, 1, 1, D]
+    cos_g = freqs_g.view(M, D)[:, :D // 2].cos().contiguous()
+    sin_g = freqs_g.view(M, D)[:, :D // 2].sin().contiguous()
+    pos_g = torch.arange(M, device=device)
+    out_g = torch.empty(M, H, D, device=device, dtype=torch.bfloat16)
+    kernel = my_qkv_rope_kernel if epilogue_ok else qkv_teaching._qkv_rope_teaching_kernel
+
+    def teaching():
+        ex.launch_forward(kernel, xg, wg, out_g, cos_g, sin_g, pos_g, HQ, HK, D, 64, 64)
+
+    def cublas():
+        return F.linear(xg, wg)
+
+    def unfused():
+        q, k, v = F.linear(xg, wg).view(1, M, H, D).split((HQ, HK, HK), dim=2)
+        return ropelib.apply_rope_qk(q, k, freqs_g, layout="bshd")
+
+    def fused():
+        return ropelib.qkv_rope_linear(xg[None], wg, n_heads=HQ, n_kv_heads=HK, head_dim=D,
+                                       freqs=freqs_g)
+
+    teaching()
+    q_f, k_f, v_f = fused()
+    for name, mine, lib in (("q", out_g[:, :HQ], q_f[0]), ("k", out_g[:, HQ:HQ + HK], k_f[0]),
+                            ("v", out_g[:, HQ + HK:], v_f[0])):
+        torch.testing.assert_close(mine.float(), lib.float(), atol=0.1, rtol=0.05)
+    which = "your kernel" if epilogue_ok else "the worked kernel"
+    for name, fn in ((f"{which} (teaching GEMM + epilogue)", teaching), ("cuBLAS alone", cublas),
+                     ("cuBLAS + ropelib RoPE (unfused)", unfused), ("qkv_rope_linear (fused)", fused)):
+        ms = do_bench(fn, quantiles=[0.5, 0.2, 0.8])
+        print(f"{name:<40} {ms[0]:.3f} ms (p20 {ms[1]:.3f}, p80 {ms[2]:.3f})")
+else:
+    print("No GPU here: section 7's committed measurements stand in for a live timing "
+          "(the interpreter's times say nothing about a GPU).")
+
+# %% [markdown]
+# ## Summary
+#
+# - A RoPE pass after the projection reads q and k and writes them back: a copy's worth of
+#   bytes, so it can only approach the copy floor. Fusing it into the projection saves that pass
+#   and nothing more — measured, a small share of the pipeline.
+# - A GEMM epilogue works on the finished output tile in registers before its one store. RoPE
+#   needs both members of each pair in the tile: ropelib gives each program one whole head, as
+#   two accumulators gathered from the weight rows $j$ and $j + D/2$, so the rotation is
+#   elementwise between them.
+# - The backward applies $R(-\theta)$ in the prologue of the dX and dW GEMMs, so the gradient of
+#   the projection is never written — and is re-formed by every column block.
+# - Today ropelib's fused projection is correct and slower than cuBLAS + RoPE: its main loop
+#   trails cuBLAS, the epilogue costs registers and time, and the backward's repeated prologue
+#   is most of the forward+backward gap. For speed today, `F.linear` then `apply_rope_qk`;
+#   `qkv_rope_linear` is the design, correct and measured, to build on.
+#
+# ## Questions for a study group
+#
+# 1. Section 1 bounds the gain by the RoPE pass. With QK-norm the unfused pipeline's second
+#    pass also norms; does the bound change? Count its bytes.
+# 2. The two-accumulator design reads the $X$ tile from shared memory twice per K step. Sketch
+#    the permuted-weight alternative: what would `QKVRoPE.from_linear` have to store, and what
+#    would the optimizer see?
+# 3. The dW kernel re-forms $dY$ for each of $K/B_K$ column blocks. What is the least extra
+#    memory traffic that forms it once, and how does it compare with the traffic the fusion
+#    saved in the forward?
+# 4. Interleaved pairs $(2j, 2j+1)$ sit next to each other in a column tile. Would an
+#    interleaved model need one head per program? What would the store look like?
