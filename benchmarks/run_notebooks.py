@@ -15,6 +15,16 @@ written outside the checkout embed those figures instead: a relative link from t
 leave the repository (a page copied into docs/executed later would point at the rendering
 machine's folders). Every page is checked after it is written: an image that is neither
 embedded nor an existing file inside the checkout fails the conversion.
+
+Every page carries a fingerprint of the notebook it shows: the sha256 of each code cell's source
+(`<script type="application/json" id="ropelib-code-cells">`). The index (README.md in the pages'
+folder) compares every page in that folder, re-rendered now or not, with the notebooks in the
+checkout and lists the pages that show an older version of their notebook (stale) and the
+notebooks that have no page; tests/test_executed_pages.py makes the same comparison. To
+re-render one notebook on a GPU:
+
+    python benchmarks/run_notebooks.py --out /tmp/executed --only 09-rope-in-a-model
+    python benchmarks/run_notebooks.py --html /tmp/executed
 """
 from __future__ import annotations
 
@@ -22,6 +32,8 @@ import argparse
 import base64
 import csv
 import datetime
+import hashlib
+import html
 import json
 import mimetypes
 import os
@@ -144,44 +156,172 @@ def broken_images(page: Path) -> list:
     return broken
 
 
+_CELL_START = re.compile(r'<div class="jp-Cell ')      # a cell, not its inner jp-Cell-* parts
+_CODE_INPUT = re.compile(r'<div class="highlight[^"]*"><pre>(.*?)</pre>', re.S)
+_FINGERPRINT = re.compile(
+    r'<script type="application/json" id="ropelib-code-cells">(.*?)</script>', re.S)
+
+
+def normal_source(source: str) -> str:
+    """A code cell's source as a page can show it: leading and trailing newlines dropped (the
+    page's highlighter drops them), and a blank cell empty (it shows a blank cell as a space)."""
+    return source.strip("\n") if source.strip() else ""
+
+
+def cell_hash(source: str) -> str:
+    """sha256 of a code cell's source (`normal_source`, UTF-8)."""
+    return hashlib.sha256(normal_source(source).encode("utf-8")).hexdigest()
+
+
+def notebook_code_cells(path: Path) -> list:
+    """The source of every code cell of a notebook (.ipynb), in order."""
+    nb = json.loads(Path(path).read_text(encoding="utf-8"))
+    return ["".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+            for c in nb["cells"] if c["cell_type"] == "code"]
+
+
+def page_code_cells(page_html: str) -> list:
+    """The source of every code cell an HTML page shows, read back from nbconvert's
+    highlighted input (tags removed, entities decoded), in order."""
+    starts = [m.start() for m in _CELL_START.finditer(page_html)] + [len(page_html)]
+    cells = []
+    for a, b in zip(starts, starts[1:]):
+        chunk = page_html[a:b]
+        if not chunk.startswith('<div class="jp-Cell jp-CodeCell'):
+            continue
+        m = _CODE_INPUT.search(chunk)
+        cells.append("" if m is None else html.unescape(re.sub(r"<[^>]+>", "", m.group(1))))
+    return cells
+
+
+def page_fingerprint(page_html: str):
+    """The fingerprint a page was rendered with ({"notebook", "code_cells"}), or None for a page
+    rendered before pages carried one."""
+    m = _FINGERPRINT.search(page_html)
+    return None if m is None else json.loads(m.group(1))
+
+
+def fingerprint_tag(notebook: str, sources: list) -> str:
+    data = {"notebook": notebook, "code_cells": [cell_hash(s) for s in sources]}
+    return ('<script type="application/json" id="ropelib-code-cells">'
+            + json.dumps(data) + "</script>")
+
+
+def page_state(page: Path, notebooks: Path = NOTEBOOKS) -> str:
+    """'current' when the page shows the code cells of notebooks/<page>.ipynb as it is now,
+    'stale' when they differ, 'no notebook' when there is no such notebook."""
+    nb = notebooks / f"{page.stem}.ipynb"
+    if not nb.is_file():
+        return "no notebook"
+    want = [cell_hash(s) for s in notebook_code_cells(nb)]
+    return "current" if [cell_hash(s) for s in page_code_cells(
+        page.read_text(encoding="utf-8"))] == want else "stale"
+
+
+def _index_rows(readme: Path) -> dict:
+    """notebook -> its row of an index written before (kept for pages not re-rendered now)."""
+    rows = {}
+    if not readme.is_file():
+        return rows
+    text = readme.read_text(encoding="utf-8")
+    # an index of the first form named torch and Triton once, in its opening sentence
+    versions = re.search(r"with torch (\S+), Triton (\S+) and Python", text)
+    for line in text.splitlines():
+        m = re.match(r"^\| \[(\d\d-[a-z0-9-]+)\]\(\1\.html\) \|(.*)\|$", line)
+        if m:
+            cells = [c.strip() for c in m.group(2).split("|")]
+            if len(cells) == 5 and versions:   # GPU, TE, date, run time, result
+                cells[1:1] = list(versions.groups())
+            rows[m.group(1)] = cells
+    return rows
+
+
+INDEX_COLUMNS = ("notebook", "GPU", "torch", "Triton", "Transformer Engine", "date (UTC)",
+                 "run time", "result", "same code as the notebook")
+
+
+def write_index(to: Path, runs: dict, notebooks: Path = NOTEBOOKS) -> dict:
+    """README.md of the pages' folder: one row per page (what `runs` says for the pages
+    rendered now, the previous index's row for the others), each compared with the notebook in
+    the checkout; then the stale pages and the notebooks without a page. Returns
+    {page: state}."""
+    readme = to / "README.md"
+    old = _index_rows(readme)
+    states, lines = {}, []
+    for page in sorted(to.glob("[0-9][0-9]-*.html")):
+        stem = page.stem
+        states[stem] = page_state(page, notebooks)
+        if stem in runs:
+            r = runs[stem]
+            cells = [r.get("gpu", "?"), r.get("torch", "?"), r.get("triton", "?"),
+                     r.get("transformer_engine", "?"), r.get("date", "?"),
+                     f"{r.get('seconds', '?')} s", r.get("status", "?")]
+        else:
+            cells = (old.get(stem, []) + ["?"] * 7)[:7]
+        same = {"current": "yes", "stale": "no: an older version",
+                "no notebook": "no such notebook"}[states[stem]]
+        lines.append(f"| [{stem}]({stem}.html) | " + " | ".join(cells + [same]) + " |")
+    stale = [s for s, st in states.items() if st != "current"]
+    missing = [p.stem for p in sorted(notebooks.glob("[0-9][0-9]-*.ipynb")) if p.stem not in states]
+    text = ("# The notebooks, executed on a GPU\n\n"
+            "Each page is a notebook run top to bottom on a GPU; the table says which GPU and "
+            "versions, whether Transformer Engine was installed, when, how long the run took, "
+            "and whether the page still shows the notebook's code as it is in `notebooks/`. "
+            "Open a page in a browser to read the GPU's outputs next to your own run; the "
+            "widgets are static here (they need a live kernel).\n\n"
+            "| " + " | ".join(INDEX_COLUMNS) + " |\n|" + "---|" * len(INDEX_COLUMNS) + "\n"
+            + "\n".join(lines) + "\n")
+    if stale or missing:
+        text += "\n## Pages to re-render\n\n"
+        if stale:
+            text += ("These pages show an older version of their notebook (its code cells have "
+                     "changed since): " + ", ".join(f"`{s}`" for s in stale) + ".\n\n")
+        if missing:
+            text += "These notebooks have no page yet: " + ", ".join(f"`{s}`" for s in missing) + ".\n\n"
+        text += ("Re-render them on a GPU (the first command executes, the second writes the "
+                 "pages and this index):\n\n"
+                 "    python benchmarks/run_notebooks.py --out /tmp/executed --only NN-slug\n"
+                 "    python benchmarks/run_notebooks.py --html /tmp/executed\n\n"
+                 "`tests/test_executed_pages.py` lists the same pages and fails when one of them is "
+                 "re-rendered and not taken off its list, or when another page falls behind.\n")
+    readme.write_text(text, encoding="utf-8")
+    return states
+
+
 def to_html(executed: Path, to: Path) -> int:
     import nbformat
     from nbconvert import HTMLExporter
 
     to.mkdir(parents=True, exist_ok=True)
     exporter = HTMLExporter(embed_images=True)
-    index = []
+    runs = {}
     for path in sorted(executed.glob("[0-9][0-9]-*.ipynb")):
         nb = nbformat.read(path, as_version=4)
         run = nb.metadata.get("ropelib_executed", {})
+        sources = [c.source for c in nb.cells if c.cell_type == "code"]
         # markdown links to ../figures/ are relative to notebooks/: point them at figures/ from
         # the page (or embed the figures where the page is written outside the checkout)
         for cell in nb.cells:
             if cell.cell_type == "markdown":
                 cell.source = figure_links(cell.source, to)
         body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"path": str(NOTEBOOKS)}})
+        body = body.replace("</head>", fingerprint_tag(path.stem, sources) + "\n</head>", 1)
         page = to / f"{path.stem}.html"
         page.write_text(body, encoding="utf-8")
+        if [cell_hash(s) for s in page_code_cells(body)] != page_fingerprint(body)["code_cells"]:
+            print(f"{page}: the page's code cells do not read back as the notebook's",
+                  file=sys.stderr)
+            return 1
         broken = broken_images(page)
         if broken:
             print(f"{page}: images that would not show in a clone: {broken}", file=sys.stderr)
             return 1
-        index.append(f"| [{path.stem}]({path.stem}.html) | {run.get('gpu', '?')} | "
-                     f"{run.get('transformer_engine', '?')} | {run.get('date', '?')} | "
-                     f"{run.get('seconds', '?')} s | {run.get('status', '?')} |")
-        print("wrote", to / f"{path.stem}.html")
-    first = next(iter(sorted(executed.glob("[0-9][0-9]-*.ipynb"))), None)
-    run = nbformat.read(first, as_version=4).metadata.get("ropelib_executed", {}) if first else {}
-    (to / "README.md").write_text(
-        "# The notebooks, executed on a GPU\n\n"
-        f"Each notebook run top to bottom on a GPU with torch {run.get('torch', '?')}, Triton "
-        f"{run.get('triton', '?')} and Python {run.get('python', '?')}; the table says which GPU, "
-        "whether Transformer Engine was installed, when, and how long the run took. Open a page "
-        "in a browser to read the GPU's outputs next to your own run; the widgets are static "
-        "here (they need a live kernel).\n\n"
-        "| notebook | GPU | Transformer Engine | date (UTC) | run time | result |\n"
-        "|---|---|---|---|---|---|\n" + "\n".join(index) + "\n",
-        encoding="utf-8")
+        runs[path.stem] = run
+        print("wrote", page)
+    states = write_index(to, runs)
+    for stem, state in states.items():
+        if state != "current":
+            print(f"{stem}.html: {state} (its notebook in the checkout has other code cells)")
     return 0
 
 
@@ -193,12 +333,18 @@ def main(argv=None) -> int:
     ap.add_argument("--html", type=Path, help="folder of executed notebooks to convert to HTML")
     ap.add_argument("--to", type=Path, default=ROOT / "docs" / "executed",
                     help="where the HTML pages go (with --html)")
+    ap.add_argument("--index", action="store_true",
+                    help="only rewrite the index of the pages in --to, comparing each with its "
+                         "notebook (no rendering)")
     args = ap.parse_args(argv)
     if args.out:
         return execute(args.out, args.only, args.timeout)
     if args.html:
         return to_html(args.html, args.to)
-    ap.error("say --out DIR (execute) or --html DIR (convert)")
+    if args.index:
+        write_index(args.to, {})
+        return 0
+    ap.error("say --out DIR (execute), --html DIR (convert) or --index")
     return 2
 
 

@@ -1,0 +1,213 @@
+"""The GPU pages in docs/executed/ are pages of the notebooks as they are now.
+
+A page (an HTML render of a notebook executed on a GPU, written by benchmarks/run_notebooks.py)
+shows the code cells of the notebook it was executed from. It is *current* when those cells are
+the code cells of notebooks/NN-slug.ipynb today, cell for cell; the page's cells are read back
+from its highlighted input, and a page rendered with a fingerprint (the sha256 of each code
+cell, embedded by run_notebooks.py) must carry the fingerprint of the cells it shows.
+
+Re-rendering needs a GPU, so a page can fall behind its notebook for a while. Such pages are
+listed in STALE below, each with the command that re-renders it; a notebook with no page yet is
+listed in NO_PAGE. Both lists are checked both ways: a page that is stale and not listed fails,
+and so does a listed page that has been re-rendered (take it off the list, and run
+`python benchmarks/run_notebooks.py --index` to rewrite docs/executed/README.md).
+"""
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXECUTED = ROOT / "docs" / "executed"
+NOTEBOOKS = ROOT / "notebooks"
+
+_spec = importlib.util.spec_from_file_location("run_notebooks", ROOT / "benchmarks" / "run_notebooks.py")
+run_notebooks = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(run_notebooks)
+
+
+def _rerender(stem):
+    return ("re-render on a GPU: python benchmarks/run_notebooks.py --out /tmp/executed --only "
+            f"{stem} && python benchmarks/run_notebooks.py --html /tmp/executed")
+
+
+_OLDER = "the page was rendered from an older version of the notebook; "
+
+# page -> why it is allowed to differ from its notebook for now
+STALE = {stem: _OLDER + _rerender(stem) for stem in (
+    "00-setup-and-tour",
+    "01-roformer-math",
+    "02-pytorch-reference-and-layouts",
+    "03-naive-triton-kernel",
+    "04-batch-reuse-grid-kernel",
+    "05-finished-kernel",
+    "06-backward-pass",
+    "07-te-vs-triton-live",
+    "08-debugging-allclose",
+    "09-rope-in-a-model",
+    "10-multi-axis-rope",
+    "11-rope-at-scale",
+)}
+
+# notebook -> why it has no page yet
+NO_PAGE = {stem: "not executed on a GPU yet; " + _rerender(stem) for stem in (
+    "12-rope-in-the-qkv-projection",
+    "13-rope-puzzles",
+)}
+
+PAGES = sorted(EXECUTED.glob("[0-9][0-9]-*.html"))
+NOTEBOOK_STEMS = sorted(p.stem for p in NOTEBOOKS.glob("[0-9][0-9]-*.ipynb"))
+
+
+def _page_cells(page):
+    return run_notebooks.page_code_cells(page.read_text(encoding="utf-8"))
+
+
+def _first_difference(page_cells, nb_cells):
+    """Where the page's code cells first differ from the notebook's, in words."""
+    a = [run_notebooks.normal_source(c) for c in page_cells]
+    b = [run_notebooks.normal_source(c) for c in nb_cells]
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return f"code cell {i + 1} differs; the page shows:\n{x[:300]}\nthe notebook has:\n{y[:300]}"
+    if len(a) != len(b):
+        return f"the page shows {len(a)} code cells, the notebook has {len(b)}"
+    return None
+
+
+def test_there_are_pages():
+    assert PAGES, f"no executed pages in {EXECUTED}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.stem)
+def test_every_page_has_its_notebook(page):
+    assert (NOTEBOOKS / f"{page.stem}.ipynb").is_file(), (
+        f"docs/executed/{page.name} shows a notebook that is not in notebooks/ (renamed or "
+        "removed?): delete the page or render the notebook under its new name")
+
+
+@pytest.mark.parametrize("page", [
+    pytest.param(p, marks=pytest.mark.skip(reason=f"{p.stem}: {STALE[p.stem]}")) if p.stem in STALE
+    else p for p in PAGES], ids=lambda p: p.stem)
+def test_page_shows_the_notebooks_code(page):
+    nb = NOTEBOOKS / f"{page.stem}.ipynb"
+    diff = _first_difference(_page_cells(page), run_notebooks.notebook_code_cells(nb))
+    assert diff is None, (
+        f"docs/executed/{page.name} is not a page of notebooks/{nb.name} as it is now: {diff}\n"
+        f"{_rerender(page.stem)}")
+
+
+@pytest.mark.parametrize("stem", sorted(STALE))
+def test_a_page_listed_as_stale_is_stale(stem):
+    page, nb = EXECUTED / f"{stem}.html", NOTEBOOKS / f"{stem}.ipynb"
+    assert page.is_file(), f"STALE lists {stem}, which has no page: take it off the list"
+    assert nb.is_file(), f"STALE lists {stem}, which is not a notebook: take it off the list"
+    assert _first_difference(_page_cells(page), run_notebooks.notebook_code_cells(nb)) is not None, (
+        f"docs/executed/{stem}.html shows the notebook's code as it is now: take it off STALE in "
+        "tests/test_executed_pages.py and run `python benchmarks/run_notebooks.py --index`")
+
+
+@pytest.mark.parametrize("stem", NOTEBOOK_STEMS)
+def test_every_notebook_has_a_page_or_is_listed(stem):
+    if stem in NO_PAGE:
+        assert not (EXECUTED / f"{stem}.html").exists(), (
+            f"{stem} has a page now: take it off NO_PAGE in tests/test_executed_pages.py")
+    else:
+        assert (EXECUTED / f"{stem}.html").is_file(), (
+            f"notebooks/{stem}.ipynb has no page in docs/executed/: {_rerender(stem)} "
+            "(until then, list it in NO_PAGE)")
+
+
+def test_every_notebook_listed_without_a_page_exists():
+    unknown = sorted(set(NO_PAGE) - set(NOTEBOOK_STEMS))
+    assert not unknown, f"NO_PAGE lists notebooks that are not in notebooks/: {unknown}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.stem)
+def test_a_fingerprint_is_the_one_of_the_cells_the_page_shows(page):
+    """A page rendered with a fingerprint carries the hashes of the code it shows (so a
+    fingerprint cannot be copied into a page it does not describe); older pages have none."""
+    text = page.read_text(encoding="utf-8")
+    fp = run_notebooks.page_fingerprint(text)
+    if fp is None:
+        assert page.stem in STALE, (
+            f"docs/executed/{page.name} has no fingerprint: pages rendered by "
+            "benchmarks/run_notebooks.py carry one")
+        return
+    assert fp["notebook"] == page.stem
+    assert fp["code_cells"] == [run_notebooks.cell_hash(c) for c in
+                                run_notebooks.page_code_cells(text)]
+
+
+def test_the_index_lists_the_same_stale_pages():
+    readme = (EXECUTED / "README.md").read_text(encoding="utf-8")
+    rows = run_notebooks._index_rows(EXECUTED / "README.md")
+    assert sorted(rows) == [p.stem for p in PAGES], "run `python benchmarks/run_notebooks.py --index`"
+    marked = sorted(stem for stem, cells in rows.items() if cells[-1] != "yes")
+    assert marked == sorted(STALE), (
+        "docs/executed/README.md and STALE disagree: run `python benchmarks/run_notebooks.py "
+        "--index` and check STALE")
+    m = re.search(r"These notebooks have no page yet: (.*)\.", readme)
+    listed = sorted(re.findall(r"`([^`]+)`", m.group(1))) if m else []
+    assert listed == sorted(NO_PAGE), "run `python benchmarks/run_notebooks.py --index`"
+
+
+# --- the comparison itself, on pages made here ------------------------------------------------
+
+@pytest.fixture(scope="module")
+def render(tmp_path_factory):
+    """Render a notebook made of `cells` [(kind, source)] as run_notebooks.py would: (page, its
+    folder)."""
+    nbformat = pytest.importorskip("nbformat")
+    pytest.importorskip("nbconvert")
+
+    def make(stem, cells):
+        base = tmp_path_factory.mktemp("pages")
+        executed, to = base / "executed", base / "html"
+        executed.mkdir()
+        nb = nbformat.v4.new_notebook()
+        nb.cells = [nbformat.v4.new_code_cell(s) if kind == "code" else nbformat.v4.new_markdown_cell(s)
+                    for kind, s in cells]
+        nb.metadata["ropelib_executed"] = {"gpu": "no GPU", "status": "ok"}
+        nbformat.write(nb, executed / f"{stem}.ipynb")
+        assert run_notebooks.to_html(executed, to) == 0
+        return to / f"{stem}.html", to
+    return make
+
+
+TRICKY = [("code", 'x = "<b>&amp;</b>"   # tags and entities\nif x < 3 and y > 2:\n\tpass  \n'),
+          ("markdown", "# a heading\n\n`code` in prose is not a code cell"),
+          ("code", ""),
+          ("code", "print('é ∑ ✅')\n\n\n# trailing lines")]
+
+
+def test_a_page_reads_back_as_the_code_it_was_rendered_from(render):
+    page, _ = render("99-made-here", TRICKY)
+    text = page.read_text(encoding="utf-8")
+    sources = [s for kind, s in TRICKY if kind == "code"]
+    assert [run_notebooks.normal_source(c) for c in run_notebooks.page_code_cells(text)] == \
+        [run_notebooks.normal_source(s) for s in sources]
+    fp = run_notebooks.page_fingerprint(text)
+    assert fp == {"notebook": "99-made-here",
+                  "code_cells": [run_notebooks.cell_hash(s) for s in sources]}
+
+
+def test_a_changed_cell_makes_a_page_stale(render, tmp_path):
+    page, _ = render("99-made-here", TRICKY)
+    nbformat = pytest.importorskip("nbformat")
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    for edit in (lambda c: c[:1] + [("code", c[0][1] + " ")] + c[1:],   # one more cell
+                 lambda c: [c[0], c[1], ("code", "y = 1"), c[3]]):       # one cell changed
+        nb = nbformat.v4.new_notebook()
+        nb.cells = [nbformat.v4.new_code_cell(s) if kind == "code" else nbformat.v4.new_markdown_cell(s)
+                    for kind, s in edit(TRICKY)]
+        nbformat.write(nb, notebooks / "99-made-here.ipynb")
+        assert run_notebooks.page_state(page, notebooks) == "stale"
+    nb.cells = [nbformat.v4.new_code_cell(s) if kind == "code" else nbformat.v4.new_markdown_cell(s)
+                for kind, s in TRICKY]
+    nbformat.write(nb, notebooks / "99-made-here.ipynb")
+    assert run_notebooks.page_state(page, notebooks) == "current"
+    (notebooks / "99-made-here.ipynb").unlink()
+    assert run_notebooks.page_state(page, notebooks) == "no notebook"
