@@ -24,6 +24,7 @@ if not torch.cuda.is_available():
 from ropelib.bench import compare  # noqa: E402
 from ropelib.bench import floor, readme_table  # noqa: E402
 from ropelib.bench import suite as bench  # noqa: E402
+from ropelib.bench import cli  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
@@ -142,12 +143,12 @@ def test_cli_rejects_bad_arguments(capsys):
                       (["--cases", "no-such-case", "--list"], "matches no case"),
                       (["--graph-calls", "0", "--list"], "graph-calls")):
         with pytest.raises(SystemExit) as e:
-            bench.main(argv)
+            cli.main(argv)
         assert e.value.code == 2
         assert msg in capsys.readouterr().err
     if not torch.cuda.is_available():
         with pytest.raises(SystemExit):
-            bench.main(["--suite", "targets"])  # full sizes need a GPU
+            cli.main(["--suite", "targets"])  # full sizes need a GPU
         assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
@@ -480,17 +481,17 @@ def test_floor_cases_are_the_sizes_their_names_say():
 
 
 def test_floor_cli_lists_and_refuses_what_does_not_apply(capsys):
-    assert bench.main(["--suite", "floor", "--list"]) == 0
+    assert cli.main(["--suite", "floor", "--list"]) == 0
     out = capsys.readouterr().out
     for name in floor.case_names():
         assert f"    {name}\n" in out
-    assert bench.main(["--suite", "floor", "--list", "--cases", "^QK"]) == 0
+    assert cli.main(["--suite", "floor", "--list", "--cases", "^QK"]) == 0
     assert "1 parts, 2 row names" in capsys.readouterr().out
     for argv, msg in ((["--dtype", "fp32"], "--dtype does not apply"),
                       (["--fwd-only"], "--fwd-only does not apply"),
                       (["--cases", "no-such-row", "--list"], "matches no row")):
         with pytest.raises(SystemExit) as e:
-            bench.main(["--suite", "floor"] + argv)
+            cli.main(["--suite", "floor"] + argv)
         assert e.value.code == 2
         assert msg in capsys.readouterr().err
     assert bench.default_out("floor", {"gpu": "NVIDIA H200"}).name == "floor-nvidia-h200.csv"

@@ -486,7 +486,7 @@ def summary(measured: Measured) -> str:
 
 def main(provs: list, out: Path, selected: list, graph_calls: int = 100,
          reserved_gib: float = 0.0) -> int:
-    """`python -m ropelib.bench --suite floor`, after suite.main parsed the arguments: measure
+    """`python -m ropelib.bench --suite floor`, after ropelib.bench.cli parsed the arguments: measure
     the `selected` parts with `provs` for the plain RoPE rows, write the CSV to `out`."""
     settings = settings_for("cuda" if on_gpu() else "cpu", graph_calls)
     t0 = time.time()

@@ -190,7 +190,7 @@ def _exact_angles_kernel(turns_ptr, pos_ptr, out_ptr, N, stride_out,
 
 
 @triton.jit
-def _packed_positions(t, cu_ptr, start_ptr, N_SEQ, cp_size, cp_rank):
+def packed_positions(t, cu_ptr, start_ptr, N_SEQ, cp_size, cp_rank):
     # t [BLOCK_S] token indices of a packed batch -> (positions, valid) [BLOCK_S] each.
     # The sequence of token t is the last i with cu_seqlens[i] // cp_size <= t (binary search;
     # cu_seqlens are the global lengths, a rank holds 1/cp_size of every sequence).
@@ -227,7 +227,7 @@ def _table_rows(s_idx, b, S, P, position_ids_ptr, stride_ids_b, cu_seqlens_ptr, 
         valid = (p >= 0) & (p < P)   # compared before narrowing, so huge ids cannot wrap
         p = p.to(tl.int32)
     elif cu_seqlens_ptr is not None:
-        p, valid = _packed_positions(s_idx, cu_seqlens_ptr, start_ptr, N_SEQ, cp_size, cp_rank)
+        p, valid = packed_positions(s_idx, cu_seqlens_ptr, start_ptr, N_SEQ, cp_size, cp_rank)
         valid = valid & (p >= 0) & (p < P)
     else:
         p = s_idx
@@ -240,8 +240,8 @@ def _table_rows(s_idx, b, S, P, position_ids_ptr, stride_ids_b, cu_seqlens_ptr, 
 
 
 @triton.jit
-def _load_table(cos_ptr, sin_ptr, rows, b, stride_tab_b, stride_tab_p, d_a, d_b, mask,
-                CDT: tl.constexpr, HALF: tl.constexpr):
+def table_cos_sin(cos_ptr, sin_ptr, rows, b, stride_tab_b, stride_tab_p, d_a, d_b, mask,
+                  CDT: tl.constexpr, HALF: tl.constexpr):
     # rows [BLOCK_S], d_a/d_b [BLOCK_HALF] -> c_a, s_a, c_b, s_b, each [BLOCK_S, 1, BLOCK_HALF].
     # A table (common.load_table), or no table at all: int64 turns [R] in cos_ptr and the
     # amplitude [1] in sin_ptr, and rows are then the positions themselves.
@@ -262,7 +262,7 @@ def _load_table(cos_ptr, sin_ptr, rows, b, stride_tab_b, stride_tab_p, d_a, d_b,
 @triton.jit
 def _rope_heads(
     x_ptr, y_ptr,                       # this segment's input and output (the same when in place)
-    cos_ptr, sin_ptr,                   # its table (see _load_table)
+    cos_ptr, sin_ptr,                   # its table (see table_cos_sin)
     position_ids_ptr, cu_seqlens_ptr, start_ptr,   # where positions come from (_table_rows)
     pid_s, h0, b_lo, b_hi,              # tile origin: token block, first head, batch range
     S, H, P, N_SEQ, cp_size, cp_rank,   # tokens, heads of this segment, table rows, sequences
@@ -301,8 +301,8 @@ def _rope_heads(
     if not PER_ENTRY:
         rows, valid = _table_rows(s_idx, 0, S, P, position_ids_ptr, stride_ids_b,
                                   cu_seqlens_ptr, start_ptr, N_SEQ, cp_size, cp_rank)
-        c_a, s_a, c_b, s_b = _load_table(cos_ptr, sin_ptr, rows, 0, stride_tab_b, stride_tab_p,
-                                         d_a, d_b, tab_mask, CDT, HALF)
+        c_a, s_a, c_b, s_b = table_cos_sin(cos_ptr, sin_ptr, rows, 0, stride_tab_b, stride_tab_p,
+                                           d_a, d_b, tab_mask, CDT, HALF)
         if BACKWARD:
             s_a, s_b = -s_b, -s_a
 
@@ -314,8 +314,8 @@ def _rope_heads(
         if PER_ENTRY:
             rows, valid = _table_rows(s_idx, bb, S, P, position_ids_ptr, stride_ids_b,
                                       cu_seqlens_ptr, start_ptr, N_SEQ, cp_size, cp_rank)
-            c_a, s_a, c_b, s_b = _load_table(cos_ptr, sin_ptr, rows, bb, stride_tab_b,
-                                             stride_tab_p, d_a, d_b, tab_mask, CDT, HALF)
+            c_a, s_a, c_b, s_b = table_cos_sin(cos_ptr, sin_ptr, rows, bb, stride_tab_b,
+                                               stride_tab_p, d_a, d_b, tab_mask, CDT, HALF)
             if BACKWARD:
                 s_a, s_b = -s_b, -s_a
         xr = x_ptr + (x_rows + bb * stride_x_b)[:, :, None]    # [BLOCK_S, BLOCK_H, 1]
@@ -408,7 +408,7 @@ def _rope_q_or_k(
 
 # --- the entry points: one per source of positions, each at most 32 arguments ----------------
 # Common to all: q (and k, None without it) with their outputs (None in place: written where
-# they are read); a table cos_ptr/sin_ptr as _load_table reads it; features are contiguous in
+# they are read); a table cos_ptr/sin_ptr as table_cos_sin reads it; features are contiguous in
 # every output and table (stride 1), and q's and k's feature strides are arguments.
 
 @triton.jit

@@ -98,7 +98,7 @@ import triton.language as tl
 from ..conventions import QKV_LINEAR_MAX_HEAD_DIM
 from ..runtime import INTERPRET
 from .common import ROUND_BF16_RTNE, contiguous_strides, pair_features, rotate_pair, round_to
-from .fused import _load_table, _packed_positions
+from .fused import table_cos_sin, packed_positions
 from .planning import cdiv, is_fake
 
 # --- tiles ---------------------------------------------------------------------------------
@@ -151,7 +151,7 @@ def _token_rows(m, M, S, P, pos_ptr, cu_seqlens_ptr, N_SEQ, IDS_PER_ENTRY: tl.co
         valid = (p >= 0) & (p < P)  # compared before narrowing, so huge ids cannot wrap
         p = p.to(tl.int32)
     elif cu_seqlens_ptr is not None:
-        p, valid = _packed_positions(m, cu_seqlens_ptr, None, N_SEQ, 1, 0)
+        p, valid = packed_positions(m, cu_seqlens_ptr, None, N_SEQ, 1, 0)
         valid = valid & (p < P)
     else:
         p = m % S
@@ -165,13 +165,13 @@ def _cos_sin(cos_ptr, sin_ptr, m, M, S, P, pos_ptr, cu_seqlens_ptr, N_SEQ, d_a, 
              BLOCK_HALF: tl.constexpr):
     # the angles of tokens m [BLOCK_M]: c_a, s_a, c_b, s_b [BLOCK_M, BLOCK_HALF] fp32 and
     # valid [BLOCK_M]. cos_ptr/sin_ptr: an angle table [P, R] (sin_ptr None), or no table:
-    # Angles.turns [R] int64 and its amplitude [1] (fused._load_table reads either).
+    # Angles.turns [R] int64 and its amplitude [1] (fused.table_cos_sin reads either).
     HALF: tl.constexpr = R // 2
     rows, valid = _token_rows(m, M, S, P, pos_ptr, cu_seqlens_ptr, N_SEQ, IDS_PER_ENTRY)
     j = tl.arange(0, BLOCK_HALF)
     mask = (m < M)[:, None, None] & (j < HALF)[None, None, :]
-    c_a, s_a, c_b, s_b = _load_table(cos_ptr, sin_ptr, rows, 0, 0, R, d_a, d_b, mask,
-                                     tl.float32, HALF)       # each [BLOCK_M, 1, BLOCK_HALF]
+    c_a, s_a, c_b, s_b = table_cos_sin(cos_ptr, sin_ptr, rows, 0, 0, R, d_a, d_b, mask,
+                                       tl.float32, HALF)       # each [BLOCK_M, 1, BLOCK_HALF]
     shape: tl.constexpr = (BLOCK_M, BLOCK_HALF)
     return (tl.reshape(c_a, shape), tl.reshape(s_a, shape), tl.reshape(c_b, shape),
             tl.reshape(s_b, shape), valid)
