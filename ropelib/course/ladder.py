@@ -11,7 +11,8 @@ pairs (j, j + D/2), full rotary, fp32 angles [P, D] (P >= S) for positions 0..S-
     rung 1  heads         a program takes BLOCK_H heads of one token: cos/sin shared by its heads
     rung 2  tile          a 3-D tile, tokens x heads x half, sized for the bytes a GPU needs
                           in flight; Triton's default 4 warps
-    rung 3  warps         the same tile on 16 warps: fewer elements, so one vector, per thread
+    rung 3  warps         the same tile on the GPU's own warp count (16 on an H100, 8 on an H200):
+                          fewer elements, so one vector, per thread
     rung 4  chunks        a third grid axis over chunks of the batch: enough programs to fill
                           the GPU when S * H is small (ropelib's planner picks tile and chunk)
     rung 5  accurate      libdevice's cosf/sinf, exact for any angle, instead of the fast ones
@@ -225,7 +226,8 @@ RUNGS = (
     Rung("heads", "BLOCK_H heads per program: cos/sin shared by the heads", _ladder_heads_kernel),
     Rung("tile", "3-D tile tokens x heads x half, sized for bytes in flight; 4 warps",
          _ladder_tile_kernel),
-    Rung("warps", "the same tile on 16 warps: one 8- or 16-byte vector per thread per load",
+    Rung("warps", "the same tile on the GPU's tuned warp count (H100 16, H200 8): one 8- or "
+         "16-byte vector per thread per load",
          _ladder_tile_kernel),
     Rung("chunks", "grid axis over batch chunks: enough programs to fill the GPU",
          _ladder_chunk_kernel),
