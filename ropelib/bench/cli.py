@@ -7,12 +7,11 @@ import re
 import sys
 import time
 
-from . import compare, floor
+from . import compare, floor, suite
 from .compare import environment_meta, write_csv
 from .suite import (DTYPES, MiB, SUITES, SUMMARY_PROVIDERS, config_bytes, format_summary,
                     model_suite, model_summary, out_path, run_suite, select_providers,
                     suite_cases, summarize, verdict_counts, warm_allocator)
-from . import suite
 from ..runtime import INTERPRET, on_gpu
 
 

@@ -42,7 +42,6 @@ from ..runtime import on_gpu
 SUITES = ("targets", "quick", "decode", "sweep", "model", "floor")
 CPU_SUITES = ("quick", "floor")   # suites with tiny shapes for Triton's interpreter
 DTYPES = ("bf16", "fp16", "fp32")
-ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 MiB = 1 << 20
 
 # Provider names in ropelib.bench.compare.providers() that the targets are stated against.
@@ -77,9 +76,9 @@ class BenchCase:
 def tensor_bytes(seq_len: int, batch: int, heads: int, head_dim: int, dtype: str,
                  kv_heads: Optional[int] = None) -> int:
     """Bytes of the rotated input(s): x, or q and k together on the Q+K path."""
-    if dtype not in ELEMENT_BYTES:
-        raise ValueError(f"dtype must be one of {tuple(ELEMENT_BYTES)}, got {dtype!r}")
-    return seq_len * batch * (heads + (kv_heads or 0)) * head_dim * ELEMENT_BYTES[dtype]
+    if dtype not in compare.DTYPES:
+        raise ValueError(f"dtype must be one of {tuple(compare.DTYPES)}, got {dtype!r}")
+    return seq_len * batch * (heads + (kv_heads or 0)) * head_dim * compare.DTYPES[dtype].itemsize
 
 
 def config_bytes(cfg: Config) -> int:
@@ -94,7 +93,7 @@ def _mode_name(interleaved: bool, rotary_percent: float) -> str:
 
 def _seq_for(dtype: str, nbytes: int, batch: int, heads: int, head_dim: int) -> int:
     """Sequence length that makes x [s, batch, heads, head_dim] exactly `nbytes`."""
-    return nbytes // (batch * heads * head_dim * ELEMENT_BYTES[dtype])
+    return nbytes // (batch * heads * head_dim * compare.DTYPES[dtype].itemsize)
 
 
 # (interleaved, rotary_percent): rotate-half full, interleaved full, rotate-half half, both

@@ -28,7 +28,6 @@ from ..bench import compare
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
 GPU = "nvidia-h200"          # the run every performance number of notebooks 03-07 comes from
-ELEMENT_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4}
 WARPS_PER_SM = 64            # Hopper: 2048 resident threads per SM
 
 
@@ -69,7 +68,7 @@ def steps(row: dict) -> int:
 def derive(row: dict) -> dict:
     """A mechanism row with the derived columns of the module docstring added."""
     r = dict(row)
-    e = ELEMENT_BYTES[r["dtype"]]
+    e = compare.DTYPES[r["dtype"]].itemsize
     r["steps"] = steps(r)
     r["x_bytes_per_program"] = r["elements"] * e / r["programs"]
     r["x_bytes_per_step"] = r["x_bytes_per_program"] / r["steps"]

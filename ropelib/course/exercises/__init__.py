@@ -256,6 +256,12 @@ def is_blank_kernel(kernel) -> bool:
     return True
 
 
+def exception_line(exc: Exception) -> str:
+    """The first line of `exc` with its type (at most 300 characters), for a ❌ message."""
+    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
+
+
 def kernel_answer(name: str, kernel, reads: str) -> bool:
     """Print ❌ and return False when a kernel exercise's answer is missing or still blank, or
     is not a @triton.jit kernel (the check launches it itself and reads `reads`)."""

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ... import reference, runtime
-from . import _compare, check, is_blank_kernel, solution
+from . import _compare, check, exception_line, is_blank_kernel, is_kernel, solution
 from .own_code import LibraryAnswer, library_barred
 
 __all__ = ["KERNEL_SIGNATURE", "check_interleaved_tile_kernel", "show_solution", "launch",
@@ -60,18 +60,11 @@ CASES = (
 _PAD = 2  # guard band: tokens (or batch entries) of NaN after the output
 
 
-def _is_triton_kernel(obj) -> bool:
-    """True only for a function decorated with @triton.jit (compiled or interpreted)."""
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-    return isinstance(obj, (JITFunction, InterpretedFunction))
-
-
 def _ready(name: str, kernel) -> bool:
     if kernel is None or kernel is Ellipsis:
         print(f"❌ {name}: no answer yet (define the kernel)")
         return False
-    if not _is_triton_kernel(kernel):
+    if not is_kernel(kernel):
         print(f"❌ {name}: expected a function decorated with @triton.jit, got "
               f"{type(kernel).__name__}: the check launches your kernel on inputs it draws "
               "itself, so only what the kernel stores through y_ptr counts")
@@ -113,11 +106,6 @@ def launch(kernel, x, y, freqs, block_s: int, block_h: int, chunk: int) -> None:
                  BLOCK_HALF=triton.next_power_of_2(D // 2), BLOCK_S=block_s, BLOCK_H=block_h)
 
 
-def _short(exc: Exception) -> str:
-    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
-    return text[0][:300] if text else type(exc).__name__
-
-
 def _label(S, B, H, D, bs, bh, chunk, dtype, xs, ys, table) -> str:
     return (f"x [{S}, {B}, {H}, {D}] {str(dtype).replace('torch.', '')}, tile ({bs}, {bh}), "
             f"chunk {chunk}" + (", x non-contiguous" if xs else "")
@@ -149,7 +137,7 @@ def check_interleaved_tile_kernel(kernel, seed: Optional[int] = None) -> bool:
             print(f"❌ {name}: {exc}")
             return False
         except Exception as exc:  # noqa: BLE001 -- report, never stop the notebook
-            print(f"❌ {name} ({label}): launching your kernel raised {_short(exc)}")
+            print(f"❌ {name} ({label}): launching your kernel raised {exception_line(exc)}")
             return False
         band = y_buf[S:] if not ys else y_buf[B:]
         if not bool(torch.isnan(band).all()):

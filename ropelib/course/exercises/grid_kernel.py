@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from ... import reference, runtime
-from . import _compare, check, is_blank_kernel, is_kernel, solution
+from . import _compare, check, exception_line, is_blank_kernel, is_kernel, solution
 from .own_code import LibraryAnswer, library_barred
 
 __all__ = ["KERNEL_SIGNATURE", "check_batch_reuse_kernel", "show_solution", "launch",
@@ -111,11 +111,6 @@ def count_trig():
             setattr(InterpreterBuilder, n, original)
 
 
-def _short(exc: Exception) -> str:
-    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
-    return text[0][:300] if text else type(exc).__name__
-
-
 def _unwritten(y: torch.Tensor, R: int) -> Optional[str]:
     """None when every element was written; else what was left NaN, and the likely reason."""
     bad = torch.isnan(y)
@@ -154,7 +149,7 @@ def check_kernel_cases(name: str, kernel, cases, expected: Callable, *, hint: st
             print(f"❌ {name}: {exc}")
             return False
         except Exception as exc:  # noqa: BLE001 -- report, never stop the notebook
-            print(f"❌ {name} ({label}): launching your kernel raised {_short(exc)}")
+            print(f"❌ {name} ({label}): launching your kernel raised {exception_line(exc)}")
             return False
         missing = _unwritten(y, f2.shape[-1])
         if missing:
@@ -173,7 +168,7 @@ def check_kernel_cases(name: str, kernel, cases, expected: Callable, *, hint: st
                     with library_barred(what, bar=bar):
                         launch(kernel, x, f2)
                 except Exception as exc:  # noqa: BLE001
-                    print(f"❌ {name} (B={B}): launching your kernel raised {_short(exc)}")
+                    print(f"❌ {name} (B={B}): launching your kernel raised {exception_line(exc)}")
                     return False
             evaluations.append(counts["trig"])
         if evaluations[1] > evaluations[0]:

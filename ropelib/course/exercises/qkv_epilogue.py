@@ -31,7 +31,7 @@ import triton
 
 from ... import runtime
 from ..kernels import qkv_teaching
-from . import _compare, check, is_blank_kernel, solution
+from . import _compare, check, exception_line, is_blank_kernel, is_kernel, solution
 from .own_code import LibraryAnswer, library_barred
 
 __all__ = ["check_epilogue_kernel", "check_prologue_kernel", "show_epilogue_solution",
@@ -107,17 +107,11 @@ def launch_dx(kernel, grad_qkv, weight, grad_x, cos, sin, positions, HQ, HK, D, 
         D=D, BLOCK_M=BLOCK_M, BLOCK_K=BLOCK_K)
 
 
-def _is_triton_kernel(obj) -> bool:
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-    return isinstance(obj, (JITFunction, InterpretedFunction))
-
-
 def _ready(name: str, kernel, reads: str) -> bool:
     if kernel is None or kernel is Ellipsis:
         print(f"❌ {name}: no answer yet (define the kernel)")
         return False
-    if not _is_triton_kernel(kernel):
+    if not is_kernel(kernel):
         print(f"❌ {name}: expected a function decorated with @triton.jit, got "
               f"{type(kernel).__name__}: the check launches your kernel on inputs it draws "
               f"itself, so only what the kernel stores through {reads} counts")
@@ -126,11 +120,6 @@ def _ready(name: str, kernel, reads: str) -> bool:
         print(f"❌ {name}: no answer yet (write the kernel's body, then rerun the cell)")
         return False
     return True
-
-
-def _short(exc: Exception) -> str:
-    text = f"{type(exc).__name__}: {exc}".strip().splitlines()
-    return text[0][:300] if text else type(exc).__name__
 
 
 def _label(M, K, HQ, HK, D, BLOCK_M, BLOCK_K) -> str:
@@ -159,7 +148,7 @@ def _run_cases(name: str, what: str, kernel, seed: Optional[int], make_output: C
             print(f"❌ {name}: {exc}")
             return False
         except Exception as exc:  # noqa: BLE001 -- report, never stop the notebook
-            print(f"❌ {name} ({label}): launching your kernel raised {_short(exc)}")
+            print(f"❌ {name} ({label}): launching your kernel raised {exception_line(exc)}")
             return False
         if not (bool(torch.isnan(buf[:_PAD]).all()) and bool(torch.isnan(buf[_PAD + M:]).all())):
             print(f"❌ {name} ({label}): the kernel wrote outside the output (into the NaN guard "
