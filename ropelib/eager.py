@@ -23,7 +23,7 @@ import torch
 
 from . import ops
 from .kernels import direct, planning
-from .kernels.launch import Positions, Table, plan
+from .kernels.launch import Launch, Positions, Table, plan, pointer_names
 
 MAX_SIGNATURES = 1024
 
@@ -123,7 +123,7 @@ class PlannedRotation:
     means "made contiguous first" (what the checks did to that argument).
     """
     __slots__ = ("launch", "n", "pointer_sources", "out_dtype", "in_place", "backward", "layout",
-                 "_planned", "_start", "_reverses", "empty")
+                 "_planned", "_start", "_names", "_reverses", "empty")
 
     def __init__(self, *, xs, outs, table, positions, pointer_sources, out_dtype, in_place,
                  backward, interleaved, layout: str):
@@ -139,7 +139,10 @@ class PlannedRotation:
         self.backward, self.layout = backward, layout
         x4 = ops.view4(xs[0], layout)
         self.empty = x4.shape[0] == 0 or x4.shape[1] == 0
-        self._start = EagerLaunch(self.launch.launcher, self.launch)
+        self._names = pointer_names(self.launch)
+        # a two-pass route (large inputs) starts its own two launches
+        self._start = (EagerLaunch(self.launch.launcher, self.launch)
+                       if isinstance(self.launch, Launch) else self.launch.start)
         # for planning reverses: the table and positions without their data
         self._planned = (Table(_stand_in(table.cos), _stand_in(table.sin)),
                          Positions(*(_stand_in(p) for p in positions[:3]), *positions[3:]),
@@ -164,7 +167,7 @@ class PlannedRotation:
             named.update(k_ptr=xs[1], k_out_ptr=None if self.in_place else outs[1])
         for name, j, copy in self.pointer_sources:
             named[name] = reads[j].contiguous() if copy else reads[j]
-        self._start(tuple(named.get(name) for name in self.launch.launcher.pointer_names))
+        self._start(tuple(named.get(name) for name in self._names))
 
     def reverse(self, grads: tuple, x_dtype) -> "PlannedRotation":
         """The rotation back, for gradients with these strides (planned once per signature)."""

@@ -217,7 +217,7 @@ def packed_positions(t, cu_ptr, start_ptr, N_SEQ, cp_size, cp_rank):
 
 
 @triton.jit
-def _table_rows(s_idx, b, S, P, position_ids_ptr, stride_ids_b, cu_seqlens_ptr, start_ptr, N_SEQ,
+def table_rows(s_idx, b, S, P, position_ids_ptr, stride_ids_b, cu_seqlens_ptr, start_ptr, N_SEQ,
                 cp_size, cp_rank):
     # s_idx [BLOCK_S] token indices, b batch entry -> (table rows [BLOCK_S] int32, valid [BLOCK_S]).
     # Positions come from position ids, else from cu_seqlens (packed sequences), else from the
@@ -263,7 +263,7 @@ def table_cos_sin(cos_ptr, sin_ptr, rows, b, stride_tab_b, stride_tab_p, d_a, d_
 def _rope_heads(
     x_ptr, y_ptr,                       # this segment's input and output (the same when in place)
     cos_ptr, sin_ptr,                   # its table (see table_cos_sin)
-    position_ids_ptr, cu_seqlens_ptr, start_ptr,   # where positions come from (_table_rows)
+    position_ids_ptr, cu_seqlens_ptr, start_ptr,   # where positions come from (table_rows)
     pid_s, h0, b_lo, b_hi,              # tile origin: token block, first head, batch range
     S, H, P, N_SEQ, cp_size, cp_rank,   # tokens, heads of this segment, table rows, sequences
     stride_x_s, stride_x_b, stride_x_g, stride_x_h, stride_x_d,  # head h at (h//HPG)*g + (h%HPG)*h
@@ -299,7 +299,7 @@ def _rope_heads(
         + (h_idx % HPG)[None, :] * stride_y_h
 
     if not PER_ENTRY:
-        rows, valid = _table_rows(s_idx, 0, S, P, position_ids_ptr, stride_ids_b,
+        rows, valid = table_rows(s_idx, 0, S, P, position_ids_ptr, stride_ids_b,
                                   cu_seqlens_ptr, start_ptr, N_SEQ, cp_size, cp_rank)
         c_a, s_a, c_b, s_b = table_cos_sin(cos_ptr, sin_ptr, rows, 0, stride_tab_b, stride_tab_p,
                                            d_a, d_b, tab_mask, CDT, HALF)
@@ -312,7 +312,7 @@ def _rope_heads(
         else:
             bb = b
         if PER_ENTRY:
-            rows, valid = _table_rows(s_idx, bb, S, P, position_ids_ptr, stride_ids_b,
+            rows, valid = table_rows(s_idx, bb, S, P, position_ids_ptr, stride_ids_b,
                                       cu_seqlens_ptr, start_ptr, N_SEQ, cp_size, cp_rank)
             c_a, s_a, c_b, s_b = table_cos_sin(cos_ptr, sin_ptr, rows, bb, stride_tab_b,
                                                stride_tab_p, d_a, d_b, tab_mask, CDT, HALF)

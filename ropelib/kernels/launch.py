@@ -2,9 +2,10 @@
 (the Launch record, how it starts, grid arithmetic) is in kernels/planning.py.
 
 `plan(...)` turns what is to be rotated (strided [S, B, H, D] views, tables, positions, options)
-into a `Launch`: which of the finished kernels runs (by where positions come from), the grid,
-the warps and every kernel argument by name; `plan_qkv(...)` does the same for Transformer
-Engine's packed QKV. `run(launch, pointers)` starts it.
+into a route: a `Launch` of one of the finished kernels (by where positions come from: the grid,
+the warps and every kernel argument by name), or, for large contiguous inputs, a `TwoPass`
+(kernels/flat.py: a cos/sin table of the call's tokens, then a flat pass). `plan_qkv(...)` plans
+Transformer Engine's packed QKV. `run(route, pointers)` starts either.
 Both see only shapes, strides, dtypes and options, never tensor values, so the same code runs
 eagerly, under torch.compile (sizes may be symbolic) and while a CUDA graph is captured.
 Arguments are validated before they get here (ropelib.validation).
@@ -13,15 +14,19 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from ..conventions import HF_LAYOUT
 from ..frequencies import EXACT_POSITIONS
 from ..runtime import INTERPRET
 from .direct import DirectLauncher
+from .flat import _cos_sin_rows_kernel, _rope_rows_kernel
 from .fused import (_exact_angles_kernel, _rope_ids_kernel, _rope_kernel, _rope_packed_kernel,
                     _rope_qkv_kernel)
 from .planning import (I32_LIMIT, OUT_LAYOUT, Launch, cdiv, needs_int64, pow2_at_least, pow2_at_most,
                        start)
+from . import tiles as _tiles_module
 from .tiles import (BATCH_LOOP_MIN, MIN_TILE, PROGRAMS_PER_SM, TILE_LOOP, TILE_NOLOOP, TILE_WIDE,
-                    device_index, device_tiles, exact_loop_tile)
+                    TWO_PASS_ELEMENTS, TWO_PASS_TABLE_ELEMENTS, TWO_PASS_WARPS, device_index,
+                    device_tiles, exact_loop_tile)
 
 class View(NamedTuple):
     """A tensor as the kernel addresses it: x[s, b, h, d] at s*s_ + b*b_ + head(h) + d*d_.
@@ -183,8 +188,12 @@ def plan(q: View, q_out: Optional[View], table: Table, positions: Positions, *, 
     q and k are the [S, B, H, D] views the kernel reads; q_out and k_out the fresh contiguous
     outputs in `layout`, or None to rotate in place. `table` serves q and k. Which of the
     kernels runs follows from where positions come from: the token index (with start offsets
-    and context parallelism), position ids, or packed sequences.
+    and context parallelism), position ids, or packed sequences. Large contiguous inputs take
+    the two-pass route instead (takes_two_passes); explicit `tiles` keep the finished kernel.
     """
+    if tiles is None and takes_two_passes(q, q_out, k, k_out, table, positions, layout):
+        return plan_two_pass(q, q_out, table, positions, R=R, interleaved=interleaved,
+                             backward=backward, layout=layout, k=k, k_out=k_out)
     x = q.tensor
     S, B, D = x.shape[0], x.shape[1], q.features()
     HK = k.heads if k is not None else 0
@@ -261,9 +270,162 @@ def plan_qkv(qkv4: torch.Tensor, q4: torch.Tensor, k4: torch.Tensor, q_table: to
     return Launch(grid, num_warps, args, dtypes, qkv4.device, QKV), pointers
 
 
-def run(launch: Launch, pointers: tuple) -> None:
-    """Start a planned launch of the finished RoPE kernels (pointers in its kernel's order)."""
-    start(launch.launcher, launch, pointers)
+def run(route, pointers: tuple) -> None:
+    """Start a planned route: a Launch of the finished RoPE kernels (pointers in its kernel's
+    order) or a TwoPass (pointers in TWO_PASS_POINTERS order)."""
+    if isinstance(route, TwoPass):
+        route.start(pointers)
+    else:
+        start(route.launcher, route, pointers)
+
+
+def pointer_names(route) -> tuple:
+    """The names of a planned route's pointer arguments, in the order `run` takes them."""
+    return TWO_PASS_POINTERS if isinstance(route, TwoPass) else route.launcher.pointer_names
+
+
+# --- the two-pass route (kernels/flat.py) -----------------------------------------------------
+
+_ROUTE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_LAYOUT_ORDER = {"sbhd": (0, 1, 2), "thd": (0, 1, 2), "bshd": (1, 0, 2), HF_LAYOUT: (1, 2, 0)}
+
+
+def _contiguous_in(v: View, layout: str) -> bool:
+    """Is this [S, B, H, D] view a contiguous tensor in `layout` (dims of size 1 aside)?"""
+    if v.hpg != 1:
+        return False
+    t = v.tensor
+    sizes, strides = t.shape, t.stride()
+    if strides[3] != 1 and sizes[3] > 1:
+        return False
+    expect = sizes[3]
+    for dim in reversed(_LAYOUT_ORDER[layout]):
+        if sizes[dim] > 1 and strides[dim] != expect:
+            return False
+        expect *= sizes[dim]
+    return True
+
+
+def _table_rows_per_token(table: Table, positions: Positions, B) -> tuple:
+    """(pre-pass?, table rows per token) of the two-pass route: the caller's cos/sin table is
+    read as it is when positions are the token index; otherwise the pre-pass writes a row per
+    token, or per (token, batch entry) when positions or tables differ between entries."""
+    pos = positions
+    plain = pos.position_ids is None and pos.cu_seqlens is None and pos.start is None \
+        and pos.cp_size == 1
+    per_entry = table.strides()[0] != 0
+    if plain and table.sin is not None and not table.exact:
+        return False, (B if per_entry else 1)
+    per_entry = per_entry or (pos.position_ids is not None and pos.position_ids.shape[0] > 1) \
+        or (pos.start is not None and pos.cu_seqlens is None)
+    return True, (B if per_entry else 1)
+
+
+def takes_two_passes(q: View, q_out: Optional[View], k: Optional[View],
+                     k_out: Optional[View], table: Table, positions: Positions,
+                     layout: str) -> bool:
+    """Does this call take the two-pass route? Fresh outputs (not in place), q and k contiguous
+    in their layout, 16- or 32-bit, sizes known (not symbolic under torch.compile), at least
+    tiles.TWO_PASS_MIN_BYTES of q and k to read, and a cos/sin table small beside them (at most
+    1 / tiles.TWO_PASS_TABLE_SHARE of the bytes the flat pass moves)."""
+    if q_out is None or (k is not None and k_out is None):
+        return False
+    views = [v for v in (q, q_out, k, k_out) if v is not None]
+    if any(isinstance(n, torch.SymInt) for v in views for n in (*v.tensor.shape,
+                                                                  *v.tensor.stride())):
+        return False
+    if any(v.tensor.dtype not in _ROUTE_DTYPES or not _contiguous_in(v, layout) for v in views):
+        return False
+    read = sum(v.tensor.numel() * v.tensor.element_size() for v in (q, k) if v is not None)
+    if read < _tiles_module.TWO_PASS_MIN_BYTES:
+        return False
+    S, B, R = q.tensor.shape[0], q.tensor.shape[1], table.cos.shape[-1]
+    pre_pass, rows_per_token = _table_rows_per_token(table, positions, B)
+    row_bytes = 2 * R * (4 if pre_pass else table.cos.element_size())   # cos and sin
+    table_bytes = S * rows_per_token * row_bytes * (2 if pre_pass else 1)  # written, read
+    return table_bytes * _tiles_module.TWO_PASS_TABLE_SHARE <= 2 * read
+
+
+def _dtypes(tensors) -> tuple:
+    """Every pointer's dtype (None for None): a Launch's key, since Triton compiles a kernel
+    for each (a None pointer is a constant to it)."""
+    return tuple(t.dtype if t is not None else None for t in tensors)
+
+
+class TwoPass(NamedTuple):
+    """A planned two-pass rotation: the table pre-pass (None when the flat pass reads the
+    caller's cos/sin table itself), the flat pass, and the shape of the fp32 cos and s' tables
+    the first writes for the second."""
+    table_pass: Optional[Launch]
+    rotate_pass: Launch
+    table_shape: tuple
+
+    def start(self, pointers: tuple) -> None:
+        q, q_out, k, k_out, cos, sin, position_ids, cu_seqlens, start_ = pointers
+        if self.table_pass is not None:
+            out = (torch.empty(self.table_shape, dtype=torch.float32, device=q.device),
+                   torch.empty(self.table_shape, dtype=torch.float32, device=q.device))
+            start(COS_SIN_ROWS, self.table_pass, (cos, sin, position_ids, cu_seqlens, start_)
+                  + out)
+            cos, sin = out
+        start(ROWS, self.rotate_pass, (q, q_out, k, k_out, cos, sin))
+
+
+def plan_two_pass(q: View, q_out: View, table: Table, positions: Positions, *, R: int,
+                  interleaved: bool, backward: bool, layout: str, k: Optional[View] = None,
+                  k_out: Optional[View] = None):
+    """(TwoPass, pointers in TWO_PASS_POINTERS order) for a call takes_two_passes accepted."""
+    x = q.tensor
+    S, B, D = x.shape[0], x.shape[1], x.shape[3]
+    HK = k.heads if k is not None else 0
+    pos = positions
+    per_entry, tab_p = _table_strides(table)
+    on_gpu = x.device.type == "cuda" and not INTERPRET
+    ids = pos.position_ids
+    pre_pass, nb = _table_rows_per_token(table, pos, B)
+    table_pass = None
+    if not pre_pass and table.rows >= S:
+        signed, stride_p, stride_b = False, tab_p, (table.rows * tab_p if per_entry else 0)
+        table_shape = (0, R)
+    else:
+        ids_per_entry = ids is not None and ids.shape[0] > 1
+        if ids is not None:
+            assert ids.stride(-1) == 1 or S == 1, "position ids must be contiguous"
+            assert not ids_per_entry or ids.stride(0) == S, "position ids must be contiguous"
+        half = pow2_at_least(R // 2, 1 << 30)
+        block_s = pow2_at_least(S, max(1, (TWO_PASS_TABLE_ELEMENTS if on_gpu else 1 << 14)
+                                       // half))
+        table_pass = Launch(
+            (cdiv(S, block_s), nb), TWO_PASS_WARPS,
+            dict(S=S, P=table.rows, N_SEQ=(pos.cu_seqlens.shape[0] - 1
+                                           if pos.cu_seqlens is not None else 0),
+                 cp_size=pos.cp_size, cp_rank=pos.cp_rank,
+                 stride_tab_b=table.rows * tab_p if per_entry else 0, stride_tab_p=tab_p,
+                 stride_ids_b=S if ids_per_entry else 0, R=R, INTERLEAVED=interleaved,
+                 BACKWARD=backward, BLOCK_S=block_s, BLOCK_HALF=half),
+            _dtypes((table.cos, table.sin, ids, pos.cu_seqlens, pos.start)), x.device,
+            COS_SIN_ROWS)
+        signed, stride_p, stride_b = True, R, (S * R if nb > 1 else 0)
+        table_shape = (nb * S, R)
+    out32 = torch.empty(0, dtype=torch.float32, device="meta")     # (the pre-pass's dtype)
+    xblock = TWO_PASS_ELEMENTS if on_gpu else 1 << 14
+    n_q, n_k = S * B * q.heads * D, S * B * HK * D
+    int64 = (max(n_q, n_k) + xblock > I32_LIMIT) or (table_shape[0] * R > I32_LIMIT - 1024) \
+        or (table_pass is None and needs_int64((table.cos,)))
+    rotate_pass = Launch(
+        (cdiv(n_q, xblock) + cdiv(n_k, xblock),), TWO_PASS_WARPS,
+        dict(S=S, B=B, HQ=q.heads, HK=HK, stride_tab_p=stride_p, stride_tab_b=stride_b, D=D,
+             R=R, LAYOUT=OUT_LAYOUT[layout], INTERLEAVED=interleaved, BACKWARD=backward,
+             SIGNED=signed, PER_ENTRY=stride_b != 0, KEEP_TABLE=B > 1 and stride_b == 0,
+             XBLOCK=xblock, INT64=int64),
+        _dtypes((x, q_out.tensor, k.tensor if k is not None else None,
+                 k_out.tensor if k_out is not None else None)
+                + ((table.cos, table.sin) if table_pass is None else (out32, out32))), x.device,
+        ROWS)
+    pointers = (x, q_out.tensor, k.tensor if k is not None else None,
+                k_out.tensor if k_out is not None else None, table.cos, table.sin, ids,
+                pos.cu_seqlens, pos.start)
+    return TwoPass(table_pass, rotate_pass, table_shape), pointers
 
 
 # The finished kernels, by where positions come from, with their pointer arguments in order
@@ -274,7 +436,12 @@ IDS = DirectLauncher(_rope_ids_kernel, _ROTATED + ("position_ids_ptr",))
 PACKED = DirectLauncher(_rope_packed_kernel, _ROTATED + ("cu_seqlens_ptr", "start_ptr"))
 QKV = DirectLauncher(_rope_qkv_kernel, ("qkv_ptr", "q_ptr", "k_ptr", "q_cos_ptr", "k_cos_ptr",
                                         "start_ptr"))
-LAUNCHERS = (TOKENS, IDS, PACKED, QKV)
+COS_SIN_ROWS = DirectLauncher(_cos_sin_rows_kernel, (
+    "cos_ptr", "sin_ptr", "position_ids_ptr", "cu_seqlens_ptr", "start_ptr", "cos_out_ptr",
+    "sin_out_ptr"))
+ROWS = DirectLauncher(_rope_rows_kernel, _ROTATED)
+TWO_PASS_POINTERS = _ROTATED + ("position_ids_ptr", "cu_seqlens_ptr", "start_ptr")
+LAUNCHERS = (TOKENS, IDS, PACKED, QKV, COS_SIN_ROWS, ROWS)
 
 
 def exact_angles(turns: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

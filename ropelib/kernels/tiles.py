@@ -31,6 +31,21 @@ TILES_BY_GPU: dict = {
                     "exact_loop": (8, 16)},
 }
 
+# --- the two-pass route (kernels/flat.py) ---------------------------------------------------
+# Large contiguous inputs take the two-pass route: a cos/sin table of the call's tokens, then
+# a flat pass of TWO_PASS_ELEMENTS elements (whole rows) and TWO_PASS_WARPS warps per program.
+# The flat shape with an fp32 table in L2 reached 0.98-1.00 of a copy on an H100 and an H200
+# where the finished kernel reached 0.89-0.97 (benchmarks/flat_probe.py); the table costs a
+# launch and S x R x 8 bytes, so smaller inputs keep the finished kernel (one launch).
+TWO_PASS_MIN_BYTES = 64 << 20      # of q (and k) read
+# ... and only where the fp32 table is small beside the tensor: the flat pass moves at least
+# this many times the table's bytes (written and read). At batch 1 with 32 heads of 128 the
+# table is 1/8 of them and the route lost (0.82 of a copy against 0.89, H200, s16k).
+TWO_PASS_TABLE_SHARE = 32
+TWO_PASS_ELEMENTS = 1024
+TWO_PASS_WARPS = 4
+TWO_PASS_TABLE_ELEMENTS = 1024     # (token, pair) entries per program of the pre-pass
+
 # --- QK-RMSNorm + RoPE (kernels/qk_norm_rope.py) ---------------------------------------------
 # Elements of q (or k) a program moves per batch entry, and per thread. Measured on an H200 with
 # benchmarks/feature_tiles.py: one warp on 8 heads of one token was best forward and backward.

@@ -1,0 +1,183 @@
+"""The two-pass route for large contiguous tensors: a cos/sin table of the call's tokens, then a
+flat pass over the tensor that reads it.
+
+    _cos_sin_rows_kernel   every token's fp32 cos and sin rows, from any table and positions  19 args
+    _rope_rows_kernel      q (and k) rotated element by element, reading cos/sin per element  19 args
+
+Why two passes
+--------------
+The finished kernel (kernels/fused.py) evaluates cos/sin once per tile of tokens and keeps them
+in registers across its loop over the batch. On large tensors those registers are what cost it:
+Nsight Compute on an H100 (s4096 b8 h32 d128 bf16) found it at 37 registers x 512 threads and
+64 % achieved occupancy, against 29 registers and 88 % for the kernel torch.compile generates
+from Hugging Face's formula, which streams at 89 % of DRAM bandwidth to the finished kernel's
+84 %. The flat pass has torch.compile's shape: no loop, nothing held across one, a few rows per
+program; it reads cos and sin for every element from a small fp32 table that stays in L2. The
+table costs one more launch and S x R x 8 bytes (the pre-pass), which is why this route is taken
+only for large tensors (kernels/tiles.py, TWO_PASS_MIN_BYTES): benchmarks/NOTES.md has the
+measurements.
+
+How it is parallelised
+----------------------
+_cos_sin_rows_kernel: grid (cdiv(S, BLOCK_S), NB); a program finds the table rows of BLOCK_S
+tokens of batch entry b (NB = B when positions or tables differ per entry, else 1) exactly as
+the finished kernel does (fused.table_rows, fused.table_cos_sin: position ids, packed
+sequences, start offsets, context parallelism, angles, cos/sin or no table) and writes
+cos [NB * S, R] and the signed sine s' [NB * S, R], both fp32, row b * S + s:
+
+    forward   s'_a = -s_a     s'_b = +s_b
+    backward  s'_a = +s_b     s'_b = -s_a      (the transpose of the rotation)
+
+so that every rotated feature d, with partner p(d) (d +- R/2, or d xor 1 interleaved), is one
+fma in either direction: y_d = fma(x_d, c_d, x_p(d) s'_d), the same products and roundings as
+the finished kernel's rotate_pair. A position outside the table writes a NaN row.
+
+_rope_rows_kernel: grid (cdiv(rows of q, ROWS) + cdiv(rows of k, ROWS),); a row is one head of
+one token (D features, contiguous), a program ROWS of them ([ROWS, BLOCK_D], about 1024
+elements, 4 warps: 16-byte vectors per thread). q and k (and their fresh outputs) are contiguous
+in their layout, so a row's token s and batch entry b follow from its index (sbhd/thd, bshd,
+bhsd); its cos/sin row is at s * stride_tab_p + b * stride_tab_b. The partner of a rotate-half
+feature is loaded from its own address (d +- R/2: a second contiguous vector load, from L1);
+interleaved partners are swapped in registers. Features R..D-1 are copied through.
+
+With cos and sin tables of the caller's ([P, R] or [B, P, R]) and positions that are just the
+token index, the flat pass reads the caller's table itself (SIGNED False): it signs the sine
+and, backward, reads the partner's sine, and no pre-pass runs.
+"""
+import triton
+import triton.language as tl
+
+from .common import ROUND_BF16_RTNE, pair_features, round_to
+from .fused import table_cos_sin, table_rows
+
+
+@triton.jit
+def _cos_sin_rows_kernel(
+    cos_ptr, sin_ptr,                    # the table, as fused.table_cos_sin reads it
+    position_ids_ptr, cu_seqlens_ptr, start_ptr,   # where positions come from (fused.table_rows)
+    cos_out_ptr, sin_out_ptr,            # cos, s' [NB * S, R] fp32, contiguous
+    S, P, N_SEQ, cp_size, cp_rank,       # tokens, table rows, packed sequences, context parallel
+    stride_tab_b, stride_tab_p, stride_ids_b,
+    R: tl.constexpr, INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):
+    HALF: tl.constexpr = R // 2
+    b = tl.program_id(1)
+    s_idx = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)      # [BLOCK_S]
+    j = tl.arange(0, BLOCK_HALF)
+    d_a, d_b = pair_features(j, HALF, INTERLEAVED)                  # [BLOCK_HALF]
+    mask = (s_idx < S)[:, None, None] & (j < HALF)[None, None, :]   # [BLOCK_S, 1, BLOCK_HALF]
+    rows, valid = table_rows(s_idx, b, S, P, position_ids_ptr, stride_ids_b, cu_seqlens_ptr,
+                             start_ptr, N_SEQ, cp_size, cp_rank)
+    c_a, s_a, c_b, s_b = table_cos_sin(cos_ptr, sin_ptr, rows, b, stride_tab_b, stride_tab_p,
+                                       d_a, d_b, mask, tl.float32, HALF)
+    if BACKWARD:
+        s_a, s_b = s_b, -s_a
+    else:
+        s_a = -s_a
+    ok = valid[:, None, None]                   # a position outside the table: a NaN row
+    c_a = tl.where(ok, c_a, float("nan"))
+    c_b = tl.where(ok, c_b, float("nan"))
+    s_a = tl.where(ok, s_a, float("nan"))
+    s_b = tl.where(ok, s_b, float("nan"))
+    out = (b * S + s_idx).to(tl.int64)[:, None, None] * R
+    tl.store(cos_out_ptr + out + d_a[None, None, :], c_a, mask=mask)
+    tl.store(cos_out_ptr + out + d_b[None, None, :], c_b, mask=mask)
+    tl.store(sin_out_ptr + out + d_a[None, None, :], s_a, mask=mask)
+    tl.store(sin_out_ptr + out + d_b[None, None, :], s_b, mask=mask)
+
+
+@triton.jit
+def _swap_pairs(v, XBLOCK: tl.constexpr):
+    # v [XBLOCK] -> v with elements 2j and 2j + 1 exchanged (in registers)
+    even, odd = tl.split(tl.reshape(v, (XBLOCK // 2, 2)))
+    return tl.reshape(tl.join(odd, even), (XBLOCK,))
+
+
+@triton.jit
+def _rotate_flat(x_ptr, y_ptr, cos_ptr, sin_ptr, block, S, B, H, stride_tab_p, stride_tab_b,
+                 D: tl.constexpr, R: tl.constexpr, LAYOUT: tl.constexpr,
+                 INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr, SIGNED: tl.constexpr,
+                 PER_ENTRY: tl.constexpr, KEEP_TABLE: tl.constexpr, XBLOCK: tl.constexpr,
+                 INT64: tl.constexpr):
+    # Elements block * XBLOCK .. + XBLOCK of x [S * B * H * D] (contiguous in LAYOUT) -> y.
+    HALF: tl.constexpr = R // 2
+    if INT64:               # sizes and products in int64 (the tensor passes 2^31 elements)
+        S = tl.full([], 0, tl.int64) + S
+        B = tl.full([], 0, tl.int64) + B
+        H = tl.full([], 0, tl.int64) + H
+        i = block.to(tl.int64) * XBLOCK + tl.arange(0, XBLOCK)
+    else:
+        i = block * XBLOCK + tl.arange(0, XBLOCK)
+    live = i < S * B * H * D
+    d = i % D                               # the feature
+    if LAYOUT == 1:         # bshd
+        s = (i // (H * D)) % S
+        b = i // (S * H * D)
+    elif LAYOUT == 2:       # Hugging Face's bhsd
+        s = (i // D) % S
+        b = i // (H * S * D)
+    else:                   # sbhd (thd: B = 1)
+        s = i // (B * H * D)
+        b = (i // (H * D)) % B
+    tab = s * stride_tab_p
+    if PER_ENTRY:
+        tab += b * stride_tab_b
+    rotated = d < R
+    mr = live & rotated
+    x = tl.load(x_ptr + i, mask=live, other=0.0)
+    if KEEP_TABLE:          # the rows serve every batch entry: keep them in L2
+        c = tl.load(cos_ptr + tab + d, mask=mr, other=0.0, eviction_policy="evict_last")
+    else:
+        c = tl.load(cos_ptr + tab + d, mask=mr, other=0.0)
+    if INTERLEAVED:
+        first = d % 2 == 0
+        xp = _swap_pairs(x, XBLOCK)
+        to_sin = d
+    else:
+        first = d < HALF
+        step = tl.where(first, HALF, -HALF)     # to the partner: d + R/2 or d - R/2
+        xp = tl.load(x_ptr + i + step, mask=mr, other=0.0)
+        to_sin = d + step if BACKWARD and not SIGNED else d
+    if KEEP_TABLE:
+        sn = tl.load(sin_ptr + tab + to_sin, mask=mr, other=0.0, eviction_policy="evict_last")
+    else:
+        sn = tl.load(sin_ptr + tab + to_sin, mask=mr, other=0.0)
+    if INTERLEAVED and BACKWARD and not SIGNED:
+        sn = _swap_pairs(sn, XBLOCK)
+    xf = x.to(tl.float32)
+    t = xp.to(tl.float32) * sn.to(tl.float32)
+    if not SIGNED:          # y_a = x_a c_a - x_b s, y_b = x_b c_b + x_a s (backward: negated)
+        if BACKWARD:
+            t = tl.where(first, t, -t)
+        else:
+            t = tl.where(first, -t, t)
+    y = tl.where(rotated, tl.fma(xf, c.to(tl.float32), t), xf)
+    tl.store(y_ptr + i, round_to(y, y_ptr.dtype.element_ty, ROUND_BF16_RTNE), mask=live)
+
+
+@triton.jit
+def _rope_rows_kernel(
+    q_ptr, q_out_ptr, k_ptr, k_out_ptr,  # contiguous in LAYOUT; outputs fresh, same layout
+    cos_ptr, sin_ptr,                    # cos, s' of the pre-pass (SIGNED), or the caller's
+    S, B, HQ, HK,
+    stride_tab_p, stride_tab_b,          # a token's row: s * stride_tab_p (+ b * stride_tab_b)
+    D: tl.constexpr, R: tl.constexpr,
+    LAYOUT: tl.constexpr,                # 0 sbhd (thd: B = 1), 1 bshd, 2 bhsd
+    INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
+    SIGNED: tl.constexpr,                # sin_ptr holds s' (signed and transposed as needed)
+    PER_ENTRY: tl.constexpr,             # a table row per (token, batch entry)
+    KEEP_TABLE: tl.constexpr,            # load the table with evict_last (B > 1, one table)
+    XBLOCK: tl.constexpr, INT64: tl.constexpr,
+):
+    # Program blocks of q's elements first, then of k's (without k the grid has q's only).
+    pid = tl.program_id(0)
+    q_blocks = tl.cdiv(S * B * HQ * D, XBLOCK)
+    if pid < q_blocks:
+        _rotate_flat(q_ptr, q_out_ptr, cos_ptr, sin_ptr, pid, S, B, HQ, stride_tab_p,
+                     stride_tab_b, D, R, LAYOUT, INTERLEAVED, BACKWARD, SIGNED, PER_ENTRY,
+                     KEEP_TABLE, XBLOCK, INT64)
+    elif k_ptr is not None:
+        _rotate_flat(k_ptr, k_out_ptr, cos_ptr, sin_ptr, pid - q_blocks, S, B, HK,
+                     stride_tab_p, stride_tab_b, D, R, LAYOUT, INTERLEAVED, BACKWARD, SIGNED,
+                     PER_ENTRY, KEEP_TABLE, XBLOCK, INT64)

@@ -1,0 +1,261 @@
+"""The two-pass route (kernels/flat.py) gives the finished kernel's bits, forward and backward,
+for every layout, pairing, dtype, source of positions and kind of table; and it is taken exactly
+when it should be.
+
+Large contiguous inputs take the route; here the size threshold is lowered to 0 so that CPU-sized
+shapes take it, and every result is compared bit for bit (NaN rows included) with the same call
+through the finished kernel.
+"""
+import itertools
+import zlib
+
+import pytest
+import torch
+
+import ropelib
+import ropelib.hf
+from ropelib import eager
+from ropelib.kernels import launch, tiles
+from ropelib.runtime import on_gpu
+
+DEVICE = "cuda" if on_gpu() else "cpu"     # the interpreter on CPU, compiled kernels on a GPU
+
+S, B, HQ, HK, D = 6, 3, 4, 2, 16
+SHAPES = {"sbhd": lambda h: (S, B, h, D), "bshd": lambda h: (B, S, h, D),
+          "thd": lambda h: (S * B, h, D)}
+
+
+@pytest.fixture
+def starts(monkeypatch):
+    """Count the two-pass route's starts (and leave the threshold where it was)."""
+    calls = []
+    real = launch.TwoPass.start
+
+    def counted(self, pointers):
+        calls.append(self.table_pass is not None)
+        return real(self, pointers)
+    monkeypatch.setattr(launch.TwoPass, "start", counted)
+    yield calls
+    eager.SIGNATURES.clear()
+
+
+def through(route: str, fn):
+    """fn() with the two-pass route on (every size) or off."""
+    saved = tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE
+    tiles.TWO_PASS_MIN_BYTES = 0 if route == "two-pass" else 1 << 62
+    tiles.TWO_PASS_TABLE_SHARE = 0
+    eager.SIGNATURES.clear()
+    try:
+        return fn()
+    finally:
+        tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE = saved
+        eager.SIGNATURES.clear()
+
+
+def assert_same_bits(a, b, what):
+    for x, y in zip(a, b):
+        assert x.dtype == y.dtype and x.shape == y.shape, what
+        same = (x.view(torch.int16 if x.element_size() == 2 else torch.int32)
+                == y.view(torch.int16 if y.element_size() == 2 else torch.int32))
+        both_nan = torch.isnan(x) & torch.isnan(y)
+        assert bool((same | both_nan).all()), \
+            f"{what}: {int((~(same | both_nan)).sum())} elements differ"
+
+
+def _call(option: str, layout: str, interleaved: bool, R: int, dtype):
+    """Inputs and a call of apply_rope_qk with one source of positions / kind of table:
+    returns fn() -> (q', k', dq, dk)."""
+    g = torch.Generator().manual_seed(zlib.crc32(f"{option} {layout} {interleaved} {R} {dtype}".encode()))
+    q = torch.randn(SHAPES[layout](HQ), generator=g).to(DEVICE, dtype)
+    k = torch.randn(SHAPES[layout](HK), generator=g).to(DEVICE, dtype)
+    P = S * B + 5
+    freqs = ropelib.rope_freqs(P, R, interleaved=interleaved, device=DEVICE) * 3.1
+    kw = dict(layout=layout, interleaved=interleaved)
+    table = dict(freqs=freqs)
+    if layout == "thd":     # with context parallelism: global lengths, split over 2 ranks
+        kw["cu_seqlens"] = torch.tensor([0, 8, 20, 2 * S * B] if "cp" in option
+                                        else [0, 5, 11, S * B], dtype=torch.int32,
+                                        device=DEVICE)
+    if option == "start":
+        n = 3 if layout == "thd" else B
+        kw["start_positions"] = torch.tensor([0, 4, 2][:n], dtype=torch.int32,
+                                               device=DEVICE)
+    elif option == "cp":
+        kw.update(cp_size=2, cp_rank=1)
+    elif option == "start+cp":
+        kw.update(cp_size=2, cp_rank=0, start_positions=torch.tensor([3, 0, 1], dtype=torch.int32,
+                                                             device=DEVICE))
+    elif option == "ids shared":
+        kw["position_ids"] = torch.randint(0, P, (1, S), generator=g).to(DEVICE)
+    elif option == "ids per entry":
+        kw["position_ids"] = torch.randint(0, P, (B, S), generator=g).to(DEVICE)
+    elif option == "ids out of range":
+        ids = torch.randint(0, P, (B, S), generator=g)
+        ids[1, 2] = P + 3
+        kw["position_ids"] = ids.to(DEVICE)
+    elif option == "cos/sin fp32":
+        cos, sin = ropelib.rope_cos_sin(P, R, interleaved=interleaved, device=DEVICE)
+        table = dict(cos=cos, sin=sin)
+    elif option == "cos/sin bf16":
+        cos, sin = ropelib.rope_cos_sin(P, R, interleaved=interleaved, dtype=torch.bfloat16,
+                                        device=DEVICE)
+        table = dict(cos=cos, sin=sin)
+    elif option == "unequal halves":
+        table = dict(freqs=torch.randn(P, R, generator=g).to(DEVICE) * 5)
+    elif option == "unequal cos/sin":
+        table = dict(cos=torch.randn(P, R, generator=g).to(DEVICE),
+                     sin=torch.randn(P, R, generator=g).to(DEVICE))
+    elif option == "exact":
+        table = dict(angles=ropelib.frequencies.rope_angles(R, device=DEVICE))
+    if layout == "thd" and any(key in kw for key in ("position_ids",)):
+        kw.pop("position_ids")
+    q.requires_grad_(True)
+    k.requires_grad_(True)
+    dy_q = torch.randn(q.shape, generator=g).to(DEVICE, dtype)
+    dy_k = torch.randn(k.shape, generator=g).to(DEVICE, dtype)
+
+    def fn():
+        if option == "ids out of range":    # unchecked: the kernel writes NaN rows
+            ropelib.set_index_checks("off")
+        try:
+            q_, k_ = ropelib.apply_rope_qk(q, k, **table, **kw)
+        finally:
+            ropelib.set_index_checks("auto")
+        dq, dk = torch.autograd.grad((q_, k_), (q, k), (dy_q, dy_k))
+        return q_.detach(), k_.detach(), dq, dk
+    return fn
+
+
+OPTIONS = ["token index", "start", "cp", "start+cp", "ids shared", "ids per entry",
+           "ids out of range", "cos/sin fp32", "cos/sin bf16", "unequal halves",
+           "unequal cos/sin", "exact"]
+CASES = [c for c in itertools.product(OPTIONS, ["sbhd", "bshd", "thd"], [False, True])
+         if not (c[1] == "thd" and c[0].startswith("ids"))]
+
+
+@pytest.mark.parametrize("option,layout,interleaved", CASES)
+def test_same_bits_as_the_finished_kernel(option, layout, interleaved, starts):
+    # rotary dim R < D (features R..D-1 copied through) for half the cases, bf16 / fp32 alternating
+    odd = zlib.crc32(f"{option} {layout} {interleaved}".encode()) % 2
+    R, dtype = (D, torch.bfloat16) if odd else (D // 2, torch.float32)
+    fn = _call(option, layout, interleaved, R, dtype)
+    want = through("finished", fn)
+    assert not starts
+    got = through("two-pass", fn)
+    assert len(starts) == 2, "forward and backward should both take the two-pass route"
+    plain = option in ("token index", "cos/sin fp32", "cos/sin bf16", "unequal cos/sin") \
+        and layout != "thd"
+    caller_table = option.startswith(("cos/sin", "unequal cos"))
+    assert starts == [not (plain and caller_table)] * 2, \
+        "the caller's cos/sin table is read directly only with plain positions"
+    assert_same_bits(got, want, f"{option} {layout} interleaved={interleaved}")
+    if option == "ids out of range":
+        assert torch.isnan(got[0]).any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_hugging_face_tables_per_batch_entry(dtype, starts):
+    # Hugging Face passes cos/sin [B, S, D] in the input's dtype and q, k as [B, H, S, D]
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(B, HQ, S, D, generator=g).to(DEVICE, dtype).requires_grad_(True)
+    k = torch.randn(B, HK, S, D, generator=g).to(DEVICE, dtype).requires_grad_(True)
+    ids = torch.randint(0, 40, (B, S), generator=g).to(DEVICE)
+    cos, sin = ropelib.rope_cos_sin(40, D, dtype=dtype, device=DEVICE)
+    cos, sin = cos[ids], sin[ids]
+
+    def fn():
+        q_, k_ = ropelib.hf.apply_rotary_pos_emb(q, k, cos, sin)
+        dq, dk = torch.autograd.grad((q_, k_), (q, k), (torch.ones_like(q_), k_.detach()))
+        return q_.detach(), k_.detach(), dq, dk
+    want = through("finished", fn)
+    got = through("two-pass", fn)
+    assert starts, "Hugging Face's call should take the two-pass route"
+    assert_same_bits(got, want, f"hf {dtype}")
+
+
+def test_compiled_call_takes_the_same_route(starts):
+    q = torch.randn(S, B, HQ, D, device=DEVICE)
+    freqs = ropelib.rope_freqs(S, D, device=DEVICE)
+    want = through("finished", lambda: ropelib.apply_rope(q, freqs))
+    torch._dynamo.reset()
+    got = through("two-pass", lambda: torch.compile(
+        lambda x: ropelib.apply_rope(x, freqs), backend="aot_eager", fullgraph=True)(q))
+    assert starts
+    assert_same_bits((got,), (want,), "aot_eager")
+
+
+def test_when_the_route_is_not_taken(starts):
+    q = torch.randn(S, B, HQ, D, device=DEVICE)
+    freqs = ropelib.rope_freqs(S, D, device=DEVICE)
+    cases = {
+        "in place": lambda: ropelib.apply_rope(q.clone(), freqs, inplace=True),
+        "strided input": lambda: ropelib.apply_rope(q[:, :, ::2], freqs),
+        "fp64": lambda: ropelib.apply_rope(q.double(), freqs.double()),
+        "bshd input seen as sbhd": lambda: ropelib.apply_rope(q.transpose(0, 1), freqs,
+                                                                layout="bshd"),
+    }
+    for what, fn in cases.items():
+        through("two-pass", fn)
+        assert not starts, f"{what} took the two-pass route"
+    # below the size threshold it is not taken (q and k count together)
+    saved = tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE
+    tiles.TWO_PASS_MIN_BYTES = q.numel() * q.element_size() + 1
+    tiles.TWO_PASS_TABLE_SHARE = 0
+    eager.SIGNATURES.clear()
+    try:
+        ropelib.apply_rope(q, freqs)
+        assert not starts
+        ropelib.apply_rope_qk(q, q[:, :, :2].contiguous(), freqs)
+        assert len(starts) == 1, "q and k together pass the threshold"
+        # nor where the table would be large beside the tensor: q [6, 3, 4, 16] fp32 moves
+        # 2 x 4.5 KiB; the pre-pass's fp32 cos and sin rows of 6 tokens (6 x 2 x 16 x 4
+        # bytes), written and read, are a third of that
+        tiles.TWO_PASS_MIN_BYTES = 0
+        tiles.TWO_PASS_TABLE_SHARE = (2 * q.numel() * 4) // (S * 2 * D * 4 * 2) + 1
+        eager.SIGNATURES.clear()
+        ropelib.apply_rope(q, freqs)
+        assert len(starts) == 1, "the table is too large a share: the finished kernel runs"
+        tiles.TWO_PASS_TABLE_SHARE -= 1
+        eager.SIGNATURES.clear()
+        ropelib.apply_rope(q, freqs)
+        assert len(starts) == 2
+    finally:
+        tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE = saved
+
+
+def test_launches_differ_where_their_kernels_do():
+    # A planned Launch is the key of its compiled kernel: two calls that differ only in which
+    # index tensors they pass (Triton compiles a None pointer as a constant), or in the dtype
+    # of the caller's table, must not share one.
+    q = launch.View.of(torch.empty(S, B, HQ, D, device="meta"))
+    out = launch.View.of(torch.empty(S, B, HQ, D, device="meta"))
+    angles = launch.Table(torch.empty(S + 4, D, device="meta"), None)
+    start = torch.empty(B, dtype=torch.int32, device="meta")
+
+    def planned(table, positions):
+        route, _ = launch.plan_two_pass(q, out, table, positions, R=D, interleaved=False,
+                                        backward=False, layout="sbhd")
+        return route
+    a = planned(angles, launch.Positions())
+    b = planned(angles, launch.Positions(start=start))
+    assert a.table_pass != b.table_pass
+    tables = [launch.Table(torch.empty(S + 4, D, dtype=dt, device="meta"),
+                           torch.empty(S + 4, D, dtype=dt, device="meta"))
+              for dt in (torch.float32, torch.bfloat16)]
+    f32, b16 = (planned(t, launch.Positions()) for t in tables)
+    assert f32.table_pass is None and b16.table_pass is None
+    assert f32.rotate_pass != b16.rotate_pass
+
+
+def test_the_ops_check_out(starts):
+    q = torch.randn(S, B, HQ, D, device=DEVICE, requires_grad=True)
+    freqs = ropelib.rope_freqs(S, D, device=DEVICE)
+    saved = tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE
+    tiles.TWO_PASS_MIN_BYTES = tiles.TWO_PASS_TABLE_SHARE = 0
+    try:
+        torch.library.opcheck(torch.ops.ropelib.rope.default,
+                              (q, freqs.view(S, D), None, None, None, None, "sbhd", False, 1, 0, False,
+                               None))
+    finally:
+        tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE = saved
+    assert starts
