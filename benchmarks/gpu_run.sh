@@ -4,6 +4,8 @@
 #
 #   bash benchmarks/gpu_run.sh tests     # every GPU test: pytest -m gpu tests
 #   bash benchmarks/gpu_run.sh targets   # python -m ropelib.bench --suite targets  (~5 min)
+#   bash benchmarks/gpu_run.sh floor     # the README's table: --suite floor -> floor-<gpu>.csv (~5 min)
+#   bash benchmarks/gpu_run.sh two-pass  # where the two-pass route pays (benchmarks/two_pass.py)
 #   bash benchmarks/gpu_run.sh decode    # decode suite (host cost, CUDA graphs), host profile,
 #                                        # launch cost per kernel argument
 #   bash benchmarks/gpu_run.sh model     # compiled GPT, 200 steps, rope=reference vs ropelib
@@ -48,7 +50,15 @@ step() {
 for what in "${@:-tests}"; do
     case "$what" in
         tests)
-            step pytest-gpu "$PY" -m pytest -q -m gpu tests -p no:cacheprovider ;;
+            step pytest-gpu "$PY" -m pytest -q -m gpu tests -p no:cacheprovider
+            # the two-pass route's bit-for-bit tests, with compiled kernels
+            step pytest-two-pass "$PY" -m pytest -q tests/test_two_pass.py -p no:cacheprovider ;;
+        floor)
+            step floor "$PY" -m ropelib.bench --suite floor --out "$RESULTS/"
+            keep "$RESULTS"/floor-"$gpu".csv ;;
+        two-pass)
+            step two-pass "$PY" benchmarks/two_pass.py --compile --out "$RESULTS"
+            keep "$RESULTS"/two_pass-"$gpu".csv ;;
         targets)
             step targets "$PY" -m ropelib.bench --suite targets --out "$RESULTS/targets-$tag.csv"
             keep "$RESULTS/targets-$tag.csv" ;;
@@ -85,7 +95,7 @@ for what in "${@:-tests}"; do
             executed=${OUT:-benchmarks/scratch}/executed
             step notebooks "$PY" benchmarks/run_notebooks.py --out "$executed" ;;
         *)
-            echo "unknown step: $what (tests, targets, decode, model, sweeps, ablation, ladder, features, notebooks)"; exit 2 ;;
+            echo "unknown step: $what (tests, targets, floor, two-pass, decode, model, sweeps, ablation, ladder, features, notebooks)"; exit 2 ;;
     esac
 done
 exit $rc
