@@ -17,6 +17,7 @@ at decode sizes. So a plain eager call takes a shorter way to the same planner a
   rotation reversed. It is itself differentiable, so double backward works. The tables and index
   tensors are saved for backward: changing one in place before backward raises autograd's error.
 """
+import operator
 from typing import Optional
 
 import torch
@@ -123,7 +124,7 @@ class PlannedRotation:
     means "made contiguous first" (what the checks did to that argument).
     """
     __slots__ = ("launch", "n", "pointer_sources", "out_dtype", "in_place", "backward", "layout",
-                 "_planned", "_start", "_names", "_reverses", "empty")
+                 "_planned", "_start", "_names", "_pick", "_copies", "_reverses", "empty")
 
     def __init__(self, *, xs, outs, table, positions, pointer_sources, out_dtype, in_place,
                  backward, interleaved, layout: str):
@@ -140,6 +141,17 @@ class PlannedRotation:
         x4 = ops.view4(xs[0], layout)
         self.empty = x4.shape[0] == 0 or x4.shape[1] == 0
         self._names = pointer_names(self.launch)
+        # Each kernel pointer's place in (*xs, *outs, *reads, None), picked in one C call per
+        # launch; `_copies`: the places of the reads the checks made contiguous.
+        places = {"q_ptr": 0, "q_out_ptr": None if in_place else self.n}
+        if self.n == 2:
+            places.update(k_ptr=1, k_out_ptr=None if in_place else 3)
+        reads_at = self.n if in_place else 2 * self.n
+        places.update((name, reads_at + j) for name, j, _ in self.pointer_sources)
+        none_at = reads_at + len({j for _, j, _ in self.pointer_sources})
+        self._pick = operator.itemgetter(*(none_at if places.get(name) is None else places[name]
+                                           for name in self._names))
+        self._copies = tuple(reads_at + j for _, j, copy in self.pointer_sources if copy)
         # a two-pass route (large inputs) starts its own two launches
         self._start = (EagerLaunch(self.launch.launcher, self.launch)
                        if isinstance(self.launch, Launch) else self.launch.start)
@@ -162,12 +174,11 @@ class PlannedRotation:
         return tuple(outs)
 
     def _launch(self, xs, outs, reads) -> None:
-        named = {"q_ptr": xs[0], "q_out_ptr": None if self.in_place else outs[0]}
-        if self.n == 2:
-            named.update(k_ptr=xs[1], k_out_ptr=None if self.in_place else outs[1])
-        for name, j, copy in self.pointer_sources:
-            named[name] = reads[j].contiguous() if copy else reads[j]
-        self._start(tuple(named.get(name) for name in self._names))
+        # (*xs, outs unless in place, *reads, None): the tuple the kernel's pointers are picked from
+        args = (*xs, *reads, None) if self.in_place else (*xs, *outs, *reads, None)
+        if self._copies:
+            args = tuple(a.contiguous() if i in self._copies else a for i, a in enumerate(args))
+        self._start(self._pick(args))
 
     def reverse(self, grads: tuple, x_dtype) -> "PlannedRotation":
         """The rotation back, for gradients with these strides (planned once per signature)."""
@@ -200,7 +211,8 @@ class Rotate(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         reads = ctx.saved_tensors
-        present = [g for g in grads if g is not None]
+        every = all(g is not None for g in grads)
+        present = grads if every else tuple(g for g in grads if g is not None)
         if not present:
             return (None,) * (2 + len(grads) + len(reads))
         rev = ctx.rotation.reverse(grads, ctx.x_dtype)
@@ -208,7 +220,8 @@ class Rotate(torch.autograd.Function):
             out = Rotate.apply(rev, len(present), *present, *reads)
             gx = out if isinstance(out, tuple) else (out,)
         else:
-            gx = rev.run(tuple(present), reads)
-        it = iter(gx)
-        gxs = tuple(next(it) if g is not None else None for g in grads)
-        return (None, None) + gxs + (None,) * len(reads)
+            gx = rev.run(present, reads)
+        if not every:
+            it = iter(gx)
+            gx = tuple(next(it) if g is not None else None for g in grads)
+        return (None, None, *gx) + (None,) * len(reads)
