@@ -58,6 +58,10 @@ EPS = 1e-6
 
 # --- the baseline: ropelib's Triton GEMM without its epilogue ----------------------------------
 
+def _run(kind: str, opts: dict, pointers: tuple) -> None:
+    qkv_gemm.run(qkv_gemm.plan(kind, dtypes=qkv_gemm.dtypes_of(pointers), **opts), pointers)
+
+
 class _TritonGemm(torch.autograd.Function):
     """x [B, S, K] @ W^T -> q, k, v [B, S, H, D] through kernels/qkv_gemm with rotate=False;
     backward through its dX and dW kernels, likewise without the rotation."""
@@ -70,8 +74,7 @@ class _TritonGemm(torch.autograd.Function):
                     device=x.device, rotate=False)
         outs = [torch.empty(B, S, h, D, dtype=x.dtype, device=x.device) for h in (HQ, HK, HK)]
         tables = (turns, amplitude, None, None, None, None, None, None)
-        qkv_gemm.run(qkv_gemm.plan("fwd", **opts), qkv_gemm.FWD_POINTERS,
-                     (x, weight, None, *outs, *tables))
+        _run("fwd", opts, (x, weight, None, *outs, *tables))
         ctx.save_for_backward(x, weight)
         ctx.opts, ctx.tables = opts, tables
         return tuple(outs)
@@ -81,10 +84,8 @@ class _TritonGemm(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         grads = tuple(g.contiguous() for g in (gq, gk, gv))
         dx, dw = torch.empty_like(x), torch.empty_like(weight)
-        qkv_gemm.run(qkv_gemm.plan("dx", **ctx.opts), qkv_gemm.DX_POINTERS,
-                     (*grads, weight, dx, *ctx.tables))
-        qkv_gemm.run(qkv_gemm.plan("dw", **ctx.opts), qkv_gemm.DW_POINTERS,
-                     (*grads, x, dw, None, None, *ctx.tables))
+        _run("dx", ctx.opts, (*grads, weight, dx, *ctx.tables))
+        _run("dw", ctx.opts, (*grads, x, dw, None, None, *ctx.tables))
         return dx, dw, None, None, None, None, None
 
 

@@ -70,9 +70,9 @@ def run(dry_run: bool, tokens=8192, hidden=4096, HQ=32, HK=8, D=128) -> list:
     dx, dw = torch.empty_like(x), torch.empty_like(w)
     angles = ropelib.rope_angles(D, base=500000.0, device=device)
     tables = (angles.turns, angles.amplitude, None, None, None, None, None, None)
-    pointers = {"fwd": (qkv_gemm.FWD_POINTERS, (x, w, None, *outs, *tables)),
-                "dx": (qkv_gemm.DX_POINTERS, (*grads, w, dx, *tables)),
-                "dw": (qkv_gemm.DW_POINTERS, (*grads, x, dw, None, None, *tables))}
+    pointers = {"fwd": (x, w, None, *outs, *tables),
+                "dx": (*grads, w, dx, *tables),
+                "dw": (*grads, x, dw, None, None, *tables)}
     saved = {k: dict(v) for k, v in qkv_gemm.GPU_TILES.items()}
     rows = []
     try:
@@ -86,14 +86,15 @@ def run(dry_run: bool, tokens=8192, hidden=4096, HQ=32, HK=8, D=128) -> list:
                     planned = qkv_gemm.plan(
                         kind, S=tokens, B=1, K=K, HQ=HQ, HK=HK, D=D, R=D, P=2**31 - 1, ids=None,
                         cu_seqlens=None, layout="bshd", interleaved=False, eps=1e-6,
-                        device=x.device, rotate=rotate)
-                    names, ptrs = pointers[kind]
+                        device=x.device, dtypes=qkv_gemm.dtypes_of(pointers[kind]),
+                        rotate=rotate)
+                    ptrs = pointers[kind]
                     try:
-                        qkv_gemm.run(planned, names, ptrs)
+                        qkv_gemm.run(planned, ptrs)
                         if dry_run:
                             continue
                         import triton.testing
-                        ms = triton.testing.do_bench(lambda: qkv_gemm.run(planned, names, ptrs),
+                        ms = triton.testing.do_bench(lambda: qkv_gemm.run(planned, ptrs),
                                                      warmup=10, rep=60)
                     except Exception as exc:  # noqa: BLE001 -- recorded, the sweep goes on
                         row["reason"] = f"{type(exc).__name__}: {exc}"[:160]

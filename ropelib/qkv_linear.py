@@ -64,13 +64,15 @@ def _rows(table: Tensor) -> int:
     return EXACT_POSITIONS if table.dtype == torch.int64 else table.shape[0]
 
 
-def _plan(kind: str, x: Tensor, table: Tensor, position_ids, cu_seqlens, n_heads, n_kv_heads,
-          head_dim, interleaved, out_layout, eps=1e-6):
+def _run(kind: str, pointers: tuple, x: Tensor, table: Tensor, position_ids, cu_seqlens,
+         n_heads, n_kv_heads, head_dim, interleaved, out_layout, eps=1e-6) -> None:
+    """Plan one of the three kernels for these pointers (in its *_POINTERS order) and start it."""
     B, S, K = _sizes(x)
     R = table.shape[0] if table.dtype == torch.int64 else table.shape[1]
-    return kernel.plan(kind, S=S, B=B, K=K, HQ=n_heads, HK=n_kv_heads, D=head_dim, R=R,
-                       P=_rows(table), ids=position_ids, cu_seqlens=cu_seqlens,
-                       layout=out_layout, interleaved=interleaved, eps=eps, device=x.device)
+    kernel.run(kernel.plan(kind, S=S, B=B, K=K, HQ=n_heads, HK=n_kv_heads, D=head_dim, R=R,
+                           P=_rows(table), ids=position_ids, cu_seqlens=cu_seqlens,
+                           layout=out_layout, interleaved=interleaved, eps=eps, device=x.device,
+                           dtypes=kernel.dtypes_of(pointers)), pointers)
 
 
 def _contiguous(t: Optional[Tensor]) -> Optional[Tensor]:
@@ -100,12 +102,12 @@ def qkv_rope_linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], table:
         rstd = torch.empty((0,), dtype=torch.float32, device=x.device)
         norm_input = torch.empty((0,), dtype=x.dtype, device=x.device)
     if M:
-        planned = _plan("fwd", x, table, position_ids, cu_seqlens, n_heads, n_kv_heads,
-                        head_dim, interleaved, out_layout, eps)
-        kernel.run(planned, kernel.FWD_POINTERS, (
-            x.contiguous(), weight.contiguous(), _contiguous(bias), q, k, v, table, sin,
-            position_ids, cu_seqlens, q_norm_weight, k_norm_weight,
-            rstd if rstd.numel() else None, norm_input if norm_input.numel() else None))
+        _run("fwd", (x.contiguous(), weight.contiguous(), _contiguous(bias), q, k, v, table, sin,
+                     position_ids, cu_seqlens, q_norm_weight, k_norm_weight,
+                     rstd if rstd.numel() else None,
+                     norm_input if norm_input.numel() else None),
+             x, table, position_ids, cu_seqlens, n_heads, n_kv_heads, head_dim, interleaved,
+             out_layout, eps)
     return q, k, v, rstd, norm_input
 
 
@@ -137,15 +139,13 @@ def qkv_rope_linear_backward_op(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, 
               rstd if norm else None, norm_input if norm else None)
     grads = tuple(g.contiguous() for g in (grad_q, grad_k, grad_v))
     if M and grad_x:
-        planned = _plan("dx", x, table, position_ids, cu_seqlens, n_heads, n_kv_heads, head_dim,
-                        interleaved, out_layout)
-        kernel.run(planned, kernel.DX_POINTERS, grads + (weight.contiguous(), dx) + tables)
+        _run("dx", grads + (weight.contiguous(), dx) + tables, x, table, position_ids,
+             cu_seqlens, n_heads, n_kv_heads, head_dim, interleaved, out_layout)
     if grad_params:
         if M:
-            planned = _plan("dw", x, table, position_ids, cu_seqlens, n_heads, n_kv_heads,
-                            head_dim, interleaved, out_layout)
-            kernel.run(planned, kernel.DW_POINTERS,
-                       grads + (x.contiguous(), dw, db32, dnorm) + tables)
+            _run("dw", grads + (x.contiguous(), dw, db32, dnorm) + tables, x, table,
+                 position_ids, cu_seqlens, n_heads, n_kv_heads, head_dim, interleaved,
+                 out_layout)
         else:
             dw.zero_()
     db = db32.to(weight.dtype) if db32 is not None else empty(weight)

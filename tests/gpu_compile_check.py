@@ -137,9 +137,6 @@ def main():
         ("qkv-linear-dw-norm-packed", "dw", bf, D, f, None, None, cu, True, "bshd", False),
     ]:
         R_, P = (R, 2**31 - 1) if table.dtype == torch.int64 else (table.shape[1], table.shape[0])
-        planned = QG.plan(kind, S=S, B=B, K=K, HQ=HQ, HK=HK, D=D, R=R_, P=P, ids=pos,
-                          cu_seqlens=cu_seqlens, layout=layout, interleaved=interleaved,
-                          eps=1e-6, device=cuda)
         x, w = torch.empty(M, K, dtype=dtype), torch.empty(N, K, dtype=dtype)
         outs = [torch.empty(M, h * D, dtype=dtype) for h in (HQ, HK, HK)]
         wn = [torch.ones(D), torch.ones(D)] if norm else [None, None]
@@ -153,7 +150,10 @@ def main():
         else:
             names, ptrs = QG.DW_POINTERS, (*outs, x, w, torch.empty(N),
                                            torch.empty(HQ + HK, D), *shared)
-        compile_for_gpu(name, planned.kernel, names, planned, ptrs)
+        planned = QG.plan(kind, S=S, B=B, K=K, HQ=HQ, HK=HK, D=D, R=R_, P=P, ids=pos,
+                          cu_seqlens=cu_seqlens, layout=layout, interleaved=interleaved,
+                          eps=1e-6, device=cuda, dtypes=QG.dtypes_of(ptrs))
+        compile_for_gpu(name, planned.launcher.kernel, names, planned, ptrs)
 
 
 if __name__ == "__main__":

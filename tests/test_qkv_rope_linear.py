@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ropelib
-from ropelib.kernels import qkv_gemm
+from ropelib.kernels import planning, qkv_gemm
 
 ROOT = Path(__file__).resolve().parents[1]
 OPS = torch.ops.ropelib
@@ -327,15 +327,15 @@ def test_every_output_element_is_written(seeded):
     opts = dict(S=S, B=1, K=K, HQ=HQ, HK=HK, D=D, R=R, P=S, ids=None, cu_seqlens=None,
                 layout="bshd", interleaved=False, eps=1e-6, device=x.device)
     shared = (freqs, None, None, None, wq, wk, rstd, pre)
-    qkv_gemm.run(qkv_gemm.plan("fwd", **opts), qkv_gemm.FWD_POINTERS,
-                 (x.reshape(M, K), w, b, q, k, v) + shared)
+    def run(kind, pointers):
+        qkv_gemm.run(qkv_gemm.plan(kind, dtypes=qkv_gemm.dtypes_of(pointers), **opts), pointers)
+    run("fwd", (x.reshape(M, K), w, b, q, k, v) + shared)
     for t in (q, k, v, rstd, pre):
         assert not t.isnan().any()
     g = [torch.randn_like(t) for t in (q, k, v)]
     dx, dw, db, dnorm = nan(M, K), nan(N, K), nan(N), nan(HQ + HK, D)
-    qkv_gemm.run(qkv_gemm.plan("dx", **opts), qkv_gemm.DX_POINTERS, (*g, w, dx) + shared)
-    qkv_gemm.run(qkv_gemm.plan("dw", **opts), qkv_gemm.DW_POINTERS,
-                 (*g, x.reshape(M, K), dw, db, dnorm) + shared)
+    run("dx", (*g, w, dx) + shared)
+    run("dw", (*g, x.reshape(M, K), dw, db, dnorm) + shared)
     for t in (dx, dw, db, dnorm):
         assert not t.isnan().any()
 
@@ -672,3 +672,22 @@ def test_benchmark_dry_run(tmp_path, capsys):
     for r in rows:
         assert r["available"] is True, r
     assert "fused" in capsys.readouterr().out
+
+
+def test_planned_launches_name_every_argument_and_their_dtypes():
+    """The direct launcher starts a compiled GEMM with the Launch's arguments alone (no defaults
+    filled in by Triton) and finds it by the Launch: so each plan names every non-pointer
+    argument of its kernel, and plans for other dtypes or another pipelining depth differ."""
+    opts = dict(S=8, B=2, K=32, HQ=2, HK=1, D=16, R=16, P=8, ids=None, cu_seqlens=None,
+                layout="bshd", interleaved=False, eps=1e-6, device=torch.device("cpu"))
+    for kind, launcher in (("fwd", qkv_gemm.FWD), ("dx", qkv_gemm.DX), ("dw", qkv_gemm.DW)):
+        bf = qkv_gemm.plan(kind, dtypes=(torch.bfloat16,) * len(launcher.pointer_names), **opts)
+        assert bf.launcher is launcher
+        rest = [n for n in launcher.kernel.arg_names if n not in launcher.pointer_names]
+        assert list(bf.args) == rest
+        fp16 = qkv_gemm.plan(kind, dtypes=(torch.float16,) * len(launcher.pointer_names), **opts)
+        assert bf != fp16 and bf == qkv_gemm.plan(
+            kind, dtypes=(torch.bfloat16,) * len(launcher.pointer_names), **opts)
+        deeper = planning.Launch(bf.grid, bf.num_warps, bf.args, bf.dtypes, bf.device,
+                                 bf.launcher, num_stages=(bf.num_stages or 1) + 1)
+        assert deeper != bf and deeper.options()["num_stages"] == (bf.num_stages or 1) + 1

@@ -120,7 +120,7 @@ class DirectLauncher:
 
     def _through_triton(self, launch, pointers: tuple):
         return self.kernel[launch.grid](**dict(zip(self.pointer_names, pointers)), **launch.args,
-                                        num_warps=launch.num_warps)
+                                        **launch.options())
 
     def __call__(self, launch, pointers: tuple) -> None:
         """Launch with these pointer tensors (or None), in the kernel's order."""

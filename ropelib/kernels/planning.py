@@ -23,22 +23,32 @@ class Launch:
     """One planned launch of a kernel: the grid, the warps and every argument except the
     pointers, by name; the pointers' dtypes and device; the DirectLauncher of its kernel (for
     the finished RoPE kernels; other families pass theirs to `start`). Pointers are bound per call, so one
-    Launch serves every call with the same shapes, strides, dtypes and options.
+    Launch serves every call with the same shapes, strides, dtypes and options. `dtypes` must
+    name every pointer's dtype: Triton compiles a kernel per dtype, and the direct launcher finds
+    the compiled kernel by the Launch.
 
     Equal Launches compare and hash equal (used to find the compiled kernel of an eager launch).
     """
-    __slots__ = ("grid", "num_warps", "args", "dtypes", "device", "launcher", "_key", "_hash")
+    __slots__ = ("grid", "num_warps", "args", "dtypes", "device", "launcher", "num_stages",
+                 "_key", "_hash")
 
     def __init__(self, grid: tuple, num_warps: int, args: dict, dtypes: tuple, device,
-                 launcher=None):
+                 launcher=None, num_stages=None):
         self.grid, self.num_warps, self.args = grid, num_warps, args
         self.dtypes, self.device, self.launcher = dtypes, device, launcher
+        self.num_stages = num_stages    # software pipelining (GEMMs); None: Triton's default
         self._key = self._hash = None
+
+    def options(self) -> dict:
+        """The launch options Triton takes beside the kernel's arguments."""
+        if self.num_stages is None:
+            return {"num_warps": self.num_warps}
+        return {"num_warps": self.num_warps, "num_stages": self.num_stages}
 
     def key(self) -> tuple:
         if self._key is None:   # only for concrete sizes (an eager launch), never while tracing
-            self._key = (self.grid, self.num_warps, tuple(self.args.items()), self.dtypes,
-                         self.device, id(self.launcher))
+            self._key = (self.grid, self.num_warps, self.num_stages, tuple(self.args.items()),
+                         self.dtypes, self.device, id(self.launcher))
             self._hash = hash(self._key)
         return self._key
 
@@ -100,10 +110,10 @@ def start(direct: DirectLauncher, launch: Launch, pointers: tuple) -> None:
     named = dict(zip(direct.pointer_names, pointers))
     if INTERPRET:
         if not is_fake(q):
-            direct.kernel[launch.grid](**named, **launch.args, num_warps=launch.num_warps)
+            direct.kernel[launch.grid](**named, **launch.args, **launch.options())
         return
     if plain_eager(q):
         direct(launch, pointers)
         return
     torch.library.wrap_triton(direct.kernel)[launch.grid](**named, **launch.args,
-                                                          num_warps=launch.num_warps)
+                                                          **launch.options())

@@ -89,8 +89,6 @@ fp32 (tl.dot accumulates fp32; fp32 inputs multiply in full fp32, not TF32) with
 at each store; the backward rounds dY to the weight's dtype once, as the MMA operand, where the
 unfused pipeline rounds it once when it writes it.
 """
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
@@ -99,7 +97,8 @@ from ..conventions import QKV_LINEAR_MAX_HEAD_DIM
 from ..runtime import INTERPRET
 from .common import ROUND_BF16_RTNE, contiguous_strides, pair_features, rotate_pair, round_to
 from .fused import table_cos_sin, packed_positions
-from .planning import cdiv, is_fake
+from .direct import DirectLauncher
+from .planning import Launch, cdiv, start
 
 # --- tiles ---------------------------------------------------------------------------------
 # The fastest rotating tile of each kernel in benchmarks/qkv_tiles.py's sweep (8192 tokens,
@@ -610,16 +609,6 @@ def _qkv_rope_dw_kernel(
 
 # --- host side: tiles, plans, launches -------------------------------------------------------
 
-class Planned(NamedTuple):
-    """One planned launch: the kernel, its grid, every argument but the pointers (by name), and
-    the launch options."""
-    kernel: object
-    grid: tuple
-    args: dict
-    num_warps: int
-    num_stages: int
-
-
 # each kernel's pointer arguments, in its order (an unused one is None)
 _TABLES = ("cos_ptr", "sin_ptr", "pos_ptr", "cu_seqlens_ptr", "norm_q_ptr", "norm_k_ptr",
            "rstd_ptr", "pre_ptr")
@@ -627,6 +616,14 @@ FWD_POINTERS = ("x_ptr", "w_ptr", "bias_ptr", "q_ptr", "k_ptr", "v_ptr") + _TABL
 DX_POINTERS = ("gq_ptr", "gk_ptr", "gv_ptr", "w_ptr", "dx_ptr") + _TABLES
 DW_POINTERS = ("gq_ptr", "gk_ptr", "gv_ptr", "x_ptr", "dw_ptr", "db_ptr", "dnorm_ptr") + _TABLES
 LAYOUT = {"bshd": 1, "bhsd": 2}     # as kernels/common.contiguous_strides numbers them
+FWD = DirectLauncher(_qkv_rope_fwd_kernel, FWD_POINTERS)
+DX = DirectLauncher(_qkv_rope_dx_kernel, DX_POINTERS)
+DW = DirectLauncher(_qkv_rope_dw_kernel, DW_POINTERS)
+
+
+def dtypes_of(pointers: tuple) -> tuple:
+    """The dtypes a Launch is planned for (None for a None pointer)."""
+    return tuple(None if t is None else t.dtype for t in pointers)
 
 
 def _pow2_between(n, lo: int, hi: int) -> int:
@@ -655,10 +652,12 @@ def _needs_int64(*sizes) -> bool:
 
 
 def plan(kind: str, *, S, B, K, HQ, HK, D, R, P, ids, cu_seqlens, layout: str,
-         interleaved: bool, eps: float, device: torch.device, rotate: bool = True) -> Planned:
+         interleaved: bool, eps: float, device: torch.device, dtypes: tuple,
+         rotate: bool = True) -> Launch:
     """The launch of one kernel ("fwd", "dx" or "dw") for x [M = B S, K] and HQ, HK heads of D
-    features (R rotated). Sees only sizes and options, never values. rotate=False: the same
-    GEMM without the norm and the rotation (benchmarks/qkv_rope_bench.py's baseline)."""
+    features (R rotated); `dtypes`: its pointers' dtypes (None for None) in *_POINTERS order.
+    Sees only sizes, dtypes and options, never values. rotate=False: the same GEMM without the
+    norm and the rotation (benchmarks/qkv_rope_bench.py's baseline)."""
     M, N = S * B, (HQ + 2 * HK) * D
     t = pick_tiles(kind, M, K, device)
     args = dict(S=S, B=B, K=K, HQ=HQ, HK=HK, P=P,
@@ -668,34 +667,20 @@ def plan(kind: str, *, S, B, K, HQ, HK, D, R, P, ids, cu_seqlens, layout: str,
                 BLOCK_M=t["BLOCK_M"], BLOCK_K=t["BLOCK_K"], GROUP_M=t["GROUP_M"],
                 INT64=_needs_int64(M * K, M * N, N * K))
     if kind == "fwd":
-        kernel, grid = _qkv_rope_fwd_kernel, (cdiv(M, t["BLOCK_M"]) * (HQ + 2 * HK),)
+        launcher, grid = FWD, (cdiv(M, t["BLOCK_M"]) * (HQ + 2 * HK),)
         args = dict(args, eps=eps)
     elif kind == "dx":
-        kernel, grid = _qkv_rope_dx_kernel, (cdiv(M, t["BLOCK_M"]) * cdiv(K, t["BLOCK_K"]),)
+        launcher, grid = DX, (cdiv(M, t["BLOCK_M"]) * cdiv(K, t["BLOCK_K"]),)
     else:
-        kernel, grid = _qkv_rope_dw_kernel, ((HQ + 2 * HK) * cdiv(K, t["BLOCK_K"]),)
-    # in the kernel's argument order
-    order = [n for n in kernel.arg_names if n in args]
-    return Planned(kernel, grid, {n: args[n] for n in order}, t["num_warps"], t["num_stages"])
+        launcher, grid = DW, ((HQ + 2 * HK) * cdiv(K, t["BLOCK_K"]),)
+    # every argument but the pointers, in the kernel's order
+    order = [n for n in launcher.kernel.arg_names if n not in launcher.pointer_names]
+    return Launch(grid, t["num_warps"], {n: args[n] for n in order}, tuple(dtypes), device,
+                  launcher, num_stages=t["num_stages"])
 
 
-def run(planned: Planned, names: tuple, pointers: tuple) -> None:
-    """Start a planned launch. A GEMM of milliseconds does not need ropelib's direct launcher
-    (kernels/direct.py: microseconds of host time per launch), and that launcher's Launch has
-    no num_stages, which a pipelined GEMM needs: so eagerly through Triton's own launcher,
-    while torch.compile or another tracer is at work through torch.library.wrap_triton (the
-    kernel lands in the graph), in the interpreter as Python (and not at all for fake tensors,
-    when the operator is only evaluated for its output shapes)."""
-    first = pointers[0]
-    named = dict(zip(names, pointers))
-    if INTERPRET:
-        if not is_fake(first):
-            planned.kernel[planned.grid](**named, **planned.args, num_warps=planned.num_warps)
-        return
-    options = dict(num_warps=planned.num_warps, num_stages=planned.num_stages)
-    if (type(first) is torch.Tensor and not torch.compiler.is_compiling()
-            and torch._C._len_torch_dispatch_stack() == 0):
-        planned.kernel[planned.grid](**named, **planned.args, **options)
-    else:
-        torch.library.wrap_triton(planned.kernel)[planned.grid](**named, **planned.args,
-                                                                **options)
+def run(launch: Launch, pointers: tuple) -> None:
+    """Start a planned launch (pointers in its kernel's *_POINTERS order) the way every kernel
+    family starts: eagerly through the direct launcher, while torch.compile or another tracer is
+    at work through torch.library.wrap_triton, in the interpreter as Python (planning.start)."""
+    start(launch.launcher, launch, pointers)
