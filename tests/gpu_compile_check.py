@@ -17,6 +17,7 @@ from ropelib.kernels import launch as L
 from ropelib.kernels import mrope as MR
 from ropelib.kernels import qk_norm_rope as QK
 from ropelib.kernels import qkv_gemm as QG
+from ropelib.kernels import tiles as T
 
 TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
          torch.float64: "fp64", torch.int32: "i32", torch.int64: "i64",
@@ -119,6 +120,32 @@ def main():
         planned, ptrs = MR.plan(x, y, positions, inv, axis, interleaved=False, backward=True,
                                 layout="sbhd", **kv)
         compile_for_gpu(name, MR._mrope_kernel, MR.POINTERS, planned, ptrs)
+
+    # the two-pass route (kernels/flat.py): the cos/sin pre-pass and the flat pass, with the
+    # GPU's tiles (the CPU plans interpreter-sized ones)
+    xb, xbo = x.transpose(0, 1).contiguous(), torch.empty(B, S, 2 * H, D, dtype=bf)
+    kb2, kbo = k.transpose(0, 1).contiguous(), torch.empty(B, S, H, D, dtype=bf)
+    views = lambda *ts: [L.View.of(t.transpose(0, 1)) for t in ts]     # noqa: E731
+    ids = torch.zeros(B, S, dtype=torch.int64)
+    for name, table, pos, interleaved, backward in [
+        ("two-pass-angles-interleaved", L.Table(f, None), L.Positions(), True, False),
+        ("two-pass-ids-backward", L.Table(f, None), L.Positions(position_ids=ids), False, True),
+        ("two-pass-cos-sin", L.Table(f.cos(), f.sin()), L.Positions(), False, True),
+    ]:
+        q4, qo4, k4, ko4 = views(xb, xbo, kb2, kbo)
+        route, ptrs = L.plan_two_pass(q4, qo4, table, pos, R=D, interleaved=interleaved,
+                                      backward=backward, layout="bshd", k=k4, k_out=ko4)
+        rows = route.rotate_pass
+        rows.args = dict(rows.args, XBLOCK=T.TWO_PASS_ELEMENTS)
+        if route.table_pass is not None:
+            pre = route.table_pass
+            half = pre.args["BLOCK_HALF"]
+            pre.args = dict(pre.args, BLOCK_S=max(1, T.TWO_PASS_TABLE_ELEMENTS // half))
+            cs = [torch.empty(route.table_shape, dtype=torch.float32) for _ in range(2)]
+            compile_for_gpu(name + "-table", pre.launcher.kernel, pre.launcher.pointer_names,
+                            pre, ptrs[4:6] + ptrs[6:9] + tuple(cs))
+            ptrs = ptrs[:4] + tuple(cs)
+        compile_for_gpu(name, rows.launcher.kernel, rows.launcher.pointer_names, rows, ptrs[:6])
 
     # RoPE fused into the QKV projection (kernels/qkv_gemm.py), with the GPU's tiles
     HQ, HK, D, K = 4, 2, 128, 256
