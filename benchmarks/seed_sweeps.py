@@ -5,10 +5,12 @@
         python benchmarks/seed_sweeps.py --only 'bf16' --append     # the same in two parts
     python benchmarks/seed_sweeps.py --only 'seq_len-b[18]-bf16'   # a regex over sweep names
     python benchmarks/seed_sweeps.py --tiny           # shrunk sizes; the CPU interpreter works
+    python benchmarks/seed_sweeps.py --redraw benchmarks/results/seed_sweeps.csv   # figures only
 
 Writes benchmarks/results/seed_sweeps.csv (rows of compare.run_case plus a `sweep` column, the
 environment in the header) and figures/07-seed-seq-len-{fp32,bf16}.png (GB/s vs seq_len, one
-panel per batch) and figures/07-seed-axes.png (seq/hidden/heads/batch sweeps). Interpreter runs
+panel per batch) and figures/07-seed-axes.png (seq/hidden/heads/batch sweeps), each titled with the GPU and
+versions from the CSV's header. Interpreter runs
 (--tiny or no GPU) go to a temp directory unless --out/--figures say otherwise: their timings
 are meaningless and must not replace the committed GPU results.
 """
@@ -57,8 +59,9 @@ def run(sweeps, progress=True) -> list:
     return rows
 
 
-def draw(rows, figures: Path) -> list:
-    """figures/07-seed-seq-len-<dtype>.png and 07-seed-axes.png from ``rows``; returns paths."""
+def draw(rows, figures: Path, where: str) -> list:
+    """figures/07-seed-seq-len-<dtype>.png and 07-seed-axes.png from ``rows``, each titled with
+    ``where`` (the GPU and versions they were measured with); returns paths."""
     figures.mkdir(parents=True, exist_ok=True)
     out = []
     for dtype in ("fp32", "bf16"):
@@ -72,6 +75,7 @@ def draw(rows, figures: Path) -> list:
         for ax, (b, sub) in zip(axes[0], panels):
             compare.plot_sweep(sub, "seq_len", ax=ax, title=f"{dtype}, H={sub[0]['heads']}, "
                                                             f"D={sub[0]['head_dim']}, batch {b}")
+        fig.suptitle(where, fontsize=9)
         fig.tight_layout()
         path = figures / f"07-seed-seq-len-{dtype}.png"
         fig.savefig(path, dpi=110)
@@ -85,12 +89,20 @@ def draw(rows, figures: Path) -> list:
         fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
         for ax, (n, a, sub) in zip(axes[0], panels):
             compare.plot_sweep(sub, a, ax=ax, title=f"{n}: Triton vs TE vs PyTorch")
+        fig.suptitle(where, fontsize=9)
         fig.tight_layout()
         path = figures / "07-seed-axes.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
         out.append(path)
     return out
+
+
+def measured_where(meta: dict) -> str:
+    """Where a CSV's rows were measured, from its header: GPU, torch, Triton, TE, date."""
+    return (f"measured on {meta.get('gpu', 'an unnamed device')} (torch {meta.get('torch', '?')}, "
+            f"Triton {meta.get('triton', '?')}, TE {meta.get('transformer_engine', '?')}, "
+            f"{str(meta.get('date', '?'))[:10]})")
 
 
 def main(argv=None) -> int:
@@ -104,7 +116,15 @@ def main(argv=None) -> int:
     ap.add_argument("--append", action="store_true",
                     help="keep the rows of other sweeps already in the CSV (run in parts)")
     ap.add_argument("--list", action="store_true", help="list the sweeps and exit")
+    ap.add_argument("--redraw", default=None, metavar="CSV",
+                    help="only draw the figures from a CSV this script wrote (no GPU needed)")
     args = ap.parse_args(argv)
+    if args.redraw:
+        figures = Path(args.figures) if args.figures else FIGURES
+        where = measured_where(compare.read_meta(args.redraw))
+        for p in draw(compare.read_csv(args.redraw), figures, where):
+            print("wrote", p)
+        return 0
 
     sweeps = list(compare.SEED_SWEEPS)
     if args.only:
@@ -134,8 +154,9 @@ def main(argv=None) -> int:
     if args.append and out.exists():
         done = {s.name for s in sweeps}
         rows = [r for r in compare.read_csv(out) if r.get("sweep") not in done] + rows
-    compare.write_csv(rows, out, meta=compare.environment_meta())
-    for p in draw(rows, figures):
+    meta = compare.environment_meta()
+    compare.write_csv(rows, out, meta=meta)
+    for p in draw(rows, figures, measured_where(meta)):
         print("wrote", p)
     print("wrote", out)
     # headline: GB/s of each provider at the longest sequence of each seq_len sweep

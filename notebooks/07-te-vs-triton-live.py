@@ -267,8 +267,8 @@ for dtype, path in sweep_csvs.items():
         assert sub, f"{path.name}: no {dtype} batch {b} measurement at S=3840"
         print(f"{dtype} batch {b}, S=3840 ({meta.get('gpu')}):",
               {k: round(v["fwd_gbps"]) for k, v in sub.items() if v["fwd_gbps"]})
-# (figures/07-seed-*.png, drawn by benchmarks/seed_sweeps.py, show the same sweeps without the
-# GPU's name in the image; the panels above are drawn from the CSV and name it)
+# (figures/07-seed-*.png, drawn from the same CSV by benchmarks/seed_sweeps.py, show these
+# sweeps too, titled with the GPU and versions they were measured with)
 # every committed result file, with where and when it was measured
 for path in sorted(RESULTS.glob("*.csv")):
     m = compare.read_meta(path)

@@ -18,7 +18,6 @@ from typing import Callable
 
 import torch
 import triton
-import triton.language as tl
 
 from ... import reference, runtime
 from ..kernels import batch_reuse, naive
