@@ -326,6 +326,49 @@ assert d_kernel_c <= 1.5 * d_seed_c
 # same way); it is the sampled text and the loss the run ends with that lose their meaning.
 
 # %% [markdown]
+# ### The same model with RoPE inside the QKV projection
+#
+# Notebook 12 folds the rotation into the projection that makes q, k and v: the GEMM rotates
+# each q and k tile in its epilogue, while the tile is still in registers, and the backward
+# GEMMs undo the rotation as they load the gradients. `GPT(cfg, rope="ropelib_qkv")` is that
+# model: the same `qkv` weights, the same angle table, but q, k and v come from one call of
+# `ropelib.qkv_rope_linear` instead of a matmul followed by RoPE. Trained from seed 0 like the
+# ropelib run, it should follow the same curve:
+#
+# - on the CPU (fp32) to fp32 rounding (the GEMM sums in another order than torch's matmul),
+#   checked below $10^{-5}$ like the kernel above;
+# - on a GPU under bf16 autocast the fused GEMM rounds q and k once, where the unfused
+#   pipeline rounds the projection's output and then the rotated values: two correct
+#   pipelines with different roundings, so the check is the seed-noise one of the cell above.
+
+# %%
+model = build(cfg, "ropelib_qkv", seed=0, device=device)
+print("--- ropelib_qkv")
+fused_run = train(model, data, steps=STEPS, batch_size=BATCH, lr=LR, seed=0,
+                  eval_every=EVAL_EVERY, eval_iters=EVAL_ITERS, progress=True)
+del model
+d_fused = mean_abs_diff(fused_run["val_loss"], val["ropelib"])
+print(f"d(ropelib_qkv, ropelib)        = {d_fused:.2e}   (same seed, RoPE in the projection)")
+print(f"d(reference seed 1, reference) = {d_seed:.2e}   (run-to-run noise)")
+assert d_fused <= 1.5 * d_seed, "the fused projection's curve is further off than seed noise"
+if not ON_GPU:
+    assert d_fused < 1e-5, d_fused
+fig, ax = plt.subplots(figsize=(6, 3.4))
+for name, r, style in [("reference", runs["reference"], "-"), ("ropelib", runs["ropelib"], "--"),
+                       ("ropelib_qkv (RoPE in the QKV GEMM)", fused_run, ":"),
+                       ("reference seed 1", runs["reference seed 1"], "-")]:
+    ax.plot(r["eval_step"], r["val_loss"], style, marker="o", ms=3, label=name,
+            alpha=0.5 if "seed 1" in name else 1.0)
+ax.set_xlabel("step")
+ax.set_ylabel("validation loss")
+ax.set_title(f"{cfg.n_layer}-layer GPT, {meta['gpu'] if ON_GPU else 'CPU (interpreter)'}, "
+             f"{fused_run['amp_dtype']}", fontsize=9)
+ax.legend(fontsize=8)
+fig.tight_layout()
+fig.savefig(FIGURES / f"09-qkv-rope-loss{TAG}.png", dpi=110)
+plt.show()
+
+# %% [markdown]
 # ## 4. Speed: tokens per second
 #
 # `train` times every step after a few warm-up steps (Triton compiles the kernel on its first
@@ -583,6 +626,8 @@ for what, a, b in zip(("output", "grad x", "grad W_qkv"), res["ropelib"], res["r
 #   closer to the reference than a second seed of the reference does.
 # - A small corpus and a large model: the run stops before the validation loss turns up, and
 #   checks that it did; a longer run memorises, in both implementations alike.
+# - The same model with RoPE inside the QKV projection's GEMM (`rope="ropelib_qkv"`, notebook
+#   12) follows the same curve: to fp32 rounding on the CPU, within seed noise under bf16.
 # - RoPE is memory-bound; in a training step its cost is its bytes. The profiler shows how much
 #   of the step it takes in each implementation, next to a copy of the same bytes; on a small
 #   model the kernel also saves kernel launches, and the wall-clock step shows it.

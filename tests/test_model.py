@@ -260,3 +260,30 @@ def test_history_csv_round_trip_and_figure(tmp_path):
 def test_ema_is_bias_corrected():
     assert ema([2.0] * 5) == pytest.approx([2.0] * 5)
     assert ema([0.0, 1.0], alpha=0.5) == pytest.approx([0.0, 2 / 3])
+
+
+def test_training_curves_match_with_rope_in_the_qkv_projection(data, device, monkeypatch):
+    """rope="ropelib_qkv" (QKV projection and RoPE in one GEMM) trains the same model: the same
+    weights see the same batches and give the same losses as RoPE after the projection, up to
+    the GEMM's own rounding (fp32: tl.dot without TF32 against torch's matmul); its kernel runs
+    once per layer and step, and the projection-then-RoPE path does not run at all."""
+    cfg = tiny(data, rotary_percent=0.5)
+    fused_calls, rope_calls = [], []
+    real_fused, real_rope = ropelib.qkv_rope_linear, ropelib.apply_rope_qk
+    monkeypatch.setattr(ropelib, "qkv_rope_linear",
+                        lambda *a, **k: fused_calls.append(1) or real_fused(*a, **k))
+    hist = {}
+    for rope in ("ropelib", "ropelib_qkv"):
+        monkeypatch.setattr(ropelib, "apply_rope_qk",
+                            lambda *a, **k: rope_calls.append(rope) or real_rope(*a, **k))
+        hist[rope] = train(build(cfg, rope, seed=5, device=device), data, steps=3, batch_size=2,
+                           lr=1e-2, seed=5, eval_iters=1, amp_dtype=None)
+    assert len(fused_calls) >= 3 * cfg.n_layer
+    assert "ropelib_qkv" not in rope_calls and rope_calls
+    torch.testing.assert_close(torch.tensor(hist["ropelib_qkv"]["train_loss"]),
+                               torch.tensor(hist["ropelib"]["train_loss"]),
+                               atol=1e-4, rtol=1e-4)
+    assert hist["ropelib_qkv"]["val_loss"] == pytest.approx(hist["ropelib"]["val_loss"], abs=1e-4)
+    assert hist["ropelib_qkv"]["rope"] == "ropelib_qkv"
+    # the same state_dict: the fused model holds the very same parameters
+    assert build(cfg, "ropelib_qkv").state_dict().keys() == build(cfg, "ropelib").state_dict().keys()

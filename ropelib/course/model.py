@@ -2,7 +2,8 @@
 
 Notebook 09 trains it twice from the same seed, once per RoPE implementation, and compares the
 loss curves, the throughput and the share of a training step spent in RoPE. Everything here is
-ordinary PyTorch except one line: `_Rotary.forward`, switched by `GPT(config, rope=...)`.
+ordinary PyTorch except one line: `_Rotary.forward`, switched by `GPT(config, rope=...)`
+(`rope="ropelib_qkv"` instead folds RoPE into the QKV projection's GEMM: notebook 12).
 
     data = CharDataset.from_pydoc_topics()                 # Python's own docs, no download
     cfg = GPTConfig(vocab_size=data.vocab_size, block_size=64, n_layer=2, n_head=2, n_embd=64)
@@ -35,6 +36,10 @@ from .. import reference
 from ..frequencies import rope_cos_sin, rope_freqs
 
 ROPE_IMPLS = ("ropelib", "reference")
+# RoPE fused into the QKV projection's GEMM (ropelib.qkv_rope_linear): the same weights and
+# angles as "ropelib", one kernel where the others run the projection and then RoPE
+QKV_FUSED = "ropelib_qkv"
+MODEL_ROPES = ROPE_IMPLS + (QKV_FUSED,)
 ROPE_LABEL = "rope"  # torch.profiler range around every RoPE call (see rope_time_share)
 
 
@@ -191,14 +196,33 @@ class CausalSelfAttention(nn.Module):
         self.n_head, self.head_dim = config.n_head, config.head_dim
         self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)
         self.proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
-        self.rotary = _Rotary(config, rope)
+        self.fused_qkv = rope == QKV_FUSED
+        self.rotary = _Rotary(config, "ropelib" if self.fused_qkv else rope)
         self.dropout = config.dropout
+
+    def _qkv_rope(self, x):
+        """q, k, v [B, S, H, D] from one GEMM that rotates q and k in its epilogue, with this
+        block's own qkv weights (rows: q's heads, k's, v's) and angle table. Under autocast the
+        operands are cast as autocast casts nn.Linear's (ropelib's operator is not on its list)."""
+        w, b = self.qkv.weight, self.qkv.bias
+        device = x.device.type
+        if torch.is_autocast_enabled(device):
+            dtype = torch.get_autocast_dtype(device)
+            x, w = x.to(dtype), w.to(dtype)
+            b = b.to(dtype) if b is not None else None
+        from .. import qkv_rope_linear
+        return qkv_rope_linear(x, w, b, n_heads=self.n_head, n_kv_heads=self.n_head,
+                               head_dim=self.head_dim, freqs=self.rotary.freqs[:x.shape[1]],
+                               out_layout="bshd")
 
     def forward(self, x):
         B, S, C = x.shape
-        # [B, S, 3, H, D] -> three strided bshd views; the kernel reads them without a copy
-        q, k, v = self.qkv(x).view(B, S, 3, self.n_head, self.head_dim).unbind(2)
-        q, k = self.rotary(q, k)
+        if self.fused_qkv:
+            q, k, v = self._qkv_rope(x)
+        else:
+            # [B, S, 3, H, D] -> three strided bshd views; the kernel reads them without a copy
+            q, k, v = self.qkv(x).view(B, S, 3, self.n_head, self.head_dim).unbind(2)
+            q, k = self.rotary(q, k)
         y = F.scaled_dot_product_attention(                       # [B, H, S, D]
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
             dropout_p=self.dropout if self.training else 0.0)
@@ -226,17 +250,19 @@ class GPT(nn.Module):
     Args:
         config: a `GPTConfig`.
         rope: "ropelib" (ropelib.apply_rope_qk, the Triton kernel; on the CPU it needs
-            TRITON_INTERPRET=1) or "reference" (plain PyTorch, `reference.apply_rope_ref`).
-            The only difference between the two models; parameters and their initialisation
-            are identical, so a state_dict moves freely between them.
+            TRITON_INTERPRET=1), "reference" (plain PyTorch, `reference.apply_rope_ref`) or
+            "ropelib_qkv" (the QKV projection and RoPE in one Triton GEMM,
+            `ropelib.qkv_rope_linear`, with the same qkv weights). The only difference between
+            the models; parameters and their initialisation are identical, so a state_dict
+            moves freely between them.
     """
 
     def __init__(self, config: GPTConfig, rope: str = "ropelib"):
         super().__init__()
         if not isinstance(config, GPTConfig):
             raise TypeError(f"config must be a GPTConfig, got {type(config).__name__}")
-        if rope not in ROPE_IMPLS:
-            raise ValueError(f"rope must be one of {ROPE_IMPLS}, got {rope!r}")
+        if rope not in MODEL_ROPES:
+            raise ValueError(f"rope must be one of {MODEL_ROPES}, got {rope!r}")
         self.config, self.rope = config, rope
         self.tok_emb = nn.Embedding(config.vocab_size, config.n_embd)
         self.drop = nn.Dropout(config.dropout)
