@@ -17,6 +17,9 @@
 #                                        # and ipykernel; installed from ./.gpu-wheels if there)
 #
 # Several steps in one call: bash benchmarks/gpu_run.sh tests decode.
+# Providers the GPU machine lacks (Liger Kernel) come as wheels in ./.gpu-wheels, made on a
+# machine with an index by `bash benchmarks/gpu_wheels.sh` and carried there; they are
+# installed first, into /tmp/gpu-site (the machine's own packages are left as they are).
 # CSVs and logs land in benchmarks/results/, named with the GPU and the UTC date; when $OUT is
 # set (a lent machine that sends back what is under $OUT) they are copied there too.
 # Transformer Engine is compared when `import transformer_engine.pytorch` works.
@@ -31,6 +34,11 @@ gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 \
 stamp=$(date -u +%Y%m%d-%H%M)
 tag="${gpu:-gpu}-$stamp"
 rc=0
+
+if compgen -G ".gpu-wheels/liger_kernel-*.whl" >/dev/null && ! "$PY" -c "import liger_kernel" 2>/dev/null; then
+    "$PY" -m pip install -q --no-index --no-deps --target /tmp/gpu-site .gpu-wheels/liger_kernel-*.whl \
+        && export PYTHONPATH="$PYTHONPATH:/tmp/gpu-site"
+fi
 
 keep() {   # copy files to $OUT when the machine sends $OUT back
     [ -n "${OUT:-}" ] && cp "$@" "$OUT/" 2>/dev/null
