@@ -122,8 +122,28 @@ def apply_multimodal_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch
     if c.shape[0] != 3:
         raise ValueError(f"cos/sin must be [3, batch, seq, head_dim] (one table per axis: "
                          f"time, height, width), got {tuple(cos.shape)}")
-    # feature i takes axis (section index of i) % 3, over the section list doubled (both halves)
-    axis = torch.repeat_interleave(torch.arange(6) % 3, torch.tensor(list(mrope_section) * 2))
-    index = axis.to(c.device)[None, None, None, :].expand(1, *c.shape[1:])
+    index = _feature_axes(tuple(mrope_section), D, c.device)[None, None, None, :].expand(
+        1, *c.shape[1:])
     return apply_rotary_pos_emb(q, k, c.gather(0, index)[0], s.gather(0, index)[0],
                                 unsqueeze_dim=unsqueeze_dim)
+
+
+_FEATURE_AXES = {}    # (mrope_section, head_dim, device) -> [head_dim] int64 on that device
+
+
+def _feature_axes(mrope_section: tuple, D: int, device) -> torch.Tensor:
+    """The axis (0 time, 1 height, 2 width) whose table feature i takes: sections of
+    mrope_section pairs in each half of the head. Made on the device from Python ints (no copy
+    from host memory, which would wait for the stream and cannot be captured in a CUDA graph),
+    once per (sections, head_dim, device) in eager calls."""
+    key = (mrope_section, D, device)
+    found = _FEATURE_AXES.get(key) if eager.active() else None
+    if found is not None:
+        return found
+    pair = torch.arange(D, device=device) % (D // 2)
+    t, h = mrope_section[0], mrope_section[0] + mrope_section[1]
+    axes = (pair >= t).to(torch.int64) + (pair >= h).to(torch.int64)
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if eager.active() and not capturing:     # (made while capturing, it is filled at replay)
+        _FEATURE_AXES[key] = axes
+    return axes

@@ -590,3 +590,42 @@ def test_eager_route_still_checks_values_it_can_read(seeded):
     bad = mrope.AxisFrequencies(f.inv_freq, torch.full_like(f.axis, 3), 3)
     with pytest.raises(ValueError, match=r"freqs.axis must lie in \[0, 3\)"):
         ropelib.apply_mrope_qk(q, k, pos, bad)
+
+
+@pytest.mark.parametrize("section", [[2, 3, 3], [0, 4, 4], [8, 0, 0], [3, 3, 2]])
+def test_hf_multimodal_feature_axes(section, device):
+    """The axis each feature's table comes from, as transformers 4.x builds it (split the head
+    into the sections, doubled, and take table i % 3 for section i), made on the tables' device
+    and kept for later eager calls."""
+    D = 2 * sum(section)
+    want = torch.repeat_interleave(torch.arange(6) % 3, torch.tensor(section * 2))
+    hf._FEATURE_AXES.clear()
+    got = hf._feature_axes(tuple(section), D, torch.device(device))
+    assert got.device.type == torch.device(device).type
+    assert torch.equal(got.cpu(), want)
+    assert hf._feature_axes(tuple(section), D, torch.device(device)) is got   # kept
+
+
+@pytest.mark.gpu
+def test_hf_multimodal_captures_in_a_cuda_graph(seeded):
+    """No copy from host memory on the way: the drop-in captures in a CUDA graph and replays
+    the eager result."""
+    q, k, pos = _qwen_vl_case(torch.bfloat16)
+    q, k = q.cuda(), k.cuda()
+    section = [2, 3, 3]
+    inv = 1.0 / (1e4 ** (torch.arange(0, 16, 2, dtype=torch.float32) / 16))
+    emb = pos[..., None].float() * inv
+    emb = torch.cat((emb, emb), -1).cuda()
+    cos, sin = emb.cos().bfloat16(), emb.sin().bfloat16()
+    hf._FEATURE_AXES.clear()           # the first call happens under capture
+    want = hf.apply_multimodal_rotary_pos_emb(q, k, cos, sin, section)
+    hf._FEATURE_AXES.clear()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph):
+        got = hf.apply_multimodal_rotary_pos_emb(q, k, cos, sin, section)
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
