@@ -115,6 +115,23 @@ class EagerLaunch:
             self._starts[aligned] = found
 
 
+class EagerTwoPass:
+    """Eager starts of a planned two-pass rotation (kernels/launch.TwoPass): the route's own
+    start, each pass through an EagerLaunch as the finished kernel's one."""
+    __slots__ = ("route", "_passes")
+
+    def __init__(self, route):
+        self.route = route
+        self._passes = {id(p): EagerLaunch(p.launcher, p)
+                        for p in (route.table_pass, route.rotate_pass) if p is not None}
+
+    def _start_pass(self, launch, pointers) -> None:
+        self._passes[id(launch)](pointers)
+
+    def __call__(self, pointers) -> None:
+        self.route.start(pointers, self._start_pass)
+
+
 class PlannedRotation:
     """One planned rotation of one or two tensors (q, or q and k) for one signature.
 
@@ -152,9 +169,8 @@ class PlannedRotation:
         self._pick = operator.itemgetter(*(none_at if places.get(name) is None else places[name]
                                            for name in self._names))
         self._copies = tuple(reads_at + j for _, j, copy in self.pointer_sources if copy)
-        # a two-pass route (large inputs) starts its own two launches
         self._start = (EagerLaunch(self.launch.launcher, self.launch)
-                       if isinstance(self.launch, Launch) else self.launch.start)
+                       if isinstance(self.launch, Launch) else EagerTwoPass(self.launch))
         # for planning reverses: the table and positions without their data
         self._planned = (Table(_stand_in(table.cos), _stand_in(table.sin)),
                          Positions(*(_stand_in(p) for p in positions[:3]), *positions[3:]),

@@ -31,9 +31,9 @@ def starts(monkeypatch):
     calls = []
     real = launch.TwoPass.start
 
-    def counted(self, pointers):
+    def counted(self, pointers, *start_pass):
         calls.append(self.table_pass is not None)
-        return real(self, pointers)
+        return real(self, pointers, *start_pass)
     monkeypatch.setattr(launch.TwoPass, "start", counted)
     yield calls
     eager.SIGNATURES.clear()

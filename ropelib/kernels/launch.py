@@ -360,15 +360,19 @@ class TwoPass(NamedTuple):
     rotate_pass: Launch
     table_shape: tuple
 
-    def start(self, pointers: tuple) -> None:
+    def start(self, pointers: tuple, start_pass=None) -> None:
+        """Both passes, with the pre-pass's tables made here; `start_pass(launch, pointers)`
+        starts one pass (default planning.start; the eager route passes its own)."""
+        if start_pass is None:
+            def start_pass(launch, ptrs):
+                start(launch.launcher, launch, ptrs)
         q, q_out, k, k_out, cos, sin, position_ids, cu_seqlens, start_ = pointers
         if self.table_pass is not None:
             out = (torch.empty(self.table_shape, dtype=torch.float32, device=q.device),
                    torch.empty(self.table_shape, dtype=torch.float32, device=q.device))
-            start(COS_SIN_ROWS, self.table_pass, (cos, sin, position_ids, cu_seqlens, start_)
-                  + out)
+            start_pass(self.table_pass, (cos, sin, position_ids, cu_seqlens, start_) + out)
             cos, sin = out
-        start(ROWS, self.rotate_pass, (q, q_out, k, k_out, cos, sin))
+        start_pass(self.rotate_pass, (q, q_out, k, k_out, cos, sin))
 
 
 def plan_two_pass(q: View, q_out: View, table: Table, positions: Positions, *, R: int,
