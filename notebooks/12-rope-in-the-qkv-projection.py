@@ -651,6 +651,9 @@ else:
 #   trails cuBLAS, the epilogue costs registers and time, and the backward's repeated prologue
 #   is most of the forward+backward gap. For speed today, `F.linear` then `apply_rope_qk`;
 #   `qkv_rope_linear` is the design, correct and measured, to build on.
+# - In a whole model it trains the same: notebook 09's GPT with `rope="ropelib_qkv"` (its
+#   attention's `qkv` weights through `qkv_rope_linear`) follows the loss curve of projection
+#   then RoPE from the same seed.
 #
 # ## Questions for a study group
 #
