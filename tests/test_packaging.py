@@ -378,6 +378,9 @@ TORCH_API_SINCE = {
     "torch.nn.attention.bias.causal_lower_right": (2, 2),
     "torch.compiler.is_compiling": (2, 3),
     "torch.library.custom_op": (2, 4),
+    # the device-type forms (torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda"))
+    "torch.is_autocast_enabled": (2, 4),
+    "torch.get_autocast_dtype": (2, 4),
     "torch.library.CustomOpDef.register_fake": (2, 4),       # op.register_fake(...)
     "torch.library.CustomOpDef.register_autograd": (2, 4),   # op.register_autograd(...)
     "torch.library.triton_op": (2, 6),
