@@ -131,8 +131,10 @@ def main():
         ("two-pass-angles-interleaved", L.Table(f, None), L.Positions(), True, False),
         ("two-pass-ids-backward", L.Table(f, None), L.Positions(position_ids=ids), False, True),
         ("two-pass-cos-sin", L.Table(f.cos(), f.sin()), L.Positions(), False, True),
+        ("two-pass-fp32", L.Table(f, None), L.Positions(), False, False),
     ]:
-        q4, qo4, k4, ko4 = views(xb, xbo, kb2, kbo)
+        q4, qo4, k4, ko4 = views(*((t.float() for t in (xb, xbo, kb2, kbo))
+                                   if name.endswith("fp32") else (xb, xbo, kb2, kbo)))
         route, ptrs = L.plan_two_pass(q4, qo4, table, pos, R=D, interleaved=interleaved,
                                       backward=backward, layout="bshd", k=k4, k_out=ko4)
         rows = route.rotate_pass

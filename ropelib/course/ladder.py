@@ -409,7 +409,20 @@ def _compile_here(what: str, S: int, B: int, H: int, D: int, dtype: str, sm_coun
     x = torch.empty(S, B, H, D, dtype=dt)   # only shapes, strides, dtypes and alignment matter
     y = torch.empty_like(x)
     f = torch.empty(S, D, dtype=torch.float32)
-    if what == "ropelib":
+    if what == "two-pass":
+        # the flat pass of the two-pass route, with the GPU's program size, reading the fp32
+        # cos and signed-sine rows the pre-pass writes
+        route, ptrs = _launch.plan_two_pass(_launch.View.of(x), _launch.View.of(y),
+                                            _launch.Table(f, None), _launch.Positions(), R=D,
+                                            interleaved=False, backward=False, layout="sbhd")
+        lau = route.rotate_pass
+        rows = torch.empty(route.table_shape, dtype=torch.float32)
+        kernel = lau.launcher.kernel
+        args = dict(zip(lau.launcher.pointer_names, ptrs[:4] + (rows, rows)),
+                    **dict(lau.args, XBLOCK=_tiles.TWO_PASS_ELEMENTS))
+        grid, warps = (triton.cdiv(x.numel(), _tiles.TWO_PASS_ELEMENTS),), lau.num_warps
+        tile = dict(XBLOCK=_tiles.TWO_PASS_ELEMENTS)
+    elif what == "ropelib":
         tiles = _launch.pick_tiles(S, B, (H, 0), D, D, x.element_size(), sm_count, **knobs)
         lau, ptrs = _launch.plan(_launch.View.of(x), _launch.View.of(y), _launch.Table(f, None),
                                  _launch.Positions(), R=D, interleaved=False, backward=False,
@@ -459,7 +472,8 @@ def _compile_here(what: str, S: int, B: int, H: int, D: int, dtype: str, sm_coun
 def compile_for_gpu(whats, S: int = 4096, B: int = 8, H: int = 32, D: int = 128,
                     dtype: str = "bf16", *, sm_count: int = 132, arch: int = 90,
                     knobs: Optional[dict] = None, timeout: float = 300.0) -> list:
-    """Compile rungs (or "ropelib", the finished kernel) as launches on a CUDA GPU would.
+    """Compile rungs ("ropelib": the finished kernel; "two-pass": the flat pass of the route
+    ropelib takes for large contiguous tensors) as launches on a CUDA GPU would.
 
     No GPU is needed: Triton compiles for a target (default sm_90, an H100/H200 with 132 SMs)
     with the tiles ropelib would pick there (`knobs`: another GPU's, e.g. the H200's

@@ -118,6 +118,7 @@ def _rotate_flat(x_ptr, y_ptr, cos_ptr, sin_ptr, block, S, B, H, stride_tab_p, s
                  INT64: tl.constexpr):
     # Elements block * XBLOCK .. + XBLOCK of x [S * B * H * D] (contiguous in LAYOUT) -> y.
     HALF: tl.constexpr = R // 2
+    VEC: tl.constexpr = 128 // x_ptr.dtype.element_ty.primitive_bitwidth   # a 16-byte vector
     if INT64:               # sizes and products in int64 (the tensor passes 2^31 elements)
         S = tl.full([], 0, tl.int64) + S
         B = tl.full([], 0, tl.int64) + B
@@ -153,7 +154,13 @@ def _rotate_flat(x_ptr, y_ptr, cos_ptr, sin_ptr, block, S, B, H, stride_tab_p, s
     else:
         first = d < HALF
         step = tl.where(first, HALF, -HALF)     # to the partner: d + R/2 or d - R/2
-        xp = tl.load(x_ptr + i + step, mask=mr, other=0.0)
+        partner = i + step
+        if HALF % VEC == 0 and D % VEC == 0:
+            # each thread's run of VEC features lies in one half, so its partners are VEC
+            # contiguous elements too, VEC-aligned; the where() hides that from Triton's
+            # analysis (the loads would be one element each), so say it
+            partner = tl.max_contiguous(tl.multiple_of(partner, VEC), VEC)
+        xp = tl.load(x_ptr + partner, mask=mr, other=0.0)
         to_sin = d + step if BACKWARD and not SIGNED else d
     if KEEP_TABLE:
         sn = tl.load(sin_ptr + tab + to_sin, mask=mr, other=0.0, eviction_policy="evict_last")
