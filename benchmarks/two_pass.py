@@ -12,6 +12,7 @@ the GPU time of the two-pass route's first kernel (the cos/sin table of the call
 """
 import argparse
 import csv
+import datetime
 import os
 import re
 import sys
@@ -91,8 +92,9 @@ def main(argv=None):
     path = os.path.join(args.out, f"two_pass-{gpu}.csv")
     f = open(path, "w", newline="")
     f.write(f"# gpu: {torch.cuda.get_device_name()}\n# torch: {torch.__version__}\n"
-            f"# triton: {triton.__version__}\n# ratio: copy ms / provider ms in the same run "
-            "(forward+backward: two copies)\n")
+            f"# triton: {triton.__version__}\n"
+            f"# date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%M:%SZ}\n"
+            "# ratio: copy ms / provider ms in the same run (forward+backward: two copies)\n")
     w = csv.writer(f)
     w.writerow(["case", "pass", "provider", "ms", "ratio_to_copy"])
     print(f"{'case':34s} {'pass':8s} {'provider':22s} {'ms':>8s} {'ratio':>6s}", flush=True)

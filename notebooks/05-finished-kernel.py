@@ -37,7 +37,9 @@
 #   half-features, with a grid axis over batch chunks, and say what each step buys;
 # - read the layout Triton gives a tile (`#ttg.blocked<...>`: sizePerThread, threadsPerWarp,
 #   warpsPerCTA, order) and the vector width of the loads it becomes — without a GPU;
-# - know two refinements of the finished kernel: accurate sin/cos and the equal-halves shortcut.
+# - know two refinements of the finished kernel: accurate sin/cos and the equal-halves shortcut;
+# - say when holding cos/sin in registers across a batch loop costs more than reading them per
+#   element from a table, and which route ropelib takes for a call (section 6).
 
 # %%
 import os, torch
@@ -775,6 +777,132 @@ if LADDER_CSV.exists():
         ("DRAM/model", "ncu_dram_bytes_over_model", ".3f")]))
     print({case: round(pct["ropelib"]) for case, pct in by_case.items()}, "% of copy for ropelib")
 
+# %% [markdown]
+# ## 6. Past the finished kernel: two passes for large tensors
+#
+# Everything above keeps the cos and sin of a tile's tokens in registers across the batch
+# loop: each is evaluated once per token and reused for every batch entry. The price is
+# registers. Section 4's H200 numbers: the finished kernel holds 64 registers per thread, so
+# four of its 8-warp programs fit on an SM, and Nsight Compute measured well under full
+# occupancy. The kernel torch.compile generates for Hugging Face's
+# `q * cos + rotate_half(q) * sin` takes the other side: every program rotates 1,024
+# elements with no loop, and reads cos and sin for every element from a small table that stays
+# in the L2 cache. Nothing is held across a loop, so its threads need few registers and many
+# programs are resident at once.
+#
+# For large contiguous tensors `ropelib.apply_rope` does the same, in two passes
+# (`ropelib/kernels/flat.py`):
+#
+# 1. a **pre-pass** writes each token's fp32 cos and *signed* sine, $S \times R \times 8$
+#    bytes: the sign of the rotation (and, backward, its transpose) is folded into the table,
+#    so every feature is one fma, $y_d = x_d c_d + x_{p(d)} s'_d$, with $p(d)$ its partner;
+# 2. a **flat pass** rotates 1,024 elements per program on 4 warps, loading each element's
+#    partner from its own address (the same cache lines a neighbouring thread has just loaded)
+#    and its table entries from the pre-pass's rows.
+#
+# When you pass a cos/sin table and positions are the token index, the flat pass reads your
+# table itself and there is no pre-pass. The route is taken when q and k are fresh-output,
+# contiguous, at least 64 MiB, and the table is small beside them (at most 1/32 of the bytes
+# the flat pass moves); otherwise the finished kernel runs. The planner sees only shapes, so
+# tensors on the `meta` device (no memory at all) show which route a call would take:
+
+# %%
+def route_of(shape, layout="sbhd", table="freqs", P=32768):
+    """The route ropelib plans for a bf16 call of this shape (no memory is touched)."""
+    x = torch.empty(shape, dtype=torch.bfloat16, device="meta")
+    D = shape[-1]
+    f = torch.empty(P, D, device="meta")
+    t = launch.Table(f, None) if table == "freqs" else launch.Table(f.bfloat16(), f.bfloat16())
+    positions = launch.Positions(cu_seqlens=torch.empty(5, dtype=torch.int32, device="meta")) \
+        if layout == "thd" else launch.Positions()
+    v = ropelib.ops.kernel_view(x, layout)
+    planned, _ = launch.plan(v, v, t, positions, R=D, interleaved=False, backward=False,
+                             layout=layout)
+    if isinstance(planned, launch.TwoPass):
+        return "two passes, " + ("pre-pass" if planned.table_pass is not None else "your table")
+    return "finished kernel"
+
+
+calls = {"decode: s=1, b=64 (1 MiB)": ((1, 64, 32, 128),),
+         "s=1024, b=8 (64 MiB)": ((1024, 8, 32, 128),),
+         "s=4096, b=8 (256 MiB), angles": ((4096, 8, 32, 128),),
+         "s=4096, b=8 (256 MiB), a cos/sin table": ((4096, 8, 32, 128), "sbhd", "cos/sin"),
+         "s=16384, b=1 (128 MiB)": ((16384, 1, 32, 128),),
+         "thd, 32768 packed tokens (256 MiB)": ((32768, 32, 128), "thd")}
+routes = {name: route_of(*a) for name, a in calls.items()}
+for name, r in routes.items():
+    print(f"{name:42s} -> {r}")
+assert routes["decode: s=1, b=64 (1 MiB)"] == "finished kernel"
+assert routes["s=4096, b=8 (256 MiB), angles"] == "two passes, pre-pass"
+assert routes["s=4096, b=8 (256 MiB), a cos/sin table"] == "two passes, your table"
+assert routes["s=16384, b=1 (128 MiB)"] == routes["thd, 32768 packed tokens (256 MiB)"] == \
+    "finished kernel"     # a table row per token: too large beside the tensor
+# the H200 numbers the text above quotes (section 1's mechanism table)
+print(f"finished kernel on the H200: {fin_m['registers']} registers/thread, "
+      f"{fin_m['occ_blocks_per_sm']} programs of {fin_m['num_warps']} warps per SM, "
+      f"{fin_m['ncu_achieved_occupancy_pct']:.0f} % achieved occupancy")
+assert fin_m["registers"] == 64 and fin_m["occ_blocks_per_sm"] == 4 and fin_m["num_warps"] == 8
+assert fin_m["ncu_achieved_occupancy_pct"] < 50
+
+# %% [markdown]
+# Why the flat pass can keep more bytes in flight, without a GPU: compile it for sm_90 as
+# section 4 compiled the finished kernel, and compare registers per thread, program size and
+# the loads each thread issues. An SM has 65,536 registers and holds at most 64 warps, so
+# registers per thread bound how many warps can wait on memory at once.
+
+# %%
+if compiled:
+    flat = ladder.compile_for_gpu(["two-pass"])[0]
+    finished = compiled_h200[0]
+
+    def resident_warps(c):
+        warps = c["num_warps"]
+        programs = min(32, 65536 // (c["registers"] * 32 * warps))   # at most 32 programs/SM
+        return min(64, programs * warps)
+    print(f"compiled here for sm_90 with Triton {triton.__version__} (register counts move a "
+          "little between Triton versions)")
+    for c, label in ((finished, "finished kernel (H200 tile)"), (flat, "flat pass")):
+        print(f"{label:28s} {c['num_warps']:2d} warps, {c['registers']:3d} registers/thread -> "
+              f"{resident_warps(c):2d} of 64 warps resident; loads/stores: {c['accesses']}")
+    assert flat["registers"] < finished["registers"]
+    assert resident_warps(flat) > resident_warps(finished)
+    assert flat["accesses"].get("ld.v4.b32", 0) == 2    # x and its partner: one 16-byte vector each
+
+# %% [markdown]
+# The bound from registers alone is not the whole story (shared memory, the block limit and the
+# scheduler take their share, and Nsight Compute's *achieved* occupancy of the finished kernel
+# in section 1 is lower still), but the direction is the one the timings show. These come from
+# `benchmarks/two_pass.py` on an **H100** (the H200 run of this comparison is still to be made),
+# with the route forced each way and, for the large cases, torch.compile of Hugging Face's
+# formula in the same run:
+
+# %%
+tp_meta, tp_rows = measured.load("two_pass", "nvidia-h100-80gb-hbm3")
+print(f"measured on {measured.where(tp_meta)}; forward, ratio to a copy of the same bytes")
+tp = {(r["case"], r["provider"]): r for r in tp_rows if r["pass"] == "forward"}
+cols = ("finished", "two-pass", "two-pass cos/sin", "torch.compile")
+show = ("bf16 sbhd 256 MiB s4k b8", "bf16 sbhd 1 GiB s16k b8", "bf16 sbhd 128 MiB s16k b1")
+print(f"{'case':28s}" + "".join(f"{c:>18s}" for c in cols) + f"{'pre-pass alone':>16s}")
+for case in show:
+    print(f"{case:28s}" + "".join(
+        f"{tp[(case, c)]['ratio_to_copy']:18.3f}" if (case, c) in tp else f"{'':18s}"
+        for c in cols) + f"{1000 * tp[(case, 'pre-pass alone')]['ms']:13.1f} us")
+for case in show[:2]:       # large batches: the flat pass wins, most with the caller's table
+    f_, a_, t_ = (tp[(case, c)]["ratio_to_copy"] for c in cols[:3])
+    assert f_ < a_ < t_, case
+    assert t_ > tp[(case, "torch.compile")]["ratio_to_copy"] - 0.01, case   # level with compile
+b1 = show[2]                # batch 1: the pre-pass costs more than the route saves
+assert tp[(b1, "two-pass")]["ratio_to_copy"] < tp[(b1, "finished")]["ratio_to_copy"]
+assert tp[(b1, "pre-pass alone")]["ms"] > tp[(show[0], "pre-pass alone")]["ms"]
+
+# %% [markdown]
+# At batch 8 the flat pass beats the finished kernel. Reading your cos/sin table it is level
+# with torch.compile's kernel; with angles, the pre-pass (the last column) is the difference.
+# At batch 1 the pre-pass writes a 1 KiB row for each of 16,384 tokens with no batch to spread
+# it over, costs more than at batch 8 (the last column again), and the route loses. That is why
+# the planner keeps such calls on the finished kernel, which evaluates the same cos/sin in
+# registers and writes no table at all.
+#
 # %% [markdown]
 # ## Exercise: the interleaved 3-D tile
 #

@@ -2,7 +2,9 @@
 ``benchmarks/results/`` and nothing else.
 
 One GPU for every number the notebooks show: the H200 run (``*-nvidia-h200.csv``); the H100
-floor CSV is read only where the notebooks set the two side by side. Every CSV starts with
+floor CSV is read only where the notebooks set the two side by side, and notebook 05's section on
+the two-pass route reads ``two_pass-nvidia-h100-80gb-hbm3.csv`` until an H200 run of
+``benchmarks/two_pass.py`` is committed (it says so where it prints). Every CSV starts with
 ``# key: value`` lines naming the GPU, driver and versions (:func:`ropelib.bench.compare.read_meta`).
 
 ``mechanism-nvidia-h200.csv`` holds, for each kernel variant, what the compiler and Nsight
