@@ -966,3 +966,7 @@ fk.show_solution()
 # 5. The finished kernel decides the equal-halves shortcut per tile, on the values it loaded,
 #    rather than once per table on the host. What does each choice cost, and when would you
 #    prefer the other?
+# 6. The flat pass of section 6 loads each element's rotate-half partner from memory, though
+#    another thread of the same program holds it in registers. Which thread is that, for
+#    $d = 128$ and 8 elements per thread? What would exchanging the values between threads
+#    cost, and why can the second load cost little?
