@@ -950,6 +950,54 @@ fk.show_solution()
 # $[\ldots, 2 \cdot \text{BLOCK\_HALF}]$ row and split it (`tl.reshape`, `tl.split`, `tl.join`),
 # as `fused.py` does?
 #
+# ## Exercise 2: the flat pass
+#
+# Write the second pass of section 6 for rotate-half pairs: one program rotates `XBLOCK`
+# consecutive elements of a contiguous sbhd `x`, with no loop. Element $i$ is feature
+# $d = i \bmod D$ of token $s = \lfloor i / (B H D) \rfloor$, its partner is $i + D/2$ for
+# $d < D/2$ and $i - D/2$ otherwise, and the first pass has already written
+# `cos[s, d]` and the *signed* sine `sin[s, d]` ($-\sin$ in the first half, $+\sin$ in the
+# second), so every element is
+#
+# $$ y_i = x_i \cos[s, d] + x_{\text{partner}(i)} \, \sin[s, d]. $$
+#
+# The check launches your kernel on grid $(\lceil N / \text{XBLOCK} \rceil,)$ with fresh inputs
+# every time: $N$ not a multiple of `XBLOCK`, head dims of 24 and 40, fp32 and fp16, angles that
+# differ between the members of a pair, into an output full of NaN inside a NaN guard band.
+
+# %%
+from ropelib.course.exercises import flat_pass
+
+
+@triton.jit
+def my_flat_rope_kernel(
+    x_ptr,  # *x: input [S, B, H, D] (sbhd), contiguous: N = S * B * H * D elements
+    y_ptr,  # *y: output, contiguous like x, same dtype
+    cos_ptr,  # *fp32: cos [S, D], contiguous
+    sin_ptr,  # *fp32: signed sine [S, D]: -sin for d < D/2, +sin for d >= D/2
+    N,  # elements of x
+    ROW,  # elements per token: B * H * D
+    D: tl.constexpr,  # head dim: pairs (d, d + D/2)
+    XBLOCK: tl.constexpr,  # elements per program (a power of two)
+):
+    # launched on grid (cdiv(N, XBLOCK),)
+    pass  # your code
+
+
+flat_pass.check_flat_kernel(my_flat_rope_kernel);
+
+# %%
+flat_pass.show_solution()
+
+# %% [markdown]
+# The solution picks the partner with a `tl.where`, and so does ropelib's flat pass. Triton's
+# analysis cannot see through the `where` that each thread's run of partners is contiguous:
+# compiled as it is, ropelib's partner load became eight one-element loads per thread in bf16.
+# Its kernel therefore tells the compiler, with `tl.multiple_of` and `tl.max_contiguous`, that
+# each thread's 16-byte run stays in one half (true when $D/2$ and $D$ are multiples of the
+# run), and the partner load becomes one 16-byte vector like the load of `x`: the two
+# `ld.v4.b32` of section 6's table.
+#
 # ## Questions for discussion
 #
 # 1. Section 2 used 600–800 ns for the memory latency. How would the tile change if it were
