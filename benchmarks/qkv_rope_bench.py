@@ -48,7 +48,7 @@ if str(REPO_ROOT) not in sys.path:  # run from a checkout without `pip install -
 import ropelib  # noqa: E402
 from ropelib import runtime  # noqa: E402
 from ropelib.bench import compare  # noqa: E402
-from ropelib.kernels import qkv_gemm  # noqa: E402
+from ropelib.kernels import planning, qkv_gemm  # noqa: E402
 
 FIELDS = ["case", "provider", "pass", "qk_norm", "dtype", "tokens", "hidden", "HQ", "HK", "D",
           "ms", "p20", "p80", "tflops", "speedup_vs_unfused", "max_abs_diff_vs_unfused",
@@ -59,7 +59,7 @@ EPS = 1e-6
 # --- the baseline: ropelib's Triton GEMM without its epilogue ----------------------------------
 
 def _run(kind: str, opts: dict, pointers: tuple) -> None:
-    qkv_gemm.run(qkv_gemm.plan(kind, dtypes=qkv_gemm.dtypes_of(pointers), **opts), pointers)
+    qkv_gemm.run(qkv_gemm.plan(kind, dtypes=planning.pointer_dtypes(pointers), **opts), pointers)
 
 
 class _TritonGemm(torch.autograd.Function):

@@ -29,7 +29,7 @@ if str(REPO_ROOT) not in sys.path:
 import ropelib  # noqa: E402
 from ropelib import runtime  # noqa: E402
 from ropelib.bench import compare  # noqa: E402
-from ropelib.kernels import qkv_gemm  # noqa: E402
+from ropelib.kernels import planning, qkv_gemm  # noqa: E402
 
 FIELDS = ["kernel", "BLOCK_M", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "rotate", "ms",
           "tflops", "epilogue_cost", "n_regs", "n_spills", "reason"]
@@ -86,7 +86,7 @@ def run(dry_run: bool, tokens=8192, hidden=4096, HQ=32, HK=8, D=128) -> list:
                     planned = qkv_gemm.plan(
                         kind, S=tokens, B=1, K=K, HQ=HQ, HK=HK, D=D, R=D, P=2**31 - 1, ids=None,
                         cu_seqlens=None, layout="bshd", interleaved=False, eps=1e-6,
-                        device=x.device, dtypes=qkv_gemm.dtypes_of(pointers[kind]),
+                        device=x.device, dtypes=planning.pointer_dtypes(pointers[kind]),
                         rotate=rotate)
                     ptrs = pointers[kind]
                     try:

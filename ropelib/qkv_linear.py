@@ -37,6 +37,7 @@ from .conventions import QKV_LINEAR_DTYPES, QKV_LINEAR_LAYOUTS
 from .api import check_no_table_grad, needs_grad, saveable
 from .frequencies import EXACT_POSITIONS, Angles
 from .kernels import qkv_gemm as kernel
+from .kernels.planning import pointer_dtypes
 from .ops import define_op
 
 __all__ = ["qkv_rope_linear", "QKVRoPE"]
@@ -72,7 +73,7 @@ def _run(kind: str, pointers: tuple, x: Tensor, table: Tensor, position_ids, cu_
     kernel.run(kernel.plan(kind, S=S, B=B, K=K, HQ=n_heads, HK=n_kv_heads, D=head_dim, R=R,
                            P=_rows(table), ids=position_ids, cu_seqlens=cu_seqlens,
                            layout=out_layout, interleaved=interleaved, eps=eps, device=x.device,
-                           dtypes=kernel.dtypes_of(pointers)), pointers)
+                           dtypes=pointer_dtypes(pointers)), pointers)
 
 
 def _contiguous(t: Optional[Tensor]) -> Optional[Tensor]:

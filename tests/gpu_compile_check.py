@@ -18,6 +18,7 @@ from ropelib.kernels import mrope as MR
 from ropelib.kernels import qk_norm_rope as QK
 from ropelib.kernels import qkv_gemm as QG
 from ropelib.kernels import tiles as T
+from ropelib.kernels.planning import pointer_dtypes
 
 TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
          torch.float64: "fp64", torch.int32: "i32", torch.int64: "i64",
@@ -181,7 +182,7 @@ def main():
                                            torch.empty(HQ + HK, D), *shared)
         planned = QG.plan(kind, S=S, B=B, K=K, HQ=HQ, HK=HK, D=D, R=R_, P=P, ids=pos,
                           cu_seqlens=cu_seqlens, layout=layout, interleaved=interleaved,
-                          eps=1e-6, device=cuda, dtypes=QG.dtypes_of(ptrs))
+                          eps=1e-6, device=cuda, dtypes=pointer_dtypes(ptrs))
         compile_for_gpu(name, planned.launcher.kernel, names, planned, ptrs)
 
 

@@ -328,7 +328,7 @@ def test_every_output_element_is_written(seeded):
                 layout="bshd", interleaved=False, eps=1e-6, device=x.device)
     shared = (freqs, None, None, None, wq, wk, rstd, pre)
     def run(kind, pointers):
-        qkv_gemm.run(qkv_gemm.plan(kind, dtypes=qkv_gemm.dtypes_of(pointers), **opts), pointers)
+        qkv_gemm.run(qkv_gemm.plan(kind, dtypes=planning.pointer_dtypes(pointers), **opts), pointers)
     run("fwd", (x.reshape(M, K), w, b, q, k, v) + shared)
     for t in (q, k, v, rstd, pre):
         assert not t.isnan().any()

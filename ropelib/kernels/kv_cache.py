@@ -69,7 +69,7 @@ from ..runtime import INTERPRET
 from .common import (ROUND_BF16_RTNE, batch_range, contiguous_strides, load_table, pair_features,
                      rotate_pair, round_to)
 from .direct import DirectLauncher
-from .planning import Launch, cdiv, pow2_at_least, pow2_at_most, start
+from .planning import Launch, cdiv, pointer_dtypes, pow2_at_least, pow2_at_most, start
 from .tiles import KV_CACHE_ELEMENTS_PER_STEP, KV_CACHE_PROGRAMS_PER_SM, multiprocessors
 
 FP8_BY_BITS: bool = INTERPRET
@@ -446,8 +446,7 @@ def plan(q, k, v, q_out, k_cache, v_cache, cache_seqlens, block_table, table, si
         pointers = (q, k, v, q_out, k_cache, v_cache, table, sin, cache_seqlens, block_table,
                     k_scale, v_scale)
     args.update(R=R, D=D, DV=DV, BLOCK_S=block_s, BLOCK_H=block_h, INTERLEAVED=interleaved)
-    dtypes = tuple(t.dtype if t is not None else None for t in pointers)
-    return Launch(grid, num_warps, args, dtypes, q.device, launcher), pointers
+    return Launch(grid, num_warps, args, pointer_dtypes(pointers), q.device, launcher), pointers
 
 
 def launch(q, k, v, q_out, k_cache, v_cache, cache_seqlens, block_table, table, sin, k_scale,

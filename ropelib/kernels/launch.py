@@ -21,7 +21,8 @@ from .direct import DirectLauncher
 from .flat import _cos_sin_rows_kernel, _rope_rows_kernel
 from .fused import (_exact_angles_kernel, _rope_ids_kernel, _rope_kernel, _rope_packed_kernel,
                     _rope_qkv_kernel)
-from .planning import (I32_LIMIT, OUT_LAYOUT, Launch, cdiv, needs_int64, pow2_at_least, pow2_at_most,
+from .planning import (I32_LIMIT, OUT_LAYOUT, Launch, cdiv, needs_int64, pointer_dtypes,
+                       pow2_at_least, pow2_at_most,
                        start)
 from . import tiles as _tiles_module
 from .tiles import (BATCH_LOOP_MIN, MIN_TILE, PROGRAMS_PER_SM, TILE_LOOP, TILE_NOLOOP, TILE_WIDE,
@@ -233,8 +234,7 @@ def plan(q: View, q_out: Optional[View], table: Table, positions: Positions, *, 
                     cp_rank=pos.cp_rank, **_named("q", qs), **_named("k", ks),
                     stride_tab_p=tab_p, OUT_LAYOUT=OUT_LAYOUT[layout],
                     TABLE_PER_ENTRY=per_entry, **options)
-    dtypes = tuple(t.dtype if t is not None else None for t in pointers)
-    return Launch(grid, num_warps, args, dtypes, x.device, launcher), pointers
+    return Launch(grid, num_warps, args, pointer_dtypes(pointers), x.device, launcher), pointers
 
 
 def _named(tensor: str, strides: tuple) -> dict:
@@ -266,8 +266,7 @@ def plan_qkv(qkv4: torch.Tensor, q4: torch.Tensor, k4: torch.Tensor, q_table: to
                 INTERLEAVED=interleaved, BACKWARD=backward,
                 INT64=needs_int64((qkv4, q4, k4)))
     pointers = (qkv4, q4, k4, q_table, k_table, start)
-    dtypes = tuple(t.dtype if t is not None else None for t in pointers)
-    return Launch(grid, num_warps, args, dtypes, qkv4.device, QKV), pointers
+    return Launch(grid, num_warps, args, pointer_dtypes(pointers), qkv4.device, QKV), pointers
 
 
 def run(route, pointers: tuple) -> None:
@@ -346,12 +345,6 @@ def takes_two_passes(q: View, q_out: Optional[View], k: Optional[View],
     return table_bytes * _tiles_module.TWO_PASS_TABLE_SHARE <= 2 * read
 
 
-def _dtypes(tensors) -> tuple:
-    """Every pointer's dtype (None for None): a Launch's key, since Triton compiles a kernel
-    for each (a None pointer is a constant to it)."""
-    return tuple(t.dtype if t is not None else None for t in tensors)
-
-
 class TwoPass(NamedTuple):
     """A planned two-pass rotation: the table pre-pass (None when the flat pass reads the
     caller's cos/sin table itself), the flat pass, and the shape of the fp32 cos and s' tables
@@ -407,7 +400,7 @@ def plan_two_pass(q: View, q_out: View, table: Table, positions: Positions, *, R
                  stride_tab_b=table.rows * tab_p if per_entry else 0, stride_tab_p=tab_p,
                  stride_ids_b=S if ids_per_entry else 0, R=R, INTERLEAVED=interleaved,
                  BACKWARD=backward, BLOCK_S=block_s, BLOCK_HALF=half),
-            _dtypes((table.cos, table.sin, ids, pos.cu_seqlens, pos.start)), x.device,
+            pointer_dtypes((table.cos, table.sin, ids, pos.cu_seqlens, pos.start)), x.device,
             COS_SIN_ROWS)
         signed, stride_p, stride_b = True, R, (S * R if nb > 1 else 0)
         table_shape = (nb * S, R)
@@ -422,7 +415,7 @@ def plan_two_pass(q: View, q_out: View, table: Table, positions: Positions, *, R
              R=R, LAYOUT=OUT_LAYOUT[layout], INTERLEAVED=interleaved, BACKWARD=backward,
              SIGNED=signed, PER_ENTRY=stride_b != 0, KEEP_TABLE=B > 1 and stride_b == 0,
              XBLOCK=xblock, INT64=int64),
-        _dtypes((x, q_out.tensor, k.tensor if k is not None else None,
+        pointer_dtypes((x, q_out.tensor, k.tensor if k is not None else None,
                  k_out.tensor if k_out is not None else None)
                 + ((table.cos, table.sin) if table_pass is None else (out32, out32))), x.device,
         ROWS)

@@ -58,7 +58,8 @@ from ..runtime import INTERPRET
 from .common import (ACCURATE, ROUND_BF16_RTNE, batch_range, contiguous_strides, cos_sin,
                      rotate_pair, round_to)
 from .direct import DirectLauncher
-from .planning import OUT_LAYOUT, Launch, cdiv, needs_int64, pow2_at_least, pow2_at_most, start
+from .planning import (OUT_LAYOUT, Launch, cdiv, needs_int64, pointer_dtypes, pow2_at_least,
+                       pow2_at_most, start)
 from .tiles import (MROPE_ELEMENTS_PER_THREAD, MROPE_HEADS_PER_STEP, MROPE_PROGRAMS_PER_SM,
                     MROPE_STEP_ELEMENTS, multiprocessors)
 
@@ -315,8 +316,7 @@ def plan(q4: torch.Tensor, q_out4: torch.Tensor, pos: torch.Tensor, inv_freq: to
         INT64=needs_int64(views + [pos]),
     )
     pointers = (q4, q_out4, k4, k_out4, pos, inv_freq, axis)
-    dtypes = tuple(t.dtype if t is not None else None for t in pointers)
-    return Launch(grid, num_warps, args, dtypes, q4.device), pointers
+    return Launch(grid, num_warps, args, pointer_dtypes(pointers), q4.device), pointers
 
 
 def run(launch: Launch, pointers: tuple) -> None:

@@ -61,6 +61,12 @@ class Launch:
         return self._hash
 
 
+def pointer_dtypes(pointers) -> tuple:
+    """Every pointer's dtype (None for a None pointer): a Launch's `dtypes`, since Triton
+    compiles a kernel for each (a None pointer is a constant to it)."""
+    return tuple(None if t is None else t.dtype for t in pointers)
+
+
 # --- tiles and grids -----------------------------------------------------------------------
 
 def needs_int64(tensors) -> bool:

@@ -621,11 +621,6 @@ DX = DirectLauncher(_qkv_rope_dx_kernel, DX_POINTERS)
 DW = DirectLauncher(_qkv_rope_dw_kernel, DW_POINTERS)
 
 
-def dtypes_of(pointers: tuple) -> tuple:
-    """The dtypes a Launch is planned for (None for a None pointer)."""
-    return tuple(None if t is None else t.dtype for t in pointers)
-
-
 def _pow2_between(n, lo: int, hi: int) -> int:
     """The power of two >= n, clamped to [lo, hi]; hi for a symbolic n (torch.compile with
     dynamic shapes), so that a new length is no new guard and no recompilation."""
