@@ -136,14 +136,14 @@ def _feature_axes(mrope_section: tuple, D: int, device) -> torch.Tensor:
     mrope_section pairs in each half of the head. Made on the device from Python ints (no copy
     from host memory, which would wait for the stream and cannot be captured in a CUDA graph),
     once per (sections, head_dim, device) in eager calls."""
-    key = (mrope_section, D, device)
-    found = _FEATURE_AXES.get(key) if eager.active() else None
+    key, active = (mrope_section, D, device), eager.active()
+    found = _FEATURE_AXES.get(key) if active else None
     if found is not None:
         return found
     pair = torch.arange(D, device=device) % (D // 2)
     t, h = mrope_section[0], mrope_section[0] + mrope_section[1]
     axes = (pair >= t).to(torch.int64) + (pair >= h).to(torch.int64)
     capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-    if eager.active() and not capturing:     # (made while capturing, it is filled at replay)
+    if active and not capturing:     # (made while capturing, it is filled at replay)
         _FEATURE_AXES[key] = axes
     return axes
