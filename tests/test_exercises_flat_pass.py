@@ -144,7 +144,7 @@ def test_the_exercise_rejects_answers_that_are_not_kernels(capsys):
     for answer in (returns_reference, HostKernel(), blank, None, ...):
         assert fp.check_flat_kernel(answer) is False
     out = capsys.readouterr().out
-    assert out.count("❌") == 5 and "no answer yet" in out and "@triton.jit" in out
+    assert out.count("❌") == 5 and "no kernel yet" in out and "@triton.jit" in out
 
 
 def test_the_tables_are_the_first_pass_s():

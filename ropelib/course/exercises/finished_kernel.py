@@ -25,8 +25,8 @@ import triton
 import triton.language as tl
 
 from ... import reference, runtime
-from . import _compare, check, exception_line, is_blank_kernel, is_kernel, solution
-from .own_code import LibraryAnswer, library_barred
+from . import _compare, check, is_blank_kernel, is_kernel, solution
+from .own_code import launch_barred
 
 __all__ = ["KERNEL_SIGNATURE", "check_interleaved_tile_kernel", "show_solution", "launch",
            "CASES"]
@@ -129,15 +129,10 @@ def check_interleaved_tile_kernel(kernel, seed: Optional[int] = None) -> bool:
         label = _label(S, B, H, D, bs, bh, chunk, dtype, xs, ys, table)
         x, y, y_buf, f = _inputs(gen, S, B, H, D, dtype, xs, ys, table)
         x_before = x.clone()
-        try:
-            with library_barred("your interleaved 3-D tile kernel",
-                                bar=(_rope_interleaved_tile_solution_kernel,)):
-                launch(kernel, x, y, f, bs, bh, chunk)
-        except LibraryAnswer as exc:
-            print(f"❌ {name}: {exc}")
-            return False
-        except Exception as exc:  # noqa: BLE001 -- report, never stop the notebook
-            print(f"❌ {name} ({label}): launching your kernel raised {exception_line(exc)}")
+        ok, _ = launch_barred(name, label, "your interleaved 3-D tile kernel",
+                              lambda: launch(kernel, x, y, f, bs, bh, chunk),
+                              bar=(_rope_interleaved_tile_solution_kernel,))
+        if not ok:
             return False
         band = y_buf[S:] if not ys else y_buf[B:]
         if not bool(torch.isnan(band).all()):

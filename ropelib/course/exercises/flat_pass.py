@@ -26,8 +26,8 @@ import triton
 import triton.language as tl
 
 from ... import reference, runtime
-from . import _compare, check, exception_line, is_blank_kernel, is_kernel, solution
-from .own_code import LibraryAnswer, library_barred
+from . import _compare, check, kernel_answer, solution
+from .own_code import launch_barred
 
 __all__ = ["KERNEL_SIGNATURE", "check_flat_kernel", "show_solution", "launch", "tables", "CASES"]
 
@@ -71,22 +71,6 @@ def launch(kernel, x, y, cos, sin, xblock: int) -> None:
     kernel[(triton.cdiv(N, xblock),)](x, y, cos, sin, N, B * H * D, D=D, XBLOCK=xblock)
 
 
-def _ready(name: str, kernel) -> bool:
-    if kernel is None or kernel is Ellipsis:
-        print(f"❌ {name}: no answer yet (define the kernel)")
-        return False
-    if not is_kernel(kernel):
-        print(f"❌ {name}: expected a function decorated with @triton.jit, got "
-              f"{type(kernel).__name__}: the check launches your kernel on inputs it draws "
-              "itself, so only what the kernel stores through y_ptr counts")
-        return False
-    if is_blank_kernel(kernel):
-        print(f"❌ {name}: no answer yet (write the kernel body in place of `pass`, then rerun "
-              "the cell)")
-        return False
-    return True
-
-
 def _inputs(gen: torch.Generator, S, B, H, D, dtype, table):
     """x, y (a NaN view into a padded buffer), the padded buffer, angles [S, D]."""
     device = runtime.default_device()
@@ -113,7 +97,7 @@ def check_flat_kernel(kernel, seed: Optional[int] = None) -> bool:
     raises. `seed` fixes the random inputs (default: new ones every call, printed on a failure).
     """
     name = "flat pass"
-    if not _ready(name, kernel):
+    if not kernel_answer(name, kernel, "what it stores through y_ptr"):
         return False
     seed = int(torch.randint(0, 2**31 - 1, (1,)).item()) if seed is None else seed
     gen = torch.Generator().manual_seed(seed)
@@ -122,14 +106,10 @@ def check_flat_kernel(kernel, seed: Optional[int] = None) -> bool:
         x, y, y_buf, f = _inputs(gen, S, B, H, D, dtype, table)
         cos, sin = tables(f)
         x_before = x.clone()
-        try:
-            with library_barred("your flat kernel", bar=(_rope_flat_solution_kernel,)):
-                launch(kernel, x, y, cos, sin, xblock)
-        except LibraryAnswer as exc:
-            print(f"❌ {name}: {exc}")
-            return False
-        except Exception as exc:  # noqa: BLE001 -- report, never stop the notebook
-            print(f"❌ {name} ({label}): launching your kernel raised {exception_line(exc)}")
+        ok, _ = launch_barred(name, label, "your flat kernel",
+                              lambda: launch(kernel, x, y, cos, sin, xblock),
+                              bar=(_rope_flat_solution_kernel,))
+        if not ok:
             return False
         if not bool(torch.isnan(y_buf[x.numel():]).all()):
             print(f"❌ {name} ({label}): the kernel wrote past the output (into the guard band "

@@ -25,7 +25,7 @@ import triton.language as tl
 
 from ... import reference, runtime
 from . import _compare, check, exception_line, is_blank_kernel, is_kernel, solution
-from .own_code import LibraryAnswer, library_barred
+from .own_code import launch_barred, library_barred
 
 __all__ = ["KERNEL_SIGNATURE", "check_batch_reuse_kernel", "show_solution", "launch",
            "is_blank_kernel", "count_trig"]
@@ -142,14 +142,8 @@ def check_kernel_cases(name: str, kernel, cases, expected: Callable, *, hint: st
     if not kernel_ready(name, kernel):
         return False
     for label, x, f2 in cases:
-        try:
-            with library_barred(what, bar=bar):
-                y = launch(kernel, x, f2)
-        except LibraryAnswer as exc:
-            print(f"❌ {name}: {exc}")
-            return False
-        except Exception as exc:  # noqa: BLE001 -- report, never stop the notebook
-            print(f"❌ {name} ({label}): launching your kernel raised {exception_line(exc)}")
+        ok, y = launch_barred(name, label, what, lambda: launch(kernel, x, f2), bar=bar)
+        if not ok:
             return False
         missing = _unwritten(y, f2.shape[-1])
         if missing:

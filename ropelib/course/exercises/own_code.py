@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Tuple
 
 import torch
 
-from . import _compare, check, guarded_call
+from . import _compare, check, exception_line, guarded_call
 
 PACKAGE = Path(__file__).resolve().parents[2]          # .../ropelib
 COURSE = PACKAGE / "course"
@@ -362,3 +362,18 @@ def listed_as_tensor(answer, expected):
         except (TypeError, ValueError, RuntimeError):
             pass
     return answer
+
+
+def launch_barred(name: str, label: str, what: str, start: Callable[[], Any], *,
+                  bar: Iterable = ()) -> Tuple[bool, Any]:
+    """(True, start()) when the learner's kernel launches with ropelib's answers (and `bar`)
+    barred; else print the ❌ line (a refusal, or what the launch raised, for case `label`) and
+    return (False, None). The kernel exercises' checks all launch through here."""
+    try:
+        with library_barred(what, bar=bar):
+            return True, start()
+    except LibraryAnswer as exc:
+        print(f"❌ {name}: {exc}")
+    except Exception as exc:  # noqa: BLE001 -- report, never stop the notebook
+        print(f"❌ {name} ({label}): launching your kernel raised {exception_line(exc)}")
+    return False, None
