@@ -9,6 +9,11 @@ Each provider is timed with triton.testing.do_bench (median, L2 flushed) in the 
 ratio = copy ms / provider ms (forward+backward: two copies). The route is forced with the
 thresholds (kernels/tiles.py); "auto" is the route ropelib picks by itself. "pre-pass alone" is
 the GPU time of the two-pass route's first kernel (the cos/sin table of the call's tokens).
+
+Like for like with torch.compile: "auto cos/sin" reads fp32 tables (TE's precision, ropelib's
+default), torch.compile is given the tables in the input's dtype (what Hugging Face models
+write). For 16-bit inputs two more rows compare each with the other's table: "auto cos/sin
+x-dtype" (ropelib reading the 16-bit tables torch.compile reads) and "torch.compile fp32 table".
 """
 import argparse
 import csv
@@ -47,7 +52,8 @@ CASES = [
     ("fp32 sbhd 256 MiB s2k b8", torch.float32, "sbhd", 2048, 8, 32, 128, False),
     ("fp32 sbhd 2 GiB s16k b8", torch.float32, "sbhd", 16384, 8, 32, 128, False),
 ]
-COMPILED = {"bf16 sbhd 256 MiB s4k b8", "bf16 sbhd 128 MiB s16k b1", "bf16 sbhd 1 GiB s16k b8",
+COMPILED = {"bf16 sbhd 256 MiB s4k b8", "bf16 bshd 256 MiB s4k b8", "bf16 sbhd 128 MiB s16k b1",
+            "bf16 sbhd 1 GiB s16k b8",
             "fp32 sbhd 2 GiB s16k b8", "bf16 sbhd 64 MiB s1k b8"}
 
 
@@ -117,6 +123,8 @@ def main(argv=None):
                  "two-pass cos/sin": ("two-pass", dict(cos=cos, sin=sin)),
                  "auto": ("auto", dict(freqs=freqs)),
                  "auto cos/sin": ("auto", dict(cos=cos, sin=sin))}
+        if dt != torch.float32:     # the 16-bit tables torch.compile reads, for ropelib too
+            provs["auto cos/sin x-dtype"] = ("auto", dict(cos=cos.to(dt), sin=sin.to(dt)))
         ref = None
         for prov, (thr, table) in provs.items():
             fwd = route(thr, lambda: ropelib.apply_rope(x, **table, **kw))
@@ -136,10 +144,15 @@ def main(argv=None):
         if args.compile and name in COMPILED and layout != "thd":
             tshape = (S, 1, 1, D) if layout == "sbhd" else (1, S, 1, D)
             c16, s16 = cos.to(dt).view(tshape), sin.to(dt).view(tshape)
-            comp = torch.compile(lambda t: hf_rotate(t, c16, s16, inter))
-            rows.append(("forward", "torch.compile", ms(lambda: comp(x))))
-            rows.append(("fwd+bwd", "torch.compile", ms(lambda: torch.autograd.grad(comp(xg), xg, dy))))
-            torch._dynamo.reset()
+            tables = {"torch.compile": (c16, s16)}
+            if dt != torch.float32:
+                tables["torch.compile fp32 table"] = (cos.view(tshape), sin.view(tshape))
+            for prov, (ct, st) in tables.items():
+                comp = torch.compile(lambda t, ct=ct, st=st: hf_rotate(t, ct, st, inter).to(dt))
+                rows.append(("forward", prov, ms(lambda: comp(x))))
+                rows.append(("fwd+bwd", prov,
+                             ms(lambda: torch.autograd.grad(comp(xg), xg, dy))))
+                torch._dynamo.reset()
         for pas, prov, t in rows:
             ratio = (copy if pas == "forward" else 2 * copy) / t
             w.writerow([name, pas, prov, f"{t:.5f}", f"{ratio:.4f}"])
