@@ -16,8 +16,17 @@ at decode sizes. So a plain eager call takes a shorter way to the same planner a
 * **Gradients** go through one autograd.Function whose backward is the same route with the
   rotation reversed. It is itself differentiable, so double backward works. The tables and index
   tensors are saved for backward: changing one in place before backward raises autograd's error.
+* **Cos/sin rows kept between calls.** The two-pass route for large tensors (kernels/flat.py)
+  first writes the fp32 cos and signed sine rows of the call's tokens from the caller's table.
+  Where positions are the token index, those rows depend only on that table and the plan, so
+  the eager route keeps the last TABLE_ROWS_KEPT of them (S x R x 8 bytes each; see
+  `TableRows`) and a later call with the same table tensor, unchanged, on the same stream skips
+  the pre-pass: every layer of a model after the first, in the forward and in the backward.
+  Never while a CUDA graph is being captured (a graph must not read memory it does not own).
 """
 import operator
+import weakref
+from collections import OrderedDict
 from typing import Optional
 
 import torch
@@ -27,6 +36,7 @@ from .kernels import direct, planning
 from .kernels.launch import Launch, Positions, Table, plan, pointer_names
 
 MAX_SIGNATURES = 1024
+TABLE_ROWS_KEPT = 4       # the two-pass route's cos/sin rows kept between eager calls
 
 
 def _functorch_active() -> bool:
@@ -115,21 +125,91 @@ class EagerLaunch:
             self._starts[aligned] = found
 
 
+class TableRows:
+    """The two-pass route's pre-pass output (fp32 cos and s' rows, kernels/flat.py) of the last
+    TABLE_ROWS_KEPT eager calls whose positions are the token index, by (plan, table, stream).
+
+    A kept entry serves a call only if it is the same plan (the same EagerTwoPass object) and
+    the same table tensor (its base; both held weakly, so a new object at a recycled id or
+    address never matches), at the same address, not written since (its version counter), and
+    the call runs on the same stream (the rows were written in that stream's order, and are
+    freed in it). Inference tensors have no version counter: they are never kept."""
+
+    def __init__(self):
+        self.entries = OrderedDict()    # key -> (weakref to the table's base, the two rows)
+
+    @staticmethod
+    def _key(owner, tables: tuple) -> Optional[tuple]:
+        key = [id(owner)]
+        for t in tables:
+            if t.is_inference():        # (no version counter to tell a change by)
+                return None
+            key += (t.data_ptr(), t._version)
+        t = tables[0]
+        if t.device.type == "cuda":
+            if torch.cuda.is_current_stream_capturing():
+                return None
+            key.append(direct.current_stream(t.device.index))
+        return tuple(key)
+
+    def get(self, owner, tables: tuple):
+        """(key, the kept rows or None) for `owner` (an EagerTwoPass: one plan) reading `tables`
+        (angles, or cos and sin); key None: this call must neither use nor fill the store."""
+        key = self._key(owner, tables)
+        if key is None:
+            return None, None
+        hit = self.entries.get(key)
+        if hit is None:
+            return key, None
+        refs, rows = hit
+        if any(ref() is not obj for ref, obj in zip(refs, (owner, *map(_base, tables)))):
+            del self.entries[key]
+            return key, None
+        self.entries.move_to_end(key)
+        return key, rows
+
+    def put(self, key, owner, tables: tuple, rows: tuple) -> None:
+        self.entries[key] = (tuple(weakref.ref(o) for o in (owner, *map(_base, tables))), rows)
+        while len(self.entries) > TABLE_ROWS_KEPT:
+            self.entries.popitem(last=False)
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+
+def _base(t: torch.Tensor) -> torch.Tensor:
+    """The tensor that owns t's memory (t itself unless t is a view)."""
+    return t._base if t._base is not None else t
+
+
+TABLE_ROWS = TableRows()
+
+
 class EagerTwoPass:
-    """Eager starts of a planned two-pass rotation (kernels/launch.TwoPass): the route's own
-    start, each pass through an EagerLaunch as the finished kernel's one."""
-    __slots__ = ("route", "_passes")
+    """Eager starts of a planned two-pass rotation (kernels/launch.TwoPass): the pre-pass (unless
+    its rows are kept from an earlier call, TableRows) and the flat pass, each through an
+    EagerLaunch as the finished kernel's one launch."""
+    __slots__ = ("route", "_table_pass", "_rotate_pass", "__weakref__")
 
     def __init__(self, route):
         self.route = route
-        self._passes = {id(p): EagerLaunch(p.launcher, p)
-                        for p in (route.table_pass, route.rotate_pass) if p is not None}
-
-    def _start_pass(self, launch, pointers) -> None:
-        self._passes[id(launch)](pointers)
+        self._rotate_pass = EagerLaunch(route.rotate_pass.launcher, route.rotate_pass)
+        self._table_pass = (EagerLaunch(route.table_pass.launcher, route.table_pass)
+                            if route.table_pass is not None else None)
 
     def __call__(self, pointers) -> None:
-        self.route.start(pointers, self._start_pass)
+        q, q_out, k, k_out, cos, sin, position_ids, cu_seqlens, start = pointers
+        if self._table_pass is not None:
+            plain = position_ids is None and cu_seqlens is None and start is None
+            tables = (cos,) if sin is None else (cos, sin)
+            key, rows = TABLE_ROWS.get(self, tables) if plain else (None, None)
+            if rows is None:
+                rows = self.route.new_rows(q.device)
+                self._table_pass((cos, sin, position_ids, cu_seqlens, start) + rows)
+                if key is not None:
+                    TABLE_ROWS.put(key, self, tables, rows)
+            cos, sin = rows
+        self._rotate_pass((q, q_out, k, k_out, cos, sin))
 
 
 class PlannedRotation:

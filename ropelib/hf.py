@@ -29,6 +29,30 @@ def _layout_hint(unsqueeze_dim: int) -> str:
             "for Hugging Face's [batch, heads, seq, head_dim] pass unsqueeze_dim=1)")
 
 
+def _checked(q, k, cos, sin, unsqueeze_dim):
+    """q, k and Hugging Face's cos/sin ([batch or 1, seq, head_dim] or [seq, head_dim]) checked
+    against each other: (layout, S, B, D, cos, sin as the kernels read them)."""
+    for t, name in ((q, "q"), (k, "k")):
+        V.check_tensor(t, name, dims=(4,))
+        V.check_kernel_device(t, name)
+    if type(unsqueeze_dim) is not int or unsqueeze_dim not in LAYOUT_OF_UNSQUEEZE_DIM:
+        raise ValueError(f"unsqueeze_dim must be 1 ([b, h, s, d]) or 2 ([b, s, h, d]) (or -3, "
+                         f"-2), got {unsqueeze_dim!r}")
+    if q.dtype != k.dtype:
+        raise TypeError(f"q and k must have the same dtype, got {q.dtype} and {k.dtype}")
+    V.check_same_device(q, "q", k=k, cos=cos, sin=sin)
+    layout = LAYOUT_OF_UNSQUEEZE_DIM[unsqueeze_dim]
+    q4, k4 = ops.view4(q, layout), ops.view4(k, layout)
+    S, B, D = q4.shape[0], q4.shape[1], q4.shape[3]
+    if k4.shape[0] != S or k4.shape[1] != B or k4.shape[3] != D:
+        raise ValueError(f"q and k must agree in batch, seq and head_dim, got {tuple(q.shape)} "
+                         f"and {tuple(k.shape)}{_layout_hint(unsqueeze_dim)}")
+    c, s = V.hf_cos_sin(cos, sin, S, B, D, partial="ropelib.apply_rope",
+                        hint=_layout_hint(unsqueeze_dim))
+    check_no_table_grad(("cos", c), ("sin", s))
+    return layout, S, B, D, c, s
+
+
 def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
                          sin: torch.Tensor, position_ids: Optional[torch.Tensor] = None,
                          unsqueeze_dim: int = 1) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -53,24 +77,7 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
         planned = eager.SIGNATURES.get(sig)
         if planned is not None:
             return planned((q, k), tables_and_index)
-    for t, name in ((q, "q"), (k, "k")):
-        V.check_tensor(t, name, dims=(4,))
-        V.check_kernel_device(t, name)
-    if type(unsqueeze_dim) is not int or unsqueeze_dim not in LAYOUT_OF_UNSQUEEZE_DIM:
-        raise ValueError(f"unsqueeze_dim must be 1 ([b, h, s, d]) or 2 ([b, s, h, d]) (or -3, "
-                         f"-2), got {unsqueeze_dim!r}")
-    if q.dtype != k.dtype:
-        raise TypeError(f"q and k must have the same dtype, got {q.dtype} and {k.dtype}")
-    V.check_same_device(q, "q", k=k, cos=cos, sin=sin)
-    layout = LAYOUT_OF_UNSQUEEZE_DIM[unsqueeze_dim]
-    q4, k4 = ops.view4(q, layout), ops.view4(k, layout)
-    S, B, D = q4.shape[0], q4.shape[1], q4.shape[3]
-    if k4.shape[0] != S or k4.shape[1] != B or k4.shape[3] != D:
-        raise ValueError(f"q and k must agree in batch, seq and head_dim, got {tuple(q.shape)} "
-                         f"and {tuple(k.shape)}{_layout_hint(unsqueeze_dim)}")
-    c, s = V.hf_cos_sin(cos, sin, S, B, D, partial="ropelib.apply_rope",
-                        hint=_layout_hint(unsqueeze_dim))
-    check_no_table_grad(("cos", c), ("sin", s))
+    layout, S, B, D, c, s = _checked(q, k, cos, sin, unsqueeze_dim)
     out_dtype = torch.promote_types(q.dtype, cos.dtype)
     # the rows of cos/sin are the tokens already: position s reads row s (of its batch entry)
     if sig is not None:
@@ -92,12 +99,16 @@ def apply_multimodal_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch
 
     cos/sin hold one table per axis (time, height, width), [3, batch, seq, head_dim], as
     Qwen2-VL's rotary module of transformers 4.x returns them; `mrope_section` (pairs per axis,
-    e.g. [16, 24, 24]) says which axis's table each feature takes. This function takes those
-    materialised tables by definition: it picks each feature's axis row out of them (one gather
-    into [batch, seq, head_dim], which transformers builds as well with its split and cat) and
-    rotates q and k in one launch with `apply_rotary_pos_emb`'s cos/sin path. To skip the
-    tables altogether, use ropelib.apply_mrope_qk with the positions (the kernel forms the
-    angles itself).
+    e.g. [16, 24, 24]) says which axis's table each feature takes. Large q and k (the two-pass
+    route's size, kernels/tiles.py), dense in their memory order, are rotated in one pass that
+    reads each feature's row from its axis's table as it is (kernels/flat.py); smaller ones get
+    the tables gathered into one [batch, seq, head_dim] table first (what transformers builds
+    with its split and cat) and take `apply_rotary_pos_emb`'s cos/sin path. Both give the same
+    bits. Where q and k are transformers' [batch, heads, seq, head_dim] views of [batch, seq,
+    heads, head_dim] projections, they are rotated in that memory order and the outputs have
+    their strides, as transformers' own formula gives them; otherwise the outputs are
+    contiguous. To skip the tables altogether, use ropelib.apply_mrope_qk with the positions
+    (the kernel forms the angles itself).
 
     Args:
         q, k: `[batch, heads, seq, head_dim]` (unsqueeze_dim=1) or `[batch, seq, heads,
@@ -122,10 +133,33 @@ def apply_multimodal_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch
     if c.shape[0] != 3:
         raise ValueError(f"cos/sin must be [3, batch, seq, head_dim] (one table per axis: "
                          f"time, height, width), got {tuple(cos.shape)}")
-    index = _feature_axes(tuple(mrope_section), D, c.device)[None, None, None, :].expand(
-        1, *c.shape[1:])
-    return apply_rotary_pos_emb(q, k, c.gather(0, index)[0], s.gather(0, index)[0],
+    sections = list(mrope_section)
+    if LAYOUT_OF_UNSQUEEZE_DIM.get(unsqueeze_dim) == HF_LAYOUT and _bshd_memory(q) \
+            and _bshd_memory(k):
+        # transformers' q and k: [B, H, S, D] views of bshd projections. Rotated in that memory
+        # order; the outputs have q's strides, as transformers' own formula gives them
+        q_out, k_out = _multimodal(q.transpose(1, 2), k.transpose(1, 2), c, s, sections, 2)
+        return q_out.transpose(1, 2), k_out.transpose(1, 2)
+    return _multimodal(q, k, c, s, sections, unsqueeze_dim)
+
+
+def _multimodal(q, k, cos, sin, sections: list, unsqueeze_dim: int):
+    """Qwen2-VL's per-axis tables cos, sin [3, B or 1, S, D] on q and k: read as they are by
+    the flat pass where q and k are large and contiguous, else gathered into one table."""
+    layout = LAYOUT_OF_UNSQUEEZE_DIM.get(unsqueeze_dim) if type(unsqueeze_dim) is int else None
+    if layout is not None and all(type(t) is torch.Tensor and t.dim() == 4 for t in (q, k)) \
+            and ops.takes_axis_tables(q, k, cos, sin, sections, layout):
+        _checked(q, k, cos[0], sin[0], unsqueeze_dim)
+        return ops.rope_qk_axes(q, k, cos, sin, sections, layout, False,
+                                torch.promote_types(q.dtype, cos.dtype))
+    axes = _feature_axes(tuple(sections), cos.shape[-1], cos.device)
+    return apply_rotary_pos_emb(q, k, *ops.gathered_tables(cos, sin, sections, axes),
                                 unsqueeze_dim=unsqueeze_dim)
+
+
+def _bshd_memory(t: torch.Tensor) -> bool:
+    """Is t ([B, H, S, D]) a transposed view of a contiguous [B, S, H, D] tensor?"""
+    return t.dim() == 4 and not t.is_contiguous() and t.transpose(1, 2).is_contiguous()
 
 
 _FEATURE_AXES = {}    # (mrope_section, head_dim, device) -> [head_dim] int64 on that device
@@ -140,9 +174,7 @@ def _feature_axes(mrope_section: tuple, D: int, device) -> torch.Tensor:
     found = _FEATURE_AXES.get(key) if active else None
     if found is not None:
         return found
-    pair = torch.arange(D, device=device) % (D // 2)
-    t, h = mrope_section[0], mrope_section[0] + mrope_section[1]
-    axes = (pair >= t).to(torch.int64) + (pair >= h).to(torch.int64)
+    axes = ops.feature_axes(list(mrope_section), D, device)
     capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
     if active and not capturing:     # (made while capturing, it is filled at replay)
         _FEATURE_AXES[key] = axes

@@ -4,6 +4,7 @@
     torch.ops.ropelib.rope_qk(q, k, ...)    -> (q', k')     q and k in one launch
     torch.ops.ropelib.rope_(x, ...)                          in place (no autograd)
     torch.ops.ropelib.rope_qk_(q, k, ...)                    in place (no autograd)
+    torch.ops.ropelib.rope_qk_axes(q, k, ...) -> (q', k')   Qwen2-VL's per-axis tables
     torch.ops.ropelib.rope_qkv(qkv, ...)    -> (q, k, v)    Transformer Engine's packed QKV
     torch.ops.ropelib.rope_qkv_backward(gq, gk, gv, ...) -> gqkv
 
@@ -160,6 +161,87 @@ def _rope_qk_backward(ctx, grad_q, grad_k):
 
 rope.register_autograd(_rope_backward, setup_context=_setup_rope)
 rope_qk.register_autograd(_rope_qk_backward, setup_context=_setup_rope_qk)
+
+
+# --- one table per axis (Qwen2-VL's materialised multimodal cos/sin) ------------------------
+
+def axis_tables(cos: Tensor, sin: Tensor, sections: List[int]) -> Table:
+    """Qwen2-VL's per-axis tables cos, sin [3, B or 1, S, R] as the two-pass route's flat pass
+    reads them: the time axis's [B or 1, S, R] and, per section, where its table lies."""
+    t, h = sections[0], sections[0] + sections[1]
+    return Table(cos[0], sin[0], (t, h, cos.stride(0)))
+
+
+def feature_axes(sections: List[int], R: int, device) -> Tensor:
+    """[R] int64: the axis (0 time, 1 height, 2 width) whose table rotate-half feature i reads
+    (sections of pairs, in each half of the head). Made on the device from Python ints: no copy
+    from host memory (which waits for the stream and cannot be captured in a CUDA graph)."""
+    pair = torch.arange(R, device=device) % (R // 2)
+    return (pair >= sections[0]).to(torch.int64) \
+        + (pair >= sections[0] + sections[1]).to(torch.int64)
+
+
+def gathered_tables(cos: Tensor, sin: Tensor, sections: List[int],
+                    axes: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    """The per-axis tables [3, B or 1, S, R] gathered into one [B or 1, S, R] table each: every
+    feature's row from its axis's table (what transformers builds with its split and cat)."""
+    if axes is None:
+        axes = feature_axes(sections, cos.shape[-1], cos.device)
+    index = axes[None, None, None, :].expand(1, *cos.shape[1:])
+    return cos.gather(0, index)[0], sin.gather(0, index)[0]
+
+
+def takes_axis_tables(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, sections: List[int],
+                      layout: str) -> bool:
+    """Does the two-pass route's flat pass take q and k with these per-axis tables as they are
+    (large, q and k contiguous in `layout`, the tables contiguous)? Otherwise the tables are
+    gathered into one first. Sizes first: a small call is turned away without planning."""
+    if (q.numel() + k.numel()) * q.element_size() < launch.two_pass_min_bytes():
+        return False
+    if not (cos.is_contiguous() and sin.is_contiguous()):
+        return False
+    q4, k4 = kernel_view(q, layout), kernel_view(k, layout)
+    return launch.takes_two_passes(q4, q4, k4, k4, axis_tables(cos, sin, sections), Positions(),
+                                   layout)
+
+
+@define_op("ropelib::rope_qk_axes")
+def rope_qk_axes(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, sections: List[int],
+                 layout: str, backward: bool, out_dtype: Optional[torch.dtype]
+                 ) -> Tuple[Tensor, Tensor]:
+    """q and k rotated by Qwen2-VL's per-axis tables cos, sin [3, B or 1, S, R] (rotate-half,
+    positions the token index): each pair reads the table of its section. Outputs contiguous in
+    `layout`. Large inputs read the tables as they are (the flat pass); others gather them into
+    one table first and take the finished kernel."""
+    q_out, k_out = _empty_like(q, out_dtype), _empty_like(k, out_dtype)
+    if takes_axis_tables(q, k, cos, sin, sections, layout):
+        table = axis_tables(cos, sin, sections)
+    else:
+        table = Table(*gathered_tables(cos, sin, sections))
+    _launch(q, q_out, table, Positions(), layout, interleaved=False, backward=backward, k=k,
+            k_out=k_out)
+    return q_out, k_out
+
+
+def _setup_rope_qk_axes(ctx, inputs, output):
+    q, k, cos, sin, *options = inputs
+    ctx.save_for_backward(cos, sin)
+    ctx.options = options   # sections, layout, backward, out_dtype
+    ctx.x_dtype = q.dtype
+    ctx.outputs = [(o.shape, o.dtype, o.device) for o in output]
+
+
+def _rope_qk_axes_backward(ctx, grad_q, grad_k):
+    # an output that took no part in the loss has no gradient: it contributes zero
+    sections, layout, backward, _ = ctx.options
+    gq, gk = (g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
+              for g, (shape, dtype, device) in zip((grad_q, grad_k), ctx.outputs))
+    gq, gk = rope_qk_axes(gq, gk, *ctx.saved_tensors, sections, layout, not backward,
+                          ctx.x_dtype)
+    return (gq, gk) + (None,) * 6
+
+
+rope_qk_axes.register_autograd(_rope_qk_axes_backward, setup_context=_setup_rope_qk_axes)
 
 
 # --- Transformer Engine's packed QKV --------------------------------------------------------

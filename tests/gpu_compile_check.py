@@ -9,7 +9,8 @@ import inspect
 import torch
 import triton
 from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
+from triton.compiler import ASTSource, make_backend
+from triton.runtime.jit import create_function_from_signature
 
 import ropelib
 from ropelib.kernels import kv_cache as KV
@@ -26,24 +27,18 @@ TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
 
 
 def compile_for_gpu(name, kernel, pointer_names, planned, pointers):
-    params = inspect.signature(kernel.fn).parameters
-    sig, consts = {}, {}
-    for n, t in zip(pointer_names, pointers):
-        if t is None:
-            sig[n], consts[n] = "constexpr", None
-        else:
-            sig[n] = "*" + TYPES[t.dtype]
-    for n, v in planned.args.items():
-        if "constexpr" in str(params[n].annotation):
-            sig[n], consts[n] = "constexpr", v
-        elif isinstance(v, float):
-            sig[n] = "fp32"
-        else:
-            sig[n] = "i32"
-    sig = {n: sig[n] for n in kernel.arg_names}
-    compiled = triton.compile(ASTSource(kernel, sig, constexprs=consts),
-                              target=GPUTarget("cuda", 90, 32),
-                              options=dict(num_warps=planned.num_warps))
+    """Compile as a launch with these arguments would: the JIT's own specialisation (ints equal
+    to 1 become constants; pointers and ints divisible by 16 get a divisibility hint, what lets
+    the compiler prove a contiguous run aligned and load it as one vector)."""
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+    args = dict(zip(pointer_names, pointers), **planned.args)
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    bound, spec, opts = binder(**args, num_warps=planned.num_warps)
+    options, signature, constexprs, attrs = kernel._pack_args(
+        backend, {"num_warps": planned.num_warps}, bound, spec, opts)
+    compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
+                              options=options.__dict__)
     ptx = compiled.asm["ptx"]
     print(name, len(kernel.arg_names), ptx.count("fma.rn.f32") + ptx.count("fma.rn.f64"))
 
@@ -149,6 +144,15 @@ def main():
                             pre, ptrs[4:6] + ptrs[6:9] + tuple(cs))
             ptrs = ptrs[:4] + tuple(cs)
         compile_for_gpu(name, rows.launcher.kernel, rows.launcher.pointer_names, rows, ptrs[:6])
+    # Qwen2-VL's per-axis tables [3, B, S, D] in the input's dtype, read as they are
+    c3 = torch.empty(3, B, S, D, dtype=bf)
+    route, ptrs = L.plan_two_pass(*views(xb, xbo), L.Table(c3[0], c3[0], (2, 5, c3.stride(0))),
+                                  L.Positions(), R=D, interleaved=False, backward=True,
+                                  layout="bshd", k=views(kb2)[0], k_out=views(kbo)[0])
+    rows = route.rotate_pass
+    rows.args = dict(rows.args, XBLOCK=T.TWO_PASS_ELEMENTS)
+    compile_for_gpu("two-pass-axes-backward", rows.launcher.kernel, rows.launcher.pointer_names,
+                    rows, ptrs[:6])
 
     # RoPE fused into the QKV projection (kernels/qkv_gemm.py), with the GPU's tiles
     HQ, HK, D, K = 4, 2, 128, 256

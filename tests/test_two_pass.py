@@ -27,16 +27,24 @@ SHAPES = {"sbhd": lambda h: (S, B, h, D), "bshd": lambda h: (B, S, h, D),
 
 @pytest.fixture
 def starts(monkeypatch):
-    """Count the two-pass route's starts (and leave the threshold where it was)."""
+    """Count the two-pass route's starts, through the operators (TwoPass.start) or eagerly
+    (EagerTwoPass), each as "was a pre-pass planned" (and leave the threshold where it was)."""
     calls = []
-    real = launch.TwoPass.start
+    real, real_eager = launch.TwoPass.start, eager.EagerTwoPass.__call__
 
-    def counted(self, pointers, *start_pass):
+    def counted(self, pointers):
         calls.append(self.table_pass is not None)
-        return real(self, pointers, *start_pass)
+        return real(self, pointers)
+
+    def counted_eager(self, pointers):
+        calls.append(self.route.table_pass is not None)
+        return real_eager(self, pointers)
     monkeypatch.setattr(launch.TwoPass, "start", counted)
+    monkeypatch.setattr(eager.EagerTwoPass, "__call__", counted_eager)
+    eager.TABLE_ROWS.clear()
     yield calls
     eager.SIGNATURES.clear()
+    eager.TABLE_ROWS.clear()
 
 
 def through(route: str, fn):
@@ -259,3 +267,137 @@ def test_the_ops_check_out(starts):
     finally:
         tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE = saved
     assert starts
+
+
+@pytest.fixture
+def pre_passes(monkeypatch):
+    """Count the two-pass route's fresh cos/sin rows (one per pre-pass launched)."""
+    made = []
+    real = launch.TwoPass.new_rows
+
+    def counted(self, device):
+        made.append(self.table_shape)
+        return real(self, device)
+    monkeypatch.setattr(launch.TwoPass, "new_rows", counted)
+    eager.TABLE_ROWS.clear()
+    yield made
+    eager.TABLE_ROWS.clear()
+
+
+def test_kept_rows_serve_later_calls_and_only_while_valid(pre_passes):
+    # A model calls with one table in every layer: the pre-pass's rows are kept and reused, in
+    # the forward and in the backward, and never once the table changed or is another tensor.
+    g = torch.Generator().manual_seed(11)
+    big = ropelib.rope_freqs(S + 9, D, device=DEVICE)       # a model's cached table ...
+    q = torch.randn(S, B, HQ, D, generator=g).to(DEVICE).requires_grad_(True)
+    dy = torch.randn(S, B, HQ, D, generator=g).to(DEVICE)
+
+    def call(freqs):
+        y = ropelib.apply_rope(q, freqs[:S])                  # ... sliced per call: a view
+        (dq,) = torch.autograd.grad(y, q, dy)
+        return y.detach(), dq
+
+    want = through("finished", lambda: call(big))
+    saved = tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE
+    tiles.TWO_PASS_MIN_BYTES = tiles.TWO_PASS_TABLE_SHARE = 0
+    eager.SIGNATURES.clear()
+    try:
+        first = call(big)
+        assert len(pre_passes) == 2, "forward and backward each write their rows once"
+        for _ in range(3):
+            assert_same_bits(call(big), want, "kept rows")
+        assert len(pre_passes) == 2, "later calls with the same table reuse the kept rows"
+
+        with torch.no_grad():
+            big.mul_(1.5)                                   # the table changed in place
+        changed = through("finished", lambda: call(big))
+        tiles.TWO_PASS_MIN_BYTES = tiles.TWO_PASS_TABLE_SHARE = 0
+        assert_same_bits(call(big), changed, "after an in-place change")
+        assert len(pre_passes) == 4, "a changed table is read afresh"
+
+        other = big.clone() * 0.5                            # another tensor, other values
+        assert_same_bits(call(other), through("finished", lambda: call(other)),
+                         "another table")
+        tiles.TWO_PASS_MIN_BYTES = tiles.TWO_PASS_TABLE_SHARE = 0
+        assert len(eager.TABLE_ROWS.entries) <= eager.TABLE_ROWS_KEPT
+        del other
+        eager.SIGNATURES.clear()
+        assert_same_bits(first, want, "the first call")     # (rows written, then reused)
+
+        # position ids or start offsets: rows depend on their values, never kept
+        n = len(pre_passes)
+        ids = torch.arange(S, device=DEVICE)[None].expand(B, S).contiguous()
+        for _ in range(2):
+            ropelib.apply_rope(q.detach(), big[:S], position_ids=ids)
+        assert len(pre_passes) == n + 2
+
+        # tables made under inference_mode have no version counter: never kept
+        with torch.inference_mode():
+            frozen = ropelib.rope_freqs(S, D, device=DEVICE)
+            a = ropelib.apply_rope(q.detach(), frozen)
+            b = ropelib.apply_rope(q.detach(), frozen)
+        assert torch.equal(a, b) and len(pre_passes) == n + 4
+    finally:
+        tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE = saved
+        eager.SIGNATURES.clear()
+
+
+@pytest.mark.parametrize("form", ["bhsd view of bshd", "bhsd", "bshd"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_qwen2_vl_tables_read_per_axis(form, dtype, starts):
+    # ropelib.hf.apply_multimodal_rotary_pos_emb on large inputs: the flat pass reads each
+    # pair's axis table ([3, B, S, D]) as it is; the same bits as gathering the tables first and
+    # rotating with the finished kernel, forward and backward; outputs with q's strides.
+    g = torch.Generator().manual_seed(zlib.crc32(f"{form} {dtype}".encode()))
+    section, Dm = [2, 3, 3], 16
+    bshd = (B, S, HQ, Dm), (B, S, HK, Dm)
+    q, k = (torch.randn(shape, generator=g).to(DEVICE, dtype) for shape in bshd)
+    if form != "bshd":
+        q, k = q.transpose(1, 2), k.transpose(1, 2)          # transformers' [B, H, S, D] views
+        if form == "bhsd":
+            q, k = q.contiguous(), k.contiguous()
+    q.requires_grad_(True)
+    k.requires_grad_(True)
+    pos = torch.randint(0, 50, (3, B, S), generator=g)
+    inv = 1.0 / (1e4 ** (torch.arange(0, Dm, 2, dtype=torch.float32) / Dm))
+    emb = pos[..., None].float() * inv
+    emb = torch.cat((emb, emb), -1).to(DEVICE)                # [3, B, S, D]
+    cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+    # gradients laid out as the outputs are (a gradient in another order is gathered for)
+    dq, dk = (torch.randn(shape, generator=g).to(DEVICE, dtype) for shape in bshd)
+    if form != "bshd":
+        dq, dk = dq.transpose(1, 2), dk.transpose(1, 2)
+        if form == "bhsd":
+            dq, dk = dq.contiguous(), dk.contiguous()
+    dim = 2 if form == "bshd" else 1
+
+    def fn():
+        qo, ko = ropelib.hf.apply_multimodal_rotary_pos_emb(q, k, cos, sin, section, dim)
+        gq, gk = torch.autograd.grad((qo, ko), (q, k), (dq, dk))
+        return qo.detach(), ko.detach(), gq, gk
+    want = through("finished", fn)
+    assert not starts
+    got = through("two-pass", fn)
+    assert len(starts) == 2 and not any(starts), \
+        "forward and backward read the tables as they are: no pre-pass"
+    assert_same_bits(got, want, form)
+    if form == "bhsd view of bshd":     # as transformers' own formula: q's strides
+        assert got[0].stride() == q.stride() and got[1].stride() == k.stride()
+    saved = tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE
+    tiles.TWO_PASS_MIN_BYTES = tiles.TWO_PASS_TABLE_SHARE = 0
+    try:
+        qm = q.detach().transpose(1, 2) if form == "bhsd view of bshd" else q.detach()
+        km = k.detach().transpose(1, 2) if form == "bhsd view of bshd" else k.detach()
+        layout = "bshd" if form != "bhsd" else "bhsd"
+        torch.library.opcheck(torch.ops.ropelib.rope_qk_axes.default,
+                              (qm.requires_grad_(True), km.requires_grad_(True), cos, sin,
+                               section, layout, False, None))
+        compiled = torch.compile(
+            lambda a, b: ropelib.hf.apply_multimodal_rotary_pos_emb(a, b, cos, sin, section,
+                                                                    dim),
+            backend="aot_eager", fullgraph=True)
+        torch._dynamo.reset()
+        assert_same_bits(compiled(q.detach(), k.detach()), want[:2], form + " compiled")
+    finally:
+        tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE = saved
+        torch._dynamo.reset()

@@ -2,7 +2,7 @@
 flat pass over the tensor that reads it.
 
     _cos_sin_rows_kernel   every token's fp32 cos and sin rows, from any table and positions  20 args
-    _rope_rows_kernel      q (and k) rotated element by element, reading cos/sin per element  22 args
+    _rope_rows_kernel      q (and k) rotated element by element, reading cos/sin per element  25 args
 
 Why two passes
 --------------
@@ -46,6 +46,11 @@ interleaved partners are swapped in registers. Features R..D-1 are copied throug
 With cos and sin tables of the caller's ([P, R] or [B, P, R]) and positions that are just the
 token index, the flat pass reads the caller's table itself (SIGNED False): it signs the sine
 and, backward, reads the partner's sine, and no pre-pass runs.
+
+Qwen2-VL's multimodal tables ([3, B, S, D], one per axis: time, height, width, as Hugging Face
+materialises them; ropelib.hf.apply_multimodal_rotary_pos_emb) are read the same way, each
+rotate-half pair j from the table of its section: axis (j >= AXIS_H_FROM) + (j >= AXIS_W_FROM),
+stride_tab_axis apart. Nothing is gathered into a [B, S, D] table first.
 """
 import triton
 import triton.language as tl
@@ -112,10 +117,10 @@ def _swap_pairs(v, XBLOCK: tl.constexpr):
 
 @triton.jit
 def _rotate_flat(x_ptr, y_ptr, cos_ptr, sin_ptr, block, S, B, H, stride_tab_p, stride_tab_b,
-                 D: tl.constexpr, R: tl.constexpr, LAYOUT: tl.constexpr,
+                 stride_tab_axis, D: tl.constexpr, R: tl.constexpr, LAYOUT: tl.constexpr,
                  INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr, SIGNED: tl.constexpr,
-                 PER_ENTRY: tl.constexpr, KEEP_TABLE: tl.constexpr, XBLOCK: tl.constexpr,
-                 INT64: tl.constexpr):
+                 PER_ENTRY: tl.constexpr, KEEP_TABLE: tl.constexpr, AXIS_H_FROM: tl.constexpr,
+                 AXIS_W_FROM: tl.constexpr, XBLOCK: tl.constexpr, INT64: tl.constexpr):
     # Elements block * XBLOCK .. + XBLOCK of x [S * B * H * D] (contiguous in LAYOUT) -> y.
     HALF: tl.constexpr = R // 2
     VEC: tl.constexpr = 128 // x_ptr.dtype.element_ty.primitive_bitwidth   # a 16-byte vector
@@ -140,6 +145,10 @@ def _rotate_flat(x_ptr, y_ptr, cos_ptr, sin_ptr, block, S, B, H, stride_tab_p, s
     tab = s * stride_tab_p
     if PER_ENTRY:
         tab += b * stride_tab_b
+    if AXIS_H_FROM < HALF:      # one table per axis: pair j reads the table of its section
+        j = d % HALF
+        tab += ((j >= AXIS_H_FROM).to(tab.dtype) + (j >= AXIS_W_FROM).to(tab.dtype)) \
+            * stride_tab_axis
     rotated = d < R
     mr = live & rotated
     x = tl.load(x_ptr + i, mask=live, other=0.0)
@@ -185,12 +194,16 @@ def _rope_rows_kernel(
     cos_ptr, sin_ptr,                    # cos, s' of the pre-pass (SIGNED), or the caller's
     S, B, HQ, HK,
     stride_tab_p, stride_tab_b,          # a token's row: s * stride_tab_p (+ b * stride_tab_b)
+    stride_tab_axis,                     # (one table per axis) the next axis's table
     D: tl.constexpr, R: tl.constexpr,
     LAYOUT: tl.constexpr,                # 0 sbhd (thd: B = 1), 1 bshd, 2 bhsd
     INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
     SIGNED: tl.constexpr,                # sin_ptr holds s' (signed and transposed as needed)
     PER_ENTRY: tl.constexpr,             # a table row per (token, batch entry)
     KEEP_TABLE: tl.constexpr,            # load the table with evict_last (B > 1, one table)
+    AXIS_H_FROM: tl.constexpr,           # Qwen2-VL's sections: pairs [0, AXIS_H_FROM) read the
+    AXIS_W_FROM: tl.constexpr,           # time axis's table, then height's, from AXIS_W_FROM
+                                         # width's (both R/2: one table)
     XBLOCK: tl.constexpr, INT64: tl.constexpr,
 ):
     # Program blocks of q's elements first, then of k's (without k the grid has q's only).
@@ -198,9 +211,10 @@ def _rope_rows_kernel(
     q_blocks = tl.cdiv(S * B * HQ * D, XBLOCK)
     if pid < q_blocks:
         _rotate_flat(q_ptr, q_out_ptr, cos_ptr, sin_ptr, pid, S, B, HQ, stride_tab_p,
-                     stride_tab_b, D, R, LAYOUT, INTERLEAVED, BACKWARD, SIGNED, PER_ENTRY,
-                     KEEP_TABLE, XBLOCK, INT64)
+                     stride_tab_b, stride_tab_axis, D, R, LAYOUT, INTERLEAVED, BACKWARD, SIGNED,
+                     PER_ENTRY, KEEP_TABLE, AXIS_H_FROM, AXIS_W_FROM, XBLOCK, INT64)
     elif k_ptr is not None:
         _rotate_flat(k_ptr, k_out_ptr, cos_ptr, sin_ptr, pid - q_blocks, S, B, HK,
-                     stride_tab_p, stride_tab_b, D, R, LAYOUT, INTERLEAVED, BACKWARD, SIGNED,
-                     PER_ENTRY, KEEP_TABLE, XBLOCK, INT64)
+                     stride_tab_p, stride_tab_b, stride_tab_axis, D, R, LAYOUT, INTERLEAVED,
+                     BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE, AXIS_H_FROM, AXIS_W_FROM, XBLOCK,
+                     INT64)

@@ -61,6 +61,11 @@ class Table(NamedTuple):
     to EXACT_POSITIONS."""
     cos: torch.Tensor
     sin: Optional[torch.Tensor]
+    # One table per axis (Qwen2-VL's multimodal cos/sin, read as they are by the two-pass
+    # route's flat pass): cos and sin are the time axis's [B or 1, P, R], and `axes` is
+    # (first pair of the height section, first pair of the width section, stride from one
+    # axis's table to the next's).
+    axes: Optional[tuple] = None
 
     @property
     def exact(self) -> bool:
@@ -195,6 +200,7 @@ def plan(q: View, q_out: Optional[View], table: Table, positions: Positions, *, 
     if tiles is None and takes_two_passes(q, q_out, k, k_out, table, positions, layout):
         return plan_two_pass(q, q_out, table, positions, R=R, interleaved=interleaved,
                              backward=backward, layout=layout, k=k, k_out=k_out)
+    assert table.axes is None, "per-axis tables are read by the two-pass route only"
     x = q.tensor
     S, B, D = x.shape[0], x.shape[1], q.features()
     HK = k.heads if k is not None else 0
@@ -320,6 +326,11 @@ def _table_rows_per_token(table: Table, positions: Positions, B) -> tuple:
     return True, (B if per_entry else 1)
 
 
+def two_pass_min_bytes() -> int:
+    """The least bytes of q and k (read) for which the two-pass route is taken."""
+    return _tiles_module.TWO_PASS_MIN_BYTES
+
+
 def takes_two_passes(q: View, q_out: Optional[View], k: Optional[View],
                      k_out: Optional[View], table: Table, positions: Positions,
                      layout: str) -> bool:
@@ -353,19 +364,21 @@ class TwoPass(NamedTuple):
     rotate_pass: Launch
     table_shape: tuple
 
-    def start(self, pointers: tuple, start_pass=None) -> None:
-        """Both passes, with the pre-pass's tables made here; `start_pass(launch, pointers)`
-        starts one pass (default planning.start; the eager route passes its own)."""
-        if start_pass is None:
-            def start_pass(launch, ptrs):
-                start(launch.launcher, launch, ptrs)
+    def start(self, pointers: tuple) -> None:
+        """Both passes (planning.start), with the pre-pass's rows made here (the eager route,
+        eager.EagerTwoPass, starts them its own way and may reuse the rows)."""
         q, q_out, k, k_out, cos, sin, position_ids, cu_seqlens, start_ = pointers
         if self.table_pass is not None:
-            out = (torch.empty(self.table_shape, dtype=torch.float32, device=q.device),
-                   torch.empty(self.table_shape, dtype=torch.float32, device=q.device))
-            start_pass(self.table_pass, (cos, sin, position_ids, cu_seqlens, start_) + out)
+            out = self.new_rows(q.device)
+            start(self.table_pass.launcher, self.table_pass,
+                  (cos, sin, position_ids, cu_seqlens, start_) + out)
             cos, sin = out
-        start_pass(self.rotate_pass, (q, q_out, k, k_out, cos, sin))
+        start(self.rotate_pass.launcher, self.rotate_pass, (q, q_out, k, k_out, cos, sin))
+
+    def new_rows(self, device) -> tuple:
+        """Fresh fp32 cos and s' rows for the pre-pass to write."""
+        return (torch.empty(self.table_shape, dtype=torch.float32, device=device),
+                torch.empty(self.table_shape, dtype=torch.float32, device=device))
 
 
 def plan_two_pass(q: View, q_out: View, table: Table, positions: Positions, *, R: int,
@@ -381,6 +394,8 @@ def plan_two_pass(q: View, q_out: View, table: Table, positions: Positions, *, R
     ids = pos.position_ids
     pre_pass, nb = _table_rows_per_token(table, pos, B)
     table_pass = None
+    assert table.axes is None or (not pre_pass and table.rows >= S and not interleaved), \
+        "one table per axis: read as it is, rotate-half pairs, positions the token index"
     if not pre_pass and table.rows >= S:
         signed, stride_p, stride_b = False, tab_p, (table.rows * tab_p if per_entry else 0)
         table_shape = (0, R)
@@ -408,13 +423,16 @@ def plan_two_pass(q: View, q_out: View, table: Table, positions: Positions, *, R
     xblock = TWO_PASS_ELEMENTS if on_gpu else 1 << 14
     n_q, n_k = S * B * q.heads * D, S * B * HK * D
     int64 = (max(n_q, n_k) + xblock > I32_LIMIT) or (table_shape[0] * R > I32_LIMIT - 1024) \
-        or (table_pass is None and needs_int64((table.cos,)))
+        or (table_pass is None and needs_int64((table.cos,))) \
+        or (table.axes is not None and 2 * table.axes[2] + table.cos.numel() > I32_LIMIT - 1024)
     rotate_pass = Launch(
         (cdiv(n_q, xblock) + cdiv(n_k, xblock),), TWO_PASS_WARPS,
-        dict(S=S, B=B, HQ=q.heads, HK=HK, stride_tab_p=stride_p, stride_tab_b=stride_b, D=D,
-             R=R, LAYOUT=OUT_LAYOUT[layout], INTERLEAVED=interleaved, BACKWARD=backward,
+        dict(S=S, B=B, HQ=q.heads, HK=HK, stride_tab_p=stride_p, stride_tab_b=stride_b,
+             stride_tab_axis=table.axes[2] if table.axes else 0, D=D, R=R,
+             LAYOUT=OUT_LAYOUT[layout], INTERLEAVED=interleaved, BACKWARD=backward,
              SIGNED=signed, PER_ENTRY=stride_b != 0, KEEP_TABLE=B > 1 and stride_b == 0,
-             XBLOCK=xblock, INT64=int64),
+             AXIS_H_FROM=table.axes[0] if table.axes else R // 2,
+             AXIS_W_FROM=table.axes[1] if table.axes else R // 2, XBLOCK=xblock, INT64=int64),
         pointer_dtypes((x, q_out.tensor, k.tensor if k is not None else None,
                  k_out.tensor if k_out is not None else None)
                 + ((table.cos, table.sin) if table_pass is None else (out32, out32))), x.device,
