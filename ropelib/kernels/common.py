@@ -50,6 +50,16 @@ def cos_sin(angle, ACCURATE: tl.constexpr):
 
 
 @triton.jit
+def offset_int(i, INT64: tl.constexpr):
+    """i as offsets are computed from it: int64 when the tensors may pass 2^31 elements."""
+    if INT64:
+        j = i.to(tl.int64)
+    else:
+        j = i
+    return j
+
+
+@triton.jit
 def batch_range(B):
     """The batch entries [b_lo, b_hi) of this program: grid axis 2 splits the B entries into
     chunks of cdiv(B, programs on that axis), so the planner's choice of grid is the only one."""

@@ -87,7 +87,8 @@ import triton
 import triton.language as tl
 
 from .common import (ACCURATE, ROUND_BF16_RTNE, batch_range, contiguous_strides, cos_sin,
-                     dual_chunk_position, head_tile, load_table, rotate_pair, round_to)
+                     dual_chunk_position, head_tile, load_table, offset_int, rotate_pair,
+                     round_to)
 
 # 2 pi = TWO_PI_1 + TWO_PI_2 + TWO_PI_3 (each exact in fp32, the sum within 2^-75 of 2 pi), so
 # a product with it is exact to fp64 precision whatever precision the constants are given in.
@@ -307,10 +308,7 @@ def _rope_heads(
             s_a, s_b = -s_b, -s_a
 
     for b in range(b_lo, b_hi):
-        if INT64:
-            bb = b.to(tl.int64)
-        else:
-            bb = b
+        bb = offset_int(b, INT64)       # the batch entry, in int64 when offsets need it
         if PER_ENTRY:
             rows, valid = table_rows(s_idx, bb, S, P, position_ids_ptr, stride_ids_b,
                                       cu_seqlens_ptr, start_ptr, N_SEQ, cp_size, cp_rank)

@@ -56,7 +56,7 @@ import triton.language as tl
 
 from ..runtime import INTERPRET
 from .common import (ACCURATE, ROUND_BF16_RTNE, batch_range, contiguous_strides, cos_sin,
-                     rotate_pair, round_to)
+                     offset_int, rotate_pair, round_to)
 from .direct import DirectLauncher
 from .planning import (OUT_LAYOUT, Launch, cdiv, needs_int64, pointer_dtypes, pow2_at_least,
                        pow2_at_most, start)
@@ -203,10 +203,7 @@ def _mrope_kernel(
         if BACKWARD:
             s = -s
     for b in range(b_lo, b_hi):
-        if INT64:
-            bb = b.to(tl.int64)
-        else:
-            bb = b
+        bb = offset_int(b, INT64)       # the batch entry, in int64 when offsets need it
         if POS_PER_BATCH:
             c, s = _mrope_cos_sin(pos_ptr, inv, ax, s_idx, bb, S, stride_pos_a, stride_pos_b, 1,
                                   BLOCK_S, BLOCK_HALF, N_AXES, CDT)

@@ -44,7 +44,8 @@ import triton
 import triton.language as tl
 
 from ..runtime import INTERPRET
-from .common import ROUND_BF16_RTNE, batch_range, head_tile, load_table, rotate_pair, round_to
+from .common import (ROUND_BF16_RTNE, batch_range, head_tile, load_table, offset_int,
+                     rotate_pair, round_to)
 from .direct import DirectLauncher
 from .planning import Launch, cdiv, needs_int64, pow2_at_least, pow2_at_most, start
 from .tiles import (QK_NORM_ELEMENTS_PER_THREAD, QK_NORM_PROGRAMS_PER_SM, QK_NORM_ROWS_PER_STEP,
@@ -128,10 +129,7 @@ def _norm_rope_heads(
                                         stride_tab_d, d_a, d_b, tab_mask, CDT)
 
     for b in range(b_lo, b_hi):
-        if INT64:
-            bb = b.to(tl.int64)
-        else:
-            bb = b
+        bb = offset_int(b, INT64)       # the batch entry, in int64 when offsets need it
         if TABLE_PER_BATCH:
             rows, valid = _rows_of_table(s_idx, bb, S, P, pos_ptr, stride_pos_b, stride_pos_s)
             c_a, s_a, c_b, s_b = load_table(cos_ptr, sin_ptr, rows, bb, stride_tab_b,
