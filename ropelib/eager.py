@@ -19,9 +19,10 @@ at decode sizes. So a plain eager call takes a shorter way to the same planner a
 * **Cos/sin rows kept between calls.** The two-pass route for large tensors (kernels/flat.py)
   first writes the fp32 cos and signed sine rows of the call's tokens from the caller's table.
   Where positions are the token index, those rows depend only on that table and the plan, so
-  the eager route keeps the last TABLE_ROWS_KEPT of them (S x R x 8 bytes each; see
-  `TableRows`) and a later call with the same table tensor, unchanged, on the same stream skips
-  the pre-pass: every layer of a model after the first, in the forward and in the backward.
+  the eager route keeps the last TABLE_ROWS_KEPT of them (S x R x 8 bytes each, at most
+  TABLE_ROWS_BYTES in all; see `TableRows`) and a later call with the same table tensor,
+  unchanged, on the same stream skips the pre-pass: every layer of a model after the first, in
+  the forward and in the backward.
   Never while a CUDA graph is being captured (a graph must not read memory it does not own).
 """
 import operator
@@ -36,7 +37,8 @@ from .kernels import direct, planning
 from .kernels.launch import Launch, Positions, Table, plan, pointer_names
 
 MAX_SIGNATURES = 1024
-TABLE_ROWS_KEPT = 4       # the two-pass route's cos/sin rows kept between eager calls
+TABLE_ROWS_KEPT = 4       # the two-pass route's cos/sin rows kept between eager calls,
+TABLE_ROWS_BYTES = 256 << 20    # at most this many bytes of them
 
 
 def _functorch_active() -> bool:
@@ -136,7 +138,8 @@ class TableRows:
     freed in it). Inference tensors have no version counter: they are never kept."""
 
     def __init__(self):
-        self.entries = OrderedDict()    # key -> (weakref to the table's base, the two rows)
+        self.entries = OrderedDict()    # key -> (weakrefs to the plan and the tables, the rows,
+        self.bytes = 0                  #         their bytes)
 
     @staticmethod
     def _key(owner, tables: tuple) -> Optional[tuple]:
@@ -161,20 +164,27 @@ class TableRows:
         hit = self.entries.get(key)
         if hit is None:
             return key, None
-        refs, rows = hit
+        refs, rows, size = hit
         if any(ref() is not obj for ref, obj in zip(refs, (owner, *map(_base, tables)))):
             del self.entries[key]
+            self.bytes -= size
             return key, None
         self.entries.move_to_end(key)
         return key, rows
 
     def put(self, key, owner, tables: tuple, rows: tuple) -> None:
-        self.entries[key] = (tuple(weakref.ref(o) for o in (owner, *map(_base, tables))), rows)
-        while len(self.entries) > TABLE_ROWS_KEPT:
-            self.entries.popitem(last=False)
+        size = sum(r.numel() * r.element_size() for r in rows)
+        if size > TABLE_ROWS_BYTES:
+            return
+        self.entries[key] = (tuple(weakref.ref(o) for o in (owner, *map(_base, tables))), rows,
+                             size)
+        self.bytes += size
+        while len(self.entries) > TABLE_ROWS_KEPT or self.bytes > TABLE_ROWS_BYTES:
+            self.bytes -= self.entries.popitem(last=False)[1][2]
 
     def clear(self) -> None:
         self.entries.clear()
+        self.bytes = 0
 
 
 def _base(t: torch.Tensor) -> torch.Tensor:

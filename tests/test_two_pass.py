@@ -401,3 +401,28 @@ def test_qwen2_vl_tables_read_per_axis(form, dtype, starts):
     finally:
         tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE = saved
         torch._dynamo.reset()
+
+
+def test_kept_rows_are_bounded_in_bytes(pre_passes, monkeypatch):
+    # rows larger than the byte budget are not kept; the budget evicts the oldest first
+    q = torch.randn(S, B, HQ, D, device=DEVICE)
+    freqs = ropelib.rope_freqs(S, D, device=DEVICE)
+    row_bytes = 2 * S * D * 4                           # cos and s', fp32
+    saved = tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE
+    tiles.TWO_PASS_MIN_BYTES = tiles.TWO_PASS_TABLE_SHARE = 0
+    eager.SIGNATURES.clear()
+    try:
+        monkeypatch.setattr(eager, "TABLE_ROWS_BYTES", row_bytes - 1)
+        for _ in range(2):
+            ropelib.apply_rope(q, freqs)
+        assert len(pre_passes) == 2 and not eager.TABLE_ROWS.entries
+        monkeypatch.setattr(eager, "TABLE_ROWS_BYTES", row_bytes)
+        other = freqs.clone()
+        ropelib.apply_rope(q, freqs)
+        ropelib.apply_rope(q, other)                     # evicts the rows of freqs
+        assert len(eager.TABLE_ROWS.entries) == 1 and eager.TABLE_ROWS.bytes == row_bytes
+        ropelib.apply_rope(q, other)
+        assert len(pre_passes) == 4, "the rows of the newest table are kept"
+    finally:
+        tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE = saved
+        eager.SIGNATURES.clear()
