@@ -2,7 +2,7 @@
 generates from Hugging Face's formula costs the flat pass time on an H200 (bf16, rotate-half,
 forward, the caller's cos/sin table in the input's dtype, as torch.compile reads it).
 
-Inductor's kernel (benchmarks/results/inductor-rope-bf16-sbhd.py, saved by flat_pass_probe.py)
+Inductor's kernel (benchmarks/results/inductor-rope-bf16-sbhd.txt, saved by flat_pass_probe.py)
 differs from the flat pass in three ways, each a switch here on a copy of the flat pass:
 
     EVEN          no bounds masks (the grid tiles the tensor exactly; Inductor knows the size)
