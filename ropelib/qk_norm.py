@@ -62,7 +62,7 @@ def qk_norm_rope_op(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, table: Tenso
     k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     launch_kernel(view4(q, layout), view4(k, layout), view4(q_out, layout),
                   view4(k_out, layout), w_q, w_k, table, sin, _pos2d(position_ids),
-                  interleaved=interleaved, eps=eps, weight_offset=weight_offset)
+                  interleaved=interleaved, eps=eps, weight_offset=weight_offset, layout=layout)
     return q_out, k_out
 
 
@@ -114,7 +114,7 @@ qk_norm_rope_op.register_autograd(_backward, setup_context=_setup)
 class _Route:
     """One checked and planned qk_norm_rope call: the forward launch, and the backward launch
     for output gradients of given strides."""
-    __slots__ = ("fwd", "layout", "options", "empty", "_stand_ins", "_backwards")
+    __slots__ = ("fwd", "two_pass", "layout", "options", "empty", "_stand_ins", "_backwards")
 
     def __init__(self, q, k, w_q, w_k, table, sin, position_ids, layout, interleaved, eps,
                  weight_offset):
@@ -122,10 +122,15 @@ class _Route:
                 for x in (q, k)]
         self.layout, self.options = layout, dict(interleaved=interleaved, eps=eps,
                                                  weight_offset=weight_offset)
-        self.fwd = eager.EagerLaunch(kernel.DIRECT, kernel.plan(
-            view4(q, layout), view4(k, layout), *outs, w_q, w_k, table, sin,
-            _pos2d(position_ids), **self.options))
-        self.empty = not (self.fwd.launch.args["S"] and self.fwd.launch.args["B"])
+        views = (view4(q, layout), view4(k, layout), *outs, w_q, w_k, table, sin,
+                 _pos2d(position_ids))
+        rows = kernel.plan_rows(*views, layout=layout, **self.options)
+        # the forward: the two-pass route (large, contiguous), else the one kernel
+        self.fwd = eager.EagerTwoPass(rows) if rows is not None else \
+            eager.EagerLaunch(kernel.DIRECT, kernel.plan(*views, **self.options))
+        self.two_pass = rows is not None
+        S, B = views[0].shape[:2]
+        self.empty = not (S and B)
         self._stand_ins = tuple(eager._stand_in(t) for t in (q, k, w_q, w_k, table, sin,
                                                              _pos2d(position_ids)))
         self._backwards = {}
@@ -133,7 +138,12 @@ class _Route:
     def forward(self, q, k, w_q, w_k, table, sin, position_ids):
         q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-        if not self.empty:
+        if self.empty:
+            pass
+        elif self.two_pass:
+            self.fwd((q, q_out, k, k_out, table, sin, _pos2d(position_ids), None, None, w_q,
+                      w_k))
+        else:
             self.fwd((q, k, None, None, q_out, k_out, w_q, w_k, table, sin, _pos2d(position_ids),
                       None))
         return q_out, k_out

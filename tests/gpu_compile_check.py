@@ -109,6 +109,27 @@ def main():
         ptrs = (x, k, grads.get("gq4"), grads.get("gk4"), qo, kout, w, w, table, sin, pos,
                 QK.partials(planned))
         compile_for_gpu(name, QK._qk_norm_rope_kernel, QK.POINTERS, planned, ptrs)
+    # the forward of large contiguous q and k: the rows pass of the two-pass route, with the
+    # GPU's program size, reading the pre-pass's rows (rotate-half) or the caller's cos/sin
+    # (interleaved)
+    for name, table, sin, interleaved in [("qk-norm-rows", f, None, False),
+                                          ("qk-norm-rows-cos-sin-interleaved", f.cos(), f.sin(),
+                                           True)]:
+        saved = T.TWO_PASS_MIN_BYTES, T.TWO_PASS_TABLE_SHARE, T.QK_NORM_TWO_PASS
+        T.TWO_PASS_MIN_BYTES = T.TWO_PASS_TABLE_SHARE = 0
+        T.QK_NORM_TWO_PASS = True
+        try:
+            qo, kout = torch.empty_like(x), torch.empty_like(k)
+            route = QK.plan_rows(x, k, qo, kout, w, w, table, sin, None, layout="sbhd",
+                                 interleaved=interleaved, eps=1e-6, weight_offset=0.0)
+        finally:
+            T.TWO_PASS_MIN_BYTES, T.TWO_PASS_TABLE_SHARE, T.QK_NORM_TWO_PASS = saved
+        rows = route.rotate_pass
+        rows.args = dict(rows.args, ROWS=max(1, T.TWO_PASS_ELEMENTS // rows.args["BLOCK_D"]))
+        cs = (table, sin) if route.table_pass is None else tuple(
+            torch.empty(route.table_shape, dtype=torch.float32) for _ in range(2))
+        compile_for_gpu(name, QK._qk_norm_rope_rows_kernel, QK.ROWS_POINTERS, rows,
+                        (x, qo, k, kout, *cs, w, w))
 
     positions = torch.zeros(3, 1, S, dtype=torch.int64)
     inv, axis = torch.rand(D // 2), torch.zeros(D // 2, dtype=torch.int32)

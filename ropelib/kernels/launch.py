@@ -359,7 +359,8 @@ def takes_two_passes(q: View, q_out: Optional[View], k: Optional[View],
 class TwoPass(NamedTuple):
     """A planned two-pass rotation: the table pre-pass (None when the flat pass reads the
     caller's cos/sin table itself), the flat pass, and the shape of the fp32 cos and s' tables
-    the first writes for the second."""
+    the first writes for the second. Pointers: TWO_PASS_POINTERS, then any the second pass
+    takes after its q, q_out, k, k_out, cos and sin (the QK-norm route's weights)."""
     table_pass: Optional[Launch]
     rotate_pass: Launch
     table_shape: tuple
@@ -367,18 +368,64 @@ class TwoPass(NamedTuple):
     def start(self, pointers: tuple) -> None:
         """Both passes (planning.start), with the pre-pass's rows made here (the eager route,
         eager.EagerTwoPass, starts them its own way and may reuse the rows)."""
-        q, q_out, k, k_out, cos, sin, position_ids, cu_seqlens, start_ = pointers
+        q, q_out, k, k_out, cos, sin, position_ids, cu_seqlens, start_, *rest = pointers
         if self.table_pass is not None:
             out = self.new_rows(q.device)
             start(self.table_pass.launcher, self.table_pass,
                   (cos, sin, position_ids, cu_seqlens, start_) + out)
             cos, sin = out
-        start(self.rotate_pass.launcher, self.rotate_pass, (q, q_out, k, k_out, cos, sin))
+        start(self.rotate_pass.launcher, self.rotate_pass, (q, q_out, k, k_out, cos, sin, *rest))
 
     def new_rows(self, device) -> tuple:
         """Fresh fp32 cos and s' rows for the pre-pass to write."""
         return (torch.empty(self.table_shape, dtype=torch.float32, device=device),
                 torch.empty(self.table_shape, dtype=torch.float32, device=device))
+
+
+class TableRead(NamedTuple):
+    """How the two-pass route's second pass reads cos and sin: the pre-pass that writes them
+    (None: it reads the caller's table as it is), whether the sine is signed (s', the pre-pass's
+    rows), a token's row stride and the batch-entry stride (0: one row serves every entry), and
+    the shape of the pre-pass's rows."""
+    table_pass: Optional[Launch]
+    signed: bool
+    stride_p: int
+    stride_b: int
+    table_shape: tuple
+
+
+def plan_table_read(table: Table, positions: Positions, S, B, *, R: int, interleaved: bool,
+                    backward: bool, device) -> TableRead:
+    """The first half of a two-pass plan: the pre-pass writing every token's fp32 cos and s'
+    rows (per batch entry where positions or tables differ between entries), or none where
+    the caller's cos/sin table is read as it is (positions the token index)."""
+    pos = positions
+    per_entry, tab_p = _table_strides(table)
+    on_gpu = device.type == "cuda" and not INTERPRET
+    ids = pos.position_ids
+    pre_pass, nb = _table_rows_per_token(table, pos, B)
+    assert table.axes is None or (not pre_pass and table.rows >= S and not interleaved), \
+        "one table per axis: read as it is, rotate-half pairs, positions the token index"
+    if not pre_pass and table.rows >= S:
+        return TableRead(None, False, tab_p, table.rows * tab_p if per_entry else 0, (0, R))
+    ids_per_entry = ids is not None and ids.shape[0] > 1
+    if ids is not None:
+        assert ids.stride(-1) == 1 or S == 1, "position ids must be contiguous"
+        assert not ids_per_entry or ids.stride(0) == S, "position ids must be contiguous"
+    half = pow2_at_least(R // 2, 1 << 30)
+    block_s = pow2_at_least(S, max(1, (TWO_PASS_TABLE_ELEMENTS if on_gpu else 1 << 14)
+                                   // half))
+    table_pass = Launch(
+        (cdiv(S, block_s), nb), TWO_PASS_WARPS,
+        dict(S=S, P=table.rows, N_SEQ=(pos.cu_seqlens.shape[0] - 1
+                                       if pos.cu_seqlens is not None else 0),
+             cp_size=pos.cp_size, cp_rank=pos.cp_rank,
+             stride_tab_b=table.rows * tab_p if per_entry else 0, stride_tab_p=tab_p,
+             stride_ids_b=S if ids_per_entry else 0, R=R, INTERLEAVED=interleaved,
+             BACKWARD=backward, BLOCK_S=block_s, BLOCK_HALF=half),
+        pointer_dtypes((table.cos, table.sin, ids, pos.cu_seqlens, pos.start)), device,
+        COS_SIN_ROWS)
+    return TableRead(table_pass, True, R, S * R if nb > 1 else 0, (nb * S, R))
 
 
 def plan_two_pass(q: View, q_out: View, table: Table, positions: Positions, *, R: int,
@@ -388,37 +435,10 @@ def plan_two_pass(q: View, q_out: View, table: Table, positions: Positions, *, R
     x = q.tensor
     S, B, D = x.shape[0], x.shape[1], x.shape[3]
     HK = k.heads if k is not None else 0
-    pos = positions
-    per_entry, tab_p = _table_strides(table)
     on_gpu = x.device.type == "cuda" and not INTERPRET
-    ids = pos.position_ids
-    pre_pass, nb = _table_rows_per_token(table, pos, B)
-    table_pass = None
-    assert table.axes is None or (not pre_pass and table.rows >= S and not interleaved), \
-        "one table per axis: read as it is, rotate-half pairs, positions the token index"
-    if not pre_pass and table.rows >= S:
-        signed, stride_p, stride_b = False, tab_p, (table.rows * tab_p if per_entry else 0)
-        table_shape = (0, R)
-    else:
-        ids_per_entry = ids is not None and ids.shape[0] > 1
-        if ids is not None:
-            assert ids.stride(-1) == 1 or S == 1, "position ids must be contiguous"
-            assert not ids_per_entry or ids.stride(0) == S, "position ids must be contiguous"
-        half = pow2_at_least(R // 2, 1 << 30)
-        block_s = pow2_at_least(S, max(1, (TWO_PASS_TABLE_ELEMENTS if on_gpu else 1 << 14)
-                                       // half))
-        table_pass = Launch(
-            (cdiv(S, block_s), nb), TWO_PASS_WARPS,
-            dict(S=S, P=table.rows, N_SEQ=(pos.cu_seqlens.shape[0] - 1
-                                           if pos.cu_seqlens is not None else 0),
-                 cp_size=pos.cp_size, cp_rank=pos.cp_rank,
-                 stride_tab_b=table.rows * tab_p if per_entry else 0, stride_tab_p=tab_p,
-                 stride_ids_b=S if ids_per_entry else 0, R=R, INTERLEAVED=interleaved,
-                 BACKWARD=backward, BLOCK_S=block_s, BLOCK_HALF=half),
-            pointer_dtypes((table.cos, table.sin, ids, pos.cu_seqlens, pos.start)), x.device,
-            COS_SIN_ROWS)
-        signed, stride_p, stride_b = True, R, (S * R if nb > 1 else 0)
-        table_shape = (nb * S, R)
+    read = plan_table_read(table, positions, S, B, R=R, interleaved=interleaved,
+                           backward=backward, device=x.device)
+    table_pass, signed, stride_p, stride_b, table_shape = read
     out32 = torch.empty(0, dtype=torch.float32, device="meta")     # (the pre-pass's dtype)
     xblock = TWO_PASS_ELEMENTS if on_gpu else 1 << 14
     n_q, n_k = S * B * q.heads * D, S * B * HK * D
@@ -438,8 +458,8 @@ def plan_two_pass(q: View, q_out: View, table: Table, positions: Positions, *, R
                 + ((table.cos, table.sin) if table_pass is None else (out32, out32))), x.device,
         ROWS)
     pointers = (x, q_out.tensor, k.tensor if k is not None else None,
-                k_out.tensor if k_out is not None else None, table.cos, table.sin, ids,
-                pos.cu_seqlens, pos.start)
+                k_out.tensor if k_out is not None else None, table.cos, table.sin,
+                positions.position_ids, positions.cu_seqlens, positions.start)
     return TwoPass(table_pass, rotate_pass, table_shape), pointers
 
 

@@ -47,7 +47,8 @@ from ..runtime import INTERPRET
 from .common import (ROUND_BF16_RTNE, batch_range, head_tile, load_table, offset_int,
                      rotate_pair, round_to)
 from .direct import DirectLauncher
-from .planning import Launch, cdiv, needs_int64, pow2_at_least, pow2_at_most, start
+from .planning import (I32_LIMIT, Launch, cdiv, needs_int64, pow2_at_least, pow2_at_most,
+                       start)
 from .tiles import (QK_NORM_ELEMENTS_PER_THREAD, QK_NORM_PROGRAMS_PER_SM, QK_NORM_ROWS_PER_STEP,
                     multiprocessors)
 
@@ -268,6 +269,93 @@ def _qk_norm_rope_kernel(
                          TABLE_PER_BATCH, CDT, INT64)
 
 
+@triton.jit
+def _norm_rope_rows(x_ptr, y_ptr, cos_ptr, sin_ptr, w_ptr, block, S, B, H, eps, weight_offset,
+                    stride_tab_p, stride_tab_b, D: tl.constexpr, R: tl.constexpr,
+                    LAYOUT: tl.constexpr, INTERLEAVED: tl.constexpr, SIGNED: tl.constexpr,
+                    PER_ENTRY: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+                    INT64: tl.constexpr):
+    # Rows block * ROWS .. + ROWS of x [S * B * H rows of D] (contiguous in LAYOUT) -> y: each
+    # row normed, scaled, and its first R features rotated; [ROWS, BLOCK_D] in fp32.
+    HALF: tl.constexpr = R // 2
+    if INT64:
+        S = tl.full([], 0, tl.int64) + S
+        B = tl.full([], 0, tl.int64) + B
+        H = tl.full([], 0, tl.int64) + H
+        r = block.to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    else:
+        r = block * ROWS + tl.arange(0, ROWS)                   # [ROWS] rows, in memory order
+    live = r < S * B * H
+    if LAYOUT == 1:         # bshd
+        s = (r // H) % S
+        b = r // (S * H)
+    elif LAYOUT == 2:       # Hugging Face's bhsd
+        s = r % S
+        b = r // (H * S)
+    else:                   # sbhd (thd: B = 1)
+        s = r // (B * H)
+        b = (r // H) % B
+    tab = s * stride_tab_p
+    if PER_ENTRY:
+        tab += b * stride_tab_b
+    d = tl.arange(0, BLOCK_D)                                   # [BLOCK_D] features
+    rotated = d < R
+    m = live[:, None] & (d < D)[None, :]
+    mr = live[:, None] & rotated[None, :]
+    rows = x_ptr + (r * D)[:, None]
+    eps = tl.full((), eps, tl.float32)
+    weight_offset = tl.full((), weight_offset, tl.float32)
+    x = tl.load(rows + d[None, :], mask=m, other=0.0).to(tl.float32)
+    rs = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)[:, None]    # [ROWS, 1]
+    u = x * rs * (tl.load(w_ptr + d, mask=d < D, other=0.0).to(tl.float32)
+                  + weight_offset)[None, :]
+    if INTERLEAVED:
+        first = d % 2 == 0
+        half_rows = tl.split(tl.reshape(u, (ROWS, BLOCK_D // 2, 2)))
+        u_p = tl.reshape(tl.join(half_rows[1], half_rows[0]), (ROWS, BLOCK_D))
+    else:                   # the partner's u, from its own load (an L1 hit)
+        first = d < HALF
+        p = tl.where(first, d + HALF, d - HALF)
+        u_p = tl.load(rows + p[None, :], mask=mr, other=0.0).to(tl.float32) * rs \
+            * (tl.load(w_ptr + p, mask=rotated, other=0.0).to(tl.float32) + weight_offset)[None, :]
+    c = tl.load(cos_ptr + tab[:, None] + d[None, :], mask=mr, other=0.0).to(tl.float32)
+    sn = tl.load(sin_ptr + tab[:, None] + d[None, :], mask=mr, other=0.0).to(tl.float32)
+    t = u_p * sn
+    if not SIGNED:          # the caller's sine: y_a = u_a c - u_b s, y_b = u_b c + u_a s
+        t = tl.where(first[None, :], -t, t)
+    y = tl.where(rotated[None, :], tl.fma(u, c, t), u)
+    tl.store(y_ptr + (r * D)[:, None] + d[None, :],
+             round_to(y, y_ptr.dtype.element_ty, ROUND_BF16_RTNE), mask=m)
+
+
+@triton.jit
+def _qk_norm_rope_rows_kernel(
+    q_ptr, q_out_ptr, k_ptr, k_out_ptr,  # contiguous in LAYOUT; outputs fresh, same layout
+    cos_ptr, sin_ptr,                    # cos, s' of the pre-pass (SIGNED), or the caller's
+    w_q_ptr, w_k_ptr,                    # the norms' weights [D], contiguous
+    S, B, HQ, HK,
+    eps: tl.float64, weight_offset: tl.float64,
+    stride_tab_p, stride_tab_b,          # a token's row: s * stride_tab_p (+ b * stride_tab_b)
+    D: tl.constexpr, R: tl.constexpr,
+    LAYOUT: tl.constexpr,                # 0 sbhd (thd: B = 1), 1 bshd, 2 bhsd
+    INTERLEAVED: tl.constexpr, SIGNED: tl.constexpr,
+    PER_ENTRY: tl.constexpr,             # a table row per (token, batch entry)
+    ROWS: tl.constexpr, BLOCK_D: tl.constexpr, INT64: tl.constexpr,
+):
+    # The forward for large contiguous q and k, in the two-pass route's shape (kernels/flat.py):
+    # grid (cdiv(rows of q, ROWS) + cdiv(rows of k, ROWS),), no loop; q's blocks, then k's.
+    pid = tl.program_id(0)
+    q_blocks = tl.cdiv(S * B * HQ, ROWS)
+    if pid < q_blocks:
+        _norm_rope_rows(q_ptr, q_out_ptr, cos_ptr, sin_ptr, w_q_ptr, pid, S, B, HQ, eps,
+                        weight_offset, stride_tab_p, stride_tab_b, D, R, LAYOUT, INTERLEAVED,
+                        SIGNED, PER_ENTRY, ROWS, BLOCK_D, INT64)
+    else:
+        _norm_rope_rows(k_ptr, k_out_ptr, cos_ptr, sin_ptr, w_k_ptr, pid - q_blocks, S, B, HK,
+                        eps, weight_offset, stride_tab_p, stride_tab_b, D, R, LAYOUT,
+                        INTERLEAVED, SIGNED, PER_ENTRY, ROWS, BLOCK_D, INT64)
+
+
 # --- host side: tiles, the plan, the launch --------------------------------------------------
 
 # GPU tiles (kernels/tiles.py says where they were measured)
@@ -400,18 +488,80 @@ def run(planned: Launch, pointers: tuple) -> None:
         start(DIRECT, planned, pointers)
 
 
+# The forward of large contiguous q and k: the two-pass route (kernels/flat.py's pre-pass for
+# the cos/sin rows, where the caller's table is not read as it is, then a rows pass).
+ROWS_POINTERS = ("q_ptr", "q_out_ptr", "k_ptr", "k_out_ptr", "cos_ptr", "sin_ptr", "w_q_ptr",
+                 "w_k_ptr")
+ROWS_DIRECT = DirectLauncher(_qk_norm_rope_rows_kernel, ROWS_POINTERS)
+
+
+def plan_rows(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch.Tensor,
+              w_q: torch.Tensor, w_k: torch.Tensor, table: torch.Tensor,
+              sin: Optional[torch.Tensor], pos: Optional[torch.Tensor], *, layout: str,
+              interleaved: bool, eps: float, weight_offset: float):
+    """The forward as a two-pass route (a launch.TwoPass whose second pass is the rows kernel;
+    pointers: launch.TWO_PASS_POINTERS, then w_q and w_k), or None where the route does not
+    take the call (the same rule as RoPE's: launch.takes_two_passes; contiguous weights) or is
+    switched off (tiles.QK_NORM_TWO_PASS, until it is measured ahead of the one kernel)."""
+    from . import launch as L     # (launch imports nothing of this module's)
+    from . import tiles
+    if not tiles.QK_NORM_TWO_PASS:
+        return None
+    tab = L.Table(table, sin)
+    positions = L.Positions(position_ids=pos)
+    S = q4.shape[0]
+    if pos is not None and not (pos.stride(-1) == 1 or S == 1) or pos is not None and \
+            pos.shape[0] > 1 and pos.stride(0) != S:
+        return None     # (the pre-pass reads position ids contiguous)
+    if tab.exact or w_q.stride(0) != 1 or w_k.stride(0) != 1 or not L.takes_two_passes(
+            L.View.of(q4), L.View.of(q_out4), L.View.of(k4), L.View.of(k_out4), tab, positions,
+            layout):
+        return None
+    S, B, HQ, D = q4.shape
+    HK, R = k4.shape[2], table.shape[-1]
+    device = q_out4.device
+    read = L.plan_table_read(tab, positions, S, B, R=R, interleaved=interleaved,
+                             backward=False, device=device)
+    on_gpu = device.type == "cuda" and not INTERPRET
+    block_d = pow2_at_least(D, 1 << 30)
+    rows = max(1, (L.TWO_PASS_ELEMENTS if on_gpu else 1 << 14) // block_d)
+    n_q, n_k = S * B * HQ * D, S * B * HK * D
+    int64 = (max(n_q, n_k) + rows * block_d > I32_LIMIT) \
+        or (read.table_shape[0] * R > I32_LIMIT - 1024) \
+        or (read.table_pass is None and needs_int64((table,)))
+    f32 = torch.empty(0, dtype=torch.float32, device="meta")    # (the pre-pass's rows)
+    rows_pass = Launch(
+        (cdiv(S * B * HQ, rows) + cdiv(S * B * HK, rows),), L.TWO_PASS_WARPS,
+        dict(S=S, B=B, HQ=HQ, HK=HK, eps=eps, weight_offset=weight_offset,
+             stride_tab_p=read.stride_p, stride_tab_b=read.stride_b, D=D, R=R,
+             LAYOUT=L.OUT_LAYOUT[layout], INTERLEAVED=interleaved, SIGNED=read.signed,
+             PER_ENTRY=read.stride_b != 0, ROWS=rows, BLOCK_D=block_d, INT64=int64),
+        (q4.dtype, q_out4.dtype, k4.dtype, k_out4.dtype)
+        + ((table.dtype, sin.dtype) if read.table_pass is None else (f32.dtype, f32.dtype))
+        + (w_q.dtype, w_k.dtype), device, ROWS_DIRECT)
+    return L.TwoPass(read.table_pass, rows_pass, read.table_shape)
+
+
 def launch(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch.Tensor,
            w_q: torch.Tensor, w_k: torch.Tensor, table: torch.Tensor, sin: Optional[torch.Tensor],
            pos: Optional[torch.Tensor], *, interleaved: bool, eps: float, weight_offset: float,
            gq4: Optional[torch.Tensor] = None, gk4: Optional[torch.Tensor] = None,
-           ) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+           layout: Optional[str] = None) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
     """Plan and run one launch over q and k ([S, B, H, D] views). Forward (gq4 None): writes the
     normed and rotated q, k into q_out4, k_out4; returns None. Backward: reads the output
     gradients gq4, gk4, writes the input gradients into q_out4, k_out4 and returns the
     gradients of w_q and w_k in fp32 (fp64 for fp64 inputs).
 
     table: angles (sin None) or cos [P, R] or [B or 1, P, R]; pos: position ids [B or 1, S] or
-    None (token s reads row s). Arguments are validated by the caller (ropelib.qk_norm)."""
+    None (token s reads row s). Arguments are validated by the caller (ropelib.qk_norm). With
+    the layout of q and k given, a large contiguous forward takes the two-pass route
+    (plan_rows)."""
+    if gq4 is None and layout is not None:
+        route = plan_rows(q4, k4, q_out4, k_out4, w_q, w_k, table, sin, pos, layout=layout,
+                          interleaved=interleaved, eps=eps, weight_offset=weight_offset)
+        if route is not None:
+            route.start((q4, q_out4, k4, k_out4, table, sin, pos, None, None, w_q, w_k))
+            return None
     planned = plan(q4, k4, q_out4, k_out4, w_q, w_k, table, sin, pos, interleaved=interleaved,
                    eps=eps, weight_offset=weight_offset, gq4=gq4, gk4=gk4)
     part = partials(planned)

@@ -1,0 +1,192 @@
+"""The QK-RMSNorm + RoPE forward on the two-pass route (kernels/qk_norm_rope.plan_rows): large
+contiguous q and k take a rows pass in the shape of RoPE's flat pass, after the cos/sin pre-pass
+where the caller's table is not read as it is. Here the size threshold is lowered to 0 so that
+CPU-sized shapes take it; every result is compared with the same call through the one kernel
+(within an ulp or two: each row's sum of squares is reduced in another order), with the fp64
+reference, and the route is checked to be taken exactly when it should be."""
+import itertools
+import zlib
+
+import pytest
+import torch
+
+import ropelib
+from ropelib import eager, qk_norm
+from ropelib.kernels import launch, tiles
+from ropelib.kernels import qk_norm_rope as kernel
+from ropelib.runtime import on_gpu
+
+from test_qk_norm_rope import TOL, reference
+
+DEVICE = "cuda" if on_gpu() else "cpu"
+S, B, HQ, HK, D = 6, 3, 4, 2, 16
+SHAPES = {"sbhd": lambda h: (S, B, h, D), "bshd": lambda h: (B, S, h, D),
+          "thd": lambda h: (S * B, h, D)}
+
+
+@pytest.fixture
+def routes(monkeypatch):
+    """Count the forwards that take the two-pass route, through the operator or eagerly."""
+    calls = []
+    real_plan = kernel.plan_rows
+
+    def counted(*args, **kwargs):
+        route = real_plan(*args, **kwargs)
+        calls.append(route is not None)
+        return route
+    monkeypatch.setattr(kernel, "plan_rows", counted)
+    eager.SIGNATURES.clear()
+    eager.TABLE_ROWS.clear()
+    yield calls
+    eager.SIGNATURES.clear()
+    eager.TABLE_ROWS.clear()
+
+
+@pytest.fixture(autouse=True)
+def route_on(monkeypatch):
+    """The route is switched off by default until it is measured on a GPU: on for these tests."""
+    monkeypatch.setattr(tiles, "QK_NORM_TWO_PASS", True)
+
+
+def through(route: str, fn):
+    saved = tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE
+    tiles.TWO_PASS_MIN_BYTES = 0 if route == "two-pass" else 1 << 62
+    tiles.TWO_PASS_TABLE_SHARE = 0
+    eager.SIGNATURES.clear()
+    try:
+        return fn()
+    finally:
+        tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE = saved
+        eager.SIGNATURES.clear()
+
+
+def test_off_by_default(monkeypatch, routes):
+    monkeypatch.setattr(tiles, "QK_NORM_TWO_PASS", False)
+    (q, k, w_q, w_k), table, kw, _ = _inputs("angles", "bshd", False, torch.float32)
+    through("two-pass", lambda: ropelib.qk_norm_rope(q, k, w_q, w_k, **table, **kw))
+    assert routes and not any(routes)
+
+
+OPTIONS = ["angles", "cos/sin", "cos/sin bf16", "ids shared", "ids per entry", "partial",
+           "gemma offset", "ids out of range"]
+CASES = [c for c in itertools.product(OPTIONS, ["sbhd", "bshd", "thd"], [False, True],
+                                      [torch.bfloat16, torch.float32])
+         if not (c[1] == "thd" and c[0] == "ids per entry")]
+
+
+def _inputs(option, layout, interleaved, dtype):
+    g = torch.Generator().manual_seed(zlib.crc32(f"{option} {layout} {interleaved} {dtype}"
+                                                 .encode()))
+    q = (2 * torch.randn(SHAPES[layout](HQ), generator=g)).to(DEVICE, dtype)
+    k = (0.5 * torch.randn(SHAPES[layout](HK), generator=g)).to(DEVICE, dtype)
+    w_q = (1 + 0.3 * torch.randn(D, generator=g)).to(DEVICE)
+    w_k = (1 + 0.3 * torch.randn(D, generator=g)).to(DEVICE)
+    R = D // 2 if option == "partial" else D
+    P = S * B + 5
+    kw = dict(layout=layout, interleaved=interleaved)
+    cos, sin = ropelib.rope_cos_sin(P, R, interleaved=interleaved, device=DEVICE)
+    if option in ("angles", "partial", "gemma offset") or option.startswith("ids"):
+        table = dict(freqs=ropelib.rope_freqs(P, R, interleaved=interleaved, device=DEVICE))
+    else:
+        table = dict(cos=cos, sin=sin)
+        if option == "cos/sin bf16":
+            table = dict(cos=cos.bfloat16(), sin=sin.bfloat16())
+    tokens = S * B if layout == "thd" else S
+    if option == "ids shared":
+        kw["position_ids"] = torch.randint(0, P, (tokens,), generator=g).to(DEVICE)
+    elif option == "ids per entry":
+        kw["position_ids"] = torch.randint(0, P, (B, S), generator=g).to(DEVICE)
+    elif option == "ids out of range":
+        ids = torch.randint(0, P, (tokens,), generator=g)
+        ids[1] = P + 1                                   # a position past the table
+        kw["position_ids"] = ids.to(DEVICE)
+    if layout == "thd" and "position_ids" not in kw:    # packed sequences need their positions
+        kw["position_ids"] = (torch.arange(tokens) % S).to(DEVICE)
+    if option == "gemma offset":
+        kw["weight_offset"] = 1.0
+    return (q, k, w_q, w_k), table, kw, (cos, sin)
+
+
+@pytest.mark.parametrize("option,layout,interleaved,dtype", CASES)
+def test_forward_as_the_one_kernel(option, layout, interleaved, dtype, routes):
+    (q, k, w_q, w_k), table, kw, (cos, sin) = _inputs(option, layout, interleaved, dtype)
+    checks = "off" if option == "ids out of range" else "auto"
+
+    def fn():
+        ropelib.set_index_checks(checks)
+        try:
+            return ropelib.qk_norm_rope(q, k, w_q, w_k, **table, **kw)
+        finally:
+            ropelib.set_index_checks("auto")
+    want = through("one kernel", fn)
+    assert not any(routes)
+    got = through("two-pass", fn)
+    assert routes and all(routes[-1:]), "the forward should take the two-pass route"
+    tol = TOL[dtype]
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape and a.is_contiguous()
+        assert torch.equal(torch.isnan(a), torch.isnan(b)), "NaN rows differ"
+        torch.testing.assert_close(torch.nan_to_num(a.float()), torch.nan_to_num(b.float()),
+                                   atol=tol[0], rtol=tol[1])
+    if option == "ids out of range":
+        assert torch.isnan(got[0]).any()
+    elif not option.endswith("bf16"):
+        ids = kw.get("position_ids")
+        ref = reference(q, k, w_q, w_k, cos=cos, sin=sin, layout=layout, interleaved=interleaved,
+                        position_ids=ids, weight_offset=kw.get("weight_offset", 0.0))
+        for a, b in zip(got, ref):
+            torch.testing.assert_close(a.double(), b, atol=2 * tol[0], rtol=2 * tol[1])
+
+
+def test_operator_and_compile_take_the_route(routes):
+    (q, k, w_q, w_k), table, kw, _ = _inputs("angles", "bshd", False, torch.float32)
+    want = through("one kernel", lambda: ropelib.qk_norm_rope(q, k, w_q, w_k, **table, **kw))
+    saved = tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE
+    tiles.TWO_PASS_MIN_BYTES = tiles.TWO_PASS_TABLE_SHARE = 0
+    try:
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda a, b: ropelib.qk_norm_rope(a, b, w_q, w_k, **table, **kw),
+                                 backend="aot_eager", fullgraph=True)
+        got = compiled(q, k)
+        assert any(routes)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, atol=TOL[torch.float32][0],
+                                       rtol=TOL[torch.float32][1])
+        torch.library.opcheck(torch.ops.ropelib.qk_norm_rope.default,
+                              (q, k, w_q, w_k, table["freqs"].view(table["freqs"].shape[0], -1),
+                               None, None, "bshd", False, 1e-6, 0.0))
+    finally:
+        tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE = saved
+        torch._dynamo.reset()
+
+
+def test_backward_is_unchanged(routes):
+    # the backward still runs the one kernel; gradients through the route's forward are the
+    # same as through the one kernel's
+    (q, k, w_q, w_k), table, kw, _ = _inputs("angles", "sbhd", False, torch.float32)
+    q, k, w_q, w_k = (t.requires_grad_(True) for t in (q, k, w_q, w_k))
+    gq, gk = torch.randn_like(q), torch.randn_like(k)
+
+    def fn():
+        out = ropelib.qk_norm_rope(q, k, w_q, w_k, **table, **kw)
+        return torch.autograd.grad(out, (q, k, w_q, w_k), (gq, gk))
+    want = through("one kernel", fn)
+    got = through("two-pass", fn)
+    assert any(routes)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
+def test_when_the_route_is_not_taken(routes):
+    (q, k, w_q, w_k), table, kw, _ = _inputs("angles", "bshd", False, torch.float32)
+    cases = {
+        "strided q": lambda: ropelib.qk_norm_rope(q[:, :, ::2], k, w_q, w_k, **table, **kw),
+        "fp64": lambda: ropelib.qk_norm_rope(q.double(), k.double(), w_q.double(),
+                                             w_k.double(), **table, **kw),
+        "strided weight": lambda: ropelib.qk_norm_rope(q, k, torch.stack([w_q, w_q], 1)[:, 0],
+                                                       w_k, **table, **kw),
+    }
+    for what, fn in cases.items():
+        routes.clear()
+        through("two-pass", fn)
+        assert not any(routes), f"{what} took the two-pass route"
