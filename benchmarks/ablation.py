@@ -1,6 +1,6 @@
 """Why is a batch-reusing Triton RoPE kernel faster than Transformer Engine's? An ablation.
 
-    python benchmarks/ablation.py --out benchmarks/results/ablation.csv   # on a GPU (~2 min)
+    python benchmarks/ablation.py --out benchmarks/results/ablation-nvidia-h200.csv   # on a GPU (~2 min)
     TRITON_INTERPRET=1 python benchmarks/ablation.py --dry-run            # CPU: tiny shapes, no timing
 
 Notebook 04 retells an earlier project whose (S, H)-grid Triton kernel, which computes cos/sin

@@ -83,11 +83,11 @@ for what in "${@:-tests}"; do
             step sweeps "$PY" benchmarks/seed_sweeps.py
             keep "$RESULTS/seed_sweeps.csv" figures/07-seed-*.png ;;
         ablation)
-            step ablation "$PY" benchmarks/ablation.py --out "$RESULTS/ablation.csv"
-            keep "$RESULTS/ablation.csv" ;;
+            step ablation "$PY" benchmarks/ablation.py --out "$RESULTS/ablation-$gpu.csv"
+            keep "$RESULTS/ablation-$gpu.csv" ;;
         ladder)
-            step ladder "$PY" benchmarks/ladder.py --out "$RESULTS/ladder.csv"
-            keep "$RESULTS/ladder.csv" ;;
+            step ladder "$PY" benchmarks/ladder.py --out "$RESULTS/ladder-$gpu.csv"
+            keep "$RESULTS/ladder-$gpu.csv" ;;
         features)
             for bench in qk_norm decode_cache mrope; do
                 step "$bench" "$PY" "benchmarks/${bench}_bench.py" --out "$RESULTS/$bench-$tag.csv"

@@ -1,6 +1,6 @@
 """The ladder from the batch-reusing grid to the finished kernel, timed one rung at a time.
 
-    python benchmarks/ladder.py --out benchmarks/results/ladder.csv   # on a GPU (~1 min)
+    python benchmarks/ladder.py --out benchmarks/results/ladder-nvidia-h200.csv   # on a GPU (~1 min)
     TRITON_INTERPRET=1 python benchmarks/ladder.py --dry-run          # CPU: tiny shapes, no timing
 
 Notebook 05 (the finished kernel) builds ropelib's finished kernel in rungs, each adding one

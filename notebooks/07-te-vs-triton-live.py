@@ -172,7 +172,8 @@ assert all(r["max_head_ulp_err"] <= 4 for r in rows32)
 #
 # The controls set the base configuration; **sweep** picks the axis and **values** its values;
 # the provider list picks who runs. **run** sweeps: each row updates the plot (GB/s and % of a
-# copy vs the swept axis; forward solid, forward+backward dashed) and the table as it arrives.
+# copy vs the swept axis; forward solid, forward+backward dashed) and the table as it arrives;
+# the plot's title names what measured it (the GPU's name, or the CPU interpreter).
 # **export** writes the rows (with GPU name, driver, versions and date) as CSV and the plot as
 # PNG into a scratch folder (printed below; `ROPELIB_WRITE_FIGURES=1` sends them to `figures/`).
 # Every control is a plain attribute, so the cell below can also drive it without clicking.
@@ -202,6 +203,8 @@ print("exported", csv_path, "and", png_path)
 n_values = len(widgets.parse_values(dash.controls["values"].value))
 assert len(dash_rows) == len(dash.controls["providers"].value) * n_values
 assert all(r["available"] for r in dash_rows if r["provider"] in ("ropelib", "pytorch"))
+print(dash.figure.get_suptitle())
+assert dash.figure.get_suptitle() == f"measured on {widgets.measured_on(dash_rows)}"
 
 # %% [markdown]
 # ## 4. Sweeps from earlier studies
@@ -432,14 +435,88 @@ for dtype in models:
 # `benchmarks/results/floor-nvidia-h200.csv`: calls back to back, host time only): ropelib's
 # is longer than TE's, and both are the same size as the batch-1 times (checked within a factor
 # of 2; two runs on two days, so no closer). That is consistent with the GPU waiting for the
-# host at these sizes; the profile of where the host's time goes is not part of these files.
-# An eager forward+backward goes through PyTorch's autograd in Python and launches two
-# kernels; TE's C++ extension does its bookkeeping in C++. At training sizes — tens of MiB per
-# call and more — the bytes dominate; for small per-layer tensors, take the Python out of the
-# loop: capture the step in a CUDA graph (the floor suite's `under CUDA graphs` rows; notebook 11
-# plots a decoding step timed eagerly and replayed from one), or compile it with
-# `torch.compile`, which sees each ropelib entry point whole, with no graph break
-# (`docs/API.md`, "Autograd, torch.compile and other transforms").
+# host at these sizes.
+#
+# **Where the host's time goes.** `benchmarks/results/host-profile-nvidia-h200-20261122.txt` is
+# a cProfile of ropelib's eager forward+backward at a decode size on an H200
+# (`benchmarks/host_profile.py`: `apply_rope(x, freqs).backward(g)` called over and over, bf16),
+# taken on 2026-11-22, before the floor run, with ropelib as it was then. It holds two tables
+# of the top functions, by own time and by cumulative time; the cell below reads both. They
+# show:
+#
+# - 300 calls took 0.071 s of host time under the profiler: the backward (`Tensor.backward`,
+#   into PyTorch's autograd engine) 0.044 s of it, the forward (`apply_rope`) 0.025 s;
+# - the largest item by own time is the autograd engine's C++ code (`run_backward`, not
+#   counting ropelib's Python backward that it calls): 0.017 s;
+# - each call launches two kernels (600 launches in 300 calls: the forward's and the
+#   backward's). ropelib's eager route for one launch (`eager.py`'s `run`: allocate the output,
+#   launch the kernel) takes 0.023 s over the 600, of which allocating the outputs
+#   (`torch.empty_like`) 0.004 s and Triton's C launcher 0.005 s.
+#
+# cProfile adds a cost of its own to every Python call it counts, so read these as shares of
+# the host's time, not as the time of a call without the profiler. The profile is of ropelib
+# alone: it does not say why TE's call takes less.
+
+# %%
+import re
+
+
+def read_profile(path):
+    """A cProfile text dump: (total seconds, {"internal time" | "cumulative time": {function:
+    {"ncalls", "tottime", "cumtime"}}}), functions named without their install prefix."""
+    total, tables, order = None, {}, None
+    for line in Path(path).read_text().splitlines():
+        if m := re.search(r"function calls .* in ([\d.]+) seconds", line):
+            total = float(m.group(1))
+        elif m := re.match(r"\s*Ordered by: (.+)", line):
+            order = m.group(1).strip()
+            tables[order] = {}
+        elif m := re.match(r"\s*(\d+)(?:/\d+)?\s+([\d.]+)\s+[\d.]+\s+([\d.]+)\s+[\d.]+\s+(.+)$",
+                           line):
+            name = re.sub(r"^.*?/(site-packages|work/main)/", "", m.group(4))
+            tables[order][name] = {"ncalls": int(m.group(1)), "tottime": float(m.group(2)),
+                                   "cumtime": float(m.group(3))}
+    return total, tables
+
+
+def entry(table, *parts):
+    """The one function of a profile table whose name holds every one of ``parts``."""
+    hits = [r for name, r in table.items() if all(p in name for p in parts)]
+    assert len(hits) == 1, (parts, len(hits))
+    return hits[0]
+
+
+PROFILE = RESULTS / "host-profile-nvidia-h200-20261122.txt"
+profile_gpu, profile_day = re.fullmatch(r"host-profile-(.+)-(\d{8})\.txt", PROFILE.name).groups()
+total_s, tables = read_profile(PROFILE)
+own, cum = tables["internal time"], tables["cumulative time"]
+print(f"{PROFILE.name}: measured on {profile_gpu}, {profile_day}; {total_s} s profiled in all")
+print(f"{'calls':>6} {'own s':>6} {'cum s':>6}  function (by cumulative time)")
+for name, r in list(cum.items())[:16]:
+    print(f"{r['ncalls']:>6} {r['tottime']:6.3f} {r['cumtime']:6.3f}  {name[:90]}")
+
+step = entry(cum, "host_profile.py", "(step)")              # one forward+backward call
+backward = entry(cum, "torch/_tensor.py", "(backward)")       # Tensor.backward
+forward = entry(cum, "ropelib/api.py", "(apply_rope)")
+engine = entry(own, "run_backward")
+launches = entry(cum, "ropelib/eager.py", "(run)")
+launcher = entry(own, "__triton_launcher.launch")
+alloc = entry(own, "torch.empty_like")
+assert "h200" in profile_gpu and profile_day == "20261122"
+assert profile_day < floor_meta["date"][:10].replace("-", "")   # before the floor run
+assert step["ncalls"] == 300 and step["cumtime"] == 0.071 <= total_s
+assert (backward["cumtime"], forward["cumtime"]) == (0.044, 0.025)
+assert backward["cumtime"] + forward["cumtime"] <= step["cumtime"]
+assert engine["tottime"] == 0.017 == max(r["tottime"] for r in own.values())
+assert launches["ncalls"] == launcher["ncalls"] == alloc["ncalls"] == 600 == 2 * step["ncalls"]
+assert (launches["cumtime"], launcher["tottime"], alloc["tottime"]) == (0.023, 0.005, 0.004)
+
+# %% [markdown]
+# At training sizes — tens of MiB per call and more — the bytes dominate; for small per-layer
+# tensors, take the host's per-call work out of the loop: capture the step in a CUDA graph (the
+# floor suite's `under CUDA graphs` rows; notebook 11 plots a decoding step timed eagerly and
+# replayed from one), or compile it with `torch.compile`, which sees each ropelib entry point
+# whole, with no graph break (`docs/API.md`, "Autograd, torch.compile and other transforms").
 #
 # **Exercise 2 — predict, then read.** Before looking at the measured row, predict ropelib's
 # forward time at batch 1, S = 2048, bf16 (or the first dtype committed), from your fit alone:
@@ -476,7 +553,8 @@ else:
 # - A forward sweep is a fixed cost per call plus bytes over bandwidth. ropelib's forward is
 #   within about a tenth of the copy on large tensors. Its eager forward+backward loses to TE's
 #   where a fixed time per call dominates (small tensors, batch 1), of the size of the host time
-#   per call measured separately.
+#   per call measured separately. A profile of that host time puts most of it in the backward
+#   through PyTorch's autograd, the rest in the forward; each call launches two kernels.
 # - Interpreter timings are meaningless; the GPU numbers are the committed ones. Notebook 08
 #   takes up the other half of those studies' story: the `allclose` that failed.
 #

@@ -774,8 +774,15 @@ assert curves["the smallest features (scale 0.1)"][-1] > 0.5  # sunk below the s
 # `benchmarks/decode_cache_bench.py` times one decoding step of one layer (q `[B, 1, 32, 128]`,
 # k and v `[B, 1, 8, 128]`, bf16, a cache of 4096 positions), fused against unfused, in
 # contiguous and paged caches of bf16 and fp8, eagerly and replayed from a CUDA graph (launch
-# overhead gone). Its CSV goes to `benchmarks/results/decode_cache*.csv`; the cell draws the
-# newest one found there.
+# overhead gone). The cell draws its H200 run, batch 1 to 256
+# (`benchmarks/results/decode_cache-nvidia-h200-20261122-2054.csv`); the figure's title names
+# the GPU as the CSV's header records it.
+#
+# Replayed from a CUDA graph (dashed lines), the fused step takes 6.8–9.2 µs against
+# 19.9–34.7 µs for RoPE followed by the cache write with a bf16 cache (2.7–3.8× faster), and
+# 7.3–10.3 µs against 34.7–53.6 µs with an fp8 cache (4.4–5.4×). Eagerly (solid lines) every
+# step also waits for the host's work per call, and the times jump about with the batch (the
+# fused step with a bf16 cache: 6.2–48.9 µs): read the dashed lines for what the kernels cost.
 
 # %%
 def plot_decode_cache(rows, axes) -> None:
@@ -799,27 +806,48 @@ def plot_decode_cache(rows, axes) -> None:
     axes[0].legend(fontsize=8)
 
 
-found = sorted(RESULTS.glob("decode_cache*.csv"),
-               key=lambda p: compare.read_meta(p).get("date", ""))          # newest last
-timed = [r for r in compare.read_csv(found[-1]) if r.get("ms")] if found else []
-if timed:
-    meta = compare.read_meta(found[-1])
-    print(f"{found[-1].name}: {meta.get('gpu')}, torch {meta.get('torch')}, "
-          f"triton {meta.get('triton')}, {meta.get('date')}")
-    n_panels = len({(r["cache"], r["cache_dtype"]) for r in timed})
-    fig, axes = plt.subplots(1, n_panels, figsize=(4 * n_panels, 3.8), sharey=True, squeeze=False)
-    plot_decode_cache(timed, axes[0])
-    fig.tight_layout()
-    fig.savefig(FIGURES / "11-decode-cache-latency.png", dpi=120)
-    plt.show()
-    for r in timed:
-        if r["provider"] == "fused" and r.get("speedup_vs_unfused"):
-            print(f"{r['cache']:>10} {r['cache_dtype']:<14} {r['mode']:<5} B={r['batch']:<4} "
-                  f"fused {r['ms'] * 1e3:7.1f} us  {r['speedup_vs_unfused']:.2f}x the unfused step")
-else:
-    print("No timed benchmarks/results/decode_cache*.csv is committed yet, so there is no decode "
-          "latency to show here.\nIt comes from `python benchmarks/decode_cache_bench.py --out "
-          "benchmarks/results/decode_cache-<gpu>.csv` on a GPU (the interpreter times nothing).")
+DECODE = RESULTS / "decode_cache-nvidia-h200-20261122-2054.csv"
+if not DECODE.exists():
+    raise FileNotFoundError(f"{DECODE.relative_to(ROOT)} is not in this checkout: `python "
+                            "benchmarks/decode_cache_bench.py` on an H200 measures it")
+meta = compare.read_meta(DECODE)
+timed = [r for r in compare.read_csv(DECODE) if r.get("ms")]
+assert meta["gpu"] == "NVIDIA H200" and timed, DECODE.name
+print(f"{DECODE.name}: {meta['gpu']}, torch {meta.get('torch')}, triton {meta.get('triton')}, "
+      f"{meta.get('date')}")
+shape = {(r["heads"], r["kv_heads"], r["head_dim"], r["dtype"], r["cache_len"]) for r in timed}
+assert shape == {(32, 8, 128, "bfloat16", 4096)}, shape
+heads, kv_heads, head_dim, dtype, cache_len = shape.pop()
+n_panels = len({(r["cache"], r["cache_dtype"]) for r in timed})
+fig, axes = plt.subplots(1, n_panels, figsize=(4 * n_panels, 4.1), sharey=True, squeeze=False)
+plot_decode_cache(timed, axes[0])
+fig.suptitle(f"measured on {meta['gpu']} ({meta.get('date', '?')[:10]}): one decoding step of "
+             f"one layer, q {heads} heads, k and v {kv_heads}, head_dim {head_dim}, {dtype}, "
+             f"a cache of {cache_len} positions", fontsize=10)
+fig.tight_layout()
+fig.savefig(FIGURES / "11-decode-cache-latency.png", dpi=120)
+plt.show()
+for r in timed:
+    if r["provider"] == "fused" and r.get("speedup_vs_unfused"):
+        print(f"{r['cache']:>10} {r['cache_dtype']:<14} {r['mode']:<5} B={r['batch']:<4} "
+              f"fused {r['ms'] * 1e3:7.1f} us  {r['speedup_vs_unfused']:.2f}x the unfused step")
+
+
+def span(cache_dtype, mode, provider, key="ms", scale=1e3):
+    """'lo–hi' of one column over the contiguous and paged caches and every batch, to 0.1."""
+    vals = [r[key] * scale for r in timed if (r["cache_dtype"], r["mode"], r["provider"])
+            == (cache_dtype, mode, provider)]
+    return f"{min(vals):.1f}–{max(vals):.1f}"
+
+
+assert sorted({r["batch"] for r in timed}) == [1, 8, 64, 256]
+assert span("bfloat16", "graph", "fused") == "6.8–9.2"
+assert span("bfloat16", "graph", "unfused") == "19.9–34.7"
+assert span("bfloat16", "graph", "fused", "speedup_vs_unfused", 1) == "2.7–3.8"
+assert span("float8_e4m3fn", "graph", "fused") == "7.3–10.3"
+assert span("float8_e4m3fn", "graph", "unfused") == "34.7–53.6"
+assert span("float8_e4m3fn", "graph", "fused", "speedup_vs_unfused", 1) == "4.4–5.4"
+assert span("bfloat16", "eager", "fused") == "6.2–48.9"
 
 # %% [markdown]
 # ## Exercises

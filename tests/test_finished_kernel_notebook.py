@@ -226,6 +226,44 @@ def test_the_compiled_layout_of_the_finished_tile():
     assert h200["accesses"].get("st.v4.b32", 0) >= 2     # 16-byte stores of bf16
 
 
+def test_the_flat_pass_compiles_to_the_tile_section_6_reads():
+    # section 6 sets the flat pass beside the finished kernel: 1,024 elements on 4 warps (the
+    # best tile of the H200's flat_pass_probe), x and its partner as one 16-byte vector each
+    from ropelib.kernels import tiles
+    (flat,) = ladder.compile_for_gpu(["two-pass"])
+    assert flat["tile"] == {"XBLOCK": tiles.TWO_PASS_ELEMENTS} and tiles.TWO_PASS_ELEMENTS == 1024
+    assert flat["num_warps"] == tiles.TWO_PASS_WARPS == 4
+    assert flat["accesses"].get("ld.v4.b32", 0) == 2
+    (h200,) = ladder.compile_for_gpu("ropelib", knobs={"tile_loop": (16, 8)})
+    assert flat["registers"] is None or h200["registers"] is None \
+        or flat["registers"] < h200["registers"]
+
+
+# --- the notebook's text ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("ext", [".py", ".ipynb"])
+def test_every_heading_is_in_a_markdown_cell(same, ext):
+    # a missing `# %% [markdown]` marker turns a section's text into comments of a code cell
+    for kind, text in same.notebook_cells(NOTEBOOK.with_suffix(ext)):
+        if kind == "code":
+            stray = [l for l in text.splitlines() if re.match(r"#+ #{1,4} ", l)]
+            assert not stray, f"headings inside a code cell: {stray}"
+    headings = [l for kind, t in same.notebook_cells(NOTEBOOK.with_suffix(ext)) if kind == "markdown"
+                for l in t.splitlines() if re.match(r"## \d\. ", l)]
+    assert [h.split(".")[0] for h in headings] == [f"## {n}" for n in range(1, 7)], headings
+
+
+def test_section_6_reads_the_h200_runs():
+    text = NOTEBOOK.with_suffix(".py").read_text(encoding="utf-8")
+    section = text.split("## 6. Past the finished kernel")[1].split("## Exercise")[0]
+    assert "measured.two_pass()" in section           # two_pass-nvidia-h200.csv
+    assert 'measured.probe("flat_pass_probe")' in section and 'measured.probe("flat_hints_probe")' in section
+    assert 'ladder.compile_for_gpu(["two-pass"])' in section
+    # the H100 only beside the H200, never as the basis
+    assert section.count('"nvidia-h100-80gb-hbm3"') == 2
+    assert "still to be made" not in section and "on an **H100**" not in section
+
+
 # --- the exercise ----------------------------------------------------------------------------------
 
 @triton.jit

@@ -9,11 +9,51 @@ from ropelib.course import measured
 
 
 def test_every_file_the_notebooks_read_is_an_h200_measurement():
-    for kind in ("mechanism", "ablation", "ladder", "generations", "floor"):
+    for kind in ("mechanism", "ablation", "ladder", "generations", "floor", "two_pass",
+                 "flat_pass_probe", "flat_hints_probe"):
         meta, rows = measured.load(kind)
         assert meta["gpu"] == "NVIDIA H200" and rows, kind
-    meta, _ = measured.load("floor", "nvidia-h100-80gb-hbm3")
-    assert "H100" in meta["gpu"]
+    for kind in ("floor", "two_pass"):      # the H100, read only beside the H200
+        meta, _ = measured.load(kind, "nvidia-h100-80gb-hbm3")
+        assert "H100" in meta["gpu"], kind
+
+
+def test_where_names_the_gpu_and_a_date_only_when_there_is_one():
+    meta, _ = measured.load("two_pass")
+    assert measured.where(meta) == "NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, 2026-11-28"
+    meta, _ = measured.load("flat_pass_probe")          # the probes' headers carry no date
+    assert measured.where(meta) == "NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0"
+
+
+@pytest.mark.parametrize("gpu", ["nvidia-h200", "nvidia-h100-80gb-hbm3"])
+def test_two_pass_rows_are_ratios_to_a_copy_of_the_same_run(gpu):
+    tp = measured.two_pass(gpu)
+    assert {p for _, p in tp} == {"forward", "fwd+bwd"}
+    cases = {c for c, _ in tp}
+    assert "bf16 sbhd 1 GiB s16k b8" in cases and "bf16 sbhd 128 MiB s16k b1" in cases
+    for case in cases:
+        fwd, both = tp[(case, "forward")], tp[(case, "fwd+bwd")]
+        assert "copy" in fwd and "copy" not in both and "pre-pass alone" not in both, case
+        copy = fwd["copy"]["ms"]
+        for pass_, copies, rows in (("forward", 1, fwd), ("fwd+bwd", 2, both)):
+            for provider, r in rows.items():
+                if r["ms"] < 0.1:       # ms is written to 5 decimals: too coarse to recompute
+                    continue
+                assert math.isclose(copies * copy / r["ms"], r["ratio_to_copy"], rel_tol=2e-3), \
+                    (case, pass_, provider)
+
+
+def test_probes_are_keyed_by_case_then_provider():
+    fp = measured.probe("flat_pass_probe")
+    assert set(fp) == {"bf16 sbhd 1 GiB s16k b8", "bf16 bshd 256 MiB s4k b8", "fp32 sbhd 2 GiB s16k b8"}
+    tiles = {p for p in fp["bf16 sbhd 1 GiB s16k b8"] if p.startswith("flat ")}
+    assert tiles == {f"flat x{e} w{w} keep={k}" for e in (1024, 2048, 4096) for w in (4, 8)
+                     for k in (0, 1)}
+    hints = measured.probe("flat_hints_probe")
+    for case, rows in hints.items():
+        assert {"copy", "torch.compile", "ropelib.apply_rope"} <= set(rows), case
+        assert sum(p.startswith("even=") for p in rows) == 8, case
+        assert rows["copy"]["ratio_to_copy"] == 1.0
 
 
 def test_a_missing_file_says_what_measures_it(tmp_path, monkeypatch):

@@ -34,11 +34,39 @@ def test_dashboard_run_produces_rows_plot_and_table(tmp_path, device):
     line = axes[0].lines[0]
     assert list(line.get_xdata()) == [1, 2]
     assert list(line.get_ydata()) == pytest.approx([r["fwd_gbps"] for r in ok])
+    # the figure names what measured it: this GPU, or the CPU interpreter
+    where = widgets.measured_on(rows)
+    if str(device).startswith("cuda"):
+        import torch
+        assert where == torch.cuda.get_device_name(device)
+    else:
+        assert where == widgets.CPU_INTERPRETER
+    assert dash.figure.get_suptitle() == f"measured on {where}"
 
     csv_path, png_path = dash.export(str(tmp_path), "dash")
     back = compare.read_csv(csv_path)
     assert [r["provider"] for r in back] == [r["provider"] for r in rows]
     assert open(png_path, "rb").read(4) == b"\x89PNG"
+
+
+def _gpu_row(provider, seq_len, gbps):
+    return {"provider": provider, "seq_len": seq_len, "available": True, "fwd_gbps": gbps,
+            "ratio_fwd": gbps / 4000, "device": "cuda", "timing": compare.TIMING_GPU}
+
+
+def test_sweep_figure_names_the_gpu_of_a_committed_csv(tmp_path):
+    """Rows read back from a result CSV are drawn with the GPU its header names, never with
+    the machine that draws them."""
+    rows = [_gpu_row("ropelib", s, g) for s, g in ((1024, 1800.0), (2048, 2200.0))]
+    path = compare.write_csv(rows, tmp_path / "sweep.csv", meta={"gpu": "NVIDIA H200"})
+    meta, back = compare.read_meta(path), compare.read_csv(path)
+    assert widgets.measured_on(back, meta) == "NVIDIA H200"
+    fig = widgets.draw_sweep(back, "seq_len", where=widgets.measured_on(back, meta))
+    assert fig.get_suptitle() == "measured on NVIDIA H200"
+    # a CPU run's header says gpu: none, and its rows say interpreter timing
+    cpu = [dict(r, device="cpu", timing=compare.TIMING_CPU) for r in rows]
+    assert widgets.measured_on(cpu, {"gpu": "none"}) in (widgets.CPU_INTERPRETER, "CPU")
+    assert "meaningless" in widgets.draw_sweep(cpu, "seq_len").axes[0].get_title()
 
 
 def test_dashboard_reports_bad_values_without_raising(device):

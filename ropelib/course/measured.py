@@ -1,11 +1,12 @@
 """The committed GPU measurements that notebooks 03, 04, 05 and 07 explain, read back from
 ``benchmarks/results/`` and nothing else.
 
-One GPU for every number the notebooks show: the H200 run (``*-nvidia-h200.csv``); the H100
-floor CSV is read only where the notebooks set the two side by side, and notebook 05's section on
-the two-pass route reads ``two_pass-nvidia-h100-80gb-hbm3.csv`` until an H200 run of
-``benchmarks/two_pass.py`` is committed (it says so where it prints). Every CSV starts with
-``# key: value`` lines naming the GPU, driver and versions (:func:`ropelib.bench.compare.read_meta`).
+One GPU for every number the notebooks show: the H200 run (``*-nvidia-h200.csv``); an H100 CSV
+(``floor``, ``two_pass``) is read only where a notebook sets the two GPUs side by side. Notebook
+05's section on the two-pass route reads ``two_pass-nvidia-h200.csv`` (:func:`two_pass`) and the
+two probes of the flat pass, ``flat_pass_probe-nvidia-h200.csv`` and
+``flat_hints_probe-nvidia-h200.csv`` (:func:`probe`). Every CSV starts with ``# key: value``
+lines naming the GPU, driver and versions (:func:`ropelib.bench.compare.read_meta`).
 
 ``mechanism-nvidia-h200.csv`` holds, for each kernel variant, what the compiler and Nsight
 Compute reported (registers, grid, theoretical and achieved occupancy, DRAM bytes, warp
@@ -53,8 +54,8 @@ def load(kind: str, gpu: str = GPU) -> tuple:
 
 def where(meta: dict) -> str:
     """One line naming where and when a CSV was measured."""
-    return (f"{meta['gpu']}, torch {meta.get('torch', '?')}, triton {meta.get('triton', '?')}, "
-            f"{meta.get('date', '?')[:10]}")
+    date = f", {meta['date'][:10]}" if meta.get("date") else ""   # the probes' CSVs have none
+    return f"{meta['gpu']}, torch {meta.get('torch', '?')}, triton {meta.get('triton', '?')}{date}"
 
 
 def steps(row: dict) -> int:
@@ -104,6 +105,28 @@ def timings(kind: str, case: str, gpu: str = GPU) -> dict:
 def floor(gpu: str = GPU) -> dict:
     """{case: {provider: row}} of ``floor-<gpu>.csv`` (ms, ratio_to_copy)."""
     _, rows = load("floor", gpu)
+    out = {}
+    for r in rows:
+        out.setdefault(r["case"], {})[r["provider"]] = r
+    return out
+
+
+def two_pass(gpu: str = GPU) -> dict:
+    """{(case, pass): {provider: row}} of ``two_pass-<gpu>.csv`` (``benchmarks/two_pass.py``):
+    pass is "forward" or "fwd+bwd"; ``ratio_to_copy`` is the copy's ms over the provider's in the
+    same run (forward+backward: over two copies). The copy and "pre-pass alone" have forward rows
+    only."""
+    _, rows = load("two_pass", gpu)
+    out = {}
+    for r in rows:
+        out.setdefault((r["case"], r["pass"]), {})[r["provider"]] = r
+    return out
+
+
+def probe(kind: str, gpu: str = GPU) -> dict:
+    """{case: {provider: row}} of a forward-only probe CSV (``flat_pass_probe``,
+    ``flat_hints_probe``): ms and ``ratio_to_copy`` (the copy's ms over the provider's)."""
+    _, rows = load(kind, gpu)
     out = {}
     for r in rows:
         out.setdefault(r["case"], {})[r["provider"]] = r

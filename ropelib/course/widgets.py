@@ -68,11 +68,40 @@ def rows_table_html(rows, columns=TABLE_COLUMNS) -> str:
             f"<tbody>{body}</tbody></table>")
 
 
-def draw_sweep(rows, axis: str, backward: bool = True):
-    """A figure with GB/s and % of copy vs ``axis`` (forward solid; forward+backward dashed)."""
+CPU_INTERPRETER = "CPU (Triton interpreter)"
+
+
+def measured_on(rows, meta: Optional[dict] = None) -> str:
+    """What measured ``rows``: the GPU a result CSV's header names (``meta``, from
+    :func:`compare.read_meta`); else, for rows measured here, the CUDA device's name
+    (``torch.cuda.get_device_name``) or :data:`CPU_INTERPRETER` for interpreter timings."""
+    gpu = (meta or {}).get("gpu")
+    if gpu not in (None, "", "none"):
+        return str(gpu)
+    rows = list(rows)
+    if not rows:
+        return "nothing yet (no rows)"
+    if any(r.get("timing") == compare.TIMING_CPU for r in rows):
+        return CPU_INTERPRETER if runtime.INTERPRET else "CPU"
+    import torch
+    devices = sorted({str(r.get("device") or "cuda") for r in rows})
+    names = sorted({torch.cuda.get_device_name(d) for d in devices if d.startswith("cuda")
+                    and torch.cuda.is_available()})
+    if not names:
+        raise ValueError(f"rows timed on {devices}, whose name cannot be read here: pass the "
+                         "CSV header's meta")
+    return ", ".join(names)
+
+
+def draw_sweep(rows, axis: str, backward: bool = True, where: Optional[str] = None):
+    """A figure with GB/s and % of copy vs ``axis`` (forward solid; forward+backward dashed).
+
+    The figure's title names what measured the rows: ``where``, else :func:`measured_on`."""
     import matplotlib
     from matplotlib.figure import Figure
-    fig = Figure(figsize=(10, 3.6))
+    rows = list(rows)
+    where = where or measured_on(rows)
+    fig = Figure(figsize=(10, 3.9))
     ax1, ax2 = fig.subplots(1, 2)
     series = {}
     for r in rows:
@@ -103,6 +132,7 @@ def draw_sweep(rows, axis: str, backward: bool = True):
         ax.title.set_fontsize(9)
         if series:
             ax.legend(fontsize=7)
+    fig.suptitle(f"measured on {where}", fontsize=10)
     fig.tight_layout()
     return fig
 

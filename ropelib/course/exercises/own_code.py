@@ -170,8 +170,9 @@ def _is_jit(obj) -> bool:
 
 
 def _jit_helpers(fn, extra=(), seen=None) -> Iterator:
-    """The functions of the @triton.jit helpers `fn` refers to by a global (or closure) name or
-    as an attribute of a module it imports, and theirs; `extra`: objects it is launched with."""
+    """The functions of the @triton.jit helpers `fn` refers to by a global (or closure) name, a
+    parameter's default, or an attribute of a module or class it names, and theirs; `extra`:
+    objects it is launched with."""
     seen = set() if seen is None else seen
     code = fn.__code__
     names = set(code.co_names)
@@ -182,13 +183,15 @@ def _jit_helpers(fn, extra=(), seen=None) -> Iterator:
         except ValueError:  # an empty cell
             pass
     found = [scope[n] for n in names | set(code.co_freevars) if n in scope]
-    modules = [m for m in found if isinstance(m, ModuleType)]
-    for m in modules:              # attribute chains: ropelib.kernels.common.rotate_pair
-        for n in names:
+    found += list(getattr(fn, "__defaults__", None) or ())          # ROTATE=common.rotate_pair
+    found += list((getattr(fn, "__kwdefaults__", None) or {}).values())
+    holders = [m for m in found if isinstance(m, (ModuleType, type))]
+    for m in holders:              # attribute chains: ropelib.kernels.common.rotate_pair, and
+        for n in names:            # a class's attributes: Helpers.rotate
             obj = getattr(m, n, None)
-            if isinstance(obj, ModuleType):
-                if obj not in modules and len(modules) < 64:
-                    modules.append(obj)
+            if isinstance(obj, (ModuleType, type)):
+                if obj not in holders and len(holders) < 64:
+                    holders.append(obj)
             elif obj is not None:
                 found.append(obj)
     found += list(extra)

@@ -1,0 +1,271 @@
+"""Notebook 05's interleaved-tile exercise (ropelib/course/exercises/finished_kernel.py) wants the
+learner's own kernel: the check accepts a kernel written from the signature, and refuses ropelib's
+code handed in as the answer -- its finished, teaching and ladder kernels, the worked solution,
+and a learner's kernel that calls one of ropelib's @triton.jit helpers (Triton inlines those, so
+only the kernel's source shows them).
+
+Every helper-calling kernel below computes the right values (launched here, outside the check):
+what makes the check refuse it is whose code it runs, not a wrong answer. The learner kernels are
+written to files of their own, as a notebook cell would define them.
+
+(test_finished_kernel_notebook.py covers the exercise's known mistakes and non-kernel answers.)
+"""
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit is imported
+
+import triton  # noqa: E402,F401  (the learner files import it)
+
+from ropelib import reference, runtime  # noqa: E402
+from ropelib.course import ladder  # noqa: E402
+from ropelib.course.exercises import _compare  # noqa: E402
+from ropelib.course.exercises import finished_kernel as fk  # noqa: E402
+from ropelib.course.exercises.own_code import library_kernel  # noqa: E402
+from ropelib.course.kernels import batch_reuse, naive  # noqa: E402
+from ropelib.kernels import flat, fused  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+NAME = "interleaved 3-D tile kernel"
+REFUSED = (f"❌ {NAME}: this exercise wants your interleaved 3-D tile kernel, but the answer "
+           "launched ropelib's ")
+
+# --- the learner's kernel, from a template: one piece at a time can be ropelib's ---------------
+
+HEADER = '''\
+import triton
+import triton.language as tl
+{imports}
+
+
+@triton.jit
+def kernel(x_ptr, y_ptr, freqs_ptr, S, B, H, B_CHUNK, sxs, sxb, sxh, sxd, sys_, syb, syh, syd,
+           HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_S: tl.constexpr,
+           BLOCK_H: tl.constexpr{params}):
+'''
+BODY = '''\
+    s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    b_lo = tl.program_id(2) * B_CHUNK
+    j = tl.arange(0, BLOCK_HALF)
+    {pairs}
+    row_ok = (s < S)[:, None, None] & (j < HALF)[None, None, :]
+    ok = row_ok & (h < H)[None, :, None]
+    f = freqs_ptr + s[:, None, None] * (2 * HALF)
+    t_a = tl.load(f + d_a[None, None, :], mask=row_ok, other=0.0)
+    t_b = tl.load(f + d_b[None, None, :], mask=row_ok, other=0.0)
+    {trig}
+    for b in range(b_lo, tl.minimum(b_lo + B_CHUNK, B)):
+        xr = x_ptr + s[:, None, None] * sxs + b * sxb + h[None, :, None] * sxh
+        yr = y_ptr + s[:, None, None] * sys_ + b * syb + h[None, :, None] * syh
+        x_a = tl.load(xr + d_a[None, None, :] * sxd, mask=ok, other=0.0).to(tl.float32)
+        x_b = tl.load(xr + d_b[None, None, :] * sxd, mask=ok, other=0.0).to(tl.float32)
+        {rotate}
+        tl.store(yr + d_a[None, None, :] * syd, {cast_a}, mask=ok)
+        tl.store(yr + d_b[None, None, :] * syd, {cast_b}, mask=ok)
+'''
+OWN = dict(
+    imports="", params="",
+    pairs="d_a, d_b = 2 * j, 2 * j + 1",
+    trig="c_a, s_a, c_b, s_b = tl.cos(t_a), tl.sin(t_a), tl.cos(t_b), tl.sin(t_b)",
+    rotate="y_a, y_b = x_a * c_a - x_b * s_a, x_b * c_b + x_a * s_b",
+    cast_a="y_a.to(y_ptr.dtype.element_ty)", cast_b="y_b.to(y_ptr.dtype.element_ty)")
+
+# name -> (the pieces that differ from OWN, what the refusal names)
+CALLS_ROPELIB = {
+    "rotate_pair-as-module-attribute": (dict(
+        imports="from ropelib.kernels import common",
+        rotate="y_a, y_b = common.rotate_pair(x_a, x_b, c_a, s_a, c_b, s_b)"),
+        "rotate_pair (ropelib/kernels/common.py)"),
+    "cos_sin-imported-by-name": (dict(
+        imports="from ropelib.kernels.common import cos_sin",
+        trig="c_a, s_a = cos_sin(t_a, False)\n    c_b, s_b = cos_sin(t_b, False)"),
+        "cos_sin (ropelib/kernels/common.py)"),
+    "round_to-by-full-path": (dict(
+        imports="import ropelib.kernels.common",
+        cast_a="ropelib.kernels.common.round_to(y_a, y_ptr.dtype.element_ty, False)",
+        cast_b="ropelib.kernels.common.round_to(y_b, y_ptr.dtype.element_ty, False)"),
+        "round_to (ropelib/kernels/common.py)"),
+    "pair_features-inside-an-own-helper": (dict(
+        imports="from ropelib.kernels import common\n\n\n@triton.jit\n"
+                "def my_pairs(j, HALF: tl.constexpr):\n"
+                "    return common.pair_features(j, HALF, True)",
+        pairs="d_a, d_b = my_pairs(j, HALF)"),
+        "pair_features (ropelib/kernels/common.py)"),
+}
+
+# the whole tile done by the finished kernel's body: correct on every case of the check
+FINISHED_BODY = '''\
+import triton
+import triton.language as tl
+from ropelib.kernels import fused
+
+
+@triton.jit
+def kernel(x_ptr, y_ptr, freqs_ptr, S, B, H, B_CHUNK, sxs, sxb, sxh, sxd, sys_, syb, syh, syd,
+           HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_S: tl.constexpr,
+           BLOCK_H: tl.constexpr):
+    b_lo = tl.program_id(2) * B_CHUNK
+    fused._rope_heads(x_ptr, y_ptr, freqs_ptr, None, None, None, None,
+                      tl.program_id(0), tl.program_id(1) * BLOCK_H, b_lo,
+                      tl.minimum(b_lo + B_CHUNK, B), S, H, S, 0, 1, 0,
+                      sxs, sxb, sxh, 0, sxd, sys_, syb, syh, 0, 0, 2 * HALF, 0,
+                      2 * HALF, 2 * HALF, 1, BLOCK_S, BLOCK_H, True, False, False, False,
+                      tl.float32, False)
+'''
+
+# ways to reach a helper other than by its name: a parameter's default, a class's attribute
+REACHED_ANOTHER_WAY = {
+    # a constexpr parameter whose default is ropelib's helper: compiles for a GPU too
+    "rotate_pair-as-parameter-default": dict(
+        imports="from ropelib.kernels import common",
+        params=", ROTATE: tl.constexpr = common.rotate_pair",
+        rotate="y_a, y_b = ROTATE(x_a, x_b, c_a, s_a, c_b, s_b)"),
+    # a class attribute: the interpreter runs it (a GPU compilation rejects the global)
+    "rotate_pair-as-class-attribute": dict(
+        imports="from ropelib.kernels import common\n\n\nclass Helpers:\n"
+                "    rotate = common.rotate_pair",
+        rotate="y_a, y_b = Helpers.rotate(x_a, x_b, c_a, s_a, c_b, s_b)"),
+}
+INTERPRETER_ONLY = pytest.mark.skipif(
+    not runtime.INTERPRET, reason="a GPU compilation rejects a class attribute in a kernel")
+
+
+def _load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def learner(tmp_path_factory):
+    """name -> the learner's @triton.jit kernel, each defined in a file of its own."""
+    folder = tmp_path_factory.mktemp("interleaved_learner")
+    sources = {"own": HEADER.format(**OWN) + BODY.format(**OWN),
+               "finished-kernel-body": FINISHED_BODY}
+    for name, pieces in [(n, p) for n, (p, _) in CALLS_ROPELIB.items()] \
+            + list(REACHED_ANOTHER_WAY.items()):
+        parts = dict(OWN, **pieces)
+        sources[name] = HEADER.format(**parts) + BODY.format(**parts)
+    made = {}
+    for name, src in sources.items():
+        module = "interleaved_learner_" + name.replace("-", "_")
+        file = folder / f"{module}.py"
+        file.write_text(src, encoding="utf-8")
+        made[name] = _load(module, file).kernel
+    return made
+
+
+def _right_on_every_case(kernel, seed=0):
+    """Launch `kernel` as the check does, on its cases, with nothing barred: the values only."""
+    gen = torch.Generator().manual_seed(seed)
+    for S, B, H, D, bs, bh, chunk, dtype, xs, ys, table in fk.CASES:
+        x, y, y_buf, f = fk._inputs(gen, S, B, H, D, dtype, xs, ys, table)
+        fk.launch(kernel, x, y, f, bs, bh, chunk)
+        band = y_buf[S:] if not ys else y_buf[B:]
+        assert bool(torch.isnan(band).all()), "wrote past the output"
+        ok, why = _compare(y, reference.rope_reference(x, f, interleaved=True), None, None)
+        assert ok, (S, B, H, D, dtype, why)
+
+
+# --- the learner's own kernel --------------------------------------------------------------------
+
+def test_the_check_accepts_a_kernel_the_learner_wrote(learner, capsys):
+    own = learner["own"]
+    assert library_kernel(own) is None
+    assert fk.check_interleaved_tile_kernel(own) is True
+    assert fk.check_interleaved_tile_kernel(own, seed=11) is True
+    out = capsys.readouterr().out
+    assert out.count(f"✅ {NAME}: correct on {len(fk.CASES)} launches") == 2, out
+    assert "❌" not in out
+
+
+# --- a learner's kernel that runs ropelib's @triton.jit code -------------------------------------
+
+@pytest.mark.parametrize("name", list(CALLS_ROPELIB) + ["finished-kernel-body"])
+def test_kernels_that_call_ropelibs_helpers_compute_the_right_values(learner, name):
+    # so the refusals below are about whose code runs, not about a wrong answer
+    _right_on_every_case(learner[name])
+
+
+@pytest.mark.parametrize("name, words", [
+    *[(n, words) for n, (_, words) in CALLS_ROPELIB.items()],
+    ("finished-kernel-body", "_rope_heads (ropelib/kernels/fused.py)"),
+])
+def test_the_check_refuses_a_kernel_that_calls_ropelibs_helpers(learner, name, words, capsys):
+    assert fk.check_interleaved_tile_kernel(learner[name], seed=1) is False
+    out = capsys.readouterr().out
+    assert out.startswith(REFUSED + words), out
+    assert "✅" not in out
+
+
+# --- ropelib's kernels handed in as the answer ---------------------------------------------------
+
+def _notebook_copy_of_the_last_rung():
+    """The last rung as notebook 05 defines it in a cell: a copy, with the ladder's imports."""
+    copy = _load("own_code_tests", ROOT / "tests" / "test_own_code.py").learner_copy
+    return copy(ladder._ladder_final_kernel)
+
+
+HANDED_IN = {
+    "worked-solution": (lambda: fk._rope_interleaved_tile_solution_kernel,
+                        "_rope_interleaved_tile_solution_kernel (ropelib/course/exercises/"
+                        "finished_kernel.py)"),
+    "finished-kernel": (lambda: fused._rope_kernel, "_rope_kernel (ropelib/kernels/fused.py)"),
+    "finished-flat-kernel": (lambda: flat._rope_rows_kernel,
+                             "_rope_rows_kernel (ropelib/kernels/flat.py)"),
+    "teaching-batch-reuse": (lambda: batch_reuse._rope_batch_reuse_kernel,
+                             "_rope_batch_reuse_kernel (ropelib/course/kernels/batch_reuse.py)"),
+    "teaching-naive": (lambda: naive._rope_naive_kernel,
+                       "_rope_naive_kernel (ropelib/course/kernels/naive.py)"),
+    # ropelib/course/ladder.py is a study module: its kernels are refused for the helpers of
+    # ropelib.kernels.common they call (which one is named first may vary)
+    "ladder-heads": (lambda: ladder._ladder_heads_kernel, "round_to (ropelib/kernels/common.py)"),
+    "ladder-tile": (lambda: ladder._ladder_tile_kernel, "round_to (ropelib/kernels/common.py)"),
+    "ladder-chunk": (lambda: ladder._ladder_chunk_kernel, "(ropelib/kernels/common.py)"),
+    "ladder-final": (lambda: ladder._ladder_final_kernel, "(ropelib/kernels/common.py)"),
+    "ladder-final-notebook-copy": (_notebook_copy_of_the_last_rung,
+                                   "(ropelib/kernels/common.py)"),
+}
+
+
+@pytest.mark.parametrize("name", list(HANDED_IN))
+def test_the_check_refuses_ropelibs_kernels_handed_in(name, capsys):
+    get, words = HANDED_IN[name]
+    kernel = get()
+    assert library_kernel(kernel, bar=(fk._rope_interleaved_tile_solution_kernel,)) is not None
+    assert fk.check_interleaved_tile_kernel(kernel, seed=2) is False
+    out = capsys.readouterr().out
+    # refused as ropelib's code before it runs (not merely a launch that fails on the signature)
+    assert out.startswith(REFUSED), out
+    assert words in out.splitlines()[0], out
+    assert out.count("❌") == 1 and "launching your kernel raised" not in out
+
+
+# --- helpers the check does not see yet ----------------------------------------------------------
+# own_code._jit_helpers finds a kernel's helpers through its global and closure names (and module
+# attributes); a constexpr parameter's default and a class attribute escape it. The kernels are
+# right (first test), so an accepting check passes ropelib's helper off as the learner's code.
+
+@pytest.mark.parametrize("name", [
+    "rotate_pair-as-parameter-default",
+    pytest.param("rotate_pair-as-class-attribute", marks=INTERPRETER_ONLY),
+])
+def test_helpers_reached_another_way_compute_the_right_values(learner, name):
+    _right_on_every_case(learner[name])
+
+
+@pytest.mark.parametrize("name", [
+    "rotate_pair-as-parameter-default",
+    pytest.param("rotate_pair-as-class-attribute", marks=INTERPRETER_ONLY),
+])
+def test_the_check_refuses_helpers_reached_another_way(learner, name, capsys):
+    assert fk.check_interleaved_tile_kernel(learner[name], seed=1) is False
+    out = capsys.readouterr().out
+    assert out.startswith(REFUSED + "rotate_pair (ropelib/kernels/common.py)"), out
