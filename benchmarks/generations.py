@@ -17,6 +17,7 @@ script refuses to write the committed CSV.
 """
 import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -32,7 +33,8 @@ if str(REPO_ROOT) not in sys.path:  # run from a checkout without `pip install -
 from ropelib import runtime  # noqa: E402
 from ropelib.bench import compare  # noqa: E402
 
-CSV_PATH = REPO_ROOT / "benchmarks" / "results" / "generations.csv"
+RESULTS = REPO_ROOT / "benchmarks" / "results"
+CSV_PATH = RESULTS / "generations-nvidia-h200.csv"     # what notebook 03 and the figure read
 FIGURE_PATH = REPO_ROOT / "figures" / "04-generations-gbps.png"
 PROVIDERS = ("ropelib_naive", "ropelib_batch_reuse", "ropelib")
 LABELS = {"ropelib_naive": "1 naive (S·B·H programs)",
@@ -165,14 +167,17 @@ def plot_generations(csv_path=CSV_PATH, png_path=FIGURE_PATH):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny sizes (CPU interpreter smoke run)")
-    ap.add_argument("--out", type=Path, default=None, help=f"CSV path (default {CSV_PATH})")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="CSV path (default benchmarks/results/generations-<gpu>.csv)")
     ap.add_argument("--figure", type=Path, default=None, help=f"PNG path (default {FIGURE_PATH})")
     ap.add_argument("--no-backward", action="store_true", help="forward only")
     ap.add_argument("--plot-only", action="store_true", help="redraw the figure from the CSV")
     args = ap.parse_args(argv)
     import matplotlib
     matplotlib.use("Agg")  # a script draws to files only
-    out = args.out or CSV_PATH
+    gpu = re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name().lower()).strip("-") \
+        if runtime.on_gpu() else None
+    out = args.out or (RESULTS / f"generations-{gpu}.csv" if gpu else CSV_PATH)
     if args.plot_only:
         print("wrote", plot_generations(out, args.figure or FIGURE_PATH) and (args.figure or FIGURE_PATH))
         return 0
