@@ -225,7 +225,7 @@ print("HF drop-in:", tuple(q_hf.shape), tuple(k_hf.shape))
 # | [10 — Multi-axis RoPE: M-RoPE for images and video, 2-D and 3-D axial RoPE](10-multi-axis-rope.ipynb) | Qwen2-VL / Qwen3-VL sections, image and video positions, axial RoPE |
 # | [11 — RoPE at scale: context parallelism, and decoding with the fused cache write](11-rope-at-scale.ipynb) | the dual-chunk split, RoPE at global positions, RoPE fused into the KV-cache write (contiguous, paged, fp8) |
 # | [12 — RoPE in the QKV projection: a GEMM epilogue, and a prologue for the backward](12-rope-in-the-qkv-projection.ipynb) | RoPE fused into the QKV projection's GEMM: the epilogue, the backward's prologue, what fusing saves at most and what it costs today |
-# | [13 — RoPE puzzles](13-rope-puzzles.ipynb) | ten short kernels to write or repair, each from a bug real RoPE kernels shipped with |
+# | [13 — RoPE puzzles](13-rope-puzzles.ipynb) | eleven short kernels to write or repair, each from a bug real RoPE kernels shipped with |
 
 # %% [markdown]
 # ## Exercises

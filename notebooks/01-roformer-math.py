@@ -556,14 +556,19 @@ basics.check_rotate_half(rotate_half);
 solution(basics.solution_rotate_half)
 
 # %% [markdown]
-# **Exercise 4 — the way back.** Section 7 turned interleaved into rotate-half. Give the
-# permutation for the other direction, for $d = 8$: `perm` such that
+# **Exercise 4 — the way back.** Section 7 turned interleaved into rotate-half. Write
+# `perm_back(d)` that returns the permutation for the other direction, for any even $d$: the
+# `perm` such that
 # rotate-half RoPE$(x)$ = interleaved RoPE$(x[\dots, \mathrm{perm}])[\dots, \mathrm{argsort(perm)}]$.
+# The check tries $d = 8$ and other sizes, applying both RoPEs to random inputs with your
+# permutation; as above, your function runs with `ropelib` and the worked solution barred.
 
 # %%
-perm_back = ...   # your answer: a list of 8 ints
+def perm_back(d):
+    ...   # your code: a list of d ints
 
-basics.check_interleave_permutation(perm_back, 8, to="interleaved");
+
+basics.check_interleave_permutation(perm_back, to="interleaved");
 
 # %%
 solution(basics.solution_interleave_permutation)

@@ -407,23 +407,30 @@ else:
 # Replace each `...`, run the cell, and read the ✅ / ❌ line. Solutions are folded below. (The
 # `;` after a check only stops Jupyter from echoing its `True`/`False`.)
 #
+# Each exercise is answered with a function, even where the answer is a list or a number: the
+# check tries it on several inputs and runs it with `ropelib` barred. A function that calls
+# `ropelib.reference` (as the sections above do), `ropelib.frequencies`, the benchmarks' bytes
+# model or a worked solution is refused, even when its numbers are right. Plain PyTorch is
+# yours to use.
+#
 # **Exercise 1 — context-parallel positions.** A sequence of 16 tokens is split over
 # `cp_size=2` ranks, 8 tokens each. Which global positions does rank 1 hold, in its local order?
+# Write `rank_positions(local_len, cp_size, cp_rank)` that returns the global positions of the
+# `local_len` tokens rank `cp_rank` holds, in its local order. The check tries this split (rank
+# 1 of 2, 8 tokens each) and others.
 
 # %%
 from ropelib.course.exercises import basics, solution
 
-rank1_positions = ...   # your answer: a list of 8 ints
 
-basics.check_positions(rank1_positions, "sbhd", seq_len=8, batch=1, cp_size=2, cp_rank=1);
+def rank_positions(local_len, cp_size, cp_rank):
+    ...   # your code: a list of local_len ints
+
+
+basics.check_cp_positions(rank_positions);
 
 # %%
-solution("""
-4 chunks of 4 tokens: [0-3] [4-7] [8-11] [12-15]. Rank r holds chunk r and chunk 2*cp_size-1-r,
-so rank 1 holds chunks 1 and 2:
-
-rank1_positions = [4, 5, 6, 7, 8, 9, 10, 11]
-""")
+solution(basics.solution_cp_positions)
 
 # %% [markdown]
 # **Exercise 2 — from TE's table to HF's cache.** Write `cos_sin_from_freqs(freqs)` that turns
@@ -444,11 +451,16 @@ solution(basics.solution_cos_sin_from_freqs)
 # **Exercise 3 — the bandwidth floor.** How many bytes must a fused forward kernel move at
 # least for `x` of shape `[S, B, H, D] = [4096, 2, 32, 128]` in bf16 with full rotary,
 # reading the fp32 angle table once? (This is the model `ropelib.bench.compare` uses for GB/s.)
+# Write `bytes_moved(seq_len, batch, heads, head_dim, bytes_per_element=2)` that counts them for
+# any shape and element size (2 bytes for bf16 and fp16, 4 for fp32); the check tries this shape
+# and others.
 
 # %%
-floor = ...   # your answer: an int
+def bytes_moved(seq_len, batch, heads, head_dim, bytes_per_element=2):
+    ...   # your code: an int
 
-basics.check_bytes_moved(floor, seq_len=4096, batch=2, heads=32, head_dim=128, dtype="bf16");
+
+basics.check_bytes_moved(bytes_moved);
 
 # %%
 solution(basics.solution_bytes_moved)

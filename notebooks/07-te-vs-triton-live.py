@@ -520,10 +520,18 @@ assert (launches["cumtime"], launcher["tottime"], alloc["tottime"]) == (0.023, 0
 #
 # **Exercise 2 — predict, then read.** Before looking at the measured row, predict ropelib's
 # forward time at batch 1, S = 2048, bf16 (or the first dtype committed), from your fit alone:
-# $t = t_0 + N/\text{BW}$ with $N$ from `compare.bytes_moved`. Then the cell compares it with the
+# $t = t_0 + N/\text{BW}$ with $N$ from `compare.bytes_moved`. Write `predict_ms(t0_us, gbps,
+# nbytes)` returning that time in ms ($t_0$ in microseconds, the bandwidth in GB/s). The check
+# tries it on made-up lines whose answer is known (with ropelib and the worked solutions barred,
+# as in exercise 1), then applies it to your fitted line and compares the prediction with the
 # measurement.
 
 # %%
+def predict_ms(t0_us, gbps, nbytes):
+    # your code: return the predicted time in ms
+    return None
+
+
 dtype = "bf16" if "bf16" in models else next(iter(models), None)
 if dtype is None:
     print("no committed sweeps to predict from: run `python benchmarks/seed_sweeps.py` on a GPU")
@@ -531,14 +539,15 @@ else:
     row = next(r for r in models[dtype]["ropelib"]["rows"] if r["seq_len"] == 2048)
     nbytes = compare.bytes_moved(compare.Config(**{k: row[k] for k in compare.CONFIG_FIELDS}))
     t0_us, gbps = models[dtype]["ropelib"]["fwd"]
-    predicted_ms = None  # your prediction in ms, from t0_us, gbps and nbytes
-    if predicted_ms is None:
-        print(f"write your prediction: t0 = {t0_us:.1f} us, bandwidth = {gbps:.0f} GB/s, "
-              f"N = {nbytes / 2**20:.1f} MiB")
-    else:
-        measuring.check_prediction(predicted_ms, row["fwd_ms"])
+    print(f"the fitted line: t0 = {t0_us:.1f} us, bandwidth = {gbps:.0f} GB/s; "
+          f"N = {nbytes / 2**20:.1f} MiB")
+    measuring.check_prediction(predict_ms, t0_us, gbps, nbytes, row["fwd_ms"])
+
+# %%
+solution(measuring.solution_predict_ms)
+if dtype is not None:
     # the model itself predicts the measurement it was fitted to within 20 %
-    model_ms = t0_us * 1e-3 + nbytes / (gbps * 1e9) * 1e3
+    model_ms = measuring.solution_predict_ms(t0_us, gbps, nbytes)
     print(f"model {model_ms * 1e3:.1f} us, measured {row['fwd_ms'] * 1e3:.1f} us")
     assert abs(model_ms - row["fwd_ms"]) <= 0.2 * row["fwd_ms"]
 

@@ -16,22 +16,24 @@
 # %% [markdown]
 # # 13 — RoPE puzzles
 #
-# Ten short puzzles, each a Triton kernel to write or to repair. Every one comes from a bug that
-# real RoPE kernels shipped with: the wrong pairing of features, a head dim that is not a power
-# of two, angles that lose their precision at long context, offsets that wrap past $2^{31}$, a
-# backward that turns the wrong way. Triton-Puzzles taught Triton this way: every puzzle runs on
-# a CPU in Triton's interpreter, every kernel sits beside a plain-PyTorch spec, and a check
-# tells you at once whether you are right, and if not, what differs.
+# Eleven short puzzles, each a Triton kernel to write or to repair. Every one comes from a bug
+# that real RoPE kernels shipped with: the wrong pairing of features, a head dim that is not a
+# power of two, angles that lose their precision at long context, offsets that wrap past
+# $2^{31}$, a backward that turns the wrong way, bf16 arithmetic on a bf16 cos/sin table.
+# Triton-Puzzles taught Triton this way: every puzzle runs on a CPU in Triton's interpreter,
+# every kernel sits beside a plain-PyTorch spec, and a check tells you at once whether you are
+# right, and if not, what differs.
 #
 # **After this notebook you will be able to**
 #
 # - write RoPE kernels that work on a tile of rows per program, with masks for short tiles and
 #   for head dims that are not powers of two;
-# - recognise ten RoPE bugs by their symptoms: which elements come out wrong, which are never
+# - recognise eleven RoPE bugs by their symptoms: which elements come out wrong, which are never
 #   written, which loads leave the tensor;
 # - read a picture of the elements a kernel loaded and stored, and the sectors behind them;
 # - keep angles in fp32 and offsets in int64 where they need it, and honour any strides a
-#   caller hands you.
+#   caller hands you;
+# - tell a 16-bit table's own precision from a kernel's rounding, and round once.
 #
 # **How a check works.** You write or repair the kernel; the check launches it itself, with its
 # own inputs and grid, into an output it fills with NaN (so an element you never write cannot
@@ -49,7 +51,7 @@
 # more programs (a race on a GPU, where programs run in no fixed order).
 #
 # **Time:** the cells run in about 15 s on a CPU with every puzzle unanswered, and about as long
-# solved. Solving them takes 2–4 hours; puzzles 1–4 are warm-ups, 5–10 need more thought.
+# solved. Solving them takes 2–4 hours; puzzles 1–4 are warm-ups, 5–11 need more thought.
 
 # %%
 import os, torch
@@ -599,6 +601,125 @@ pz.check_start_positions(my_start_positions_kernel);
 solution(pz.solution_start_positions_kernel.fn, title="Solution: puzzle 10")
 
 # %% [markdown]
+# ## Puzzle 11 — cos/sin cached in bf16 (repair)
+#
+# Hugging Face's rotary embeddings compute cos and sin in fp32 and hand them to attention in
+# the model's dtype (`cos.to(dtype=x.dtype)`): in a bf16 model, RoPE reads a bf16 table, half
+# the bytes of the fp32 table ropelib reads (Transformer Engine's precision). That is part of why
+# torch.compile's kernel of `q * cos + rotate_half(q) * sin` is fast. Unlike puzzle 5's bf16
+# *angle*, a bf16 cos or sin costs little, and the same at every position: both lie in
+# $[-1, 1]$, where neighbouring bf16 values are at most $2^{-8}$ apart, so each is off by at
+# most $2^{-9}$, at position 100,000 as at position 1. The pair $(x_j, x_{j+H})$ is then turned
+# by a matrix off by $\begin{pmatrix} \delta_c & -\delta_s \\ \delta_s & \delta_c
+# \end{pmatrix}$, so it lands at most $\sqrt{\delta_c^2 + \delta_s^2} \le \sqrt 2 \cdot 2^{-9}
+# \approx 0.0028$ of its length from where the fp32 table turns it.
+#
+# What a kernel can lose is its own rounding. This kernel computes, bit for bit, what eager
+# PyTorch computes for `q * cos + rotate_half(q) * sin` in bf16: each product rounded to bf16,
+# then the sum rounded again. Where the two products nearly cancel, their rounding errors (up to
+# $2^{-8}$ of a product each) are many ulps of the small result. Repair it: convert each tile to
+# fp32 after its load, and to bf16 once, in the store. In fp32 the product of two bf16 values is
+# exact (8 + 8 significant bits fit in 24), so `x1 * c - x2 * s` is rounded once in fp32 and
+# once on the store; `tl.fma` gives the same here. torch.compile's kernel of the same line does
+# this (`benchmarks/results/inductor-rope-bf16-sbhd.txt`: every load `.to(tl.float32)`, one
+# store).
+#
+# The check compares $y$ with an fp64 rotation by the *same* bf16 cos/sin values (the spec),
+# and allows one bf16 ulp per element: rounding to nearest errs by at most half an ulp, and
+# Triton's interpreter, where the checks run your kernel, converts fp32 to bf16 by truncating
+# (Triton 3.9), which errs by less than one. Under the ✅ the check prints how far $y$ is from
+# the rotation with an fp32 table at position 100,000, and how much of that the bf16 table and
+# $y$'s own conversion to bf16 each cost; the panel beside the picture draws them against
+# position, with puzzle 5's bf16 angle for contrast. One more trap of the interpreter: it does
+# arithmetic on bf16 tiles on their raw bits, not their values, so convert a tile to fp32
+# before computing with it.
+
+# %%
+pz.show_spec("bf16_table")
+
+# %%
+@triton.jit
+def my_bf16_table_kernel(
+    x_ptr,  # *bf16: x [N_ROWS, 2 * HALF], contiguous
+    cos_ptr,  # *bf16: cos [N_ROWS, HALF], the row of each token's position, cached in bf16
+    sin_ptr,  # *bf16: sin [N_ROWS, HALF], likewise
+    y_ptr,  # *bf16: y [N_ROWS, 2 * HALF], contiguous
+    N_ROWS,  # rows in x
+    HALF: tl.constexpr,  # pairs per row (a power of two here)
+    BLOCK_ROWS: tl.constexpr,  # rows per program
+):
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    j = tl.arange(0, HALF)
+    live = rows[:, None] < N_ROWS
+    tab = rows[:, None] * HALF + j[None, :]
+    c = tl.load(cos_ptr + tab, mask=live, other=1.0).to(tl.float32)
+    s = tl.load(sin_ptr + tab, mask=live, other=0.0).to(tl.float32)
+    row_x = x_ptr + rows[:, None] * (2 * HALF)
+    x1 = tl.load(row_x + j[None, :], mask=live, other=0.0).to(tl.float32)
+    x2 = tl.load(row_x + HALF + j[None, :], mask=live, other=0.0).to(tl.float32)
+    bf16 = y_ptr.dtype.element_ty
+    # as eager PyTorch computes x * cos + rotate_half(x) * sin in bf16: each product in bf16
+    x1c, x2s = (x1 * c).to(bf16).to(tl.float32), (x2 * s).to(bf16).to(tl.float32)
+    x2c, x1s = (x2 * c).to(bf16).to(tl.float32), (x1 * s).to(bf16).to(tl.float32)
+    row_y = y_ptr + rows[:, None] * (2 * HALF)
+    tl.store(row_y + j[None, :], (x1c - x2s).to(bf16), mask=live)
+    tl.store(row_y + HALF + j[None, :], (x2c + x1s).to(bf16), mask=live)
+
+
+pz.check_bf16_table(my_bf16_table_kernel);
+
+# %%
+solution(pz.solution_bf16_table_kernel.fn, title="Solution: puzzle 11")
+
+# %% [markdown]
+# The table's own cost needs no kernel. Below, with torch alone: a bf16 `x` with head dim 128,
+# rotated exactly (in fp64) by an fp32 table, by a bf16 table and by a bf16 angle (puzzle 5's
+# table), at positions up to 131,071, beside the fp32 table's rotation stored in bf16 (rounded
+# to nearest, as a GPU stores it). Each error is the worst pair's distance from the fp32
+# table's rotation, over the pair's length.
+
+# %%
+import math
+
+half = 64
+inv_freq = 1.0 / (10000.0 ** (torch.arange(half, dtype=torch.float32) / half))
+positions = torch.tensor([1, 1_000, 100_000, 131_071])
+angle = positions.double()[:, None] * inv_freq.double()[None, :]       # exact (fp64)
+x = torch.randn(len(positions), 2 * half, generator=torch.Generator().manual_seed(0))
+x = x.to(torch.bfloat16)
+
+
+def pair_error(y, ref):
+    """Per row, the worst |y_pair - ref_pair| / |x_pair|."""
+    d, xd = y - ref, x.double()
+    return ((d[:, :half] ** 2 + d[:, half:] ** 2)
+            / (xd[:, :half] ** 2 + xd[:, half:] ** 2)).sqrt().amax(dim=1)
+
+
+fp32_table = pz.spec_bf16_table(x, angle.cos().float(), angle.sin().float())
+cos16, sin16 = angle.cos().to(torch.bfloat16), angle.sin().to(torch.bfloat16)
+by_table16 = pair_error(pz.spec_bf16_table(x, cos16, sin16), fp32_table)
+angle16 = angle.to(torch.bfloat16).double()
+by_angle16 = pair_error(pz.spec_bf16_table(x, angle16.cos(), angle16.sin()), fp32_table)
+stored16 = pair_error(fp32_table.to(torch.bfloat16).double(), fp32_table)
+worst_value = max(float((cos16.double() - angle.cos()).abs().max()),
+                  float((sin16.double() - angle.sin()).abs().max()))
+print(f"worst bf16 cos or sin value: off by {worst_value:.5f} (2^-9 = {2**-9:.5f})")
+for p, t, r, a in zip(positions.tolist(), by_table16.tolist(), stored16.tolist(),
+                      by_angle16.tolist()):
+    print(f"position {p:>7,}: bf16 cos/sin {t:.4f} |x|, y stored in bf16 {r:.4f} |x|, "
+          f"bf16 angle {a:.4f} |x|")
+assert worst_value <= 2**-9 and (by_table16 <= math.sqrt(2) * 2**-9).all()
+assert (by_table16 <= stored16).all()             # the table costs no more than y's storage
+assert by_angle16[2] > 100 * by_table16[2]        # at position 100,000 the angle is what breaks
+
+# %% [markdown]
+# The bf16 table costs no more than storing $y$ in bf16 does, and no more at position 100,000
+# than at position 1; the bf16 angle is off by less at position 1, and by position 1,000 moves
+# a pair by more than its own length. What is left to a kernel that reads a 16-bit table is to
+# round once.
+
+# %% [markdown]
 # ## Where you stand
 #
 # The checks remember what passed in this kernel process:
@@ -609,7 +730,7 @@ pz.scoreboard();
 # %% [markdown]
 # ## Questions for a study group
 #
-# 1. Puzzle 4's bug passed on the CPU except for the last row. Which of the ten bugs would a
+# 1. Puzzle 4's bug passed on the CPU except for the last row. Which of the eleven bugs would a
 #    test with one small, contiguous, power-of-two, short-context input catch, and which need
 #    the input that shows them? Write down the inputs a RoPE test suite needs.
 # 2. In puzzle 5, the fix computes $\theta = p\,\omega_j$ in fp32. At which position does an
@@ -620,6 +741,10 @@ pz.scoreboard();
 # 4. Puzzle 9 counts loads, not DRAM bytes. Using the sector counts the checks print, estimate
 #    the DRAM bytes the repeated table loads cost on a GPU with a 50 MB L2 for the timed size
 #    (`S = 16384`, `B = 8`, `HALF = 64`), and say why the answer is not $B$ times the table.
-# 5. Puzzles 2 and 6 gather with stride 2 or by position. Which of the ten kernels reach the
+# 5. Puzzles 2 and 6 gather with stride 2 or by position. Which of the eleven kernels reach the
 #    copy bandwidth on a GPU, and which cannot, whatever their tile? Predict, then run the
 #    notebook on a GPU and compare with the ⏱ lines.
+# 6. Puzzle 11's bf16 table moves a pair by at most $\sqrt 2 \cdot 2^{-9}$ of its length.
+#    How large an error in an attention score $q \cdot k$ can that make for head dim 128, with
+#    both q and k rotated by bf16 tables, and how does it compare with rounding $q$ and $k$ to
+#    bf16 at all?

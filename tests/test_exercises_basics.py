@@ -232,42 +232,54 @@ def test_check_rotate_half(capsys):
         assert "this exercise wants your own rotate_half" in out and "ropelib's" in out
 
 
-def test_check_interleave_permutation():
-    assert basics.check_interleave_permutation(basics.solution_interleave_permutation(8))
-    assert basics.check_interleave_permutation(basics.solution_interleave_permutation(16), 16)
-    assert not basics.check_interleave_permutation(list(range(8)))
-    inverse = torch.argsort(torch.tensor(basics.solution_interleave_permutation(8))).tolist()
+def test_check_interleave_permutation(capsys):
+    own = learner_copy(basics.solution_interleave_permutation)
+    assert basics.check_interleave_permutation(own)
+    assert basics.check_interleave_permutation(lambda d: torch.tensor(own(d)))   # a tensor counts
+    assert not basics.check_interleave_permutation(lambda d: list(range(d)))
+    inverse = lambda d: torch.argsort(torch.tensor(own(d))).tolist()  # noqa: E731
     assert not basics.check_interleave_permutation(inverse)                # the inverse is wrong
-    assert not basics.check_interleave_permutation([0, 0, 1, 2, 3, 4, 5, 6])
+    assert not basics.check_interleave_permutation(lambda d: [0] + list(range(d - 1)))
+    assert not basics.check_interleave_permutation(lambda d: own(d)[:-1])
+    assert not basics.check_interleave_permutation(lambda d: ...)
+    assert not basics.check_interleave_permutation(lambda d: "abc")
+    assert not basics.check_interleave_permutation(lambda d: 1 / 0)
     assert not basics.check_interleave_permutation(...)
-    assert not basics.check_interleave_permutation("abc")
+    capsys.readouterr()
 
 
-def test_check_interleave_permutation_the_way_back():
+def test_check_interleave_permutation_the_way_back(capsys):
     back = basics.solution_interleave_permutation(8, to="interleaved")
     assert back == [0, 4, 1, 5, 2, 6, 3, 7]                    # by hand: pairs (i, i+4) -> (2i, 2i+1)
-    assert basics.check_interleave_permutation(back, to="interleaved")
-    assert basics.check_interleave_permutation(basics.solution_interleave_permutation(12, "interleaved"),
-                                               12, to="interleaved")
+    own = learner_copy(basics.solution_interleave_permutation)
+    assert basics.check_interleave_permutation(lambda d: own(d, "interleaved"), to="interleaved")
+    assert basics.check_interleave_permutation(lambda d: own(d, "interleaved"), to="interleaved",
+                                               dims=(12,))
+    # only right for d = 8: the other sizes tell
+    assert not basics.check_interleave_permutation(lambda d: [0, 4, 1, 5, 2, 6, 3, 7],
+                                                   to="interleaved")
+    assert not basics.check_interleave_permutation(own, to="interleaved")   # the other way
     forward = basics.solution_interleave_permutation(8)
-    assert not basics.check_interleave_permutation(forward, to="interleaved")
     assert torch.equal(torch.argsort(torch.tensor(forward)), torch.tensor(back))
     with pytest.raises(ValueError, match="to must be"):
-        basics.check_interleave_permutation(back, to="sideways")
+        basics.check_interleave_permutation(own, to="sideways")
+    capsys.readouterr()
 
 
 # --- notebook 02 -----------------------------------------------------------------------------
 
-def test_check_positions():
+def test_check_cp_positions(capsys):
+    own = learner_copy(basics.solution_cp_positions)
     # hand values: a 16-token sequence over cp_size=2 in 4 chunks of 4; rank 1 holds chunks 1, 2
-    assert basics.check_positions([4, 5, 6, 7, 8, 9, 10, 11], "sbhd", 8, 2, cp_size=2, cp_rank=1)
-    assert basics.check_positions([0, 1, 2, 3, 12, 13, 14, 15], "bshd", 8, 1, cp_size=2, cp_rank=0)
-    assert not basics.check_positions(list(range(8, 16)), "sbhd", 8, 2, cp_size=2, cp_rank=1)
-    want = torch.tensor([[3, 4, 5, 6], [0, 1, 2, 3]])
-    assert basics.check_positions(want, "sbhd", 4, 2, start_positions=[3, 0])
-    assert not basics.check_positions([3, 4, 5, 6], "sbhd", 4, 2, start_positions=[3, 0])
-    assert basics.check_positions([0, 1, 2, 0, 1], "thd", cu_seqlens=[0, 3, 5])
-    assert not basics.check_positions(..., "thd", cu_seqlens=[0, 3, 5])
+    assert own(8, 2, 1) == [4, 5, 6, 7, 8, 9, 10, 11]
+    assert own(8, 2, 0) == [0, 1, 2, 3, 12, 13, 14, 15]
+    assert basics.check_cp_positions(own)
+    assert basics.check_cp_positions(lambda n, c, r: torch.tensor(own(n, c, r)))
+    assert not basics.check_cp_positions(lambda n, c, r: list(range(r * n, (r + 1) * n)))
+    assert not basics.check_cp_positions(lambda n, c, r: own(n, c, r)[::-1])
+    assert not basics.check_cp_positions(lambda n, c, r: [4, 5, 6, 7, 8, 9, 10, 11])
+    assert not basics.check_cp_positions(lambda n, c, r: ...)
+    capsys.readouterr()
 
 
 def _library_cos_sin(freqs):
@@ -288,11 +300,15 @@ def test_check_cos_sin_from_freqs(capsys):
     assert not basics.check_cos_sin_from_freqs(lambda f: (f.cos(), f.sin()))   # wrong shape
 
 
-def test_check_bytes_moved():
-    args = (4096, 2, 32, 128)
-    assert basics.check_bytes_moved(basics.solution_bytes_moved(*args), *args)
+def test_check_bytes_moved(capsys):
+    own = learner_copy(basics.solution_bytes_moved)
     # hand value: 2 * (4096*2*32*128*2) + 4096*128*4 = 134217728 + 2097152
-    assert basics.check_bytes_moved(136314880, *args)
-    assert not basics.check_bytes_moved(4096 * 2 * 32 * 128 * 2, *args)
-    assert basics.check_bytes_moved(basics.solution_bytes_moved(*args, bytes_per_element=4),
-                                    *args, dtype="fp32")
+    assert own(4096, 2, 32, 128) == 136314880
+    assert basics.check_bytes_moved(own)
+    assert not basics.check_bytes_moved(lambda S, B, H, D, e=2: 136314880)
+    assert not basics.check_bytes_moved(lambda S, B, H, D, e=2: 2 * S * B * H * D * e)   # no table
+    assert not basics.check_bytes_moved(lambda S, B, H, D, e=2: own(S, B, H, D))   # always 2 bytes
+    sixteen_bit_table = lambda S, B, H, D, e=2: 2 * S * B * H * D * e + S * D * e  # noqa: E731
+    assert not basics.check_bytes_moved(sixteen_bit_table)
+    assert not basics.check_bytes_moved(lambda S, B, H, D, e=2: None)
+    capsys.readouterr()

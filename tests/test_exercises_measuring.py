@@ -54,8 +54,16 @@ def test_wrong_fits_fail(capsys):
     assert "❌" in capsys.readouterr().out
 
 
-def test_prediction_check():
-    assert measuring.check_prediction(1.1, 1.0)
-    assert not measuring.check_prediction(1.3, 1.0)
-    assert not measuring.check_prediction(None, 1.0)
-    assert not measuring.check_prediction(-1.0, 1.0)
+def test_prediction_check(capsys):
+    own = _own_code_tests.learner_copy(measuring.solution_predict_ms)
+    # a line with t0 = 10 us and 1000 GB/s moves 1e8 bytes in 0.01 + 0.1 ms
+    assert abs(own(10.0, 1000.0, 1e8) - 0.11) < 1e-12
+    assert measuring.check_prediction(own, 10.0, 1000.0, 1e8, 0.1)          # within 20 %
+    assert not measuring.check_prediction(own, 10.0, 1000.0, 1e8, 0.05)     # measured far off
+    for wrong in (lambda t0, g, n: None, lambda t0, g, n: -1.0, lambda t0, g, n: 0.11,
+                  lambda t0, g, n: t0 + n / (g * 1e9) * 1e3,                # t0 left in us
+                  lambda t0, g, n: t0 * 1e-3 + n / (g * 1e9),              # seconds, not ms
+                  lambda t0, g, n: 1 / 0):
+        assert not measuring.check_prediction(wrong, 10.0, 1000.0, 1e8, 0.11)
+    out = capsys.readouterr().out
+    assert "❌" in out and "✅ prediction within 20% of the measurement" in out

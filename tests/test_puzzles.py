@@ -39,6 +39,7 @@ STARTER_FAILS_WITH = {
     "backward": "the rotation by -theta",
     "shared_table": "was loaded 4 times",
     "start_positions": "positions 0 .. T-1",
+    "bf16_table": "eager PyTorch's x * cos + rotate_half(x) * sin",
 }
 
 
@@ -209,6 +210,102 @@ def test_pictures_draw_for_right_and_wrong_kernels(starters, own_solutions, monk
     assert pz.check_long_context(own_solutions.my_long_context_kernel, seed=0, time_it=False)
     assert pz.check_int64_offsets(starters.my_int64_offsets_kernel, seed=0) is False
     assert shown == [6, 3]     # x, freqs, pos, inv_freq, y + the angle-error panel; x, theta, y
+
+
+# --- puzzle 11: what the check measures, and the claims the notebook makes about it -----------
+
+def test_bf16_table_report_separates_the_table_from_the_kernel(own_solutions, capsys):
+    """The ✅ of puzzle 11 prints the kernel's rounding and, at position 100,000, the bf16
+    table's own cost beside y's conversion and a bf16 angle's; the numbers behind it hold."""
+    kernel = own_solutions.my_bf16_table_kernel
+    assert pz.check_bf16_table(kernel, seed=0, draw=False, time_it=False) is True
+    out = capsys.readouterr().out
+    assert "the kernel's part: y within" in out and "at position 100,000" in out, out
+    assert "the bf16 table alone at all the positions checked (0 .. 131,071)" in out, out
+    for case in pz.BF16_TABLE.build(torch.Generator().manual_seed(0), "cpu"):
+        pz._interpreted(kernel)[case.grid](*case.args, **case.constexprs)
+        k = pz.bf16_table_costs(case, case.out)
+        assert k["ulps"].max() <= pz.ULP_TOL                      # the kernel rounds once
+        assert (k["table"] <= pz.TABLE_BOUND).all()              # at every position
+        at = case.extra["positions"] == 100000
+        assert at.any()
+        assert (k["table"][at] < k["rounding"][at]).all()         # y's conversion costs more
+        assert (k["angle"][at] > 0.5).all()                       # a bf16 angle: wrong there
+
+
+def test_bf16_table_starter_is_eager_pytorch_bit_for_bit(starters):
+    """The notebook says its starting kernel computes what eager PyTorch computes in bf16."""
+    for case in pz.BF16_TABLE.build(torch.Generator().manual_seed(3), "cpu"):
+        x, cos, sin = (case.inputs[n] for n in ("x", "cos", "sin"))
+        half = x.shape[-1] // 2
+        x1, x2 = x[:, :half], x[:, half:]
+        eager = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)    # bf16 ops
+        assert torch.equal(case.extra["eager"][0], eager)
+        pz._interpreted(starters.my_bf16_table_kernel)[case.grid](*case.args, **case.constexprs)
+        assert torch.equal(case.out, case.extra["eager"][1])       # the interpreter truncates
+        try:
+            from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+        except ImportError:
+            continue
+        cat = lambda t: torch.cat((t, t), dim=-1)[None]           # noqa: E731 (HF's layout)
+        q, _ = apply_rotary_pos_emb(x[None, None], x[None, None], cat(cos), cat(sin))
+        assert torch.equal(q.reshape(eager.shape), eager)
+
+
+@triton.jit
+def _to_bf16_kernel(a_ptr, y_ptr, z_ptr, N: tl.constexpr):
+    i = tl.arange(0, N)
+    a = tl.load(a_ptr + i)
+    tl.store(y_ptr + i, a.to(tl.bfloat16))
+    tl.store(z_ptr + i, a)                                     # the store converts
+
+
+def test_the_interpreter_truncates_to_bf16():
+    """Puzzle 11's allowance of one ulp rests on this: Triton's interpreter converts fp32 to
+    bf16 by truncating (a GPU rounds to nearest). If it ever rounds, the text can say 0.5."""
+    a = torch.randn(4096, generator=torch.Generator().manual_seed(0))
+    y = torch.empty(4096, dtype=torch.bfloat16)
+    z = torch.empty_like(y)
+    pz._interpreted(_to_bf16_kernel)[(1,)](a, y, z, N=4096)
+    want = pz._to_bf16(a, truncate=True)
+    assert torch.equal(y, want) and torch.equal(z, want)
+    assert not torch.equal(want, a.to(torch.bfloat16))
+
+
+@triton.jit
+def _bf16_arithmetic_kernel(
+    x_ptr, cos_ptr, sin_ptr, y_ptr, N_ROWS, HALF: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    j = tl.arange(0, HALF)
+    live = rows[:, None] < N_ROWS
+    tab = rows[:, None] * HALF + j[None, :]
+    c = tl.load(cos_ptr + tab, mask=live, other=1.0)              # bf16 tiles, no conversion
+    s = tl.load(sin_ptr + tab, mask=live, other=0.0)
+    x1 = tl.load(x_ptr + rows[:, None] * (2 * HALF) + j[None, :], mask=live, other=0.0)
+    x2 = tl.load(x_ptr + rows[:, None] * (2 * HALF) + HALF + j[None, :], mask=live, other=0.0)
+    tl.store(y_ptr + rows[:, None] * (2 * HALF) + j[None, :], x1 * c - x2 * s, mask=live)
+    tl.store(y_ptr + rows[:, None] * (2 * HALF) + HALF + j[None, :], x2 * c + x1 * s, mask=live)
+
+
+def test_bf16_arithmetic_in_the_interpreter_is_named(capsys):
+    assert pz.check_bf16_table(_bf16_arithmetic_kernel, seed=0, draw=False) is False
+    out = capsys.readouterr().out
+    assert "far more than rounding" in out and "raw bits" in out, out
+    assert "never written" not in out, out                    # it stored NaN: it wrote them
+
+
+@triton.jit
+def _stores_nan_kernel(x_ptr, theta_ptr, y_ptr, HALF: tl.constexpr):
+    j = tl.arange(0, 2 * HALF)
+    x = tl.load(x_ptr + j)
+    tl.store(y_ptr + j, x * float("nan"))
+
+
+def test_nan_the_kernel_stored_is_not_called_unwritten(capsys):
+    assert pz.check_rotate_row(_stores_nan_kernel, seed=0, draw=False) is False
+    out = capsys.readouterr().out
+    assert "are NaN, as your kernel stored them" in out and "never written" not in out, out
 
 
 # --- the memory layer -------------------------------------------------------------------------

@@ -2,11 +2,13 @@
 
 Every `check_...` computes its expected answer from ropelib itself (`reference`, `frequencies`,
 `compare`), prints ✅ or ❌ through `ropelib.course.exercises.check`, returns a bool and never raises.
-Helpers that take the learner's *function* try it on several fresh inputs and report the first
-one that fails; they run it with ropelib's own answers barred (`own_code`): a function that calls
-`ropelib.reference`, `ropelib.frequencies`, the finished API, the worked solution below or (for
-the rotation matrix) `torch.block_diag` is refused, whatever it returns. The worked solutions are
-the `solution_*` functions below, shown folded in the notebooks with
+The exercises of notebooks 01 and 02 are answered with the learner's *function*, also those whose
+answer is a number or a list (a permutation, the positions a rank holds, a byte count): the check
+tries it on several inputs and reports the first one that fails, and runs it with ropelib's own
+answers barred (`own_code`): a function that calls `ropelib.reference`, `ropelib.frequencies`, the
+finished API, the benchmarks' bytes model, the worked solution below or (for the rotation matrix)
+`torch.block_diag` is refused, whatever it returns. The worked solutions are the `solution_*`
+functions below, shown folded in the notebooks with
 `ropelib.course.exercises.solution(basics.solution_...)`; the tests run every check on a learner's
 copy of its solution, on library answers and on wrong answers.
 """
@@ -17,13 +19,13 @@ import torch
 
 from ... import frequencies, reference, runtime
 from . import check
-from .own_code import check_cases
+from .own_code import check_cases, listed_as_tensor, run_own_code
 
 __all__ = [
     "check_device", "check_rotary_dim", "check_apply_rope",
     "check_rotation_matrix", "check_relative_angle", "check_rotate_half",
     "check_interleave_permutation",
-    "check_positions", "check_cos_sin_from_freqs", "check_bytes_moved",
+    "check_cp_positions", "check_cos_sin_from_freqs", "check_bytes_moved",
     "rotation_matrix_ref",
 ]
 
@@ -114,68 +116,78 @@ def check_rotate_half(fn: Callable) -> bool:
                        bar=(solution_rotate_half,))
 
 
-def check_interleave_permutation(perm: Sequence[int], rot_dim: int = 8, *,
-                                 to: str = "rotate_half") -> bool:
-    """The feature permutation between the two pairings of the same rotation.
-
-    to="rotate_half": perm with  interleaved RoPE(x) == rotate-half RoPE(x[..., perm])[..., inv]
-    to="interleaved": perm with  rotate-half RoPE(x) == interleaved RoPE(x[..., perm])[..., inv]
-    where inv = argsort(perm) undoes the permutation, and each side uses its own `rope_freqs`
-    table. Checked by applying the reference to random inputs, not against a stored list.
-    """
-    if to not in ("rotate_half", "interleaved"):
-        raise ValueError(f"to must be 'rotate_half' or 'interleaved', got {to!r}")
-    src, dst = (True, False) if to == "rotate_half" else (False, True)   # interleaved flags
-    name = f"{'interleaved' if src else 'rotate-half'} -> {to.replace('_', '-')} permutation (R={rot_dim})"
-    if perm is None or perm is Ellipsis:
-        return check(name, perm, None)
-    try:
-        p = torch.as_tensor(list(perm), dtype=torch.int64)
-    except Exception:  # noqa: BLE001
-        return check(name, False, True, hint=f"perm must be a list of ints, got {perm!r}")
-    if p.shape != (rot_dim,) or not torch.equal(p.sort().values, torch.arange(rot_dim)):
-        return check(name, sorted(p.tolist()), list(range(rot_dim)),
-                     hint=f"perm must contain each of 0..{rot_dim - 1} exactly once")
+def _both_sides(p: torch.Tensor, rot_dim: int, src: bool, dst: bool):
+    """(want, got) for a permutation p: the RoPE of `src` pairing, and the RoPE of `dst` pairing
+    applied to x[..., p] and put back with argsort(p), on random x (each side its own table)."""
     g = torch.Generator().manual_seed(2)
     x = torch.randn(5, 2, 3, rot_dim, generator=g, dtype=torch.float64)      # [S, B, H, R]
     f_src = frequencies.rope_freqs(5, rot_dim, interleaved=src).double()
     f_dst = frequencies.rope_freqs(5, rot_dim, interleaved=dst).double()
-    expected = reference.rope_reference(x, f_src, interleaved=src)
-    answer = reference.rope_reference(x[..., p], f_dst, interleaved=dst)[..., torch.argsort(p)]
-    return check(name, answer, expected, atol=1e-12, rtol=0,
-                 hint="rotate-half pairs (j, j + R/2), interleaved pairs (2j, 2j+1): "
-                 "where must each pair's two features go?")
+    want = reference.rope_reference(x, f_src, interleaved=src)
+    got = reference.rope_reference(x[..., p], f_dst, interleaved=dst)[..., torch.argsort(p)]
+    return want, got
+
+
+def check_interleave_permutation(fn: Callable, *, to: str = "rotate_half",
+                                 dims: Sequence[int] = (8, 2, 4, 16, 64)) -> bool:
+    """fn(rot_dim) -> the feature permutation between the two pairings of the same rotation.
+
+    to="rotate_half": perm with  interleaved RoPE(x) == rotate-half RoPE(x[..., perm])[..., inv]
+    to="interleaved": perm with  rotate-half RoPE(x) == interleaved RoPE(x[..., perm])[..., inv]
+    where inv = argsort(perm) undoes the permutation, and each side uses its own `rope_freqs`
+    table. fn runs with ropelib barred (`own_code`) for each rot_dim in `dims`; its permutation is
+    checked by applying the reference to random inputs, not against a stored list.
+    """
+    if to not in ("rotate_half", "interleaved"):
+        raise ValueError(f"to must be 'rotate_half' or 'interleaved', got {to!r}")
+    src, dst = (True, False) if to == "rotate_half" else (False, True)   # interleaved flags
+    name = f"{'interleaved' if src else 'rotate-half'} -> {to.replace('_', '-')} permutation"
+    hint = ("rotate-half pairs (j, j + R/2), interleaved pairs (2j, 2j+1): "
+            "where must each pair's two features go?")
+    for rot_dim in dims:
+        label = f"{name} (R={rot_dim})"
+        ok, perm = run_own_code(label, "the permutation worked out by your code", fn, rot_dim,
+                                bar=(solution_interleave_permutation,))
+        if not ok:
+            return False
+        try:
+            p = torch.as_tensor(perm.tolist() if isinstance(perm, torch.Tensor) else list(perm),
+                                dtype=torch.int64)
+        except Exception:  # noqa: BLE001 -- anything that is not a list of ints
+            return check(label, False, True,
+                         hint=f"return a list of {rot_dim} ints, got {str(perm)[:60]!r}")
+        if p.shape != (rot_dim,) or not torch.equal(p.sort().values, torch.arange(rot_dim)):
+            return check(label, sorted(p.reshape(-1).tolist()), list(range(rot_dim)),
+                         hint=f"perm must contain each of 0..{rot_dim - 1} exactly once")
+        want, got = _both_sides(p, rot_dim, src, dst)
+        if not torch.allclose(got, want, atol=1e-12, rtol=0):
+            return check(label, got, want, atol=1e-12, rtol=0, hint=hint)
+    return check(f"{name} (R={', '.join(map(str, dims))})", True, True)
 
 
 # --- notebook 02: reference and layouts ------------------------------------------------------
 
-def check_positions(answer, layout: str = "sbhd", seq_len: int = 8, batch: int = 1, *,
-                    start_positions=None, cp_size: int = 1, cp_rank: int = 0,
-                    cu_seqlens=None) -> bool:
-    """The positions the tokens are rotated by, with TE's semantics ([B, S] or [T]).
+def check_cp_positions(fn: Callable) -> bool:
+    """fn(local_len, cp_size, cp_rank) -> the global positions of the local_len tokens that rank
+    cp_rank holds under Transformer Engine's dual-chunk split (ints, in the rank's local order).
 
-    For sbhd/bshd a 1-D answer of S positions is accepted when every sequence has the same
-    positions (no start_positions).
+    Tried on the split of notebook 02's exercise (16 tokens over 2 ranks) and on others; the
+    expected positions are `reference.positions`'. Your own code: `ropelib` (`reference`,
+    `context_parallel`) and the worked solutions are barred.
     """
-    sp = None if start_positions is None else torch.as_tensor(start_positions)
-    cu = None if cu_seqlens is None else torch.as_tensor(cu_seqlens)
-    expected = reference.positions(layout, seq_len, batch, start_positions=sp, cp_size=cp_size,
-                                   cp_rank=cp_rank, cu_seqlens=cu)
-    if layout != "thd" and not isinstance(answer, (type(None), type(Ellipsis))):
-        try:
-            a = torch.as_tensor(answer)
-            if a.dim() == 1 and bool((expected == expected[:1]).all()):
-                expected = expected[0]
-        except Exception:  # noqa: BLE001 -- check() reports the wrong type
-            pass
-    what = [f"layout={layout}"]
-    if cp_size > 1:
-        what.append(f"cp rank {cp_rank} of {cp_size}")
-    if sp is not None:
-        what.append(f"start_positions={sp.tolist()}")
-    return check(f"positions ({', '.join(what)})", answer, expected,
-                 hint="context parallel: 2*cp_size chunks, rank r holds chunks r and 2*cp_size-1-r"
-                 if cp_size > 1 else "position = start offset + index in the sequence")
+    from .at_scale import solution_dual_chunk_positions   # notebook 11's worked answer
+
+    cases = []
+    for local_len, cp_size, cp_rank in ((8, 2, 1), (8, 2, 0), (8, 4, 2), (6, 3, 0), (4, 2, 1),
+                                        (6, 1, 0)):
+        want = reference.positions("sbhd", local_len, 1, cp_size=cp_size, cp_rank=cp_rank)[0]
+        cases.append((f"local_len={local_len}, cp_size={cp_size}, rank {cp_rank}",
+                      (local_len, cp_size, cp_rank), want))
+    return check_cases("context-parallel positions", "the positions worked out by your code", fn,
+                       cases, post=listed_as_tensor,
+                       hint="2*cp_size chunks of local_len / 2 tokens; rank r holds chunk r, then "
+                            "chunk 2*cp_size-1-r",
+                       bar=(solution_cp_positions, solution_dual_chunk_positions))
 
 
 def check_cos_sin_from_freqs(fn: Callable) -> bool:
@@ -192,15 +204,34 @@ def check_cos_sin_from_freqs(fn: Callable) -> bool:
                        bar=(solution_cos_sin_from_freqs,))
 
 
-def check_bytes_moved(answer, seq_len: int, batch: int, heads: int, head_dim: int,
-                      dtype: str = "bf16") -> bool:
-    """Bytes a fused forward must move at least: read x, write y, read the fp32 angle table."""
+def _bytes_models():
+    """The benchmarks' bytes models (`ropelib.bench`), which compute the very number asked."""
+    from ...bench import compare, suite   # imported late: heavier modules
+
+    return compare.bytes_moved, suite.tensor_bytes, suite.config_bytes, suite.row_bytes
+
+
+def check_bytes_moved(fn: Callable) -> bool:
+    """fn(seq_len, batch, heads, head_dim, bytes_per_element=2) -> the bytes a fused forward
+    must move at least: read x [S, B, H, D], write y, read the fp32 angle table [S, D] once.
+
+    Tried on the shape of notebook 02's exercise ([4096, 2, 32, 128] in bf16) and on others; the
+    expected count is `ropelib.bench.compare.bytes_moved`'s, which is barred, with ropelib and
+    the worked solution.
+    """
     from ...bench.compare import Config, bytes_moved  # imported late: compare is a heavier module
 
-    expected = bytes_moved(Config(seq_len, batch, heads, head_dim, dtype=dtype))
-    return check(f"bytes moved, x [{seq_len}, {batch}, {heads}, {head_dim}] {dtype}", answer,
-                 expected, hint="2 bytes per bf16 element, read once and written once, "
-                 "plus seq_len * head_dim fp32 angles")
+    cases = []
+    for S, B, H, D, dtype in ((4096, 2, 32, 128, "bf16"), (7, 3, 5, 64, "fp32"),
+                              (1, 1, 1, 2, "fp16"), (512, 4, 16, 80, "bf16"),
+                              (33, 1, 6, 96, "fp32")):
+        elem = {"bf16": 2, "fp16": 2, "fp32": 4}[dtype]
+        want = bytes_moved(Config(S, B, H, D, dtype=dtype))
+        cases.append((f"x [{S}, {B}, {H}, {D}] {dtype}", (S, B, H, D, elem), want))
+    return check_cases("bytes moved", "your count of the bytes", fn, cases,
+                       hint="bytes_per_element for each element of x, read once and written "
+                            "once, plus seq_len * head_dim fp32 angles (4 bytes each)",
+                       bar=(solution_bytes_moved, *_bytes_models()))
 
 
 # --- worked solutions (shown folded in the notebooks) ----------------------------------------
@@ -235,6 +266,16 @@ def solution_interleave_permutation(rot_dim=8, to="rotate_half"):
     # the way back: feature i of the first half and i + R/2 become the pair (2i, 2i+1)
     half = rot_dim // 2
     return [i // 2 + (i % 2) * half for i in range(rot_dim)]
+
+
+def solution_cp_positions(local_len, cp_size, cp_rank):
+    # The sequence has cp_size * local_len tokens, cut into 2 * cp_size chunks of
+    # local_len // 2; rank r holds chunk r, then chunk 2 * cp_size - 1 - r.
+    # 16 tokens over cp_size=2: chunks [0-3] [4-7] [8-11] [12-15], rank 1 holds 4..11.
+    chunk = local_len // 2
+    mirror = 2 * cp_size - 1 - cp_rank
+    return (list(range(cp_rank * chunk, (cp_rank + 1) * chunk))
+            + list(range(mirror * chunk, (mirror + 1) * chunk)))
 
 
 def solution_cos_sin_from_freqs(freqs):

@@ -6,6 +6,10 @@ call (launches, Python, autograd: host time) from how fast it streams memory. Th
 learner's fit on made-up sweeps whose answer is known, then on nothing else: the notebook applies
 the learner's function to the committed GPU results. The fit runs with ropelib's own answers and
 the worked solution below barred (`own_code`); `np.polyfit` is the learner's to use.
+
+The prediction is a function too, `predict_ms(t0_us, gbps, nbytes)`: the check tries it on
+made-up lines whose answer is known, with ropelib and the worked solutions barred, and then
+compares what it predicts from the fitted line with the committed measurement.
 """
 from __future__ import annotations
 
@@ -14,9 +18,10 @@ from typing import Callable, Sequence, Tuple
 import numpy as np
 
 from . import check
-from .own_code import run_own_code
+from .own_code import check_cases, run_own_code
 
-__all__ = ["check_fit_time_model", "check_prediction", "solution_fit_time_model"]
+__all__ = ["check_fit_time_model", "check_prediction", "solution_fit_time_model",
+           "solution_predict_ms"]
 
 
 def _sweep(t0_us: float, gbps: float, noise: float, seed: int):
@@ -53,16 +58,46 @@ def check_fit_time_model(fn: Callable) -> bool:
     return True
 
 
-def check_prediction(predicted_ms: float, measured_ms: float, *, within: float = 0.2) -> bool:
-    """Was the prediction within ``within`` (relative) of the measurement?"""
-    if predicted_ms is None or not np.isfinite(predicted_ms) or predicted_ms <= 0:
-        return check("prediction", predicted_ms, measured_ms,
-                     hint="predict a positive time in ms from your fitted t0 and bandwidth")
-    return check(f"prediction within {within:.0%} of the measurement", float(predicted_ms),
-                 float(measured_ms), rtol=within, atol=0.0,
-                 hint="ms = t0_us * 1e-3 + bytes / (gbps * 1e9) * 1e3")
+def check_prediction(fn: Callable, t0_us: float, gbps: float, nbytes: float,
+                     measured_ms: float, *, within: float = 0.2) -> bool:
+    """fn(t0_us, gbps, nbytes) -> the time in ms the line ms = t0 + bytes / bandwidth predicts
+    (t0 in microseconds, the bandwidth in GB/s, 1e9 bytes per second).
+
+    First tried on made-up lines whose answer is known, with ropelib and the worked solutions
+    barred (`own_code`); then its prediction from the fitted (t0_us, gbps) for nbytes is
+    compared with the measured time: right when within ``within`` (relative) of it.
+    """
+    from .kernels import solution_floor_ms   # notebook 04's worked time floor: bytes / bandwidth
+
+    hint = "ms = t0_us * 1e-3 + bytes / (gbps * 1e9) * 1e3"
+    bar = (solution_predict_ms, solution_fit_time_model, solution_floor_ms)
+    cases = [(f"t0 {t:g} us, {g:g} GB/s, {n:g} bytes", (t, g, n), solution_predict_ms(t, g, n))
+             for t, g, n in ((8.0, 3000.0, 1.2e8), (60.0, 500.0, 4e6), (0.0, 2000.0, 2e9),
+                             (150.0, 2500.0, 0.0))]
+    if not check_cases("predict_ms", "your prediction", fn, cases, rtol=1e-9, atol=1e-12,
+                       hint=hint, bar=bar):
+        return False
+    ok, predicted = run_own_code("prediction", "your prediction", fn, float(t0_us), float(gbps),
+                                 float(nbytes), bar=bar)
+    if not ok:
+        return False
+    try:
+        predicted = float(predicted)
+    except (TypeError, ValueError):
+        return check("prediction", predicted, float(measured_ms), hint=hint)
+    close = check(f"prediction within {within:.0%} of the measurement", predicted,
+                  float(measured_ms), rtol=within, atol=0.0,
+                  hint="the line was fitted to this sweep: is the prediction in ms?")
+    print(f"   predicted {predicted * 1e3:.1f} us, measured {float(measured_ms) * 1e3:.1f} us")
+    return close
 
 
 def solution_fit_time_model(nbytes: Sequence[float], ms: Sequence[float]) -> Tuple[float, float]:
     slope, intercept = np.polyfit(np.asarray(nbytes, float), np.asarray(ms, float), 1)
     return intercept * 1e3, 1.0 / slope * 1e3 / 1e9   # (t0 in us, GB/s)
+
+
+def solution_predict_ms(t0_us: float, gbps: float, nbytes: float) -> float:
+    fixed_ms = t0_us * 1e-3                      # microseconds -> ms
+    streaming_ms = nbytes / (gbps * 1e9) * 1e3   # seconds at gbps * 1e9 bytes per second -> ms
+    return fixed_ms + streaming_ms

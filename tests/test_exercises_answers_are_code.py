@@ -1,0 +1,372 @@
+"""Exercises whose answer is a number or a list are answered with the learner's function.
+
+Notebook 01's exercise 4 (the permutation back to the interleaved pairing), notebook 02's
+exercises 1 (the positions a context-parallel rank holds) and 3 (the bytes a fused forward
+moves) and notebook 07's exercise 2 (the time a fitted line predicts) ask for a value that
+ropelib can compute. Their checks take a function and run it with ropelib's answers barred
+(`own_code`). For each check this file shows that
+
+* a function the learner wrote (a copy of the worked solution, compiled from its source in a
+  file of its own, and one written differently here) passes;
+* a function that returns the same right values but calls ropelib's finished functions
+  (`ropelib.apply_rope`, `ropelib.context_parallel`, `ropelib.frequencies`), `ropelib.reference`,
+  the benchmarks' bytes model, a teaching kernel (called, or launched directly) or a worked
+  solution is refused, with a message that names what it called;
+* those refusals come from the barring alone: with `own_code.library_barred` switched off, the
+  same library answers pass, so the refusal tests fail if a check stops barring;
+* the notebooks pass a function defined in the exercise's cell, not a value, to each check.
+"""
+import ast
+import contextlib
+import importlib.util
+import math
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit is imported
+
+import triton.language as tl  # noqa: E402
+
+import ropelib  # noqa: E402
+from ropelib import context_parallel, frequencies, reference  # noqa: E402
+from ropelib.bench import compare, suite  # noqa: E402
+from ropelib.course.exercises import at_scale, basics, kernels, measuring, own_code  # noqa: E402
+from ropelib.course.kernels import batch_reuse, naive  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("own_code_tests",
+                                               ROOT / "tests" / "test_own_code.py")
+_own_code_tests = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_own_code_tests)
+learner_copy = _own_code_tests.learner_copy     # a solution as a learner who typed it has it
+
+
+# --- calls into ropelib that return nothing the answer needs -----------------------------------
+
+_TINY = (torch.randn(2, 1, 1, 4), frequencies.rope_freqs(2, 4))   # made outside the checks
+
+
+def _tiny():
+    return _TINY
+
+
+def _calls_apply_rope():
+    x, f = _tiny()
+    return ropelib.apply_rope(x, f)
+
+
+def _calls_reference():
+    x, f = _tiny()
+    return reference.rope_reference(x, f)
+
+
+def _calls_teaching_kernel():
+    x, f = _tiny()
+    return naive.rope_naive(x, f)
+
+
+def _launch_naive(x, f):
+    """The naive teaching kernel launched directly, as rope_naive does: no ropelib Python call."""
+    S, B, H, D = x.shape
+    y = torch.empty_like(x)
+    f2 = f.reshape(f.shape[0], -1)
+    naive._rope_naive_kernel[(S * B * H,)](
+        x, y, f2, B, H, *x.stride(), y.stride(0), y.stride(1), y.stride(2), *f2.stride(),
+        HALF=D // 2, BLOCK_HALF=max(1, D // 2), BACKWARD=False, COMPUTE_DTYPE=tl.float32,
+        BF16_RTNE=False)
+    return y
+
+
+def _launches_teaching_kernel():
+    return _launch_naive(*_tiny())
+
+
+SIDE_CALLS = {"ropelib.apply_rope": (_calls_apply_rope, "called ropelib's apply_rope"),
+              "ropelib.reference": (_calls_reference, "called ropelib's rope_reference"),
+              "a teaching kernel": (_calls_teaching_kernel, "called ropelib's rope_naive"),
+              "a teaching kernel, launched": (_launches_teaching_kernel,
+                                              "launched ropelib's _rope_naive_kernel")}
+
+
+def _with_side_call(own, side):
+    """own's right answer, after a call into ropelib."""
+    def answer(*args):
+        side()
+        return own(*args)
+    return answer
+
+
+# --- notebook 01, exercise 4: the permutation back to the interleaved pairing ------------------
+
+def _perm_back_written_here(d):
+    perm = []
+    for j in range(d // 2):
+        perm += [j, j + d // 2]     # pair (j, j + d/2) of rotate-half becomes (2j, 2j + 1)
+    return perm
+
+
+def _perm_back_from_reference(d):
+    """Right: feature j's partner read off ropelib.reference.rotate_half of the basis vector."""
+    perm = []
+    for j in range(d // 2):
+        partner = int(reference.rotate_half(torch.eye(d)[j], False).abs().argmax())
+        perm += [j, partner]
+    return perm
+
+
+def _partner_by_quarter_turn(d, j, rope):
+    """The partner of feature j in rotate-half RoPE: where a quarter turn of e_j lands."""
+    x = torch.eye(d)[j].view(1, 1, 1, d)
+    f = torch.full((1, 1, 1, d), math.pi / 2)
+    return int(rope(x, f).reshape(-1).abs().argmax())
+
+
+def _perm_back_from(rope):
+    def answer(d):
+        perm = []
+        for j in range(d // 2):
+            perm += [j, _partner_by_quarter_turn(d, j, rope)]
+        return perm
+    return answer
+
+
+def _check_perm_back(fn):
+    return basics.check_interleave_permutation(fn, to="interleaved")
+
+
+# --- notebook 02, exercise 1: the positions a context-parallel rank holds ----------------------
+
+def _rank_positions_written_here(local_len, cp_size, cp_rank):
+    chunks = torch.arange(2 * cp_size * (local_len // 2)).view(2 * cp_size, -1)
+    return torch.cat([chunks[cp_rank], chunks[2 * cp_size - 1 - cp_rank]]).tolist()
+
+
+def _positions_from_apply_rope(local_len, cp_size, cp_rank):
+    """Right: the angle ropelib.apply_rope turns each local token by, read back as a position."""
+    step = 0.01
+    table = (torch.arange(cp_size * local_len, dtype=torch.float32) * step).view(-1, 1, 1, 1)
+    x = torch.tensor([1.0, 0.0]).expand(local_len, 1, 1, 2).contiguous()
+    y = ropelib.apply_rope(x, table.expand(-1, 1, 1, 2).contiguous(), cp_size=cp_size,
+                           cp_rank=cp_rank)
+    return (torch.atan2(y[:, 0, 0, 1], y[:, 0, 0, 0]) / step).round().long().tolist()
+
+
+def _check_rank_positions(fn):
+    return basics.check_cp_positions(fn)
+
+
+# --- notebook 02, exercise 3: the bytes a fused forward moves ----------------------------------
+
+def _bytes_written_here(seq_len, batch, heads, head_dim, bytes_per_element=2):
+    x = torch.empty(seq_len, batch, heads, head_dim, device="meta")
+    return 2 * x.numel() * bytes_per_element + seq_len * head_dim * 4
+
+
+_DTYPE_OF = {2: "bf16", 4: "fp32"}
+
+
+def _bytes_from_compare(S, B, H, D, e=2):
+    return compare.bytes_moved(compare.Config(S, B, H, D, dtype=_DTYPE_OF[e]))
+
+
+def _bytes_from_suite(S, B, H, D, e=2):
+    return 2 * suite.tensor_bytes(S, B, H, D, _DTYPE_OF[e]) + S * D * 4
+
+
+def _bytes_from_frequencies(S, B, H, D, e=2):
+    table = ropelib.rope_freqs(S, D)
+    return 2 * S * B * H * D * e + table.numel() * table.element_size()
+
+
+def _bytes_from_teaching_kernel(S, B, H, D, e=2):
+    return 2 * S * B * H * D * e + batch_reuse.angle_bytes_requested(S, 1, 1, D)
+
+
+def _check_bytes(fn):
+    return basics.check_bytes_moved(fn)
+
+
+# --- notebook 07, exercise 2: the time a fitted line predicts ----------------------------------
+
+def _predict_written_here(t0_us, gbps, nbytes):
+    return (t0_us * 1e3 + nbytes / gbps) / 1e6      # everything in ns first, then ms
+
+
+def _predict_from_floor(t0_us, gbps, nbytes):
+    return t0_us * 1e-3 + kernels.solution_floor_ms(nbytes, gbps)
+
+
+def _check_prediction(fn):
+    # a measurement the line predicts within 20 %: t0 = 10 us, 1000 GB/s, 1e8 bytes -> 0.11 ms
+    return measuring.check_prediction(fn, 10.0, 1000.0, 1e8, 0.105)
+
+
+# --- the table: each check, its learner answers and its library answers ------------------------
+
+EXERCISES = {
+    "01 ex4 perm_back": dict(
+        check=_check_perm_back,
+        solution=lambda: (lambda own: (lambda d: own(d, "interleaved")))(
+            learner_copy(basics.solution_interleave_permutation)),
+        own=_perm_back_written_here,
+        library={
+            "ropelib.reference.rotate_half": (
+                _perm_back_from_reference, "called ropelib's rotate_half (ropelib/reference.py)"),
+            "ropelib.apply_rope": (_perm_back_from(ropelib.apply_rope),
+                                   "called ropelib's apply_rope (ropelib/api.py)"),
+            "a teaching kernel": (_perm_back_from(naive.rope_naive),
+                                  "called ropelib's rope_naive (ropelib/course/kernels/naive.py)"),
+            "a teaching kernel, launched": (_perm_back_from(_launch_naive),
+                                            "launched ropelib's _rope_naive_kernel"),
+            "the worked solution": (
+                lambda d: basics.solution_interleave_permutation(d, "interleaved"),
+                "called ropelib's solution_interleave_permutation"),
+        }),
+    "02 ex1 rank_positions": dict(
+        check=_check_rank_positions,
+        solution=lambda: learner_copy(basics.solution_cp_positions),
+        own=_rank_positions_written_here,
+        library={
+            "ropelib.reference.positions": (
+                lambda n, c, r: reference.positions("sbhd", n, 1, cp_size=c, cp_rank=r)[0].tolist(),
+                "called ropelib's positions (ropelib/reference.py)"),
+            "ropelib.context_parallel": (
+                lambda n, c, r: context_parallel.dual_chunk_positions(n, c, r).tolist(),
+                "called ropelib's dual_chunk_positions (ropelib/context_parallel.py)"),
+            "ropelib.apply_rope": (_positions_from_apply_rope,
+                                   "called ropelib's apply_rope (ropelib/api.py)"),
+            "the worked solution": (basics.solution_cp_positions,
+                                    "called ropelib's solution_cp_positions"),
+            "notebook 11's worked solution": (
+                lambda n, c, r: at_scale.solution_dual_chunk_positions(n * c, c, r),
+                "called ropelib's solution_dual_chunk_positions"),
+        }),
+    "02 ex3 bytes_moved": dict(
+        check=_check_bytes,
+        solution=lambda: learner_copy(basics.solution_bytes_moved),
+        own=_bytes_written_here,
+        library={
+            "ropelib.bench.compare.bytes_moved": (
+                _bytes_from_compare, "called ropelib's bytes_moved (ropelib/bench/compare.py)"),
+            "ropelib.bench.suite.tensor_bytes": (
+                _bytes_from_suite, "called ropelib's tensor_bytes (ropelib/bench/suite.py)"),
+            "ropelib.rope_freqs": (_bytes_from_frequencies,
+                                   "called ropelib's rope_freqs (ropelib/frequencies.py)"),
+            "a teaching kernel's module": (
+                _bytes_from_teaching_kernel,
+                "called ropelib's angle_bytes_requested (ropelib/course/kernels/batch_reuse.py)"),
+            "the worked solution": (basics.solution_bytes_moved,
+                                    "called ropelib's solution_bytes_moved"),
+        }),
+    "07 ex2 predict_ms": dict(
+        check=_check_prediction,
+        solution=lambda: learner_copy(measuring.solution_predict_ms),
+        own=_predict_written_here,
+        library={
+            "notebook 04's worked time floor": (_predict_from_floor,
+                                                "called ropelib's solution_floor_ms"),
+            "the worked solution": (measuring.solution_predict_ms,
+                                    "called ropelib's solution_predict_ms"),
+        }),
+}
+
+# every exercise is also tried with its own right answer behind a call into ropelib
+for _ex in EXERCISES.values():
+    for _label, (_side, _words) in SIDE_CALLS.items():
+        _ex["library"][f"right values after {_label}"] = (_with_side_call(_ex["own"], _side),
+                                                          _words)
+
+LIBRARY_CASES = [(ex, label) for ex, spec in EXERCISES.items() for label in spec["library"]]
+LIBRARY_IDS = [f"{ex}: {label}" for ex, label in LIBRARY_CASES]
+
+
+@contextlib.contextmanager
+def _nothing_barred(what, *, allow=(), bar=()):
+    yield
+
+
+# --- tests ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("exercise", list(EXERCISES))
+def test_the_worked_solution_typed_by_a_learner_passes(exercise, capsys):
+    assert EXERCISES[exercise]["check"](EXERCISES[exercise]["solution"]()) is True
+    out = capsys.readouterr().out
+    assert "✅" in out and "❌" not in out, out
+
+
+@pytest.mark.parametrize("exercise", list(EXERCISES))
+def test_a_function_written_differently_passes(exercise, capsys):
+    assert EXERCISES[exercise]["check"](EXERCISES[exercise]["own"]) is True
+    assert "❌" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("exercise, label", LIBRARY_CASES, ids=LIBRARY_IDS)
+def test_an_answer_that_calls_ropelib_is_refused(exercise, label, capsys):
+    fn, words = EXERCISES[exercise]["library"][label]
+    assert EXERCISES[exercise]["check"](fn) is False
+    out = capsys.readouterr().out
+    assert "❌" in out and "but the answer" in out and words in out, out
+    assert "write it yourself" in out, out
+
+
+@pytest.mark.parametrize("exercise, label", LIBRARY_CASES, ids=LIBRARY_IDS)
+def test_the_refusal_is_the_barring_alone(exercise, label, monkeypatch, capsys):
+    # with nothing barred, the library answer passes: its values are right, so the test above
+    # fails for any check that stops barring ropelib
+    monkeypatch.setattr(own_code, "library_barred", _nothing_barred)
+    fn, _ = EXERCISES[exercise]["library"][label]
+    assert EXERCISES[exercise]["check"](fn) is True, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("exercise", list(EXERCISES))
+def test_an_unanswered_function_and_a_plain_value_are_not_answers(exercise, capsys):
+    check = EXERCISES[exercise]["check"]
+    assert check(lambda *args: None) is False
+    assert "not answered yet" in capsys.readouterr().out
+    assert check(...) is False
+    assert "no answer yet (define the function)" in capsys.readouterr().out
+    # the value itself, typed in, is not a function
+    assert check([0, 4, 1, 5, 2, 6, 3, 7]) is False
+    assert check(136314880) is False
+    assert "expected a function" in capsys.readouterr().out
+
+
+def test_the_prediction_is_compared_with_the_measurement(capsys):
+    own = _predict_written_here
+    assert measuring.check_prediction(own, 10.0, 1000.0, 1e8, 0.105)
+    assert not measuring.check_prediction(own, 10.0, 1000.0, 1e8, 0.2)    # 45 % off
+    out = capsys.readouterr().out
+    assert "✅ prediction within 20% of the measurement" in out
+    assert "❌ prediction within 20% of the measurement" in out
+
+
+# --- the notebooks pass functions, not values ----------------------------------------------------
+
+NOTEBOOK_CHECKS = [
+    ("01-roformer-math.py", "check_interleave_permutation", "perm_back"),
+    ("02-pytorch-reference-and-layouts.py", "check_cp_positions", "rank_positions"),
+    ("02-pytorch-reference-and-layouts.py", "check_bytes_moved", "bytes_moved"),
+    ("07-te-vs-triton-live.py", "check_prediction", "predict_ms"),
+]
+
+
+@pytest.mark.parametrize("notebook, check, answer", NOTEBOOK_CHECKS)
+def test_the_notebook_hands_the_check_a_function(notebook, check, answer):
+    tree = ast.parse((ROOT / "notebooks" / notebook).read_text(encoding="utf-8"))
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+             and isinstance(n.func, ast.Attribute) and n.func.attr == check]
+    assert len(calls) == 1, f"{notebook}: expected one call of {check}, found {len(calls)}"
+    first = calls[0].args[0] if calls[0].args else None
+    assert isinstance(first, ast.Name) and first.id == answer, ast.unparse(calls[0])
+    defined = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == answer]
+    assert defined, f"{notebook}: {answer} is not a function the learner writes"
+    # the learner's placeholder is unanswered: its body returns nothing yet
+    body = [s for s in defined[0].body if not (isinstance(s, ast.Expr) and
+                                               isinstance(s.value, ast.Constant))]
+    assert all(isinstance(s, ast.Return) and (s.value is None or
+               (isinstance(s.value, ast.Constant) and s.value.value is None)) for s in body), \
+        ast.unparse(defined[0])
