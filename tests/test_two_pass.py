@@ -426,3 +426,80 @@ def test_kept_rows_are_bounded_in_bytes(pre_passes, monkeypatch):
     finally:
         tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE = saved
         eager.SIGNATURES.clear()
+
+
+def test_kept_rows_under_random_sequences_of_calls(pre_passes, monkeypatch):
+    # Random sequences of calls that keep, change, swap, slice, free and remake tables, on the
+    # two-pass route with rows kept, each compared bit for bit with the finished kernel run
+    # through the operators on the same inputs (the operators keep no rows and share no plan
+    # with the eager route): kept rows must never serve a call whose table differs.
+    g = torch.Generator().manual_seed(2026)
+    q = torch.randn(S, B, HQ, D, generator=g).to(DEVICE)
+    k = torch.randn(S, B, HK, D, generator=g).to(DEVICE)
+    tables = [ropelib.rope_freqs(S + 7, D, device=DEVICE) * (1 + i) for i in range(3)]
+    opts = ("sbhd", False, 1, 0, False, None)
+    monkeypatch.setattr(eager, "TABLE_ROWS_KEPT", 16)     # room for every (plan, table) here
+
+    def op_one(x, t):
+        return torch.ops.ropelib.rope(x, t.view(t.shape[0], -1), None, None, None, None, *opts)
+
+    def op_qk(x, y, t):
+        return torch.ops.ropelib.rope_qk(x, y, t.view(t.shape[0], -1), None, None, None, None,
+                                         *opts)
+
+    saved = tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE
+
+    rotations = []      # eager rotations made (a forward and a backward are two)
+
+    def both(eager_call, op_call, n=1):
+        rotations.append(n)
+        tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE = 1 << 62, 0
+        want = op_call()                             # the finished kernel
+        tiles.TWO_PASS_MIN_BYTES = 0
+        got = eager_call()                           # the two-pass route, rows kept
+        tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE = saved
+        want, got = (w if isinstance(w, tuple) else (w,) for w in (want, got))
+        assert_same_bits(got, want, "random sequence")
+
+    eager.SIGNATURES.clear()
+    try:
+        kinds = (0, 0, 0, 1, 2, 3, 4, 5, 6, 6, 6)    # plain calls most often
+        for step in range(60):
+            op = kinds[int(torch.randint(0, len(kinds), (), generator=g))]
+            i = int(torch.randint(0, len(tables), (), generator=g))
+            t = tables[i]
+            if op == 0:                      # a call with the table as it is
+                both(lambda: ropelib.apply_rope_qk(q, k, t[:S]), lambda: op_qk(q, k, t[:S]))
+            elif op == 1:                    # the table written in place
+                with torch.no_grad():
+                    t.add_(0.01 * (step + 1))
+                both(lambda: ropelib.apply_rope(q, t[:S]), lambda: op_one(q, t[:S]))
+            elif op == 2:                    # a fresh tensor in its place (maybe its address)
+                del t
+                tables[i] = None
+                tables[i] = ropelib.rope_freqs(S + 7, D, device=DEVICE) * (2 + step)
+                both(lambda: ropelib.apply_rope(q, tables[i][:S]),
+                     lambda: op_one(q, tables[i][:S]))
+            elif op == 3:                    # a view at another offset of the same table
+                both(lambda: ropelib.apply_rope(q, t[1:S + 1]), lambda: op_one(q, t[1:S + 1]))
+            elif op == 4:                    # the table's data swapped for another's
+                with torch.no_grad():
+                    t.copy_(tables[(i + 1) % len(tables)])
+                both(lambda: ropelib.apply_rope_qk(q, k, t[:S]), lambda: op_qk(q, k, t[:S]))
+            elif op == 5:                    # signatures forgotten: a new plan, a new owner
+                eager.SIGNATURES.clear()
+                both(lambda: ropelib.apply_rope(q, t[:S]), lambda: op_one(q, t[:S]))
+            else:                            # forward and backward
+                qg = q.clone().requires_grad_(True)
+                dy = torch.randn(q.shape, generator=g).to(DEVICE)
+
+                def forward_backward(rotate):
+                    y = rotate()
+                    return (y.detach(), *torch.autograd.grad(y, qg, dy))
+                both(lambda: forward_backward(lambda: ropelib.apply_rope(qg, t[:S])),
+                     lambda: forward_backward(lambda: op_one(qg, t[:S])), n=2)
+            assert len(eager.TABLE_ROWS.entries) <= eager.TABLE_ROWS_KEPT
+    finally:
+        tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE = saved
+        eager.SIGNATURES.clear()
+    assert 0 < len(pre_passes) < sum(rotations), "rows were kept and reused along the way"
