@@ -125,7 +125,8 @@ def main():
         finally:
             T.TWO_PASS_MIN_BYTES, T.TWO_PASS_TABLE_SHARE, T.QK_NORM_TWO_PASS = saved
         rows = route.rotate_pass
-        rows.args = dict(rows.args, ROWS=max(1, T.TWO_PASS_ELEMENTS // rows.args["BLOCK_D"]))
+        rows.args = dict(rows.args, ROWS=max(1, T.TWO_PASS_ELEMENTS // (
+            2 * rows.args["BLOCK_HALF"] + rows.args["BLOCK_PASS"])))
         cs = (table, sin) if route.table_pass is None else tuple(
             torch.empty(route.table_shape, dtype=torch.float32) for _ in range(2))
         compile_for_gpu(name, QK._qk_norm_rope_rows_kernel, QK.ROWS_POINTERS, rows,

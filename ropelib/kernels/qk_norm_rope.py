@@ -45,7 +45,7 @@ import triton.language as tl
 
 from ..runtime import INTERPRET
 from .common import (ROUND_BF16_RTNE, batch_range, head_tile, load_table, offset_int,
-                     rotate_pair, round_to)
+                     pair_features, rotate_pair, round_to)
 from .direct import DirectLauncher
 from .planning import (I32_LIMIT, Launch, cdiv, needs_int64, pow2_at_least, pow2_at_most,
                        start)
@@ -273,10 +273,12 @@ def _qk_norm_rope_kernel(
 def _norm_rope_rows(x_ptr, y_ptr, cos_ptr, sin_ptr, w_ptr, block, S, B, H, eps, weight_offset,
                     stride_tab_p, stride_tab_b, D: tl.constexpr, R: tl.constexpr,
                     LAYOUT: tl.constexpr, INTERLEAVED: tl.constexpr, SIGNED: tl.constexpr,
-                    PER_ENTRY: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
-                    INT64: tl.constexpr):
+                    PER_ENTRY: tl.constexpr, ROWS: tl.constexpr, BLOCK_HALF: tl.constexpr,
+                    BLOCK_PASS: tl.constexpr, INT64: tl.constexpr):
     # Rows block * ROWS .. + ROWS of x [S * B * H rows of D] (contiguous in LAYOUT) -> y: each
-    # row normed, scaled, and its first R features rotated; [ROWS, BLOCK_D] in fp32.
+    # row normed, scaled, and its first R features rotated, in fp32. A pair's two members are
+    # held side by side ([ROWS, BLOCK_HALF] each), as in _norm_rope_heads: the same products,
+    # sums and roundings, with no partner loaded twice.
     HALF: tl.constexpr = R // 2
     if INT64:
         S = tl.full([], 0, tl.int64) + S
@@ -298,34 +300,69 @@ def _norm_rope_rows(x_ptr, y_ptr, cos_ptr, sin_ptr, w_ptr, block, S, B, H, eps, 
     tab = s * stride_tab_p
     if PER_ENTRY:
         tab += b * stride_tab_b
-    d = tl.arange(0, BLOCK_D)                                   # [BLOCK_D] features
-    rotated = d < R
-    m = live[:, None] & (d < D)[None, :]
-    mr = live[:, None] & rotated[None, :]
+    j = tl.arange(0, BLOCK_HALF)                                # [BLOCK_HALF] pairs
+    d_a, d_b = pair_features(j, HALF, INTERLEAVED)
+    m = live[:, None] & (j < HALF)[None, :]
     rows = x_ptr + (r * D)[:, None]
+    out = y_ptr + (r * D)[:, None]
     eps = tl.full((), eps, tl.float32)
     weight_offset = tl.full((), weight_offset, tl.float32)
-    x = tl.load(rows + d[None, :], mask=m, other=0.0).to(tl.float32)
-    rs = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)[:, None]    # [ROWS, 1]
-    u = x * rs * (tl.load(w_ptr + d, mask=d < D, other=0.0).to(tl.float32)
-                  + weight_offset)[None, :]
+    if INTERLEAVED:         # pairs are neighbours: one contiguous load, split in registers
+        k = tl.arange(0, 2 * BLOCK_HALF)
+        mk = live[:, None] & (k < R)[None, :]
+        x_a, x_b = tl.split(tl.reshape(tl.load(rows + k[None, :], mask=mk, other=0.0),
+                                       (ROWS, BLOCK_HALF, 2)))
+    else:
+        x_a = tl.load(rows + d_a[None, :], mask=m, other=0.0)
+        x_b = tl.load(rows + d_b[None, :], mask=m, other=0.0)
+    x_a = x_a.to(tl.float32)
+    x_b = x_b.to(tl.float32)
+    ss = tl.sum(x_a * x_a, axis=1) + tl.sum(x_b * x_b, axis=1)  # [ROWS]
+    if BLOCK_PASS > 0:      # features R..D-1: normed and scaled, not rotated
+        e = R + tl.arange(0, BLOCK_PASS)
+        mp = live[:, None] & (e < D)[None, :]
+        x_p = tl.load(rows + e[None, :], mask=mp, other=0.0).to(tl.float32)
+        ss += tl.sum(x_p * x_p, axis=1)
+    rs = tl.rsqrt(ss / D + eps)[:, None]                        # [ROWS, 1]
+    hm = j < HALF
+    sw_a = (tl.load(w_ptr + d_a, mask=hm, other=0.0).to(tl.float32) + weight_offset)[None, :]
+    sw_b = (tl.load(w_ptr + d_b, mask=hm, other=0.0).to(tl.float32) + weight_offset)[None, :]
+    u_a = x_a * rs * sw_a
+    u_b = x_b * rs * sw_b
+    t_rows = cos_ptr + tab[:, None]
+    s_rows = sin_ptr + tab[:, None]
     if INTERLEAVED:
-        first = d % 2 == 0
-        half_rows = tl.split(tl.reshape(u, (ROWS, BLOCK_D // 2, 2)))
-        u_p = tl.reshape(tl.join(half_rows[1], half_rows[0]), (ROWS, BLOCK_D))
-    else:                   # the partner's u, from its own load (an L1 hit)
-        first = d < HALF
-        p = tl.where(first, d + HALF, d - HALF)
-        u_p = tl.load(rows + p[None, :], mask=mr, other=0.0).to(tl.float32) * rs \
-            * (tl.load(w_ptr + p, mask=rotated, other=0.0).to(tl.float32) + weight_offset)[None, :]
-    c = tl.load(cos_ptr + tab[:, None] + d[None, :], mask=mr, other=0.0).to(tl.float32)
-    sn = tl.load(sin_ptr + tab[:, None] + d[None, :], mask=mr, other=0.0).to(tl.float32)
-    t = u_p * sn
-    if not SIGNED:          # the caller's sine: y_a = u_a c - u_b s, y_b = u_b c + u_a s
-        t = tl.where(first[None, :], -t, t)
-    y = tl.where(rotated[None, :], tl.fma(u, c, t), u)
-    tl.store(y_ptr + (r * D)[:, None] + d[None, :],
-             round_to(y, y_ptr.dtype.element_ty, ROUND_BF16_RTNE), mask=m)
+        c_a, c_b = tl.split(tl.reshape(tl.load(t_rows + k[None, :], mask=mk, other=0.0),
+                                       (ROWS, BLOCK_HALF, 2)))
+        s_a, s_b = tl.split(tl.reshape(tl.load(s_rows + k[None, :], mask=mk, other=0.0),
+                                       (ROWS, BLOCK_HALF, 2)))
+    else:
+        c_a = tl.load(t_rows + d_a[None, :], mask=m, other=0.0)
+        c_b = tl.load(t_rows + d_b[None, :], mask=m, other=0.0)
+        s_a = tl.load(s_rows + d_a[None, :], mask=m, other=0.0)
+        s_b = tl.load(s_rows + d_b[None, :], mask=m, other=0.0)
+    c_a = c_a.to(tl.float32)
+    c_b = c_b.to(tl.float32)
+    s_a = s_a.to(tl.float32)
+    s_b = s_b.to(tl.float32)
+    if SIGNED:              # the pre-pass's s': -s_a, +s_b
+        y_a = tl.fma(u_a, c_a, u_b * s_a)
+    else:
+        y_a = tl.fma(u_a, c_a, -(u_b * s_a))
+    y_b = tl.fma(u_b, c_b, u_a * s_b)
+    y_a = round_to(y_a, y_ptr.dtype.element_ty, ROUND_BF16_RTNE)
+    y_b = round_to(y_b, y_ptr.dtype.element_ty, ROUND_BF16_RTNE)
+    if INTERLEAVED:
+        tl.store(out + k[None, :], tl.reshape(tl.join(y_a, y_b), (ROWS, 2 * BLOCK_HALF)),
+                 mask=mk)
+    else:
+        tl.store(out + d_a[None, :], y_a, mask=m)
+        tl.store(out + d_b[None, :], y_b, mask=m)
+    if BLOCK_PASS > 0:
+        sw_p = (tl.load(w_ptr + e, mask=e < D, other=0.0).to(tl.float32)
+                + weight_offset)[None, :]
+        tl.store(out + e[None, :], round_to(x_p * rs * sw_p, y_ptr.dtype.element_ty,
+                                            ROUND_BF16_RTNE), mask=mp)
 
 
 @triton.jit
@@ -340,7 +377,9 @@ def _qk_norm_rope_rows_kernel(
     LAYOUT: tl.constexpr,                # 0 sbhd (thd: B = 1), 1 bshd, 2 bhsd
     INTERLEAVED: tl.constexpr, SIGNED: tl.constexpr,
     PER_ENTRY: tl.constexpr,             # a table row per (token, batch entry)
-    ROWS: tl.constexpr, BLOCK_D: tl.constexpr, INT64: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_HALF: tl.constexpr,  # [ROWS, BLOCK_HALF] tiles of pairs
+    BLOCK_PASS: tl.constexpr,            # next_pow2(D - R); 0 when the whole head is rotated
+    INT64: tl.constexpr,
 ):
     # The forward for large contiguous q and k, in the two-pass route's shape (kernels/flat.py):
     # grid (cdiv(rows of q, ROWS) + cdiv(rows of k, ROWS),), no loop; q's blocks, then k's.
@@ -349,11 +388,11 @@ def _qk_norm_rope_rows_kernel(
     if pid < q_blocks:
         _norm_rope_rows(q_ptr, q_out_ptr, cos_ptr, sin_ptr, w_q_ptr, pid, S, B, HQ, eps,
                         weight_offset, stride_tab_p, stride_tab_b, D, R, LAYOUT, INTERLEAVED,
-                        SIGNED, PER_ENTRY, ROWS, BLOCK_D, INT64)
+                        SIGNED, PER_ENTRY, ROWS, BLOCK_HALF, BLOCK_PASS, INT64)
     else:
         _norm_rope_rows(k_ptr, k_out_ptr, cos_ptr, sin_ptr, w_k_ptr, pid - q_blocks, S, B, HK,
                         eps, weight_offset, stride_tab_p, stride_tab_b, D, R, LAYOUT,
-                        INTERLEAVED, SIGNED, PER_ENTRY, ROWS, BLOCK_D, INT64)
+                        INTERLEAVED, SIGNED, PER_ENTRY, ROWS, BLOCK_HALF, BLOCK_PASS, INT64)
 
 
 # --- host side: tiles, the plan, the launch --------------------------------------------------
@@ -523,10 +562,11 @@ def plan_rows(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: 
     read = L.plan_table_read(tab, positions, S, B, R=R, interleaved=interleaved,
                              backward=False, device=device)
     on_gpu = device.type == "cuda" and not INTERPRET
-    block_d = pow2_at_least(D, 1 << 30)
-    rows = max(1, (L.TWO_PASS_ELEMENTS if on_gpu else 1 << 14) // block_d)
+    block_half = pow2_at_least(R // 2, 1 << 30)
+    block_pass = pow2_at_least(D - R, 1 << 30) if D > R else 0
+    rows = max(1, (L.TWO_PASS_ELEMENTS if on_gpu else 1 << 14) // (2 * block_half + block_pass))
     n_q, n_k = S * B * HQ * D, S * B * HK * D
-    int64 = (max(n_q, n_k) + rows * block_d > I32_LIMIT) \
+    int64 = (max(n_q, n_k) + rows * D > I32_LIMIT) \
         or (read.table_shape[0] * R > I32_LIMIT - 1024) \
         or (read.table_pass is None and needs_int64((table,)))
     f32 = torch.empty(0, dtype=torch.float32, device="meta")    # (the pre-pass's rows)
@@ -535,7 +575,8 @@ def plan_rows(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: 
         dict(S=S, B=B, HQ=HQ, HK=HK, eps=eps, weight_offset=weight_offset,
              stride_tab_p=read.stride_p, stride_tab_b=read.stride_b, D=D, R=R,
              LAYOUT=L.OUT_LAYOUT[layout], INTERLEAVED=interleaved, SIGNED=read.signed,
-             PER_ENTRY=read.stride_b != 0, ROWS=rows, BLOCK_D=block_d, INT64=int64),
+             PER_ENTRY=read.stride_b != 0, ROWS=pow2_at_most(rows), BLOCK_HALF=block_half,
+             BLOCK_PASS=block_pass, INT64=int64),
         (q4.dtype, q_out4.dtype, k4.dtype, k_out4.dtype)
         + ((table.dtype, sin.dtype) if read.table_pass is None else (f32.dtype, f32.dtype))
         + (w_q.dtype, w_k.dtype), device, ROWS_DIRECT)
