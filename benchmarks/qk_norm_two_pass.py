@@ -1,8 +1,8 @@
-"""Does the QK-RMSNorm + RoPE forward gain from the two-pass route (kernels/qk_norm_rope.py,
-plan_rows: the cos/sin pre-pass, then a rows pass with no batch loop)? Times the forward of
-`ropelib.qk_norm_rope` with the route off (the one kernel, today's default) and on
-(tiles.QK_NORM_TWO_PASS), each beside a device copy of q and k in the same run, and checks the
-two agree. Decides tiles.QK_NORM_TWO_PASS.
+"""Does QK-RMSNorm + RoPE gain from the two-pass route (kernels/qk_norm_rope.py, plan_rows: the
+cos/sin pre-pass, then a rows pass with no batch loop)? Times `ropelib.qk_norm_rope` forward,
+and forward+backward, with the route off (the one kernel, today's default) and on
+(tiles.QK_NORM_TWO_PASS), each beside a device copy of q and k in the same run (two copies for
+forward+backward), and checks the two agree. Decides tiles.QK_NORM_TWO_PASS.
 
     python benchmarks/qk_norm_two_pass.py [--out DIR]      # a GPU; writes qk_norm_two_pass-<gpu>.csv
 
@@ -47,29 +47,37 @@ def main(argv=None):
             dict(zip(("cos", "sin"), ropelib.rope_cos_sin(S, 128, device="cuda")))
         qc, kc = torch.empty_like(q), torch.empty_like(k)
         copy = ms(lambda: (qc.copy_(q), kc.copy_(k)))
+        qg, kg = q.clone().requires_grad_(True), k.clone().requires_grad_(True)
+        gq, gk = torch.randn_like(q), torch.randn_like(k)
         outs = {}
         for route in (False, True):
             tiles.QK_NORM_TWO_PASS = route
             eager.SIGNATURES.clear()
-            fn = lambda: ropelib.qk_norm_rope(q, k, w_q, w_k, **table)  # noqa: E731
-            outs[route] = fn()
-            t = ms(fn)
-            rows.append((name, "two-pass" if route else "one kernel", t, copy / t))
+            fwd = lambda: ropelib.qk_norm_rope(q, k, w_q, w_k, **table)  # noqa: E731
+
+            def both():
+                out = ropelib.qk_norm_rope(qg, kg, w_q, w_k, **table)
+                return torch.autograd.grad(out, (qg, kg), (gq, gk))
+            outs[route] = fwd() + both()
+            for pas, fn, copies in (("forward", fwd, 1), ("fwd+bwd", both, 2)):
+                t = ms(fn)
+                rows.append((name, pas, "two-pass" if route else "one kernel", t,
+                             copies * copy / t))
         tiles.QK_NORM_TWO_PASS = False
         eager.SIGNATURES.clear()
         for a, b in zip(outs[False], outs[True]):
             torch.testing.assert_close(a.float(), b.float(), atol=3e-2, rtol=2**-7)
-        for _, prov, t, r in rows[-2:]:
-            print(f"{name:38s} {prov:12s} {t:8.4f} ms {r:6.3f} of a copy", flush=True)
-        q = k = qc = kc = None
+        for _, pas, prov, t, r in rows[-4:]:
+            print(f"{name:38s} {pas:8s} {prov:12s} {t:8.4f} ms {r:6.3f} of a copy", flush=True)
+        q = k = qc = kc = qg = kg = gq = gk = None
         torch.cuda.empty_cache()
     path = os.path.join(args.out, f"qk_norm_two_pass-{gpu}.csv")
     with open(path, "w", newline="") as f:
         f.write(f"# gpu: {torch.cuda.get_device_name()}\n# torch: {torch.__version__}\n"
                 f"# triton: {triton.__version__}\n")
         w = csv.writer(f)
-        w.writerow(["case", "provider", "ms", "ratio_to_copy"])
-        w.writerows((c, p, f"{t:.5f}", f"{r:.4f}") for c, p, t, r in rows)
+        w.writerow(["case", "pass", "provider", "ms", "ratio_to_copy"])
+        w.writerows((c, pas, p, f"{t:.5f}", f"{r:.4f}") for c, pas, p, t, r in rows)
     print("wrote", path)
 
 

@@ -78,7 +78,7 @@ def qk_norm_rope_backward_op(grad_q_out: Tensor, grad_k_out: Tensor, q: Tensor, 
         view4(q, layout), view4(k, layout), view4(grad_q, layout), view4(grad_k, layout),
         w_q, w_k, table, sin, _pos2d(position_ids), interleaved=interleaved, eps=eps,
         weight_offset=weight_offset, gq4=view4(grad_q_out, layout),
-        gk4=view4(grad_k_out, layout))
+        gk4=view4(grad_k_out, layout), layout=layout)
     return grad_q, grad_k, gw_q.to(w_q.dtype), gw_k.to(w_k.dtype)
 
 
@@ -142,7 +142,7 @@ class _Route:
             pass
         elif self.two_pass:
             self.fwd((q, q_out, k, k_out, table, sin, _pos2d(position_ids), None, None, w_q,
-                      w_k))
+                      w_k, None, None, None))
         else:
             self.fwd((q, k, None, None, q_out, k_out, w_q, w_k, table, sin, _pos2d(position_ids),
                       None))
@@ -151,20 +151,28 @@ class _Route:
     def backward(self, gq, gk, q, k, w_q, w_k, table, sin, position_ids):
         grad_q = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         grad_k = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-        key = (gq.stride(), gk.stride())
+        key = (gq.stride(), gk.stride(), gq.dtype, gk.dtype)
         bwd = self._backwards.get(key)
         if bwd is None:
             q_, k_, w_q_, w_k_, table_, sin_, pos_ = self._stand_ins
             lay = self.layout
-            planned = kernel.plan(view4(q_, lay), view4(k_, lay), view4(grad_q, lay),
-                                  view4(grad_k, lay), w_q_, w_k_, table_, sin_, pos_,
-                                  gq4=view4(gq, lay), gk4=view4(gk, lay), **self.options)
-            bwd = self._backwards[key] = eager.EagerLaunch(kernel.DIRECT, planned)
-        part = kernel.partials(bwd.launch)
-        if part.numel():
-            bwd((q, k, gq, gk, grad_q, grad_k, w_q, w_k, table, sin, _pos2d(position_ids),
-                 part))
-        gw_q, gw_k = kernel.weight_grads(bwd.launch, part)
+            views = (view4(q_, lay), view4(k_, lay), view4(grad_q, lay), view4(grad_k, lay),
+                     w_q_, w_k_, table_, sin_, pos_)
+            grads = dict(gq4=view4(gq, lay), gk4=view4(gk, lay))
+            rows = kernel.plan_rows(*views, layout=lay, **grads, **self.options)
+            bwd = self._backwards[key] = eager.EagerTwoPass(rows) if rows is not None else \
+                eager.EagerLaunch(kernel.DIRECT, kernel.plan(*views, **grads, **self.options))
+        if isinstance(bwd, eager.EagerTwoPass):     # the two-pass route
+            part = kernel.rows_partials(bwd.route)
+            bwd((q, grad_q, k, grad_k, table, sin, _pos2d(position_ids), None, None, w_q, w_k,
+                 gq, gk, part))
+            gw_q, gw_k = kernel.rows_weight_grads(bwd.route, part)
+        else:
+            part = kernel.partials(bwd.launch)
+            if part.numel():
+                bwd((q, k, gq, gk, grad_q, grad_k, w_q, w_k, table, sin, _pos2d(position_ids),
+                     part))
+            gw_q, gw_k = kernel.weight_grads(bwd.launch, part)
         return grad_q, grad_k, gw_q.to(w_q.dtype), gw_k.to(w_k.dtype)
 
 

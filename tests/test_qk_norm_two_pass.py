@@ -164,10 +164,13 @@ def test_operator_and_compile_take_the_route(routes):
         torch._dynamo.reset()
 
 
-def test_backward_is_unchanged(routes):
-    # the backward still runs the one kernel; gradients through the route's forward are the
-    # same as through the one kernel's
-    (q, k, w_q, w_k), table, kw, _ = _inputs("angles", "sbhd", False, torch.float32)
+@pytest.mark.parametrize("option,layout,interleaved,dtype",
+                         [c for c in CASES if c[0] != "ids out of range"])
+def test_backward_as_the_one_kernel(option, layout, interleaved, dtype, routes):
+    # the gradients of q and k: the one kernel's bits (in the interpreter); of the weights: the
+    # same sums over rows, in another grouping of rows per program
+    from test_qk_norm_rope import W_TOL
+    (q, k, w_q, w_k), table, kw, _ = _inputs(option, layout, interleaved, dtype)
     q, k, w_q, w_k = (t.requires_grad_(True) for t in (q, k, w_q, w_k))
     gq, gk = torch.randn_like(q), torch.randn_like(k)
 
@@ -175,8 +178,38 @@ def test_backward_is_unchanged(routes):
         out = ropelib.qk_norm_rope(q, k, w_q, w_k, **table, **kw)
         return torch.autograd.grad(out, (q, k, w_q, w_k), (gq, gk))
     want = through("one kernel", fn)
+    routes.clear()
     got = through("two-pass", fn)
-    assert any(routes)
+    assert routes and all(routes), "forward and backward should take the two-pass route"
+    for a, b in zip(got[:2], want[:2]):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        if not on_gpu():
+            assert torch.equal(a, b)
+        else:
+            torch.testing.assert_close(a.float(), b.float(), atol=TOL[dtype][0],
+                                       rtol=TOL[dtype][1])
+    for a, b in zip(got[2:], want[2:]):
+        assert a.dtype == b.dtype
+        torch.testing.assert_close(a, b, atol=W_TOL[dtype][0], rtol=W_TOL[dtype][1])
+    # deterministic: the same bits again
+    for a, b in zip(got, through("two-pass", fn)):
+        assert torch.equal(a, b)
+
+
+def test_backward_with_gradients_in_another_order(routes):
+    # output gradients not contiguous in the layout: the one kernel takes the backward
+    (q, k, w_q, w_k), table, kw, _ = _inputs("angles", "bshd", False, torch.float32)
+    q, k = q.requires_grad_(True), k.requires_grad_(True)
+    gq = torch.randn(q.shape[::-1]).permute(3, 2, 1, 0)       # another order of the same shape
+    gk = torch.randn_like(k)
+
+    def fn():
+        out = ropelib.qk_norm_rope(q, k, w_q, w_k, **table, **kw)
+        return torch.autograd.grad(out, (q, k), (gq, gk))
+    want = through("one kernel", fn)
+    routes.clear()
+    got = through("two-pass", fn)
+    assert routes == [True, False], "the forward takes the route, the backward does not"
     for a, b in zip(got, want):
         assert torch.equal(a, b)
 

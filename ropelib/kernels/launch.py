@@ -295,7 +295,7 @@ _ROUTE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _LAYOUT_ORDER = {"sbhd": (0, 1, 2), "thd": (0, 1, 2), "bshd": (1, 0, 2), HF_LAYOUT: (1, 2, 0)}
 
 
-def _contiguous_in(v: View, layout: str) -> bool:
+def contiguous_in(v: View, layout: str) -> bool:
     """Is this [S, B, H, D] view a contiguous tensor in `layout` (dims of size 1 aside)?"""
     if v.hpg != 1:
         return False
@@ -344,7 +344,7 @@ def takes_two_passes(q: View, q_out: Optional[View], k: Optional[View],
     if any(isinstance(n, torch.SymInt) for v in views for n in (*v.tensor.shape,
                                                                   *v.tensor.stride())):
         return False
-    if any(v.tensor.dtype not in _ROUTE_DTYPES or not _contiguous_in(v, layout) for v in views):
+    if any(v.tensor.dtype not in _ROUTE_DTYPES or not contiguous_in(v, layout) for v in views):
         return False
     read = sum(v.tensor.numel() * v.tensor.element_size() for v in (q, k) if v is not None)
     if read < _tiles_module.TWO_PASS_MIN_BYTES:
