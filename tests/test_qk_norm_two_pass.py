@@ -227,3 +227,31 @@ def test_when_the_route_is_not_taken(routes):
         routes.clear()
         through("two-pass", fn)
         assert not any(routes), f"{what} took the two-pass route"
+
+
+@pytest.mark.parametrize("D,R,interleaved", [(80, 80, False), (80, 48, False), (96, 64, True),
+                                             (128, 96, False)])
+def test_head_dims_that_are_not_powers_of_two(D, R, interleaved, routes):
+    # masked tiles: head dims and rotary dims that leave lanes of a power-of-two tile unused
+    g = torch.Generator().manual_seed(D + R)
+    q = torch.randn(2, 5, 6, D, generator=g).to(DEVICE, torch.bfloat16).requires_grad_()
+    k = torch.randn(2, 5, 2, D, generator=g).to(DEVICE, torch.bfloat16).requires_grad_()
+    w_q = (1 + 0.2 * torch.randn(D, generator=g)).to(DEVICE).requires_grad_()
+    w_k = (1 + 0.2 * torch.randn(D, generator=g)).to(DEVICE).requires_grad_()
+    freqs = ropelib.rope_freqs(20, R, interleaved=interleaved, device=DEVICE)
+    gq, gk = torch.randn_like(q), torch.randn_like(k)
+
+    def fn():
+        out = ropelib.qk_norm_rope(q, k, w_q, w_k, freqs, interleaved=interleaved)
+        return tuple(o.detach() for o in out) + torch.autograd.grad(out, (q, k, w_q, w_k),
+                                                                     (gq, gk))
+    want = through("one kernel", fn)
+    got = through("two-pass", fn)
+    assert routes and all(routes[-2:])
+    for a, b in zip(got[:4], want[:4]):
+        if not on_gpu():
+            assert torch.equal(a, b)
+        else:
+            torch.testing.assert_close(a.float(), b.float(), atol=3e-2, rtol=2**-7)
+    for a, b in zip(got[4:], want[4:]):
+        torch.testing.assert_close(a, b, atol=5e-2, rtol=1e-2)
