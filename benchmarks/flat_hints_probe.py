@@ -12,17 +12,15 @@ differs from the flat pass in three ways, each a switch here on a copy of the fl
     python benchmarks/flat_hints_probe.py --out DIR      # (a GPU; ~1 min)
 """
 import argparse
-import csv
 import itertools
 import os
-import re
 
 import torch
 import triton
 import triton.language as tl
 
 import ropelib
-from ropelib.bench.compare import hf_rotate
+from ropelib.bench import compare
 
 
 @triton.jit
@@ -72,7 +70,7 @@ def main(argv=None):
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    gpu = re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name().lower()).strip("-")
+    gpu = compare.gpu_slug()
     rows = []
     for name, layout, S, B, H, D in [("bf16 sbhd 1 GiB s16k b8", "sbhd", 16384, 8, 32, 128),
                                      ("bf16 bshd 256 MiB s4k b8", "bshd", 4096, 8, 32, 128)]:
@@ -83,7 +81,7 @@ def main(argv=None):
         cos, sin = (t.to(torch.bfloat16) for t in ropelib.rope_cos_sin(S, D, device="cuda"))
         copy = ms(lambda: y.copy_(x))
         res = [("copy", copy)]
-        comp = torch.compile(lambda t: hf_rotate(t, cos.view(tshape), sin.view(tshape), False))
+        comp = torch.compile(lambda t: compare.hf_rotate(t, cos.view(tshape), sin.view(tshape), False))
         want = comp(x)
         res.append(("torch.compile", ms(lambda: comp(x))))
         res.append(("ropelib.apply_rope", ms(lambda: ropelib.apply_rope(
@@ -104,13 +102,10 @@ def main(argv=None):
             print(f"{name:26s} {prov:44s} {t:8.4f} ms {copy / t:6.3f}", flush=True)
         x = y = None
         torch.cuda.empty_cache()
-    path = os.path.join(args.out, f"flat_hints_probe-{gpu}.csv")
-    with open(path, "w", newline="") as f:
-        f.write(f"# gpu: {torch.cuda.get_device_name()}\n# torch: {torch.__version__}\n"
-                f"# triton: {triton.__version__}\n")
-        w = csv.writer(f)
-        w.writerow(["case", "provider", "ms", "ratio_to_copy"])
-        w.writerows((c, p, f"{t:.5f}", f"{r:.4f}") for c, p, t, r in rows)
+    path = compare.write_csv(
+        [dict(case=c, provider=p, ms=f"{t:.5f}", ratio_to_copy=f"{r:.4f}")
+         for c, p, t, r in rows], os.path.join(args.out, f"flat_hints_probe-{gpu}.csv"),
+        meta=compare.environment_meta(), fields=["case", "provider", "ms", "ratio_to_copy"])
     print("wrote", path)
 
 

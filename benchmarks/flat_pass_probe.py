@@ -12,12 +12,11 @@ Hugging Face's formula, on large bf16 tensors, one GPU, one run:
 
     python benchmarks/flat_pass_probe.py --out DIR    # (a GPU; ~2 min)
 
-Writes flat_pass_probe-<gpu>.csv, inductor-<case>.py and host-profile-<gpu>.txt to DIR.
+Writes flat_pass_probe-<gpu>.csv, inductor-<case>.txt and host-profile-two-pass-<gpu>.txt to
+DIR.
 """
 import argparse
 import cProfile
-import csv
-import glob
 import io
 import os
 import pstats
@@ -29,6 +28,7 @@ import triton
 
 import ropelib
 from ropelib import eager
+from ropelib.bench import compare
 from ropelib.kernels import launch, tiles
 from ropelib.kernels.planning import cdiv
 
@@ -41,11 +41,6 @@ CASES = [  # name, dtype, layout, S, B, H, D
 
 def ms(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=200)
-
-
-def hf_rotate(x, cos, sin):
-    h = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., h:], x[..., :h]), dim=-1) * sin
 
 
 def flat_variants(x, y, cos, sin, layout):
@@ -91,7 +86,7 @@ def inductor_sources(tag, outdir):
         src = open(path).read()
         if "@triton.jit" not in src:
             continue
-        dst = os.path.join(outdir, f"inductor-{tag}-{len(found)}.py")
+        dst = os.path.join(outdir, f"inductor-{tag}-{len(found)}.txt")
         open(dst, "w").write(src)
         hints = sorted(set(re.findall(r"eviction_policy='(\w+)'", src)))
         warps = sorted(set(re.findall(r"num_warps['\"]?\s*[:=]\s*(\d+)", src)))
@@ -144,7 +139,7 @@ def main(argv=None):
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    gpu = re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name().lower()).strip("-")
+    gpu = compare.gpu_slug()
     rows = []
     for name, dt, layout, S, B, H, D in CASES:
         shape = (S, B, H, D) if layout == "sbhd" else (B, S, H, D)
@@ -160,23 +155,20 @@ def main(argv=None):
         for tdt in sorted({dt, torch.float32}, key=str):
             c, s = cos.to(tdt).view(tshape), sin.to(tdt).view(tshape)
             torch._dynamo.reset()
-            comp = torch.compile(lambda t: hf_rotate(t, c, s).to(dt))
+            comp = torch.compile(lambda t: compare.hf_rotate(t, c, s, False).to(dt))
             comp(x)
             res.append((f"torch.compile, {str(tdt)[6:]} table", ms(lambda: comp(x))))
             for line in inductor_sources(f"{name.split()[0]}-{layout}-{str(tdt)[6:]}", args.out):
                 print("  ", line, flush=True)
         for prov, t in res:
-            rows.append((name, prov, t, copy / t))
+            rows.append(dict(case=name, provider=prov, ms=f"{t:.5f}",
+                             ratio_to_copy=f"{copy / t:.4f}"))
             print(f"{name:28s} {prov:32s} {t:8.4f} ms {copy / t:6.3f}", flush=True)
         x = y = None
         torch.cuda.empty_cache()
-    path = os.path.join(args.out, f"flat_pass_probe-{gpu}.csv")
-    with open(path, "w", newline="") as f:
-        f.write(f"# gpu: {torch.cuda.get_device_name()}\n# torch: {torch.__version__}\n"
-                f"# triton: {triton.__version__}\n")
-        w = csv.writer(f)
-        w.writerow(["case", "provider", "ms", "ratio_to_copy"])
-        w.writerows((c, p, f"{t:.5f}", f"{r:.4f}") for c, p, t, r in rows)
+    path = compare.write_csv(rows, os.path.join(args.out, f"flat_pass_probe-{gpu}.csv"),
+                             meta=compare.environment_meta(),
+                             fields=["case", "provider", "ms", "ratio_to_copy"])
     host_profile(args.out, gpu)
     print("wrote", path)
 

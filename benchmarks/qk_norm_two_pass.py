@@ -10,15 +10,14 @@ Cases: the floor suite's Qwen3-sized block (bshd b8 s4096, 32/8 heads of 128, bf
 and with a cos/sin table, and a 1 GiB one.
 """
 import argparse
-import csv
 import os
-import re
 
 import torch
 import triton
 
 import ropelib
 from ropelib import eager
+from ropelib.bench import compare
 from ropelib.kernels import tiles
 
 CASES = [  # name, B, S, HQ, HK, table
@@ -37,7 +36,7 @@ def main(argv=None):
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    gpu = re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name().lower()).strip("-")
+    gpu = compare.gpu_slug()
     rows = []
     for name, B, S, HQ, HK, kind in CASES:
         q = torch.randn(B, S, HQ, 128, device="cuda", dtype=torch.bfloat16)
@@ -71,13 +70,11 @@ def main(argv=None):
             print(f"{name:38s} {pas:8s} {prov:12s} {t:8.4f} ms {r:6.3f} of a copy", flush=True)
         q = k = qc = kc = qg = kg = gq = gk = None
         torch.cuda.empty_cache()
-    path = os.path.join(args.out, f"qk_norm_two_pass-{gpu}.csv")
-    with open(path, "w", newline="") as f:
-        f.write(f"# gpu: {torch.cuda.get_device_name()}\n# torch: {torch.__version__}\n"
-                f"# triton: {triton.__version__}\n")
-        w = csv.writer(f)
-        w.writerow(["case", "pass", "provider", "ms", "ratio_to_copy"])
-        w.writerows((c, pas, p, f"{t:.5f}", f"{r:.4f}") for c, pas, p, t, r in rows)
+    fields = ["case", "pass", "provider", "ms", "ratio_to_copy"]
+    path = compare.write_csv(
+        [dict(zip(fields, (c, pas, p, f"{t:.5f}", f"{r:.4f}"))) for c, pas, p, t, r in rows],
+        os.path.join(args.out, f"qk_norm_two_pass-{gpu}.csv"), meta=compare.environment_meta(),
+        fields=fields)
     print("wrote", path)
 
 

@@ -85,6 +85,7 @@ if str(REPO_ROOT) not in sys.path:  # run from a checkout without `pip install -
     sys.path.insert(0, str(REPO_ROOT))
 
 from ropelib import reference, runtime  # noqa: E402
+from ropelib.bench import compare  # noqa: E402
 from ropelib.bench.compare import DTYPES, angles  # noqa: E402
 from ropelib.course import debug  # noqa: E402
 from ropelib.kernels.common import BF16_RTNE, round_to  # noqa: E402
@@ -483,10 +484,6 @@ def asm_record(compiled, sass: bool = True) -> dict:
     return rec
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
-
-
 def environment(dry_run: bool, te_where: str) -> dict:
     from importlib.metadata import version
     meta = {"format": FORMAT, "script": "benchmarks/te_bits.py", "dry_run": dry_run,
@@ -678,7 +675,7 @@ def main(argv=None) -> int:
         te, te_name, device = te_fused_real(fn), "TE fused", "cuda"
         keys = args.scenarios or list(SCENARIOS)
     meta = environment(args.dry_run, te_where)
-    slug = _slug(meta["gpu"]) if meta["gpu"] != "none" else "cpu"
+    slug = compare.gpu_slug(meta["gpu"]) if meta["gpu"] != "none" else "cpu"
     name = f"te-bits-{slug}{'-dry-run' if args.dry_run else ''}.pt"
     path = out if out.suffix == ".pt" else out / name
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,6 @@ finds (the interpreter runs kernels as Python) shows up here. Run without TRITON
 the interpreter @triton.jit gives interpreted functions); tests/test_kernels_compile.py runs it.
 
 Prints one line per variant: `name arguments fma-count`."""
-import inspect
 
 import torch
 import triton

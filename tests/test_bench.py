@@ -116,7 +116,7 @@ def test_default_out_is_where_the_user_is():
     else:
         assert p.name.startswith("targets-nvidia-h100-80gb-hbm3-")
         assert Path(bench.tempfile.gettempdir()) in p.parents
-    assert bench._slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+    assert compare.gpu_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
 
 
 def test_out_may_name_a_folder(tmp_path):
@@ -559,7 +559,7 @@ def _synthetic_floor_csv(folder: Path, gpu: str, liger: bool) -> Path:
     m.add("decode host forward sbhd", "te_fused", 0.0172, 0.002)
     meta = dict(date="2026-01-01T00:00:00Z", mode=f"GPU ({gpu})", torch="9.9", triton="9.9",
                 transformer_engine="9.9", gpu=gpu, driver="1.0", liger_kernel="9.9")
-    path = folder / f"floor-{bench._slug(gpu)}.csv"
+    path = folder / f"floor-{compare.gpu_slug(gpu)}.csv"
     floor.write(path, meta, m)
     return path
 

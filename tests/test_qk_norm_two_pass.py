@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import ropelib
-from ropelib import eager, qk_norm
-from ropelib.kernels import launch, tiles
+from ropelib import eager
+from ropelib.kernels import tiles
 from ropelib.kernels import qk_norm_rope as kernel
 from ropelib.runtime import on_gpu
 

@@ -320,7 +320,6 @@ def test_kept_rows_serve_later_calls_and_only_while_valid(pre_passes):
                          "another table")
         tiles.TWO_PASS_MIN_BYTES = tiles.TWO_PASS_TABLE_SHARE = 0
         assert len(eager.TABLE_ROWS.entries) <= eager.TABLE_ROWS_KEPT
-        del other
         eager.SIGNATURES.clear()
         assert_same_bits(first, want, "the first call")     # (rows written, then reused)
 

@@ -28,6 +28,7 @@ import importlib
 import math
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -857,6 +858,13 @@ def environment_meta() -> dict:
         except Exception:
             meta["driver"] = "unknown"
     return meta
+
+
+def gpu_slug(name: Optional[str] = None) -> str:
+    """A GPU's name as results files carry it: lower case, every run of other characters a dash
+    ("NVIDIA H100 80GB HBM3" -> "nvidia-h100-80gb-hbm3"); by default this machine's GPU."""
+    name = torch.cuda.get_device_name() if name is None else name
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown"
 
 
 def write_csv(rows, path, meta=None, fields=None) -> str:

@@ -24,7 +24,6 @@ per (case, provider) with ms and the ratio to the copy, every performance row of
 import dataclasses
 import datetime
 import math
-import re
 import tempfile
 import time
 from dataclasses import dataclass
@@ -679,10 +678,6 @@ def verdict_counts(summary: list) -> dict:
 
 # --- running ------------------------------------------------------------------------------
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-") or "unknown"
-
-
 def out_path(arg: Optional[str], suite: str, meta: dict) -> Path:
     """--out as given; a folder (existing, or ending in "/") gets the default file name."""
     if not arg:
@@ -699,7 +694,7 @@ def default_out(suite: str, meta: dict) -> Path:
     the CPU suites are plumbing checks)."""
     gpu = str(meta.get("gpu") or "none")
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M")
-    slug = _slug(gpu) if gpu != "none" else "cpu"
+    slug = compare.gpu_slug(gpu) if gpu != "none" else "cpu"
     name = f"floor-{slug}.csv" if suite == "floor" else f"{suite}-{slug}-{stamp}.csv"
     if on_gpu() and suite != "quick":
         return Path.cwd() / name
