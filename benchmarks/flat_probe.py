@@ -14,14 +14,14 @@ as a call that receives only angles must. sbhd, contiguous, rotate-half.
 
     python benchmarks/flat_probe.py        # GPU; writes flat_probe-<gpu>.log to $OUT (default /tmp/out)
 """
-import os, sys, re
+import os, sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import torch, triton, triton.language as tl, triton.testing
 from triton.language.extra import libdevice
 import ropelib
-from ropelib.bench.compare import hf_rotate
+from ropelib.bench.compare import gpu_slug, hf_rotate
 OUT = os.environ.get("OUT", "/tmp/out"); os.makedirs(OUT, exist_ok=True)
-gpu = re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name().lower()).strip("-")
+gpu = gpu_slug()
 log = open(os.path.join(OUT, f"flat_probe-{gpu}.log"), "w")
 def p(*a):
     s = " ".join(str(x) for x in a); print(s, flush=True); log.write(s + "\n"); log.flush()

@@ -17,7 +17,6 @@ script refuses to write the committed CSV.
 """
 import argparse
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -175,8 +174,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     import matplotlib
     matplotlib.use("Agg")  # a script draws to files only
-    gpu = re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name().lower()).strip("-") \
-        if runtime.on_gpu() else None
+    gpu = compare.gpu_slug() if runtime.on_gpu() else None
     out = args.out or (RESULTS / f"generations-{gpu}.csv" if gpu else CSV_PATH)
     if args.plot_only:
         print("wrote", plot_generations(out, args.figure or FIGURE_PATH) and (args.figure or FIGURE_PATH))

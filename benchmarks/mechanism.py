@@ -698,8 +698,7 @@ def run_ncu(ncu: str, out_dir: Path, slug: str, timeout: float) -> tuple:
 # --- output -------------------------------------------------------------------------------------
 
 def gpu_slug() -> str:
-    name = torch.cuda.get_device_name() if runtime.on_gpu() else "cpu-interpreter"
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    return compare.gpu_slug(None if runtime.on_gpu() else "cpu-interpreter")
 
 
 def write(rows, path, ncu_status: str) -> str:

@@ -31,7 +31,6 @@ it times nothing.
 """
 import argparse
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -238,7 +237,7 @@ def table(rows) -> str:
 
 
 def default_out() -> Path:
-    gpu = re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name().lower()).strip("-")
+    gpu = compare.gpu_slug()
     return REPO_ROOT / "benchmarks" / "results" / f"qkv_rope-{gpu}.csv"
 
 

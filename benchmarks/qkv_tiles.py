@@ -13,7 +13,6 @@ fastest rotating tiles would give (it edits nothing). Timings: triton.testing.do
 """
 import argparse
 import os
-import re
 import sys
 from pathlib import Path
 
@@ -131,7 +130,7 @@ def main(argv=None) -> int:
     rows = run(args.dry_run)
     print("fastest rotating tiles:", best(rows))
     if args.out is not None and not args.dry_run:
-        gpu = re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name().lower()).strip("-")
+        gpu = compare.gpu_slug()
         meta = compare.environment_meta()
         meta.update(script="benchmarks/qkv_tiles.py", case="t8192 hidden 4096 32/8 heads x 128 "
                     "bf16, no QK-norm", timing="triton.testing.do_bench median ms")

@@ -19,7 +19,6 @@ import argparse
 import csv
 import datetime
 import os
-import re
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -31,6 +30,7 @@ from ropelib import eager  # noqa: E402
 from ropelib.bench.compare import hf_rotate  # noqa: E402
 from ropelib import ops  # noqa: E402
 from ropelib.kernels import launch, planning, tiles  # noqa: E402
+from ropelib.bench import compare  # noqa: E402
 
 # name: (dtype, layout, S, B, H, D, interleaved)
 CASES = [
@@ -94,7 +94,7 @@ def main(argv=None):
     ap.add_argument("--compile", action="store_true", help="also time torch.compile (slow)")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    gpu = re.sub(r"[^a-z0-9]+", "-", torch.cuda.get_device_name().lower()).strip("-")
+    gpu = compare.gpu_slug()
     path = os.path.join(args.out, f"two_pass-{gpu}.csv")
     f = open(path, "w", newline="")
     f.write(f"# gpu: {torch.cuda.get_device_name()}\n# torch: {torch.__version__}\n"
