@@ -502,3 +502,38 @@ def test_kept_rows_under_random_sequences_of_calls(pre_passes, monkeypatch):
         tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE = saved
         eager.SIGNATURES.clear()
     assert 0 < len(pre_passes) < sum(rotations), "rows were kept and reused along the way"
+
+
+def test_qwen2_vl_tables_random_cases(starts):
+    # random sections (empty ones included), one table for every batch entry or one each,
+    # tables in another dtype than q (the output dtype promotes, as transformers' arithmetic
+    # does), forward and backward: the per-axis read gives the gathered path's bits
+    g = torch.Generator().manual_seed(7)
+    for case in range(12):
+        half = int(torch.randint(2, 9, (), generator=g))
+        cut = sorted(torch.randint(0, half + 1, (2,), generator=g).tolist())
+        section = [cut[0], cut[1] - cut[0], half - cut[1]]
+        Dm = 2 * half
+        Bt = 1 if case % 3 == 0 else B
+        q_dtype = (torch.bfloat16, torch.float32)[case % 2]
+        t_dtype = (torch.float32, torch.bfloat16, torch.float16)[case % 3]
+        q = torch.randn(B, S, HQ, Dm, generator=g).to(DEVICE, q_dtype).transpose(1, 2)
+        k = torch.randn(B, S, HK, Dm, generator=g).to(DEVICE, q_dtype).transpose(1, 2)
+        q.requires_grad_(True)
+        k.requires_grad_(True)
+        ang = torch.rand(3, Bt, S, half, generator=g) * 50
+        ang = torch.cat((ang, ang), -1).to(DEVICE)
+        cos, sin = ang.cos().to(t_dtype), ang.sin().to(t_dtype)
+        out_dtype = torch.promote_types(q_dtype, t_dtype)
+        dq = torch.randn(B, S, HQ, Dm, generator=g).to(DEVICE, out_dtype).transpose(1, 2)
+        dk = torch.randn(B, S, HK, Dm, generator=g).to(DEVICE, out_dtype).transpose(1, 2)
+
+        def fn():
+            qo, ko = ropelib.hf.apply_multimodal_rotary_pos_emb(q, k, cos, sin, section)
+            return (qo.detach(), ko.detach(), *torch.autograd.grad((qo, ko), (q, k), (dq, dk)))
+        starts.clear()
+        want = through("finished", fn)
+        got = through("two-pass", fn)
+        assert starts and not any(starts), f"case {case}: the per-axis read was not taken"
+        assert got[0].dtype == out_dtype
+        assert_same_bits(got, want, f"case {case} sections {section} tables {t_dtype}")
