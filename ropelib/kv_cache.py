@@ -280,13 +280,13 @@ class _Route:
         self.empty = q.shape[0] == 0 or q.shape[1] == 0
         self.start = None
         self.paged = block_table is not None
-        given = (q, k, v, cache_seqlens, block_table, table, sin)
-        used = _kernel_inputs(*given)
+        inputs = (q, k, v, cache_seqlens, block_table, table, sin)
+        readable = _kernel_inputs(*inputs)      # as the kernel reads them (copies where needed)
         # the signature fixes every stride, so what this call copies every later one copies
-        copies = tuple(u is not g for u, g in zip(used, given))
+        copies = tuple(r is not i for r, i in zip(readable, inputs))
         self.copies = copies if any(copies) else None
         if not self.empty:      # nothing to launch (and no tiles for an empty batch)
-            uq, uk, uv, useq, ubt, utab, usin = used
+            uq, uk, uv, useq, ubt, utab, usin = readable
             q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
             planned, _ = kernel.plan(uq, uk, uv, q_out, k_cache, v_cache, useq, ubt, utab,
                                      usin, k_scale, v_scale, interleaved=interleaved)

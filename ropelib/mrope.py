@@ -404,10 +404,10 @@ def _eager_call(xs: tuple, positions, freqs, layout, interleaved):
         if V.values_checkable(axis):
             _check_axis_values(axis, n_axes)
         positions, freqs = _positions3(positions), _kernel_freqs(freqs)
-    used = (positions, freqs.inv_freq, freqs.axis)
+    reads = (positions, freqs.inv_freq, freqs.axis)       # what the kernel reads besides xs
     if needs_grad(*xs):
-        return eager.Rotate.apply(route, len(xs), *xs, *map(saveable, used))
-    outs = route.run(xs, used)
+        return eager.Rotate.apply(route, len(xs), *xs, *map(saveable, reads))
+    outs = route.run(xs, reads)
     return outs if len(outs) > 1 else outs[0]
 
 
