@@ -60,6 +60,23 @@ def offset_int(i, INT64: tl.constexpr):
 
 
 @triton.jit
+def token_and_entry(i, S, B, H, PER: tl.constexpr, LAYOUT: tl.constexpr):
+    """Indices i of units of PER elements (a row of a head's D features: PER = D for element
+    indices, 1 for row indices) of a tensor contiguous in LAYOUT (0 sbhd, and thd with B = 1;
+    1 bshd; 2 Hugging Face's bhsd) -> (token s, batch entry b)."""
+    if LAYOUT == 1:
+        s = (i // (H * PER)) % S
+        b = i // (S * H * PER)
+    elif LAYOUT == 2:
+        s = (i // PER) % S
+        b = i // (H * S * PER)
+    else:
+        s = i // (B * H * PER)
+        b = (i // (H * PER)) % B
+    return s, b
+
+
+@triton.jit
 def batch_range(B):
     """The batch entries [b_lo, b_hi) of this program: grid axis 2 splits the B entries into
     chunks of cdiv(B, programs on that axis), so the planner's choice of grid is the only one."""

@@ -55,7 +55,7 @@ stride_tab_axis apart. Nothing is gathered into a [B, S, D] table first.
 import triton
 import triton.language as tl
 
-from .common import ROUND_BF16_RTNE, pair_features, round_to
+from .common import ROUND_BF16_RTNE, pair_features, round_to, token_and_entry
 from .fused import table_cos_sin, table_rows
 
 
@@ -133,15 +133,7 @@ def _rotate_flat(x_ptr, y_ptr, cos_ptr, sin_ptr, block, S, B, H, stride_tab_p, s
         i = block * XBLOCK + tl.arange(0, XBLOCK)
     live = i < S * B * H * D
     d = i % D                               # the feature
-    if LAYOUT == 1:         # bshd
-        s = (i // (H * D)) % S
-        b = i // (S * H * D)
-    elif LAYOUT == 2:       # Hugging Face's bhsd
-        s = (i // D) % S
-        b = i // (H * S * D)
-    else:                   # sbhd (thd: B = 1)
-        s = i // (B * H * D)
-        b = (i // (H * D)) % B
+    s, b = token_and_entry(i, S, B, H, D, LAYOUT)
     tab = s * stride_tab_p
     if PER_ENTRY:
         tab += b * stride_tab_b

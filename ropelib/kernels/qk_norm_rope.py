@@ -45,7 +45,7 @@ import triton.language as tl
 
 from ..runtime import INTERPRET
 from .common import (ROUND_BF16_RTNE, batch_range, head_tile, load_table, offset_int,
-                     pair_features, rotate_pair, round_to)
+                     pair_features, rotate_pair, round_to, token_and_entry)
 from .direct import DirectLauncher
 from .planning import (I32_LIMIT, Launch, cdiv, needs_int64, pow2_at_least, pow2_at_most,
                        start)
@@ -290,15 +290,7 @@ def _norm_rope_rows(x_ptr, gy_ptr, y_ptr, cos_ptr, sin_ptr, w_ptr, part_ptr, blo
     else:
         r = block * ROWS + tl.arange(0, ROWS)                   # [ROWS] rows, in memory order
     live = r < S * B * H
-    if LAYOUT == 1:         # bshd
-        s = (r // H) % S
-        b = r // (S * H)
-    elif LAYOUT == 2:       # Hugging Face's bhsd
-        s = r % S
-        b = r // (H * S)
-    else:                   # sbhd (thd: B = 1)
-        s = r // (B * H)
-        b = (r // H) % B
+    s, b = token_and_entry(r, S, B, H, 1, LAYOUT)
     tab = s * stride_tab_p
     if PER_ENTRY:
         tab += b * stride_tab_b
