@@ -114,7 +114,7 @@ qk_norm_rope_op.register_autograd(_backward, setup_context=_setup)
 class _Route:
     """One checked and planned qk_norm_rope call: the forward launch, and the backward launch
     for output gradients of given strides."""
-    __slots__ = ("fwd", "two_pass", "layout", "options", "empty", "_stand_ins", "_backwards")
+    __slots__ = ("fwd", "layout", "options", "empty", "_stand_ins", "_backwards")
 
     def __init__(self, q, k, w_q, w_k, table, sin, position_ids, layout, interleaved, eps,
                  weight_offset):
@@ -128,7 +128,6 @@ class _Route:
         # the forward: the two-pass route (large, contiguous), else the one kernel
         self.fwd = eager.EagerTwoPass(rows) if rows is not None else \
             eager.EagerLaunch(kernel.DIRECT, kernel.plan(*views, **self.options))
-        self.two_pass = rows is not None
         S, B = views[0].shape[:2]
         self.empty = not (S and B)
         self._stand_ins = tuple(eager._stand_in(t) for t in (q, k, w_q, w_k, table, sin,
@@ -138,14 +137,13 @@ class _Route:
     def forward(self, q, k, w_q, w_k, table, sin, position_ids):
         q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+        pos = _pos2d(position_ids)
         if self.empty:
             pass
-        elif self.two_pass:
-            self.fwd((q, q_out, k, k_out, table, sin, _pos2d(position_ids), None, None, w_q,
-                      w_k, None, None, None))
+        elif isinstance(self.fwd, eager.EagerTwoPass):     # the two-pass route
+            self.fwd(kernel.rows_pointers(q, k, q_out, k_out, w_q, w_k, table, sin, pos))
         else:
-            self.fwd((q, k, None, None, q_out, k_out, w_q, w_k, table, sin, _pos2d(position_ids),
-                      None))
+            self.fwd((q, k, None, None, q_out, k_out, w_q, w_k, table, sin, pos, None))
         return q_out, k_out
 
     def backward(self, gq, gk, q, k, w_q, w_k, table, sin, position_ids):
@@ -164,8 +162,8 @@ class _Route:
                 eager.EagerLaunch(kernel.DIRECT, kernel.plan(*views, **grads, **self.options))
         if isinstance(bwd, eager.EagerTwoPass):     # the two-pass route
             part = kernel.rows_partials(bwd.route)
-            bwd((q, grad_q, k, grad_k, table, sin, _pos2d(position_ids), None, None, w_q, w_k,
-                 gq, gk, part))
+            bwd(kernel.rows_pointers(q, k, grad_q, grad_k, w_q, w_k, table, sin,
+                                     _pos2d(position_ids), gq, gk, part))
             gw_q, gw_k = kernel.rows_weight_grads(bwd.route, part)
         else:
             part = kernel.partials(bwd.launch)

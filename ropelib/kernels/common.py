@@ -60,10 +60,22 @@ def offset_int(i, INT64: tl.constexpr):
 
 
 @triton.jit
-def token_and_entry(i, S, B, H, PER: tl.constexpr, LAYOUT: tl.constexpr):
-    """Indices i of units of PER elements (a row of a head's D features: PER = D for element
-    indices, 1 for row indices) of a tensor contiguous in LAYOUT (0 sbhd, and thd with B = 1;
-    1 bshd; 2 Hugging Face's bhsd) -> (token s, batch entry b)."""
+def flat_tile(block, S, B, H, stride_tab_p, stride_tab_b, PER: tl.constexpr,
+              BLOCK: tl.constexpr, LAYOUT: tl.constexpr, PER_ENTRY: tl.constexpr,
+              INT64: tl.constexpr):
+    """A program's BLOCK units of PER elements, from unit block * BLOCK, of a tensor of S * B * H
+    rows (a head of a token each) contiguous in LAYOUT (0 sbhd, and thd with B = 1; 1 bshd; 2 Hugging
+    Face's bhsd). PER = D for element indices, 1 for row indices. -> (the units' indices [BLOCK],
+    int64 when INT64; which of them exist; the offset of each one's cos/sin row,
+    s * stride_tab_p, + b * stride_tab_b with a table row per batch entry)."""
+    if INT64:               # sizes and products in int64 (the tensor passes 2^31 elements)
+        S = tl.full([], 0, tl.int64) + S
+        B = tl.full([], 0, tl.int64) + B
+        H = tl.full([], 0, tl.int64) + H
+        i = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    else:
+        i = block * BLOCK + tl.arange(0, BLOCK)
+    live = i < S * B * H * PER
     if LAYOUT == 1:
         s = (i // (H * PER)) % S
         b = i // (S * H * PER)
@@ -73,7 +85,10 @@ def token_and_entry(i, S, B, H, PER: tl.constexpr, LAYOUT: tl.constexpr):
     else:
         s = i // (B * H * PER)
         b = (i // (H * PER)) % B
-    return s, b
+    tab = s * stride_tab_p
+    if PER_ENTRY:
+        tab += b * stride_tab_b
+    return i, live, tab
 
 
 @triton.jit

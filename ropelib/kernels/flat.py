@@ -55,7 +55,7 @@ stride_tab_axis apart. Nothing is gathered into a [B, S, D] table first.
 import triton
 import triton.language as tl
 
-from .common import ROUND_BF16_RTNE, pair_features, round_to, token_and_entry
+from .common import ROUND_BF16_RTNE, flat_tile, pair_features, round_to
 from .fused import table_cos_sin, table_rows
 
 
@@ -124,19 +124,9 @@ def _rotate_flat(x_ptr, y_ptr, cos_ptr, sin_ptr, block, S, B, H, stride_tab_p, s
     # Elements block * XBLOCK .. + XBLOCK of x [S * B * H * D] (contiguous in LAYOUT) -> y.
     HALF: tl.constexpr = R // 2
     VEC: tl.constexpr = 128 // x_ptr.dtype.element_ty.primitive_bitwidth   # a 16-byte vector
-    if INT64:               # sizes and products in int64 (the tensor passes 2^31 elements)
-        S = tl.full([], 0, tl.int64) + S
-        B = tl.full([], 0, tl.int64) + B
-        H = tl.full([], 0, tl.int64) + H
-        i = block.to(tl.int64) * XBLOCK + tl.arange(0, XBLOCK)
-    else:
-        i = block * XBLOCK + tl.arange(0, XBLOCK)
-    live = i < S * B * H * D
+    i, live, tab = flat_tile(block, S, B, H, stride_tab_p, stride_tab_b, D, XBLOCK, LAYOUT,
+                             PER_ENTRY, INT64)
     d = i % D                               # the feature
-    s, b = token_and_entry(i, S, B, H, D, LAYOUT)
-    tab = s * stride_tab_p
-    if PER_ENTRY:
-        tab += b * stride_tab_b
     if AXIS_H_FROM < HALF:      # one table per axis: pair j reads the table of its section
         j = d % HALF
         tab += ((j >= AXIS_H_FROM).to(tab.dtype) + (j >= AXIS_W_FROM).to(tab.dtype)) \

@@ -44,8 +44,8 @@ import triton
 import triton.language as tl
 
 from ..runtime import INTERPRET
-from .common import (ROUND_BF16_RTNE, batch_range, head_tile, load_table, offset_int,
-                     pair_features, rotate_pair, round_to, token_and_entry)
+from .common import (ROUND_BF16_RTNE, batch_range, flat_tile, head_tile, load_table,
+                     offset_int, pair_features, rotate_pair, round_to)
 from .direct import DirectLauncher
 from .planning import (I32_LIMIT, Launch, cdiv, needs_int64, pow2_at_least, pow2_at_most,
                        start)
@@ -282,18 +282,8 @@ def _norm_rope_rows(x_ptr, gy_ptr, y_ptr, cos_ptr, sin_ptr, w_ptr, part_ptr, blo
     # part_ptr. A pair's two members are held side by side ([ROWS, BLOCK_HALF] each), as in
     # _norm_rope_heads: the same products, sums and roundings, with no partner loaded twice.
     HALF: tl.constexpr = R // 2
-    if INT64:
-        S = tl.full([], 0, tl.int64) + S
-        B = tl.full([], 0, tl.int64) + B
-        H = tl.full([], 0, tl.int64) + H
-        r = block.to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    else:
-        r = block * ROWS + tl.arange(0, ROWS)                   # [ROWS] rows, in memory order
-    live = r < S * B * H
-    s, b = token_and_entry(r, S, B, H, 1, LAYOUT)
-    tab = s * stride_tab_p
-    if PER_ENTRY:
-        tab += b * stride_tab_b
+    r, live, tab = flat_tile(block, S, B, H, stride_tab_p, stride_tab_b, 1, ROWS, LAYOUT,
+                             PER_ENTRY, INT64)                  # [ROWS] rows, in memory order
     j = tl.arange(0, BLOCK_HALF)                                # [BLOCK_HALF] pairs
     d_a, d_b = pair_features(j, HALF, INTERLEAVED)
     m = live[:, None] & (j < HALF)[None, :]
@@ -632,6 +622,13 @@ def plan_rows(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: 
     return L.TwoPass(read.table_pass, rows_pass, read.table_shape)
 
 
+def rows_pointers(q4, k4, q_out4, k_out4, w_q, w_k, table, sin, pos, gq4=None, gk4=None,
+                  part=None) -> tuple:
+    """A plan_rows route's pointers, in its order: launch.TWO_PASS_POINTERS (no cu_seqlens or
+    start offsets here), then w_q, w_k, the output gradients and the partial sums (backward)."""
+    return (q4, q_out4, k4, k_out4, table, sin, pos, None, None, w_q, w_k, gq4, gk4, part)
+
+
 def rows_partials(route) -> torch.Tensor:
     """The backward rows pass's buffer of per-program partial sums [programs, D] fp32."""
     launch = route.rotate_pass
@@ -666,8 +663,8 @@ def launch(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: tor
                           gq4=gq4, gk4=gk4)
         if route is not None:
             part = rows_partials(route) if gq4 is not None else None
-            route.start((q4, q_out4, k4, k_out4, table, sin, pos, None, None, w_q, w_k, gq4,
-                         gk4, part))
+            route.start(rows_pointers(q4, k4, q_out4, k_out4, w_q, w_k, table, sin, pos, gq4,
+                                      gk4, part))
             return rows_weight_grads(route, part) if part is not None else None
     planned = plan(q4, k4, q_out4, k_out4, w_q, w_k, table, sin, pos, interleaved=interleaved,
                    eps=eps, weight_offset=weight_offset, gq4=gq4, gk4=gk4)
