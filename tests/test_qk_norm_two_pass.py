@@ -18,6 +18,7 @@ from ropelib.kernels import qk_norm_rope as kernel
 from ropelib.runtime import on_gpu
 
 from test_qk_norm_rope import TOL, reference
+from test_two_pass import through   # fn() with the two-pass routes on ("two-pass") or off
 
 DEVICE = "cuda" if on_gpu() else "cpu"
 S, B, HQ, HK, D = 6, 3, 4, 2, 16
@@ -47,18 +48,6 @@ def routes(monkeypatch):
 def route_on(monkeypatch):
     """The route is switched off by default until it is measured on a GPU: on for these tests."""
     monkeypatch.setattr(tiles, "QK_NORM_TWO_PASS", True)
-
-
-def through(route: str, fn):
-    saved = tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE
-    tiles.TWO_PASS_MIN_BYTES = 0 if route == "two-pass" else 1 << 62
-    tiles.TWO_PASS_TABLE_SHARE = 0
-    eager.SIGNATURES.clear()
-    try:
-        return fn()
-    finally:
-        tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE = saved
-        eager.SIGNATURES.clear()
 
 
 def test_off_by_default(monkeypatch, routes):
