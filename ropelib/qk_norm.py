@@ -74,6 +74,7 @@ def qk_norm_rope_backward_op(grad_q_out: Tensor, grad_k_out: Tensor, q: Tensor, 
                              ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     grad_q = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     grad_k = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    grad_q_out, grad_k_out = kernel.readable_grad(grad_q_out), kernel.readable_grad(grad_k_out)
     gw_q, gw_k = launch_kernel(
         view4(q, layout), view4(k, layout), view4(grad_q, layout), view4(grad_k, layout),
         w_q, w_k, table, sin, _pos2d(position_ids), interleaved=interleaved, eps=eps,
@@ -113,8 +114,8 @@ qk_norm_rope_op.register_autograd(_backward, setup_context=_setup)
 
 class _Route:
     """One checked and planned qk_norm_rope call: the forward launch, and the backward launch
-    for output gradients of given strides."""
-    __slots__ = ("fwd", "layout", "options", "empty", "_stand_ins", "_backwards")
+    for output gradients of each dtype."""
+    __slots__ = ("fwd", "layout", "options", "empty", "copies", "_stand_ins", "_backwards")
 
     def __init__(self, q, k, w_q, w_k, table, sin, position_ids, layout, interleaved, eps,
                  weight_offset):
@@ -122,54 +123,77 @@ class _Route:
                 for x in (q, k)]
         self.layout, self.options = layout, dict(interleaved=interleaved, eps=eps,
                                                  weight_offset=weight_offset)
-        views = (view4(q, layout), view4(k, layout), *outs, w_q, w_k, table, sin,
-                 _pos2d(position_ids))
+        given = (view4(q, layout), view4(k, layout), w_q, w_k, table, sin, _pos2d(position_ids))
+        read = kernel.readable(*given)
+        # does this signature need copies before the kernels can read it? (then every call does)
+        self.copies = any(a is not b for a, b in zip(read, given))
+        q4, k4, w_q, w_k, table, sin, pos = read
+        views = (q4, k4, *outs, w_q, w_k, table, sin, pos)
         rows = kernel.plan_rows(*views, layout=layout, **self.options)
         # the forward: the two-pass route (large, contiguous), else the one kernel
-        self.fwd = eager.EagerTwoPass(rows) if rows is not None else \
-            eager.EagerLaunch(kernel.DIRECT, kernel.plan(*views, **self.options))
-        S, B = views[0].shape[:2]
+        if rows is not None:
+            self.fwd = eager.EagerTwoPass(rows)
+        else:
+            planned = kernel.plan(*views, layout=layout, **self.options)
+            self.fwd = eager.EagerLaunch(planned.launcher, planned)
+        S, B = q4.shape[:2]
         self.empty = not (S and B)
-        self._stand_ins = tuple(eager._stand_in(t) for t in (q, k, w_q, w_k, table, sin,
-                                                             _pos2d(position_ids)))
+        self._stand_ins = tuple(eager._stand_in(t) for t in read)
         self._backwards = {}
+
+    def readable(self, q, k, w_q, w_k, table, sin, position_ids) -> tuple:
+        """The call's tensors as the kernels read them: themselves, or where this signature
+        needs it, kernel.readable's copies (q and k then as [S, B, H, D] views)."""
+        pos = _pos2d(position_ids)
+        if not self.copies:
+            return q, k, w_q, w_k, table, sin, pos
+        return kernel.readable(view4(q, self.layout), view4(k, self.layout), w_q, w_k, table,
+                               sin, pos)
 
     def forward(self, q, k, w_q, w_k, table, sin, position_ids):
         q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-        pos = _pos2d(position_ids)
         if self.empty:
-            pass
-        elif isinstance(self.fwd, eager.EagerTwoPass):     # the two-pass route
+            return q_out, k_out
+        q, k, w_q, w_k, table, sin, pos = self.readable(q, k, w_q, w_k, table, sin, position_ids)
+        if isinstance(self.fwd, eager.EagerTwoPass):     # the two-pass route
             self.fwd(kernel.rows_pointers(q, k, q_out, k_out, w_q, w_k, table, sin, pos))
         else:
-            self.fwd((q, k, None, None, q_out, k_out, w_q, w_k, table, sin, pos, None))
+            self.fwd(kernel.pointers(self.fwd.launch, q, k, q_out, k_out, w_q, w_k, table, sin,
+                                     pos))
         return q_out, k_out
 
     def backward(self, gq, gk, q, k, w_q, w_k, table, sin, position_ids):
         grad_q = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         grad_k = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-        key = (gq.stride(), gk.stride(), gq.dtype, gk.dtype)
+        gq, gk = kernel.readable_grad(gq), kernel.readable_grad(gk)
+        key = (gq.dtype, gk.dtype)
         bwd = self._backwards.get(key)
         if bwd is None:
             q_, k_, w_q_, w_k_, table_, sin_, pos_ = self._stand_ins
             lay = self.layout
-            views = (view4(q_, lay), view4(k_, lay), view4(grad_q, lay), view4(grad_k, lay),
-                     w_q_, w_k_, table_, sin_, pos_)
+            views = (q_, k_, view4(grad_q, lay), view4(grad_k, lay), w_q_, w_k_, table_, sin_,
+                     pos_)
             grads = dict(gq4=view4(gq, lay), gk4=view4(gk, lay))
             rows = kernel.plan_rows(*views, layout=lay, **grads, **self.options)
-            bwd = self._backwards[key] = eager.EagerTwoPass(rows) if rows is not None else \
-                eager.EagerLaunch(kernel.DIRECT, kernel.plan(*views, **grads, **self.options))
+            if rows is not None:
+                bwd = eager.EagerTwoPass(rows)
+            else:
+                planned = kernel.plan(*views, layout=lay, **grads, **self.options)
+                bwd = eager.EagerLaunch(planned.launcher, planned)
+            self._backwards[key] = bwd
+        q, k, w_q_read, w_k_read, table, sin, pos = self.readable(q, k, w_q, w_k, table, sin,
+                                                                  position_ids)
         if isinstance(bwd, eager.EagerTwoPass):     # the two-pass route
             part = kernel.rows_partials(bwd.route)
-            bwd(kernel.rows_pointers(q, k, grad_q, grad_k, w_q, w_k, table, sin,
-                                     _pos2d(position_ids), gq, gk, part))
+            bwd(kernel.rows_pointers(q, k, grad_q, grad_k, w_q_read, w_k_read, table, sin, pos,
+                                     gq, gk, part))
             gw_q, gw_k = kernel.rows_weight_grads(bwd.route, part)
         else:
             part = kernel.partials(bwd.launch)
             if part.numel():
-                bwd((q, k, gq, gk, grad_q, grad_k, w_q, w_k, table, sin, _pos2d(position_ids),
-                     part))
+                bwd(kernel.pointers(bwd.launch, q, k, grad_q, grad_k, w_q_read, w_k_read, table,
+                                    sin, pos, gq, gk, part))
             gw_q, gw_k = kernel.weight_grads(bwd.launch, part)
         return grad_q, grad_k, gw_q.to(w_q.dtype), gw_k.to(w_k.dtype)
 

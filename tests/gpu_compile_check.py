@@ -103,11 +103,12 @@ def main():
     ]:
         qo, kout = torch.empty_like(x), torch.empty_like(k)
         grads = dict(gq4=torch.randn_like(x), gk4=torch.randn_like(k)) if backward else {}
-        planned = QK.plan(x, k, qo, kout, w, w, table, sin, pos, interleaved=True, eps=1e-6,
-                          weight_offset=0.0, **grads)
-        ptrs = (x, k, grads.get("gq4"), grads.get("gk4"), qo, kout, w, w, table, sin, pos,
-                QK.partials(planned))
-        compile_for_gpu(name, QK._qk_norm_rope_kernel, QK.POINTERS, planned, ptrs)
+        planned = QK.plan(x, k, qo, kout, w, w, table, sin, pos, layout="sbhd", interleaved=True,
+                          eps=1e-6, weight_offset=0.0, **grads)
+        ptrs = QK.pointers(planned, x, k, qo, kout, w, w, table, sin, pos, grads.get("gq4"),
+                           grads.get("gk4"), QK.partials(planned))
+        compile_for_gpu(name, planned.launcher.kernel, planned.launcher.pointer_names, planned,
+                        ptrs)
     # the forward of large contiguous q and k: the rows pass of the two-pass route, with the
     # GPU's program size, reading the pre-pass's rows (rotate-half) or the caller's cos/sin
     # (interleaved)

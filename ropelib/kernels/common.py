@@ -51,9 +51,10 @@ def cos_sin(angle, ACCURATE: tl.constexpr):
 
 @triton.jit
 def offset_int(i, INT64: tl.constexpr):
-    """i as offsets are computed from it: int64 when the tensors may pass 2^31 elements."""
+    """i as offsets are computed from it: int64 when the tensors may pass 2^31 elements. (i may
+    be a Python int: a loop counter in the interpreter.)"""
     if INT64:
-        j = i.to(tl.int64)
+        j = tl.cast(i, tl.int64)
     else:
         j = i
     return j

@@ -37,6 +37,7 @@ which member's sine is used:
     forward   y_a = u_a c_a - u_b s_a       y_b = u_b c_b + u_a s_b
     backward  gu_a = gy_a c_a + gy_b s_b    gu_b = gy_b c_b - gy_a s_a
 """
+import math
 from typing import Optional, Tuple
 
 import torch
@@ -44,20 +45,24 @@ import triton
 import triton.language as tl
 
 from ..runtime import INTERPRET
-from .common import (ROUND_BF16_RTNE, batch_range, flat_tile, head_tile, load_table,
-                     offset_int, pair_features, rotate_pair, round_to)
+from .common import (ROUND_BF16_RTNE, batch_range, contiguous_strides, flat_tile, head_tile,
+                     load_table, offset_int, pair_features, rotate_pair, round_to)
 from .direct import DirectLauncher
-from .planning import (I32_LIMIT, Launch, cdiv, needs_int64, pow2_at_least, pow2_at_most,
-                       start)
+from .planning import (I32_LIMIT, OUT_LAYOUT, Launch, cdiv, needs_int64, pow2_at_least,
+                       pow2_at_most, start)
 from .tiles import (QK_NORM_ELEMENTS_PER_THREAD, QK_NORM_PROGRAMS_PER_SM, QK_NORM_ROWS_PER_STEP,
                     multiprocessors)
 
 
 @triton.jit
-def _rows_of_table(s_idx, b, S, P, pos_ptr, stride_pos_b, stride_pos_s):
+def _rows_of_table(s_idx, b, S, P, pos_ptr, IDS_PER_ENTRY: tl.constexpr):
     # s_idx [BLOCK_S] token indices, b batch entry -> (table rows [BLOCK_S] int32, valid [BLOCK_S])
-    if pos_ptr is not None:
-        p = tl.load(pos_ptr + b * stride_pos_b + s_idx * stride_pos_s, mask=s_idx < S, other=0)
+    if pos_ptr is not None:     # position ids [B or 1, S], contiguous
+        if IDS_PER_ENTRY:
+            ids = pos_ptr + b * S
+        else:
+            ids = pos_ptr
+        p = tl.load(ids + s_idx, mask=s_idx < S, other=0)
         valid = (p >= 0) & (p < P)       # compared before narrowing, so huge ids cannot wrap
         p = p.to(tl.int32)
     else:
@@ -69,80 +74,89 @@ def _rows_of_table(s_idx, b, S, P, pos_ptr, stride_pos_b, stride_pos_s):
 
 @triton.jit
 def _norm_rope_heads(
-    x_ptr,                              # this segment's input (q or k)
+    x_ptr,                              # this segment's input (q or k), features at stride 1
     gy_ptr,                             # backward: the gradient of its output (None forward)
     out_ptr,                            # forward: y; backward: gx
-    w_ptr,                              # its weight [D]
+    w_ptr,                              # its weight [D], contiguous
     cos_ptr, sin_ptr, pos_ptr,          # table (angles, or cos and sin); position ids
     part_ptr,                           # backward: this program's [D] row of partial sums of gu n
     pid_s, h0, b_lo, b_hi,              # tile origin: token block, first head, batch range
-    S, H, P,                            # tokens, heads of this segment, table rows
+    S, B, H, P,                         # tokens, batch, heads of this segment, table rows
     eps, weight_offset,
-    stride_x_s, stride_x_b, stride_x_h, stride_x_d,
-    stride_g_s, stride_g_b, stride_g_h, stride_g_d,
-    stride_o_s, stride_o_b, stride_o_h, stride_o_d,
-    stride_w,
-    stride_tab_b, stride_tab_p, stride_tab_d,
-    stride_pos_b, stride_pos_s,
+    stride_x_s, stride_x_b, stride_x_h,
     R: tl.constexpr, D: tl.constexpr,   # rotary dim (even, <= D), head dim
-    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
-    BLOCK_PASS: tl.constexpr,           # next_pow2(D - R); 0 when the whole head is rotated
-    INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr, TABLE_PER_BATCH: tl.constexpr,
-    CDT: tl.constexpr, INT64: tl.constexpr,
+    OUT_LAYOUT: tl.constexpr,           # y and gx (and gy) are contiguous in this layout
+    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
+    INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
+    TABLE_PER_ENTRY: tl.constexpr, IDS_PER_ENTRY: tl.constexpr,
 ):
     HALF: tl.constexpr = R // 2
+    # tile widths: the next powers of two of R/2 and of D - R (0 when the whole head rotates),
+    # in constexpr bit arithmetic (both below 2^16), as fused._rope_heads
+    h0_: tl.constexpr = HALF - 1
+    h1_: tl.constexpr = h0_ | (h0_ >> 1)
+    h2_: tl.constexpr = h1_ | (h1_ >> 2)
+    h3_: tl.constexpr = h2_ | (h2_ >> 4)
+    BLOCK_HALF: tl.constexpr = (h3_ | (h3_ >> 8)) + 1
+    p0_: tl.constexpr = D - R - 1 if D > R else 0
+    p1_: tl.constexpr = p0_ | (p0_ >> 1)
+    p2_: tl.constexpr = p1_ | (p1_ >> 2)
+    p3_: tl.constexpr = p2_ | (p2_ >> 4)
+    BLOCK_PASS: tl.constexpr = (p3_ | (p3_ >> 8)) + 1 if D > R else 0
+    # math in fp64 for fp64 inputs, else fp32
+    CDT: tl.constexpr = tl.float64 if x_ptr.dtype.element_ty == tl.float64 else tl.float32
+    PER_ENTRY: tl.constexpr = TABLE_PER_ENTRY or IDS_PER_ENTRY   # rows differ between entries
     # Fix the float arguments to the compute dtype, so every value (and the loop-carried sums)
     # keeps one type. They arrive as fp64 (the kernel's annotation) or, in the interpreter, as
     # Python floats: tl.full keeps every bit of either, where tl.cast would first round a Python
     # float to fp32 (fp64 inputs would get an fp32 eps).
     eps = tl.full((), eps, CDT)
     weight_offset = tl.full((), weight_offset, CDT)
+    # Offsets of rows (token, head) in int64, always: they are [BLOCK_S, BLOCK_H] values, not
+    # one per element, so the width costs next to nothing and no tensor size can overflow them.
     s_idx, s_off, h_idx, d_a, d_b, row_ok, m, tab_mask = head_tile(
-        pid_s, h0, S, H, BLOCK_S, BLOCK_H, BLOCK_HALF, HALF, INTERLEAVED, INT64)
+        pid_s, h0, S, H, BLOCK_S, BLOCK_H, BLOCK_HALF, HALF, INTERLEAVED, True)
     j = tl.arange(0, BLOCK_HALF)                              # [BLOCK_HALF] pairs
-    if INT64:
-        h_off = h_idx.to(tl.int64)
-    else:
-        h_off = h_idx
+    h_off = h_idx.to(tl.int64)
+    st_y_s, st_y_b, st_y_h = contiguous_strides(S, B, H, D, OUT_LAYOUT, True)
     x_rows = s_off[:, None] * stride_x_s + h_off[None, :] * stride_x_h   # [BLOCK_S, BLOCK_H]
-    o_rows = s_off[:, None] * stride_o_s + h_off[None, :] * stride_o_h
-    g_rows = s_off[:, None] * stride_g_s + h_off[None, :] * stride_g_h
+    y_rows = s_off[:, None] * st_y_s + h_off[None, :] * st_y_h          # (gy and gx alike)
+    # the table's rows are dense: [P, R], or [B, P, R] with one table per batch entry
+    stride_tab_b = (tl.full([], 0, tl.int64) + P) * R if TABLE_PER_ENTRY else 0
 
     # the scale s = w + offset, broadcast over rows: [1, 1, BLOCK_HALF] (and [1, 1, BLOCK_PASS])
-    sw_a = (tl.load(w_ptr + d_a * stride_w, mask=j < HALF, other=0.0).to(CDT)
-            + weight_offset)[None, None, :]
-    sw_b = (tl.load(w_ptr + d_b * stride_w, mask=j < HALF, other=0.0).to(CDT)
-            + weight_offset)[None, None, :]
+    sw_a = (tl.load(w_ptr + d_a, mask=j < HALF, other=0.0).to(CDT) + weight_offset)[None, None, :]
+    sw_b = (tl.load(w_ptr + d_b, mask=j < HALF, other=0.0).to(CDT) + weight_offset)[None, None, :]
     if BLOCK_PASS > 0:
         e = R + tl.arange(0, BLOCK_PASS)
         mp = row_ok[:, :, None] & (e < D)[None, None, :]
-        sw_p = (tl.load(w_ptr + e * stride_w, mask=e < D, other=0.0).to(CDT)
-                + weight_offset)[None, None, :]
+        sw_p = (tl.load(w_ptr + e, mask=e < D, other=0.0).to(CDT) + weight_offset)[None, None, :]
     if BACKWARD:
         acc_a = tl.zeros((BLOCK_HALF,), dtype=CDT)            # sum of gu n over rows, per feature
         acc_b = tl.zeros((BLOCK_HALF,), dtype=CDT)
         if BLOCK_PASS > 0:
             acc_p = tl.zeros((BLOCK_PASS,), dtype=CDT)
 
-    if not TABLE_PER_BATCH:
-        rows, valid = _rows_of_table(s_idx, 0, S, P, pos_ptr, stride_pos_b, stride_pos_s)
-        c_a, s_a, c_b, s_b = load_table(cos_ptr, sin_ptr, rows, 0, stride_tab_b, stride_tab_p,
-                                        stride_tab_d, d_a, d_b, tab_mask, CDT)
+    if not PER_ENTRY:
+        rows, valid = _rows_of_table(s_idx, 0, S, P, pos_ptr, IDS_PER_ENTRY)
+        c_a, s_a, c_b, s_b = load_table(cos_ptr, sin_ptr, rows, 0, stride_tab_b, R, 1, d_a, d_b,
+                                        tab_mask, CDT)
 
     for b in range(b_lo, b_hi):
-        bb = offset_int(b, INT64)       # the batch entry, in int64 when offsets need it
-        if TABLE_PER_BATCH:
-            rows, valid = _rows_of_table(s_idx, bb, S, P, pos_ptr, stride_pos_b, stride_pos_s)
-            c_a, s_a, c_b, s_b = load_table(cos_ptr, sin_ptr, rows, bb, stride_tab_b,
-                                            stride_tab_p, stride_tab_d, d_a, d_b, tab_mask, CDT)
+        bb = offset_int(b, True)
+        if PER_ENTRY:
+            rows, valid = _rows_of_table(s_idx, bb, S, P, pos_ptr, IDS_PER_ENTRY)
+            c_a, s_a, c_b, s_b = load_table(cos_ptr, sin_ptr, rows, bb, stride_tab_b, R, 1, d_a,
+                                            d_b, tab_mask, CDT)
         bad = ~valid[:, None, None]      # a position outside the table: NaN, never a clamped row
         xr = x_ptr + (x_rows + bb * stride_x_b)[:, :, None]   # [BLOCK_S, BLOCK_H, 1]
-        orow = out_ptr + (o_rows + bb * stride_o_b)[:, :, None]
-        x_a = tl.load(xr + d_a[None, None, :] * stride_x_d, mask=m, other=0.0).to(CDT)
-        x_b = tl.load(xr + d_b[None, None, :] * stride_x_d, mask=m, other=0.0).to(CDT)
+        yr = y_rows + bb * st_y_b
+        orow = out_ptr + yr[:, :, None]
+        x_a = tl.load(xr + d_a[None, None, :], mask=m, other=0.0).to(CDT)
+        x_b = tl.load(xr + d_b[None, None, :], mask=m, other=0.0).to(CDT)
         ss = tl.sum(x_a * x_a, axis=2) + tl.sum(x_b * x_b, axis=2)          # [BLOCK_S, BLOCK_H]
         if BLOCK_PASS > 0:
-            x_p = tl.load(xr + e[None, None, :] * stride_x_d, mask=mp, other=0.0).to(CDT)
+            x_p = tl.load(xr + e[None, None, :], mask=mp, other=0.0).to(CDT)
             ss += tl.sum(x_p * x_p, axis=2)
         if CDT == tl.float64:
             r = 1.0 / tl.sqrt(ss / D + eps)     # (rsqrt is fp32 only)
@@ -157,18 +171,18 @@ def _norm_rope_heads(
             y_a, y_b = rotate_pair(u_a, u_b, c_a, s_a, c_b, s_b)
             y_a = tl.where(bad, float("nan"), y_a)
             y_b = tl.where(bad, float("nan"), y_b)
-            tl.store(orow + d_a[None, None, :] * stride_o_d,
+            tl.store(orow + d_a[None, None, :],
                      round_to(y_a, out_ptr.dtype.element_ty, ROUND_BF16_RTNE), mask=m)
-            tl.store(orow + d_b[None, None, :] * stride_o_d,
+            tl.store(orow + d_b[None, None, :],
                      round_to(y_b, out_ptr.dtype.element_ty, ROUND_BF16_RTNE), mask=m)
             if BLOCK_PASS > 0:
-                tl.store(orow + e[None, None, :] * stride_o_d,
+                tl.store(orow + e[None, None, :],
                          round_to(x_p * r * sw_p, out_ptr.dtype.element_ty, ROUND_BF16_RTNE),
                          mask=mp)
         else:
-            gr = gy_ptr + (g_rows + bb * stride_g_b)[:, :, None]
-            gy_a = tl.load(gr + d_a[None, None, :] * stride_g_d, mask=m, other=0.0).to(CDT)
-            gy_b = tl.load(gr + d_b[None, None, :] * stride_g_d, mask=m, other=0.0).to(CDT)
+            gr = gy_ptr + yr[:, :, None]
+            gy_a = tl.load(gr + d_a[None, None, :], mask=m, other=0.0).to(CDT)
+            gy_b = tl.load(gr + d_b[None, None, :], mask=m, other=0.0).to(CDT)
             # gu = R(-theta) gy
             gu_a, gu_b = rotate_pair(gy_a, gy_b, c_a, -s_b, c_b, -s_a)
             gu_a = tl.where(bad, float("nan"), gu_a)
@@ -179,20 +193,20 @@ def _norm_rope_heads(
             gn_b = gu_b * sw_b
             dot = tl.sum(gn_a * n_a, axis=2) + tl.sum(gn_b * n_b, axis=2)   # [BLOCK_S, BLOCK_H]
             if BLOCK_PASS > 0:
-                gu_p = tl.load(gr + e[None, None, :] * stride_g_d, mask=mp, other=0.0).to(CDT)
+                gu_p = tl.load(gr + e[None, None, :], mask=mp, other=0.0).to(CDT)
                 n_p = x_p * r
                 acc_p += tl.sum(tl.sum(gu_p * n_p, axis=0), axis=0)
                 gn_p = gu_p * sw_p
                 dot += tl.sum(gn_p * n_p, axis=2)
             dot = (dot / D)[:, :, None]
-            tl.store(orow + d_a[None, None, :] * stride_o_d,
+            tl.store(orow + d_a[None, None, :],
                      round_to(r * (gn_a - n_a * dot), out_ptr.dtype.element_ty, ROUND_BF16_RTNE),
                      mask=m)
-            tl.store(orow + d_b[None, None, :] * stride_o_d,
+            tl.store(orow + d_b[None, None, :],
                      round_to(r * (gn_b - n_b * dot), out_ptr.dtype.element_ty, ROUND_BF16_RTNE),
                      mask=m)
             if BLOCK_PASS > 0:
-                tl.store(orow + e[None, None, :] * stride_o_d,
+                tl.store(orow + e[None, None, :],
                          round_to(r * (gn_p - n_p * dot), out_ptr.dtype.element_ty,
                                   ROUND_BF16_RTNE),
                          mask=mp)
@@ -204,69 +218,91 @@ def _norm_rope_heads(
 
 
 @triton.jit
-def _qk_norm_rope_kernel(
-    # tensors
-    q_ptr, k_ptr,                       # q [S, B, HQ, D], k [S, B, HK, D] (strided views)
-    gq_ptr, gk_ptr,                     # backward: gradients of the outputs (None forward)
-    q_out_ptr, k_out_ptr,               # forward: the outputs; backward: the gradients of q, k
-    w_q_ptr, w_k_ptr,                   # weights [D]
-    cos_ptr, sin_ptr,                   # table [P, R] or [B or 1, P, R]: angles (sin None), or
-                                        # cos and sin
-    pos_ptr,                            # position ids [B or 1, S] (None: the token index)
-    part_ptr,                           # backward: partial sums [programs, D] (None forward)
-    # sizes and scalars
-    S, B, HQ, HK, P,                    # tokens, batch, heads of q and of k, table rows
-    # RMSNorm epsilon; the scale is w + weight_offset. fp64, so that fp64 inputs get them
-    # unrounded: a plain float argument is passed as fp32 (as it still is by Triton before 3.4,
-    # which ignores a float annotation)
-    eps: tl.float64, weight_offset: tl.float64,
-    # strides, in elements
-    stride_q_s, stride_q_b, stride_q_h, stride_q_d,
-    stride_k_s, stride_k_b, stride_k_h, stride_k_d,
-    stride_gq_s, stride_gq_b, stride_gq_h, stride_gq_d,
-    stride_gk_s, stride_gk_b, stride_gk_h, stride_gk_d,
-    stride_qo_s, stride_qo_b, stride_qo_h, stride_qo_d,
-    stride_ko_s, stride_ko_b, stride_ko_h, stride_ko_d,
-    stride_wq, stride_wk,
-    stride_tab_b, stride_tab_p, stride_tab_d,   # 0 batch stride: one table for every entry
-    stride_pos_b, stride_pos_s,                 # 0 batch stride: shared position ids
-    # what is computed
-    R: tl.constexpr, D: tl.constexpr,
-    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
-    BLOCK_PASS: tl.constexpr,
-    INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr, TABLE_PER_BATCH: tl.constexpr,
-    CDT: tl.constexpr, INT64: tl.constexpr,
+def _norm_rope_q_and_k(
+    q_ptr, k_ptr, gq_ptr, gk_ptr, q_out_ptr, k_out_ptr, w_q_ptr, w_k_ptr, cos_ptr, sin_ptr,
+    pos_ptr, part_ptr, S, B, HQ, P, eps, weight_offset,
+    stride_q_s, stride_q_b, stride_q_h, stride_k_s, stride_k_b, stride_k_h,
+    R: tl.constexpr, D: tl.constexpr, OUT_LAYOUT: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
+    BACKWARD: tl.constexpr, TABLE_PER_ENTRY: tl.constexpr, IDS_PER_ENTRY: tl.constexpr,
 ):
+    # The program's tile: q's heads (grid axis 1 below HQ / BLOCK_H), else k's. BLOCK_H divides
+    # both head counts (pick_tiles), so k's count is what the grid leaves after q's blocks.
     pid_s = tl.program_id(0)
     pid_h = tl.program_id(1)
     pid_b = tl.program_id(2)
     b_lo, b_hi = batch_range(B)
     if BACKWARD:    # this program's row of the partial sums
-        part = part_ptr + ((pid_s * tl.num_programs(1) + pid_h) * tl.num_programs(2) + pid_b) * D
+        part = part_ptr + ((pid_s * tl.num_programs(1) + pid_h) * tl.num_programs(2)
+                           + pid_b).to(tl.int64) * D
     else:
         part = part_ptr
-    q_blocks = tl.cdiv(HQ, BLOCK_H)
+    q_blocks = HQ // BLOCK_H
     if pid_h < q_blocks:
         _norm_rope_heads(q_ptr, gq_ptr, q_out_ptr, w_q_ptr, cos_ptr, sin_ptr, pos_ptr, part,
-                         pid_s, pid_h * BLOCK_H, b_lo, b_hi, S, HQ, P, eps, weight_offset,
-                         stride_q_s, stride_q_b, stride_q_h, stride_q_d,
-                         stride_gq_s, stride_gq_b, stride_gq_h, stride_gq_d,
-                         stride_qo_s, stride_qo_b, stride_qo_h, stride_qo_d,
-                         stride_wq, stride_tab_b, stride_tab_p, stride_tab_d,
-                         stride_pos_b, stride_pos_s,
-                         R, D, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, BACKWARD,
-                         TABLE_PER_BATCH, CDT, INT64)
+                         pid_s, pid_h * BLOCK_H, b_lo, b_hi, S, B, HQ, P, eps, weight_offset,
+                         stride_q_s, stride_q_b, stride_q_h, R, D, OUT_LAYOUT, BLOCK_S, BLOCK_H,
+                         INTERLEAVED, BACKWARD, TABLE_PER_ENTRY, IDS_PER_ENTRY)
     else:
+        HK = (tl.num_programs(1) - q_blocks) * BLOCK_H
         _norm_rope_heads(k_ptr, gk_ptr, k_out_ptr, w_k_ptr, cos_ptr, sin_ptr, pos_ptr, part,
-                         pid_s, (pid_h - q_blocks) * BLOCK_H, b_lo, b_hi, S, HK, P, eps,
-                         weight_offset,
-                         stride_k_s, stride_k_b, stride_k_h, stride_k_d,
-                         stride_gk_s, stride_gk_b, stride_gk_h, stride_gk_d,
-                         stride_ko_s, stride_ko_b, stride_ko_h, stride_ko_d,
-                         stride_wk, stride_tab_b, stride_tab_p, stride_tab_d,
-                         stride_pos_b, stride_pos_s,
-                         R, D, BLOCK_S, BLOCK_H, BLOCK_HALF, BLOCK_PASS, INTERLEAVED, BACKWARD,
-                         TABLE_PER_BATCH, CDT, INT64)
+                         pid_s, (pid_h - q_blocks) * BLOCK_H, b_lo, b_hi, S, B, HK, P, eps,
+                         weight_offset, stride_k_s, stride_k_b, stride_k_h, R, D, OUT_LAYOUT,
+                         BLOCK_S, BLOCK_H, INTERLEAVED, BACKWARD, TABLE_PER_ENTRY,
+                         IDS_PER_ENTRY)
+
+
+# --- the entry points: forward and backward, each at most 32 arguments ----------------------
+# Common to both: q and k as strided [S, B, H, D] views with features at stride 1; the outputs
+# (forward: y; backward: the input gradients) fresh and contiguous in OUT_LAYOUT; the weights
+# contiguous; the table's rows dense ([P, R], or [B, P, R] with TABLE_PER_ENTRY); position ids
+# [B or 1, S] contiguous. The host (`readable`) copies what does not come so.
+
+@triton.jit
+def _qk_norm_rope_kernel(
+    q_ptr, k_ptr,                        # q [S, B, HQ, D], k [S, B, HK, D] (strided views)
+    q_out_ptr, k_out_ptr,                # the outputs, contiguous in OUT_LAYOUT
+    w_q_ptr, w_k_ptr,                    # the norms' weights [D]
+    cos_ptr, sin_ptr,                    # angles (sin None) or cos and sin
+    pos_ptr,                             # position ids (None: token s reads row s)
+    S, B, HQ, P,                         # tokens, batch, heads of q, table rows
+    # RMSNorm epsilon; the scale is w + weight_offset. fp64, so that fp64 inputs get them
+    # unrounded: a plain float argument is passed as fp32 (as it still is by Triton before 3.4,
+    # which ignores a float annotation)
+    eps: tl.float64, weight_offset: tl.float64,
+    stride_q_s, stride_q_b, stride_q_h,
+    stride_k_s, stride_k_b, stride_k_h,
+    R: tl.constexpr, D: tl.constexpr, OUT_LAYOUT: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
+    TABLE_PER_ENTRY: tl.constexpr, IDS_PER_ENTRY: tl.constexpr,
+):
+    _norm_rope_q_and_k(q_ptr, k_ptr, None, None, q_out_ptr, k_out_ptr, w_q_ptr, w_k_ptr,
+                       cos_ptr, sin_ptr, pos_ptr, None, S, B, HQ, P, eps, weight_offset,
+                       stride_q_s, stride_q_b, stride_q_h, stride_k_s, stride_k_b, stride_k_h,
+                       R, D, OUT_LAYOUT, BLOCK_S, BLOCK_H, INTERLEAVED, False, TABLE_PER_ENTRY,
+                       IDS_PER_ENTRY)
+
+
+@triton.jit
+def _qk_norm_rope_backward_kernel(
+    q_ptr, k_ptr,                        # the forward's inputs (strided views)
+    grad_q_ptr, grad_k_ptr,              # the input gradients, contiguous in OUT_LAYOUT
+    w_q_ptr, w_k_ptr, cos_ptr, sin_ptr, pos_ptr,
+    grad_q_out_ptr, grad_k_out_ptr,      # the output gradients, contiguous in OUT_LAYOUT
+    part_ptr,                            # [programs, D] partial sums of gu n (CDT)
+    S, B, HQ, P,
+    eps: tl.float64, weight_offset: tl.float64,
+    stride_q_s, stride_q_b, stride_q_h,
+    stride_k_s, stride_k_b, stride_k_h,
+    R: tl.constexpr, D: tl.constexpr, OUT_LAYOUT: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
+    TABLE_PER_ENTRY: tl.constexpr, IDS_PER_ENTRY: tl.constexpr,
+):
+    _norm_rope_q_and_k(q_ptr, k_ptr, grad_q_out_ptr, grad_k_out_ptr, grad_q_ptr, grad_k_ptr,
+                       w_q_ptr, w_k_ptr, cos_ptr, sin_ptr, pos_ptr, part_ptr, S, B, HQ, P, eps,
+                       weight_offset, stride_q_s, stride_q_b, stride_q_h, stride_k_s,
+                       stride_k_b, stride_k_h, R, D, OUT_LAYOUT, BLOCK_S, BLOCK_H, INTERLEAVED,
+                       True, TABLE_PER_ENTRY, IDS_PER_ENTRY)
 
 
 @triton.jit
@@ -435,27 +471,35 @@ def _tokens_per_program(S, cap: int) -> int:
     return cap if isinstance(S, torch.SymInt) else pow2_at_least(S, cap)
 
 
+def heads_per_block(HQ: int, HK: int, cap: int) -> int:
+    """BLOCK_H: the largest power of two that divides both head counts, at most cap (a power of
+    two). Dividing them, it leaves no head block part-masked, and the kernel knows k's head
+    count from the grid."""
+    common = math.gcd(HQ, HK)
+    return min(common & -common, cap)
+
+
 def pick_tiles(S, B, HQ: int, HK: int, D: int, sm_count: Optional[int]):
     """(BLOCK_S, BLOCK_H, batch entries per program, num_warps). S and B may be symbolic: only
     compared.
 
-    GPU: about ROWS_PER_STEP elements per batch step, heads first (BLOCK_H at most the smaller
-    head count, so k's blocks are not mostly masked under GQA), looping over the whole batch
-    unless that leaves fewer than 4 programs per SM (decode). Interpreter: big tiles, since each
-    program instance costs milliseconds.
+    GPU: about ROWS_PER_STEP elements per batch step, heads first (BLOCK_H divides both head
+    counts: heads_per_block), looping over the whole batch unless that leaves fewer than
+    QK_NORM_PROGRAMS_PER_SM programs per SM (decode). Interpreter: big tiles, since each program
+    instance costs milliseconds.
     """
     block_d = pow2_at_least(D, 1 << 30)
     if sm_count is None:
-        block_h = pow2_at_least(max(HQ, HK), 16)
+        block_h = heads_per_block(HQ, HK, 16)
         block_s = _tokens_per_program(S, max(1, 4096 // (block_h * block_d)))
         return block_s, block_h, max(B, 1), 4     # (B may be 0: the grid is then empty)
-    rows = max(1, ROWS_PER_STEP // block_d)
-    block_h = min(pow2_at_most(min(HQ, HK)), rows)
+    rows = pow2_at_most(max(1, ROWS_PER_STEP // block_d))
+    block_h = heads_per_block(HQ, HK, rows)
     block_s = _tokens_per_program(S, max(1, rows // block_h))
     fit = not isinstance(S, torch.SymInt) and not isinstance(B, torch.SymInt)
     chunk = B
     if fit:
-        tiles = cdiv(S, block_s) * (cdiv(HQ, block_h) + cdiv(HK, block_h))
+        tiles = cdiv(S, block_s) * ((HQ + HK) // block_h)
         while chunk > 1 and tiles * cdiv(B, chunk) < QK_NORM_PROGRAMS_PER_SM * sm_count:
             chunk = cdiv(chunk, 2)
         chunk = max(chunk, 1)
@@ -463,23 +507,65 @@ def pick_tiles(S, B, HQ: int, HK: int, D: int, sm_count: Optional[int]):
     return block_s, block_h, chunk, num_warps
 
 
-def _strides4(t: Optional[torch.Tensor]) -> tuple:
-    return tuple(t.stride()) if t is not None else (0, 0, 0, 0)
+def _per_entry(t: Optional[torch.Tensor], dims: int) -> bool:
+    """Does a table ([B, P, R]: dims 3) or position ids ([B, S]: dims 2) differ between batch
+    entries? (Not with one entry, nor with a batch stride of 0: one serves all.)"""
+    return t is not None and t.dim() == dims and t.shape[0] > 1 and t.stride(0) != 0
 
 
-# The kernel's pointer arguments, in its order (an unused one is None).
-POINTERS = ("q_ptr", "k_ptr", "gq_ptr", "gk_ptr", "q_out_ptr", "k_out_ptr", "w_q_ptr", "w_k_ptr",
-            "cos_ptr", "sin_ptr", "pos_ptr", "part_ptr")
-DIRECT = DirectLauncher(_qk_norm_rope_kernel, POINTERS)
+def _dense(t: torch.Tensor, dims: int) -> bool:
+    """Is a table (dims 3) or are position ids (dims 2) laid out as the kernel reads them: the
+    last dim at stride 1, a table's rows one after the other, and entries that differ dense?"""
+    if t.stride(-1) != 1 and t.shape[-1] > 1:
+        return False
+    if dims == 3 and t.stride(-2) != t.shape[-1] and t.shape[-2] > 1:
+        return False
+    return not _per_entry(t, dims) or t.stride(0) == t[0].numel()
+
+
+def readable(q4: torch.Tensor, k4: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor,
+             table: torch.Tensor, sin: Optional[torch.Tensor], pos: Optional[torch.Tensor]):
+    """The arguments as the kernels read them, each itself or, where it does not come so, a
+    contiguous copy: q and k ([S, B, H, D] views) with features at stride 1, weights
+    contiguous, a table with dense rows ([P, R], or [B or 1, P, R]: one per entry, or a batch
+    stride of 0 for one shared), position ids [B or 1, S] with dense rows likewise."""
+    q4, k4 = (x if x.stride(3) == 1 or x.shape[3] == 1 else x.contiguous() for x in (q4, k4))
+    w_q, w_k = (w if w.stride(0) == 1 else w.contiguous() for w in (w_q, w_k))
+    if not _dense(table, 3):
+        table = table.contiguous()
+        sin = sin.contiguous() if sin is not None else None
+    if pos is not None and not _dense(pos, 2):
+        pos = pos.contiguous()
+    return q4, k4, w_q, w_k, table, sin, pos
+
+
+def readable_grad(g: torch.Tensor) -> torch.Tensor:
+    """The gradient of an output (shaped as the call's q or k) as the backward reads it:
+    contiguous, as the output itself is."""
+    return g if g.is_contiguous() else g.contiguous()
+
+
+# The kernels' pointer arguments, in their order: the forward's, then the backward's three more
+FORWARD_POINTERS = ("q_ptr", "k_ptr", "q_out_ptr", "k_out_ptr", "w_q_ptr", "w_k_ptr",
+                    "cos_ptr", "sin_ptr", "pos_ptr")
+BACKWARD_POINTERS = ("q_ptr", "k_ptr", "grad_q_ptr", "grad_k_ptr", "w_q_ptr", "w_k_ptr",
+                     "cos_ptr", "sin_ptr", "pos_ptr", "grad_q_out_ptr", "grad_k_out_ptr",
+                     "part_ptr")
+FORWARD = DirectLauncher(_qk_norm_rope_kernel, FORWARD_POINTERS)
+BACKWARD = DirectLauncher(_qk_norm_rope_backward_kernel, BACKWARD_POINTERS)
 
 
 def plan(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch.Tensor,
          w_q: torch.Tensor, w_k: torch.Tensor, table: torch.Tensor, sin: Optional[torch.Tensor],
-         pos: Optional[torch.Tensor], *, interleaved: bool, eps: float, weight_offset: float,
-         gq4: Optional[torch.Tensor] = None, gk4: Optional[torch.Tensor] = None) -> Launch:
-    """The launch over q and k ([S, B, H, D] views): forward (gq4 None) or backward. Sees only
-    shapes, strides, dtypes and the options, never values (stand-in tensors do), so one Launch
-    serves every call alike. Pointers are bound by `run`, in POINTERS order."""
+         pos: Optional[torch.Tensor], *, layout: str, interleaved: bool, eps: float,
+         weight_offset: float, gq4: Optional[torch.Tensor] = None,
+         gk4: Optional[torch.Tensor] = None) -> Launch:
+    """The launch over q and k ([S, B, H, D] views, as `readable` leaves them; outputs fresh,
+    contiguous in `layout`): forward (gq4 None) or backward (the output gradients gq4, gk4,
+    contiguous in `layout`; q_out4 and k_out4 take the input gradients). Sees only shapes,
+    strides, dtypes and the options, never values (stand-in tensors do), so one Launch serves
+    every call alike; its launcher is the direction's kernel. Pointers are bound by `run`, in
+    `pointers` order."""
     backward = gq4 is not None
     S, B, HQ, D = q4.shape
     HK = k4.shape[2]
@@ -488,52 +574,39 @@ def plan(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch
     device = q_out4.device
     sm = multiprocessors(device) if on_gpu else None
     block_s, block_h, chunk, num_warps = pick_tiles(S, B, HQ, HK, D, sm)
-    grid = (cdiv(S, block_s), cdiv(HQ, block_h) + cdiv(HK, block_h), cdiv(B, chunk))
-    if table.dim() == 2:
-        tab_b, tab_p, tab_d = 0, table.stride(0), table.stride(1)
-    else:
-        tab_b = table.stride(0) if table.shape[0] > 1 else 0
-        tab_p, tab_d = table.stride(1), table.stride(2)
-    if pos is not None:
-        pos_b = pos.stride(0) if pos.shape[0] > 1 else 0
-        pos_s = pos.stride(1)
-    else:
-        pos_b = pos_s = 0
-    tensors = [t for t in (q4, k4, q_out4, k_out4, gq4, gk4) if t is not None]
-    cdt = tl.float64 if q4.dtype == torch.float64 else tl.float32
+    grid = (cdiv(S, block_s), (HQ + HK) // block_h, cdiv(B, chunk))
+    assert all(x.stride(3) == 1 or D == 1 for x in (q4, k4)), "features at stride 1"
+    assert _dense(table, 3) and (pos is None or _dense(pos, 2)), "dense table rows and ids"
+    from .launch import View, contiguous_in     # (launch imports nothing of this module's)
+    assert gq4 is None or all(contiguous_in(View.of(g), layout) or not g.numel()
+                              for g in (gq4, gk4)), \
+        "output gradients contiguous in the layout (readable_grad)"
     args = dict(
-        S=S, B=B, HQ=HQ, HK=HK, P=table.shape[-2],
-        eps=eps, weight_offset=weight_offset,
-        **dict(zip(("stride_q_s", "stride_q_b", "stride_q_h", "stride_q_d"), _strides4(q4))),
-        **dict(zip(("stride_k_s", "stride_k_b", "stride_k_h", "stride_k_d"), _strides4(k4))),
-        **dict(zip(("stride_gq_s", "stride_gq_b", "stride_gq_h", "stride_gq_d"),
-                   _strides4(gq4))),
-        **dict(zip(("stride_gk_s", "stride_gk_b", "stride_gk_h", "stride_gk_d"),
-                   _strides4(gk4))),
-        **dict(zip(("stride_qo_s", "stride_qo_b", "stride_qo_h", "stride_qo_d"),
-                   _strides4(q_out4))),
-        **dict(zip(("stride_ko_s", "stride_ko_b", "stride_ko_h", "stride_ko_d"),
-                   _strides4(k_out4))),
-        stride_wq=w_q.stride(0), stride_wk=w_k.stride(0),
-        stride_tab_b=tab_b, stride_tab_p=tab_p, stride_tab_d=tab_d,
-        stride_pos_b=pos_b, stride_pos_s=pos_s,
-        R=R, D=D, BLOCK_S=block_s, BLOCK_H=block_h,
-        BLOCK_HALF=pow2_at_least(R // 2, 1 << 30),
-        BLOCK_PASS=pow2_at_least(D - R, 1 << 30) if D > R else 0,
-        INTERLEAVED=interleaved, BACKWARD=backward, TABLE_PER_BATCH=tab_b != 0 or pos_b != 0,
-        INT64=needs_int64(tensors), CDT=cdt,
+        S=S, B=B, HQ=HQ, P=table.shape[-2], eps=eps, weight_offset=weight_offset,
+        stride_q_s=q4.stride(0), stride_q_b=q4.stride(1), stride_q_h=q4.stride(2),
+        stride_k_s=k4.stride(0), stride_k_b=k4.stride(1), stride_k_h=k4.stride(2),
+        R=R, D=D, OUT_LAYOUT=OUT_LAYOUT[layout], BLOCK_S=block_s, BLOCK_H=block_h,
+        INTERLEAVED=interleaved,
+        TABLE_PER_ENTRY=_per_entry(table, 3), IDS_PER_ENTRY=_per_entry(pos, 2),
     )
-    dtypes = (q4.dtype, k4.dtype, gq4.dtype if backward else None,
-              gk4.dtype if backward else None, q_out4.dtype, k_out4.dtype, w_q.dtype, w_k.dtype,
-              table.dtype, sin.dtype if sin is not None else None,
-              pos.dtype if pos is not None else None,
-              (torch.float64 if cdt == tl.float64 else torch.float32) if backward else None)
-    return Launch(grid, num_warps, args, dtypes, device)
+    cdt = torch.float64 if q4.dtype == torch.float64 else torch.float32
+    dtypes = (q4.dtype, k4.dtype, q_out4.dtype, k_out4.dtype, w_q.dtype, w_k.dtype, table.dtype,
+              sin.dtype if sin is not None else None, pos.dtype if pos is not None else None)
+    if backward:
+        dtypes += (gq4.dtype, gk4.dtype, cdt)
+    return Launch(grid, num_warps, args, dtypes, device, BACKWARD if backward else FORWARD)
+
+
+def pointers(planned: Launch, q4, k4, q_out4, k_out4, w_q, w_k, table, sin, pos, gq4=None,
+             gk4=None, part=None) -> tuple:
+    """A plan's pointers in its kernel's order (FORWARD_POINTERS or BACKWARD_POINTERS)."""
+    first = (q4, k4, q_out4, k_out4, w_q, w_k, table, sin, pos)
+    return first + (gq4, gk4, part) if planned.launcher is BACKWARD else first
 
 
 def partials(planned: Launch) -> Optional[torch.Tensor]:
     """A backward launch's buffer of per-program partial sums [programs, D] (None forward)."""
-    if not planned.args["BACKWARD"]:
+    if planned.launcher is not BACKWARD:
         return None
     return torch.empty((*planned.grid, planned.args["D"]), dtype=planned.dtypes[-1],
                        device=planned.device)
@@ -542,16 +615,16 @@ def partials(planned: Launch) -> Optional[torch.Tensor]:
 def weight_grads(planned: Launch, part: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """The gradients of w_q and w_k from a backward launch's partial sums, in a fixed order of
     summation (the same bits on every run)."""
-    q_blocks = cdiv(planned.args["HQ"], planned.args["BLOCK_H"])
+    q_blocks = planned.args["HQ"] // planned.args["BLOCK_H"]
     if planned.args["S"] == 0 or planned.args["B"] == 0:
         return part.new_zeros(planned.args["D"]), part.new_zeros(planned.args["D"])
     return part[:, :q_blocks].sum((0, 1, 2)), part[:, q_blocks:].sum((0, 1, 2))
 
 
 def run(planned: Launch, pointers: tuple) -> None:
-    """Start the kernel (pointers in POINTERS order); see `planning.start`."""
+    """Start the kernel (pointers in its order); see `planning.start`."""
     if planned.args["S"] and planned.args["B"]:
-        start(DIRECT, planned, pointers)
+        start(planned.launcher, planned, pointers)
 
 
 # The forward of large contiguous q and k: the two-pass route (kernels/flat.py's pre-pass for
@@ -646,28 +719,32 @@ def rows_weight_grads(route, part: torch.Tensor) -> Tuple[torch.Tensor, torch.Te
 
 def launch(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch.Tensor,
            w_q: torch.Tensor, w_k: torch.Tensor, table: torch.Tensor, sin: Optional[torch.Tensor],
-           pos: Optional[torch.Tensor], *, interleaved: bool, eps: float, weight_offset: float,
-           gq4: Optional[torch.Tensor] = None, gk4: Optional[torch.Tensor] = None,
-           layout: Optional[str] = None) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
-    """Plan and run one launch over q and k ([S, B, H, D] views). Forward (gq4 None): writes the
-    normed and rotated q, k into q_out4, k_out4; returns None. Backward: reads the output
-    gradients gq4, gk4, writes the input gradients into q_out4, k_out4 and returns the
-    gradients of w_q and w_k in fp32 (fp64 for fp64 inputs).
+           pos: Optional[torch.Tensor], *, layout: str, interleaved: bool, eps: float,
+           weight_offset: float, gq4: Optional[torch.Tensor] = None,
+           gk4: Optional[torch.Tensor] = None) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    """Plan and run one launch over q and k ([S, B, H, D] views of tensors in `layout`; the
+    outputs fresh and contiguous in it). Forward (gq4 None): writes the normed and rotated q, k
+    into q_out4, k_out4; returns None. Backward: reads the output gradients gq4, gk4, writes the
+    input gradients into q_out4, k_out4 and returns the gradients of w_q and w_k in fp32 (fp64
+    for fp64 inputs).
 
     table: angles (sin None) or cos [P, R] or [B or 1, P, R]; pos: position ids [B or 1, S] or
-    None (token s reads row s). Arguments are validated by the caller (ropelib.qk_norm). With
-    the layout of q and k given, large contiguous calls take the two-pass route (plan_rows)."""
-    if layout is not None:
-        route = plan_rows(q4, k4, q_out4, k_out4, w_q, w_k, table, sin, pos, layout=layout,
-                          interleaved=interleaved, eps=eps, weight_offset=weight_offset,
-                          gq4=gq4, gk4=gk4)
-        if route is not None:
-            part = rows_partials(route) if gq4 is not None else None
-            route.start(rows_pointers(q4, k4, q_out4, k_out4, w_q, w_k, table, sin, pos, gq4,
-                                      gk4, part))
-            return rows_weight_grads(route, part) if part is not None else None
-    planned = plan(q4, k4, q_out4, k_out4, w_q, w_k, table, sin, pos, interleaved=interleaved,
-                   eps=eps, weight_offset=weight_offset, gq4=gq4, gk4=gk4)
+    None (token s reads row s). Arguments are validated by the caller (ropelib.qk_norm); what the
+    kernels cannot read as it is gets copied (`readable`). Large contiguous calls take the
+    two-pass route (plan_rows)."""
+    q4, k4, w_q, w_k, table, sin, pos = readable(q4, k4, w_q, w_k, table, sin, pos)
+    route = plan_rows(q4, k4, q_out4, k_out4, w_q, w_k, table, sin, pos, layout=layout,
+                      interleaved=interleaved, eps=eps, weight_offset=weight_offset,
+                      gq4=gq4, gk4=gk4)
+    if route is not None:
+        part = rows_partials(route) if gq4 is not None else None
+        route.start(rows_pointers(q4, k4, q_out4, k_out4, w_q, w_k, table, sin, pos, gq4,
+                                  gk4, part))
+        return rows_weight_grads(route, part) if part is not None else None
+    planned = plan(q4, k4, q_out4, k_out4, w_q, w_k, table, sin, pos, layout=layout,
+                   interleaved=interleaved, eps=eps, weight_offset=weight_offset, gq4=gq4,
+                   gk4=gk4)
     part = partials(planned)
-    run(planned, (q4, k4, gq4, gk4, q_out4, k_out4, w_q, w_k, table, sin, pos, part))
+    run(planned, pointers(planned, q4, k4, q_out4, k_out4, w_q, w_k, table, sin, pos, gq4, gk4,
+                          part))
     return weight_grads(planned, part) if part is not None else None
