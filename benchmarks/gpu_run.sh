@@ -59,9 +59,8 @@ for what in "${@:-tests}"; do
     case "$what" in
         tests)
             step pytest-gpu "$PY" -m pytest -q -m gpu tests -p no:cacheprovider
-            # the two-pass routes' tests (RoPE bit for bit, QK-norm's rows pass), compiled
-            step pytest-two-pass "$PY" -m pytest -q tests/test_two_pass.py \
-                tests/test_qk_norm_two_pass.py -p no:cacheprovider ;;
+            # the two-pass route's tests (bit for bit with the finished kernel), compiled
+            step pytest-two-pass "$PY" -m pytest -q tests/test_two_pass.py -p no:cacheprovider ;;
         floor)
             step floor "$PY" -m ropelib.bench --suite floor --out "$RESULTS/"
             keep "$RESULTS"/floor-"$gpu".csv ;;

@@ -208,7 +208,7 @@ class EagerTwoPass:
                             if route.table_pass is not None else None)
 
     def __call__(self, pointers) -> None:
-        q, q_out, k, k_out, cos, sin, position_ids, cu_seqlens, start, *rest = pointers
+        q, q_out, k, k_out, cos, sin, position_ids, cu_seqlens, start = pointers
         if self._table_pass is not None:
             plain = position_ids is None and cu_seqlens is None and start is None
             tables = (cos,) if sin is None else (cos, sin)
@@ -219,7 +219,7 @@ class EagerTwoPass:
                 if key is not None:
                     TABLE_ROWS.put(key, self, tables, rows)
             cos, sin = rows
-        self._rotate_pass((q, q_out, k, k_out, cos, sin, *rest))
+        self._rotate_pass((q, q_out, k, k_out, cos, sin))
 
 
 class PlannedRotation:

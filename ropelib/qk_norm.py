@@ -128,14 +128,9 @@ class _Route:
         # does this signature need copies before the kernels can read it? (then every call does)
         self.copies = any(a is not b for a, b in zip(read, given))
         q4, k4, w_q, w_k, table, sin, pos = read
-        views = (q4, k4, *outs, w_q, w_k, table, sin, pos)
-        rows = kernel.plan_rows(*views, layout=layout, **self.options)
-        # the forward: the two-pass route (large, contiguous), else the one kernel
-        if rows is not None:
-            self.fwd = eager.EagerTwoPass(rows)
-        else:
-            planned = kernel.plan(*views, layout=layout, **self.options)
-            self.fwd = eager.EagerLaunch(planned.launcher, planned)
+        planned = kernel.plan(q4, k4, *outs, w_q, w_k, table, sin, pos, layout=layout,
+                              **self.options)
+        self.fwd = eager.EagerLaunch(planned.launcher, planned)
         S, B = q4.shape[:2]
         self.empty = not (S and B)
         self._stand_ins = tuple(eager._stand_in(t) for t in read)
@@ -156,11 +151,7 @@ class _Route:
         if self.empty:
             return q_out, k_out
         q, k, w_q, w_k, table, sin, pos = self.readable(q, k, w_q, w_k, table, sin, position_ids)
-        if isinstance(self.fwd, eager.EagerTwoPass):     # the two-pass route
-            self.fwd(kernel.rows_pointers(q, k, q_out, k_out, w_q, w_k, table, sin, pos))
-        else:
-            self.fwd(kernel.pointers(self.fwd.launch, q, k, q_out, k_out, w_q, w_k, table, sin,
-                                     pos))
+        self.fwd(kernel.pointers(self.fwd.launch, q, k, q_out, k_out, w_q, w_k, table, sin, pos))
         return q_out, k_out
 
     def backward(self, gq, gk, q, k, w_q, w_k, table, sin, position_ids):
@@ -174,27 +165,16 @@ class _Route:
             lay = self.layout
             views = (q_, k_, view4(grad_q, lay), view4(grad_k, lay), w_q_, w_k_, table_, sin_,
                      pos_)
-            grads = dict(gq4=view4(gq, lay), gk4=view4(gk, lay))
-            rows = kernel.plan_rows(*views, layout=lay, **grads, **self.options)
-            if rows is not None:
-                bwd = eager.EagerTwoPass(rows)
-            else:
-                planned = kernel.plan(*views, layout=lay, **grads, **self.options)
-                bwd = eager.EagerLaunch(planned.launcher, planned)
-            self._backwards[key] = bwd
+            planned = kernel.plan(*views, layout=lay, gq4=view4(gq, lay), gk4=view4(gk, lay),
+                                  **self.options)
+            bwd = self._backwards[key] = eager.EagerLaunch(planned.launcher, planned)
         q, k, w_q_read, w_k_read, table, sin, pos = self.readable(q, k, w_q, w_k, table, sin,
                                                                   position_ids)
-        if isinstance(bwd, eager.EagerTwoPass):     # the two-pass route
-            part = kernel.rows_partials(bwd.route)
-            bwd(kernel.rows_pointers(q, k, grad_q, grad_k, w_q_read, w_k_read, table, sin, pos,
-                                     gq, gk, part))
-            gw_q, gw_k = kernel.rows_weight_grads(bwd.route, part)
-        else:
-            part = kernel.partials(bwd.launch)
-            if part.numel():
-                bwd(kernel.pointers(bwd.launch, q, k, grad_q, grad_k, w_q_read, w_k_read, table,
-                                    sin, pos, gq, gk, part))
-            gw_q, gw_k = kernel.weight_grads(bwd.launch, part)
+        part = kernel.partials(bwd.launch)
+        if part.numel():
+            bwd(kernel.pointers(bwd.launch, q, k, grad_q, grad_k, w_q_read, w_k_read, table, sin,
+                                pos, gq, gk, part))
+        gw_q, gw_k = kernel.weight_grads(bwd.launch, part)
         return grad_q, grad_k, gw_q.to(w_q.dtype), gw_k.to(w_k.dtype)
 
 

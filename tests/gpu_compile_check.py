@@ -109,31 +109,6 @@ def main():
                            grads.get("gk4"), QK.partials(planned))
         compile_for_gpu(name, planned.launcher.kernel, planned.launcher.pointer_names, planned,
                         ptrs)
-    # the forward of large contiguous q and k: the rows pass of the two-pass route, with the
-    # GPU's program size, reading the pre-pass's rows (rotate-half) or the caller's cos/sin
-    # (interleaved)
-    for name, table, sin, interleaved, backward in [
-            ("qk-norm-rows", f, None, False, False),
-            ("qk-norm-rows-cos-sin-interleaved", f.cos(), f.sin(), True, False),
-            ("qk-norm-rows-backward", f, None, False, True)]:
-        saved = T.TWO_PASS_MIN_BYTES, T.TWO_PASS_TABLE_SHARE, T.QK_NORM_TWO_PASS
-        T.TWO_PASS_MIN_BYTES = T.TWO_PASS_TABLE_SHARE = 0
-        T.QK_NORM_TWO_PASS = True
-        try:
-            qo, kout = torch.empty_like(x), torch.empty_like(k)
-            grads = dict(gq4=torch.empty_like(x), gk4=torch.empty_like(k)) if backward else {}
-            route = QK.plan_rows(x, k, qo, kout, w, w, table, sin, None, layout="sbhd",
-                                 interleaved=interleaved, eps=1e-6, weight_offset=0.0, **grads)
-        finally:
-            T.TWO_PASS_MIN_BYTES, T.TWO_PASS_TABLE_SHARE, T.QK_NORM_TWO_PASS = saved
-        rows = route.rotate_pass
-        rows.args = dict(rows.args, ROWS=max(1, T.TWO_PASS_ELEMENTS // (
-            2 * rows.args["BLOCK_HALF"] + rows.args["BLOCK_PASS"])))
-        cs = (table, sin) if route.table_pass is None else tuple(
-            torch.empty(route.table_shape, dtype=torch.float32) for _ in range(2))
-        part = QK.rows_partials(route) if backward else None
-        compile_for_gpu(name, QK._qk_norm_rope_rows_kernel, QK.ROWS_POINTERS, rows,
-                        (x, qo, k, kout, *cs, w, w, grads.get("gq4"), grads.get("gk4"), part))
 
     positions = torch.zeros(3, 1, S, dtype=torch.int64)
     inv, axis = torch.rand(D // 2), torch.zeros(D // 2, dtype=torch.int32)

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-# arguments per kernel (pointers, sizes, strides and constexprs)
-WIDEST = {"rope": 32, "kv-cache": 32, "qk-norm": 61, "multi-axis": 32, "qkv-linear": 32,
+# arguments per kernel (pointers, sizes, strides and constexprs): every product kernel at most
+# 32, so that a launch binds few (benchmarks/launch_cost.py: about 0.5 µs of host time each)
+WIDEST = {"rope": 32, "kv-cache": 32, "qk-norm": 32, "multi-axis": 32, "qkv-linear": 32,
           "two-pass": 25}
 
 
@@ -27,7 +28,7 @@ def compiled():
 
 
 def test_every_variant_compiles_for_the_gpu(compiled):
-    assert len(compiled) == 31, compiled
+    assert len(compiled) == 28, compiled
 
 
 @pytest.mark.parametrize("family", sorted(WIDEST))

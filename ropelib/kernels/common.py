@@ -1,4 +1,4 @@
-"""The @triton.jit helpers every kernel family shares (RoPE, QK-norm + RoPE, the KV-cache write,
+"""The @triton.jit helpers the kernel families share (RoPE, QK-norm + RoPE, the KV-cache write,
 multi-axis RoPE), and the two settings that follow from where the kernels run.
 
     batch_range     the batch entries of a program (grid axis 2 splits the batch into chunks)
@@ -6,7 +6,9 @@ multi-axis RoPE), and the two settings that follow from where the kernels run.
     load_table      cos and sin of table rows: angles (sin_ptr None) or cos and sin tables
     cos_sin         cos and sin of angles (libdevice's on the GPU)
     rotate_pair     the rotation, one fma per output in Transformer Engine's order
+    store_pair      a tile of rotated pairs stored, rounded once, NaN where a position is bad
     dual_chunk_position   TE's context-parallel map from a rank's token to its global position
+    tile_width      the power-of-two width of a tile of n features, for constexpr n
     contiguous_strides    the strides of a fresh output, from its shape and layout
     round_to        the one rounding at the store (round-to-nearest-even, also in the interpreter)
 """
@@ -25,6 +27,31 @@ ACCURATE = tl.constexpr(not INTERPRET)
 # same bits: one round-to-nearest-even, as torch's .to(torch.bfloat16) does.
 BF16_RTNE: bool = INTERPRET
 ROUND_BF16_RTNE = tl.constexpr(BF16_RTNE)
+
+
+class _TileWidth:
+    """n -> the smallest power of two >= n, 0 for n <= 0: the width of a tile that holds n
+    features (tl.arange needs a power of two). For constexpr n inside @triton.jit code: held as
+    a constexpr global (`tile_width`), it runs while the kernel compiles, in every Triton from
+    3.2 (triton.constexpr_function only exists from 3.6)."""
+
+    def __call__(self, n):
+        n = getattr(n, "value", n)
+        return tl.constexpr(0 if n <= 0 else 1 << (n - 1).bit_length())
+
+    # Triton puts the constexpr globals a kernel uses into its cache key, by repr and equality:
+    # both must be the same in every process, or no compiled kernel would be found on disk.
+    def __repr__(self):
+        return "ropelib.kernels.common.tile_width(v1)"
+
+    def __eq__(self, other):
+        return isinstance(other, _TileWidth)
+
+    def __hash__(self):
+        return hash(repr(self))
+
+
+tile_width = tl.constexpr(_TileWidth())
 
 
 @triton.jit
@@ -58,38 +85,6 @@ def offset_int(i, INT64: tl.constexpr):
     else:
         j = i
     return j
-
-
-@triton.jit
-def flat_tile(block, S, B, H, stride_tab_p, stride_tab_b, PER: tl.constexpr,
-              BLOCK: tl.constexpr, LAYOUT: tl.constexpr, PER_ENTRY: tl.constexpr,
-              INT64: tl.constexpr):
-    """A program's BLOCK units of PER elements, from unit block * BLOCK, of a tensor of S * B * H
-    rows (a head of a token each) contiguous in LAYOUT (0 sbhd, and thd with B = 1; 1 bshd; 2 Hugging
-    Face's bhsd). PER = D for element indices, 1 for row indices. -> (the units' indices [BLOCK],
-    int64 when INT64; which of them exist; the offset of each one's cos/sin row,
-    s * stride_tab_p, + b * stride_tab_b with a table row per batch entry)."""
-    if INT64:               # sizes and products in int64 (the tensor passes 2^31 elements)
-        S = tl.full([], 0, tl.int64) + S
-        B = tl.full([], 0, tl.int64) + B
-        H = tl.full([], 0, tl.int64) + H
-        i = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    else:
-        i = block * BLOCK + tl.arange(0, BLOCK)
-    live = i < S * B * H * PER
-    if LAYOUT == 1:
-        s = (i // (H * PER)) % S
-        b = i // (S * H * PER)
-    elif LAYOUT == 2:
-        s = (i // PER) % S
-        b = i // (H * S * PER)
-    else:
-        s = i // (B * H * PER)
-        b = (i // (H * PER)) % B
-    tab = s * stride_tab_p
-    if PER_ENTRY:
-        tab += b * stride_tab_b
-    return i, live, tab
 
 
 @triton.jit
@@ -182,6 +177,19 @@ def rotate_pair(x_a, x_b, c_a, s_a, c_b, s_b):
     y_a = tl.fma(x_a, c_a, -(x_b * s_a))
     y_b = tl.fma(x_b, c_b, x_a * s_b)
     return y_a, y_b
+
+
+@triton.jit
+def store_pair(rows, d_a, d_b, y_a, y_b, bad, mask):
+    """Store a tile of pairs' members, y_a at features d_a and y_b at d_b of the rows `rows`
+    ([BLOCK_S, BLOCK_H, 1] pointers), each with the one rounding to the output's dtype, and NaN
+    where `bad` (a position outside the table: never a silently clamped row)."""
+    y_a = tl.where(bad, float("nan"), y_a)
+    y_b = tl.where(bad, float("nan"), y_b)
+    tl.store(rows + d_a[None, None, :], round_to(y_a, rows.dtype.element_ty, ROUND_BF16_RTNE),
+             mask=mask)
+    tl.store(rows + d_b[None, None, :], round_to(y_b, rows.dtype.element_ty, ROUND_BF16_RTNE),
+             mask=mask)
 
 
 @triton.jit

@@ -55,8 +55,39 @@ stride_tab_axis apart. Nothing is gathered into a [B, S, D] table first.
 import triton
 import triton.language as tl
 
-from .common import ROUND_BF16_RTNE, flat_tile, pair_features, round_to
+from .common import ROUND_BF16_RTNE, pair_features, round_to
 from .fused import table_cos_sin, table_rows
+
+
+@triton.jit
+def _element_tile(block, S, B, H, stride_tab_p, stride_tab_b, D: tl.constexpr,
+                  BLOCK: tl.constexpr, LAYOUT: tl.constexpr, PER_ENTRY: tl.constexpr,
+                  INT64: tl.constexpr):
+    """A program's BLOCK elements, from element block * BLOCK, of a tensor [S * B * H * D]
+    contiguous in LAYOUT (0 sbhd, and thd with B = 1; 1 bshd; 2 Hugging Face's bhsd) -> (their
+    indices [BLOCK], int64 when INT64; which of them exist; the offset of each one's cos/sin
+    row, s * stride_tab_p, + b * stride_tab_b with a table row per batch entry)."""
+    if INT64:               # sizes and products in int64 (the tensor passes 2^31 elements)
+        S = tl.full([], 0, tl.int64) + S
+        B = tl.full([], 0, tl.int64) + B
+        H = tl.full([], 0, tl.int64) + H
+        i = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    else:
+        i = block * BLOCK + tl.arange(0, BLOCK)
+    live = i < S * B * H * D
+    if LAYOUT == 1:
+        s = (i // (H * D)) % S
+        b = i // (S * H * D)
+    elif LAYOUT == 2:
+        s = (i // D) % S
+        b = i // (H * S * D)
+    else:
+        s = i // (B * H * D)
+        b = (i // (H * D)) % B
+    tab = s * stride_tab_p
+    if PER_ENTRY:
+        tab += b * stride_tab_b
+    return i, live, tab
 
 
 @triton.jit
@@ -124,8 +155,8 @@ def _rotate_flat(x_ptr, y_ptr, cos_ptr, sin_ptr, block, S, B, H, stride_tab_p, s
     # Elements block * XBLOCK .. + XBLOCK of x [S * B * H * D] (contiguous in LAYOUT) -> y.
     HALF: tl.constexpr = R // 2
     VEC: tl.constexpr = 128 // x_ptr.dtype.element_ty.primitive_bitwidth   # a 16-byte vector
-    i, live, tab = flat_tile(block, S, B, H, stride_tab_p, stride_tab_b, D, XBLOCK, LAYOUT,
-                             PER_ENTRY, INT64)
+    i, live, tab = _element_tile(block, S, B, H, stride_tab_p, stride_tab_b, D, XBLOCK, LAYOUT,
+                                 PER_ENTRY, INT64)
     d = i % D                               # the feature
     if AXIS_H_FROM < HALF:      # one table per axis: pair j reads the table of its section
         j = d % HALF

@@ -88,7 +88,7 @@ import triton.language as tl
 
 from .common import (ACCURATE, ROUND_BF16_RTNE, batch_range, contiguous_strides, cos_sin,
                      dual_chunk_position, head_tile, load_table, offset_int, rotate_pair,
-                     round_to)
+                     round_to, tile_width)
 
 # 2 pi = TWO_PI_1 + TWO_PI_2 + TWO_PI_3 (each exact in fp32, the sum within 2^-75 of 2 pi), so
 # a product with it is exact to fp64 precision whatever precision the constants are given in.
@@ -280,18 +280,8 @@ def _rope_heads(
     CDT: tl.constexpr, INT64: tl.constexpr,
 ):
     HALF: tl.constexpr = R // 2
-    # tile widths: the next powers of two of R/2 and of D - R (constexpr bit arithmetic; both
-    # are below 2^16)
-    h0_: tl.constexpr = HALF - 1
-    h1_: tl.constexpr = h0_ | (h0_ >> 1)
-    h2_: tl.constexpr = h1_ | (h1_ >> 2)
-    h3_: tl.constexpr = h2_ | (h2_ >> 4)
-    BLOCK_HALF: tl.constexpr = (h3_ | (h3_ >> 8)) + 1
-    p0_: tl.constexpr = D - R - 1 if D > R else 0
-    p1_: tl.constexpr = p0_ | (p0_ >> 1)
-    p2_: tl.constexpr = p1_ | (p1_ >> 2)
-    p3_: tl.constexpr = p2_ | (p2_ >> 4)
-    BLOCK_PASS: tl.constexpr = (p3_ | (p3_ >> 8)) + 1 if D > R else 0
+    BLOCK_HALF: tl.constexpr = tile_width(HALF)      # tiles of pairs, and of features R..D-1
+    BLOCK_PASS: tl.constexpr = tile_width(D - R)     # (0 when the whole head rotates)
     s_idx, s_off, h_idx, d_a, d_b, row_ok, m, tab_mask = head_tile(
         pid_s, h0, S, H, BLOCK_S, BLOCK_H, BLOCK_HALF, HALF, INTERLEAVED, INT64)
     x_rows = s_off[:, None] * stride_x_s + (h_idx // HPG)[None, :] * stride_x_g \

@@ -67,7 +67,7 @@ import triton.language as tl
 
 from ..runtime import INTERPRET
 from .common import (ROUND_BF16_RTNE, batch_range, contiguous_strides, load_table, pair_features,
-                     rotate_pair, round_to)
+                     rotate_pair, round_to, store_pair, tile_width)
 from .direct import DirectLauncher
 from .planning import Launch, cdiv, pointer_dtypes, pow2_at_least, pow2_at_most, start
 from .tiles import KV_CACHE_ELEMENTS_PER_STEP, KV_CACHE_PROGRAMS_PER_SM, multiprocessors
@@ -151,23 +151,9 @@ def _rope_kv_cache_body(
     PAGED: tl.constexpr = block_table_ptr is not None
     K_SCALED: tl.constexpr = k_scale_ptr is not None
     V_SCALED: tl.constexpr = v_scale_ptr is not None
-    # tile widths: the next powers of two of R/2, of D - R (0 when every feature rotates) and of
-    # DV (constexpr bit arithmetic, as fused._rope_heads; all are below 2^16)
-    h0_: tl.constexpr = HALF - 1
-    h1_: tl.constexpr = h0_ | (h0_ >> 1)
-    h2_: tl.constexpr = h1_ | (h1_ >> 2)
-    h3_: tl.constexpr = h2_ | (h2_ >> 4)
-    BLOCK_HALF: tl.constexpr = (h3_ | (h3_ >> 8)) + 1
-    p0_: tl.constexpr = D - R - 1 if D > R else 0
-    p1_: tl.constexpr = p0_ | (p0_ >> 1)
-    p2_: tl.constexpr = p1_ | (p1_ >> 2)
-    p3_: tl.constexpr = p2_ | (p2_ >> 4)
-    BLOCK_PASS: tl.constexpr = (p3_ | (p3_ >> 8)) + 1 if D > R else 0
-    v0_: tl.constexpr = DV - 1
-    v1_: tl.constexpr = v0_ | (v0_ >> 1)
-    v2_: tl.constexpr = v1_ | (v1_ >> 2)
-    v3_: tl.constexpr = v2_ | (v2_ >> 4)
-    BLOCK_DV: tl.constexpr = (v3_ | (v3_ >> 8)) + 1
+    BLOCK_HALF: tl.constexpr = tile_width(HALF)      # tiles of pairs, and of features R..D-1
+    BLOCK_PASS: tl.constexpr = tile_width(D - R)     # (0 when the whole head rotates)
+    BLOCK_DV: tl.constexpr = tile_width(DV)          # and of v's features
     pid_s = tl.program_id(0)
     pid_h = tl.program_id(1)
     b_lo, b_hi = batch_range(B)
@@ -226,12 +212,7 @@ def _rope_kv_cache_body(
             bad = ~(tab_ok & slot_ok)[:, None, None]
             # (the finished kernel's rotation: the same bits as apply_rope, then the write)
             y_a, y_b = rotate_pair(x_a, x_b, c_a, s_a, c_b, s_b)
-            y_a = tl.where(bad, float("nan"), y_a)
-            y_b = tl.where(bad, float("nan"), y_b)
-            tl.store(yr + d_a[None, None, :],
-                     round_to(y_a, q_out_ptr.dtype.element_ty, ROUND_BF16_RTNE), mask=m)
-            tl.store(yr + d_b[None, None, :],
-                     round_to(y_b, q_out_ptr.dtype.element_ty, ROUND_BF16_RTNE), mask=m)
+            store_pair(yr, d_a, d_b, y_a, y_b, bad, m)
             if BLOCK_PASS > 0:     # features R..D-1 pass through
                 e = R + tl.arange(0, BLOCK_PASS)
                 mp = row_ok[:, :, None] & (e < D)[None, None, :]

@@ -359,8 +359,7 @@ def takes_two_passes(q: View, q_out: Optional[View], k: Optional[View],
 class TwoPass(NamedTuple):
     """A planned two-pass rotation: the table pre-pass (None when the flat pass reads the
     caller's cos/sin table itself), the flat pass, and the shape of the fp32 cos and s' tables
-    the first writes for the second. Pointers: TWO_PASS_POINTERS, then any the second pass
-    takes after its q, q_out, k, k_out, cos and sin (the QK-norm route's weights)."""
+    the first writes for the second. Pointers: TWO_PASS_POINTERS."""
     table_pass: Optional[Launch]
     rotate_pass: Launch
     table_shape: tuple
@@ -368,13 +367,13 @@ class TwoPass(NamedTuple):
     def start(self, pointers: tuple) -> None:
         """Both passes (planning.start), with the pre-pass's rows made here (the eager route,
         eager.EagerTwoPass, starts them its own way and may reuse the rows)."""
-        q, q_out, k, k_out, cos, sin, position_ids, cu_seqlens, start_, *rest = pointers
+        q, q_out, k, k_out, cos, sin, position_ids, cu_seqlens, start_ = pointers
         if self.table_pass is not None:
             out = self.new_rows(q.device)
             start(self.table_pass.launcher, self.table_pass,
                   (cos, sin, position_ids, cu_seqlens, start_) + out)
             cos, sin = out
-        start(self.rotate_pass.launcher, self.rotate_pass, (q, q_out, k, k_out, cos, sin, *rest))
+        start(self.rotate_pass.launcher, self.rotate_pass, (q, q_out, k, k_out, cos, sin))
 
     def new_rows(self, device) -> tuple:
         """Fresh fp32 cos and s' rows for the pre-pass to write."""

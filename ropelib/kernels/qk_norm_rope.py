@@ -1,4 +1,5 @@
-"""Per-head QK-RMSNorm fused with RoPE: one kernel, forward and backward (a constexpr switch).
+"""Per-head QK-RMSNorm fused with RoPE: one kernel body, forward and backward (a constexpr switch),
+started through two entry points of at most 32 arguments.
 
 Qwen3 and Gemma 3 normalise every head vector of q and of k over the head dim before rotating it:
 
@@ -15,10 +16,11 @@ and the backward, with gy the gradient of y (rot(-theta) is the transpose of the
 
 How it is parallelised
 ----------------------
-q and k are seen as strided [S, B, H, D] views (ropelib.ops.view4); nothing is copied. The grid is
+q and k are seen as strided [S, B, H, D] views (ropelib.ops.view4), read where they are; the
+outputs are fresh and contiguous in the call's layout. The grid is
 
     axis 0: blocks of BLOCK_S tokens                 cdiv(S, BLOCK_S)
-    axis 1: blocks of BLOCK_H heads of q, then of k  cdiv(HQ, BLOCK_H) + cdiv(HK, BLOCK_H)
+    axis 1: blocks of BLOCK_H heads of q, then of k  (HQ + HK) / BLOCK_H  (BLOCK_H divides both)
     axis 2: chunks of batch entries                  cdiv(B, chunk); a program takes
                                                      cdiv(B, programs on this axis)
 
@@ -45,11 +47,10 @@ import triton
 import triton.language as tl
 
 from ..runtime import INTERPRET
-from .common import (ROUND_BF16_RTNE, batch_range, contiguous_strides, flat_tile, head_tile,
-                     load_table, offset_int, pair_features, rotate_pair, round_to)
+from .common import (ROUND_BF16_RTNE, batch_range, contiguous_strides, head_tile, load_table,
+                     offset_int, rotate_pair, round_to, store_pair, tile_width)
 from .direct import DirectLauncher
-from .planning import (I32_LIMIT, OUT_LAYOUT, Launch, cdiv, needs_int64, pow2_at_least,
-                       pow2_at_most, start)
+from .planning import OUT_LAYOUT, Launch, cdiv, pow2_at_least, pow2_at_most, start
 from .tiles import (QK_NORM_ELEMENTS_PER_THREAD, QK_NORM_PROGRAMS_PER_SM, QK_NORM_ROWS_PER_STEP,
                     multiprocessors)
 
@@ -91,18 +92,8 @@ def _norm_rope_heads(
     TABLE_PER_ENTRY: tl.constexpr, IDS_PER_ENTRY: tl.constexpr,
 ):
     HALF: tl.constexpr = R // 2
-    # tile widths: the next powers of two of R/2 and of D - R (0 when the whole head rotates),
-    # in constexpr bit arithmetic (both below 2^16), as fused._rope_heads
-    h0_: tl.constexpr = HALF - 1
-    h1_: tl.constexpr = h0_ | (h0_ >> 1)
-    h2_: tl.constexpr = h1_ | (h1_ >> 2)
-    h3_: tl.constexpr = h2_ | (h2_ >> 4)
-    BLOCK_HALF: tl.constexpr = (h3_ | (h3_ >> 8)) + 1
-    p0_: tl.constexpr = D - R - 1 if D > R else 0
-    p1_: tl.constexpr = p0_ | (p0_ >> 1)
-    p2_: tl.constexpr = p1_ | (p1_ >> 2)
-    p3_: tl.constexpr = p2_ | (p2_ >> 4)
-    BLOCK_PASS: tl.constexpr = (p3_ | (p3_ >> 8)) + 1 if D > R else 0
+    BLOCK_HALF: tl.constexpr = tile_width(HALF)      # tiles of pairs, and of features R..D-1
+    BLOCK_PASS: tl.constexpr = tile_width(D - R)     # (0 when the whole head rotates)
     # math in fp64 for fp64 inputs, else fp32
     CDT: tl.constexpr = tl.float64 if x_ptr.dtype.element_ty == tl.float64 else tl.float32
     PER_ENTRY: tl.constexpr = TABLE_PER_ENTRY or IDS_PER_ENTRY   # rows differ between entries
@@ -169,12 +160,7 @@ def _norm_rope_heads(
             u_a = n_a * sw_a
             u_b = n_b * sw_b
             y_a, y_b = rotate_pair(u_a, u_b, c_a, s_a, c_b, s_b)
-            y_a = tl.where(bad, float("nan"), y_a)
-            y_b = tl.where(bad, float("nan"), y_b)
-            tl.store(orow + d_a[None, None, :],
-                     round_to(y_a, out_ptr.dtype.element_ty, ROUND_BF16_RTNE), mask=m)
-            tl.store(orow + d_b[None, None, :],
-                     round_to(y_b, out_ptr.dtype.element_ty, ROUND_BF16_RTNE), mask=m)
+            store_pair(orow, d_a, d_b, y_a, y_b, bad, m)
             if BLOCK_PASS > 0:
                 tl.store(orow + e[None, None, :],
                          round_to(x_p * r * sw_p, out_ptr.dtype.element_ty, ROUND_BF16_RTNE),
@@ -303,159 +289,6 @@ def _qk_norm_rope_backward_kernel(
                        weight_offset, stride_q_s, stride_q_b, stride_q_h, stride_k_s,
                        stride_k_b, stride_k_h, R, D, OUT_LAYOUT, BLOCK_S, BLOCK_H, INTERLEAVED,
                        True, TABLE_PER_ENTRY, IDS_PER_ENTRY)
-
-
-@triton.jit
-def _norm_rope_rows(x_ptr, gy_ptr, y_ptr, cos_ptr, sin_ptr, w_ptr, part_ptr, block, S, B, H,
-                    eps, weight_offset, stride_tab_p, stride_tab_b, D: tl.constexpr,
-                    R: tl.constexpr, LAYOUT: tl.constexpr, INTERLEAVED: tl.constexpr,
-                    SIGNED: tl.constexpr, PER_ENTRY: tl.constexpr, BACKWARD: tl.constexpr,
-                    ROWS: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
-                    INT64: tl.constexpr):
-    # Rows block * ROWS .. + ROWS of x [S * B * H rows of D] (contiguous in LAYOUT), in fp32.
-    # Forward: y, each row normed, scaled and its first R features rotated. Backward: from gy,
-    # the gradient of y (laid out as x), gx into y_ptr and this program's [D] sums of gu n into
-    # part_ptr. A pair's two members are held side by side ([ROWS, BLOCK_HALF] each), as in
-    # _norm_rope_heads: the same products, sums and roundings, with no partner loaded twice.
-    HALF: tl.constexpr = R // 2
-    r, live, tab = flat_tile(block, S, B, H, stride_tab_p, stride_tab_b, 1, ROWS, LAYOUT,
-                             PER_ENTRY, INT64)                  # [ROWS] rows, in memory order
-    j = tl.arange(0, BLOCK_HALF)                                # [BLOCK_HALF] pairs
-    d_a, d_b = pair_features(j, HALF, INTERLEAVED)
-    m = live[:, None] & (j < HALF)[None, :]
-    if INTERLEAVED:
-        k = tl.arange(0, 2 * BLOCK_HALF)
-        mk = live[:, None] & (k < R)[None, :]
-    else:
-        k = j
-        mk = m
-    if BLOCK_PASS > 0:      # features R..D-1: normed and scaled, not rotated
-        e = R + tl.arange(0, BLOCK_PASS)
-        mp = live[:, None] & (e < D)[None, :]
-    row = (r * D)[:, None]
-    eps = tl.full((), eps, tl.float32)
-    weight_offset = tl.full((), weight_offset, tl.float32)
-    x_a, x_b = _pair_tiles(x_ptr + row, d_a, d_b, k, m, mk, ROWS, BLOCK_HALF, INTERLEAVED)
-    ss = tl.sum(x_a * x_a, axis=1) + tl.sum(x_b * x_b, axis=1)  # [ROWS]
-    if BLOCK_PASS > 0:
-        x_p = tl.load(x_ptr + row + e[None, :], mask=mp, other=0.0).to(tl.float32)
-        ss += tl.sum(x_p * x_p, axis=1)
-    rs = tl.rsqrt(ss / D + eps)[:, None]                        # [ROWS, 1]
-    hm = j < HALF
-    sw_a = (tl.load(w_ptr + d_a, mask=hm, other=0.0).to(tl.float32) + weight_offset)[None, :]
-    sw_b = (tl.load(w_ptr + d_b, mask=hm, other=0.0).to(tl.float32) + weight_offset)[None, :]
-    if BLOCK_PASS > 0:
-        sw_p = (tl.load(w_ptr + e, mask=e < D, other=0.0).to(tl.float32)
-                + weight_offset)[None, :]
-    c_a, c_b = _pair_tiles(cos_ptr + tab[:, None], d_a, d_b, k, m, mk, ROWS, BLOCK_HALF,
-                           INTERLEAVED)
-    s_a, s_b = _pair_tiles(sin_ptr + tab[:, None], d_a, d_b, k, m, mk, ROWS, BLOCK_HALF,
-                           INTERLEAVED)
-    n_a = x_a * rs
-    n_b = x_b * rs
-    if not BACKWARD:
-        u_a = n_a * sw_a
-        u_b = n_b * sw_b
-        if SIGNED:          # the pre-pass's s': -s_a, +s_b
-            y_a = tl.fma(u_a, c_a, u_b * s_a)
-        else:
-            y_a = tl.fma(u_a, c_a, -(u_b * s_a))
-        y_b = tl.fma(u_b, c_b, u_a * s_b)
-        if BLOCK_PASS > 0:
-            y_p = x_p * rs * sw_p
-    else:
-        gy_a, gy_b = _pair_tiles(gy_ptr + row, d_a, d_b, k, m, mk, ROWS, BLOCK_HALF,
-                                 INTERLEAVED)
-        if SIGNED:          # the pre-pass's backward s': +s_b, -s_a
-            gu_a = tl.fma(gy_a, c_a, gy_b * s_a)
-            gu_b = tl.fma(gy_b, c_b, gy_a * s_b)
-        else:               # the caller's table: gu = rot(-theta) gy
-            gu_a = tl.fma(gy_a, c_a, gy_b * s_b)
-            gu_b = tl.fma(gy_b, c_b, -(gy_a * s_a))
-        gn_a = gu_a * sw_a
-        gn_b = gu_b * sw_b
-        dot = tl.sum(gn_a * n_a, axis=1) + tl.sum(gn_b * n_b, axis=1)   # [ROWS]
-        if BLOCK_PASS > 0:
-            gu_p = tl.load(gy_ptr + row + e[None, :], mask=mp, other=0.0).to(tl.float32)
-            n_p = x_p * rs
-            gn_p = gu_p * sw_p
-            dot += tl.sum(gn_p * n_p, axis=1)
-            tl.store(part_ptr + e, tl.sum(gu_p * n_p, axis=0), mask=e < D)
-        dot = (dot / D)[:, None]
-        tl.store(part_ptr + d_a, tl.sum(gu_a * n_a, axis=0), mask=hm)
-        tl.store(part_ptr + d_b, tl.sum(gu_b * n_b, axis=0), mask=hm)
-        y_a = rs * (gn_a - n_a * dot)
-        y_b = rs * (gn_b - n_b * dot)
-        if BLOCK_PASS > 0:
-            y_p = rs * (gn_p - n_p * dot)
-    y_a = round_to(y_a, y_ptr.dtype.element_ty, ROUND_BF16_RTNE)
-    y_b = round_to(y_b, y_ptr.dtype.element_ty, ROUND_BF16_RTNE)
-    out = y_ptr + row
-    if INTERLEAVED:
-        tl.store(out + k[None, :], tl.reshape(tl.join(y_a, y_b), (ROWS, 2 * BLOCK_HALF)),
-                 mask=mk)
-    else:
-        tl.store(out + d_a[None, :], y_a, mask=m)
-        tl.store(out + d_b[None, :], y_b, mask=m)
-    if BLOCK_PASS > 0:
-        tl.store(out + e[None, :], round_to(y_p, y_ptr.dtype.element_ty, ROUND_BF16_RTNE),
-                 mask=mp)
-
-
-@triton.jit
-def _pair_tiles(rows, d_a, d_b, k, m, mk, ROWS: tl.constexpr, BLOCK_HALF: tl.constexpr,
-                INTERLEAVED: tl.constexpr):
-    # rows [ROWS, 1] pointers -> the pairs' members a and b [ROWS, BLOCK_HALF] each, in fp32:
-    # rotate-half halves by two loads, interleaved neighbours by one load split in registers
-    if INTERLEAVED:
-        a, b = tl.split(tl.reshape(tl.load(rows + k[None, :], mask=mk, other=0.0),
-                                   (ROWS, BLOCK_HALF, 2)))
-    else:
-        a = tl.load(rows + d_a[None, :], mask=m, other=0.0)
-        b = tl.load(rows + d_b[None, :], mask=m, other=0.0)
-    return a.to(tl.float32), b.to(tl.float32)
-
-
-@triton.jit
-def _qk_norm_rope_rows_kernel(
-    q_ptr, q_out_ptr, k_ptr, k_out_ptr,  # contiguous in LAYOUT; outputs fresh, same layout
-                                         # (backward: the gradients of q and k)
-    cos_ptr, sin_ptr,                    # cos, s' of the pre-pass (SIGNED), or the caller's
-    w_q_ptr, w_k_ptr,                    # the norms' weights [D], contiguous
-    gq_ptr, gk_ptr,                      # backward: the gradients of the outputs, laid out as q
-    part_ptr,                            # backward: [programs, D] fp32 sums of gu n
-    S, B, HQ, HK,
-    eps: tl.float64, weight_offset: tl.float64,
-    stride_tab_p, stride_tab_b,          # a token's row: s * stride_tab_p (+ b * stride_tab_b)
-    D: tl.constexpr, R: tl.constexpr,
-    LAYOUT: tl.constexpr,                # 0 sbhd (thd: B = 1), 1 bshd, 2 bhsd
-    INTERLEAVED: tl.constexpr, SIGNED: tl.constexpr,
-    PER_ENTRY: tl.constexpr,             # a table row per (token, batch entry)
-    BACKWARD: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK_HALF: tl.constexpr,  # [ROWS, BLOCK_HALF] tiles of pairs
-    BLOCK_PASS: tl.constexpr,            # next_pow2(D - R); 0 when the whole head is rotated
-    INT64: tl.constexpr,
-):
-    # Large contiguous q and k, in the two-pass route's shape (kernels/flat.py): grid
-    # (cdiv(rows of q, ROWS) + cdiv(rows of k, ROWS),), no loop; q's blocks, then k's. Backward:
-    # program pid writes row pid of the partial sums (q's programs sum to w_q's gradient, k's
-    # to w_k's, on the host, in a fixed order).
-    pid = tl.program_id(0)
-    q_blocks = tl.cdiv(S * B * HQ, ROWS)
-    if BACKWARD:
-        part = part_ptr + pid.to(tl.int64) * D
-    else:
-        part = part_ptr
-    if pid < q_blocks:
-        _norm_rope_rows(q_ptr, gq_ptr, q_out_ptr, cos_ptr, sin_ptr, w_q_ptr, part, pid, S, B,
-                        HQ, eps, weight_offset, stride_tab_p, stride_tab_b, D, R, LAYOUT,
-                        INTERLEAVED, SIGNED, PER_ENTRY, BACKWARD, ROWS, BLOCK_HALF, BLOCK_PASS,
-                        INT64)
-    else:
-        _norm_rope_rows(k_ptr, gk_ptr, k_out_ptr, cos_ptr, sin_ptr, w_k_ptr, part,
-                        pid - q_blocks, S, B, HK, eps, weight_offset, stride_tab_p,
-                        stride_tab_b, D, R, LAYOUT, INTERLEAVED, SIGNED, PER_ENTRY, BACKWARD,
-                        ROWS, BLOCK_HALF, BLOCK_PASS, INT64)
 
 
 # --- host side: tiles, the plan, the launch --------------------------------------------------
@@ -627,96 +460,6 @@ def run(planned: Launch, pointers: tuple) -> None:
         start(planned.launcher, planned, pointers)
 
 
-# The forward of large contiguous q and k: the two-pass route (kernels/flat.py's pre-pass for
-# the cos/sin rows, where the caller's table is not read as it is, then a rows pass).
-ROWS_POINTERS = ("q_ptr", "q_out_ptr", "k_ptr", "k_out_ptr", "cos_ptr", "sin_ptr", "w_q_ptr",
-                 "w_k_ptr", "gq_ptr", "gk_ptr", "part_ptr")
-ROWS_DIRECT = DirectLauncher(_qk_norm_rope_rows_kernel, ROWS_POINTERS)
-
-
-def plan_rows(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch.Tensor,
-              w_q: torch.Tensor, w_k: torch.Tensor, table: torch.Tensor,
-              sin: Optional[torch.Tensor], pos: Optional[torch.Tensor], *, layout: str,
-              interleaved: bool, eps: float, weight_offset: float,
-              gq4: Optional[torch.Tensor] = None, gk4: Optional[torch.Tensor] = None):
-    """The forward (or, given the output gradients gq4 and gk4, the backward) as a two-pass
-    route: a launch.TwoPass whose second pass is the rows kernel (pointers:
-    launch.TWO_PASS_POINTERS, then w_q, w_k, gq, gk and the partial sums; q_out4, k_out4 take
-    the input gradients backward). None where the route does not take the call (RoPE's rule,
-    launch.takes_two_passes, with the gradients contiguous in the layout too, and contiguous
-    weights) or is switched off (tiles.QK_NORM_TWO_PASS, until it is measured ahead of the one
-    kernel)."""
-    from . import launch as L     # (launch imports nothing of this module's)
-    from . import tiles
-    if not tiles.QK_NORM_TWO_PASS:
-        return None
-    backward = gq4 is not None
-    if q4.numel() == 0 or k4.numel() == 0:
-        return None
-    tab = L.Table(table, sin)
-    positions = L.Positions(position_ids=pos)
-    S = q4.shape[0]
-    if pos is not None and not (pos.stride(-1) == 1 or S == 1) or pos is not None and \
-            pos.shape[0] > 1 and pos.stride(0) != S:
-        return None     # (the pre-pass reads position ids contiguous)
-    if tab.exact or w_q.stride(0) != 1 or w_k.stride(0) != 1 or not L.takes_two_passes(
-            L.View.of(q4), L.View.of(q_out4), L.View.of(k4), L.View.of(k_out4), tab, positions,
-            layout):
-        return None
-    if backward and not all(L.contiguous_in(L.View.of(g), layout) and g.dtype == q4.dtype
-                            for g in (gq4, gk4)):
-        return None
-    S, B, HQ, D = q4.shape
-    HK, R = k4.shape[2], table.shape[-1]
-    device = q_out4.device
-    read = L.plan_table_read(tab, positions, S, B, R=R, interleaved=interleaved,
-                             backward=backward, device=device)
-    on_gpu = device.type == "cuda" and not INTERPRET
-    block_half = pow2_at_least(R // 2, 1 << 30)
-    block_pass = pow2_at_least(D - R, 1 << 30) if D > R else 0
-    rows = pow2_at_most(max(1, (L.TWO_PASS_ELEMENTS if on_gpu else 1 << 14)
-                            // (2 * block_half + block_pass)))
-    n_q, n_k = S * B * HQ * D, S * B * HK * D
-    int64 = (max(n_q, n_k) + rows * D > I32_LIMIT) \
-        or (read.table_shape[0] * R > I32_LIMIT - 1024) \
-        or (read.table_pass is None and needs_int64((table,)))
-    f32 = torch.float32                                         # (the pre-pass's rows)
-    rows_pass = Launch(
-        (cdiv(S * B * HQ, rows) + cdiv(S * B * HK, rows),), L.TWO_PASS_WARPS,
-        dict(S=S, B=B, HQ=HQ, HK=HK, eps=eps, weight_offset=weight_offset,
-             stride_tab_p=read.stride_p, stride_tab_b=read.stride_b, D=D, R=R,
-             LAYOUT=L.OUT_LAYOUT[layout], INTERLEAVED=interleaved, SIGNED=read.signed,
-             PER_ENTRY=read.stride_b != 0, BACKWARD=backward, ROWS=rows,
-             BLOCK_HALF=block_half, BLOCK_PASS=block_pass, INT64=int64),
-        (q4.dtype, q_out4.dtype, k4.dtype, k_out4.dtype)
-        + ((table.dtype, sin.dtype) if read.table_pass is None else (f32, f32))
-        + (w_q.dtype, w_k.dtype) + ((gq4.dtype, gk4.dtype, f32) if backward else (None,) * 3),
-        device, ROWS_DIRECT)
-    return L.TwoPass(read.table_pass, rows_pass, read.table_shape)
-
-
-def rows_pointers(q4, k4, q_out4, k_out4, w_q, w_k, table, sin, pos, gq4=None, gk4=None,
-                  part=None) -> tuple:
-    """A plan_rows route's pointers, in its order: launch.TWO_PASS_POINTERS (no cu_seqlens or
-    start offsets here), then w_q, w_k, the output gradients and the partial sums (backward)."""
-    return (q4, q_out4, k4, k_out4, table, sin, pos, None, None, w_q, w_k, gq4, gk4, part)
-
-
-def rows_partials(route) -> torch.Tensor:
-    """The backward rows pass's buffer of per-program partial sums [programs, D] fp32."""
-    launch = route.rotate_pass
-    return torch.empty((launch.grid[0], launch.args["D"]), dtype=torch.float32,
-                       device=launch.device)
-
-
-def rows_weight_grads(route, part: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """w_q's and w_k's gradients from the rows pass's partial sums: q's programs, then k's,
-    each summed in a fixed order."""
-    args = route.rotate_pass.args
-    q_blocks = cdiv(args["S"] * args["B"] * args["HQ"], args["ROWS"])
-    return part[:q_blocks].sum(0), part[q_blocks:].sum(0)
-
-
 def launch(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch.Tensor,
            w_q: torch.Tensor, w_k: torch.Tensor, table: torch.Tensor, sin: Optional[torch.Tensor],
            pos: Optional[torch.Tensor], *, layout: str, interleaved: bool, eps: float,
@@ -730,17 +473,8 @@ def launch(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: tor
 
     table: angles (sin None) or cos [P, R] or [B or 1, P, R]; pos: position ids [B or 1, S] or
     None (token s reads row s). Arguments are validated by the caller (ropelib.qk_norm); what the
-    kernels cannot read as it is gets copied (`readable`). Large contiguous calls take the
-    two-pass route (plan_rows)."""
+    kernels cannot read as it is gets copied (`readable`)."""
     q4, k4, w_q, w_k, table, sin, pos = readable(q4, k4, w_q, w_k, table, sin, pos)
-    route = plan_rows(q4, k4, q_out4, k_out4, w_q, w_k, table, sin, pos, layout=layout,
-                      interleaved=interleaved, eps=eps, weight_offset=weight_offset,
-                      gq4=gq4, gk4=gk4)
-    if route is not None:
-        part = rows_partials(route) if gq4 is not None else None
-        route.start(rows_pointers(q4, k4, q_out4, k_out4, w_q, w_k, table, sin, pos, gq4,
-                                  gk4, part))
-        return rows_weight_grads(route, part) if part is not None else None
     planned = plan(q4, k4, q_out4, k_out4, w_q, w_k, table, sin, pos, layout=layout,
                    interleaved=interleaved, eps=eps, weight_offset=weight_offset, gq4=gq4,
                    gk4=gk4)

@@ -52,13 +52,6 @@ TWO_PASS_TABLE_ELEMENTS = 1024     # (token, pair) entries per program of the pr
 QK_NORM_ROWS_PER_STEP = 1024
 QK_NORM_ELEMENTS_PER_THREAD = 32
 QK_NORM_PROGRAMS_PER_SM = 4      # fewer: split the batch
-# The forward and backward of large contiguous q and k on the two-pass route
-# (qk_norm_rope.plan_rows): built and checked in the interpreter (the one kernel's bits for q
-# and k) and compiled for sm_90, not yet timed on a GPU, so off until
-# benchmarks/qk_norm_two_pass.py shows it ahead of the one kernel. For sm_90 the forward issues
-# about 24.5 instructions per element (the flat pass: 19), the backward 45.5; an H200 can issue
-# about 31 and 46 at a copy's speed (benchmarks/NOTES.md).
-QK_NORM_TWO_PASS = False
 
 # --- RoPE + KV-cache write (kernels/kv_cache.py) ---------------------------------------------
 KV_CACHE_ELEMENTS_PER_STEP = 2048   # of q (or k) per program and batch entry (16 x 128)
