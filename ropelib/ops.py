@@ -28,7 +28,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .conventions import HF_LAYOUT
+from .conventions import view4
 from .kernels import launch
 from .kernels.launch import Positions, Table, View, plan, plan_qkv
 from .runtime import INTERPRET
@@ -43,17 +43,6 @@ def define_op(name: str, mutates_args=()):
             return op
         return torch.library.triton_op(name, mutates_args=mutates_args)(fn)
     return register
-
-
-def view4(t: Tensor, layout: str) -> Tensor:
-    """x in `layout` -> a [S, B, H, D] view of the same memory."""
-    if layout == "sbhd":
-        return t
-    if layout == "bshd":
-        return t.transpose(0, 1)
-    if layout == HF_LAYOUT:    # Hugging Face's [B, H, S, D]
-        return t.permute(2, 0, 1, 3)
-    return t.unsqueeze(1)   # thd -> [T, 1, H, D]
 
 
 def kernel_view(t: Optional[Tensor], layout: str) -> Optional[View]:

@@ -40,7 +40,6 @@ from . import validation as V
 from .conventions import LAYOUT_OF_UNSQUEEZE_DIM
 from .api import check_no_table_grad, checked_tables, needs_grad, saveable
 from .kernels import qk_norm_rope as kernel
-from .kernels.qk_norm_rope import launch as launch_kernel
 from .ops import define_op, view4
 
 __all__ = ["qk_norm_rope", "QKNormRoPE", "qk_norm_apply_rotary_pos_emb"]
@@ -58,12 +57,8 @@ def _pos2d(position_ids: Optional[Tensor]) -> Optional[Tensor]:
 def qk_norm_rope_op(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, table: Tensor,
                     sin: Optional[Tensor], position_ids: Optional[Tensor], layout: str,
                     interleaved: bool, eps: float, weight_offset: float) -> Tuple[Tensor, Tensor]:
-    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    launch_kernel(view4(q, layout), view4(k, layout), view4(q_out, layout),
-                  view4(k_out, layout), w_q, w_k, table, sin, _pos2d(position_ids),
-                  interleaved=interleaved, eps=eps, weight_offset=weight_offset, layout=layout)
-    return q_out, k_out
+    return kernel.forward(q, k, w_q, w_k, table, sin, _pos2d(position_ids), layout=layout,
+                          interleaved=interleaved, eps=eps, weight_offset=weight_offset)
 
 
 @define_op("ropelib::qk_norm_rope_backward")
@@ -72,14 +67,9 @@ def qk_norm_rope_backward_op(grad_q_out: Tensor, grad_k_out: Tensor, q: Tensor, 
                              position_ids: Optional[Tensor], layout: str, interleaved: bool,
                              eps: float, weight_offset: float
                              ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    grad_q = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    grad_k = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    grad_q_out, grad_k_out = kernel.readable_grad(grad_q_out), kernel.readable_grad(grad_k_out)
-    gw_q, gw_k = launch_kernel(
-        view4(q, layout), view4(k, layout), view4(grad_q, layout), view4(grad_k, layout),
-        w_q, w_k, table, sin, _pos2d(position_ids), interleaved=interleaved, eps=eps,
-        weight_offset=weight_offset, gq4=view4(grad_q_out, layout),
-        gk4=view4(grad_k_out, layout), layout=layout)
+    grad_q, grad_k, gw_q, gw_k = kernel.backward(
+        grad_q_out, grad_k_out, q, k, w_q, w_k, table, sin, _pos2d(position_ids), layout=layout,
+        interleaved=interleaved, eps=eps, weight_offset=weight_offset)
     return grad_q, grad_k, gw_q.to(w_q.dtype), gw_k.to(w_k.dtype)
 
 
@@ -114,62 +104,59 @@ qk_norm_rope_op.register_autograd(_backward, setup_context=_setup)
 
 class _Route:
     """One checked and planned qk_norm_rope call: the forward launch, and the backward launch
-    for output gradients of each dtype."""
+    for output gradients of each dtype. The same kernel module's steps as the operator's
+    (kernels/qk_norm_rope.forward and backward), planned once."""
     __slots__ = ("fwd", "layout", "options", "empty", "copies", "_stand_ins", "_backwards")
 
     def __init__(self, q, k, w_q, w_k, table, sin, position_ids, layout, interleaved, eps,
                  weight_offset):
-        outs = [view4(torch.empty(x.shape, dtype=x.dtype, device=x.device), layout)
-                for x in (q, k)]
         self.layout, self.options = layout, dict(interleaved=interleaved, eps=eps,
                                                  weight_offset=weight_offset)
-        given = (view4(q, layout), view4(k, layout), w_q, w_k, table, sin, _pos2d(position_ids))
-        read = kernel.readable(*given)
+        given = (q, k, w_q, w_k, table, sin, _pos2d(position_ids))
+        read = kernel.readable(*given, layout)
         # does this signature need copies before the kernels can read it? (then every call does)
         self.copies = any(a is not b for a, b in zip(read, given))
-        q4, k4, w_q, w_k, table, sin, pos = read
-        planned = kernel.plan(q4, k4, *outs, w_q, w_k, table, sin, pos, layout=layout,
-                              **self.options)
+        q, k, w_q, w_k, table, sin, pos = read
+        outs = kernel.outputs(q, k)
+        planned = kernel.plan(*self.views(q, k, *outs), w_q, w_k, table, sin, pos,
+                              layout=layout, **self.options)
         self.fwd = eager.EagerLaunch(planned.launcher, planned)
-        S, B = q4.shape[:2]
-        self.empty = not (S and B)
+        self.empty = not (planned.args["S"] and planned.args["B"])
         self._stand_ins = tuple(eager._stand_in(t) for t in read)
         self._backwards = {}
 
+    def views(self, *tensors) -> tuple:
+        return tuple(view4(t, self.layout) for t in tensors)
+
     def readable(self, q, k, w_q, w_k, table, sin, position_ids) -> tuple:
         """The call's tensors as the kernels read them: themselves, or where this signature
-        needs it, kernel.readable's copies (q and k then as [S, B, H, D] views)."""
+        needs it, kernel.readable's copies."""
         pos = _pos2d(position_ids)
         if not self.copies:
             return q, k, w_q, w_k, table, sin, pos
-        return kernel.readable(view4(q, self.layout), view4(k, self.layout), w_q, w_k, table,
-                               sin, pos)
+        return kernel.readable(q, k, w_q, w_k, table, sin, pos, self.layout)
 
     def forward(self, q, k, w_q, w_k, table, sin, position_ids):
-        q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        k_out = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-        if self.empty:
-            return q_out, k_out
         q, k, w_q, w_k, table, sin, pos = self.readable(q, k, w_q, w_k, table, sin, position_ids)
-        self.fwd(kernel.pointers(self.fwd.launch, q, k, q_out, k_out, w_q, w_k, table, sin, pos))
+        q_out, k_out = kernel.outputs(q, k)
+        if not self.empty:
+            self.fwd(kernel.pointers(self.fwd.launch, q, k, q_out, k_out, w_q, w_k, table, sin,
+                                     pos))
         return q_out, k_out
 
     def backward(self, gq, gk, q, k, w_q, w_k, table, sin, position_ids):
-        grad_q = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        grad_k = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-        gq, gk = kernel.readable_grad(gq), kernel.readable_grad(gk)
+        q, k, w_q_read, w_k_read, table, sin, pos = self.readable(q, k, w_q, w_k, table, sin,
+                                                                  position_ids)
+        grad_q, grad_k = kernel.outputs(q, k)
+        gq, gk = kernel.readable_grad(gq, grad_q), kernel.readable_grad(gk, grad_k)
         key = (gq.dtype, gk.dtype)
         bwd = self._backwards.get(key)
         if bwd is None:
             q_, k_, w_q_, w_k_, table_, sin_, pos_ = self._stand_ins
-            lay = self.layout
-            views = (q_, k_, view4(grad_q, lay), view4(grad_k, lay), w_q_, w_k_, table_, sin_,
-                     pos_)
-            planned = kernel.plan(*views, layout=lay, gq4=view4(gq, lay), gk4=view4(gk, lay),
-                                  **self.options)
+            gq4, gk4, gx_q, gx_k = self.views(gq, gk, grad_q, grad_k)
+            planned = kernel.plan(*self.views(q_, k_), gx_q, gx_k, w_q_, w_k_, table_, sin_,
+                                  pos_, layout=self.layout, gq4=gq4, gk4=gk4, **self.options)
             bwd = self._backwards[key] = eager.EagerLaunch(planned.launcher, planned)
-        q, k, w_q_read, w_k_read, table, sin, pos = self.readable(q, k, w_q, w_k, table, sin,
-                                                                  position_ids)
         part = kernel.partials(bwd.launch)
         if part.numel():
             bwd(kernel.pointers(bwd.launch, q, k, grad_q, grad_k, w_q_read, w_k_read, table, sin,
@@ -265,7 +252,8 @@ def qk_norm_rope(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, freqs: Optional
         weight_offset: the scale is w + weight_offset: 0.0 (Qwen3) or 1.0 (Gemma 3's 1 + w).
 
     Returns:
-        (q_out, k_out): shaped like q and k, contiguous in `layout`, in q's dtype. With R < D
+        (q_out, k_out): shaped like q and k, in q's dtype; with q's and k's strides where both
+        are dense, else contiguous in `layout` (a slice of a fused QKV projection). With R < D
         the features R..D-1 are normed and scaled but not rotated.
 
     A position outside the table gives NaN in the rows it touches (and in the gradients).
@@ -426,7 +414,8 @@ def qk_norm_apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor,
         eps: the norms' epsilon. unsqueeze_dim: 1 or 2 (or -3 / -2), as in HF.
         weight_offset: 0.0 (Qwen3) or 1.0 (Gemma 3).
     Returns:
-        (q_embed, k_embed) shaped like q and k (contiguous), in q's dtype. The math is fp32 with
+        (q_embed, k_embed) shaped like q and k, with their strides where both are dense (as
+        HF's own functions return them), else contiguous; in q's dtype. The math is fp32 with
         one rounding; HF rounds after the norm and after each multiply and add in the model's
         dtype, so 16-bit results can differ from HF's by a few ulps.
     """

@@ -40,9 +40,11 @@ class _TileWidth:
         return tl.constexpr(0 if n <= 0 else 1 << (n - 1).bit_length())
 
     # Triton puts the constexpr globals a kernel uses into its cache key, by repr and equality:
-    # both must be the same in every process, or no compiled kernel would be found on disk.
+    # both must be the same in every process, or no compiled kernel would be found on disk. And
+    # torch.compile's Inductor, which writes a user kernel's source out with its globals, writes
+    # `tile_width = tl.constexpr(<repr>)`: the repr is an expression that makes one again.
     def __repr__(self):
-        return "ropelib.kernels.common.tile_width(v1)"
+        return "__import__('ropelib.kernels.common', fromlist=['_TileWidth'])._TileWidth()"
 
     def __eq__(self, other):
         return isinstance(other, _TileWidth)

@@ -46,11 +46,13 @@ import torch
 import triton
 import triton.language as tl
 
+from ..conventions import view4
 from ..runtime import INTERPRET
 from .common import (ROUND_BF16_RTNE, batch_range, contiguous_strides, head_tile, load_table,
                      offset_int, rotate_pair, round_to, store_pair, tile_width)
 from .direct import DirectLauncher
-from .planning import OUT_LAYOUT, Launch, cdiv, pow2_at_least, pow2_at_most, start
+from .planning import (OUT_LAYOUT, Launch, cdiv, needs_int64, pow2_at_least, pow2_at_most,
+                       start)
 from .tiles import (QK_NORM_ELEMENTS_PER_THREAD, QK_NORM_PROGRAMS_PER_SM, QK_NORM_ROWS_PER_STEP,
                     multiprocessors)
 
@@ -84,12 +86,14 @@ def _norm_rope_heads(
     pid_s, h0, b_lo, b_hi,              # tile origin: token block, first head, batch range
     S, B, H, P,                         # tokens, batch, heads of this segment, table rows
     eps, weight_offset,
-    stride_x_s, stride_x_b, stride_x_h,
+    stride_x_s, stride_x_b,             # (heads at stride D, features at stride 1)
     R: tl.constexpr, D: tl.constexpr,   # rotary dim (even, <= D), head dim
-    OUT_LAYOUT: tl.constexpr,           # y and gx (and gy) are contiguous in this layout
+    OUT_LAYOUT: tl.constexpr,           # y and gx (and gy) contiguous in this layout, or
+    OUT_AS_IN: tl.constexpr,            # laid out as x: x's strides
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
     INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
     TABLE_PER_ENTRY: tl.constexpr, IDS_PER_ENTRY: tl.constexpr,
+    INT64: tl.constexpr,                # offsets in int64 (a tensor passes 2^31 elements)
 ):
     HALF: tl.constexpr = R // 2
     BLOCK_HALF: tl.constexpr = tile_width(HALF)      # tiles of pairs, and of features R..D-1
@@ -103,14 +107,20 @@ def _norm_rope_heads(
     # float to fp32 (fp64 inputs would get an fp32 eps).
     eps = tl.full((), eps, CDT)
     weight_offset = tl.full((), weight_offset, CDT)
-    # Offsets of rows (token, head) in int64, always: they are [BLOCK_S, BLOCK_H] values, not
-    # one per element, so the width costs next to nothing and no tensor size can overflow them.
+    # Offsets in int32 unless INT64: with int64 row offsets sm_90's compiler issues a
+    # program's four 16-byte loads of x two by two instead of together (5-7 % slower on an
+    # H200, benchmarks/NOTES.md).
     s_idx, s_off, h_idx, d_a, d_b, row_ok, m, tab_mask = head_tile(
-        pid_s, h0, S, H, BLOCK_S, BLOCK_H, BLOCK_HALF, HALF, INTERLEAVED, True)
+        pid_s, h0, S, H, BLOCK_S, BLOCK_H, BLOCK_HALF, HALF, INTERLEAVED, INT64)
     j = tl.arange(0, BLOCK_HALF)                              # [BLOCK_HALF] pairs
-    h_off = h_idx.to(tl.int64)
-    st_y_s, st_y_b, st_y_h = contiguous_strides(S, B, H, D, OUT_LAYOUT, True)
-    x_rows = s_off[:, None] * stride_x_s + h_off[None, :] * stride_x_h   # [BLOCK_S, BLOCK_H]
+    h_off = offset_int(h_idx, INT64)
+    # (strides that are arguments, not computed: computed ones cost the backward 190 registers
+    # a thread instead of 168 for sm_90, the forward a later issue of its loads)
+    if OUT_AS_IN:
+        st_y_s, st_y_b, st_y_h = stride_x_s, stride_x_b, D
+    else:
+        st_y_s, st_y_b, st_y_h = contiguous_strides(S, B, H, D, OUT_LAYOUT, INT64)
+    x_rows = s_off[:, None] * stride_x_s + h_off[None, :] * D           # [BLOCK_S, BLOCK_H]
     y_rows = s_off[:, None] * st_y_s + h_off[None, :] * st_y_h          # (gy and gx alike)
     # the table's rows are dense: [P, R], or [B, P, R] with one table per batch entry
     stride_tab_b = (tl.full([], 0, tl.int64) + P) * R if TABLE_PER_ENTRY else 0
@@ -134,15 +144,15 @@ def _norm_rope_heads(
                                         tab_mask, CDT)
 
     for b in range(b_lo, b_hi):
-        bb = offset_int(b, True)
+        bb = offset_int(b, INT64)
         if PER_ENTRY:
             rows, valid = _rows_of_table(s_idx, bb, S, P, pos_ptr, IDS_PER_ENTRY)
             c_a, s_a, c_b, s_b = load_table(cos_ptr, sin_ptr, rows, bb, stride_tab_b, R, 1, d_a,
                                             d_b, tab_mask, CDT)
         bad = ~valid[:, None, None]      # a position outside the table: NaN, never a clamped row
         xr = x_ptr + (x_rows + bb * stride_x_b)[:, :, None]   # [BLOCK_S, BLOCK_H, 1]
-        yr = y_rows + bb * st_y_b
-        orow = out_ptr + yr[:, :, None]
+        yr = (y_rows + bb * st_y_b)[:, :, None]
+        orow = out_ptr + yr
         x_a = tl.load(xr + d_a[None, None, :], mask=m, other=0.0).to(CDT)
         x_b = tl.load(xr + d_b[None, None, :], mask=m, other=0.0).to(CDT)
         ss = tl.sum(x_a * x_a, axis=2) + tl.sum(x_b * x_b, axis=2)          # [BLOCK_S, BLOCK_H]
@@ -166,7 +176,7 @@ def _norm_rope_heads(
                          round_to(x_p * r * sw_p, out_ptr.dtype.element_ty, ROUND_BF16_RTNE),
                          mask=mp)
         else:
-            gr = gy_ptr + yr[:, :, None]
+            gr = gy_ptr + yr
             gy_a = tl.load(gr + d_a[None, None, :], mask=m, other=0.0).to(CDT)
             gy_b = tl.load(gr + d_b[None, None, :], mask=m, other=0.0).to(CDT)
             # gu = R(-theta) gy
@@ -207,10 +217,11 @@ def _norm_rope_heads(
 def _norm_rope_q_and_k(
     q_ptr, k_ptr, gq_ptr, gk_ptr, q_out_ptr, k_out_ptr, w_q_ptr, w_k_ptr, cos_ptr, sin_ptr,
     pos_ptr, part_ptr, S, B, HQ, P, eps, weight_offset,
-    stride_q_s, stride_q_b, stride_q_h, stride_k_s, stride_k_b, stride_k_h,
-    R: tl.constexpr, D: tl.constexpr, OUT_LAYOUT: tl.constexpr,
+    stride_q_s, stride_q_b, stride_k_s, stride_k_b,
+    R: tl.constexpr, D: tl.constexpr, OUT_LAYOUT: tl.constexpr, OUT_AS_IN: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
     BACKWARD: tl.constexpr, TABLE_PER_ENTRY: tl.constexpr, IDS_PER_ENTRY: tl.constexpr,
+    INT64: tl.constexpr,
 ):
     # The program's tile: q's heads (grid axis 1 below HQ / BLOCK_H), else k's. BLOCK_H divides
     # both head counts (pick_tiles), so k's count is what the grid leaves after q's blocks.
@@ -227,27 +238,29 @@ def _norm_rope_q_and_k(
     if pid_h < q_blocks:
         _norm_rope_heads(q_ptr, gq_ptr, q_out_ptr, w_q_ptr, cos_ptr, sin_ptr, pos_ptr, part,
                          pid_s, pid_h * BLOCK_H, b_lo, b_hi, S, B, HQ, P, eps, weight_offset,
-                         stride_q_s, stride_q_b, stride_q_h, R, D, OUT_LAYOUT, BLOCK_S, BLOCK_H,
-                         INTERLEAVED, BACKWARD, TABLE_PER_ENTRY, IDS_PER_ENTRY)
+                         stride_q_s, stride_q_b, R, D, OUT_LAYOUT, OUT_AS_IN, BLOCK_S,
+                         BLOCK_H, INTERLEAVED, BACKWARD, TABLE_PER_ENTRY, IDS_PER_ENTRY, INT64)
     else:
         HK = (tl.num_programs(1) - q_blocks) * BLOCK_H
         _norm_rope_heads(k_ptr, gk_ptr, k_out_ptr, w_k_ptr, cos_ptr, sin_ptr, pos_ptr, part,
                          pid_s, (pid_h - q_blocks) * BLOCK_H, b_lo, b_hi, S, B, HK, P, eps,
-                         weight_offset, stride_k_s, stride_k_b, stride_k_h, R, D, OUT_LAYOUT,
-                         BLOCK_S, BLOCK_H, INTERLEAVED, BACKWARD, TABLE_PER_ENTRY,
-                         IDS_PER_ENTRY)
+                         weight_offset, stride_k_s, stride_k_b, R, D, OUT_LAYOUT, OUT_AS_IN,
+                         BLOCK_S, BLOCK_H, INTERLEAVED, BACKWARD, TABLE_PER_ENTRY, IDS_PER_ENTRY,
+                         INT64)
 
 
 # --- the entry points: forward and backward, each at most 32 arguments ----------------------
-# Common to both: q and k as strided [S, B, H, D] views with features at stride 1; the outputs
-# (forward: y; backward: the input gradients) fresh and contiguous in OUT_LAYOUT; the weights
-# contiguous; the table's rows dense ([P, R], or [B, P, R] with TABLE_PER_ENTRY); position ids
-# [B or 1, S] contiguous. The host (`readable`) copies what does not come so.
+# Common to both: q and k as strided [S, B, H, D] views, heads at stride D and features at
+# stride 1; the outputs (forward: y; backward: the input gradients, and the output gradients
+# read) fresh, with q's and k's strides (OUT_AS_IN: q and k are dense) or contiguous in
+# OUT_LAYOUT; the weights contiguous; the table's rows dense ([P, R], or [B, P, R] with
+# TABLE_PER_ENTRY); position ids [B or 1, S] contiguous. The host (`readable`) copies what
+# does not come so.
 
 @triton.jit
 def _qk_norm_rope_kernel(
     q_ptr, k_ptr,                        # q [S, B, HQ, D], k [S, B, HK, D] (strided views)
-    q_out_ptr, k_out_ptr,                # the outputs, contiguous in OUT_LAYOUT
+    q_out_ptr, k_out_ptr,                # the outputs
     w_q_ptr, w_k_ptr,                    # the norms' weights [D]
     cos_ptr, sin_ptr,                    # angles (sin None) or cos and sin
     pos_ptr,                             # position ids (None: token s reads row s)
@@ -256,39 +269,37 @@ def _qk_norm_rope_kernel(
     # unrounded: a plain float argument is passed as fp32 (as it still is by Triton before 3.4,
     # which ignores a float annotation)
     eps: tl.float64, weight_offset: tl.float64,
-    stride_q_s, stride_q_b, stride_q_h,
-    stride_k_s, stride_k_b, stride_k_h,
-    R: tl.constexpr, D: tl.constexpr, OUT_LAYOUT: tl.constexpr,
+    stride_q_s, stride_q_b, stride_k_s, stride_k_b,
+    R: tl.constexpr, D: tl.constexpr, OUT_LAYOUT: tl.constexpr, OUT_AS_IN: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
-    TABLE_PER_ENTRY: tl.constexpr, IDS_PER_ENTRY: tl.constexpr,
+    TABLE_PER_ENTRY: tl.constexpr, IDS_PER_ENTRY: tl.constexpr, INT64: tl.constexpr,
 ):
     _norm_rope_q_and_k(q_ptr, k_ptr, None, None, q_out_ptr, k_out_ptr, w_q_ptr, w_k_ptr,
                        cos_ptr, sin_ptr, pos_ptr, None, S, B, HQ, P, eps, weight_offset,
-                       stride_q_s, stride_q_b, stride_q_h, stride_k_s, stride_k_b, stride_k_h,
-                       R, D, OUT_LAYOUT, BLOCK_S, BLOCK_H, INTERLEAVED, False, TABLE_PER_ENTRY,
-                       IDS_PER_ENTRY)
+                       stride_q_s, stride_q_b, stride_k_s, stride_k_b, R, D, OUT_LAYOUT,
+                       OUT_AS_IN, BLOCK_S, BLOCK_H, INTERLEAVED, False, TABLE_PER_ENTRY,
+                       IDS_PER_ENTRY, INT64)
 
 
 @triton.jit
 def _qk_norm_rope_backward_kernel(
     q_ptr, k_ptr,                        # the forward's inputs (strided views)
-    grad_q_ptr, grad_k_ptr,              # the input gradients, contiguous in OUT_LAYOUT
+    grad_q_ptr, grad_k_ptr,              # the input gradients, laid out as the outputs
     w_q_ptr, w_k_ptr, cos_ptr, sin_ptr, pos_ptr,
-    grad_q_out_ptr, grad_k_out_ptr,      # the output gradients, contiguous in OUT_LAYOUT
+    grad_q_out_ptr, grad_k_out_ptr,      # the output gradients, laid out as the outputs
     part_ptr,                            # [programs, D] partial sums of gu n (CDT)
     S, B, HQ, P,
     eps: tl.float64, weight_offset: tl.float64,
-    stride_q_s, stride_q_b, stride_q_h,
-    stride_k_s, stride_k_b, stride_k_h,
-    R: tl.constexpr, D: tl.constexpr, OUT_LAYOUT: tl.constexpr,
+    stride_q_s, stride_q_b, stride_k_s, stride_k_b,
+    R: tl.constexpr, D: tl.constexpr, OUT_LAYOUT: tl.constexpr, OUT_AS_IN: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
-    TABLE_PER_ENTRY: tl.constexpr, IDS_PER_ENTRY: tl.constexpr,
+    TABLE_PER_ENTRY: tl.constexpr, IDS_PER_ENTRY: tl.constexpr, INT64: tl.constexpr,
 ):
     _norm_rope_q_and_k(q_ptr, k_ptr, grad_q_out_ptr, grad_k_out_ptr, grad_q_ptr, grad_k_ptr,
                        w_q_ptr, w_k_ptr, cos_ptr, sin_ptr, pos_ptr, part_ptr, S, B, HQ, P, eps,
-                       weight_offset, stride_q_s, stride_q_b, stride_q_h, stride_k_s,
-                       stride_k_b, stride_k_h, R, D, OUT_LAYOUT, BLOCK_S, BLOCK_H, INTERLEAVED,
-                       True, TABLE_PER_ENTRY, IDS_PER_ENTRY)
+                       weight_offset, stride_q_s, stride_q_b, stride_k_s, stride_k_b, R, D,
+                       OUT_LAYOUT, OUT_AS_IN, BLOCK_S, BLOCK_H, INTERLEAVED, True,
+                       TABLE_PER_ENTRY, IDS_PER_ENTRY, INT64)
 
 
 # --- host side: tiles, the plan, the launch --------------------------------------------------
@@ -356,26 +367,49 @@ def _dense(t: torch.Tensor, dims: int) -> bool:
     return not _per_entry(t, dims) or t.stride(0) == t[0].numel()
 
 
-def readable(q4: torch.Tensor, k4: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor,
-             table: torch.Tensor, sin: Optional[torch.Tensor], pos: Optional[torch.Tensor]):
+def readable(q: torch.Tensor, k: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor,
+             table: torch.Tensor, sin: Optional[torch.Tensor], pos: Optional[torch.Tensor],
+             layout: str) -> tuple:
     """The arguments as the kernels read them, each itself or, where it does not come so, a
-    contiguous copy: q and k ([S, B, H, D] views) with features at stride 1, weights
-    contiguous, a table with dense rows ([P, R], or [B or 1, P, R]: one per entry, or a batch
-    stride of 0 for one shared), position ids [B or 1, S] with dense rows likewise."""
-    q4, k4 = (x if x.stride(3) == 1 or x.shape[3] == 1 else x.contiguous() for x in (q4, k4))
+    contiguous copy: q and k (in `layout`) with heads at stride D and features at stride 1 (any
+    token and batch strides: projections' views, slices of a fused QKV), weights contiguous, a
+    table with dense rows ([P, R], or [B or 1, P, R]: one per entry, or a batch stride of 0 for
+    one shared), position ids [B or 1, S] with dense rows likewise."""
+    q, k = (x if _heads_readable(view4(x, layout)) else x.contiguous() for x in (q, k))
     w_q, w_k = (w if w.stride(0) == 1 else w.contiguous() for w in (w_q, w_k))
     if not _dense(table, 3):
         table = table.contiguous()
         sin = sin.contiguous() if sin is not None else None
     if pos is not None and not _dense(pos, 2):
         pos = pos.contiguous()
-    return q4, k4, w_q, w_k, table, sin, pos
+    return q, k, w_q, w_k, table, sin, pos
 
 
-def readable_grad(g: torch.Tensor) -> torch.Tensor:
-    """The gradient of an output (shaped as the call's q or k) as the backward reads it:
-    contiguous, as the output itself is."""
-    return g if g.is_contiguous() else g.contiguous()
+def _heads_readable(x4: torch.Tensor) -> bool:
+    """An [S, B, H, D] view with heads at stride D and features at stride 1 (sizes 1 aside)."""
+    D = x4.shape[3]
+    return (x4.stride(3) == 1 or D == 1) and (x4.stride(2) == D or x4.shape[2] == 1)
+
+
+def outputs(q: torch.Tensor, k: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Fresh outputs (forward) or input gradients (backward) for q and k as `readable` leaves
+    them: with their strides where both are dense (the kernels then address input and output
+    alike, with the strides they are given; a [B, H, S, D] view of a [B, S, H, D] projection,
+    as Hugging Face hands q over, gets its output in that order, as HF's own code returns it),
+    else contiguous in the call's layout."""
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    if q_out.stride() == q.stride() and k_out.stride() == k.stride():
+        return q_out, k_out
+    return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
+            torch.empty(k.shape, dtype=k.dtype, device=k.device))
+
+
+def readable_grad(g: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The gradient of an output as the backward reads it: laid out as the output (`like`, an
+    input gradient from `outputs`), copied so where it comes otherwise."""
+    if g.stride() == like.stride() or g.numel() == 0:
+        return g
+    return torch.empty_like(like).copy_(g)
 
 
 # The kernels' pointer arguments, in their order: the forward's, then the backward's three more
@@ -393,9 +427,9 @@ def plan(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch
          pos: Optional[torch.Tensor], *, layout: str, interleaved: bool, eps: float,
          weight_offset: float, gq4: Optional[torch.Tensor] = None,
          gk4: Optional[torch.Tensor] = None) -> Launch:
-    """The launch over q and k ([S, B, H, D] views, as `readable` leaves them; outputs fresh,
-    contiguous in `layout`): forward (gq4 None) or backward (the output gradients gq4, gk4,
-    contiguous in `layout`; q_out4 and k_out4 take the input gradients). Sees only shapes,
+    """The launch over q and k ([S, B, H, D] views, as `readable` leaves them; outputs from
+    `outputs`): forward (gq4 None) or backward (the output gradients gq4, gk4, laid out as the
+    outputs; q_out4 and k_out4 take the input gradients). Sees only shapes,
     strides, dtypes and the options, never values (stand-in tensors do), so one Launch serves
     every call alike; its launcher is the direction's kernel. Pointers are bound by `run`, in
     `pointers` order."""
@@ -408,19 +442,23 @@ def plan(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch
     sm = multiprocessors(device) if on_gpu else None
     block_s, block_h, chunk, num_warps = pick_tiles(S, B, HQ, HK, D, sm)
     grid = (cdiv(S, block_s), (HQ + HK) // block_h, cdiv(B, chunk))
-    assert all(x.stride(3) == 1 or D == 1 for x in (q4, k4)), "features at stride 1"
+    assert _heads_readable(q4) and _heads_readable(k4), "heads at stride D (readable)"
     assert _dense(table, 3) and (pos is None or _dense(pos, 2)), "dense table rows and ids"
+    out_as_in = q_out4.stride() == q4.stride() and k_out4.stride() == k4.stride()
     from .launch import View, contiguous_in     # (launch imports nothing of this module's)
-    assert gq4 is None or all(contiguous_in(View.of(g), layout) or not g.numel()
-                              for g in (gq4, gk4)), \
-        "output gradients contiguous in the layout (readable_grad)"
+    assert out_as_in or all(contiguous_in(View.of(y), layout) or not y.numel()
+                            for y in (q_out4, k_out4)), "outputs from `outputs`"
+    assert gq4 is None or (gq4.stride() == q_out4.stride() and gk4.stride() == k_out4.stride()
+                           ) or not (gq4.numel() and gk4.numel()), "readable_grad"
     args = dict(
         S=S, B=B, HQ=HQ, P=table.shape[-2], eps=eps, weight_offset=weight_offset,
-        stride_q_s=q4.stride(0), stride_q_b=q4.stride(1), stride_q_h=q4.stride(2),
-        stride_k_s=k4.stride(0), stride_k_b=k4.stride(1), stride_k_h=k4.stride(2),
-        R=R, D=D, OUT_LAYOUT=OUT_LAYOUT[layout], BLOCK_S=block_s, BLOCK_H=block_h,
+        stride_q_s=q4.stride(0), stride_q_b=q4.stride(1),
+        stride_k_s=k4.stride(0), stride_k_b=k4.stride(1),
+        R=R, D=D, OUT_LAYOUT=OUT_LAYOUT[layout], OUT_AS_IN=out_as_in, BLOCK_S=block_s,
+        BLOCK_H=block_h,
         INTERLEAVED=interleaved,
         TABLE_PER_ENTRY=_per_entry(table, 3), IDS_PER_ENTRY=_per_entry(pos, 2),
+        INT64=needs_int64([t for t in (q4, k4, q_out4, k_out4, gq4, gk4) if t is not None]),
     )
     cdt = torch.float64 if q4.dtype == torch.float64 else torch.float32
     dtypes = (q4.dtype, k4.dtype, q_out4.dtype, k_out4.dtype, w_q.dtype, w_k.dtype, table.dtype,
@@ -460,25 +498,39 @@ def run(planned: Launch, pointers: tuple) -> None:
         start(planned.launcher, planned, pointers)
 
 
-def launch(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch.Tensor,
-           w_q: torch.Tensor, w_k: torch.Tensor, table: torch.Tensor, sin: Optional[torch.Tensor],
-           pos: Optional[torch.Tensor], *, layout: str, interleaved: bool, eps: float,
-           weight_offset: float, gq4: Optional[torch.Tensor] = None,
-           gk4: Optional[torch.Tensor] = None) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
-    """Plan and run one launch over q and k ([S, B, H, D] views of tensors in `layout`; the
-    outputs fresh and contiguous in it). Forward (gq4 None): writes the normed and rotated q, k
-    into q_out4, k_out4; returns None. Backward: reads the output gradients gq4, gk4, writes the
-    input gradients into q_out4, k_out4 and returns the gradients of w_q and w_k in fp32 (fp64
-    for fp64 inputs).
+def forward(q: torch.Tensor, k: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor,
+            table: torch.Tensor, sin: Optional[torch.Tensor], pos: Optional[torch.Tensor], *,
+            layout: str, interleaved: bool, eps: float,
+            weight_offset: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """q and k (in `layout`) normed and rotated, in one launch: (q_out, k_out) from `outputs`.
 
     table: angles (sin None) or cos [P, R] or [B or 1, P, R]; pos: position ids [B or 1, S] or
     None (token s reads row s). Arguments are validated by the caller (ropelib.qk_norm); what the
     kernels cannot read as it is gets copied (`readable`)."""
-    q4, k4, w_q, w_k, table, sin, pos = readable(q4, k4, w_q, w_k, table, sin, pos)
-    planned = plan(q4, k4, q_out4, k_out4, w_q, w_k, table, sin, pos, layout=layout,
-                   interleaved=interleaved, eps=eps, weight_offset=weight_offset, gq4=gq4,
-                   gk4=gk4)
+    q, k, w_q, w_k, table, sin, pos = readable(q, k, w_q, w_k, table, sin, pos, layout)
+    q_out, k_out = outputs(q, k)
+    views = (view4(q, layout), view4(k, layout), view4(q_out, layout), view4(k_out, layout))
+    planned = plan(*views, w_q, w_k, table, sin, pos, layout=layout, interleaved=interleaved,
+                   eps=eps, weight_offset=weight_offset)
+    run(planned, pointers(planned, *views, w_q, w_k, table, sin, pos))
+    return q_out, k_out
+
+
+def backward(grad_q_out: torch.Tensor, grad_k_out: torch.Tensor, q: torch.Tensor,
+             k: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, table: torch.Tensor,
+             sin: Optional[torch.Tensor], pos: Optional[torch.Tensor], *, layout: str,
+             interleaved: bool, eps: float, weight_offset: float) -> tuple:
+    """From the gradients of (q_out, k_out), in one launch: the gradients of q and k (laid out
+    as the outputs were) and of w_q and w_k, in fp32 (fp64 for fp64 inputs)."""
+    q, k, w_q, w_k, table, sin, pos = readable(q, k, w_q, w_k, table, sin, pos, layout)
+    grad_q, grad_k = outputs(q, k)
+    grad_q_out, grad_k_out = readable_grad(grad_q_out, grad_q), readable_grad(grad_k_out, grad_k)
+    views = (view4(q, layout), view4(k, layout), view4(grad_q, layout), view4(grad_k, layout))
+    gy = dict(gq4=view4(grad_q_out, layout), gk4=view4(grad_k_out, layout))
+    planned = plan(*views, w_q, w_k, table, sin, pos, layout=layout, interleaved=interleaved,
+                   eps=eps, weight_offset=weight_offset, **gy)
     part = partials(planned)
-    run(planned, pointers(planned, q4, k4, q_out4, k_out4, w_q, w_k, table, sin, pos, gq4, gk4,
+    run(planned, pointers(planned, *views, w_q, w_k, table, sin, pos, gy["gq4"], gy["gk4"],
                           part))
-    return weight_grads(planned, part) if part is not None else None
+    gw_q, gw_k = weight_grads(planned, part)
+    return grad_q, grad_k, gw_q, gw_k
