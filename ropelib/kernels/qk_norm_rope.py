@@ -57,6 +57,10 @@ from .tiles import (QK_NORM_ELEMENTS_PER_THREAD, QK_NORM_PROGRAMS_PER_SM, QK_NOR
                     multiprocessors)
 
 
+# OUT_LAYOUT's value for outputs laid out as the inputs (the layouts are planning.OUT_LAYOUT's)
+OUT_AS_INPUT = tl.constexpr(-1)
+
+
 @triton.jit
 def _rows_of_table(s_idx, b, S, P, pos_ptr, IDS_PER_ENTRY: tl.constexpr):
     # s_idx [BLOCK_S] token indices, b batch entry -> (table rows [BLOCK_S] int32, valid [BLOCK_S])
@@ -88,8 +92,8 @@ def _norm_rope_heads(
     eps, weight_offset,
     stride_x_s, stride_x_b,             # (heads at stride D, features at stride 1)
     R: tl.constexpr, D: tl.constexpr,   # rotary dim (even, <= D), head dim
-    OUT_LAYOUT: tl.constexpr,           # y and gx (and gy) contiguous in this layout, or
-    OUT_AS_IN: tl.constexpr,            # laid out as x: x's strides
+    OUT_LAYOUT: tl.constexpr,           # y and gx (and gy): contiguous in this layout, or
+                                        # OUT_AS_INPUT: laid out as x, with x's strides
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
     INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
     TABLE_PER_ENTRY: tl.constexpr, IDS_PER_ENTRY: tl.constexpr,
@@ -116,7 +120,7 @@ def _norm_rope_heads(
     h_off = offset_int(h_idx, INT64)
     # (strides that are arguments, not computed: computed ones cost the backward 190 registers
     # a thread instead of 168 for sm_90, the forward a later issue of its loads)
-    if OUT_AS_IN:
+    if OUT_LAYOUT == OUT_AS_INPUT:
         st_y_s, st_y_b, st_y_h = stride_x_s, stride_x_b, D
     else:
         st_y_s, st_y_b, st_y_h = contiguous_strides(S, B, H, D, OUT_LAYOUT, INT64)
@@ -216,15 +220,16 @@ def _norm_rope_heads(
 @triton.jit
 def _norm_rope_q_and_k(
     q_ptr, k_ptr, gq_ptr, gk_ptr, q_out_ptr, k_out_ptr, w_q_ptr, w_k_ptr, cos_ptr, sin_ptr,
-    pos_ptr, part_ptr, S, B, HQ, P, eps, weight_offset,
+    pos_ptr, part_ptr, S, B, HQ, HK, P, eps, weight_offset,
     stride_q_s, stride_q_b, stride_k_s, stride_k_b,
-    R: tl.constexpr, D: tl.constexpr, OUT_LAYOUT: tl.constexpr, OUT_AS_IN: tl.constexpr,
+    R: tl.constexpr, D: tl.constexpr, OUT_LAYOUT: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
     BACKWARD: tl.constexpr, TABLE_PER_ENTRY: tl.constexpr, IDS_PER_ENTRY: tl.constexpr,
     INT64: tl.constexpr,
 ):
     # The program's tile: q's heads (grid axis 1 below HQ / BLOCK_H), else k's. BLOCK_H divides
-    # both head counts (pick_tiles), so k's count is what the grid leaves after q's blocks.
+    # both head counts (pick_tiles). (HK is an argument: derived from the grid, it cost the
+    # backward 186 registers a thread instead of 168 for sm_90.)
     pid_s = tl.program_id(0)
     pid_h = tl.program_id(1)
     pid_b = tl.program_id(2)
@@ -238,13 +243,12 @@ def _norm_rope_q_and_k(
     if pid_h < q_blocks:
         _norm_rope_heads(q_ptr, gq_ptr, q_out_ptr, w_q_ptr, cos_ptr, sin_ptr, pos_ptr, part,
                          pid_s, pid_h * BLOCK_H, b_lo, b_hi, S, B, HQ, P, eps, weight_offset,
-                         stride_q_s, stride_q_b, R, D, OUT_LAYOUT, OUT_AS_IN, BLOCK_S,
+                         stride_q_s, stride_q_b, R, D, OUT_LAYOUT, BLOCK_S,
                          BLOCK_H, INTERLEAVED, BACKWARD, TABLE_PER_ENTRY, IDS_PER_ENTRY, INT64)
     else:
-        HK = (tl.num_programs(1) - q_blocks) * BLOCK_H
         _norm_rope_heads(k_ptr, gk_ptr, k_out_ptr, w_k_ptr, cos_ptr, sin_ptr, pos_ptr, part,
                          pid_s, (pid_h - q_blocks) * BLOCK_H, b_lo, b_hi, S, B, HK, P, eps,
-                         weight_offset, stride_k_s, stride_k_b, R, D, OUT_LAYOUT, OUT_AS_IN,
+                         weight_offset, stride_k_s, stride_k_b, R, D, OUT_LAYOUT,
                          BLOCK_S, BLOCK_H, INTERLEAVED, BACKWARD, TABLE_PER_ENTRY, IDS_PER_ENTRY,
                          INT64)
 
@@ -252,10 +256,10 @@ def _norm_rope_q_and_k(
 # --- the entry points: forward and backward, each at most 32 arguments ----------------------
 # Common to both: q and k as strided [S, B, H, D] views, heads at stride D and features at
 # stride 1; the outputs (forward: y; backward: the input gradients, and the output gradients
-# read) fresh, with q's and k's strides (OUT_AS_IN: q and k are dense) or contiguous in
-# OUT_LAYOUT; the weights contiguous; the table's rows dense ([P, R], or [B, P, R] with
-# TABLE_PER_ENTRY); position ids [B or 1, S] contiguous. The host (`readable`) copies what
-# does not come so.
+# read) fresh, with q's and k's strides (OUT_LAYOUT == OUT_AS_INPUT: q and k are dense) or
+# contiguous in OUT_LAYOUT; the weights contiguous; the table's rows dense ([P, R], or
+# [B, P, R] with TABLE_PER_ENTRY); position ids [B or 1, S] contiguous. The host (`readable`)
+# copies what does not come so.
 
 @triton.jit
 def _qk_norm_rope_kernel(
@@ -264,21 +268,21 @@ def _qk_norm_rope_kernel(
     w_q_ptr, w_k_ptr,                    # the norms' weights [D]
     cos_ptr, sin_ptr,                    # angles (sin None) or cos and sin
     pos_ptr,                             # position ids (None: token s reads row s)
-    S, B, HQ, P,                         # tokens, batch, heads of q, table rows
+    S, B, HQ, HK, P,                     # tokens, batch, heads of q and of k, table rows
     # RMSNorm epsilon; the scale is w + weight_offset. fp64, so that fp64 inputs get them
     # unrounded: a plain float argument is passed as fp32 (as it still is by Triton before 3.4,
     # which ignores a float annotation)
     eps: tl.float64, weight_offset: tl.float64,
     stride_q_s, stride_q_b, stride_k_s, stride_k_b,
-    R: tl.constexpr, D: tl.constexpr, OUT_LAYOUT: tl.constexpr, OUT_AS_IN: tl.constexpr,
+    R: tl.constexpr, D: tl.constexpr, OUT_LAYOUT: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
     TABLE_PER_ENTRY: tl.constexpr, IDS_PER_ENTRY: tl.constexpr, INT64: tl.constexpr,
 ):
     _norm_rope_q_and_k(q_ptr, k_ptr, None, None, q_out_ptr, k_out_ptr, w_q_ptr, w_k_ptr,
-                       cos_ptr, sin_ptr, pos_ptr, None, S, B, HQ, P, eps, weight_offset,
+                       cos_ptr, sin_ptr, pos_ptr, None, S, B, HQ, HK, P, eps, weight_offset,
                        stride_q_s, stride_q_b, stride_k_s, stride_k_b, R, D, OUT_LAYOUT,
-                       OUT_AS_IN, BLOCK_S, BLOCK_H, INTERLEAVED, False, TABLE_PER_ENTRY,
-                       IDS_PER_ENTRY, INT64)
+                       BLOCK_S, BLOCK_H, INTERLEAVED, False, TABLE_PER_ENTRY, IDS_PER_ENTRY,
+                       INT64)
 
 
 @triton.jit
@@ -288,17 +292,17 @@ def _qk_norm_rope_backward_kernel(
     w_q_ptr, w_k_ptr, cos_ptr, sin_ptr, pos_ptr,
     grad_q_out_ptr, grad_k_out_ptr,      # the output gradients, laid out as the outputs
     part_ptr,                            # [programs, D] partial sums of gu n (CDT)
-    S, B, HQ, P,
+    S, B, HQ, HK, P,
     eps: tl.float64, weight_offset: tl.float64,
     stride_q_s, stride_q_b, stride_k_s, stride_k_b,
-    R: tl.constexpr, D: tl.constexpr, OUT_LAYOUT: tl.constexpr, OUT_AS_IN: tl.constexpr,
+    R: tl.constexpr, D: tl.constexpr, OUT_LAYOUT: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
     TABLE_PER_ENTRY: tl.constexpr, IDS_PER_ENTRY: tl.constexpr, INT64: tl.constexpr,
 ):
     _norm_rope_q_and_k(q_ptr, k_ptr, grad_q_out_ptr, grad_k_out_ptr, grad_q_ptr, grad_k_ptr,
-                       w_q_ptr, w_k_ptr, cos_ptr, sin_ptr, pos_ptr, part_ptr, S, B, HQ, P, eps,
+                       w_q_ptr, w_k_ptr, cos_ptr, sin_ptr, pos_ptr, part_ptr, S, B, HQ, HK, P, eps,
                        weight_offset, stride_q_s, stride_q_b, stride_k_s, stride_k_b, R, D,
-                       OUT_LAYOUT, OUT_AS_IN, BLOCK_S, BLOCK_H, INTERLEAVED, True,
+                       OUT_LAYOUT, BLOCK_S, BLOCK_H, INTERLEAVED, True,
                        TABLE_PER_ENTRY, IDS_PER_ENTRY, INT64)
 
 
@@ -451,11 +455,11 @@ def plan(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch
     assert gq4 is None or (gq4.stride() == q_out4.stride() and gk4.stride() == k_out4.stride()
                            ) or not (gq4.numel() and gk4.numel()), "readable_grad"
     args = dict(
-        S=S, B=B, HQ=HQ, P=table.shape[-2], eps=eps, weight_offset=weight_offset,
+        S=S, B=B, HQ=HQ, HK=HK, P=table.shape[-2], eps=eps, weight_offset=weight_offset,
         stride_q_s=q4.stride(0), stride_q_b=q4.stride(1),
         stride_k_s=k4.stride(0), stride_k_b=k4.stride(1),
-        R=R, D=D, OUT_LAYOUT=OUT_LAYOUT[layout], OUT_AS_IN=out_as_in, BLOCK_S=block_s,
-        BLOCK_H=block_h,
+        R=R, D=D, OUT_LAYOUT=OUT_AS_INPUT if out_as_in else OUT_LAYOUT[layout],
+        BLOCK_S=block_s, BLOCK_H=block_h,
         INTERLEAVED=interleaved,
         TABLE_PER_ENTRY=_per_entry(table, 3), IDS_PER_ENTRY=_per_entry(pos, 2),
         INT64=needs_int64([t for t in (q4, k4, q_out4, k_out4, gq4, gk4) if t is not None]),
