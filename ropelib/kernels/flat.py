@@ -162,6 +162,16 @@ def _rotate_flat(x_ptr, y_ptr, cos_ptr, sin_ptr, block, S, B, H, stride_tab_p, s
         j = d % HALF
         tab += ((j >= AXIS_H_FROM).to(tab.dtype) + (j >= AXIS_W_FROM).to(tab.dtype)) \
             * stride_tab_axis
+        if AXIS_H_FROM % VEC == 0 and AXIS_W_FROM % VEC == 0 and HALF % VEC == 0 \
+                and D % VEC == 0:
+            # Each section starts at a multiple of VEC pairs (Qwen2-VL's 16, 24, 24 do) and the
+            # tables' strides are multiples of VEC (ops.takes_axis_tables: contiguous tables),
+            # so each thread's run of VEC features reads one row of one table, from a multiple
+            # of VEC. The selects above hide that from Triton's analysis: unsaid, every entry
+            # is its own 2-byte load (sm_90 SASS of the Qwen2-VL case: 32 such loads a thread
+            # against 8 of 16 bytes with one gathered table). (Said here, where tab is made:
+            # a hint on a helper's argument is lost.)
+            tab = tl.max_constancy(tl.multiple_of(tab, VEC), VEC)
     rotated = d < R
     mr = live & rotated
     x = tl.load(x_ptr + i, mask=live, other=0.0)
