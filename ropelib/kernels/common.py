@@ -30,14 +30,15 @@ ROUND_BF16_RTNE = tl.constexpr(BF16_RTNE)
 
 
 class _TileWidth:
-    """n -> the smallest power of two >= n, 0 for n <= 0: the width of a tile that holds n
-    features (tl.arange needs a power of two). For constexpr n inside @triton.jit code: held as
-    a constexpr global (`tile_width`), it runs while the kernel compiles, in every Triton from
-    3.2 (triton.constexpr_function only exists from 3.6)."""
+    """(n, at_least=0) -> the smallest power of two >= n (0 for n <= 0), and >= at_least: the
+    width of a tile that holds n features (tl.arange needs a power of two, tl.dot 16). For
+    constexpr n inside @triton.jit code: held as a constexpr global (`tile_width`), it runs
+    while the kernel compiles, in every Triton from 3.2 (triton.constexpr_function only exists
+    from 3.6)."""
 
-    def __call__(self, n):
-        n = getattr(n, "value", n)
-        return tl.constexpr(0 if n <= 0 else 1 << (n - 1).bit_length())
+    def __call__(self, n, at_least=0):
+        n, at_least = getattr(n, "value", n), getattr(at_least, "value", at_least)
+        return tl.constexpr(max(at_least, 0 if n <= 0 else 1 << (n - 1).bit_length()))
 
     # Triton puts the constexpr globals a kernel uses into its cache key, by repr and equality:
     # both must be the same in every process, or no compiled kernel would be found on disk. And

@@ -95,7 +95,8 @@ import triton.language as tl
 
 from ..conventions import QKV_LINEAR_MAX_HEAD_DIM
 from ..runtime import INTERPRET
-from .common import ROUND_BF16_RTNE, contiguous_strides, pair_features, rotate_pair, round_to
+from .common import (ROUND_BF16_RTNE, contiguous_strides, pair_features, rotate_pair, round_to,
+                     tile_width)
 from .fused import table_cos_sin, packed_positions
 from .direct import DirectLauncher
 from .planning import Launch, cdiv, start
@@ -319,10 +320,8 @@ def _qkv_rope_fwd_kernel(
 ):
     HALF: tl.constexpr = R // 2
     HAS_PASS: tl.constexpr = D > R
-    BLOCK_HALF: tl.constexpr = 16 if HALF <= 16 else (32 if HALF <= 32 else (
-        64 if HALF <= 64 else 128))
-    BLOCK_PASS: tl.constexpr = 16 if D - R <= 16 else (32 if D - R <= 32 else (
-        64 if D - R <= 64 else (128 if D - R <= 128 else 256)))
+    BLOCK_HALF: tl.constexpr = tile_width(HALF, 16)   # (tl.dot's operands: 16 at least)
+    BLOCK_PASS: tl.constexpr = tile_width(D - R, 16)
     # fp32 inputs multiply in fp32 (F.linear's default), not TF32
     PRECISION: tl.constexpr = "ieee" if x_ptr.dtype.element_ty == tl.float32 else "tf32"
     M = S * B
@@ -419,10 +418,8 @@ def _qkv_rope_dx_kernel(
 ):
     HALF: tl.constexpr = R // 2
     HAS_PASS: tl.constexpr = D > R
-    BLOCK_HALF: tl.constexpr = 16 if HALF <= 16 else (32 if HALF <= 32 else (
-        64 if HALF <= 64 else 128))
-    BLOCK_PASS: tl.constexpr = 16 if D - R <= 16 else (32 if D - R <= 32 else (
-        64 if D - R <= 64 else (128 if D - R <= 128 else 256)))
+    BLOCK_HALF: tl.constexpr = tile_width(HALF, 16)   # (tl.dot's operands: 16 at least)
+    BLOCK_PASS: tl.constexpr = tile_width(D - R, 16)
     PRECISION: tl.constexpr = "ieee" if w_ptr.dtype.element_ty == tl.float32 else "tf32"
     M = S * B
     NQK = HQ + HK
@@ -549,10 +546,8 @@ def _qkv_rope_dw_kernel(
 ):
     HALF: tl.constexpr = R // 2
     HAS_PASS: tl.constexpr = D > R
-    BLOCK_HALF: tl.constexpr = 16 if HALF <= 16 else (32 if HALF <= 32 else (
-        64 if HALF <= 64 else 128))
-    BLOCK_PASS: tl.constexpr = 16 if D - R <= 16 else (32 if D - R <= 32 else (
-        64 if D - R <= 64 else (128 if D - R <= 128 else 256)))
+    BLOCK_HALF: tl.constexpr = tile_width(HALF, 16)   # (tl.dot's operands: 16 at least)
+    BLOCK_PASS: tl.constexpr = tile_width(D - R, 16)
     PRECISION: tl.constexpr = "ieee" if x_ptr.dtype.element_ty == tl.float32 else "tf32"
     NQK = HQ + HK
     h, pid_k = _grouped(tl.program_id(0), NQK + HK, tl.cdiv(K, BLOCK_K), GROUP_M)
