@@ -187,6 +187,48 @@ def test_strided_inputs_are_read_in_place(seeded):
         assert torch.equal(x, y)
 
 
+def test_outputs_keep_the_strides_of_dense_inputs(seeded):
+    """Outputs (and input gradients) take q's and k's strides where both are dense, in any
+    order (here bshd-shaped views of sbhd memory, and Hugging Face's [B, H, S, D] views of
+    [B, S, H, D] projections through the drop-in); a slice of a fused QKV gets contiguous
+    outputs. Output gradients in another order are read right. Values as the reference's, on the
+    operator and on the eager route's planned calls."""
+    B, S, HQ, HK, D = 2, 5, 4, 2, 16
+    _, _, w_q, w_k, cos, sin = make(D=D)
+    q = torch.randn(S, B, HQ, D).transpose(0, 1)             # [B, S, H, D] in sbhd memory
+    k = torch.randn(S, B, HK, D).transpose(0, 1)
+    eager.SIGNATURES.clear()
+    for _ in range(2):      # the checked call, then the planned route
+        qg, kg = q.detach().requires_grad_(), k.detach().requires_grad_()   # q's strides
+        got = ropelib.qk_norm_rope(qg, kg, w_q, w_k, cos=cos, sin=sin)
+        assert got[0].stride() == q.stride() and got[1].stride() == k.stride()
+        want = reference(q, k, w_q, w_k, cos=cos, sin=sin)
+        for a, b in zip(got, want):
+            _close(a, b, TOL[torch.float32])
+        gq = torch.randn(B, HQ, S, D).transpose(1, 2)        # yet another order
+        gk = torch.randn(B, S, HK, D)
+        grads = torch.autograd.grad(got, (qg, kg), (gq, gk))
+        assert grads[0].stride() == q.stride()
+        ql, kl = q.clone().requires_grad_(), k.clone().requires_grad_()
+        wants = torch.autograd.grad(reference(ql, kl, w_q, w_k, cos=cos, sin=sin), (ql, kl),
+                                    (gq, gk))
+        for a, b in zip(grads, wants):
+            _close(a, b, W_TOL[torch.float32])
+    proj = torch.randn(B, S, (HQ + HK) * D)                   # a fused projection's slices
+    q_f, k_f = proj[..., :HQ * D].view(B, S, HQ, D), proj[..., HQ * D:].view(B, S, HK, D)
+    out = OPS.qk_norm_rope(q_f, k_f, w_q, w_k, cos, sin, None, "bshd", False, 1e-6, 0.0)
+    assert all(o.is_contiguous() for o in out)
+    h = torch.randn(B, S, (HQ + HK) * D)                      # Hugging Face's views
+    q_h = h[..., :HQ * D].contiguous().view(B, S, HQ, D).transpose(1, 2)
+    k_h = h[..., HQ * D:].contiguous().view(B, S, HK, D).transpose(1, 2)
+    c_h, s_h = cos[None, :S], sin[None, :S]
+    out = qk_norm.qk_norm_apply_rotary_pos_emb(q_h, k_h, c_h, s_h, w_q, w_k)
+    assert out[0].stride() == q_h.stride() and out[1].stride() == k_h.stride()
+    want = reference(q_h.transpose(1, 2), k_h.transpose(1, 2), w_q, w_k, cos=cos, sin=sin)
+    for a, b in zip(out, want):
+        _close(a.transpose(1, 2), b, TOL[torch.float32])
+
+
 def test_inputs_the_kernels_read_at_stride_one_are_copied_where_they_are_not(seeded):
     """q, k, weights and a table with features at stride 2 (also on the eager route's later
     calls, which skip the checks), expanded output gradients (the kernels read those contiguous),
