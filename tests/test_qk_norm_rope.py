@@ -12,6 +12,7 @@
 * benchmarks/qk_norm_bench.py --dry-run.
 """
 import importlib.util
+from unittest import mock
 from pathlib import Path
 
 import pytest
@@ -662,3 +663,82 @@ def test_eager_route_still_checks_position_values(seeded):
     ropelib.qk_norm_rope(q, k, w_q, w_k, cos=cos, sin=sin, position_ids=pos)
     with pytest.raises(ValueError, match="position_ids must lie in"):
         ropelib.qk_norm_rope(q, k, w_q, w_k, cos=cos, sin=sin, position_ids=pos + 100)
+
+
+# --- random cases -----------------------------------------------------------------------------
+
+def _arranged(x: torch.Tensor, how: str, layout: str, gen: torch.Generator) -> torch.Tensor:
+    """x (in `layout`) as the same values in another memory arrangement: as it is, dense in
+    another order of its dims, a slice of a wider buffer (a fused projection's), or with heads
+    not at stride D (which the kernels read from a copy)."""
+    if how == "contiguous":
+        return x.contiguous()
+    if how == "permuted":
+        order = torch.randperm(x.dim(), generator=gen).tolist()
+        inverse = sorted(range(x.dim()), key=order.__getitem__)
+        return x.permute(order).contiguous().permute(inverse)
+    if how == "slice":
+        wide = torch.zeros(*x.shape[:-2], x.shape[-2] * x.shape[-1] + 8, dtype=x.dtype)
+        wide[..., 3:3 + x.shape[-2] * x.shape[-1]] = x.reshape(*x.shape[:-2], -1)
+        return wide[..., 3:3 + x.shape[-2] * x.shape[-1]].view(x.shape)
+    return x.transpose(-2, -3).contiguous().transpose(-2, -3) if layout != "thd" else \
+        x.transpose(0, 1).contiguous().transpose(0, 1)          # heads not at stride D
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_random_cases(seed):
+    """Random layouts, head counts (GQA), head and rotary dims, pairings, tables (angles or
+    cos/sin), position ids (shared or per entry), weight offsets, dtypes and memory arrangements
+    of q, k and the output gradients: outputs, input and weight gradients against the fp64
+    reference, on the operator and on the eager route (a checked call, then a planned one)."""
+    gen = torch.Generator().manual_seed(1000 + seed)
+
+    def pick(options):
+        return options[int(torch.randint(len(options), (1,), generator=gen))]
+    layout = pick(["bshd", "sbhd", "thd"])
+    S, B = pick([1, 3, 7]), (1 if layout == "thd" else pick([1, 2, 3]))
+    HK = pick([1, 2, 3])
+    HQ = HK * pick([1, 2, 4])
+    D = pick([8, 12, 16, 24])
+    R = pick([r for r in (4, 8, 12, 16, 24) if r <= D])
+    interleaved, offset = pick([False, True]), pick([0.0, 1.0])
+    dtype = pick([torch.float32, torch.bfloat16])
+    P = S + pick([0, 4])
+    shape = {"bshd": lambda h: (B, S, h, D), "sbhd": lambda h: (S, B, h, D),
+             "thd": lambda h: (S, h, D)}[layout]
+    q = _arranged(torch.randn(shape(HQ), generator=gen).to(dtype), pick(
+        ["contiguous", "permuted", "slice", "heads"]), layout, gen)
+    k = _arranged(torch.randn(shape(HK), generator=gen).to(dtype), pick(
+        ["contiguous", "permuted", "slice", "heads"]), layout, gen)
+    w_q = 1 + 0.3 * torch.randn(D, generator=gen)
+    w_k = 1 + 0.3 * torch.randn(D, generator=gen)
+    cos, sin = ropelib.rope_cos_sin(P, D, rotary_percent=R / D, interleaved=interleaved)
+    freqs = ropelib.rope_freqs(P, D, rotary_percent=R / D, interleaved=interleaved)
+    use_ids = layout == "thd" or pick([False, True])
+    ids = None
+    if use_ids:
+        rows = 1 if layout == "thd" else pick([1, B])
+        ids = torch.randint(P, (rows, S), generator=gen)
+        ids = ids[0] if layout == "thd" else ids
+    tables = pick(["angles", "cos/sin"])
+    opts = dict(layout=layout, interleaved=interleaved, position_ids=ids, weight_offset=offset)
+    want_args = dict(cos=freqs[:, 0, 0].double().cos() if tables == "angles" else cos,
+                     sin=freqs[:, 0, 0].double().sin() if tables == "angles" else sin, **opts)
+    go = torch.randn(q.shape, generator=gen).to(dtype)
+    go_k = _arranged(torch.randn(k.shape, generator=gen).to(dtype), "permuted", layout, gen)
+    ql, kl = q.detach().requires_grad_(), k.detach().requires_grad_()
+    wql, wkl = w_q.clone().requires_grad_(), w_k.clone().requires_grad_()
+    want = reference(ql, kl, wql, wkl, **want_args)
+    want_grads = torch.autograd.grad(want, (ql, kl, wql, wkl), (go, go_k))
+    table = dict(freqs=freqs) if tables == "angles" else dict(cos=cos, sin=sin)
+    eager.SIGNATURES.clear()
+    for route in ("operator", "eager", "eager, planned"):
+        qg, kg = q.detach().requires_grad_(), k.detach().requires_grad_()
+        wq, wk = w_q.clone().requires_grad_(), w_k.clone().requires_grad_()
+        with mock.patch.object(eager, "active", lambda: route != "operator"):
+            got = ropelib.qk_norm_rope(qg, kg, wq, wk, **table, **opts)
+        for a, b in zip(got, want):
+            _close(a, b, TOL[dtype])
+        grads = torch.autograd.grad(got, (qg, kg, wq, wk), (go, go_k))
+        for a, b, tol in zip(grads, want_grads, (TOL[dtype],) * 2 + (W_TOL[dtype],) * 2):
+            _close(a, b, (tol[0] * 4, tol[1] * 4) if dtype == torch.bfloat16 else tol)
