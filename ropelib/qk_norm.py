@@ -57,8 +57,9 @@ def _pos2d(position_ids: Optional[Tensor]) -> Optional[Tensor]:
 def qk_norm_rope_op(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, table: Tensor,
                     sin: Optional[Tensor], position_ids: Optional[Tensor], layout: str,
                     interleaved: bool, eps: float, weight_offset: float) -> Tuple[Tensor, Tensor]:
-    return kernel.forward(q, k, w_q, w_k, table, sin, _pos2d(position_ids), layout=layout,
-                          interleaved=interleaved, eps=eps, weight_offset=weight_offset)
+    args = (q, k, w_q, w_k, table, sin, _pos2d(position_ids))
+    return kernel.Route(*args, layout=layout, interleaved=interleaved, eps=eps,
+                        weight_offset=weight_offset).forward(*args)
 
 
 @define_op("ropelib::qk_norm_rope_backward")
@@ -67,9 +68,10 @@ def qk_norm_rope_backward_op(grad_q_out: Tensor, grad_k_out: Tensor, q: Tensor, 
                              position_ids: Optional[Tensor], layout: str, interleaved: bool,
                              eps: float, weight_offset: float
                              ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    grad_q, grad_k, gw_q, gw_k = kernel.backward(
-        grad_q_out, grad_k_out, q, k, w_q, w_k, table, sin, _pos2d(position_ids), layout=layout,
-        interleaved=interleaved, eps=eps, weight_offset=weight_offset)
+    args = (q, k, w_q, w_k, table, sin, _pos2d(position_ids))
+    grad_q, grad_k, gw_q, gw_k = kernel.Route(
+        *args, layout=layout, interleaved=interleaved, eps=eps,
+        weight_offset=weight_offset).backward(grad_q_out, grad_k_out, *args)
     return grad_q, grad_k, gw_q.to(w_q.dtype), gw_k.to(w_k.dtype)
 
 
@@ -102,78 +104,23 @@ qk_norm_rope_op.register_autograd(_backward, setup_context=_setup)
 # As for ropelib.apply_rope (ropelib.eager): a plain eager call is checked and planned once per
 # signature, then goes straight to the compiled kernel, forward and backward.
 
-class _Route:
-    """One checked and planned qk_norm_rope call: the forward launch, and the backward launch
-    for output gradients of each dtype. The same kernel module's steps as the operator's
-    (kernels/qk_norm_rope.forward and backward), planned once."""
-    __slots__ = ("fwd", "layout", "options", "empty", "copies", "_stand_ins", "_backwards")
-
-    def __init__(self, q, k, w_q, w_k, table, sin, position_ids, layout, interleaved, eps,
-                 weight_offset):
-        self.layout, self.options = layout, dict(interleaved=interleaved, eps=eps,
-                                                 weight_offset=weight_offset)
-        given = (q, k, w_q, w_k, table, sin, _pos2d(position_ids))
-        read = kernel.readable(*given, layout)
-        # does this signature need copies before the kernels can read it? (then every call does)
-        self.copies = any(a is not b for a, b in zip(read, given))
-        q, k, w_q, w_k, table, sin, pos = read
-        outs = kernel.outputs(q, k)
-        planned = kernel.plan(*self.views(q, k, *outs), w_q, w_k, table, sin, pos,
-                              layout=layout, **self.options)
-        self.fwd = eager.EagerLaunch(planned.launcher, planned)
-        self.empty = not (planned.args["S"] and planned.args["B"])
-        self._stand_ins = tuple(eager._stand_in(t) for t in read)
-        self._backwards = {}
-
-    def views(self, *tensors) -> tuple:
-        return tuple(view4(t, self.layout) for t in tensors)
-
-    def readable(self, q, k, w_q, w_k, table, sin, position_ids) -> tuple:
-        """The call's tensors as the kernels read them: themselves, or where this signature
-        needs it, kernel.readable's copies."""
-        pos = _pos2d(position_ids)
-        if not self.copies:
-            return q, k, w_q, w_k, table, sin, pos
-        return kernel.readable(q, k, w_q, w_k, table, sin, pos, self.layout)
-
-    def forward(self, q, k, w_q, w_k, table, sin, position_ids):
-        q, k, w_q, w_k, table, sin, pos = self.readable(q, k, w_q, w_k, table, sin, position_ids)
-        q_out, k_out = kernel.outputs(q, k)
-        if not self.empty:
-            self.fwd(kernel.pointers(self.fwd.launch, q, k, q_out, k_out, w_q, w_k, table, sin,
-                                     pos))
-        return q_out, k_out
-
-    def backward(self, gq, gk, q, k, w_q, w_k, table, sin, position_ids):
-        q, k, w_q_read, w_k_read, table, sin, pos = self.readable(q, k, w_q, w_k, table, sin,
-                                                                  position_ids)
-        grad_q, grad_k = kernel.outputs(q, k)
-        gq, gk = kernel.readable_grad(gq, grad_q), kernel.readable_grad(gk, grad_k)
-        key = (gq.dtype, gk.dtype)
-        bwd = self._backwards.get(key)
-        if bwd is None:
-            q_, k_, w_q_, w_k_, table_, sin_, pos_ = self._stand_ins
-            gq4, gk4, gx_q, gx_k = self.views(gq, gk, grad_q, grad_k)
-            planned = kernel.plan(*self.views(q_, k_), gx_q, gx_k, w_q_, w_k_, table_, sin_,
-                                  pos_, layout=self.layout, gq4=gq4, gk4=gk4, **self.options)
-            bwd = self._backwards[key] = eager.EagerLaunch(planned.launcher, planned)
-        part = kernel.partials(bwd.launch)
-        if part.numel():
-            bwd(kernel.pointers(bwd.launch, q, k, grad_q, grad_k, w_q_read, w_k_read, table, sin,
-                                pos, gq, gk, part))
-        gw_q, gw_k = kernel.weight_grads(bwd.launch, part)
-        return grad_q, grad_k, gw_q.to(w_q.dtype), gw_k.to(w_k.dtype)
+def _route(q, k, w_q, w_k, table, sin, position_ids, layout, interleaved, eps, weight_offset):
+    """The eager route of a signature: the operator's kernel.Route, its launches started
+    through the direct launcher (eager.EagerLaunch)."""
+    return kernel.Route(q, k, w_q, w_k, table, sin, _pos2d(position_ids), layout=layout,
+                        interleaved=interleaved, eps=eps, weight_offset=weight_offset,
+                        starter=lambda planned: eager.EagerLaunch(planned.launcher, planned))
 
 
 class _NormRotate(torch.autograd.Function):
-    """(q, k, w_q, w_k) -> (q_out, k_out) through a planned _Route. Differentiable once, as the
-    operator: a backward that would itself be differentiated (create_graph) raises."""
+    """(q, k, w_q, w_k) -> (q_out, k_out) through a planned kernel.Route. Differentiable once,
+    as the operator: a backward that would itself be differentiated (create_graph) raises."""
 
     @staticmethod
     def forward(ctx, route, q, k, w_q, w_k, table, sin, position_ids):
         ctx.route = route
         ctx.save_for_backward(q, k, w_q, w_k, table, sin, position_ids)
-        return route.forward(q, k, w_q, w_k, table, sin, position_ids)
+        return route.forward(q, k, w_q, w_k, table, sin, _pos2d(position_ids))
 
     @staticmethod
     def backward(ctx, grad_q_out, grad_k_out):
@@ -182,9 +129,9 @@ class _NormRotate(torch.autograd.Function):
                                "cannot be differentiated again (create_graph=True)")
         q, k, w_q, w_k, table, sin, position_ids = ctx.saved_tensors
         grad_q_out, grad_k_out = output_grads(grad_q_out, grad_k_out, q, k)
-        grads = ctx.route.backward(grad_q_out, grad_k_out, q, k, w_q, w_k, table, sin,
-                                   position_ids)
-        return (None, *grads, None, None, None)
+        gq, gk, gw_q, gw_k = ctx.route.backward(grad_q_out, grad_k_out, q, k, w_q, w_k, table,
+                                                sin, _pos2d(position_ids))
+        return None, gq, gk, gw_q.to(w_q.dtype), gw_k.to(w_k.dtype), None, None, None
 
 
 # --- argument checks ------------------------------------------------------------------------
@@ -313,7 +260,7 @@ def qk_norm_rope(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, freqs: Optional
         raise ValueError(f"the table has {P} positions but the sequence has {S}: pass a longer "
                          "table or position_ids")
     if sig is not None:
-        route = _Route(q, k, w_q, w_k, table, sin_t, position_ids, layout, interleaved, eps,
+        route = _route(q, k, w_q, w_k, table, sin_t, position_ids, layout, interleaved, eps,
                        weight_offset)
         eager.SIGNATURES.put(sig, (route, P))
         return _run_route(route, q, k, w_q, w_k, table, sin_t, position_ids)
@@ -327,7 +274,7 @@ def _run_route(route, q, k, w_q, w_k, table, sin, position_ids):
     if needs_grad(q, k, w_q, w_k):
         return _NormRotate.apply(route, q, k, w_q, w_k, saveable(table), saveable(sin),
                                  saveable(position_ids))
-    return route.forward(q, k, w_q, w_k, table, sin, position_ids)
+    return route.forward(q, k, w_q, w_k, table, sin, _pos2d(position_ids))
 
 
 class QKNormRoPE(nn.Module):

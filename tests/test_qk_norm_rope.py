@@ -287,13 +287,14 @@ def test_every_output_element_is_written(backward, seeded, monkeypatch):
         made.extend(t.fill_(float("nan")) for t in real(*xs))
         return made[-2:]
     monkeypatch.setattr(kernel, "outputs", poisoned)
-    opts = dict(layout="sbhd", interleaved=False, eps=1e-6, weight_offset=0.0)
+    args = (q, k, w_q, w_k, freqs, None, None)
+    route = kernel.Route(*args, layout="sbhd", interleaved=False, eps=1e-6, weight_offset=0.0)
+    made.clear()        # (planning made outputs too)
     if backward:
-        res = kernel.backward(torch.randn_like(q), torch.randn_like(k), q, k, w_q, w_k, freqs,
-                              None, None, **opts)
+        res = route.backward(torch.randn_like(q), torch.randn_like(k), *args)
         assert all(g.shape == (D,) and not g.isnan().any() for g in res[2:])
     else:
-        res = kernel.forward(q, k, w_q, w_k, freqs, None, None, **opts)
+        res = route.forward(*args)
     assert len(made) == 2 and all(t is m for t, m in zip(res[:2], made))
     assert not any(t.isnan().any() for t in made)
 

@@ -498,43 +498,76 @@ def weight_grads(planned: Launch, part: torch.Tensor) -> Tuple[torch.Tensor, tor
 
 def run(planned: Launch, pointers: tuple) -> None:
     """Start the kernel (pointers in its order); see `planning.start`."""
-    if planned.args["S"] and planned.args["B"]:
-        start(planned.launcher, planned, pointers)
+    start(planned.launcher, planned, pointers)
 
 
-def forward(q: torch.Tensor, k: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor,
-            table: torch.Tensor, sin: Optional[torch.Tensor], pos: Optional[torch.Tensor], *,
-            layout: str, interleaved: bool, eps: float,
-            weight_offset: float) -> Tuple[torch.Tensor, torch.Tensor]:
-    """q and k (in `layout`) normed and rotated, in one launch: (q_out, k_out) from `outputs`.
-
-    table: angles (sin None) or cos [P, R] or [B or 1, P, R]; pos: position ids [B or 1, S] or
-    None (token s reads row s). Arguments are validated by the caller (ropelib.qk_norm); what the
-    kernels cannot read as it is gets copied (`readable`)."""
-    q, k, w_q, w_k, table, sin, pos = readable(q, k, w_q, w_k, table, sin, pos, layout)
-    q_out, k_out = outputs(q, k)
-    views = (view4(q, layout), view4(k, layout), view4(q_out, layout), view4(k_out, layout))
-    planned = plan(*views, w_q, w_k, table, sin, pos, layout=layout, interleaved=interleaved,
-                   eps=eps, weight_offset=weight_offset)
-    run(planned, pointers(planned, *views, w_q, w_k, table, sin, pos))
-    return q_out, k_out
+def start_now(planned: Launch):
+    """The operator's starter: each start goes through `run` (planning.start)."""
+    return lambda pointers: run(planned, pointers)
 
 
-def backward(grad_q_out: torch.Tensor, grad_k_out: torch.Tensor, q: torch.Tensor,
-             k: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, table: torch.Tensor,
-             sin: Optional[torch.Tensor], pos: Optional[torch.Tensor], *, layout: str,
-             interleaved: bool, eps: float, weight_offset: float) -> tuple:
-    """From the gradients of (q_out, k_out), in one launch: the gradients of q and k (laid out
-    as the outputs were) and of w_q and w_k, in fp32 (fp64 for fp64 inputs)."""
-    q, k, w_q, w_k, table, sin, pos = readable(q, k, w_q, w_k, table, sin, pos, layout)
-    grad_q, grad_k = outputs(q, k)
-    grad_q_out, grad_k_out = readable_grad(grad_q_out, grad_q), readable_grad(grad_k_out, grad_k)
-    views = (view4(q, layout), view4(k, layout), view4(grad_q, layout), view4(grad_k, layout))
-    gy = dict(gq4=view4(grad_q_out, layout), gk4=view4(grad_k_out, layout))
-    planned = plan(*views, w_q, w_k, table, sin, pos, layout=layout, interleaved=interleaved,
-                   eps=eps, weight_offset=weight_offset, **gy)
-    part = partials(planned)
-    run(planned, pointers(planned, *views, w_q, w_k, table, sin, pos, gy["gq4"], gy["gk4"],
-                          part))
-    gw_q, gw_k = weight_grads(planned, part)
-    return grad_q, grad_k, gw_q, gw_k
+class Route:
+    """One qk_norm_rope call, checked by the caller and planned: the forward launch, and the
+    backward launch for output gradients of each dtype (planned at its first backward, from
+    stand-ins of the forward's tensors). Both routes take it: the operator makes one per call
+    and starts its launches through `run` (`start_now`); ropelib.qk_norm's eager route keeps
+    one per signature and starts them through the direct launcher. `starter(planned)` gives the
+    callable that starts a planned launch with its pointers."""
+    __slots__ = ("layout", "options", "starter", "copies", "empty", "fwd", "fwd_launch",
+                 "_stand_ins", "_backwards")
+
+    def __init__(self, q, k, w_q, w_k, table, sin, pos, *, layout: str, interleaved: bool,
+                 eps: float, weight_offset: float, starter=start_now):
+        self.layout, self.starter = layout, starter
+        self.options = dict(interleaved=interleaved, eps=eps, weight_offset=weight_offset)
+        given = (q, k, w_q, w_k, table, sin, pos)
+        read = readable(*given, layout)
+        # do this call's tensors need copies before the kernels can read them? (then every
+        # call of the signature does)
+        self.copies = any(a is not b for a, b in zip(read, given))
+        q, k, w_q, w_k, table, sin, pos = read
+        planned = plan(*self._views(q, k, *outputs(q, k)), w_q, w_k, table, sin, pos,
+                       layout=layout, **self.options)
+        self.fwd, self.fwd_launch = starter(planned), planned
+        self.empty = not (planned.args["S"] and planned.args["B"])
+        self._stand_ins = tuple(None if t is None else torch.empty_strided(
+            t.shape, t.stride(), dtype=t.dtype, device="meta") for t in read)
+        self._backwards = {}
+
+    def _views(self, *tensors) -> tuple:
+        return tuple(view4(t, self.layout) for t in tensors)
+
+    def _readable(self, q, k, w_q, w_k, table, sin, pos) -> tuple:
+        if not self.copies:
+            return q, k, w_q, w_k, table, sin, pos
+        return readable(q, k, w_q, w_k, table, sin, pos, self.layout)
+
+    def forward(self, q, k, w_q, w_k, table, sin, pos) -> Tuple[torch.Tensor, torch.Tensor]:
+        """q and k (in the layout) normed and rotated: (q_out, k_out) from `outputs`."""
+        q, k, w_q, w_k, table, sin, pos = self._readable(q, k, w_q, w_k, table, sin, pos)
+        q_out, k_out = outputs(q, k)
+        if not self.empty:
+            self.fwd(pointers(self.fwd_launch, q, k, q_out, k_out, w_q, w_k, table, sin, pos))
+        return q_out, k_out
+
+    def backward(self, grad_q_out, grad_k_out, q, k, w_q, w_k, table, sin, pos) -> tuple:
+        """From the gradients of (q_out, k_out): the gradients of q and k (laid out as the
+        outputs were) and of w_q and w_k, in fp32 (fp64 for fp64 inputs)."""
+        q, k, w_q, w_k, table, sin, pos = self._readable(q, k, w_q, w_k, table, sin, pos)
+        grad_q, grad_k = outputs(q, k)
+        gq, gk = readable_grad(grad_q_out, grad_q), readable_grad(grad_k_out, grad_k)
+        key = (gq.dtype, gk.dtype)
+        start = self._backwards.get(key)
+        if start is None:
+            q_, k_, w_q_, w_k_, table_, sin_, pos_ = self._stand_ins
+            gq4, gk4, gx_q, gx_k = self._views(gq, gk, grad_q, grad_k)
+            planned = plan(*self._views(q_, k_), gx_q, gx_k, w_q_, w_k_, table_, sin_, pos_,
+                           layout=self.layout, gq4=gq4, gk4=gk4, **self.options)
+            start = self._backwards[key] = (self.starter(planned), planned)
+        start, planned = start
+        part = partials(planned)
+        if part.numel():
+            start(pointers(planned, q, k, grad_q, grad_k, w_q, w_k, table, sin, pos, gq, gk,
+                           part))
+        gw_q, gw_k = weight_grads(planned, part)
+        return grad_q, grad_k, gw_q, gw_k
