@@ -73,7 +73,23 @@ def _default_inv_freq(rot_dim: int, base: float, device=None,
 # --- scalings --------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class LinearScaling:
+class _ScaledByFactor:
+    """What the scalings that only move frequencies share: a `factor` > 0, and cos and sin left
+    at amplitude 1."""
+
+    factor: float
+
+    def __post_init__(self):
+        _check_positive("factor", self.factor)
+
+    @property
+    def attention_scaling(self) -> float:
+        """Amplitude multiplying cos and sin: 1 (no change)."""
+        return 1.0
+
+
+@dataclass(frozen=True)
+class LinearScaling(_ScaledByFactor):
     """Linear position interpolation (Chen et al. 2023, arXiv:2306.15595; kaiokendev).
 
     Positions are squeezed by `factor` so a model trained on L positions sees factor*L ones
@@ -86,16 +102,6 @@ class LinearScaling:
     `_compute_linear_scaling_rope_parameters` (`inv_freq /= factor`).
     """
 
-    factor: float
-
-    def __post_init__(self):
-        _check_positive("factor", self.factor)
-
-    @property
-    def attention_scaling(self) -> float:
-        """Amplitude multiplying cos and sin: 1 (no change)."""
-        return 1.0
-
     def inv_freq(self, rot_dim: int, base: float, seq_len: Optional[int] = None,
                  device=None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """[R/2] scaled inverse frequencies in `dtype` (`seq_len` is unused)."""
@@ -105,7 +111,7 @@ class LinearScaling:
 
 
 @dataclass(frozen=True)
-class NTKScaling:
+class NTKScaling(_ScaledByFactor):
     """NTK-aware scaling (bloc97, Reddit r/LocalLLaMA 2023): change the base, not the positions.
 
         base' = base \\cdot s^{R/(R-2)},    \\theta'_j = base'^{-2j/R},     s = factor
@@ -117,16 +123,6 @@ class NTKScaling:
     the dynamic one.
     """
 
-    factor: float
-
-    def __post_init__(self):
-        _check_positive("factor", self.factor)
-
-    @property
-    def attention_scaling(self) -> float:
-        """Amplitude multiplying cos and sin: 1 (no change)."""
-        return 1.0
-
     def inv_freq(self, rot_dim: int, base: float, seq_len: Optional[int] = None,
                  device=None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """[R/2] inverse frequencies with the NTK base, in `dtype` (`seq_len` is unused)."""
@@ -137,7 +133,7 @@ class NTKScaling:
 
 
 @dataclass(frozen=True)
-class DynamicNTKScaling:
+class DynamicNTKScaling(_ScaledByFactor):
     """Dynamic NTK scaling (emozilla, Reddit r/LocalLLaMA 2023): NTK with a length-driven factor.
 
     For a table covering L positions, L_0 = original_max_position_embeddings, s = factor:
@@ -151,17 +147,11 @@ class DynamicNTKScaling:
     `_compute_dynamic_ntk_parameters`.
     """
 
-    factor: float
     original_max_position_embeddings: int
 
     def __post_init__(self):
-        _check_positive("factor", self.factor)
+        super().__post_init__()
         _check_int("original_max_position_embeddings", self.original_max_position_embeddings, 1)
-
-    @property
-    def attention_scaling(self) -> float:
-        """Amplitude multiplying cos and sin: 1 (no change)."""
-        return 1.0
 
     def inv_freq(self, rot_dim: int, base: float, seq_len: Optional[int] = None,
                  device=None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
