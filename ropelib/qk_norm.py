@@ -57,7 +57,7 @@ def _pos2d(position_ids: Optional[Tensor]) -> Optional[Tensor]:
 def qk_norm_rope_op(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, table: Tensor,
                     sin: Optional[Tensor], position_ids: Optional[Tensor], layout: str,
                     interleaved: bool, eps: float, weight_offset: float) -> Tuple[Tensor, Tensor]:
-    args = (q, k, w_q, w_k, table, sin, _pos2d(position_ids))
+    args = kernel.readable(q, k, w_q, w_k, table, sin, _pos2d(position_ids), layout)
     return kernel.Route(*args, layout=layout, interleaved=interleaved, eps=eps,
                         weight_offset=weight_offset).forward(*args)
 
@@ -68,7 +68,7 @@ def qk_norm_rope_backward_op(grad_q_out: Tensor, grad_k_out: Tensor, q: Tensor, 
                              position_ids: Optional[Tensor], layout: str, interleaved: bool,
                              eps: float, weight_offset: float
                              ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    args = (q, k, w_q, w_k, table, sin, _pos2d(position_ids))
+    args = kernel.readable(q, k, w_q, w_k, table, sin, _pos2d(position_ids), layout)
     grad_q, grad_k, gw_q, gw_k = kernel.Route(
         *args, layout=layout, interleaved=interleaved, eps=eps,
         weight_offset=weight_offset).backward(grad_q_out, grad_k_out, *args)

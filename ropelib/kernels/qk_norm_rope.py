@@ -16,8 +16,9 @@ and the backward, with gy the gradient of y (rot(-theta) is the transpose of the
 
 How it is parallelised
 ----------------------
-q and k are seen as strided [S, B, H, D] views (ropelib.ops.view4), read where they are; the
-outputs are fresh and contiguous in the call's layout. The grid is
+q and k are seen as strided [S, B, H, D] views (conventions.view4), read where they are; the
+outputs are fresh, with q's and k's strides where both are dense, else contiguous in the call's
+layout (`outputs`). The grid is
 
     axis 0: blocks of BLOCK_S tokens                 cdiv(S, BLOCK_S)
     axis 1: blocks of BLOCK_H heads of q, then of k  (HQ + HK) / BLOCK_H  (BLOCK_H divides both)
@@ -321,8 +322,7 @@ def _tokens_per_program(S, cap: int) -> int:
 
 def heads_per_block(HQ: int, HK: int, cap: int) -> int:
     """BLOCK_H: the largest power of two that divides both head counts, at most cap (a power of
-    two). Dividing them, it leaves no head block part-masked, and the kernel knows k's head
-    count from the grid."""
+    two). Dividing them, it leaves no head block part-masked."""
     common = math.gcd(HQ, HK)
     return min(common & -common, cap)
 
@@ -395,17 +395,23 @@ def _heads_readable(x4: torch.Tensor) -> bool:
     return (x4.stride(3) == 1 or D == 1) and (x4.stride(2) == D or x4.shape[2] == 1)
 
 
-def outputs(q: torch.Tensor, k: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Fresh outputs (forward) or input gradients (backward) for q and k as `readable` leaves
-    them: with their strides where both are dense (the kernels then address input and output
-    alike, with the strides they are given; a [B, H, S, D] view of a [B, S, H, D] projection,
-    as Hugging Face hands q over, gets its output in that order, as HF's own code returns it),
-    else contiguous in the call's layout."""
-    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
-    if q_out.stride() == q.stride() and k_out.stride() == k.stride():
-        return q_out, k_out
-    return (torch.empty(q.shape, dtype=q.dtype, device=q.device),
-            torch.empty(k.shape, dtype=k.dtype, device=k.device))
+def keeps_strides(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Do the outputs for q and k (as `readable` leaves them) take their strides? Where both are
+    dense, in any order of their dims: the kernels then address input and output alike, with
+    the strides they are given, and a [B, H, S, D] view of a [B, S, H, D] projection, as Hugging
+    Face hands q over, gets its output in that order, as HF's own code returns it. Otherwise
+    (a slice of a fused QKV) the outputs are contiguous in the call's layout. (A storage-less
+    empty_like says whether a tensor is dense: it keeps the strides of exactly those.)"""
+    return all(torch.empty_like(x, device="meta").stride() == x.stride() for x in (q, k))
+
+
+def outputs(q: torch.Tensor, k: torch.Tensor, keep_strides: bool,
+            device=None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Fresh outputs (forward) or input gradients (backward) for q and k: with their strides
+    (`keeps_strides`) or contiguous in the call's layout; on q's device unless one is given."""
+    if keep_strides:
+        return torch.empty_like(q, device=device), torch.empty_like(k, device=device)
+    return tuple(torch.empty(x.shape, dtype=x.dtype, device=device or x.device) for x in (q, k))
 
 
 def readable_grad(g: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -431,8 +437,8 @@ def plan(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch
          pos: Optional[torch.Tensor], *, layout: str, interleaved: bool, eps: float,
          weight_offset: float, gq4: Optional[torch.Tensor] = None,
          gk4: Optional[torch.Tensor] = None) -> Launch:
-    """The launch over q and k ([S, B, H, D] views, as `readable` leaves them; outputs from
-    `outputs`): forward (gq4 None) or backward (the output gradients gq4, gk4, laid out as the
+    """The launch over q and k ([S, B, H, D] views, as `readable` leaves them, or storage-less
+    stand-ins of them; outputs from `outputs`): forward (gq4 None) or backward (the output gradients gq4, gk4, laid out as the
     outputs; q_out4 and k_out4 take the input gradients). Sees only shapes,
     strides, dtypes and the options, never values (stand-in tensors do), so one Launch serves
     every call alike; its launcher is the direction's kernel. Pointers are bound by `run`, in
@@ -441,8 +447,9 @@ def plan(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch
     S, B, HQ, D = q4.shape
     HK = k4.shape[2]
     R = table.shape[-1]
-    on_gpu = q_out4.device.type == "cuda" and not INTERPRET
-    device = q_out4.device
+    # where the call runs: q's device, or the outputs' where q is a storage-less stand-in
+    device = q_out4.device if q4.device.type == "meta" else q4.device
+    on_gpu = device.type == "cuda" and not INTERPRET
     sm = multiprocessors(device) if on_gpu else None
     block_s, block_h, chunk, num_warps = pick_tiles(S, B, HQ, HK, D, sm)
     grid = (cdiv(S, block_s), (HQ + HK) // block_h, cdiv(B, chunk))
@@ -513,8 +520,8 @@ class Route:
     and starts its launches through `run` (`start_now`); ropelib.qk_norm's eager route keeps
     one per signature and starts them through the direct launcher. `starter(planned)` gives the
     callable that starts a planned launch with its pointers."""
-    __slots__ = ("layout", "options", "starter", "copies", "empty", "fwd", "fwd_launch",
-                 "_stand_ins", "_backwards")
+    __slots__ = ("layout", "options", "starter", "copies", "keep_strides", "empty", "fwd",
+                 "fwd_launch", "_stand_ins", "_backwards")
 
     def __init__(self, q, k, w_q, w_k, table, sin, pos, *, layout: str, interleaved: bool,
                  eps: float, weight_offset: float, starter=start_now):
@@ -526,8 +533,9 @@ class Route:
         # call of the signature does)
         self.copies = any(a is not b for a, b in zip(read, given))
         q, k, w_q, w_k, table, sin, pos = read
-        planned = plan(*self._views(q, k, *outputs(q, k)), w_q, w_k, table, sin, pos,
-                       layout=layout, **self.options)
+        self.keep_strides = keeps_strides(q, k)
+        planned = plan(*self._views(q, k, *outputs(q, k, self.keep_strides, "meta")), w_q, w_k,
+                       table, sin, pos, layout=layout, **self.options)
         self.fwd, self.fwd_launch = starter(planned), planned
         self.empty = not (planned.args["S"] and planned.args["B"])
         self._stand_ins = tuple(None if t is None else torch.empty_strided(
@@ -545,7 +553,7 @@ class Route:
     def forward(self, q, k, w_q, w_k, table, sin, pos) -> Tuple[torch.Tensor, torch.Tensor]:
         """q and k (in the layout) normed and rotated: (q_out, k_out) from `outputs`."""
         q, k, w_q, w_k, table, sin, pos = self._readable(q, k, w_q, w_k, table, sin, pos)
-        q_out, k_out = outputs(q, k)
+        q_out, k_out = outputs(q, k, self.keep_strides)
         if not self.empty:
             self.fwd(pointers(self.fwd_launch, q, k, q_out, k_out, w_q, w_k, table, sin, pos))
         return q_out, k_out
@@ -554,20 +562,20 @@ class Route:
         """From the gradients of (q_out, k_out): the gradients of q and k (laid out as the
         outputs were) and of w_q and w_k, in fp32 (fp64 for fp64 inputs)."""
         q, k, w_q, w_k, table, sin, pos = self._readable(q, k, w_q, w_k, table, sin, pos)
-        grad_q, grad_k = outputs(q, k)
+        grad_q, grad_k = outputs(q, k, self.keep_strides)
         gq, gk = readable_grad(grad_q_out, grad_q), readable_grad(grad_k_out, grad_k)
         key = (gq.dtype, gk.dtype)
-        start = self._backwards.get(key)
-        if start is None:
+        planned_backward = self._backwards.get(key)
+        if planned_backward is None:
             q_, k_, w_q_, w_k_, table_, sin_, pos_ = self._stand_ins
             gq4, gk4, gx_q, gx_k = self._views(gq, gk, grad_q, grad_k)
             planned = plan(*self._views(q_, k_), gx_q, gx_k, w_q_, w_k_, table_, sin_, pos_,
                            layout=self.layout, gq4=gq4, gk4=gk4, **self.options)
-            start = self._backwards[key] = (self.starter(planned), planned)
-        start, planned = start
+            planned_backward = self._backwards[key] = (self.starter(planned), planned)
+        start_backward, planned = planned_backward
         part = partials(planned)
         if part.numel():
-            start(pointers(planned, q, k, grad_q, grad_k, w_q, w_k, table, sin, pos, gq, gk,
-                           part))
+            start_backward(pointers(planned, q, k, grad_q, grad_k, w_q, w_k, table, sin, pos,
+                                    gq, gk, part))
         gw_q, gw_k = weight_grads(planned, part)
         return grad_q, grad_k, gw_q, gw_k
