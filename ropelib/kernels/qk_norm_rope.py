@@ -438,11 +438,11 @@ def plan(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch
          weight_offset: float, gq4: Optional[torch.Tensor] = None,
          gk4: Optional[torch.Tensor] = None) -> Launch:
     """The launch over q and k ([S, B, H, D] views, as `readable` leaves them, or storage-less
-    stand-ins of them; outputs from `outputs`): forward (gq4 None) or backward (the output gradients gq4, gk4, laid out as the
-    outputs; q_out4 and k_out4 take the input gradients). Sees only shapes,
-    strides, dtypes and the options, never values (stand-in tensors do), so one Launch serves
-    every call alike; its launcher is the direction's kernel. Pointers are bound by `run`, in
-    `pointers` order."""
+    stand-ins of them; outputs from `outputs`): forward (gq4 None) or backward (the output
+    gradients gq4, gk4, laid out as the outputs; q_out4 and k_out4 take the input gradients).
+    Sees only shapes, strides, dtypes and the options, never values (stand-in tensors do), so
+    one Launch serves every call alike; its launcher is the direction's kernel. Pointers are
+    bound by `run`, in `pointers` order."""
     backward = gq4 is not None
     S, B, HQ, D = q4.shape
     HK = k4.shape[2]
