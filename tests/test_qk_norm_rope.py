@@ -47,11 +47,16 @@ def reference(q, k, w_q, w_k, *, cos, sin, layout="bshd", interleaved=False, pos
     return one(q, w_q), one(k, w_k)
 
 
+def _shape_of(layout, S, B, D):
+    """heads -> the shape of q (or k) with that many heads in `layout`."""
+    return {"bshd": lambda h: (B, S, h, D), "sbhd": lambda h: (S, B, h, D),
+            "thd": lambda h: (S, h, D)}[layout]
+
+
 def make(layout="bshd", dtype=torch.float32, *, S=5, B=2, HQ=4, HK=2, D=16, R=None,
          w_dtype=None, P=None):
     """Fresh q, k, w_q, w_k (leaves requiring grad) and cos/sin tables [P, R] in fp32."""
-    shape = {"bshd": lambda h: (B, S, h, D), "sbhd": lambda h: (S, B, h, D),
-             "thd": lambda h: (S, h, D)}[layout]
+    shape = _shape_of(layout, S, B, D)
     q = (2 * torch.randn(shape(HQ))).to(dtype).requires_grad_()
     k = (0.5 * torch.randn(shape(HK))).to(dtype).requires_grad_()
     w_q = (1 + 0.3 * torch.randn(D)).to(w_dtype or torch.float32).requires_grad_()
@@ -705,8 +710,7 @@ def test_random_cases(seed):
     interleaved, offset = pick([False, True]), pick([0.0, 1.0])
     dtype = pick([torch.float32, torch.bfloat16])
     P = S + pick([0, 4])
-    shape = {"bshd": lambda h: (B, S, h, D), "sbhd": lambda h: (S, B, h, D),
-             "thd": lambda h: (S, h, D)}[layout]
+    shape = _shape_of(layout, S, B, D)
     q = _arranged(torch.randn(shape(HQ), generator=gen).to(dtype), pick(
         ["contiguous", "permuted", "slice", "heads"]), layout, gen)
     k = _arranged(torch.randn(shape(HK), generator=gen).to(dtype), pick(
