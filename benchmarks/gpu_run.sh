@@ -9,6 +9,7 @@
 #   bash benchmarks/gpu_run.sh decode    # decode suite (host cost, CUDA graphs), host profile,
 #                                        # launch cost per kernel argument
 #   bash benchmarks/gpu_run.sh model     # compiled GPT, 200 steps, rope=reference vs ropelib
+#                                        # (python -m ropelib.course.model_step)
 #   bash benchmarks/gpu_run.sh sweeps    # notebook 07's sweeps, fp32 and bf16 (~6 min)
 #   bash benchmarks/gpu_run.sh ablation  # notebook 04's ablation: what makes the grid kernel fast
 #   bash benchmarks/gpu_run.sh ladder    # notebook 05's ladder: from batch-reuse to the finished kernel
@@ -77,7 +78,7 @@ for what in "${@:-tests}"; do
             step launch-cost "$PY" benchmarks/launch_cost.py --out "$RESULTS/launch-cost-$tag.csv"
             keep "$RESULTS/launch-cost-$tag.csv" ;;
         model)
-            step model "$PY" -m ropelib.bench --suite model --out "$RESULTS/model-$tag.csv"
+            step model "$PY" -m ropelib.course.model_step --out "$RESULTS/model-$tag.csv"
             keep "$RESULTS/model-$tag.csv" ;;
         sweeps)
             step sweeps "$PY" benchmarks/seed_sweeps.py

@@ -127,13 +127,15 @@ def test_out_may_name_a_folder(tmp_path):
 
 
 def test_model_suite_rows_and_summary():
-    """The model suite's plumbing on a tiny GPT, eagerly (the real run compiles on a GPU)."""
-    rows = bench.model_suite(steps=3, batch_size=2, block_size=16, n_layer=1, n_head=2,
+    """The model step benchmark's plumbing on a tiny GPT, eagerly (the real run compiles on a
+    GPU)."""
+    from ropelib.course import model_step
+    rows = model_step.model_suite(steps=3, batch_size=2, block_size=16, n_layer=1, n_head=2,
                              n_embd=32, compile=False, device="cpu")
     assert [(r["provider"], r["step"]) for r in rows] == \
-        [(impl, s) for impl in bench.MODEL_IMPLS for s in (1, 2, 3)]
+        [(impl, s) for impl in model_step.MODEL_IMPLS for s in (1, 2, 3)]
     assert all(math.isfinite(r["train_loss"]) for r in rows)
-    text = bench.model_summary(rows)
+    text = model_step.model_summary(rows)
     assert "largest loss difference over 3 steps" in text and "ropelib" in text
 
 

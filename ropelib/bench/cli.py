@@ -10,7 +10,7 @@ import time
 from . import compare, floor, suite
 from .compare import environment_meta, write_csv
 from .suite import (DTYPES, MiB, SUITES, SUMMARY_PROVIDERS, config_bytes, format_summary,
-                    model_suite, model_summary, out_path, run_suite, select_providers,
+                    out_path, run_suite, select_providers,
                     suite_cases, summarize, verdict_counts, warm_allocator)
 from ..runtime import INTERPRET, on_gpu
 
@@ -21,8 +21,7 @@ def main(argv=None) -> int:
     ap.add_argument("--suite", choices=SUITES, default="targets",
                     help="targets: every performance bar (~5 min on an H100); quick: tiny "
                          "shapes (runs on a CPU); decode: s=1 b=64 h=32 d=128, host cost and CUDA "
-                         "graphs; sweep: fp32 over seq_len and batch; model: a compiled GPT's "
-                         "training step and loss curve, rope=reference vs ropelib; floor: every "
+                         "graphs; sweep: fp32 over seq_len and batch; floor: every "
                          "row of the README's performance table, floor-<gpu>.csv (~5 min on an "
                          "H100; tiny shapes on a CPU)")
     ap.add_argument("--dtype", default=None,
@@ -46,8 +45,6 @@ def main(argv=None) -> int:
                     help="summary table with every provider (default: ropelib, te_fused, "
                          "torch.compile)")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
-    ap.add_argument("--steps", type=int, default=200,
-                    help="model: training steps per rope implementation (default 200)")
     ap.add_argument("--reserve-gib", type=float, default=16.0,
                     help="GPU: fill PyTorch's caching allocator with this many GiB before the "
                          "first case (allocated and freed), so no case pays for cudaMalloc "
@@ -55,19 +52,6 @@ def main(argv=None) -> int:
                          "(0: off; benchmarks/NOTES.md, version 10)")
     args = ap.parse_args(argv)
 
-    if args.suite == "model":
-        if not on_gpu():
-            ap.error("--suite model needs a CUDA GPU (a 4-layer GPT, 200 compiled steps)")
-        if args.steps < 2:
-            ap.error("--steps must be >= 2")
-        meta = environment_meta()
-        meta["suite"] = "model"
-        rows = model_suite(steps=args.steps)
-        out = out_path(args.out, "model", meta)
-        write_csv(rows, out, meta=meta)
-        print(model_summary(rows))
-        print(f"{len(rows)} rows -> {out}")
-        return 0
     if args.suite == "floor":
         return _floor_main(ap, args)
     dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()] if args.dtype else None
