@@ -2,6 +2,6 @@
 (`kernels.naive`, `kernels.batch_reuse`), the finished kernel's ladder (`ladder`), the allclose
 debugger (`debug`), the memory-access tracer (`access`), the notebook widgets (`widgets`), the demo
 GPT (`model`), its compiled training step timed (`model_step`) and its context-parallel training
-(`context_parallel_training`). The product
-(`import ropelib`) never imports this package; the notebooks and the course's tests do.
+(`context_parallel_training`). The product (`import ropelib`) never imports this package; the
+notebooks and the course's tests do.
 """
