@@ -13,6 +13,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -627,3 +628,25 @@ def test_readme_table_is_what_the_committed_floor_csvs_render():
     text = (REPO / "README.md").read_text(encoding="utf-8")
     assert readme_table.region(text) == readme_table.render(readme_table.load(paths), REPO), \
         "README.md's floor table is stale: run python -m ropelib.bench.readme_table"
+
+
+def test_host_timings_take_turns_and_keep_failures_apart():
+    """host_us_interleaved: every function's calls run once per round, in turn; a function
+    that raises is reported as its exception, and the others are still timed."""
+    order = []
+
+    def fast():
+        order.append("fast")
+
+    def slow():
+        order.append("slow")
+        time.sleep(0.002)
+
+    def broken():
+        raise RuntimeError("no such provider")
+    us = bench.host_us_interleaved({"fast": (fast, 3), "slow": (slow, 2), "broken": (broken, 4)},
+                                   reps=3, device="cpu", warmup=1)
+    assert isinstance(us["broken"], RuntimeError)
+    assert 0 < us["fast"] < us["slow"] and us["slow"] >= 2000
+    # warm-up (one call each), then three rounds: fast x3, slow x2 in each
+    assert order == ["fast", "slow"] + (["fast"] * 3 + ["slow"] * 2) * 3

@@ -383,7 +383,8 @@ def header(settings: Settings, elapsed_s: float) -> dict:
                              "same run (1 = a copy's speed); forward+backward rows: two copies")
     meta["host_rows"] = (f"'{HOST_PREFIX} ...': ms = host milliseconds per eager call (calls "
                          f"back to back: {settings.host_calls}, a third of that for "
-                         f"forward+backward; best of {settings.host_reps} runs); ratio_to_copy "
+                         f"forward+backward; best of {settings.host_reps} rounds, in which every provider and "
+                         "the copy take turns); ratio_to_copy "
                          "= the host cost of an eager copy call of the same tensors / this (two "
                          "copy calls for forward+backward)")
     meta["graph_rows"] = (f"'... {UNDER_GRAPHS}': ms per replayed call (calls captured per CUDA "

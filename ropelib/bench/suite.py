@@ -382,26 +382,48 @@ def host_us(fn: Callable[[], object], calls: int = 300, reps: int = 5, device="c
     """Microseconds per call of fn() called back to back (no synchronisation in between), the
     best of `reps` runs. Where a call's device work is shorter than its host work (decode sizes)
     this is the host cost of the call: what an eager decode loop pays per call."""
-    for _ in range(warmup):
-        fn()
+    return host_us_interleaved({"fn": (fn, calls)}, reps, device, warmup)["fn"]
+
+
+def host_us_interleaved(fns: dict, reps: int = 5, device="cuda", warmup: int = 20) -> dict:
+    """host_us of several functions, {name: (fn, calls)} -> {name: µs per call}, taking turns:
+    each round runs every function's `calls` calls once, so a slow spell of the host (another
+    process, a frequency change) falls on all of them alike, not on whichever ran then. The best
+    of `reps` rounds per function; a function that raises is left out of the later rounds and
+    its exception is its value."""
+    out = {}
+    for name, (fn, calls) in fns.items():
+        try:
+            for _ in range(min(warmup, calls)):
+                fn()
+        except Exception as e:  # noqa: BLE001
+            out[name] = e
     compare.sync(device)
-    best = float("inf")
+    best = {name: float("inf") for name in fns if name not in out}
     for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        compare.sync(device)
-        best = min(best, (time.perf_counter() - t0) / calls * 1e6)
-    return best
+        for name, (fn, calls) in fns.items():
+            if name in out:
+                continue
+            t0 = time.perf_counter()
+            try:
+                for _ in range(calls):
+                    fn()
+                compare.sync(device)
+            except Exception as e:  # noqa: BLE001
+                out[name] = e
+                continue
+            best[name] = min(best[name], (time.perf_counter() - t0) / calls * 1e6)
+    out.update((name, us) for name, us in best.items() if name not in out)
+    return out
 
 
 def add_host_timings(case: BenchCase, rows: list, provs: list, names: tuple = HOST_PROVIDERS,
                      device=None, calls: int = 300, reps: int = 5) -> None:
     """Fill HOST_FIELDS in place for the providers in `names` (default ropelib and TE fused):
     the host cost of an eager forward (no grad, `calls` calls back to back) and of a
-    forward+backward (calls // 3), each measured back to back in this process; and on every row
-    the host cost of copying the same tensors eagerly (once; twice for forward+backward).
-    `device`: see _timing_device."""
+    forward+backward (calls // 3), the providers taking turns round by round
+    (`host_us_interleaved`); and on every row the host cost of copying the same tensors eagerly
+    (once; twice for forward+backward), in the same rounds. `device`: see _timing_device."""
     for r in rows:
         r.update({f: None for f in HOST_FIELDS}, host_reason="")
     device = _timing_device(device)
@@ -410,11 +432,12 @@ def add_host_timings(case: BenchCase, rows: list, provs: list, names: tuple = HO
             r["host_reason"] = "not timed: host cost is measured against a GPU"
         return
     inputs = compare.make_case(case.config, device, seed=1)
-    copy_fwd_us, copy_fwdbwd_us = _copy_host_us(inputs, device, calls, reps)
     bwd_calls = max(1, calls // 3)
+    copy_once, copy_twice = compare.copy_floor(inputs.tensors)
+    fns = {("copy", "fwd"): (copy_once, calls), ("copy", "fwdbwd"): (copy_twice, bwd_calls)}
     by_name = {p.name: p for p in provs}
+    timed = []
     for r in rows:
-        r.update(host_copy_fwd_us=copy_fwd_us, host_copy_fwdbwd_us=copy_fwdbwd_us)
         name = r.get("provider")
         if name not in names or not r.get("available") or name not in by_name:
             r["host_reason"] = _not_timed(names, "on the host") \
@@ -429,20 +452,19 @@ def add_host_timings(case: BenchCase, rows: list, provs: list, names: tuple = HO
 
         def fwdbwd(p=p, gcase=gcase, grads=grads):
             torch.autograd.backward(compare.output_tuple(p.fn(gcase)), grads)
-        try:
-            r["host_fwd_us"] = host_us(fwd, calls, reps, device, warmup=min(20, calls))
-            r["host_fwdbwd_us"] = host_us(fwdbwd, bwd_calls, reps, device,
-                                          warmup=min(20, bwd_calls))
-        except Exception as e:  # noqa: BLE001
-            r["host_reason"] = f"failed: {type(e).__name__}: {str(e)[:120]}"
-
-
-def _copy_host_us(inputs, device, calls: int, reps: int) -> tuple:
-    """Host µs of copying a case's tensors eagerly: (one copy per tensor, two per tensor), the
-    yardstick of the host-cost rows."""
-    copy_once, copy_twice = compare.copy_floor(inputs.tensors)
-    return (host_us(copy_once, calls, reps, device, warmup=min(20, calls)),
-            host_us(copy_twice, max(1, calls // 3), reps, device, warmup=min(20, calls)))
+        fns[(name, "fwd")] = (fwd, calls)
+        fns[(name, "fwdbwd")] = (fwdbwd, bwd_calls)
+        timed.append(r)
+    us = host_us_interleaved(fns, reps, device)
+    for r in rows:
+        r.update(host_copy_fwd_us=us[("copy", "fwd")], host_copy_fwdbwd_us=us[("copy", "fwdbwd")])
+    for r in timed:
+        fwd_us, fwdbwd_us = us[(r["provider"], "fwd")], us[(r["provider"], "fwdbwd")]
+        failed = next((e for e in (fwd_us, fwdbwd_us) if isinstance(e, Exception)), None)
+        if failed is not None:
+            r["host_reason"] = f"failed: {type(failed).__name__}: {str(failed)[:120]}"
+        else:
+            r.update(host_fwd_us=fwd_us, host_fwdbwd_us=fwdbwd_us)
 
 
 # --- target checks ------------------------------------------------------------------------
