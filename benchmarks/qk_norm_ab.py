@@ -1,10 +1,12 @@
 """ropelib.qk_norm_rope at two revisions of the code, side by side on one GPU (an A/B).
 
     python benchmarks/qk_norm_ab.py --base REV [--repeats 2]
+    python benchmarks/qk_norm_ab.py --variant NAME=DIR [--variant NAME=DIR ...]
 
-The ropelib of git revision REV is extracted into a temporary folder; each variant (REV, then
-this checkout) runs in its own process, alternated `repeats` times, so GPU clocks drift alike
-for both. Each run times, beside a device copy of q and k in the same process (ratios, 1.00 =
+The ropelib of git revision REV is extracted into a temporary folder (or each --variant's DIR
+holds a ropelib/ of its own, where there is no git history); each variant (REV or the
+--variants, then this checkout) runs in its own process, alternated `repeats` times, so GPU
+clocks drift alike for all. Each run times, beside a device copy of q and k in the same process (ratios, 1.00 =
 the copy's time; forward+backward against two copies), the forward and forward+backward of
 the floor suite's Qwen3-sized blocks, and the host time of an eager decode call. Prints the
 range over the repeats for each variant.
@@ -70,26 +72,35 @@ def run(path: str) -> dict:
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
-    ap.add_argument("--base", required=True, help="git revision to compare this checkout with")
+    ap.add_argument("--base", help="git revision to compare this checkout with")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME=DIR",
+                    help="a folder holding another ropelib/ to compare this checkout with")
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args(argv)
+    if bool(args.base) == bool(args.variant):
+        ap.error("give --base REV or --variant NAME=DIR (one or more)")
     with tempfile.TemporaryDirectory() as base:
-        archive = subprocess.run(["git", "-C", ROOT, "archive", args.base, "ropelib"],
-                                 capture_output=True, check=True).stdout
-        subprocess.run(["tar", "-x", "-C", base], input=archive, check=True)
-        runs = {args.base: [], "this checkout": []}
+        if args.base:
+            archive = subprocess.run(["git", "-C", ROOT, "archive", args.base, "ropelib"],
+                                     capture_output=True, check=True).stdout
+            subprocess.run(["tar", "-x", "-C", base], input=archive, check=True)
+            paths = {args.base: base}
+        else:
+            paths = dict(v.split("=", 1) for v in args.variant)
+        paths["this checkout"] = ROOT
+        runs = {name: [] for name in paths}
         for _ in range(args.repeats):
-            runs[args.base].append(run(base))
-            runs["this checkout"].append(run(ROOT))
+            for name, path in paths.items():
+                runs[name].append(run(os.path.abspath(path)))
     names = list(runs)
-    print(f"{'case':36s} {'pass':8s} {names[0]:>16s} {names[1]:>16s}")
+    print(f"{'case':36s} {'pass':8s} " + " ".join(f"{n:>16s}" for n in names))
     for case, passes in runs[names[0]][0].items():
         for p in passes:
             cells = []
             for n in names:
                 v = [r[case][p] for r in runs[n]]
                 cells.append(f"{min(v):7.3f}-{max(v):7.3f}")
-            print(f"{case:36s} {p:8s} {cells[0]:>16s} {cells[1]:>16s}")
+            print(f"{case:36s} {p:8s} " + " ".join(f"{c:>16s}" for c in cells))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,10 @@ def compile_for_gpu(name, kernel, pointer_names, planned, pointers):
     """Compile as a launch with these arguments would: the JIT's own specialisation (ints equal
     to 1 become constants; pointers and ints divisible by 16 get a divisibility hint, what lets
     the compiler prove a contiguous run aligned and load it as one vector)."""
+    # torch.compile writes a launch's arguments into the code it generates (their repr): each
+    # must be a plain Python value, not a Triton object such as tl.constexpr
+    odd = {k: v for k, v in planned.args.items() if type(v) not in (int, float, bool, type(None))}
+    assert not odd, f"{name}: launch arguments that are no plain Python values: {odd}"
     target = GPUTarget("cuda", 90, 32)
     backend = make_backend(target)
     args = dict(zip(pointer_names, pointers), **planned.args)

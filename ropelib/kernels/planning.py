@@ -17,6 +17,9 @@ I32_LIMIT = 2**31 - 1
 # how a fresh output is laid out, for kernels/common.contiguous_strides: sbhd (and thd, B = 1),
 # bshd, Hugging Face's bhsd
 OUT_LAYOUT = {"sbhd": 0, "thd": 0, "bshd": 1, HF_LAYOUT: 2}
+# outputs laid out as the inputs, with their strides (the QK-norm kernels); a plain int, as every
+# launch argument is: torch.compile writes them into its generated code
+OUT_AS_INPUT = -1
 
 
 class Launch:

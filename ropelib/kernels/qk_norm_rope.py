@@ -52,14 +52,15 @@ from ..runtime import INTERPRET
 from .common import (ROUND_BF16_RTNE, batch_range, contiguous_strides, head_tile, load_table,
                      offset_int, rotate_pair, round_to, store_pair, tile_width)
 from .direct import DirectLauncher
-from .planning import (OUT_LAYOUT, Launch, cdiv, needs_int64, pow2_at_least, pow2_at_most,
-                       start)
+from .planning import (OUT_AS_INPUT, OUT_LAYOUT, Launch, cdiv, needs_int64, pow2_at_least,
+                       pow2_at_most, start)
 from .tiles import (QK_NORM_ELEMENTS_PER_THREAD, QK_NORM_PROGRAMS_PER_SM, QK_NORM_ROWS_PER_STEP,
                     multiprocessors)
 
 
-# OUT_LAYOUT's value for outputs laid out as the inputs (the layouts are planning.OUT_LAYOUT's)
-OUT_AS_INPUT = tl.constexpr(-1)
+# OUT_LAYOUT's value for outputs laid out as the inputs (the layouts are planning.OUT_LAYOUT's),
+# as the kernels compare it
+_OUT_AS_INPUT = tl.constexpr(OUT_AS_INPUT)
 
 
 @triton.jit
@@ -121,7 +122,7 @@ def _norm_rope_heads(
     h_off = offset_int(h_idx, INT64)
     # (strides that are arguments, not computed: computed ones cost the backward 190 registers
     # a thread instead of 168 for sm_90, the forward a later issue of its loads)
-    if OUT_LAYOUT == OUT_AS_INPUT:
+    if OUT_LAYOUT == _OUT_AS_INPUT:
         st_y_s, st_y_b, st_y_h = stride_x_s, stride_x_b, D
     else:
         st_y_s, st_y_b, st_y_h = contiguous_strides(S, B, H, D, OUT_LAYOUT, INT64)
