@@ -262,10 +262,11 @@ class PlannedCall:
 
 
 def plan_eager_call(xs, tables_and_index, normalized, c: Call, *, inplace: bool, rows: int,
-                    names, out_dtype=None) -> PlannedCall:
+                    names, out_dtype=None, axes: Optional[tuple] = None) -> PlannedCall:
     """Plan the eager route of a checked call. normalized = (table, sin): the table as the
     checks left it; tables_and_index: the caller's (table, sin, position_ids, cu_seqlens,
-    start_positions)."""
+    start_positions). `axes`: one table per axis (kernels/launch.Table.axes; the caller's table
+    and sin are then Qwen2-VL's [3, B or 1, S, R], normalized their time axis's)."""
     grad = needs_grad(*xs)
     direct_in_place = inplace and not grad
     outs = xs if direct_in_place else tuple(
@@ -280,7 +281,7 @@ def plan_eager_call(xs, tables_and_index, normalized, c: Call, *, inplace: bool,
     pointer_sources = [(name, read_slots.index(j), t.data_ptr() != tables_and_index[j].data_ptr())
                        for name, (t, j) in reads.items()]
     rotation = eager.PlannedRotation(
-        xs=xs, outs=outs, table=Table(table, sin),
+        xs=xs, outs=outs, table=Table(table, sin, axes),
         positions=Positions(c.position_ids, c.cu_seqlens, c.start_positions, c.cp_size,
                             c.cp_rank),
         pointer_sources=pointer_sources, out_dtype=out_dtype, in_place=direct_in_place,

@@ -231,7 +231,8 @@ class PlannedRotation:
     means "made contiguous first" (what the checks did to that argument).
     """
     __slots__ = ("launch", "n", "pointer_sources", "out_dtype", "in_place", "backward", "layout",
-                 "_planned", "_start", "_names", "_pick", "_copies", "_reverses", "empty")
+                 "whole_grads", "_planned", "_start", "_names", "_pick", "_copies", "_reverses",
+                 "empty")
 
     def __init__(self, *, xs, outs, table, positions, pointer_sources, out_dtype, in_place,
                  backward, interleaved, layout: str):
@@ -245,6 +246,10 @@ class PlannedRotation:
         self.pointer_sources = tuple(pointer_sources)
         self.out_dtype, self.in_place = out_dtype, in_place
         self.backward, self.layout = backward, layout
+        # One table per axis is read by the two-pass route only, which takes q and k together
+        # and contiguous: its reverse needs every gradient (zeros for an output outside the
+        # loss), contiguous.
+        self.whole_grads = table.axes is not None
         x4 = ops.view4(xs[0], layout)
         self.empty = x4.shape[0] == 0 or x4.shape[1] == 0
         self._names = pointer_names(self.launch)
@@ -262,7 +267,7 @@ class PlannedRotation:
         self._start = (EagerLaunch(self.launch.launcher, self.launch)
                        if isinstance(self.launch, Launch) else EagerTwoPass(self.launch))
         # for planning reverses: the table and positions without their data
-        self._planned = (Table(_stand_in(table.cos), _stand_in(table.sin)),
+        self._planned = (Table(_stand_in(table.cos), _stand_in(table.sin), table.axes),
                          Positions(*(_stand_in(p) for p in positions[:3]), *positions[3:]),
                          interleaved)
         self._reverses = {}    # gradient strides -> PlannedRotation
@@ -311,12 +316,18 @@ class Rotate(torch.autograd.Function):
         xs, reads = tensors[:n], tensors[n:]
         outs = rotation.run(xs, reads)
         ctx.rotation, ctx.x_dtype = rotation, xs[0].dtype
+        if rotation.whole_grads:
+            ctx.outputs = [(o.shape, o.dtype, o.device) for o in outs]
         ctx.save_for_backward(*reads)
         return outs if len(outs) > 1 else outs[0]
 
     @staticmethod
     def backward(ctx, *grads):
         reads = ctx.saved_tensors
+        if ctx.rotation.whole_grads:
+            grads = tuple(torch.zeros(shape, dtype=dtype, device=device) if g is None
+                          else g.contiguous() for g, (shape, dtype, device) in
+                          zip(grads, ctx.outputs))
         every = all(g is not None for g in grads)
         present = grads if every else tuple(g for g in grads if g is not None)
         if not present:

@@ -147,11 +147,25 @@ def _multimodal(q, k, cos, sin, sections: list, unsqueeze_dim: int):
     """Qwen2-VL's per-axis tables cos, sin [3, B or 1, S, D] on q and k: read as they are by
     the flat pass where q and k are large and contiguous, else gathered into one table."""
     layout = LAYOUT_OF_UNSQUEEZE_DIM.get(unsqueeze_dim) if type(unsqueeze_dim) is int else None
-    if layout is not None and all(type(t) is torch.Tensor and t.dim() == 4 for t in (q, k)) \
-            and ops.takes_axis_tables(q, k, cos, sin, sections, layout):
-        _checked(q, k, cos[0], sin[0], unsqueeze_dim)
-        return ops.rope_qk_axes(q, k, cos, sin, sections, layout, False,
-                                torch.promote_types(q.dtype, cos.dtype))
+    if layout is not None and all(type(t) is torch.Tensor and t.dim() == 4 for t in (q, k)):
+        # the eager route (ropelib.eager): checked and planned once per signature
+        tables_and_index = (cos, sin, None, None, None)
+        sig = eager.signature(("hf-axis-tables", tuple(sections), unsqueeze_dim),
+                              (q, k, cos, sin)) if eager.active() else None
+        planned = eager.SIGNATURES.get(sig) if sig is not None else None
+        if planned is not None:
+            return planned((q, k), tables_and_index)
+        if ops.takes_axis_tables(q, k, cos, sin, sections, layout):
+            _, S, B, D, c, s = _checked(q, k, cos[0], sin[0], unsqueeze_dim)
+            out_dtype = torch.promote_types(q.dtype, cos.dtype)
+            if sig is None:
+                return ops.rope_qk_axes(q, k, cos, sin, sections, layout, False, out_dtype)
+            call = Call(c, s, None, None, None, layout, False, 1, 0, S, B, D)
+            planned = eager.SIGNATURES.put(sig, plan_eager_call(
+                (q, k), tables_and_index, (c, s), call, inplace=False, rows=S,
+                names=("q", "k"), out_dtype=out_dtype,
+                axes=ops.axis_tables(cos, sin, sections).axes))
+            return planned((q, k), tables_and_index, checked=True)
     axes = _feature_axes(tuple(sections), cos.shape[-1], cos.device)
     return apply_rotary_pos_emb(q, k, *ops.gathered_tables(cos, sin, sections, axes),
                                 unsqueeze_dim=unsqueeze_dim)

@@ -349,6 +349,7 @@ class _Route:
     the launches back for gradients of given strides. `used`: (positions, inv_freq, axis)."""
     __slots__ = ("start", "n", "layout", "interleaved", "backward", "empty", "_used",
                  "_reverses")
+    whole_grads = False     # (eager.Rotate: a missing gradient is simply not rotated)
 
     def __init__(self, xs, used, layout: str, interleaved: bool, backward: bool):
         positions, inv, axis = used

@@ -402,6 +402,36 @@ def test_qwen2_vl_tables_read_per_axis(form, dtype, starts):
         torch._dynamo.reset()
 
 
+def test_qwen2_vl_tables_eager_route_gradients(starts):
+    # The eager route (planned once per signature) with one table per axis: a repeated call
+    # takes the planned launch; an output left out of the loss gets a zero gradient, and a
+    # gradient in another memory order is read contiguous: the same bits as gathering the
+    # tables first and rotating with the finished kernel.
+    g = torch.Generator().manual_seed(7)
+    section, Dm = [2, 3, 3], 16
+    q = torch.randn(B, S, HQ, Dm, generator=g).to(DEVICE).transpose(1, 2).requires_grad_(True)
+    k = torch.randn(B, S, HK, Dm, generator=g).to(DEVICE).transpose(1, 2).requires_grad_(True)
+    ang = torch.rand(3, B, S, Dm // 2, generator=g) * 50
+    ang = torch.cat((ang, ang), -1).to(DEVICE)
+    cos, sin = ang.cos(), ang.sin()
+    dq = torch.randn(B, HQ, S, Dm, generator=g).to(DEVICE)   # contiguous [B, H, S, D]: not
+    dk = torch.randn(B, HK, S, Dm, generator=g).to(DEVICE)   # the outputs' memory order
+
+    def fn():
+        got = []
+        for _ in range(2):      # the second call takes the planned launch
+            qo, ko = ropelib.hf.apply_multimodal_rotary_pos_emb(q, k, cos, sin, section)
+            got += [qo.detach(), *torch.autograd.grad((qo, ko), (q, k), (dq, dk))]
+            qo, ko = ropelib.hf.apply_multimodal_rotary_pos_emb(q, k, cos, sin, section)
+            got += torch.autograd.grad(qo, (q, k), dq, allow_unused=True, materialize_grads=True)
+        return got
+    want = through("finished", fn)
+    got = through("two-pass", fn)
+    assert len(starts) == 8 and not any(starts)   # 2 x (forward, backward, forward, backward)
+    assert_same_bits(got, want, "eager route, per-axis tables")
+    assert not want[-1].any(), "k's output is outside the loss: its gradient is zero"
+
+
 def test_kept_rows_are_bounded_in_bytes(pre_passes, monkeypatch):
     # rows larger than the byte budget are not kept; the budget evicts the oldest first
     q = torch.randn(S, B, HQ, D, device=DEVICE)
