@@ -199,16 +199,22 @@ class EagerTwoPass:
     """Eager starts of a planned two-pass rotation (kernels/launch.TwoPass): the pre-pass (unless
     its rows are kept from an earlier call, TableRows) and the flat pass, each through an
     EagerLaunch as the finished kernel's one launch."""
-    __slots__ = ("route", "_table_pass", "_rotate_pass", "__weakref__")
+    __slots__ = ("route", "_index_pass", "_table_pass", "_rotate_pass", "__weakref__")
 
     def __init__(self, route):
         self.route = route
         self._rotate_pass = EagerLaunch(route.rotate_pass.launcher, route.rotate_pass)
-        self._table_pass = (EagerLaunch(route.table_pass.launcher, route.table_pass)
-                            if route.table_pass is not None else None)
+        self._table_pass, self._index_pass = (
+            EagerLaunch(p.launcher, p) if p is not None else None
+            for p in (route.table_pass, route.index_pass))
 
     def __call__(self, pointers) -> None:
         q, q_out, k, k_out, cos, sin, position_ids, cu_seqlens, start = pointers
+        token_rows = None
+        if self._index_pass is not None:    # rows by position: the pre-pass's rows are kept
+            token_rows = self.route.new_index(q.device)
+            self._index_pass((position_ids, cu_seqlens, start, token_rows))
+            position_ids = cu_seqlens = start = None
         if self._table_pass is not None:
             plain = position_ids is None and cu_seqlens is None and start is None
             tables = (cos,) if sin is None else (cos, sin)
@@ -219,7 +225,7 @@ class EagerTwoPass:
                 if key is not None:
                     TABLE_ROWS.put(key, self, tables, rows)
             cos, sin = rows
-        self._rotate_pass((q, q_out, k, k_out, cos, sin))
+        self._rotate_pass((q, q_out, k, k_out, cos, sin, token_rows))
 
 
 class PlannedRotation:

@@ -132,6 +132,9 @@ def main():
         ("two-pass-ids-backward", L.Table(f, None), L.Positions(position_ids=ids), False, True),
         ("two-pass-cos-sin", L.Table(f.cos(), f.sin()), L.Positions(), False, True),
         ("two-pass-fp32", L.Table(f, None), L.Positions(), False, False),
+        # rows by position (packed sequences): each token's row index, then its row
+        ("two-pass-by-position", L.Table(f[:4], None),
+         L.Positions(cu_seqlens=torch.tensor([0, 3, S], dtype=torch.int32)), False, False),
     ]:
         q4, qo4, k4, ko4 = views(*((t.float() for t in (xb, xbo, kb2, kbo))
                                    if name.endswith("fp32") else (xb, xbo, kb2, kbo)))
@@ -139,6 +142,13 @@ def main():
                                       backward=backward, layout="bshd", k=k4, k_out=ko4)
         rows = route.rotate_pass
         rows.args = dict(rows.args, XBLOCK=T.TWO_PASS_ELEMENTS)
+        token_rows = None
+        if route.index_pass is not None:
+            token_rows = torch.empty(route.index_shape, dtype=torch.int32)
+            compile_for_gpu(name + "-index", route.index_pass.launcher.kernel,
+                            route.index_pass.launcher.pointer_names, route.index_pass,
+                            ptrs[6:9] + (token_rows,))
+            ptrs = ptrs[:6] + (None, None, None)
         if route.table_pass is not None:
             pre = route.table_pass
             half = pre.args["BLOCK_HALF"]
@@ -147,7 +157,8 @@ def main():
             compile_for_gpu(name + "-table", pre.launcher.kernel, pre.launcher.pointer_names,
                             pre, ptrs[4:6] + ptrs[6:9] + tuple(cs))
             ptrs = ptrs[:4] + tuple(cs)
-        compile_for_gpu(name, rows.launcher.kernel, rows.launcher.pointer_names, rows, ptrs[:6])
+        compile_for_gpu(name, rows.launcher.kernel, rows.launcher.pointer_names, rows,
+                        ptrs[:6] + (token_rows,))
     # Qwen2-VL's per-axis tables [3, B, S, D] in the input's dtype, read as they are
     c3 = torch.empty(3, B, S, D, dtype=bf)
     route, ptrs = L.plan_two_pass(*views(xb, xbo), L.Table(c3[0], c3[0], (2, 5, c3.stride(0))),
@@ -156,7 +167,7 @@ def main():
     rows = route.rotate_pass
     rows.args = dict(rows.args, XBLOCK=T.TWO_PASS_ELEMENTS)
     compile_for_gpu("two-pass-axes-backward", rows.launcher.kernel, rows.launcher.pointer_names,
-                    rows, ptrs[:6])
+                    rows, ptrs[:6] + (None,))
 
     # RoPE fused into the QKV projection (kernels/qkv_gemm.py), with the GPU's tiles
     HQ, HK, D, K = 4, 2, 128, 256

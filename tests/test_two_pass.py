@@ -154,11 +154,77 @@ def test_same_bits_as_the_finished_kernel(option, layout, interleaved, starts):
     plain = option in ("token index", "cos/sin fp32", "cos/sin bf16", "unequal cos/sin") \
         and layout != "thd"
     caller_table = option.startswith(("cos/sin", "unequal cos"))
-    assert starts == [not (plain and caller_table)] * 2, \
-        "the caller's cos/sin table is read directly only with plain positions"
+    # (packed sequences: each token's row index into the caller's table, rows by position)
+    assert starts == [not (caller_table and (plain or layout == "thd"))] * 2, \
+        "the caller's cos/sin table is read directly only with plain positions or by position"
     assert_same_bits(got, want, f"{option} {layout} interleaved={interleaved}")
     if option == "ids out of range":
         assert torch.isnan(got[0]).any()
+
+
+@pytest.fixture
+def by_position(monkeypatch):
+    """Rows by position wherever they are possible (positions other than the token index, one
+    table for every batch entry), whatever they cost; records, per start of the two-pass
+    route, whether it found each token's row first (the index pass)."""
+    indexed = []
+    real_bytes, real, real_eager = launch.table_bytes, launch.TwoPass.start, \
+        eager.EagerTwoPass.__call__
+
+    def forced(table, positions, S, B, R):
+        n, _ = real_bytes(table, positions, S, B, R)
+        return n, not launch._plain(positions) and table.axes is None \
+            and table.strides()[0] == 0
+
+    def counted(self, pointers):
+        indexed.append(self.index_pass is not None)
+        return real(self, pointers)
+
+    def counted_eager(self, pointers):
+        indexed.append(self.route.index_pass is not None)
+        return real_eager(self, pointers)
+    monkeypatch.setattr(launch, "table_bytes", forced)
+    monkeypatch.setattr(launch.TwoPass, "start", counted)
+    monkeypatch.setattr(eager.EagerTwoPass, "__call__", counted_eager)
+    yield indexed
+    eager.TABLE_ROWS.clear()
+
+
+BY_POSITION = [c for c in CASES if c[0] not in ("token index", "cos/sin fp32", "cos/sin bf16",
+                                                  "unequal halves", "unequal cos/sin", "exact")
+               or c[1] == "thd"]
+
+
+@pytest.mark.parametrize("option,layout,interleaved", BY_POSITION)
+def test_rows_by_position_same_bits(option, layout, interleaved, by_position):
+    # each token's row index, then the rows of its position (the caller's cos/sin table, or the
+    # pre-pass's rows of positions 0..P'-1): the same bits as the finished kernel, NaN rows for
+    # positions outside the table included
+    odd = zlib.crc32(f"{option} {layout} {interleaved} rows".encode()) % 2
+    R, dtype = (D, torch.bfloat16) if odd else (D // 2, torch.float32)
+    fn = _call(option, layout, interleaved, R, dtype)
+    want = through("finished", fn)
+    assert not by_position
+    got = through("two-pass", fn)
+    assert by_position == [True, True], "forward and backward should find rows by position"
+    assert_same_bits(got, want, f"{option} {layout} interleaved={interleaved}")
+    if option == "ids out of range":
+        assert torch.isnan(got[0]).any()
+
+
+def test_rows_by_position_chosen_by_bytes():
+    # packed sequences, many tokens over few positions: a row index per token and the rows of
+    # the positions move fewer bytes than a row per token; one position per token, they do not
+    T, R = 4096, 128
+    freqs = launch.Table(torch.empty(512, R, device="meta"), None)
+    cu = torch.empty(9, dtype=torch.int32, device="meta")
+    n, by_pos = launch.table_bytes(freqs, launch.Positions(cu_seqlens=cu), T, 1, R)
+    assert by_pos and n == T * 4 * 2 + 512 * 2 * R * 8
+    n, by_pos = launch.table_bytes(launch.Table(torch.empty(T, R, device="meta"), None),
+                                   launch.Positions(cu_seqlens=cu), 64, 1, R)
+    assert not by_pos and n == 64 * 2 * R * 4 * 2
+    plain = launch.table_bytes(freqs, launch.Positions(), T, 1, R)
+    assert plain == (T * 2 * R * 4 * 2, False)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
@@ -323,19 +389,27 @@ def test_kept_rows_serve_later_calls_and_only_while_valid(pre_passes):
         eager.SIGNATURES.clear()
         assert_same_bits(first, want, "the first call")     # (rows written, then reused)
 
-        # position ids or start offsets: rows depend on their values, never kept
+        # position ids: each call finds its tokens' rows afresh (rows by position, cheaper
+        # here than a row per token and entry), and the rows of the positions, which depend
+        # only on the table, are kept
         n = len(pre_passes)
         ids = torch.arange(S, device=DEVICE)[None].expand(B, S).contiguous()
-        for _ in range(2):
-            ropelib.apply_rope(q.detach(), big[:S], position_ids=ids)
-        assert len(pre_passes) == n + 2
+        ids = (ids, ids.flip(-1))
+        wants = [through("finished", lambda i=i: ropelib.apply_rope(q.detach(), big[:S],
+                                                                    position_ids=i))
+                 for i in ids]
+        tiles.TWO_PASS_MIN_BYTES = tiles.TWO_PASS_TABLE_SHARE = 0
+        for i, w in zip(ids, wants):
+            assert_same_bits((ropelib.apply_rope(q.detach(), big[:S], position_ids=i),), (w,),
+                             "position ids, rows by position")
+        assert len(pre_passes) == n + 1
 
         # tables made under inference_mode have no version counter: never kept
         with torch.inference_mode():
             frozen = ropelib.rope_freqs(S, D, device=DEVICE)
             a = ropelib.apply_rope(q.detach(), frozen)
             b = ropelib.apply_rope(q.detach(), frozen)
-        assert torch.equal(a, b) and len(pre_passes) == n + 4
+        assert torch.equal(a, b) and len(pre_passes) == n + 3
     finally:
         tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE = saved
         eager.SIGNATURES.clear()

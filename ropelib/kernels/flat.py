@@ -2,7 +2,8 @@
 flat pass over the tensor that reads it.
 
     _cos_sin_rows_kernel   every token's fp32 cos and sin rows, from any table and positions  20 args
-    _rope_rows_kernel      q (and k) rotated element by element, reading cos/sin per element  25 args
+    _token_rows_kernel     or every token's table row, and the rows of positions 0..P'-1      11 args
+    _rope_rows_kernel      q (and k) rotated element by element, reading cos/sin per element  27 args
 
 Why two passes
 --------------
@@ -47,6 +48,13 @@ With cos and sin tables of the caller's ([P, R] or [B, P, R]) and positions that
 token index, the flat pass reads the caller's table itself (SIGNED False): it signs the sine
 and, backward, reads the partner's sine, and no pre-pass runs.
 
+Rows by position. Where many tokens share few positions (packed sequences: T tokens, positions
+below the longest sequence), a row per token costs more than a row per position. Then
+_token_rows_kernel writes each token's table row ([NB * S] int32, -1 for a position outside the
+table: the flat pass writes NaN there), and the flat pass reads row token_rows[token] of the
+caller's cos/sin table, or of the fp32 cos and s' rows the pre-pass wrote for positions
+0..P'-1 (positions the token index: rows an eager call can keep, kernels/launch.TableRead).
+
 Qwen2-VL's multimodal tables ([3, B, S, D], one per axis: time, height, width, as Hugging Face
 materialises them; ropelib.hf.apply_multimodal_rotary_pos_emb) are read the same way, each
 rotate-half pair j from the table of its section: axis (j >= AXIS_H_FROM) + (j >= AXIS_W_FROM),
@@ -60,13 +68,15 @@ from .fused import table_cos_sin, table_rows
 
 
 @triton.jit
-def _element_tile(block, S, B, H, stride_tab_p, stride_tab_b, D: tl.constexpr,
-                  BLOCK: tl.constexpr, LAYOUT: tl.constexpr, PER_ENTRY: tl.constexpr,
-                  INT64: tl.constexpr):
+def _element_tile(block, S, B, H, stride_tab_p, stride_tab_b, token_rows_ptr, stride_rows_b,
+                  D: tl.constexpr, BLOCK: tl.constexpr, LAYOUT: tl.constexpr,
+                  PER_ENTRY: tl.constexpr, VEC: tl.constexpr, INT64: tl.constexpr):
     """A program's BLOCK elements, from element block * BLOCK, of a tensor [S * B * H * D]
     contiguous in LAYOUT (0 sbhd, and thd with B = 1; 1 bshd; 2 Hugging Face's bhsd) -> (their
     indices [BLOCK], int64 when INT64; which of them exist; the offset of each one's cos/sin
-    row, s * stride_tab_p, + b * stride_tab_b with a table row per batch entry)."""
+    row, s * stride_tab_p, + b * stride_tab_b with a table row per batch entry, or with a row
+    index (token_rows_ptr) its token's row times stride_tab_p; which of them have no row, their
+    position lying outside the table)."""
     if INT64:               # sizes and products in int64 (the tensor passes 2^31 elements)
         S = tl.full([], 0, tl.int64) + S
         B = tl.full([], 0, tl.int64) + B
@@ -84,10 +94,21 @@ def _element_tile(block, S, B, H, stride_tab_p, stride_tab_b, D: tl.constexpr,
     else:
         s = i // (B * H * D)
         b = (i // (H * D)) % B
-    tab = s * stride_tab_p
-    if PER_ENTRY:
-        tab += b * stride_tab_b
-    return i, live, tab
+    if token_rows_ptr is not None:
+        if D % VEC == 0:
+            # a thread's run of VEC features belongs to one token: one load of its row each
+            # (said, or each element loads it)
+            s = tl.max_constancy(s, VEC)
+            b = tl.max_constancy(b, VEC)
+        row = tl.load(token_rows_ptr + s + b * stride_rows_b, mask=live, other=0)
+        outside = row < 0
+        tab = tl.maximum(row, 0).to(i.dtype) * stride_tab_p
+    else:                   # rows by token index: a NaN row where a position is outside
+        outside = i < 0
+        tab = s * stride_tab_p
+        if PER_ENTRY:
+            tab += b * stride_tab_b
+    return i, live, tab, outside
 
 
 @triton.jit
@@ -134,6 +155,21 @@ def _cos_sin_rows_kernel(
 
 
 @triton.jit
+def _token_rows_kernel(
+    position_ids_ptr, cu_seqlens_ptr, start_ptr,   # where positions come from (fused.table_rows)
+    rows_out_ptr,                        # [NB * S] int32: each token's table row, -1 outside
+    S, P, N_SEQ, cp_size, cp_rank, stride_ids_b,
+    BLOCK_S: tl.constexpr,
+):
+    b = tl.program_id(1)
+    s_idx = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)      # [BLOCK_S]
+    rows, valid = table_rows(s_idx, b, S, P, position_ids_ptr, stride_ids_b, cu_seqlens_ptr,
+                             start_ptr, N_SEQ, cp_size, cp_rank)
+    tl.store(rows_out_ptr + b.to(tl.int64) * S + s_idx, tl.where(valid, rows, -1),
+             mask=s_idx < S)
+
+
+@triton.jit
 def _pairs_joined(v_a, v_b, BLOCK_S: tl.constexpr, BLOCK_HALF: tl.constexpr):
     # v_a, v_b [BLOCK_S, 1, BLOCK_HALF] (members 2j and 2j + 1) -> [BLOCK_S, 1, 2 BLOCK_HALF]
     return tl.reshape(tl.join(v_a, v_b), (BLOCK_S, 1, 2 * BLOCK_HALF))
@@ -147,16 +183,18 @@ def _swap_pairs(v, XBLOCK: tl.constexpr):
 
 
 @triton.jit
-def _rotate_flat(x_ptr, y_ptr, cos_ptr, sin_ptr, block, S, B, H, stride_tab_p, stride_tab_b,
-                 stride_tab_axis, D: tl.constexpr, R: tl.constexpr, LAYOUT: tl.constexpr,
+def _rotate_flat(x_ptr, y_ptr, cos_ptr, sin_ptr, token_rows_ptr, block, S, B, H, stride_tab_p,
+                 stride_tab_b, stride_rows_b, stride_tab_axis, D: tl.constexpr, R: tl.constexpr,
+                 LAYOUT: tl.constexpr,
                  INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr, SIGNED: tl.constexpr,
                  PER_ENTRY: tl.constexpr, KEEP_TABLE: tl.constexpr, AXIS_H_FROM: tl.constexpr,
                  AXIS_W_FROM: tl.constexpr, XBLOCK: tl.constexpr, INT64: tl.constexpr):
     # Elements block * XBLOCK .. + XBLOCK of x [S * B * H * D] (contiguous in LAYOUT) -> y.
     HALF: tl.constexpr = R // 2
     VEC: tl.constexpr = 128 // x_ptr.dtype.element_ty.primitive_bitwidth   # a 16-byte vector
-    i, live, tab = _element_tile(block, S, B, H, stride_tab_p, stride_tab_b, D, XBLOCK, LAYOUT,
-                                 PER_ENTRY, INT64)
+    i, live, tab, outside = _element_tile(block, S, B, H, stride_tab_p, stride_tab_b,
+                                          token_rows_ptr, stride_rows_b, D, XBLOCK, LAYOUT,
+                                          PER_ENTRY, VEC, INT64)
     d = i % D                               # the feature
     if AXIS_H_FROM < HALF:      # one table per axis: pair j reads the table of its section
         j = d % HALF
@@ -208,6 +246,8 @@ def _rotate_flat(x_ptr, y_ptr, cos_ptr, sin_ptr, block, S, B, H, stride_tab_p, s
         else:
             t = tl.where(first, -t, t)
     y = tl.where(rotated, tl.fma(xf, c.to(tl.float32), t), xf)
+    if token_rows_ptr is not None:      # a position outside the table: NaN, never a clamped row
+        y = tl.where(rotated & outside, float("nan"), y)
     tl.store(y_ptr + i, round_to(y, y_ptr.dtype.element_ty, ROUND_BF16_RTNE), mask=live)
 
 
@@ -215,8 +255,11 @@ def _rotate_flat(x_ptr, y_ptr, cos_ptr, sin_ptr, block, S, B, H, stride_tab_p, s
 def _rope_rows_kernel(
     q_ptr, q_out_ptr, k_ptr, k_out_ptr,  # contiguous in LAYOUT; outputs fresh, same layout
     cos_ptr, sin_ptr,                    # cos, s' of the pre-pass (SIGNED), or the caller's
+    token_rows_ptr,                      # None, or each token's row [NB * S] int32 (-1: none)
     S, B, HQ, HK,
-    stride_tab_p, stride_tab_b,          # a token's row: s * stride_tab_p (+ b * stride_tab_b)
+    stride_tab_p, stride_tab_b,          # a token's row: s * stride_tab_p (+ b * stride_tab_b),
+                                         # or token_rows[s + b * stride_rows_b] * stride_tab_p
+    stride_rows_b,
     stride_tab_axis,                     # (one table per axis) the next axis's table
     D: tl.constexpr, R: tl.constexpr,
     LAYOUT: tl.constexpr,                # 0 sbhd (thd: B = 1), 1 bshd, 2 bhsd
@@ -233,11 +276,12 @@ def _rope_rows_kernel(
     pid = tl.program_id(0)
     q_blocks = tl.cdiv(S * B * HQ * D, XBLOCK)
     if pid < q_blocks:
-        _rotate_flat(q_ptr, q_out_ptr, cos_ptr, sin_ptr, pid, S, B, HQ, stride_tab_p,
-                     stride_tab_b, stride_tab_axis, D, R, LAYOUT, INTERLEAVED, BACKWARD, SIGNED,
-                     PER_ENTRY, KEEP_TABLE, AXIS_H_FROM, AXIS_W_FROM, XBLOCK, INT64)
+        _rotate_flat(q_ptr, q_out_ptr, cos_ptr, sin_ptr, token_rows_ptr, pid, S, B, HQ,
+                     stride_tab_p, stride_tab_b, stride_rows_b, stride_tab_axis, D, R, LAYOUT,
+                     INTERLEAVED, BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE, AXIS_H_FROM,
+                     AXIS_W_FROM, XBLOCK, INT64)
     elif k_ptr is not None:
-        _rotate_flat(k_ptr, k_out_ptr, cos_ptr, sin_ptr, pid - q_blocks, S, B, HK,
-                     stride_tab_p, stride_tab_b, stride_tab_axis, D, R, LAYOUT, INTERLEAVED,
-                     BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE, AXIS_H_FROM, AXIS_W_FROM, XBLOCK,
-                     INT64)
+        _rotate_flat(k_ptr, k_out_ptr, cos_ptr, sin_ptr, token_rows_ptr, pid - q_blocks, S, B,
+                     HK, stride_tab_p, stride_tab_b, stride_rows_b, stride_tab_axis, D, R,
+                     LAYOUT, INTERLEAVED, BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE, AXIS_H_FROM,
+                     AXIS_W_FROM, XBLOCK, INT64)

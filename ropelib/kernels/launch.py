@@ -18,7 +18,7 @@ from ..conventions import HF_LAYOUT
 from ..frequencies import EXACT_POSITIONS
 from ..runtime import INTERPRET
 from .direct import DirectLauncher
-from .flat import _cos_sin_rows_kernel, _rope_rows_kernel
+from .flat import _cos_sin_rows_kernel, _rope_rows_kernel, _token_rows_kernel
 from .fused import (_exact_angles_kernel, _rope_ids_kernel, _rope_kernel, _rope_packed_kernel,
                     _rope_qkv_kernel)
 from .planning import (I32_LIMIT, OUT_LAYOUT, Launch, cdiv, needs_int64, pointer_dtypes,
@@ -311,19 +311,52 @@ def contiguous_in(v: View, layout: str) -> bool:
     return True
 
 
+def _plain(positions: Positions) -> bool:
+    """Are positions the token index (no ids, sequences, offsets or context parallelism)?"""
+    pos = positions
+    return pos.position_ids is None and pos.cu_seqlens is None and pos.start is None \
+        and pos.cp_size == 1
+
+
 def _table_rows_per_token(table: Table, positions: Positions, B) -> tuple:
     """(pre-pass?, table rows per token) of the two-pass route: the caller's cos/sin table is
     read as it is when positions are the token index; otherwise the pre-pass writes a row per
     token, or per (token, batch entry) when positions or tables differ between entries."""
     pos = positions
-    plain = pos.position_ids is None and pos.cu_seqlens is None and pos.start is None \
-        and pos.cp_size == 1
     per_entry = table.strides()[0] != 0
-    if plain and table.sin is not None and not table.exact:
+    if _plain(pos) and table.sin is not None and not table.exact:
         return False, (B if per_entry else 1)
     per_entry = per_entry or (pos.position_ids is not None and pos.position_ids.shape[0] > 1) \
         or (pos.start is not None and pos.cu_seqlens is None)
     return True, (B if per_entry else 1)
+
+
+def _positions_below(table: Table, positions: Positions, S) -> int:
+    """A bound on the call's positions: the table's rows, or fewer where positions come from
+    packed sequences or context parallelism alone (each below the tokens' count times cp_size)."""
+    pos = positions
+    if pos.position_ids is None and pos.start is None:
+        return min(table.rows, S * pos.cp_size)
+    return table.rows
+
+
+def table_bytes(table: Table, positions: Positions, S, B, R: int) -> tuple:
+    """(bytes, rows by position?) of the cheaper way for the flat pass to find every token's
+    cos/sin, counting what is written and read beside q and k: a row per token (the caller's
+    table, or the pre-pass's fp32 cos and s' rows), or a row index per token (int32, from
+    _token_rows_kernel) into the rows of positions 0..P'-1 (the caller's cos/sin table, or the
+    pre-pass's rows of those positions). Rows by position are for tokens whose positions are
+    not the token index, with one table for all batch entries."""
+    pre_pass, rows_per_token = _table_rows_per_token(table, positions, B)
+    row = 2 * R * (4 if pre_pass else table.cos.element_size())     # cos and sin of a row
+    by_token = S * rows_per_token * row * (2 if pre_pass else 1)      # (written, read)
+    if _plain(positions) or table.axes is not None or table.strides()[0] != 0:
+        return by_token, False
+    own = table.sin is None or table.exact                  # angles: the pre-pass writes rows
+    rows = _positions_below(table, positions, S)
+    by_position = S * rows_per_token * 4 * 2 + rows * 2 * R * (8 if own else
+                                                               table.cos.element_size())
+    return (by_position, True) if by_position < by_token else (by_token, False)
 
 
 def two_pass_min_bytes() -> int:
@@ -349,55 +382,73 @@ def takes_two_passes(q: View, q_out: Optional[View], k: Optional[View],
     read = sum(v.tensor.numel() * v.tensor.element_size() for v in (q, k) if v is not None)
     if read < _tiles_module.TWO_PASS_MIN_BYTES:
         return False
-    S, B, R = q.tensor.shape[0], q.tensor.shape[1], table.cos.shape[-1]
-    pre_pass, rows_per_token = _table_rows_per_token(table, positions, B)
-    row_bytes = 2 * R * (4 if pre_pass else table.cos.element_size())   # cos and sin
-    table_bytes = S * rows_per_token * row_bytes * (2 if pre_pass else 1)  # written, read
-    return table_bytes * _tiles_module.TWO_PASS_TABLE_SHARE <= 2 * read
+    S, B = q.tensor.shape[0], q.tensor.shape[1]
+    extra, _ = table_bytes(table, positions, S, B, table.cos.shape[-1])
+    return extra * _tiles_module.TWO_PASS_TABLE_SHARE <= 2 * read
 
 
 class TwoPass(NamedTuple):
     """A planned two-pass rotation: the table pre-pass (None when the flat pass reads the
     caller's cos/sin table itself), the flat pass, and the shape of the fp32 cos and s' tables
-    the first writes for the second. Pointers: TWO_PASS_POINTERS."""
+    the first writes for the second; with rows by position (TableRead), the pass writing each
+    token's row ([NB * S] int32) first. Pointers: TWO_PASS_POINTERS."""
     table_pass: Optional[Launch]
     rotate_pass: Launch
     table_shape: tuple
+    index_pass: Optional[Launch] = None
+    index_shape: tuple = (0,)
 
     def start(self, pointers: tuple) -> None:
-        """Both passes (planning.start), with the pre-pass's rows made here (the eager route,
-        eager.EagerTwoPass, starts them its own way and may reuse the rows)."""
+        """Every pass (planning.start), with the rows made here (the eager route,
+        eager.EagerTwoPass, starts them its own way and may reuse the pre-pass's rows)."""
         q, q_out, k, k_out, cos, sin, position_ids, cu_seqlens, start_ = pointers
+        token_rows = None
+        if self.index_pass is not None:
+            token_rows = self.new_index(q.device)
+            start(self.index_pass.launcher, self.index_pass,
+                  (position_ids, cu_seqlens, start_, token_rows))
+            position_ids = cu_seqlens = start_ = None   # the pre-pass: positions 0..P'-1
         if self.table_pass is not None:
             out = self.new_rows(q.device)
             start(self.table_pass.launcher, self.table_pass,
                   (cos, sin, position_ids, cu_seqlens, start_) + out)
             cos, sin = out
-        start(self.rotate_pass.launcher, self.rotate_pass, (q, q_out, k, k_out, cos, sin))
+        start(self.rotate_pass.launcher, self.rotate_pass,
+              (q, q_out, k, k_out, cos, sin, token_rows))
 
     def new_rows(self, device) -> tuple:
         """Fresh fp32 cos and s' rows for the pre-pass to write."""
         return (torch.empty(self.table_shape, dtype=torch.float32, device=device),
                 torch.empty(self.table_shape, dtype=torch.float32, device=device))
 
+    def new_index(self, device) -> torch.Tensor:
+        """A fresh row index per token, for the index pass to write."""
+        return torch.empty(self.index_shape, dtype=torch.int32, device=device)
+
 
 class TableRead(NamedTuple):
     """How the two-pass route's second pass reads cos and sin: the pre-pass that writes them
     (None: it reads the caller's table as it is), whether the sine is signed (s', the pre-pass's
     rows), a token's row stride and the batch-entry stride (0: one row serves every entry), and
-    the shape of the pre-pass's rows."""
+    the shape of the pre-pass's rows. Rows by position (`table_bytes`): the index pass writing
+    each token's row first ([NB * S] int32, entry b's from b * stride_rows_b), and then the
+    pre-pass's rows are those of positions 0..P'-1."""
     table_pass: Optional[Launch]
     signed: bool
     stride_p: int
     stride_b: int
     table_shape: tuple
+    index_pass: Optional[Launch] = None
+    index_shape: tuple = (0,)
+    stride_rows_b: int = 0
 
 
 def plan_table_read(table: Table, positions: Positions, S, B, *, R: int, interleaved: bool,
                     backward: bool, device) -> TableRead:
     """The first half of a two-pass plan: the pre-pass writing every token's fp32 cos and s'
     rows (per batch entry where positions or tables differ between entries), or none where
-    the caller's cos/sin table is read as it is (positions the token index)."""
+    the caller's cos/sin table is read as it is (positions the token index); or, where that
+    moves fewer bytes, each token's row index and the rows of the positions below P'."""
     pos = positions
     per_entry, tab_p = _table_strides(table)
     on_gpu = device.type == "cuda" and not INTERPRET
@@ -411,14 +462,24 @@ def plan_table_read(table: Table, positions: Positions, S, B, *, R: int, interle
     if ids is not None:
         assert ids.stride(-1) == 1 or S == 1, "position ids must be contiguous"
         assert not ids_per_entry or ids.stride(0) == S, "position ids must be contiguous"
+    n_seq = pos.cu_seqlens.shape[0] - 1 if pos.cu_seqlens is not None else 0
+    if table_bytes(table, pos, S, B, R)[1]:
+        block_s = pow2_at_least(S, 1024 if on_gpu else 1 << 14)
+        index_pass = Launch(
+            (cdiv(S, block_s), nb), TWO_PASS_WARPS,
+            dict(S=S, P=table.rows, N_SEQ=n_seq, cp_size=pos.cp_size, cp_rank=pos.cp_rank,
+                 stride_ids_b=S if ids_per_entry else 0, BLOCK_S=block_s),
+            pointer_dtypes((ids, pos.cu_seqlens, pos.start)), device, TOKEN_ROWS)
+        rows = plan_table_read(table, Positions(), _positions_below(table, pos, S), 1, R=R,
+                               interleaved=interleaved, backward=backward, device=device)
+        return rows._replace(index_pass=index_pass, index_shape=(nb * S,),
+                             stride_rows_b=S if nb > 1 else 0)
     half = pow2_at_least(R // 2, 1 << 30)
     block_s = pow2_at_least(S, max(1, (TWO_PASS_TABLE_ELEMENTS if on_gpu else 1 << 14)
                                    // half))
     table_pass = Launch(
         (cdiv(S, block_s), nb), TWO_PASS_WARPS,
-        dict(S=S, P=table.rows, N_SEQ=(pos.cu_seqlens.shape[0] - 1
-                                       if pos.cu_seqlens is not None else 0),
-             cp_size=pos.cp_size, cp_rank=pos.cp_rank,
+        dict(S=S, P=table.rows, N_SEQ=n_seq, cp_size=pos.cp_size, cp_rank=pos.cp_rank,
              stride_tab_b=table.rows * tab_p if per_entry else 0, stride_tab_p=tab_p,
              stride_ids_b=S if ids_per_entry else 0, R=R, INTERLEAVED=interleaved,
              BACKWARD=backward, BLOCK_S=block_s, BLOCK_HALF=half),
@@ -437,8 +498,9 @@ def plan_two_pass(q: View, q_out: View, table: Table, positions: Positions, *, R
     on_gpu = x.device.type == "cuda" and not INTERPRET
     read = plan_table_read(table, positions, S, B, R=R, interleaved=interleaved,
                            backward=backward, device=x.device)
-    table_pass, signed, stride_p, stride_b, table_shape = read
+    table_pass, signed, stride_p, stride_b, table_shape = read[:5]
     out32 = torch.empty(0, dtype=torch.float32, device="meta")     # (the pre-pass's dtype)
+    index = torch.empty(0, dtype=torch.int32, device="meta") if read.index_pass else None
     xblock = TWO_PASS_ELEMENTS if on_gpu else 1 << 14
     n_q, n_k = S * B * q.heads * D, S * B * HK * D
     int64 = (max(n_q, n_k) + xblock > I32_LIMIT) or (table_shape[0] * R > I32_LIMIT - 1024) \
@@ -447,6 +509,7 @@ def plan_two_pass(q: View, q_out: View, table: Table, positions: Positions, *, R
     rotate_pass = Launch(
         (cdiv(n_q, xblock) + cdiv(n_k, xblock),), TWO_PASS_WARPS,
         dict(S=S, B=B, HQ=q.heads, HK=HK, stride_tab_p=stride_p, stride_tab_b=stride_b,
+             stride_rows_b=read.stride_rows_b,
              stride_tab_axis=table.axes[2] if table.axes else 0, D=D, R=R,
              LAYOUT=OUT_LAYOUT[layout], INTERLEAVED=interleaved, BACKWARD=backward,
              SIGNED=signed, PER_ENTRY=stride_b != 0, KEEP_TABLE=B > 1 and stride_b == 0,
@@ -454,12 +517,13 @@ def plan_two_pass(q: View, q_out: View, table: Table, positions: Positions, *, R
              AXIS_W_FROM=table.axes[1] if table.axes else R // 2, XBLOCK=xblock, INT64=int64),
         pointer_dtypes((x, q_out.tensor, k.tensor if k is not None else None,
                  k_out.tensor if k_out is not None else None)
-                + ((table.cos, table.sin) if table_pass is None else (out32, out32))), x.device,
-        ROWS)
+                + ((table.cos, table.sin) if table_pass is None else (out32, out32))
+                + (index,)), x.device, ROWS)
     pointers = (x, q_out.tensor, k.tensor if k is not None else None,
                 k_out.tensor if k_out is not None else None, table.cos, table.sin,
                 positions.position_ids, positions.cu_seqlens, positions.start)
-    return TwoPass(table_pass, rotate_pass, table_shape), pointers
+    return TwoPass(table_pass, rotate_pass, table_shape, read.index_pass,
+                   read.index_shape), pointers
 
 
 # The finished kernels, by where positions come from, with their pointer arguments in order
@@ -473,9 +537,11 @@ QKV = DirectLauncher(_rope_qkv_kernel, ("qkv_ptr", "q_ptr", "k_ptr", "q_cos_ptr"
 COS_SIN_ROWS = DirectLauncher(_cos_sin_rows_kernel, (
     "cos_ptr", "sin_ptr", "position_ids_ptr", "cu_seqlens_ptr", "start_ptr", "cos_out_ptr",
     "sin_out_ptr"))
-ROWS = DirectLauncher(_rope_rows_kernel, _ROTATED)
+TOKEN_ROWS = DirectLauncher(_token_rows_kernel, ("position_ids_ptr", "cu_seqlens_ptr",
+                                                 "start_ptr", "rows_out_ptr"))
+ROWS = DirectLauncher(_rope_rows_kernel, _ROTATED + ("token_rows_ptr",))
 TWO_PASS_POINTERS = _ROTATED + ("position_ids_ptr", "cu_seqlens_ptr", "start_ptr")
-LAUNCHERS = (TOKENS, IDS, PACKED, QKV, COS_SIN_ROWS, ROWS)
+LAUNCHERS = (TOKENS, IDS, PACKED, QKV, COS_SIN_ROWS, TOKEN_ROWS, ROWS)
 
 
 def exact_angles(turns: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
