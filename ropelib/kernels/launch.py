@@ -512,7 +512,9 @@ def plan_two_pass(q: View, q_out: View, table: Table, positions: Positions, *, R
              stride_rows_b=read.stride_rows_b,
              stride_tab_axis=table.axes[2] if table.axes else 0, D=D, R=R,
              LAYOUT=OUT_LAYOUT[layout], INTERLEAVED=interleaved, BACKWARD=backward,
-             SIGNED=signed, PER_ENTRY=stride_b != 0, KEEP_TABLE=B > 1 and stride_b == 0,
+             SIGNED=signed, PER_ENTRY=stride_b != 0,
+             # rows that serve every batch entry, or (by position) many tokens: kept in L2
+             KEEP_TABLE=(B > 1 and stride_b == 0) or read.index_pass is not None,
              AXIS_H_FROM=table.axes[0] if table.axes else R // 2,
              AXIS_W_FROM=table.axes[1] if table.axes else R // 2, XBLOCK=xblock, INT64=int64),
         pointer_dtypes((x, q_out.tensor, k.tensor if k is not None else None,
