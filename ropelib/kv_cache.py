@@ -273,13 +273,12 @@ class _Route:
     for the kernel (`copies`, in _kernel_inputs' order: none in the usual case) and what each
     call re-checks."""
     __slots__ = ("start", "capacity", "rows", "block_size", "n_blocks", "empty", "tname",
-                 "spans", "copies", "paged")
+                 "spans", "copies")
 
     def __init__(self, q, k, v, k_cache, v_cache, cache_seqlens, block_table, table, sin,
                  k_scale, v_scale, interleaved, capacity, tname):
         self.empty = q.shape[0] == 0 or q.shape[1] == 0
         self.start = None
-        self.paged = block_table is not None
         inputs = (q, k, v, cache_seqlens, block_table, table, sin)
         readable = _kernel_inputs(*inputs)      # as the kernel reads them (copies where needed)
         # the signature fixes every stride, so what this call copies every later one copies
@@ -311,12 +310,8 @@ class _Route:
                     (q, k, v, cache_seqlens, block_table, table, sin), self.copies))
         q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         if not self.empty:
-            if self.paged:
-                self.start((q, k, v, q_out, k_cache, v_cache, table, sin, cache_seqlens,
-                            block_table, k_scale, v_scale))
-            else:
-                self.start((q, k, v, q_out, k_cache, v_cache, table, sin, cache_seqlens,
-                            k_scale, v_scale))
+            self.start(kernel.kernel_pointers(q, k, v, q_out, k_cache, v_cache, cache_seqlens,
+                                              block_table, table, sin, k_scale, v_scale))
             torch.autograd.graph.increment_version(k_cache)
             torch.autograd.graph.increment_version(v_cache)
         return q_out

@@ -370,7 +370,7 @@ class _Route:
         outs = tuple(torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in xs)
         if not self.empty:
             k, k_out = (xs[1], outs[1]) if self.n > 1 else (None, None)
-            self.start((xs[0], outs[0], k, k_out, *used))
+            self.start(kernel.kernel_pointers(xs[0], outs[0], k, k_out, *used))
         return outs
 
     def reverse(self, grads: tuple, x_dtype) -> "_Route":

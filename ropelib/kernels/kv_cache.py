@@ -414,8 +414,6 @@ def plan(q, k, v, q_out, k_cache, v_cache, cache_seqlens, block_table, table, si
         args.update(zip(("stride_q_t", "stride_k_t", "stride_v_t"), strides))
         args.update(zip(("stride_kc_b", "stride_kc_s", "stride_kc_h"), k_cache.stride()[:3]))
         args.update(zip(("stride_vc_b", "stride_vc_s", "stride_vc_h"), v_cache.stride()[:3]))
-        pointers = (q, k, v, q_out, k_cache, v_cache, table, sin, cache_seqlens, k_scale,
-                    v_scale)
     else:
         units = paged_units(k_cache, v_cache)
         assert units is not None, "paged caches must be laid out alike (kv_cache.paged_units)"
@@ -424,10 +422,20 @@ def plan(q, k, v, q_out, k_cache, v_cache, cache_seqlens, block_table, table, si
                     MAX_BLOCKS=block_table.shape[1])
         args.update(zip(("stride_q_t", "stride_k_t", "stride_v_t"), strides))
         args.update(zip(("stride_c_b", "stride_c_s", "stride_c_h"), units))
-        pointers = (q, k, v, q_out, k_cache, v_cache, table, sin, cache_seqlens, block_table,
-                    k_scale, v_scale)
     args.update(R=R, D=D, DV=DV, BLOCK_S=block_s, BLOCK_H=block_h, INTERLEAVED=interleaved)
+    pointers = kernel_pointers(q, k, v, q_out, k_cache, v_cache, cache_seqlens, block_table,
+                               table, sin, k_scale, v_scale)
     return Launch(grid, num_warps, args, pointer_dtypes(pointers), q.device, launcher), pointers
+
+
+def kernel_pointers(q, k, v, q_out, k_cache, v_cache, cache_seqlens, block_table, table, sin,
+                    k_scale, v_scale) -> tuple:
+    """The pointer arguments in the order of the kernel that `plan` picks for them: the paged
+    one (a block table) or the contiguous one."""
+    if block_table is None:
+        return (q, k, v, q_out, k_cache, v_cache, table, sin, cache_seqlens, k_scale, v_scale)
+    return (q, k, v, q_out, k_cache, v_cache, table, sin, cache_seqlens, block_table, k_scale,
+            v_scale)
 
 
 def launch(q, k, v, q_out, k_cache, v_cache, cache_seqlens, block_table, table, sin, k_scale,

@@ -312,8 +312,13 @@ def plan(q4: torch.Tensor, q_out4: torch.Tensor, pos: torch.Tensor, inv_freq: to
         INTERLEAVED=interleaved, BACKWARD=backward, POS_PER_BATCH=per_batch,
         INT64=needs_int64(views + [pos]),
     )
-    pointers = (q4, q_out4, k4, k_out4, pos, inv_freq, axis)
+    pointers = kernel_pointers(q4, q_out4, k4, k_out4, pos, inv_freq, axis)
     return Launch(grid, num_warps, args, pointer_dtypes(pointers), q4.device), pointers
+
+
+def kernel_pointers(q, q_out, k, k_out, pos, inv_freq, axis) -> tuple:
+    """The pointer arguments in the kernel's order (POINTERS); k and k_out may be None."""
+    return q, q_out, k, k_out, pos, inv_freq, axis
 
 
 def run(launch: Launch, pointers: tuple) -> None:
