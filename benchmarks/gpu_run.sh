@@ -15,7 +15,8 @@
 #   bash benchmarks/gpu_run.sh ladder    # notebook 05's ladder: from batch-reuse to the finished kernel
 #   bash benchmarks/gpu_run.sh features  # fused QK-norm, KV-cache write, M-RoPE, table-free angles
 #   bash benchmarks/gpu_run.sh notebooks # every notebook executed with its outputs (needs nbclient
-#                                        # and ipykernel; installed from ./.gpu-wheels if there)
+#                                        # and ipykernel; installed from ./.gpu-wheels if there;
+#                                        # ONLY=NN-slug for the ones named so)
 #
 # Several steps in one call: bash benchmarks/gpu_run.sh tests decode.
 # Providers the GPU machine lacks (Liger Kernel) come as wheels in ./.gpu-wheels, made on a
@@ -101,8 +102,12 @@ for what in "${@:-tests}"; do
             if ! "$PY" -c "import nbclient, ipykernel" 2>/dev/null && [ -d .gpu-wheels ]; then
                 "$PY" -m pip install -q --no-index --find-links .gpu-wheels nbclient ipykernel ipywidgets
             fi
-            executed=${OUT:-benchmarks/scratch}/executed
-            step notebooks "$PY" benchmarks/run_notebooks.py --out "$executed" ;;
+            # (a lent machine sends back at most 8 files: the executed notebooks come as one
+            # tarball; ONLY=09-rope runs the notebooks whose name contains it)
+            executed=benchmarks/scratch/executed
+            step notebooks "$PY" benchmarks/run_notebooks.py --out "$executed" \
+                ${ONLY:+--only "$ONLY"}
+            [ -n "${OUT:-}" ] && tar czf "$OUT/executed-$tag.tar.gz" -C "$executed" . ;;
         *)
             echo "unknown step: $what (tests, targets, floor, two-pass, decode, model, sweeps, ablation, ladder, features, notebooks)"; exit 2 ;;
     esac
