@@ -61,13 +61,13 @@ def ms(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=100)
 
 
-DEFAULTS = (tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE)
+DEFAULTS = (tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE, tiles.TWO_PASS_KEPT_TABLE_SHARE)
 
 
 def route(choice, fn):
     """fn, with the route forced ("finished", "two-pass") or chosen as ropelib does ("auto")."""
-    tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE = {
-        "finished": (1 << 62, 0), "two-pass": (0, 0), "auto": DEFAULTS}[choice]
+    tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE, tiles.TWO_PASS_KEPT_TABLE_SHARE = {
+        "finished": (1 << 62, 0, 0), "two-pass": (0, 0, 0), "auto": DEFAULTS}[choice]
     eager.SIGNATURES.clear()
     return fn
 

@@ -248,7 +248,8 @@ class PlannedRotation:
         k, k_out = (xs[1], outs[1]) if self.n > 1 else (None, None)
         self.launch, _ = plan(view(xs[0], layout), view(outs[0], layout), table, positions,
                               R=table.cos.shape[-1], interleaved=interleaved, backward=backward,
-                              layout=layout, k=view(k, layout), k_out=view(k_out, layout))
+                              layout=layout, k=view(k, layout), k_out=view(k_out, layout),
+                              rows_kept=True)
         self.pointer_sources = tuple(pointer_sources)
         self.out_dtype, self.in_place = out_dtype, in_place
         self.backward, self.layout = backward, layout

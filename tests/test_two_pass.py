@@ -47,16 +47,28 @@ def starts(monkeypatch):
     eager.TABLE_ROWS.clear()
 
 
+def thresholds(min_bytes=None, share=None, kept_share=None) -> tuple:
+    """Set the two-pass route's size threshold and its table shares (the operators', and the
+    eager route's for rows it keeps: `kept_share`, `share` unless given); None leaves one as it
+    is. Returns what they were, for thresholds(*saved)."""
+    names = ("TWO_PASS_MIN_BYTES", "TWO_PASS_TABLE_SHARE", "TWO_PASS_KEPT_TABLE_SHARE")
+    saved = tuple(getattr(tiles, n) for n in names)
+    if kept_share is None:
+        kept_share = share
+    for name, value in zip(names, (min_bytes, share, kept_share)):
+        if value is not None:
+            setattr(tiles, name, value)
+    return saved
+
+
 def through(route: str, fn):
     """fn() with the two-pass route on (every size) or off."""
-    saved = tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE
-    tiles.TWO_PASS_MIN_BYTES = 0 if route == "two-pass" else 1 << 62
-    tiles.TWO_PASS_TABLE_SHARE = 0
+    saved = thresholds(0 if route == "two-pass" else 1 << 62, 0)
     eager.SIGNATURES.clear()
     try:
         return fn()
     finally:
-        tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE = saved
+        thresholds(*saved)
         eager.SIGNATURES.clear()
 
 
@@ -171,10 +183,10 @@ def by_position(monkeypatch):
     real_bytes, real, real_eager = launch.table_bytes, launch.TwoPass.start, \
         eager.EagerTwoPass.__call__
 
-    def forced(table, positions, S, B, R):
-        n, _ = real_bytes(table, positions, S, B, R)
+    def forced(table, positions, S, B, R, rows_kept=False):
+        n, _, kept = real_bytes(table, positions, S, B, R, rows_kept)
         return n, not launch._plain(positions) and table.axes is None \
-            and table.strides()[0] == 0
+            and table.strides()[0] == 0, kept
 
     def counted(self, pointers):
         indexed.append(self.index_pass is not None)
@@ -214,17 +226,28 @@ def test_rows_by_position_same_bits(option, layout, interleaved, by_position):
 
 def test_rows_by_position_chosen_by_bytes():
     # packed sequences, many tokens over few positions: a row index per token and the rows of
-    # the positions move fewer bytes than a row per token; one position per token, they do not
+    # the positions move fewer bytes than a row per token; one position per token, they do not.
+    # An eager call keeps the pre-pass's rows (by position, or with positions the token index)
+    # and counts only their reads.
     T, R = 4096, 128
+    row, index = 2 * R * 4, T * 4 * 2              # fp32 cos and sin; int32 written and read
     freqs = launch.Table(torch.empty(512, R, device="meta"), None)
-    cu = torch.empty(9, dtype=torch.int32, device="meta")
-    n, by_pos = launch.table_bytes(freqs, launch.Positions(cu_seqlens=cu), T, 1, R)
-    assert by_pos and n == T * 4 * 2 + 512 * 2 * R * 8
-    n, by_pos = launch.table_bytes(launch.Table(torch.empty(T, R, device="meta"), None),
-                                   launch.Positions(cu_seqlens=cu), 64, 1, R)
-    assert not by_pos and n == 64 * 2 * R * 4 * 2
-    plain = launch.table_bytes(freqs, launch.Positions(), T, 1, R)
-    assert plain == (T * 2 * R * 4 * 2, False)
+    cu = launch.Positions(cu_seqlens=torch.empty(9, dtype=torch.int32, device="meta"))
+    assert launch.table_bytes(freqs, cu, T, 1, R) == (index + 512 * row * 2, True, False)
+    assert launch.table_bytes(freqs, cu, T, 1, R, rows_kept=True) == (index + 512 * row, True,
+                                                                      True)
+    long = launch.Table(torch.empty(T, R, device="meta"), None)
+    assert launch.table_bytes(long, cu, 64, 1, R) == (64 * row * 2, False, False)
+    # ... unless the rows of the positions are kept: then they are only read
+    assert launch.table_bytes(long, cu, 64, 1, R, rows_kept=True) == (64 * 4 * 2 + 64 * row,
+                                                                      True, True)
+    assert launch.table_bytes(freqs, launch.Positions(), T, 1, R) == (T * row * 2, False, False)
+    assert launch.table_bytes(freqs, launch.Positions(), T, 1, R, rows_kept=True) == \
+        (T * row, False, True)
+    bf16 = launch.Table(torch.empty(512, R, device="meta", dtype=torch.bfloat16),
+                        torch.empty(512, R, device="meta", dtype=torch.bfloat16))
+    assert launch.table_bytes(bf16, launch.Positions(), T, 1, R, rows_kept=True) == \
+        (T * 2 * R * 2, False, False), "the caller's table: no rows of ropelib's to keep"
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
@@ -272,9 +295,7 @@ def test_when_the_route_is_not_taken(starts):
         through("two-pass", fn)
         assert not starts, f"{what} took the two-pass route"
     # below the size threshold it is not taken (q and k count together)
-    saved = tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE
-    tiles.TWO_PASS_MIN_BYTES = q.numel() * q.element_size() + 1
-    tiles.TWO_PASS_TABLE_SHARE = 0
+    saved = thresholds(q.numel() * q.element_size() + 1, 0)
     eager.SIGNATURES.clear()
     try:
         ropelib.apply_rope(q, freqs)
@@ -282,19 +303,27 @@ def test_when_the_route_is_not_taken(starts):
         ropelib.apply_rope_qk(q, q[:, :, :2].contiguous(), freqs)
         assert len(starts) == 1, "q and k together pass the threshold"
         # nor where the table would be large beside the tensor: q [6, 3, 4, 16] fp32 moves
-        # 2 x 4.5 KiB; the pre-pass's fp32 cos and sin rows of 6 tokens (6 x 2 x 16 x 4
-        # bytes), written and read, are a third of that
-        tiles.TWO_PASS_MIN_BYTES = 0
-        tiles.TWO_PASS_TABLE_SHARE = (2 * q.numel() * 4) // (S * 2 * D * 4 * 2) + 1
+        # 2 x 4.5 KiB; the pre-pass's fp32 cos and sin rows of 6 tokens (6 x 2 x 16 x 4 bytes)
+        # are a sixth of that read, a third written and read. An eager call keeps them and
+        # counts their reads (TWO_PASS_KEPT_TABLE_SHARE); the operator writes them every call
+        moved, rows = 2 * q.numel() * 4, S * 2 * D * 4
+        thresholds(0, share=0, kept_share=moved // rows + 1)
         eager.SIGNATURES.clear()
         ropelib.apply_rope(q, freqs)
         assert len(starts) == 1, "the table is too large a share: the finished kernel runs"
-        tiles.TWO_PASS_TABLE_SHARE -= 1
+        thresholds(kept_share=moved // rows)
         eager.SIGNATURES.clear()
         ropelib.apply_rope(q, freqs)
         assert len(starts) == 2
+        thresholds(share=moved // (2 * rows) + 1, kept_share=0)
+        op = torch.ops.ropelib.rope
+        op(q, freqs.view(S, D), None, None, None, None, "sbhd", False, 1, 0, False, None)
+        assert len(starts) == 2, "the operator writes the rows: they count written and read"
+        thresholds(share=moved // (2 * rows))
+        op(q, freqs.view(S, D), None, None, None, None, "sbhd", False, 1, 0, False, None)
+        assert len(starts) == 3
     finally:
-        tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE = saved
+        thresholds(*saved)
 
 
 def test_launches_differ_where_their_kernels_do():
@@ -324,14 +353,13 @@ def test_launches_differ_where_their_kernels_do():
 def test_the_ops_check_out(starts):
     q = torch.randn(S, B, HQ, D, device=DEVICE, requires_grad=True)
     freqs = ropelib.rope_freqs(S, D, device=DEVICE)
-    saved = tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE
-    tiles.TWO_PASS_MIN_BYTES = tiles.TWO_PASS_TABLE_SHARE = 0
+    saved = thresholds(0, 0)
     try:
         torch.library.opcheck(torch.ops.ropelib.rope.default,
                               (q, freqs.view(S, D), None, None, None, None, "sbhd", False, 1, 0, False,
                                None))
     finally:
-        tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE = saved
+        thresholds(*saved)
     assert starts
 
 
@@ -364,8 +392,7 @@ def test_kept_rows_serve_later_calls_and_only_while_valid(pre_passes):
         return y.detach(), dq
 
     want = through("finished", lambda: call(big))
-    saved = tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE
-    tiles.TWO_PASS_MIN_BYTES = tiles.TWO_PASS_TABLE_SHARE = 0
+    saved = thresholds(0, 0)
     eager.SIGNATURES.clear()
     try:
         first = call(big)
@@ -377,14 +404,14 @@ def test_kept_rows_serve_later_calls_and_only_while_valid(pre_passes):
         with torch.no_grad():
             big.mul_(1.5)                                   # the table changed in place
         changed = through("finished", lambda: call(big))
-        tiles.TWO_PASS_MIN_BYTES = tiles.TWO_PASS_TABLE_SHARE = 0
+        thresholds(0, 0)
         assert_same_bits(call(big), changed, "after an in-place change")
         assert len(pre_passes) == 4, "a changed table is read afresh"
 
         other = big.clone() * 0.5                            # another tensor, other values
         assert_same_bits(call(other), through("finished", lambda: call(other)),
                          "another table")
-        tiles.TWO_PASS_MIN_BYTES = tiles.TWO_PASS_TABLE_SHARE = 0
+        thresholds(0, 0)
         assert len(eager.TABLE_ROWS.entries) <= eager.TABLE_ROWS_KEPT
         eager.SIGNATURES.clear()
         assert_same_bits(first, want, "the first call")     # (rows written, then reused)
@@ -398,7 +425,7 @@ def test_kept_rows_serve_later_calls_and_only_while_valid(pre_passes):
         wants = [through("finished", lambda i=i: ropelib.apply_rope(q.detach(), big[:S],
                                                                     position_ids=i))
                  for i in ids]
-        tiles.TWO_PASS_MIN_BYTES = tiles.TWO_PASS_TABLE_SHARE = 0
+        thresholds(0, 0)
         for i, w in zip(ids, wants):
             assert_same_bits((ropelib.apply_rope(q.detach(), big[:S], position_ids=i),), (w,),
                              "position ids, rows by position")
@@ -411,7 +438,7 @@ def test_kept_rows_serve_later_calls_and_only_while_valid(pre_passes):
             b = ropelib.apply_rope(q.detach(), frozen)
         assert torch.equal(a, b) and len(pre_passes) == n + 3
     finally:
-        tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE = saved
+        thresholds(*saved)
         eager.SIGNATURES.clear()
 
 
@@ -456,8 +483,7 @@ def test_qwen2_vl_tables_read_per_axis(form, dtype, starts):
     assert_same_bits(got, want, form)
     if form == "bhsd view of bshd":     # as transformers' own formula: q's strides
         assert got[0].stride() == q.stride() and got[1].stride() == k.stride()
-    saved = tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE
-    tiles.TWO_PASS_MIN_BYTES = tiles.TWO_PASS_TABLE_SHARE = 0
+    saved = thresholds(0, 0)
     try:
         qm = q.detach().transpose(1, 2) if form == "bhsd view of bshd" else q.detach()
         km = k.detach().transpose(1, 2) if form == "bhsd view of bshd" else k.detach()
@@ -472,7 +498,7 @@ def test_qwen2_vl_tables_read_per_axis(form, dtype, starts):
         torch._dynamo.reset()
         assert_same_bits(compiled(q.detach(), k.detach()), want[:2], form + " compiled")
     finally:
-        tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE = saved
+        thresholds(*saved)
         torch._dynamo.reset()
 
 
@@ -515,8 +541,7 @@ def test_kept_rows_are_bounded_in_bytes(pre_passes, monkeypatch):
     q = torch.randn(S, B, HQ, D, device=DEVICE)
     freqs = ropelib.rope_freqs(S, D, device=DEVICE)
     row_bytes = 2 * S * D * 4                           # cos and s', fp32
-    saved = tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE
-    tiles.TWO_PASS_MIN_BYTES = tiles.TWO_PASS_TABLE_SHARE = 0
+    saved = thresholds(0, 0)
     eager.SIGNATURES.clear()
     try:
         monkeypatch.setattr(eager, "TABLE_ROWS_BYTES", row_bytes - 1)
@@ -531,7 +556,7 @@ def test_kept_rows_are_bounded_in_bytes(pre_passes, monkeypatch):
         ropelib.apply_rope(q, other)
         assert len(pre_passes) == 4, "the rows of the newest table are kept"
     finally:
-        tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE = saved
+        thresholds(*saved)
         eager.SIGNATURES.clear()
 
 
@@ -554,17 +579,17 @@ def test_kept_rows_under_random_sequences_of_calls(pre_passes, monkeypatch):
         return torch.ops.ropelib.rope_qk(x, y, t.view(t.shape[0], -1), None, None, None, None,
                                          *opts)
 
-    saved = tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE
+    saved = thresholds()
 
     rotations = []      # eager rotations made (a forward and a backward are two)
 
     def both(eager_call, op_call, n=1):
         rotations.append(n)
-        tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE = 1 << 62, 0
+        thresholds(1 << 62, 0)
         want = op_call()                             # the finished kernel
-        tiles.TWO_PASS_MIN_BYTES = 0
+        thresholds(0)
         got = eager_call()                           # the two-pass route, rows kept
-        tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE = saved
+        thresholds(*saved)
         want, got = (w if isinstance(w, tuple) else (w,) for w in (want, got))
         assert_same_bits(got, want, "random sequence")
 
@@ -607,7 +632,7 @@ def test_kept_rows_under_random_sequences_of_calls(pre_passes, monkeypatch):
                      lambda: forward_backward(lambda: op_one(qg, t[:S])), n=2)
             assert len(eager.TABLE_ROWS.entries) <= eager.TABLE_ROWS_KEPT
     finally:
-        tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE = saved
+        thresholds(*saved)
         eager.SIGNATURES.clear()
     assert 0 < len(pre_passes) < sum(rotations), "rows were kept and reused along the way"
 

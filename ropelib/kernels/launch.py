@@ -188,7 +188,7 @@ def _tiles(x: torch.Tensor, S, B, heads: tuple, R: int, D: int, exact: bool):
 
 def plan(q: View, q_out: Optional[View], table: Table, positions: Positions, *, R: int,
          interleaved: bool, backward: bool, layout: str, k: Optional[View] = None,
-         k_out: Optional[View] = None, tiles: Optional[tuple] = None):
+         k_out: Optional[View] = None, tiles: Optional[tuple] = None, rows_kept: bool = False):
     """One launch over q (and k): (Launch, its pointer arguments in its kernel's order).
 
     q and k are the [S, B, H, D] views the kernel reads; q_out and k_out the fresh contiguous
@@ -196,10 +196,13 @@ def plan(q: View, q_out: Optional[View], table: Table, positions: Positions, *, 
     kernels runs follows from where positions come from: the token index (with start offsets
     and context parallelism), position ids, or packed sequences. Large contiguous inputs take
     the two-pass route instead (takes_two_passes); explicit `tiles` keep the finished kernel.
+    `rows_kept`: an eager call, whose route keeps the pre-pass's rows between calls.
     """
-    if tiles is None and takes_two_passes(q, q_out, k, k_out, table, positions, layout):
+    if tiles is None and takes_two_passes(q, q_out, k, k_out, table, positions, layout,
+                                          rows_kept):
         return plan_two_pass(q, q_out, table, positions, R=R, interleaved=interleaved,
-                             backward=backward, layout=layout, k=k, k_out=k_out)
+                             backward=backward, layout=layout, k=k, k_out=k_out,
+                             rows_kept=rows_kept)
     assert table.axes is None, "per-axis tables are read by the two-pass route only"
     x = q.tensor
     S, B, D = x.shape[0], x.shape[1], q.features()
@@ -340,23 +343,33 @@ def _positions_below(table: Table, positions: Positions, S) -> int:
     return table.rows
 
 
-def table_bytes(table: Table, positions: Positions, S, B, R: int) -> tuple:
-    """(bytes, rows by position?) of the cheaper way for the flat pass to find every token's
-    cos/sin, counting what is written and read beside q and k: a row per token (the caller's
-    table, or the pre-pass's fp32 cos and s' rows), or a row index per token (int32, from
-    _token_rows_kernel) into the rows of positions 0..P'-1 (the caller's cos/sin table, or the
-    pre-pass's rows of those positions). Rows by position are for tokens whose positions are
-    not the token index, with one table for all batch entries."""
+def table_bytes(table: Table, positions: Positions, S, B, R: int,
+                rows_kept: bool = False) -> tuple:
+    """(bytes, rows by position?, kept?) of the cheaper way for the flat pass to find every
+    token's cos/sin, counting what a call writes and reads beside q and k: a row per token (the
+    caller's table, or the pre-pass's fp32 cos and s' rows), or a row index per token (int32,
+    from _token_rows_kernel) into the rows of positions 0..P'-1 (the caller's cos/sin table, or
+    the pre-pass's rows of those positions). Rows by position are for tokens whose positions are
+    not the token index, with one table for all batch entries.
+
+    rows_kept: the call is eager, and the eager route keeps the pre-pass's rows between calls
+    where they depend on the table alone (positions the token index, or rows by position;
+    eager.TableRows): a later call with the same table reads them without writing them, so only
+    their reads are counted, and `kept` says so."""
     pre_pass, rows_per_token = _table_rows_per_token(table, positions, B)
     row = 2 * R * (4 if pre_pass else table.cos.element_size())     # cos and sin of a row
-    by_token = S * rows_per_token * row * (2 if pre_pass else 1)      # (written, read)
-    if _plain(positions) or table.axes is not None or table.strides()[0] != 0:
-        return by_token, False
+    plain = _plain(positions)
+    kept = rows_kept and pre_pass and plain
+    by_token = S * rows_per_token * row * (1 if kept or not pre_pass else 2)  # (written, read)
+    if plain or table.axes is not None or table.strides()[0] != 0:
+        return by_token, False, kept
     own = table.sin is None or table.exact                  # angles: the pre-pass writes rows
     rows = _positions_below(table, positions, S)
-    by_position = S * rows_per_token * 4 * 2 + rows * 2 * R * (8 if own else
-                                                               table.cos.element_size())
-    return (by_position, True) if by_position < by_token else (by_token, False)
+    row_p = 2 * R * (4 if own else table.cos.element_size())
+    by_position = S * rows_per_token * 4 * 2 + rows * row_p * (1 if rows_kept or not own else 2)
+    if by_position < by_token:
+        return by_position, True, rows_kept and own
+    return by_token, False, False
 
 
 def two_pass_min_bytes() -> int:
@@ -366,11 +379,12 @@ def two_pass_min_bytes() -> int:
 
 def takes_two_passes(q: View, q_out: Optional[View], k: Optional[View],
                      k_out: Optional[View], table: Table, positions: Positions,
-                     layout: str) -> bool:
+                     layout: str, rows_kept: bool = False) -> bool:
     """Does this call take the two-pass route? Fresh outputs (not in place), q and k contiguous
     in their layout, 16- or 32-bit, sizes known (not symbolic under torch.compile), at least
     tiles.TWO_PASS_MIN_BYTES of q and k to read, and a cos/sin table small beside them (at most
-    1 / tiles.TWO_PASS_TABLE_SHARE of the bytes the flat pass moves)."""
+    1 / tiles.TWO_PASS_TABLE_SHARE of the bytes the flat pass moves; 1 / TWO_PASS_KEPT_TABLE_SHARE
+    of them where an eager call keeps the pre-pass's rows: `table_bytes`)."""
     if q_out is None or (k is not None and k_out is None):
         return False
     views = [v for v in (q, q_out, k, k_out) if v is not None]
@@ -383,8 +397,10 @@ def takes_two_passes(q: View, q_out: Optional[View], k: Optional[View],
     if read < _tiles_module.TWO_PASS_MIN_BYTES:
         return False
     S, B = q.tensor.shape[0], q.tensor.shape[1]
-    extra, _ = table_bytes(table, positions, S, B, table.cos.shape[-1])
-    return extra * _tiles_module.TWO_PASS_TABLE_SHARE <= 2 * read
+    extra, _, kept = table_bytes(table, positions, S, B, table.cos.shape[-1], rows_kept)
+    share = _tiles_module.TWO_PASS_KEPT_TABLE_SHARE if kept else \
+        _tiles_module.TWO_PASS_TABLE_SHARE
+    return extra * share <= 2 * read
 
 
 class TwoPass(NamedTuple):
@@ -444,7 +460,7 @@ class TableRead(NamedTuple):
 
 
 def plan_table_read(table: Table, positions: Positions, S, B, *, R: int, interleaved: bool,
-                    backward: bool, device) -> TableRead:
+                    backward: bool, device, rows_kept: bool = False) -> TableRead:
     """The first half of a two-pass plan: the pre-pass writing every token's fp32 cos and s'
     rows (per batch entry where positions or tables differ between entries), or none where
     the caller's cos/sin table is read as it is (positions the token index); or, where that
@@ -463,7 +479,7 @@ def plan_table_read(table: Table, positions: Positions, S, B, *, R: int, interle
         assert ids.stride(-1) == 1 or S == 1, "position ids must be contiguous"
         assert not ids_per_entry or ids.stride(0) == S, "position ids must be contiguous"
     n_seq = pos.cu_seqlens.shape[0] - 1 if pos.cu_seqlens is not None else 0
-    if table_bytes(table, pos, S, B, R)[1]:
+    if table_bytes(table, pos, S, B, R, rows_kept)[1]:
         block_s = pow2_at_least(S, 1024 if on_gpu else 1 << 14)
         index_pass = Launch(
             (cdiv(S, block_s), nb), TWO_PASS_WARPS,
@@ -471,7 +487,8 @@ def plan_table_read(table: Table, positions: Positions, S, B, *, R: int, interle
                  stride_ids_b=S if ids_per_entry else 0, BLOCK_S=block_s),
             pointer_dtypes((ids, pos.cu_seqlens, pos.start)), device, TOKEN_ROWS)
         rows = plan_table_read(table, Positions(), _positions_below(table, pos, S), 1, R=R,
-                               interleaved=interleaved, backward=backward, device=device)
+                               interleaved=interleaved, backward=backward, device=device,
+                               rows_kept=rows_kept)
         return rows._replace(index_pass=index_pass, index_shape=(nb * S,),
                              stride_rows_b=S if nb > 1 else 0)
     half = pow2_at_least(R // 2, 1 << 30)
@@ -490,14 +507,14 @@ def plan_table_read(table: Table, positions: Positions, S, B, *, R: int, interle
 
 def plan_two_pass(q: View, q_out: View, table: Table, positions: Positions, *, R: int,
                   interleaved: bool, backward: bool, layout: str, k: Optional[View] = None,
-                  k_out: Optional[View] = None):
+                  k_out: Optional[View] = None, rows_kept: bool = False):
     """(TwoPass, pointers in TWO_PASS_POINTERS order) for a call takes_two_passes accepted."""
     x = q.tensor
     S, B, D = x.shape[0], x.shape[1], x.shape[3]
     HK = k.heads if k is not None else 0
     on_gpu = x.device.type == "cuda" and not INTERPRET
     read = plan_table_read(table, positions, S, B, R=R, interleaved=interleaved,
-                           backward=backward, device=x.device)
+                           backward=backward, device=x.device, rows_kept=rows_kept)
     table_pass, signed, stride_p, stride_b, table_shape = read[:5]
     out32 = torch.empty(0, dtype=torch.float32, device="meta")     # (the pre-pass's dtype)
     index = torch.empty(0, dtype=torch.int32, device="meta") if read.index_pass else None

@@ -40,8 +40,15 @@ TILES_BY_GPU: dict = {
 TWO_PASS_MIN_BYTES = 64 << 20      # of q (and k) read
 # ... and only where the fp32 table is small beside the tensor: the flat pass moves at least
 # this many times the table's bytes (written and read). At batch 1 with 32 heads of 128 the
-# table is 1/8 of them and the route lost (0.82 of a copy against 0.89, H200, s16k).
+# table is 1/8 of them and the route lost when every call wrote its rows (0.82 of a copy
+# against 0.89, H200, s16k).
 TWO_PASS_TABLE_SHARE = 32
+# An eager call keeps the pre-pass's rows between calls (eager.TableRows), so a model's later
+# layers only read them: then their reads alone are counted, against this share. At batch 1,
+# reading them (1/16 of the bytes moved) the route won: s16k b1 bf16 0.927 forward and 0.947
+# forward+backward against the finished kernel's 0.890 and 0.869, s8k b1 0.938 against 0.885
+# (H200, results/two_pass-nvidia-h200.csv, rows kept).
+TWO_PASS_KEPT_TABLE_SHARE = 16
 TWO_PASS_ELEMENTS = 1024
 TWO_PASS_WARPS = 4
 TWO_PASS_TABLE_ELEMENTS = 1024     # (token, pair) entries per program of the pre-pass
