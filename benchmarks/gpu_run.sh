@@ -41,6 +41,13 @@ if compgen -G ".gpu-wheels/liger_kernel-*.whl" >/dev/null && ! "$PY" -c "import 
     "$PY" -m pip install -q --no-index --no-deps --target /tmp/gpu-site .gpu-wheels/liger_kernel-*.whl \
         && export PYTHONPATH="$PYTHONPATH:/tmp/gpu-site"
 fi
+# flash-attn's Triton rotary (benchmarks/gpu_wheels.sh says how it is made), and einops for it
+if [ -d .gpu-wheels/flash_attn_rotary ] && ! "$PY" -c "import flash_attn.layers.rotary" 2>/dev/null; then
+    if compgen -G ".gpu-wheels/einops-*.whl" >/dev/null && ! "$PY" -c "import einops" 2>/dev/null; then
+        "$PY" -m pip install -q --no-index --no-deps --target /tmp/gpu-site .gpu-wheels/einops-*.whl
+    fi
+    export PYTHONPATH="$PYTHONPATH:$PWD/.gpu-wheels/flash_attn_rotary:/tmp/gpu-site"
+fi
 
 keep() {   # copy files to $OUT when the machine sends $OUT back
     [ -n "${OUT:-}" ] && cp "$@" "$OUT/" 2>/dev/null
