@@ -185,8 +185,11 @@ def by_position(monkeypatch):
 
     def forced(table, positions, S, B, R, rows_kept=False):
         n, _, kept = real_bytes(table, positions, S, B, R, rows_kept)
+        # (not where the positions' rows are unbounded: table-free angles with position ids
+        # or start offsets would have rows for every position they can express)
         return n, not launch._plain(positions) and table.axes is None \
-            and table.strides()[0] == 0, kept
+            and table.strides()[0] == 0 and launch._positions_below(table, positions, S) < 4096, \
+            kept
 
     def counted(self, pointers):
         indexed.append(self.index_pass is not None)
@@ -670,3 +673,73 @@ def test_qwen2_vl_tables_random_cases(starts):
         assert starts and not any(starts), f"case {case}: the per-axis read was not taken"
         assert got[0].dtype == out_dtype
         assert_same_bits(got, want, f"case {case} sections {section} tables {t_dtype}")
+
+
+def test_rows_by_position_random_cases(by_position):
+    # random packed sequences (empty ones and a long one among them), position ids with
+    # positions outside the table, start offsets and context parallelism, every kind of table,
+    # rotary dims below the head dim, both pairings, q alone or q and k: forward and backward
+    # with rows by position give the finished kernel's bits, NaN rows included
+    g = torch.Generator().manual_seed(23)
+    for case in range(16):
+        Dm = 2 * int(torch.randint(2, 9, (), generator=g))
+        R = Dm if case % 3 else 2 * int(torch.randint(1, Dm // 2 + 1, (), generator=g))
+        interleaved = bool(case % 2)
+        dtype = (torch.float32, torch.bfloat16, torch.float16)[case % 3]
+        P = int(torch.randint(4, 40, (), generator=g))
+        kind = ("angles", "cos/sin", "cos/sin 16-bit", "exact")[case % 4]
+        if kind == "angles":
+            table = dict(freqs=torch.randn(P, R, generator=g).to(DEVICE) * 4)
+        elif kind == "exact":
+            table = dict(angles=ropelib.frequencies.rope_angles(R, device=DEVICE))
+        else:
+            t_dtype = torch.float32 if kind == "cos/sin" else dtype
+            table = dict(cos=torch.randn(P, R, generator=g).to(DEVICE, t_dtype),
+                         sin=torch.randn(P, R, generator=g).to(DEVICE, t_dtype))
+        source = ("packed", "ids", "start", "cp")[(case // 4) % 4]
+        kw = dict(interleaved=interleaved)
+        if source == "packed":
+            lengths = torch.randint(0, 9, (int(torch.randint(1, 5, (), generator=g)),),
+                                    generator=g).tolist() + [int(torch.randint(5, 20, (),
+                                                                               generator=g))]
+            cu = torch.tensor([0] + list(itertools.accumulate(lengths)), dtype=torch.int32)
+            Tn = int(cu[-1])
+            shape = lambda h: (Tn, h, Dm)                           # noqa: E731
+            kw.update(layout="thd", cu_seqlens=cu.to(DEVICE))
+        else:
+            layout = ("sbhd", "bshd")[case % 2]
+            Sn, Bn = int(torch.randint(1, 9, (), generator=g)), int(torch.randint(1, 4, (),
+                                                                                  generator=g))
+            shape = lambda h: (Sn, Bn, h, Dm) if layout == "sbhd" else (Bn, Sn, h, Dm)  # noqa
+            kw["layout"] = layout
+            if source == "ids":
+                ids = torch.randint(0, P + 3, (Bn if case % 2 else 1, Sn), generator=g)
+                kw["position_ids"] = ids.to(DEVICE)
+            elif source == "start":
+                kw["start_positions"] = torch.randint(0, P, (Bn,), generator=g,
+                                                      dtype=torch.int32).to(DEVICE)
+            else:
+                kw.update(cp_size=2, cp_rank=int(torch.randint(0, 2, (), generator=g)))
+        with_k = bool(torch.randint(0, 2, (), generator=g))
+        q = torch.randn(shape(4), generator=g).to(DEVICE, dtype).requires_grad_(True)
+        k = torch.randn(shape(2), generator=g).to(DEVICE, dtype).requires_grad_(True)
+        dq, dk = (torch.randn(t.shape, generator=g).to(DEVICE, dtype) for t in (q, k))
+
+        def fn():
+            ropelib.set_index_checks("off")     # positions outside the table: NaN rows
+            try:
+                if with_k:
+                    qo, ko = ropelib.apply_rope_qk(q, k, **table, **kw)
+                    grads = torch.autograd.grad((qo, ko), (q, k), (dq, dk))
+                    return qo.detach(), ko.detach(), *grads
+                qo = ropelib.apply_rope(q, **table, **kw)
+                return (qo.detach(), *torch.autograd.grad(qo, q, dq))
+            finally:
+                ropelib.set_index_checks("auto")
+        what = f"case {case}: {kind}, {source}, R={R}/{Dm}, {dtype}, interleaved={interleaved}"
+        want = through("finished", fn)
+        by_position.clear()
+        got = through("two-pass", fn)
+        unbounded = kind == "exact" and source in ("ids", "start")
+        assert by_position == [not unbounded] * 2, what
+        assert_same_bits(got, want, what)
