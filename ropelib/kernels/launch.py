@@ -481,14 +481,16 @@ def plan_table_read(table: Table, positions: Positions, S, B, *, R: int, interle
     n_seq = pos.cu_seqlens.shape[0] - 1 if pos.cu_seqlens is not None else 0
     if table_bytes(table, pos, S, B, R, rows_kept)[1]:
         block_s = pow2_at_least(S, 1024 if on_gpu else 1 << 14)
+        below = _positions_below(table, pos, S)
+        # (a position at or past the rows there are is outside: -1, a NaN row, never a read
+        # past them; `below` bounds every position the call can express)
         index_pass = Launch(
             (cdiv(S, block_s), nb), TWO_PASS_WARPS,
-            dict(S=S, P=table.rows, N_SEQ=n_seq, cp_size=pos.cp_size, cp_rank=pos.cp_rank,
+            dict(S=S, P=below, N_SEQ=n_seq, cp_size=pos.cp_size, cp_rank=pos.cp_rank,
                  stride_ids_b=S if ids_per_entry else 0, BLOCK_S=block_s),
             pointer_dtypes((ids, pos.cu_seqlens, pos.start)), device, TOKEN_ROWS)
-        rows = plan_table_read(table, Positions(), _positions_below(table, pos, S), 1, R=R,
-                               interleaved=interleaved, backward=backward, device=device,
-                               rows_kept=rows_kept)
+        rows = plan_table_read(table, Positions(), below, 1, R=R, interleaved=interleaved,
+                               backward=backward, device=device, rows_kept=rows_kept)
         return rows._replace(index_pass=index_pass, index_shape=(nb * S,),
                              stride_rows_b=S if nb > 1 else 0)
     half = pow2_at_least(R // 2, 1 << 30)
