@@ -2,7 +2,7 @@
 flat pass over the tensor that reads it.
 
     _cos_sin_rows_kernel   every token's fp32 cos and sin rows, from any table and positions  20 args
-    _token_rows_kernel     or every token's table row, and the rows of positions 0..P'-1      11 args
+    _token_rows_kernel     or each token's table row (then the rows are positions 0..P'-1)    11 args
     _rope_rows_kernel      q (and k) rotated element by element, reading cos/sin per element  27 args
 
 Why two passes
@@ -35,6 +35,9 @@ the finished kernel's rotate_pair. A position outside the table writes a NaN row
 rows are stored as two contiguous halves; interleaved pairs are joined in registers and stored
 as one contiguous row (two stores at stride 2 took the pre-pass twice as long: 15.1 against
 7.8 us at s4096 b8 on an H100).
+
+_token_rows_kernel: grid (cdiv(S, BLOCK_S), NB); a program finds the table rows of BLOCK_S
+tokens of batch entry b as the pre-pass does and writes them, -1 where a position is outside.
 
 _rope_rows_kernel: grid (cdiv(rows of q, ROWS) + cdiv(rows of k, ROWS),); a row is one head of
 one token (D features, contiguous), a program ROWS of them ([ROWS, BLOCK_D], about 1024
