@@ -252,7 +252,7 @@ class PlannedCall:
                     check_in_place(xs[0], self.names[0])
         reads = [tables_and_index[j] for j in self.read_slots]
         if self.grad:
-            out = eager.Rotate.apply(self.rotation, len(xs), *xs, *map(saveable, reads))
+            out = eager.rotate(self.rotation, len(xs), *xs, *map(saveable, reads))
             outs = out if isinstance(out, tuple) else (out,)
             if self.in_place:   # an ordinary in-place copy, which autograd tracks (views too)
                 outs = tuple(x.copy_(y) for x, y in zip(xs, outs))
