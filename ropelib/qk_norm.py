@@ -270,10 +270,15 @@ def qk_norm_rope(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, freqs: Optional
                            weight_offset)
 
 
+# (the eager route's entry to _NormRotate: autograd's C++ apply, as eager.rotate's)
+_norm_rotate = super(torch.autograd.Function, _NormRotate).apply
+
+
 def _run_route(route, q, k, w_q, w_k, table, sin, position_ids):
+    """The eager route's call (a tracer at work never comes here: eager.active)."""
     if needs_grad(q, k, w_q, w_k):
-        return _NormRotate.apply(route, q, k, w_q, w_k, saveable(table), saveable(sin),
-                                 saveable(position_ids))
+        return _norm_rotate(route, q, k, w_q, w_k, saveable(table), saveable(sin),
+                            saveable(position_ids))
     return route.forward(q, k, w_q, w_k, table, sin, _pos2d(position_ids))
 
 
