@@ -8,7 +8,8 @@
 #   bash benchmarks/gpu_run.sh two-pass  # where the two-pass route pays (benchmarks/two_pass.py)
 #   bash benchmarks/gpu_run.sh decode    # decode suite (host cost, CUDA graphs), host profile,
 #                                        # launch cost per kernel argument
-#   bash benchmarks/gpu_run.sh model     # compiled GPT, 200 steps, rope=reference vs ropelib
+#   bash benchmarks/gpu_run.sh model     # compiled GPT, 200 steps, rope=reference vs ropelib,
+#                                        # default mode and reduce-overhead
 #                                        # (python -m ropelib.course.model_step)
 #   bash benchmarks/gpu_run.sh sweeps    # notebook 07's sweeps, fp32 and bf16 (~6 min)
 #   bash benchmarks/gpu_run.sh ablation  # notebook 04's ablation: what makes the grid kernel fast
@@ -87,7 +88,10 @@ for what in "${@:-tests}"; do
             keep "$RESULTS/launch-cost-$tag.csv" ;;
         model)
             step model "$PY" -m ropelib.course.model_step --out "$RESULTS/model-$tag.csv"
-            keep "$RESULTS/model-$tag.csv" ;;
+            keep "$RESULTS/model-$tag.csv"
+            step model-reduce-overhead "$PY" -m ropelib.course.model_step --mode reduce-overhead \
+                --out "$RESULTS/model-reduce-overhead-$tag.csv"
+            keep "$RESULTS/model-reduce-overhead-$tag.csv" ;;
         sweeps)
             step sweeps "$PY" benchmarks/seed_sweeps.py
             keep "$RESULTS/seed_sweeps.csv" figures/07-seed-*.png ;;

@@ -22,12 +22,14 @@ MODEL_IMPLS = ("reference", "ropelib")
 
 def model_suite(*, steps: int = 200, batch_size: int = 8, block_size: int = 512,
                 n_layer: int = 4, n_head: int = 8, n_embd: int = 512, lr: float = 1e-4,
-                timing_warmup: int = 20, compile: bool = True, device=None) -> list:
+                timing_warmup: int = 20, compile: bool = True, mode: str = "default",
+                device=None) -> list:
     """ropelib.course.model's GPT trained for `steps` steps, once with RoPE by plain PyTorch
     ("reference") and once by ropelib, same seed, same weights, same batches (bf16 autocast on a
     GPU, AdamW). Under torch.compile (default) it also records how many graphs and graph breaks
-    Dynamo makes of a training forward. One row per (impl, step): train_loss; every row carries
-    the impl's ms_per_step, tokens_per_s, graphs and graph_breaks."""
+    Dynamo makes of a training forward; `mode` is torch.compile's ("reduce-overhead": CUDA
+    graphs). One row per (impl, step): train_loss; every row carries the impl's ms_per_step,
+    tokens_per_s, graphs and graph_breaks."""
     device = device or ("cuda" if on_gpu() else "cpu")
     data = CharDataset.from_pydoc_topics()
     cfg = GPTConfig(vocab_size=data.vocab_size, block_size=block_size, n_layer=n_layer,
@@ -45,7 +47,7 @@ def model_suite(*, steps: int = 200, batch_size: int = 8, block_size: int = 512,
                 explained = torch._dynamo.explain(model)(x, y)
             graphs, breaks = explained.graph_count, explained.graph_break_count
             torch._dynamo.reset()
-            runner = torch.compile(model)
+            runner = torch.compile(model, mode=mode)
         else:
             runner = model
         res = train(runner, data, steps=steps, batch_size=batch_size, lr=lr,
@@ -54,7 +56,8 @@ def model_suite(*, steps: int = 200, batch_size: int = 8, block_size: int = 512,
             rows.append(dict(suite="model", case=f"gpt-{impl}", provider=impl, step=step,
                              train_loss=loss, ms_per_step=res["ms_per_step"],
                              tokens_per_s=res["tokens_per_s"], graphs=graphs,
-                             graph_breaks=breaks, compiled=compile, amp_dtype=res["amp_dtype"],
+                             graph_breaks=breaks, compiled=compile,
+                             compile_mode=mode if compile else None, amp_dtype=res["amp_dtype"],
                              batch=batch_size, seq_len=block_size, n_layer=n_layer,
                              heads=n_head, head_dim=n_embd // n_head, available=True))
     return rows
@@ -86,6 +89,10 @@ def main(argv=None) -> int:
                                  description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=200,
                     help="training steps per rope implementation (default 200)")
+    ap.add_argument("--mode", default="default",
+                    choices=("default", "reduce-overhead", "max-autotune-no-cudagraphs"),
+                    help="torch.compile's mode (reduce-overhead: CUDA graphs, what a host-bound "
+                         "step wants)")
     ap.add_argument("--out", default=None,
                     help="CSV path, or a folder for model-<gpu-slug>-<date>.csv (default: the "
                          "current folder)")
@@ -96,7 +103,8 @@ def main(argv=None) -> int:
         ap.error("--steps must be >= 2")
     meta = environment_meta()
     meta["suite"] = "model"
-    rows = model_suite(steps=args.steps)
+    meta["compile_mode"] = args.mode
+    rows = model_suite(steps=args.steps, mode=args.mode)
     out = out_path(args.out, "model", meta)
     write_csv(rows, out, meta=meta)
     print(model_summary(rows))
