@@ -7,7 +7,8 @@
 #   bash benchmarks/gpu_run.sh floor     # the README's table: --suite floor -> floor-<gpu>.csv (~5 min)
 #   bash benchmarks/gpu_run.sh two-pass  # where the two-pass route pays (benchmarks/two_pass.py)
 #   bash benchmarks/gpu_run.sh decode    # decode suite (host cost, CUDA graphs), host profile,
-#                                        # launch cost per kernel argument
+#                                        # launch cost per kernel argument, and a ropelib
+#                                        # launch's host cost inside compiled code
 #   bash benchmarks/gpu_run.sh model     # compiled GPT, 200 steps, rope=reference vs ropelib,
 #                                        # default mode and reduce-overhead
 #                                        # (python -m ropelib.course.model_step)
@@ -85,7 +86,10 @@ for what in "${@:-tests}"; do
             keep "$RESULTS/decode-$tag.csv"
             step host "$PY" benchmarks/host_probe.py
             step launch-cost "$PY" benchmarks/launch_cost.py --out "$RESULTS/launch-cost-$tag.csv"
-            keep "$RESULTS/launch-cost-$tag.csv" ;;
+            keep "$RESULTS/launch-cost-$tag.csv"
+            step compiled-launch "$PY" benchmarks/compiled_launch_cost.py \
+                --out "$RESULTS/compiled-launch-cost-$tag.csv"
+            keep "$RESULTS/compiled-launch-cost-$tag.csv" ;;
         model)
             step model "$PY" -m ropelib.course.model_step --out "$RESULTS/model-$tag.csv"
             keep "$RESULTS/model-$tag.csv"

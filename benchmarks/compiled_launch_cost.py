@@ -1,0 +1,100 @@
+"""What one ropelib kernel costs the host inside torch.compile'd code, beside one of Inductor's own
+kernels of the same size (GPU).
+
+Each function below is compiled (torch.compile, default mode, fullgraph) and called back to
+back at decode size (s=1, b=64, h=32, d=128, bf16: the device work is a few µs, so the time per
+call is the host's), the functions taking turns round by round (ropelib.bench.suite's
+host_us_interleaved, best of the rounds):
+
+    empty graph        x + 0: Dynamo's guards, the compiled wrapper and one tiny Inductor kernel
+    inductor rope      Hugging Face's q * cos + rotate_half(q) * sin, bf16 table: one Inductor
+                       kernel of the same size as ropelib's
+    ropelib            ropelib.apply_rope(q, freqs): ropelib's kernel, which Inductor launches
+                       itself (a user-defined Triton kernel, torch.library.triton_op)
+    ropelib qk         ropelib.apply_rope_qk(q, k, freqs) (32 and 8 heads)
+    two ropelib        two apply_rope calls in one graph: the cost of each further launch
+
+and, for reference, the eager calls (ropelib's direct launcher). The CPU cost of a ropelib
+launch in compiled code is `ropelib - empty graph`, to compare with `inductor rope - empty
+graph`; `two ropelib - ropelib` is one more launch.
+
+    python benchmarks/compiled_launch_cost.py [--out FILE.csv]
+"""
+import argparse
+import csv
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import ropelib  # noqa: E402
+from ropelib.bench import compare  # noqa: E402
+from ropelib.bench.suite import host_us_interleaved  # noqa: E402
+
+
+def rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=None, help="CSV path (default: compiled-launch-cost-<gpu>.csv)")
+    ap.add_argument("--calls", type=int, default=2000)
+    ap.add_argument("--rounds", type=int, default=7)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU")
+    dev, dt = "cuda", torch.bfloat16
+    S, B, H, HK, D = 1, 64, 32, 8, 128
+    q = torch.randn(S, B, H, D, device=dev, dtype=dt)
+    k = torch.randn(S, B, HK, D, device=dev, dtype=dt)
+    freqs = ropelib.rope_freqs(4096, D, device=dev)
+    pos = torch.arange(S, device=dev)
+    cos = torch.cos(freqs[:, 0, 0]).to(dt)[pos][:, None, None]      # [S, 1, 1, D]
+    sin = torch.sin(freqs[:, 0, 0]).to(dt)[pos][:, None, None]
+
+    graphs = {
+        "empty graph": (lambda x: x + 0, (q,)),
+        "inductor rope": (lambda x, c, s: x * c + rotate_half(x) * s, (q, cos, sin)),
+        "ropelib": (lambda x, f: ropelib.apply_rope(x, f), (q, freqs)),
+        "ropelib qk": (lambda x, y, f: ropelib.apply_rope_qk(x, y, f), (q, k, freqs)),
+        "two ropelib": (lambda x, f: ropelib.apply_rope(ropelib.apply_rope(x, f), f), (q, freqs)),
+    }
+    fns = {}
+    with torch.no_grad():
+        for name, (fn, inputs) in graphs.items():
+            compiled = torch.compile(fn, fullgraph=True)
+            compiled(*inputs)                       # compile now, not while timed
+            fns[name] = ((lambda c=compiled, a=inputs: c(*a)), args.calls)
+        fns["ropelib eager"] = ((lambda: ropelib.apply_rope(q, freqs)), args.calls)
+        fns["ropelib qk eager"] = ((lambda: ropelib.apply_rope_qk(q, k, freqs)), args.calls)
+        us = host_us_interleaved(fns, reps=args.rounds, device=dev)
+    failed = {n: v for n, v in us.items() if isinstance(v, Exception)}
+    if failed:
+        raise SystemExit(f"failed: {failed}")
+    gpu = torch.cuda.get_device_name()
+    out = args.out or f"compiled-launch-cost-{compare.gpu_slug(gpu)}.csv"
+    with open(out, "w", newline="") as f:
+        f.write(f"# gpu: {gpu}\n# torch: {torch.__version__}\n"
+                f"# host µs per call, {args.calls} calls back to back, best of {args.rounds} "
+                "rounds taking turns; decode size s1 b64 h32 (k 8) d128 bf16\n")
+        w = csv.writer(f)
+        w.writerow(["function", "host_us"])
+        for name, v in us.items():
+            w.writerow([name, f"{v:.2f}"])
+    base = us["empty graph"]
+    print(f"{gpu}: host µs per call (decode size)")
+    for name, v in us.items():
+        extra = f"  (+{v - base:.1f} over the empty graph)" if "eager" not in name else ""
+        print(f"  {name:18s} {v:7.1f}{extra}")
+    print(f"one more ropelib launch in a graph: {us['two ropelib'] - us['ropelib']:.1f} µs; "
+          f"Inductor's rope kernel: {us['inductor rope'] - base:.1f} µs over the empty graph")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
