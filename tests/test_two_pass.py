@@ -743,3 +743,34 @@ def test_rows_by_position_random_cases(by_position):
         unbounded = kind == "exact" and source in ("ids", "start")
         assert by_position == [not unbounded] * 2, what
         assert_same_bits(got, want, what)
+
+
+@pytest.mark.parametrize("how", ["operator", "aot_eager"])
+def test_rows_by_position_through_the_operator(how, by_position):
+    # the registered operator (what torch.compile's graphs call) starts the index pass itself
+    # (launch.TwoPass.start): the same bits as the finished kernel, forward and backward
+    g = torch.Generator().manual_seed(31)
+    T, P = 14, 6
+    x = torch.randn(T, HQ, D, generator=g).to(DEVICE).requires_grad_(True)
+    dy = torch.randn(T, HQ, D, generator=g).to(DEVICE)
+    freqs = torch.randn(P, D, generator=g).to(DEVICE) * 3
+    cu = torch.tensor([0, 5, 5, 11, T], dtype=torch.int32, device=DEVICE)   # positions < 6
+
+    def call(t):
+        if how == "operator":
+            return torch.ops.ropelib.rope(t, freqs, None, None, cu, None, "thd", False, 1, 0,
+                                          False, None)
+        return torch.compile(lambda a: ropelib.apply_rope(a, freqs, layout="thd", cu_seqlens=cu),
+                             backend="aot_eager", fullgraph=True)(t)
+
+    def fn():
+        torch._dynamo.reset()
+        y = call(x)
+        return (y.detach(), *torch.autograd.grad(y, x, dy))
+    want = through("finished", fn)
+    by_position.clear()
+    got = through("two-pass", fn)
+    # (tracing runs the operator on fake tensors too: more starts, which launch nothing)
+    assert len(by_position) >= 2 and all(by_position), "rows by position, forward and backward"
+    assert_same_bits(got, want, how)
+    torch._dynamo.reset()
