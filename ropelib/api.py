@@ -231,7 +231,8 @@ class PlannedCall:
     which of the caller's tables and index tensors it reads (`read_slots`: indices into the
     5-tuple (table, sin, position_ids, cu_seqlens, start_positions)), and what each call must
     still check."""
-    __slots__ = ("rotation", "read_slots", "call", "rows", "in_place", "grad", "names", "has_index")
+    __slots__ = ("rotation", "read_slots", "call", "rows", "in_place", "grad", "names", "has_index",
+                 "index_on_host")
 
     def __init__(self, rotation, read_slots: tuple, call: Call, rows: int, in_place: bool,
                  grad: bool, names):
@@ -239,11 +240,16 @@ class PlannedCall:
         self.in_place, self.grad, self.names = in_place, grad, names
         self.call = call._replace(table=None, sin=None, position_ids=None, cu_seqlens=None,
                                   start_positions=None)   # keeps no tensor
-        self.has_index = any(t is not None for t in call.index())
+        index = [t for t in call.index() if t is not None]
+        self.has_index = bool(index)
+        # (devices are part of the signature: every later call's index tensors are where these
+        # are, so "auto" mode's answer is known now)
+        self.index_on_host = all(t.device.type == "cpu" for t in index)
 
     def __call__(self, xs: tuple, tables_and_index: tuple, checked: bool = False):
         if not checked:
-            if self.has_index:
+            if self.has_index and (V.index_checks() == "on" or (
+                    self.index_on_host and V.index_checks() == "auto")):
                 check_values(self.call, self.rows, tables_and_index[2:])
             if self.in_place:
                 if len(xs) == 2:
