@@ -243,13 +243,12 @@ class PlannedCall:
         index = [t for t in call.index() if t is not None]
         self.has_index = bool(index)
         # (devices are part of the signature: every later call's index tensors are where these
-        # are, so "auto" mode's answer is known now)
+        # are, so only the mode is asked on each call)
         self.index_on_host = all(t.device.type == "cpu" for t in index)
 
     def __call__(self, xs: tuple, tables_and_index: tuple, checked: bool = False):
         if not checked:
-            if self.has_index and (V.index_checks() == "on" or (
-                    self.index_on_host and V.index_checks() == "auto")):
+            if self.has_index and V.checks_wanted(self.index_on_host):
                 check_values(self.call, self.rows, tables_and_index[2:])
             if self.in_place:
                 if len(xs) == 2:

@@ -351,10 +351,14 @@ class Rotate(torch.autograd.Function):
         return (None, None, *gx) + (None,) * len(reads)
 
 
-# The eager route's entry to Rotate: autograd's C++ apply, without the Python wrapper of
-# Function.apply, which binds default arguments for a setup_context (Rotate has none) and
-# unwraps functorch's dead wrappers (the eager route runs only where no transform is active:
-# `active`). 3.9 us a forward with grad against 5.2 through Rotate.apply, on a CPU with the
-# launch removed (benchmarks/NOTES.md); the backward is the same either way.
-rotate = super(torch.autograd.Function, Rotate).apply
+def direct_apply(function: type):
+    """The eager route's entry to an autograd.Function without setup_context: autograd's C++
+    apply, without the Python wrapper of Function.apply, which binds default arguments for a
+    setup_context and unwraps functorch's dead wrappers (the eager route runs only where no
+    transform is active: `active`). For Rotate: 3.9 us a forward with grad against 5.2 through
+    Rotate.apply, on a CPU with the launch removed (benchmarks/NOTES.md); the backward is the
+    same either way."""
+    return super(torch.autograd.Function, function).apply
 
+
+rotate = direct_apply(Rotate)

@@ -270,8 +270,7 @@ def qk_norm_rope(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, freqs: Optional
                            weight_offset)
 
 
-# (the eager route's entry to _NormRotate: autograd's C++ apply, as eager.rotate's)
-_norm_rotate = super(torch.autograd.Function, _NormRotate).apply
+_norm_rotate = eager.direct_apply(_NormRotate)
 
 
 def _run_route(route, q, k, w_q, w_k, table, sin, position_ids):

@@ -261,14 +261,21 @@ def functorch_level() -> set:
     return {str(i.key()).split(".")[-1] for i in stack} if stack else set()
 
 
+def checks_wanted(on_host: bool) -> bool:
+    """Does the current mode want the values of index tensors checked, for tensors all in host
+    memory (on_host) or not? (`values_checkable` adds what else decides it.)"""
+    return _index_checks == "on" or (_index_checks == "auto" and on_host)
+
+
 def values_checkable(*tensors) -> bool:
     """Should the values of these index tensors be read on the host now?"""
-    if _index_checks == "off" or torch.compiler.is_compiling() or functorch_level():
-        return False
     present = [t for t in tensors if t is not None]
+    if not checks_wanted(all(t.device.type == "cpu" for t in present)) \
+            or torch.compiler.is_compiling() or functorch_level():
+        return False
     if _index_checks == "on":
         return not any(t.is_cuda for t in present) or not torch.cuda.is_current_stream_capturing()
-    return all(t.device.type == "cpu" for t in present)
+    return True
 
 
 def _check_range(t: torch.Tensor, limit: int, message: str) -> None:
