@@ -146,6 +146,14 @@ def _call(option: str, layout: str, interleaved: bool, R: int, dtype):
     return fn
 
 
+def _case(option: str, layout: str, interleaved: bool, salt: str):
+    """_call with the rotary dim R < D (features R..D-1 copied through) for half the cases and
+    bf16 / fp32 alternating, chosen by the case's name (and `salt`)."""
+    odd = zlib.crc32(f"{option} {layout} {interleaved}{salt}".encode()) % 2
+    R, dtype = (D, torch.bfloat16) if odd else (D // 2, torch.float32)
+    return _call(option, layout, interleaved, R, dtype)
+
+
 OPTIONS = ["token index", "start", "cp", "start+cp", "ids shared", "ids per entry",
            "ids out of range", "cos/sin fp32", "cos/sin bf16", "unequal halves",
            "unequal cos/sin", "exact"]
@@ -155,10 +163,7 @@ CASES = [c for c in itertools.product(OPTIONS, ["sbhd", "bshd", "thd"], [False, 
 
 @pytest.mark.parametrize("option,layout,interleaved", CASES)
 def test_same_bits_as_the_finished_kernel(option, layout, interleaved, starts):
-    # rotary dim R < D (features R..D-1 copied through) for half the cases, bf16 / fp32 alternating
-    odd = zlib.crc32(f"{option} {layout} {interleaved}".encode()) % 2
-    R, dtype = (D, torch.bfloat16) if odd else (D // 2, torch.float32)
-    fn = _call(option, layout, interleaved, R, dtype)
+    fn = _case(option, layout, interleaved, "")
     want = through("finished", fn)
     assert not starts
     got = through("two-pass", fn)
@@ -215,9 +220,7 @@ def test_rows_by_position_same_bits(option, layout, interleaved, by_position):
     # each token's row index, then the rows of its position (the caller's cos/sin table, or the
     # pre-pass's rows of positions 0..P'-1): the same bits as the finished kernel, NaN rows for
     # positions outside the table included
-    odd = zlib.crc32(f"{option} {layout} {interleaved} rows".encode()) % 2
-    R, dtype = (D, torch.bfloat16) if odd else (D // 2, torch.float32)
-    fn = _call(option, layout, interleaved, R, dtype)
+    fn = _case(option, layout, interleaved, " rows")
     want = through("finished", fn)
     assert not by_position
     got = through("two-pass", fn)
