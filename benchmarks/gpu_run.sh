@@ -18,7 +18,7 @@
 #   bash benchmarks/gpu_run.sh features  # fused QK-norm, KV-cache write, M-RoPE, table-free angles
 #   bash benchmarks/gpu_run.sh notebooks # every notebook executed with its outputs (needs nbclient
 #                                        # and ipykernel; installed from ./.gpu-wheels if there;
-#                                        # ONLY=NN-slug for the ones named so)
+#                                        # ONLY=NN-slug for the ones named so, ONLY=03,07 for several)
 #
 # Several steps in one call: bash benchmarks/gpu_run.sh tests decode.
 # Providers the GPU machine lacks (Liger Kernel) come as wheels in ./.gpu-wheels, made on a

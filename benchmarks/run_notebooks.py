@@ -78,7 +78,7 @@ def execute(out: Path, only: str | None, timeout_s: int) -> int:
         env_note["transformer_engine"] = "not installed"
     rows, failed = [], 0
     for path in sorted(NOTEBOOKS.glob("[0-9][0-9]-*.ipynb")):
-        if only and only not in path.stem:
+        if only and not any(part in path.stem for part in only.split(",")):
             continue
         nb = nbformat.read(path, as_version=4)
         client = NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
@@ -328,7 +328,7 @@ def to_html(executed: Path, to: Path) -> int:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, help="execute every notebook; write the executed copies here")
-    ap.add_argument("--only", default=None, help="only notebooks whose name contains this")
+    ap.add_argument("--only", default=None, help="only notebooks whose name contains this (several: comma-separated)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per cell")
     ap.add_argument("--html", type=Path, help="folder of executed notebooks to convert to HTML")
     ap.add_argument("--to", type=Path, default=ROOT / "docs" / "executed",
