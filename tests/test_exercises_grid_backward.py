@@ -358,6 +358,25 @@ def test_rope_backward_check_rejects_pytorch_and_wrong_answers(capsys):
     assert ex.check_rope_backward(...) is False
 
 
+def _launch_beside(kernel, on_zeros=False):
+    """A launcher that launches `kernel` (into a buffer of its own, or on zero gradients) and
+    returns plain PyTorch's gradient: a launch beside the answer, not the answer."""
+    launch = _launcher_of(kernel)
+
+    def my_rope_backward(grad_y, freqs):
+        launch(torch.zeros_like(grad_y) if on_zeros else grad_y, freqs)
+        return _pytorch_backward(grad_y, freqs)
+    return my_rope_backward
+
+
+@pytest.mark.parametrize("answer", [_launch_beside(_writes_nothing),
+                                    _launch_beside(OWN_BACKWARD, on_zeros=True)],
+                         ids=["kernel-writes-nothing", "own-kernel-on-zeros"])
+def test_rope_backward_check_wants_the_kernels_output_returned(answer, capsys):
+    assert ex.check_rope_backward(answer) is False
+    assert "no tensor it wrote holds grad_x" in capsys.readouterr().out
+
+
 def _function(forward, backward):
     return type("Candidate", (torch.autograd.Function,),
                 {"forward": staticmethod(forward), "backward": staticmethod(backward)})
@@ -454,6 +473,18 @@ def _bwd_recompute(ctx, g):
 def _bwd_forward(ctx, g):
     (freqs,) = ctx.saved_tensors
     return _launcher_of(OWN_FORWARD)(g, freqs), None   # rotates the wrong way
+
+
+def _bwd_launch_beside(ctx, g):
+    (freqs,) = ctx.saved_tensors[-1:]
+    return _launch_beside(OWN_BACKWARD, on_zeros=True)(g, freqs), None
+
+
+def test_rope_function_check_wants_the_kernels_gradient(capsys):
+    cheat = _function(_fwd_kernel, _bwd_launch_beside)   # launches, returns PyTorch's values
+    assert ex.check_rope_function(cheat) is False
+    assert "no tensor it wrote holds grad_x" in capsys.readouterr().out
+    assert ex.check_rope_function(cheat, kernel=OWN_BACKWARD) is False
 
 
 def test_rope_function_check_accepts_an_own_function(capsys):

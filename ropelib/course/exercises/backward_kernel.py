@@ -134,26 +134,37 @@ def show_solution() -> None:
 
 
 @contextlib.contextmanager
-def count_launches():
+def count_launches(written: bool = False):
     """Count Triton kernel launches inside the block: {'launches': n, 'kernels': [...]}.
 
     Counts every `kernel[grid](...)` (compiled or interpreted) and ropelib's direct launcher;
-    'kernels' lists the kernel of each launch (the @triton.jit object), in order.
+    'kernels' lists the kernel of each launch (the @triton.jit object), in order. With
+    `written=True` (small exercise tensors only: it copies them) 'written' lists, per launch of
+    a @triton.jit kernel, (kernel, tensor) for each tensor argument the launch changed, copied
+    as the launch left it: what the kernel itself wrote, whatever the caller does afterwards.
     """
     from triton.runtime.interpreter import InterpretedFunction
     from triton.runtime.jit import JITFunction
     from ...kernels.direct import DirectLauncher
 
-    counts = {"launches": 0, "kernels": []}
+    counts = {"launches": 0, "kernels": [], "written": []}
     patched = [(JITFunction, "run"), (InterpretedFunction, "run"), (DirectLauncher, "__call__")]
     saved = [(cls, attr, cls.__dict__[attr]) for cls, attr in patched if attr in cls.__dict__]
 
     def counting(original, is_launcher):
         def wrapper(self, *args, **kwargs):
-            if not kwargs.get("warmup", False):
-                counts["launches"] += 1
-                counts["kernels"].append(getattr(self, "kernel", self) if is_launcher else self)
-            return original(self, *args, **kwargs)
+            if kwargs.get("warmup", False):
+                return original(self, *args, **kwargs)
+            counts["launches"] += 1
+            counts["kernels"].append(getattr(self, "kernel", self) if is_launcher else self)
+            tensors = [] if is_launcher or not written else [
+                t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor)]
+            before = [t.detach().clone() for t in tensors]
+            result = original(self, *args, **kwargs)
+            for t, old in zip(tensors, before):
+                if not _same_bits(t, old):
+                    counts["written"].append((self, t.detach().clone()))
+            return result
         return wrapper
     for cls, attr, original in saved:
         setattr(cls, attr, counting(original, attr == "__call__"))
@@ -162,3 +173,10 @@ def count_launches():
     finally:
         for cls, attr, original in saved:
             setattr(cls, attr, original)
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal element for element, NaN equal to NaN (an output buffer may start as NaN)."""
+    if a.is_floating_point():
+        return bool(((a == b) | (a.isnan() & b.isnan())).all())
+    return torch.equal(a, b)

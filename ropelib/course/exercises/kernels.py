@@ -177,6 +177,17 @@ def _launched(kernel, kernels) -> bool:
     return any(k is kernel or getattr(k, "fn", None) is fn for k in kernels)
 
 
+def _kernel_wrote(launches: dict, kernel, want: torch.Tensor) -> bool:
+    """Did a launch (of `kernel` when given, else of any @triton.jit kernel but ropelib's) write a
+    tensor holding `want`? `launches` from count_launches(written=True)."""
+    for launched, t in launches["written"]:
+        if kernel is not None and not _launched(kernel, [launched]):
+            continue
+        if t.shape == want.shape and _compare(t, want, 1e-5, 1e-5)[0]:
+            return True
+    return False
+
+
 def _kernel_written(name: str, kernel) -> bool:
     """False (with a ❌ line) when exercise 2's kernel is given but still blank."""
     if kernel is not None and is_blank_kernel(kernel):
@@ -209,8 +220,9 @@ def check_rope_backward(fn: Callable, kernel=None) -> bool:
         freqs = te_angles(S, D, device=device)
         label = f"grad_y [{S}, {B}, {H}, {D}]" + (" stride 0 over batch" if expand else "")
         cases.append((label, (g, freqs), _reference_grad(g, freqs)))
-    with count_launches() as launched:
-        ok, _ = run_own_code(f"{name} ({cases[0][0]})", what, fn, *cases[0][1], bar=_solutions())
+    with count_launches(written=True) as launched:
+        ok, got = run_own_code(f"{name} ({cases[0][0]})", what, fn, *cases[0][1],
+                               bar=_solutions())
     if not ok:
         return False
     if launched["launches"] == 0:
@@ -221,6 +233,13 @@ def check_rope_backward(fn: Callable, kernel=None) -> bool:
         print(f"❌ {name}: your function launched "
               f"{', '.join(sorted({_kernel_name(k) for k in launched['kernels']}))}, not your "
               f"backward kernel {_kernel_name(kernel)} (exercise 2): launch that one")
+        return False
+    right = isinstance(got, torch.Tensor) and got.shape == cases[0][2].shape and \
+        _compare(got, cases[0][2], 1e-5, 1e-5)[0]
+    if right and not _kernel_wrote(launched, kernel, cases[0][2]):   # (wrong values: below)
+        print(f"❌ {name}: your kernel ran, but no tensor it wrote holds grad_x: the gradient "
+              "your function returns must be what your backward kernel computes, not a "
+              "PyTorch formula beside a launch")
         return False
     return check_cases(name, what, fn, cases, atol=1e-5, rtol=1e-5, bar=_solutions(),
                        hint="the transpose of each pair's rotation (section 1); read grad_y through "
@@ -304,7 +323,7 @@ def check_rope_function(cls, kernel=None) -> bool:
               "x): save freqs with ctx.save_for_backward, and keep no activation for it")
         return False
     y_sum = y.sum()                          # outside the block: autograd's sum, not the answer's
-    with count_launches() as bwd_launches:
+    with count_launches(written=True) as bwd_launches:
         try:
             with library_barred(what_bwd, bar=_solutions()):
                 (gx,) = torch.autograd.grad(y, leaf, g, retain_graph=True)
@@ -327,6 +346,10 @@ def check_rope_function(cls, kernel=None) -> bool:
     if not _compare(gx, _reference_grad(g, freqs), 1e-5, 1e-5)[0]:
         return check(f"{name} (grad_x)", gx, _reference_grad(g, freqs), atol=1e-5, rtol=1e-5,
                      hint="backward returns one gradient per forward input: (grad_x, None)")
+    if not _kernel_wrote(bwd_launches, kernel, _reference_grad(g, freqs)):
+        print(f"❌ {name}: the backward launched a kernel, but no tensor it wrote holds grad_x: "
+              "backward must return what your backward kernel computes")
+        return False
     want_sum = _reference_grad(torch.ones((), device=device).expand(S, B, H, D), freqs)
     if not _compare(gx_sum, want_sum, 1e-5, 1e-5)[0]:
         return check(f"{name} (grad_x of y.sum(), a stride-0 gradient)", gx_sum, want_sum,
