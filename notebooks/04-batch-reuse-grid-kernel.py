@@ -590,10 +590,10 @@ else:
 
 # %% [markdown]
 # A ratio above 1 means the second kernel of the pair is faster. Read each one against the
-# question it answers, and keep its limits in mind: one GPU, two sizes, bf16 only, and the
-# timings of a memory-bound kernel move by a few percent from run to run (the CSV keeps the
-# 20 % and 80 % quantiles). A factor that changes the time by less than that has not been shown
-# to matter.
+# question it answers, and keep its limits in mind: one GPU, two sizes, bf16 only, one run.
+# The CSV keeps the 20 % and 80 % quantiles of every timing; in this run they lie at most about
+# two percent of the median apart (the cell below prints the widest). A factor that changes the
+# time by less than that has not been shown to matter.
 #
 # ### 5.4 Why, measured: the profiler's answer
 #
@@ -608,8 +608,16 @@ else:
 # warp, an upper bound on the bytes of `x` in flight, reached only while every warp waits on its
 # loads at once. The cell checks every statement below on the CSV:
 #
-# - **No variant moves extra bytes.** DRAM bytes are within a few percent of the model for all of
-#   them. The differences are all in how well each keeps the memory system busy.
+# - **At this size no variant moves extra bytes.** DRAM bytes are within a few percent of the
+#   model for all of them, so the differences are in how well each keeps the memory system busy.
+#   (At $s = 32768$, $b = 1$ the batch-reuse kernel does move about a fifth more than the model;
+#   the profile does not say why, and its time is set by its program count, below.)
+# - **A million programs take the same time, whatever they do.** The naive kernel, `sh_one_b`
+#   and `sh_one_b_table` each launch a million one-warp programs. Their instructions per element
+#   differ fourfold and their achieved occupancy nearly threefold, yet their times lie within
+#   half a percent of each other. Divided over the SMs, that time is about 80 ns per program on
+#   each SM: the cost of starting and retiring a program, which nothing in these programs hides.
+#   The batch loop divides the program count by $B$.
 # - **The speed-up over the naive kernel is not cos/sin reuse.** `sh_one_b` (one batch row per
 #   program) is as slow as the naive kernel, and `sh_one_b_table`, which evaluates no sine or
 #   cosine at all, is just as slow: all three launch a million one-warp programs of one row. The
@@ -638,6 +646,12 @@ else:
 # version of its grid with and without sin/cos, so which of section 3's other differences (2-byte
 # loads, every element read twice) holds it back stays a hypothesis until it is profiled.
 #
+# **At $b = 1$ the order reverses.** With no batch to loop over, the (S, H) grid launches a
+# million one-row programs, as many as the naive kernel, and takes its time; TE's grid has one
+# program per token for all heads, 32,768 programs, and TE's kernel is more than twice as fast
+# (printed below). The batch-reusing grid wins where $B$ is large enough to amortise its program
+# count, which is what notebook 05's tile of heads fixes for every $B$.
+#
 # ![Time against the KiB of x requested per SM, every profiled variant, H200](../figures/04-bytes-in-flight.png)
 
 # %%
@@ -662,8 +676,28 @@ def same_time(a, b, tol=0.05):
     return abs(a["us"] - b["us"]) <= tol * max(a["us"], b["us"])
 
 
-# no variant moves extra bytes
+# how well the run measured: the widest 20-80 % quantile width, as % of the median
+widths = {(case, name): (r["ms_p80"] - r["ms_p20"]) / r["ms"] * 100
+          for case in ("s4096-b8", "s32768-b1")
+          for name, r in measured.timings("ablation", case).items()}
+widest = max(widths, key=widths.get)
+print(f"widest 20-80 % quantiles: {widths[widest]:.1f} % of the median ({widest[1]}, {widest[0]})")
+assert widths[widest] < 2.5
+# at this size no variant moves extra bytes (at b = 1 the batch-reuse kernel does)
 assert all(0.9 <= r["ncu_dram_bytes_over_model"] <= 1.05 for r in mech.values())
+print(f"s32768-b1 batch_reuse: DRAM bytes / model = "
+      f"{measured.mechanism('s32768-b1')['batch_reuse']['ncu_dram_bytes_over_model']:.2f}")
+# a million one-warp programs: the same time whatever their instructions and occupancy
+million = [mech[v] for v in ("naive", "sh_one_b", "sh_one_b_table")]
+inst = [r["ncu_warp_inst_per_element"] for r in million]
+occ = [r["ncu_achieved_occupancy_pct"] for r in million]
+us = [r["us"] for r in million]
+ns_per_program = 1000 * sum(us) / len(us) / (million[0]["programs"] / million[0]["sm_count"])
+print(f"a million programs: {min(inst):.2f}-{max(inst):.2f} warp instructions per element, "
+      f"{min(occ):.0f}-{max(occ):.0f} % occupancy, {min(us):.0f}-{max(us):.0f} us: "
+      f"{ns_per_program:.0f} ns per program on each SM")
+assert max(inst) > 4 * min(inst) and max(occ) > 2.5 * min(occ) and max(us) < 1.005 * min(us)
+assert 70 < ns_per_program < 90
 # not cos/sin reuse: one row per program is equally slow with and without sin/cos
 assert same_time(mech["sh_one_b"], mech["naive"]) and same_time(mech["sh_one_b_table"], mech["sh_one_b"])
 assert mech["sh_one_b"]["programs"] == mech["naive"]["programs"] == mech["sh_one_b_table"]["programs"]
@@ -692,6 +726,12 @@ print(f"TE fused / batch-reusing grid (sh_loop_b): {t['te_fused']['ms'] / t['sh_
       f"{t['te_fused']['ms'] * 1e3:.0f} us")
 assert t["te_fused"]["ms"] > 1.1 * t["sh_loop_b"]["ms"]
 assert t["heads_all_one_b_table"]["ms"] < t["te_fused"]["ms"] < t["heads_all_one_b"]["ms"]
+# b = 1: the (S, H) grid has the naive kernel's program count, and TE is faster
+t1 = measured.timings("ablation", "s32768-b1")
+print(f"b = 1: TE fused {t1['te_fused']['ms'] * 1e3:.0f} us, batch-reusing grid "
+      f"{t1['sh_loop_b']['ms'] * 1e3:.0f} us (TE / grid = "
+      f"{t1['te_fused']['ms'] / t1['sh_loop_b']['ms']:.2f})")
+assert t1["sh_loop_b"]["ms"] > 2 * t1["te_fused"]["ms"]
 
 # %% [markdown]
 # ## 6. What the finished kernel does beyond the batch-reusing grid

@@ -26,9 +26,10 @@
 #
 # **Time budget.** About 75 minutes: 15 for the bytes-in-flight model, 30 for the ladder (read
 # each kernel, change it or its launch, rerun its cells), 10 for the compiled layout, 20 for the
-# kernel exercise; the discussion questions are for afterwards. Running every cell takes about a
-# minute on a CPU (Triton's interpreter runs the kernels; a second Python compiles them for
-# sm_90, the H100's and H200's architecture, to show the layout), most of it in the compilation of section 4.
+# kernel exercise; the discussion questions are for afterwards. Running every cell takes about
+# 15 seconds on a 2-core CPU once Triton's cache holds section 4's compilation (Triton's
+# interpreter runs the kernels; a second Python compiles them for sm_90, the H100's and H200's
+# architecture, to show the layout), up to a minute the first time.
 #
 # **After this notebook you will be able to**
 #
@@ -408,7 +409,9 @@ assert ladder.plan("warps", 4096, 8, 32, 128, 2, SMS_H200, H200_KNOBS).num_warps
 # **Accurate sin/cos** (rung 5, the constexpr `ACCURATE`): `cos_sin` from ropelib's kernels
 # calls libdevice's `cosf`/`sinf`, whose argument reduction is exact for any angle — as TE's
 # `sincosf`. Positions reach $10^5$ and beyond, and a fast approximation loses accuracy as the
-# angle grows (notebook 08 follows one such difference to its cause). The interpreter has no
+# angle grows (notebook 08 measures what one ulp of sin/cos does to the output, and tells the
+# differences against TE that come from sin/cos from those that come from the order of the
+# multiply-adds). The interpreter has no
 # libdevice and uses NumPy's functions, accurate too. Which code `tl.cos` becomes on a GPU
 # depends on the Triton version: section 4 reads it from the compiled code.
 
@@ -714,33 +717,42 @@ else:
           "(about a minute). Nothing is drawn until then.")
 
 # %% [markdown]
-# Read each step against the idea it adds and the size it is measured at: a rung that cannot
-# matter at a size (chunks when the grid is already full, the equal-halves shortcut when a batch
-# loop amortises sin/cos) should be flat there, and a step of a percent or two is within the
-# run-to-run noise of a memory-bound kernel (the CSV keeps the 20 % and 80 % quantiles).
+# Read each step against the idea it adds and the size it is measured at, and against how
+# well the run measured it: the CSV keeps the 20 % and 80 % quantiles of every timing, and for
+# the rungs compared below they lie about a percent of the median apart. A step of three or
+# five points is then a real difference, and the Nsight Compute profile of each rung (the mechanism
+# CSV of section 1, at $s = 4096$, $b = 8$) says what it is.
 #
 # ![The ladder on an NVIDIA H200: % of a copy per rung, four sizes](../figures/05-ladder-waterfall.png)
 #
-# **What the committed run shows** (the cell below checks each point on the CSV):
+# **What the committed run shows** (the cell below checks each point on the CSVs):
 #
 # - **A tile of heads is the big step** at every large size: it turns a program that moves one
 #   head row (256 bytes in bf16) into one that moves tens of KiB, which is what bytes in flight
 #   asked for in section 2. At $b = 1$ it is the difference between a fifth of a copy and three
 #   quarters: there the batch loop of notebook 04 has nothing to reuse.
-# - **The other ideas are small or size-dependent.** More warps help one tile and hurt another
-#   (at $b = 1$ the 8-warp rung drops, and the planner goes back to 4); batch chunks matter only
-#   when $S \cdot H$ leaves SMs idle; the equal-halves shortcut pays where sin/cos are not
-#   amortised by a batch loop ($b = 1$). A step of a few percent is within noise.
+# - **Every later step has a mechanism you can read in the profile.** At $s = 4096$, $b = 8$,
+#   batch chunks cost about three points: the grid is already full there, so chunks add nothing,
+#   and each chunk reads its tokens' angles again (DRAM bytes over the model rise from 0.96 to
+#   0.99). The equal-halves shortcut gains about five: one half of the angle row is read instead
+#   of two, and sin/cos are computed for half the features (fewer warp instructions per element,
+#   and the DRAM bytes back to 0.96). At $b = 1$ the 8-warp rung loses half its speed: a program
+#   then holds one token and no batch loop, so twice the warps mean twice the threads evaluating
+#   sin/cos for the same bytes (about seven times the warp instructions per element of the
+#   chunks rung, which goes back to 4 warps).
 # - **The finished kernel is not the top of every ladder.** `ropelib.apply_rope` can end a
 #   few percent below its own equal-halves rung (at $s = 4096$, $b = 8$ it does). It is the same
 #   algorithm with every feature of section 3's list compiled in, and the profiler counts more
 #   warp instructions per element for it than for rung 6, with the same DRAM bytes. The cell
 #   checks that it stays within a tenth of rung 6 at the large sizes.
-# - **The 16-token panel measures launches, not kernels.** A copy of that tensor takes about
-#   10 µs; every rung is launched through Triton's Python launcher, which costs tens of
-#   microseconds of host time per call, so the GPU waits. ropelib's bar is its own launch path,
-#   which calls Triton's compiled launcher directly. At this size, decoding-style calls, the host
-#   is the bottleneck, and only a cheaper launch (or a CUDA graph) helps.
+# - **The 16-token panel is two different limits.** Its tensor is 1 MiB. The rungs up to
+#   `warps` launch one program per token: 16 programs for 132 SMs, and the profiler times the
+#   kernel itself at several times the copy's. From `chunks` on the grid is full and the kernel
+#   is fast, but each rung is launched through Triton's Python launcher: the timed call takes
+#   about twice as long as the kernel the profiler times, and the GPU waits for the host.
+#   ropelib's bar is its own launch path (it calls Triton's compiled launcher directly): its
+#   timed call is within a few microseconds of its kernel. At decoding sizes the host is the
+#   limit, and only a cheaper launch (or a CUDA graph) helps.
 
 # %%
 if LADDER_CSV.exists():
@@ -777,6 +789,39 @@ if LADDER_CSV.exists():
         ("x KiB/SM", "x_kib_per_sm", ".1f"), ("warp inst/elem", "ncu_warp_inst_per_element", ".2f"),
         ("DRAM/model", "ncu_dram_bytes_over_model", ".3f")]))
     print({case: round(pct["ropelib"]) for case, pct in by_case.items()}, "% of copy for ropelib")
+    # how well the run measured the four rungs compared below: the width of their 20-80 %
+    # quantiles, as % of the median
+    spread = max((r["ms_p80"] - r["ms_p20"]) / r["ms"] * 100 for r in rows
+                 if r["case"] == "s4096-b8" and r["provider"] in
+                 ("warps", "chunks", "accurate", "equal_halves"))
+    big = by_case["s4096-b8"]
+    chunk_step, halves_step = big["chunks"] - big["warps"], big["equal_halves"] - big["accurate"]
+    print(f"s4096-b8: 20-80 % quantiles at most {spread:.1f} % of the median apart; chunks "
+          f"{chunk_step:+.1f} points, equal halves {halves_step:+.1f} points")
+    assert spread < 1.5 and chunk_step < -2 * spread and halves_step > 2 * spread
+    # ... and what each step is, in the profile: chunks read the angles again; equal halves read
+    # half of them and evaluate half the sin/cos
+    m = mech
+    assert m["chunks"]["ncu_dram_bytes_over_model"] > m["warps"]["ncu_dram_bytes_over_model"] + 0.02
+    assert m["equal_halves"]["ncu_warp_inst_per_element"] < \
+        m["accurate"]["ncu_warp_inst_per_element"] - 0.05
+    assert m["equal_halves"]["ncu_dram_bytes_over_model"] < \
+        m["accurate"]["ncu_dram_bytes_over_model"] - 0.02
+    # b = 1: the 8-warp rung executes several times the instructions of the 4-warp chunks rung
+    m1 = measured.mechanism("s32768-b1")
+    print("s32768-b1 warp instructions per element: warps "
+          f"{m1['warps']['ncu_warp_inst_per_element']:.2f}, chunks "
+          f"{m1['chunks']['ncu_warp_inst_per_element']:.2f}")
+    assert m1["warps"]["ncu_warp_inst_per_element"] > 5 * m1["chunks"]["ncu_warp_inst_per_element"]
+    assert by_case["s32768-b1"]["warps"] < 0.6 * by_case["s32768-b1"]["tile"]
+    # 16 tokens: the profiler's kernel time against the timed call (do_bench), in us
+    m16, t16 = measured.mechanism("s16-b64"), measured.timings("ladder", "s16-b64")
+    for name in ("copy", "warps", "chunks", "ropelib"):
+        print(f"s16-b64 {name:8s} kernel {m16[name]['us']:5.1f} us, timed call "
+              f"{t16[name]['ms'] * 1000:5.1f} us")
+    assert m16["warps"]["us"] > 4 * m16["copy"]["us"]                  # 16 programs: the kernel
+    assert t16["chunks"]["ms"] * 1000 > 2 * m16["chunks"]["us"]        # full grid: the launch
+    assert t16["ropelib"]["ms"] * 1000 < m16["ropelib"]["us"] + 3      # direct launch
 
 # %% [markdown]
 # ## 6. Past the finished kernel: two passes for large tensors
@@ -873,8 +918,10 @@ if compiled:
         warps = c["num_warps"]
         programs = min(32, 65536 // (c["registers"] * 32 * warps))   # at most 32 programs/SM
         return min(64, programs * warps)
-    print(f"compiled here for sm_90 with Triton {triton.__version__} (register counts move a "
-          "little between Triton versions)")
+    print(f"compiled here for sm_90 with Triton {triton.__version__}; the H200 run's Triton "
+          f"{mech_meta['triton']} gave the finished kernel {fin_m['registers']} registers/thread, "
+          f"{fin_m['occ_warps_per_sm']} resident warps (section 4): register counts are the "
+          "compiler's, and move between Triton versions")
     for c, label in ((finished, "finished kernel (H200 tile)"), (flat, "flat pass")):
         print(f"{label:28s} {c['num_warps']:2d} warps, {c['registers']:3d} registers/thread -> "
               f"{resident_warps(c):2d} of 64 warps resident; loads/stores: {c['accesses']}")
@@ -1009,7 +1056,7 @@ for case in like:
     # than ropelib reading fp32 tables, forced or as ropelib picks it
     assert 0.09 < compile16 - compile32 < 0.14, case
     assert compile32 < min(ratio(tp, case, "two-pass cos/sin"), ratio(tp, case, "auto cos/sin")), case
-    # given the same bf16 tables, ropelib is 1-3 % behind forward and ahead forward+backward
+    # given the same bf16 tables, ropelib is up to 3 % behind forward and ahead forward+backward
     assert 1 <= round(behind[case]) <= 3, case
     assert ratio(tp, case, "auto cos/sin x-dtype", "fwd+bwd") > ratio(tp, case, "torch.compile", "fwd+bwd")
 assert [said(ratio(tp, s16k, p)) for p in
@@ -1024,10 +1071,10 @@ assert said(behind_b1, 0) == "4"
 # %% [markdown]
 # Given fp32 tables, torch.compile's kernel loses about a tenth of a copy's speed (0.991 →
 # 0.886 at 1 GiB) and falls behind ropelib reading the same fp32 tables (0.910 as ropelib picks
-# the route, 0.932 with the flat pass forced). Given the same bf16 tables, ropelib is 1–3 %
+# the route, 0.932 with the flat pass forced). Given the same bf16 tables, ropelib is up to 3 %
 # behind it forward (0.962 at 1 GiB) and ahead forward+backward (0.965–1.000 of two copies
 # against 0.611–0.933). So much of torch.compile's forward lead in the first table is the table
-# it reads: give both fp32 tables and the order reverses; give both bf16 tables and 1–3 % is
+# it reads: give both fp32 tables and the order reverses; give both bf16 tables and up to 3 % is
 # left at batch 8 (4 % at batch 1, 128 MiB, in the same CSV).
 #
 # One run is one sample, and rows of one run that time the same kernels can differ by a few
@@ -1060,7 +1107,7 @@ for case in ("bf16 sbhd 1 GiB s16k b8", "bf16 bshd 256 MiB s4k b8"):
 
 # %% [markdown]
 # The second runs agree: with fp32 tables torch.compile's kernel is behind ropelib, and with the
-# same bf16 tables ropelib is 1–3 % behind it forward.
+# same bf16 tables ropelib is up to 3 % behind it forward.
 #
 # The first probe also timed the flat pass itself (reading an fp32 cos/sin table) at other
 # program sizes: 1,024, 2,048 and 4,096 elements per program, on 4 or 8 warps, each with and
@@ -1086,7 +1133,7 @@ for case, rows in fp.items():
 # (`TWO_PASS_ELEMENTS` and `TWO_PASS_WARPS` in `ropelib/kernels/tiles.py`); larger programs, or
 # 8 warps, are slower.
 #
-# What the remaining 1–3 % is, these runs do not settle. Inductor's kernel
+# What the remaining few percent are, these runs do not settle. Inductor's kernel
 # (`benchmarks/results/inductor-rope-bf16-sbhd.txt`) differs from the flat pass in three details:
 # it has no bounds masks (it knows the size), and it loads the partner and the table with
 # `evict_last`. `flat_hints_probe` switched each on and off in a copy of the flat pass, eight
