@@ -283,8 +283,8 @@ for path in sorted(RESULTS.glob("*.csv")):
 # GB/s by the bytes model, so a provider's line would be flat at the copy's bandwidth if it cost
 # nothing but memory traffic.
 #
-# - Every line *rises* with the sequence length. A call has a fixed cost — launching kernels,
-#   Python, autograd — that small tensors cannot hide; more bytes amortise it.
+# - The fused kernels' lines *rise* with the sequence length. A call has a fixed cost —
+#   launching kernels, Python, autograd — that small tensors cannot hide; more bytes amortise it.
 # - Eager PyTorch is low and flat at every size: it reads and writes the whole tensor once per
 #   operation (`cos`, `sin`, casts, two multiplies, a `cat`, an add), so its bytes are several
 #   times the model's.

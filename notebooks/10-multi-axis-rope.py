@@ -337,7 +337,7 @@ print("forward and backward match plain PyTorch (float64)")
 # decided by one thing: whether the lines that form the angles sit before the loop over the
 # heads or inside it. You will write the kernel, then count and time both versions.
 #
-# ### Exercise 3: a multi-axis RoPE kernel
+# ### Kernel exercise: a multi-axis RoPE kernel
 #
 # A simplified kernel, to see the idea without ropelib's generality: q `[T, HQ, D]` and k
 # `[T, HK, D]` of $T$ packed tokens (the `thd` layout, contiguous), the whole head rotated in
@@ -578,27 +578,30 @@ else:
           "The counts above are what this machine can measure.")
 
 # %% [markdown]
-# ropelib's own kernel went through the same change. Its first version tiled the work as the
-# finished 1-D kernel does: a program held a block of a few heads of a few tokens and formed
-# the angles for its tile, so every block of heads formed them again, and inside a program
-# every thread holding another head of the token did too. The kernel as it is now forms the
-# angles of its tokens once, as a `[BLOCK_S, D/2]` tile, and loops over every head, a few
-# heads per step (`benchmarks/feature_tiles.py` measured how many). Both versions were
-# measured on an H200 with `benchmarks/mrope_bench.py` (bf16, q and k together ≥ 256 MiB;
-# the CSVs are committed). Ratio to a copy of q and k, forward:
+# ropelib's kernel can be built either way, and both builds were measured. With **head
+# blocks**, the finished 1-D kernel's tiling, a program holds a block of a few heads of a few
+# tokens and forms the angles for its tile: every block of heads forms them again, and inside
+# a program every thread holding another head of the token does too. With **angles once per
+# token**, the tiling ropelib ships, a program forms the angles of its tokens once, as a
+# `[BLOCK_S, D/2]` tile, and loops over every head, a few heads per step
+# (`benchmarks/feature_tiles.py` measured how many). Both were timed with
+# `benchmarks/mrope_bench.py` (bf16, q and k together ≥ 256 MiB; the CSVs are committed, and the
+# figure's title names the GPU they ran on). Ratio to a copy of q and k, forward:
 
 # %%
 from ropelib.bench import compare
 
 RESULTS = ROOT / "benchmarks" / "results"
-runs = {"head blocks (first version)": RESULTS / "mrope-nvidia-h200-20261122-1841.csv",
-        "angles once per token (now)": RESULTS / "mrope-nvidia-h200-20261122-2054.csv"}
+runs = {"head blocks": RESULTS / "mrope-nvidia-h200-20261122-1841.csv",
+        "angles once per token (shipped)": RESULTS / "mrope-nvidia-h200-20261122-2054.csv"}
+gpus = {compare.read_meta(path)["gpu"] for path in runs.values()}
+assert len(gpus) == 1, gpus                        # both builds on the same kind of GPU
 ratios = {}
 for label, path in runs.items():
     rows = [r for r in compare.read_csv(path) if r["provider"] == "ropelib"
             and r["pass"] == "fwd" and r.get("fraction_of_copy")]
     ratios[label] = {r["case"].split("-")[0]: float(r["fraction_of_copy"]) for r in rows}
-cases = sorted(ratios["angles once per token (now)"])
+cases = sorted(ratios["angles once per token (shipped)"])
 fig, ax = plt.subplots(figsize=(7, 3.2))
 width = 0.38
 for i, (label, by_case) in enumerate(ratios.items()):
@@ -607,14 +610,14 @@ for i, (label, by_case) in enumerate(ratios.items()):
 ax.set_xticks(range(len(cases)), cases)
 ax.axhline(1.0, color="grey", lw=0.8)
 ax.set(ylabel="fraction of a copy", ylim=(0, 1.1),
-       title="multi-axis RoPE forward, H200, bf16 (committed runs)")
+       title=f"multi-axis RoPE forward, {gpus.pop()}, bf16 (committed runs)")
 ax.legend(loc="lower right", fontsize=8)
 fig.tight_layout()
 fig.savefig(FIGURES / "10-mrope-angles-once.png", dpi=120)
 plt.show()
 for name in cases:
     print(f"{name:8s} " + "  ".join(f"{label}: {by[name]:.2f}" for label, by in ratios.items()))
-assert all(ratios["angles once per token (now)"][c] > ratios["head blocks (first version)"][c]
+assert all(ratios["angles once per token (shipped)"][c] > ratios["head blocks"][c]
            for c in cases)
 
 # %% [markdown]
@@ -623,7 +626,7 @@ assert all(ratios["angles once per token (now)"][c] > ratios["head blocks (first
 # Each check prints ✅ or ❌ and never stops the notebook. Replace the `...` and rerun the
 # cell; the solutions are folded away in the cell after each exercise. The checks run your own
 # code: an answer that calls ropelib's `axis_of_pairs`, `multi_axis_frequencies` or
-# `grid_positions` (or any other part of the library) is not one. Exercise 3, the kernel, is in
+# `grid_positions` (or any other part of the library) is not one. The kernel exercise is in
 # section 6.
 #
 # **1. The section split.** Write `my_axis_of_pairs(section, interleaved)`: a list or tensor of
