@@ -277,7 +277,10 @@ def _rope_rows_kernel(
 ):
     # Program blocks of q's elements first, then of k's (without k the grid has q's only).
     pid = tl.program_id(0)
-    q_blocks = tl.cdiv(S * B * HQ * D, XBLOCK)
+    if INT64:               # q's element count passes 2^31: count it in int64
+        q_blocks = tl.cdiv((tl.full([], 0, tl.int64) + S) * B * HQ * D, XBLOCK)
+    else:
+        q_blocks = tl.cdiv(S * B * HQ * D, XBLOCK)
     if pid < q_blocks:
         _rotate_flat(q_ptr, q_out_ptr, cos_ptr, sin_ptr, token_rows_ptr, pid, S, B, HQ,
                      stride_tab_p, stride_tab_b, stride_rows_b, stride_tab_axis, D, R, LAYOUT,

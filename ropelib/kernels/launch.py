@@ -138,7 +138,8 @@ def pick_tiles(S, B, heads: tuple, R: int, D: int, elem_size: int, sm_count: Opt
         while cdiv(B, chunk) > 65535:
             chunk *= 2
         if block_s * block_h * row < 32 * num_warps * 4:   # tiny tiles: fewer threads
-            num_warps = max(1, block_s * block_h * row // 128)
+            # (a power of two, as Triton requires; with partial rotary row is not one)
+            num_warps = pow2_at_most(max(1, block_s * block_h * row // 128))
         return block_s, block_h, chunk, num_warps
 
     if elem_size > 2:

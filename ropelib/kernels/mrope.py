@@ -272,7 +272,8 @@ def pick_tiles(S, B, heads: int, R: int, D: int, per_batch: bool, sm_count: Opti
     hps = min(pow2_at_most(max(heads, 1)), HEADS_PER_STEP,
               pow2_at_most(max(STEP_ELEMENTS // row, 1)))
     block_s = pow2_at_least(S, pow2_at_most(max(STEP_ELEMENTS // (row * hps), 1)))
-    num_warps = max(1, min(16, block_s * hps * row // (32 * ELEMENTS_PER_THREAD)))
+    # (a power of two, as Triton requires; with partial rotary row is not one)
+    num_warps = pow2_at_most(max(1, min(16, block_s * hps * row // (32 * ELEMENTS_PER_THREAD))))
     return (block_s, hps, *fit_grid(S, B, heads, block_s, per_batch, sm_count), num_warps)
 
 

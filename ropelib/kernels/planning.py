@@ -37,6 +37,9 @@ class Launch:
 
     def __init__(self, grid: tuple, num_warps: int, args: dict, dtypes: tuple, device,
                  launcher=None, num_stages=None):
+        if num_warps < 1 or num_warps & (num_warps - 1):
+            raise ValueError(f"num_warps must be a power of two (Triton's rule), got {num_warps}: "
+                             "a planner bug")
         self.grid, self.num_warps, self.args = grid, num_warps, args
         self.dtypes, self.device, self.launcher = dtypes, device, launcher
         self.num_stages = num_stages    # software pipelining (GEMMs); None: Triton's default
