@@ -70,12 +70,14 @@ def count_work(**tensors: torch.Tensor):
         work.cos += int(arg.data.size)
         return saved["create_cos"](self, arg)
 
-    def masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
+    def masked_load(self, ptrs, mask, *rest, **kw):
+        # (ptrs, mask, then what this Triton's interpreter passes: other, cache and eviction
+        # policies, volatility; the list differs between Triton versions)
         addr = np.asarray(ptrs.data)
         on = np.broadcast_to(np.asarray(mask.data, dtype=bool), addr.shape)
         for name, (lo, hi) in ranges.items():
             work.loads[name] += int(((addr >= lo) & (addr < hi) & on).sum())
-        return saved["create_masked_load"](self, ptrs, mask, other, cache_policy, is_volatile)
+        return saved["create_masked_load"](self, ptrs, mask, *rest, **kw)
 
     def grid_idx(self, x, y, z):
         work.programs += 1
