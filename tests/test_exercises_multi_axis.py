@@ -251,8 +251,9 @@ def test_count_work_counts_masked_loads_and_every_lane():
 
 def test_interpreted_runs_compiled_mode_kernels_with_their_helpers():
     """Where kernels are compiled (a GPU machine, no TRITON_INTERPRET), `interpreted` still runs
-    a kernel and the @triton.jit helpers it calls in the interpreter, counting its work: here a
-    CPU process without the interpreter switched on."""
+    a kernel and the @triton.jit helpers it calls in the interpreter, counting its work, and
+    leaves triton.language as it found it: here a CPU process without the interpreter
+    switched on."""
     script = textwrap.dedent("""
         import torch, triton, triton.language as tl
         from triton.runtime.jit import JITFunction
@@ -261,6 +262,9 @@ def test_interpreted_runs_compiled_mode_kernels_with_their_helpers():
         from ropelib.course.work_count import interpreted
         import tests.test_exercises_multi_axis as t
         assert isinstance(t.per_head_kernel, JITFunction), type(t.per_head_kernel)
+        import inspect
+        spaces = (tl, tl.core, tl.math, tl.core.tensor, tl.core.tensor_descriptor_base)
+        before = [dict(vars(space)) for space in spaces]
         T, HQ, HK, D = 5, 3, 1, 16
         f = mrope.multi_axis_frequencies(D, [3, 3, 2], 1e4, style="mrope_interleaved")
         pos = torch.randint(0, 50, (3, T), dtype=torch.int32)
@@ -275,6 +279,11 @@ def test_interpreted_runs_compiled_mode_kernels_with_their_helpers():
         w = ex.count_mrope(t.per_head_kernel, q, k, pos, f, 4)
         assert w.sin == (HQ + HK) * 2 * 4 * D // 2, w
         assert isinstance(t._angles, JITFunction)                          # put back after
+        # triton.language as it was: the next compile (a GPU's) builds its IR with it
+        changed = [name for space, old in zip(spaces, before) for name in set(vars(space)) | set(old)
+                   if vars(space).get(name) is not old.get(name)
+                   and not inspect.ismodule(vars(space).get(name))]
+        assert not changed, changed
         print("ok")
     """)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

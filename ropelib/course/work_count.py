@@ -14,6 +14,7 @@ many elements each load reads from each tensor (the lanes whose mask is on).
 TRITON_INTERPRET=1; elsewhere (a GPU machine) its Python function run by the interpreter, on CPU
 tensors, with the @triton.jit helpers it calls by a global name interpreted along with it.
 """
+import inspect
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Dict
@@ -147,6 +148,7 @@ class _Interpreted:
             except Exception:  # noqa: BLE001 -- not in every release
                 pass
             swapped = _language_jit(_jit_globals(self.kernel.fn, {}))
+            language = _language_state()
             for space, name, obj in swapped.values():
                 space[name] = InterpretedFunction(obj.fn)
             try:
@@ -154,7 +156,34 @@ class _Interpreted:
             finally:
                 for space, name, obj in swapped.values():
                     space[name] = obj
+                _restore_language(language)
         return launch
+
+
+def _language_namespaces() -> tuple:
+    import triton.language as tl
+    return (tl, tl.core, tl.math, tl.core.tensor, tl.core.tensor_descriptor_base)
+
+
+def _language_state() -> list:
+    """What triton.language's namespaces hold now. The interpreter swaps their builtins for
+    interpreted ones while it runs a kernel, and an interpreted helper's call swaps them without
+    putting them back (Triton 3.6 and 3.9): on a GPU, the next compile would then build its IR
+    with interpreter functions and fail."""
+    return [(space, dict(vars(space))) for space in _language_namespaces()]
+
+
+def _restore_language(state: list) -> None:
+    for space, saved in state:
+        for name in set(vars(space)) - set(saved):
+            if not inspect.ismodule(vars(space)[name]):    # (a submodule imported meanwhile stays)
+                delattr(space, name)
+        for name, value in saved.items():
+            if vars(space).get(name, _MISSING) is not value:
+                setattr(space, name, value)
+
+
+_MISSING = object()
 
 
 def interpreted(kernel):
