@@ -36,24 +36,10 @@ _OLDER = "the page was rendered from an older version of the notebook; "
 
 # page -> why it is allowed to differ from its notebook for now
 STALE = {stem: _OLDER + _rerender(stem) for stem in (
-    "00-setup-and-tour",
-    "01-roformer-math",
-    "02-pytorch-reference-and-layouts",
-    "03-naive-triton-kernel",
-    "04-batch-reuse-grid-kernel",
-    "05-finished-kernel",
-    "06-backward-pass",
-    "07-te-vs-triton-live",
-    "08-debugging-allclose",
-    "09-rope-in-a-model",
-    "10-multi-axis-rope",
-    "11-rope-at-scale",
 )}
 
 # notebook -> why it has no page yet
 NO_PAGE = {stem: "not executed on a GPU yet; " + _rerender(stem) for stem in (
-    "12-rope-in-the-qkv-projection",
-    "13-rope-puzzles",
 )}
 
 PAGES = sorted(EXECUTED.glob("[0-9][0-9]-*.html"))
