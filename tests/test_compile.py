@@ -251,6 +251,19 @@ def test_inductor_fullgraph_equals_eager(kind):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["apply_rope", "thd_cp", "apply_rope_qk", "te_fused_qkv", "hf"])
+def test_inductor_static_launcher_equals_eager(kind):
+    """With Inductor's static launcher for user-defined kernels switched on (docs/API.md: the
+    cheaper launch in compiled code), ropelib's kernels compute what they compute eagerly."""
+    import torch._inductor.config as inductor_config
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    with inductor_config.patch(static_launch_user_defined_triton_kernels=True):
+        _training_equals_eager(kind, lambda fn: torch.compile(fn, fullgraph=True), device="cuda")
+    torch._dynamo.reset()
+
+
+@pytest.mark.gpu
 def test_inductor_dynamic_sequence_length_and_reduce_overhead():
     torch.manual_seed(1)
     f = ropelib.rope_freqs(4096, 128).cuda()
