@@ -1056,7 +1056,7 @@ for case in like:
     # than ropelib reading fp32 tables, forced or as ropelib picks it
     assert 0.09 < compile16 - compile32 < 0.14, case
     assert compile32 < min(ratio(tp, case, "two-pass cos/sin"), ratio(tp, case, "auto cos/sin")), case
-    # given the same bf16 tables, ropelib is up to 3 % behind forward and ahead forward+backward
+    # given the same bf16 tables, ropelib is 1-3 % behind forward and ahead forward+backward
     assert 1 <= round(behind[case]) <= 3, case
     assert ratio(tp, case, "auto cos/sin x-dtype", "fwd+bwd") > ratio(tp, case, "torch.compile", "fwd+bwd")
 assert [said(ratio(tp, s16k, p)) for p in
