@@ -320,10 +320,12 @@ assert d_kernel_c <= 1.5 * d_seed_c
 # rerun the reference on a GPU; on the CPU in fp32 the two curves are the same to a few fp32
 # ulps (the printed $d(\text{ropelib}, \text{reference})$, asserted below $10^{-5}$).
 #
-# If the line above says the committed run's validation loss turned up, its curves show the
-# memorising of section 3 at full length: the training loss falls far below the validation
-# loss, which climbs — in all three runs alike. Parity holds there too (the same model, memorising the
-# same way); it is the sampled text and the loss the run ends with that lose their meaning.
+# The committed run is the configuration at the top of this notebook on a GPU: it stops while
+# the validation loss is still at its lowest, as the line above reports. A longer run would
+# show the memorising of section 3: the training loss falling far below the validation loss,
+# which climbs, in all three runs alike. Parity would hold there too (the same model,
+# memorising the same way); it is the sampled text and the loss the run ends with that would
+# lose their meaning. If you commit a run of your own, the line above tells you which it is.
 
 # %% [markdown]
 # ### The same model with RoPE inside the QKV projection
