@@ -737,9 +737,9 @@ else:
 #   about three points, and the profile counts 3 % more DRAM bytes for it (0.96 to 0.99 of the
 #   model). Its cost is bytes, not instructions; where they come from, the counters here do not
 #   say (the two kernels differ only in where each program's batch loop starts and stops: a
-#   third grid axis picks the chunk). The equal-halves shortcut gains about five: one half of the angle row is read instead
-#   of two, and sin/cos are computed for half the features (fewer warp instructions per element,
-#   and the DRAM bytes back to 0.96). At $b = 1$ the 8-warp rung loses half its speed: a program
+#   third grid axis picks the chunk). The equal-halves shortcut gains about five: where both halves of an angle row are equal
+#   (TE's table), sin/cos are computed for one half and reused for the other (fewer warp
+#   instructions per element), and its DRAM bytes are back at the warps rung's 0.96. At $b = 1$ the 8-warp rung loses half its speed: a program
 #   then holds one token and no batch loop, so twice the warps mean twice the threads evaluating
 #   sin/cos for the same bytes (about seven times the warp instructions per element of the
 #   chunks rung, which goes back to 4 warps).
@@ -803,8 +803,7 @@ if LADDER_CSV.exists():
           f"{chunk_step:+.1f} points, equal halves {halves_step:+.1f} points")
     assert spread < 1.5 and chunk_step < -2 * spread and halves_step > 2 * spread
     # ... and what each step is, in the profile: chunks, the same programs and about the same
-    # instructions, move more DRAM bytes; equal halves read half the angles and evaluate half
-    # the sin/cos
+    # instructions, move more DRAM bytes; equal halves evaluate half the sin/cos
     m = mech
     assert m["chunks"]["programs"] == m["warps"]["programs"]
     assert abs(m["chunks"]["ncu_warp_inst_per_element"] - m["warps"]["ncu_warp_inst_per_element"]) < 0.02
