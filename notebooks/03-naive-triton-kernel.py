@@ -585,7 +585,7 @@ else:
 #   cannot account for that gap. Notebook 04 (section 5.4) measures what does — the size of the
 #   programs: the same kernel with one batch row per program is as slow as the naive one, and
 #   $B$ rows per program, so $B$ times fewer programs, is what makes it fast. Three kernels of a
-#   million one-row programs, with fourfold different instruction counts and threefold different
+#   million one-row programs, with fourfold different instruction counts and nearly threefold different
 #   occupancy, take the same time there: about 80 ns per program on each SM (04 derives and asserts it),
 #   spent starting and retiring programs.
 #
