@@ -585,9 +585,9 @@ else:
 #   cannot account for that gap. Notebook 04 (section 5.4) measures what does — the size of the
 #   programs: the same kernel with one batch row per program is as slow as the naive one, and
 #   $B$ rows per program, so $B$ times fewer programs, is what makes it fast. Three kernels of a
-#   million one-row programs, with fourfold different instruction counts and nearly threefold different
-#   occupancy, take the same time there: about 80 ns per program on each SM (04 derives and asserts it),
-#   spent starting and retiring programs.
+#   million one-row programs, with fourfold different instruction counts and nearly threefold
+#   different occupancy, take the same time there: about 80 ns per program on each SM (04
+#   derives and asserts it), spent starting and retiring programs.
 #
 # More warps per program would not help: they would split the same 64-element tiles into
 # smaller pieces per thread (notebook 04's ablation measures exactly that, and it gets slower).
