@@ -93,7 +93,21 @@ def test_large_all_features(feat):
     del y, want, g
 
 
-def test_more_than_2_31_elements():
+@pytest.fixture(params=["as planned", "finished kernel", "two passes"])
+def route(request):
+    """The route a call takes: the planner's choice, or one forced by the size threshold."""
+    from ropelib import eager
+    from ropelib.kernels import tiles
+    saved = tiles.TWO_PASS_MIN_BYTES
+    tiles.TWO_PASS_MIN_BYTES = {"as planned": saved, "finished kernel": 1 << 62,
+                                "two passes": 0}[request.param]
+    eager.SIGNATURES.clear()
+    yield request.param
+    tiles.TWO_PASS_MIN_BYTES = saved
+    eager.SIGNATURES.clear()
+
+
+def test_more_than_2_31_elements(route):
     h, d = 32, 128
     s = 2**31 // (h * d) + 64          # 2^31 + 64 * 4096 elements, ~4.3 GB in bf16
     free, _ = torch.cuda.mem_get_info()
@@ -119,6 +133,28 @@ def test_more_than_2_31_elements():
                        compute_dtype=torch.float32).sum().backward()
         torch.testing.assert_close(x.grad[sl], xs.grad.to(torch.bfloat16), atol=BF16[0], rtol=BF16[1])
     del x
+    torch.cuda.empty_cache()
+
+
+def test_q_and_k_with_q_past_2_31_elements(route):
+    """q past 2^31 elements and k beside it: the flat pass's programs for k come after q's, so
+    the count of q's programs must not overflow (it once did, and nothing was written)."""
+    hq, hk, d = 32, 8, 128
+    s = 2**31 // (hq * d) + 64
+    free, _ = torch.cuda.mem_get_info()
+    if free < 24 * 2**30:
+        pytest.skip(f"needs ~24 GB of free GPU memory, {free / 2**30:.1f} GB free")
+    freqs = ropelib.rope_freqs(s, d, device=DEV)
+    q = torch.empty(s, 1, hq, d, device=DEV, dtype=torch.bfloat16).normal_()
+    k = torch.empty(s, 1, hk, d, device=DEV, dtype=torch.bfloat16).normal_()
+    qo, ko = ropelib.apply_rope_qk(q, k, freqs)
+    for lo in (0, 2**31 // (hq * d) - 4, s - 8):
+        sl = slice(lo, lo + 8)
+        ids = torch.arange(lo, lo + 8, device=DEV)
+        for got, x in ((qo, q), (ko, k)):
+            want = rope_reference(x[sl], position_ids=ids, freqs=freqs, compute_dtype=torch.float32)
+            torch.testing.assert_close(got[sl], want, atol=BF16[0], rtol=BF16[1])
+    del q, k, qo, ko
     torch.cuda.empty_cache()
 
 
