@@ -2,7 +2,8 @@
 
 * large shapes, every feature, forward and backward, against the reference computed in fp32 on
   the GPU (in head chunks, to bound memory);
-* a tensor with more than 2^31 elements (64-bit offsets): slices near the end checked;
+* tensors with more than 2^31 elements (64-bit offsets) on every route, and through the
+  multi-axis and QK-norm kernels: slices at the start, across the boundary and at the end;
 * parity with the real Transformer Engine when `transformer_engine` imports;
 * the direct launcher (kernels/direct.py) gives the same bits as Triton's own launch path, also
   for misaligned views;
@@ -395,3 +396,53 @@ def test_decode_sizes(layout, interleaved):
     # TE's unfused path on the same decode step agrees within its own rounding
     u = te_unfused(q, freqs, layout, sp, interleaved)
     torch.testing.assert_close(qo, u, atol=4e-2, rtol=4 * 2**-7)
+
+
+# --- the fused kernels past 2^31 elements --------------------------------------------------------
+# q past 2^31 elements: each kernel's output at the start, across the boundary and at the end
+# against the same kernel on those few tokens alone (positions given explicitly).
+
+def _past_2_31_tokens(heads: int, d: int, gib: int) -> int:
+    free, _ = torch.cuda.mem_get_info()
+    if free < gib * 2**30:
+        pytest.skip(f"needs ~{gib} GB of free GPU memory, {free / 2**30:.1f} GB free")
+    return 2**31 // (heads * d) + 64
+
+
+def _slices(t: int, heads: int, d: int):
+    return [slice(lo, lo + 8) for lo in (0, 2**31 // (heads * d) - 4, t - 8)]
+
+
+def test_multi_axis_past_2_31_elements():
+    hq, hk, d = 32, 8, 128
+    t = _past_2_31_tokens(hq, d, 24)
+    f = ropelib.multi_axis_frequencies(d, [16, 24, 24], 1e6, device=DEV)
+    q = torch.empty(t, hq, d, device=DEV, dtype=torch.bfloat16).normal_()
+    k = torch.empty(t, hk, d, device=DEV, dtype=torch.bfloat16).normal_()
+    pos = torch.randint(0, 8192, (3, t), device=DEV)
+    qo, ko = ropelib.apply_mrope_qk(q, k, pos, f, layout="thd")
+    for sl in _slices(t, hq, d):
+        want_q, want_k = ropelib.apply_mrope_qk(q[sl], k[sl], pos[:, sl].contiguous(), f,
+                                                layout="thd")
+        torch.testing.assert_close(qo[sl], want_q, atol=BF16[0], rtol=BF16[1])
+        torch.testing.assert_close(ko[sl], want_k, atol=BF16[0], rtol=BF16[1])
+    del q, k, qo, ko
+    torch.cuda.empty_cache()
+
+
+def test_qk_norm_rope_past_2_31_elements():
+    hq, hk, d = 32, 8, 128
+    t = _past_2_31_tokens(hq, d, 24)
+    q = torch.empty(1, t, hq, d, device=DEV, dtype=torch.bfloat16).normal_()
+    k = torch.empty(1, t, hk, d, device=DEV, dtype=torch.bfloat16).normal_()
+    w_q, w_k = 1 + 0.3 * torch.randn(d, device=DEV), 1 + 0.3 * torch.randn(d, device=DEV)
+    freqs = ropelib.rope_freqs(t, d, device=DEV)
+    qo, ko = ropelib.qk_norm_rope(q, k, w_q, w_k, freqs)
+    for sl in _slices(t, hq, d):
+        ids = torch.arange(sl.start, sl.stop, device=DEV)[None]
+        want_q, want_k = ropelib.qk_norm_rope(q[:, sl], k[:, sl], w_q, w_k, freqs,
+                                              position_ids=ids)
+        torch.testing.assert_close(qo[:, sl], want_q, atol=BF16[0], rtol=BF16[1])
+        torch.testing.assert_close(ko[:, sl], want_k, atol=BF16[0], rtol=BF16[1])
+    del q, k, qo, ko
+    torch.cuda.empty_cache()
