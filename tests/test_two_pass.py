@@ -777,3 +777,21 @@ def test_rows_by_position_through_the_operator(how, by_position):
     assert len(by_position) >= 2 and all(by_position), "rows by position, forward and backward"
     assert_same_bits(got, want, how)
     torch._dynamo.reset()
+
+
+def test_flat_pass_counts_q_programs_past_2_31_elements():
+    """The flat pass sends programs past q's count to k. For a q of more than 2^31 elements the
+    count must be taken in int64: in int32 it wrapped negative, every program went to k's branch,
+    and with no k nothing was written (found on an H200). One program of such a call, run on a
+    tensor holding just its block, rotates that block."""
+    from ropelib.kernels.flat import _rope_rows_kernel
+    xblock, D, HQ = 1024, 128, 32
+    S = 2**31 // (HQ * D) + 64                   # q would hold 2^31 + 64 * HQ * D elements
+    q = torch.randn(xblock, dtype=torch.bfloat16, device=DEVICE)
+    out = torch.full_like(q, float("nan"))
+    cos, sin = torch.ones(1, D, device=DEVICE), torch.zeros(1, D, device=DEVICE)  # identity row
+    _rope_rows_kernel[(1,)](q, out, None, None, cos, sin, None, S, 1, HQ, 0, 0, 0, 0, 0,
+                            D=D, R=D, LAYOUT=0, INTERLEAVED=False, BACKWARD=False, SIGNED=True,
+                            PER_ENTRY=False, KEEP_TABLE=False, AXIS_H_FROM=D // 2,
+                            AXIS_W_FROM=D // 2, XBLOCK=xblock, INT64=True)
+    assert torch.equal(out, q), f"{int(out.isnan().sum())} of {xblock} elements not written"
