@@ -557,6 +557,8 @@ def _synthetic_floor_csv(folder: Path, gpu: str, liger: bool) -> Path:
     m.add("forward 256 MiB bf16 bshd", "copy", 0.25, 0.25)
     m.add("forward 256 MiB bf16 bshd", "ropelib", 0.25 / 0.95, 0.25)
     m.add("forward 256 MiB bf16 bshd", "liger", 0.25 / 0.5 if liger else None, 0.25, "no liger")
+    m.add("forward 256 MiB bf16 bshd", "flash_attn", 0.25 / 0.8 if liger else None, 0.25,
+          "flash-attn not installed")
     m.add("decode host forward sbhd", "copy", 0.002, 0.002)
     m.add("decode host forward sbhd", "ropelib", 0.0219, 0.002)
     m.add("decode host forward sbhd", "te_fused", 0.0172, 0.002)
@@ -575,14 +577,14 @@ def test_readme_table_renders_floor_csvs(tmp_path):
     lines = table.splitlines()
     head = next(line for line in lines if line.startswith("| case"))
     assert head == ("| case | H100 ropelib | H100 torch.compile | H100 TE | H100 Liger "
-                    "| H200 ropelib | H200 torch.compile | H200 TE |")
+                    "| H100 flash-attn | H200 ropelib | H200 torch.compile | H200 TE |")
     rows = {line.split(" | ")[0][2:]: line for line in lines if line.startswith("| ")}
     assert rows["forward 1 GiB bf16 sbhd"] == \
-        "| forward 1 GiB bf16 sbhd | 0.977 | 1.004 | — | — | 0.977 | 1.004 | — |"
+        "| forward 1 GiB bf16 sbhd | 0.977 | 1.004 | — | — | — | 0.977 | 1.004 | — |"
     assert rows["forward 256 MiB bf16 bshd"] == \
-        "| forward 256 MiB bf16 bshd | 0.950 | — | — | 0.500 | 0.950 | — | — |"
+        "| forward 256 MiB bf16 bshd | 0.950 | — | — | 0.500 | 0.800 | 0.950 | — | — |"
     assert rows["decode host forward sbhd"] == \
-        "| decode host forward sbhd | 21.9 µs | — | 17.2 µs | — | 21.9 µs | — | 17.2 µs |"
+        "| decode host forward sbhd | 21.9 µs | — | 17.2 µs | — | — | 21.9 µs | — | 17.2 µs |"
     assert "H100: NVIDIA H100 80GB HBM3, driver 1.0, torch 9.9" in table
     assert "([CSV](floor-nvidia-h200.csv))" in table
     # into a README between the markers, and back out
