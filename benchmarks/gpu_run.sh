@@ -16,6 +16,7 @@
 #   bash benchmarks/gpu_run.sh ablation  # notebook 04's ablation: what makes the grid kernel fast
 #   bash benchmarks/gpu_run.sh ladder    # notebook 05's ladder: from batch-reuse to the finished kernel
 #   bash benchmarks/gpu_run.sh features  # fused QK-norm, KV-cache write, M-RoPE, table-free angles
+#   bash benchmarks/gpu_run.sh qkv-mainloop  # the QKV projection's GEMM mainloop three ways vs cuBLAS
 #   bash benchmarks/gpu_run.sh notebooks # every notebook executed with its outputs (needs nbclient
 #                                        # and ipykernel; installed from ./.gpu-wheels if there;
 #                                        # ONLY=NN-slug for the ones named so, ONLY=03,07 for several)
@@ -113,6 +114,10 @@ for what in "${@:-tests}"; do
             step angle_precision "$PY" benchmarks/angle_precision.py --time \
                 --out "$RESULTS/angle_precision-$tag.csv" --figure figures/10-angle-precision.png
             keep "$RESULTS/angle_precision-$tag.csv" figures/10-angle-precision.png ;;
+        qkv-mainloop)
+            step qkv-mainloop "$PY" benchmarks/qkv_mainloop_probe.py \
+                --out "$RESULTS/qkv_mainloop-$gpu.csv"
+            keep "$RESULTS/qkv_mainloop-$gpu.csv" ;;
         notebooks)
             if ! "$PY" -c "import nbclient, ipykernel" 2>/dev/null && [ -d .gpu-wheels ]; then
                 "$PY" -m pip install -q --no-index --find-links .gpu-wheels nbclient ipykernel ipywidgets
@@ -124,7 +129,7 @@ for what in "${@:-tests}"; do
                 ${ONLY:+--only "$ONLY"}
             [ -n "${OUT:-}" ] && tar czf "$OUT/executed-$tag.tar.gz" -C "$executed" . ;;
         *)
-            echo "unknown step: $what (tests, targets, floor, two-pass, decode, model, sweeps, ablation, ladder, features, notebooks)"; exit 2 ;;
+            echo "unknown step: $what (tests, targets, floor, two-pass, decode, model, sweeps, ablation, ladder, features, qkv-mainloop, notebooks)"; exit 2 ;;
     esac
 done
 exit $rc

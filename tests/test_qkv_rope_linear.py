@@ -691,3 +691,15 @@ def test_planned_launches_name_every_argument_and_their_dtypes():
         deeper = planning.Launch(bf.grid, bf.num_warps, bf.args, bf.dtypes, bf.device,
                                  bf.launcher, num_stages=(bf.num_stages or 1) + 1)
         assert deeper != bf and deeper.options()["num_stages"] == (bf.num_stages or 1) + 1
+
+
+def test_mainloop_probe_variants_compute_the_projection(capsys):
+    """benchmarks/qkv_mainloop_probe.py's GEMM variants (pointer loads, TMA descriptors) compute
+    x W^T at a small size, here (the interpreter) as on a GPU."""
+    spec = importlib.util.spec_from_file_location("qkv_mainloop_probe",
+                                                  ROOT / "benchmarks" / "qkv_mainloop_probe.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    probe.check()
+    out = capsys.readouterr().out
+    assert "pointers: max error" in out and "descriptors: max error" in out

@@ -1,0 +1,249 @@
+"""The QKV projection's GEMM mainloop alone, three ways, against cuBLAS: which one a fused RoPE
+epilogue could sit on (RoPE in the QKV projection, kernels/qkv_gemm.py).
+
+The fused forward cannot beat cuBLAS followed by a RoPE pass until its GEMM is close to
+cuBLAS's: ropelib's Triton GEMM without the rotation (`qkv_gemm`, ROTATE=False) takes 0.697 ms
+against cuBLAS's 0.615 at 8192 tokens on an H200 (results/qkv_tiles-nvidia-h200.csv). Its
+mainloop differs from a plain Triton GEMM in three ways this probe separates:
+
+    product     kernels/qkv_gemm's forward, ROTATE=False: a head's D columns as two
+                accumulators [BLOCK_M, D/2] (the rotate-half pairs' rows gathered), masked
+                loads along M and K
+    pointers    one accumulator [BLOCK_M, BLOCK_N], BLOCK_N a multiple of the head dim,
+                unmasked pointer loads (M, N and K divisible by the tile), grouped order
+    descriptors the same with TMA loads (triton.tools.tensor_descriptor.TensorDescriptor)
+
+Every variant computes y = x W^T [M, N] for Llama-3-8B's projection (hidden 4096, 32 + 8 + 8
+heads of 128, bf16); the timed rows are ratios to cuBLAS's `torch.nn.functional.linear` in the
+same run.
+
+    python benchmarks/qkv_mainloop_probe.py [--tokens 8192 32768] [--out CSV]   # GPU: time
+    python benchmarks/qkv_mainloop_probe.py --sass            # no GPU needed: sm_90 registers,
+                                                              # spills, MMA and TMA instructions
+    TRITON_INTERPRET=1 python benchmarks/qkv_mainloop_probe.py --check   # small, any machine
+"""
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import torch
+import triton
+import triton.language as tl
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, HERE)
+
+from ropelib.kernels.qkv_gemm import _mma  # noqa: E402  (tl.dot; bf16 widened in the interpreter)
+
+HIDDEN, HQ, HK, D = 4096, 32, 8, 128
+N = (HQ + 2 * HK) * D
+
+
+@triton.jit
+def _grouped(pid, n_rows, n_cols, GROUP: tl.constexpr):
+    # a program id -> (row tile, column tile), GROUP row tiles at a time (Triton's tutorial 03)
+    width = GROUP * n_cols
+    first = (pid // width) * GROUP
+    size = tl.minimum(n_rows - first, GROUP)
+    return first + (pid % width) % size, (pid % width) // size
+
+
+@triton.jit
+def _gemm_pointers(x_ptr, w_ptr, y_ptr, M, N, K,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   GROUP_M: tl.constexpr):
+    # y [M, N] = x [M, K] @ w [N, K]^T; one program per (BLOCK_M, BLOCK_N) tile, grouped order;
+    # M, N, K divisible by the tile (no masks)
+    pid_m, pid_n = _grouped(tl.program_id(0), M // BLOCK_M, N // BLOCK_N, GROUP_M)
+    m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    kk = tl.arange(0, BLOCK_K)
+    x_rows = x_ptr + m[:, None] * K + kk[None, :]         # [BLOCK_M, BLOCK_K]
+    w_cols = w_ptr + n[None, :] * K + kk[:, None]         # [BLOCK_K, BLOCK_N]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        acc = _mma(tl.load(x_rows + k0), tl.load(w_cols + k0), acc, "tf32")
+    tl.store(y_ptr + m[:, None] * N + n[None, :], acc.to(y_ptr.dtype.element_ty))
+
+
+@triton.jit
+def _gemm_descriptors(x_desc, w_desc, y_desc, M, N, K,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                      GROUP_M: tl.constexpr):
+    # the same, with the tiles moved by TMA: x_desc blocks [BLOCK_M, BLOCK_K], w_desc
+    # [BLOCK_N, BLOCK_K], y_desc [BLOCK_M, BLOCK_N]
+    pid_m, pid_n = _grouped(tl.program_id(0), M // BLOCK_M, N // BLOCK_N, GROUP_M)
+    m0 = pid_m * BLOCK_M
+    n0 = pid_n * BLOCK_N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        acc = _mma(x_desc.load([m0, k0]), w_desc.load([n0, k0]).T, acc, "tf32")
+    y_desc.store([m0, n0], acc.to(y_desc.dtype))
+
+
+def run_pointers(x, w, tile):
+    bm, bn, bk, group, warps, stages = tile
+    M, K = x.shape
+    y = torch.empty(M, w.shape[0], dtype=x.dtype, device=x.device)
+    grid = ((M // bm) * (w.shape[0] // bn),)
+    _gemm_pointers[grid](x, w, y, M, w.shape[0], K, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                         GROUP_M=group, num_warps=warps, num_stages=stages)
+    return y
+
+
+def run_descriptors(x, w, tile):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    bm, bn, bk, group, warps, stages = tile
+    M, K = x.shape
+    y = torch.empty(M, w.shape[0], dtype=x.dtype, device=x.device)
+    grid = ((M // bm) * (w.shape[0] // bn),)
+    _gemm_descriptors[grid](TensorDescriptor.from_tensor(x, [bm, bk]),
+                            TensorDescriptor.from_tensor(w, [bn, bk]),
+                            TensorDescriptor.from_tensor(y, [bm, bn]), M, w.shape[0], K,
+                            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group,
+                            num_warps=warps, num_stages=stages)
+    return y
+
+
+def run_product(x, w, tokens):
+    """kernels/qkv_gemm's forward without the rotation, at its GPU tiles: q, k, v heads."""
+    from ropelib.kernels import qkv_gemm as QG
+    from ropelib.kernels.planning import pointer_dtypes, start
+    M = x.shape[0]
+    outs = [torch.empty(1, M, h, D, dtype=x.dtype, device=x.device) for h in (HQ, HK, HK)]
+    ptrs = (x, w, None, *outs, None, None, None, None, None, None, None, None)
+    planned = QG.plan("fwd", S=M, B=1, K=x.shape[1], HQ=HQ, HK=HK, D=D, R=D, P=1, ids=None,
+                      cu_seqlens=None, layout="bshd", interleaved=False, eps=1e-6,
+                      device=x.device, dtypes=pointer_dtypes(ptrs), rotate=False)
+    start(planned.launcher, planned, ptrs)
+    return torch.cat([o.reshape(M, -1) for o in outs], dim=1)
+
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages): the plain GEMM's usual Hopper
+# tiles, each BLOCK_N a multiple of the head dim (a fused epilogue needs whole heads)
+TILES = [(128, 128, 64, 8, 8, 3), (128, 128, 64, 8, 8, 4), (128, 256, 64, 8, 8, 3),
+         (256, 128, 64, 8, 8, 3), (128, 128, 128, 8, 8, 3)]
+
+
+def check() -> None:
+    """Small shapes (interpreter or GPU): every variant equals the fp32 product."""
+    dev = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" \
+        else "cpu"
+    torch.manual_seed(0)
+    x = torch.randn(256, 128, device=dev).to(torch.bfloat16)
+    w = torch.randn(256, 128, device=dev).to(torch.bfloat16)
+    want = (x.float() @ w.float().T)
+    for name, fn in (("pointers", run_pointers), ("descriptors", run_descriptors)):
+        got = fn(x, w, (64, 128, 64, 2, 4, 2)).float()
+        err = (got - want).abs().max().item() / want.abs().max().item()
+        assert err < 2**-7, (name, err)
+        print(f"{name}: max error {err:.1e} of the largest output")
+
+
+def _signature(name: str, bm: int, bn: int, bk: int) -> dict:
+    """The kernel's argument types as a launch with contiguous bf16 tensors gives them."""
+    if name == "pointers":
+        tensors = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16"}
+    else:
+        tensors = {"x_desc": f"tensordesc<bf16[{bm},{bk}]>",
+                   "w_desc": f"tensordesc<bf16[{bn},{bk}]>",
+                   "y_desc": f"tensordesc<bf16[{bm},{bn}]>"}
+    return dict(tensors, M="i32", N="i32", K="i32", BLOCK_M="constexpr", BLOCK_N="constexpr",
+                BLOCK_K="constexpr", GROUP_M="constexpr")
+
+
+def sass() -> None:
+    """Compile each variant for sm_90 here (no GPU) and count what the SASS holds."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    target = GPUTarget("cuda", 90, 32)
+    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    for name, kernel in (("pointers", _gemm_pointers), ("descriptors", _gemm_descriptors)):
+        for bm, bn, bk, group, warps, stages in TILES:
+            constexprs = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group}
+            attrs = {(i,): [["tt.divisibility", 16]] for i in range(6)}   # as a launch sees them
+            source = ASTSource(kernel, _signature(name, bm, bn, bk), constexprs, attrs)
+            try:
+                compiled = triton.compile(source, target=target,
+                                          options={"num_warps": warps, "num_stages": stages})
+            except Exception as e:  # noqa: BLE001 -- report and go on
+                print(f"{name:12s} {bm}x{bn}x{bk} w{warps} s{stages}: does not compile "
+                      f"({type(e).__name__}: {str(e).splitlines()[0][:120]})")
+                continue
+            with tempfile.TemporaryDirectory() as tmp:
+                cubin = os.path.join(tmp, "k.cubin")
+                with open(cubin, "wb") as f:
+                    f.write(compiled.asm["cubin"])
+                code = subprocess.run([os.path.join(tools, "nvdisasm"), "-c", cubin],
+                                      capture_output=True, text=True, check=True).stdout
+                usage = subprocess.run([os.path.join(tools, "cuobjdump"), "-res-usage", cubin],
+                                       capture_output=True, text=True, check=True).stdout
+            regs, stack = re.search(r"REG:(\d+)", usage), re.search(r"STACK:(\d+)", usage)
+            mma = sorted(set(re.findall(r"HGMMA\.(\d+x\d+x\d+)", code)))
+            print(f"{name:12s} {bm}x{bn}x{bk} w{warps} s{stages}: "
+                  f"{regs.group(1) if regs else '?'} registers, "
+                  f"stack {stack.group(1) if stack else '?'} B, shared {compiled.metadata.shared} B, "
+                  f"HGMMA {mma} x{code.count('HGMMA.')}, TMA loads {code.count('UTMALDG')}, "
+                  f"cp.async {code.count('LDGSTS')}")
+
+
+def time_all(token_counts, out) -> None:
+    from ropelib.bench import compare
+    rows = []
+    for tokens in token_counts:
+        x = torch.randn(tokens, HIDDEN, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(N, HIDDEN, device="cuda", dtype=torch.bfloat16) * 0.02
+        want = torch.nn.functional.linear(x, w)
+        flop = 2 * tokens * N * HIDDEN
+        runs = {"cublas": lambda: torch.nn.functional.linear(x, w),
+                "product": lambda: run_product(x, w, tokens)}
+        for tile in TILES:
+            runs[f"pointers {tile}"] = (lambda t: lambda: run_pointers(x, w, t))(tile)
+            runs[f"descriptors {tile}"] = (lambda t: lambda: run_descriptors(x, w, t))(tile)
+        timed = {}
+        for name, fn in runs.items():
+            try:
+                got = fn()
+                err = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
+                ms = triton.testing.do_bench(fn, quantiles=[0.5, 0.2, 0.8])
+            except Exception as e:  # noqa: BLE001 -- a tile that does not fit: say so
+                rows.append(dict(tokens=tokens, variant=name, reason=f"{type(e).__name__}: "
+                                 f"{str(e).splitlines()[0][:200]}"))
+                print(f"{tokens:6d} {name:40s} failed: {rows[-1]['reason']}", flush=True)
+                continue
+            timed[name] = ms[0]
+            rows.append(dict(tokens=tokens, variant=name, ms=ms[0], ms_p20=ms[1], ms_p80=ms[2],
+                             tflops=flop / ms[0] / 1e9, max_rel_err=err))
+        for r in rows:
+            if r["tokens"] == tokens and r.get("ms"):
+                r["cublas_ms_over_ms"] = timed["cublas"] / r["ms"]
+                print(f"{tokens:6d} {r['variant']:40s} {r['ms']:.4f} ms {r['tflops']:6.0f} "
+                      f"TFLOP/s  {r['cublas_ms_over_ms']:.3f} of cuBLAS's speed", flush=True)
+    if out:
+        compare.write_csv(rows, out, compare.environment_meta(),
+                          fields=["tokens", "variant", "ms", "ms_p20", "ms_p80", "tflops",
+                                  "cublas_ms_over_ms", "max_rel_err", "reason"])
+        print(f"wrote {out}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tokens", type=int, nargs="+", default=[8192, 32768])
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--sass", action="store_true", help="compile for sm_90 here, no GPU")
+    ap.add_argument("--check", action="store_true", help="small shapes, every variant")
+    args = ap.parse_args(argv)
+    if args.check:
+        check()
+    elif args.sass:
+        sass()
+    else:
+        time_all(args.tokens, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
