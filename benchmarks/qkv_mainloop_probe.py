@@ -23,6 +23,7 @@ same run.
     TRITON_INTERPRET=1 python benchmarks/qkv_mainloop_probe.py --check   # small, any machine
 """
 import argparse
+import itertools
 import os
 import re
 import subprocess
@@ -36,6 +37,7 @@ import triton.language as tl
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, HERE)
 
+import ropelib  # noqa: E402  (the unfused pipeline's RoPE)
 from ropelib.kernels.qkv_gemm import _mma  # noqa: E402  (tl.dot; bf16 widened in the interpreter)
 
 HIDDEN, HQ, HK, D = 4096, 32, 8, 128
@@ -84,6 +86,93 @@ def _gemm_descriptors(x_desc, w_desc, y_desc, M, N, K,
     y_desc.store([m0, n0], acc.to(y_desc.dtype))
 
 
+@triton.jit
+def _qkv_rope_descriptors(x_desc, w_desc, q_desc, k_desc, v_desc, theta_ptr, M, S, K, HQ, HK,
+                          BLOCK_M: tl.constexpr, D: tl.constexpr, BLOCK_K: tl.constexpr,
+                          GROUP_M: tl.constexpr, TWO_ACC: tl.constexpr,
+                          COS_SIN_TABLE: tl.constexpr):
+    # The fused candidate: the descriptors' mainloop with a whole head per program, then for
+    # q and k heads the rotate-half epilogue, one angle per pair (both members share cos and
+    # sin), row m % S: theta_ptr holds the angles [S, D/2] fp32 (cos and sin evaluated here,
+    # libdevice's), or with COS_SIN_TABLE cos [S, D/2] then sin [S, D/2], fp32, loaded.
+    # q, k, v are [M, heads * D] (bshd with B S = M), written
+    # by TMA as two [BLOCK_M, D/2] halves, so the rotated halves are never joined.
+    #   TWO_ACC False: one [BLOCK_M, D] accumulator (w_desc blocks [D, BLOCK_K]: one
+    #     m64nDk16 MMA per step); the pairs (j, j + D/2) sit D/2 columns apart in it, so it is
+    #     reshaped to [BLOCK_M, 2, D/2], the halves moved last and split (Triton chooses how
+    #     the registers move).
+    #   TWO_ACC True: two [BLOCK_M, D/2] accumulators, one per half of the head's weight rows
+    #     (w_desc blocks [D/2, BLOCK_K]: two m64n(D/2)k16 MMAs per step), nothing to split.
+    HALF: tl.constexpr = D // 2
+    pid_m, h = _grouped(tl.program_id(0), M // BLOCK_M, HQ + 2 * HK, GROUP_M)
+    m0 = pid_m * BLOCK_M
+    if TWO_ACC:
+        a = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
+        b = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            xt = x_desc.load([m0, k0])
+            a = _mma(xt, w_desc.load([h * D, k0]).T, a, "tf32")
+            b = _mma(xt, w_desc.load([h * D + HALF, k0]).T, b, "tf32")
+    else:
+        acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            acc = _mma(x_desc.load([m0, k0]), w_desc.load([h * D, k0]).T, acc, "tf32")
+        a, b = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
+    if h < HQ + HK:
+        pos = (m0 + tl.arange(0, BLOCK_M)) % S                          # [BLOCK_M]
+        row = theta_ptr + pos[:, None] * HALF + tl.arange(0, HALF)[None, :]
+        if COS_SIN_TABLE:
+            c, s = tl.load(row), tl.load(row + S * HALF)                 # [BLOCK_M, HALF]
+        else:
+            theta = tl.load(row)
+            c, s = tl.cos(theta), tl.sin(theta)
+        ya = (a * c - b * s).to(q_desc.dtype)
+        yb = (b * c + a * s).to(q_desc.dtype)
+        if h < HQ:
+            q_desc.store([m0, h * D], ya)
+            q_desc.store([m0, h * D + HALF], yb)
+        else:
+            k_desc.store([m0, (h - HQ) * D], ya)
+            k_desc.store([m0, (h - HQ) * D + HALF], yb)
+    else:
+        v_desc.store([m0, (h - HQ - HK) * D], a.to(v_desc.dtype))
+        v_desc.store([m0, (h - HQ - HK) * D + HALF], b.to(v_desc.dtype))
+
+
+def run_fused(x, w, theta, S, heads, tile, two_acc=False, table=False):
+    """q, k, v [M, heads * D] rotated (q, k) by the descriptors' fused candidate; theta the
+    angles [S, D/2], or with table=True their cos then sin, [2 S, D/2] (cos_sin_table)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    bm, bk, group, warps, stages = tile
+    hq, hk = heads
+    M, K = x.shape
+    d = w.shape[0] // (hq + 2 * hk)
+    outs = [torch.empty(M, h * d, dtype=x.dtype, device=x.device) for h in (hq, hk, hk)]
+    grid = ((M // bm) * (hq + 2 * hk),)
+    _qkv_rope_descriptors[grid](TensorDescriptor.from_tensor(x, [bm, bk]),
+                                TensorDescriptor.from_tensor(w, [d // 2 if two_acc else d, bk]),
+                                *(TensorDescriptor.from_tensor(o, [bm, d // 2]) for o in outs),
+                                theta, M, S, K, hq, hk, BLOCK_M=bm, D=d, BLOCK_K=bk, GROUP_M=group,
+                                TWO_ACC=two_acc, COS_SIN_TABLE=table, num_warps=warps,
+                                num_stages=stages)
+    return outs
+
+
+def cos_sin_table(theta):
+    """The fused candidate's table: cos [S, D/2] then sin [S, D/2], fp32."""
+    return torch.cat((theta.cos(), theta.sin())).contiguous()
+
+
+def rope_reference(y, theta, S):
+    """y [M, heads * D] rotated with rotate-half pairs, angle row m % S: fp32."""
+    M = y.shape[0]
+    d = 2 * theta.shape[1]
+    y = y.float().reshape(M, -1, d)
+    t = theta[torch.arange(M, device=y.device) % S][:, None, :]
+    a, b = y[..., : d // 2], y[..., d // 2:]
+    return torch.cat((a * t.cos() - b * t.sin(), b * t.cos() + a * t.sin()), -1).reshape(M, -1)
+
+
 def run_pointers(x, w, tile):
     bm, bn, bk, group, warps, stages = tile
     M, K = x.shape
@@ -126,6 +215,8 @@ def run_product(x, w, tokens):
 # tiles, each BLOCK_N a multiple of the head dim (a fused epilogue needs whole heads)
 TILES = [(128, 128, 64, 8, 8, 3), (128, 128, 64, 8, 8, 4), (128, 256, 64, 8, 8, 3),
          (256, 128, 64, 8, 8, 3), (128, 128, 128, 8, 8, 3)]
+# the fused candidate's (BLOCK_M, BLOCK_K, GROUP_M, num_warps, num_stages); BLOCK_N = D
+FUSED_TILES = [(128, 64, 8, 8, 3), (128, 64, 8, 8, 4), (64, 64, 8, 4, 4), (128, 128, 8, 8, 3)]
 
 
 def check() -> None:
@@ -141,6 +232,22 @@ def check() -> None:
         err = (got - want).abs().max().item() / want.abs().max().item()
         assert err < 2**-7, (name, err)
         print(f"{name}: max error {err:.1e} of the largest output")
+    hq, hk, d, S = 2, 1, 64, 96
+    w = torch.randn((hq + 2 * hk) * d, 128, device=dev).to(torch.bfloat16)
+    theta = (torch.rand(S, d // 2, device=dev) * 100).float()
+    y = x.float() @ w.float().T
+    want = [rope_reference(y[:, : hq * d], theta, S), rope_reference(y[:, hq * d:(hq + hk) * d],
+                                                                      theta, S),
+            y[:, (hq + hk) * d:]]
+    for two_acc, table in itertools.product((False, True), (False, True)):
+        got = run_fused(x, w, cos_sin_table(theta) if table else theta, S, (hq, hk),
+                        (64, 64, 2, 4, 2), two_acc, table)
+        errs = [(g.float() - t).abs().max().item() / t.abs().max().item()
+                for g, t in zip(got, want)]
+        assert max(errs) < 2**-7, (two_acc, table, errs)
+        print(f"fused candidate, {'two accumulators' if two_acc else 'one accumulator'}, "
+              f"{'cos/sin table' if table else 'angles'} (q, k rotated, v): max error "
+              f"{max(errs):.1e} of the largest output")
 
 
 def _signature(name: str, bm: int, bn: int, bk: int) -> dict:
@@ -155,39 +262,73 @@ def _signature(name: str, bm: int, bn: int, bk: int) -> dict:
                 BLOCK_K="constexpr", GROUP_M="constexpr")
 
 
-def sass() -> None:
-    """Compile each variant for sm_90 here (no GPU) and count what the SASS holds."""
+def _compile_sm90(kernel, signature: dict, constexprs: dict, warps: int, stages: int):
+    """(registers, stack bytes, shared bytes, the SASS) of a kernel compiled for sm_90 here."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    target = GPUTarget("cuda", 90, 32)
+    n_args = sum(1 for v in signature.values() if v != "constexpr")
+    attrs = {(i,): [["tt.divisibility", 16]] for i in range(n_args)}   # as a launch sees them
+    compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs),
+                              target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": warps, "num_stages": stages})
     tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = os.path.join(tmp, "k.cubin")
+        with open(cubin, "wb") as f:
+            f.write(compiled.asm["cubin"])
+        code = subprocess.run([os.path.join(tools, "nvdisasm"), "-c", cubin],
+                              capture_output=True, text=True, check=True).stdout
+        usage = subprocess.run([os.path.join(tools, "cuobjdump"), "-res-usage", cubin],
+                               capture_output=True, text=True, check=True).stdout
+    regs, stack = re.search(r"REG:(\d+)", usage), re.search(r"STACK:(\d+)", usage)
+    return (regs.group(1) if regs else "?", stack.group(1) if stack else "?",
+            compiled.metadata.shared, code)
+
+
+def _report(label: str, compiled) -> None:
+    regs, stack, shared, code = compiled
+    mma = sorted(set(re.findall(r"HGMMA\.(\d+x\d+x\d+)", code)))
+    print(f"{label}: {regs} registers, stack {stack} B, shared {shared} B, HGMMA {mma} "
+          f"x{code.count('HGMMA.')}, TMA loads {code.count('UTMALDG')}, TMA stores "
+          f"{code.count('UTMASTG')}, cp.async {code.count('LDGSTS')}")
+
+
+def sass() -> None:
+    """Compile each variant for sm_90 here (no GPU) and count what the SASS holds."""
     for name, kernel in (("pointers", _gemm_pointers), ("descriptors", _gemm_descriptors)):
         for bm, bn, bk, group, warps, stages in TILES:
-            constexprs = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": group}
-            attrs = {(i,): [["tt.divisibility", 16]] for i in range(6)}   # as a launch sees them
-            source = ASTSource(kernel, _signature(name, bm, bn, bk), constexprs, attrs)
+            label = f"{name:12s} {bm}x{bn}x{bk} w{warps} s{stages}"
             try:
-                compiled = triton.compile(source, target=target,
-                                          options={"num_warps": warps, "num_stages": stages})
+                compiled = _compile_sm90(kernel, _signature(name, bm, bn, bk),
+                                         {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
+                                          "GROUP_M": group}, warps, stages)
             except Exception as e:  # noqa: BLE001 -- report and go on
-                print(f"{name:12s} {bm}x{bn}x{bk} w{warps} s{stages}: does not compile "
-                      f"({type(e).__name__}: {str(e).splitlines()[0][:120]})")
+                print(f"{label}: does not compile ({type(e).__name__}: "
+                      f"{str(e).splitlines()[0][:120]})")
                 continue
-            with tempfile.TemporaryDirectory() as tmp:
-                cubin = os.path.join(tmp, "k.cubin")
-                with open(cubin, "wb") as f:
-                    f.write(compiled.asm["cubin"])
-                code = subprocess.run([os.path.join(tools, "nvdisasm"), "-c", cubin],
-                                      capture_output=True, text=True, check=True).stdout
-                usage = subprocess.run([os.path.join(tools, "cuobjdump"), "-res-usage", cubin],
-                                       capture_output=True, text=True, check=True).stdout
-            regs, stack = re.search(r"REG:(\d+)", usage), re.search(r"STACK:(\d+)", usage)
-            mma = sorted(set(re.findall(r"HGMMA\.(\d+x\d+x\d+)", code)))
-            print(f"{name:12s} {bm}x{bn}x{bk} w{warps} s{stages}: "
-                  f"{regs.group(1) if regs else '?'} registers, "
-                  f"stack {stack.group(1) if stack else '?'} B, shared {compiled.metadata.shared} B, "
-                  f"HGMMA {mma} x{code.count('HGMMA.')}, TMA loads {code.count('UTMALDG')}, "
-                  f"cp.async {code.count('LDGSTS')}")
+            _report(label, compiled)
+    for (bm, bk, group, warps, stages), two_acc, table in itertools.product(
+            FUSED_TILES, (False, True), (False, True)):
+        label = (f"fused {'2 acc' if two_acc else '1 acc'} {'table ' if table else 'angles'} "
+                 f"{bm}x{D}x{bk} w{warps} s{stages}")
+        signature = {"x_desc": f"tensordesc<bf16[{bm},{bk}]>",
+                     "w_desc": f"tensordesc<bf16[{D // 2 if two_acc else D},{bk}]>",
+                     **{n: f"tensordesc<bf16[{bm},{D // 2}]>" for n in ("q_desc", "k_desc",
+                                                                        "v_desc")},
+                     "theta_ptr": "*fp32", "M": "i32", "S": "i32", "K": "i32", "HQ": "i32",
+                     "HK": "i32", "BLOCK_M": "constexpr", "D": "constexpr",
+                     "BLOCK_K": "constexpr", "GROUP_M": "constexpr", "TWO_ACC": "constexpr",
+                     "COS_SIN_TABLE": "constexpr"}
+        try:
+            compiled = _compile_sm90(_qkv_rope_descriptors, signature,
+                                     {"BLOCK_M": bm, "D": D, "BLOCK_K": bk, "GROUP_M": group,
+                                      "TWO_ACC": two_acc, "COS_SIN_TABLE": table}, warps,
+                                     stages)
+        except Exception as e:  # noqa: BLE001
+            print(f"{label}: does not compile ({type(e).__name__}: "
+                  f"{str(e).splitlines()[0][:120]})")
+            continue
+        _report(label, compiled)
 
 
 def time_all(token_counts, out) -> None:
@@ -198,8 +339,26 @@ def time_all(token_counts, out) -> None:
         w = torch.randn(N, HIDDEN, device="cuda", dtype=torch.bfloat16) * 0.02
         want = torch.nn.functional.linear(x, w)
         flop = 2 * tokens * N * HIDDEN
+        theta = torch.arange(tokens, device="cuda", dtype=torch.float32)[:, None] * \
+            (1e4 ** (-torch.arange(0, D, 2, device="cuda", dtype=torch.float32) / D))[None, :]
+        table = cos_sin_table(theta)
+        freqs = torch.cat((theta, theta), -1)[:, None, None, :]      # ropelib's [S, 1, 1, D]
+
+        def unfused():      # what a user has: cuBLAS, then ropelib's RoPE on q and k
+            y = torch.nn.functional.linear(x, w)
+            q = y[:, : HQ * D].view(1, tokens, HQ, D)
+            k = y[:, HQ * D:(HQ + HK) * D].view(1, tokens, HK, D)
+            return ropelib.apply_rope_qk(q, k, freqs, layout="bshd")
         runs = {"cublas": lambda: torch.nn.functional.linear(x, w),
+                "unfused (cuBLAS + ropelib RoPE)": unfused,
                 "product": lambda: run_product(x, w, tokens)}
+        for ft in FUSED_TILES:
+            for two_acc, use_table in itertools.product((False, True), (True, False)):
+                name = (f"fused {'2 acc' if two_acc else '1 acc'} "
+                        f"{'table' if use_table else 'angles'} {ft}")
+                runs[name] = (lambda ft, a, t: lambda: run_fused(
+                    x, w, table if t else theta, tokens, (HQ, HK), ft, a, t))(ft, two_acc,
+                                                                             use_table)
         for tile in TILES:
             runs[f"pointers {tile}"] = (lambda t: lambda: run_pointers(x, w, t))(tile)
             runs[f"descriptors {tile}"] = (lambda t: lambda: run_descriptors(x, w, t))(tile)
@@ -207,7 +366,11 @@ def time_all(token_counts, out) -> None:
         for name, fn in runs.items():
             try:
                 got = fn()
-                err = ((got.float() - want.float()).abs().max() / want.float().abs().max()).item()
+                if name.startswith(("fused", "unfused")):   # rotated q, k: timed, not compared
+                    err = None
+                else:
+                    err = ((got.float() - want.float()).abs().max()
+                           / want.float().abs().max()).item()
                 ms = triton.testing.do_bench(fn, quantiles=[0.5, 0.2, 0.8])
             except Exception as e:  # noqa: BLE001 -- a tile that does not fit: say so
                 rows.append(dict(tokens=tokens, variant=name, reason=f"{type(e).__name__}: "
