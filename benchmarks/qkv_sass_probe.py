@@ -4,6 +4,7 @@ GPU's tiles for Llama-3-8B's projection (hidden 4096, 32/8 heads of 128, bf16, 8
 
     python benchmarks/qkv_sass_probe.py                 # this checkout's kernel
     python benchmarks/qkv_sass_probe.py --root DIR      # a variant: DIR holds another ropelib/
+    python benchmarks/qkv_sass_probe.py --cos-sin       # given a cos and a sin table
 
 Run without TRITON_INTERPRET. Uses tests/gpu_compile_check.compile_for_gpu (Triton's own
 compiler, the JIT's specialisation) and Triton's bundled nvdisasm and cuobjdump.
@@ -21,6 +22,8 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--root", default=HERE, help="folder holding the ropelib/ to compile")
+    ap.add_argument("--cos-sin", action="store_true",
+                    help="a cos and a sin table [P, D] instead of an angle table")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         ap.error("run without TRITON_INTERPRET=1 (the interpreter compiles nothing)")
@@ -36,7 +39,8 @@ def main(argv=None) -> int:
     N, M, bf = (HQ + 2 * HK) * D, S * B, torch.bfloat16
     x, w = torch.empty(M, K, dtype=bf), torch.empty(N, K, dtype=bf)
     outs = [torch.empty(M, h * D, dtype=bf) for h in (HQ, HK, HK)]
-    ptrs = (x, w, None, *outs, torch.empty(8192, D), None, None, None, None, None, None, None)
+    sin = torch.empty(8192, D) if args.cos_sin else None
+    ptrs = (x, w, None, *outs, torch.empty(8192, D), sin, None, None, None, None, None, None)
     planned = QG.plan("fwd", S=S, B=B, K=K, HQ=HQ, HK=HK, D=D, R=D, P=8192, ids=None,
                       cu_seqlens=None, layout="bshd", interleaved=False, eps=1e-6,
                       device=torch.device("cuda"), dtypes=pointer_dtypes(ptrs))
