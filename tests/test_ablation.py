@@ -1,11 +1,11 @@
 """benchmarks/ablation.py: every variant computes RoPE correctly (the dry run, in the interpreter),
 each variant changes one factor of the launch, and the CSV reads back with ropelib.bench.compare."""
-import importlib.util
 import os
 from pathlib import Path
 
 import pytest
 import torch
+from loading import load_file  # noqa: E402
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the script's @triton.jit runs
@@ -15,9 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def ablation():
-    spec = importlib.util.spec_from_file_location("ablation", ROOT / "benchmarks" / "ablation.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_file("ablation", ROOT / "benchmarks" / "ablation.py")
     return mod
 
 

@@ -8,7 +8,6 @@ target checker and the README table are tested on SYNTHETIC rows built here: mad
 chosen to sit on each side of every performance bar, never presented as measurements; the
 README's committed table is checked against the committed floor CSVs.
 """
-import importlib.util
 import math
 import os
 import subprocess
@@ -26,6 +25,7 @@ from ropelib.bench import compare  # noqa: E402
 from ropelib.bench import floor, readme_table  # noqa: E402
 from ropelib.bench import suite as bench  # noqa: E402
 from ropelib.bench import cli  # noqa: E402
+from loading import load_file  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
@@ -37,9 +37,7 @@ REL_TOL = {"bf16": 1e-2, "fp16": 2e-3, "fp32": 1e-5}  # a few units in the last 
 
 
 def _load_plot():
-    spec = importlib.util.spec_from_file_location("bench_plot", REPO / "benchmarks" / "plot.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_file("bench_plot", REPO / "benchmarks" / "plot.py")
     return mod
 
 

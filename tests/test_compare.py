@@ -8,6 +8,7 @@ import torch
 import ropelib
 from ropelib.bench import compare as C
 from ropelib import reference
+from loading import load_file  # noqa: E402
 
 TINY = C.Config(seq_len=4, batch=2, heads=2, head_dim=16, dtype="bf16")
 
@@ -258,12 +259,9 @@ def test_torch_compile_provider_recompiles_per_config(monkeypatch, device):
 
 @pytest.mark.slow
 def test_seed_sweeps_script_runs_tiny(tmp_path):
-    import importlib.util
     from pathlib import Path
     path = Path(__file__).resolve().parents[1] / "benchmarks" / "seed_sweeps.py"
-    spec = importlib.util.spec_from_file_location("seed_sweeps", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_file("seed_sweeps", path)
     out = tmp_path / "seed.csv"
     assert mod.main(["--tiny", "--only", "seq_len-b2-bf16", "--out", str(out),
                      "--figures", str(tmp_path)]) == 0

@@ -12,12 +12,12 @@ pages in docs/executed/ show every image in any clone.
   head_dim] tensors says it expects Hugging Face's [batch, heads, seq, head_dim] and how to pass
   them.
 """
-import importlib.util
 import re
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from loading import load_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 API_MD = ROOT / "docs" / "API.md"
@@ -189,9 +189,7 @@ def test_the_image_check_catches_a_path_of_another_machine(tmp_path):
 
 @pytest.fixture(scope="module")
 def renderer():
-    spec = importlib.util.spec_from_file_location("run_notebooks", ROOT / "benchmarks" / "run_notebooks.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_file("run_notebooks", ROOT / "benchmarks" / "run_notebooks.py")
     return module
 
 

@@ -11,7 +11,6 @@
 * bad input, and benchmarks/angle_precision.py --dry-run.
 """
 import csv
-import importlib.util
 import math
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import ropelib
 from ropelib import frequencies as F
 from ropelib.kernels import launch
 from ropelib.reference import rope_reference
+from loading import load_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 S, B, H, D = 8, 2, 3, 16
@@ -376,10 +376,7 @@ def test_angles_constructor_checks():
 # --- the precision benchmark, dry run -----------------------------------------------------------
 
 def test_angle_precision_dry_run(tmp_path):
-    spec = importlib.util.spec_from_file_location("angle_precision",
-                                                  ROOT / "benchmarks" / "angle_precision.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_file("angle_precision", ROOT / "benchmarks" / "angle_precision.py")
     out, fig = tmp_path / "precision.csv", tmp_path / "precision.png"
     assert mod.main(["--dry-run", "--out", str(out), "--figure", str(fig)]) == 0
     assert fig.stat().st_size > 0

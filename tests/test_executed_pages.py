@@ -12,19 +12,17 @@ listed in NO_PAGE. Both lists are checked both ways: a page that is stale and no
 and so does a listed page that has been re-rendered (take it off the list, and run
 `python benchmarks/run_notebooks.py --index` to rewrite docs/executed/README.md).
 """
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
+from loading import load_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 EXECUTED = ROOT / "docs" / "executed"
 NOTEBOOKS = ROOT / "notebooks"
 
-_spec = importlib.util.spec_from_file_location("run_notebooks", ROOT / "benchmarks" / "run_notebooks.py")
-run_notebooks = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(run_notebooks)
+run_notebooks = load_file("run_notebooks", ROOT / "benchmarks" / "run_notebooks.py")
 
 
 def _rerender(stem):

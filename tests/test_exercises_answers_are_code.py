@@ -18,7 +18,6 @@ ropelib can compute. Their checks take a function and run it with ropelib's answ
 """
 import ast
 import contextlib
-import importlib.util
 import math
 import os
 from pathlib import Path
@@ -36,12 +35,10 @@ from ropelib import context_parallel, frequencies, reference  # noqa: E402
 from ropelib.bench import compare, suite  # noqa: E402
 from ropelib.course.exercises import at_scale, basics, kernels, measuring, own_code  # noqa: E402
 from ropelib.course.kernels import batch_reuse, naive  # noqa: E402
+from loading import load_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("own_code_tests",
-                                               ROOT / "tests" / "test_own_code.py")
-_own_code_tests = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_own_code_tests)
+_own_code_tests = load_file("own_code_tests", ROOT / "tests" / "test_own_code.py")
 learner_copy = _own_code_tests.learner_copy     # a solution as a learner who typed it has it
 
 

@@ -4,7 +4,6 @@ Each check must accept a learner's own copy of its worked solution, reject answe
 ropelib's (or the worked solution itself), wrong answers and unanswered placeholders, and never
 raise.
 """
-import importlib.util
 import math
 import re
 from pathlib import Path
@@ -15,11 +14,10 @@ import torch
 import ropelib
 from ropelib import frequencies, reference
 from ropelib.course.exercises import basics, call_answer, check, solution
+from loading import load_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("own_code_tests", ROOT / "tests" / "test_own_code.py")
-_own_code_tests = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_own_code_tests)
+_own_code_tests = load_file("own_code_tests", ROOT / "tests" / "test_own_code.py")
 learner_copy = _own_code_tests.learner_copy     # a solution as a learner who typed it has it
 
 

@@ -1,7 +1,6 @@
 """Notebook 05's second exercise (ropelib/course/exercises/flat_pass.py): the check passes a
 learner's own copy of the flat kernel, refuses the worked solution and ropelib's answers, and
 catches the mistakes a flat pass is written with."""
-import importlib.util
 import os
 import sys
 import types
@@ -18,20 +17,14 @@ import triton.language as tl  # noqa: E402
 
 from ropelib import reference  # noqa: E402
 from ropelib.course.exercises import flat_pass as fp  # noqa: E402
+from loading import load_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "05-finished-kernel.py"
 
 
-def _load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def _learner_copy(obj):
-    return _load("own_code_tests", ROOT / "tests" / "test_own_code.py").learner_copy(obj)
+    return load_file("own_code_tests", ROOT / "tests" / "test_own_code.py").learner_copy(obj)
 
 
 @triton.jit
@@ -92,7 +85,7 @@ def variants(tmp_path_factory):
         name = f"flat_variant_{label.replace('-', '_')}"
         file = folder / f"{name}.py"
         file.write_text(src)
-        made[label] = _load(name, file).kernel
+        made[label] = load_file(name, file).kernel
     yield made
     del sys.modules["tests_flat_exercise_body"]
 
@@ -180,7 +173,7 @@ def test_the_exercise_refuses_kernels_that_call_ropelibs_helpers(tmp_path, capsy
            "    tl.store(y_ptr + i, y, mask=live)\n")
     file = tmp_path / "learner_flat_with_helper.py"
     file.write_text(src)
-    kernel = _load("learner_flat_with_helper", file).kernel
+    kernel = load_file("learner_flat_with_helper", file).kernel
     assert fp.check_flat_kernel(kernel, seed=1) is False
     out = capsys.readouterr().out
     assert "❌ flat pass" in out and "ropelib" in out, out

@@ -6,7 +6,6 @@ every known way to pass it without doing the exercise must fail (ropelib's kerne
 API and the worked solution itself included), and a learner's own copy of the worked solution
 must pass.
 """
-import importlib.util
 import os
 from pathlib import Path
 
@@ -27,13 +26,12 @@ from ropelib.course.exercises import kernels as ex  # noqa: E402
 from ropelib.course.kernels import batch_reuse  # noqa: E402
 from ropelib.course.kernels.batch_reuse import rope_batch_reuse  # noqa: E402
 from ropelib.kernels import common  # noqa: E402
+from loading import load_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 INTERPRETER_ONLY = pytest.mark.skipif(not runtime.INTERPRET,
                                       reason="counting cos/sin needs Triton's interpreter")
-_spec = importlib.util.spec_from_file_location("own_code_tests", ROOT / "tests" / "test_own_code.py")
-_own_code_tests = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_own_code_tests)
+_own_code_tests = load_file("own_code_tests", ROOT / "tests" / "test_own_code.py")
 learner_copy = _own_code_tests.learner_copy     # a solution as a learner who typed it has it
 OWN_FORWARD = learner_copy(gk._rope_batch_reuse_solution_kernel)     # exercise 4 of notebook 04
 OWN_BACKWARD = learner_copy(bk._rope_backward_solution_kernel)       # exercise 2 of notebook 06

@@ -10,7 +10,6 @@ written to files of their own, as a notebook cell would define them.
 
 (test_finished_kernel_notebook.py covers the exercise's known mistakes and non-kernel answers.)
 """
-import importlib.util
 import os
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from ropelib.course.exercises import finished_kernel as fk  # noqa: E402
 from ropelib.course.exercises.own_code import library_kernel  # noqa: E402
 from ropelib.course.kernels import batch_reuse, naive  # noqa: E402
 from ropelib.kernels import flat, fused  # noqa: E402
+from loading import load_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "interleaved 3-D tile kernel"
@@ -136,13 +136,6 @@ INTERPRETER_ONLY = pytest.mark.skipif(
     not runtime.INTERPRET, reason="a GPU compilation rejects a class attribute in a kernel")
 
 
-def _load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
 def learner(tmp_path_factory):
     """name -> the learner's @triton.jit kernel, each defined in a file of its own."""
@@ -158,7 +151,7 @@ def learner(tmp_path_factory):
         module = "interleaved_learner_" + name.replace("-", "_")
         file = folder / f"{module}.py"
         file.write_text(src, encoding="utf-8")
-        made[name] = _load(module, file).kernel
+        made[name] = load_file(module, file).kernel
     return made
 
 
@@ -209,7 +202,7 @@ def test_the_check_refuses_a_kernel_that_calls_ropelibs_helpers(learner, name, w
 
 def _notebook_copy_of_the_last_rung():
     """The last rung as notebook 05 defines it in a cell: a copy, with the ladder's imports."""
-    copy = _load("own_code_tests", ROOT / "tests" / "test_own_code.py").learner_copy
+    copy = load_file("own_code_tests", ROOT / "tests" / "test_own_code.py").learner_copy
     return copy(ladder._ladder_final_kernel)
 
 

@@ -2,17 +2,14 @@
 
 The fit check accepts a learner's own copy of the worked fit and refuses the worked fit itself
 (ropelib's, not the learner's)."""
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 
 from ropelib.course.exercises import measuring
+from loading import load_file  # noqa: E402
 
-_spec = importlib.util.spec_from_file_location(
-    "own_code_tests", Path(__file__).resolve().parent / "test_own_code.py")
-_own_code_tests = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_own_code_tests)
+_own_code_tests = load_file("own_code_tests", Path(__file__).resolve().parent / "test_own_code.py")
 
 
 def test_an_own_fit_passes_and_the_worked_fit_recovers_a_known_line(capsys):

@@ -4,7 +4,6 @@ The exercise check launches the learner's @triton.jit kernel itself; each known 
 without writing the kernel must fail (ropelib's kernels and the worked solution itself
 included), and a learner's own copy of the worked solution must pass.
 """
-import importlib.util
 import os
 from pathlib import Path
 
@@ -24,12 +23,10 @@ from ropelib.course.exercises import is_blank_kernel, kernels as ex  # noqa: E40
 from ropelib.course.exercises import naive_kernel as nk  # noqa: E402
 from ropelib.course.kernels import naive  # noqa: E402
 from ropelib.kernels import common  # noqa: E402
+from loading import load_file  # noqa: E402
 
 DEVICE = runtime.default_device()
-_spec = importlib.util.spec_from_file_location(
-    "own_code_tests", Path(__file__).resolve().parent / "test_own_code.py")
-_own_code_tests = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_own_code_tests)
+_own_code_tests = load_file("own_code_tests", Path(__file__).resolve().parent / "test_own_code.py")
 learner_copy = _own_code_tests.learner_copy     # a solution as a learner who typed it has it
 OWN_SOLUTION = learner_copy(nk.solution_rope_interleaved)
 

@@ -7,7 +7,6 @@ notebook's unedited starting point, and every way to hand in ropelib's code inst
 calling ropelib.qkv_rope_linear or ropelib.apply_rope) fails it. The fp64 reference the checks
 compare with, and the teaching kernels, agree with ropelib.qkv_rope_linear.
 """
-import importlib.util
 import inspect
 import itertools
 import os
@@ -29,12 +28,11 @@ from ropelib import runtime  # noqa: E402
 from ropelib.course.exercises import qkv_epilogue as ex  # noqa: E402
 from ropelib.course.kernels import qkv_teaching  # noqa: E402
 from ropelib.kernels import common  # noqa: E402
+from loading import load_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "12-rope-in-the-qkv-projection.py"
-_spec = importlib.util.spec_from_file_location("own_code_tests", ROOT / "tests" / "test_own_code.py")
-_own_code_tests = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_own_code_tests)
+_own_code_tests = load_file("own_code_tests", ROOT / "tests" / "test_own_code.py")
 learner_copy = _own_code_tests.learner_copy     # a solution as a learner who typed it has it
 _COPIES = _own_code_tests._COPIES
 _count = itertools.count()

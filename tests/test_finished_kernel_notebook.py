@@ -1,7 +1,6 @@
 """Notebook 05 (the finished kernel): its ladder is ropelib.course.ladder's, the last rung is ropelib's
 kernel bit for bit, benchmarks/ladder.py checks every rung and draws its waterfall, the layout
 can be read without a GPU, and the kernel exercise rejects the known cheats."""
-import importlib.util
 import os
 import re
 from pathlib import Path
@@ -20,6 +19,7 @@ from ropelib import reference, runtime  # noqa: E402
 from ropelib.bench import compare  # noqa: E402
 from ropelib.course import ladder  # noqa: E402
 from ropelib.course.exercises import finished_kernel as fk  # noqa: E402
+from loading import load_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "05-finished-kernel"
@@ -29,21 +29,14 @@ LADDER_KERNELS = ["ropelib.course.ladder._ladder_heads_kernel",
                   "ropelib.course.ladder._ladder_final_kernel"]
 
 
-def _load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
 def bench():
-    return _load("ladder_bench", ROOT / "benchmarks" / "ladder.py")
+    return load_file("ladder_bench", ROOT / "benchmarks" / "ladder.py")
 
 
 @pytest.fixture(scope="module")
 def same():
-    return _load("kernels_same", ROOT / "tests" / "test_notebook_kernels_same.py")
+    return load_file("kernels_same", ROOT / "tests" / "test_notebook_kernels_same.py")
 
 
 # --- one ladder: the notebook's cells, ropelib.course.ladder, the benchmark ------------------------------
@@ -348,13 +341,13 @@ def variants(tmp_path_factory):
                f"          syh, syd, HALF, BLOCK_HALF, BLOCK_S, BLOCK_H, {args})\n")
         file = folder / f"variant_{label.replace('-', '_')}.py"
         file.write_text(src)
-        made[label] = _load(f"variant_{label.replace('-', '_')}", file).kernel
+        made[label] = load_file(f"variant_{label.replace('-', '_')}", file).kernel
     yield made
     del sys.modules["tests_exercise_body"]
 
 
 def _learner_copy(obj):
-    return _load("own_code_tests", ROOT / "tests" / "test_own_code.py").learner_copy(obj)
+    return load_file("own_code_tests", ROOT / "tests" / "test_own_code.py").learner_copy(obj)
 
 
 def test_the_exercise_accepts_an_own_copy_of_the_solution(capsys):

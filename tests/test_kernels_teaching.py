@@ -2,7 +2,6 @@
 
 Shapes are tiny: on the CPU every program instance costs a few ms in Triton's interpreter.
 """
-import importlib.util
 import os
 import re
 from pathlib import Path
@@ -18,6 +17,7 @@ from ropelib.course.kernels import batch_reuse, naive  # noqa: E402
 from ropelib.course.kernels.batch_reuse import rope_batch_reuse  # noqa: E402
 from ropelib.course.kernels.naive import rope_naive  # noqa: E402
 from ropelib.reference import rope_reference  # noqa: E402
+from loading import load_file  # noqa: E402
 
 DEVICE = runtime.default_device()
 KERNELS = [rope_naive, rope_batch_reuse]
@@ -269,10 +269,7 @@ def test_gpu_large_bf16(kernel, D):
 
 def _learner_copy(obj):
     """A worked solution as a learner who typed it has it (tests/test_own_code.py)."""
-    spec = importlib.util.spec_from_file_location(
-        "own_code_tests", Path(__file__).resolve().parent / "test_own_code.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_file("own_code_tests", Path(__file__).resolve().parent / "test_own_code.py")
     return module.learner_copy(obj)
 
 

@@ -12,7 +12,6 @@
 * ropelib.course.model.generate: fused, unfused and no-cache greedy decoding give the same tokens;
 * benchmarks/decode_cache_bench.py --dry-run.
 """
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ import ropelib
 from ropelib import eager, kv_cache
 from ropelib.kernels import kv_cache as kernel
 from ropelib.reference import rope_reference
+from loading import load_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OPS = torch.ops.ropelib
@@ -585,10 +585,7 @@ def test_gpu_decode_under_cuda_graph(cache_dtype, paged_block):
 
 def test_benchmark_dry_run(tmp_path, capsys):
     from ropelib.bench import compare
-    spec = importlib.util.spec_from_file_location(
-        "decode_cache_bench", ROOT / "benchmarks" / "decode_cache_bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_file("decode_cache_bench", ROOT / "benchmarks" / "decode_cache_bench.py")
     out = tmp_path / "decode.csv"
     assert bench.main(["--dry-run", "--out", str(out)]) == 0
     rows = compare.read_csv(out)

@@ -1,12 +1,12 @@
 """benchmarks/mechanism.py: every variant runs and matches the reference (the dry run, in the
 interpreter), the CSV reads back, the occupancy arithmetic is CUDA's, and ncu's raw CSV is parsed
 and matched to the launches it profiled; a failing ncu leaves the ncu columns empty, with why."""
-import importlib.util
 import os
 from pathlib import Path
 
 import pytest
 import torch
+from loading import load_file  # noqa: E402
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the script's @triton.jit runs
@@ -16,9 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def mechanism():
-    spec = importlib.util.spec_from_file_location("mechanism", ROOT / "benchmarks" / "mechanism.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_file("mechanism", ROOT / "benchmarks" / "mechanism.py")
     return mod
 
 

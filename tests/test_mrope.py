@@ -15,7 +15,6 @@ backward.
   same bits as eager, forward and backward; bad input raises an error naming the argument;
 * benchmarks/mrope_bench.py --dry-run.
 """
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ import ropelib
 from ropelib import eager, hf, mrope
 from ropelib.kernels import mrope as kernel
 from ropelib.reference import rotate_half
+from loading import load_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OPS = torch.ops.ropelib
@@ -204,7 +204,6 @@ def test_strided_views_of_one_projection(seeded):
     b = ropelib.apply_mrope_qk(q.contiguous(), k.contiguous(), pos.contiguous(), f)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     _close(a[0], reference(q, pos, f), TOL[torch.float32])
-
 
 
 def test_positions_of_any_strides_are_read_contiguous(seeded):
@@ -497,10 +496,7 @@ def test_gpu_bf16_long_sequence(style, seeded):
 # --- the benchmark script -------------------------------------------------------------------
 
 def test_benchmark_dry_run(tmp_path):
-    spec = importlib.util.spec_from_file_location("mrope_bench", ROOT / "benchmarks" /
-                                                  "mrope_bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_file("mrope_bench", ROOT / "benchmarks" / "mrope_bench.py")
     out = tmp_path / "mrope.csv"
     rows = bench.main(["--dry-run", "--out", str(out)])
     assert rows and all(r["available"] for r in rows), [r["reason"] for r in rows]

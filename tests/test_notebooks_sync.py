@@ -4,7 +4,6 @@ notebooks/NN-slug.py (jupytext percent format) is the source people edit and rev
 notebooks/NN-slug.ipynb is what learners open. `jupytext --sync notebooks/NN-slug.py` rebuilds
 the .ipynb from the .py (jupytext.toml pairs them); the checks below say which command fixes what.
 """
-import importlib.util
 import json
 import re
 import subprocess
@@ -12,16 +11,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from loading import load_file  # noqa: E402
 
 jupytext = pytest.importorskip(
     "jupytext", reason="the notebook checks need the lab extras: pip install -e '.[lab]'")
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
-_spec = importlib.util.spec_from_file_location(
-    "strip_notebook_outputs", ROOT / "scripts" / "strip_notebook_outputs.py")
-strip_notebook_outputs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(strip_notebook_outputs)
+strip_notebook_outputs = load_file("strip_notebook_outputs", ROOT / "scripts" / "strip_notebook_outputs.py")
 NAME = re.compile(r"^\d\d-[a-z0-9]+(?:-[a-z0-9]+)*$")  # NN-kebab-slug
 
 PY_SOURCES = sorted(p for p in NOTEBOOKS.glob("[0-9][0-9]-*.py"))

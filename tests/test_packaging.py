@@ -11,7 +11,6 @@
 - the torch floor (pyproject.toml, environment.yml, README) covers every torch API ropelib calls.
 """
 import ast
-import importlib.util
 import json
 import os
 import re
@@ -20,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from loading import load_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,9 +30,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 
 def _load_script(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_file(name, ROOT / "scripts" / f"{name}.py")
     return module
 
 

@@ -4,7 +4,6 @@ ropelib's own @triton.jit helpers fails, and the notebook with the solutions fil
 exactly those solutions (every check ✅). The memory layer the checks run kernels in is tested on
 its own: faults masked off, virtual rows past 2^31, load counts."""
 import ast
-import importlib.util
 import inspect
 import os
 import re
@@ -22,6 +21,7 @@ import triton.language as tl
 
 from ropelib.course import puzzles as pz
 from ropelib.kernels.common import cos_sin, rotate_pair
+from loading import load_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "13-rope-puzzles.py"
@@ -45,9 +45,7 @@ STARTER_FAILS_WITH = {
 
 def _import_file(path: Path, name: str):
     """Import a module from a file (the interpreter reads a kernel's source from its file)."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_file(name, path)
     return module
 
 

@@ -11,7 +11,6 @@
   when transformers is installed); bad input raises an error that names the argument;
 * benchmarks/qk_norm_bench.py --dry-run.
 """
-import importlib.util
 from unittest import mock
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import ropelib
 from ropelib import eager, qk_norm
 from ropelib.kernels import qk_norm_rope as kernel
 from ropelib.reference import rope_reference
+from loading import load_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OPS = torch.ops.ropelib
@@ -574,10 +574,7 @@ def test_hf_drop_in_bad_input():
 # --- benchmark ------------------------------------------------------------------------------
 
 def test_benchmark_dry_run(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("qk_norm_bench",
-                                                  ROOT / "benchmarks" / "qk_norm_bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_file("qk_norm_bench", ROOT / "benchmarks" / "qk_norm_bench.py")
     out = tmp_path / "qk.csv"
     assert bench.main(["--dry-run", "--out", str(out)]) == 0
     from ropelib.bench import compare

@@ -18,7 +18,6 @@
 
 Shapes are tiny (a GEMM in Triton's interpreter costs milliseconds per program instance).
 """
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -29,6 +28,7 @@ from torch import nn
 
 import ropelib
 from ropelib.kernels import planning, qkv_gemm
+from loading import load_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OPS = torch.ops.ropelib
@@ -656,10 +656,7 @@ def test_packed_input_errors():
 # --- benchmark ---------------------------------------------------------------------------------
 
 def test_benchmark_dry_run(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("qkv_rope_bench",
-                                                  ROOT / "benchmarks" / "qkv_rope_bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_file("qkv_rope_bench", ROOT / "benchmarks" / "qkv_rope_bench.py")
     out = tmp_path / "qkv.csv"
     assert bench.main(["--dry-run", "--out", str(out)]) == 0
     from ropelib.bench import compare
@@ -696,10 +693,7 @@ def test_planned_launches_name_every_argument_and_their_dtypes():
 def test_mainloop_probe_variants_compute_the_projection(capsys):
     """benchmarks/qkv_mainloop_probe.py's GEMM variants (pointer loads, TMA descriptors) compute
     x W^T at a small size, here (the interpreter) as on a GPU."""
-    spec = importlib.util.spec_from_file_location("qkv_mainloop_probe",
-                                                  ROOT / "benchmarks" / "qkv_mainloop_probe.py")
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
+    probe = load_file("qkv_mainloop_probe", ROOT / "benchmarks" / "qkv_mainloop_probe.py")
     probe.check()
     out = capsys.readouterr().out
     assert "pointers: max error" in out and "descriptors: max error" in out
