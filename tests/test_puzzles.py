@@ -415,3 +415,28 @@ def test_notebook_with_the_worked_solutions_passes_every_check(tmp_path):
         assert f"✅ puzzle {p.number} ({p.title}): correct" in out, out
     assert f"{len(KEYS)} of {len(KEYS)} solved" in out
     assert seconds < 120, f"the solved notebook took {seconds:.0f} s"
+
+
+def test_interpreter_compat_turns_one_element_scalars_into_indices():
+    """A launch through the interpreter from a compiled-mode process (a GPU machine) gets an
+    __index__ that takes a scalar argument held as a 1-element array: Triton 3.6 converted it
+    with int(array), which NumPy 2 refuses, and puzzle 9's `for b in range(B)` failed on the
+    H200. Outside the block the interpreter's own patching is back."""
+    from triton.runtime import interpreter
+    from ropelib.course.work_count import interpreter_compat
+
+    class Scope:
+        def set_attr(self, obj, name, value):
+            setattr(obj, name, value)
+
+    class Handle:
+        data = np.array([7], dtype=np.int32)
+
+    class Tensor:
+        handle = Handle()
+
+    before = interpreter._patch_lang_tensor
+    with interpreter_compat():
+        interpreter._patch_lang_tensor(Tensor, Scope())
+        assert range(Tensor()) == range(7)
+    assert interpreter._patch_lang_tensor is before

@@ -45,6 +45,7 @@ from .. import runtime
 from . import access
 from .exercises import kernel_answer
 from .exercises.own_code import run_own_code
+from .work_count import interpreter_compat
 
 __all__ = ["PUZZLES", "BoundsCheckedMemory", "Region", "run_in_checked_memory", "draw_accesses",
            "grade", "scoreboard", "show_spec",
@@ -1419,7 +1420,7 @@ def _launch_checked(kernel, case: Case, memory: BoundsCheckedMemory) -> Callable
 
     def launch() -> _Ran:
         try:
-            with memory.installed():
+            with memory.installed(), interpreter_compat():
                 interp[case.grid](*case.args, **case.constexprs)
         except Exception as exc:  # noqa: BLE001 -- reported by the check
             return _Ran(exc)
@@ -1498,7 +1499,7 @@ def run_in_checked_memory(kernel, grid, *args, inputs: Dict[str, torch.Tensor],
     regions = [Region(n, t, "in") for n, t in inputs.items()]
     regions += [Region(n, t, "out") for n, t in outputs.items()]
     memory = BoundsCheckedMemory(regions)
-    with memory.installed():
+    with memory.installed(), interpreter_compat():
         _interpreted(kernel)[grid](*args, **kwargs)
     return memory
 

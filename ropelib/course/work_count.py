@@ -22,7 +22,7 @@ from typing import Dict
 import numpy as np
 import torch
 
-__all__ = ["WorkCount", "count_work", "interpreted"]
+__all__ = ["WorkCount", "count_work", "interpreted", "interpreter_compat"]
 
 
 @dataclass
@@ -148,16 +148,41 @@ class _Interpreted:
             except Exception:  # noqa: BLE001 -- not in every release
                 pass
             swapped = _language_jit(_jit_globals(self.kernel.fn, {}))
-            language = _language_state()
             for space, name, obj in swapped.values():
                 space[name] = InterpretedFunction(obj.fn)
             try:
-                return self.run[grid](*args, **kwargs)
+                with interpreter_compat():
+                    return self.run[grid](*args, **kwargs)
             finally:
                 for space, name, obj in swapped.values():
                     space[name] = obj
-                _restore_language(language)
         return launch
+
+
+@contextmanager
+def interpreter_compat():
+    """Around a launch through Triton's interpreter from a process whose kernels are compiled
+    (a GPU machine), two repairs of older Tritons' interpreter:
+    - an interpreted helper's call leaves the interpreter's builtins in `triton.language`
+      (Triton 3.6 and 3.9); the next compile would build its IR with them. The namespaces are
+      put back as they were.
+    - a scalar argument is a 1-element array there, and `range(B)` of it converts it with
+      int(array), which NumPy 2 refuses for arrays of one dimension (Triton 3.6; 3.9 squeezes
+      it first, as is done here)."""
+    from triton.runtime import interpreter
+    language = _language_state()
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is not None:
+        def patch_lang_tensor(tensor, scope):
+            original(tensor, scope)
+            scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+        interpreter._patch_lang_tensor = patch_lang_tensor
+    try:
+        yield
+    finally:
+        if original is not None:
+            interpreter._patch_lang_tensor = original
+        _restore_language(language)
 
 
 def _language_namespaces() -> tuple:
