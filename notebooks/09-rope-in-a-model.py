@@ -239,8 +239,10 @@ for k, r in runs.items():
 # d(a, b) = \frac{1}{N}\sum_{i=1}^{N} \lvert L^{\text{val}}_a(t_i) - L^{\text{val}}_b(t_i)\rvert ,
 # $$
 #
-# and ask that the kernel's gap from the reference be no larger than the seed-to-seed gap:
-# $d(\text{ropelib}, \text{reference}) \le d(\text{reference seed 1}, \text{reference})$.
+# and ask that the kernel's gap from the reference be of the size of the seed-to-seed gap:
+# $d(\text{ropelib}, \text{reference}) \le 1.5\, d(\text{reference seed 1}, \text{reference})$.
+# Under bf16 the kernel's gap is itself a sample of the same run-to-run noise, sometimes a
+# little above the seed gap; a wrong kernel trains to a different loss, many times away.
 
 # %%
 def mean_abs_diff(a, b):
@@ -313,7 +315,7 @@ assert d_kernel_c <= 1.5 * d_seed_c
 # What to read in it. On the left, the ropelib curve lies on top of the reference curve from
 # the same seed, and the second seed's curve wanders around both. On the right, the kernel's
 # gap from the reference (same weights, same batches) starts at the level of bf16 rounding and
-# stays at or below the gap between two seeds. In bf16 the two models are not bit-identical —
+# stays of the size of the gap between two seeds. In bf16 the two models are not bit-identical —
 # fp32 results are rounded once to bf16 in both, but the kernel computes $\sin$ and $\cos$
 # itself and SDPA's backward is not deterministic — and a tiny difference, amplified by
 # training, decorrelates the two runs slowly. That is the same thing that happens when you
@@ -412,10 +414,12 @@ print(f"the committed GPU run ({meta_speed['gpu']}): ropelib / reference "
 # \times 2\,(\text{read, write}) \times B\,S\,C \times \text{bytes per element},
 # $$
 #
-# where $C = H D$ is the width of $q$ (and of $k$). No RoPE can move those bytes faster than a
-# plain copy of them, so the cell below times such a copy on this device — one layer's $q$ and
-# $k$, copied twice (forward and backward), times $n_\text{layer}$ — and prints it as the
-# *floor*, with the share of the step a RoPE at the floor would take. The plain PyTorch
+# where $C = H D$ is the width of $q$ (and of $k$). A RoPE pass moves at least those bytes, so
+# the cell below times a plain copy of them on this device — one layer's $q$ and $k$, copied
+# twice (forward and backward), times $n_\text{layer}$ — and prints it as the *floor*, with the
+# share of the step a RoPE at the floor would take. The floor is timed on its own, from DRAM;
+# inside the training step $q$ and $k$ have just been written by the projection and may still
+# sit in the L2 cache, so the kernel there can come in under it. The plain PyTorch
 # version, with its upcast, multiplies, negation, concatenations and downcast each passing
 # over the tensor, moves the bytes several times over.
 #
@@ -668,16 +672,16 @@ for what, a, b in zip(("output", "grad x", "grad W_qkv"), res["ropelib"], res["r
 #
 # - The GPT with ropelib's kernel computes the same loss and gradients as with plain PyTorch
 #   (fp32: a few ulps), and trained from the same seed under bf16 autocast its loss curve stays
-#   closer to the reference than a second seed of the reference does.
+#   as close to the reference as a second seed of the reference does (within 1.5 times that
+#   gap: both are samples of the same run-to-run noise).
 # - A small corpus and a large model: the run stops before the validation loss turns up, and
 #   checks that it did; a longer run memorises, in both implementations alike.
 # - The same model with RoPE inside the QKV projection's GEMM (`rope="ropelib_qkv"`, notebook
 #   12) follows the same curve: to fp32 rounding on the CPU, within seed noise under bf16.
 # - RoPE is memory-bound; in a training step its cost is its bytes. The profiler shows how much
 #   of the step it takes in each implementation, next to a copy of the same bytes. On a model
-#   this small the wall-clock step is close to host-bound: tokens per second move between two
-#   runs of the same code by about as much as between the two RoPEs, so they are read against
-#   that movement, not alone.
+#   this small the wall-clock step is close to host-bound, and tokens per second move between
+#   two runs of the same code: the two RoPEs' ratio is read against that movement, not alone.
 # - Drop-in: one context manager puts ropelib into a Hugging Face Llama (logits, gradients and
 #   KV-cache decoding unchanged), one import into a TE-style block.
 #
