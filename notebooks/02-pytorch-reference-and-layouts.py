@@ -147,8 +147,9 @@ for name, e in errors.items():
 assert errors["fused, fp32 angles (ropelib)"] <= errors["TE unfused (math in bf16)"]
 
 # %% [markdown]
-# The first line is 0 or one bf16 rounding step: it *is* the correctly rounded result. The
-# other two carry extra roundings. (Notebook 08 shows how this difference makes an innocent
+# The first line is 0 or one bf16 rounding step: one rounding of the fp32 result, which is
+# within one step of the correctly rounded one (fp32 math carries its own tiny error, so the
+# two can land on neighbouring bf16 values). The other two carry extra roundings. (Notebook 08 shows how this difference makes an innocent
 # `torch.allclose(te_out, triton_out)` fail.)
 
 # %% [markdown]

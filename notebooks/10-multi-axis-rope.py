@@ -331,8 +331,10 @@ print("forward and backward match plain PyTorch (float64)")
 # %% [markdown]
 # ## 6. Where the time goes: angles once per token, not once per head
 #
-# Without a table, the expensive part of this kernel is not memory: it is the accurate sine and
-# cosine of every (token, pair) angle, each tens of instructions. Every head of a token turns by
+# Without a table, what can make this kernel expensive is not memory: it is the accurate sine
+# and cosine of every (token, pair) angle, each tens of instructions, evaluated once per head
+# unless the kernel is written to share them (a kernel that shares them runs close to a copy,
+# below). Every head of a token turns by
 # the same angles, so the question is how many times a kernel evaluates them, and that is
 # decided by one thing: whether the lines that form the angles sit before the loop over the
 # heads or inside it. You will write the kernel, then count and time both versions.

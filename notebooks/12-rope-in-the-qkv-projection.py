@@ -81,9 +81,10 @@ print(ropelib.runtime.mode(), "| device:", device, "| figures go to", FIGURES)
 # - the **RoPE pass** does a few operations per element and moves
 #   $$\text{bytes}_{\text{RoPE}} = 2 \cdot M\,(H_Q + H_K)\,D \cdot b$$
 #   — it reads q and k and writes them back (with table-free angles, nothing else of note).
-#   That is exactly a copy of q and k, so the fastest it can possibly run is the time a device
-#   copy of the same bytes takes: the **copy floor**. A well-written RoPE kernel gets close to
-#   it and can never beat it.
+#   That is exactly a copy of q and k, so the time a device copy of the same bytes takes from
+#   DRAM is the **copy floor**. A well-written RoPE kernel gets close to it; it comes in under
+#   it only when its bytes need not all go to DRAM, as when q and k may still be in the L2
+#   cache right after the GEMM that wrote them (the printout below has such cases).
 #
 # The backward has the same shape: the RoPE backward reads $\partial L/\partial q$ and
 # $\partial L/\partial k$ and writes the un-rotated gradients (another copy's worth), then the
