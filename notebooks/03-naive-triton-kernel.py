@@ -498,7 +498,9 @@ def _rope_naive_kernel(
 # ```
 #
 # Launched with the same arguments, the kernel of the cell above gives the same bits as
-# `rope_naive` — and in fp32, as step 3:
+# `rope_naive`. In the interpreter it also gives step 3's bits in fp32 (the same operations in
+# the same order); compiled for a GPU, the compiler may contract a multiply and an add into one
+# fma, so there the two can differ in the last bit, and the printed share says how often:
 
 # %%
 from ropelib.course.kernels.naive import rope_naive
@@ -589,9 +591,12 @@ else:
 #   different occupancy, take the same time there: about 80 ns per program on each SM (04
 #   derives and asserts it), spent starting and retiring programs.
 #
-# More warps per program would not help: they would split the same 64-element tiles into
-# smaller pieces per thread (notebook 04's ablation measures exactly that, and it gets slower).
-# What helps is more work per program — several rows in one program, as in notebook 04 and
+# More warps per program would not help, and the GPU timings of the warps cell show why. A
+# program here is one 64-element row whatever its warps, and an SM of compute capability 9.0
+# holds at most 32 programs and 64 warps at once: with 1 or 2 warps 32 programs fit, with 4
+# warps 16, with 8 warps 8. The same work then runs with fewer programs at once, and the time
+# grows with the warps from 2 on (notebook 04's ablation measures the same on its
+# batch-looping kernel). What helps is more work per program — several rows in one program, as in notebook 04 and
 # ropelib's finished kernel — so that fewer, longer programs do the same work.
 
 # %%
