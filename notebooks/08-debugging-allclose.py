@@ -524,8 +524,11 @@ mine = check_bits(BIG, combine)
 
 # %% [markdown]
 # **Try it.** Edit `combine` above — for instance `y1 = tl.fma(x1, c, -(x2 * s))` — rerun that
-# cell, and read the count. The goal is the line `0 elements differ from TE: bit for bit`. The
-# steps below walk the way there, one change at a time, and keep a table of what each change did.
+# cell, and read the count. The goal is the line `0 elements differ from TE: bit for bit`, with a
+# line whose result does not depend on what the compiler chooses. (On a GPU the line as
+# written may already print 0, when the compiler happens to contract as TE does; the steps
+# below show how to write the contraction out so that no compiler can change it.) The steps
+# walk the way there, one change at a time, and keep a table of what each change did.
 #
 # **Step a — the kernel as written.** On the CPU the interpreter evaluates `x1 * c - x2 * s` with
 # NumPy, rounding each product and the sum: $y_{\text{none}}$. On a GPU the same line is
@@ -719,10 +722,13 @@ plt.show()
 # %% [markdown]
 # Step c did it: the only change that brings the count to zero is fusing $x c$ — TE's
 # contraction — and step d proves the order itself matters, since fusing the other product,
-# with everything else equal, is not zero. Row a is the one row where the two machines differ,
-# because there the compiler decides: the interpreter rounds every product (the last row, on
-# the GPU), the GPU's compiler fused as in row e. (A dash: the step does not run here — the
-# interpreter has no libdevice, and on a GPU the plain line is contracted.)
+# with everything else equal, is not zero. Row a is the row where machines can differ, because
+# there the compiler decides: the interpreter rounds every product (the last row, on the GPU);
+# the committed GPU run's compiler fused as in row e, and a live run on a GPU prints what its
+# own compile chose (on the H200 page of this notebook it contracted as TE does, and printed
+# 0). Only the written-out contraction of step c gives TE's bits whatever the compiler does.
+# (A dash: the step does not run here — the interpreter has no libdevice, and on a GPU the
+# plain line is contracted.)
 #
 # **How far apart are the elements that differ?** Most are one bf16 step; the counts per number
 # of steps are printed in step a. An element several steps apart is an output near zero, where
