@@ -380,12 +380,11 @@ print(f"programs launched: naive {naive.naive_grid(S, B, H)[0]:,}, batch-reuse "
 # An earlier study project wrote this kernel for TE's sbhd layout: grid `(seq_len, head_num)`,
 # cos/sin loaded once per program, a `tl.static_range` loop over the batch loading the halves
 # `x1`, `x2` and storing `x1·cos − x2·sin` and `x1·sin + x2·cos`. It was tested against
-# Transformer Engine with TE's own test matrix and benchmarked on an RTX 2070 Super (448 GB/s
-# peak), head dim 128, 64 heads, seq 256…3968. TE's CUDA kernel levelled off near 250 GB/s; the
-# Triton kernel reached about 260 GB/s at batch 1, about 310 GB/s at batch 2 (+24 %), +36 % at
-# batch 4 and +44 % at batch 8. Its listed limits — no partial rotary, no transposed inputs,
-# sbhd/bshd only — are what ropelib's finished kernel adds. Those are that project's numbers on
-# that GPU, as it reported them.
+# Transformer Engine with TE's own test matrix and benchmarked on an RTX 2070 Super, where it
+# reported the Triton kernel level with TE's at batch 1 and further ahead as the batch grew.
+# Its listed limits — no partial rotary, no transposed inputs, sbhd/bshd only — are what
+# ropelib's finished kernel adds. That report is not data this notebook has; section 5 measures
+# the same kernel against TE on an H200, from committed CSVs.
 #
 # **Why was it faster?** The tempting answer — "it reuses cos/sin across the batch, and TE
 # does not" — does not survive a look at TE's kernel. `fused_rope.cu` launches a grid

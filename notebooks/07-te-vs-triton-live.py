@@ -212,11 +212,13 @@ assert dash.figure.get_suptitle() == f"measured on {widgets.measured_on(dash_row
 # `compare.SEED_SWEEPS` holds the sweeps that earlier RoPE-in-Triton studies published:
 #
 # - GB/s vs sequence length 256 … 3840 for batch 1, 2, 4, 8 with `head_num` 64 and `head_dim`
-#   128, in fp32 and bf16. The batch-reusing Triton kernel was reported at ~260 GB/s at batch 1
-#   and +24 % / +36 % / +44 % at batch 2 / 4 / 8, with TE's CUDA kernel flat near 250 GB/s, on an
-#   RTX 2070 Super (448 GB/s peak);
+#   128, in fp32 and bf16 (first run on an RTX 2070 Super, where the batch-reusing kernel was
+#   reported ahead of TE's more as the batch grew);
 # - sequence-length, hidden-size (head dim), head-count and batch sweeps of Triton fused vs TE
-#   fused vs PyTorch unfused (an A100 study: Triton fused edged out TE, both far ahead of eager).
+#   fused vs PyTorch unfused (first run on an A100).
+#
+# Those first reports are not data here: the sweeps are rerun, and the figures below are what
+# the committed run measured.
 #
 # `benchmarks/seed_sweeps.py` runs them all on a GPU and writes
 # `benchmarks/results/seed_sweeps.csv` and `figures/07-seed-*.png`. Here we list them and run
