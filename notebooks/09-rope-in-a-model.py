@@ -38,7 +38,7 @@
 # path is the same, the numbers are not.
 #
 # **Time:** about 40 minutes to read (no exercises here: the questions at the end are for
-# discussion); the cells run in about 17 s on a CPU (Triton's interpreter).
+# discussion); the cells run in about 35 s on a 2-core CPU (Triton's interpreter).
 
 # %%
 import os, torch

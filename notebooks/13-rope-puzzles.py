@@ -50,7 +50,7 @@
 # the colour of the program that stored the element, grey never stored, black stored by two or
 # more programs (a race on a GPU, where programs run in no fixed order).
 #
-# **Time:** the cells run in about 15 s on a CPU with every puzzle unanswered, and about as long
+# **Time:** the cells run in about 10 s on a CPU with every puzzle unanswered, and about as long
 # solved. Solving them takes 2–4 hours; puzzles 1–4 are warm-ups, 5–11 need more thought.
 
 # %%
