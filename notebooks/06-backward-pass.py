@@ -289,6 +289,7 @@ if GPU:
     fwd_ms = do_bench(lambda: rope_cell(x, freqs))
     bwd_ms = do_bench(lambda: rope_cell(g, freqs, backward=True))
     print(f"forward {fwd_ms * 1e3:.1f} us, backward {bwd_ms * 1e3:.1f} us (same bytes, same kernel)")
+    assert abs(bwd_ms / fwd_ms - 1) < 0.1, "the same bytes should take the same time"
 
 # %% [markdown]
 # ## 3. A `torch.autograd.Function`
