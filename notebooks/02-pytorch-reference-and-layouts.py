@@ -403,6 +403,14 @@ else:
           "is what the timings follow")
 
 # %% [markdown]
+# Read the unfused/fused ratio against the ratio of the bytes the two move (counted above).
+# The bytes set a lower bound on the gap, not its size: on a GPU the unfused chain comes out
+# slower still, because each of its elementwise kernels is a launch of its own and several of
+# them stream well below a copy's bandwidth (the profiler listing above names each kernel).
+# Notebook 07 measures that fixed cost per call, and notebooks 03 to 05 what makes one kernel
+# stream at a copy's speed.
+
+# %% [markdown]
 # ## Exercises
 #
 # Replace each `...`, run the cell, and read the ✅ / ❌ line. Solutions are folded below. (The
