@@ -234,21 +234,30 @@ print("HF drop-in:", tuple(q_hf.shape), tuple(k_hf.shape))
 # Solutions are folded below each exercise. (The `;` after a check only stops Jupyter from
 # echoing its `True`/`False`.)
 #
-# **Exercise 1.** On which device do this machine's notebooks put their tensors: `"cuda"` or
-# `"cpu"`? Answer from the printout in section 1, not by calling ropelib.
+# **Exercise 1.** The notebooks put their tensors on `"cuda"` or on `"cpu"`, and section 1
+# printed which one for this machine. Write the rule: `my_device(has_gpu, interpret)` returns
+# the device for a machine that has (or has not) a usable GPU, with `TRITON_INTERPRET=1` set (or
+# not). The check tries all four machines, with ropelib barred: the rule is yours to state,
+# not to look up.
 
 # %%
 from ropelib.course.exercises import basics, solution
 
-my_device = ...   # "cuda" or "cpu"
+
+def my_device(has_gpu, interpret):
+    ...   # your code: "cuda" or "cpu"
+
 
 basics.check_device(my_device);
 
 # %%
 solution("""
-The kernels run compiled only with a usable GPU *and* TRITON_INTERPRET unset; otherwise they run
-in the interpreter on the CPU. ropelib.default_device() encodes that rule, and section 1 prints
-it as "notebook device".
+def my_device(has_gpu, interpret):
+    # the kernels run compiled only with a usable GPU *and* TRITON_INTERPRET unset; otherwise
+    # Triton's interpreter runs them as NumPy on the CPU, so the tensors live there
+    return "cuda" if has_gpu and not interpret else "cpu"
+
+ropelib.default_device() encodes that rule, and section 1 prints it as "notebook device".
 """)
 
 # %% [markdown]

@@ -108,8 +108,13 @@ def test_solution_renders_details_in_jupyter(monkeypatch):
 # --- notebook 00 -----------------------------------------------------------------------------
 
 def test_check_device(capsys):
-    assert basics.check_device(ropelib.default_device())
-    assert not basics.check_device("tpu")
+    assert basics.check_device(lambda gpu, interpret: "cuda" if gpu and not interpret else "cpu")
+    assert f"this machine: {ropelib.default_device()}" in capsys.readouterr().out
+    assert not basics.check_device(lambda gpu, interpret: "cuda" if gpu else "cpu")
+    assert "interpret=True" in capsys.readouterr().out           # the case it gets wrong
+    assert not basics.check_device(lambda gpu, interpret: ropelib.default_device())
+    assert "ropelib" in capsys.readouterr().out                  # barred: the rule is the answer
+    assert not basics.check_device(lambda gpu, interpret: "tpu")
     assert not basics.check_device(...)
 
 

@@ -32,10 +32,21 @@ __all__ = [
 
 # --- notebook 00: setup and tour -------------------------------------------------------------
 
-def check_device(answer) -> bool:
-    """Which device do ropelib's notebooks put tensors on, on this machine? ("cuda" or "cpu")"""
-    return check("the device ropelib picks", answer, runtime.default_device(),
-                 hint="ropelib.default_device() is 'cuda' only with a GPU and without the interpreter")
+def check_device(fn) -> bool:
+    """Notebook 00, exercise 1: fn(has_gpu, interpret) -> "cuda" or "cpu", the device the
+    notebooks put their tensors on for a machine with or without a usable GPU, with
+    TRITON_INTERPRET=1 set or not. The check tries all four machines (with ropelib barred),
+    then prints the answer for this one."""
+    cases = [(f"has_gpu={gpu}, interpret={interpret}", (gpu, interpret),
+              "cuda" if gpu and not interpret else "cpu")
+             for gpu in (True, False) for interpret in (True, False)]
+    ok = check_cases("the device of the notebooks' tensors", "your rule", fn, cases,
+                     hint="the kernels run compiled only with a usable GPU and TRITON_INTERPRET "
+                          "unset; otherwise Triton's interpreter runs them, on the CPU")
+    if ok:
+        here = runtime.default_device()
+        print(f"   this machine: {here} (section 1 printed it as the notebook device)")
+    return ok
 
 
 def check_rotary_dim(answer, head_dim: int = 80, rotary_percent: float = 0.5) -> bool:
