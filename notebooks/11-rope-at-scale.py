@@ -389,6 +389,13 @@ else:
           "benchmarks/results/cp-....csv` on two GPUs (and --nproc_per_node 1 for one GPU).")
 
 # %% [markdown]
+# The tokens/s line compares two ranks with one GPU on the same sequences. It is printed, not
+# explained: each rank holds half of every sequence, and adds an all-gather of k and v and an
+# all-reduce of the gradients per step; whether that ends faster or slower than one GPU depends
+# on the model's size, the sequence length and the link between the GPUs, none of which this
+# small model is chosen to show. What these runs are for is correctness, below.
+
+# %% [markdown]
 # ### 200 steps in bf16: is the difference bigger than the noise?
 #
 # In bf16 the two runs cannot agree to the bit: the ranks add up attention and gradients in
