@@ -16,6 +16,7 @@ import torch
 
 import ropelib
 from ropelib.reference import rope_reference, te_unfused
+from routes import forced  # noqa: E402  (tests/routes.py)
 
 pytestmark = pytest.mark.gpu
 
@@ -94,18 +95,11 @@ def test_large_all_features(feat):
     del y, want, g
 
 
-@pytest.fixture(params=["as planned", "finished kernel", "two passes"])
+@pytest.fixture(params=["auto", "finished", "two-pass"])
 def route(request):
-    """The route a call takes: the planner's choice, or one forced by the size threshold."""
-    from ropelib import eager
-    from ropelib.kernels import tiles
-    saved = tiles.TWO_PASS_MIN_BYTES
-    tiles.TWO_PASS_MIN_BYTES = {"as planned": saved, "finished kernel": 1 << 62,
-                                "two passes": 0}[request.param]
-    eager.SIGNATURES.clear()
-    yield request.param
-    tiles.TWO_PASS_MIN_BYTES = saved
-    eager.SIGNATURES.clear()
+    """The route a call takes: the planner's choice, or one forced (tests/routes.py)."""
+    with forced(request.param):
+        yield request.param
 
 
 def test_more_than_2_31_elements(route):

@@ -15,8 +15,9 @@ import torch
 import ropelib
 import ropelib.hf
 from ropelib import eager
-from ropelib.kernels import launch, tiles
+from ropelib.kernels import launch
 from ropelib.runtime import on_gpu
+from routes import thresholds, through  # noqa: E402  (tests/routes.py)
 
 DEVICE = "cuda" if on_gpu() else "cpu"     # the interpreter on CPU, compiled kernels on a GPU
 
@@ -45,31 +46,6 @@ def starts(monkeypatch):
     yield calls
     eager.SIGNATURES.clear()
     eager.TABLE_ROWS.clear()
-
-
-def thresholds(min_bytes=None, share=None, kept_share=None) -> tuple:
-    """Set the two-pass route's size threshold and its table shares (the operators', and the
-    eager route's for rows it keeps: `kept_share`, `share` unless given); None leaves one as it
-    is. Returns what they were, for thresholds(*saved)."""
-    names = ("TWO_PASS_MIN_BYTES", "TWO_PASS_TABLE_SHARE", "TWO_PASS_KEPT_TABLE_SHARE")
-    saved = tuple(getattr(tiles, n) for n in names)
-    if kept_share is None:
-        kept_share = share
-    for name, value in zip(names, (min_bytes, share, kept_share)):
-        if value is not None:
-            setattr(tiles, name, value)
-    return saved
-
-
-def through(route: str, fn):
-    """fn() with the two-pass route on (every size) or off."""
-    saved = thresholds(0 if route == "two-pass" else 1 << 62, 0)
-    eager.SIGNATURES.clear()
-    try:
-        return fn()
-    finally:
-        thresholds(*saved)
-        eager.SIGNATURES.clear()
 
 
 def assert_same_bits(a, b, what):
