@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from ropelib.course import puzzles as pz
+from ropelib.course.work_count import interpreted
 from ropelib.kernels.common import cos_sin, rotate_pair
 from loading import load_file  # noqa: E402
 
@@ -221,7 +222,7 @@ def test_bf16_table_report_separates_the_table_from_the_kernel(own_solutions, ca
     assert "the kernel's part: y within" in out and "at position 100,000" in out, out
     assert "the bf16 table alone at all the positions checked (0 .. 131,071)" in out, out
     for case in pz.BF16_TABLE.build(torch.Generator().manual_seed(0), "cpu"):
-        pz._interpreted(kernel)[case.grid](*case.args, **case.constexprs)
+        interpreted(kernel)[case.grid](*case.args, **case.constexprs)
         k = pz.bf16_table_costs(case, case.out)
         assert k["ulps"].max() <= pz.ULP_TOL                      # the kernel rounds once
         assert (k["table"] <= pz.TABLE_BOUND).all()              # at every position
@@ -239,7 +240,7 @@ def test_bf16_table_starter_is_eager_pytorch_bit_for_bit(starters):
         x1, x2 = x[:, :half], x[:, half:]
         eager = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)    # bf16 ops
         assert torch.equal(case.extra["eager"][0], eager)
-        pz._interpreted(starters.my_bf16_table_kernel)[case.grid](*case.args, **case.constexprs)
+        interpreted(starters.my_bf16_table_kernel)[case.grid](*case.args, **case.constexprs)
         assert torch.equal(case.out, case.extra["eager"][1])       # the interpreter truncates
         try:
             from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
@@ -264,7 +265,7 @@ def test_the_interpreter_truncates_to_bf16():
     a = torch.randn(4096, generator=torch.Generator().manual_seed(0))
     y = torch.empty(4096, dtype=torch.bfloat16)
     z = torch.empty_like(y)
-    pz._interpreted(_to_bf16_kernel)[(1,)](a, y, z, N=4096)
+    interpreted(_to_bf16_kernel)[(1,)](a, y, z, N=4096)
     want = pz._to_bf16(a, truncate=True)
     assert torch.equal(y, want) and torch.equal(z, want)
     assert not torch.equal(want, a.to(torch.bfloat16))
@@ -332,7 +333,7 @@ def _virtual_copy(int64: bool):
     memory = pz.BoundsCheckedMemory([pz.Region("x", x, "in", row_stride=2**30 + 64),
                                      pz.Region("y", y, "out", row_stride=2**30 + 8)])
     with memory.installed():
-        pz._interpreted(_copy_rows_kernel)[(1,)](x, y, 3, 2**30 + 64, 2**30 + 8, W=8,
+        interpreted(_copy_rows_kernel)[(1,)](x, y, 3, 2**30 + 64, 2**30 + 8, W=8,
                                                  INT64=int64)
     return x, y, memory
 

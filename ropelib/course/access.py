@@ -17,6 +17,8 @@ from typing import Dict, List, Mapping, Tuple
 import numpy as np
 import torch
 
+from .work_count import interpreted
+
 SECTOR_BYTES = 32  # the unit an NVIDIA GPU's L1/L2 move: a cache line is 4 sectors of 32 bytes
 
 
@@ -40,15 +42,6 @@ class Access:
         return a.size > 0 and bool(((a >= start) & (a + self.itemsize <= end)).all())
 
 
-def _interpreted(kernel):
-    """The interpreter's version of a @triton.jit kernel (also when the GPU compiler is on)."""
-    from triton.runtime.interpreter import InterpretedFunction
-    if isinstance(kernel, InterpretedFunction):
-        return kernel
-    fn = getattr(kernel, "fn", None)
-    if fn is None:
-        raise TypeError(f"record: expected a @triton.jit kernel, got {type(kernel).__name__}")
-    return InterpretedFunction(fn)
 
 
 @contextlib.contextmanager
@@ -98,7 +91,7 @@ def record(kernel, grid, *args, **kwargs) -> List[Access]:
                              f"on {a.device}")
     log: List[Access] = []
     with _recording(log):
-        _interpreted(kernel)[grid](*args, **kwargs)
+        interpreted(kernel)[grid](*args, **kwargs)
     return log
 
 

@@ -45,7 +45,7 @@ from .. import runtime
 from . import access
 from .exercises import kernel_answer
 from .exercises.own_code import run_own_code
-from .work_count import interpreter_compat
+from .work_count import interpreted
 
 __all__ = ["PUZZLES", "BoundsCheckedMemory", "Region", "run_in_checked_memory", "draw_accesses",
            "grade", "scoreboard", "show_spec",
@@ -1346,10 +1346,6 @@ BF16_TABLE = _register(Puzzle(
 
 # --- grading ----------------------------------------------------------------------------------
 
-def _interpreted(kernel):
-    """The interpreter's version of a @triton.jit kernel (also when the GPU compiler is on)."""
-    from triton.runtime.interpreter import InterpretedFunction
-    return kernel if isinstance(kernel, InterpretedFunction) else InterpretedFunction(kernel.fn)
 
 
 def _ranges(idx: Sequence[int]) -> str:
@@ -1416,11 +1412,11 @@ class _Ran:
 
 
 def _launch_checked(kernel, case: Case, memory: BoundsCheckedMemory) -> Callable[[], _Ran]:
-    interp = _interpreted(kernel)
+    interp = interpreted(kernel)
 
     def launch() -> _Ran:
         try:
-            with memory.installed(), interpreter_compat():
+            with memory.installed():
                 interp[case.grid](*case.args, **case.constexprs)
         except Exception as exc:  # noqa: BLE001 -- reported by the check
             return _Ran(exc)
@@ -1499,8 +1495,8 @@ def run_in_checked_memory(kernel, grid, *args, inputs: Dict[str, torch.Tensor],
     regions = [Region(n, t, "in") for n, t in inputs.items()]
     regions += [Region(n, t, "out") for n, t in outputs.items()]
     memory = BoundsCheckedMemory(regions)
-    with memory.installed(), interpreter_compat():
-        _interpreted(kernel)[grid](*args, **kwargs)
+    with memory.installed():
+        interpreted(kernel)[grid](*args, **kwargs)
     return memory
 
 

@@ -213,10 +213,12 @@ _MISSING = object()
 
 def interpreted(kernel):
     """The kernel as Triton's interpreter runs it (launch it on CPU tensors): the kernel itself
-    under TRITON_INTERPRET=1, else a wrapper that interprets its Python function."""
+    under TRITON_INTERPRET=1, else a wrapper that interprets its Python function (a @triton.jit
+    kernel's, or any kernel object's `fn`), with the repairs of `interpreter_compat`. Every
+    interpreted launch of the course (work counts, recorded accesses, the puzzles) goes here."""
     from triton.runtime.interpreter import InterpretedFunction
     if isinstance(kernel, InterpretedFunction):
         return kernel
-    if _is_jit(kernel):
+    if _is_jit(kernel) or inspect.isfunction(getattr(kernel, "fn", None)):
         return _Interpreted(kernel)
     raise TypeError(f"expected a @triton.jit kernel, got {type(kernel).__name__}")
