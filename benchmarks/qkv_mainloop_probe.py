@@ -26,9 +26,7 @@ import argparse
 import itertools
 import os
 import re
-import subprocess
 import sys
-import tempfile
 
 import torch
 import triton
@@ -268,21 +266,12 @@ def _compile_sm90(kernel, signature: dict, constexprs: dict, warps: int, stages:
     from triton.compiler import ASTSource
     n_args = sum(1 for v in signature.values() if v != "constexpr")
     attrs = {(i,): [["tt.divisibility", 16]] for i in range(n_args)}   # as a launch sees them
+    from gpu_compile_check import machine_code     # tests/: the cubin read as SASS and usage
     compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs),
                               target=GPUTarget("cuda", 90, 32),
                               options={"num_warps": warps, "num_stages": stages})
-    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = os.path.join(tmp, "k.cubin")
-        with open(cubin, "wb") as f:
-            f.write(compiled.asm["cubin"])
-        code = subprocess.run([os.path.join(tools, "nvdisasm"), "-c", cubin],
-                              capture_output=True, text=True, check=True).stdout
-        usage = subprocess.run([os.path.join(tools, "cuobjdump"), "-res-usage", cubin],
-                               capture_output=True, text=True, check=True).stdout
-    regs, stack = re.search(r"REG:(\d+)", usage), re.search(r"STACK:(\d+)", usage)
-    return (regs.group(1) if regs else "?", stack.group(1) if stack else "?",
-            compiled.metadata.shared, code)
+    code, regs, stack = machine_code(compiled)
+    return regs, stack, compiled.metadata.shared, code
 
 
 def _report(label: str, compiled) -> None:
@@ -402,6 +391,7 @@ def main(argv=None) -> int:
     if args.check:
         check()
     elif args.sass:
+        sys.path.insert(0, os.path.join(HERE, "tests"))     # gpu_compile_check.machine_code
         sass()
     else:
         time_all(args.tokens, args.out)

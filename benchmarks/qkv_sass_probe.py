@@ -12,9 +12,7 @@ compiler, the JIT's specialisation) and Triton's bundled nvdisasm and cuobjdump.
 import argparse
 import os
 import re
-import subprocess
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -53,24 +51,14 @@ def main(argv=None) -> int:
     G.triton.compile = keep
     G.compile_for_gpu("qkv-fwd", planned.launcher.kernel, QG.FWD_POINTERS, planned, ptrs)
     compiled = kept["c"]
-    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = os.path.join(tmp, "k.cubin")
-        with open(cubin, "wb") as f:
-            f.write(compiled.asm["cubin"])
-        sass = subprocess.run([os.path.join(tools, "nvdisasm"), "-c", cubin],
-                              capture_output=True, text=True, check=True).stdout
-        usage = subprocess.run([os.path.join(tools, "cuobjdump"), "-res-usage", cubin],
-                               capture_output=True, text=True, check=True).stdout
+    sass, regs, stack = G.machine_code(compiled)
     shapes = sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)",
                                    compiled.asm["ptx"])))
-    regs = re.search(r"REG:(\d+)", usage)
-    stack = re.search(r"STACK:(\d+)", usage)
     tiles = {k: planned.args[k] for k in ("BLOCK_M", "BLOCK_K")}
     print(f"triton {triton.__version__}, sm_90, tiles {tiles}, {planned.num_warps} warps: "
           f"MMA {', '.join(shapes)} x {sum('HGMMA' in line for line in sass.splitlines())} "
-          f"in the code, {regs[1] if regs else '?'} registers, stack {stack[1] if stack else '?'}"
-          f" bytes, shared {compiled.metadata.shared} bytes")
+          f"in the code, {regs} registers, stack {stack} bytes, "
+          f"shared {compiled.metadata.shared} bytes")
     return 0
 
 

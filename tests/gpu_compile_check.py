@@ -25,6 +25,26 @@ TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
          torch.float8_e4m3fn: "fp8e4nv"}
 
 
+def machine_code(compiled) -> tuple:
+    """(SASS, registers per thread, stack bytes per thread) of a kernel compiled here, read from
+    its cubin with the nvdisasm and cuobjdump Triton bundles ("?" where cuobjdump says none)."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = os.path.join(tmp, "k.cubin")
+        with open(cubin, "wb") as f:
+            f.write(compiled.asm["cubin"])
+        sass = subprocess.run([os.path.join(tools, "nvdisasm"), "-c", cubin],
+                              capture_output=True, text=True, check=True).stdout
+        usage = subprocess.run([os.path.join(tools, "cuobjdump"), "-res-usage", cubin],
+                               capture_output=True, text=True, check=True).stdout
+    regs, stack = re.search(r"REG:(\d+)", usage), re.search(r"STACK:(\d+)", usage)
+    return sass, regs[1] if regs else "?", stack[1] if stack else "?"
+
+
 def compile_for_gpu(name, kernel, pointer_names, planned, pointers):
     """Compile as a launch with these arguments would: the JIT's own specialisation (ints equal
     to 1 become constants; pointers and ints divisible by 16 get a divisibility hint, what lets
