@@ -36,19 +36,11 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, HERE)
 
 import ropelib  # noqa: E402  (the unfused pipeline's RoPE)
-from ropelib.kernels.qkv_gemm import _mma  # noqa: E402  (tl.dot; bf16 widened in the interpreter)
+# the product's tl.dot (bf16 widened in the interpreter) and its grouped program order
+from ropelib.kernels.qkv_gemm import _grouped, _mma  # noqa: E402
 
 HIDDEN, HQ, HK, D = 4096, 32, 8, 128
 N = (HQ + 2 * HK) * D
-
-
-@triton.jit
-def _grouped(pid, n_rows, n_cols, GROUP: tl.constexpr):
-    # a program id -> (row tile, column tile), GROUP row tiles at a time (Triton's tutorial 03)
-    width = GROUP * n_cols
-    first = (pid // width) * GROUP
-    size = tl.minimum(n_rows - first, GROUP)
-    return first + (pid % width) % size, (pid % width) // size
 
 
 @triton.jit
