@@ -478,7 +478,8 @@ if ON_GPU:
                    "copy_floor_ms": floor_ms, "kernels": len(v["kernel_names"]),
                    "wall_ms_per_step": runs[rope]["ms_per_step"]} for rope, v in shares.items()]
     compare.write_csv(share_rows, FIGURES / "09-rope-share.csv",
-                      {**environment_meta(), "config": cfg, "batch": BATCH, "rope_bytes": rope_bytes})
+                      {**environment_meta(), "config": cfg, "batch": BATCH, "rope_bytes": rope_bytes},
+                      fields=list(share_rows[0]))
 
 # %% [markdown]
 # On a GPU, read the two RoPE lines against the copy (the printed "x the copy"): the kernel

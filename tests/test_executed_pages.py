@@ -40,6 +40,7 @@ STALE = {stem: _OLDER + _rerender(stem) for stem in (
     "05-finished-kernel",        # the chunks rung's reading corrected after the page was rendered
     "06-backward-pass",          # asserts its forward and backward times after the page was rendered
     "07-te-vs-triton-live",      # reads the host profile taken after the page was rendered
+    "09-rope-in-a-model",          # names the share CSV's columns after the page was rendered
     "10-multi-axis-rope",          # asserts its GPU timing after the page was rendered
 )}
 
