@@ -369,7 +369,30 @@ def variants(H: int) -> list:
                            lambda x, f, y, r=rung.name: (lambda: ladder.rope_ladder(r, x, f, out=y))))
     out.append(Variant("ropelib", "generation", "ropelib.apply_rope: the finished kernel",
                        lambda x, f, y: (lambda: ropelib.apply_rope(x, f, layout="sbhd"))))
+    te_rope = te_fused_rope()
+    if te_rope is not None:   # the kernel notebook 04 measures the grid kernel against
+        out.append(Variant("te_fused", "te",
+                           "Transformer Engine's fused CUDA RoPE (a CUDA C++ kernel: no Triton "
+                           "columns; ncu's columns only)",
+                           lambda x, f, y: (lambda: te_rope(x, f, tensor_format="sbhd",
+                                                            fused=True))))
     return out
+
+
+# the CUDA kernel's name in ncu's records, for variants that launch no Triton kernel
+KERNEL_NAMES = {"te_fused": "fused_rope_forward"}
+
+
+def te_fused_rope():
+    """Transformer Engine's apply_rotary_pos_emb, or None where TE is not installed (or where
+    its fused path cannot run: the interpreter has no CUDA)."""
+    if not runtime.on_gpu():
+        return None
+    try:
+        from transformer_engine.pytorch.attention.rope import apply_rotary_pos_emb
+    except Exception:  # noqa: BLE001 -- TE absent or broken: the run goes on without it
+        return None
+    return apply_rotary_pos_emb
 
 
 ALL = None   # a case's variant selection: every variant
@@ -377,7 +400,8 @@ ALL = None   # a case's variant selection: every variant
 
 def cases(dry_run: bool) -> list:
     """[(name, S, B, H, D, variant names or ALL)], bf16 sbhd; about 40 kernels in all."""
-    b1 = ("copy", "naive", "batch_reuse", "heads_all_one_b", "warps", "chunks", "ropelib")
+    b1 = ("copy", "naive", "batch_reuse", "heads_all_one_b", "warps", "chunks", "ropelib",
+          "te_fused")
     few_tokens = ("copy", "warps", "chunks", "ropelib")
     if dry_run:  # interpreter-sized; D = 24: a half of 12 in a 16-lane tile (masked lanes)
         return [("tiny", 5, 2, 3, 24, ALL), ("tiny-b1", 6, 1, 2, 16, b1),
@@ -502,7 +526,7 @@ def profiled_run(manifest_path: Path) -> int:
             except Exception as exc:  # noqa: BLE001
                 print(f"{name}/{v.name} failed: {_reason(exc)}", flush=True)
                 continue
-            kernel = rec.launches[-1].kernel if rec.launches else None
+            kernel = rec.launches[-1].kernel if rec.launches else KERNEL_NAMES.get(v.name)
             manifest.append(dict(case=name, variant=v.name, kernel=kernel))
         del x, freqs, y
         torch.cuda.empty_cache()
