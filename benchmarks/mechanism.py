@@ -30,8 +30,10 @@ after a warm-up launch, at the 256 MiB bf16 sbhd sizes of the benchmarks, and re
 The variants: the copy (the floor: the bytes of `y.copy_(x)`, moved by a trivial Triton
 load/store kernel, since a same-dtype contiguous copy_ is a cudaMemcpy ncu does not profile),
 ropelib's naive kernel, its batch-reuse kernel, every row of benchmarks/ablation.py, every
-rung of ropelib/course/ladder.py (rung 0 is the batch-reuse kernel) and ropelib.apply_rope
-(finished); all at s4096-b8 (s=4096, b=8, h=32,
+rung of ropelib/course/ladder.py (rung 0 is the batch-reuse kernel), ropelib.apply_rope through
+the finished kernel (`ropelib`, the route forced) and as planned (`ropelib_planned`: the two-pass
+route where it pays), and Transformer Engine's fused kernel (`te_fused`) where TE is installed;
+all at s4096-b8 (s=4096, b=8, h=32,
 d=128), a few at s32768-b1 (the same bytes, b=1) and s16-b64 (8 MiB, too few tiles). Every
 output is checked against `ropelib.reference` (fp64) outside the profiled window. A variant that
 fails is reported in its row (`status`, `reason`); the others still run.
@@ -73,7 +75,7 @@ for _p in (REPO_ROOT, BENCH_DIR):  # ropelib from a checkout; the ablation kerne
 import ablation  # noqa: E402  (benchmarks/ablation.py: the ablation kernel and its rows)
 import ropelib  # noqa: E402
 from ropelib import reference, runtime  # noqa: E402
-from ropelib.bench import compare  # noqa: E402
+from ropelib.bench import compare, routes  # noqa: E402
 from ropelib.course import ladder  # noqa: E402
 from ropelib.course.kernels.batch_reuse import rope_batch_reuse  # noqa: E402
 from ropelib.course.kernels.naive import rope_naive  # noqa: E402
@@ -367,7 +369,13 @@ def variants(H: int) -> list:
     for rung in ladder.RUNGS[1:]:
         out.append(Variant(rung.name, "ladder", rung.idea,
                            lambda x, f, y, r=rung.name: (lambda: ladder.rope_ladder(r, x, f, out=y))))
-    out.append(Variant("ropelib", "generation", "ropelib.apply_rope: the finished kernel",
+    out.append(Variant("ropelib", "generation",
+                       "ropelib.apply_rope through the finished kernel (the route forced)",
+                       lambda x, f, y: (lambda: routes.through(
+                           "finished", lambda: ropelib.apply_rope(x, f, layout="sbhd")))))
+    out.append(Variant("ropelib_planned", "generation",
+                       "ropelib.apply_rope as planned: at 256 MiB the two-pass route (its flat "
+                       "pass, the rows kept from the warm-up call)",
                        lambda x, f, y: (lambda: ropelib.apply_rope(x, f, layout="sbhd"))))
     te_rope = te_fused_rope()
     if te_rope is not None:   # the kernel notebook 04 measures the grid kernel against
@@ -401,7 +409,7 @@ ALL = None   # a case's variant selection: every variant
 def cases(dry_run: bool) -> list:
     """[(name, S, B, H, D, variant names or ALL)], bf16 sbhd; about 40 kernels in all."""
     b1 = ("copy", "naive", "batch_reuse", "heads_all_one_b", "warps", "chunks", "ropelib",
-          "te_fused")
+          "ropelib_planned", "te_fused")
     few_tokens = ("copy", "warps", "chunks", "ropelib")
     if dry_run:  # interpreter-sized; D = 24: a half of 12 in a 16-lane tile (masked lanes)
         return [("tiny", 5, 2, 3, 24, ALL), ("tiny-b1", 6, 1, 2, 16, b1),
@@ -588,7 +596,8 @@ def parse_ncu_csv(text: str) -> list:
         except (KeyError, ValueError):
             continue
         if nvtx_col is not None:
-            out["nvtx"] = nvtx_range(rec[nvtx_col])
+            out["nvtx_ranges"] = nvtx_ranges(rec[nvtx_col])
+            out["nvtx"] = out["nvtx_ranges"][-1] if out["nvtx_ranges"] else None
         for i, col in enumerate(header):
             if col in NCU_METRICS:
                 out[col] = _number(r[i], units[i] if i < len(units) else "")
@@ -599,32 +608,42 @@ def parse_ncu_csv(text: str) -> list:
 _NVTX_DOMAIN = re.compile(r'"?<[^<>"]*>:')   # `<default domain>:` or another `<domain>:`
 
 
-def nvtx_range(cell: str) -> Optional[str]:
-    """The range name in ncu's "thread Domain:Push/Pop_Range:..." cell, e.g.
-    `3042  "<default domain>:s4096-b8/naive:none:none:none:none:none:none" ` -> `s4096-b8/naive`.
-    With nested ranges (several quoted entries) the last one (the innermost) counts."""
+def nvtx_ranges(cell: str) -> list:
+    """The range names in ncu's "thread Domain:Push/Pop_Range:..." cell, outermost first, e.g.
+    `3042  "<default domain>:s4096-b8/naive:none:none:none:none:none:none" ` -> `[s4096-b8/naive]`.
+    A library that opens a range of its own inside ours (Transformer Engine's
+    `nvte_fused_rope_forward`) adds a quoted entry after it."""
     hits = list(_NVTX_DOMAIN.finditer(cell or ""))
-    if not hits:
-        return None
-    rest = cell[hits[-1].end():]
-    end = rest.find(":none")
-    if end < 0:
-        end = rest.find(":")
-    name = (rest if end < 0 else rest[:end]).strip().strip('"').strip()
-    return name or None
+    names = []
+    for hit, after in zip(hits, hits[1:] + [None]):
+        rest = cell[hit.end():after.start() if after is not None else None]
+        end = rest.find(":none")
+        if end < 0:
+            end = rest.find(":")
+        name = (rest if end < 0 else rest[:end]).strip().strip('"').strip()
+        if name:
+            names.append(name)
+    return names
+
+
+def nvtx_range(cell: str) -> Optional[str]:
+    """The innermost range name of the cell (see nvtx_ranges), or None."""
+    names = nvtx_ranges(cell)
+    return names[-1] if names else None
 
 
 def match_records(manifest: list, records: list) -> dict:
     """{(case, variant): ncu record}. Records carrying an NVTX range ("nvtx" key, from ncu's
-    Push/Pop_Range column) are matched by that name `case/variant`; of several in one range the
+    Push/Pop_Range column) are matched by the range `case/variant` they ran in (at any depth:
+    a library may open ranges of its own inside it); of several in one range the
     first whose kernel name contains the expected Triton kernel (else the first). Only without
     NVTX: manifest and records zipped in order, a record whose kernel name does not contain the
     launch's expected Triton kernel skipped (not one of ours)."""
     if any("nvtx" in r for r in records):
         by_range = {}
         for r in records:
-            if r.get("nvtx"):
-                by_range.setdefault(r["nvtx"], []).append(r)
+            for name in r.get("nvtx_ranges") or ([r["nvtx"]] if r.get("nvtx") else []):
+                by_range.setdefault(name, []).append(r)
         out = {}
         for entry in manifest:
             found = by_range.get(f"{entry['case']}/{entry['variant']}")
@@ -789,6 +808,27 @@ def table(rows) -> str:
     return "\n".join(out)
 
 
+def rematch(csv_path: Path) -> str:
+    """Re-match a finished run's saved ncu records to its rows (after a change to the matching):
+    the rows and their `# key: value` lines stay as the run wrote them, the ncu columns are
+    recomputed and the `ncu` line says how many launches match now."""
+    csv_path = Path(csv_path)
+    stem = csv_path.name[:-len(".csv")]
+    matched, records, manifest = match_files(csv_path.with_name(f"{stem}-ncu-raw.csv"),
+                                             csv_path.with_name(f"{stem}-manifest.json"))
+    meta, rows = compare.read_meta(csv_path), compare.read_csv(csv_path)
+    ncu_columns = [c for c in FIELDS if c.startswith("ncu_")]
+    for row in rows:
+        for column in ncu_columns:
+            row[column] = None
+        record = matched.get((row["case"], row["variant"]))
+        if record is not None:
+            row.update(ncu_row_columns(record, row))
+    meta["ncu"] = (meta.get("ncu", "") + f"; re-matched after the run: {len(matched)} of "
+                   f"{len(manifest)} launches ({len(records)} kernel records)")
+    return compare.write_csv(rows, csv_path, meta=meta, fields=FIELDS)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=None,
@@ -802,7 +842,13 @@ def main(argv=None):
     ap.add_argument("--profiled-run", action="store_true",
                     help="internal: the run ncu profiles (writes --manifest)")
     ap.add_argument("--manifest", type=Path, default=None, help="internal: the manifest's path")
+    ap.add_argument("--rematch", type=Path, default=None, metavar="CSV",
+                    help="no run: match a finished run's saved ncu records (the raw CSV and "
+                         "manifest next to CSV) to its rows again, and rewrite CSV's ncu columns")
     args = ap.parse_args(argv)
+    if args.rematch is not None:
+        print("wrote", rematch(args.rematch))
+        return 0
     if args.profiled_run:
         if args.manifest is None:
             ap.error("--profiled-run needs --manifest")

@@ -29,7 +29,7 @@ def test_dry_run_checks_every_variant_and_writes_a_readable_csv(mechanism, tmp_p
     assert meta["script"] == "benchmarks/mechanism.py" and meta["ncu"] == "not run (dry run)"
     assert meta["gpu"] == "none" and "column ncu_warp_inst" in meta
     names = {r["variant"] for r in rows if r["case"] == "tiny"}
-    want = {"copy", "naive", "batch_reuse", "ropelib", *ladder.NAMES}
+    want = {"copy", "naive", "batch_reuse", "ropelib", "ropelib_planned", *ladder.NAMES}
     want |= {v[0] for v in mechanism.ablation.variants(3)}
     assert names == want
     assert {r["case"] for r in rows} == {"tiny", "tiny-b1", "tiny-few-tokens"}
@@ -224,6 +224,25 @@ def test_match_records_by_nvtx_range_not_by_order(mechanism):
     assert cols["ncu_dram_bytes_over_model"] == pytest.approx((270551040 + 252926720)
                                                               / row["model_bytes"], rel=1e-3)
     assert cols["ncu_achieved_occupancy_pct"] == pytest.approx(29.48)
+
+
+def test_a_library_range_inside_ours_still_matches(mechanism):
+    # Transformer Engine opens a range of its own around its kernel: ncu's cell (H200 run) names
+    # both, ours outermost; the record belongs to the variant's range
+    cell = ('1485  "<default domain>:s4096-b8/te_fused:none:none:none:none:none:none"  '
+            '"<default domain>:nvte_fused_rope_forward:none:none:none:none:none:none" ')
+    assert mechanism.nvtx_ranges(cell) == ["s4096-b8/te_fused", "nvte_fused_rope_forward"]
+    assert mechanism.nvtx_range(cell) == "nvte_fused_rope_forward"
+    recs = [dict(id=28, kernel="void transformer_engine::fused_rope_forward_kernel<...>",
+                 nvtx="nvte_fused_rope_forward", nvtx_ranges=mechanism.nvtx_ranges(cell)),
+            dict(id=29, kernel="_copy_kernel", nvtx="s32768-b1/copy",
+                 nvtx_ranges=["s32768-b1/copy"])]
+    manifest = [dict(case="s4096-b8", variant="te_fused",
+                     kernel=mechanism.KERNEL_NAMES["te_fused"]),
+                dict(case="s32768-b1", variant="copy", kernel="_copy_kernel")]
+    got = mechanism.match_records(manifest, recs)
+    assert {k: v["id"] for k, v in got.items()} == {("s4096-b8", "te_fused"): 28,
+                                                    ("s32768-b1", "copy"): 29}
 
 
 def test_duration_units_convert_to_ns(mechanism):
