@@ -644,9 +644,18 @@ else:
 # that it reuses them less. Its batch loop gives each program $B$ rows: enough work per program
 # that neither the program count nor the per-program sin/cos limits it, so its time follows the
 # bytes its warps keep in flight. TE's grid, run as Triton, is limited by instructions instead.
-# TE's own CUDA kernel was timed in this run but not profiled; its time lies between the Triton
-# version of its grid with and without sin/cos, so which of section 3's other differences (2-byte
-# loads, every element read twice) holds it back stays a hypothesis until it is profiled.
+#
+# And TE's own CUDA kernel is limited the same way. A second run of the same script, on an H200
+# with Transformer Engine installed (`benchmarks/results/mechanism-te-nvidia-h200.csv`), profiled
+# it beside the copy and the batch-reusing kernel; being CUDA C++, its programs, warps and
+# registers are the profiler's launch columns. It moves the model's bytes, its warps fill
+# nine-tenths of an SM's slots, and they ask for as many KiB of `x` per SM as the copy's do: by
+# the bytes-in-flight rule it should run at a copy's speed. It takes about twice the copy's time,
+# and executes more than twice the instructions per element of the batch-reusing grid. So what
+# holds TE back is instructions, not bytes or occupancy. Section 3's differences are where they
+# come from — one 2-byte element per load, every element read twice (once as itself and once as
+# its partner) — but the profile counts instructions, not which line of source issued them;
+# telling those two apart would take its machine code.
 #
 # **At $b = 1$ the order reverses.** With no batch to loop over, the (S, H) grid launches a
 # million one-row programs, as many as the naive kernel, and takes its time; TE's grid has one
@@ -723,6 +732,20 @@ assert te_grid["x_kib_per_sm"] >= 0.8 * h4["x_kib_per_sm"]
 assert te_grid["ncu_warp_inst_per_element"] > 3 * mech["sh_loop_b"]["ncu_warp_inst_per_element"]
 assert te_grid["ncu_warp_inst_per_element"] > 0.5 * mech["naive"]["ncu_warp_inst_per_element"]
 assert te_grid["us"] > 1.8 * h4["us"] and te_table["us"] < 1.2 * h4["us"]
+# TE's CUDA kernel (the run with TE installed): the model's bytes, a full SM, a copy's KiB per
+# SM, twice the copy's time: instructions
+te_run = measured.mechanism("s4096-b8", kind="mechanism-te")
+te, te_copy, te_br = te_run["te_fused"], te_run["copy"], te_run["batch_reuse"]
+print(f"{measured.where(measured.load('mechanism-te')[0])}: TE fused (CUDA) {te['us']:.0f} us = "
+      f"{te['us'] / te_copy['us']:.2f}x the copy; occupancy {te['ncu_achieved_occupancy_pct']:.0f} %, "
+      f"{te['x_kib_per_sm']:.1f} KiB/SM (copy {te_copy['x_kib_per_sm']:.1f}); DRAM/model "
+      f"{te['ncu_dram_bytes_over_model']:.3f}; {te['ncu_warp_inst_per_element']:.2f} warp "
+      f"instructions per element against the batch-reusing grid's "
+      f"{te_br['ncu_warp_inst_per_element']:.2f}")
+assert 0.9 <= te["ncu_dram_bytes_over_model"] <= 1.05
+assert te["ncu_achieved_occupancy_pct"] > 85 and te["x_kib_per_sm"] >= 0.95 * te_copy["x_kib_per_sm"]
+assert 1.6 < te["us"] / te_copy["us"] < 2.4
+assert te["ncu_warp_inst_per_element"] > 2 * te_br["ncu_warp_inst_per_element"]
 # the answer: the (S, H) grid beats TE fused; TE's time lies between its grid's two Triton versions
 t = measured.timings("ablation", "s4096-b8")
 print(f"TE fused / batch-reusing grid (sh_loop_b): {t['te_fused']['ms'] / t['sh_loop_b']['ms']:.2f}; "

@@ -21,6 +21,11 @@ instructions). :func:`mechanism` adds what follows from those columns and the sh
   one SM ask for in one batch step. It is **derived, not a counter**: an upper bound on the bytes
   of x in flight per SM, reached only while every resident warp waits on its loads at once;
 * ``ns_per_program``: Nsight Compute's duration / programs, and ``us`` the duration in µs.
+
+``mechanism-te-nvidia-h200.csv`` is a later run of the same script with Transformer Engine
+installed. Transformer Engine's fused RoPE (variant ``te_fused``) is a CUDA C++ kernel: it has no Triton
+columns, so its grid, warps and registers are Nsight Compute's launch columns (``ncu_grid_size``
+blocks of ``ncu_block_size`` threads, one block per (token, batch entry): one step).
 """
 from __future__ import annotations
 
@@ -71,6 +76,9 @@ def steps(row: dict) -> int:
 def derive(row: dict) -> dict:
     """A mechanism row with the derived columns of the module docstring added."""
     r = dict(row)
+    if r.get("grid") is None and r.get("ncu_grid_size"):   # a CUDA kernel: ncu's launch columns
+        r.update(grid=str(r["ncu_grid_size"]), programs=r["ncu_grid_size"],
+                 num_warps=r["ncu_block_size"] // 32, registers=r.get("ncu_registers"))
     e = compare.DTYPES[r["dtype"]].itemsize
     r["steps"] = steps(r)
     r["x_bytes_per_program"] = r["elements"] * e / r["programs"]
@@ -83,14 +91,15 @@ def derive(row: dict) -> dict:
     return r
 
 
-def mechanism(case: str = "s4096-b8", gpu: str = GPU) -> dict:
+def mechanism(case: str = "s4096-b8", gpu: str = GPU, kind: str = "mechanism") -> dict:
     """{variant: derived row} of one case of ``mechanism-<gpu>.csv`` (rows that ran and were
-    profiled; a failed variant is left out)."""
-    _, rows = load("mechanism", gpu)
+    profiled; a failed variant is left out). ``kind="mechanism-te"``: the run with Transformer
+    Engine installed (``mechanism-te-<gpu>.csv``), the one that profiled TE's own kernel."""
+    _, rows = load(kind, gpu)
     out = {r["variant"]: derive(r) for r in rows
            if r["case"] == case and r["status"] == "ok" and r.get("ncu_duration_ns")}
     if not out:
-        raise ValueError(f"mechanism-{gpu}.csv has no profiled rows for case {case!r}")
+        raise ValueError(f"{kind}-{gpu}.csv has no profiled rows for case {case!r}")
     return out
 
 
