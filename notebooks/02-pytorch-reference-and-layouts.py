@@ -30,7 +30,7 @@
 # - use partial rotary (`rotary_percent`), position offsets (`start_positions`, `position_ids`)
 #   and context-parallel positions (`cp_size`, `cp_rank`);
 # - count the kernels and bytes of the unfused PyTorch version and explain why it is several
-#   times slower than one fused kernel (and profile it on a GPU).
+#   times slower than one fused kernel (and, on a GPU, time each of its kernels against a copy).
 #
 # **Time:** about 45 minutes to read and do the three exercises; the cells run in about 6 s
 # on a CPU (Triton's interpreter).
@@ -398,16 +398,84 @@ if GPU:
     for name, t in [("copy (floor)", t_copy), ("ropelib.apply_rope", t_fused), ("TE unfused", t_unfused)]:
         print(f"{name:20s} {t * 1e3:8.1f} us   {moved / t / 1e6:7.0f} GB/s of useful traffic")
     print(f"unfused / fused: {t_unfused / t_fused:.1f}x")
+    print(f"their bytes (counted above): {unfused_bytes / floor_bytes:.1f}x")
+    assert t_unfused / t_fused > unfused_bytes / floor_bytes
 else:
     print("interpreter mode: no timings (run on a GPU for the numbers); the byte count above "
           "is what the timings follow")
 
 # %% [markdown]
 # Read the unfused/fused ratio against the ratio of the bytes the two move (counted above).
-# The bytes set a lower bound on the gap, not its size: on a GPU the unfused chain comes out
-# slower still, because each of its elementwise kernels is a launch of its own and several of
-# them stream well below a copy's bandwidth (the profiler listing above names each kernel).
-# Notebook 07 measures that fixed cost per call, and notebooks 03 to 05 what makes one kernel
+# If every kernel of the chain streamed its bytes as fast as the fused one, the two ratios
+# would be equal. On the GPU this page was run on, the unfused chain comes out slower still:
+# the cell above prints both ratios and asserts their order.
+#
+# ### Each kernel against a copy
+#
+# Where does the rest go? The next cell times the unfused chain kernel by kernel. On a GPU it
+#
+# 1. counts the bytes of each op of `reference.te_unfused` with `CountTraffic` from above, on
+#    the very tensors it then times: an op's bytes follow from the shapes and dtypes of the
+#    tensors it reads and writes;
+# 2. runs the forward twice to warm up, then profiles five forward passes with CUDA activity
+#    and takes each GPU kernel's device time, the mean over the five;
+# 3. matches kernels to ops by their order (eager PyTorch launches one kernel per op, in program
+#    order), and stops with an error naming both lists if their numbers differ or a position
+#    holds another kernel in another pass;
+# 4. profiles a copy of `x` the same way: what a kernel that reads and writes every byte once
+#    can reach on this GPU.
+#
+# The table gives each kernel's device time, its op's bytes, its GB/s and that as a fraction
+# of the copy's GB/s. (`ropelib.course.kernel_bandwidth` does the matching and the arithmetic;
+# its tests run it on made-up profiles on the CPU.)
+
+# %%
+if GPU:
+    from ropelib.course import kernel_bandwidth as kb
+
+    repeats = 5
+    with CountTraffic() as counted:              # each op's bytes, on the tensors timed here
+        reference.te_unfused(xd, fp)
+
+    def kernels_of(fn, skip=kb.SKIPPED):
+        """(name, us) of the GPU kernels of `repeats` calls of fn, after a warm-up."""
+        for _ in range(2):
+            fn()
+        torch.cuda.synchronize()
+        with profile(activities=activities) as prof:
+            for _ in range(repeats):
+                fn()
+            torch.cuda.synchronize()
+        return kb.device_kernels(prof.events(), skip=skip)
+
+    # a contiguous copy_ runs as a "Memcpy DtoD" on the GPU: keep it
+    copies = kernels_of(lambda: y_buf.copy_(xd), skip=("Memset",))
+    copy_us = kb.mean_us(copies, repeats, "copy of x")
+    copy_gbps = kb.gbps(2 * xd.numel() * xd.element_size(), copy_us)
+    rows = kb.kernel_table(kernels_of(lambda: reference.te_unfused(xd, fp)), counted.ops,
+                           repeats, copy_gbps)
+    print(f"{torch.cuda.get_device_name()}: the unfused forward, device time per kernel "
+          f"(mean of {repeats} passes)\n")
+    print(kb.format_table(rows, copy_gbps))
+    slow = kb.below(rows, 0.5)
+    kernel_us, at_copy_us = sum(r.us for r in rows), kb.us_at_copy_speed(rows, copy_gbps)
+    print(f"\n{len(slow)} of {len(rows)} kernels below half the copy's GB/s: "
+          + ", ".join(f"{i} ({r.op}, {r.of_copy:.0%})" for i, r in slow))
+    print(f"the {len(rows)} kernels take {kernel_us:.0f} us; their bytes at the copy's GB/s "
+          f"would take {at_copy_us:.0f} us")
+    assert len(slow) >= 2 and kernel_us > at_copy_us
+else:
+    print("interpreter mode: the table needs a GPU's profiler (here the ops run on the CPU, and "
+          "ropelib's kernel in Python)")
+
+# %% [markdown]
+# On the GPU this page was run on, the table shows what the bytes alone do not: the line under
+# it counts the kernels that stream at less than half the copy's bandwidth and names them (the
+# cell asserts there are at least two), and the chain's kernels together take longer than their
+# bytes would at the copy's bandwidth (asserted too). Which kernels fall short is for you to
+# read from the table: set each beside its op in the traffic count and ask what it reads (the
+# small angle table, a broadcast cos/sin, a strided half of `x`, a contiguous tensor).
+# Notebook 07 measures the fixed cost of a call, and notebooks 03 to 05 what makes one kernel
 # stream at a copy's speed.
 
 # %% [markdown]

@@ -42,8 +42,14 @@
 # output, is reported and masked off before it touches memory, so a wrong kernel cannot crash
 # the notebook. Then the output is compared with the spec (fp64), and the check draws which
 # elements of each tensor your kernel touched. On a GPU it also runs the compiled kernel and
-# times it against a device copy of the same bytes. An answer that calls ropelib's own kernels
-# or its `@triton.jit` helpers fails: the puzzles want your code.
+# times it against a device copy of the same bytes (the ⏱ line). An answer that calls ropelib's
+# own kernels or its `@triton.jit` helpers fails: the puzzles want your code.
+#
+# **The time to aim for.** Under each worked solution of a puzzle that has a timed size, the
+# same ⏱ line is printed for the worked solution, labelled as such, on a GPU: its time on the
+# same case and its fraction of a copy's speed. It is measured by launching the solution
+# itself; handing the solution in as your answer still fails the check. On the CPU the line
+# says that timing needs a GPU.
 #
 # **Reading the pictures.** One panel per tensor, rows down and the last dim across. Inputs:
 # grey means never loaded, light to dark blue loaded once, twice, three or more times. Outputs:
@@ -195,6 +201,7 @@ pz.check_interleaved(my_interleaved_kernel);
 
 # %%
 solution(pz.solution_interleaved_kernel.fn, title="Solution: puzzle 2")
+pz.time_solution("interleaved");
 
 # %% [markdown]
 # Compare the line under the ✅ with puzzle 1's: the solution's loads and stores use half of
@@ -255,6 +262,7 @@ pz.check_partial(my_partial_kernel);
 
 # %%
 solution(pz.solution_partial_kernel.fn, title="Solution: puzzle 3")
+pz.time_solution("partial");
 
 # %% [markdown]
 # ## Puzzle 4 — head dims 80, 96, 72 (repair)
@@ -300,6 +308,7 @@ pz.check_odd_head_dim(my_odd_head_dim_kernel);
 
 # %%
 solution(pz.solution_odd_head_dim_kernel.fn, title="Solution: puzzle 4")
+pz.time_solution("odd_head_dim");
 
 # %% [markdown]
 # ## Puzzle 5 — angles at position 100,000 (repair)
@@ -355,6 +364,7 @@ pz.check_long_context(my_long_context_kernel);
 
 # %%
 solution(pz.solution_long_context_kernel.fn, title="Solution: puzzle 5")
+pz.time_solution("long_context");
 
 # %% [markdown]
 # fp32 is not the end of the story: an fp32 angle is off by up to 0.03 rad below position
@@ -411,6 +421,7 @@ pz.check_position_ids(my_position_ids_kernel);
 
 # %%
 solution(pz.solution_position_ids_kernel.fn, title="Solution: puzzle 6")
+pz.time_solution("position_ids");
 
 # %% [markdown]
 # ## Puzzle 7 — offsets past $2^{31}$ (repair)
@@ -463,6 +474,7 @@ pz.check_int64_offsets(my_int64_offsets_kernel);
 
 # %%
 solution(pz.solution_int64_offsets_kernel.fn, title="Solution: puzzle 7")
+pz.time_solution("int64_offsets");
 
 # %% [markdown]
 # ## Puzzle 8 — the backward's sign (repair)
@@ -511,6 +523,7 @@ pz.check_backward(my_backward_kernel);
 
 # %%
 solution(pz.solution_backward_kernel.fn, title="Solution: puzzle 8")
+pz.time_solution("backward");
 
 # %% [markdown]
 # ## Puzzle 9 — one table for the whole batch (repair)
@@ -555,6 +568,7 @@ pz.check_shared_table(my_shared_table_kernel);
 
 # %%
 solution(pz.solution_shared_table_kernel.fn, title="Solution: puzzle 9")
+pz.time_solution("shared_table");
 
 # %% [markdown]
 # ## Puzzle 10 — KV-cache start positions (repair)
@@ -599,6 +613,7 @@ pz.check_start_positions(my_start_positions_kernel);
 
 # %%
 solution(pz.solution_start_positions_kernel.fn, title="Solution: puzzle 10")
+pz.time_solution("start_positions");
 
 # %% [markdown]
 # ## Puzzle 11 — cos/sin cached in bf16 (repair)
@@ -670,6 +685,7 @@ pz.check_bf16_table(my_bf16_table_kernel);
 
 # %%
 solution(pz.solution_bf16_table_kernel.fn, title="Solution: puzzle 11")
+pz.time_solution("bf16_table");
 
 # %% [markdown]
 # The table's own cost needs no kernel. Below, with torch alone: a bf16 `x` with head dim 128,
@@ -728,6 +744,36 @@ assert by_angle16[2] > 100 * by_table16[2]        # at position 100,000 the angl
 pz.scoreboard();
 
 # %% [markdown]
+# And the worked solutions' ⏱ lines, in one table. Ten of the eleven puzzles have a timed size;
+# puzzle 1 rotates one row, where a timer would see only the launch. A kernel's fraction is a
+# device copy's time over the kernel's, for the bytes of every tensor the kernel is handed:
+# 100% is copy speed. Those bytes include tensors a kernel is handed but need not read (puzzle
+# 5's worked solution never reads the bf16 angle table), so a fraction can pass 100%.
+
+# %%
+import inspect
+
+timed = [p for p in pz.PUZZLES.values() if p.big is not None]
+times = pz.solution_times()
+if runtime.on_gpu():
+    print(f"the worked solutions on {next(iter(times.values())).gpu if times else 'the GPU'}, "
+          "median of do_bench\n")
+    print(f"{'puzzle':34s} {'timed case':38s} {'us':>7s} {'MB':>5s} {'copy us':>8s} "
+          f"{'of copy':>8s}")
+    for p in timed:
+        t = times.get(p.key)
+        if t is not None:
+            print(f"{p.number:2d}. {p.title:30s} {t.label[:38]:38s} {t.us:7.1f} "
+                  f"{t.nbytes / 1e6:5.0f} {t.copy_us:8.1f} {t.of_copy:8.0%}")
+    missing = [p.number for p in timed if p.key not in times]
+    assert not missing, f"worked solutions not timed (see the lines under them): {missing}"
+else:
+    print("timing needs a GPU: the interpreter runs programs one after another in Python")
+assert len(timed) == 10 and pz.PUZZLES["rotate_row"].big is None
+body = inspect.getsource(pz.solution_long_context_kernel.fn).split("):", 1)[1]
+assert "freqs_ptr" not in body                    # puzzle 5's solution never reads the table
+
+# %% [markdown]
 # ## Questions for a study group
 #
 # 1. Puzzle 4's bug passed on the CPU except for the last row. Which of the eleven bugs would a
@@ -741,9 +787,11 @@ pz.scoreboard();
 # 4. Puzzle 9 counts loads, not DRAM bytes. Using the sector counts the checks print, estimate
 #    the DRAM bytes the repeated table loads cost on a GPU with a 50 MB L2 for the timed size
 #    (`S = 16384`, `B = 8`, `HALF = 64`), and say why the answer is not $B$ times the table.
-# 5. Puzzles 2 and 6 gather with stride 2 or by position. Which of the eleven kernels reach the
-#    copy bandwidth on a GPU, and which cannot, whatever their tile? Predict, then run the
-#    notebook on a GPU and compare with the ⏱ lines.
+# 5. Puzzles 2 and 6 gather with stride 2 or by position. Which of the ten timed worked
+#    solutions would you expect to reach a copy's speed on a GPU, and which to fall short,
+#    whatever their tile? Write your prediction down, then compare it with the table under the
+#    scoreboard (run on a GPU, it shows each worked solution's fraction of a copy), and your
+#    own kernels' ⏱ lines with the solutions'.
 # 6. Puzzle 11's bf16 table moves a pair by at most $\sqrt 2 \cdot 2^{-9}$ of its length.
 #    How large an error in an attention score $q \cdot k$ can that make for head dim 128, with
 #    both q and k rotated by bf16 tables, and how does it compare with rounding $q$ and $k$ to

@@ -19,7 +19,8 @@ notebook; tests/test_puzzles.py runs the notebook with them filled in). A check
    accesses: they depend on the learner's kernel);
 5. on a GPU with no interpreter, runs the compiled kernel on the same cases, then times it
    against a device copy of the same bytes (`triton.testing.do_bench`); on the CPU it says why
-   it does not.
+   it does not. `time_solution` prints the same line for a puzzle's worked solution (the
+   notebook shows it under the solution, as the time to aim for).
 
 Checks print ✅ / ❌ with the reason and return a bool; they never raise.
 
@@ -48,7 +49,7 @@ from .exercises.own_code import run_own_code
 from .work_count import interpreted
 
 __all__ = ["PUZZLES", "BoundsCheckedMemory", "Region", "run_in_checked_memory", "draw_accesses",
-           "grade", "scoreboard", "show_spec",
+           "grade", "scoreboard", "show_spec", "Timing", "time_solution", "solution_times",
            "check_rotate_row", "check_interleaved", "check_partial", "check_odd_head_dim",
            "check_long_context", "check_position_ids", "check_int64_offsets", "check_backward",
            "check_shared_table", "check_start_positions", "check_bf16_table"]
@@ -1577,14 +1578,28 @@ def _grade(p: Puzzle, kernel, *, seed, draw, time_it) -> bool:
     return True
 
 
-def _on_gpu(p: Puzzle, kernel, seed: int) -> bool:
-    """The compiled kernel on the same cases, then its time against a device copy; CPU: why not."""
-    if not runtime.on_gpu():
-        why = ("no GPU here" if not torch.cuda.is_available() else
-               "TRITON_INTERPRET=1 runs kernels in the interpreter")
-        print(f"   ⏱ timing skipped ({why}): the interpreter runs programs one after another in "
-              "Python, so its time says nothing about a GPU's")
-        return True
+@dataclass
+class Timing:
+    """A compiled kernel's time on a puzzle's timed case, and a device copy's of the same bytes."""
+    gpu: str
+    label: str                       # the timed case
+    us: float                        # the kernel, median of do_bench
+    copy_us: float                   # a device copy of the same bytes, median of do_bench
+    nbytes: int                      # the bytes of every tensor the kernel is handed
+
+    @property
+    def of_copy(self) -> float:
+        """The copy's time over the kernel's: 1.0 is copy speed."""
+        return self.copy_us / self.us
+
+
+def _why_no_timing() -> str:
+    return ("no GPU here" if not torch.cuda.is_available() else
+            "TRITON_INTERPRET=1 runs kernels in the interpreter")
+
+
+def _compiled_problem(p: Puzzle, kernel, seed: int) -> Optional[Tuple[str, str]]:
+    """(case, what differs) for the first case the compiled kernel gets wrong on the GPU."""
     cases = [c for c in p.build(torch.Generator().manual_seed(seed), "cuda") if not c.virtual]
     for case in cases:
         kernel[case.grid](*case.args, **case.constexprs)
@@ -1594,12 +1609,33 @@ def _on_gpu(p: Puzzle, kernel, seed: int) -> bool:
         problem = (f"the compiled kernel stored {outside} elements outside {case.out_name}"
                    if outside else _judge(p, case, case.out))
         if problem is not None:
-            return _fail(p, case.label + " (compiled, on the GPU)",
-                         problem + " — it passed in the interpreter: look for a race between "
-                         "programs or a load whose mask differs from its store's")
+            return case.label, problem
+    return None
+
+
+def _on_gpu(p: Puzzle, kernel, seed: int) -> bool:
+    """The compiled kernel on the same cases, then its time against a device copy; CPU: why not."""
+    if not runtime.on_gpu():
+        print(f"   ⏱ timing skipped ({_why_no_timing()}): the interpreter runs programs one after "
+              "another in Python, so its time says nothing about a GPU's")
+        return True
+    wrong = _compiled_problem(p, kernel, seed)
+    if wrong is not None:
+        return _fail(p, wrong[0] + " (compiled, on the GPU)",
+                     wrong[1] + " — it passed in the interpreter: look for a race between "
+                     "programs or a load whose mask differs from its store's")
     if p.big is None:
         print(f"   ⏱ not timed: {p.no_timing}")
         return True
+    t = _time_big(p, kernel)
+    print(f"   ⏱ {t.gpu}, {t.label}: your kernel {t.us:.1f} us for "
+          f"{t.nbytes / 1e6:.0f} MB of tensors; a device copy of the same bytes "
+          f"{t.copy_us:.1f} us: {t.of_copy:.0%} of copy speed (median of do_bench)")
+    return True
+
+
+def _time_big(p: Puzzle, kernel) -> Timing:
+    """The compiled kernel on the puzzle's timed case, and a device copy of the same bytes."""
     from triton.testing import do_bench
 
     big = p.big("cuda")
@@ -1614,14 +1650,49 @@ def _on_gpu(p: Puzzle, kernel, seed: int) -> bool:
         if isinstance(t, torch.Tensor):
             storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
     nbytes = sum(storages.values())
-    src = torch.empty(nbytes // 2, dtype=torch.uint8, device="cuda")
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device=big.out.device)
     dst = torch.empty_like(src)
     ms = do_bench(run, quantiles=[0.5, 0.2, 0.8])[0]
     copy_ms = do_bench(lambda: dst.copy_(src), quantiles=[0.5, 0.2, 0.8])[0]
-    print(f"   ⏱ {torch.cuda.get_device_name()}, {big.label}: your kernel {ms * 1e3:.1f} us for "
-          f"{nbytes / 1e6:.0f} MB of tensors; a device copy of the same bytes "
-          f"{copy_ms * 1e3:.1f} us: {copy_ms / ms:.0%} of copy speed (median of do_bench)")
-    return True
+    return Timing(torch.cuda.get_device_name(), big.label, ms * 1e3, copy_ms * 1e3, nbytes)
+
+
+_SOLUTION_TIMES: Dict[str, Timing] = {}
+
+
+def time_solution(key: str) -> Optional[Timing]:
+    """Time puzzle `key`'s worked solution on the GPU, compiled, as a check times a right answer
+    (same case, same copy): the line a learner's ⏱ line can be set against. On the CPU, say that
+    timing needs a GPU. The solution is launched here, not graded: an answer that is the worked
+    solution still fails its check. Never raises; returns None when nothing was timed.
+    """
+    p = PUZZLES[key]
+    head = f"   ⏱ worked solution of puzzle {p.number}"
+    if not runtime.on_gpu():
+        print(f"{head}: timing needs a GPU ({_why_no_timing()})")
+        return None
+    if p.big is None:
+        print(f"{head}: not timed: {p.no_timing}")
+        return None
+    try:
+        wrong = _compiled_problem(p, p.solution, seed=0)
+        if wrong is not None:
+            print(f"❌{head[4:]}: not timed, the compiled solution is wrong on the GPU "
+                  f"({wrong[0]}: {wrong[1]})")
+            return None
+        t = _SOLUTION_TIMES[key] = _time_big(p, p.solution)
+    except Exception as exc:  # noqa: BLE001 -- the notebook goes on; the summary names it
+        print(f"❌{head[4:]}: could not be timed ({type(exc).__name__}: {_error_line(exc)})")
+        return None
+    print(f"{head} (the time to aim for), {t.gpu}, {t.label}: {t.us:.1f} us for "
+          f"{t.nbytes / 1e6:.0f} MB of tensors; a device copy of the same bytes "
+          f"{t.copy_us:.1f} us: {t.of_copy:.0%} of copy speed (median of do_bench)")
+    return t
+
+
+def solution_times() -> Dict[str, Timing]:
+    """The worked solutions :func:`time_solution` has timed in this process, in puzzle order."""
+    return {k: _SOLUTION_TIMES[k] for k in PUZZLES if k in _SOLUTION_TIMES}
 
 
 # --- what the notebook calls --------------------------------------------------------------------

@@ -1,0 +1,140 @@
+"""Notebook 02's per-kernel bandwidth table: each GPU kernel of a chain of PyTorch ops, its device
+time from ``torch.profiler``, the bytes its op reads and writes, and its GB/s as a fraction of a
+copy's.
+
+The profiler lists kernels; a traffic count (notebook 02's ``CountTraffic``) lists ATen ops with
+the bytes of their input and output tensors. Eager PyTorch launches one kernel per such op, in
+program order, so the two are matched by position: :func:`kernel_table` refuses to match lists
+whose lengths disagree, or a position whose kernel changes from one repeat to the next. Everything
+here takes plain values (names, microseconds, bytes), so the tests run it on the CPU; only the
+events handed to :func:`device_kernels` come from a GPU's profile.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable, List, Sequence, Tuple
+
+SKIPPED = ("Memcpy", "Memset")    # copies and fills the runtime makes: no op of the chain
+
+
+@dataclass
+class KernelRow:
+    """One kernel of the chain: the op that launched it and what it streamed."""
+    op: str          # the ATen op, as the traffic count names it
+    kernel: str      # a short form of the kernel's name (:func:`short_name`)
+    us: float        # device time, mean over the repeats
+    nbytes: int      # bytes the op reads plus the bytes it writes
+    gbps: float      # nbytes / us, in GB/s (1e9 bytes per second)
+    of_copy: float   # gbps / the copy's GB/s
+
+
+def device_kernels(events: Iterable, skip: Sequence[str] = SKIPPED,
+                   device: str = "CUDA") -> List[Tuple[str, float]]:
+    """(name, µs) of every GPU event of a profile, in the order they started.
+
+    `events` are ``prof.events()`` of a ``torch.profiler.profile`` with CUDA activity: those whose
+    ``device_type`` is CUDA are the kernels (and copies) the GPU ran; names starting with one of
+    `skip` are left out (pass ``skip=("Memset",)`` to keep a ``Memcpy``, which is what a
+    contiguous ``copy_`` is). `device` picks another device type (the tests pass "CPU")."""
+    gpu = [e for e in events
+           if getattr(e.device_type, "name", str(e.device_type)) == device
+           and not e.name.startswith(tuple(skip))]
+    gpu.sort(key=lambda e: e.time_range.start)
+    return [(e.name, float(e.time_range.elapsed_us())) for e in gpu]
+
+
+def short_name(kernel: str, width: int = 40) -> str:
+    """A readable part of a C++ kernel name: the op's functor or kernel (``cos_kernel_cuda``,
+    ``MulFunctor``, ``CUDAFunctor_add``, ``CatArrayBatchedCopy``), else its first `width` chars."""
+    for pattern in (r"\w+_kernel_cuda", r"\w*Functor_\w+", r"CatArray\w+"):
+        found = re.findall(pattern, kernel)
+        if found:
+            return found[0][:width]
+    functors = [f for f in re.findall(r"\w*Functor\b", kernel) if f != "BinaryFunctor"]
+    if functors:
+        return functors[-1][:width]
+    name = kernel.removeprefix("void ").replace("at::native::", "")
+    return name[:width]
+
+
+def mean_us(kernels: Sequence[Tuple[str, float]], repeats: int, what: str) -> float:
+    """Mean device time of a one-kernel operation profiled `repeats` times (e.g. a copy)."""
+    if len(kernels) != repeats:
+        raise ValueError(f"{what}: the profiler saw {len(kernels)} GPU events for {repeats} runs "
+                         f"(one each expected): {sorted({n[:60] for n, _ in kernels})}")
+    return sum(us for _, us in kernels) / repeats
+
+
+def gbps(nbytes: float, us: float) -> float:
+    """GB/s (1e9 bytes per second) of `nbytes` moved in `us` microseconds."""
+    if not us > 0:
+        raise ValueError(f"a device time of {us} us: no bandwidth follows from it")
+    return nbytes / us / 1e3
+
+
+def kernel_table(kernels: Sequence[Tuple[str, float]], ops: Sequence[Tuple[str, int, int]],
+                 repeats: int, copy_gbps: float) -> List[KernelRow]:
+    """Match `repeats` runs of a chain's kernels to its ops, by position, and give each its GB/s.
+
+    Args:
+        kernels: (name, µs) of the GPU kernels of `repeats` runs of the chain, in launch order
+            (:func:`device_kernels`).
+        ops: (op, bytes read, bytes written) of one run, in program order (a traffic count).
+        repeats: how many times the chain ran inside the profile.
+        copy_gbps: a copy's GB/s on the same GPU, the reference of the last column.
+
+    Returns:
+        One :class:`KernelRow` per op, its device time the mean over the repeats.
+
+    Raises:
+        ValueError: when the kernels cannot be matched to the ops by position: their number is
+            not `repeats` times the number of ops, or the kernel at one position differs between
+            repeats.
+    """
+    n = len(ops)
+    if n == 0 or repeats < 1 or len(kernels) != repeats * n:
+        raise ValueError(
+            f"the profiler saw {len(kernels)} GPU kernels for {repeats} runs of {n} ops "
+            f"({repeats * n} expected): the kernels cannot be matched to the ops by order. "
+            f"Ops: {[op for op, _, _ in ops]}; kernels of the first run: "
+            f"{[short_name(k) for k, _ in kernels[:max(n, 1)]]}")
+    for i in range(n):
+        names = {kernels[r * n + i][0] for r in range(repeats)}
+        if len(names) != 1:
+            raise ValueError(f"kernel {i} (op {ops[i][0]}) differs between runs: "
+                             f"{sorted(short_name(k) for k in names)}: the kernels cannot be "
+                             "matched to the ops by order")
+    rows = []
+    for i, (op, read, written) in enumerate(ops):
+        us = sum(kernels[r * n + i][1] for r in range(repeats)) / repeats
+        rate = gbps(read + written, us)
+        rows.append(KernelRow(op, short_name(kernels[i][0]), us, read + written, rate,
+                              rate / copy_gbps))
+    return rows
+
+
+def format_table(rows: Sequence[KernelRow], copy_gbps: float) -> str:
+    """The table notebook 02 prints: kernel, µs, bytes, GB/s, fraction of the copy's GB/s."""
+    lines = [f"{'#':>2} {'op':10s} {'kernel':28s} {'us':>8s} {'MB':>8s} {'GB/s':>7s} "
+             f"{'of copy':>8s}"]
+    for i, r in enumerate(rows):
+        lines.append(f"{i:2d} {r.op:10s} {r.kernel[:28]:28s} {r.us:8.1f} {r.nbytes / 1e6:8.1f} "
+                     f"{r.gbps:7.0f} {r.of_copy:8.0%}")
+    total_us, total_bytes = sum(r.us for r in rows), sum(r.nbytes for r in rows)
+    total = gbps(total_bytes, total_us)
+    lines.append(f"{'':2s} {'all':10s} {'':28s} {total_us:8.1f} {total_bytes / 1e6:8.1f} "
+                 f"{total:7.0f} {total / copy_gbps:8.0%}")
+    lines.append(f"{'':2s} {'copy':10s} {'(the same cell)':28s} {'':8s} {'':8s} "
+                 f"{copy_gbps:7.0f} {1:8.0%}")
+    return "\n".join(lines)
+
+
+def below(rows: Sequence[KernelRow], fraction: float) -> List[Tuple[int, KernelRow]]:
+    """(position, row) of the rows whose GB/s is less than `fraction` of the copy's."""
+    return [(i, r) for i, r in enumerate(rows) if r.of_copy < fraction]
+
+
+def us_at_copy_speed(rows: Sequence[KernelRow], copy_gbps: float) -> float:
+    """How long the rows' bytes would take at the copy's GB/s, in µs."""
+    return sum(r.nbytes for r in rows) / copy_gbps / 1e3
