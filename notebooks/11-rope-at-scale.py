@@ -35,7 +35,9 @@
 #   `ropelib.rope_kv_cache` slot by slot, and check it against RoPE-then-write bit for bit;
 # - write the fused RoPE + KV-cache write kernel yourself, for a contiguous cache and then for
 #   a paged one (block table → physical block);
-# - choose the scale of an fp8 cache, and say what error it costs.
+# - choose the scale of an fp8 cache, and say what error it costs;
+# - count the kernels one decoding step launches, fused and unfused, with `torch.profiler`,
+#   and read the counts beside the step's measured time, eager and in a CUDA graph.
 #
 # **Time:** about 40 minutes to read and 50 for the four exercises (the two kernels take
 # most); the cells run in about 20-25 s on a CPU (Triton's interpreter), the two-process run
@@ -859,6 +861,130 @@ assert span("float8_e4m3fn", "graph", "fused", "speedup_vs_unfused", 1) == "4.4�
 assert span("bfloat16", "eager", "fused") == "6.2–48.9"
 
 # %% [markdown]
+# ### How many kernels one decoding step launches
+#
+# Both paths of the figure do the same work; they cut it into a different number of pieces.
+# The next cell runs the benchmark's own two steps (`ropelib.bench.kv_cache_decode`: the
+# shapes above, batch 8, each cache layout and dtype) once to compile and plan them, then once
+# more under `torch.profiler`, and counts with `ropelib.course.counts.count_kernels`:
+#
+# - on a GPU, the **CUDA kernels** the GPU ran, by name (memory copies and sets left out);
+# - on any machine, the **ATen operators** the host dispatched at the top level that do work:
+#   views, allocations and conversions that copy nothing are left out; on a GPU each one is
+#   one CUDA kernel or more;
+# - in Triton's interpreter (the CPU), the **Triton launches**: the interpreter runs a kernel
+#   as Python, which the profiler does not list as one, so the counter records each launch
+#   itself. On a GPU ropelib starts its kernels past Triton's Python launcher, and they show up
+#   among the CUDA kernels.
+#
+# The host's checks of index values are switched off for the count
+# (`ropelib.set_index_checks("off")`): on the CPU they would read `cache_seqlens` and add
+# operators that a GPU step, whose index tensors sit in GPU memory, does not run.
+
+# %%
+from collections import Counter
+
+from ropelib.bench import kv_cache_decode
+from ropelib.course.counts import count_kernels
+
+GPU = torch.cuda.is_available()
+CACHES = [("contiguous", torch.bfloat16), ("paged", torch.bfloat16),
+          ("contiguous", torch.float8_e4m3fn), ("paged", torch.float8_e4m3fn)]
+counted = {}
+with ropelib.set_index_checks("off"):   # as on a GPU: no index values read on the host
+    for cache, cache_dtype in CACHES:
+        case = kv_cache_decode.decode_case(8, cache == "paged", cache_dtype, tiny=False,
+                                           device=device)
+        for provider, step in kv_cache_decode.PROVIDERS.items():
+            counted[cache, str(cache_dtype)[6:], provider] = count_kernels(lambda: step(case))
+
+print("counted:", "ATen operators (host), CUDA kernels (GPU)" if GPU else
+      "Triton launches (interpreter), ATen operators (host); no GPU, so no CUDA kernels")
+for (cache, dtype, provider), c in counted.items():
+    ops = ", ".join(name[len("aten::"):] for name in c.aten) or "none"
+    launches = "" if GPU else f"{len(c.triton)} Triton launch ({', '.join(c.triton)}) + "
+    print(f"{cache:>10} {dtype:<13} {provider:<7}: {launches}{len(c.aten)} ATen operators ({ops})")
+    if GPU:
+        print(f"{'':>33}-> {len(c.cuda)} CUDA kernels")
+        for name in c.cuda:
+            print(f"{'':>36}{name[:90]}")
+
+OPS = {("contiguous", "bfloat16"): 6, ("paged", "bfloat16"): 9,        # the unfused step's
+       ("contiguous", "float8_e4m3fn"): 14, ("paged", "float8_e4m3fn"): 17}   # ATen operators
+for (cache, dtype), n_ops in OPS.items():
+    fused, unfused = (counted[cache, dtype, p] for p in ("fused", "unfused"))
+    kernel = "_rope_kv_cache_kernel" if cache == "contiguous" else "_rope_kv_paged_kernel"
+    assert fused.aten == [] and len(unfused.aten) == n_ops, (cache, dtype, unfused.aten)
+    assert unfused.aten.count("aten::index_put_") == 2                  # one write per cache
+    if GPU:       # the kernels the GPU ran
+        assert fused.cuda == [kernel], fused.cuda
+        assert len([n for n in unfused.cuda if n.startswith("_rope")]) == 1, unfused.cuda
+        assert len(unfused.cuda) >= n_ops + 1, unfused.cuda
+    else:         # the launches the interpreter ran
+        assert fused.triton == [kernel] and len(unfused.triton) == 1, (fused.triton, unfused.triton)
+# which operators: the ones the text below names
+ops = {key: Counter(counted[(*key, "unfused")].aten) for key in OPS}
+assert ops["contiguous", "bfloat16"] == Counter({"aten::to": 1, "aten::arange": 2, "aten::add": 1,
+                                                 "aten::index_put_": 2})
+assert ops["paged", "bfloat16"] - ops["contiguous", "bfloat16"] == Counter(
+    {"aten::to": 1, "aten::floor_divide": 1, "aten::gather": 1, "aten::remainder": 1})
+assert ops["contiguous", "bfloat16"] - ops["paged", "bfloat16"] == Counter({"aten::arange": 1})
+for cache in ("contiguous", "paged"):      # per cache: to fp32, divide, clamp, to fp8
+    assert ops[cache, "float8_e4m3fn"] - ops[cache, "bfloat16"] == Counter(
+        {"aten::to": 4, "aten::div": 2, "aten::clamp": 2})
+
+# %% [markdown]
+# The fused step is one Triton kernel for every cache: `_rope_kv_cache_kernel`, or
+# `_rope_kv_paged_kernel` for a paged cache, with no PyTorch operator around it. On a GPU the
+# profiler lists exactly that one CUDA kernel (asserted there). The unfused step is one Triton
+# launch (`apply_rope_qk` rotates q and k together) and then the cache write in PyTorch:
+#
+# - 6 ATen operators with a contiguous bf16 cache: the positions to int64, two `arange` and an
+#   `add` for the slots, one `index_put_` per cache;
+# - 9 with a paged one: the block table's lookup (a conversion, `floor_divide`, `gather` and
+#   `remainder`) takes the place of the second `arange`;
+# - 8 more with an fp8 cache, 4 per cache (to fp32, divide by the scale, clamp, round to
+#   fp8): 14 contiguous and 17 paged.
+#
+# Each operator is one CUDA kernel or more, so the unfused step runs at least 7 to 18 kernels
+# where the fused one runs 1. The GPU's listing names them; the cell checks that there are at
+# least that many.
+#
+# Now set the counts beside the timings of the figure. Ordered by the operations the unfused
+# step issues (7, 10, 15, 18 with the Triton launch), its time replayed from a CUDA graph rises
+# in the same order: 19.9–25.6, 26.0–34.7, 34.7–44.0 and 41.1–53.6 µs over the batches, while
+# the one fused kernel takes 6.8–10.3 µs with any cache. A graph removes the host from the step,
+# not the kernels: each still starts and runs after the one before. Eagerly the unfused step is
+# slower again, at least 85.2, 119.6, 179.0 and 204.9 µs, more than three times the slowest
+# replay of the same kernels for every cache: the step waits for the host, which dispatches
+# its operations one after another. The counts say how many pieces each step has; what one
+# call costs the host is measured in notebook 07.
+
+# %%
+def unfused_us(cache, dtype, mode):
+    """(fastest, slowest) µs of the unfused step over the batches, to 0.1."""
+    v = [r["ms"] * 1e3 for r in timed if (r["cache"], r["cache_dtype"], r["mode"], r["provider"])
+         == (cache, dtype, mode, "unfused")]
+    return round(min(v), 1), round(max(v), 1)
+
+
+order = sorted(OPS, key=OPS.get)              # by the operations the unfused step issues
+graph = [unfused_us(cache, dtype, "graph") for cache, dtype in order]
+eager = [unfused_us(cache, dtype, "eager") for cache, dtype in order]
+for (cache, dtype), g, e in zip(order, graph, eager):
+    print(f"{cache:>10} {dtype:<13} unfused: {1 + OPS[cache, dtype]:>2} operations, "
+          f"{g[0]:.1f}–{g[1]:.1f} us in a graph, {e[0]:.1f}–{e[1]:.1f} us eagerly "
+          "(fused: 1 kernel)")
+assert [1 + OPS[c] for c in order] == [7, 10, 15, 18]
+assert all(a[0] < b[0] and a[1] < b[1] for a, b in zip(graph, graph[1:]))   # rises with the count
+assert all(a[0] < b[0] for a, b in zip(eager, eager[1:]))
+assert all(e[0] > 3 * g[1] for e, g in zip(eager, graph))
+assert graph == [(19.9, 25.6), (26.0, 34.7), (34.7, 44.0), (41.1, 53.6)]
+assert [e[0] for e in eager] == [85.2, 119.6, 179.0, 204.9]
+fused_graph = [r["ms"] * 1e3 for r in timed if (r["provider"], r["mode"]) == ("fused", "graph")]
+assert f"{min(fused_graph):.1f}–{max(fused_graph):.1f}" == "6.8–10.3"
+
+# %% [markdown]
 # ## Exercises
 #
 # Each check prints ✅ or ❌ and never stops the notebook. Replace the `...` and rerun the
@@ -923,6 +1049,10 @@ solution(ex.solution_paged_slot)
 #   at the slot; paged, the block table turns the position's block into the pool's.
 # - An fp8 cache with scale `amax / 448` costs a few percent relative error (3 mantissa bits);
 #   a scale far off either way costs much more (saturation, subnormals).
+# - Counted with `torch.profiler`, the fused decoding step is one kernel; RoPE then the write
+#   in PyTorch is one Triton launch and 6 to 17 ATen operators (more for a paged or an fp8
+#   cache), each one CUDA kernel or more. The H200's graph-replayed times of the unfused step
+#   rise in the order of those counts, and eagerly it waits for the host to dispatch them.
 
 # %% [markdown]
 # ## Questions for a study group

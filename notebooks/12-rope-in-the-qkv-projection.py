@@ -32,7 +32,9 @@
 # - write the epilogue of a small Triton QKV GEMM (one program per token tile and head, two
 #   accumulators for the two halves), and the prologue of its dX GEMM ($R(-\theta)$ on load);
 # - read the measured numbers: the GEMM's main loop against cuBLAS, what the epilogue costs, and
-#   what the backward's prologue costs when every column block repeats it.
+#   what the backward's prologue costs when every column block repeats it;
+# - read a compiled kernel's registers, spills and shared memory, and derive from them how many
+#   of its programs one SM can hold.
 #
 # **Time:** about 30 minutes to read and 30 for the two kernel exercises; the cells run in about
 # 10 s on a CPU (Triton's interpreter, small shapes).
@@ -540,6 +542,128 @@ for slug in GPUS:
     assert prologues > 0.5 * bare_gap           # most of what fused adds to the bare GEMMs
 
 # %% [markdown]
+# ### Registers, spills and how many programs an SM holds
+#
+# "Nearly all of the 255 registers" says how full each thread is. What that costs depends on
+# two more numbers. Does the kernel **spill**? Values that no longer fit in registers go to
+# *local memory*, a per-thread stack behind the caches, with a store and a load for every
+# round trip. And how many **programs fit on one SM** at once? An SM hides one program's waits
+# on memory by running another program's warps meanwhile, so fewer resident programs leave it
+# less to switch to.
+#
+# `figures/12-qkv-tiles-sm90.csv` answers both for every tile of the sweep, bare and rotating.
+# The kernels were compiled for sm_90 (H100, H200) on a CPU, with the Triton version of the GPU
+# runs, by `python -m ropelib.course.counts --out figures/12-qkv-tiles-sm90.csv`. Triton's
+# compiler and ptxas run without a GPU; the registers and the stack per thread are read from
+# the cubin, and the shared memory per program from Triton's metadata. From these,
+# `programs_per_sm` **derives** how many programs one SM can hold. An sm_90 SM has 65,536
+# registers, handed to each warp in units of 256 (255 registers per thread take 8,192 per
+# warp). It has 228 KiB of shared memory (1 KiB of it reserved per program), 2,048 threads and
+# room for 32 programs. The tightest of the four limits decides. This is an upper bound
+# worked out from the resources, not the achieved occupancy a profiler (Nsight Compute)
+# measures while the kernel runs.
+
+# %%
+SM90_CSV = ROOT / "figures" / "12-qkv-tiles-sm90.csv"
+TILE = ("BLOCK_M", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
+
+
+def by_tile(rows):
+    """{(kernel, tile, rotate): row}: tile = (BLOCK_M, BLOCK_K, GROUP_M, warps, stages)."""
+    return {(r["kernel"], tuple(r[k] for k in TILE), r["rotate"]): r for r in rows}
+
+
+sm90 = compare.read_meta(SM90_CSV)
+compiled = by_tile(compare.read_csv(SM90_CSV))
+swept = {slug: by_tile(compare.read_csv(RESULTS / f"qkv_tiles-{slug}.csv")) for slug in GPUS}
+ran_on = {slug: compare.read_meta(RESULTS / f"qkv_tiles-{slug}.csv")["triton"] for slug in GPUS}
+print(f"{SM90_CSV.name}: Triton {sm90['triton']} for sm_90 on a CPU ({sm90['date'][:10]}, "
+      f"{sm90['kernels']}); the GPU sweeps ran Triton {', '.join(sorted(set(ran_on.values())))}")
+assert set(ran_on.values()) == {sm90["triton"]} and "sm_90" in sm90["target"]
+
+benchmark = {}      # (kernel, tile) -> the GPUs whose benchmark ran it
+for slug in GPUS:
+    for kernel in ("fwd", "dx", "dw"):
+        tile = tile_key(measured(slug, "fused", "fwd", max(TOKENS))["tiles"], kernel)
+        benchmark.setdefault((kernel, tile), []).append(GPUS[slug])
+
+
+def resources(r):
+    limits = r["limited_by"].replace("+", ", ")
+    return (f"{r['n_regs']:>3} {r['stack']:>5} B {r['shared'] // 1024:>4} KiB "
+            f"{r['programs_per_sm']:>2} ({limits})")
+
+
+print(" " * 28 + "registers, stack per thread | shared memory per program | programs per SM")
+for kernel, tile, rotate in compiled:
+    if rotate:
+        continue
+    mark = f"  <- the benchmark, {' and '.join(benchmark[kernel, tile])}" \
+        if (kernel, tile) in benchmark else ""
+    print(f"{kernel:>3} {'/'.join(map(str, tile)):<15} bare     "
+          f"{resources(compiled[kernel, tile, False])}")
+    print(f"{'':<19} rotating {resources(compiled[kernel, tile, True])}{mark}")
+
+# the compile here against the GPU runs: every tile that ran has the registers and the spills
+# the GPU reported (Triton's n_spills: 4-byte words of local memory, stack / 4); every tile the
+# GPU refused needs more shared memory than a program may have (227 KiB)
+for slug, rows in swept.items():
+    assert set(rows) == set(compiled), slug
+    ran = [key for key, r in rows.items() if r["n_regs"] is not None]
+    for key, r in rows.items():
+        c = compiled[key]
+        if key in ran:
+            assert (c["n_regs"], c["stack"]) == (r["n_regs"], 4 * r["n_spills"]), (slug, key)
+            assert c["programs_per_sm"] >= 1, (slug, key)
+        else:
+            assert "shared memory" in r["reason"] and c["programs_per_sm"] == 0, (slug, key)
+            assert c["shared"] > 227 * 1024, (slug, key)
+    assert (len(ran), len(rows) - len(ran)) == (39, 7), slug
+spilling = [key for key, c in compiled.items() if c["stack"]]
+assert all(rotate for _, _, rotate in spilling) and len(spilling) == 7     # rotating ones only
+assert all(compiled[key]["n_regs"] == 255 for key in spilling)
+assert len([key for key in spilling if swept["nvidia-h200"][key]["n_regs"] is not None]) == 6
+assert (min(compiled[k]["stack"] for k in spilling), max(compiled[k]["stack"] for k in spilling)) \
+    == (80, 1088)
+for (kernel, tile, rotate), c in compiled.items():        # rotating: 8 warps alone, 4 in pairs
+    if rotate:
+        assert c["programs_per_sm"] <= (1 if tile[3] == 8 else 2), (kernel, tile)
+programs = {key: tuple(compiled[(*key, rot)]["programs_per_sm"] for rot in (False, True))
+            for key in benchmark}
+assert programs == {("fwd", (128, 64, 8, 8, 4)): (1, 1), ("dx", (128, 128, 8, 8, 3)): (1, 1),
+                    ("dx", (64, 64, 8, 4, 3)): (2, 2), ("dw", (32, 128, 8, 4, 4)): (1, 2)}, programs
+assert all(compiled[(*key, False)]["limited_by"] == "shared memory" for key in benchmark)
+spills_at_benchmark = [key for key in benchmark if compiled[(*key, True)]["stack"]]
+assert spills_at_benchmark == [("dx", (128, 128, 8, 8, 3))]                   # the H100's dX
+assert compiled["dx", (128, 128, 8, 8, 3), True]["stack"] == 80
+assert (compiled["fwd", (128, 64, 8, 8, 3), False]["programs_per_sm"],
+        compiled["fwd", (128, 64, 8, 8, 3), True]["programs_per_sm"]) == (2, 1)
+assert (compiled["dw", (32, 128, 8, 4, 4), False]["shared"],
+        compiled["dw", (32, 128, 8, 4, 4), True]["shared"]) == (128 * 1024, 64 * 1024)
+
+# %% [markdown]
+# What the columns show:
+#
+# - **The compile here matches the GPU runs.** For all 39 tiles that ran on each GPU, the
+#   registers and the spills are the ones the GPU reported (Triton's `n_spills` counts 4-byte
+#   words, stack / 4). The 7 tiles the GPUs refused ("out of resource: shared memory") are
+#   exactly those that need more than the 227 KiB a program may have: 0 programs per SM.
+# - **Only rotating kernels spill**, 7 tiles (6 of them ran), all at 255 registers, from 80 to
+#   1,088 bytes per thread. Of the tiles the benchmark ran, only the H100's dX tile (128/128,
+#   8 warps) spills: 80 bytes, 20 words.
+# - **A rotating 8-warp program has the SM to itself.** At 249 to 255 registers per thread a
+#   warp takes 8,192 registers, so 8 warps take all 65,536; 4 warps take half, so two programs
+#   fit where shared memory allows.
+# - **At the benchmark's tiles the epilogue and the prologue cost no resident programs.** The
+#   pairs are (bare, rotating): the forward holds (1, 1), because the bare kernel's four
+#   stages, 128 KiB of shared memory, already leave room for only one; at three stages, 96 KiB,
+#   it is (2, 1). dX holds
+#   (2, 2) on the H200's tile and (1, 1) on the H100's. dW holds (1, 2): the rotating dW stages
+#   64 KiB of shared memory where the bare one stages 128 KiB. As far as these resources go,
+#   fewer resident programs cannot be what makes the rotating kernels slower at those tiles.
+#   Confirming what does, and the occupancy actually achieved, takes a profiler on the GPU.
+
+# %% [markdown]
 # With QK-norm (Qwen3's per-head RMS norm before the rotation, in the same epilogue) the fused
 # pipeline is slower than the unfused one too (asserted below wherever both ran); forward+backward
 # the norm's backward joins the prologue. Not every configuration ran on every GPU: a row that
@@ -574,7 +698,8 @@ for slug in GPUS:
 #    by the RoPE pass, a small share of the pipeline; the main loop trails cuBLAS by more than
 #    that, so the fused kernel loses before the epilogue does anything.
 # 2. *The epilogue.* It adds the angle loads and the rotation, and pushes the kernel to the
-#    register limit (the tile sweep's `n_regs`); its share is the second ratio.
+#    register limit (the tile sweep's `n_regs`), though at the benchmark's tiles without
+#    costing resident programs (the table of section 7); its share is the second ratio.
 # 3. *The backward's prologue.* Each of the $K / B_K$ column blocks of dX and dW re-forms the
 #    $dY$ tiles it needs: gradient loads, cosines and sines, the rotation. The sweep's dW at the
 #    benchmark's tile runs more than twice as long with the prologue as without it, and the
@@ -650,7 +775,11 @@ else:
 #   the projection is never written — and is re-formed by every column block.
 # - Today ropelib's fused projection is correct and slower than cuBLAS + RoPE: its main loop
 #   trails cuBLAS, the epilogue costs registers and time, and the backward's repeated prologue
-#   is most of the forward+backward gap. For speed today, `F.linear` then `apply_rope_qk`;
+#   is most of the forward+backward gap.
+# - Compiled for sm_90, only the rotating kernels spill (7 of the sweep's tiles, at 255
+#   registers). A rotating 8-warp program fills an SM's register file alone. At the tiles the
+#   benchmark ran, though, the rotating kernels hold as many programs per SM as the bare ones
+#   or more: shared memory already limited the bare ones. For speed today, `F.linear` then `apply_rope_qk`;
 #   `qkv_rope_linear` is the design, correct and measured, to build on.
 # - In a whole model it trains the same: notebook 09's GPT with `rope="ropelib_qkv"` (its
 #   attention's `qkv` weights through `qkv_rope_linear`) follows the loss curve of projection

@@ -1,0 +1,372 @@
+"""Counts that notebooks 11 and 12 print: the kernels one step launches, and how many programs of
+a compiled kernel one SM holds.
+
+Kernels per step (notebook 11). `count_kernels(step)` runs `step()` once to warm it up (compile,
+plan, caches) and once under `torch.profiler`:
+
+- on a GPU, `cuda` lists the CUDA kernels the GPU ran, by name (Memcpy and Memset left out);
+- on any machine, `aten` lists the top-level ATen operators the host dispatched that do work:
+  views, allocations and conversions that copied nothing are left out (on a GPU each of these
+  is one CUDA kernel or more);
+- in Triton's interpreter, `triton` lists the Triton kernels launched, by name. (On a GPU they
+  show up among the CUDA kernels; ropelib starts its kernels past Triton's Python launcher, so
+  they are not counted on the host there.)
+
+Programs per SM (notebook 12). `programs_per_sm(n_regs, num_warps, shared)` derives how many
+programs (thread blocks) of a kernel fit on one SM at once from its registers per thread, its
+warps and its shared memory, against the limits of an sm_90 SM (H100, H200): a derived figure,
+the upper bound the resources allow, not the occupancy a profiler measures while it runs.
+`qkv_tile_resources(tiles)` compiles the QKV projection's kernels (ropelib.kernels.qkv_gemm) for
+sm_90 on this machine, no GPU needed; from a checkout, at the tiles of benchmarks/qkv_tiles.py:
+
+    python -m ropelib.course.counts --out figures/12-qkv-tiles-sm90.csv   # from a checkout,
+                                                                          # no TRITON_INTERPRET
+"""
+import contextlib
+import dataclasses
+import warnings
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+__all__ = ["StepKernels", "count_kernels", "work_ops", "gpu_kernels", "interpreted_launches",
+           "SM", "SM90", "Occupancy", "programs_per_sm", "compile_for_sm90", "cubin_resources",
+           "qkv_tile_resources"]
+
+# --- kernels per step -----------------------------------------------------------------------
+
+# operators that return a view of their input (no data moves, no kernel)
+VIEW_OPS = frozenset({
+    "aten::alias", "aten::as_strided", "aten::chunk", "aten::detach", "aten::expand",
+    "aten::expand_as", "aten::narrow", "aten::permute", "aten::reshape", "aten::select",
+    "aten::slice", "aten::split", "aten::squeeze", "aten::t", "aten::transpose",
+    "aten::unbind", "aten::unflatten", "aten::unsqueeze", "aten::view", "aten::view_as",
+    "aten::flatten", "aten::lift_fresh"})
+# operators that only allocate (the caching allocator: no kernel)
+ALLOCATION_OPS = frozenset({
+    "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::new_empty",
+    "aten::new_empty_strided", "aten::resize_", "aten::set_"})
+# conversions that return their input unchanged when it already is what was asked for: they do
+# work only when an operator below them copies
+CONVERSION_OPS = frozenset({"aten::to", "aten::contiguous", "aten::type_as"})
+COPY_OPS = frozenset({"aten::_to_copy", "aten::copy_", "aten::clone"})
+
+
+@dataclasses.dataclass
+class StepKernels:
+    """What one call of a step launched (see the module docstring)."""
+    aten: List[str]                 # top-level ATen operators that do work, in order
+    triton: List[str]               # Triton kernels launched in the interpreter, in order
+    cuda: Optional[List[str]]       # CUDA kernels the GPU ran, in order (None: no GPU)
+
+    @property
+    def host_launches(self) -> int:
+        """Operators and Triton launches the host issued: each one kernel or more on a GPU."""
+        return len(self.aten) + len(self.triton)
+
+
+def _copies(event) -> bool:
+    """Did this event, or an operator below it, copy data?"""
+    return event.name in COPY_OPS or any(_copies(c) for c in event.cpu_children)
+
+
+def work_ops(events) -> List[str]:
+    """Names of the top-level ATen operators among profiler events that do work: views and
+    allocations left out, and conversions (`aten::to`, ...) that copied nothing."""
+    found = []
+    for e in events:
+        if e.cpu_parent is not None or not e.name.startswith("aten::"):
+            continue
+        if e.name in VIEW_OPS or e.name in ALLOCATION_OPS:
+            continue
+        if e.name in CONVERSION_OPS and not _copies(e):
+            continue
+        found.append(e.name)
+    return found
+
+
+def gpu_kernels(events) -> List[str]:
+    """Names of the CUDA kernels among profiler events (memory copies and sets left out)."""
+    return [e.name for e in events if e.device_type.name == "CUDA"
+            and not e.name.startswith(("Memcpy", "Memset"))]
+
+
+@contextlib.contextmanager
+def interpreted_launches():
+    """Record every launch Triton's interpreter runs in the block, by kernel name (the list
+    yielded), each inside a profiler range `triton::<name>`: the ATen operators the interpreter
+    itself runs to execute the kernel then sit below that range, not at the top level. Outside
+    the interpreter (a GPU) nothing is recorded."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    launched: List[str] = []
+    original = InterpretedFunction.run
+    depth = [0]
+
+    def run(self, *args, **kwargs):
+        if kwargs.get("warmup", False) or depth[0]:
+            return original(self, *args, **kwargs)
+        name = getattr(self, "__name__", None) or getattr(self.fn, "__name__", "?")
+        launched.append(name)
+        depth[0] += 1
+        try:
+            with torch.profiler.record_function(f"triton::{name}"):
+                return original(self, *args, **kwargs)
+        finally:
+            depth[0] -= 1
+    InterpretedFunction.run = run
+    try:
+        yield launched
+    finally:
+        InterpretedFunction.run = original
+
+
+def count_kernels(step: Callable[[], object], *, warmup: int = 1) -> StepKernels:
+    """Run `step()` `warmup` times, then once more, counted (see the module docstring). The
+    step should run on the GPU when there is one: a CPU step on a GPU machine has no CUDA
+    kernels to count."""
+    for _ in range(warmup):
+        step()
+    gpu = torch.cuda.is_available()
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if gpu:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+        torch.cuda.synchronize()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*[Pp]rofiler.*")
+        with interpreted_launches() as launched, \
+                torch.profiler.profile(activities=activities) as prof:
+            step()
+            if gpu:
+                torch.cuda.synchronize()
+        events = prof.events()
+    return StepKernels(aten=work_ops(events), triton=list(launched),
+                       cuda=gpu_kernels(events) if gpu else None)
+
+
+# --- programs per SM ------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class SM:
+    """The resources of one streaming multiprocessor that bound how many programs it holds."""
+    registers: int          # 32-bit registers
+    shared: int             # bytes of shared memory (the largest carveout)
+    threads: int            # resident threads
+    blocks: int             # resident programs (thread blocks)
+    register_unit: int      # registers are given to each warp in multiples of this
+    shared_unit: int        # shared memory is given to each program in multiples of this
+    shared_reserved: int    # bytes the CUDA runtime reserves in each program's shared memory
+    warp: int = 32
+
+
+# sm_90 (H100, H200): CUDA C++ Programming Guide, "Compute capabilities" table, and the CUDA
+# occupancy calculator's allocation units for compute capability 9.0
+SM90 = SM(registers=65536, shared=228 * 1024, threads=2048, blocks=32, register_unit=256,
+          shared_unit=128, shared_reserved=1024)
+
+
+@dataclasses.dataclass
+class Occupancy:
+    """Programs of one kernel that fit on one SM, by each resource and overall."""
+    programs: int                   # the least of `limits`
+    limits: Dict[str, int]          # resource -> programs it allows
+    limited_by: List[str]           # the resources that allow no more than `programs`
+    warps: int                      # resident warps: programs x warps per program
+    warps_per_sm: int               # the SM's most (threads / 32)
+
+    @property
+    def fraction(self) -> float:
+        """Resident warps over the most an SM holds (the profilers' 'theoretical occupancy')."""
+        return self.warps / self.warps_per_sm
+
+
+def _round_up(n: int, unit: int) -> int:
+    return -(-n // unit) * unit
+
+
+def programs_per_sm(n_regs: int, num_warps: int, shared: int, sm: SM = SM90) -> Occupancy:
+    """How many programs of a kernel one SM holds at once (derived from its resources).
+
+    n_regs: registers per thread; num_warps: warps per program; shared: bytes of shared memory
+    per program (Triton's `compiled.metadata.shared`). Registers go to each warp rounded up to
+    `sm.register_unit` (n_regs * 32, in multiples of 256 on sm_90); shared memory to each
+    program rounded up to `sm.shared_unit`, plus the `sm.shared_reserved` bytes the runtime
+    keeps in every program. A program that does not fit at all gives 0.
+    """
+    for value, name in ((n_regs, "n_regs"), (num_warps, "num_warps"), (shared, "shared")):
+        if not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    if num_warps == 0:
+        raise ValueError("num_warps must be at least 1")
+    per_warp = _round_up(n_regs * sm.warp, sm.register_unit)
+    warps_by_registers = sm.registers // per_warp if per_warp else sm.threads // sm.warp
+    per_program = _round_up(shared, sm.shared_unit) + sm.shared_reserved
+    limits = {
+        "registers": warps_by_registers // num_warps,
+        "shared memory": sm.shared // per_program,
+        "threads": sm.threads // (num_warps * sm.warp),
+        "programs": sm.blocks,
+    }
+    programs = min(limits.values())
+    return Occupancy(programs=programs, limits=limits,
+                     limited_by=[k for k, v in limits.items() if v == programs],
+                     warps=programs * num_warps, warps_per_sm=sm.threads // sm.warp)
+
+
+# --- the QKV projection's kernels, compiled for sm_90 ---------------------------------------
+
+def compile_for_sm90(launch, pointer_names: tuple, pointers: tuple):
+    """Compile a planned launch's kernel for an sm_90 GPU on this machine, as the launch would
+    (the JIT's own specialisation of its arguments, and its options: warps and pipeline
+    stages), without a GPU: Triton's compiler and ptxas run on the CPU. Returns Triton's
+    compiled kernel (its cubin in `.asm["cubin"]`, its shared memory in `.metadata.shared`)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    kernel = launch.launcher.kernel
+    target = GPUTarget("cuda", 90, 32)
+    backend = make_backend(target)
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    options = launch.options()                          # num_warps, num_stages
+    bound, spec, opts = binder(**dict(zip(pointer_names, pointers)), **launch.args, **options)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, options, bound, spec, opts)
+    return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
+                          options=options.__dict__)
+
+
+def cubin_resources(compiled) -> tuple:
+    """(registers per thread, stack bytes per thread) of a compiled kernel, read from its cubin
+    with the cuobjdump Triton bundles. The stack holds the spilled registers: Triton's
+    `n_spills` on a GPU is the kernel's local memory per thread / 4."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
+                        "cuobjdump")
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = os.path.join(tmp, "kernel.cubin")
+        with open(cubin, "wb") as f:
+            f.write(compiled.asm["cubin"])
+        usage = subprocess.run([tool, "-res-usage", cubin], capture_output=True, text=True,
+                               check=True).stdout
+    regs, stack = re.search(r"REG:(\d+)", usage), re.search(r"STACK:(\d+)", usage)
+    return int(regs[1]), int(stack[1]) if stack else 0
+
+
+def qkv_tile_resources(candidates: dict, tokens=8192, hidden=4096, HQ=32, HK=8,
+                       D=128) -> List[dict]:
+    """Compile the QKV projection's forward, dX and dW kernels for sm_90 on this machine at each
+    tile of `candidates` ({kernel: [(BLOCK_M, BLOCK_K, GROUP_M, num_warps, num_stages), ...]},
+    as benchmarks/qkv_tiles.CANDIDATES), bare and rotating, for the sweep's problem
+    (Llama-3-8B's projection, bf16, table-free angles), as benchmarks/qkv_tiles.py plans them.
+
+    Rows: kernel, the tile, rotate, n_regs (registers per thread), stack (bytes per thread:
+    spilled registers), shared (bytes per program), and the programs per SM they allow
+    (`programs_per_sm`). Run without TRITON_INTERPRET (the interpreter compiles nothing).
+    """
+    import os
+
+    import ropelib
+    from ..kernels import planning, qkv_gemm
+
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise RuntimeError("run without TRITON_INTERPRET=1: the interpreter compiles nothing")
+    bf = torch.bfloat16
+    N = (HQ + 2 * HK) * D
+    x, w = torch.empty(1, tokens, hidden, dtype=bf), torch.empty(N, hidden, dtype=bf)
+    outs = [torch.empty(1, tokens, h, D, dtype=bf) for h in (HQ, HK, HK)]
+    angles = ropelib.rope_angles(D, base=500000.0)
+    tables = (angles.turns, angles.amplitude, None, None, None, None, None, None)
+    pointers = {"fwd": (x, w, None, *outs, *tables),
+                "dx": (*outs, w, torch.empty_like(x), *tables),
+                "dw": (*outs, x, torch.empty_like(w), None, None, *tables)}
+    names = {"fwd": qkv_gemm.FWD_POINTERS, "dx": qkv_gemm.DX_POINTERS,
+             "dw": qkv_gemm.DW_POINTERS}
+    keys = ("BLOCK_M", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
+    saved = {k: dict(v) for k, v in qkv_gemm.GPU_TILES.items()}
+    rows = []
+    try:
+        for kind, tiles in candidates.items():
+            for tile in tiles:
+                for rotate in (False, True):
+                    qkv_gemm.GPU_TILES[kind] = dict(zip(keys, tile))
+                    planned = qkv_gemm.plan(
+                        kind, S=tokens, B=1, K=hidden, HQ=HQ, HK=HK, D=D, R=D, P=2**31 - 1,
+                        ids=None, cu_seqlens=None, layout="bshd", interleaved=False, eps=1e-6,
+                        device=torch.device("cuda"),
+                        dtypes=planning.pointer_dtypes(pointers[kind]), rotate=rotate)
+                    compiled = compile_for_sm90(planned, names[kind], pointers[kind])
+                    n_regs, stack = cubin_resources(compiled)
+                    shared = int(compiled.metadata.shared)
+                    occ = programs_per_sm(n_regs, planned.num_warps, shared)
+                    rows.append(dict(zip(keys, tile), kernel=kind, rotate=rotate, n_regs=n_regs,
+                                     stack=stack, shared=shared, programs_per_sm=occ.programs,
+                                     limited_by="+".join(occ.limited_by)))
+    finally:
+        qkv_gemm.GPU_TILES.update(saved)
+    return rows
+
+
+def sweep_tiles(path) -> dict:
+    """The tiles benchmarks/qkv_tiles.py sweeps (its CANDIDATES), read from its source without
+    running it (it switches the interpreter on where there is no GPU)."""
+    import ast
+    from pathlib import Path
+    for node in ast.parse(Path(path).read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "CANDIDATES"
+                                                for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise ValueError(f"{path} assigns no CANDIDATES")
+
+
+FIELDS = ["kernel", "BLOCK_M", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "rotate",
+          "n_regs", "stack", "shared", "programs_per_sm", "limited_by"]
+
+
+def main(argv=None) -> int:
+    import argparse
+    import datetime
+    import platform
+    import subprocess
+    from pathlib import Path
+
+    import triton
+
+    from ..bench import compare
+
+    ap = argparse.ArgumentParser(description="The QKV projection's kernels compiled for sm_90 "
+                                 "at the tile sweep's tiles: registers, stack, shared memory, "
+                                 "programs per SM (derived)")
+    ap.add_argument("--out", required=True, help="the CSV to write")
+    args = ap.parse_args(argv)
+    root = Path(__file__).resolve().parents[2]      # a checkout: its benchmarks/ and git
+    rows = qkv_tile_resources(sweep_tiles(root / "benchmarks" / "qkv_tiles.py"))
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, cwd=root).stdout.strip() or "?"
+    except OSError:
+        commit = "?"
+    meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "script": "python -m ropelib.course.counts", "kernels": f"ropelib at git {commit}",
+            "python": platform.python_version(),
+            "torch": torch.__version__, "triton": triton.__version__,
+            "target": "sm_90, compiled on a CPU (no GPU) with each tile's warps and stages: "
+                      "registers and stack from cuobjdump -res-usage, shared from Triton's "
+                      "compiled metadata",
+            "case": "t8192 hidden 4096 32/8 heads x 128 bf16, no QK-norm (benchmarks/qkv_tiles.py)",
+            "programs_per_sm": "derived: registers (65536, per warp in units of 256), shared "
+                               "memory (228 KiB, 1 KiB reserved per program), threads (2048), "
+                               "programs (32) of an sm_90 SM"}
+    compare.write_csv(rows, args.out, meta=meta, fields=FIELDS)
+    for r in rows:
+        print(*(r[k] for k in FIELDS))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
