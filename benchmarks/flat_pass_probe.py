@@ -27,9 +27,8 @@ import torch
 import triton
 
 import ropelib
-from ropelib import eager
-from ropelib.bench import compare
-from ropelib.kernels import launch, tiles
+from ropelib.bench import compare, routes
+from ropelib.kernels import launch
 from ropelib.kernels.planning import cdiv
 
 CASES = [  # name, dtype, layout, S, B, H, D
@@ -101,39 +100,32 @@ def host_profile(outdir, gpu):
     freqs = ropelib.rope_freqs(4096, 128, device="cuda")
     dy = torch.randn_like(x)
     lines = []
-    names = ("TWO_PASS_MIN_BYTES", "TWO_PASS_TABLE_SHARE", "TWO_PASS_KEPT_TABLE_SHARE")
-    saved = tuple(getattr(tiles, n) for n in names)
-    for label, thresholds in (("finished", (1 << 62, 0, 0)), ("two-pass", (0, 0, 0))):
-        for name, value in zip(names, thresholds):
-            setattr(tiles, name, value)
-        eager.SIGNATURES.clear()
+    for label in ("finished", "two-pass"):
+        with routes.forced(label):   # every call in this round plans `label`
 
-        def step():
-            torch.autograd.grad(ropelib.apply_rope(x, freqs=freqs, layout="sbhd"), x, dy)
-        for _ in range(50):
-            step()
-        torch.cuda.synchronize()
-        best = float("inf")
-        for _ in range(5):
-            t0 = time.perf_counter()
+            def step():
+                torch.autograd.grad(ropelib.apply_rope(x, freqs=freqs, layout="sbhd"), x, dy)
+            for _ in range(50):
+                step()
+            torch.cuda.synchronize()
+            best = float("inf")
+            for _ in range(5):
+                t0 = time.perf_counter()
+                for _ in range(200):
+                    step()
+                best = min(best, (time.perf_counter() - t0) / 200 * 1e6)
+                torch.cuda.synchronize()
+            prof = cProfile.Profile()
+            prof.enable()
             for _ in range(200):
                 step()
-            best = min(best, (time.perf_counter() - t0) / 200 * 1e6)
+            prof.disable()
             torch.cuda.synchronize()
-        prof = cProfile.Profile()
-        prof.enable()
-        for _ in range(200):
-            step()
-        prof.disable()
-        torch.cuda.synchronize()
-        s = io.StringIO()
-        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(14)
-        lines.append(f"== {label}: {best:.1f} us per forward+backward (host, best of 5 x 200)\n"
-                     + s.getvalue())
-        print(f"host forward+backward {label}: {best:.1f} us", flush=True)
-    for name, value in zip(names, saved):
-        setattr(tiles, name, value)
-    eager.SIGNATURES.clear()
+            s = io.StringIO()
+            pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(14)
+            lines.append(f"== {label}: {best:.1f} us per forward+backward (host, best of 5 x 200)\n"
+                         + s.getvalue())
+            print(f"host forward+backward {label}: {best:.1f} us", flush=True)
     open(os.path.join(outdir, f"host-profile-two-pass-{gpu}.txt"), "w").write("\n".join(lines))
 
 

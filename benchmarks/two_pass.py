@@ -6,7 +6,7 @@ large cases). Chooses kernels/tiles.TWO_PASS_MIN_BYTES.
     python benchmarks/two_pass.py [--out DIR] [--compile]   # GPU; writes two_pass-<gpu>.csv
 
 Each provider is timed with triton.testing.do_bench (median, L2 flushed) in the same process;
-ratio = copy ms / provider ms (forward+backward: two copies). The route is forced with the
+ratio = copy ms / provider ms (forward+backward: two copies). The route is forced (ropelib.bench.routes) with the
 thresholds (kernels/tiles.py); "auto" is the route ropelib picks by itself. "pre-pass alone" is
 the GPU time of the two-pass route's first kernel (the cos/sin table of the call's tokens).
 
@@ -26,11 +26,10 @@ import torch  # noqa: E402
 import triton.testing  # noqa: E402
 
 import ropelib  # noqa: E402
-from ropelib import eager  # noqa: E402
 from ropelib.bench.compare import hf_rotate  # noqa: E402
 from ropelib import ops  # noqa: E402
-from ropelib.kernels import launch, planning, tiles  # noqa: E402
-from ropelib.bench import compare  # noqa: E402
+from ropelib.kernels import launch, planning  # noqa: E402
+from ropelib.bench import compare, routes  # noqa: E402
 
 # name: (dtype, layout, S, B, H, D, interleaved)
 CASES = [
@@ -61,27 +60,16 @@ def ms(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=100)
 
 
-DEFAULTS = (tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE, tiles.TWO_PASS_KEPT_TABLE_SHARE)
-
-
-def route(choice, fn):
-    """fn, with the route forced ("finished", "two-pass") or chosen as ropelib does ("auto")."""
-    tiles.TWO_PASS_MIN_BYTES, tiles.TWO_PASS_TABLE_SHARE, tiles.TWO_PASS_KEPT_TABLE_SHARE = {
-        "finished": (1 << 62, 0, 0), "two-pass": (0, 0, 0), "auto": DEFAULTS}[choice]
-    eager.SIGNATURES.clear()
-    return fn
-
-
 def table_pass_ms(x, freqs, kw):
     """GPU time of the two-pass route's pre-pass alone (the table of this call's tokens)."""
-    route("two-pass", None)
     layout = kw["layout"]
     x4 = ops.view4(x, layout)
-    planned, pointers = launch.plan(
-        launch.View.of(x4), launch.View.of(x4), launch.Table(freqs.view(freqs.shape[0], -1),
-                                                              None),
-        launch.Positions(cu_seqlens=kw.get("cu_seqlens")), R=freqs.shape[-1],
-        interleaved=kw["interleaved"], backward=False, layout=layout)
+    with routes.forced("two-pass"):
+        planned, pointers = launch.plan(
+            launch.View.of(x4), launch.View.of(x4),
+            launch.Table(freqs.view(freqs.shape[0], -1), None),
+            launch.Positions(cu_seqlens=kw.get("cu_seqlens")), R=freqs.shape[-1],
+            interleaved=kw["interleaved"], backward=False, layout=layout)
     out = tuple(torch.empty(planned.table_shape, device="cuda") for _ in range(2))
     tp = planned.table_pass
     return ms(lambda: planning.start(launch.COS_SIN_ROWS, tp, pointers[4:6] + pointers[6:9]
@@ -126,20 +114,21 @@ def main(argv=None):
         if dt != torch.float32:     # the 16-bit tables torch.compile reads, for ropelib too
             provs["auto cos/sin x-dtype"] = ("auto", dict(cos=cos.to(dt), sin=sin.to(dt)))
         ref = None
-        for prov, (thr, table) in provs.items():
-            fwd = route(thr, lambda: ropelib.apply_rope(x, **table, **kw))
-            out = fwd()
-            if ref is None:
-                ref = out
-            elif prov == "two-pass" and not torch.equal(out, ref):
-                raise SystemExit(f"{name}: the two-pass route's bits differ from the finished "
-                                 "kernel's")
-            rows.append(("forward", prov, ms(fwd)))
+        for prov, (route, table) in provs.items():
+            with routes.forced(route):   # every call inside plans `route`
+                def fwd(table=table):
+                    return ropelib.apply_rope(x, **table, **kw)
+                out = fwd()
+                if ref is None:
+                    ref = out
+                elif prov == "two-pass" and not torch.equal(out, ref):
+                    raise SystemExit(f"{name}: the two-pass route's bits differ from the "
+                                     "finished kernel's")
+                rows.append(("forward", prov, ms(fwd)))
 
-            def both():
-                torch.autograd.grad(ropelib.apply_rope(xg, **table, **kw), xg, dy)
-            route(thr, None)
-            rows.append(("fwd+bwd", prov, ms(both)))
+                def both(table=table):
+                    torch.autograd.grad(ropelib.apply_rope(xg, **table, **kw), xg, dy)
+                rows.append(("fwd+bwd", prov, ms(both)))
         rows.append(("forward", "pre-pass alone", table_pass_ms(x, freqs, kw)))
         if args.compile and name in COMPILED and layout != "thd":
             tshape = (S, 1, 1, D) if layout == "sbhd" else (1, S, 1, D)
@@ -161,7 +150,6 @@ def main(argv=None):
         f.flush()
         x = y = dy = xg = ref = out = None
         torch.cuda.empty_cache()
-    route("auto", None)
     print("wrote", path)
 
 
