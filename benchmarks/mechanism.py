@@ -76,7 +76,7 @@ import ablation  # noqa: E402  (benchmarks/ablation.py: the ablation kernel and 
 import ropelib  # noqa: E402
 from ropelib import reference, runtime  # noqa: E402
 from ropelib.bench import compare, routes  # noqa: E402
-from ropelib.course import ladder  # noqa: E402
+from ropelib.course import counts, ladder  # noqa: E402
 from ropelib.course.kernels.batch_reuse import rope_batch_reuse  # noqa: E402
 from ropelib.course.kernels.naive import rope_naive  # noqa: E402
 
@@ -149,34 +149,21 @@ FIELDS = list(COLUMNS)
 
 # --- theoretical occupancy --------------------------------------------------------------------
 
-def theoretical_occupancy(registers: int, warps_per_block: int, shared_bytes: int = 0, *,
-                          regs_per_sm: int = 65536, reg_alloc_unit: int = 256,
-                          warp_alloc_granularity: int = 4, max_warps_per_sm: int = 64,
-                          max_blocks_per_sm: int = 32, shared_per_sm: int = 233472,
-                          shared_reserved_per_block: int = 1024) -> dict:
-    """Programs and warps one SM can hold, as CUDA's occupancy calculator counts them (H100/H200).
-
-    Registers are allocated per warp in units of `reg_alloc_unit` (registers * 32 rounded up to
-    256), and warps in groups of `warp_alloc_granularity` (the SM's 4 sub-partitions, each with a
-    quarter of the register file); an SM holds at most 64 warps and 32 blocks, and 228 KiB of
-    shared memory (1 KiB reserved per block). Returns blocks_per_sm, warps_per_sm,
-    occupancy_pct (warps / 64) and limiter (the caps that bind, joined by '+').
-    """
+def theoretical_occupancy(registers: int, warps_per_block: int, shared_bytes: int = 0) -> dict:
+    """Programs and warps one SM can hold (H100/H200), from ropelib.course.counts.programs_per_sm
+    (CUDA's occupancy calculator's rules: registers per warp in units of 256 from one of the SM's
+    four sub-partitions, 64 warps, 32 blocks, 228 KiB of shared memory with 1 KiB reserved per
+    block). Returns blocks_per_sm, warps_per_sm, occupancy_pct (warps / 64) and limiter (the caps
+    that bind, joined by '+': registers, warps, blocks, shared)."""
     if registers < 0 or warps_per_block < 1:
         raise ValueError(f"registers >= 0 and warps_per_block >= 1, got {registers}, "
                          f"{warps_per_block}")
-    regs_per_warp = math.ceil(max(registers, 1) * 32 / reg_alloc_unit) * reg_alloc_unit
-    warps_by_regs = (regs_per_sm // regs_per_warp) // warp_alloc_granularity * warp_alloc_granularity
-    limits = {"registers": warps_by_regs // warps_per_block,
-              "warps": max_warps_per_sm // warps_per_block,
-              "blocks": max_blocks_per_sm}
-    if shared_bytes:
-        limits["shared"] = shared_per_sm // (shared_bytes + shared_reserved_per_block)
-    blocks = min(limits.values())
-    warps = blocks * warps_per_block
-    return dict(blocks_per_sm=blocks, warps_per_sm=warps,
-                occupancy_pct=100.0 * warps / max_warps_per_sm,
-                limiter="+".join(k for k, v in limits.items() if v == blocks))
+    occ = counts.programs_per_sm(registers, warps_per_block, shared_bytes)
+    names = {"registers": "registers", "threads": "warps", "programs": "blocks",
+             "shared memory": "shared"}
+    return dict(blocks_per_sm=occ.programs, warps_per_sm=occ.warps,
+                occupancy_pct=100.0 * occ.fraction,
+                limiter="+".join(names[k] for k in occ.limited_by))
 
 
 # --- what the compiled kernel says --------------------------------------------------------------

@@ -152,12 +152,15 @@ def test_programs_per_sm(n_regs, warps, shared, programs, limited_by):
     assert occ.warps == programs * warps and occ.fraction == programs * warps / 64
 
 
-def test_register_rounding_is_per_warp_in_units_of_256():
-    # 248 and 249..256 registers: 7936 and 8192 per warp -> 8 and 8 warps; 257 is impossible on
-    # sm_90 (255 at most) but the arithmetic goes on: 8448 per warp -> 7 warps
-    assert programs_per_sm(248, 1, 0).limits["registers"] == 65536 // 7936
+def test_register_rounding_is_per_warp_in_units_of_256_per_sub_partition():
+    # 248 and 249..256 registers: 7936 and 8192 per warp -> 2 warps in each sub-partition's
+    # 16,384 registers, 8 in all; 257 is impossible on sm_90 (255 at most) but the arithmetic
+    # goes on: 8448 per warp -> 1 per sub-partition, 4 warps (not 65536 // 8448 = 7)
+    assert programs_per_sm(248, 1, 0).limits["registers"] == 8
     assert programs_per_sm(249, 1, 0).limits["registers"] == 8
-    assert programs_per_sm(257, 1, 0).limits["registers"] == 7
+    assert programs_per_sm(257, 1, 0).limits["registers"] == 4
+    # 40 registers: 1280 per warp -> 12 per sub-partition, 48 warps (65536 // 1280 = 51)
+    assert programs_per_sm(40, 1, 0).limits["registers"] == 48
 
 
 def test_programs_per_sm_refuses_nonsense():

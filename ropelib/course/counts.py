@@ -156,13 +156,14 @@ class SM:
     register_unit: int      # registers are given to each warp in multiples of this
     shared_unit: int        # shared memory is given to each program in multiples of this
     shared_reserved: int    # bytes the CUDA runtime reserves in each program's shared memory
+    sub_partitions: int     # the register file is split evenly between them, a warp in one
     warp: int = 32
 
 
 # sm_90 (H100, H200): CUDA C++ Programming Guide, "Compute capabilities" table, and the CUDA
 # occupancy calculator's allocation units for compute capability 9.0
 SM90 = SM(registers=65536, shared=228 * 1024, threads=2048, blocks=32, register_unit=256,
-          shared_unit=128, shared_reserved=1024)
+          shared_unit=128, shared_reserved=1024, sub_partitions=4)
 
 
 @dataclasses.dataclass
@@ -189,7 +190,9 @@ def programs_per_sm(n_regs: int, num_warps: int, shared: int, sm: SM = SM90) -> 
 
     n_regs: registers per thread; num_warps: warps per program; shared: bytes of shared memory
     per program (Triton's `compiled.metadata.shared`). Registers go to each warp rounded up to
-    `sm.register_unit` (n_regs * 32, in multiples of 256 on sm_90); shared memory to each
+    `sm.register_unit` (n_regs * 32, in multiples of 256 on sm_90), from the quarter of the
+    register file of one of the SM's 4 sub-partitions (so the warps registers allow come in
+    fours, as CUDA's occupancy calculator counts them); shared memory to each
     program rounded up to `sm.shared_unit`, plus the `sm.shared_reserved` bytes the runtime
     keeps in every program. A program that does not fit at all gives 0.
     """
@@ -199,7 +202,8 @@ def programs_per_sm(n_regs: int, num_warps: int, shared: int, sm: SM = SM90) -> 
     if num_warps == 0:
         raise ValueError("num_warps must be at least 1")
     per_warp = _round_up(n_regs * sm.warp, sm.register_unit)
-    warps_by_registers = sm.registers // per_warp if per_warp else sm.threads // sm.warp
+    warps_by_registers = ((sm.registers // sm.sub_partitions) // per_warp * sm.sub_partitions
+                          if per_warp else sm.threads // sm.warp)
     per_program = _round_up(shared, sm.shared_unit) + sm.shared_reserved
     limits = {
         "registers": warps_by_registers // num_warps,
