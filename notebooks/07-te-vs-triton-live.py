@@ -512,8 +512,11 @@ assert launches["ncalls"] == launcher["ncalls"] == alloc["ncalls"] == 600 == 2 *
 assert (launches["cumtime"], launcher["tottime"], alloc["tottime"]) == (0.026, 0.005, 0.004)
 
 # %% [markdown]
-# At training sizes — tens of MiB per call and more — the bytes dominate; for small per-layer
-# tensors, take the host's per-call work out of the loop: capture the step in a CUDA graph (the
+# The bytes dominate only where the GPU's time per call is well above the host's. An eager
+# forward+backward pays autograd's host work on top of each launch: in section 2's 64 MiB call
+# on the GPU's page, ropelib's forward+backward took longer than TE's fused one, while its
+# forward was faster. For calls like that, take the host's per-call work out of the loop:
+# capture the step in a CUDA graph (the
 # floor suite's `under CUDA graphs` rows; notebook 11 plots a decoding step timed eagerly and
 # replayed from one), or compile it with `torch.compile`, which sees each ropelib entry point
 # whole, with no graph break (`docs/API.md`, "Autograd, torch.compile and other transforms").
@@ -561,7 +564,8 @@ if dtype is not None:
 #   ulps. Eager PyTorch rounds every intermediate.
 # - A forward sweep is a fixed cost per call plus bytes over bandwidth. ropelib's forward is
 #   within about a tenth of the copy on large tensors. Its eager forward+backward loses to TE's
-#   where a fixed time per call dominates (small tensors, batch 1), of the size of the host time
+#   where a fixed time per call dominates (small tensors, batch 1, and on the GPU's page the
+#   64 MiB call of section 2), of the size of the host time
 #   per call measured separately. A profile of that host time puts most of it in the backward
 #   through PyTorch's autograd, the rest in the forward; each call launches two kernels.
 # - Interpreter timings are meaningless; the GPU numbers are the committed ones. Notebook 08

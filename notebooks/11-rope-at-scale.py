@@ -316,8 +316,8 @@ plt.show()
 # %% [markdown]
 # The two losses agree to the last few fp32 bits. They need not be bit-identical: attention
 # over two chunks and an all-reduce of the gradients sum in another order than one process
-# does, and whether that changes a bit depends on the sizes and the machine (the H200 run of
-# this cell printed a difference of 0; the CPU's gloo run prints its own).
+# does, and whether that changes a bit depends on the sizes and the machine (the H200 page
+# prints a difference of a few fp32 ulps of the loss; the CPU's gloo run prints its own).
 # `tests/test_context_parallel.py` checks more: the loss and every parameter's gradient of
 # 2 ranks against 1 process, with both ropelib's kernel and the PyTorch reference.
 #
@@ -791,9 +791,11 @@ assert curves["the smallest features (scale 0.1)"][-1] > 0.5  # sunk below the s
 #
 # Replayed from a CUDA graph (dashed lines), the fused step takes 6.8–9.2 µs against
 # 19.9–34.7 µs for RoPE followed by the cache write with a bf16 cache (2.7–3.8× faster), and
-# 7.3–10.3 µs against 34.7–53.6 µs with an fp8 cache (4.4–5.4×). Eagerly (solid lines) every
-# step also waits for the host's work per call, and the times jump about with the batch (the
-# fused step with a bf16 cache: 6.2–48.9 µs): read the dashed lines for what the kernels cost.
+# 7.3–10.3 µs against 34.7–53.6 µs with an fp8 cache (4.4–5.4×). Eagerly (solid lines) the
+# times jump about with the batch (the fused step with a bf16 cache: 6.2–48.9 µs), at some
+# batches below the replayed step and at others far above it: an eager timing depends on
+# whether the host's work per call keeps ahead of the GPU, which a graph replay takes out.
+# Read the dashed lines for what the kernels cost.
 
 # %%
 def plot_decode_cache(rows, axes) -> None:
