@@ -34,7 +34,6 @@ _OLDER = "the page was rendered from an older version of the notebook; "
 
 # page -> why it is allowed to differ from its notebook for now
 STALE = {stem: _OLDER + _rerender(stem) for stem in (
-    "04-batch-reuse-grid-kernel",  # reads TE's own kernel profile after the page was rendered
 )}
 
 # notebook -> why it has no page yet
