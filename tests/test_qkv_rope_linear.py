@@ -185,6 +185,17 @@ def test_forward_position_ids_and_layouts(out_layout, table, seeded):
                   table=table, norm=True, bias=False)
 
 
+@pytest.mark.parametrize("interleaved", [False, True], ids=["rotate-half", "interleaved"])
+@pytest.mark.parametrize("norm", [False, True], ids=["plain", "qk-norm"])
+def test_forward_one_accumulator_per_head(interleaved, norm, seeded):
+    """Every feature rotated and a power-of-two half (D = 32): the head's rows go into one
+    [BLOCK_M, D] accumulator and its pairs are split apart in the epilogue (at D = 16 the half,
+    8, is padded to 16 and the pairs are gathered into two accumulators instead)."""
+    check_forward(torch.bfloat16, D=32, S=13, K=40, interleaved=interleaved, norm=norm)
+    check_forward(torch.float32, D=32, interleaved=interleaved, norm=norm, table="angles",
+                  bias=False)
+
+
 def test_forward_gemma_scale_and_odd_sizes(seeded):
     """weight_offset=1 (Gemma 3's 1 + w), tokens and hidden size no multiple of the tiles."""
     check_forward(torch.bfloat16, S=13, K=40, norm=True, weight_offset=1.0, table="freqs")
@@ -260,6 +271,12 @@ def test_backward_matches_autograd_of_the_unfused_pipeline(dtype, norm, table, s
 @pytest.mark.parametrize("R", [16, 8], ids=["full", "partial"])
 def test_backward_pairings_and_partial_rotary(interleaved, R, seeded):
     check_backward(torch.float32, norm=True, interleaved=interleaved, R=R, HQ=3, HK=1)
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["rotate-half", "interleaved"])
+def test_backward_after_a_one_accumulator_forward(interleaved, seeded):
+    """D = 32: the norm's saved inputs come from the split accumulator."""
+    check_backward(torch.float32, norm=True, interleaved=interleaved, D=32, R=32)
 
 
 @pytest.mark.parametrize("out_layout", ["bshd", "bhsd"])

@@ -22,28 +22,34 @@ The weight is a fused nn.Linear's [N, K]: q's HQ D rows, then k's HK D, then v's
 
 How a tile covers a head
 ------------------------
-A program's column tile is one whole head (BLOCK_N = D), held as two accumulators (three with
-partial rotary) whose weight rows are gathered by pair:
+A program's column tile is one whole head (BLOCK_N = D). When every feature is rotated and the
+half D/2 is a power of two (ONE_ACC: Llama's and Qwen's heads of 64 or 128), the head's D weight
+rows are one operand and one accumulator [BLOCK_M, D] (one MMA per K step, as a plain GEMM
+tile), and the epilogue splits it into the two members of every pair:
+
+    rotate-half   acc [BLOCK_M, D] -> [BLOCK_M, 2, D/2] -> [BLOCK_M, D/2, 2] -> split: a, b
+    interleaved   acc [BLOCK_M, D] -> [BLOCK_M, D/2, 2]                      -> split: a, b
+
+so a and b sit at the same row and column of two tiles of the same register layout, and the
+rotation is elementwise (common.rotate_pair, the same fma order as every ropelib kernel).
+The split may move the accumulator between register layouts; measured on an H200
+(benchmarks/qkv_mainloop_probe.py, results/qkv_mainloop-nvidia-h200.csv, 8192 tokens,
+Llama-3-8B's projection), a whole-head accumulator rotated this way from a cos/sin table runs
+within 0.2 % of the same GEMM with no epilogue, where two accumulators [BLOCK_M, D/2] (the pairs'
+weight rows gathered, one MMA each, the x tile read twice) take 30 % longer.
+
+With partial rotary or a half that is not a power of two the pairs' weight rows are gathered
+into two accumulators (three with partial rotary):
 
     acc_a [BLOCK_M, R/2]  <- weight rows d_a = j        (interleaved: 2j)       j < R/2
     acc_b [BLOCK_M, R/2]  <- weight rows d_b = j + R/2  (interleaved: 2j + 1)
     acc_p [BLOCK_M, D-R]  <- weight rows R..D-1, passed through unrotated
 
-so the two members of every rotated pair sit at the same row and column of two accumulators of
-the same register layout, and the rotation is elementwise (common.rotate_pair, the same fma
-order as every ropelib kernel). The alternatives cost more or reach further: splitting one
-[BLOCK_M, D] accumulator with tl.reshape/tl.split moves an MMA accumulator between register
-layouts through shared memory, and permuting the weight's rows once (pairs adjacent) would
-make ropelib own a reordered copy of the caller's nn.Linear weight and hand its gradient back
-in that order. Gathering rows reads each weight row contiguously along K as before, and the
-MMAs are the same FLOPs split into 2-3 of width R/2 (padded to 16, the narrowest tl.dot); what
-it may cost is that each of them reads the x tile from shared memory again (two reads of it
-for a fully rotated head where one [BLOCK_M, D] MMA reads it once): not yet measured. A whole
-head in one program also gives the RMS norm its row statistics without a second pass or
-atomics. Rotate-half and interleaved differ only in which rows are
-gathered (and in the strided stores of an interleaved head: two stores of every other element,
-which the L2 merges; joining the halves for one contiguous store, as kernels/fused.py does, would
-move the accumulators between layouts: not measured either way).
+(each padded to 16, the narrowest tl.dot). Permuting the weight's rows once (pairs adjacent)
+would make ropelib own a reordered copy of the caller's nn.Linear weight and hand its gradient
+back in that order; neither layout needs it. A whole head in one program also gives the RMS norm
+its row statistics without a second pass or atomics. The halves are stored apart (two stores
+of D/2 contiguous features; interleaved: of every other feature, which the L2 merges).
 
 How it is parallelised
 ----------------------
@@ -322,6 +328,8 @@ def _qkv_rope_fwd_kernel(
     HAS_PASS: tl.constexpr = D > R
     BLOCK_HALF: tl.constexpr = tile_width(HALF, 16)   # (tl.dot's operands: 16 at least)
     BLOCK_PASS: tl.constexpr = tile_width(D - R, 16)
+    # every feature rotated and a power-of-two half: one accumulator for the whole head
+    ONE_ACC: tl.constexpr = (R == D) and (BLOCK_HALF == HALF)
     # fp32 inputs multiply in fp32 (F.linear's default), not TF32
     PRECISION: tl.constexpr = "ieee" if x_ptr.dtype.element_ty == tl.float32 else "tf32"
     M = S * B
@@ -342,28 +350,49 @@ def _qkv_rope_fwd_kernel(
     e_ok = e < D
     kk = tl.arange(0, BLOCK_K)
     x_rows = x_ptr + m_off[:, None] * K                         # [BLOCK_M, 1]
-    w_a = w_ptr + (n0 + d_a)[None, :] * K                      # [1, BLOCK_HALF]: rows d_a
-    w_b = w_ptr + (n0 + d_b)[None, :] * K
-    w_p = w_ptr + (n0 + e)[None, :] * K
-    acc_a = tl.zeros((BLOCK_M, BLOCK_HALF), dtype=tl.float32)
-    acc_b = tl.zeros((BLOCK_M, BLOCK_HALF), dtype=tl.float32)
     acc_p = tl.zeros((BLOCK_M, BLOCK_PASS), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        k_ok = (k0 + kk) < K
-        x = tl.load(x_rows + (k0 + kk)[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        wt = tl.load(w_a + (k0 + kk)[:, None], mask=k_ok[:, None] & j_ok[None, :], other=0.0)
-        acc_a = _mma(x, wt, acc_a, PRECISION)     # [BLOCK_M, BLOCK_HALF]
-        wt = tl.load(w_b + (k0 + kk)[:, None], mask=k_ok[:, None] & j_ok[None, :], other=0.0)
-        acc_b = _mma(x, wt, acc_b, PRECISION)
-        if HAS_PASS:
-            wt = tl.load(w_p + (k0 + kk)[:, None], mask=k_ok[:, None] & e_ok[None, :],
+    if ONE_ACC:
+        # the head's D weight rows as one operand: one [BLOCK_M, D] accumulator, one MMA per
+        # step; the pairs are split apart in the epilogue (see "How a tile covers a head")
+        w_rows = w_ptr + (n0 + tl.arange(0, D))[None, :] * K    # [1, D]
+        acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k_ok = (k0 + kk) < K
+            x = tl.load(x_rows + (k0 + kk)[None, :], mask=m_ok[:, None] & k_ok[None, :],
+                        other=0.0)
+            wt = tl.load(w_rows + (k0 + kk)[:, None], mask=k_ok[:, None], other=0.0)
+            acc = _mma(x, wt, acc, PRECISION)                  # [BLOCK_M, D]
+        if bias_ptr is not None:
+            acc += tl.load(bias_ptr + n0 + tl.arange(0, D)).to(tl.float32)[None, :]
+        if INTERLEAVED:    # pair j = features (2j, 2j + 1): adjacent columns
+            acc_a, acc_b = tl.split(tl.reshape(acc, (BLOCK_M, HALF, 2)))
+        else:              # pair j = features (j, j + D/2): the two halves
+            acc_a, acc_b = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
+    else:
+        w_a = w_ptr + (n0 + d_a)[None, :] * K                  # [1, BLOCK_HALF]: rows d_a
+        w_b = w_ptr + (n0 + d_b)[None, :] * K
+        w_p = w_ptr + (n0 + e)[None, :] * K
+        acc_a = tl.zeros((BLOCK_M, BLOCK_HALF), dtype=tl.float32)
+        acc_b = tl.zeros((BLOCK_M, BLOCK_HALF), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k_ok = (k0 + kk) < K
+            x = tl.load(x_rows + (k0 + kk)[None, :], mask=m_ok[:, None] & k_ok[None, :],
+                        other=0.0)
+            wt = tl.load(w_a + (k0 + kk)[:, None], mask=k_ok[:, None] & j_ok[None, :],
                          other=0.0)
-            acc_p = _mma(x, wt, acc_p, PRECISION)
-    if bias_ptr is not None:
-        acc_a += tl.load(bias_ptr + n0 + d_a, mask=j_ok, other=0.0).to(tl.float32)[None, :]
-        acc_b += tl.load(bias_ptr + n0 + d_b, mask=j_ok, other=0.0).to(tl.float32)[None, :]
-        if HAS_PASS:
-            acc_p += tl.load(bias_ptr + n0 + e, mask=e_ok, other=0.0).to(tl.float32)[None, :]
+            acc_a = _mma(x, wt, acc_a, PRECISION)     # [BLOCK_M, BLOCK_HALF]
+            wt = tl.load(w_b + (k0 + kk)[:, None], mask=k_ok[:, None] & j_ok[None, :],
+                         other=0.0)
+            acc_b = _mma(x, wt, acc_b, PRECISION)
+            if HAS_PASS:
+                wt = tl.load(w_p + (k0 + kk)[:, None], mask=k_ok[:, None] & e_ok[None, :],
+                             other=0.0)
+                acc_p = _mma(x, wt, acc_p, PRECISION)
+        if bias_ptr is not None:
+            acc_a += tl.load(bias_ptr + n0 + d_a, mask=j_ok, other=0.0).to(tl.float32)[None, :]
+            acc_b += tl.load(bias_ptr + n0 + d_b, mask=j_ok, other=0.0).to(tl.float32)[None, :]
+            if HAS_PASS:
+                acc_p += tl.load(bias_ptr + n0 + e, mask=e_ok, other=0.0).to(tl.float32)[None, :]
 
     if h < NQK:
         if ROTATE:
