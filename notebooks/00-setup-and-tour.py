@@ -30,7 +30,7 @@
 #   Face drop-ins, forward and backward;
 # - find your way through the other notebooks.
 #
-# **Time:** about 20 minutes to read and do the three exercises; the cells run in about 7 s
+# **Time:** about 25 minutes to read and do the three exercises; the cells run in about 7 s
 # on a CPU (Triton's interpreter).
 
 # %% [markdown]
@@ -262,37 +262,56 @@ ropelib.default_device() encodes that rule, and section 1 prints it as "notebook
 
 # %% [markdown]
 # **Exercise 2.** A model has `head_dim = 80` and `rotary_percent = 0.5` (partial rotary). How
-# many features of each head does RoPE rotate?
+# many features of each head does RoPE rotate? Write the rule that Transformer Engine and
+# Hugging Face both follow, `my_rotary_dim(head_dim, rotary_percent)`. The check tries this model
+# and four others, one where `head_dim * rotary_percent` is not a whole number, with ropelib
+# barred (`frequencies.rotary_dim` is the answer, and so it is not one).
 
 # %%
-rotated_features = ...   # an int
+def my_rotary_dim(head_dim, rotary_percent):
+    ...   # your code: an int
 
-basics.check_rotary_dim(rotated_features, head_dim=80, rotary_percent=0.5);
+
+basics.check_rotary_dim(my_rotary_dim);
 
 # %%
-solution("""
-Transformer Engine and Hugging Face both take int(head_dim * rotary_percent) = int(40.0) = 40.
-The table then has 40 columns; features 40..79 pass through unchanged.
-(ropelib.frequencies.rotary_dim(80, 0.5) computes it, and rejects an odd result.)
-""")
+solution(basics.solution_rotary_dim)
 
 # %% [markdown]
-# **Exercise 3.** Rotate `x_ex`, a `bshd` tensor, with the **interleaved** pairing (GPT-J
-# style). Build the table with `ropelib.frequencies.rope_freqs` and call `ropelib.apply_rope`.
+# **Exercise 3.** The tour called `ropelib.apply_rope(x, freqs, layout=..., interleaved=...)` and
+# checked the Hugging Face drop-in against the formula `x * cos + rotate_half(x) * sin`. Write
+# that formula yourself, in PyTorch, for what this call computes:
+#
+# ```python
+# freqs = frequencies.rope_freqs(S, D, interleaved=True)      # [S, 1, 1, D]
+# y = ropelib.apply_rope(x, freqs, layout="bshd", interleaved=True)
+# ```
+#
+# `my_rope(x, freqs)` takes `x` in `bshd` = `[B, S, H, D]` and the table `[S, 1, 1, D]` (fp32
+# angles, in `sbhd` order like every table) and returns the rotated `x` in `x`'s dtype, computed
+# in fp32 and rounded once, as the kernel does (the TE drop-in's cell showed that rounding cos,
+# sin and the products to bf16 gives other numbers). With the **interleaved** pairing (GPT-J
+# style) the features that turn together are neighbours, $(x_0, x_1), (x_2, x_3), \dots$, so
+# the table holds each angle twice ($\theta_0\, \theta_0\, \theta_1\, \theta_1 \dots$) and
+# $\mathrm{rotate\_half}(x) = (-x_1, x_0, -x_3, x_2, \dots)$.
+# The check tries `x` of shape `[2, 6, 4, 16]` and three others (one with `B == S`, one with a
+# table that starts at position 3), with ropelib barred.
 
 # %%
-x_ex = torch.randn(2, 6, 4, 16, device=device)     # [B, S, H, D]
+def my_rope(x, freqs):
+    ...   # your code: x rotated, [B, S, H, D]
 
-y_ex = ...   # your code
 
-basics.check_apply_rope(y_ex, x_ex, frequencies.rope_freqs(6, 16, interleaved=True, device=device),
-                        layout="bshd", interleaved=True);
+basics.check_interleaved_rope(my_rope);
+
+# to see one case side by side with the kernel:
+# x_ex = torch.randn(2, 6, 4, 16, device=device)                            # [B, S, H, D]
+# freqs_ex = frequencies.rope_freqs(6, 16, interleaved=True, device=device)  # [S, 1, 1, D]
+# torch.testing.assert_close(my_rope(x_ex, freqs_ex),
+#                            ropelib.apply_rope(x_ex, freqs_ex, layout="bshd", interleaved=True))
 
 # %%
-solution("""
-freqs_ex = frequencies.rope_freqs(6, 16, interleaved=True, device=device)   # [S, 1, 1, D]
-y_ex = ropelib.apply_rope(x_ex, freqs_ex, layout="bshd", interleaved=True)
-""")
+solution(basics.solution_interleaved_rope)
 
 # %% [markdown]
 # ## Questions for a study group

@@ -1,6 +1,8 @@
 """Exercises whose answer is a number or a list are answered with the learner's function.
 
-Notebook 01's exercise 4 (the permutation back to the interleaved pairing), notebook 02's
+Notebook 00's exercises 2 (how many features partial rotary turns) and 3 (interleaved RoPE of
+a `bshd` tensor, what `ropelib.apply_rope(..., layout="bshd", interleaved=True)` returns),
+notebook 01's exercise 4 (the permutation back to the interleaved pairing), notebook 02's
 exercises 1 (the positions a context-parallel rank holds) and 3 (the bytes a fused forward
 moves) and notebook 07's exercise 2 (the time a fitted line predicts) ask for a value that
 ropelib can compute. Their checks take a function and run it with ropelib's answers barred
@@ -9,7 +11,8 @@ ropelib can compute. Their checks take a function and run it with ropelib's answ
 * a function the learner wrote (a copy of the worked solution, compiled from its source in a
   file of its own, and one written differently here) passes;
 * a function that returns the same right values but calls ropelib's finished functions
-  (`ropelib.apply_rope`, `ropelib.context_parallel`, `ropelib.frequencies`), `ropelib.reference`,
+  (`ropelib.apply_rope`, its Transformer Engine drop-in, `ropelib.context_parallel`,
+  `ropelib.frequencies`), `ropelib.reference`,
   the benchmarks' bytes model, a teaching kernel (called, or launched directly) or a worked
   solution is refused, with a message that names what it called;
 * those refusals come from the barring alone: with `own_code.library_barred` switched off, the
@@ -32,6 +35,7 @@ import triton.language as tl  # noqa: E402
 
 import ropelib  # noqa: E402
 from ropelib import context_parallel, frequencies, reference  # noqa: E402
+from ropelib import te as rope_te  # noqa: E402
 from ropelib.bench import compare, suite  # noqa: E402
 from ropelib.course.exercises import at_scale, basics, kernels, measuring, own_code  # noqa: E402
 from ropelib.course.kernels import batch_reuse, naive  # noqa: E402
@@ -95,6 +99,55 @@ def _with_side_call(own, side):
         side()
         return own(*args)
     return answer
+
+
+# --- notebook 00, exercise 2: how many features partial rotary turns ---------------------------
+
+def _rotary_dim_written_here(head_dim, rotary_percent):
+    return math.floor(head_dim * rotary_percent)      # the product is positive: floor == int
+
+
+def _check_rotary_dim(fn):
+    return basics.check_rotary_dim(fn)
+
+
+# --- notebook 00, exercise 3: interleaved RoPE of a bshd tensor --------------------------------
+
+def _interleaved_rope_written_here(x, freqs):
+    """Neighbours (x0, x1) as the complex number x0 + i x1, turned by e^(i theta)."""
+    S, D = freqs.shape[0], freqs.shape[-1]
+    theta = freqs.reshape(1, S, 1, D)[..., 0::2]                     # one angle per pair
+    z = torch.view_as_complex(x.float().reshape(*x.shape[:-1], D // 2, 2).contiguous())
+    turned = z * torch.polar(torch.ones_like(theta), theta)
+    return torch.view_as_real(turned).reshape(x.shape).to(x.dtype)
+
+
+def _pairs_to_halves(D):
+    return torch.cat((torch.arange(0, D, 2), torch.arange(1, D, 2)))
+
+
+def _interleaved_by(rope):
+    """Right: the rotate-half RoPE `rope` of x [sbhd] with features permuted (notebook 01, sec. 7)."""
+    def answer(x, freqs):
+        D = x.shape[-1]
+        perm = _pairs_to_halves(D)
+        half = freqs[..., 0::2]
+        table = torch.cat((half, half), dim=-1).contiguous()        # rotate-half order
+        y = rope(x.transpose(0, 1)[..., perm].contiguous(), table)
+        return y.transpose(0, 1)[..., torch.argsort(perm)]
+    return answer
+
+
+def _interleaved_with(rotate_half):
+    def answer(x, freqs):
+        f = freqs.transpose(0, 1)                                    # [1, S, 1, D]
+        xf = x.float()
+        return (xf * f.cos() + rotate_half(xf) * f.sin()).to(x.dtype)
+    return answer
+
+
+def _check_interleaved_rope(fn):
+    return basics.check_interleaved_rope(fn)
 
 
 # --- notebook 01, exercise 4: the permutation back to the interleaved pairing ------------------
@@ -205,6 +258,47 @@ def _check_prediction(fn):
 # --- the table: each check, its learner answers and its library answers ------------------------
 
 EXERCISES = {
+    "00 ex2 rotary_dim": dict(
+        check=_check_rotary_dim,
+        solution=lambda: learner_copy(basics.solution_rotary_dim),
+        own=_rotary_dim_written_here,
+        library={
+            "ropelib.frequencies.rotary_dim": (
+                frequencies.rotary_dim, "called ropelib's rotary_dim (ropelib/frequencies.py)"),
+            "the width of ropelib.rope_freqs": (
+                lambda d, p: ropelib.rope_freqs(1, d, rotary_percent=p).shape[-1],
+                "called ropelib's rope_freqs (ropelib/frequencies.py)"),
+            "the worked solution": (basics.solution_rotary_dim,
+                                    "called ropelib's solution_rotary_dim"),
+        }),
+    "00 ex3 interleaved_rope": dict(
+        check=_check_interleaved_rope,
+        solution=lambda: learner_copy(basics.solution_interleaved_rope),
+        own=_interleaved_rope_written_here,
+        library={
+            "ropelib.apply_rope": (
+                lambda x, f: ropelib.apply_rope(x, f, layout="bshd", interleaved=True),
+                "called ropelib's apply_rope (ropelib/api.py)"),
+            "the TE drop-in": (
+                lambda x, f: rope_te.apply_rotary_pos_emb(x, f, tensor_format="bshd",
+                                                          interleaved=True, fused=True),
+                "called ropelib's apply_rotary_pos_emb (ropelib/te.py)"),
+            "ropelib.reference": (
+                lambda x, f: reference.rope_reference(x, f, layout="bshd", interleaved=True),
+                "called ropelib's rope_reference (ropelib/reference.py)"),
+            "ropelib.reference.rotate_half": (
+                _interleaved_with(lambda x: reference.rotate_half(x, True)),
+                "called ropelib's rotate_half (ropelib/reference.py)"),
+            "a teaching kernel": (_interleaved_by(naive.rope_naive),
+                                  "called ropelib's rope_naive (ropelib/course/kernels/naive.py)"),
+            "a teaching kernel, launched": (_interleaved_by(_launch_naive),
+                                            "launched ropelib's _rope_naive_kernel"),
+            "notebook 01's worked rotate_half": (
+                _interleaved_with(lambda x: basics.solution_rotate_half(x, True)),
+                "called ropelib's solution_rotate_half"),
+            "the worked solution": (basics.solution_interleaved_rope,
+                                    "called ropelib's solution_interleaved_rope"),
+        }),
     "01 ex4 perm_back": dict(
         check=_check_perm_back,
         solution=lambda: (lambda own: (lambda d: own(d, "interleaved")))(
@@ -344,6 +438,8 @@ def test_the_prediction_is_compared_with_the_measurement(capsys):
 # --- the notebooks pass functions, not values ----------------------------------------------------
 
 NOTEBOOK_CHECKS = [
+    ("00-setup-and-tour.py", "check_rotary_dim", "my_rotary_dim"),
+    ("00-setup-and-tour.py", "check_interleaved_rope", "my_rope"),
     ("01-roformer-math.py", "check_interleave_permutation", "perm_back"),
     ("02-pytorch-reference-and-layouts.py", "check_cp_positions", "rank_positions"),
     ("02-pytorch-reference-and-layouts.py", "check_bytes_moved", "bytes_moved"),

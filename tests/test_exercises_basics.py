@@ -118,22 +118,96 @@ def test_check_device(capsys):
     assert not basics.check_device(...)
 
 
-def test_check_rotary_dim():
-    assert basics.check_rotary_dim(40, 80, 0.5)
-    assert basics.check_rotary_dim(96, 128, 0.75)
-    assert not basics.check_rotary_dim(80, 80, 0.5)
-    assert not basics.check_rotary_dim(..., 80, 0.5)
+def test_check_rotary_dim(capsys):
+    own = learner_copy(basics.solution_rotary_dim)
+    # hand values: int(80 * 0.5) = 40, int(128 * 0.6) = int(76.8) = 76
+    assert own(80, 0.5) == 40 and own(128, 0.6) == 76
+    assert basics.check_rotary_dim(own)
+    assert basics.check_rotary_dim(lambda d, p: float(int(d * p)))          # 40.0 counts
+    assert not basics.check_rotary_dim(lambda d, p: round(d * p))           # rounds 76.8 up
+    assert "rotary_percent=0.6" in capsys.readouterr().out
+    assert not basics.check_rotary_dim(lambda d, p: d // 2)                 # right for 80, 0.5 only
+    assert not basics.check_rotary_dim(lambda d, p: d)                      # the whole head
+    assert not basics.check_rotary_dim(lambda d, p: 40)
+    assert not basics.check_rotary_dim(lambda d, p: ...)
+    assert not basics.check_rotary_dim(40)                                  # a value, not a rule
+    assert "expected a function" in capsys.readouterr().out
+    # ropelib's rotary_dim, a table's width, and the worked solution are not the learner's
+    for library in (frequencies.rotary_dim,
+                    lambda d, p: frequencies.rope_freqs(1, d, rotary_percent=p).shape[-1],
+                    basics.solution_rotary_dim):
+        assert not basics.check_rotary_dim(library)
+        out = capsys.readouterr().out
+        assert "this exercise wants your own rule for the rotary dim" in out and "ropelib's" in out
 
 
-@pytest.mark.parametrize("layout", ["sbhd", "bshd"])
-def test_check_apply_rope_uses_the_reference(layout):
-    x = torch.randn(4, 3, 2, 8)
-    f = frequencies.rope_freqs(4, 8)
-    y = reference.rope_reference(x, f, layout=layout, compute_dtype=torch.float32)
-    assert basics.check_apply_rope(y, x, f, layout=layout)
-    assert not basics.check_apply_rope(x, x, f, layout=layout)           # unrotated
-    other = "bshd" if layout == "sbhd" else "sbhd"
-    assert not basics.check_apply_rope(y, x, f, layout=other)            # wrong layout
+def _rotate_neighbours(x):
+    return torch.stack((-x[..., 1::2], x[..., 0::2]), dim=-1).flatten(-2)
+
+
+def _rope_with(table, pair):
+    """x * cos + pair(x) * sin, the table broadcast as `table` puts it: wrong answers below."""
+    def answer(x, freqs):
+        f = table(freqs)
+        return x.float() * f.cos() + pair(x.float()) * f.sin()
+    return answer
+
+
+def _bshd(freqs):
+    return freqs.transpose(0, 1)                        # [S, 1, 1, D] -> [1, S, 1, D]
+
+
+def _halves(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def test_check_interleaved_rope(capsys):
+    own = learner_copy(basics.solution_interleaved_rope)
+    assert basics.check_interleaved_rope(own)
+    assert basics.check_interleaved_rope(_rope_with(_bshd, _rotate_neighbours))  # fp32 out: fine
+    capsys.readouterr()
+    wrong = {
+        "rotate-half pairing": _rope_with(_bshd, _halves),
+        "table left in sbhd order": _rope_with(lambda f: f, _rotate_neighbours),
+        "rotated by -theta": _rope_with(lambda f: -_bshd(f), _rotate_neighbours),
+        "positions from 0, not the table's": _rope_with(
+            lambda f: _bshd(f) - _bshd(f)[:, :1], _rotate_neighbours),
+        "unrotated": lambda x, freqs: x,
+        "not written yet": lambda x, freqs: ...,
+    }
+    for label, answer in wrong.items():
+        assert not basics.check_interleaved_rope(answer), label
+        out = capsys.readouterr().out
+        assert out.startswith("❌ interleaved RoPE of a bshd tensor (x ["), (label, out)
+    # right on the tables that start at position 0: the one that starts at 3 tells
+    assert not basics.check_interleaved_rope(wrong["positions from 0, not the table's"])
+    assert "(x [1, 5, 3, 8] float32, offset=3)" in capsys.readouterr().out
+    assert not basics.check_interleaved_rope(torch.zeros(2, 6, 4, 16))   # a tensor, not a function
+    assert "expected a function" in capsys.readouterr().out
+
+
+def test_check_interleaved_rope_refuses_library_answers(capsys):
+    library = {
+        "ropelib.apply_rope": (
+            lambda x, f: ropelib.apply_rope(x, f, layout="bshd", interleaved=True),
+            "ropelib's apply_rope (ropelib/api.py)"),
+        "ropelib.reference": (
+            lambda x, f: reference.rope_reference(x, f, layout="bshd", interleaved=True),
+            "ropelib's rope_reference (ropelib/reference.py)"),
+        "ropelib's rotate_half": (_rope_with(_bshd, lambda x: reference.rotate_half(x, True)),
+                                  "ropelib's rotate_half (ropelib/reference.py)"),
+        "notebook 01's worked rotate_half": (
+            _rope_with(_bshd, lambda x: basics.solution_rotate_half(x, True)),
+            "ropelib's solution_rotate_half"),
+        "the worked solution": (basics.solution_interleaved_rope,
+                                "ropelib's solution_interleaved_rope"),
+    }
+    for label, (answer, words) in library.items():
+        assert not basics.check_interleaved_rope(answer), label
+        out = capsys.readouterr().out
+        assert "this exercise wants your own RoPE, but the answer called" in out, (label, out)
+        assert words in out, (label, out)
 
 
 def test_notebook_00_roadmap_lists_every_notebook_by_its_title():

@@ -2,15 +2,15 @@
 
 Every `check_...` computes its expected answer from ropelib itself (`reference`, `frequencies`,
 `compare`), prints ✅ or ❌ through `ropelib.course.exercises.check`, returns a bool and never raises.
-The exercises of notebooks 01 and 02 are answered with the learner's *function*, also those whose
-answer is a number or a list (a permutation, the positions a rank holds, a byte count): the check
-tries it on several inputs and reports the first one that fails, and runs it with ropelib's own
-answers barred (`own_code`): a function that calls `ropelib.reference`, `ropelib.frequencies`, the
-finished API, the benchmarks' bytes model, the worked solution below or (for the rotation matrix)
-`torch.block_diag` is refused, whatever it returns. The worked solutions are the `solution_*`
-functions below, shown folded in the notebooks with
-`ropelib.course.exercises.solution(basics.solution_...)`; the tests run every check on a learner's
-copy of its solution, on library answers and on wrong answers.
+The exercises of notebooks 00, 01 and 02 are answered with the learner's *function*, also those
+whose answer is a number or a list (the rotary dim, a permutation, the positions a rank holds, a
+byte count): the check tries it on several inputs and reports the first one that fails, and runs
+it with ropelib's own answers barred (`own_code`): a function that calls `ropelib.apply_rope`,
+`ropelib.reference`, `ropelib.frequencies`, the finished API, the benchmarks' bytes model, the
+worked solution below or (for the rotation matrix) `torch.block_diag` is refused, whatever it
+returns. The worked solutions are the `solution_*` functions below, shown folded in the
+notebooks with `ropelib.course.exercises.solution(basics.solution_...)`; the tests run every check
+on a learner's copy of its solution, on library answers and on wrong answers.
 """
 import math
 from typing import Callable, Sequence
@@ -22,7 +22,7 @@ from . import check
 from .own_code import check_cases, listed_as_tensor, run_own_code
 
 __all__ = [
-    "check_device", "check_rotary_dim", "check_apply_rope",
+    "check_device", "check_rotary_dim", "check_interleaved_rope",
     "check_rotation_matrix", "check_relative_angle", "check_rotate_half",
     "check_interleave_permutation",
     "check_cp_positions", "check_cos_sin_from_freqs", "check_bytes_moved",
@@ -49,20 +49,48 @@ def check_device(fn) -> bool:
     return ok
 
 
-def check_rotary_dim(answer, head_dim: int = 80, rotary_percent: float = 0.5) -> bool:
-    """How many features of each head are rotated for this head_dim and rotary_percent?"""
-    return check(f"rotary dim for head_dim={head_dim}, rotary_percent={rotary_percent}", answer,
-                 frequencies.rotary_dim(head_dim, rotary_percent),
-                 hint="TE and HF both take int(head_dim * rotary_percent)")
+def check_rotary_dim(fn: Callable) -> bool:
+    """Notebook 00, exercise 2: fn(head_dim, rotary_percent) -> R, the number of features of
+    each head that RoPE rotates (partial rotary), as Transformer Engine and Hugging Face compute
+    it. Tried on the exercise's model (head_dim 80, rotary_percent 0.5) and on others, one where
+    head_dim * rotary_percent is not a whole number; the expected R is
+    `ropelib.frequencies.rotary_dim`'s, which is barred, with ropelib and the worked solution."""
+    cases = [(f"head_dim={d}, rotary_percent={p}", (d, p), frequencies.rotary_dim(d, p))
+             for d, p in ((80, 0.5), (128, 1.0), (96, 0.25), (80, 0.4), (128, 0.6))]
+    return check_cases("rotary dim", "your own rule for the rotary dim", fn, cases,
+                       hint="TE and HF both take int(head_dim * rotary_percent): int() cuts the "
+                            "fraction off, it does not round",
+                       bar=(solution_rotary_dim,))
 
 
-def check_apply_rope(y, x: torch.Tensor, freqs: torch.Tensor, *, layout: str = "sbhd",
-                     interleaved: bool = False) -> bool:
-    """Is y the RoPE of x (layout, interleaved) with the angle table freqs?"""
-    expected = reference.rope_reference(x.detach(), freqs, layout=layout, interleaved=interleaved)
-    return check(f"RoPE of x ({layout}{', interleaved' if interleaved else ''})", y, expected,
-                 hint="ropelib.apply_rope(x, freqs, layout=..., interleaved=...): "
-                 "are the layout and the pairing right?")
+def check_interleaved_rope(fn: Callable) -> bool:
+    """Notebook 00, exercise 3: fn(x, freqs) -> the RoPE of a `bshd` x [B, S, H, D] with the
+    interleaved pairing (GPT-J), freqs the interleaved angle table [S, 1, 1, D] of
+    `frequencies.rope_freqs(S, D, interleaved=True)` (each angle twice: f0 f0 f1 f1 ...): what
+    `ropelib.apply_rope(x, freqs, layout="bshd", interleaved=True)` returns.
+
+    Tried on the exercise's shape and on others (B == S, where a table left in `sbhd` order
+    broadcasts without an error; B == 1; a table of positions 3.. and another base; bf16), with
+    ropelib barred, and the worked solutions of this exercise and of notebook 01's rotate_half.
+    The expected values are `reference.rope_reference`'s, computed outside the block.
+    """
+    g = torch.Generator().manual_seed(3)
+    cases = []
+    for (B, S, H, D), dtype, kw in (((2, 6, 4, 16), torch.float32, {}),
+                                    ((4, 4, 2, 8), torch.float32, {}),
+                                    ((1, 5, 3, 8), torch.float32, dict(offset=3)),
+                                    ((3, 7, 2, 32), torch.bfloat16, dict(base=500000.0))):
+        x = torch.randn(B, S, H, D, generator=g).to(dtype)
+        f = frequencies.rope_freqs(S, D, interleaved=True, **kw)
+        want = reference.rope_reference(x, f, layout="bshd", interleaved=True)
+        label = f"x [{B}, {S}, {H}, {D}] {str(dtype).replace('torch.', '')}" + \
+            "".join(f", {k}={v:g}" for k, v in kw.items())
+        cases.append((label, (x.clone(), f.clone()), want))
+    return check_cases("interleaved RoPE of a bshd tensor", "your own RoPE", fn, cases,
+                       hint="move the table's positions to dim 1 (bshd: [1, S, 1, D]), pair "
+                            "neighbours: rotate_half(x) = (-x1, x0, -x3, x2, ...), and compute "
+                            "in fp32, rounding to x's dtype once at the end",
+                       bar=(solution_interleaved_rope, solution_rotate_half))
 
 
 # --- notebook 01: RoFormer math --------------------------------------------------------------
@@ -246,6 +274,23 @@ def check_bytes_moved(fn: Callable) -> bool:
 
 
 # --- worked solutions (shown folded in the notebooks) ----------------------------------------
+
+def solution_rotary_dim(head_dim, rotary_percent):
+    # Transformer Engine and Hugging Face both cut the fraction off: int(80 * 0.5) = 40, and
+    # int(128 * 0.6) = int(76.8) = 76. The table has that many columns; the features after
+    # them pass through unchanged.
+    return int(head_dim * rotary_percent)
+
+
+def solution_interleaved_rope(x, freqs):
+    # x: [B, S, H, D] (bshd); freqs: [S, 1, 1, D], each angle twice (f0 f0 f1 f1 ...)
+    S, D = freqs.shape[0], freqs.shape[-1]
+    angles = freqs.view(1, S, 1, D)                 # positions on dim 1, as in x
+    xf = x.float()
+    # interleaved pairs (x0, x1), (x2, x3), ... turn together: rotate_half = (-x1, x0, -x3, x2, ...)
+    rotated = torch.stack((-xf[..., 1::2], xf[..., 0::2]), dim=-1).flatten(-2)
+    return (xf * angles.cos() + rotated * angles.sin()).to(x.dtype)
+
 
 def solution_rotation_matrix(m, inv_freq):
     R = 2 * inv_freq.numel()
