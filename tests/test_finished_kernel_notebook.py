@@ -257,6 +257,17 @@ def test_section_6_reads_the_h200_runs():
     assert "still to be made" not in section and "on an **H100**" not in section
 
 
+def test_section_4_compiles_with_the_h200s_tile():
+    # the layouts the page shows are the H200's; the H100's tile is compiled only beside them
+    text = NOTEBOOK.with_suffix(".py").read_text(encoding="utf-8")
+    assert 'H200_KNOBS = dict(tile_loop=tiles.TILES_BY_GPU["NVIDIA H200"]["loop"]' in text
+    section = text.split("## 4. How Triton lays")[1].split("## 5. Measured")[0]
+    main = re.search(r"compiled = ladder\.compile_for_gpu\((.*?)\)\n", section, re.S)
+    assert main and "knobs=H200_KNOBS" in main[1] and "sm_count=SMS_H200" in main[1]
+    assert 'compiled_h100 = ladder.compile_for_gpu(["ropelib"])' in section
+    assert "H100's tile" in section and "for comparison" in section
+
+
 # --- the exercise ----------------------------------------------------------------------------------
 
 @triton.jit
