@@ -29,8 +29,8 @@
 #   and what fusing it into the GEMM can save at most;
 # - explain what a GEMM epilogue is, and why rotate-half forces the output tile to cover a whole
 #   head (features $j$ and $j + D/2$ are far apart in the weight's rows);
-# - write the epilogue of a small Triton QKV GEMM (one program per token tile and head, two
-#   accumulators for the two halves), and the prologue of its dX GEMM ($R(-\theta)$ on load);
+# - write the epilogue of a small Triton QKV GEMM (one program per token tile and head, the
+#   head's two halves side by side), and the prologue of its dX GEMM ($R(-\theta)$ on load);
 # - read the measured numbers: the GEMM's main loop against cuBLAS, what the epilogue costs, and
 #   what the backward's prologue costs when every column block repeats it;
 # - read a compiled kernel's registers, spills and shared memory, and derive from them how many
@@ -196,19 +196,36 @@ for slug in GPUS:
 # head, or one that straddles two heads, does not hold both members of a pair. Three ways out:
 #
 # - **one whole head per program** ($B_N = D$), so both members are in the tile. ropelib does
-#   this, and holds the head as **two accumulators**, `acc_a` from the weight rows
-#   $hD + j$ and `acc_b` from the rows $hD + D/2 + j$, $j < D/2$. The two members of every pair
-#   then sit at the same row and column of two tiles of the same register layout, and the
-#   rotation is elementwise between them;
-# - one $[B_M, D]$ accumulator split into halves inside the kernel (`tl.reshape`, `tl.split`):
-#   that moves an MMA accumulator between register layouts through shared memory;
+#   this. The head can be held as **one accumulator** $[B_M, D]$ (one MMA per K step, like any
+#   GEMM tile), split into its two halves in the epilogue (`tl.reshape`, `tl.permute`,
+#   `tl.split`), or as **two accumulators**, `acc_a` from the weight rows $hD + j$ and `acc_b`
+#   from the rows $hD + D/2 + j$, $j < D/2$ (two MMAs of width $D/2$, each reading the $X$ tile
+#   from shared memory). Either way the two members of every pair end up at the same row and
+#   column of two tiles of the same register layout, and the rotation is elementwise between
+#   them. The split may move the accumulator between register layouts: whether that costs more
+#   than the second read of $X$ is a question for a measurement (below);
 # - **permute the weight's rows** once so that pairs are adjacent: then ropelib would own a
 #   reordered copy of the caller's `nn.Linear` weight and hand its gradient back in that order.
 #
-# The header of `ropelib/kernels/qkv_gemm.py` (printed below) weighs these, and says what the
-# two-accumulator choice may cost: two MMAs of width $D/2$ read the $X$ tile from shared memory
-# twice where one MMA of width $D$ reads it once. A whole head in one program also gives
-# QK-norm's RMS statistics (one per token and head) for free.
+# `benchmarks/qkv_mainloop_probe.py` answered it on an H200, on a probe kernel with TMA loads
+# (Llama-3-8B's projection, 8192 tokens, each head rotated from a cos/sin table): the next cell
+# reads its CSV. One accumulator split in the epilogue costs nothing measurable over the same
+# GEMM with no epilogue; two accumulators cost about a third more. So ropelib holds the head as
+# one accumulator whenever every feature is rotated and $D/2$ is a power of two, and falls back
+# to gathered accumulators (three, with the pass-through features) for partial rotary. The header
+# of `ropelib/kernels/qkv_gemm.py` (printed below) says the same. A whole head in one program
+# also gives QK-norm's RMS statistics (one per token and head) for free.
+
+# %%
+probe_csv = RESULTS / "qkv_mainloop-nvidia-h200.csv"
+probe = {r["variant"]: r for r in compare.read_csv(probe_csv) if r["tokens"] == 8192 and r.get("ms")}
+one_acc = probe["fused 1 acc table (128, 64, 8, 8, 3)"]["ms"]
+two_acc = probe["fused 2 acc table (128, 64, 8, 8, 3)"]["ms"]
+bare = probe["descriptors (128, 128, 64, 8, 8, 3)"]["ms"]       # the same GEMM, no epilogue
+print(f"{compare.read_meta(probe_csv)['gpu']}, 8192 tokens: the bare GEMM {bare:.3f} ms; rotating "
+      f"from one split accumulator {one_acc:.3f} ms ({one_acc / bare - 1:+.1%}), from two "
+      f"accumulators {two_acc:.3f} ms ({two_acc / bare - 1:+.1%})")
+assert one_acc < 1.01 * bare and two_acc > 1.25 * one_acc
 
 # %%
 header = qkv_gemm.__doc__
@@ -216,7 +233,8 @@ start = header.index("How a tile covers a head")
 print(header[start:header.index("How it is parallelised")])
 
 # %% [markdown]
-# The two accumulators are just a different grouping of the same products. For one head of a
+# Two accumulators, or one split in two, are just a different grouping of the same products.
+# For one head of a
 # tiny projection, `acc_a` is $X$ times the rows $hD + j$ of $W$, and it equals the first half
 # of that head's columns of $XW^{\top}$:
 
@@ -553,12 +571,15 @@ for slug in GPUS:
 #
 # `figures/12-qkv-tiles-sm90.csv` answers both for every tile of the sweep, bare and rotating.
 # The kernels were compiled for sm_90 (H100, H200) on a CPU, with the Triton version of the GPU
-# runs, by `python -m ropelib.course.counts --out figures/12-qkv-tiles-sm90.csv`. Triton's
+# runs, by `python -m ropelib.course.counts --out figures/12-qkv-tiles-sm90.csv`, from the
+# kernels as they were when the GPU sweeps ran (the CSV's header names the commit; the forward
+# has held a head in one accumulator since, section 3, and its sweep has not been rerun). Triton's
 # compiler and ptxas run without a GPU; the registers and the stack per thread are read from
 # the cubin, and the shared memory per program from Triton's metadata. From these,
 # `programs_per_sm` **derives** how many programs one SM can hold. An sm_90 SM has 65,536
-# registers, handed to each warp in units of 256 (255 registers per thread take 8,192 per
-# warp). It has 228 KiB of shared memory (1 KiB of it reserved per program), 2,048 threads and
+# registers in four sub-partitions of 16,384, handed to each warp in units of 256 (255
+# registers per thread take 8,192 per warp, so two such warps fit in a sub-partition). It has
+# 228 KiB of shared memory (1 KiB of it reserved per program), 2,048 threads and
 # room for 32 programs. The tightest of the four limits decides. This is an upper bound
 # worked out from the resources, not the achieved occupancy a profiler (Nsight Compute)
 # measures while the kernel runs.
@@ -769,8 +790,9 @@ else:
 #   and nothing more — measured, a small share of the pipeline.
 # - A GEMM epilogue works on the finished output tile in registers before its one store. RoPE
 #   needs both members of each pair in the tile: ropelib gives each program one whole head, as
-#   two accumulators gathered from the weight rows $j$ and $j + D/2$, so the rotation is
-#   elementwise between them.
+#   one accumulator split into its halves in the epilogue (measured free on an H200; with
+#   partial rotary, accumulators gathered from the weight rows $j$ and $j + D/2$), so the
+#   rotation is elementwise between them.
 # - The backward applies $R(-\theta)$ in the prologue of the dX and dW GEMMs, so the gradient of
 #   the projection is never written — and is re-formed by every column block.
 # - Today ropelib's fused projection is correct and slower than cuBLAS + RoPE: its main loop
@@ -789,7 +811,8 @@ else:
 #
 # 1. Section 1 bounds the gain by the RoPE pass. With QK-norm the unfused pipeline's second
 #    pass also norms; does the bound change? Count its bytes.
-# 2. The two-accumulator design reads the $X$ tile from shared memory twice per K step. Sketch
+# 2. With partial rotary the kernel gathers two or three accumulators, each reading the $X$ tile
+#    from shared memory in every K step. Sketch
 #    the permuted-weight alternative: what would `QKVRoPE.from_linear` have to store, and what
 #    would the optimizer see?
 # 3. The dW kernel re-forms $dY$ for each of $K/B_K$ column blocks. What is the least extra
