@@ -245,8 +245,8 @@ plt.show()
 #
 # $\theta_j = b^{-2j/d}$ falls geometrically from $1$ to $b^{-(d-2)/d}$, just above $b^{-1}$. Its
 # wavelength $\lambda_j = 2\pi/\theta_j$ is the number of positions pair $j$ needs for a full
-# turn: from $2\pi \approx 6.3$ tokens for $j = 0$ to $2\pi b^{(d-2)/d}$, just under $2\pi b$,
-# for the last pair. Pairs whose wavelength exceeds the training context never complete a turn
+# turn: from $2\pi \approx 6.3$ tokens for $j = 0$ to $2\pi b^{(d-2)/d} = 2\pi b \cdot b^{-2/d}$
+# for the last pair: below $2\pi b$ by the factor $b^{-2/d}$, a fifth or so at $d = 128$. Pairs whose wavelength exceeds the training context never complete a turn
 # during training, so a longer context shows them angles they never saw. The context-extension
 # methods of `ropelib.frequencies` slow those pairs down (linear scaling slows every pair; the
 # others keep the fast pairs and change mostly or only the slow ones):

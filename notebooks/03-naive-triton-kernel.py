@@ -29,7 +29,8 @@
 #   layout, dtypes, up to the kernel ropelib ships;
 # - tell `BLOCK_SIZE` (the tile of data a program works on) from `num_warps` (the threads that
 #   work on it), and say why one small program per row cannot keep a GPU's memory busy;
-# - see which 32-byte sectors a load or store touches, measured from a real launch, and why
+# - see which 32-byte sectors a load or store touches, recorded from a real launch in Triton's
+#   interpreter, and why
 #   stride-2 accesses cost more than a contiguous load split in registers;
 # - debug a kernel on the CPU in Triton's interpreter: print inside it, catch out-of-bounds
 #   accesses, and know where the interpreter differs from a GPU;
@@ -774,8 +775,10 @@ draw_sectors(recorded, FIGURES / "03-access-sectors.png")
 # Read the picture row by row. In (a) each instruction covers 4 whole sectors: every byte
 # moved is used. In (b) each instruction touches all 8 sectors of the row and uses 16 of the 32
 # bytes of each: the loads *request* twice the sectors they need. On a GPU the second stride-2
-# load finds those sectors in L1, so DRAM traffic stays the same and the cost is twice the load
-# instructions and L1 requests. The two stride-2 stores cannot be saved that way: each sends 8
+# load can find those sectors still in L1, and then DRAM traffic does not grow; what doubles in
+# any case is the load instructions and L1 requests. (The sectors here are counted in the
+# interpreter; on a GPU, Nsight Compute's DRAM and L1 counters would say which happened.) The
+# two stride-2 stores cannot be saved that way: each sends 8
 # half-written sectors to L2, twice the store traffic of (c). In (c) one instruction covers the
 # row in whole sectors, and the swap happens in registers: the pattern of ropelib's finished
 # kernel for the interleaved form (also wider per thread: 16-byte vector loads).
