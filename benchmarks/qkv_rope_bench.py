@@ -73,7 +73,7 @@ class _TritonGemm(torch.autograd.Function):
                     device=x.device, rotate=False)
         outs = [torch.empty(B, S, h, D, dtype=x.dtype, device=x.device) for h in (HQ, HK, HK)]
         tables = (turns, amplitude, None, None, None, None, None, None)
-        _run("fwd", opts, (x, weight, None, *outs, *tables))
+        _run("fwd", opts, (x, weight, None, *outs) + (None,) * 6)   # nothing to rotate
         ctx.save_for_backward(x, weight)
         ctx.opts, ctx.tables = opts, tables
         return tuple(outs)

@@ -26,7 +26,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 import ropelib  # noqa: E402
-from ropelib import runtime  # noqa: E402
+from ropelib import qkv_linear, runtime  # noqa: E402
 from ropelib.bench import compare  # noqa: E402
 from ropelib.kernels import planning, qkv_gemm  # noqa: E402
 
@@ -69,7 +69,9 @@ def run(dry_run: bool, tokens=8192, hidden=4096, HQ=32, HK=8, D=128) -> list:
     dx, dw = torch.empty_like(x), torch.empty_like(w)
     angles = ropelib.rope_angles(D, base=500000.0, device=device)
     tables = (angles.turns, angles.amplitude, None, None, None, None, None, None)
-    pointers = {"fwd": (x, w, None, *outs, *tables),
+    # the forward reads every token's cos and s' rows, as qkv_rope_linear's pre-pass writes them
+    rows = qkv_linear.cos_sin_rows(x, angles.turns, angles.amplitude, None, None, False)
+    pointers = {"fwd": (x, w, None, *outs, *rows, *tables[4:]),
                 "dx": (*grads, w, dx, *tables),
                 "dw": (*grads, x, dw, None, None, *tables)}
     saved = {k: dict(v) for k, v in qkv_gemm.GPU_TILES.items()}

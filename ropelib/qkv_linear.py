@@ -37,7 +37,8 @@ from .conventions import QKV_LINEAR_DTYPES, QKV_LINEAR_LAYOUTS
 from .api import check_no_table_grad, needs_grad, saveable
 from .frequencies import EXACT_POSITIONS, Angles
 from .kernels import qkv_gemm as kernel
-from .kernels.planning import pointer_dtypes
+from .kernels.launch import COS_SIN_ROWS, Positions, Table, plan_cos_sin_rows
+from .kernels.planning import pointer_dtypes, start
 from .ops import define_op
 
 __all__ = ["qkv_rope_linear", "QKVRoPE"]
@@ -76,6 +77,24 @@ def _run(kind: str, pointers: tuple, x: Tensor, table: Tensor, position_ids, cu_
                            dtypes=pointer_dtypes(pointers)), pointers)
 
 
+def cos_sin_rows(x: Tensor, table: Tensor, sin: Optional[Tensor], position_ids, cu_seqlens,
+                 interleaved: bool) -> Tuple[Tensor, Tensor]:
+    """Every token's fp32 cos and signed sine rows [NB * S, R] (NB = B with per-entry position
+    ids, else 1), written by the two-pass route's pre-pass from the table and the positions, NaN
+    where a position is outside the table: what the forward kernel reads instead of evaluating
+    sin and cos (the same functions, so the same bits)."""
+    B, S, _ = _sizes(x)
+    R = table.shape[0] if table.dtype == torch.int64 else table.shape[1]
+    nb = B if position_ids is not None and position_ids.shape[0] > 1 else 1
+    rows = tuple(torch.empty((nb * S, R), dtype=torch.float32, device=x.device) for _ in "cs")
+    if nb * S:
+        pre = plan_cos_sin_rows(Table(table, sin), Positions(position_ids, cu_seqlens), S, nb,
+                                R=R, interleaved=interleaved, backward=False, device=x.device,
+                                any_length=True)
+        start(COS_SIN_ROWS, pre, (table, sin, position_ids, cu_seqlens, None) + rows)
+    return rows
+
+
 def _contiguous(t: Optional[Tensor]) -> Optional[Tensor]:
     return t.contiguous() if t is not None else None
 
@@ -103,9 +122,9 @@ def qkv_rope_linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], table:
         rstd = torch.empty((0,), dtype=torch.float32, device=x.device)
         norm_input = torch.empty((0,), dtype=x.dtype, device=x.device)
     if M:
-        _run("fwd", (x.contiguous(), weight.contiguous(), _contiguous(bias), q, k, v, table, sin,
-                     position_ids, cu_seqlens, q_norm_weight, k_norm_weight,
-                     rstd if rstd.numel() else None,
+        cos, sin_rows = cos_sin_rows(x, table, sin, position_ids, cu_seqlens, interleaved)
+        _run("fwd", (x.contiguous(), weight.contiguous(), _contiguous(bias), q, k, v, cos,
+                     sin_rows, q_norm_weight, k_norm_weight, rstd if rstd.numel() else None,
                      norm_input if norm_input.numel() else None),
              x, table, position_ids, cu_seqlens, n_heads, n_kv_heads, head_dim, interleaved,
              out_layout, eps)

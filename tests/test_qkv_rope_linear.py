@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import ropelib
+from ropelib import qkv_linear
 from ropelib.kernels import planning, qkv_gemm
 from loading import load_file  # noqa: E402
 
@@ -344,9 +345,10 @@ def test_every_output_element_is_written(seeded):
     opts = dict(S=S, B=1, K=K, HQ=HQ, HK=HK, D=D, R=R, P=S, ids=None, cu_seqlens=None,
                 layout="bshd", interleaved=False, eps=1e-6, device=x.device)
     shared = (freqs, None, None, None, wq, wk, rstd, pre)
+    rows = qkv_linear.cos_sin_rows(x, freqs, None, None, None, False)   # cos, s' [S, R] fp32
     def run(kind, pointers):
         qkv_gemm.run(qkv_gemm.plan(kind, dtypes=planning.pointer_dtypes(pointers), **opts), pointers)
-    run("fwd", (x.reshape(M, K), w, b, q, k, v) + shared)
+    run("fwd", (x.reshape(M, K), w, b, q, k, v) + rows + (wq, wk, rstd, pre))
     for t in (q, k, v, rstd, pre):
         assert not t.isnan().any()
     g = [torch.randn_like(t) for t in (q, k, v)]

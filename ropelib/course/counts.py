@@ -286,7 +286,8 @@ def qkv_tile_resources(candidates: dict, tokens=8192, hidden=4096, HQ=32, HK=8,
     outs = [torch.empty(1, tokens, h, D, dtype=bf) for h in (HQ, HK, HK)]
     angles = ropelib.rope_angles(D, base=500000.0)
     tables = (angles.turns, angles.amplitude, None, None, None, None, None, None)
-    pointers = {"fwd": (x, w, None, *outs, *tables),
+    rows = torch.empty(tokens, D, dtype=torch.float32)     # the forward's cos and s' rows
+    pointers = {"fwd": (x, w, None, *outs, rows, rows, *tables[4:]),
                 "dx": (*outs, w, torch.empty_like(x), *tables),
                 "dw": (*outs, x, torch.empty_like(w), None, None, *tables)}
     names = {"fwd": qkv_gemm.FWD_POINTERS, "dx": qkv_gemm.DX_POINTERS,

@@ -494,10 +494,30 @@ def plan_table_read(table: Table, positions: Positions, S, B, *, R: int, interle
                                backward=backward, device=device, rows_kept=rows_kept)
         return rows._replace(index_pass=index_pass, index_shape=(nb * S,),
                              stride_rows_b=S if nb > 1 else 0)
+    table_pass = plan_cos_sin_rows(table, pos, S, nb, R=R, interleaved=interleaved,
+                                   backward=backward, device=device)
+    return TableRead(table_pass, True, R, S * R if nb > 1 else 0, (nb * S, R))
+
+
+def plan_cos_sin_rows(table: Table, positions: Positions, S, nb: int, *, R: int,
+                      interleaved: bool, backward: bool, device,
+                      any_length: bool = False) -> Launch:
+    """The pre-pass (flat._cos_sin_rows_kernel, pointers COS_SIN_ROWS.pointer_names): every
+    token's fp32 cos and signed sine s' rows [nb * S, R], nb = B where positions or tables
+    differ between batch entries (else 1), from any table and source of positions; a NaN row
+    for a position outside the table. The two-pass route's first pass, and what the QKV
+    projection's kernels read (kernels/qkv_gemm.py). any_length: tokens per program that do not
+    depend on S (compiled code with dynamic lengths then needs no new graph per length)."""
+    pos = positions
+    per_entry, tab_p = _table_strides(table)
+    on_gpu = device.type == "cuda" and not INTERPRET
+    ids = pos.position_ids
+    ids_per_entry = ids is not None and ids.shape[0] > 1
+    n_seq = pos.cu_seqlens.shape[0] - 1 if pos.cu_seqlens is not None else 0
     half = pow2_at_least(R // 2, 1 << 30)
-    block_s = pow2_at_least(S, max(1, (TWO_PASS_TABLE_ELEMENTS if on_gpu else 1 << 14)
-                                   // half))
-    table_pass = Launch(
+    most = max(1, (TWO_PASS_TABLE_ELEMENTS if on_gpu else 1 << 14) // half)
+    block_s = most if any_length else pow2_at_least(S, most)
+    return Launch(
         (cdiv(S, block_s), nb), TWO_PASS_WARPS,
         dict(S=S, P=table.rows, N_SEQ=n_seq, cp_size=pos.cp_size, cp_rank=pos.cp_rank,
              stride_tab_b=table.rows * tab_p if per_entry else 0, stride_tab_p=tab_p,
@@ -505,7 +525,6 @@ def plan_table_read(table: Table, positions: Positions, S, B, *, R: int, interle
              BACKWARD=backward, BLOCK_S=block_s, BLOCK_HALF=half),
         pointer_dtypes((table.cos, table.sin, ids, pos.cu_seqlens, pos.start)), device,
         COS_SIN_ROWS)
-    return TableRead(table_pass, True, R, S * R if nb > 1 else 0, (nb * S, R))
 
 
 def plan_two_pass(q: View, q_out: View, table: Table, positions: Positions, *, R: int,

@@ -57,9 +57,9 @@ forward  _qkv_rope_fwd_kernel   one program per (BLOCK_M tokens, head): cdiv(M, 
          (HQ + 2 HK) programs on one axis, GROUP_M token tiles at a time over every head (the
          grouped order of Triton's matmul tutorial, so a few token tiles of x stay in L2 while
          every head's weight streams past). The K loop accumulates in fp32; the epilogue adds
-         the bias, and for a q or k head computes each token's angles once (from its position:
-         table-free Angles, or an angle table), norms, rotates, rounds once and stores into q,
-         k or v in the output layout (bshd [B, S, H, D] or bhsd [B, H, S, D]).
+         the bias, and for a q or k head loads its tokens' cos and sin rows (below), norms,
+         rotates, rounds once and stores into q, k or v in the output layout (bshd [B, S, H, D]
+         or bhsd [B, H, S, D]).
 dX       _qkv_rope_dx_kernel    one program per (BLOCK_M tokens, BLOCK_K hidden columns),
          grouped: it computes its tokens' angles once, then loops over every head (q's, k's,
          v's): forms that head's dY tile [BLOCK_M, D] from gq/gk/gv (and the saved norm
@@ -89,8 +89,18 @@ token and head), only when a gradient will be asked for; without norm weights no
 x, W and the positions is kept.
 
 Positions: the token index s (x [B, S, K]), explicit position ids [B or 1, S], or, for packed
-sequences, the token's index in its sequence (a binary search of cu_seqlens). A position outside
-the table makes its q and k rows NaN, forward and backward (as in every ropelib kernel). Math is
+sequences, the token's index in its sequence (a binary search of cu_seqlens). The forward
+evaluates no sin or cos: before it, the two-pass route's pre-pass (flat._cos_sin_rows_kernel,
+launch.plan_cos_sin_rows) writes every token's fp32 cos and signed sine rows [NB * S, R] (NB = B
+with per-entry position ids, else 1) from the table and the positions, with the same functions
+the kernels use, so the same bits, and the epilogue reads them (from L2: every head of a token
+tile reads the same rows). Evaluating them in the epilogue had held the forward at 254 registers
+(sm_90, Triton 3.6; 226 reading rows) and cost it a quarter of its bare GEMM's time on an H200
+(benchmarks/NOTES.md). The backward's kernels still evaluate them, once per program: read from
+rows inside dW's loop over tokens they are pipelined through shared memory, which compiled for
+sm_90 halves the dW programs an SM holds at its tile; not measured on a GPU yet. A position
+outside the table makes its q and k rows NaN, forward and backward (as in every ropelib
+kernel). Math is
 fp32 (tl.dot accumulates fp32; fp32 inputs multiply in full fp32, not TF32) with one rounding
 at each store; the backward rounds dY to the weight's dtype once, as the MMA operand, where the
 unfused pipeline rounds it once when it writes it.
@@ -181,6 +191,28 @@ def _cos_sin(cos_ptr, sin_ptr, m, M, S, P, pos_ptr, cu_seqlens_ptr, N_SEQ, d_a, 
     shape: tl.constexpr = (BLOCK_M, BLOCK_HALF)
     return (tl.reshape(c_a, shape), tl.reshape(s_a, shape), tl.reshape(c_b, shape),
             tl.reshape(s_b, shape), valid)
+
+
+@triton.jit
+def _cos_sin_rows(cos_ptr, sin_ptr, m, M, S, d_a, d_b, ROWS_PER_ENTRY: tl.constexpr,
+                  R: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    # the forward's cos and sin of tokens m [BLOCK_M]: c_a, s_a, c_b, s_b [BLOCK_M, BLOCK_HALF]
+    # fp32, read from every token's cos and s' rows [NB * S, R] that the pre-pass wrote
+    # (launch.plan_cos_sin_rows: row b S + s with ROWS_PER_ENTRY, else row s; s'_a = -s_a,
+    # s'_b = s_b; a NaN row where a position is outside the table, so the rotation makes NaN)
+    HALF: tl.constexpr = R // 2
+    j = tl.arange(0, BLOCK_HALF)
+    if ROWS_PER_ENTRY:
+        r = m
+    else:
+        r = m % S
+    row = r.to(tl.int64)[:, None] * R                              # [BLOCK_M, 1]
+    mask = (m < M)[:, None] & (j < HALF)[None, :]
+    c_a = tl.load(cos_ptr + row + d_a[None, :], mask=mask, other=0.0)
+    c_b = tl.load(cos_ptr + row + d_b[None, :], mask=mask, other=0.0)
+    s_a = -tl.load(sin_ptr + row + d_a[None, :], mask=mask, other=0.0)
+    s_b = tl.load(sin_ptr + row + d_b[None, :], mask=mask, other=0.0)
+    return c_a, s_a, c_b, s_b
 
 
 @triton.jit
@@ -297,7 +329,8 @@ def _grad_tile(g_ptr, hh, H, g, NQK, nw_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b, s
 
 
 # --- the kernels --------------------------------------------------------------------------------
-# Shared arguments: positions from pos_ptr (position ids [B or 1, S], contiguous), else
+# Shared arguments (the forward reads cos_ptr/sin_ptr as every token's cos and s' rows instead,
+# and takes no positions): positions from pos_ptr (position ids [B or 1, S], contiguous), else
 # cu_seqlens_ptr ([N_SEQ + 1], packed sequences), else the token index; cos_ptr/sin_ptr an angle
 # table [P, R] contiguous (sin_ptr None) or Angles' turns [R] and amplitude [1]; norm_q_ptr and
 # norm_k_ptr the norm weights [D] (None: no norm); rstd_ptr [M, HQ + HK] fp32 and pre_ptr
@@ -309,16 +342,15 @@ def _grad_tile(g_ptr, hh, H, g, NQK, nw_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b, s
 def _qkv_rope_fwd_kernel(
     x_ptr, w_ptr, bias_ptr,             # x [M, K], weight [N, K], bias [N] or None
     q_ptr, k_ptr, v_ptr,                # outputs [B, S, H, D] (bshd) or [B, H, S, D] (bhsd)
-    cos_ptr, sin_ptr, pos_ptr, cu_seqlens_ptr,
+    cos_ptr, sin_ptr,                   # every token's cos and s' rows [NB * S, R] fp32
     norm_q_ptr, norm_k_ptr,             # norm weights [D], or None
     rstd_ptr, pre_ptr,                  # saved for the norm's backward, or None
-    S, B, K, HQ, HK, P, N_SEQ,          # tokens per sequence, sequences, hidden, heads, table
-                                        # rows, packed sequences
+    S, B, K, HQ, HK,                    # tokens per sequence, sequences, hidden, heads
     eps,                                # the norm's epsilon
     D: tl.constexpr, R: tl.constexpr,   # head dim, rotary dim
     LAYOUT: tl.constexpr,               # of q, k, v: 1 bshd, 2 bhsd
     INTERLEAVED: tl.constexpr,          # pairs (2j, 2j+1) instead of (j, j + R/2)
-    IDS_PER_ENTRY: tl.constexpr,        # position ids [B, S] (else [1, S])
+    ROWS_PER_ENTRY: tl.constexpr,       # cos/sin rows per batch entry (else one per token s)
     ROTATE: tl.constexpr,               # False: the same GEMM without the epilogue (a plain
                                         # projection into q, k, v heads: the baseline)
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
@@ -396,9 +428,9 @@ def _qkv_rope_fwd_kernel(
 
     if h < NQK:
         if ROTATE:
-            c_a, s_a, c_b, s_b, valid = _cos_sin(cos_ptr, sin_ptr, m, M, S, P, pos_ptr,
-                                                 cu_seqlens_ptr, N_SEQ, d_a, d_b, IDS_PER_ENTRY,
-                                                 R, BLOCK_M, BLOCK_HALF)
+            c_a, s_a, c_b, s_b = _cos_sin_rows(cos_ptr, sin_ptr, m, M, S, d_a, d_b,
+                                               ROWS_PER_ENTRY, R, BLOCK_HALF)
+            valid = m_ok | ~m_ok        # (a NaN row carries a position's invalidity)
         else:
             c_a, s_a, c_b, s_b, valid = 0.0, 0.0, 0.0, 0.0, m_ok
         if h < HQ:
@@ -634,9 +666,10 @@ def _qkv_rope_dw_kernel(
 # --- host side: tiles, plans, launches -------------------------------------------------------
 
 # each kernel's pointer arguments, in its order (an unused one is None)
-_TABLES = ("cos_ptr", "sin_ptr", "pos_ptr", "cu_seqlens_ptr", "norm_q_ptr", "norm_k_ptr",
-           "rstd_ptr", "pre_ptr")
-FWD_POINTERS = ("x_ptr", "w_ptr", "bias_ptr", "q_ptr", "k_ptr", "v_ptr") + _TABLES
+_NORM = ("norm_q_ptr", "norm_k_ptr", "rstd_ptr", "pre_ptr")
+_TABLES = ("cos_ptr", "sin_ptr", "pos_ptr", "cu_seqlens_ptr") + _NORM
+FWD_POINTERS = ("x_ptr", "w_ptr", "bias_ptr", "q_ptr", "k_ptr", "v_ptr", "cos_ptr",
+                "sin_ptr") + _NORM
 DX_POINTERS = ("gq_ptr", "gk_ptr", "gv_ptr", "w_ptr", "dx_ptr") + _TABLES
 DW_POINTERS = ("gq_ptr", "gk_ptr", "gv_ptr", "x_ptr", "dw_ptr", "db_ptr", "dnorm_ptr") + _TABLES
 LAYOUT = {"bshd": 1, "bhsd": 2}     # as kernels/common.contiguous_strides numbers them
@@ -674,7 +707,10 @@ def plan(kind: str, *, S, B, K, HQ, HK, D, R, P, ids, cu_seqlens, layout: str,
          interleaved: bool, eps: float, device: torch.device, dtypes: tuple,
          rotate: bool = True) -> Launch:
     """The launch of one kernel ("fwd", "dx" or "dw") for x [M = B S, K] and HQ, HK heads of D
-    features (R rotated); `dtypes`: its pointers' dtypes (None for None) in *_POINTERS order.
+    features (R rotated), positions from `ids` ([B or 1, S]) or `cu_seqlens` or the token
+    index and a table of P rows; the forward reads the cos and s' rows of launch.
+    plan_cos_sin_rows for those (per batch entry when `ids` has one row per entry). `dtypes`:
+    its pointers' dtypes (None for None) in *_POINTERS order.
     Sees only sizes, dtypes and options, never values. rotate=False: the same GEMM without the
     norm and the rotation (benchmarks/qkv_rope_bench.py's baseline)."""
     M, N = S * B, (HQ + 2 * HK) * D
@@ -682,7 +718,8 @@ def plan(kind: str, *, S, B, K, HQ, HK, D, R, P, ids, cu_seqlens, layout: str,
     args = dict(S=S, B=B, K=K, HQ=HQ, HK=HK, P=P,
                 N_SEQ=cu_seqlens.shape[0] - 1 if cu_seqlens is not None else 0,
                 D=D, R=R, LAYOUT=LAYOUT[layout], INTERLEAVED=interleaved,
-                IDS_PER_ENTRY=ids is not None and ids.shape[0] > 1, ROTATE=rotate,
+                IDS_PER_ENTRY=ids is not None and ids.shape[0] > 1,
+                ROWS_PER_ENTRY=ids is not None and ids.shape[0] > 1, ROTATE=rotate,
                 BLOCK_M=t["BLOCK_M"], BLOCK_K=t["BLOCK_K"], GROUP_M=t["GROUP_M"],
                 INT64=_needs_int64(M * K, M * N, N * K))
     if kind == "fwd":
