@@ -227,7 +227,7 @@ def _head_rows(m, hh, H, S, B, D: tl.constexpr, LAYOUT: tl.constexpr, INT64: tl.
 
 @triton.jit
 def _norm_rotate_store(y_a, y_b, y_p, out_ptr, nw_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b, s_b,
-                       valid, m, m_ok, hh, H, g, NQK, S, B, eps, d_a, d_b, e, j_ok, e_ok,
+                       m, m_ok, hh, H, g, NQK, S, B, eps, d_a, d_b, e, j_ok, e_ok,
                        D: tl.constexpr, LAYOUT: tl.constexpr, INT64: tl.constexpr,
                        ROTATE: tl.constexpr, HAS_PASS: tl.constexpr):
     # The epilogue of head hh of q, k (ROTATE) or v: y_* [BLOCK_M, *] fp32 the projection with
@@ -261,9 +261,8 @@ def _norm_rotate_store(y_a, y_b, y_p, out_ptr, nw_ptr, rstd_ptr, pre_ptr, c_a, s
             y_b = y_b * r * tl.load(nw_ptr + d_b, mask=j_ok, other=0.0).to(tl.float32)[None, :]
             if HAS_PASS:
                 y_p = y_p * r * tl.load(nw_ptr + e, mask=e_ok, other=0.0).to(tl.float32)[None, :]
+        # (a position outside the table has NaN cos/sin rows: its q or k row comes out NaN)
         y_a, y_b = rotate_pair(y_a, y_b, c_a, s_a, c_b, s_b)
-        y_a = tl.where(valid[:, None], y_a, float("nan"))
-        y_b = tl.where(valid[:, None], y_b, float("nan"))
     dt = out_ptr.dtype.element_ty
     row = out_ptr + _head_rows(m, hh, H, S, B, D, LAYOUT, INT64)[:, None]
     mask = m_ok[:, None] & j_ok[None, :]
@@ -430,20 +429,19 @@ def _qkv_rope_fwd_kernel(
         if ROTATE:
             c_a, s_a, c_b, s_b = _cos_sin_rows(cos_ptr, sin_ptr, m, M, S, d_a, d_b,
                                                ROWS_PER_ENTRY, R, BLOCK_HALF)
-            valid = m_ok | ~m_ok        # (a NaN row carries a position's invalidity)
         else:
-            c_a, s_a, c_b, s_b, valid = 0.0, 0.0, 0.0, 0.0, m_ok
+            c_a, s_a, c_b, s_b = 0.0, 0.0, 0.0, 0.0
         if h < HQ:
             _norm_rotate_store(acc_a, acc_b, acc_p, q_ptr, norm_q_ptr, rstd_ptr, pre_ptr,
-                               c_a, s_a, c_b, s_b, valid, m, m_ok, h, HQ, h, NQK, S, B, eps,
+                               c_a, s_a, c_b, s_b, m, m_ok, h, HQ, h, NQK, S, B, eps,
                                d_a, d_b, e, j_ok, e_ok, D, LAYOUT, INT64, ROTATE, HAS_PASS)
         else:
             _norm_rotate_store(acc_a, acc_b, acc_p, k_ptr, norm_k_ptr, rstd_ptr, pre_ptr,
-                               c_a, s_a, c_b, s_b, valid, m, m_ok, h - HQ, HK, h, NQK, S, B, eps,
+                               c_a, s_a, c_b, s_b, m, m_ok, h - HQ, HK, h, NQK, S, B, eps,
                                d_a, d_b, e, j_ok, e_ok, D, LAYOUT, INT64, ROTATE, HAS_PASS)
     else:
         _norm_rotate_store(acc_a, acc_b, acc_p, v_ptr, None, None, None, 0.0, 0.0, 0.0, 0.0,
-                           m_ok, m, m_ok, h - NQK, HK, h, NQK, S, B, eps,
+                           m, m_ok, h - NQK, HK, h, NQK, S, B, eps,
                            d_a, d_b, e, j_ok, e_ok, D, LAYOUT, INT64, False, HAS_PASS)
 
 
