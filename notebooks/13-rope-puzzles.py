@@ -368,9 +368,18 @@ pz.time_solution("long_context");
 
 # %% [markdown]
 # fp32 is not the end of the story: an fp32 angle is off by up to 0.03 rad below position
-# $2^{20}$ and up to 0.5 rad below $2^{24}$, where fp32 stops holding every integer. For contexts that long,
-# ropelib's kernels can compute the angle themselves, reduced modulo $2\pi$ exactly
-# (`ropelib.frequencies.Angles`, passed as `apply_rope(x, angles=...)`).
+# $2^{20}$ and up to 0.5 rad below $2^{24}$, where fp32 stops holding every integer (half the
+# spacing of fp32 values just below each: $2^{-5}$ and $2^{-1}$; the cell below measures it). For
+# contexts that long, ropelib's kernels can compute the angle themselves, reduced modulo $2\pi$
+# exactly (`ropelib.frequencies.Angles`, passed as `apply_rope(x, angles=...)`).
+
+# %%
+for top in (2**20, 2**24):
+    theta = torch.linspace(top / 2, top, 1_000_001, dtype=torch.float64)    # angles, radians
+    off = (theta.to(torch.float32).double() - theta).abs().max().item()
+    print(f"angles in [2^{top.bit_length() - 2}, 2^{top.bit_length() - 1}): an fp32 angle is off "
+          f"by up to {off:.4f} rad")
+    assert abs(off - top * 2.0**-25) < 1e-3 * top * 2.0**-25   # half an fp32 spacing there
 
 # %% [markdown]
 # ## Puzzle 6 — position ids with strides (repair)
