@@ -37,7 +37,7 @@
 # runs in Triton's interpreter, so the model is tiny and trains for a few dozen steps: the code
 # path is the same, the numbers are not.
 #
-# **Time:** about 40 minutes to read (no exercises here: the questions at the end are for
+# **Time:** about 55 minutes to read and do the two exercises (the questions at the end are for
 # discussion); the cells run in about 35 s on a 2-core CPU (Triton's interpreter).
 
 # %%
@@ -375,6 +375,47 @@ fig.savefig(FIGURES / f"09-qkv-rope-loss{TAG}.png", dpi=110)
 plt.show()
 
 # %% [markdown]
+# **Exercise 1 — the same training?** The cells above judged each pair of curves with
+# `mean_abs_diff` and one line. Write that judgement as a function of its own:
+# `same_training(curve, reference, other_seed)` takes three lists of validation losses (one per
+# evaluation, all of the same length) and returns True when `curve` stays as close to
+# `reference` as `other_seed` does, by this notebook's rule,
+#
+# $$
+# d(\text{curve}, \text{reference}) \le 1.5\; d(\text{other seed}, \text{reference}),
+# $$
+#
+# with $d$ the mean absolute difference over the evaluations. The check tries it on made-up
+# curves whose answer is known: the same curve, curves a constant above or below, one that
+# follows the reference and then drifts away, one that zigzags around it, one exactly at the
+# limit, and a few more. It runs your function with ropelib and the worked solution barred;
+# `mean_abs_diff` from above is yours to use. Then the cell after it asks your function (or the
+# worked one, if the check failed) about this run's curves and the committed GPU run's, and
+# checks that it agrees with the verdicts printed above.
+
+# %%
+from ropelib.course.exercises import in_a_model, solution
+
+
+def same_training(curve, reference, other_seed):
+    ...   # your code: True or False
+
+
+parity_by_learner = in_a_model.check_same_training(same_training)
+
+# %%
+solution(in_a_model.solution_same_training)
+# your function if it passed the check, else the worked one, on the curves of this notebook
+judge_parity = same_training if parity_by_learner else in_a_model.solution_same_training
+committed_val = {k: h["val_loss"] for k, h in saved_c.items()}
+for what, v, rule in [("this run", val, d_kernel <= 1.5 * d_seed),
+                      (f"the committed run ({meta_c['gpu']})", committed_val,
+                       d_kernel_c <= 1.5 * d_seed_c)]:
+    verdict = judge_parity(list(v["ropelib"]), list(v["reference"]), list(v["reference seed 1"]))
+    print(f"{what}: ropelib trains like the reference: {bool(verdict)} (the cells above: {rule})")
+    assert bool(verdict) == rule
+
+# %% [markdown]
 # ## 4. Speed: tokens per second
 #
 # `train` times every step after a few warm-up steps (Triton compiles the kernel on its first
@@ -522,6 +563,43 @@ assert share_meta["gpu"] not in ("", "none")
 assert committed["ropelib"]["kernels"] == 1 < committed["reference"]["kernels"]
 assert 0.5 < committed["ropelib"]["rope_ms"] / committed["ropelib"]["copy_floor_ms"] < 2
 assert committed["reference"]["rope_ms"] > 2 * committed["ropelib"]["rope_ms"]
+
+# %% [markdown]
+# **Exercise 2 — RoPE's share, by name.** On a GPU the profiler lists every kernel a step ran,
+# with its time on the device, and RoPE's kernels can be picked out by name: the cross-check
+# `named_kernel_ms` above does that with "rope". Write `rope_share(events, rope_names)`:
+# `events` is a list of `(kernel name, device µs)` pairs from one profiled step (a kernel
+# launched in every layer appears once per launch), `rope_names` a set of substrings, and a
+# kernel is RoPE's when its name contains one of them (it counts once, however many of them it
+# contains). Return `(rope_us, step_us, share)`: the µs of RoPE's kernels, the µs of all the
+# kernels, and `rope_us / step_us` as a fraction (0 when no kernel is RoPE's).
+#
+# The check tries it on made-up steps whose answer is known: ropelib's one kernel, launched
+# forward and backward in every layer; a compiled model whose RoPE is fused into kernels with
+# longer names; and the PyTorch reference, whose generic elementwise kernels carry no RoPE
+# name. It runs your function with ropelib and the worked solutions barred.
+#
+# This notebook's own profile is not at hand as such pairs: `rope_time_share` finds RoPE through
+# profiler ranges and autograd nodes and returns sums (`rope_ms`, `step_ms`, `share`), on the
+# CPU its clock is host time with no kernels to name, and `figures/09-rope-share.csv` keeps the
+# sums. So here your function meets the check's steps only. On a GPU profile of your own, each
+# device event's `name` and `device_time_total` (the fields `rope_time_share` reads) make the
+# pairs.
+
+# %%
+def rope_share(events, rope_names):
+    ...   # your code: return (rope_us, step_us, share)
+
+
+in_a_model.check_rope_share(rope_share);
+
+# %%
+solution(in_a_model.solution_rope_share)
+
+# %% [markdown]
+# The check's step of the PyTorch reference shows why section 5 finds RoPE by range and not by
+# name: the reference spends time in RoPE, but none of its kernels says so, and a search by
+# name gives it a share of 0.
 
 # %% [markdown]
 # ## 6. What did it learn?

@@ -4,9 +4,10 @@ Notebook 00's exercises 2 (how many features partial rotary turns) and 3 (interl
 a `bshd` tensor, what `ropelib.apply_rope(..., layout="bshd", interleaved=True)` returns),
 notebook 01's exercise 4 (the permutation back to the interleaved pairing), notebook 02's
 exercises 1 (the positions a context-parallel rank holds) and 3 (the bytes a fused forward
-moves) and notebook 07's exercise 2 (the time a fitted line predicts) ask for a value that
-ropelib can compute. Their checks take a function and run it with ropelib's answers barred
-(`own_code`). For each check this file shows that
+moves), notebook 07's exercise 2 (the time a fitted line predicts) and notebook 09's exercises
+1 (whether a loss curve trains like the reference) and 2 (RoPE's share of a profiled step) ask
+for a value that ropelib can compute. Their checks take a function and run it with ropelib's
+answers barred (`own_code`). For each check this file shows that
 
 * a function the learner wrote (a copy of the worked solution, compiled from its source in a
   file of its own, and one written differently here) passes;
@@ -37,7 +38,8 @@ import ropelib  # noqa: E402
 from ropelib import context_parallel, frequencies, reference  # noqa: E402
 from ropelib import te as rope_te  # noqa: E402
 from ropelib.bench import compare, suite  # noqa: E402
-from ropelib.course.exercises import at_scale, basics, kernels, measuring, own_code  # noqa: E402
+from ropelib.course.exercises import (  # noqa: E402
+    at_scale, basics, in_a_model, kernels, measuring, own_code)
 from ropelib.course.kernels import batch_reuse, naive  # noqa: E402
 from loading import load_file  # noqa: E402
 
@@ -255,6 +257,31 @@ def _check_prediction(fn):
     return measuring.check_prediction(fn, 10.0, 1000.0, 1e8, 0.105)
 
 
+# --- notebook 09, exercise 1: does a loss curve train like the reference? ----------------------
+
+def _same_training_written_here(curve, reference, other_seed):
+    ref = torch.tensor(reference, dtype=torch.float64)
+    gaps = torch.tensor([curve, other_seed], dtype=torch.float64) - ref
+    kernel_gap, seed_gap = gaps.abs().mean(dim=1).tolist()
+    return kernel_gap <= 1.5 * seed_gap
+
+
+def _check_same_training(fn):
+    return in_a_model.check_same_training(fn)
+
+
+# --- notebook 09, exercise 2: RoPE's share of a profiled step ----------------------------------
+
+def _rope_share_written_here(events, rope_names):
+    step_us = sum(us for _, us in events)
+    rope_us = sum(us for name, us in events if any(part in name for part in rope_names))
+    return rope_us, step_us, rope_us / step_us
+
+
+def _check_rope_share(fn):
+    return in_a_model.check_rope_share(fn)
+
+
 # --- the table: each check, its learner answers and its library answers ------------------------
 
 EXERCISES = {
@@ -363,6 +390,22 @@ EXERCISES = {
             "the worked solution": (measuring.solution_predict_ms,
                                     "called ropelib's solution_predict_ms"),
         }),
+    "09 ex1 same_training": dict(
+        check=_check_same_training,
+        solution=lambda: learner_copy(in_a_model.solution_same_training),
+        own=_same_training_written_here,
+        library={
+            "the worked solution": (in_a_model.solution_same_training,
+                                    "called ropelib's solution_same_training"),
+        }),
+    "09 ex2 rope_share": dict(
+        check=_check_rope_share,
+        solution=lambda: learner_copy(in_a_model.solution_rope_share),
+        own=_rope_share_written_here,
+        library={
+            "the worked solution": (in_a_model.solution_rope_share,
+                                    "called ropelib's solution_rope_share"),
+        }),
 }
 
 # every exercise is also tried with its own right answer behind a call into ropelib
@@ -444,6 +487,8 @@ NOTEBOOK_CHECKS = [
     ("02-pytorch-reference-and-layouts.py", "check_cp_positions", "rank_positions"),
     ("02-pytorch-reference-and-layouts.py", "check_bytes_moved", "bytes_moved"),
     ("07-te-vs-triton-live.py", "check_prediction", "predict_ms"),
+    ("09-rope-in-a-model.py", "check_same_training", "same_training"),
+    ("09-rope-in-a-model.py", "check_rope_share", "rope_share"),
 ]
 
 
