@@ -464,6 +464,20 @@ if GPU:
     print(f"the {len(rows)} kernels take {kernel_us:.0f} us; their bytes at the copy's GB/s "
           f"would take {at_copy_us:.0f} us")
     assert len(slow) >= 2 and kernel_us > at_copy_us
+    # the unfused/fused ratio as a product of measured factors (exact by construction)
+    factors = kb.ratio_factors(t_unfused * 1e3, t_fused * 1e3, rows, moved, copy_gbps)
+    print("\nunfused / fused, factor by factor:")
+    for what, f in factors.items():
+        print(f"  {f:6.2f}x  {what}")
+    product = 1.0
+    for f in factors.values():
+        product *= f
+    print(f"  {product:6.2f}x  = unfused / fused, timed: {t_unfused / t_fused:.2f}x")
+    # the bytes and the kernels' own bandwidth make the gap; launches between them do not
+    assert factors["bytes, unfused over fused"] > 3
+    assert factors["kernels below the copy's bandwidth"] > 1.5
+    assert factors["time outside the kernels (launch gaps)"] < 1.1
+    assert factors["the fused kernel against a copy"] > 0.8
 else:
     print("interpreter mode: the table needs a GPU's profiler (here the ops run on the CPU, and "
           "ropelib's kernel in Python)")
@@ -472,7 +486,12 @@ else:
 # On the GPU this page was run on, the table shows what the bytes alone do not: the line under
 # it counts the kernels that stream at less than half the copy's bandwidth and names them (the
 # cell asserts there are at least two), and the chain's kernels together take longer than their
-# bytes would at the copy's bandwidth (asserted too). Which kernels fall short is for you to
+# bytes would at the copy's bandwidth (asserted too). The last lines answer "where does the
+# rest go?" as a product of four measured factors: the unfused chain moves several times the
+# fused kernel's bytes, its kernels take more than one and a half times what those bytes would
+# take at the copy's speed, the time between its kernels adds under a tenth, and the fused kernel
+# itself runs close to a copy (the cell asserts all four; their product is the timed ratio by
+# construction, since each factor is a ratio of the measured times and bytes). Which kernels fall short is for you to
 # read from the table: set each beside its op in the traffic count and ask what it reads (the
 # small angle table, a broadcast cos/sin, a strided half of `x`, a contiguous tensor).
 # Notebook 07 measures the fixed cost of a call, and notebooks 03 to 05 what makes one kernel

@@ -126,6 +126,23 @@ def test_a_copy_is_one_event_per_run():
         kb.mean_us(memcpy[:1], 2, "copy")
 
 
+def test_the_ratio_splits_into_factors_whose_product_is_the_timed_ratio():
+    # an H200-like chain: 10 kernels, 1.6 GB in 896 us; the copy at 4156 GB/s; fused 270 MB
+    rows = [kb.KernelRow(op="mul", kernel="k", us=89.6, nbytes=160_000_000, gbps=0.0,
+                         of_copy=0.0) for _ in range(10)]
+    f = kb.ratio_factors(900.7, 69.6, rows, 270_000_000, 4156.0)
+    product = 1.0
+    for v in f.values():
+        product *= v
+    assert product == pytest.approx(900.7 / 69.6, rel=1e-12)
+    assert f["bytes, unfused over fused"] == pytest.approx(1.6e9 / 2.7e8)
+    assert f["kernels below the copy's bandwidth"] == pytest.approx(896 / (1.6e9 / 4156 / 1e3))
+    assert f["time outside the kernels (launch gaps)"] == pytest.approx(900.7 / 896)
+    assert f["the fused kernel against a copy"] == pytest.approx(2.7e8 / 4156 / 1e3 / 69.6)
+    with pytest.raises(ValueError):
+        kb.ratio_factors(0.0, 69.6, rows, 270_000_000, 4156.0)
+
+
 def test_no_bandwidth_from_a_zero_time():
     with pytest.raises(ValueError, match="no bandwidth"):
         kb.gbps(1000, 0.0)

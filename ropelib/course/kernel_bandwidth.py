@@ -138,3 +138,21 @@ def below(rows: Sequence[KernelRow], fraction: float) -> List[Tuple[int, KernelR
 def us_at_copy_speed(rows: Sequence[KernelRow], copy_gbps: float) -> float:
     """How long the rows' bytes would take at the copy's GB/s, in µs."""
     return sum(r.nbytes for r in rows) / copy_gbps / 1e3
+
+
+def ratio_factors(unfused_us: float, fused_us: float, rows: Sequence[KernelRow],
+                  fused_bytes: float, copy_gbps: float) -> dict:
+    """The unfused/fused time ratio as a product of four measured factors, {what: factor}:
+    the chain's time outside its kernels (unfused_us over the kernels' sum), its kernels' time
+    over their bytes at the copy's GB/s, its bytes over the fused kernel's, and the fused
+    kernel's time at the copy's GB/s over its measured time. Each is a ratio of measured times
+    and counted bytes, so their product is unfused_us / fused_us exactly."""
+    kernel_us = sum(r.us for r in rows)
+    at_copy_us = us_at_copy_speed(rows, copy_gbps)
+    unfused_bytes = sum(r.nbytes for r in rows)
+    if not (unfused_us > 0 and fused_us > 0 and kernel_us > 0 and fused_bytes > 0):
+        raise ValueError("times and bytes must be positive")
+    return {"time outside the kernels (launch gaps)": unfused_us / kernel_us,
+            "kernels below the copy's bandwidth": kernel_us / at_copy_us,
+            "bytes, unfused over fused": unfused_bytes / fused_bytes,
+            "the fused kernel against a copy": fused_bytes / copy_gbps / 1e3 / fused_us}
