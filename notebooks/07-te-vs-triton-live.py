@@ -235,7 +235,8 @@ first = compare.SEED_SWEEPS[0] if GPU else compare.shrink(compare.SEED_SWEEPS[0]
 names = [n for n in first.providers if n in {p.name for p in provs if p.available}]
 live = compare.sweep(first.base, first.axis, first.values, names, device=device)
 fig, ax = plt.subplots(figsize=(6, 3.6))
-compare.plot_sweep(live, first.axis, ax=ax, title=f"{first.name}: forward GB/s")
+where_live = torch.cuda.get_device_name() if GPU else "CPU, Triton's interpreter"
+compare.plot_sweep(live, first.axis, ax=ax, title=f"{first.name}: forward GB/s ({where_live})")
 plt.show()
 assert {r["provider"] for r in live} == set(names)
 
@@ -274,11 +275,6 @@ for dtype, path in sweep_csvs.items():
               {k: round(v["fwd_gbps"]) for k, v in sub.items() if v["fwd_gbps"]})
 # (figures/07-seed-*.png, drawn from the same CSV by benchmarks/seed_sweeps.py, show these
 # sweeps too, titled with the GPU and versions they were measured with)
-# every committed result file, with where and when it was measured
-for path in sorted(RESULTS.glob("*.csv")):
-    m = compare.read_meta(path)
-    print(f"{path.name}: {len(compare.read_csv(path))} rows, GPU {m.get('gpu', '?')}, "
-          f"TE {m.get('transformer_engine', '?')}, {m.get('date', '?')}")
 
 # %% [markdown]
 # **Reading the panels.** Each panel holds the batch fixed and grows the sequence; the y-axis is
