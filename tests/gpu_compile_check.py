@@ -6,12 +6,9 @@ the interpreter @triton.jit gives interpreted functions); tests/test_kernels_com
 Prints one line per variant: `name arguments fma-count`."""
 
 import torch
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource, make_backend
-from triton.runtime.jit import create_function_from_signature
 
 import ropelib
+from ropelib.course.offline_compile import compile_for_cuda, resource_usage, triton_tool
 from ropelib.kernels import kv_cache as KV
 from ropelib.kernels import launch as L
 from ropelib.kernels import mrope as MR
@@ -29,39 +26,28 @@ def machine_code(compiled) -> tuple:
     """(SASS, registers per thread, stack bytes per thread) of a kernel compiled here, read from
     its cubin with the nvdisasm and cuobjdump Triton bundles ("?" where cuobjdump says none)."""
     import os
-    import re
     import subprocess
     import tempfile
-    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     with tempfile.TemporaryDirectory() as tmp:
         cubin = os.path.join(tmp, "k.cubin")
         with open(cubin, "wb") as f:
             f.write(compiled.asm["cubin"])
-        sass = subprocess.run([os.path.join(tools, "nvdisasm"), "-c", cubin],
+        sass = subprocess.run([triton_tool("nvdisasm"), "-c", cubin],
                               capture_output=True, text=True, check=True).stdout
-        usage = subprocess.run([os.path.join(tools, "cuobjdump"), "-res-usage", cubin],
-                               capture_output=True, text=True, check=True).stdout
-    regs, stack = re.search(r"REG:(\d+)", usage), re.search(r"STACK:(\d+)", usage)
-    return sass, regs[1] if regs else "?", stack[1] if stack else "?"
+    usage = resource_usage(compiled.asm["cubin"])
+    regs, stack = usage.get("registers"), usage.get("stack")
+    return sass, "?" if regs is None else str(regs), "?" if stack is None else str(stack)
 
 
 def compile_for_gpu(name, kernel, pointer_names, planned, pointers):
-    """Compile as a launch with these arguments would: the JIT's own specialisation (ints equal
-    to 1 become constants; pointers and ints divisible by 16 get a divisibility hint, what lets
-    the compiler prove a contiguous run aligned and load it as one vector)."""
+    """Compile as a launch with these arguments would (offline_compile.compile_for_cuda: the
+    JIT's own specialisation, the launch's warps and pipeline stages), for sm_90."""
     # torch.compile writes a launch's arguments into the code it generates (their repr): each
     # must be a plain Python value, not a Triton object such as tl.constexpr
     odd = {k: v for k, v in planned.args.items() if type(v) not in (int, float, bool, type(None))}
     assert not odd, f"{name}: launch arguments that are no plain Python values: {odd}"
-    target = GPUTarget("cuda", 90, 32)
-    backend = make_backend(target)
-    args = dict(zip(pointer_names, pointers), **planned.args)
-    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
-    bound, spec, opts = binder(**args, num_warps=planned.num_warps)
-    options, signature, constexprs, attrs = kernel._pack_args(
-        backend, {"num_warps": planned.num_warps}, bound, spec, opts)
-    compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
-                              options=options.__dict__)
+    compiled = compile_for_cuda(kernel, dict(zip(pointer_names, pointers), **planned.args),
+                                **planned.options())
     ptx = compiled.asm["ptx"]
     print(name, len(kernel.arg_names), ptx.count("fma.rn.f32") + ptx.count("fma.rn.f64"))
 

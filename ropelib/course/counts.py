@@ -29,6 +29,8 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
+from .offline_compile import compile_for_cuda, resource_usage
+
 __all__ = ["StepKernels", "count_kernels", "work_ops", "gpu_kernels", "interpreted_launches",
            "SM", "SM90", "Occupancy", "programs_per_sm", "compile_for_sm90", "cubin_resources",
            "qkv_tile_resources"]
@@ -221,45 +223,21 @@ def programs_per_sm(n_regs: int, num_warps: int, shared: int, sm: SM = SM90) -> 
 
 def compile_for_sm90(launch, pointer_names: tuple, pointers: tuple):
     """Compile a planned launch's kernel for an sm_90 GPU on this machine, as the launch would
-    (the JIT's own specialisation of its arguments, and its options: warps and pipeline
-    stages), without a GPU: Triton's compiler and ptxas run on the CPU. Returns Triton's
-    compiled kernel (its cubin in `.asm["cubin"]`, its shared memory in `.metadata.shared`)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, make_backend
-    from triton.runtime.jit import create_function_from_signature
-
-    kernel = launch.launcher.kernel
-    target = GPUTarget("cuda", 90, 32)
-    backend = make_backend(target)
-    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
-    options = launch.options()                          # num_warps, num_stages
-    bound, spec, opts = binder(**dict(zip(pointer_names, pointers)), **launch.args, **options)
-    options, signature, constexprs, attrs = kernel._pack_args(backend, options, bound, spec, opts)
-    return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
-                          options=options.__dict__)
+    (its arguments and options: warps and pipeline stages), without a GPU
+    (offline_compile.compile_for_cuda). Returns Triton's compiled kernel (its cubin in
+    `.asm["cubin"]`, its shared memory in `.metadata.shared`)."""
+    return compile_for_cuda(launch.launcher.kernel,
+                            dict(zip(pointer_names, pointers), **launch.args), **launch.options())
 
 
 def cubin_resources(compiled) -> tuple:
     """(registers per thread, stack bytes per thread) of a compiled kernel, read from its cubin
-    with the cuobjdump Triton bundles. The stack holds the spilled registers: Triton's
+    (offline_compile.resource_usage). The stack holds the spilled registers: Triton's
     `n_spills` on a GPU is the kernel's local memory per thread / 4."""
-    import os
-    import re
-    import subprocess
-    import tempfile
-
-    import triton
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin",
-                        "cuobjdump")
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = os.path.join(tmp, "kernel.cubin")
-        with open(cubin, "wb") as f:
-            f.write(compiled.asm["cubin"])
-        usage = subprocess.run([tool, "-res-usage", cubin], capture_output=True, text=True,
-                               check=True).stdout
-    regs, stack = re.search(r"REG:(\d+)", usage), re.search(r"STACK:(\d+)", usage)
-    return int(regs[1]), int(stack[1]) if stack else 0
+    usage = resource_usage(compiled.asm["cubin"])
+    if usage.get("registers") is None:
+        raise RuntimeError("cuobjdump printed no register count for this cubin (is it there?)")
+    return usage["registers"], usage["stack"] or 0
 
 
 def qkv_tile_resources(candidates: dict, tokens=8192, hidden=4096, HQ=32, HK=8,

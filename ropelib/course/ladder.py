@@ -40,6 +40,7 @@ from .kernels.batch_reuse import rope_batch_reuse
 from ..kernels.common import BF16_RTNE, round_to
 from ..kernels.common import cos_sin
 from ..runtime import INTERPRET
+from .offline_compile import compile_for_cuda, resource_usage
 
 
 # --- rung 1: a tile of heads ------------------------------------------------------------------
@@ -378,30 +379,15 @@ def _trig(ptx: str) -> str:
 
 
 def _resources(cubin: bytes) -> dict:
-    """{'registers': per thread, 'shared': bytes} of a cubin, read with the cuobjdump that ships
-    with Triton (or on PATH); {} when there is none."""
-    import shutil
-    import tempfile
-    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    tool = str(tool) if tool.exists() else shutil.which("cuobjdump")
-    if not tool or not cubin:
-        return {}
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "kernel.cubin"
-        path.write_bytes(cubin)
-        text = subprocess.run([tool, "--dump-resource-usage", str(path)], capture_output=True,
-                              text=True, timeout=60).stdout
-    regs, shared = re.search(r"REG:(\d+)", text), re.search(r"SHARED:(\d+)", text)
-    return {"registers": int(regs.group(1)) if regs else None,
-            "shared": int(shared.group(1)) if shared else None}
+    """{'registers': per thread, 'shared': bytes} of a cubin (offline_compile.resource_usage);
+    {} when there is no cuobjdump."""
+    usage = resource_usage(cubin)
+    return {k: usage[k] for k in ("registers", "shared")} if usage else {}
 
 
 def _compile_here(what: str, S: int, B: int, H: int, D: int, dtype: str, sm_count: int,
                   arch: int, knobs: Optional[dict] = None) -> dict:
     """Compile `what` (a rung, or "ropelib" for the finished kernel) for a CUDA target; no GPU."""
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, make_backend
-    from triton.runtime.jit import create_function_from_signature
     if INTERPRET:
         raise RuntimeError("compile with TRITON_INTERPRET unset (compile_for_gpu does)")
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
@@ -446,16 +432,10 @@ def _compile_here(what: str, S: int, B: int, H: int, D: int, dtype: str, sm_coun
             args.update(B_CHUNK=p.chunk, ACCURATE=what != "chunks")
         grid, warps, tile = p.grid, p.num_warps, dict(BLOCK_S=p.block_s, BLOCK_H=p.block_h,
                                                       B_CHUNK=p.chunk)
-    target = GPUTarget("cuda", arch, 32)
-    backend = make_backend(target)
-    # the JIT's own specialization: ints equal to 1 become constants, pointers and multiples of
-    # 16 get a divisibility hint (what lets the compiler prove a contiguous run is aligned)
-    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
-    bound, spec, opts = binder(**args, num_warps=warps)
-    options, signature, constexprs, attrs = kernel._pack_args(backend, {"num_warps": warps},
-                                                              bound, spec, opts)
-    compiled = triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
-                              options=options.__dict__)
+    # as a launch compiles it: the JIT's own specialization (ints equal to 1 become constants,
+    # pointers and multiples of 16 get a divisibility hint, what lets the compiler prove a
+    # contiguous run is aligned)
+    compiled = compile_for_cuda(kernel, args, num_warps=warps, arch=arch)
     ttgir, ptx = compiled.asm["ttgir"], compiled.asm["ptx"]
     layouts = []
     for spec_text in _BLOCKED.findall(ttgir):

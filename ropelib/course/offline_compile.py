@@ -1,0 +1,68 @@
+"""Compile a Triton kernel for a CUDA GPU on a machine that has none, and read what its machine
+code uses: Triton's front end, its optimiser and ptxas run on the CPU.
+
+Notebook 05's layouts (ladder.compile_for_gpu), notebook 12's resource table
+(counts.qkv_tile_resources) and the sm_90 compile check of the tests (tests/gpu_compile_check.py)
+all compile through `compile_for_cuda` and read the cubin with `resource_usage`. Run without
+TRITON_INTERPRET: under the interpreter @triton.jit gives interpreted functions.
+"""
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from typing import Optional
+
+import triton
+
+__all__ = ["compile_for_cuda", "resource_usage", "triton_tool"]
+
+
+def compile_for_cuda(kernel, args: dict, *, num_warps: int, num_stages: Optional[int] = None,
+                     arch: int = 90):
+    """`kernel` (a @triton.jit function) compiled for sm_<arch> as a launch with `args` (every
+    argument by name: pointers as tensors, the rest as values) would compile it: the JIT's own
+    specialisation (ints equal to 1 become constants; pointers and ints divisible by 16 get a
+    divisibility hint, what lets the compiler prove a contiguous run aligned and load it as one
+    vector) and the launch's warps and pipeline stages (Triton's default where None). Returns
+    Triton's compiled kernel: `.asm` holds its ttgir, ptx and cubin, `.metadata` its shared
+    memory."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import create_function_from_signature
+
+    target = GPUTarget("cuda", arch, 32)
+    backend = make_backend(target)
+    options = {"num_warps": num_warps}
+    if num_stages is not None:
+        options["num_stages"] = num_stages
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    bound, spec, opts = binder(**args, **options)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, options, bound, spec, opts)
+    return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
+                          options=options.__dict__)
+
+
+def triton_tool(name: str) -> Optional[str]:
+    """The path of a CUDA tool Triton ships (cuobjdump, nvdisasm), else the one on PATH, else
+    None."""
+    bundled = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+    return bundled if os.path.exists(bundled) else shutil.which(name)
+
+
+def resource_usage(cubin: bytes) -> dict:
+    """{'registers': per thread, 'stack': bytes per thread (the spilled registers), 'shared':
+    static bytes per program} of a cubin, as cuobjdump's resource usage prints them; a field it
+    does not print is None; {} where there is no cuobjdump or no cubin."""
+    tool = triton_tool("cuobjdump")
+    if not tool or not cubin:
+        return {}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        text = subprocess.run([tool, "-res-usage", path], capture_output=True, text=True,
+                              timeout=60).stdout
+    found = {key: re.search(rf"{field}:(\d+)", text)
+             for key, field in (("registers", "REG"), ("stack", "STACK"), ("shared", "SHARED"))}
+    return {key: int(m[1]) if m else None for key, m in found.items()}
