@@ -345,9 +345,8 @@ from collections import Counter
 
 from torch.profiler import ProfilerActivity, profile
 
-VIEW_OPS = {"aten::slice", "aten::alias", "aten::chunk", "aten::split", "aten::select", "aten::view",
-            "aten::transpose", "aten::unsqueeze", "aten::squeeze", "aten::expand", "aten::reshape",
-            "aten::as_strided", "aten::narrow", "aten::permute", "aten::t", "aten::detach"}
+from ropelib.course import counts    # the profile filters notebook 11 counts a decode step with
+
 activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if GPU else [])
 # an input that needs gradients, as in training: ropelib then runs as one autograd function
 xp = torch.randn(S, B, H, D, device=device, dtype=dtype, requires_grad=True)
@@ -362,11 +361,11 @@ for name, fn in {"TE unfused": lambda: reference.te_unfused(xp, fp),
             torch.cuda.synchronize()
     if GPU:   # the kernels the GPU actually ran
         what = "GPU kernels"
-        ops = [e.name for e in prof.events() if e.device_type.name == "CUDA"
-               and not e.name.startswith(("Memcpy", "Memset"))]
+        ops = counts.gpu_kernels(prof.events())          # memory copies and sets left out
     else:     # the top-level operations the CPU ran, views left out
         what = "top-level ops (views left out)"
-        ops = [e.name for e in prof.events() if e.cpu_parent is None and e.name not in VIEW_OPS]
+        ops = [e.name for e in prof.events()
+               if e.cpu_parent is None and e.name not in counts.VIEW_OPS]
     launched[name] = Counter(ops)
     print(f"{name}: {len(ops)} {what}")
     for op, n in launched[name].items():

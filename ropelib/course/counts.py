@@ -1,5 +1,5 @@
 """Counts that notebooks 11 and 12 print: the kernels one step launches, and how many programs of
-a compiled kernel one SM holds.
+a compiled kernel one SM holds (notebook 02's profiler listing uses the same filters).
 
 Kernels per step (notebook 11). `count_kernels(step)` runs `step()` once to warm it up (compile,
 plan, caches) and once under `torch.profiler`:
