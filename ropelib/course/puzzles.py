@@ -1592,6 +1592,12 @@ class Timing:
         """The copy's time over the kernel's: 1.0 is copy speed."""
         return self.copy_us / self.us
 
+    def against_copy(self) -> str:
+        """The kernel's time, the bytes, the copy's time and the fraction of copy speed."""
+        return (f"{self.us:.1f} us for {self.nbytes / 1e6:.0f} MB of tensors; a device copy of "
+                f"the same bytes {self.copy_us:.1f} us: {self.of_copy:.0%} of copy speed "
+                "(median of do_bench)")
+
 
 def _why_no_timing() -> str:
     return ("no GPU here" if not torch.cuda.is_available() else
@@ -1628,9 +1634,7 @@ def _on_gpu(p: Puzzle, kernel, seed: int) -> bool:
         print(f"   ⏱ not timed: {p.no_timing}")
         return True
     t = _time_big(p, kernel)
-    print(f"   ⏱ {t.gpu}, {t.label}: your kernel {t.us:.1f} us for "
-          f"{t.nbytes / 1e6:.0f} MB of tensors; a device copy of the same bytes "
-          f"{t.copy_us:.1f} us: {t.of_copy:.0%} of copy speed (median of do_bench)")
+    print(f"   ⏱ {t.gpu}, {t.label}: your kernel {t.against_copy()}")
     return True
 
 
@@ -1684,9 +1688,7 @@ def time_solution(key: str) -> Optional[Timing]:
     except Exception as exc:  # noqa: BLE001 -- the notebook goes on; the summary names it
         print(f"❌{head[4:]}: could not be timed ({type(exc).__name__}: {_error_line(exc)})")
         return None
-    print(f"{head} (the time to aim for), {t.gpu}, {t.label}: {t.us:.1f} us for "
-          f"{t.nbytes / 1e6:.0f} MB of tensors; a device copy of the same bytes "
-          f"{t.copy_us:.1f} us: {t.of_copy:.0%} of copy speed (median of do_bench)")
+    print(f"{head} (the time to aim for), {t.gpu}, {t.label}: {t.against_copy()}")
     return t
 
 
