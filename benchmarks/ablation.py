@@ -29,6 +29,7 @@ reads back. `--dry-run` runs every variant through Triton's interpreter on tiny 
 checks its output; it times nothing.
 """
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -53,7 +54,7 @@ if str(REPO_ROOT) not in sys.path:  # run from a checkout without `pip install -
 
 import ropelib  # noqa: E402
 from ropelib import reference, runtime  # noqa: E402
-from ropelib.bench import compare  # noqa: E402
+from ropelib.bench import compare, routes  # noqa: E402
 from ropelib.course.kernels.batch_reuse import rope_batch_reuse  # noqa: E402
 from ropelib.kernels.common import BF16_RTNE, round_to  # noqa: E402
 from ropelib.course.kernels.naive import rope_naive  # noqa: E402
@@ -219,6 +220,10 @@ def _te_apply():
     return None, "apply_rotary_pos_emb not found in transformer_engine.pytorch.attention"
 
 
+# providers timed with apply_rope's route forced (ropelib.bench.routes)
+ROUTES = {"ropelib_finished": "finished"}
+
+
 def providers(x, freqs4d, H):
     """[(name, factor, description, fn or None, options, why)] for one case."""
     freqs2d = freqs4d.reshape(freqs4d.shape[0], -1).contiguous()
@@ -234,7 +239,8 @@ def providers(x, freqs4d, H):
          lambda: rope_naive(x, freqs4d), {}, ""),
         ("ropelib_batch_reuse", "reference", "ropelib batch-reuse kernel: grid (S, H), loop over B",
          lambda: rope_batch_reuse(x, freqs4d), {}, ""),
-        ("ropelib_finished", "reference", "ropelib.apply_rope (the finished kernel)",
+        ("ropelib_finished", "reference",
+         "ropelib.apply_rope through the finished kernel (route forced)",
          lambda: ropelib.apply_rope(x, freqs4d, layout="sbhd"), {}, ""),
     ]
     for name, factor, desc, opts in variants(H):
@@ -296,24 +302,27 @@ def run(dry_run: bool, progress: bool = True):
                 if progress:
                     print(f"  {name:24s} not run: {why}", flush=True)
                 continue
-            try:
-                y = fn()
-                err = compare.error_metrics(y, want)["max_head_ulp_err"]
-            except Exception as exc:  # noqa: BLE001 -- one failing provider must not stop the run
-                row.update(available=False, reason=f"{type(exc).__name__}: {exc}"[:200])
-                rows.append(row)
-                if progress:
-                    print(f"  {name:24s} failed: {row['reason']}", flush=True)
-                continue
-            row["max_head_ulp_err"] = err
-            if not err <= 1.0:
-                row.update(available=False, reason=f"output differs from the reference "
-                                                    f"({err:.2f} head ulps)")
-            elif not dry_run:
-                ms = triton.testing.do_bench(fn, quantiles=[0.5, 0.2, 0.8])
-                gbps = nbytes / ms[0] / 1e6
-                row.update(ms=ms[0], ms_p20=ms[1], ms_p80=ms[2], gbps=gbps, copy_gbps=copy_gbps,
-                           pct_of_copy=100.0 * gbps / copy_gbps)
+            # the route forced for the whole check and timing (forcing it anew on every call
+            # would time the planner: routes.forced clears the plans it made)
+            with routes.forced(ROUTES[name]) if name in ROUTES else contextlib.nullcontext():
+                try:
+                    y = fn()
+                    err = compare.error_metrics(y, want)["max_head_ulp_err"]
+                except Exception as exc:  # noqa: BLE001 -- one failing provider must not stop
+                    row.update(available=False, reason=f"{type(exc).__name__}: {exc}"[:200])
+                    rows.append(row)
+                    if progress:
+                        print(f"  {name:24s} failed: {row['reason']}", flush=True)
+                    continue
+                row["max_head_ulp_err"] = err
+                if not err <= 1.0:
+                    row.update(available=False, reason=f"output differs from the reference "
+                                                        f"({err:.2f} head ulps)")
+                elif not dry_run:
+                    ms = triton.testing.do_bench(fn, quantiles=[0.5, 0.2, 0.8])
+                    gbps = nbytes / ms[0] / 1e6
+                    row.update(ms=ms[0], ms_p20=ms[1], ms_p80=ms[2], gbps=gbps,
+                               copy_gbps=copy_gbps, pct_of_copy=100.0 * gbps / copy_gbps)
             rows.append(row)
             if progress:
                 print("  " + line(row), flush=True)

@@ -24,6 +24,7 @@ starts with `# key: value` lines (GPU, driver, versions, date) that ropelib.benc
 `plot_waterfall` draws the "% of copy" waterfall of notebook 05 from it.
 """
 import argparse
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -41,12 +42,14 @@ if str(REPO_ROOT) not in sys.path:  # run from a checkout without `pip install -
 
 import ropelib  # noqa: E402
 from ropelib import reference, runtime  # noqa: E402
-from ropelib.bench import compare  # noqa: E402
+from ropelib.bench import compare, routes  # noqa: E402
 from ropelib.course import ladder  # noqa: E402
 
 CSV_PATH = REPO_ROOT / "benchmarks" / "results" / "ladder.csv"
 FIGURE_PATH = REPO_ROOT / "figures" / "05-ladder-waterfall.png"
-PROVIDERS = ("copy",) + ladder.NAMES + ("ropelib",)
+# ropelib: the finished kernel (the route forced: at these sizes apply_rope itself plans the
+# two-pass route of notebook 05's section 6); ropelib_planned: apply_rope as it plans
+PROVIDERS = ("copy",) + ladder.NAMES + ("ropelib", "ropelib_planned")
 FIELDS = ["case", "seq_len", "batch", "heads", "head_dim", "dtype", "provider", "step", "idea",
           "available", "reason", "grid", "num_warps", "block_s", "block_h", "chunk",
           "max_head_ulp_err", "bit_equal_ropelib", "ms", "ms_p20", "ms_p80", "gbps", "copy_gbps",
@@ -84,7 +87,7 @@ def run(dry_run: bool, progress: bool = True):
         x = torch.randn(S, B, H, D, device=device, dtype=torch.bfloat16, generator=gen)
         freqs = compare.angles(S, D).to(device).view(S, 1, 1, D)
         want = reference.rope_reference(x.double(), freqs)   # fp64
-        finished = ropelib.apply_rope(x, freqs, layout="sbhd")
+        finished = routes.through("finished", lambda: ropelib.apply_rope(x, freqs, layout="sbhd"))
         nbytes = compare.bytes_moved(compare.Config(S, B, H, D, dtype="bf16"))
         y = torch.empty_like(x)
         copy_ms = copy_gbps = None
@@ -101,34 +104,42 @@ def run(dry_run: bool, progress: bool = True):
                                gbps=copy_gbps, copy_gbps=copy_gbps, pct_of_copy=100.0)
                 rows.append(row)
                 continue
+            route = contextlib.nullcontext()
             if provider == "ropelib":
-                row.update(idea="ropelib.apply_rope: the finished kernel, every feature")
+                row.update(idea="ropelib.apply_rope through the finished kernel (route forced), "
+                                "every feature")
+                route = routes.forced("finished")
+                fn = lambda: ropelib.apply_rope(x, freqs, layout="sbhd")  # noqa: E731
+            elif provider == "ropelib_planned":
+                row.update(idea="ropelib.apply_rope as planned (the two-pass route at 64 MiB "
+                                "and more)")
                 fn = lambda: ropelib.apply_rope(x, freqs, layout="sbhd")  # noqa: E731
             else:
                 rung = ladder.RUNGS[ladder.NAMES.index(provider)]
                 row.update(idea=rung.idea, **_launch_columns(provider, x))
                 fn = lambda r=provider: ladder.rope_ladder(r, x, freqs, out=y)  # noqa: E731
-            try:
-                y.fill_(float("nan"))   # an element a rung does not write stays NaN
-                out = fn()
-                err = compare.error_metrics(out, want)["max_head_ulp_err"]
-            except Exception as exc:  # noqa: BLE001 -- one failing provider must not stop the run
-                row.update(available=False, reason=f"{type(exc).__name__}: {exc}"[:200])
-                rows.append(row)
-                if progress:
-                    print(f"  {provider:14s} failed: {row['reason']}", flush=True)
-                continue
-            row["max_head_ulp_err"] = err
-            if provider == ladder.NAMES[-1]:
-                row["bit_equal_ropelib"] = bool(torch.equal(out, finished))
-            if not err <= 1.0:
-                row.update(available=False,
-                           reason=f"output differs from the reference ({err:.2f} head ulps)")
-            elif not dry_run:
-                ms = triton.testing.do_bench(fn, quantiles=[0.5, 0.2, 0.8])
-                gbps = nbytes / ms[0] / 1e6
-                row.update(ms=ms[0], ms_p20=ms[1], ms_p80=ms[2], gbps=gbps, copy_gbps=copy_gbps,
-                           pct_of_copy=100.0 * gbps / copy_gbps)
+            with route:
+                try:
+                    y.fill_(float("nan"))   # an element a rung does not write stays NaN
+                    out = fn()
+                    err = compare.error_metrics(out, want)["max_head_ulp_err"]
+                except Exception as exc:  # noqa: BLE001 -- one failing provider must not stop
+                    row.update(available=False, reason=f"{type(exc).__name__}: {exc}"[:200])
+                    rows.append(row)
+                    if progress:
+                        print(f"  {provider:14s} failed: {row['reason']}", flush=True)
+                    continue
+                row["max_head_ulp_err"] = err
+                if provider == ladder.NAMES[-1]:
+                    row["bit_equal_ropelib"] = bool(torch.equal(out, finished))
+                if not err <= 1.0:
+                    row.update(available=False,
+                               reason=f"output differs from the reference ({err:.2f} head ulps)")
+                elif not dry_run:
+                    ms = triton.testing.do_bench(fn, quantiles=[0.5, 0.2, 0.8])
+                    gbps = nbytes / ms[0] / 1e6
+                    row.update(ms=ms[0], ms_p20=ms[1], ms_p80=ms[2], gbps=gbps,
+                               copy_gbps=copy_gbps, pct_of_copy=100.0 * gbps / copy_gbps)
             rows.append(row)
             if progress:
                 print("  " + line(row), flush=True)
@@ -189,8 +200,8 @@ def plot_waterfall(rows, path=None, title=None):
 
     rows: read back with ropelib.bench.compare.read_csv (or as `run` returns them); only timed rows
     are drawn. A bar rises (green) or falls (red) from the previous rung's % of copy to its own;
-    the first rung starts at 0, ropelib's own kernel is drawn in grey at the end and the copy is
-    the dashed line at 100 %. Returns the figure (saved to `path` when given).
+    the first rung starts at 0, ropelib's finished kernel and apply_rope as planned are drawn in
+    grey at the end and the copy is the dashed line at 100 %. Returns the figure (saved to `path` when given).
     """
     import matplotlib.pyplot as plt
     timed = [r for r in rows if r.get("pct_of_copy") is not None and r["provider"] != "copy"]
@@ -204,8 +215,8 @@ def plot_waterfall(rows, path=None, title=None):
         prev = 0.0
         for i, r in enumerate(rs):
             pct = float(r["pct_of_copy"])
-            if r["provider"] == "ropelib":
-                ax.bar(i, pct, color="0.6")
+            if r["provider"] in ("ropelib", "ropelib_planned"):
+                ax.bar(i, pct, color="0.6" if r["provider"] == "ropelib" else "0.8")
             else:
                 lo, hi = sorted((prev, pct))
                 ax.bar(i, max(hi - lo, 0.4), bottom=lo,

@@ -100,7 +100,7 @@ def run(dry_run: bool, tokens=8192, hidden=4096, HQ=32, HK=8, D=128) -> list:
                     except Exception as exc:  # noqa: BLE001 -- recorded, the sweep goes on
                         row["reason"] = f"{type(exc).__name__}: {exc}"[:160]
                         continue
-                    row["n_regs"], row["n_spills"] = _compiled(planned.kernel)
+                    row["n_regs"], row["n_spills"] = _compiled(planned.launcher.kernel)
                     row.update(ms=ms, tflops=2 * M * N * K / ms / 1e9)
                     if rotate and bare:
                         row["epilogue_cost"] = ms / bare - 1

@@ -73,7 +73,7 @@ def test_rope_ladder_launches_only_its_own_kernels():
 
 def test_benchmark_times_ropelibs_ladder(bench):
     assert bench.ladder is ladder
-    assert bench.PROVIDERS == ("copy",) + ladder.NAMES + ("ropelib",)
+    assert bench.PROVIDERS == ("copy",) + ladder.NAMES + ("ropelib", "ropelib_planned")
     assert {ladder.KERNELS[r] for r in ladder.NAMES[1:]} == {n.rsplit(".", 1)[1] for n in LADDER_KERNELS}
 
 
@@ -176,7 +176,7 @@ def test_waterfall_is_drawn_from_a_csv(bench, tmp_path):
     import matplotlib
     matplotlib.use("Agg")
     pct = {"batch_reuse": 80.0, "heads": 90.0, "tile": 89.0, "warps": 94.0, "chunks": 94.5,
-           "accurate": 93.0, "equal_halves": 96.0, "ropelib": 96.5}
+           "accurate": 93.0, "equal_halves": 96.0, "ropelib": 96.5, "ropelib_planned": 98.0}
     rows = []
     for case, b in (("s4096-b8", 8), ("s32768-b1", 1)):
         for step, p in enumerate(bench.PROVIDERS):
