@@ -790,24 +790,27 @@ else:
 #   then holds one token and no batch loop, so twice the warps mean twice the threads evaluating
 #   sin/cos for the same bytes (seven to eight times the warp instructions per element of the
 #   chunks rung, which goes back to 4 warps).
-# - **The finished kernel is not the top of every ladder.** The `ropelib` bar is
-#   `ropelib.apply_rope` as it was when this run was made, before it had section 6's two-pass
-#   route: it ran the finished kernel at every size (its profile at $s = 4096$, $b = 8$ is
-#   `_rope_kernel` on 4,096 programs of 8 warps, the launch of rung 6). It ends about two points
-#   below its own equal-halves rung at each of the three large sizes. It is the same algorithm
-#   with every feature of section 3's list compiled in, and the profiler counts more warp
-#   instructions per element for it than for rung 6, with the same DRAM bytes. Today
-#   `ropelib.apply_rope` takes the two-pass route at those three sizes (256 MiB each, eager,
-#   with an angle table) and the finished kernel only for the 16-token call (8 MiB, under the
-#   route's 64 MiB): section 6's route cell prints the route of each, and at $s = 4096$, $b = 8$
-#   its measurements put that route at 0.977 of a copy against the finished kernel's 0.896.
+# - **Two bars end each panel, both ropelib.** `ropelib` is `ropelib.apply_rope` with its
+#   route forced to the finished kernel: every feature of section 3's list compiled in, on the
+#   launch of rung 6 (at $s = 4096$, $b = 8$ its profile is `_rope_kernel` on 4,096 programs of
+#   8 warps). It ends below its own equal-halves rung at each of the three large sizes, by
+#   under a point to a few (the cell prints each): the profiler counts more warp
+#   instructions per element for it than for rung 6 (the general kernel evaluates sin/cos for
+#   both halves of a pair, as rung 5 does), with the same DRAM bytes. `ropelib_planned` is `ropelib.apply_rope` as a user calls it. At those
+#   three sizes (256 MiB each, eager, with an angle table) it plans section 6's two-pass
+#   route, faster than the finished kernel in each panel and by the most at $s = 4096$,
+#   $b = 8$, where it is the fastest bar. The profile says how: 131,072 programs of
+#   4 warps at 32 registers a thread, about twice the finished kernel's achieved occupancy, and
+#   the same DRAM bytes, though it executes *more* warp instructions per element. More bytes
+#   in flight per SM, not fewer instructions, is what it buys. For the 16-token call (8 MiB,
+#   under the route's 64 MiB) both bars are the same finished kernel.
 # - **The 16-token panel is two different limits.** Its tensor is 8 MiB. The rungs up to
 #   `warps` launch one program per token: 16 programs for 132 SMs, and the profiler times the
 #   kernel itself at several times the copy's. From `chunks` on the grid is full, but each rung
 #   is launched through Triton's Python launcher: the `chunks` call takes about twice as long
-#   as the kernel the profiler times, and the GPU waits for the host. (The equal-halves rung's
-#   call took over twice as long again in this run; it was not profiled at this size, so what
-#   held it is not known.)
+#   as the kernel the profiler times, and the GPU waits for the host. Those calls are noisy
+#   (their 20–80 % quantiles lie far apart in the CSV), yet every rung stays below ropelib's
+#   bar.
 #   ropelib's bar is its own launch path (it calls Triton's compiled launcher directly): its
 #   timed call is within a few microseconds of its kernel. At decoding sizes the host is the
 #   limit, and only a cheaper launch (or a CUDA graph) helps.
@@ -825,21 +828,23 @@ if LADDER_CSV.exists():
             assert max(gains, key=gains.get) == "heads", (case, gains)
             assert pct["ropelib"] > pct["batch_reuse"] + 10, (case, pct)
     small = by_case["s16-b64"]
-    # host-bound: every rung far below ropelib's direct launch
-    assert all(small[name] < 0.6 * small["ropelib"] for name in ladder.NAMES if name in small)
+    # host-bound: every rung below ropelib's direct launch
+    assert all(small[name] < 0.75 * small["ropelib"] for name in ladder.NAMES if name in small)
     # b = 1: from about a fifth of a copy to about three quarters with the tile of heads
     assert by_case["s32768-b1"]["batch_reuse"] < 30 and by_case["s32768-b1"]["heads"] > 65
     # more warps hurt at b = 1, and the chunks rung goes back to 4 warps
     b1_rows = {r["provider"]: r for r in rows if r["case"] == "s32768-b1"}
     assert by_case["s32768-b1"]["warps"] < by_case["s32768-b1"]["tile"] and b1_rows["chunks"]["num_warps"] == 4
-    # the ropelib bar: the finished kernel (this run came before the two-pass route), about two
-    # points below rung 6 at the large sizes; the profile says why it differs
-    assert "the finished kernel" in next(r["idea"] for r in rows if r["provider"] == "ropelib")
+    # the ropelib bar: the finished kernel (route forced), a point or a few below rung 6 at the
+    # large sizes; the profile says why it differs
+    idea = {r["provider"]: r["idea"] for r in rows if r["case"] == "s4096-b8"}
+    assert "finished kernel (route forced)" in idea["ropelib"]
+    assert "as planned" in idea["ropelib_planned"]
     assert mech_meta["date"][:10] == meta["date"][:10]    # profiled in the same session
-    below = {case: by_case[case]["equal_halves"] - by_case[case]["ropelib"]
-             for case in ("s4096-b8", "s16384-b8-h8", "s32768-b1")}
-    print("ropelib's bar below rung 6, points:", {c: round(v, 1) for c, v in below.items()})
-    assert all(1.5 <= v <= 2.5 for v in below.values()), below
+    large = ("s4096-b8", "s16384-b8-h8", "s32768-b1")
+    below = {case: by_case[case]["equal_halves"] - by_case[case]["ropelib"] for case in large}
+    print("ropelib's finished kernel below rung 6, points:", {c: round(v, 1) for c, v in below.items()})
+    assert all(0.3 <= v <= 4.5 for v in below.values()), below
     rung6, fin = mech["equal_halves"], mech["ropelib"]
     assert fin["kernel"] == "_rope_kernel" and fin["grid"] == rung6["grid"] == "4096x1x1"
     assert fin["num_warps"] == rung6["num_warps"] == 8
@@ -848,7 +853,23 @@ if LADDER_CSV.exists():
           f"{fin['us']:.0f} us, {fin['ncu_warp_inst_per_element']:.2f}")
     assert fin["ncu_warp_inst_per_element"] > rung6["ncu_warp_inst_per_element"]
     assert abs(fin["ncu_dram_bytes_over_model"] - rung6["ncu_dram_bytes_over_model"]) < 0.03
-    print(measured.table([mech[n] for n in ladder.NAMES if n in mech] + [mech["ropelib"]], [
+    # apply_rope as planned: the two-pass route at the three large sizes, the fastest bar there;
+    # more occupancy with the same bytes, though more instructions per element
+    planned = mech["ropelib_planned"]
+    assert all(by_case[c]["ropelib_planned"] > by_case[c]["ropelib"] for c in large), by_case
+    big = by_case["s4096-b8"]
+    assert big["ropelib_planned"] == max(v for k, v in big.items() if k != "copy"), big
+    assert planned["kernel"] == "_rope_rows_kernel" and planned["num_warps"] == 4
+    assert planned["ncu_achieved_occupancy_pct"] > 1.8 * fin["ncu_achieved_occupancy_pct"]
+    assert abs(planned["ncu_dram_bytes_over_model"] - fin["ncu_dram_bytes_over_model"]) < 0.03
+    assert planned["ncu_warp_inst_per_element"] > fin["ncu_warp_inst_per_element"]
+    print(f"s4096-b8 as planned (two passes, the flat pass profiled): {planned['programs']:,} "
+          f"programs of {planned['num_warps']} warps, {planned['registers']} registers, "
+          f"{planned['ncu_achieved_occupancy_pct']:.0f} % achieved occupancy (finished kernel "
+          f"{fin['ncu_achieved_occupancy_pct']:.0f} %), {planned['ncu_warp_inst_per_element']:.2f} "
+          f"warp instructions per element, DRAM/model {planned['ncu_dram_bytes_over_model']:.3f}")
+    print(measured.table([mech[n] for n in ladder.NAMES if n in mech]
+                         + [mech["ropelib"], mech["ropelib_planned"]], [
         ("rung", "variant", ""), ("us", "us", ".0f"), ("programs", "programs", ","),
         ("warps", "num_warps", "d"), ("occ. %", "ncu_achieved_occupancy_pct", ".0f"),
         ("x KiB/SM", "x_kib_per_sm", ".1f"), ("warp inst/elem", "ncu_warp_inst_per_element", ".2f"),
@@ -888,9 +909,10 @@ if LADDER_CSV.exists():
         print(f"s16-b64 {name:8s} kernel {m16[name]['us']:5.1f} us, timed call "
               f"{t16[name]['ms'] * 1000:5.1f} us")
     assert m16["warps"]["us"] > 4 * m16["copy"]["us"]                  # 16 programs: the kernel
-    assert t16["chunks"]["ms"] * 1000 > 2 * m16["chunks"]["us"]        # full grid: the launch
-    assert t16["ropelib"]["ms"] * 1000 < m16["ropelib"]["us"] + 3      # direct launch
-    assert "equal_halves" not in m16 and t16["equal_halves"]["ms"] > 2 * t16["chunks"]["ms"]
+    assert t16["chunks"]["ms"] * 1000 > 1.5 * m16["chunks"]["us"]      # full grid: the launch
+    assert t16["ropelib"]["ms"] * 1000 < m16["ropelib"]["us"] + 5      # direct launch
+    print(f"s16-b64: the chunks call {t16['chunks']['ms'] * 1000 / m16['chunks']['us']:.1f}x its "
+          "kernel's time")
 
 # %% [markdown]
 # ## 6. Past the finished kernel: two passes for large tensors

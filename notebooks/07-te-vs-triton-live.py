@@ -291,11 +291,16 @@ for dtype, path in sweep_csvs.items():
 # - Forward+backward (dashed) at batch 1 is where the fixed cost shows most: the next section
 #   measures it.
 #
-# - One point of the fp32 batch-8 sweep gives ropelib a ratio above 1, faster than a copy. It is
-#   the copy that was slow there: measured once per point, it reached clearly less GB/s at that
-#   size than at its neighbours, while ropelib's GB/s stayed where they were (TE's ratio jumps
-#   at the same point). One copy measurement's noise, not a kernel beating a copy; the cell
-#   prints both and checks it for every ratio above 1.
+# - In fp32, from batch 2 on, ropelib's forward runs level with the copy: at 64 MiB and more
+#   `apply_rope` takes the two-pass route of notebook 05, and half the points of each of those
+#   sweeps lie within 1.5 % of the copy, a few of them just above it. Two kernels timed
+#   one after the other differ by about that much from run to run, so a ratio of 1.01 is a
+#   tie, not a kernel beating a copy (nor is the copy a hard ceiling: torch.compile's kernel
+#   beats `y.copy_(x)` in fp32 too, in the README's table).
+# - One point is well above 1: fp32, batch 8, the longest sequence. There it is the copy that
+#   was slow: measured once per point, it reached clearly less GB/s at that size than at the
+#   other sizes, while ropelib's GB/s stayed where they were (TE's ratio jumps at the same
+#   point). The cell prints every ratio above 1.03 and checks that its copy was slow.
 #
 # The cell below checks these claims on the committed numbers, so if a new measurement changes
 # the picture, this notebook stops instead of telling an old story.
@@ -315,8 +320,15 @@ for dtype, path in sweep_csvs.items():
           {k: round(v["ratio_fwd"], 2) for k, v in at.items() if v["ratio_fwd"]})
     assert at["ropelib"]["ratio_fwd"] >= at["te_fused"]["ratio_fwd"]
     assert at["ropelib"]["fwd_gbps"] > smallest["ropelib"]["fwd_gbps"]   # the line rises
-    # a ratio above 1 is the copy of that one point measured slow, not a kernel beating a copy
-    for r in (r for r in gpu_rows if r["provider"] == "ropelib" and r["ratio_fwd"] > 1):
+    # level with the copy from batch 2 on in fp32: half the points of each sweep within 1.5 %
+    if dtype == "fp32":
+        for b in (2, 4, 8):
+            ratios = [r["ratio_fwd"] for r in gpu_rows if r["provider"] == "ropelib"
+                      and r["sweep"] == f"seq_len-b{b}-fp32"]
+            print(f"fp32 batch {b}: ropelib's median forward ratio {statistics.median(ratios):.3f}")
+            assert statistics.median(ratios) > 0.985, (b, ratios)
+    # a ratio well above 1 is the copy of that one point measured slow, not a kernel beating it
+    for r in (r for r in gpu_rows if r["provider"] == "ropelib" and r["ratio_fwd"] > 1.03):
         mates = [m for m in gpu_rows if m["sweep"] == r["sweep"] and m["provider"] == "ropelib"]
         nb = lambda m: compare.bytes_moved(compare.Config(**{k: m[k] for k in compare.CONFIG_FIELDS}))
         copy_gbps = {m["seq_len"]: nb(m) / m["copy_fwd_ms"] / 1e6 for m in mates}
@@ -324,6 +336,9 @@ for dtype, path in sweep_csvs.items():
         print(f"{r['sweep']} S={r['seq_len']}: ratio {r['ratio_fwd']:.2f}; the copy measured "
               f"{copy_gbps[r['seq_len']]:.0f} GB/s there, {others:.0f} GB/s (median) at the other sizes")
         assert copy_gbps[r["seq_len"]] < 0.95 * others
+        te = {m["seq_len"]: m["ratio_fwd"] for m in gpu_rows
+              if m["sweep"] == r["sweep"] and m["provider"] == "te_fused"}
+        assert te[r["seq_len"]] == max(te.values())      # TE's ratio jumps at the same point
 
 # %% [markdown]
 # ## 6. Fixed cost and bandwidth: where ropelib loses
@@ -401,9 +416,11 @@ for dtype, path in sweep_csvs.items():
     # ropelib's forward: a fixed cost no larger than TE's, and more bandwidth
     assert fits["ropelib"]["fwd"][0] <= 1.5 * fits["te_fused"]["fwd"][0]
     assert fits["ropelib"]["fwd"][1] > fits["te_fused"]["fwd"][1]
-    # forward+backward at batch 1: several times what its bytes need, and more for ropelib than TE
+    # forward+backward at batch 1: two to four times what its bytes need, more for ropelib than TE
     for prov in ("ropelib", "te_fused"):
-        assert fits[prov]["fwd+bwd_us"] > 2 * fits[prov]["copy_fwdbwd_us"]
+        print(f"  {prov} forward+backward / its copy: "
+              f"{fits[prov]['fwd+bwd_us'] / fits[prov]['copy_fwdbwd_us']:.1f}")
+        assert 1.8 < fits[prov]["fwd+bwd_us"] / fits[prov]["copy_fwdbwd_us"] < 4.5
     assert fits["ropelib"]["fwd+bwd_us"] > fits["te_fused"]["fwd+bwd_us"]
 
 # the host's time per eager call, measured on its own (floor suite, same GPU model)
@@ -427,8 +444,8 @@ for dtype in models:
 # line to them: they scatter without growing with the bytes, so a least-squares line through
 # them returns a "bandwidth" many times a copy's, or a negative one — numbers with no physical
 # meaning. What the data does support: each call takes a roughly constant time (the median is
-# printed) that is several times what a copy of the same bytes needs, and ropelib's is larger
-# than TE's. The floor suite measured, on its own, how long the host takes per eager
+# printed) that is about two to four times what a copy of the same bytes needs, and ropelib's
+# is larger than TE's. The floor suite measured, on its own, how long the host takes per eager
 # forward+backward call (`decode host forward+backward sbhd` in
 # `benchmarks/results/floor-nvidia-h200.csv`: calls back to back, host time only): ropelib's
 # is longer than TE's, and both are the same size as the batch-1 times (checked within a factor
