@@ -85,7 +85,7 @@ def cos_sin_rows(x: Tensor, table: Tensor, sin: Optional[Tensor], position_ids, 
     sin and cos (the same functions, so the same bits)."""
     B, S, _ = _sizes(x)
     R = table.shape[0] if table.dtype == torch.int64 else table.shape[1]
-    nb = B if position_ids is not None and position_ids.shape[0] > 1 else 1
+    nb = B if kernel.per_entry(position_ids) else 1
     rows = tuple(torch.empty((nb * S, R), dtype=torch.float32, device=x.device) for _ in "cs")
     if nb * S:
         pre = plan_cos_sin_rows(Table(table, sin), Positions(position_ids, cu_seqlens), S, nb,

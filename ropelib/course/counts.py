@@ -29,6 +29,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
+from .kernel_bandwidth import is_device_kernel
 from .offline_compile import compile_for_cuda, resource_usage
 
 __all__ = ["StepKernels", "count_kernels", "work_ops", "gpu_kernels", "interpreted_launches",
@@ -89,8 +90,7 @@ def work_ops(events) -> List[str]:
 
 def gpu_kernels(events) -> List[str]:
     """Names of the CUDA kernels among profiler events (memory copies and sets left out)."""
-    return [e.name for e in events if e.device_type.name == "CUDA"
-            and not e.name.startswith(("Memcpy", "Memset"))]
+    return [e.name for e in events if is_device_kernel(e)]
 
 
 @contextlib.contextmanager

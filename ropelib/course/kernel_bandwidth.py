@@ -29,6 +29,13 @@ class KernelRow:
     of_copy: float   # gbps / the copy's GB/s
 
 
+def is_device_kernel(event, skip: Sequence[str] = SKIPPED, device: str = "CUDA") -> bool:
+    """Is this profiler event a kernel the GPU ran (its device type `device`), and not a copy
+    or fill named in `skip`?"""
+    return getattr(event.device_type, "name", str(event.device_type)) == device \
+        and not event.name.startswith(tuple(skip))
+
+
 def device_kernels(events: Iterable, skip: Sequence[str] = SKIPPED,
                    device: str = "CUDA") -> List[Tuple[str, float]]:
     """(name, µs) of every GPU event of a profile, in the order they started.
@@ -37,9 +44,7 @@ def device_kernels(events: Iterable, skip: Sequence[str] = SKIPPED,
     ``device_type`` is CUDA are the kernels (and copies) the GPU ran; names starting with one of
     `skip` are left out (pass ``skip=("Memset",)`` to keep a ``Memcpy``, which is what a
     contiguous ``copy_`` is). `device` picks another device type (the tests pass "CPU")."""
-    gpu = [e for e in events
-           if getattr(e.device_type, "name", str(e.device_type)) == device
-           and not e.name.startswith(tuple(skip))]
+    gpu = [e for e in events if is_device_kernel(e, skip, device)]
     gpu.sort(key=lambda e: e.time_range.start)
     return [(e.name, float(e.time_range.elapsed_us())) for e in gpu]
 

@@ -701,6 +701,13 @@ def _needs_int64(*sizes) -> bool:
     return any(n > 2**31 - 1 - 1024 for n in sizes)
 
 
+def per_entry(ids) -> bool:
+    """Do positions (and so the forward's cos/sin rows) differ between batch entries? Position
+    ids of one row per entry ([B, S], B > 1) do; [1, S] ids, packed sequences and the token
+    index serve every entry alike."""
+    return ids is not None and ids.shape[0] > 1
+
+
 def plan(kind: str, *, S, B, K, HQ, HK, D, R, P, ids, cu_seqlens, layout: str,
          interleaved: bool, eps: float, device: torch.device, dtypes: tuple,
          rotate: bool = True) -> Launch:
@@ -716,8 +723,7 @@ def plan(kind: str, *, S, B, K, HQ, HK, D, R, P, ids, cu_seqlens, layout: str,
     args = dict(S=S, B=B, K=K, HQ=HQ, HK=HK, P=P,
                 N_SEQ=cu_seqlens.shape[0] - 1 if cu_seqlens is not None else 0,
                 D=D, R=R, LAYOUT=LAYOUT[layout], INTERLEAVED=interleaved,
-                IDS_PER_ENTRY=ids is not None and ids.shape[0] > 1,
-                ROWS_PER_ENTRY=ids is not None and ids.shape[0] > 1, ROTATE=rotate,
+                IDS_PER_ENTRY=per_entry(ids), ROWS_PER_ENTRY=per_entry(ids), ROTATE=rotate,
                 BLOCK_M=t["BLOCK_M"], BLOCK_K=t["BLOCK_K"], GROUP_M=t["GROUP_M"],
                 INT64=_needs_int64(M * K, M * N, N * K))
     if kind == "fwd":
