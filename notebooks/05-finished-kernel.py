@@ -840,7 +840,7 @@ if LADDER_CSV.exists():
     idea = {r["provider"]: r["idea"] for r in rows if r["case"] == "s4096-b8"}
     assert "finished kernel (route forced)" in idea["ropelib"]
     assert "as planned" in idea["ropelib_planned"]
-    assert mech_meta["date"][:10] == meta["date"][:10]    # profiled in the same session
+    assert mech_meta["date"][:10] == meta["date"][:10]    # profiled the same day
     large = ("s4096-b8", "s16384-b8-h8", "s32768-b1")
     below = {case: by_case[case]["equal_halves"] - by_case[case]["ropelib"] for case in large}
     print("ropelib's finished kernel below rung 6, points:", {c: round(v, 1) for c, v in below.items()})
