@@ -12,7 +12,9 @@ differ in one factor at a time, so each factor's share can be read off:
 
 * the floor: a device copy `y.copy_(x)` of the same tensor, and the references: TE fused (if
   installed), ropelib's naive kernel, its batch-reuse kernel and its finished kernel;
-* one ablation kernel (`_rope_ablation_kernel`) with switches, each row changing one of them:
+* one ablation kernel with switches (`_rope_ablation_kernel` in
+  ropelib/course/kernels/ablation.py, which notebook 04 shows in a cell a learner can edit), each
+  row (`variants`) changing one of them:
   - batch per program: all B rows (cos/sin reused over the batch) vs one (grid (S, H, B));
   - cos/sin computed from the angles vs read from precomputed fp32 cos and sin tables;
   - the batch loop at run time (`range`) vs unrolled at compile time (`tl.static_range`);
@@ -43,10 +45,9 @@ except Exception as exc:  # noqa: BLE001 -- optional; the reason goes into the C
 import torch
 
 if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit below or in ropelib
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit in ropelib
 
 import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run from a checkout without `pip install -e .`
@@ -55,8 +56,9 @@ if str(REPO_ROOT) not in sys.path:  # run from a checkout without `pip install -
 import ropelib  # noqa: E402
 from ropelib import reference, runtime  # noqa: E402
 from ropelib.bench import compare, routes  # noqa: E402
+# the ablation kernel, its launcher and its rows: ropelib/course/kernels/ablation.py
+from ropelib.course.kernels.ablation import rope_ablation, shape_columns, variants  # noqa: E402
 from ropelib.course.kernels.batch_reuse import rope_batch_reuse  # noqa: E402
-from ropelib.kernels.common import BF16_RTNE, round_to  # noqa: E402
 from ropelib.course.kernels.naive import rope_naive  # noqa: E402
 
 CSV_PATH = REPO_ROOT / "benchmarks" / "results" / "ablation.csv"
@@ -67,137 +69,6 @@ FIELDS = ["case", "seq_len", "batch", "heads", "head_dim", "dtype", "variant", "
           "gbps", "copy_gbps", "pct_of_copy"]
 
 
-# --- the ablation kernel ----------------------------------------------------------------------
-
-@triton.jit
-def _rotate_tile(x_ptr, y_ptr, x_off, y_off, mask, cos1, sin1, cos2, sin2,
-                 HALF: tl.constexpr,  # features in each half
-                 BF16_RTNE: tl.constexpr):  # round bf16 to nearest even by hand (interpreter)
-    # one [heads, BLOCK_HALF] tile of both halves: y1 = x1 c1 - x2 s1, y2 = x2 c2 + x1 s2
-    x1 = tl.load(x_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(x_ptr + x_off + HALF, mask=mask, other=0.0).to(tl.float32)
-    tl.store(y_ptr + y_off, round_to(x1 * cos1 - x2 * sin1, y_ptr.dtype.element_ty, BF16_RTNE),
-             mask=mask)
-    tl.store(y_ptr + y_off + HALF,
-             round_to(x2 * cos2 + x1 * sin2, y_ptr.dtype.element_ty, BF16_RTNE), mask=mask)
-
-
-@triton.jit
-def _rope_ablation_kernel(
-    x_ptr,  # *x: input [S, B, H, D], last dim contiguous
-    y_ptr,  # *y: output [S, B, H, D], last dim contiguous
-    freqs_ptr,  # *fp32: angles [S, D], contiguous (TABLE=False)
-    cos_ptr, sin_ptr,  # *fp32: cos and sin of the angles [S, D], contiguous (TABLE=True)
-    B, H,  # batch size, heads
-    BATCH_PER_PROGRAM,  # batch rows each program loops over at run time; divides B
-    stride_xs, stride_xb, stride_xh,  # x strides, in elements
-    stride_ys, stride_yb, stride_yh,  # y strides, in elements
-    HALF: tl.constexpr,  # D // 2
-    BLOCK_HALF: tl.constexpr,  # next power of two >= HALF
-    BLOCK_H: tl.constexpr,  # heads per program: the rows of the tile
-    UNROLL_B: tl.constexpr,  # 0: runtime loop; n > 0 (divides B): n rows unrolled (static_range)
-    TABLE: tl.constexpr,  # True: read cos/sin tables; False: compute cos/sin from the angles
-    BF16_RTNE: tl.constexpr,  # round bf16 to nearest even by hand (the interpreter truncates)
-):
-    # grid (S, cdiv(H, BLOCK_H), cdiv(B, batch rows per program))
-    s = tl.program_id(0).to(tl.int64)
-    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H]
-    offs = tl.arange(0, BLOCK_HALF)  # [BLOCK_HALF]
-    d_mask = offs < HALF
-    mask = (heads < H)[:, None] & d_mask[None, :]  # [BLOCK_H, BLOCK_HALF]
-
-    # cos/sin of position s, once per program, shared by its heads and its batch rows
-    row = s * 2 * HALF
-    if TABLE:
-        cos1 = tl.load(cos_ptr + row + offs, mask=d_mask, other=0.0)
-        cos2 = tl.load(cos_ptr + row + HALF + offs, mask=d_mask, other=0.0)
-        sin1 = tl.load(sin_ptr + row + offs, mask=d_mask, other=0.0)
-        sin2 = tl.load(sin_ptr + row + HALF + offs, mask=d_mask, other=0.0)
-    else:
-        theta1 = tl.load(freqs_ptr + row + offs, mask=d_mask, other=0.0)
-        theta2 = tl.load(freqs_ptr + row + HALF + offs, mask=d_mask, other=0.0)
-        cos1, sin1 = tl.cos(theta1), tl.sin(theta1)
-        cos2, sin2 = tl.cos(theta2), tl.sin(theta2)
-    cos1, sin1 = cos1[None, :], sin1[None, :]
-    cos2, sin2 = cos2[None, :], sin2[None, :]
-
-    x_off = s * stride_xs + heads[:, None] * stride_xh + offs[None, :]
-    y_off = s * stride_ys + heads[:, None] * stride_yh + offs[None, :]
-    if UNROLL_B > 0:
-        b0 = tl.program_id(2) * UNROLL_B
-        for i in tl.static_range(UNROLL_B):
-            b = b0 + i
-            _rotate_tile(x_ptr, y_ptr, x_off + b * stride_xb, y_off + b * stride_yb,
-                         mask, cos1, sin1, cos2, sin2, HALF, BF16_RTNE)
-    else:
-        b0 = tl.program_id(2) * BATCH_PER_PROGRAM
-        for i in range(0, BATCH_PER_PROGRAM):
-            b = b0 + i
-            _rotate_tile(x_ptr, y_ptr, x_off + b * stride_xb, y_off + b * stride_yb,
-                         mask, cos1, sin1, cos2, sin2, HALF, BF16_RTNE)
-
-
-def default_warps(tile_elems: int) -> int:
-    """One warp per 128 elements of a half-tile, 1 to 8 (ropelib's teaching kernels' rule)."""
-    return max(1, min(8, tile_elems // 128))
-
-
-def rope_ablation(x, freqs2d, cos2d, sin2d, *, heads_per_program=1, batch_per_program=None,
-                  unroll=False, table=False, num_warps=None, out=None):
-    """Launch the ablation kernel. batch_per_program None: all B rows in each program."""
-    S, B, H, D = x.shape
-    half, block_half = D // 2, triton.next_power_of_2(D // 2)
-    bpp = B if batch_per_program is None else batch_per_program
-    if B % bpp:
-        raise ValueError(f"batch_per_program={bpp} must divide B={B} (the kernel has no batch mask)")
-    y = torch.empty_like(x) if out is None else out
-    grid = (S, triton.cdiv(H, heads_per_program), triton.cdiv(B, bpp))
-    warps = num_warps or default_warps(heads_per_program * block_half)
-    _rope_ablation_kernel[grid](
-        x, y, freqs2d, cos2d, sin2d, B, H, bpp,
-        x.stride(0), x.stride(1), x.stride(2), y.stride(0), y.stride(1), y.stride(2),
-        HALF=half, BLOCK_HALF=block_half, BLOCK_H=heads_per_program,
-        UNROLL_B=bpp if unroll else 0, TABLE=table, BF16_RTNE=BF16_RTNE, num_warps=warps)
-    return y
-
-
-def variants(H: int):
-    """[(name, factor, description, options)] of the ablation kernel; one factor per row."""
-    v = [
-        ("sh_loop_b", "baseline", "grid (S, H), loop over all B rows: the batch-reuse structure",
-         dict()),
-        ("sh_one_b", "batch per program",
-         "grid (S, H, B), one batch row per program: no reuse over the batch",
-         dict(batch_per_program=1)),
-        ("sh_loop_b_table", "cos/sin source", "as sh_loop_b, cos/sin read from fp32 tables",
-         dict(table=True)),
-        ("sh_one_b_table", "cos/sin source", "as sh_one_b, cos/sin read from fp32 tables",
-         dict(batch_per_program=1, table=True)),
-        ("sh_loop_b_unrolled", "batch loop", "as sh_loop_b, the loop unrolled (tl.static_range)",
-         dict(unroll=True)),
-    ]
-    for hp in (2, 4, 8):
-        if hp < H:
-            v.append((f"heads{hp}_loop_b", "heads per program",
-                      f"{hp} heads per program (a [{hp}, D/2] tile), loop over all B rows",
-                      dict(heads_per_program=hp)))
-    v.append(("heads_all_one_b", "heads per program",
-              "all H heads per program, one batch row: TE's grid (s, b), in Triton",
-              dict(heads_per_program=triton.next_power_of_2(H), batch_per_program=1)))
-    v.append(("heads_all_one_b_table", "heads per program",
-              "as heads_all_one_b, cos/sin read from fp32 tables",
-              dict(heads_per_program=triton.next_power_of_2(H), batch_per_program=1, table=True)))
-    for w in (1, 2, 4, 8):
-        v.append((f"sh_loop_b_w{w}", "num_warps", f"as sh_loop_b with num_warps={w}",
-                  dict(num_warps=w)))
-    hp = min(8, triton.next_power_of_2(H))
-    for w in (1, 2, 4, 8):
-        v.append((f"heads{hp}_loop_b_w{w}", "num_warps",
-                  f"{hp} heads per program, loop over all B rows, num_warps={w}",
-                  dict(heads_per_program=hp, num_warps=w)))
-    return v
-
-
 def cases(dry_run: bool):
     """[(name, S, B, H, D)]: bf16 sbhd; the second has b = 1 and the same bytes."""
     if dry_run:  # interpreter-sized; D = 24 makes a masked half (12 of 16 lanes)
@@ -205,7 +76,7 @@ def cases(dry_run: bool):
     return [("s4096-b8", 4096, 8, 32, 128), ("s32768-b1", 32768, 1, 32, 128)]
 
 
-# --- the other providers ----------------------------------------------------------------------
+# --- the providers: the floor, the references and the ablation rows ---------------------------
 
 def _te_apply():
     """TE's apply_rotary_pos_emb, or (None, why)."""
@@ -249,22 +120,6 @@ def providers(x, freqs4d, H):
     return out
 
 
-def _shape_columns(S, B, H, D, opts):
-    """The ablation kernel's launch, as columns: grid, programs, tile, cos/sin evaluations."""
-    hp = opts.get("heads_per_program", 1)
-    bpp = opts.get("batch_per_program") or B
-    block_half = triton.next_power_of_2(D // 2)
-    grid = (S, triton.cdiv(H, hp), triton.cdiv(B, bpp))
-    warps = opts.get("num_warps") or default_warps(hp * block_half)
-    programs_per_position = grid[1] * grid[2]
-    return dict(grid="x".join(map(str, grid)), programs=grid[0] * programs_per_position,
-                heads_per_program=hp, batch_per_program=bpp,
-                batch_loop="unrolled" if opts.get("unroll") else "runtime",
-                cos_sin="table" if opts.get("table") else "computed", num_warps=warps,
-                tile_elems=hp * block_half, elems_per_thread=hp * block_half / (32 * warps),
-                cos_sin_per_position=0 if opts.get("table") else programs_per_position * D)
-
-
 def run(dry_run: bool, progress: bool = True):
     """Check every provider's output on every case; time it unless dry_run. Returns rows."""
     if not dry_run and not runtime.on_gpu():
@@ -289,7 +144,7 @@ def run(dry_run: bool, progress: bool = True):
             row = dict(case=case, seq_len=S, batch=B, heads=H, head_dim=D, dtype="bf16",
                        variant=name, factor=factor, description=desc, available=True, reason="")
             if opts or name.startswith(("sh_", "heads")):
-                row.update(_shape_columns(S, B, H, D, opts))
+                row.update(shape_columns(S, B, H, D, opts))
             if name == "copy":
                 if copy_ms:
                     row.update(ms=copy_ms[0], ms_p20=copy_ms[1], ms_p80=copy_ms[2],

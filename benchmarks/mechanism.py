@@ -29,8 +29,9 @@ after a warm-up launch, at the 256 MiB bf16 sbhd sizes of the benchmarks, and re
 
 The variants: the copy (the floor: the bytes of `y.copy_(x)`, moved by a trivial Triton
 load/store kernel, since a same-dtype contiguous copy_ is a cudaMemcpy ncu does not profile),
-ropelib's naive kernel, its batch-reuse kernel, every row of benchmarks/ablation.py, every
-rung of ropelib/course/ladder.py (rung 0 is the batch-reuse kernel), ropelib.apply_rope through
+ropelib's naive kernel, its batch-reuse kernel, every row of the ablation that
+benchmarks/ablation.py times (ropelib/course/kernels/ablation.py), every rung of
+ropelib/course/ladder.py (rung 0 is the batch-reuse kernel), ropelib.apply_rope through
 the finished kernel (`ropelib`, the route forced) and as planned (`ropelib_planned`: the two-pass
 route where it pays), and Transformer Engine's fused kernel (`te_fused`) where TE is installed;
 all at s4096-b8 (s=4096, b=8, h=32,
@@ -67,16 +68,14 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-BENCH_DIR = Path(__file__).resolve().parent
-for _p in (REPO_ROOT, BENCH_DIR):  # ropelib from a checkout; the ablation kernel from its script
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
+if str(REPO_ROOT) not in sys.path:  # run from a checkout without `pip install -e .`
+    sys.path.insert(0, str(REPO_ROOT))
 
-import ablation  # noqa: E402  (benchmarks/ablation.py: the ablation kernel and its rows)
 import ropelib  # noqa: E402
 from ropelib import reference, runtime  # noqa: E402
 from ropelib.bench import compare, routes  # noqa: E402
 from ropelib.course import counts, ladder  # noqa: E402
+from ropelib.course.kernels import ablation  # noqa: E402  (the ablation kernel and its rows)
 from ropelib.course.kernels.batch_reuse import rope_batch_reuse  # noqa: E402
 from ropelib.course.kernels.naive import rope_naive  # noqa: E402
 

@@ -58,13 +58,13 @@ from ropelib.bench import compare
 from ropelib.course.exercises import grid_kernel
 from ropelib.course.exercises import kernels as ex
 from ropelib.course.exercises import solution
-from ropelib.course.kernels import batch_reuse, naive
+from ropelib.course.kernels import ablation, batch_reuse, naive
 from ropelib.kernels.common import BF16_RTNE, round_to
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "ropelib").is_dir())
 FIGURES = ropelib.runtime.figures_dir()   # a scratch folder (ROPELIB_WRITE_FIGURES=1: figures/)
 sys.path.insert(0, str(ROOT / "benchmarks"))
-import ablation     # benchmarks/ablation.py: why the batch-reuse kernel is fast, factor by factor  # noqa: E402
+import ablation as ablation_bench   # benchmarks/ablation.py: times the ablation, prints its table  # noqa: E402
 import generations  # benchmarks/generations.py: the measurement and the figure  # noqa: E402
 
 GPU = runtime.on_gpu()
@@ -482,9 +482,10 @@ else:
 #
 # `python benchmarks/generations.py` on a GPU times the three generations and the copy and
 # writes a CSV with the GPU's name, the driver, torch/Triton versions and the date in its
-# header. Every number of this notebook comes from one run on an NVIDIA H200
-# (`benchmarks/results/generations-nvidia-h200.csv` and its siblings); the cell below redraws
-# the figure from the CSV, so it runs without a GPU:
+# header. Every measured number of this notebook comes from runs on one NVIDIA H200 machine:
+# the generations here (`benchmarks/results/generations-nvidia-h200.csv`), the ablation and the
+# profiles below (their own CSVs); each cell prints the date and versions of the CSV it reads.
+# The cell below redraws the figure from the CSV, so it runs without a GPU:
 #
 # ![GB/s of the three generations and of a device copy](../figures/04-generations-gbps.png)
 
@@ -532,12 +533,174 @@ S_a, B_a, H_a, D_a = 4096, 8, 32, 128
 print(f"{'variant':22} {'factor':18} {'grid':>12} {'heads/prog':>10} {'batch/prog':>10} "
       f"{'warps':>5} {'elems/thread':>12} {'cos,sin per position':>21}")
 for name, factor, desc, opts in ablation.variants(H_a):
-    c = ablation._shape_columns(S_a, B_a, H_a, D_a, opts)
+    c = ablation.shape_columns(S_a, B_a, H_a, D_a, opts)
     print(f"{name:22} {factor:18} {c['grid']:>12} {c['heads_per_program']:10} "
           f"{c['batch_per_program']:10} {c['num_warps']:5} {c['elems_per_thread']:12.2f} "
           f"{c['cos_sin_per_position']:21,}")
 print(f"TE fused: grid ({S_a}, {B_a}), all {H_a} heads per block -> at least "
       f"{B_a * D_a:,} cos,sin per position")
+
+# %% [markdown]
+# **The kernel behind every row.** Each line of that plan is one launch of a single kernel,
+# `_rope_ablation_kernel` from `ropelib/course/kernels/ablation.py`, with different settings of
+# its switches: `BLOCK_H` heads per program (the rows of its tile), `BATCH_PER_PROGRAM` batch rows
+# per program, `UNROLL_B` for a batch loop unrolled at compile time, `TABLE` to read cos/sin from
+# tables instead of computing them, and the launch's `num_warps`. Its grid is
+# $(S, \lceil H / \text{BLOCK\_H} \rceil, B / \text{BATCH\_PER\_PROGRAM})$; with one head and all
+# $B$ rows per program it is section 2's $(S, H)$ grid. The next two cells are that kernel and the
+# helper that rotates one tile, character for character as the benchmarks run them (the test of
+# section 2.3 checks it), and they are yours to edit. The cell after them launches your copy for
+# every variant of `ablation.variants(H)` at this notebook's shape, compares each output with the
+# fp64 reference and, bit for bit, with the course module's launch of the same variant
+# (`ablation.rope_ablation`), and prints one line per variant; on a GPU it also times your copy
+# against the course's for three variants.
+#
+# Change something and rerun the three cells (a kernel cell defines the kernel; the launch cell
+# runs whatever was defined last). Make the runtime batch loop stop one row early
+# (`range(0, BATCH_PER_PROGRAM - 1)`) and watch which variants fail and which do not: a failing
+# one's error turns `inf`, because the output starts as NaN and a row no program writes stays
+# NaN. Compute cos/sin in the `TABLE` branch too, and the `*_table` variants stay correct but may
+# no longer give the course's bits. On a GPU the timing lines show what a change that keeps the
+# bits costs: evaluate cos/sin inside the batch loop instead of before it, as in section 2.1, and
+# compare your `sh_loop_b` with the course's.
+
+# %%
+# ropelib-source: ropelib.course.kernels.ablation._rotate_tile
+@triton.jit
+def _rotate_tile(x_ptr, y_ptr, x_off, y_off, mask, cos1, sin1, cos2, sin2,
+                 HALF: tl.constexpr,  # features in each half
+                 BF16_RTNE: tl.constexpr):  # round bf16 to nearest even by hand (interpreter)
+    # one [heads, BLOCK_HALF] tile of both halves: y1 = x1 c1 - x2 s1, y2 = x2 c2 + x1 s2
+    x1 = tl.load(x_ptr + x_off, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_ptr + x_off + HALF, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + y_off, round_to(x1 * cos1 - x2 * sin1, y_ptr.dtype.element_ty, BF16_RTNE),
+             mask=mask)
+    tl.store(y_ptr + y_off + HALF,
+             round_to(x2 * cos2 + x1 * sin2, y_ptr.dtype.element_ty, BF16_RTNE), mask=mask)
+
+# %%
+# ropelib-source: ropelib.course.kernels.ablation._rope_ablation_kernel
+@triton.jit
+def _rope_ablation_kernel(
+    x_ptr,  # *x: input [S, B, H, D], last dim contiguous
+    y_ptr,  # *y: output [S, B, H, D], last dim contiguous
+    freqs_ptr,  # *fp32: angles [S, D], contiguous (TABLE=False)
+    cos_ptr, sin_ptr,  # *fp32: cos and sin of the angles [S, D], contiguous (TABLE=True)
+    B, H,  # batch size, heads
+    BATCH_PER_PROGRAM,  # batch rows each program loops over at run time; divides B
+    stride_xs, stride_xb, stride_xh,  # x strides, in elements
+    stride_ys, stride_yb, stride_yh,  # y strides, in elements
+    HALF: tl.constexpr,  # D // 2
+    BLOCK_HALF: tl.constexpr,  # next power of two >= HALF
+    BLOCK_H: tl.constexpr,  # heads per program: the rows of the tile
+    UNROLL_B: tl.constexpr,  # 0: runtime loop; n > 0 (divides B): n rows unrolled (static_range)
+    TABLE: tl.constexpr,  # True: read cos/sin tables; False: compute cos/sin from the angles
+    BF16_RTNE: tl.constexpr,  # round bf16 to nearest even by hand (the interpreter truncates)
+):
+    # grid (S, cdiv(H, BLOCK_H), cdiv(B, batch rows per program))
+    s = tl.program_id(0).to(tl.int64)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H]
+    offs = tl.arange(0, BLOCK_HALF)  # [BLOCK_HALF]
+    d_mask = offs < HALF
+    mask = (heads < H)[:, None] & d_mask[None, :]  # [BLOCK_H, BLOCK_HALF]
+
+    # cos/sin of position s, once per program, shared by its heads and its batch rows
+    row = s * 2 * HALF
+    if TABLE:  # read: two fp32 tables, no sin/cos evaluated
+        cos1 = tl.load(cos_ptr + row + offs, mask=d_mask, other=0.0)
+        cos2 = tl.load(cos_ptr + row + HALF + offs, mask=d_mask, other=0.0)
+        sin1 = tl.load(sin_ptr + row + offs, mask=d_mask, other=0.0)
+        sin2 = tl.load(sin_ptr + row + HALF + offs, mask=d_mask, other=0.0)
+    else:  # computed: the angles read, sin/cos evaluated by every program
+        theta1 = tl.load(freqs_ptr + row + offs, mask=d_mask, other=0.0)
+        theta2 = tl.load(freqs_ptr + row + HALF + offs, mask=d_mask, other=0.0)
+        cos1, sin1 = tl.cos(theta1), tl.sin(theta1)
+        cos2, sin2 = tl.cos(theta2), tl.sin(theta2)
+    cos1, sin1 = cos1[None, :], sin1[None, :]  # [1, BLOCK_HALF]: broadcast over the heads
+    cos2, sin2 = cos2[None, :], sin2[None, :]
+
+    # the tile of batch row 0; row b is b * stride_xb further on
+    x_off = s * stride_xs + heads[:, None] * stride_xh + offs[None, :]
+    y_off = s * stride_ys + heads[:, None] * stride_yh + offs[None, :]
+    if UNROLL_B > 0:  # the batch loop unrolled at compile time: one kernel per UNROLL_B
+        b0 = tl.program_id(2) * UNROLL_B
+        for i in tl.static_range(UNROLL_B):
+            b = b0 + i
+            _rotate_tile(x_ptr, y_ptr, x_off + b * stride_xb, y_off + b * stride_yb,
+                         mask, cos1, sin1, cos2, sin2, HALF, BF16_RTNE)
+    else:  # a runtime loop: one compiled kernel serves every batch size
+        b0 = tl.program_id(2) * BATCH_PER_PROGRAM
+        for i in range(0, BATCH_PER_PROGRAM):
+            b = b0 + i
+            _rotate_tile(x_ptr, y_ptr, x_off + b * stride_xb, y_off + b * stride_yb,
+                         mask, cos1, sin1, cos2, sin2, HALF, BF16_RTNE)
+
+# %%
+def launch_ablation(x, freqs2d, cos2d, sin2d, *, heads_per_program=1, batch_per_program=None,
+                    unroll=False, table=False, num_warps=None, out=None):
+    """Launch the notebook's _rope_ablation_kernel with one variant's options (the keyword
+    arguments of ablation.rope_ablation). Without out, y starts as NaN."""
+    S_, B_, H_, D_ = x.shape
+    bpp = B_ if batch_per_program is None else batch_per_program   # must divide B: no batch mask
+    block_half = triton.next_power_of_2(D_ // 2)
+    y = torch.full_like(x, float("nan")) if out is None else out
+    grid = (S_, triton.cdiv(H_, heads_per_program), B_ // bpp)
+    _rope_ablation_kernel[grid](
+        x, y, freqs2d, cos2d, sin2d, B_, H_, bpp,
+        x.stride(0), x.stride(1), x.stride(2), y.stride(0), y.stride(1), y.stride(2),
+        HALF=D_ // 2, BLOCK_HALF=block_half, BLOCK_H=heads_per_program,
+        UNROLL_B=bpp if unroll else 0, TABLE=table, BF16_RTNE=BF16_RTNE,
+        num_warps=num_warps or ablation.default_warps(heads_per_program * block_half))
+    return y
+
+
+# bf16 sbhd at the notebook's shape (on a GPU, the ablation's first size: s=4096, b=8)
+x_ab = torch.randn(S, B, H, D, device=device, dtype=torch.bfloat16)
+freqs_ab = compare.angles(S, D).view(S, D).to(device)         # fp32 angles [S, D], cat(f, f)
+cos_ab, sin_ab = torch.cos(freqs_ab), torch.sin(freqs_ab)     # the tables the *_table rows read
+want_ab = reference.rope_reference(x_ab.double(), freqs_ab)   # fp64
+ab_variants = {name: opts for name, _, _, opts in ablation.variants(H)}
+print(f"x [S={S}, B={B}, H={H}, D={D}] bf16 on {device}")
+print(f"{'variant':22} {'grid':>10} {'head ulps':>9}  same bits as ablation.rope_ablation")
+ab_err, ab_same, ab_first = {}, {}, {}
+for name, opts in ab_variants.items():
+    # the interpreter ignores num_warps: there, variants that differ only in it are one launch
+    launch = tuple(sorted((k, v) for k, v in opts.items() if GPU or k != "num_warps"))
+    same_as = ab_first.setdefault(launch, name)
+    if same_as == name:
+        y_mine = launch_ablation(x_ab, freqs_ab, cos_ab, sin_ab, **opts)
+        y_course = ablation.rope_ablation(x_ab, freqs_ab, cos_ab, sin_ab, **opts)
+        ab_err[name] = compare.error_metrics(y_mine, want_ab)["max_head_ulp_err"]
+        ab_same[name] = torch.equal(y_mine, y_course)
+    else:
+        ab_err[name], ab_same[name] = ab_err[same_as], ab_same[same_as]
+    print(f"{name:22} {ablation.shape_columns(S, B, H, D, opts)['grid']:>10} "
+          f"{ab_err[name]:9.2f}  {ab_same[name]}"
+          + ("" if same_as == name else f"  (here the same launch as {same_as})"))
+if GPU:   # your copy against the course's: the same launch into the same output buffer
+    y_buf = torch.empty_like(x_ab)
+    for name in ("sh_loop_b", "sh_one_b", "heads_all_one_b"):
+        opts = ab_variants[name]
+        mine_ms = triton.testing.do_bench(
+            lambda o=opts: launch_ablation(x_ab, freqs_ab, cos_ab, sin_ab, out=y_buf, **o),
+            quantiles=[0.5, 0.2, 0.8])
+        course_ms = triton.testing.do_bench(
+            lambda o=opts: ablation.rope_ablation(x_ab, freqs_ab, cos_ab, sin_ab, out=y_buf, **o),
+            quantiles=[0.5, 0.2, 0.8])
+        print(f"{name:16} yours {mine_ms[0] * 1e3:7.1f} us (p20-p80 {mine_ms[1] * 1e3:.1f}-"
+              f"{mine_ms[2] * 1e3:.1f}), the course's {course_ms[0] * 1e3:7.1f} us "
+              f"(p20-p80 {course_ms[1] * 1e3:.1f}-{course_ms[2] * 1e3:.1f})")
+else:
+    print("Timings need a GPU: the interpreter runs one program after another in Python, so "
+          "here only the outputs are checked.")
+
+# Last, the checks, after the timings, so that an edit you make on purpose is still timed: they
+# hold for the kernel as given and stop here once an edit changes the result (then read the
+# table above, and restore the kernel before running the rest of the notebook)
+ab_wrong = [n for n, e in ab_err.items() if not e <= 1.0]
+assert not ab_wrong, f"no longer RoPE (more than 1 head ulp from the fp64 reference): {ab_wrong}"
+ab_differ = [n for n, same in ab_same.items() if not same]
+assert not ab_differ, f"correct, but not the bits of the course's kernel: {ab_differ}"
 
 # %% [markdown]
 # Which comparison answers which question:
@@ -563,7 +726,7 @@ if ABLATION_CSV.exists():
     meta, arows = measured.load("ablation")
     print(f"measured on {measured.where(meta)}, transformer_engine "
           f"{meta.get('transformer_engine')} (driver {meta.get('driver')})")
-    print(ablation.table(arows))
+    print(ablation_bench.table(arows))
     for case in dict.fromkeys(r["case"] for r in arows):
         t = {r["variant"]: r["ms"] for r in arows if r["case"] == case and r.get("ms")}
         print(f"\n{case}: what each factor does (time of the first / time of the second)")
@@ -651,8 +814,11 @@ else:
 # registers are the profiler's launch columns. It moves the model's bytes, its warps fill
 # nine-tenths of an SM's slots, and they ask for as many KiB of `x` per SM as the copy's do: by
 # the bytes-in-flight rule it should run at a copy's speed. It takes about twice the copy's time,
-# and executes more than twice the instructions per element of the batch-reusing grid. So what
-# holds TE back is instructions, not bytes or occupancy. Section 3's differences are where they
+# and executes more than twice the instructions per element of the batch-reusing grid. The
+# profiler says the same from another side: its SM throughput (the busiest of an SM's units, as a
+# share of its peak) is well above its DRAM throughput, as for TE's grid written in Triton, where
+# the batch-reusing grid shows the reverse. So what holds TE back is instructions, not bytes or
+# occupancy. Section 3's differences are where they
 # come from — one 2-byte element per load, every element read twice (once as itself and once as
 # its partner) — but the profile counts instructions, not which line of source issued them;
 # telling those two apart would take its machine code.
@@ -746,6 +912,15 @@ assert 0.9 <= te["ncu_dram_bytes_over_model"] <= 1.05
 assert te["ncu_achieved_occupancy_pct"] > 85 and te["x_kib_per_sm"] >= 0.95 * te_copy["x_kib_per_sm"]
 assert 1.6 < te["us"] / te_copy["us"] < 2.4
 assert te["ncu_warp_inst_per_element"] > 2 * te_br["ncu_warp_inst_per_element"]
+# busier SMs than DRAM for TE's kernel and TE's grid in Triton; the reverse for the batch-reusing grid
+for name in ("te_fused", "heads_all_one_b", "batch_reuse"):
+    r = te_run[name]
+    print(f"  {name:16} SM throughput {r['ncu_sm_throughput_pct']:4.0f} % of peak, DRAM throughput "
+          f"{r['ncu_dram_throughput_pct']:4.0f} %")
+assert te["ncu_sm_throughput_pct"] > 1.2 * te["ncu_dram_throughput_pct"]
+assert te_run["heads_all_one_b"]["ncu_sm_throughput_pct"] > \
+    1.5 * te_run["heads_all_one_b"]["ncu_dram_throughput_pct"]
+assert te_br["ncu_sm_throughput_pct"] < 0.8 * te_br["ncu_dram_throughput_pct"]
 # the answer: the (S, H) grid beats TE fused; TE's time lies between its grid's two Triton versions
 t = measured.timings("ablation", "s4096-b8")
 print(f"TE fused / batch-reusing grid (sh_loop_b): {t['te_fused']['ms'] / t['sh_loop_b']['ms']:.2f}; "

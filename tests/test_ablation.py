@@ -42,7 +42,7 @@ def test_dry_run_checks_every_variant_and_writes_a_readable_csv(ablation, tmp_pa
 
 def test_each_variant_changes_one_factor(ablation):
     S, B, H, D = 4096, 8, 32, 128
-    cols = {name: ablation._shape_columns(S, B, H, D, opts)
+    cols = {name: ablation.shape_columns(S, B, H, D, opts)
             for name, _, _, opts in ablation.variants(H)}
     base = cols["sh_loop_b"]
     assert base["grid"] == "4096x32x1" and base["batch_per_program"] == B

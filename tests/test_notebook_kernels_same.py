@@ -45,7 +45,9 @@ NOTEBOOKS = ROOT / "notebooks"
 REQUIRED = {
     "03-naive-triton-kernel": ["ropelib.course.kernels.naive._rope_naive_kernel",
                                "ropelib.course.kernels.naive.rope_naive"],
-    "04-batch-reuse-grid-kernel": ["ropelib.course.kernels.batch_reuse._rope_batch_reuse_kernel"],
+    "04-batch-reuse-grid-kernel": ["ropelib.course.kernels.batch_reuse._rope_batch_reuse_kernel",
+                                   "ropelib.course.kernels.ablation._rotate_tile",
+                                   "ropelib.course.kernels.ablation._rope_ablation_kernel"],
     "06-backward-pass": ["ropelib.course.kernels.batch_reuse._rope_batch_reuse_kernel"],
 }
 MARKER = re.compile(r"<!--\s*ropelib-source:\s*([\w.]+)\s*-->")

@@ -1,2 +1,4 @@
-"""The course's teaching kernels: the naive one-program-per-row kernel (notebook 03) and the
-batch-reuse grid kernel (notebooks 04 and 06). The product's kernels are in `ropelib.kernels`."""
+"""The course's teaching kernels: the naive one-program-per-row kernel (notebook 03), the
+batch-reuse grid kernel (notebooks 04 and 06) and the ablation kernel that takes the latter apart
+one factor at a time (notebook 04; timed by benchmarks/ablation.py). The product's kernels are in
+`ropelib.kernels`."""
