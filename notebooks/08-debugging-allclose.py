@@ -53,7 +53,8 @@
 # - write the comparison that passes for the right reasons.
 #
 # **What runs here.** The Triton side is a small teaching kernel in `ropelib.course.debug`, *the
-# reproduction* — not ropelib's kernel — with one switch per cause. The TE side is the real TE
+# reproduction* — not ropelib's kernel — with one switch per cause; section 1 gives you a copy of
+# it as a code cell, to read, edit and run. The TE side is the real TE
 # fused kernel when Transformer Engine is installed on a GPU; otherwise
 # `ropelib.reference.te_fused_emulation`, which computes what TE's CUDA kernel computes (fp32
 # sin/cos of fp32 angles, fp32 multiply-add, one rounding) and is labelled **TE emulation**.
@@ -69,17 +70,19 @@ device = ropelib.default_device()
 
 # %%
 import dataclasses
-import inspect
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
+import triton
+import triton.language as tl
 from IPython.display import HTML, display
 
 from ropelib import runtime
 from ropelib.bench import compare
 from ropelib.course import debug, widgets
 from ropelib.course.debug import FIXED, REPRO, Causes
+from ropelib.kernels.common import round_to
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "ropelib").is_dir())
 FIGURES = ropelib.runtime.figures_dir()   # a scratch folder (ROPELIB_WRITE_FIGURES=1: figures/)
@@ -104,12 +107,80 @@ print("measured against the real TE on:", GPU_NAME)
 # Unsloth-style kernel; then TE rotates the same tokens. The reproduction kernel carries what
 # Unsloth's kernel inherits from Hugging Face: a cos/sin table **precomputed in the model's
 # dtype**, and the multiply-add done **in that dtype** (`Q1 = tl.load(...).to(sin1.dtype)`).
+#
+# Here is that kernel — your own copy of `ropelib.course.debug._rope_unsloth_repro_kernel`, the
+# same code with more comments. Its switches `FROM_ANGLES`, `COMPUTE_FP32` and `USE_FMA` are the
+# precision causes this notebook studies; the wrapper sets them from a `debug.Causes` (`REPRO`:
+# table and math in bf16; `FIXED`: sin/cos from fp32 angles in the kernel, fp32 math) and
+# decides the rest itself: the dtype of the table, and the rows, positions and angles the kernel
+# is given (the layout causes). `debug.reproduce(..., kernel=_rope_repro_kernel)` launches this
+# copy instead of the course's: edit it, rerun this cell and the two code cells after it, and
+# see what the edit does. The launch grid is (rows, heads): one program rotates one head of one
+# row.
 
 # %%
-print(inspect.getsource(debug._rope_unsloth_repro_kernel.fn))
+@triton.jit
+def _rope_repro_kernel(
+    x_ptr,  # *x: [ROWS, H, D], rotated in place; ROWS = batch x seq, bshd rows b*S + s
+    cos_ptr,  # *table: [P, HALF] cos values (fp32 angles instead when FROM_ANGLES)
+    sin_ptr,  # *table: [P, HALF] sin values (not read when FROM_ANGLES)
+    stride_xr, stride_xh,  # x's strides over rows and heads, in elements
+    stride_t,  # the table's row stride, in elements
+    SEQ_LEN,  # a row's position is row % SEQ_LEN (Unsloth's indexing of bshd rows)
+    HALF: tl.constexpr,  # R // 2: features in each half of the rotated part
+    BLOCK_HALF: tl.constexpr,  # next power of two >= HALF (tl.arange needs one)
+    FROM_ANGLES: tl.constexpr,  # True: cos/sin computed here from fp32 angles, as TE does
+    COMPUTE_FP32: tl.constexpr,  # False: cos, sin and the products rounded to x's dtype
+    USE_FMA: tl.constexpr,  # True: y1 = fma(x1, c, -x2*s), y2 = fma(x2, c, x1*s)
+    BF16_RTNE: tl.constexpr,  # round bf16 to nearest even by hand (the interpreter truncates)
+):
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1).to(tl.int64)
+    pos = row % SEQ_LEN            # right for bshd rows b*S + s; section 5 feeds it sbhd rows
+    offs = tl.arange(0, BLOCK_HALF)  # feature j of the first half; its partner is j + HALF
+    mask = offs < HALF
+    # Where cos and sin come from: computed here from the angles, or read from a table
+    if FROM_ANGLES:
+        theta = tl.load(cos_ptr + pos * stride_t + offs, mask=mask, other=0.0).to(tl.float32)
+        c = tl.cos(theta)
+        s = tl.sin(theta)
+    else:  # the table's dtype is the cache's: bf16 in HF/Unsloth, fp32 once fixed
+        c = tl.load(cos_ptr + pos * stride_t + offs, mask=mask, other=0.0)
+        s = tl.load(sin_ptr + pos * stride_t + offs, mask=mask, other=0.0)
+    x_row = x_ptr + row * stride_xr + head * stride_xh
+    x1 = tl.load(x_row + offs, mask=mask, other=0.0)         # [BLOCK_HALF] first half
+    x2 = tl.load(x_row + HALF + offs, mask=mask, other=0.0)  # [BLOCK_HALF] second half
+    if not COMPUTE_FP32:
+        # Math "in the input dtype" (Unsloth's .to(sin1.dtype)): cos and sin rounded to x's
+        # dtype; round_to rounds to nearest even, in the interpreter too
+        c = round_to(c.to(tl.float32), x_ptr.dtype.element_ty, BF16_RTNE)
+        s = round_to(s.to(tl.float32), x_ptr.dtype.element_ty, BF16_RTNE)
+    c = c.to(tl.float32)
+    s = s.to(tl.float32)
+    x1 = x1.to(tl.float32)
+    x2 = x2.to(tl.float32)
+    # The rotation of each pair: y1 = x1*c - x2*s, y2 = x2*c + x1*s, in one of three orders
+    if USE_FMA:
+        # x1*c (x2*c) enters the sum exact, the other product is rounded: section 4b
+        y1 = tl.fma(x1, c, -(x2 * s))
+        y2 = tl.fma(x2, c, x1 * s)
+    elif COMPUTE_FP32:
+        # as written; a GPU compiler may fuse either product into an fma (section 4b)
+        y1 = x1 * c - x2 * s
+        y2 = x2 * c + x1 * s
+    else:
+        # each product rounded to x's dtype before the sum, as bf16 arithmetic does
+        y1 = (round_to(x1 * c, x_ptr.dtype.element_ty, BF16_RTNE).to(tl.float32)
+              - round_to(x2 * s, x_ptr.dtype.element_ty, BF16_RTNE).to(tl.float32))
+        y2 = (round_to(x2 * c, x_ptr.dtype.element_ty, BF16_RTNE).to(tl.float32)
+              + round_to(x1 * s, x_ptr.dtype.element_ty, BF16_RTNE).to(tl.float32))
+    # one rounding to x's dtype on the store, written over the input
+    tl.store(x_row + offs, round_to(y1, x_ptr.dtype.element_ty, BF16_RTNE), mask=mask)
+    tl.store(x_row + HALF + offs, round_to(y2, x_ptr.dtype.element_ty, BF16_RTNE), mask=mask)
+
 
 # %%
-res = debug.reproduce(SC, REPRO, device=device)
+res = debug.reproduce(SC, REPRO, device=device, kernel=_rope_repro_kernel)   # your copy runs
 tokens_te, tokens_triton = res.tokens_te, res.tokens_triton
 print(res.te_label, tokens_te.flatten()[:10])
 print("Triton     ", tokens_triton.flatten()[:10])
@@ -121,6 +192,26 @@ except AssertionError:
 
 d = debug.diagnose(res)
 assert d["first_ten_equal"] and not d["allclose"]   # the reported failure, reproduced
+
+# %% [markdown]
+# From here on the notebook runs the course's kernel (`debug.reproduce` without `kernel=`), and
+# section 4b reads what that kernel and TE gave on a GPU (`benchmarks/results/te-bits-*.pt`).
+# What it finds holds for your copy as long as your copy gives the same bits. This cell checks
+# that, for the reported failure and the fixed kernel; after an edit it tells you whether the
+# edit changed the output, and the sections below then describe the kernel as it was, not
+# yours — undo the edit before running them.
+
+# %%
+course_fixed = debug.reproduce(SC, FIXED, device=device)
+yours_fixed = debug.reproduce(SC, FIXED, device=device, kernel=_rope_repro_kernel)
+course_repro = debug.reproduce(SC, REPRO, device=device)
+for name, yours, course in (("REPRO", res, course_repro), ("FIXED", yours_fixed, course_fixed)):
+    n = int(debug.bits_differ(yours.tokens_triton, course.tokens_triton).sum())
+    print(f"{name}: {n} of {yours.tokens_triton.numel():,} elements of your kernel's output "
+          f"differ from the course kernel's")
+    assert torch.equal(yours.tokens_triton, course.tokens_triton), (
+        f"{name}: your _rope_repro_kernel no longer gives the course kernel's output; the "
+        f"sections below run the course's kernel, so undo the edit before running them")
 
 # %% [markdown]
 # ## 2. Position 0 proves nothing — look where the differences are
@@ -416,9 +507,6 @@ assert prec["sin/cos in kernel, fp32 (fixed)"]["triton_max_normwise_u"] <= 1.0
 # against the GPU's — against TE's stored output.
 
 # %%
-import triton
-import triton.language as tl
-
 print(f"{TE_BITS.relative_to(ROOT)}: {GPU_NAME} (compute capability {META['capability']}), "
       f"Transformer Engine {META['transformer_engine']}, torch {META['torch']}, "
       f"Triton {META['triton']}, measured {META['date']}")
@@ -797,6 +885,48 @@ assert all(small_bf16[f"{c}/{s_}"] == 0 for c in ("free_sub", "fma_xc", "fma_rs"
 # (`tl.cos`/`tl.sin`, or libdevice's precise ones — not the fast approximations), do the math in
 # fp32, and write the combine as `tl.fma(x, c, rot * s)` rather than leaving the order to the
 # compiler. `debug.Causes(fma=True)` is exactly that line in the reproduction kernel.
+#
+# **The same two changes in your copy of section 1.** `_rope_repro_kernel` has that line under
+# `if USE_FMA:`, and its sin/cos source under `if FROM_ANGLES:`. The cell below runs your copy
+# on the fp32 case with fp32 math, three ways — the plain line with TE's own cos/sin table, the
+# `USE_FMA` line with that table, the `USE_FMA` line with `tl.cos`/`tl.sin` from the angles — and
+# counts the elements whose bits differ from TE's fp32 output. To try another contraction,
+# edit the `USE_FMA` branch in section 1 (for instance to the other order,
+# `tl.fma(-x2, s, x1 * c)`), rerun that cell and this one, and read the counts; the asserts
+# below hold for the kernel as given, so one that fails says your edit changed a count.
+
+# %%
+def repro_bits(case, use_fma, from_angles=False, kernel=_rope_repro_kernel):
+    """Your section-1 kernel on a te-bits case, fp32 math: the elements whose bits differ from
+    TE's output. Sin/cos from TE's own table, or with from_angles from tl.cos/tl.sin."""
+    side = SIDE[case.key]
+    S, B, H, D = case.x.shape
+    rows = case.x.transpose(0, 1).contiguous().to(device).view(B * S, H, D)   # bshd rows b*S + s
+    if from_angles:
+        cos, sin = side["angles"].contiguous().to(device), None
+    else:
+        cos, sin = side["cos"].contiguous().to(device), side["sin"].contiguous().to(device)
+    debug.rope_unsloth_repro(rows, cos, sin, seq_len=S, from_angles=from_angles,
+                             compute_fp32=True, use_fma=use_fma, kernel=kernel)
+    y = rows.view(B, S, H, D).transpose(0, 1).cpu()                           # back to sbhd
+    return int(debug.bits_differ(y, side["te"]).sum())
+
+
+yours_bits = {"plain line, TE's table": repro_bits(SMALL32, use_fma=False),
+              "USE_FMA, TE's table": repro_bits(SMALL32, use_fma=True),
+              "USE_FMA, tl.cos/tl.sin": repro_bits(SMALL32, use_fma=True, from_angles=True)}
+for label, n in yours_bits.items():
+    print(f"your kernel, {label:24s} {n:5d} of {SMALL32.x.numel():,} fp32 elements differ from TE")
+print(f"on the {GPU_NAME}, the course's kernel with Causes(fma=True) against TE: "
+      f"{SMALL32.rows['debug:FIXED+fma']['n_differ']} elements differ in this fp32 case, "
+      f"{gpu_row(BIG, 'debug:FIXED+fma')} at S=512 B=2 H=8 D=128 in bf16")
+assert yours_bits["USE_FMA, TE's table"] == 0                     # TE's bits, on every machine
+assert SMALL32.rows["debug:FIXED+fma"]["n_differ"] == gpu_row(BIG, "debug:FIXED+fma") == 0
+if not GPU:   # the interpreter rounds every product, and its tl.cos is NumPy's, not CUDA's
+    assert yours_bits["plain line, TE's table"] == SMALL32.rows["none_rn/table_te_fp32"]["n_differ"]
+    assert yours_bits["USE_FMA, tl.cos/tl.sin"] > 0
+elif SAME_GPU:  # tl.cos is CUDA's sincosf, TE's own
+    assert yours_bits["USE_FMA, tl.cos/tl.sin"] == 0
 
 # %% [markdown]
 # ## 5. Six layout traps — all invisible at position 0

@@ -3,12 +3,32 @@ import dataclasses
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from ropelib.course import debug as D
 from ropelib import reference
 from ropelib.bench.compare import angles
 
 SMALL = D.Scenario(seq_len=16, batch=2, heads=2, head_dim=16)
+
+
+@triton.jit
+def _rope_zero_kernel(x_ptr, cos_ptr, sin_ptr, stride_xr, stride_xh, stride_t, SEQ_LEN,
+                      HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, FROM_ANGLES: tl.constexpr,
+                      COMPUTE_FP32: tl.constexpr, USE_FMA: tl.constexpr,
+                      BF16_RTNE: tl.constexpr):
+    # the reproduction kernel's arguments, but it writes zeros over the rotated features
+    x_row = x_ptr + tl.program_id(0).to(tl.int64) * stride_xr + tl.program_id(1) * stride_xh
+    offs = tl.arange(0, BLOCK_HALF)
+    zero = tl.zeros([BLOCK_HALF], dtype=x_ptr.dtype.element_ty)
+    tl.store(x_row + offs, zero, mask=offs < HALF)
+    tl.store(x_row + HALF + offs, zero, mask=offs < HALF)
+
+
+@triton.jit
+def _rope_other_arguments_kernel(x_ptr, HALF: tl.constexpr):
+    pass
 
 
 def test_reproduction_first_ten_equal_but_allclose_fails(device):
@@ -111,6 +131,31 @@ def test_bad_arguments():
         D.reproduce(SMALL, causes={"fma": True})
     with pytest.raises(ValueError, match="tolerance"):
         D.diagnose(D.reproduce(D.Scenario(seq_len=2, batch=1, heads=1, head_dim=8)), "loose")
+
+
+def test_reproduce_runs_the_kernel_it_is_given(device):
+    # the course's kernel passed explicitly (as notebook 08 passes its copy) gives the default's
+    # bits, for the reported failure and the fixed kernel
+    for causes in (D.REPRO, D.FIXED):
+        default = D.reproduce(SMALL, causes, device=device)
+        given = D.reproduce(SMALL, causes, device=device, kernel=D._rope_unsloth_repro_kernel)
+        assert torch.equal(given.tokens_triton, default.tokens_triton), causes
+        assert torch.equal(given.tokens_te, default.tokens_te)
+    # ... and another kernel is the one that runs
+    zeroed = D.reproduce(SMALL, D.FIXED, device=device, kernel=_rope_zero_kernel)
+    assert not zeroed.tokens_triton.any() and zeroed.tokens_te.any()
+
+
+def test_reproduce_refuses_a_kernel_that_is_no_triton_kernel():
+    plain = D._rope_unsloth_repro_kernel.fn          # the kernel's function without @triton.jit
+    for not_a_kernel in (plain, "_rope_unsloth_repro_kernel", 0):
+        with pytest.raises(TypeError, match=r"kernel must be a Triton kernel .*@triton\.jit"):
+            D.reproduce(SMALL, D.FIXED, kernel=not_a_kernel)
+    with pytest.raises(TypeError, match="kernel must take the arguments of .*x_ptr, cos_ptr"):
+        D.reproduce(SMALL, D.FIXED, kernel=_rope_other_arguments_kernel)
+    x = torch.zeros(4, 1, 8)
+    with pytest.raises(TypeError, match="kernel must be a Triton kernel"):
+        D.rope_unsloth_repro(x, torch.zeros(4, 4), torch.zeros(4, 4), seq_len=4, kernel=plain)
 
 
 def test_unit_roundoff_is_half_of_eps():

@@ -35,7 +35,9 @@ _OLDER = "the page was rendered from an older version of the notebook; "
 # page -> why it is allowed to differ from its notebook for now
 STALE = {stem: _OLDER + _rerender(stem) for stem in (
     "05-finished-kernel",          # the ladder's two ropelib bars (finished kernel, as planned)
+    "04-batch-reuse-grid-kernel",  # the ablation kernel as editable cells, timed on a GPU
     "07-te-vs-triton-live",        # its checks of the rerun sweeps (needs Transformer Engine)
+    "08-debugging-allclose",       # the reproduction kernel as an editable cell (needs TE)
     "12-rope-in-the-qkv-projection",   # a forward+backward difference within the noise
 )}
 

@@ -30,7 +30,8 @@ from ..kernels.common import BF16_RTNE, round_to
 __all__ = ["Causes", "Scenario", "REPRO", "FIXED", "CAUSE_DOCS", "DECISIONS", "tolerances",
            "unit_roundoff", "ulp_error", "one_ulp_up", "steps_apart", "normwise_error",
            "recovered_positions", "error_map", "argmax_location", "plot_heatmap", "te_fused",
-           "te_label", "rope_unsloth_repro", "apply_rotary_pos_emb_triton", "reproduce",
+           "te_label", "rope_unsloth_repro", "check_repro_kernel", "REPRO_KERNEL_ARGS",
+           "apply_rotary_pos_emb_triton", "reproduce",
            "diagnose", "classify", "model_pairing", "LAYOUT_NORMWISE_U", "te_bits_file",
            "load_te_bits", "te_bits_inputs", "te_bits_case", "TeBitsCase", "bits_differ"]
 
@@ -100,15 +101,41 @@ def _rope_unsloth_repro_kernel(
     tl.store(x_row + HALF + offs, round_to(y2, x_ptr.dtype.element_ty, BF16_RTNE), mask=mask)
 
 
+# The arguments a stand-in for the kernel above must take, in this order: the launcher passes the
+# first seven by position and the constexprs by name.
+REPRO_KERNEL_ARGS = ("x_ptr", "cos_ptr", "sin_ptr", "stride_xr", "stride_xh", "stride_t", "SEQ_LEN",
+                     "HALF", "BLOCK_HALF", "FROM_ANGLES", "COMPUTE_FP32", "USE_FMA", "BF16_RTNE")
+
+
+def check_repro_kernel(kernel):
+    """The kernel to launch: ``_rope_unsloth_repro_kernel`` for None, else ``kernel`` itself once
+    it is known to be a Triton kernel (``@triton.jit``) whose arguments begin with
+    :data:`REPRO_KERNEL_ARGS` (a copy of the reproduction kernel, edited or not)."""
+    if kernel is None:
+        return _rope_unsloth_repro_kernel
+    if not isinstance(kernel, triton.runtime.jit.KernelInterface):
+        raise TypeError(f"kernel must be a Triton kernel (a function decorated with @triton.jit, "
+                        f"taking the arguments of ropelib.course.debug's "
+                        f"_rope_unsloth_repro_kernel), got {kernel!r}")
+    names = tuple(getattr(kernel, "arg_names", ()))
+    if names[:len(REPRO_KERNEL_ARGS)] != REPRO_KERNEL_ARGS:
+        raise TypeError(f"kernel must take the arguments of ropelib.course.debug's "
+                        f"_rope_unsloth_repro_kernel, in its order: {', '.join(REPRO_KERNEL_ARGS)}"
+                        f"; {getattr(kernel, '__name__', kernel)!s} takes {', '.join(names)}")
+    return kernel
+
+
 def rope_unsloth_repro(x: torch.Tensor, cos: torch.Tensor, sin: Optional[torch.Tensor] = None, *,
                        seq_len: int, from_angles: bool = False, compute_fp32: bool = False,
-                       use_fma: bool = False) -> torch.Tensor:
+                       use_fma: bool = False, kernel=None) -> torch.Tensor:
     """Rotate ``x`` [ROWS, H, D] (rows = flattened bshd batch x seq) **in place**, Unsloth-style.
 
     ``cos``/``sin`` [P, R/2] tables (or ``cos`` = fp32 angles [P, R/2] with ``from_angles``);
     the first R = 2 * cos.shape[1] features are rotated, the rest left alone. A row's position is
-    ``row % seq_len``. Returns ``x``.
+    ``row % seq_len``. ``kernel``: the Triton kernel to launch, by default
+    ``_rope_unsloth_repro_kernel`` (see :func:`check_repro_kernel`). Returns ``x``.
     """
+    kernel = check_repro_kernel(kernel)
     if not isinstance(x, torch.Tensor) or x.dim() != 3:
         raise ValueError(f"x must be a 3-D tensor [ROWS, H, D], got "
                          f"{getattr(x, 'shape', type(x).__name__)}")
@@ -126,7 +153,7 @@ def rope_unsloth_repro(x: torch.Tensor, cos: torch.Tensor, sin: Optional[torch.T
     if not isinstance(seq_len, int) or seq_len < 1:
         raise ValueError(f"seq_len must be a positive int, got {seq_len!r}")
     runtime.check_kernel_device(x, "x")
-    _rope_unsloth_repro_kernel[(x.shape[0], x.shape[1])](
+    kernel[(x.shape[0], x.shape[1])](
         x, cos, cos if sin is None else sin, x.stride(0), x.stride(1), cos.stride(0), seq_len,
         HALF=half, BLOCK_HALF=triton.next_power_of_2(half), FROM_ANGLES=bool(from_angles),
         COMPUTE_FP32=bool(compute_fp32), USE_FMA=bool(use_fma), BF16_RTNE=BF16_RTNE)
@@ -227,13 +254,15 @@ def te_fused(t: torch.Tensor, freqs: torch.Tensor, tensor_format: str = "sbhd",
 
 
 def apply_rotary_pos_emb_triton(t: torch.Tensor, freqs: torch.Tensor, tensor_format: str = "sbhd",
-                                causes: Causes = REPRO) -> torch.Tensor:
+                                causes: Causes = REPRO, kernel=None) -> torch.Tensor:
     """The learner's wrapper around the Unsloth-style kernel, with the chosen causes.
 
     ``t`` sbhd [S, B, H, D] or bshd [B, S, H, D]; ``freqs`` the kernel's own TE-style angles
-    [P, 1, 1, R] (rotate-half). Returns the rotated tensor; with ``inplace_double_rotation`` the
-    result is also written into ``t`` (the in-place kernel's side effect).
+    [P, 1, 1, R] (rotate-half); ``kernel`` the Triton kernel to launch (default: the course's,
+    see :func:`check_repro_kernel`). Returns the rotated tensor; with ``inplace_double_rotation``
+    the result is also written into ``t`` (the in-place kernel's side effect).
     """
+    kernel = check_repro_kernel(kernel)
     P, R = freqs.shape[0], freqs.shape[-1]
     S = t.shape[0] if tensor_format == "sbhd" else t.shape[1]
     f32 = freqs.float()
@@ -255,7 +284,8 @@ def apply_rotary_pos_emb_triton(t: torch.Tensor, freqs: torch.Tensor, tensor_for
         work = t if causes.inplace_double_rotation else t.clone()
         rows = work.view(-1, *work.shape[2:])          # rows s*B + b: position row % S is wrong
         rope_unsloth_repro(rows, cos, sin, seq_len=seq_mod, from_angles=from_angles,
-                           compute_fp32=not causes.math_in_input_dtype, use_fma=causes.fma)
+                           compute_fp32=not causes.math_in_input_dtype, use_fma=causes.fma,
+                           kernel=kernel)
         return work
     bshd = t.transpose(0, 1) if tensor_format == "sbhd" else t
     work = bshd.contiguous()
@@ -263,7 +293,8 @@ def apply_rotary_pos_emb_triton(t: torch.Tensor, freqs: torch.Tensor, tensor_for
         work = work.clone()                            # a safe wrapper never writes into t
     rows = work.view(-1, *work.shape[2:])              # rows b*S + s
     rope_unsloth_repro(rows, cos, sin, seq_len=seq_mod, from_angles=from_angles,
-                       compute_fp32=not causes.math_in_input_dtype, use_fma=causes.fma)
+                       compute_fp32=not causes.math_in_input_dtype, use_fma=causes.fma,
+                       kernel=kernel)
     out = work.transpose(0, 1) if tensor_format == "sbhd" else work
     if causes.inplace_double_rotation and out.data_ptr() != t.data_ptr():
         t.copy_(out)
@@ -283,8 +314,15 @@ class Result:
     layout: str
 
 
-def reproduce(scenario: Scenario = Scenario(), causes: Causes = REPRO, device=None) -> Result:
-    """Run the seed's check: the Triton wrapper on ``tokens``, then TE on ``tokens``."""
+def reproduce(scenario: Scenario = Scenario(), causes: Causes = REPRO, device=None, *,
+              kernel=None) -> Result:
+    """Run the seed's check: the Triton wrapper on ``tokens``, then TE on ``tokens``.
+
+    ``kernel``: the Triton kernel the wrapper launches, by default the course's
+    ``_rope_unsloth_repro_kernel``; pass a copy of it (edited or not) to run that copy instead.
+    It must be a ``@triton.jit`` function that takes the same arguments
+    (:func:`check_repro_kernel`)."""
+    kernel = check_repro_kernel(kernel)
     if not isinstance(causes, Causes):
         raise TypeError(f"causes must be ropelib.course.debug.Causes, got {type(causes).__name__}")
     if not isinstance(scenario, Scenario):
@@ -304,7 +342,7 @@ def reproduce(scenario: Scenario = Scenario(), causes: Causes = REPRO, device=No
     freqs_model = angles(table_len, R_model, interleaved=causes.interleaved_mismatch,
                          device=device)
     freqs_kernel = angles(table_len, sc.head_dim, device=device)
-    tokens_triton = apply_rotary_pos_emb_triton(tokens, freqs_kernel, sc.layout, causes)
+    tokens_triton = apply_rotary_pos_emb_triton(tokens, freqs_kernel, sc.layout, causes, kernel)
     tokens_te = te_fused(tokens, freqs_model, sc.layout, interleaved=causes.interleaved_mismatch)
     ref = reference.rope_reference(x.double(), freqs_model.double(), layout=sc.layout,
                                    interleaved=causes.interleaved_mismatch)
