@@ -943,27 +943,32 @@ if LADDER_CSV.exists():
 # the flat pass moves where every call writes its rows (an operator call, or compiled code),
 # 1/16 where an eager call keeps them (a model's later layers read the rows the first one
 # wrote, so only the reads count); otherwise the finished kernel runs. Packed sequences share
-# rows between tokens: where that is cheaper, each token first gets the index of its row
-# (4 bytes) and the flat pass reads the rows of the *positions*. The planner sees only shapes,
+# rows between tokens: the flat pass reads the rows of the *positions*. Where a token's
+# position is its index in its sequence, the flat pass takes one sequence per row of a 2-D
+# grid and finds its positions' rows as sbhd finds a token's, as long as that grid (every
+# sequence times the table's rows, since the host does not know the longest sequence) stays
+# within twice the tokens; otherwise, where it is cheaper, each token first gets the index of
+# its row (4 bytes). The planner sees only shapes,
 # so tensors on the `meta` device (no memory at all) show which route an eager call would
 # take (the last four lines: section 5's ladder sizes, called as `benchmarks/ladder.py` calls
 # `ropelib.apply_rope`):
 
 # %%
-def route_of(shape, layout="sbhd", table="freqs", P=32768):
+def route_of(shape, layout="sbhd", table="freqs", P=32768, n_seq=4):
     """The route ropelib plans for an eager bf16 call of this shape (no memory is touched)."""
     x = torch.empty(shape, dtype=torch.bfloat16, device="meta")
     D = shape[-1]
     f = torch.empty(P, D, device="meta")
     t = launch.Table(f, None) if table == "freqs" else launch.Table(f.bfloat16(), f.bfloat16())
-    positions = launch.Positions(cu_seqlens=torch.empty(5, dtype=torch.int32, device="meta")) \
-        if layout == "thd" else launch.Positions()
+    cu = torch.empty(n_seq + 1, dtype=torch.int32, device="meta")     # n_seq packed sequences
+    positions = launch.Positions(cu_seqlens=cu) if layout == "thd" else launch.Positions()
     v = ropelib.ops.kernel_view(x, layout)
     planned, _ = launch.plan(v, v, t, positions, R=D, interleaved=False, backward=False,
                              layout=layout, rows_kept=True)
     if isinstance(planned, launch.TwoPass):
         return "two passes, " + ("pre-pass" if planned.table_pass is not None else "your table") \
-            + (", rows by position" if planned.index_pass is not None else "")
+            + (", rows by position" if planned.index_pass is not None else "") \
+            + (", one sequence per grid row" if planned.seq_rows else "")
     return "finished kernel"
 
 
@@ -975,7 +980,8 @@ calls = {"decode: s=1, b=64 (512 KiB)": ((1, 64, 32, 128),),
          "s=16384, b=1 (128 MiB)": ((16384, 1, 32, 128),),
          "s=4096, b=1 (32 MiB)": ((4096, 1, 32, 128),),
          "thd, 32768 tokens, table of 32768 rows": ((32768, 32, 128), "thd"),
-         "thd, 32768 tokens, table of 4096 rows": ((32768, 32, 128), "thd", "freqs", 4096)}
+         "thd, 32768 tokens, table of 4096 rows": ((32768, 32, 128), "thd", "freqs", 4096),
+         "thd, 32 sequences, table of 4096 rows": ((32768, 32, 128), "thd", "freqs", 4096, 32)}
 # the four sizes of section 5's ladder, called as benchmarks/ladder.py calls apply_rope
 ladder_calls = {"ladder s4096-b8 (256 MiB)": ((4096, 8, 32, 128), "sbhd", "freqs", 4096),
                 "ladder s16384-b8-h8 (256 MiB)": ((16384, 8, 8, 128), "sbhd", "freqs", 16384),
@@ -1005,7 +1011,10 @@ assert routes["s=16384, b=1 (128 MiB)"] == "two passes, pre-pass"   # its rows k
 assert routes["s=4096, b=1 (32 MiB)"] == "finished kernel"            # under 64 MiB
 assert routes["thd, 32768 tokens, table of 32768 rows"] == "finished kernel"  # rows: too many
 assert routes["thd, 32768 tokens, table of 4096 rows"] == \
-    "two passes, pre-pass, rows by position"
+    "two passes, pre-pass, one sequence per grid row"         # 4 x 4096 rows <= 2 x 32768
+assert tiles.TWO_PASS_SEQUENCE_GRID == 2                     # "within twice the tokens"
+assert routes["thd, 32 sequences, table of 4096 rows"] == \
+    "two passes, pre-pass, rows by position"                  # 32 x 4096 rows > 2 x 32768
 # the H200 numbers the text above quotes (section 1's mechanism table)
 print(f"finished kernel on the H200: {fin_m['registers']} registers/thread, "
       f"{fin_m['occ_blocks_per_sm']} programs of {fin_m['num_warps']} warps per SM, "

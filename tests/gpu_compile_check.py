@@ -165,6 +165,18 @@ def main():
             ptrs = ptrs[:4] + tuple(cs)
         compile_for_gpu(name, rows.launcher.kernel, rows.launcher.pointer_names, rows,
                         ptrs[:6] + (token_rows,))
+    # packed sequences, one per grid row of the flat pass (launch.by_sequence): no row index
+    xt, xto = xb.reshape(B * S, 2 * H, D), torch.empty(B * S, 2 * H, D, dtype=bf)
+    cu = torch.tensor([0, 3, B * S], dtype=torch.int32)
+    route, ptrs = L.plan_two_pass(L.View.of(xt.unsqueeze(1)), L.View.of(xto.unsqueeze(1)),
+                                  L.Table(f, None), L.Positions(cu_seqlens=cu), R=D,
+                                  interleaved=False, backward=False, layout="thd")
+    assert route.seq_rows and route.index_pass is None, "thd by sequence"
+    rows = route.rotate_pass
+    rows.args = dict(rows.args, XBLOCK=T.TWO_PASS_ELEMENTS)
+    cs = [torch.empty(route.table_shape, dtype=torch.float32) for _ in range(2)]
+    compile_for_gpu("two-pass-by-sequence", rows.launcher.kernel, rows.launcher.pointer_names,
+                    rows, ptrs[:4] + tuple(cs) + (cu,))
     # Qwen2-VL's per-axis tables [3, B, S, D] in the input's dtype, read as they are
     c3 = torch.empty(3, B, S, D, dtype=bf)
     route, ptrs = L.plan_two_pass(*views(xb, xbo), L.Table(c3[0], c3[0], (2, 5, c3.stride(0))),

@@ -179,6 +179,8 @@ def by_position(monkeypatch):
     def counted_eager(self, pointers):
         indexed.append(self.route.index_pass is not None)
         return real_eager(self, pointers)
+    # (packed sequences would take one sequence per grid row where they can: not here)
+    monkeypatch.setattr(launch, "by_sequence", lambda *args: 0)
     monkeypatch.setattr(launch, "table_bytes", forced)
     monkeypatch.setattr(launch.TwoPass, "start", counted)
     monkeypatch.setattr(eager.EagerTwoPass, "__call__", counted_eager)
@@ -206,11 +208,13 @@ def test_rows_by_position_same_bits(option, layout, interleaved, by_position):
         assert torch.isnan(got[0]).any()
 
 
-def test_rows_by_position_chosen_by_bytes():
+def test_rows_by_position_chosen_by_bytes(monkeypatch):
     # packed sequences, many tokens over few positions: a row index per token and the rows of
     # the positions move fewer bytes than a row per token; one position per token, they do not.
     # An eager call keeps the pre-pass's rows (by position, or with positions the token index)
-    # and counts only their reads.
+    # and counts only their reads. (Here packed sequences do not take one sequence per grid
+    # row, which needs no row index: test_packed_sequences_one_per_grid_row_when_the_grid_is_small.)
+    monkeypatch.setattr(launch, "by_sequence", lambda *args: 0)
     T, R = 4096, 128
     row, index = 2 * R * 4, T * 4 * 2              # fp32 cos and sin; int32 written and read
     freqs = launch.Table(torch.empty(512, R, device="meta"), None)
@@ -753,6 +757,148 @@ def test_rows_by_position_through_the_operator(how, by_position):
     assert len(by_position) >= 2 and all(by_position), "rows by position, forward and backward"
     assert_same_bits(got, want, how)
     torch._dynamo.reset()
+
+
+@pytest.fixture
+def by_sequence(monkeypatch):
+    """One packed sequence per grid row of the flat pass wherever it is possible (whatever its
+    grid); records, per start of the two-pass route, its positions per sequence (0: not taken)
+    and whether it found each token's row first (the index pass)."""
+    taken = []
+    real, real_eager = launch.TwoPass.start, eager.EagerTwoPass.__call__
+
+    def counted(self, pointers):
+        taken.append((self.seq_rows, self.index_pass is not None))
+        return real(self, pointers)
+
+    def counted_eager(self, pointers):
+        taken.append((self.route.seq_rows, self.route.index_pass is not None))
+        return real_eager(self, pointers)
+    monkeypatch.setattr(launch.TwoPass, "start", counted)
+    monkeypatch.setattr(eager.EagerTwoPass, "__call__", counted_eager)
+    monkeypatch.setattr(launch._tiles_module, "TWO_PASS_SEQUENCE_GRID", 1 << 30)
+    eager.TABLE_ROWS.clear()
+    yield taken
+    eager.SIGNATURES.clear()
+    eager.TABLE_ROWS.clear()
+
+
+def test_packed_sequences_one_per_grid_row_random_cases(by_sequence):
+    # random packed sequences (empty ones, and one longer than the table: its positions past
+    # the table are NaN in rotated features, copied in the others), every kind of table, rotary
+    # dims below the head dim, both pairings, q alone or q and k, three dtypes: forward and
+    # backward give the finished kernel's bits
+    g = torch.Generator().manual_seed(41)
+    for case in range(12):
+        Dm = 2 * int(torch.randint(2, 9, (), generator=g))
+        R = Dm if case % 3 else 2 * int(torch.randint(1, Dm // 2 + 1, (), generator=g))
+        interleaved = bool(case % 2)
+        dtype = (torch.float32, torch.bfloat16, torch.float16)[case % 3]
+        P = int(torch.randint(4, 30, (), generator=g))
+        kind = ("angles", "cos/sin", "cos/sin 16-bit", "exact")[case % 4]
+        if kind == "angles":
+            table = dict(freqs=torch.randn(P, R, generator=g).to(DEVICE) * 4)
+        elif kind == "exact":
+            table = dict(angles=ropelib.frequencies.rope_angles(R, device=DEVICE))
+        else:
+            t_dtype = torch.float32 if kind == "cos/sin" else dtype
+            table = dict(cos=torch.randn(P, R, generator=g).to(DEVICE, t_dtype),
+                         sin=torch.randn(P, R, generator=g).to(DEVICE, t_dtype))
+        lengths = torch.randint(0, 9, (int(torch.randint(1, 5, (), generator=g)),),
+                                generator=g).tolist() + [int(torch.randint(5, 40, (),
+                                                                           generator=g))]
+        cu = torch.tensor([0] + list(itertools.accumulate(lengths)), dtype=torch.int32)
+        Tn = int(cu[-1])
+        with_k = bool(case % 4 != 1)
+        q = torch.randn(Tn, 4, Dm, generator=g).to(DEVICE, dtype).requires_grad_(True)
+        k = torch.randn(Tn, 2, Dm, generator=g).to(DEVICE, dtype).requires_grad_(True)
+        dq, dk = (torch.randn(t.shape, generator=g).to(DEVICE, dtype) for t in (q, k))
+        kw = dict(layout="thd", cu_seqlens=cu.to(DEVICE), interleaved=interleaved)
+
+        def fn():
+            ropelib.set_index_checks("off")     # positions outside the table: NaN
+            try:
+                if with_k:
+                    qo, ko = ropelib.apply_rope_qk(q, k, **table, **kw)
+                    grads = torch.autograd.grad((qo, ko), (q, k), (dq, dk))
+                    return qo.detach(), ko.detach(), *grads
+                qo = ropelib.apply_rope(q, **table, **kw)
+                return (qo.detach(), *torch.autograd.grad(qo, q, dq))
+            finally:
+                ropelib.set_index_checks("auto")
+        what = f"case {case}: {kind}, lengths {lengths}, P={P}, R={R}/{Dm}, {dtype}, " \
+               f"interleaved={interleaved}, k={with_k}"
+        want = through("finished", fn)
+        by_sequence.clear()
+        got = through("two-pass", fn)
+        rows = min(launch.EXACT_POSITIONS if kind == "exact" else P, Tn)
+        assert by_sequence == [(rows, False)] * 2, what
+        assert_same_bits(got, want, what)
+        if kind != "exact" and max(lengths) > P:
+            assert torch.isnan(got[0]).any(), what
+
+
+@pytest.mark.parametrize("how", ["operator", "aot_eager"])
+def test_packed_sequences_one_per_grid_row_through_the_operator(how, by_sequence):
+    # the registered operator (what torch.compile's graphs call) starts the route itself
+    # (launch.TwoPass.start): the same bits as the finished kernel, forward and backward
+    g = torch.Generator().manual_seed(43)
+    T, P = 14, 6
+    x = torch.randn(T, HQ, D, generator=g).to(DEVICE).requires_grad_(True)
+    dy = torch.randn(T, HQ, D, generator=g).to(DEVICE)
+    freqs = torch.randn(P, D, generator=g).to(DEVICE) * 3
+    cu = torch.tensor([0, 5, 5, 11, T], dtype=torch.int32, device=DEVICE)   # positions < 6
+
+    def call(t):
+        if how == "operator":
+            return torch.ops.ropelib.rope(t, freqs, None, None, cu, None, "thd", False, 1, 0,
+                                          False, None)
+        return torch.compile(lambda a: ropelib.apply_rope(a, freqs, layout="thd", cu_seqlens=cu),
+                             backend="aot_eager", fullgraph=True)(t)
+
+    def fn():
+        torch._dynamo.reset()
+        y = call(x)
+        return (y.detach(), *torch.autograd.grad(y, x, dy))
+    want = through("finished", fn)
+    by_sequence.clear()
+    got = through("two-pass", fn)
+    # (tracing runs the operator on fake tensors too: more starts, which launch nothing)
+    assert len(by_sequence) >= 2 and all(t == (P, False) for t in by_sequence), by_sequence
+    assert_same_bits(got, want, how)
+    torch._dynamo.reset()
+
+
+def test_packed_sequences_one_per_grid_row_when_the_grid_is_small():
+    # one sequence per grid row while n_seq x min(P, T) positions stay within
+    # tiles.TWO_PASS_SEQUENCE_GRID times the tokens; never with position ids, start offsets,
+    # context parallelism, per-axis tables or a table per batch entry
+    T, R = 4096, 128
+    freqs = launch.Table(torch.empty(512, R, device="meta"), None)
+    cu = lambda n: launch.Positions(cu_seqlens=torch.empty(n + 1, dtype=torch.int32,  # noqa
+                                                           device="meta"))
+    grid = launch._tiles_module.TWO_PASS_SEQUENCE_GRID
+    most = grid * T // 512
+    assert launch.by_sequence(freqs, cu(most), T, 1) == 512
+    assert launch.by_sequence(freqs, cu(most + 1), T, 1) == 0
+    long = launch.Table(torch.empty(T * 8, R, device="meta"), None)     # rows past the tokens
+    assert launch.by_sequence(long, cu(grid), T, 1) == T
+    assert launch.by_sequence(long, cu(grid + 1), T, 1) == 0
+    assert launch.by_sequence(freqs, cu(0), T, 1) == 0
+    start = torch.empty(4, dtype=torch.int32, device="meta")
+    ids = torch.empty(1, T, dtype=torch.int64, device="meta")
+    cu4 = cu(4).cu_seqlens
+    for pos in (launch.Positions(cu_seqlens=cu4, start=start),
+                launch.Positions(cu_seqlens=cu4, cp_size=2, cp_rank=1),
+                launch.Positions(position_ids=ids), launch.Positions()):
+        assert launch.by_sequence(freqs, pos, T, 1) == 0
+    assert launch.by_sequence(freqs, cu(4), T // 2, 2) == 0              # not thd
+    per_entry = launch.Table(torch.empty(2, 512, R, device="meta"), None)
+    assert launch.by_sequence(per_entry, cu(4), T, 1) == 0
+    # its bytes: the rows of positions 0 .. 511 (written and read, or only read when kept)
+    assert launch.table_bytes(freqs, cu(4), T, 1, R) == (512 * 2 * R * 4 * 2, True, False)
+    assert launch.table_bytes(freqs, cu(4), T, 1, R, rows_kept=True) == \
+        (512 * 2 * R * 4, True, True)
 
 
 def test_flat_pass_counts_q_programs_past_2_31_elements():

@@ -4,6 +4,7 @@ flat pass over the tensor that reads it.
     _cos_sin_rows_kernel   every token's fp32 cos and sin rows, from any table and positions  20 args
     _token_rows_kernel     or each token's table row (then the rows are positions 0..P'-1)    11 args
     _rope_rows_kernel      q (and k) rotated element by element, reading cos/sin per element  27 args
+                           (packed sequences: one per row of a 2-D grid, where it can)
 
 Why two passes
 --------------
@@ -57,6 +58,13 @@ _token_rows_kernel writes each token's table row ([NB * S] int32, -1 for a posit
 table: the flat pass writes NaN there), and the flat pass reads row token_rows[token] of the
 caller's cos/sin table, or of the fp32 cos and s' rows the pre-pass wrote for positions
 0..P'-1 (positions the token index: rows an eager call can keep, kernels/launch.TableRead).
+
+Packed sequences one per grid row (LAYOUT 3, kernels/launch.by_sequence). Where positions are
+each token's index in its packed sequence, the grid is (blocks of q's and k's first P' positions
+of a sequence, sequences): program (j, n) loads cu_seqlens[n] and [n + 1] (index_ptr holds
+cu_seqlens then) and rotates elements j * XBLOCK .. of sequence n, reading the rows of positions
+0..P'-1 as sbhd reads a token's row; no row index per token. Programs past a sequence's end
+return at once; the last of a sequence writes NaN at its positions past P' (past the table).
 
 Qwen2-VL's multimodal tables ([3, B, S, D], one per axis: time, height, width, as Hugging Face
 materialises them; ropelib.hf.apply_multimodal_rotary_pos_emb) are read the same way, each
@@ -112,6 +120,56 @@ def _element_tile(block, S, B, H, stride_tab_p, stride_tab_b, token_rows_ptr, st
         if PER_ENTRY:
             tab += b * stride_tab_b
     return i, live, tab, outside
+
+
+@triton.jit
+def _sequence_tile(block, seq, cu_seqlens_ptr, T, SEQ_ROWS, H, stride_tab_p, D: tl.constexpr,
+                   BLOCK: tl.constexpr, INT64: tl.constexpr):
+    """Block `block` of packed sequence `seq` of a thd tensor [T * H * D] (LAYOUT 3): its first
+    SEQ_ROWS positions, BLOCK elements from element block * BLOCK of the sequence -> (their
+    indices into the tensor [BLOCK], int64 when INT64; which of them exist; the offset of each
+    one's cos/sin row, its position times stride_tab_p; none outside the table: the grid covers
+    positions below SEQ_ROWS, the rows there are; _sequence_tail writes the rest). A position is
+    its token's index in its sequence, so a thread's run of features shares one row, and rows
+    follow each other as in sbhd: no row index to load."""
+    lo = tl.load(cu_seqlens_ptr + seq)
+    hi = tl.load(cu_seqlens_ptr + seq + 1)
+    if INT64:
+        lo = lo.to(tl.int64)
+        hi = hi.to(tl.int64)
+        e = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    else:
+        e = block * BLOCK + tl.arange(0, BLOCK)
+    hd = H * D
+    i = lo * hd + e
+    # the sequence's elements below SEQ_ROWS positions (never past the tensor, whatever
+    # cu_seqlens holds)
+    n = tl.minimum(tl.where(lo >= 0, (hi - lo) * hd, 0), SEQ_ROWS * hd)
+    live = (e < n) & (i < T * hd)
+    tab = (e // hd) * stride_tab_p
+    return i, live, tab, i < 0
+
+
+@triton.jit
+def _sequence_tail(x_ptr, y_ptr, seq, cu_seqlens_ptr, T, SEQ_ROWS, H, D: tl.constexpr,
+                   R: tl.constexpr, BLOCK: tl.constexpr, INT64: tl.constexpr):
+    """The positions of packed sequence `seq` at or past SEQ_ROWS, the rows the table has: NaN
+    for every rotated feature (a position outside the table), the others copied. Only a
+    sequence longer than the table has any."""
+    lo = tl.load(cu_seqlens_ptr + seq)
+    hi = tl.load(cu_seqlens_ptr + seq + 1)
+    if INT64:
+        lo = lo.to(tl.int64)
+        hi = hi.to(tl.int64)
+    hd = H * D
+    n = tl.where(lo >= 0, (hi - lo) * hd, 0)
+    for e0 in range(SEQ_ROWS * hd, n, BLOCK):
+        e = e0 + tl.arange(0, BLOCK)
+        i = lo * hd + e
+        live = (e < n) & (i < T * hd)
+        x = tl.load(x_ptr + i, mask=live, other=0.0)
+        y = tl.where(i % D < R, float("nan"), x.to(tl.float32))
+        tl.store(y_ptr + i, y.to(y_ptr.dtype.element_ty), mask=live)
 
 
 @triton.jit
@@ -186,18 +244,26 @@ def _swap_pairs(v, XBLOCK: tl.constexpr):
 
 
 @triton.jit
-def _rotate_flat(x_ptr, y_ptr, cos_ptr, sin_ptr, token_rows_ptr, block, S, B, H, stride_tab_p,
+def _rotate_flat(x_ptr, y_ptr, cos_ptr, sin_ptr, index_ptr, block, seq, S, B, H, stride_tab_p,
                  stride_tab_b, stride_rows_b, stride_tab_axis, D: tl.constexpr, R: tl.constexpr,
                  LAYOUT: tl.constexpr,
                  INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr, SIGNED: tl.constexpr,
                  PER_ENTRY: tl.constexpr, KEEP_TABLE: tl.constexpr, AXIS_H_FROM: tl.constexpr,
                  AXIS_W_FROM: tl.constexpr, XBLOCK: tl.constexpr, INT64: tl.constexpr):
-    # Elements block * XBLOCK .. + XBLOCK of x [S * B * H * D] (contiguous in LAYOUT) -> y.
+    # Elements block * XBLOCK .. + XBLOCK of x [S * B * H * D] (contiguous in LAYOUT) -> y; with
+    # LAYOUT 3, of packed sequence `seq` (cu_seqlens in index_ptr) of x [S * H * D] (thd, S
+    # tokens), its first B positions.
     HALF: tl.constexpr = R // 2
     VEC: tl.constexpr = 128 // x_ptr.dtype.element_ty.primitive_bitwidth   # a 16-byte vector
-    i, live, tab, outside = _element_tile(block, S, B, H, stride_tab_p, stride_tab_b,
-                                          token_rows_ptr, stride_rows_b, D, XBLOCK, LAYOUT,
-                                          PER_ENTRY, VEC, INT64)
+    if LAYOUT == 3:
+        i, live, tab, outside = _sequence_tile(block, seq, index_ptr, S, B, H, stride_tab_p, D,
+                                               XBLOCK, INT64)
+        token_rows_ptr = None
+    else:
+        token_rows_ptr = index_ptr
+        i, live, tab, outside = _element_tile(block, S, B, H, stride_tab_p, stride_tab_b,
+                                              token_rows_ptr, stride_rows_b, D, XBLOCK, LAYOUT,
+                                              PER_ENTRY, VEC, INT64)
     d = i % D                               # the feature
     if AXIS_H_FROM < HALF:      # one table per axis: pair j reads the table of its section
         j = d % HALF
@@ -258,14 +324,16 @@ def _rotate_flat(x_ptr, y_ptr, cos_ptr, sin_ptr, token_rows_ptr, block, S, B, H,
 def _rope_rows_kernel(
     q_ptr, q_out_ptr, k_ptr, k_out_ptr,  # contiguous in LAYOUT; outputs fresh, same layout
     cos_ptr, sin_ptr,                    # cos, s' of the pre-pass (SIGNED), or the caller's
-    token_rows_ptr,                      # None, or each token's row [NB * S] int32 (-1: none)
-    S, B, HQ, HK,
+    index_ptr,                           # None, or each token's row [NB * S] int32 (-1: none),
+                                         # or (LAYOUT 3) the packed sequences' cu_seqlens
+    S, B, HQ, HK,                        # (LAYOUT 3: S tokens, B the positions each sequence's
+                                         # programs cover)
     stride_tab_p, stride_tab_b,          # a token's row: s * stride_tab_p (+ b * stride_tab_b),
                                          # or token_rows[s + b * stride_rows_b] * stride_tab_p
     stride_rows_b,
     stride_tab_axis,                     # (one table per axis) the next axis's table
     D: tl.constexpr, R: tl.constexpr,
-    LAYOUT: tl.constexpr,                # 0 sbhd (thd: B = 1), 1 bshd, 2 bhsd
+    LAYOUT: tl.constexpr,                # 0 sbhd (thd: B = 1), 1 bshd, 2 bhsd, 3 thd by sequence
     INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
     SIGNED: tl.constexpr,                # sin_ptr holds s' (signed and transposed as needed)
     PER_ENTRY: tl.constexpr,             # a table row per (token, batch entry)
@@ -275,19 +343,28 @@ def _rope_rows_kernel(
                                          # width's (both R/2: one table)
     XBLOCK: tl.constexpr, INT64: tl.constexpr,
 ):
-    # Program blocks of q's elements first, then of k's (without k the grid has q's only).
+    # Program blocks of q's elements first, then of k's (without k the grid has q's only); with
+    # LAYOUT 3 the blocks of one sequence's first B positions, the sequence program_id(1).
     pid = tl.program_id(0)
+    seq = tl.program_id(1)
+    rows = B if LAYOUT == 3 else S * B
     if INT64:               # q's element count passes 2^31: count it in int64
-        q_blocks = tl.cdiv((tl.full([], 0, tl.int64) + S) * B * HQ * D, XBLOCK)
+        q_blocks = tl.cdiv((tl.full([], 0, tl.int64) + rows) * HQ * D, XBLOCK)
     else:
-        q_blocks = tl.cdiv(S * B * HQ * D, XBLOCK)
+        q_blocks = tl.cdiv(rows * HQ * D, XBLOCK)
     if pid < q_blocks:
-        _rotate_flat(q_ptr, q_out_ptr, cos_ptr, sin_ptr, token_rows_ptr, pid, S, B, HQ,
+        _rotate_flat(q_ptr, q_out_ptr, cos_ptr, sin_ptr, index_ptr, pid, seq, S, B, HQ,
                      stride_tab_p, stride_tab_b, stride_rows_b, stride_tab_axis, D, R, LAYOUT,
                      INTERLEAVED, BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE, AXIS_H_FROM,
                      AXIS_W_FROM, XBLOCK, INT64)
+        if LAYOUT == 3:
+            if pid == q_blocks - 1:     # a sequence longer than the table: the rest is NaN
+                _sequence_tail(q_ptr, q_out_ptr, seq, index_ptr, S, B, HQ, D, R, XBLOCK, INT64)
     elif k_ptr is not None:
-        _rotate_flat(k_ptr, k_out_ptr, cos_ptr, sin_ptr, token_rows_ptr, pid - q_blocks, S, B,
+        _rotate_flat(k_ptr, k_out_ptr, cos_ptr, sin_ptr, index_ptr, pid - q_blocks, seq, S, B,
                      HK, stride_tab_p, stride_tab_b, stride_rows_b, stride_tab_axis, D, R,
                      LAYOUT, INTERLEAVED, BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE, AXIS_H_FROM,
                      AXIS_W_FROM, XBLOCK, INT64)
+        if LAYOUT == 3:
+            if pid == tl.num_programs(0) - 1:
+                _sequence_tail(k_ptr, k_out_ptr, seq, index_ptr, S, B, HK, D, R, XBLOCK, INT64)

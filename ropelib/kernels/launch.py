@@ -344,6 +344,25 @@ def _positions_below(table: Table, positions: Positions, S) -> int:
     return table.rows
 
 
+def by_sequence(table: Table, positions: Positions, S, B) -> int:
+    """Positions per sequence (SEQ_ROWS > 0) where the flat pass can take packed sequences one
+    sequence per grid row (flat.py's LAYOUT 3), else 0: thd (B = 1) with positions from
+    cu_seqlens alone (no ids, start offsets or context parallelism), one table for every token,
+    and a grid of n_seq sequences x min(P, S) positions at most tiles.TWO_PASS_SEQUENCE_GRID
+    times the tokens there are (a sequence's programs past its end return at once; the grid
+    must cover every sequence's positions below P without knowing the longest sequence on the
+    host)."""
+    pos = positions
+    if B != 1 or pos.cu_seqlens is None or pos.position_ids is not None \
+            or pos.start is not None or pos.cp_size != 1 or table.axes is not None \
+            or table.strides()[0] != 0:
+        return 0
+    n_seq = pos.cu_seqlens.shape[0] - 1
+    rows = min(table.rows, S)
+    grid = _tiles_module.TWO_PASS_SEQUENCE_GRID
+    return rows if 0 < n_seq and 0 < rows and n_seq * rows <= grid * S else 0
+
+
 def table_bytes(table: Table, positions: Positions, S, B, R: int,
                 rows_kept: bool = False) -> tuple:
     """(bytes, rows by position?, kept?) of the cheaper way for the flat pass to find every
@@ -360,6 +379,11 @@ def table_bytes(table: Table, positions: Positions, S, B, R: int,
     pre_pass, rows_per_token = _table_rows_per_token(table, positions, B)
     row = 2 * R * (4 if pre_pass else table.cos.element_size())     # cos and sin of a row
     plain = _plain(positions)
+    seq_rows = by_sequence(table, positions, S, B)
+    if seq_rows:            # the rows of positions 0 .. seq_rows - 1, no row index
+        own = table.sin is None or table.exact
+        row_p = 2 * R * (4 if own else table.cos.element_size())
+        return seq_rows * row_p * (1 if rows_kept or not own else 2), True, rows_kept and own
     kept = rows_kept and pre_pass and plain
     by_token = S * rows_per_token * row * (1 if kept or not pre_pass else 2)  # (written, read)
     if plain or table.axes is not None or table.strides()[0] != 0:
@@ -414,12 +438,16 @@ class TwoPass(NamedTuple):
     table_shape: tuple
     index_pass: Optional[Launch] = None
     index_shape: tuple = (0,)
+    seq_rows: int = 0       # > 0: the flat pass takes one packed sequence per grid row
 
     def start(self, pointers: tuple) -> None:
         """Every pass (planning.start), with the rows made here (the eager route,
         eager.EagerTwoPass, starts them its own way and may reuse the pre-pass's rows)."""
         q, q_out, k, k_out, cos, sin, position_ids, cu_seqlens, start_ = pointers
         token_rows = None
+        sequences = cu_seqlens if self.seq_rows else None
+        if self.seq_rows:       # the pre-pass: positions 0 .. seq_rows - 1
+            position_ids = cu_seqlens = start_ = None
         if self.index_pass is not None:
             token_rows = self.new_index(q.device)
             start(self.index_pass.launcher, self.index_pass,
@@ -431,7 +459,7 @@ class TwoPass(NamedTuple):
                   (cos, sin, position_ids, cu_seqlens, start_) + out)
             cos, sin = out
         start(self.rotate_pass.launcher, self.rotate_pass,
-              (q, q_out, k, k_out, cos, sin, token_rows))
+              (q, q_out, k, k_out, cos, sin, token_rows if sequences is None else sequences))
 
     def new_rows(self, device) -> tuple:
         """Fresh fp32 cos and s' rows for the pre-pass to write."""
@@ -458,6 +486,7 @@ class TableRead(NamedTuple):
     index_pass: Optional[Launch] = None
     index_shape: tuple = (0,)
     stride_rows_b: int = 0
+    seq_rows: int = 0       # > 0: one packed sequence per grid row (by_sequence), no row index
 
 
 def plan_table_read(table: Table, positions: Positions, S, B, *, R: int, interleaved: bool,
@@ -480,6 +509,11 @@ def plan_table_read(table: Table, positions: Positions, S, B, *, R: int, interle
         assert ids.stride(-1) == 1 or S == 1, "position ids must be contiguous"
         assert not ids_per_entry or ids.stride(0) == S, "position ids must be contiguous"
     n_seq = pos.cu_seqlens.shape[0] - 1 if pos.cu_seqlens is not None else 0
+    seq_rows = by_sequence(table, pos, S, B)
+    if seq_rows:    # the rows of positions 0 .. seq_rows - 1, read by each sequence's programs
+        rows = plan_table_read(table, Positions(), seq_rows, 1, R=R, interleaved=interleaved,
+                               backward=backward, device=device, rows_kept=rows_kept)
+        return rows._replace(seq_rows=seq_rows)
     if table_bytes(table, pos, S, B, R, rows_kept)[1]:
         block_s = pow2_at_least(S, 1024 if on_gpu else 1 << 14)
         below = _positions_below(table, pos, S)
@@ -540,31 +574,40 @@ def plan_two_pass(q: View, q_out: View, table: Table, positions: Positions, *, R
     table_pass, signed, stride_p, stride_b, table_shape = read[:5]
     out32 = torch.empty(0, dtype=torch.float32, device="meta")     # (the pre-pass's dtype)
     index = torch.empty(0, dtype=torch.int32, device="meta") if read.index_pass else None
+    seqs = positions.cu_seqlens if read.seq_rows else None
     xblock = TWO_PASS_ELEMENTS if on_gpu else 1 << 14
     n_q, n_k = S * B * q.heads * D, S * B * HK * D
+    if read.seq_rows:       # one packed sequence per grid row: its first seq_rows positions
+        n_seq = positions.cu_seqlens.shape[0] - 1
+        grid = (cdiv(read.seq_rows * q.heads * D, xblock)
+                + cdiv(read.seq_rows * HK * D, xblock), n_seq)
+    else:
+        grid = (cdiv(n_q, xblock) + cdiv(n_k, xblock),)
     int64 = (max(n_q, n_k) + xblock > I32_LIMIT) or (table_shape[0] * R > I32_LIMIT - 1024) \
         or (table_pass is None and needs_int64((table.cos,))) \
         or (table.axes is not None and 2 * table.axes[2] + table.cos.numel() > I32_LIMIT - 1024)
     rotate_pass = Launch(
-        (cdiv(n_q, xblock) + cdiv(n_k, xblock),), TWO_PASS_WARPS,
-        dict(S=S, B=B, HQ=q.heads, HK=HK, stride_tab_p=stride_p, stride_tab_b=stride_b,
+        grid, TWO_PASS_WARPS,
+        dict(S=S, B=read.seq_rows or B, HQ=q.heads, HK=HK, stride_tab_p=stride_p,
+             stride_tab_b=stride_b,
              stride_rows_b=read.stride_rows_b,
              stride_tab_axis=table.axes[2] if table.axes else 0, D=D, R=R,
-             LAYOUT=OUT_LAYOUT[layout], INTERLEAVED=interleaved, BACKWARD=backward,
-             SIGNED=signed, PER_ENTRY=stride_b != 0,
+             LAYOUT=3 if read.seq_rows else OUT_LAYOUT[layout], INTERLEAVED=interleaved,
+             BACKWARD=backward, SIGNED=signed, PER_ENTRY=stride_b != 0,
              # rows that serve every batch entry, or (by position) many tokens: kept in L2
-             KEEP_TABLE=(B > 1 and stride_b == 0) or read.index_pass is not None,
+             KEEP_TABLE=(B > 1 and stride_b == 0) or read.index_pass is not None
+             or read.seq_rows > 0,
              AXIS_H_FROM=table.axes[0] if table.axes else R // 2,
              AXIS_W_FROM=table.axes[1] if table.axes else R // 2, XBLOCK=xblock, INT64=int64),
         pointer_dtypes((x, q_out.tensor, k.tensor if k is not None else None,
                  k_out.tensor if k_out is not None else None)
                 + ((table.cos, table.sin) if table_pass is None else (out32, out32))
-                + (index,)), x.device, ROWS)
+                + (index if seqs is None else seqs,)), x.device, ROWS)
     pointers = (x, q_out.tensor, k.tensor if k is not None else None,
                 k_out.tensor if k_out is not None else None, table.cos, table.sin,
                 positions.position_ids, positions.cu_seqlens, positions.start)
     return TwoPass(table_pass, rotate_pass, table_shape, read.index_pass,
-                   read.index_shape), pointers
+                   read.index_shape, read.seq_rows), pointers
 
 
 # The finished kernels, by where positions come from, with their pointer arguments in order
@@ -580,7 +623,7 @@ COS_SIN_ROWS = DirectLauncher(_cos_sin_rows_kernel, (
     "sin_out_ptr"))
 TOKEN_ROWS = DirectLauncher(_token_rows_kernel, ("position_ids_ptr", "cu_seqlens_ptr",
                                                  "start_ptr", "rows_out_ptr"))
-ROWS = DirectLauncher(_rope_rows_kernel, _ROTATED + ("token_rows_ptr",))
+ROWS = DirectLauncher(_rope_rows_kernel, _ROTATED + ("index_ptr",))
 TWO_PASS_POINTERS = _ROTATED + ("position_ids_ptr", "cu_seqlens_ptr", "start_ptr")
 LAUNCHERS = (TOKENS, IDS, PACKED, QKV, COS_SIN_ROWS, TOKEN_ROWS, ROWS)
 

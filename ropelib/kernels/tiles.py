@@ -52,6 +52,15 @@ TWO_PASS_KEPT_TABLE_SHARE = 16
 TWO_PASS_ELEMENTS = 1024
 TWO_PASS_WARPS = 4
 TWO_PASS_TABLE_ELEMENTS = 1024     # (token, pair) entries per program of the pre-pass
+# Packed sequences (thd) whose positions are each token's index in its sequence: the flat pass
+# can take one sequence per grid row, its positions' rows read as sbhd reads a token's (no row
+# index per token, no index pass), as flash-attn's Triton rotary does with the longest
+# sequence's length. Without that length on the host, the grid covers min(P, T) positions of
+# every sequence, and programs past a sequence's end return at once: taken while that grid is
+# at most this many times the tokens. (flash-attn's per-sequence grid reached 0.977 of a copy
+# on thd where the row index reached 0.860, H200, floor-nvidia-h200.csv of 2026-11-28; this
+# route is not timed yet.)
+TWO_PASS_SEQUENCE_GRID = 2
 
 # --- QK-RMSNorm + RoPE (kernels/qk_norm_rope.py) ---------------------------------------------
 # Elements of q (or k) a program moves per batch entry, and per thread. Measured on an H200 with
