@@ -246,7 +246,9 @@ plt.show()
 # $\theta_j = b^{-2j/d}$ falls geometrically from $1$ to $b^{-(d-2)/d}$, just above $b^{-1}$. Its
 # wavelength $\lambda_j = 2\pi/\theta_j$ is the number of positions pair $j$ needs for a full
 # turn: from $2\pi \approx 6.3$ tokens for $j = 0$ to $2\pi b^{(d-2)/d} = 2\pi b \cdot b^{-2/d}$
-# for the last pair: below $2\pi b$ by the factor $b^{-2/d}$, a fifth or so at $d = 128$. Pairs whose wavelength exceeds the training context never complete a turn
+# for the last pair: below $2\pi b$ by the factor $b^{-2/d}$, which is about 0.81 at $d = 128$
+# and $b = 500000$ (the cell below computes it), so a fifth less. Pairs whose wavelength exceeds
+# the training context never complete a turn
 # during training, so a longer context shows them angles they never saw. The context-extension
 # methods of `ropelib.frequencies` slow those pairs down (linear scaling slows every pair; the
 # others keep the fast pairs and change mostly or only the slow ones):
@@ -293,6 +295,10 @@ fig.tight_layout()
 fig.savefig(FIGURES / "01-frequency-spectrum.png", dpi=120)
 plt.show()
 print("wavelengths from", round(wavelength[0].item(), 2), "to", round(wavelength[-1].item()), "tokens")
+factor = base ** (-2 / d)                # b^(-2/d): the last wavelength over 2*pi*b
+print(f"the longest wavelength is 2*pi*b times {factor:.3f}, {1 - factor:.0%} short of 2*pi*b")
+assert math.isclose(wavelength[-1].item(), 2 * math.pi * base * factor, rel_tol=1e-5)
+assert round(factor, 2) == 0.81 and abs((1 - factor) - 1 / 5) < 0.02
 
 # %% [markdown]
 # ![Left: the wavelength of each pair. Right: how each scaling changes the frequencies](../figures/01-frequency-spectrum.png)

@@ -50,6 +50,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from ropelib import frequencies, reference
+from ropelib.bench.compare import error_metrics
 from ropelib.frequencies import rope_cos_sin, rope_freqs
 
 FIGURES = ropelib.runtime.figures_dir()   # a scratch folder (ROPELIB_WRITE_FIGURES=1: figures/)
@@ -145,12 +146,21 @@ errors = {
 for name, e in errors.items():
     print(f"{name:30s} max |y - correctly rounded y|: {e:.4f}")
 assert errors["fused, fp32 angles (ropelib)"] <= errors["TE unfused (math in bf16)"]
+# ropelib's y against the correctly rounded y, in bf16 ulps of each value (see the text below)
+one_rounding = error_metrics(ropelib.apply_rope(x_sbhd, f_tab), exact)
+print(f"ropelib's y: at most {one_rounding['max_ulp_err']:g} bf16 ulp from the correctly rounded y")
+assert one_rounding["max_ulp_err"] <= 1
 
 # %% [markdown]
 # The first line is 0 or one bf16 rounding step: one rounding of the fp32 result, which is
 # within one step of the correctly rounded one (fp32 math carries its own tiny error, so the
-# two can land on neighbouring bf16 values). The other two carry extra roundings. (Notebook 08 shows how this difference makes an innocent
-# `torch.allclose(te_out, triton_out)` fail.)
+# two can land on neighbouring bf16 values). The last line measures that step in ulps, the gap
+# between neighbouring bf16 numbers at each value, and the cell asserts at most one. Values
+# smaller than a thousandth of the largest are measured in the ulp at that floor
+# (`ropelib.bench.compare.error_metrics` does so): near zero, an output is what is left when
+# $x_a\cos - x_b\sin$ cancels values of order one, and there fp32's own error, not the
+# rounding, decides the last bits. The other two lines carry extra roundings. (Notebook 08 shows
+# how this difference makes an innocent `torch.allclose(te_out, triton_out)` fail.)
 
 # %% [markdown]
 # ## 3. Partial rotary
@@ -390,21 +400,30 @@ if GPU:
 
     xd = xp.detach()   # forward only: no autograd graph recorded while timing
     y_buf = torch.empty_like(xd)
+    with CountTraffic() as counted:              # each op's bytes, on the tensors timed here
+        reference.te_unfused(xd, fp)
+    timed_unfused_bytes = sum(r + w for _, r, w in counted.ops)
+    moved = 2 * xd.numel() * xd.element_size() + fp.numel() * 4     # the fused kernel's bytes
     t_unfused = triton.testing.do_bench(lambda: reference.te_unfused(xd, fp))
     t_fused = triton.testing.do_bench(lambda: ropelib.apply_rope(xd, fp))
     t_copy = triton.testing.do_bench(lambda: y_buf.copy_(xd))
-    moved = 2 * xd.numel() * xd.element_size() + fp.numel() * 4
     for name, t in [("copy (floor)", t_copy), ("ropelib.apply_rope", t_fused), ("TE unfused", t_unfused)]:
         print(f"{name:20s} {t * 1e3:8.1f} us   {moved / t / 1e6:7.0f} GB/s of useful traffic")
     print(f"unfused / fused: {t_unfused / t_fused:.1f}x")
-    print(f"their bytes (counted above): {unfused_bytes / floor_bytes:.1f}x")
-    assert t_unfused / t_fused > unfused_bytes / floor_bytes
+    print(f"their bytes (counted on these tensors, x {tuple(xd.shape)}): "
+          f"{timed_unfused_bytes / moved:.1f}x "
+          f"(section 6's smaller x: {unfused_bytes / floor_bytes:.1f}x)")
+    assert t_unfused / t_fused > timed_unfused_bytes / moved
+    assert abs(timed_unfused_bytes / moved / (unfused_bytes / floor_bytes) - 1) < 0.05
 else:
     print("interpreter mode: no timings (run on a GPU for the numbers); the byte count above "
           "is what the timings follow")
 
 # %% [markdown]
-# Read the unfused/fused ratio against the ratio of the bytes the two move (counted above).
+# Read the unfused/fused ratio against the ratio of the bytes the two move, counted with
+# `CountTraffic` on the very tensors the cell times (the count of section 6 used a smaller `x`;
+# the ratio barely depends on the shape, since every op but the table's scales with `x`: the
+# cell prints both counts and asserts they agree within 5%).
 # If every kernel of the chain streamed its bytes as fast as the fused one, the two ratios
 # would be equal. On the GPU this page was run on, the unfused chain comes out slower still:
 # the cell above prints both ratios and asserts their order.
@@ -413,9 +432,9 @@ else:
 #
 # Where does the rest go? The next cell times the unfused chain kernel by kernel. On a GPU it
 #
-# 1. counts the bytes of each op of `reference.te_unfused` with `CountTraffic` from above, on
-#    the very tensors it then times: an op's bytes follow from the shapes and dtypes of the
-#    tensors it reads and writes;
+# 1. takes the bytes of each op of `reference.te_unfused` that the cell above counted with
+#    `CountTraffic`, on the very tensors it then times: an op's bytes follow from the shapes and
+#    dtypes of the tensors it reads and writes;
 # 2. runs the forward twice to warm up, then profiles five forward passes with CUDA activity
 #    and takes each GPU kernel's device time, the mean over the five;
 # 3. matches kernels to ops by their order (eager PyTorch launches one kernel per op, in program
@@ -433,8 +452,6 @@ if GPU:
     from ropelib.course import kernel_bandwidth as kb
 
     repeats = 5
-    with CountTraffic() as counted:              # each op's bytes, on the tensors timed here
-        reference.te_unfused(xd, fp)
 
     def kernels_of(fn, skip=kb.SKIPPED):
         """(name, us) of the GPU kernels of `repeats` calls of fn, after a warm-up."""
@@ -463,6 +480,23 @@ if GPU:
     print(f"the {len(rows)} kernels take {kernel_us:.0f} us; their bytes at the copy's GB/s "
           f"would take {at_copy_us:.0f} us")
     assert len(slow) >= 2 and kernel_us > at_copy_us
+    # the same rows summed by kernel kind: the template each kernel's name shows
+    kinds = kb.by_kind(rows, copy_gbps)
+    print("\nby kind of kernel (kernels: their numbers in the table above)\n")
+    print(kb.format_kinds(kinds))
+    plain = [k for k in (kb.NOT_VECTORIZED, kb.CAT_NOT_VECTORIZED) if k in kinds]
+    vectorized = [k for k in (kb.VECTORIZED, kb.CAT_VECTORIZED) if k in kinds]
+    plain_over_us = sum(kinds[k].over_copy_us for k in plain)
+    print(f"\nnot vectorized: {sum(len(kinds[k].rows) for k in plain)} kernels, "
+          f"{plain_over_us:.0f} of the {kernel_us - at_copy_us:.0f} us the chain's kernels take "
+          f"beyond the copy's speed ({plain_over_us / (kernel_us - at_copy_us):.0%})")
+    # which op ran as which kind, as the text below says
+    assert kinds[kb.NOT_VECTORIZED].ops == ["mul", "neg", "mul"]
+    assert kinds[kb.CAT_NOT_VECTORIZED].ops == ["cat"] and kinds[kb.CAT_VECTORIZED].ops == ["cat"]
+    assert "add" in kinds[kb.VECTORIZED].ops
+    assert all(kinds[k].of_copy < 0.5 for k in plain)        # each plain kind: under half a copy
+    assert all(kinds[k].of_copy > 0.8 for k in vectorized)   # each vectorized kind: near a copy
+    assert plain_over_us > 0.9 * (kernel_us - at_copy_us)
     # the unfused/fused ratio as a product of measured factors (exact by construction)
     factors = kb.ratio_factors(t_unfused * 1e3, t_fused * 1e3, rows, moved, copy_gbps)
     print("\nunfused / fused, factor by factor:")
@@ -478,8 +512,8 @@ if GPU:
     assert factors["time outside the kernels (launch gaps)"] < 1.1
     assert factors["the fused kernel against a copy"] > 0.8
 else:
-    print("interpreter mode: the table needs a GPU's profiler (here the ops run on the CPU, and "
-          "ropelib's kernel in Python)")
+    print("interpreter mode: the table and its split by kernel kind need a GPU's profiler (here "
+          "the ops run on the CPU, and ropelib's kernel in Python)")
 
 # %% [markdown]
 # On the GPU this page was run on, the table shows what the bytes alone do not: the line under
@@ -490,9 +524,25 @@ else:
 # fused kernel's bytes, its kernels take more than one and a half times what those bytes would
 # take at the copy's speed, the time between its kernels adds under a tenth, and the fused kernel
 # itself runs close to a copy (the cell asserts all four; their product is the timed ratio by
-# construction, since each factor is a ratio of the measured times and bytes). Which kernels fall short is for you to
-# read from the table: set each beside its op in the traffic count and ask what it reads (the
-# small angle table, a broadcast cos/sin, a strided half of `x`, a contiguous tensor).
+# construction, since each factor is a ratio of the measured times and bytes).
+#
+# Which kernels fall short, and why? The by-kind table sums the kernels by the PyTorch template
+# each was launched from, as its name shows (the profiler listing earlier in this section prints
+# the names). The kernels that fall short on the large tensors are the
+# **non-vectorized** ones: `elementwise_kernel<128, 4>` for the two multiplies and the `neg`,
+# and the plain `CatArrayBatchedCopy` for the first `cat`. Each has an operand that is not
+# contiguous: the multiplies read the cos/sin table broadcast over batch and heads (a stride of
+# 0), `neg` and the first `cat` a strided half of `x` (`torch.chunk` of the last dimension).
+# PyTorch picks its vectorized template, where each thread loads several neighbouring elements
+# at once, only when every operand is contiguous; otherwise each thread loads one element at a
+# time at an offset computed from the strides. The `add` of two contiguous temporaries and the
+# second `cat` run vectorized, at about a copy's speed. (`cos`, `sin` and their casts are
+# vectorized too, but they touch only the small table, a few microseconds each.) The cell
+# asserts the split: every non-vectorized kind below half the copy's GB/s, every vectorized kind
+# above 80% of it, and the non-vectorized kernels' time beyond what their bytes would take at
+# the copy's speed more than nine tenths of the chain's. What the table gives is the kernel kind,
+# read from its name, and its GB/s, from device time and counted bytes; the loads themselves are
+# not measured here (that takes a profiler's hardware counters, such as Nsight Compute's).
 # Notebook 07 measures the fixed cost of a call, and notebooks 03 to 05 what makes one kernel
 # stream at a copy's speed.
 

@@ -737,11 +737,14 @@ for p, t, r, a in zip(positions.tolist(), by_table16.tolist(), stored16.tolist()
 assert worst_value <= 2**-9 and (by_table16 <= math.sqrt(2) * 2**-9).all()
 assert (by_table16 <= stored16).all()             # the table costs no more than y's storage
 assert by_angle16[2] > 100 * by_table16[2]        # at position 100,000 the angle is what breaks
+assert by_angle16[0] < by_table16[0]              # at position 1 the bf16 angle is off by less,
+assert by_angle16[1] > 1                          # by position 1,000 more than the pair's length
 
 # %% [markdown]
-# The bf16 table costs no more than storing $y$ in bf16 does, and no more at position 100,000
-# than at position 1; the bf16 angle is off by less at position 1, and by position 1,000 moves
-# a pair by more than its own length. What is left to a kernel that reads a 16-bit table is to
+# The bf16 table costs no more than storing $y$ in bf16 does, and stays within the same bound,
+# $\sqrt{2}\cdot 2^{-9}$ of the pair's length, at position 100,000 as at position 1; the bf16
+# angle is off by less at position 1, and by position 1,000 moves a pair by more than its own
+# length (the cell asserts each). What is left to a kernel that reads a 16-bit table is to
 # round once.
 
 # %% [markdown]

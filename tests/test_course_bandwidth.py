@@ -143,6 +143,50 @@ def test_the_ratio_splits_into_factors_whose_product_is_the_timed_ratio():
         kb.ratio_factors(0.0, 69.6, rows, 270_000_000, 4156.0)
 
 
+CAT_VECTORIZED_NAME = "void at::native::(anonymous namespace)::CatArrayBatchedCopy_vectorized<at::native::(anonymous namespace)::OpaqueType<2u>, unsigned int, 4, 128, 1, 16, 8>(char*, at::native::(anonymous namespace)::CatArrInputTensorMetadata<at::native::(anonymous namespace)::OpaqueType<2u>, unsigned int, 128, 1>, at::native::(anonymous namespace)::TensorSizeStride<unsigned int, 4u>, int, unsigned int)"  # noqa: E501
+
+
+def test_kernel_kind_reads_the_template_from_the_name():
+    assert [kb.kernel_kind(n) for n in NAMES] == [
+        kb.VECTORIZED, kb.VECTORIZED, kb.NOT_VECTORIZED, kb.NOT_VECTORIZED,
+        kb.CAT_NOT_VECTORIZED, kb.VECTORIZED]
+    assert kb.kernel_kind(CAT_VECTORIZED_NAME) == kb.CAT_VECTORIZED
+    assert kb.kernel_kind("_rope_rows_kernel") == "other"
+    assert kb.kernel_kind("void at::native::unrolled_elementwise_kernel<foo>(int)") == "other"
+    assert kb.kernel_kind("Memcpy DtoD (Device -> Device)") == "other"
+
+
+def test_rows_summed_by_kind():
+    names = NAMES + [CAT_VECTORIZED_NAME]
+    ops = OPS + [("cat", 128_000_000, 128_000_000)]
+    us = [2.0, 2.0, 200.0, 100.0, 300.0, 96.0, 64.0]
+    copy = 4000.0
+    rows = kb.kernel_table(list(zip(names, us)), ops, 1, copy)
+    assert [r.kind for r in rows] == [kb.VECTORIZED, kb.VECTORIZED, kb.NOT_VECTORIZED,
+                                      kb.NOT_VECTORIZED, kb.CAT_NOT_VECTORIZED, kb.VECTORIZED,
+                                      kb.CAT_VECTORIZED]
+    kinds = kb.by_kind(rows, copy)
+    assert list(kinds) == [kb.VECTORIZED, kb.NOT_VECTORIZED, kb.CAT_NOT_VECTORIZED,
+                           kb.CAT_VECTORIZED]                         # first appearance
+    v = kinds[kb.VECTORIZED]
+    assert v.rows == [0, 1, 5] and v.ops == ["cos", "_to_copy", "add"]
+    assert v.us == pytest.approx(100.0) and v.nbytes == 8_000_000 + 6_000_000 + 384_000_000
+    assert v.gbps == pytest.approx(398_000_000 / 100e-6 / 1e9) and v.of_copy == pytest.approx(0.995)
+    assert v.over_copy_us == pytest.approx(100.0 - 398_000_000 / 4000e9 * 1e6)
+    plain = kinds[kb.NOT_VECTORIZED]
+    assert plain.ops == ["mul", "neg"] and plain.us == pytest.approx(300.0)
+    assert plain.of_copy == pytest.approx(386_000_000 / 300e-6 / 1e9 / copy)
+    # the kinds' time over copy speed adds up to the table's
+    assert sum(g.over_copy_us for g in kinds.values()) == pytest.approx(
+        sum(r.us for r in rows) - kb.us_at_copy_speed(rows, copy))
+    text = kb.format_kinds(kinds).splitlines()
+    assert len(text) == 1 + len(kinds) and "of copy" in text[0]
+    assert text[1].split()[:4] == ["elementwise,", "vectorized", "0,1,5", "100.0"]
+    # a row made by hand, without a kind, counts as "other"
+    bare = kb.KernelRow(op="mul", kernel="k", us=1.0, nbytes=4000, gbps=4.0, of_copy=0.001)
+    assert list(kb.by_kind([bare], copy)) == ["other"]
+
+
 def test_no_bandwidth_from_a_zero_time():
     with pytest.raises(ValueError, match="no bandwidth"):
         kb.gbps(1000, 0.0)

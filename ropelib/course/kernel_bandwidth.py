@@ -8,6 +8,15 @@ program order, so the two are matched by position: :func:`kernel_table` refuses 
 whose lengths disagree, or a position whose kernel changes from one repeat to the next. Everything
 here takes plain values (names, microseconds, bytes), so the tests run it on the CPU; only the
 events handed to :func:`device_kernels` come from a GPU's profile.
+
+A kernel's *kind* (:func:`kernel_kind`) is which of PyTorch's CUDA kernel templates its name
+says it was launched from: ``vectorized_elementwise_kernel`` (each thread loads several
+neighbouring elements at once; PyTorch picks it when every operand is contiguous and aligned),
+``elementwise_kernel<128, 4, ...>`` (one element per load, each operand's offset computed from
+its strides; the template for operands that are not contiguous, such as a broadcast one with a
+stride of 0 or a slice), and ``CatArrayBatchedCopy`` with or without ``_vectorized``.
+:func:`by_kind` sums the table's rows by kind. Both read kernel names, counted bytes and measured
+times only, not a profiler's hardware counters.
 """
 from __future__ import annotations
 
@@ -27,6 +36,7 @@ class KernelRow:
     nbytes: int      # bytes the op reads plus the bytes it writes
     gbps: float      # nbytes / us, in GB/s (1e9 bytes per second)
     of_copy: float   # gbps / the copy's GB/s
+    kind: str = ""   # the kernel template its name shows (:func:`kernel_kind`)
 
 
 def is_device_kernel(event, skip: Sequence[str] = SKIPPED, device: str = "CUDA") -> bool:
@@ -61,6 +71,63 @@ def short_name(kernel: str, width: int = 40) -> str:
         return functors[-1][:width]
     name = kernel.removeprefix("void ").replace("at::native::", "")
     return name[:width]
+
+
+VECTORIZED, NOT_VECTORIZED = "elementwise, vectorized", "elementwise, not vectorized"
+CAT_VECTORIZED, CAT_NOT_VECTORIZED = "cat, vectorized", "cat, not vectorized"
+
+
+def kernel_kind(kernel: str) -> str:
+    """The PyTorch CUDA kernel template a kernel's name shows: :data:`VECTORIZED`
+    (``vectorized_elementwise_kernel<...>``), :data:`NOT_VECTORIZED` (``elementwise_kernel<128,
+    4, ...>``), :data:`CAT_VECTORIZED` (``CatArrayBatchedCopy_vectorized``),
+    :data:`CAT_NOT_VECTORIZED` (``CatArrayBatchedCopy``), else ``"other"`` (a Triton kernel,
+    ``unrolled_elementwise_kernel``, a reduction, ...)."""
+    if "CatArrayBatchedCopy" in kernel:
+        return CAT_VECTORIZED if "CatArrayBatchedCopy_vectorized" in kernel else CAT_NOT_VECTORIZED
+    if "vectorized_elementwise_kernel<" in kernel:
+        return VECTORIZED
+    if re.search(r"(?<![A-Za-z0-9_])elementwise_kernel<", kernel):
+        return NOT_VECTORIZED
+    return "other"
+
+
+@dataclass
+class KindTotal:
+    """The rows of one kernel kind, summed."""
+    rows: List[int]  # their positions in the table
+    ops: List[str]   # their ops, in that order
+    us: float        # device time, summed
+    nbytes: int      # bytes, summed
+    gbps: float      # nbytes / us
+    of_copy: float   # gbps / the copy's GB/s
+    over_copy_us: float  # us minus the time their bytes would take at the copy's GB/s
+
+
+def by_kind(rows: Sequence[KernelRow], copy_gbps: float) -> dict:
+    """{kind: :class:`KindTotal`} of the table's rows, kinds in order of first appearance."""
+    groups: dict = {}
+    for i, r in enumerate(rows):
+        groups.setdefault(r.kind or "other", []).append(i)
+    out = {}
+    for kind, idx in groups.items():
+        us = sum(rows[i].us for i in idx)
+        nbytes = sum(rows[i].nbytes for i in idx)
+        rate = gbps(nbytes, us)
+        out[kind] = KindTotal(idx, [rows[i].op for i in idx], us, nbytes, rate, rate / copy_gbps,
+                              us - nbytes / copy_gbps / 1e3)
+    return out
+
+
+def format_kinds(groups: dict) -> str:
+    """The by-kind table notebook 02 prints under the per-kernel one."""
+    lines = [f"{'kind':28s} {'kernels':18s} {'us':>8s} {'MB':>8s} {'GB/s':>7s} {'of copy':>8s} "
+             f"{'us over copy':>13s}"]
+    for kind, g in groups.items():
+        which = ",".join(str(i) for i in g.rows)
+        lines.append(f"{kind:28s} {which:18s} {g.us:8.1f} {g.nbytes / 1e6:8.1f} {g.gbps:7.0f} "
+                     f"{g.of_copy:8.0%} {g.over_copy_us:13.1f}")
+    return "\n".join(lines)
 
 
 def mean_us(kernels: Sequence[Tuple[str, float]], repeats: int, what: str) -> float:
@@ -115,7 +182,7 @@ def kernel_table(kernels: Sequence[Tuple[str, float]], ops: Sequence[Tuple[str, 
         us = sum(kernels[r * n + i][1] for r in range(repeats)) / repeats
         rate = gbps(read + written, us)
         rows.append(KernelRow(op, short_name(kernels[i][0]), us, read + written, rate,
-                              rate / copy_gbps))
+                              rate / copy_gbps, kernel_kind(kernels[i][0])))
     return rows
 
 
