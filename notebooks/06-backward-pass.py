@@ -450,14 +450,21 @@ print("expanded input: forward reads stride 0, backward's gradients summed over 
 # - Check a backward three ways: against the autograd of a plain PyTorch reference, with
 #   `gradcheck` in float64, and with stride-0 gradients from `sum` and `expand`.
 #
-# ropelib's finished kernel does the same — its header states the formulas:
+# ropelib's finished kernel does the same. Its module header is long (it also documents the
+# grid, the layouts and the angle tables); the cell below prints only its paragraph on the two
+# directions, which states the formulas derived in section 1:
 
 # %%
 try:
     from ropelib.kernels import fused
     doc = fused.__doc__ or ""
-    start = doc.find("Forward rotates")
-    print(doc[start:].strip() if start >= 0 else doc.strip())
+    start = doc.find("Forward rotates by +theta")
+    assert start >= 0, "the kernel header no longer states its forward/backward formulas"
+    # that paragraph, its two formulas and the sentence after them: three paragraphs
+    excerpt = "\n\n".join(doc[start:].split("\n\n")[:3])
+    assert "backward  g_a = y_a c_a + y_b s_b      g_b = y_b c_b - y_a s_a" in excerpt
+    assert " ".join(excerpt.split()).endswith("one kernel, one constexpr.")
+    print(excerpt)
 except ImportError as exc:
     print(f"ropelib.kernels.fused is not importable here ({exc})")
 

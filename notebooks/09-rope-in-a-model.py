@@ -178,10 +178,82 @@ del models
 #   spread you would see rerunning the PyTorch model with a different seed, the yardstick for
 #   "agree".
 #
-# If the kernel were subtly wrong (a sign, an off-by-one position, a missing gradient term) the
-# model would still train, but to a different loss, and its gap from the reference would grow
-# well beyond the seed-to-seed gap. A correct kernel's gap is of the size of that noise: one
-# sample of it, sometimes a little above, sometimes below (the check allows 1.5 times).
+# A correct kernel's gap is of the size of that noise: one sample of it, sometimes a little
+# above, sometimes below (the check allows 1.5 times).
+#
+# **What a loss-curve comparison can and cannot see.** It compares two *trainings*, so it sees
+# a bug only if the bug changes how the model learns. Two bugs applied the same way to $q$ and
+# $k$ do not:
+#
+# - an **offset added to every position** cancels in $n - m$: the scores, the logits and the
+#   whole training are unchanged (section 7 uses exactly this invariance);
+# - **rotating by $-\theta$** instead of $+\theta$ is an equally valid RoPE. $R(-\theta)$ is
+#   $R(\theta)$ with the second member of each pair negated on the way in and out, a sign the
+#   query and key weights absorb. From the same initial weights the logits differ, but the run
+#   is the reference's from other (equally likely) initial $q$ and $k$ weights: a sample of
+#   seed noise, which the check above accepts.
+#
+# The first is harmless. The second matters only for weights trained with the other convention,
+# and the one-batch comparison of section 2 (same weights, fp32) catches it. Bugs that break
+# RoPE's structure are different. A sign applied to $q$ only makes the scores depend on
+# $m + n$ instead of $n - m$. A backward that forgets the sign flip (rotating the gradient by
+# $+\theta$) hands the optimiser the wrong gradient. Neither is a change of weights in disguise,
+# so they can move the curve out of the seed band, and the section-2 comparison fails on them
+# at once.
+#
+# The cell below shows each case on 16 positions with the plain PyTorch reference, in fp64,
+# without training anything: are the scores $\tilde q_m^\top \tilde k_n$ those of the correct
+# RoPE, and do they still depend on $n - m$ only (unchanged when every position moves by 7)?
+
+# %%
+S_d, D_d, SHIFT = 16, 16, 7
+gen = torch.Generator().manual_seed(0)
+q_raw, k_raw, w = (torch.randn(S_d, 1, 1, D_d, generator=gen, dtype=torch.float64)
+                   for _ in range(3))
+# angles of positions 0 .. S_d + 7 in fp64 (position x frequency, row 1 of the table holds the
+# frequencies): fp32 angles would round differently at every position and blur the comparison
+positions = torch.arange(S_d + SHIFT + 1, dtype=torch.float64).view(-1, 1, 1, 1)
+ang = positions * rope_freqs(2, D_d)[1].double()          # [S_d + 8, 1, 1, D_d]
+
+
+def scores(q_sign=1, k_sign=1, offset=0, shift=0):
+    """[S_d, S_d] scores q~_m . k~_n; a bug's sign on q's or k's angles, an offset on both."""
+    rows = ang[offset + shift: offset + shift + S_d]
+    q = reference.rope_reference(q_raw, q_sign * rows)
+    k = reference.rope_reference(k_raw, k_sign * rows)
+    return torch.einsum("mbhd,nbhd->mn", q, k)
+
+
+def same(a, b):
+    return torch.allclose(a, b, atol=1e-9, rtol=0)           # fp64 rounding is ~1e-15 here
+
+
+correct = scores()
+assert same(scores(shift=SHIFT), correct)           # the correct RoPE: relative positions only
+cases = {"offset of 1 on q and k": dict(offset=1),
+         "-theta on q and k": dict(q_sign=-1, k_sign=-1),
+         "-theta on q only": dict(q_sign=-1)}
+print(f"{'bug':24s} {'scores as the correct RoPE':>27s} {'scores depend on n - m only':>28s}")
+for bug, kw in cases.items():
+    as_correct = same(scores(**kw), correct)
+    relative = same(scores(**kw, shift=SHIFT), scores(**kw))
+    print(f"{bug:24s} {str(as_correct):>27s} {str(relative):>28s}")
+    expected = {"offset of 1 on q and k": (True, True), "-theta on q and k": (False, True),
+                "-theta on q only": (False, False)}[bug]
+    assert (as_correct, relative) == expected, (bug, as_correct, relative)
+
+# the backward: dL/dx for L = sum(w * rope(x)) is w rotated by -theta; forgetting the flip is not
+x_d = q_raw.clone().requires_grad_()
+(grad_autograd,) = torch.autograd.grad((w * reference.rope_reference(x_d, ang[:S_d])).sum(), x_d)
+grad_flip = reference.rope_reference(w, -ang[:S_d])     # the backward of notebook 06
+grad_forgot = reference.rope_reference(w, ang[:S_d])    # the bug: rotates by +theta again
+assert same(grad_flip, grad_autograd) and not same(grad_forgot, grad_autograd)
+print(f"backward without the sign flip: max |gradient error| "
+      f"{(grad_forgot - grad_autograd).abs().max().item():.2f} (gradients of size "
+      f"{grad_autograd.abs().max().item():.2f})")
+
+# %% [markdown]
+# Now the three training runs.
 
 # %%
 runs = {}
@@ -242,7 +314,8 @@ for k, r in runs.items():
 # and ask that the kernel's gap from the reference be of the size of the seed-to-seed gap:
 # $d(\text{ropelib}, \text{reference}) \le 1.5\, d(\text{reference seed 1}, \text{reference})$.
 # Under bf16 the kernel's gap is itself a sample of the same run-to-run noise, sometimes a
-# little above the seed gap; a wrong kernel trains to a different loss, many times away.
+# little above the seed gap; a bug that changes how the model learns can take the curve out of
+# that band (the list above says which bugs can, and which cannot).
 
 # %%
 def mean_abs_diff(a, b):
@@ -258,8 +331,7 @@ if STEPS >= 30:                               # (not in a few-step smoke run)
     assert val["ropelib"][-1] < math.log(data.vocab_size) - 0.5   # it learned something
 # Under bf16 autocast two correct implementations round differently from the first step, and
 # training amplifies any difference: the kernel's gap is itself a sample of run-to-run noise,
-# sometimes a little above the seed gap. A wrong kernel trains to a different loss: a gap many
-# times the seed gap.
+# sometimes a little above the seed gap.
 assert d_kernel <= 1.5 * d_seed, "ropelib's curve is further from the reference than seed noise"
 if not ON_GPU:                                # fp32, one rounding each: the same curve
     assert d_kernel < 1e-5, d_kernel

@@ -365,9 +365,12 @@ print("forward and backward match plain PyTorch (float64)")
 # bf16), compares q and k with `ropelib.apply_mrope_qk`, and counts the sines and cosines your
 # kernel evaluates: a kernel that forms the angles once per head computes the right values and
 # still does not pass. It runs your own code only: calling ropelib from the kernel fails it. On
-# a GPU it runs the compiled kernel there too; there `tl.sin` and `tl.cos` may compile to fast
-# approximations (ropelib's kernels call libdevice's, which reduce any angle exactly), and the
-# fp32 tolerance allows for that at the positions the check draws.
+# a GPU it runs the compiled kernel there too. ropelib's kernels call libdevice's `cosf` and
+# `sinf` by name, whose argument reduction is exact for any angle; with the Triton this course
+# runs, your `tl.cos` and `tl.sin` compile to those same libdevice calls, not to the hardware's
+# fast approximations (notebook 05, section 4, reads that from the compiled PTX and prints it
+# for the Triton you have). The fp32 tolerance leaves room for what can still differ: the
+# order of the multiply-adds, and whether the compiler fuses them.
 
 # %%
 @triton.jit
@@ -722,17 +725,36 @@ png = angle_precision.figure(prec_rows, FIGURES / "10-angle-precision.png")
 display(Image(filename=png, width=820))
 
 by = {(r["method"], r["position"]): r for r in prec_rows}
-top = max(r["position"] for r in prec_rows)
+grid = sorted({r["position"] for r in prec_rows})
+first, top = grid[0], grid[-1]
+mid = min(p for p in grid if p >= 10**6)             # the first position past a million
+
+
+def rad(method, p):
+    return by[(method, p)]["angle_err_rad"]
+
+
+print(f"fp32 angle table, max angle error: {rad('fp32_angle_table', mid):.3f} rad at "
+      f"{mid:,} positions, {rad('fp32_angle_table', top):.2f} rad at {top:,}")
+# the statements below, from this table
+assert all(rad(m, first) < 5e-3 for m in angle_precision.METHODS)     # a few thousandths at 1 K
+assert first == 1024 and top == 2**24 and 1.4e6 < mid < 1.6e6          # 1 K, 1.5 M and 16 M
+assert 0.05 < rad("fp32_angle_table", mid) < 0.1                      # "almost a tenth"
+assert 1 < rad("fp32_angle_table", top) < 2                           # "more than a radian"
+assert rad("bf16_cos_sin", first) > 10 * rad("fp32_angle_table", first)   # bf16: worse early
+assert all(0.8 < rad("bf16_cos_sin", p) / rad("fp32_angle_table", p) < 1.25
+           for p in grid if p >= 10**5)                                # ... and level from 1e5
 assert all(r["angle_ulps"] <= 0.5 + 1e-6 for r in prec_rows if r["method"] == "ropelib_exact")
-assert by[("fp32_angle_table", top)]["angle_err_rad"] > 0.1       # fp32 angles: tenths of a rad
 assert by[("ropelib_exact", top)]["out_err"] < 1e-5
 
 # %% [markdown]
-# At a thousand positions every method is fine. By a million the fp32 angle of the fastest
-# pairs is off by hundredths of a radian, and by 16 M by more than a radian: the model sees a
+# At a thousand positions every method's angle is within a few thousandths of a radian. By one
+# and a half million positions the fp32 angle of the fastest pairs is off by almost a tenth of
+# a radian, and by 16 M by more than a radian (the cell prints both): the model sees a
 # different position than the one it was trained to see, for exactly the pairs that carry the
-# finest position information. The bf16 cache is worse at short range and meets the fp32 table
-# once the fp32 product error dominates. The table-free angle stays at half an ulp throughout.
+# finest position information. The bf16 cache is worse at short range (more than ten times the
+# fp32 table's error at 1 K) and level with the fp32 table from $10^5$ positions on, once the
+# fp32 product error dominates. The table-free angle stays at half an ulp throughout.
 
 # %% [markdown]
 # ## Questions for a study group

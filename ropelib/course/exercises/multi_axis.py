@@ -191,7 +191,7 @@ def check_mrope_kernel(kernel, *, seed: Optional[int] = None) -> bool:
         T, HQ, HK, D, section, style, dtype, BLOCK_T = case
         label = (f"T={T}, {HQ} q and {HK} k heads, D={D}, {style} {list(section)}, "
                  f"{str(dtype).replace('torch.', '')}")
-        # (atol, rtol); fp32 leaves room for tl.sin and tl.cos, fast approximations on GPUs
+        # (atol, rtol); fp32 leaves room for multiply-adds in another order, or fused
         tol = (3e-5, 1e-5) if dtype == torch.float32 else (1e-2, 1.6e-2)
         q, k, positions, freqs = _kernel_inputs(case, gen)
         ref = "cuda" if on_gpu else "cpu"       # where ropelib's kernel runs
