@@ -85,6 +85,10 @@ def execute(out: Path, only: str | None, timeout_s: int) -> int:
                                 resources={"metadata": {"path": str(NOTEBOOKS)}})
         t0 = time.time()
         status = "ok"
+        reads = out / f"{path.stem}.reads"
+        reads.unlink(missing_ok=True)
+        # the kernel inherits this: ropelib's readers of committed data note each file they read
+        os.environ["ROPELIB_DATA_READS"] = str(reads.resolve())
         try:
             client.execute()
         except CellExecutionError as e:
@@ -93,8 +97,11 @@ def execute(out: Path, only: str | None, timeout_s: int) -> int:
         except Exception as e:  # noqa: BLE001 -- a dead kernel or a timeout: say so, go on
             status = f"error: {type(e).__name__}: {str(e)[:200]}"
             failed += 1
+        read_data = data_fingerprint(reads)
+        os.environ.pop("ROPELIB_DATA_READS", None)
         seconds = time.time() - t0
         nb.metadata["ropelib_executed"] = dict(env_note, seconds=round(seconds, 1), status=status)
+        nb.metadata["ropelib_data"] = read_data
         nbformat.write(nb, out / path.name)
         rows.append({"notebook": path.stem, "seconds": f"{seconds:.1f}", "status": status})
         print(f"{path.stem:40s} {seconds:7.1f} s  {status}", flush=True)
@@ -162,6 +169,48 @@ _FINGERPRINT = re.compile(
     r'<script type="application/json" id="ropelib-code-cells">(.*?)</script>', re.S)
 
 
+_DATA = re.compile(r'<script type="application/json" id="ropelib-data">(.*?)</script>', re.S)
+
+
+def file_hash(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def data_fingerprint(reads: Path) -> dict:
+    """{path relative to the checkout: sha256} of every committed file a notebook's run read
+    through ropelib's readers (bench.compare.note_read), from the list the run wrote."""
+    if not reads.is_file():
+        return {}
+    out = {}
+    for line in sorted(set(reads.read_text(encoding="utf-8").splitlines())):
+        p = Path(line)
+        if p.is_file() and _inside(p, ROOT):
+            out[p.relative_to(ROOT).as_posix()] = file_hash(p)
+    return out
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    try:
+        path.resolve().relative_to(folder.resolve())
+        return True
+    except ValueError:
+        return False
+
+
+def page_data(page_html: str):
+    """The data a page's run read ({path: sha256}), or None for a page rendered before pages
+    recorded them."""
+    m = _DATA.search(page_html)
+    return None if m is None else json.loads(m.group(1))
+
+
+def changed_data(page_html: str, root: Path = ROOT) -> list:
+    """The files a page's run read that differ now (or are gone): its outputs show older data."""
+    data = page_data(page_html) or {}
+    return sorted(rel for rel, sha in data.items()
+                  if not (root / rel).is_file() or file_hash(root / rel) != sha)
+
+
 def normal_source(source: str) -> str:
     """A code cell's source as a page can show it: leading and trailing newlines dropped (the
     page's highlighter drops them), and a blank cell empty (it shows a blank cell as a space)."""
@@ -214,8 +263,10 @@ def page_state(page: Path, notebooks: Path = NOTEBOOKS) -> str:
     if not nb.is_file():
         return "no notebook"
     want = [cell_hash(s) for s in notebook_code_cells(nb)]
-    return "current" if [cell_hash(s) for s in page_code_cells(
-        page.read_text(encoding="utf-8"))] == want else "stale"
+    body = page.read_text(encoding="utf-8")
+    if [cell_hash(s) for s in page_code_cells(body)] != want:
+        return "stale"
+    return "older data" if changed_data(body) else "current"
 
 
 def _index_rows(readme: Path) -> dict:
@@ -259,6 +310,7 @@ def write_index(to: Path, runs: dict, notebooks: Path = NOTEBOOKS) -> dict:
         else:
             cells = (old.get(stem, []) + ["?"] * 7)[:7]
         same = {"current": "yes", "stale": "no: an older version",
+                "older data": "yes, but data it read have changed since",
                 "no notebook": "no such notebook"}[states[stem]]
         lines.append(f"| [{stem}]({stem}.html) | " + " | ".join(cells + [same]) + " |")
     stale = [s for s, st in states.items() if st != "current"]
@@ -275,7 +327,8 @@ def write_index(to: Path, runs: dict, notebooks: Path = NOTEBOOKS) -> dict:
         text += "\n## Pages to re-render\n\n"
         if stale:
             text += ("These pages show an older version of their notebook (its code cells have "
-                     "changed since): " + ", ".join(f"`{s}`" for s in stale) + ".\n\n")
+                     "changed since) or outputs of committed data that have changed since: "
+                     + ", ".join(f"`{s}`" for s in stale) + ".\n\n")
         if missing:
             text += "These notebooks have no page yet: " + ", ".join(f"`{s}`" for s in missing) + ".\n\n"
         text += ("Re-render them on a GPU (the first command executes, the second writes the "
@@ -305,7 +358,10 @@ def to_html(executed: Path, to: Path) -> int:
             if cell.cell_type == "markdown":
                 cell.source = figure_links(cell.source, to)
         body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"path": str(NOTEBOOKS)}})
-        body = body.replace("</head>", fingerprint_tag(path.stem, sources) + "\n</head>", 1)
+        data = ('<script type="application/json" id="ropelib-data">'
+                + json.dumps(nb.metadata.get("ropelib_data", {}), sort_keys=True) + "</script>")
+        body = body.replace("</head>", fingerprint_tag(path.stem, sources) + "\n" + data
+                            + "\n</head>", 1)
         page = to / f"{path.stem}.html"
         page.write_text(body, encoding="utf-8")
         if [cell_hash(s) for s in page_code_cells(body)] != page_fingerprint(body)["code_cells"]:
@@ -320,8 +376,10 @@ def to_html(executed: Path, to: Path) -> int:
         print("wrote", page)
     states = write_index(to, runs)
     for stem, state in states.items():
-        if state != "current":
-            print(f"{stem}.html: {state} (its notebook in the checkout has other code cells)")
+        if state == "stale":
+            print(f"{stem}.html: stale (its notebook in the checkout has other code cells)")
+        elif state != "current":
+            print(f"{stem}.html: {state}")
     return 0
 
 

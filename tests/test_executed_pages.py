@@ -4,7 +4,10 @@ A page (an HTML render of a notebook executed on a GPU, written by benchmarks/ru
 shows the code cells of the notebook it was executed from. It is *current* when those cells are
 the code cells of notebooks/NN-slug.ipynb today, cell for cell; the page's cells are read back
 from its highlighted input, and a page rendered with a fingerprint (the sha256 of each code
-cell, embedded by run_notebooks.py) must carry the fingerprint of the cells it shows.
+cell, embedded by run_notebooks.py) must carry the fingerprint of the cells it shows. A page
+also carries the sha256 of every committed file its run read through ropelib's readers (CSVs of
+measurements, saved GPU outputs): when one of them has changed since, the page shows older data
+and is stale too.
 
 Re-rendering needs a GPU, so a page can fall behind its notebook for a while. Such pages are
 listed in STALE below, each with the command that re-renders it; a notebook with no page yet is
@@ -12,6 +15,7 @@ listed in NO_PAGE. Both lists are checked both ways: a page that is stale and no
 and so does a listed page that has been re-rendered (take it off the list, and run
 `python benchmarks/run_notebooks.py --index` to rewrite docs/executed/README.md).
 """
+import json
 import re
 from pathlib import Path
 
@@ -95,12 +99,41 @@ def test_page_shows_the_notebooks_code(page):
         f"{_rerender(page.stem)}")
 
 
+@pytest.mark.parametrize("page", [
+    pytest.param(p, marks=pytest.mark.skip(reason=f"{p.stem}: {STALE[p.stem]}")) if p.stem in STALE
+    else p for p in PAGES], ids=lambda p: p.stem)
+def test_page_shows_the_data_as_they_are(page):
+    # a page rendered with the list of committed files its run read (run_notebooks.py records
+    # them) must show outputs of those files as they are now
+    changed = run_notebooks.changed_data(page.read_text(encoding="utf-8"))
+    assert not changed, (
+        f"docs/executed/{page.name} shows outputs of data that have changed since: {changed}\n"
+        f"{_rerender(page.stem)}")
+
+
+def test_a_page_records_the_data_it_read(tmp_path):
+    # what a rendered page carries: the sha256 of each file its run read; a change shows
+    reads = tmp_path / "nb.reads"
+    data = ROOT / "benchmarks" / "results" / "floor-nvidia-h200.csv"
+    reads.write_text(f"{data}\n{data}\n/elsewhere/not-in-the-checkout.csv\n", encoding="utf-8")
+    fp = run_notebooks.data_fingerprint(reads)
+    assert list(fp) == ["benchmarks/results/floor-nvidia-h200.csv"]
+    page = ('<head><script type="application/json" id="ropelib-data">' + json.dumps(fp)
+            + "</script></head>")
+    assert run_notebooks.page_data(page) == fp and run_notebooks.changed_data(page) == []
+    moved = {k: "0" * 64 for k in fp}
+    page = page.replace(json.dumps(fp), json.dumps(moved))
+    assert run_notebooks.changed_data(page) == ["benchmarks/results/floor-nvidia-h200.csv"]
+    assert run_notebooks.page_data("<head></head>") is None
+
+
 @pytest.mark.parametrize("stem", sorted(STALE))
 def test_a_page_listed_as_stale_is_stale(stem):
     page, nb = EXECUTED / f"{stem}.html", NOTEBOOKS / f"{stem}.ipynb"
     assert page.is_file(), f"STALE lists {stem}, which has no page: take it off the list"
     assert nb.is_file(), f"STALE lists {stem}, which is not a notebook: take it off the list"
-    assert _first_difference(_page_cells(page), run_notebooks.notebook_code_cells(nb)) is not None, (
+    assert _first_difference(_page_cells(page), run_notebooks.notebook_code_cells(nb)) is not None \
+        or run_notebooks.changed_data(page.read_text(encoding="utf-8")), (
         f"docs/executed/{stem}.html shows the notebook's code as it is now: take it off STALE in "
         "tests/test_executed_pages.py and run `python benchmarks/run_notebooks.py --index`")
 

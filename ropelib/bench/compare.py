@@ -34,6 +34,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterable, Optional
 
 import torch
@@ -905,8 +906,20 @@ def _parse(v: str, key: str = ""):
     return v
 
 
+def note_read(path) -> None:
+    """Append `path` to the file named by ROPELIB_DATA_READS, when set: benchmarks/
+    run_notebooks.py sets it while it executes a notebook, so that a rendered page records the
+    committed data its outputs came from (and tests/test_executed_pages.py can tell a page whose
+    data have changed since). Every reader of committed measurements calls this."""
+    log = os.environ.get("ROPELIB_DATA_READS")
+    if log:
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(str(Path(path).resolve()) + "\n")
+
+
 def read_meta(path) -> dict:
     """The ``# key: value`` header of a CSV written by :func:`write_csv`."""
+    note_read(path)
     meta = {}
     with open(path) as f:
         for line in f:
@@ -919,6 +932,7 @@ def read_meta(path) -> dict:
 
 def read_csv(path) -> list:
     """Rows of a CSV written by :func:`write_csv`, values parsed back to int/float/bool/None."""
+    note_read(path)
     with open(path, newline="") as f:
         lines = [ln for ln in f if not ln.startswith("# ")]
     rows = []

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from .. import reference, runtime
-from ..bench.compare import DTYPES, angles, ulp
+from ..bench.compare import DTYPES, angles, note_read, ulp
 from ..kernels.common import BF16_RTNE, round_to
 
 __all__ = ["Causes", "Scenario", "REPRO", "FIXED", "CAUSE_DOCS", "DECISIONS", "tolerances",
@@ -650,6 +650,7 @@ def te_bits_file(root=None):
 
 def load_te_bits(path) -> dict:
     """The dict benchmarks/te_bits.py saved (CPU tensors)."""
+    note_read(path)
     data = torch.load(path, map_location="cpu", weights_only=False)
     if data.get("meta", {}).get("format") != "te-bits/1":
         raise ValueError(f"{path} is not a te-bits/1 file")
