@@ -728,10 +728,13 @@ def test_rows_by_position_random_cases(by_position):
         assert_same_bits(got, want, what)
 
 
+@pytest.mark.parametrize("route", ["by_position", "by_sequence"])
 @pytest.mark.parametrize("how", ["operator", "aot_eager"])
-def test_rows_by_position_through_the_operator(how, by_position):
-    # the registered operator (what torch.compile's graphs call) starts the index pass itself
-    # (launch.TwoPass.start): the same bits as the finished kernel, forward and backward
+def test_packed_sequences_through_the_operator(how, route, request):
+    # the registered operator (what torch.compile's graphs call) starts the index pass, or the
+    # flat pass with one sequence per grid row, itself (launch.TwoPass.start): the same bits as
+    # the finished kernel, forward and backward
+    starts = request.getfixturevalue(route)
     g = torch.Generator().manual_seed(31)
     T, P = 14, 6
     x = torch.randn(T, HQ, D, generator=g).to(DEVICE).requires_grad_(True)
@@ -751,10 +754,11 @@ def test_rows_by_position_through_the_operator(how, by_position):
         y = call(x)
         return (y.detach(), *torch.autograd.grad(y, x, dy))
     want = through("finished", fn)
-    by_position.clear()
+    starts.clear()
     got = through("two-pass", fn)
     # (tracing runs the operator on fake tensors too: more starts, which launch nothing)
-    assert len(by_position) >= 2 and all(by_position), "rows by position, forward and backward"
+    taken = [True] * len(starts) if route == "by_position" else [(P, False)] * len(starts)
+    assert len(starts) >= 2 and starts == taken, f"{route}, forward and backward: {starts}"
     assert_same_bits(got, want, how)
     torch._dynamo.reset()
 
@@ -836,37 +840,6 @@ def test_packed_sequences_one_per_grid_row_random_cases(by_sequence):
         assert_same_bits(got, want, what)
         if kind != "exact" and max(lengths) > P:
             assert torch.isnan(got[0]).any(), what
-
-
-@pytest.mark.parametrize("how", ["operator", "aot_eager"])
-def test_packed_sequences_one_per_grid_row_through_the_operator(how, by_sequence):
-    # the registered operator (what torch.compile's graphs call) starts the route itself
-    # (launch.TwoPass.start): the same bits as the finished kernel, forward and backward
-    g = torch.Generator().manual_seed(43)
-    T, P = 14, 6
-    x = torch.randn(T, HQ, D, generator=g).to(DEVICE).requires_grad_(True)
-    dy = torch.randn(T, HQ, D, generator=g).to(DEVICE)
-    freqs = torch.randn(P, D, generator=g).to(DEVICE) * 3
-    cu = torch.tensor([0, 5, 5, 11, T], dtype=torch.int32, device=DEVICE)   # positions < 6
-
-    def call(t):
-        if how == "operator":
-            return torch.ops.ropelib.rope(t, freqs, None, None, cu, None, "thd", False, 1, 0,
-                                          False, None)
-        return torch.compile(lambda a: ropelib.apply_rope(a, freqs, layout="thd", cu_seqlens=cu),
-                             backend="aot_eager", fullgraph=True)(t)
-
-    def fn():
-        torch._dynamo.reset()
-        y = call(x)
-        return (y.detach(), *torch.autograd.grad(y, x, dy))
-    want = through("finished", fn)
-    by_sequence.clear()
-    got = through("two-pass", fn)
-    # (tracing runs the operator on fake tensors too: more starts, which launch nothing)
-    assert len(by_sequence) >= 2 and all(t == (P, False) for t in by_sequence), by_sequence
-    assert_same_bits(got, want, how)
-    torch._dynamo.reset()
 
 
 def test_packed_sequences_one_per_grid_row_when_the_grid_is_small():
