@@ -41,6 +41,7 @@ STALE = {stem: _OLDER + _rerender(stem) for stem in (
     "00-setup-and-tour",           # a refusal shown, fused against unfused in head ulps
     "01-roformer-math",            # the longest wavelength's factor computed and asserted
     "02-pytorch-reference-and-layouts",  # bytes at the timed shape, kernels grouped by kind
+    "03-naive-triton-kernel",      # the pair-swap timings beside a copy, their order asserted
     "04-batch-reuse-grid-kernel",  # the ablation kernel as editable cells, timed on a GPU
     "05-finished-kernel",          # the ladder's two ropelib bars; packed sequences' routes
     "06-backward-pass",            # the formulas printed instead of the whole docstring
