@@ -9,6 +9,8 @@ Each provider is timed with triton.testing.do_bench (median, L2 flushed) in the 
 ratio = copy ms / provider ms (forward+backward: two copies). The route is forced (ropelib.bench.routes) with the
 thresholds (kernels/tiles.py); "auto" is the route ropelib picks by itself. "pre-pass alone" is
 the GPU time of the two-pass route's first kernel (the cos/sin table of the call's tokens).
+Packed sequences (thd) also time the route's two ways of finding a token's row: "two-pass row
+index" (an index per token first) and "two-pass by sequence" (one sequence per grid row).
 
 Like for like with torch.compile: "auto cos/sin" reads fp32 tables (TE's precision, ropelib's
 default), torch.compile is given the tables in the input's dtype (what Hugging Face models
@@ -16,6 +18,7 @@ write). For 16-bit inputs two more rows compare each with the other's table: "au
 x-dtype" (ropelib reading the 16-bit tables torch.compile reads) and "torch.compile fp32 table".
 """
 import argparse
+import contextlib
 import csv
 import datetime
 import os
@@ -28,7 +31,8 @@ import triton.testing  # noqa: E402
 import ropelib  # noqa: E402
 from ropelib.bench.compare import hf_rotate  # noqa: E402
 from ropelib import ops  # noqa: E402
-from ropelib.kernels import launch, planning  # noqa: E402
+from ropelib import eager  # noqa: E402
+from ropelib.kernels import launch, planning, tiles  # noqa: E402
 from ropelib.bench import compare, routes  # noqa: E402
 
 # name: (dtype, layout, S, B, H, D, interleaved)
@@ -76,6 +80,23 @@ def table_pass_ms(x, freqs, kw):
                                      + out))
 
 
+@contextlib.contextmanager
+def sequence_grid(grid):
+    """Inside the block, packed sequences take one sequence per grid row while the grid is at
+    most `grid` times the tokens (tiles.TWO_PASS_SEQUENCE_GRID; 0: never); None: as set."""
+    if grid is None:
+        yield
+        return
+    saved = tiles.TWO_PASS_SEQUENCE_GRID
+    tiles.TWO_PASS_SEQUENCE_GRID = grid
+    eager.SIGNATURES.clear()
+    try:
+        yield
+    finally:
+        tiles.TWO_PASS_SEQUENCE_GRID = saved
+        eager.SIGNATURES.clear()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
@@ -113,15 +134,21 @@ def main(argv=None):
                  "auto cos/sin": ("auto", dict(cos=cos, sin=sin))}
         if dt != torch.float32:     # the 16-bit tables torch.compile reads, for ropelib too
             provs["auto cos/sin x-dtype"] = ("auto", dict(cos=cos.to(dt), sin=sin.to(dt)))
+        grids = {}
+        if layout == "thd":         # packed sequences: a row index per token, or one sequence
+            for prov, grid in (("two-pass row index", 0), ("two-pass by sequence", 1 << 30)):
+                provs[prov] = ("two-pass", dict(freqs=freqs))  # per grid row (launch.by_sequence)
+                grids[prov] = grid
         ref = None
         for prov, (route, table) in provs.items():
-            with routes.forced(route):   # every call inside plans `route`
+            with routes.forced(route), sequence_grid(grids.get(prov)):   # every call plans these
                 def fwd(table=table):
                     return ropelib.apply_rope(x, **table, **kw)
                 out = fwd()
                 if ref is None:
                     ref = out
-                elif prov == "two-pass" and not torch.equal(out, ref):
+                elif prov.startswith("two-pass") and "cos/sin" not in prov \
+                        and not torch.equal(out, ref):
                     raise SystemExit(f"{name}: the two-pass route's bits differ from the "
                                      "finished kernel's")
                 rows.append(("forward", prov, ms(fwd)))
