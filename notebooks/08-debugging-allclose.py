@@ -31,8 +31,8 @@
 # location of the largest difference, errors in ulps, a norm-wise error, and tolerances that fit
 # the dtype.
 #
-# **Time:** about 30 minutes of reading on a CPU; the cells run in well under a minute in the
-# Triton interpreter.
+# **Time:** about 30 minutes of reading on a CPU, plus the exercise of section 4b; the cells
+# run in well under a minute in the Triton interpreter.
 #
 # **After this notebook you will be able to**
 #
@@ -191,15 +191,15 @@ except AssertionError:
     print("AssertionError: torch.allclose(tokens_te, tokens_triton) is False")
 
 d = debug.diagnose(res)
-assert d["first_ten_equal"] and not d["allclose"]   # the reported failure, reproduced
+print(f"your kernel: first ten values equal {d['first_ten_equal']}, allclose {d['allclose']}")
 
 # %% [markdown]
 # From here on the notebook runs the course's kernel (`debug.reproduce` without `kernel=`), and
 # section 4b reads what that kernel and TE gave on a GPU (`benchmarks/results/te-bits-*.pt`).
 # What it finds holds for your copy as long as your copy gives the same bits. This cell checks
-# that, for the reported failure and the fixed kernel; after an edit it tells you whether the
-# edit changed the output, and the sections below then describe the kernel as it was, not
-# yours — undo the edit before running them.
+# that, for the reported failure and the fixed kernel, and prints whether an edit changed the
+# output. Either way the cells below go on with the course kernel's output: they describe the
+# kernel as given, and an edit of your copy does not stop them.
 
 # %%
 course_fixed = debug.reproduce(SC, FIXED, device=device)
@@ -208,10 +208,13 @@ course_repro = debug.reproduce(SC, REPRO, device=device)
 for name, yours, course in (("REPRO", res, course_repro), ("FIXED", yours_fixed, course_fixed)):
     n = int(debug.bits_differ(yours.tokens_triton, course.tokens_triton).sum())
     print(f"{name}: {n} of {yours.tokens_triton.numel():,} elements of your kernel's output "
-          f"differ from the course kernel's")
-    assert torch.equal(yours.tokens_triton, course.tokens_triton), (
-        f"{name}: your _rope_repro_kernel no longer gives the course kernel's output; the "
-        f"sections below run the course's kernel, so undo the edit before running them")
+          f"differ from the course kernel's" + ("" if n == 0 else
+          " — your edit changed the output; the cells below use the course kernel's"))
+
+res = course_repro                        # the course's kernel from here on
+tokens_te, tokens_triton = res.tokens_te, res.tokens_triton
+d = debug.diagnose(res)
+assert d["first_ten_equal"] and not d["allclose"]   # the reported failure, reproduced
 
 # %% [markdown]
 # ## 2. Position 0 proves nothing — look where the differences are
@@ -471,8 +474,9 @@ assert prec["sin/cos in kernel, fp32 (fixed)"]["triton_max_normwise_u"] <= 1.0
 #
 # Dtype-aware tolerances let the fixed kernel pass. But a kernel that computes TE's formula in
 # fp32 and rounds once *can* agree with TE exactly — and when it does not, the elements that
-# differ are a clue. This section is an investigation: a kernel you can edit, a check that counts
-# the elements whose **bits** differ from TE's output, and one change at a time.
+# differ are a clue. This section is an investigation: a kernel whose combine line you write
+# (the exercise), a check that counts the elements whose **bits** differ from TE's output, and
+# one change at a time.
 #
 # **What TE computes.** TE's fused kernel (`transformer_engine/common/fused_rope/fused_rope.cu`)
 # does, per element and in fp32,
@@ -538,36 +542,42 @@ print(f"compared with: {where}; x and angles hash as on the GPU")
 # %% [markdown]
 # **The kernel.** A complete RoPE kernel, short on purpose: one program rotates `BLOCK_ROWS`
 # rows of an sbhd tensor (a row is one head of one token, $D$ features; the position of row
-# $r$ is $\lfloor r / (BH) \rfloor$). Two places are meant to be edited: `combine`, the line
-# $y = xc + rs$, and where cos and sin come from (`SINCOS`). The kernel stores fp32; the one
-# rounding to bf16 is torch's `.to(torch.bfloat16)`, round-to-nearest-even like TE's store.
+# $r$ is $\lfloor r / (BH) \rfloor$). The line $y = xc + rs$ is not in it: the kernel calls
+# `COMBINE(x1, x2, c, s)`, a `@triton.jit` function it is handed as a constexpr, and that
+# function is what you write in the exercise below. The kernel stores fp32; the one rounding to
+# bf16 is torch's `.to(torch.bfloat16)`, round-to-nearest-even like TE's store. The cell is a
+# runnable copy of `ropelib.course.exercises.debugging._rope_combine_kernel`, the kernel the
+# exercise's check launches (a test keeps the two the same).
 #
-# `SINCOS = "tl"` computes cos and sin in the kernel from the fp32 angles; `"table"` reads a
-# table — by default TE's own cos/sin. On the CPU the kernel reads TE's table, and that is a
-# stand-in, said plainly: in the interpreter `tl.cos` is NumPy's `cos`, which is not CUDA's
-# `sincosf` and differs from it in some entries (step b counts them), and libdevice's functions
-# do not run there at all. On a GPU, `tl.cos` is compiled CUDA code.
+# Where cos and sin come from is `check_bits`'s `sincos` argument: `"tl"` computes them in the
+# kernel from the fp32 angles; `"table"` reads a table — by default TE's own cos/sin. `SINCOS`,
+# the default, is `"tl"` on a GPU and `"table"` on the CPU, and the table there is a stand-in,
+# said plainly: in the interpreter `tl.cos` is NumPy's `cos`, which is not CUDA's `sincosf` and
+# differs from it in some entries (step b counts them), and libdevice's functions do not run
+# there at all. On a GPU, `tl.cos` is compiled CUDA code.
 
 # %%
+# ropelib-source: ropelib.course.exercises.debugging._rope_combine_kernel
 @triton.jit
-def combine(x1, x2, c, s):
-    # y = x*c + rot*s, rot = -x2 (first half) | x1 (second half).  Edit these two lines:
-    y1 = x1 * c - x2 * s
-    y2 = x2 * c + x1 * s
-    return y1, y2
-
-
-@triton.jit
-def rope_kernel(x_ptr, y_ptr, ang_ptr, cos_ptr, sin_ptr, n_rows, rows_per_pos,
-                HALF: tl.constexpr, BLOCK_ROWS: tl.constexpr,
-                SINCOS: tl.constexpr, COMBINE: tl.constexpr):
+def _rope_combine_kernel(
+    x_ptr,  # *x: input [S, B, H, D], sbhd, contiguous
+    y_ptr,  # *y: output [S, B, H, D], fp32, contiguous (the caller rounds it to x's dtype)
+    ang_ptr,  # *fp32: angles [S, D/2], read when SINCOS == "tl"
+    cos_ptr, sin_ptr,  # *fp32: cos and sin [S, D/2], read when SINCOS == "table"
+    n_rows,  # S * B * H: rows of D features
+    rows_per_pos,  # B * H: the rows of one position (sbhd: row = (s*B + b)*H + h)
+    HALF: tl.constexpr,  # D // 2, a power of two
+    BLOCK_ROWS: tl.constexpr,  # rows per program
+    SINCOS: tl.constexpr,  # "tl": cos and sin of the angles computed here; "table": read
+    COMBINE: tl.constexpr,  # @triton.jit (x1, x2, c, s) -> (y1, y2): the line y = x c + rot s
+):
     row = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)[:, None]   # [BLOCK_ROWS, 1]
     j = tl.arange(0, HALF)[None, :]                                            # [1, HALF]
     m = row < n_rows
-    pos = row // rows_per_pos                       # sbhd: row = (s*B + b)*H + h
+    pos = row // rows_per_pos
     x1 = tl.load(x_ptr + row * 2 * HALF + j, mask=m).to(tl.float32)
     x2 = tl.load(x_ptr + row * 2 * HALF + HALF + j, mask=m).to(tl.float32)
-    if SINCOS == "table":                           # where cos and sin come from: edit here
+    if SINCOS == "table":                           # where cos and sin come from
         c = tl.load(cos_ptr + pos * HALF + j, mask=m)
         s = tl.load(sin_ptr + pos * HALF + j, mask=m)
     else:
@@ -579,20 +589,20 @@ def rope_kernel(x_ptr, y_ptr, ang_ptr, cos_ptr, sin_ptr, n_rows, rows_per_pos,
     tl.store(y_ptr + row * 2 * HALF + HALF + j, y2, mask=m)
 
 
+# %%
+from ropelib.course.exercises import debugging as ex, solution
+
 SINCOS = "tl" if GPU else "table"
 
 
 def run_kernel(case, combine_fn, sincos=SINCOS, table=None):
-    """The kernel on the case's inputs; table: (cos, sin) for "table", default TE's own."""
+    """The kernel on the case's inputs, rounded to the case's dtype; table: (cos, sin) for
+    "table", default TE's own."""
     side = SIDE[case.key]
-    x = case.x.to(device)
-    S, B, H, D = x.shape
     cos, sin = table if table is not None else (side["cos"], side["sin"])
-    y = torch.empty(x.shape, dtype=torch.float32, device=device)
-    rope_kernel[(triton.cdiv(S * B * H, 64),)](
-        x, y, side["angles"].to(device), cos.to(device), sin.to(device), S * B * H, B * H,
-        HALF=D // 2, BLOCK_ROWS=64, SINCOS=sincos, COMBINE=combine_fn)
-    return y.to(x.dtype).cpu()
+    y = ex.launch(_rope_combine_kernel, combine_fn,
+                  *(t.to(device) for t in (case.x, side["angles"], cos, sin)), sincos=sincos)
+    return y.to(case.x.dtype).cpu()
 
 
 def check_bits(case, combine_fn, sincos=SINCOS, table=None, quiet=False):
@@ -608,16 +618,43 @@ def check_bits(case, combine_fn, sincos=SINCOS, table=None, quiet=False):
                    f"-> count: {hist}"))
     return {"n": n, "hist": hist, "y": y, "differ": differ}
 
+# %% [markdown]
+# **Exercise — a combine with TE's bits.** Edit `my_combine` below until the kernel's output
+# equals TE's bit for bit. It starts as the line as written, $y_1 = x_1 c - x_2 s$ and
+# $y_2 = x_2 c + x_1 s$; `check_bits(BIG, my_combine)` prints how many elements differ from TE
+# and how many bf16 steps apart they are. `tl.fma(a, b, d)` computes $ab + d$ with one
+# rounding, and the three ways of evaluating the line are written out above.
+#
+# `ex.check_te_combine(my_combine)` grades it: it launches the course's kernel with your combine
+# on both cases of this section — the bf16 one above and `SMALL32`, fp32 at $S = 32$, $B = 2$,
+# $H = 2$, $D = 32$, where every rounding shows — with TE's own cos and sin, and passes when no
+# element differs from TE's stored output in either. It takes the line as written: in the
+# interpreter each product is rounded unless your line fuses it, and on a GPU it compiles the
+# kernel with contraction switched off (`enable_fp_fusion=False`). So a line that matches TE only
+# when a compiler happens to contract it the right way does not pass — on a GPU
+# `check_bits(BIG, my_combine)` may print 0 for the line as written, and the check still fails
+# it. It refuses ropelib's own `@triton.jit` helpers and the worked solution.
 
-mine = check_bits(BIG, combine)
+# %%
+@triton.jit
+def my_combine(x1, x2, c, s):
+    # y = x*c + rot*s, rot = -x2 (first half) | x1 (second half).  Edit these two lines:
+    y1 = x1 * c - x2 * s
+    y2 = x2 * c + x1 * s
+    return y1, y2
+
+
+mine = check_bits(BIG, my_combine)
+combined_by_learner = ex.check_te_combine(my_combine)
+
+# %%
+solution(ex.solution_te_combine.fn, title="Solution: the combine with TE's bits")
+# the steps below use your combine where they need TE's line, if it passed; else the worked one
+te_combine = my_combine if combined_by_learner else ex.solution_te_combine
 
 # %% [markdown]
-# **Try it.** Edit `combine` above — for instance `y1 = tl.fma(x1, c, -(x2 * s))` — rerun that
-# cell, and read the count. The goal is the line `0 elements differ from TE: bit for bit`, with a
-# line whose result does not depend on what the compiler chooses. (On a GPU the line as
-# written may already print 0, when the compiler happens to contract as TE does; the steps
-# below show how to write the contraction out so that no compiler can change it.) The steps
-# walk the way there, one change at a time, and keep a table of what each change did.
+# The steps below walk the way to that line, one change at a time, and keep a table of what each
+# change did.
 #
 # **Step a — the kernel as written.** On the CPU the interpreter evaluates `x1 * c - x2 * s` with
 # NumPy, rounding each product and the sum: $y_{\text{none}}$. On a GPU the same line is
@@ -693,17 +730,13 @@ else:
 # table on the CPU. Sin/cos are not what separates the kernel from TE. The combine line is.
 #
 # **Step c — fuse TE's product: $\mathrm{fma}(x, c, r s)$**, the contraction nvcc applies to
-# TE's line:
+# TE's line. This is the exercise's line: `te_combine` is your `my_combine` if it passed the
+# check, else the worked solution, `y1 = tl.fma(x1, c, -(x2 * s))` and
+# `y2 = tl.fma(x2, c, x1 * s)` — $x c$ enters the sum exact, $r s$ is rounded once.
 
 # %%
-@triton.jit
-def fma_xc(x1, x2, c, s):
-    y1 = tl.fma(x1, c, -(x2 * s))       # fma(x, c, rot*s): x*c enters the sum exact
-    y2 = tl.fma(x2, c, x1 * s)
-    return y1, y2
-
-
-step_c = check_bits(BIG, fma_xc)
+print("step c runs", "your my_combine" if combined_by_learner else "the worked solution")
+step_c = check_bits(BIG, te_combine)
 assert BIG.x.numel() == 2 ** 20
 assert step_c["n"] == 0                                   # bit for bit, here
 assert gpu_row(BIG, "fma_xc/tl") == gpu_row(BIG, "fma_xc/libdevice") == 0   # and on the GPU
@@ -849,7 +882,7 @@ fp32_tbl = []
 for label, fn, variant in (
         ("every product rounded (as written, interpreter)", None if GPU else as_written,
          "none_rn/tl"),
-        ("fma(x, c, rot*s)", fma_xc, "fma_xc/tl"),
+        ("fma(x, c, rot*s)", te_combine, "fma_xc/tl"),
         ("fma(rot, s, x*c)", fma_rs, "fma_rs/tl"),
         ("the GPU's choice (as written, compiled)", gpu_choice, "free_sub/tl")):
     n_here = None if fn is None else check_bits(SMALL32, fn, quiet=True)["n"]
@@ -892,13 +925,15 @@ assert all(small_bf16[f"{c}/{s_}"] == 0 for c in ("free_sub", "fma_xc", "fma_rs"
 # `USE_FMA` line with that table, the `USE_FMA` line with `tl.cos`/`tl.sin` from the angles — and
 # counts the elements whose bits differ from TE's fp32 output. To try another contraction,
 # edit the `USE_FMA` branch in section 1 (for instance to the other order,
-# `tl.fma(-x2, s, x1 * c)`), rerun that cell and this one, and read the counts; the asserts
-# below hold for the kernel as given, so one that fails says your edit changed a count.
+# `tl.fma(-x2, s, x1 * c)`), rerun that cell and this one, and read the counts. The cell runs
+# the course's kernel beside yours and prints whether your edit changed a count; its asserts
+# check the course's kernel.
 
 # %%
 def repro_bits(case, use_fma, from_angles=False, kernel=_rope_repro_kernel):
-    """Your section-1 kernel on a te-bits case, fp32 math: the elements whose bits differ from
-    TE's output. Sin/cos from TE's own table, or with from_angles from tl.cos/tl.sin."""
+    """Your section-1 kernel (kernel=None: the course's) on a te-bits case, fp32 math: the
+    elements whose bits differ from TE's output. Sin/cos from TE's own table, or with
+    from_angles from tl.cos/tl.sin."""
     side = SIDE[case.key]
     S, B, H, D = case.x.shape
     rows = case.x.transpose(0, 1).contiguous().to(device).view(B * S, H, D)   # bshd rows b*S + s
@@ -912,21 +947,27 @@ def repro_bits(case, use_fma, from_angles=False, kernel=_rope_repro_kernel):
     return int(debug.bits_differ(y, side["te"]).sum())
 
 
-yours_bits = {"plain line, TE's table": repro_bits(SMALL32, use_fma=False),
-              "USE_FMA, TE's table": repro_bits(SMALL32, use_fma=True),
-              "USE_FMA, tl.cos/tl.sin": repro_bits(SMALL32, use_fma=True, from_angles=True)}
+WAYS = {"plain line, TE's table": dict(use_fma=False),
+        "USE_FMA, TE's table": dict(use_fma=True),
+        "USE_FMA, tl.cos/tl.sin": dict(use_fma=True, from_angles=True)}
+yours_bits = {label: repro_bits(SMALL32, **way) for label, way in WAYS.items()}
+course_bits = {label: repro_bits(SMALL32, kernel=None, **way) for label, way in WAYS.items()}
 for label, n in yours_bits.items():
-    print(f"your kernel, {label:24s} {n:5d} of {SMALL32.x.numel():,} fp32 elements differ from TE")
+    print(f"your kernel, {label:24s} {n:5d} of {SMALL32.x.numel():,} fp32 elements differ from TE"
+          + ("" if n == course_bits[label] else f" (the course's kernel: {course_bits[label]})"))
+print("your kernel gives the course kernel's counts" if yours_bits == course_bits else
+      "your edit changed a count: the asserts below check the course's kernel")
 print(f"on the {GPU_NAME}, the course's kernel with Causes(fma=True) against TE: "
       f"{SMALL32.rows['debug:FIXED+fma']['n_differ']} elements differ in this fp32 case, "
       f"{gpu_row(BIG, 'debug:FIXED+fma')} at S=512 B=2 H=8 D=128 in bf16")
-assert yours_bits["USE_FMA, TE's table"] == 0                     # TE's bits, on every machine
+assert course_bits["USE_FMA, TE's table"] == 0                    # TE's bits, on every machine
 assert SMALL32.rows["debug:FIXED+fma"]["n_differ"] == gpu_row(BIG, "debug:FIXED+fma") == 0
 if not GPU:   # the interpreter rounds every product, and its tl.cos is NumPy's, not CUDA's
-    assert yours_bits["plain line, TE's table"] == SMALL32.rows["none_rn/table_te_fp32"]["n_differ"]
-    assert yours_bits["USE_FMA, tl.cos/tl.sin"] > 0
+    assert course_bits["plain line, TE's table"] == \
+        SMALL32.rows["none_rn/table_te_fp32"]["n_differ"]
+    assert course_bits["USE_FMA, tl.cos/tl.sin"] > 0
 elif SAME_GPU:  # tl.cos is CUDA's sincosf, TE's own
-    assert yours_bits["USE_FMA, tl.cos/tl.sin"] == 0
+    assert course_bits["USE_FMA, tl.cos/tl.sin"] == 0
 
 # %% [markdown]
 # ## 5. Six layout traps — all invisible at position 0

@@ -8,8 +8,9 @@ collapsible block in Jupyter (plain text elsewhere).
 
 The `check_...` helpers for each notebook live in submodules: `basics` for notebooks 00-02;
 `kernels`, `naive_kernel`, `grid_kernel`, `finished_kernel` and `backward_kernel` for 03-06;
-`measuring` for 07; `in_a_model` for 09; `multi_axis` and `at_scale` for 10 and 11. They compute
-the expected answer from ropelib itself, never hard-code it, and run the learner's function or
+`measuring` for 07; `debugging` for 08; `in_a_model` for 09; `multi_axis` and `at_scale` for 10
+and 11. They compute the expected answer from ropelib itself (08's from the committed GPU
+measurements against TE), never hard-code it, and run the learner's function or
 kernel with ropelib's own answers barred (`own_code`): an answer that calls the finished library,
 the teaching kernels, the library function that computes the very thing asked, or the worked
 solution is refused.

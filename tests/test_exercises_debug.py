@@ -1,0 +1,230 @@
+"""Notebook 08's exercise (exercises.debugging): a combine line that gives TE's bits.
+
+The check launches the section's kernel with the learner's @triton.jit combine on the committed
+te-bits cases and passes only when no element's bits differ from TE's stored output. Each known
+wrong line must fail with the count of differing elements; a learner's own copy of the worked
+solution, and a line written differently that computes the same, must pass; ropelib's own
+@triton.jit helpers and the worked solution are refused, and only because they are barred.
+"""
+import ast
+import contextlib
+import os
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from ropelib import runtime  # noqa: E402
+from ropelib.course import debug  # noqa: E402
+from ropelib.course.exercises import debugging as ex  # noqa: E402
+from ropelib.course.exercises import own_code  # noqa: E402
+from ropelib.kernels import common  # noqa: E402
+from loading import load_file  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "notebooks" / "08-debugging-allclose.py"
+_own_code_tests = load_file("own_code_tests", ROOT / "tests" / "test_own_code.py")
+learner_copy = _own_code_tests.learner_copy     # a solution as a learner who typed it has it
+
+needs_file = pytest.mark.skipif(debug.te_bits_file() is None,
+                                reason="no benchmarks/results/te-bits-*.pt here")
+pytestmark = needs_file
+
+
+# --- lines that are not TE's -------------------------------------------------------------------
+
+@triton.jit
+def _as_written(x1, x2, c, s):
+    y1 = x1 * c - x2 * s
+    y2 = x2 * c + x1 * s
+    return y1, y2
+
+
+@triton.jit
+def _wrong_sign(x1, x2, c, s):
+    y1 = x1 * c + x2 * s          # turns the other way
+    y2 = x2 * c - x1 * s
+    return y1, y2
+
+
+@triton.jit
+def _wrong_sign_fused(x1, x2, c, s):
+    y1 = tl.fma(x1, c, x2 * s)    # TE's contraction, the sign of rot*s lost
+    y2 = tl.fma(x2, c, x1 * s)
+    return y1, y2
+
+
+@triton.jit
+def _other_order(x1, x2, c, s):
+    y1 = tl.fma(-x2, s, x1 * c)   # fma(rot, s, x*c): the other product exact
+    y2 = tl.fma(x1, s, x2 * c)
+    return y1, y2
+
+
+@triton.jit
+def _first_half_only(x1, x2, c, s):
+    y1 = tl.fma(x1, c, -(x2 * s))  # TE's order for y1, the line as written for y2
+    y2 = x2 * c + x1 * s
+    return y1, y2
+
+
+@triton.jit
+def _blank(x1, x2, c, s):
+    pass  # your code
+
+
+def _python_combine(x1, x2, c, s):
+    return x1 * c - x2 * s, x2 * c + x1 * s
+
+
+# --- right lines: the learner's own, and the library's -----------------------------------------
+
+@triton.jit
+def _te_spelling(x1, x2, c, s):
+    # TE's own spelling, x*c + rot*s with rot = -x2 | x1, contracted as nvcc does
+    rot1 = -x2
+    rot2 = x1
+    y1 = tl.fma(c, x1, rot1 * s)
+    y2 = tl.fma(c, x2, s * rot2)
+    return y1, y2
+
+
+@triton.jit
+def _calls_rotate_pair(x1, x2, c, s):
+    return common.rotate_pair(x1, x2, c, s, c, s)
+
+
+@triton.jit
+def _calls_solution(x1, x2, c, s):
+    return ex.solution_te_combine(x1, x2, c, s)
+
+
+LIBRARY = {
+    "ropelib's rotate_pair": (_calls_rotate_pair,
+                              "ropelib's rotate_pair (ropelib/kernels/common.py)"),
+    "ropelib's rotate_pair itself": (common.rotate_pair, "ropelib's rotate_pair"),
+    "the worked solution": (ex.solution_te_combine, "ropelib's solution_te_combine"),
+    "a combine that calls the worked solution": (_calls_solution,
+                                                 "ropelib's solution_te_combine"),
+}
+
+
+def _counts(out: str) -> dict:
+    """{case label: elements that differ} from the check's printed lines."""
+    found = re.findall(r"\((\w+), S=\d+ B=\d+ H=\d+ D=\d+\): ([\d,]+) of", out)
+    return {dtype: int(n.replace(",", "")) for dtype, n in found}
+
+
+# --- tests ---------------------------------------------------------------------------------------
+
+def test_the_line_as_written_fails_with_the_counts_of_no_contraction(capsys):
+    assert ex.check_te_combine(_as_written) is False
+    out = capsys.readouterr().out
+    assert "✅" not in out and "the values are right, their roundings are not TE's" in out
+    small, big = ex.te_cases()
+    # the interpreter rounds every product: the GPU's rows compiled without contraction, which is
+    # how the check compiles on a GPU
+    assert _counts(out) == {"float32": small.rows["free_sub-nofuse/table_te_fp32"]["n_differ"],
+                            "bfloat16": big.rows["free_sub-nofuse/table_te_fp32"]["n_differ"]}
+    assert "990 of 4,096 elements differ" in out
+
+
+@pytest.mark.parametrize("combine, words", [
+    (_wrong_sign, "the values are wrong"),
+    (_wrong_sign_fused, "the values are wrong"),
+    (_other_order, "their roundings are not TE's"),
+    (_first_half_only, "their roundings are not TE's"),
+], ids=["wrong sign", "wrong sign, fused", "the other fma order", "TE's order for y1 only"])
+def test_wrong_lines_fail(combine, words, capsys):
+    assert ex.check_te_combine(combine) is False
+    out = capsys.readouterr().out
+    assert "❌" in out and "✅" not in out and words in out, out
+    assert _counts(out)["float32"] > 0
+
+
+def test_the_other_order_counts_what_the_gpu_counted(capsys):
+    ex.check_te_combine(_other_order)
+    small, big = ex.te_cases()
+    assert _counts(capsys.readouterr().out) == {
+        "float32": small.rows["fma_rs/table_te_fp32"]["n_differ"],
+        "bfloat16": big.rows["fma_rs/table_te_fp32"]["n_differ"]}
+
+
+def test_an_own_copy_of_the_worked_solution_passes(capsys):
+    assert ex.check_te_combine(learner_copy(ex.solution_te_combine)) is True
+    out = capsys.readouterr().out
+    assert "✅ combine with TE's bits: bit for bit" in out and "❌" not in out, out
+    assert out.count("0 of ") == 2                       # both cases, nothing differs
+
+
+def test_a_line_written_differently_passes(capsys):
+    assert ex.check_te_combine(_te_spelling) is True, capsys.readouterr().out
+
+
+@pytest.mark.parametrize("label", list(LIBRARY))
+def test_library_answers_are_refused(label, capsys):
+    fn, words = LIBRARY[label]
+    assert ex.check_te_combine(fn) is False
+    out = capsys.readouterr().out
+    assert out.startswith("❌ combine with TE's bits: this exercise wants your combine, but the "
+                          "answer launched") and words in out, out
+    assert "write it yourself" in out
+
+
+@contextlib.contextmanager
+def _nothing_barred(what, *, allow=(), bar=()):
+    yield
+
+
+@pytest.mark.parametrize("label", [k for k in LIBRARY if k != "ropelib's rotate_pair itself"])
+def test_the_refusal_is_the_barring_alone(label, monkeypatch, capsys):
+    # with nothing barred the library's lines pass: their bits are TE's, so the test above fails
+    # for a check that stops barring (rotate_pair itself takes six arguments, not four)
+    monkeypatch.setattr(own_code, "library_barred", _nothing_barred)
+    assert ex.check_te_combine(LIBRARY[label][0]) is True, capsys.readouterr().out
+
+
+def test_non_answers(capsys):
+    for unanswered in (None, ..., _blank):
+        assert ex.check_te_combine(unanswered) is False
+        assert "no answer yet" in capsys.readouterr().out
+    assert ex.check_te_combine(_python_combine) is False
+    assert "expected a @triton.jit function" in capsys.readouterr().out
+
+
+def test_the_kernel_stores_every_element():
+    # the check's output starts as NaN: the worked line writes all of it, TE's values
+    small = ex.te_cases()[0]
+    args = [t.to(runtime.default_device())
+            for t in (small.x, small.angles, small.te_cos, small.te_sin)]
+    y = ex.launch(ex._rope_combine_kernel, ex.solution_te_combine, *args).cpu()
+    assert not bool(y.isnan().any())
+    assert torch.equal(y.to(small.x.dtype), small.te)
+
+
+# --- the notebook ------------------------------------------------------------------------------
+
+def test_the_notebook_grades_my_combine_and_falls_back_to_the_worked_one():
+    tree = ast.parse(NOTEBOOK.read_text(encoding="utf-8"))
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+             and isinstance(n.func, ast.Attribute) and n.func.attr == "check_te_combine"]
+    assert len(calls) == 1 and ast.unparse(calls[0]) == "ex.check_te_combine(my_combine)"
+    defined = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "my_combine"]
+    assert len(defined) == 1 and ast.unparse(defined[0].decorator_list[0]) == "triton.jit"
+    # the learner starts from the line as written, which the check fails
+    body = ast.unparse(defined[0])
+    assert "y1 = x1 * c - x2 * s" in body and "tl.fma" not in body
+    source = NOTEBOOK.read_text(encoding="utf-8")
+    assert "solution(ex.solution_te_combine.fn" in source
+    assert ("te_combine = my_combine if combined_by_learner else ex.solution_te_combine"
+            in source)
+    # nothing after the exercise runs the learner's combine but through te_combine
+    after = source[source.index("te_combine = my_combine"):]
+    assert "my_combine," not in after and "my_combine)" not in after
