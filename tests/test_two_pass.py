@@ -658,6 +658,26 @@ def test_qwen2_vl_tables_random_cases(starts):
         assert_same_bits(got, want, f"case {case} sections {section} tables {t_dtype}")
 
 
+def _random_case(g, case: int, most_rows: int):
+    """A random case of the random-case tests: (head dim, rotary dim (all or part of it),
+    interleaved?, dtype, table rows P < most_rows, kind of table, the table's keywords)."""
+    Dm = 2 * int(torch.randint(2, 9, (), generator=g))
+    R = Dm if case % 3 else 2 * int(torch.randint(1, Dm // 2 + 1, (), generator=g))
+    interleaved = bool(case % 2)
+    dtype = (torch.float32, torch.bfloat16, torch.float16)[case % 3]
+    P = int(torch.randint(4, most_rows, (), generator=g))
+    kind = ("angles", "cos/sin", "cos/sin 16-bit", "exact")[case % 4]
+    if kind == "angles":
+        table = dict(freqs=torch.randn(P, R, generator=g).to(DEVICE) * 4)
+    elif kind == "exact":
+        table = dict(angles=ropelib.frequencies.rope_angles(R, device=DEVICE))
+    else:
+        t_dtype = torch.float32 if kind == "cos/sin" else dtype
+        table = dict(cos=torch.randn(P, R, generator=g).to(DEVICE, t_dtype),
+                     sin=torch.randn(P, R, generator=g).to(DEVICE, t_dtype))
+    return Dm, R, interleaved, dtype, P, kind, table
+
+
 def test_rows_by_position_random_cases(by_position):
     # random packed sequences (empty ones and a long one among them), position ids with
     # positions outside the table, start offsets and context parallelism, every kind of table,
@@ -665,20 +685,7 @@ def test_rows_by_position_random_cases(by_position):
     # with rows by position give the finished kernel's bits, NaN rows included
     g = torch.Generator().manual_seed(23)
     for case in range(16):
-        Dm = 2 * int(torch.randint(2, 9, (), generator=g))
-        R = Dm if case % 3 else 2 * int(torch.randint(1, Dm // 2 + 1, (), generator=g))
-        interleaved = bool(case % 2)
-        dtype = (torch.float32, torch.bfloat16, torch.float16)[case % 3]
-        P = int(torch.randint(4, 40, (), generator=g))
-        kind = ("angles", "cos/sin", "cos/sin 16-bit", "exact")[case % 4]
-        if kind == "angles":
-            table = dict(freqs=torch.randn(P, R, generator=g).to(DEVICE) * 4)
-        elif kind == "exact":
-            table = dict(angles=ropelib.frequencies.rope_angles(R, device=DEVICE))
-        else:
-            t_dtype = torch.float32 if kind == "cos/sin" else dtype
-            table = dict(cos=torch.randn(P, R, generator=g).to(DEVICE, t_dtype),
-                         sin=torch.randn(P, R, generator=g).to(DEVICE, t_dtype))
+        Dm, R, interleaved, dtype, P, kind, table = _random_case(g, case, 40)
         source = ("packed", "ids", "start", "cp")[(case // 4) % 4]
         kw = dict(interleaved=interleaved)
         if source == "packed":
@@ -794,20 +801,7 @@ def test_packed_sequences_one_per_grid_row_random_cases(by_sequence):
     # backward give the finished kernel's bits
     g = torch.Generator().manual_seed(41)
     for case in range(12):
-        Dm = 2 * int(torch.randint(2, 9, (), generator=g))
-        R = Dm if case % 3 else 2 * int(torch.randint(1, Dm // 2 + 1, (), generator=g))
-        interleaved = bool(case % 2)
-        dtype = (torch.float32, torch.bfloat16, torch.float16)[case % 3]
-        P = int(torch.randint(4, 30, (), generator=g))
-        kind = ("angles", "cos/sin", "cos/sin 16-bit", "exact")[case % 4]
-        if kind == "angles":
-            table = dict(freqs=torch.randn(P, R, generator=g).to(DEVICE) * 4)
-        elif kind == "exact":
-            table = dict(angles=ropelib.frequencies.rope_angles(R, device=DEVICE))
-        else:
-            t_dtype = torch.float32 if kind == "cos/sin" else dtype
-            table = dict(cos=torch.randn(P, R, generator=g).to(DEVICE, t_dtype),
-                         sin=torch.randn(P, R, generator=g).to(DEVICE, t_dtype))
+        Dm, R, interleaved, dtype, P, kind, table = _random_case(g, case, 30)
         lengths = torch.randint(0, 9, (int(torch.randint(1, 5, (), generator=g)),),
                                 generator=g).tolist() + [int(torch.randint(5, 40, (),
                                                                            generator=g))]
