@@ -168,11 +168,20 @@ def count_launches(written: bool = False):
         return wrapper
     for cls, attr, original in saved:
         setattr(cls, attr, counting(original, attr == "__call__"))
+    # A fresh output (torch.empty) can hold, by chance, the very bits a launch then writes (the
+    # memory of an equal result freed just before): unchanged, it would not count as written.
+    # With deterministic algorithms on, torch fills fresh floating-point memory with NaN.
+    deterministic = (torch.are_deterministic_algorithms_enabled(),
+                     torch.is_deterministic_algorithms_warn_only_enabled())
+    if written:
+        torch.use_deterministic_algorithms(True, warn_only=True)
     try:
         yield counts
     finally:
         for cls, attr, original in saved:
             setattr(cls, attr, original)
+        if written:
+            torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
 
 
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
