@@ -339,6 +339,9 @@ TORCH_API_SINCE = {
         "Generator", "Size", "SymInt", "Tensor", "__version__", "version.cuda", "device", "dtype",
         "finfo", "promote_types", "contiguous_format", "manual_seed", "is_grad_enabled",
         "no_grad", "autocast", "compile", "load",
+        # (deterministic algorithms: 1.8, warn_only 1.11; they fill fresh memory since 2.1)
+        "use_deterministic_algorithms", "are_deterministic_algorithms_enabled",
+        "is_deterministic_algorithms_warn_only_enabled",
         "bool", "uint8", "int8", "int16", "int32", "int64", "long", "float16", "bfloat16",
         "float32", "float64", "complex64", "complex128",
         "allclose", "arange", "argmax", "argsort", "as_tensor", "atan2", "bincount", "block_diag",
