@@ -211,9 +211,8 @@ class EagerTwoPass:
     def __call__(self, pointers) -> None:
         q, q_out, k, k_out, cos, sin, position_ids, cu_seqlens, start = pointers
         token_rows = None
-        sequences = cu_seqlens if self.route.seq_rows else None
-        if self.route.seq_rows:     # the pre-pass's rows: positions 0 .. seq_rows - 1, kept
-            position_ids = cu_seqlens = start = None
+        (position_ids, cu_seqlens, start), sequences = self.route.positions_split(
+            position_ids, cu_seqlens, start)
         if self._index_pass is not None:    # rows by position: the pre-pass's rows are kept
             token_rows = self.route.new_index(q.device)
             self._index_pass((position_ids, cu_seqlens, start, token_rows))

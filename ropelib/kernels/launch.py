@@ -379,19 +379,21 @@ def table_bytes(table: Table, positions: Positions, S, B, R: int,
     pre_pass, rows_per_token = _table_rows_per_token(table, positions, B)
     row = 2 * R * (4 if pre_pass else table.cos.element_size())     # cos and sin of a row
     plain = _plain(positions)
+    own = table.sin is None or table.exact                  # angles: the pre-pass writes rows
+    row_p = 2 * R * (4 if own else table.cos.element_size())
+
+    def position_rows(n):   # the rows of n positions: written and read, or (kept) only read
+        return n * row_p * (1 if rows_kept or not own else 2)
+
     seq_rows = by_sequence(table, positions, S, B)
     if seq_rows:            # the rows of positions 0 .. seq_rows - 1, no row index
-        own = table.sin is None or table.exact
-        row_p = 2 * R * (4 if own else table.cos.element_size())
-        return seq_rows * row_p * (1 if rows_kept or not own else 2), True, rows_kept and own
+        return position_rows(seq_rows), True, rows_kept and own
     kept = rows_kept and pre_pass and plain
     by_token = S * rows_per_token * row * (1 if kept or not pre_pass else 2)  # (written, read)
     if plain or table.axes is not None or table.strides()[0] != 0:
         return by_token, False, kept
-    own = table.sin is None or table.exact                  # angles: the pre-pass writes rows
-    rows = _positions_below(table, positions, S)
-    row_p = 2 * R * (4 if own else table.cos.element_size())
-    by_position = S * rows_per_token * 4 * 2 + rows * row_p * (1 if rows_kept or not own else 2)
+    by_position = S * rows_per_token * 4 * 2 \
+        + position_rows(_positions_below(table, positions, S))
     if by_position < by_token:
         return by_position, True, rows_kept and own
     return by_token, False, False
@@ -445,9 +447,8 @@ class TwoPass(NamedTuple):
         eager.EagerTwoPass, starts them its own way and may reuse the pre-pass's rows)."""
         q, q_out, k, k_out, cos, sin, position_ids, cu_seqlens, start_ = pointers
         token_rows = None
-        sequences = cu_seqlens if self.seq_rows else None
-        if self.seq_rows:       # the pre-pass: positions 0 .. seq_rows - 1
-            position_ids = cu_seqlens = start_ = None
+        (position_ids, cu_seqlens, start_), sequences = self.positions_split(
+            position_ids, cu_seqlens, start_)
         if self.index_pass is not None:
             token_rows = self.new_index(q.device)
             start(self.index_pass.launcher, self.index_pass,
@@ -460,6 +461,16 @@ class TwoPass(NamedTuple):
             cos, sin = out
         start(self.rotate_pass.launcher, self.rotate_pass,
               (q, q_out, k, k_out, cos, sin, token_rows if sequences is None else sequences))
+
+    def positions_split(self, position_ids, cu_seqlens, start) -> tuple:
+        """((position ids, cu_seqlens, start offsets) for the index pass or the pre-pass, what
+        the flat pass reads in their place): with one packed sequence per grid row the pre-pass
+        writes the rows of positions 0 .. seq_rows - 1 (no positions) and the flat pass reads
+        cu_seqlens; otherwise the positions go on and the flat pass reads each token's row
+        index (if any)."""
+        if self.seq_rows:
+            return (None, None, None), cu_seqlens
+        return (position_ids, cu_seqlens, start), None
 
     def new_rows(self, device) -> tuple:
         """Fresh fp32 cos and s' rows for the pre-pass to write."""
