@@ -933,9 +933,11 @@ if LADDER_CSV.exists():
 # 1. a **pre-pass** writes each token's fp32 cos and *signed* sine, $S \times R \times 8$
 #    bytes: the sign of the rotation (and, backward, its transpose) is folded into the table,
 #    so every feature is one fma, $y_d = x_d c_d + x_{p(d)} s'_d$, with $p(d)$ its partner;
-# 2. a **flat pass** rotates 1,024 elements per program on 4 warps, loading each element's
-#    partner from its own address (the same cache lines a neighbouring thread has just loaded)
-#    and its table entries from the pre-pass's rows.
+# 2. a **flat pass** rotates whole head rows: 1,024 elements per program (8 rows of 128) on 2
+#    warps, each thread holding both members of its pairs, $x_j$ and $x_{j+R/2}$, so every
+#    element is loaded once; it reads their table entries from the pre-pass's rows. (Interleaved
+#    pairs are neighbours: there a program takes 1,024 elements on 4 warps and swaps each pair
+#    in registers.) The end of this section measures why the pairs share a thread.
 #
 # When you pass a cos/sin table and positions are the token index, the flat pass reads your
 # table itself and there is no pre-pass. The route is taken when q and k are fresh-output,
@@ -944,11 +946,13 @@ if LADDER_CSV.exists():
 # 1/16 where an eager call keeps them (a model's later layers read the rows the first one
 # wrote, so only the reads count); otherwise the finished kernel runs. Packed sequences share
 # rows between tokens: the flat pass reads the rows of the *positions*. Where a token's
-# position is its index in its sequence, the flat pass takes one sequence per row of a 2-D
-# grid and finds its positions' rows as sbhd finds a token's, as long as that grid (every
-# sequence times the table's rows, since the host does not know the longest sequence) stays
-# within twice the tokens; otherwise, where it is cheaper, each token first gets the index of
-# its row (4 bytes). The planner sees only shapes,
+# position is its index in its sequence, the flat pass can take one sequence per row of a 2-D
+# grid and find its positions' rows as sbhd finds a token's. The host does not know the longest
+# sequence, so that grid covers every sequence times the table's rows, and a program past its
+# sequence's end still costs time: on the H200 a grid of twice the tokens ran at 0.517 of a
+# copy where a row index per token ran at 0.856 (measured below). So it is taken only where the
+# grid is the tokens themselves (every sequence as long as the table); otherwise, where it is
+# cheaper, each token first gets the index of its row (4 bytes). The planner sees only shapes,
 # so tensors on the `meta` device (no memory at all) show which route an eager call would
 # take (the last four lines: section 5's ladder sizes, called as `benchmarks/ladder.py` calls
 # `ropelib.apply_rope`):
@@ -980,7 +984,8 @@ calls = {"decode: s=1, b=64 (512 KiB)": ((1, 64, 32, 128),),
          "s=16384, b=1 (128 MiB)": ((16384, 1, 32, 128),),
          "s=4096, b=1 (32 MiB)": ((4096, 1, 32, 128),),
          "thd, 32768 tokens, table of 32768 rows": ((32768, 32, 128), "thd"),
-         "thd, 32768 tokens, table of 4096 rows": ((32768, 32, 128), "thd", "freqs", 4096),
+         "thd, 8 sequences, table of 4096 rows": ((32768, 32, 128), "thd", "freqs", 4096, 8),
+         "thd, 8 sequences, table of 8192 rows": ((32768, 32, 128), "thd", "freqs", 8192, 8),
          "thd, 32 sequences, table of 4096 rows": ((32768, 32, 128), "thd", "freqs", 4096, 32)}
 # the four sizes of section 5's ladder, called as benchmarks/ladder.py calls apply_rope
 ladder_calls = {"ladder s4096-b8 (256 MiB)": ((4096, 8, 32, 128), "sbhd", "freqs", 4096),
@@ -1010,9 +1015,22 @@ assert routes["s=4096, b=8 (256 MiB), a cos/sin table"] == "two passes, your tab
 assert routes["s=16384, b=1 (128 MiB)"] == "two passes, pre-pass"   # its rows kept: 1/16
 assert routes["s=4096, b=1 (32 MiB)"] == "finished kernel"            # under 64 MiB
 assert routes["thd, 32768 tokens, table of 32768 rows"] == "finished kernel"  # rows: too many
-assert routes["thd, 32768 tokens, table of 4096 rows"] == \
-    "two passes, pre-pass, one sequence per grid row"         # 4 x 4096 rows <= 2 x 32768
-assert tiles.TWO_PASS_SEQUENCE_GRID == 2                     # "within twice the tokens"
+assert routes["thd, 8 sequences, table of 4096 rows"] == \
+    "two passes, pre-pass, one sequence per grid row"         # 8 x 4096 rows: the tokens
+assert tiles.TWO_PASS_SEQUENCE_GRID == 1                     # "the tokens themselves"
+assert "one sequence per grid row" not in routes["thd, 8 sequences, table of 8192 rows"]
+# what the text above quotes: 8 sequences of 4096 tokens, the route forced each way
+# (benchmarks/two_pass.py --only 8x4k)
+thd_runs = measured.two_pass(kind="two_pass_thd")
+grid_1x, grid_2x = (thd_runs[(f"bf16 thd 256 MiB 8x4k {p}", "forward")] for p in ("P4k", "P8k"))
+print("8 x 4096 tokens, forward, ratio to a copy: one sequence per grid row "
+      f"{grid_1x['two-pass by sequence']['ratio_to_copy']:.3f} (a table of 4096 rows), "
+      f"{grid_2x['two-pass by sequence']['ratio_to_copy']:.3f} (8192 rows: half the grid empty);"
+      f" a row index per token {grid_2x['two-pass row index']['ratio_to_copy']:.3f}")
+assert [f"{r[p]['ratio_to_copy']:.3f}" for r, p in ((grid_2x, "two-pass by sequence"),
+                                                     (grid_2x, "two-pass row index"))] == \
+    ["0.517", "0.856"]
+assert grid_1x["two-pass by sequence"]["ratio_to_copy"] > grid_1x["two-pass row index"]["ratio_to_copy"]
 assert routes["thd, 32 sequences, table of 4096 rows"] == \
     "two passes, pre-pass, rows by position"                  # 32 x 4096 rows > 2 x 32768
 # the H200 numbers the text above quotes (section 1's mechanism table)
@@ -1046,7 +1064,7 @@ if compiled:
               f"{resident_warps(c):2d} of 64 warps resident; loads/stores: {c['accesses']}")
     assert flat["registers"] < finished["registers"]
     assert resident_warps(flat) > resident_warps(finished)
-    assert flat["accesses"].get("ld.v4.b32", 0) == 2    # x and its partner: one 16-byte vector each
+    assert flat["accesses"].get("ld.v4.b32", 0) == 2    # x_j and x_{j+R/2}: a 16-byte vector each
 
 # %% [markdown]
 # The bound from registers alone is not the whole story (shared memory, the block limit and the
@@ -1284,6 +1302,52 @@ for case, rows in hints.items():
 # %% [markdown]
 # In both cases the best copy lands between ropelib's flat pass and torch.compile's kernel: the
 # three details close part of the gap, not all of it.
+#
+# ### Both members of a pair in one thread
+#
+# Count what a thread of that flat pass loads for its 8 bf16 features: its own 16 bytes of x,
+# its partners' 16 bytes (the same cache lines another thread of the program loads as *its*
+# x), and 32 bytes each of fp32 cos and $s'$: six 16-byte loads. torch.compile's kernel loads
+# the table in bf16, four loads. Two ways to load less, each timed by
+# `benchmarks/paired_rows_probe.py` on copies of the flat pass reading the pre-pass's own fp32
+# rows (so every copy must give `apply_rope`'s bits, and did):
+#
+# - **read half the table**: when both members of a pair share their angle (a table made as
+#   `cat(f, f)`, as TE's and Hugging Face's are) the second half of each fp32 row repeats the
+#   first, so both halves of a head can read the first half (`rows=paired`). Half the bytes,
+#   but the same six loads a thread;
+# - **hold both members in one thread**: a thread loads $x_j$ and $x_{j+R/2}$ for 8 pairs, and
+#   their cos and $s'$ from both halves of the row: 16 features for two x loads and eight table
+#   loads, and no element is loaded twice (`pairs per thread`, programs of 8 head rows on 2 warps
+#   or 16 on 4).
+
+# %%
+pr = measured.probe("paired_rows_probe")
+pr_meta, _ = measured.load("paired_rows_probe")
+probe_cols = ("torch.compile (16-bit table)", "ropelib.apply_rope (freqs)", "rows=fp32",
+              "rows=paired", "pairs per thread fp32 8 rows 2 warps",
+              "pairs per thread fp32 16 rows 4 warps")
+print(f"{measured.where(pr_meta)}: forward, ratio to a copy")
+print(f"{'case':26s}" + "".join(f"{c[:22]:>24s}" for c in probe_cols))
+for case, rows in pr.items():
+    print(f"{case:26s}" + "".join(f"{rows[c]['ratio_to_copy']:24.3f}" for c in probe_cols))
+    assert not any("NOT" in name for name in rows), case          # every copy: apply_rope's bits
+    r = {c: rows[c]["ratio_to_copy"] for c in probe_cols}
+    assert r["rows=paired"] < r["rows=fp32"], case                # half the bytes, slower
+    assert r["pairs per thread fp32 8 rows 2 warps"] > r["rows=fp32"] + 0.008, case
+    assert r["pairs per thread fp32 8 rows 2 warps"] >= r["torch.compile (16-bit table)"] - 0.002, case
+one_gib = {c: said(pr["bf16 sbhd 1 GiB s16k b8"][c]["ratio_to_copy"]) for c in probe_cols}
+assert [one_gib[c] for c in probe_cols[:5]] == ["0.994", "0.938", "0.948", "0.896", "0.993"]
+
+# %% [markdown]
+# Reading half the table made every case slower (0.896 of a copy at 1 GiB against 0.948): the
+# bytes were not what cost, the loads were, and a thread still issued six of them plus a
+# select. Holding both members in one thread reached 0.993 at 1 GiB with the same fp32 rows,
+# level with torch.compile's 0.994 on its bf16 table, and at or within 0.002 of torch.compile in
+# the two 256 MiB cases. That is now ropelib's flat pass for rotate-half pairs
+# (`_rotate_pairs` in `ropelib/kernels/flat.py`, on `tiles.TWO_PASS_PAIR_WARPS` = 2 warps);
+# the tables above it in this section were measured with the earlier one, and the README's
+# performance table with whichever its header's date says.
 
 # %% [markdown]
 # ## Exercise: the interleaved 3-D tile

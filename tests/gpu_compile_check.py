@@ -168,9 +168,13 @@ def main():
     # packed sequences, one per grid row of the flat pass (launch.by_sequence): no row index
     xt, xto = xb.reshape(B * S, 2 * H, D), torch.empty(B * S, 2 * H, D, dtype=bf)
     cu = torch.tensor([0, 3, B * S], dtype=torch.int32)
-    route, ptrs = L.plan_two_pass(L.View.of(xt.unsqueeze(1)), L.View.of(xto.unsqueeze(1)),
-                                  L.Table(f, None), L.Positions(cu_seqlens=cu), R=D,
-                                  interleaved=False, backward=False, layout="thd")
+    grid, T.TWO_PASS_SEQUENCE_GRID = T.TWO_PASS_SEQUENCE_GRID, 1 << 30  # (whatever the grid)
+    try:
+        route, ptrs = L.plan_two_pass(L.View.of(xt.unsqueeze(1)), L.View.of(xto.unsqueeze(1)),
+                                      L.Table(f, None), L.Positions(cu_seqlens=cu), R=D,
+                                      interleaved=False, backward=False, layout="thd")
+    finally:
+        T.TWO_PASS_SEQUENCE_GRID = grid
     assert route.seq_rows and route.index_pass is None, "thd by sequence"
     rows = route.rotate_pass
     rows.args = dict(rows.args, XBLOCK=T.TWO_PASS_ELEMENTS)

@@ -120,12 +120,13 @@ def floor(gpu: str = GPU) -> dict:
     return out
 
 
-def two_pass(gpu: str = GPU) -> dict:
-    """{(case, pass): {provider: row}} of ``two_pass-<gpu>.csv`` (``benchmarks/two_pass.py``):
-    pass is "forward" or "fwd+bwd"; ``ratio_to_copy`` is the copy's ms over the provider's in the
-    same run (forward+backward: over two copies). The copy and "pre-pass alone" have forward rows
+def two_pass(gpu: str = GPU, kind: str = "two_pass") -> dict:
+    """{(case, pass): {provider: row}} of ``two_pass-<gpu>.csv`` (``benchmarks/two_pass.py``;
+    kind "two_pass_thd": its packed-sequence cases alone, ``--only thd``): pass is "forward" or
+    "fwd+bwd"; ``ratio_to_copy`` is the copy's ms over the provider's in the same run
+    (forward+backward: over two copies). The copy and "pre-pass alone" have forward rows
     only."""
-    _, rows = load("two_pass", gpu)
+    _, rows = load(kind, gpu)
     out = {}
     for r in rows:
         out.setdefault((r["case"], r["pass"]), {})[r["provider"]] = r

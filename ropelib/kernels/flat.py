@@ -74,7 +74,7 @@ stride_tab_axis apart. Nothing is gathered into a [B, S, D] table first.
 import triton
 import triton.language as tl
 
-from .common import ROUND_BF16_RTNE, pair_features, round_to
+from .common import ROUND_BF16_RTNE, pair_features, round_to, tile_width
 from .fused import table_cos_sin, table_rows
 
 
@@ -321,6 +321,152 @@ def _rotate_flat(x_ptr, y_ptr, cos_ptr, sin_ptr, index_ptr, block, seq, S, B, H,
 
 
 @triton.jit
+def _row_tile(block, S, B, H, stride_tab_p, stride_tab_b, token_rows_ptr, stride_rows_b,
+              LAYOUT: tl.constexpr, PER_ENTRY: tl.constexpr, ROWS: tl.constexpr,
+              INT64: tl.constexpr):
+    """A program's ROWS head rows, from row block * ROWS, of a tensor [S * B * H rows of D]
+    contiguous in LAYOUT (0 sbhd, and thd with B = 1; 1 bshd; 2 Hugging Face's bhsd) -> (their
+    indices [ROWS], int64 when INT64; which exist; the offset of each one's cos/sin row, as
+    _element_tile finds it; which have no row, their position outside the table)."""
+    if INT64:
+        S = tl.full([], 0, tl.int64) + S
+        B = tl.full([], 0, tl.int64) + B
+        H = tl.full([], 0, tl.int64) + H
+        r = block.to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    else:
+        r = block * ROWS + tl.arange(0, ROWS)
+    live = r < S * B * H
+    if LAYOUT == 1:
+        s = (r // H) % S
+        b = r // (S * H)
+    elif LAYOUT == 2:
+        s = r % S
+        b = r // (H * S)
+    else:
+        s = r // (B * H)
+        b = (r // H) % B
+    if token_rows_ptr is not None:
+        row = tl.load(token_rows_ptr + s + b * stride_rows_b, mask=live, other=0)
+        outside = row < 0
+        tab = tl.maximum(row, 0).to(r.dtype) * stride_tab_p
+    else:
+        outside = r < 0
+        tab = s * stride_tab_p
+        if PER_ENTRY:
+            tab += b * stride_tab_b
+    return r, live, tab, outside
+
+
+@triton.jit
+def _sequence_rows(block, seq, cu_seqlens_ptr, T, SEQ_ROWS, H, stride_tab_p,
+                   ROWS: tl.constexpr, INT64: tl.constexpr):
+    """ROWS head rows of packed sequence `seq` of a thd tensor [T * H rows of D] (LAYOUT 3),
+    from its row block * ROWS, below its first SEQ_ROWS positions -> (their indices [ROWS],
+    which exist, each one's cos/sin row offset, none outside: as _sequence_tile)."""
+    lo = tl.load(cu_seqlens_ptr + seq)
+    hi = tl.load(cu_seqlens_ptr + seq + 1)
+    if INT64:
+        lo = lo.to(tl.int64)
+        hi = hi.to(tl.int64)
+        e = block.to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    else:
+        e = block * ROWS + tl.arange(0, ROWS)
+    r = lo * H + e
+    n = tl.minimum(tl.where(lo >= 0, (hi - lo) * H, 0), SEQ_ROWS * H)
+    live = (e < n) & (r < T * H)
+    tab = (e // H) * stride_tab_p
+    return r, live, tab, r < 0
+
+
+@triton.jit
+def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, outside, stride_tab_axis,
+                  D: tl.constexpr, R: tl.constexpr, BACKWARD: tl.constexpr,
+                  SIGNED: tl.constexpr, KEEP_TABLE: tl.constexpr, HAS_OUTSIDE: tl.constexpr,
+                  AXIS_H_FROM: tl.constexpr, AXIS_W_FROM: tl.constexpr):
+    # Rotate-half rows r [ROWS] of x [rows, D] -> y: a thread holds both members of its pairs,
+    # x_a = x[r, j] and x_b = x[r, j + R/2] ([ROWS, BLOCK_HALF] each), so no feature is loaded
+    # twice; features R..D-1 are copied through.
+    HALF: tl.constexpr = R // 2
+    BLOCK_HALF: tl.constexpr = tile_width(HALF)
+    VEC: tl.constexpr = 128 // x_ptr.dtype.element_ty.primitive_bitwidth   # a 16-byte vector
+    j = tl.arange(0, BLOCK_HALF)
+    at = r[:, None] * D + j[None, :]                                 # x_a [ROWS, BLOCK_HALF]
+    m = live[:, None] & (j < HALF)[None, :]
+    if AXIS_H_FROM < HALF:      # one table per axis: pair j reads the table of its section
+        axis = (j >= AXIS_H_FROM).to(tab.dtype) + (j >= AXIS_W_FROM).to(tab.dtype)
+        off = axis * stride_tab_axis
+        if AXIS_H_FROM % VEC == 0 and AXIS_W_FROM % VEC == 0 and HALF % VEC == 0:
+            # each section starts at a multiple of VEC pairs (Qwen2-VL's 16, 24, 24 do) and the
+            # tables' strides are multiples of VEC (ops.takes_axis_tables: contiguous tables),
+            # so a thread's run of VEC pairs reads one row of one table; the selects above hide
+            # that from Triton's analysis (unsaid, every entry is its own 2-byte load)
+            off = tl.max_constancy(tl.multiple_of(off, VEC), VEC)
+        col = tab[:, None] + (off + j)[None, :]
+    else:
+        col = tab[:, None] + j[None, :]                             # member a's cos/sin entry
+    xa = tl.load(x_ptr + at, mask=m, other=0.0).to(tl.float32)
+    xb = tl.load(x_ptr + at + HALF, mask=m, other=0.0).to(tl.float32)
+    if KEEP_TABLE:          # the rows serve every batch entry: keep them in L2
+        ca = tl.load(cos_ptr + col, mask=m, other=0.0, eviction_policy="evict_last")
+        cb = tl.load(cos_ptr + col + HALF, mask=m, other=0.0, eviction_policy="evict_last")
+        sa = tl.load(sin_ptr + col, mask=m, other=0.0, eviction_policy="evict_last")
+        sb = tl.load(sin_ptr + col + HALF, mask=m, other=0.0, eviction_policy="evict_last")
+    else:
+        ca = tl.load(cos_ptr + col, mask=m, other=0.0)
+        cb = tl.load(cos_ptr + col + HALF, mask=m, other=0.0)
+        sa = tl.load(sin_ptr + col, mask=m, other=0.0)
+        sb = tl.load(sin_ptr + col + HALF, mask=m, other=0.0)
+    sa = sa.to(tl.float32)
+    sb = sb.to(tl.float32)
+    if SIGNED:              # s' (the pre-pass's rows): y_a = x_a c_a + x_b s'_a, and so for b
+        ta = xb * sa
+        tb = xa * sb
+    elif BACKWARD:          # the transpose: y_a = x_a c_a + x_b s_b, y_b = x_b c_b - x_a s_a
+        ta = xb * sb
+        tb = -(xa * sa)
+    else:                   # y_a = x_a c_a - x_b s_a, y_b = x_b c_b + x_a s_b
+        ta = -(xb * sa)
+        tb = xa * sb
+    ya = tl.fma(xa, ca.to(tl.float32), ta)
+    yb = tl.fma(xb, cb.to(tl.float32), tb)
+    if HAS_OUTSIDE:         # a position outside the table: NaN, never a clamped row
+        ya = tl.where(outside[:, None], float("nan"), ya)
+        yb = tl.where(outside[:, None], float("nan"), yb)
+    tl.store(y_ptr + at, round_to(ya, y_ptr.dtype.element_ty, ROUND_BF16_RTNE), mask=m)
+    tl.store(y_ptr + at + HALF, round_to(yb, y_ptr.dtype.element_ty, ROUND_BF16_RTNE),
+             mask=m)
+    if R < D:               # the features not rotated, copied
+        PASS: tl.constexpr = D - R
+        k = tl.arange(0, tile_width(PASS))
+        pt = r[:, None] * D + R + k[None, :]
+        mp = live[:, None] & (k < PASS)[None, :]
+        tl.store(y_ptr + pt, tl.load(x_ptr + pt, mask=mp, other=0.0).to(y_ptr.dtype.element_ty),
+                 mask=mp)
+
+
+@triton.jit
+def _rotate_rows(x_ptr, y_ptr, cos_ptr, sin_ptr, index_ptr, block, seq, S, B, H, stride_tab_p,
+                 stride_tab_b, stride_rows_b, stride_tab_axis, D: tl.constexpr, R: tl.constexpr,
+                 LAYOUT: tl.constexpr, BACKWARD: tl.constexpr, SIGNED: tl.constexpr,
+                 PER_ENTRY: tl.constexpr, KEEP_TABLE: tl.constexpr, AXIS_H_FROM: tl.constexpr,
+                 AXIS_W_FROM: tl.constexpr, ROWS: tl.constexpr, INT64: tl.constexpr):
+    # Rotate-half: head rows block * ROWS .. + ROWS of x (contiguous in LAYOUT) -> y; with
+    # LAYOUT 3, of packed sequence `seq` (cu_seqlens in index_ptr), its first B positions.
+    if LAYOUT == 3:
+        r, live, tab, outside = _sequence_rows(block, seq, index_ptr, S, B, H, stride_tab_p,
+                                               ROWS, INT64)
+        _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, outside, stride_tab_axis,
+                      D, R, BACKWARD, SIGNED, KEEP_TABLE, False, AXIS_H_FROM, AXIS_W_FROM)
+    else:
+        r, live, tab, outside = _row_tile(block, S, B, H, stride_tab_p, stride_tab_b,
+                                          index_ptr, stride_rows_b, LAYOUT, PER_ENTRY, ROWS,
+                                          INT64)
+        _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, outside, stride_tab_axis,
+                      D, R, BACKWARD, SIGNED, KEEP_TABLE, index_ptr is not None, AXIS_H_FROM,
+                      AXIS_W_FROM)
+
+
+@triton.jit
 def _rope_rows_kernel(
     q_ptr, q_out_ptr, k_ptr, k_out_ptr,  # contiguous in LAYOUT; outputs fresh, same layout
     cos_ptr, sin_ptr,                    # cos, s' of the pre-pass (SIGNED), or the caller's
@@ -348,23 +494,40 @@ def _rope_rows_kernel(
     pid = tl.program_id(0)
     seq = tl.program_id(1)
     rows = B if LAYOUT == 3 else S * B
+    # interleaved: XBLOCK elements per program; rotate-half: ROWS whole head rows (XBLOCK
+    # elements when D is a power of two), both members of each pair in one thread
+    ROWS: tl.constexpr = XBLOCK // tile_width(D)
     if INT64:               # q's element count passes 2^31: count it in int64
-        q_blocks = tl.cdiv((tl.full([], 0, tl.int64) + rows) * HQ * D, XBLOCK)
-    else:
+        rows = tl.full([], 0, tl.int64) + rows
+    if INTERLEAVED:
         q_blocks = tl.cdiv(rows * HQ * D, XBLOCK)
+    else:
+        q_blocks = tl.cdiv(rows * HQ, ROWS)
     if pid < q_blocks:
-        _rotate_flat(q_ptr, q_out_ptr, cos_ptr, sin_ptr, index_ptr, pid, seq, S, B, HQ,
-                     stride_tab_p, stride_tab_b, stride_rows_b, stride_tab_axis, D, R, LAYOUT,
-                     INTERLEAVED, BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE, AXIS_H_FROM,
-                     AXIS_W_FROM, XBLOCK, INT64)
+        if INTERLEAVED:
+            _rotate_flat(q_ptr, q_out_ptr, cos_ptr, sin_ptr, index_ptr, pid, seq, S, B, HQ,
+                         stride_tab_p, stride_tab_b, stride_rows_b, stride_tab_axis, D, R,
+                         LAYOUT, INTERLEAVED, BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE,
+                         AXIS_H_FROM, AXIS_W_FROM, XBLOCK, INT64)
+        else:
+            _rotate_rows(q_ptr, q_out_ptr, cos_ptr, sin_ptr, index_ptr, pid, seq, S, B, HQ,
+                         stride_tab_p, stride_tab_b, stride_rows_b, stride_tab_axis, D, R,
+                         LAYOUT, BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE, AXIS_H_FROM,
+                         AXIS_W_FROM, ROWS, INT64)
         if LAYOUT == 3:
             if pid == q_blocks - 1:     # a sequence longer than the table: the rest is NaN
                 _sequence_tail(q_ptr, q_out_ptr, seq, index_ptr, S, B, HQ, D, R, XBLOCK, INT64)
     elif k_ptr is not None:
-        _rotate_flat(k_ptr, k_out_ptr, cos_ptr, sin_ptr, index_ptr, pid - q_blocks, seq, S, B,
-                     HK, stride_tab_p, stride_tab_b, stride_rows_b, stride_tab_axis, D, R,
-                     LAYOUT, INTERLEAVED, BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE, AXIS_H_FROM,
-                     AXIS_W_FROM, XBLOCK, INT64)
+        if INTERLEAVED:
+            _rotate_flat(k_ptr, k_out_ptr, cos_ptr, sin_ptr, index_ptr, pid - q_blocks, seq, S,
+                         B, HK, stride_tab_p, stride_tab_b, stride_rows_b, stride_tab_axis, D,
+                         R, LAYOUT, INTERLEAVED, BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE,
+                         AXIS_H_FROM, AXIS_W_FROM, XBLOCK, INT64)
+        else:
+            _rotate_rows(k_ptr, k_out_ptr, cos_ptr, sin_ptr, index_ptr, pid - q_blocks, seq, S,
+                         B, HK, stride_tab_p, stride_tab_b, stride_rows_b, stride_tab_axis, D,
+                         R, LAYOUT, BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE, AXIS_H_FROM,
+                         AXIS_W_FROM, ROWS, INT64)
         if LAYOUT == 3:
             if pid == tl.num_programs(0) - 1:
                 _sequence_tail(k_ptr, k_out_ptr, seq, index_ptr, S, B, HK, D, R, XBLOCK, INT64)

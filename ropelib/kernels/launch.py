@@ -26,7 +26,8 @@ from .planning import (I32_LIMIT, OUT_LAYOUT, Launch, cdiv, needs_int64, pointer
                        start)
 from . import tiles as _tiles_module
 from .tiles import (BATCH_LOOP_MIN, MIN_TILE, PROGRAMS_PER_SM, TILE_LOOP, TILE_NOLOOP, TILE_WIDE,
-                    TWO_PASS_ELEMENTS, TWO_PASS_TABLE_ELEMENTS, TWO_PASS_WARPS, device_index,
+                    TWO_PASS_ELEMENTS, TWO_PASS_PAIR_WARPS, TWO_PASS_TABLE_ELEMENTS,
+                    TWO_PASS_WARPS, device_index,
                     device_tiles, exact_loop_tile)
 
 class View(NamedTuple):
@@ -586,19 +587,25 @@ def plan_two_pass(q: View, q_out: View, table: Table, positions: Positions, *, R
     out32 = torch.empty(0, dtype=torch.float32, device="meta")     # (the pre-pass's dtype)
     index = torch.empty(0, dtype=torch.int32, device="meta") if read.index_pass else None
     seqs = positions.cu_seqlens if read.seq_rows else None
-    xblock = TWO_PASS_ELEMENTS if on_gpu else 1 << 14
+    # elements per program (interleaved); rotate-half programs take xblock // D' whole head
+    # rows (D' = D's power of two), as flat._rope_rows_kernel counts them
+    xblock = max(TWO_PASS_ELEMENTS if on_gpu else 1 << 14, pow2_at_least(D, 1 << 30))
     n_q, n_k = S * B * q.heads * D, S * B * HK * D
-    if read.seq_rows:       # one packed sequence per grid row: its first seq_rows positions
-        n_seq = positions.cu_seqlens.shape[0] - 1
-        grid = (cdiv(read.seq_rows * q.heads * D, xblock)
-                + cdiv(read.seq_rows * HK * D, xblock), n_seq)
+    positions_per = read.seq_rows or S * B     # (rows of positions a grid row covers)
+    if interleaved:
+        blocks = cdiv(positions_per * q.heads * D, xblock) + cdiv(positions_per * HK * D, xblock)
     else:
-        grid = (cdiv(n_q, xblock) + cdiv(n_k, xblock),)
+        rows = xblock // pow2_at_least(D, 1 << 30)
+        blocks = cdiv(positions_per * q.heads, rows) + cdiv(positions_per * HK, rows)
+    if read.seq_rows:       # one packed sequence per grid row: its first seq_rows positions
+        grid = (blocks, positions.cu_seqlens.shape[0] - 1)
+    else:
+        grid = (blocks,)
     int64 = (max(n_q, n_k) + xblock > I32_LIMIT) or (table_shape[0] * R > I32_LIMIT - 1024) \
         or (table_pass is None and needs_int64((table.cos,))) \
         or (table.axes is not None and 2 * table.axes[2] + table.cos.numel() > I32_LIMIT - 1024)
     rotate_pass = Launch(
-        grid, TWO_PASS_WARPS,
+        grid, TWO_PASS_WARPS if interleaved else TWO_PASS_PAIR_WARPS,
         dict(S=S, B=read.seq_rows or B, HQ=q.heads, HK=HK, stride_tab_p=stride_p,
              stride_tab_b=stride_b,
              stride_rows_b=read.stride_rows_b,

@@ -33,7 +33,8 @@ TILES_BY_GPU: dict = {
 
 # --- the two-pass route (kernels/flat.py) ---------------------------------------------------
 # Large contiguous inputs take the two-pass route: a cos/sin table of the call's tokens, then
-# a flat pass of TWO_PASS_ELEMENTS elements (whole rows) and TWO_PASS_WARPS warps per program.
+# a flat pass of TWO_PASS_ELEMENTS elements and TWO_PASS_WARPS warps per program (interleaved
+# pairs; rotate-half pairs: TWO_PASS_PAIR_WARPS, below).
 # The flat shape with an fp32 table in L2 reached 0.98-1.00 of a copy on an H100 and an H200
 # where the finished kernel reached 0.89-0.97 (benchmarks/flat_probe.py); the table costs a
 # launch and S x R x 8 bytes, so smaller inputs keep the finished kernel (one launch).
@@ -51,16 +52,27 @@ TWO_PASS_TABLE_SHARE = 32
 TWO_PASS_KEPT_TABLE_SHARE = 16
 TWO_PASS_ELEMENTS = 1024
 TWO_PASS_WARPS = 4
+# Rotate-half pairs are rotated with both members in one thread (x_a and x_b of the same pairs,
+# no partner loaded a second time): programs of whole head rows, TWO_PASS_ELEMENTS elements at
+# D = 128 (8 rows), on 2 warps, 16 elements a thread. On an H200 (bf16, the fp32 cos and s'
+# rows, results/paired_rows_probe-nvidia-h200.csv of 2026-11-29) this reached 0.993 of a copy
+# at 1 GiB sbhd, 0.986 at 256 MiB bshd and 0.993 at 256 MiB sbhd, where the element-wise pass
+# (a partner load per element) reached 0.948, 0.977 and 0.968 and torch.compile's kernel 0.994,
+# 0.985 and 0.991 in the same run; 16 rows on 4 warps 0.988, 0.988, 0.993.
+TWO_PASS_PAIR_WARPS = 2
 TWO_PASS_TABLE_ELEMENTS = 1024     # (token, pair) entries per program of the pre-pass
 # Packed sequences (thd) whose positions are each token's index in its sequence: the flat pass
 # can take one sequence per grid row, its positions' rows read as sbhd reads a token's (no row
 # index per token, no index pass), as flash-attn's Triton rotary does with the longest
 # sequence's length. Without that length on the host, the grid covers min(P, T) positions of
 # every sequence, and programs past a sequence's end return at once: taken while that grid is
-# at most this many times the tokens. (flash-attn's per-sequence grid reached 0.977 of a copy
-# on thd where the row index reached 0.860, H200, floor-nvidia-h200.csv of 2026-11-28; this
-# route is not timed yet.)
-TWO_PASS_SEQUENCE_GRID = 2
+# at most this many times the tokens. Empty programs are not free: on an H200 (bf16, 8 x 4096
+# tokens, 32 heads of 128, element-wise flat pass; results/two_pass_thd-nvidia-h200.csv
+# of 2026-11-29) a grid of exactly the tokens (a table of 4096 rows) reached 0.879 of a copy
+# where the row index reached 0.857, and a grid of twice the tokens (8192 rows) 0.517; three
+# uneven sequences on a table of T rows (a grid of 3T) 0.35-0.40. So only a grid of the tokens
+# themselves takes it.
+TWO_PASS_SEQUENCE_GRID = 1
 
 # --- QK-RMSNorm + RoPE (kernels/qk_norm_rope.py) ---------------------------------------------
 # Elements of q (or k) a program moves per batch entry, and per thread. Measured on an H200 with
