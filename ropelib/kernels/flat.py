@@ -321,13 +321,10 @@ def _rotate_flat(x_ptr, y_ptr, cos_ptr, sin_ptr, index_ptr, block, seq, S, B, H,
 
 
 @triton.jit
-def _row_tile(block, S, B, H, stride_tab_p, stride_tab_b, token_rows_ptr, stride_rows_b,
-              LAYOUT: tl.constexpr, PER_ENTRY: tl.constexpr, ROWS: tl.constexpr,
-              INT64: tl.constexpr):
+def _row_tile(block, S, B, H, LAYOUT: tl.constexpr, ROWS: tl.constexpr, INT64: tl.constexpr):
     """A program's ROWS head rows, from row block * ROWS, of a tensor [S * B * H rows of D]
     contiguous in LAYOUT (0 sbhd, and thd with B = 1; 1 bshd; 2 Hugging Face's bhsd) -> (their
-    indices [ROWS], int64 when INT64; which exist; the offset of each one's cos/sin row, as
-    _element_tile finds it; which have no row, their position outside the table)."""
+    indices [ROWS], int64 when INT64; which exist; each one's token s and batch entry b)."""
     if INT64:
         S = tl.full([], 0, tl.int64) + S
         B = tl.full([], 0, tl.int64) + B
@@ -345,16 +342,7 @@ def _row_tile(block, S, B, H, stride_tab_p, stride_tab_b, token_rows_ptr, stride
     else:
         s = r // (B * H)
         b = (r // H) % B
-    if token_rows_ptr is not None:
-        row = tl.load(token_rows_ptr + s + b * stride_rows_b, mask=live, other=0)
-        outside = row < 0
-        tab = tl.maximum(row, 0).to(r.dtype) * stride_tab_p
-    else:
-        outside = r < 0
-        tab = s * stride_tab_p
-        if PER_ENTRY:
-            tab += b * stride_tab_b
-    return r, live, tab, outside
+    return r, live, s, b
 
 
 @triton.jit
@@ -379,19 +367,29 @@ def _sequence_rows(block, seq, cu_seqlens_ptr, T, SEQ_ROWS, H, stride_tab_p,
 
 
 @triton.jit
-def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, outside, stride_tab_axis,
-                  D: tl.constexpr, R: tl.constexpr, BACKWARD: tl.constexpr,
-                  SIGNED: tl.constexpr, KEEP_TABLE: tl.constexpr, HAS_OUTSIDE: tl.constexpr,
-                  AXIS_H_FROM: tl.constexpr, AXIS_W_FROM: tl.constexpr):
+def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, token_rows_ptr,
+                  stride_rows_b, stride_tab_p, stride_tab_axis, D: tl.constexpr,
+                  R: tl.constexpr, BACKWARD: tl.constexpr, SIGNED: tl.constexpr,
+                  KEEP_TABLE: tl.constexpr, AXIS_H_FROM: tl.constexpr,
+                  AXIS_W_FROM: tl.constexpr):
     # Rotate-half rows r [ROWS] of x [rows, D] -> y: a thread holds both members of its pairs,
     # x_a = x[r, j] and x_b = x[r, j + R/2] ([ROWS, BLOCK_HALF] each), so no feature is loaded
-    # twice; features R..D-1 are copied through.
+    # twice; features R..D-1 are copied through. Each row's cos/sin row is at offset tab, or,
+    # with a row index (token_rows_ptr), at token_rows[s + b * stride_rows_b] * stride_tab_p:
+    # loaded after x, so x's loads do not wait on it (a row of -1, a position outside the
+    # table, gives NaN).
     HALF: tl.constexpr = R // 2
     BLOCK_HALF: tl.constexpr = tile_width(HALF)
     VEC: tl.constexpr = 128 // x_ptr.dtype.element_ty.primitive_bitwidth   # a 16-byte vector
     j = tl.arange(0, BLOCK_HALF)
     at = r[:, None] * D + j[None, :]                                 # x_a [ROWS, BLOCK_HALF]
     m = live[:, None] & (j < HALF)[None, :]
+    xa = tl.load(x_ptr + at, mask=m, other=0.0).to(tl.float32)
+    xb = tl.load(x_ptr + at + HALF, mask=m, other=0.0).to(tl.float32)
+    if token_rows_ptr is not None:
+        row = tl.load(token_rows_ptr + s + b * stride_rows_b, mask=live, other=0)
+        outside = row < 0
+        tab = tl.maximum(row, 0).to(r.dtype) * stride_tab_p
     if AXIS_H_FROM < HALF:      # one table per axis: pair j reads the table of its section
         axis = (j >= AXIS_H_FROM).to(tab.dtype) + (j >= AXIS_W_FROM).to(tab.dtype)
         off = axis * stride_tab_axis
@@ -404,8 +402,6 @@ def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, outside, stride_
         col = tab[:, None] + (off + j)[None, :]
     else:
         col = tab[:, None] + j[None, :]                             # member a's cos/sin entry
-    xa = tl.load(x_ptr + at, mask=m, other=0.0).to(tl.float32)
-    xb = tl.load(x_ptr + at + HALF, mask=m, other=0.0).to(tl.float32)
     if KEEP_TABLE:          # the rows serve every batch entry: keep them in L2
         ca = tl.load(cos_ptr + col, mask=m, other=0.0, eviction_policy="evict_last")
         cb = tl.load(cos_ptr + col + HALF, mask=m, other=0.0, eviction_policy="evict_last")
@@ -429,7 +425,7 @@ def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, outside, stride_
         tb = xa * sb
     ya = tl.fma(xa, ca.to(tl.float32), ta)
     yb = tl.fma(xb, cb.to(tl.float32), tb)
-    if HAS_OUTSIDE:         # a position outside the table: NaN, never a clamped row
+    if token_rows_ptr is not None:      # a position outside the table: NaN, never a clamped row
         ya = tl.where(outside[:, None], float("nan"), ya)
         yb = tl.where(outside[:, None], float("nan"), yb)
     tl.store(y_ptr + at, round_to(ya, y_ptr.dtype.element_ty, ROUND_BF16_RTNE), mask=m)
@@ -453,17 +449,19 @@ def _rotate_rows(x_ptr, y_ptr, cos_ptr, sin_ptr, index_ptr, block, seq, S, B, H,
     # Rotate-half: head rows block * ROWS .. + ROWS of x (contiguous in LAYOUT) -> y; with
     # LAYOUT 3, of packed sequence `seq` (cu_seqlens in index_ptr), its first B positions.
     if LAYOUT == 3:
-        r, live, tab, outside = _sequence_rows(block, seq, index_ptr, S, B, H, stride_tab_p,
-                                               ROWS, INT64)
-        _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, outside, stride_tab_axis,
-                      D, R, BACKWARD, SIGNED, KEEP_TABLE, False, AXIS_H_FROM, AXIS_W_FROM)
+        r, live, tab, _ = _sequence_rows(block, seq, index_ptr, S, B, H, stride_tab_p, ROWS,
+                                         INT64)
+        _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, r, r, None, 0,
+                      stride_tab_p, stride_tab_axis, D, R, BACKWARD, SIGNED, KEEP_TABLE,
+                      AXIS_H_FROM, AXIS_W_FROM)
     else:
-        r, live, tab, outside = _row_tile(block, S, B, H, stride_tab_p, stride_tab_b,
-                                          index_ptr, stride_rows_b, LAYOUT, PER_ENTRY, ROWS,
-                                          INT64)
-        _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, outside, stride_tab_axis,
-                      D, R, BACKWARD, SIGNED, KEEP_TABLE, index_ptr is not None, AXIS_H_FROM,
-                      AXIS_W_FROM)
+        r, live, s, b = _row_tile(block, S, B, H, LAYOUT, ROWS, INT64)
+        tab = s * stride_tab_p          # (rows by token index; with a row index, found later)
+        if PER_ENTRY:
+            tab += b * stride_tab_b
+        _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, index_ptr,
+                      stride_rows_b, stride_tab_p, stride_tab_axis, D, R, BACKWARD, SIGNED,
+                      KEEP_TABLE, AXIS_H_FROM, AXIS_W_FROM)
 
 
 @triton.jit
