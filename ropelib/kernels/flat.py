@@ -3,7 +3,8 @@ flat pass over the tensor that reads it.
 
     _cos_sin_rows_kernel   every token's fp32 cos and sin rows, from any table and positions  20 args
     _token_rows_kernel     or each token's table row (then the rows are positions 0..P'-1)    11 args
-    _rope_rows_kernel      q (and k) rotated element by element, reading cos/sin per element  27 args
+    _rope_rows_kernel      q (and k) rotated row by row (pairs) or element by element,       27 args
+                           reading cos/sin per feature
                            (packed sequences: one per row of a 2-D grid, where it can)
 
 Why two passes
@@ -40,13 +41,19 @@ as one contiguous row (two stores at stride 2 took the pre-pass twice as long: 1
 _token_rows_kernel: grid (cdiv(S, BLOCK_S), NB); a program finds the table rows of BLOCK_S
 tokens of batch entry b as the pre-pass does and writes them, -1 where a position is outside.
 
-_rope_rows_kernel: grid (cdiv(rows of q, ROWS) + cdiv(rows of k, ROWS),); a row is one head of
-one token (D features, contiguous), a program ROWS of them ([ROWS, BLOCK_D], about 1024
-elements, 4 warps: 16-byte vectors per thread). q and k (and their fresh outputs) are contiguous
-in their layout, so a row's token s and batch entry b follow from its index (sbhd/thd, bshd,
-bhsd); its cos/sin row is at s * stride_tab_p + b * stride_tab_b. The partner of a rotate-half
-feature is loaded from its own address (d +- R/2: a second contiguous vector load, from L1);
-interleaved partners are swapped in registers. Features R..D-1 are copied through.
+_rope_rows_kernel: grid (programs over q's rows + programs over k's,); a row is one head of one
+token (D features, contiguous). q and k (and their fresh outputs) are contiguous in their
+layout, so a row's token s and batch entry b follow from its index (sbhd/thd, bshd, bhsd); its
+cos/sin row is at s * stride_tab_p + b * stride_tab_b.
+  Rotate-half pairs: a program takes ROWS = XBLOCK / D' whole rows (D' = D's power of two: 8
+  rows of 128, 2 warps), as [ROWS, R/2] tiles of both members of each pair, x_j and x_{j+R/2},
+  in the same thread: every feature is loaded once, with 16-byte vectors (2 of x, 8 of the fp32
+  table for 8 bf16 pairs). Loading the partner again from its own address instead (a second
+  vector load per feature, from L1) held the pass at 0.948 of a copy at 1 GiB bf16 on an H200,
+  against 0.993 this way (benchmarks/paired_rows_probe.py).
+  Interleaved pairs (neighbours, swapped in registers) and Qwen2-VL's per-axis tables: a
+  program takes XBLOCK elements (4 warps, 16-byte vectors), whatever rows they fall in.
+Features R..D-1 are copied through.
 
 With cos and sin tables of the caller's ([P, R] or [B, P, R]) and positions that are just the
 token index, the flat pass reads the caller's table itself (SIGNED False): it signs the sine
@@ -368,10 +375,8 @@ def _sequence_rows(block, seq, cu_seqlens_ptr, T, SEQ_ROWS, H, stride_tab_p,
 
 @triton.jit
 def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, token_rows_ptr,
-                  stride_rows_b, stride_tab_p, stride_tab_axis, D: tl.constexpr,
-                  R: tl.constexpr, BACKWARD: tl.constexpr, SIGNED: tl.constexpr,
-                  KEEP_TABLE: tl.constexpr, AXIS_H_FROM: tl.constexpr,
-                  AXIS_W_FROM: tl.constexpr):
+                  stride_rows_b, stride_tab_p, D: tl.constexpr, R: tl.constexpr,
+                  BACKWARD: tl.constexpr, SIGNED: tl.constexpr, KEEP_TABLE: tl.constexpr):
     # Rotate-half rows r [ROWS] of x [rows, D] -> y: a thread holds both members of its pairs,
     # x_a = x[r, j] and x_b = x[r, j + R/2] ([ROWS, BLOCK_HALF] each), so no feature is loaded
     # twice; features R..D-1 are copied through. Each row's cos/sin row is at offset tab, or,
@@ -390,18 +395,7 @@ def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, token_rows
         row = tl.load(token_rows_ptr + s + b * stride_rows_b, mask=live, other=0)
         outside = row < 0
         tab = tl.maximum(row, 0).to(r.dtype) * stride_tab_p
-    if AXIS_H_FROM < HALF:      # one table per axis: pair j reads the table of its section
-        axis = (j >= AXIS_H_FROM).to(tab.dtype) + (j >= AXIS_W_FROM).to(tab.dtype)
-        off = axis * stride_tab_axis
-        if AXIS_H_FROM % VEC == 0 and AXIS_W_FROM % VEC == 0 and HALF % VEC == 0:
-            # each section starts at a multiple of VEC pairs (Qwen2-VL's 16, 24, 24 do) and the
-            # tables' strides are multiples of VEC (ops.takes_axis_tables: contiguous tables),
-            # so a thread's run of VEC pairs reads one row of one table; the selects above hide
-            # that from Triton's analysis (unsaid, every entry is its own 2-byte load)
-            off = tl.max_constancy(tl.multiple_of(off, VEC), VEC)
-        col = tab[:, None] + (off + j)[None, :]
-    else:
-        col = tab[:, None] + j[None, :]                             # member a's cos/sin entry
+    col = tab[:, None] + j[None, :]                                 # member a's cos/sin entry
     if KEEP_TABLE:          # the rows serve every batch entry: keep them in L2
         ca = tl.load(cos_ptr + col, mask=m, other=0.0, eviction_policy="evict_last")
         cb = tl.load(cos_ptr + col + HALF, mask=m, other=0.0, eviction_policy="evict_last")
@@ -442,26 +436,24 @@ def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, token_rows
 
 @triton.jit
 def _rotate_rows(x_ptr, y_ptr, cos_ptr, sin_ptr, index_ptr, block, seq, S, B, H, stride_tab_p,
-                 stride_tab_b, stride_rows_b, stride_tab_axis, D: tl.constexpr, R: tl.constexpr,
+                 stride_tab_b, stride_rows_b, D: tl.constexpr, R: tl.constexpr,
                  LAYOUT: tl.constexpr, BACKWARD: tl.constexpr, SIGNED: tl.constexpr,
-                 PER_ENTRY: tl.constexpr, KEEP_TABLE: tl.constexpr, AXIS_H_FROM: tl.constexpr,
-                 AXIS_W_FROM: tl.constexpr, ROWS: tl.constexpr, INT64: tl.constexpr):
+                 PER_ENTRY: tl.constexpr, KEEP_TABLE: tl.constexpr, ROWS: tl.constexpr,
+                 INT64: tl.constexpr):
     # Rotate-half: head rows block * ROWS .. + ROWS of x (contiguous in LAYOUT) -> y; with
     # LAYOUT 3, of packed sequence `seq` (cu_seqlens in index_ptr), its first B positions.
     if LAYOUT == 3:
         r, live, tab, _ = _sequence_rows(block, seq, index_ptr, S, B, H, stride_tab_p, ROWS,
                                          INT64)
         _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, r, r, None, 0,
-                      stride_tab_p, stride_tab_axis, D, R, BACKWARD, SIGNED, KEEP_TABLE,
-                      AXIS_H_FROM, AXIS_W_FROM)
+                      stride_tab_p, D, R, BACKWARD, SIGNED, KEEP_TABLE)
     else:
         r, live, s, b = _row_tile(block, S, B, H, LAYOUT, ROWS, INT64)
         tab = s * stride_tab_p          # (rows by token index; with a row index, found later)
         if PER_ENTRY:
             tab += b * stride_tab_b
         _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, index_ptr,
-                      stride_rows_b, stride_tab_p, stride_tab_axis, D, R, BACKWARD, SIGNED,
-                      KEEP_TABLE, AXIS_H_FROM, AXIS_W_FROM)
+                      stride_rows_b, stride_tab_p, D, R, BACKWARD, SIGNED, KEEP_TABLE)
 
 
 @triton.jit
@@ -492,40 +484,40 @@ def _rope_rows_kernel(
     pid = tl.program_id(0)
     seq = tl.program_id(1)
     rows = B if LAYOUT == 3 else S * B
-    # interleaved: XBLOCK elements per program; rotate-half: ROWS whole head rows (XBLOCK
-    # elements when D is a power of two), both members of each pair in one thread
+    # interleaved pairs, or one table per axis: XBLOCK elements per program; rotate-half: ROWS
+    # whole head rows (XBLOCK elements when D is a power of two), both members of each pair in
+    # one thread
     ROWS: tl.constexpr = XBLOCK // tile_width(D)
+    BY_ELEMENT: tl.constexpr = INTERLEAVED or AXIS_H_FROM < R // 2
     if INT64:               # q's element count passes 2^31: count it in int64
         rows = tl.full([], 0, tl.int64) + rows
-    if INTERLEAVED:
+    if BY_ELEMENT:
         q_blocks = tl.cdiv(rows * HQ * D, XBLOCK)
     else:
         q_blocks = tl.cdiv(rows * HQ, ROWS)
     if pid < q_blocks:
-        if INTERLEAVED:
+        if BY_ELEMENT:
             _rotate_flat(q_ptr, q_out_ptr, cos_ptr, sin_ptr, index_ptr, pid, seq, S, B, HQ,
                          stride_tab_p, stride_tab_b, stride_rows_b, stride_tab_axis, D, R,
                          LAYOUT, INTERLEAVED, BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE,
                          AXIS_H_FROM, AXIS_W_FROM, XBLOCK, INT64)
         else:
             _rotate_rows(q_ptr, q_out_ptr, cos_ptr, sin_ptr, index_ptr, pid, seq, S, B, HQ,
-                         stride_tab_p, stride_tab_b, stride_rows_b, stride_tab_axis, D, R,
-                         LAYOUT, BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE, AXIS_H_FROM,
-                         AXIS_W_FROM, ROWS, INT64)
+                         stride_tab_p, stride_tab_b, stride_rows_b, D, R, LAYOUT, BACKWARD,
+                         SIGNED, PER_ENTRY, KEEP_TABLE, ROWS, INT64)
         if LAYOUT == 3:
             if pid == q_blocks - 1:     # a sequence longer than the table: the rest is NaN
                 _sequence_tail(q_ptr, q_out_ptr, seq, index_ptr, S, B, HQ, D, R, XBLOCK, INT64)
     elif k_ptr is not None:
-        if INTERLEAVED:
+        if BY_ELEMENT:
             _rotate_flat(k_ptr, k_out_ptr, cos_ptr, sin_ptr, index_ptr, pid - q_blocks, seq, S,
                          B, HK, stride_tab_p, stride_tab_b, stride_rows_b, stride_tab_axis, D,
                          R, LAYOUT, INTERLEAVED, BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE,
                          AXIS_H_FROM, AXIS_W_FROM, XBLOCK, INT64)
         else:
             _rotate_rows(k_ptr, k_out_ptr, cos_ptr, sin_ptr, index_ptr, pid - q_blocks, seq, S,
-                         B, HK, stride_tab_p, stride_tab_b, stride_rows_b, stride_tab_axis, D,
-                         R, LAYOUT, BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE, AXIS_H_FROM,
-                         AXIS_W_FROM, ROWS, INT64)
+                         B, HK, stride_tab_p, stride_tab_b, stride_rows_b, D, R, LAYOUT,
+                         BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE, ROWS, INT64)
         if LAYOUT == 3:
             if pid == tl.num_programs(0) - 1:
                 _sequence_tail(k_ptr, k_out_ptr, seq, index_ptr, S, B, HK, D, R, XBLOCK, INT64)

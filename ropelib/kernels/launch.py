@@ -587,12 +587,14 @@ def plan_two_pass(q: View, q_out: View, table: Table, positions: Positions, *, R
     out32 = torch.empty(0, dtype=torch.float32, device="meta")     # (the pre-pass's dtype)
     index = torch.empty(0, dtype=torch.int32, device="meta") if read.index_pass else None
     seqs = positions.cu_seqlens if read.seq_rows else None
-    # elements per program (interleaved); rotate-half programs take xblock // D' whole head
-    # rows (D' = D's power of two), as flat._rope_rows_kernel counts them
+    # elements per program (interleaved pairs, tables per axis); rotate-half programs take
+    # xblock // D' whole head rows (D' = D's power of two), as flat._rope_rows_kernel counts them
     xblock = max(TWO_PASS_ELEMENTS if on_gpu else 1 << 14, pow2_at_least(D, 1 << 30))
     n_q, n_k = S * B * q.heads * D, S * B * HK * D
     positions_per = read.seq_rows or S * B     # (rows of positions a grid row covers)
-    if interleaved:
+    # (flat._rope_rows_kernel's BY_ELEMENT: interleaved, or a table per axis in use)
+    by_element = interleaved or (table.axes is not None and table.axes[0] < R // 2)
+    if by_element:
         blocks = cdiv(positions_per * q.heads * D, xblock) + cdiv(positions_per * HK * D, xblock)
     else:
         rows = xblock // pow2_at_least(D, 1 << 30)
@@ -605,7 +607,7 @@ def plan_two_pass(q: View, q_out: View, table: Table, positions: Positions, *, R
         or (table_pass is None and needs_int64((table.cos,))) \
         or (table.axes is not None and 2 * table.axes[2] + table.cos.numel() > I32_LIMIT - 1024)
     rotate_pass = Launch(
-        grid, TWO_PASS_WARPS if interleaved else TWO_PASS_PAIR_WARPS,
+        grid, TWO_PASS_WARPS if by_element else TWO_PASS_PAIR_WARPS,
         dict(S=S, B=read.seq_rows or B, HQ=q.heads, HK=HK, stride_tab_p=stride_p,
              stride_tab_b=stride_b,
              stride_rows_b=read.stride_rows_b,
