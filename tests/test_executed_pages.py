@@ -38,20 +38,6 @@ _OLDER = "the page was rendered from an older version of the notebook; "
 
 # page -> why it is allowed to differ from its notebook for now
 STALE = {stem: _OLDER + _rerender(stem) for stem in (
-    "00-setup-and-tour",           # a refusal shown, fused against unfused in head ulps
-    "01-roformer-math",            # the longest wavelength's factor computed and asserted
-    "02-pytorch-reference-and-layouts",  # bytes at the timed shape, kernels grouped by kind
-    "03-naive-triton-kernel",      # the pair-swap timings beside a copy, their order asserted
-    "04-batch-reuse-grid-kernel",  # the ablation kernel as editable cells, timed on a GPU
-    "05-finished-kernel",          # the ladder's two ropelib bars; packed sequences' routes
-    "06-backward-pass",            # the formulas printed instead of the whole docstring
-    "07-te-vs-triton-live",        # its checks of the rerun sweeps (needs Transformer Engine)
-    "08-debugging-allclose",       # the reproduction kernel as an editable cell (needs TE)
-    "09-rope-in-a-model",          # which kernel bugs the loss curve can and cannot see
-    "10-multi-axis-rope",          # libdevice's sin/cos; long-context errors asserted
-    "11-rope-at-scale",            # the two-rank loss difference from the unrounded losses
-    "12-rope-in-the-qkv-projection",   # a forward+backward difference within the noise
-    "13-rope-puzzles",             # two more of its stated facts asserted
 )}
 
 # notebook -> why it has no page yet
