@@ -130,15 +130,15 @@ def _element_tile(block, S, B, H, stride_tab_p, stride_tab_b, token_rows_ptr, st
 
 
 @triton.jit
-def _sequence_tile(block, seq, cu_seqlens_ptr, T, SEQ_ROWS, H, stride_tab_p, D: tl.constexpr,
+def _sequence_span(block, seq, cu_seqlens_ptr, T, SEQ_ROWS, PER_TOKEN, stride_tab_p,
                    BLOCK: tl.constexpr, INT64: tl.constexpr):
-    """Block `block` of packed sequence `seq` of a thd tensor [T * H * D] (LAYOUT 3): its first
-    SEQ_ROWS positions, BLOCK elements from element block * BLOCK of the sequence -> (their
-    indices into the tensor [BLOCK], int64 when INT64; which of them exist; the offset of each
-    one's cos/sin row, its position times stride_tab_p; none outside the table: the grid covers
-    positions below SEQ_ROWS, the rows there are; _sequence_tail writes the rest). A position is
-    its token's index in its sequence, so a thread's run of features shares one row, and rows
-    follow each other as in sbhd: no row index to load."""
+    """Block `block` of packed sequence `seq` of a thd tensor of T tokens, PER_TOKEN units each
+    (elements: H * D; head rows: H), contiguous (LAYOUT 3): BLOCK units from unit
+    block * BLOCK of the sequence, below its first SEQ_ROWS positions -> (their indices into
+    the tensor [BLOCK], int64 when INT64; which of them exist; the offset of each one's cos/sin
+    row, its position times stride_tab_p). A position is its token's index in its sequence, so
+    rows follow each other as in sbhd: no row index to load, none outside the table (the grid
+    covers positions below SEQ_ROWS, the rows there are; _sequence_tail writes the rest)."""
     lo = tl.load(cu_seqlens_ptr + seq)
     hi = tl.load(cu_seqlens_ptr + seq + 1)
     if INT64:
@@ -147,14 +147,13 @@ def _sequence_tile(block, seq, cu_seqlens_ptr, T, SEQ_ROWS, H, stride_tab_p, D: 
         e = block.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     else:
         e = block * BLOCK + tl.arange(0, BLOCK)
-    hd = H * D
-    i = lo * hd + e
-    # the sequence's elements below SEQ_ROWS positions (never past the tensor, whatever
+    i = lo * PER_TOKEN + e
+    # the sequence's units below SEQ_ROWS positions (never past the tensor, whatever
     # cu_seqlens holds)
-    n = tl.minimum(tl.where(lo >= 0, (hi - lo) * hd, 0), SEQ_ROWS * hd)
-    live = (e < n) & (i < T * hd)
-    tab = (e // hd) * stride_tab_p
-    return i, live, tab, i < 0
+    n = tl.minimum(tl.where(lo >= 0, (hi - lo) * PER_TOKEN, 0), SEQ_ROWS * PER_TOKEN)
+    live = (e < n) & (i < T * PER_TOKEN)
+    tab = (e // PER_TOKEN) * stride_tab_p
+    return i, live, tab
 
 
 @triton.jit
@@ -263,8 +262,9 @@ def _rotate_flat(x_ptr, y_ptr, cos_ptr, sin_ptr, index_ptr, block, seq, S, B, H,
     HALF: tl.constexpr = R // 2
     VEC: tl.constexpr = 128 // x_ptr.dtype.element_ty.primitive_bitwidth   # a 16-byte vector
     if LAYOUT == 3:
-        i, live, tab, outside = _sequence_tile(block, seq, index_ptr, S, B, H, stride_tab_p, D,
-                                               XBLOCK, INT64)
+        i, live, tab = _sequence_span(block, seq, index_ptr, S, B, H * D, stride_tab_p, XBLOCK,
+                                      INT64)
+        outside = i < 0
         token_rows_ptr = None
     else:
         token_rows_ptr = index_ptr
@@ -353,27 +353,6 @@ def _row_tile(block, S, B, H, LAYOUT: tl.constexpr, ROWS: tl.constexpr, INT64: t
 
 
 @triton.jit
-def _sequence_rows(block, seq, cu_seqlens_ptr, T, SEQ_ROWS, H, stride_tab_p,
-                   ROWS: tl.constexpr, INT64: tl.constexpr):
-    """ROWS head rows of packed sequence `seq` of a thd tensor [T * H rows of D] (LAYOUT 3),
-    from its row block * ROWS, below its first SEQ_ROWS positions -> (their indices [ROWS],
-    which exist, each one's cos/sin row offset, none outside: as _sequence_tile)."""
-    lo = tl.load(cu_seqlens_ptr + seq)
-    hi = tl.load(cu_seqlens_ptr + seq + 1)
-    if INT64:
-        lo = lo.to(tl.int64)
-        hi = hi.to(tl.int64)
-        e = block.to(tl.int64) * ROWS + tl.arange(0, ROWS)
-    else:
-        e = block * ROWS + tl.arange(0, ROWS)
-    r = lo * H + e
-    n = tl.minimum(tl.where(lo >= 0, (hi - lo) * H, 0), SEQ_ROWS * H)
-    live = (e < n) & (r < T * H)
-    tab = (e // H) * stride_tab_p
-    return r, live, tab, r < 0
-
-
-@triton.jit
 def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, token_rows_ptr,
                   stride_rows_b, stride_tab_p, D: tl.constexpr, R: tl.constexpr,
                   BACKWARD: tl.constexpr, SIGNED: tl.constexpr, KEEP_TABLE: tl.constexpr):
@@ -443,8 +422,8 @@ def _rotate_rows(x_ptr, y_ptr, cos_ptr, sin_ptr, index_ptr, block, seq, S, B, H,
     # Rotate-half: head rows block * ROWS .. + ROWS of x (contiguous in LAYOUT) -> y; with
     # LAYOUT 3, of packed sequence `seq` (cu_seqlens in index_ptr), its first B positions.
     if LAYOUT == 3:
-        r, live, tab, _ = _sequence_rows(block, seq, index_ptr, S, B, H, stride_tab_p, ROWS,
-                                         INT64)
+        r, live, tab = _sequence_span(block, seq, index_ptr, S, B, H, stride_tab_p, ROWS,
+                                      INT64)
         _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, r, r, None, 0,
                       stride_tab_p, D, R, BACKWARD, SIGNED, KEEP_TABLE)
     else:
