@@ -364,7 +364,6 @@ def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, token_rows
     # table, gives NaN).
     HALF: tl.constexpr = R // 2
     BLOCK_HALF: tl.constexpr = tile_width(HALF)
-    VEC: tl.constexpr = 128 // x_ptr.dtype.element_ty.primitive_bitwidth   # a 16-byte vector
     j = tl.arange(0, BLOCK_HALF)
     at = r[:, None] * D + j[None, :]                                 # x_a [ROWS, BLOCK_HALF]
     m = live[:, None] & (j < HALF)[None, :]
@@ -409,8 +408,8 @@ def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, token_rows
         k = tl.arange(0, tile_width(PASS))
         pt = r[:, None] * D + R + k[None, :]
         mp = live[:, None] & (k < PASS)[None, :]
-        tl.store(y_ptr + pt, tl.load(x_ptr + pt, mask=mp, other=0.0).to(y_ptr.dtype.element_ty),
-                 mask=mp)
+        xp = tl.load(x_ptr + pt, mask=mp, other=0.0).to(tl.float32)
+        tl.store(y_ptr + pt, round_to(xp, y_ptr.dtype.element_ty, ROUND_BF16_RTNE), mask=mp)
 
 
 @triton.jit
