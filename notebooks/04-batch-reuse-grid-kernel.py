@@ -949,7 +949,8 @@ assert t1["sh_loop_b"]["ms"] > 2 * t1["te_fused"]["ms"]
 #   is small there are too few programs to fill the GPU;
 # - only sbhd, rotate-half, full rotary, and positions $0 \ldots S-1$.
 #
-# ropelib's finished kernel (`ropelib/kernels/fused.py`, used by `ropelib.apply_rope`) gives
+# ropelib's finished kernel (`ropelib/kernels/fused.py`: what `ropelib.apply_rope` runs on
+# small and mid-sized tensors; large ones take two passes, notebook 05 section 6) gives
 # each program a **tile** of positions × heads, computes cos/sin once per tile and reuses them
 # across its heads *and* a chunk of the batch, loads contiguous runs of the head dim as wide
 # vectors, and takes every layout through strides. Its header says how it is parallelised:

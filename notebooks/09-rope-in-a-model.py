@@ -387,8 +387,8 @@ assert d_kernel_c <= 1.5 * d_seed_c
 # What to read in it. On the left, the ropelib curve and the reference curve from the same
 # seed stay as close to each other as two seeds of the reference do: the printed parities put
 # the kernel's mean distance from the reference within 1.5 times the second seed's (the cell
-# asserts it; on the GPU's page the two distances are of the same size, the kernel's a little
-# larger). On the right, the kernel's gap from the reference (same weights, same batches)
+# asserts it; on the GPU the two distances come out of the same size, the kernel's a little
+# larger in some runs and a little smaller in others). On the right, the kernel's gap from the reference (same weights, same batches)
 # starts at the level of bf16 rounding and grows to the size of the gap between two seeds. In bf16 the two models are not bit-identical —
 # fp32 results are rounded once to bf16 in both, but the kernel computes $\sin$ and $\cos$
 # itself and SDPA's backward is not deterministic — and a tiny difference, amplified by

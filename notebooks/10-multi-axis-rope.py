@@ -196,10 +196,12 @@ else:
 # %% [markdown]
 # Models written for transformers 4.x call `apply_multimodal_rotary_pos_emb(q, k, cos, sin,
 # mrope_section)` with cos/sin `[3, B, S, D]` (one table per axis). `ropelib.hf` has a drop-in
-# with that signature. It takes the materialised tables by definition, so it cannot skip them:
-# it gathers each feature's axis row (`[B, S, D]`, as transformers' split and cat do) and
-# rotates q and k in one launch. Where the positions are at hand, `apply_mrope_qk` skips the
-# tables altogether.
+# with that signature. It takes the materialised tables by definition, so it must read them:
+# large dense q and k (the two-pass route's size) are rotated in one pass that reads each
+# feature's row from its axis's table where it lies; smaller ones first get the tables
+# gathered into one `[B, S, D]` table (as transformers' split and cat build it), then one
+# launch rotates q and k. Both give the same bits. Where the positions are at hand,
+# `apply_mrope_qk` skips the tables altogether.
 
 # %%
 inv = freqs.inv_freq

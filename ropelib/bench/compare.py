@@ -213,11 +213,11 @@ def _each(case: Case, fn):
     return outs[0] if case.k is None else outs
 
 
-def _ropelib_finished() -> Provider:
+def _ropelib_as_planned() -> Provider:
     import ropelib
     why = _kernels_runnable()
     if not hasattr(ropelib, "apply_rope"):
-        return Provider("ropelib", False, "ropelib.apply_rope is not there yet (finished kernel)")
+        return Provider("ropelib", False, "ropelib.apply_rope is not there yet")
     if why:
         return Provider("ropelib", False, why)
 
@@ -228,7 +228,8 @@ def _ropelib_finished() -> Provider:
         if case.k is not None:
             return ropelib.apply_rope_qk(case.x, case.k, case.freqs, **kw)
         return ropelib.apply_rope(case.x, case.freqs, **kw)
-    return Provider("ropelib", True, "", fn, description="ropelib.apply_rope (finished kernel)")
+    return Provider("ropelib", True, "", fn, description="ropelib.apply_rope, its route as planned "
+                    "(the finished kernel, or two passes on large tensors)")
 
 
 class _GenerationFn(torch.autograd.Function):
@@ -479,7 +480,7 @@ def providers() -> list:
     """Every provider ropelib knows, available or not (then with the reason)."""
     out = []
     makers = {
-        "ropelib": _ropelib_finished,
+        "ropelib": _ropelib_as_planned,
         "ropelib_naive": lambda: _ropelib_generation(
             "ropelib_naive", "ropelib.course.kernels.naive", "rope_naive",
             "generation 1: one program per (token, batch, head) row"),

@@ -350,7 +350,7 @@ def rope_ladder(rung: str, x: torch.Tensor, freqs: torch.Tensor, *,
 # --- what the compiler makes of a tile (no GPU needed) ------------------------------------------
 
 _BLOCKED = re.compile(r"#ttg\.blocked<\{([^}]*)\}>")
-_MEMORY = re.compile(r"\b(ld|st)\.global((?:\.[a-z0-9]+)*)\s")
+_MEMORY = re.compile(r"\b(ld|st)\.global((?:\.[A-Za-z0-9_:]+)*)\s")   # (cache hints too)
 
 
 def _ptx_accesses(ptx: str) -> dict:
