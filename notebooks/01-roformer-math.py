@@ -583,6 +583,11 @@ def perm_back(d):
 
 basics.check_interleave_permutation(perm_back, to="interleaved");
 
+# %% [markdown]
+# The worked solution below serves both directions with one function:
+# `solution_interleave_permutation(d, to="rotate_half")` is section 7's permutation and
+# `solution_interleave_permutation(d, to="interleaved")` is `perm_back(d)`.
+
 # %%
 solution(basics.solution_interleave_permutation)
 
