@@ -592,8 +592,10 @@ def plan_two_pass(q: View, q_out: View, table: Table, positions: Positions, *, R
     xblock = max(TWO_PASS_ELEMENTS if on_gpu else 1 << 14, pow2_at_least(D, 1 << 30))
     n_q, n_k = S * B * q.heads * D, S * B * HK * D
     positions_per = read.seq_rows or S * B     # (rows of positions a grid row covers)
-    # (flat._rope_rows_kernel's BY_ELEMENT: interleaved, or a table per axis in use)
-    by_element = interleaved or (table.axes is not None and table.axes[0] < R // 2)
+    axis_h_from, axis_w_from = table.axes[:2] if table.axes else (R // 2, R // 2)
+    # flat._rope_rows_kernel's BY_ELEMENT, from the same arguments: interleaved pairs, or a
+    # table per axis in use
+    by_element = interleaved or axis_h_from < R // 2
     if by_element:
         blocks = cdiv(positions_per * q.heads * D, xblock) + cdiv(positions_per * HK * D, xblock)
     else:
@@ -617,8 +619,7 @@ def plan_two_pass(q: View, q_out: View, table: Table, positions: Positions, *, R
              # rows that serve every batch entry, or (by position) many tokens: kept in L2
              KEEP_TABLE=(B > 1 and stride_b == 0) or read.index_pass is not None
              or read.seq_rows > 0,
-             AXIS_H_FROM=table.axes[0] if table.axes else R // 2,
-             AXIS_W_FROM=table.axes[1] if table.axes else R // 2, XBLOCK=xblock, INT64=int64),
+             AXIS_H_FROM=axis_h_from, AXIS_W_FROM=axis_w_from, XBLOCK=xblock, INT64=int64),
         pointer_dtypes((x, q_out.tensor, k.tensor if k is not None else None,
                  k_out.tensor if k_out is not None else None)
                 + ((table.cos, table.sin) if table_pass is None else (out32, out32))
