@@ -324,6 +324,23 @@ def test_thd_with_empty_sequences(seeded):
     torch.testing.assert_close(x.grad, xr.grad.float(), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("n_seq", [1, 63, 64, 65, 200])
+def test_thd_many_sequences(n_seq, seeded):
+    """The sequence search loads 64 evenly spaced cu_seqlens entries, then searches between
+    two of them: around 64 sequences, and past it (a binary search after the pivots), with
+    empty sequences among them, every token must find its own sequence."""
+    lengths = torch.randint(0, 3, (n_seq,))
+    lengths[-1] = 2
+    cu = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]).to(torch.int32)
+    T = int(cu[-1])
+    sp = torch.randint(0, 4, (n_seq,), dtype=torch.int32)
+    freqs = ropelib.rope_freqs(8, D)
+    x = torch.randn(T, 2, D)
+    opts = dict(layout="thd", cu_seqlens=cu, start_positions=sp)
+    torch.testing.assert_close(ropelib.apply_rope(x, freqs, **opts),
+                               rope_reference(x, freqs, **opts), atol=1e-5, rtol=1e-5)
+
+
 def test_non_contiguous_position_ids(seeded):
     freqs = ropelib.rope_freqs(30, D)
     pid = torch.randint(0, 30, (S, B)).t()          # [B, S] with strides (1, B)

@@ -355,7 +355,8 @@ def _row_tile(block, S, B, H, LAYOUT: tl.constexpr, ROWS: tl.constexpr, INT64: t
 @triton.jit
 def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, token_rows_ptr,
                   stride_rows_b, stride_tab_p, D: tl.constexpr, R: tl.constexpr,
-                  BACKWARD: tl.constexpr, SIGNED: tl.constexpr, KEEP_TABLE: tl.constexpr):
+                  BACKWARD: tl.constexpr, SIGNED: tl.constexpr, KEEP_TABLE: tl.constexpr,
+                  ROW_POINTERS: tl.constexpr):
     # Rotate-half rows r [ROWS] of x [rows, D] -> y: a thread holds both members of its pairs,
     # x_a = x[r, j] and x_b = x[r, j + R/2] ([ROWS, BLOCK_HALF] each), so no feature is loaded
     # twice; features R..D-1 are copied through. Each row's cos/sin row is at offset tab, or,
@@ -373,17 +374,30 @@ def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, token_rows
         row = tl.load(token_rows_ptr + s + b * stride_rows_b, mask=live, other=0)
         outside = row < 0
         tab = tl.maximum(row, 0).to(r.dtype) * stride_tab_p
-    col = tab[:, None] + j[None, :]                                 # member a's cos/sin entry
-    if KEEP_TABLE:          # the rows serve every batch entry: keep them in L2
-        ca = tl.load(cos_ptr + col, mask=m, other=0.0, eviction_policy="evict_last")
-        cb = tl.load(cos_ptr + col + HALF, mask=m, other=0.0, eviction_policy="evict_last")
-        sa = tl.load(sin_ptr + col, mask=m, other=0.0, eviction_policy="evict_last")
-        sb = tl.load(sin_ptr + col + HALF, mask=m, other=0.0, eviction_policy="evict_last")
+    # Member a's cos/sin entries. A thread's 8 pairs are 4 16-byte pieces of a cos row and 4
+    # of a sin row; which of the 8 loads ptxas issues before the rotation starts (the others
+    # wait for registers, a second trip to memory) follows from how their addresses are
+    # written. With each row's pointer first (ROW_POINTERS), a row's pieces are one address
+    # plus constants: at 1 GiB sbhd 6 of the 8 loads go early (sm_90, Triton 3.6) and the pass
+    # reached 0.982 of a copy where the offsets [row, feature] reached 0.905 (4 base addresses;
+    # 5 early). For one packed sequence per grid row the offsets schedule better: 6 early
+    # against 4, 0.997 of a copy against 0.953 (H200, the floor's thd case, 2026-11-29).
+    if ROW_POINTERS:
+        cos_a = (cos_ptr + tab)[:, None] + j[None, :]
+        sin_a = (sin_ptr + tab)[:, None] + j[None, :]
     else:
-        ca = tl.load(cos_ptr + col, mask=m, other=0.0)
-        cb = tl.load(cos_ptr + col + HALF, mask=m, other=0.0)
-        sa = tl.load(sin_ptr + col, mask=m, other=0.0)
-        sb = tl.load(sin_ptr + col + HALF, mask=m, other=0.0)
+        cos_a = cos_ptr + (tab[:, None] + j[None, :])
+        sin_a = sin_ptr + (tab[:, None] + j[None, :])
+    if KEEP_TABLE:          # the rows serve every batch entry: keep them in L2
+        ca = tl.load(cos_a, mask=m, other=0.0, eviction_policy="evict_last")
+        sa = tl.load(sin_a, mask=m, other=0.0, eviction_policy="evict_last")
+        cb = tl.load(cos_a + HALF, mask=m, other=0.0, eviction_policy="evict_last")
+        sb = tl.load(sin_a + HALF, mask=m, other=0.0, eviction_policy="evict_last")
+    else:
+        ca = tl.load(cos_a, mask=m, other=0.0)
+        sa = tl.load(sin_a, mask=m, other=0.0)
+        cb = tl.load(cos_a + HALF, mask=m, other=0.0)
+        sb = tl.load(sin_a + HALF, mask=m, other=0.0)
     sa = sa.to(tl.float32)
     sb = sb.to(tl.float32)
     if SIGNED:              # s' (the pre-pass's rows): y_a = x_a c_a + x_b s'_a, and so for b
@@ -424,14 +438,14 @@ def _rotate_rows(x_ptr, y_ptr, cos_ptr, sin_ptr, index_ptr, block, seq, S, B, H,
         r, live, tab = _sequence_span(block, seq, index_ptr, S, B, H, stride_tab_p, ROWS,
                                       INT64)
         _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, r, r, None, 0,
-                      stride_tab_p, D, R, BACKWARD, SIGNED, KEEP_TABLE)
+                      stride_tab_p, D, R, BACKWARD, SIGNED, KEEP_TABLE, False)
     else:
         r, live, s, b = _row_tile(block, S, B, H, LAYOUT, ROWS, INT64)
         tab = s * stride_tab_p          # (rows by token index; with a row index, found later)
         if PER_ENTRY:
             tab += b * stride_tab_b
         _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, index_ptr,
-                      stride_rows_b, stride_tab_p, D, R, BACKWARD, SIGNED, KEEP_TABLE)
+                      stride_rows_b, stride_tab_p, D, R, BACKWARD, SIGNED, KEEP_TABLE, True)
 
 
 @triton.jit

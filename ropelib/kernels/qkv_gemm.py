@@ -167,7 +167,7 @@ def _token_rows(m, M, S, P, pos_ptr, cu_seqlens_ptr, N_SEQ, IDS_PER_ENTRY: tl.co
         valid = (p >= 0) & (p < P)  # compared before narrowing, so huge ids cannot wrap
         p = p.to(tl.int32)
     elif cu_seqlens_ptr is not None:
-        p, valid = packed_positions(m, cu_seqlens_ptr, None, N_SEQ, 1, 0)
+        p, valid = packed_positions(m, cu_seqlens_ptr, None, N_SEQ, 1, 0, 1)
         valid = valid & (p < P)
     else:
         p = m % S
