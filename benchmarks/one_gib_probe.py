@@ -17,6 +17,11 @@ not as a difference between providers):
     python benchmarks/one_gib_probe.py --out DIR [--rounds 5]     # ~1 min on an H200
 
 Writes one_gib_probe-<gpu>.csv: round, provider, ms, ratio_to_copy (the copy of that round).
+
+What it found (H200, 2026-11-29, benchmarks/NOTES.md): the bare flat pass ran at 0.915 where
+the probe's kernel ran at 0.992 on the same rows, so the kernel, not the route: compiled with
+the GPU's Triton, its cos/sin addresses took four base registers and ptxas issued three table
+loads late. With each row's pointer first, apply_rope ran at 0.986.
 """
 import argparse
 import importlib.util

@@ -42,10 +42,8 @@ STALE = {stem: _OLDER + _rerender(stem) for stem in (
 )}
 # pages rendered before a data file they read was measured again
 _OLDER_DATA = ("the page shows outputs of benchmarks/results/floor-nvidia-h200.csv as it was "
-               "before its 2026-11-29 rerun; ")
+               "before its latest rerun; ")
 STALE.update({stem: _OLDER_DATA + _rerender(stem) for stem in (
-    "07-te-vs-triton-live",            # the floor's decode host times per eager call
-    "12-rope-in-the-qkv-projection",   # the floor's RoPE rows beside the projection
 )})
 
 # notebook -> why it has no page yet

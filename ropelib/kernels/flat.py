@@ -378,10 +378,11 @@ def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, token_rows
     # of a sin row; which of the 8 loads ptxas issues before the rotation starts (the others
     # wait for registers, a second trip to memory) follows from how their addresses are
     # written. With each row's pointer first (ROW_POINTERS), a row's pieces are one address
-    # plus constants: at 1 GiB sbhd 6 of the 8 loads go early (sm_90, Triton 3.6) and the pass
-    # reached 0.982 of a copy where the offsets [row, feature] reached 0.905 (4 base addresses;
-    # 5 early). For one packed sequence per grid row the offsets schedule better: 6 early
-    # against 4, 0.997 of a copy against 0.953 (H200, the floor's thd case, 2026-11-29).
+    # plus constants: at 1 GiB sbhd 6 of the 8 loads go early (sm_90, Triton 3.6) and
+    # apply_rope reached 0.986 of a copy where the offsets [row, feature] reached 0.913 (4 base
+    # addresses; 5 early; H200, results/one_gib_probe-*). For one packed sequence per grid row
+    # the offsets schedule better: 6 early against 4, 0.993-0.997 of a copy against 0.953
+    # (H200, the floor's thd case, 2026-11-29).
     if ROW_POINTERS:
         cos_a = (cos_ptr + tab)[:, None] + j[None, :]
         sin_a = (sin_ptr + tab)[:, None] + j[None, :]
