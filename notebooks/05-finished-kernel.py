@@ -1358,6 +1358,158 @@ assert [one_gib[c] for c in probe_cols[:5]] == ["0.994", "0.938", "0.948", "0.89
 # performance table with whichever its header's date says.
 
 # %% [markdown]
+# ### How an address is written decides when a load goes out
+#
+# Put into ropelib, that pass first ran at 0.913 of a copy at 1 GiB on the H200, while the
+# probe's kernel, on the same fp32 rows in the same process, ran at 0.992. Same loads, same
+# stores, all of them 16-byte vectors in the PTX. The difference was one line: how the address
+# of a token's cos/sin row was written. The probe computed `s * D`, `D` a compile-time
+# constant; ropelib `s * stride_tab`, the stride a runtime argument, as one offset per entry
+# `cos_ptr + (s * stride_tab + j)`.
+#
+# A thread reads 8 pairs: four 16-byte pieces of a cos row and four of an $s'$ row (the first
+# half of each row for $x_a$, the second for $x_b$). Written as offsets, the compiler computes
+# each piece's address on its own: it cannot prove that adding 4 to a 32-bit offset does not
+# carry before the offset is widened to 64 bits, so the thread needs four base addresses where
+# two would do. Registers are the assembler's (ptxas's) to allocate, and at about 48 a thread
+# it gives a later load the destination registers of an earlier one. A load whose registers
+# still hold a value in use must wait until that value has been consumed, that is until the
+# earlier load has landed: a second trip to memory, for those loads.
+#
+# The PTX cannot show that (its registers are virtual); the machine code (SASS) can. Below, the
+# pairs pass in a dozen lines, both ways of writing the table's address behind `ROW_POINTERS`.
+# The cell after checks it, and the one after that compiles it for sm_90 on this machine (no
+# GPU needed) and counts the loads issued before the first multiply. Change how an address is
+# written and run them again.
+
+# %%
+@triton.jit
+def rotate_rows(x_ptr, y_ptr, cos_ptr, sin_ptr, n_rows, B, H, stride_tab,
+                D: tl.constexpr, ROWS: tl.constexpr, ROW_POINTERS: tl.constexpr):
+    # ROWS head rows of x [S * B * H rows of D] (sbhd, contiguous) per program; a thread holds
+    # both members x_j, x_{j+D/2} of its pairs. cos_ptr, sin_ptr: fp32 rows [S, stride_tab] of
+    # cos and s' (s'_a = -sin, s'_b = +sin: y_a = x_a c_a + x_b s'_a, y_b = x_b c_b + x_a s'_b)
+    HALF: tl.constexpr = D // 2
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)          # head rows [ROWS]
+    j = tl.arange(0, HALF)                                     # pairs [HALF]
+    live = (r < n_rows)[:, None]
+    s = r // (B * H)                                           # each row's token
+    at = r[:, None] * D + j[None, :]                           # [ROWS, HALF]
+    xa = tl.load(x_ptr + at, mask=live, other=0.0).to(tl.float32)
+    xb = tl.load(x_ptr + at + HALF, mask=live, other=0.0).to(tl.float32)
+    if ROW_POINTERS:    # each row's pointer first, then the features: one address a row
+        cos_a = (cos_ptr + s * stride_tab)[:, None] + j[None, :]
+        sin_a = (sin_ptr + s * stride_tab)[:, None] + j[None, :]
+    else:               # one offset per entry [row, feature], then the pointer
+        cos_a = cos_ptr + (s[:, None] * stride_tab + j[None, :])
+        sin_a = sin_ptr + (s[:, None] * stride_tab + j[None, :])
+    ca = tl.load(cos_a, mask=live, other=0.0, eviction_policy="evict_last")
+    sa = tl.load(sin_a, mask=live, other=0.0, eviction_policy="evict_last")
+    cb = tl.load(cos_a + HALF, mask=live, other=0.0, eviction_policy="evict_last")
+    sb = tl.load(sin_a + HALF, mask=live, other=0.0, eviction_policy="evict_last")
+    ya = tl.fma(xa, ca, xb * sa)
+    yb = tl.fma(xb, cb, xa * sb)
+    tl.store(y_ptr + at, ya.to(y_ptr.dtype.element_ty), mask=live)
+    tl.store(y_ptr + at + HALF, yb.to(y_ptr.dtype.element_ty), mask=live)
+
+
+# both ways give the same result: checked against the reference on a small input
+S_, B_, H_, D_ = 16, 2, 4, 64
+x_small = torch.randn(S_, B_, H_, D_, device=device, dtype=torch.bfloat16)
+f_small = ropelib.rope_freqs(S_, D_, device=device)                # [S, 1, 1, D] angles
+ang = f_small[:, 0, 0].float()
+cos_rows = torch.cos(ang).contiguous()                             # [S, D]
+s_rows = torch.cat([-torch.sin(ang[:, : D_ // 2]), torch.sin(ang[:, D_ // 2:])], 1).contiguous()
+want = reference.rope_reference(x_small, f_small)
+for row_pointers in (False, True):
+    y_small = torch.empty_like(x_small)
+    n_rows = S_ * B_ * H_
+    rotate_rows[(triton.cdiv(n_rows, 8),)](x_small, y_small, cos_rows, s_rows, n_rows, B_, H_,
+                                           cos_rows.stride(0), D=D_, ROWS=8,
+                                           ROW_POINTERS=row_pointers, num_warps=2)
+    torch.testing.assert_close(y_small, want, atol=1e-5, rtol=1e-2)
+print("rotate_rows, offsets and row pointers: both == the reference")
+
+# %%
+from ropelib.course import load_schedule
+
+one_gib = dict(n_rows=16384 * 8 * 32, B=8, H=32, stride_tab=128, D=128, ROWS=8)  # 1 GiB bf16 sbhd
+bf16, fp32 = torch.empty(16, dtype=torch.bfloat16), torch.empty(16)
+try:
+    sched = {rp: load_schedule.schedule(rotate_rows, dict(x_ptr=bf16, y_ptr=bf16, cos_ptr=fp32,
+                                                          sin_ptr=fp32, ROW_POINTERS=rp, **one_gib),
+                                        num_warps=2)
+             for rp in (False, True)}
+except Exception as exc:  # noqa: BLE001 -- no compiler for this target here: say so
+    sched = None
+    print(f"compiling for sm_90 did not work here ({type(exc).__name__}: {str(exc)[:300]})")
+if sched:
+    print(f"sm_90, Triton {triton.__version__}: 10 global loads a thread (2 of x, 8 of the table)")
+    for rp, label in ((False, "offsets [row, feature]"), (True, "row pointers")):
+        sc = sched[rp]
+        print(f"  {label:24s} {sc['registers']} registers, {sc['early']} loads before the first "
+              f"multiply (instruction {sc['first_math']}), the rest at "
+              f"{[i for i, _ in sc['loads'] if i > sc['first_math']]}")
+    assert all(len(sc["loads"]) == 10 for sc in sched.values())
+    assert sched[True]["early"] > sched[False]["early"]          # row pointers: more in flight
+    if triton.__version__.startswith(("3.6", "3.9")):             # the counts the prose gives
+        assert (sched[False]["early"], sched[True]["early"]) == (7, 8)
+    # ropelib's own flat pass (kernels/flat.py) at 1 GiB, planned on shapes alone ("meta")
+    x_meta = torch.empty(16384, 8, 32, 128, dtype=torch.bfloat16, device="meta")
+    route_1g, _ = launch.plan_two_pass(launch.View.of(x_meta), launch.View.of(x_meta),
+                                       launch.Table(torch.empty(16384, 128, device="meta"), None),
+                                       launch.Positions(), R=128, interleaved=False,
+                                       backward=False, layout="sbhd")
+    fp = route_1g.rotate_pass
+    fp_args = dict(zip(fp.launcher.pointer_names, (bf16, bf16, None, None, fp32, fp32, None)),
+                   **dict(fp.args, XBLOCK=tiles.TWO_PASS_ELEMENTS))   # the GPU's program size
+    own = load_schedule.schedule(fp.launcher.kernel, fp_args, num_warps=fp.num_warps)
+    print(f"  ropelib's flat pass        {own['registers']} registers, {own['early']} of "
+          f"{len(own['loads'])} loads before the first multiply")
+    assert own["early"] == sched[True]["early"] and len(own["loads"]) == 10
+
+# %% [markdown]
+# With offsets, three of the eight table loads go out only after the rotation has started (the
+# cell prints where; these counts are those of Triton 3.6, the GPU runs', and 3.9); with row
+# pointers two do, and the thread keeps its two x loads and six table loads in flight
+# together. ropelib's own flat pass, compiled the same way, now issues the same eight early.
+# What that was worth, timed on the H200 by `benchmarks/one_gib_probe.py` (five alternating
+# rounds in one process, medians), before and after ropelib's pass took row pointers:
+
+# %%
+def one_gib_medians(gpu):
+    meta, rows = measured.load("one_gib_probe", gpu)
+    by = {}
+    for r in rows:
+        by.setdefault(r["provider"], []).append(float(r["ratio_to_copy"]))
+    return meta, {k: sorted(v)[len(v) // 2] for k, v in by.items()}
+
+
+before_meta, before = one_gib_medians(measured.GPU + "-20261129-0909")
+after_meta, after = one_gib_medians(measured.GPU)
+print(f"{measured.where(after_meta)}: 1 GiB bf16 sbhd forward, ratio to a copy (median of rounds)")
+print(f"{'':34s}{'offsets':>10s}{'row pointers':>14s}")
+for prov, label in (("flat pass", "ropelib's flat pass alone"), ("planned", "apply_rope as planned"),
+                    ("probe copy", "the probe's kernel (s * D)"), ("torch.compile", "torch.compile")):
+    print(f"{label:34s}{before[prov]:10.3f}{after[prov]:14.3f}")
+assert [said(before[p]) for p in ("flat pass", "planned", "probe copy")] == ["0.915", "0.913", "0.992"]
+assert [said(after[p]) for p in ("flat pass", "planned")] == ["0.990", "0.986"]
+assert abs(after["probe copy"] - before["probe copy"]) < 0.005      # the probe did not move
+
+# %% [markdown]
+# The flat pass alone went from 0.915 to 0.990 of a copy, level with the probe's kernel, and
+# `apply_rope` from 0.913 to 0.986; the probe's own kernel did not move. Nothing else in the
+# pass changed.
+#
+# It is not a rule to apply everywhere. ropelib's route for packed sequences (one sequence per
+# grid row, a few lines away in `flat.py`) went the other way with row pointers: four of its
+# eight table loads late against two with offsets, and 0.953 of a copy against 0.993, so that
+# route keeps offsets (`ROW_POINTERS` in `_rotate_pairs`). Which form ptxas schedules better is
+# its choice, kernel by kernel. What carries over is the method: when a kernel runs slower than
+# a copy of itself with "the same code", compile both with the Triton the GPU runs, and count
+# in the SASS which loads go out before the arithmetic that waits for them.
+
+# %% [markdown]
 # ## Exercise: the interleaved 3-D tile
 #
 # Write rung 4 (3-D tile, a grid axis over batch chunks) for the other pairing, **interleaved**:
@@ -1476,3 +1628,8 @@ flat_pass.show_solution()
 #    that, for $d = 128$ and 8 elements per thread? The pass that replaced it gives one thread
 #    both members instead: compile both for sm_90 and compare registers per thread and loads
 #    per feature. Why did the second load cost a few percent of a copy, though it came from L1?
+# 7. `rotate_rows` with offsets issued three of its table loads after the rotation had started.
+#    Give ptxas more registers (`maxnreg=64` in the launch) or fewer loads a thread (4 rows of
+#    a program, or 4 pairs a thread): which of them changes the count, and what does each cost
+#    in programs per SM? Why might the packed-sequence route, whose addresses differ only in
+#    where the row comes from, schedule the other way?

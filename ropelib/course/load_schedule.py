@@ -1,0 +1,136 @@
+"""Where a kernel's machine code issues its global loads (notebook 05), with no GPU.
+
+A memory-bound kernel is fast when each thread has its loads in flight together: issued one
+after another, before the arithmetic that waits for them. Whether they are is the assembler's
+(ptxas's) choice, made when it allocates registers: a load whose destination registers still
+hold a value in use must wait until that value is consumed, that is until an earlier load has
+landed, a second trip to memory. The PTX does not show it (its registers are virtual); the
+SASS, the machine code, does. `schedule(kernel, args, num_warps=...)` compiles a @triton.jit
+kernel for sm_90 on this machine (offline_compile: Triton's compiler and ptxas run on the CPU),
+disassembles it with cuobjdump, and returns, in machine-code order:
+
+    loads         [(index, instruction)] of every global load (LDG)
+    first_math    the index of the first floating-point multiply or fma (FMUL, FFMA)
+    early         how many loads come before it
+    registers     per thread (ptxas's allocation)
+
+Under Triton's interpreter (TRITON_INTERPRET=1) the kernel is compiled in a second Python
+without it: a kernel of an importable module (ropelib's own) is imported there by name; one
+defined in a notebook, from its source, so it must be self-contained (only `triton`,
+`triton.language as tl` and its arguments). Pointer arguments are given as
+tensors (only their dtype matters), the others as values, as a launch would pass them.
+"""
+import inspect
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import torch
+
+from ..runtime import INTERPRET
+from .offline_compile import compile_for_cuda, resource_usage, triton_tool
+
+__all__ = ["schedule", "sass_instructions"]
+
+_MATH = re.compile(r"^(?:@!?U?P\w+\s+)?(FFMA|FMUL)\b")
+_LOAD = re.compile(r"^(?:@!?U?P\w+\s+)?LDG\b")
+
+
+def sass_instructions(cubin: bytes) -> list:
+    """The machine code of a cubin, one instruction a line, predicates kept, in order."""
+    tool = triton_tool("cuobjdump")
+    if not tool:
+        raise RuntimeError("no cuobjdump: Triton's NVIDIA backend ships one; is it installed?")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        text = subprocess.run([tool, "-sass", path], capture_output=True, text=True,
+                              timeout=120).stdout
+    return [re.sub(r"^\s+/\*[0-9a-f]+\*/\s+", "", line).split(";")[0].strip()
+            for line in text.splitlines() if re.match(r"^\s+/\*[0-9a-f]{4}\*/", line)]
+
+
+def _summary(cubin: bytes) -> dict:
+    ins = sass_instructions(cubin)
+    loads = [(i, s) for i, s in enumerate(ins) if _LOAD.match(s)]
+    first_math = next((i for i, s in enumerate(ins) if _MATH.match(s)), len(ins))
+    return dict(loads=loads, first_math=first_math,
+                early=sum(i < first_math for i, _ in loads),
+                registers=resource_usage(cubin).get("registers"), instructions=len(ins))
+
+
+def _encode(args: dict) -> dict:
+    out = {}
+    for name, value in args.items():
+        if isinstance(value, torch.Tensor):
+            out[name] = {"tensor": str(value.dtype).replace("torch.", "")}
+        elif value is None or isinstance(value, (bool, int, float)):
+            out[name] = value
+        else:
+            raise TypeError(f"argument {name!r}: a tensor, None, bool, int or float, got "
+                            f"{type(value).__name__}")
+    return out
+
+
+def _decode(args: dict) -> dict:
+    return {name: torch.empty(16, dtype=getattr(torch, v["tensor"])) if isinstance(v, dict)
+            else v for name, v in args.items()}
+
+
+def _compile_here(kernel, args: dict, num_warps: int) -> dict:
+    compiled = compile_for_cuda(kernel, args, num_warps=num_warps)
+    return _summary(compiled.asm["cubin"])
+
+
+_CHILD = """
+import importlib, importlib.util, json, sys
+from ropelib.course.load_schedule import _compile_here, _decode
+request = json.loads(sys.argv[2])
+try:
+    module = importlib.import_module(request["module"]) if request["module"] else None
+except ImportError:
+    module = None
+if module is None:
+    spec = importlib.util.spec_from_file_location("notebook_kernel", sys.argv[1])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+kernel = getattr(module, request["name"])
+print(json.dumps(_compile_here(kernel, _decode(request["args"]), request["num_warps"])))
+"""
+
+
+def schedule(kernel, args: dict, *, num_warps: int, timeout: float = 300.0) -> dict:
+    """Compile `kernel` for sm_90 as a launch with `args` (every argument by name) and
+    `num_warps` would compile it, and say where its machine code issues its global loads (see
+    the module docstring)."""
+    _encode(args)                                   # (the argument check, on every path)
+    if not INTERPRET:
+        return _compile_here(kernel, args, num_warps)
+    fn = getattr(kernel, "fn", kernel)
+    # a kernel of an importable module (ropelib's own) is imported there; one defined in a
+    # notebook (module __main__), or in a module the second Python cannot import, is compiled
+    # from its source
+    module = fn.__module__ if fn.__module__ not in (None, "__main__") else ""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "notebook_kernel.py"
+        path.write_text("import triton\nimport triton.language as tl\n\n\n"
+                        + textwrap.dedent(inspect.getsource(fn)))
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+        env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")   # Triton's default, without its warning
+        request = json.dumps(dict(name=fn.__name__, module=module, args=_encode(args),
+                                  num_warps=num_warps))
+        done = subprocess.run([sys.executable, "-c", _CHILD, str(path), request], env=env,
+                              capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"compiling {fn.__name__} for sm_90 failed:\n{done.stderr[-2000:]}")
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out["loads"] = [tuple(x) for x in out["loads"]]
+    return out
