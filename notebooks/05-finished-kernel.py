@@ -20,7 +20,7 @@
 # plain device copy of the same tensor; ropelib's finished kernel (`ropelib/kernels/fused.py`)
 # about nine tenths (section 5's ladder), and `ropelib.apply_rope` as you call it, which on a
 # tensor this large takes section 6's two-pass route, nearly all of it, measured on the same
-# H200 (section 1 reads the batch-reusing grid and `apply_rope` from the committed CSV).
+# H200 (section 1 reads the batch-reusing grid and `apply_rope` from that run's CSV).
 # This notebook closes that gap in small steps. It starts from a
 # number — how many bytes a GPU must have in flight to stream at full speed — and derives the
 # tile from it, then climbs a ladder of kernels, each adding one idea and each checked against
@@ -601,12 +601,15 @@ f_free = torch.rand(S, D, device=device) * 6 - 3                 # halves that d
 check_rung(launch_final(x, f_free, **final_tile(x)), x, f_free, "  free table")
 check_rung(launch_final(x, f_free, block_s=4, block_h=2, chunk=2, num_warps=4), x, f_free,
            "  free table, tails")
+from ropelib.bench.routes import forced   # apply_rope's route forced: large inputs on a GPU
+                                         # would otherwise take the two passes of section 6
 for dtype in (torch.bfloat16, torch.float16, torch.float32):
     xd = x.to(dtype)
     mine = launch_final(xd, freqs, **final_tile(xd))
-    theirs = ropelib.apply_rope(xd, freqs.view(S, 1, 1, D), layout="sbhd")
+    with forced("finished"):
+        theirs = ropelib.apply_rope(xd, freqs.view(S, 1, 1, D), layout="sbhd")
     assert torch.equal(mine, theirs), dtype
-print("rung 6 == ropelib.apply_rope, bit for bit (bf16, fp16, fp32)")
+print("rung 6 == ropelib.apply_rope's finished kernel, bit for bit (bf16, fp16, fp32)")
 
 # %% [markdown]
 # Rung 6 is ropelib's kernel on this subset. What `ropelib/kernels/fused.py` adds beyond it is
@@ -744,7 +747,7 @@ assert 0.6 < 1 / ratio_bw < 0.75          # the H100's Little's-law budget: two 
 # `python benchmarks/ladder.py --out benchmarks/results/ladder-nvidia-h200.csv` times, on a GPU
 # (here an NVIDIA H200), the copy, every rung and `ropelib.apply_rope` at four bf16 sbhd sizes: the
 # one above, 8 heads instead of 32, $b = 1$ with the same bytes, and 16 tokens of a batch of
-# 64. The cell below draws the waterfall from the committed CSV: each bar goes from the rung
+# 64. The cell below draws the waterfall from the run's CSV: each bar goes from the rung
 # before to the rung's own % of copy, green up, red down.
 
 # %%
@@ -774,7 +777,7 @@ else:
 #
 # ![The ladder on an NVIDIA H200: % of a copy per rung, four sizes](../figures/05-ladder-waterfall.png)
 #
-# **What the committed run shows** (the cell below checks each point on the CSVs):
+# **What the H200 run shows** (the cell below checks each point on the CSVs):
 #
 # - **A tile of heads is the big step** at every large size: it turns a program that moves one
 #   head row (256 bytes in bf16) into one that moves tens of KiB, which is what bytes in flight
@@ -784,9 +787,10 @@ else:
 #   so the chunks rung launches the same 4,096 programs as the warps rung, each still looping
 #   over the whole batch, and executes about as many instructions per element; yet it costs
 #   about three points, and the profile counts 3 % more DRAM bytes for it (0.96 to 0.99 of the
-#   model). Its cost is bytes, not instructions; where they come from, the counters here do not
-#   say (the two kernels differ only in where each program's batch loop starts and stops: a
-#   third grid axis picks the chunk). The equal-halves shortcut gains about five: where both
+#   model). That is not shown to be the cause: rungs 5 and 6 have the same memory code and
+#   their DRAM bytes differ by as much (0.99 and 0.96), so at this size the counter moves by a
+#   few per cent between kernels with identical traffic (the two kernels here differ only in
+#   where each program's batch loop starts and stops: a third grid axis picks the chunk). The equal-halves shortcut gains about five: where both
 #   halves of an angle row are equal (TE's table), sin/cos are computed for one half and reused
 #   for the other (fewer warp instructions per element), and its DRAM bytes are back at the
 #   warps rung's 0.96. At $b = 1$ the 8-warp rung loses over two fifths of its speed: a program
@@ -798,16 +802,19 @@ else:
 #   launch of rung 6 (at $s = 4096$, $b = 8$ its profile is `_rope_kernel` on 4,096 programs of
 #   8 warps). It ends below its own equal-halves rung at each of the three large sizes, by
 #   under a point to a few (the cell prints each): the profiler counts more warp
-#   instructions per element for it than for rung 6 (the general kernel evaluates sin/cos for
-#   both halves of a pair, as rung 5 does), with the same DRAM bytes. `ropelib_planned` is `ropelib.apply_rope` as a user calls it. At those
+#   instructions per element for it than for rung 6, as many as for rung 5, which evaluates
+#   sin/cos for both halves, with the same DRAM bytes. Yet ropelib's kernel has rung 6's
+#   shortcut (`load_table` in `ropelib/kernels/common.py`), and compiled for sm_90 both hold
+#   the same sin/cos code and branches: why it executed rung 5's count is not something this
+#   profile separates (the next thing to read is which branch its warps took). `ropelib_planned` is `ropelib.apply_rope` as a user calls it. At those
 #   three sizes (256 MiB each, eager, with an angle table) it plans section 6's two-pass
 #   route, faster than the finished kernel in each panel and by the most at $s = 4096$,
 #   $b = 8$, where it is the fastest bar. The profile says how: 131,072 programs of
 #   4 warps at 32 registers a thread, about twice the finished kernel's achieved occupancy, and
 #   the same DRAM bytes, though it executes *more* warp instructions per element. More bytes
 #   in flight per SM, not fewer instructions, is what it buys. (Bars and profile are of the
-#   element-wise flat pass; section 6 ends with the one that replaced it for rotate-half
-#   pairs, 2 warps at 48 registers, which these runs predate.) For the 16-token call (8 MiB,
+#   element-wise flat pass; the pass that replaced it for rotate-half pairs, at the end of
+#   section 6, 2 warps at 46 registers a thread, is not in this run.) For the 16-token call (8 MiB,
 #   under the route's 64 MiB) both bars are the same finished kernel.
 # - **The 16-token panel is two different limits.** Its tensor is 8 MiB. The rungs up to
 #   `warps` launch one program per token: 16 programs for 132 SMs, and the profiler times the
@@ -857,6 +864,7 @@ if LADDER_CSV.exists():
           f"{rung6['ncu_warp_inst_per_element']:.2f} warp instructions per element; ropelib "
           f"{fin['us']:.0f} us, {fin['ncu_warp_inst_per_element']:.2f}")
     assert fin["ncu_warp_inst_per_element"] > rung6["ncu_warp_inst_per_element"]
+    assert abs(fin["ncu_warp_inst_per_element"] - mech["accurate"]["ncu_warp_inst_per_element"]) < 0.01
     assert abs(fin["ncu_dram_bytes_over_model"] - rung6["ncu_dram_bytes_over_model"]) < 0.03
     # apply_rope as planned: the two-pass route at the three large sizes, the fastest bar there;
     # more occupancy with the same bytes, though more instructions per element
@@ -954,8 +962,9 @@ if LADDER_CSV.exists():
 # position is its index in its sequence, the flat pass can take one sequence per row of a 2-D
 # grid and find its positions' rows as sbhd finds a token's. The host does not know the longest
 # sequence, so that grid covers every sequence times the table's rows, and a program past its
-# sequence's end still costs time: on the H200 a grid of twice the tokens ran at 0.517 of a
-# copy where a row index per token ran at 0.856 (measured below). So it is taken only where the
+# sequence's end still costs time: on the H200, with the element-wise flat pass, a grid of
+# twice the tokens ran at 0.517 of a copy where a row index per token ran at 0.856, and with
+# the pass of section 6's end at 0.649 (measured below). So it is taken only where the
 # grid is the tokens themselves (every sequence as long as the table); otherwise, where it is
 # cheaper, each token first gets the index of its row (4 bytes). The planner sees only shapes,
 # so tensors on the `meta` device (no memory at all) show which route an eager call would
@@ -1036,6 +1045,11 @@ assert [f"{r[p]['ratio_to_copy']:.3f}" for r, p in ((grid_2x, "two-pass by seque
                                                      (grid_2x, "two-pass row index"))] == \
     ["0.517", "0.856"]
 assert grid_1x["two-pass by sequence"]["ratio_to_copy"] > grid_1x["two-pass row index"]["ratio_to_copy"]
+# ... and with the flat pass that holds both members of a pair in one thread (a later run)
+thd_pairs = measured.two_pass(measured.GPU + "-20261129-0944", kind="two_pass_thd")
+pairs_2x = thd_pairs[("bf16 thd 256 MiB 8x4k P8k", "forward")]["two-pass by sequence"]["ratio_to_copy"]
+print(f"  with both members of a pair in one thread: a grid of twice the tokens {pairs_2x:.3f}")
+assert f"{pairs_2x:.3f}" == "0.649"
 assert routes["thd, 32 sequences, table of 4096 rows"] == \
     "two passes, pre-pass, rows by position"                  # 32 x 4096 rows > 2 x 32768
 # the H200 numbers the text above quotes (section 1's mechanism table)
@@ -1354,8 +1368,7 @@ assert [one_gib[c] for c in probe_cols[:5]] == ["0.994", "0.938", "0.948", "0.89
 # level with torch.compile's 0.994 on its bf16 table, and at or within 0.002 of torch.compile in
 # the two 256 MiB cases. That is now ropelib's flat pass for rotate-half pairs
 # (`_rotate_pairs` in `ropelib/kernels/flat.py`, on `tiles.TWO_PASS_PAIR_WARPS` = 2 warps);
-# the tables above it in this section were measured with the earlier one, and the README's
-# performance table with whichever its header's date says.
+# the route tables earlier in this section were measured with the element-wise pass.
 
 # %% [markdown]
 # ### How an address is written decides when a load goes out
@@ -1467,6 +1480,8 @@ if sched:
     print(f"  ropelib's flat pass        {own['registers']} registers, {own['early']} of "
           f"{len(own['loads'])} loads before the first multiply")
     assert own["early"] == sched[True]["early"] and len(own["loads"]) == 10
+    if triton.__version__.startswith(("3.6", "3.9")):             # section 5's "46 registers"
+        assert own["registers"] == 46
 
 # %% [markdown]
 # With offsets, three of the eight table loads go out only after the rotation has started (the
@@ -1495,15 +1510,24 @@ for prov, label in (("flat pass", "ropelib's flat pass alone"), ("planned", "app
 assert [said(before[p]) for p in ("flat pass", "planned", "probe copy")] == ["0.915", "0.913", "0.992"]
 assert [said(after[p]) for p in ("flat pass", "planned")] == ["0.990", "0.986"]
 assert abs(after["probe copy"] - before["probe copy"]) < 0.005      # the probe did not move
+# the packed-sequence route (one sequence per grid row, the floor's thd case): row pointers in
+# that day's floor run, offsets in the two_pass.py run after it
+thd_rows = measured.floor()["forward 256 MiB bf16 thd"]["ropelib"]["ratio_to_copy"]
+thd_offsets = measured.two_pass(measured.GPU + "-20261129-0944", kind="two_pass_thd")[
+    ("bf16 thd 256 MiB 8x4k P4k", "forward")]["two-pass by sequence"]["ratio_to_copy"]
+print(f"packed sequences, one per grid row: row pointers {thd_rows:.3f}, offsets {thd_offsets:.3f}")
+assert [said(thd_rows), said(thd_offsets)] == ["0.953", "0.993"]
 
 # %% [markdown]
 # The flat pass alone went from 0.915 to 0.990 of a copy, level with the probe's kernel, and
-# `apply_rope` from 0.913 to 0.986; the probe's own kernel did not move. Nothing else in the
-# pass changed.
+# `apply_rope` from 0.913 to 0.986; the probe's own kernel did not move. The two versions of
+# the pass differ only in those two lines of address arithmetic (and in the order the four
+# table loads are written, which leaves the machine code as it was).
 #
 # It is not a rule to apply everywhere. ropelib's route for packed sequences (one sequence per
 # grid row, a few lines away in `flat.py`) went the other way with row pointers: four of its
-# eight table loads late against two with offsets, and 0.953 of a copy against 0.993, so that
+# eight table loads late against two with offsets, and 0.953 of a copy against 0.993 (the cell
+# above prints both), so that
 # route keeps offsets (`ROW_POINTERS` in `_rotate_pairs`). Which form ptxas schedules better is
 # its choice, kernel by kernel. What carries over is the method: when a kernel runs slower than
 # a copy of itself with "the same code", compile both with the Triton the GPU runs, and count
