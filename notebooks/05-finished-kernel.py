@@ -1630,6 +1630,60 @@ flat_pass.show_solution()
 # members of its pairs (the end of section 6), and section 6's compile cell counts its
 # 16-byte loads: 2 of `x`, 8 of the fp32 table.
 #
+# ## Exercise 3: both members of a pair in one thread, for any head
+#
+# `rotate_rows` in section 6 holds $x_j$ and $x_{j+D/2}$ of its pairs in one thread, but only
+# for a head whose half is a power of two, and every feature rotated. ropelib's pass takes any
+# head: a rotary dim $R \le D$ (even), pairs $(j, j + R/2)$ for $j < R/2$, and the features
+# $R \ldots D-1$ copied through. Write that pass: `ROWS` whole head rows per program, no loop,
+# reading the first pass's fp32 rows of cos and signed sine, now $[S, R]$:
+#
+# $$ y_{r,j} = x_{r,j}\,c_{s,j} + x_{r,j+R/2}\,s'_{s,j}, \qquad
+#    y_{r,j+R/2} = x_{r,j+R/2}\,c_{s,j+R/2} + x_{r,j}\,s'_{s,j+R/2}, \qquad
+#    y_{r,e} = x_{r,e} \;\; (R \le e < D), $$
+#
+# with $s = \lfloor r / (BH) \rfloor$ the token of head row $r$. `tl.arange` takes powers of
+# two, so the launch also passes `HALF_BLOCK` (the next power of two at or above $R/2$) and
+# `PASS_BLOCK` (at or above $D - R$): mask what lies past them. The check launches your kernel on
+# grid $(\lceil SBH / \text{ROWS} \rceil,)$ with fresh inputs every time: a row count that is
+# not a multiple of `ROWS`, halves of 12 and 20, partial rotary, fp32 and fp16, angles that
+# differ between the members of a pair, into an output full of NaN inside a NaN guard band.
+
+# %%
+from ropelib.course.exercises import pairs_pass
+
+
+@triton.jit
+def my_pairs_kernel(
+    x_ptr,  # *x: input [S, B, H, D] (sbhd), contiguous: S * B * H head rows of D
+    y_ptr,  # *y: output, contiguous like x, same dtype
+    cos_ptr,  # *fp32: cos [S, R], contiguous
+    sin_ptr,  # *fp32: signed sine [S, R]: -sin for j < R/2, +sin for j >= R/2
+    n_rows,  # head rows of x: S * B * H
+    BH,  # head rows per token: B * H
+    D: tl.constexpr,  # head dim
+    R: tl.constexpr,  # rotary dim (even, <= D): pairs (j, j + R/2); features R..D-1 copied
+    ROWS: tl.constexpr,  # head rows per program (a power of two)
+    HALF_BLOCK: tl.constexpr,  # the next power of two >= R // 2
+    PASS_BLOCK: tl.constexpr,  # the next power of two >= D - R (1 when R == D)
+):
+    # launched on grid (cdiv(n_rows, ROWS),); a thread holds both members of its pairs
+    pass  # your code
+
+
+pairs_pass.check_pairs_kernel(my_pairs_kernel);
+
+# %%
+pairs_pass.show_solution()
+
+# %% [markdown]
+# The masks do what powers of two cannot: `j < R/2` keeps a tile of `HALF_BLOCK` pairs from
+# rotating features that belong to the second half (or to the next head), and the rows' mask
+# keeps the last program inside the tensor. This is what `_rotate_pairs` in
+# `ropelib/kernels/flat.py` does for ropelib, with two more things: the rows of the table may
+# come from a row index (packed sequences and position ids), and its table addresses are
+# written as the section on load scheduling found fastest for each route.
+#
 # ## Questions for discussion
 #
 # 1. Section 2 used 600–800 ns for the memory latency, a typical published figure. How would
