@@ -191,6 +191,11 @@ def _exact_angles_kernel(turns_ptr, pos_ptr, out_ptr, N, stride_out,
 
 
 X_FIRST_PAIRS = tl.constexpr(512)   # a tile of at most this many pairs loads x first (_rope_heads)
+# ... and a tile of at most this many pairs evaluates sin/cos of both halves of a pair without
+# first comparing their angles (common.load_table: a reduction over the tile, two block
+# barriers). 0: every tile compares, as measured; benchmarks/finished_kernel_knobs.py times 512
+# against it, and X_FIRST_PAIRS on every tile against 512.
+NO_HALVES_CHECK_PAIRS = tl.constexpr(0)
 SEARCH_PIVOTS = tl.constexpr(64)    # cu_seqlens entries the first step of the search loads
 # ... where the [tokens, SEARCH_PIVOTS] comparison has at most this many entries. The two-pass
 # route's index pass finds 1024 tokens' rows per program: a [1024, 64] tile took it from
@@ -270,7 +275,7 @@ def table_rows(s_idx, b, S, P, position_ids_ptr, stride_ids_b, cu_seqlens_ptr, s
 
 @triton.jit
 def table_cos_sin(cos_ptr, sin_ptr, rows, b, stride_tab_b, stride_tab_p, d_a, d_b, mask,
-                  CDT: tl.constexpr, HALF: tl.constexpr):
+                  CDT: tl.constexpr, HALF: tl.constexpr, CHECK_HALVES: tl.constexpr = True):
     # rows [BLOCK_S], d_a/d_b [BLOCK_HALF] -> c_a, s_a, c_b, s_b, each [BLOCK_S, 1, BLOCK_HALF].
     # A table (common.load_table), or no table at all: int64 turns [R] in cos_ptr and the
     # amplitude [1] in sin_ptr, and rows are then the positions themselves.
@@ -284,7 +289,7 @@ def table_cos_sin(cos_ptr, sin_ptr, rows, b, stride_tab_b, stride_tab_p, d_a, d_
         s_b = s_a
     else:
         c_a, s_a, c_b, s_b = load_table(cos_ptr, sin_ptr, rows, b, stride_tab_b, stride_tab_p, 1,
-                                        d_a, d_b, mask, CDT)
+                                        d_a, d_b, mask, CDT, CHECK_HALVES)
     return c_a, s_a, c_b, s_b
 
 
@@ -324,6 +329,7 @@ def _rope_heads(
     # tiles keep x out of registers until the table work is done: held through the sin/cos
     # evaluation it took 78 -> 124 registers a thread (sm_90, s4096 b1), a third fewer warps.
     X_FIRST: tl.constexpr = BLOCK_S * BLOCK_H * BLOCK_HALF <= X_FIRST_PAIRS
+    CHECK_HALVES: tl.constexpr = BLOCK_S * BLOCK_H * BLOCK_HALF > NO_HALVES_CHECK_PAIRS
     if PER_ENTRY:                       # positions or tables differ per batch entry
         for b in range(b_lo, b_hi):
             bb = offset_int(b, INT64)   # the batch entry, in int64 when offsets need it
@@ -334,7 +340,8 @@ def _rope_heads(
             rows, valid = table_rows(s_idx, bb, S, P, position_ids_ptr, stride_ids_b,
                                       cu_seqlens_ptr, start_ptr, N_SEQ, cp_size, cp_rank)
             c_a, s_a, c_b, s_b = table_cos_sin(cos_ptr, sin_ptr, rows, bb, stride_tab_b,
-                                               stride_tab_p, d_a, d_b, tab_mask, CDT, HALF)
+                                               stride_tab_p, d_a, d_b, tab_mask, CDT, HALF,
+                                               CHECK_HALVES)
             if BACKWARD:
                 s_a, s_b = -s_b, -s_a
             if not X_FIRST:
@@ -354,7 +361,7 @@ def _rope_heads(
         rows, valid = table_rows(s_idx, 0, S, P, position_ids_ptr, stride_ids_b,
                                   cu_seqlens_ptr, start_ptr, N_SEQ, cp_size, cp_rank)
         c_a, s_a, c_b, s_b = table_cos_sin(cos_ptr, sin_ptr, rows, 0, stride_tab_b, stride_tab_p,
-                                           d_a, d_b, tab_mask, CDT, HALF)
+                                           d_a, d_b, tab_mask, CDT, HALF, CHECK_HALVES)
         if BACKWARD:
             s_a, s_b = -s_b, -s_a
         if X_FIRST:
