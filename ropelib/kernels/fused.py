@@ -28,17 +28,18 @@ thd as [T, 1, H, D], HF's [B, H, S, D] permuted): nothing is copied. The grid is
 A program finds the table rows of its BLOCK_S tokens, loads their cos/sin once ([BLOCK_S, 1,
 HALF], broadcast over its heads) and reuses them for every batch entry of its chunk, unless the
 positions differ per batch entry (start_positions, per-batch position ids or tables), in which
-case it reloads them inside the batch loop. x is read once and y written once; the tile is
-[BLOCK_S, BLOCK_H, HALF] per half, so each thread moves contiguous runs of the head dim (16-byte
-vectors where the strides allow). Math is fp32 (fp64 for fp64 inputs or outputs) with one
+case it reloads them inside the batch loop. Tiles of at most X_FIRST_PAIRS pairs (decode's)
+load a batch entry's x before that table work, so both are in flight at once. x is read once
+and y written once; the tile is [BLOCK_S, BLOCK_H, HALF] per half, so each thread moves
+contiguous runs of the head dim (16-byte vectors where the strides allow). Math is fp32 (fp64 for fp64 inputs or outputs) with one
 rounding at the store; each output is one fma, y_a = fma(x_a, c_a, -(x_b s_a)) and
 y_b = fma(x_b, c_b, x_a s_b), the order Transformer Engine's CUDA kernel computes in.
 
 Positions come from one of three places (whichever pointer is given): the token index (with
 TE's context-parallel dual-chunk split and per-batch start offsets), explicit position ids, or,
-for packed sequences, a binary search of the token index in cu_seqlens. A position outside the
-table makes its row NaN (the table read is clamped, so memory stays safe and the bad value
-cannot pass unnoticed).
+for packed sequences, a search of the token index in cu_seqlens (64 entries at once, then a
+binary search between two of them). A position outside the table makes its row NaN (the table
+read is clamped, so memory stays safe and the bad value cannot pass unnoticed).
 
 The pairing: rotate-half pairs feature j with j + R/2 (two contiguous half loads); interleaved
 pairs 2j with 2j+1 (one contiguous load of R features, split into even/odd lanes, joined back
@@ -560,7 +561,7 @@ def _rope_packed_kernel(
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
     INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr, INT64: tl.constexpr,
 ):
-    # Positions: packed sequences (thd), found by a binary search of the token in cu_seqlens.
+    # Positions: packed sequences (thd), found by a search of the token in cu_seqlens.
     _rope_q_or_k(q_ptr, q_out_ptr, k_ptr, k_out_ptr, cos_ptr, sin_ptr, None, cu_seqlens_ptr,
                  start_ptr, T, 1, HQ, HK, P, N_SEQ, cp_size, cp_rank,
                  stride_q_t, 0, stride_q_h, stride_q_d, stride_k_t, 0, stride_k_h, stride_k_d,
