@@ -71,18 +71,47 @@ def launch(kernel, x, y, cos, sin, xblock: int) -> None:
     kernel[(triton.cdiv(N, xblock),)](x, y, cos, sin, N, B * H * D, D=D, XBLOCK=xblock)
 
 
-def _inputs(gen: torch.Generator, S, B, H, D, dtype, table):
-    """x, y (a NaN view into a padded buffer), the padded buffer, angles [S, D]."""
+def _inputs(gen: torch.Generator, S, B, H, D, dtype, table, R: Optional[int] = None):
+    """x, y (a NaN view into a padded buffer), the padded buffer, angles [S, R] (R: D unless
+    given, the rotary dim of the third exercise)."""
+    R = D if R is None else R
     device = runtime.default_device()
     x = torch.randn(S, B, H, D, generator=gen).to(device=device, dtype=dtype)
     y_buf = torch.full((x.numel() + _PAD,), float("nan"), dtype=dtype, device=device)
     y = y_buf[:x.numel()].view(S, B, H, D)
     if table == "te":   # f0 f1 ... f0 f1 ...: both members of a pair share an angle
-        inv = 1.0 / (10000.0 ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
+        inv = 1.0 / (10000.0 ** (torch.arange(0, R, 2, dtype=torch.float32) / R))
         f = torch.outer(torch.arange(S, dtype=torch.float32), inv).repeat(1, 2)
     else:               # one free angle per feature: the members of a pair differ
-        f = torch.rand(S, D, generator=gen) * 6.0 - 3.0
+        f = torch.rand(S, R, generator=gen) * 6.0 - 3.0
     return x, y, y_buf, f.to(device).contiguous()
+
+
+def _verdict(name, label, x, x_before, y, y_buf, f, seed, *, tail: str, unwritten: str,
+             hint: str) -> bool:
+    """After a launch of a flat-pass kernel (this exercise's or the third's): nothing written
+    past the output (`tail`: which mask), x unchanged, no NaN left in y (`unwritten`: what to
+    look at), y equal to the reference. Prints the ❌ line of the first that fails."""
+    if not bool(torch.isnan(y_buf[x.numel():]).all()):
+        print(f"❌ {name} ({label}): the kernel wrote past the output (into the guard band "
+              f"after it): {tail}")
+        return False
+    if not torch.equal(x, x_before):
+        print(f"❌ {name} ({label}): the kernel changed its input x")
+        return False
+    bad = torch.isnan(y)
+    if bool(bad.any()):
+        where = [int(i) for i in bad.nonzero()[0]]
+        print(f"❌ {name} ({label}): {int(bad.sum())} of {y.numel()} output elements are NaN "
+              f"after the launch, first at [s, b, h, d] = {where}. The output starts as NaN: "
+              f"either they were not written {unwritten}")
+        return False
+    want = reference.rope_reference(x, f)
+    ok, _ = _compare(y, want, None, None)
+    if not ok:
+        print(f"   (inputs drawn with seed={seed})")
+        return check(f"{name} ({label})", y, want, hint=hint)
+    return True
 
 
 def _label(S, B, H, D, xblock, dtype, table) -> str:
@@ -109,32 +138,16 @@ def check_flat_kernel(kernel, seed: Optional[int] = None) -> bool:
         ok, _ = launch_barred(name, label, "your flat kernel",
                               lambda: launch(kernel, x, y, cos, sin, xblock),
                               bar=(_rope_flat_solution_kernel,))
-        if not ok:
+        if not ok or not _verdict(
+                name, label, x, x_before, y, y_buf, f, seed,
+                tail="mask the last program's elements, i < N",
+                unwritten="(does every program store its elements below N?), or they were "
+                          "computed from memory outside the inputs (is the token i // ROW, and "
+                          "its table row below S?)",
+                hint="element i is feature d = i % D of token s = i // ROW; its partner is "
+                     "i + D/2 for d < D/2, else i - D/2; y_i = x_i cos[s, d] + x_partner "
+                     "sin[s, d] (the sine is signed already)"):
             return False
-        if not bool(torch.isnan(y_buf[x.numel():]).all()):
-            print(f"❌ {name} ({label}): the kernel wrote past the output (into the guard band "
-                  "after it): mask the last program's elements, i < N")
-            return False
-        if not torch.equal(x, x_before):
-            print(f"❌ {name} ({label}): the kernel changed its input x")
-            return False
-        bad = torch.isnan(y)
-        if bool(bad.any()):
-            where = [int(i) for i in bad.nonzero()[0]]
-            print(f"❌ {name} ({label}): {int(bad.sum())} of {y.numel()} output elements are NaN "
-                  f"after the launch, first at [s, b, h, d] = {where}. The output starts as NaN: "
-                  "either they were not written (does every program store its elements below "
-                  "N?), or they were computed from memory outside the inputs (is the token "
-                  "i // ROW, and its table row below S?)")
-            return False
-        want = reference.rope_reference(x, f)
-        ok, _ = _compare(y, want, None, None)
-        if not ok:
-            print(f"   (inputs drawn with seed={seed})")
-            return check(f"{name} ({label})", y, want,
-                         hint="element i is feature d = i % D of token s = i // ROW; its partner "
-                              "is i + D/2 for d < D/2, else i - D/2; y_i = x_i cos[s, d] + "
-                              "x_partner sin[s, d] (the sine is signed already)")
     print(f"✅ {name}: correct on {len(CASES)} launches (a masked tail, head dims of 24 and 40, "
           "fp32 and fp16, pairs whose angles differ)")
     return True

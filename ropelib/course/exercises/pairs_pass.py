@@ -26,9 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ... import reference, runtime
-from . import _compare, check, kernel_answer, solution
-from .flat_pass import _PAD, tables
+from . import kernel_answer, solution
+from .flat_pass import _inputs, _verdict, tables
 from .own_code import launch_barred
 
 __all__ = ["KERNEL_SIGNATURE", "check_pairs_kernel", "show_solution", "launch", "CASES"]
@@ -70,20 +69,6 @@ def launch(kernel, x, y, cos, sin, R: int, rows: int) -> None:
         HALF_BLOCK=triton.next_power_of_2(R // 2), PASS_BLOCK=triton.next_power_of_2(max(D - R, 1)))
 
 
-def _inputs(gen: torch.Generator, S, B, H, D, R, dtype, table):
-    """x, y (a NaN view into a padded buffer), the padded buffer, angles [S, R]."""
-    device = runtime.default_device()
-    x = torch.randn(S, B, H, D, generator=gen).to(device=device, dtype=dtype)
-    y_buf = torch.full((x.numel() + _PAD,), float("nan"), dtype=dtype, device=device)
-    y = y_buf[:x.numel()].view(S, B, H, D)
-    if table == "te":   # f0 f1 ... f0 f1 ...: both members of a pair share an angle
-        inv = 1.0 / (10000.0 ** (torch.arange(0, R, 2, dtype=torch.float32) / R))
-        f = torch.outer(torch.arange(S, dtype=torch.float32), inv).repeat(1, 2)
-    else:               # one free angle per feature: the members of a pair differ
-        f = torch.rand(S, R, generator=gen) * 6.0 - 3.0
-    return x, y, y_buf, f.to(device).contiguous()
-
-
 def _label(S, B, H, D, R, rows, dtype, table) -> str:
     return (f"x [{S}, {B}, {H}, {D}] {str(dtype).replace('torch.', '')}, R {R}, ROWS {rows}, "
             f"{S * B * H} head rows" + (", TE's table" if table == "te" else ""))
@@ -102,39 +87,23 @@ def check_pairs_kernel(kernel, seed: Optional[int] = None) -> bool:
     gen = torch.Generator().manual_seed(seed)
     for S, B, H, D, R, rows, dtype, table in CASES:
         label = _label(S, B, H, D, R, rows, dtype, table)
-        x, y, y_buf, f = _inputs(gen, S, B, H, D, R, dtype, table)
+        x, y, y_buf, f = _inputs(gen, S, B, H, D, dtype, table, R)
         cos, sin = tables(f)
         x_before = x.clone()
         ok, _ = launch_barred(name, label, "your pairs kernel",
                               lambda: launch(kernel, x, y, cos, sin, R, rows),
                               bar=(_rope_pairs_solution_kernel,))
-        if not ok:
+        if not ok or not _verdict(
+                name, label, x, x_before, y, y_buf, f, seed,
+                tail="mask the rows of the last program, r < n_rows",
+                unwritten="(every pair j < R/2 and both its members, and the features R..D-1 "
+                          "copied?), or they were computed from memory outside the inputs (is "
+                          "the token r // BH, and are the pairs j >= R/2 of the tile masked?)",
+                hint="row r's token is s = r // BH; pair j < R/2 holds x[r, j] and "
+                     "x[r, j + R/2] (not D/2), with cos and s' from columns j and j + R/2 of "
+                     "the token's rows of R (their row stride is R); features R..D-1 are "
+                     "copied"):
             return False
-        if not bool(torch.isnan(y_buf[x.numel():]).all()):
-            print(f"❌ {name} ({label}): the kernel wrote past the output (into the guard band "
-                  "after it): mask the rows of the last program, r < n_rows")
-            return False
-        if not torch.equal(x, x_before):
-            print(f"❌ {name} ({label}): the kernel changed its input x")
-            return False
-        bad = torch.isnan(y)
-        if bool(bad.any()):
-            where = [int(i) for i in bad.nonzero()[0]]
-            print(f"❌ {name} ({label}): {int(bad.sum())} of {y.numel()} output elements are NaN "
-                  f"after the launch, first at [s, b, h, d] = {where}. The output starts as NaN: "
-                  "either they were not written (every pair j < R/2 and both its members, and "
-                  "the features R..D-1 copied?), or they were computed from memory outside the "
-                  "inputs (is the token r // BH, and are the pairs j >= R/2 of the tile masked?)")
-            return False
-        want = reference.rope_reference(x, f)
-        ok, _ = _compare(y, want, None, None)
-        if not ok:
-            print(f"   (inputs drawn with seed={seed})")
-            return check(f"{name} ({label})", y, want,
-                         hint="row r's token is s = r // BH; pair j < R/2 holds x[r, j] and "
-                              "x[r, j + R/2] (not D/2), with cos and s' from columns j and "
-                              "j + R/2 of the token's rows of R (their row stride is R); "
-                              "features R..D-1 are copied")
     print(f"✅ {name}: correct on {len(CASES)} launches (a masked tail, halves of 12 and 20, "
           "partial rotary, fp32 and fp16, pairs whose angles differ)")
     return True
