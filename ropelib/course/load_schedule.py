@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from ..runtime import INTERPRET
-from .offline_compile import compile_for_cuda, resource_usage, triton_tool
+from .offline_compile import compile_for_cuda, cuobjdump, resource_usage
 
 __all__ = ["schedule", "sass_instructions"]
 
@@ -43,15 +43,9 @@ _LOAD = re.compile(r"^(?:@!?U?P\w+\s+)?LDG\b")
 
 def sass_instructions(cubin: bytes) -> list:
     """The machine code of a cubin, one instruction a line, predicates kept, in order."""
-    tool = triton_tool("cuobjdump")
-    if not tool:
+    text = cuobjdump(cubin, "-sass", timeout=120.0)
+    if text is None:
         raise RuntimeError("no cuobjdump: Triton's NVIDIA backend ships one; is it installed?")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "kernel.cubin")
-        with open(path, "wb") as f:
-            f.write(cubin)
-        text = subprocess.run([tool, "-sass", path], capture_output=True, text=True,
-                              timeout=120).stdout
     return [re.sub(r"^\s+/\*[0-9a-f]+\*/\s+", "", line).split(";")[0].strip()
             for line in text.splitlines() if re.match(r"^\s+/\*[0-9a-f]{4}\*/", line)]
 

@@ -15,7 +15,7 @@ from typing import Optional
 
 import triton
 
-__all__ = ["compile_for_cuda", "resource_usage", "triton_tool"]
+__all__ = ["compile_for_cuda", "cuobjdump", "resource_usage", "triton_tool"]
 
 
 def compile_for_cuda(kernel, args: dict, *, num_warps: int, num_stages: Optional[int] = None,
@@ -50,19 +50,27 @@ def triton_tool(name: str) -> Optional[str]:
     return bundled if os.path.exists(bundled) else shutil.which(name)
 
 
-def resource_usage(cubin: bytes) -> dict:
-    """{'registers': per thread, 'stack': bytes per thread (the spilled registers), 'shared':
-    static bytes per program} of a cubin, as cuobjdump's resource usage prints them; a field it
-    does not print is None; {} where there is no cuobjdump or no cubin."""
+def cuobjdump(cubin: bytes, option: str, timeout: float = 60.0) -> Optional[str]:
+    """What `cuobjdump <option>` prints for a cubin ("-res-usage", "-sass"); None where there
+    is no cuobjdump or no cubin."""
     tool = triton_tool("cuobjdump")
     if not tool or not cubin:
-        return {}
+        return None
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "kernel.cubin")
         with open(path, "wb") as f:
             f.write(cubin)
-        text = subprocess.run([tool, "-res-usage", path], capture_output=True, text=True,
-                              timeout=60).stdout
+        return subprocess.run([tool, option, path], capture_output=True, text=True,
+                              timeout=timeout).stdout
+
+
+def resource_usage(cubin: bytes) -> dict:
+    """{'registers': per thread, 'stack': bytes per thread (the spilled registers), 'shared':
+    static bytes per program} of a cubin, as cuobjdump's resource usage prints them; a field it
+    does not print is None; {} where there is no cuobjdump or no cubin."""
+    text = cuobjdump(cubin, "-res-usage")
+    if text is None:
+        return {}
     found = {key: re.search(rf"{field}:(\d+)", text)
              for key, field in (("registers", "REG"), ("stack", "STACK"), ("shared", "SHARED"))}
     return {key: int(m[1]) if m else None for key, m in found.items()}
