@@ -18,7 +18,7 @@
 #   bash benchmarks/gpu_run.sh features  # fused QK-norm, KV-cache write, M-RoPE, table-free angles
 #   bash benchmarks/gpu_run.sh qkv-mainloop  # the QKV projection's GEMM mainloop three ways vs cuBLAS
 #   bash benchmarks/gpu_run.sh probes    # the flat pass at 1 GiB (one_gib_probe), decode tiles
-#                                        # under CUDA graphs, the finished kernel's two knobs (~6 min)
+#                                        # under CUDA graphs (~3 min)
 #   bash benchmarks/gpu_run.sh notebooks # every notebook executed with its outputs (needs nbclient
 #                                        # and ipykernel; installed from ./.gpu-wheels if there;
 #                                        # ONLY=NN-slug for the ones named so, ONLY=03,07 for several)
@@ -123,9 +123,7 @@ for what in "${@:-tests}"; do
         probes)
             step one-gib "$PY" benchmarks/one_gib_probe.py --out "$RESULTS"
             step decode-tiles "$PY" benchmarks/decode_tiles.py --out "$RESULTS"
-            step knobs "$PY" benchmarks/finished_kernel_knobs.py --out "$RESULTS"
-            keep "$RESULTS"/one_gib_probe-"$gpu".csv "$RESULTS"/decode_tiles-"$gpu".csv \
-                "$RESULTS"/finished_kernel_knobs-"$gpu".csv ;;
+            keep "$RESULTS"/one_gib_probe-"$gpu".csv "$RESULTS"/decode_tiles-"$gpu".csv ;;
         notebooks)
             if ! "$PY" -c "import nbclient, ipykernel" 2>/dev/null && [ -d .gpu-wheels ]; then
                 "$PY" -m pip install -q --no-index --find-links .gpu-wheels nbclient ipykernel ipywidgets

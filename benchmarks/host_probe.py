@@ -116,6 +116,38 @@ def main():
         lambda: WithLaunch.apply(xg, False, True).backward(g))
     add("trivial Function fwd+bwd, a planned launch in both",
         lambda: WithLaunch.apply(xg, True, True).backward(g))
+    # is it the launch, or any kernel launched from an autograd forward? An ATen kernel in the
+    # same places, and the launches again with autograd's device thread switched off (the
+    # backward then runs on the calling thread, as the forward does)
+    class WithATen(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, in_forward, in_backward):
+            ctx.in_backward = in_backward
+            if in_forward:
+                torch.neg(x)
+            return torch.empty_like(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            if ctx.in_backward:
+                torch.neg(grad)
+            return torch.empty_like(grad), None, None
+    add("trivial Function fwd+bwd, an ATen kernel (neg) in forward",
+        lambda: WithATen.apply(xg, True, False).backward(g))
+    add("trivial Function fwd+bwd, an ATen kernel (neg) in backward",
+        lambda: WithATen.apply(xg, False, True).backward(g))
+    torch.autograd.set_multithreading_enabled(False)
+    add("no autograd device thread: trivial Function fwd+bwd",
+        lambda: Trivial.apply(xg, freqs).backward(g))
+    add("no autograd device thread: a planned launch in forward",
+        lambda: WithLaunch.apply(xg, True, False).backward(g))
+    add("no autograd device thread: a planned launch in backward",
+        lambda: WithLaunch.apply(xg, False, True).backward(g))
+    add("no autograd device thread: an ATen kernel in forward",
+        lambda: WithATen.apply(xg, True, False).backward(g))
+    add("no autograd device thread: apply_rope fwd+bwd",
+        lambda: ropelib.apply_rope(xg, freqs).backward(g))
+    torch.autograd.set_multithreading_enabled(True)
     if te_rope is not None:
         add("TE fused fwd", lambda: te_rope(x, freqs, fused=True))
         add("TE fused fwd start_positions", lambda: te_rope(x, freqs, start_positions=sp, fused=True))

@@ -28,8 +28,8 @@ thd as [T, 1, H, D], HF's [B, H, S, D] permuted): nothing is copied. The grid is
 A program finds the table rows of its BLOCK_S tokens, loads their cos/sin once ([BLOCK_S, 1,
 HALF], broadcast over its heads) and reuses them for every batch entry of its chunk, unless the
 positions differ per batch entry (start_positions, per-batch position ids or tables), in which
-case it reloads them inside the batch loop. Tiles of at most X_FIRST_PAIRS pairs (decode's)
-load a batch entry's x before that table work, so both are in flight at once. x is read once
+case it reloads them inside the batch loop. A program loads a batch entry's x before that table
+work, so both are in flight at once. x is read once
 and y written once; the tile is [BLOCK_S, BLOCK_H, HALF] per half, so each thread moves
 contiguous runs of the head dim (16-byte vectors where the strides allow). Math is fp32 (fp64 for fp64 inputs or outputs) with one
 rounding at the store; each output is one fma, y_a = fma(x_a, c_a, -(x_b s_a)) and
@@ -191,12 +191,6 @@ def _exact_angles_kernel(turns_ptr, pos_ptr, out_ptr, N, stride_out,
     tl.store(out_ptr + offs, angle, mask=(n < N)[:, None, None] & (j < HALF)[None, None, :])
 
 
-X_FIRST_PAIRS = tl.constexpr(512)   # a tile of at most this many pairs loads x first (_rope_heads)
-# ... and a tile of at most this many pairs evaluates sin/cos of both halves of a pair without
-# first comparing their angles (common.load_table: a reduction over the tile, two block
-# barriers). 0: every tile compares, as measured; benchmarks/finished_kernel_knobs.py times 512
-# against it, and X_FIRST_PAIRS on every tile against 512.
-NO_HALVES_CHECK_PAIRS = tl.constexpr(0)
 SEARCH_PIVOTS = tl.constexpr(64)    # cu_seqlens entries the first step of the search loads
 # ... where the [tokens, SEARCH_PIVOTS] comparison has at most this many entries. The two-pass
 # route's index pass finds 1024 tokens' rows per program: a [1024, 64] tile took it from
@@ -276,7 +270,7 @@ def table_rows(s_idx, b, S, P, position_ids_ptr, stride_ids_b, cu_seqlens_ptr, s
 
 @triton.jit
 def table_cos_sin(cos_ptr, sin_ptr, rows, b, stride_tab_b, stride_tab_p, d_a, d_b, mask,
-                  CDT: tl.constexpr, HALF: tl.constexpr, CHECK_HALVES: tl.constexpr = True):
+                  CDT: tl.constexpr, HALF: tl.constexpr):
     # rows [BLOCK_S], d_a/d_b [BLOCK_HALF] -> c_a, s_a, c_b, s_b, each [BLOCK_S, 1, BLOCK_HALF].
     # A table (common.load_table), or no table at all: int64 turns [R] in cos_ptr and the
     # amplitude [1] in sin_ptr, and rows are then the positions themselves.
@@ -290,7 +284,7 @@ def table_cos_sin(cos_ptr, sin_ptr, rows, b, stride_tab_b, stride_tab_p, d_a, d_
         s_b = s_a
     else:
         c_a, s_a, c_b, s_b = load_table(cos_ptr, sin_ptr, rows, b, stride_tab_b, stride_tab_p, 1,
-                                        d_a, d_b, mask, CDT, CHECK_HALVES)
+                                        d_a, d_b, mask, CDT)
     return c_a, s_a, c_b, s_b
 
 
@@ -323,53 +317,43 @@ def _rope_heads(
     y_rows = s_off[:, None] * stride_y_s + (h_idx // HPG)[None, :] * stride_y_g \
         + (h_idx % HPG)[None, :] * stride_y_h
 
-    # Small tiles (decode: one token, a few heads, one batch entry per program) load their x
-    # before the table work it waits for (the rows' positions, their cos/sin, sin/cos from
-    # angles), so the two are in flight together: one trip to memory where x after the table
-    # was two (H200, s1 b64 h32 d128 bf16 under CUDA graphs: 0.65 -> 0.72 of a copy). Larger
-    # tiles keep x out of registers until the table work is done: held through the sin/cos
-    # evaluation it took 78 -> 124 registers a thread (sm_90, s4096 b1), a third fewer warps.
-    X_FIRST: tl.constexpr = BLOCK_S * BLOCK_H * BLOCK_HALF <= X_FIRST_PAIRS
-    CHECK_HALVES: tl.constexpr = BLOCK_S * BLOCK_H * BLOCK_HALF > NO_HALVES_CHECK_PAIRS
+    # x first: each batch entry's x is loaded before the table work it waits for (the rows'
+    # positions, their cos/sin, sin/cos from angles), so the two are in flight together, one
+    # trip to memory where x after the table was two. Measured against loading x after the
+    # table on tiles above 512 pairs (H200, bf16, forward, ratio to a copy, the finished kernel
+    # forced; medians of three rounds): thd 8 x 1024 0.822 -> 0.946, bshd s2048 b2 0.868 ->
+    # 0.910, sbhd s4096 b1 0.892 -> 0.931, s8192 b2 0.899 -> 0.917, s1024 b8 0.835 -> 0.804
+    # (its batch loop); decode 0.65 -> 0.72 (benchmarks/results/finished_kernel_knobs-*.csv).
     if PER_ENTRY:                       # positions or tables differ per batch entry
         for b in range(b_lo, b_hi):
             bb = offset_int(b, INT64)   # the batch entry, in int64 when offsets need it
-            if X_FIRST:
-                x_a, x_b, t = _load_entry(x_ptr, x_rows, bb, stride_x_b, stride_x_d, d_a, d_b,
-                                          row_ok, m, R, D, BLOCK_HALF, BLOCK_PASS, INTERLEAVED,
-                                          COPY_PASS)
+            x_a, x_b, t = _load_entry(x_ptr, x_rows, bb, stride_x_b, stride_x_d, d_a, d_b,
+                                      row_ok, m, R, D, BLOCK_HALF, BLOCK_PASS, INTERLEAVED,
+                                      COPY_PASS)
             rows, valid = table_rows(s_idx, bb, S, P, position_ids_ptr, stride_ids_b,
                                       cu_seqlens_ptr, start_ptr, N_SEQ, cp_size, cp_rank)
             c_a, s_a, c_b, s_b = table_cos_sin(cos_ptr, sin_ptr, rows, bb, stride_tab_b,
-                                               stride_tab_p, d_a, d_b, tab_mask, CDT, HALF,
-                                               CHECK_HALVES)
+                                               stride_tab_p, d_a, d_b, tab_mask, CDT, HALF)
             if BACKWARD:
                 s_a, s_b = -s_b, -s_a
-            if not X_FIRST:
-                x_a, x_b, t = _load_entry(x_ptr, x_rows, bb, stride_x_b, stride_x_d, d_a, d_b,
-                                          row_ok, m, R, D, BLOCK_HALF, BLOCK_PASS, INTERLEAVED,
-                                          COPY_PASS)
             _rotate_entry(y_ptr, y_rows, bb, stride_y_b, x_a, x_b, t, c_a, s_a, c_b, s_b,
                           valid, d_a, d_b, row_ok, m, R, D, BLOCK_HALF, BLOCK_PASS,
                           INTERLEAVED, COPY_PASS, CDT)
     else:                               # one table for the chunk, reused by every entry
-        b_first = b_lo
-        if X_FIRST:                     # the first entry's x, before the table
-            b_first = b_lo + 1
-            x_a, x_b, t = _load_entry(x_ptr, x_rows, offset_int(b_lo, INT64), stride_x_b,
-                                      stride_x_d, d_a, d_b, row_ok, m, R, D, BLOCK_HALF,
-                                      BLOCK_PASS, INTERLEAVED, COPY_PASS)
+        # the chunk's first entry is peeled: its x goes out before the table
+        x_a, x_b, t = _load_entry(x_ptr, x_rows, offset_int(b_lo, INT64), stride_x_b,
+                                  stride_x_d, d_a, d_b, row_ok, m, R, D, BLOCK_HALF,
+                                  BLOCK_PASS, INTERLEAVED, COPY_PASS)
         rows, valid = table_rows(s_idx, 0, S, P, position_ids_ptr, stride_ids_b,
                                   cu_seqlens_ptr, start_ptr, N_SEQ, cp_size, cp_rank)
         c_a, s_a, c_b, s_b = table_cos_sin(cos_ptr, sin_ptr, rows, 0, stride_tab_b, stride_tab_p,
-                                           d_a, d_b, tab_mask, CDT, HALF, CHECK_HALVES)
+                                           d_a, d_b, tab_mask, CDT, HALF)
         if BACKWARD:
             s_a, s_b = -s_b, -s_a
-        if X_FIRST:
-            _rotate_entry(y_ptr, y_rows, offset_int(b_lo, INT64), stride_y_b, x_a, x_b, t,
-                          c_a, s_a, c_b, s_b, valid, d_a, d_b, row_ok, m, R, D, BLOCK_HALF,
-                          BLOCK_PASS, INTERLEAVED, COPY_PASS, CDT)
-        for b in range(b_first, b_hi):
+        _rotate_entry(y_ptr, y_rows, offset_int(b_lo, INT64), stride_y_b, x_a, x_b, t,
+                      c_a, s_a, c_b, s_b, valid, d_a, d_b, row_ok, m, R, D, BLOCK_HALF,
+                      BLOCK_PASS, INTERLEAVED, COPY_PASS, CDT)
+        for b in range(b_lo + 1, b_hi):
             bb = offset_int(b, INT64)
             x_a, x_b, t = _load_entry(x_ptr, x_rows, bb, stride_x_b, stride_x_d, d_a, d_b,
                                       row_ok, m, R, D, BLOCK_HALF, BLOCK_PASS, INTERLEAVED,
