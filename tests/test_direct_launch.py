@@ -39,7 +39,8 @@ def _planned_qkv():
 @pytest.mark.parametrize("which", ["tokens", "ids", "packed", "qkv"])
 def test_pointer_arguments_come_first_in_kernel_order(which):
     """Each finished kernel takes its pointers first, in its launcher's order, and the planner
-    names every other parameter; none takes more than 32 arguments."""
+    names every other parameter; none takes more than 33 arguments (the 33rd of the token and
+    packed-QKV kernels is a constexpr, X_FIRST, which ropelib's direct launch does not bind)."""
     planned, pointers = {
         "tokens": lambda: _planned(launch.Positions(start=torch.tensor([0, 1]))),
         "ids": lambda: _planned(launch.Positions(position_ids=torch.zeros(1, 4, dtype=int))),
@@ -49,7 +50,7 @@ def test_pointer_arguments_come_first_in_kernel_order(which):
     pointer_names = planned.launcher.pointer_names
     assert names[:len(pointer_names)] == pointer_names and len(pointers) == len(pointer_names)
     assert set(names[len(pointer_names):]) == set(planned.args)
-    assert len(names) <= 32, (which, len(names))
+    assert len(names) <= 33, (which, len(names))
 
 
 def test_launch_key_covers_what_triton_specialises_on():

@@ -28,8 +28,9 @@ thd as [T, 1, H, D], HF's [B, H, S, D] permuted): nothing is copied. The grid is
 A program finds the table rows of its BLOCK_S tokens, loads their cos/sin once ([BLOCK_S, 1,
 HALF], broadcast over its heads) and reuses them for every batch entry of its chunk, unless the
 positions differ per batch entry (start_positions, per-batch position ids or tables), in which
-case it reloads them inside the batch loop. A program loads a batch entry's x before that table
-work, so both are in flight at once. x is read once
+case it reloads them inside the batch loop. A program that loops over fewer than 4 entries
+(decode's, batch 1 to 3) loads an entry's x before that table work, so both are in flight at
+once. x is read once
 and y written once; the tile is [BLOCK_S, BLOCK_H, HALF] per half, so each thread moves
 contiguous runs of the head dim (16-byte vectors where the strides allow). Math is fp32 (fp64 for fp64 inputs or outputs) with one
 rounding at the store; each output is one fma, y_a = fma(x_a, c_a, -(x_b s_a)) and
@@ -304,6 +305,7 @@ def _rope_heads(
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
     INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
     PER_ENTRY: tl.constexpr,            # positions or table rows depend on the batch entry
+    X_FIRST: tl.constexpr,              # load x before the table work (see below)
     COPY_PASS: tl.constexpr,            # write features R..D-1 (False when in place)
     CDT: tl.constexpr, INT64: tl.constexpr,
 ):
@@ -317,43 +319,54 @@ def _rope_heads(
     y_rows = s_off[:, None] * stride_y_s + (h_idx // HPG)[None, :] * stride_y_g \
         + (h_idx % HPG)[None, :] * stride_y_h
 
-    # x first: each batch entry's x is loaded before the table work it waits for (the rows'
-    # positions, their cos/sin, sin/cos from angles), so the two are in flight together, one
-    # trip to memory where x after the table was two. Measured against loading x after the
-    # table on tiles above 512 pairs (H200, bf16, forward, ratio to a copy, the finished kernel
-    # forced; medians of three rounds): thd 8 x 1024 0.822 -> 0.946, bshd s2048 b2 0.868 ->
-    # 0.910, sbhd s4096 b1 0.892 -> 0.931, s8192 b2 0.899 -> 0.917, s1024 b8 0.835 -> 0.804
-    # (its batch loop); decode 0.65 -> 0.72 (benchmarks/results/finished_kernel_knobs-*.csv).
+    # X_FIRST (the planner's choice: programs that loop over fewer than BATCH_LOOP_MIN batch
+    # entries, decode's among them): each entry's x is loaded before the table work it waits
+    # for (the rows' positions, their cos/sin, sin/cos from angles), so the two are in flight
+    # together, one trip to memory where x after the table was two. Measured on an H200 (bf16,
+    # forward, ratio to a copy, the finished kernel forced, medians of three;
+    # benchmarks/results/finished_kernel_knobs-*.csv): with x first on every tile, thd
+    # 8 x 1024 0.822 -> 0.946, bshd s2048 b2 0.868 -> 0.910, sbhd s4096 b1 0.892 -> 0.931,
+    # s8192 b2 0.899 -> 0.917, decode 0.65 -> 0.72; but programs looping over 8 entries lost
+    # (sbhd s1024 b8 0.835 -> 0.804; s4096 b8 d80 0.95 -> 0.88 in generations-*.csv): there
+    # the peeled first entry's x is held through the table work and the loop pays for it.
     if PER_ENTRY:                       # positions or tables differ per batch entry
         for b in range(b_lo, b_hi):
             bb = offset_int(b, INT64)   # the batch entry, in int64 when offsets need it
-            x_a, x_b, t = _load_entry(x_ptr, x_rows, bb, stride_x_b, stride_x_d, d_a, d_b,
-                                      row_ok, m, R, D, BLOCK_HALF, BLOCK_PASS, INTERLEAVED,
-                                      COPY_PASS)
+            if X_FIRST:
+                x_a, x_b, t = _load_entry(x_ptr, x_rows, bb, stride_x_b, stride_x_d, d_a, d_b,
+                                          row_ok, m, R, D, BLOCK_HALF, BLOCK_PASS, INTERLEAVED,
+                                          COPY_PASS)
             rows, valid = table_rows(s_idx, bb, S, P, position_ids_ptr, stride_ids_b,
                                       cu_seqlens_ptr, start_ptr, N_SEQ, cp_size, cp_rank)
             c_a, s_a, c_b, s_b = table_cos_sin(cos_ptr, sin_ptr, rows, bb, stride_tab_b,
                                                stride_tab_p, d_a, d_b, tab_mask, CDT, HALF)
             if BACKWARD:
                 s_a, s_b = -s_b, -s_a
+            if not X_FIRST:
+                x_a, x_b, t = _load_entry(x_ptr, x_rows, bb, stride_x_b, stride_x_d, d_a, d_b,
+                                          row_ok, m, R, D, BLOCK_HALF, BLOCK_PASS, INTERLEAVED,
+                                          COPY_PASS)
             _rotate_entry(y_ptr, y_rows, bb, stride_y_b, x_a, x_b, t, c_a, s_a, c_b, s_b,
                           valid, d_a, d_b, row_ok, m, R, D, BLOCK_HALF, BLOCK_PASS,
                           INTERLEAVED, COPY_PASS, CDT)
     else:                               # one table for the chunk, reused by every entry
-        # the chunk's first entry is peeled: its x goes out before the table
-        x_a, x_b, t = _load_entry(x_ptr, x_rows, offset_int(b_lo, INT64), stride_x_b,
-                                  stride_x_d, d_a, d_b, row_ok, m, R, D, BLOCK_HALF,
-                                  BLOCK_PASS, INTERLEAVED, COPY_PASS)
+        b_first = b_lo
+        if X_FIRST:                     # the first entry is peeled: its x before the table
+            b_first = b_lo + 1
+            x_a, x_b, t = _load_entry(x_ptr, x_rows, offset_int(b_lo, INT64), stride_x_b,
+                                      stride_x_d, d_a, d_b, row_ok, m, R, D, BLOCK_HALF,
+                                      BLOCK_PASS, INTERLEAVED, COPY_PASS)
         rows, valid = table_rows(s_idx, 0, S, P, position_ids_ptr, stride_ids_b,
                                   cu_seqlens_ptr, start_ptr, N_SEQ, cp_size, cp_rank)
         c_a, s_a, c_b, s_b = table_cos_sin(cos_ptr, sin_ptr, rows, 0, stride_tab_b, stride_tab_p,
                                            d_a, d_b, tab_mask, CDT, HALF)
         if BACKWARD:
             s_a, s_b = -s_b, -s_a
-        _rotate_entry(y_ptr, y_rows, offset_int(b_lo, INT64), stride_y_b, x_a, x_b, t,
-                      c_a, s_a, c_b, s_b, valid, d_a, d_b, row_ok, m, R, D, BLOCK_HALF,
-                      BLOCK_PASS, INTERLEAVED, COPY_PASS, CDT)
-        for b in range(b_lo + 1, b_hi):
+        if X_FIRST:
+            _rotate_entry(y_ptr, y_rows, offset_int(b_lo, INT64), stride_y_b, x_a, x_b, t,
+                          c_a, s_a, c_b, s_b, valid, d_a, d_b, row_ok, m, R, D, BLOCK_HALF,
+                          BLOCK_PASS, INTERLEAVED, COPY_PASS, CDT)
+        for b in range(b_first, b_hi):
             bb = offset_int(b, INT64)
             x_a, x_b, t = _load_entry(x_ptr, x_rows, bb, stride_x_b, stride_x_d, d_a, d_b,
                                       row_ok, m, R, D, BLOCK_HALF, BLOCK_PASS, INTERLEAVED,
@@ -429,7 +442,7 @@ def _rope_q_or_k(
     R: tl.constexpr, D: tl.constexpr, OUT_LAYOUT: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
     INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr, PER_ENTRY: tl.constexpr,
-    INT64: tl.constexpr,
+    X_FIRST: tl.constexpr, INT64: tl.constexpr,
 ):
     # The program's tile of q's heads or of k's (grid axis 1: q's head blocks, then k's). In
     # place (q_out_ptr None) the output is the input; otherwise a fresh contiguous tensor in
@@ -456,7 +469,8 @@ def _rope_q_or_k(
                     pid_s, pid_h * BLOCK_H, b_lo, b_hi, S, HQ, P, N_SEQ, cp_size, cp_rank,
                     stride_q_s, stride_q_b, stride_q_h, 0, stride_q_d, qy_s, qy_b, qy_h, 0,
                     stride_tab_b, stride_tab_p, stride_ids_b, R, D, 1, BLOCK_S, BLOCK_H,
-                    INTERLEAVED, BACKWARD, PER_ENTRY, q_out_ptr is not None, CDT, INT64)
+                    INTERLEAVED, BACKWARD, PER_ENTRY, X_FIRST, q_out_ptr is not None, CDT,
+                    INT64)
     elif k_ptr is not None:     # (without k the grid has q's blocks only)
         if k_out_ptr is None:
             k_y = k_ptr
@@ -468,10 +482,11 @@ def _rope_q_or_k(
                     pid_s, (pid_h - q_blocks) * BLOCK_H, b_lo, b_hi, S, HK, P, N_SEQ, cp_size,
                     cp_rank, stride_k_s, stride_k_b, stride_k_h, 0, stride_k_d, ky_s, ky_b, ky_h,
                     0, stride_tab_b, stride_tab_p, stride_ids_b, R, D, 1, BLOCK_S, BLOCK_H,
-                    INTERLEAVED, BACKWARD, PER_ENTRY, k_out_ptr is not None, CDT, INT64)
+                    INTERLEAVED, BACKWARD, PER_ENTRY, X_FIRST, k_out_ptr is not None, CDT,
+                    INT64)
 
 
-# --- the entry points: one per source of positions, each at most 32 arguments ----------------
+# --- the entry points: one per source of positions, each at most 33 arguments ----------------
 # Common to all: q (and k, None without it) with their outputs (None in place: written where
 # they are read); a table cos_ptr/sin_ptr as table_cos_sin reads it; features are contiguous in
 # every output and table (stride 1), and q's and k's feature strides are arguments.
@@ -491,6 +506,7 @@ def _rope_kernel(
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
     INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
     TABLE_PER_ENTRY: tl.constexpr,       # one table per batch entry (Hugging Face's [B, S, R])
+    X_FIRST: tl.constexpr,               # x before the table work (launch.plan: short batch loops)
     INT64: tl.constexpr,
 ):
     # Positions: the token index (with TE's dual-chunk map when cp_size > 1), plus start offsets.
@@ -501,7 +517,7 @@ def _rope_kernel(
                  stride_q_s, stride_q_b, stride_q_h, stride_q_d,
                  stride_k_s, stride_k_b, stride_k_h, stride_k_d,
                  stride_tab_b, stride_tab_p, 0, R, D, OUT_LAYOUT, BLOCK_S, BLOCK_H,
-                 INTERLEAVED, BACKWARD, PER_ENTRY, INT64)
+                 INTERLEAVED, BACKWARD, PER_ENTRY, X_FIRST, INT64)
 
 
 @triton.jit
@@ -517,7 +533,7 @@ def _rope_ids_kernel(
     INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
     TABLE_PER_ENTRY: tl.constexpr,
     IDS_PER_ENTRY: tl.constexpr,         # position ids [B, S] (else [1, S], shared)
-    INT64: tl.constexpr,
+    X_FIRST: tl.constexpr, INT64: tl.constexpr,
 ):
     # Positions: explicit position ids.
     PER_ENTRY: tl.constexpr = TABLE_PER_ENTRY or IDS_PER_ENTRY
@@ -528,7 +544,7 @@ def _rope_ids_kernel(
                  stride_q_s, stride_q_b, stride_q_h, stride_q_d,
                  stride_k_s, stride_k_b, stride_k_h, stride_k_d,
                  stride_tab_b, stride_tab_p, stride_ids_b, R, D, OUT_LAYOUT, BLOCK_S, BLOCK_H,
-                 INTERLEAVED, BACKWARD, PER_ENTRY, INT64)
+                 INTERLEAVED, BACKWARD, PER_ENTRY, X_FIRST, INT64)
 
 
 @triton.jit
@@ -545,12 +561,13 @@ def _rope_packed_kernel(
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
     INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr, INT64: tl.constexpr,
 ):
-    # Positions: packed sequences (thd), found by a search of the token in cu_seqlens.
+    # Positions: packed sequences (thd), found by a search of the token in cu_seqlens. One batch
+    # entry: x is loaded before the table work (X_FIRST).
     _rope_q_or_k(q_ptr, q_out_ptr, k_ptr, k_out_ptr, cos_ptr, sin_ptr, None, cu_seqlens_ptr,
                  start_ptr, T, 1, HQ, HK, P, N_SEQ, cp_size, cp_rank,
                  stride_q_t, 0, stride_q_h, stride_q_d, stride_k_t, 0, stride_k_h, stride_k_d,
                  0, stride_tab_p, 0, R, D, 0, BLOCK_S, BLOCK_H, INTERLEAVED, BACKWARD, False,
-                 INT64)
+                 True, INT64)
 
 
 @triton.jit
@@ -569,7 +586,7 @@ def _rope_qkv_kernel(
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
     INTERLEAVED: tl.constexpr,
     BACKWARD: tl.constexpr,              # False: packed -> q, k; True: gradients q, k -> packed
-    INT64: tl.constexpr,
+    X_FIRST: tl.constexpr, INT64: tl.constexpr,
 ):
     # Transformer Engine's packed QKV. Forward reads q and k out of the packed tensor and writes
     # them rotated into their own tensors; backward reads the gradients of q and k and writes
@@ -588,14 +605,14 @@ def _rope_qkv_kernel(
                         stride_q_s, stride_q_b, HPG * stride_q_h, stride_q_h, stride_q_d,
                         stride_qkv_s, stride_qkv_b, stride_qkv_g, D,
                         0, stride_tab_p, 0, R, D, HPG, BLOCK_S, BLOCK_H, INTERLEAVED, True,
-                        PER_ENTRY, True, CDT, INT64)
+                        PER_ENTRY, X_FIRST, True, CDT, INT64)
         else:
             _rope_heads(qkv_ptr, q_ptr, q_cos_ptr, None, None, None, start_ptr, pid_s,
                         pid_h * BLOCK_H, b_lo, b_hi, S, G * HPG, P, 0, cp_size, cp_rank,
                         stride_qkv_s, stride_qkv_b, stride_qkv_g, D, 1,
                         stride_q_s, stride_q_b, HPG * stride_q_h, stride_q_h,
                         0, stride_tab_p, 0, R, D, HPG, BLOCK_S, BLOCK_H, INTERLEAVED, False,
-                        PER_ENTRY, True, CDT, INT64)
+                        PER_ENTRY, X_FIRST, True, CDT, INT64)
     else:
         h0 = (pid_h - q_blocks) * BLOCK_H
         if BACKWARD:
@@ -604,11 +621,11 @@ def _rope_qkv_kernel(
                         stride_k_s, stride_k_b, stride_k_h, 0, stride_k_d,
                         stride_qkv_s, stride_qkv_b, stride_qkv_g, 0,
                         0, stride_tab_p, 0, R, D, 1, BLOCK_S, BLOCK_H, INTERLEAVED, True,
-                        PER_ENTRY, True, CDT, INT64)
+                        PER_ENTRY, X_FIRST, True, CDT, INT64)
         else:
             _rope_heads(qkv_ptr + HPG * D, k_ptr, k_cos_ptr, None, None, None, start_ptr, pid_s,
                         h0, b_lo, b_hi, S, G, P, 0, cp_size, cp_rank,
                         stride_qkv_s, stride_qkv_b, stride_qkv_g, 0, 1,
                         stride_k_s, stride_k_b, stride_k_h, 0,
                         0, stride_tab_p, 0, R, D, 1, BLOCK_S, BLOCK_H, INTERLEAVED, False,
-                        PER_ENTRY, True, CDT, INT64)
+                        PER_ENTRY, X_FIRST, True, CDT, INT64)

@@ -222,6 +222,7 @@ def plan(q: View, q_out: Optional[View], table: Table, positions: Positions, *, 
     tensors = (x, out[0], k.tensor if k is not None else None, out[1], table.cos, table.sin)
     options = dict(R=R, D=D, BLOCK_S=block_s, BLOCK_H=block_h, INTERLEAVED=interleaved,
                    BACKWARD=backward, INT64=int64)
+    x_first = _x_first(B, chunk)           # (the packed kernel's one entry: always)
     if pos.position_ids is not None:
         ids = pos.position_ids
         assert ids.stride(-1) == 1 or S == 1, "position ids must be contiguous"
@@ -231,7 +232,7 @@ def plan(q: View, q_out: Optional[View], table: Table, positions: Positions, *, 
         args = dict(S=S, B=B, HQ=q.heads, HK=HK, P=table.rows,
                     **_named("q", qs), **_named("k", ks), stride_tab_p=tab_p,
                     OUT_LAYOUT=OUT_LAYOUT[layout], TABLE_PER_ENTRY=per_entry,
-                    IDS_PER_ENTRY=ids_per_entry, **options)
+                    IDS_PER_ENTRY=ids_per_entry, X_FIRST=x_first, **options)
     elif pos.cu_seqlens is not None:
         launcher, pointers = PACKED, tensors + (pos.cu_seqlens, pos.start)
         args = dict(T=S, HQ=q.heads, HK=HK, P=table.rows, N_SEQ=pos.cu_seqlens.shape[0] - 1,
@@ -244,8 +245,15 @@ def plan(q: View, q_out: Optional[View], table: Table, positions: Positions, *, 
         args = dict(S=S, B=B, HQ=q.heads, HK=HK, P=table.rows, cp_size=pos.cp_size,
                     cp_rank=pos.cp_rank, **_named("q", qs), **_named("k", ks),
                     stride_tab_p=tab_p, OUT_LAYOUT=OUT_LAYOUT[layout],
-                    TABLE_PER_ENTRY=per_entry, **options)
+                    TABLE_PER_ENTRY=per_entry, X_FIRST=x_first, **options)
     return Launch(grid, num_warps, args, pointer_dtypes(pointers), x.device, launcher), pointers
+
+
+def _x_first(B, chunk) -> bool:
+    """Whether the finished kernel's programs load x before their table work (fused._rope_heads):
+    where each loops over fewer than BATCH_LOOP_MIN batch entries (a symbolic batch, under
+    torch.compile with dynamic shapes, loops over all of them)."""
+    return not isinstance(chunk, torch.SymInt) and min(B, chunk) < BATCH_LOOP_MIN
 
 
 def _named(tensor: str, strides: tuple) -> dict:
@@ -274,7 +282,7 @@ def plan_qkv(qkv4: torch.Tensor, q4: torch.Tensor, k4: torch.Tensor, q_table: to
                 stride_qkv_g=qkv4.stride(2), **_named("q", q4.stride()),
                 **_named("k", k4.stride()), stride_tab_p=q_table.stride(0), R=R, D=D,
                 HPG=heads_per_group, BLOCK_S=block_s, BLOCK_H=block_h,
-                INTERLEAVED=interleaved, BACKWARD=backward,
+                INTERLEAVED=interleaved, BACKWARD=backward, X_FIRST=_x_first(B, chunk),
                 INT64=needs_int64((qkv4, q4, k4)))
     pointers = (qkv4, q4, k4, q_table, k_table, start)
     return Launch(grid, num_warps, args, pointer_dtypes(pointers), qkv4.device, QKV), pointers
