@@ -109,9 +109,10 @@ if start:
             print(f"  {name:20s} {r['fwd_ms'] * 1e3:6.0f} µs  {r['fwd_gbps']:5.0f} GB/s  "
                   f"{r['pct_of_copy']:5.1f} % of copy ({r['copy_gbps']:.0f} GB/s)")
     # the intro's words: two thirds to three quarters of a copy for the batch-reusing grid;
-    # apply_rope as called (the two-pass route at this size) nearly all of one
+    # apply_rope as called (the two-pass route at this size) all of one, within the timing's
+    # spread (its median can land a little above the copy's)
     assert 60 <= start["ropelib_batch_reuse"]["pct_of_copy"] <= 80
-    assert 95 <= start["ropelib"]["pct_of_copy"] <= 100
+    assert 95 <= start["ropelib"]["pct_of_copy"] <= 101
 else:
     print(f"{GEN_CSV.name} is missing: `python benchmarks/generations.py` on a GPU measures it")
 
@@ -800,21 +801,30 @@ else:
 # - **Two bars end each panel, both ropelib.** `ropelib` is `ropelib.apply_rope` with its
 #   route forced to the finished kernel: every feature of section 3's list compiled in, on the
 #   launch of rung 6 (at $s = 4096$, $b = 8$ its profile is `_rope_kernel` on 4,096 programs of
-#   8 warps). It ends below its own equal-halves rung at each of the three large sizes, by
-#   under a point to a few (the cell prints each): the profiler counts more warp
-#   instructions per element for it than for rung 6, as many as for rung 5, which evaluates
-#   sin/cos for both halves, with the same DRAM bytes. Yet ropelib's kernel has rung 6's
-#   shortcut (`load_table` in `ropelib/kernels/common.py`), and compiled for sm_90 both hold
-#   the same sin/cos code and branches: why it executed rung 5's count is not something this
-#   profile separates (the next thing to read is which branch its warps took). `ropelib_planned` is `ropelib.apply_rope` as a user calls it. At those
+#   8 warps). Where its programs loop over the batch ($b = 8$, the first two panels) it ends a
+#   point or two below its own equal-halves rung (the cell prints each): the profiler counts
+#   about as many warp instructions per element for it as for rung 5, which evaluates sin/cos
+#   for both halves, with the same DRAM bytes. Yet ropelib's kernel has rung 6's shortcut
+#   (`load_table` in `ropelib/kernels/common.py`), and compiled for sm_90 both hold the same
+#   sin/cos code and branches: why it executed rung 5's count is not something this profile
+#   separates (the next thing to read is which branch its warps took). At $b = 1$ it ends
+#   *above* rung 6, by about three points, for a reason the planner chose: a program with no
+#   batch loop (fewer than four entries) loads its x before its table work, so x and the
+#   table's rows are in flight together, one wait for memory instead of two. The profile shows
+#   the price and what it bought: holding x through the sin/cos evaluation takes 124
+#   registers a thread, more than the `chunks` rung's 102, on the same grid and warps, with
+#   more warp instructions per element and the same DRAM bytes, and still the kernel is about
+#   a tenth faster. With a batch loop the planner keeps the old order: there x held across the
+#   table work of the loop's first entry cost more than the overlap gained (a copy's 0.835 ->
+#   0.804 at $s = 1024$, $b = 8$, in `benchmarks/results/finished_kernel_knobs-*.csv`). `ropelib_planned` is `ropelib.apply_rope` as a user calls it. At those
 #   three sizes (256 MiB each, eager, with an angle table) it plans section 6's two-pass
-#   route, faster than the finished kernel in each panel and by the most at $s = 4096$,
-#   $b = 8$, where it is the fastest bar. The profile says how: 131,072 programs of
-#   4 warps at 32 registers a thread, about twice the finished kernel's achieved occupancy, and
-#   the same DRAM bytes, though it executes *more* warp instructions per element. More bytes
-#   in flight per SM, not fewer instructions, is what it buys. (Bars and profile are of the
-#   element-wise flat pass; the pass that replaced it for rotate-half pairs, at the end of
-#   section 6, 2 warps at 46 registers a thread, is not in this run.) For the 16-token call (8 MiB,
+#   route, faster than the finished kernel in both $b = 8$ panels and by the most at
+#   $s = 4096$, $b = 8$, where it is the fastest bar; at $b = 1$ the two are level (within a
+#   point). The profile says how: 131,072 programs of
+#   2 warps at 46 registers a thread (the pairs pass that ends section 6), 56 % achieved
+#   occupancy against the finished kernel's 44 %, the same DRAM bytes, and fewer warp
+#   instructions per element (0.35 against 0.38): more warps resident to wait on memory, and
+#   less work for each. For the 16-token call (8 MiB,
 #   under the route's 64 MiB) both bars are the same finished kernel.
 # - **The 16-token panel is two different limits.** Its tensor is 8 MiB. The rungs up to
 #   `warps` launch one program per token: 16 programs for 132 SMs, and the profiler times the
@@ -847,8 +857,8 @@ if LADDER_CSV.exists():
     # more warps hurt at b = 1, and the chunks rung goes back to 4 warps
     b1_rows = {r["provider"]: r for r in rows if r["case"] == "s32768-b1"}
     assert by_case["s32768-b1"]["warps"] < by_case["s32768-b1"]["tile"] and b1_rows["chunks"]["num_warps"] == 4
-    # the ropelib bar: the finished kernel (route forced), a point or a few below rung 6 at the
-    # large sizes; the profile says why it differs
+    # the ropelib bar: the finished kernel (route forced), a point or two below rung 6 where its
+    # programs loop over the batch, above it at b = 1 (x loaded before the table work)
     idea = {r["provider"]: r["idea"] for r in rows if r["case"] == "s4096-b8"}
     assert "finished kernel (route forced)" in idea["ropelib"]
     assert "as planned" in idea["ropelib_planned"]
@@ -856,7 +866,20 @@ if LADDER_CSV.exists():
     large = ("s4096-b8", "s16384-b8-h8", "s32768-b1")
     below = {case: by_case[case]["equal_halves"] - by_case[case]["ropelib"] for case in large}
     print("ropelib's finished kernel below rung 6, points:", {c: round(v, 1) for c, v in below.items()})
-    assert all(0.3 <= v <= 4.5 for v in below.values()), below
+    assert all(0.3 <= below[c] <= 4.5 for c in ("s4096-b8", "s16384-b8-h8")), below
+    assert -4.5 <= below["s32768-b1"] <= -1.5, below                    # "about three points" above
+    # b = 1: x first costs registers (the same grid and warps as the chunks rung, more
+    # instructions, the same DRAM bytes) and the kernel is still faster
+    fin1, chunks1 = measured.mechanism("s32768-b1")["ropelib"], measured.mechanism("s32768-b1")["chunks"]
+    print(f"s32768-b1 under Nsight Compute: chunks {chunks1['us']:.0f} us, {chunks1['registers']} "
+          f"registers; ropelib {fin1['us']:.0f} us, {fin1['registers']} registers, "
+          f"{fin1['ncu_warp_inst_per_element']:.2f} against {chunks1['ncu_warp_inst_per_element']:.2f} "
+          "warp instructions per element")
+    assert (fin1["grid"], fin1["num_warps"]) == (chunks1["grid"], chunks1["num_warps"])
+    assert (fin1["registers"], chunks1["registers"]) == (124, 102)
+    assert fin1["ncu_warp_inst_per_element"] > chunks1["ncu_warp_inst_per_element"]
+    assert abs(fin1["ncu_dram_bytes_over_model"] - chunks1["ncu_dram_bytes_over_model"]) < 0.01
+    assert 0.85 < fin1["us"] / chunks1["us"] < 0.95                        # "about a tenth faster"
     rung6, fin = mech["equal_halves"], mech["ropelib"]
     assert fin["kernel"] == "_rope_kernel" and fin["grid"] == rung6["grid"] == "4096x1x1"
     assert fin["num_warps"] == rung6["num_warps"] == 8
@@ -869,13 +892,16 @@ if LADDER_CSV.exists():
     # apply_rope as planned: the two-pass route at the three large sizes, the fastest bar there;
     # more occupancy with the same bytes, though more instructions per element
     planned = mech["ropelib_planned"]
-    assert all(by_case[c]["ropelib_planned"] > by_case[c]["ropelib"] for c in large), by_case
+    assert all(by_case[c]["ropelib_planned"] > by_case[c]["ropelib"]
+               for c in ("s4096-b8", "s16384-b8-h8")), by_case
+    assert abs(by_case["s32768-b1"]["ropelib_planned"] - by_case["s32768-b1"]["ropelib"]) < 1
     big = by_case["s4096-b8"]
     assert big["ropelib_planned"] == max(v for k, v in big.items() if k != "copy"), big
-    assert planned["kernel"] == "_rope_rows_kernel" and planned["num_warps"] == 4
-    assert planned["ncu_achieved_occupancy_pct"] > 1.8 * fin["ncu_achieved_occupancy_pct"]
+    assert planned["kernel"] == "_rope_rows_kernel" and planned["num_warps"] == 2
+    assert planned["registers"] == 46 and planned["programs"] == 131072
+    assert (round(planned["ncu_achieved_occupancy_pct"]), round(fin["ncu_achieved_occupancy_pct"])) == (56, 44)
     assert abs(planned["ncu_dram_bytes_over_model"] - fin["ncu_dram_bytes_over_model"]) < 0.03
-    assert planned["ncu_warp_inst_per_element"] > fin["ncu_warp_inst_per_element"]
+    assert (round(planned["ncu_warp_inst_per_element"], 2), round(fin["ncu_warp_inst_per_element"], 2)) == (0.35, 0.38)
     print(f"s4096-b8 as planned (two passes, the flat pass profiled): {planned['programs']:,} "
           f"programs of {planned['num_warps']} warps, {planned['registers']} registers, "
           f"{planned['ncu_achieved_occupancy_pct']:.0f} % achieved occupancy (finished kernel "
@@ -1511,12 +1537,18 @@ assert [said(before[p]) for p in ("flat pass", "planned", "probe copy")] == ["0.
 assert [said(after[p]) for p in ("flat pass", "planned")] == ["0.990", "0.986"]
 assert abs(after["probe copy"] - before["probe copy"]) < 0.005      # the probe did not move
 # the packed-sequence route (one sequence per grid row, the floor's thd case): row pointers in
-# that day's floor run, offsets in the two_pass.py run after it
-thd_rows = measured.floor()["forward 256 MiB bf16 thd"]["ropelib"]["ratio_to_copy"]
+# that day's 09:37 floor run (its log), offsets in the two_pass.py run after it and in the
+# latest floor run
+floor_log = ROOT / "benchmarks" / "results" / f"floor-{measured.GPU}-20261129-0937.log"
+line = next(l for l in floor_log.read_text().splitlines()
+            if l.startswith("forward 256 MiB bf16 thd:"))
+thd_rows = float(re.search(r"ropelib ([0-9.]+)", line).group(1))
 thd_offsets = measured.two_pass(measured.GPU + "-20261129-0944", kind="two_pass_thd")[
     ("bf16 thd 256 MiB 8x4k P4k", "forward")]["two-pass by sequence"]["ratio_to_copy"]
-print(f"packed sequences, one per grid row: row pointers {thd_rows:.3f}, offsets {thd_offsets:.3f}")
-assert [said(thd_rows), said(thd_offsets)] == ["0.953", "0.993"]
+thd_floor = measured.floor()["forward 256 MiB bf16 thd"]["ropelib"]["ratio_to_copy"]
+print(f"packed sequences, one per grid row: row pointers {thd_rows:.3f}, offsets {thd_offsets:.3f} "
+      f"(two_pass.py) and {thd_floor:.3f} (the latest floor run)")
+assert [said(thd_rows), said(thd_offsets), said(thd_floor)] == ["0.953", "0.993", "0.991"]
 
 # %% [markdown]
 # The flat pass alone went from 0.915 to 0.990 of a copy, level with the probe's kernel, and
@@ -1527,7 +1559,7 @@ assert [said(thd_rows), said(thd_offsets)] == ["0.953", "0.993"]
 # It is not a rule to apply everywhere. ropelib's route for packed sequences (one sequence per
 # grid row, a few lines away in `flat.py`) went the other way with row pointers: four of its
 # eight table loads late against two with offsets, and 0.953 of a copy against 0.993 (the cell
-# above prints both), so that
+# above prints both; the latest floor run, with offsets, measured it at 0.991), so that
 # route keeps offsets (`ROW_POINTERS` in `_rotate_pairs`). Which form ptxas schedules better is
 # its choice, kernel by kernel. What carries over is the method: when a kernel runs slower than
 # a copy of itself with "the same code", compile both with the Triton the GPU runs, and count

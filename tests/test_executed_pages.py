@@ -38,13 +38,14 @@ _OLDER = "the page was rendered from an older version of the notebook; "
 
 # page -> why it is allowed to differ from its notebook for now
 STALE = {stem: _OLDER + _rerender(stem) for stem in (
-    "05-finished-kernel",          # the flat pass's loads counted; where its table loads go out (SASS)
-    "12-rope-in-the-qkv-projection",   # every tile of the accumulator probe, timing spreads
+    "05-finished-kernel",          # the finished kernel's bars against rung 6 and the planned pass's
+                                   # profile, rewritten from the final kernels' ladder and profile
 )}
 # pages rendered before a data file they read was measured again
 _OLDER_DATA = ("the page shows outputs of benchmarks/results/floor-nvidia-h200.csv as it was "
                "before its latest rerun; ")
 STALE.update({stem: _OLDER_DATA + _rerender(stem) for stem in (
+    "07-te-vs-triton-live",
 )})
 
 # notebook -> why it has no page yet

@@ -327,8 +327,8 @@ def _rope_heads(
     # benchmarks/results/finished_kernel_knobs-*.csv): with x first on every tile, thd
     # 8 x 1024 0.822 -> 0.946, bshd s2048 b2 0.868 -> 0.910, sbhd s4096 b1 0.892 -> 0.931,
     # s8192 b2 0.899 -> 0.917, decode 0.65 -> 0.72; but programs looping over 8 entries lost
-    # (sbhd s1024 b8 0.835 -> 0.804; s4096 b8 d80 0.95 -> 0.88 in generations-*.csv): there
-    # the peeled first entry's x is held through the table work and the loop pays for it.
+    # (sbhd s1024 b8 0.835 -> 0.804), where the peeled first entry's x is held through the
+    # table work (ladder-*.csv, s4096 b8 forced: 89.6 -> 87.0 % of a copy).
     if PER_ENTRY:                       # positions or tables differ per batch entry
         for b in range(b_lo, b_hi):
             bb = offset_int(b, INT64)   # the batch entry, in int64 when offsets need it
