@@ -976,7 +976,9 @@ if LADDER_CSV.exists():
 #    warps, each thread holding both members of its pairs, $x_j$ and $x_{j+R/2}$, so every
 #    element is loaded once; it reads their table entries from the pre-pass's rows. (Interleaved
 #    pairs are neighbours: there a program takes 1,024 elements on 4 warps and swaps each pair
-#    in registers.) The end of this section measures why the pairs share a thread.
+#    in registers; so do heads whose $D$ or $R/2$ is no power of two, such as $d = 80$, whose
+#    rows of pairs would leave a third of each program's lanes idle.) The end of this section
+#    measures why the pairs share a thread.
 #
 # When you pass a cos/sin table and positions are the token index, the flat pass reads your
 # table itself and there is no pre-pass. The route is taken when q and k are fresh-output,

@@ -477,11 +477,14 @@ def _rope_rows_kernel(
     pid = tl.program_id(0)
     seq = tl.program_id(1)
     rows = B if LAYOUT == 3 else S * B
-    # interleaved pairs, or one table per axis: XBLOCK elements per program; rotate-half: ROWS
-    # whole head rows (XBLOCK elements when D is a power of two), both members of each pair in
-    # one thread
+    # interleaved pairs, one table per axis, or a head dim or half rotary dim that is no power
+    # of two: XBLOCK elements per program; rotate-half: ROWS whole head rows, both members of
+    # each pair in one thread. (Rows of pairs pad a head to powers of two: at d = 80 a third of
+    # every program's lanes idle, and apply_rope at s4096 b8 h32 d80 bf16 ran at 88.4 % of a
+    # copy where the pass by element had 95 %, H200, results/generations-*.csv.)
     ROWS: tl.constexpr = XBLOCK // tile_width(D)
-    BY_ELEMENT: tl.constexpr = INTERLEAVED or AXIS_H_FROM < R // 2
+    BY_ELEMENT: tl.constexpr = INTERLEAVED or AXIS_H_FROM < R // 2 or tile_width(D) != D \
+        or tile_width(R // 2) != R // 2
     if INT64:               # q's element count passes 2^31: count it in int64
         rows = tl.full([], 0, tl.int64) + rows
     if BY_ELEMENT:
