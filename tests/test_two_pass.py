@@ -884,3 +884,38 @@ def test_flat_pass_counts_q_programs_past_2_31_elements():
                             PER_ENTRY=False, KEEP_TABLE=False, AXIS_H_FROM=D // 2,
                             AXIS_W_FROM=D // 2, XBLOCK=xblock, INT64=True)
     assert torch.equal(out, q), f"{int(out.isnan().sum())} of {xblock} elements not written"
+
+
+@pytest.mark.parametrize("D_, R_", [(80, 80), (48, 48), (32, 24), (32, 16)])
+@pytest.mark.parametrize("layout", ["sbhd", "thd"])
+def test_heads_of_no_power_of_two_take_the_pass_by_element(D_, R_, layout, monkeypatch):
+    # rows of pairs pad a head to powers of two (at d = 80 a third of the lanes idle): heads
+    # whose D or R/2 is no power of two take the pass by element (4 warps), the others the
+    # pairs pass (2 warps); either way the finished kernel's bits, forward and backward
+    planned = []
+    real = launch.plan_two_pass
+
+    def recording(*args, **kwargs):
+        route, pointers = real(*args, **kwargs)
+        planned.append(route.rotate_pass.num_warps)
+        return route, pointers
+    monkeypatch.setattr(launch, "plan_two_pass", recording)
+    g = torch.Generator().manual_seed(D_ * 100 + R_)
+    shape = (S, B, 3, D_) if layout == "sbhd" else (S * B, 3, D_)
+    x = torch.randn(shape, generator=g).to(DEVICE, torch.bfloat16)
+    dy = torch.randn(shape, generator=g).to(DEVICE, torch.bfloat16)
+    freqs = ropelib.rope_freqs(S * B + 2, R_, device=DEVICE) * 2.3
+    kw = dict(layout=layout)
+    if layout == "thd":
+        kw["cu_seqlens"] = torch.tensor([0, 7, S * B], dtype=torch.int32, device=DEVICE)
+
+    def fn():
+        xg = x.clone().requires_grad_(True)
+        y = ropelib.apply_rope(xg, freqs, **kw)
+        (gx,) = torch.autograd.grad(y, xg, dy)
+        return y.detach(), gx
+    want = through("finished", fn)
+    got = through("two-pass", fn)
+    by_element = D_ & (D_ - 1) or (R_ // 2) & (R_ // 2 - 1)
+    assert planned and set(planned) == {4 if by_element else 2}, planned
+    assert_same_bits(got, want, f"D={D_} R={R_} {layout}")
