@@ -15,7 +15,8 @@ from routes import forced  # noqa: E402  (tests/routes.py)
 DEVICE = "cuda" if on_gpu() else "cpu"
 D = 16
 CALLS = {
-    "sbhd decode": lambda g: (torch.randn(1, 6, 3, D, generator=g), {}),
+    "sbhd decode (one position for the batch)": lambda g: (
+        torch.randn(1, 6, 3, D, generator=g), dict(position_ids=torch.tensor([[9]]))),
     "bshd, 16-bit": lambda g: (torch.randn(3, 5, 2, D, generator=g).to(torch.bfloat16),
                                dict(layout="bshd")),
     "sbhd start positions, interleaved": lambda g: (
