@@ -19,6 +19,10 @@
 #   bash benchmarks/gpu_run.sh qkv-mainloop  # the QKV projection's GEMM mainloop three ways vs cuBLAS
 #   bash benchmarks/gpu_run.sh probes    # the flat pass at 1 GiB (one_gib_probe), decode tiles
 #                                        # under CUDA graphs (~3 min)
+#   bash benchmarks/gpu_run.sh course    # the course's measurements (ladder, generations, Nsight
+#                                        # Compute profile) written where the notebooks read them,
+#                                        # then the notebooks that read them executed (03, 04, 05):
+#                                        # pages that show the data as it now is (~5 min)
 #   bash benchmarks/gpu_run.sh notebooks # every notebook executed with its outputs (needs nbclient
 #                                        # and ipykernel; installed from ./.gpu-wheels if there;
 #                                        # ONLY=NN-slug for the ones named so, ONLY=03,07 for several)
@@ -124,6 +128,18 @@ for what in "${@:-tests}"; do
             step one-gib "$PY" benchmarks/one_gib_probe.py --out "$RESULTS"
             step decode-tiles "$PY" benchmarks/decode_tiles.py --out "$RESULTS"
             keep "$RESULTS"/one_gib_probe-"$gpu".csv "$RESULTS"/decode_tiles-"$gpu".csv ;;
+        course)
+            # in the tree (committed paths) first, so that the pages rendered next read them
+            step ladder "$PY" benchmarks/ladder.py --out "$RESULTS/ladder-$gpu.csv" \
+                --figure figures/05-ladder-waterfall.png
+            step generations "$PY" benchmarks/generations.py --out "$RESULTS/generations-$gpu.csv" \
+                --figure figures/04-generations-gbps.png
+            step mechanism "$PY" benchmarks/mechanism.py --ncu --out "$RESULTS"
+            # (one tarball: a lent machine sends back a few files only)
+            [ -n "${OUT:-}" ] && tar czf "$OUT/course-$tag.tar.gz" "$RESULTS/ladder-$gpu.csv" \
+                "$RESULTS/generations-$gpu.csv" "$RESULTS"/mechanism-"$gpu"* \
+                figures/05-ladder-waterfall.png figures/04-generations-gbps.png
+            ONLY=${ONLY:-03,04,05} bash "$0" notebooks || rc=1 ;;
         notebooks)
             if ! "$PY" -c "import nbclient, ipykernel" 2>/dev/null && [ -d .gpu-wheels ]; then
                 "$PY" -m pip install -q --no-index --find-links .gpu-wheels nbclient ipykernel ipywidgets
@@ -135,7 +151,7 @@ for what in "${@:-tests}"; do
                 ${ONLY:+--only "$ONLY"}
             [ -n "${OUT:-}" ] && tar czf "$OUT/executed-$tag.tar.gz" -C "$executed" . ;;
         *)
-            echo "unknown step: $what (tests, targets, floor, two-pass, decode, model, sweeps, ablation, ladder, features, qkv-mainloop, probes, notebooks)"; exit 2 ;;
+            echo "unknown step: $what (tests, targets, floor, two-pass, decode, model, sweeps, ablation, ladder, features, qkv-mainloop, probes, course, notebooks)"; exit 2 ;;
     esac
 done
 exit $rc
