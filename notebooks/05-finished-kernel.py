@@ -1330,8 +1330,9 @@ for case, rows in fp.items():
 # %% [markdown]
 # In all three cases the best tile is 1,024 elements on 4 warps, the element-wise flat pass's
 # own (`TWO_PASS_ELEMENTS` and `TWO_PASS_WARPS` in `ropelib/kernels/tiles.py`, still the tile
-# of interleaved pairs and per-axis tables); every larger program, and the same 1,024 elements
-# on 8 warps, is slower. Rotate-half pairs now take another shape, found at the end of this
+# of interleaved pairs, of heads whose $D$ or $R/2$ is no power of two, and of per-axis tables
+# whose sections do not start at multiples of 8 pairs); every larger program, and the same
+# 1,024 elements on 8 warps, is slower. Rotate-half pairs now take another shape, found at the end of this
 # section.
 #
 # What the remaining few percent are, these runs do not settle. Inductor's kernel

@@ -190,6 +190,15 @@ def main():
     rows.args = dict(rows.args, XBLOCK=T.TWO_PASS_ELEMENTS)
     compile_for_gpu("two-pass-axes-backward", rows.launcher.kernel, rows.launcher.pointer_names,
                     rows, ptrs[:6] + (None,))
+    # ... with sections at multiples of 8 pairs: both members of a pair in one thread
+    route, ptrs = L.plan_two_pass(*views(xb, xbo), L.Table(c3[0], c3[0], (8, 16, c3.stride(0))),
+                                  L.Positions(), R=D, interleaved=False, backward=False,
+                                  layout="bshd", k=views(kb2)[0], k_out=views(kbo)[0])
+    rows = route.rotate_pass
+    assert rows.num_warps == T.TWO_PASS_PAIR_WARPS, "sections at multiples of 8: the pairs pass"
+    rows.args = dict(rows.args, XBLOCK=T.TWO_PASS_ELEMENTS)
+    compile_for_gpu("two-pass-axes-pairs", rows.launcher.kernel, rows.launcher.pointer_names,
+                    rows, ptrs[:6] + (None,))
 
     # RoPE fused into the QKV projection (kernels/qkv_gemm.py), with the GPU's tiles
     HQ, HK, D, K = 4, 2, 128, 256

@@ -116,7 +116,7 @@ def kernel(x_ptr, y_ptr, freqs_ptr, S, B, H, B_CHUNK, sxs, sxb, sxh, sxd, sys_, 
                       tl.minimum(b_lo + B_CHUNK, B), S, H, S, 0, 1, 0,
                       sxs, sxb, sxh, 0, sxd, sys_, syb, syh, 0, 0, 2 * HALF, 0,
                       2 * HALF, 2 * HALF, 1, BLOCK_S, BLOCK_H, True, False, False, False,
-                      tl.float32, False)
+                      False, tl.float32, False)
 '''
 
 # ways to reach a helper other than by its name: a parameter's default, a class's attribute

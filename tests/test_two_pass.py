@@ -919,3 +919,50 @@ def test_heads_of_no_power_of_two_take_the_pass_by_element(D_, R_, layout, monke
     by_element = D_ & (D_ - 1) or (R_ // 2) & (R_ // 2 - 1)
     assert planned and set(planned) == {4 if by_element else 2}, planned
     assert_same_bits(got, want, f"D={D_} R={R_} {layout}")
+
+
+@pytest.mark.parametrize("sections", [(8, 8, 16), (16, 8, 8), (0, 16, 16), (8, 12, 12),
+                                      (2, 3, 27)])
+@pytest.mark.parametrize("layout", ["bshd", "sbhd"])
+def test_per_axis_tables_same_bits_by_pairs_and_by_element(sections, layout, monkeypatch):
+    # Qwen2-VL's tables [3, B, S, D] read as they are: sections that start at multiples of 8
+    # pairs take the pairs pass (2 warps), others the pass by element (4 warps); either way
+    # the bits of the finished kernel on the gathered table, forward and backward
+    planned = []
+    real = launch.plan_two_pass
+
+    def recording(*args, **kwargs):
+        route, pointers = real(*args, **kwargs)
+        planned.append(route.rotate_pass.num_warps)
+        return route, pointers
+    monkeypatch.setattr(launch, "plan_two_pass", recording)
+    D_ = 2 * sum(sections)
+    g = torch.Generator().manual_seed(sum(s * 10 ** i for i, s in enumerate(sections)))
+    Bq, Sq = 2, 5
+    q = torch.randn(Bq, Sq, 3, D_, generator=g).to(DEVICE, torch.bfloat16)
+    k = torch.randn(Bq, Sq, 2, D_, generator=g).to(DEVICE, torch.bfloat16)
+    if layout == "sbhd":
+        q, k = q.transpose(0, 1).contiguous(), k.transpose(0, 1).contiguous()
+    pos = torch.randint(0, 40, (3, Bq, Sq), generator=g)
+    inv = 1.0 / (10000 ** (torch.arange(0, D_, 2).float() / D_))
+    angles = torch.cat([pos[..., None].float() * inv] * 2, dim=-1)          # [3, B, S, D]
+    cos, sin = angles.cos().to(DEVICE, torch.bfloat16), angles.sin().to(DEVICE, torch.bfloat16)
+    dq, dk = torch.randn(q.shape, generator=g).to(DEVICE), torch.randn(k.shape, generator=g).to(DEVICE)
+    unsqueeze = 2
+
+    def fn():
+        qg, kg = q.clone().requires_grad_(True), k.clone().requires_grad_(True)
+        qi, ki = (qg, kg) if layout == "bshd" else (qg.transpose(0, 1), kg.transpose(0, 1))
+        yq, yk = ropelib.hf.apply_multimodal_rotary_pos_emb(qi, ki, cos, sin, list(sections),
+                                                             unsqueeze)
+        grads = torch.autograd.grad((yq, yk), (qg, kg), (dq.to(yq.dtype) if layout == "bshd"
+                                                         else dq.to(yq.dtype).transpose(0, 1),
+                                                         dk.to(yk.dtype) if layout == "bshd"
+                                                         else dk.to(yk.dtype).transpose(0, 1)))
+        return yq.detach(), yk.detach(), *grads
+    want = through("finished", fn)
+    got = through("two-pass", fn)
+    pairs = all(a % 8 == 0 for a in (sections[0], sections[0] + sections[1], D_ // 2))
+    if layout == "bshd":        # (sbhd q and k go through the gathered table: no two passes)
+        assert planned and set(planned) == {2 if pairs else 4}, (sections, planned)
+    assert_same_bits(got, want, f"sections {sections} {layout}")

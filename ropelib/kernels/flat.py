@@ -50,9 +50,12 @@ cos/sin row is at s * stride_tab_p + b * stride_tab_b.
   in the same thread: every feature is loaded once, with 16-byte vectors (2 of x, 8 of the fp32
   table for 8 bf16 pairs). Loading the partner again from its own address instead (a second
   vector load per feature, from L1) held the pass at 0.948 of a copy at 1 GiB bf16 on an H200,
-  against 0.993 this way (benchmarks/paired_rows_probe.py).
-  Interleaved pairs (neighbours, swapped in registers) and Qwen2-VL's per-axis tables: a
-  program takes XBLOCK elements (4 warps, 16-byte vectors), whatever rows they fall in.
+  against 0.993 this way (benchmarks/paired_rows_probe.py). Qwen2-VL's per-axis tables are
+  read so too where their sections start at multiples of 8 pairs (16, 24, 24 do): both members
+  of pair j share j's frequency, so its section's table.
+  Interleaved pairs (neighbours, swapped in registers), per-axis tables of other sections and
+  heads whose D or R/2 is no power of two: a program takes XBLOCK elements (4 warps, 16-byte
+  vectors), whatever rows they fall in.
 Features R..D-1 are copied through.
 
 With cos and sin tables of the caller's ([P, R] or [B, P, R]) and positions that are just the
@@ -354,18 +357,28 @@ def _row_tile(block, S, B, H, LAYOUT: tl.constexpr, ROWS: tl.constexpr, INT64: t
 
 @triton.jit
 def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, token_rows_ptr,
-                  stride_rows_b, stride_tab_p, D: tl.constexpr, R: tl.constexpr,
+                  stride_rows_b, stride_tab_p, stride_tab_axis, D: tl.constexpr, R: tl.constexpr,
                   BACKWARD: tl.constexpr, SIGNED: tl.constexpr, KEEP_TABLE: tl.constexpr,
-                  ROW_POINTERS: tl.constexpr):
+                  ROW_POINTERS: tl.constexpr, AXIS_H_FROM: tl.constexpr,
+                  AXIS_W_FROM: tl.constexpr):
     # Rotate-half rows r [ROWS] of x [rows, D] -> y: a thread holds both members of its pairs,
     # x_a = x[r, j] and x_b = x[r, j + R/2] ([ROWS, BLOCK_HALF] each), so no feature is loaded
     # twice; features R..D-1 are copied through. Each row's cos/sin row is at offset tab, or,
     # with a row index (token_rows_ptr), at token_rows[s + b * stride_rows_b] * stride_tab_p:
     # loaded after x, so x's loads do not wait on it (a row of -1, a position outside the
-    # table, gives NaN).
+    # table, gives NaN). With one table per axis (AXIS_H_FROM < R/2) pair j and both its
+    # members read the table of j's section, stride_tab_axis further on per axis.
     HALF: tl.constexpr = R // 2
     BLOCK_HALF: tl.constexpr = tile_width(HALF)
     j = tl.arange(0, BLOCK_HALF)
+    col = j                                                          # the table's column of j
+    if AXIS_H_FROM < HALF:
+        col = j + ((j >= AXIS_H_FROM).to(tl.int32) + (j >= AXIS_W_FROM).to(tl.int32)) \
+            * stride_tab_axis
+        # sections start at multiples of 8 pairs (the planner's condition) and the tables'
+        # strides are multiples of 8 (contiguous tables): runs of 8 columns stay contiguous,
+        # which the selects hide from Triton's analysis (each entry would be its own load)
+        col = tl.max_contiguous(tl.multiple_of(col, 8), 8)
     at = r[:, None] * D + j[None, :]                                 # x_a [ROWS, BLOCK_HALF]
     m = live[:, None] & (j < HALF)[None, :]
     xa = tl.load(x_ptr + at, mask=m, other=0.0).to(tl.float32)
@@ -384,11 +397,11 @@ def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, token_rows
     # the offsets schedule better: 6 early against 4, 0.993-0.997 of a copy against 0.953
     # (H200, the floor's thd case, 2026-11-29).
     if ROW_POINTERS:
-        cos_a = (cos_ptr + tab)[:, None] + j[None, :]
-        sin_a = (sin_ptr + tab)[:, None] + j[None, :]
+        cos_a = (cos_ptr + tab)[:, None] + col[None, :]
+        sin_a = (sin_ptr + tab)[:, None] + col[None, :]
     else:
-        cos_a = cos_ptr + (tab[:, None] + j[None, :])
-        sin_a = sin_ptr + (tab[:, None] + j[None, :])
+        cos_a = cos_ptr + (tab[:, None] + col[None, :])
+        sin_a = sin_ptr + (tab[:, None] + col[None, :])
     if KEEP_TABLE:          # the rows serve every batch entry: keep them in L2
         ca = tl.load(cos_a, mask=m, other=0.0, eviction_policy="evict_last")
         sa = tl.load(sin_a, mask=m, other=0.0, eviction_policy="evict_last")
@@ -429,24 +442,26 @@ def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, token_rows
 
 @triton.jit
 def _rotate_rows(x_ptr, y_ptr, cos_ptr, sin_ptr, index_ptr, block, seq, S, B, H, stride_tab_p,
-                 stride_tab_b, stride_rows_b, D: tl.constexpr, R: tl.constexpr,
+                 stride_tab_b, stride_rows_b, stride_tab_axis, D: tl.constexpr, R: tl.constexpr,
                  LAYOUT: tl.constexpr, BACKWARD: tl.constexpr, SIGNED: tl.constexpr,
-                 PER_ENTRY: tl.constexpr, KEEP_TABLE: tl.constexpr, ROWS: tl.constexpr,
-                 INT64: tl.constexpr):
+                 PER_ENTRY: tl.constexpr, KEEP_TABLE: tl.constexpr, AXIS_H_FROM: tl.constexpr,
+                 AXIS_W_FROM: tl.constexpr, ROWS: tl.constexpr, INT64: tl.constexpr):
     # Rotate-half: head rows block * ROWS .. + ROWS of x (contiguous in LAYOUT) -> y; with
     # LAYOUT 3, of packed sequence `seq` (cu_seqlens in index_ptr), its first B positions.
     if LAYOUT == 3:
         r, live, tab = _sequence_span(block, seq, index_ptr, S, B, H, stride_tab_p, ROWS,
                                       INT64)
         _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, r, r, None, 0,
-                      stride_tab_p, D, R, BACKWARD, SIGNED, KEEP_TABLE, False)
+                      stride_tab_p, stride_tab_axis, D, R, BACKWARD, SIGNED, KEEP_TABLE, False,
+                      AXIS_H_FROM, AXIS_W_FROM)
     else:
         r, live, s, b = _row_tile(block, S, B, H, LAYOUT, ROWS, INT64)
         tab = s * stride_tab_p          # (rows by token index; with a row index, found later)
         if PER_ENTRY:
             tab += b * stride_tab_b
         _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, index_ptr,
-                      stride_rows_b, stride_tab_p, D, R, BACKWARD, SIGNED, KEEP_TABLE, True)
+                      stride_rows_b, stride_tab_p, stride_tab_axis, D, R, BACKWARD, SIGNED,
+                      KEEP_TABLE, True, AXIS_H_FROM, AXIS_W_FROM)
 
 
 @triton.jit
@@ -477,14 +492,15 @@ def _rope_rows_kernel(
     pid = tl.program_id(0)
     seq = tl.program_id(1)
     rows = B if LAYOUT == 3 else S * B
-    # interleaved pairs, one table per axis, or a head dim or half rotary dim that is no power
-    # of two: XBLOCK elements per program; rotate-half: ROWS whole head rows, both members of
-    # each pair in one thread. (Rows of pairs pad a head to powers of two: at d = 80 a third of
+    # interleaved pairs, one table per axis whose sections do not start at multiples of 8
+    # pairs, or a head dim or half rotary dim that is no power of two: XBLOCK elements per
+    # program; rotate-half: ROWS whole head rows, both members of each pair in one thread. (Rows of pairs pad a head to powers of two: at d = 80 a third of
     # every program's lanes idle, and apply_rope at s4096 b8 h32 d80 bf16 ran at 88.4 % of a
     # copy where the pass by element had 95 %, H200, results/generations-*.csv.)
     ROWS: tl.constexpr = XBLOCK // tile_width(D)
-    BY_ELEMENT: tl.constexpr = INTERLEAVED or AXIS_H_FROM < R // 2 or tile_width(D) != D \
-        or tile_width(R // 2) != R // 2
+    BY_ELEMENT: tl.constexpr = INTERLEAVED or tile_width(D) != D \
+        or tile_width(R // 2) != R // 2 or (AXIS_H_FROM < R // 2 and (
+            AXIS_H_FROM % 8 != 0 or AXIS_W_FROM % 8 != 0 or (R // 2) % 8 != 0))
     if INT64:               # q's element count passes 2^31: count it in int64
         rows = tl.full([], 0, tl.int64) + rows
     if BY_ELEMENT:
@@ -499,8 +515,9 @@ def _rope_rows_kernel(
                          AXIS_H_FROM, AXIS_W_FROM, XBLOCK, INT64)
         else:
             _rotate_rows(q_ptr, q_out_ptr, cos_ptr, sin_ptr, index_ptr, pid, seq, S, B, HQ,
-                         stride_tab_p, stride_tab_b, stride_rows_b, D, R, LAYOUT, BACKWARD,
-                         SIGNED, PER_ENTRY, KEEP_TABLE, ROWS, INT64)
+                         stride_tab_p, stride_tab_b, stride_rows_b, stride_tab_axis, D, R,
+                         LAYOUT, BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE, AXIS_H_FROM,
+                         AXIS_W_FROM, ROWS, INT64)
         if LAYOUT == 3:
             if pid == q_blocks - 1:     # a sequence longer than the table: the rest is NaN
                 _sequence_tail(q_ptr, q_out_ptr, seq, index_ptr, S, B, HQ, D, R, XBLOCK, INT64)
@@ -512,8 +529,9 @@ def _rope_rows_kernel(
                          AXIS_H_FROM, AXIS_W_FROM, XBLOCK, INT64)
         else:
             _rotate_rows(k_ptr, k_out_ptr, cos_ptr, sin_ptr, index_ptr, pid - q_blocks, seq, S,
-                         B, HK, stride_tab_p, stride_tab_b, stride_rows_b, D, R, LAYOUT,
-                         BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE, ROWS, INT64)
+                         B, HK, stride_tab_p, stride_tab_b, stride_rows_b, stride_tab_axis, D, R,
+                         LAYOUT, BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE, AXIS_H_FROM,
+                         AXIS_W_FROM, ROWS, INT64)
         if LAYOUT == 3:
             if pid == tl.num_programs(0) - 1:
                 _sequence_tail(k_ptr, k_out_ptr, seq, index_ptr, S, B, HK, D, R, XBLOCK, INT64)

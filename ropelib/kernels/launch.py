@@ -601,10 +601,12 @@ def plan_two_pass(q: View, q_out: View, table: Table, positions: Positions, *, R
     n_q, n_k = S * B * q.heads * D, S * B * HK * D
     positions_per = read.seq_rows or S * B     # (rows of positions a grid row covers)
     axis_h_from, axis_w_from = table.axes[:2] if table.axes else (R // 2, R // 2)
-    # flat._rope_rows_kernel's BY_ELEMENT, from the same arguments: interleaved pairs, a table
-    # per axis in use, or a head dim or half rotary dim that is no power of two
-    by_element = interleaved or axis_h_from < R // 2 or pow2_at_least(D, 1 << 30) != D \
-        or pow2_at_least(R // 2, 1 << 30) != R // 2
+    # flat._rope_rows_kernel's BY_ELEMENT, from the same arguments: interleaved pairs, tables
+    # per axis whose sections do not start at multiples of 8 pairs, or a head dim or half
+    # rotary dim that is no power of two
+    by_element = interleaved or pow2_at_least(D, 1 << 30) != D \
+        or pow2_at_least(R // 2, 1 << 30) != R // 2 or (axis_h_from < R // 2 and bool(
+            axis_h_from % 8 or axis_w_from % 8 or (R // 2) % 8))
     if by_element:
         blocks = cdiv(positions_per * q.heads * D, xblock) + cdiv(positions_per * HK * D, xblock)
     else:
