@@ -1,13 +1,14 @@
 """The finished RoPE kernels: one pass over the tensor, forward and backward, every layout.
 
 One body (_rope_heads) behind four narrow entry points, one per source of positions, so that no
-kernel takes more than 32 arguments (each argument costs host time at every launch through
-Triton's launcher, and a wide kernel costs more in compiled graphs):
+kernel takes more than 33 arguments (each argument costs host time at every launch through
+Triton's launcher, and a wide kernel costs more in compiled graphs; the 33rd, X_FIRST, is a
+constexpr that ropelib's own launches do not bind):
 
-    _rope_kernel          the token index (+ start offsets, context parallelism)     32 args
-    _rope_ids_kernel      explicit position ids                                     31
+    _rope_kernel          the token index (+ start offsets, context parallelism)     33 args
+    _rope_ids_kernel      explicit position ids                                     32
     _rope_packed_kernel   packed sequences (thd, cu_seqlens)                        29
-    _rope_qkv_kernel      Transformer Engine's packed QKV, forward and backward     32
+    _rope_qkv_kernel      Transformer Engine's packed QKV, forward and backward     33
 
 What is not an argument follows from the others: k, start offsets, in place (an output None),
 angles or cos/sin or table-free (the table's pointers and dtype), fp64 math, the tile widths
