@@ -807,7 +807,7 @@ else:
 #   for both halves, with the same DRAM bytes. Yet ropelib's kernel has rung 6's shortcut
 #   (`load_table` in `ropelib/kernels/common.py`), and compiled for sm_90 both hold the same
 #   sin/cos code and branches: why it executed rung 5's count is not something this profile
-#   separates (the next thing to read is which branch its warps took). At $b = 1$ it ends
+#   separates (below the next cell, the interpreter reads which way its branch goes). At $b = 1$ it ends
 #   *above* rung 6, by about three points, for a reason the planner chose: a program with no
 #   batch loop (fewer than four entries) loads its x before its table work, so x and the
 #   table's rows are in flight together, one wait for memory instead of two. The profile shows
@@ -964,6 +964,34 @@ if LADDER_CSV.exists():
     assert t16["ropelib"]["ms"] * 1000 < m16["ropelib"]["us"] + 5      # direct launch
     print(f"s16-b64: the chunks call {t16['chunks']['ms'] * 1000 / m16['chunks']['us']:.1f}x its "
           "kernel's time")
+
+# %% [markdown]
+# **Which way the branch went.** The profile counts rung 5's instructions for the finished
+# kernel at $b = 8$, as if it evaluated sin/cos for both halves. Whether it does depends on one
+# thing only: whether the two halves of the table rows a program reads are equal bit for bit
+# (`load_table`'s `differ`). Those bits are the same on a GPU as on a laptop, so Triton's
+# interpreter, which runs the kernel as Python, can answer: `sin_cos_evaluations` counts the
+# calls of `cos_sin` one launch makes, on the profiled tile ($1 \times 32$ heads, 8 batch
+# entries a program, 8 warps), with the ladder's table (TE's `cat([f, f])`) and with one whose
+# second halves differ.
+
+# %%
+from ropelib.course.branch_count import sin_cos_evaluations
+
+b8_tile = (1, 32, 8, 8)             # the profiled s4096-b8 launch: BLOCK_S, BLOCK_H, entries, warps
+same = sin_cos_evaluations(4, 8, 32, 128, tiles=b8_tile)
+unequal = sin_cos_evaluations(4, 8, 32, 128, tiles=b8_tile, equal_halves=False)
+print(f"TE's table: {same['evaluations']} sin/cos evaluations for {same['programs']} programs; "
+      f"second halves different: {unequal['evaluations']}")
+assert same["evaluations"] == same["programs"]                 # the shortcut: once a program
+assert unequal["evaluations"] == 2 * unequal["programs"]       # both halves
+
+# %% [markdown]
+# One evaluation a program: the finished kernel takes the shortcut for this table, as rung 6
+# does. So the extra warp instructions the profiler counts for it are not a second sin/cos
+# evaluation; they come from work the two kernels do differently elsewhere, which this profile
+# does not separate (the next measurement is a per-line count of executed instructions, which
+# Nsight Compute's source view gives).
 
 # %% [markdown]
 # ## 6. Past the finished kernel: two passes for large tensors
