@@ -3,6 +3,9 @@ the tests exercise, and test modules whose helpers other tests share (their fold
 packages). Imported by the test modules as `from loading import load_file` (pytest puts tests/
 on the path)."""
 import importlib.util
+import sys
+import types
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -14,3 +17,40 @@ def load_file(name: str, path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def learner_copy(obj):
+    """A worked solution as a learner who typed it has it (tests/test_own_code.py)."""
+    return load_file("own_code_tests", ROOT / "tests" / "test_own_code.py").learner_copy(obj)
+
+
+@contextmanager
+def switched_kernels(folder, tag: str, body, switches: tuple, variants: dict, params: str):
+    """{label: kernel} for a @triton.jit `body` whose last constexpr parameters are `switches`
+    (each plants one known mistake; STORE, when one of them, is on unless a variant turns it
+    off): per variant of `variants` ({label: {switch: value}}), a kernel `def kernel(<params>)`
+    in its own module under `folder` that calls body with its parameters and those switches,
+    as a learner's kernel with the exercise's signature would be. The body is importable as
+    module tests_<tag>_exercise_body while the block runs."""
+    module = f"tests_{tag}_exercise_body"
+    holder = types.ModuleType(module)
+    holder._body = body
+    sys.modules[module] = holder
+    args = ", ".join(p.split(":")[0].strip() for p in params.split(","))
+    try:
+        made = {}
+        for label, switched in variants.items():
+            flags = dict.fromkeys(switches, False)
+            if "STORE" in flags:
+                flags["STORE"] = True
+            flags.update(switched)
+            call = ", ".join(f"{k}={v}" for k, v in flags.items())
+            name = f"{tag}_variant_{label.replace('-', '_')}"
+            file = Path(folder) / f"{name}.py"
+            file.write_text("import triton\nimport triton.language as tl\n"
+                            f"from {module} import _body\n\n\n@triton.jit\n"
+                            f"def kernel({params}):\n    _body({args}, {call})\n")
+            made[label] = load_file(name, file).kernel
+        yield made
+    finally:
+        del sys.modules[module]

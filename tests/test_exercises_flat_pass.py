@@ -2,8 +2,6 @@
 learner's own copy of the flat kernel, refuses the worked solution and ropelib's answers, and
 catches the mistakes a flat pass is written with."""
 import os
-import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -17,14 +15,10 @@ import triton.language as tl  # noqa: E402
 
 from ropelib import reference  # noqa: E402
 from ropelib.course.exercises import flat_pass as fp  # noqa: E402
-from loading import load_file  # noqa: E402
+from loading import learner_copy, load_file, switched_kernels  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "05-finished-kernel.py"
-
-
-def _learner_copy(obj):
-    return load_file("own_code_tests", ROOT / "tests" / "test_own_code.py").learner_copy(obj)
 
 
 @triton.jit
@@ -64,34 +58,19 @@ SWITCHES = ("NO_WRAP", "TOKEN_FROM_ROW_OF_D", "NO_MASK", "UNSIGNED", "PARTNER_SI
 @pytest.fixture(scope="module")
 def variants(tmp_path_factory):
     """The mistakes as @triton.jit kernels with the exercise's signature, in their own module."""
-    folder = tmp_path_factory.mktemp("flat_variants")
-    body = types.ModuleType("tests_flat_exercise_body")
-    body._body = _body
-    sys.modules["tests_flat_exercise_body"] = body
-    made = {}
-    for label, sw in {"solution-like": {}, "no_wrap": dict(NO_WRAP=True),
-                      "token_from_head_row": dict(TOKEN_FROM_ROW_OF_D=True),
-                      "no_mask": dict(NO_MASK=True), "unsigned_sine": dict(UNSIGNED=True),
-                      "partner_sine": dict(PARTNER_SINE=True),
-                      "writes_nothing": dict(STORE=False)}.items():
-        flags = dict(dict.fromkeys(SWITCHES, False), STORE=True)
-        flags.update(sw)
-        args = ", ".join(f"{k}={v}" for k, v in flags.items())
-        src = ("import triton\nimport triton.language as tl\n"
-               "from tests_flat_exercise_body import _body\n\n\n@triton.jit\n"
-               "def kernel(x_ptr, y_ptr, cos_ptr, sin_ptr, N, ROW, D: tl.constexpr,\n"
-               "           XBLOCK: tl.constexpr):\n"
-               f"    _body(x_ptr, y_ptr, cos_ptr, sin_ptr, N, ROW, D, XBLOCK, {args})\n")
-        name = f"flat_variant_{label.replace('-', '_')}"
-        file = folder / f"{name}.py"
-        file.write_text(src)
-        made[label] = load_file(name, file).kernel
-    yield made
-    del sys.modules["tests_flat_exercise_body"]
+    with switched_kernels(
+            tmp_path_factory.mktemp("flat_variants"), "flat", _body, SWITCHES,
+            {"solution-like": {}, "no_wrap": dict(NO_WRAP=True),
+             "token_from_head_row": dict(TOKEN_FROM_ROW_OF_D=True),
+             "no_mask": dict(NO_MASK=True), "unsigned_sine": dict(UNSIGNED=True),
+             "partner_sine": dict(PARTNER_SINE=True), "writes_nothing": dict(STORE=False)},
+            "x_ptr, y_ptr, cos_ptr, sin_ptr, N, ROW, D: tl.constexpr, XBLOCK: tl.constexpr"
+            ) as made:
+        yield made
 
 
 def test_the_exercise_accepts_an_own_copy_of_the_solution(capsys):
-    own = _learner_copy(fp._rope_flat_solution_kernel)
+    own = learner_copy(fp._rope_flat_solution_kernel)
     assert fp.check_flat_kernel(own) is True
     assert fp.check_flat_kernel(own, seed=5) is True
     assert "✅" in capsys.readouterr().out

@@ -2,8 +2,6 @@
 learner's own copy of the pairs kernel, refuses the worked solution and ropelib's answers, and
 catches the mistakes a pairs pass for any head is written with."""
 import os
-import sys
-import types
 from pathlib import Path
 
 import pytest
@@ -16,14 +14,10 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from ropelib.course.exercises import pairs_pass as pp  # noqa: E402
-from loading import load_file  # noqa: E402
+from loading import learner_copy, switched_kernels  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "05-finished-kernel.py"
-
-
-def _learner_copy(obj):
-    return load_file("own_code_tests", ROOT / "tests" / "test_own_code.py").learner_copy(obj)
 
 
 @triton.jit
@@ -74,37 +68,19 @@ SWITCHES = ("NO_HALF_MASK", "PARTNER_AT_D", "TABLE_STRIDE_D", "NO_PASS", "NO_ROW
 @pytest.fixture(scope="module")
 def variants(tmp_path_factory):
     """The mistakes as @triton.jit kernels with the exercise's signature, in their own module."""
-    folder = tmp_path_factory.mktemp("pairs_variants")
-    body = types.ModuleType("tests_pairs_exercise_body")
-    body._body = _body
-    sys.modules["tests_pairs_exercise_body"] = body
-    made = {}
-    for label, sw in {"solution-like": {}, "no_half_mask": dict(NO_HALF_MASK=True),
-                      "partner_at_d": dict(PARTNER_AT_D=True),
-                      "table_stride_d": dict(TABLE_STRIDE_D=True),
-                      "no_pass_through": dict(NO_PASS=True),
-                      "no_row_mask": dict(NO_ROW_MASK=True),
-                      "writes_nothing": dict(STORE=False)}.items():
-        flags = dict(dict.fromkeys(SWITCHES, False), STORE=True)
-        flags.update(sw)
-        args = ", ".join(f"{k}={v}" for k, v in flags.items())
-        src = ("import triton\nimport triton.language as tl\n"
-               "from tests_pairs_exercise_body import _body\n\n\n@triton.jit\n"
-               "def kernel(x_ptr, y_ptr, cos_ptr, sin_ptr, n_rows, BH, D: tl.constexpr,\n"
-               "           R: tl.constexpr, ROWS: tl.constexpr, HALF_BLOCK: tl.constexpr,\n"
-               "           PASS_BLOCK: tl.constexpr):\n"
-               f"    _body(x_ptr, y_ptr, cos_ptr, sin_ptr, n_rows, BH, D, R, ROWS, HALF_BLOCK,\n"
-               f"          PASS_BLOCK, {args})\n")
-        name = f"pairs_variant_{label.replace('-', '_')}"
-        file = folder / f"{name}.py"
-        file.write_text(src)
-        made[label] = load_file(name, file).kernel
-    yield made
-    del sys.modules["tests_pairs_exercise_body"]
+    with switched_kernels(
+            tmp_path_factory.mktemp("pairs_variants"), "pairs", _body, SWITCHES,
+            {"solution-like": {}, "no_half_mask": dict(NO_HALF_MASK=True),
+             "partner_at_d": dict(PARTNER_AT_D=True), "table_stride_d": dict(TABLE_STRIDE_D=True),
+             "no_pass_through": dict(NO_PASS=True), "no_row_mask": dict(NO_ROW_MASK=True),
+             "writes_nothing": dict(STORE=False)},
+            "x_ptr, y_ptr, cos_ptr, sin_ptr, n_rows, BH, D: tl.constexpr, R: tl.constexpr, "
+            "ROWS: tl.constexpr, HALF_BLOCK: tl.constexpr, PASS_BLOCK: tl.constexpr") as made:
+        yield made
 
 
 def test_the_exercise_accepts_an_own_copy_of_the_solution(capsys):
-    own = _learner_copy(pp._rope_pairs_solution_kernel)
+    own = learner_copy(pp._rope_pairs_solution_kernel)
     assert pp.check_pairs_kernel(own) is True
     assert pp.check_pairs_kernel(own, seed=5) is True
     assert "✅" in capsys.readouterr().out

@@ -19,7 +19,7 @@ from ropelib import reference, runtime  # noqa: E402
 from ropelib.bench import compare  # noqa: E402
 from ropelib.course import ladder  # noqa: E402
 from ropelib.course.exercises import finished_kernel as fk  # noqa: E402
-from loading import load_file  # noqa: E402
+from loading import learner_copy, load_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "05-finished-kernel"
@@ -359,12 +359,8 @@ def variants(tmp_path_factory):
     del sys.modules["tests_exercise_body"]
 
 
-def _learner_copy(obj):
-    return load_file("own_code_tests", ROOT / "tests" / "test_own_code.py").learner_copy(obj)
-
-
 def test_the_exercise_accepts_an_own_copy_of_the_solution(capsys):
-    own = _learner_copy(fk._rope_interleaved_tile_solution_kernel)
+    own = learner_copy(fk._rope_interleaved_tile_solution_kernel)
     assert fk.check_interleaved_tile_kernel(own) is True
     assert fk.check_interleaved_tile_kernel(own, seed=5)
     assert "✅" in capsys.readouterr().out

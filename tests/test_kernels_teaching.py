@@ -4,7 +4,6 @@ Shapes are tiny: on the CPU every program instance costs a few ms in Triton's in
 """
 import os
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +16,7 @@ from ropelib.course.kernels import batch_reuse, naive  # noqa: E402
 from ropelib.course.kernels.batch_reuse import rope_batch_reuse  # noqa: E402
 from ropelib.course.kernels.naive import rope_naive  # noqa: E402
 from ropelib.reference import rope_reference  # noqa: E402
-from loading import load_file  # noqa: E402
+from loading import learner_copy, load_file  # noqa: E402
 
 DEVICE = runtime.default_device()
 KERNELS = [rope_naive, rope_batch_reuse]
@@ -267,12 +266,6 @@ def test_gpu_large_bf16(kernel, D):
 
 # --- the exercise checks of notebooks 03-06 (ropelib.course.exercises.kernels) ----------------------
 
-def _learner_copy(obj):
-    """A worked solution as a learner who typed it has it (tests/test_own_code.py)."""
-    module = load_file("own_code_tests", Path(__file__).resolve().parent / "test_own_code.py")
-    return module.learner_copy(obj)
-
-
 def _wrong_function(x, freqs):
     # The forward where the backward is asked for; for notebook 03's interleaved exercise, a plain
     # function where a @triton.jit kernel is asked for (tests/test_exercises_naive.py: the rest).
@@ -296,7 +289,7 @@ def _own_rope_backward_and_function():
     import triton
 
     from ropelib.course.exercises import backward_kernel as bk
-    kernel = _learner_copy(bk._rope_backward_solution_kernel)
+    kernel = learner_copy(bk._rope_backward_solution_kernel)
 
     def my_rope_backward(grad_y, freqs):
         S, B, H, D = grad_y.shape
@@ -327,21 +320,21 @@ def _exercise_cases():
     from ropelib.course.exercises import kernels as ex
     own_backward, own_function = _own_rope_backward_and_function()
     return [
-        ("check_naive_grid", _learner_copy(ex.solution_naive_grid), ex.solution_naive_grid,
+        ("check_naive_grid", learner_copy(ex.solution_naive_grid), ex.solution_naive_grid,
          lambda S, B, H: (S, B * H)),
-        ("check_half_tile", _learner_copy(ex.solution_half_tile), ex.solution_half_tile,
+        ("check_half_tile", learner_copy(ex.solution_half_tile), ex.solution_half_tile,
          lambda D: (D // 2, D // 2, 0)),
-        ("check_row_index", _learner_copy(ex.solution_row_index), ex.solution_row_index,
+        ("check_row_index", learner_copy(ex.solution_row_index), ex.solution_row_index,
          lambda r, S, B, H: (r // (B * H), r % B, r % H)),
-        ("check_rope_interleaved", _learner_copy(ex.solution_rope_interleaved),
+        ("check_rope_interleaved", learner_copy(ex.solution_rope_interleaved),
          ex.solution_rope_interleaved, _wrong_function),
-        ("check_angle_bytes", _learner_copy(ex.solution_angle_bytes), ex.solution_angle_bytes,
+        ("check_angle_bytes", learner_copy(ex.solution_angle_bytes), ex.solution_angle_bytes,
          lambda g, S, B, H, D: S * D * 4),
-        ("check_floor_ms", _learner_copy(ex.solution_floor_ms), ex.solution_floor_ms,
+        ("check_floor_ms", learner_copy(ex.solution_floor_ms), ex.solution_floor_ms,
          lambda n, gbps: n / gbps),
-        ("check_percent_of_copy", _learner_copy(ex.solution_percent_of_copy),
+        ("check_percent_of_copy", learner_copy(ex.solution_percent_of_copy),
          ex.solution_percent_of_copy, lambda k, c, *_: 100 * c / k),
-        ("check_backward_matrix", _learner_copy(ex.solution_backward_matrix),
+        ("check_backward_matrix", learner_copy(ex.solution_backward_matrix),
          ex.solution_backward_matrix, lambda t: torch.tensor([[1.0, 0.0], [0.0, 1.0]])),
         ("check_rope_backward", own_backward, ex.solution_rope_backward, _wrong_function),
         ("check_rope_function", own_function, ex.SolutionRopeFunction, _SavesX),

@@ -886,20 +886,27 @@ def test_flat_pass_counts_q_programs_past_2_31_elements():
     assert torch.equal(out, q), f"{int(out.isnan().sum())} of {xblock} elements not written"
 
 
-@pytest.mark.parametrize("D_, R_", [(80, 80), (48, 48), (32, 24), (32, 16)])
-@pytest.mark.parametrize("layout", ["sbhd", "thd"])
-def test_heads_of_no_power_of_two_take_the_pass_by_element(D_, R_, layout, monkeypatch):
-    # rows of pairs pad a head to powers of two (at d = 80 a third of the lanes idle): heads
-    # whose D or R/2 is no power of two take the pass by element (4 warps), the others the
-    # pairs pass (2 warps); either way the finished kernel's bits, forward and backward
-    planned = []
+@pytest.fixture
+def rotate_warps(monkeypatch):
+    """The warps of every two-pass route's rotating pass planned while the test runs: 2 for
+    the pass that holds both members of a pair in one thread, 4 for the pass by element."""
+    warps = []
     real = launch.plan_two_pass
 
     def recording(*args, **kwargs):
         route, pointers = real(*args, **kwargs)
-        planned.append(route.rotate_pass.num_warps)
+        warps.append(route.rotate_pass.num_warps)
         return route, pointers
     monkeypatch.setattr(launch, "plan_two_pass", recording)
+    return warps
+
+
+@pytest.mark.parametrize("D_, R_", [(80, 80), (48, 48), (32, 24), (32, 16)])
+@pytest.mark.parametrize("layout", ["sbhd", "thd"])
+def test_heads_of_no_power_of_two_take_the_pass_by_element(D_, R_, layout, rotate_warps):
+    # rows of pairs pad a head to powers of two (at d = 80 a third of the lanes idle): heads
+    # whose D or R/2 is no power of two take the pass by element (4 warps), the others the
+    # pairs pass (2 warps); either way the finished kernel's bits, forward and backward
     g = torch.Generator().manual_seed(D_ * 100 + R_)
     shape = (S, B, 3, D_) if layout == "sbhd" else (S * B, 3, D_)
     x = torch.randn(shape, generator=g).to(DEVICE, torch.bfloat16)
@@ -917,25 +924,17 @@ def test_heads_of_no_power_of_two_take_the_pass_by_element(D_, R_, layout, monke
     want = through("finished", fn)
     got = through("two-pass", fn)
     by_element = D_ & (D_ - 1) or (R_ // 2) & (R_ // 2 - 1)
-    assert planned and set(planned) == {4 if by_element else 2}, planned
+    assert rotate_warps and set(rotate_warps) == {4 if by_element else 2}, rotate_warps
     assert_same_bits(got, want, f"D={D_} R={R_} {layout}")
 
 
 @pytest.mark.parametrize("sections", [(8, 8, 16), (16, 8, 8), (0, 16, 16), (8, 12, 12),
                                       (2, 3, 27)])
 @pytest.mark.parametrize("layout", ["bshd", "sbhd"])
-def test_per_axis_tables_same_bits_by_pairs_and_by_element(sections, layout, monkeypatch):
+def test_per_axis_tables_same_bits_by_pairs_and_by_element(sections, layout, rotate_warps):
     # Qwen2-VL's tables [3, B, S, D] read as they are: sections that start at multiples of 8
     # pairs take the pairs pass (2 warps), others the pass by element (4 warps); either way
     # the bits of the finished kernel on the gathered table, forward and backward
-    planned = []
-    real = launch.plan_two_pass
-
-    def recording(*args, **kwargs):
-        route, pointers = real(*args, **kwargs)
-        planned.append(route.rotate_pass.num_warps)
-        return route, pointers
-    monkeypatch.setattr(launch, "plan_two_pass", recording)
     D_ = 2 * sum(sections)
     g = torch.Generator().manual_seed(sum(s * 10 ** i for i, s in enumerate(sections)))
     Bq, Sq = 2, 5
@@ -964,5 +963,5 @@ def test_per_axis_tables_same_bits_by_pairs_and_by_element(sections, layout, mon
     got = through("two-pass", fn)
     pairs = all(a % 8 == 0 for a in (sections[0], sections[0] + sections[1], D_ // 2))
     if layout == "bshd":        # (sbhd q and k go through the gathered table: no two passes)
-        assert planned and set(planned) == {2 if pairs else 4}, (sections, planned)
+        assert rotate_warps and set(rotate_warps) == {2 if pairs else 4}, (sections, rotate_warps)
     assert_same_bits(got, want, f"sections {sections} {layout}")
