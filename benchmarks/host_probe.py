@@ -97,19 +97,24 @@ def main():
     # one planned launch inside an autograd.Function: what a launch costs among the autograd
     # engine's own work (on an H100 host: 7.4 us back to back, about 25 us here, forward or
     # backward alike)
-    class WithLaunch(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x, in_forward, in_backward):
-            ctx.in_backward = in_backward
-            if in_forward:
-                launch.launcher(launch, pointers)
-            return torch.empty_like(x)
+    def function_with(work):
+        """A trivial autograd.Function that runs work(tensor) in its forward, its backward or
+        both (apply(x, in_forward, in_backward))."""
+        class With(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, x, in_forward, in_backward):
+                ctx.in_backward = in_backward
+                if in_forward:
+                    work(x)
+                return torch.empty_like(x)
 
-        @staticmethod
-        def backward(ctx, grad):
-            if ctx.in_backward:
-                launch.launcher(launch, pointers)
-            return torch.empty_like(grad), None, None
+            @staticmethod
+            def backward(ctx, grad):
+                if ctx.in_backward:
+                    work(grad)
+                return torch.empty_like(grad), None, None
+        return With
+    WithLaunch = function_with(lambda t: launch.launcher(launch, pointers))
     add("trivial Function fwd+bwd, a planned launch in forward",
         lambda: WithLaunch.apply(xg, True, False).backward(g))
     add("trivial Function fwd+bwd, a planned launch in backward",
@@ -119,19 +124,7 @@ def main():
     # is it the launch, or any kernel launched from an autograd forward? An ATen kernel in the
     # same places, and the launches again with autograd's device thread switched off (the
     # backward then runs on the calling thread, as the forward does)
-    class WithATen(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x, in_forward, in_backward):
-            ctx.in_backward = in_backward
-            if in_forward:
-                torch.neg(x)
-            return torch.empty_like(x)
-
-        @staticmethod
-        def backward(ctx, grad):
-            if ctx.in_backward:
-                torch.neg(grad)
-            return torch.empty_like(grad), None, None
+    WithATen = function_with(torch.neg)
     add("trivial Function fwd+bwd, an ATen kernel (neg) in forward",
         lambda: WithATen.apply(xg, True, False).backward(g))
     add("trivial Function fwd+bwd, an ATen kernel (neg) in backward",
