@@ -31,11 +31,11 @@ HALF], broadcast over its heads) and reuses them for every batch entry of its ch
 positions differ per batch entry (start_positions, per-batch position ids or tables), in which
 case it reloads them inside the batch loop. A program that loops over fewer than 4 entries
 (decode's, batch 1 to 3) loads an entry's x before that table work, so both are in flight at
-once. x is read once
-and y written once; the tile is [BLOCK_S, BLOCK_H, HALF] per half, so each thread moves
-contiguous runs of the head dim (16-byte vectors where the strides allow). Math is fp32 (fp64 for fp64 inputs or outputs) with one
-rounding at the store; each output is one fma, y_a = fma(x_a, c_a, -(x_b s_a)) and
-y_b = fma(x_b, c_b, x_a s_b), the order Transformer Engine's CUDA kernel computes in.
+once. x is read once and y written once; the tile is [BLOCK_S, BLOCK_H, HALF] per half, so
+each thread moves contiguous runs of the head dim (16-byte vectors where the strides allow).
+Math is fp32 (fp64 for fp64 inputs or outputs) with one rounding at the store; each output is
+one fma, y_a = fma(x_a, c_a, -(x_b s_a)) and y_b = fma(x_b, c_b, x_a s_b), the order
+Transformer Engine's CUDA kernel computes in.
 
 Positions come from one of three places (whichever pointer is given): the token index (with
 TE's context-parallel dual-chunk split and per-batch start offsets), explicit position ids, or,
@@ -329,7 +329,8 @@ def _rope_heads(
     # 8 x 1024 0.822 -> 0.946, bshd s2048 b2 0.868 -> 0.910, sbhd s4096 b1 0.892 -> 0.931,
     # s8192 b2 0.899 -> 0.917, decode 0.65 -> 0.72; but programs looping over 8 entries lost
     # (sbhd s1024 b8 0.835 -> 0.804), where the peeled first entry's x is held through the
-    # table work (ladder-*.csv, s4096 b8 forced: 89.6 -> 87.0 % of a copy).
+    # table work (s4096 b8 forced: 89.6 -> 87.0 % of a copy in the ladder,
+    # ladder-nvidia-h200-20261129-1221-x-first-every-tile.csv against f377518's run).
     if PER_ENTRY:                       # positions or tables differ per batch entry
         for b in range(b_lo, b_hi):
             bb = offset_int(b, INT64)   # the batch entry, in int64 when offsets need it
