@@ -88,6 +88,38 @@ from .common import ROUND_BF16_RTNE, pair_features, round_to, tile_width
 from .fused import table_cos_sin, table_rows
 
 
+class _ByElement:
+    """(D, R, interleaved, axis_h_from, axis_w_from) -> whether the flat pass rotates element by
+    element (XBLOCK elements a program, 4 warps) rather than by rows of pairs (both members of a
+    pair in one thread, 2 warps): interleaved pairs, per-axis tables whose sections do not start
+    at multiples of 8 pairs, or a head dim or half rotary dim that is no power of two (rows of
+    pairs pad those to powers of two: at d = 80 a third of every program's lanes idle). One rule
+    for the kernel (a constexpr global, `by_element`, evaluated while it compiles) and the
+    planner (launch.plan_two_pass, which sizes the grid and the warps by it)."""
+
+    def __call__(self, D, R, interleaved, axis_h_from, axis_w_from):
+        D, R, interleaved, axis_h_from, axis_w_from = (
+            getattr(v, "value", v) for v in (D, R, interleaved, axis_h_from, axis_w_from))
+        half = R // 2
+        return tl.constexpr(bool(
+            interleaved or D & (D - 1) or half & (half - 1)
+            or (axis_h_from < half and (axis_h_from % 8 or axis_w_from % 8 or half % 8))))
+
+    # a constexpr global a kernel uses enters its cache key by repr and equality (see
+    # common._TileWidth)
+    def __repr__(self):
+        return "__import__('ropelib.kernels.flat', fromlist=['_ByElement'])._ByElement()"
+
+    def __eq__(self, other):
+        return isinstance(other, _ByElement)
+
+    def __hash__(self):
+        return hash(repr(self))
+
+
+by_element = tl.constexpr(_ByElement())
+
+
 @triton.jit
 def _element_tile(block, S, B, H, stride_tab_p, stride_tab_b, token_rows_ptr, stride_rows_b,
                   D: tl.constexpr, BLOCK: tl.constexpr, LAYOUT: tl.constexpr,
@@ -498,9 +530,7 @@ def _rope_rows_kernel(
     # every program's lanes idle, and apply_rope at s4096 b8 h32 d80 bf16 ran at 88.4 % of a
     # copy where the pass by element had 95 %, H200, results/generations-*.csv.)
     ROWS: tl.constexpr = XBLOCK // tile_width(D)
-    BY_ELEMENT: tl.constexpr = INTERLEAVED or tile_width(D) != D \
-        or tile_width(R // 2) != R // 2 or (AXIS_H_FROM < R // 2 and (
-            AXIS_H_FROM % 8 != 0 or AXIS_W_FROM % 8 != 0 or (R // 2) % 8 != 0))
+    BY_ELEMENT: tl.constexpr = by_element(D, R, INTERLEAVED, AXIS_H_FROM, AXIS_W_FROM)
     if INT64:               # q's element count passes 2^31: count it in int64
         rows = tl.full([], 0, tl.int64) + rows
     if BY_ELEMENT:

@@ -18,7 +18,8 @@ from ..conventions import HF_LAYOUT
 from ..frequencies import EXACT_POSITIONS
 from ..runtime import INTERPRET
 from .direct import DirectLauncher
-from .flat import _cos_sin_rows_kernel, _rope_rows_kernel, _token_rows_kernel
+from .flat import (_cos_sin_rows_kernel, _rope_rows_kernel, _token_rows_kernel,
+                   by_element as flat_by_element)
 from .fused import (_exact_angles_kernel, _rope_ids_kernel, _rope_kernel, _rope_packed_kernel,
                     _rope_qkv_kernel)
 from .planning import (I32_LIMIT, OUT_LAYOUT, Launch, cdiv, needs_int64, pointer_dtypes,
@@ -601,12 +602,8 @@ def plan_two_pass(q: View, q_out: View, table: Table, positions: Positions, *, R
     n_q, n_k = S * B * q.heads * D, S * B * HK * D
     positions_per = read.seq_rows or S * B     # (rows of positions a grid row covers)
     axis_h_from, axis_w_from = table.axes[:2] if table.axes else (R // 2, R // 2)
-    # flat._rope_rows_kernel's BY_ELEMENT, from the same arguments: interleaved pairs, tables
-    # per axis whose sections do not start at multiples of 8 pairs, or a head dim or half
-    # rotary dim that is no power of two
-    by_element = interleaved or pow2_at_least(D, 1 << 30) != D \
-        or pow2_at_least(R // 2, 1 << 30) != R // 2 or (axis_h_from < R // 2 and bool(
-            axis_h_from % 8 or axis_w_from % 8 or (R // 2) % 8))
+    # flat._rope_rows_kernel's own choice of pass, from the same arguments
+    by_element = bool(flat_by_element(D, R, interleaved, axis_h_from, axis_w_from))
     if by_element:
         blocks = cdiv(positions_per * q.heads * D, xblock) + cdiv(positions_per * HK * D, xblock)
     else:
