@@ -965,3 +965,59 @@ def test_per_axis_tables_same_bits_by_pairs_and_by_element(sections, layout, rot
     if layout == "bshd":        # (sbhd q and k go through the gathered table: no two passes)
         assert rotate_warps and set(rotate_warps) == {2 if pairs else 4}, (sections, rotate_warps)
     assert_same_bits(got, want, f"sections {sections} {layout}")
+
+
+@pytest.mark.parametrize("tables", ["per axis", "per batch entry", "shared"])
+def test_q_and_k_programs_by_chunks_of_tokens(tables, monkeypatch):
+    # Where every token has cos/sin rows of its own (Qwen2-VL's per-axis tables, Hugging
+    # Face's [B, S, D] tables), the rows pass orders its grid by chunks of tokens, q's programs
+    # then k's, so k finds the chunk's rows in L2; a shared table keeps q's programs before k's.
+    # Programs of 2 head rows here (the GPU's 8 at d128): 8 chunks, the last one half full;
+    # either order gives the finished kernel's bits, forward and backward.
+    from ropelib.kernels import flat, tiles
+    D_, Bq, Sq, hq, hk = 64, 3, 5, 3, 2
+    monkeypatch.setattr(tiles, "TWO_PASS_INTERPRETED_ELEMENTS", 2 * D_)
+    grids = []
+    real = launch.plan_two_pass
+
+    def recording(*args, **kwargs):
+        route, pointers = real(*args, **kwargs)
+        grids.append((route.rotate_pass.grid, route.rotate_pass.args))
+        return route, pointers
+    monkeypatch.setattr(launch, "plan_two_pass", recording)
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(Bq, Sq, hq, D_, generator=g).to(DEVICE, torch.bfloat16)
+    k = torch.randn(Bq, Sq, hk, D_, generator=g).to(DEVICE, torch.bfloat16)
+    dq, dk = torch.randn(q.shape, generator=g), torch.randn(k.shape, generator=g)
+    pos = torch.randint(0, 40, (3, Bq, Sq), generator=g)
+    inv = 1.0 / (10000 ** (torch.arange(0, D_, 2).float() / D_))
+    angles = torch.cat([pos[..., None].float() * inv] * 2, dim=-1)          # [3, B, S, D]
+    cos, sin = angles.cos().to(DEVICE, torch.bfloat16), angles.sin().to(DEVICE, torch.bfloat16)
+    freqs = ropelib.rope_freqs(Sq, D_, device=DEVICE)
+
+    def fn():
+        qg, kg = q.clone().requires_grad_(True), k.clone().requires_grad_(True)
+        if tables == "per axis":
+            yq, yk = ropelib.hf.apply_multimodal_rotary_pos_emb(qg, kg, cos, sin, [8, 8, 16], 2)
+        elif tables == "per batch entry":
+            yq, yk = ropelib.hf.apply_rotary_pos_emb(qg, kg, cos[1], sin[1], unsqueeze_dim=2)
+        else:
+            yq, yk = ropelib.apply_rope_qk(qg, kg, freqs, layout="bshd")
+        grads = torch.autograd.grad((yq, yk), (qg, kg), (dq.to(DEVICE, yq.dtype),
+                                                         dk.to(DEVICE, yk.dtype)))
+        return yq.detach(), yk.detach(), *grads
+    want = through("finished", fn)
+    got = through("two-pass", fn)
+    assert_same_bits(got, want, tables)
+    assert grids, f"{tables}: the two-pass route was not taken"
+    rows, chunks = Bq * Sq, -(-Bq * Sq // 2)
+    for grid, constants in grids:
+        assert constants["HQ"] == hq and constants["HK"] == hk
+        c = constants
+        assert not flat.by_element(D_, c["R"], c["INTERLEAVED"], c["AXIS_H_FROM"],
+                                   c["AXIS_W_FROM"]), "rows of pairs, the pass ordered so"
+        by_tokens = bool(flat.qk_by_tokens(c["LAYOUT"], c["PER_ENTRY"], c["AXIS_H_FROM"],
+                                           c["R"], False))
+        assert by_tokens == (tables != "shared"), (tables, constants)
+        want_grid = chunks * (hq + hk) if by_tokens else -(-rows * hq // 2) + -(-rows * hk // 2)
+        assert grid == (want_grid,), (tables, grid, want_grid)

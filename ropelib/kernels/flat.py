@@ -120,6 +120,36 @@ class _ByElement:
 by_element = tl.constexpr(_ByElement())
 
 
+class _QkByTokens:
+    """(LAYOUT, PER_ENTRY, AXIS_H_FROM, R, BY_ELEMENT) -> whether the rows pass orders its grid
+    by chunks of ROWS token rows, each chunk's programs of q's rows followed by those of k's,
+    rather than all of q's programs before k's. Where every token (and batch entry) has cos/sin
+    rows of its own (PER_ENTRY, or Qwen2-VL's table per axis) those rows are as large as a fifth
+    of q and k, and k's programs, coming after all of q's, found them evicted from L2: the pass
+    read them from DRAM twice (Qwen2-VL b4 s8192, 28/4 heads, bf16 tables: 335 MB read where q
+    and k are 268, H200, Nsight Compute). For rows of pairs in sbhd or bshd order (whose head
+    rows run token by token); one rule for the kernel and the planner (launch.plan_two_pass
+    sizes the grid by it: cdiv(rows, ROWS) * (HQ + HK))."""
+
+    def __call__(self, layout, per_entry, axis_h_from, R, by_element_pass):
+        layout, per_entry, axis_h_from, R, by_element_pass = (
+            getattr(v, "value", v) for v in (layout, per_entry, axis_h_from, R, by_element_pass))
+        return tl.constexpr(bool(layout in (0, 1) and not by_element_pass
+                                 and (per_entry or axis_h_from < R // 2)))
+
+    def __repr__(self):
+        return "__import__('ropelib.kernels.flat', fromlist=['_QkByTokens'])._QkByTokens()"
+
+    def __eq__(self, other):
+        return isinstance(other, _QkByTokens)
+
+    def __hash__(self):
+        return hash(repr(self))
+
+
+qk_by_tokens = tl.constexpr(_QkByTokens())
+
+
 @triton.jit
 def _element_tile(block, S, B, H, stride_tab_p, stride_tab_b, token_rows_ptr, stride_rows_b,
                   D: tl.constexpr, BLOCK: tl.constexpr, LAYOUT: tl.constexpr,
@@ -451,9 +481,12 @@ def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, token_rows
         tb = xa * sb
     elif BACKWARD:          # the transpose: y_a = x_a c_a + x_b s_b, y_b = x_b c_b - x_a s_a
         ta = xb * sb
-        tb = -(xa * sa)
+        tb = -xa * sa
     else:                   # y_a = x_a c_a - x_b s_a, y_b = x_b c_b + x_a s_b
-        ta = -(xb * sa)
+        # (-x_b) s_a rather than -(x_b s_a), the same bits: ptxas then issues all 6 loads
+        # before the first multiply, where it issued 4 (sm_90, Triton 3.6), and Qwen2-VL's bf16
+        # tables forward went from 167.8 to 142.5 us (b4 s8192 28/4 heads, H200)
+        ta = -xb * sa
         tb = xa * sb
     ya = tl.fma(xa, ca.to(tl.float32), ta)
     yb = tl.fma(xb, cb.to(tl.float32), tb)
@@ -519,8 +552,9 @@ def _rope_rows_kernel(
                                          # width's (both R/2: one table)
     XBLOCK: tl.constexpr, INT64: tl.constexpr,
 ):
-    # Program blocks of q's elements first, then of k's (without k the grid has q's only); with
-    # LAYOUT 3 the blocks of one sequence's first B positions, the sequence program_id(1).
+    # Program blocks of q's elements first, then of k's (without k the grid has q's only), or
+    # by chunks of tokens, q's then k's (qk_by_tokens); with LAYOUT 3 the blocks of one
+    # sequence's first B positions, the sequence program_id(1).
     pid = tl.program_id(0)
     seq = tl.program_id(1)
     rows = B if LAYOUT == 3 else S * B
@@ -537,15 +571,26 @@ def _rope_rows_kernel(
         q_blocks = tl.cdiv(rows * HQ * D, XBLOCK)
     else:
         q_blocks = tl.cdiv(rows * HQ, ROWS)
-    if pid < q_blocks:
+    on_q = pid < q_blocks
+    q_block = pid
+    k_block = pid - q_blocks
+    if qk_by_tokens(LAYOUT, PER_ENTRY, AXIS_H_FROM, R, BY_ELEMENT):
+        # chunks of ROWS token rows (ROWS * HQ rows of q, ROWS * HK of k): a chunk's HQ
+        # programs of q, then its HK of k, which find the chunk's cos/sin rows still in L2
+        chunk = pid // (HQ + HK)
+        within = pid - chunk * (HQ + HK)
+        on_q = within < HQ
+        q_block = chunk * HQ + within
+        k_block = chunk * HK + (within - HQ)
+    if on_q:
         if BY_ELEMENT:
-            _rotate_flat(q_ptr, q_out_ptr, cos_ptr, sin_ptr, index_ptr, pid, seq, S, B, HQ,
+            _rotate_flat(q_ptr, q_out_ptr, cos_ptr, sin_ptr, index_ptr, q_block, seq, S, B, HQ,
                          stride_tab_p, stride_tab_b, stride_rows_b, stride_tab_axis, D, R,
                          LAYOUT, INTERLEAVED, BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE,
                          AXIS_H_FROM, AXIS_W_FROM, XBLOCK, INT64)
         else:
-            _rotate_rows(q_ptr, q_out_ptr, cos_ptr, sin_ptr, index_ptr, pid, seq, S, B, HQ,
-                         stride_tab_p, stride_tab_b, stride_rows_b, stride_tab_axis, D, R,
+            _rotate_rows(q_ptr, q_out_ptr, cos_ptr, sin_ptr, index_ptr, q_block, seq, S, B,
+                         HQ, stride_tab_p, stride_tab_b, stride_rows_b, stride_tab_axis, D, R,
                          LAYOUT, BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE, AXIS_H_FROM,
                          AXIS_W_FROM, ROWS, INT64)
         if LAYOUT == 3:
@@ -553,12 +598,12 @@ def _rope_rows_kernel(
                 _sequence_tail(q_ptr, q_out_ptr, seq, index_ptr, S, B, HQ, D, R, XBLOCK, INT64)
     elif k_ptr is not None:
         if BY_ELEMENT:
-            _rotate_flat(k_ptr, k_out_ptr, cos_ptr, sin_ptr, index_ptr, pid - q_blocks, seq, S,
+            _rotate_flat(k_ptr, k_out_ptr, cos_ptr, sin_ptr, index_ptr, k_block, seq, S,
                          B, HK, stride_tab_p, stride_tab_b, stride_rows_b, stride_tab_axis, D,
                          R, LAYOUT, INTERLEAVED, BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE,
                          AXIS_H_FROM, AXIS_W_FROM, XBLOCK, INT64)
         else:
-            _rotate_rows(k_ptr, k_out_ptr, cos_ptr, sin_ptr, index_ptr, pid - q_blocks, seq, S,
+            _rotate_rows(k_ptr, k_out_ptr, cos_ptr, sin_ptr, index_ptr, k_block, seq, S,
                          B, HK, stride_tab_p, stride_tab_b, stride_rows_b, stride_tab_axis, D, R,
                          LAYOUT, BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE, AXIS_H_FROM,
                          AXIS_W_FROM, ROWS, INT64)

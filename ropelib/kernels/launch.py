@@ -19,7 +19,7 @@ from ..frequencies import EXACT_POSITIONS
 from ..runtime import INTERPRET
 from .direct import DirectLauncher
 from .flat import (_cos_sin_rows_kernel, _rope_rows_kernel, _token_rows_kernel,
-                   by_element as flat_by_element)
+                   by_element as flat_by_element, qk_by_tokens as flat_qk_by_tokens)
 from .fused import (_exact_angles_kernel, _rope_ids_kernel, _rope_kernel, _rope_packed_kernel,
                     _rope_qkv_kernel)
 from .planning import (I32_LIMIT, OUT_LAYOUT, Launch, cdiv, needs_int64, pointer_dtypes,
@@ -421,7 +421,8 @@ def takes_two_passes(q: View, q_out: Optional[View], k: Optional[View],
     in their layout, 16- or 32-bit, sizes known (not symbolic under torch.compile), at least
     tiles.TWO_PASS_MIN_BYTES of q and k to read, and a cos/sin table small beside them (at most
     1 / tiles.TWO_PASS_TABLE_SHARE of the bytes the flat pass moves; 1 / TWO_PASS_KEPT_TABLE_SHARE
-    of them where an eager call keeps the pre-pass's rows: `table_bytes`)."""
+    of them where an eager call keeps the pre-pass's rows: `table_bytes`), unless the flat pass
+    reads the caller's rows of every token and batch entry as they are (both routes read those)."""
     if q_out is None or (k is not None and k_out is None):
         return False
     views = [v for v in (q, q_out, k, k_out) if v is not None]
@@ -434,6 +435,13 @@ def takes_two_passes(q: View, q_out: Optional[View], k: Optional[View],
     if read < _tiles_module.TWO_PASS_MIN_BYTES:
         return False
     S, B = q.tensor.shape[0], q.tensor.shape[1]
+    pre_pass, _ = _table_rows_per_token(table, positions, B)
+    if not pre_pass and (table.axes is not None or table.strides()[0] != 0):
+        # the caller's rows, one per token and batch entry, read as they are: the finished
+        # kernel reads each of them too, and again for tiles of heads (Qwen2-VL b4 s8192,
+        # 268 MB of bf16 q and k: on the gathered [B, S, D] tables it read 402 MB, where the
+        # flat pass on the three per-axis tables read 302; H200, Nsight Compute)
+        return True
     extra, _, kept = table_bytes(table, positions, S, B, table.cos.shape[-1], rows_kept)
     share = _tiles_module.TWO_PASS_KEPT_TABLE_SHARE if kept else \
         _tiles_module.TWO_PASS_TABLE_SHARE
@@ -598,16 +606,20 @@ def plan_two_pass(q: View, q_out: View, table: Table, positions: Positions, *, R
     seqs = positions.cu_seqlens if read.seq_rows else None
     # elements per program (interleaved pairs, tables per axis); rotate-half programs take
     # xblock // D' whole head rows (D' = D's power of two), as flat._rope_rows_kernel counts them
-    xblock = max(TWO_PASS_ELEMENTS if on_gpu else 1 << 14, pow2_at_least(D, 1 << 30))
+    xblock = max(TWO_PASS_ELEMENTS if on_gpu else _tiles_module.TWO_PASS_INTERPRETED_ELEMENTS,
+                 pow2_at_least(D, 1 << 30))
     n_q, n_k = S * B * q.heads * D, S * B * HK * D
     positions_per = read.seq_rows or S * B     # (rows of positions a grid row covers)
     axis_h_from, axis_w_from = table.axes[:2] if table.axes else (R // 2, R // 2)
     # flat._rope_rows_kernel's own choice of pass, from the same arguments
     by_element = bool(flat_by_element(D, R, interleaved, axis_h_from, axis_w_from))
+    kernel_layout = 3 if read.seq_rows else OUT_LAYOUT[layout]
+    rows = xblock // pow2_at_least(D, 1 << 30)
     if by_element:
         blocks = cdiv(positions_per * q.heads * D, xblock) + cdiv(positions_per * HK * D, xblock)
+    elif bool(flat_qk_by_tokens(kernel_layout, stride_b != 0, axis_h_from, R, by_element)):
+        blocks = cdiv(positions_per, rows) * (q.heads + HK)
     else:
-        rows = xblock // pow2_at_least(D, 1 << 30)
         blocks = cdiv(positions_per * q.heads, rows) + cdiv(positions_per * HK, rows)
     if read.seq_rows:       # one packed sequence per grid row: its first seq_rows positions
         grid = (blocks, positions.cu_seqlens.shape[0] - 1)
@@ -622,7 +634,7 @@ def plan_two_pass(q: View, q_out: View, table: Table, positions: Positions, *, R
              stride_tab_b=stride_b,
              stride_rows_b=read.stride_rows_b,
              stride_tab_axis=table.axes[2] if table.axes else 0, D=D, R=R,
-             LAYOUT=3 if read.seq_rows else OUT_LAYOUT[layout], INTERLEAVED=interleaved,
+             LAYOUT=kernel_layout, INTERLEAVED=interleaved,
              BACKWARD=backward, SIGNED=signed, PER_ENTRY=stride_b != 0,
              # rows that serve every batch entry, or (by position) many tokens: kept in L2
              KEEP_TABLE=(B > 1 and stride_b == 0) or read.index_pass is not None

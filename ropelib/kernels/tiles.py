@@ -51,6 +51,8 @@ TWO_PASS_TABLE_SHARE = 32
 # (H200, results/two_pass-nvidia-h200.csv, rows kept).
 TWO_PASS_KEPT_TABLE_SHARE = 16
 TWO_PASS_ELEMENTS = 1024
+# ... and in Triton's interpreter, where each program costs ~3 ms whatever its size
+TWO_PASS_INTERPRETED_ELEMENTS = 1 << 14
 TWO_PASS_WARPS = 4
 # Rotate-half pairs are rotated with both members in one thread (x_a and x_b of the same pairs,
 # no partner loaded a second time): programs of whole head rows, TWO_PASS_ELEMENTS elements at
