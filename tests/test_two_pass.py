@@ -977,6 +977,7 @@ def test_q_and_k_programs_by_chunks_of_tokens(tables, monkeypatch):
     from ropelib.kernels import flat, tiles
     D_, Bq, Sq, hq, hk = 64, 3, 5, 3, 2
     monkeypatch.setattr(tiles, "TWO_PASS_INTERPRETED_ELEMENTS", 2 * D_)
+    monkeypatch.setattr(launch, "TWO_PASS_ELEMENTS", 2 * D_)      # (on a GPU)
     grids = []
     real = launch.plan_two_pass
 
@@ -1021,3 +1022,28 @@ def test_q_and_k_programs_by_chunks_of_tokens(tables, monkeypatch):
         assert by_tokens == (tables != "shared"), (tables, constants)
         want_grid = chunks * (hq + hk) if by_tokens else -(-rows * hq // 2) + -(-rows * hk // 2)
         assert grid == (want_grid,), (tables, grid, want_grid)
+
+
+def test_hugging_face_views_of_bshd_projections(starts):
+    # transformers' q and k: [B, H, S, D] views of [B, S, H, D] projections, with [B, S, D]
+    # tables. Rotated in that memory order, so the two-pass route takes them whole; the outputs
+    # have q's strides (as transformers' formula gives them) and the bits of the same call on
+    # contiguous copies, forward and backward
+    g = torch.Generator().manual_seed(9)
+    q4 = torch.randn(B, S, HQ, D, generator=g).to(DEVICE, torch.bfloat16)
+    k4 = torch.randn(B, S, HK, D, generator=g).to(DEVICE, torch.bfloat16)
+    ids = torch.randint(0, 40, (B, S), generator=g).to(DEVICE)
+    cos, sin = ropelib.rope_cos_sin(40, D, dtype=torch.bfloat16, device=DEVICE)
+    cos, sin = cos[ids], sin[ids]
+
+    def fn(q, k):
+        qg, kg = q.detach().requires_grad_(True), k.detach().requires_grad_(True)
+        q_, k_ = ropelib.hf.apply_rotary_pos_emb(qg, kg, cos, sin)
+        dq, dk = torch.autograd.grad((q_, k_), (qg, kg), (q_.detach() * 3, k_.detach() - 1))
+        return q_.detach(), k_.detach(), dq, dk
+    views = q4.transpose(1, 2), k4.transpose(1, 2)
+    got = through("two-pass", lambda: fn(*views))
+    assert starts, "views of bshd projections should take the two-pass route"
+    assert got[0].stride() == views[0].stride() and got[1].stride() == views[1].stride()
+    want = through("finished", lambda: fn(*(v.contiguous() for v in views)))
+    assert_same_bits([t.contiguous() for t in got], want, "views of bshd projections")

@@ -127,7 +127,7 @@ class _QkByTokens:
     rows of its own (PER_ENTRY, or Qwen2-VL's table per axis) those rows are as large as a fifth
     of q and k, and k's programs, coming after all of q's, found them evicted from L2: the pass
     read them from DRAM twice (Qwen2-VL b4 s8192, 28/4 heads, bf16 tables: 335 MB read where q
-    and k are 268, H200, Nsight Compute). For rows of pairs in sbhd or bshd order (whose head
+    and k are 268, 302 in this order; H200, results/tables_read_ncu-*). For rows of pairs in sbhd or bshd order (whose head
     rows run token by token); one rule for the kernel and the planner (launch.plan_two_pass
     sizes the grid by it: cdiv(rows, ROWS) * (HQ + HK))."""
 
@@ -485,7 +485,8 @@ def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, token_rows
     else:                   # y_a = x_a c_a - x_b s_a, y_b = x_b c_b + x_a s_b
         # (-x_b) s_a rather than -(x_b s_a), the same bits: ptxas then issues all 6 loads
         # before the first multiply, where it issued 4 (sm_90, Triton 3.6), and Qwen2-VL's bf16
-        # tables forward went from 167.8 to 142.5 us (b4 s8192 28/4 heads, H200)
+        # tables forward went from 167.8 to 142.5 us (b4 s8192 28/4 heads, H200,
+        # results/tables_flat_pass_variants-*)
         ta = -xb * sa
         tb = xa * sb
     ya = tl.fma(xa, ca.to(tl.float32), ta)

@@ -440,7 +440,7 @@ def takes_two_passes(q: View, q_out: Optional[View], k: Optional[View],
         # the caller's rows, one per token and batch entry, read as they are: the finished
         # kernel reads each of them too, and again for tiles of heads (Qwen2-VL b4 s8192,
         # 268 MB of bf16 q and k: on the gathered [B, S, D] tables it read 402 MB, where the
-        # flat pass on the three per-axis tables read 302; H200, Nsight Compute)
+        # flat pass on the three per-axis tables read 302; H200, results/tables_read_ncu-*)
         return True
     extra, _, kept = table_bytes(table, positions, S, B, table.cos.shape[-1], rows_kept)
     share = _tiles_module.TWO_PASS_KEPT_TABLE_SHARE if kept else \
