@@ -12,6 +12,36 @@ import torch
 INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def _interpreter_scalar_index() -> bool:
+    """Let Triton's interpreter use a scalar tensor as an index (`range(b_lo, b_hi)` in a
+    kernel) under NumPy 2.4 and later. Triton 3.6's interpreter keeps a scalar as an array of
+    shape [1] and converts it with int(array), which those NumPy versions refuse (TypeError:
+    only 0-dimensional arrays can be converted to Python scalars): every ropelib kernel with a
+    loop failed. Triton 3.9 converts int(array.squeeze()); the same conversion is installed here
+    where the interpreter's own fails. Returns whether it was."""
+    import numpy as np
+    try:
+        int(np.zeros(1, dtype=np.int32))
+        return False                    # this NumPy converts arrays of shape [1]
+    except TypeError:
+        pass
+    from triton.runtime import interpreter
+    patch_tensor = getattr(interpreter, "_patch_lang_tensor", None)
+    if patch_tensor is None or getattr(patch_tensor, "ropelib_index", False):
+        return False
+
+    def patch_with_index(tensor, scope):
+        patch_tensor(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+    patch_with_index.ropelib_index = True
+    interpreter._patch_lang_tensor = patch_with_index
+    return True
+
+
+if INTERPRET:
+    _interpreter_scalar_index()
+
+
 def on_gpu() -> bool:
     """True when kernels run compiled on a CUDA GPU (not in the interpreter)."""
     return (not INTERPRET) and torch.cuda.is_available()

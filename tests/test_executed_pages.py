@@ -38,16 +38,12 @@ _OLDER = "the page was rendered from an older version of the notebook; "
 
 # page -> why it is allowed to differ from its notebook for now
 STALE = {stem: _OLDER + _rerender(stem) for stem in (
-    "05-finished-kernel",          # the finished kernel's bars against rung 6 and the planned pass's
-                                   # profile, rewritten from the final kernels' ladder and profile
 )}
 # pages rendered before a data file they read was measured again
 _OLDER_DATA = ("the page shows outputs of benchmarks/results/floor-nvidia-h200.csv as it was "
                "before its latest rerun; ")
 STALE.update({stem: _OLDER_DATA + _rerender(stem) for stem in (
     "07-te-vs-triton-live",
-    "12-rope-in-the-qkv-projection",   # (it reads the 1 GiB copy's row, which the rerun of the
-                                       # bf16-tables rows left as it was)
 )})
 
 # notebook -> why it has no page yet
