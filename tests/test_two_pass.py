@@ -17,7 +17,7 @@ import ropelib.hf
 from ropelib import eager
 from ropelib.kernels import launch
 from ropelib.runtime import on_gpu
-from routes import thresholds, through  # noqa: E402  (tests/routes.py)
+from routes import forced, thresholds, through  # noqa: E402  (tests/routes.py)
 
 DEVICE = "cuda" if on_gpu() else "cpu"     # the interpreter on CPU, compiled kernels on a GPU
 
@@ -1047,3 +1047,42 @@ def test_hugging_face_views_of_bshd_projections(starts):
     assert got[0].stride() == views[0].stride() and got[1].stride() == views[1].stride()
     want = through("finished", lambda: fn(*(v.contiguous() for v in views)))
     assert_same_bits([t.contiguous() for t in got], want, "views of bshd projections")
+
+
+def _rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), -1)
+
+
+@pytest.mark.parametrize("route", ["finished", "two-pass"])
+def test_hugging_face_views_random_cases(route):
+    # transformers' q, k views of bshd projections with random head dims (powers of two or
+    # not), tables [S, D], [1, S, D] or [B, S, D] of any values (halves unequal too), dtypes
+    # mixed: outputs with q's strides, values and gradients of transformers' formula in fp64
+    g = torch.Generator().manual_seed(13)
+    for case in range(8):
+        Dm = 2 * int(torch.randint(2, 9, (), generator=g))
+        q_dtype = (torch.bfloat16, torch.float32, torch.float16)[case % 3]
+        t_dtype = (q_dtype, torch.float32)[case % 2]
+        table_shape = ((S, Dm), (1, S, Dm), (B, S, Dm))[case % 3]
+        q = torch.randn(B, S, HQ, Dm, generator=g).to(DEVICE, q_dtype).transpose(1, 2)
+        k = torch.randn(B, S, HK, Dm, generator=g).to(DEVICE, q_dtype).transpose(1, 2)
+        cos = torch.randn(table_shape, generator=g).to(DEVICE, t_dtype)
+        sin = torch.randn(table_shape, generator=g).to(DEVICE, t_dtype)
+        out_dtype = torch.promote_types(q_dtype, t_dtype)
+        dq = torch.randn(q.shape, generator=g).to(DEVICE, out_dtype)
+        dk = torch.randn(k.shape, generator=g).to(DEVICE, out_dtype)
+        qg, kg = q.detach().requires_grad_(True), k.detach().requires_grad_(True)
+        with forced(route):
+            qo, ko = ropelib.hf.apply_rotary_pos_emb(qg, kg, cos, sin)
+            gq, gk = torch.autograd.grad((qo, ko), (qg, kg), (dq, dk))
+        assert qo.stride() == q.stride() and ko.stride() == k.stride(), f"case {case}"
+        assert qo.dtype == out_dtype and gq.dtype == q_dtype
+        q64, k64 = (t.detach().double().requires_grad_(True) for t in (q, k))
+        c64 = cos.double().reshape(-1, S, Dm)[:, None]           # [B or 1, 1, S, D]
+        s64 = sin.double().reshape(-1, S, Dm)[:, None]
+        rq, rk = q64 * c64 + _rotate_half(q64) * s64, k64 * c64 + _rotate_half(k64) * s64
+        rgq, rgk = torch.autograd.grad((rq, rk), (q64, k64), (dq.double(), dk.double()))
+        for got, want, what in ((qo, rq, "q"), (ko, rk, "k"), (gq, rgq, "dq"), (gk, rgk, "dk")):
+            torch.testing.assert_close(got.double(), want.detach(), atol=4e-2, rtol=2e-2,
+                                       msg=lambda m: f"case {case} D={Dm} {what}: {m}")
