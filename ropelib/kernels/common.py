@@ -29,29 +29,35 @@ BF16_RTNE: bool = INTERPRET
 ROUND_BF16_RTNE = tl.constexpr(BF16_RTNE)
 
 
-class _TileWidth:
-    """(n, at_least=0) -> the smallest power of two >= n (0 for n <= 0), and >= at_least: the
-    width of a tile that holds n features (tl.arange needs a power of two, tl.dot 16). For
-    constexpr n inside @triton.jit code: held as a constexpr global (`tile_width`), it runs
-    while the kernel compiles, in every Triton from 3.2 (triton.constexpr_function only exists
-    from 3.6)."""
-
-    def __call__(self, n, at_least=0):
-        n, at_least = getattr(n, "value", n), getattr(at_least, "value", at_least)
-        return tl.constexpr(max(at_least, 0 if n <= 0 else 1 << (n - 1).bit_length()))
+class ConstexprRule:
+    """A function of constexprs that a kernel calls while it compiles, held as a constexpr
+    global (`tile_width = tl.constexpr(_TileWidth())`): it runs in every Triton from 3.2
+    (triton.constexpr_function only exists from 3.6), and a planner can call the same rule.
+    Subclasses define __call__, returning a tl.constexpr."""
 
     # Triton puts the constexpr globals a kernel uses into its cache key, by repr and equality:
     # both must be the same in every process, or no compiled kernel would be found on disk. And
     # torch.compile's Inductor, which writes a user kernel's source out with its globals, writes
     # `tile_width = tl.constexpr(<repr>)`: the repr is an expression that makes one again.
     def __repr__(self):
-        return "__import__('ropelib.kernels.common', fromlist=['_TileWidth'])._TileWidth()"
+        cls = type(self)
+        return f"__import__({cls.__module__!r}, fromlist=[{cls.__name__!r}]).{cls.__name__}()"
 
     def __eq__(self, other):
-        return isinstance(other, _TileWidth)
+        return type(other) is type(self)
 
     def __hash__(self):
         return hash(repr(self))
+
+
+class _TileWidth(ConstexprRule):
+    """(n, at_least=0) -> the smallest power of two >= n (0 for n <= 0), and >= at_least: the
+    width of a tile that holds n features (tl.arange needs a power of two, tl.dot 16), for
+    constexpr n inside @triton.jit code."""
+
+    def __call__(self, n, at_least=0):
+        n, at_least = getattr(n, "value", n), getattr(at_least, "value", at_least)
+        return tl.constexpr(max(at_least, 0 if n <= 0 else 1 << (n - 1).bit_length()))
 
 
 tile_width = tl.constexpr(_TileWidth())

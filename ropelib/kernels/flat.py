@@ -84,11 +84,11 @@ stride_tab_axis apart. Nothing is gathered into a [B, S, D] table first.
 import triton
 import triton.language as tl
 
-from .common import ROUND_BF16_RTNE, pair_features, round_to, tile_width
+from .common import ConstexprRule, ROUND_BF16_RTNE, pair_features, round_to, tile_width
 from .fused import table_cos_sin, table_rows
 
 
-class _ByElement:
+class _ByElement(ConstexprRule):
     """(D, R, interleaved, axis_h_from, axis_w_from) -> whether the flat pass rotates element by
     element (XBLOCK elements a program, 4 warps) rather than by rows of pairs (both members of a
     pair in one thread, 2 warps): interleaved pairs, per-axis tables whose sections do not start
@@ -105,46 +105,26 @@ class _ByElement:
             interleaved or D & (D - 1) or half & (half - 1)
             or (axis_h_from < half and (axis_h_from % 8 or axis_w_from % 8 or half % 8))))
 
-    # a constexpr global a kernel uses enters its cache key by repr and equality (see
-    # common._TileWidth)
-    def __repr__(self):
-        return "__import__('ropelib.kernels.flat', fromlist=['_ByElement'])._ByElement()"
-
-    def __eq__(self, other):
-        return isinstance(other, _ByElement)
-
-    def __hash__(self):
-        return hash(repr(self))
-
 
 by_element = tl.constexpr(_ByElement())
 
 
-class _QkByTokens:
+class _QkByTokens(ConstexprRule):
     """(LAYOUT, PER_ENTRY, AXIS_H_FROM, R, BY_ELEMENT) -> whether the rows pass orders its grid
     by chunks of ROWS token rows, each chunk's programs of q's rows followed by those of k's,
     rather than all of q's programs before k's. Where every token (and batch entry) has cos/sin
     rows of its own (PER_ENTRY, or Qwen2-VL's table per axis) those rows are as large as a fifth
     of q and k, and k's programs, coming after all of q's, found them evicted from L2: the pass
     read them from DRAM twice (Qwen2-VL b4 s8192, 28/4 heads, bf16 tables: 335 MB read where q
-    and k are 268, 302 in this order; H200, results/tables_read_ncu-*). For rows of pairs in sbhd or bshd order (whose head
-    rows run token by token); one rule for the kernel and the planner (launch.plan_two_pass
-    sizes the grid by it: cdiv(rows, ROWS) * (HQ + HK))."""
+    and k are 268, 302 in this order; H200, results/tables_read_ncu-*). For rows of pairs in
+    sbhd or bshd order (whose head rows run token by token); one rule for the kernel and the
+    planner (launch.plan_two_pass sizes the grid by it: cdiv(rows, ROWS) * (HQ + HK))."""
 
     def __call__(self, layout, per_entry, axis_h_from, R, by_element_pass):
         layout, per_entry, axis_h_from, R, by_element_pass = (
             getattr(v, "value", v) for v in (layout, per_entry, axis_h_from, R, by_element_pass))
         return tl.constexpr(bool(layout in (0, 1) and not by_element_pass
                                  and (per_entry or axis_h_from < R // 2)))
-
-    def __repr__(self):
-        return "__import__('ropelib.kernels.flat', fromlist=['_QkByTokens'])._QkByTokens()"
-
-    def __eq__(self, other):
-        return isinstance(other, _QkByTokens)
-
-    def __hash__(self):
-        return hash(repr(self))
 
 
 qk_by_tokens = tl.constexpr(_QkByTokens())
