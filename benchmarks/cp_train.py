@@ -139,7 +139,13 @@ def main(argv=None) -> int:
     args = parse(argv)
     device, world, rank, backend = setup()
     try:
-        return run(args, device, world, rank, backend)
+        status = run(args, device, world, rank, backend)
+        if world > 1:
+            # every rank is done (rank 0 writes and prints after the others finish) before any
+            # tears its process group down: under a loaded CPU a gloo rank that tore down first
+            # was once aborted at exit ("terminate called without an active exception")
+            dist.barrier()
+        return status
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
