@@ -14,11 +14,12 @@ INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 def _interpreter_scalar_index() -> bool:
     """Let Triton's interpreter use a scalar tensor as an index (`range(b_lo, b_hi)` in a
-    kernel) under NumPy 2.4 and later. Triton 3.6's interpreter keeps a scalar as an array of
-    shape [1] and converts it with int(array), which those NumPy versions refuse (TypeError:
-    only 0-dimensional arrays can be converted to Python scalars): every ropelib kernel with a
-    loop failed. Triton 3.9 converts int(array.squeeze()); the same conversion is installed here
-    where the interpreter's own fails. Returns whether it was."""
+    kernel) under a NumPy that refuses int() of an array of shape [1] (2.4 does: TypeError,
+    only 0-dimensional arrays can be converted to Python scalars). Triton 3.6's interpreter
+    keeps a scalar as such an array and converts it with int(array): there every ropelib kernel
+    with a loop failed. Triton 3.9 converts int(array.squeeze()); that conversion is installed
+    here whenever NumPy refuses the other (with Triton 3.9 it is the interpreter's own again).
+    Returns whether it was installed by this call."""
     import numpy as np
     try:
         int(np.zeros(1, dtype=np.int32))
