@@ -630,6 +630,113 @@ assert all(ratios["angles once per token (shipped)"][c] > ratios["head blocks"][
            for c in cases)
 
 # %% [markdown]
+# ### From transformers' materialised tables: the grid's order decides the bytes read
+#
+# Models written for transformers 4.x hand the attention the tables themselves: cos and sin
+# `[3, B, S, D]` in bf16, one table per axis. At b4 s8192 with 28 q and 4 kv heads of 128 they
+# are 50 MB, a fifth of q and k (268 MB). `ropelib.hf.apply_multimodal_rotary_pos_emb` reads
+# them as they are, in one pass over q and k (its flat pass): each pair reads its section's
+# table, so a token needs a third of its three rows. Nsight Compute measured three versions of
+# that pass on an H200, one kernel launch each, beside Liger's kernel on the same tables
+# (`benchmarks/tables_read_probe.py`; the raw CSVs are committed):
+#
+# 1. all of q's programs, then all of k's;
+# 2. the grid ordered by chunks of tokens: a chunk's programs of q, then its programs of k;
+# 3. the same, with the forward's product written $(-x_b)\,s_a$ instead of $-(x_b\,s_a)$
+#    (the same bits).
+
+# %%
+from ropelib.course import measured
+
+ncu_runs = {"q's programs, then k's": "1425-q-then-k",
+            "by chunks of tokens": "1430-by-tokens",
+            "and (-x_b) s_a": "1447-by-tokens-loads-early"}
+qk_mb = 4 * 8192 * (28 + 4) * 128 * 2 / 1e6                  # q and k, bf16, read once
+tables_read = {}
+for label, stamp in ncu_runs.items():
+    path = measured.RESULTS / f"tables_read_ncu-{measured.GPU}-20261129-{stamp}.csv"
+    ropelib_pass, liger_kernel = measured.ncu_kernels(path)[:2]   # the probe's first two launches
+    assert ropelib_pass["kernel"] == "_rope_rows_kernel" and "qwen2vl" in liger_kernel["kernel"]
+    tables_read[label] = {who: (k["metrics"]["dram__bytes_read.sum"] / 1e6,
+                                k["metrics"]["gpu__time_duration.sum"] / 1e3,
+                                k["metrics"]["dram__throughput.avg.pct_of_peak_sustained_elapsed"])
+                          for who, k in (("ropelib", ropelib_pass), ("Liger", liger_kernel))}
+print(f"{measured.GPU}, Qwen2-VL b4 s8192, bf16 tables; q and k: {qk_mb:.0f} MB")
+print(f"{'':26s}{'DRAM read':>11s}{'time':>10s}{'DRAM busy':>11s}")
+for label, by in tables_read.items():
+    mb, us, pct = by["ropelib"]
+    print(f"{label:26s}{mb:8.0f} MB{us:8.1f} us{pct:9.1f} %")
+mb, us, pct = tables_read["and (-x_b) s_a"]["Liger"]
+print(f"{'Liger (same run as 3.)':26s}{mb:8.0f} MB{us:8.1f} us{pct:9.1f} %")
+read = [round(by["ropelib"][0]) for by in tables_read.values()]
+took = [round(by["ropelib"][1], 1) for by in tables_read.values()]
+assert round(qk_mb) == 268 and read == [335, 302, 302] and round(mb) == 285
+assert took == [186.9, 164.6, 138.7] and round(us, 1) == 134.6
+
+fig, ax = plt.subplots(figsize=(7, 2.8))
+labels = list(tables_read) + ["Liger"]
+ax.barh(labels, read + [mb], color=["C3", "C1", "C0", "grey"])
+ax.axvline(qk_mb, color="k", lw=0.8, ls="--")
+ax.text(qk_mb, -0.7, " q and k", fontsize=8)
+ax.invert_yaxis()
+ax.set(xlabel="MB read from DRAM (Nsight Compute)",
+       title=f"the flat pass on Qwen2-VL's bf16 tables, {measured.GPU.upper()}")
+fig.tight_layout()
+fig.savefig(FIGURES / "10-tables-dram-read.png", dpi=120)
+plt.show()
+
+# %% [markdown]
+# With q's programs first, k's programs ran after all of q (235 MB) had streamed through the L2
+# cache, and the rows of the tables they needed had left it: the pass read the tables twice,
+# 335 MB where q and k are 268. Ordered by chunks of tokens, each chunk's rows are still in L2
+# when its k programs read them: 302 MB. The time fell less than the bytes (186.9 to 164.6 µs):
+# DRAM ran at 70 % of its peak. The sign did the rest. Written $-(x_b\,s_a)$, the product made
+# the assembler give a later load the registers of an earlier one, so some loads went out only
+# after the arithmetic had started (notebook 05's section on load schedules shows the
+# mechanism); written $(-x_b)\,s_a$, with Triton 3.6 (the GPU runs'), every load of the
+# forward goes out first, and the same bytes took 138.7 µs, level with Liger's 134.6. The cell
+# below counts the loads in the machine code your Triton makes: Triton 3.9 schedules this pass
+# its own way again (4 of the 6 first), which is why the count is worth making with the Triton
+# the GPU runs. What remains is the 17 MB Liger does not read: the second half of each table row.
+# Liger assumes transformers' tables, whose halves are equal (`cat(f, f)`); ropelib reads both
+# halves, so that any cos and sin give transformers' own result.
+
+# %%
+from ropelib.course import load_schedule
+from ropelib.kernels import launch as rope_launch, tiles as rope_tiles
+
+q_mb = 4 * 8192 * 28 * 128 * 2 / 1e6
+assert round(q_mb) == 235 and round(read[1] - mb) == 17
+# the pass as ropelib plans it for these tables (shapes alone: "meta" tensors), forward
+meta = dict(dtype=torch.bfloat16, device="meta")
+qm, km = torch.empty(4, 8192, 28, 128, **meta), torch.empty(4, 8192, 4, 128, **meta)
+cos_m = torch.empty(3, 4, 8192, 128, **meta)
+route_t, _ = rope_launch.plan_two_pass(
+    rope_launch.View.of(qm), rope_launch.View.of(qm),
+    rope_launch.Table(cos_m[0], cos_m[0], (16, 40, cos_m.stride(0))), rope_launch.Positions(),
+    R=128, interleaved=False, backward=False, layout="bshd", k=rope_launch.View.of(km),
+    k_out=rope_launch.View.of(km))
+rp = route_t.rotate_pass
+bf = torch.empty(16, dtype=torch.bfloat16)
+try:
+    sched_t = load_schedule.schedule(
+        rp.launcher.kernel, dict(zip(rp.launcher.pointer_names, (bf,) * 6 + (None,)),
+                                 **dict(rp.args, XBLOCK=rope_tiles.TWO_PASS_ELEMENTS)),
+        num_warps=rp.num_warps)
+except Exception as exc:  # noqa: BLE001 -- no compiler for this target here: say so
+    sched_t = None
+    print(f"compiling for sm_90 did not work here ({type(exc).__name__}: {str(exc)[:300]})")
+if sched_t:
+    print(f"sm_90, Triton {triton.__version__}: the forward issues {sched_t['early']} of its "
+          f"{len(sched_t['loads'])} loads before the first multiply, {sched_t['registers']} "
+          f"registers a thread")
+    assert len(sched_t["loads"]) == 6
+    if triton.__version__.startswith("3.6"):              # the GPU runs' Triton
+        assert sched_t["early"] == 6
+    elif triton.__version__.startswith("3.9"):            # the count the text gives for 3.9
+        assert sched_t["early"] == 4
+
+# %% [markdown]
 # ## Exercises
 #
 # Each check prints ✅ or ❌ and never stops the notebook. Replace the `...` and rerun the

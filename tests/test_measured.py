@@ -107,3 +107,13 @@ def test_table_and_figure_name_what_they_show(tmp_path):
     matplotlib.use("Agg")
     fig = measured.plot_in_flight(path=tmp_path / "f.png")
     assert "NVIDIA H200" in fig.axes[0].get_title() and (tmp_path / "f.png").stat().st_size > 0
+
+
+def test_ncu_kernels_reads_the_committed_tables_probe():
+    # notebook 10's Nsight Compute table: kernels in launch order, values without separators
+    path = measured.RESULTS / f"tables_read_ncu-{measured.GPU}-20261129-1425-q-then-k.csv"
+    kernels = measured.ncu_kernels(path)
+    assert [k["id"] for k in kernels] == [0, 1, 2, 3]
+    assert kernels[0]["kernel"] == "_rope_rows_kernel"
+    assert kernels[0]["metrics"]["dram__bytes_read.sum"] == 335_491_840
+    assert kernels[0]["metrics"]["gpu__time_duration.sum"] == 186_944

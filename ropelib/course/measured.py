@@ -143,6 +143,20 @@ def probe(kind: str, gpu: str = GPU) -> dict:
     return out
 
 
+def ncu_kernels(path) -> list:
+    """The kernels of an Nsight Compute CSV (``ncu --csv --metrics ...``: one row per kernel
+    and metric), in launch order: [{"id", "kernel", "metrics": {name: value}}], each value a
+    float in the metric's own unit (bytes, ns, %) with ncu's thousands separators removed."""
+    import csv
+    lines = Path(path).read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith('"ID"'))
+    out = {}
+    for r in csv.DictReader(lines[start:]):
+        k = out.setdefault(r["ID"], dict(id=int(r["ID"]), kernel=r["Kernel Name"], metrics={}))
+        k["metrics"][r["Metric Name"]] = float(r["Metric Value"].replace(",", ""))
+    return sorted(out.values(), key=lambda k: k["id"])
+
+
 def table(rows, columns) -> str:
     """A fixed-width text table of ``rows`` (dicts): ``columns`` is [(header, key, format)]."""
     width = {h: max(len(h), 7, *(len(str(r.get(k))) for r in rows if isinstance(r.get(k), str)))
