@@ -463,11 +463,14 @@ def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, token_rows
         ta = xb * sb
         tb = -xa * sa
     else:                   # y_a = x_a c_a - x_b s_a, y_b = x_b c_b + x_a s_b
-        # (-x_b) s_a rather than -(x_b s_a), the same bits: ptxas then issues all 6 loads
-        # before the first multiply, where it issued 4 (sm_90, Triton 3.6), and Qwen2-VL's bf16
-        # tables forward went from 167.8 to 142.5 us (b4 s8192 28/4 heads, H200,
-        # results/tables_flat_pass_variants-*)
-        ta = -xb * sa
+        # x_b (-s_a) rather than -(x_b s_a), the same bits. Which loads ptxas issues before
+        # the first multiply follows from how the product is written, and differently by
+        # Triton version (sm_90): -(x_b s_a) 4 of 6 with Triton 3.6 and 6 with 3.9; (-x_b) s_a
+        # 6 and 4; x_b (-s_a) 6 with both (40 registers, what 38 round to in the allocation).
+        # With 3.6, the GPU runs', (-x_b) s_a took Qwen2-VL's bf16 tables forward from 167.8 to
+        # 142.5 us (b4 s8192 28/4 heads, H200, results/tables_flat_pass_variants-*); this form
+        # has the same schedule there, not timed yet
+        ta = xb * (-sa)
         tb = xa * sb
     ya = tl.fma(xa, ca.to(tl.float32), ta)
     yb = tl.fma(xb, cb.to(tl.float32), tb)
