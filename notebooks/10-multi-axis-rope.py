@@ -670,7 +670,10 @@ mb, us, pct = tables_read["and (-x_b) s_a"]["Liger"]
 print(f"{'Liger (same run as 3.)':26s}{mb:8.0f} MB{us:8.1f} us{pct:9.1f} %")
 read = [round(by["ropelib"][0]) for by in tables_read.values()]
 took = [round(by["ropelib"][1], 1) for by in tables_read.values()]
+tables_mb = 2 * 3 * 4 * 8192 * 128 * 2 / 1e6                 # cos and sin, 3 axes, bf16
 assert round(qk_mb) == 268 and read == [335, 302, 302] and round(mb) == 285
+assert round(tables_mb) == 50 and 0.15 < tables_mb / qk_mb < 0.25   # "a fifth of q and k"
+assert round(tables_read["by chunks of tokens"]["ropelib"][2], 1) == 69.5   # "69.5 %"
 assert took == [186.9, 164.6, 138.7] and round(us, 1) == 134.6
 
 fig, ax = plt.subplots(figsize=(7, 2.8))
@@ -690,7 +693,7 @@ plt.show()
 # cache, and the rows of the tables they needed had left it: the pass read the tables twice,
 # 335 MB where q and k are 268. Ordered by chunks of tokens, each chunk's rows are still in L2
 # when its k programs read them: 302 MB. The time fell less than the bytes (186.9 to 164.6 µs):
-# DRAM ran at 70 % of its peak. The sign did the rest. Written $-(x_b\,s_a)$, the product made
+# DRAM ran at 69.5 % of its peak. The sign did the rest. Written $-(x_b\,s_a)$, the product made
 # the assembler give a later load the registers of an earlier one, so some loads went out only
 # after the arithmetic had started (notebook 05's section on load schedules shows the
 # mechanism); written $(-x_b)\,s_a$, with Triton 3.6 (the GPU runs'), every load of the
