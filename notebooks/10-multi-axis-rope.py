@@ -700,9 +700,10 @@ plt.show()
 # forward goes out first, and the same bytes took 138.7 µs, level with Liger's 134.6. Triton
 # 3.9 schedules the two forms the other way round, so ropelib writes the product
 # $x_b\,(-s_a)$, which both versions schedule with every load first; the cell below counts them
-# in the machine code of the Triton you have. What remains is the 17 MB Liger does not read: the second half of each table row.
-# Liger assumes transformers' tables, whose halves are equal (`cat(f, f)`); ropelib reads both
-# halves, so that any cos and sin give transformers' own result.
+# in the machine code of the Triton you have. What remains is the 17 MB Liger does not read:
+# the second half of each table row. Liger assumes transformers' tables, whose halves are
+# equal (`cat(f, f)`); ropelib reads both halves, so that any cos and sin give transformers'
+# own result.
 
 # %%
 from ropelib.course import load_schedule
