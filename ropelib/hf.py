@@ -74,7 +74,7 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
     """
     del position_ids   # unused in transformers too
     if type(unsqueeze_dim) is int and LAYOUT_OF_UNSQUEEZE_DIM.get(unsqueeze_dim) == HF_LAYOUT \
-            and _bshd_memory(q) and _bshd_memory(k):
+            and _bshd_views(q, k):
         # transformers' q and k: [B, H, S, D] views of bshd projections. Rotated in that memory
         # order, where large ones take the flat pass whole: 0.983 of a copy forward, where as
         # strided views they took the finished kernel at 0.778 (b4 s8192 28/4 heads bf16, H200,
@@ -146,8 +146,7 @@ def apply_multimodal_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch
         raise ValueError(f"cos/sin must be [3, batch, seq, head_dim] (one table per axis: "
                          f"time, height, width), got {tuple(cos.shape)}")
     sections = list(mrope_section)
-    if LAYOUT_OF_UNSQUEEZE_DIM.get(unsqueeze_dim) == HF_LAYOUT and _bshd_memory(q) \
-            and _bshd_memory(k):
+    if LAYOUT_OF_UNSQUEEZE_DIM.get(unsqueeze_dim) == HF_LAYOUT and _bshd_views(q, k):
         # transformers' q and k: [B, H, S, D] views of bshd projections. Rotated in that memory
         # order; the outputs have q's strides, as transformers' own formula gives them
         q_out, k_out = _multimodal(q.transpose(1, 2), k.transpose(1, 2), c, s, sections, 2)
@@ -183,10 +182,12 @@ def _multimodal(q, k, cos, sin, sections: list, unsqueeze_dim: int):
                                 unsqueeze_dim=unsqueeze_dim)
 
 
-def _bshd_memory(t: torch.Tensor) -> bool:
-    """Is t ([B, H, S, D]) a transposed view of a contiguous [B, S, H, D] tensor?"""
-    return type(t) is torch.Tensor and t.dim() == 4 and not t.is_contiguous() \
-        and t.transpose(1, 2).is_contiguous()
+def _bshd_views(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Are q and k ([B, H, S, D]) transformers' views of contiguous [B, S, H, D] projections:
+    both laid out so, and not both contiguous as they are? (A tensor of one head, such as k
+    with one kv head, or of one token is contiguous both ways.)"""
+    return all(isinstance(t, torch.Tensor) and t.dim() == 4 and t.transpose(1, 2).is_contiguous()
+               for t in (q, k)) and not (q.is_contiguous() and k.is_contiguous())
 
 
 _FEATURE_AXES = {}    # (mrope_section, head_dim, device) -> [head_dim] int64 on that device

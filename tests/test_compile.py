@@ -80,6 +80,10 @@ def _case(kind):
         q, k = torch.randn(B, H, S, D), torch.randn(B, 1, S, D)
         c, s = ropelib.rope_cos_sin(S, D)
         return (lambda q, k, c, s: hf.apply_rotary_pos_emb(q, k, c[None], s[None])), (q, k, c, s)
+    if kind == "hf_views":      # transformers' [B, H, S, D] views of bshd projections
+        q, k = torch.randn(B, S, H, D).transpose(1, 2), torch.randn(B, S, 1, D).transpose(1, 2)
+        c, s = torch.randn(B, S, D), torch.randn(B, S, D)
+        return (lambda q, k, c, s: hf.apply_rotary_pos_emb(q, k, c, s)), (q, k, c, s)
     if kind == "module":
         m = ropelib.RotaryEmbedding(D, layout="sbhd", max_seq_len=4 * S)
         k = torch.randn(S, B, 1, D)
@@ -87,10 +91,10 @@ def _case(kind):
     raise ValueError(kind)
 
 
-N_INPUTS = {"apply_rope_qk": 2, "hf": 2, "module": 2}   # others: 1
+N_INPUTS = {"apply_rope_qk": 2, "hf": 2, "hf_views": 2, "module": 2}   # others: 1
 
 KINDS = ["apply_rope", "start_positions", "position_ids_bshd", "thd_cp", "cos_sin_interleaved",
-         "apply_rope_qk", "te_fused", "te_fused_qkv", "hf", "module"]
+         "apply_rope_qk", "te_fused", "te_fused_qkv", "hf", "hf_views", "module"]
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -331,3 +335,11 @@ def test_compiled_gpt_eval_no_grad():
         logits_c, _ = step_model(idx, idx)
         logits_e, _ = model(idx, idx)
     torch.testing.assert_close(logits_c, logits_e, atol=1e-4, rtol=1e-4)
+
+
+def test_hf_views_keep_their_strides_compiled(seeded):
+    # transformers' [B, H, S, D] views of bshd projections come back as such views, compiled as
+    # eagerly (what transformers' own formula gives)
+    fn, (q, k, c, s) = _case("hf_views")
+    for out in (fn(q, k, c, s), torch.compile(fn, backend="aot_eager", fullgraph=True)(q, k, c, s)):
+        assert out[0].stride() == q.stride() and out[1].stride() == k.stride()

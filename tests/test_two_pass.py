@@ -1057,7 +1057,7 @@ def _rotate_half(x):
 @pytest.mark.parametrize("route", ["finished", "two-pass"])
 def test_hugging_face_views_random_cases(route):
     # transformers' q, k views of bshd projections with random head dims (powers of two or
-    # not), tables [S, D], [1, S, D] or [B, S, D] of any values (halves unequal too), dtypes
+    # not), one kv head or two, tables [S, D], [1, S, D] or [B, S, D] of any values (halves unequal too), dtypes
     # mixed: outputs with q's strides, values and gradients of transformers' formula in fp64
     g = torch.Generator().manual_seed(13)
     for case in range(8):
@@ -1065,8 +1065,9 @@ def test_hugging_face_views_random_cases(route):
         q_dtype = (torch.bfloat16, torch.float32, torch.float16)[case % 3]
         t_dtype = (q_dtype, torch.float32)[case % 2]
         table_shape = ((S, Dm), (1, S, Dm), (B, S, Dm))[case % 3]
+        hk = (1, HK)[case % 2]                          # (one kv head: k contiguous both ways)
         q = torch.randn(B, S, HQ, Dm, generator=g).to(DEVICE, q_dtype).transpose(1, 2)
-        k = torch.randn(B, S, HK, Dm, generator=g).to(DEVICE, q_dtype).transpose(1, 2)
+        k = torch.randn(B, S, hk, Dm, generator=g).to(DEVICE, q_dtype).transpose(1, 2)
         cos = torch.randn(table_shape, generator=g).to(DEVICE, t_dtype)
         sin = torch.randn(table_shape, generator=g).to(DEVICE, t_dtype)
         out_dtype = torch.promote_types(q_dtype, t_dtype)
