@@ -17,6 +17,9 @@
 #   bash benchmarks/gpu_run.sh ladder    # notebook 05's ladder: from batch-reuse to the finished kernel
 #   bash benchmarks/gpu_run.sh features  # fused QK-norm, KV-cache write, M-RoPE, table-free angles
 #   bash benchmarks/gpu_run.sh qkv-mainloop  # the QKV projection's GEMM mainloop three ways vs cuBLAS
+#   bash benchmarks/gpu_run.sh tables    # transformers' materialised cos/sin tables: what the
+#                                        # flat pass reads (Nsight Compute) and the HF drop-in's
+#                                        # time against the finished kernel and Liger (~2 min)
 #   bash benchmarks/gpu_run.sh probes    # the flat pass at 1 GiB (one_gib_probe), decode tiles
 #                                        # under CUDA graphs (~3 min)
 #   bash benchmarks/gpu_run.sh course    # the course's measurements (ladder, generations, Nsight
@@ -124,6 +127,23 @@ for what in "${@:-tests}"; do
             step qkv-mainloop "$PY" benchmarks/qkv_mainloop_probe.py \
                 --out "$RESULTS/qkv_mainloop-$gpu.csv"
             keep "$RESULTS/qkv_mainloop-$gpu.csv" ;;
+        tables)
+            # transformers' materialised tables: Qwen2-VL's per-axis ones under Nsight Compute
+            # (benchmarks/tables_read_probe.py; bytes read and time per kernel, Liger's beside),
+            # Hugging Face's [B, S, D] ones timed against the finished kernel and Liger's rope
+            ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu \
+                  2>/dev/null | tail -1)
+            if [ -n "$ncu" ]; then
+                "$ncu" --profile-from-start off --csv --metrics gpu__time_duration.sum,\
+dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,\
+lts__t_sector_hit_rate.pct,l1tex__t_sector_hit_rate.pct,launch__grid_size \
+                    "$PY" benchmarks/tables_read_probe.py 2>/dev/null | grep -v '^==PROF==' \
+                    > "$RESULTS/tables_read_ncu-$tag.csv"
+                keep "$RESULTS/tables_read_ncu-$tag.csv"
+            else
+                echo "=== tables: no ncu on this machine: the Nsight Compute part is skipped"
+            fi
+            step hf-tables "$PY" benchmarks/hf_tables_probe.py ;;
         probes)
             step one-gib "$PY" benchmarks/one_gib_probe.py --out "$RESULTS"
             step decode-tiles "$PY" benchmarks/decode_tiles.py --out "$RESULTS"

@@ -1,6 +1,6 @@
 """Hugging Face's [B, S, D] cos/sin tables (one row per token and batch entry, bf16) through
-`ropelib.hf.apply_rotary_pos_emb`, 28 q / 4 kv heads of 128, b4 s8192 (268 MB of q and k) and
-b4 s2048 (67 MB): q and k as transformers' [B, H, S, D] views of bshd projections
+`ropelib.hf.apply_rotary_pos_emb`, heads of 128: 28 q / 4 kv at b4 s8192 (268 MB of q and k)
+and b4 s2048 (67 MB), 32 / 1 at b4 s8192 (k of one head, contiguous both ways): q and k as transformers' [B, H, S, D] views of bshd projections
 ("bshd-memory") and as contiguous [B, H, S, D] tensors ("bhsd"); the finished kernel forced
 against the route planned ("auto"), Liger's LigerRopeFunction forward on copies, and a copy of
 q and k; forward and forward+backward, medians of 3 rounds of triton.testing.do_bench, as
@@ -25,8 +25,8 @@ except Exception:  # noqa: BLE001 -- not installed: its row is left out
 def main():
     dev = "cuda"
 
-    for B, S in ((4, 8192), (4, 2048)):
-        HQ, HK, D = 28, 4, 128
+    for B, S, HQ, HK in ((4, 8192, 28, 4), (4, 2048, 28, 4), (4, 8192, 32, 1)):
+        D = 128
         g = torch.Generator(device="cpu").manual_seed(0)
         ids = (torch.arange(S)[None] + torch.randint(0, 64, (B, 1), generator=g)).to(dev)
         cos_t, sin_t = ropelib.rope_cos_sin(S + 64, D, dtype=torch.bfloat16, device=dev)
@@ -62,7 +62,8 @@ def main():
             cfw, cfbw = st.median(res["copy fwd"]), st.median(res["copy fwd+bwd"])
             for n, v in res.items():
                 c = cfbw if "bwd" in n else cfw
-                print(f"B{B} S{S} {mem:12} {n:18} {st.median(v)*1e3:8.1f} us  ratio {c/st.median(v):.3f}")
+                print(f"B{B} S{S} {HQ}/{HK} {mem:12} {n:18} {st.median(v)*1e3:8.1f} us  "
+                  f"ratio {c/st.median(v):.3f}")
 
 
 if __name__ == "__main__":
