@@ -16,6 +16,7 @@ import ropelib
 import ropelib.hf
 from ropelib import eager
 from ropelib.kernels import launch
+from ropelib.reference import rotate_half
 from ropelib.runtime import on_gpu
 from routes import forced, thresholds, through  # noqa: E402  (tests/routes.py)
 
@@ -887,23 +888,23 @@ def test_flat_pass_counts_q_programs_past_2_31_elements():
 
 
 @pytest.fixture
-def rotate_warps(monkeypatch):
-    """The warps of every two-pass route's rotating pass planned while the test runs: 2 for
-    the pass that holds both members of a pair in one thread, 4 for the pass by element."""
-    warps = []
+def rotate_passes(monkeypatch):
+    """The rotating pass (its Launch: grid, warps, arguments) of every two-pass route planned
+    while the test runs."""
+    passes = []
     real = launch.plan_two_pass
 
     def recording(*args, **kwargs):
         route, pointers = real(*args, **kwargs)
-        warps.append(route.rotate_pass.num_warps)
+        passes.append(route.rotate_pass)
         return route, pointers
     monkeypatch.setattr(launch, "plan_two_pass", recording)
-    return warps
+    return passes
 
 
 @pytest.mark.parametrize("D_, R_", [(80, 80), (48, 48), (32, 24), (32, 16)])
 @pytest.mark.parametrize("layout", ["sbhd", "thd"])
-def test_heads_of_no_power_of_two_take_the_pass_by_element(D_, R_, layout, rotate_warps):
+def test_heads_of_no_power_of_two_take_the_pass_by_element(D_, R_, layout, rotate_passes):
     # rows of pairs pad a head to powers of two (at d = 80 a third of the lanes idle): heads
     # whose D or R/2 is no power of two take the pass by element (4 warps), the others the
     # pairs pass (2 warps); either way the finished kernel's bits, forward and backward
@@ -924,14 +925,15 @@ def test_heads_of_no_power_of_two_take_the_pass_by_element(D_, R_, layout, rotat
     want = through("finished", fn)
     got = through("two-pass", fn)
     by_element = D_ & (D_ - 1) or (R_ // 2) & (R_ // 2 - 1)
-    assert rotate_warps and set(rotate_warps) == {4 if by_element else 2}, rotate_warps
+    warps = [p.num_warps for p in rotate_passes]
+    assert warps and set(warps) == {4 if by_element else 2}, warps
     assert_same_bits(got, want, f"D={D_} R={R_} {layout}")
 
 
 @pytest.mark.parametrize("sections", [(8, 8, 16), (16, 8, 8), (0, 16, 16), (8, 12, 12),
                                       (2, 3, 27)])
 @pytest.mark.parametrize("layout", ["bshd", "sbhd"])
-def test_per_axis_tables_same_bits_by_pairs_and_by_element(sections, layout, rotate_warps):
+def test_per_axis_tables_same_bits_by_pairs_and_by_element(sections, layout, rotate_passes):
     # Qwen2-VL's tables [3, B, S, D] read as they are: sections that start at multiples of 8
     # pairs take the pairs pass (2 warps), others the pass by element (4 warps); either way
     # the bits of the finished kernel on the gathered table, forward and backward
@@ -946,7 +948,8 @@ def test_per_axis_tables_same_bits_by_pairs_and_by_element(sections, layout, rot
     inv = 1.0 / (10000 ** (torch.arange(0, D_, 2).float() / D_))
     angles = torch.cat([pos[..., None].float() * inv] * 2, dim=-1)          # [3, B, S, D]
     cos, sin = angles.cos().to(DEVICE, torch.bfloat16), angles.sin().to(DEVICE, torch.bfloat16)
-    dq, dk = torch.randn(q.shape, generator=g).to(DEVICE), torch.randn(k.shape, generator=g).to(DEVICE)
+    dq = torch.randn(q.shape, generator=g).to(DEVICE)
+    dk = torch.randn(k.shape, generator=g).to(DEVICE)
     unsqueeze = 2
 
     def fn():
@@ -963,12 +966,13 @@ def test_per_axis_tables_same_bits_by_pairs_and_by_element(sections, layout, rot
     got = through("two-pass", fn)
     pairs = all(a % 8 == 0 for a in (sections[0], sections[0] + sections[1], D_ // 2))
     if layout == "bshd":        # (sbhd q and k go through the gathered table: no two passes)
-        assert rotate_warps and set(rotate_warps) == {2 if pairs else 4}, (sections, rotate_warps)
+        warps = [p.num_warps for p in rotate_passes]
+        assert warps and set(warps) == {2 if pairs else 4}, (sections, warps)
     assert_same_bits(got, want, f"sections {sections} {layout}")
 
 
 @pytest.mark.parametrize("tables", ["per axis", "per batch entry", "shared"])
-def test_q_and_k_programs_by_chunks_of_tokens(tables, monkeypatch):
+def test_q_and_k_programs_by_chunks_of_tokens(tables, monkeypatch, rotate_passes):
     # Where every token has cos/sin rows of its own (Qwen2-VL's per-axis tables, Hugging
     # Face's [B, S, D] tables), the rows pass orders its grid by chunks of tokens, q's programs
     # then k's, so k finds the chunk's rows in L2; a shared table keeps q's programs before k's.
@@ -978,14 +982,6 @@ def test_q_and_k_programs_by_chunks_of_tokens(tables, monkeypatch):
     D_, Bq, Sq, hq, hk = 64, 3, 5, 3, 2
     monkeypatch.setattr(tiles, "TWO_PASS_INTERPRETED_ELEMENTS", 2 * D_)
     monkeypatch.setattr(launch, "TWO_PASS_ELEMENTS", 2 * D_)      # (on a GPU)
-    grids = []
-    real = launch.plan_two_pass
-
-    def recording(*args, **kwargs):
-        route, pointers = real(*args, **kwargs)
-        grids.append((route.rotate_pass.grid, route.rotate_pass.args))
-        return route, pointers
-    monkeypatch.setattr(launch, "plan_two_pass", recording)
     g = torch.Generator().manual_seed(11)
     q = torch.randn(Bq, Sq, hq, D_, generator=g).to(DEVICE, torch.bfloat16)
     k = torch.randn(Bq, Sq, hk, D_, generator=g).to(DEVICE, torch.bfloat16)
@@ -1010,16 +1006,16 @@ def test_q_and_k_programs_by_chunks_of_tokens(tables, monkeypatch):
     want = through("finished", fn)
     got = through("two-pass", fn)
     assert_same_bits(got, want, tables)
-    assert grids, f"{tables}: the two-pass route was not taken"
+    assert rotate_passes, f"{tables}: the two-pass route was not taken"
     rows, chunks = Bq * Sq, -(-Bq * Sq // 2)
-    for grid, constants in grids:
-        assert constants["HQ"] == hq and constants["HK"] == hk
-        c = constants
+    for rotate_pass in rotate_passes:
+        grid, c = rotate_pass.grid, rotate_pass.args
+        assert c["HQ"] == hq and c["HK"] == hk
         assert not flat.by_element(D_, c["R"], c["INTERLEAVED"], c["AXIS_H_FROM"],
                                    c["AXIS_W_FROM"]), "rows of pairs, the pass ordered so"
         by_tokens = bool(flat.qk_by_tokens(c["LAYOUT"], c["PER_ENTRY"], c["AXIS_H_FROM"],
                                            c["R"], False))
-        assert by_tokens == (tables != "shared"), (tables, constants)
+        assert by_tokens == (tables != "shared"), (tables, c)
         want_grid = chunks * (hq + hk) if by_tokens else -(-rows * hq // 2) + -(-rows * hk // 2)
         assert grid == (want_grid,), (tables, grid, want_grid)
 
@@ -1049,16 +1045,12 @@ def test_hugging_face_views_of_bshd_projections(starts):
     assert_same_bits([t.contiguous() for t in got], want, "views of bshd projections")
 
 
-def _rotate_half(x):
-    h = x.shape[-1] // 2
-    return torch.cat((-x[..., h:], x[..., :h]), -1)
-
-
 @pytest.mark.parametrize("route", ["finished", "two-pass"])
 def test_hugging_face_views_random_cases(route):
     # transformers' q, k views of bshd projections with random head dims (powers of two or
-    # not), one kv head or two, tables [S, D], [1, S, D] or [B, S, D] of any values (halves unequal too), dtypes
-    # mixed: outputs with q's strides, values and gradients of transformers' formula in fp64
+    # not), one kv head or two, tables [S, D], [1, S, D] or [B, S, D] of any values (halves
+    # unequal too), dtypes mixed: outputs with q's strides, values and gradients of
+    # transformers' formula in fp64
     g = torch.Generator().manual_seed(13)
     for case in range(8):
         Dm = 2 * int(torch.randint(2, 9, (), generator=g))
@@ -1082,7 +1074,7 @@ def test_hugging_face_views_random_cases(route):
         q64, k64 = (t.detach().double().requires_grad_(True) for t in (q, k))
         c64 = cos.double().reshape(-1, S, Dm)[:, None]           # [B or 1, 1, S, D]
         s64 = sin.double().reshape(-1, S, Dm)[:, None]
-        rq, rk = q64 * c64 + _rotate_half(q64) * s64, k64 * c64 + _rotate_half(k64) * s64
+        rq, rk = q64 * c64 + rotate_half(q64) * s64, k64 * c64 + rotate_half(k64) * s64
         rgq, rgk = torch.autograd.grad((rq, rk), (q64, k64), (dq.double(), dk.double()))
         for got, want, what in ((qo, rq, "q"), (ko, rk, "k"), (gq, rgq, "dq"), (gk, rgk, "dk")):
             torch.testing.assert_close(got.double(), want.detach(), atol=4e-2, rtol=2e-2,

@@ -544,9 +544,10 @@ def _rope_rows_kernel(
     rows = B if LAYOUT == 3 else S * B
     # interleaved pairs, one table per axis whose sections do not start at multiples of 8
     # pairs, or a head dim or half rotary dim that is no power of two: XBLOCK elements per
-    # program; rotate-half: ROWS whole head rows, both members of each pair in one thread. (Rows of pairs pad a head to powers of two: at d = 80 a third of
-    # every program's lanes idle, and apply_rope at s4096 b8 h32 d80 bf16 ran at 88.4 % of a
-    # copy where the pass by element had 95 %, H200, results/generations-*.csv.)
+    # program; rotate-half: ROWS whole head rows, both members of each pair in one thread.
+    # (Rows of pairs pad a head to powers of two: at d = 80 a third of every program's lanes
+    # idle, and apply_rope at s4096 b8 h32 d80 bf16 ran at 88.4 % of a copy where the pass by
+    # element had 95 %, H200, results/generations-*.csv.)
     ROWS: tl.constexpr = XBLOCK // tile_width(D)
     BY_ELEMENT: tl.constexpr = by_element(D, R, INTERLEAVED, AXIS_H_FROM, AXIS_W_FROM)
     if INT64:               # q's element count passes 2^31: count it in int64
