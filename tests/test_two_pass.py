@@ -971,13 +971,15 @@ def test_per_axis_tables_same_bits_by_pairs_and_by_element(sections, layout, rot
     assert_same_bits(got, want, f"sections {sections} {layout}")
 
 
-@pytest.mark.parametrize("tables", ["per axis", "per batch entry", "shared"])
+@pytest.mark.parametrize("tables", ["per axis", "per batch entry", "shared",
+                                    "per batch entry, bhsd", "shared, bhsd"])
 def test_q_and_k_programs_by_chunks_of_tokens(tables, monkeypatch, rotate_passes):
     # Where every token has cos/sin rows of its own (Qwen2-VL's per-axis tables, Hugging
     # Face's [B, S, D] tables), the rows pass orders its grid by chunks of tokens, q's programs
     # then k's, so k finds the chunk's rows in L2; a shared table keeps q's programs before k's.
     # Programs of 2 head rows here (the GPU's 8 at d128): 8 chunks, the last one half full;
-    # either order gives the finished kernel's bits, forward and backward.
+    # in bhsd (contiguous [B, H, S, D]) 2 tokens of one head, 3 chunks a head, the last half
+    # full. Either order gives the finished kernel's bits, forward and backward.
     from ropelib.kernels import flat, tiles
     D_, Bq, Sq, hq, hk = 64, 3, 5, 3, 2
     monkeypatch.setattr(tiles, "TWO_PASS_INTERPRETED_ELEMENTS", 2 * D_)
@@ -998,8 +1000,19 @@ def test_q_and_k_programs_by_chunks_of_tokens(tables, monkeypatch, rotate_passes
             yq, yk = ropelib.hf.apply_multimodal_rotary_pos_emb(qg, kg, cos, sin, [8, 8, 16], 2)
         elif tables == "per batch entry":
             yq, yk = ropelib.hf.apply_rotary_pos_emb(qg, kg, cos[1], sin[1], unsqueeze_dim=2)
+        elif tables == "per batch entry, bhsd":
+            yq, yk = ropelib.hf.apply_rotary_pos_emb(qg.transpose(1, 2).contiguous(),
+                                                     kg.transpose(1, 2).contiguous(),
+                                                     cos[1], sin[1])
+        elif tables == "shared, bhsd":
+            yq, yk = ropelib.hf.apply_rotary_pos_emb(qg.transpose(1, 2).contiguous(),
+                                                     kg.transpose(1, 2).contiguous(),
+                                                     cos[1, 0], sin[1, 0])     # [S, D]
         else:
             yq, yk = ropelib.apply_rope_qk(qg, kg, freqs, layout="bshd")
+        if tables.endswith("bhsd"):
+            assert yq.is_contiguous() and yq.shape == (Bq, hq, Sq, D_)
+            yq, yk = yq.transpose(1, 2), yk.transpose(1, 2)
         grads = torch.autograd.grad((yq, yk), (qg, kg), (dq.to(DEVICE, yq.dtype),
                                                          dk.to(DEVICE, yk.dtype)))
         return yq.detach(), yk.detach(), *grads
@@ -1008,6 +1021,8 @@ def test_q_and_k_programs_by_chunks_of_tokens(tables, monkeypatch, rotate_passes
     assert_same_bits(got, want, tables)
     assert rotate_passes, f"{tables}: the two-pass route was not taken"
     rows, chunks = Bq * Sq, -(-Bq * Sq // 2)
+    if tables.endswith("bhsd"):
+        chunks = Bq * -(-Sq // 2)
     for rotate_pass in rotate_passes:
         grid, c = rotate_pass.grid, rotate_pass.args
         assert c["HQ"] == hq and c["HK"] == hk
@@ -1015,8 +1030,12 @@ def test_q_and_k_programs_by_chunks_of_tokens(tables, monkeypatch, rotate_passes
                                    c["AXIS_W_FROM"]), "rows of pairs, the pass ordered so"
         by_tokens = bool(flat.qk_by_tokens(c["LAYOUT"], c["PER_ENTRY"], c["AXIS_H_FROM"],
                                            c["R"], False))
-        assert by_tokens == (tables != "shared"), (tables, c)
-        want_grid = chunks * (hq + hk) if by_tokens else -(-rows * hq // 2) + -(-rows * hk // 2)
+        assert by_tokens == (not tables.startswith("shared")), (tables, c)
+        assert (c["LAYOUT"] == 2) == tables.endswith("bhsd"), (tables, c)
+        if by_tokens or c["LAYOUT"] == 2:
+            want_grid = chunks * (hq + hk)
+        else:
+            want_grid = -(-rows * hq // 2) + -(-rows * hk // 2)
         assert grid == (want_grid,), (tables, grid, want_grid)
 
 
