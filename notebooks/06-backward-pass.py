@@ -440,6 +440,33 @@ torch.testing.assert_close(x_base.grad, gx_ref.float().sum(dim=1, keepdim=True),
 print("expanded input: forward reads stride 0, backward's gradients summed over the batch")
 
 # %% [markdown]
+# What reading the stride-0 gradient as it is saves, on a GPU: the kernel reads one 4-byte cell
+# (every thread finds it in cache) and writes $N$ elements, $4N$ bytes to DRAM. Copying it
+# first with `.contiguous()` writes $4N$ bytes, which the kernel then reads back before writing
+# its own $4N$: three times the traffic. The cell times both and turns each time into the
+# bandwidth those bytes imply; if the bytes are the whole story, the two bandwidths agree and
+# the times differ by about three.
+
+# %%
+if GPU:
+    from triton.testing import do_bench
+    g_sum = torch.ones((), device=device).expand(S, B, H, D)     # dL/dy of loss = y.sum()
+    as_is_ms = do_bench(lambda: rope_cell(g_sum, freqs, backward=True))
+    copied_ms = do_bench(lambda: rope_cell(g_sum.contiguous(), freqs, backward=True))
+    n_bytes = g_sum.numel() * g_sum.element_size()
+    gbps_as_is, gbps_copied = n_bytes / as_is_ms / 1e6, 3 * n_bytes / copied_ms / 1e6
+    print(f"{torch.cuda.get_device_name()}, N = {g_sum.numel():,} fp32 elements")
+    print(f"  read as it is:       {as_is_ms * 1e3:7.1f} us for {n_bytes / 1e6:.0f} MB written "
+          f"-> {gbps_as_is:.0f} GB/s")
+    print(f"  .contiguous() first: {copied_ms * 1e3:7.1f} us for {3 * n_bytes / 1e6:.0f} MB "
+          f"moved -> {gbps_copied:.0f} GB/s")
+    print(f"  the copy costs {copied_ms / as_is_ms:.2f}x the time")
+    assert copied_ms > 2 * as_is_ms, "the copy should cost about two more passes over N"
+    assert 0.7 < gbps_copied / gbps_as_is < 1.3, "the bytes should explain the times"
+else:
+    print("timed on a GPU only (the interpreter's times say nothing of memory traffic)")
+
+# %% [markdown]
 # ## 6. Summary, and the finished kernel
 #
 # - The backward of RoPE is the rotation by $-\theta$ — for per-feature tables, the transpose

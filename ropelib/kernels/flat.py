@@ -116,15 +116,17 @@ class _QkByTokens(ConstexprRule):
     rows of its own (PER_ENTRY, or Qwen2-VL's table per axis) those rows are as large as a fifth
     of q and k, and k's programs, coming after all of q's, found them evicted from L2: the pass
     read them from DRAM twice (Qwen2-VL b4 s8192, 28/4 heads, bf16 tables: 335 MB read where q
-    and k are 268, 302 in this order; H200, results/tables_read_ncu-*). For rows of pairs
-    (sbhd, bshd, and bhsd, where a chunk is ROWS tokens of one batch entry); one rule for the
-    kernel and the planner (launch.plan_two_pass sizes the grid by it: cdiv(rows, ROWS) *
-    (HQ + HK), in bhsd B * cdiv(S, ROWS) * (HQ + HK))."""
+    and k are 268, 302 in this order; H200, results/tables_read_ncu-*). For rows of pairs in
+    sbhd or bshd order (whose head rows run token by token); one rule for the kernel and the
+    planner (launch.plan_two_pass sizes the grid by it: cdiv(rows, ROWS) * (HQ + HK)). Not in
+    bhsd: there a grid so ordered (programs of one head's tokens) read what q's programs
+    before k's read, 285 MB with Hugging Face's [B, S, D] tables at b4 s8192 28/4 heads, whose
+    17 MB stay in L2 (138.9 against 138.6 us; H200, benchmarks/NOTES.md)."""
 
     def __call__(self, layout, per_entry, axis_h_from, R, by_element_pass):
         layout, per_entry, axis_h_from, R, by_element_pass = (
             getattr(v, "value", v) for v in (layout, per_entry, axis_h_from, R, by_element_pass))
-        return tl.constexpr(bool(layout in (0, 1, 2) and not by_element_pass
+        return tl.constexpr(bool(layout in (0, 1) and not by_element_pass
                                  and (per_entry or axis_h_from < R // 2)))
 
 
@@ -375,33 +377,26 @@ def _rotate_flat(x_ptr, y_ptr, cos_ptr, sin_ptr, index_ptr, block, seq, S, B, H,
 
 @triton.jit
 def _row_tile(block, S, B, H, LAYOUT: tl.constexpr, ROWS: tl.constexpr, INT64: tl.constexpr):
-    """A program's ROWS head rows of a tensor [S * B * H rows of D] contiguous in LAYOUT (0
-    sbhd, and thd with B = 1; 1 bshd; 2 Hugging Face's bhsd) -> (their indices [ROWS], int64
-    when INT64; which exist; each one's token s and batch entry b). Rows from row
-    block * ROWS; in bhsd, where a head's rows are its S tokens, ROWS tokens of one head:
-    block = (b * H + h) * cdiv(S, ROWS) + chunk, so that a chunk's programs of every head
-    can follow each other (qk_by_tokens) and b is one value."""
+    """A program's ROWS head rows, from row block * ROWS, of a tensor [S * B * H rows of D]
+    contiguous in LAYOUT (0 sbhd, and thd with B = 1; 1 bshd; 2 Hugging Face's bhsd) -> (their
+    indices [ROWS], int64 when INT64; which exist; each one's token s and batch entry b)."""
     if INT64:
         S = tl.full([], 0, tl.int64) + S
         B = tl.full([], 0, tl.int64) + B
         H = tl.full([], 0, tl.int64) + H
-        block = block.to(tl.int64)
-    if LAYOUT == 2:
-        chunks = tl.cdiv(S, ROWS)
-        head_row = block // chunks                                  # b * H + h
-        s = (block - head_row * chunks) * ROWS + tl.arange(0, ROWS)  # [ROWS]
-        r = head_row * S + s
-        live = s < S                # (the grid has B * H * chunks blocks of a tensor)
-        b = head_row // H
+        r = block.to(tl.int64) * ROWS + tl.arange(0, ROWS)
     else:
         r = block * ROWS + tl.arange(0, ROWS)
-        live = r < S * B * H
-        if LAYOUT == 1:
-            s = (r // H) % S
-            b = r // (S * H)
-        else:
-            s = r // (B * H)
-            b = (r // H) % B
+    live = r < S * B * H
+    if LAYOUT == 1:
+        s = (r // H) % S
+        b = r // (S * H)
+    elif LAYOUT == 2:
+        s = r % S
+        b = r // (H * S)
+    else:
+        s = r // (B * H)
+        b = (r // H) % B
     return r, live, s, b
 
 
@@ -562,8 +557,6 @@ def _rope_rows_kernel(
         rows = tl.full([], 0, tl.int64) + rows
     if BY_ELEMENT:
         q_blocks = tl.cdiv(rows * HQ * D, XBLOCK)
-    elif LAYOUT == 2:       # ROWS tokens of one head a program (_row_tile)
-        q_blocks = B * HQ * tl.cdiv(S, ROWS)
     else:
         q_blocks = tl.cdiv(rows * HQ, ROWS)
     on_q = pid < q_blocks
@@ -575,15 +568,8 @@ def _rope_rows_kernel(
         chunk = pid // (HQ + HK)
         within = pid - chunk * (HQ + HK)
         on_q = within < HQ
-        if LAYOUT == 2:     # chunk = b * cdiv(S, ROWS) + c; a block is (b * H + h, c)
-            chunks = tl.cdiv(S, ROWS)
-            b = chunk // chunks
-            c = chunk - b * chunks
-            q_block = (b * HQ + within) * chunks + c
-            k_block = (b * HK + (within - HQ)) * chunks + c
-        else:
-            q_block = chunk * HQ + within
-            k_block = chunk * HK + (within - HQ)
+        q_block = chunk * HQ + within
+        k_block = chunk * HK + (within - HQ)
     if on_q:
         if BY_ELEMENT:
             _rotate_flat(q_ptr, q_out_ptr, cos_ptr, sin_ptr, index_ptr, q_block, seq, S, B, HQ,

@@ -617,8 +617,6 @@ def plan_two_pass(q: View, q_out: View, table: Table, positions: Positions, *, R
     rows = xblock // pow2_at_least(D, 1 << 30)
     if by_element:
         blocks = cdiv(positions_per * q.heads * D, xblock) + cdiv(positions_per * HK * D, xblock)
-    elif kernel_layout == 2:        # bhsd: a program's rows are tokens of one head
-        blocks = B * cdiv(S, rows) * (q.heads + HK)
     elif bool(flat_qk_by_tokens(kernel_layout, stride_b != 0, axis_h_from, R, by_element)):
         blocks = cdiv(positions_per, rows) * (q.heads + HK)
     else:
