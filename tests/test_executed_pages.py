@@ -38,14 +38,11 @@ _OLDER = "the page was rendered from an older version of the notebook; "
 
 # page -> why it is allowed to differ from its notebook for now
 STALE = {stem: _OLDER + _rerender(stem) for stem in (
-    "10-multi-axis-rope",          # a section on what the flat pass reads from transformers'
-                                   # tables (Nsight Compute CSVs), and the machine code's loads
 )}
 # pages rendered before a data file they read was measured again
 _OLDER_DATA = ("the page shows outputs of benchmarks/results/floor-nvidia-h200.csv as it was "
                "before its latest rerun; ")
 STALE.update({stem: _OLDER_DATA + _rerender(stem) for stem in (
-    "07-te-vs-triton-live",
 )})
 
 # notebook -> why it has no page yet
