@@ -83,7 +83,7 @@ class _TritonGemm(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         grads = tuple(g.contiguous() for g in (gq, gk, gv))
         dx, dw = torch.empty_like(x), torch.empty_like(weight)
-        _run("dx", ctx.opts, (*grads, weight, dx, *ctx.tables))
+        _run("dx", ctx.opts, (*grads, weight, dx) + (None,) * 6)     # nothing to rotate
         _run("dw", ctx.opts, (*grads, x, dw, None, None, *ctx.tables))
         return dx, dw, None, None, None, None, None
 

@@ -69,10 +69,11 @@ def run(dry_run: bool, tokens=8192, hidden=4096, HQ=32, HK=8, D=128) -> list:
     dx, dw = torch.empty_like(x), torch.empty_like(w)
     angles = ropelib.rope_angles(D, base=500000.0, device=device)
     tables = (angles.turns, angles.amplitude, None, None, None, None, None, None)
-    # the forward reads every token's cos and s' rows, as qkv_rope_linear's pre-pass writes them
+    # the forward and dX read every token's cos and s' rows, as qkv_rope_linear's pre-pass
+    # writes them
     rows = qkv_linear.cos_sin_rows(x, angles.turns, angles.amplitude, None, None, False)
     pointers = {"fwd": (x, w, None, *outs, *rows, *tables[4:]),
-                "dx": (*grads, w, dx, *tables),
+                "dx": (*grads, w, dx, *rows, *tables[4:]),
                 "dw": (*grads, x, dw, None, None, *tables)}
     saved = {k: dict(v) for k, v in qkv_gemm.GPU_TILES.items()}
     rows = []

@@ -737,8 +737,12 @@ assert [round(a / b - 1, 2) for a, b in cublas_runs.values()] == [0.06, 0.02]
 # `figures/12-qkv-tiles-sm90.csv` answers both for every tile of the sweep, bare and rotating.
 # The kernels were compiled for sm_90 (H100, H200) on a CPU, with the Triton version of the GPU
 # runs, by `python -m ropelib.course.counts --out figures/12-qkv-tiles-sm90.csv`, from ropelib's
-# kernels (the CSV's header names the version of ropelib it compiled). dX and dW are the kernels
-# the GPU sweeps ran; ropelib's forward differs from the one they ran in two ways — a head in one
+# kernels (the CSV's header names the version of ropelib it compiled). dX and dW there are the
+# kernels the GPU sweeps ran. ropelib's dX has since moved to the forward's way of getting cos
+# and sin: it reads the pre-pass's rows, once per program, where it evaluated them (faster at
+# the benchmark's tile on an H200, `benchmarks/NOTES.md`; dW still evaluates them, as rows
+# read in its loop over tokens were slower). ropelib's forward differs from the one the
+# sweeps ran in two ways — a head in one
 # accumulator (section 3), and cos and sin read from a pre-pass's rows — and the tile sweeps in
 # `qkv_tiles-<gpu>.csv` were measured with that earlier forward (their headers' dates, printed
 # under section 7's table). Triton's

@@ -82,7 +82,8 @@ def cos_sin_rows(x: Tensor, table: Tensor, sin: Optional[Tensor], position_ids, 
     """Every token's fp32 cos and signed sine rows [NB * S, R] (NB = B with per-entry position
     ids, else 1), written by the two-pass route's pre-pass from the table and the positions, NaN
     where a position is outside the table: what the forward kernel reads instead of evaluating
-    sin and cos (the same functions, so the same bits)."""
+    sin and cos (the same functions, so the same bits), and what dX's kernel reads again in the
+    backward, written anew there from the saved table and positions."""
     B, S, _ = _sizes(x)
     R = table.shape[0] if table.dtype == torch.int64 else table.shape[1]
     nb = B if kernel.per_entry(position_ids) else 1
@@ -155,11 +156,14 @@ def qkv_rope_linear_backward_op(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, 
         if grad_params and has_bias else None
     dnorm = torch.zeros((NQK, head_dim), dtype=torch.float32, device=x.device) \
         if grad_params and norm else None
-    tables = (table, sin, position_ids, cu_seqlens, q_norm_weight, k_norm_weight,
-              rstd if norm else None, norm_input if norm else None)
+    saved = (q_norm_weight, k_norm_weight, rstd if norm else None, norm_input if norm else None)
+    tables = (table, sin, position_ids, cu_seqlens) + saved
     grads = tuple(g.contiguous() for g in (grad_q, grad_k, grad_v))
     if M and grad_x:
-        _run("dx", grads + (weight.contiguous(), dx) + tables, x, table, position_ids,
+        # dX reads every token's cos and s' rows (written again here: 8 MiB at 8192 tokens and
+        # a rotary dim of 128, not kept from the forward); dW evaluates sin and cos itself
+        rows = cos_sin_rows(x, table, sin, position_ids, cu_seqlens, interleaved)
+        _run("dx", grads + (weight.contiguous(), dx) + rows + saved, x, table, position_ids,
              cu_seqlens, n_heads, n_kv_heads, head_dim, interleaved, out_layout)
     if grad_params:
         if M:

@@ -223,12 +223,13 @@ def main():
         saved = [torch.empty(M, HQ + HK), torch.empty(M, (HQ + HK) * D, dtype=dtype)] if norm \
             else [None, None]
         shared = (table, sin, pos, cu_seqlens, *wn, *saved)
-        if kind == "fwd":   # the forward reads every token's cos and s' rows [NB * S, R] instead
-            rows = torch.empty((B if pos is not None else 1) * S, R_)
+        # the forward and dX read every token's cos and s' rows [NB * S, R] instead
+        rows = torch.empty((B if pos is not None else 1) * S, R_)
+        if kind == "fwd":
             names, ptrs = QG.FWD_POINTERS, (x, w, torch.empty(N, dtype=dtype), *outs, rows, rows,
                                             *wn, *saved)
         elif kind == "dx":
-            names, ptrs = QG.DX_POINTERS, (*outs, w, x, *shared)
+            names, ptrs = QG.DX_POINTERS, (*outs, w, x, rows, rows, *wn, *saved)
         else:
             names, ptrs = QG.DW_POINTERS, (*outs, x, w, torch.empty(N),
                                            torch.empty(HQ + HK, D), *shared)

@@ -353,7 +353,7 @@ def test_every_output_element_is_written(seeded):
         assert not t.isnan().any()
     g = [torch.randn_like(t) for t in (q, k, v)]
     dx, dw, db, dnorm = nan(M, K), nan(N, K), nan(N), nan(HQ + HK, D)
-    run("dx", (*g, w, dx) + shared)
+    run("dx", (*g, w, dx) + rows + shared[4:])
     run("dw", (*g, x.reshape(M, K), dw, db, dnorm) + shared)
     for t in (dx, dw, db, dnorm):
         assert not t.isnan().any()

@@ -266,7 +266,7 @@ def qkv_tile_resources(candidates: dict, tokens=8192, hidden=4096, HQ=32, HK=8,
     tables = (angles.turns, angles.amplitude, None, None, None, None, None, None)
     rows = torch.empty(tokens, D, dtype=torch.float32)     # the forward's cos and s' rows
     pointers = {"fwd": (x, w, None, *outs, rows, rows, *tables[4:]),
-                "dx": (*outs, w, torch.empty_like(x), *tables),
+                "dx": (*outs, w, torch.empty_like(x), rows, rows, *tables[4:]),
                 "dw": (*outs, x, torch.empty_like(w), None, None, *tables)}
     names = {"fwd": qkv_gemm.FWD_POINTERS, "dx": qkv_gemm.DX_POINTERS,
              "dw": qkv_gemm.DW_POINTERS}

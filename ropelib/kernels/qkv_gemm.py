@@ -63,7 +63,7 @@ forward  _qkv_rope_fwd_kernel   one program per (BLOCK_M tokens, head): cdiv(M, 
          rotates, rounds once and stores into q, k or v in the output layout (bshd [B, S, H, D]
          or bhsd [B, H, S, D]).
 dX       _qkv_rope_dx_kernel    one program per (BLOCK_M tokens, BLOCK_K hidden columns),
-         grouped: it computes its tokens' angles once, then loops over every head (q's, k's,
+         grouped: it reads its tokens' cos and sin rows once, then loops over every head (q's, k's,
          v's): forms that head's dY tile [BLOCK_M, D] from gq/gk/gv (and the saved norm
          inputs), rounds it to the weight's dtype and multiplies it into W[head rows, columns].
 dW, db   _qkv_rope_dw_kernel    one program per (head, BLOCK_K hidden columns), grouped: it
@@ -98,11 +98,14 @@ with per-entry position ids, else 1) from the table and the positions, with the 
 the kernels use, so the same bits, and the epilogue reads them (from L2: every head of a token
 tile reads the same rows). Evaluating them in the epilogue had held the forward at 254 registers
 (sm_90, Triton 3.6; 226 reading rows) and cost it a quarter of its bare GEMM's time on an H200
-(benchmarks/NOTES.md). The backward's kernels still evaluate them, once per program: read from
-rows inside dW's loop over tokens they are pipelined through shared memory, which compiled for
-sm_90 halves the dW programs an SM holds at its tile; not measured on a GPU yet. A position
-outside the table makes its q and k rows NaN, forward and backward (as in every ropelib
-kernel). Math is
+(benchmarks/NOTES.md). dX reads the same rows, written again by the backward (once per
+program, before its loop over heads: 1.73 ms at its tile, 8192 tokens, H200, where the
+kernel evaluating them had taken 1.92 in an earlier sweep whose bare GEMM timed the same).
+dW evaluates sin and cos itself, in every step of its loop over tokens: rows read there
+instead are 4 x BLOCK_M x R/2 fp32 values a step (32 KiB at its tile, four times the gradient
+tile's bytes), which the loop pipelines through shared memory, and dW took 7.6-9.1 ms against
+4.8 evaluating (H200, the same comparison). A position outside the table makes
+its q and k rows NaN, forward and backward (as in every ropelib kernel). Math is
 fp32 (tl.dot accumulates fp32; fp32 inputs multiply in full fp32, not TF32) with one rounding
 at each store; the backward rounds dY to the weight's dtype once, as the MMA operand, where the
 unfused pipeline rounds it once when it writes it.
@@ -198,10 +201,11 @@ def _cos_sin(cos_ptr, sin_ptr, m, M, S, P, pos_ptr, cu_seqlens_ptr, N_SEQ, d_a, 
 @triton.jit
 def _cos_sin_rows(cos_ptr, sin_ptr, m, M, S, d_a, d_b, ROWS_PER_ENTRY: tl.constexpr,
                   R: tl.constexpr, BLOCK_HALF: tl.constexpr):
-    # the forward's cos and sin of tokens m [BLOCK_M]: c_a, s_a, c_b, s_b [BLOCK_M, BLOCK_HALF]
-    # fp32, read from every token's cos and s' rows [NB * S, R] that the pre-pass wrote
-    # (launch.plan_cos_sin_rows: row b S + s with ROWS_PER_ENTRY, else row s; s'_a = -s_a,
-    # s'_b = s_b; a NaN row where a position is outside the table, so the rotation makes NaN)
+    # the cos and sin of tokens m [BLOCK_M] (the forward's and dX's): c_a, s_a, c_b, s_b
+    # [BLOCK_M, BLOCK_HALF] fp32, read from every token's cos and s' rows [NB * S, R] that the
+    # pre-pass wrote (launch.plan_cos_sin_rows: row b S + s with ROWS_PER_ENTRY, else row s;
+    # s'_a = -s_a, s'_b = s_b; a NaN row where a position is outside the table, so the
+    # rotation, forward or backward, makes NaN). Rows past M read zeros (masked, finite).
     HALF: tl.constexpr = R // 2
     j = tl.arange(0, BLOCK_HALF)
     if ROWS_PER_ENTRY:
@@ -283,7 +287,9 @@ def _grad_tile(g_ptr, hh, H, g, NQK, nw_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b, s
     # The backward's prologue: dY of head hh of q, k (ROTATE) or v for tokens m, from the
     # gradient g_ptr of that output (laid out like it) -> (dY_a, dY_b, dY_p, gun_a, gun_b,
     # gun_p), fp32 [BLOCK_M, *]: dY in the accumulators' pairing, and gu n (the norm weight's
-    # gradient terms; zeros without the norm). Rows past M come out zero.
+    # gradient terms; zeros without the norm). Rows past M come out zero. valid [BLOCK_M]:
+    # False where a position is outside the table (dY NaN there), or None where the cos/sin
+    # rows say so themselves (NaN rows).
     row = g_ptr + _head_rows(m, hh, H, S, B, D, LAYOUT, INT64)[:, None]
     mask = m_ok[:, None] & j_ok[None, :]
     mask_p = m_ok[:, None] & e_ok[None, :]
@@ -299,8 +305,9 @@ def _grad_tile(g_ptr, hh, H, g, NQK, nw_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b, s
     if ROTATE:
         # gu = rot(-theta) gy: the transpose swaps which member's sine is used
         ga, gb = rotate_pair(ga, gb, c_a, -s_b, c_b, -s_a)
-        ga = tl.where(valid[:, None], ga, float("nan"))
-        gb = tl.where(valid[:, None], gb, float("nan"))
+        if valid is not None:
+            ga = tl.where(valid[:, None], ga, float("nan"))
+            gb = tl.where(valid[:, None], gb, float("nan"))
         if nw_ptr is not None:
             if INT64:
                 mg = m.to(tl.int64) * NQK + g
@@ -470,11 +477,11 @@ def _qkv_rope_dx_kernel(
     gq_ptr, gk_ptr, gv_ptr,             # gradients of q, k, v (laid out like them)
     w_ptr,                              # weight [N, K]
     dx_ptr,                             # out: the gradient of x [M, K]
-    cos_ptr, sin_ptr, pos_ptr, cu_seqlens_ptr,
+    cos_ptr, sin_ptr,                   # every token's cos and s' rows [NB * S, R] fp32
     norm_q_ptr, norm_k_ptr, rstd_ptr, pre_ptr,
-    S, B, K, HQ, HK, P, N_SEQ,
+    S, B, K, HQ, HK,
     D: tl.constexpr, R: tl.constexpr, LAYOUT: tl.constexpr, INTERLEAVED: tl.constexpr,
-    IDS_PER_ENTRY: tl.constexpr, ROTATE: tl.constexpr,
+    ROWS_PER_ENTRY: tl.constexpr, ROTATE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, INT64: tl.constexpr,
 ):
     HALF: tl.constexpr = R // 2
@@ -494,12 +501,12 @@ def _qkv_rope_dx_kernel(
     d_a, d_b = pair_features(j, HALF, INTERLEAVED)
     e = R + tl.arange(0, BLOCK_PASS)
     e_ok = e < D
-    if ROTATE:      # the tokens' angles, once for every q and k head
-        c_a, s_a, c_b, s_b, valid = _cos_sin(cos_ptr, sin_ptr, m, M, S, P, pos_ptr,
-                                             cu_seqlens_ptr, N_SEQ, d_a, d_b, IDS_PER_ENTRY, R,
-                                             BLOCK_M, BLOCK_HALF)
+    if ROTATE:      # the tokens' cos and sin rows, once for every q and k head
+        c_a, s_a, c_b, s_b = _cos_sin_rows(cos_ptr, sin_ptr, m, M, S, d_a, d_b, ROWS_PER_ENTRY,
+                                           R, BLOCK_HALF)
     else:
-        c_a, s_a, c_b, s_b, valid = 0.0, 0.0, 0.0, 0.0, m_ok
+        c_a, s_a, c_b, s_b = 0.0, 0.0, 0.0, 0.0
+    valid = None            # (a position outside the table has NaN rows)
     acc = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
     for h in range(0, HQ):
         if INT64:
@@ -666,11 +673,13 @@ def _qkv_rope_dw_kernel(
 # --- host side: tiles, plans, launches -------------------------------------------------------
 
 # each kernel's pointer arguments, in its order (an unused one is None)
+# The forward and dX read every token's cos and s' rows (qkv_linear.cos_sin_rows) as cos_ptr and
+# sin_ptr; dW reads the table and the positions and evaluates sin and cos itself (the header)
 _NORM = ("norm_q_ptr", "norm_k_ptr", "rstd_ptr", "pre_ptr")
+_ROWS = ("cos_ptr", "sin_ptr") + _NORM
 _TABLES = ("cos_ptr", "sin_ptr", "pos_ptr", "cu_seqlens_ptr") + _NORM
-FWD_POINTERS = ("x_ptr", "w_ptr", "bias_ptr", "q_ptr", "k_ptr", "v_ptr", "cos_ptr",
-                "sin_ptr") + _NORM
-DX_POINTERS = ("gq_ptr", "gk_ptr", "gv_ptr", "w_ptr", "dx_ptr") + _TABLES
+FWD_POINTERS = ("x_ptr", "w_ptr", "bias_ptr", "q_ptr", "k_ptr", "v_ptr") + _ROWS
+DX_POINTERS = ("gq_ptr", "gk_ptr", "gv_ptr", "w_ptr", "dx_ptr") + _ROWS
 DW_POINTERS = ("gq_ptr", "gk_ptr", "gv_ptr", "x_ptr", "dw_ptr", "db_ptr", "dnorm_ptr") + _TABLES
 LAYOUT = {"bshd": 1, "bhsd": 2}     # as kernels/common.contiguous_strides numbers them
 FWD = DirectLauncher(_qkv_rope_fwd_kernel, FWD_POINTERS)
