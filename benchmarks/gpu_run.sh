@@ -128,18 +128,23 @@ for what in "${@:-tests}"; do
                 --out "$RESULTS/qkv_mainloop-$gpu.csv"
             keep "$RESULTS/qkv_mainloop-$gpu.csv" ;;
         tables)
-            # transformers' materialised tables: Qwen2-VL's per-axis ones under Nsight Compute
-            # (benchmarks/tables_read_probe.py; bytes read and time per kernel, Liger's beside),
-            # Hugging Face's [B, S, D] ones timed against the finished kernel and Liger's rope
+            # transformers' materialised tables: Qwen2-VL's per-axis ones and Hugging Face's
+            # [B, S, D] ones (transformers' views, contiguous bhsd) under Nsight Compute
+            # (benchmarks/tables_read_probe.py, hf_tables_ncu_probe.py; bytes read and time per
+            # kernel, Liger's beside), then HF's timed against the finished kernel and Liger's rope
             ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu \
                   2>/dev/null | tail -1)
             if [ -n "$ncu" ]; then
-                "$ncu" --profile-from-start off --csv --metrics gpu__time_duration.sum,\
+                for probe in tables_read hf_tables; do
+                    script=benchmarks/${probe}_probe.py
+                    [ "$probe" = hf_tables ] && script=benchmarks/hf_tables_ncu_probe.py
+                    "$ncu" --profile-from-start off --csv --metrics gpu__time_duration.sum,\
 dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,\
 lts__t_sector_hit_rate.pct,l1tex__t_sector_hit_rate.pct,launch__grid_size \
-                    "$PY" benchmarks/tables_read_probe.py 2>/dev/null | grep -v '^==PROF==' \
-                    > "$RESULTS/tables_read_ncu-$tag.csv"
-                keep "$RESULTS/tables_read_ncu-$tag.csv"
+                        "$PY" "$script" 2>/dev/null | grep -v '^==PROF==' \
+                        > "$RESULTS/${probe}_ncu-$tag.csv"
+                    keep "$RESULTS/${probe}_ncu-$tag.csv"
+                done
             else
                 echo "=== tables: no ncu on this machine: the Nsight Compute part is skipped"
             fi
