@@ -187,9 +187,9 @@ def test_committed_tile_resources_follow_from_their_columns():
 
 def test_committed_tile_resources_match_the_gpu_sweeps():
     # the same tiles; where a GPU ran one, its registers and spills (n_spills: 4-byte words) for
-    # dX and dW, the kernels the sweeps ran (the forward has changed since: cos and sin read from
-    # a pre-pass's rows, so its registers differ); where it refused one for shared memory, more
-    # than a program may have
+    # dX and dW as the committed compile has them, the kernels the sweeps ran (the forward has
+    # changed since, and then dX: cos and sin read from a pre-pass's rows, so ropelib's own
+    # registers differ); where it refused one for shared memory, more than a program may have
     meta, rows = _tiles()
     keys = ("kernel", "BLOCK_M", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "rotate")
     compiled = {tuple(r[k] for k in keys): r for r in rows}
