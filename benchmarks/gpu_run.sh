@@ -16,6 +16,8 @@
 #   bash benchmarks/gpu_run.sh ablation  # notebook 04's ablation: what makes the grid kernel fast
 #   bash benchmarks/gpu_run.sh ladder    # notebook 05's ladder: from batch-reuse to the finished kernel
 #   bash benchmarks/gpu_run.sh features  # fused QK-norm, KV-cache write, M-RoPE, table-free angles
+#   bash benchmarks/gpu_run.sh qkv-backward  # the QKV backward's kernels at chosen tiles, then
+#                                            # the fused projection against its providers
 #   bash benchmarks/gpu_run.sh qkv-mainloop  # the QKV projection's GEMM mainloop three ways vs cuBLAS
 #   bash benchmarks/gpu_run.sh tables    # transformers' materialised cos/sin tables: what the
 #                                        # flat pass reads (Nsight Compute) and the HF drop-in's
@@ -123,6 +125,16 @@ for what in "${@:-tests}"; do
             step angle_precision "$PY" benchmarks/angle_precision.py --time \
                 --out "$RESULTS/angle_precision-$tag.csv" --figure figures/10-angle-precision.png
             keep "$RESULTS/angle_precision-$tag.csv" figures/10-angle-precision.png ;;
+        qkv-backward)
+            # the QKV projection's backward kernels at their tiles and at wider dW column blocks
+            # (fewer programs re-evaluate each token's sin and cos), then the providers end to
+            # end (benchmarks/qkv_rope_bench.py)
+            step qkv-backward "$PY" benchmarks/qkv_tiles.py --out "$RESULTS" \
+                --tile dx=64,64,8,4,3 --tile dw=32,128,8,4,4 --tile dw=32,256,8,8,3 \
+                --tile dw=32,256,8,8,2 --tile dw=64,256,8,8,2
+            keep "$RESULTS"/qkv_tiles_chosen-"$gpu"-*.csv
+            step qkv-rope "$PY" benchmarks/qkv_rope_bench.py --out "$RESULTS/qkv_rope-$gpu.csv"
+            keep "$RESULTS/qkv_rope-$gpu.csv" ;;
         qkv-mainloop)
             step qkv-mainloop "$PY" benchmarks/qkv_mainloop_probe.py \
                 --out "$RESULTS/qkv_mainloop-$gpu.csv"
@@ -176,7 +188,7 @@ lts__t_sector_hit_rate.pct,l1tex__t_sector_hit_rate.pct,launch__grid_size \
                 ${ONLY:+--only "$ONLY"}
             [ -n "${OUT:-}" ] && tar czf "$OUT/executed-$tag.tar.gz" -C "$executed" . ;;
         *)
-            echo "unknown step: $what (tests, targets, floor, two-pass, decode, model, sweeps, ablation, ladder, features, qkv-mainloop, probes, course, notebooks)"; exit 2 ;;
+            echo "unknown step: $what (tests, targets, floor, two-pass, decode, model, sweeps, ablation, ladder, features, qkv-backward, qkv-mainloop, tables, probes, course, notebooks)"; exit 2 ;;
     esac
 done
 exit $rc

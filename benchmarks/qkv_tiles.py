@@ -1,6 +1,8 @@
 """Tile choices of the fused QKV projection (kernels/qkv_gemm.GPU_TILES), measured on a GPU.
 
     python benchmarks/qkv_tiles.py --out benchmarks/results/      # GPU: qkv_tiles-<gpu>.csv
+    python benchmarks/qkv_tiles.py --out benchmarks/results/ --tile dw=32,256,8,8,3 ...
+                                     # only these tiles: qkv_tiles_chosen-<gpu>-<date>.csv
     TRITON_INTERPRET=1 python benchmarks/qkv_tiles.py --dry-run   # CPU: tiny shapes, one tile
 
 Llama-3-8B's projection (hidden 4096, 32 query and 8 key/value heads of 128, bf16), 8192 tokens,
@@ -8,8 +10,8 @@ no QK-norm. Each of the three kernels (forward, dX, dW) is timed alone, launched
 kernels/qkv_gemm plans it, once per candidate tile (BLOCK_M, BLOCK_K, GROUP_M, warps, stages):
 with the epilogue (rotate=True) and without it (rotate=False, the bare GEMM), so the column
 `epilogue_cost` = rotate / bare - 1 says what the rotation costs at that tile. Registers and
-spills per thread come from Triton's compiled kernel. `--apply` prints the GPU_TILES the
-fastest rotating tiles would give (it edits nothing). Timings: triton.testing.do_bench medians.
+spills per thread come from Triton's compiled kernel. It prints the fastest rotating tile of
+each kernel, in GPU_TILES' form (it edits nothing). Timings: triton.testing.do_bench medians.
 """
 import argparse
 import os
@@ -55,7 +57,9 @@ def _compiled(kernel):
         return "", ""
 
 
-def run(dry_run: bool, tokens=8192, hidden=4096, HQ=32, HK=8, D=128) -> list:
+def run(dry_run: bool, tokens=8192, hidden=4096, HQ=32, HK=8, D=128, candidates=None) -> list:
+    """Time every candidate tile ({kind: [(BLOCK_M, BLOCK_K, GROUP_M, warps, stages)]};
+    CANDIDATES by default), bare and rotating: one row each."""
     device = runtime.default_device()
     if dry_run:
         tokens, hidden, HQ, HK, D = 16, 32, 2, 1, 16
@@ -78,7 +82,7 @@ def run(dry_run: bool, tokens=8192, hidden=4096, HQ=32, HK=8, D=128) -> list:
     saved = {k: dict(v) for k, v in qkv_gemm.GPU_TILES.items()}
     rows = []
     try:
-        for kind, cands in CANDIDATES.items():
+        for kind, cands in (candidates or CANDIDATES).items():
             for cand in (cands[:1] if dry_run else cands):
                 bare = None
                 for rotate in (False, True):
@@ -114,9 +118,25 @@ def run(dry_run: bool, tokens=8192, hidden=4096, HQ=32, HK=8, D=128) -> list:
     return rows
 
 
+def parse_tiles(specs) -> dict:
+    """["dw=32,256,8,8,3", ...] -> {"dw": [(32, 256, 8, 8, 3)], ...}; {} for none."""
+    out = {}
+    for spec in specs:
+        kind, _, numbers = spec.partition("=")
+        try:
+            tile = tuple(int(n) for n in numbers.split(","))
+        except ValueError:
+            tile = ()
+        if kind not in ("fwd", "dx", "dw") or len(tile) != len(KEYS):
+            raise SystemExit(f"--tile {spec!r}: expected KIND=BLOCK_M,BLOCK_K,GROUP_M,warps,"
+                             f"stages with KIND fwd, dx or dw")
+        out.setdefault(kind, []).append(tile)
+    return out
+
+
 def best(rows) -> dict:
     out = {}
-    for kind in CANDIDATES:
+    for kind in ("fwd", "dx", "dw"):
         timed = [r for r in rows if r["kernel"] == kind and r["rotate"] and r.get("ms")]
         if timed:
             r = min(timed, key=lambda r: r["ms"])
@@ -128,9 +148,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=None, help="a folder for qkv_tiles-<gpu>.csv")
     ap.add_argument("--dry-run", action="store_true", help="tiny shapes, one tile, no timing")
+    ap.add_argument("--tile", action="append", default=[], metavar="KIND=BM,BK,G,W,S",
+                    help="time only these tiles (repeat it): kind fwd, dx or dw, then BLOCK_M, "
+                         "BLOCK_K, GROUP_M, warps, stages")
     args = ap.parse_args(argv)
+    chosen = parse_tiles(args.tile)
     print(runtime.mode())
-    rows = run(args.dry_run)
+    rows = run(args.dry_run, candidates=chosen)
     print("fastest rotating tiles:", best(rows))
     if args.out is not None and not args.dry_run:
         gpu = compare.gpu_slug()
@@ -138,7 +162,9 @@ def main(argv=None) -> int:
         meta.update(script="benchmarks/qkv_tiles.py", case="t8192 hidden 4096 32/8 heads x 128 "
                     "bf16, no QK-norm", timing="triton.testing.do_bench median ms")
         args.out.mkdir(parents=True, exist_ok=True)
-        print("wrote", compare.write_csv(rows, args.out / f"qkv_tiles-{gpu}.csv", meta=meta,
+        stamp = meta["date"][:16].replace("-", "").replace("T", "-").replace(":", "")
+        name = f"qkv_tiles_chosen-{gpu}-{stamp}" if chosen else f"qkv_tiles-{gpu}"
+        print("wrote", compare.write_csv(rows, args.out / f"{name}.csv", meta=meta,
                                          fields=FIELDS))
     return 0 if all(not r["reason"] for r in rows) else 1
 

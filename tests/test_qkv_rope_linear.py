@@ -716,3 +716,19 @@ def test_mainloop_probe_variants_compute_the_projection(capsys):
     probe.check()
     out = capsys.readouterr().out
     assert "pointers: max error" in out and "descriptors: max error" in out
+
+
+def test_tile_sweep_takes_chosen_tiles():
+    """benchmarks/qkv_tiles.py --tile: only the tiles named (bare and rotating, each kernel as
+    qkv_gemm plans it), here through the interpreter's dry run; a malformed tile is refused
+    with what was expected."""
+    sweep = load_file("qkv_tiles", ROOT / "benchmarks" / "qkv_tiles.py")
+    chosen = sweep.parse_tiles(["dw=16,16,8,4,1", "dx=16,16,8,4,1"])
+    assert chosen == {"dw": [(16, 16, 8, 4, 1)], "dx": [(16, 16, 8, 4, 1)]}
+    rows = sweep.run(True, candidates=chosen)
+    assert [(r["kernel"], r["rotate"]) for r in rows] == [("dw", False), ("dw", True),
+                                                          ("dx", False), ("dx", True)]
+    assert all(not r["reason"] for r in rows)
+    for bad in ("dz=16,16,8,4,1", "dw=16,16,8", "dw=a,b,c,d,e"):
+        with pytest.raises(SystemExit, match="KIND=BLOCK_M,BLOCK_K"):
+            sweep.parse_tiles([bad])
