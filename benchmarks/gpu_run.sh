@@ -147,15 +147,14 @@ for what in "${@:-tests}"; do
             ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu \
                   2>/dev/null | tail -1)
             if [ -n "$ncu" ]; then
-                for probe in tables_read hf_tables; do
-                    script=benchmarks/${probe}_probe.py
-                    [ "$probe" = hf_tables ] && script=benchmarks/hf_tables_ncu_probe.py
+                for probe in tables_read hf_tables_ncu; do
+                    name=${probe%_ncu}_ncu      # (the CSV: tables_read_ncu, hf_tables_ncu)
                     "$ncu" --profile-from-start off --csv --metrics gpu__time_duration.sum,\
 dram__bytes_read.sum,dram__bytes_write.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,\
 lts__t_sector_hit_rate.pct,l1tex__t_sector_hit_rate.pct,launch__grid_size \
-                        "$PY" "$script" 2>/dev/null | grep -v '^==PROF==' \
-                        > "$RESULTS/${probe}_ncu-$tag.csv"
-                    keep "$RESULTS/${probe}_ncu-$tag.csv"
+                        "$PY" "benchmarks/${probe}_probe.py" 2>/dev/null | grep -v '^==PROF==' \
+                        > "$RESULTS/$name-$tag.csv"
+                    keep "$RESULTS/$name-$tag.csv"
                 done
             else
                 echo "=== tables: no ncu on this machine: the Nsight Compute part is skipped"

@@ -17,17 +17,14 @@ file suffixed -bhsd-by-tokens is the same run with bhsd's programs ordered by ch
 """
 import torch
 
-import ropelib
 import ropelib.hf
+from hf_tables_probe import hf_tables     # (run as a script: benchmarks/ is on sys.path)
 
 
 def main():
     dev = "cuda"
     B, S, HQ, HK, D = 4, 8192, 28, 4, 128
-    g = torch.Generator().manual_seed(0)
-    ids = (torch.arange(S)[None] + torch.randint(0, 64, (B, 1), generator=g)).to(dev)
-    cos_t, sin_t = ropelib.rope_cos_sin(S + 64, D, dtype=torch.bfloat16, device=dev)
-    cos, sin = cos_t[ids], sin_t[ids]                                  # [B, S, D]
+    cos, sin = hf_tables(B, S, D, dev)          # the timing probe's tables, [B, S, D]
     views = (torch.randn(B, S, HQ, D, device=dev, dtype=torch.bfloat16).transpose(1, 2),
              torch.randn(B, S, HK, D, device=dev, dtype=torch.bfloat16).transpose(1, 2))
     bhsd = tuple(t.contiguous() for t in views)
