@@ -22,6 +22,8 @@
 #   bash benchmarks/gpu_run.sh tables    # transformers' materialised cos/sin tables: what the
 #                                        # flat pass reads (Nsight Compute) and the HF drop-in's
 #                                        # time against the finished kernel and Liger (~2 min)
+#   bash benchmarks/gpu_run.sh mechanisms  # memory latency (pointer chase) and the pair swap's
+#                                          # memory counters, for notebooks 05 and 03 (~2 min)
 #   bash benchmarks/gpu_run.sh probes    # the flat pass at 1 GiB (one_gib_probe), decode tiles
 #                                        # under CUDA graphs (~3 min)
 #   bash benchmarks/gpu_run.sh course    # the course's measurements (ladder, generations, Nsight
@@ -160,6 +162,13 @@ lts__t_sector_hit_rate.pct,l1tex__t_sector_hit_rate.pct,launch__grid_size \
                 echo "=== tables: no ncu on this machine: the Nsight Compute part is skipped"
             fi
             step hf-tables "$PY" benchmarks/hf_tables_probe.py ;;
+        mechanisms)
+            # notebook 05's memory latency (a pointer chase, idle and beside a copy) and notebook
+            # 03's pair swap under Nsight Compute (sectors per request, L1 hits, L2 and DRAM
+            # traffic of stride-2 loads and stores), written where the notebooks read them
+            step memory-latency "$PY" benchmarks/memory_latency.py --out "$RESULTS"
+            step access-counters "$PY" benchmarks/access_counters.py --out "$RESULTS"
+            keep "$RESULTS/memory_latency-$gpu.csv" "$RESULTS/access_counters-$gpu.csv" ;;
         probes)
             step one-gib "$PY" benchmarks/one_gib_probe.py --out "$RESULTS"
             step decode-tiles "$PY" benchmarks/decode_tiles.py --out "$RESULTS"

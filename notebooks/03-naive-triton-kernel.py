@@ -664,6 +664,7 @@ assert mech["sh_loop_b_w8"]["us"] > mech["sh_loop_b_w4"]["us"] > mech["sh_loop_b
 # and returns the byte address of every lane each instruction touched.
 
 # %%
+# ropelib-source: ropelib.course.kernels.pair_swap._pair_swap_kernel
 @triton.jit
 def _pair_swap_kernel(
     x_ptr,  # *x: [n_rows, D], contiguous
@@ -691,6 +692,8 @@ def _pair_swap_kernel(
         tl.store(y_ptr + pair, tl.join(b, a), mask=live[:, :, None])
 
 
+# %%
+# ropelib-source: ropelib.course.kernels.pair_swap.pair_swap
 def pair_swap(x, strided_load, strided_store, rows_per_program=1, out=None):
     y = torch.full_like(x, float("nan")) if out is None else out
     grid = (triton.cdiv(x.shape[0], rows_per_program),)
@@ -699,6 +702,7 @@ def pair_swap(x, strided_load, strided_store, rows_per_program=1, out=None):
     return y
 
 
+# %%
 xp = torch.randn(5, 128, device=device, dtype=torch.bfloat16)
 for sl in (False, True):
     for ss in (False, True):

@@ -44,7 +44,9 @@ NOTEBOOKS = ROOT / "notebooks"
 # Each notebook and the ropelib objects it must show.
 REQUIRED = {
     "03-naive-triton-kernel": ["ropelib.course.kernels.naive._rope_naive_kernel",
-                               "ropelib.course.kernels.naive.rope_naive"],
+                               "ropelib.course.kernels.naive.rope_naive",
+                               "ropelib.course.kernels.pair_swap._pair_swap_kernel",
+                               "ropelib.course.kernels.pair_swap.pair_swap"],
     "04-batch-reuse-grid-kernel": ["ropelib.course.kernels.batch_reuse._rope_batch_reuse_kernel",
                                    "ropelib.course.kernels.ablation._rotate_tile",
                                    "ropelib.course.kernels.ablation._rope_ablation_kernel"],
