@@ -1,11 +1,13 @@
 """What notebook 03's four ways of moving RoPE's interleaved pairs make the memory system do,
 counted by Nsight Compute (GPU only; `--dry-run` checks the kernels on the CPU).
 
-Notebook 03 records, in the interpreter, which 32-byte sectors each load and store instruction
-of the pair swap (`ropelib.course.kernels.pair_swap`) touches: stride-2 loads and stores touch
-every sector of a row twice, half of it each time. What that costs on a GPU depends on where the
+Notebook 03 records, in the interpreter, which 32-byte sectors each load and store of the pair
+swap (`ropelib.course.kernels.pair_swap`) touches: stride-2 loads and stores touch every sector
+of a row twice, half of it each time. On a GPU each of those is split into warp instructions by
+the layout the compiler picks, which the interpreter does not show. What that costs on a GPU depends on where the
 second touch is served: a load's from L1, if the sector is still there; a store's goes to L2 in
-any case. This script profiles each pattern once on 64 MiB of bf16 ([2^18, 128], 16 rows a
+any case. This script profiles each pattern (and a fifth: whole rows loaded and stored, the pairs
+split and joined in registers, as ropelib's finished kernel does) once on 64 MiB of bf16 ([2^18, 128], 16 rows a
 program, as the notebook's timing cell) and records, per kernel:
 
     l1_load_requests, l1_load_sectors    global load requests (one per warp instruction) and
@@ -56,11 +58,12 @@ from ropelib.course.kernels.pair_swap import pair_swap  # noqa: E402
 
 ROWS, D, ROWS_PER_PROGRAM = 1 << 18, 128, 16
 REFERENCE_SHAPE = (4096, 4, 32)             # notebook 02's S, B, H on a GPU (D = 128)
-PATTERNS = {  # name: (strided load, strided store)
-    "contiguous load, contiguous store": (False, False),
-    "stride-2 load, contiguous store": (True, False),
-    "contiguous load, stride-2 store": (False, True),
-    "stride-2 load, stride-2 store": (True, True),
+PATTERNS = {  # name: (strided load, strided store, whole rows)
+    "contiguous load, contiguous store": (False, False, False),
+    "stride-2 load, contiguous store": (True, False, False),
+    "contiguous load, stride-2 store": (False, True, False),
+    "stride-2 load, stride-2 store": (True, True, False),
+    "whole rows, reshape and split": (False, False, True),
 }
 # Nsight Compute metric -> CSV column. The first group is required; the second is dropped (and
 # the run repeated) if this ncu does not know one of them.
@@ -103,15 +106,16 @@ def profiled_run() -> None:
     reference chain."""
     x, y = _inputs("cuda", ROWS)
     xr, fr = _reference_inputs()
-    for strided_load, strided_store in PATTERNS.values():
+    for strided_load, strided_store, whole_rows in PATTERNS.values():
         for _ in range(2):
-            pair_swap(x, strided_load, strided_store, ROWS_PER_PROGRAM, out=y)
+            pair_swap(x, strided_load, strided_store, ROWS_PER_PROGRAM, out=y,
+                      whole_rows=whole_rows)
     for _ in range(2):
         reference.te_unfused(xr, fr)
     torch.cuda.synchronize()
     torch.cuda.cudart().cudaProfilerStart()
-    for strided_load, strided_store in PATTERNS.values():
-        pair_swap(x, strided_load, strided_store, ROWS_PER_PROGRAM, out=y)
+    for strided_load, strided_store, whole_rows in PATTERNS.values():
+        pair_swap(x, strided_load, strided_store, ROWS_PER_PROGRAM, out=y, whole_rows=whole_rows)
         torch.cuda.synchronize()
     reference.te_unfused(xr, fr)
     torch.cuda.synchronize()
@@ -144,8 +148,8 @@ def run_ncu(ncu: str, raw_path: Path) -> tuple:
 
 def dry_run() -> None:
     x, _ = _inputs("cpu", 37)
-    for name, (strided_load, strided_store) in PATTERNS.items():
-        got = pair_swap(x, strided_load, strided_store, ROWS_PER_PROGRAM)
+    for name, (strided_load, strided_store, whole_rows) in PATTERNS.items():
+        got = pair_swap(x, strided_load, strided_store, ROWS_PER_PROGRAM, whole_rows=whole_rows)
         assert torch.equal(got, _want(x)), name
     print(f"dry run: the {len(PATTERNS)} patterns swap every pair of a [37, {D}] bf16 tensor")
 
@@ -172,14 +176,15 @@ def main(argv=None):
     slug = compare.gpu_slug()
     x, y = _inputs("cuda", ROWS)
     rows = []
-    for name, (strided_load, strided_store) in PATTERNS.items():
-        got = pair_swap(x, strided_load, strided_store, ROWS_PER_PROGRAM, out=y)
-        assert torch.equal(got, _want(x)), f"{name}: wrong output"
-        ms = triton.testing.do_bench(
-            lambda: pair_swap(x, strided_load, strided_store, ROWS_PER_PROGRAM, out=y),
-            warmup=25, rep=200)
+    for name, (strided_load, strided_store, whole_rows) in PATTERNS.items():
+        def run():
+            return pair_swap(x, strided_load, strided_store, ROWS_PER_PROGRAM, out=y,
+                             whole_rows=whole_rows)
+        assert torch.equal(run(), _want(x)), f"{name}: wrong output"
+        ms = triton.testing.do_bench(run, warmup=25, rep=200)
         rows.append({"pattern": name, "strided_load": strided_load,
-                     "strided_store": strided_store, "us": round(ms * 1e3, 2),
+                     "strided_store": strided_store, "whole_rows": whole_rows,
+                     "us": round(ms * 1e3, 2),
                      "model_bytes": 2 * x.numel() * x.element_size()})
     copy_ms = triton.testing.do_bench(lambda: y.copy_(x), warmup=25, rep=200)
     records, metrics = run_ncu(ncu, out / f"access_counters-{slug}-ncu.csv")
@@ -200,7 +205,7 @@ def main(argv=None):
             "shape": f"[{ROWS}, {D}] bf16, {ROWS_PER_PROGRAM} rows a program",
             "copy_us": round(copy_ms * 1e3, 2), "ncu": " ".join(version[-3:]),
             "metrics": "; ".join(f"{c} = {m}" for m, c in metrics.items())}
-    fields = ["group", "pattern", "strided_load", "strided_store", "us", "model_bytes",
+    fields = ["group", "pattern", "strided_load", "strided_store", "whole_rows", "us", "model_bytes",
               *metrics.values()]
     path = compare.write_csv(rows, out / f"access_counters-{slug}.csv", meta=meta, fields=fields)
     print(f"wrote {path}; a copy of the same bytes: {copy_ms * 1e3:.1f} us")

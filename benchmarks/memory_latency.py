@@ -7,7 +7,8 @@ buffer, each load's address being the value the previous load returned, so no tw
 in flight together and the time per step is one load's latency. The chain visits the buffer's
 128-byte lines in a random order (one index per line), so neither the line nor its neighbour
 is in a cache unless the whole footprint fits there. Each footprint's time per load is the slope
-between a short and a long chase (the launch and the first misses cancel), median of 3 rounds.
+between a short and a long chase (the launch cancels), median of 3 rounds; every chase goes on
+where the last stopped, so a DRAM-sized chain never meets a line twice.
 
     footprint          where the chain lies once it has been walked
     16 KiB             L1 (one SM's)
@@ -105,15 +106,18 @@ def _timed(fn, stream) -> float:
     return a, b
 
 
-def chase_ns(nxt, start, out, load=None) -> float:
-    """ns per load: the slope between the short and the long chase. With `load` (a callable
-    launching one copy, and how many launches cover the long chase), the copies run on a
-    second stream while each chase runs."""
+def chase_ns(nxt, out, load=None) -> float:
+    """ns per load: the slope between the short and the long chase. Each chase goes on from
+    where the last one stopped (`out`), so a DRAM-sized chain never comes back to a line it
+    has loaded (and L2 may still hold). With `load` (a callable launching one copy, and how
+    many launches cover the long chase), the copies run on a second stream while each chase
+    runs."""
     s_chase = torch.cuda.Stream()
     s_load = torch.cuda.Stream()
     times = []
     for steps in STEPS:
         torch.cuda.synchronize()
+        start = int(out)
         a, b = _timed(lambda: chase(nxt, start, steps, out), s_chase)
         if load is not None:
             launch, count = load
@@ -173,7 +177,7 @@ def main(argv=None):
         # walk a cache-sized chain once first, so the caches hold what fits (a DRAM-sized one
         # would take seconds, and nothing of it stays)
         chase(nxt, start, footprint // LINE + 10 if footprint <= 64 * MIB else STEPS[0], out)
-        ns = statistics.median(chase_ns(nxt, start, out) for _ in range(ROUNDS))
+        ns = statistics.median(chase_ns(nxt, out) for _ in range(ROUNDS))
         rows.append({"measure": "latency", "condition": "idle", "footprint_bytes": footprint,
                      "ns_per_load": round(ns, 1)})
         print(f"idle, {footprint / MIB:8.3f} MiB: {ns:6.1f} ns per load", flush=True)
@@ -181,14 +185,14 @@ def main(argv=None):
             one_copy_ms = 2 * COPY_BYTES / (alone * 1e6)
             long_ms = ns * STEPS[1] * 1e-6
             count = int(3 * long_ms / one_copy_ms) + 4      # covers the long chase, loaded
-            loaded = statistics.median(chase_ns(nxt, start, out, (lambda: copy(x, y), count))
+            loaded = statistics.median(chase_ns(nxt, out, (lambda: copy(x, y), count))
                                        for _ in range(ROUNDS))
             rows.append({"measure": "latency", "condition": "loaded",
                          "footprint_bytes": footprint, "ns_per_load": round(loaded, 1)})
             print(f"loaded, {footprint / MIB:6.0f} MiB: {loaded:6.1f} ns per load", flush=True)
             # the copy's bandwidth with a chase beside it (one SM's slot taken)
             with torch.cuda.stream(s_chase):
-                chase(nxt, start, STEPS[1] * 4, out)
+                chase(nxt, int(out), STEPS[1] * 4, out)
             beside = copy_gbps(x, y, s_copy, wait=False)
             torch.cuda.synchronize()
         del nxt

@@ -16,7 +16,8 @@ def test_pair_swap_patterns_dry_run(capsys):
     probe = load_file("access_counters", ROOT / "benchmarks" / "access_counters.py")
     probe.main(["--dry-run"])
     assert "swap every pair" in capsys.readouterr().out
-    assert set(probe.PATTERNS.values()) == {(a, b) for a in (False, True) for b in (False, True)}
+    assert set(probe.PATTERNS.values()) == {(a, b, False) for a in (False, True)
+                                            for b in (False, True)} | {(False, False, True)}
 
 
 def test_pointer_chase_dry_run(capsys):

@@ -22,27 +22,33 @@ def _pair_swap_kernel(
     ROWS: tl.constexpr,  # rows per program
     STRIDED_LOAD: tl.constexpr,  # True: two stride-2 loads; False: one contiguous load + tl.split
     STRIDED_STORE: tl.constexpr,  # True: two stride-2 stores; False: tl.join + one contiguous store
+    WHOLE_ROWS: tl.constexpr = False,  # True: [ROWS, D] loaded and stored as rows, reshaped
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)  # [ROWS]
     j = tl.arange(0, D // 2)  # [D/2] pair index
     even = rows[:, None] * D + 2 * j[None, :]  # [ROWS, D/2] offsets of the even features
     pair = even[:, :, None] + tl.arange(0, 2)[None, None, :]  # [ROWS, D/2, 2]: one contiguous run
     live = rows[:, None] < n_rows
-    if STRIDED_LOAD:
-        a = tl.load(x_ptr + even, mask=live)
-        b = tl.load(x_ptr + even + 1, mask=live)
+    if WHOLE_ROWS:  # offsets the compiler sees as D contiguous features; pairs split in registers
+        row = rows[:, None] * D + tl.arange(0, D)[None, :]  # [ROWS, D]
+        a, b = tl.split(tl.reshape(tl.load(x_ptr + row, mask=live), (ROWS, D // 2, 2)))
+        tl.store(y_ptr + row, tl.reshape(tl.join(b, a), (ROWS, D)), mask=live)
     else:
-        a, b = tl.split(tl.load(x_ptr + pair, mask=live[:, :, None]))
-    if STRIDED_STORE:
-        tl.store(y_ptr + even, b, mask=live)
-        tl.store(y_ptr + even + 1, a, mask=live)
-    else:
-        tl.store(y_ptr + pair, tl.join(b, a), mask=live[:, :, None])
+        if STRIDED_LOAD:
+            a = tl.load(x_ptr + even, mask=live)
+            b = tl.load(x_ptr + even + 1, mask=live)
+        else:
+            a, b = tl.split(tl.load(x_ptr + pair, mask=live[:, :, None]))
+        if STRIDED_STORE:
+            tl.store(y_ptr + even, b, mask=live)
+            tl.store(y_ptr + even + 1, a, mask=live)
+        else:
+            tl.store(y_ptr + pair, tl.join(b, a), mask=live[:, :, None])
 
-
-def pair_swap(x, strided_load, strided_store, rows_per_program=1, out=None):
+def pair_swap(x, strided_load, strided_store, rows_per_program=1, out=None, whole_rows=False):
     y = torch.full_like(x, float("nan")) if out is None else out
     grid = (triton.cdiv(x.shape[0], rows_per_program),)
     _pair_swap_kernel[grid](x, y, x.shape[0], D=x.shape[1], ROWS=rows_per_program,
-                            STRIDED_LOAD=strided_load, STRIDED_STORE=strided_store)
+                            STRIDED_LOAD=strided_load, STRIDED_STORE=strided_store,
+                            WHOLE_ROWS=whole_rows)
     return y
