@@ -533,8 +533,9 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 # kernels: the H100's (`qkv_rope-nvidia-h100-80gb-hbm3.csv`, 2026-11-25) measured an earlier
 # forward kernel, and a dX tile of 128/128 with 8 warps where ropelib's `GPU_TILES` has 64/64
 # with 4; the H200's (`qkv_rope-nvidia-h200.csv`, 2026-11-29) measured ropelib's forward kernel
-# and tiles. The table under the figure prints the milliseconds. The ratios separate three
-# effects:
+# and dX tile. Both ran dW at 32 rows by 128 columns on 4 warps, the tile the sweeps chose;
+# ropelib's dW has since taken wider column blocks (section 7 reads that measurement). The table
+# under the figure prints the milliseconds. The ratios separate three effects:
 #
 # - **Triton GEMM / cuBLAS**: the main loop alone. Until it reaches cuBLAS, the fused forward
 #   cannot beat the unfused pipeline, whatever the epilogue costs: the main loop's excess over
@@ -593,8 +594,9 @@ KERNELS = {slug: kernels_measured(slug) for slug in GPUS}
 for slug in GPUS:
     print(f"{META[slug]['gpu']}: qkv_rope-{slug}.csv ({META[slug]['date'][:10]}): {KERNELS[slug]}")
 # what the prose says: the two rows are of different kernels
-assert KERNELS == {"nvidia-h100-80gb-hbm3": "an earlier forward, an earlier dX tile 128/128/8/8/3",
-                   "nvidia-h200": "ropelib's forward and tiles"}
+assert KERNELS == {"nvidia-h100-80gb-hbm3": "an earlier forward, an earlier dX tile 128/128/8/8/3, "
+                                            "dW tile 32/128/8/4/4",
+                   "nvidia-h200": "ropelib's forward, an earlier dW tile 32/128/8/4/4"}
 assert tuple(qkv_gemm.GPU_TILES["dx"][k] for k in TILE) == (64, 64, 8, 4, 3)
 assert {slug: m["date"][:10] for slug, m in META.items()} == {
     "nvidia-h100-80gb-hbm3": "2026-11-25", "nvidia-h200": "2026-11-29"}
@@ -1005,8 +1007,41 @@ assert [round(v, 1) for v in plain] == [3.8, 3.8]
 #    prologues' extra time is most of the forward+backward gap (both printed above). Writing
 #    $dY$ once (one pass — the one the unfused pipeline makes anyway), reading each token's
 #    angles from rows computed once (as ropelib's forward does), or giving each dW program more
-#    columns would each cut the repetition.
+#    columns would each cut the repetition. The last was measured (the cell below): dW with
+#    256 columns a program on 8 warps re-forms each $dY$ tile half as often, and its prologue's
+#    extra time falls to less than half; the rotating kernel is still about twice the bare one.
+#    ropelib's dW now takes that tile. End to end on the same H200 the fused forward+backward
+#    went from 7.3 to 5.2 ms at 8192 tokens, still well behind the unfused pipeline's 1.9
+#    (`qkv_rope-nvidia-h200-20261129-1919-dw-wide.csv`; the figure above is of the run before).
 #
+# %%
+CHOSEN = RESULTS / "qkv_tiles_chosen-nvidia-h200-20261129-1914.csv"
+chosen = {(r["kernel"], tuple(r[k] for k in TILE), r["rotate"]): r for r in compare.read_csv(CHOSEN)}
+print(f"dW at chosen tiles, {compare.read_meta(CHOSEN)['case']} "
+      f"({compare.read_meta(CHOSEN)['gpu']}, {compare.read_meta(CHOSEN)['date'][:10]}):")
+for tile in sorted({t for k, t, _ in chosen if k == "dw"}):
+    bare, rot = chosen["dw", tile, False], chosen["dw", tile, True]
+    print(f"  {'/'.join(map(str, tile)):>14}: {bare['ms']:.2f} ms bare, {rot['ms']:.2f} ms rotating "
+          f"(prologue {rot['ms'] - bare['ms']:.2f} ms), {rot['n_regs']} registers, "
+          f"{rot['n_spills']} spilled")
+narrow, wide = (32, 128, 8, 4, 4), tuple(qkv_gemm.GPU_TILES["dw"][k] for k in TILE)
+assert wide == (64, 256, 8, 8, 2) and narrow == tile_key(measured("nvidia-h200", "fused", "fwd", 8192)["tiles"], "dw")
+extra = {t: chosen["dw", t, True]["ms"] - chosen["dw", t, False]["ms"] for t in (narrow, wide)}
+assert extra[wide] < 0.5 * extra[narrow]                       # "less than half"
+assert chosen["dw", wide, True]["ms"] > 2 * chosen["dw", wide, False]["ms"]   # "about twice"
+assert min((r["ms"], t) for (k, t, rot), r in chosen.items() if k == "dw" and rot)[1] == wide
+AFTER = RESULTS / "qkv_rope-nvidia-h200-20261129-1919-dw-wide.csv"
+after = {(r["provider"], r["pass"]): r["ms"] for r in compare.read_csv(AFTER)
+         if r["tokens"] == 8192 and not r["qk_norm"]}
+assert tile_key([r for r in compare.read_csv(AFTER)][0]["tiles"], "dw") == wide
+before = measured("nvidia-h200", "fused", "fwd+bwd", 8192)["ms"]
+print(f"fused forward+backward at 8192 tokens: {before:.2f} ms at dW {'/'.join(map(str, narrow))}, "
+      f"{after['fused', 'fwd+bwd']:.2f} ms at {'/'.join(map(str, wide))}; the unfused pipeline "
+      f"{after['unfused', 'fwd+bwd']:.2f} ms ({AFTER.name})")
+assert (round(before, 1), round(after["fused", "fwd+bwd"], 1), round(after["unfused", "fwd+bwd"], 1)) \
+    == (7.3, 5.2, 1.9)                                         # the numbers in the text
+
+# %% [markdown]
 # The idea is sound — it removes a pass whose cost section 1 measured — but it pays off only
 # with a main loop as fast as cuBLAS's and a backward that forms $dY$ about once.
 #

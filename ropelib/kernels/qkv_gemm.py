@@ -131,13 +131,13 @@ from .planning import Launch, cdiv, start
 # than the sweep had (results/qkv_tiles_chosen-nvidia-h200-20261129-1914.csv, H200): 256
 # columns of x a program on 8 warps, so half as many programs re-form each head's dY, 2.74 ms
 # against 4.78 at the sweep's 32/128 on 4 warps (255 registers, no spill, 96 KiB of shared
-# memory, one program an SM, compiled for sm_90). With QK-norm the wider tile spills 256 bytes a
-# thread where the narrow one spills 128, so the norm's dW keeps the narrow tile ("dw_norm").
+# memory, one program an SM, compiled for sm_90). With QK-norm it spills 256 bytes a thread
+# where the narrow tile spills 128, and the forward+backward still went from 16.52 to 13.88 ms
+# (8192 tokens, results/qkv_rope-nvidia-h200-20261129-19*-dw-wide*.csv).
 GPU_TILES = {
     "fwd": dict(BLOCK_M=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4),
     "dx": dict(BLOCK_M=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=3),
     "dw": dict(BLOCK_M=64, BLOCK_K=256, GROUP_M=8, num_warps=8, num_stages=2),
-    "dw_norm": dict(BLOCK_M=32, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=4),
 }
 MAX_HEAD_DIM = QKV_LINEAR_MAX_HEAD_DIM   # a head's D columns live in one program's registers
 
@@ -704,13 +704,12 @@ def _pow2_between(n, lo: int, hi: int) -> int:
     return p
 
 
-def pick_tiles(kind: str, M, K, device: torch.device, norm: bool = False) -> dict:
+def pick_tiles(kind: str, M, K, device: torch.device) -> dict:
     """BLOCK_M, BLOCK_K, GROUP_M, num_warps, num_stages of one of the three kernels ("fwd",
-    "dx", "dw"; `norm`: with QK-norm weights). GPU: GPU_TILES ("dw_norm" for dW with the
-    norm). Interpreter: tiles that fit the (small) problem, since every program instance costs
-    milliseconds there."""
+    "dx", "dw"). GPU: GPU_TILES. Interpreter: tiles that fit the (small) problem, since every
+    program instance costs milliseconds there."""
     if device.type == "cuda" and not INTERPRET:
-        return dict(GPU_TILES["dw_norm" if kind == "dw" and norm else kind])
+        return dict(GPU_TILES[kind])
     return dict(BLOCK_M=_pow2_between(M, 16, 64), BLOCK_K=_pow2_between(K, 16, 64), GROUP_M=8,
                 num_warps=4, num_stages=1)
 
@@ -737,8 +736,7 @@ def plan(kind: str, *, S, B, K, HQ, HK, D, R, P, ids, cu_seqlens, layout: str,
     Sees only sizes, dtypes and options, never values. rotate=False: the same GEMM without the
     norm and the rotation (benchmarks/qkv_rope_bench.py's baseline)."""
     M, N = S * B, (HQ + 2 * HK) * D
-    names = {"fwd": FWD_POINTERS, "dx": DX_POINTERS, "dw": DW_POINTERS}[kind]
-    t = pick_tiles(kind, M, K, device, norm=dtypes[names.index("norm_q_ptr")] is not None)
+    t = pick_tiles(kind, M, K, device)
     args = dict(S=S, B=B, K=K, HQ=HQ, HK=HK, P=P,
                 N_SEQ=cu_seqlens.shape[0] - 1 if cu_seqlens is not None else 0,
                 D=D, R=R, LAYOUT=LAYOUT[layout], INTERLEAVED=interleaved,
