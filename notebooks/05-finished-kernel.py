@@ -149,42 +149,75 @@ assert fin_m["x_kib_per_sm"] > 3 * br_m["x_kib_per_sm"] and fin_m["us"] < br_m["
 #
 # $$ \text{bytes in flight per SM} = \frac{W}{N_\text{SM}} \cdot L . $$
 #
-# The numbers, and where each comes from:
+# Both factors were measured on the H200 (`benchmarks/memory_latency.py`, read below):
 #
-# - $W$ = 4.8 TB/s and $N_\text{SM}$ = 132 for an H200; 3.35 TB/s and 132 for an H100 SXM, as
-#   a second column: **data sheet**. A copy measured on the H200 reaches less (read from the CSV
-#   above);
-# - $L \approx$ 600–800 ns from an SM to HBM and back, under load: a **typical published
-#   figure** for GPUs of this generation, **not measured here** (no run of this course measures
-#   latency), so every size computed from it is an estimate;
-# - at most 2048 resident threads and 65 536 32-bit registers per SM (compute capability 9.0):
-#   **data sheet**.
+# - $W$: a streaming copy kernel, reading and writing 1 GiB per launch;
+# - $L$: a **pointer chase**, one warp following a chain of indices through a buffer, each
+#   load's address being the value the previous load returned, so no two loads overlap and
+#   the time per step is one load's round trip. The chain visits the buffer's 128-byte lines
+#   in a random order: with a 16 KiB buffer every load hits L1, with 4–16 MiB L2, with 256 MiB
+#   and more DRAM. Then the same DRAM chase again while the copy keeps DRAM busy on the other
+#   SMs ("loaded"): the load waits in the queues a streaming kernel's own loads wait in.
+#
+# An SM holds at most 2048 threads (compute capability 9.0, **data sheet**).
 
 # %%
-LATENCY_NS = (600, 800)       # a typical published figure, not measured here
-SMS, THREADS_PER_SM, REGS_PER_SM = 132, 2048, 65536
-gpus = {"H200 (data sheet)": 4.8e12, "H100 SXM (data sheet)": 3.35e12}
-if start:
-    gpus[f"{gen_meta.get('gpu')} copy (measured)"] = start["ropelib"]["copy_gbps"] * 1e9
-    assert gpus[f"{gen_meta.get('gpu')} copy (measured)"] < gpus["H200 (data sheet)"]
-in_flight = {}                                        # name: (KiB per SM, bytes per thread), low-high
-for name, bw in gpus.items():
-    per_sm = bw / SMS                                 # bytes per second per SM
-    lo, hi = (per_sm * ns * 1e-9 for ns in LATENCY_NS)
-    in_flight[name] = ((lo / 1024, hi / 1024), (lo / THREADS_PER_SM, hi / THREADS_PER_SM))
-    print(f"{name:38s} {per_sm / 1e9:5.1f} B/ns per SM -> {lo / 1024:4.1f}-{hi / 1024:4.1f} KiB in "
-          f"flight per SM, {lo / THREADS_PER_SM:4.1f}-{hi / THREADS_PER_SM:4.1f} B per thread "
-          f"with {THREADS_PER_SM} threads resident")
-(kib_lo, kib_hi), (b_lo, b_hi) = in_flight["H200 (data sheet)"]
-assert [round(v) for v in (kib_lo, kib_hi, b_lo, b_hi)] == [21, 28, 11, 14]   # the text below
+lat_meta, lat_rows = measured.load("memory_latency")
+lat = {(r["condition"], r["footprint_bytes"]): r["ns_per_load"] for r in lat_rows
+       if r["measure"] == "latency"}
+copy_w = {r["condition"]: r["gbps"] * 1e9 for r in lat_rows if r["measure"] == "copy"}
+SMS, THREADS_PER_SM = int(lat_meta["sms"]), 2048
+print(f"{measured.where(lat_meta)}: one load's round trip (pointer chase)")
+for (cond, nbytes), ns in sorted(lat.items(), key=lambda kv: (kv[0][0] == "loaded", kv[0][1])):
+    print(f"  {cond:6s} {nbytes / 2**20:9.3f} MiB buffer: {ns:7.1f} ns")
+print(f"  copy kernel: {copy_w['idle'] / 1e9:.0f} GB/s alone, {copy_w['loaded'] / 1e9:.0f} GB/s "
+      f"with the chase beside it")
+L1_NS, L2_NS = lat["idle", 2**14], lat["idle", 2**24]
+DRAM_NS, LOADED_NS = lat["idle", 2**30], lat["loaded", 2**30]
+in_flight = {}                                   # which latency: (KiB per SM, bytes per thread)
+for name, ns in (("DRAM, idle", DRAM_NS), ("DRAM, beside a copy", LOADED_NS)):
+    per_sm = copy_w["idle"] / SMS * ns * 1e-9
+    in_flight[name] = (per_sm / 1024, per_sm / THREADS_PER_SM)
+    print(f"W x L with L = {ns:6.1f} ns ({name}): {per_sm / 1024:4.1f} KiB in flight per SM, "
+          f"{per_sm / THREADS_PER_SM:4.1f} B per thread with {THREADS_PER_SM} threads resident")
+# the text below: L1 ~20 ns, L2 ~140 ns, DRAM ~350 ns idle and ~1.3 us beside the copy
+assert 10 < L1_NS < 30 and 120 < L2_NS < 170 and 300 < DRAM_NS < 400 and 1100 < LOADED_NS < 1400
+assert abs(lat["idle", 2**28] - DRAM_NS) < 0.05 * DRAM_NS       # 256 MiB to 4 GiB: the same
+assert abs(copy_w["loaded"] - copy_w["idle"]) < 0.02 * copy_w["idle"]   # one warp takes nothing
+(kib_idle, b_idle), (kib_loaded, b_loaded) = in_flight.values()
+assert [round(v) for v in (kib_idle, b_idle, kib_loaded, b_loaded)] == [11, 5, 38, 19]
 
 # %% [markdown]
-# With these numbers an H200 needs about 21–28 KiB in flight per SM, roughly half as much again
-# as an H100 (the ratio of their bandwidths; the cell above prints both): with the SM full of
-# threads, every resident thread must keep about 11–14 bytes of loads outstanding, all the
-# time. The latency is an assumption, so read these as sizes, not targets;
-# what was measured is what the kernels achieved (section 1's table). That is where the tile
-# comes from:
+# Read the table from the top. A load that finds its line in L1 comes back in about 20 ns, from
+# L2 in about 140 ns, from DRAM in about 350 ns when nothing else is running — 256 MiB or 4 GiB
+# of buffer makes no difference. Beside a copy that streams at full bandwidth the same DRAM load
+# takes about 1.3 µs, nearly four times as long, while the copy loses nothing to the one warp
+# chasing. That growth is Little's law seen from the other side: once more bytes are requested
+# than $W \cdot L_\text{idle}$, bandwidth can grow no further, so the requests queue and the
+# latency stretches until $W \cdot L$ equals what is outstanding.
+#
+# So the two rows bracket the tile. Below about 11 KiB in flight per SM (about 5 bytes per
+# resident thread), DRAM's idle latency alone caps the bandwidth below $W$: a kernel there is
+# latency-bound, and more bytes in flight make it faster. Around 38 KiB per SM (19 bytes a
+# thread) the queues are as full as a copy keeps them. Between the two, bytes in flight buy
+# less and less. Section 1's table measured the other side of the same equation, the x each
+# kernel's resident warps ask for per batch step (`x KiB/SM`, an upper bound derived from the
+# profile): the cell below sets them side by side.
+
+# %%
+need_idle, need_loaded = kib_idle, kib_loaded
+for v in ("naive", "batch_reuse", "ropelib", "copy"):
+    r = mech[v]
+    print(f"  {v:12s} {r['x_kib_per_sm']:5.1f} KiB of x asked for per SM and step "
+          f"({'below' if r['x_kib_per_sm'] < need_idle else 'above'} W x L_idle = {need_idle:.1f}), "
+          f"{mech['copy']['us'] / r['us']:4.0%} of the copy's speed")
+assert mech["batch_reuse"]["x_kib_per_sm"] < need_idle < mech["ropelib"]["x_kib_per_sm"] < need_loaded
+assert need_loaded < mech["copy"]["x_kib_per_sm"]
+
+# %% [markdown]
+# The batch-reusing kernel's warps ask for less than DRAM's idle latency needs, and it runs at
+# about two thirds of a copy; the finished kernel's ask for between the two bounds, the copy's
+# for more than the loaded one. That is where the tile comes from:
 #
 # - **per thread**: a wide vector per load (8 bf16 values = 16 bytes is the widest); 2-byte
 #   loads, one element per thread, cannot be enough;
@@ -208,8 +241,6 @@ from ropelib.kernels import tiles
 SMS_H200 = 132
 H200_KNOBS = dict(tile_loop=tiles.TILES_BY_GPU["NVIDIA H200"]["loop"], tile_noloop=tiles.TILE_NOLOOP,
                   tile_wide=tiles.TILE_WIDE)
-ratio_bw = gpus["H200 (data sheet)"] / gpus["H100 SXM (data sheet)"]
-assert 1.3 < ratio_bw < 1.6                                          # "half as much again"
 assert tiles.PROGRAMS_PER_SM == 4
 plan_h200 = ladder.plan("equal_halves", 4096, 8, 32, 128, 2, SMS_H200, H200_KNOBS)
 print(f"the planner for the H200, s=4096 b=8 h=32 d=128 bf16: {plan_h200}")
@@ -740,6 +771,7 @@ print(f"H200 run, the same tile on {t4['num_warps']} warps: {t4['registers']} re
       f"{w8['occ_warps_per_sm']}")
 assert (t4["num_warps"], t4["registers"], t4["occ_warps_per_sm"]) == (4, 72, 28)
 assert (w8["num_warps"], w8["registers"], w8["occ_warps_per_sm"]) == (8, 64, 32)
+ratio_bw = 4.8e12 / 3.35e12    # data sheet bandwidths, H200 over H100 SXM (132 SMs each)
 assert 0.6 < 1 / ratio_bw < 0.75          # the H100's Little's-law budget: two thirds of the H200's
 
 # %% [markdown]
@@ -1761,9 +1793,11 @@ pairs_pass.show_solution()
 #
 # ## Questions for discussion
 #
-# 1. Section 2 used 600–800 ns for the memory latency, a typical published figure. How would
-#    the tile change if it were twice that? Which measurement on a GPU would tell you the
-#    latency your kernel actually sees?
+# 1. Section 2 measured DRAM's latency twice: about 350 ns on an idle GPU and about 1.3 µs
+#    beside a copy. Which of the two should size a tile, and why does a kernel that keeps more
+#    than $W \cdot L_\text{idle}$ in flight not go faster than a copy? Change
+#    `benchmarks/memory_latency.py` to chase beside a copy that runs on half the SMs: what do
+#    you expect the latency to do?
 # 2. ropelib's H100 tile gives 8-byte vectors, the H200's 16-byte ones, and each was chosen by
 #    a tile sweep on its own GPU (`benchmarks/NOTES.md`). What in section 2's model differs between the two GPUs, and what else
 #    (registers, resident programs) could make a wider vector lose?

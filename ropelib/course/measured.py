@@ -5,7 +5,10 @@ One GPU for every number the notebooks show: the H200 run (``*-nvidia-h200.csv``
 (``floor``, ``two_pass``) is read only where a notebook sets the two GPUs side by side. Notebook
 05's section on the two-pass route reads ``two_pass-nvidia-h200.csv`` (:func:`two_pass`) and the
 two probes of the flat pass, ``flat_pass_probe-nvidia-h200.csv`` and
-``flat_hints_probe-nvidia-h200.csv`` (:func:`probe`). Every CSV starts with ``# key: value``
+``flat_hints_probe-nvidia-h200.csv`` (:func:`probe`). Notebook 05's Little's law reads
+``memory_latency-nvidia-h200.csv`` (a pointer chase: one load's latency from L1, L2 and DRAM,
+idle and beside a copy) and notebook 03's section on coalescing ``access_counters-nvidia-h200.csv``
+(the pair swap under Nsight Compute). Every CSV starts with ``# key: value``
 lines naming the GPU, driver and versions (:func:`ropelib.bench.compare.read_meta`).
 
 ``mechanism-nvidia-h200.csv`` holds, for each kernel variant, what the compiler and Nsight
