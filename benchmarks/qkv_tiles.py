@@ -6,7 +6,7 @@
     TRITON_INTERPRET=1 python benchmarks/qkv_tiles.py --dry-run   # CPU: tiny shapes, one tile
 
 Llama-3-8B's projection (hidden 4096, 32 query and 8 key/value heads of 128, bf16), 8192 tokens,
-no QK-norm. Each of the three kernels (forward, dX, dW) is timed alone, launched as
+no QK-norm (`--norm`: with it, dX and dW reading the statistics one forward saved). Each of the three kernels (forward, dX, dW) is timed alone, launched as
 kernels/qkv_gemm plans it, once per candidate tile (BLOCK_M, BLOCK_K, GROUP_M, warps, stages):
 with the epilogue (rotate=True) and without it (rotate=False, the bare GEMM), so the column
 `epilogue_cost` = rotate / bare - 1 says what the rotation costs at that tile. Registers and
@@ -35,6 +35,7 @@ from ropelib.kernels import planning, qkv_gemm  # noqa: E402
 FIELDS = ["kernel", "BLOCK_M", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "rotate", "ms",
           "tflops", "epilogue_cost", "n_regs", "n_spills", "reason"]
 KEYS = ("BLOCK_M", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
+NAMES = {"fwd": qkv_gemm.FWD_POINTERS, "dx": qkv_gemm.DX_POINTERS, "dw": qkv_gemm.DW_POINTERS}
 
 CANDIDATES = {
     "fwd": [(128, 64, 8, 8, 3), (128, 64, 8, 8, 4), (128, 32, 8, 8, 4), (128, 64, 8, 4, 3),
@@ -57,9 +58,11 @@ def _compiled(kernel):
         return "", ""
 
 
-def run(dry_run: bool, tokens=8192, hidden=4096, HQ=32, HK=8, D=128, candidates=None) -> list:
+def run(dry_run: bool, tokens=8192, hidden=4096, HQ=32, HK=8, D=128, candidates=None,
+        norm=False) -> list:
     """Time every candidate tile ({kind: [(BLOCK_M, BLOCK_K, GROUP_M, warps, stages)]};
-    CANDIDATES by default), bare and rotating: one row each."""
+    CANDIDATES by default), bare and rotating: one row each. norm: the rotating kernels with
+    QK-norm weights (the backward's reading the statistics a forward saved)."""
     device = runtime.default_device()
     if dry_run:
         tokens, hidden, HQ, HK, D = 16, 32, 2, 1, 16
@@ -76,9 +79,21 @@ def run(dry_run: bool, tokens=8192, hidden=4096, HQ=32, HK=8, D=128, candidates=
     # the forward and dX read every token's cos and s' rows, as qkv_rope_linear's pre-pass
     # writes them
     rows = qkv_linear.cos_sin_rows(x, angles.turns, angles.amplitude, None, None, False)
+    dnorm = None
+    if norm:   # norm weights, and the statistics the forward saves for the backward
+        nw = tuple(1 + 0.3 * torch.randn(D, generator=g).to(device) for _ in "qk")
+        saved_stats = (torch.empty(M, HQ + HK, device=device),
+                       torch.empty(M, HQ + HK, D, **bf))
+        tables = (*tables[:4], *nw, *saved_stats)
+        dnorm = torch.zeros(HQ + HK, D, device=device)
     pointers = {"fwd": (x, w, None, *outs, *rows, *tables[4:]),
                 "dx": (*grads, w, dx, *rows, *tables[4:]),
-                "dw": (*grads, x, dw, None, None, *tables)}
+                "dw": (*grads, x, dw, None, dnorm, *tables)}
+    if norm:   # one forward writes the statistics dX and dW read
+        qkv_gemm.run(qkv_gemm.plan(
+            "fwd", S=tokens, B=1, K=K, HQ=HQ, HK=HK, D=D, R=D, P=2**31 - 1, ids=None,
+            cu_seqlens=None, layout="bshd", interleaved=False, eps=1e-6, device=x.device,
+            dtypes=planning.pointer_dtypes(pointers["fwd"])), pointers["fwd"])
     saved = {k: dict(v) for k, v in qkv_gemm.GPU_TILES.items()}
     rows = []
     try:
@@ -89,12 +104,14 @@ def run(dry_run: bool, tokens=8192, hidden=4096, HQ=32, HK=8, D=128, candidates=
                     row = dict(zip(KEYS, cand), kernel=kind, rotate=rotate, reason="")
                     rows.append(row)
                     qkv_gemm.GPU_TILES[kind] = dict(zip(KEYS, cand))
+                    # the bare GEMM takes no norm pointers
+                    ptrs = pointers[kind] if rotate or not norm else tuple(
+                        None if n in qkv_gemm._NORM or n == "dnorm_ptr" else p
+                        for n, p in zip(NAMES[kind], pointers[kind]))
                     planned = qkv_gemm.plan(
                         kind, S=tokens, B=1, K=K, HQ=HQ, HK=HK, D=D, R=D, P=2**31 - 1, ids=None,
                         cu_seqlens=None, layout="bshd", interleaved=False, eps=1e-6,
-                        device=x.device, dtypes=planning.pointer_dtypes(pointers[kind]),
-                        rotate=rotate)
-                    ptrs = pointers[kind]
+                        device=x.device, dtypes=planning.pointer_dtypes(ptrs), rotate=rotate)
                     try:
                         qkv_gemm.run(planned, ptrs)
                         if dry_run:
@@ -151,19 +168,23 @@ def main(argv=None) -> int:
     ap.add_argument("--tile", action="append", default=[], metavar="KIND=BM,BK,G,W,S",
                     help="time only these tiles (repeat it): kind fwd, dx or dw, then BLOCK_M, "
                          "BLOCK_K, GROUP_M, warps, stages")
+    ap.add_argument("--norm", action="store_true",
+                    help="with QK-norm weights (file name ...-qk-norm)")
     args = ap.parse_args(argv)
     chosen = parse_tiles(args.tile)
     print(runtime.mode())
-    rows = run(args.dry_run, candidates=chosen)
+    rows = run(args.dry_run, candidates=chosen, norm=args.norm)
     print("fastest rotating tiles:", best(rows))
     if args.out is not None and not args.dry_run:
         gpu = compare.gpu_slug()
         meta = compare.environment_meta()
         meta.update(script="benchmarks/qkv_tiles.py", case="t8192 hidden 4096 32/8 heads x 128 "
-                    "bf16, no QK-norm", timing="triton.testing.do_bench median ms")
+                    f"bf16, {'with' if args.norm else 'no'} QK-norm",
+                    timing="triton.testing.do_bench median ms")
         args.out.mkdir(parents=True, exist_ok=True)
         stamp = meta["date"][:16].replace("-", "").replace("T", "-").replace(":", "")
-        name = f"qkv_tiles_chosen-{gpu}-{stamp}" if chosen else f"qkv_tiles-{gpu}"
+        name = (f"qkv_tiles_chosen-{gpu}-{stamp}" if chosen else f"qkv_tiles-{gpu}") \
+            + ("-qk-norm" if args.norm else "")
         print("wrote", compare.write_csv(rows, args.out / f"{name}.csv", meta=meta,
                                          fields=FIELDS))
     return 0 if all(not r["reason"] for r in rows) else 1

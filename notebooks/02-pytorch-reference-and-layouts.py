@@ -541,10 +541,49 @@ else:
 # asserts the split: every non-vectorized kind below half the copy's GB/s, every vectorized kind
 # above 80% of it, and the non-vectorized kernels' time beyond what their bytes would take at
 # the copy's speed more than nine tenths of the chain's. What the table gives is the kernel kind,
-# read from its name, and its GB/s, from device time and counted bytes; the loads themselves are
-# not measured here (that takes a profiler's hardware counters, such as Nsight Compute's).
-# Notebook 07 measures the fixed cost of a call, and notebooks 03 to 05 what makes one kernel
-# stream at a copy's speed.
+# read from its name, and its GB/s, from device time and counted bytes. The loads themselves take
+# a profiler's hardware counters: the next cell reads the same chain under Nsight Compute on an
+# H200 (`benchmarks/access_counters.py`, one call at this notebook's GPU shape).
+#
+# For each kernel it counts the global load **requests** (one per warp instruction) and the
+# 32-byte sectors they asked for. When a warp's 32 lanes load neighbouring elements, $b$ bytes
+# each, one request covers $32 b$ bytes, that is $b$ sectors: sectors per request is the bytes
+# each lane loads at once.
+
+# %%
+from ropelib.course import kernel_bandwidth as kbw
+from ropelib.course import measured
+
+acc_meta, acc_rows = measured.load("access_counters")
+chain = [dict(r, kind=kbw.kernel_kind(r["pattern"]),
+              per_request=r["l1_load_sectors"] / r["l1_load_requests"])
+         for r in acc_rows if r["group"] == "reference"]
+print(f"Nsight Compute on {measured.where(acc_meta)}: the unfused chain, one call")
+print(f"{'kernel':48s} {'kind':28s} {'us':>6s} {'load requests':>14s} {'sectors/request':>16s}")
+for r in chain:
+    print(f"{kbw.short_name(r['pattern'], 46):48s} {r['kind']:28s} {r['duration_ns'] / 1e3:6.1f} "
+          f"{r['l1_load_requests']:14,.0f} {r['per_request']:16.0f}")
+big = [r for r in chain if r["dram_read_bytes"] > 32e6]            # the kernels on x, not the table
+plain = [r for r in big if r["kind"] in (kbw.NOT_VECTORIZED, kbw.CAT_NOT_VECTORIZED)]
+wide = [r for r in big if r["kind"] in (kbw.VECTORIZED, kbw.CAT_VECTORIZED)]
+# one bf16 element a lane (2 bytes: 2 sectors a request) against 8 (16 bytes: 16 sectors)
+assert len(plain) == 4 and all(r["per_request"] == 2 for r in plain)
+assert len(wide) == 2 and all(r["per_request"] == 16 for r in wide)
+mul = next(r for r in plain if "MulFunctor" in r["pattern"])
+add = next(r for r in wide if "add" in r["pattern"])
+print(f"\nthe same two bf16 operands, one multiply against one add: {mul['l1_load_requests']:,.0f} "
+      f"against {add['l1_load_requests']:,.0f} load requests "
+      f"({mul['l1_load_requests'] / add['l1_load_requests']:.0f}x)")
+assert mul["l1_load_requests"] == 8 * add["l1_load_requests"]
+
+# %% [markdown]
+# The counters confirm what the names said. Every kernel of the chain that is not vectorized
+# asks for 2 sectors a request: each lane loads one bf16 element. The vectorized `add` and `cat`
+# ask for 16: each lane loads 8 elements, 16 bytes, in one instruction. For the same bytes the
+# multiply issues eight times the load instructions of the add, and with two operands, one of
+# them a broadcast table, it stays under half a copy's speed (the table above). Notebook 07
+# measures the fixed cost of a call, and notebooks 03 to 05 what makes one kernel stream at a
+# copy's speed.
 
 # %% [markdown]
 # ## Exercises

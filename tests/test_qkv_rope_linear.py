@@ -729,6 +729,9 @@ def test_tile_sweep_takes_chosen_tiles():
     assert [(r["kernel"], r["rotate"]) for r in rows] == [("dw", False), ("dw", True),
                                                           ("dx", False), ("dx", True)]
     assert all(not r["reason"] for r in rows)
+    # --norm: the rotating dX and dW with QK-norm weights and a forward's saved statistics
+    rows = sweep.run(True, candidates=chosen, norm=True)
+    assert len(rows) == 4 and all(not r["reason"] for r in rows)
     for bad in ("dz=16,16,8,4,1", "dw=16,16,8", "dw=a,b,c,d,e"):
         with pytest.raises(SystemExit, match="KIND=BLOCK_M,BLOCK_K"):
             sweep.parse_tiles([bad])
