@@ -103,7 +103,9 @@ def run(dry_run: bool, tokens=8192, hidden=4096, HQ=32, HK=8, D=128, candidates=
                 for rotate in (False, True):
                     row = dict(zip(KEYS, cand), kernel=kind, rotate=rotate, reason="")
                     rows.append(row)
-                    qkv_gemm.GPU_TILES[kind] = dict(zip(KEYS, cand))
+                    # (and as the norm's own tile, where the kernel has one)
+                    qkv_gemm.GPU_TILES[kind] = qkv_gemm.GPU_TILES[f"{kind}_norm"] = \
+                        dict(zip(KEYS, cand))
                     # the bare GEMM takes no norm pointers
                     ptrs = pointers[kind] if rotate or not norm else tuple(
                         None if n in qkv_gemm._NORM or n == "dnorm_ptr" else p
@@ -131,6 +133,7 @@ def run(dry_run: bool, tokens=8192, hidden=4096, HQ=32, HK=8, D=128, candidates=
                           f"{row['tflops']:6.1f} TFLOP/s regs {row['n_regs']} "
                           f"spills {row['n_spills']}", flush=True)
     finally:
+        qkv_gemm.GPU_TILES.clear()
         qkv_gemm.GPU_TILES.update(saved)
     return rows
 

@@ -709,6 +709,32 @@ def test_planned_launches_name_every_argument_and_their_dtypes():
         assert deeper != bf and deeper.options()["num_stages"] == (bf.num_stages or 1) + 1
 
 
+def test_gpu_tiles_with_and_without_the_norm(monkeypatch):
+    """On a GPU each kernel takes GPU_TILES[kind], and the rotating dX with QK-norm weights its
+    own tile (GPU_TILES["dx_norm"]: the norm's backward spills far less there); the bare GEMM
+    and dW keep theirs. Planned as on a GPU (no GPU needed: plan sees only sizes and dtypes)."""
+    monkeypatch.setattr(qkv_gemm, "INTERPRET", False)
+    opts = dict(S=8, B=1, K=4096, HQ=32, HK=8, D=128, R=128, P=8, ids=None, cu_seqlens=None,
+                layout="bshd", interleaved=False, eps=1e-6, device=torch.device("cuda"))
+    keys = ("BLOCK_M", "BLOCK_K", "GROUP_M")
+
+    def tile(kind, norm, rotate=True):
+        names = {"fwd": qkv_gemm.FWD_POINTERS, "dx": qkv_gemm.DX_POINTERS,
+                 "dw": qkv_gemm.DW_POINTERS}[kind]
+        dtypes = tuple(None if n in qkv_gemm._NORM and not norm else torch.bfloat16
+                       for n in names)
+        launch = qkv_gemm.plan(kind, dtypes=dtypes, rotate=rotate, **opts)
+        return (*(launch.args[k] for k in keys), launch.num_warps, launch.num_stages)
+
+    def wanted(key):
+        return tuple(qkv_gemm.GPU_TILES[key][k] for k in (*keys, "num_warps", "num_stages"))
+
+    for kind in ("fwd", "dx", "dw"):
+        assert tile(kind, False) == tile(kind, True, rotate=False) == wanted(kind)
+    assert tile("dx", True) == wanted("dx_norm") != wanted("dx")
+    assert tile("fwd", True) == wanted("fwd") and tile("dw", True) == wanted("dw")
+
+
 def test_mainloop_probe_variants_compute_the_projection(capsys):
     """benchmarks/qkv_mainloop_probe.py's GEMM variants (pointer loads, TMA descriptors) compute
     x W^T at a small size, here (the interpreter) as on a GPU."""

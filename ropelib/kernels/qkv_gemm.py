@@ -134,10 +134,16 @@ from .planning import Launch, cdiv, start
 # memory, one program an SM, compiled for sm_90). With QK-norm it spills 256 bytes a thread
 # where the narrow tile spills 128, and the forward+backward still went from 16.52 to 13.88 ms
 # (8192 tokens, results/qkv_rope-nvidia-h200-20261129-19*-dw-wide*.csv).
+# With QK-norm dX takes its own tile ("dx_norm"): at 64/64 on 4 warps the norm's backward spills
+# 60 registers a thread and took 8.01 ms; 64 rows by 128 columns on 8 warps spills 8 and took
+# 3.82 (results/qkv_tiles_chosen-nvidia-h200-20261129-1930-qk-norm.csv), the forward+backward
+# 9.68 ms (qkv_rope-nvidia-h200-20261129-1930-dx-64x128.csv). Without the norm that tile is a
+# slower GEMM (2.78 ms bare against 1.19) and dX keeps 64/64.
 GPU_TILES = {
     "fwd": dict(BLOCK_M=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4),
     "dx": dict(BLOCK_M=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=3),
     "dw": dict(BLOCK_M=64, BLOCK_K=256, GROUP_M=8, num_warps=8, num_stages=2),
+    "dx_norm": dict(BLOCK_M=64, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=3),
 }
 MAX_HEAD_DIM = QKV_LINEAR_MAX_HEAD_DIM   # a head's D columns live in one program's registers
 
@@ -704,12 +710,13 @@ def _pow2_between(n, lo: int, hi: int) -> int:
     return p
 
 
-def pick_tiles(kind: str, M, K, device: torch.device) -> dict:
+def pick_tiles(kind: str, M, K, device: torch.device, norm: bool = False) -> dict:
     """BLOCK_M, BLOCK_K, GROUP_M, num_warps, num_stages of one of the three kernels ("fwd",
-    "dx", "dw"). GPU: GPU_TILES. Interpreter: tiles that fit the (small) problem, since every
-    program instance costs milliseconds there."""
+    "dx", "dw"; `norm`: with QK-norm weights). GPU: GPU_TILES, "<kind>_norm" where the norm has
+    a tile of its own. Interpreter: tiles that fit the (small) problem, since every program
+    instance costs milliseconds there."""
     if device.type == "cuda" and not INTERPRET:
-        return dict(GPU_TILES[kind])
+        return dict(GPU_TILES.get(f"{kind}_norm" if norm else kind, GPU_TILES[kind]))
     return dict(BLOCK_M=_pow2_between(M, 16, 64), BLOCK_K=_pow2_between(K, 16, 64), GROUP_M=8,
                 num_warps=4, num_stages=1)
 
@@ -736,7 +743,9 @@ def plan(kind: str, *, S, B, K, HQ, HK, D, R, P, ids, cu_seqlens, layout: str,
     Sees only sizes, dtypes and options, never values. rotate=False: the same GEMM without the
     norm and the rotation (benchmarks/qkv_rope_bench.py's baseline)."""
     M, N = S * B, (HQ + 2 * HK) * D
-    t = pick_tiles(kind, M, K, device)
+    names = {"fwd": FWD_POINTERS, "dx": DX_POINTERS, "dw": DW_POINTERS}[kind]
+    norm = rotate and dtypes[names.index("norm_q_ptr")] is not None
+    t = pick_tiles(kind, M, K, device, norm=norm)
     args = dict(S=S, B=B, K=K, HQ=HQ, HK=HK, P=P,
                 N_SEQ=cu_seqlens.shape[0] - 1 if cu_seqlens is not None else 0,
                 D=D, R=R, LAYOUT=LAYOUT[layout], INTERLEAVED=interleaved,
