@@ -204,10 +204,14 @@ solution(pz.solution_interleaved_kernel.fn, title="Solution: puzzle 2")
 pz.time_solution("interleaved");
 
 # %% [markdown]
-# Compare the line under the ✅ with puzzle 1's: the solution's loads and stores use half of
-# the bytes of every sector they move (stride 2). Notebook 03, section 5, loads the row as one
-# contiguous `[HALF, 2]` tile and splits it in registers instead (`tl.split`, `tl.join`): try
-# it here, and watch the percentage.
+# The repair most of us write first loads the even and the odd features with stride 2
+# (`2 * j`, `2 * j + 1`): each load and store then uses half of every sector it moves. The
+# worked solution loads whole rows instead, at offsets `tl.arange(0, 2 * HALF)` that the
+# compiler can prove contiguous, so it issues 16-byte vector loads and stores; the pairs are
+# split and joined in registers (`tl.reshape`, `tl.split`, `tl.join`). Notebook 03, section 5,
+# measured why (pattern (d) there: Nsight Compute counted a copy's sectors, where a
+# `[HALF, 2]` tile at offsets `2 * j + [0, 1]` compiled to 4-byte loads). On a GPU, compare the
+# ⏱ line under your ✅ with the worked solution's.
 
 # %% [markdown]
 # ## Puzzle 3 — partial rotary (repair)

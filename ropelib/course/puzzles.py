@@ -503,15 +503,16 @@ def solution_interleaved_kernel(
 ):
     rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     j = tl.arange(0, HALF)  # pair j is features (2j, 2j + 1)
+    f = tl.arange(0, 2 * HALF)  # the row's features: offsets the compiler sees as one run
     live = rows[:, None] < N_ROWS  # [BLOCK_ROWS, 1]: the last tile may be short
     theta = tl.load(theta_ptr + rows[:, None] * HALF + j[None, :], mask=live, other=0.0)
-    row = x_ptr + rows[:, None] * (2 * HALF)
-    x_even = tl.load(row + 2 * j[None, :], mask=live, other=0.0)
-    x_odd = tl.load(row + 2 * j[None, :] + 1, mask=live, other=0.0)
+    offs = rows[:, None] * (2 * HALF) + f[None, :]  # [BLOCK_ROWS, 2 * HALF]
+    x = tl.load(x_ptr + offs, mask=live, other=0.0)
+    # [BLOCK_ROWS, HALF, 2] in registers: feature 2j is x_even[:, j], 2j + 1 is x_odd[:, j]
+    x_even, x_odd = tl.split(tl.reshape(x, (BLOCK_ROWS, HALF, 2)))
     c, s = tl.cos(theta), tl.sin(theta)
-    out = y_ptr + rows[:, None] * (2 * HALF)
-    tl.store(out + 2 * j[None, :], x_even * c - x_odd * s, mask=live)
-    tl.store(out + 2 * j[None, :] + 1, x_odd * c + x_even * s, mask=live)
+    y = tl.join(x_even * c - x_odd * s, x_odd * c + x_even * s)  # [BLOCK_ROWS, HALF, 2]
+    tl.store(y_ptr + offs, tl.reshape(y, (BLOCK_ROWS, 2 * HALF)), mask=live)
 
 
 def _build_interleaved(gen, device, block_rows=4):
