@@ -207,7 +207,7 @@ pz.time_solution("interleaved");
 # The repair most of us write first loads the even and the odd features with stride 2
 # (`2 * j`, `2 * j + 1`): each load and store then uses half of every sector it moves. The
 # worked solution loads whole rows instead, at offsets `tl.arange(0, 2 * HALF)` that the
-# compiler can prove contiguous, so it issues 16-byte vector loads and stores; the pairs are
+# compiler can prove contiguous, so its loads and stores are 16-byte vectors; the pairs are
 # split and joined in registers (`tl.reshape`, `tl.split`, `tl.join`). Notebook 03, section 5,
 # measured why (pattern (d) there: Nsight Compute counted a copy's sectors, where a
 # `[HALF, 2]` tile at offsets `2 * j + [0, 1]` compiled to 4-byte loads). On a GPU, compare the
