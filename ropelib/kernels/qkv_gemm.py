@@ -135,15 +135,15 @@ from .planning import Launch, cdiv, start
 # where the narrow tile spills 128, and the forward+backward still went from 16.52 to 13.88 ms
 # (8192 tokens, results/qkv_rope-nvidia-h200-20261129-19*-dw-wide*.csv).
 # With QK-norm dX takes its own tile ("dx_norm"): at 64/64 on 4 warps the norm's backward spills
-# 60 registers a thread and took 8.01 ms; 64 rows by 128 columns on 8 warps spills 8 and took
-# 3.82 (results/qkv_tiles_chosen-nvidia-h200-20261129-1930-qk-norm.csv), the forward+backward
-# 9.68 ms (qkv_rope-nvidia-h200-20261129-1930-dx-64x128.csv). Without the norm that tile is a
-# slower GEMM (2.78 ms bare against 1.19) and dX keeps 64/64.
+# 60 registers a thread and took 8.01 ms; 32 rows by 128 columns on 4 warps does not spill and
+# took 2.49 (results/qkv_tiles_chosen-nvidia-h200-20261129-19{30,42}-qk-norm.csv), the
+# forward+backward 8.25 ms at 8192 tokens (qkv_rope-nvidia-h200-20261129-1942-dx-norm-32x128.csv).
+# Without the norm that tile is a slower GEMM (1.54 ms bare against 1.19) and dX keeps 64/64.
 GPU_TILES = {
     "fwd": dict(BLOCK_M=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4),
     "dx": dict(BLOCK_M=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=3),
     "dw": dict(BLOCK_M=64, BLOCK_K=256, GROUP_M=8, num_warps=8, num_stages=2),
-    "dx_norm": dict(BLOCK_M=64, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=3),
+    "dx_norm": dict(BLOCK_M=32, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=3),
 }
 MAX_HEAD_DIM = QKV_LINEAR_MAX_HEAD_DIM   # a head's D columns live in one program's registers
 
