@@ -1,14 +1,15 @@
-"""What notebook 03's four ways of moving RoPE's interleaved pairs make the memory system do,
-counted by Nsight Compute (GPU only; `--dry-run` checks the kernels on the CPU).
+"""What notebook 03's ways of moving RoPE's interleaved pairs make the memory system do, counted
+by Nsight Compute (GPU only; `--dry-run` checks the kernels on the CPU).
 
 Notebook 03 records, in the interpreter, which 32-byte sectors each load and store of the pair
 swap (`ropelib.course.kernels.pair_swap`) touches: stride-2 loads and stores touch every sector
 of a row twice, half of it each time. On a GPU each of those is split into warp instructions by
-the layout the compiler picks, which the interpreter does not show. What that costs on a GPU depends on where the
-second touch is served: a load's from L1, if the sector is still there; a store's goes to L2 in
-any case. This script profiles each pattern (and a fifth: whole rows loaded and stored, the pairs
-split and joined in registers, as ropelib's finished kernel does) once on 64 MiB of bf16 ([2^18, 128], 16 rows a
-program, as the notebook's timing cell) and records, per kernel:
+the layout the compiler picks, which the interpreter does not show. What that costs depends on
+where the second touch is served: a load's from L1, if the sector is still there; a store's goes
+to L2 in any case. This script profiles the notebook's four patterns and a fifth (whole rows
+loaded and stored, the pairs split and joined in registers, as ropelib's finished kernel does),
+each once on 64 MiB of bf16 ([2^18, 128], 16 rows a program, as the notebook's timing cell),
+and records, per kernel:
 
     l1_load_requests, l1_load_sectors    global load requests (one per warp instruction) and
                                          the sectors they asked L1 for
@@ -205,8 +206,8 @@ def main(argv=None):
             "shape": f"[{ROWS}, {D}] bf16, {ROWS_PER_PROGRAM} rows a program",
             "copy_us": round(copy_ms * 1e3, 2), "ncu": " ".join(version[-3:]),
             "metrics": "; ".join(f"{c} = {m}" for m, c in metrics.items())}
-    fields = ["group", "pattern", "strided_load", "strided_store", "whole_rows", "us", "model_bytes",
-              *metrics.values()]
+    fields = ["group", "pattern", "strided_load", "strided_store", "whole_rows", "us",
+              "model_bytes", *metrics.values()]
     path = compare.write_csv(rows, out / f"access_counters-{slug}.csv", meta=meta, fields=fields)
     print(f"wrote {path}; a copy of the same bytes: {copy_ms * 1e3:.1f} us")
     for r in rows:

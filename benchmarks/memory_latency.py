@@ -14,7 +14,8 @@ where the last stopped, so a DRAM-sized chain never meets a line twice.
     16 KiB             L1 (one SM's)
     4 MiB, 16 MiB      L2 (50 MB on an H200)
     256 MiB, 1 GiB     DRAM (a few percent of the lines still hit L2)
-    4 GiB              DRAM, with misses in the address translation too
+    4 GiB              DRAM, over more pages than 1 GiB (address translation's misses, if
+                       they cost anything, show as a longer time here)
 
 "Loaded" repeats the 1 GiB chase while a copy kernel streams 2 GiB per launch on a second
 stream (on every other SM), so the load waits in the same queues a streaming kernel's loads
@@ -97,7 +98,8 @@ def copy(x, y):
     _copy_kernel[(triton.cdiv(x.numel(), 4096),)](x, y, x.numel(), BLOCK=4096, num_warps=8)
 
 
-def _timed(fn, stream) -> float:
+def _timed(fn, stream) -> tuple:
+    """(start, end): CUDA events recorded on `stream` around fn's launches."""
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with torch.cuda.stream(stream):
         a.record()

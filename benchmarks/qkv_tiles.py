@@ -5,13 +5,14 @@
                                      # only these tiles: qkv_tiles_chosen-<gpu>-<date>.csv
     TRITON_INTERPRET=1 python benchmarks/qkv_tiles.py --dry-run   # CPU: tiny shapes, one tile
 
-Llama-3-8B's projection (hidden 4096, 32 query and 8 key/value heads of 128, bf16), 8192 tokens,
-no QK-norm (`--norm`: with it, dX and dW reading the statistics one forward saved). Each of the three kernels (forward, dX, dW) is timed alone, launched as
-kernels/qkv_gemm plans it, once per candidate tile (BLOCK_M, BLOCK_K, GROUP_M, warps, stages):
-with the epilogue (rotate=True) and without it (rotate=False, the bare GEMM), so the column
-`epilogue_cost` = rotate / bare - 1 says what the rotation costs at that tile. Registers and
-spills per thread come from Triton's compiled kernel. It prints the fastest rotating tile of
-each kernel, in GPU_TILES' form (it edits nothing). Timings: triton.testing.do_bench medians.
+Llama-3-8B's projection (hidden 4096, 32 query and 8 key/value heads of 128, bf16), 8192 tokens, no
+QK-norm (`--norm`: with it, dX and dW reading the statistics one forward saved). Each of the three
+kernels (forward, dX, dW) is timed alone, launched as kernels/qkv_gemm plans it, once per candidate
+tile (BLOCK_M, BLOCK_K, GROUP_M, warps, stages): with the epilogue (rotate=True) and without it
+(rotate=False, the bare GEMM), so the column `epilogue_cost` = rotate / bare - 1 says what the
+rotation costs at that tile. Registers and spills per thread come from Triton's compiled kernel. It
+prints the fastest rotating tile of each kernel, in GPU_TILES' form (it edits nothing). Timings:
+triton.testing.do_bench medians.
 """
 import argparse
 import os

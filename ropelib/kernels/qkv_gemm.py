@@ -127,18 +127,20 @@ from .planning import Launch, cdiv, start
 # hidden 4096, 32/8 heads of 128, bf16), the same on an H100 and an H200
 # (results/qkv_tiles-<gpu>.csv): forward 0.830 ms (H100); dX the fastest of the tiles that also
 # fit QK-norm's shared memory (128 x 128 x 3 stages is faster without the norm but needs 247 KB
-# with it). All three ran with and without QK-norm on the H200. dW takes wider column blocks
-# than the sweep had (results/qkv_tiles_chosen-nvidia-h200-20261129-1914.csv, H200): 256
-# columns of x a program on 8 warps, so half as many programs re-form each head's dY, 2.74 ms
-# against 4.78 at the sweep's 32/128 on 4 warps (255 registers, no spill, 96 KiB of shared
-# memory, one program an SM, compiled for sm_90). With QK-norm it spills 256 bytes a thread
-# where the narrow tile spills 128, and the forward+backward still went from 16.52 to 13.88 ms
-# (8192 tokens, results/qkv_rope-nvidia-h200-20261129-19*-dw-wide*.csv).
-# With QK-norm dX takes its own tile ("dx_norm"): at 64/64 on 4 warps the norm's backward spills
-# 60 registers a thread and took 8.01 ms; 32 rows by 128 columns on 4 warps does not spill and
-# took 2.49 (results/qkv_tiles_chosen-nvidia-h200-20261129-19{30,42}-qk-norm.csv), the
-# forward+backward 8.25 ms at 8192 tokens (qkv_rope-nvidia-h200-20261129-1942-dx-norm-32x128.csv).
-# Without the norm that tile is a slower GEMM (1.54 ms bare against 1.19) and dX keeps 64/64.
+# with it). All three ran with and without QK-norm on the H200.
+# The backward's tiles were chosen again on the H200 only (the H100 has not run them):
+# - dW takes wider column blocks than the sweep had: 256 columns of x a program on 8 warps, so
+#   half as many programs re-form each head's dY; 2.74 ms against 4.78 at the sweep's 32/128
+#   on 4 warps (results/qkv_tiles_chosen-nvidia-h200-20261129-1914.csv; 255 registers, no
+#   spill, 96 KiB of shared memory, one program an SM, compiled for sm_90). With QK-norm it
+#   spills 256 bytes a thread, and is still the fastest of the six tiles timed (5.06 ms;
+#   -1930-qk-norm.csv, -1947-qk-norm.csv).
+# - dX with QK-norm takes its own tile ("dx_norm"): at 64/64 on 4 warps the norm's backward
+#   spills 60 registers a thread and took 8.01 ms; 32 rows by 128 columns on 4 warps does not
+#   spill and took 2.49 (-1930-qk-norm.csv, -1942-qk-norm.csv). Without the norm that tile is
+#   a slower GEMM (1.54 ms bare against 1.19), so dX keeps 64/64.
+# End to end at 8192 tokens the fused forward+backward went from 7.3 to 5.2 ms without the
+# norm and from 16.5 to 8.3 ms with it (results/qkv_rope-nvidia-h200-20261129-1942-*.csv).
 GPU_TILES = {
     "fwd": dict(BLOCK_M=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4),
     "dx": dict(BLOCK_M=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=3),
