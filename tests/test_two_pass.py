@@ -979,7 +979,9 @@ def test_q_and_k_programs_by_chunks_of_tokens(tables, monkeypatch, rotate_passes
     # then k's, so k finds the chunk's rows in L2; a shared table keeps q's programs before k's.
     # Programs of 2 head rows here (the GPU's 8 at d128): 8 chunks, the last one half full;
     # either order gives the finished kernel's bits, forward and backward. Contiguous
-    # [B, H, S, D] (bhsd) is ordered so too: its programs' rows are heads of one token.
+    # [B, H, S, D] (bhsd) keeps q's programs before k's: its tables' rows (one [B, S, D] pair,
+    # 17 MB at b4 s8192) stay in L2 either way (285 MB read in both orders, Nsight Compute,
+    # H200), so the pass over its head rows is not reordered.
     from ropelib.kernels import flat, tiles
     D_, Bq, Sq, hq, hk = 64, 3, 5, 3, 2
     monkeypatch.setattr(tiles, "TWO_PASS_INTERPRETED_ELEMENTS", 2 * D_)
@@ -1028,8 +1030,7 @@ def test_q_and_k_programs_by_chunks_of_tokens(tables, monkeypatch, rotate_passes
                                    c["AXIS_W_FROM"]), "rows of pairs, the pass ordered so"
         by_tokens = bool(flat.qk_by_tokens(c["LAYOUT"], c["PER_ENTRY"], c["AXIS_H_FROM"],
                                            c["R"], False))
-        assert by_tokens == (tables in ("per axis", "per batch entry",
-                                        "per batch entry, bhsd")), (tables, c)
+        assert by_tokens == (tables in ("per axis", "per batch entry")), (tables, c)
         assert (c["LAYOUT"] == 2) == tables.endswith("bhsd"), (tables, c)
         want_grid = chunks * (hq + hk) if by_tokens else -(-rows * hq // 2) + -(-rows * hk // 2)
         assert grid == (want_grid,), (tables, grid, want_grid)

@@ -118,16 +118,17 @@ class _QkByTokens(ConstexprRule):
     of q and k, and k's programs, coming after all of q's, found them evicted from L2: the pass
     read them from DRAM twice (Qwen2-VL b4 s8192, 28/4 heads, bf16 tables: 335 MB read where q
     and k are 268, 302 in this order; H200, results/tables_read_ncu-*). For rows of pairs in
-    sbhd, bshd or bhsd, whose rows of pairs run token by token (_row_tile); one rule for the
-    kernel and the planner (launch.plan_two_pass sizes the grid by it: cdiv(rows, ROWS) *
-    (HQ + HK)). In bhsd, with a program's rows heads of one token, q's programs before k's read
-    Hugging Face's [B, S, D] tables twice too (b4 s8192 28/4 heads: 302 MB where q and k are
-    268, 138.9 us; H200, results/hf_tables_ncu-*)."""
+    sbhd or bshd order (whose head rows run token by token); one rule for the kernel and the
+    planner (launch.plan_two_pass sizes the grid by it: cdiv(rows, ROWS) * (HQ + HK)). Not in
+    bhsd: when its programs held 8 tokens of one head, a grid so ordered read what q's programs
+    before k's read, 285 MB with Hugging Face's [B, S, D] tables at b4 s8192 28/4 heads, whose
+    17 MB stay in L2 (138.9 against 138.6 us; H200, benchmarks/NOTES.md). Its programs now hold
+    heads of one token (_row_tile); the order of the grid was not measured again."""
 
     def __call__(self, layout, per_entry, axis_h_from, R, by_element_pass):
         layout, per_entry, axis_h_from, R, by_element_pass = (
             getattr(v, "value", v) for v in (layout, per_entry, axis_h_from, R, by_element_pass))
-        return tl.constexpr(bool(layout in (0, 1, 2) and not by_element_pass
+        return tl.constexpr(bool(layout in (0, 1) and not by_element_pass
                                  and (per_entry or axis_h_from < R // 2)))
 
 
