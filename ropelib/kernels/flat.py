@@ -44,8 +44,7 @@ tokens of batch entry b as the pre-pass does and writes them, -1 where a positio
 _rope_rows_kernel: grid (programs over q's rows + programs over k's,); a row is one head of one
 token (D features, contiguous). q and k (and their fresh outputs) are contiguous in their
 layout, so a row's token s and batch entry b follow from its index (sbhd/thd, bshd, bhsd); its
-cos/sin row is at s * stride_tab_p + b * stride_tab_b. Rows of pairs are taken in sbhd or bshd
-order whatever the layout: in bhsd a program's rows are heads of one token, S rows apart.
+cos/sin row is at s * stride_tab_p + b * stride_tab_b.
   Rotate-half pairs: a program takes ROWS = XBLOCK / D' whole rows (D' = D's power of two: 8
   rows of 128, 2 warps), as [ROWS, R/2] tiles of both members of each pair, x_j and x_{j+R/2},
   in the same thread: every feature is loaded once, with 16-byte vectors (2 of x, 8 of the fp32
@@ -120,10 +119,9 @@ class _QkByTokens(ConstexprRule):
     and k are 268, 302 in this order; H200, results/tables_read_ncu-*). For rows of pairs in
     sbhd or bshd order (whose head rows run token by token); one rule for the kernel and the
     planner (launch.plan_two_pass sizes the grid by it: cdiv(rows, ROWS) * (HQ + HK)). Not in
-    bhsd: when its programs held 8 tokens of one head, a grid so ordered read what q's programs
+    bhsd: there a grid so ordered (programs of one head's tokens) read what q's programs
     before k's read, 285 MB with Hugging Face's [B, S, D] tables at b4 s8192 28/4 heads, whose
-    17 MB stay in L2 (138.9 against 138.6 us; H200, benchmarks/NOTES.md). Its programs now hold
-    heads of one token (_row_tile); the order of the grid was not measured again."""
+    17 MB stay in L2 (138.9 against 138.6 us; H200, benchmarks/NOTES.md)."""
 
     def __call__(self, layout, per_entry, axis_h_from, R, by_element_pass):
         layout, per_entry, axis_h_from, R, by_element_pass = (
@@ -379,14 +377,9 @@ def _rotate_flat(x_ptr, y_ptr, cos_ptr, sin_ptr, index_ptr, block, seq, S, B, H,
 
 @triton.jit
 def _row_tile(block, S, B, H, LAYOUT: tl.constexpr, ROWS: tl.constexpr, INT64: tl.constexpr):
-    """A program's ROWS head rows, the rows block * ROWS .. + ROWS in sbhd or bshd order, of a
-    tensor [S * B * H rows of D] contiguous in LAYOUT (0 sbhd, and thd with B = 1; 1 bshd;
-    2 Hugging Face's bhsd) -> (their indices in memory [ROWS], int64 when INT64; which exist;
-    each one's token s and batch entry b). In bhsd too a program's rows are heads of one token
-    (rows S apart in memory), so it reads one token's cos/sin row where rows in memory order
-    (8 tokens of one head) read eight: at b4 s8192 28/4 heads with Hugging Face's tables the
-    pass read 285 MB from DRAM either way, but ran at 79.7 % of DRAM's peak against 82 % for
-    the same data in bshd order (H200, results/hf_tables_ncu-*)."""
+    """A program's ROWS head rows, from row block * ROWS, of a tensor [S * B * H rows of D]
+    contiguous in LAYOUT (0 sbhd, and thd with B = 1; 1 bshd; 2 Hugging Face's bhsd) -> (their
+    indices [ROWS], int64 when INT64; which exist; each one's token s and batch entry b)."""
     if INT64:
         S = tl.full([], 0, tl.int64) + S
         B = tl.full([], 0, tl.int64) + B
@@ -395,14 +388,15 @@ def _row_tile(block, S, B, H, LAYOUT: tl.constexpr, ROWS: tl.constexpr, INT64: t
     else:
         r = block * ROWS + tl.arange(0, ROWS)
     live = r < S * B * H
-    if LAYOUT == 0:
-        s = r // (B * H)
-        b = (r // H) % B
-    else:                           # bshd order: row r is head r % H of token (r // H) % S
+    if LAYOUT == 1:
         s = (r // H) % S
         b = r // (S * H)
-        if LAYOUT == 2:             # where that row lies in bhsd
-            r = (b * H + r % H) * S + s
+    elif LAYOUT == 2:
+        s = r % S
+        b = r // (H * S)
+    else:
+        s = r // (B * H)
+        b = (r // H) % B
     return r, live, s, b
 
 
