@@ -35,9 +35,8 @@ Writes DIR/access_counters-<gpu>.csv (`# key: value` lines first: GPU, versions,
 profiler's own CSV beside it (access_counters-<gpu>-ncu.csv); prints the table last.
 """
 import argparse
-import glob
+import importlib.util
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -124,10 +123,12 @@ def profiled_run() -> None:
 
 
 def find_ncu():
-    candidates = [shutil.which("ncu") or ""]
-    candidates += sorted(glob.glob("/opt/nvidia/nsight-compute/*/ncu"), reverse=True)
-    candidates += ["/usr/local/cuda/bin/ncu"]
-    return next((c for c in candidates if c and os.access(c, os.X_OK)), None)
+    """benchmarks/mechanism.py's: ncu on PATH, under /opt/nvidia/nsight-compute or CUDA's."""
+    spec = importlib.util.spec_from_file_location(
+        "mechanism", Path(__file__).resolve().parent / "mechanism.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.find_ncu()
 
 
 def run_ncu(ncu: str, raw_path: Path) -> tuple:

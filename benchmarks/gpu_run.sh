@@ -19,6 +19,8 @@
 #   bash benchmarks/gpu_run.sh qkv-backward  # the QKV backward's kernels at chosen tiles, then
 #                                            # the fused projection against its providers
 #   bash benchmarks/gpu_run.sh qkv-mainloop  # the QKV projection's GEMM mainloop three ways vs cuBLAS
+#   bash benchmarks/gpu_run.sh qkv-forward-ncu  # the fused forward and the probe's under Nsight
+#                                               # Compute's sections (~1 min)
 #   bash benchmarks/gpu_run.sh tables    # transformers' materialised cos/sin tables: what the
 #                                        # flat pass reads (Nsight Compute) and the HF drop-in's
 #                                        # time against the finished kernel and Liger (~2 min)
@@ -137,6 +139,11 @@ for what in "${@:-tests}"; do
             keep "$RESULTS"/qkv_tiles_chosen-"$gpu"-*.csv
             step qkv-rope "$PY" benchmarks/qkv_rope_bench.py --out "$RESULTS/qkv_rope-$gpu.csv"
             keep "$RESULTS/qkv_rope-$gpu.csv" ;;
+        qkv-forward-ncu)
+            # ropelib's fused forward against the mainloop probe's rotating TMA kernel (and both
+            # bare GEMMs, cuBLAS) under Nsight Compute's sections: notebook 12's open question
+            step qkv-forward-ncu "$PY" benchmarks/qkv_forward_ncu_probe.py --out "$RESULTS"
+            keep "$RESULTS/qkv_forward_ncu-$gpu.csv" ;;
         qkv-mainloop)
             step qkv-mainloop "$PY" benchmarks/qkv_mainloop_probe.py \
                 --out "$RESULTS/qkv_mainloop-$gpu.csv"

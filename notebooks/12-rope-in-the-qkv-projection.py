@@ -1000,7 +1000,8 @@ assert [round(v, 1) for v in plain] == [3.8, 3.8]
 #    kernel (0.680 ms) is as fast as ropelib's bare GEMM; at 32768 it is 9 % faster (the two
 #    files are separate runs, and their cuBLAS timings differ by 6 % and 2 %). What makes
 #    ropelib's fused forward slower than the probe's these measurements do not say; a profile
-#    of both kernels on a GPU would tell.
+#    of both kernels on a GPU would tell (`benchmarks/qkv_forward_ncu_probe.py` takes one:
+#    both, their bare GEMMs and cuBLAS's under Nsight Compute's sections).
 # 3. *The backward's prologue.* Each of the $K / B_K$ column blocks of dX and dW re-forms the
 #    $dY$ tiles it needs: gradient loads, cosines and sines, the rotation. The sweep's dW at the
 #    benchmark's tile runs more than twice as long with the prologue as without it, and the

@@ -735,6 +735,16 @@ def test_gpu_tiles_with_and_without_the_norm(monkeypatch):
     assert tile("fwd", True) == wanted("fwd") and tile("dw", True) == wanted("dw")
 
 
+def test_forward_profile_probe_launches_every_call(capsys):
+    """benchmarks/qkv_forward_ncu_probe.py --check: the launches it profiles on a GPU (cuBLAS's,
+    ropelib's bare and fused forward, the mainloop probe's bare and rotating TMA kernels) run
+    at small sizes."""
+    probe = load_file("qkv_forward_ncu_probe", ROOT / "benchmarks" / "qkv_forward_ncu_probe.py")
+    assert probe.main(["--check"]) == 0
+    ran = capsys.readouterr().out
+    assert all(f"check: {name} ran" in ran for name in probe.CALLS)
+
+
 def test_mainloop_probe_variants_compute_the_projection(capsys):
     """benchmarks/qkv_mainloop_probe.py's GEMM variants (pointer loads, TMA descriptors) compute
     x W^T at a small size, here (the interpreter) as on a GPU."""
