@@ -1154,8 +1154,11 @@ solution(ex.solution_rope_interleaved.fn, title="Solution: an interleaved, parti
 
 # %% [markdown]
 # The solution uses two stride-2 loads and stores, pattern (b) of section 5. Rewrite it with one
-# contiguous `[BLOCK_PAIRS, 2]` load, `tl.split` and `tl.join` (pattern (c)) and run the check
-# again; then record both with `access.record` and compare their sectors.
+# contiguous `[BLOCK_PAIRS, 2]` load, `tl.split` and `tl.join` (pattern (c)), then with the
+# row's offsets `tl.arange` of the whole row and `tl.reshape` (pattern (d)), and run the check
+# after each; record all three with `access.record` and compare their sectors. The interpreter
+# draws (c) and (d) alike: section 5's counters say which of them a GPU runs at a copy's speed,
+# and why.
 #
 # ## Questions for a study group
 #
