@@ -766,8 +766,10 @@ def test_tile_sweep_takes_chosen_tiles():
                                                           ("dx", False), ("dx", True)]
     assert all(not r["reason"] for r in rows)
     # --norm: the rotating dX and dW with QK-norm weights and a forward's saved statistics
+    before = {k: dict(v) for k, v in qkv_gemm.GPU_TILES.items()}
     rows = sweep.run(True, candidates=chosen, norm=True)
     assert len(rows) == 4 and all(not r["reason"] for r in rows)
+    assert qkv_gemm.GPU_TILES == before          # the sweep leaves ropelib's tiles as they were
     for bad in ("dz=16,16,8,4,1", "dw=16,16,8", "dw=a,b,c,d,e"):
         with pytest.raises(SystemExit, match="KIND=BLOCK_M,BLOCK_K"):
             sweep.parse_tiles([bad])
