@@ -17,6 +17,7 @@ from ropelib.kernels import qkv_gemm as QG
 from ropelib.kernels import tiles as T
 from ropelib.kernels.planning import pointer_dtypes
 
+SM90_SHARED_PER_BLOCK = 227 * 1024     # the most an H100 or H200 block may opt into
 TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
          torch.float64: "fp64", torch.int32: "i32", torch.int64: "i64",
          torch.float8_e4m3fn: "fp8e4nv"}
@@ -48,6 +49,10 @@ def compile_for_gpu(name, kernel, pointer_names, planned, pointers):
     assert not odd, f"{name}: launch arguments that are no plain Python values: {odd}"
     compiled = compile_for_cuda(kernel, dict(zip(pointer_names, pointers), **planned.args),
                                 **planned.options())
+    # a program asking for more shared memory than an SM gives one block does not launch
+    assert compiled.metadata.shared <= SM90_SHARED_PER_BLOCK, \
+        f"{name}: {compiled.metadata.shared} bytes of shared memory, more than sm_90's " \
+        f"{SM90_SHARED_PER_BLOCK} a block"
     ptx = compiled.asm["ptx"]
     print(name, len(kernel.arg_names), ptx.count("fma.rn.f32") + ptx.count("fma.rn.f64"))
 
@@ -215,12 +220,18 @@ def main():
         ("qkv-linear-dx-norm-table-free", "dx", bf, D // 2, turns[:D // 2], amp, ids, None,
          True, "bhsd", True),
         ("qkv-linear-dw-norm-packed", "dw", bf, D, f, None, None, cu, True, "bshd", False),
+        # Gemma 3's head dim with its QK-norm: dX's tile with the norm must fit an SM's shared
+        # memory at d = 256 too (at 64 x 64 on 4 warps it asked for 246,272 bytes)
+        ("qkv-linear-dx-norm-d256", "dx", bf, 256, torch.empty(P, 256), None, None, None, True,
+         "bshd", False),
     ]:
-        R_, P = (R, 2**31 - 1) if table.dtype == torch.int64 else (table.shape[1], table.shape[0])
+        hd = R if name.endswith("d256") else D                  # the head dim
+        N = (HQ + 2 * HK) * hd
+        R_, P_ = (R, 2**31 - 1) if table.dtype == torch.int64 else (table.shape[1], table.shape[0])
         x, w = torch.empty(M, K, dtype=dtype), torch.empty(N, K, dtype=dtype)
-        outs = [torch.empty(M, h * D, dtype=dtype) for h in (HQ, HK, HK)]
-        wn = [torch.ones(D), torch.ones(D)] if norm else [None, None]
-        saved = [torch.empty(M, HQ + HK), torch.empty(M, (HQ + HK) * D, dtype=dtype)] if norm \
+        outs = [torch.empty(M, h * hd, dtype=dtype) for h in (HQ, HK, HK)]
+        wn = [torch.ones(hd), torch.ones(hd)] if norm else [None, None]
+        saved = [torch.empty(M, HQ + HK), torch.empty(M, (HQ + HK) * hd, dtype=dtype)] if norm \
             else [None, None]
         shared = (table, sin, pos, cu_seqlens, *wn, *saved)
         # the forward and dX read every token's cos and s' rows [NB * S, R] instead
@@ -232,8 +243,8 @@ def main():
             names, ptrs = QG.DX_POINTERS, (*outs, w, x, rows, rows, *wn, *saved)
         else:
             names, ptrs = QG.DW_POINTERS, (*outs, x, w, torch.empty(N),
-                                           torch.empty(HQ + HK, D), *shared)
-        planned = QG.plan(kind, S=S, B=B, K=K, HQ=HQ, HK=HK, D=D, R=R_, P=P, ids=pos,
+                                           torch.empty(HQ + HK, hd), *shared)
+        planned = QG.plan(kind, S=S, B=B, K=K, HQ=HQ, HK=HK, D=hd, R=R_, P=P_, ids=pos,
                           cu_seqlens=cu_seqlens, layout=layout, interleaved=interleaved,
                           eps=1e-6, device=cuda, dtypes=pointer_dtypes(ptrs))
         compile_for_gpu(name, planned.launcher.kernel, names, planned, ptrs)
