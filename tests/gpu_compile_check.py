@@ -224,6 +224,13 @@ def main():
         # memory at d = 256 too (at 64 x 64 on 4 warps it asked for 246,272 bytes)
         ("qkv-linear-dx-norm-d256", "dx", bf, 256, torch.empty(P, 256), None, None, None, True,
          "bshd", False),
+        # fp32 heads of 256: rows of 1 KiB take tiles of their own (GPU_TILES_LONG_ROWS)
+        ("qkv-linear-fwd-fp32-d256", "fwd", torch.float32, 256, torch.empty(P, 256), None, None,
+         None, True, "bshd", False),
+        ("qkv-linear-dx-norm-fp32-d256", "dx", torch.float32, 256, torch.empty(P, 256), None,
+         None, None, True, "bshd", False),
+        ("qkv-linear-dw-norm-fp32-d256", "dw", torch.float32, 256, torch.empty(P, 256), None,
+         None, None, True, "bshd", False),
     ]:
         hd = R if name.endswith("d256") else D                  # the head dim
         N = (HQ + 2 * HK) * hd

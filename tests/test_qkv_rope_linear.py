@@ -733,6 +733,19 @@ def test_gpu_tiles_with_and_without_the_norm(monkeypatch):
         assert tile(kind, False) == tile(kind, True, rotate=False) == wanted(kind)
     assert tile("dx", True) == wanted("dx_norm") != wanted("dx")
     assert tile("fwd", True) == wanted("fwd") and tile("dw", True) == wanted("dw")
+    # rows of 1 KiB (fp32 heads of 256) take tiles that fit an SM's shared memory, norm or not;
+    # bf16 heads of 256 (512 bytes) keep the usual ones
+    for kind, names in (("fwd", qkv_gemm.FWD_POINTERS), ("dx", qkv_gemm.DX_POINTERS),
+                        ("dw", qkv_gemm.DW_POINTERS)):
+        for norm, dtype, long_rows in ((False, torch.float32, True), (True, torch.float32, True),
+                                       (True, torch.bfloat16, False)):
+            dtypes = tuple(None if n in qkv_gemm._NORM and not norm else dtype for n in names)
+            launch = qkv_gemm.plan(kind, dtypes=dtypes, **dict(opts, D=256, R=256))
+            got = (*(launch.args[k] for k in keys), launch.num_warps, launch.num_stages)
+            want = qkv_gemm.GPU_TILES_LONG_ROWS[kind] if long_rows else \
+                qkv_gemm.GPU_TILES["dx_norm" if kind == "dx" and norm else kind]
+            assert got == tuple(want[k] for k in (*keys, "num_warps", "num_stages")), \
+                (kind, norm, dtype)
 
 
 def test_forward_profile_probe_launches_every_call(capsys):
@@ -743,6 +756,16 @@ def test_forward_profile_probe_launches_every_call(capsys):
     assert probe.main(["--check"]) == 0
     ran = capsys.readouterr().out
     assert all(f"check: {name} ran" in ran for name in probe.CALLS)
+
+
+def test_long_row_tiles_compute_the_projection(monkeypatch, seeded):
+    """The tiles of fp32 heads of more than 128 features (GPU_TILES_LONG_ROWS, chosen so that
+    a program fits an SM's shared memory, not timed) give the unfused pipeline's forward and
+    gradients, with and without QK-norm: run here, in the interpreter, at those very tiles."""
+    monkeypatch.setattr(qkv_gemm, "pick_tiles", lambda kind, M, K, device, norm=False,
+                        row_bytes=0: dict(qkv_gemm.GPU_TILES_LONG_ROWS[kind]))
+    for norm in (False, True):
+        check_backward(torch.float32, norm=norm, D=32, R=32, S=20)
 
 
 def test_mainloop_probe_variants_compute_the_projection(capsys):

@@ -147,6 +147,19 @@ GPU_TILES = {
     "dw": dict(BLOCK_M=64, BLOCK_K=256, GROUP_M=8, num_warps=8, num_stages=2),
     "dx_norm": dict(BLOCK_M=32, BLOCK_K=128, GROUP_M=8, num_warps=4, num_stages=3),
 }
+# Heads whose rows pass LONG_ROW_BYTES (fp32 heads of more than 128 features): at the tiles
+# above a program asks for more shared memory than a block may have on an H100 or H200 (227
+# KiB), so it could not launch (compiled for sm_90 with Triton 3.6 at fp32, d = 256: forward
+# 294,912 bytes, dX 327,680 and with the norm 426,240, dW 262,144). These fit: forward 147,456,
+# dX 131,072 and 163,968 with the norm, dW 65,536-98,432 (Triton 3.6 and 3.9, table-free
+# angles; tests/gpu_compile_check.py holds every kernel under the limit). Chosen to fit, not
+# timed.
+LONG_ROW_BYTES = 512
+GPU_TILES_LONG_ROWS = {
+    "fwd": dict(BLOCK_M=128, BLOCK_K=32, GROUP_M=8, num_warps=8, num_stages=4),
+    "dx": dict(BLOCK_M=32, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=2),
+    "dw": dict(BLOCK_M=16, BLOCK_K=256, GROUP_M=8, num_warps=8, num_stages=2),
+}
 MAX_HEAD_DIM = QKV_LINEAR_MAX_HEAD_DIM   # a head's D columns live in one program's registers
 
 # Triton's interpreter (3.9) multiplies the bf16 operands of tl.dot as their raw 16-bit
@@ -712,12 +725,16 @@ def _pow2_between(n, lo: int, hi: int) -> int:
     return p
 
 
-def pick_tiles(kind: str, M, K, device: torch.device, norm: bool = False) -> dict:
+def pick_tiles(kind: str, M, K, device: torch.device, norm: bool = False,
+               row_bytes: int = 0) -> dict:
     """BLOCK_M, BLOCK_K, GROUP_M, num_warps, num_stages of one of the three kernels ("fwd",
-    "dx", "dw"; `norm`: with QK-norm weights). GPU: GPU_TILES, "<kind>_norm" where the norm has
-    a tile of its own. Interpreter: tiles that fit the (small) problem, since every program
-    instance costs milliseconds there."""
+    "dx", "dw"; `norm`: with QK-norm weights; `row_bytes`: one head's row, D x the element
+    size). GPU: GPU_TILES, "<kind>_norm" where the norm has a tile of its own, and
+    GPU_TILES_LONG_ROWS for rows of more than LONG_ROW_BYTES. Interpreter: tiles that fit the
+    (small) problem, since every program instance costs milliseconds there."""
     if device.type == "cuda" and not INTERPRET:
+        if row_bytes > LONG_ROW_BYTES:
+            return dict(GPU_TILES_LONG_ROWS[kind])
         return dict(GPU_TILES.get(f"{kind}_norm" if norm else kind, GPU_TILES[kind]))
     return dict(BLOCK_M=_pow2_between(M, 16, 64), BLOCK_K=_pow2_between(K, 16, 64), GROUP_M=8,
                 num_warps=4, num_stages=1)
@@ -747,7 +764,7 @@ def plan(kind: str, *, S, B, K, HQ, HK, D, R, P, ids, cu_seqlens, layout: str,
     M, N = S * B, (HQ + 2 * HK) * D
     names = {"fwd": FWD_POINTERS, "dx": DX_POINTERS, "dw": DW_POINTERS}[kind]
     norm = rotate and dtypes[names.index("norm_q_ptr")] is not None
-    t = pick_tiles(kind, M, K, device, norm=norm)
+    t = pick_tiles(kind, M, K, device, norm=norm, row_bytes=D * dtypes[0].itemsize)
     args = dict(S=S, B=B, K=K, HQ=HQ, HK=HK, P=P,
                 N_SEQ=cu_seqlens.shape[0] - 1 if cu_seqlens is not None else 0,
                 D=D, R=R, LAYOUT=LAYOUT[layout], INTERLEAVED=interleaved,
