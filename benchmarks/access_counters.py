@@ -35,7 +35,6 @@ Writes DIR/access_counters-<gpu>.csv (`# key: value` lines first: GPU, versions,
 profiler's own CSV beside it (access_counters-<gpu>-ncu.csv); prints the table last.
 """
 import argparse
-import importlib.util
 import os
 import subprocess
 import sys
@@ -47,14 +46,16 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernel module is imported
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run from a checkout without `pip install -e .`
-    sys.path.insert(0, str(REPO_ROOT))
+for _path in (REPO_ROOT, REPO_ROOT / "benchmarks"):   # ropelib without `pip install -e .`, and
+    if str(_path) not in sys.path:                    # mechanism.py however this file is loaded
+        sys.path.insert(0, str(_path))
 
 from ropelib import reference  # noqa: E402
 from ropelib.bench import compare  # noqa: E402
 from ropelib.frequencies import rope_freqs  # noqa: E402
 from ropelib.course import measured  # noqa: E402
 from ropelib.course.kernels.pair_swap import pair_swap  # noqa: E402
+import mechanism  # noqa: E402  (benchmarks/mechanism.py: where ncu is)
 
 ROWS, D, ROWS_PER_PROGRAM = 1 << 18, 128, 16
 REFERENCE_SHAPE = (4096, 4, 32)             # notebook 02's S, B, H on a GPU (D = 128)
@@ -122,15 +123,6 @@ def profiled_run() -> None:
     torch.cuda.cudart().cudaProfilerStop()
 
 
-def find_ncu():
-    """benchmarks/mechanism.py's: ncu on PATH, under /opt/nvidia/nsight-compute or CUDA's."""
-    spec = importlib.util.spec_from_file_location(
-        "mechanism", Path(__file__).resolve().parent / "mechanism.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.find_ncu()
-
-
 def run_ncu(ncu: str, raw_path: Path) -> tuple:
     """Profile `--profiled-run`; returns (kernel records in launch order, the metrics taken)."""
     for metrics in ({**METRICS, **OPTIONAL_METRICS}, METRICS):
@@ -169,7 +161,7 @@ def main(argv=None):
     if not torch.cuda.is_available():
         raise SystemExit("access_counters.py counts a GPU's memory traffic: run it on a machine "
                          "with a GPU, or pass --dry-run")
-    ncu = find_ncu()
+    ncu = mechanism.find_ncu()
     if ncu is None:
         raise SystemExit("no Nsight Compute (ncu) on this machine")
     import triton.testing

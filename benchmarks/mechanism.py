@@ -318,14 +318,15 @@ def _copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=mask), mask=mask)
 
 
-def copy_triton(x: torch.Tensor, y: torch.Tensor, block: int = 2048) -> torch.Tensor:
+def copy_triton(x: torch.Tensor, y: torch.Tensor, block: int = 2048,
+                num_warps: int = 4) -> torch.Tensor:
     """y = x for contiguous same-dtype tensors: a plain Triton load/store over the flat tensor
     (16-byte accesses where the pointers allow). `y.copy_(x)` of such tensors is a
     cudaMemcpyAsync D2D, which Nsight Compute does not profile (not a kernel): this moves the
     same bytes as a kernel ncu does see."""
     assert x.is_contiguous() and y.is_contiguous() and x.shape == y.shape and x.dtype == y.dtype
     n = x.numel()
-    _copy_kernel[(triton.cdiv(n, block),)](x, y, n, BLOCK=block, num_warps=4)
+    _copy_kernel[(triton.cdiv(n, block),)](x, y, n, BLOCK=block, num_warps=num_warps)
     return y
 
 

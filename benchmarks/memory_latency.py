@@ -42,10 +42,12 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run from a checkout without `pip install -e .`
-    sys.path.insert(0, str(REPO_ROOT))
+for _path in (REPO_ROOT, REPO_ROOT / "benchmarks"):   # ropelib without `pip install -e .`, and
+    if str(_path) not in sys.path:                    # mechanism.py however this file is loaded
+        sys.path.insert(0, str(_path))
 
 from ropelib.bench import compare  # noqa: E402
+import mechanism  # noqa: E402  (benchmarks/mechanism.py: its streaming copy)
 
 LINE = 128                                   # bytes between two indices of the chain
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
@@ -71,13 +73,6 @@ def _chase_kernel(
     tl.store(out_ptr, p)
 
 
-@triton.jit
-def _copy_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
-    # 1-D grid of cdiv(n, BLOCK) programs, BLOCK contiguous elements each: a streaming copy
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(y_ptr + offs, tl.load(x_ptr + offs, mask=offs < n), mask=offs < n)
-
-
 def chain(footprint: int, device, seed: int = 0) -> tuple:
     """(next, start): an int32 buffer of `footprint` bytes holding one random cycle through its
     128-byte lines (the first index of each line used, the rest zero)."""
@@ -95,7 +90,9 @@ def chase(nxt, start, steps, out):
 
 
 def copy(x, y):
-    _copy_kernel[(triton.cdiv(x.numel(), 4096),)](x, y, x.numel(), BLOCK=4096, num_warps=8)
+    """A streaming copy: benchmarks/mechanism.py's kernel, 4096 contiguous elements a program
+    on 8 warps."""
+    mechanism.copy_triton(x, y, block=4096, num_warps=8)
 
 
 def _timed(fn, stream) -> tuple:

@@ -24,7 +24,6 @@ kernel and metric (call, kernel, section, metric, unit, value), `# key: value` l
 """
 import argparse
 import csv
-import importlib.util
 import io
 import os
 import subprocess
@@ -37,11 +36,14 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit is imported
 
 HERE = Path(__file__).resolve().parent
-if str(HERE.parent) not in sys.path:
-    sys.path.insert(0, str(HERE.parent))
+for _path in (HERE.parent, HERE):     # ropelib without `pip install -e .`, and the other
+    if str(_path) not in sys.path:    # benchmarks however this file is loaded
+        sys.path.insert(0, str(_path))
 
 import ropelib  # noqa: E402
 from ropelib.bench import compare  # noqa: E402
+import mechanism  # noqa: E402  (benchmarks/mechanism.py: where ncu is)
+import qkv_mainloop_probe as mp  # noqa: E402  (its GEMMs, bare and rotating, TMA loads)
 
 SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats",
             "MemoryWorkloadAnalysis")
@@ -50,7 +52,6 @@ CALLS = ("cublas", "product_bare", "product_fused", "probe_bare", "probe_fused")
 
 def calls(tokens: int, device) -> dict:
     """{name: a callable making that launch} for x [tokens, hidden] at the probe's sizes."""
-    mp = _benchmark("qkv_mainloop_probe")
     HQ, HK, D, hidden = mp.HQ, mp.HK, mp.D, mp.HIDDEN
     small = device == "cpu"
     if small:                      # the interpreter: one tile of each kernel
@@ -115,7 +116,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         raise SystemExit("qkv_forward_ncu_probe.py profiles GPU kernels: run it on a GPU, or "
                          "pass --check")
-    ncu = _benchmark("mechanism").find_ncu()
+    ncu = mechanism.find_ncu()
     if ncu is None:
         raise SystemExit("no Nsight Compute (ncu) on this machine")
     cmd = [ncu, "--profile-from-start", "off", "--csv", "--print-units", "base",
@@ -147,14 +148,6 @@ def main(argv=None) -> int:
         got = {r["metric"]: r["value"] for r in out if r["call"] == label[i]}
         print(f"{label[i]:30s} " + "  ".join(f"{m}={got.get(m, '-')}" for m in wanted))
     return 0
-
-
-def _benchmark(name: str):
-    """benchmarks/<name>.py loaded as a module (benchmarks/ is no package)."""
-    spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 if __name__ == "__main__":

@@ -36,7 +36,6 @@ from ropelib.kernels import planning, qkv_gemm  # noqa: E402
 FIELDS = ["kernel", "BLOCK_M", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "rotate", "ms",
           "tflops", "epilogue_cost", "n_regs", "n_spills", "reason"]
 KEYS = ("BLOCK_M", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
-NAMES = {"fwd": qkv_gemm.FWD_POINTERS, "dx": qkv_gemm.DX_POINTERS, "dw": qkv_gemm.DW_POINTERS}
 
 CANDIDATES = {
     "fwd": [(128, 64, 8, 8, 3), (128, 64, 8, 8, 4), (128, 32, 8, 8, 4), (128, 64, 8, 4, 3),
@@ -110,7 +109,8 @@ def run(dry_run: bool, tokens=8192, hidden=4096, HQ=32, HK=8, D=128, candidates=
                     # the bare GEMM takes no norm pointers
                     ptrs = pointers[kind] if rotate or not norm else tuple(
                         None if n in qkv_gemm._NORM or n == "dnorm_ptr" else p
-                        for n, p in zip(NAMES[kind], pointers[kind]))
+                        for n, p in zip(qkv_gemm.LAUNCHERS[kind].pointer_names,
+                                        pointers[kind]))
                     planned = qkv_gemm.plan(
                         kind, S=tokens, B=1, K=K, HQ=HQ, HK=HK, D=D, R=D, P=2**31 - 1, ids=None,
                         cu_seqlens=None, layout="bshd", interleaved=False, eps=1e-6,

@@ -232,7 +232,7 @@ def main():
         ("qkv-linear-dw-norm-fp32-d256", "dw", torch.float32, 256, torch.empty(P, 256), None,
          None, None, True, "bshd", False),
     ]:
-        hd = R if name.endswith("d256") else D                  # the head dim
+        hd = max(D, R)      # the head dim: 128, or the rotary dim of the full-rotary d = 256 ones
         N = (HQ + 2 * HK) * hd
         R_, P_ = (R, 2**31 - 1) if table.dtype == torch.int64 else (table.shape[1], table.shape[0])
         x, w = torch.empty(M, K, dtype=dtype), torch.empty(N, K, dtype=dtype)

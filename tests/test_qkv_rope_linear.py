@@ -718,16 +718,14 @@ def test_gpu_tiles_with_and_without_the_norm(monkeypatch):
                 layout="bshd", interleaved=False, eps=1e-6, device=torch.device("cuda"))
     keys = ("BLOCK_M", "BLOCK_K", "GROUP_M")
 
-    def tile(kind, norm, rotate=True):
-        names = {"fwd": qkv_gemm.FWD_POINTERS, "dx": qkv_gemm.DX_POINTERS,
-                 "dw": qkv_gemm.DW_POINTERS}[kind]
-        dtypes = tuple(None if n in qkv_gemm._NORM and not norm else torch.bfloat16
-                       for n in names)
-        launch = qkv_gemm.plan(kind, dtypes=dtypes, rotate=rotate, **opts)
+    def tile(kind, norm, rotate=True, dtype=torch.bfloat16, D=128):
+        dtypes = tuple(None if n in qkv_gemm._NORM and not norm else dtype
+                       for n in qkv_gemm.LAUNCHERS[kind].pointer_names)
+        launch = qkv_gemm.plan(kind, dtypes=dtypes, rotate=rotate, **dict(opts, D=D, R=D))
         return (*(launch.args[k] for k in keys), launch.num_warps, launch.num_stages)
 
-    def wanted(key):
-        return tuple(qkv_gemm.GPU_TILES[key][k] for k in (*keys, "num_warps", "num_stages"))
+    def wanted(key, tiles=qkv_gemm.GPU_TILES):
+        return tuple(tiles[key][k] for k in (*keys, "num_warps", "num_stages"))
 
     for kind in ("fwd", "dx", "dw"):
         assert tile(kind, False) == tile(kind, True, rotate=False) == wanted(kind)
@@ -735,17 +733,12 @@ def test_gpu_tiles_with_and_without_the_norm(monkeypatch):
     assert tile("fwd", True) == wanted("fwd") and tile("dw", True) == wanted("dw")
     # rows of 1 KiB (fp32 heads of 256) take tiles that fit an SM's shared memory, norm or not;
     # bf16 heads of 256 (512 bytes) keep the usual ones
-    for kind, names in (("fwd", qkv_gemm.FWD_POINTERS), ("dx", qkv_gemm.DX_POINTERS),
-                        ("dw", qkv_gemm.DW_POINTERS)):
+    for kind in ("fwd", "dx", "dw"):
         for norm, dtype, long_rows in ((False, torch.float32, True), (True, torch.float32, True),
                                        (True, torch.bfloat16, False)):
-            dtypes = tuple(None if n in qkv_gemm._NORM and not norm else dtype for n in names)
-            launch = qkv_gemm.plan(kind, dtypes=dtypes, **dict(opts, D=256, R=256))
-            got = (*(launch.args[k] for k in keys), launch.num_warps, launch.num_stages)
-            want = qkv_gemm.GPU_TILES_LONG_ROWS[kind] if long_rows else \
-                qkv_gemm.GPU_TILES["dx_norm" if kind == "dx" and norm else kind]
-            assert got == tuple(want[k] for k in (*keys, "num_warps", "num_stages")), \
-                (kind, norm, dtype)
+            want = wanted(kind, qkv_gemm.GPU_TILES_LONG_ROWS) if long_rows else \
+                wanted("dx_norm" if kind == "dx" and norm else kind)
+            assert tile(kind, norm, dtype=dtype, D=256) == want, (kind, norm, dtype)
 
 
 def test_forward_profile_probe_launches_every_call(capsys):

@@ -268,8 +268,6 @@ def qkv_tile_resources(candidates: dict, tokens=8192, hidden=4096, HQ=32, HK=8,
     pointers = {"fwd": (x, w, None, *outs, rows, rows, *tables[4:]),
                 "dx": (*outs, w, torch.empty_like(x), rows, rows, *tables[4:]),
                 "dw": (*outs, x, torch.empty_like(w), None, None, *tables)}
-    names = {"fwd": qkv_gemm.FWD_POINTERS, "dx": qkv_gemm.DX_POINTERS,
-             "dw": qkv_gemm.DW_POINTERS}
     keys = ("BLOCK_M", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
     saved = {k: dict(v) for k, v in qkv_gemm.GPU_TILES.items()}
     rows = []
@@ -283,7 +281,8 @@ def qkv_tile_resources(candidates: dict, tokens=8192, hidden=4096, HQ=32, HK=8,
                         ids=None, cu_seqlens=None, layout="bshd", interleaved=False, eps=1e-6,
                         device=torch.device("cuda"),
                         dtypes=planning.pointer_dtypes(pointers[kind]), rotate=rotate)
-                    compiled = compile_for_sm90(planned, names[kind], pointers[kind])
+                    compiled = compile_for_sm90(planned, qkv_gemm.LAUNCHERS[kind].pointer_names,
+                                                pointers[kind])
                     n_regs, stack = cubin_resources(compiled)
                     shared = int(compiled.metadata.shared)
                     occ = programs_per_sm(n_regs, planned.num_warps, shared)

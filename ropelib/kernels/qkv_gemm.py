@@ -712,6 +712,7 @@ LAYOUT = {"bshd": 1, "bhsd": 2}     # as kernels/common.contiguous_strides numbe
 FWD = DirectLauncher(_qkv_rope_fwd_kernel, FWD_POINTERS)
 DX = DirectLauncher(_qkv_rope_dx_kernel, DX_POINTERS)
 DW = DirectLauncher(_qkv_rope_dw_kernel, DW_POINTERS)
+LAUNCHERS = {"fwd": FWD, "dx": DX, "dw": DW}    # each kind's launcher (its pointer_names)
 
 
 def _pow2_between(n, lo: int, hi: int) -> int:
@@ -762,8 +763,8 @@ def plan(kind: str, *, S, B, K, HQ, HK, D, R, P, ids, cu_seqlens, layout: str,
     Sees only sizes, dtypes and options, never values. rotate=False: the same GEMM without the
     norm and the rotation (benchmarks/qkv_rope_bench.py's baseline)."""
     M, N = S * B, (HQ + 2 * HK) * D
-    names = {"fwd": FWD_POINTERS, "dx": DX_POINTERS, "dw": DW_POINTERS}[kind]
-    norm = rotate and dtypes[names.index("norm_q_ptr")] is not None
+    launcher = LAUNCHERS[kind]
+    norm = rotate and dtypes[launcher.pointer_names.index("norm_q_ptr")] is not None
     t = pick_tiles(kind, M, K, device, norm=norm, row_bytes=D * dtypes[0].itemsize)
     args = dict(S=S, B=B, K=K, HQ=HQ, HK=HK, P=P,
                 N_SEQ=cu_seqlens.shape[0] - 1 if cu_seqlens is not None else 0,
@@ -772,12 +773,12 @@ def plan(kind: str, *, S, B, K, HQ, HK, D, R, P, ids, cu_seqlens, layout: str,
                 BLOCK_M=t["BLOCK_M"], BLOCK_K=t["BLOCK_K"], GROUP_M=t["GROUP_M"],
                 INT64=_needs_int64(M * K, M * N, N * K))
     if kind == "fwd":
-        launcher, grid = FWD, (cdiv(M, t["BLOCK_M"]) * (HQ + 2 * HK),)
+        grid = (cdiv(M, t["BLOCK_M"]) * (HQ + 2 * HK),)
         args = dict(args, eps=eps)
     elif kind == "dx":
-        launcher, grid = DX, (cdiv(M, t["BLOCK_M"]) * cdiv(K, t["BLOCK_K"]),)
+        grid = (cdiv(M, t["BLOCK_M"]) * cdiv(K, t["BLOCK_K"]),)
     else:
-        launcher, grid = DW, ((HQ + 2 * HK) * cdiv(K, t["BLOCK_K"]),)
+        grid = ((HQ + 2 * HK) * cdiv(K, t["BLOCK_K"]),)
     # every argument but the pointers, in the kernel's order
     order = [n for n in launcher.kernel.arg_names if n not in launcher.pointer_names]
     return Launch(grid, t["num_warps"], {n: args[n] for n in order}, tuple(dtypes), device,
