@@ -16,7 +16,8 @@ after warm-ups, between cudaProfilerStart/Stop (Llama-3-8B's projection, bf16, 8
                       stages (ropelib's forward tile)
 
 and runs itself under ncu with the sections SpeedOfLight, Occupancy, LaunchStats,
-WarpStateStats and MemoryWorkloadAnalysis. Writes OUT/qkv_forward_ncu-<gpu>.csv: one row per
+WarpStateStats and MemoryWorkloadAnalysis, and the metrics METRICS (warp instructions issued;
+the cycles a warp waited per issued instruction, by stall reason). Writes OUT/qkv_forward_ncu-<gpu>.csv: one row per
 kernel and metric (call, kernel, section, metric, unit, value), `# key: value` lines first.
 
     python benchmarks/qkv_forward_ncu_probe.py --out DIR        # ~1 min on an H200
@@ -47,6 +48,15 @@ import qkv_mainloop_probe as mp  # noqa: E402  (its GEMMs, bare and rotating, TM
 
 SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats",
             "MemoryWorkloadAnalysis")
+# beside the sections: warp instructions issued, and what a warp waited on between two of them
+# (cycles per issued instruction, by stall reason; their sum is WarpStateStats' cycles per
+# issued instruction)
+STALLS = ("long_scoreboard", "short_scoreboard", "barrier", "wait", "math_pipe_throttle",
+          "mio_throttle", "lg_throttle", "not_selected", "selected", "dispatch_stall",
+          "no_instruction", "branch_resolving", "membar", "sleeping", "drain", "imc_miss",
+          "tex_throttle", "misc")
+METRICS = ("smsp__inst_executed.sum",) + tuple(
+    f"smsp__average_warps_issue_stalled_{s}_per_issue_active.ratio" for s in STALLS)
 CALLS = ("cublas", "product_bare", "product_fused", "probe_bare", "probe_fused")
 
 
@@ -65,7 +75,7 @@ def calls(tokens: int, device) -> dict:
     table = mp.cos_sin_table(theta)
     return {
         "cublas": lambda: torch.nn.functional.linear(x, w),
-        "product_bare": lambda: mp.run_product(x, w, tokens),
+        "product_bare": lambda: mp.run_product(x, w, tokens, joined=False),
         "product_fused": lambda: ropelib.qkv_rope_linear(x[None], w, n_heads=HQ,
                                                          n_kv_heads=HK, head_dim=D,
                                                          angles=angles),
@@ -119,11 +129,19 @@ def main(argv=None) -> int:
     ncu = mechanism.find_ncu()
     if ncu is None:
         raise SystemExit("no Nsight Compute (ncu) on this machine")
-    cmd = [ncu, "--profile-from-start", "off", "--csv", "--print-units", "base",
-           *(a for s in SECTIONS for a in ("--section", s)), sys.executable,
-           str(Path(__file__).resolve()), "--profiled-run", "--tokens", str(args.tokens)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    rows = parse(proc.stdout)
+    def profile(metrics):
+        cmd = [ncu, "--profile-from-start", "off", "--csv", "--print-units", "base",
+               *(a for s in SECTIONS for a in ("--section", s)),
+               *(("--metrics", ",".join(metrics)) if metrics else ()), sys.executable,
+               str(Path(__file__).resolve()), "--profiled-run", "--tokens", str(args.tokens)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        return proc, parse(proc.stdout)
+    proc, rows = profile(METRICS)
+    metrics = " ".join(METRICS)
+    if proc.returncode != 0 or not rows:    # (an ncu without one of the metrics: sections only)
+        print(f"ncu with --metrics failed (exit {proc.returncode}); sections only", flush=True)
+        proc, rows = profile(())
+        metrics = "none (ncu refused them)"
     if proc.returncode != 0 or not rows:
         raise SystemExit(f"ncu failed (exit {proc.returncode}): "
                          f"{(proc.stdout + proc.stderr)[-800:]}")
@@ -137,13 +155,16 @@ def main(argv=None) -> int:
             "unit": r.get("Metric Unit", ""), "value": r.get("Metric Value", "")} for r in rows]
     meta = {**compare.environment_meta(), "gpu": torch.cuda.get_device_name(),
             "case": f"t{args.tokens} hidden 4096 32/8 heads x 128 bf16, table-free angles",
-            "calls": "; ".join(names), "sections": " ".join(SECTIONS)}
+            "calls": "; ".join(names), "sections": " ".join(SECTIONS), "metrics": metrics}
     path = compare.write_csv(out, Path(args.out) / f"qkv_forward_ncu-{compare.gpu_slug()}.csv",
                              meta=meta, fields=["call", "kernel", "section", "metric", "unit",
                                                 "value"])
     print(f"wrote {path} ({len(ids)} kernels)")
     wanted = ("Duration", "Registers Per Thread", "Achieved Occupancy", "Compute (SM) Throughput",
-              "Memory Throughput", "Warp Cycles Per Issued Instruction")
+              "Warp Cycles Per Issued Instruction", "smsp__inst_executed.sum",
+              "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio",
+              "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio",
+              "smsp__average_warps_issue_stalled_wait_per_issue_active.ratio")
     for i in ids:
         got = {r["metric"]: r["value"] for r in out if r["call"] == label[i]}
         print(f"{label[i]:30s} " + "  ".join(f"{m}={got.get(m, '-')}" for m in wanted))

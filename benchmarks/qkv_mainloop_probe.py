@@ -187,18 +187,20 @@ def run_descriptors(x, w, tile):
     return y
 
 
-def run_product(x, w, tokens):
-    """kernels/qkv_gemm's forward without the rotation, at its GPU tiles: q, k, v heads."""
+def run_product(x, w, tokens, joined: bool = True):
+    """kernels/qkv_gemm's forward without the rotation, at its GPU tiles: q, k, v heads, joined
+    into one [M, N] tensor (a copy kernel after the GEMM) unless joined=False."""
     from ropelib.kernels import qkv_gemm as QG
     from ropelib.kernels.planning import pointer_dtypes, start
     M = x.shape[0]
     outs = [torch.empty(1, M, h, D, dtype=x.dtype, device=x.device) for h in (HQ, HK, HK)]
-    ptrs = (x, w, None, *outs, None, None, None, None, None, None, None, None)
+    q, k, v = outs
+    ptrs = QG.pointers("fwd", x_ptr=x, w_ptr=w, q_ptr=q, k_ptr=k, v_ptr=v)
     planned = QG.plan("fwd", S=M, B=1, K=x.shape[1], HQ=HQ, HK=HK, D=D, R=D, P=1, ids=None,
                       cu_seqlens=None, layout="bshd", interleaved=False, eps=1e-6,
                       device=x.device, dtypes=pointer_dtypes(ptrs), rotate=False)
     start(planned.launcher, planned, ptrs)
-    return torch.cat([o.reshape(M, -1) for o in outs], dim=1)
+    return torch.cat([o.reshape(M, -1) for o in outs], dim=1) if joined else outs
 
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages): the plain GEMM's usual Hopper

@@ -72,10 +72,11 @@ class _TritonGemm(torch.autograd.Function):
                     cu_seqlens=None, layout="bshd", interleaved=False, eps=EPS,
                     device=x.device, rotate=False)
         outs = [torch.empty(B, S, h, D, dtype=x.dtype, device=x.device) for h in (HQ, HK, HK)]
-        tables = (turns, amplitude, None, None, None, None, None, None)
-        _run("fwd", opts, (x, weight, None, *outs) + (None,) * 6)   # nothing to rotate
+        q, k, v = outs                                              # nothing to rotate
+        _run("fwd", opts, qkv_gemm.pointers("fwd", x_ptr=x, w_ptr=weight, q_ptr=q, k_ptr=k,
+                                            v_ptr=v))
         ctx.save_for_backward(x, weight)
-        ctx.opts, ctx.tables = opts, tables
+        ctx.opts, ctx.turns, ctx.amplitude = opts, turns, amplitude
         return tuple(outs)
 
     @staticmethod
@@ -83,8 +84,12 @@ class _TritonGemm(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         grads = tuple(g.contiguous() for g in (gq, gk, gv))
         dx, dw = torch.empty_like(x), torch.empty_like(weight)
-        _run("dx", ctx.opts, (*grads, weight, dx) + (None,) * 6)     # nothing to rotate
-        _run("dw", ctx.opts, (*grads, x, dw, None, None, *ctx.tables))
+        gq, gk, gv = grads                                          # nothing to rotate
+        _run("dx", ctx.opts, qkv_gemm.pointers("dx", gq_ptr=gq, gk_ptr=gk, gv_ptr=gv,
+                                               w_ptr=weight, dx_ptr=dx))
+        _run("dw", ctx.opts, qkv_gemm.pointers("dw", gq_ptr=gq, gk_ptr=gk, gv_ptr=gv, x_ptr=x,
+                                               dw_ptr=dw, cos_ptr=ctx.turns,
+                                               sin_ptr=ctx.amplitude))
         return dx, dw, None, None, None, None, None
 
 
@@ -157,7 +162,11 @@ def _max_rel_diff(got, want) -> float:
                for a, b in zip(got, want))
 
 
-def run(dry_run: bool, token_counts=(8192, 32768), hidden=4096, HQ=32, HK=8, D=128) -> list:
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def run(dry_run: bool, token_counts=(8192, 32768), hidden=4096, HQ=32, HK=8, D=128,
+        dtype: str = "bf16") -> list:
     device = runtime.default_device()
     if dry_run:
         token_counts, hidden, HQ, HK, D = (16,), 32, 2, 1, 16
@@ -165,12 +174,13 @@ def run(dry_run: bool, token_counts=(8192, 32768), hidden=4096, HQ=32, HK=8, D=1
         raise SystemExit("timing needs a CUDA GPU; use --dry-run on the CPU")
     N = (HQ + 2 * HK) * D
     angles = ropelib.rope_angles(D, base=500000.0, device=device)
-    tiles = " ".join(f"{k}:{'/'.join(str(v) for v in t.values())}"
-                     for k, t in qkv_gemm.GPU_TILES.items())
+    long_rows = D * DTYPES[dtype].itemsize > qkv_gemm.LONG_ROW_BYTES
+    tiles = " ".join(f"{k}:{'/'.join(str(v) for v in t.values())}" for k, t in
+                     (qkv_gemm.GPU_TILES_LONG_ROWS if long_rows else qkv_gemm.GPU_TILES).items())
     rows = []
     for tokens in token_counts:
         freqs = ropelib.rope_freqs(tokens, D, base=500000.0, device=device)
-        args, grads = inputs(tokens, hidden, HQ, HK, D, device)
+        args, grads = inputs(tokens, hidden, HQ, HK, D, device, DTYPES[dtype])
         for norm in (False, True):
             provs = providers(HQ, HK, D, angles, freqs, norm)
             ref = {b: _run_once(dict(provs)["unfused"], args, grads, b, norm)
@@ -178,7 +188,8 @@ def run(dry_run: bool, token_counts=(8192, 32768), hidden=4096, HQ=32, HK=8, D=1
             for name, fn in provs:
                 for backward in (False, True):
                     row = dict(case=f"t{tokens}-h{hidden}-{HQ}/{HK}x{D}", provider=name,
-                               qk_norm=norm, dtype="bfloat16", tokens=tokens, hidden=hidden,
+                               qk_norm=norm, dtype=str(DTYPES[dtype]).split(".")[-1],
+                               tokens=tokens, hidden=hidden,
                                HQ=HQ, HK=HK, D=D, tiles=tiles, available=True, reason="",
                                **{"pass": "fwd+bwd" if backward else "fwd"})
                     rows.append(row)
@@ -259,9 +270,14 @@ def main(argv=None) -> int:
     ap.add_argument("--dry-run", action="store_true",
                     help="tiny shapes through the interpreter: check outputs, time nothing")
     ap.add_argument("--tokens", type=int, nargs="+", default=[8192, 32768])
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    ap.add_argument("--heads", type=int, nargs=2, default=[32, 8], metavar=("HQ", "HK"),
+                    help="query and key/value heads (default Llama-3-8B's 32 and 8)")
+    ap.add_argument("--head-dim", type=int, default=128)
     args = ap.parse_args(argv)
     print(runtime.mode())
-    rows = run(args.dry_run, token_counts=tuple(args.tokens))
+    rows = run(args.dry_run, token_counts=tuple(args.tokens), HQ=args.heads[0],
+               HK=args.heads[1], D=args.head_dim, dtype=args.dtype)
     print(table(rows))
     out = args.out if args.out is not None or args.dry_run else default_out()
     if out is not None:

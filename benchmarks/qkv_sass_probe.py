@@ -1,13 +1,14 @@
 """The QKV projection's forward kernel (kernels/qkv_gemm.py) compiled for an sm_90 GPU on this
 machine, no GPU needed: its MMA instructions, registers per thread and stack (spills), at the
-GPU's tiles for Llama-3-8B's projection (hidden 4096, 32/8 heads of 128, bf16, 8192 tokens).
+GPU's tiles for Llama-3-8B's projection (hidden 4096, 32/8 heads of 128, bf16, 8192 tokens),
+reading every token's cos and s' rows (what qkv_rope_linear's pre-pass writes).
 
     python benchmarks/qkv_sass_probe.py                 # this checkout's kernel
     python benchmarks/qkv_sass_probe.py --root DIR      # a variant: DIR holds another ropelib/
-    python benchmarks/qkv_sass_probe.py --cos-sin       # given a cos and a sin table
 
-Run without TRITON_INTERPRET. Uses tests/gpu_compile_check.compile_for_gpu (Triton's own
-compiler, the JIT's specialisation) and Triton's bundled nvdisasm and cuobjdump.
+Run without TRITON_INTERPRET. Compiles with ropelib.course.offline_compile (Triton's own
+compiler, the JIT's specialisation) and reads the cubin with Triton's bundled nvdisasm and
+cuobjdump (tests/gpu_compile_check.machine_code).
 """
 import argparse
 import os
@@ -20,8 +21,6 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--root", default=HERE, help="folder holding the ropelib/ to compile")
-    ap.add_argument("--cos-sin", action="store_true",
-                    help="a cos and a sin table [P, D] instead of an angle table")
     args = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         ap.error("run without TRITON_INTERPRET=1 (the interpreter compiles nothing)")
@@ -30,6 +29,7 @@ def main(argv=None) -> int:
     import torch
     import triton
     import gpu_compile_check as G
+    from ropelib.course.offline_compile import compile_for_cuda
     from ropelib.kernels import qkv_gemm as QG
     from ropelib.kernels.planning import pointer_dtypes
 
@@ -37,20 +37,14 @@ def main(argv=None) -> int:
     N, M, bf = (HQ + 2 * HK) * D, S * B, torch.bfloat16
     x, w = torch.empty(M, K, dtype=bf), torch.empty(N, K, dtype=bf)
     outs = [torch.empty(M, h * D, dtype=bf) for h in (HQ, HK, HK)]
-    sin = torch.empty(8192, D) if args.cos_sin else None
-    ptrs = (x, w, None, *outs, torch.empty(8192, D), sin, None, None, None, None, None, None)
+    ptrs = QG.pointers("fwd", x_ptr=x, w_ptr=w, q_ptr=outs[0], k_ptr=outs[1], v_ptr=outs[2],
+                       cos_ptr=torch.empty(M, D), sin_ptr=torch.empty(M, D))
     planned = QG.plan("fwd", S=S, B=B, K=K, HQ=HQ, HK=HK, D=D, R=D, P=8192, ids=None,
                       cu_seqlens=None, layout="bshd", interleaved=False, eps=1e-6,
                       device=torch.device("cuda"), dtypes=pointer_dtypes(ptrs))
-    kept = {}
-    compile_ = triton.compile
-
-    def keep(*a, **kw):
-        kept["c"] = compile_(*a, **kw)
-        return kept["c"]
-    G.triton.compile = keep
-    G.compile_for_gpu("qkv-fwd", planned.launcher.kernel, QG.FWD_POINTERS, planned, ptrs)
-    compiled = kept["c"]
+    compiled = compile_for_cuda(planned.launcher.kernel, dict(zip(QG.FWD_POINTERS, ptrs),
+                                                              **planned.args),
+                                **planned.options())
     sass, regs, stack = G.machine_code(compiled)
     shapes = sorted(set(re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)",
                                    compiled.asm["ptx"])))

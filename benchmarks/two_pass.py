@@ -44,8 +44,11 @@ CASES = [
     ("bf16 thd 64 MiB t8k", torch.bfloat16, "thd", 8192, 1, 32, 128, False),
     ("bf16 sbhd 64 MiB s8k b1", torch.bfloat16, "sbhd", 8192, 1, 32, 128, False),
     ("bf16 sbhd 128 MiB s16k b1", torch.bfloat16, "sbhd", 16384, 1, 32, 128, False),
+    ("bf16 sbhd 256 MiB s32k b1", torch.bfloat16, "sbhd", 32768, 1, 32, 128, False),
+    ("bf16 sbhd 128 MiB s8k b2", torch.bfloat16, "sbhd", 8192, 2, 32, 128, False),
     ("bf16 sbhd 128 MiB s2k b8", torch.bfloat16, "sbhd", 2048, 8, 32, 128, False),
     ("bf16 sbhd 256 MiB s4k b8", torch.bfloat16, "sbhd", 4096, 8, 32, 128, False),
+    ("bf16 sbhd 160 MiB s4k b8 d80", torch.bfloat16, "sbhd", 4096, 8, 32, 80, False),
     ("bf16 bshd 256 MiB s4k b8", torch.bfloat16, "bshd", 4096, 8, 32, 128, False),
     ("bf16 thd 256 MiB t32k", torch.bfloat16, "thd", 32768, 1, 32, 128, False),
     # packed sequences of equal length: 8 x 4096 tokens, a table of 4096 rows (the floor's thd
@@ -105,7 +108,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
     ap.add_argument("--compile", action="store_true", help="also time torch.compile (slow)")
-    ap.add_argument("--only", default="", help="cases whose name contains this (all: empty)")
+    ap.add_argument("--only", default="", help="cases whose name contains one of these "
+                    "comma-separated strings (all: empty)")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     gpu = compare.gpu_slug()
@@ -119,7 +123,7 @@ def main(argv=None):
     w.writerow(["case", "pass", "provider", "ms", "ratio_to_copy"])
     print(f"{'case':34s} {'pass':8s} {'provider':22s} {'ms':>8s} {'ratio':>6s}", flush=True)
     for name, dt, layout, S, B, H, D, inter in CASES:
-        if args.only not in name:
+        if not any(part in name for part in args.only.split(",")):
             continue
         rows_of_table = {"8x4k P4k": 4096, "8x4k P8k": 8192}.get(name.split("MiB ")[-1], S)
         shape = {"sbhd": (S, B, H, D), "bshd": (B, S, H, D), "thd": (S, H, D)}[layout]

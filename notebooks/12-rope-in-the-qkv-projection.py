@@ -999,9 +999,8 @@ assert [round(v, 1) for v in plain] == [3.8, 3.8]
 #    in the same tile, and costs nothing the probe can measure. At 8192 tokens its rotating
 #    kernel (0.680 ms) is as fast as ropelib's bare GEMM; at 32768 it is 9 % faster (the two
 #    files are separate runs, and their cuBLAS timings differ by 6 % and 2 %). What makes
-#    ropelib's fused forward slower than the probe's these measurements do not say; a profile
-#    of both kernels on a GPU would tell (`benchmarks/qkv_forward_ncu_probe.py` takes one:
-#    both, their bare GEMMs and cuBLAS's under Nsight Compute's sections).
+#    ropelib's forward slower than the probe's, a profile of both says (the cell after the
+#    next).
 # 3. *The backward's prologue.* Each of the $K / B_K$ column blocks of dX and dW re-forms the
 #    $dY$ tiles it needs: gradient loads, cosines and sines, the rotation. The sweep's dW at the
 #    benchmark's tile runs more than twice as long with the prologue as without it, and the
@@ -1041,6 +1040,70 @@ print(f"fused forward+backward at 8192 tokens: {before:.2f} ms at dW {'/'.join(m
       f"{after['unfused', 'fwd+bwd']:.2f} ms ({AFTER.name})")
 assert (round(before, 1), round(after["fused", "fwd+bwd"], 1), round(after["unfused", "fwd+bwd"], 1)) \
     == (7.3, 5.2, 1.9)                                         # the numbers in the text
+
+# %% [markdown]
+# **What the main loop waits on.** `benchmarks/qkv_forward_ncu_probe.py` ran each forward once
+# under Nsight Compute (8192 tokens, the benchmark's tiles; `qkv_forward_ncu-nvidia-h200.csv`).
+# The profiler fixes the clocks (the SMs ran at about 1.3 GHz), so every time below is longer
+# than `do_bench`'s; compare them with each other only. Three things could make ropelib's
+# forward slower than the probe's rotating kernel: fewer resident warps, more instructions, or
+# longer waits between them. The profile separates them:
+#
+# - **Resident warps: the same.** Every Triton kernel here runs one 8-warp program per SM
+#   (shared memory: four stages of tiles), achieved occupancy 12.4–12.5 %.
+# - **Instructions: about the same.** ropelib's fused forward executes 145 M warp instructions,
+#   the probe's 152 M.
+# - **Waits: not the same.** A warp of ropelib's kernels waits 8.2 cycles between two issued
+#   instructions, a warp of the probe's 6.4. Split by stall reason, ropelib's kernels spend
+#   2.2–2.3 of those cycles on *dispatch* stalls and 0.4 on *LG throttle* (the queue of
+#   global-memory instructions is full), where the probe's spend 0.16 and 0.00. Its waits are
+#   at barriers instead (1.9 against 0.4).
+#
+# The difference is in how the tiles arrive. ropelib's main loop loads x and W with pointer
+# loads: every thread computes addresses and issues its own asynchronous copies into shared
+# memory, a stream of global-memory instructions that fills the queue. The probe's loads them
+# with TMA: one instruction asks the copy engine for a whole tile, and the warps wait on a
+# barrier until it has arrived. ropelib's bare GEMM, without the epilogue, shows the same waits
+# (2.3 and 0.4 cycles), so the epilogue is not what holds the forward back: the main loop is.
+# One caution the profile also shows: the probe's own bare TMA GEMM, at the same tile, was the
+# slowest of the Triton kernels (4.85 cycles of barrier waits per instruction), so TMA alone is
+# not a guarantee; how the stores and the barriers line up matters too.
+
+# %%
+NCU = RESULTS / "qkv_forward_ncu-nvidia-h200.csv"
+ncu_meta = compare.read_meta(NCU)
+prof = {}
+for r in compare.read_csv(NCU):     # numbers only ("1,234.5"); the words (policies) are left out
+    value = str(r["value"]).replace(",", "")
+    if re.fullmatch(r"-?[0-9.]+(e[-+]?[0-9]+)?", value):
+        prof.setdefault(r["call"], {})[r["metric"]] = float(value)
+STALL = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+print(f"under Nsight Compute ({ncu_meta['gpu']}, {ncu_meta['date'][:10]}; {ncu_meta['case']})")
+print(f"{'kernel':30} {'us':>6} {'regs':>5} {'occup.%':>8} {'M instr':>8} {'cyc/instr':>9} "
+      f"{'dispatch':>8} {'LG':>5} {'barrier':>8}")
+for call, m in prof.items():
+    if "pre-pass" in call:
+        continue
+    print(f"{call:30} {m['Duration'] / 1e3:6.0f} {m['Registers Per Thread']:5.0f} "
+          f"{m['Achieved Occupancy']:8.1f} {m['smsp__inst_executed.sum'] / 1e6:8.0f} "
+          f"{m['Warp Cycles Per Issued Instruction']:9.2f} {m[STALL.format('dispatch_stall')]:8.2f} "
+          f"{m[STALL.format('lg_throttle')]:5.2f} {m[STALL.format('barrier')]:8.2f}")
+ours, probe = prof["product_fused"], prof["probe_fused"]
+triton_kernels = ("product_bare", "product_fused", "probe_bare", "probe_fused")
+# the text: one 8-warp program per SM for every Triton kernel, 12.4-12.5 % achieved
+assert all(round(prof[c]["Achieved Occupancy"], 1) in (12.4, 12.5) for c in triton_kernels)
+assert all(prof[c]["Theoretical Occupancy"] == 12.5 for c in triton_kernels)
+# about the same instructions: 145 M and 152 M
+assert (round(ours["smsp__inst_executed.sum"] / 1e6), round(probe["smsp__inst_executed.sum"] / 1e6)) == (145, 152)
+# the waits: 8.2 against 6.4 cycles per issued instruction
+assert (round(ours["Warp Cycles Per Issued Instruction"], 1), round(probe["Warp Cycles Per Issued Instruction"], 1)) == (8.2, 6.4)
+for c in ("product_bare", "product_fused"):     # ropelib's: dispatch 2.2-2.3, LG 0.4
+    assert 2.15 <= prof[c][STALL.format("dispatch_stall")] < 2.35
+    assert round(prof[c][STALL.format("lg_throttle")], 1) == 0.4
+assert round(probe[STALL.format("dispatch_stall")], 2) == 0.16 and probe[STALL.format("lg_throttle")] < 0.005
+assert (round(probe[STALL.format("barrier")], 1), round(ours[STALL.format("barrier")], 1)) == (1.9, 0.4)
+assert round(prof["probe_bare"][STALL.format("barrier")], 2) == 4.85
+assert max(triton_kernels, key=lambda c: prof[c]["Duration"]) == "probe_bare"   # the slowest
 
 # %% [markdown]
 # The idea is sound — it removes a pass whose cost section 1 measured — but it pays off only
@@ -1141,8 +1204,10 @@ else:
 #   the projection is never written — and is re-formed by every column block.
 # - As measured on an H100 and an H200, ropelib's fused projection is correct and slower than
 #   cuBLAS + RoPE: its main loop trails cuBLAS, its epilogue costs registers and, on the H200,
-#   5 to 14 % of its bare GEMM's time (more than the probe's; a GPU profile would say why), and
-#   the backward's repeated prologue is most of the forward+backward gap.
+#   5 to 14 % of its bare GEMM's time, and the backward's repeated prologue is most of the
+#   forward+backward gap. Profiled, its main loop waits more cycles per instruction than the
+#   probe's TMA loop (dispatch stalls and a full queue of global loads, from the pointer loads
+#   every thread issues): a TMA main loop is the next step for its forward.
 # - Compiled for sm_90, only the rotating kernels spill (7 of the sweep's tiles, at 255
 #   registers). Reading cos and sin rows took the forward's benchmark tile from 254 registers a
 #   thread to 226, but two 8-warp programs share an SM only at 128 or fewer, so it still fills

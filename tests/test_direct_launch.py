@@ -147,3 +147,16 @@ def test_steps_aside_while_a_launch_hook_is_installed(monkeypatch):
     finally:
         undo()
     assert not direct.hooks_installed()
+
+
+def test_start_refuses_a_pointer_tuple_of_the_wrong_length():
+    """A tuple with a pointer too many is refused, not cut to the kernel's names (the
+    interpreter would run it, the GPU's launcher would not)."""
+    from ropelib.kernels import planning, qkv_gemm
+    x = torch.zeros(4, 8)
+    full = qkv_gemm.pointers("fwd", x_ptr=x)
+    assert len(full) == len(qkv_gemm.FWD_POINTERS) and full[0] is x
+    with pytest.raises(TypeError, match="takes 12 pointers"):
+        planning.start(qkv_gemm.FWD, None, full + (None, None))
+    with pytest.raises(TypeError, match="no pointer"):
+        qkv_gemm.pointers("dx", x_ptr=x)

@@ -118,6 +118,9 @@ def start(direct: DirectLauncher, launch: Launch, pointers: tuple) -> None:
     through torch.library.wrap_triton, so the Triton kernel itself lands in the graph; in the
     interpreter as Python on CPU tensors (and not at all when the op is only being evaluated
     for its output shapes). Every kernel family (RoPE, multi-axis, KV-cache write) starts here."""
+    if len(pointers) != len(direct.pointer_names):
+        raise TypeError(f"{direct.kernel.__name__} takes {len(direct.pointer_names)} pointers "
+                        f"{direct.pointer_names}, got {len(pointers)}")
     q = next(p for p in pointers if p is not None)     # (a tensor the launch reads or writes)
     named = dict(zip(direct.pointer_names, pointers))
     if INTERPRET:

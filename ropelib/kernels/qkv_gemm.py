@@ -785,6 +785,16 @@ def plan(kind: str, *, S, B, K, HQ, HK, D, R, P, ids, cu_seqlens, layout: str,
                   launcher, num_stages=t["num_stages"])
 
 
+def pointers(kind: str, **given) -> tuple:
+    """A kernel's pointer tuple in its launcher's order from the named ones (`x_ptr=x`, ...);
+    the others None. An unknown name raises, naming the kind's pointers."""
+    names = LAUNCHERS[kind].pointer_names
+    unknown = set(given) - set(names)
+    if unknown:
+        raise TypeError(f"{kind} kernel has no pointer {sorted(unknown)}; it takes {names}")
+    return tuple(given.get(n) for n in names)
+
+
 def run(launch: Launch, pointers: tuple) -> None:
     """Start a planned launch (pointers in its kernel's *_POINTERS order) the way every kernel
     family starts: eagerly through the direct launcher, while torch.compile or another tracer is
