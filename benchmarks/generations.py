@@ -38,7 +38,7 @@ FIGURE_PATH = REPO_ROOT / "figures" / "04-generations-gbps.png"
 PROVIDERS = ("ropelib_naive", "ropelib_batch_reuse", "ropelib")
 LABELS = {"ropelib_naive": "1 naive (S·B·H programs)",
           "ropelib_batch_reuse": "2 batch-reuse grid (S, H)",
-          "ropelib": "3 finished (ropelib.apply_rope)"}
+          "ropelib": "3 ropelib.apply_rope, as planned"}
 COLORS = {"ropelib_naive": "tab:red", "ropelib_batch_reuse": "tab:orange", "ropelib": "tab:green",
           "copy": "0.3"}
 REFERENCE = "reference"  # the case: sbhd s=16384, b=8, h=32, d=128, bf16 (1 GiB)

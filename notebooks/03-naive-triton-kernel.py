@@ -593,7 +593,7 @@ else:
 #   derives and asserts it), spent starting and retiring programs.
 #
 # More warps per program would not help, and the GPU timings of the warps cell show why. A
-# program here is one 64-element row whatever its warps, and an SM of compute capability 9.0
+# program here is one 128-element head row (two 64-element halves) whatever its warps, and an SM of compute capability 9.0
 # holds at most 32 programs and 64 warps at once: with 1 or 2 warps 32 programs fit, with 4
 # warps 16, with 8 warps 8. The same work then runs with fewer programs at once, and the time
 # grows with the warps from 2 on (notebook 04's ablation measures the same on its

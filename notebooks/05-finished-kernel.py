@@ -143,15 +143,17 @@ assert fin_m["x_kib_per_sm"] > 3 * br_m["x_kib_per_sm"] and fin_m["us"] < br_m["
 # ## 2. How many bytes must be in flight
 #
 # A GPU's DRAM answers a load after a latency $L$ — hundreds of nanoseconds — whatever its
-# bandwidth. To deliver bandwidth $W$, requests worth $W \cdot L$ bytes must be outstanding at
-# every moment: **Little's law**, the queue-length formula (items in the system = arrival rate ×
-# time each spends in it). Split over the streaming multiprocessors (SMs):
+# bandwidth. To read at bandwidth $W_\text{read}$, loads worth $W_\text{read} \cdot L$ bytes
+# must be outstanding at every moment: **Little's law**, the queue-length formula (items in the
+# system = arrival rate × time each spends in it). Only loads count: a thread waits for what it
+# loads, not for what it stores. Split over the streaming multiprocessors (SMs):
 #
-# $$ \text{bytes in flight per SM} = \frac{W}{N_\text{SM}} \cdot L . $$
+# $$ \text{bytes of loads in flight per SM} = \frac{W_\text{read}}{N_\text{SM}} \cdot L . $$
 #
 # Both factors were measured on the H200 (`benchmarks/memory_latency.py`, read below):
 #
-# - $W$: a streaming copy kernel, reading and writing 1 GiB per launch;
+# - $W_\text{read}$: a streaming copy kernel, reading and writing 1 GiB per launch; it reads
+#   half the bytes it moves, so $W_\text{read}$ is half its bandwidth (read + write);
 # - $L$: a **pointer chase**, one warp following a chain of indices through a buffer, each
 #   load's address being the value the previous load returned, so no two loads overlap and
 #   the time per step is one load's round trip. The chain visits the buffer's 128-byte lines
@@ -175,17 +177,18 @@ print(f"  copy kernel: {copy_w['idle'] / 1e9:.0f} GB/s alone, {copy_w['loaded'] 
 L1_NS, L2_NS = lat["idle", 2**14], lat["idle", 2**24]
 DRAM_NS, LOADED_NS = lat["idle", 2**30], lat["loaded", 2**30]
 in_flight = {}                                   # which latency: (KiB per SM, bytes per thread)
+W_READ = copy_w["idle"] / 2           # the copy reads half the bytes it moves
 for name, ns in (("DRAM, idle", DRAM_NS), ("DRAM, beside a copy", LOADED_NS)):
-    per_sm = copy_w["idle"] / SMS * ns * 1e-9
+    per_sm = W_READ / SMS * ns * 1e-9
     in_flight[name] = (per_sm / 1024, per_sm / THREADS_PER_SM)
-    print(f"W x L with L = {ns:6.1f} ns ({name}): {per_sm / 1024:4.1f} KiB in flight per SM, "
-          f"{per_sm / THREADS_PER_SM:4.1f} B per thread with {THREADS_PER_SM} threads resident")
+    print(f"W_read x L with L = {ns:6.1f} ns ({name}): {per_sm / 1024:4.1f} KiB of loads in flight "
+          f"per SM, {per_sm / THREADS_PER_SM:4.1f} B per thread with {THREADS_PER_SM} threads resident")
 # the text below: L1 ~20 ns, L2 ~140 ns, DRAM ~350 ns idle and ~1.3 us beside the copy
 assert 10 < L1_NS < 30 and 120 < L2_NS < 170 and 300 < DRAM_NS < 400 and 1100 < LOADED_NS < 1400
 assert abs(lat["idle", 2**28] - DRAM_NS) < 0.05 * DRAM_NS       # 256 MiB to 4 GiB: the same
 assert abs(copy_w["loaded"] - copy_w["idle"]) < 0.02 * copy_w["idle"]   # one warp takes nothing
 (kib_idle, b_idle), (kib_loaded, b_loaded) = in_flight.values()
-assert [round(v) for v in (kib_idle, b_idle, kib_loaded, b_loaded)] == [11, 5, 38, 19]
+assert [round(v, 1) for v in (kib_idle, b_idle, kib_loaded, b_loaded)] == [5.4, 2.7, 19.1, 9.6]
 
 # %% [markdown]
 # Read the table from the top. A load that finds its line in L1 comes back in about 20 ns, from
@@ -193,31 +196,47 @@ assert [round(v) for v in (kib_idle, b_idle, kib_loaded, b_loaded)] == [11, 5, 3
 # of buffer makes no difference. Beside a copy that streams at full bandwidth the same DRAM load
 # takes about 1.3 µs, nearly four times as long, while the copy loses nothing to the one warp
 # chasing. That growth is Little's law seen from the other side: once more bytes are requested
-# than $W \cdot L_\text{idle}$, bandwidth can grow no further, so the requests queue and the
-# latency stretches until $W \cdot L$ equals what is outstanding.
+# than $W_\text{read} \cdot L_\text{idle}$, bandwidth can grow no further, so the requests
+# queue and the latency stretches until $W_\text{read} \cdot L$ equals what is outstanding.
 #
-# So the two rows bracket the tile. Below about 11 KiB in flight per SM (about 5 bytes per
-# resident thread), DRAM's idle latency alone caps the bandwidth below $W$: a kernel there is
-# latency-bound, and more bytes in flight make it faster. Around 38 KiB per SM (19 bytes a
-# thread) the queues are as full as a copy keeps them. Between the two, bytes in flight buy
-# less and less. Section 1's table measured the other side of the same equation, the x each
-# kernel's resident warps ask for per batch step (`x KiB/SM`, an upper bound derived from the
-# profile): the cell below sets them side by side.
+# So the two rows bracket the tile. Below about 5.4 KiB of loads in flight per SM (under 3
+# bytes per resident thread), DRAM's idle latency alone caps the read bandwidth below
+# $W_\text{read}$: a kernel there is latency-bound whatever else is running. A kernel that
+# streams near full bandwidth meets the loaded latency, not the idle one: it keeps the queues
+# as full as a copy does only with about 19 KiB per SM in flight (under 10 bytes a thread).
+# Between the two, bytes in flight buy less and less. Section 1's table measured the other side
+# of the same equation, the x each kernel's resident warps ask for per batch step (`x KiB/SM`:
+# loads, an upper bound derived from the profile): the cell below sets them side by side.
 
 # %%
 need_idle, need_loaded = kib_idle, kib_loaded
+
+
+def where_it_sits(kib):
+    return ("below both bounds" if kib < need_idle else
+            "between the bounds" if kib < need_loaded else "above both bounds")
+
+
 for v in ("naive", "batch_reuse", "ropelib", "copy"):
     r = mech[v]
-    print(f"  {v:12s} {r['x_kib_per_sm']:5.1f} KiB of x asked for per SM and step "
-          f"({'below' if r['x_kib_per_sm'] < need_idle else 'above'} W x L_idle = {need_idle:.1f}), "
+    print(f"  {v:12s} {r['x_kib_per_sm']:5.1f} KiB of x asked for per SM and step, "
+          f"{where_it_sits(r['x_kib_per_sm'])} ({need_idle:.1f} and {need_loaded:.1f}): "
           f"{mech['copy']['us'] / r['us']:4.0%} of the copy's speed")
-assert mech["batch_reuse"]["x_kib_per_sm"] < need_idle < mech["ropelib"]["x_kib_per_sm"] < need_loaded
-assert need_loaded < mech["copy"]["x_kib_per_sm"]
+assert mech["naive"]["x_kib_per_sm"] < need_idle
+assert need_idle < mech["batch_reuse"]["x_kib_per_sm"] < need_loaded < mech["ropelib"]["x_kib_per_sm"]
+assert mech["ropelib"]["x_kib_per_sm"] < mech["copy"]["x_kib_per_sm"]
+# the more asked for beyond the loaded bound, the nearer a copy's speed
+speed = {v: mech["copy"]["us"] / mech[v]["us"] for v in ("naive", "batch_reuse", "ropelib")}
+assert speed["naive"] < speed["batch_reuse"] < speed["ropelib"] < 1
+# "about one and a half times the loaded bound", "nearly three times it"
+assert [round(mech[v]["x_kib_per_sm"] / need_loaded, 1) for v in ("ropelib", "copy")] == [1.5, 2.9]
 
 # %% [markdown]
-# The batch-reusing kernel's warps ask for less than DRAM's idle latency needs, and it runs at
-# about two thirds of a copy; the finished kernel's ask for between the two bounds, the copy's
-# for more than the loaded one. That is where the tile comes from:
+# The batch-reusing kernel's warps ask for more than DRAM's idle latency needs but less than
+# the loaded latency does, and it runs at about two thirds of a copy: its loads would be enough
+# on an idle memory system, and are not on the busy one that its own streaming makes. The
+# finished kernel's ask for about one and a half times the loaded bound, the copy's for nearly
+# three times it. That is where the tile comes from:
 #
 # - **per thread**: a wide vector per load (8 bf16 values = 16 bytes is the widest); 2-byte
 #   loads, one element per thread, cannot be enough;
@@ -1271,8 +1290,11 @@ assert [round(gain["H200"]), round(gain["H100"])] == [8, 3], gain
 #   0.968 reading a cos/sin table, against 0.896;
 # - at 1 GiB (batch 8) the three are within a point of each other: 0.931 with angles, 0.932
 #   with a table, against 0.924; forward+backward, 0.936 with a table against 0.926. That is
-#   inside what separates two rows of one run that time the same kernels (below), so at this
-#   size the route has not been shown to gain;
+#   inside what separates two rows of one run that time the same kernels (below), so in this
+#   run, at this size, the route had not been shown to gain. It has since: this flat pass took
+#   one element a thread, and the pass that replaced it (both members of a pair in one thread,
+#   then its table addresses written so the loads go out early; the last two subsections of
+#   this section) runs `apply_rope` at 0.986 of a copy at 1 GiB;
 # - at batch 1 (128 MiB, 16,384 tokens) the pre-pass writes a 1 KiB row for every token with no
 #   batch to spread it over: 11.3 µs, 16.4 % of the copy's time (the same 16,384 tokens at
 #   batch 8, 1 GiB: 2.3 %). Paid on every call, it would hold the route to at most
@@ -1338,14 +1360,15 @@ theirs_fb = [ratio(tp, c, "torch.compile", "fwd+bwd") for c in like]
 assert [said(min(mine_fb)), said(max(mine_fb)), said(min(theirs_fb)), said(max(theirs_fb))] == \
     ["0.965", "1.000", "0.611", "0.933"]
 assert said(behind_b1, 0) == "4"
+assert said(max(behind.values()), 1) == "3.3"                   # "up to 3.3 %"
 
 # %% [markdown]
 # Given fp32 tables, torch.compile's kernel loses about a tenth of a copy's speed (0.991 →
 # 0.886 at 1 GiB) and falls behind ropelib reading the same fp32 tables (0.910 as ropelib picks
-# the route, 0.932 with the flat pass forced). Given the same bf16 tables, ropelib is up to 3 %
+# the route, 0.932 with the flat pass forced). Given the same bf16 tables, ropelib is up to 3.3 %
 # behind it forward (0.962 at 1 GiB) and ahead forward+backward (0.965–1.000 of two copies
 # against 0.611–0.933). So much of torch.compile's forward lead in the first table is the table
-# it reads: give both fp32 tables and the order reverses; give both bf16 tables and up to 3 % is
+# it reads: give both fp32 tables and the order reverses; give both bf16 tables and up to 3.3 % is
 # left at batch 8 (4 % at batch 1, 128 MiB, in the same CSV).
 #
 # One run is one sample, and rows of one run that time the same kernels can differ by a few
@@ -1375,10 +1398,11 @@ for case in ("bf16 sbhd 1 GiB s16k b8", "bf16 bshd 256 MiB s4k b8"):
           f"ropelib bf16 {mine16:.3f} ({gap:.1f} % behind)")
     assert c32 < mine32 < c16, case          # the same order as two_pass's run
     assert 1 <= round(gap) <= 3, case
+    assert said(gap, 1) == {"bf16 sbhd 1 GiB s16k b8": "2.2", "bf16 bshd 256 MiB s4k b8": "1.6"}[case]
 
 # %% [markdown]
 # The second runs agree: with fp32 tables torch.compile's kernel is behind ropelib, and with the
-# same bf16 tables ropelib is up to 3 % behind it forward.
+# same bf16 tables ropelib is 1.6 to 2.2 % behind it forward (both asserted above).
 #
 # The first probe also timed the flat pass itself (reading an fp32 cos/sin table) at other
 # program sizes: 1,024, 2,048 and 4,096 elements per program, on 4 or 8 warps, each with and
@@ -1795,7 +1819,7 @@ pairs_pass.show_solution()
 #
 # 1. Section 2 measured DRAM's latency twice: about 350 ns on an idle GPU and about 1.3 µs
 #    beside a copy. Which of the two should size a tile, and why does a kernel that keeps more
-#    than $W \cdot L_\text{idle}$ in flight not go faster than a copy? Change
+#    than $W_\text{read} \cdot L_\text{idle}$ of loads in flight not go faster than a copy? Change
 #    `benchmarks/memory_latency.py` to chase beside a copy that runs on half the SMs: what do
 #    you expect the latency to do?
 # 2. ropelib's H100 tile gives 8-byte vectors, the H200's 16-byte ones, and each was chosen by

@@ -444,8 +444,12 @@ print("expanded input: forward reads stride 0, backward's gradients summed over 
 # (every thread finds it in cache) and writes $N$ elements, $4N$ bytes to DRAM. Copying it
 # first with `.contiguous()` writes $4N$ bytes, which the kernel then reads back before writing
 # its own $4N$: three times the traffic. The cell times both and turns each time into the
-# bandwidth those bytes imply; if the bytes are the whole story, the two bandwidths agree and
-# the times differ by about three.
+# bandwidth those bytes imply. If the bytes were the whole story, the two bandwidths would agree
+# and the times would differ by exactly three. They come close, not exactly: the copied run
+# takes three times as long or a little more, and its bandwidth is lower by up to a quarter (the
+# cell asserts both). The bytes explain the time to within that; the rest is how fast this
+# kernel streams each mix of traffic (writes only, against reads and writes), which a count of
+# bytes does not say.
 
 # %%
 if GPU:
@@ -461,8 +465,8 @@ if GPU:
     print(f"  .contiguous() first: {copied_ms * 1e3:7.1f} us for {3 * n_bytes / 1e6:.0f} MB "
           f"moved -> {gbps_copied:.0f} GB/s")
     print(f"  the copy costs {copied_ms / as_is_ms:.2f}x the time")
-    assert copied_ms > 2 * as_is_ms, "the copy should cost about two more passes over N"
-    assert 0.7 < gbps_copied / gbps_as_is < 1.3, "the bytes should explain the times"
+    assert 2.8 < copied_ms / as_is_ms < 4, "the copy should cost about two more passes over N"
+    assert 0.75 < gbps_copied / gbps_as_is < 1.05, "the bytes should explain most of the times"
 else:
     print("timed on a GPU only (the interpreter's times say nothing of memory traffic)")
 

@@ -239,7 +239,8 @@ print(f"largest difference {loc['abs_diff']:.4g} at position {loc['position']}, 
       f"{loc['batch']}, head {loc['head']}, dim {loc['dim']}: {res.te_label} {loc['a']:.5g} "
       f"vs Triton {loc['b']:.5g}; {d['n_mismatched']} of {d['numel']} elements fail allclose")
 fig, ax = plt.subplots(figsize=(6, 4))
-debug.plot_heatmap(emap, ax=ax, title=f"|{res.te_label} - Triton|, reported failure (bf16)")
+debug.plot_heatmap(emap, ax=ax, title=f"|{res.te_label} - Triton|, reported failure (bf16)\n"
+                                     f"{ropelib.runtime.mode()}")
 ax.plot([loc["dim"]], [loc["position"]], "c+", ms=14, mew=2)
 fig.tight_layout()
 fig.savefig(FIGURES / "08-heatmap-repro.png", dpi=110)
@@ -443,6 +444,7 @@ fig, ax = plt.subplots(figsize=(7, 3))
 ax.barh(list(prec), [v["triton_max_ulp"] for v in prec.values()], color="tab:purple")
 ax.set_xscale("log")
 ax.set_xlabel("max error vs fp64 (bf16 ulps, log scale)")
+ax.set_title(f"each precision variant against fp64, {ropelib.runtime.mode()}", fontsize=9)
 ax.axvline(0.5, color="gray", ls=":")
 ax.invert_yaxis()
 fig.tight_layout()
@@ -849,8 +851,40 @@ plt.show()
 # the committed GPU run's compiler fused as in row e, and a live run on a GPU prints what its
 # own compile chose (on the H200 page of this notebook it contracted as TE does, and printed
 # 0). Only the written-out contraction of step c gives TE's bits whatever the compiler does.
+#
+# That last sentence is stronger than "machines differ". The choice is made per kernel, and
+# even per line: the cell below reads, from the outputs alone, which product each line's fma
+# fused. In the file's kernel (`benchmarks/te_bits.py`, the same two source lines) the
+# compiler fused $y_1$ TE's way and $y_2$ the other way; on a GPU the cell also reads this
+# notebook's kernel, compiled here with the same GPU and Triton, and prints its two choices. A
+# line's rounding is not a property of the line.
 # (A dash: the step does not run here — the interpreter has no libdevice, and on a GPU the
 # plain line is contracted.)
+
+# %%
+def fused_product(y, te_order, other_order):
+    """Per half (y1, y2): which product the compiler's fma fused, read from the bits: the
+    half equals the output of TE's order (x c fused), of the other (r s fused), or neither."""
+    out = []
+    for sl in (slice(0, half), slice(half, None)):
+        if torch.equal(y[..., sl], te_order[..., sl]):
+            out.append("x c fused (TE's order)")
+        elif torch.equal(y[..., sl], other_order[..., sl]):
+            out.append("r s fused (the other order)")
+        else:
+            out.append("neither")
+    return out
+
+
+in_file = fused_product(BIG.output("free_sub/tl"), BIG.output("fma_xc/tl"), BIG.output("fma_rs/tl"))
+print(f"the file's kernel, as written, on the {GPU_NAME}: y1 {in_file[0]}, y2 {in_file[1]}")
+assert in_file == ["x c fused (TE's order)", "r s fused (the other order)"]
+if GPU:
+    here_lines = fused_product(step_a["y"], step_c["y"], step_d["y"])
+    print(f"this notebook's kernel, as written, compiled here: y1 {here_lines[0]}, y2 {here_lines[1]}")
+    assert "neither" not in here_lines                   # each line is one of the two fmas
+else:
+    print("(this notebook's kernel, compiled: on a GPU; the interpreter rounds every product)")
 #
 # **How far apart are the elements that differ?** Most are one bf16 step; the counts per number
 # of steps are printed in step a. An element several steps apart is an output near zero, where

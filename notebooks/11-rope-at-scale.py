@@ -216,7 +216,7 @@ for r in range(CP):
 print("dual-chunk attention of each rank = its share of causal attention over the sequence")
 
 # %% [markdown]
-# ## 2. Two processes on the CPU
+# ## 2. Two processes, the sequence split between them
 #
 # `benchmarks/cp_train.py` trains ropelib's small GPT (notebook 09) with the sequence split
 # over the processes that `torchrun` starts: NCCL on GPUs, gloo on CPUs. Per step, each rank
@@ -391,6 +391,13 @@ if multi:
     print(f"largest |loss difference| over the first steps, {run['cp_size']} ranks vs 1 process "
           f"({m['dtype']}): {m.get('max_loss_diff', 'not measured')}; "
           f"1-process baseline: {m.get('single_process', 'not run')}")
+    if 1 in gpu_runs:   # what the split buys: each rank's peak memory against one GPU's
+        one = float(gpu_runs[1]["meta"]["peak_mem_gib_per_rank"])
+        per_rank = [float(v) for v in m["peak_mem_gib_per_rank"].split()]
+        print(f"peak memory per rank: {one:.2f} GiB on one GPU, {max(per_rank):.2f} GiB on each "
+              f"of {run['cp_size']} ({max(per_rank) / one:.0%} of one GPU's)")
+        # "a little over half": each rank keeps half the activations, plus the gathered k and v
+        assert 0.5 < max(per_rank) / one < 0.6
     fig, ax = plt.subplots(figsize=(7, 4))
     plot_cp_run(run, ax, one_gpu=gpu_runs.get(1))
     fig.tight_layout()
@@ -454,7 +461,9 @@ else:
 # 1-process loss (in bf16 within rounding noise, not to the bit). Tokens/s of 2 GPUs on one
 # sequence need not be twice one GPU's: each rank does half the attention and half the MLPs,
 # but it also all-gathers k and v in every layer and all-reduces the gradients. The gain CP buys
-# is first of all memory: sequences that do not fit on one GPU.
+# is first of all memory: sequences that do not fit on one GPU. The committed H200 runs show it
+# (the line above the first figure): on 131,072 tokens each of the two ranks peaked at a little
+# over half of one GPU's memory — half the activations, plus every layer's gathered k and v.
 #
 # ## 4. Decoding with the fused cache write
 #

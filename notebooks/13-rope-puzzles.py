@@ -764,7 +764,10 @@ pz.scoreboard();
 # puzzle 1 rotates one row, where a timer would see only the launch. A kernel's fraction is a
 # device copy's time over the kernel's, for the bytes of every tensor the kernel is handed:
 # 100% is copy speed. Those bytes include tensors a kernel is handed but need not read (puzzle
-# 5's worked solution never reads the bf16 angle table), so a fraction can pass 100%.
+# 5's worked solution never reads the bf16 angle table), and then the fraction flatters the
+# kernel: the copy moved bytes the kernel did not, so on the bytes it does move, puzzle 5's
+# solution streams slower than its line says, and a kernel like it could even show more than
+# 100%.
 
 # %%
 import inspect

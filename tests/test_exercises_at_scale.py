@@ -13,12 +13,14 @@ from ropelib import context_parallel as cp
 from ropelib import kv_cache
 from ropelib.course.exercises import at_scale
 from ropelib.kernels.common import rotate_pair
+from loading import learner_copy  # noqa: E402  (a solution as a learner who typed it has it)
 
 
 # --- 1. dual-chunk positions --------------------------------------------------------------------
 
 def test_dual_chunk_solution_passes(capsys):
-    assert at_scale.check_dual_chunk_positions(at_scale.solution_dual_chunk_positions) is True
+    assert at_scale.check_dual_chunk_positions(
+        learner_copy(at_scale.solution_dual_chunk_positions)) is True
     assert capsys.readouterr().out.startswith("✅ dual-chunk positions: correct")
 
 
@@ -44,8 +46,11 @@ def _mirror_off_by_one(S, n, r):                # chunk 2*cp_size - r instead of
     return list(range(r * seg, (r + 1) * seg)) + list(range(m * seg, (m + 1) * seg))
 
 
+_OWN_DUAL_CHUNK = learner_copy(at_scale.solution_dual_chunk_positions)
+
+
 def _sorted_wrongly(S, n, r):                   # the right set, in the wrong order
-    return sorted(at_scale.solution_dual_chunk_positions(S, n, r), reverse=True)
+    return sorted(_OWN_DUAL_CHUNK(S, n, r), reverse=True)
 
 
 @pytest.mark.parametrize("wrong", [_contiguous, _chunks_in_rank_order, _mirror_off_by_one,
@@ -86,7 +91,7 @@ def test_dual_chunk_rejects_unanswered_and_never_raises(capsys):
 # --- 2. the slot of a position in a paged cache -------------------------------------------------
 
 def test_paged_slot_solution_passes(capsys):
-    assert at_scale.check_paged_slot(at_scale.solution_paged_slot) is True
+    assert at_scale.check_paged_slot(learner_copy(at_scale.solution_paged_slot)) is True
     assert capsys.readouterr().out.startswith("✅ paged slot: correct")
 
 
@@ -254,14 +259,16 @@ def blank_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, seqle
 
 
 def test_contiguous_kernel_solution_passes(capsys):
-    assert at_scale.check_rope_kv_cache_kernel(at_scale.solution_rope_kv_cache_kernel) is True
+    assert at_scale.check_rope_kv_cache_kernel(
+        learner_copy(at_scale.solution_rope_kv_cache_kernel)) is True
     assert capsys.readouterr().out.startswith(
         "✅ RoPE + contiguous KV-cache write kernel: q, k cache and v cache as "
         "ropelib.rope_kv_cache writes them")
 
 
 def test_paged_kernel_solution_passes(capsys):
-    assert at_scale.check_rope_kv_paged_kernel(at_scale.solution_rope_kv_paged_kernel) is True
+    assert at_scale.check_rope_kv_paged_kernel(
+        learner_copy(at_scale.solution_rope_kv_paged_kernel)) is True
     assert capsys.readouterr().out.startswith("✅ RoPE + paged KV-cache write kernel")
 
 
@@ -289,7 +296,7 @@ def test_kv_kernel_check_rejects_the_finished_function(check, capsys):
     (unrotated_k_kernel, False, "k_cache"),
     (next_slot_kernel, False, "the kernel wrote the k cache at (sequence, position)"),
     (no_block_table_kernel, True, "block_table[b, p // BS] names the block"),
-    (at_scale.solution_rope_kv_cache_kernel, True, "the launch raised TypeError"),
+    (learner_copy(at_scale.solution_rope_kv_cache_kernel), True, "the launch raised TypeError"),
 ])
 def test_kv_kernel_rejects_wrong_kernels(wrong, paged, says, capsys):
     check = at_scale.check_rope_kv_paged_kernel if paged else at_scale.check_rope_kv_cache_kernel
@@ -319,3 +326,31 @@ def test_paged_solution_writes_where_the_block_table_says():
     # sequence 1: its block 2 -> pool block 3, offset 0
     assert pool_v.flatten(2).any(-1).nonzero().tolist() == [[0, 1], [3, 0]]
     assert torch.equal(pool_v[0, 1], v[0]) and torch.equal(pool_v[3, 0], v[1])
+
+
+# --- the worked solutions are not the learner's answers ----------------------------------------
+
+@triton.jit
+def _calls_the_worked_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr,
+                             seqlens_ptr, freqs_ptr, L, HQ: tl.constexpr, HK: tl.constexpr,
+                             D: tl.constexpr):
+    at_scale.solution_rope_kv_cache_kernel(q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr,
+                                           v_cache_ptr, seqlens_ptr, freqs_ptr, L, HQ, HK, D)
+
+
+@pytest.mark.parametrize("check,answer", [
+    (at_scale.check_dual_chunk_positions, at_scale.solution_dual_chunk_positions),
+    (at_scale.check_dual_chunk_positions,
+     lambda s, n, r: at_scale.solution_dual_chunk_positions(s, n, r)),
+    (at_scale.check_paged_slot, at_scale.solution_paged_slot),
+    (at_scale.check_paged_slot, lambda row, bs, p: at_scale.solution_paged_slot(row, bs, p)),
+    (at_scale.check_rope_kv_cache_kernel, at_scale.solution_rope_kv_cache_kernel),
+    (at_scale.check_rope_kv_cache_kernel, _calls_the_worked_kernel),
+    (at_scale.check_rope_kv_paged_kernel, at_scale.solution_rope_kv_paged_kernel),
+], ids=["dual-chunk", "dual-chunk-wrapped", "slot", "slot-wrapped", "contiguous",
+        "contiguous-wrapped", "paged"])
+def test_checks_refuse_the_worked_solution(check, answer, capsys):
+    """Handing in the worked solution, or a wrapper of it, is not an answer."""
+    assert check(answer) is False
+    out = capsys.readouterr().out
+    assert "❌" in out and "solution" in out, out

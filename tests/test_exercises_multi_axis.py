@@ -18,6 +18,7 @@ from ropelib import mrope
 from ropelib.course.exercises import multi_axis as ex
 from ropelib.course.work_count import count_work, interpreted
 from ropelib.kernels.common import rotate_pair
+from loading import learner_copy  # noqa: E402  (a solution as a learner who typed it has it)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # --- 1. the axis of each pair -------------------------------------------------------------------
 
 def test_axis_of_pairs_solution_passes(capsys):
-    assert ex.check_axis_of_pairs(ex.solution_axis_of_pairs) is True
+    assert ex.check_axis_of_pairs(learner_copy(ex.solution_axis_of_pairs)) is True
     assert capsys.readouterr().out.startswith("✅ axis of each pair: correct")
 
 
@@ -42,7 +43,8 @@ def test_axis_of_pairs_rejects_the_library(library, capsys):
 
 def test_axis_of_pairs_rejects_wrong_and_unanswered(capsys):
     # contiguous runs where Qwen3-VL interleaves
-    assert ex.check_axis_of_pairs(lambda s, i: ex.solution_axis_of_pairs(s, False)) is False
+    own = learner_copy(ex.solution_axis_of_pairs)
+    assert ex.check_axis_of_pairs(lambda s, i: own(s, False)) is False
     assert "hint:" in capsys.readouterr().out
     assert ex.check_axis_of_pairs(lambda s, i: None) is False
     assert "returned None" in capsys.readouterr().out
@@ -51,7 +53,7 @@ def test_axis_of_pairs_rejects_wrong_and_unanswered(capsys):
 # --- 2. text, then an image -----------------------------------------------------------------------
 
 def test_text_then_image_solution_passes(capsys):
-    assert ex.check_text_then_image(ex.solution_text_then_image) is True
+    assert ex.check_text_then_image(learner_copy(ex.solution_text_then_image)) is True
     assert capsys.readouterr().out.startswith("✅ text-then-image positions: correct")
 
 
@@ -68,8 +70,9 @@ def test_text_then_image_rejects_the_library(capsys):
 
 def test_text_then_image_rejects_a_wrong_advance(capsys):
     # the next text token after h*w positions instead of max(h, w)
+    own = learner_copy(ex.solution_text_then_image)
     assert ex.check_text_then_image(
-        lambda n, h, w: torch.cat([ex.solution_text_then_image(n, h, w)[:, :-1],
+        lambda n, h, w: torch.cat([own(n, h, w)[:, :-1],
                                    torch.full((3, 1), n + h * w)], 1)) is False
     assert "❌ text-then-image positions" in capsys.readouterr().out
 
@@ -176,7 +179,7 @@ def blank_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, pos_ptr, inv_freq_ptr, axis
 
 
 def test_kernel_solution_passes(capsys):
-    assert ex.check_mrope_kernel(ex.solution_mrope_kernel) is True
+    assert ex.check_mrope_kernel(learner_copy(ex.solution_mrope_kernel)) is True
     out = capsys.readouterr().out
     assert out.startswith("✅ multi-axis RoPE kernel: correct on 3 launches")
     assert "1 sine and cosine per (token, pair)" in out
@@ -288,7 +291,32 @@ def test_interpreted_runs_compiled_mode_kernels_with_their_helpers():
     """)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["CUDA_VISIBLE_DEVICES"] = ""
-    env["PYTHONPATH"] = str(ROOT)
+    env["PYTHONPATH"] = os.pathsep.join((str(ROOT), str(ROOT / "tests")))   # (loading.py)
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           cwd=ROOT, env=env, timeout=300)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+
+
+# --- the worked solutions are not the learner's answers ----------------------------------------
+
+@triton.jit
+def _calls_the_worked_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, pos_ptr, inv_freq_ptr, axis_ptr,
+                             T, HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr,
+                             N_AXES: tl.constexpr, BLOCK_T: tl.constexpr):
+    ex.solution_mrope_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, pos_ptr, inv_freq_ptr,
+                             axis_ptr, T, HQ, HK, D, N_AXES, BLOCK_T)
+
+
+@pytest.mark.parametrize("check,answer", [
+    (ex.check_axis_of_pairs, ex.solution_axis_of_pairs),
+    (ex.check_axis_of_pairs, lambda s, i: ex.solution_axis_of_pairs(s, i)),
+    (ex.check_text_then_image, ex.solution_text_then_image),
+    (ex.check_text_then_image, lambda n, h, w: ex.solution_text_then_image(n, h, w)),
+    (ex.check_mrope_kernel, ex.solution_mrope_kernel),
+    (ex.check_mrope_kernel, _calls_the_worked_kernel),
+], ids=["axes", "axes-wrapped", "positions", "positions-wrapped", "kernel", "kernel-wrapped"])
+def test_checks_refuse_the_worked_solution(check, answer, capsys):
+    """Handing in the worked solution, or a wrapper of it, is not an answer."""
+    assert check(answer) is False
+    out = capsys.readouterr().out
+    assert "❌" in out and "solution" in out, out

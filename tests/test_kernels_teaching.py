@@ -370,3 +370,17 @@ def test_exercise_check_refuses_the_teaching_kernels_helper(name, capsys):
     assert getattr(ex, name)(_LIBRARY_ANSWERS[name]) is False
     out = capsys.readouterr().out
     assert "but the answer called ropelib's" in out and "ropelib/course/kernels/" in out, out
+
+
+def test_percent_of_copy_refuses_the_benchmarks_bytes_model(capsys):
+    """The percentage with ropelib.bench's own bytes count is not the learner's count."""
+    from ropelib.bench.compare import Config, bytes_moved
+    from ropelib.course.exercises import kernels as ex
+
+    def with_the_library(kms, cms, S, B, H, D, dt):
+        elem = 2 if dt == "bf16" else 4
+        return 100 * bytes_moved(Config(S, B, H, D, dtype=dt)) / kms / (2 * S * B * H * D * elem / cms)
+
+    assert ex.check_percent_of_copy(with_the_library) is False
+    out = capsys.readouterr().out
+    assert "called ropelib's bytes_moved (ropelib/bench/compare.py)" in out, out

@@ -507,13 +507,16 @@ def test_benchmark_dry_run(tmp_path):
 # --- notebook 10's exercises ----------------------------------------------------------------
 
 def test_exercise_solutions_pass_and_wrong_answers_fail(capsys):
+    from loading import learner_copy     # a solution as a learner who typed it has it
     from ropelib.course.exercises import multi_axis as ex
-    assert ex.check_axis_of_pairs(ex.solution_axis_of_pairs)
-    assert ex.check_text_then_image(ex.solution_text_then_image)
+    axes, positions = (learner_copy(f) for f in (ex.solution_axis_of_pairs,
+                                                  ex.solution_text_then_image))
+    assert ex.check_axis_of_pairs(axes)
+    assert ex.check_text_then_image(positions)
     # contiguous runs where Qwen3-VL interleaves; an image that advances by h*w
-    assert not ex.check_axis_of_pairs(lambda s, i: ex.solution_axis_of_pairs(s, False))
+    assert not ex.check_axis_of_pairs(lambda s, i: axes(s, False))
     assert not ex.check_text_then_image(
-        lambda n, h, w: torch.cat([ex.solution_text_then_image(n, h, w)[:, :-1],
+        lambda n, h, w: torch.cat([positions(n, h, w)[:, :-1],
                                    torch.full((3, 1), n + h * w)], 1))
     assert not ex.check_axis_of_pairs(lambda s, i: None)
     out = capsys.readouterr().out

@@ -48,14 +48,15 @@ __all__ = ["check_axis_of_pairs", "solution_axis_of_pairs", "check_text_then_ima
 def check_axis_of_pairs(fn: Callable) -> bool:
     """fn(section, interleaved) -> [sum(section)] ints: the axis of each frequency pair, with
     contiguous sections (Qwen2-VL) or Qwen3-VL's round-robin rule (interleaved=True). Your own
-    code: ropelib.mrope's axis_of_pairs and multi_axis_frequencies are barred."""
+    code: ropelib.mrope's axis_of_pairs and multi_axis_frequencies are barred, and so is the
+    worked solution."""
     cases = [(f"{s}, interleaved={i}", (list(s), i),
               mrope.axis_of_pairs(s, "mrope_interleaved" if i else "mrope").long())
              for s, i in (([16, 24, 24], False), ([2, 3, 3], False), ([24, 20, 20], True),
                           ([3, 3, 2], True), ([8, 8], False))]
     return check_cases("axis of each pair", "the axis of each pair worked out by your code", fn,
                        cases,
-                       post=listed_as_tensor,
+                       post=listed_as_tensor, bar=(solution_axis_of_pairs,),
                        hint="contiguous: section[0] zeros, then section[1] ones, ...; interleaved: "
                             "start all 0, then pair j takes axis a >= 1 when j % n == a and "
                             "j < n * section[a]")
@@ -84,11 +85,11 @@ def _text_then_image(n_text: int, h: int, w: int) -> torch.Tensor:
 def check_text_then_image(fn: Callable) -> bool:
     """fn(n_text, h, w) -> [3, n_text + h*w + 1] positions (time, row, column): n_text text
     tokens, one image of h x w patches in raster order, then one more text token. Your own
-    code: ropelib.mrope.grid_positions is barred."""
+    code: ropelib.mrope.grid_positions and the worked solution are barred."""
     cases = [(f"n_text={n}, {h}x{w}", (n, h, w), _text_then_image(n, h, w))
              for n, h, w in ((3, 2, 2), (0, 1, 4), (5, 3, 2), (1, 4, 4))]
     return check_cases("text-then-image positions", "the positions built by your code", fn, cases,
-                       post=listed_as_tensor,
+                       post=listed_as_tensor, bar=(solution_text_then_image,),
                        hint="text token i: (i, i, i); the image starts every axis at n_text and "
                             "adds its row to axis 1, its column to axis 2; the next text token "
                             "continues at one past the largest position used so far")
@@ -205,7 +206,8 @@ def check_mrope_kernel(kernel, *, seed: Optional[int] = None) -> bool:
             where = "interpreter" if device == "cpu" else "compiled on the GPU"
             try:
                 if device == "cpu":      # your own code: ropelib barred, sines counted
-                    with count_work() as work, library_barred("your multi-axis RoPE kernel"):
+                    with count_work() as work, library_barred(
+                            "your multi-axis RoPE kernel", bar=(solution_mrope_kernel,)):
                         launch_mrope(interpreted(kernel), *args, f, BLOCK_T, out=(q_out, k_out))
                 else:
                     launch_mrope(kernel, *args, f, BLOCK_T, out=(q_out, k_out))
