@@ -559,11 +559,13 @@ chain = [dict(r, kind=kbw.kernel_kind(r["pattern"]),
               per_request=r["l1_load_sectors"] / r["l1_load_requests"])
          for r in acc_rows if r["group"] == "reference"]
 print(f"Nsight Compute on {measured.where(acc_meta)}: the unfused chain, one call")
+big = [r for r in chain if r["dram_read_bytes"] > 32e6]            # the kernels on x, not the table
 print(f"{'kernel':48s} {'kind':28s} {'us':>6s} {'load requests':>14s} {'sectors/request':>16s}")
-for r in chain:
+for r in big:
     print(f"{kbw.short_name(r['pattern'], 46):48s} {r['kind']:28s} {r['duration_ns'] / 1e3:6.1f} "
           f"{r['l1_load_requests']:14,.0f} {r['per_request']:16.0f}")
-big = [r for r in chain if r["dram_read_bytes"] > 32e6]            # the kernels on x, not the table
+print(f"({len(chain) - len(big)} kernels that touch only the cos/sin table, "
+      f"{sum(r['duration_ns'] for r in chain if r not in big) / 1e3:.0f} us in all, left out)")
 plain = [r for r in big if r["kind"] in (kbw.NOT_VECTORIZED, kbw.CAT_NOT_VECTORIZED)]
 wide = [r for r in big if r["kind"] in (kbw.VECTORIZED, kbw.CAT_VECTORIZED)]
 # one bf16 element a lane (2 bytes: 2 sectors a request) against 8 (16 bytes: 16 sectors)

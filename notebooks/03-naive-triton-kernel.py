@@ -501,7 +501,8 @@ def _rope_naive_kernel(
 # Launched with the same arguments, the kernel of the cell above gives the same bits as
 # `rope_naive`. In the interpreter it also gives step 3's bits in fp32 (the same operations in
 # the same order); compiled for a GPU, the compiler may contract a multiply and an add into one
-# fma, so there the two can differ in the last bit, and the printed share says how often:
+# fma, so there the two can differ in the last bit. The printed share says how often, and on a
+# GPU the cell counts the fused multiply-adds in the kernel's PTX, the instructions that do it:
 
 # %%
 from ropelib.course.kernels.naive import rope_naive
@@ -510,7 +511,7 @@ for dtype in (torch.float32, torch.bfloat16):
     xd = xt.to(dtype)
     fd = ft.view(ft.shape[0], 80)
     mine = torch.full(xd.shape, float("nan"), dtype=dtype, device=device)
-    _rope_naive_kernel[(xd.shape[0] * B * H,)](
+    compiled = _rope_naive_kernel[(xd.shape[0] * B * H,)](
         xd, mine, fd, B, H, *xd.stride(), *mine.stride()[:3], *fd.stride(),
         HALF=40, BLOCK_HALF=64, BACKWARD=False, COMPUTE_DTYPE=tl.float32, BF16_RTNE=BF16_RTNE)
     assert torch.equal(mine, rope_naive(xd, ft)), "the notebook's copy and ropelib's kernel differ"
@@ -519,6 +520,12 @@ for dtype in (torch.float32, torch.bfloat16):
           f"{step3_same:.0%} of the outputs")
     if dtype == torch.float32 and runtime.INTERPRET:   # same fp32 operations, same order
         assert step3_same == 1.0
+    if dtype == torch.float32 and not runtime.INTERPRET:   # what the compiler made of y = x c - r s
+        ptx = compiled.asm["ptx"]
+        n_fma, n_mul = ptx.count("fma.rn.f32"), ptx.count("mul.f32") + ptx.count("mul.rn.f32")
+        print(f"{'':14}  its PTX: {n_fma} fma.rn.f32 (a product fused into the sum, one "
+              f"rounding) and {n_mul} separate multiplies; PyTorch's step 3 rounds every product")
+        assert step3_same == 1.0 or n_fma > 0     # a difference comes with contracted products
 # %% [markdown]
 # ## 4. `BLOCK_SIZE` vs `num_warps`, and bytes in flight
 #
@@ -1130,7 +1137,10 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16):
 # on fresh random inputs (sbhd and a transposed bshd view, fp32 and bf16, a head dim whose pairs
 # do not fill a power-of-two tile, `R < D`), into an output buffer it allocates and fills with
 # NaN; only what your kernel stores counts. Write the body; keep the signature. Sections 3.2,
-# 3.3 and 5 have all the pieces.
+# 3.3 and 5 have all the pieces. Store with `.to(y_ptr.dtype.element_ty)`: the check compares
+# 16-bit outputs within a rounding, and, like every kernel check of the course, it refuses a
+# kernel that calls ropelib's own `@triton.jit` helpers — `round_to`, which the kernels above
+# store through, among them.
 
 # %%
 @triton.jit

@@ -976,7 +976,10 @@ except ImportError as exc:
 # ## Exercises
 #
 # Each check prints ✅ or ❌ and never stops the notebook. Replace the `...` (or the `pass`) and
-# rerun the cell; the solutions are folded away in the cell after each exercise.
+# rerun the cell; the solutions are folded away in the cell after each exercise. The checks
+# refuse ropelib's own answers: its functions, its bytes models, its kernels and `@triton.jit`
+# helpers (`round_to` too: a kernel of yours stores with `.to(y_ptr.dtype.element_ty)`, and
+# 16-bit outputs are compared within a rounding).
 #
 # **1.** How many bytes of fp32 angles do all programs of a generation load together?
 # `my_angle_bytes(generation, S, B, H, D)` with `generation` `"naive"` or `"batch_reuse"`.

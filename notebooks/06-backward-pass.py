@@ -505,7 +505,8 @@ except ImportError as exc:
 # Each check prints ✅ or ❌ and never stops the notebook. Replace the `...` (or the `pass`) and
 # rerun the cell; the solutions are folded away in the cell after each exercise. The checks run
 # your code with ropelib's own answers barred: an answer that calls `ropelib.apply_rope`,
-# `ropelib.reference`, a teaching kernel where the exercise asks for yours, or a worked
+# `ropelib.reference`, a teaching kernel where the exercise asks for yours, ropelib's
+# `@triton.jit` helpers (`round_to` too: store with `.to(y_ptr.dtype.element_ty)`), or a worked
 # solution is refused, even when its numbers are right.
 #
 # **1.** For one pair rotated by `theta`, return the $2\times 2$ matrix $M$ with

@@ -37,8 +37,9 @@
 # - read a compiled kernel's registers, spills and shared memory, and derive from them how many
 #   of its programs one SM can hold.
 #
-# **Time:** about 30 minutes to read and 30 for the two kernel exercises; the cells run in about
-# 10 s on a CPU (Triton's interpreter, small shapes).
+# **Time:** about an hour to read (section 7, the measurements, is half of it) and 30 minutes
+# for the two kernel exercises; the cells run in about 10 s on a CPU (Triton's interpreter,
+# small shapes).
 
 # %%
 import os, torch
@@ -534,7 +535,7 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 # forward kernel, and a dX tile of 128/128 with 8 warps where ropelib's `GPU_TILES` has 64/64
 # with 4; the H200's (`qkv_rope-nvidia-h200.csv`, 2026-11-29) measured ropelib's forward kernel
 # and dX tile. Both ran dW at 32 rows by 128 columns on 4 warps, the tile the sweeps chose;
-# ropelib's dW has since taken wider column blocks (section 7 reads that measurement). The table
+# ropelib's dW has since taken wider column blocks (a cell further down reads that measurement). The table
 # under the figure prints the milliseconds. The ratios separate three effects:
 #
 # - **Triton GEMM / cuBLAS**: the main loop alone. Until it reaches cuBLAS, the fused forward
