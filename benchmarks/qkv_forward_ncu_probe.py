@@ -17,8 +17,9 @@ after warm-ups, between cudaProfilerStart/Stop (Llama-3-8B's projection, bf16, 8
 
 and runs itself under ncu with the sections SpeedOfLight, Occupancy, LaunchStats,
 WarpStateStats and MemoryWorkloadAnalysis, and the metrics METRICS (warp instructions issued;
-the cycles a warp waited per issued instruction, by stall reason). Writes OUT/qkv_forward_ncu-<gpu>.csv: one row per
-kernel and metric (call, kernel, section, metric, unit, value), `# key: value` lines first.
+the cycles a warp waited per issued instruction, by stall reason). Writes
+OUT/qkv_forward_ncu-<gpu>.csv: one row per kernel and metric (call, kernel, section, metric,
+unit, value), `# key: value` lines first.
 
     python benchmarks/qkv_forward_ncu_probe.py --out DIR        # ~1 min on an H200
     TRITON_INTERPRET=1 python benchmarks/qkv_forward_ncu_probe.py --check

@@ -379,7 +379,8 @@ def test_percent_of_copy_refuses_the_benchmarks_bytes_model(capsys):
 
     def with_the_library(kms, cms, S, B, H, D, dt):
         elem = 2 if dt == "bf16" else 4
-        return 100 * bytes_moved(Config(S, B, H, D, dtype=dt)) / kms / (2 * S * B * H * D * elem / cms)
+        copy_bytes = 2 * S * B * H * D * elem
+        return 100 * bytes_moved(Config(S, B, H, D, dtype=dt)) / kms / (copy_bytes / cms)
 
     assert ex.check_percent_of_copy(with_the_library) is False
     out = capsys.readouterr().out
