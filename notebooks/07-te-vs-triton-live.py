@@ -437,7 +437,10 @@ for dtype in models:
 # cost and a bandwidth below the copy's, as a memory-bound kernel should have (the cell checks
 # that every fitted line is positive and no faster than the copy fitted the same way). ropelib's
 # forward pays a fixed cost comparable to TE's and streams faster, which is why it wins on large
-# tensors.
+# tensors. Why TE's fused kernel streams slower, notebook 04 (section 5.4) measured under Nsight
+# Compute: it moves no extra bytes and keeps its SMs occupied, but it executes more than twice
+# the instructions per element of the batch-reusing grid, and its SMs, not its DRAM, are the
+# busier side.
 #
 # The *forward+backward* times at batch 1 are another matter, and this notebook does not fit a
 # line to them: they scatter without growing with the bytes, so a least-squares line through

@@ -595,7 +595,12 @@ else:
 # `[BLOCK_S, D/2]` tile, and loops over every head, a few heads per step
 # (`benchmarks/feature_tiles.py` measured how many). Both were timed with
 # `benchmarks/mrope_bench.py` (bf16, q and k together ≥ 256 MiB; the CSVs are committed, and the
-# figure's title names the GPU they ran on). Ratio to a copy of q and k, forward:
+# figure's title names the GPU they ran on). They are two builds of one day, two hours apart,
+# and the tiling is not all that changed between them: the later one also gave a multi-axis
+# call ropelib's planned eager route (less host time per call, which at these sizes is small
+# beside the device time) and loads the inverse frequencies and each pair's axis once per
+# program. The sine and cosine are the same function in both (accurate, `_cos_sin`). Ratio to a
+# copy of q and k, forward:
 
 # %%
 from ropelib.bench import compare
