@@ -263,6 +263,8 @@ class PlannedCall:
                 outs = tuple(x.copy_(y) for x, y in zip(xs, outs))
         else:
             outs = self.rotation.run(xs, reads)
+            if self.in_place and not self.rotation.in_place:    # (ops.writes_in_place)
+                outs = tuple(x.copy_(y) for x, y in zip(xs, outs))
         return outs if len(outs) > 1 else outs[0]
 
 
@@ -273,7 +275,7 @@ def plan_eager_call(xs, tables_and_index, normalized, c: Call, *, inplace: bool,
     start_positions). `axes`: one table per axis (kernels/launch.Table.axes; the caller's table
     and sin are then Qwen2-VL's [3, B or 1, S, R], normalized their time axis's)."""
     grad = needs_grad(*xs)
-    direct_in_place = inplace and not grad
+    direct_in_place = inplace and not grad and ops.writes_in_place(*xs)
     outs = xs if direct_in_place else tuple(
         torch.empty(x.shape, dtype=out_dtype or x.dtype, device=x.device) for x in xs)
     table, sin = normalized
@@ -372,7 +374,7 @@ def apply_rope(x: torch.Tensor, freqs: Optional[torch.Tensor] = None, *,
             names=("x",)))
         return planned((x,), tables_and_index, checked=True)
     # traced (torch.compile, export, ...): ropelib's operators
-    if inplace and not needs_grad(x):
+    if inplace and not needs_grad(x) and ops.writes_in_place(x):
         ops.rope_(x, c.table, c.sin, *c.index(), *c.options())
         return x
     tensors = [c.table, c.sin, *c.index()]
@@ -449,7 +451,7 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, freqs: Optional[torch.Tensor
             (q, k), tables_and_index, (c.table, c.sin), c, inplace=inplace, rows=c.rows(),
             names=("q", "k")))
         return planned((q, k), tables_and_index, checked=True)
-    if inplace and not needs_grad(q, k):
+    if inplace and not needs_grad(q, k) and ops.writes_in_place(q, k):
         ops.rope_qk_(q, k, c.table, c.sin, *c.index(), *c.options())
         return q, k
     tensors = [c.table, c.sin, *c.index()]

@@ -54,13 +54,30 @@ def _launch(x: Tensor, y: Optional[Tensor], table: Table, positions: Positions, 
             interleaved: bool, backward: bool, k: Optional[Tensor] = None,
             k_out: Optional[Tensor] = None) -> None:
     """Rotate x (and k) in `layout` into y (and k_out), fresh contiguous tensors, or in place
-    (y None), in one launch."""
+    (y None), in one launch; in place where the kernels cannot store (writes_in_place), into
+    fresh tensors copied back."""
     x4 = view4(x, layout)
     if x4.shape[0] == 0 or x4.shape[1] == 0:
+        return
+    if y is None and not writes_in_place(x, k):
+        y, k_out = _empty_like(x), (_empty_like(k) if k is not None else None)
+        _launch(x, y, table, positions, layout, interleaved=interleaved, backward=backward,
+                k=k, k_out=k_out)
+        x.copy_(y)
+        if k is not None:
+            k.copy_(k_out)
         return
     launch.run(*plan(kernel_view(x, layout), kernel_view(y, layout), table, positions,
                      R=table.cos.shape[-1], interleaved=interleaved, backward=backward,
                      layout=layout, k=kernel_view(k, layout), k_out=kernel_view(k_out, layout)))
+
+
+def writes_in_place(*xs: Optional[Tensor]) -> bool:
+    """Can the kernels store these tensors' rotated rows where they read them? They write a row
+    with its features at stride 1 (the narrow kernels take no output feature stride), so in
+    place on a tensor whose features are not (a transposed buffer, a `[..., ::2]` slice) is
+    rotated into a fresh tensor and copied back instead."""
+    return all(x.stride(-1) == 1 or x.shape[-1] <= 1 for x in xs if x is not None)
 
 
 def _empty_like(x: Tensor, dtype: Optional[torch.dtype] = None) -> Tensor:

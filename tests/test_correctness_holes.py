@@ -310,3 +310,57 @@ def test_13_jit_script_of_the_module_says_why_not():
             return self.rope(x)
     with pytest.raises(NotImplementedError, match="torch.jit.script"):
         torch.jit.script(Model())
+
+
+# --- 14. in place on a tensor whose features are not at stride 1 --------------------------------
+
+def _strided_features(base_shape, dtype=torch.float32):
+    """(base, x): x a view of base whose last dim (the features) is at stride 2."""
+    base = torch.randn(*base_shape[:-1], 2 * base_shape[-1], dtype=dtype)
+    return base, base[..., ::2]
+
+
+@pytest.mark.parametrize("layout,shape", [("sbhd", (5, 2, 3, D)), ("bshd", (2, 5, 3, D)),
+                                          ("thd", (7, 3, D))])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_in_place_with_features_at_a_stride(layout, shape, interleaved, seeded):
+    """The kernels store rows with their features at stride 1; in place on a [..., ::2] slice (or
+    a transposed buffer) the rotation goes through a fresh tensor and is copied back: the values
+    of the out-of-place call, and nothing outside the view written."""
+    f = ropelib.rope_freqs(8, D, interleaved=interleaved)
+    kw = dict(layout=layout, interleaved=interleaved)
+    if layout == "thd":
+        kw["cu_seqlens"] = torch.tensor([0, 3, 7], dtype=torch.int32)
+    base, x = _strided_features(shape)
+    between = base[..., 1::2].clone()
+    want = ropelib.apply_rope(x, f, **kw)                      # out of place: reads any strides
+    for _ in range(2):                                         # checked, then planned (eager route)
+        b2 = base.clone()
+        x2 = b2[..., ::2]
+        assert ropelib.apply_rope(x2, f, inplace=True, **kw) is x2
+        close(x2, want)
+        assert torch.equal(b2[..., 1::2], between)            # the features between: untouched
+    # q and k in one call, k's features at a stride, q's not
+    q = torch.randn(shape)
+    kb, k = _strided_features(shape)
+    k_between = kb[..., 1::2].clone()
+    want_q, want_k = ropelib.apply_rope_qk(q, k, f, **kw)
+    ropelib.apply_rope_qk(q, k, f, inplace=True, **kw)
+    close(q, want_q)
+    close(k, want_k)
+    assert torch.equal(kb[..., 1::2], k_between)
+
+
+def test_in_place_operator_with_features_at_a_stride(seeded):
+    """torch.ops.ropelib.rope_ itself (what torch.compile calls) on a transposed buffer."""
+    f = ropelib.rope_freqs(8, D)
+    x = torch.randn(4, 2, D, 3).transpose(2, 3)                 # sbhd [4, 2, 3, D], feature stride 3
+    want = ropelib.apply_rope(x, f)
+    torch.ops.ropelib.rope_(x, f.view(8, D), None, None, None, None, "sbhd", False, 1, 0)
+    close(x, want)
+    # under torch.compile (the eager backend: the operators, no Inductor)
+    y = torch.randn(4, 2, D, 3).transpose(2, 3)
+    want_y = ropelib.apply_rope(y, f)
+    torch.compile(lambda t: ropelib.apply_rope(t, f, inplace=True), backend="eager",
+                  fullgraph=True)(y)
+    close(y, want_y)

@@ -744,3 +744,24 @@ def test_random_cases(seed):
         grads = torch.autograd.grad(got, (qg, kg, wq, wk), (go, go_k))
         for a, b, tol in zip(grads, want_grads, (TOL[dtype],) * 2 + (W_TOL[dtype],) * 2):
             _close(a, b, (tol[0] * 4, tol[1] * 4) if dtype == torch.bfloat16 else tol)
+
+
+@pytest.mark.parametrize("case", ["thd-heads-at-a-stride", "sbhd-per-entry-ids"])
+def test_zero_tokens_give_empty_outputs(case):
+    """No tokens: empty outputs (and gradients), whatever strides the empty inputs carry
+    (.contiguous() leaves an empty tensor's strides as they are)."""
+    D = 8
+    f = ropelib.rope_freqs(4, D)
+    w = torch.ones(D, requires_grad=True)
+    if case == "thd-heads-at-a-stride":
+        q = torch.randn(0, 2, D + 1)[..., :D].requires_grad_()
+        k = torch.randn(0, 2, D)
+        kw = dict(layout="thd", position_ids=torch.zeros(0, dtype=torch.long))
+    else:
+        q = torch.randn(3, 0, 2, D, requires_grad=True)
+        k = torch.randn(3, 0, 1, D)
+        kw = dict(position_ids=torch.zeros(3, 0, dtype=torch.long))
+    qo, ko = ropelib.qk_norm_rope(q, k, w, w, f, **kw)
+    assert qo.shape == q.shape and ko.shape == k.shape
+    (qo.sum() + ko.sum()).backward()
+    assert q.grad.shape == q.shape and torch.equal(w.grad, torch.zeros(D))

@@ -364,7 +364,10 @@ def _per_entry(t: Optional[torch.Tensor], dims: int) -> bool:
 
 def _dense(t: torch.Tensor, dims: int) -> bool:
     """Is a table (dims 3) or are position ids (dims 2) laid out as the kernel reads them: the
-    last dim at stride 1, a table's rows one after the other, and entries that differ dense?"""
+    last dim at stride 1, a table's rows one after the other, and entries that differ dense?
+    (Empty: nothing is read; its strides, which .contiguous() leaves as they are, do not count.)"""
+    if t.numel() == 0:
+        return True
     if t.stride(-1) != 1 and t.shape[-1] > 1:
         return False
     if dims == 3 and t.stride(-2) != t.shape[-1] and t.shape[-2] > 1:
@@ -391,7 +394,10 @@ def readable(q: torch.Tensor, k: torch.Tensor, w_q: torch.Tensor, w_k: torch.Ten
 
 
 def _heads_readable(x4: torch.Tensor) -> bool:
-    """An [S, B, H, D] view with heads at stride D and features at stride 1 (sizes 1 aside)."""
+    """An [S, B, H, D] view with heads at stride D and features at stride 1 (sizes 1 aside;
+    an empty view reads nothing)."""
+    if x4.numel() == 0:
+        return True
     D = x4.shape[3]
     return (x4.stride(3) == 1 or D == 1) and (x4.stride(2) == D or x4.shape[2] == 1)
 
