@@ -3,6 +3,8 @@
     python benchmarks/qkv_tiles.py --out benchmarks/results/      # GPU: qkv_tiles-<gpu>.csv
     python benchmarks/qkv_tiles.py --out benchmarks/results/ --tile dw=32,256,8,8,3 ...
                                      # only these tiles: qkv_tiles_chosen-<gpu>-<date>.csv
+    python benchmarks/qkv_tiles.py --dtype fp32 --heads 16 4 --head-dim 256 --out DIR
+                                     # rows over 512 bytes: GPU_TILES_LONG_ROWS' candidates
     TRITON_INTERPRET=1 python benchmarks/qkv_tiles.py --dry-run   # CPU: tiny shapes, one tile
 
 Llama-3-8B's projection (hidden 4096, 32 query and 8 key/value heads of 128, bf16), 8192 tokens, no
@@ -46,6 +48,16 @@ CANDIDATES = {
     "dw": [(64, 128, 8, 8, 3), (128, 128, 8, 8, 3), (64, 64, 8, 4, 4), (128, 64, 8, 8, 3),
            (64, 128, 8, 4, 4), (32, 128, 8, 4, 4), (128, 128, 8, 8, 4)],
 }
+# rows of more than qkv_gemm.LONG_ROW_BYTES (fp32 heads of more than 128 features), where the
+# tiles above ask for more shared memory than a block may have: GPU_TILES_LONG_ROWS first
+# (the first of each: GPU_TILES_LONG_ROWS; then the earlier choice, which spilled, and others
+# that fit an sm_90 block with and without QK-norm)
+CANDIDATES_LONG_ROWS = {
+    "fwd": [(32, 64, 8, 4, 3), (128, 32, 8, 8, 4), (64, 32, 8, 8, 3), (64, 64, 8, 8, 2)],
+    "dx": [(16, 64, 8, 8, 3), (32, 64, 8, 4, 2), (16, 32, 8, 4, 3), (16, 64, 8, 4, 3)],
+    "dw": [(16, 64, 8, 8, 2), (16, 256, 8, 8, 2), (16, 128, 8, 8, 2), (32, 64, 8, 8, 2)],
+}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def _compiled(kernel):
@@ -59,16 +71,20 @@ def _compiled(kernel):
 
 
 def run(dry_run: bool, tokens=8192, hidden=4096, HQ=32, HK=8, D=128, candidates=None,
-        norm=False) -> list:
+        norm=False, dtype="bf16") -> list:
     """Time every candidate tile ({kind: [(BLOCK_M, BLOCK_K, GROUP_M, warps, stages)]};
-    CANDIDATES by default), bare and rotating: one row each. norm: the rotating kernels with
-    QK-norm weights (the backward's reading the statistics a forward saved)."""
+    CANDIDATES, or CANDIDATES_LONG_ROWS for rows the planner gives GPU_TILES_LONG_ROWS, by
+    default), bare and rotating: one row each. norm: the rotating kernels with QK-norm weights
+    (the backward's reading the statistics a forward saved)."""
     device = runtime.default_device()
     if dry_run:
         tokens, hidden, HQ, HK, D = 16, 32, 2, 1, 16
     N, M, K = (HQ + 2 * HK) * D, tokens, hidden
+    long_rows = D * DTYPES[dtype].itemsize > qkv_gemm.LONG_ROW_BYTES
+    table = qkv_gemm.GPU_TILES_LONG_ROWS if long_rows else qkv_gemm.GPU_TILES   # what plan reads
+    default = CANDIDATES_LONG_ROWS if long_rows else CANDIDATES
     g = torch.Generator(device="cpu").manual_seed(0)
-    bf = dict(device=device, dtype=torch.bfloat16)
+    bf = dict(device=device, dtype=DTYPES[dtype])
     x = torch.randn(1, tokens, hidden, generator=g).to(**bf)
     w = (torch.randn(N, hidden, generator=g) / hidden**0.5).to(**bf)
     outs = [torch.empty(1, tokens, h, D, **bf) for h in (HQ, HK, HK)]
@@ -94,18 +110,19 @@ def run(dry_run: bool, tokens=8192, hidden=4096, HQ=32, HK=8, D=128, candidates=
             "fwd", S=tokens, B=1, K=K, HQ=HQ, HK=HK, D=D, R=D, P=2**31 - 1, ids=None,
             cu_seqlens=None, layout="bshd", interleaved=False, eps=1e-6, device=x.device,
             dtypes=planning.pointer_dtypes(pointers["fwd"])), pointers["fwd"])
-    saved = {k: dict(v) for k, v in qkv_gemm.GPU_TILES.items()}
+    saved = {k: dict(v) for k, v in table.items()}
     rows = []
     try:
-        for kind, cands in (candidates or CANDIDATES).items():
+        for kind, cands in (candidates or default).items():
             for cand in (cands[:1] if dry_run else cands):
                 bare = None
                 for rotate in (False, True):
                     row = dict(zip(KEYS, cand), kernel=kind, rotate=rotate, reason="")
                     rows.append(row)
                     # (and as the norm's own tile, where the kernel has one)
-                    qkv_gemm.GPU_TILES[kind] = qkv_gemm.GPU_TILES[f"{kind}_norm"] = \
-                        dict(zip(KEYS, cand))
+                    table[kind] = dict(zip(KEYS, cand))
+                    if not long_rows:
+                        table[f"{kind}_norm"] = dict(zip(KEYS, cand))
                     # the bare GEMM takes no norm pointers
                     ptrs = pointers[kind] if rotate or not norm else tuple(
                         None if n in qkv_gemm._NORM or n == "dnorm_ptr" else p
@@ -134,8 +151,8 @@ def run(dry_run: bool, tokens=8192, hidden=4096, HQ=32, HK=8, D=128, candidates=
                           f"{row['tflops']:6.1f} TFLOP/s regs {row['n_regs']} "
                           f"spills {row['n_spills']}", flush=True)
     finally:
-        qkv_gemm.GPU_TILES.clear()
-        qkv_gemm.GPU_TILES.update(saved)
+        table.clear()
+        table.update(saved)
     return rows
 
 
@@ -174,21 +191,28 @@ def main(argv=None) -> int:
                          "BLOCK_K, GROUP_M, warps, stages")
     ap.add_argument("--norm", action="store_true",
                     help="with QK-norm weights (file name ...-qk-norm)")
+    ap.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    ap.add_argument("--heads", type=int, nargs=2, default=[32, 8], metavar=("HQ", "HK"))
+    ap.add_argument("--head-dim", type=int, default=128)
     args = ap.parse_args(argv)
     chosen = parse_tiles(args.tile)
     print(runtime.mode())
-    rows = run(args.dry_run, candidates=chosen, norm=args.norm)
+    HQ, HK, D = args.heads[0], args.heads[1], args.head_dim
+    rows = run(args.dry_run, candidates=chosen, norm=args.norm, HQ=HQ, HK=HK, D=D,
+               dtype=args.dtype)
     print("fastest rotating tiles:", best(rows))
     if args.out is not None and not args.dry_run:
         gpu = compare.gpu_slug()
         meta = compare.environment_meta()
-        meta.update(script="benchmarks/qkv_tiles.py", case="t8192 hidden 4096 32/8 heads x 128 "
-                    f"bf16, {'with' if args.norm else 'no'} QK-norm",
+        meta.update(script="benchmarks/qkv_tiles.py", case=f"t8192 hidden 4096 {HQ}/{HK} heads "
+                    f"x {D} {args.dtype}, {'with' if args.norm else 'no'} QK-norm",
                     timing="triton.testing.do_bench median ms")
         args.out.mkdir(parents=True, exist_ok=True)
         stamp = meta["date"][:16].replace("-", "").replace("T", "-").replace(":", "")
+        shape = "" if (HQ, HK, D, args.dtype) == (32, 8, 128, "bf16") else \
+            f"-{args.dtype}-{HQ}x{HK}x{D}"
         name = (f"qkv_tiles_chosen-{gpu}-{stamp}" if chosen else f"qkv_tiles-{gpu}") \
-            + ("-qk-norm" if args.norm else "")
+            + shape + ("-qk-norm" if args.norm else "")
         print("wrote", compare.write_csv(rows, args.out / f"{name}.csv", meta=meta,
                                          fields=FIELDS))
     return 0 if all(not r["reason"] for r in rows) else 1
