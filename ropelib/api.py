@@ -90,11 +90,7 @@ def prepare(x: torch.Tensor, freqs=None, *, cos=None, sin=None, layout="sbhd",
     errors."""
     V.check_tensor(x, name)
     V.check_layout(x, layout, name)
-    if not torch.compiler.is_compiling() and {"Grad", "Jvp"} & V.functorch_level():
-        raise NotImplementedError(
-            "ropelib does not run under torch.func's grad, jacrev, jvp or hessian: PyTorch's "
-            "custom operators cannot take part in those transforms. Use torch.autograd.grad or "
-            "loss.backward() (torch.vmap works)")
+    V.check_no_grad_transform("ropelib")
     if kernel_device:
         V.check_kernel_device(x, name)
     V.check_cp(cp_size, cp_rank)

@@ -32,6 +32,7 @@ def _layout_hint(unsqueeze_dim: int) -> str:
 def _checked(q, k, cos, sin, unsqueeze_dim):
     """q, k and Hugging Face's cos/sin ([batch or 1, seq, head_dim] or [seq, head_dim]) checked
     against each other: (layout, S, B, D, cos, sin as the kernels read them)."""
+    V.check_no_grad_transform("ropelib.hf")
     for t, name in ((q, "q"), (k, "k")):
         V.check_tensor(t, name, dims=(4,))
         V.check_kernel_device(t, name)

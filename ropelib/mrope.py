@@ -312,6 +312,7 @@ def _check_positions(positions, n_axes: int, layout: str, S: int, B: int, ref: T
 
 
 def _prepare(xs, names, positions, freqs, layout, interleaved):
+    V.check_no_grad_transform("the multi-axis RoPE")
     if layout not in V.LAYOUTS:
         raise ValueError(f"layout must be one of {V.LAYOUTS}, got {layout!r}")
     for t, name in zip(xs, names):

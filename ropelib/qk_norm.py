@@ -138,6 +138,7 @@ class _NormRotate(torch.autograd.Function):
 
 def _check_inputs(q, k, w_q, w_k, layout: str, w_names=("w_q", "w_k")) -> None:
     """q, k and the weights: tensors of supported dtypes on one device, shapes that agree."""
+    V.check_no_grad_transform("qk_norm_rope")
     for t, name in ((q, "q"), (k, "k")):
         V.check_tensor(t, name)
         V.check_kernel_device(t, name)

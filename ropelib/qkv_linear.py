@@ -404,11 +404,7 @@ def qkv_rope_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *,
     if head_dim > kernel.MAX_HEAD_DIM:
         raise ValueError(f"head_dim must be <= {kernel.MAX_HEAD_DIM} (a head's columns live in "
                          f"one program's registers), got {head_dim}")
-    if not torch.compiler.is_compiling() and {"Grad", "Jvp"} & V.functorch_level():
-        raise NotImplementedError(
-            "qkv_rope_linear does not run under torch.func's grad, jacrev, jvp or hessian: "
-            "PyTorch's custom operators cannot take part in those transforms. Use "
-            "torch.autograd.grad or loss.backward()")
+    V.check_no_grad_transform("qkv_rope_linear")
     _check_projection(x, weight, bias, n_heads, n_kv_heads, head_dim)
     V.check_bool(interleaved, "interleaved")
     if out_layout not in OUT_LAYOUTS:

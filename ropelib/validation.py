@@ -255,6 +255,17 @@ def index_checks() -> str:
     return _index_checks
 
 
+def check_no_grad_transform(what: str) -> None:
+    """Refuse torch.func's grad, jacrev, jacfwd, jvp and hessian (not vmap) before a kernel
+    runs: PyTorch's custom operators cannot take part in them, and traced through, the
+    derivatives would come out zero without an error."""
+    if not torch.compiler.is_compiling() and {"Grad", "Jvp"} & functorch_level():
+        raise NotImplementedError(
+            f"{what} does not run under torch.func's grad, jacrev, jacfwd, jvp or hessian: "
+            "PyTorch's custom operators cannot take part in those transforms. Use "
+            "torch.autograd.grad or loss.backward() (torch.vmap works)")
+
+
 def functorch_level() -> set:
     """The torch.func transforms at work ("Vmap", "Grad", "Jvp", ...), outermost first."""
     stack = getattr(torch._C._functorch, "get_interpreter_stack", lambda: None)()

@@ -291,6 +291,44 @@ def test_13_func_grad_says_it_is_not_supported(seeded):
         torch.func.grad(lambda x: ropelib.apply_rope(x, f).sum())(torch.randn(4, 2, 2, 8))
 
 
+def _kernel_entry_points():
+    """{name: fn(x) -> a tensor}, x [B=2, S=3, H=2, D=8]: every public function that runs a
+    kernel beside apply_rope, each differentiable in x."""
+    S, D = 3, 8
+    f = ropelib.rope_freqs(S, D)
+    cos, sin = f[:, 0, 0].cos(), f[:, 0, 0].sin()
+    axes = ropelib.multi_axis_frequencies(D, [2, 1, 1])
+    pos = torch.arange(S).expand(3, S)
+    cos3, sin3 = cos.expand(3, 1, S, D), sin.expand(3, 1, S, D)
+    w = torch.ones(D)
+    return {
+        "hf": lambda x: rhf.apply_rotary_pos_emb(x, x, cos, sin, unsqueeze_dim=2)[0],
+        "hf-multimodal": lambda x: rhf.apply_multimodal_rotary_pos_emb(
+            x, x, cos3, sin3, [2, 1, 1], unsqueeze_dim=2)[0],
+        "mrope": lambda x: ropelib.apply_mrope(x, pos, axes),
+        "mrope-qk": lambda x: ropelib.apply_mrope_qk(x, x, pos, axes)[0],
+        "qk-norm": lambda x: ropelib.qk_norm_rope(x, x, w, w, f, layout="bshd")[0],
+        "te": lambda x: rte.apply_rotary_pos_emb(x, f, tensor_format="bshd", fused=True),
+    }
+
+
+@pytest.mark.parametrize("name", list(_kernel_entry_points()))
+@pytest.mark.parametrize("transform", ["jvp", "jacfwd", "grad"])
+def test_13_func_transforms_are_refused_by_every_kernel_entry_point(name, transform, seeded):
+    """Traced through torch.func's jvp, a custom operator's derivative comes out zero without
+    an error: every function that runs a kernel refuses grad and jvp transforms by name."""
+    fn = _kernel_entry_points()[name]
+    x = torch.randn(2, 3, 2, 8)
+    with pytest.raises(NotImplementedError, match="torch.autograd.grad"):
+        if transform == "jvp":
+            torch.func.jvp(fn, (x,), (torch.randn_like(x),))
+        elif transform == "jacfwd":
+            torch.func.jacfwd(fn)(x)
+        else:
+            torch.func.grad(lambda t: fn(t).sum())(x)
+    assert torch.vmap(fn)(x[None]).shape[1:] == fn(x).shape      # vmap still works
+
+
 def test_13_jit_trace_records_the_operator(seeded):
     f = ropelib.rope_freqs(4, 8)
     x = torch.randn(4, 2, 2, 8)
