@@ -47,6 +47,7 @@ if str(REPO_ROOT) not in sys.path:  # run from a checkout without `pip install -
 import ropelib  # noqa: E402
 from ropelib import runtime  # noqa: E402
 from ropelib.bench import compare  # noqa: E402
+from ropelib.bench.compare import DTYPES  # noqa: E402
 from ropelib.kernels import planning, qkv_gemm  # noqa: E402
 
 FIELDS = ["case", "provider", "pass", "qk_norm", "dtype", "tokens", "hidden", "HQ", "HK", "D",
@@ -162,9 +163,6 @@ def _max_rel_diff(got, want) -> float:
                for a, b in zip(got, want))
 
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-
-
 def run(dry_run: bool, token_counts=(8192, 32768), hidden=4096, HQ=32, HK=8, D=128,
         dtype: str = "bf16") -> list:
     device = runtime.default_device()
@@ -174,9 +172,8 @@ def run(dry_run: bool, token_counts=(8192, 32768), hidden=4096, HQ=32, HK=8, D=1
         raise SystemExit("timing needs a CUDA GPU; use --dry-run on the CPU")
     N = (HQ + 2 * HK) * D
     angles = ropelib.rope_angles(D, base=500000.0, device=device)
-    long_rows = D * DTYPES[dtype].itemsize > qkv_gemm.LONG_ROW_BYTES
     tiles = " ".join(f"{k}:{'/'.join(str(v) for v in t.values())}" for k, t in
-                     (qkv_gemm.GPU_TILES_LONG_ROWS if long_rows else qkv_gemm.GPU_TILES).items())
+                     qkv_gemm.tile_table(D * DTYPES[dtype].itemsize).items())
     rows = []
     for tokens in token_counts:
         freqs = ropelib.rope_freqs(tokens, D, base=500000.0, device=device)

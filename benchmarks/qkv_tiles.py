@@ -33,6 +33,7 @@ if str(REPO_ROOT) not in sys.path:
 import ropelib  # noqa: E402
 from ropelib import qkv_linear, runtime  # noqa: E402
 from ropelib.bench import compare  # noqa: E402
+from ropelib.bench.compare import DTYPES  # noqa: E402
 from ropelib.kernels import planning, qkv_gemm  # noqa: E402
 
 FIELDS = ["kernel", "BLOCK_M", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "rotate", "ms",
@@ -57,7 +58,6 @@ CANDIDATES_LONG_ROWS = {
     "dx": [(16, 64, 8, 8, 3), (32, 64, 8, 4, 2), (16, 32, 8, 4, 3), (16, 64, 8, 4, 3)],
     "dw": [(16, 64, 8, 8, 2), (16, 256, 8, 8, 2), (16, 128, 8, 8, 2), (32, 64, 8, 8, 2)],
 }
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def _compiled(kernel):
@@ -80,9 +80,8 @@ def run(dry_run: bool, tokens=8192, hidden=4096, HQ=32, HK=8, D=128, candidates=
     if dry_run:
         tokens, hidden, HQ, HK, D = 16, 32, 2, 1, 16
     N, M, K = (HQ + 2 * HK) * D, tokens, hidden
-    long_rows = D * DTYPES[dtype].itemsize > qkv_gemm.LONG_ROW_BYTES
-    table = qkv_gemm.GPU_TILES_LONG_ROWS if long_rows else qkv_gemm.GPU_TILES   # what plan reads
-    default = CANDIDATES_LONG_ROWS if long_rows else CANDIDATES
+    table = qkv_gemm.tile_table(D * DTYPES[dtype].itemsize)    # what plan reads
+    default = CANDIDATES_LONG_ROWS if table is qkv_gemm.GPU_TILES_LONG_ROWS else CANDIDATES
     g = torch.Generator(device="cpu").manual_seed(0)
     bf = dict(device=device, dtype=DTYPES[dtype])
     x = torch.randn(1, tokens, hidden, generator=g).to(**bf)
@@ -120,9 +119,7 @@ def run(dry_run: bool, tokens=8192, hidden=4096, HQ=32, HK=8, D=128, candidates=
                     row = dict(zip(KEYS, cand), kernel=kind, rotate=rotate, reason="")
                     rows.append(row)
                     # (and as the norm's own tile, where the kernel has one)
-                    table[kind] = dict(zip(KEYS, cand))
-                    if not long_rows:
-                        table[f"{kind}_norm"] = dict(zip(KEYS, cand))
+                    table[kind] = table[f"{kind}_norm"] = dict(zip(KEYS, cand))
                     # the bare GEMM takes no norm pointers
                     ptrs = pointers[kind] if rotate or not norm else tuple(
                         None if n in qkv_gemm._NORM or n == "dnorm_ptr" else p

@@ -370,7 +370,7 @@ def apply_rope(x: torch.Tensor, freqs: Optional[torch.Tensor] = None, *,
             names=("x",)))
         return planned((x,), tables_and_index, checked=True)
     # traced (torch.compile, export, ...): ropelib's operators
-    if inplace and not needs_grad(x) and ops.writes_in_place(x):
+    if inplace and not needs_grad(x):
         ops.rope_(x, c.table, c.sin, *c.index(), *c.options())
         return x
     tensors = [c.table, c.sin, *c.index()]
@@ -447,7 +447,7 @@ def apply_rope_qk(q: torch.Tensor, k: torch.Tensor, freqs: Optional[torch.Tensor
             (q, k), tables_and_index, (c.table, c.sin), c, inplace=inplace, rows=c.rows(),
             names=("q", "k")))
         return planned((q, k), tables_and_index, checked=True)
-    if inplace and not needs_grad(q, k) and ops.writes_in_place(q, k):
+    if inplace and not needs_grad(q, k):
         ops.rope_qk_(q, k, c.table, c.sin, *c.index(), *c.options())
         return q, k
     tensors = [c.table, c.sin, *c.index()]

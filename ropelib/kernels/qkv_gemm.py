@@ -739,11 +739,16 @@ def pick_tiles(kind: str, M, K, device: torch.device, norm: bool = False,
     GPU_TILES_LONG_ROWS for rows of more than LONG_ROW_BYTES. Interpreter: tiles that fit the
     (small) problem, since every program instance costs milliseconds there."""
     if device.type == "cuda" and not INTERPRET:
-        if row_bytes > LONG_ROW_BYTES:
-            return dict(GPU_TILES_LONG_ROWS[kind])
-        return dict(GPU_TILES.get(f"{kind}_norm" if norm else kind, GPU_TILES[kind]))
+        table = tile_table(row_bytes)
+        return dict(table.get(f"{kind}_norm" if norm else kind, table[kind]))
     return dict(BLOCK_M=_pow2_between(M, 16, 64), BLOCK_K=_pow2_between(K, 16, 64), GROUP_M=8,
                 num_warps=4, num_stages=1)
+
+
+def tile_table(row_bytes: int) -> dict:
+    """The GPU tiles for heads whose row (D x the element size) is `row_bytes` long:
+    GPU_TILES_LONG_ROWS past LONG_ROW_BYTES, else GPU_TILES (what pick_tiles reads)."""
+    return GPU_TILES_LONG_ROWS if row_bytes > LONG_ROW_BYTES else GPU_TILES
 
 
 def _needs_int64(*sizes) -> bool:
