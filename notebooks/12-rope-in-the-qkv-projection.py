@@ -429,6 +429,128 @@ for name, mine, lib in (("q", q_t, q_lib[0]), ("k", k_t, k_lib[0]), ("v", v_t, v
           f"{(mine - lib).abs().max().item():.1e}")
 
 # %% [markdown]
+# ### Exercise 1b: one accumulator, split in the epilogue
+#
+# ropelib's forward does not hold a head as two accumulators. It holds it as **one**,
+# `acc` $[B_M, D]$, filled by one `tl.dot` a K step, as any GEMM tile is: column $d$ of the
+# tile is feature $d$ of the head, so feature $j$ and its partner $j + D/2$ are $D/2$ columns
+# apart in the same tensor. The rotation needs them side by side. Triton has no "take these
+# columns" for a tensor in registers, but it can re-view one:
+#
+# - `tl.reshape(acc, (BLOCK_M, 2, HALF))` reads the row as two halves, axis 1 saying which;
+# - `tl.permute(..., (0, 2, 1))` moves that axis last: $[B_M, D/2, 2]$;
+# - `tl.split(...)` splits a last axis of size 2 into two tensors, $a$ and $b$ $[B_M, D/2]$;
+# - and `tl.join(ya, yb)` (a new last axis of size 2), the inverse permute and reshape put
+#   the rotated head back as $[B_M, D]$.
+#
+# **Write the split** where it says `# your split`: the kernel below is the same GEMM with one
+# accumulator, its cos and sin already loaded for the q and k heads; leave `acc` holding the
+# rotated head, which the last line stores. The check is exercise 1's (fresh inputs, NaN
+# output inside NaN guard bands, ropelib's kernels barred).
+
+# %%
+@triton.jit
+def my_qkv_rope_one_acc_kernel(
+    x_ptr,  # *x: input [M, K], contiguous (M tokens, K the hidden size)
+    w_ptr,  # *weight: [N, K], contiguous, N = H D: q's heads' rows, then k's, then v's
+    out_ptr,  # *qkv: output [M, H, D], contiguous, same dtype as x
+    cos_ptr, sin_ptr,  # *fp32: [P, D // 2] each, cos and sin of position p's angles
+    pos_ptr,  # *int64: [M], each token's position (its row of cos and sin)
+    M, K,  # tokens, hidden size
+    H,  # heads of q, k and v together: HQ + 2 HK
+    N_ROT,  # HQ + HK: heads h < N_ROT are q's and k's (rotated), the others v's
+    D: tl.constexpr,  # head dim (a power of two, D // 2 >= 16)
+    BLOCK_M: tl.constexpr,  # tokens per program (>= 16)
+    BLOCK_K: tl.constexpr,  # hidden columns per step of the K loop (>= 16)
+):
+    # grid (cdiv(M, BLOCK_M), H): one program per (tile of tokens, head), the head held as ONE
+    # accumulator [BLOCK_M, D] (one tl.dot a K step, as ropelib's forward holds it)
+    HALF: tl.constexpr = D // 2
+    h = tl.program_id(1)
+    m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)   # [BLOCK_M] tokens
+    m_ok = m < M
+    d = tl.arange(0, D)                                       # [D] the head's features
+    kk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = (k0 + kk) < K
+        x = tl.load(x_ptr + m[:, None] * K + (k0 + kk)[None, :],
+                    mask=m_ok[:, None] & k_ok[None, :], other=0.0)          # [BLOCK_M, BLOCK_K]
+        w = tl.load(w_ptr + (h * D + d)[None, :] * K + (k0 + kk)[:, None],
+                    mask=k_ok[:, None], other=0.0)                          # W^T [BLOCK_K, D]
+        acc = tl.dot(x, w, acc)
+    # --- the epilogue: split the head into its halves, rotate, put it back together ---
+    if h < N_ROT:
+        j = tl.arange(0, HALF)
+        p = tl.load(pos_ptr + m, mask=m_ok, other=0)
+        cs = p[:, None] * HALF + j[None, :]
+        c = tl.load(cos_ptr + cs, mask=m_ok[:, None], other=1.0)
+        s = tl.load(sin_ptr + cs, mask=m_ok[:, None], other=0.0)
+        pass  # your split
+    tl.store(out_ptr + (m[:, None] * H + h) * D + d[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=m_ok[:, None])
+
+
+split_ok = ex.check_split_epilogue_kernel(my_qkv_rope_one_acc_kernel)
+
+# %%
+ex.show_split_epilogue_solution()
+
+# %% [markdown]
+# Both kernels compute the same numbers; what differs is the work the compiled code does, and
+# that needs no GPU to see. `load_schedule.schedule` compiles a kernel for an sm_90 GPU (an
+# H100 or H200) on this machine, with the Triton you have, and reads what the compiler made of
+# it: the matrix multiplies in each step of the K loop, how many tensors it moves from one
+# register layout to another (`ttg.convert_layout`, through shared memory or warp shuffles)
+# and their bytes, the registers a thread holds, the shared memory a program asks for. Your
+# two kernels (or the worked ones, where a check did not pass), at ropelib's forward tile for
+# Llama-3-8B's projection:
+
+# %%
+from ropelib.course import load_schedule
+
+two_acc_kernel = my_qkv_rope_kernel if epilogue_ok else qkv_teaching._qkv_rope_teaching_kernel
+one_acc_kernel = (my_qkv_rope_one_acc_kernel if split_ok
+                  else qkv_teaching._qkv_rope_one_acc_teaching_kernel)
+fwd_tiles = qkv_gemm.GPU_TILES["fwd"]
+bf16_, f32_, i64_ = (torch.empty(16, dtype=t) for t in (torch.bfloat16, torch.float32, torch.int64))
+tile_args = dict(x_ptr=bf16_, w_ptr=bf16_, out_ptr=bf16_, cos_ptr=f32_, sin_ptr=f32_,
+                 pos_ptr=i64_, M=8192, K=4096, H=48, N_ROT=40, D=128,
+                 BLOCK_M=fwd_tiles["BLOCK_M"], BLOCK_K=fwd_tiles["BLOCK_K"])
+built = {label: load_schedule.schedule(kern, tile_args, num_warps=fwd_tiles["num_warps"])
+         for label, kern in (("two accumulators", two_acc_kernel),
+                             ("one accumulator, split", one_acc_kernel))}
+print(f"sm_90, Triton {triton.__version__}, BLOCK_M={tile_args['BLOCK_M']} "
+      f"BLOCK_K={tile_args['BLOCK_K']} D=128, {fwd_tiles['num_warps']} warps")
+print(f"{'':24s}{'MMAs a K step':>14s}{'conversions':>12s}{'converted':>11s}{'registers':>10s}"
+      f"{'shared':>9s}")
+for label, b in built.items():
+    print(f"{label:24s}{b['dots']:>14d}{b['layout_conversions']:>12d}"
+          f"{b['converted_bytes'] / 1024:>8.0f} KiB{b['registers']:>10d}"
+          f"{b['shared'] / 1024:>6.0f} KiB")
+two, one = built.values()
+x_reread = tile_args["BLOCK_M"] * tile_args["K"] * 2      # the X tile again, every K step (bf16)
+print(f"the second MMA reads each step's X tile from shared memory again: "
+      f"{tile_args['BLOCK_M']} x {tile_args['K']} x 2 bytes = {x_reread / 1024:.0f} KiB a program; "
+      f"the split moves {(one['converted_bytes'] - two['converted_bytes']) / 1024:.0f} KiB more "
+      f"between layouts, once")
+assert two["dots"] == 2 and one["dots"] == 1
+assert one["layout_conversions"] >= 1 and one["converted_bytes"] > two["converted_bytes"]
+assert one["converted_bytes"] - two["converted_bytes"] < x_reread / 4
+
+# %% [markdown]
+# The two builds trade one cost for another. Two accumulators issue two MMAs of width $D/2$ a
+# K step, and each reads the step's $X$ tile from shared memory, so $X$ is read twice: over
+# $K = 4096$ that is a megabyte a program more (derived from the tile's sizes, not counted by a
+# profiler). One accumulator issues one MMA of width $D$; its epilogue pays for the split
+# instead: the compiler moves the accumulator's halves and the joined result between register
+# layouts, once per program, a few tens of KiB more than the two-accumulator kernel converts
+# (it converts cos and sin to the accumulators' layout, and both kernels convert their output
+# for the store). Once per program against once per K step: that is why one accumulator was
+# never the slower at ropelib's tile in section 3's measurement, and why ropelib's forward holds
+# a head so.
+
+# %% [markdown]
 # ## 5. The backward's prologue: undo the rotation while loading $dY$
 #
 # Write the forward per q or k head and token as $q = R(\theta)\,u$, $u$ the head's slice of

@@ -38,6 +38,7 @@ _COPIES = _own_code_tests._COPIES
 _count = itertools.count()
 
 FWD = qkv_teaching._qkv_rope_teaching_kernel
+ONE = qkv_teaching._qkv_rope_one_acc_teaching_kernel
 DX = qkv_teaching._qkv_dx_teaching_kernel
 
 
@@ -62,12 +63,20 @@ def mutated(kernel, *replacements, name=None):
 
 EPILOGUE = "        acc_a, acc_b = acc_a * c - acc_b * s, acc_b * c + acc_a * s\n"
 PROLOGUE = "            g_a, g_b = g_a * c + g_b * s, g_b * c - g_a * s\n"
+SPLIT = "        a, b = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))\n"
+ROTATE = "        rotated = tl.join(a * c - b * s, b * c + a * s)"
+JOIN = "        acc = tl.reshape(tl.permute(rotated, (0, 2, 1)), (BLOCK_M, D))\n"
 
 
 # --- the worked solutions pass, as a learner's own copy ----------------------------------------
 
 def test_own_copy_of_the_epilogue_passes(capsys):
     assert ex.check_epilogue_kernel(learner_copy(FWD), seed=1)
+    assert "✅" in capsys.readouterr().out
+
+
+def test_own_copy_of_the_split_passes(capsys):
+    assert ex.check_split_epilogue_kernel(learner_copy(ONE), seed=11)
     assert "✅" in capsys.readouterr().out
 
 
@@ -109,6 +118,22 @@ def test_epilogue_mistakes_fail(why, replacements, capsys):
 
 
 @pytest.mark.parametrize("why, replacements", [
+    ("no split: the notebook's starting point",
+     [(SPLIT, "        pass\n"), (ROTATE, "        #"), (JOIN, "")]),
+    ("no permute: the reshape pairs neighbours (2j, 2j + 1), interleaved",
+     [(SPLIT, "        a, b = tl.split(tl.reshape(acc, (BLOCK_M, HALF, 2)))\n"),
+      (JOIN, "        acc = tl.reshape(rotated, (BLOCK_M, D))\n")]),
+    ("joined back without the inverse permute",
+     [(JOIN, "        acc = tl.reshape(rotated, (BLOCK_M, D))\n")]),
+    ("the halves swapped", [(SPLIT, SPLIT.replace("a, b =", "b, a ="))]),
+    ("the sine's sign flipped", [(ROTATE, "        rotated = tl.join(a * c + b * s, b * c - a * s)")]),
+])
+def test_split_mistakes_fail(why, replacements, capsys):
+    assert not ex.check_split_epilogue_kernel(mutated(ONE, *replacements), seed=12), why
+    assert "❌" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("why, replacements", [
     ("no prologue: the notebook's starting point", [(PROLOGUE, "            pass\n")]),
     ("the forward rotation instead of its inverse",
      [(PROLOGUE, "            g_a, g_b = g_a * c - g_b * s, g_b * c + g_a * s\n")]),
@@ -129,6 +154,11 @@ def test_the_teaching_kernels_themselves_are_refused(capsys):
     assert not ex.check_epilogue_kernel(FWD, seed=5)
     out = capsys.readouterr().out
     assert "qkv_teaching" in out and "write it yourself" in out
+    assert not ex.check_split_epilogue_kernel(ONE, seed=5)
+    out = capsys.readouterr().out
+    assert "qkv_teaching" in out and "write it yourself" in out
+    assert not ex.check_split_epilogue_kernel(FWD, seed=5)      # the other worked kernel too
+    assert "write it yourself" in capsys.readouterr().out
     assert not ex.check_prologue_kernel(DX, seed=5)
     out = capsys.readouterr().out
     assert "qkv_teaching" in out and "write it yourself" in out
@@ -185,6 +215,7 @@ def _calls_apply_rope(*args, **kwargs):
                                     None, ...])
 def test_anything_but_a_kernel_is_refused(answer, capsys):
     assert not ex.check_epilogue_kernel(answer, seed=7)
+    assert not ex.check_split_epilogue_kernel(answer, seed=7)
     assert not ex.check_prologue_kernel(answer, seed=7)
     assert "❌" in capsys.readouterr().out
 
@@ -229,6 +260,8 @@ def _code_lines(src):
 @pytest.mark.parametrize("name, worked, removed, starter", [
     ("my_qkv_rope_kernel", FWD, _COS_SIN + [EPILOGUE.strip()], "pass  # your epilogue"),
     ("my_qkv_dx_kernel", DX, _COS_SIN + [PROLOGUE.strip()], "pass  # your prologue"),
+    ("my_qkv_rope_one_acc_kernel", ONE, [SPLIT.strip(), JOIN.strip(), ROTATE.strip()],
+     "pass  # your split"),
 ])
 def test_notebook_starters_fail_and_lack_only_the_exercise(name, worked, removed, starter, capsys):
     src = _notebook_kernel(name)
@@ -244,7 +277,8 @@ def test_notebook_starters_fail_and_lack_only_the_exercise(name, worked, removed
     namespace = {"triton": triton, "tl": tl, "__name__": f"learner_{path.stem}",
                  "__file__": str(path)}
     exec(compile(src, str(path), "exec"), namespace)  # noqa: S102 -- the notebook's source
-    check = ex.check_epilogue_kernel if worked is FWD else ex.check_prologue_kernel
+    check = {FWD: ex.check_epilogue_kernel, ONE: ex.check_split_epilogue_kernel,
+             DX: ex.check_prologue_kernel}[worked]
     assert not check(namespace[name], seed=9)
     assert "❌" in capsys.readouterr().out
 

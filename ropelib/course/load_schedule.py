@@ -13,6 +13,13 @@ disassembles it with cuobjdump, and returns, in machine-code order:
     first_math    the index of the first floating-point multiply or fma (FMUL, FFMA)
     early         how many loads come before it
     registers     per thread (ptxas's allocation)
+    instructions  of the machine code, in all
+    shared        bytes of shared memory a program asks for
+    layout_conversions  how many times the TTGIR moves a tensor between register layouts
+                  (ttg.convert_layout; a conversion goes through shared memory or shuffles)
+    converted_bytes     the bytes of those tensors, a program's whole tensor each time
+    dots          matrix multiplies in the TTGIR (tt.dot, or Hopper's warp_group_dot): in a
+                  loop's body, the ones each step issues
 
 Under Triton's interpreter (TRITON_INTERPRET=1) the kernel is compiled in a second Python
 without it: a kernel of an importable module (ropelib's own) is imported there by name; one
@@ -79,7 +86,31 @@ def _decode(args: dict) -> dict:
 
 def _compile_here(kernel, args: dict, num_warps: int) -> dict:
     compiled = compile_for_cuda(kernel, args, num_warps=num_warps)
-    return _summary(compiled.asm["cubin"])
+    out = _summary(compiled.asm["cubin"])
+    # shared memory a program asks for (Triton's pipelining buffers and layout conversions),
+    # and how many times the TTGIR moves a tensor from one register layout to another
+    out["shared"] = compiled.metadata.shared
+    moved = _conversions(compiled.asm["ttgir"])
+    out["dots"] = len(re.findall(r"= (?:ttng\.warp_group_dot|tt\.dot) ", compiled.asm["ttgir"]))
+    out["layout_conversions"] = len(moved)
+    out["converted_bytes"] = sum(moved)
+    return out
+
+
+_CONVERT = re.compile(r"ttg\.convert_layout .*: tensor<([0-9x]+)x(bf16|f16|f32|f64|i1|i8|i16|i32|i64)")
+_BYTES = {"bf16": 2, "f16": 2, "f32": 4, "f64": 8, "i1": 1, "i8": 1, "i16": 2, "i32": 4, "i64": 8}
+
+
+def _conversions(ttgir: str) -> list:
+    """The bytes of each tensor a TTGIR moves from one register layout to another
+    (ttg.convert_layout), a program's whole tensor each time."""
+    sizes = []
+    for m in _CONVERT.finditer(ttgir):
+        n = 1
+        for dim in m[1].split("x"):
+            n *= int(dim)
+        sizes.append(n * _BYTES[m[2]])
+    return sizes
 
 
 _CHILD = """

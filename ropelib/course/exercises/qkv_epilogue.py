@@ -7,6 +7,8 @@ The learner edits two small Triton GEMMs whose main loops are written (the signa
 * the forward, grid (cdiv(M, BLOCK_M), H), one program per (tile of tokens, head) holding the
   head as two accumulators (features j and j + D/2): the epilogue rotates a q or k head's tile
   by each token's angles before it is stored, and stores a v head as it is;
+* the same forward holding the head as one accumulator [BLOCK_M, D] (one tl.dot a K step, as
+  ropelib's forward does): the epilogue splits it into its two halves, rotates, and joins them;
 * the dX GEMM, grid (cdiv(M, BLOCK_M), cdiv(K, BLOCK_K)), looping over the heads: the prologue
   turns the gradient of a rotated q or k head into the gradient of the projection,
   dY = R(-theta) dL/dq, as the tile is loaded, so dY is never written.
@@ -34,8 +36,8 @@ from ..kernels import qkv_teaching
 from . import _compare, check, exception_line, is_blank_kernel, is_kernel, solution
 from .own_code import LibraryAnswer, library_barred
 
-__all__ = ["check_epilogue_kernel", "check_prologue_kernel", "show_epilogue_solution",
-           "show_prologue_solution", "reference_qkv", "reference_dx", "draw_inputs",
+__all__ = ["check_epilogue_kernel", "check_split_epilogue_kernel", "check_prologue_kernel",
+           "show_epilogue_solution", "show_split_epilogue_solution", "show_prologue_solution", "reference_qkv", "reference_dx", "draw_inputs",
            "launch_forward", "launch_dx", "CASES"]
 
 # (M tokens, K hidden, HQ, HK, D, BLOCK_M, BLOCK_K): a few programs each, for the interpreter
@@ -208,6 +210,39 @@ def check_epilogue_kernel(kernel, seed: Optional[int] = None) -> bool:
              "as it is")
 
 
+def check_split_epilogue_kernel(kernel, seed: Optional[int] = None) -> bool:
+    """Launch the learner's forward kernel that holds each head as one accumulator [BLOCK_M, D]
+    (the signature of the two-accumulator kernel) and compare its qkv [M, H, D] with the fp64
+    reference, as check_epilogue_kernel does. Prints ✅ or ❌; never raises."""
+    name = "QKV GEMM with one accumulator, split in the epilogue"
+    if not _ready(name, kernel, "out_ptr"):
+        return False
+
+    def make_output(gen, case, inputs):
+        M, K, HQ, HK, D = case[:5]
+        buf = torch.full((_PAD + M + _PAD + case[5], HQ + 2 * HK, D), float("nan"),
+                         dtype=inputs[0].dtype, device=inputs[0].device)
+        return None, buf, buf[_PAD:_PAD + M]
+
+    def launch(kernel, case, inputs, kin, out):
+        x, w, cos, sin, pos = inputs
+        launch_forward(kernel, x, w, out, cos, sin, pos, *case[2:])
+
+    def expected(case, inputs, kin):
+        HQ, HK, D = case[2:5]
+        return reference_qkv(*inputs, HQ, HK, D).to(inputs[0].dtype)
+
+    def where(first):
+        return f"[token, head, feature] = {first}"
+
+    return _run_cases(
+        name, "your split", kernel, seed, make_output, launch, expected, where,
+        hint="acc [BLOCK_M, D] holds feature j at column j and its partner j + D/2 at column "
+             "j + D/2: tl.reshape to [BLOCK_M, 2, D/2] puts the two halves on axis 1; "
+             "tl.permute to [BLOCK_M, D/2, 2] moves them last, where tl.split separates them; "
+             "rotate, then tl.join and the inverse permute and reshape give [BLOCK_M, D] back")
+
+
 def check_prologue_kernel(kernel, seed: Optional[int] = None) -> bool:
     """Launch the learner's dX kernel (the teaching kernel's signature) on a fresh gradient of
     q, k and v and compare dL/dx [M, K] with autograd through the fp64 reference. Prints ✅ or
@@ -245,6 +280,12 @@ def show_epilogue_solution() -> None:
     """Show the worked forward kernel (ropelib.course.kernels.qkv_teaching) folded away."""
     solution(qkv_teaching._qkv_rope_teaching_kernel.fn,
              title="Solution: the QKV GEMM with RoPE in its epilogue")
+
+
+def show_split_epilogue_solution() -> None:
+    """Show the worked one-accumulator forward kernel (ropelib.course.kernels.qkv_teaching)."""
+    solution(qkv_teaching._qkv_rope_one_acc_teaching_kernel.fn,
+             title="Solution: one accumulator, split into its halves in the epilogue")
 
 
 def show_prologue_solution() -> None:

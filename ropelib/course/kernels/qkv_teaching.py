@@ -16,7 +16,10 @@ How it is parallelised. Forward: one program per (BLOCK_M tokens, head), grid
 (cdiv(M, BLOCK_M), H). The program's column tile is the whole head, held as two accumulators
 acc_a [BLOCK_M, D/2] (weight rows h D + j, the head's features j) and acc_b (rows h D + D/2 + j,
 features j + D/2), so the two members of every rotate-half pair sit at the same place of two
-tiles of the same shape and the rotation is elementwise. dX: one program per (BLOCK_M tokens,
+tiles of the same shape and the rotation is elementwise; or (_qkv_rope_one_acc_teaching_kernel,
+as ropelib's forward holds it) as one accumulator [BLOCK_M, D], one tl.dot a K step, split into
+its two halves in the epilogue (tl.reshape, tl.permute, tl.split) and joined back (tl.join) to be
+stored. dX: one program per (BLOCK_M tokens,
 BLOCK_K hidden columns), grid (cdiv(M, BLOCK_M), cdiv(K, BLOCK_K)); it loads its tokens' cos
 and sin once and loops over every head, forming that head's dY tile in registers and
 multiplying it into W's rows of the head.
@@ -78,6 +81,51 @@ def _qkv_rope_teaching_kernel(
     out = out_ptr + (m[:, None] * H + h) * D + j[None, :]
     tl.store(out, acc_a.to(out_ptr.dtype.element_ty), mask=m_ok[:, None])
     tl.store(out + HALF, acc_b.to(out_ptr.dtype.element_ty), mask=m_ok[:, None])
+
+
+@triton.jit
+def _qkv_rope_one_acc_teaching_kernel(
+    x_ptr,  # *x: input [M, K], contiguous (M tokens, K the hidden size)
+    w_ptr,  # *weight: [N, K], contiguous, N = H D: q's heads' rows, then k's, then v's
+    out_ptr,  # *qkv: output [M, H, D], contiguous, same dtype as x
+    cos_ptr, sin_ptr,  # *fp32: [P, D // 2] each, cos and sin of position p's angles
+    pos_ptr,  # *int64: [M], each token's position (its row of cos and sin)
+    M, K,  # tokens, hidden size
+    H,  # heads of q, k and v together: HQ + 2 HK
+    N_ROT,  # HQ + HK: heads h < N_ROT are q's and k's (rotated), the others v's
+    D: tl.constexpr,  # head dim (a power of two, D // 2 >= 16)
+    BLOCK_M: tl.constexpr,  # tokens per program (>= 16)
+    BLOCK_K: tl.constexpr,  # hidden columns per step of the K loop (>= 16)
+):
+    # grid (cdiv(M, BLOCK_M), H): one program per (tile of tokens, head), the head held as ONE
+    # accumulator [BLOCK_M, D] (one tl.dot a K step, as ropelib's forward holds it)
+    HALF: tl.constexpr = D // 2
+    h = tl.program_id(1)
+    m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)   # [BLOCK_M] tokens
+    m_ok = m < M
+    d = tl.arange(0, D)                                       # [D] the head's features
+    kk = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k_ok = (k0 + kk) < K
+        x = tl.load(x_ptr + m[:, None] * K + (k0 + kk)[None, :],
+                    mask=m_ok[:, None] & k_ok[None, :], other=0.0)          # [BLOCK_M, BLOCK_K]
+        w = tl.load(w_ptr + (h * D + d)[None, :] * K + (k0 + kk)[:, None],
+                    mask=k_ok[:, None], other=0.0)                          # W^T [BLOCK_K, D]
+        acc = tl.dot(x, w, acc)
+    # --- the epilogue: split the head into its halves, rotate, put it back together ---
+    if h < N_ROT:
+        j = tl.arange(0, HALF)
+        p = tl.load(pos_ptr + m, mask=m_ok, other=0)
+        cs = p[:, None] * HALF + j[None, :]
+        c = tl.load(cos_ptr + cs, mask=m_ok[:, None], other=1.0)
+        s = tl.load(sin_ptr + cs, mask=m_ok[:, None], other=0.0)
+        # [BLOCK_M, D] -> [BLOCK_M, 2, HALF] (half, pair) -> [BLOCK_M, HALF, 2] -> two halves
+        a, b = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
+        rotated = tl.join(a * c - b * s, b * c + a * s)                    # [BLOCK_M, HALF, 2]
+        acc = tl.reshape(tl.permute(rotated, (0, 2, 1)), (BLOCK_M, D))
+    tl.store(out_ptr + (m[:, None] * H + h) * D + d[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=m_ok[:, None])
 
 
 @triton.jit
