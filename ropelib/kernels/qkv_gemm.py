@@ -150,20 +150,24 @@ GPU_TILES = {
 # Heads whose rows pass LONG_ROW_BYTES (fp32 heads of more than 128 features): at the tiles
 # above a program asks for more shared memory than a block may have on an H100 or H200 (227
 # KiB), so it could not launch (compiled for sm_90 with Triton 3.6 at fp32, d = 256: forward
-# 294,912 bytes, dX 327,680 and with the norm 426,240, dW 262,144). The first tiles chosen to
-# fit ran on an H200 correct but slow (16/4 heads of 256, 8192 tokens: forward 15.7 ms against
-# 8.2 for cuBLAS then RoPE, forward+backward 528 against 24.3; benchmarks/NOTES.md), and
-# compiled for sm_90 they spilled: dW (16/256, 8 warps) 4,944 bytes of stack a thread, the
-# forward (128/32) 1,240, dX (32/64) 88. These are the candidates that fit and spill least
-# (Triton 3.6, with and without the norm): forward 32/64 on 4 warps (no stack; 256 bytes with
-# the norm), dX 16/64 on 8 warps (124-128 registers, no stack), dW 16/64 on 8 warps (32 bytes).
-# Chosen from the compiled resources, not timed: benchmarks/qkv_tiles.py --dtype fp32 --heads
-# 16 4 --head-dim 256 times them against the others.
+# 294,912 bytes, dX 327,680 and with the norm 426,240, dW 262,144). Timed on an H200
+# (benchmarks/qkv_tiles.py --dtype fp32 --heads 16 4 --head-dim 256, 8192 tokens, four
+# candidates a kernel; results/qkv_tiles-nvidia-h200-fp32-16x4x256.csv), the rotating kernels:
+#   forward 128/32 on 8 warps, 4 stages: 15.7 ms, though it spills (1,240 bytes of stack a
+#     thread, Triton 3.6); the candidates that spill nothing took 18.6-23.2 ms;
+#   dX 16/32 on 4 warps, 3 stages: 22.5 ms (16/64 on 8 warps 22.7; 32/64 on 4, spilling, 35.7);
+#   dW 16/128 on 8 warps, 2 stages: 13.1 ms (16/64 18.0; 16/256 spilled 5 KiB and took 476).
+# End to end the forward+backward went from 528 ms (the first tiles) to 63.8 ms with the tiles
+# that spill least, against 24.4 for cuBLAS then RoPE: fp32 tl.dot (IEEE) runs at 18-26
+# TFLOP/s here where cuBLAS reaches 50 (benchmarks/NOTES.md).
 LONG_ROW_BYTES = 512
 GPU_TILES_LONG_ROWS = {
-    "fwd": dict(BLOCK_M=32, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=3),
-    "dx": dict(BLOCK_M=16, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3),
-    "dw": dict(BLOCK_M=16, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=2),
+    "fwd": dict(BLOCK_M=128, BLOCK_K=32, GROUP_M=8, num_warps=8, num_stages=4),
+    "dx": dict(BLOCK_M=16, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3),
+    "dw": dict(BLOCK_M=16, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=2),
+    # with QK-norm the forward at 128/32 holds 2,368 bytes of stack a thread (Triton 3.6): until
+    # it is timed, the tile that spills least (256 bytes)
+    "fwd_norm": dict(BLOCK_M=32, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=3),
 }
 MAX_HEAD_DIM = QKV_LINEAR_MAX_HEAD_DIM   # a head's D columns live in one program's registers
 
