@@ -731,12 +731,15 @@ def test_gpu_tiles_with_and_without_the_norm(monkeypatch):
         assert tile(kind, False) == tile(kind, True, rotate=False) == wanted(kind)
     assert tile("dx", True) == wanted("dx_norm") != wanted("dx")
     assert tile("fwd", True) == wanted("fwd") and tile("dw", True) == wanted("dw")
-    # rows of 1 KiB (fp32 heads of 256) take tiles that fit an SM's shared memory, norm or not;
-    # bf16 heads of 256 (512 bytes) keep the usual ones
+    # rows of 1 KiB (fp32 heads of 256) take tiles that fit an SM's shared memory, norm or not
+    # (the forward with the norm a tile of its own); bf16 heads of 256 (512 bytes) keep the
+    # usual ones
+    long_tiles = qkv_gemm.GPU_TILES_LONG_ROWS
     for kind in ("fwd", "dx", "dw"):
         for norm, dtype, long_rows in ((False, torch.float32, True), (True, torch.float32, True),
                                        (True, torch.bfloat16, False)):
-            want = wanted(kind, qkv_gemm.GPU_TILES_LONG_ROWS) if long_rows else \
+            key = f"{kind}_norm" if norm else kind
+            want = wanted(key if key in long_tiles else kind, long_tiles) if long_rows else \
                 wanted("dx_norm" if kind == "dx" and norm else kind)
             assert tile(kind, norm, dtype=dtype, D=256) == want, (kind, norm, dtype)
 
