@@ -597,7 +597,8 @@ else:
 #   $B$ rows per program, so $B$ times fewer programs, is what makes it fast. Three kernels of a
 #   million one-row programs, with fourfold different instruction counts and nearly threefold
 #   different occupancy, take the same time there: about 80 ns per program on each SM (04
-#   derives and asserts it), spent starting and retiring programs.
+#   derives and asserts it), spent starting and retiring programs. The second cell below
+#   measures that cost directly, with a kernel that does nothing.
 #
 # More warps per program would not help, and the GPU timings of the warps cell show why. A
 # program here is one 128-element head row (two 64-element halves) whatever its warps, and an SM of compute capability 9.0
@@ -643,6 +644,48 @@ assert reuse_m["us"] < naive_m["us"] / 3
 assert naive_m["programs"] == reuse_m["batch"] * reuse_m["programs"]
 # more warps on the same tile: slower (notebook 04's ablation, the batch-looping kernel)
 assert mech["sh_loop_b_w8"]["us"] > mech["sh_loop_b_w4"]["us"] > mech["sh_loop_b_w1"]["us"]
+
+# %% [markdown]
+# What does a program cost when it does nothing? `benchmarks/program_cost.py` launched, on the
+# same H200, a kernel whose body is empty with the naive kernel's grid (one program per head
+# row, a million of them), a kernel whose programs each load one 256-byte row and store it (the
+# naive kernel's traffic without its arithmetic), each at 1, 2, 4 and 8 warps, and a device copy:
+
+# %%
+from ropelib.bench import compare
+
+cost_csv = measured.RESULTS / "program_cost-nvidia-h200.csv"
+cost_meta, cost_rows = compare.read_meta(cost_csv), compare.read_csv(cost_csv)
+cost = {(r["kernel"], r["num_warps"]): r for r in cost_rows}
+print(f"{cost_meta['gpu']} ({cost_csv.name}), {cost[('empty', 1)]['programs']:,} programs, "
+      "median of do_bench")
+print(f"{'kernel':10s}" + "".join(f"{w} warp{'s' if w > 1 else ''}".rjust(12) for w in (1, 2, 4, 8)))
+for kind in ("empty", "one row"):
+    print(f"{kind:10s}" + "".join(f"{cost[kind, w]['us']:9.1f} us" for w in (1, 2, 4, 8)))
+empty = cost["empty", 1]
+print(f"the empty kernel: {empty['ns_per_program_per_sm']:.1f} ns per program on each SM "
+      f"({empty['sms']} SMs); the naive kernel in the profile above: {naive_m['us']:.1f} us for "
+      f"the same {naive_m['programs']:,} programs")
+assert empty["programs"] == naive_m["programs"]
+assert round(empty["ns_per_program_per_sm"]) == 80
+# the same time whatever the warps, and whether or not the programs move their row
+assert max(r["us"] for r in cost_rows if r["kernel"] != "copy") < 1.01 * empty["us"]
+# the naive kernel takes what its programs alone take, within 1 %
+assert abs(naive_m["us"] / empty["us"] - 1) < 0.01
+
+# %% [markdown]
+# A million programs that do nothing take as long as the naive kernel (within 1 %), and as
+# long as a million programs that move their row. At 1 warp the naive kernel's time is the
+# time it takes the GPU to start and retire its programs, about 80 ns per program on each SM;
+# its loads, stores and arithmetic hide under that. The cost does not depend on the warps:
+# the empty kernel takes the same time at 8 warps a program, when only 8 of them fit an SM, as
+# at 1. So the naive kernel's slowdown at 4 and 8 warps (the warps cell) is not a costlier
+# start. The one-row kernel, whose programs only load their row and store it, keeps its time
+# at 8 warps too; the naive kernel's programs live longer (a table row loaded, then its sine
+# and cosine, then the rotation, before the store). That points to the explanation, derived
+# rather than measured: an SM starts a new program only when one retires, so with 8 programs
+# resident, each living longer than 8 x 80 ns, it spends time with all of them waiting and
+# none to start. Both lessons point the same way: fewer programs, each doing more.
 
 # %% [markdown]
 # ## 5. Coalescing, made visible

@@ -14,6 +14,7 @@ disassembles it with cuobjdump, and returns, in machine-code order:
     early         how many loads come before it
     registers     per thread (ptxas's allocation)
     instructions  of the machine code, in all
+    sass          the machine code itself, one instruction a line
     shared        bytes of shared memory a program asks for
     layout_conversions  how many times the TTGIR moves a tensor between register layouts
                   (ttg.convert_layout; a conversion goes through shared memory or shuffles)
@@ -63,7 +64,8 @@ def _summary(cubin: bytes) -> dict:
     first_math = next((i for i, s in enumerate(ins) if _MATH.match(s)), len(ins))
     return dict(loads=loads, first_math=first_math,
                 early=sum(i < first_math for i, _ in loads),
-                registers=resource_usage(cubin).get("registers"), instructions=len(ins))
+                registers=resource_usage(cubin).get("registers"), instructions=len(ins),
+                sass=ins)
 
 
 def _encode(args: dict) -> dict:
