@@ -54,6 +54,7 @@ from ropelib.bench.compare import error_metrics
 from ropelib.frequencies import rope_cos_sin, rope_freqs
 
 FIGURES = ropelib.runtime.figures_dir()   # a scratch folder (ROPELIB_WRITE_FIGURES=1: figures/)
+ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "ropelib").is_dir())
 GPU = device == "cuda"
 # Small shapes in the interpreter (each kernel program is simulated in Python), real ones on a GPU.
 S, B, H, D = (4096, 4, 32, 128) if GPU else (16, 2, 3, 32)
@@ -446,10 +447,16 @@ else:
 # The table gives each kernel's device time, its op's bytes, its GB/s and that as a fraction
 # of the copy's GB/s. (`ropelib.course.kernel_bandwidth` does the matching and the arithmetic;
 # its tests run it on made-up profiles on the CPU.)
+#
+# Without a GPU there is no profile to take: there the cell prints the table of the GPU run
+# this page was rendered on (`figures/02-unfused-kernels.csv`, written by that run) and checks
+# the same things against it.
 
 # %%
+from ropelib.course import kernel_bandwidth as kb
+
+KERNELS_CSV = ROOT / "figures" / "02-unfused-kernels.csv"
 if GPU:
-    from ropelib.course import kernel_bandwidth as kb
 
     repeats = 5
 
@@ -470,50 +477,58 @@ if GPU:
     copy_gbps = kb.gbps(2 * xd.numel() * xd.element_size(), copy_us)
     rows = kb.kernel_table(kernels_of(lambda: reference.te_unfused(xd, fp)), counted.ops,
                            repeats, copy_gbps)
-    print(f"{torch.cuda.get_device_name()}: the unfused forward, device time per kernel "
-          f"(mean of {repeats} passes)\n")
-    print(kb.format_table(rows, copy_gbps))
-    slow = kb.below(rows, 0.5)
-    kernel_us, at_copy_us = sum(r.us for r in rows), kb.us_at_copy_speed(rows, copy_gbps)
-    print(f"\n{len(slow)} of {len(rows)} kernels below half the copy's GB/s: "
-          + ", ".join(f"{i} ({r.op}, {r.of_copy:.0%})" for i, r in slow))
-    print(f"the {len(rows)} kernels take {kernel_us:.0f} us; their bytes at the copy's GB/s "
-          f"would take {at_copy_us:.0f} us")
-    assert len(slow) >= 2 and kernel_us > at_copy_us
-    # the same rows summed by kernel kind: the template each kernel's name shows
-    kinds = kb.by_kind(rows, copy_gbps)
-    print("\nby kind of kernel (kernels: their numbers in the table above)\n")
-    print(kb.format_kinds(kinds))
-    plain = [k for k in (kb.NOT_VECTORIZED, kb.CAT_NOT_VECTORIZED) if k in kinds]
-    vectorized = [k for k in (kb.VECTORIZED, kb.CAT_VECTORIZED) if k in kinds]
-    plain_over_us = sum(kinds[k].over_copy_us for k in plain)
-    print(f"\nnot vectorized: {sum(len(kinds[k].rows) for k in plain)} kernels, "
-          f"{plain_over_us:.0f} of the {kernel_us - at_copy_us:.0f} us the chain's kernels take "
-          f"beyond the copy's speed ({plain_over_us / (kernel_us - at_copy_us):.0%})")
-    # which op ran as which kind, as the text below says
-    assert kinds[kb.NOT_VECTORIZED].ops == ["mul", "neg", "mul"]
-    assert kinds[kb.CAT_NOT_VECTORIZED].ops == ["cat"] and kinds[kb.CAT_VECTORIZED].ops == ["cat"]
-    assert "add" in kinds[kb.VECTORIZED].ops
-    assert all(kinds[k].of_copy < 0.5 for k in plain)        # each plain kind: under half a copy
-    assert all(kinds[k].of_copy > 0.8 for k in vectorized)   # each vectorized kind: near a copy
-    assert plain_over_us > 0.9 * (kernel_us - at_copy_us)
-    # the unfused/fused ratio as a product of measured factors (exact by construction)
-    factors = kb.ratio_factors(t_unfused * 1e3, t_fused * 1e3, rows, moved, copy_gbps)
-    print("\nunfused / fused, factor by factor:")
-    for what, f in factors.items():
-        print(f"  {f:6.2f}x  {what}")
-    product = 1.0
-    for f in factors.values():
-        product *= f
-    print(f"  {product:6.2f}x  = unfused / fused, timed: {t_unfused / t_fused:.2f}x")
-    # the bytes and the kernels' own bandwidth make the gap; launches between them do not
-    assert factors["bytes, unfused over fused"] > 3
-    assert factors["kernels below the copy's bandwidth"] > 1.5
-    assert factors["time outside the kernels (launch gaps)"] < 1.1
-    assert factors["the fused kernel against a copy"] > 0.8
+    kb.write_rows(FIGURES / KERNELS_CSV.name, rows, copy_gbps=copy_gbps,
+                  unfused_us=t_unfused * 1e3, fused_us=t_fused * 1e3, fused_bytes=moved,
+                  repeats=repeats, gpu=torch.cuda.get_device_name(),
+                  versions=f"torch {torch.__version__}, triton {triton.__version__}")
+    where = torch.cuda.get_device_name()
 else:
-    print("interpreter mode: the table and its split by kernel kind need a GPU's profiler (here "
-          "the ops run on the CPU, and ropelib's kernel in Python)")
+    # no GPU profiler here: the table of the GPU run this page was rendered on, kept in figures/
+    rows, kept = kb.read_rows(KERNELS_CSV)
+    copy_gbps, moved = kept["copy_gbps"], kept["fused_bytes"]
+    t_unfused, t_fused = kept["unfused_us"] / 1e3, kept["fused_us"] / 1e3
+    where = f"{kept['gpu']} (a GPU's run, read from {KERNELS_CSV.relative_to(ROOT)}; {kept['versions']})"
+    repeats = int(kept["repeats"])
+print(f"{where}: the unfused forward, device time per kernel (mean of {repeats} passes)\n")
+print(kb.format_table(rows, copy_gbps))
+slow = kb.below(rows, 0.5)
+kernel_us, at_copy_us = sum(r.us for r in rows), kb.us_at_copy_speed(rows, copy_gbps)
+print(f"\n{len(slow)} of {len(rows)} kernels below half the copy's GB/s: "
+      + ", ".join(f"{i} ({r.op}, {r.of_copy:.0%})" for i, r in slow))
+print(f"the {len(rows)} kernels take {kernel_us:.0f} us; their bytes at the copy's GB/s "
+      f"would take {at_copy_us:.0f} us")
+assert len(slow) >= 2 and kernel_us > at_copy_us
+# the same rows summed by kernel kind: the template each kernel's name shows
+kinds = kb.by_kind(rows, copy_gbps)
+print("\nby kind of kernel (kernels: their numbers in the table above)\n")
+print(kb.format_kinds(kinds))
+plain = [k for k in (kb.NOT_VECTORIZED, kb.CAT_NOT_VECTORIZED) if k in kinds]
+vectorized = [k for k in (kb.VECTORIZED, kb.CAT_VECTORIZED) if k in kinds]
+plain_over_us = sum(kinds[k].over_copy_us for k in plain)
+print(f"\nnot vectorized: {sum(len(kinds[k].rows) for k in plain)} kernels, "
+      f"{plain_over_us:.0f} of the {kernel_us - at_copy_us:.0f} us the chain's kernels take "
+      f"beyond the copy's speed ({plain_over_us / (kernel_us - at_copy_us):.0%})")
+# which op ran as which kind, as the text below says
+assert kinds[kb.NOT_VECTORIZED].ops == ["mul", "neg", "mul"]
+assert kinds[kb.CAT_NOT_VECTORIZED].ops == ["cat"] and kinds[kb.CAT_VECTORIZED].ops == ["cat"]
+assert "add" in kinds[kb.VECTORIZED].ops
+assert all(kinds[k].of_copy < 0.5 for k in plain)        # each plain kind: under half a copy
+assert all(kinds[k].of_copy > 0.8 for k in vectorized)   # each vectorized kind: near a copy
+assert plain_over_us > 0.9 * (kernel_us - at_copy_us)
+# the unfused/fused ratio as a product of measured factors (exact by construction)
+factors = kb.ratio_factors(t_unfused * 1e3, t_fused * 1e3, rows, moved, copy_gbps)
+print("\nunfused / fused, factor by factor:")
+for what, f in factors.items():
+    print(f"  {f:6.2f}x  {what}")
+product = 1.0
+for f in factors.values():
+    product *= f
+print(f"  {product:6.2f}x  = unfused / fused, timed: {t_unfused / t_fused:.2f}x")
+# the bytes and the kernels' own bandwidth make the gap; launches between them do not
+assert factors["bytes, unfused over fused"] > 3
+assert factors["kernels below the copy's bandwidth"] > 1.5
+assert factors["time outside the kernels (launch gaps)"] < 1.1
+assert factors["the fused kernel against a copy"] > 0.8
 
 # %% [markdown]
 # On the GPU this page was run on, the table shows what the bytes alone do not: the line under

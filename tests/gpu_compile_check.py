@@ -257,11 +257,13 @@ def main():
                           eps=1e-6, device=cuda, dtypes=pointer_dtypes(ptrs))
         compiled = compile_for_gpu(name, planned.launcher.kernel, names, planned, ptrs)
         if "fp32-d256" in name:
-            # the long-row tiles were chosen to spill least (Triton 3.6: 0-352 bytes a thread
-            # here, 3.9: up to 568); the first ones spilled 1,240-5,288 (the forward, dW), and
-            # forward+backward ran 20x the bare GEMMs' time on an H200
+            # the long-row tiles were timed on an H200: the forward's fastest spills (2,368
+            # bytes a thread with the norm, Triton 3.6; 2,376 with 3.9) and is kept; dX and dW
+            # spill little (the first dW tile spilled 4,944 bytes, and forward+backward ran
+            # 20x the bare GEMMs' time)
             stack = machine_code(compiled)[2]
-            assert stack == "?" or int(stack) <= 1024, f"{name}: {stack} bytes of stack a thread"
+            limit = 2560 if kind == "fwd" else 1024
+            assert stack == "?" or int(stack) <= limit, f"{name}: {stack} bytes of stack a thread"
 
 
 if __name__ == "__main__":

@@ -187,6 +187,24 @@ def test_rows_summed_by_kind():
     assert list(kb.by_kind([bare], copy)) == ["other"]
 
 
+def test_rows_written_and_read_back(tmp_path):
+    """Notebook 02 keeps a GPU run's table as a CSV for machines without a GPU: every field and
+    the measured numbers come back as written; a file without them is refused by name."""
+    rows = [kb.KernelRow("mul", "vectorized_elementwise", 89.6, 160_000_000, 1785.7, 0.41,
+                         kb.VECTORIZED),
+            kb.KernelRow("cat", "CatArrayBatchedCopy", 12.5, 8_000_000, 640.0, 0.15,
+                         kb.CAT_NOT_VECTORIZED)]
+    path = tmp_path / "02-unfused-kernels.csv"
+    kb.write_rows(path, rows, copy_gbps=4300.0, unfused_us=812.5, fused_us=160.25,
+                  fused_bytes=268_435_456, repeats=5, gpu="NVIDIA H200", versions="torch 2.11")
+    back, measured = kb.read_rows(path)
+    assert back == rows
+    assert measured["copy_gbps"] == 4300.0 and measured["fused_bytes"] == 268_435_456
+    assert measured["gpu"] == "NVIDIA H200" and measured["repeats"] == "5"
+    with pytest.raises(ValueError, match="fused_us"):
+        kb.write_rows(path, rows, copy_gbps=1.0, unfused_us=1.0, fused_bytes=1)
+
+
 def test_no_bandwidth_from_a_zero_time():
     with pytest.raises(ValueError, match="no bandwidth"):
         kb.gbps(1000, 0.0)

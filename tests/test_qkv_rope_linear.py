@@ -732,8 +732,7 @@ def test_gpu_tiles_with_and_without_the_norm(monkeypatch):
     assert tile("dx", True) == wanted("dx_norm") != wanted("dx")
     assert tile("fwd", True) == wanted("fwd") and tile("dw", True) == wanted("dw")
     # rows of 1 KiB (fp32 heads of 256) take tiles that fit an SM's shared memory, norm or not
-    # (the forward with the norm a tile of its own); bf16 heads of 256 (512 bytes) keep the
-    # usual ones
+    # (dX with the norm a tile of its own); bf16 heads of 256 (512 bytes) keep the usual ones
     long_tiles = qkv_gemm.GPU_TILES_LONG_ROWS
     for kind in ("fwd", "dx", "dw"):
         for norm, dtype, long_rows in ((False, torch.float32, True), (True, torch.float32, True),

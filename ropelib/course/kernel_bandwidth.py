@@ -228,3 +228,45 @@ def ratio_factors(unfused_us: float, fused_us: float, rows: Sequence[KernelRow],
             "kernels below the copy's bandwidth": kernel_us / at_copy_us,
             "bytes, unfused over fused": unfused_bytes / fused_bytes,
             "the fused kernel against a copy": fused_bytes / copy_gbps / 1e3 / fused_us}
+
+
+# --- the table kept as a CSV, so a machine without a GPU can read a GPU's run ------------------
+
+_ROW_FIELDS = ("op", "kernel", "us", "nbytes", "gbps", "of_copy", "kind")
+_MEASURED = ("copy_gbps", "unfused_us", "fused_us", "fused_bytes")
+
+
+def write_rows(path, rows: Sequence[KernelRow], **measured) -> None:
+    """Write the per-kernel rows to `path` as CSV, with `measured` (the copy's GB/s, the timed
+    unfused and fused microseconds, the fused kernel's bytes, and what ran it: gpu, versions)
+    as leading ``# key: value`` lines."""
+    import csv
+    missing = [k for k in _MEASURED if k not in measured]
+    if missing:
+        raise ValueError(f"write_rows needs {', '.join(missing)} beside the rows")
+    with open(path, "w", newline="") as f:
+        for k, v in measured.items():
+            f.write(f"# {k}: {v}\n")
+        w = csv.writer(f)
+        w.writerow(_ROW_FIELDS)
+        for r in rows:
+            w.writerow([getattr(r, k) for k in _ROW_FIELDS])
+
+
+def read_rows(path) -> Tuple[List[KernelRow], dict]:
+    """(rows, measured) of a CSV written by :func:`write_rows`; the measured numbers as floats,
+    the rest (gpu, versions) as text."""
+    import csv
+    from ..bench.compare import note_read
+    note_read(path)
+    meta, lines = {}, []
+    with open(path, newline="") as f:
+        for line in f:
+            if line.startswith("# "):
+                k, _, v = line[2:].rstrip("\n").partition(": ")
+                meta[k] = float(v) if k in _MEASURED else v
+            else:
+                lines.append(line)
+    rows = [KernelRow(r["op"], r["kernel"], float(r["us"]), int(r["nbytes"]), float(r["gbps"]),
+                      float(r["of_copy"]), r["kind"]) for r in csv.DictReader(lines)]
+    return rows, meta

@@ -151,23 +151,24 @@ GPU_TILES = {
 # above a program asks for more shared memory than a block may have on an H100 or H200 (227
 # KiB), so it could not launch (compiled for sm_90 with Triton 3.6 at fp32, d = 256: forward
 # 294,912 bytes, dX 327,680 and with the norm 426,240, dW 262,144). Timed on an H200
-# (benchmarks/qkv_tiles.py --dtype fp32 --heads 16 4 --head-dim 256, 8192 tokens, four
-# candidates a kernel; results/qkv_tiles-nvidia-h200-fp32-16x4x256.csv), the rotating kernels:
-#   forward 128/32 on 8 warps, 4 stages: 15.7 ms, though it spills (1,240 bytes of stack a
-#     thread, Triton 3.6); the candidates that spill nothing took 18.6-23.2 ms;
-#   dX 16/32 on 4 warps, 3 stages: 22.5 ms (16/64 on 8 warps 22.7; 32/64 on 4, spilling, 35.7);
-#   dW 16/128 on 8 warps, 2 stages: 13.1 ms (16/64 18.0; 16/256 spilled 5 KiB and took 476).
+# (benchmarks/qkv_tiles.py --dtype fp32 --heads 16 4 --head-dim 256 [--norm], 8192 tokens,
+# four candidates a kernel; results/qkv_tiles-nvidia-h200-fp32-16x4x256[-qk-norm].csv), the
+# rotating kernels without / with QK-norm:
+#   forward 128/32 on 8 warps, 4 stages: 15.7 / 15.5 ms, though it spills (1,240 / 2,368 bytes
+#     of stack a thread, Triton 3.6); the candidates that spill least took 18.6-23.2 ms;
+#   dX 16/32 on 4 warps, 3 stages: 22.5 ms without the norm; with it 16/64 on 8 warps, 24.6 ms
+#     (16/32 took 28.2 there);
+#   dW 16/128 on 8 warps, 2 stages: 13.1 / 23.5 ms (16/64: 18.0 / 32.8; 16/256 spilled 5 KiB
+#     and took 476 / 491).
 # End to end the forward+backward went from 528 ms (the first tiles) to 63.8 ms with the tiles
-# that spill least, against 24.4 for cuBLAS then RoPE: fp32 tl.dot (IEEE) runs at 18-26
+# that spill least, against 24.4 for cuBLAS then RoPE: fp32 tl.dot (IEEE) runs at 15-27
 # TFLOP/s here where cuBLAS reaches 50 (benchmarks/NOTES.md).
 LONG_ROW_BYTES = 512
 GPU_TILES_LONG_ROWS = {
     "fwd": dict(BLOCK_M=128, BLOCK_K=32, GROUP_M=8, num_warps=8, num_stages=4),
     "dx": dict(BLOCK_M=16, BLOCK_K=32, GROUP_M=8, num_warps=4, num_stages=3),
     "dw": dict(BLOCK_M=16, BLOCK_K=128, GROUP_M=8, num_warps=8, num_stages=2),
-    # with QK-norm the forward at 128/32 holds 2,368 bytes of stack a thread (Triton 3.6): until
-    # it is timed, the tile that spills least (256 bytes)
-    "fwd_norm": dict(BLOCK_M=32, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=3),
+    "dx_norm": dict(BLOCK_M=16, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3),
 }
 MAX_HEAD_DIM = QKV_LINEAR_MAX_HEAD_DIM   # a head's D columns live in one program's registers
 
