@@ -13,14 +13,14 @@ def test_every_file_the_notebooks_read_is_an_h200_measurement():
                  "flat_pass_probe", "flat_hints_probe"):
         meta, rows = measured.load(kind)
         assert meta["gpu"] == "NVIDIA H200" and rows, kind
-    for kind in ("floor", "two_pass"):      # the H100, read only beside the H200
+    for kind in ("floor", "two_pass"):      # the H100's runs (the floor table's second column)
         meta, _ = measured.load(kind, "nvidia-h100-80gb-hbm3")
         assert "H100" in meta["gpu"], kind
 
 
 def test_where_names_the_gpu_and_a_date_only_when_there_is_one():
     meta, _ = measured.load("two_pass")
-    assert measured.where(meta) == "NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, 2026-11-28"
+    assert measured.where(meta) == "NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, 2026-11-30"
     meta, _ = measured.load("flat_pass_probe")          # the probes' headers carry no date
     assert measured.where(meta) == "NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0"
 

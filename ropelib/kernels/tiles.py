@@ -48,7 +48,7 @@ TWO_PASS_TABLE_SHARE = 32
 # layers only read them: then their reads alone are counted, against this share. At batch 1,
 # reading them (1/16 of the bytes moved) the route won: s16k b1 bf16 0.927 forward and 0.947
 # forward+backward against the finished kernel's 0.890 and 0.869, s8k b1 0.938 against 0.885
-# (H200, results/two_pass-nvidia-h200.csv, rows kept).
+# (H200, results/two_pass-nvidia-h200-20261128-0853.csv, rows kept).
 TWO_PASS_KEPT_TABLE_SHARE = 16
 TWO_PASS_ELEMENTS = 1024
 # ... and in Triton's interpreter, where each program costs ~3 ms whatever its size
