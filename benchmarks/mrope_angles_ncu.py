@@ -26,6 +26,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import ropelib  # noqa: E402
+from ropelib.bench import compare  # noqa: E402
 from ropelib.course.exercises import multi_axis as ex  # noqa: E402
 
 NOTEBOOK = ROOT / "notebooks" / "10-multi-axis-rope.py"
@@ -77,15 +78,7 @@ def main(argv=None):
                 torch.testing.assert_close(a.float(), b.float(), **tol)
         print(f"check: the three launches agree ({device}, T={q.shape[0]})")
         return 0
-    for call in calls:          # compiled and planned before the profiled launches
-        for _ in range(3):
-            call()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStart()
-    for call in calls:
-        call()
-        torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStop()
+    compare.profiled_launches(calls)
     return 0
 
 

@@ -22,7 +22,7 @@ import torch
 import ropelib
 import ropelib.hf
 from ropelib import ops
-from ropelib.bench import multi_axis as M
+from ropelib.bench import compare, multi_axis as M
 
 
 def main():
@@ -39,15 +39,7 @@ def main():
         lambda: ropelib.apply_mrope_qk(q, k, positions, freqs, layout="bshd"),
         lambda: ropelib.hf.apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), *gathered),
     )
-    for call in calls:          # compiled and planned before the profiled launches
-        for _ in range(3):
-            call()
-    torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStart()
-    for call in calls:
-        call()
-        torch.cuda.synchronize()
-    torch.cuda.cudart().cudaProfilerStop()
+    compare.profiled_launches(calls)
 
 
 if __name__ == "__main__":

@@ -869,6 +869,21 @@ def gpu_slug(name: Optional[str] = None) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown"
 
 
+def profiled_launches(calls, warmup: int = 3) -> None:
+    """Run each of `calls` `warmup` times (compiled and planned), then each once more between
+    cudaProfilerStart and cudaProfilerStop, synchronised: what Nsight Compute profiles with
+    `--profile-from-start off`, one record per launch, in order."""
+    for call in calls:
+        for _ in range(warmup):
+            call()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    for call in calls:
+        call()
+        torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
 def write_csv(rows, path, meta=None, fields=None) -> str:
     """Rows to CSV; ``meta`` (e.g. :func:`environment_meta`) as leading ``# key: value`` lines.
     ``fields``: the columns, in order (a benchmark's own); by default the comparison rows'

@@ -177,11 +177,9 @@ def _run_cases(name: str, what: str, kernel, seed: Optional[int], make_output: C
     return True
 
 
-def check_epilogue_kernel(kernel, seed: Optional[int] = None) -> bool:
-    """Launch the learner's forward kernel (the teaching kernel's signature) and compare its
-    qkv [M, H, D] with the fp64 reference. Prints ✅ or ❌ with the first failing case; never
-    raises. `seed` fixes the inputs (default: fresh ones, the seed printed on a failure)."""
-    name = "QKV GEMM with RoPE in the epilogue"
+def _check_forward(name: str, what: str, kernel, seed: Optional[int], hint: str) -> bool:
+    """Launch a forward kernel (the teaching kernel's signature) into a NaN qkv [M, H, D] inside
+    NaN guard bands and compare it with the fp64 reference."""
     if not _ready(name, kernel, "out_ptr"):
         return False
 
@@ -202,8 +200,15 @@ def check_epilogue_kernel(kernel, seed: Optional[int] = None) -> bool:
     def where(first):
         return f"[token, head, feature] = {first}"
 
-    return _run_cases(
-        name, "your epilogue", kernel, seed, make_output, launch, expected, where,
+    return _run_cases(name, what, kernel, seed, make_output, launch, expected, where, hint)
+
+
+def check_epilogue_kernel(kernel, seed: Optional[int] = None) -> bool:
+    """Launch the learner's forward kernel (the teaching kernel's signature) and compare its
+    qkv [M, H, D] with the fp64 reference. Prints ✅ or ❌ with the first failing case; never
+    raises. `seed` fixes the inputs (default: fresh ones, the seed printed on a failure)."""
+    return _check_forward(
+        "QKV GEMM with RoPE in the epilogue", "your epilogue", kernel, seed,
         hint="for a q or k head (h < N_ROT), at each token's position p: "
              "q[j] = a cos - b sin and q[j + D/2] = b cos + a sin, with a = acc_a, b = acc_b "
              "and cos, sin = row p of the tables (p = positions[m], not m); a v head is stored "
@@ -214,29 +219,8 @@ def check_split_epilogue_kernel(kernel, seed: Optional[int] = None) -> bool:
     """Launch the learner's forward kernel that holds each head as one accumulator [BLOCK_M, D]
     (the signature of the two-accumulator kernel) and compare its qkv [M, H, D] with the fp64
     reference, as check_epilogue_kernel does. Prints ✅ or ❌; never raises."""
-    name = "QKV GEMM with one accumulator, split in the epilogue"
-    if not _ready(name, kernel, "out_ptr"):
-        return False
-
-    def make_output(gen, case, inputs):
-        M, K, HQ, HK, D = case[:5]
-        buf = torch.full((_PAD + M + _PAD + case[5], HQ + 2 * HK, D), float("nan"),
-                         dtype=inputs[0].dtype, device=inputs[0].device)
-        return None, buf, buf[_PAD:_PAD + M]
-
-    def launch(kernel, case, inputs, kin, out):
-        x, w, cos, sin, pos = inputs
-        launch_forward(kernel, x, w, out, cos, sin, pos, *case[2:])
-
-    def expected(case, inputs, kin):
-        HQ, HK, D = case[2:5]
-        return reference_qkv(*inputs, HQ, HK, D).to(inputs[0].dtype)
-
-    def where(first):
-        return f"[token, head, feature] = {first}"
-
-    return _run_cases(
-        name, "your split", kernel, seed, make_output, launch, expected, where,
+    return _check_forward(
+        "QKV GEMM with one accumulator, split in the epilogue", "your split", kernel, seed,
         hint="acc [BLOCK_M, D] holds feature j at column j and its partner j + D/2 at column "
              "j + D/2: tl.reshape to [BLOCK_M, 2, D/2] puts the two halves on axis 1; "
              "tl.permute to [BLOCK_M, D/2, 2] moves them last, where tl.split separates them; "
