@@ -597,8 +597,8 @@ else:
 #   $B$ rows per program, so $B$ times fewer programs, is what makes it fast. Three kernels of a
 #   million one-row programs, with fourfold different instruction counts and nearly threefold
 #   different occupancy, take the same time there: about 80 ns per program on each SM (04
-#   derives and asserts it), spent starting and retiring programs. The second cell below
-#   measures that cost directly, with a kernel that does nothing.
+#   derives and asserts it), spent starting and retiring programs. A cell later in this
+#   section measures that cost directly, with a kernel that does nothing.
 #
 # More warps per program would not help, and the GPU timings of the warps cell show why. A
 # program here is one 128-element head row (two 64-element halves) whatever its warps, and an SM of compute capability 9.0
@@ -648,8 +648,9 @@ assert mech["sh_loop_b_w8"]["us"] > mech["sh_loop_b_w4"]["us"] > mech["sh_loop_b
 # %% [markdown]
 # What does a program cost when it does nothing? `benchmarks/program_cost.py` launched, on the
 # same H200, a kernel whose body is empty with the naive kernel's grid (one program per head
-# row, a million of them), a kernel whose programs each load one 256-byte row and store it (the
-# naive kernel's traffic without its arithmetic), each at 1, 2, 4 and 8 warps, and a device copy:
+# row, a million of them), and a kernel whose programs each load one 256-byte row and store it
+# (the naive kernel's x and y traffic, without its angle loads and arithmetic), each at 1, 2, 4
+# and 8 warps:
 
 # %%
 from ropelib.bench import compare
@@ -682,10 +683,12 @@ assert abs(naive_m["us"] / empty["us"] - 1) < 0.01
 # at 1. So the naive kernel's slowdown at 4 and 8 warps (the warps cell) is not a costlier
 # start. The one-row kernel, whose programs only load their row and store it, keeps its time
 # at 8 warps too; the naive kernel's programs live longer (a table row loaded, then its sine
-# and cosine, then the rotation, before the store). That points to the explanation, derived
-# rather than measured: an SM starts a new program only when one retires, so with 8 programs
-# resident, each living longer than 8 x 80 ns, it spends time with all of them waiting and
-# none to start. Both lessons point the same way: fewer programs, each doing more.
+# and cosine, then the rotation, before the store). What follows is derived from the times,
+# not measured: an SM starts a new program only when one retires. On a GPU the warps cell's
+# time about doubles from 4 warps (16 programs resident) to 8 (8 resident), as it would if each
+# program lived a fixed time, longer than 16 × 80 ns, and half as many fit at once; at 1 or 2
+# warps 32 fit, and 32 × 80 ns is longer than that life, so starting programs sets the pace
+# again. Both lessons point the same way: fewer programs, each doing more.
 
 # %% [markdown]
 # ## 5. Coalescing, made visible

@@ -1284,8 +1284,8 @@ assert ratio(tp, b1, "torch.compile") > ratio(tp, b1, "two-pass") + 0.03
 #   0.988 reading a cos/sin table, against 0.895;
 # - at 1 GiB (batch 8) too: 0.989 with angles and 0.986 with a table against 0.926, and
 #   forward+backward 0.983 with angles against 0.929. Two days earlier the same script measured
-#   the flat pass at 0.931 here (0.977 at 256 MiB), level with the finished kernel: it took one
-#   element a thread then. What moved it is the pass that replaced it, both members of a pair in
+#   the flat pass at 0.931 here, level with the finished kernel's 0.924 (0.977 at 256 MiB): it
+#   took one element a thread then. What moved it is the pass that replaced it, both members of a pair in
 #   one thread and its table addresses written so the loads go out early (the last two
 #   subsections of this section);
 # - at batch 1 (128 MiB, 16,384 tokens) the pre-pass writes a 1 KiB row for every token with no
@@ -1296,9 +1296,11 @@ assert ratio(tp, b1, "torch.compile") > ratio(tp, b1, "two-pass") + 0.03
 #   table: the eager route keeps the pre-pass's rows and later calls skip it, as a model's later
 #   layers do. That is why the planner counts only the reads of kept rows (the 1/16 share in the
 #   route cell above) and takes the route for eager calls at batch 1, while operator calls and
-#   compiled code, which write the rows every call, keep the finished kernel there. Both stay
-#   below the rows' own bound: reading 1 KiB of fp32 cos and sin rows for every 8 KiB of `x`
-#   read and 8 KiB written caps a pass at $16/17 = 0.941$.
+#   compiled code, which write the rows every call, keep the finished kernel there. In this
+#   run the two are level at batch 1: the route loses nothing there, and gains nothing
+#   measurable. The route reads 1 KiB of fp32 cos and sin rows for every 8 KiB of `x` read and
+#   8 KiB written; at the copy's bandwidth that allows about $16/17 = 0.94$ of a copy (a bytes
+#   estimate, not a hard limit).
 #
 # torch.compile's kernel reaches 0.998, 0.993 and 0.972 of a copy on the three cases: level
 # with the flat pass at 256 MiB, 0.4 % ahead of it at 1 GiB, 4 % ahead at batch 1.
@@ -1354,16 +1356,17 @@ assert [said(behind[c], 1) for c in like] == ["0.7", "-0.4", "0.4"]     # bshd: 
 # %% [markdown]
 # Given fp32 tables, torch.compile's kernel loses about a tenth of a copy's speed (0.993 →
 # 0.888 at 1 GiB) and falls behind ropelib reading the same fp32 tables (0.985 as ropelib picks
-# the route, 0.986 with the flat pass forced). Given the same bf16 tables, ropelib is within
-# 0.7 % of it forward, either way (0.989 against 0.993 at 1 GiB; ahead by 0.4 % in bshd), and
+# the route, 0.986 with the flat pass forced). Given the same bf16 tables, ropelib and it are
+# at most 0.7 % apart forward, ahead or behind (0.989 against 0.993 at 1 GiB; ropelib ahead by
+# 0.4 % in bshd), and
 # ahead forward+backward (0.993–0.999 of two copies against 0.617–0.936). So torch.compile's
 # forward lead in the first table is the table it reads: give both fp32 tables and the order
 # reverses; give both bf16 tables and they are level at batch 8 (1.2 % apart at batch 1,
-# 128 MiB, in the same CSV). ropelib reads fp32 tables by default because a bf16 cos or sin is
-# off by up to $2^{-9}$ (notebook 08).
+# 128 MiB, in the same CSV). ropelib reads fp32 tables by default because a bf16 cos or sin
+# is off by up to $2^{-9}$, a relative error of up to $2^{-8}$ (notebook 08).
 #
-# One run is one sample. Two probes on the H200, the day after the earlier run of the second
-# table, repeated this comparison with the flat pass as it was then (one element a thread):
+# One run is one sample. Two probes on the H200, a few hours before the earlier run of the
+# second table, repeated this comparison with the flat pass as it was then (one element a thread):
 # `benchmarks/flat_pass_probe.py` timed torch.compile with each table beside
 # `ropelib.apply_rope` with fp32 tables, and `benchmarks/flat_hints_probe.py` timed
 # `ropelib.apply_rope` with the bf16 tables beside torch.compile. That earlier run had

@@ -599,8 +599,8 @@ from ropelib.course import measured
 ncu_csv = measured.RESULTS / "mrope_angles_ncu-nvidia-h200.csv"
 per_head_k, once_k, lib_k = measured.ncu_kernels(ncu_csv)
 elements = 16384 * (28 + 4) * 128                                # q and k, each read and written
-print(f"NVIDIA H200, Nsight Compute ({ncu_csv.name}; ncu's fixed clocks: times longer than "
-      "do_bench's)")
+print(f"NVIDIA H200, Nsight Compute ({ncu_csv.name}; ncu fixes the clocks: compare its times "
+      "with each other, not with do_bench's)")
 print(f"{'kernel':34s}{'time us':>9s}{'DRAM MB':>9s}{'warp inst.':>13s}{'per 1k elem.':>14s}"
       f"{'regs':>6s}{'warps active':>14s}")
 ncu_rows = {}
@@ -628,18 +628,21 @@ assert round(100 * (lib["smsp__inst_executed.sum"] / b["smsp__inst_executed.sum"
 assert [round(m["gpu__time_duration.sum"] / 1e3, 1) for m in (lib, b)] == [68.2, 71.6]
 
 # %% [markdown]
-# The two kernels move the same bytes (within 2 %). The per-head kernel executes 5.3 times the
+# The two kernels move the same bytes (about 2 % apart). The per-head kernel executes 5.3 times the
 # warp instructions, the sines and cosines it evaluates 32 times over; in the interpreter's count
 # above it evaluated 32 times as many, but an evaluation is only part of a kernel's instructions,
 # the loads, rotation and stores being the same in both. The time does not grow as much as the
-# instructions (1.9 times, under the profiler's fixed clocks; the timing cell's do_bench, at the
-# GPU's own clocks, printed its own ratio). A likely reading, not measured here: the
-# once-per-token kernel waits on memory much of its time, and part of the extra work fits into
-# those waits. The profile also shows the per-head kernel with fewer warps active on average
-# (56 % of an SM's warp slots against 89 %): its programs live longer for the same bytes.
-# ropelib's own kernel executes 28 % more instructions than the worked solution (strides,
-# layouts, partial rotary and the equal-halves check it makes for every shape) and takes a
-# little less time (68.2 against 71.6 µs).
+# instructions: 1.9 times under the profiler's fixed clocks, and on the page's GPU run the
+# timing cell's do_bench, at the GPU's own clocks, printed its own ratio (1.40 on the H200). A
+# likely reading, not measured here: the once-per-token kernel waits on memory much of its
+# time, and part of the extra work fits into those waits. The profile also shows the per-head
+# kernel with fewer warps active on average (56 % of an SM's warp slots against 89 %). One
+# derivation, not measured: its 36 registers a thread round up to 40 in the allocation, so an
+# SM holds 12 of its 4-warp programs instead of 16, and its 2,048 programs need two waves on
+# 132 SMs (1,584, then 464) where the other kernel's fit in one. ropelib's own kernel executes
+# 28 % more instructions than the worked solution (likely its strides, layouts, partial
+# rotary and the equal-halves check it makes for every shape) and takes a little less time
+# (68.2 against 71.6 µs).
 
 # %% [markdown]
 # ropelib's kernel can be built either way, and both builds were measured. With **head

@@ -431,8 +431,9 @@ for name, mine, lib in (("q", q_t, q_lib[0]), ("k", k_t, k_lib[0]), ("v", v_t, v
 # %% [markdown]
 # ### Exercise 1b: one accumulator, split in the epilogue
 #
-# ropelib's forward does not hold a head as two accumulators. It holds it as **one**,
-# `acc` $[B_M, D]$, filled by one `tl.dot` a K step, as any GEMM tile is: column $d$ of the
+# When every feature is rotated and $D/2$ is a power of two, ropelib's forward does not hold a
+# head as two accumulators. It holds it as **one**, `acc` $[B_M, D]$, filled by one `tl.dot` a
+# K step, as any GEMM tile is: column $d$ of the
 # tile is feature $d$ of the head, so feature $j$ and its partner $j + D/2$ are $D/2$ columns
 # apart in the same tensor. The rotation needs them side by side. Triton has no "take these
 # columns" for a tensor in registers, but it can re-view one:
@@ -503,8 +504,9 @@ ex.show_split_epilogue_solution()
 # it: the matrix multiplies in each step of the K loop, how many tensors it moves from one
 # register layout to another (`ttg.convert_layout`, through shared memory or warp shuffles)
 # and their bytes, the registers a thread holds, the shared memory a program asks for. Your
-# two kernels (or the worked ones, where a check did not pass), at ropelib's forward tile for
-# Llama-3-8B's projection:
+# two kernels (or the worked ones, where a check did not pass), at ropelib's forward
+# `BLOCK_M`, `BLOCK_K` and warps for Llama-3-8B's projection (with Triton's default of 3
+# pipeline stages; ropelib's tile has 4, which changes the shared-memory column):
 
 # %%
 from ropelib.course import load_schedule
@@ -544,11 +546,11 @@ assert one["converted_bytes"] - two["converted_bytes"] < x_reread / 4
 # $K = 4096$ that is a megabyte a program more (derived from the tile's sizes, not counted by a
 # profiler). One accumulator issues one MMA of width $D$; its epilogue pays for the split
 # instead: the compiler moves the accumulator's halves and the joined result between register
-# layouts, once per program, a few tens of KiB more than the two-accumulator kernel converts
-# (it converts cos and sin to the accumulators' layout, and both kernels convert their output
-# for the store). Once per program against once per K step: that is why one accumulator was
-# never the slower at ropelib's tile in section 3's measurement, and why ropelib's forward holds
-# a head so.
+# layouts, once per program, 64 KiB more than the two-accumulator kernel converts (it converts
+# cos and sin to the accumulators' layout, and both kernels convert their output for the
+# store). Once per program against once per K step fits section 3's measurement, where one
+# accumulator was never the slower at ropelib's tile; the counts alone cannot say it is the
+# whole cause (section 3 also has a tile where two accumulators were 5 % faster).
 
 # %% [markdown]
 # ## 5. The backward's prologue: undo the rotation while loading $dY$
