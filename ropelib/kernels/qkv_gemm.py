@@ -161,8 +161,9 @@ GPU_TILES = {
 #   dW 16/128 on 8 warps, 2 stages: 13.1 / 23.5 ms (16/64: 18.0 / 32.8; 16/256 spilled 5 KiB
 #     and took 476 / 491).
 # End to end the forward+backward went from 528 ms (the first tiles) to 63.8 ms with the tiles
-# that spill least, against 24.4 for cuBLAS then RoPE: fp32 tl.dot (IEEE) runs at 15-27
-# TFLOP/s here where cuBLAS reaches 50 (benchmarks/NOTES.md).
+# that spill least and to 51.5 ms with these (63.6 with the norm; the same GEMMs without the
+# rotation 46.9), against 24.4 for cuBLAS then RoPE: fp32 tl.dot (IEEE) runs at 26 TFLOP/s
+# here where cuBLAS reaches 50 (benchmarks/NOTES.md).
 LONG_ROW_BYTES = 512
 GPU_TILES_LONG_ROWS = {
     "fwd": dict(BLOCK_M=128, BLOCK_K=32, GROUP_M=8, num_warps=8, num_stages=4),
