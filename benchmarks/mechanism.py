@@ -48,7 +48,6 @@ at tiny shapes and checks its output; GPU-only columns stay empty.
 import argparse
 import csv
 import glob
-import io
 import json
 import math
 import os
@@ -564,11 +563,10 @@ def parse_ncu_csv(text: str) -> list:
     units row, one row per kernel; anything before the header (==PROF== lines, the program's
     output) is skipped. Returns [{"id", "kernel", metric: value in base units (bytes, ns)}],
     with "nvtx" (the innermost push/pop range's name, or None) where ncu wrote the NVTX column."""
-    lines = text.splitlines()
-    start = next((i for i, ln in enumerate(lines) if ln.startswith('"ID"')), None)
-    if start is None:
+    lines = compare.ncu_table(text)
+    if not lines:
         return []
-    table = list(csv.reader(io.StringIO("\n".join(lines[start:]))))
+    table = list(csv.reader(lines))
     header, units, data = table[0], table[1] if len(table) > 1 else [], table[2:]
     if units and units[0].strip():   # no units row: the second row is already a kernel
         data, units = table[1:], []

@@ -26,7 +26,6 @@ unit, value), `# key: value` lines first.
 """
 import argparse
 import csv
-import io
 import os
 import subprocess
 import sys
@@ -101,11 +100,7 @@ def profiled_run(tokens: int) -> None:
 
 def parse(text: str) -> list:
     """The rows of `ncu --csv` (its details page: one row per kernel, section and metric)."""
-    lines = text.splitlines()
-    start = next((i for i, ln in enumerate(lines) if ln.startswith('"ID"')), None)
-    if start is None:
-        return []
-    return [r for r in csv.DictReader(io.StringIO("\n".join(lines[start:])))]
+    return list(csv.DictReader(compare.ncu_table(text)))
 
 
 def main(argv=None) -> int:

@@ -109,6 +109,22 @@ def test_table_and_figure_name_what_they_show(tmp_path):
     assert "NVIDIA H200" in fig.axes[0].get_title() and (tmp_path / "f.png").stat().st_size > 0
 
 
+def test_an_ncu_table_starts_at_its_header(tmp_path):
+    """Both of ncu's pages begin at the header row that starts with "ID"; what ncu and the
+    profiled program printed before it is left out, and a file with no table is refused."""
+    text = ('==PROF== Connected to process 1\ncheck: ran\n"ID","Kernel Name","Metric Name",'
+            '"Metric Value"\n"0","k","gpu__time_duration.sum","1,234"\n')
+    assert compare.ncu_table(text)[0].startswith('"ID"') and len(compare.ncu_table(text)) == 2
+    assert compare.ncu_table("==PROF== Disconnected\n") == []
+    path = tmp_path / "ncu.csv"
+    path.write_text(text)
+    assert measured.ncu_kernels(path) == [
+        {"id": 0, "kernel": "k", "metrics": {"gpu__time_duration.sum": 1234.0}}]
+    path.write_text("==PROF== Disconnected\n")
+    with pytest.raises(ValueError, match="no Nsight Compute table"):
+        measured.ncu_kernels(path)
+
+
 def test_ncu_kernels_reads_the_committed_tables_probe():
     # notebook 10's Nsight Compute table: kernels in launch order, values without separators
     path = measured.RESULTS / f"tables_read_ncu-{measured.GPU}-20261129-1425-q-then-k.csv"

@@ -869,6 +869,17 @@ def gpu_slug(name: Optional[str] = None) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown"
 
 
+def ncu_table(text: str) -> list:
+    """The lines of an `ncu --csv` table in `text`, from its header row (the one that starts
+    with "ID") on; [] where there is none. Anything before the header (the ==PROF== lines, the
+    profiled program's own output) is left out. Both of ncu's pages start so: the details page
+    (one row per kernel, section and metric: measured.ncu_kernels) and the raw page (one row per
+    kernel: benchmarks/mechanism.parse_ncu_csv)."""
+    lines = text.splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.startswith('"ID"')), None)
+    return [] if start is None else lines[start:]
+
+
 def profiled_launches(calls, warmup: int = 3) -> None:
     """Run each of `calls` `warmup` times (compiled and planned), then each once more between
     cudaProfilerStart and cudaProfilerStop, synchronised: what Nsight Compute profiles with

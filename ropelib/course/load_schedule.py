@@ -37,6 +37,7 @@ import sys
 import tempfile
 import textwrap
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -86,8 +87,8 @@ def _decode(args: dict) -> dict:
             else v for name, v in args.items()}
 
 
-def _compile_here(kernel, args: dict, num_warps: int) -> dict:
-    compiled = compile_for_cuda(kernel, args, num_warps=num_warps)
+def _compile_here(kernel, args: dict, num_warps: int, num_stages=None) -> dict:
+    compiled = compile_for_cuda(kernel, args, num_warps=num_warps, num_stages=num_stages)
     out = _summary(compiled.asm["cubin"])
     # shared memory a program asks for (Triton's pipelining buffers and layout conversions),
     # and how many times the TTGIR moves a tensor from one register layout to another
@@ -128,17 +129,19 @@ if module is None:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
 kernel = getattr(module, request["name"])
-print(json.dumps(_compile_here(kernel, _decode(request["args"]), request["num_warps"])))
+print(json.dumps(_compile_here(kernel, _decode(request["args"]), request["num_warps"],
+                               request["num_stages"])))
 """
 
 
-def schedule(kernel, args: dict, *, num_warps: int, timeout: float = 300.0) -> dict:
-    """Compile `kernel` for sm_90 as a launch with `args` (every argument by name) and
-    `num_warps` would compile it, and say where its machine code issues its global loads (see
-    the module docstring)."""
+def schedule(kernel, args: dict, *, num_warps: int, num_stages: Optional[int] = None,
+             timeout: float = 300.0) -> dict:
+    """Compile `kernel` for sm_90 as a launch with `args` (every argument by name), `num_warps`
+    and `num_stages` (Triton's default where None) would compile it, and say where its machine
+    code issues its global loads (see the module docstring)."""
     _encode(args)                                   # (the argument check, on every path)
     if not INTERPRET:
-        return _compile_here(kernel, args, num_warps)
+        return _compile_here(kernel, args, num_warps, num_stages)
     fn = getattr(kernel, "fn", kernel)
     # a kernel of an importable module (ropelib's own) is imported there; one defined in a
     # notebook (module __main__), or in a module the second Python cannot import, is compiled
@@ -153,7 +156,7 @@ def schedule(kernel, args: dict, *, num_warps: int, timeout: float = 300.0) -> d
         env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
         env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")   # Triton's default, without its warning
         request = json.dumps(dict(name=fn.__name__, module=module, args=_encode(args),
-                                  num_warps=num_warps))
+                                  num_warps=num_warps, num_stages=num_stages))
         done = subprocess.run([sys.executable, "-c", _CHILD, str(path), request], env=env,
                               capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:

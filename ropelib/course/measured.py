@@ -151,10 +151,12 @@ def ncu_kernels(path) -> list:
     and metric), in launch order: [{"id", "kernel", "metrics": {name: value}}], each value a
     float in the metric's own unit (bytes, ns, %) with ncu's thousands separators removed."""
     import csv
-    lines = Path(path).read_text().splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith('"ID"'))
+    compare.note_read(path)
+    lines = compare.ncu_table(Path(path).read_text())
+    if not lines:
+        raise ValueError(f"{path}: no Nsight Compute table (a header row starting with \"ID\")")
     out = {}
-    for r in csv.DictReader(lines[start:]):
+    for r in csv.DictReader(lines):
         k = out.setdefault(r["ID"], dict(id=int(r["ID"]), kernel=r["Kernel Name"], metrics={}))
         k["metrics"][r["Metric Name"]] = float(r["Metric Value"].replace(",", ""))
     return sorted(out.values(), key=lambda k: k["id"])
