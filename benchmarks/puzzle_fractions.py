@@ -46,8 +46,8 @@ def _copy_timer(nbytes: int):
     return lambda: dst.copy_(src)
 
 
-def puzzle5_cases():
-    big = pz.PUZZLES["long_context"].big("cuda")
+def puzzle5_cases(device="cuda"):
+    big = pz.PUZZLES["long_context"].big(device)
     x, table, pos, inv, y, n = big.args
     low = (pos % 105000).to(torch.int32)
     handed = _bytes(x, table, pos, inv, y)
@@ -64,8 +64,8 @@ def puzzle5_cases():
                                      dict(big.constexprs))
 
 
-def puzzle9_cases():
-    big = pz.PUZZLES["shared_table"].big("cuda")
+def puzzle9_cases(device="cuda"):
+    big = pz.PUZZLES["shared_table"].big(device)
     x, cos, sin, y, S, B = big.args
     handed = _bytes(x, cos, sin, y)
     for bs, warps in ((16, 4), (4, 4), (8, 4), (32, 4), (16, 8), (32, 8)):

@@ -1,0 +1,57 @@
+"""The benchmarks behind the course's new measurements run their setup and kernels on the CPU
+(Triton's interpreter, small sizes): notebook 03's program cost, notebook 13's puzzle variants
+and notebook 10's profiled kernels, read from the notebook's own source."""
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
+
+from loading import load_file  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def benchmark():
+    return lambda name: load_file(name, ROOT / "benchmarks" / f"{name}.py")
+
+
+def test_program_cost_kernels_do_what_they_say(benchmark):
+    cost = benchmark("program_cost")
+    x = torch.randn(5, 128, dtype=torch.bfloat16)
+    y = torch.zeros_like(x)
+    cost._empty_kernel[(5,)](x)
+    cost._one_row_kernel[(5,)](x, y, D=128)
+    assert torch.equal(x, y)                 # each program moved its row
+
+
+def test_puzzle_variants_change_one_thing(benchmark):
+    fr = benchmark("puzzle_fractions")
+    five = list(fr.puzzle5_cases("cpu"))
+    timed, low, moved = (row for row, _ in five)
+    (_, _, args_timed, _), (_, _, args_low, _) = five[0][1], five[1][1]
+    # the same kernel on the same tensors; only the positions differ, all below the long path
+    assert timed["nbytes"] == low["nbytes"] and args_timed[0] is args_low[0]
+    assert int(args_low[2].max()) < fr.SLOW_PATH_FROM <= int(args_timed[2].max())
+    assert timed["slow_rows"] == int((args_timed[2] >= fr.SLOW_PATH_FROM).sum()) == 25457
+    # the third row times the same launch against a copy of the bytes it moves: no angle table
+    table = args_timed[1]
+    assert moved["nbytes"] == timed["nbytes"] - table.numel() * table.element_size()
+    nine = list(fr.puzzle9_cases("cpu"))
+    assert len(nine) == 6 and len({row["nbytes"] for row, _ in nine}) == 1
+    for row, (_, grid, args, const) in nine:
+        S = args[4]
+        assert grid == (-(-S // row["block"]),) and const["BLOCK_S"] == row["block"]
+        assert const["num_warps"] == row["num_warps"]
+
+
+def test_notebook_10_kernels_profiled_as_the_notebook_defines_them(benchmark, capsys):
+    probe = benchmark("mrope_angles_ncu")
+    kernel = probe.notebook_kernels()
+    assert kernel.fn.__name__ == "mrope_per_head_kernel"
+    assert probe.main(["--check"]) == 0
+    assert "the three launches agree" in capsys.readouterr().out
