@@ -342,3 +342,22 @@ def test_barred_files_cover_the_product_and_the_teaching_kernels():
     assert own_code.TEACHING_KERNELS in folders and own_code.PACKAGE / "kernels" in folders
     files, _ = own_code._barred_files((frequencies,))
     assert "frequencies.py" not in {p.name for p in files}
+
+
+def test_every_worked_solution_of_the_course_is_barred(capsys):
+    """Another exercise's worked solution is not the learner's code, whatever the exercise:
+    notebook 02's context-parallel positions answer notebook 11's dual-chunk exercise, and
+    notebook 02's bandwidth arithmetic answers notebook 04's time floor. Both are refused."""
+    from types import SimpleNamespace
+
+    from ropelib.course import kernel_bandwidth
+    from ropelib.course.exercises import at_scale, basics, kernels
+
+    assert not at_scale.check_dual_chunk_positions(
+        lambda S, c, r: basics.solution_cp_positions(S // c, c, r))
+    assert "solution_cp_positions" in capsys.readouterr().out
+    assert not kernels.check_floor_ms(lambda n, g: kernel_bandwidth.us_at_copy_speed(
+        [SimpleNamespace(nbytes=n)], g) / 1e3)
+    assert "us_at_copy_speed" in capsys.readouterr().out
+    # the learner's own arithmetic still passes
+    assert kernels.check_floor_ms(lambda n, g: n / (g * 1e9) * 1e3)

@@ -106,11 +106,14 @@ def check_angle_bytes(fn: Callable) -> bool:
 def check_floor_ms(fn: Callable) -> bool:
     """fn(nbytes, copy_gbps) -> the fastest possible time in ms for a kernel that moves
     nbytes, at the bandwidth a device copy reached (GB/s, 1 GB = 1e9 bytes)."""
+    from .. import kernel_bandwidth     # notebook 02's bandwidth arithmetic: the same answer
+
     cases = [(f"{n} bytes at {g} GB/s", (n, g), n / (g * 1e9) * 1e3)
              for n, g in ((2 ** 31, 3000.0), (10 ** 9, 1000.0), (123456789, 777.0))]
     return check_cases("time floor", "your time floor", fn, cases, rtol=1e-9, atol=1e-12,
                        hint="seconds = bytes / (bytes per second); ms = 1000 x seconds",
-                       bar=(solution_floor_ms,))
+                       bar=(solution_floor_ms, kernel_bandwidth.us_at_copy_speed,
+                            kernel_bandwidth.gbps))
 
 
 def check_percent_of_copy(fn: Callable) -> bool:

@@ -25,8 +25,10 @@ module (for example `ropelib.frequencies` for the angle table of a kernel exerci
 `ropelib.course.kernels.batch_reuse` for a forward pass the exercise does not ask for) or a
 function; whatever an allowed function calls in turn is allowed too. `bar` adds functions,
 classes (their methods) and `@triton.jit` kernels from anywhere, for example an exercise's own
-worked solution. The course's helpers (recording accesses, the checks themselves) are never
-barred by default.
+worked solution. Every worked solution of the course (a function or kernel named `solution_*`
+under `ropelib/course/`) is barred too: another exercise's answer is not the learner's code.
+The course's other helpers (recording accesses, the checks themselves) are never barred by
+default.
 """
 import sys
 import threading
@@ -134,6 +136,10 @@ class _Rules:
         if code in self.barred_codes:
             return "barred"
         hit = self.file_verdict(code.co_filename)
+        if hit is None and code.co_name.startswith("solution_") and self._in_course(code):
+            # any exercise's or puzzle's worked solution: the same answer, by another name
+            # (notebook 02's context-parallel positions answer notebook 11's exercise too)
+            return "barred"
         if (self.allowed_names or self.barred_names) and hit != "allowed":
             name = self._name(code)
             if name in self.allowed_names:
@@ -141,6 +147,11 @@ class _Rules:
             if name in self.barred_names:
                 return "barred"
         return hit
+
+    @staticmethod
+    def _in_course(code) -> bool:
+        p = _resolved(code.co_filename)
+        return p is not None and COURSE.resolve() in p.parents
 
     def kernel_barred(self, kernel, launch_args=()) -> Optional[Any]:
         """The barred code a launch of `kernel` would run, or None: the kernel itself, or, for a
