@@ -23,7 +23,7 @@
 # built and benchmarked against Transformer Engine (its story is retold below, with what can and
 # cannot be concluded from it), and the second of ropelib's three generations.
 #
-# **Time:** about 60 minutes. The cells run in under 10 seconds on a CPU (Triton's
+# **Time:** about 60 minutes. The cells run in about 20 seconds on a CPU (Triton's
 # interpreter); the rest is reading, the four exercises (the last one is a kernel, ~20 minutes)
 # and the discussion questions.
 #
@@ -491,9 +491,10 @@ else:
 #
 # `python benchmarks/generations.py` on a GPU times the three generations and the copy and
 # writes a CSV with the GPU's name, the driver, torch/Triton versions and the date in its
-# header. Every measured number of this notebook comes from runs on one NVIDIA H200 machine:
-# the generations here (`benchmarks/results/generations-nvidia-h200.csv`), the ablation and the
-# profiles below (their own CSVs); each cell prints the date and versions of the CSV it reads.
+# header. Every measured number of this notebook comes from runs on NVIDIA H200s (torch 2.11,
+# Triton 3.6), on different days: the generations here
+# (`benchmarks/results/generations-nvidia-h200.csv`), the ablation and the profiles below
+# (their own CSVs); each cell prints the date and versions of the CSV it reads.
 # The cell below redraws the figure from the CSV, so it runs without a GPU:
 #
 # ![GB/s of the three generations and of a device copy](../figures/04-generations-gbps.png)
@@ -800,15 +801,16 @@ else:
 #   256-byte row per step. Two warps on the same tile (`sh_loop_b_w2`) nearly double the
 #   occupancy but halve the bytes each warp holds: the same KiB per SM, the same time. Four
 #   warps on that tile (`sh_loop_b_w4`) cannot raise the occupancy further (the SM is nearly
-#   full already) but halve the bytes per warp again, and the block limit now lets only 16
-#   programs in: half the KiB per SM, and well over one and a half times the time (notebook
+#   full already) but halve the bytes per warp again, and the SM's 64 warp slots now hold only
+#   16 four-warp programs: half the KiB per SM, and well over one and a half times the time (notebook
 #   03's warps timings show the same). Four heads per program on two warps (`heads4_loop_b`)
 #   raise both: several times the KiB per SM, and a time close to the finished kernel's.
 # - **Instructions count where nothing amortises them.** TE's grid written in Triton
 #   (`heads_all_one_b`: one program per token and batch row, all heads) asks for as many bytes
 #   per SM as `heads4_loop_b`, but executes several times as many instructions per element —
-#   close to the one-row programs, although the source evaluates cos/sin once per token: each
-#   thread evaluates them for the features it holds, for every head. It takes about twice as
+#   close to the one-row programs, although the source evaluates cos/sin once per program,
+#   that is B times per token: each thread evaluates them for the features it holds, for every
+#   head (inferred from the instruction counts; the machine code is not shown here). It takes about twice as
 #   long, and reading cos/sin from a table brings it back to the others.
 #
 # **So, why was the batch-reusing grid faster than TE?** On this H200 it is (the ratio is

@@ -31,7 +31,7 @@
 #   launch and break — and write the backward kernel, its launcher and its `autograd.Function`
 #   yourself.
 #
-# **Time:** about 60 minutes. The cells run in about 15 seconds on a CPU (Triton's
+# **Time:** about 60 minutes. The cells run in about 40 seconds on a CPU (Triton's
 # interpreter); the rest is reading, changing the kernel of section 2, the four exercises (the
 # backward kernel is the long one, ~20 minutes) and the discussion questions.
 
@@ -445,11 +445,12 @@ print("expanded input: forward reads stride 0, backward's gradients summed over 
 # first with `.contiguous()` writes $4N$ bytes, which the kernel then reads back before writing
 # its own $4N$: three times the traffic. The cell times both and turns each time into the
 # bandwidth those bytes imply. If the bytes were the whole story, the two bandwidths would agree
-# and the times would differ by exactly three. They come close, not exactly: the copied run
-# takes three times as long or a little more, and its bandwidth is lower by up to a quarter (the
-# cell asserts both). The bytes explain the time to within that; the rest is how fast this
-# kernel streams each mix of traffic (writes only, against reads and writes), which a count of
-# bytes does not say.
+# and the times would differ by exactly three. They come close, not exactly: on the H200 page
+# the copied run takes about 3.5 times as long and its implied bandwidth is about 15 % lower
+# (the cell asserts 2.8 to 4 times, and bandwidths within 0.75 to 1.05 of each other). The
+# bytes explain most of the time; the rest is that the extra pass is a separate kernel
+# (PyTorch's copy of the broadcast gradient, which writes only) with its own launch and its
+# own speed, which a count of bytes does not say.
 
 # %%
 if GPU:

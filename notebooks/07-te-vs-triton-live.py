@@ -164,7 +164,9 @@ assert all(r["max_head_ulp_err"] <= 4 for r in rows32)
 # %% [markdown]
 # Eager PyTorch is several kernels (`cos`, `sin`, casts, two multiplies, a `cat`, an add), each
 # reading and writing the whole tensor, and it rounds every intermediate to bf16 — hence more
-# ulps. The fused kernels read $x$ once, keep everything in fp32 registers and round once.
+# ulps. ropelib's and TE's fused kernels read $x$ once, keep the angles and everything else in
+# fp32 registers and round once; torch.compile and flash-attn fuse too, but take bf16 cos/sin
+# tables, which costs them a little (their head-wise ulps in the table).
 
 # %% [markdown]
 # ## 3. The dashboard
@@ -282,9 +284,10 @@ for dtype, path in sweep_csvs.items():
 #
 # - The fused kernels' lines *rise* with the sequence length. A call has a fixed cost —
 #   launching kernels, Python, autograd — that small tensors cannot hide; more bytes amortise it.
-# - Eager PyTorch is low and flat at every size: it reads and writes the whole tensor once per
-#   operation (`cos`, `sin`, casts, two multiplies, a `cat`, an add), so its bytes are several
-#   times the model's.
+# - Eager PyTorch is low at every size (at most about an eighth of the copy) and flat from
+#   about S = 1024: it reads and writes the whole tensor once per operation (`cos`, `sin`,
+#   casts, two multiplies, a `cat`, an add), so its bytes are several times the model's
+#   (counted from the operations, not measured here).
 # - On large tensors (the right end of the batch-8 panel) the fused kernels separate: ropelib's
 #   forward runs next to the copy; TE's CUDA kernel and the batch-reuse generation stay below.
 # - Forward+backward (dashed) at batch 1 is where the fixed cost shows most: the next section
@@ -292,9 +295,8 @@ for dtype, path in sweep_csvs.items():
 #
 # - In fp32, from batch 2 on, ropelib's forward runs level with the copy: at 64 MiB and more
 #   `apply_rope` takes the two-pass route of notebook 05, and half the points of each of those
-#   sweeps lie within 1.5 % of the copy, a few of them just above it. Two kernels timed
-#   one after the other differ by about that much from run to run, so a ratio of 1.01 is a
-#   tie, not a kernel beating a copy (nor is the copy a hard ceiling: torch.compile's kernel
+#   sweeps lie within 1.5 % of the copy, a few of them just above it. Each point is timed
+#   once, so a ratio of 1.01 is a tie this sweep cannot resolve, not a kernel beating a copy (nor is the copy a hard ceiling: torch.compile's kernel
 #   beats `y.copy_(x)` in fp32 too, in the README's table).
 # - One point is well above 1: fp32, batch 8, the longest sequence. There it is the copy that
 #   was slow: measured once per point, it reached clearly less GB/s at that size than at the
@@ -434,7 +436,8 @@ for dtype in models:
 
 # %% [markdown]
 # **What the data says.** The *forward* lines are worth reading: a few microseconds of fixed
-# cost and a bandwidth below the copy's, as a memory-bound kernel should have (the cell checks
+# cost and a bandwidth at or below the copy's (ropelib's fp32 line ties it within the fit's
+# noise), as a memory-bound kernel should have (the cell checks
 # that every fitted line is positive and no faster than the copy fitted the same way). ropelib's
 # forward pays a fixed cost comparable to TE's and streams faster, which is why it wins on large
 # tensors. Why TE's fused kernel streams slower, notebook 04 (section 5.4) measured under Nsight
@@ -446,7 +449,8 @@ for dtype in models:
 # line to them: they scatter without growing with the bytes, so a least-squares line through
 # them returns a "bandwidth" many times a copy's, or a negative one — numbers with no physical
 # meaning. What the data does support: each call takes a roughly constant time (the median is
-# printed) that is about two to four times what a copy of the same bytes needs, and ropelib's
+# printed), large beside a copy of the same bytes: 1.6 to 2.9 times the copy's time at the
+# largest size and 10 to 16 times at the smallest (the medians printed are 1.9 to 4.0), and ropelib's
 # is larger than TE's. The floor suite measured, on its own, how long the host takes per eager
 # forward+backward call (`decode host forward+backward sbhd` in
 # `benchmarks/results/floor-nvidia-h200.csv`: calls back to back, host time only): ropelib's
@@ -621,7 +625,8 @@ if dtype is not None:
 #   or fp16 output once (≤ 0.5 ulp). An fp32 output carries fp32 arithmetic's few head-wise
 #   ulps. Eager PyTorch rounds every intermediate.
 # - A forward sweep is a fixed cost per call plus bytes over bandwidth. ropelib's forward is
-#   within about a tenth of the copy on large tensors. Its eager forward+backward loses to TE's
+#   within about a tenth of the copy on large tensors from batch 2 on (0.85 at batch 1 in
+#   bf16). Its eager forward+backward loses to TE's
 #   where a fixed time per call dominates (small tensors, batch 1), of the size of the host time
 #   per call measured separately. At 64 MiB an eager forward+backward times the host as much as
 #   the GPU: two runs of the same call differed by up to three times, where replayed from a CUDA

@@ -40,7 +40,7 @@
 #   and read the counts beside the step's measured time, eager and in a CUDA graph.
 #
 # **Time:** about 40 minutes to read and 50 for the four exercises (the two kernels take
-# most); the cells run in about 20-25 s on a CPU (Triton's interpreter), the two-process run
+# most); the cells run in about a minute on a CPU (Triton's interpreter), the two-process run
 # taking the largest share.
 
 # %%
@@ -462,8 +462,10 @@ else:
 # sequence need not be twice one GPU's: each rank does half the attention and half the MLPs,
 # but it also all-gathers k and v in every layer and all-reduces the gradients. The gain CP buys
 # is first of all memory: sequences that do not fit on one GPU. The committed H200 runs show it
-# (the line above the first figure): on 131,072 tokens each of the two ranks peaked at a little
-# over half of one GPU's memory — half the activations, plus every layer's gathered k and v.
+# (the peak-memory line printed in section 3): on 131,072 tokens each of the two ranks peaked
+# at a little over half of one GPU's memory. Roughly (an estimate, not measured): half the
+# activations, plus the other rank's k and v for every layer, plus the full copy of the
+# weights, gradients and optimizer state that context parallelism does not split.
 #
 # ## 4. Decoding with the fused cache write
 #
@@ -797,8 +799,8 @@ assert curves["the smallest features (scale 0.1)"][-1] > 0.5  # sunk below the s
 #
 # Around `amax / 448` the error sits on a floor of a few percent: the price of 3 mantissa
 # bits, some 16 times bf16's. The error of the whole tensor hides the small features: a scale
-# 100 times too large still looks fine overall while the smallest features have lost most of
-# their bits. Whether a model's outputs notice is a question for the model,
+# a thousand times too large still looks fine overall (about 3 %, the floor) while the
+# smallest features' error is ten times that (the two curves at the right of the figure). Whether a model's outputs notice is a question for the model,
 # measured on its tasks; the kernel's part is to round exactly as `quantize_fp8` says.
 #
 # ### Decode latency on a GPU
