@@ -69,7 +69,7 @@ def check_dual_chunk_positions(fn: Callable) -> bool:
         want = context_parallel.dual_chunk_positions(S // n, n, r)
         cases.append((f"seq_len={S}, cp_size={n}, rank {r}", (S, n, r), want))
     return check_cases("dual-chunk positions", "the positions worked out by your code", fn, cases,
-                       post=listed_as_tensor, bar=(solution_dual_chunk_positions,),
+                       post=listed_as_tensor,
                        hint="cut the sequence into 2*cp_size chunks of seq_len / (2*cp_size); "
                             "rank r holds chunk r, then chunk 2*cp_size-1-r")
 
@@ -100,7 +100,7 @@ def check_paged_slot(fn: Callable) -> bool:
         cases.append((f"row {row}, block_size={bs}, position {p}", (list(row), bs, p),
                       _slot(row, bs, p)))
     return check_cases("paged slot", "the slot worked out by your code", fn, cases,
-                       post=listed_as_tensor, bar=(solution_paged_slot,),
+                       post=listed_as_tensor,
                        hint="the sequence's position p sits in its (p // block_size)-th block, at "
                             "offset p % block_size; the block table says which block of the pool "
                             "that is")
@@ -214,8 +214,7 @@ def _check_kv_kernel(kernel, paged: bool, seed: Optional[int]) -> bool:
             args = (qd, kd, vd, q_out, kc, vc, sd) + ((bt,) if paged else ()) + (fd,)
             try:
                 if device == "cpu":      # your own code: ropelib barred
-                    with library_barred(f"your {name}", bar=(
-                            solution_rope_kv_cache_kernel, solution_rope_kv_paged_kernel)):
+                    with library_barred(f"your {name}"):
                         (launch_kv_paged if paged else launch_kv_cache)(interpreted(kernel), *args)
                 else:
                     (launch_kv_paged if paged else launch_kv_cache)(kernel, *args)

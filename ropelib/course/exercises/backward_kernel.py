@@ -27,7 +27,7 @@ import triton.language as tl
 
 from ... import reference, runtime
 from . import solution
-from .grid_kernel import _inputs, _rope_batch_reuse_solution_kernel, check_kernel_cases
+from .grid_kernel import _inputs, check_kernel_cases
 
 __all__ = ["BACKWARD_KERNEL_SIGNATURE", "check_backward_kernel", "show_solution",
            "count_launches", "reference_grad"]
@@ -85,7 +85,6 @@ def check_backward_kernel(kernel) -> bool:
     return check_kernel_cases(
         "backward kernel", kernel, _backward_cases(torch.Generator().manual_seed(5)),
         reference_grad, what="your backward kernel",
-        bar=(_rope_backward_solution_kernel, _rope_batch_reuse_solution_kernel),
         hint="dL/dx = J^T dL/dy. Write J for one pair (theta1 on feature j, theta2 on j + R/2) "
              "and transpose it: the sines change sign AND change places, which only shows when "
              "the two halves' angles differ")

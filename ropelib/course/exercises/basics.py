@@ -59,8 +59,7 @@ def check_rotary_dim(fn: Callable) -> bool:
              for d, p in ((80, 0.5), (128, 1.0), (96, 0.25), (80, 0.4), (128, 0.6))]
     return check_cases("rotary dim", "your own rule for the rotary dim", fn, cases,
                        hint="TE and HF both take int(head_dim * rotary_percent): int() cuts the "
-                            "fraction off, it does not round",
-                       bar=(solution_rotary_dim,))
+                            "fraction off, it does not round")
 
 
 def check_interleaved_rope(fn: Callable) -> bool:
@@ -89,8 +88,7 @@ def check_interleaved_rope(fn: Callable) -> bool:
     return check_cases("interleaved RoPE of a bshd tensor", "your own RoPE", fn, cases,
                        hint="move the table's positions to dim 1 (bshd: [1, S, 1, D]), pair "
                             "neighbours: rotate_half(x) = (-x1, x0, -x3, x2, ...), and compute "
-                            "in fp32, rounding to x's dtype once at the end",
-                       bar=(solution_interleaved_rope, solution_rotate_half))
+                            "in fp32, rounding to x's dtype once at the end")
 
 
 # --- notebook 01: RoFormer math --------------------------------------------------------------
@@ -111,7 +109,7 @@ def check_rotation_matrix(fn: Callable, rot_dim: int = 8, base: float = 10000.0)
     return check_cases("rotation matrix R_m", "your rotation matrix, built from its 2x2 blocks "
                        "(no torch.block_diag, no ropelib)", fn, cases, atol=1e-6, rtol=0,
                        hint="block j is [[cos a, -sin a], [sin a, cos a]] with a = m * inv_freq[j]",
-                       bar=(torch.block_diag, rotation_matrix_ref, solution_rotation_matrix))
+                       bar=(torch.block_diag, rotation_matrix_ref))
 
 
 def _wrap_to(answer, expected):
@@ -137,7 +135,7 @@ def check_relative_angle(fn: Callable, rot_dim: int = 8, base: float = 10000.0) 
     return check_cases("relative angle of R_m^T R_n", "your relative angles", fn, cases, atol=1e-4,
                        rtol=0, post=_wrap_to,
                        hint="R_m^T = R_{-m}, and rotations in the same plane add their angles",
-                       bar=(rotation_matrix_ref, solution_relative_angle, solution_rotation_matrix))
+                       bar=(rotation_matrix_ref,))
 
 
 def check_rotate_half(fn: Callable) -> bool:
@@ -151,8 +149,7 @@ def check_rotate_half(fn: Callable) -> bool:
                           reference.rotate_half(x, interleaved)))
     return check_cases("rotate_half", "your own rotate_half", fn, cases,
                        atol=0, rtol=0,
-                       hint="halves: torch.chunk(x, 2, -1); pairs: x[..., ::2] and x[..., 1::2]",
-                       bar=(solution_rotate_half,))
+                       hint="halves: torch.chunk(x, 2, -1); pairs: x[..., ::2] and x[..., 1::2]")
 
 
 def _both_sides(p: torch.Tensor, rot_dim: int, src: bool, dst: bool):
@@ -185,8 +182,7 @@ def check_interleave_permutation(fn: Callable, *, to: str = "rotate_half",
             "where must each pair's two features go?")
     for rot_dim in dims:
         label = f"{name} (R={rot_dim})"
-        ok, perm = run_own_code(label, "the permutation worked out by your code", fn, rot_dim,
-                                bar=(solution_interleave_permutation,))
+        ok, perm = run_own_code(label, "the permutation worked out by your code", fn, rot_dim)
         if not ok:
             return False
         try:
@@ -214,8 +210,6 @@ def check_cp_positions(fn: Callable) -> bool:
     expected positions are `reference.positions`'. Your own code: `ropelib` (`reference`,
     `context_parallel`) and the worked solutions are barred.
     """
-    from .at_scale import solution_dual_chunk_positions   # notebook 11's worked answer
-
     cases = []
     for local_len, cp_size, cp_rank in ((8, 2, 1), (8, 2, 0), (8, 4, 2), (6, 3, 0), (4, 2, 1),
                                         (6, 1, 0)):
@@ -225,8 +219,7 @@ def check_cp_positions(fn: Callable) -> bool:
     return check_cases("context-parallel positions", "the positions worked out by your code", fn,
                        cases, post=listed_as_tensor,
                        hint="2*cp_size chunks of local_len / 2 tokens; rank r holds chunk r, then "
-                            "chunk 2*cp_size-1-r",
-                       bar=(solution_cp_positions, solution_dual_chunk_positions))
+                            "chunk 2*cp_size-1-r")
 
 
 def check_cos_sin_from_freqs(fn: Callable) -> bool:
@@ -239,8 +232,7 @@ def check_cos_sin_from_freqs(fn: Callable) -> bool:
         cases.append((f"interleaved={interleaved}, rotary_percent={percent}", (f.clone(),),
                       tuple(want)))
     return check_cases("freqs -> (cos, sin)", "your own conversion", fn, cases,
-                       hint="drop the two middle dims of [S, 1, 1, R], then take cos and sin",
-                       bar=(solution_cos_sin_from_freqs,))
+                       hint="drop the two middle dims of [S, 1, 1, R], then take cos and sin")
 
 
 def _bytes_models():

@@ -136,8 +136,7 @@ def check_flat_kernel(kernel, seed: Optional[int] = None) -> bool:
         cos, sin = tables(f)
         x_before = x.clone()
         ok, _ = launch_barred(name, label, "your flat kernel",
-                              lambda: launch(kernel, x, y, cos, sin, xblock),
-                              bar=(_rope_flat_solution_kernel,))
+                              lambda: launch(kernel, x, y, cos, sin, xblock))
         if not ok or not _verdict(
                 name, label, x, x_before, y, y_buf, f, seed,
                 tail="mask the last program's elements, i < N",

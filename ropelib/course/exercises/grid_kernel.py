@@ -219,7 +219,6 @@ def check_batch_reuse_kernel(kernel) -> bool:
     return check_kernel_cases(
         "batch-reusing kernel", kernel, _forward_cases(torch.Generator().manual_seed(4)),
         _forward_expected, what="your batch-reusing kernel",
-        bar=(_rope_batch_reuse_solution_kernel,),
         hint="y1 = x1*cos1 - x2*sin1 and y2 = x2*cos2 + x1*sin2 with angles theta1 = freqs[s, j], "
              "theta2 = freqs[s, j + ROT_HALF]; load x with its strides, store y at offsets "
              "b * stride_yb + ... ; copy features 2*ROT_HALF .. D-1 as they are")

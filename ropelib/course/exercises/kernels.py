@@ -54,8 +54,7 @@ def check_naive_grid(fn: Callable) -> bool:
     cases = [(f"S={S}, B={B}, H={H}", (S, B, H), tuple(naive.naive_grid(S, B, H)))
              for S, B, H in _SHAPES]
     return check_cases("naive grid", "your grid", fn, cases,
-                       hint="one program per (token, batch, head) row, on one grid axis",
-                       bar=(solution_naive_grid,))
+                       hint="one program per (token, batch, head) row, on one grid axis")
 
 
 def check_half_tile(fn: Callable) -> bool:
@@ -65,8 +64,7 @@ def check_half_tile(fn: Callable) -> bool:
         half, block = naive.half_tile(D)
         cases.append((f"D={D}", (D,), (half, block, block - half)))
     return check_cases("half tile", "your tile sizes", fn, cases,
-                       hint="tl.arange needs a power of two: triton.next_power_of_2(D // 2)",
-                       bar=(solution_half_tile,))
+                       hint="tl.arange needs a power of two: triton.next_power_of_2(D // 2)")
 
 
 def check_row_index(fn: Callable) -> bool:
@@ -78,8 +76,7 @@ def check_row_index(fn: Callable) -> bool:
             want = tuple(int(i) for i in torch.unravel_index(torch.tensor(row), (S, B, H)))
             cases.append((f"row={row} of [S={S}, B={B}, H={H}]", (row, S, B, H), want))
     return check_cases("program id -> (s, b, h)", "your index arithmetic", fn, cases,
-                       hint="h moves fastest, then b, then s: s = row // (B * H)",
-                       bar=(solution_row_index,))
+                       hint="h moves fastest, then b, then s: s = row // (B * H)")
 
 
 # The kernel exercise of notebook 03 lives in naive_kernel: its check launches the learner's
@@ -100,7 +97,7 @@ def check_angle_bytes(fn: Callable) -> bool:
              for g in _GENERATIONS for S, B, H, D in ((16384, 8, 32, 128), (7, 3, 2, 72))]
     return check_cases("angle-table bytes requested", "your count of the bytes", fn, cases,
                        hint="programs launched x D angles x 4 bytes; how many programs does each "
-                            "grid have?", bar=(solution_angle_bytes,))
+                            "grid have?")
 
 
 def check_floor_ms(fn: Callable) -> bool:
@@ -112,8 +109,7 @@ def check_floor_ms(fn: Callable) -> bool:
              for n, g in ((2 ** 31, 3000.0), (10 ** 9, 1000.0), (123456789, 777.0))]
     return check_cases("time floor", "your time floor", fn, cases, rtol=1e-9, atol=1e-12,
                        hint="seconds = bytes / (bytes per second); ms = 1000 x seconds",
-                       bar=(solution_floor_ms, kernel_bandwidth.us_at_copy_speed,
-                            kernel_bandwidth.gbps))
+                       bar=(kernel_bandwidth.us_at_copy_speed, kernel_bandwidth.gbps))
 
 
 def check_percent_of_copy(fn: Callable) -> bool:
@@ -153,7 +149,7 @@ def check_backward_matrix(fn: Callable) -> bool:
     cases = [(f"theta={t:g}", (t,), _jacobian_pair(t).T) for t in (0.3, -1.2, 2.5, 10.0)]
     return check_cases("backward matrix of one pair", "your matrix", fn, cases, atol=1e-6, rtol=1e-6,
                        hint="grad_x = J^T grad_y, and J is the rotation by theta",
-                       bar=(solution_backward_matrix, _jacobian_pair))
+                       bar=(_jacobian_pair,))
 
 
 def _reference_grad(grad_y: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:

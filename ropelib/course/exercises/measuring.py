@@ -40,7 +40,7 @@ def check_fit_time_model(fn: Callable) -> bool:
                                      (150.0, 2500.0, 0.02, 2)):
         nbytes, ms = _sweep(t0_us, gbps, noise, seed)
         ok, answer = run_own_code(f"{name} (t0 {t0_us:g} us, {gbps:g} GB/s)", "your fit", fn,
-                                  list(nbytes), list(ms), bar=(solution_fit_time_model,))
+                                  list(nbytes), list(ms))
         if not ok:
             return False
         want = solution_fit_time_model(nbytes, ms)

@@ -56,7 +56,7 @@ def check_axis_of_pairs(fn: Callable) -> bool:
                           ([3, 3, 2], True), ([8, 8], False))]
     return check_cases("axis of each pair", "the axis of each pair worked out by your code", fn,
                        cases,
-                       post=listed_as_tensor, bar=(solution_axis_of_pairs,),
+                       post=listed_as_tensor,
                        hint="contiguous: section[0] zeros, then section[1] ones, ...; interleaved: "
                             "start all 0, then pair j takes axis a >= 1 when j % n == a and "
                             "j < n * section[a]")
@@ -89,7 +89,7 @@ def check_text_then_image(fn: Callable) -> bool:
     cases = [(f"n_text={n}, {h}x{w}", (n, h, w), _text_then_image(n, h, w))
              for n, h, w in ((3, 2, 2), (0, 1, 4), (5, 3, 2), (1, 4, 4))]
     return check_cases("text-then-image positions", "the positions built by your code", fn, cases,
-                       post=listed_as_tensor, bar=(solution_text_then_image,),
+                       post=listed_as_tensor,
                        hint="text token i: (i, i, i); the image starts every axis at n_text and "
                             "adds its row to axis 1, its column to axis 2; the next text token "
                             "continues at one past the largest position used so far")
@@ -207,7 +207,7 @@ def check_mrope_kernel(kernel, *, seed: Optional[int] = None) -> bool:
             try:
                 if device == "cpu":      # your own code: ropelib barred, sines counted
                     with count_work() as work, library_barred(
-                            "your multi-axis RoPE kernel", bar=(solution_mrope_kernel,)):
+                            "your multi-axis RoPE kernel"):
                         launch_mrope(interpreted(kernel), *args, f, BLOCK_T, out=(q_out, k_out))
                 else:
                     launch_mrope(kernel, *args, f, BLOCK_T, out=(q_out, k_out))

@@ -101,8 +101,7 @@ def check_rope_interleaved(kernel, *, seed: Optional[int] = None) -> bool:
         pad = _pad(D)
         y_buf, y = _guarded((S, B, H, D), pad, dtype=dtype, device=device)  # poisoned, guarded
         try:
-            with library_barred("your interleaved RoPE kernel",
-                                bar=(solution_rope_interleaved,)):
+            with library_barred("your interleaved RoPE kernel"):
                 launch_interleaved(kernel, x, freqs, y)
         except LibraryAnswer as exc:
             print(f"❌ {name}: {exc}")

@@ -25,8 +25,9 @@ module (for example `ropelib.frequencies` for the angle table of a kernel exerci
 `ropelib.course.kernels.batch_reuse` for a forward pass the exercise does not ask for) or a
 function; whatever an allowed function calls in turn is allowed too. `bar` adds functions,
 classes (their methods) and `@triton.jit` kernels from anywhere, for example an exercise's own
-worked solution. Every worked solution of the course (a function or kernel named `solution_*`
-under `ropelib/course/`) is barred too: another exercise's answer is not the learner's code.
+worked solution. Every worked solution of the course (a function or kernel under
+`ropelib/course/` named `solution_*` or `_*_solution_kernel`) is barred in every check, the
+check's own and any other: another exercise's answer is not the learner's code.
 The course's other helpers (recording accesses, the checks themselves) are never barred by
 default.
 """
@@ -136,9 +137,9 @@ class _Rules:
         if code in self.barred_codes:
             return "barred"
         hit = self.file_verdict(code.co_filename)
-        if hit is None and code.co_name.startswith("solution_") and self._in_course(code):
-            # any exercise's or puzzle's worked solution: the same answer, by another name
-            # (notebook 02's context-parallel positions answer notebook 11's exercise too)
+        if hit is None and _worked_solution(code.co_name) and self._in_course(code):
+            # any exercise's or puzzle's worked solution, the check's own or another's (notebook
+            # 02's context-parallel positions answer notebook 11's exercise too)
             return "barred"
         if (self.allowed_names or self.barred_names) and hit != "allowed":
             name = self._name(code)
@@ -169,6 +170,12 @@ class _Rules:
             if self.verdict(helper.__code__) == "barred":
                 return helper.__code__
         return None
+
+
+def _worked_solution(name: str) -> bool:
+    """Is this the name of one of the course's worked solutions (`solution_*`, or a kernel
+    `_*_solution_kernel`)?"""
+    return name.startswith("solution_") or name.endswith("_solution_kernel")
 
 
 def _is_jit(obj) -> bool:

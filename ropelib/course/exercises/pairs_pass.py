@@ -91,8 +91,7 @@ def check_pairs_kernel(kernel, seed: Optional[int] = None) -> bool:
         cos, sin = tables(f)
         x_before = x.clone()
         ok, _ = launch_barred(name, label, "your pairs kernel",
-                              lambda: launch(kernel, x, y, cos, sin, R, rows),
-                              bar=(_rope_pairs_solution_kernel,))
+                              lambda: launch(kernel, x, y, cos, sin, R, rows))
         if not ok or not _verdict(
                 name, label, x, x_before, y, y_buf, f, seed,
                 tail="mask the rows of the last program, r < n_rows",
