@@ -54,7 +54,7 @@ def main(argv=None):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     out = []
 
-    def add(kernel, label, warps, fn, programs):
+    def add(label, warps, fn, programs):
         ms = do_bench(fn, quantiles=[0.5, 0.2, 0.8])[0]
         out.append(dict(kernel=label, num_warps=warps, programs=programs, us=round(ms * 1e3, 2),
                         ns_per_program_per_sm=round(ms * 1e6 * sms / programs, 2)
@@ -62,11 +62,10 @@ def main(argv=None):
         print(f"  {label:8s} {warps} warps  {ms * 1e3:8.1f} us", flush=True)
 
     for warps in (1, 2, 4, 8):
-        add(_empty_kernel, "empty", warps,
-            lambda w=warps: _empty_kernel[(rows,)](x, num_warps=w), rows)
-        add(_one_row_kernel, "one row", warps,
-            lambda w=warps: _one_row_kernel[(rows,)](x, y, D=D, num_warps=w), rows)
-    add(None, "copy", 0, lambda: y.copy_(x), 0)
+        add("empty", warps, lambda w=warps: _empty_kernel[(rows,)](x, num_warps=w), rows)
+        add("one row", warps, lambda w=warps: _one_row_kernel[(rows,)](x, y, D=D, num_warps=w),
+            rows)
+    add("copy", 0, lambda: y.copy_(x), 0)
     meta = compare.environment_meta()
     meta["what"] = (f"a million programs ({rows}: S={S} B={B} H={H}, one per head row of "
                     f"{D} bf16) doing nothing or moving their row; ns_per_program_per_sm = "

@@ -255,12 +255,12 @@ class PlannedCall:
         if self.grad:
             out = eager.rotate(self.rotation, len(xs), *xs, *map(saveable, reads))
             outs = out if isinstance(out, tuple) else (out,)
-            if self.in_place:   # an ordinary in-place copy, which autograd tracks (views too)
-                outs = tuple(x.copy_(y) for x, y in zip(xs, outs))
         else:
             outs = self.rotation.run(xs, reads)
-            if self.in_place and not self.rotation.in_place:    # (ops.writes_in_place)
-                outs = tuple(x.copy_(y) for x, y in zip(xs, outs))
+        if self.in_place and not self.rotation.in_place:
+            # in place through fresh outputs (with grad, or where the kernels cannot store in
+            # place: ops.writes_in_place): an ordinary in-place copy, which autograd tracks
+            outs = tuple(x.copy_(y) for x, y in zip(xs, outs))
         return outs if len(outs) > 1 else outs[0]
 
 

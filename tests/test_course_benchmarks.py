@@ -41,6 +41,8 @@ def test_puzzle_variants_change_one_thing(benchmark):
     # the third row times the same launch against a copy of the bytes it moves: no angle table
     table = args_timed[1]
     assert moved["nbytes"] == timed["nbytes"] - table.numel() * table.element_size()
+    copy = fr.pz.copy_of(64, "cpu")          # the yardstick: 32 bytes read, 32 written
+    copy()
     nine = list(fr.puzzle9_cases("cpu"))
     assert len(nine) == 6 and len({row["nbytes"] for row, _ in nine}) == 1
     for row, (_, grid, args, const) in nine:

@@ -237,36 +237,23 @@ _MEASURED = ("copy_gbps", "unfused_us", "fused_us", "fused_bytes")
 
 
 def write_rows(path, rows: Sequence[KernelRow], **measured) -> None:
-    """Write the per-kernel rows to `path` as CSV, with `measured` (the copy's GB/s, the timed
-    unfused and fused microseconds, the fused kernel's bytes, and what ran it: gpu, versions)
-    as leading ``# key: value`` lines."""
-    import csv
+    """Write the per-kernel rows to `path` as CSV (ropelib.bench.compare.write_csv), with
+    `measured` (the copy's GB/s, the timed unfused and fused microseconds, the fused kernel's
+    bytes, and what ran it: gpu, versions) as its leading ``# key: value`` lines."""
+    from ..bench.compare import write_csv
     missing = [k for k in _MEASURED if k not in measured]
     if missing:
         raise ValueError(f"write_rows needs {', '.join(missing)} beside the rows")
-    with open(path, "w", newline="") as f:
-        for k, v in measured.items():
-            f.write(f"# {k}: {v}\n")
-        w = csv.writer(f)
-        w.writerow(_ROW_FIELDS)
-        for r in rows:
-            w.writerow([getattr(r, k) for k in _ROW_FIELDS])
+    write_csv([{k: getattr(r, k) for k in _ROW_FIELDS} for r in rows], path, meta=measured,
+              fields=_ROW_FIELDS)
 
 
 def read_rows(path) -> Tuple[List[KernelRow], dict]:
     """(rows, measured) of a CSV written by :func:`write_rows`; the measured numbers as floats,
     the rest (gpu, versions) as text."""
-    import csv
-    from ..bench.compare import note_read
-    note_read(path)
-    meta, lines = {}, []
-    with open(path, newline="") as f:
-        for line in f:
-            if line.startswith("# "):
-                k, _, v = line[2:].rstrip("\n").partition(": ")
-                meta[k] = float(v) if k in _MEASURED else v
-            else:
-                lines.append(line)
-    rows = [KernelRow(r["op"], r["kernel"], float(r["us"]), int(r["nbytes"]), float(r["gbps"]),
-                      float(r["of_copy"]), r["kind"]) for r in csv.DictReader(lines)]
+    from ..bench.compare import read_csv, read_meta
+    meta = {k: float(v) if k in _MEASURED else v for k, v in read_meta(path).items()}
+    rows = [KernelRow(str(r["op"]), str(r["kernel"]), float(r["us"]), int(r["nbytes"]),
+                      float(r["gbps"]), float(r["of_copy"]), str(r["kind"] or ""))
+            for r in read_csv(path)]
     return rows, meta
