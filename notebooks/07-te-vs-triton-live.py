@@ -36,7 +36,9 @@
 #
 # - read a sweep as *fixed cost per call + bytes over bandwidth*, tell a fit worth reading from
 #   one that is not, and say where ropelib loses to Transformer Engine and what the data shows
-#   about why.
+#   about why;
+# - write the yardstick yourself: one kernel that copies or rotates a tile of rows, whose two
+#   timings say what the rotation adds to the bytes, and race it against the others.
 #
 # On a machine without a GPU everything runs in Triton's interpreter at tiny sizes. The *errors*
 # are then real, but the **timings are meaningless** (every Triton program is Python code taking
@@ -44,7 +46,7 @@
 # ones in `benchmarks/results/`.
 #
 # **Time:** about 1 minute to run on a CPU (a few on a GPU); 45–60 minutes to read, run the
-# dashboard and do the two exercises.
+# dashboard and do the three exercises.
 
 # %%
 import os, torch
@@ -582,7 +584,8 @@ assert max(t["floor_repeat", EAGER, p] / t["floor", EAGER, p] for p in ("ropelib
 assert round(t["floor_repeat", EAGER, "ropelib"] / t["floor", EAGER, "ropelib"], 1) == 2.9   # "up to three times"
 assert abs(t["floor", EAGER, "ropelib"] / t["floor", EAGER, "te_fused"] - 1) < 0.02           # level in the first
 assert all(t[run, GRAPHED, "ropelib"] < t[run, GRAPHED, "te_fused"] for run in runs)
-#
+
+# %% [markdown]
 # **Exercise 2 — predict, then read.** Before looking at the measured row, predict ropelib's
 # forward time at batch 1, S = 2048, bf16 (or the first dtype committed), from your fit alone:
 # $t = t_0 + N/\text{BW}$ with $N$ from `compare.bytes_moved`. Write `predict_ms(t0_us, gbps,
@@ -617,6 +620,130 @@ if dtype is not None:
     assert abs(model_ms - row["fwd_ms"]) <= 0.2 * row["fwd_ms"]
 
 # %% [markdown]
+# ## 7. Your kernel in the race
+#
+# Every ratio in this notebook divides by the time of `y.copy_(x)`. That copy is a kernel too,
+# and a RoPE kernel is a copy kernel with arithmetic between its load and its store. Write the
+# two as **one** kernel with a switch, and their two timings separate what moving the bytes
+# costs from what the rotation adds: the same grid, the same loads of $x$, the same stores of
+# $y$; with the switch on, the kernel also reads an angle per element and evaluates a sine and
+# a cosine.
+#
+# **Exercise 3 — copy and rotate.** Write `my_rows_kernel`. View the contiguous sbhd tensor as
+# $n = SBH$ rows of $D$ features; row $r$ belongs to token $s = \lfloor r / BH \rfloor$.
+# Program $p$ owns the `BLOCK_ROWS` rows from $p \cdot$ `BLOCK_ROWS` on (mask the last
+# program's rows at $n$) and all $D$ features of each, one `[BLOCK_ROWS, D]` tile:
+#
+# - `ROTATE` False: store what you loaded (the copy, bit for bit);
+# - `ROTATE` True: with $\theta_d$ = `freqs[s, d]`, the angle of feature $d$ at the row's
+#   token, compute in fp32
+#   $$ y_d = x_d\cos\theta_d - x_{d+D/2}\sin\theta_d \;\; (d < D/2), \qquad
+#      y_d = x_d\cos\theta_d + x_{d-D/2}\sin\theta_d \;\; (d \ge D/2), $$
+#   and store $y$ in $x$'s dtype. The partner is a second load of the same row at the index
+#   `tl.where(d < D // 2, d + D // 2, d - D // 2)`.
+#
+# The check launches your kernel itself, copying and rotating, on inputs it draws fresh: a
+# row count that is not a multiple of `BLOCK_ROWS`, one to sixteen rows a program, fp32, bf16
+# and fp16, and angle tables whose two members of a pair differ (so the angle of the wrong
+# feature shows). The output starts as NaN inside a NaN guard band: a row left unwritten, or a
+# store past the last row, shows. It runs your own code only: a kernel of ropelib's, or one
+# that calls one, is refused.
+
+# %%
+import triton
+import triton.language as tl
+from ropelib.course.exercises import yardstick
+
+
+@triton.jit
+def my_rows_kernel(
+    x_ptr,  # *x: input [S, B, H, D] (sbhd), contiguous: n_rows rows of D elements
+    y_ptr,  # *y: output, contiguous like x, same dtype
+    freqs_ptr,  # *fp32: angles [S, D], contiguous: feature d of token s turns by freqs[s, d]
+    n_rows,  # rows of x: S * B * H; row r belongs to token r // ROWS_PER_TOKEN
+    ROWS_PER_TOKEN,  # B * H
+    D: tl.constexpr,  # head dim (a power of two): pairs (d, d + D/2)
+    BLOCK_ROWS: tl.constexpr,  # rows per program (a power of two)
+    ROTATE: tl.constexpr,  # False: y = x, the copy; True: y = RoPE(x)
+):
+    # launched on grid (cdiv(n_rows, BLOCK_ROWS),)
+    pass  # your code
+
+
+rows_ok = yardstick.check_rows_kernel(my_rows_kernel)
+
+# %%
+yardstick.show_solution()
+# the race below runs your kernel if it passed, else the worked one
+rows_kernel = my_rows_kernel if rows_ok else yardstick.solution_rows_kernel
+print("racing", "your kernel" if rows_ok else "the worked kernel")
+
+# %% [markdown]
+# **The race.** The cell times, on one bf16 tensor (256 MiB on a GPU, a few KiB in the
+# interpreter), `y.copy_(x)`, your kernel copying, your kernel rotating and
+# `ropelib.apply_rope`, for tiles of one row a program and more. Read the table in two
+# directions:
+#
+# - **down a column**, the tile: at one row a program the grid has a program per row. Notebook
+#   03 measured what a program costs on its own (about 80 ns of each SM's time on an H200,
+#   whatever it does); the last column divides your copy's time by the programs each SM runs,
+#   so you can see where that cost is the whole time and where the bytes take over;
+# - **across a row**, the switch: *rotation / copy* is what the angles and the sines and
+#   cosines add to the same memory traffic. Your kernel evaluates a sine and a cosine for every
+#   element it stores; ropelib's finished kernel evaluates them once per position and feature
+#   pair of its tile and reuses them over the tile's heads and batch rows (notebook 05). If your
+#   rotation runs well behind your copy, that is the first thing to try: load the angles of the
+#   $D/2$ pairs once per token and reuse them, or give a program the rows of one token.
+#
+# In the interpreter the times are those of Python running the kernel and mean nothing; the
+# columns are there, the conclusions are not.
+
+# %%
+if GPU:
+    S7, B7, H7, D7, tiles = 4096, 8, 32, 128, (1, 4, 16, 64)
+else:
+    S7, B7, H7, D7, tiles = 8, 2, 2, 16, (1, 4, 16)
+x7 = torch.randn(S7, B7, H7, D7, device=device, dtype=torch.bfloat16)
+f7 = compare.angles(S7, D7, device=device).view(S7, D7)
+sms = torch.cuda.get_device_properties(device).multi_processor_count if GPU else None
+race = [{"BLOCK_ROWS": b, **yardstick.race(rows_kernel, x7, f7, b)} for b in tiles]
+where7 = torch.cuda.get_device_name() if GPU else "CPU, Triton's interpreter: times mean nothing"
+size7 = f"{x7.numel() * 2 / 2**20:.0f} MiB" if GPU else f"{x7.numel() * 2 / 2**10:.0f} KiB"
+print(f"x [{S7}, {B7}, {H7}, {D7}] bf16, {size7} ({where7})")
+print(f"{'BLOCK_ROWS':>10} {'programs':>9} {'torch copy':>11} {'your copy':>10} {'of torch':>9} "
+      f"{'rotation':>9} {'rot./copy':>9} {'ropelib':>9}  {'ns/program/SM' if GPU else ''}")
+for r in race:
+    per_program = (f"{r['your copy'] * 1e6 / (r['programs'] / sms):13.0f}" if GPU else "")
+    print(f"{r['BLOCK_ROWS']:>10} {r['programs']:>9,} {r['torch copy'] * 1e3:9.1f}us "
+          f"{r['your copy'] * 1e3:8.1f}us {r['torch copy'] / r['your copy']:8.0%} "
+          f"{r['your rotation'] * 1e3:7.1f}us {r['your rotation'] / r['your copy']:9.2f} "
+          f"{r['ropelib'] * 1e3:7.1f}us  {per_program}")
+assert [r["programs"] for r in race] == [-(-S7 * B7 * H7 // b) for b in tiles]
+assert all(r[k] > 0 for r in race for k in ("torch copy", "your copy", "your rotation", "ropelib"))
+
+# %% [markdown]
+# Now your kernel as a provider, at its fastest tile, beside the others on the same inputs:
+# `yardstick.provider` wraps it as a `compare.Provider`, so `run_case` measures it exactly as
+# it measures TE and ropelib, forward only, with the errors in ulps against fp64. Computed in
+# fp32 and rounded once to nearest, it scores at most half an ulp head-wise on a GPU (asserted).
+# In the interpreter it scores up to one: there `.to(tl.bfloat16)` truncates instead of rounding
+# to nearest (notebook 03, section 6.3), which ropelib's kernels correct by hand and yours need
+# not.
+
+# %%
+best = min(race, key=lambda r: r["your rotation"])["BLOCK_ROWS"]
+config7 = compare.Config(seq_len=S7, batch=B7, heads=H7, head_dim=D7, dtype="bf16")
+others = [n for n in ("ropelib", "te_fused", "torch.compile", "liger", "flash_attn") if n in available]
+rows7 = compare.run_case(config7, [yardstick.provider(rows_kernel, best), *others],
+                         backward=False, device=device)
+display(HTML(widgets.rows_table_html(rows7)))
+mine = {r["provider"]: r for r in rows7}["yours"]
+assert mine["available"], mine["reason"]
+assert mine["max_head_ulp_err"] <= (0.5 if GPU else 1.0) + 1e-3
+print(f"yours ({best} rows a program): {mine['ratio_fwd']:.2f} of a copy, "
+      f"{mine['max_head_ulp_err']:.3f} head-wise ulps")
+
+# %% [markdown]
 # ## What we saw
 #
 # - Every provider runs on the same inputs; one that cannot run says why.
@@ -633,6 +760,9 @@ if dtype is not None:
 #   graph they agreed and ropelib was ahead of TE. A profile of the host time puts most of it
 #   in the backward through PyTorch's autograd, the rest in the forward; each call launches two
 #   kernels.
+# - A RoPE kernel is a copy kernel with arithmetic between its load and its store. One kernel
+#   with a switch times both on the same grid and bytes: their ratio is what the rotation adds,
+#   and the copy's time per program shows where the program count, not the bytes, sets it.
 # - Interpreter timings are meaningless; the GPU numbers are the committed ones. Notebook 08
 #   turns from speed to correctness: an `allclose` between two RoPE kernels that fails, and how
 #   to find out why.
