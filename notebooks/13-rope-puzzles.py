@@ -876,10 +876,60 @@ assert 1 <= len(tests) <= 2 * angles_per_thread       # one per angle (or per si
 # 87 % to 94 % with no order: 8 positions a program (2,048 programs, 32 registers) was the
 # slowest of the 4-warp tiles, 4 positions (4,096 programs, the same 32 registers) the fastest,
 # and the timed 16 in between. Neither the number of programs nor the registers a thread holds
-# explains that spread, and one run of two rounds cannot say how much of it is noise: the same
-# copy measured 38.1 to 39.1 µs across the rows of this one run, about 3 %. A kernel of about
-# 40 µs needs repeated runs, or a profile of its stalls, before a cause can be named. Nor can
-# the sweep show the table's own cost: every tile loads it once per program.
+# explains that spread. Is it noise? The same copy measured 38.1 to 39.1 µs across the rows of
+# that run, about 3 %, so the script was run three more times, back to back on one H200
+# (`puzzle_fractions-nvidia-h200-20261130-run{1,2,3}.csv`). The cell below reads all four runs
+# and sets apart the two times each fraction divides:
+#
+# - **each tile's own time repeats**: over the four runs no tile's time moved by more than
+#   0.7 µs (under 2 %), and 4 positions a program was the fastest tile in every run, at
+#   41.4–41.5 µs; the other five took 42.4–43.6 µs;
+# - **the copy beside them did not**: 37.8 to 40.1 µs over the 24 rows, 6 % apart, and a
+#   tile's fraction moved by up to 6 points between runs, nearly the whole 7-point spread
+#   between tiles within one run.
+#
+# So the order of the fractions within a run was the copy's noise. What the runs do show: the
+# kernel takes about 43 µs with any tile against a copy's 39 (medians), about nine-tenths of
+# a copy, and fewer positions a program is slightly faster, not slower. Where the last tenth
+# goes is not measured here: at 40 µs a kernel's start and its last wave are a larger share of
+# the time than in the large cases, and every program loads its table rows before its first
+# batch row, but neither is counted. Nor can the sweep show the table's own cost: every tile
+# loads it once per program.
+
+# %%
+import statistics
+
+repeats = [compare.read_csv(measured.RESULTS / f"puzzle_fractions-nvidia-h200-20261130-run{k}.csv")
+           for k in (1, 2, 3)]
+p9_runs = [[r for r in rows if r["puzzle"] == 9] for rows in (fr_rows, *repeats)]
+tiles9 = sorted(f9)
+own = {t: [r["us"] for run in p9_runs for r in run if (r["block"], r["num_warps"]) == t]
+       for t in tiles9}
+frac = {t: [r["of_copy"] for run in p9_runs for r in run if (r["block"], r["num_warps"]) == t]
+        for t in tiles9}
+copies = [r["copy_us"] for run in p9_runs for r in run]
+print(f"puzzle 9 over {len(p9_runs)} runs: BLOCK_S, warps: kernel us (lowest-highest), of copy")
+for t in tiles9:
+    print(f"  {t[0]:>2}, {t[1]}:  {min(own[t]):.1f}-{max(own[t]):.1f} us   "
+          f"{min(frac[t]):.0%}-{max(frac[t]):.0%}")
+print(f"  the copy beside them: {min(copies):.1f}-{max(copies):.1f} us over {len(copies)} rows")
+assert all(len(v) == 4 for v in own.values()) and len(copies) == 24
+assert round(max(max(v) - min(v) for v in own.values()), 1) == 0.7             # "0.7 us"
+assert max((max(v) - min(v)) / min(v) for v in own.values()) < 0.02            # "under 2 %"
+assert all(min(run, key=lambda r: r["us"])["block"] == 4 for run in p9_runs)   # fastest every run
+assert (f"{min(own[4, 4]):.1f}", f"{max(own[4, 4]):.1f}") == ("41.4", "41.5")
+others9 = [u for t, v in own.items() if t != (4, 4) for u in v]
+assert (f"{min(others9):.1f}", f"{max(others9):.1f}") == ("42.4", "43.6")
+assert (f"{min(copies):.1f}", f"{max(copies):.1f}") == ("37.8", "40.1")
+assert round(100 * (max(copies) / min(copies) - 1)) == 6
+swing = max(max(v) - min(v) for v in frac.values())                # one tile, between runs
+spread = max(frac[t][0] for t in tiles9) - min(frac[t][0] for t in tiles9)   # tiles, one run
+print(f"a tile's fraction moved by up to {swing:.1%} between runs; the tiles of one run spread "
+      f"over {spread:.1%}")
+assert round(100 * swing) == 6 and round(100 * spread) == 7
+kernel_med, copy_med = statistics.median(sum(own.values(), [])), statistics.median(copies)
+print(f"medians: kernel {kernel_med:.1f} us, copy {copy_med:.1f} us: {copy_med / kernel_med:.2f} of a copy")
+assert (round(kernel_med), round(copy_med)) == (43, 39) and round(copy_med / kernel_med, 1) == 0.9
 
 # %% [markdown]
 # ## Questions for a study group
