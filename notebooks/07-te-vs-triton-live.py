@@ -693,7 +693,12 @@ print("racing", "your kernel" if rows_ok else "the worked kernel")
 #   element it stores; ropelib's finished kernel evaluates them once per position and feature
 #   pair of its tile and reuses them over the tile's heads and batch rows (notebook 05). If your
 #   rotation runs well behind your copy, that is the first thing to try: load the angles of the
-#   $D/2$ pairs once per token and reuse them, or give a program the rows of one token.
+#   $D/2$ pairs once per token and reuse them, or give a program the rows of one token;
+# - **the largest tile**: 64 rows of 128 features over 4 warps are 64 elements a thread, each
+#   with its value, its partner, its angle, a sine and a cosine in fp32. Compiled for an sm_90
+#   GPU with `ropelib.course.load_schedule.schedule` (notebook 12), the worked kernel's thread
+#   holds 120 registers at 16 rows and all 255 it may have at 64, so a rotation that falls far
+#   behind its copy there is one the registers no longer hold.
 #
 # In the interpreter the times are those of Python running the kernel and mean nothing; the
 # columns are there, the conclusions are not.

@@ -505,8 +505,7 @@ ex.show_split_epilogue_solution()
 # register layout to another (`ttg.convert_layout`, through shared memory or warp shuffles)
 # and their bytes, the registers a thread holds, the shared memory a program asks for. Your
 # two kernels (or the worked ones, where a check did not pass), at ropelib's forward
-# `BLOCK_M`, `BLOCK_K` and warps for Llama-3-8B's projection (with Triton's default of 3
-# pipeline stages; ropelib's tile has 4, which changes the shared-memory column):
+# `BLOCK_M`, `BLOCK_K`, warps and pipeline stages for Llama-3-8B's projection:
 
 # %%
 from ropelib.course import load_schedule
@@ -519,11 +518,13 @@ bf16_, f32_, i64_ = (torch.empty(16, dtype=t) for t in (torch.bfloat16, torch.fl
 tile_args = dict(x_ptr=bf16_, w_ptr=bf16_, out_ptr=bf16_, cos_ptr=f32_, sin_ptr=f32_,
                  pos_ptr=i64_, M=8192, K=4096, H=48, N_ROT=40, D=128,
                  BLOCK_M=fwd_tiles["BLOCK_M"], BLOCK_K=fwd_tiles["BLOCK_K"])
-built = {label: load_schedule.schedule(kern, tile_args, num_warps=fwd_tiles["num_warps"])
+built = {label: load_schedule.schedule(kern, tile_args, num_warps=fwd_tiles["num_warps"],
+                                       num_stages=fwd_tiles["num_stages"])
          for label, kern in (("two accumulators", two_acc_kernel),
                              ("one accumulator, split", one_acc_kernel))}
 print(f"sm_90, Triton {triton.__version__}, BLOCK_M={tile_args['BLOCK_M']} "
-      f"BLOCK_K={tile_args['BLOCK_K']} D=128, {fwd_tiles['num_warps']} warps")
+      f"BLOCK_K={tile_args['BLOCK_K']} D=128, {fwd_tiles['num_warps']} warps, "
+      f"{fwd_tiles['num_stages']} stages")
 print(f"{'':24s}{'MMAs a K step':>14s}{'conversions':>12s}{'converted':>11s}{'registers':>10s}"
       f"{'shared':>9s}")
 for label, b in built.items():
