@@ -697,8 +697,8 @@ print("racing", "your kernel" if rows_ok else "the worked kernel")
 # - **the largest tile**: 64 rows of 128 features over 4 warps are 64 elements a thread, each
 #   with its value, its partner, its angle, a sine and a cosine in fp32. Compiled for an sm_90
 #   GPU with `ropelib.course.load_schedule.schedule` (notebook 12), the worked kernel's thread
-#   holds 120 registers at 16 rows and all 255 it may have at 64, so a rotation that falls far
-#   behind its copy there is one the registers no longer hold.
+#   holds 120 registers at 16 rows and all 255 it may have at 64: where a rotation falls far
+#   behind its copy at 64 rows, look first at what its registers can hold.
 #
 # In the interpreter the times are those of Python running the kernel and mean nothing; the
 # columns are there, the conclusions are not.
