@@ -14,7 +14,7 @@ if not torch.cuda.is_available():
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from ropelib import reference  # noqa: E402
+from ropelib import reference, runtime  # noqa: E402
 from ropelib.bench import compare  # noqa: E402
 from ropelib.course.exercises import yardstick as ys  # noqa: E402
 from loading import learner_copy, load_file, switched_kernels  # noqa: E402
@@ -161,8 +161,9 @@ def test_the_learners_kernel_runs_beside_the_other_providers():
 
 def test_the_race_times_the_four_on_the_same_tensor():
     own = learner_copy(ys.solution_rows_kernel)
-    x = torch.randn(4, 2, 2, 16, dtype=torch.bfloat16)
-    freqs = compare.angles(4, 16).view(4, 16)
+    device = runtime.default_device()
+    x = torch.randn(4, 2, 2, 16, dtype=torch.bfloat16, device=device)
+    freqs = compare.angles(4, 16, device=device).view(4, 16)
     times = ys.race(own, x, freqs, block_rows=4)
     assert set(times) == {"torch copy", "your copy", "your rotation", "ropelib", "programs"}
     assert times["programs"] == 4 and all(times[k] > 0 for k in times)
