@@ -858,7 +858,8 @@ else:
 #   for both halves, with the same DRAM bytes. Yet ropelib's kernel has rung 6's shortcut
 #   (`load_table` in `ropelib/kernels/common.py`), and compiled for sm_90 both hold the same
 #   sin/cos code and branches: why it executed rung 5's count is not something this profile
-#   separates (below the next cell, the interpreter reads which way its branch goes). At $b = 1$ it ends
+#   separates (after the next cell, the interpreter reads which way its branch goes, and a
+#   profile by opcode says what the extra instructions are). At $b = 1$ it ends
 #   *above* rung 6, by about three points, for a reason the planner chose: a program with no
 #   batch loop (fewer than four entries) loads its x before its table work, so x and the
 #   table's rows are in flight together, one wait for memory instead of two. The profile shows
@@ -1040,9 +1041,74 @@ assert unequal["evaluations"] == 2 * unequal["programs"]       # both halves
 # %% [markdown]
 # One evaluation a program: the finished kernel takes the shortcut for this table, as rung 6
 # does. So the extra warp instructions the profiler counts for it are not a second sin/cos
-# evaluation; they come from work the two kernels do differently elsewhere, which this profile
-# does not separate (the next measurement is a per-line count of executed instructions, which
-# Nsight Compute's source view gives).
+# evaluation. What are they? A second profile of the same launches, on the same H200
+# (`benchmarks/ladder_opcodes_ncu.py`, committed as
+# `benchmarks/results/ladder_opcodes_per_opcode-nvidia-h200.csv`), counts each kernel's
+# executed warp instructions by opcode. The cell below sets the finished kernel beside rung 6,
+# opcode by opcode, and checks what follows:
+#
+# - **the rotation's arithmetic is rung 6's, to the instruction**: the same counts of FFMA,
+#   FMUL, FADD, FSETP, FSEL and F2FP (the fp32 multiply-adds, the libdevice sin/cos and the
+#   conversion to bf16);
+# - **a third of the extra is one SEL per element**, exactly as many as the elements: the
+#   finished kernel's only per-element select is its guard `tl.where(valid, y, nan)` in
+#   `_rotate_entry`, which writes NaN for a position outside the table (the attribution is by
+#   count; the profile does not name source lines). Rung 6 has no such guard;
+# - **half is PRMT**, byte permutes: four times rung 6's count, one and a half more per element.
+#   Which lines of the source issue them this count does not say;
+# - **the rest is integer address arithmetic** (IMAD, IADD3 and their kin, less some LEA): the
+#   finished kernel takes any strides, offsets and positions.
+#
+# The same profile answers a question of section 3: rungs 4 and 5 execute the same
+# instructions, opcode for opcode. With this Triton `tl.cos` already compiles to libdevice's
+# `cosf` (no MUFU, the fast hardware approximation, in either), so the `accurate` rung changes
+# nothing on this GPU. Rung 5 spends its extra instructions over rung 6 on a second sin/cos;
+# the finished kernel spends about as many on the guard, the permutes and its addresses. Timed
+# under the profiler, that costs it a few per cent against rung 6 (printed).
+
+# %%
+OPCODE_CSV = measured.RESULTS / "ladder_opcodes_per_opcode-nvidia-h200.csv"
+op_meta = compare.read_meta(OPCODE_CSV)
+launched = measured.ncu_kernels(OPCODE_CSV)              # chunks, accurate, equal_halves, finished
+ops = [k["instances"]["sass__inst_executed_per_opcode"] for k in launched]
+assert [k["kernel"] for k in launched] == ["_ladder_chunk_kernel", "_ladder_chunk_kernel",
+                                           "_ladder_final_kernel", "_rope_kernel"]
+r4, r5, r6, fin_ops = ops
+elements = 4096 * 8 * 32 * 128                          # the profiled bf16 sbhd s4096 b8 launch
+extra = {op: fin_ops.get(op, 0) - r6.get(op, 0) for op in set(r6) | set(fin_ops)}
+total_extra = sum(extra.values())
+print(f"{op_meta['gpu']}, Triton {op_meta['triton']}, {op_meta['date']}: warp instructions "
+      f"executed, rung 6 {sum(r6.values()):,.0f}, finished kernel {sum(fin_ops.values()):,.0f}")
+print(f"{'opcode':8s}{'rung 6':>13s}{'finished':>13s}{'extra':>13s}  per element")
+for op in sorted(extra, key=lambda o: -abs(extra[o]))[:10]:
+    print(f"{op:8s}{r6.get(op, 0):>13,.0f}{fin_ops.get(op, 0):>13,.0f}{extra[op]:>+13,.0f}"
+          f"  {extra[op] * 32 / elements:+.2f}")
+# the rotation's arithmetic: identical
+FLOAT_OPS = ("FFMA", "FMUL", "FADD", "FSETP", "FSEL", "F2FP")
+assert all(fin_ops[op] == r6[op] for op in FLOAT_OPS)
+# one SEL per element (32 threads a warp instruction), a third of the extra
+assert extra["SEL"] * 32 == elements and round(extra["SEL"] / total_extra, 1) == 0.3
+# half the extra is PRMT: four times rung 6's, 1.5 more per element
+assert fin_ops["PRMT"] == 4 * r6["PRMT"] and extra["PRMT"] * 32 / elements == 1.5
+assert round(extra["PRMT"] / total_extra, 1) == 0.5
+# the rest: integer address arithmetic (more IMAD and IADD3, fewer LEA)
+integer = ("IMAD", "IADD3", "VIADD", "ISETP", "IABS", "LEA", "LDC", "S2R", "SHF", "LOP3", "MOV",
+           "ULDC", "S2UR", "UIMAD", "ULEA", "VIADDMNMX", "USHF")
+rest = total_extra - extra["SEL"] - extra["PRMT"]
+assert 0 < rest < 0.25 * total_extra and extra["IMAD"] > 0 and extra["IADD3"] > 0 and extra["LEA"] < 0
+assert abs(sum(extra.get(op, 0) for op in integer) - rest) < 0.1 * rest    # nearly all of it
+print(f"the finished kernel's extra over rung 6: SEL {extra['SEL'] / total_extra:.0%}, PRMT "
+      f"{extra['PRMT'] / total_extra:.0%}, the rest {rest / total_extra:.0%} (integer)")
+# rungs 4 and 5 are the same code on this GPU: no MUFU in either
+assert r4 == r5 and "MUFU" not in r4
+# ... and the totals: rung 5 and the finished kernel nearly level, rung 6 a quarter fewer
+assert abs(sum(fin_ops.values()) / sum(r5.values()) - 1) < 0.02
+assert sum(r6.values()) < 0.8 * sum(fin_ops.values())
+timed = {k["id"]: k["metrics"]["gpu__time_duration.sum"] / 1e3
+         for k in measured.ncu_kernels(measured.RESULTS / "ladder_opcodes_ncu-nvidia-h200.csv")}
+print(f"under Nsight Compute: rung 6 {timed[2]:.1f} us, the finished kernel {timed[3]:.1f} us "
+      f"({timed[3] / timed[2] - 1:+.1%})")
+assert 1.0 < timed[3] / timed[2] < 1.05                                      # "a few per cent"
 
 # %% [markdown]
 # ## 6. Past the finished kernel: two passes for large tensors

@@ -57,3 +57,11 @@ def test_notebook_10_kernels_profiled_as_the_notebook_defines_them(benchmark, ca
     assert kernel.fn.__name__ == "mrope_per_head_kernel"
     assert probe.main(["--check"]) == 0
     assert "the three launches agree" in capsys.readouterr().out
+
+
+def test_notebook_05_opcode_profile_launches_agree(benchmark, capsys):
+    probe = benchmark("ladder_opcodes_ncu")
+    assert probe.main(["--check"]) == 0
+    assert "the four launches agree" in capsys.readouterr().out
+    assert probe.main(["--metrics"]) == 0
+    assert "smsp__inst_executed.sum" in capsys.readouterr().out

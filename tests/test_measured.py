@@ -119,7 +119,7 @@ def test_an_ncu_table_starts_at_its_header(tmp_path):
     path = tmp_path / "ncu.csv"
     path.write_text(text)
     assert measured.ncu_kernels(path) == [
-        {"id": 0, "kernel": "k", "metrics": {"gpu__time_duration.sum": 1234.0}}]
+        {"id": 0, "kernel": "k", "metrics": {"gpu__time_duration.sum": 1234.0}, "instances": {}}]
     path.write_text("==PROF== Disconnected\n")
     with pytest.raises(ValueError, match="no Nsight Compute table"):
         measured.ncu_kernels(path)
@@ -133,3 +133,26 @@ def test_ncu_kernels_reads_the_committed_tables_probe():
     assert kernels[0]["kernel"] == "_rope_rows_kernel"
     assert kernels[0]["metrics"]["dram__bytes_read.sum"] == 335_491_840
     assert kernels[0]["metrics"]["gpu__time_duration.sum"] == 186_944
+
+
+def test_ncu_kernels_reads_instanced_metrics(tmp_path):
+    """`--print-metric-instances details` prints "total (name: value; ...)": the total stays a
+    metric, the instances are kept by name; ncu's "n/a" reads as None."""
+    text = ('"ID","Kernel Name","Metric Name","Metric Value"\n'
+            '"0","k","sass__inst_executed_per_opcode","3,072 (FFMA: 2,048; SEL: 1,024)"\n'
+            '"0","k","sass__thread_inst_executed_per_opcode","n/a"\n')
+    path = tmp_path / "ops.csv"
+    path.write_text(text)
+    (k,) = measured.ncu_kernels(path)
+    assert k["metrics"] == {"sass__inst_executed_per_opcode": 3072.0,
+                            "sass__thread_inst_executed_per_opcode": None}
+    assert k["instances"] == {"sass__inst_executed_per_opcode": {"FFMA": 2048.0, "SEL": 1024.0}}
+
+
+def test_the_committed_opcode_profile_adds_up():
+    # notebook 05's profile by opcode: the instances of each kernel sum to its total
+    kernels = measured.ncu_kernels(measured.RESULTS / f"ladder_opcodes_per_opcode-{measured.GPU}.csv")
+    assert [k["kernel"] for k in kernels][2:] == ["_ladder_final_kernel", "_rope_kernel"]
+    for k in kernels:
+        ops = k["instances"]["sass__inst_executed_per_opcode"]
+        assert sum(ops.values()) == k["metrics"]["sass__inst_executed_per_opcode"]

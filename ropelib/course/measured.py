@@ -148,17 +148,30 @@ def probe(kind: str, gpu: str = GPU) -> dict:
 
 def ncu_kernels(path) -> list:
     """The kernels of an Nsight Compute CSV (``ncu --csv --metrics ...``: one row per kernel
-    and metric), in launch order: [{"id", "kernel", "metrics": {name: value}}], each value a
-    float in the metric's own unit (bytes, ns, %) with ncu's thousands separators removed."""
+    and metric), in launch order: [{"id", "kernel", "metrics": {name: value}, "instances":
+    {name: {instance: value}}}], each value a float in the metric's own unit (bytes, ns, %) with
+    ncu's thousands separators removed (None where ncu wrote "n/a"). An instanced metric printed
+    with ``--print-metric-instances details`` ("total (A: a; B: b; ...)", e.g. executed
+    instructions per opcode) keeps its total under "metrics" and its instances under
+    "instances"."""
     import csv
     compare.note_read(path)
     lines = compare.ncu_table(Path(path).read_text())
     if not lines:
         raise ValueError(f"{path}: no Nsight Compute table (a header row starting with \"ID\")")
+
+    def number(text):
+        text = text.strip().replace(",", "")
+        return None if text in ("", "n/a") else float(text)
     out = {}
     for r in csv.DictReader(lines):
-        k = out.setdefault(r["ID"], dict(id=int(r["ID"]), kernel=r["Kernel Name"], metrics={}))
-        k["metrics"][r["Metric Name"]] = float(r["Metric Value"].replace(",", ""))
+        k = out.setdefault(r["ID"], dict(id=int(r["ID"]), kernel=r["Kernel Name"], metrics={},
+                                         instances={}))
+        total, _, listed = r["Metric Value"].partition(" (")
+        k["metrics"][r["Metric Name"]] = number(total)
+        if listed:
+            pairs = (item.rsplit(":", 1) for item in listed.rstrip(")").split(";"))
+            k["instances"][r["Metric Name"]] = {name.strip(): number(v) for name, v in pairs}
     return sorted(out.values(), key=lambda k: k["id"])
 
 
