@@ -539,12 +539,18 @@ else:
 #    programs, not because it reuses cos/sin. A program costs a fixed slice of an SM's time
 #    however little it does, and a variant with one row per program and no sine or cosine at all
 #    is as slow as the naive kernel.
-# 2. Once programs are few enough, the time follows the bytes of $x$ that an SM's warps keep in
-#    flight: occupancy × bytes per warp. More warps on the same tile change nothing; more heads
-#    per program raise both, and close most of the gap to the finished kernel.
-# 3. It beats TE's fused kernel at $b = 8$ because TE's kernel executes more than twice the
-#    instructions per element, so its SMs, not its memory, are the busier side. At $b = 1$ the
-#    grid is back to one row per program and TE is faster.
+# 2. Once programs are few enough, the time follows the KiB of $x$ that an SM's warps keep in
+#    flight: occupancy × bytes per warp. A second warp on the same tile changes nothing (twice
+#    the occupancy, half the bytes per warp); a fourth halves the bytes per warp again on an SM
+#    that is already full, and is slower. More heads per program raise the KiB per SM (two
+#    heads double the bytes per warp; four heads on two warps raise the occupancy too), and four
+#    heads a program run level with the finished kernel.
+# 3. It beats TE's fused kernel at $b = 8$ although TE's kernel moves the same bytes with a
+#    fuller SM. What TE's kernel does more of is instructions: more than twice as many per
+#    element, and its SMs, not its memory, are the busier side of its profile. That is
+#    consistent with an instruction limit; the profile does not show the SMs saturated, so
+#    call it the likeliest cause, not a proof. At $b = 1$ the grid is back to one row per
+#    program and TE is faster.
 #
 # `benchmarks/ablation.py` times, at bf16 sbhd $s = 4096, b = 8, h = 32, d = 128$ and at
 # $s = 32768, b = 1$ (the same bytes), a device copy, TE's fused kernel (when Transformer
@@ -917,7 +923,10 @@ assert w4["ncu_achieved_occupancy_pct"] > 90 and w4["occ_blocks_per_sm"] == 16
 assert abs(w4["x_kib_per_sm"] / w2["x_kib_per_sm"] - 0.5) < 0.05 and w4["us"] > 1.5 * w2["us"]
 assert h4["ncu_achieved_occupancy_pct"] > 1.5 * br["ncu_achieved_occupancy_pct"]
 assert h4["x_kib_per_sm"] > 3 * br["x_kib_per_sm"] and h4["us"] < 0.8 * br["us"]
-assert same_time(h4, mech["ropelib"], tol=0.1)
+assert same_time(h4, mech["ropelib"], tol=0.03)          # level with the finished kernel
+h2 = mech["heads2_loop_b"]      # two heads, one warp: the occupancy of batch_reuse, twice its KiB
+assert abs(h2["ncu_achieved_occupancy_pct"] - br["ncu_achieved_occupancy_pct"]) < 2
+assert h2["x_kib_per_sm"] > 1.9 * br["x_kib_per_sm"] and h2["us"] < 0.9 * br["us"]
 # instructions: TE's grid in Triton asks for as many bytes, executes far more, and is slower
 te_grid, te_table = mech["heads_all_one_b"], mech["heads_all_one_b_table"]
 assert te_grid["x_kib_per_sm"] >= 0.8 * h4["x_kib_per_sm"]
