@@ -27,12 +27,16 @@ NOTEBOOK = ROOT / "notebooks" / "07-te-vs-triton-live.py"
 def _body(x_ptr, y_ptr, freqs_ptr, n_rows, ROWS_PER_TOKEN, D: tl.constexpr,
           BLOCK_ROWS: tl.constexpr, ROTATE: tl.constexpr, NO_MASK: tl.constexpr,
           TOKEN_IS_ROW: tl.constexpr, PARTNER_ANGLE: tl.constexpr, UNSIGNED: tl.constexpr,
-          ALWAYS_ROTATE: tl.constexpr, STORE: tl.constexpr):
+          ALWAYS_ROTATE: tl.constexpr, ROW_BEFORE: tl.constexpr, STORE: tl.constexpr):
     """The solution with switches that each plant one known mistake."""
     row = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)[:, None]
+    if ROW_BEFORE:
+        row = row - 1                # every row one too early: the first program stores row -1
     d = tl.arange(0, D)[None, :]
     live = (row < n_rows) & (d < D)
     store_live = live
+    if ROW_BEFORE:
+        live = (row >= 0) & live
     if NO_MASK:
         store_live = d < D           # the last program's rows past n_rows are written too
     x = tl.load(x_ptr + row * D + d, mask=live, other=0.0)
@@ -59,7 +63,8 @@ def _body(x_ptr, y_ptr, freqs_ptr, n_rows, ROWS_PER_TOKEN, D: tl.constexpr,
             tl.store(y_ptr + row * D + d, x, mask=store_live)
 
 
-SWITCHES = ("NO_MASK", "TOKEN_IS_ROW", "PARTNER_ANGLE", "UNSIGNED", "ALWAYS_ROTATE", "STORE")
+SWITCHES = ("NO_MASK", "TOKEN_IS_ROW", "PARTNER_ANGLE", "UNSIGNED", "ALWAYS_ROTATE", "ROW_BEFORE",
+            "STORE")
 PARAMS = ("x_ptr, y_ptr, freqs_ptr, n_rows, ROWS_PER_TOKEN, D: tl.constexpr, "
           "BLOCK_ROWS: tl.constexpr, ROTATE: tl.constexpr")
 
@@ -72,6 +77,7 @@ def variants(tmp_path_factory):
             {"solution-like": {}, "no_mask": dict(NO_MASK=True),
              "token_is_row": dict(TOKEN_IS_ROW=True), "partner_angle": dict(PARTNER_ANGLE=True),
              "unsigned_sine": dict(UNSIGNED=True), "always_rotate": dict(ALWAYS_ROTATE=True),
+             "row_before": dict(ROW_BEFORE=True),
              "writes_nothing": dict(STORE=False)}, PARAMS) as made:
         yield made
 
@@ -97,7 +103,8 @@ def test_the_planted_mistakes_harness_is_sound(variants):
 
 @pytest.mark.parametrize("label, why", [
     ("no_mask", "past the output"), ("token_is_row", "differ"), ("partner_angle", "differ"),
-    ("unsigned_sine", "differ"), ("always_rotate", "copy:"), ("writes_nothing", "not written")])
+    ("unsigned_sine", "differ"), ("always_rotate", "copy:"), ("row_before", "before the output"),
+    ("writes_nothing", "not written")])
 def test_the_exercise_rejects_known_mistakes(variants, label, why, capsys):
     assert ys.check_rows_kernel(variants[label], seed=3) is False
     out = capsys.readouterr().out

@@ -16,8 +16,9 @@ copy's time beside `y.copy_(x)` says how good a yardstick the learner's tiling i
 The check launches the kernel itself (signature `KERNEL_SIGNATURE`, grid (cdiv(n_rows,
 BLOCK_ROWS),)) with both settings of ROTATE on inputs it draws fresh: a row count that is not a
 multiple of BLOCK_ROWS (a masked tail), several tokens per program, fp32, bf16 and fp16, TE's table
-and one whose pairs' angles differ. The output starts as NaN inside a NaN guard band, so an
-element the kernel does not write stays NaN and a store past the last row lands in the band. The
+and one whose pairs' angles differ. The output starts as NaN between NaN guard bands, so an
+element the kernel does not write stays NaN and a store before the first row or past the last
+lands in a band. The
 copy must be the input bit for bit. Only a `@triton.jit` function is accepted, launched with
 ropelib's own answers barred (`own_code`): its kernels, the worked solution below, or a kernel
 calling one of its @triton.jit helpers, are refused.
@@ -62,7 +63,7 @@ CASES = (
     (4, 1, 2, 8, 16, torch.float16, "free"),     # 8 rows, one program with half its rows masked
     (2, 2, 1, 64, 1, torch.float32, "te"),       # one row per program
 )
-_PAD = 3   # guard band: rows of NaN after the output
+_PAD = 3   # guard bands: rows of NaN before and after the output
 
 
 def launch(kernel, x: torch.Tensor, y: torch.Tensor, freqs2d: torch.Tensor, block_rows: int,
@@ -79,11 +80,11 @@ def launch(kernel, x: torch.Tensor, y: torch.Tensor, freqs2d: torch.Tensor, bloc
 
 
 def _inputs(gen: torch.Generator, S, B, H, D, dtype, table):
-    """x, y (a NaN view into a padded buffer), the padded buffer, angles [S, D]."""
+    """x, y (a NaN view into the middle of a padded buffer), the padded buffer, angles [S, D]."""
     device = runtime.default_device()
     x = torch.randn(S, B, H, D, generator=gen).to(device=device, dtype=dtype)
-    y_buf = torch.full(((S * B * H + _PAD) * D,), float("nan"), dtype=dtype, device=device)
-    y = y_buf[:x.numel()].view(S, B, H, D)
+    y_buf = torch.full(((S * B * H + 2 * _PAD) * D,), float("nan"), dtype=dtype, device=device)
+    y = y_buf[_PAD * D:_PAD * D + x.numel()].view(S, B, H, D)
     if table == "te":   # f0 f1 ... f0 f1 ...: both members of a pair share an angle
         inv = 1.0 / (10000.0 ** (torch.arange(0, D, 2, dtype=torch.float32) / D))
         f = torch.outer(torch.arange(S, dtype=torch.float32), inv).repeat(1, 2)
@@ -101,9 +102,14 @@ def _label(S, B, H, D, block_rows, dtype, table, rotate) -> str:
 def _verdict(name, label, x, x_before, y, y_buf, f, rotate, seed) -> bool:
     """After one launch: nothing written past the output, x unchanged, no NaN left in y, y equal
     to x (the copy, bit for bit) or to the reference (the rotation, within a rounding)."""
-    if not bool(torch.isnan(y_buf[x.numel():]).all()):
+    D = x.shape[-1]
+    if not bool(torch.isnan(y_buf[_PAD * D + x.numel():]).all()):
         print(f"❌ {name} ({label}): the kernel wrote past the output (into the guard band after "
               "it): mask the last program's rows, row < n_rows")
+        return False
+    if not bool(torch.isnan(y_buf[:_PAD * D]).all()):
+        print(f"❌ {name} ({label}): the kernel wrote before the output (into the guard band "
+              "before it): program p's first row is p * BLOCK_ROWS")
         return False
     if not torch.equal(x, x_before):
         print(f"❌ {name} ({label}): the kernel changed its input x")
