@@ -247,7 +247,10 @@ class _GenerationFn(torch.autograd.Function):
         return ctx.launcher(dy.contiguous(), freqs, backward=True), None, None
 
 
-def _generation_supports(config: Config) -> Optional[str]:
+def teaching_kernel_supports(config: Config, *, power_of_two_head_dim: bool = False
+                             ) -> Optional[str]:
+    """None, or why a teaching kernel (sbhd, rotate-half, full rotary, positions 0..S-1, one
+    tensor a launch; a power-of-two head dim where asked) cannot run `config`."""
     reasons = []
     if config.layout != "sbhd":
         reasons.append("sbhd only")
@@ -259,6 +262,8 @@ def _generation_supports(config: Config) -> Optional[str]:
         reasons.append("no start_positions")
     if config.kv_heads is not None:
         reasons.append("one tensor per launch (no Q+K)")
+    if power_of_two_head_dim and config.head_dim & (config.head_dim - 1):
+        reasons.append("a power-of-two head dim")
     return ("unsupported config: " + ", ".join(reasons)) if reasons else None
 
 
@@ -273,7 +278,7 @@ def _ropelib_generation(name: str, module: str, attr: str, description: str) -> 
 
     def fn(case):
         return _GenerationFn.apply(case.x, case.freqs, launcher)
-    return Provider(name, True, "", fn, _generation_supports, description)
+    return Provider(name, True, "", fn, teaching_kernel_supports, description)
 
 
 def _pytorch_fn(case):

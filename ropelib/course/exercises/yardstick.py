@@ -202,23 +202,6 @@ def show_solution() -> None:
 
 # --- the learner's kernel beside the others ---------------------------------------------------
 
-def _supports(config) -> Optional[str]:
-    reasons = []
-    if config.layout != "sbhd":
-        reasons.append("sbhd only")
-    if config.interleaved:
-        reasons.append("rotate-half only")
-    if config.rotary_percent != 1.0:
-        reasons.append("full rotary only")
-    if config.start_positions:
-        reasons.append("no start_positions")
-    if config.kv_heads is not None:
-        reasons.append("one tensor per launch (no Q+K)")
-    if config.head_dim & (config.head_dim - 1):
-        reasons.append("a power-of-two head dim")
-    return ("unsupported config: " + ", ".join(reasons)) if reasons else None
-
-
 def provider(kernel, block_rows: int = 16, name: str = "yours"):
     """`kernel` (KERNEL_SIGNATURE's) as a `ropelib.bench.compare.Provider`: forward only (time
     it with `run_case(..., backward=False)`), sbhd, rotate-half, full rotary."""
@@ -230,7 +213,9 @@ def provider(kernel, block_rows: int = 16, name: str = "yours"):
         y = torch.empty_like(x)
         launch(kernel, x, y, case.freqs.reshape(-1, D)[:S].contiguous(), block_rows, True)
         return y
-    return compare.Provider(name, True, "", fn, _supports,
+    def supports(config):
+        return compare.teaching_kernel_supports(config, power_of_two_head_dim=True)
+    return compare.Provider(name, True, "", fn, supports,
                             description=f"your kernel, {block_rows} rows a program")
 
 
