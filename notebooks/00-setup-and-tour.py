@@ -253,7 +253,7 @@ print("HF drop-in:", tuple(q_hf.shape), tuple(k_hf.shape))
 # | [04 — The batch-reusing grid kernel](04-batch-reuse-grid-kernel.ipynb) | reusing cos/sin across the batch, a bytes model, GB/s against a copy |
 # | [05 — The finished kernel, one idea at a time](05-finished-kernel.ipynb) | bytes in flight → the tile, a ladder of kernels up to ropelib's, the compiled layout |
 # | [06 — The backward pass](06-backward-pass.ipynb) | rotation by $-\theta$, one kernel for both directions, `autograd.Function`, gradcheck, stride-0 gradients |
-# | [07 — Transformer Engine vs Triton, live](07-te-vs-triton-live.ipynb) | every provider on the same inputs, ulps, % of a copy, the dashboard, fixed cost vs bandwidth |
+# | [07 — Transformer Engine vs Triton, live](07-te-vs-triton-live.ipynb) | every provider on the same inputs, ulps, % of a copy, the dashboard, fixed cost vs bandwidth, your own copy-and-rotate kernel in the race |
 # | [08 — Debugging the `allclose` that failed](08-debugging-allclose.ipynb) | why two correct kernels fail `torch.allclose`, tolerances in ulps, layout traps |
 # | [09 — ropelib inside a real model: training parity, speed, and drop-in use](09-rope-in-a-model.ipynb) | a small GPT trained with and without ropelib, tokens/s, the Hugging Face and TE drop-ins |
 # | [10 — Multi-axis RoPE: M-RoPE for images and video, 2-D and 3-D axial RoPE](10-multi-axis-rope.ipynb) | Qwen2-VL / Qwen3-VL sections, image and video positions, axial RoPE |
