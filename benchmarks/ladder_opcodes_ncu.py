@@ -5,8 +5,8 @@ Nsight Compute: which kinds of instructions the finished kernel executes more of
 At bf16 sbhd s = 4096, b = 8, h = 32, d = 128 (256 MiB) each kernel is launched once between
 cudaProfilerStart/Stop, in this order:
 
-    0  rung 4, `chunks`        (fast sin/cos for both halves)
-    1  rung 5, `accurate`      (libdevice sin/cos for both halves)
+    0  rung 4, `chunks`        (`tl.cos`/`tl.sin` for both halves)
+    1  rung 5, `accurate`      (libdevice sin/cos for both halves: with Triton 3.6 the same code)
     2  rung 6, `equal_halves`  (libdevice sin/cos once per pair)
     3  ropelib.apply_rope with its route forced to the finished kernel
 

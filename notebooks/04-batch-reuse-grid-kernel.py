@@ -542,7 +542,8 @@ else:
 # 2. Once programs are few enough, the time follows the KiB of $x$ that an SM's warps keep in
 #    flight: occupancy × bytes per warp. A second warp on the same tile changes nothing (twice
 #    the occupancy, half the bytes per warp); a fourth halves the bytes per warp again on an SM
-#    that is already full, and is slower. More heads per program raise the KiB per SM (two
+#    that is already full, and is slower (it also executes twice the instructions per element:
+#    section 5.4's table). More heads per program raise the KiB per SM (two
 #    heads double the bytes per warp; four heads on two warps raise the occupancy too), and four
 #    heads a program run level with the finished kernel.
 # 3. It beats TE's fused kernel at $b = 8$ although TE's kernel moves the same bytes with a
@@ -849,8 +850,9 @@ else:
 # and executes more than twice the instructions per element of the batch-reusing grid. The
 # profiler says the same from another side: its SM throughput (the busiest of an SM's units, as a
 # share of its peak) is well above its DRAM throughput, as for TE's grid written in Triton, where
-# the batch-reusing grid shows the reverse. So what holds TE back is instructions, not bytes or
-# occupancy. Section 3's differences are where they
+# the batch-reusing grid shows the reverse. So what most likely holds TE back is instructions,
+# not bytes or occupancy (the profile shows its SMs busier than its memory, not saturated).
+# Section 3's differences are where they
 # come from — one 2-byte element per load, every element read twice (once as itself and once as
 # its partner) — but the profile counts instructions, not which line of source issued them;
 # telling those two apart would take its machine code.

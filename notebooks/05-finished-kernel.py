@@ -1056,15 +1056,17 @@ assert unequal["evaluations"] == 2 * unequal["programs"]       # both halves
 #   count; the profile does not name source lines). Rung 6 has no such guard;
 # - **half is PRMT**, byte permutes: four times rung 6's count, one and a half more per element.
 #   Which lines of the source issue them this count does not say;
-# - **the rest is integer address arithmetic** (IMAD, IADD3 and their kin, less some LEA): the
-#   finished kernel takes any strides, offsets and positions.
+# - **the rest is integer arithmetic** (IMAD, IADD3 and their kin, less some LEA), where the
+#   finished kernel's more general indexing lives (offsets in int64 where needed, positions,
+#   batch chunks); which lines issue it, the count does not say either.
 #
 # The same profile answers a question of section 3: rungs 4 and 5 execute the same
 # instructions, opcode for opcode. With this Triton `tl.cos` already compiles to libdevice's
 # `cosf` (no MUFU, the fast hardware approximation, in either), so the `accurate` rung changes
 # nothing on this GPU. Rung 5 spends its extra instructions over rung 6 on a second sin/cos;
-# the finished kernel spends about as many on the guard, the permutes and its addresses. Timed
-# under the profiler, that costs it a few per cent against rung 6 (printed).
+# the finished kernel spends about as many on the guard, the permutes and its indexing. Under
+# the profiler it runs a few per cent slower than rung 6 (printed); how much of that the extra
+# instructions cost, this profile does not separate.
 
 # %%
 OPCODE_CSV = measured.RESULTS / "ladder_opcodes_per_opcode-nvidia-h200.csv"

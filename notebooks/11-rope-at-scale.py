@@ -1056,7 +1056,8 @@ for cache in ("contiguous", "paged"):      # per cache: to fp32, divide, clamp, 
 # in the same order: 19.0–24.2, 25.3–33.8, 34.4–43.1 and 39.8–52.4 µs over the batches, while
 # the one fused kernel takes 6.1–9.9 µs with any cache. The counts do more than order the
 # times: at batch 1, where the bytes are fewest, the replayed unfused step takes 2.2 to 2.7 µs
-# per operation for every cache, about what one small kernel costs in a graph. A graph removes
+# per operation for every cache, a little less the more operations it has (part of each step's
+# time is fixed, not per kernel). A graph removes
 # the host from the step, not the kernels: each still starts and runs after the one before. Eagerly the unfused step is
 # slower again, at least 60.3, 128.8, 200.1 and 237.8 µs, more than twice the slowest replay
 # of the same kernels for every cache: the step waits for the host, which dispatches

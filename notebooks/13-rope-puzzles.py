@@ -877,26 +877,30 @@ assert 1 <= len(tests) <= 2 * angles_per_thread       # one per angle (or per si
 # slowest of the 4-warp tiles, 4 positions (4,096 programs, the same 32 registers) the fastest,
 # and the timed 16 in between. Neither the number of programs nor the registers a thread holds
 # explains that spread. Is it noise? The same copy measured 38.1 to 39.1 µs across the rows of
-# that run, about 3 %, so the script was run three more times, back to back on one H200
+# that run, about 3 %, so the script was run three more times, back to back on one H200, two
+# and a half hours after the first
 # (`puzzle_fractions-nvidia-h200-20261130-run{1,2,3}.csv`). The cell below reads all four runs
 # and sets apart the two times each fraction divides:
 #
 # - **each tile's own time repeats**: over the four runs no tile's time moved by more than
 #   0.7 µs (under 2 %). 4 positions a program was the fastest tile in every run, at
 #   41.4–41.5 µs; the other five took 42.4–43.6 µs, and among them 8 positions a program
-#   (43.0–43.4 µs) was slower than 32 (42.4–42.7 µs) in every run. So the program count does
+#   (43.0–43.4 µs) was slower than 32 (42.4–42.7 µs; both on 4 warps) in every run. So the
+#   program count does
 #   not order the tiles, and neither do the registers;
 # - **the copy beside them did not repeat**: 37.8 to 40.1 µs over the 24 rows, 6 % apart, and
 #   a tile's fraction moved by up to 6 points between runs, nearly the whole 7-point spread
 #   between tiles within one run. In the first run the fractions came out in the order of the
 #   kernels' own times; in each of the three repeats the copy's noise reordered them.
 #
-# Divide each kernel's time into its run's median copy instead, and the copy's noise is gone:
+# Divide each kernel's time into its run's median copy instead, and the copy's noise is mostly
+# gone (a tile still moves by about 2 points between runs):
 # 4 positions a program then stands at 92–94 % of a copy in every run, the other five tiles at
 # 88–92 %, each of their 20 values below its lowest (the rounding hides the gap), their ranges
 # overlapping one another. What the runs show, then: the kernel takes about 43 µs
-# with any tile against a copy's 39 (medians), about nine-tenths of a copy, and one tile, the
-# smallest, is reproducibly a little faster. Where the last tenth goes is not measured here.
+# with any tile against a copy's 39 (medians), about nine-tenths of a copy; one tile, the
+# smallest, is reproducibly a little faster, and 8 positions a program reproducibly a little
+# slower than 32 (on 4 warps). Where the last tenth goes is not measured here.
 # Nor can the sweep show the table's own cost: every tile loads it once per program.
 
 # %%

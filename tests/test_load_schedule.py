@@ -52,3 +52,19 @@ def test_the_flat_pass_issues_eight_of_its_ten_loads_early():
 def test_an_argument_that_is_not_a_launch_value_is_named():
     with pytest.raises(TypeError, match="argument 'n'"):
         load_schedule.schedule(_scale_rows, _args(n="many"), num_warps=4)
+
+
+def test_a_long_kernel_is_counted_whole_and_its_spills_are_seen():
+    """Past 4,096 instructions the disassembly's addresses grow a fifth hex digit: every
+    instruction is counted (an earlier reader stopped at 4,096), and the register spills of a
+    tile too large for its threads show as STL and LDL."""
+    from ropelib.course.exercises import yardstick
+    b, f = torch.empty(16, dtype=torch.bfloat16), torch.empty(16)
+    big = load_schedule.schedule(
+        yardstick.solution_rows_kernel, dict(x_ptr=b, y_ptr=b, freqs_ptr=f, n_rows=1 << 20,
+                                             ROWS_PER_TOKEN=256, D=128, BLOCK_ROWS=64,
+                                             ROTATE=True), num_warps=4)
+    assert big["instructions"] > 4096 and len(big["sass"]) == big["instructions"]
+    assert big["registers"] == 255 and big["local_stores"] > 0 and big["local_loads"] > 0
+    small = load_schedule.schedule(_scale_rows, _args(), num_warps=4)
+    assert small["local_stores"] == small["local_loads"] == 0

@@ -13,7 +13,8 @@ disassembles it with cuobjdump, and returns, in machine-code order:
     first_math    the index of the first floating-point multiply or fma (FMUL, FFMA)
     early         how many loads come before it
     registers     per thread (ptxas's allocation)
-    instructions  of the machine code, in all
+    instructions  of the machine code, in all (the code, not what runs: every branch counts)
+    local_stores, local_loads  STL and LDL: registers spilled to local memory, and read back
     sass          the machine code itself, one instruction a line
     shared        bytes of shared memory a program asks for
     layout_conversions  how many times the TTGIR moves a tensor between register layouts
@@ -48,6 +49,8 @@ __all__ = ["schedule", "sass_instructions"]
 
 _MATH = re.compile(r"^(?:@!?U?P\w+\s+)?(FFMA|FMUL)\b")
 _LOAD = re.compile(r"^(?:@!?U?P\w+\s+)?LDG\b")
+_SPILL_STORE = re.compile(r"^(?:@!?U?P\w+\s+)?STL\b")   # registers spilled to local memory
+_SPILL_LOAD = re.compile(r"^(?:@!?U?P\w+\s+)?LDL\b")    # ... and read back
 
 
 def sass_instructions(cubin: bytes) -> list:
@@ -56,7 +59,7 @@ def sass_instructions(cubin: bytes) -> list:
     if text is None:
         raise RuntimeError("no cuobjdump: Triton's NVIDIA backend ships one; is it installed?")
     return [re.sub(r"^\s+/\*[0-9a-f]+\*/\s+", "", line).split(";")[0].strip()
-            for line in text.splitlines() if re.match(r"^\s+/\*[0-9a-f]{4}\*/", line)]
+            for line in text.splitlines() if re.match(r"^\s+/\*[0-9a-f]{4,}\*/", line)]
 
 
 def _summary(cubin: bytes) -> dict:
@@ -66,6 +69,8 @@ def _summary(cubin: bytes) -> dict:
     return dict(loads=loads, first_math=first_math,
                 early=sum(i < first_math for i, _ in loads),
                 registers=resource_usage(cubin).get("registers"), instructions=len(ins),
+                local_stores=sum(bool(_SPILL_STORE.match(s)) for s in ins),
+                local_loads=sum(bool(_SPILL_LOAD.match(s)) for s in ins),
                 sass=ins)
 
 
