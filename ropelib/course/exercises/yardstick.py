@@ -213,6 +213,7 @@ def provider(kernel, block_rows: int = 16, name: str = "yours"):
         y = torch.empty_like(x)
         launch(kernel, x, y, case.freqs.reshape(-1, D)[:S].contiguous(), block_rows, True)
         return y
+
     def supports(config):
         return compare.teaching_kernel_supports(config, power_of_two_head_dim=True)
     return compare.Provider(name, True, "", fn, supports,
