@@ -32,8 +32,9 @@
 # - swap ropelib into a `transformers` Llama with one context manager and into a TE-style
 #   block with one import, and prove logits and gradients unchanged.
 #
-# On a GPU the model trains for a few hundred steps: its corpus is small, and a longer run
-# stops generalising and starts to memorise (section 3 shows how to tell). On a CPU the kernel
+# On a GPU the model trains for a few hundred steps: its corpus is small, and a model trained
+# long enough on a small corpus stops generalising and starts to memorise (section 3 shows how
+# to tell, and where this run stands). On a CPU the kernel
 # runs in Triton's interpreter, so the model is tiny and trains for a few dozen steps: the code
 # path is the same, the numbers are not.
 #
@@ -416,11 +417,11 @@ assert round(gap_c[-1], 2) == 0.29 and 0 < v_c[-2] - v_c[-1] < 0.005     # "0.29
 # loss is below the validation loss, and the gap widens at every evaluation, to 0.29 nats at
 # step 300 — the model already fits the text it trains on better than text it has not seen,
 # the first sign of the memorising described above. Validation still falls, but by 0.004 over the
-# last 25 steps: its lowest point is the end of the run, and a longer run would turn it up while
-# the gap keeps widening, in all three runs alike. For the parity comparison that is harmless
-# (the same model, memorising the same way, is what both implementations train); it is the
-# sampled text that carries it: phrases of the training text can come back word for word. If
-# you commit a run of your own, the same lines tell you which side of the turn it ended on.
+# last 25 steps: its lowest point is the end of the run. Whether a longer run would turn it up
+# this run cannot say; a widening gap with a flattening validation loss is what usually comes
+# before it. For the parity comparison that is harmless (the same model, memorising the same
+# way, is what both implementations train). If you commit a run of your own, the same lines
+# tell you which side of the turn it ended on.
 
 # %% [markdown]
 # ### The same model with RoPE inside the QKV projection
@@ -551,9 +552,11 @@ print(f"the committed GPU run ({meta_speed['gpu']}): ropelib / reference "
 # where $C = H D$ is the width of $q$ (and of $k$). A RoPE pass moves at least those bytes, so
 # the cell below times a plain copy of them on this device — one layer's $q$ and $k$, copied
 # twice (forward and backward), times $n_\text{layer}$ — and prints it as the *floor*, with the
-# share of the step a RoPE at the floor would take. The floor is timed on its own, from DRAM;
-# inside the training step $q$ and $k$ have just been written by the projection and may still
-# sit in the L2 cache, so the kernel there can come in under it. The plain PyTorch
+# share of the step a RoPE at the floor would take. The floor is timed on its own, as many small
+# copies (one a layer and pass), so it carries their launches too and sits below what one large
+# copy reaches on the same GPU: a yardstick for this step, not a hardware limit. Inside the
+# training step the kernel can come in under it; that $q$ and $k$, just written by the
+# projection, may still sit in the L2 cache is one possible reason, not measured here. The plain PyTorch
 # version, with its upcast, multiplies, negation, concatenations and downcast each passing
 # over the tensor, moves the bytes several times over.
 #
@@ -847,7 +850,7 @@ for what, a, b in zip(("output", "grad x", "grad W_qkv"), res["ropelib"], res["r
 #   as close to the reference as a second seed of the reference does (within 1.5 times that
 #   gap: both are samples of the same run-to-run noise).
 # - A small corpus and a large model: the run stops before the validation loss turns up, and
-#   checks that it did; a longer run memorises, in both implementations alike.
+#   checks that it did; the gap between training and validation loss is already widening.
 # - The same model with RoPE inside the QKV projection's GEMM (`rope="ropelib_qkv"`, notebook
 #   12) follows the same curve: to fp32 rounding on the CPU, within seed noise under bf16.
 # - RoPE is memory-bound; in a training step its cost is its bytes. The profiler shows how much

@@ -877,11 +877,12 @@ solution(ex.solution_text_then_image)
 #
 # ropelib can skip the table: `ropelib.rope_angles(...)` holds each pair's frequency as a
 # fixed-point fraction of a turn, and the kernel multiplies it by the integer position with
-# wrapping 64-bit integer products, so whole turns fall away exactly: the angle, rounded once
-# to fp32, is within half an fp32 ulp of the exact angle at any position up to $2^{31}-2$, for
-# every scaling law `ropelib.frequencies` has. The kernel forms the fp32 cos and sin from that
-# fixed-point turn itself, with no fp32 angle in between, within one fp32 ulp of the exact cos
-# and sin. `apply_rope(x, angles=..., position_ids=...)` reads no cos/sin table at all.
+# wrapping 64-bit integer products, so whole turns fall away exactly: the angle is rounded to
+# fp32 once. ropelib's tests check it within half an fp32 ulp of the exact angle for every
+# scaling law `ropelib.frequencies` has, at positions up to $2^{24}$; the integer arithmetic is
+# exact up to position $2^{31}-2$ by construction, though tested no further than $2^{24}$. The
+# kernel forms the fp32 cos and sin from that fixed-point turn itself, with no fp32 angle in
+# between; the cell below measures how close they come. `apply_rope(x, angles=..., position_ids=...)` reads no cos/sin table at all.
 #
 # `benchmarks/angle_precision.py` measures all three against float64 from 1 K to 16 M
 # positions (Llama-like: $d = 128$, base 500 000). The cell runs a few positions of it here; the

@@ -1190,7 +1190,8 @@ assert (round(before, 1), round(after["fused", "fwd+bwd"], 1), round(after["unfu
 # memory, a stream of global-memory instructions that fills the queue. The probe's loads them
 # with TMA: one instruction asks the copy engine for a whole tile, and the warps wait on a
 # barrier until it has arrived. ropelib's bare GEMM, without the epilogue, shows the same waits
-# (2.3 and 0.4 cycles), so the epilogue is not what holds the forward back: the main loop is.
+# (2.3 and 0.4 cycles), so the main loop, not the epilogue, is where those waits come from and
+# the larger part of the forward's gap to the probe (the table below has both kernels' times).
 # One caution the profile also shows: the probe's own bare TMA GEMM, at the same tile, was the
 # slowest of the Triton kernels (4.85 cycles of barrier waits per instruction), so TMA alone is
 # not a guarantee; how the stores and the barriers line up matters too.
