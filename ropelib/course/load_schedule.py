@@ -47,10 +47,11 @@ from .offline_compile import compile_for_cuda, cuobjdump, resource_usage
 
 __all__ = ["schedule", "sass_instructions"]
 
-_MATH = re.compile(r"^(?:@!?U?P\w+\s+)?(FFMA|FMUL)\b")
-_LOAD = re.compile(r"^(?:@!?U?P\w+\s+)?LDG\b")
-_SPILL_STORE = re.compile(r"^(?:@!?U?P\w+\s+)?STL\b")   # registers spilled to local memory
-_SPILL_LOAD = re.compile(r"^(?:@!?U?P\w+\s+)?LDL\b")    # ... and read back
+_GUARD = r"^(?:@!?U?P\w+\s+)?"                   # an instruction's guard predicate, if any
+_MATH = re.compile(_GUARD + r"(FFMA|FMUL)\b")
+_LOAD = re.compile(_GUARD + r"LDG\b")
+_SPILL_STORE = re.compile(_GUARD + r"STL\b")   # registers spilled to local memory
+_SPILL_LOAD = re.compile(_GUARD + r"LDL\b")    # ... and read back
 
 
 def sass_instructions(cubin: bytes) -> list:
