@@ -5,6 +5,7 @@ multi-axis RoPE), and the two settings that follow from where the kernels run.
     pair_features   the two features (d_a, d_b) of each rotated pair: rotate-half or interleaved
     load_table      cos and sin of table rows: angles (sin_ptr None) or cos and sin tables
     cos_sin         cos and sin of angles (libdevice's on the GPU)
+    nan_unless      a table tile made NaN where a position is outside the table, once per tile
     rotate_pair     the rotation, one fma per output in Transformer Engine's order
     store_pair      a tile of rotated pairs stored, rounded once, NaN where a position is bad
     dual_chunk_position   TE's context-parallel map from a rank's token to its global position
@@ -74,6 +75,32 @@ def round_to(y, DTYPE: tl.constexpr, BF16_RTNE: tl.constexpr):
         return u.to(tl.uint16).to(tl.bfloat16, bitcast=True)
     else:
         return y.to(DTYPE)
+
+
+# On the GPU a tile of cos values made NaN where a position is outside the table (nan_unless)
+# passes through an opaque register move. Without it LLVM folds the select into every fma that
+# reads the tile (fma(x, NaN, z) is NaN) and the guard is back on every output element, where it
+# cost the finished kernel one SEL and 1.5 PRMT an element on an H200 (bf16: the compiler
+# unpacked the rounded halves, selected each against a bf16 NaN and packed them again;
+# benchmarks/results/ladder_opcodes_per_opcode-nvidia-h200-20261130-0313-guard-per-output.csv).
+# With the move: rung 6's count of both, and its time within 0.5 % under the profiler
+# (ladder_opcodes_per_opcode-nvidia-h200.csv, ladder_opcodes_ncu-nvidia-h200.csv).
+OPAQUE_NAN = tl.constexpr(not INTERPRET)
+
+
+@triton.jit
+def nan_unless(ok, v):
+    """v (fp32 or fp64, a table tile) where ok, NaN elsewhere, as a value the compiler cannot see
+    into: the select stays where it is made, once per table element, not per output."""
+    v = tl.where(ok, v, float("nan"))
+    if OPAQUE_NAN:
+        if v.dtype == tl.float64:
+            v = tl.inline_asm_elementwise("mov.b64 $0, $1;", "=l,l", [v], dtype=tl.float64,
+                                          is_pure=True, pack=1)
+        else:
+            v = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [v], dtype=tl.float32,
+                                          is_pure=True, pack=1)
+    return v
 
 
 @triton.jit
@@ -194,9 +221,11 @@ def rotate_pair(x_a, x_b, c_a, s_a, c_b, s_b):
 def store_pair(rows, d_a, d_b, y_a, y_b, bad, mask):
     """Store a tile of pairs' members, y_a at features d_a and y_b at d_b of the rows `rows`
     ([BLOCK_S, BLOCK_H, 1] pointers), each with the one rounding to the output's dtype, and NaN
-    where `bad` (a position outside the table: never a silently clamped row)."""
-    y_a = tl.where(bad, float("nan"), y_a)
-    y_b = tl.where(bad, float("nan"), y_b)
+    where `bad` (a position outside the table: never a silently clamped row; None where the
+    caller's cos is already NaN there, nan_unless)."""
+    if bad is not None:
+        y_a = tl.where(bad, float("nan"), y_a)
+        y_b = tl.where(bad, float("nan"), y_b)
     tl.store(rows + d_a[None, None, :], round_to(y_a, rows.dtype.element_ty, ROUND_BF16_RTNE),
              mask=mask)
     tl.store(rows + d_b[None, None, :], round_to(y_b, rows.dtype.element_ty, ROUND_BF16_RTNE),

@@ -244,15 +244,13 @@ def _cos_sin_rows_kernel(
     mask = (s_idx < S)[:, None, None] & (j < HALF)[None, None, :]   # [BLOCK_S, 1, BLOCK_HALF]
     rows, valid = table_rows(s_idx, b, S, P, position_ids_ptr, stride_ids_b, cu_seqlens_ptr,
                              start_ptr, N_SEQ, cp_size, cp_rank)
-    c_a, s_a, c_b, s_b = table_cos_sin(cos_ptr, sin_ptr, rows, b, stride_tab_b, stride_tab_p,
-                                       d_a, d_b, mask, tl.float32, HALF)
+    c_a, s_a, c_b, s_b = table_cos_sin(cos_ptr, sin_ptr, rows, valid, b, stride_tab_b,
+                                       stride_tab_p, d_a, d_b, mask, tl.float32, HALF)
     if BACKWARD:
         s_a, s_b = s_b, -s_a
     else:
         s_a = -s_a
-    ok = valid[:, None, None]                   # a position outside the table: a NaN row
-    c_a = tl.where(ok, c_a, float("nan"))
-    c_b = tl.where(ok, c_b, float("nan"))
+    ok = valid[:, None, None]       # a position outside the table: a NaN row (cos already is)
     s_a = tl.where(ok, s_a, float("nan"))
     s_b = tl.where(ok, s_b, float("nan"))
     out = (b * S + s_idx).to(tl.int64)[:, None, None] * R

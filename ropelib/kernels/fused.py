@@ -90,7 +90,7 @@ import triton
 import triton.language as tl
 
 from .common import (ACCURATE, ROUND_BF16_RTNE, batch_range, contiguous_strides, cos_sin,
-                     dual_chunk_position, head_tile, load_table, offset_int, rotate_pair,
+                     dual_chunk_position, head_tile, load_table, nan_unless, offset_int, rotate_pair,
                      round_to, tile_width)
 
 # 2 pi = TWO_PI_1 + TWO_PI_2 + TWO_PI_3 (each exact in fp32, the sum within 2^-75 of 2 pi), so
@@ -271,11 +271,16 @@ def table_rows(s_idx, b, S, P, position_ids_ptr, stride_ids_b, cu_seqlens_ptr, s
 
 
 @triton.jit
-def table_cos_sin(cos_ptr, sin_ptr, rows, b, stride_tab_b, stride_tab_p, d_a, d_b, mask,
+def table_cos_sin(cos_ptr, sin_ptr, rows, valid, b, stride_tab_b, stride_tab_p, d_a, d_b, mask,
                   CDT: tl.constexpr, HALF: tl.constexpr):
-    # rows [BLOCK_S], d_a/d_b [BLOCK_HALF] -> c_a, s_a, c_b, s_b, each [BLOCK_S, 1, BLOCK_HALF].
-    # A table (common.load_table), or no table at all: int64 turns [R] in cos_ptr and the
-    # amplitude [1] in sin_ptr, and rows are then the positions themselves.
+    # rows, valid [BLOCK_S], d_a/d_b [BLOCK_HALF] -> c_a, s_a, c_b, s_b, each
+    # [BLOCK_S, 1, BLOCK_HALF]. A table (common.load_table), or no table at all: int64 turns [R]
+    # in cos_ptr and the amplitude [1] in sin_ptr, and rows are then the positions themselves.
+    # A row whose position is outside the table (not valid) gets cos = NaN, so every output of
+    # it is NaN (each is one fma with a cosine), never a silently clamped row. The select is
+    # made here, once per (token, pair) of the tile and reused by its heads and batch entries:
+    # made on the outputs instead, it cost a select per element and, on 16-bit outputs, byte
+    # permutes around it (the compiler selected the rounded halves: unpack, select, repack).
     if cos_ptr.dtype.element_ty == tl.int64:
         j = tl.arange(0, d_a.shape[0])
         c, s = _exact_cos_sin(cos_ptr, rows, j, 1, HALF, ACCURATE, CDT)
@@ -287,6 +292,8 @@ def table_cos_sin(cos_ptr, sin_ptr, rows, b, stride_tab_b, stride_tab_p, d_a, d_
     else:
         c_a, s_a, c_b, s_b = load_table(cos_ptr, sin_ptr, rows, b, stride_tab_b, stride_tab_p, 1,
                                         d_a, d_b, mask, CDT)
+    c_a = nan_unless(valid[:, None, None], c_a)
+    c_b = nan_unless(valid[:, None, None], c_b)
     return c_a, s_a, c_b, s_b
 
 
@@ -340,7 +347,7 @@ def _rope_heads(
                                           COPY_PASS)
             rows, valid = table_rows(s_idx, bb, S, P, position_ids_ptr, stride_ids_b,
                                       cu_seqlens_ptr, start_ptr, N_SEQ, cp_size, cp_rank)
-            c_a, s_a, c_b, s_b = table_cos_sin(cos_ptr, sin_ptr, rows, bb, stride_tab_b,
+            c_a, s_a, c_b, s_b = table_cos_sin(cos_ptr, sin_ptr, rows, valid, bb, stride_tab_b,
                                                stride_tab_p, d_a, d_b, tab_mask, CDT, HALF)
             if BACKWARD:
                 s_a, s_b = -s_b, -s_a
@@ -349,7 +356,7 @@ def _rope_heads(
                                           row_ok, m, R, D, BLOCK_HALF, BLOCK_PASS, INTERLEAVED,
                                           COPY_PASS)
             _rotate_entry(y_ptr, y_rows, bb, stride_y_b, x_a, x_b, t, c_a, s_a, c_b, s_b,
-                          valid, d_a, d_b, row_ok, m, R, D, BLOCK_HALF, BLOCK_PASS,
+                          d_a, d_b, row_ok, m, R, D, BLOCK_HALF, BLOCK_PASS,
                           INTERLEAVED, COPY_PASS, CDT)
     else:                               # one table for the chunk, reused by every entry
         b_first = b_lo
@@ -360,13 +367,13 @@ def _rope_heads(
                                       BLOCK_PASS, INTERLEAVED, COPY_PASS)
         rows, valid = table_rows(s_idx, 0, S, P, position_ids_ptr, stride_ids_b,
                                   cu_seqlens_ptr, start_ptr, N_SEQ, cp_size, cp_rank)
-        c_a, s_a, c_b, s_b = table_cos_sin(cos_ptr, sin_ptr, rows, 0, stride_tab_b, stride_tab_p,
-                                           d_a, d_b, tab_mask, CDT, HALF)
+        c_a, s_a, c_b, s_b = table_cos_sin(cos_ptr, sin_ptr, rows, valid, 0, stride_tab_b,
+                                           stride_tab_p, d_a, d_b, tab_mask, CDT, HALF)
         if BACKWARD:
             s_a, s_b = -s_b, -s_a
         if X_FIRST:
             _rotate_entry(y_ptr, y_rows, offset_int(b_lo, INT64), stride_y_b, x_a, x_b, t,
-                          c_a, s_a, c_b, s_b, valid, d_a, d_b, row_ok, m, R, D, BLOCK_HALF,
+                          c_a, s_a, c_b, s_b, d_a, d_b, row_ok, m, R, D, BLOCK_HALF,
                           BLOCK_PASS, INTERLEAVED, COPY_PASS, CDT)
         for b in range(b_first, b_hi):
             bb = offset_int(b, INT64)
@@ -374,7 +381,7 @@ def _rope_heads(
                                       row_ok, m, R, D, BLOCK_HALF, BLOCK_PASS, INTERLEAVED,
                                       COPY_PASS)
             _rotate_entry(y_ptr, y_rows, bb, stride_y_b, x_a, x_b, t, c_a, s_a, c_b, s_b,
-                          valid, d_a, d_b, row_ok, m, R, D, BLOCK_HALF, BLOCK_PASS,
+                          d_a, d_b, row_ok, m, R, D, BLOCK_HALF, BLOCK_PASS,
                           INTERLEAVED, COPY_PASS, CDT)
 
 
@@ -405,7 +412,7 @@ def _load_entry(x_ptr, x_rows, bb, stride_x_b, stride_x_d, d_a, d_b, row_ok, m,
 
 
 @triton.jit
-def _rotate_entry(y_ptr, y_rows, bb, stride_y_b, x_a, x_b, t, c_a, s_a, c_b, s_b, valid,
+def _rotate_entry(y_ptr, y_rows, bb, stride_y_b, x_a, x_b, t, c_a, s_a, c_b, s_b,
                   d_a, d_b, row_ok, m, R: tl.constexpr, D: tl.constexpr,
                   BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr, INTERLEAVED: tl.constexpr,
                   COPY_PASS: tl.constexpr, CDT: tl.constexpr):
@@ -413,9 +420,6 @@ def _rotate_entry(y_ptr, y_rows, bb, stride_y_b, x_a, x_b, t, c_a, s_a, c_b, s_b
     # them, and its features R..D-1 (t), at the output rows y_rows + bb * stride_y_b.
     yr = y_ptr + (y_rows + bb * stride_y_b)[:, :, None]
     y_a, y_b = rotate_pair(x_a.to(CDT), x_b.to(CDT), c_a, s_a, c_b, s_b)
-    # a position outside the table: NaN, never a silently clamped row
-    y_a = tl.where(valid[:, None, None], y_a, float("nan"))
-    y_b = tl.where(valid[:, None, None], y_b, float("nan"))
     y_a = round_to(y_a, y_ptr.dtype.element_ty, ROUND_BF16_RTNE)
     y_b = round_to(y_b, y_ptr.dtype.element_ty, ROUND_BF16_RTNE)
     if INTERLEAVED:

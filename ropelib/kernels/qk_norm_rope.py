@@ -50,7 +50,7 @@ import triton.language as tl
 from ..conventions import view4
 from ..runtime import INTERPRET
 from .common import (ROUND_BF16_RTNE, batch_range, contiguous_strides, head_tile, load_table,
-                     offset_int, rotate_pair, round_to, store_pair, tile_width)
+                     nan_unless, offset_int, rotate_pair, round_to, store_pair, tile_width)
 from .direct import DirectLauncher
 from .planning import (OUT_AS_INPUT, OUT_LAYOUT, Launch, cdiv, needs_int64, pow2_at_least,
                        pow2_at_most, start)
@@ -148,6 +148,8 @@ def _norm_rope_heads(
         rows, valid = _rows_of_table(s_idx, 0, S, P, pos_ptr, IDS_PER_ENTRY)
         c_a, s_a, c_b, s_b = load_table(cos_ptr, sin_ptr, rows, 0, stride_tab_b, R, 1, d_a, d_b,
                                         tab_mask, CDT)
+        c_a = nan_unless(valid[:, None, None], c_a)   # outside the table: NaN (see nan_unless)
+        c_b = nan_unless(valid[:, None, None], c_b)
 
     for b in range(b_lo, b_hi):
         bb = offset_int(b, INT64)
@@ -155,7 +157,8 @@ def _norm_rope_heads(
             rows, valid = _rows_of_table(s_idx, bb, S, P, pos_ptr, IDS_PER_ENTRY)
             c_a, s_a, c_b, s_b = load_table(cos_ptr, sin_ptr, rows, bb, stride_tab_b, R, 1, d_a,
                                             d_b, tab_mask, CDT)
-        bad = ~valid[:, None, None]      # a position outside the table: NaN, never a clamped row
+            c_a = nan_unless(valid[:, None, None], c_a)
+            c_b = nan_unless(valid[:, None, None], c_b)
         xr = x_ptr + (x_rows + bb * stride_x_b)[:, :, None]   # [BLOCK_S, BLOCK_H, 1]
         yr = (y_rows + bb * st_y_b)[:, :, None]
         orow = out_ptr + yr
@@ -176,7 +179,7 @@ def _norm_rope_heads(
             u_a = n_a * sw_a
             u_b = n_b * sw_b
             y_a, y_b = rotate_pair(u_a, u_b, c_a, s_a, c_b, s_b)
-            store_pair(orow, d_a, d_b, y_a, y_b, bad, m)
+            store_pair(orow, d_a, d_b, y_a, y_b, None, m)
             if BLOCK_PASS > 0:
                 tl.store(orow + e[None, None, :],
                          round_to(x_p * r * sw_p, out_ptr.dtype.element_ty, ROUND_BF16_RTNE),
@@ -186,9 +189,7 @@ def _norm_rope_heads(
             gy_a = tl.load(gr + d_a[None, None, :], mask=m, other=0.0).to(CDT)
             gy_b = tl.load(gr + d_b[None, None, :], mask=m, other=0.0).to(CDT)
             # gu = R(-theta) gy
-            gu_a, gu_b = rotate_pair(gy_a, gy_b, c_a, -s_b, c_b, -s_a)
-            gu_a = tl.where(bad, float("nan"), gu_a)
-            gu_b = tl.where(bad, float("nan"), gu_b)
+            gu_a, gu_b = rotate_pair(gy_a, gy_b, c_a, -s_b, c_b, -s_a)    # (NaN: see c_a)
             acc_a += tl.sum(tl.sum(gu_a * n_a, axis=0), axis=0)
             acc_b += tl.sum(tl.sum(gu_b * n_b, axis=0), axis=0)
             gn_a = gu_a * sw_a

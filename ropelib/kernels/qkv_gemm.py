@@ -229,7 +229,7 @@ def _cos_sin(cos_ptr, sin_ptr, m, M, S, P, pos_ptr, cu_seqlens_ptr, N_SEQ, d_a, 
     rows, valid = _token_rows(m, M, S, P, pos_ptr, cu_seqlens_ptr, N_SEQ, IDS_PER_ENTRY)
     j = tl.arange(0, BLOCK_HALF)
     mask = (m < M)[:, None, None] & (j < HALF)[None, None, :]
-    c_a, s_a, c_b, s_b = table_cos_sin(cos_ptr, sin_ptr, rows, 0, 0, R, d_a, d_b, mask,
+    c_a, s_a, c_b, s_b = table_cos_sin(cos_ptr, sin_ptr, rows, valid, 0, 0, R, d_a, d_b, mask,
                                        tl.float32, HALF)       # each [BLOCK_M, 1, BLOCK_HALF]
     shape: tl.constexpr = (BLOCK_M, BLOCK_HALF)
     return (tl.reshape(c_a, shape), tl.reshape(s_a, shape), tl.reshape(c_b, shape),
