@@ -426,6 +426,17 @@ for dtype, path in sweep_csvs.items():
         assert 1.8 < fits[prov]["fwd+bwd_us"] / fits[prov]["copy_fwdbwd_us"] < 4.5
     assert fits["ropelib"]["fwd+bwd_us"] > fits["te_fused"]["fwd+bwd_us"]
 
+# forward+backward over its copy at the largest and the smallest size, both dtypes and kernels
+ends = {end: [fits[prov]["rows"][i]["fwdbwd_ms"] / fits[prov]["rows"][i]["copy_fwdbwd_ms"]
+              for fits in models.values() for prov in ("ropelib", "te_fused")]
+        for end, i in (("largest", -1), ("smallest", 0))}
+print("forward+backward / copy: largest size "
+      + ", ".join(f"{v:.2f}" for v in ends["largest"])
+      + "; smallest " + ", ".join(f"{v:.1f}" for v in ends["smallest"]))
+if len(models) == 2:          # "1.6 to 2.9 times ... and 9 to 15 times"
+    assert (round(min(ends["largest"]), 1), round(max(ends["largest"]), 1)) == (1.6, 2.9)
+    assert (int(min(ends["smallest"])), round(max(ends["smallest"]))) == (9, 15)
+
 # the host's time per eager call, measured on its own (floor suite, same GPU model)
 floor_meta, floor_rows = measured.load("floor")
 host = {r["provider"]: r["ms"] * 1e3 for r in floor_rows if r["case"] == "decode host forward+backward sbhd"}
@@ -452,7 +463,7 @@ for dtype in models:
 # them returns a "bandwidth" many times a copy's, or a negative one — numbers with no physical
 # meaning. What the data does support: each call takes a roughly constant time (the median is
 # printed), large beside a copy of the same bytes: 1.6 to 2.9 times the copy's time at the
-# largest size and 10 to 16 times at the smallest (the medians printed are 1.9 to 4.0), and ropelib's
+# largest size and 9 to 15 times at the smallest (both checked; the medians printed are 1.9 to 4.0), and ropelib's
 # is larger than TE's. The floor suite measured, on its own, how long the host takes per eager
 # forward+backward call (`decode host forward+backward sbhd` in
 # `benchmarks/results/floor-nvidia-h200.csv`: calls back to back, host time only): ropelib's
@@ -740,8 +751,13 @@ assert all(r[k] > 0 for r in race for k in ("torch copy", "your copy", "your rot
 # code, not of what runs: libdevice's sine and cosine compile a long path for huge angles that
 # these angles never take. Still, the rotation's code is many times the copy's for every element
 # (checked), and its registers grow with the tile until, at 64 rows, a thread asks for all 255
-# it may have (checked): more rows a program means fewer programs for the per-program cost,
-# but more arithmetic per thread and fewer warps an SM can hold.
+# it may have and still runs out: the compiler *spills*, storing registers to the thread's
+# local memory (`STL`) and loading them back (`LDL`), hundreds of each (checked; the last two
+# columns), traffic through the caches that the copy never makes (it spills nothing, checked).
+# Some Triton versions also give the smaller tiles' sine and cosine a few local stores (their
+# slow path for huge angles keeps a small array there). More rows a program means fewer
+# programs for the per-program cost, but more arithmetic per thread, fewer warps an SM can
+# hold, and past some size, spills.
 
 # %%
 from ropelib.course import load_schedule
@@ -757,14 +773,19 @@ for b in (1, 4, 16, 64):
 per_thread = {b: b * 128 // (4 * 32) for b in (1, 4, 16, 64)}     # elements a thread handles
 print(f"sm_90, Triton {triton.__version__}, D = 128, 4 warps")
 print(f"{'BLOCK_ROWS':>10} {'elem/thread':>11} {'copy: regs':>11} {'inst/elem':>9} "
-      f"{'rotate: regs':>13} {'inst/elem':>9}")
+      f"{'rotate: regs':>13} {'inst/elem':>9} {'STL':>5} {'LDL':>5}")
 for b, n in per_thread.items():
     c, r = compiled[b, False], compiled[b, True]
     print(f"{b:>10} {n:>11} {c['registers']:>11} {c['instructions'] / n:>9.0f} "
-          f"{r['registers']:>13} {r['instructions'] / n:>9.0f}")
+          f"{r['registers']:>13} {r['instructions'] / n:>9.0f} {r['local_stores']:>5} "
+          f"{r['local_loads']:>5}")
 assert all(compiled[b, True]["instructions"] > 5 * compiled[b, False]["instructions"]
            for b in per_thread)
 assert compiled[64, True]["registers"] == 255
+# 64 rows: hundreds of spill stores and loads; the copy spills at no tile
+assert compiled[64, True]["local_stores"] > 100 and compiled[64, True]["local_loads"] > 100
+assert all(compiled[b, False]["local_stores"] == compiled[b, False]["local_loads"] == 0
+           for b in per_thread)
 assert all(compiled[a, True]["registers"] < compiled[b, True]["registers"]
            for a, b in ((1, 4), (4, 16), (16, 64)))
 

@@ -885,7 +885,8 @@ if GPU:
     assert "neither" not in here_lines                   # each line is one of the two fmas
 else:
     print("(this notebook's kernel, compiled: on a GPU; the interpreter rounds every product)")
-#
+
+# %% [markdown]
 # **How far apart are the elements that differ?** Most are one bf16 step; the counts per number
 # of steps are printed in step a. An element several steps apart is an output near zero, where
 # $x c$ and $r s$ nearly cancel: the fp32 rounding that the fma skips is then large *relative to

@@ -627,6 +627,23 @@ lib = ncu_rows["ropelib.apply_mrope_qk"]
 assert round(100 * (lib["smsp__inst_executed.sum"] / b["smsp__inst_executed.sum"] - 1)) == 28
 assert [round(m["gpu__time_duration.sum"] / 1e3, 1) for m in (lib, b)] == [68.2, 71.6]
 
+# programs an SM holds at the registers the profile reports (4-warp programs; registers only,
+# shared memory is not counted here), and the waves each grid needs on the H200's 132 SMs
+from ropelib.course.counts import programs_per_sm
+
+for label, kern in (("angles per (token, head)", per_head_k), ("angles once per token", once_k)):
+    m = kern["metrics"]
+    occ = programs_per_sm(int(m["launch__registers_per_thread"]), 4, 0)
+    grid, per_wave = int(m["launch__grid_size"]), occ.programs * 132
+    print(f"{label:26s} {int(m['launch__registers_per_thread'])} registers: {occ.programs} "
+          f"programs an SM ({', '.join(occ.limited_by)}), {grid:,} programs in "
+          f"{-(-grid // per_wave)} wave(s) of {per_wave:,}")
+occ_a = programs_per_sm(int(a["launch__registers_per_thread"]), 4, 0)
+occ_b = programs_per_sm(int(b["launch__registers_per_thread"]), 4, 0)
+assert (int(a["launch__registers_per_thread"]), occ_a.programs, occ_b.programs) == (36, 12, 16)
+assert int(a["launch__grid_size"]) == int(b["launch__grid_size"]) == 2048
+assert (2048 - 12 * 132, -(-2048 // (12 * 132)), -(-2048 // (16 * 132))) == (464, 2, 1)
+
 # %% [markdown]
 # The two kernels move the same bytes (about 2 % apart). The per-head kernel executes 5.3 times the
 # warp instructions, the sines and cosines it evaluates 32 times over; in the interpreter's count
@@ -636,10 +653,11 @@ assert [round(m["gpu__time_duration.sum"] / 1e3, 1) for m in (lib, b)] == [68.2,
 # timing cell's do_bench, at the GPU's own clocks, printed its own ratio (1.40 on the H200). A
 # likely reading, not measured here: the once-per-token kernel waits on memory much of its
 # time, and part of the extra work fits into those waits. The profile also shows the per-head
-# kernel with fewer warps active on average (56 % of an SM's warp slots against 89 %). One
-# derivation, not measured: its 36 registers a thread round up to 40 in the allocation, so an
-# SM holds 12 of its 4-warp programs instead of 16, and its 2,048 programs need two waves on
-# 132 SMs (1,584, then 464) where the other kernel's fit in one. ropelib's own kernel executes
+# kernel with fewer warps active on average (56 % of an SM's warp slots against 89 %). Its
+# registers go some way to say why (derived from the profile's register counts, and checked in
+# the cell above with `counts.programs_per_sm`): its 36 registers a thread round up to 40 in
+# the allocation, so an SM holds 12 of its 4-warp programs instead of 16, and its 2,048
+# programs need two waves on 132 SMs (1,584, then 464) where the other kernel's fit in one. ropelib's own kernel executes
 # 28 % more instructions than the worked solution (likely its strides, layouts, partial
 # rotary and the equal-halves check it makes for every shape) and takes a little less time
 # (68.2 against 71.6 µs).
