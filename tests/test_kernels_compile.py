@@ -44,3 +44,48 @@ def test_rotations_are_fmas(compiled):
     # "-index", finds each token's row: they rotate nothing)
     assert all(fmas > 0 for name, (_, fmas) in compiled.items()
                if not name.endswith(("-table", "-index"))), compiled
+
+
+# The out-of-table guard (common.nan_unless) is made once per table element. Made on each output
+# as `tl.where(valid, y, nan)`, or on the table as a plain select that LLVM then folds into the
+# fmas reading it, it compiles to a select of every bf16 output against a bf16 NaN (`SEL ...,
+# 0x7fc0`), with byte permutes to unpack and repack the rounded halves around it: on an H200 one
+# SEL and 1.5 PRMT an element (benchmarks/NOTES.md, "The out-of-table guard made once per table
+# element"). This compiles the finished kernel at notebook 05's profiled tile, with and without
+# position ids, and the QK-norm + RoPE forward, for sm_90, and counts those selects.
+_GUARD_CHECK = r"""
+import re, sys, torch, ropelib
+sys.path.insert(0, sys.argv[1])
+from gpu_compile_check import compile_for_gpu, machine_code
+from ropelib.kernels import launch as L
+from ropelib.kernels import qk_norm_rope as QK
+
+S, B, H, D = 64, 8, 32, 128
+bf = torch.bfloat16
+x, y = torch.empty(S, B, H, D, dtype=bf), torch.empty(S, B, H, D, dtype=bf)
+f = ropelib.rope_freqs(S, D)[:, 0, 0]
+for name, pos in (("plain", L.Positions()),
+                  ("position-ids", L.Positions(position_ids=torch.zeros(1, S, dtype=torch.int64)))):
+    planned, ptrs = L.plan(L.View.of(x), L.View.of(y), L.Table(f, None), pos, R=D,
+                           interleaved=False, backward=False, layout="sbhd", tiles=(1, 32, 8, 8))
+    c = compile_for_gpu(name, planned.launcher.kernel, planned.launcher.pointer_names, planned, ptrs)
+    print("guard", name, sum(bool(re.search(r"\bSEL\b.*0x7fc0", ln)) for ln in machine_code(c)[0].splitlines()))
+q, k = torch.empty(B, S, H, D, dtype=bf), torch.empty(B, S, 8, D, dtype=bf)
+w = torch.ones(D)
+qo, ko = torch.empty_like(q), torch.empty_like(k)
+planned = QK.plan(q, k, qo, ko, w, w, f, None, None, layout="bshd", interleaved=False, eps=1e-6,
+                  weight_offset=0.0)
+ptrs = QK.pointers(planned, q, k, qo, ko, w, w, f, None, None, None, None, QK.partials(planned))
+c = compile_for_gpu("qk-norm", planned.launcher.kernel, planned.launcher.pointer_names, planned, ptrs)
+print("guard qk-norm", sum(bool(re.search(r"\bSEL\b.*0x7fc0", ln)) for ln in machine_code(c)[0].splitlines()))
+"""
+
+
+def test_the_nan_guard_is_not_a_select_of_every_output():
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", _GUARD_CHECK, str(Path(__file__).parent)],
+                         capture_output=True, text=True, env=env, timeout=900)
+    assert run.returncode == 0, run.stderr[-4000:]
+    counts = {" ".join(ln.split()[1:-1]): int(ln.split()[-1])
+              for ln in run.stdout.splitlines() if ln.startswith("guard ")}
+    assert counts == {"plain": 0, "position-ids": 0, "qk-norm": 0}, counts
