@@ -222,8 +222,8 @@ def _token_rows(m, M, S, P, pos_ptr, cu_seqlens_ptr, N_SEQ, IDS_PER_ENTRY: tl.co
 def _cos_sin(cos_ptr, sin_ptr, m, M, S, P, pos_ptr, cu_seqlens_ptr, N_SEQ, d_a, d_b,
              IDS_PER_ENTRY: tl.constexpr, R: tl.constexpr, BLOCK_M: tl.constexpr,
              BLOCK_HALF: tl.constexpr):
-    # the angles of tokens m [BLOCK_M]: c_a, s_a, c_b, s_b [BLOCK_M, BLOCK_HALF] fp32 and
-    # valid [BLOCK_M]. cos_ptr/sin_ptr: an angle table [P, R] (sin_ptr None), or no table:
+    # the angles of tokens m [BLOCK_M]: c_a, s_a, c_b, s_b [BLOCK_M, BLOCK_HALF] fp32, the
+    # cosines NaN where a position is outside the table. cos_ptr/sin_ptr: an angle table [P, R] (sin_ptr None), or no table:
     # Angles.turns [R] int64 and its amplitude [1] (fused.table_cos_sin reads either).
     HALF: tl.constexpr = R // 2
     rows, valid = _token_rows(m, M, S, P, pos_ptr, cu_seqlens_ptr, N_SEQ, IDS_PER_ENTRY)
@@ -233,7 +233,7 @@ def _cos_sin(cos_ptr, sin_ptr, m, M, S, P, pos_ptr, cu_seqlens_ptr, N_SEQ, d_a, 
                                        tl.float32, HALF)       # each [BLOCK_M, 1, BLOCK_HALF]
     shape: tl.constexpr = (BLOCK_M, BLOCK_HALF)
     return (tl.reshape(c_a, shape), tl.reshape(s_a, shape), tl.reshape(c_b, shape),
-            tl.reshape(s_b, shape), valid)
+            tl.reshape(s_b, shape))
 
 
 @triton.jit
@@ -318,16 +318,16 @@ def _norm_rotate_store(y_a, y_b, y_p, out_ptr, nw_ptr, rstd_ptr, pre_ptr, c_a, s
 
 
 @triton.jit
-def _grad_tile(g_ptr, hh, H, g, NQK, nw_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b, s_b, valid,
+def _grad_tile(g_ptr, hh, H, g, NQK, nw_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b, s_b,
                m, m_ok, S, B, d_a, d_b, e, j_ok, e_ok,
                D: tl.constexpr, LAYOUT: tl.constexpr, INT64: tl.constexpr,
                ROTATE: tl.constexpr, HAS_PASS: tl.constexpr):
     # The backward's prologue: dY of head hh of q, k (ROTATE) or v for tokens m, from the
     # gradient g_ptr of that output (laid out like it) -> (dY_a, dY_b, dY_p, gun_a, gun_b,
     # gun_p), fp32 [BLOCK_M, *]: dY in the accumulators' pairing, and gu n (the norm weight's
-    # gradient terms; zeros without the norm). Rows past M come out zero. valid [BLOCK_M]:
-    # False where a position is outside the table (dY NaN there), or None where the cos/sin
-    # rows say so themselves (NaN rows).
+    # gradient terms; zeros without the norm). Rows past M come out zero. A position outside
+    # the table has a NaN cosine (the dX pre-pass's rows, fused.table_cos_sin for dW), so its
+    # dY is NaN: each member of the rotation is one fma with a cosine.
     row = g_ptr + _head_rows(m, hh, H, S, B, D, LAYOUT, INT64)[:, None]
     mask = m_ok[:, None] & j_ok[None, :]
     mask_p = m_ok[:, None] & e_ok[None, :]
@@ -343,9 +343,6 @@ def _grad_tile(g_ptr, hh, H, g, NQK, nw_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b, s
     if ROTATE:
         # gu = rot(-theta) gy: the transpose swaps which member's sine is used
         ga, gb = rotate_pair(ga, gb, c_a, -s_b, c_b, -s_a)
-        if valid is not None:
-            ga = tl.where(valid[:, None], ga, float("nan"))
-            gb = tl.where(valid[:, None], gb, float("nan"))
         if nw_ptr is not None:
             if INT64:
                 mg = m.to(tl.int64) * NQK + g
@@ -544,7 +541,6 @@ def _qkv_rope_dx_kernel(
                                            R, BLOCK_HALF)
     else:
         c_a, s_a, c_b, s_b = 0.0, 0.0, 0.0, 0.0
-    valid = None            # (a position outside the table has NaN rows)
     acc = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
     for h in range(0, HQ):
         if INT64:
@@ -552,7 +548,7 @@ def _qkv_rope_dx_kernel(
         else:
             n0 = h * D
         dy_a, dy_b, dy_p, _, _, _ = _grad_tile(
-            gq_ptr, h, HQ, h, NQK, norm_q_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b, s_b, valid,
+            gq_ptr, h, HQ, h, NQK, norm_q_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b, s_b,
             m, m_ok, S, B, d_a, d_b, e, j_ok, e_ok, D, LAYOUT, INT64, ROTATE, HAS_PASS)
         acc = _dx_head(acc, dy_a, dy_b, dy_p, w_ptr, n0, kk, k_ok, d_a, d_b, e, j_ok, e_ok, K,
                        HAS_PASS, PRECISION)
@@ -563,7 +559,7 @@ def _qkv_rope_dx_kernel(
             n0 = (HQ + h) * D
         dy_a, dy_b, dy_p, _, _, _ = _grad_tile(
             gk_ptr, h, HK, HQ + h, NQK, norm_k_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b, s_b,
-            valid, m, m_ok, S, B, d_a, d_b, e, j_ok, e_ok, D, LAYOUT, INT64, ROTATE, HAS_PASS)
+            m, m_ok, S, B, d_a, d_b, e, j_ok, e_ok, D, LAYOUT, INT64, ROTATE, HAS_PASS)
         acc = _dx_head(acc, dy_a, dy_b, dy_p, w_ptr, n0, kk, k_ok, d_a, d_b, e, j_ok, e_ok, K,
                        HAS_PASS, PRECISION)
     for h in range(0, HK):
@@ -572,7 +568,7 @@ def _qkv_rope_dx_kernel(
         else:
             n0 = (NQK + h) * D
         dy_a, dy_b, dy_p, _, _, _ = _grad_tile(
-            gv_ptr, h, HK, 0, NQK, None, None, None, c_a, s_a, c_b, s_b, valid,
+            gv_ptr, h, HK, 0, NQK, None, None, None, c_a, s_a, c_b, s_b,
             m, m_ok, S, B, d_a, d_b, e, j_ok, e_ok, D, LAYOUT, INT64, False, HAS_PASS)
         acc = _dx_head(acc, dy_a, dy_b, dy_p, w_ptr, n0, kk, k_ok, d_a, d_b, e, j_ok, e_ok, K,
                        HAS_PASS, PRECISION)
@@ -609,13 +605,13 @@ def _dw_head(g_ptr, hh, H, g, NQK, nw_ptr, rstd_ptr, pre_ptr, x_ptr, cos_ptr, si
         m = m0 + tl.arange(0, BLOCK_M)
         m_ok = m < M
         if ROTATE:
-            c_a, s_a, c_b, s_b, valid = _cos_sin(cos_ptr, sin_ptr, m, M, S, P, pos_ptr,
-                                                 cu_seqlens_ptr, N_SEQ, d_a, d_b, IDS_PER_ENTRY,
-                                                 R, BLOCK_M, BLOCK_HALF)
+            c_a, s_a, c_b, s_b = _cos_sin(cos_ptr, sin_ptr, m, M, S, P, pos_ptr,
+                                          cu_seqlens_ptr, N_SEQ, d_a, d_b, IDS_PER_ENTRY, R,
+                                          BLOCK_M, BLOCK_HALF)
         else:
-            c_a, s_a, c_b, s_b, valid = 0.0, 0.0, 0.0, 0.0, m_ok
+            c_a, s_a, c_b, s_b = 0.0, 0.0, 0.0, 0.0
         dy_a, dy_b, dy_p, gun_a, gun_b, gun_p = _grad_tile(
-            g_ptr, hh, H, g, NQK, nw_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b, s_b, valid,
+            g_ptr, hh, H, g, NQK, nw_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b, s_b,
             m, m_ok, S, B, d_a, d_b, e, j_ok, e_ok, D, LAYOUT, INT64, ROTATE, HAS_PASS)
         if INT64:
             m_off = m.to(tl.int64)
