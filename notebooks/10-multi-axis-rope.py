@@ -134,6 +134,30 @@ fig.savefig(FIGURES / "10-axes-and-frequencies.png", dpi=120)
 plt.show()
 
 # %% [markdown]
+# **Exercise 1 — the section split.** (Each exercise's check prints ✅ or ❌ and never stops the
+# notebook. Replace the `...` and rerun the cell; the solution is folded away in the cell after
+# it. The checks run your own code: an answer that calls ropelib's `axis_of_pairs`,
+# `multi_axis_frequencies` or `grid_positions`, or any other part of the library, is not one.)
+# Write `my_axis_of_pairs(section, interleaved)`: a list or tensor of
+# `sum(section)` ints, the axis of each frequency pair. With `interleaved=False`, contiguous
+# runs (Qwen2-VL: `[16, 24, 24]` → sixteen 0s, twenty-four 1s, twenty-four 2s). With
+# `interleaved=True`, Qwen3-VL's rule: every pair starts on axis 0; pair $j$ follows axis
+# $a \ge 1$ when $j \bmod n = a$ and $j < n \cdot \text{section}[a]$ ($n$ axes).
+
+# %%
+def my_axis_of_pairs(section, interleaved):
+    ...  # your code
+
+
+if my_axis_of_pairs([2, 3, 3], False) is None:
+    print("Exercise 1: fill in my_axis_of_pairs, then rerun this cell")
+else:
+    ex.check_axis_of_pairs(my_axis_of_pairs)
+
+# %%
+solution(ex.solution_axis_of_pairs)
+
+# %% [markdown]
 # ## 2. Positions: text, then an image
 #
 # Qwen2-VL numbers the tokens of a prompt like this (`get_rope_index` in transformers): text
@@ -155,7 +179,26 @@ for name, row in zip(("time", "row", "col"), positions):
 # %% [markdown]
 # The image spans 6 tokens but advances the text position by only 3 ($\max(h, w)$): the next
 # text token starts at 6, not at 9.
-#
+
+# %% [markdown]
+# **Exercise 2 — the positions of an image prompt.** Write `my_text_then_image(n_text, h, w)`: the
+# `[3, n_text + h*w + 1]` positions (time, row, column) of `n_text` text tokens, one image of
+# `h × w` patches in raster order, and one more text token after it, numbered as in section 2.
+
+# %%
+def my_text_then_image(n_text, h, w):
+    ...  # your code
+
+
+if my_text_then_image(3, 2, 2) is None:
+    print("Exercise 2: fill in my_text_then_image, then rerun this cell")
+else:
+    ex.check_text_then_image(my_text_then_image)
+
+# %%
+solution(ex.solution_text_then_image)
+
+# %% [markdown]
 # ## 3. Qwen2-VL, worked: ropelib against transformers
 #
 # transformers computes the angles of all three axes for every pair, `[3, B, S, 64]`, takes
@@ -650,7 +693,7 @@ assert (2048 - 12 * 132, -(-2048 // (12 * 132)), -(-2048 // (16 * 132))) == (464
 # above it evaluated 32 times as many, but an evaluation is only part of a kernel's instructions,
 # the loads, rotation and stores being the same in both. The time does not grow as much as the
 # instructions: 1.9 times under the profiler's fixed clocks, and on the page's GPU run the
-# timing cell's do_bench, at the GPU's own clocks, printed its own ratio (1.40 on the H200). A
+# timing cell's do_bench, at the GPU's own clocks, printed its own ratio (on a GPU; the page shows the H200's). A
 # likely reading, not measured here: the once-per-token kernel waits on memory much of its
 # time, and part of the extra work fits into those waits. The profile also shows the per-head
 # kernel with fewer warps active on average (56 % of an SM's warp slots against 89 %). Its
@@ -818,52 +861,6 @@ if sched_t:
     assert len(sched_t["loads"]) == 6
     if triton.__version__.startswith(("3.6", "3.9")):     # the versions the text speaks of
         assert sched_t["early"] == 6
-
-# %% [markdown]
-# ## Exercises
-#
-# Each check prints ✅ or ❌ and never stops the notebook. Replace the `...` and rerun the
-# cell; the solutions are folded away in the cell after each exercise. The checks run your own
-# code: an answer that calls ropelib's `axis_of_pairs`, `multi_axis_frequencies` or
-# `grid_positions` (or any other part of the library) is not one. The kernel exercise is in
-# section 6.
-#
-# **1. The section split.** Write `my_axis_of_pairs(section, interleaved)`: a list or tensor of
-# `sum(section)` ints, the axis of each frequency pair. With `interleaved=False`, contiguous
-# runs (Qwen2-VL: `[16, 24, 24]` → sixteen 0s, twenty-four 1s, twenty-four 2s). With
-# `interleaved=True`, Qwen3-VL's rule: every pair starts on axis 0; pair $j$ follows axis
-# $a \ge 1$ when $j \bmod n = a$ and $j < n \cdot \text{section}[a]$ ($n$ axes).
-
-# %%
-def my_axis_of_pairs(section, interleaved):
-    ...  # your code
-
-
-if my_axis_of_pairs([2, 3, 3], False) is None:
-    print("Exercise 1: fill in my_axis_of_pairs, then rerun this cell")
-else:
-    ex.check_axis_of_pairs(my_axis_of_pairs)
-
-# %%
-solution(ex.solution_axis_of_pairs)
-
-# %% [markdown]
-# **2. The positions of an image prompt.** Write `my_text_then_image(n_text, h, w)`: the
-# `[3, n_text + h*w + 1]` positions (time, row, column) of `n_text` text tokens, one image of
-# `h × w` patches in raster order, and one more text token after it, numbered as in section 2.
-
-# %%
-def my_text_then_image(n_text, h, w):
-    ...  # your code
-
-
-if my_text_then_image(3, 2, 2) is None:
-    print("Exercise 2: fill in my_text_then_image, then rerun this cell")
-else:
-    ex.check_text_then_image(my_text_then_image)
-
-# %%
-solution(ex.solution_text_then_image)
 
 # %% [markdown]
 # ## Summary

@@ -1057,7 +1057,12 @@ for cache in ("contiguous", "paged"):      # per cache: to fp32, divide, clamp, 
 # the one fused kernel takes 6.1–9.9 µs with any cache. The counts do more than order the
 # times: at batch 1, where the bytes are fewest, the replayed unfused step takes 2.2 to 2.7 µs
 # per operation for every cache, a little less the more operations it has (part of each step's
-# time is fixed, not per kernel). A graph removes
+# time is fixed, not per kernel). A line through those four batch-1 times against the count
+# says how much: about 6.2 µs fixed and 1.9 µs for each operation, every time within 0.4 µs of
+# the line (fitted and checked below). The fixed part is about what the whole fused step takes
+# replayed at batch 1, 6.1 to 7.0 µs over the caches: replaying a step costs that much before
+# its kernels add their own, so the one fused kernel costs little beyond replaying anything at
+# all, and every further kernel of the unfused step about 1.9 µs more. A graph removes
 # the host from the step, not the kernels: each still starts and runs after the one before. Eagerly the unfused step is
 # slower again, at least 60.3, 128.8, 200.1 and 237.8 µs, more than twice the slowest replay
 # of the same kernels for every cache: the step waits for the host, which dispatches
@@ -1086,6 +1091,22 @@ per_op = [next(r["ms"] * 1e3 for r in timed if (r["cache"], r["cache_dtype"], r[
           for cache, dtype in order]
 print("batch 1, replayed, unfused: us per operation", [round(u, 2) for u in per_op])
 assert (round(min(per_op), 1), round(max(per_op), 1)) == (2.2, 2.7)
+# a line through the batch-1 replays: fixed µs + µs per operation (least squares)
+n_ops = [1 + OPS[c] for c in order]
+t_b1 = [u * n for u, n in zip(per_op, n_ops)]
+n_mean, t_mean = sum(n_ops) / 4, sum(t_b1) / 4
+per_kernel = (sum((n - n_mean) * (t - t_mean) for n, t in zip(n_ops, t_b1))
+              / sum((n - n_mean) ** 2 for n in n_ops))
+fixed = t_mean - per_kernel * n_mean
+off_line = [t - (fixed + per_kernel * n) for n, t in zip(n_ops, t_b1)]
+fused_b1 = [r["ms"] * 1e3 for r in timed
+            if (r["provider"], r["mode"], r["batch"]) == ("fused", "graph", 1)]
+print(f"batch 1, replayed, unfused: {fixed:.2f} us + {per_kernel:.2f} us per operation "
+      f"(off the line by at most {max(map(abs, off_line)):.2f} us); the fused step replayed: "
+      f"{min(fused_b1):.1f}-{max(fused_b1):.1f} us")
+assert (round(fixed, 1), round(per_kernel, 1)) == (6.2, 1.9) and max(map(abs, off_line)) < 0.4
+assert as_stated((min(fused_b1), max(fused_b1)), (6.1, 7.0))
+assert min(fused_b1) < fixed < max(fused_b1)            # the fixed part: about the fused step
 assert all(a[0] < b[0] and a[1] < b[1] for a, b in zip(graph, graph[1:]))   # rises with the count
 assert all(a[0] < b[0] for a, b in zip(eager, eager[1:]))
 assert all(e[0] > 2 * g[1] for e, g in zip(eager, graph))

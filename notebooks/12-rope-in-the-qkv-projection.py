@@ -1251,6 +1251,15 @@ assert max(triton_kernels, key=lambda c: prof[c]["Duration"]) == "probe_bare"   
 # `qkv_mainloop-nvidia-h200.csv`, two separate runs). On another GPU
 # the cell only prints. On a CPU it says so and times nothing: the interpreter's times say
 # nothing about a GPU.
+#
+# The last line reads your kernel against the three others. Its ratio to cuBLAS alone is the
+# whole price of your GEMM and your epilogue together: the teaching launch uses fixed 64 × 64
+# tiles and Triton's default pipelining, where `qkv_rope_linear` uses tiles measured per shape
+# (`benchmarks/qkv_tiles.py`) and cuBLAS its own kernels, so most of the gap to them is the
+# main loop, not the epilogue you wrote (section 7 separates the two with `triton_gemm`, the
+# same Triton GEMM without a rotation). Its ratio to `qkv_rope_linear` is what those tiles are
+# worth. Change the tiles in `teaching()` (`64, 64`: the rows and the hidden-size step of a
+# program) and rerun to see how much.
 
 # %%
 # section 7's fused / unfused forward at the shape timed here, on each GPU it ran on
@@ -1308,6 +1317,10 @@ if torch.cuda.is_available():
         print(f"{name:<40} {ms[0]:.3f} ms (p20 {ms[1]:.3f}, p80 {ms[2]:.3f})")
     gpu = torch.cuda.get_device_name()
     print(f"fused / unfused here ({gpu}): {live['fused'] / live['unfused']:.2f}")
+    # reading your kernel's line: its GEMM against cuBLAS's, and its epilogue against ropelib's
+    print(f"{which} / cuBLAS alone: {live['teaching'] / live['cublas']:.2f}; "
+          f"/ qkv_rope_linear: {live['teaching'] / live['fused']:.2f}; "
+          f"/ cuBLAS + RoPE: {live['teaching'] / live['unfused']:.2f}")
     if torch.cuda.get_device_capability() == (9, 0) and any(g in gpu for g in ("H100", "H200")):
         assert live["fused"] > live["unfused"], live      # slower, as in section 7 (there by >= 20 %)
 else:
