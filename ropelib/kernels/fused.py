@@ -41,7 +41,8 @@ Positions come from one of three places (whichever pointer is given): the token 
 TE's context-parallel dual-chunk split and per-batch start offsets), explicit position ids, or,
 for packed sequences, a search of the token index in cu_seqlens (64 entries at once, then a
 binary search between two of them). A position outside the table makes its row NaN (the table
-read is clamped, so memory stays safe and the bad value cannot pass unnoticed).
+read is clamped, so memory stays safe and the bad value cannot pass unnoticed): its cosines are
+made NaN once in the tile's table (common.nan_unless), and every output is one fma with one.
 
 The pairing: rotate-half pairs feature j with j + R/2 (two contiguous half loads); interleaved
 pairs 2j with 2j+1 (one contiguous load of R features, split into even/odd lanes, joined back
