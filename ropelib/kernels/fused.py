@@ -91,8 +91,8 @@ import triton
 import triton.language as tl
 
 from .common import (ACCURATE, ROUND_BF16_RTNE, batch_range, contiguous_strides, cos_sin,
-                     dual_chunk_position, head_tile, load_table, nan_unless, offset_int, rotate_pair,
-                     round_to, tile_width)
+                     dual_chunk_position, head_tile, load_table, nan_unless, offset_int,
+                     rotate_pair, round_to, tile_width)
 
 # 2 pi = TWO_PI_1 + TWO_PI_2 + TWO_PI_3 (each exact in fp32, the sum within 2^-75 of 2 pi), so
 # a product with it is exact to fp64 precision whatever precision the constants are given in.

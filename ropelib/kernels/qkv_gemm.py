@@ -223,8 +223,9 @@ def _cos_sin(cos_ptr, sin_ptr, m, M, S, P, pos_ptr, cu_seqlens_ptr, N_SEQ, d_a, 
              IDS_PER_ENTRY: tl.constexpr, R: tl.constexpr, BLOCK_M: tl.constexpr,
              BLOCK_HALF: tl.constexpr):
     # the angles of tokens m [BLOCK_M]: c_a, s_a, c_b, s_b [BLOCK_M, BLOCK_HALF] fp32, the
-    # cosines NaN where a position is outside the table. cos_ptr/sin_ptr: an angle table [P, R] (sin_ptr None), or no table:
-    # Angles.turns [R] int64 and its amplitude [1] (fused.table_cos_sin reads either).
+    # cosines NaN where a position is outside the table. cos_ptr/sin_ptr: an angle table
+    # [P, R] (sin_ptr None), or no table: Angles.turns [R] int64 and its amplitude [1]
+    # (fused.table_cos_sin reads either).
     HALF: tl.constexpr = R // 2
     rows, valid = _token_rows(m, M, S, P, pos_ptr, cu_seqlens_ptr, N_SEQ, IDS_PER_ENTRY)
     j = tl.arange(0, BLOCK_HALF)
