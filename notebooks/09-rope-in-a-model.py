@@ -725,8 +725,10 @@ solution(in_a_model.solution_rope_share)
 #
 # Is the text new, or recited? The cell also finds the longest stretch of the sample that
 # occurs word for word in the training text. A model that generalises reuses words and short
-# phrases; a model trained far past its best validation loss (section 3) reproduces whole
-# sentences of its corpus, and that stretch grows to a good part of the sample.
+# phrases; a model trained past its best validation loss (section 3) may recite longer
+# stretches of its corpus. One sample of one run cannot say how far this model has gone that
+# way: the cell prints the stretch for this sample, and comparing it across the checkpoints of
+# section 3, or across seeds, would be the measurement.
 
 # %%
 text = sample(trained, data, "The ", SAMPLE_CHARS, seed=0)
