@@ -65,6 +65,14 @@ def pytest_report_header(config):
     return lines
 
 
+def browser_notebooks() -> list[str] | None:
+    """The notebook-name prefixes ROPELIB_BROWSER_NOTEBOOKS limits the browser test to (07,08),
+    or None: every notebook."""
+    only = [n.strip() for n in os.environ.get("ROPELIB_BROWSER_NOTEBOOKS", "").split(",")]
+    return [n for n in only if n] or None
+
+
+@pytest.hookimpl(trylast=True)      # after -m / -k have deselected what they deselect
 def pytest_collection_modifyitems(config, items):
     gpu_reason = _gpu_skip_reason()
     browser_reason = _browser_skip_reason()
@@ -74,6 +82,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=gpu_reason))
         if browser_reason and item.get_closest_marker("browser") and not require_browser:
             item.add_marker(pytest.mark.skip(reason=browser_reason))
+    # The browser test runs every notebook top to bottom in JupyterLab and fails on any cell that
+    # shows an error or did not run: in a session that runs it, nbmake does not run the same
+    # notebooks a second time (half the suite's CPU time on a 2-core machine went to doing both).
+    browser_runs = (not browser_reason or require_browser) and any(
+        item.get_closest_marker("browser") and item.name.startswith("test_every_notebook_runs")
+        for item in items)
+    if browser_runs:
+        only = browser_notebooks()
+        for item in items:
+            name = getattr(item, "path", None)
+            if name is None or name.suffix != ".ipynb" or name.parent.name != "notebooks":
+                continue
+            if only is None or any(name.name.startswith(n) for n in only):
+                item.add_marker(pytest.mark.skip(
+                    reason="run top to bottom in JupyterLab by tests/test_browser.py in this "
+                           "session (every cell run, any error fails it)"))
 
 
 def pytest_runtest_setup(item):
