@@ -131,7 +131,7 @@ def _rope_repro_kernel(
     BLOCK_HALF: tl.constexpr,  # next power of two >= HALF (tl.arange needs one)
     FROM_ANGLES: tl.constexpr,  # True: cos/sin computed here from fp32 angles, as TE does
     COMPUTE_FP32: tl.constexpr,  # False: cos, sin and the products rounded to x's dtype
-    USE_FMA: tl.constexpr,  # True: y1 = fma(x1, c, -x2*s), y2 = fma(x2, c, x1*s)
+    USE_FMA: tl.constexpr,  # True: each sum one fused multiply-add (section 4b)
     BF16_RTNE: tl.constexpr,  # round bf16 to nearest even by hand (the interpreter truncates)
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -161,9 +161,10 @@ def _rope_repro_kernel(
     x2 = x2.to(tl.float32)
     # The rotation of each pair: y1 = x1*c - x2*s, y2 = x2*c + x1*s, in one of three orders
     if USE_FMA:
-        # x1*c (x2*c) enters the sum exact, the other product is rounded: section 4b
-        y1 = tl.fma(x1, c, -(x2 * s))
-        y2 = tl.fma(x2, c, x1 * s)
+        # one product enters the sum exact, the other is rounded first; which one is fused
+        # decides whether the output is TE's bit for bit: section 4b's exercise finds it, so
+        # the course keeps its choice in debug._fused_pair
+        y1, y2 = debug._fused_pair(x1, x2, c, s)
     elif COMPUTE_FP32:
         # as written; a GPU compiler may fuse either product into an fma (section 4b)
         y1 = x1 * c - x2 * s
@@ -410,7 +411,7 @@ assert 10 <= n_big <= 1e-4 * yb.numel() and torch.allclose(yb, yb_moved, **debug
 # - **fp32 table** (precomputed with `torch.cos` in fp32) vs **sin/cos in the kernel** from
 #   fp32 angles, as TE's kernel does: both accurate; a table computed with torch on the CPU can
 #   differ from CUDA's `sincosf` in the last fp32 bit (section 4b counts where);
-# - **fused multiply-add** $\mathrm{fma}(x_1, c, -x_2 s)$ rounds once instead of twice. A GPU
+# - **fused multiply-add**: one product and the sum rounded once instead of twice. A GPU
 #   compiler contracts `a*b + c` into an FMA on its own; the interpreter (NumPy) does not. The
 #   order changes the last fp32 bit of many outputs, and after rounding to bf16 a few elements
 #   per hundred thousand still differ — section 4b counts them against the real TE.

@@ -106,6 +106,11 @@ def _calls_solution(x1, x2, c, s):
     return ex.solution_te_combine(x1, x2, c, s)
 
 
+@triton.jit
+def _calls_repro_fused_pair(x1, x2, c, s):
+    return debug._fused_pair(x1, x2, c, s)     # the reproduction kernel's fma line
+
+
 LIBRARY = {
     "ropelib's rotate_pair": (_calls_rotate_pair,
                               "ropelib's rotate_pair (ropelib/kernels/common.py)"),
@@ -113,6 +118,8 @@ LIBRARY = {
     "the worked solution": (ex.solution_te_combine, "ropelib's solution_te_combine"),
     "a combine that calls the worked solution": (_calls_solution,
                                                  "ropelib's solution_te_combine"),
+    "a combine that calls the reproduction's fused pair": (_calls_repro_fused_pair,
+                                                           "ropelib's _fused_pair"),
 }
 
 

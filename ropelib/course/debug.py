@@ -47,6 +47,14 @@ __all__ = ["Causes", "Scenario", "REPRO", "FIXED", "CAUSE_DOCS", "DECISIONS", "t
 # of one row, loading the two halves as two tiles of BLOCK_HALF.
 
 @triton.jit
+def _fused_pair(x1, x2, c, s):
+    """The pair's rotation with each sum one fused multiply-add, one product entering it exact.
+    Which product that is decides whether the output equals TE's bit for bit: notebook 08's
+    section 4b has the learner find it, so the reproduction keeps its choice here."""
+    return tl.fma(x1, c, -(x2 * s)), tl.fma(x2, c, x1 * s)
+
+
+@triton.jit
 def _rope_unsloth_repro_kernel(
     x_ptr,  # *x: [ROWS, H, D] rotated in place; last dim contiguous
     cos_ptr,  # *table: [P, HALF] cos values (or angles when FROM_ANGLES)
@@ -58,7 +66,7 @@ def _rope_unsloth_repro_kernel(
     BLOCK_HALF: tl.constexpr,  # next power of two >= HALF
     FROM_ANGLES: tl.constexpr,  # True: the table holds fp32 angles, cos/sin computed here
     COMPUTE_FP32: tl.constexpr,  # False: math in the table's dtype (Unsloth's `.to(sin1.dtype)`)
-    USE_FMA: tl.constexpr,  # True: y1 = fma(x1, c, -x2*s), y2 = fma(x2, c, x1*s)
+    USE_FMA: tl.constexpr,  # True: each sum one fused multiply-add (_fused_pair)
     BF16_RTNE: tl.constexpr,  # round bf16 to nearest even by hand (the interpreter truncates)
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -86,9 +94,8 @@ def _rope_unsloth_repro_kernel(
     x1 = x1.to(tl.float32)
     x2 = x2.to(tl.float32)
     if USE_FMA:
-        # one rounding for x1*c and the sum (the products x2*s, x1*s are still rounded)
-        y1 = tl.fma(x1, c, -(x2 * s))
-        y2 = tl.fma(x2, c, x1 * s)
+        # one product and the sum rounded once, the other product rounded on its own
+        y1, y2 = _fused_pair(x1, x2, c, s)
     elif COMPUTE_FP32:
         y1 = x1 * c - x2 * s
         y2 = x2 * c + x1 * s

@@ -23,7 +23,8 @@ GPU compiler may contract either way, fails on every machine.
 
 The launch runs with ropelib's own answers barred (`own_code`): a combine that is, or calls, one
 of ropelib's ``@triton.jit`` helpers (``ropelib.kernels.common.rotate_pair`` computes this very
-line) or the worked solution below is refused.
+line, and so does ``debug._fused_pair``, the reproduction kernel's fma line) or the worked
+solution below is refused.
 """
 import functools
 from typing import Optional
@@ -148,7 +149,8 @@ def check_te_combine(fn) -> bool:
         ok, y = launch_barred(
             name, label, "your combine",
             lambda: launch(_rope_combine_kernel, fn, *args, sincos="table",
-                           enable_fp_fusion=False))
+                           enable_fp_fusion=False),
+            bar=(debug._fused_pair,))      # the reproduction kernel's fma line
         if not ok:
             return False
         y = y.to(case.x.dtype).cpu()
