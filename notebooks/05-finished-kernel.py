@@ -19,7 +19,8 @@
 # Notebook 04's batch-reusing grid reaches about two thirds to three quarters of the speed of a
 # plain device copy of the same tensor; ropelib's finished kernel (`ropelib/kernels/fused.py`)
 # about nine tenths (section 5's ladder), and `ropelib.apply_rope` as you call it, which on a
-# tensor this large takes section 6's two-pass route, nearly all of it, measured on the same
+# tensor this large takes section 6's two-pass route, all of it (within the timing's spread),
+# measured on the same
 # H200 (section 1 reads the batch-reusing grid and `apply_rope` from that run's CSV).
 # This notebook closes that gap in small steps. It starts from a
 # number — how many bytes a GPU must have in flight to stream at full speed — and derives the
@@ -112,7 +113,7 @@ if start:
     # apply_rope as called (the two-pass route at this size) all of one, within the timing's
     # spread (its median can land a little above the copy's)
     assert 60 <= start["ropelib_batch_reuse"]["pct_of_copy"] <= 80
-    assert 95 <= start["ropelib"]["pct_of_copy"] <= 101
+    assert 95 <= start["ropelib"]["pct_of_copy"] <= 102
 else:
     print(f"{GEN_CSV.name} is missing: `python benchmarks/generations.py` on a GPU measures it")
 
@@ -852,19 +853,19 @@ else:
 # - **Two bars end each panel, both ropelib.** `ropelib` is `ropelib.apply_rope` with its
 #   route forced to the finished kernel: every feature of section 3's list compiled in, on the
 #   launch of rung 6 (at $s = 4096$, $b = 8$ its profile is `_rope_kernel` on 4,096 programs of
-#   8 warps). Where its programs loop over the batch ($b = 8$, the first two panels) it ends a
-#   point or two below its own equal-halves rung (the cell prints each): the profiler counts
-#   about as many warp instructions per element for it as for rung 5, which evaluates sin/cos
-#   for both halves, with the same DRAM bytes. Yet ropelib's kernel has rung 6's shortcut
-#   (`load_table` in `ropelib/kernels/common.py`), and compiled for sm_90 both hold the same
-#   sin/cos code and branches: why it executed rung 5's count is not something this profile
-#   separates (after the next cell, the interpreter reads which way its branch goes, and a
-#   profile by opcode says what the extra instructions were, and how the kernel lost them
-#   since). At $b = 1$ it ends
+#   8 warps). Where its programs loop over the batch ($b = 8$, the first two panels) it ends
+#   within a point or two below its own equal-halves rung (the cell prints each): the profiler
+#   counts 7 % more warp instructions per element for it than for rung 6, about the same DRAM
+#   bytes and a per cent more time. It has rung 6's shortcut (`load_table` in
+#   `ropelib/kernels/common.py`); the extra is the integer arithmetic of its more general
+#   indexing and one select per table element, and an earlier form of the kernel executed as
+#   many as rung 5 (after the next cell, the interpreter reads which way its branch goes, and a
+#   profile by opcode says what the extra instructions were then and are now). At $b = 1$ it
+#   ends
 #   *above* rung 6, by about three points, for a reason the planner chose: a program with no
 #   batch loop (fewer than four entries) loads its x before its table work, so x and the
 #   table's rows are in flight together, one wait for memory instead of two. The profile shows
-#   the price: holding x through the sin/cos evaluation takes 124 registers a thread (the
+#   the price: holding x through the sin/cos evaluation takes 128 registers a thread (the
 #   `chunks` rung holds 102 on the same grid and warps), so fewer warps are resident, and the
 #   kernel executes more warp instructions per element than that rung for the same DRAM
 #   bytes, yet runs about a tenth faster. (The `chunks` rung also lacks the later rungs'
@@ -879,16 +880,16 @@ else:
 #   $s = 4096$, $b = 8$, where it is the fastest bar; at $b = 1$ the two are level (within a
 #   point). The profile says how: 131,072 programs of 2 warps at 46 registers a thread (the
 #   pairs pass that ends section 6), 56 % achieved occupancy against the finished kernel's
-#   44 %, the same DRAM bytes, and fewer warp instructions per element (0.35 against 0.38):
-#   more warps resident to wait on memory, and less work for each. For the 16-token call
+#   44 %, the same DRAM bytes, and more warp instructions per element (0.35 against 0.31):
+#   more warps resident to wait on memory, which pays for more work in each. For the 16-token call
 #   (8 MiB, under the route's 64 MiB) both bars are the same finished kernel.
 # - **The 16-token panel is two different limits.** Its tensor is 8 MiB. The rungs up to
 #   `warps` launch one program per token: 16 programs for 132 SMs, and the profiler times the
 #   kernel itself at several times the copy's. From `chunks` on the grid is full, but each rung
-#   is launched through Triton's Python launcher: the `chunks` call takes about twice as long
-#   as the kernel the profiler times, and the GPU waits for the host. Those calls are noisy
-#   (their 20–80 % quantiles lie far apart in the CSV), yet every rung stays below ropelib's
-#   bar.
+#   is launched through Triton's Python launcher: the `chunks` call takes several times as
+#   long as the kernel the profiler times (printed), and the GPU waits for the host. Those
+#   calls are noisy (their 20–80 % quantiles lie far apart in the CSV), yet every rung stays
+#   below ropelib's bar.
 #   ropelib's bar is its own launch path (it calls Triton's compiled launcher directly): its
 #   timed call is within a few microseconds of its kernel. At decoding sizes the host is the
 #   limit, and only a cheaper launch (or a CUDA graph) helps.
@@ -907,13 +908,13 @@ if LADDER_CSV.exists():
             assert pct["ropelib"] > pct["batch_reuse"] + 10, (case, pct)
     small = by_case["s16-b64"]
     # host-bound: every rung below ropelib's direct launch
-    assert all(small[name] < 0.75 * small["ropelib"] for name in ladder.NAMES if name in small)
+    assert all(small[name] < small["ropelib"] for name in ladder.NAMES if name in small)
     # b = 1: from about a fifth of a copy to about three quarters with the tile of heads
     assert by_case["s32768-b1"]["batch_reuse"] < 30 and by_case["s32768-b1"]["heads"] > 65
     # more warps hurt at b = 1, and the chunks rung goes back to 4 warps
     b1_rows = {r["provider"]: r for r in rows if r["case"] == "s32768-b1"}
     assert by_case["s32768-b1"]["warps"] < by_case["s32768-b1"]["tile"] and b1_rows["chunks"]["num_warps"] == 4
-    # the ropelib bar: the finished kernel (route forced), a point or two below rung 6 where its
+    # the ropelib bar: the finished kernel (route forced), within two points below rung 6 where its
     # programs loop over the batch, above it at b = 1 (x loaded before the table work)
     idea = {r["provider"]: r["idea"] for r in rows if r["case"] == "s4096-b8"}
     assert "finished kernel (route forced)" in idea["ropelib"]
@@ -932,7 +933,7 @@ if LADDER_CSV.exists():
           f"{fin1['ncu_warp_inst_per_element']:.2f} against {chunks1['ncu_warp_inst_per_element']:.2f} "
           "warp instructions per element")
     assert (fin1["grid"], fin1["num_warps"]) == (chunks1["grid"], chunks1["num_warps"])
-    assert (fin1["registers"], chunks1["registers"]) == (124, 102)
+    assert (fin1["registers"], chunks1["registers"]) == (128, 102)
     assert fin1["ncu_warp_inst_per_element"] > chunks1["ncu_warp_inst_per_element"]
     assert abs(fin1["ncu_dram_bytes_over_model"] - chunks1["ncu_dram_bytes_over_model"]) < 0.01
     assert 0.85 < fin1["us"] / chunks1["us"] < 0.95                        # "about a tenth faster"
@@ -951,8 +952,11 @@ if LADDER_CSV.exists():
     print(f"s4096-b8 under Nsight Compute: rung 6 {rung6['us']:.0f} us, "
           f"{rung6['ncu_warp_inst_per_element']:.2f} warp instructions per element; ropelib "
           f"{fin['us']:.0f} us, {fin['ncu_warp_inst_per_element']:.2f}")
-    assert fin["ncu_warp_inst_per_element"] > rung6["ncu_warp_inst_per_element"]
-    assert abs(fin["ncu_warp_inst_per_element"] - mech["accurate"]["ncu_warp_inst_per_element"]) < 0.01
+    # 7 % more warp instructions per element than rung 6, well under rung 5's (both halves'
+    # sin/cos); a per cent more time under the profiler
+    assert round(fin["ncu_warp_inst_per_element"] / rung6["ncu_warp_inst_per_element"] - 1, 2) == 0.07
+    assert fin["ncu_warp_inst_per_element"] < mech["accurate"]["ncu_warp_inst_per_element"] - 0.05
+    assert round(fin["us"] / rung6["us"] - 1, 2) == 0.01
     assert abs(fin["ncu_dram_bytes_over_model"] - rung6["ncu_dram_bytes_over_model"]) < 0.03
     # apply_rope as planned: the two-pass route at the three large sizes, the fastest bar there;
     # more occupancy with the same bytes, though more instructions per element
@@ -966,7 +970,7 @@ if LADDER_CSV.exists():
     assert planned["registers"] == 46 and planned["programs"] == 131072
     assert (round(planned["ncu_achieved_occupancy_pct"]), round(fin["ncu_achieved_occupancy_pct"])) == (56, 44)
     assert abs(planned["ncu_dram_bytes_over_model"] - fin["ncu_dram_bytes_over_model"]) < 0.03
-    assert (round(planned["ncu_warp_inst_per_element"], 2), round(fin["ncu_warp_inst_per_element"], 2)) == (0.35, 0.38)
+    assert (round(planned["ncu_warp_inst_per_element"], 2), round(fin["ncu_warp_inst_per_element"], 2)) == (0.35, 0.31)
     print(f"s4096-b8 as planned (two passes, the flat pass profiled): {planned['programs']:,} "
           f"programs of {planned['num_warps']} warps, {planned['registers']} registers, "
           f"{planned['ncu_achieved_occupancy_pct']:.0f} % achieved occupancy (finished kernel "
@@ -1019,8 +1023,9 @@ if LADDER_CSV.exists():
           "kernel's time")
 
 # %% [markdown]
-# **Which way the branch went.** The profile counts rung 5's instructions for the finished
-# kernel at $b = 8$, as if it evaluated sin/cos for both halves. Whether it does depends on one
+# **Which way the branch went.** An earlier profile of the finished kernel, on the same GPU and
+# tile, counted rung 5's warp instructions for it at $b = 8$, as if it evaluated sin/cos for
+# both halves (the "as it was" profile two cells down). Whether it does depends on one
 # thing only: whether the two halves of the table rows a program reads are equal bit for bit
 # (`load_table`'s `differ`). Those bits are the same on a GPU as on a laptop, so Triton's
 # interpreter, which runs the kernel as Python, can answer: `sin_cos_evaluations` counts the
@@ -1044,10 +1049,11 @@ assert unequal["evaluations"] == 2 * unequal["programs"]       # both halves
 # does. So the extra warp instructions the profiler counted for it were not a second sin/cos
 # evaluation. What were they? A second profile of the same launches, on the same H200
 # (`benchmarks/ladder_opcodes_ncu.py`), counts each kernel's executed warp instructions by
-# opcode. It was taken twice: first of the finished kernel as it was when the ladder above was
-# timed (`benchmarks/results/ladder_opcodes_per_opcode-nvidia-h200-20261130-0313-guard-per-output.csv`),
+# opcode. It was taken twice: first of the finished kernel as it was then
+# (`benchmarks/results/ladder_opcodes_per_opcode-nvidia-h200-20261130-0313-guard-per-output.csv`),
 # then, after what it found was mended, of the kernel as it is now
-# (`ladder_opcodes_per_opcode-nvidia-h200.csv`). The cell below sets each beside rung 6,
+# (`ladder_opcodes_per_opcode-nvidia-h200.csv`), the kernel the ladder and the mechanism
+# profile above measured. The cell below sets each beside rung 6,
 # opcode by opcode. The first profile showed:
 #
 # - **the rotation's arithmetic was rung 6's, to the instruction**: the same counts of FFMA,
@@ -1151,12 +1157,19 @@ assert sum(now["fin"].values()) < 1.1 * sum(now["r6"].values())      # within a 
 # under the profiler: a few per cent slower than rung 6 before, level with it now
 assert 1.0 < was["timed"][3] / was["timed"][2] < 1.05
 assert abs(now["timed"][3] / now["timed"][2] - 1) < 0.01
+# the mechanism profile of section 5, a separate run, agrees: the same share of extra warp
+# instructions over rung 6, within two points
+mech_extra = mech["ropelib"]["ncu_warp_inst_per_element"] / mech["equal_halves"]["ncu_warp_inst_per_element"]
+print(f"section 5's mechanism profile: {mech_extra - 1:+.1%} warp instructions over rung 6")
+assert abs(mech_extra - sum(now["fin"].values()) / sum(now["r6"].values())) < 0.02
 
 # %% [markdown]
 # What is left of the extra is the integer arithmetic of the finished kernel's general
-# indexing, a few per cent of its instructions, and under the profiler the two kernels now run
-# level (within a per cent, printed). The ladder's `ropelib` bars above were timed with the
-# kernel as it was; this profile is of the kernel as it is now.
+# indexing and the guard's select per table element, a few per cent of its instructions, and
+# under the profiler the two kernels now run level (within a per cent, printed). The
+# mechanism profile of section 5, a separate run, agrees: 7 % more warp instructions per
+# element than rung 6 and a per cent more time (the cell above checks the two profiles
+# against each other).
 
 # %% [markdown]
 # ## 6. Past the finished kernel: two passes for large tensors

@@ -674,15 +674,14 @@ assert [round(m["gpu__time_duration.sum"] / 1e3, 1) for m in (lib, b)] == [68.2,
 # shared memory is not counted here), and the waves each grid needs on the H200's 132 SMs
 from ropelib.course.counts import programs_per_sm
 
-for label, kern in (("angles per (token, head)", per_head_k), ("angles once per token", once_k)):
-    m = kern["metrics"]
-    occ = programs_per_sm(int(m["launch__registers_per_thread"]), 4, 0)
-    grid, per_wave = int(m["launch__grid_size"]), occ.programs * 132
-    print(f"{label:26s} {int(m['launch__registers_per_thread'])} registers: {occ.programs} "
-          f"programs an SM ({', '.join(occ.limited_by)}), {grid:,} programs in "
+occ = {}
+for label, m in (("angles per (token, head)", a), ("angles once per token", b)):
+    occ[label] = programs_per_sm(int(m["launch__registers_per_thread"]), 4, 0)
+    grid, per_wave = int(m["launch__grid_size"]), occ[label].programs * 132
+    print(f"{label:26s} {int(m['launch__registers_per_thread'])} registers: {occ[label].programs} "
+          f"programs an SM ({', '.join(occ[label].limited_by)}), {grid:,} programs in "
           f"{-(-grid // per_wave)} wave(s) of {per_wave:,}")
-occ_a = programs_per_sm(int(a["launch__registers_per_thread"]), 4, 0)
-occ_b = programs_per_sm(int(b["launch__registers_per_thread"]), 4, 0)
+occ_a, occ_b = occ.values()
 assert (int(a["launch__registers_per_thread"]), occ_a.programs, occ_b.programs) == (36, 12, 16)
 assert int(a["launch__grid_size"]) == int(b["launch__grid_size"]) == 2048
 assert (2048 - 12 * 132, -(-2048 // (12 * 132)), -(-2048 // (16 * 132))) == (464, 2, 1)

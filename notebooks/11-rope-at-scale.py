@@ -54,6 +54,7 @@ device = ropelib.default_device()
 import math
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -1094,10 +1095,7 @@ assert (round(min(per_op), 1), round(max(per_op), 1)) == (2.2, 2.7)
 # a line through the batch-1 replays: fixed µs + µs per operation (least squares)
 n_ops = [1 + OPS[c] for c in order]
 t_b1 = [u * n for u, n in zip(per_op, n_ops)]
-n_mean, t_mean = sum(n_ops) / 4, sum(t_b1) / 4
-per_kernel = (sum((n - n_mean) * (t - t_mean) for n, t in zip(n_ops, t_b1))
-              / sum((n - n_mean) ** 2 for n in n_ops))
-fixed = t_mean - per_kernel * n_mean
+per_kernel, fixed = statistics.linear_regression(n_ops, t_b1)
 off_line = [t - (fixed + per_kernel * n) for n, t in zip(n_ops, t_b1)]
 fused_b1 = [r["ms"] * 1e3 for r in timed
             if (r["provider"], r["mode"], r["batch"]) == ("fused", "graph", 1)]
