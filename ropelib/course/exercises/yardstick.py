@@ -220,24 +220,28 @@ def provider(kernel, block_rows: int = 16, name: str = "yours"):
                             description=f"your kernel, {block_rows} rows a program")
 
 
-def race(kernel, x: torch.Tensor, freqs2d: torch.Tensor, block_rows: int) -> dict:
+def race(kernel, x: torch.Tensor, freqs2d: torch.Tensor, tiles) -> dict:
     """Times in ms (medians; `compare.time_ms`) on the same x [S, B, H, D] (contiguous sbhd) and
-    angles [S, D]: "torch copy" (`y.copy_(x)`), "your copy" and "your rotation" (the kernel with
-    ROTATE off and on), and "ropelib" (`ropelib.apply_rope` on the same tensor, its route as
-    planned), with "programs", the grid size of the kernel's launches."""
+    angles [S, D]: "torch copy" (`y.copy_(x)`) and "ropelib" (`ropelib.apply_rope` on the same
+    tensor, its route as planned), each timed once, and "tiles": for each BLOCK_ROWS in `tiles`
+    a dict of "BLOCK_ROWS", "programs" (the grid of the kernel's launches), "your copy" and
+    "your rotation" (the kernel with ROTATE off and on)."""
     import ropelib
     from ...bench import compare
 
     S, B, H, D = x.shape
     y = torch.empty_like(x)
     freqs_te = freqs2d.view(S, 1, 1, D)
-    times = {
-        "torch copy": compare.time_ms(lambda: y.copy_(x), x.device)[0],
-        "your copy": compare.time_ms(lambda: launch(kernel, x, y, freqs2d, block_rows, False),
-                                     x.device)[0],
-        "your rotation": compare.time_ms(lambda: launch(kernel, x, y, freqs2d, block_rows, True),
-                                         x.device)[0],
-        "ropelib": compare.time_ms(lambda: ropelib.apply_rope(x, freqs_te), x.device)[0],
-    }
-    times["programs"] = triton.cdiv(S * B * H, block_rows)
-    return times
+
+    def time_ms(fn):
+        return compare.time_ms(fn, x.device)[0]
+
+    per_tile = [{
+        "BLOCK_ROWS": b,
+        "programs": triton.cdiv(S * B * H, b),
+        "your copy": time_ms(lambda: launch(kernel, x, y, freqs2d, b, False)),
+        "your rotation": time_ms(lambda: launch(kernel, x, y, freqs2d, b, True)),
+    } for b in tiles]
+    return {"torch copy": time_ms(lambda: y.copy_(x)),
+            "ropelib": time_ms(lambda: ropelib.apply_rope(x, freqs_te)),
+            "tiles": per_tile}
