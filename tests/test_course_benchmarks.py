@@ -65,3 +65,15 @@ def test_notebook_05_opcode_profile_launches_agree(benchmark, capsys):
     assert "the four launches agree" in capsys.readouterr().out
     assert probe.main(["--metrics"]) == 0
     assert "smsp__inst_executed.sum" in capsys.readouterr().out
+
+
+def test_decode_profile_launches_agree_and_name_their_stall_metrics(benchmark, capsys):
+    probe = benchmark("decode_ncu")
+    assert probe.main(["--check"]) == 0
+    assert "ropelib, angles, ropelib, cos/sin agree" in capsys.readouterr().out
+    assert probe.main(["--metrics"]) == 0
+    listed = capsys.readouterr().out.strip().split(",")
+    assert "smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio" in listed
+    assert len(listed) == len(set(listed))
+    if not torch.cuda.is_available():
+        assert probe.main([]) == 2              # profiling needs a GPU, and says so
