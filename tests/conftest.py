@@ -97,7 +97,7 @@ def pytest_collection_modifyitems(config, items):
             if only is None or any(name.name.startswith(n) for n in only):
                 item.add_marker(pytest.mark.skip(
                     reason="run top to bottom in JupyterLab by tests/test_browser.py in this "
-                           "session (every cell run, any error fails it)"))
+                           "test run (every cell run, any error fails it)"))
 
 
 def pytest_runtest_setup(item):
