@@ -84,7 +84,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason=browser_reason))
     # The browser test runs every notebook top to bottom in JupyterLab and fails on any cell that
     # shows an error or did not run: in a session that runs it, nbmake does not run the same
-    # notebooks a second time (half the suite's CPU time on a 2-core machine went to doing both).
+    # notebooks a second time (running both took a sixth of the suite's CPU time).
     browser_runs = (not browser_reason or require_browser) and any(
         item.get_closest_marker("browser") and item.name.startswith("test_every_notebook_runs")
         for item in items)

@@ -30,12 +30,14 @@ import time
 import urllib.request
 from pathlib import Path
 
+import conftest
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted(p.name for p in (ROOT / "notebooks").glob("[0-9][0-9]-*.ipynb"))
 # ROPELIB_BROWSER_NOTEBOOKS=07,08 runs only those (while working on them); CI runs every one
-ONLY = [n for n in os.environ.get("ROPELIB_BROWSER_NOTEBOOKS", "").split(",") if n.strip()]
+# (conftest reads the same variable: nbmake leaves to this test the notebooks it runs)
+ONLY = conftest.browser_notebooks() or []
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                   "--no-first-run", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync"]
