@@ -37,16 +37,7 @@ import ropelib  # noqa: E402
 from ropelib.bench import compare  # noqa: E402
 
 LAUNCHES = ("ropelib, angles", "ropelib, cos/sin", "torch.compile", "x * 1")
-STALLS = ("long_scoreboard", "barrier", "wait", "short_scoreboard", "math_pipe_throttle",
-          "lg_throttle", "mio_throttle", "branch_resolving", "dispatch_stall", "no_instruction",
-          "not_selected", "selected", "drain", "membar", "imc_miss", "misc", "sleeping",
-          "tex_throttle")
-METRICS = ("gpu__time_duration.sum", "sm__cycles_active.avg", "gpc__cycles_elapsed.max",
-           "launch__grid_size", "launch__block_size", "launch__registers_per_thread",
-           "smsp__inst_executed.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
-           "sm__warps_active.avg.pct_of_peak_sustained_active",
-           "smsp__average_warp_latency_per_inst_issued.ratio",
-           *(f"smsp__average_warps_issue_stalled_{s}_per_issue_active.ratio" for s in STALLS))
+METRICS = compare.WARP_STATE_METRICS
 
 
 def launches(device: str, compiled: bool):

@@ -26,6 +26,8 @@
 #                                        # time against the finished kernel and Liger (~2 min)
 #   bash benchmarks/gpu_run.sh decode-ncu  # decode's kernels under Nsight Compute: where ropelib's
 #                                          # warps wait, beside torch.compile's (~1 min)
+#   bash benchmarks/gpu_run.sh puzzle9-ncu # notebook 13's puzzle 9 beside a copy's bytes, the
+#                                          # same metrics (~1 min)
 #   bash benchmarks/gpu_run.sh mechanisms  # memory latency (pointer chase) and the pair swap's
 #                                          # memory counters, for notebooks 05 and 03 (~2 min)
 #   bash benchmarks/gpu_run.sh probes    # the flat pass at 1 GiB (one_gib_probe), decode tiles
@@ -171,19 +173,22 @@ lts__t_sector_hit_rate.pct,l1tex__t_sector_hit_rate.pct,launch__grid_size \
                 echo "=== tables: no ncu on this machine: the Nsight Compute part is skipped"
             fi
             step hf-tables "$PY" benchmarks/hf_tables_probe.py ;;
-        decode-ncu)
-            # ropelib's decode kernel (angles, and a cos/sin table) beside torch.compile's kernel
-            # of Hugging Face's formula under Nsight Compute: time, instructions and where a
-            # warp waits (benchmarks/decode_ncu.py)
+        decode-ncu|puzzle9-ncu)
+            # a probe's launches under Nsight Compute with the warp-state metrics
+            # (compare.WARP_STATE_METRICS): decode-ncu, ropelib's decode kernel (angles, and a
+            # cos/sin table) beside torch.compile's kernel of Hugging Face's formula
+            # (benchmarks/decode_ncu.py); puzzle9-ncu, notebook 13's puzzle 9 beside a copy's
+            # bytes (benchmarks/puzzle9_ncu.py)
+            probe=${what%-ncu}_ncu
             ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu \
                   2>/dev/null | tail -1)
             if [ -n "$ncu" ]; then
-                "$ncu" --profile-from-start off --csv --metrics "$("$PY" benchmarks/decode_ncu.py \
-                    --metrics)" "$PY" benchmarks/decode_ncu.py 2>/dev/null | grep -v '^==PROF==' \
-                    > "$RESULTS/decode_ncu-$tag.csv"
-                keep "$RESULTS/decode_ncu-$tag.csv"
+                "$ncu" --profile-from-start off --csv --metrics "$("$PY" "benchmarks/$probe.py" \
+                    --metrics)" "$PY" "benchmarks/$probe.py" 2>/dev/null | grep -v '^==PROF==' \
+                    > "$RESULTS/$probe-$tag.csv"
+                keep "$RESULTS/$probe-$tag.csv"
             else
-                echo "=== decode-ncu: no ncu on this machine"; rc=1
+                echo "=== $what: no ncu on this machine"; rc=1
             fi ;;
         mechanisms)
             # notebook 05's memory latency (a pointer chase, idle and beside a copy) and notebook
@@ -219,7 +224,7 @@ lts__t_sector_hit_rate.pct,l1tex__t_sector_hit_rate.pct,launch__grid_size \
                 ${ONLY:+--only "$ONLY"}
             [ -n "${OUT:-}" ] && tar czf "$OUT/executed-$tag.tar.gz" -C "$executed" . ;;
         *)
-            echo "unknown step: $what (tests, targets, floor, two-pass, decode, decode-ncu, model, sweeps, ablation, ladder, features, qkv-backward, qkv-mainloop, tables, probes, course, notebooks)"; exit 2 ;;
+            echo "unknown step: $what (tests, targets, floor, two-pass, decode, decode-ncu, puzzle9-ncu, model, sweeps, ablation, ladder, features, qkv-backward, qkv-mainloop, tables, probes, course, notebooks)"; exit 2 ;;
     esac
 done
 exit $rc
