@@ -5,10 +5,12 @@ runs at about nine tenths of a device copy of the same bytes on an H200
 (`puzzle_fractions.py`, four runs). This probe profiles, once each between cudaProfilerStart
 and cudaProfilerStop and with the warp-state metrics of `compare.WARP_STATE_METRICS`:
 
-    0  the solution at the timed tile (16 positions a program, 4 warps)
-    1  the solution at its fastest tile (4 positions a program, 4 warps)
-    2  PyTorch's element-wise kernel (`buf * 1`) over a buffer of the same bytes, half read and
-       half written, what the copy moves (`y.copy_(x)` is a memcpy, which ncu does not profile)
+    0-5  the solution at the six tiles of `puzzle_fractions.py`'s sweep, in its order: 16
+         positions a program on 4 warps (the timed tile), then 4, 8 and 32 on 4 warps, 16 and
+         32 on 8
+    6    PyTorch's element-wise kernel (`buf * 1`) over a buffer of the same bytes, half read
+         and half written, what the copy moves (`y.copy_(x)` is a memcpy, which ncu does not
+         profile)
 
     ncu --profile-from-start off --csv --metrics "$(python3 benchmarks/puzzle9_ncu.py --metrics)" \
         python3 benchmarks/puzzle9_ncu.py > puzzle9_ncu.csv
@@ -27,7 +29,7 @@ import ropelib  # noqa: E402
 from ropelib.bench import compare  # noqa: E402
 from ropelib.course import puzzles as pz  # noqa: E402
 
-TILES = (16, 4)                     # BLOCK_S: the timed tile, the fastest one (4 warps both)
+TILES = ((16, 4), (4, 4), (8, 4), (32, 4), (16, 8), (32, 8))   # (BLOCK_S, warps), the sweep's
 
 
 def launches(device: str):
@@ -37,11 +39,11 @@ def launches(device: str):
         p.build(torch.Generator().manual_seed(0), device)[0]
     x, cos, sin, y, S, B = case.args
     calls = []
-    for bs in TILES:
-        const = dict(case.constexprs, BLOCK_S=bs)
+    for bs, warps in TILES:
+        const = dict(case.constexprs, BLOCK_S=bs, num_warps=warps)
         grid = (-(-S // bs),)
-        calls.append((f"solution, BLOCK_S={bs}", lambda grid=grid, const=const:
-                      pz.solution_shared_table_kernel[grid](*case.args, **const, num_warps=4)))
+        calls.append((f"solution, BLOCK_S={bs}, {warps} warps", lambda grid=grid, const=const:
+                      pz.solution_shared_table_kernel[grid](*case.args, **const)))
     nbytes = sum(t.numel() * t.element_size() for t in (x, cos, sin, y))
     buf = torch.empty(nbytes // 4, dtype=torch.bfloat16, device=device)
     calls.append(("buf * 1 (a copy's bytes)", lambda: buf * 1))
@@ -61,9 +63,9 @@ def main(argv=None):
             y.zero_()
             call()
             outs.append(y.clone())
-        assert torch.equal(outs[0], outs[1]), "the two tiles disagree"
+        assert all(torch.equal(outs[0], o) for o in outs[1:]), "the tiles disagree"
         assert bool(outs[0].abs().sum() > 0), "the solution wrote nothing"
-        print(f"check: both tiles of puzzle 9's solution give the same output ({device}, "
+        print(f"check: the six tiles of puzzle 9's solution give the same output ({device}, "
               f"{tuple(y.shape)})")
         return 0
     if device != "cuda":

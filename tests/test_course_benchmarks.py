@@ -82,7 +82,7 @@ def test_decode_profile_launches_agree_and_name_their_stall_metrics(benchmark, c
 def test_puzzle9_profile_launches_agree(benchmark, capsys):
     probe = benchmark("puzzle9_ncu")
     assert probe.main(["--check"]) == 0
-    assert "both tiles of puzzle 9's solution give the same output" in capsys.readouterr().out
+    assert "the six tiles of puzzle 9's solution give the same output" in capsys.readouterr().out
     assert probe.main(["--metrics"]) == 0
     assert "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio" in \
         capsys.readouterr().out
