@@ -36,12 +36,10 @@ sys.path.insert(0, str(ROOT))
 import ropelib  # noqa: E402
 from ropelib.bench import compare  # noqa: E402
 
-LAUNCHES = ("ropelib, angles", "ropelib, cos/sin", "torch.compile", "x * 1")
-METRICS = compare.WARP_STATE_METRICS
-
 
 def launches(device: str, compiled: bool):
-    """(label, call) for each launch of LAUNCHES on one decode-size x, and the check's inputs."""
+    """(label, call) for each launch listed above on one decode-size x, and the check's
+    inputs (x and its angles)."""
     gpu = device == "cuda"
     config = compare.Config(seq_len=1, batch=64 if gpu else 2, heads=32 if gpu else 2,
                             head_dim=128 if gpu else 16, dtype="bf16" if gpu else "fp32")
@@ -62,7 +60,7 @@ def launches(device: str, compiled: bool):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if "--metrics" in argv:
-        print(",".join(METRICS))
+        print(",".join(compare.WARP_STATE_METRICS))
         return 0
     device = "cuda" if torch.cuda.is_available() and not ropelib.runtime.INTERPRET else "cpu"
     calls, x, freqs = launches(device, compiled=device == "cuda")

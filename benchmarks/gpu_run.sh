@@ -76,6 +76,11 @@ keep() {   # copy files to $OUT when the machine sends $OUT back
     return 0
 }
 
+find_ncu() {   # Nsight Compute's command line: on PATH, else where CUDA and its installer put it
+    command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null \
+        | tail -1
+}
+
 step() {
     local name=$1 log="$RESULTS/$1-$tag.log"
     shift
@@ -157,8 +162,7 @@ for what in "${@:-tests}"; do
             # [B, S, D] ones (transformers' views, contiguous bhsd) under Nsight Compute
             # (benchmarks/tables_read_probe.py, hf_tables_ncu_probe.py; bytes read and time per
             # kernel, Liger's beside), then HF's timed against the finished kernel and Liger's rope
-            ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu \
-                  2>/dev/null | tail -1)
+            ncu=$(find_ncu)
             if [ -n "$ncu" ]; then
                 for probe in tables_read hf_tables_ncu; do
                     name=${probe%_ncu}_ncu      # (the CSV: tables_read_ncu, hf_tables_ncu)
@@ -180,8 +184,7 @@ lts__t_sector_hit_rate.pct,l1tex__t_sector_hit_rate.pct,launch__grid_size \
             # (benchmarks/decode_ncu.py); puzzle9-ncu, notebook 13's puzzle 9 beside a copy's
             # bytes (benchmarks/puzzle9_ncu.py)
             probe=${what%-ncu}_ncu
-            ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu \
-                  2>/dev/null | tail -1)
+            ncu=$(find_ncu)
             if [ -n "$ncu" ]; then
                 "$ncu" --profile-from-start off --csv --metrics "$("$PY" "benchmarks/$probe.py" \
                     --metrics)" "$PY" "benchmarks/$probe.py" 2>/dev/null | grep -v '^==PROF==' \
