@@ -304,3 +304,51 @@ def test_time_ms_and_output_tuple_on_the_cpu():
     x = torch.zeros(2)
     assert C.output_tuple(x) == (x,) and C.output_tuple((x, x)) == (x, x)
 
+
+
+def test_time_in_rounds_takes_turns_and_keeps_failures_apart():
+    """Every step runs once per round, in turn; a step that raises is left out of later rounds
+    and its exception is its value; the others get (median, p20, p80)."""
+    order = []
+
+    def step(name):
+        return lambda: order.append(name)
+
+    def broken():
+        order.append("broken")
+        raise RuntimeError("no kernel")
+    got = C.time_in_rounds({"a": step("a"), "broken": broken, "b": step("b")}, "cpu", rounds=3)
+    assert isinstance(got["broken"], RuntimeError) and order.count("broken") == 1
+    for name in "ab":
+        med, p20, p80 = got[name]
+        assert 0 <= p20 <= med <= p80
+    # turns: within each round a's calls come before b's, and every round visits both
+    firsts = [i for i, n in enumerate(order) if n == "a" and (i == 0 or order[i - 1] != "a")]
+    assert len(firsts) == 3
+    with pytest.raises(ValueError, match="rounds"):
+        C.time_in_rounds({"a": step("a")}, "cpu", rounds=0)
+
+
+def test_a_timed_forward_backward_hands_its_gradients_back():
+    """fwdbwd_step returns the gradients and leaves .grad alone: repeated calls (as in a CUDA
+    graph's replay, where nothing resets .grad) do not add a summing pass, and give the same
+    gradients every time."""
+    x = torch.randn(3, 4, requires_grad=True)
+    g = torch.randn(3, 4)
+    step = C.fwdbwd_step(lambda: (x * 2,), [x], [g])
+    first, = step()
+    second, = step()
+    assert x.grad is None
+    torch.testing.assert_close(first, 2 * g)
+    torch.testing.assert_close(second, first)
+
+
+def test_run_case_times_forward_backward_in_rounds_with_the_copy():
+    """The forward+backward column comes from the rounds: every provider that ran has it, with
+    the copy's time of the same rounds, and its ratio is that copy's over its own."""
+    rows = C.run_case(TINY, ["ropelib", "pytorch"], device="cpu", rounds=2)
+    for r in rows:
+        assert r["available"], r["reason"]
+        assert r["fwdbwd_ms"] > 0 and r["copy_fwdbwd_ms"] > 0
+        assert r["fwdbwd_ms_p20"] <= r["fwdbwd_ms"] <= r["fwdbwd_ms_p80"]
+        assert r["ratio_fwdbwd"] == pytest.approx(r["copy_fwdbwd_ms"] / r["fwdbwd_ms"])

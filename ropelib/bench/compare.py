@@ -6,7 +6,12 @@ plain PyTorch, Liger Kernel and flash-attn's rotary. For one :class:`Config`, :f
 returns one row per provider with
 
 * forward and forward+backward time (median, 20th and 80th percentile): ``triton.testing.do_bench``
-  on a GPU; on the CPU (Triton interpreter) a small wall-clock timer whose numbers mean nothing;
+  on a GPU; on the CPU (Triton interpreter) a small wall-clock timer whose numbers mean nothing.
+  Forward+backward is timed in rounds (:data:`FWDBWD_ROUNDS`), every provider and the copy in
+  turn in each round: the median over rounds. An eager forward+backward costs the host about as
+  much as the GPU at 64-256 MiB, so one slow spell of the host would otherwise land on whichever
+  provider ran then. Its gradients are returned (``torch.autograd.grad``), not summed into the
+  inputs' ``.grad``, as a layer's q and k pass theirs on inside a model (:func:`fwdbwd_step`);
 * GB/s from a bytes-moved model: read x + write y + read the fp32 angle table (forward), twice
   that for forward+backward (the backward reads dy, writes dx and reads the table again);
 * the time of a plain device copy of the same bytes measured in the same run
@@ -51,6 +56,7 @@ RESULT_FIELDS = ("provider", "available", "reason", "fwd_ms", "fwd_ms_p20", "fwd
                  "max_rel_err", "max_ulp_err", "max_head_ulp_err", "device", "timing")
 ROW_FIELDS = CONFIG_FIELDS + RESULT_FIELDS
 TIMING_GPU = "do_bench"
+FWDBWD_ROUNDS = 5       # rounds of forward+backward timings on a GPU (every provider each round)
 TIMING_CPU = "wall-clock (interpreter; meaningless)"
 
 
@@ -562,6 +568,46 @@ def time_ms(fn, device, grad_to_none=None) -> tuple:
     return _wall_bench(fn)
 
 
+def time_in_rounds(steps: dict, device, rounds: int = FWDBWD_ROUNDS) -> dict:
+    """{name: (median, 20th, 80th percentile) ms} of several steps timed in turn: each round
+    times every step once (``time_ms``), and a step's numbers are the median and percentiles of
+    its rounds' medians. A slow spell of the host (another process, a clock change) then falls
+    on every step alike. A step that raises is dropped from the later rounds; its exception is
+    its value."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    medians = {name: [] for name in steps}
+    failed = {}
+    for _ in range(rounds):
+        for name, fn in steps.items():
+            if name in failed:
+                continue
+            try:
+                medians[name].append(time_ms(fn, device)[0])
+            except Exception as e:  # noqa: BLE001 -- the caller's row says why
+                failed[name] = e
+    out = dict(failed)
+    for name, ms in medians.items():
+        if name not in failed:
+            q = statistics.quantiles(ms, n=10, method="inclusive") if len(ms) > 1 else ms * 9
+            out[name] = (statistics.median(ms), q[1], q[7])
+    return out
+
+
+def fwdbwd_step(fn: Callable[[], object], leaves, grads) -> Callable[[], object]:
+    """One forward+backward as a step to time: ``fn()``, then the gradients of ``leaves`` for
+    ``grads`` through ``torch.autograd.grad``. They are handed back, not summed into the leaves'
+    ``.grad``: inside a model a layer's q and k are intermediates whose gradients flow on into
+    the projection's backward. Summing into ``.grad`` would add a pass of its own (read the old
+    and the new gradient, write the sum) to every call where ``.grad`` is not reset between
+    calls, as under CUDA-graph replay and in back-to-back host timings."""
+    leaves, grads = list(leaves), list(grads)
+
+    def step():
+        return torch.autograd.grad(output_tuple(fn()), leaves, grads)
+    return step
+
+
 def bytes_moved(config: Config, backward: bool = False) -> int:
     """The bytes model behind GB/s: read x (+k), write y, read the fp32 angle table; the backward
     moves as much again."""
@@ -667,12 +713,13 @@ def output_tuple(out) -> tuple:
 
 
 def run_case(config: Config, providers=None, *, backward: bool = True, device=None,
-             seed: int = 0) -> list:
+             seed: int = 0, rounds: Optional[int] = None) -> list:
     """One row per provider for ``config`` (see the module docstring for the columns).
 
     ``providers``: None (all), names, or :class:`Provider` objects. Unavailable or unsupported
     providers, and providers that fail at run time, give a row with ``available=False`` and the
-    reason instead of raising.
+    reason instead of raising. ``rounds``: rounds of the forward+backward timings
+    (default :data:`FWDBWD_ROUNDS` on a GPU, 1 elsewhere).
     """
     if not isinstance(config, Config):
         raise TypeError(f"config must be a ropelib.bench.compare.Config, got "
@@ -680,32 +727,63 @@ def run_case(config: Config, providers=None, *, backward: bool = True, device=No
     provs = _resolve(providers)
     device = torch.device(device or runtime.default_device())
     timing = TIMING_GPU if device.type == "cuda" else TIMING_CPU
+    if rounds is None:
+        rounds = FWDBWD_ROUNDS if device.type == "cuda" else 1
     case = make_case(config, device)
     ref = reference_output(case)
 
     # the copy floor of the same bytes, measured in this run
     copy_once, copy_twice = copy_floor(case.tensors)
     copy_fwd = time_ms(copy_once, device)[0]
-    copy_fwdbwd = time_ms(copy_twice, device)[0] if backward else None
     nbytes, nbytes_bwd = bytes_moved(config), bytes_moved(config, backward=True)
 
-    rows = []
+    rows, fwdbwd_steps = [], {}
+    shared = _fwdbwd_inputs(case) if backward else None
     for p in provs:
         why = p.why_not(config)
         row = _empty_row(config, p.name, device, timing, why is None, why or "")
-        row.update(copy_fwd_ms=copy_fwd, copy_fwdbwd_ms=copy_fwdbwd)
+        row.update(copy_fwd_ms=copy_fwd)
         if why is None:
             try:
-                _measure(p, case, ref, row, backward, device, nbytes, nbytes_bwd,
-                         copy_fwd, copy_fwdbwd)
+                step = _measure(p, case, ref, row, shared, device, nbytes, copy_fwd)
+                if step is not None:
+                    fwdbwd_steps[len(rows)] = step
             except Exception as e:
-                row.update(available=False, reason=f"failed: {type(e).__name__}: "
-                                                    f"{str(e).splitlines()[0] if str(e) else ''}")
+                _failed(row, e)
         rows.append(row)
+    if backward:
+        timed = time_in_rounds({"copy": copy_twice, **fwdbwd_steps}, device, rounds)
+        copy_fwdbwd = timed["copy"][0]
+        for i, row in enumerate(rows):
+            row.update(copy_fwdbwd_ms=copy_fwdbwd)
+            ms = timed.get(i)
+            if isinstance(ms, Exception):
+                _failed(row, ms)
+            elif ms is not None:
+                row.update(fwdbwd_ms=ms[0], fwdbwd_ms_p20=ms[1], fwdbwd_ms_p80=ms[2],
+                           fwdbwd_gbps=nbytes_bwd / ms[0] / 1e6,
+                           ratio_fwdbwd=copy_fwdbwd / ms[0])
     return rows
 
 
-def _measure(p, case, ref, row, backward, device, nbytes, nbytes_bwd, copy_fwd, copy_fwdbwd):
+def _failed(row: dict, e: Exception) -> None:
+    row.update(available=False, reason=f"failed: {type(e).__name__}: "
+                                       f"{str(e).splitlines()[0] if str(e) else ''}")
+
+
+def _fwdbwd_inputs(case) -> tuple:
+    """(case on leaf copies of its tensors that require grad, the leaves, gradients for the
+    outputs): what a forward+backward step runs on."""
+    leaves = [t.detach().clone().requires_grad_() for t in case.tensors]
+    gcase = dataclasses.replace(case, x=leaves[0], k=leaves[1] if len(leaves) > 1 else None)
+    return gcase, leaves, [torch.randn_like(t) for t in case.tensors]
+
+
+def _measure(p, case, ref, row, shared, device, nbytes, copy_fwd):
+    """Check provider p's forward output against ``ref`` and time its forward into ``row``;
+    returns its forward+backward step (``fwdbwd_step``) on the ``shared`` leaves and gradients
+    (``_fwdbwd_inputs``; a provider that works in place gets its own), or None when
+    ``shared`` is None (forward only)."""
     inputs = [t.clone() for t in case.tensors]
     fresh = dataclasses.replace(case, x=inputs[0], k=inputs[1] if len(inputs) > 1 else None)
     with torch.no_grad():
@@ -726,17 +804,10 @@ def _measure(p, case, ref, row, backward, device, nbytes, nbytes_bwd, copy_fwd, 
     ms = time_ms(fwd, device)
     row.update(fwd_ms=ms[0], fwd_ms_p20=ms[1], fwd_ms_p80=ms[2],
                fwd_gbps=nbytes / ms[0] / 1e6, ratio_fwd=copy_fwd / ms[0])
-    if backward:
-        leaves = [t.detach().clone().requires_grad_() for t in case.tensors]
-        gcase = dataclasses.replace(case, x=leaves[0], k=leaves[1] if len(leaves) > 1 else None)
-        grads = [torch.randn_like(t) for t in case.tensors]
-
-        def fwdbwd():
-            outs = output_tuple(p.fn(gcase))
-            torch.autograd.backward(outs, grads)
-        ms = time_ms(fwdbwd, device, grad_to_none=leaves)
-        row.update(fwdbwd_ms=ms[0], fwdbwd_ms_p20=ms[1], fwdbwd_ms_p80=ms[2],
-                   fwdbwd_gbps=nbytes_bwd / ms[0] / 1e6, ratio_fwdbwd=copy_fwdbwd / ms[0])
+    if shared is None:
+        return None
+    gcase, leaves, grads = _fwdbwd_inputs(case) if p.inplace else shared
+    return fwdbwd_step(lambda: p.fn(gcase), leaves, grads)
 
 
 # --- sweeps -----------------------------------------------------------------------------------

@@ -193,7 +193,7 @@ def measure_providers(providers, base: dict, qk, extra, grads, ref_out, ref_grad
     fraction_of_copy (when a `copy` provider was timed)."""
     q, k = qk
     nbytes = 2 * (q.numel() + k.numel()) * q.element_size()
-    rows = []
+    rows, steps = [], {}
     for name, fn, note in providers:
         for backward in (False, True):
             row = dict(base, provider=name, note=note, available=True, reason="",
@@ -219,13 +219,23 @@ def measure_providers(providers, base: dict, qk, extra, grads, ref_out, ref_grad
             if not timed:
                 continue
             if backward:
-                def step(fn=fn, leaves=leaves):
-                    torch.autograd.backward(fn(*leaves, extra), grads)
+                steps[len(rows) - 1] = compare.fwdbwd_step(
+                    lambda fn=fn, leaves=leaves: fn(*leaves, extra), leaves, grads)
             else:
                 def step(fn=fn, leaves=leaves):
                     fn(*leaves, extra)
-            ms, p20, p80 = compare.time_ms(step, device, leaves if backward else None)
-            row.update(ms=ms, p20=p20, p80=p80, gbps=nbytes * (1 + backward) / ms / 1e6)
+                steps[len(rows) - 1] = step
+    # every provider timed in turn, round after round (compare.time_in_rounds): eager
+    # forward+backward at these sizes costs the host about what it costs the GPU
+    rounds = compare.FWDBWD_ROUNDS if torch.device(device).type == "cuda" else 1
+    for i, got in compare.time_in_rounds(steps, device, rounds).items():
+        row = rows[i]
+        if isinstance(got, Exception):
+            row.update(available=False, reason=f"{type(got).__name__}: {got}"[:200])
+            continue
+        ms, p20, p80 = got
+        backward = row["pass"] == PASSES[True]
+        row.update(ms=ms, p20=p20, p80=p80, gbps=nbytes * (1 + backward) / ms / 1e6)
     for r in rows:
         floor = next((e for e in rows if e["provider"] == "copy" and e["pass"] == r["pass"]
                       and e.get("ms")), None)

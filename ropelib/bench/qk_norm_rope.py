@@ -119,7 +119,7 @@ def measure(*, tiny: bool, timed: bool, device, with_copy: bool = False, **shape
     backend = "inductor" if timed and torch.device(device).type == "cuda" else "aot_eager"
     base = dict(case=case, dtype="bfloat16", layout="bshd", B=B, S=S, HQ=HQ, HK=HK, D=D,
                 available=True, reason="")
-    rows = []
+    rows, steps = [], {}
     for name, fn in providers(backend):
         for backward in (False, True):
             row = dict(base, provider=name, **{"pass": PASSES[backward]})
@@ -133,37 +133,43 @@ def measure(*, tiny: bool, timed: bool, device, with_copy: bool = False, **shape
             if not row["max_abs_err"] <= MAX_ABS_ERR:       # NaN fails too
                 row.update(available=False, reason="differs from the fp64 reference")
                 continue
-            if timed:
-                _time_provider(row, fn, args, grads, backward, device,
-                               bytes_moved(B, S, HQ, HK, D, 2, backward))
+            row["nbytes"] = bytes_moved(B, S, HQ, HK, D, 2, backward)
+            steps[len(rows) - 1] = _step(fn, args, grads, backward)
     if with_copy:
-        rows += copy_rows(args[:2], dict(base, provider="copy"), timed=timed, device=device)
+        copy_once, copy_twice = compare.copy_floor(args[:2])
+        for backward, fn in ((False, copy_once), (True, copy_twice)):
+            rows.append(dict(base, provider="copy", **{"pass": PASSES[backward]}))
+            steps[len(rows) - 1] = fn
+    if timed:
+        _time_in_turns(rows, steps, device)
+    for r in rows:
+        r.pop("nbytes", None)
     _relative_columns(rows)
     return rows
 
 
-def _time_provider(row, fn, args, grads, backward, device, nbytes) -> None:
+def _step(fn, args, grads, backward):
+    """fn's forward, or its forward+backward with the gradients of q, k and the two norm
+    weights handed back (compare.fwdbwd_step), as a step to time."""
     leaves = _leaves(args, backward)
     if backward:
-        def step():
-            torch.autograd.backward(fn(*leaves), grads)
-    else:
-        def step():
-            fn(*leaves)
-    ms, p20, p80 = compare.time_ms(step, device, leaves[:4] if backward else None)
-    row.update(ms=ms, p20=p20, p80=p80, gbps=nbytes / ms / 1e6)
+        return compare.fwdbwd_step(lambda: fn(*leaves), leaves[:4], grads)
+    return lambda: fn(*leaves)
 
 
-def copy_rows(tensors, base: dict, *, timed: bool, device) -> list:
-    """A device copy of `tensors` (q and k), once ("fwd") and twice ("fwd+bwd"), as rows."""
-    copy_once, copy_twice = compare.copy_floor(tensors)
-    rows = []
-    for backward, fn in ((False, copy_once), (True, copy_twice)):
-        row = dict(base, **{"pass": PASSES[backward]})
-        if timed:
-            row["ms"], row["p20"], row["p80"] = compare.time_ms(fn, device)
-        rows.append(row)
-    return rows
+def _time_in_turns(rows, steps, device) -> None:
+    """Time `steps` ({row index: step}) in rounds, every provider and the copy in turn
+    (compare.time_in_rounds; eager forward+backward at this size costs the host about what it
+    costs the GPU), into their rows."""
+    rounds = compare.FWDBWD_ROUNDS if torch.device(device).type == "cuda" else 1
+    for i, got in compare.time_in_rounds(steps, device, rounds).items():
+        row = rows[i]
+        if isinstance(got, Exception):
+            row.update(available=False, reason=f"{type(got).__name__}: {got}"[:200])
+            continue
+        row["ms"], row["p20"], row["p80"] = got
+        if row.get("nbytes"):
+            row["gbps"] = row["nbytes"] / row["ms"] / 1e6
 
 
 def _relative_columns(rows) -> None:

@@ -339,8 +339,10 @@ def add_graph_fwdbwd_timings(case: BenchCase, rows: list, provs: list, calls: in
                              names: tuple = GRAPH_PROVIDERS, device=None) -> None:
     """Fill GRAPH_FWDBWD_FIELDS in place: forward+backward of the providers in `names`
     (default ropelib, TE fused and torch.compile) captured in a CUDA graph (a training step
-    captured whole runs so), against two copies of the same bytes captured the same way.
-    `device`: see _timing_device."""
+    captured whole runs so), against two copies of the same bytes captured the same way. The
+    gradients are handed back (`compare.fwdbwd_step`), as a layer's are inside a model: summed
+    into the inputs' .grad, which a replay never resets, they would add a third pass over the
+    tensors to every call. `device`: see _timing_device."""
     for r in rows:
         r.update({f: None for f in GRAPH_FWDBWD_FIELDS}, graph_fwdbwd_reason="")
     device = _timing_device(device)
@@ -361,10 +363,7 @@ def add_graph_fwdbwd_timings(case: BenchCase, rows: list, provs: list, calls: in
             continue
         p = by_name[name]
         leaves, grads, gcase = _leaves_and_grads(inputs)
-
-        def fwdbwd(p=p, gcase=gcase, grads=grads):
-            outs = compare.output_tuple(p.fn(gcase))
-            torch.autograd.backward(outs, grads)
+        fwdbwd = compare.fwdbwd_step(lambda p=p, gcase=gcase: p.fn(gcase), leaves, grads)
         try:
             r["graph_fwdbwd_ms"] = graph_replay_ms(fwdbwd, calls, device)[0]
             r["graph_ratio_fwdbwd"] = copy_ms / r["graph_fwdbwd_ms"]
@@ -450,8 +449,7 @@ def add_host_timings(case: BenchCase, rows: list, provs: list, names: tuple = HO
             with torch.no_grad():
                 p.fn(inputs)
 
-        def fwdbwd(p=p, gcase=gcase, grads=grads):
-            torch.autograd.backward(compare.output_tuple(p.fn(gcase)), grads)
+        fwdbwd = compare.fwdbwd_step(lambda p=p, gcase=gcase: p.fn(gcase), leaves, grads)
         fns[(name, "fwd")] = (fwd, calls)
         fns[(name, "fwdbwd")] = (fwdbwd, bwd_calls)
         timed.append(r)
