@@ -108,8 +108,8 @@ class Measured:
         self.skipped += other.skipped
 
 
-def _one_line(text) -> str:
-    return re.sub(r"\s+", " ", str(text or "")).strip()[:200]
+def _one_line(text, limit: Optional[int] = 200) -> str:
+    return re.sub(r"\s+", " ", str(text or "")).strip()[:limit]
 
 
 # --- plain RoPE ---------------------------------------------------------------------------
@@ -430,7 +430,7 @@ def write(path, meta: dict, measured: Measured) -> str:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", newline="") as f:
         for k, v in meta.items():
-            f.write(f"# {k}: {_one_line(v)}\n")
+            f.write(f"# {k}: {_one_line(v, limit=None)}\n")   # (whole: the table reads them)
         for line in skipped_lines(measured):
             f.write(f"# skipped: {line}\n")
         w = csv.DictWriter(f, fieldnames=FIELDS)

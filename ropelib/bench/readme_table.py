@@ -94,10 +94,25 @@ def _source_line(label: str, result, root: Path) -> str:
         where = result.path.resolve().relative_to(root.resolve()).as_posix()
     except ValueError:
         where = result.path.name
-    return (f"{label}: {m.get('gpu', '?')}, driver {m.get('driver', '?')}, torch "
+    line = (f"{label}: {m.get('gpu', '?')}, driver {m.get('driver', '?')}, torch "
             f"{m.get('torch', '?')}, triton {m.get('triton', '?')}, Transformer Engine "
             f"{m.get('transformer_engine', '?')}, Liger {m.get('liger_kernel', '?')}, "
             f"{m.get('date', '?')} ([CSV]({where})).")
+    if not gradients_handed_back(m):
+        line += (" Measured before forward+backward timings handed their gradients back: its "
+                 "`forward+backward ... under CUDA graphs` rows include, for every provider, a "
+                 "pass summing the gradients into the inputs' `.grad` (about 0.75 of a copy of "
+                 "the pair's bytes).")
+    return line
+
+
+def gradients_handed_back(meta: dict) -> bool:
+    """Did this floor run take its forward+backward gradients through torch.autograd.grad (its
+    `timing` line says so), rather than summing them into .grad, which CUDA-graph replay never
+    resets? (The first run so, 2026-11-30, wrote the line cut at 200 characters, before its
+    words on gradients; the rounds it names came with them.)"""
+    timing = meta.get("timing", "")
+    return "torch.autograd.grad" in timing or "forward+backward: the median of" in timing
 
 
 def render(results: list, root: Optional[Path] = None) -> str:
