@@ -1760,16 +1760,17 @@ assert [said(after[p]) for p in ("flat pass", "planned")] == ["0.990", "0.986"]
 assert abs(after["probe copy"] - before["probe copy"]) < 0.005      # the probe did not move
 # the packed-sequence route (one sequence per grid row, the floor's thd case): row pointers in
 # that day's 09:37 floor run (its log), offsets in the two_pass.py run after it and in the
-# latest floor run
+# floor run at 12:19 (kept as floor_grads_summed-...-20261129-1219.csv)
 floor_log = ROOT / "benchmarks" / "results" / f"floor-{measured.GPU}-20261129-0937.log"
 line = next(l for l in floor_log.read_text().splitlines()
             if l.startswith("forward 256 MiB bf16 thd:"))
 thd_rows = float(re.search(r"ropelib ([0-9.]+)", line).group(1))
 thd_offsets = measured.two_pass(measured.GPU + "-20261129-0944", kind="two_pass_thd")[
     ("bf16 thd 256 MiB 8x4k P4k", "forward")]["two-pass by sequence"]["ratio_to_copy"]
-thd_floor = measured.floor()["forward 256 MiB bf16 thd"]["ropelib"]["ratio_to_copy"]
+thd_floor = measured.floor(measured.GPU + "-20261129-1219", kind="floor_grads_summed")[
+    "forward 256 MiB bf16 thd"]["ropelib"]["ratio_to_copy"]
 print(f"packed sequences, one per grid row: row pointers {thd_rows:.3f}, offsets {thd_offsets:.3f} "
-      f"(two_pass.py) and {thd_floor:.3f} (the latest floor run)")
+      f"(two_pass.py) and {thd_floor:.3f} (the 12:19 floor run)")
 assert [said(thd_rows), said(thd_offsets), said(thd_floor)] == ["0.953", "0.993", "0.991"]
 
 # %% [markdown]
@@ -1781,7 +1782,7 @@ assert [said(thd_rows), said(thd_offsets), said(thd_floor)] == ["0.953", "0.993"
 # It is not a rule to apply everywhere. ropelib's route for packed sequences (one sequence per
 # grid row, a few lines away in `flat.py`) went the other way with row pointers: four of its
 # eight table loads late against two with offsets, and 0.953 of a copy against 0.993 (the cell
-# above prints both; the latest floor run, with offsets, measured it at 0.991), so that
+# above prints both; the floor run at 12:19 that day, with offsets, measured it at 0.991), so that
 # route keeps offsets (`ROW_POINTERS` in `_rotate_pairs`). Which form ptxas schedules better is
 # its choice, kernel by kernel. What carries over is the method: when a kernel runs slower than
 # a copy of itself with "the same code", compile both with the Triton the GPU runs, and count

@@ -114,9 +114,13 @@ def timings(kind: str, case: str, gpu: str = GPU) -> dict:
     return {r[key]: r for r in rows if r["case"] == case and r.get("ms")}
 
 
-def floor(gpu: str = GPU) -> dict:
-    """{case: {provider: row}} of ``floor-<gpu>.csv`` (ms, ratio_to_copy)."""
-    _, rows = load("floor", gpu)
+def floor(gpu: str = GPU, kind: str = "floor") -> dict:
+    """{case: {provider: row}} of ``floor-<gpu>.csv`` (ms, ratio_to_copy), or of another run of
+    the floor suite kept under its own kind: ``floor_grads_summed-<gpu>-20261129-1219.csv``, the
+    run before forward+backward timings handed their gradients back, whose CUDA-graph
+    forward+backward rows also sum them into ``.grad``; ``floor_rounds-<gpu>-20261130-1101.csv``,
+    the first run after."""
+    _, rows = load(kind, gpu)
     out = {}
     for r in rows:
         out.setdefault(r["case"], {})[r["provider"]] = r

@@ -1,0 +1,104 @@
+"""What an eager forward+backward timing measures at 128-268 MB (GPU): the host or the kernels,
+and whether handing the gradients back (torch.autograd.grad, the floor suite's way since
+2026-11-30) times differently from summing them into .grad (backward() with .grad reset
+between calls, its way before).
+
+Cases: `apply_rope` on 128 MiB bf16 sbhd (s16384 b1 h32 d128) and `apply_mrope_qk` on the floor's
+multi-axis case (Qwen2-VL, b4 s8192, 28/4 heads of 128, bf16), and Liger's M-RoPE on the same
+materialised bf16 tables beside `ropelib.hf.apply_multimodal_rotary_pos_emb` where Liger is
+installed. For each, in one process, in five alternating rounds:
+
+* `graph`: the forward+backward replayed from a CUDA graph (gradients handed back): the GPU's
+  time per call, with no host in it;
+* `host`: host µs per eager call, calls back to back (suite.host_us_interleaved);
+* `do_bench grad` and `do_bench backward`: triton.testing.do_bench of the eager call, gradients
+  handed back, and summed into .grad with .grad reset between calls (grad_to_none).
+
+A call is host-bound where `host` exceeds `graph`; then both do_bench columns time the host.
+Prints one line per (case, way) with the median over rounds and their spread, then a table.
+
+    python3 benchmarks/fwdbwd_probe.py > fwdbwd_probe.log
+"""
+import statistics as st
+
+import torch
+import triton.testing as tt
+
+import ropelib
+import ropelib.hf
+from ropelib.bench import compare, multi_axis, suite
+
+ROUNDS = 5
+
+
+def cases(dev):
+    out = {}
+    x = torch.randn(16384, 1, 32, 128, device=dev, dtype=torch.bfloat16)
+    freqs = ropelib.rope_freqs(16384, 128, device=dev)
+    out["apply_rope 128 MiB bf16 sbhd"] = (lambda x: (ropelib.apply_rope(x, freqs),), [x])
+    shape, freqs3, positions, q, k, _, _ = multi_axis.case_inputs("mrope", False, dev)
+    out["apply_mrope_qk Qwen2-VL b4 s8192"] = (
+        lambda q, k: ropelib.apply_mrope_qk(q, k, positions, freqs3, layout="bshd"), [q, k])
+    cos, sin = multi_axis.materialised_tables(positions, freqs3)
+    section = shape["section"]
+
+    def hf_tables(q, k):
+        qo, ko = ropelib.hf.apply_multimodal_rotary_pos_emb(
+            q.transpose(1, 2), k.transpose(1, 2), cos, sin, section)
+        return qo.transpose(1, 2), ko.transpose(1, 2)
+    out["hf.apply_multimodal_rotary_pos_emb bf16 tables"] = (hf_tables, [q, k])
+    liger, _ = multi_axis._liger_mrope()
+    if liger is not None:
+        def liger_tables(q, k):
+            qo, ko = liger.apply(q.transpose(1, 2), k.transpose(1, 2), cos, sin, section)
+            return qo.transpose(1, 2), ko.transpose(1, 2)
+        out["Liger M-RoPE bf16 tables (in place, on copies)"] = (liger_tables, [q, k])
+    return out
+
+
+def ways(fn, inputs, name):
+    """{way: step} for one case; Liger works in place: its leaves are copies (as in the bench)."""
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+    grads = [torch.randn_like(t) for t in inputs]
+
+    def summed():
+        torch.autograd.backward(compare.output_tuple(fn(*leaves)), grads)
+    handed = compare.fwdbwd_step(lambda: fn(*leaves), leaves, grads)
+    return leaves, summed, handed
+
+
+def main():
+    dev = "cuda"
+    torch.empty(16 << 30, dtype=torch.uint8, device=dev)      # warm the allocator, as the bench
+    results = {}
+    for name, (fn, inputs) in cases(dev).items():
+        leaves, summed, handed = ways(fn, inputs, name)
+        copy_once, copy_twice = compare.copy_floor(inputs)
+        per = {w: [] for w in ("copy pair", "graph", "host", "do_bench grad", "do_bench backward")}
+        timers = {"copy pair": lambda: 1e3 * tt.do_bench(copy_twice),
+                  "graph": lambda: 1e3 * suite.graph_replay_ms(handed, 20, dev)[0],
+                  "host": lambda: suite.host_us_interleaved({"h": (handed, 100)}, 1, dev)["h"],
+                  "do_bench grad": lambda: 1e3 * tt.do_bench(handed),
+                  "do_bench backward": lambda: 1e3 * tt.do_bench(summed, grad_to_none=leaves)}
+        for r in range(ROUNDS):
+            for w, timer in timers.items():
+                try:
+                    v = timer()
+                    if isinstance(v, Exception):
+                        raise v
+                    per[w].append(v)
+                except Exception as e:  # noqa: BLE001 -- said, and the way left out
+                    print(f"{name} {w}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                    torch.cuda.synchronize()
+            print(f"{name} round {r}: " + ", ".join(f"{w} {v[-1]:.1f} us" for w, v in per.items()
+                                                   if v), flush=True)
+        results[name] = {w: (st.median(v), min(v), max(v)) for w, v in per.items() if v}
+    print(f"\n{'case':50s} {'way':18s} {'median us':>10s} {'min':>8s} {'max':>8s} {'copy/way':>9s}")
+    for name, per in results.items():
+        for w, (med, lo, hi) in per.items():
+            copy = per.get("copy pair", (float("nan"),))[0]
+            print(f"{name:50s} {w:18s} {med:10.1f} {lo:8.1f} {hi:8.1f} {copy / med:9.3f}")
+
+
+if __name__ == "__main__":
+    main()
