@@ -140,7 +140,9 @@ from .planning import Launch, cdiv, start
 #   spill and took 2.49 (-1930-qk-norm.csv, -1942-qk-norm.csv). Without the norm that tile is
 #   a slower GEMM (1.54 ms bare against 1.19), so dX keeps 64/64.
 # End to end at 8192 tokens the fused forward+backward went from 7.3 to 5.2 ms without the
-# norm and from 16.5 to 8.3 ms with it (results/qkv_rope-nvidia-h200-20261129-1942-*.csv).
+# norm and from 16.5 to 8.3 ms with it (results/qkv_rope-nvidia-h200-20261129-1942-*.csv); the
+# benchmark of 2026-11-30 (results/qkv_rope-nvidia-h200.csv), after the kernels' out-of-table
+# guard changed, measured 5.70 and 8.38 ms at these tiles: not yet timed kernel by kernel.
 GPU_TILES = {
     "fwd": dict(BLOCK_M=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4),
     "dx": dict(BLOCK_M=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=3),
