@@ -133,10 +133,10 @@ L2_MIB = 50         # the L2 cache of an H100 and of an H200 (the GPUs' specific
 bound, qk_mib = {}, {}
 for slug, gpu in GPUS.items():
     bw = copy_gbps(slug)
-    copied_on = compare.read_meta(RESULTS / f"floor-{slug}.csv")["date"][:10]
-    print(f"{META[slug]['gpu']}: device copy {bw:,.0f} GB/s (floor-{slug}.csv, {copied_on}; "
-          f"qkv_rope-{slug}.csv ran {META[slug]['date'][:10]})")
-    assert copied_on != META[slug]["date"][:10]              # separate runs, on different days
+    copied_on = compare.read_meta(RESULTS / f"floor-{slug}.csv")["date"]
+    print(f"{META[slug]['gpu']}: device copy {bw:,.0f} GB/s (floor-{slug}.csv, {copied_on[:16]}; "
+          f"qkv_rope-{slug}.csv ran {META[slug]['date'][:16]})")
+    assert copied_on != META[slug]["date"]                   # separate runs (both dates printed)
     for tokens in TOKENS:
         r = measured(slug, "cublas", "fwd", tokens)
         M, HQ, HK, D, K = r["tokens"], r["HQ"], r["HK"], r["D"], r["hidden"]
@@ -191,7 +191,7 @@ assert max(v["share"] for (_, _, pass_), v in bound.items() if pass_ == "fwd+bwd
 # %% [markdown]
 # Read the printout as a bound. Forward, the RoPE pass after cuBLAS costs about a copy of q and
 # k: from 0.94 to 1.26 times the copy floor, on both GPUs at both token counts. The copy and
-# the benchmark are separate runs, on different days (both dates printed). Each cost is the
+# the benchmark are separate runs (both dates printed). Each cost is the
 # difference of two medians timed separately, and each timing has a spread of its own (the
 # CSV's `p20` and `p80` columns, printed). Two differences came out under the floor, both on
 # the H200: forward at 8192 tokens, and forward+backward at 32768. Each shortfall is smaller
