@@ -265,14 +265,11 @@ class PlannedCall:
 
 
 def plan_eager_call(xs, tables_and_index, normalized, c: Call, *, inplace: bool, rows: int,
-                    names, out_dtype=None, axes: Optional[tuple] = None,
-                    swap_12: bool = False) -> PlannedCall:
+                    names, out_dtype=None, axes: Optional[tuple] = None) -> PlannedCall:
     """Plan the eager route of a checked call. normalized = (table, sin): the table as the
     checks left it; tables_and_index: the caller's (table, sin, position_ids, cu_seqlens,
     start_positions). `axes`: one table per axis (kernels/launch.Table.axes; the caller's table
-    and sin are then Qwen2-VL's [3, B or 1, S, R], normalized their time axis's). `swap_12`:
-    the calls give xs' transposes (1, 2), [B, H, S, D] views of these bshd xs
-    (eager.PlannedRotation)."""
+    and sin are then Qwen2-VL's [3, B or 1, S, R], normalized their time axis's)."""
     grad = needs_grad(*xs)
     direct_in_place = inplace and not grad and ops.writes_in_place(*xs)
     outs = xs if direct_in_place else tuple(
@@ -291,7 +288,7 @@ def plan_eager_call(xs, tables_and_index, normalized, c: Call, *, inplace: bool,
         positions=Positions(c.position_ids, c.cu_seqlens, c.start_positions, c.cp_size,
                             c.cp_rank),
         pointer_sources=pointer_sources, out_dtype=out_dtype, in_place=direct_in_place,
-        backward=False, interleaved=c.interleaved, layout=c.layout, swap_12=swap_12)
+        backward=False, interleaved=c.interleaved, layout=c.layout)
     return PlannedCall(rotation, read_slots, c, rows, inplace, grad, names)
 
 

@@ -238,19 +238,13 @@ class PlannedRotation:
     tables and index tensors the kernel reads, as the caller gave them. `pointer_sources` says
     which kernel pointer reads which of them: (pointer name, index into reads, copy?) where copy
     means "made contiguous first" (what the checks did to that argument).
-
-    `swap_12`: the caller's xs are [B, H, S, D] views of bshd tensors (transformers' q and k),
-    planned (xs, outs) being their bshd transposes. A call then transposes them here, inside
-    the autograd.Function (no transpose of its own in autograd's graph: a forward+backward
-    through the Hugging Face drop-ins runs one node, not five), and hands back its outputs, and
-    its backward its gradients, transposed back as [B, H, S, D] views.
     """
     __slots__ = ("launch", "n", "pointer_sources", "out_dtype", "in_place", "backward", "layout",
-                 "whole_grads", "swap_12", "_planned", "_start", "_names", "_pick", "_copies",
-                 "_reverses", "empty")
+                 "whole_grads", "_planned", "_start", "_names", "_pick", "_copies", "_reverses",
+                 "empty")
 
     def __init__(self, *, xs, outs, table, positions, pointer_sources, out_dtype, in_place,
-                 backward, interleaved, layout: str, swap_12: bool = False):
+                 backward, interleaved, layout: str):
         self.n = len(xs)
         view = ops.kernel_view
         outs = [None] * self.n if in_place else outs      # in place: no outputs of their own
@@ -261,7 +255,7 @@ class PlannedRotation:
                               rows_kept=True)
         self.pointer_sources = tuple(pointer_sources)
         self.out_dtype, self.in_place = out_dtype, in_place
-        self.backward, self.layout, self.swap_12 = backward, layout, swap_12
+        self.backward, self.layout = backward, layout
         # One table per axis is read by the two-pass route only, which takes q and k together
         # and contiguous: its reverse needs every gradient (zeros for an output outside the
         # loss), contiguous.
@@ -290,12 +284,6 @@ class PlannedRotation:
 
     def run(self, xs: tuple, reads: tuple) -> tuple:
         """Rotate xs eagerly, outside autograd: returns the outputs (xs when in place)."""
-        if self.swap_12:
-            return tuple(o.transpose(1, 2) for o in self._run(tuple(x.transpose(1, 2)
-                                                                     for x in xs), reads))
-        return self._run(xs, reads)
-
-    def _run(self, xs: tuple, reads: tuple) -> tuple:
         outs = xs if self.in_place else [
             torch.empty_like(x, dtype=self.out_dtype, memory_format=torch.contiguous_format)
             for x in xs]
@@ -323,24 +311,11 @@ class PlannedRotation:
 
     def _plan_reverse(self, grads: tuple, x_dtype) -> "PlannedRotation":
         table, positions, interleaved = self._planned
-        present = [g if not self.swap_12 else g.transpose(1, 2) for g in grads if g is not None]
+        present = [g for g in grads if g is not None]
         outs = [torch.empty(g.shape, dtype=x_dtype, device=g.device) for g in present]
         return PlannedRotation(xs=present, outs=outs, table=table, positions=positions,
                         pointer_sources=self.pointer_sources, out_dtype=x_dtype, in_place=False,
-                        backward=not self.backward, interleaved=interleaved, layout=self.layout,
-                        swap_12=self.swap_12)
-
-    def whole_grad(self, g, shape, dtype, device) -> torch.Tensor:
-        """The gradient of an output of the given shape as the two-pass route's reverse reads
-        it (`whole_grads`): contiguous in the planned layout, zeros where the output took no
-        part in the loss."""
-        if not self.swap_12:
-            return torch.zeros(shape, dtype=dtype, device=device) if g is None \
-                else g.contiguous()
-        if g is None:
-            return torch.zeros((shape[0], shape[2], shape[1], *shape[3:]), dtype=dtype,
-                               device=device).transpose(1, 2)
-        return g.transpose(1, 2).contiguous().transpose(1, 2)
+                        backward=not self.backward, interleaved=interleaved, layout=self.layout)
 
 
 class Rotate(torch.autograd.Function):
@@ -360,7 +335,9 @@ class Rotate(torch.autograd.Function):
     def backward(ctx, *grads):
         reads = ctx.saved_tensors
         if ctx.rotation.whole_grads:
-            grads = tuple(ctx.rotation.whole_grad(g, *out) for g, out in zip(grads, ctx.outputs))
+            grads = tuple(torch.zeros(shape, dtype=dtype, device=device) if g is None
+                          else g.contiguous() for g, (shape, dtype, device) in
+                          zip(grads, ctx.outputs))
         every = all(g is not None for g in grads)
         present = grads if every else tuple(g for g in grads if g is not None)
         if not present:

@@ -74,6 +74,15 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
         them q's strides); otherwise they are contiguous.
     """
     del position_ids   # unused in transformers too
+    if type(unsqueeze_dim) is int and LAYOUT_OF_UNSQUEEZE_DIM.get(unsqueeze_dim) == HF_LAYOUT \
+            and _bshd_views(q, k):
+        # transformers' q and k: [B, H, S, D] views of bshd projections. Rotated in that memory
+        # order, where large ones take the flat pass whole: 0.983 of a copy forward, where as
+        # strided views they took the finished kernel at 0.778 (b4 s8192 28/4 heads bf16, H200,
+        # results/hf_tables-*). The outputs have q's strides, as transformers' formula gives.
+        q_out, k_out = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin,
+                                            unsqueeze_dim=2)
+        return q_out.transpose(1, 2), k_out.transpose(1, 2)
     tables_and_index = (cos, sin, None, None, None)
     sig = eager.signature(("hf", unsqueeze_dim, type(unsqueeze_dim)), (q, k, cos, sin)) \
         if eager.active() else None
@@ -81,20 +90,14 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
         planned = eager.SIGNATURES.get(sig)
         if planned is not None:
             return planned((q, k), tables_and_index)
-    views = _views_of_bshd(q, k, unsqueeze_dim)
-    if views and sig is None:   # (traced: the transposes are the tracer's to see)
-        q_out, k_out = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin,
-                                            unsqueeze_dim=2)
-        return q_out.transpose(1, 2), k_out.transpose(1, 2)
-    xs = (q.transpose(1, 2), k.transpose(1, 2)) if views else (q, k)
-    layout, S, B, D, c, s = _checked(*xs, cos, sin, 2 if views else unsqueeze_dim)
+    layout, S, B, D, c, s = _checked(q, k, cos, sin, unsqueeze_dim)
     out_dtype = torch.promote_types(q.dtype, cos.dtype)
     # the rows of cos/sin are the tokens already: position s reads row s (of its batch entry)
     if sig is not None:
         call = Call(c, s, None, None, None, layout, False, 1, 0, S, B, D)
         planned = eager.SIGNATURES.put(sig, plan_eager_call(
-            xs, tables_and_index, (c, s), call, inplace=False, rows=S, names=("q", "k"),
-            out_dtype=out_dtype, swap_12=views))
+            (q, k), tables_and_index, (c, s), call, inplace=False, rows=S, names=("q", "k"),
+            out_dtype=out_dtype))
         return planned((q, k), tables_and_index, checked=True)
     if needs_grad(q, k):
         c, s = saveable(c), saveable(s)
@@ -143,14 +146,18 @@ def apply_multimodal_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch
     if c.shape[0] != 3:
         raise ValueError(f"cos/sin must be [3, batch, seq, head_dim] (one table per axis: "
                          f"time, height, width), got {tuple(cos.shape)}")
-    return _multimodal(q, k, c, s, list(mrope_section), unsqueeze_dim)
+    sections = list(mrope_section)
+    if LAYOUT_OF_UNSQUEEZE_DIM.get(unsqueeze_dim) == HF_LAYOUT and _bshd_views(q, k):
+        # transformers' q and k: [B, H, S, D] views of bshd projections. Rotated in that memory
+        # order; the outputs have q's strides, as transformers' own formula gives them
+        q_out, k_out = _multimodal(q.transpose(1, 2), k.transpose(1, 2), c, s, sections, 2)
+        return q_out.transpose(1, 2), k_out.transpose(1, 2)
+    return _multimodal(q, k, c, s, sections, unsqueeze_dim)
 
 
 def _multimodal(q, k, cos, sin, sections: list, unsqueeze_dim: int):
     """Qwen2-VL's per-axis tables cos, sin [3, B or 1, S, D] on q and k: read as they are by
-    the flat pass where q and k are large and contiguous (transformers' [B, H, S, D] views of
-    bshd projections: in that memory order, the outputs with q's strides, as transformers' own
-    formula gives them), else gathered into one table."""
+    the flat pass where q and k are large and contiguous, else gathered into one table."""
     layout = LAYOUT_OF_UNSQUEEZE_DIM.get(unsqueeze_dim) if type(unsqueeze_dim) is int else None
     if layout is not None and all(type(t) is torch.Tensor and t.dim() == 4 for t in (q, k)):
         # the eager route (ropelib.eager): checked and planned once per signature
@@ -160,30 +167,20 @@ def _multimodal(q, k, cos, sin, sections: list, unsqueeze_dim: int):
         planned = eager.SIGNATURES.get(sig) if sig is not None else None
         if planned is not None:
             return planned((q, k), tables_and_index)
-        views = _views_of_bshd(q, k, unsqueeze_dim)
-        xs, layout = ((q.transpose(1, 2), k.transpose(1, 2)), "bshd") if views else ((q, k), layout)
-        if ops.takes_axis_tables(*xs, cos, sin, sections, layout):
-            _, S, B, D, c, s = _checked(*xs, cos[0], sin[0], 2 if views else unsqueeze_dim)
+        if ops.takes_axis_tables(q, k, cos, sin, sections, layout):
+            _, S, B, D, c, s = _checked(q, k, cos[0], sin[0], unsqueeze_dim)
             out_dtype = torch.promote_types(q.dtype, cos.dtype)
-            if sig is None:     # (traced: the transposes are the tracer's to see)
-                outs = ops.rope_qk_axes(*xs, cos, sin, sections, layout, False, out_dtype)
-                return tuple(o.transpose(1, 2) for o in outs) if views else outs
+            if sig is None:
+                return ops.rope_qk_axes(q, k, cos, sin, sections, layout, False, out_dtype)
             call = Call(c, s, None, None, None, layout, False, 1, 0, S, B, D)
             planned = eager.SIGNATURES.put(sig, plan_eager_call(
-                xs, tables_and_index, (c, s), call, inplace=False, rows=S,
+                (q, k), tables_and_index, (c, s), call, inplace=False, rows=S,
                 names=("q", "k"), out_dtype=out_dtype,
-                axes=ops.axis_tables(cos, sin, sections).axes, swap_12=views))
+                axes=ops.axis_tables(cos, sin, sections).axes))
             return planned((q, k), tables_and_index, checked=True)
     axes = _feature_axes(tuple(sections), cos.shape[-1], cos.device)
     return apply_rotary_pos_emb(q, k, *ops.gathered_tables(cos, sin, sections, axes),
                                 unsqueeze_dim=unsqueeze_dim)
-
-
-def _views_of_bshd(q, k, unsqueeze_dim) -> bool:
-    """Are q and k, in Hugging Face's layout (unsqueeze_dim), transformers' views of bshd
-    projections (`_bshd_views`)?"""
-    return (type(unsqueeze_dim) is int and LAYOUT_OF_UNSQUEEZE_DIM.get(unsqueeze_dim) == HF_LAYOUT
-            and _bshd_views(q, k))
 
 
 def _bshd_views(q: torch.Tensor, k: torch.Tensor) -> bool:

@@ -1095,30 +1095,3 @@ def test_hugging_face_views_random_cases(route):
         for got, want, what in ((qo, rq, "q"), (ko, rk, "k"), (gq, rgq, "dq"), (gk, rgk, "dk")):
             torch.testing.assert_close(got.double(), want.detach(), atol=4e-2, rtol=2e-2,
                                        msg=lambda m: f"case {case} D={Dm} {what}: {m}")
-
-
-def test_hugging_face_views_take_one_autograd_node():
-    # An eager call on transformers' [B, H, S, D] views of bshd projections transposes them
-    # inside ropelib's autograd.Function: the outputs' grad_fn is that Function's node, with
-    # q and k's own nodes as its inputs (no TransposeBackward of ropelib's between), and a
-    # gradient in the views' memory order, or contiguous [B, H, S, D], comes back with the
-    # finished kernel's bits (the route the call takes here, at CPU sizes).
-    g = torch.Generator().manual_seed(21)
-    q4 = torch.randn(B, S, HQ, D, generator=g).to(DEVICE).requires_grad_(True)
-    k4 = torch.randn(B, S, HK, D, generator=g).to(DEVICE).requires_grad_(True)
-    cos, sin = (t[None] for t in ropelib.rope_cos_sin(S, D, device=DEVICE))
-    for _ in range(2):                  # planned by the first call, taken by the second
-        qo, ko = ropelib.hf.apply_rotary_pos_emb(q4.transpose(1, 2), k4.transpose(1, 2), cos, sin)
-        assert type(qo.grad_fn).__name__ == "RotateBackward" and ko.grad_fn is qo.grad_fn
-        assert {type(f).__name__ for f, _ in qo.grad_fn.next_functions if f is not None} \
-            == {"TransposeBackward0"}           # the caller's own transposes, nothing else
-        assert qo.stride() == q4.transpose(1, 2).stride()
-        for grads in ((qo.detach() * 2, ko.detach() + 1),
-                      (torch.ones(qo.shape), torch.full(ko.shape, 0.5))):
-            got = torch.autograd.grad((qo, ko), (q4, k4), grads, retain_graph=True)
-            want = torch.autograd.grad(
-                [ropelib.hf.apply_rotary_pos_emb(q4.transpose(1, 2).contiguous(),
-                                                 k4.transpose(1, 2).contiguous(), cos, sin)[i]
-                 for i in (0, 1)], (q4, k4), grads)
-            assert_same_bits(got, want, "views against contiguous copies")
-    eager.SIGNATURES.clear()
