@@ -74,15 +74,6 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
         them q's strides); otherwise they are contiguous.
     """
     del position_ids   # unused in transformers too
-    if type(unsqueeze_dim) is int and LAYOUT_OF_UNSQUEEZE_DIM.get(unsqueeze_dim) == HF_LAYOUT \
-            and _bshd_views(q, k):
-        # transformers' q and k: [B, H, S, D] views of bshd projections. Rotated in that memory
-        # order, where large ones take the flat pass whole: 0.983 of a copy forward, where as
-        # strided views they took the finished kernel at 0.778 (b4 s8192 28/4 heads bf16, H200,
-        # results/hf_tables-*). The outputs have q's strides, as transformers' formula gives.
-        q_out, k_out = apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2), cos, sin,
-                                            unsqueeze_dim=2)
-        return q_out.transpose(1, 2), k_out.transpose(1, 2)
     tables_and_index = (cos, sin, None, None, None)
     sig = eager.signature(("hf", unsqueeze_dim, type(unsqueeze_dim)), (q, k, cos, sin)) \
         if eager.active() else None
@@ -90,6 +81,17 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
         planned = eager.SIGNATURES.get(sig)
         if planned is not None:
             return planned((q, k), tables_and_index)
+    if type(unsqueeze_dim) is int and LAYOUT_OF_UNSQUEEZE_DIM.get(unsqueeze_dim) == HF_LAYOUT \
+            and _bshd_views(q, k):
+        # transformers' q and k: [B, H, S, D] views of bshd projections. Rotated in that memory
+        # order, where large ones take the flat pass whole: 0.983 of a copy forward, where as
+        # strided views they took the finished kernel at 0.778 (b4 s8192 28/4 heads bf16, H200,
+        # results/hf_tables-*). The outputs have q's strides, as transformers' formula gives.
+        qt, kt = q.transpose(1, 2), k.transpose(1, 2)
+        q_out, k_out = apply_rotary_pos_emb(qt, kt, cos, sin, unsqueeze_dim=2)
+        if sig is not None:     # later calls: straight to the bshd call's plan
+            _remember_views(sig, ("hf", 2, int), (qt, kt, cos, sin))
+        return q_out.transpose(1, 2), k_out.transpose(1, 2)
     layout, S, B, D, c, s = _checked(q, k, cos, sin, unsqueeze_dim)
     out_dtype = torch.promote_types(q.dtype, cos.dtype)
     # the rows of cos/sin are the tokens already: position s reads row s (of its batch entry)
@@ -132,6 +134,13 @@ def apply_multimodal_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch
     Returns:
         (q_embed, k_embed), dtype promoted from q's and cos's like transformers' arithmetic.
     """
+    sections_key = _sections_key(mrope_section)
+    sig = eager.signature(("hf-multimodal", sections_key, unsqueeze_dim, type(unsqueeze_dim)),
+                          (q, k, cos, sin)) \
+        if sections_key is not None and eager.active() else None
+    planned = eager.SIGNATURES.get(sig) if sig is not None else None
+    if planned is not None:
+        return planned((q, k), (cos, sin, None, None, None))
     for t, name in ((cos, "cos"), (sin, "sin")):
         V.check_tensor(t, name, dims=(4,))
     c, s = V.cos_sin_pair(cos, sin)
@@ -147,12 +156,55 @@ def apply_multimodal_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch
         raise ValueError(f"cos/sin must be [3, batch, seq, head_dim] (one table per axis: "
                          f"time, height, width), got {tuple(cos.shape)}")
     sections = list(mrope_section)
+    # later calls of this signature go straight to _multimodal's plan, where it made one and
+    # the checks above changed nothing (cos and sin read as they were given)
+    remember = sig is not None and c is cos and s is sin
     if LAYOUT_OF_UNSQUEEZE_DIM.get(unsqueeze_dim) == HF_LAYOUT and _bshd_views(q, k):
         # transformers' q and k: [B, H, S, D] views of bshd projections. Rotated in that memory
         # order; the outputs have q's strides, as transformers' own formula gives them
-        q_out, k_out = _multimodal(q.transpose(1, 2), k.transpose(1, 2), c, s, sections, 2)
+        qt, kt = q.transpose(1, 2), k.transpose(1, 2)
+        q_out, k_out = _multimodal(qt, kt, c, s, sections, 2)
+        if remember:
+            _remember_views(sig, ("hf-axis-tables", tuple(sections), 2), (qt, kt, c, s))
         return q_out.transpose(1, 2), k_out.transpose(1, 2)
-    return _multimodal(q, k, c, s, sections, unsqueeze_dim)
+    out = _multimodal(q, k, c, s, sections, unsqueeze_dim)
+    if remember:
+        inner = eager.SIGNATURES.get(eager.signature(
+            ("hf-axis-tables", tuple(sections), unsqueeze_dim), (q, k, c, s)))
+        if inner is not None:
+            eager.SIGNATURES.put(sig, inner)
+    return out
+
+
+def _sections_key(mrope_section) -> Optional[tuple]:
+    """mrope_section as part of a signature: a tuple of three ints, else None (such a call
+    takes the full checks, which say what is wrong with it)."""
+    if type(mrope_section) in (list, tuple) and len(mrope_section) == 3 \
+            and all(type(n) is int for n in mrope_section):
+        return tuple(mrope_section)
+    return None
+
+
+class _ViewsOfBshd:
+    """A planned eager call (api.PlannedCall) on the bshd transposes of transformers' [B, H, S,
+    D] views, called with the views: outputs transposed back, with q's strides."""
+    __slots__ = ("planned",)
+
+    def __init__(self, planned):
+        self.planned = planned
+
+    def __call__(self, xs: tuple, tables_and_index: tuple):
+        q_out, k_out = self.planned(tuple(x.transpose(1, 2) for x in xs), tables_and_index)
+        return q_out.transpose(1, 2), k_out.transpose(1, 2)
+
+
+def _remember_views(sig: tuple, inner_head: tuple, inner_tensors: tuple) -> None:
+    """Keep, under the views' signature `sig`, the plan the call on their bshd transposes made
+    under (inner_head, inner_tensors), if it made one: a later call with that signature then
+    skips the checks (the same for every call of a signature) and the views test."""
+    inner = eager.SIGNATURES.get(eager.signature(inner_head, inner_tensors))
+    if inner is not None:
+        eager.SIGNATURES.put(sig, _ViewsOfBshd(inner))
 
 
 def _multimodal(q, k, cos, sin, sections: list, unsqueeze_dim: int):

@@ -1095,3 +1095,56 @@ def test_hugging_face_views_random_cases(route):
         for got, want, what in ((qo, rq, "q"), (ko, rk, "k"), (gq, rgq, "dq"), (gk, rgk, "dk")):
             torch.testing.assert_close(got.double(), want.detach(), atol=4e-2, rtol=2e-2,
                                        msg=lambda m: f"case {case} D={Dm} {what}: {m}")
+
+
+@pytest.mark.parametrize("views", [True, False])
+def test_hugging_face_drop_ins_check_a_signature_once(views, monkeypatch):
+    # A repeated eager call of either drop-in with one signature takes the plan of the first
+    # without running its checks again (views of bshd projections included: straight to the
+    # plan on their transposes), and gives the same bits and strides; a call whose checks
+    # would fail still fails, and so does one whose cos/sin the checks had to copy.
+    from ropelib import validation
+    g = torch.Generator().manual_seed(31)
+    section, Dm = [2, 3, 3], 16
+    q4 = torch.randn(B, S, HQ, Dm, generator=g).to(DEVICE)
+    k4 = torch.randn(B, S, HK, Dm, generator=g).to(DEVICE)
+    q, k = (q4.transpose(1, 2), k4.transpose(1, 2)) if views else (q4, k4)
+    dim = 1 if views else 2
+    ang = torch.rand(3, B, S, Dm // 2, generator=g) * 20
+    ang = torch.cat((ang, ang), -1).to(DEVICE)
+    cos3, sin3 = ang.cos(), ang.sin()
+    cos2, sin2 = cos3[0], sin3[0]
+    checks = []
+    real = validation.cos_sin_pair
+
+    def counted(*a, **kw):
+        checks.append(1)
+        return real(*a, **kw)
+    monkeypatch.setattr(validation, "cos_sin_pair", counted)
+    eager.SIGNATURES.clear()
+    calls = {"hf": lambda: ropelib.hf.apply_rotary_pos_emb(q, k, cos2, sin2, unsqueeze_dim=dim),
+             "multimodal": lambda: ropelib.hf.apply_multimodal_rotary_pos_emb(
+                 q, k, cos3, sin3, section, dim)}
+    with forced("two-pass"):        # CPU sizes take the two-pass route, as large ones do
+        for name, call in calls.items():
+            checks.clear()
+            first = call()
+            n_first = len(checks)
+            again = call()
+            assert n_first >= 1 and len(checks) == n_first, (name, "checked again")
+            assert_same_bits(again, first, name)
+            assert [t.stride() for t in again] == [t.stride() for t in first]
+            if views:
+                assert again[0].stride() == q.stride()
+        with pytest.raises(ValueError, match="mrope_section"):
+            ropelib.hf.apply_multimodal_rotary_pos_emb(q, k, cos3, sin3, [2, 3, 4], dim)
+        # cos/sin the checks copy (features not at stride 1) are not remembered: each call
+        # checks them
+        cos_t = cos3.transpose(-1, -2).contiguous().transpose(-1, -2)
+        sin_t = sin3.transpose(-1, -2).contiguous().transpose(-1, -2)
+        checks.clear()
+        for _ in range(2):
+            got = ropelib.hf.apply_multimodal_rotary_pos_emb(q, k, cos_t, sin_t, section, dim)
+            assert_same_bits(got, calls["multimodal"](), "copied tables")
+        assert len(checks) >= 2
+    eager.SIGNATURES.clear()
