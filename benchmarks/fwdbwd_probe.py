@@ -17,8 +17,17 @@ installed. For each, in one process, in five alternating rounds:
 A call is host-bound where `host` exceeds `graph`; then both do_bench columns time the host.
 Prints one line per (case, way) with the median over rounds and their spread, then a table.
 
+`--multi-axis-rounds` instead runs the floor's multi-axis rows (`multi_axis.measure_case`,
+every provider) four times in one process: one round, five rounds, five rounds with ropelib's
+provider moved last, one round again; and prints ropelib's forward+backward beside the copy's
+each time. The floor's five rounds measured 0.49 of a copy where this probe's default cases
+measured 0.98 for the same call alone (2026-11-30, H200): this says whether the rounds, or the
+providers that run between ropelib's turns, make the difference.
+
     python3 benchmarks/fwdbwd_probe.py > fwdbwd_probe.log
+    python3 benchmarks/fwdbwd_probe.py --multi-axis-rounds > fwdbwd_probe_rounds.log
 """
+import sys
 import statistics as st
 
 import torch
@@ -100,5 +109,37 @@ def main():
             print(f"{name:50s} {w:18s} {med:10.1f} {lo:8.1f} {hi:8.1f} {copy / med:9.3f}")
 
 
+def multi_axis_rounds(dev="cuda"):
+    real = multi_axis.measure_providers
+    ways = (("1 round", 1, False), ("5 rounds", 5, False), ("5 rounds, ropelib last", 5, True),
+            ("1 round again", 1, False))
+    if dev == "cuda":
+        torch.empty(16 << 30, dtype=torch.uint8, device=dev)  # warm the allocator, as the bench
+    try:
+        for label, rounds, last in ways:
+            compare.FWDBWD_ROUNDS = rounds
+
+            def reordered(providers, *args, last=last, **kwargs):
+                if last:
+                    providers = ([p for p in providers if p[0] != "ropelib"]
+                                 + [p for p in providers if p[0] == "ropelib"])
+                return real(providers, *args, **kwargs)
+            multi_axis.measure_providers = reordered
+            rows = multi_axis.measure_case("mrope", tiny=dev != "cuda", timed=True, device=dev)
+            got = {(r["provider"], r["pass"]): r for r in rows}
+            for prov in ("ropelib", "copy", "hf_compile"):
+                for pass_ in multi_axis.PASSES:
+                    r = got.get((prov, pass_), {})
+                    print(f"{label:24s} {prov:11s} {pass_:8s} {r.get('ms', float('nan')):8.4f} ms "
+                          f"(p20 {r.get('p20', float('nan')):.4f}, p80 "
+                          f"{r.get('p80', float('nan')):.4f}), of a copy "
+                          f"{r.get('fraction_of_copy', float('nan')):.3f}", flush=True)
+    finally:
+        multi_axis.measure_providers = real
+
+
 if __name__ == "__main__":
-    main()
+    if "--multi-axis-rounds" in sys.argv[1:]:
+        multi_axis_rounds("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        main()

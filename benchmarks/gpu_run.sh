@@ -13,6 +13,8 @@
 #                                        # default mode and reduce-overhead
 #                                        # (python -m ropelib.course.model_step)
 #   bash benchmarks/gpu_run.sh sweeps    # notebook 07's sweeps, fp32 and bf16 (~6 min)
+#   bash benchmarks/gpu_run.sh fwdbwd    # what eager forward+backward rows time, and the multi-axis
+#                                        # rows with and without rounds (~3 min)
 #   bash benchmarks/gpu_run.sh ablation  # notebook 04's ablation: what makes the grid kernel fast
 #   bash benchmarks/gpu_run.sh ladder    # notebook 05's ladder: from batch-reuse to the finished kernel
 #   bash benchmarks/gpu_run.sh features  # fused QK-norm, KV-cache write, M-RoPE, table-free angles
@@ -200,6 +202,12 @@ lts__t_sector_hit_rate.pct,l1tex__t_sector_hit_rate.pct,launch__grid_size \
             step memory-latency "$PY" benchmarks/memory_latency.py --out "$RESULTS"
             step access-counters "$PY" benchmarks/access_counters.py --out "$RESULTS"
             keep "$RESULTS/memory_latency-$gpu.csv" "$RESULTS/access_counters-$gpu.csv" ;;
+        fwdbwd)
+            # eager forward+backward: GPU time, host time and do_bench both ways
+            # (benchmarks/fwdbwd_probe.py), then the floor's multi-axis rows with and without
+            # rounds, ropelib first and last
+            step fwdbwd-probe "$PY" benchmarks/fwdbwd_probe.py
+            step fwdbwd-multi-axis-rounds "$PY" benchmarks/fwdbwd_probe.py --multi-axis-rounds ;;
         probes)
             step one-gib "$PY" benchmarks/one_gib_probe.py --out "$RESULTS"
             step decode-tiles "$PY" benchmarks/decode_tiles.py --out "$RESULTS"
@@ -227,7 +235,7 @@ lts__t_sector_hit_rate.pct,l1tex__t_sector_hit_rate.pct,launch__grid_size \
                 ${ONLY:+--only "$ONLY"}
             [ -n "${OUT:-}" ] && tar czf "$OUT/executed-$tag.tar.gz" -C "$executed" . ;;
         *)
-            echo "unknown step: $what (tests, targets, floor, two-pass, decode, decode-ncu, puzzle9-ncu, model, sweeps, ablation, ladder, features, qkv-backward, qkv-mainloop, tables, probes, course, notebooks)"; exit 2 ;;
+            echo "unknown step: $what (tests, targets, floor, two-pass, decode, decode-ncu, puzzle9-ncu, model, sweeps, ablation, ladder, features, qkv-backward, qkv-mainloop, tables, fwdbwd, probes, course, notebooks)"; exit 2 ;;
     esac
 done
 exit $rc
