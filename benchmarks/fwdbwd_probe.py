@@ -65,7 +65,7 @@ def cases(dev):
     return out
 
 
-def ways(fn, inputs, name):
+def ways(fn, inputs):
     """{way: step} for one case; Liger works in place: its leaves are copies (as in the bench)."""
     leaves = [t.detach().clone().requires_grad_() for t in inputs]
     grads = [torch.randn_like(t) for t in inputs]
@@ -81,7 +81,7 @@ def main():
     torch.empty(16 << 30, dtype=torch.uint8, device=dev)      # warm the allocator, as the bench
     results = {}
     for name, (fn, inputs) in cases(dev).items():
-        leaves, summed, handed = ways(fn, inputs, name)
+        leaves, summed, handed = ways(fn, inputs)
         copy_once, copy_twice = compare.copy_floor(inputs)
         per = {w: [] for w in ("copy pair", "graph", "host", "do_bench grad", "do_bench backward")}
         timers = {"copy pair": lambda: 1e3 * tt.do_bench(copy_twice),

@@ -90,7 +90,7 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor,
         qt, kt = q.transpose(1, 2), k.transpose(1, 2)
         q_out, k_out = apply_rotary_pos_emb(qt, kt, cos, sin, unsqueeze_dim=2)
         if sig is not None:     # later calls: straight to the bshd call's plan
-            _remember_views(sig, ("hf", 2, int), (qt, kt, cos, sin))
+            _remember_plan(sig, ("hf", 2, int), (qt, kt, cos, sin), views=True)
         return q_out.transpose(1, 2), k_out.transpose(1, 2)
     layout, S, B, D, c, s = _checked(q, k, cos, sin, unsqueeze_dim)
     out_dtype = torch.promote_types(q.dtype, cos.dtype)
@@ -165,14 +165,12 @@ def apply_multimodal_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch
         qt, kt = q.transpose(1, 2), k.transpose(1, 2)
         q_out, k_out = _multimodal(qt, kt, c, s, sections, 2)
         if remember:
-            _remember_views(sig, ("hf-axis-tables", tuple(sections), 2), (qt, kt, c, s))
+            _remember_plan(sig, ("hf-axis-tables", tuple(sections), 2), (qt, kt, c, s),
+                           views=True)
         return q_out.transpose(1, 2), k_out.transpose(1, 2)
     out = _multimodal(q, k, c, s, sections, unsqueeze_dim)
     if remember:
-        inner = eager.SIGNATURES.get(eager.signature(
-            ("hf-axis-tables", tuple(sections), unsqueeze_dim), (q, k, c, s)))
-        if inner is not None:
-            eager.SIGNATURES.put(sig, inner)
+        _remember_plan(sig, ("hf-axis-tables", tuple(sections), unsqueeze_dim), (q, k, c, s))
     return out
 
 
@@ -198,13 +196,15 @@ class _ViewsOfBshd:
         return q_out.transpose(1, 2), k_out.transpose(1, 2)
 
 
-def _remember_views(sig: tuple, inner_head: tuple, inner_tensors: tuple) -> None:
-    """Keep, under the views' signature `sig`, the plan the call on their bshd transposes made
-    under (inner_head, inner_tensors), if it made one: a later call with that signature then
-    skips the checks (the same for every call of a signature) and the views test."""
+def _remember_plan(sig: tuple, inner_head: tuple, inner_tensors: tuple,
+                   views: bool = False) -> None:
+    """Keep, under the caller's signature `sig`, the plan the inner call made under
+    (inner_head, inner_tensors), if it made one (`views`: the inner call was on the bshd
+    transposes of the caller's views): a later call with that signature then skips the checks
+    (the same for every call of a signature) and the views test."""
     inner = eager.SIGNATURES.get(eager.signature(inner_head, inner_tensors))
     if inner is not None:
-        eager.SIGNATURES.put(sig, _ViewsOfBshd(inner))
+        eager.SIGNATURES.put(sig, _ViewsOfBshd(inner) if views else inner)
 
 
 def _multimodal(q, k, cos, sin, sections: list, unsqueeze_dim: int):

@@ -568,12 +568,14 @@ def time_ms(fn, device, grad_to_none=None) -> tuple:
     return _wall_bench(fn)
 
 
-def time_in_rounds(steps: dict, device, rounds: int = FWDBWD_ROUNDS) -> dict:
+def time_in_rounds(steps: dict, device, rounds: Optional[int] = None) -> dict:
     """{name: (median, 20th, 80th percentile) ms} of several steps timed in turn: each round
     times every step once (``time_ms``), and a step's numbers are the median and percentiles of
     its rounds' medians. A slow spell of the host (another process, a clock change) then falls
     on every step alike. A step that raises is dropped from the later rounds; its exception is
-    its value."""
+    its value. ``rounds``: default :data:`FWDBWD_ROUNDS` on a GPU, 1 elsewhere."""
+    if rounds is None:
+        rounds = FWDBWD_ROUNDS if torch.device(device).type == "cuda" else 1
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     medians = {name: [] for name in steps}
@@ -592,6 +594,32 @@ def time_in_rounds(steps: dict, device, rounds: int = FWDBWD_ROUNDS) -> dict:
             q = statistics.quantiles(ms, n=10, method="inclusive") if len(ms) > 1 else ms * 9
             out[name] = (statistics.median(ms), q[1], q[7])
     return out
+
+
+def time_rows_in_rounds(rows: list, steps: dict, device) -> list:
+    """Time ``steps`` ({row index: step}) with :func:`time_in_rounds` into their rows (``ms``,
+    ``p20``, ``p80``); a step that raised makes its row unavailable, with the reason. Returns
+    the indices of the rows timed."""
+    timed = []
+    for i, got in time_in_rounds(steps, device).items():
+        if isinstance(got, Exception):
+            rows[i].update(available=False, reason=f"{type(got).__name__}: {got}"[:200])
+            continue
+        rows[i]["ms"], rows[i]["p20"], rows[i]["p80"] = got
+        timed.append(i)
+    return timed
+
+
+def fwdbwd_inputs(case, fill: Optional[float] = None) -> tuple:
+    """(case on leaf copies of its tensors that require grad, the leaves, gradients for the
+    outputs): what a forward+backward step runs on. The gradients are random, or all ``fill``
+    (no random numbers drawn: a CUDA-graph capture that failed before can leave the generator
+    unusable outside capture)."""
+    leaves = [t.detach().clone().requires_grad_() for t in case.tensors]
+    gcase = dataclasses.replace(case, x=leaves[0], k=leaves[1] if len(leaves) > 1 else None)
+    grads = [torch.randn_like(t) if fill is None else torch.full_like(t, fill)
+             for t in case.tensors]
+    return gcase, leaves, grads
 
 
 def fwdbwd_step(fn: Callable[[], object], leaves, grads) -> Callable[[], object]:
@@ -727,8 +755,6 @@ def run_case(config: Config, providers=None, *, backward: bool = True, device=No
     provs = _resolve(providers)
     device = torch.device(device or runtime.default_device())
     timing = TIMING_GPU if device.type == "cuda" else TIMING_CPU
-    if rounds is None:
-        rounds = FWDBWD_ROUNDS if device.type == "cuda" else 1
     case = make_case(config, device)
     ref = reference_output(case)
 
@@ -738,7 +764,7 @@ def run_case(config: Config, providers=None, *, backward: bool = True, device=No
     nbytes, nbytes_bwd = bytes_moved(config), bytes_moved(config, backward=True)
 
     rows, fwdbwd_steps = [], {}
-    shared = _fwdbwd_inputs(case) if backward else None
+    shared = fwdbwd_inputs(case) if backward else None
     for p in provs:
         why = p.why_not(config)
         row = _empty_row(config, p.name, device, timing, why is None, why or "")
@@ -771,18 +797,10 @@ def _failed(row: dict, e: Exception) -> None:
                                        f"{str(e).splitlines()[0] if str(e) else ''}")
 
 
-def _fwdbwd_inputs(case) -> tuple:
-    """(case on leaf copies of its tensors that require grad, the leaves, gradients for the
-    outputs): what a forward+backward step runs on."""
-    leaves = [t.detach().clone().requires_grad_() for t in case.tensors]
-    gcase = dataclasses.replace(case, x=leaves[0], k=leaves[1] if len(leaves) > 1 else None)
-    return gcase, leaves, [torch.randn_like(t) for t in case.tensors]
-
-
 def _measure(p, case, ref, row, shared, device, nbytes, copy_fwd):
     """Check provider p's forward output against ``ref`` and time its forward into ``row``;
     returns its forward+backward step (``fwdbwd_step``) on the ``shared`` leaves and gradients
-    (``_fwdbwd_inputs``; a provider that works in place gets its own), or None when
+    (``fwdbwd_inputs``; a provider that works in place gets its own), or None when
     ``shared`` is None (forward only)."""
     inputs = [t.clone() for t in case.tensors]
     fresh = dataclasses.replace(case, x=inputs[0], k=inputs[1] if len(inputs) > 1 else None)
@@ -806,7 +824,7 @@ def _measure(p, case, ref, row, shared, device, nbytes, copy_fwd):
                fwd_gbps=nbytes / ms[0] / 1e6, ratio_fwd=copy_fwd / ms[0])
     if shared is None:
         return None
-    gcase, leaves, grads = _fwdbwd_inputs(case) if p.inplace else shared
+    gcase, leaves, grads = fwdbwd_inputs(case) if p.inplace else shared
     return fwdbwd_step(lambda: p.fn(gcase), leaves, grads)
 
 

@@ -225,17 +225,10 @@ def measure_providers(providers, base: dict, qk, extra, grads, ref_out, ref_grad
                 def step(fn=fn, leaves=leaves):
                     fn(*leaves, extra)
                 steps[len(rows) - 1] = step
-    # every provider timed in turn, round after round (compare.time_in_rounds): eager
-    # forward+backward at these sizes costs the host about what it costs the GPU
-    rounds = compare.FWDBWD_ROUNDS if torch.device(device).type == "cuda" else 1
-    for i, got in compare.time_in_rounds(steps, device, rounds).items():
-        row = rows[i]
-        if isinstance(got, Exception):
-            row.update(available=False, reason=f"{type(got).__name__}: {got}"[:200])
-            continue
-        ms, p20, p80 = got
-        backward = row["pass"] == PASSES[True]
-        row.update(ms=ms, p20=p20, p80=p80, gbps=nbytes * (1 + backward) / ms / 1e6)
+    # every provider timed in turn, round after round: eager forward+backward at these sizes
+    # costs the host about what it costs the GPU
+    for i in compare.time_rows_in_rounds(rows, steps, device):
+        rows[i]["gbps"] = nbytes * (1 + (rows[i]["pass"] == PASSES[True])) / rows[i]["ms"] / 1e6
     for r in rows:
         floor = next((e for e in rows if e["provider"] == "copy" and e["pass"] == r["pass"]
                       and e.get("ms")), None)

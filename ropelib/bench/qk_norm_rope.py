@@ -133,17 +133,19 @@ def measure(*, tiny: bool, timed: bool, device, with_copy: bool = False, **shape
             if not row["max_abs_err"] <= MAX_ABS_ERR:       # NaN fails too
                 row.update(available=False, reason="differs from the fp64 reference")
                 continue
-            row["nbytes"] = bytes_moved(B, S, HQ, HK, D, 2, backward)
             steps[len(rows) - 1] = _step(fn, args, grads, backward)
     if with_copy:
         copy_once, copy_twice = compare.copy_floor(args[:2])
         for backward, fn in ((False, copy_once), (True, copy_twice)):
             rows.append(dict(base, provider="copy", **{"pass": PASSES[backward]}))
             steps[len(rows) - 1] = fn
-    if timed:
-        _time_in_turns(rows, steps, device)
-    for r in rows:
-        r.pop("nbytes", None)
+    # every provider and the copy in turn, round after round: eager forward+backward at this
+    # size costs the host about what it costs the GPU
+    for i in compare.time_rows_in_rounds(rows, steps, device) if timed else ():
+        r = rows[i]
+        if r["provider"] != "copy":
+            backward = r["pass"] == PASSES[True]
+            r["gbps"] = bytes_moved(B, S, HQ, HK, D, 2, backward) / r["ms"] / 1e6
     _relative_columns(rows)
     return rows
 
@@ -155,21 +157,6 @@ def _step(fn, args, grads, backward):
     if backward:
         return compare.fwdbwd_step(lambda: fn(*leaves), leaves[:4], grads)
     return lambda: fn(*leaves)
-
-
-def _time_in_turns(rows, steps, device) -> None:
-    """Time `steps` ({row index: step}) in rounds, every provider and the copy in turn
-    (compare.time_in_rounds; eager forward+backward at this size costs the host about what it
-    costs the GPU), into their rows."""
-    rounds = compare.FWDBWD_ROUNDS if torch.device(device).type == "cuda" else 1
-    for i, got in compare.time_in_rounds(steps, device, rounds).items():
-        row = rows[i]
-        if isinstance(got, Exception):
-            row.update(available=False, reason=f"{type(got).__name__}: {got}"[:200])
-            continue
-        row["ms"], row["p20"], row["p80"] = got
-        if row.get("nbytes"):
-            row["gbps"] = row["nbytes"] / row["ms"] / 1e6
 
 
 def _relative_columns(rows) -> None:

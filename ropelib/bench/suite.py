@@ -20,7 +20,6 @@ per (case, provider) with ms and the ratio to the copy, every performance row of
 (plain RoPE, decode host cost and CUDA graphs, multi-axis, QK-norm, KV-cache write), which
 `python -m ropelib.bench.readme_table` turns into the README's table.
 """
-import dataclasses
 import datetime
 import math
 import tempfile
@@ -321,16 +320,6 @@ def add_graph_timings(case: BenchCase, rows: list, provs: list, calls: int = 100
             r["graph_reason"] = _capture_failed(e)
 
 
-def _leaves_and_grads(inputs):
-    """Leaf copies of a case's tensors that require grad, gradients for their outputs, and the
-    case rebuilt on the leaves (for forward+backward timings). The gradients draw no random
-    numbers: a CUDA-graph capture that failed before (a provider that reads a value on the
-    host) can leave the generator unusable outside capture."""
-    leaves = [t.detach().clone().requires_grad_() for t in inputs.tensors]
-    case = dataclasses.replace(inputs, x=leaves[0], k=leaves[1] if len(leaves) > 1 else None)
-    return leaves, [torch.full_like(t, 0.5) for t in inputs.tensors], case
-
-
 GRAPH_FWDBWD_FIELDS = ("graph_fwdbwd_ms", "graph_copy_fwdbwd_ms", "graph_ratio_fwdbwd",
                        "graph_fwdbwd_reason")
 
@@ -362,7 +351,7 @@ def add_graph_fwdbwd_timings(case: BenchCase, rows: list, provs: list, calls: in
                 if name not in names else "provider unavailable"
             continue
         p = by_name[name]
-        leaves, grads, gcase = _leaves_and_grads(inputs)
+        gcase, leaves, grads = compare.fwdbwd_inputs(inputs, fill=0.5)
         fwdbwd = compare.fwdbwd_step(lambda p=p, gcase=gcase: p.fn(gcase), leaves, grads)
         try:
             r["graph_fwdbwd_ms"] = graph_replay_ms(fwdbwd, calls, device)[0]
@@ -443,7 +432,7 @@ def add_host_timings(case: BenchCase, rows: list, provs: list, names: tuple = HO
                 if name not in names else "provider unavailable"
             continue
         p = by_name[name]
-        leaves, grads, gcase = _leaves_and_grads(inputs)
+        gcase, leaves, grads = compare.fwdbwd_inputs(inputs, fill=0.5)
 
         def fwd(p=p):
             with torch.no_grad():
