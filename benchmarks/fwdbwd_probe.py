@@ -21,8 +21,12 @@ Prints one line per (case, way) with the median over rounds and their spread, th
 every provider) four times in one process: one round, five rounds, five rounds with ropelib's
 provider moved last, one round again; and prints ropelib's forward+backward beside the copy's
 each time. The floor's five rounds measured 0.49 of a copy where this probe's default cases
-measured 0.98 for the same call alone (2026-11-30, H200): this says whether the rounds, or the
-providers that run between ropelib's turns, make the difference.
+measured 0.98 for the same call alone. Answered on the H200 (2026-11-30 13:54,
+results/fwdbwd-multi-axis-rounds-nvidia-h200-20261130-1354.log): neither. ropelib's
+forward+backward took 0.270 ms in every way, one round or five, first or last; the copy's
+forward+backward took 0.133 ms, the time of one copy: the bench timed the copy provider's
+clones, whose backward hands the gradient through uncopied. It now times two device copies
+(multi_axis.measure_providers, compare.copy_floor).
 
     python3 benchmarks/fwdbwd_probe.py > fwdbwd_probe.log
     python3 benchmarks/fwdbwd_probe.py --multi-axis-rounds > fwdbwd_probe_rounds.log

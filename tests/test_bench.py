@@ -650,3 +650,25 @@ def test_host_timings_take_turns_and_keep_failures_apart():
     assert 0 < us["fast"] < us["slow"] and us["slow"] >= 2000
     # warm-up (one call each), then three rounds: fast x3, slow x2 in each
     assert order == ["fast", "slow"] + (["fast"] * 3 + ["slow"] * 2) * 3
+
+
+def test_multi_axis_copy_moves_the_bytes_of_its_pass(monkeypatch):
+    # The copy's forward+backward is two device copies of q and k, like every other floor's:
+    # a clone's backward hands the gradient through without a copy, so timing the clone would
+    # halve the forward+backward baseline.
+    from ropelib.bench import multi_axis
+    once, twice = object(), object()
+    monkeypatch.setattr(compare, "copy_floor", lambda tensors: (once, twice))
+    captured = {}
+
+    def rows_in_rounds(rows, steps, device):
+        captured.update(steps)
+        return []
+    monkeypatch.setattr(compare, "time_rows_in_rounds", rows_in_rounds)
+    q, k = torch.randn(1, 4, 2, 8), torch.randn(1, 4, 1, 8)
+    grads = (torch.randn_like(q), torch.randn_like(k))
+    rows = multi_axis.measure_providers(
+        [("copy", lambda q, k, e: (q.clone(), k.clone()), "")], {"case": "t"}, (q, k), None,
+        grads, (q, k), grads, timed=True, device="cpu")
+    assert [r["pass"] for r in rows] == ["fwd", "fwd+bwd"]
+    assert captured == {0: once, 1: twice}

@@ -20,7 +20,10 @@ and k). Each provider's outputs (and gradients) are checked against an fp64 refe
 is timed (`max_err`: max |got - ref| / (1 + |ref|), at most `TOL`); a provider that fails or
 differs has available=False and the reason. Timings (`timed=True`) go through
 `ropelib.bench.compare.time_ms`: do_bench medians in ms on a GPU, meaningless wall clock in the
-interpreter. `fraction_of_copy` = copy ms / provider ms of the same pass, same run.
+interpreter. `fraction_of_copy` = copy ms / provider ms of the same pass, same run; the copy
+provider is checked as clones of q and k and timed as device copies of them
+(`compare.copy_floor`), twice for forward+backward: a clone's backward hands the gradient
+through without copying it.
 """
 import torch
 
@@ -29,6 +32,7 @@ from .. import mrope, runtime
 from ..reference import rotate_half
 from . import compare
 
+COPY_NOTE = "device copies of q and k (two for forward+backward)"
 # case -> (layout, B, S, HQ, HK, D, section, style, base); TINY: (B, S, HQ, HK, D, section)
 CASES = {
     "mrope": ("bshd", 4, 8192, 28, 4, 128, [16, 24, 24], "mrope", 1e6),
@@ -160,7 +164,7 @@ def measure_case(case: str, *, tiny: bool, timed: bool, device) -> list:
         hf_fn, hf_note = _raises(e), "transformers' code did not load"
     providers = [
         ("ropelib", lambda q, k, p: ropelib.apply_mrope_qk(q, k, p, freqs, layout=layout), ""),
-        ("copy", lambda q, k, p: (q.clone(), k.clone()), "q.clone(), k.clone()"),
+        ("copy", lambda q, k, p: (q.clone(), k.clone()), COPY_NOTE),
         ("hf_eager", hf_fn, hf_note),
         ("hf_compile", torch.compile(hf_fn, backend=compile_backend(timed, device),
                                      fullgraph=True), hf_note),
@@ -218,7 +222,9 @@ def measure_providers(providers, base: dict, qk, extra, grads, ref_out, ref_grad
                     continue
             if not timed:
                 continue
-            if backward:
+            if name == "copy":      # device copies of q and k: once, twice for forward+backward
+                steps[len(rows) - 1] = compare.copy_floor((q, k))[backward]
+            elif backward:
                 steps[len(rows) - 1] = compare.fwdbwd_step(
                     lambda fn=fn, leaves=leaves: fn(*leaves, extra), leaves, grads)
             else:
@@ -312,7 +318,7 @@ def measure_tables_case(case: str = "mrope", *, tiny: bool, timed: bool, device)
     note = "[3, B, S, D] bf16 cos/sin tables"
     providers = [
         ("ropelib", _hf_layout(ropelib_hf), "ropelib.hf.apply_multimodal_rotary_pos_emb"),
-        ("copy", lambda q, k, t: (q.clone(), k.clone()), "q.clone(), k.clone()"),
+        ("copy", lambda q, k, t: (q.clone(), k.clone()), COPY_NOTE),
         ("liger", _hf_layout(liger_fn), "Liger LigerQwen2VLMRopeFunction (in place)"),
         ("pytorch", _hf_layout(hf_4x), "transformers 4.x apply_multimodal_rotary_pos_emb"),
         ("torch.compile", _hf_layout(torch.compile(hf_4x, backend=compile_backend(timed, device),
