@@ -672,3 +672,41 @@ def test_multi_axis_copy_moves_the_bytes_of_its_pass(monkeypatch):
         grads, (q, k), grads, timed=True, device="cpu")
     assert [r["pass"] for r in rows] == ["fwd", "fwd+bwd"]
     assert captured == {0: once, 1: twice}
+
+
+def test_floor_write_into_replaces_only_the_parts_rows(tmp_path):
+    a, b = floor.Part("a", ("a fwd", "a fwdbwd"), None), floor.Part("b", ("b fwd",), None)
+    old = floor.Measured()
+    for case in ("a fwd", "a fwdbwd", "b fwd"):
+        old.add(case, "copy", 1.0, 1.0)
+        old.add(case, "ropelib", 2.0, 1.0)
+    old.add("a fwd", "liger", None, None, "not installed")
+    old.add("b fwd", "liger", None, None, "unsupported")
+    path = tmp_path / "floor-x.csv"
+    floor.write(path, {"date": "then", "gpu": "X", "timing": "old"}, old)
+    new = floor.Measured()
+    for case in ("a fwd", "a fwdbwd"):
+        new.add(case, "copy", 1.0, 1.0)
+        new.add(case, "ropelib", 1.25, 1.0)
+    with pytest.raises(ValueError, match="one GPU only"):
+        floor.write_into(path, {"gpu": "Y"}, new, [a])
+    floor.write_into(path, {"date": "now", "gpu": "X", "timing": "new"}, new, [a])
+    got = floor.read(path)
+    assert [(r["case"], r["provider"], r["ms"]) for r in got.rows] == [
+        ("a fwd", "copy", 1.0), ("a fwd", "ropelib", 1.25), ("a fwdbwd", "copy", 1.0),
+        ("a fwdbwd", "ropelib", 1.25), ("b fwd", "copy", 1.0), ("b fwd", "ropelib", 2.0)]
+    assert got.meta["date"] == "then" and got.meta["timing"] == "old"
+    assert got.meta["replaced_rows"].startswith("a from a later run: date now")
+    assert got.skipped == ["liger in b fwd: unsupported"]     # a's line went with a's rows
+    with pytest.raises(ValueError, match="no rows of the parts"):
+        floor.write_into(path, {"gpu": "X"}, new, [floor.Part("c", ("c fwd",), None)])
+
+
+def test_readme_table_names_rows_measured_again(tmp_path):
+    path = _synthetic_floor_csv(tmp_path, "NVIDIA H200", liger=False)
+    base = floor.read(path)
+    base.meta["replaced_rows"] = ("multi-axis from a later run: date 2026-12-01T10:00:00Z, "
+                                  "torch 9.9; its timing: t")
+    floor.write(path, base.meta, floor.Measured(rows=base.rows), skipped=base.skipped)
+    table = readme_table.render(readme_table.load([path]), tmp_path)
+    assert "Its multi-axis rows come from a later run, 2026-12-01T10:00:00Z." in table

@@ -6,6 +6,7 @@ import argparse
 import re
 import sys
 import time
+from pathlib import Path
 
 from . import compare, floor, suite
 from .compare import environment_meta, write_csv
@@ -34,6 +35,10 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None,
                     help="CSV path, or a folder for <suite>-<gpu-slug>-<date>.csv (default: "
                          "the current folder; a temp dir when not on a GPU)")
+    ap.add_argument("--into", default=None, type=Path, metavar="CSV",
+                    help="floor: write the rows of the parts --cases selects into this floor CSV "
+                         "of the same GPU, in place of its rows of those parts (its header "
+                         "names the run they come from)")
     ap.add_argument("--fwd-only", action="store_true", help="skip the forward+backward timings")
     ap.add_argument("--full-matrix", action="store_true",
                     help="targets: the whole dtype x layout x mode product (~7 min on an H100)")
@@ -54,6 +59,8 @@ def main(argv=None) -> int:
 
     if args.suite == "floor":
         return _floor_main(ap, args)
+    if args.into is not None:
+        ap.error("--into applies to --suite floor only")
     dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()] if args.dtype else None
     try:
         cases = suite_cases(args.suite, dtypes, args.full_matrix)
@@ -69,6 +76,16 @@ def main(argv=None) -> int:
             ap.error(f"--cases {args.cases!r} matches no case of suite {args.suite!r}")
     if args.graph_calls < 1:
         ap.error("--graph-calls must be >= 1")
+    if args.into is not None and (not args.cases or args.out):
+        ap.error("--into needs --cases (the parts to measure again) and no --out")
+    if args.into is not None:
+        try:
+            base_gpu = floor.read(args.into).meta.get("gpu")
+        except (OSError, ValueError) as e:
+            ap.error(f"--into {args.into}: not a floor CSV ({e})")
+        if base_gpu != environment_meta()["gpu"]:
+            ap.error(f"--into {args.into}: measured on {base_gpu!r}, this machine has "
+                     f"{environment_meta()['gpu']!r}: a floor CSV holds one GPU's rows")
     if args.reserve_gib < 0:
         ap.error("--reserve-gib must be >= 0")
     if args.list:
@@ -128,6 +145,16 @@ def _floor_main(ap, args) -> int:
             ap.error(f"{option} does not apply to --suite floor (its rows are fixed)")
     if args.graph_calls < 1:
         ap.error("--graph-calls must be >= 1")
+    if args.into is not None and (not args.cases or args.out):
+        ap.error("--into needs --cases (the parts to measure again) and no --out")
+    if args.into is not None:
+        try:
+            base_gpu = floor.read(args.into).meta.get("gpu")
+        except (OSError, ValueError) as e:
+            ap.error(f"--into {args.into}: not a floor CSV ({e})")
+        if base_gpu != environment_meta()["gpu"]:
+            ap.error(f"--into {args.into}: measured on {base_gpu!r}, this machine has "
+                     f"{environment_meta()['gpu']!r}: a floor CSV holds one GPU's rows")
     if args.reserve_gib < 0:
         ap.error("--reserve-gib must be >= 0")
     try:
@@ -161,7 +188,7 @@ def _floor_main(ap, args) -> int:
               file=sys.stderr)
     print("floor: providers " + ", ".join(p.name + ("" if p.available else " (unavailable)")
                                           for p in provs), file=sys.stderr)
-    return floor.main(provs, out, selected, args.graph_calls, reserved)
+    return floor.main(provs, out, selected, args.graph_calls, reserved, into=args.into)
 
 
 if __name__ == "__main__":

@@ -425,13 +425,14 @@ def skipped_lines(measured: Measured) -> list:
     return lines
 
 
-def write(path, meta: dict, measured: Measured) -> str:
-    """The CSV: `# key: value` lines, `# skipped: ...` lines, then FIELDS."""
+def write(path, meta: dict, measured: Measured, skipped: Optional[list] = None) -> str:
+    """The CSV: `# key: value` lines, `# skipped: ...` lines (`skipped`, else the measured
+    run's), then FIELDS."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", newline="") as f:
         for k, v in meta.items():
             f.write(f"# {k}: {_one_line(v, limit=None)}\n")   # (whole: the table reads them)
-        for line in skipped_lines(measured):
+        for line in skipped_lines(measured) if skipped is None else skipped:
             f.write(f"# skipped: {line}\n")
         w = csv.DictWriter(f, fieldnames=FIELDS)
         w.writeheader()
@@ -472,6 +473,45 @@ def read(path) -> FloorCSV:
     return FloorCSV(Path(path), meta, skipped, rows)
 
 
+def _names_only(line: str, names: set) -> bool:
+    """Does a `# skipped:` line ("provider in case; case: reason") name only cases of `names`?"""
+    where = line.partition(" in ")[2]
+    cases = [c for c in re.split(r"; ", where.rpartition(": ")[0]) if c]
+    return bool(cases) and all(c in names for c in cases)
+
+
+def write_into(path, meta: dict, measured: Measured, selected: list) -> str:
+    """The rows of the `selected` parts, just measured, written into the floor CSV at `path`
+    in place of its rows of those parts; the rest of it stays as it was. Its header keeps its
+    own run's lines and gains a `replaced_rows` line naming the parts and this run (date,
+    versions): every row still compares providers and a copy timed side by side in one run,
+    and the header says which run."""
+    base = read(path)
+    names = {n for part in selected for n in part.case_names}
+    if not any(r["case"] in names for r in base.rows):
+        raise ValueError(f"{path} has no rows of the parts {[p.name for p in selected]}")
+    rows, placed = [], False
+    for r in base.rows:
+        if r["case"] not in names:
+            rows.append(r)
+        elif not placed:
+            rows += measured.rows
+            placed = True
+    merged = Measured(rows=rows, skipped=measured.skipped)
+    skipped = [line for line in base.skipped if not _names_only(line, names)]
+    skipped += skipped_lines(measured)
+    if base.meta.get("gpu") != meta.get("gpu"):
+        raise ValueError(f"{path} was measured on {base.meta.get('gpu')!r}, this run on "
+                         f"{meta.get('gpu')!r}: rows of one GPU only")
+    env = {k: meta.get(k, "?") for k in ("date", "torch", "triton", "transformers",
+                                         "liger_kernel")}
+    out = dict(base.meta)
+    out["replaced_rows"] = (", ".join(p.name for p in selected) + " from a later run: "
+                            + ", ".join(f"{k} {v}" for k, v in env.items())
+                            + f"; its timing: {meta.get('timing', '?')}")
+    return write(path, out, merged, skipped)
+
+
 def summary(measured: Measured) -> str:
     """One line per case: each provider's ratio to the copy (host rows: µs per call)."""
     by_case: dict = {}
@@ -489,16 +529,21 @@ def summary(measured: Measured) -> str:
 
 
 def main(provs: list, out: Path, selected: list, graph_calls: int = 100,
-         reserved_gib: float = 0.0) -> int:
+         reserved_gib: float = 0.0, into: Optional[Path] = None) -> int:
     """`python -m ropelib.bench --suite floor`, after ropelib.bench.cli parsed the arguments: measure
-    the `selected` parts with `provs` for the plain RoPE rows, write the CSV to `out`."""
+    the `selected` parts with `provs` for the plain RoPE rows, write the CSV to `out`, or
+    (`into`) into that floor CSV in place of its rows of those parts (`write_into`)."""
     settings = settings_for("cuda" if on_gpu() else "cpu", graph_calls)
     t0 = time.time()
     measured = run(settings, provs, selected)
     meta = header(settings, time.time() - t0)
     if reserved_gib:
         meta["allocator_reserved_gib"] = f"{reserved_gib:g}"
-    write(out, meta, measured)
+    if into is not None:
+        out = into
+        write_into(out, meta, measured, selected)
+    else:
+        write(out, meta, measured)
     print(summary(measured))
     print(f"{len(measured.rows)} rows, {len(selected)} parts in {meta['elapsed_s']} s; "
           f"{len(skipped_lines(measured))} skipped lines -> {out}")
