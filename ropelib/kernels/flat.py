@@ -245,7 +245,7 @@ def _cos_sin_rows_kernel(
     rows, valid = table_rows(s_idx, b, S, P, position_ids_ptr, stride_ids_b, cu_seqlens_ptr,
                              start_ptr, N_SEQ, cp_size, cp_rank)
     c_a, s_a, c_b, s_b = table_cos_sin(cos_ptr, sin_ptr, rows, valid, b, stride_tab_b,
-                                       stride_tab_p, d_a, d_b, mask, tl.float32, HALF)
+                                       stride_tab_p, d_a, d_b, mask, tl.float32, HALF, True)
     if BACKWARD:
         s_a, s_b = s_b, -s_a
     else:

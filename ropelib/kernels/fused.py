@@ -273,7 +273,7 @@ def table_rows(s_idx, b, S, P, position_ids_ptr, stride_ids_b, cu_seqlens_ptr, s
 
 @triton.jit
 def table_cos_sin(cos_ptr, sin_ptr, rows, valid, b, stride_tab_b, stride_tab_p, d_a, d_b, mask,
-                  CDT: tl.constexpr, HALF: tl.constexpr):
+                  CDT: tl.constexpr, HALF: tl.constexpr, GUARD: tl.constexpr):
     # rows, valid [BLOCK_S], d_a/d_b [BLOCK_HALF] -> c_a, s_a, c_b, s_b, each
     # [BLOCK_S, 1, BLOCK_HALF]. A table (common.load_table), or no table at all: int64 turns [R]
     # in cos_ptr and the amplitude [1] in sin_ptr, and rows are then the positions themselves.
@@ -282,6 +282,8 @@ def table_cos_sin(cos_ptr, sin_ptr, rows, valid, b, stride_tab_b, stride_tab_p, 
     # made here, once per (token, pair) of the tile and reused by its heads and batch entries:
     # made on the outputs instead, it cost a select per element and, on 16-bit outputs, byte
     # permutes around it (the compiler selected the rounded halves: unpack, select, repack).
+    # GUARD False leaves the cosines as they are: the caller selects on `valid` itself (the
+    # QKV projection's dW, whose GEMM prologue holds fewer registers so).
     if cos_ptr.dtype.element_ty == tl.int64:
         j = tl.arange(0, d_a.shape[0])
         c, s = _exact_cos_sin(cos_ptr, rows, j, 1, HALF, ACCURATE, CDT)
@@ -293,8 +295,9 @@ def table_cos_sin(cos_ptr, sin_ptr, rows, valid, b, stride_tab_b, stride_tab_p, 
     else:
         c_a, s_a, c_b, s_b = load_table(cos_ptr, sin_ptr, rows, b, stride_tab_b, stride_tab_p, 1,
                                         d_a, d_b, mask, CDT)
-    c_a = nan_unless(valid[:, None, None], c_a)
-    c_b = nan_unless(valid[:, None, None], c_b)
+    if GUARD:
+        c_a = nan_unless(valid[:, None, None], c_a)
+        c_b = nan_unless(valid[:, None, None], c_b)
     return c_a, s_a, c_b, s_b
 
 
@@ -349,7 +352,7 @@ def _rope_heads(
             rows, valid = table_rows(s_idx, bb, S, P, position_ids_ptr, stride_ids_b,
                                       cu_seqlens_ptr, start_ptr, N_SEQ, cp_size, cp_rank)
             c_a, s_a, c_b, s_b = table_cos_sin(cos_ptr, sin_ptr, rows, valid, bb, stride_tab_b,
-                                               stride_tab_p, d_a, d_b, tab_mask, CDT, HALF)
+                                               stride_tab_p, d_a, d_b, tab_mask, CDT, HALF, True)
             if BACKWARD:
                 s_a, s_b = -s_b, -s_a
             if not X_FIRST:
@@ -369,7 +372,7 @@ def _rope_heads(
         rows, valid = table_rows(s_idx, 0, S, P, position_ids_ptr, stride_ids_b,
                                   cu_seqlens_ptr, start_ptr, N_SEQ, cp_size, cp_rank)
         c_a, s_a, c_b, s_b = table_cos_sin(cos_ptr, sin_ptr, rows, valid, 0, stride_tab_b,
-                                           stride_tab_p, d_a, d_b, tab_mask, CDT, HALF)
+                                           stride_tab_p, d_a, d_b, tab_mask, CDT, HALF, True)
         if BACKWARD:
             s_a, s_b = -s_b, -s_a
         if X_FIRST:

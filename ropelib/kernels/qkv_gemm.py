@@ -140,9 +140,12 @@ from .planning import Launch, cdiv, start
 #   spill and took 2.49 (-1930-qk-norm.csv, -1942-qk-norm.csv). Without the norm that tile is
 #   a slower GEMM (1.54 ms bare against 1.19), so dX keeps 64/64.
 # End to end at 8192 tokens the fused forward+backward went from 7.3 to 5.2 ms without the
-# norm and from 16.5 to 8.3 ms with it (results/qkv_rope-nvidia-h200-20261129-1942-*.csv); the
-# benchmark of 2026-11-30 (results/qkv_rope-nvidia-h200.csv), after the kernels' out-of-table
-# guard changed, measured 5.70 and 8.38 ms at these tiles: not yet timed kernel by kernel.
+# norm and from 16.5 to 8.3 ms with it (results/qkv_rope-nvidia-h200-20261129-1942-*.csv).
+# When dW took the NaN cosine of fused.table_cos_sin for its out-of-table guard it grew to 255
+# registers and spilled at its tile (3.24 ms alone, 5.72 end to end; 2026-11-30 13:56); with
+# its own select again (_grad_tile's valid) it is back to 2.74 ms alone, no spill, and 5.19 ms
+# end to end (8.22 with the norm; qkv-backward-nvidia-h200-20261130-1414.log,
+# results/qkv_rope-nvidia-h200.csv).
 GPU_TILES = {
     "fwd": dict(BLOCK_M=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=4),
     "dx": dict(BLOCK_M=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=3),
@@ -224,19 +227,19 @@ def _token_rows(m, M, S, P, pos_ptr, cu_seqlens_ptr, N_SEQ, IDS_PER_ENTRY: tl.co
 def _cos_sin(cos_ptr, sin_ptr, m, M, S, P, pos_ptr, cu_seqlens_ptr, N_SEQ, d_a, d_b,
              IDS_PER_ENTRY: tl.constexpr, R: tl.constexpr, BLOCK_M: tl.constexpr,
              BLOCK_HALF: tl.constexpr):
-    # the angles of tokens m [BLOCK_M]: c_a, s_a, c_b, s_b [BLOCK_M, BLOCK_HALF] fp32, the
-    # cosines NaN where a position is outside the table. cos_ptr/sin_ptr: an angle table
-    # [P, R] (sin_ptr None), or no table: Angles.turns [R] int64 and its amplitude [1]
-    # (fused.table_cos_sin reads either).
+    # the angles of tokens m [BLOCK_M]: c_a, s_a, c_b, s_b [BLOCK_M, BLOCK_HALF] fp32 and
+    # valid [BLOCK_M], False where a position is outside the table (the caller makes dY NaN
+    # there). cos_ptr/sin_ptr: an angle table [P, R] (sin_ptr None), or no table: Angles.turns
+    # [R] int64 and its amplitude [1] (fused.table_cos_sin reads either).
     HALF: tl.constexpr = R // 2
     rows, valid = _token_rows(m, M, S, P, pos_ptr, cu_seqlens_ptr, N_SEQ, IDS_PER_ENTRY)
     j = tl.arange(0, BLOCK_HALF)
     mask = (m < M)[:, None, None] & (j < HALF)[None, None, :]
     c_a, s_a, c_b, s_b = table_cos_sin(cos_ptr, sin_ptr, rows, valid, 0, 0, R, d_a, d_b, mask,
-                                       tl.float32, HALF)       # each [BLOCK_M, 1, BLOCK_HALF]
+                                       tl.float32, HALF, False)   # each [BLOCK_M, 1, BLOCK_HALF]
     shape: tl.constexpr = (BLOCK_M, BLOCK_HALF)
     return (tl.reshape(c_a, shape), tl.reshape(s_a, shape), tl.reshape(c_b, shape),
-            tl.reshape(s_b, shape))
+            tl.reshape(s_b, shape), valid)
 
 
 @triton.jit
@@ -321,7 +324,7 @@ def _norm_rotate_store(y_a, y_b, y_p, out_ptr, nw_ptr, rstd_ptr, pre_ptr, c_a, s
 
 
 @triton.jit
-def _grad_tile(g_ptr, hh, H, g, NQK, nw_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b, s_b,
+def _grad_tile(g_ptr, hh, H, g, NQK, nw_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b, s_b, valid,
                m, m_ok, S, B, d_a, d_b, e, j_ok, e_ok,
                D: tl.constexpr, LAYOUT: tl.constexpr, INT64: tl.constexpr,
                ROTATE: tl.constexpr, HAS_PASS: tl.constexpr):
@@ -329,8 +332,12 @@ def _grad_tile(g_ptr, hh, H, g, NQK, nw_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b, s
     # gradient g_ptr of that output (laid out like it) -> (dY_a, dY_b, dY_p, gun_a, gun_b,
     # gun_p), fp32 [BLOCK_M, *]: dY in the accumulators' pairing, and gu n (the norm weight's
     # gradient terms; zeros without the norm). Rows past M come out zero. A position outside
-    # the table has a NaN cosine (the dX pre-pass's rows, fused.table_cos_sin for dW), so its
-    # dY is NaN: each member of the rotation is one fma with a cosine.
+    # the table makes dY NaN: in dX its pre-pass's cos rows are NaN there (valid None: each
+    # member of the rotation is one fma with a cosine); dW evaluates its own cos/sin and
+    # selects on valid [BLOCK_M]. Compiled for sm_90 (Triton 3.6, bf16, d 128), the NaN cosine
+    # in dW's tile instead of the select cost it registers: 236 against 215 a thread at 32/256
+    # on 8 warps, and 32 bytes of spill at its 64/256 tile, 18 % of its time on an H200
+    # (3.24 against 2.74 ms, qkv-backward-nvidia-h200-20261130-1356.log).
     row = g_ptr + _head_rows(m, hh, H, S, B, D, LAYOUT, INT64)[:, None]
     mask = m_ok[:, None] & j_ok[None, :]
     mask_p = m_ok[:, None] & e_ok[None, :]
@@ -346,6 +353,9 @@ def _grad_tile(g_ptr, hh, H, g, NQK, nw_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b, s
     if ROTATE:
         # gu = rot(-theta) gy: the transpose swaps which member's sine is used
         ga, gb = rotate_pair(ga, gb, c_a, -s_b, c_b, -s_a)
+        if valid is not None:
+            ga = tl.where(valid[:, None], ga, float("nan"))
+            gb = tl.where(valid[:, None], gb, float("nan"))
         if nw_ptr is not None:
             if INT64:
                 mg = m.to(tl.int64) * NQK + g
@@ -551,7 +561,7 @@ def _qkv_rope_dx_kernel(
         else:
             n0 = h * D
         dy_a, dy_b, dy_p, _, _, _ = _grad_tile(
-            gq_ptr, h, HQ, h, NQK, norm_q_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b, s_b,
+            gq_ptr, h, HQ, h, NQK, norm_q_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b, s_b, None,
             m, m_ok, S, B, d_a, d_b, e, j_ok, e_ok, D, LAYOUT, INT64, ROTATE, HAS_PASS)
         acc = _dx_head(acc, dy_a, dy_b, dy_p, w_ptr, n0, kk, k_ok, d_a, d_b, e, j_ok, e_ok, K,
                        HAS_PASS, PRECISION)
@@ -562,7 +572,7 @@ def _qkv_rope_dx_kernel(
             n0 = (HQ + h) * D
         dy_a, dy_b, dy_p, _, _, _ = _grad_tile(
             gk_ptr, h, HK, HQ + h, NQK, norm_k_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b, s_b,
-            m, m_ok, S, B, d_a, d_b, e, j_ok, e_ok, D, LAYOUT, INT64, ROTATE, HAS_PASS)
+            None, m, m_ok, S, B, d_a, d_b, e, j_ok, e_ok, D, LAYOUT, INT64, ROTATE, HAS_PASS)
         acc = _dx_head(acc, dy_a, dy_b, dy_p, w_ptr, n0, kk, k_ok, d_a, d_b, e, j_ok, e_ok, K,
                        HAS_PASS, PRECISION)
     for h in range(0, HK):
@@ -571,7 +581,7 @@ def _qkv_rope_dx_kernel(
         else:
             n0 = (NQK + h) * D
         dy_a, dy_b, dy_p, _, _, _ = _grad_tile(
-            gv_ptr, h, HK, 0, NQK, None, None, None, c_a, s_a, c_b, s_b,
+            gv_ptr, h, HK, 0, NQK, None, None, None, c_a, s_a, c_b, s_b, None,
             m, m_ok, S, B, d_a, d_b, e, j_ok, e_ok, D, LAYOUT, INT64, False, HAS_PASS)
         acc = _dx_head(acc, dy_a, dy_b, dy_p, w_ptr, n0, kk, k_ok, d_a, d_b, e, j_ok, e_ok, K,
                        HAS_PASS, PRECISION)
@@ -608,13 +618,13 @@ def _dw_head(g_ptr, hh, H, g, NQK, nw_ptr, rstd_ptr, pre_ptr, x_ptr, cos_ptr, si
         m = m0 + tl.arange(0, BLOCK_M)
         m_ok = m < M
         if ROTATE:
-            c_a, s_a, c_b, s_b = _cos_sin(cos_ptr, sin_ptr, m, M, S, P, pos_ptr,
-                                          cu_seqlens_ptr, N_SEQ, d_a, d_b, IDS_PER_ENTRY, R,
-                                          BLOCK_M, BLOCK_HALF)
+            c_a, s_a, c_b, s_b, valid = _cos_sin(cos_ptr, sin_ptr, m, M, S, P, pos_ptr,
+                                                 cu_seqlens_ptr, N_SEQ, d_a, d_b, IDS_PER_ENTRY,
+                                                 R, BLOCK_M, BLOCK_HALF)
         else:
-            c_a, s_a, c_b, s_b = 0.0, 0.0, 0.0, 0.0
+            c_a, s_a, c_b, s_b, valid = 0.0, 0.0, 0.0, 0.0, None
         dy_a, dy_b, dy_p, gun_a, gun_b, gun_p = _grad_tile(
-            g_ptr, hh, H, g, NQK, nw_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b, s_b,
+            g_ptr, hh, H, g, NQK, nw_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b, s_b, valid,
             m, m_ok, S, B, d_a, d_b, e, j_ok, e_ok, D, LAYOUT, INT64, ROTATE, HAS_PASS)
         if INT64:
             m_off = m.to(tl.int64)
