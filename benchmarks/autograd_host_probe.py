@@ -5,7 +5,9 @@ what TE's costs, but a forward+backward more. This probe takes the difference ap
 variant timed in the same rounds (best of the rounds, calls back to back; `suite.host_us_interleaved`):
 
 * ropelib and TE, a forward with grad (what a forward+backward's forward pays) and a
-  forward+backward (gradients taken with torch.autograd.grad, as the floor suite does);
+  forward+backward (gradients taken with torch.autograd.grad, as the floor suite does); and
+  q (32 heads) with k (8 heads), as an attention layer rotates them: TE's two calls against
+  ropelib's `apply_rope_qk`;
 * a trivial autograd.Function (empty_like both ways) with one piece of work added in its forward
   or its backward: one of ropelib's planned Triton launches, an ATen kernel (neg), or a release
   of the GIL (time.sleep(0)): is it the launch, any kernel, or handing the GIL over that costs;
@@ -69,6 +71,16 @@ def variants(x, xg, freqs, g):
         steps["TE fused: forward with grad"] = lambda: te_rope(xg, freqs, fused=True)
         steps["TE fused: forward+backward"] = fwdbwd_step(
             lambda: te_rope(xg, freqs, fused=True), [xg], [g])
+    # what an attention layer pays: q (32 heads) and k (8): TE rotates each with a call of its
+    # own, ropelib both in one
+    kg = xg.detach()[:, :, :8].clone().requires_grad_(True)
+    gk = g[:, :, :8].clone()
+    if te_rope is not None:
+        steps["TE fused: q and k forward+backward (two calls)"] = fwdbwd_step(
+            lambda: (te_rope(xg, freqs, fused=True), te_rope(kg, freqs, fused=True)),
+            [xg, kg], [g, gk])
+    steps["ropelib: apply_rope_qk forward+backward"] = fwdbwd_step(
+        lambda: ropelib.apply_rope_qk(xg, kg, freqs), [xg, kg], [g, gk])
     steps["ropelib: forward with grad"] = lambda: ropelib.apply_rope(xg, freqs)
     steps["ropelib: forward+backward"] = fwdbwd_step(
         lambda: ropelib.apply_rope(xg, freqs), [xg], [g])
