@@ -37,9 +37,9 @@ import ropelib  # noqa: E402
 from ropelib.bench import compare  # noqa: E402
 
 
-def launches(device: str, compiled: bool):
-    """(label, call) for each launch listed above on one decode-size x, and the check's
-    inputs (x and its angles)."""
+def launches(device: str):
+    """(label, call) for each launch listed above on one decode-size x (torch.compile's on a GPU
+    only), and the check's inputs (x and its angles)."""
     gpu = device == "cuda"
     config = compare.Config(seq_len=1, batch=64 if gpu else 2, heads=32 if gpu else 2,
                             head_dim=128 if gpu else 16, dtype="bf16" if gpu else "fp32")
@@ -49,33 +49,28 @@ def launches(device: str, compiled: bool):
     cos, sin = torch.cos(table), torch.sin(table)
     calls = [("ropelib, angles", lambda: ropelib.apply_rope(x, freqs)),
              ("ropelib, cos/sin", lambda: ropelib.apply_rope(x, cos=cos, sin=sin))]
-    if compiled:
+    if gpu:
         core, extra = compare._hf_formula_core(case)
         fn = torch.compile(core, dynamic=False)
         calls.append(("torch.compile", lambda: fn(x, None, *extra)))
     calls.append(("x * 1", lambda: x * 1))
-    return calls, x, freqs
+    return calls, (x, freqs)
+
+
+def check(calls, inputs, device) -> str:
+    """The rotations agree with the fp64 reference."""
+    x, freqs = inputs
+    want = ropelib.reference.rope_reference(x.double(), freqs)
+    rotations = [(label, call) for label, call in calls if label != "x * 1"]
+    for label, call in rotations:
+        torch.testing.assert_close(call().double(), want, atol=2e-2, rtol=2e-2)
+    return (f"check: {', '.join(label for label, _ in rotations)} agree with the reference "
+            f"({device}, {tuple(x.shape)})")
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    if "--metrics" in argv:
-        print(",".join(compare.WARP_STATE_METRICS))
-        return 0
-    device = "cuda" if torch.cuda.is_available() and not ropelib.runtime.INTERPRET else "cpu"
-    calls, x, freqs = launches(device, compiled=device == "cuda")
-    if "--check" in argv:
-        want = ropelib.reference.rope_reference(x.double(), freqs)
-        for label, call in calls[:-1]:
-            torch.testing.assert_close(call().double(), want, atol=2e-2, rtol=2e-2)
-        print(f"check: {', '.join(label for label, _ in calls[:-1])} agree with the reference "
-              f"({device}, {tuple(x.shape)})")
-        return 0
-    if device != "cuda":
-        print("decode_ncu.py profiles on a CUDA GPU; --check runs on a CPU", file=sys.stderr)
-        return 2
-    compare.profiled_launches([call for _, call in calls])
-    return 0
+    return compare.profile_main(sys.argv[1:] if argv is None else argv, "decode_ncu.py",
+                                launches, check)
 
 
 if __name__ == "__main__":

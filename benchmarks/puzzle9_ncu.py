@@ -25,7 +25,6 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-import ropelib  # noqa: E402
 from ropelib.bench import compare  # noqa: E402
 from ropelib.course import puzzles as pz  # noqa: E402
 
@@ -50,29 +49,22 @@ def launches(device: str):
     return calls, y
 
 
+def check(calls, y, device) -> str:
+    """Every tile of the solution writes the same, non-zero output."""
+    outs = []
+    for label, call in calls[:-1]:
+        y.zero_()
+        call()
+        outs.append(y.clone())
+    assert all(torch.equal(outs[0], o) for o in outs[1:]), "the tiles disagree"
+    assert bool(outs[0].abs().sum() > 0), "the solution wrote nothing"
+    return (f"check: the six tiles of puzzle 9's solution give the same output ({device}, "
+            f"{tuple(y.shape)})")
+
+
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    if "--metrics" in argv:
-        print(",".join(compare.WARP_STATE_METRICS))
-        return 0
-    device = "cuda" if torch.cuda.is_available() and not ropelib.runtime.INTERPRET else "cpu"
-    calls, y = launches(device)
-    if "--check" in argv:
-        outs = []
-        for label, call in calls[:-1]:
-            y.zero_()
-            call()
-            outs.append(y.clone())
-        assert all(torch.equal(outs[0], o) for o in outs[1:]), "the tiles disagree"
-        assert bool(outs[0].abs().sum() > 0), "the solution wrote nothing"
-        print(f"check: the six tiles of puzzle 9's solution give the same output ({device}, "
-              f"{tuple(y.shape)})")
-        return 0
-    if device != "cuda":
-        print("puzzle9_ncu.py profiles on a CUDA GPU; --check runs on a CPU", file=sys.stderr)
-        return 2
-    compare.profiled_launches([call for _, call in calls])
-    return 0
+    return compare.profile_main(sys.argv[1:] if argv is None else argv, "puzzle9_ncu.py",
+                                launches, check)
 
 
 if __name__ == "__main__":

@@ -992,6 +992,27 @@ WARP_STATE_METRICS = (
     *(f"smsp__average_warps_issue_stalled_{s}_per_issue_active.ratio" for s in WARP_STALLS))
 
 
+def profile_main(argv, script: str, launches: Callable, check: Callable) -> int:
+    """The command line of a probe that Nsight Compute profiles with WARP_STATE_METRICS
+    (benchmarks/decode_ncu.py, puzzle9_ncu.py): `--metrics` prints the metric list; `--check`
+    runs `check(calls, extra, device)` (any machine: a GPU, or Triton's interpreter) and prints
+    what it returns; otherwise, on a CUDA GPU, each of the calls once under the profiler
+    (`profiled_launches`). `launches(device)` -> ([(label, call), ...], extra)."""
+    if "--metrics" in argv:
+        print(",".join(WARP_STATE_METRICS))
+        return 0
+    device = "cuda" if torch.cuda.is_available() and not runtime.INTERPRET else "cpu"
+    calls, extra = launches(device)
+    if "--check" in argv:
+        print(check(calls, extra, device))
+        return 0
+    if device != "cuda":
+        print(f"{script} profiles on a CUDA GPU; --check runs on a CPU", file=sys.stderr)
+        return 2
+    profiled_launches([call for _, call in calls])
+    return 0
+
+
 def profiled_launches(calls, warmup: int = 3) -> None:
     """Run each of `calls` `warmup` times (compiled and planned), then each once more between
     cudaProfilerStart and cudaProfilerStop, synchronised: what Nsight Compute profiles with
