@@ -113,10 +113,8 @@ def _source_line(label: str, result, root: Path) -> str:
 def gradients_handed_back(meta: dict) -> bool:
     """Did this floor run take its forward+backward gradients through torch.autograd.grad (its
     `timing` line says so), rather than summing them into .grad, which CUDA-graph replay never
-    resets? (The first run so, 2026-11-30, wrote the line cut at 200 characters, before its
-    words on gradients; the rounds it names came with them.)"""
-    timing = meta.get("timing", "")
-    return "torch.autograd.grad" in timing or "forward+backward: the median of" in timing
+    resets?"""
+    return "torch.autograd.grad" in meta.get("timing", "")
 
 
 def render(results: list, root: Optional[Path] = None) -> str:
