@@ -86,3 +86,11 @@ def test_puzzle9_profile_launches_agree(benchmark, capsys):
     assert probe.main(["--metrics"]) == 0
     assert "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio" in \
         capsys.readouterr().out
+
+
+def test_qkv_backward_with_dy_written_agrees_with_the_unfused_pipeline(benchmark, capsys):
+    probe = benchmark("qkv_dy_probe")
+    assert probe.main(["--dry-run"]) == 0      # each provider checked against the unfused one
+    out = capsys.readouterr().out
+    for name in ("fused ", "fused, dY written, cuBLAS", "fused, dY written, Triton", "unfused"):
+        assert name in out
