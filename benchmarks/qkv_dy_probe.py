@@ -1,18 +1,17 @@
 """The QKV projection's backward with its gradient written once: what the prologues cost.
 
-`ropelib.qkv_rope_linear`'s backward never writes the un-rotated gradient of the projection,
-dY [M, N]: its dX and dW GEMMs re-form dY from the gradients of the rotated q, k (inverse
-rotation) and v as they load their operand, dW once per column block of x. This probe times
-the other way, against it, on the benchmark's case (Llama-3-8B's projection, bf16, table-free
-angles, no QK-norm; benchmarks/qkv_rope_bench.py):
+`ropelib.qkv_rope_linear(..., backward="prologue")` never writes the un-rotated gradient of the
+projection, dY [M, N]: its dX and dW GEMMs re-form dY from the gradients of the rotated q, k
+(inverse rotation) and v as they load their operand, dW once per column block of x.
+`backward="dy"` writes it once (`qkv_linear.written_dy`: ropelib's RoPE operator rotates the
+gradients of q and k back, one launch, and q's, k's and v's columns are set side by side) and
+runs cuBLAS for dX = dY W and dW = dY^T x. This probe times both on the benchmark's case
+(Llama-3-8B's projection, bf16, table-free angles, no QK-norm; benchmarks/qkv_rope_bench.py):
 
-* fused: `ropelib.qkv_rope_linear`, forward and backward (the prologues);
-* fused, dY written, cuBLAS: the same forward; the backward rotates the gradients of q and k
-  back with ropelib's RoPE operator (`ropelib.ops.rope_qk`, backward=True), writes dY
-  (torch.cat of q's, k's and v's gradients as [M, N]) and runs cuBLAS for dX = dY W and
-  dW = dY^T x;
-* fused, dY written, Triton: the same dY, then ropelib's dX and dW kernels without their
-  rotation (qkv_rope_bench's triton_gemm backward): the prologues' cost at the same GEMMs;
+* fused, prologues: `qkv_rope_linear(..., backward="prologue")`;
+* fused, dY written, cuBLAS: `qkv_rope_linear(..., backward="dy")`;
+* fused, dY written, Triton: the same forward and dY, then ropelib's dX and dW kernels without
+  their rotation (qkv_rope_bench's triton_gemm backward): the prologues' cost at the same GEMMs;
 * unfused: cuBLAS then `apply_rope_qk` (autograd through both), the baseline.
 
 Each provider's outputs and gradients are compared with the unfused pipeline's first (as the
@@ -32,58 +31,48 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import qkv_rope_bench as bench  # noqa: E402  (it puts the checkout on sys.path)
 
 import ropelib  # noqa: E402
-from ropelib import runtime  # noqa: E402
+from ropelib import qkv_linear, runtime  # noqa: E402
 
 
-def unrotated_dy(gq, gk, gv, angles):
-    """dY [M, N]: the gradients of q and k rotated back (ropelib's RoPE, backward), then q's,
-    k's and v's side by side, as the projection's rows."""
-    dq, dk = ropelib.ops.rope_qk(gq.contiguous(), gk.contiguous(), angles.turns,
-                                 angles.amplitude, None, None, None, "bshd", False, 1, 0, True,
-                                 None)
-    M = gq.shape[0] * gq.shape[1]
-    return torch.cat([t.reshape(M, -1) for t in (dq, dk, gv.contiguous())], dim=1)
-
-
-class _WrittenDY(torch.autograd.Function):
-    """qkv_rope_linear's forward; a backward that writes dY, then its GEMMs (cuBLAS, or ropelib's
-    dX/dW kernels without the rotation)."""
+class _DYTriton(torch.autograd.Function):
+    """qkv_rope_linear's forward; a backward that writes dY (qkv_linear.written_dy), then runs
+    ropelib's dX and dW kernels without their rotation."""
 
     @staticmethod
-    def forward(ctx, x, weight, angles, HQ, HK, D, gemms):
+    def forward(ctx, x, weight, angles, HQ, HK, D):
         with torch.no_grad():
             q, k, v = ropelib.qkv_rope_linear(x, weight, n_heads=HQ, n_kv_heads=HK, head_dim=D,
                                               angles=angles)
         ctx.save_for_backward(x, weight)
-        ctx.angles, ctx.heads, ctx.gemms = angles, (HQ, HK, D), gemms
+        ctx.angles, ctx.heads = angles, (HQ, HK, D)
         return q, k, v
 
     @staticmethod
     def backward(ctx, gq, gk, gv):
         x, weight = ctx.saved_tensors
-        dy = unrotated_dy(gq, gk, gv, ctx.angles)
-        if ctx.gemms == "cublas":
-            dx = (dy @ weight).view_as(x)
-            dw = dy.t() @ x.reshape(-1, x.shape[-1])
-        else:
-            HQ, HK, D = ctx.heads
-            B, S, _ = x.shape
-            with torch.enable_grad():
-                xs, ws = x.detach().requires_grad_(), weight.detach().requires_grad_()
-                outs = bench._TritonGemm.apply(xs, ws, ctx.angles.turns, ctx.angles.amplitude,
-                                               HQ, HK, D)
-                grads = [t.view(B, S, -1, D) for t in dy.split([HQ * D, HK * D, HK * D], 1)]
-                dx, dw = torch.autograd.grad(outs, (xs, ws), grads)
-        return dx, dw, None, None, None, None, None
+        a = ctx.angles
+        dy = qkv_linear.written_dy(gq, gk, gv, x, a.turns, a.amplitude, None, None, False,
+                                   "bshd")
+        HQ, HK, D = ctx.heads
+        B, S, _ = x.shape
+        with torch.enable_grad():
+            xs, ws = x.detach().requires_grad_(), weight.detach().requires_grad_()
+            outs = bench._TritonGemm.apply(xs, ws, a.turns, a.amplitude, HQ, HK, D)
+            grads = [t.view(B, S, -1, D) for t in dy.split([HQ * D, HK * D, HK * D], 1)]
+            dx, dw = torch.autograd.grad(outs, (xs, ws), grads)
+        return dx, dw, None, None, None, None
 
 
 def providers(HQ, HK, D, angles, freqs):
     base = dict(bench.providers(HQ, HK, D, angles, freqs, norm=False))
-    return [("fused", base["fused"]),
-            ("fused, dY written, cuBLAS",
-             lambda x, w, wq, wk: _WrittenDY.apply(x, w, angles, HQ, HK, D, "cublas")),
+
+    def fused(backward):
+        return lambda x, w, wq, wk: ropelib.qkv_rope_linear(
+            x, w, n_heads=HQ, n_kv_heads=HK, head_dim=D, angles=angles, backward=backward)
+    return [("fused, prologues", fused("prologue")),
+            ("fused, dY written, cuBLAS", fused("dy")),
             ("fused, dY written, Triton",
-             lambda x, w, wq, wk: _WrittenDY.apply(x, w, angles, HQ, HK, D, "triton")),
+             lambda x, w, wq, wk: _DYTriton.apply(x, w, angles, HQ, HK, D)),
             ("unfused", base["unfused"])]
 
 

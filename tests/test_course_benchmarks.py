@@ -92,5 +92,6 @@ def test_qkv_backward_with_dy_written_agrees_with_the_unfused_pipeline(benchmark
     probe = benchmark("qkv_dy_probe")
     assert probe.main(["--dry-run"]) == 0      # each provider checked against the unfused one
     out = capsys.readouterr().out
-    for name in ("fused ", "fused, dY written, cuBLAS", "fused, dY written, Triton", "unfused"):
+    for name in ("fused, prologues", "fused, dY written, cuBLAS", "fused, dY written, Triton",
+                 "unfused"):
         assert name in out

@@ -219,7 +219,7 @@ def test_same_angles_as_apply_rope_bit_for_bit(seeded):
 
 def check_backward(dtype, *, norm, bias=True, table="freqs", interleaved=False, R=16, D=16,
                    out_layout="bshd", position_ids=False, B=1, S=16, HQ=2, HK=1,
-                   weight_offset=0.0):
+                   weight_offset=0.0, backward="prologue"):
     x, w, b, wq, wk = make(dtype, B=B, S=S, HQ=HQ, HK=HK, D=D, bias=bias, norm=norm)
     pos = torch.randint(0, 2 * S, (B, S)) if position_ids else None
     tables = {"freqs": dict(freqs=ropelib.rope_freqs(2 * S, D, rotary_percent=R / D,
@@ -228,7 +228,7 @@ def check_backward(dtype, *, norm, bias=True, table="freqs", interleaved=False, 
     opts = dict(position_ids=pos, interleaved=interleaved, out_layout=out_layout,
                 weight_offset=weight_offset, **tables)
     got = ropelib.qkv_rope_linear(x, w, b, n_heads=HQ, n_kv_heads=HK, head_dim=D,
-                                  q_norm_weight=wq, k_norm_weight=wk, **opts)
+                                  q_norm_weight=wq, k_norm_weight=wk, backward=backward, **opts)
     want, _ = unfused(x, w, b, wq, wk, HQ=HQ, HK=HK, D=D, **opts)
     leaves = [t for t in (x, w, b, wq, wk) if t is not None]
     grads = [torch.randn_like(t) for t in got]
@@ -268,6 +268,21 @@ def test_backward_matches_autograd_of_the_unfused_pipeline(dtype, norm, table, s
     check_backward(dtype, norm=norm, table=table)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("table", ["freqs", "angles"])
+@pytest.mark.parametrize("out_layout", ["bshd", "bhsd"])
+def test_backward_with_dy_written_matches_the_unfused_pipeline(dtype, table, out_layout, seeded):
+    # backward="dy": ropelib's RoPE rotates the gradients back, then two matrix products
+    check_backward(dtype, norm=False, table=table, out_layout=out_layout, backward="dy")
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["rotate-half", "interleaved"])
+@pytest.mark.parametrize("R", [16, 8], ids=["full", "partial"])
+def test_backward_with_dy_written_pairings_positions_and_heads(interleaved, R, seeded):
+    check_backward(torch.float32, norm=False, interleaved=interleaved, R=R, HQ=3, HK=1, B=2,
+                   S=8, position_ids=True, backward="dy")
+
+
 @pytest.mark.parametrize("interleaved", [False, True], ids=["rotate-half", "interleaved"])
 @pytest.mark.parametrize("R", [16, 8], ids=["full", "partial"])
 def test_backward_pairings_and_partial_rotary(interleaved, R, seeded):
@@ -286,14 +301,15 @@ def test_backward_position_ids_layouts_and_gemma_scale(out_layout, seeded):
                    position_ids=True, out_layout=out_layout, weight_offset=1.0, table="angles")
 
 
-def test_backward_with_frozen_parts_and_unused_outputs(seeded):
+@pytest.mark.parametrize("backward", ["prologue", "dy"])
+def test_backward_with_frozen_parts_and_unused_outputs(backward, seeded):
     """Only x needs a gradient (frozen projection); only q and v enter the loss."""
     x, w, b, _, _ = make(torch.float32)
     w.requires_grad_(False)
     b.requires_grad_(False)
     freqs = ropelib.rope_freqs(16, 16)
     q, k, v = ropelib.qkv_rope_linear(x, w, b, n_heads=2, n_kv_heads=1, head_dim=16,
-                                      freqs=freqs)
+                                      freqs=freqs, backward=backward)
     (gx,) = torch.autograd.grad(q.sum() + 2 * v.sum(), (x,))
     (q2, _, v2), _ = unfused(x, w, b, HQ=2, HK=1, D=16, freqs=freqs)
     (want,) = torch.autograd.grad(q2.sum() + 2 * v2.sum(), (x,))
@@ -302,29 +318,31 @@ def test_backward_with_frozen_parts_and_unused_outputs(seeded):
 
 # --- packed sequences --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("norm", [False, True], ids=["plain", "qk-norm"])
-def test_packed_sequences(norm, seeded):
+@pytest.mark.parametrize("norm, backward", [(False, "prologue"), (True, "prologue"),
+                                            (False, "dy")], ids=["plain", "qk-norm", "dy"])
+def test_packed_sequences(norm, backward, seeded):
     """x [T, hidden] with cu_seqlens: each token at its index in its sequence; the same with
-    position ids [T]; gradients too."""
+    position ids [T]; gradients too, through either backward."""
     T, D = 16, 16
     x, w, b, wq, wk = make(torch.float32, S=T, norm=norm, packed=True)
     cu = torch.tensor([0, 5, 12, 16], dtype=torch.int32)
     freqs = ropelib.rope_freqs(8, D)
-    got = ropelib.qkv_rope_linear(x, w, b, n_heads=2, n_kv_heads=1, head_dim=D, freqs=freqs,
-                                  cu_seqlens=cu, q_norm_weight=wq, k_norm_weight=wk)
+    opts = dict(n_heads=2, n_kv_heads=1, head_dim=D, freqs=freqs, q_norm_weight=wq,
+                k_norm_weight=wk, backward=backward)
+    got = ropelib.qkv_rope_linear(x, w, b, cu_seqlens=cu, **opts)
     want, _ = unfused(x, w, b, wq, wk, HQ=2, HK=1, D=D, freqs=freqs, cu_seqlens=cu)
     assert [tuple(t.shape) for t in got] == [(T, 2, D), (T, 1, D), (T, 1, D)]
     for g, t in zip(got, want):
         torch.testing.assert_close(g, t, rtol=1e-5, atol=1e-5)
     pos = torch.cat([torch.arange(n) for n in (5, 7, 4)])
-    by_ids = ropelib.qkv_rope_linear(x, w, b, n_heads=2, n_kv_heads=1, head_dim=D, freqs=freqs,
-                                     position_ids=pos, q_norm_weight=wq, k_norm_weight=wk)
+    by_ids = ropelib.qkv_rope_linear(x, w, b, position_ids=pos, **opts)
     assert all(torch.equal(a, c) for a, c in zip(got, by_ids))
     leaves = [t for t in (x, w, b, wq, wk) if t is not None]
     grads = [torch.randn_like(t) for t in got]
-    for a, c in zip(torch.autograd.grad(got, leaves, grads),
-                    torch.autograd.grad(want, leaves, grads)):
-        torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-5 * float(c.abs().max()))
+    want_grads = torch.autograd.grad(want, leaves, grads)
+    for out in (got, by_ids):
+        for a, c in zip(torch.autograd.grad(out, leaves, grads), want_grads):
+            torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-5 * float(c.abs().max()))
 
 
 # --- every element written; positions outside the table -----------------------------------------
@@ -391,7 +409,7 @@ def _op_args(norm: bool, save: bool):
     x, w, b, wq, wk = make(torch.float32, S=8, norm=norm)
     angles = ropelib.rope_angles(16)
     return (x, w, b, angles.turns, angles.amplitude, None, None, wq, wk, 2, 1, 16, 1e-6, False,
-            "bhsd", save)
+            "bhsd", save, "prologue" if norm else "dy")
 
 
 @pytest.mark.parametrize("norm", [False, True], ids=["plain", "qk-norm"])
@@ -417,8 +435,10 @@ def test_registered_as_triton_ops_on_a_gpu():
 
 
 @pytest.mark.parametrize("table", ["freqs", "angles"])
-def test_compile_fullgraph_equals_eager(table, seeded):
-    x, w, b, wq, wk = make(torch.bfloat16, B=2, S=8, norm=True)
+@pytest.mark.parametrize("backward", ["prologue", "dy"])
+def test_compile_fullgraph_equals_eager(table, backward, seeded):
+    norm = backward == "prologue"       # (backward="dy" has no QK-norm)
+    x, w, b, wq, wk = make(torch.bfloat16, B=2, S=8, norm=norm)
     tables = dict(freqs=ropelib.rope_freqs(8, 16)) if table == "freqs" else \
         dict(angles=ropelib.rope_angles(16))
     pos = torch.randint(0, 8, (2, 8))
@@ -426,10 +446,12 @@ def test_compile_fullgraph_equals_eager(table, seeded):
     def fn(x, w, b, wq, wk, pos):
         return ropelib.qkv_rope_linear(x * 2, w, b, n_heads=2, n_kv_heads=1, head_dim=16,
                                        position_ids=pos, q_norm_weight=wq, k_norm_weight=wk,
-                                       out_layout="bhsd", **tables)
+                                       out_layout="bhsd", backward=backward, **tables)
     args = (x, w, b, wq, wk, pos)
-    args_e = [a.detach().clone().requires_grad_(i < 5) for i, a in enumerate(args)]
-    args_c = [a.detach().clone().requires_grad_(i < 5) for i, a in enumerate(args)]
+    args_e = [a.detach().clone().requires_grad_(i < 5) if a is not None else None
+              for i, a in enumerate(args)]
+    args_c = [a.detach().clone().requires_grad_(i < 5) if a is not None else None
+              for i, a in enumerate(args)]
     torch._dynamo.reset()
     explained = torch._dynamo.explain(fn)(*args_e)
     assert explained.graph_break_count == 0 and explained.graph_count == 1, \
@@ -442,7 +464,8 @@ def test_compile_fullgraph_equals_eager(table, seeded):
     torch.autograd.backward(out_c, grads)
     assert all(torch.equal(c, e) for c, e in zip(out_c, out_e))
     for a, c in zip(args_e[:5], args_c[:5]):
-        assert torch.equal(c.grad, a.grad)
+        if a is not None:
+            assert torch.equal(c.grad, a.grad)
     torch._dynamo.reset()
 
 
@@ -651,6 +674,8 @@ def _bad():
      r"position_ids must be \[S=4\] or \[B=1 or 1, S=4\]"),
     (dict(position_ids=torch.zeros(1, 4)), TypeError, "position_ids must be an integer tensor"),
     (dict(cu_seqlens=torch.tensor([0, 4])), ValueError, "cu_seqlens is for packed sequences"),
+    (dict(backward="gemm"), ValueError, r"backward must be one of \('prologue', 'dy'\)"),
+    (dict(backward="dy"), ValueError, "backward='dy' has no QK-norm"),
 ])
 def test_bad_arguments_are_named(change, error, match):
     args = dict(_bad(), **change)
