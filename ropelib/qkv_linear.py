@@ -10,7 +10,7 @@ Triton GEMM whose epilogue does the norm and the rotation while the tile is in r
 dW) undo the rotation (and the norm) as they load the gradient: the gradient of the projection
 is never written (backward="prologue"). With backward="dy" (no QK-norm) it is written once
 instead: ropelib's RoPE rotates the gradients of q and k back, and cuBLAS runs dX and dW on the
-projection's gradient dY, 2.5 times faster on an H200 (benchmarks/qkv_dy_probe.py).
+projection's gradient dY: 2.6 times faster on an H200 at 8192 tokens (benchmarks/qkv_dy_probe.py).
 
 One path: the public function checks its arguments and calls an operator, registered like
 ropelib's others (ropelib.ops: a triton_op on GPUs, a custom_op in the interpreter, each with a
@@ -407,7 +407,7 @@ def qkv_rope_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *,
             projection's gradient dY is never written. "dy" (no QK-norm): dY is written once
             (ropelib's RoPE rotates q's and k's gradients back) and cuBLAS runs dX = dY W and
             dW = dY^T x: on an H200 at 8192 tokens of Llama-3-8B's projection, forward+backward
-            2.04 ms against 5.17 with "prologue" and 1.92 for cuBLAS then ropelib's RoPE
+            2.01 ms against 5.17 with "prologue" and 1.89 for cuBLAS then ropelib's RoPE
             (benchmarks/qkv_dy_probe.py). Forward and v are the same either way.
 
     Returns:
