@@ -710,3 +710,16 @@ def test_readme_table_names_rows_measured_again(tmp_path):
     floor.write(path, base.meta, floor.Measured(rows=base.rows), skipped=base.skipped)
     table = readme_table.render(readme_table.load([path]), tmp_path)
     assert "Its multi-axis rows come from a later run, 2026-12-01T10:00:00Z." in table
+
+
+def test_into_is_refused_where_it_does_not_apply(tmp_path, capsys):
+    for argv, msg in ((["--suite", "decode", "--into", str(tmp_path / "f.csv")],
+                       "--into applies to --suite floor only"),
+                      (["--suite", "floor", "--into", str(tmp_path / "f.csv")],
+                       "--into needs --cases"),
+                      (["--suite", "floor", "--cases", "^QK", "--into", str(tmp_path / "f.csv")],
+                       "not a floor CSV")):
+        with pytest.raises(SystemExit) as e:
+            cli.main(argv)
+        assert e.value.code == 2
+        assert msg in capsys.readouterr().err

@@ -76,16 +76,6 @@ def main(argv=None) -> int:
             ap.error(f"--cases {args.cases!r} matches no case of suite {args.suite!r}")
     if args.graph_calls < 1:
         ap.error("--graph-calls must be >= 1")
-    if args.into is not None and (not args.cases or args.out):
-        ap.error("--into needs --cases (the parts to measure again) and no --out")
-    if args.into is not None:
-        try:
-            base_gpu = floor.read(args.into).meta.get("gpu")
-        except (OSError, ValueError) as e:
-            ap.error(f"--into {args.into}: not a floor CSV ({e})")
-        if base_gpu != environment_meta()["gpu"]:
-            ap.error(f"--into {args.into}: measured on {base_gpu!r}, this machine has "
-                     f"{environment_meta()['gpu']!r}: a floor CSV holds one GPU's rows")
     if args.reserve_gib < 0:
         ap.error("--reserve-gib must be >= 0")
     if args.list:
