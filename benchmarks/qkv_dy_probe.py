@@ -14,6 +14,10 @@ runs cuBLAS for dX = dY W and dW = dY^T x. This probe times both on the benchmar
   their rotation (qkv_rope_bench's triton_gemm backward): the prologues' cost at the same GEMMs;
 * unfused: cuBLAS then `apply_rope_qk` (autograd through both), the baseline.
 
+`--qk-norm`: the same with Qwen3's QK-norm, on an angle table (`backward="dy"` then undoes the
+norm and the rotation with `ropelib.qk_norm_rope`'s backward): the prologues, dY written, and
+cuBLAS then `qk_norm_rope`.
+
 Each provider's outputs and gradients are compared with the unfused pipeline's first (as the
 benchmark does), then timed forward+backward with `triton.testing.do_bench`.
 
@@ -63,12 +67,20 @@ class _DYTriton(torch.autograd.Function):
         return dx, dw, None, None, None, None
 
 
-def providers(HQ, HK, D, angles, freqs):
-    base = dict(bench.providers(HQ, HK, D, angles, freqs, norm=False))
+def providers(HQ, HK, D, angles, freqs, norm: bool = False):
+    """(name, fn(x, w, wq, wk) -> (q, k, v)); with `norm` the QK-norm case, on an angle table
+    (what backward="dy" takes with the norm), against the unfused pipeline with qk_norm_rope."""
+    base = dict(bench.providers(HQ, HK, D, angles, freqs, norm=norm))
 
     def fused(backward):
+        table = dict(freqs=freqs) if norm else dict(angles=angles)
         return lambda x, w, wq, wk: ropelib.qkv_rope_linear(
-            x, w, n_heads=HQ, n_kv_heads=HK, head_dim=D, angles=angles, backward=backward)
+            x, w, n_heads=HQ, n_kv_heads=HK, head_dim=D, q_norm_weight=wq if norm else None,
+            k_norm_weight=wk if norm else None, backward=backward, **table)
+    if norm:
+        return [("fused, prologues, QK-norm", fused("prologue")),
+                ("fused, dY written, QK-norm", fused("dy")),
+                ("unfused, QK-norm", base["unfused"])]
     return [("fused, prologues", fused("prologue")),
             ("fused, dY written, cuBLAS", fused("dy")),
             ("fused, dY written, Triton",
@@ -79,6 +91,8 @@ def providers(HQ, HK, D, angles, freqs):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dry-run", action="store_true", help="tiny shapes, checks only (CPU)")
+    ap.add_argument("--qk-norm", action="store_true",
+                    help="the QK-norm case (an angle table) instead")
     a = ap.parse_args(argv)
     device = runtime.default_device()
     if not a.dry_run and device != "cuda":
@@ -90,20 +104,21 @@ def main(argv=None) -> int:
         angles = ropelib.rope_angles(D, base=500000.0, device=device)
         freqs = ropelib.rope_freqs(tokens, D, base=500000.0, device=device)
         args, grads = bench.inputs(tokens, hidden, HQ, HK, D, device)
-        provs = providers(HQ, HK, D, angles, freqs)
-        ref = bench._run_once(dict(provs)["unfused"], args, grads, True, False)
+        provs = providers(HQ, HK, D, angles, freqs, a.qk_norm)
+        ref = bench._run_once(provs[-1][1], args, grads, True, a.qk_norm)   # the unfused one
         for name, fn in provs:
-            got = bench._run_once(fn, args, grads, True, False)
+            got = bench._run_once(fn, args, grads, True, a.qk_norm)
             rel = bench._max_rel_diff(got, ref)
             assert rel <= 2.0**-5, f"{name} differs from the unfused pipeline ({rel:.3g})"
             ms = float("nan")
             if not a.dry_run:
                 import triton.testing
-                leaves = bench._leaves(args, True, False)
+                leaves = bench._leaves(args, True, a.qk_norm)
+                wanted = [t for t in leaves if t.requires_grad]
 
                 def step(fn=fn, leaves=leaves):
                     torch.autograd.backward(fn(*leaves), grads)
-                ms = triton.testing.do_bench(step, grad_to_none=leaves[:2])
+                ms = triton.testing.do_bench(step, grad_to_none=wanted)
             print(f"{tokens:>7} {name:28} {ms:11.3f} {rel:13.2e}", flush=True)
     return 0
 

@@ -36,7 +36,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from . import ops, validation as V
+from . import ops, qk_norm as ops_qk_norm, validation as V
 from .conventions import QKV_LINEAR_DTYPES, QKV_LINEAR_LAYOUTS
 from .api import check_no_table_grad, needs_grad, saveable
 from .frequencies import EXACT_POSITIONS, Angles
@@ -195,7 +195,7 @@ def _setup(ctx, inputs, output):
                           k_norm_weight, rstd, norm_input)
     ctx.options = (n_heads, n_kv_heads, head_dim, interleaved, out_layout)
     ctx.has_bias = bias is not None
-    ctx.backward = backward
+    ctx.backward, ctx.eps = backward, _eps
     ctx.outputs = [(o.shape, o.dtype, o.device) for o in output[:3]]
     ctx.mark_non_differentiable(rstd, norm_input)
 
@@ -211,8 +211,34 @@ def written_dy(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor, table:
         grad_q, grad_k, grad_v = (g.transpose(1, 2) for g in (grad_q, grad_k, grad_v))
     dq, dk = ops.rope_qk(grad_q, grad_k, table, sin, position_ids, cu_seqlens, None,
                          "thd" if x.dim() == 2 else "bshd", interleaved, 1, 0, True, None)
+    return _rows_side_by_side(x, dq, dk, grad_v)
+
+
+def _rows_side_by_side(x: Tensor, *grads: Tensor) -> Tensor:
+    """[M, N]: each gradient's tokens as rows, q's, k's and v's columns side by side."""
     M = x.numel() // x.shape[-1]
-    return torch.cat([t.reshape(M, -1) for t in (dq, dk, grad_v)], dim=1)
+    return torch.cat([t.reshape(M, -1) for t in grads], dim=1)
+
+
+def written_dy_normed(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor,
+                      norm_input: Tensor, q_norm_weight: Tensor, k_norm_weight: Tensor,
+                      table: Tensor, position_ids: Optional[Tensor], n_heads: int,
+                      head_dim: int, eps: float, interleaved: bool, out_layout: str) -> tuple:
+    """With QK-norm: (dY [M, N], the norm weights' gradients). ropelib.qk_norm_rope's backward
+    undoes the rotation and the norm of q's and k's gradients in one launch, from the norm's
+    input the forward kept (the projection's q and k columns); then as written_dy. The table is
+    an angle table (qk_norm_rope takes no Angles); packed x comes with position ids [1, T]."""
+    if out_layout == "bhsd":
+        grad_q, grad_k, grad_v = (g.transpose(1, 2) for g in (grad_q, grad_k, grad_v))
+    lead = grad_q.shape[:-2]                     # [B, S] or [T]
+    q_in = norm_input[:, :n_heads * head_dim].view(*lead, n_heads, head_dim)
+    k_in = norm_input[:, n_heads * head_dim:].view(*lead, -1, head_dim)
+    packed = x.dim() == 2
+    dq, dk, dwq, dwk = ops_qk_norm.qk_norm_rope_backward_op(
+        grad_q, grad_k, q_in, k_in, q_norm_weight, k_norm_weight, table, None,
+        position_ids[0] if packed else position_ids, "thd" if packed else "bshd", interleaved,
+        eps, 0.0)
+    return _rows_side_by_side(x, dq, dk, grad_v), dwq, dwk
 
 
 def _backward(ctx, grad_q, grad_k, grad_v, _grad_rstd, _grad_norm_input):
@@ -222,14 +248,21 @@ def _backward(ctx, grad_q, grad_k, grad_v, _grad_rstd, _grad_norm_input):
     grads = [g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
              for g, (shape, dtype, device) in zip((grad_q, grad_k, grad_v), ctx.outputs)]
     need = ctx.needs_input_grad
-    if ctx.backward == "dy":        # (no QK-norm: qkv_rope_linear refuses it)
-        _, _, _, interleaved, out_layout = ctx.options
-        dy = written_dy(*grads, x, table, sin, position_ids, cu_seqlens, interleaved,
-                        out_layout)
+    if ctx.backward == "dy":
+        n_heads, _, head_dim, interleaved, out_layout = ctx.options
+        dwq = dwk = None
+        if q_norm_weight is None:
+            dy = written_dy(*grads, x, table, sin, position_ids, cu_seqlens, interleaved,
+                            out_layout)
+        else:       # (an angle table, and no cu_seqlens: qkv_rope_linear checked)
+            dy, dwq, dwk = written_dy_normed(*grads, x, norm_input, q_norm_weight,
+                                             k_norm_weight, table, position_ids, n_heads,
+                                             head_dim, ctx.eps, interleaved, out_layout)
         dx = (dy @ weight).view(x.shape) if need[0] else None
         dw = dy.t() @ x.reshape(-1, x.shape[-1]) if need[1] else None
         db = dy.sum(0) if need[2] else None
-        return (dx, dw, db) + (None,) * 14
+        return (dx, dw, db, None, None, None, None, dwq if need[7] else None,
+                dwk if need[8] else None) + (None,) * 8
     grad_x = need[0]
     grad_params = need[1] or need[2] or need[7] or need[8]
     dx, dw, db, dwq, dwk = qkv_rope_linear_backward_op(
@@ -454,9 +487,10 @@ def qkv_rope_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *,
     norm = _check_norm_weights(q_norm_weight, k_norm_weight, head_dim, x)
     if backward not in BACKWARDS:
         raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
-    if backward == "dy" and norm:
-        raise ValueError("backward='dy' has no QK-norm (the norm's backward runs in the "
-                         "prologues): pass backward='prologue' with q_norm_weight/k_norm_weight")
+    if backward == "dy" and norm and (angles is not None or cu_seqlens is not None):
+        raise ValueError("backward='dy' with QK-norm takes freqs (an angle table, as "
+                         "ropelib.qk_norm_rope does) and position_ids for packed x, not "
+                         "angles or cu_seqlens: pass those, or backward='prologue'")
     if norm and weight_offset != 0.0:   # Gemma's scale 1 + w, in fp32 (autograd sees the sum)
         q_norm_weight = q_norm_weight.float() + weight_offset
         k_norm_weight = k_norm_weight.float() + weight_offset
@@ -507,8 +541,6 @@ class QKVRoPE(nn.Module):
         self.interleaved, self.out_layout = interleaved, out_layout
         if backward not in BACKWARDS:
             raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
-        if backward == "dy" and qk_norm:
-            raise ValueError("backward='dy' has no QK-norm: pass backward='prologue'")
         self.backward = backward
         n = (n_heads + 2 * n_kv_heads) * head_dim
         bound = 1.0 / math.sqrt(hidden_size)        # nn.Linear's initialisation

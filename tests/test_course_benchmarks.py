@@ -95,3 +95,7 @@ def test_qkv_backward_with_dy_written_agrees_with_the_unfused_pipeline(benchmark
     for name in ("fused, prologues", "fused, dY written, cuBLAS", "fused, dY written, Triton",
                  "unfused"):
         assert name in out
+    assert probe.main(["--dry-run", "--qk-norm"]) == 0
+    out = capsys.readouterr().out
+    for name in ("fused, prologues, QK-norm", "fused, dY written, QK-norm", "unfused, QK-norm"):
+        assert name in out

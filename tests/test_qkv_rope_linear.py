@@ -276,6 +276,42 @@ def test_backward_with_dy_written_matches_the_unfused_pipeline(dtype, table, out
     check_backward(dtype, norm=False, table=table, out_layout=out_layout, backward="dy")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("out_layout", ["bshd", "bhsd"])
+def test_backward_with_dy_written_and_qk_norm(dtype, out_layout, seeded):
+    # with QK-norm: ropelib.qk_norm_rope's backward from the norm's kept input, then the GEMMs
+    check_backward(dtype, norm=True, out_layout=out_layout, backward="dy")
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["rotate-half", "interleaved"])
+def test_backward_with_dy_written_qk_norm_positions_and_gemma_scale(interleaved, seeded):
+    check_backward(torch.float32, norm=True, bias=False, D=24, R=16, B=2, S=8, HQ=3, HK=1,
+                   position_ids=True, interleaved=interleaved, weight_offset=1.0,
+                   backward="dy")
+
+
+def test_packed_sequences_with_dy_written_and_qk_norm(seeded):
+    """Packed x with position ids [T] (the norm's backward takes no cu_seqlens)."""
+    T, D = 16, 16
+    x, w, b, wq, wk = make(torch.float32, S=T, norm=True, packed=True)
+    freqs = ropelib.rope_freqs(8, D)
+    pos = torch.cat([torch.arange(n) for n in (5, 7, 4)])
+    got = ropelib.qkv_rope_linear(x, w, b, n_heads=2, n_kv_heads=1, head_dim=D, freqs=freqs,
+                                  position_ids=pos, q_norm_weight=wq, k_norm_weight=wk,
+                                  backward="dy")
+    cu = torch.tensor([0, 5, 12, 16], dtype=torch.int32)
+    want, _ = unfused(x, w, b, wq, wk, HQ=2, HK=1, D=D, freqs=freqs, cu_seqlens=cu)
+    leaves = [x, w, b, wq, wk]
+    grads = [torch.randn_like(t) for t in got]
+    for a, c in zip(torch.autograd.grad(got, leaves, grads),
+                    torch.autograd.grad(want, leaves, grads)):
+        torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-5 * float(c.abs().max()))
+    with pytest.raises(ValueError, match="backward='dy' with QK-norm takes freqs"):
+        ropelib.qkv_rope_linear(x, w, b, n_heads=2, n_kv_heads=1, head_dim=D, freqs=freqs,
+                                cu_seqlens=cu, q_norm_weight=wq, k_norm_weight=wk,
+                                backward="dy")
+
+
 @pytest.mark.parametrize("interleaved", [False, True], ids=["rotate-half", "interleaved"])
 @pytest.mark.parametrize("R", [16, 8], ids=["full", "partial"])
 def test_backward_with_dy_written_pairings_positions_and_heads(interleaved, R, seeded):
@@ -675,7 +711,8 @@ def _bad():
     (dict(position_ids=torch.zeros(1, 4)), TypeError, "position_ids must be an integer tensor"),
     (dict(cu_seqlens=torch.tensor([0, 4])), ValueError, "cu_seqlens is for packed sequences"),
     (dict(backward="gemm"), ValueError, r"backward must be one of \('prologue', 'dy'\)"),
-    (dict(backward="dy"), ValueError, "backward='dy' has no QK-norm"),
+    (dict(backward="dy", freqs=None, angles=ropelib.rope_angles(16)), ValueError,
+     "backward='dy' with QK-norm takes freqs"),
 ])
 def test_bad_arguments_are_named(change, error, match):
     args = dict(_bad(), **change)
