@@ -1377,8 +1377,9 @@ assert max(triton_kernels, key=lambda c: prof[c]["Duration"]) == "probe_bare"   
 #
 # Part 3's first remedy is the one the unfused pipeline uses: rotate the gradients of q and k
 # back once (ropelib's RoPE, run backward), write $dY$, and hand $dX = dY\,W$ and
-# $dW = dY^\top x$ to cuBLAS. `qkv_rope_linear(..., backward="dy")` does that (without QK-norm;
-# the forward is the same). `benchmarks/qkv_dy_probe.py` timed it on the H200 beside the
+# $dW = dY^\top x$ to cuBLAS. `qkv_rope_linear(..., backward="dy")` does that (with QK-norm,
+# `qk_norm_rope`'s backward undoes the norm as well; the forward is the same either way).
+# `benchmarks/qkv_dy_probe.py` timed it, without the norm, on the H200 beside the
 # prologues, beside the same $dY$ handed to ropelib's own dX and dW kernels without their
 # rotation, and beside the unfused pipeline: forward+backward, the benchmark's case, each
 # provider first checked against the unfused one.
@@ -1536,8 +1537,8 @@ else:
 #   many programs per SM as the bare ones or more, as far as the compile and the GPU runs'
 #   registers tell: shared memory (for the H200's 8-warp dW, the registers) already limited
 #   the bare ones. For speed, `F.linear` then `apply_rope_qk`; `qkv_rope_linear` is the design,
-#   correct and measured, to build on. Without QK-norm, `backward="dy"` (its gradient written
-#   once, cuBLAS for dX and dW) brings its forward+backward to 6 % behind that pipeline.
+#   correct and measured, to build on. `backward="dy"` (its gradient written once, cuBLAS for
+#   dX and dW) brings its forward+backward to 6 % behind that pipeline.
 # - In a whole model it trains the same: notebook 09's GPT with `rope="ropelib_qkv"` (its
 #   attention's `qkv` weights through `qkv_rope_linear`) follows the loss curve of projection
 #   then RoPE from the same seed.

@@ -8,9 +8,10 @@ each q and k head (with norm weights, as Qwen3 and Gemma 3 do) and rotates q and
 Triton GEMM whose epilogue does the norm and the rotation while the tile is in registers
 (ropelib/kernels/qkv_gemm.py says how). Its backward, by default, has its two GEMMs (dX and
 dW) undo the rotation (and the norm) as they load the gradient: the gradient of the projection
-is never written (backward="prologue"). With backward="dy" (no QK-norm) it is written once
-instead: ropelib's RoPE rotates the gradients of q and k back, and cuBLAS runs dX and dW on the
-projection's gradient dY: 2.6 times faster on an H200 at 8192 tokens (benchmarks/qkv_dy_probe.py).
+is never written (backward="prologue"). With backward="dy" it is written once instead:
+ropelib's RoPE (or, with QK-norm, qk_norm_rope's backward) undoes the rotation (and the norm) of
+the gradients of q and k, and cuBLAS runs dX and dW on the projection's gradient dY: 2.6 times
+faster on an H200 at 8192 tokens, 4.4 times with QK-norm (benchmarks/qkv_dy_probe.py).
 
 One path: the public function checks its arguments and calls an operator, registered like
 ropelib's others (ropelib.ops: a triton_op on GPUs, a custom_op in the interpreter, each with a
@@ -437,10 +438,13 @@ def qkv_rope_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *,
             scaled_dot_product_attention takes); packed x gives [T, H, D].
         backward: how the gradients are made. "prologue": ropelib's dX and dW GEMMs undo the
             rotation (and the norm) as they load the gradients of q, k and v, and the
-            projection's gradient dY is never written. "dy" (no QK-norm): dY is written once
-            (ropelib's RoPE rotates q's and k's gradients back) and cuBLAS runs dX = dY W and
-            dW = dY^T x: on an H200 at 8192 tokens of Llama-3-8B's projection, forward+backward
-            2.01 ms against 5.17 with "prologue" and 1.89 for cuBLAS then ropelib's RoPE
+            projection's gradient dY is never written. "dy": dY is written once (ropelib's
+            RoPE rotates q's and k's gradients back; with QK-norm, ropelib.qk_norm_rope's
+            backward undoes the norm too, from the norm's input the forward keeps, and then
+            takes freqs, not angles, and position ids, not cu_seqlens) and cuBLAS runs
+            dX = dY W and dW = dY^T x. On an H200 at 8192 tokens of Llama-3-8B's projection,
+            forward+backward 2.01 ms against 5.17 with "prologue" and 1.89 for cuBLAS then
+            ropelib's RoPE; with QK-norm 2.13 against 9.37 and 1.98
             (benchmarks/qkv_dy_probe.py). Forward and v are the same either way.
 
     Returns:
