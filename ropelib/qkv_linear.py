@@ -218,13 +218,14 @@ def written_dy(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor, table:
 def _rows_side_by_side(x: Tensor, *grads: Tensor) -> Tensor:
     """[M, N]: each gradient's tokens as rows, q's, k's and v's columns side by side."""
     M = x.numel() // x.shape[-1]
-    return torch.cat([t.reshape(M, -1) for t in grads], dim=1)
+    return torch.cat([t.reshape(M, t.shape[-2] * t.shape[-1]) for t in grads], dim=1)
 
 
 def written_dy_normed(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor,
                       norm_input: Tensor, q_norm_weight: Tensor, k_norm_weight: Tensor,
                       table: Tensor, position_ids: Optional[Tensor], n_heads: int,
-                      head_dim: int, eps: float, interleaved: bool, out_layout: str) -> tuple:
+                      n_kv_heads: int, head_dim: int, eps: float, interleaved: bool,
+                      out_layout: str) -> tuple:
     """With QK-norm: (dY [M, N], the norm weights' gradients). ropelib.qk_norm_rope's backward
     undoes the rotation and the norm of q's and k's gradients in one launch, from the norm's
     input the forward kept (the projection's q and k columns); then as written_dy. The table is
@@ -233,7 +234,7 @@ def written_dy_normed(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor,
         grad_q, grad_k, grad_v = (g.transpose(1, 2) for g in (grad_q, grad_k, grad_v))
     lead = grad_q.shape[:-2]                     # [B, S] or [T]
     q_in = norm_input[:, :n_heads * head_dim].view(*lead, n_heads, head_dim)
-    k_in = norm_input[:, n_heads * head_dim:].view(*lead, -1, head_dim)
+    k_in = norm_input[:, n_heads * head_dim:].view(*lead, n_kv_heads, head_dim)
     packed = x.dim() == 2
     dq, dk, dwq, dwk = ops_qk_norm.qk_norm_rope_backward_op(
         grad_q, grad_k, q_in, k_in, q_norm_weight, k_norm_weight, table, None,
@@ -250,7 +251,7 @@ def _backward(ctx, grad_q, grad_k, grad_v, _grad_rstd, _grad_norm_input):
              for g, (shape, dtype, device) in zip((grad_q, grad_k, grad_v), ctx.outputs)]
     need = ctx.needs_input_grad
     if ctx.backward == "dy":
-        n_heads, _, head_dim, interleaved, out_layout = ctx.options
+        n_heads, n_kv_heads, head_dim, interleaved, out_layout = ctx.options
         dwq = dwk = None
         if q_norm_weight is None:
             dy = written_dy(*grads, x, table, sin, position_ids, cu_seqlens, interleaved,
@@ -258,7 +259,8 @@ def _backward(ctx, grad_q, grad_k, grad_v, _grad_rstd, _grad_norm_input):
         else:       # (an angle table, and no cu_seqlens: qkv_rope_linear checked)
             dy, dwq, dwk = written_dy_normed(*grads, x, norm_input, q_norm_weight,
                                              k_norm_weight, table, position_ids, n_heads,
-                                             head_dim, ctx.eps, interleaved, out_layout)
+                                             n_kv_heads, head_dim, ctx.eps, interleaved,
+                                             out_layout)
         dx = (dy @ weight).view(x.shape) if need[0] else None
         dw = dy.t() @ x.reshape(-1, x.shape[-1]) if need[1] else None
         db = dy.sum(0) if need[2] else None

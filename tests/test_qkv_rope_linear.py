@@ -429,11 +429,12 @@ def test_position_outside_the_table(seeded):
     assert not q[0, [0, 1, 3]].isnan().any() and not k[0, [0, 1, 3]].isnan().any()
 
 
-def test_empty_batch(seeded):
+@pytest.mark.parametrize("backward", ["prologue", "dy"])
+def test_empty_batch(backward, seeded):
     x, w, b, wq, wk = make(torch.float32, B=0, S=4, norm=True)
     out = ropelib.qkv_rope_linear(x, w, b, n_heads=2, n_kv_heads=1, head_dim=16,
                                   freqs=ropelib.rope_freqs(4, 16), q_norm_weight=wq,
-                                  k_norm_weight=wk)
+                                  k_norm_weight=wk, backward=backward)
     assert [tuple(t.shape) for t in out] == [(0, 4, 2, 16), (0, 4, 1, 16), (0, 4, 1, 16)]
     grads = torch.autograd.grad([t.sum() for t in out], (x, w, b, wq, wk))
     assert all(not g.any() for g in grads)
