@@ -55,8 +55,7 @@ class _DYTriton(torch.autograd.Function):
     def backward(ctx, gq, gk, gv):
         x, weight = ctx.saved_tensors
         a = ctx.angles
-        dy = qkv_linear.written_dy(gq, gk, gv, x, a.turns, a.amplitude, None, None, False,
-                                   "bshd")
+        dy = qkv_linear.written_dy(gq, gk, gv, x, a.turns, a.amplitude, None, None, False)
         HQ, HK, D = ctx.heads
         B, S, _ = x.shape
         with torch.enable_grad():

@@ -201,15 +201,20 @@ def _setup(ctx, inputs, output):
     ctx.mark_non_differentiable(rstd, norm_input)
 
 
+def _token_major(grads: tuple, out_layout: str) -> tuple:
+    """The gradients of q, k and v as [B, S, H, D] (packed: [T, H, D]): bhsd's as transposed
+    views (the RoPE kernels read strides)."""
+    return tuple(g.transpose(1, 2) for g in grads) if out_layout == "bhsd" else tuple(grads)
+
+
 def written_dy(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor, table: Tensor,
                sin: Optional[Tensor], position_ids: Optional[Tensor],
-               cu_seqlens: Optional[Tensor], interleaved: bool, out_layout: str) -> Tensor:
-    """The projection's gradient dY [M, N] (x's dtype): the gradients of q and k rotated back
-    by ropelib's RoPE (its backward, one launch for both), then q's, k's and v's columns side
-    by side, in the weight's row order. position_ids as qkv_rope_linear keeps them: [B or 1, S]
-    (packed: [1, T]), what ropelib's RoPE operator reads."""
-    if out_layout == "bhsd":        # [B, H, S, D] -> [B, S, H, D] views (the RoPE reads strides)
-        grad_q, grad_k, grad_v = (g.transpose(1, 2) for g in (grad_q, grad_k, grad_v))
+               cu_seqlens: Optional[Tensor], interleaved: bool) -> Tensor:
+    """The projection's gradient dY [M, N] (x's dtype) from the gradients of q, k and v as
+    [B, S, H, D] (packed x: [T, H, D]; _token_major): q's and k's rotated back by ropelib's
+    RoPE (its backward, one launch for both), then q's, k's and v's columns side by side, in
+    the weight's row order. position_ids as qkv_rope_linear keeps them: [B or 1, S] (packed:
+    [1, T]), what ropelib's RoPE operator reads."""
     dq, dk = ops.rope_qk(grad_q, grad_k, table, sin, position_ids, cu_seqlens, None,
                          "thd" if x.dim() == 2 else "bshd", interleaved, 1, 0, True, None)
     return _rows_side_by_side(x, dq, dk, grad_v)
@@ -224,14 +229,12 @@ def _rows_side_by_side(x: Tensor, *grads: Tensor) -> Tensor:
 def written_dy_normed(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor,
                       norm_input: Tensor, q_norm_weight: Tensor, k_norm_weight: Tensor,
                       table: Tensor, position_ids: Optional[Tensor], n_heads: int,
-                      n_kv_heads: int, head_dim: int, eps: float, interleaved: bool,
-                      out_layout: str) -> tuple:
+                      n_kv_heads: int, head_dim: int, eps: float, interleaved: bool) -> tuple:
     """With QK-norm: (dY [M, N], the norm weights' gradients). ropelib.qk_norm_rope's backward
-    undoes the rotation and the norm of q's and k's gradients in one launch, from the norm's
-    input the forward kept (the projection's q and k columns); then as written_dy. The table is
-    an angle table (qk_norm_rope takes no Angles); packed x comes with position ids [1, T]."""
-    if out_layout == "bhsd":
-        grad_q, grad_k, grad_v = (g.transpose(1, 2) for g in (grad_q, grad_k, grad_v))
+    undoes the rotation and the norm of q's and k's gradients (laid out as for written_dy) in
+    one launch, from the norm's input the forward kept (the projection's q and k columns);
+    then as written_dy. The table is an angle table (qk_norm_rope takes no Angles); packed x
+    comes with position ids [1, T]."""
     lead = grad_q.shape[:-2]                     # [B, S] or [T]
     q_in = norm_input[:, :n_heads * head_dim].view(*lead, n_heads, head_dim)
     k_in = norm_input[:, n_heads * head_dim:].view(*lead, n_kv_heads, head_dim)
@@ -253,14 +256,13 @@ def _backward(ctx, grad_q, grad_k, grad_v, _grad_rstd, _grad_norm_input):
     if ctx.backward == "dy":
         n_heads, n_kv_heads, head_dim, interleaved, out_layout = ctx.options
         dwq = dwk = None
+        grads = _token_major(grads, out_layout)
         if q_norm_weight is None:
-            dy = written_dy(*grads, x, table, sin, position_ids, cu_seqlens, interleaved,
-                            out_layout)
+            dy = written_dy(*grads, x, table, sin, position_ids, cu_seqlens, interleaved)
         else:       # (an angle table, and no cu_seqlens: qkv_rope_linear checked)
             dy, dwq, dwk = written_dy_normed(*grads, x, norm_input, q_norm_weight,
                                              k_norm_weight, table, position_ids, n_heads,
-                                             n_kv_heads, head_dim, ctx.eps, interleaved,
-                                             out_layout)
+                                             n_kv_heads, head_dim, ctx.eps, interleaved)
         dx = (dy @ weight).view(x.shape) if need[0] else None
         dw = dy.t() @ x.reshape(-1, x.shape[-1]) if need[1] else None
         db = dy.sum(0) if need[2] else None

@@ -487,6 +487,9 @@ def write_into(path, meta: dict, measured: Measured, selected: list) -> str:
     versions): every row still compares providers and a copy timed side by side in one run,
     and the header says which run."""
     base = read(path)
+    if base.meta.get("gpu") != meta.get("gpu"):
+        raise ValueError(f"{path} was measured on {base.meta.get('gpu')!r}, this run on "
+                         f"{meta.get('gpu')!r}: rows of one GPU only")
     names = {n for part in selected for n in part.case_names}
     if not any(r["case"] in names for r in base.rows):
         raise ValueError(f"{path} has no rows of the parts {[p.name for p in selected]}")
@@ -500,9 +503,6 @@ def write_into(path, meta: dict, measured: Measured, selected: list) -> str:
     merged = Measured(rows=rows, skipped=measured.skipped)
     skipped = [line for line in base.skipped if not _names_only(line, names)]
     skipped += skipped_lines(measured)
-    if base.meta.get("gpu") != meta.get("gpu"):
-        raise ValueError(f"{path} was measured on {base.meta.get('gpu')!r}, this run on "
-                         f"{meta.get('gpu')!r}: rows of one GPU only")
     env = {k: meta.get(k, "?") for k in ("date", "torch", "triton", "transformers",
                                          "liger_kernel")}
     out = dict(base.meta)
