@@ -17,7 +17,7 @@ positions):
                     of c entries, w warps (BLOCK_S = 1)
     torch.compile   Hugging Face's formula on bf16 tables (the floor's provider)
 
-    python benchmarks/decode_tiles.py --out DIR [--rounds 3]     # ~2 min on an H200
+    python benchmarks/decode_tiles.py --out DIR [--rounds 3] [--no-tiles]  # ~2 min on an H200
 
 Writes decode_tiles-<gpu>.csv: round, case, provider, us, ratio_to_copy (that round's copy),
 and prints the best tiles per case last.
@@ -71,7 +71,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--no-tiles", action="store_true",
+                    help="the planned tile, the cos/sin table and torch.compile only (~20 s)")
     args = ap.parse_args(argv)
+    candidates = [] if args.no_tiles else CANDIDATES
     if not torch.cuda.is_available():
         raise SystemExit("decode_tiles.py times GPU kernels: run it on a machine with a GPU")
     os.makedirs(args.out, exist_ok=True)
@@ -95,14 +98,14 @@ def main(argv=None):
         def rope_table():
             return ropelib.apply_rope(x, cos=cos16, sin=sin16, **kw)
 
-        for tile in CANDIDATES:   # every tile gives the planned bits
+        for tile in candidates:   # every tile gives the planned bits
             got = _with_tiles(tile, rope)
             assert torch.equal(got, want), f"{name}: tile {tile} changes the output"
         comp = compiled.fn
         comp(case)
         providers = {"copy": (lambda: y.copy_(x), None), "planned": (rope, None),
                      "cos/sin": (rope_table, None), "torch.compile": (lambda: comp(case), None)}
-        for tile in CANDIDATES:
+        for tile in candidates:
             providers["tile %d/%d/%d" % tile] = (rope, tile)
         names = list(providers)
         for rnd in range(args.rounds):

@@ -30,6 +30,9 @@
 #                                          # warps wait, beside torch.compile's (~1 min)
 #   bash benchmarks/gpu_run.sh puzzle9-ncu # notebook 13's puzzle 9 beside a copy's bytes, the
 #                                          # same metrics (~1 min)
+#   bash benchmarks/gpu_run.sh te-ncu    # Transformer Engine's fused kernel (installed first)
+#                                        # beside the batch-reusing grid: instruction mix and
+#                                        # warp states, for notebook 04 (~1 min)
 #   bash benchmarks/gpu_run.sh mechanisms  # memory latency (pointer chase) and the pair swap's
 #                                          # memory counters, for notebooks 05 and 03 (~2 min)
 #   bash benchmarks/gpu_run.sh probes    # the flat pass at 1 GiB (one_gib_probe), decode tiles
@@ -179,18 +182,28 @@ lts__t_sector_hit_rate.pct,l1tex__t_sector_hit_rate.pct,launch__grid_size \
                 echo "=== tables: no ncu on this machine: the Nsight Compute part is skipped"
             fi
             step hf-tables "$PY" benchmarks/hf_tables_probe.py ;;
-        decode-ncu|puzzle9-ncu)
+        decode-ncu|puzzle9-ncu|te-ncu)
             # a probe's launches under Nsight Compute with the warp-state metrics
             # (compare.WARP_STATE_METRICS): decode-ncu, ropelib's decode kernel (angles, and a
             # cos/sin table) beside torch.compile's kernel of Hugging Face's formula
             # (benchmarks/decode_ncu.py); puzzle9-ncu, notebook 13's puzzle 9 beside a copy's
-            # bytes (benchmarks/puzzle9_ncu.py)
+            # bytes (benchmarks/puzzle9_ncu.py); te-ncu, Transformer Engine's fused kernel beside
+            # the batch-reusing grid and TE's grid in Triton, with the instruction mix too
+            # (benchmarks/te_ncu.py; TE installed first)
             probe=${what%-ncu}_ncu
             ncu=$(find_ncu)
             if [ -n "$ncu" ]; then
-                "$ncu" --profile-from-start off --csv --metrics "$("$PY" "benchmarks/$probe.py" \
-                    --metrics)" "$PY" "benchmarks/$probe.py" 2>/dev/null | grep -v '^==PROF==' \
+                # `# key: value` lines first (compare.read_meta), then ncu's table
+                "$PY" -c "from ropelib.bench import compare
+m = compare.environment_meta()
+for k in ('date', 'gpu', 'torch', 'triton', 'transformer_engine'):
+    if m.get(k): print(f'# {k}: {m[k]}')
+print('# what: Nsight Compute (--profile-from-start off --csv) of benchmarks/$probe.py')" \
                     > "$RESULTS/$probe-$tag.csv"
+                "$ncu" --profile-from-start off --csv --metrics "$("$PY" "benchmarks/$probe.py" \
+                    --metrics --ncu "$ncu")" "$PY" "benchmarks/$probe.py" 2>/dev/null \
+                    | grep -v '^==PROF==' \
+                    >> "$RESULTS/$probe-$tag.csv"
                 keep "$RESULTS/$probe-$tag.csv"
             else
                 echo "=== $what: no ncu on this machine"; rc=1
@@ -235,7 +248,7 @@ lts__t_sector_hit_rate.pct,l1tex__t_sector_hit_rate.pct,launch__grid_size \
                 ${ONLY:+--only "$ONLY"}
             [ -n "${OUT:-}" ] && tar czf "$OUT/executed-$tag.tar.gz" -C "$executed" . ;;
         *)
-            echo "unknown step: $what (tests, targets, floor, two-pass, decode, decode-ncu, puzzle9-ncu, model, sweeps, ablation, ladder, features, qkv-backward, qkv-mainloop, tables, fwdbwd, probes, course, notebooks)"; exit 2 ;;
+            echo "unknown step: $what (tests, targets, floor, two-pass, decode, decode-ncu, puzzle9-ncu, te-ncu, model, sweeps, ablation, ladder, features, qkv-backward, qkv-mainloop, tables, fwdbwd, probes, course, notebooks)"; exit 2 ;;
     esac
 done
 exit $rc

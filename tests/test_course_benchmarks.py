@@ -10,6 +10,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels are imported
 
 from loading import load_file  # noqa: E402
+from ropelib.bench import compare  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,3 +100,32 @@ def test_qkv_backward_with_dy_written_agrees_with_the_unfused_pipeline(benchmark
     out = capsys.readouterr().out
     for name in ("fused, prologues, QK-norm", "fused, dY written, QK-norm", "unfused, QK-norm"):
         assert name in out
+
+
+def test_te_profile_launches_agree_and_list_their_metrics(benchmark, capsys):
+    probe = benchmark("te_ncu")
+    assert probe.main(["--check"]) == 0          # TE's kernel too where it is installed
+    out = capsys.readouterr().out
+    assert "sh_loop_b, heads_all_one_b, heads_all_one_b_table, copy agree" in out
+    assert probe.main(["--metrics"]) == 0
+    listed = capsys.readouterr().out.strip().split(",")
+    assert "smsp__sass_inst_executed_op_global_ld.sum" in listed
+    assert "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio" in listed
+    assert len(listed) == len(set(listed))
+
+
+def test_model_host_probe_checks_every_provider_against_the_formula(benchmark, capsys, tmp_path):
+    probe = benchmark("model_host_probe")
+    assert probe.main(["--dry-run", "--out", str(tmp_path / "m.csv")]) == 0
+    out = capsys.readouterr().out
+    for name in ("| no RoPE |", "| PyTorch |", "| ropelib |", "| ropelib q+k |"):
+        assert name in out
+    rows = compare.read_csv(tmp_path / "m.csv")
+    assert {(r["provider"], r["step"]) for r in rows} >= {("ropelib", "training"),
+                                                          ("ropelib q+k", "inference")}
+    assert all(r["us_per_layer_over_no_rope"] == 0 for r in rows if r["provider"] == "no RoPE")
+    # a provider that rotates wrongly fails the check before anything is timed
+    wrong = {"PyTorch": lambda q, k: (q * 1, k), "ropelib": lambda q, k: (-q, k)}
+    model = probe.Layers(1, 8, 2, 1, 4, "cpu", torch.float32)
+    with pytest.raises(AssertionError, match="ropelib"):
+        probe.check(model, torch.randn(1, 2, 8), wrong)

@@ -65,7 +65,7 @@ def test_both_load_orders_give_the_same_bits(call, monkeypatch):
     def order(first):
         def x_first(B, chunk):
             chosen.append(first)
-            return first
+            return min(B, chunk) if first else 0     # x first: a program's entries, fixed
         return x_first
     monkeypatch.setattr(launch, "_x_first", order(False))
     want = _run(CALLS[call])
@@ -77,6 +77,29 @@ def test_both_load_orders_give_the_same_bits(call, monkeypatch):
 
 
 def test_x_first_where_a_program_loops_over_fewer_than_four_entries():
+    # the entries a program takes, which the kernel then knows without a division; 0: x after
     assert [launch._x_first(B, chunk) for B, chunk in ((64, 1), (2, 2), (3, 8), (8, 8),
-                                                         (16, 4), (8, 2))] == \
-        [True, True, True, False, False, True]
+                                                         (16, 4), (8, 2), (7, 3))] == \
+        [1, 2, 3, 0, 0, 2, 3]
+
+
+@pytest.mark.parametrize("B, chunk", [(7, 3), (5, 2), (3, 8), (4, 1), (9, 4)])
+def test_programs_cover_the_batch_with_the_entries_fixed_or_computed(B, chunk):
+    # X_FIRST > 0 fixes a program's entries at compile time (common.batch_range): with the
+    # grid's cdiv(B, chunk) programs they cover every entry once, ragged last chunk included
+    g = torch.Generator().manual_seed(B * 10 + chunk)
+    x = torch.randn(2, B, 3, D, generator=g).to(DEVICE)
+    freqs = ropelib.rope_freqs(16, D).to(DEVICE)
+    want = ropelib.reference.rope_reference(x.double(), freqs).to(x.dtype)
+    for start in (None, torch.arange(B).to(DEVICE)):    # one table, and rows per entry
+        y = torch.full_like(x, float("nan"))
+        plan, pointers = launch.plan(launch.View.of(x), launch.View.of(y),
+                                     launch.Table(freqs[:, 0, 0], None),
+                                     launch.Positions(start=start), R=D, interleaved=False,
+                                     backward=False, layout="sbhd", tiles=(1, 2, chunk, 1))
+        assert plan.args["X_FIRST"] == launch._x_first(B, chunk)
+        launch.run(plan, pointers)
+        expect = want if start is None else torch.stack(
+            [ropelib.reference.rope_reference(x[:, b:b + 1].double(), freqs[b:b + 2])
+             .to(x.dtype)[:, 0] for b in range(B)], 1)
+        torch.testing.assert_close(y, expect, atol=1e-5, rtol=1e-5)

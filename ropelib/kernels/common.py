@@ -124,10 +124,18 @@ def offset_int(i, INT64: tl.constexpr):
 
 
 @triton.jit
-def batch_range(B):
+def batch_range(B, ENTRIES: tl.constexpr = 0):
     """The batch entries [b_lo, b_hi) of this program: grid axis 2 splits the B entries into
-    chunks of cdiv(B, programs on that axis), so the planner's choice of grid is the only one."""
-    chunk = tl.cdiv(B, tl.num_programs(2))
+    chunks of cdiv(B, programs on that axis), so the planner's choice of grid is the only one.
+    ENTRIES > 0: the planner's chunk, fixed when the kernel is compiled (short chunks: decode's
+    one entry a program), so the program's first entry needs no division. A division by the
+    runtime grid is some 25 dependent instructions (a reciprocal, a float-to-int conversion,
+    corrections) that every address of x waits for: at decode size, where a program's time is
+    one chain of waits, a part of that chain."""
+    if ENTRIES > 0:
+        chunk = ENTRIES
+    else:
+        chunk = tl.cdiv(B, tl.num_programs(2))
     b_lo = tl.program_id(2) * chunk
     return b_lo, tl.minimum(b_lo + chunk, B)
 

@@ -31,7 +31,8 @@ HALF], broadcast over its heads) and reuses them for every batch entry of its ch
 positions differ per batch entry (start_positions, per-batch position ids or tables), in which
 case it reloads them inside the batch loop. A program that loops over fewer than 4 entries
 (decode's, batch 1 to 3) loads an entry's x before that table work, so both are in flight at
-once. x is read once and y written once; the tile is [BLOCK_S, BLOCK_H, HALF] per half, so
+once, and is compiled for that number of entries (X_FIRST), so that finding its first entry
+takes no division by the grid. x is read once and y written once; the tile is [BLOCK_S, BLOCK_H, HALF] per half, so
 each thread moves contiguous runs of the head dim (16-byte vectors where the strides allow).
 Math is fp32 (fp64 for fp64 inputs or outputs) with one rounding at the store; each output is
 one fma, y_a = fma(x_a, c_a, -(x_b s_a)) and y_b = fma(x_b, c_b, x_a s_b), the order
@@ -317,7 +318,8 @@ def _rope_heads(
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
     INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
     PER_ENTRY: tl.constexpr,            # positions or table rows depend on the batch entry
-    X_FIRST: tl.constexpr,              # load x before the table work (see below)
+    X_FIRST: tl.constexpr,              # 0, or the batch entries a program takes (fewer than
+                                        # BATCH_LOOP_MIN): x loaded before the table work
     COPY_PASS: tl.constexpr,            # write features R..D-1 (False when in place)
     CDT: tl.constexpr, INT64: tl.constexpr,
 ):
@@ -466,7 +468,7 @@ def _rope_q_or_k(
             else tl.float32
     pid_s = tl.program_id(0)
     pid_h = tl.program_id(1)
-    b_lo, b_hi = batch_range(B)
+    b_lo, b_hi = batch_range(B, X_FIRST)
     q_blocks = tl.cdiv(HQ, BLOCK_H)
     if pid_h < q_blocks:
         if q_out_ptr is None:       # in place: the output is the input
@@ -516,7 +518,7 @@ def _rope_kernel(
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
     INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
     TABLE_PER_ENTRY: tl.constexpr,       # one table per batch entry (Hugging Face's [B, S, R])
-    X_FIRST: tl.constexpr,               # x before the table work (launch.plan: short batch loops)
+    X_FIRST: tl.constexpr,               # 0, or a short chunk's entries: x first (launch.plan)
     INT64: tl.constexpr,
 ):
     # Positions: the token index (with TE's dual-chunk map when cp_size > 1), plus start offsets.
@@ -572,12 +574,12 @@ def _rope_packed_kernel(
     INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr, INT64: tl.constexpr,
 ):
     # Positions: packed sequences (thd), found by a search of the token in cu_seqlens. One batch
-    # entry: x is loaded before the table work (X_FIRST).
+    # entry (X_FIRST = 1): x is loaded before the table work.
     _rope_q_or_k(q_ptr, q_out_ptr, k_ptr, k_out_ptr, cos_ptr, sin_ptr, None, cu_seqlens_ptr,
                  start_ptr, T, 1, HQ, HK, P, N_SEQ, cp_size, cp_rank,
                  stride_q_t, 0, stride_q_h, stride_q_d, stride_k_t, 0, stride_k_h, stride_k_d,
                  0, stride_tab_p, 0, R, D, 0, BLOCK_S, BLOCK_H, INTERLEAVED, BACKWARD, False,
-                 True, INT64)
+                 1, INT64)
 
 
 @triton.jit
@@ -606,7 +608,7 @@ def _rope_qkv_kernel(
     PER_ENTRY: tl.constexpr = start_ptr is not None
     pid_s = tl.program_id(0)
     pid_h = tl.program_id(1)
-    b_lo, b_hi = batch_range(B)
+    b_lo, b_hi = batch_range(B, X_FIRST)
     q_blocks = tl.cdiv(G * HPG, BLOCK_H)
     if pid_h < q_blocks:
         if BACKWARD:

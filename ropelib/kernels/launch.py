@@ -250,11 +250,18 @@ def plan(q: View, q_out: Optional[View], table: Table, positions: Positions, *, 
     return Launch(grid, num_warps, args, pointer_dtypes(pointers), x.device, launcher), pointers
 
 
-def _x_first(B, chunk) -> bool:
-    """Whether the finished kernel's programs load x before their table work (fused._rope_heads):
-    where each loops over fewer than BATCH_LOOP_MIN batch entries (a symbolic batch, under
-    torch.compile with dynamic shapes, loops over all of them)."""
-    return not isinstance(chunk, torch.SymInt) and min(B, chunk) < BATCH_LOOP_MIN
+def _x_first(B, chunk) -> int:
+    """The finished kernel's X_FIRST: where each program takes fewer than BATCH_LOOP_MIN batch
+    entries, that number (its programs load x before their table work, fused._rope_heads, and
+    find their entries without a division, common.batch_range); else 0. A symbolic chunk, under
+    torch.compile with dynamic shapes, loops over the whole batch: 0."""
+    if isinstance(chunk, torch.SymInt):
+        return 0
+    if chunk < BATCH_LOOP_MIN:
+        return chunk
+    if not isinstance(B, torch.SymInt) and B < BATCH_LOOP_MIN:
+        return B                        # one program on grid axis 2 takes the whole batch
+    return 0
 
 
 def _named(tensor: str, strides: tuple) -> dict:
