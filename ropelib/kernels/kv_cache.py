@@ -38,7 +38,8 @@ q, k and v are token-major [B, S, H, D] views (bshd). The grid is
     axis 0: blocks of BLOCK_S new tokens                  cdiv(S, BLOCK_S)
     axis 1: blocks of BLOCK_H heads of q, then of k       cdiv(HQ, BLOCK_H) + cdiv(HK, BLOCK_H)
     axis 2: chunks of batch entries                       cdiv(B, chunk); a program takes
-                                                          cdiv(B, programs on this axis)
+                                                          `chunk` entries (fixed when the
+                                                          kernel is compiled; 0: from the grid)
 
 A q program rotates its [BLOCK_S, BLOCK_H, D] tile of q into q_out; a k program rotates the same
 tile of k and copies the tile of v, both into the cache slots of its tokens. Every batch entry
@@ -144,6 +145,7 @@ def _rope_kv_cache_body(
     R: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,   # rotary dim, head dims of k and v
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
     INTERLEAVED: tl.constexpr,
+    ENTRIES: tl.constexpr,              # batch entries a program takes (0: from the grid)
 ):
     # q, k and v: each token's heads one dense block (heads at stride D or DV, features at
     # stride 1); q_out: contiguous bshd; caches: features at stride 1; the table dense [P, R].
@@ -156,7 +158,7 @@ def _rope_kv_cache_body(
     BLOCK_DV: tl.constexpr = tile_width(DV)          # and of v's features
     pid_s = tl.program_id(0)
     pid_h = tl.program_id(1)
-    b_lo, b_hi = batch_range(B)
+    b_lo, b_hi = batch_range(B, ENTRIES)
     q_blocks = tl.cdiv(HQ, BLOCK_H)
     is_q = pid_h < q_blocks
     if is_q:
@@ -256,7 +258,7 @@ def _rope_kv_cache_body(
                      mask=mv & w_ok[:, :, None])
 
 
-# --- the entry points: one per kind of cache, each at most 32 arguments ----------------------
+# --- the entry points: one per kind of cache, each at most 33 arguments ----------------------
 
 @triton.jit
 def _rope_kv_cache_kernel(
@@ -269,6 +271,7 @@ def _rope_kv_cache_kernel(
     stride_vc_b, stride_vc_s, stride_vc_h,   # v_cache [B, L, HK, DV]
     R: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
+    ENTRIES: tl.constexpr,              # batch entries a program takes (0: from the grid)
 ):
     # A contiguous cache: sequence b's position p is row b, slot p.
     _rope_kv_cache_body(q_ptr, k_ptr, v_ptr, q_out_ptr, k_cache_ptr, v_cache_ptr, cos_ptr,
@@ -276,7 +279,7 @@ def _rope_kv_cache_kernel(
                         S, B, HQ, HK, P, L, 0, 0, stride_q_t, stride_k_t, stride_v_t,
                         stride_kc_b, stride_kc_s, stride_kc_h,
                         stride_vc_b, stride_vc_s, stride_vc_h,
-                        R, D, DV, BLOCK_S, BLOCK_H, INTERLEAVED)
+                        R, D, DV, BLOCK_S, BLOCK_H, INTERLEAVED, ENTRIES)
 
 
 @triton.jit
@@ -291,6 +294,7 @@ def _rope_kv_paged_kernel(
                                         # their head dim: k_cache's are D x these, v_cache's DV x
     R: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
+    ENTRIES: tl.constexpr,
 ):
     # A paged cache [NB, BS, HK, D]: sequence b's position p is block block_table[b, p // BS],
     # slot p % BS. The two caches are laid out alike (views of one pool, or two pools of one
@@ -302,7 +306,7 @@ def _rope_kv_paged_kernel(
                         stride_q_t, stride_k_t, stride_v_t,
                         unit * stride_c_b * D, unit * stride_c_s * D, unit * stride_c_h * D,
                         unit * stride_c_b * DV, unit * stride_c_s * DV, unit * stride_c_h * DV,
-                        R, D, DV, BLOCK_S, BLOCK_H, INTERLEAVED)
+                        R, D, DV, BLOCK_S, BLOCK_H, INTERLEAVED, ENTRIES)
 
 
 # --- host side: tiles, the plan, the launch -------------------------------------------------
@@ -422,7 +426,11 @@ def plan(q, k, v, q_out, k_cache, v_cache, cache_seqlens, block_table, table, si
                     MAX_BLOCKS=block_table.shape[1])
         args.update(zip(("stride_q_t", "stride_k_t", "stride_v_t"), strides))
         args.update(zip(("stride_c_b", "stride_c_s", "stride_c_h"), units))
-    args.update(R=R, D=D, DV=DV, BLOCK_S=block_s, BLOCK_H=block_h, INTERLEAVED=interleaved)
+    # on a GPU the chunk is fixed at compile time (one entry a program, but for huge batches), so
+    # a program finds its entry without dividing by the grid (common.batch_range); the
+    # interpreter's one program takes the whole batch, whatever its size
+    args.update(R=R, D=D, DV=DV, BLOCK_S=block_s, BLOCK_H=block_h, INTERLEAVED=interleaved,
+                ENTRIES=chunk if on_gpu and not isinstance(chunk, torch.SymInt) else 0)
     pointers = kernel_pointers(q, k, v, q_out, k_cache, v_cache, cache_seqlens, block_table,
                                table, sin, k_scale, v_scale)
     return Launch(grid, num_warps, args, pointer_dtypes(pointers), q.device, launcher), pointers
