@@ -698,6 +698,21 @@ def test_floor_write_into_replaces_only_the_parts_rows(tmp_path):
     assert got.meta["date"] == "then" and got.meta["timing"] == "old"
     assert got.meta["replaced_rows"].startswith("a from a later run: date now")
     assert got.skipped == ["liger in b fwd: unsupported"]     # a's line went with a's rows
+    # a second run of another part keeps the first's entry; a third of `a` replaces it
+    b = floor.Part("b", ("b fwd",), None)
+    again = floor.Measured()
+    again.add("b fwd", "copy", 1.0, 1.0)
+    again.add("b fwd", "ropelib", 1.5, 1.0)
+    floor.write_into(path, {"date": "later", "gpu": "X", "timing": "new"}, again, [b])
+    def entries():
+        return [(e.partition(floor.LATER_RUN)[0], e.partition(floor.LATER_RUN)[2].split(",")[0])
+                for e in floor.replacements(floor.read(path).meta)]
+    assert entries() == [("a", "date now"), ("b", "date later")]
+    floor.write_into(path, {"date": "last", "gpu": "X", "timing": "new"}, new, [a])
+    assert entries() == [("b", "date later"), ("a", "date last")]
+    table = readme_table.render(readme_table.load([path]), tmp_path)
+    assert "Its b rows come from a later run, later." in table
+    assert "Its a rows come from a later run, last." in table
     with pytest.raises(ValueError, match="no rows of the parts"):
         floor.write_into(path, {"gpu": "X"}, new, [floor.Part("c", ("c fwd",), None)])
 

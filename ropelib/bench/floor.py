@@ -506,10 +506,30 @@ def write_into(path, meta: dict, measured: Measured, selected: list) -> str:
     env = {k: meta.get(k, "?") for k in ("date", "torch", "triton", "transformers",
                                          "liger_kernel")}
     out = dict(base.meta)
-    out["replaced_rows"] = (", ".join(p.name for p in selected) + " from a later run: "
-                            + ", ".join(f"{k} {v}" for k, v in env.items())
-                            + f"; its timing: {meta.get('timing', '?')}")
+    this_run = (", ".join(p.name for p in selected) + LATER_RUN
+                + ", ".join(f"{k} {v}" for k, v in env.items())
+                + f"; its timing: {meta.get('timing', '?')}")
+    # earlier replacements stay named, less the parts this run measured again
+    chosen = {p.name for p in selected}
+    kept = []
+    for entry in replacements(base.meta):
+        parts, _, later = entry.partition(LATER_RUN)
+        left = [name for name in parts.split(", ") if name not in chosen]
+        if left:
+            kept.append(", ".join(left) + LATER_RUN + later)
+    out["replaced_rows"] = REPLACEMENT_SEPARATOR.join(kept + [this_run])
     return write(path, out, merged, skipped)
+
+
+LATER_RUN = " from a later run: "
+REPLACEMENT_SEPARATOR = " | "
+
+
+def replacements(meta: dict) -> list:
+    """The `replaced_rows` entries of a floor CSV's header, oldest first: each "<parts> from a
+    later run: <date, versions>; its timing: ..." (write_into)."""
+    text = meta.get("replaced_rows")
+    return text.split(REPLACEMENT_SEPARATOR) if text else []
 
 
 def summary(measured: Measured) -> str:

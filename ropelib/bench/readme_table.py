@@ -98,9 +98,8 @@ def _source_line(label: str, result, root: Path) -> str:
             f"{m.get('torch', '?')}, triton {m.get('triton', '?')}, Transformer Engine "
             f"{m.get('transformer_engine', '?')}, Liger {m.get('liger_kernel', '?')}, "
             f"{m.get('date', '?')} ([CSV]({where})).")
-    replaced = m.get("replaced_rows")
-    if replaced:    # (floor.write_into: the rows of some parts measured again)
-        parts, _, later = replaced.partition(" from a later run: ")
+    for replaced in floor.replacements(m):   # (floor.write_into: some parts measured again)
+        parts, _, later = replaced.partition(floor.LATER_RUN)
         line += f" Its {parts} rows come from a later run, {later.split(',')[0][5:]}."
     if not gradients_handed_back(m):
         line += (" Measured before forward+backward timings handed their gradients back: its "
