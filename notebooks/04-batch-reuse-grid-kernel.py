@@ -547,11 +547,10 @@ else:
 #    heads double the bytes per warp; four heads on two warps raise the occupancy too), and four
 #    heads a program run level with the finished kernel.
 # 3. It beats TE's fused kernel at $b = 8$ although TE's kernel moves the same bytes with a
-#    fuller SM. What TE's kernel does more of is instructions: more than twice as many per
-#    element, and its SMs, not its memory, are the busier side of its profile. That is
-#    consistent with an instruction limit; the profile does not show the SMs saturated, so
-#    call it the likeliest cause, not a proof. At $b = 1$ the grid is back to one row per
-#    program and TE is faster.
+#    fuller SM. TE's kernel is bound by instruction issue: it loads every element twice, two
+#    bytes at a time, and indexes with three times the grid's integer instructions, so that its
+#    instructions alone, issued at the most an SM can, would take 1.77 copies' time
+#    (section 5.5). At $b = 1$ the grid is back to one row per program and TE is faster.
 #
 # `benchmarks/ablation.py` times, at bf16 sbhd $s = 4096, b = 8, h = 32, d = 128$ and at
 # $s = 32768, b = 1$ (the same bytes), a device copy, TE's fused kernel (when Transformer
@@ -850,12 +849,9 @@ else:
 # and executes more than twice the instructions per element of the batch-reusing grid. The
 # profiler says the same from another side: its SM throughput (the busiest of an SM's units, as a
 # share of its peak) is well above its DRAM throughput, as for TE's grid written in Triton, where
-# the batch-reusing grid shows the reverse. So what most likely holds TE back is instructions,
-# not bytes or occupancy (the profile shows its SMs busier than its memory, not saturated).
-# Section 3's differences are where they
-# come from — one 2-byte element per load, every element read twice (once as itself and once as
-# its partner) — but the profile counts instructions, not which line of source issued them;
-# telling those two apart would take its machine code.
+# the batch-reusing grid shows the reverse. So what holds TE back is instructions, not bytes or
+# occupancy; which instructions, and whether they are enough to set its time, is the next
+# cell's profile (section 5.5).
 #
 # **At $b = 1$ the order reverses.** With no batch to loop over, the (S, H) grid launches a
 # million one-row programs, as many as the naive kernel, and takes its time; TE's grid has one
@@ -972,6 +968,91 @@ print(f"b = 1: TE fused {t1['te_fused']['ms'] * 1e3:.0f} us, batch-reusing grid 
       f"{t1['sh_loop_b']['ms'] * 1e3:.0f} us (TE / grid = "
       f"{t1['te_fused']['ms'] / t1['sh_loop_b']['ms']:.2f})")
 assert t1["sh_loop_b"]["ms"] > 2 * t1["te_fused"]["ms"]
+
+# %% [markdown]
+# ### 5.5 What TE's instructions are, and whether they set its time
+#
+# A third profile (`benchmarks/te_ncu.py`, on the H200 with Transformer Engine installed) counts
+# TE's instructions by kind beside the batch-reusing grid, TE's grid written in Triton (with
+# sin/cos and from tables) and the copy, on the same $s = 4096, b = 8$ tensor: global loads and
+# stores (and how many bytes a warp's load asks for, from the 32-byte sectors it touches), integer
+# instructions, the XU pipe that evaluates sin and cos, and the warp states. Two numbers turn
+# "more instructions" into a cause:
+#
+# - **issue time.** An SM sub-partition issues at most one warp instruction a cycle. A kernel
+#   whose instructions, issued back to back, need more cycles than the copy's whole run cannot
+#   run at the copy's speed, however many bytes are in flight:
+#   $$\text{issue-bound floor} = \frac{\text{warp instructions}}{4 \times \text{SMs}}
+#   \text{ cycles, against the copy's active cycles.}$$
+# - **not selected.** A warp that is ready to issue but loses the slot to another waits in
+#   `not_selected`. A memory-bound kernel's warps rarely do; an issue-bound kernel's often do.
+
+# %%
+te_ncu_path = measured.RESULTS / "te_ncu-nvidia-h200.csv"
+te_meta = compare.read_meta(te_ncu_path)
+PROFILED = ["te_fused", "sh_loop_b", "heads_all_one_b", "heads_all_one_b_table", "copy"]
+launched = measured.ncu_kernels(te_ncu_path)
+assert "fused_rope_forward" in launched[0]["kernel"] and len(launched) == len(PROFILED)
+n_elem = 4096 * 8 * 32 * 128
+SM_PARTITIONS = 4 * 132                                     # H200: 132 SMs of 4 schedulers
+
+
+def per_kernel(m):
+    return dict(
+        us=m["gpu__time_duration.sum"] / 1e3,
+        warp_inst=m["smsp__inst_executed.sum"] / n_elem,
+        integer=m["smsp__sass_thread_inst_executed_op_integer_pred_on.sum"] / n_elem,
+        loads=m["smsp__sass_inst_executed_op_global_ld.sum"] * 32 / n_elem,
+        load_bytes=32 * m["l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"]
+        / m["l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum"],
+        stores=m["smsp__sass_inst_executed_op_global_st.sum"] * 32 / n_elem,
+        xu_share=m["smsp__inst_executed_pipe_xu.sum"] / m["smsp__inst_executed.sum"],
+        active=m["sm__cycles_active.avg"],
+        issue_floor=m["smsp__inst_executed.sum"] / SM_PARTITIONS,
+        memory_wait=m["smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio"],
+        not_selected=m["smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio"])
+
+
+prof = {name: per_kernel(k["metrics"]) for name, k in zip(PROFILED, launched)}
+for r in prof.values():
+    r["issue_used"] = r["issue_floor"] / r["active"]
+    r["floor_over_copy"] = r["issue_floor"] / prof["copy"]["active"]
+print(f"Nsight Compute on {te_meta['gpu']} (torch {te_meta['torch']}, Triton {te_meta['triton']}, "
+      f"Transformer Engine {te_meta['transformer_engine']}), bf16 sbhd s=4096 b=8 h=32 d=128; "
+      f"per element of x:")
+print(measured.table([dict(name=n, **r) for n, r in prof.items()], [
+    ("kernel", "name", ""), ("us", "us", ".1f"), ("warp inst", "warp_inst", ".3f"),
+    ("integer", "integer", ".1f"), ("loads", "loads", ".2f"), ("B/warp load", "load_bytes", ".0f"),
+    ("stores", "stores", ".2f"), ("issue used", "issue_used", ".0%"),
+    ("issue floor/copy", "floor_over_copy", ".2f"), ("mem wait", "memory_wait", ".1f"),
+    ("not selected", "not_selected", ".2f")]))
+te_p, grid_p, copy_p = prof["te_fused"], prof["sh_loop_b"], prof["copy"]
+# TE reads every element twice (itself, its partner), two bytes a load, and stores one a store
+assert round(te_p["loads"], 1) == 2.1 and round(te_p["stores"], 2) == 1.00
+assert round(te_p["load_bytes"]) == 78 and round(copy_p["load_bytes"]) == 512
+assert round(grid_p["load_bytes"]) == 142
+# its indexing: 17.7 integer instructions an element, three times the grid's 5.7
+assert (round(te_p["integer"], 1), round(grid_p["integer"], 1)) == (17.7, 5.7)
+# sin/cos are not it: 0.2 % of its instructions run on the XU pipe
+assert te_p["xu_share"] < 0.005
+# issue-bound: its instructions alone need 1.77 copies' time; the grid's fit within one copy
+assert round(te_p["floor_over_copy"], 2) == 1.77 and grid_p["floor_over_copy"] < 0.75
+assert round(te_p["issue_used"], 2) == 0.73 and round(grid_p["issue_used"], 2) == 0.45
+# eligible warps waiting for the issue slot: TE's, not the memory-bound grid's
+assert round(te_p["not_selected"], 1) == 3.4 and round(grid_p["not_selected"], 1) == 0.5
+assert grid_p["memory_wait"] > te_p["memory_wait"]
+
+# %% [markdown]
+# That is the answer to this notebook's question, measured. TE's kernel reads every element
+# twice (itself, and as its partner), two bytes at a time: a warp's load asks for 78 bytes, the
+# batch-reusing grid's for 142, the copy's for 512. It stores one element a store, and spends
+# about 18 integer instructions an element on indexing, three times the grid's. Sin and cos are
+# not the cost (0.2 % of its instructions). Issued at one instruction a cycle on every
+# scheduler, the most an SM can, its instructions alone would take 1.77 times the copy's run;
+# its schedulers issue on 73 % of its cycles, and its warps often wait, ready, for the slot.
+# TE's kernel is bound by instruction issue. The batch-reusing grid's instructions fit in well
+# under one copy's time; it waits on memory, with half the SM's warp slots filled, which is
+# what notebook 05 takes up.
 
 # %% [markdown]
 # ## 6. What the finished kernel does beyond the batch-reusing grid

@@ -453,10 +453,11 @@ for dtype in models:
 # noise), as a memory-bound kernel should have (the cell checks
 # that every fitted line is positive and no faster than the copy fitted the same way). ropelib's
 # forward pays a fixed cost comparable to TE's and streams faster, which is why it wins on large
-# tensors. Why TE's fused kernel streams slower, notebook 04 (section 5.4) measured under Nsight
-# Compute: it moves no extra bytes and keeps its SMs occupied, but it executes more than twice
-# the instructions per element of the batch-reusing grid, and its SMs, not its DRAM, are the
-# busier side.
+# tensors. Why TE's fused kernel streams slower, notebook 04 (sections 5.4 and 5.5) measured
+# under Nsight Compute: it moves no extra bytes and keeps its SMs occupied, but it loads every
+# element twice, two bytes at a time, and indexes with three times the batch-reusing grid's
+# integer instructions; issued at the most an SM can, its instructions alone take 1.77 times a
+# copy's time. It is bound by instruction issue, not by memory.
 #
 # The *forward+backward* times at batch 1 are another matter, and this notebook does not fit a
 # line to them: they scatter without growing with the bytes, so a least-squares line through
