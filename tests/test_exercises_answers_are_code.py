@@ -4,10 +4,10 @@ Notebook 00's exercises 2 (how many features partial rotary turns) and 3 (interl
 a `bshd` tensor, what `ropelib.apply_rope(..., layout="bshd", interleaved=True)` returns),
 notebook 01's exercise 4 (the permutation back to the interleaved pairing), notebook 02's
 exercises 1 (the positions a context-parallel rank holds) and 3 (the bytes a fused forward
-moves), notebook 07's exercise 2 (the time a fitted line predicts) and notebook 09's exercises
-1 (whether a loss curve trains like the reference) and 2 (RoPE's share of a profiled step) ask
-for a value that ropelib can compute. Their checks take a function and run it with ropelib's
-answers barred (`own_code`). For each check this file shows that
+moves), notebook 07's exercise 2 (the time a fitted line predicts) and notebook 09's exercise 1
+(RoPE's share of a profiled step) ask for a value that ropelib can compute. Their checks take a
+function and run it with ropelib's answers barred (`own_code`). For each check this file shows
+that
 
 * a function the learner wrote (a copy of the worked solution, compiled from its source in a
   file of its own, and one written differently here) passes;
@@ -257,20 +257,7 @@ def _check_prediction(fn):
     return measuring.check_prediction(fn, 10.0, 1000.0, 1e8, 0.105)
 
 
-# --- notebook 09, exercise 1: does a loss curve train like the reference? ----------------------
-
-def _same_training_written_here(curve, reference, other_seed):
-    ref = torch.tensor(reference, dtype=torch.float64)
-    gaps = torch.tensor([curve, other_seed], dtype=torch.float64) - ref
-    kernel_gap, seed_gap = gaps.abs().mean(dim=1).tolist()
-    return kernel_gap <= 1.5 * seed_gap
-
-
-def _check_same_training(fn):
-    return in_a_model.check_same_training(fn)
-
-
-# --- notebook 09, exercise 2: RoPE's share of a profiled step ----------------------------------
+# --- notebook 09, exercise 1: RoPE's share of a profiled step ----------------------------------
 
 def _rope_share_written_here(events, rope_names):
     step_us = sum(us for _, us in events)
@@ -390,15 +377,7 @@ EXERCISES = {
             "the worked solution": (measuring.solution_predict_ms,
                                     "called ropelib's solution_predict_ms"),
         }),
-    "09 ex1 same_training": dict(
-        check=_check_same_training,
-        solution=lambda: learner_copy(in_a_model.solution_same_training),
-        own=_same_training_written_here,
-        library={
-            "the worked solution": (in_a_model.solution_same_training,
-                                    "called ropelib's solution_same_training"),
-        }),
-    "09 ex2 rope_share": dict(
+    "09 ex1 rope_share": dict(
         check=_check_rope_share,
         solution=lambda: learner_copy(in_a_model.solution_rope_share),
         own=_rope_share_written_here,
@@ -487,7 +466,7 @@ NOTEBOOK_CHECKS = [
     ("02-pytorch-reference-and-layouts.py", "check_cp_positions", "rank_positions"),
     ("02-pytorch-reference-and-layouts.py", "check_bytes_moved", "bytes_moved"),
     ("07-te-vs-triton-live.py", "check_prediction", "predict_ms"),
-    ("09-rope-in-a-model.py", "check_same_training", "same_training"),
+    ("09-rope-in-a-model.py", "check_cached_attention", "cached_attention"),
     ("09-rope-in-a-model.py", "check_rope_share", "rope_share"),
 ]
 

@@ -1,22 +1,29 @@
-"""Notebook 09's exercise checks: the parity of two training runs and RoPE's share of a step.
+"""Notebook 09's exercise checks: RoPE's share of a profiled step, and attention with a KV cache.
 
-For each check: the worked solution, typed in by a learner, passes; the worked solution itself
-(ropelib's, not the learner's) is refused; the slips a learner is likely to make fail on at least
-one of the made-up cases; and the cases' answers are the ones the notebook's own rule gives.
+For each check: the worked solution, typed in by a learner, passes, and so do answers written
+differently; the worked solution itself (ropelib's, not the learner's) is refused; the slips a
+learner is likely to make fail (for the cached attention: positions restarting at 0, the cached
+keys rotated again, off by one, and the mask), each with a message that says what went wrong.
 (`test_exercises_answers_are_code.py` also tries answers that call ropelib.)
 """
 import ast
+import contextlib
 import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit is imported
 
-from ropelib.course.exercises import in_a_model  # noqa: E402
+import ropelib  # noqa: E402
+from ropelib import reference  # noqa: E402
+from ropelib.course import model as gpt_model  # noqa: E402
+from ropelib.course.exercises import in_a_model, own_code  # noqa: E402
+from ropelib.course.model import GPTConfig, KVCache  # noqa: E402
 from loading import load_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,84 +32,7 @@ _own_code_tests = load_file("own_code_tests", ROOT / "tests" / "test_own_code.py
 learner_copy = _own_code_tests.learner_copy
 
 
-def _d(a, b):
-    return sum(abs(x - y) for x, y in zip(a, b)) / len(a)
-
-
-# --- exercise 1: same_training ------------------------------------------------------------------
-
-def test_the_worked_parity_test_typed_in_passes(capsys):
-    assert in_a_model.check_same_training(learner_copy(in_a_model.solution_same_training))
-    out = capsys.readouterr().out
-    assert "✅ same_training: correct" in out and "❌" not in out, out
-
-
-def test_the_parity_cases_follow_the_notebooks_rule():
-    cases = in_a_model._parity_cases()
-    assert len(cases) >= 8
-    for label, (curve, reference, other), expected in cases:
-        assert len(curve) == len(reference) == len(other), label
-        assert expected == (_d(curve, reference) <= 1.5 * _d(other, reference)), label
-    answers = {label: expected for label, _, expected in cases}
-    assert answers["the same curve"] is True
-    assert answers["0.08 above the reference all along"] is False
-    assert answers["equal at first, then drifting away"] is False
-    assert answers["exactly 1.5 times the seed gap, 4 evaluations"] is True
-    assert {True, False} == set(answers.values())
-
-
-def _mean(xs):
-    return sum(xs) / len(xs)
-
-
-WRONG_PARITY = {
-    "a signed mean": lambda c, r, o: abs(_mean([x - y for x, y in zip(c, r)]))
-    <= 1.5 * abs(_mean([x - y for x, y in zip(o, r)])),
-    "only not worse than the reference": lambda c, r, o: _mean([x - y for x, y in zip(c, r)])
-    <= 1.5 * _d(o, r),
-    "the largest difference": lambda c, r, o: max(abs(x - y) for x, y in zip(c, r))
-    <= 1.5 * max(abs(x - y) for x, y in zip(o, r)),
-    "root mean square": lambda c, r, o: _mean([(x - y) ** 2 for x, y in zip(c, r)]) ** 0.5
-    <= 1.5 * _mean([(x - y) ** 2 for x, y in zip(o, r)]) ** 0.5,
-    "the last evaluation alone": lambda c, r, o: abs(c[-1] - r[-1]) <= 1.5 * abs(o[-1] - r[-1]),
-    "the first half alone": lambda c, r, o: _d(c[:len(c) // 2], r[:len(r) // 2])
-    <= 1.5 * _d(o[:len(o) // 2], r[:len(r) // 2]),
-    "a strict inequality": lambda c, r, o: _d(c, r) < 1.5 * _d(o, r),
-    "within 1 times": lambda c, r, o: _d(c, r) <= _d(o, r),
-    "within 2 times": lambda c, r, o: _d(c, r) <= 2 * _d(o, r),
-    "measured from the other seed": lambda c, r, o: _d(c, o) <= 1.5 * _d(o, r),
-    "the final losses": lambda c, r, o: abs(c[-1] - r[-1]) <= 1.5 * abs(c[-1] - o[-1]),
-    "the ratio, not a verdict": lambda c, r, o: _d(c, r) / _d(o, r),
-    "not answered": lambda c, r, o: None,
-    "raises": lambda c, r, o: 1 / 0,
-}
-
-
-@pytest.mark.parametrize("label", list(WRONG_PARITY))
-def test_a_wrong_parity_test_fails(label, capsys):
-    assert in_a_model.check_same_training(WRONG_PARITY[label]) is False
-    assert "❌" in capsys.readouterr().out
-
-
-def test_a_parity_test_that_changes_its_lists_does_not_change_the_next_case(capsys):
-    def sorts_in_place(c, r, o):
-        c.sort(), r.sort(), o.sort()
-        return learner_copy(in_a_model.solution_same_training)(c, r, o)
-    # sorting a falling curve reverses it, and all three alike: distances unchanged
-    assert in_a_model.check_same_training(sorts_in_place)
-    assert in_a_model.check_same_training(learner_copy(in_a_model.solution_same_training))
-    capsys.readouterr()
-
-
-def test_a_numpy_verdict_is_an_answer(capsys):
-    def with_numpy(c, r, o):
-        c, r, o = (np.asarray(v, float) for v in (c, r, o))
-        return np.abs(c - r).mean() <= 1.5 * np.abs(o - r).mean()       # a numpy bool
-    assert in_a_model.check_same_training(with_numpy)
-    capsys.readouterr()
-
-
-# --- exercise 2: rope_share ---------------------------------------------------------------------
+# --- exercise 1: rope_share ---------------------------------------------------------------------
 
 def test_the_worked_share_typed_in_passes(capsys):
     assert in_a_model.check_rope_share(learner_copy(in_a_model.solution_rope_share))
@@ -172,34 +102,269 @@ def test_a_case_blind_match_and_a_numpy_sum_are_answers(capsys):
     capsys.readouterr()
 
 
-# --- both: the worked solutions are ropelib's, not the learner's -------------------------------
+# --- exercise 2: cached_attention ---------------------------------------------------------------
 
-@pytest.mark.parametrize("check, answer, words", [
-    (in_a_model.check_same_training, in_a_model.solution_same_training,
-     "your parity test, but the answer called ropelib's solution_same_training"),
-    (in_a_model.check_same_training, lambda c, r, o: in_a_model.solution_same_training(c, r, o),
-     "your parity test, but the answer called ropelib's solution_same_training"),
-    (in_a_model.check_rope_share, in_a_model.solution_rope_share,
-     "your share of the step, but the answer called ropelib's solution_rope_share"),
-    (in_a_model.check_rope_share, lambda e, n: in_a_model.solution_rope_share(e, n),
-     "your share of the step, but the answer called ropelib's solution_rope_share"),
-], ids=["parity", "parity, wrapped", "share", "share, wrapped"])
-def test_the_worked_solution_is_refused(check, answer, words, capsys):
-    assert check(answer) is False
+def _split(attn, x):
+    B, S, _ = x.shape
+    return attn.qkv(x).view(B, S, 3, attn.n_head, attn.head_dim).unbind(2)      # [B, S, H, D]
+
+
+def _turn(t, attn, pos):
+    """t [B, S, H, D] rotated at positions pos [S], by hand from the model's cos/sin rows."""
+    cos, sin = attn.rotary.cos[pos][:, None, :], attn.rotary.sin[pos][:, None, :]   # [S, 1, D]
+    t1, t2 = t.chunk(2, dim=-1)
+    return t * cos + torch.cat((-t2, t1), dim=-1) * sin
+
+
+def _mask(L, S, device):
+    """Token L + j sees keys 0 .. L + j: [S, L + S]."""
+    return torch.arange(L + S, device=device) <= (L + torch.arange(S, device=device))[:, None]
+
+
+def _attend(attn, q, k, v, mask=None, is_causal=False):
+    B, S = q.shape[:2]
+    y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                       attn_mask=mask, is_causal=is_causal)
+    return attn.proj(y.transpose(1, 2).reshape(B, S, -1))
+
+
+def _rotating_at(q_at, k_at=None, *, cache_raw=False, is_causal=lambda L, S: False):
+    """A cached attention that rotates q at q_at(L, S) and k at k_at(L, S) (default: q's), by
+    hand; cache_raw: caches k as it came out of qkv; is_causal(L, S): SDPA's flag, no mask."""
+    def cached_attention(attn, x, past_k, past_v):
+        L, S = past_k.shape[1], x.shape[1]
+        q, k, v = _split(attn, x)
+        ar = torch.arange(S, device=x.device)
+        kr = _turn(k, attn, (k_at or q_at)(L, S, ar))
+        keys = torch.cat((past_k, kr), dim=1)
+        values = torch.cat((past_v, v), dim=1)
+        causal = is_causal(L, S)
+        y = _attend(attn, _turn(q, attn, q_at(L, S, ar)), keys, values,
+                    None if causal else _mask(L, S, x.device), causal)
+        return y, torch.cat((past_k, k), dim=1) if cache_raw else keys, values
+    return cached_attention
+
+
+_own = _rotating_at(lambda L, S, ar: L + ar)          # right, written here by hand
+
+
+def _with_start_positions(attn, x, past_k, past_v):
+    """Right: ropelib.apply_rope (the kernel) with one offset per sequence."""
+    B, S, _ = x.shape
+    L = past_k.shape[1]
+    q, k, v = _split(attn, x)
+    start = torch.full((B,), L, dtype=torch.int32, device=x.device)
+    q, k = (ropelib.apply_rope(t, attn.rotary.freqs, layout="bshd", start_positions=start)
+            for t in (q, k))
+    k, v = torch.cat((past_k, k), dim=1), torch.cat((past_v, v), dim=1)
+    return _attend(attn, q, k, v, _mask(L, S, x.device)), k, v
+
+
+def _with_the_reference_on_rows_from_L(attn, x, past_k, past_v):
+    """Right: ropelib.reference on the rows L .. L + S - 1 of the angle table."""
+    B, S, _ = x.shape
+    L = past_k.shape[1]
+    q, k, v = _split(attn, x)
+    rows = attn.rotary.freqs[L:L + S]
+    q, k = (reference.rope_reference(t, rows, layout="bshd") for t in (q, k))
+    k, v = torch.cat((past_k, k), dim=1), torch.cat((past_v, v), dim=1)
+    return _attend(attn, q, k, v, _mask(L, S, x.device)), k, v
+
+
+def _restart_with_the_models_rotary(attn, x, past_k, past_v):
+    """Wrong: the model's own rotary on the new tokens, which counts them from 0."""
+    L, S = past_k.shape[1], x.shape[1]
+    q, k, v = _split(attn, x)
+    q, k = attn.rotary(q, k)
+    k, v = torch.cat((past_k, k), dim=1), torch.cat((past_v, v), dim=1)
+    return _attend(attn, q, k, v, _mask(L, S, x.device)), k, v
+
+
+def _rotates_the_cache_again(attn, x, past_k, past_v):
+    """Wrong: the whole cache, old keys and new, rotated at 0 .. L + S - 1 at every step."""
+    L, S = past_k.shape[1], x.shape[1]
+    q, k, v = _split(attn, x)
+    pos = torch.arange(L + S, device=x.device)
+    k = _turn(torch.cat((past_k, k), dim=1), attn, pos)
+    v = torch.cat((past_v, v), dim=1)
+    return _attend(attn, _turn(q, attn, pos[L:]), k, v, _mask(L, S, x.device)), k, v
+
+
+WRONG_CACHE = {
+    "positions restarting at 0 (the model's rotary)": (
+        _restart_with_the_models_rotary, "positions start again at 0 in each call"),
+    "positions restarting at 0, by hand": (
+        _rotating_at(lambda L, S, ar: ar), "positions start again at 0 in each call"),
+    "the cached keys rotated again": (
+        _rotates_the_cache_again, "are not the cached keys passed in"),
+    "off by one: the next token at L + 1": (
+        _rotating_at(lambda L, S, ar: (L + 1 if L else 0) + ar), "off by +1"),
+    "off by one: the next token at L - 1, the last cached position": (
+        _rotating_at(lambda L, S, ar: max(L - 1, 0) + ar), "off by -1"),
+    "off by one everywhere, the prompt's positions too": (
+        _rotating_at(lambda L, S, ar: L + 1 + ar), "off by +1"),
+    "the query at its position, the key from 0": (
+        _rotating_at(lambda L, S, ar: L + ar, lambda L, S, ar: ar),
+        "positions start again at 0 in each call"),
+    "the key at its position, the query from 0": (
+        _rotating_at(lambda L, S, ar: ar, lambda L, S, ar: L + ar),
+        "the cache is right, but the attention output is not"),
+    "unrotated keys in the cache": (
+        _rotating_at(lambda L, S, ar: L + ar, cache_raw=True), "are not rotated at all"),
+    "is_causal=True with a cache": (
+        _rotating_at(lambda L, S, ar: L + ar, is_causal=lambda L, S: True),
+        "the cache is right, but the attention output is not"),
+    "is_causal=True for a chunk after the cache": (
+        _rotating_at(lambda L, S, ar: L + ar, is_causal=lambda L, S: S > 1),
+        "step 4: 3 new tokens at positions 7..9 after 7 cached"),
+    "(y, k, v) in another order": (
+        lambda attn, x, pk, pv: (lambda y, k, v: (k, v, y))(*_own(attn, x, pk, pv)),
+        "has shape"),
+    "y alone": (lambda attn, x, pk, pv: _own(attn, x, pk, pv)[0], "expected (y, k, v)"),
+    "not answered": (lambda attn, x, pk, pv: None, "not answered yet"),
+    "raises": (lambda attn, x, pk, pv: 1 / 0, "ZeroDivisionError"),
+}
+
+
+@pytest.mark.parametrize("answer", [
+    lambda: learner_copy(in_a_model.solution_cached_attention),
+    lambda: _own, lambda: _with_start_positions, lambda: _with_the_reference_on_rows_from_L],
+    ids=["the worked solution typed in", "by hand from cos and sin",
+         "ropelib.apply_rope with start_positions", "ropelib.reference on the rows from L"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_right_cached_attention_passes(answer, seed, capsys):
+    assert in_a_model.check_cached_attention(answer(), seed=seed)
     out = capsys.readouterr().out
-    assert words in out and "write it yourself" in out, out
+    assert "✅ cached_attention" in out and "❌" not in out, out
+
+
+@pytest.mark.parametrize("label", list(WRONG_CACHE))
+def test_a_wrong_cached_attention_fails_and_says_where(label, capsys):
+    answer, words = WRONG_CACHE[label]
+    assert in_a_model.check_cached_attention(answer, seed=0) is False
+    out = capsys.readouterr().out
+    assert "❌" in out and "✅" not in out and words in out, out
+
+
+def test_off_by_one_everywhere_leaves_the_logits_but_not_the_cache():
+    """A shift of every position cancels in the scores: only the cached keys can show it."""
+    model, idx = in_a_model._decoding_case(torch.Generator().manual_seed(0), "cpu")
+    chunks = list(idx.split(list(in_a_model._CHUNKS), dim=1))
+    want, _ = in_a_model._full_forward(model, idx)
+    shifted = torch.cat(in_a_model.decode_with(
+        model, chunks, _rotating_at(lambda L, S, ar: L + 1 + ar)), dim=1)
+    assert (shifted - want).abs().max() <= in_a_model.KV_TOL * want.abs().max()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_tolerance_sits_far_from_rounding_and_from_a_position_error(seed):
+    model, idx = in_a_model._decoding_case(torch.Generator().manual_seed(seed), "cpu")
+    chunks = list(idx.split(list(in_a_model._CHUNKS), dim=1))
+    want, _ = in_a_model._full_forward(model, idx)
+
+    def error(answer):
+        got = torch.cat(in_a_model.decode_with(model, chunks, answer), dim=1)
+        return float((got - want).abs().max() / want.abs().max())
+    assert error(in_a_model.solution_cached_attention) < in_a_model.KV_TOL / 10
+    for label in ("positions restarting at 0, by hand", "the cached keys rotated again",
+                  "off by one: the next token at L + 1"):
+        assert error(WRONG_CACHE[label][0]) > 100 * in_a_model.KV_TOL, label
+
+
+def _through_rope_kv_cache(attn, x, past_k, past_v):
+    """Right values from ropelib.rope_kv_cache, which takes each position from the cache."""
+    B, S, _ = x.shape
+    L = past_k.shape[1]
+    q, k, v = _split(attn, x)
+    k_cache = torch.cat((past_k, torch.zeros_like(k)), dim=1).contiguous()
+    v_cache = torch.cat((past_v, torch.zeros_like(v)), dim=1).contiguous()
+    seqlens = torch.full((B,), L, dtype=torch.int32, device=x.device)
+    q = ropelib.rope_kv_cache(q.contiguous(), k.contiguous(), v.contiguous(), k_cache, v_cache,
+                              seqlens, attn.rotary.freqs)
+    return _attend(attn, q, k_cache, v_cache, _mask(L, S, x.device)), k_cache, v_cache
+
+
+def _through_the_models_cache(attn, x, past_k, past_v):
+    """Right values from the model's own cached attention (ropelib.course.model)."""
+    B, S, C = x.shape
+    L = past_k.shape[1]
+    cfg = GPTConfig(vocab_size=2, block_size=attn.rotary.freqs.shape[0], n_layer=1,
+                    n_head=attn.n_head, n_embd=C)
+    cache = KVCache(cfg, B, L + S, device=x.device)
+    cache.k[0][:, :L], cache.v[0][:, :L] = past_k, past_v
+    cache.seqlens.fill_(L)
+    cache.length = L
+    y = gpt_model._attention_cached(attn, x, cache, 0, fused=False)
+    return y, cache.k[0], cache.v[0]
+
+
+REFUSED_CACHE = {
+    "the worked solution": (in_a_model.solution_cached_attention,
+                            "called ropelib's solution_cached_attention"),
+    "the worked solution, wrapped": (
+        lambda attn, x, pk, pv: in_a_model.solution_cached_attention(attn, x, pk, pv),
+        "called ropelib's solution_cached_attention"),
+    "ropelib.rope_kv_cache": (_through_rope_kv_cache,
+                              "called ropelib's rope_kv_cache (ropelib/kv_cache.py)"),
+    "the model's cached attention": (_through_the_models_cache,
+                                     "called ropelib's write_kv_cache (ropelib/kv_cache.py)"),
+}
+
+
+@pytest.mark.parametrize("label", list(REFUSED_CACHE))
+def test_an_answer_that_calls_ropelib_to_do_the_job_is_refused(label, capsys):
+    answer, words = REFUSED_CACHE[label]
+    assert in_a_model.check_cached_attention(answer, seed=0) is False
+    out = capsys.readouterr().out
+    assert f"your cached attention, but the answer {words}" in out, out
+    assert "write it yourself" in out, out
+
+
+@contextlib.contextmanager
+def _nothing_barred(what, *, allow=(), bar=()):
+    yield
+
+
+@pytest.mark.parametrize("label", list(REFUSED_CACHE))
+def test_the_refusal_is_the_barring_alone(label, monkeypatch, capsys):
+    # the refused answers compute the right values: with nothing barred they pass
+    monkeypatch.setattr(own_code, "library_barred", _nothing_barred)
+    assert in_a_model.check_cached_attention(REFUSED_CACHE[label][0], seed=0), \
+        capsys.readouterr().out
+
+
+def test_the_check_leaves_the_global_random_state_alone(capsys):
+    before = torch.random.get_rng_state()
+    in_a_model.check_cached_attention(_own, seed=3)
+    assert torch.equal(torch.random.get_rng_state(), before)
+    capsys.readouterr()
+
+
+# --- the worked share is ropelib's, not the learner's ------------------------------------------
+
+@pytest.mark.parametrize("answer", [
+    in_a_model.solution_rope_share, lambda e, n: in_a_model.solution_rope_share(e, n)],
+    ids=["share", "share, wrapped"])
+def test_the_worked_share_is_refused(answer, capsys):
+    assert in_a_model.check_rope_share(answer) is False
+    out = capsys.readouterr().out
+    assert "your share of the step, but the answer called ropelib's solution_rope_share" in out
+    assert "write it yourself" in out, out
 
 
 # --- the notebook -------------------------------------------------------------------------------
 
-def test_the_notebook_applies_the_parity_test_to_its_own_curves():
+def test_the_notebook_hands_its_exercises_to_the_checks_where_they_belong():
     tree = ast.parse(NOTEBOOK.read_text(encoding="utf-8"))
     text = NOTEBOOK.read_text(encoding="utf-8")
-    assert "in_a_model.check_same_training(same_training)" in text
     assert "in_a_model.check_rope_share(rope_share)" in text
-    # the check's verdict picks the function the notebook goes on with
+    assert "kv_by_learner = in_a_model.check_cached_attention(cached_attention)" in text
+    # the check's verdict picks the function the notebook decodes the trained model with
     names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
-    assert {"same_training", "rope_share", "judge_parity"} <= names
-    assert text.index("check_same_training") < text.index("## 4. Speed")
+    assert {"rope_share", "cached_attention", "kv_by_learner", "trains_like_reference"} <= names
+    assert "cached_attention if kv_by_learner else in_a_model.solution_cached_attention" in text
     assert text.index("## 5. How much") < text.index("check_rope_share") \
-        < text.index("## 6. What did it learn")
+        < text.index("## 6. What did it learn") < text.index("check_cached_attention") \
+        < text.index("## 7. Drop-in I")
+    assert text.index("**Exercise 1") < text.index("**Exercise 2")
+    assert "same_training" not in text

@@ -1,67 +1,42 @@
 """Exercise checks for notebook 09 (ropelib inside a small GPT).
 
-Two judgements the notebook makes with numbers, written by the learner:
+* Exercise 1, `rope_share(events, rope_names)`: from (kernel name, device µs) pairs of one
+  profiled step and substrings naming RoPE's kernels, RoPE's µs, the step's µs and RoPE's share
+  of the step. Tried on made-up steps whose answer is known, chosen so that the usual slips (an
+  exact name match, a dict that keeps one launch per name, a kernel counted once per substring, a
+  percentage) give a wrong answer somewhere.
+* Exercise 2, `cached_attention(attn, x, past_k, past_v)`: one attention layer of the notebook's
+  GPT, decoding with a KV cache. S new tokens follow L cached ones, so their q and k are rotated
+  at the absolute positions L .. L+S-1; the new keys and values are appended to the cache, and
+  the layer's output is returned with the grown cache. `check_cached_attention` builds a small
+  GPT whose attention depends on positions, runs a prompt and then one or a few tokens at a time
+  through the model with the learner's function as every layer's attention (`decode_with`), and
+  compares each step, layer by layer, with the model's full forward over the whole sequence: the
+  cached keys left as they were, the new keys (when they are wrong: at which positions they were
+  rotated), the values, the attention output, and the logits.
 
-* `same_training(curve, reference, other_seed)`: does a validation-loss curve stay as close to the
-  reference as a second seed of the reference does? The notebook's rule: the mean absolute
-  difference d(curve, reference) is at most 1.5 times d(other_seed, reference).
-* `rope_share(events, rope_names)`: from (kernel name, device µs) pairs of one profiled step and
-  substrings naming RoPE's kernels, RoPE's µs, the step's µs and RoPE's share of the step.
-
-Each check tries the learner's function on made-up inputs whose answer is known, chosen so that
-the usual slips (a signed mean, the maximum, the last evaluation alone, a strict inequality; an
-exact name match, a dict that keeps one launch per name, a kernel counted once per substring, a
-percentage) give a wrong answer somewhere. The function runs with ropelib's own answers and the
-worked solutions below barred (`own_code`).
+Every learner function runs with ropelib's own answers and the worked solutions barred
+(`own_code`). The cached attention may rotate with ropelib's RoPE functions, whose position
+arguments are the point of the exercise: `apply_rope` and `apply_rope_qk` (the kernel),
+`ropelib.reference` (plain PyTorch) and the tables of `ropelib.frequencies`. What would do the
+whole job stays barred: `ropelib.rope_kv_cache` (it reads each token's position off the cache
+itself) and the model's own cached decoding (`forward_cached`, `generate`).
 """
 from __future__ import annotations
 
-import math
-from typing import Callable, Iterable, List, Sequence, Tuple
+from typing import Callable, Iterable, List, Optional, Sequence, Tuple
 
-from .own_code import check_cases
+import torch
+import torch.nn.functional as F
 
-__all__ = ["check_same_training", "check_rope_share", "solution_same_training",
-           "solution_rope_share"]
+import ropelib
+from ... import frequencies, reference, runtime
+from .. import model as gpt
+from . import check
+from .own_code import check_cases, run_own_code
 
-
-# --- exercise 1: parity of two training runs ---------------------------------------------------
-
-def _curve(n: int = 8) -> List[float]:
-    """A made-up validation-loss curve: falls fast, then levels off."""
-    return [1.9 + 2.3 * math.exp(-i / 2.5) for i in range(n)]
-
-
-def _plus(curve: Sequence[float], offsets: Sequence[float]) -> List[float]:
-    return [c + o for c, o in zip(curve, offsets)]
-
-
-def _parity_cases() -> list:
-    ref = _curve()
-    n = len(ref)
-    noise = [0.04, -0.03, 0.05, -0.02, 0.03, -0.04, 0.02, -0.03]      # d(seed, ref) = 0.0325
-    seed = _plus(ref, noise)
-    crossing = _plus(ref, [0.05, 0.04, 0.04, 0.03, 0.03, 0.02, 0.01, 0.0])   # d = 0.0275
-    # dyadic numbers: every difference and mean below is exact, d(curve, ref) = 1.5 d(seed, ref)
-    ref4 = [4.0, 3.0, 2.5, 2.25]
-    raw = [
-        ("the same curve", ref, ref, seed),
-        ("0.08 above the reference all along", _plus(ref, [0.08] * n), ref, seed),
-        ("0.04 below the reference all along", _plus(ref, [-0.04] * n), ref, seed),
-        ("0.1 below the reference all along", _plus(ref, [-0.1] * n), ref, seed),
-        ("equal at first, then drifting away", _plus(ref, [0, 0, 0, 0, 0, 0.05, 0.15, 0.30]),
-         ref, seed),
-        ("zigzagging around the reference", _plus(ref, [0.06, -0.06] * (n // 2)), ref, seed),
-        ("one evaluation far off, the rest close",
-         _plus(ref, [0.01, 0.0, 0.2, 0.0, -0.01, 0.0, 0.0, 0.0]), ref, seed),
-        ("0.02 above, the other seed meeting the reference at the end",
-         _plus(ref, [0.02] * n), ref, crossing),
-        ("exactly 1.5 times the seed gap, 4 evaluations",
-         _plus(ref4, [-0.375, 0.375, -0.375, 0.375]), ref4,
-         _plus(ref4, [0.25, -0.25, 0.25, -0.25])),
-    ]
-    return [(label, (curve, r, other), solution_same_training(curve, r, other))
-            for label, curve, r, other in raw]
+__all__ = ["check_rope_share", "solution_rope_share", "check_cached_attention",
+           "solution_cached_attention", "decode_with", "KV_TOL"]
 
 
 class _Fresh:
@@ -80,31 +55,7 @@ def _copy(a):
     return set(a) if isinstance(a, (set, frozenset)) else list(a) if isinstance(a, list) else a
 
 
-def check_same_training(fn: Callable) -> bool:
-    """fn(curve, reference, other_seed) -> True when `curve` stays as close to `reference` as
-    `other_seed` does: mean |curve - reference| <= 1.5 * mean |other_seed - reference| over the
-    evaluations (three lists of validation losses of equal length).
-
-    Tried on made-up curves whose answer is known (the same curve, constant offsets above and
-    below, a late drift, a zigzag, one far-off evaluation, a second seed that meets the reference
-    at the end, a curve exactly at the limit), with ropelib and the worked solutions barred.
-    """
-    return check_cases(
-        "same_training", "your parity test", fn, _Fresh(_parity_cases()),
-        hint="d(a, b) = the mean of |a_i - b_i| over all evaluations; True when "
-             "d(curve, reference) <= 1.5 * d(other_seed, reference), the limit included",
-        bar=_WORKED)
-
-
-def solution_same_training(curve: Sequence[float], reference: Sequence[float],
-                           other_seed: Sequence[float]) -> bool:
-    def distance(a, b):                      # mean absolute difference over the evaluations
-        return sum(abs(x - y) for x, y in zip(a, b)) / len(a)
-
-    return distance(curve, reference) <= 1.5 * distance(other_seed, reference)
-
-
-# --- exercise 2: RoPE's share of a profiled step -----------------------------------------------
+# --- exercise 1: RoPE's share of a profiled step -----------------------------------------------
 
 _GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64"
 _ATTN_FWD, _ATTN_BWD = "flash_fwd_kernel", "flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel"
@@ -167,4 +118,247 @@ def solution_rope_share(events: Sequence[Tuple[str, float]],
     return rope_us, step_us, rope_us / step_us
 
 
-_WORKED = (solution_same_training, solution_rope_share)
+# --- exercise 2: attention with a KV cache, each token rotated at its own position ------------
+
+KV_TOL = 1e-4
+"""How far the cached path may be from the full forward, as a fraction of the largest value
+compared. Both run in fp32 and compute the same sums, in other shapes and orders (a few rows
+through the matmuls instead of the whole sequence, a softmax over the L + S cached keys instead of
+a masked row of the whole sequence): they differ in the last bits, less than 1e-6 of the values'
+size. A key rotated one position off moves them by more than 1e-2."""
+
+_CHUNKS = (5, 1, 1, 3, 1)   # a prompt, two tokens, a chunk of 3 after the cache, a last token
+_SIZES = dict(vocab_size=48, block_size=16, n_layer=2, n_head=2, n_embd=32)   # head_dim 16
+_BATCH = 2
+_QKV_GAIN = 8.0             # sharp attention: scores of a few units, so positions matter
+_WHAT = "your cached attention"
+
+
+class _Stop(Exception):
+    """The learner's function failed at one step (the ❌ line is printed): stop decoding."""
+
+
+def _decoding_case(gen: torch.Generator, device) -> Tuple[gpt.GPT, torch.Tensor]:
+    """A small GPT (rope="reference", eval mode) whose attention depends on positions, and
+    tokens [B, T] to decode; weights and tokens from `gen`, the global RNG left as it was."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(torch.randint(0, 2**31 - 1, (), generator=gen)))
+        model = gpt.GPT(gpt.GPTConfig(**_SIZES), rope="reference")
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.qkv.weight.mul_(_QKV_GAIN)
+    idx = torch.randint(_SIZES["vocab_size"], (_BATCH, sum(_CHUNKS)), generator=gen)
+    return model.to(device).eval(), idx.to(device)
+
+
+@torch.no_grad()
+def _full_forward(model: gpt.GPT, idx: torch.Tensor) -> Tuple[torch.Tensor, List[dict]]:
+    """The model over the whole sequence: logits [B, T, V], and per layer the keys before and
+    after RoPE ("k_raw", "k") and the values ("v") [B, T, H, D] and the attention's output ("y")
+    [B, T, C], read by hooks."""
+    layers, hooks = [], []
+    for block in model.blocks:
+        attn, seen = block.attn, {}
+        layers.append(seen)
+
+        def on_qkv(module, args, out, attn=attn, seen=seen):
+            B, T, _ = out.shape
+            _, seen["k_raw"], seen["v"] = out.view(B, T, 3, attn.n_head, attn.head_dim).unbind(2)
+
+        def on_rotary(module, args, out, seen=seen):
+            seen["k"] = out[1]
+
+        def on_attn(module, args, out, seen=seen):
+            seen["y"] = out
+
+        hooks += [attn.qkv.register_forward_hook(on_qkv),
+                  attn.rotary.register_forward_hook(on_rotary),
+                  attn.register_forward_hook(on_attn)]
+    try:
+        logits, _ = model(idx)
+    finally:
+        for h in hooks:
+            h.remove()
+    return logits, layers
+
+
+@torch.no_grad()
+def decode_with(model: gpt.GPT, chunks: Sequence[torch.Tensor],
+                attention: Callable) -> List[torch.Tensor]:
+    """Run `model` over the token chunks [B, S_i] one after the other through a KV cache, with
+    `attention(attn, x, past_k, past_v) -> (y, k, v)` as every layer's attention: logits
+    [B, S_i, V] of each chunk.
+
+    The rest is the model's own forward (`GPT.forward`, `Block.forward`), with the cache of each
+    layer, keys and values [B, L, H, D], handed to `attention` and replaced by what it returns.
+    The model in eval mode (no dropout).
+    """
+    cfg, param = model.config, next(model.parameters())
+    B = chunks[0].shape[0]
+    empty = torch.empty(B, 0, cfg.n_head, cfg.head_dim, dtype=param.dtype, device=param.device)
+    cache = [(empty, empty)] * cfg.n_layer
+    logits = []
+    for idx in chunks:
+        x = model.tok_emb(idx)                                        # [B, S, C]
+        for i, block in enumerate(model.blocks):
+            y, k, v = attention(block.attn, block.ln1(x), *cache[i])
+            cache[i] = (k, v)                                         # [B, L + S, H, D] each
+            x = x + y
+            x = x + block.proj(F.gelu(block.fc(block.ln2(x))))
+        logits.append(model.head(model.ln_f(x)))                      # [B, S, V]
+    return logits
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    got = got.detach().to(device=want.device, dtype=torch.float32)
+    return bool(torch.isfinite(got).all()) and \
+        float((got - want).abs().max()) <= KV_TOL * float(want.abs().max())
+
+
+def _rotated_as(k_new, k_raw, cos, sin, tol: float) -> list:
+    """For each new token, the position whose rotation of its raw key [B, S, H, D] gives k_new
+    (the table row closest to it), or None when no row of the table does."""
+    B, S, H, D = k_raw.shape
+    every_row = k_raw[:, :, None].float().expand(B, S, cos.shape[0], H, D)
+    turned = reference.apply_rope_ref(every_row, cos[:, None, :], sin[:, None, :])  # [B,S,P,H,D]
+    err = (turned - k_new.detach().float().to(turned.device)[:, :, None]).abs()
+    err = err.amax(dim=(0, 3, 4)).nan_to_num(float("inf"))           # [S, P]
+    best = err.argmin(dim=1)
+    return [int(p) if err[j, p] <= tol else None for j, p in enumerate(best.tolist())]
+
+
+def _positions(ps: list) -> str:
+    return (f"position {ps[0]}" if len(ps) == 1 else
+            f"positions {ps[0]}..{ps[-1]}" if ps == list(range(ps[0], ps[0] + len(ps))) else
+            f"positions {', '.join(str(p) for p in ps)}")
+
+
+def _new_keys_problem(found: list, L: int, S: int, P: int) -> Tuple[str, str]:
+    right = list(range(L, L + S))
+    if None in found:
+        return (f"the new keys (the tokens at {_positions(right)}) are not the tokens' keys "
+                f"rotated at any position 0..{P - 1} of the table",
+                "k is the middle third of attn.qkv(x) viewed [B, S, 3, H, D]; rotate it once, "
+                "at its token's position")
+    what = f"the new keys are rotated as {_positions(found)}, not {_positions(right)}"
+    if found == list(range(S)):
+        what += (": positions start again at 0 in each call (position 0 is no rotation at all), "
+                 f"but these tokens come after the {L} cached ones")
+    elif not any(found):
+        what = (f"the new keys (the tokens at {_positions(right)}) are not rotated at all: "
+                "k goes into the cache rotated")
+    elif len({f - r for f, r in zip(found, right)}) == 1:
+        what += f": off by {found[0] - right[0]:+d}"
+    return what, (f"the j-th new token sits at position L + j, L = past_k.shape[1] tokens "
+                  "cached; rotate its q and its k there")
+
+
+def _judge(out, given_k, given_v, want: dict, attn, L: int, S: int):
+    """(problem, hint) for one layer's answer at one step, or (None, None) when it is right."""
+    B, H, D = given_k.shape[0], attn.n_head, attn.head_dim
+    if not (isinstance(out, (tuple, list)) and len(out) == 3
+            and all(isinstance(t, torch.Tensor) for t in out)):
+        got = type(out).__name__ + (f" of {len(out)}" if isinstance(out, (tuple, list)) else "")
+        return f"expected (y, k, v), three tensors; got a {got}", None
+    y, k, v = out
+    for t, shape, name in ((y, (B, S, H * D), "y"), (k, (B, L + S, H, D), "k"),
+                           (v, (B, L + S, H, D), "v")):
+        if tuple(t.shape) != shape:
+            return (f"{name} has shape {tuple(t.shape)}, expected {shape}",
+                    "y [B, S, C] is the layer's output (after attn.proj); k and v [B, L + S, H, D] "
+                    "are the cache with the S new tokens appended after the L cached ones")
+    k, v = (t.detach().to(device=given_k.device, dtype=given_k.dtype) for t in (k, v))
+    if not torch.equal(k[:, :L], given_k):
+        return (f"the first {L} keys of the returned cache are not the cached keys passed in",
+                "cached keys are rotated already, once, each at its own position: leave them as "
+                "they are (rotating key n again turns it by R_n twice, as if it sat at 2n)")
+    if not torch.equal(v[:, :L], given_v):
+        return (f"the first {L} values of the returned cache are not the cached values passed in",
+                "append the new values after the cached ones, unchanged")
+    if not _close(k[:, L:], want["k"][:, L:L + S]):
+        P = attn.rotary.cos.shape[0]
+        found = _rotated_as(k[:, L:], want["k_raw"][:, L:L + S], attn.rotary.cos,
+                            attn.rotary.sin, KV_TOL * float(want["k"][:, L:L + S].abs().max()))
+        return _new_keys_problem(found, L, S, P)
+    if not _close(v[:, L:], want["v"][:, L:L + S]):
+        return ("the new values are not the tokens' values",
+                "v is the last third of attn.qkv(x) viewed [B, S, 3, H, D]; RoPE leaves it alone")
+    if not _close(y, want["y"][:, L:L + S]):
+        return ("the cache is right, but the attention output is not",
+                "rotate each query at its token's position too (L + j, like its key), and let the "
+                "token at position p attend to the keys at 0..p: a boolean mask [S, L + S] "
+                "(is_causal=True lines its triangle up with the first key, not with the last); "
+                "then attn.proj")
+    return None, None
+
+
+def check_cached_attention(fn: Callable, *, seed: Optional[int] = None, device=None) -> bool:
+    """fn(attn, x, past_k, past_v) -> (y, k, v): one layer's attention (`attn`, a
+    `CausalSelfAttention` of the GPT) for S new tokens x [B, S, C] that follow the L tokens whose
+    keys (rotated, each at its position) and values past_k, past_v [B, L, H, D] are cached; the
+    new tokens sit at positions L .. L+S-1. Returns y [B, S, C] (after attn.proj) and the cache
+    with the new keys (rotated) and values appended, k and v [B, L + S, H, D].
+
+    Builds a small GPT with position-sensitive attention (weights and tokens drawn from `seed`,
+    a fresh one when None), decodes a prompt of 5 tokens and then 1, 1, 3 and 1 more with fn as
+    every layer's attention (`decode_with`), and compares each layer at each step with the
+    model's full forward over the whole sequence, within KV_TOL of the largest value: the cached
+    keys and values unchanged, the new keys (or at which positions they were rotated), the new
+    values, the attention output, then the logits. fn runs with ropelib's answers barred except
+    its RoPE functions (apply_rope, apply_rope_qk, ropelib.reference, ropelib.frequencies).
+    Prints one line (✅, or ❌ at the first step that goes wrong); never raises.
+    """
+    device = torch.device(device if device is not None else runtime.default_device())
+    seed = int(torch.randint(0, 2**31 - 1, ())) if seed is None else seed
+    model, idx = _decoding_case(torch.Generator().manual_seed(seed), device)
+    want_logits, want = _full_forward(model, idx)
+    chunks = list(idx.split(list(_CHUNKS), dim=1))
+    starts = [sum(_CHUNKS[:n]) for n in range(len(_CHUNKS))]
+    layer_of = {id(block.attn): i for i, block in enumerate(model.blocks)}
+    calls = []
+
+    def attend(attn, x, past_k, past_v):
+        i = layer_of[id(attn)]
+        step = len(calls) // len(model.blocks)
+        calls.append(i)
+        L, S = starts[step], _CHUNKS[step]
+        where = (f"cached_attention (step {step + 1}: {S} new token{'s' if S > 1 else ''} at "
+                 f"{_positions(list(range(L, L + S)))} after {L} cached; layer {i})")
+        given_k, given_v = past_k.clone(), past_v.clone()
+        ok, out = run_own_code(where, _WHAT, fn, attn, x, past_k, past_v,
+                               allow=_ALLOWED, bar=_BARRED)
+        if not ok:
+            raise _Stop
+        problem, hint = _judge(out, given_k, given_v, want[i], attn, L, S)
+        if problem is not None:
+            print(f"❌ {where}: {problem}" + (f"\n   hint: {hint}" if hint else ""))
+            raise _Stop
+        return out
+
+    try:
+        got = decode_with(model, chunks, attend)
+    except _Stop:
+        return False
+    return check("cached_attention: logits of every step against the full forward's",
+                 torch.cat(got, dim=1), want_logits,
+                 atol=KV_TOL * float(want_logits.abs().max()), rtol=0.0)
+
+
+def solution_cached_attention(attn, x, past_k, past_v):
+    B, S, C = x.shape
+    L = past_k.shape[1]                      # tokens cached: the new ones sit at L .. L + S - 1
+    q, k, v = attn.qkv(x).view(B, S, 3, attn.n_head, attn.head_dim).unbind(2)   # [B, S, H, D]
+    pos = L + torch.arange(S, device=x.device)                      # absolute positions
+    q, k = ropelib.apply_rope_qk(q, k, attn.rotary.freqs, layout="bshd", position_ids=pos)
+    k = torch.cat((past_k, k), dim=1)        # the cached keys stay as they were rotated: once
+    v = torch.cat((past_v, v), dim=1)        # [B, L + S, H, D]
+    mask = torch.arange(L + S, device=x.device) <= pos[:, None]     # [S, L + S]: keys 0..p
+    y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                       attn_mask=mask)              # [B, H, S, D]
+    return attn.proj(y.transpose(1, 2).reshape(B, S, C)), k, v
+
+
+_ALLOWED = (ropelib.apply_rope, ropelib.apply_rope_qk, reference, frequencies)
+_BARRED = (solution_cached_attention, gpt.forward_cached, gpt.generate)
+
+_WORKED = (solution_rope_share, solution_cached_attention)
