@@ -932,11 +932,15 @@ assert abs(probe_vs_bare[8192]) < cublas_runs[8192][0] / cublas_runs[8192][1] - 
 # on memory by running another program's warps meanwhile, so fewer resident programs leave it
 # less to switch to.
 #
-# `figures/12-qkv-tiles-sm90.csv` answers both for every tile of the sweep, bare and rotating.
+# `figures/12-qkv-tiles-sm90.csv` answers both for every tile of the sweep and every tile
+# ropelib ships for this problem (its `swept` and `shipped` columns: the sweep had neither dW's
+# 64/256 on 8 warps nor dX's tile with QK-norm, 32/128 on 4 warps, the `dx_norm` rows), bare
+# and rotating.
 # The kernels were compiled for sm_90 (H100, H200) on a CPU, with the Triton version of the GPU
 # runs, by `python -m ropelib.course.counts --out figures/12-qkv-tiles-sm90.csv`, from ropelib's
-# kernels (the CSV's header names the version of ropelib it compiled). dX and dW there are the
-# kernels the GPU sweeps ran. ropelib's dX has since moved to the forward's way of getting cos
+# kernels (the CSV's header names the version of ropelib it compiled). dW and the bare dX there
+# are the kernels the GPU sweeps ran; the rotating dX is not. ropelib's dX has since moved to
+# the forward's way of getting cos
 # and sin: it reads the pre-pass's rows, once per program, where it evaluated them (faster at
 # the benchmark's tile on an H200, `benchmarks/NOTES.md`; dW still evaluates them, as rows
 # read in its loop over tokens were slower). ropelib's forward differs from the one the
@@ -965,17 +969,22 @@ def by_tile(rows):
 
 
 sm90 = compare.read_meta(SM90_CSV)
-compiled = by_tile(compare.read_csv(SM90_CSV))
+table = by_tile(compare.read_csv(SM90_CSV))      # the sweep's tiles and the tiles ropelib ships
+compiled = {key: r for key, r in table.items() if r["swept"]}       # the sweep's
 swept = {slug: by_tile(compare.read_csv(RESULTS / f"qkv_tiles-{slug}.csv")) for slug in GPUS}
 ran_on = {slug: compare.read_meta(RESULTS / f"qkv_tiles-{slug}.csv")["triton"] for slug in GPUS}
 print(f"{SM90_CSV.name}: Triton {sm90['triton']} for sm_90 on a CPU ({sm90['date'][:10]}, "
       f"{sm90['kernels']}); the GPU sweeps ran Triton {', '.join(sorted(set(ran_on.values())))}")
 assert set(ran_on.values()) == {sm90["triton"]} and "sm_90" in sm90["target"]
+# the tiles ropelib ships for bf16 heads of 128, read from its tile table ("dx_norm": dX with
+# QK-norm): the table has each of them, and no other tile the sweep lacks
+shipped = {(kernel, tuple(t[k] for k in TILE)) for kernel, t in qkv_gemm.GPU_TILES.items()}
+assert {key[:2] for key, r in table.items() if r["shipped"]} == shipped
+assert {key[:2] for key in table} == {key[:2] for key in compiled} | shipped
 
 benchmark = {}      # (kernel, tile) -> the GPUs whose benchmark ran it
 for slug in GPUS:
-    for kernel in ("fwd", "dx", "dw"):
-        tile = tile_key(measured(slug, "fused", "fwd", max(TOKENS))["tiles"], kernel)
+    for kernel, tile in tiles_ran(slug).items():
         benchmark.setdefault((kernel, tile), []).append(GPUS[slug])
 
 
@@ -992,24 +1001,26 @@ def reported(r):
 
 
 h100, h200 = (swept[slug] for slug in GPUS)
-print(" " * 28 + "registers, stack per thread | shared memory per program | programs per SM")
-for kernel, tile, rotate in compiled:
+print(" " * 32 + "registers, stack per thread | shared memory per program | programs per SM")
+for kernel, tile, rotate in table:
     if rotate:
         continue
     mark = f"  <- the benchmark, {' and '.join(benchmark[kernel, tile])}" \
         if (kernel, tile) in benchmark else ""
-    if kernel == "dx" and "H200" in benchmark.get((kernel, tile), []):
-        mark += " (the earlier dX; ropelib's, which the H200 ran, under the table)"
-    for rot, label in ((False, f"{kernel:>3} {'/'.join(map(str, tile)):<15} bare     "),
-                       (True, f"{'':<19} rotating ")):
-        c, then = compiled[kernel, tile, rot], reported(h200[kernel, tile, rot])
+    if not table[kernel, tile, rotate]["swept"]:
+        mark += " (not in the sweep)"
+    for rot, label in ((False, f"{kernel:>7} {'/'.join(map(str, tile)):<15} bare     "),
+                       (True, f"{'':<23} rotating ")):
+        c = table[kernel, tile, rot]
+        then = reported(h200[kernel, tile, rot]) if c["swept"] else None
         was = f"  [the sweeps: {then[0]}, {then[1]} B]" \
             if then not in (None, (c["n_regs"], c["stack"])) else ""
         print(label + resources(c) + was + (mark if rot else ""))
 
-# the compile here against the GPU runs: both sweeps report the same registers and spills for
+# the compile here against the GPU sweeps: both sweeps report the same registers and spills for
 # every tile; every tile the GPUs refused needs more shared memory than a program may have
-# (227 KiB); for dX and dW the compile gives what the sweeps reported, for the forward it does not
+# (227 KiB); for dW and the bare dX the compile gives what the sweeps reported, for the forward
+# and the rotating dX (ropelib's reads cos and sin rows, the sweeps' evaluated them) it does not
 for slug, rows in swept.items():
     assert set(rows) == set(compiled), slug
     ran = [key for key, r in rows.items() if r["n_regs"] is not None]
@@ -1024,11 +1035,34 @@ for slug, rows in swept.items():
 assert all(reported(h100[key]) == reported(h200[key]) for key in compiled)
 differs = {key for key in compiled
            if reported(h200[key]) not in (None, (compiled[key]["n_regs"], compiled[key]["stack"]))}
-assert {kernel for kernel, _, _ in differs} == {"fwd"}          # dX and dW: as the sweeps ran
+assert {(kernel, rotate) for kernel, _, rotate in differs} == {("fwd", False), ("fwd", True),
+                                                                ("dx", True)}
 fwd_rot = [key for key in compiled if key[0] == "fwd" and key[2]]
 assert set(fwd_rot) <= differs                                   # every rotating forward tile
+dx_rot = [key for key in compiled if key[0] == "dx" and key[2] and reported(h200[key])]
+assert set(dx_rot) <= differs and len(dx_rot) == 6               # every rotating dX that ran
 bare_moved = [abs(compiled[key]["n_regs"] - h200[key]["n_regs"]) for key in differs if not key[2]]
 assert len(bare_moved) == 2 and max(bare_moved) <= 6            # two bare ones, a few registers
+
+# ropelib's dX and dW as they are now, timed alone on the H200 after the sweeps (section 7's
+# CHOSEN and the other chosen-tile runs; -qk-norm: with QK-norm, the table's "dx_norm"): at
+# every tile the table has, the registers and spills the compile gives
+later_runs = sorted(RESULTS.glob("qkv_tiles_chosen-nvidia-h200-*.csv"))
+checked = {}
+for path in later_runs:
+    norm = "-qk-norm" in path.name
+    assert ("with QK-norm" in compare.read_meta(path)["case"]) == norm, path.name
+    for key, r in by_tile(compare.read_csv(path)).items():
+        key = (key[0] + ("_norm" if norm else ""), *key[1:])
+        if key in table and r["n_regs"] is not None:
+            assert reported(r) == (table[key]["n_regs"], table[key]["stack"]), (path.name, key)
+            checked.setdefault(key, []).append(path.name)
+print(f"the compile against {len(later_runs)} later H200 runs of ropelib's dX and dW: "
+      f"{len(checked)} rows of the table, the same registers and spills")
+assert {key[:2] for key in checked} >= {key for key in shipped if key[0] != "fwd"}
+assert len(checked) == 10 and all(key[0] != "fwd" for key in checked)
+# the rotating dX they ran at tiles of the sweep is where the sweeps' figures differ
+assert all(key in differs for key in checked if key[0] == "dx" and key[2])
 
 # ropelib's rotating forward: its registers follow the tokens each warp holds, BLOCK_M / warps
 head_dim = measured("nvidia-h200", "fused", "fwd", max(TOKENS))["D"]
@@ -1060,48 +1094,63 @@ by_registers = {key[1]: tuple(programs_per_sm(regs, key[1][3], 0).limits["regist
                 for key in fwd_rot}
 assert [t for t, (then, now) in by_registers.items() if then != now] == [(64, 64, 8, 8, 4)]
 assert by_registers[64, 64, 8, 8, 4] == (1, 2)
-eight = {(kernel, tile): c for (kernel, tile, rotate), c in compiled.items()
+eight = {(kernel, tile): c for (kernel, tile, rotate), c in table.items()
          if rotate and tile[3] == 8}
 assert all(c["programs_per_sm"] <= 1 for c in eight.values() if c["n_regs"] > two_8warp)
 assert [kt for kt, c in eight.items() if c["n_regs"] <= two_8warp] == [("fwd", (64, 64, 8, 8, 4))]
 assert compiled["fwd", (64, 64, 8, 8, 4), True]["n_regs"] == 127
-assert all(c["programs_per_sm"] <= 2 for (_, tile, rotate), c in compiled.items()
+assert all(c["programs_per_sm"] <= 2 for (_, tile, rotate), c in table.items()
            if rotate and tile[3] == 4)                            # 4 warps: two at most
 
-# the spills
-spilling = [key for key, c in compiled.items() if c["stack"]]
-assert all(rotate for _, _, rotate in spilling) and len(spilling) == 7     # rotating ones only
-assert all(compiled[key]["n_regs"] == 255 for key in spilling)
-assert len([key for key in spilling if h200[key]["n_regs"] is not None]) == 6
-assert (min(compiled[k]["stack"] for k in spilling), max(compiled[k]["stack"] for k in spilling)) \
-    == (80, 1088)
+# the spills: rotating kernels only, all at 255 registers; none at the shipped tiles the sweep
+# lacks; the sweeps' earlier dX spilled at fewer of the tiles the GPUs ran
+spilling = [key for key, c in table.items() if c["stack"]]
+assert all(rotate for _, _, rotate in spilling) and len(spilling) == 9
+assert all(table[key]["n_regs"] == 255 and table[key]["swept"] for key in spilling)
+assert len([key for key in spilling if h200[key]["n_regs"] is not None]) == 8
+assert (min(table[k]["stack"] for k in spilling), max(table[k]["stack"] for k in spilling)) \
+    == (48, 1248)
+dx_spills = {key[1]: (reported(h200[key])[1] if reported(h200[key]) else None, compiled[key]["stack"])
+             for key in compiled if key[0] == "dx" and key[2]}
+print("rotating dX, stack bytes a thread (the sweeps' dX, ropelib's): "
+      + ", ".join(f"{'/'.join(map(str, t))} {'refused' if then is None else then}, {now}"
+                  for t, (then, now) in dx_spills.items()))
+assert sum(1 for then, _ in dx_spills.values() if then) == 3
+assert sum(1 for then, now in dx_spills.values() if now and then is not None) == 5
 
 # the benchmark's forward tile: the rotating forward both sweeps timed fastest (of that forward)
 for slug in GPUS:
     timed = {key[1]: r["ms"] for key, r in swept[slug].items() if key[0] == "fwd" and key[2]}
     assert min(timed, key=timed.get) == bench_fwd[0], slug
 assert bench_fwd[0] == tuple(qkv_gemm.GPU_TILES["fwd"][k] for k in TILE)
-in_compile = [key for key in benchmark if (*key, False) in compiled]
-assert [key for key in benchmark if key not in in_compile] == [("dw", (64, 256, 8, 8, 2))]
-assert benchmark["dw", (64, 256, 8, 8, 2)] == ["H200"]         # the H200's dW: not in the sweep
-programs = {key: tuple(compiled[(*key, rot)]["programs_per_sm"] for rot in (False, True))
-            for key in in_compile}
+# every benchmark's tiles are in the table; the H200's dW and dX with QK-norm only as shipped
+assert all((*key, False) in table for key in benchmark)
+assert [key for key in benchmark if not table[(*key, False)]["swept"]] == [
+    ("dw", (64, 256, 8, 8, 2)), ("dx_norm", (32, 128, 8, 4, 3))]
+assert benchmark["dw", (64, 256, 8, 8, 2)] == benchmark["dx_norm", (32, 128, 8, 4, 3)] == ["H200"]
+programs = {key: tuple(table[(*key, rot)]["programs_per_sm"] for rot in (False, True))
+            for key in benchmark}
 assert programs == {("fwd", (128, 64, 8, 8, 4)): (1, 1), ("dx", (128, 128, 8, 8, 3)): (1, 1),
-                    ("dx", (64, 64, 8, 4, 3)): (2, 2), ("dw", (32, 128, 8, 4, 4)): (1, 2)}, programs
-assert all(compiled[(*key, False)]["limited_by"] == "shared memory" for key in in_compile)
-spills_at_benchmark = [key for key in in_compile if compiled[(*key, True)]["stack"]]
-assert spills_at_benchmark == [("dx", (128, 128, 8, 8, 3))]                   # the H100's dX
-assert compiled["dx", (128, 128, 8, 8, 3), True]["stack"] == 80
+                    ("dw", (32, 128, 8, 4, 4)): (1, 2), ("dx", (64, 64, 8, 4, 3)): (2, 2),
+                    ("dw", (64, 256, 8, 8, 2)): (1, 1), ("dx_norm", (32, 128, 8, 4, 3)): (2, 2)}, programs
+assert all("shared memory" in table[(*key, False)]["limited_by"] for key in benchmark)
+spills_at_benchmark = [key for key in benchmark if table[(*key, True)]["stack"]]
+assert spills_at_benchmark == [("dx", (128, 128, 8, 8, 3)), ("dx", (64, 64, 8, 4, 3))]
+# the H100's dX tile: the earlier dX it ran spilled 80 bytes, ropelib's 48; the H200's: the
+# earlier dX (the sweeps) spilled nothing, ropelib's (which the H200's benchmark ran) 56
+assert [(reported(h200["dx", t, True])[1], table["dx", t, True]["stack"])
+        for t in ((128, 128, 8, 8, 3), (64, 64, 8, 4, 3))] == [(80, 48), (0, 56)]
 assert (compiled["fwd", (128, 64, 8, 8, 3), False]["programs_per_sm"],
         compiled["fwd", (128, 64, 8, 8, 3), True]["programs_per_sm"]) == (2, 1)
 assert (compiled["fwd", (128, 64, 8, 8, 4), False]["shared"],
         compiled["fwd", (128, 64, 8, 8, 3), False]["shared"]) == (128 * 1024, 96 * 1024)
 assert (compiled["dw", (32, 128, 8, 4, 4), False]["shared"],
         compiled["dw", (32, 128, 8, 4, 4), True]["shared"]) == (128 * 1024, 64 * 1024)
+assert (table["dw", (64, 256, 8, 8, 2), False]["shared"],
+        table["dw", (64, 256, 8, 8, 2), True]["shared"]) == (192 * 1024, 96 * 1024)
 
-# the H200's benchmark ran two kernels the compile here does not have: ropelib's dX, which reads
-# cos and sin rows, and dW at a tile the sweep did not have. Their registers and spills as their
-# GPU run reported them (section 7's CHOSEN), and the programs per SM those registers allow
+# the H200's dX and dW as its GPU run reported them (section 7's CHOSEN): what the compile here
+# gives, and the programs per SM those registers allow
 print(f"the H200's dX and dW as {CHOSEN.name} ({compare.read_meta(CHOSEN)['date'][:10]}) reported them:")
 later = {}
 for kernel in ("dx", "dw"):
@@ -1109,16 +1158,16 @@ for kernel in ("dx", "dw"):
     for rot, r in sorted(tile_rows("nvidia-h200", kernel, tile).items()):
         allow = programs_per_sm(r["n_regs"], tile[3], 0).limits["registers"]
         assert r["ms"] > 0                                     # it ran: at least one fits
+        assert reported(r) == (table[kernel, tile, rot]["n_regs"], table[kernel, tile, rot]["stack"])
         later[kernel, rot] = (r["n_regs"], 4 * r["n_spills"], allow)
         print(f"{kernel:>3} {'/'.join(map(str, tile)):<15} {'rotating' if rot else 'bare    '} "
               f"{r['n_regs']:>3} {4 * r['n_spills']:>5} B   registers allow {allow} "
               f"program{'s' if allow > 1 else ''} per SM")
 assert later == {("dx", False): (124, 0, 4), ("dx", True): (255, 56, 2),
                  ("dw", False): (174, 0, 1), ("dw", True): (255, 0, 1)}, later
-# the bare dX is the compile's (the same registers); the dX that reads rows spills where the
-# earlier one does not, and its registers allow as many programs as the bare dX holds
-assert compiled["dx", (64, 64, 8, 4, 3), False]["n_regs"] == later["dx", False][0]
-assert compiled["dx", (64, 64, 8, 4, 3), True]["stack"] == 0
+# ropelib's dX spills at the H200's tile where the earlier one does not, and its registers
+# allow as many programs as the bare dX holds
+assert reported(h200["dx", (64, 64, 8, 4, 3), True]) == (255, 0)
 assert later["dx", True][2] == programs["dx", (64, 64, 8, 4, 3)][0] == 2
 
 # %% [markdown]
@@ -1126,9 +1175,12 @@ assert later["dx", True][2] == programs["dx", (64, 64, 8, 4, 3)][0] == 2
 #
 # - **The compile here matches the GPU runs where the kernel is the same.** The two sweeps
 #   report the same registers and spills for every tile (39 ran on each GPU; Triton's
-#   `n_spills` counts 4-byte words, stack / 4), and for dX and dW the compile here gives exactly
-#   those. The 7 tiles the GPUs refused ("out of resource: shared memory") are exactly those
-#   that need more than the 227 KiB a program may have: 0 programs per SM.
+#   `n_spills` counts 4-byte words, stack / 4), and for dW and the bare dX the compile here
+#   gives exactly those. The 7 tiles the GPUs refused ("out of resource: shared memory") are
+#   exactly those that need more than the 227 KiB a program may have: 0 programs per SM. The
+#   H200 timed ropelib's dX and dW again after the sweeps, at the tiles then chosen (section
+#   7's runs, with and without QK-norm): at the 10 rows of the table those runs have, the
+#   shipped dW and dX-with-QK-norm tiles among them, the compile gives what they reported.
 # - **The forward is not the kernel the sweeps ran.** Every rotating forward tile compiles
 #   differently from what the sweeps report (the table prints the sweeps' figures in brackets),
 #   and two bare ones by a few registers. The rotating forward's registers follow the tokens
@@ -1137,13 +1189,18 @@ assert later["dx", True][2] == programs["dx", (64, 64, 8, 4, 3)][0] == 2
 #   The fp32 accumulator alone takes $B_M D / (32 \cdot \text{warps})$ registers a thread, 64 at
 #   16 tokens a warp, the benchmark's forward tile; the halves split out of it, the cos and sin
 #   rows and the rotation come on top.
-# - **Only rotating kernels spill**, 7 tiles (6 of them ran), all at 255 registers, from 80 to
-#   1,088 bytes per thread. Of the benchmarks' tiles in this table, only the H100's dX tile
-#   (128/128, 8 warps) spills: 80 bytes, 20 words. The H200's benchmark ran two kernels the
-#   table does not have (printed under it, as their GPU run on 2026-11-29 reported them):
-#   ropelib's dX, which reads cos and sin rows, holds 255 registers at the H200's tile and
-#   spills 56 bytes (14 words) there, where the earlier dX spills nothing; dW at 64/256 on
-#   8 warps holds 255 and spills nothing.
+# - **Nor is the rotating dX.** ropelib's, which reads cos and sin rows, compiles differently
+#   from the sweeps' at every tile the GPUs ran: at 64/128 on 8 warps it holds 255 registers
+#   where the sweeps' held 219, and elsewhere both hold 255 but spill differently (the brackets):
+#   the sweeps' spilled at 3 of those 6 tiles, ropelib's at 5, more at some and less at others.
+# - **Only rotating kernels spill**, 9 tiles (8 of them ran), all at 255 registers, from 48 to
+#   1,248 bytes per thread; the tiles ropelib ships that the sweep lacks spill nothing. Of the
+#   benchmarks' tiles, ropelib's dX spills at both GPUs' dX tiles: 48 bytes at the H100's
+#   (128/128, 8 warps; the earlier dX the H100 ran spilled 80, 20 words) and 56 bytes (14
+#   words) at the H200's, where the earlier dX spilled nothing; dW at 64/256 on 8 warps holds
+#   255 and spills nothing, and so does dX with QK-norm at 32/128 on 4 warps. The H200's
+#   benchmark ran ropelib's dX and that dW, and their GPU run (printed under the table)
+#   reported these registers and spills.
 # - **Fewer registers give more programs only past a threshold.** Two 8-warp programs need 4
 #   warps in each of the SM's four sub-partitions of 16,384 registers: 16,384 / 4 / 32 = 128
 #   registers a thread at most. Above that a rotating 8-warp program has the SM to itself, and
@@ -1153,12 +1210,13 @@ assert later["dx", True][2] == programs["dx", (64, 64, 8, 4, 3)][0] == 2
 # - **At the benchmark's tiles the epilogue and the prologue cost no resident programs.** The
 #   pairs are (bare, rotating): the forward holds (1, 1), because the bare kernel's four
 #   stages, 128 KiB of shared memory, already leave room for only one; at three stages, 96 KiB,
-#   it is (2, 1). dX holds (2, 2) at the H200's tile (the earlier dX of the table) and (1, 1)
-#   at the H100's; at the H200's tile the 255 registers of ropelib's dX that reads rows still
-#   allow two programs, as many as the bare dX holds. dW holds (1, 2) at the H100's tile: the
-#   rotating dW stages 64 KiB of shared memory where the bare one stages 128 KiB. At the
-#   H200's, 64/256 on 8 warps, the registers of its GPU run, 174 bare and 255 rotating, allow
-#   one 8-warp program each, and both ran: (1, 1). As far as these resources go, fewer
+#   it is (2, 1). dX holds (2, 2) at the H200's tile and (1, 1) at the H100's: at the H200's
+#   tile the 255 registers of ropelib's dX that reads rows still allow two programs, as many as
+#   the bare dX holds. dW holds (1, 2) at the H100's tile: the rotating dW stages 64 KiB of
+#   shared memory where the bare one stages 128 KiB. At the H200's, 64/256 on 8 warps, it is
+#   (1, 1): 174 registers bare and 255 rotating allow one 8-warp program each (so does the
+#   bare one's 192 KiB of shared memory; the rotating one's 96 KiB would allow two). dX with
+#   QK-norm, 32/128 on 4 warps, holds (2, 2). As far as these resources go, fewer
 #   resident programs cannot be what makes the rotating kernels slower at those tiles.
 #   Confirming what does, and the occupancy actually achieved, takes a profiler on the GPU.
 # - **The benchmark's forward tile**, 128/64 with 8 warps and 4 stages, is the rotating forward

@@ -185,16 +185,45 @@ def test_committed_tile_resources_follow_from_their_columns():
         assert 0 < r["n_regs"] <= 255 and r["stack"] >= 0
 
 
+def _kernel_tiles(tiles: dict) -> set:
+    """{(kernel, *tile)} of {kernel: [tile]}."""
+    return {(kernel, *t) for kernel, ts in tiles.items() for t in ts}
+
+
+def test_committed_tiles_are_the_sweeps_and_the_shipped():
+    # what main() compiles: every tile of the GPU sweep (benchmarks/qkv_tiles.py's CANDIDATES)
+    # and every tile ropelib ships for its problem (qkv_gemm's tile table, as the planner reads
+    # it: counts.shipped_tiles), each once, bare and rotating, marked swept and shipped
+    _, rows = _tiles()
+    keys = ("kernel", *counts.TILE_KEYS)
+    swept = _kernel_tiles(counts.sweep_tiles(ROOT / "benchmarks" / "qkv_tiles.py"))
+    shipped = _kernel_tiles(counts.shipped_tiles())
+    found = [(*(r[k] for k in keys), r["rotate"]) for r in rows]
+    assert len(found) == len(set(found))
+    assert set(found) == {(*key, rotate) for key in swept | shipped for rotate in (False, True)}
+    for r in rows:
+        key = tuple(r[k] for k in keys)
+        assert (r["swept"], r["shipped"]) == (key in swept, key in shipped), r
+    # the backward's shipped tiles the sweep lacks: dW's, and dX's with QK-norm
+    assert {key[0] for key in shipped - swept} >= {"dw", "dx_norm"}
+
+
+def test_shipped_tiles_are_the_librarys():
+    # for the sweep's bf16 heads of 128 the planner reads qkv_gemm.GPU_TILES (not the long rows')
+    from ropelib.kernels import qkv_gemm
+    assert counts.shipped_tiles() == {kernel: [tuple(t[k] for k in counts.TILE_KEYS)]
+                                      for kernel, t in qkv_gemm.GPU_TILES.items()}
+
+
 def test_committed_tile_resources_match_the_gpu_sweeps():
-    # the same tiles; where a GPU ran one, its registers and spills (n_spills: 4-byte words) for
-    # dX and dW as the committed compile has them, the kernels the sweeps ran (the forward has
-    # changed since, and then dX: cos and sin read from a pre-pass's rows, so ropelib's own
-    # registers differ); where it refused one for shared memory, more than a program may have
+    # the swept tiles; where a GPU ran one, its registers and spills (n_spills: 4-byte words) for
+    # dW and the bare dX as the committed compile has them, the kernels the sweeps ran (the
+    # forward has changed since, and then the rotating dX: cos and sin read from a pre-pass's
+    # rows, so ropelib's own registers and spills differ); where it refused one for shared
+    # memory, more than a program may have
     meta, rows = _tiles()
     keys = ("kernel", "BLOCK_M", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "rotate")
-    compiled = {tuple(r[k] for k in keys): r for r in rows}
-    tiles = counts.sweep_tiles(ROOT / "benchmarks" / "qkv_tiles.py")   # what main() compiles
-    assert {(kind, *t) for kind, ts in tiles.items() for t in ts} == {k[:6] for k in compiled}
+    compiled = {tuple(r[k] for k in keys): r for r in rows if r["swept"]}
     for gpu in ("nvidia-h200", "nvidia-h100-80gb-hbm3"):
         path = ROOT / "benchmarks" / "results" / f"qkv_tiles-{gpu}.csv"
         assert compare.read_meta(path)["triton"] == meta["triton"], gpu
@@ -204,8 +233,34 @@ def test_committed_tile_resources_match_the_gpu_sweeps():
             c = compiled[key]
             if r["n_regs"] is None:
                 assert "shared memory" in r["reason"] and c["programs_per_sm"] == 0, (gpu, key)
-            elif key[0] != "fwd":
+            elif key[0] == "dw" or (key[0] == "dx" and not key[-1]):
                 assert (c["n_regs"], c["stack"]) == (r["n_regs"], 4 * r["n_spills"]), (gpu, key)
+
+
+def test_committed_tile_resources_match_the_later_gpu_runs():
+    # ropelib's dX and dW as they are now (dX reading cos and sin rows; dW with its own
+    # out-of-table select), timed alone on the H200 after the sweeps at the tiles then chosen
+    # (qkv_tiles.py with chosen candidates; -qk-norm: with QK-norm weights, the table's
+    # "<kernel>_norm"): where the committed compile has the tile, the same registers and spills,
+    # the shipped dW and dX-with-QK-norm tiles among them
+    _, rows = _tiles()
+    keys = ("kernel", *counts.TILE_KEYS, "rotate")
+    compiled = {tuple(r[k] for k in keys): r for r in rows}
+    runs = sorted((ROOT / "benchmarks" / "results").glob("qkv_tiles_chosen-nvidia-h200-*.csv"))
+    assert runs
+    checked = set()
+    for path in runs:
+        norm = "-qk-norm" in path.name
+        assert ("with QK-norm" in compare.read_meta(path)["case"]) == norm, path.name
+        for r in compare.read_csv(path):
+            key = (r["kernel"] + ("_norm" if norm else ""), *(r[k] for k in keys[1:]))
+            if key in compiled and r["n_regs"] is not None:
+                c = compiled[key]
+                assert (c["n_regs"], c["stack"]) == (r["n_regs"], 4 * r["n_spills"]), \
+                    (path.name, key)
+                checked.add(key)
+    shipped = {key for key, r in compiled.items() if r["shipped"] and key[0] != "fwd"}
+    assert shipped <= checked, shipped - checked
 
 
 def test_qkv_tile_resources_compiles_for_sm90():
@@ -225,6 +280,28 @@ def test_qkv_tile_resources_compiles_for_sm90():
     assert bare3[3] == rot3[3] > 0 and bare4[3] == rot4[3]    # the operand tiles, staged
     assert bare4[3] * 3 == bare3[3] * 4                       # 4 stages against 3
     assert rot3[4] <= bare3[4] and rot4[4] <= bare4[4]
+
+
+def test_qkv_tile_resources_compiles_the_norms_kernel_for_sm90():
+    # "dx_norm": dX with QK-norm weights and the forward's statistics, its bare row the GEMM
+    # without them (the same as dX's); the tile table is as it was afterwards
+    code = ("from ropelib.course.counts import qkv_tile_resources as q\n"
+            "from ropelib.kernels import qkv_gemm\n"
+            "before = {k: dict(v) for k, v in qkv_gemm.GPU_TILES.items()}\n"
+            "rows = q({'dx': [(32, 128, 8, 4, 3)], 'dx_norm': [(32, 128, 8, 4, 3)]})\n"
+            "assert qkv_gemm.GPU_TILES == before\n"
+            "for r in rows: print(r['kernel'], r['rotate'], r['n_regs'], r['stack'], "
+            "r['shared'])\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         cwd=ROOT, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (dx, dx_rot, norm, norm_rot) = [line.split() for line in run.stdout.splitlines()]
+    assert [r[:2] for r in (dx, dx_rot, norm, norm_rot)] == [
+        ["dx", "False"], ["dx", "True"], ["dx_norm", "False"], ["dx_norm", "True"]]
+    assert dx[2:] == norm[2:]                                   # the same bare GEMM
+    regs, shared = (int(dx_rot[2]), int(norm_rot[2])), (int(dx_rot[4]), int(norm_rot[4]))
+    assert regs[0] < regs[1] <= 255 and shared[0] < shared[1]  # the norm's backward on top
 
 
 def test_qkv_tile_resources_refuses_the_interpreter(monkeypatch):

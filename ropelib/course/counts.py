@@ -17,7 +17,9 @@ programs (thread blocks) of a kernel fit on one SM at once from its registers pe
 warps and its shared memory, against the limits of an sm_90 SM (H100, H200): a derived figure,
 the upper bound the resources allow, not the occupancy a profiler measures while it runs.
 `qkv_tile_resources(tiles)` compiles the QKV projection's kernels (ropelib.kernels.qkv_gemm) for
-sm_90 on this machine, no GPU needed; from a checkout, at the tiles of benchmarks/qkv_tiles.py:
+sm_90 on this machine, no GPU needed; from a checkout, at the tiles of benchmarks/qkv_tiles.py's
+sweep (`sweep_tiles`) and the tiles ropelib ships for that problem (`shipped_tiles`: qkv_gemm's
+GPU_TILES, the dX kernel with QK-norm as "dx_norm"), each row marked `swept` and `shipped`:
 
     python -m ropelib.course.counts --out figures/12-qkv-tiles-sm90.csv   # from a checkout,
                                                                           # no TRITON_INTERPRET
@@ -34,7 +36,7 @@ from .offline_compile import compile_for_cuda, resource_usage
 
 __all__ = ["StepKernels", "count_kernels", "work_ops", "gpu_kernels", "interpreted_launches",
            "SM", "SM90", "Occupancy", "programs_per_sm", "compile_for_sm90", "cubin_resources",
-           "qkv_tile_resources"]
+           "qkv_tile_resources", "sweep_tiles", "shipped_tiles", "tiles_to_compile"]
 
 # --- kernels per step -----------------------------------------------------------------------
 
@@ -221,6 +223,8 @@ def programs_per_sm(n_regs: int, num_warps: int, shared: int, sm: SM = SM90) -> 
 
 # --- the QKV projection's kernels, compiled for sm_90 ---------------------------------------
 
+TILE_KEYS = ("BLOCK_M", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")     # a tile, in order
+
 def compile_for_sm90(launch, pointer_names: tuple, pointers: tuple):
     """Compile a planned launch's kernel for an sm_90 GPU on this machine, as the launch would
     (its arguments and options: warps and pipeline stages), without a GPU
@@ -246,6 +250,10 @@ def qkv_tile_resources(candidates: dict, tokens=8192, hidden=4096, HQ=32, HK=8,
     tile of `candidates` ({kernel: [(BLOCK_M, BLOCK_K, GROUP_M, num_warps, num_stages), ...]},
     as benchmarks/qkv_tiles.CANDIDATES), bare and rotating, for the sweep's problem
     (Llama-3-8B's projection, bf16, table-free angles), as benchmarks/qkv_tiles.py plans them.
+    A kernel "<kind>_norm" ("dx_norm", "dw_norm") is that kernel with QK-norm weights (fp32 [D])
+    and the statistics a forward saves, as `benchmarks/qkv_tiles.py --norm` runs it: its tile
+    is given as the kernel's own and as the norm's ("<kind>_norm" in qkv_gemm's tile table), and
+    its bare row is the same GEMM without the norm, which takes no norm pointers.
 
     Rows: kernel, the tile, rotate, n_regs (registers per thread), stack (bytes per thread:
     spilled registers), shared (bytes per program), and the programs per SM they allow
@@ -268,29 +276,42 @@ def qkv_tile_resources(candidates: dict, tokens=8192, hidden=4096, HQ=32, HK=8,
     pointers = {"fwd": (x, w, None, *outs, rows, rows, *tables[4:]),
                 "dx": (*outs, w, torch.empty_like(x), rows, rows, *tables[4:]),
                 "dw": (*outs, x, torch.empty_like(w), None, None, *tables)}
-    keys = ("BLOCK_M", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
-    saved = {k: dict(v) for k, v in qkv_gemm.GPU_TILES.items()}
+    # QK-norm, as benchmarks/qkv_tiles.py --norm: the weights (fp32 [D]) and what the forward
+    # saves for the backward (rstd [M, HQ + HK] fp32, the norm's input [M, HQ + HK, D])
+    norm = (torch.empty(D), torch.empty(D), torch.empty(tokens, HQ + HK),
+            torch.empty(tokens, HQ + HK, D, dtype=bf))
+    normed = {"dx": (*pointers["dx"][:-4], *norm),
+              "dw": (*pointers["dw"][:6], torch.empty(HQ + HK, D), *tables[:4], *norm)}
+    keys = TILE_KEYS
+    table = qkv_gemm.tile_table(D * bf.itemsize)         # the table plan's pick_tiles reads
+    saved = {k: dict(v) for k, v in table.items()}
     rows = []
     try:
-        for kind, tiles in candidates.items():
+        for kernel, tiles in candidates.items():
+            with_norm = kernel.endswith("_norm")
+            kind = kernel[:-len("_norm")] if with_norm else kernel
             for tile in tiles:
                 for rotate in (False, True):
-                    qkv_gemm.GPU_TILES[kind] = dict(zip(keys, tile))
+                    # the tile as the kernel's and as the norm's own, where it has one
+                    table[kind] = table[f"{kind}_norm"] = dict(zip(keys, tile))
+                    ptrs = normed[kind] if with_norm and rotate else pointers[kind]
                     planned = qkv_gemm.plan(
                         kind, S=tokens, B=1, K=hidden, HQ=HQ, HK=HK, D=D, R=D, P=2**31 - 1,
                         ids=None, cu_seqlens=None, layout="bshd", interleaved=False, eps=1e-6,
-                        device=torch.device("cuda"),
-                        dtypes=planning.pointer_dtypes(pointers[kind]), rotate=rotate)
+                        device=torch.device("cuda"), dtypes=planning.pointer_dtypes(ptrs),
+                        rotate=rotate)
                     compiled = compile_for_sm90(planned, qkv_gemm.LAUNCHERS[kind].pointer_names,
-                                                pointers[kind])
+                                                ptrs)
                     n_regs, stack = cubin_resources(compiled)
                     shared = int(compiled.metadata.shared)
                     occ = programs_per_sm(n_regs, planned.num_warps, shared)
-                    rows.append(dict(zip(keys, tile), kernel=kind, rotate=rotate, n_regs=n_regs,
-                                     stack=stack, shared=shared, programs_per_sm=occ.programs,
+                    rows.append(dict(zip(keys, tile), kernel=kernel, rotate=rotate,
+                                     n_regs=n_regs, stack=stack, shared=shared,
+                                     programs_per_sm=occ.programs,
                                      limited_by="+".join(occ.limited_by)))
     finally:
-        qkv_gemm.GPU_TILES.update(saved)
+        table.clear()
+        table.update(saved)
     return rows
 
 
@@ -306,8 +327,27 @@ def sweep_tiles(path) -> dict:
     raise ValueError(f"{path} assigns no CANDIDATES")
 
 
+def shipped_tiles(D=128, dtype=torch.bfloat16) -> dict:
+    """The tiles ropelib ships for the sweep's problem (heads of D features of `dtype`):
+    {kernel: [tile]} from qkv_gemm's tile table for those rows (GPU_TILES for bf16 heads of 128),
+    a kernel with QK-norm under its table's key ("dx_norm": dX with QK-norm weights). A tile as
+    in `sweep_tiles`: (BLOCK_M, BLOCK_K, GROUP_M, num_warps, num_stages)."""
+    from ..kernels import qkv_gemm
+    table = qkv_gemm.tile_table(D * dtype.itemsize)
+    return {kernel: [tuple(t[k] for k in TILE_KEYS)] for kernel, t in table.items()}
+
+
+def tiles_to_compile(swept: dict, shipped: dict) -> dict:
+    """{kernel: [tile]}: each kernel's swept tiles, then its shipped tiles the sweep lacks (and
+    the kernels only shipped, after), each tile once."""
+    merged = {kernel: list(dict.fromkeys(tiles)) for kernel, tiles in swept.items()}
+    for kernel, tiles in shipped.items():
+        merged.setdefault(kernel, []).extend(t for t in tiles if t not in merged[kernel])
+    return merged
+
+
 FIELDS = ["kernel", "BLOCK_M", "BLOCK_K", "GROUP_M", "num_warps", "num_stages", "rotate",
-          "n_regs", "stack", "shared", "programs_per_sm", "limited_by"]
+          "swept", "shipped", "n_regs", "stack", "shared", "programs_per_sm", "limited_by"]
 
 
 def main(argv=None) -> int:
@@ -322,17 +362,28 @@ def main(argv=None) -> int:
     from ..bench import compare
 
     ap = argparse.ArgumentParser(description="The QKV projection's kernels compiled for sm_90 "
-                                 "at the tile sweep's tiles: registers, stack, shared memory, "
-                                 "programs per SM (derived)")
+                                 "at the tile sweep's tiles and the tiles ropelib ships: "
+                                 "registers, stack, shared memory, programs per SM (derived)")
     ap.add_argument("--out", required=True, help="the CSV to write")
     args = ap.parse_args(argv)
     root = Path(__file__).resolve().parents[2]      # a checkout: its benchmarks/ and git
-    rows = qkv_tile_resources(sweep_tiles(root / "benchmarks" / "qkv_tiles.py"))
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, cwd=root).stdout.strip() or "?"
-    except OSError:
-        commit = "?"
+    swept = sweep_tiles(root / "benchmarks" / "qkv_tiles.py")
+    shipped = shipped_tiles()
+    rows = qkv_tile_resources(tiles_to_compile(swept, shipped))
+    for r in rows:
+        tile = tuple(r[k] for k in TILE_KEYS)
+        r["swept"] = tile in swept.get(r["kernel"], ())
+        r["shipped"] = tile in shipped.get(r["kernel"], ())
+
+    def git(*cmd):
+        try:
+            return subprocess.run(["git", *cmd], capture_output=True, text=True,
+                                  cwd=root).stdout.strip()
+        except OSError:
+            return ""
+    commit = git("rev-parse", "--short", "HEAD") or "?"
+    if git("status", "--porcelain", "--", "ropelib/kernels"):   # then not that commit's kernels
+        commit += " with uncommitted changes to ropelib/kernels/"
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "script": "python -m ropelib.course.counts", "kernels": f"ropelib at git {commit}",
             "python": platform.python_version(),
@@ -340,7 +391,11 @@ def main(argv=None) -> int:
             "target": "sm_90, compiled on a CPU (no GPU) with each tile's warps and stages: "
                       "registers and stack from cuobjdump -res-usage, shared from Triton's "
                       "compiled metadata",
-            "case": "t8192 hidden 4096 32/8 heads x 128 bf16, no QK-norm (benchmarks/qkv_tiles.py)",
+            "case": "t8192 hidden 4096 32/8 heads x 128 bf16, no QK-norm but in dx_norm: dX with "
+                    "QK-norm weights (fp32) and the forward's saved statistics, its bare row the "
+                    "GEMM without them (benchmarks/qkv_tiles.py [--norm])",
+            "tiles": "swept: benchmarks/qkv_tiles.py's CANDIDATES; shipped: "
+                     "ropelib.kernels.qkv_gemm's tile table for this case (GPU_TILES)",
             "programs_per_sm": "derived: registers (65536, per warp in units of 256), shared "
                                "memory (228 KiB, 1 KiB reserved per program), threads (2048), "
                                "programs (32) of an sm_90 SM"}
