@@ -5,11 +5,10 @@ A benchmark that times one RoPE call's forward+backward makes that call's output
 `torch.autograd.grad`: autograd then builds and checks a gradient per root, which no layer of a
 model pays (its q and k feed attention; the backward starts from one loss). This probe times
 what a model pays instead: a stack of LAYERS attention-shaped layers at decode size (x [s=1,
-b=64, 4096] bf16, RMS-normed before each layer; q = x Wq as 32 heads of 128, k = x Wk as 8 heads;
-q and k rotated; a stand-in for attention that uses both, q's first 8 heads times k, projected
-back by Wo and added to x),
-one loss, one backward, autograd's device thread on (the default). Each provider rotates q and
-k its own way:
+b=64, 4096] bf16, RMS-normed before each layer; q = x Wq as 32 heads of 128, k = x Wk as 8
+heads; q and k rotated; a stand-in for attention that uses both, q's first 8 heads times k,
+projected back by Wo and added to x), one loss, one backward, autograd's device thread on (the
+default). Each provider rotates q and k its own way:
 
     no RoPE          q and k as they are: the model's own host time
     PyTorch          Hugging Face's q * cos + rotate_half(q) * sin, bf16 cos/sin [s, 1, 1, d]
@@ -141,8 +140,7 @@ def main(argv=None):
     torch.manual_seed(0)
     model = Layers(layers, hidden, heads, kv_heads, d, device, dtype)
     x = torch.randn(s, b, hidden, device=device, dtype=dtype)
-    positions = 4096
-    freqs = ropelib.rope_freqs(positions, d, device=device)[:s]             # [s, 1, 1, d] fp32
+    freqs = ropelib.rope_freqs(4096, d, device=device)[:s]                  # [s, 1, 1, d] fp32
     cos, sin = freqs.cos().to(dtype), freqs.sin().to(dtype)
     rotate_by = rotations(freqs, cos, sin)
     check(model, x, rotate_by)
