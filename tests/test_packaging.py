@@ -338,7 +338,7 @@ TORCH_API_SINCE = {
     **{f"torch.{name}": _OLD for name in (
         "Generator", "Size", "SymInt", "Tensor", "__version__", "version.cuda", "device", "dtype",
         "finfo", "promote_types", "contiguous_format", "manual_seed", "is_grad_enabled",
-        "no_grad", "autocast", "compile", "load",
+        "no_grad", "autocast", "compile", "load", "random.fork_rng",
         # (deterministic algorithms: 1.8, warn_only 1.11; they fill fresh memory since 2.1)
         "use_deterministic_algorithms", "are_deterministic_algorithms_enabled",
         "is_deterministic_algorithms_warn_only_enabled",
