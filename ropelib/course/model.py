@@ -591,12 +591,22 @@ def forward_cached(model: GPT, idx: torch.Tensor, cache: KVCache, *,
     if cache.length + S > min(cache.max_len, model.config.block_size):
         raise ValueError(f"the cache holds {cache.length} tokens; {S} more exceed its "
                          f"{cache.max_len} positions or block_size={model.config.block_size}")
-    x = model.tok_emb(idx)
-    for i, block in enumerate(model.blocks):
-        x = x + _attention_cached(block.attn, block.ln1(x), cache, i, fused)
-        x = x + block.proj(F.gelu(block.fc(block.ln2(x))))
+    logits = forward_with(model, idx, lambda i, attn, h: _attention_cached(attn, h, cache, i,
+                                                                          fused))
     cache.seqlens += S
     cache.length += S
+    return logits
+
+
+def forward_with(model: GPT, idx: torch.Tensor, attention) -> torch.Tensor:
+    """GPT.forward (eval: no dropout) of tokens idx [B, S] with `attention(i, attn, h) -> y`
+    [B, S, C] as layer i's attention, `attn` its CausalSelfAttention and h [B, S, C] its
+    normed input: logits [B, S, V]. The blocks' other steps are the model's own (Block.forward);
+    cached decoding hands each layer's attention what the cache holds."""
+    x = model.tok_emb(idx)
+    for i, block in enumerate(model.blocks):
+        x = x + attention(i, block.attn, block.ln1(x))
+        x = x + block.proj(F.gelu(block.fc(block.ln2(x))))
     return model.head(model.ln_f(x))
 
 

@@ -189,24 +189,20 @@ def decode_with(model: gpt.GPT, chunks: Sequence[torch.Tensor],
     `attention(attn, x, past_k, past_v) -> (y, k, v)` as every layer's attention: logits
     [B, S_i, V] of each chunk.
 
-    The rest is the model's own forward (`GPT.forward`, `Block.forward`), with the cache of each
-    layer, keys and values [B, L, H, D], handed to `attention` and replaced by what it returns.
-    The model in eval mode (no dropout).
+    The rest is the model's own forward (`gpt.forward_with`: GPT.forward with each layer's
+    attention replaced), with the cache of each layer, keys and values [B, L, H, D], handed to
+    `attention` and replaced by what it returns. The model in eval mode (no dropout).
     """
     cfg, param = model.config, next(model.parameters())
     B = chunks[0].shape[0]
     empty = torch.empty(B, 0, cfg.n_head, cfg.head_dim, dtype=param.dtype, device=param.device)
     cache = [(empty, empty)] * cfg.n_layer
-    logits = []
-    for idx in chunks:
-        x = model.tok_emb(idx)                                        # [B, S, C]
-        for i, block in enumerate(model.blocks):
-            y, k, v = attention(block.attn, block.ln1(x), *cache[i])
-            cache[i] = (k, v)                                         # [B, L + S, H, D] each
-            x = x + y
-            x = x + block.proj(F.gelu(block.fc(block.ln2(x))))
-        logits.append(model.head(model.ln_f(x)))                      # [B, S, V]
-    return logits
+
+    def cached(i, attn, h):
+        y, k, v = attention(attn, h, *cache[i])
+        cache[i] = (k, v)                                             # [B, L + S, H, D] each
+        return y
+    return [gpt.forward_with(model, idx, cached) for idx in chunks]   # [B, S_i, V] each
 
 
 def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
