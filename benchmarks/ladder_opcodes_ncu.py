@@ -30,13 +30,9 @@ from ropelib.bench import compare, routes  # noqa: E402
 from ropelib.course import ladder  # noqa: E402
 
 RUNGS = ("chunks", "accurate", "equal_halves")
-OPS = ("fadd", "fmul", "ffma", "integer", "conversion", "memory", "control", "bit", "misc",
-       "uniform", "inter_thread_communication")
 METRICS = ("gpu__time_duration.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
            "smsp__inst_executed.sum", "smsp__thread_inst_executed.sum",
-           *(f"smsp__sass_thread_inst_executed_op_{op}_pred_on.sum" for op in OPS),
-           "smsp__inst_executed_pipe_xu.sum", "smsp__inst_executed_pipe_alu.sum",
-           "smsp__inst_executed_pipe_fma.sum", "smsp__inst_executed_pipe_lsu.sum",
+           *compare.INSTRUCTION_MIX_METRICS,
            "launch__registers_per_thread", "launch__grid_size", "launch__block_size")
 
 

@@ -30,7 +30,6 @@ knows on this machine's GPU); `--check` runs the launches once without the profi
 them (a GPU, or Triton's interpreter at a small size, where TE is absent).
 """
 import importlib.util
-import subprocess
 import sys
 from pathlib import Path
 
@@ -46,25 +45,11 @@ mechanism = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(mechanism)
 
 VARIANTS = ("te_fused", "sh_loop_b", "heads_all_one_b", "heads_all_one_b_table", "copy")
-OPS = ("fadd", "fmul", "ffma", "integer", "conversion", "memory", "control", "bit", "misc",
-       "uniform", "inter_thread_communication")
-METRICS = (*compare.WARP_STATE_METRICS,
-           *(f"smsp__sass_thread_inst_executed_op_{op}_pred_on.sum" for op in OPS),
-           "smsp__inst_executed_pipe_xu.sum", "smsp__inst_executed_pipe_alu.sum",
-           "smsp__inst_executed_pipe_fma.sum", "smsp__inst_executed_pipe_lsu.sum",
+METRICS = (*compare.WARP_STATE_METRICS, *compare.INSTRUCTION_MIX_METRICS,
            "smsp__sass_inst_executed_op_global_ld.sum", "smsp__sass_inst_executed_op_global_st.sum",
            "l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum",
            "l1tex__t_sectors_pipe_lsu_mem_global_op_st.sum",
            "l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum")
-
-
-def known_metrics(ncu: str) -> tuple:
-    """METRICS less those this Nsight Compute does not know on this machine's GPU (one unknown
-    metric would fail the whole run). A metric's base name is the part before its first dot."""
-    listed = subprocess.run([ncu, "--query-metrics"], capture_output=True, text=True,
-                            timeout=300).stdout
-    names = {line.split()[0] for line in listed.splitlines() if line.strip()}
-    return tuple(m for m in METRICS if m.split(".")[0] in names)
 
 
 def launches(device: str):
@@ -96,12 +81,8 @@ def check(calls, inputs, device) -> str:
 
 
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    if "--metrics" in argv:
-        ncu = argv[argv.index("--ncu") + 1] if "--ncu" in argv else None
-        print(",".join(known_metrics(ncu) if ncu else METRICS))
-        return 0
-    return compare.profile_main(argv, "te_ncu.py", launches, check)
+    return compare.profile_main(sys.argv[1:] if argv is None else argv, "te_ncu.py", launches,
+                                check, METRICS)
 
 
 if __name__ == "__main__":

@@ -992,14 +992,40 @@ WARP_STATE_METRICS = (
     *(f"smsp__average_warps_issue_stalled_{s}_per_issue_active.ratio" for s in WARP_STALLS))
 
 
-def profile_main(argv, script: str, launches: Callable, check: Callable) -> int:
-    """The command line of a probe that Nsight Compute profiles with WARP_STATE_METRICS
-    (benchmarks/decode_ncu.py, puzzle9_ncu.py): `--metrics` prints the metric list; `--check`
+# The instruction mix: thread instructions by kind (fp32 adds, multiplies and fmas, integer,
+# conversions, memory, control, bit operations, moves and the rest) and warp instructions per
+# pipe (the XU pipe runs sin and cos). benchmarks/ladder_opcodes_ncu.py and te_ncu.py profile
+# with them.
+INSTRUCTION_KINDS = ("fadd", "fmul", "ffma", "integer", "conversion", "memory", "control", "bit",
+                     "misc", "uniform", "inter_thread_communication")
+INSTRUCTION_MIX_METRICS = (
+    *(f"smsp__sass_thread_inst_executed_op_{op}_pred_on.sum" for op in INSTRUCTION_KINDS),
+    "smsp__inst_executed_pipe_xu.sum", "smsp__inst_executed_pipe_alu.sum",
+    "smsp__inst_executed_pipe_fma.sum", "smsp__inst_executed_pipe_lsu.sum")
+
+
+def known_metrics(metrics, ncu: str) -> tuple:
+    """`metrics` less those this Nsight Compute (the executable `ncu`) does not know on this
+    machine's GPU: one unknown metric would fail the whole run. A metric's base name is the part
+    before its first dot."""
+    import subprocess
+    listed = subprocess.run([ncu, "--query-metrics"], capture_output=True, text=True,
+                            timeout=300).stdout
+    names = {line.split()[0] for line in listed.splitlines() if line.strip()}
+    return tuple(m for m in metrics if m.split(".")[0] in names)
+
+
+def profile_main(argv, script: str, launches: Callable, check: Callable,
+                 metrics: tuple = WARP_STATE_METRICS) -> int:
+    """The command line of a probe that Nsight Compute profiles with `metrics`
+    (benchmarks/decode_ncu.py, puzzle9_ncu.py, te_ncu.py): `--metrics` prints the metric list
+    (with `--ncu PATH`, only those that Nsight Compute knows here: known_metrics); `--check`
     runs `check(calls, extra, device)` (any machine: a GPU, or Triton's interpreter) and prints
     what it returns; otherwise, on a CUDA GPU, each of the calls once under the profiler
     (`profiled_launches`). `launches(device)` -> ([(label, call), ...], extra)."""
     if "--metrics" in argv:
-        print(",".join(WARP_STATE_METRICS))
+        ncu = argv[argv.index("--ncu") + 1] if "--ncu" in argv else None
+        print(",".join(known_metrics(metrics, ncu) if ncu else metrics))
         return 0
     device = "cuda" if torch.cuda.is_available() and not runtime.INTERPRET else "cpu"
     calls, extra = launches(device)
