@@ -32,8 +32,9 @@ positions differ per batch entry (start_positions, per-batch position ids or tab
 case it reloads them inside the batch loop. A program that loops over fewer than 4 entries
 (decode's, batch 1 to 3) loads an entry's x before that table work, so both are in flight at
 once, and is compiled for that number of entries (X_FIRST), so that finding its first entry
-takes no division by the grid. x is read once and y written once; the tile is [BLOCK_S, BLOCK_H, HALF] per half, so
-each thread moves contiguous runs of the head dim (16-byte vectors where the strides allow).
+takes no division by the grid. x is read once and y written once; the tile is [BLOCK_S,
+BLOCK_H, HALF] per half, so each thread moves contiguous runs of the head dim (16-byte vectors
+where the strides allow).
 Math is fp32 (fp64 for fp64 inputs or outputs) with one rounding at the store; each output is
 one fma, y_a = fma(x_a, c_a, -(x_b s_a)) and y_b = fma(x_b, c_b, x_a s_b), the order
 Transformer Engine's CUDA kernel computes in.
