@@ -23,8 +23,18 @@ back, one synchronisation at the end of each round, the best of the rounds). At 
 GPU finishes each step's kernels before the host has issued the next, so a step's time is the
 host's. What a provider adds per layer is (its step - the no-RoPE step) / LAYERS.
 
-    python benchmarks/model_host_probe.py [--layers 8] [--rounds 7] [--calls 50]
+    python benchmarks/model_host_probe.py [--layers 8] [--rounds 7] [--calls 50] [--parts]
     TRITON_INTERPRET=1 python benchmarks/model_host_probe.py --dry-run   # CPU: tiny, checks only
+
+`--parts` takes ropelib's training step apart instead, with autograd's device thread on and
+then off (set_multithreading_enabled(False): the backward runs on the calling thread), every
+variant in the same rounds:
+
+    trivial Function               an autograd.Function per tensor that only allocates its
+                                   output (empty_like) both ways: what any Python Function costs
+    ropelib, launches removed      ropelib's own Python (its eager starts replaced by nothing)
+    ropelib, trivial backward      ropelib's forward, a backward that only allocates
+    ropelib, trivial backward, launches removed
 
 Prints a table; `--out CSV` also writes the rows (provider, step, us_per_step,
 us_per_layer_over_no_rope).
@@ -91,6 +101,57 @@ class Layers(torch.nn.Module):
         return x
 
 
+class Trivial(torch.autograd.Function):
+    """Allocates its output both ways and saves the table, nothing else."""
+
+    @staticmethod
+    def forward(ctx, x, table):
+        ctx.save_for_backward(table)
+        return torch.empty_like(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.saved_tensors
+        return torch.empty_like(grad), None
+
+
+def _trivial_backward(ctx, *grads):
+    """Rotate.backward's inputs and outputs, with only the gradients' allocation."""
+    reads = ctx.saved_tensors
+    return (None, None, *(torch.empty_like(g) for g in grads)) + (None,) * len(reads)
+
+
+def _patched(fn, patches):
+    """fn with (owner, attribute, value) patches in place while it runs."""
+    def run():
+        saved = [(owner, name, owner.__dict__[name]) for owner, name, _ in patches]
+        for owner, name, value in patches:
+            setattr(owner, name, value)
+        try:
+            fn()
+        finally:
+            for owner, name, value in saved:
+                setattr(owner, name, value)
+    return run
+
+
+def parts(model, x, rotate_by, freqs) -> dict:
+    """{variant: training step} of --parts (see the module docstring)."""
+    from ropelib import eager
+    no_launch = (eager.EagerLaunch, "__call__", lambda self, pointers: None)
+    trivial_bwd = (eager.Rotate, "backward", staticmethod(_trivial_backward))
+    train = lambda rotate: steps(model, x, rotate)["training"]
+    out = {name: train(rotate_by[name]) for name in ("no RoPE", "TE fused", "ropelib", "ropelib q+k")
+           if name in rotate_by}
+    out["trivial Function"] = train(lambda q, k: (Trivial.apply(q, freqs), Trivial.apply(k, freqs)))
+    ropelib_step = train(rotate_by["ropelib"])
+    out["ropelib, launches removed"] = _patched(ropelib_step, [no_launch])
+    out["ropelib, trivial backward"] = _patched(ropelib_step, [trivial_bwd])
+    out["ropelib, trivial backward, launches removed"] = _patched(ropelib_step,
+                                                                  [no_launch, trivial_bwd])
+    return out
+
+
 def steps(model, x, rotate) -> dict:
     """{'training': forward, loss, backward; 'inference': the forward in inference mode}."""
     def training():
@@ -128,6 +189,8 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--calls", type=int, default=50, help="steps a round, back to back")
     ap.add_argument("--dry-run", action="store_true", help="tiny sizes, any machine")
+    ap.add_argument("--parts", action="store_true",
+                    help="take ropelib's training step apart (device thread on and off)")
     ap.add_argument("--out", help="also write the rows to this CSV")
     a = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() and not a.dry_run else "cpu"
@@ -151,9 +214,19 @@ def main(argv=None):
           f"host us per step, best of {rounds} rounds of {calls} steps; providers checked against "
           f"the PyTorch formula", flush=True)
     timed = {}
-    for step in ("training", "inference"):
-        fns = {name: (steps(model, x, rotate)[step], calls) for name, rotate in rotate_by.items()}
-        timed[step] = host_us_interleaved(fns, rounds, device, warmup=min(10, calls))
+    if a.parts:
+        for step, threaded in (("training", True), ("training, device thread off", False)):
+            torch.autograd.set_multithreading_enabled(threaded)
+            try:
+                fns = {name: (fn, calls) for name, fn in parts(model, x, rotate_by, freqs).items()}
+                timed[step] = host_us_interleaved(fns, rounds, device, warmup=min(10, calls))
+            finally:
+                torch.autograd.set_multithreading_enabled(True)
+    else:
+        for step in ("training", "inference"):
+            fns = {name: (steps(model, x, rotate)[step], calls)
+                   for name, rotate in rotate_by.items()}
+            timed[step] = host_us_interleaved(fns, rounds, device, warmup=min(10, calls))
     rows = []
     for step, by_name in timed.items():
         base = by_name["no RoPE"]
@@ -162,11 +235,12 @@ def main(argv=None):
                 raise us
             rows.append(dict(provider=name, step=step, us_per_step=round(us, 1),
                              us_per_layer_over_no_rope=round((us - base) / layers, 2)))
-    print("\n| provider | training step us | RoPE per layer | inference step us | RoPE per layer |"
-          "\n|---|---:|---:|---:|---:|")
-    for name in rotate_by:
+    first, second = timed
+    print(f"\n| provider | {first}: us a step | RoPE per layer | {second}: us a step | "
+          "RoPE per layer |\n|---|---:|---:|---:|---:|")
+    for name in timed[first]:
         t, i = (next(r for r in rows if r["provider"] == name and r["step"] == st)
-                for st in ("training", "inference"))
+                for st in (first, second))
         print(f"| {name} | {t['us_per_step']:.1f} | {t['us_per_layer_over_no_rope']:.1f} | "
               f"{i['us_per_step']:.1f} | {i['us_per_layer_over_no_rope']:.1f} |")
     if a.out:

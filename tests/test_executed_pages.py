@@ -43,13 +43,7 @@ STALE = {stem: _OLDER + _rerender(stem) for stem in (
 _OLDER_DATA = ("the page shows outputs of benchmarks/results/floor-nvidia-h200.csv as it was "
                "before its latest rerun; ")
 STALE.update({stem: _OLDER_DATA + _rerender(stem) for stem in (
-    "07-te-vs-triton-live",
 )})
-# rendered from the rerun's CSV before its header regained the line naming the multi-axis rows'
-# own later run (a second `--into` had dropped it); the rows the page reads are the same
-STALE["12-rope-in-the-qkv-projection"] = (
-    "the page read benchmarks/results/floor-nvidia-h200.csv before a header line was restored; "
-    + _rerender("12-rope-in-the-qkv-projection"))
 
 # notebook -> why it has no page yet
 NO_PAGE = {stem: "not executed on a GPU yet; " + _rerender(stem) for stem in (
