@@ -77,6 +77,7 @@ import numpy as np
 import triton
 import triton.language as tl
 from IPython.display import HTML, display
+from triton.language.extra import libdevice
 
 from ropelib import runtime
 from ropelib.bench import compare
@@ -565,13 +566,13 @@ print(f"compared with: {where}; x and angles hash as on the GPU")
 def _rope_combine_kernel(
     x_ptr,  # *x: input [S, B, H, D], sbhd, contiguous
     y_ptr,  # *y: output [S, B, H, D], fp32, contiguous (the caller rounds it to x's dtype)
-    ang_ptr,  # *fp32: angles [S, D/2], read when SINCOS == "tl"
+    ang_ptr,  # *fp32: angles [S, D/2], read unless SINCOS == "table"
     cos_ptr, sin_ptr,  # *fp32: cos and sin [S, D/2], read when SINCOS == "table"
     n_rows,  # S * B * H: rows of D features
     rows_per_pos,  # B * H: the rows of one position (sbhd: row = (s*B + b)*H + h)
     HALF: tl.constexpr,  # D // 2, a power of two
     BLOCK_ROWS: tl.constexpr,  # rows per program
-    SINCOS: tl.constexpr,  # "tl": cos and sin of the angles computed here; "table": read
+    SINCOS: tl.constexpr,  # "tl", "libdevice" or "fast" (GPU only): computed here; "table": read
     COMBINE: tl.constexpr,  # @triton.jit (x1, x2, c, s) -> (y1, y2): the line y = x c + rot s
 ):
     row = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)[:, None]   # [BLOCK_ROWS, 1]
@@ -585,8 +586,15 @@ def _rope_combine_kernel(
         s = tl.load(sin_ptr + pos * HALF + j, mask=m)
     else:
         theta = tl.load(ang_ptr + pos * HALF + j, mask=m)
-        c = tl.cos(theta)
-        s = tl.sin(theta)
+        if SINCOS == "tl":
+            c = tl.cos(theta)
+            s = tl.sin(theta)
+        elif SINCOS == "libdevice":                 # CUDA's precise cosf / sinf
+            c = libdevice.cos(theta)
+            s = libdevice.sin(theta)
+        else:                                       # "fast": the cos.approx / sin.approx units
+            c = libdevice.fast_cosf(theta)
+            s = libdevice.fast_sinf(theta)
     y1, y2 = COMBINE(x1, x2, c, s)
     tl.store(y_ptr + row * 2 * HALF + j, y1, mask=m)
     tl.store(y_ptr + row * 2 * HALF + HALF + j, y2, mask=m)
@@ -686,28 +694,80 @@ if not GPU:   # the interpreter rounds every product: the GPU's no-contraction r
 assert gpu_row(BIG, "free_sub/tl") > 0 and gpu_row(BIG, "none_rn/tl") > 0
 
 # %% [markdown]
-# **Step b — swap where sin/cos come from.** The suspect everyone names first. The file compares
-# each source of cos/sin with TE's own, entry by entry, on the GPU — and runs the free line and
-# the fma line with each source against TE:
+# **Step b — swap where sin/cos come from.** The suspect everyone names first. Five sources: the
+# kernel's `tl.cos`/`tl.sin`, libdevice's precise `cos`/`sin`, libdevice's fast ones (the
+# `cos.approx`/`sin.approx` units, what a kernel built with fast math uses), and a torch table
+# of the angles computed on the GPU or on the CPU. For each source the row below reads the
+# kernel's cos and sin back from the kernel itself — with $x = (1, \dots, 1 \mid 0, \dots, 0)$
+# the line as written returns exactly $(c \mid s)$, the products being by 1 and by 0 — compares
+# them with TE's entry by entry, and runs the line as written and the fma line with that source
+# against TE. On a GPU every row is computed here, now (`SOURCES` says what each source is: add
+# one); on the CPU, where libdevice does not run and `tl.cos` is NumPy's, the rows are the
+# GPU's, read from the file.
 
 # %%
-src_rows = []
-for src in ("tl", "libdevice", "table_fp32", "table_cpu_fp32", "fast"):
-    sc_ = BIG.sincos[src]
-    src_rows.append((src, BITS["sincos_sources"].get(src, ""), sc_["cos"]["n_differ"],
-                     sc_["sin"]["n_differ"], sc_["cos"]["numel"],
-                     gpu_row(BIG, f"free_sub/{src}"), gpu_row(BIG, f"fma_xc/{src}")))
+SOURCES = {   # name: (the kernel's SINCOS, None or the device torch computes the table on)
+    "tl": ("tl", None), "libdevice": ("libdevice", None), "fast": ("fast", None),
+    "table_fp32": ("table", device), "table_cpu_fp32": ("table", "cpu")}
+
+
+def source_table(case, where):
+    """cos and sin of the case's angles computed by torch on `where`, handed to the kernel."""
+    ang = SIDE[case.key]["angles"].to(where)
+    return torch.cos(ang).to(device), torch.sin(ang).to(device)
+
+
+def kernel_cos_sin(case, sincos, table):
+    """The cos and sin the kernel uses with this source: x = (1 | 0) makes its output (c | s)."""
+    ang = SIDE[case.key]["angles"]
+    S, half = ang.shape
+    probe = torch.cat((torch.ones(S, 1, 1, half), torch.zeros(S, 1, 1, half)), -1)
+    cos, sin = table if table is not None else (SIDE[case.key]["cos"], SIDE[case.key]["sin"])
+    y = ex.launch(_rope_combine_kernel, as_written,
+                  *(t.to(device) for t in (probe, ang, cos, sin)), sincos=sincos)
+    y = y.cpu()[:, 0, 0]
+    return y[:, :half], y[:, half:]
+
+
+def source_row(case, src):
+    """(cos entries != TE's, sin entries != TE's, entries, elements != TE as written, with the
+    fma line): run here on a GPU, the file's GPU rows on the CPU."""
+    if not GPU:
+        sc_ = case.sincos[src]
+        return (sc_["cos"]["n_differ"], sc_["sin"]["n_differ"], sc_["cos"]["numel"],
+                gpu_row(case, f"free_sub/{src}"), gpu_row(case, f"fma_xc/{src}"))
+    sincos, where = SOURCES[src]
+    table = None if where is None else source_table(case, where)
+    c, s = kernel_cos_sin(case, sincos, table)
+    side = SIDE[case.key]
+    differ = lambda fn: check_bits(case, fn, sincos, table, quiet=True)["n"]
+    return (int(debug.bits_differ(c, side["cos"]).sum()),
+            int(debug.bits_differ(s, side["sin"]).sum()), c.numel(),
+            differ(as_written), differ(te_combine))
+
+
+by_src = {src: source_row(BIG, src) for src in SOURCES}
+ran = (f"run here on the {torch.cuda.get_device_name()}, against "
+       + ("TE live" if LIVE else "TE's stored output") if GPU
+       else f"measured on the {GPU_NAME}, read from the file")
 display(HTML(f"<table><tr><th>cos/sin source</th><th></th><th>cos entries ≠ TE's</th>"
              f"<th>sin entries ≠ TE's</th><th>of</th><th>as written: elements ≠ TE</th>"
              f"<th>fma(x, c, rot·s): elements ≠ TE</th></tr>" +
-             "".join("<tr>" + "".join(f"<td>{v}</td>" for v in r) + "</tr>" for r in src_rows)
-             + f"</table><p>measured on the {GPU_NAME}</p>"))
-by_src = {r[0]: r for r in src_rows}
-same_as_te = [s for s, r in by_src.items() if r[2] == r[3] == 0]
+             "".join(f"<tr><td>{src}</td><td>{BITS['sincos_sources'].get(src, '')}</td>"
+                     + "".join(f"<td>{v}</td>" for v in r) + "</tr>"
+                     for src, r in by_src.items()) + f"</table><p>{ran}</p>"))
+same_as_te = [s for s, r in by_src.items() if r[0] == r[1] == 0]
 assert set(same_as_te) == {"tl", "libdevice", "table_fp32"}     # equal to TE's sincosf, bit for bit
-assert len({by_src[s][5] for s in same_as_te} | {gpu_row(BIG, "free_sub/table_te_fp32")}) == 1
-assert all(by_src[s][6] == 0 for s in same_as_te)               # ... so the count cannot move
-assert by_src["table_cpu_fp32"][6] > 0 and by_src["fast"][6] > 0   # sources that differ move it
+assert len({by_src[s][3] for s in same_as_te}) == 1             # ... so the count cannot move
+assert all(by_src[s][4] == 0 for s in same_as_te)
+assert by_src["table_cpu_fp32"][4] > 0 and by_src["fast"][4] > 0   # sources that differ move it
+if not GPU:
+    assert by_src["tl"][3] == gpu_row(BIG, "free_sub/table_te_fp32")   # = with TE's own table
+elif SAME_GPU and triton.__version__ == META["triton"]:   # the file's GPU and compiler: its rows
+    assert all(by_src[s] == (BIG.sincos[s]["cos"]["n_differ"], BIG.sincos[s]["sin"]["n_differ"],
+                             BIG.sincos[s]["cos"]["numel"], gpu_row(BIG, f"free_sub/{s}"),
+                             gpu_row(BIG, f"fma_xc/{s}")) for s in SOURCES)
+    print(f"every row as the file measured it on the {GPU_NAME}")
 
 # and here, on this machine: the kernel's own tl.cos / tl.sin against TE's table
 theta = SIDE["nb_gpu"]["angles"]

@@ -32,6 +32,7 @@ from typing import Optional
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from ... import runtime
 from .. import debug
@@ -49,13 +50,13 @@ CASE_KEYS = ("nb_cpu_fp32", "nb_gpu")
 def _rope_combine_kernel(
     x_ptr,  # *x: input [S, B, H, D], sbhd, contiguous
     y_ptr,  # *y: output [S, B, H, D], fp32, contiguous (the caller rounds it to x's dtype)
-    ang_ptr,  # *fp32: angles [S, D/2], read when SINCOS == "tl"
+    ang_ptr,  # *fp32: angles [S, D/2], read unless SINCOS == "table"
     cos_ptr, sin_ptr,  # *fp32: cos and sin [S, D/2], read when SINCOS == "table"
     n_rows,  # S * B * H: rows of D features
     rows_per_pos,  # B * H: the rows of one position (sbhd: row = (s*B + b)*H + h)
     HALF: tl.constexpr,  # D // 2, a power of two
     BLOCK_ROWS: tl.constexpr,  # rows per program
-    SINCOS: tl.constexpr,  # "tl": cos and sin of the angles computed here; "table": read
+    SINCOS: tl.constexpr,  # "tl", "libdevice" or "fast" (GPU only): computed here; "table": read
     COMBINE: tl.constexpr,  # @triton.jit (x1, x2, c, s) -> (y1, y2): the line y = x c + rot s
 ):
     row = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)[:, None]   # [BLOCK_ROWS, 1]
@@ -69,8 +70,15 @@ def _rope_combine_kernel(
         s = tl.load(sin_ptr + pos * HALF + j, mask=m)
     else:
         theta = tl.load(ang_ptr + pos * HALF + j, mask=m)
-        c = tl.cos(theta)
-        s = tl.sin(theta)
+        if SINCOS == "tl":
+            c = tl.cos(theta)
+            s = tl.sin(theta)
+        elif SINCOS == "libdevice":                 # CUDA's precise cosf / sinf
+            c = libdevice.cos(theta)
+            s = libdevice.sin(theta)
+        else:                                       # "fast": the cos.approx / sin.approx units
+            c = libdevice.fast_cosf(theta)
+            s = libdevice.fast_sinf(theta)
     y1, y2 = COMBINE(x1, x2, c, s)
     tl.store(y_ptr + row * 2 * HALF + j, y1, mask=m)
     tl.store(y_ptr + row * 2 * HALF + HALF + j, y2, mask=m)
