@@ -603,6 +603,10 @@ if ON_GPU:
     compare.write_csv(share_rows, FIGURES / "09-rope-share.csv",
                       {**environment_meta(), "config": cfg, "batch": BATCH, "rope_bytes": rope_bytes},
                       fields=list(share_rows[0]))
+    from ropelib.course.exercises import in_a_model      # one step's device events (exercise 1)
+    in_a_model.write_step_kernels(FIGURES / "09-step-kernels.csv",
+                                  {rope: v["device_events"] for rope, v in shares.items()},
+                                  {**environment_meta(), "config": cfg, "batch": BATCH})
 
 # %% [markdown]
 # On a GPU, read the two RoPE lines against the copy (the printed "x the copy"): the kernel
@@ -671,14 +675,10 @@ assert round(wall_saved, 2) == 2.95
 # The check tries it on made-up steps whose answer is known: ropelib's one kernel, launched
 # forward and backward in every layer; a compiled model whose RoPE is fused into kernels with
 # longer names; and the PyTorch reference, whose generic elementwise kernels carry no RoPE
-# name. It runs your function with ropelib and the worked solutions barred.
-#
-# This notebook's own profile is not at hand as such pairs: `rope_time_share` finds RoPE through
-# profiler ranges and autograd nodes and returns sums (`rope_ms`, `step_ms`, `share`), on the
-# CPU its clock is host time with no kernels to name, and `figures/09-rope-share.csv` keeps the
-# sums. So here your function meets the check's steps only. On a GPU profile of your own, each
-# device event's `name` and `device_time_total` (the fields `rope_time_share` reads) make the
-# pairs.
+# name. Then on this notebook's own model: `rope_time_share` also profiles one more step alone
+# and keeps its device events in order (`device_events`), and `figures/09-step-kernels.csv`
+# holds them from a GPU run, one step with each RoPE. It runs your function with ropelib and the
+# worked solutions barred.
 
 # %%
 from ropelib.course.exercises import in_a_model, solution
@@ -688,15 +688,49 @@ def rope_share(events, rope_names):
     ...   # your code: return (rope_us, step_us, share)
 
 
-in_a_model.check_rope_share(rope_share);
+shared_by_learner = in_a_model.check_rope_share(rope_share)
 
 # %%
 solution(in_a_model.solution_rope_share)
 
 # %% [markdown]
-# The check's step of the PyTorch reference shows why section 5 finds RoPE by range and not by
-# name: the reference spends time in RoPE, but none of its kernels says so, and a search by
-# name gives it a share of 0.
+# Now the question the exercise is for: does a search by name find RoPE's time? The cell hands
+# your `rope_share` (or the worked one, if yours did not pass) a real step — on a GPU the one
+# `rope_time_share` profiled above, elsewhere the committed one — with `{"rope"}` as the names,
+# and prints it beside the share section 5 found by range.
+
+# %%
+by_name = rope_share if shared_by_learner else in_a_model.solution_rope_share
+if ON_GPU:
+    real_steps = {rope: s["device_events"] for rope, s in shares.items()}
+    by_range = {rope: s["share"] for rope, s in shares.items()}
+    where = f"this run's step on the {torch.cuda.get_device_name()} (the range share: this run)"
+else:
+    step_meta, real_steps = in_a_model.step_kernels()
+    by_range = {rope: r["share"] for rope, r in committed.items()}
+    where = (f"the committed step on the {step_meta['gpu']}, {step_meta['date'][:10]} (the range "
+             f"share: figures/09-rope-share.csv, {share_meta['date'][:10]})")
+print(f"{'your' if shared_by_learner else 'the worked'} rope_share on {where}:")
+named = {}
+for rope, events in real_steps.items():
+    rope_us, step_us, share = by_name(list(events), {"rope"})
+    named[rope] = share
+    print(f"{rope:>10}: {len(events)} device events, {step_us / 1e3:.2f} ms; kernels named "
+          f"'rope' {rope_us / 1e3:.3f} ms = {100 * share:.2f} % of the step; by range "
+          f"{100 * by_range[rope]:.2f} %")
+assert named["ropelib"] > 0 and by_range["reference"] > 0.1
+assert named["reference"] == 0            # none of the reference's kernels is named after RoPE
+assert round(committed["reference"]["share"], 2) == 0.35                  # as the text says
+if ON_GPU:   # the same run: ropelib's kernels are all of its RoPE time, by name or by range
+    assert abs(named["ropelib"] - by_range["ropelib"]) <= 0.15 * by_range["ropelib"]
+
+# %% [markdown]
+# By name, ropelib's kernels are RoPE's whole time: they carry its name, and nothing else does
+# RoPE's work. The reference's step spends a third of its device time in RoPE by range (35 % in
+# the committed run), and by name nothing: its RoPE is a chain of generic elementwise kernels (multiplies, a negation, a
+# concatenation, casts) that look like every other elementwise kernel of the step. That is why
+# section 5 finds RoPE by the ranges it ran in and by the autograd nodes they created, not by
+# kernel names; a fused kernel with a name of its own makes the simple search right.
 
 # %% [markdown]
 # ## 6. What did it learn?

@@ -53,6 +53,24 @@ def test_the_share_cases_have_the_answers_they_are_built_for():
     assert rope == 0.0 and share == 0.0 and step == sum(us for _, us in events)
 
 
+def test_the_measured_steps_are_cases_and_say_what_the_notebook_says(tmp_path):
+    """figures/09-step-kernels.csv (one GPU step with each RoPE) is read back as written, the check
+    tries both steps, and their shares by name are what notebook 09 states: ropelib's kernels
+    carry RoPE's name, none of the reference's do."""
+    meta, steps = in_a_model.step_kernels()
+    assert set(steps) == {"ropelib", "reference"} and meta["gpu"].startswith("NVIDIA")
+    labels = [label for label, _, _ in in_a_model._share_cases()]
+    assert sum(label.startswith("notebook 09's step with the") for label in labels) == 2
+    shares = {rope: in_a_model.solution_rope_share(events, {"rope"})[2]
+              for rope, events in steps.items()}
+    assert 0 < shares["ropelib"] < 0.1 and shares["reference"] == 0
+    path = tmp_path / "steps.csv"
+    in_a_model.write_step_kernels(path, steps, meta)
+    assert in_a_model.step_kernels(path) == (meta, {r: [(n, round(us, 3)) for n, us in e]
+                                                    for r, e in steps.items()})
+    assert in_a_model.step_kernels(tmp_path / "none.csv") == ({}, {})
+
+
 def _share_of(rope, step):
     return rope, step, rope / step
 

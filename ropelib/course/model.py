@@ -671,9 +671,11 @@ def rope_time_share(model: GPT, data: CharDataset, *, batch_size: int, steps: in
 
     Returns `share`, `rope_ms` and `step_ms` per step, `rope_fwd_ms`, `rope_bwd_ms`, `time` (which
     clock), `backward_nodes` (the autograd nodes counted as RoPE backward) and, on a GPU,
-    `kernel_names` (the device kernels counted as RoPE) and `named_kernel_ms` (a cross-check:
+    `kernel_names` (the device kernels counted as RoPE), `named_kernel_ms` (a cross-check:
     the time of device kernels with "rope" in their name; for ropelib it should equal
-    `rope_ms`, for the PyTorch reference it is 0: its kernels are generic elementwise ones).
+    `rope_ms`, for the PyTorch reference it is 0: its kernels are generic elementwise ones) and
+    `device_events`: every kernel, memcpy and memset of one more step, profiled alone, in
+    order, as (name, device µs) pairs (None on the CPU).
     """
     from torch.profiler import ProfilerActivity, profile
 
@@ -706,6 +708,15 @@ def rope_time_share(model: GPT, data: CharDataset, *, batch_size: int, steps: in
                 step()
         if on_cuda:
             torch.cuda.synchronize(device)
+    step_events = None
+    if on_cuda:     # one more step alone: its device events, in order
+        with profile(activities=activities) as one:
+            step()
+            torch.cuda.synchronize(device)
+        found = [e for e in one.events() if e.device_type == torch.autograd.DeviceType.CUDA
+                 and not e.is_user_annotation]
+        step_events = [(e.name, e.device_time_total)
+                       for e in sorted(found, key=lambda e: e.time_range.start)]
     model.load_state_dict(state)   # leave the model as it was
 
     events = prof.events()
@@ -752,6 +763,7 @@ def rope_time_share(model: GPT, data: CharDataset, *, batch_size: int, steps: in
         "time": "device (kernel) time" if on_cuda else "host (CPU) time",
         "kernel_names": kernel_names,
         "named_kernel_ms": None if named_us is None else named_us / 1e3 / steps,
+        "device_events": step_events,
     }
 
 

@@ -4,7 +4,8 @@
   profiled step and substrings naming RoPE's kernels, RoPE's µs, the step's µs and RoPE's share
   of the step. Tried on made-up steps whose answer is known, chosen so that the usual slips (an
   exact name match, a dict that keeps one launch per name, a kernel counted once per substring, a
-  percentage) give a wrong answer somewhere.
+  percentage) give a wrong answer somewhere, and on the notebook's model's own steps as a GPU
+  profiled them (`STEP_KERNELS`, with ropelib's RoPE and with the PyTorch reference).
 * Exercise 2, `cached_attention(attn, x, past_k, past_v)`: one attention layer of the notebook's
   GPT, decoding with a KV cache. S new tokens follow L cached ones, so their q and k are rotated
   at the absolute positions L .. L+S-1; the new keys and values are appended to the cache, and
@@ -24,7 +25,9 @@ itself) and the model's own cached decoding (`forward_cached`, `generate`).
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable, List, Optional, Sequence, Tuple
+import csv
+from pathlib import Path
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -65,6 +68,43 @@ _MUL = "vectorized_elementwise_kernel<4, MulFunctor<float>>"
 _CAT = "CatArrayBatchedCopy_aligned16_contig<float, unsigned int, 4, 64, 64>"
 
 
+STEP_KERNELS = Path(__file__).resolve().parents[3] / "figures" / "09-step-kernels.csv"
+"""One training step of notebook 09's GPT as a GPU profiled it, each of its device events in
+order (`rope_time_share`'s `device_events`): columns rope (ropelib or reference), kernel,
+device_us; `# key: value` lines first (the GPU, the model, the batch)."""
+
+
+def step_kernels(path=STEP_KERNELS) -> Tuple[Dict[str, str], Dict[str, List[Tuple[str, float]]]]:
+    """(meta, {rope: [(kernel name, device µs), ...]}) from a file written by `write_step_kernels`
+    ({} when there is none)."""
+    meta, lines = {}, []
+    try:
+        with open(path, newline="") as f:
+            for line in f:
+                if line.startswith("# "):
+                    key, _, value = line[2:].rstrip("\n").partition(": ")
+                    meta[key] = value
+                else:
+                    lines.append(line)
+    except FileNotFoundError:
+        return {}, {}
+    steps: Dict[str, List[Tuple[str, float]]] = {}
+    for row in csv.DictReader(lines):
+        steps.setdefault(row["rope"], []).append((row["kernel"], float(row["device_us"])))
+    return meta, steps
+
+
+def write_step_kernels(path, steps: Dict[str, Sequence[Tuple[str, float]]], meta: dict) -> None:
+    """Write {rope: [(kernel name, device µs), ...]} for `step_kernels`."""
+    with open(path, "w", newline="") as f:
+        for key, value in meta.items():
+            f.write(f"# {key}: {str(value).replace(chr(10), ' ')}\n")
+        w = csv.writer(f)
+        w.writerow(["rope", "kernel", "device_us"])
+        for rope, events in steps.items():
+            w.writerows((rope, name, f"{us:.3f}") for name, us in events)
+
+
 def _share_cases() -> list:
     # ropelib: one kernel, launched forward and backward in each of 2 layers
     one_kernel = [(_LAYERNORM, 6.5), (_GEMM, 41.0), ("_rope_kernel", 3.25), (_ATTN_FWD, 22.0),
@@ -87,6 +127,10 @@ def _share_cases() -> list:
         ("a kernel that two of the substrings name", one_kernel, {"rope", "_rope_kernel"}),
         ("no kernel named after RoPE", no_rope, {"rope", "rotary"}),
     ]
+    meta, measured = step_kernels()
+    raw += [(f"notebook 09's step with the {rope} RoPE, as the {meta.get('gpu', 'GPU')} "
+             f"profiled it ({len(events)} device events)", events, {"rope"})
+            for rope, events in measured.items()]
     return [(label, (events, names), solution_rope_share(events, names))
             for label, events, names in raw]
 
@@ -98,8 +142,8 @@ def check_rope_share(fn: Callable) -> bool:
     (a kernel counts once however many it contains). rope_us sums RoPE's kernels, step_us every
     kernel, share = rope_us / step_us (a fraction, 0 when no kernel is RoPE's).
 
-    Tried on made-up event lists whose answer is known, with ropelib and the worked solutions
-    barred.
+    Tried on made-up event lists whose answer is known and on the measured steps of
+    STEP_KERNELS (their answer computed beforehand), with ropelib and the worked solutions barred.
     """
     return check_cases(
         "rope_share", "your share of the step", fn, _Fresh(_share_cases()),
