@@ -25,7 +25,6 @@ itself) and the model's own cached decoding (`forward_cached`, `generate`).
 """
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -77,32 +76,21 @@ device_us; `# key: value` lines first (the GPU, the model, the batch)."""
 def step_kernels(path=STEP_KERNELS) -> Tuple[Dict[str, str], Dict[str, List[Tuple[str, float]]]]:
     """(meta, {rope: [(kernel name, device µs), ...]}) from a file written by `write_step_kernels`
     ({} when there is none)."""
-    meta, lines = {}, []
-    try:
-        with open(path, newline="") as f:
-            for line in f:
-                if line.startswith("# "):
-                    key, _, value = line[2:].rstrip("\n").partition(": ")
-                    meta[key] = value
-                else:
-                    lines.append(line)
-    except FileNotFoundError:
+    from ...bench import compare     # imported late: compare is a heavier module
+    if not Path(path).is_file():
         return {}, {}
     steps: Dict[str, List[Tuple[str, float]]] = {}
-    for row in csv.DictReader(lines):
-        steps.setdefault(row["rope"], []).append((row["kernel"], float(row["device_us"])))
-    return meta, steps
+    for row in compare.read_csv(path):
+        steps.setdefault(row["rope"], []).append((str(row["kernel"]), float(row["device_us"])))
+    return compare.read_meta(path), steps
 
 
 def write_step_kernels(path, steps: Dict[str, Sequence[Tuple[str, float]]], meta: dict) -> None:
     """Write {rope: [(kernel name, device µs), ...]} for `step_kernels`."""
-    with open(path, "w", newline="") as f:
-        for key, value in meta.items():
-            f.write(f"# {key}: {str(value).replace(chr(10), ' ')}\n")
-        w = csv.writer(f)
-        w.writerow(["rope", "kernel", "device_us"])
-        for rope, events in steps.items():
-            w.writerows((rope, name, f"{us:.3f}") for name, us in events)
+    from ...bench import compare
+    rows = [{"rope": rope, "kernel": name, "device_us": round(us, 3)}
+            for rope, events in steps.items() for name, us in events]
+    compare.write_csv(rows, path, meta, fields=["rope", "kernel", "device_us"])
 
 
 def _share_cases() -> list:
