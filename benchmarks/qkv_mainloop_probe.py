@@ -12,6 +12,10 @@ mainloop differs from a plain Triton GEMM in three ways this probe separates:
     pointers    one accumulator [BLOCK_M, BLOCK_N], BLOCK_N a multiple of the head dim,
                 unmasked pointer loads (M, N and K divisible by the tile), grouped order
     descriptors the same with TMA loads (triton.tools.tensor_descriptor.TensorDescriptor)
+    persistent  the descriptors' GEMM with one program per SM walking the tiles, its tile loop
+                and K loop flattened into one (tl.range(flatten=True)), so the pipeline runs
+                on into the next tile: the shape of Triton's persistent TMA matmul (tutorial
+                09), the way past a grid of short-lived programs that each fill and drain it
 
 Every variant computes y = x W^T [M, N] for Llama-3-8B's projection (hidden 4096, 32 + 8 + 8
 heads of 128, bf16); the timed rows are ratios to cuBLAS's `torch.nn.functional.linear` in the
@@ -74,6 +78,26 @@ def _gemm_descriptors(x_desc, w_desc, y_desc, M, N, K,
     for k0 in range(0, K, BLOCK_K):
         acc = _mma(x_desc.load([m0, k0]), w_desc.load([n0, k0]).T, acc, "tf32")
     y_desc.store([m0, n0], acc.to(y_desc.dtype))
+
+
+@triton.jit
+def _gemm_persistent(x_desc, w_desc, y_desc, M, N, K,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     GROUP_M: tl.constexpr, PROGRAMS: tl.constexpr):
+    # The descriptors' GEMM, persistent: PROGRAMS programs (one per SM) take the tiles in
+    # grouped order, tile t going to program t % PROGRAMS. The tile loop and the K loop are one
+    # flattened loop, so the pipeliner keeps loading across a tile's end: the next tile's first
+    # K blocks arrive while this one's last MMAs and its store run.
+    tiles_m = M // BLOCK_M
+    tiles_n = N // BLOCK_N
+    for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, PROGRAMS, flatten=True):
+        pid_m, pid_n = _grouped(tile, tiles_m, tiles_n, GROUP_M)
+        m0 = pid_m * BLOCK_M
+        n0 = pid_n * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            acc = _mma(x_desc.load([m0, k0]), w_desc.load([n0, k0]).T, acc, "tf32")
+        y_desc.store([m0, n0], acc.to(y_desc.dtype))
 
 
 @triton.jit
@@ -187,6 +211,25 @@ def run_descriptors(x, w, tile):
     return y
 
 
+def run_persistent(x, w, tile, programs=None):
+    """The persistent GEMM; programs: how many (default one per SM of x's GPU, at most the
+    number of tiles)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    bm, bn, bk, group, warps, stages = tile
+    M, K = x.shape
+    y = torch.empty(M, w.shape[0], dtype=x.dtype, device=x.device)
+    tiles = (M // bm) * (w.shape[0] // bn)
+    if programs is None:
+        programs = torch.cuda.get_device_properties(x.device).multi_processor_count
+    programs = min(programs, tiles)
+    _gemm_persistent[(programs,)](TensorDescriptor.from_tensor(x, [bm, bk]),
+                                  TensorDescriptor.from_tensor(w, [bn, bk]),
+                                  TensorDescriptor.from_tensor(y, [bm, bn]), M, w.shape[0], K,
+                                  BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=group,
+                                  PROGRAMS=programs, num_warps=warps, num_stages=stages)
+    return y
+
+
 def run_product(x, w, tokens, joined: bool = True):
     """kernels/qkv_gemm's forward without the rotation, at its GPU tiles: q, k, v heads, joined
     into one [M, N] tensor (a copy kernel after the GEMM) unless joined=False."""
@@ -207,6 +250,7 @@ def run_product(x, w, tokens, joined: bool = True):
 # tiles, each BLOCK_N a multiple of the head dim (a fused epilogue needs whole heads)
 TILES = [(128, 128, 64, 8, 8, 3), (128, 128, 64, 8, 8, 4), (128, 256, 64, 8, 8, 3),
          (256, 128, 64, 8, 8, 3), (128, 128, 128, 8, 8, 3)]
+H200_SMS = 132      # the persistent GEMM's programs as compiled here (--sass): one per SM
 # the fused candidate's (BLOCK_M, BLOCK_K, GROUP_M, num_warps, num_stages); BLOCK_N = D
 FUSED_TILES = [(128, 64, 8, 8, 3), (128, 64, 8, 8, 4), (64, 64, 8, 4, 4), (128, 128, 8, 8, 3)]
 
@@ -219,7 +263,9 @@ def check() -> None:
     x = torch.randn(256, 128, device=dev).to(torch.bfloat16)
     w = torch.randn(256, 128, device=dev).to(torch.bfloat16)
     want = (x.float() @ w.float().T)
-    for name, fn in (("pointers", run_pointers), ("descriptors", run_descriptors)):
+    for name, fn in (("pointers", run_pointers), ("descriptors", run_descriptors),
+                     ("persistent, 3 programs for 8 tiles",
+                      lambda x, w, t: run_persistent(x, w, t, programs=3))):
         got = fn(x, w, (64, 128, 64, 2, 4, 2)).float()
         err = (got - want).abs().max().item() / want.abs().max().item()
         assert err < 2**-7, (name, err)
@@ -250,8 +296,9 @@ def _signature(name: str, bm: int, bn: int, bk: int) -> dict:
         tensors = {"x_desc": f"tensordesc<bf16[{bm},{bk}]>",
                    "w_desc": f"tensordesc<bf16[{bn},{bk}]>",
                    "y_desc": f"tensordesc<bf16[{bm},{bn}]>"}
+    extra = {"PROGRAMS": "constexpr"} if name == "persistent" else {}
     return dict(tensors, M="i32", N="i32", K="i32", BLOCK_M="constexpr", BLOCK_N="constexpr",
-                BLOCK_K="constexpr", GROUP_M="constexpr")
+                BLOCK_K="constexpr", GROUP_M="constexpr", **extra)
 
 
 def _compile_sm90(kernel, signature: dict, constexprs: dict, warps: int, stages: int):
@@ -278,13 +325,15 @@ def _report(label: str, compiled) -> None:
 
 def sass() -> None:
     """Compile each variant for sm_90 here (no GPU) and count what the SASS holds."""
-    for name, kernel in (("pointers", _gemm_pointers), ("descriptors", _gemm_descriptors)):
+    for name, kernel in (("pointers", _gemm_pointers), ("descriptors", _gemm_descriptors),
+                         ("persistent", _gemm_persistent)):
         for bm, bn, bk, group, warps, stages in TILES:
             label = f"{name:12s} {bm}x{bn}x{bk} w{warps} s{stages}"
+            extra = {"PROGRAMS": H200_SMS} if name == "persistent" else {}
             try:
                 compiled = _compile_sm90(kernel, _signature(name, bm, bn, bk),
                                          {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
-                                          "GROUP_M": group}, warps, stages)
+                                          "GROUP_M": group, **extra}, warps, stages)
             except Exception as e:  # noqa: BLE001 -- report and go on
                 print(f"{label}: does not compile ({type(e).__name__}: "
                       f"{str(e).splitlines()[0][:120]})")
@@ -345,6 +394,7 @@ def time_all(token_counts, out) -> None:
         for tile in TILES:
             runs[f"pointers {tile}"] = (lambda t: lambda: run_pointers(x, w, t))(tile)
             runs[f"descriptors {tile}"] = (lambda t: lambda: run_descriptors(x, w, t))(tile)
+            runs[f"persistent {tile}"] = (lambda t: lambda: run_persistent(x, w, t))(tile)
         timed = {}
         for name, fn in runs.items():
             try:

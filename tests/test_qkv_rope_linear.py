@@ -827,12 +827,14 @@ def test_long_row_tiles_compute_the_projection(monkeypatch, seeded):
 
 
 def test_mainloop_probe_variants_compute_the_projection(capsys):
-    """benchmarks/qkv_mainloop_probe.py's GEMM variants (pointer loads, TMA descriptors) compute
-    x W^T at a small size, here (the interpreter) as on a GPU."""
+    """benchmarks/qkv_mainloop_probe.py's GEMM variants (pointer loads, TMA descriptors, the
+    persistent GEMM with fewer programs than tiles) compute x W^T at a small size, here (the
+    interpreter) as on a GPU."""
     probe = load_file("qkv_mainloop_probe", ROOT / "benchmarks" / "qkv_mainloop_probe.py")
     probe.check()
     out = capsys.readouterr().out
     assert "pointers: max error" in out and "descriptors: max error" in out
+    assert "persistent, 3 programs for 8 tiles: max error" in out
 
 
 def test_tile_sweep_takes_chosen_tiles():
