@@ -36,8 +36,8 @@ def main():
     rotate_by = M.rotations(freqs, freqs.cos().to(dt), freqs.sin().to(dt))
     variants = {
         "no RoPE": rotate_by["no RoPE"],
-        "trivial x2": lambda q, k: (M.Trivial.apply(q, freqs), M.Trivial.apply(k, freqs)),
-        "trivial x1": lambda q, k: (M.Trivial.apply(q, freqs), k),
+        "trivial x2": lambda q, k: (M.trivial(q, freqs), M.trivial(k, freqs)),
+        "trivial x1": lambda q, k: (M.trivial(q, freqs), k),
         "ropelib q+k": rotate_by["ropelib q+k"],
     }
     for interval in (0.005, 0.0001):

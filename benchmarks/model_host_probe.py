@@ -57,6 +57,9 @@ import ropelib  # noqa: E402
 from ropelib.bench import compare  # noqa: E402
 from ropelib.bench.suite import host_us_interleaved  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from autograd_host_probe import function_with  # noqa: E402  (the trivial Function)
+
 
 def rotate_half(t):
     a, b = t.chunk(2, dim=-1)
@@ -101,18 +104,9 @@ class Layers(torch.nn.Module):
         return x
 
 
-class Trivial(torch.autograd.Function):
-    """Allocates its output both ways and saves the table, nothing else."""
-
-    @staticmethod
-    def forward(ctx, x, table):
-        ctx.save_for_backward(table)
-        return torch.empty_like(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        ctx.saved_tensors
-        return torch.empty_like(grad), None
+# an autograd.Function that allocates its output both ways and saves the table, nothing else:
+# apply(x, table)
+trivial = function_with(None, "neither")
 
 
 def _trivial_backward(ctx, *grads):
@@ -143,7 +137,7 @@ def parts(model, x, rotate_by, freqs) -> dict:
     train = lambda rotate: steps(model, x, rotate)["training"]
     out = {name: train(rotate_by[name]) for name in ("no RoPE", "TE fused", "ropelib", "ropelib q+k")
            if name in rotate_by}
-    out["trivial Function"] = train(lambda q, k: (Trivial.apply(q, freqs), Trivial.apply(k, freqs)))
+    out["trivial Function"] = train(lambda q, k: (trivial(q, freqs), trivial(k, freqs)))
     ropelib_step = train(rotate_by["ropelib"])
     out["ropelib, launches removed"] = _patched(ropelib_step, [no_launch])
     out["ropelib, trivial backward"] = _patched(ropelib_step, [trivial_bwd])
