@@ -114,6 +114,23 @@ def test_te_profile_launches_agree_and_list_their_metrics(benchmark, capsys):
     assert len(listed) == len(set(listed))
 
 
+def test_model_host_probe_parts_leave_ropelib_as_it_was(benchmark, capsys, tmp_path):
+    """--parts times ropelib with its launches removed and with a trivial backward, patched only
+    while each variant runs: afterwards ropelib's eager route is the one it was."""
+    from ropelib import eager
+    before = (eager.EagerLaunch.__dict__["__call__"], eager.Rotate.__dict__["backward"])
+    probe = benchmark("model_host_probe")
+    assert probe.main(["--dry-run", "--parts", "--out", str(tmp_path / "p.csv")]) == 0
+    out = capsys.readouterr().out
+    for name in ("| trivial Function |", "| ropelib, launches removed |",
+                 "| ropelib, trivial backward, launches removed |"):
+        assert name in out
+    steps = {r["step"] for r in compare.read_csv(tmp_path / "p.csv")}
+    assert steps == {"training", "training, device thread off"}
+    assert (eager.EagerLaunch.__dict__["__call__"], eager.Rotate.__dict__["backward"]) == before
+    assert torch.autograd.is_multithreading_enabled()
+
+
 def test_model_host_probe_checks_every_provider_against_the_formula(benchmark, capsys, tmp_path):
     probe = benchmark("model_host_probe")
     assert probe.main(["--dry-run", "--out", str(tmp_path / "m.csv")]) == 0
