@@ -670,8 +670,10 @@ te_combine = my_combine if combined_by_learner else ex.solution_te_combine
 # **Step a — the kernel as written.** On the CPU the interpreter evaluates `x1 * c - x2 * s` with
 # NumPy, rounding each product and the sum: $y_{\text{none}}$. On a GPU the same line is
 # compiled and the compiler contracts as it likes, so "as written" is a different computation
-# there; the file holds the GPU's count for the same line (`free_sub`) and for the line with
-# contraction switched off (`none_rn`: every product rounded, as in the interpreter):
+# there; the file holds the GPU's count for the same line compiled in the file's own kernel
+# (`free_sub`) and for the line with contraction switched off (`none_rn`: every product
+# rounded, as in the interpreter). On a GPU the cell also prints this kernel's count, which
+# need not be the file's kernel's: the compiler chooses per kernel (step b comes back to it).
 
 # %%
 @triton.jit
