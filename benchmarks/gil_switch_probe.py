@@ -22,18 +22,13 @@ except Exception:  # noqa: BLE001
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import model_host_probe as M  # noqa: E402
 
-import ropelib  # noqa: E402
 from ropelib.bench.suite import host_us_interleaved  # noqa: E402
 
 
 def main():
     print("threads:", [t.name for t in threading.enumerate()])
-    dev, dt = "cuda", torch.bfloat16
-    torch.manual_seed(0)
-    model = M.Layers(8, 4096, 32, 8, 128, dev, dt)
-    x = torch.randn(1, 64, 4096, device=dev, dtype=dt)
-    freqs = ropelib.rope_freqs(4096, 128, device=dev)[:1]
-    rotate_by = M.rotations(freqs, freqs.cos().to(dt), freqs.sin().to(dt))
+    dev = "cuda"
+    model, x, freqs, rotate_by = M.setup(8, dev, **M.DECODE)
     variants = {
         "no RoPE": rotate_by["no RoPE"],
         "trivial x2": lambda q, k: (M.trivial(q, freqs), M.trivial(k, freqs)),

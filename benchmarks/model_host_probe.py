@@ -177,6 +177,21 @@ def check(model, x, rotate_by) -> None:
     model.zero_grad(set_to_none=True)
 
 
+DECODE = dict(s=1, b=64, hidden=4096, heads=32, kv_heads=8, d=128, dtype=torch.bfloat16)
+DRY_RUN = dict(s=1, b=2, hidden=32, heads=4, kv_heads=2, d=16, dtype=torch.float32)
+
+
+def setup(layers: int, device, s, b, hidden, heads, kv_heads, d, dtype) -> tuple:
+    """(model, x, freqs, {provider: rotate}) for `layers` layers of these sizes (DECODE or
+    DRY_RUN), seeded: the model, its input x [s, b, hidden] and the fp32 angle table freqs."""
+    torch.manual_seed(0)
+    model = Layers(layers, hidden, heads, kv_heads, d, device, dtype)
+    x = torch.randn(s, b, hidden, device=device, dtype=dtype)
+    freqs = ropelib.rope_freqs(4096, d, device=device)[:s]                  # [s, 1, 1, d] fp32
+    cos, sin = freqs.cos().to(dtype), freqs.sin().to(dtype)
+    return model, x, freqs, rotations(freqs, cos, sin)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--layers", type=int, default=8)
@@ -188,18 +203,10 @@ def main(argv=None):
     ap.add_argument("--out", help="also write the rows to this CSV")
     a = ap.parse_args(argv)
     device = "cuda" if torch.cuda.is_available() and not a.dry_run else "cpu"
-    if a.dry_run:
-        s, b, hidden, heads, kv_heads, d, dtype = 1, 2, 32, 4, 2, 16, torch.float32
-        layers, rounds, calls = 2, 1, 1
-    else:
-        s, b, hidden, heads, kv_heads, d, dtype = 1, 64, 4096, 32, 8, 128, torch.bfloat16
-        layers, rounds, calls = a.layers, a.rounds, a.calls
-    torch.manual_seed(0)
-    model = Layers(layers, hidden, heads, kv_heads, d, device, dtype)
-    x = torch.randn(s, b, hidden, device=device, dtype=dtype)
-    freqs = ropelib.rope_freqs(4096, d, device=device)[:s]                  # [s, 1, 1, d] fp32
-    cos, sin = freqs.cos().to(dtype), freqs.sin().to(dtype)
-    rotate_by = rotations(freqs, cos, sin)
+    sizes = DRY_RUN if a.dry_run else DECODE
+    layers, rounds, calls = (2, 1, 1) if a.dry_run else (a.layers, a.rounds, a.calls)
+    s, b, hidden, heads, kv_heads, d, dtype = sizes.values()
+    model, x, freqs, rotate_by = setup(layers, device, **sizes)
     check(model, x, rotate_by)
     where = torch.cuda.get_device_name() if device == "cuda" else "CPU (interpreter)"
     print(f"# {where}, torch {torch.__version__}, TE "

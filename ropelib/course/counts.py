@@ -282,7 +282,6 @@ def qkv_tile_resources(candidates: dict, tokens=8192, hidden=4096, HQ=32, HK=8,
             torch.empty(tokens, HQ + HK, D, dtype=bf))
     normed = {"dx": (*pointers["dx"][:-4], *norm),
               "dw": (*pointers["dw"][:6], torch.empty(HQ + HK, D), *tables[:4], *norm)}
-    keys = TILE_KEYS
     table = qkv_gemm.tile_table(D * bf.itemsize)         # the table plan's pick_tiles reads
     saved = {k: dict(v) for k, v in table.items()}
     rows = []
@@ -293,7 +292,7 @@ def qkv_tile_resources(candidates: dict, tokens=8192, hidden=4096, HQ=32, HK=8,
             for tile in tiles:
                 for rotate in (False, True):
                     # the tile as the kernel's and as the norm's own, where it has one
-                    table[kind] = table[f"{kind}_norm"] = dict(zip(keys, tile))
+                    table[kind] = table[f"{kind}_norm"] = dict(zip(TILE_KEYS, tile))
                     ptrs = normed[kind] if with_norm and rotate else pointers[kind]
                     planned = qkv_gemm.plan(
                         kind, S=tokens, B=1, K=hidden, HQ=HQ, HK=HK, D=D, R=D, P=2**31 - 1,
@@ -305,7 +304,7 @@ def qkv_tile_resources(candidates: dict, tokens=8192, hidden=4096, HQ=32, HK=8,
                     n_regs, stack = cubin_resources(compiled)
                     shared = int(compiled.metadata.shared)
                     occ = programs_per_sm(n_regs, planned.num_warps, shared)
-                    rows.append(dict(zip(keys, tile), kernel=kernel, rotate=rotate,
+                    rows.append(dict(zip(TILE_KEYS, tile), kernel=kernel, rotate=rotate,
                                      n_regs=n_regs, stack=stack, shared=shared,
                                      programs_per_sm=occ.programs,
                                      limited_by="+".join(occ.limited_by)))
