@@ -16,12 +16,18 @@ mainloop differs from a plain Triton GEMM in three ways this probe separates:
                 and K loop flattened into one (tl.range(flatten=True)), so the pipeline runs
                 on into the next tile: the shape of Triton's persistent TMA matmul (tutorial
                 09), the way past a grid of short-lived programs that each fill and drain it
+    fused       the candidate a RoPE epilogue sits on: the descriptors' mainloop with one
+                head per program (one accumulator, or two: the pairs' halves), q and k rotated
+                and q, k, v stored by TMA in halves; and the same on the persistent mainloop,
+                one head or two a tile (two heads share their rows' cos and sin), its epilogue
+                branch-free (loop flattening takes no branch), with TMA or with pointer loads
 
 Every variant computes y = x W^T [M, N] for Llama-3-8B's projection (hidden 4096, 32 + 8 + 8
 heads of 128, bf16); the timed rows are ratios to cuBLAS's `torch.nn.functional.linear` in the
 same run.
 
     python benchmarks/qkv_mainloop_probe.py [--tokens 8192 32768] [--out CSV]   # GPU: time
+        [--only VARIANT ...] [--rounds N]     # some variants, N interleaved rounds, medians
     python benchmarks/qkv_mainloop_probe.py --sass            # no GPU needed: sm_90 registers,
                                                               # spills, MMA and TMA instructions
     TRITON_INTERPRET=1 python benchmarks/qkv_mainloop_probe.py --check   # small, any machine
@@ -30,6 +36,7 @@ import argparse
 import itertools
 import os
 import re
+import statistics
 import sys
 
 import torch
@@ -132,6 +139,16 @@ def _qkv_rope_descriptors(x_desc, w_desc, q_desc, k_desc, v_desc, theta_ptr, M, 
         for k0 in range(0, K, BLOCK_K):
             acc = _mma(x_desc.load([m0, k0]), w_desc.load([h * D, k0]).T, acc, "tf32")
         a, b = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
+    _rope_epilogue(a, b, m0, h, q_desc, k_desc, v_desc, theta_ptr, S, HQ, HK, BLOCK_M, D,
+                   COS_SIN_TABLE)
+
+
+@triton.jit
+def _rope_epilogue(a, b, m0, h, q_desc, k_desc, v_desc, theta_ptr, S, HQ, HK,
+                   BLOCK_M: tl.constexpr, D: tl.constexpr, COS_SIN_TABLE: tl.constexpr):
+    # a, b [BLOCK_M, D/2] fp32: head h's two halves for rows m0..m0+BLOCK_M; q and k heads
+    # rotated (one angle per pair, row m % S), v stored as is; each written by TMA in halves
+    HALF: tl.constexpr = D // 2
     if h < HQ + HK:
         pos = (m0 + tl.arange(0, BLOCK_M)) % S                          # [BLOCK_M]
         row = theta_ptr + pos[:, None] * HALF + tl.arange(0, HALF)[None, :]
@@ -153,6 +170,119 @@ def _qkv_rope_descriptors(x_desc, w_desc, q_desc, k_desc, v_desc, theta_ptr, M, 
         v_desc.store([m0, (h - HQ - HK) * D + HALF], b.to(v_desc.dtype))
 
 
+@triton.jit
+def _qkv_rope_persistent(x_desc, w_desc, y_desc, theta_ptr, M, S, K, HQ, HK,
+                         BLOCK_M: tl.constexpr, D: tl.constexpr, BLOCK_K: tl.constexpr,
+                         GROUP_M: tl.constexpr, PROGRAMS: tl.constexpr,
+                         COS_SIN_TABLE: tl.constexpr, FLATTEN: tl.constexpr,
+                         HEADS: tl.constexpr):
+    # The fused candidate on the persistent mainloop: PROGRAMS programs (one per SM) walk the
+    # (BLOCK_M rows, HEADS heads) tiles in grouped order, tile t going to program t % PROGRAMS.
+    # With FLATTEN the tile loop and the K loop are one loop, so the next tile's first K blocks
+    # load while this one's epilogue rotates and stores. One [BLOCK_M, HEADS D] accumulator
+    # (w_desc blocks [HEADS D, BLOCK_K]), split into its heads' halves after the K loop; with
+    # HEADS 2 the tile's two heads share the rows' cos and sin, loaded once (HQ and HK even).
+    # The epilogue has no branch (Triton's loop flattening takes none): q, k and v are column
+    # ranges of one y [M, (HQ + 2 HK) D] (y_desc blocks [BLOCK_M, D/2]), and a v head is
+    # "rotated" by cos 1, sin 0 (its table loads masked off, so they move no bytes).
+    HALF: tl.constexpr = D // 2
+    tiles_m = M // BLOCK_M
+    tiles_n = (HQ + 2 * HK) // HEADS
+    for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, PROGRAMS, flatten=FLATTEN):
+        pid_m, pid_n = _grouped(tile, tiles_m, tiles_n, GROUP_M)
+        m0 = pid_m * BLOCK_M
+        h = pid_n * HEADS                                               # the tile's first head
+        acc = tl.zeros((BLOCK_M, HEADS * D), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            acc = _mma(x_desc.load([m0, k0]), w_desc.load([h * D, k0]).T, acc, "tf32")
+        j = tl.arange(0, HALF)
+        rotate = (j + tl.where(h < HQ + HK, 0, HALF) < HALF)[None, :]  # [1, HALF]: q or k
+        pos = (m0 + tl.arange(0, BLOCK_M)) % S                          # [BLOCK_M]
+        row = theta_ptr + pos[:, None] * HALF + j[None, :]
+        if COS_SIN_TABLE:
+            c = tl.load(row, mask=rotate, other=1.0)                     # [BLOCK_M, HALF]
+            s = tl.load(row + S * HALF, mask=rotate, other=0.0)
+        else:
+            theta = tl.load(row, mask=rotate, other=0.0)
+            c, s = tl.cos(theta), tl.sin(theta)
+        if HEADS == 1:
+            a, b = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
+            y_desc.store([m0, h * D], (a * c - b * s).to(y_desc.dtype))
+            y_desc.store([m0, h * D + HALF], (b * c + a * s).to(y_desc.dtype))
+        else:
+            # [BLOCK_M, head, half, HALF] -> [BLOCK_M, HALF, head, half], split twice
+            a, b = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, 2, HALF)), (0, 3, 1, 2)))
+            a0, a1 = tl.split(a)
+            b0, b1 = tl.split(b)
+            y_desc.store([m0, h * D], (a0 * c - b0 * s).to(y_desc.dtype))
+            y_desc.store([m0, h * D + HALF], (b0 * c + a0 * s).to(y_desc.dtype))
+            y_desc.store([m0, h * D + D], (a1 * c - b1 * s).to(y_desc.dtype))
+            y_desc.store([m0, h * D + D + HALF], (b1 * c + a1 * s).to(y_desc.dtype))
+
+
+@triton.jit
+def _qkv_rope_persistent_pointers(x_ptr, w_ptr, y_ptr, theta_ptr, M, S, K, HQ, HK,
+                                  BLOCK_M: tl.constexpr, D: tl.constexpr, BLOCK_K: tl.constexpr,
+                                  GROUP_M: tl.constexpr, PROGRAMS: tl.constexpr,
+                                  HEADS: tl.constexpr):
+    # _qkv_rope_persistent (cos/sin table, not flattened) with pointer loads and stores instead
+    # of TMA: what the persistent grid and the tile of two heads give without descriptors.
+    # M, K divisible by the tile (no masks); y [M, (HQ + 2 HK) D].
+    HALF: tl.constexpr = D // 2
+    N = (HQ + 2 * HK) * D
+    tiles_m = M // BLOCK_M
+    tiles_n = (HQ + 2 * HK) // HEADS
+    kk = tl.arange(0, BLOCK_K)
+    for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, PROGRAMS):
+        pid_m, pid_n = _grouped(tile, tiles_m, tiles_n, GROUP_M)
+        m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        h = pid_n * HEADS
+        n = h * D + tl.arange(0, HEADS * D)
+        x_rows = x_ptr + m[:, None] * K + kk[None, :]                  # [BLOCK_M, BLOCK_K]
+        w_cols = w_ptr + n[None, :] * K + kk[:, None]                  # [BLOCK_K, HEADS D]
+        acc = tl.zeros((BLOCK_M, HEADS * D), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            acc = _mma(tl.load(x_rows + k0), tl.load(w_cols + k0), acc, "tf32")
+        j = tl.arange(0, HALF)
+        rotate = (j + tl.where(h < HQ + HK, 0, HALF) < HALF)[None, :]
+        row = theta_ptr + (m % S)[:, None] * HALF + j[None, :]
+        c = tl.load(row, mask=rotate, other=1.0)
+        s = tl.load(row + S * HALF, mask=rotate, other=0.0)
+        out = y_ptr + m[:, None] * N + h * D + j[None, :]               # [BLOCK_M, HALF]
+        dt = y_ptr.dtype.element_ty
+        if HEADS == 1:
+            a, b = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
+            tl.store(out, (a * c - b * s).to(dt))
+            tl.store(out + HALF, (b * c + a * s).to(dt))
+        else:
+            a, b = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, 2, HALF)), (0, 3, 1, 2)))
+            a0, a1 = tl.split(a)
+            b0, b1 = tl.split(b)
+            tl.store(out, (a0 * c - b0 * s).to(dt))
+            tl.store(out + HALF, (b0 * c + a0 * s).to(dt))
+            tl.store(out + D, (a1 * c - b1 * s).to(dt))
+            tl.store(out + D + HALF, (b1 * c + a1 * s).to(dt))
+
+
+def run_fused_persistent_pointers(x, w, table, S, heads, tile, programs=None,
+                                  heads_per_tile=2):
+    """run_fused_persistent (cos/sin table, not flattened) with pointer loads and stores."""
+    bm, bk, group, warps, stages = tile
+    hq, hk = heads
+    assert hq % heads_per_tile == 0 and hk % heads_per_tile == 0, (heads, heads_per_tile)
+    M, K = x.shape
+    d = w.shape[0] // (hq + 2 * hk)
+    y = torch.empty(M, w.shape[0], dtype=x.dtype, device=x.device)
+    tiles = (M // bm) * (hq + 2 * hk) // heads_per_tile
+    if programs is None:
+        programs = torch.cuda.get_device_properties(x.device).multi_processor_count
+    programs = min(programs, tiles)
+    _qkv_rope_persistent_pointers[(programs,)](
+        x, w, y, table, M, S, K, hq, hk, BLOCK_M=bm, D=d, BLOCK_K=bk, GROUP_M=group,
+        PROGRAMS=programs, HEADS=heads_per_tile, num_warps=warps, num_stages=stages)
+    return y[:, : hq * d], y[:, hq * d:(hq + hk) * d], y[:, (hq + hk) * d:]
+
+
 def run_fused(x, w, theta, S, heads, tile, two_acc=False, table=False):
     """q, k, v [M, heads * D] rotated (q, k) by the descriptors' fused candidate; theta the
     angles [S, D/2], or with table=True their cos then sin, [2 S, D/2] (cos_sin_table)."""
@@ -170,6 +300,30 @@ def run_fused(x, w, theta, S, heads, tile, two_acc=False, table=False):
                                 TWO_ACC=two_acc, COS_SIN_TABLE=table, num_warps=warps,
                                 num_stages=stages)
     return outs
+
+
+def run_fused_persistent(x, w, theta, S, heads, tile, table=False, programs=None,
+                         flatten=True, heads_per_tile=1):
+    """run_fused on the persistent mainloop (one accumulator of heads_per_tile heads): q, k, v
+    as column ranges of one [M, (hq + 2 hk) d] tensor; programs as run_persistent."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    bm, bk, group, warps, stages = tile
+    hq, hk = heads
+    assert hq % heads_per_tile == 0 and hk % heads_per_tile == 0, (heads, heads_per_tile)
+    M, K = x.shape
+    d = w.shape[0] // (hq + 2 * hk)
+    y = torch.empty(M, w.shape[0], dtype=x.dtype, device=x.device)
+    tiles = (M // bm) * (hq + 2 * hk) // heads_per_tile
+    if programs is None:
+        programs = torch.cuda.get_device_properties(x.device).multi_processor_count
+    programs = min(programs, tiles)
+    _qkv_rope_persistent[(programs,)](
+        TensorDescriptor.from_tensor(x, [bm, bk]),
+        TensorDescriptor.from_tensor(w, [heads_per_tile * d, bk]),
+        TensorDescriptor.from_tensor(y, [bm, d // 2]), theta, M, S, K, hq, hk,
+        BLOCK_M=bm, D=d, BLOCK_K=bk, GROUP_M=group, PROGRAMS=programs, COS_SIN_TABLE=table,
+        FLATTEN=flatten, HEADS=heads_per_tile, num_warps=warps, num_stages=stages)
+    return y[:, : hq * d], y[:, hq * d:(hq + hk) * d], y[:, (hq + hk) * d:]
 
 
 def cos_sin_table(theta):
@@ -249,10 +403,15 @@ def run_product(x, w, tokens, joined: bool = True):
 # (BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages): the plain GEMM's usual Hopper
 # tiles, each BLOCK_N a multiple of the head dim (a fused epilogue needs whole heads)
 TILES = [(128, 128, 64, 8, 8, 3), (128, 128, 64, 8, 8, 4), (128, 256, 64, 8, 8, 3),
-         (256, 128, 64, 8, 8, 3), (128, 128, 128, 8, 8, 3)]
+         (256, 128, 64, 8, 8, 3), (128, 128, 128, 8, 8, 3), (256, 128, 64, 8, 8, 2),
+         (256, 128, 32, 8, 8, 4)]
+# the persistent fused candidate with two heads a tile (a [BLOCK_M, 2 D] accumulator, the
+# rows' cos and sin loaded once for both): (BLOCK_M, BLOCK_K, GROUP_M, num_warps, num_stages)
+TWO_HEAD_TILES = [(128, 64, 8, 8, 3), (128, 64, 8, 8, 4), (128, 32, 8, 8, 4)]
 H200_SMS = 132      # the persistent GEMM's programs as compiled here (--sass): one per SM
 # the fused candidate's (BLOCK_M, BLOCK_K, GROUP_M, num_warps, num_stages); BLOCK_N = D
-FUSED_TILES = [(128, 64, 8, 8, 3), (128, 64, 8, 8, 4), (64, 64, 8, 4, 4), (128, 128, 8, 8, 3)]
+FUSED_TILES = [(128, 64, 8, 8, 3), (128, 64, 8, 8, 4), (64, 64, 8, 4, 4), (128, 128, 8, 8, 3),
+               (256, 64, 8, 8, 3), (256, 64, 8, 8, 2), (256, 32, 8, 8, 4)]
 
 
 def check() -> None:
@@ -286,6 +445,38 @@ def check() -> None:
         print(f"fused candidate, {'two accumulators' if two_acc else 'one accumulator'}, "
               f"{'cos/sin table' if table else 'angles'} (q, k rotated, v): max error "
               f"{max(errs):.1e} of the largest output")
+    for table, flatten in itertools.product((False, True), (True, False)):
+        got = run_fused_persistent(x, w, cos_sin_table(theta) if table else theta, S, (hq, hk),
+                                   (64, 64, 2, 4, 2), table, programs=5, flatten=flatten)
+        errs = [(g.float() - t).abs().max().item() / t.abs().max().item()
+                for g, t in zip(got, want)]
+        assert max(errs) < 2**-7, ("persistent", table, errs)
+        print(f"fused candidate, persistent{', flattened' if flatten else ''}, 5 programs for "
+              f"16 tiles, {'cos/sin table' if table else 'angles'}: max error {max(errs):.1e} "
+              f"of the largest output")
+    hq, hk = 2, 2                       # two heads a tile: q's and k's head counts even
+    w = torch.randn((hq + 2 * hk) * d, 128, device=dev).to(torch.bfloat16)
+    y = x.float() @ w.float().T
+    want = [rope_reference(y[:, : hq * d], theta, S), rope_reference(y[:, hq * d:(hq + hk) * d],
+                                                                      theta, S),
+            y[:, (hq + hk) * d:]]
+    for table in (False, True):
+        got = run_fused_persistent(x, w, cos_sin_table(theta) if table else theta, S, (hq, hk),
+                                   (64, 64, 2, 4, 2), table, programs=5, heads_per_tile=2)
+        errs = [(g.float() - t).abs().max().item() / t.abs().max().item()
+                for g, t in zip(got, want)]
+        assert max(errs) < 2**-7, ("persistent, two heads", table, errs)
+        print(f"fused candidate, persistent, two heads a tile, 5 programs for 12 tiles, "
+              f"{'cos/sin table' if table else 'angles'}: max error {max(errs):.1e} of the "
+              f"largest output")
+    for heads in (1, 2):
+        got = run_fused_persistent_pointers(x, w, cos_sin_table(theta), S, (hq, hk),
+                                            (64, 64, 2, 4, 2), programs=5, heads_per_tile=heads)
+        errs = [(g.float() - t).abs().max().item() / t.abs().max().item()
+                for g, t in zip(got, want)]
+        assert max(errs) < 2**-7, ("persistent pointers", heads, errs)
+        print(f"fused candidate, persistent, pointer loads, {heads} head(s) a tile, cos/sin "
+              f"table: max error {max(errs):.1e} of the largest output")
 
 
 def _signature(name: str, bm: int, bn: int, bk: int) -> dict:
@@ -361,9 +552,44 @@ def sass() -> None:
                   f"{str(e).splitlines()[0][:120]})")
             continue
         _report(label, compiled)
+    for ((bm, bk, group, warps, stages), heads), table, flatten in itertools.product(
+            [(t, 1) for t in FUSED_TILES] + [(t, 2) for t in TWO_HEAD_TILES], (False, True),
+            (True, False)):
+        label = (f"fused persistent{' 2 heads' if heads == 2 else ''}{' flat' if flatten else ''}"
+                 f" {'table ' if table else 'angles'} {bm}x{heads * D}x{bk} w{warps} s{stages}")
+        signature = {"x_desc": f"tensordesc<bf16[{bm},{bk}]>",
+                     "w_desc": f"tensordesc<bf16[{heads * D},{bk}]>",
+                     "y_desc": f"tensordesc<bf16[{bm},{D // 2}]>",
+                     "theta_ptr": "*fp32", "M": "i32", "S": "i32", "K": "i32", "HQ": "i32",
+                     "HK": "i32", "BLOCK_M": "constexpr", "D": "constexpr",
+                     "BLOCK_K": "constexpr", "GROUP_M": "constexpr", "PROGRAMS": "constexpr",
+                     "COS_SIN_TABLE": "constexpr", "FLATTEN": "constexpr",
+                     "HEADS": "constexpr"}
+        try:
+            compiled = _compile_sm90(_qkv_rope_persistent, signature,
+                                     {"BLOCK_M": bm, "D": D, "BLOCK_K": bk, "GROUP_M": group,
+                                      "PROGRAMS": H200_SMS, "COS_SIN_TABLE": table,
+                                      "FLATTEN": flatten, "HEADS": heads}, warps,
+                                     stages)
+        except Exception as e:  # noqa: BLE001
+            print(f"{label}: does not compile ({type(e).__name__}: "
+                  f"{str(e).splitlines()[0][:120]})")
+            continue
+        _report(label, compiled)
+    for (bm, bk, group, warps, stages), heads in [(t, 2) for t in TWO_HEAD_TILES] + \
+            [(FUSED_TILES[0], 1)]:
+        label = (f"fused persistent pointers {heads} head(s) table {bm}x{heads * D}x{bk} "
+                 f"w{warps} s{stages}")
+        signature = {"x_ptr": "*bf16", "w_ptr": "*bf16", "y_ptr": "*bf16", "theta_ptr": "*fp32",
+                     "M": "i32", "S": "i32", "K": "i32", "HQ": "i32", "HK": "i32",
+                     "BLOCK_M": "constexpr", "D": "constexpr", "BLOCK_K": "constexpr",
+                     "GROUP_M": "constexpr", "PROGRAMS": "constexpr", "HEADS": "constexpr"}
+        _report(label, _compile_sm90(_qkv_rope_persistent_pointers, signature,
+                                     {"BLOCK_M": bm, "D": D, "BLOCK_K": bk, "GROUP_M": group,
+                                      "PROGRAMS": H200_SMS, "HEADS": heads}, warps, stages))
 
 
-def time_all(token_counts, out) -> None:
+def time_all(token_counts, out, only=(), rounds=1) -> None:
     from ropelib.bench import compare
     rows = []
     for tokens in token_counts:
@@ -374,6 +600,7 @@ def time_all(token_counts, out) -> None:
         theta = torch.arange(tokens, device="cuda", dtype=torch.float32)[:, None] * \
             (1e4 ** (-torch.arange(0, D, 2, device="cuda", dtype=torch.float32) / D))[None, :]
         table = cos_sin_table(theta)
+        table_bf16 = table.to(torch.bfloat16)
         freqs = torch.cat((theta, theta), -1)[:, None, None, :]      # ropelib's [S, 1, 1, D]
 
         def unfused():      # what a user has: cuBLAS, then ropelib's RoPE on q and k
@@ -391,12 +618,41 @@ def time_all(token_counts, out) -> None:
                 runs[name] = (lambda ft, a, t: lambda: run_fused(
                     x, w, table if t else theta, tokens, (HQ, HK), ft, a, t))(ft, two_acc,
                                                                              use_table)
+            for use_table, flatten in itertools.product((True, False), (True, False)):
+                name = (f"fused persistent{' flat' if flatten else ''} "
+                        f"{'table' if use_table else 'angles'} {ft}")
+                runs[name] = (lambda ft, t, f: lambda: run_fused_persistent(
+                    x, w, table if t else theta, tokens, (HQ, HK), ft, t, flatten=f))(
+                        ft, use_table, flatten)
+            # the table in bf16 (half the bytes the epilogue reads; Hugging Face's tables are
+            # in the model's dtype)
+            runs[f"fused persistent table bf16 {ft}"] = (
+                lambda ft: lambda: run_fused_persistent(x, w, table_bf16, tokens, (HQ, HK), ft,
+                                                        True, flatten=False))(ft)
+            # the cos/sin table made from the angles inside the call, as a caller without one
+            # would have to
+            runs[f"fused persistent table made in the call {ft}"] = (
+                lambda ft: lambda: run_fused_persistent(x, w, cos_sin_table(theta), tokens,
+                                                        (HQ, HK), ft, True, flatten=False))(ft)
+        for ft in TWO_HEAD_TILES:
+            for flatten in (False, True):
+                runs[f"fused persistent 2 heads{' flat' if flatten else ''} table {ft}"] = (
+                    lambda ft, f: lambda: run_fused_persistent(
+                        x, w, table, tokens, (HQ, HK), ft, True, flatten=f, heads_per_tile=2))(
+                            ft, flatten)
+        for ft in TWO_HEAD_TILES:
+            for heads in (2, 1):
+                runs[f"fused persistent pointers {heads} head(s) table {ft}"] = (
+                    lambda ft, hd: lambda: run_fused_persistent_pointers(
+                        x, w, table, tokens, (HQ, HK), ft, heads_per_tile=hd))(ft, heads)
         for tile in TILES:
             runs[f"pointers {tile}"] = (lambda t: lambda: run_pointers(x, w, t))(tile)
             runs[f"descriptors {tile}"] = (lambda t: lambda: run_descriptors(x, w, t))(tile)
             runs[f"persistent {tile}"] = (lambda t: lambda: run_persistent(x, w, t))(tile)
-        timed = {}
-        for name, fn in runs.items():
+        if only:
+            runs = {name: fn for name, fn in runs.items() if name in only or name == "cublas"}
+        ready = {}
+        for name, fn in runs.items():       # compile, check, and drop what does not fit
             try:
                 got = fn()
                 if name.startswith(("fused", "unfused")):   # rotated q, k: timed, not compared
@@ -404,24 +660,34 @@ def time_all(token_counts, out) -> None:
                 else:
                     err = ((got.float() - want.float()).abs().max()
                            / want.float().abs().max()).item()
-                ms = triton.testing.do_bench(fn, quantiles=[0.5, 0.2, 0.8])
             except Exception as e:  # noqa: BLE001 -- a tile that does not fit: say so
                 rows.append(dict(tokens=tokens, variant=name, reason=f"{type(e).__name__}: "
                                  f"{str(e).splitlines()[0][:200]}"))
                 print(f"{tokens:6d} {name:40s} failed: {rows[-1]['reason']}", flush=True)
                 continue
-            timed[name] = ms[0]
-            rows.append(dict(tokens=tokens, variant=name, ms=ms[0], ms_p20=ms[1], ms_p80=ms[2],
-                             tflops=flop / ms[0] / 1e9, max_rel_err=err))
-        for r in rows:
-            if r["tokens"] == tokens and r.get("ms"):
-                r["cublas_ms_over_ms"] = timed["cublas"] / r["ms"]
-                print(f"{tokens:6d} {r['variant']:40s} {r['ms']:.4f} ms {r['tflops']:6.0f} "
-                      f"TFLOP/s  {r['cublas_ms_over_ms']:.3f} of cuBLAS's speed", flush=True)
+            ready[name] = (fn, err)
+        # rounds: every variant once a round, in the same order, so a slow spell of the GPU
+        # falls on all of them; a variant's ratio to cuBLAS is the median of its rounds' ratios
+        times = {name: [] for name in ready}
+        for _ in range(rounds):
+            for name, (fn, _err) in ready.items():
+                times[name].append(triton.testing.do_bench(fn, quantiles=[0.5, 0.2, 0.8]))
+        for name, (fn, err) in ready.items():
+            med = statistics.median(t[0] for t in times[name])
+            ratios = [c[0] / t[0] for c, t in zip(times["cublas"], times[name])]
+            ratio = statistics.median(ratios)
+            rows.append(dict(tokens=tokens, variant=name, ms=med,
+                             ms_p20=statistics.median(t[1] for t in times[name]),
+                             ms_p80=statistics.median(t[2] for t in times[name]),
+                             tflops=flop / med / 1e9, cublas_ms_over_ms=ratio, rounds=rounds,
+                             max_rel_err=err))
+            spread = f" (rounds {min(ratios):.3f}-{max(ratios):.3f})" if rounds > 1 else ""
+            print(f"{tokens:6d} {name:40s} {med:.4f} ms {flop / med / 1e9:6.0f} TFLOP/s  "
+                  f"{ratio:.3f} of cuBLAS's speed{spread}", flush=True)
     if out:
         compare.write_csv(rows, out, compare.environment_meta(),
                           fields=["tokens", "variant", "ms", "ms_p20", "ms_p80", "tflops",
-                                  "cublas_ms_over_ms", "max_rel_err", "reason"])
+                                  "cublas_ms_over_ms", "rounds", "max_rel_err", "reason"])
         print(f"wrote {out}")
 
 
@@ -429,6 +695,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, nargs="+", default=[8192, 32768])
     ap.add_argument("--out", default=None)
+    ap.add_argument("--only", nargs="+", default=(),
+                    help="time only these variants (names as printed), cuBLAS beside them")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time every variant this many times, interleaved; medians")
     ap.add_argument("--sass", action="store_true", help="compile for sm_90 here, no GPU")
     ap.add_argument("--check", action="store_true", help="small shapes, every variant")
     args = ap.parse_args(argv)
@@ -438,7 +708,7 @@ def main(argv=None) -> int:
         sys.path.insert(0, os.path.join(HERE, "tests"))     # gpu_compile_check.machine_code
         sass()
     else:
-        time_all(args.tokens, args.out)
+        time_all(args.tokens, args.out, args.only, args.rounds)
     return 0
 
 

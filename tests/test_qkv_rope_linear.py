@@ -829,12 +829,20 @@ def test_long_row_tiles_compute_the_projection(monkeypatch, seeded):
 def test_mainloop_probe_variants_compute_the_projection(capsys):
     """benchmarks/qkv_mainloop_probe.py's GEMM variants (pointer loads, TMA descriptors, the
     persistent GEMM with fewer programs than tiles) compute x W^T at a small size, here (the
-    interpreter) as on a GPU."""
+    interpreter) as on a GPU; its fused candidates, grid and persistent (flattened or not, one
+    head or two a tile, TMA or pointer loads), rotate q and k and pass v through."""
     probe = load_file("qkv_mainloop_probe", ROOT / "benchmarks" / "qkv_mainloop_probe.py")
     probe.check()
     out = capsys.readouterr().out
     assert "pointers: max error" in out and "descriptors: max error" in out
     assert "persistent, 3 programs for 8 tiles: max error" in out
+    for flat in ("persistent, flattened,", "persistent,"):
+        for source in ("angles", "cos/sin table"):
+            assert f"fused candidate, {flat} 5 programs for 16 tiles, {source}: max" in out
+    for source in ("angles", "cos/sin table"):
+        assert f"two heads a tile, 5 programs for 12 tiles, {source}: max" in out
+    for heads in (1, 2):
+        assert f"pointer loads, {heads} head(s) a tile, cos/sin table: max" in out
 
 
 def test_tile_sweep_takes_chosen_tiles():
