@@ -221,6 +221,116 @@ def _qkv_rope_persistent(x_desc, w_desc, y_desc, theta_ptr, M, S, K, HQ, HK,
 
 
 @triton.jit
+def _member_rotate(a, b, r, wa, wb, c_a, s_a, c_b, s_b):
+    # one head's halves a, b [BLOCK_M, HALF]: RMS-normed (r [BLOCK_M, 1], weights wa, wb
+    # [1, HALF]) and rotated with each member's own cos and sin, as the product's rows give them
+    a = a * r * wa
+    b = b * r * wb
+    return tl.fma(a, c_a, -(b * s_a)), tl.fma(b, c_b, a * s_b)
+
+
+@triton.jit
+def _qkv_rope_persistent_rows(x_desc, w_desc, y_desc, cos_ptr, sin_ptr, nw_ptr, M, S, K, HQ, HK,
+                              eps, BLOCK_M: tl.constexpr, D: tl.constexpr,
+                              BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                              PROGRAMS: tl.constexpr, NORM: tl.constexpr,
+                              SHARED: tl.constexpr):
+    # The two-head persistent candidate with the product's epilogue inputs: every token's cos
+    # rows and signed sine rows [S, D] fp32 (kernels/qkv_gemm's pre-pass: each member of a pair
+    # its own cos and sin, c_a at feature j, c_b at j + D/2, s'_a = -s_a), and with NORM the
+    # RMS norm of each q and k head before the rotation (nw_ptr [2, D]: q's weight, then k's).
+    # Four [BLOCK_M, D/2] fp32 tiles of cos/sin where the table candidate holds two: what the
+    # product's forward would carry onto this mainloop. v heads: cos 1, sin 0, no norm.
+    # SHARED: both members of a pair at one angle (an angle table that repeats every frequency,
+    # or Angles), so one cos and one sin tile are read, c_b = c_a and s_a = s_b, as in the
+    # table candidate.
+    HALF: tl.constexpr = D // 2
+    tiles_m = M // BLOCK_M
+    tiles_n = (HQ + 2 * HK) // 2
+    for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, PROGRAMS):
+        pid_m, pid_n = _grouped(tile, tiles_m, tiles_n, GROUP_M)
+        m0 = pid_m * BLOCK_M
+        h = pid_n * 2
+        acc = tl.zeros((BLOCK_M, 2 * D), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            acc = _mma(x_desc.load([m0, k0]), w_desc.load([h * D, k0]).T, acc, "tf32")
+        j = tl.arange(0, HALF)
+        qk = h < HQ + HK
+        on = j + tl.where(qk, 0, HALF) < HALF                           # [HALF]: q or k
+        rotate = on[None, :]
+        row = ((m0 + tl.arange(0, BLOCK_M)) % S)[:, None] * D + j[None, :]
+        c_a = tl.load(cos_ptr + row, mask=rotate, other=1.0)            # [BLOCK_M, HALF]
+        s_b = tl.load(sin_ptr + row + HALF, mask=rotate, other=0.0)
+        if SHARED:
+            c_b = c_a
+            s_a = s_b
+        else:
+            c_b = tl.load(cos_ptr + row + HALF, mask=rotate, other=1.0)
+            s_a = -tl.load(sin_ptr + row, mask=rotate, other=0.0)
+        a, b = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, 2, HALF)), (0, 3, 1, 2)))
+        a0, a1 = tl.split(a)
+        b0, b1 = tl.split(b)
+        if NORM:
+            w_row = nw_ptr + tl.where(h < HQ, 0, D) + j                 # q's or k's weight
+            wa = tl.load(w_row, mask=on, other=1.0).to(tl.float32)[None, :]
+            wb = tl.load(w_row + HALF, mask=on, other=1.0).to(tl.float32)[None, :]
+            r0 = tl.rsqrt((tl.sum(a0 * a0, 1) + tl.sum(b0 * b0, 1)) / D + eps)[:, None]
+            r1 = tl.rsqrt((tl.sum(a1 * a1, 1) + tl.sum(b1 * b1, 1)) / D + eps)[:, None]
+            r0 = tl.where(qk, r0, 1.0)
+            r1 = tl.where(qk, r1, 1.0)
+        else:
+            wa = 1.0
+            wb = 1.0
+            r0 = 1.0
+            r1 = 1.0
+        ya, yb = _member_rotate(a0, b0, r0, wa, wb, c_a, s_a, c_b, s_b)
+        y_desc.store([m0, h * D], ya.to(y_desc.dtype))
+        y_desc.store([m0, h * D + HALF], yb.to(y_desc.dtype))
+        ya, yb = _member_rotate(a1, b1, r1, wa, wb, c_a, s_a, c_b, s_b)
+        y_desc.store([m0, h * D + D], ya.to(y_desc.dtype))
+        y_desc.store([m0, h * D + D + HALF], yb.to(y_desc.dtype))
+
+
+def run_fused_rows(x, w, rows, S, heads, tile, norm_weights=None, eps=1e-6, programs=None,
+                   shared=False):
+    """The two-head persistent candidate on the product's rows: rows = (cos [S, D], signed
+    sine [S, D]) fp32 (product_rows); norm_weights [2, D] (q's, k's) or None; shared: read one
+    cos and one sin per pair (the rows' halves are equal)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    bm, bk, group, warps, stages = tile
+    hq, hk = heads
+    assert hq % 2 == 0 and hk % 2 == 0, heads
+    M, K = x.shape
+    d = w.shape[0] // (hq + 2 * hk)
+    y = torch.empty(M, w.shape[0], dtype=x.dtype, device=x.device)
+    tiles = (M // bm) * (hq + 2 * hk) // 2
+    if programs is None:
+        programs = torch.cuda.get_device_properties(x.device).multi_processor_count
+    programs = min(programs, tiles)
+    _qkv_rope_persistent_rows[(programs,)](
+        TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(w, [2 * d, bk]),
+        TensorDescriptor.from_tensor(y, [bm, d // 2]), rows[0], rows[1], norm_weights, M, S, K,
+        hq, hk, eps, BLOCK_M=bm, D=d, BLOCK_K=bk, GROUP_M=group, PROGRAMS=programs,
+        NORM=norm_weights is not None, SHARED=shared, num_warps=warps, num_stages=stages)
+    return y[:, : hq * d], y[:, hq * d:(hq + hk) * d], y[:, (hq + hk) * d:]
+
+
+def product_rows(theta):
+    """The product's pre-pass rows for angles theta [S, D/2] (both members of a pair at one
+    angle): cos [S, D] and the signed sine [S, D] (-sin for the first member, sin for the
+    second), fp32."""
+    c, s = theta.cos(), theta.sin()
+    return torch.cat((c, c), 1).contiguous(), torch.cat((-s, s), 1).contiguous()
+
+
+def norm_reference(y, weight, eps):
+    """y [M, heads * D] fp32, each head RMS-normed with weight [D]."""
+    M, d = y.shape[0], weight.shape[0]
+    h = y.reshape(M, -1, d)
+    return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * weight).reshape(M, -1)
+
+
+@triton.jit
 def _qkv_rope_persistent_pointers(x_ptr, w_ptr, y_ptr, theta_ptr, M, S, K, HQ, HK,
                                   BLOCK_M: tl.constexpr, D: tl.constexpr, BLOCK_K: tl.constexpr,
                                   GROUP_M: tl.constexpr, PROGRAMS: tl.constexpr,
@@ -469,6 +579,25 @@ def check() -> None:
         print(f"fused candidate, persistent, two heads a tile, 5 programs for 12 tiles, "
               f"{'cos/sin table' if table else 'angles'}: max error {max(errs):.1e} of the "
               f"largest output")
+    nw = (1 + 0.1 * torch.randn(2, d, device=dev)).to(torch.bfloat16)
+    for weights in (None, nw):
+        want_qk = y[:, :(hq + hk) * d]
+        if weights is not None:
+            want_qk = torch.cat((norm_reference(y[:, : hq * d], weights[0].float(), 1e-6),
+                                 norm_reference(y[:, hq * d:(hq + hk) * d], weights[1].float(),
+                                                1e-6)), 1)
+        want_rows = [rope_reference(want_qk[:, : hq * d], theta, S),
+                     rope_reference(want_qk[:, hq * d:], theta, S), y[:, (hq + hk) * d:]]
+        for shared in (False, True):
+            got = run_fused_rows(x, w, product_rows(theta), S, (hq, hk), (64, 64, 2, 4, 2),
+                                 weights, programs=5, shared=shared)
+            errs = [(g.float() - t).abs().max().item() / t.abs().max().item()
+                    for g, t in zip(got, want_rows)]
+            assert max(errs) < 2**-7, ("persistent rows", weights is not None, shared, errs)
+            print(f"fused candidate, persistent, two heads, the product's cos/sin rows"
+                  f"{', one per pair' if shared else ''}"
+                  f"{', QK-norm' if weights is not None else ''}: max error {max(errs):.1e} "
+                  f"of the largest output")
     for heads in (1, 2):
         got = run_fused_persistent_pointers(x, w, cos_sin_table(theta), S, (hq, hk),
                                             (64, 64, 2, 4, 2), programs=5, heads_per_tile=heads)
@@ -576,6 +705,21 @@ def sass() -> None:
                   f"{str(e).splitlines()[0][:120]})")
             continue
         _report(label, compiled)
+    for (bm, bk, group, warps, stages), norm, shared in itertools.product(
+            TWO_HEAD_TILES, (False, True), (False, True)):
+        label = (f"fused persistent 2 heads product rows{' one per pair' if shared else ''}"
+                 f"{' QK-norm' if norm else ''} {bm}x{2 * D}x{bk} w{warps} s{stages}")
+        signature = {"x_desc": f"tensordesc<bf16[{bm},{bk}]>",
+                     "w_desc": f"tensordesc<bf16[{2 * D},{bk}]>",
+                     "y_desc": f"tensordesc<bf16[{bm},{D // 2}]>", "cos_ptr": "*fp32",
+                     "sin_ptr": "*fp32", "nw_ptr": "*bf16", "M": "i32", "S": "i32", "K": "i32",
+                     "HQ": "i32", "HK": "i32", "eps": "fp32", "BLOCK_M": "constexpr",
+                     "D": "constexpr", "BLOCK_K": "constexpr", "GROUP_M": "constexpr",
+                     "PROGRAMS": "constexpr", "NORM": "constexpr", "SHARED": "constexpr"}
+        _report(label, _compile_sm90(_qkv_rope_persistent_rows, signature,
+                                     {"BLOCK_M": bm, "D": D, "BLOCK_K": bk, "GROUP_M": group,
+                                      "PROGRAMS": H200_SMS, "NORM": norm, "SHARED": shared},
+                                     warps, stages))
     for (bm, bk, group, warps, stages), heads in [(t, 2) for t in TWO_HEAD_TILES] + \
             [(FUSED_TILES[0], 1)]:
         label = (f"fused persistent pointers {heads} head(s) table {bm}x{heads * D}x{bk} "
@@ -601,6 +745,8 @@ def time_all(token_counts, out, only=(), rounds=1) -> None:
             (1e4 ** (-torch.arange(0, D, 2, device="cuda", dtype=torch.float32) / D))[None, :]
         table = cos_sin_table(theta)
         table_bf16 = table.to(torch.bfloat16)
+        prepass_rows = product_rows(theta)
+        norm_weights = (1 + 0.1 * torch.randn(2, D, device="cuda")).to(torch.bfloat16)
         freqs = torch.cat((theta, theta), -1)[:, None, None, :]      # ropelib's [S, 1, 1, D]
 
         def unfused():      # what a user has: cuBLAS, then ropelib's RoPE on q and k
@@ -640,6 +786,13 @@ def time_all(token_counts, out, only=(), rounds=1) -> None:
                     lambda ft, f: lambda: run_fused_persistent(
                         x, w, table, tokens, (HQ, HK), ft, True, flatten=f, heads_per_tile=2))(
                             ft, flatten)
+        for ft, norm, shared in itertools.product(TWO_HEAD_TILES, (False, True),
+                                                  (False, True)):
+            name = (f"fused persistent 2 heads product rows{' one per pair' if shared else ''}"
+                    f"{' QK-norm' if norm else ''} {ft}")
+            runs[name] = (lambda ft, nw, sh: lambda: run_fused_rows(
+                x, w, prepass_rows, tokens, (HQ, HK), ft, nw, shared=sh))(
+                    ft, norm_weights if norm else None, shared)
         for ft in TWO_HEAD_TILES:
             for heads in (2, 1):
                 runs[f"fused persistent pointers {heads} head(s) table {ft}"] = (

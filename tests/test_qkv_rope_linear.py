@@ -843,6 +843,8 @@ def test_mainloop_probe_variants_compute_the_projection(capsys):
         assert f"two heads a tile, 5 programs for 12 tiles, {source}: max" in out
     for heads in (1, 2):
         assert f"pointer loads, {heads} head(s) a tile, cos/sin table: max" in out
+    for kind in ("rows", "rows, one per pair", "rows, QK-norm", "rows, one per pair, QK-norm"):
+        assert f"two heads, the product's cos/sin {kind}: max" in out
 
 
 def test_tile_sweep_takes_chosen_tiles():
