@@ -754,8 +754,17 @@ def time_all(token_counts, out, only=(), rounds=1) -> None:
             q = y[:, : HQ * D].view(1, tokens, HQ, D)
             k = y[:, HQ * D:(HQ + HK) * D].view(1, tokens, HK, D)
             return ropelib.apply_rope_qk(q, k, freqs, layout="bshd")
+        cos_bf16 = freqs.cos().to(torch.bfloat16)           # [S, 1, 1, D], as Hugging Face's
+        sin_bf16 = freqs.sin().to(torch.bfloat16)           # tables are (the model's dtype)
+
+        def unfused_table():  # the same from a cos/sin table made once, not from angles
+            y = torch.nn.functional.linear(x, w)
+            q = y[:, : HQ * D].view(1, tokens, HQ, D)
+            k = y[:, HQ * D:(HQ + HK) * D].view(1, tokens, HK, D)
+            return ropelib.apply_rope_qk(q, k, cos=cos_bf16, sin=sin_bf16, layout="bshd")
         runs = {"cublas": lambda: torch.nn.functional.linear(x, w),
                 "unfused (cuBLAS + ropelib RoPE)": unfused,
+                "unfused, bf16 cos/sin table": unfused_table,
                 "product": lambda: run_product(x, w, tokens)}
         for ft in FUSED_TILES:
             for two_acc, use_table in itertools.product((False, True), (True, False)):
@@ -781,6 +790,10 @@ def time_all(token_counts, out, only=(), rounds=1) -> None:
                 lambda ft: lambda: run_fused_persistent(x, w, cos_sin_table(theta), tokens,
                                                         (HQ, HK), ft, True, flatten=False))(ft)
         for ft in TWO_HEAD_TILES:
+            runs[f"fused persistent 2 heads table made in the call {ft}"] = (
+                lambda ft: lambda: run_fused_persistent(
+                    x, w, cos_sin_table(theta), tokens, (HQ, HK), ft, True, flatten=False,
+                    heads_per_tile=2))(ft)
             for flatten in (False, True):
                 runs[f"fused persistent 2 heads{' flat' if flatten else ''} table {ft}"] = (
                     lambda ft, f: lambda: run_fused_persistent(

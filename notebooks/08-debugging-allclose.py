@@ -524,6 +524,11 @@ LIVE = GPU and debug.te_label(device) == "TE fused"
 SAME_GPU = not GPU or torch.cuda.get_device_name() == GPU_NAME   # the file's GPU, or a CPU
 
 
+def ones_then_zeros(S, half):
+    """x = (1 | 0) [S, 1, 1, 2 half]: a rotate-half RoPE of it outputs its own (cos | sin)."""
+    return torch.cat((torch.ones(S, 1, 1, half), torch.zeros(S, 1, 1, half)), -1)
+
+
 def te_side(case):
     """TE's output, TE's own cos and sin, and the angles, for the case's inputs: computed by TE
     on this GPU (LIVE), else the ones stored from the GPU run."""
@@ -532,8 +537,7 @@ def te_side(case):
     x, ang = debug.te_bits_inputs(case.scenario, device)
     S, half = ang.shape
     freqs4 = torch.cat((ang, ang), dim=-1).view(S, 1, 1, 2 * half)
-    probe = torch.cat((torch.ones(S, 1, 1, half), torch.zeros(S, 1, 1, half)), -1).to(device)
-    cs = debug.te_fused(probe, freqs4).float()[:, 0, 0]          # = TE's (cos | sin)
+    cs = debug.te_fused(ones_then_zeros(S, half).to(device), freqs4).float()[:, 0, 0]
     return {"te": debug.te_fused(x, freqs4).cpu(), "cos": cs[:, :half].cpu(),
             "sin": cs[:, half:].cpu(), "angles": ang.cpu()}
 
@@ -723,10 +727,10 @@ def kernel_cos_sin(case, sincos, table):
     """The cos and sin the kernel uses with this source: x = (1 | 0) makes its output (c | s)."""
     ang = SIDE[case.key]["angles"]
     S, half = ang.shape
-    probe = torch.cat((torch.ones(S, 1, 1, half), torch.zeros(S, 1, 1, half)), -1)
     cos, sin = table if table is not None else (SIDE[case.key]["cos"], SIDE[case.key]["sin"])
     y = ex.launch(_rope_combine_kernel, as_written,
-                  *(t.to(device) for t in (probe, ang, cos, sin)), sincos=sincos)
+                  *(t.to(device) for t in (ones_then_zeros(S, half), ang, cos, sin)),
+                  sincos=sincos)
     y = y.cpu()[:, 0, 0]
     return y[:, :half], y[:, half:]
 
