@@ -1509,10 +1509,18 @@ assert [round(dy_ms[t, WAYS[1]] / dy_ms[t, WAYS[3]] - 1, 2) for t in TOKENS] == 
 # thread and 80 bytes spilled, compiled for sm_90) and falls behind the unfused pipeline. And
 # its table was made once, outside the timed call, as a model makes one table for all its
 # layers; made in every call, the candidate is level with the unfused pipeline at 32768 tokens
-# and behind at 8192. ropelib's `qkv_rope_linear` forward does not run on this main loop yet:
-# its own GEMM, without the epilogue, runs at about three quarters of cuBLAS's speed in the
-# same runs (the last row). The numbers above are what a fused forward on this main loop has
-# to keep.
+# and behind at 8192.
+#
+# Since these runs, `qkv_rope_linear` runs its forward on this main loop wherever a GPU has
+# TMA and both head counts are even: two heads a tile, the descriptors made inside the kernel
+# from its pointers, so it launches the way every ropelib kernel does (eagerly, under
+# `torch.compile`, in CUDA graphs). It reads ropelib's four cos/sin tiles, so it holds 255
+# registers and spills, like the four-tile row above; on the H200 it runs about a fifth
+# faster than the forward it replaced and still trails the unfused pipeline
+# (`benchmarks/qkv_forward_ab.py`). Everything else this section measured is that earlier,
+# pointer-loaded forward, which still serves odd head counts, partial rotary and GPUs without
+# TMA; without its epilogue it runs at about three quarters of cuBLAS's speed (the last row).
+# The candidate's numbers above are what the shipped forward can still gain.
 
 # %%
 ROUNDS_RUNS = ["2204", "2207", "2221", "2229"]       # the runs of seven rounds, by their time

@@ -106,6 +106,14 @@ def _contiguous(t: Optional[Tensor]) -> Optional[Tensor]:
     return t.contiguous() if t is not None else None
 
 
+def _aligned(t: Tensor) -> Tensor:
+    """t contiguous and starting on a 16-byte boundary (a TMA descriptor's base must: the
+    forward's main loop loads x and the weight by TMA); a view that starts between two is
+    copied."""
+    t = t.contiguous()
+    return t.clone() if (t.storage_offset() * t.element_size()) % 16 else t
+
+
 # --- the operators --------------------------------------------------------------------------
 
 @define_op("ropelib::qkv_rope_linear")
@@ -131,7 +139,7 @@ def qkv_rope_linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], table:
         norm_input = torch.empty((0,), dtype=x.dtype, device=x.device)
     if M:
         cos, sin_rows = cos_sin_rows(x, table, sin, position_ids, cu_seqlens, interleaved)
-        _run("fwd", (x.contiguous(), weight.contiguous(), _contiguous(bias), q, k, v, cos,
+        _run("fwd", (_aligned(x), _aligned(weight), _contiguous(bias), q, k, v, cos,
                      sin_rows, q_norm_weight, k_norm_weight, rstd if rstd.numel() else None,
                      norm_input if norm_input.numel() else None),
              x, table, position_ids, cu_seqlens, n_heads, n_kv_heads, head_dim, interleaved,

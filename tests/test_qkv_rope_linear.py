@@ -197,6 +197,32 @@ def test_forward_one_accumulator_per_head(interleaved, norm, seeded):
                   bias=False)
 
 
+@pytest.mark.parametrize("interleaved", [False, True], ids=["rotate-half", "interleaved"])
+@pytest.mark.parametrize("out_layout", ["bshd", "bhsd"])
+def test_forward_two_heads_a_tile(interleaved, out_layout, seeded):
+    """Both head counts even: the TMA forward takes two heads a tile, sharing their tokens'
+    cos and sin rows; with QK-norm, per-entry position ids, a bias, a ragged last token tile and
+    either output layout."""
+    if qkv_gemm.INTERPRET:              # (on a GPU: where it has TMA)
+        assert qkv_gemm.uses_tma(32, 4, 2, 32, 32, 2, torch.device("cpu"))
+    check_forward(torch.bfloat16, HQ=4, HK=2, D=32, B=2, S=13, interleaved=interleaved,
+                  norm=True, position_ids=True, out_layout=out_layout)
+
+
+def test_forward_from_views_that_start_off_16_bytes(seeded):
+    """x and the weight as views that start between two 16-byte boundaries (TMA needs them on
+    one): the forward copies them first and gives what contiguous copies give."""
+    x, w, b, _, _ = make(torch.bfloat16, B=1, S=16, K=32, HQ=2, HK=2, D=32)
+    xs = torch.empty(x.numel() + 1, dtype=x.dtype)[1:].view(x.shape).copy_(x)
+    ws = torch.empty(w.numel() + 3, dtype=w.dtype)[3:].view(w.shape).copy_(w)
+    assert xs.storage_offset() == 1 and ws.storage_offset() == 3
+    freqs = ropelib.rope_freqs(16, 32)
+    want = ropelib.qkv_rope_linear(x, w, b, n_heads=2, n_kv_heads=2, head_dim=32, freqs=freqs)
+    got = ropelib.qkv_rope_linear(xs, ws, b, n_heads=2, n_kv_heads=2, head_dim=32, freqs=freqs)
+    for g, t in zip(got, want):
+        assert torch.equal(g, t)
+
+
 def test_forward_gemma_scale_and_odd_sizes(seeded):
     """weight_offset=1 (Gemma 3's 1 + w), tokens and hidden size no multiple of the tiles."""
     check_forward(torch.bfloat16, S=13, K=40, norm=True, weight_offset=1.0, table="freqs")
@@ -759,7 +785,12 @@ def test_planned_launches_name_every_argument_and_their_dtypes():
     argument of its kernel, and plans for other dtypes or another pipelining depth differ."""
     opts = dict(S=8, B=2, K=32, HQ=2, HK=1, D=16, R=16, P=8, ids=None, cu_seqlens=None,
                 layout="bshd", interleaved=False, eps=1e-6, device=torch.device("cpu"))
-    for kind, launcher in (("fwd", qkv_gemm.FWD), ("dx", qkv_gemm.DX), ("dw", qkv_gemm.DW)):
+    # every feature rotated and even head counts: the forward on the persistent TMA main loop;
+    # partial rotary or an odd head count: the pointer-loaded kernel
+    for kind, launcher, rotary, kv_heads in (
+            ("fwd", qkv_gemm.FWD_TMA, 16, 2), ("fwd", qkv_gemm.FWD, 8, 2),
+            ("fwd", qkv_gemm.FWD, 16, 1), ("dx", qkv_gemm.DX, 16, 1), ("dw", qkv_gemm.DW, 16, 1)):
+        opts.update(R=rotary, HK=kv_heads)
         bf = qkv_gemm.plan(kind, dtypes=(torch.bfloat16,) * len(launcher.pointer_names), **opts)
         assert bf.launcher is launcher
         rest = [n for n in launcher.kernel.arg_names if n not in launcher.pointer_names]
@@ -777,6 +808,7 @@ def test_gpu_tiles_with_and_without_the_norm(monkeypatch):
     own tile (GPU_TILES["dx_norm"]: the norm's backward spills far less there); the bare GEMM
     and dW keep theirs. Planned as on a GPU (no GPU needed: plan sees only sizes and dtypes)."""
     monkeypatch.setattr(qkv_gemm, "INTERPRET", False)
+    monkeypatch.setattr(qkv_gemm, "has_tma", lambda device: False)   # an A100, say
     opts = dict(S=8, B=1, K=4096, HQ=32, HK=8, D=128, R=128, P=8, ids=None, cu_seqlens=None,
                 layout="bshd", interleaved=False, eps=1e-6, device=torch.device("cuda"))
     keys = ("BLOCK_M", "BLOCK_K", "GROUP_M")
@@ -804,6 +836,35 @@ def test_gpu_tiles_with_and_without_the_norm(monkeypatch):
             want = wanted(key if key in long_tiles else kind, long_tiles) if long_rows else \
                 wanted("dx_norm" if kind == "dx" and norm else kind)
             assert tile(kind, norm, dtype=dtype, D=256) == want, (kind, norm, dtype)
+
+
+def test_forward_on_tma_where_a_gpu_has_it(monkeypatch):
+    """On a GPU with TMA (planned as on an H200: no GPU needed) the forward runs on the
+    persistent TMA main loop: one program per SM, two heads a tile, TMA_TILES by dtype; not
+    with an odd head count or heads of 256, nor where the hidden size makes x's rows other than
+    a multiple of 16 bytes, nor with partial rotary, nor without TMA."""
+    monkeypatch.setattr(qkv_gemm, "INTERPRET", False)
+    monkeypatch.setattr(qkv_gemm, "has_tma", lambda device: True)
+    monkeypatch.setattr(qkv_gemm, "ensure_allocator", lambda: None)
+    monkeypatch.setitem(qkv_gemm._SMS, 0, 132)
+    opts = dict(S=8, B=1, K=4096, HQ=32, HK=8, D=128, R=128, P=8, ids=None, cu_seqlens=None,
+                layout="bshd", interleaved=False, eps=1e-6, device=torch.device("cuda", 0))
+
+    def plan(dtype=torch.bfloat16, **over):
+        dtypes = tuple(None if n in qkv_gemm._NORM else dtype for n in qkv_gemm.FWD_POINTERS)
+        return qkv_gemm.plan("fwd", dtypes=dtypes, **dict(opts, **over))
+    bf = plan()
+    assert bf.launcher is qkv_gemm.FWD_TMA and bf.grid == (132,) and bf.args["PROGRAMS"] == 132
+    tile = qkv_gemm.TMA_TILES[2]
+    assert (bf.args["BLOCK_M"], bf.args["BLOCK_K"], bf.num_warps, bf.num_stages) == (
+        tile["BLOCK_M"], tile["BLOCK_K"], tile["num_warps"], tile["num_stages"])
+    assert plan(torch.float32).args["BLOCK_K"] == qkv_gemm.TMA_TILES[4]["BLOCK_K"]
+    for other in (dict(HK=1), dict(HQ=3), dict(D=256, R=256),   # odd heads, heads of 256
+                  dict(K=4092),                                  # 8184-byte rows: not TMA's
+                  dict(R=64)):                                   # partial rotary
+        assert plan(**other).launcher is qkv_gemm.FWD, other
+    monkeypatch.setattr(qkv_gemm, "has_tma", lambda device: False)
+    assert plan().launcher is qkv_gemm.FWD
 
 
 def test_forward_profile_probe_launches_every_call(capsys):

@@ -62,6 +62,21 @@ forward  _qkv_rope_fwd_kernel   one program per (BLOCK_M tokens, head): cdiv(M, 
          the bias, and for a q or k head loads its tokens' cos and sin rows (below), norms,
          rotates, rounds once and stores into q, k or v in the output layout (bshd [B, S, H, D]
          or bhsd [B, H, S, D]).
+forward, _qkv_rope_fwd_tma_kernel   on a GPU with TMA (Hopper and newer), where both head counts
+on TMA   are even and the head is one accumulator (uses_tma): a persistent grid, one program
+         per SM, each walking the (BLOCK_M tokens, two heads) tiles in the same grouped order;
+         x's and W's tiles arrive by TMA (descriptors made in the kernel from the pointers, so
+         it launches like every other ropelib kernel, eagerly, under torch.compile and in CUDA
+         graphs); the two heads of a tile share one load of their tokens' cos and sin rows,
+         and the epilogue is the same (_store_head). Measured on an H200
+         (benchmarks/qkv_forward_ab.py, Llama-3-8B's projection, bf16, 7 rounds): 0.88-0.90 of
+         cuBLAS's speed against 0.73-0.74 for the kernel above, 0.84-0.85 with QK-norm against
+         0.71-0.74; cuBLAS then ropelib's RoPE 0.92-0.96. The same main loop with a table
+         holding one cos and one sin per pair reaches that pipeline
+         (benchmarks/qkv_mainloop_probe.py); with the four rows below (each member its own cos
+         and sin) two heads hold 255 registers and spill 288 bytes a thread (sm_90, Triton
+         3.6), which is what keeps it behind. One head a tile (128 tokens) spilled 16 bytes and
+         ran slower than the kernel above (0.70 against 0.74): odd head counts keep that one.
 dX       _qkv_rope_dx_kernel    one program per (BLOCK_M tokens, BLOCK_K hidden columns),
          grouped: it reads its tokens' cos and sin rows once, then loops over every head (q's, k's,
          v's): forms that head's dY tile [BLOCK_M, D] from gq/gk/gv (and the saved norm
@@ -503,6 +518,115 @@ def _qkv_rope_fwd_kernel(
 
 
 @triton.jit
+def _store_head(acc, h, q_ptr, k_ptr, v_ptr, norm_q_ptr, norm_k_ptr, rstd_ptr, pre_ptr,
+                c_a, s_a, c_b, s_b, m, m_ok, HQ, HK, S, B, eps, d_a, d_b, e, j_ok, e_ok,
+                D: tl.constexpr, LAYOUT: tl.constexpr, INT64: tl.constexpr,
+                INTERLEAVED: tl.constexpr, ROTATE: tl.constexpr):
+    # head h's accumulator [BLOCK_M, D] (bias added) -> its pairs' members, normed and rotated
+    # for a q or k head, stored into q, k or v (the forward's epilogue, one head)
+    HALF: tl.constexpr = D // 2
+    if INTERLEAVED:    # pair j = features (2j, 2j + 1): adjacent columns
+        a, b = tl.split(tl.reshape(acc, (acc.shape[0], HALF, 2)))
+    else:              # pair j = features (j, j + D/2): the two halves
+        a, b = tl.split(tl.permute(tl.reshape(acc, (acc.shape[0], 2, HALF)), (0, 2, 1)))
+    NQK = HQ + HK
+    if h < NQK:
+        if h < HQ:
+            _norm_rotate_store(a, b, a, q_ptr, norm_q_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b, s_b,
+                               m, m_ok, h, HQ, h, NQK, S, B, eps, d_a, d_b, e, j_ok, e_ok, D,
+                               LAYOUT, INT64, ROTATE, False)
+        else:
+            _norm_rotate_store(a, b, a, k_ptr, norm_k_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b, s_b,
+                               m, m_ok, h - HQ, HK, h, NQK, S, B, eps, d_a, d_b, e, j_ok, e_ok,
+                               D, LAYOUT, INT64, ROTATE, False)
+    else:
+        _norm_rotate_store(a, b, a, v_ptr, None, None, None, 0.0, 0.0, 0.0, 0.0, m, m_ok,
+                           h - NQK, HK, h, NQK, S, B, eps, d_a, d_b, e, j_ok, e_ok, D, LAYOUT,
+                           INT64, False, False)
+
+
+@triton.jit
+def _qkv_rope_fwd_tma_kernel(
+    x_ptr, w_ptr, bias_ptr,             # x [M, K], weight [N, K] (16-byte aligned), bias [N]
+    q_ptr, k_ptr, v_ptr,                # outputs [B, S, H, D] (bshd) or [B, H, S, D] (bhsd)
+    cos_ptr, sin_ptr,                   # every token's cos and s' rows [NB * S, D] fp32
+    norm_q_ptr, norm_k_ptr,             # norm weights [D], or None
+    rstd_ptr, pre_ptr,                  # saved for the norm's backward, or None
+    S, B, K, HQ, HK,                    # tokens per sequence, sequences, hidden, heads
+    eps,                                # the norm's epsilon
+    D: tl.constexpr,                    # head dim (every feature rotated, D/2 a power of two)
+    LAYOUT: tl.constexpr, INTERLEAVED: tl.constexpr, ROWS_PER_ENTRY: tl.constexpr,
+    ROTATE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    INT64: tl.constexpr,
+    PROGRAMS: tl.constexpr,             # programs launched (one per SM on a GPU)
+):
+    # The forward of _qkv_rope_fwd_kernel's one-accumulator case on a persistent TMA main loop:
+    # PROGRAMS programs walk the (BLOCK_M tokens, two heads) tiles in grouped order, tile t
+    # going to program t % PROGRAMS; x's and W's tiles arrive by TMA (descriptors made here,
+    # from the pointers: the kernel takes pointers like every ropelib kernel); a tile's two
+    # heads (HQ and HK even: both q's, k's or v's) share one load of their tokens' cos and sin
+    # rows. The epilogue is _qkv_rope_fwd_kernel's (_store_head): stores by pointer into
+    # either output layout.
+    HEADS: tl.constexpr = 2
+    HALF: tl.constexpr = D // 2
+    PRECISION: tl.constexpr = "ieee" if x_ptr.dtype.element_ty == tl.float32 else "tf32"
+    M = S * B
+    N = (HQ + 2 * HK) * D
+    x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[K, 1],
+                                       block_shape=[BLOCK_M, BLOCK_K])
+    w_desc = tl.make_tensor_descriptor(w_ptr, shape=[N, K], strides=[K, 1],
+                                       block_shape=[HEADS * D, BLOCK_K])
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = (HQ + 2 * HK) // HEADS
+    j = tl.arange(0, HALF)
+    j_ok = j < HALF
+    d_a, d_b = pair_features(j, HALF, INTERLEAVED)
+    e = D + tl.arange(0, 16)            # no pass-through features (placeholders)
+    e_ok = e < D
+    for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, PROGRAMS):
+        pid_m, pid_n = _grouped(tile, tiles_m, tiles_n, GROUP_M)
+        m0 = pid_m * BLOCK_M
+        h = pid_n * HEADS
+        acc = tl.zeros((BLOCK_M, HEADS * D), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):      # a ragged last tile of M or K: TMA reads zeros
+            acc = _mma(x_desc.load([m0, k0]), w_desc.load([h * D, k0]).T, acc, PRECISION)
+        if bias_ptr is not None:
+            acc += tl.load(bias_ptr + h * D + tl.arange(0, HEADS * D)).to(tl.float32)[None, :]
+        m = m0 + tl.arange(0, BLOCK_M)
+        m_ok = m < M
+        if h < HQ + HK:
+            if ROTATE:
+                c_a, s_a, c_b, s_b = _cos_sin_rows(cos_ptr, sin_ptr, m, M, S, d_a, d_b,
+                                                   ROWS_PER_ENTRY, D, HALF)
+            else:
+                c_a, s_a, c_b, s_b = 0.0, 0.0, 0.0, 0.0
+            _store_heads(acc, h, q_ptr, k_ptr, v_ptr, norm_q_ptr, norm_k_ptr, rstd_ptr, pre_ptr,
+                         c_a, s_a, c_b, s_b, m, m_ok, HQ, HK, S, B, eps, d_a, d_b, e, j_ok,
+                         e_ok, D, LAYOUT, INT64, INTERLEAVED, ROTATE)
+        else:
+            _store_heads(acc, h, q_ptr, k_ptr, v_ptr, None, None, None, None, 0.0, 0.0, 0.0,
+                         0.0, m, m_ok, HQ, HK, S, B, eps, d_a, d_b, e, j_ok, e_ok, D, LAYOUT,
+                         INT64, INTERLEAVED, False)
+
+
+@triton.jit
+def _store_heads(acc, h, q_ptr, k_ptr, v_ptr, norm_q_ptr, norm_k_ptr, rstd_ptr, pre_ptr,
+                 c_a, s_a, c_b, s_b, m, m_ok, HQ, HK, S, B, eps, d_a, d_b, e, j_ok, e_ok,
+                 D: tl.constexpr, LAYOUT: tl.constexpr, INT64: tl.constexpr,
+                 INTERLEAVED: tl.constexpr, ROTATE: tl.constexpr):
+    # a tile's accumulator [BLOCK_M, 2 D] -> its heads h and h + 1, [BLOCK_M, D] each, through
+    # _store_head with the same cos and sin rows
+    first, second = tl.split(tl.permute(tl.reshape(acc, (acc.shape[0], 2, D)), (0, 2, 1)))
+    _store_head(first, h, q_ptr, k_ptr, v_ptr, norm_q_ptr, norm_k_ptr, rstd_ptr, pre_ptr,
+                c_a, s_a, c_b, s_b, m, m_ok, HQ, HK, S, B, eps, d_a, d_b, e, j_ok, e_ok,
+                D, LAYOUT, INT64, INTERLEAVED, ROTATE)
+    _store_head(second, h + 1, q_ptr, k_ptr, v_ptr, norm_q_ptr, norm_k_ptr, rstd_ptr, pre_ptr,
+                c_a, s_a, c_b, s_b, m, m_ok, HQ, HK, S, B, eps, d_a, d_b, e, j_ok, e_ok,
+                D, LAYOUT, INT64, INTERLEAVED, ROTATE)
+
+
+@triton.jit
 def _dx_head(acc, dy_a, dy_b, dy_p, w_ptr, n0, kk, k_ok, d_a, d_b, e, j_ok, e_ok, K,
              HAS_PASS: tl.constexpr, PRECISION: tl.constexpr):
     # acc [BLOCK_M, BLOCK_K] += dY (this head, rounded to the weight's dtype) @ W[head rows, kk]
@@ -730,6 +854,7 @@ DX_POINTERS = ("gq_ptr", "gk_ptr", "gv_ptr", "w_ptr", "dx_ptr") + _ROWS
 DW_POINTERS = ("gq_ptr", "gk_ptr", "gv_ptr", "x_ptr", "dw_ptr", "db_ptr", "dnorm_ptr") + _TABLES
 LAYOUT = {"bshd": 1, "bhsd": 2}     # as kernels/common.contiguous_strides numbers them
 FWD = DirectLauncher(_qkv_rope_fwd_kernel, FWD_POINTERS)
+FWD_TMA = DirectLauncher(_qkv_rope_fwd_tma_kernel, FWD_POINTERS)
 DX = DirectLauncher(_qkv_rope_dx_kernel, DX_POINTERS)
 DW = DirectLauncher(_qkv_rope_dw_kernel, DW_POINTERS)
 LAUNCHERS = {"fwd": FWD, "dx": DX, "dw": DW}    # each kind's launcher (its pointer_names)
@@ -770,6 +895,61 @@ def _needs_int64(*sizes) -> bool:
     return any(n > 2**31 - 1 - 1024 for n in sizes)
 
 
+# The persistent TMA forward's tiles (BLOCK_M, BLOCK_K, GROUP_M, warps, stages) on a GPU: two
+# heads a tile at 128 tokens, 8 warps, 3 stages (the fused candidate of
+# benchmarks/qkv_mainloop_probe.py, H200); fp32 at half the K step, so three stages fit
+# in shared memory
+TMA_TILES = {2: dict(BLOCK_M=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3),
+             4: dict(BLOCK_M=128, BLOCK_K=32, GROUP_M=8, num_warps=8, num_stages=3)}
+TMA_PROGRAMS_INTERPRETED = 4        # the interpreter's programs (each walks several tiles)
+_SMS = {}
+
+
+def uses_tma(K, HQ: int, HK: int, D: int, R: int, itemsize: int,
+             device: torch.device) -> bool:
+    """Does the forward run on the persistent TMA main loop (_qkv_rope_fwd_tma_kernel)? Where
+    both head counts are even (a tile takes two heads), every feature is rotated, D/2 is a
+    power of two, 16 <= D <= 128 (two heads are one tl.dot operand of at most 256 columns) and
+    x's rows are a multiple of 16 bytes (TMA's rule for strides), on a GPU with TMA (compute
+    capability 9 or newer) or in the interpreter. The caller hands it x and the weight 16-byte
+    aligned (qkv_linear). Measured on an H200 (benchmarks/qkv_forward_ab.py), one head a tile
+    ran slower than the pointer-loaded kernel, so odd head counts keep that kernel."""
+    half = D // 2
+    if HQ % 2 or HK % 2 or R != D or half & (half - 1) or not 16 <= D <= 128 \
+            or (K * itemsize) % 16:
+        return False
+    return INTERPRET or has_tma(device)
+
+
+def has_tma(device: torch.device) -> bool:
+    """A GPU with TMA: compute capability 9 (Hopper) or newer (False where CUDA is not
+    available, as when kernels are compiled for a GPU on a machine without one)."""
+    return (device.type == "cuda" and torch.cuda.is_available()
+            and torch.cuda.get_device_capability(device)[0] >= 9)
+
+
+def _programs(device: torch.device) -> int:
+    if INTERPRET:
+        return TMA_PROGRAMS_INTERPRETED
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SMS:
+        _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SMS[index]
+
+
+def _scratch(size: int, alignment: int, stream):
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def ensure_allocator() -> None:
+    """Device-side TMA descriptors need a scratch buffer per launch, which Triton's launcher
+    asks of the allocator set with triton.set_allocator: set one (torch's caching allocator)
+    where this thread has none, and leave a caller's own alone."""
+    from triton.runtime import _allocation
+    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+        triton.set_allocator(_scratch)
+
+
 def per_entry(ids) -> bool:
     """Do positions (and so the forward's cos/sin rows) differ between batch entries? Position
     ids of one row per entry ([B, S], B > 1) do; [1, S] ids, packed sequences and the token
@@ -797,7 +977,16 @@ def plan(kind: str, *, S, B, K, HQ, HK, D, R, P, ids, cu_seqlens, layout: str,
                 IDS_PER_ENTRY=per_entry(ids), ROWS_PER_ENTRY=per_entry(ids), ROTATE=rotate,
                 BLOCK_M=t["BLOCK_M"], BLOCK_K=t["BLOCK_K"], GROUP_M=t["GROUP_M"],
                 INT64=_needs_int64(M * K, M * N, N * K))
-    if kind == "fwd":
+    if kind == "fwd" and uses_tma(K, HQ, HK, D, R, dtypes[0].itemsize, device):
+        launcher = FWD_TMA
+        if not INTERPRET:
+            t = dict(TMA_TILES[min(dtypes[0].itemsize, 4)])
+            args.update(BLOCK_M=t["BLOCK_M"], BLOCK_K=t["BLOCK_K"], GROUP_M=t["GROUP_M"])
+            ensure_allocator()
+        programs = _programs(device)
+        grid = (programs,)
+        args = dict(args, eps=eps, PROGRAMS=programs)
+    elif kind == "fwd":
         grid = (cdiv(M, t["BLOCK_M"]) * (HQ + 2 * HK),)
         args = dict(args, eps=eps)
     elif kind == "dx":

@@ -1,0 +1,112 @@
+"""qkv_rope_linear's forward on its two main loops, timed in rounds beside cuBLAS and the unfused
+pipeline (GPU with TMA).
+
+ropelib's QKV projection runs its forward on a persistent TMA main loop where a GPU has TMA
+(kernels/qkv_gemm._qkv_rope_fwd_tma_kernel, two heads a tile, where both head counts are even),
+and on the pointer-loaded kernel (_qkv_rope_fwd_kernel) elsewhere. (A first run also timed the
+TMA kernel with one head a tile: slower than the pointer-loaded kernel, 0.70 against 0.74 of
+cuBLAS; results/qkv_forward_ab-nvidia-h200-20261130-2249.csv.) This times, for
+Llama-3-8B's projection (hidden 4096, 32/8 heads of 128, bf16, table-free angles), with and
+without QK-norm:
+
+    cublas             F.linear alone (the ratios' reference)
+    unfused            F.linear, then ropelib's RoPE on q and k (qk_norm_rope with the norm)
+    pointer kernel     qkv_rope_linear with the TMA main loop switched off
+    TMA, two heads     qkv_rope_linear as shipped on this GPU
+
+every variant once a round, in the same order; a variant's ratio to cuBLAS is the median of its
+rounds' ratios (above 1: faster than cuBLAS).
+
+    python benchmarks/qkv_forward_ab.py [--tokens 8192 32768] [--rounds 7] [--out CSV]
+"""
+import argparse
+import os
+import statistics
+import sys
+
+import torch
+import triton
+
+HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, HERE)
+
+import ropelib  # noqa: E402
+from ropelib.kernels import qkv_gemm  # noqa: E402
+
+HIDDEN, HQ, HK, D = 4096, 32, 8, 128
+
+
+def variants(tokens: int, norm: bool) -> dict:
+    x = torch.randn(1, tokens, HIDDEN, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn((HQ + 2 * HK) * D, HIDDEN, device="cuda", dtype=torch.bfloat16) * 0.02
+    angles = ropelib.rope_angles(D, base=500000.0, device="cuda")
+    nq = nk = torch.ones(D, device="cuda") if norm else None
+    freqs = ropelib.rope_freqs(tokens, D, base=500000.0, device="cuda")
+
+    def fused():
+        return ropelib.qkv_rope_linear(x, w, n_heads=HQ, n_kv_heads=HK, head_dim=D,
+                                       angles=angles, q_norm_weight=nq, k_norm_weight=nk)
+
+    def unfused():
+        y = torch.nn.functional.linear(x, w)
+        q = y[..., : HQ * D].view(1, tokens, HQ, D)
+        k = y[..., HQ * D:(HQ + HK) * D].view(1, tokens, HK, D)
+        if norm:
+            return ropelib.qk_norm_rope(q, k, nq, nk, freqs, layout="bshd")
+        return ropelib.apply_rope_qk(q, k, freqs, layout="bshd")
+
+    def patched(**attrs):
+        def run():
+            saved = {n: getattr(qkv_gemm, n) for n in attrs}
+            for n, v in attrs.items():
+                setattr(qkv_gemm, n, v)
+            try:
+                return fused()
+            finally:
+                for n, v in saved.items():
+                    setattr(qkv_gemm, n, v)
+        return run
+    return {"cublas": lambda: torch.nn.functional.linear(x, w),
+            "unfused": unfused,
+            "pointer kernel": patched(has_tma=lambda device: False),
+            "TMA, two heads": fused}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tokens", type=int, nargs="+", default=[8192, 32768])
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    from ropelib.bench import compare
+    rows = []
+    for tokens in args.tokens:
+        for norm in (False, True):
+            runs = variants(tokens, norm)
+            ref = runs["TMA, two heads"]()
+            for name in ("pointer kernel",):                        # the same outputs
+                for a, b in zip(runs[name](), ref):
+                    assert torch.equal(a, b), (name, tokens, norm)
+            times = {name: [] for name in runs}
+            for _ in range(args.rounds):
+                for name, fn in runs.items():
+                    times[name].append(triton.testing.do_bench(fn))
+            for name in runs:
+                ratios = [c / t for c, t in zip(times["cublas"], times[name])]
+                rows.append(dict(tokens=tokens, qk_norm=norm, variant=name,
+                                 ms=statistics.median(times[name]),
+                                 cublas_ms_over_ms=statistics.median(ratios),
+                                 low=min(ratios), high=max(ratios), rounds=args.rounds))
+                r = rows[-1]
+                print(f"{tokens:6d} {'QK-norm' if norm else 'plain':8s} {name:16s} "
+                      f"{r['ms']:.4f} ms  {r['cublas_ms_over_ms']:.3f} of cuBLAS's speed "
+                      f"(rounds {r['low']:.3f}-{r['high']:.3f})", flush=True)
+    if args.out:
+        compare.write_csv(rows, args.out, compare.environment_meta(),
+                          fields=["tokens", "qk_norm", "variant", "ms", "cublas_ms_over_ms",
+                                  "low", "high", "rounds"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
