@@ -80,7 +80,9 @@ def _run(kind: str, pointers: tuple, x: Tensor, table: Tensor, position_ids, cu_
     kernel.run(kernel.plan(kind, S=S, B=B, K=K, HQ=n_heads, HK=n_kv_heads, D=head_dim, R=R,
                            P=_rows(table), ids=position_ids, cu_seqlens=cu_seqlens,
                            layout=out_layout, interleaved=interleaved, eps=eps, device=x.device,
-                           dtypes=pointer_dtypes(pointers)), pointers)
+                           dtypes=pointer_dtypes(pointers),
+                           shared_angle=table.dtype == torch.int64),   # Angles' turns
+               pointers)
 
 
 def cos_sin_rows(x: Tensor, table: Tensor, sin: Optional[Tensor], position_ids, cu_seqlens,

@@ -209,6 +209,34 @@ def test_forward_two_heads_a_tile(interleaved, out_layout, seeded):
                   norm=True, position_ids=True, out_layout=out_layout)
 
 
+@pytest.mark.parametrize("interleaved", [False, True], ids=["rotate-half", "interleaved"])
+def test_forward_reads_one_cos_and_sin_a_pair_from_angles(interleaved, monkeypatch, seeded):
+    """With table-free angles both members of a pair share their angle, so the rows hold equal
+    values at both members' features (checked here) and the TMA forward reads one cos and one
+    sin tile instead of four: the same outputs, bit for bit, as reading all four."""
+    x, w, b, wq, wk = make(torch.bfloat16, B=2, S=13, HQ=4, HK=2, D=32, norm=True)
+    angles = ropelib.rope_angles(32)
+    pos = torch.randint(0, 1000, (2, 13))
+    c, s = qkv_linear.cos_sin_rows(x, angles.turns, angles.amplitude, pos, None, interleaved)
+    j = torch.arange(16)
+    d_a, d_b = (2 * j, 2 * j + 1) if interleaved else (j, j + 16)
+    assert torch.equal(c[:, d_a], c[:, d_b]) and torch.equal(-s[:, d_a], s[:, d_b])
+    opts = dict(n_heads=4, n_kv_heads=2, head_dim=32, angles=angles, position_ids=pos,
+                q_norm_weight=wq, k_norm_weight=wk, interleaved=interleaved)
+    shared = ropelib.qkv_rope_linear(x, w, b, **opts)
+    plan = qkv_gemm.plan
+    seen = []
+
+    def four_tiles(*args, **kwargs):
+        seen.append(kwargs.get("shared_angle"))
+        return plan(*args, **dict(kwargs, shared_angle=False))
+    monkeypatch.setattr(qkv_gemm, "plan", four_tiles)
+    four = ropelib.qkv_rope_linear(x, w, b, **opts)
+    assert seen == [True]
+    for a, t in zip(shared, four):
+        assert torch.equal(a, t)
+
+
 def test_forward_from_views_that_start_off_16_bytes(seeded):
     """x and the weight as views that start between two 16-byte boundaries (TMA needs them on
     one): the forward copies them first and gives what contiguous copies give."""

@@ -75,8 +75,10 @@ on TMA   are even and the head is one accumulator (uses_tma): a persistent grid,
          holding one cos and one sin per pair reaches that pipeline
          (benchmarks/qkv_mainloop_probe.py); with the four rows below (each member its own cos
          and sin) two heads hold 255 registers and spill 288 bytes a thread (sm_90, Triton
-         3.6), which is what keeps it behind. One head a tile (128 tokens) spilled 16 bytes and
-         ran slower than the kernel above (0.70 against 0.74): odd head counts keep that one.
+         3.6), which is what keeps it behind. With table-free angles both members share their
+         angle and it reads one cos and one sin tile (SHARED_ANGLE): 254 registers, no spill
+         (compiled; not yet timed). One head a tile (128 tokens) spilled 16 bytes and ran
+         slower than the kernel above (0.70 against 0.74): odd head counts keep that one.
 dX       _qkv_rope_dx_kernel    one program per (BLOCK_M tokens, BLOCK_K hidden columns),
          grouped: it reads its tokens' cos and sin rows once, then loops over every head (q's, k's,
          v's): forms that head's dY tile [BLOCK_M, D] from gq/gk/gv (and the saved norm
@@ -278,6 +280,25 @@ def _cos_sin_rows(cos_ptr, sin_ptr, m, M, S, d_a, d_b, ROWS_PER_ENTRY: tl.conste
     s_a = -tl.load(sin_ptr + row + d_a[None, :], mask=mask, other=0.0)
     s_b = tl.load(sin_ptr + row + d_b[None, :], mask=mask, other=0.0)
     return c_a, s_a, c_b, s_b
+
+
+@triton.jit
+def _pair_cos_sin_rows(cos_ptr, sin_ptr, m, M, S, d_a, d_b, ROWS_PER_ENTRY: tl.constexpr,
+                       R: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    # _cos_sin_rows where both members of every pair share their angle (the rows of Angles:
+    # one angle a pair, so the rows hold equal values at d_a and d_b): one cos and one sin
+    # tile [BLOCK_M, BLOCK_HALF] fp32, read at d_a and d_b, in place of four
+    HALF: tl.constexpr = R // 2
+    j = tl.arange(0, BLOCK_HALF)
+    if ROWS_PER_ENTRY:
+        r = m
+    else:
+        r = m % S
+    row = r.to(tl.int64)[:, None] * R
+    mask = (m < M)[:, None] & (j < HALF)[None, :]
+    c = tl.load(cos_ptr + row + d_a[None, :], mask=mask, other=0.0)
+    s = tl.load(sin_ptr + row + d_b[None, :], mask=mask, other=0.0)    # s'_b = s_b
+    return c, s, c, s
 
 
 @triton.jit
@@ -560,6 +581,7 @@ def _qkv_rope_fwd_tma_kernel(
     BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     INT64: tl.constexpr,
     PROGRAMS: tl.constexpr,             # programs launched (one per SM on a GPU)
+    SHARED_ANGLE: tl.constexpr,         # both members of every pair at one angle (Angles)
 ):
     # The forward of _qkv_rope_fwd_kernel's one-accumulator case on a persistent TMA main loop:
     # PROGRAMS programs walk the (BLOCK_M tokens, two heads) tiles in grouped order, tile t
@@ -596,7 +618,10 @@ def _qkv_rope_fwd_tma_kernel(
         m = m0 + tl.arange(0, BLOCK_M)
         m_ok = m < M
         if h < HQ + HK:
-            if ROTATE:
+            if ROTATE and SHARED_ANGLE:     # two row tiles held, not four
+                c_a, s_a, c_b, s_b = _pair_cos_sin_rows(cos_ptr, sin_ptr, m, M, S, d_a, d_b,
+                                                        ROWS_PER_ENTRY, D, HALF)
+            elif ROTATE:
                 c_a, s_a, c_b, s_b = _cos_sin_rows(cos_ptr, sin_ptr, m, M, S, d_a, d_b,
                                                    ROWS_PER_ENTRY, D, HALF)
             else:
@@ -959,14 +984,16 @@ def per_entry(ids) -> bool:
 
 def plan(kind: str, *, S, B, K, HQ, HK, D, R, P, ids, cu_seqlens, layout: str,
          interleaved: bool, eps: float, device: torch.device, dtypes: tuple,
-         rotate: bool = True) -> Launch:
+         rotate: bool = True, shared_angle: bool = False) -> Launch:
     """The launch of one kernel ("fwd", "dx" or "dw") for x [M = B S, K] and HQ, HK heads of D
     features (R rotated), positions from `ids` ([B or 1, S]) or `cu_seqlens` or the token
     index and a table of P rows; the forward reads the cos and s' rows of launch.
     plan_cos_sin_rows for those (per batch entry when `ids` has one row per entry). `dtypes`:
     its pointers' dtypes (None for None) in *_POINTERS order.
     Sees only sizes, dtypes and options, never values. rotate=False: the same GEMM without the
-    norm and the rotation (benchmarks/qkv_rope_bench.py's baseline)."""
+    norm and the rotation (benchmarks/qkv_rope_bench.py's baseline). shared_angle: both members
+    of every pair have one angle (table-free Angles), so the TMA forward reads one cos and one
+    sin tile of the rows where it would read four."""
     M, N = S * B, (HQ + 2 * HK) * D
     launcher = LAUNCHERS[kind]
     norm = rotate and dtypes[launcher.pointer_names.index("norm_q_ptr")] is not None
@@ -985,7 +1012,7 @@ def plan(kind: str, *, S, B, K, HQ, HK, D, R, P, ids, cu_seqlens, layout: str,
             ensure_allocator()
         programs = _programs(device)
         grid = (programs,)
-        args = dict(args, eps=eps, PROGRAMS=programs)
+        args = dict(args, eps=eps, PROGRAMS=programs, SHARED_ANGLE=shared_angle)
     elif kind == "fwd":
         grid = (cdiv(M, t["BLOCK_M"]) * (HQ + 2 * HK),)
         args = dict(args, eps=eps)
