@@ -1514,10 +1514,11 @@ assert [round(dy_ms[t, WAYS[1]] / dy_ms[t, WAYS[3]] - 1, 2) for t in TOKENS] == 
 # Since these runs, `qkv_rope_linear` runs its forward on this main loop wherever a GPU has
 # TMA and both head counts are even: two heads a tile, the descriptors made inside the kernel
 # from its pointers, so it launches the way every ropelib kernel does (eagerly, under
-# `torch.compile`, in CUDA graphs). It reads ropelib's four cos/sin tiles, so it holds 255
-# registers and spills, like the four-tile row above; on the H200 it runs about a fifth
-# faster than the forward it replaced and still trails the unfused pipeline
-# (`benchmarks/qkv_forward_ab.py`). Everything else this section measured is that earlier,
+# `torch.compile`, in CUDA graphs). Reading ropelib's four cos/sin tiles it held 255
+# registers and spilled, like the four-tile row above, and on the H200 it ran about a fifth
+# faster than the forward it replaced, still behind the unfused pipeline
+# (`benchmarks/qkv_forward_ab.py`). With table-free angles, whose pairs share one angle, it
+# now reads one cos and one sin tile, as the candidate does. Everything else this section measured is that earlier,
 # pointer-loaded forward, which still serves odd head counts, partial rotary and GPUs without
 # TMA; without its epilogue it runs at about three quarters of cuBLAS's speed (the last row).
 # The candidate's numbers above are what the shipped forward can still gain.
