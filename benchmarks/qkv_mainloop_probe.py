@@ -291,6 +291,25 @@ def _qkv_rope_persistent_rows(x_desc, w_desc, y_desc, cos_ptr, sin_ptr, nw_ptr, 
         y_desc.store([m0, h * D + D + HALF], yb.to(y_desc.dtype))
 
 
+def _persistent_launch(x, w, heads, bm, heads_per_tile, programs):
+    """What a persistent candidate's launch needs: (M, K, d, y [M, (hq + 2 hk) d], programs),
+    programs defaulting to one per SM of x's GPU and capped at the number of tiles."""
+    hq, hk = heads
+    assert hq % heads_per_tile == 0 and hk % heads_per_tile == 0, (heads, heads_per_tile)
+    M, K = x.shape
+    d = w.shape[0] // (hq + 2 * hk)
+    y = torch.empty(M, w.shape[0], dtype=x.dtype, device=x.device)
+    if programs is None:
+        programs = torch.cuda.get_device_properties(x.device).multi_processor_count
+    return M, K, d, y, min(programs, (M // bm) * (hq + 2 * hk) // heads_per_tile)
+
+
+def _qkv_views(y, heads, d):
+    """q, k, v as the column ranges of the joined output y."""
+    hq, hk = heads
+    return y[:, : hq * d], y[:, hq * d:(hq + hk) * d], y[:, (hq + hk) * d:]
+
+
 def run_fused_rows(x, w, rows, S, heads, tile, norm_weights=None, eps=1e-6, programs=None,
                    shared=False):
     """The two-head persistent candidate on the product's rows: rows = (cos [S, D], signed
@@ -299,20 +318,13 @@ def run_fused_rows(x, w, rows, S, heads, tile, norm_weights=None, eps=1e-6, prog
     from triton.tools.tensor_descriptor import TensorDescriptor
     bm, bk, group, warps, stages = tile
     hq, hk = heads
-    assert hq % 2 == 0 and hk % 2 == 0, heads
-    M, K = x.shape
-    d = w.shape[0] // (hq + 2 * hk)
-    y = torch.empty(M, w.shape[0], dtype=x.dtype, device=x.device)
-    tiles = (M // bm) * (hq + 2 * hk) // 2
-    if programs is None:
-        programs = torch.cuda.get_device_properties(x.device).multi_processor_count
-    programs = min(programs, tiles)
+    M, K, d, y, programs = _persistent_launch(x, w, heads, bm, 2, programs)
     _qkv_rope_persistent_rows[(programs,)](
         TensorDescriptor.from_tensor(x, [bm, bk]), TensorDescriptor.from_tensor(w, [2 * d, bk]),
         TensorDescriptor.from_tensor(y, [bm, d // 2]), rows[0], rows[1], norm_weights, M, S, K,
         hq, hk, eps, BLOCK_M=bm, D=d, BLOCK_K=bk, GROUP_M=group, PROGRAMS=programs,
         NORM=norm_weights is not None, SHARED=shared, num_warps=warps, num_stages=stages)
-    return y[:, : hq * d], y[:, hq * d:(hq + hk) * d], y[:, (hq + hk) * d:]
+    return _qkv_views(y, heads, d)
 
 
 def product_rows(theta):
@@ -379,18 +391,11 @@ def run_fused_persistent_pointers(x, w, table, S, heads, tile, programs=None,
     """run_fused_persistent (cos/sin table, not flattened) with pointer loads and stores."""
     bm, bk, group, warps, stages = tile
     hq, hk = heads
-    assert hq % heads_per_tile == 0 and hk % heads_per_tile == 0, (heads, heads_per_tile)
-    M, K = x.shape
-    d = w.shape[0] // (hq + 2 * hk)
-    y = torch.empty(M, w.shape[0], dtype=x.dtype, device=x.device)
-    tiles = (M // bm) * (hq + 2 * hk) // heads_per_tile
-    if programs is None:
-        programs = torch.cuda.get_device_properties(x.device).multi_processor_count
-    programs = min(programs, tiles)
+    M, K, d, y, programs = _persistent_launch(x, w, heads, bm, heads_per_tile, programs)
     _qkv_rope_persistent_pointers[(programs,)](
         x, w, y, table, M, S, K, hq, hk, BLOCK_M=bm, D=d, BLOCK_K=bk, GROUP_M=group,
         PROGRAMS=programs, HEADS=heads_per_tile, num_warps=warps, num_stages=stages)
-    return y[:, : hq * d], y[:, hq * d:(hq + hk) * d], y[:, (hq + hk) * d:]
+    return _qkv_views(y, heads, d)
 
 
 def run_fused(x, w, theta, S, heads, tile, two_acc=False, table=False):
@@ -419,21 +424,14 @@ def run_fused_persistent(x, w, theta, S, heads, tile, table=False, programs=None
     from triton.tools.tensor_descriptor import TensorDescriptor
     bm, bk, group, warps, stages = tile
     hq, hk = heads
-    assert hq % heads_per_tile == 0 and hk % heads_per_tile == 0, (heads, heads_per_tile)
-    M, K = x.shape
-    d = w.shape[0] // (hq + 2 * hk)
-    y = torch.empty(M, w.shape[0], dtype=x.dtype, device=x.device)
-    tiles = (M // bm) * (hq + 2 * hk) // heads_per_tile
-    if programs is None:
-        programs = torch.cuda.get_device_properties(x.device).multi_processor_count
-    programs = min(programs, tiles)
+    M, K, d, y, programs = _persistent_launch(x, w, heads, bm, heads_per_tile, programs)
     _qkv_rope_persistent[(programs,)](
         TensorDescriptor.from_tensor(x, [bm, bk]),
         TensorDescriptor.from_tensor(w, [heads_per_tile * d, bk]),
         TensorDescriptor.from_tensor(y, [bm, d // 2]), theta, M, S, K, hq, hk,
         BLOCK_M=bm, D=d, BLOCK_K=bk, GROUP_M=group, PROGRAMS=programs, COS_SIN_TABLE=table,
         FLATTEN=flatten, HEADS=heads_per_tile, num_warps=warps, num_stages=stages)
-    return y[:, : hq * d], y[:, hq * d:(hq + hk) * d], y[:, (hq + hk) * d:]
+    return _qkv_views(y, heads, d)
 
 
 def cos_sin_table(theta):

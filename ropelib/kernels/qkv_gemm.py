@@ -260,6 +260,20 @@ def _cos_sin(cos_ptr, sin_ptr, m, M, S, P, pos_ptr, cu_seqlens_ptr, N_SEQ, d_a, 
 
 
 @triton.jit
+def _row_offsets(m, M, S, ROWS_PER_ENTRY: tl.constexpr, R: tl.constexpr,
+                 BLOCK_HALF: tl.constexpr):
+    # tokens m [BLOCK_M] -> the offsets of their cos/sin rows [BLOCK_M, 1] (row b S + s with
+    # ROWS_PER_ENTRY, else row s; R values a row) and the mask [BLOCK_M, BLOCK_HALF] of a
+    # half row's pairs
+    j = tl.arange(0, BLOCK_HALF)
+    if ROWS_PER_ENTRY:
+        r = m
+    else:
+        r = m % S
+    return r.to(tl.int64)[:, None] * R, (m < M)[:, None] & (j < R // 2)[None, :]
+
+
+@triton.jit
 def _cos_sin_rows(cos_ptr, sin_ptr, m, M, S, d_a, d_b, ROWS_PER_ENTRY: tl.constexpr,
                   R: tl.constexpr, BLOCK_HALF: tl.constexpr):
     # the cos and sin of tokens m [BLOCK_M] (the forward's and dX's): c_a, s_a, c_b, s_b
@@ -267,14 +281,7 @@ def _cos_sin_rows(cos_ptr, sin_ptr, m, M, S, d_a, d_b, ROWS_PER_ENTRY: tl.conste
     # pre-pass wrote (launch.plan_cos_sin_rows: row b S + s with ROWS_PER_ENTRY, else row s;
     # s'_a = -s_a, s'_b = s_b; a NaN row where a position is outside the table, so the
     # rotation, forward or backward, makes NaN). Rows past M read zeros (masked, finite).
-    HALF: tl.constexpr = R // 2
-    j = tl.arange(0, BLOCK_HALF)
-    if ROWS_PER_ENTRY:
-        r = m
-    else:
-        r = m % S
-    row = r.to(tl.int64)[:, None] * R                              # [BLOCK_M, 1]
-    mask = (m < M)[:, None] & (j < HALF)[None, :]
+    row, mask = _row_offsets(m, M, S, ROWS_PER_ENTRY, R, BLOCK_HALF)
     c_a = tl.load(cos_ptr + row + d_a[None, :], mask=mask, other=0.0)
     c_b = tl.load(cos_ptr + row + d_b[None, :], mask=mask, other=0.0)
     s_a = -tl.load(sin_ptr + row + d_a[None, :], mask=mask, other=0.0)
@@ -288,14 +295,7 @@ def _pair_cos_sin_rows(cos_ptr, sin_ptr, m, M, S, d_a, d_b, ROWS_PER_ENTRY: tl.c
     # _cos_sin_rows where both members of every pair share their angle (the rows of Angles:
     # one angle a pair, so the rows hold equal values at d_a and d_b): one cos and one sin
     # tile [BLOCK_M, BLOCK_HALF] fp32, read at d_a and d_b, in place of four
-    HALF: tl.constexpr = R // 2
-    j = tl.arange(0, BLOCK_HALF)
-    if ROWS_PER_ENTRY:
-        r = m
-    else:
-        r = m % S
-    row = r.to(tl.int64)[:, None] * R
-    mask = (m < M)[:, None] & (j < HALF)[None, :]
+    row, mask = _row_offsets(m, M, S, ROWS_PER_ENTRY, R, BLOCK_HALF)
     c = tl.load(cos_ptr + row + d_a[None, :], mask=mask, other=0.0)
     s = tl.load(sin_ptr + row + d_b[None, :], mask=mask, other=0.0)    # s'_b = s_b
     return c, s, c, s
