@@ -895,6 +895,27 @@ def test_forward_on_tma_where_a_gpu_has_it(monkeypatch):
     assert plan().launcher is qkv_gemm.FWD
 
 
+def test_tma_allocator_set_only_where_none_is():
+    """The TMA forward's descriptors need Triton's allocator: ensure_allocator sets torch's
+    where the thread has none (Triton's NullAllocator) and leaves a caller's own alone. Each
+    case runs in a fresh context, so the test leaves this thread's allocator as it was."""
+    import contextvars
+
+    from triton.runtime import _allocation
+
+    def fresh(allocator):
+        def run():
+            _allocation._allocator.set(allocator)
+            qkv_gemm.ensure_allocator()
+            return _allocation._allocator.get()
+        return contextvars.copy_context().run(run)
+    assert fresh(_allocation.NullAllocator()) is qkv_gemm._scratch
+
+    def mine(size, alignment, stream):
+        raise AssertionError("not called here")
+    assert fresh(mine) is mine
+
+
 def test_forward_profile_probe_launches_every_call(capsys):
     """benchmarks/qkv_forward_ncu_probe.py --check: the launches it profiles on a GPU (cuBLAS's,
     ropelib's bare and fused forward, the mainloop probe's bare and rotating TMA kernels) run

@@ -969,9 +969,14 @@ def _scratch(size: int, alignment: int, stream):
 def ensure_allocator() -> None:
     """Device-side TMA descriptors need a scratch buffer per launch, which Triton's launcher
     asks of the allocator set with triton.set_allocator: set one (torch's caching allocator)
-    where this thread has none, and leave a caller's own alone."""
-    from triton.runtime import _allocation
-    if isinstance(_allocation._allocator.get(), _allocation.NullAllocator):
+    where this thread has none, and leave a caller's own alone. (A Triton without this module
+    is left as it is: its launcher then says that no allocator was set.)"""
+    try:
+        from triton.runtime import _allocation
+        unset = isinstance(_allocation._allocator.get(), _allocation.NullAllocator)
+    except (ImportError, AttributeError):
+        return
+    if unset:
         triton.set_allocator(_scratch)
 
 
