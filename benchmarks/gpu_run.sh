@@ -21,6 +21,8 @@
 #   bash benchmarks/gpu_run.sh qkv-backward  # the QKV backward's kernels at chosen tiles, then
 #                                            # the fused projection against its providers
 #   bash benchmarks/gpu_run.sh qkv-mainloop  # the QKV projection's GEMM mainloop three ways vs cuBLAS
+#   bash benchmarks/gpu_run.sh qkv-forward-ab  # qkv_rope_linear's forward: TMA main loop (two row
+#                                              # tiles and four) vs pointer loads, 7 rounds (~1 min)
 #   bash benchmarks/gpu_run.sh qkv-forward-ncu  # the fused forward and the probe's under Nsight
 #                                               # Compute's sections (~1 min)
 #   bash benchmarks/gpu_run.sh tables    # transformers' materialised cos/sin tables: what the
@@ -162,6 +164,10 @@ for what in "${@:-tests}"; do
             step qkv-mainloop "$PY" benchmarks/qkv_mainloop_probe.py \
                 --out "$RESULTS/qkv_mainloop-$gpu.csv"
             keep "$RESULTS/qkv_mainloop-$gpu.csv" ;;
+        qkv-forward-ab)
+            step qkv-forward-ab "$PY" benchmarks/qkv_forward_ab.py \
+                --out "$RESULTS/qkv_forward_ab-$tag.csv"
+            keep "$RESULTS/qkv_forward_ab-$tag.csv" ;;
         tables)
             # transformers' materialised tables: Qwen2-VL's per-axis ones and Hugging Face's
             # [B, S, D] ones (transformers' views, contiguous bhsd) under Nsight Compute
@@ -248,7 +254,7 @@ print('# what: Nsight Compute (--profile-from-start off --csv) of benchmarks/$pr
                 ${ONLY:+--only "$ONLY"}
             [ -n "${OUT:-}" ] && tar czf "$OUT/executed-$tag.tar.gz" -C "$executed" . ;;
         *)
-            echo "unknown step: $what (tests, targets, floor, two-pass, decode, decode-ncu, puzzle9-ncu, te-ncu, model, sweeps, ablation, ladder, features, qkv-backward, qkv-mainloop, tables, fwdbwd, probes, course, notebooks)"; exit 2 ;;
+            echo "unknown step: $what (tests, targets, floor, two-pass, decode, decode-ncu, puzzle9-ncu, te-ncu, model, sweeps, ablation, ladder, features, qkv-backward, qkv-mainloop, qkv-forward-ab, tables, fwdbwd, probes, course, notebooks)"; exit 2 ;;
     esac
 done
 exit $rc
