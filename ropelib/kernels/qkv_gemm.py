@@ -68,7 +68,7 @@ on TMA   are even and the head is one accumulator (uses_tma): a persistent grid,
          x's and W's tiles arrive by TMA (descriptors made in the kernel from the pointers, so
          it launches like every other ropelib kernel, eagerly, under torch.compile and in CUDA
          graphs); the two heads of a tile share one load of their tokens' cos and sin rows,
-         and the epilogue is the same (_store_head). Measured on an H200
+         and the epilogue is the same (_store_qk_head, _store_v_head). Measured on an H200
          (benchmarks/qkv_forward_ab.py, Llama-3-8B's projection, bf16, 7 rounds): 0.88-0.90 of
          cuBLAS's speed against 0.73-0.74 for the kernel above, 0.84-0.85 with QK-norm against
          0.71-0.74; cuBLAS then ropelib's RoPE 0.92-0.96. The same main loop with a table
@@ -76,7 +76,7 @@ on TMA   are even and the head is one accumulator (uses_tma): a persistent grid,
          (benchmarks/qkv_mainloop_probe.py); with the four rows below (each member its own cos
          and sin) two heads hold 255 registers and spill 288 bytes a thread (sm_90, Triton
          3.6), which is what keeps it behind. With table-free angles both members share their
-         angle and it reads one cos and one sin tile (SHARED_ANGLE): 254 registers, no spill
+         angle and it reads one cos and one sin tile (SHARED_ANGLE): 253 registers, no spill
          (compiled; not yet timed). One head a tile (128 tokens) spilled 16 bytes and ran
          slower than the kernel above (0.70 against 0.74): odd head counts keep that one.
 dX       _qkv_rope_dx_kernel    one program per (BLOCK_M tokens, BLOCK_K hidden columns),
@@ -488,10 +488,7 @@ def _qkv_rope_fwd_kernel(
             acc = _mma(x, wt, acc, PRECISION)                  # [BLOCK_M, D]
         if bias_ptr is not None:
             acc += tl.load(bias_ptr + n0 + tl.arange(0, D)).to(tl.float32)[None, :]
-        if INTERLEAVED:    # pair j = features (2j, 2j + 1): adjacent columns
-            acc_a, acc_b = tl.split(tl.reshape(acc, (BLOCK_M, HALF, 2)))
-        else:              # pair j = features (j, j + D/2): the two halves
-            acc_a, acc_b = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, HALF)), (0, 2, 1)))
+        acc_a, acc_b = _pair_halves(acc, INTERLEAVED)
     else:
         w_a = w_ptr + (n0 + d_a)[None, :] * K                  # [1, BLOCK_HALF]: rows d_a
         w_b = w_ptr + (n0 + d_b)[None, :] * K
@@ -524,46 +521,49 @@ def _qkv_rope_fwd_kernel(
                                                ROWS_PER_ENTRY, R, BLOCK_HALF)
         else:
             c_a, s_a, c_b, s_b = 0.0, 0.0, 0.0, 0.0
-        if h < HQ:
-            _norm_rotate_store(acc_a, acc_b, acc_p, q_ptr, norm_q_ptr, rstd_ptr, pre_ptr,
-                               c_a, s_a, c_b, s_b, m, m_ok, h, HQ, h, NQK, S, B, eps,
-                               d_a, d_b, e, j_ok, e_ok, D, LAYOUT, INT64, ROTATE, HAS_PASS)
-        else:
-            _norm_rotate_store(acc_a, acc_b, acc_p, k_ptr, norm_k_ptr, rstd_ptr, pre_ptr,
-                               c_a, s_a, c_b, s_b, m, m_ok, h - HQ, HK, h, NQK, S, B, eps,
-                               d_a, d_b, e, j_ok, e_ok, D, LAYOUT, INT64, ROTATE, HAS_PASS)
+        _store_qk_head(acc_a, acc_b, acc_p, h, q_ptr, k_ptr, norm_q_ptr, norm_k_ptr, rstd_ptr,
+                       pre_ptr, c_a, s_a, c_b, s_b, m, m_ok, HQ, HK, S, B, eps, d_a, d_b, e,
+                       j_ok, e_ok, D, LAYOUT, INT64, ROTATE, HAS_PASS)
     else:
-        _norm_rotate_store(acc_a, acc_b, acc_p, v_ptr, None, None, None, 0.0, 0.0, 0.0, 0.0,
-                           m, m_ok, h - NQK, HK, h, NQK, S, B, eps,
-                           d_a, d_b, e, j_ok, e_ok, D, LAYOUT, INT64, False, HAS_PASS)
+        _store_v_head(acc_a, acc_b, acc_p, h, v_ptr, m, m_ok, HQ, HK, S, B, eps, d_a, d_b, e,
+                      j_ok, e_ok, D, LAYOUT, INT64, HAS_PASS)
 
 
 @triton.jit
-def _store_head(acc, h, q_ptr, k_ptr, v_ptr, norm_q_ptr, norm_k_ptr, rstd_ptr, pre_ptr,
-                c_a, s_a, c_b, s_b, m, m_ok, HQ, HK, S, B, eps, d_a, d_b, e, j_ok, e_ok,
-                D: tl.constexpr, LAYOUT: tl.constexpr, INT64: tl.constexpr,
-                INTERLEAVED: tl.constexpr, ROTATE: tl.constexpr):
-    # head h's accumulator [BLOCK_M, D] (bias added) -> its pairs' members, normed and rotated
-    # for a q or k head, stored into q, k or v (the forward's epilogue, one head)
-    HALF: tl.constexpr = D // 2
+def _pair_halves(acc, INTERLEAVED: tl.constexpr):
+    # one head's accumulator [BLOCK_M, D] -> the members of its pairs, [BLOCK_M, D/2] each
+    HALF: tl.constexpr = acc.shape[1] // 2
     if INTERLEAVED:    # pair j = features (2j, 2j + 1): adjacent columns
-        a, b = tl.split(tl.reshape(acc, (acc.shape[0], HALF, 2)))
+        return tl.split(tl.reshape(acc, (acc.shape[0], HALF, 2)))
     else:              # pair j = features (j, j + D/2): the two halves
-        a, b = tl.split(tl.permute(tl.reshape(acc, (acc.shape[0], 2, HALF)), (0, 2, 1)))
-    NQK = HQ + HK
-    if h < NQK:
-        if h < HQ:
-            _norm_rotate_store(a, b, a, q_ptr, norm_q_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b, s_b,
-                               m, m_ok, h, HQ, h, NQK, S, B, eps, d_a, d_b, e, j_ok, e_ok, D,
-                               LAYOUT, INT64, ROTATE, False)
-        else:
-            _norm_rotate_store(a, b, a, k_ptr, norm_k_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b, s_b,
-                               m, m_ok, h - HQ, HK, h, NQK, S, B, eps, d_a, d_b, e, j_ok, e_ok,
-                               D, LAYOUT, INT64, ROTATE, False)
+        return tl.split(tl.permute(tl.reshape(acc, (acc.shape[0], 2, HALF)), (0, 2, 1)))
+
+
+@triton.jit
+def _store_qk_head(y_a, y_b, y_p, h, q_ptr, k_ptr, norm_q_ptr, norm_k_ptr, rstd_ptr, pre_ptr,
+                   c_a, s_a, c_b, s_b, m, m_ok, HQ, HK, S, B, eps, d_a, d_b, e, j_ok, e_ok,
+                   D: tl.constexpr, LAYOUT: tl.constexpr, INT64: tl.constexpr,
+                   ROTATE: tl.constexpr, HAS_PASS: tl.constexpr):
+    # the forward's epilogue for head h < HQ + HK: q's head h or k's head h - HQ, normed and
+    # rotated (_norm_rotate_store)
+    if h < HQ:
+        _norm_rotate_store(y_a, y_b, y_p, q_ptr, norm_q_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b,
+                           s_b, m, m_ok, h, HQ, h, HQ + HK, S, B, eps, d_a, d_b, e, j_ok, e_ok,
+                           D, LAYOUT, INT64, ROTATE, HAS_PASS)
     else:
-        _norm_rotate_store(a, b, a, v_ptr, None, None, None, 0.0, 0.0, 0.0, 0.0, m, m_ok,
-                           h - NQK, HK, h, NQK, S, B, eps, d_a, d_b, e, j_ok, e_ok, D, LAYOUT,
-                           INT64, False, False)
+        _norm_rotate_store(y_a, y_b, y_p, k_ptr, norm_k_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b,
+                           s_b, m, m_ok, h - HQ, HK, h, HQ + HK, S, B, eps, d_a, d_b, e, j_ok,
+                           e_ok, D, LAYOUT, INT64, ROTATE, HAS_PASS)
+
+
+@triton.jit
+def _store_v_head(y_a, y_b, y_p, h, v_ptr, m, m_ok, HQ, HK, S, B, eps, d_a, d_b, e, j_ok, e_ok,
+                  D: tl.constexpr, LAYOUT: tl.constexpr, INT64: tl.constexpr,
+                  HAS_PASS: tl.constexpr):
+    # the forward's epilogue for head h >= HQ + HK: v's head, stored as it is
+    _norm_rotate_store(y_a, y_b, y_p, v_ptr, None, None, None, 0.0, 0.0, 0.0, 0.0, m, m_ok,
+                       h - HQ - HK, HK, h, HQ + HK, S, B, eps, d_a, d_b, e, j_ok, e_ok, D,
+                       LAYOUT, INT64, False, HAS_PASS)
 
 
 @triton.jit
@@ -588,8 +588,8 @@ def _qkv_rope_fwd_tma_kernel(
     # going to program t % PROGRAMS; x's and W's tiles arrive by TMA (descriptors made here,
     # from the pointers: the kernel takes pointers like every ropelib kernel); a tile's two
     # heads (HQ and HK even: both q's, k's or v's) share one load of their tokens' cos and sin
-    # rows. The epilogue is _qkv_rope_fwd_kernel's (_store_head): stores by pointer into
-    # either output layout.
+    # rows. The epilogue is _qkv_rope_fwd_kernel's (_store_qk_head, _store_v_head): stores by
+    # pointer into either output layout.
     HEADS: tl.constexpr = 2
     HALF: tl.constexpr = D // 2
     PRECISION: tl.constexpr = "ieee" if x_ptr.dtype.element_ty == tl.float32 else "tf32"
@@ -626,29 +626,26 @@ def _qkv_rope_fwd_tma_kernel(
                                                    ROWS_PER_ENTRY, D, HALF)
             else:
                 c_a, s_a, c_b, s_b = 0.0, 0.0, 0.0, 0.0
-            _store_heads(acc, h, q_ptr, k_ptr, v_ptr, norm_q_ptr, norm_k_ptr, rstd_ptr, pre_ptr,
-                         c_a, s_a, c_b, s_b, m, m_ok, HQ, HK, S, B, eps, d_a, d_b, e, j_ok,
-                         e_ok, D, LAYOUT, INT64, INTERLEAVED, ROTATE)
+            for i in tl.static_range(HEADS):     # both heads q's or both k's (HQ, HK even)
+                a, b = _pair_halves(_tile_head(acc, i, D), INTERLEAVED)
+                _store_qk_head(a, b, a, h + i, q_ptr, k_ptr, norm_q_ptr, norm_k_ptr, rstd_ptr,
+                               pre_ptr, c_a, s_a, c_b, s_b, m, m_ok, HQ, HK, S, B, eps, d_a,
+                               d_b, e, j_ok, e_ok, D, LAYOUT, INT64, ROTATE, False)
         else:
-            _store_heads(acc, h, q_ptr, k_ptr, v_ptr, None, None, None, None, 0.0, 0.0, 0.0,
-                         0.0, m, m_ok, HQ, HK, S, B, eps, d_a, d_b, e, j_ok, e_ok, D, LAYOUT,
-                         INT64, INTERLEAVED, False)
+            for i in tl.static_range(HEADS):
+                a, b = _pair_halves(_tile_head(acc, i, D), INTERLEAVED)
+                _store_v_head(a, b, a, h + i, v_ptr, m, m_ok, HQ, HK, S, B, eps, d_a, d_b, e,
+                              j_ok, e_ok, D, LAYOUT, INT64, False)
 
 
 @triton.jit
-def _store_heads(acc, h, q_ptr, k_ptr, v_ptr, norm_q_ptr, norm_k_ptr, rstd_ptr, pre_ptr,
-                 c_a, s_a, c_b, s_b, m, m_ok, HQ, HK, S, B, eps, d_a, d_b, e, j_ok, e_ok,
-                 D: tl.constexpr, LAYOUT: tl.constexpr, INT64: tl.constexpr,
-                 INTERLEAVED: tl.constexpr, ROTATE: tl.constexpr):
-    # a tile's accumulator [BLOCK_M, 2 D] -> its heads h and h + 1, [BLOCK_M, D] each, through
-    # _store_head with the same cos and sin rows
+def _tile_head(acc, i: tl.constexpr, D: tl.constexpr):
+    # a two-head tile's accumulator [BLOCK_M, 2 D] -> head i's columns [BLOCK_M, D]
     first, second = tl.split(tl.permute(tl.reshape(acc, (acc.shape[0], 2, D)), (0, 2, 1)))
-    _store_head(first, h, q_ptr, k_ptr, v_ptr, norm_q_ptr, norm_k_ptr, rstd_ptr, pre_ptr,
-                c_a, s_a, c_b, s_b, m, m_ok, HQ, HK, S, B, eps, d_a, d_b, e, j_ok, e_ok,
-                D, LAYOUT, INT64, INTERLEAVED, ROTATE)
-    _store_head(second, h + 1, q_ptr, k_ptr, v_ptr, norm_q_ptr, norm_k_ptr, rstd_ptr, pre_ptr,
-                c_a, s_a, c_b, s_b, m, m_ok, HQ, HK, S, B, eps, d_a, d_b, e, j_ok, e_ok,
-                D, LAYOUT, INT64, INTERLEAVED, ROTATE)
+    if i == 0:
+        return first
+    else:
+        return second
 
 
 @triton.jit
