@@ -641,6 +641,18 @@ def _report(label: str, compiled) -> None:
           f"{code.count('UTMASTG')}, cp.async {code.count('LDGSTS')}")
 
 
+def _compile_and_report(label: str, kernel, signature: dict, constexprs: dict, warps: int,
+                        stages: int) -> None:
+    """Compile for sm_90 here and print _report's line, or why it does not compile."""
+    try:
+        compiled = _compile_sm90(kernel, signature, constexprs, warps, stages)
+    except Exception as e:  # noqa: BLE001 -- report and go on
+        print(f"{label}: does not compile ({type(e).__name__}: "
+              f"{str(e).splitlines()[0][:120]})")
+        return
+    _report(label, compiled)
+
+
 def sass() -> None:
     """Compile each variant for sm_90 here (no GPU) and count what the SASS holds."""
     for name, kernel in (("pointers", _gemm_pointers), ("descriptors", _gemm_descriptors),
@@ -648,15 +660,9 @@ def sass() -> None:
         for bm, bn, bk, group, warps, stages in TILES:
             label = f"{name:12s} {bm}x{bn}x{bk} w{warps} s{stages}"
             extra = {"PROGRAMS": H200_SMS} if name == "persistent" else {}
-            try:
-                compiled = _compile_sm90(kernel, _signature(name, bm, bn, bk),
-                                         {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
-                                          "GROUP_M": group, **extra}, warps, stages)
-            except Exception as e:  # noqa: BLE001 -- report and go on
-                print(f"{label}: does not compile ({type(e).__name__}: "
-                      f"{str(e).splitlines()[0][:120]})")
-                continue
-            _report(label, compiled)
+            _compile_and_report(label, kernel, _signature(name, bm, bn, bk),
+                                {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk,
+                                 "GROUP_M": group, **extra}, warps, stages)
     for (bm, bk, group, warps, stages), two_acc, table in itertools.product(
             FUSED_TILES, (False, True), (False, True)):
         label = (f"fused {'2 acc' if two_acc else '1 acc'} {'table ' if table else 'angles'} "
@@ -669,16 +675,9 @@ def sass() -> None:
                      "HK": "i32", "BLOCK_M": "constexpr", "D": "constexpr",
                      "BLOCK_K": "constexpr", "GROUP_M": "constexpr", "TWO_ACC": "constexpr",
                      "COS_SIN_TABLE": "constexpr"}
-        try:
-            compiled = _compile_sm90(_qkv_rope_descriptors, signature,
-                                     {"BLOCK_M": bm, "D": D, "BLOCK_K": bk, "GROUP_M": group,
-                                      "TWO_ACC": two_acc, "COS_SIN_TABLE": table}, warps,
-                                     stages)
-        except Exception as e:  # noqa: BLE001
-            print(f"{label}: does not compile ({type(e).__name__}: "
-                  f"{str(e).splitlines()[0][:120]})")
-            continue
-        _report(label, compiled)
+        _compile_and_report(label, _qkv_rope_descriptors, signature,
+                            {"BLOCK_M": bm, "D": D, "BLOCK_K": bk, "GROUP_M": group,
+                             "TWO_ACC": two_acc, "COS_SIN_TABLE": table}, warps, stages)
     for ((bm, bk, group, warps, stages), heads), table, flatten in itertools.product(
             [(t, 1) for t in FUSED_TILES] + [(t, 2) for t in TWO_HEAD_TILES], (False, True),
             (True, False)):
@@ -692,17 +691,10 @@ def sass() -> None:
                      "BLOCK_K": "constexpr", "GROUP_M": "constexpr", "PROGRAMS": "constexpr",
                      "COS_SIN_TABLE": "constexpr", "FLATTEN": "constexpr",
                      "HEADS": "constexpr"}
-        try:
-            compiled = _compile_sm90(_qkv_rope_persistent, signature,
-                                     {"BLOCK_M": bm, "D": D, "BLOCK_K": bk, "GROUP_M": group,
-                                      "PROGRAMS": H200_SMS, "COS_SIN_TABLE": table,
-                                      "FLATTEN": flatten, "HEADS": heads}, warps,
-                                     stages)
-        except Exception as e:  # noqa: BLE001
-            print(f"{label}: does not compile ({type(e).__name__}: "
-                  f"{str(e).splitlines()[0][:120]})")
-            continue
-        _report(label, compiled)
+        _compile_and_report(label, _qkv_rope_persistent, signature,
+                            {"BLOCK_M": bm, "D": D, "BLOCK_K": bk, "GROUP_M": group,
+                             "PROGRAMS": H200_SMS, "COS_SIN_TABLE": table,
+                             "FLATTEN": flatten, "HEADS": heads}, warps, stages)
     for (bm, bk, group, warps, stages), norm, shared in itertools.product(
             TWO_HEAD_TILES, (False, True), (False, True)):
         label = (f"fused persistent 2 heads product rows{' one per pair' if shared else ''}"
@@ -714,10 +706,10 @@ def sass() -> None:
                      "HQ": "i32", "HK": "i32", "eps": "fp32", "BLOCK_M": "constexpr",
                      "D": "constexpr", "BLOCK_K": "constexpr", "GROUP_M": "constexpr",
                      "PROGRAMS": "constexpr", "NORM": "constexpr", "SHARED": "constexpr"}
-        _report(label, _compile_sm90(_qkv_rope_persistent_rows, signature,
-                                     {"BLOCK_M": bm, "D": D, "BLOCK_K": bk, "GROUP_M": group,
-                                      "PROGRAMS": H200_SMS, "NORM": norm, "SHARED": shared},
-                                     warps, stages))
+        _compile_and_report(label, _qkv_rope_persistent_rows, signature,
+                            {"BLOCK_M": bm, "D": D, "BLOCK_K": bk, "GROUP_M": group,
+                             "PROGRAMS": H200_SMS, "NORM": norm, "SHARED": shared}, warps,
+                            stages)
     for (bm, bk, group, warps, stages), heads in [(t, 2) for t in TWO_HEAD_TILES] + \
             [(FUSED_TILES[0], 1)]:
         label = (f"fused persistent pointers {heads} head(s) table {bm}x{heads * D}x{bk} "
@@ -726,9 +718,9 @@ def sass() -> None:
                      "M": "i32", "S": "i32", "K": "i32", "HQ": "i32", "HK": "i32",
                      "BLOCK_M": "constexpr", "D": "constexpr", "BLOCK_K": "constexpr",
                      "GROUP_M": "constexpr", "PROGRAMS": "constexpr", "HEADS": "constexpr"}
-        _report(label, _compile_sm90(_qkv_rope_persistent_pointers, signature,
-                                     {"BLOCK_M": bm, "D": D, "BLOCK_K": bk, "GROUP_M": group,
-                                      "PROGRAMS": H200_SMS, "HEADS": heads}, warps, stages))
+        _compile_and_report(label, _qkv_rope_persistent_pointers, signature,
+                            {"BLOCK_M": bm, "D": D, "BLOCK_K": bk, "GROUP_M": group,
+                             "PROGRAMS": H200_SMS, "HEADS": heads}, warps, stages)
 
 
 def time_all(token_counts, out, only=(), rounds=1) -> None:
