@@ -924,7 +924,8 @@ def _needs_int64(*sizes) -> bool:
 TMA_TILES = {2: dict(BLOCK_M=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3),
              4: dict(BLOCK_M=128, BLOCK_K=32, GROUP_M=8, num_warps=8, num_stages=3)}
 TMA_PROGRAMS_INTERPRETED = 4        # the interpreter's programs (each walks several tiles)
-_SMS = {}
+_SMS = {}                           # device index -> its SMs (the TMA forward's programs)
+_TMA = {}                           # device index -> has_tma
 
 
 def uses_tma(K, HQ: int, HK: int, D: int, R: int, itemsize: int,
@@ -945,9 +946,14 @@ def uses_tma(K, HQ: int, HK: int, D: int, R: int, itemsize: int,
 
 def has_tma(device: torch.device) -> bool:
     """A GPU with TMA: compute capability 9 (Hopper) or newer (False where CUDA is not
-    available, as when kernels are compiled for a GPU on a machine without one)."""
-    return (device.type == "cuda" and torch.cuda.is_available()
-            and torch.cuda.get_device_capability(device)[0] >= 9)
+    available, as when kernels are compiled for a GPU on a machine without one). Asked once
+    per device: every forward's plan asks."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _TMA:
+        _TMA[index] = torch.cuda.get_device_capability(index)[0] >= 9
+    return _TMA[index]
 
 
 def _programs(device: torch.device) -> int:
