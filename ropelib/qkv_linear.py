@@ -6,12 +6,14 @@
 computes a fused nn.Linear's projection x W^T + b, splits it into q, k and v heads, RMS-norms
 each q and k head (with norm weights, as Qwen3 and Gemma 3 do) and rotates q and k, all in one
 Triton GEMM whose epilogue does the norm and the rotation while the tile is in registers
-(ropelib/kernels/qkv_gemm.py says how). Its backward, by default, has its two GEMMs (dX and
-dW) undo the rotation (and the norm) as they load the gradient: the gradient of the projection
-is never written (backward="prologue"). With backward="dy" it is written once instead:
-ropelib's RoPE (or, with QK-norm, qk_norm_rope's backward) undoes the rotation (and the norm) of
-the gradients of q and k, and cuBLAS runs dX and dW on the projection's gradient dY: 2.6 times
-faster on an H200 at 8192 tokens, 4.4 times with QK-norm (benchmarks/qkv_dy_probe.py).
+(ropelib/kernels/qkv_gemm.py says how). Its backward writes the projection's gradient dY once
+(backward="dy", the default where it applies): ropelib's RoPE (or, with QK-norm, qk_norm_rope's
+backward) undoes the rotation (and the norm) of the gradients of q and k, and cuBLAS runs dX and
+dW on dY. backward="prologue" never writes dY: ropelib's dX and dW GEMMs undo the rotation (and
+the norm) as they load the gradient, at the price of re-forming it in every column block; on an
+H200 at 8192 tokens of Llama-3-8B's projection it took 2.9 times as long (4.7 with QK-norm;
+benchmarks/qkv_dy_probe.py). With QK-norm on table-free angles or on packed sequences given by
+cu_seqlens, only the prologues apply, and they are the default there.
 
 One path: the public function checks its arguments and calls an operator, registered like
 ropelib's others (ropelib.ops: a triton_op on GPUs, a custom_op in the interpreter, each with a
@@ -25,8 +27,9 @@ fake implementation), which launches the kernel:
         n_kv_heads, head_dim, interleaved, out_layout, grad_x, grad_params, has_bias)
         -> (grad_x, grad_weight, grad_bias, grad_q_norm_weight, grad_k_norm_weight)
 
-The forward's autograd formula is the backward operator (backward="prologue"), or ropelib's
-RoPE operator and two matrix products (backward="dy"); double backward is not supported.
+The forward's autograd formula is ropelib's RoPE operator (or qk_norm_rope's backward operator)
+and two matrix products (backward="dy"), or the backward operator (backward="prologue"); double
+backward is not supported.
 rstd and norm_input are what the norm's backward needs (empty without norm weights or when no
 gradient will be asked for); tensors an operator does not compute come back empty ([0]).
 """
@@ -51,6 +54,23 @@ __all__ = ["qkv_rope_linear", "QKVRoPE"]
 DTYPES = QKV_LINEAR_DTYPES        # x and the weight
 OUT_LAYOUTS = QKV_LINEAR_LAYOUTS
 BACKWARDS = ("prologue", "dy")
+
+
+def resolved_backward(backward: Optional[str], norm: bool, angles: Optional[Angles],
+                      cu_seqlens: Optional[Tensor]) -> str:
+    """The backward qkv_rope_linear runs: `backward` checked, or for None "dy" (dY written once,
+    cuBLAS's GEMMs: the faster, measured) except with QK-norm on table-free angles or on
+    cu_seqlens, which qk_norm_rope's backward does not take: there "prologue"."""
+    only_prologue = norm and (angles is not None or cu_seqlens is not None)
+    if backward is None:
+        return "prologue" if only_prologue else "dy"
+    if backward not in BACKWARDS:
+        raise ValueError(f"backward must be None or one of {BACKWARDS}, got {backward!r}")
+    if backward == "dy" and only_prologue:
+        raise ValueError("backward='dy' with QK-norm takes freqs (an angle table, as "
+                         "ropelib.qk_norm_rope does) and position_ids for packed x, not "
+                         "angles or cu_seqlens: pass those, or backward='prologue' (or None)")
+    return backward
 
 
 def _sizes(x: Tensor) -> Tuple[int, int, int]:
@@ -421,7 +441,7 @@ def qkv_rope_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *,
                     k_norm_weight: Optional[Tensor] = None, eps: float = 1e-6,
                     weight_offset: float = 0.0, rotary_dim: Optional[int] = None,
                     interleaved: bool = False, out_layout: str = "bshd",
-                    backward: str = "prologue") -> Tuple[Tensor, Tensor, Tensor]:
+                    backward: Optional[str] = None) -> Tuple[Tensor, Tensor, Tensor]:
     """The QKV projection with (QK-RMSNorm and) RoPE in its epilogue: one Triton GEMM.
 
     Equals `F.linear(x, weight, bias)` split into q, k, v heads, then (with norm weights) the
@@ -450,15 +470,16 @@ def qkv_rope_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *,
         interleaved: pair features (2j, 2j+1) instead of (j, j + R/2).
         out_layout: "bshd" ([B, S, H, D]) or "bhsd" ([B, H, S, D], what
             scaled_dot_product_attention takes); packed x gives [T, H, D].
-        backward: how the gradients are made. "prologue": ropelib's dX and dW GEMMs undo the
-            rotation (and the norm) as they load the gradients of q, k and v, and the
-            projection's gradient dY is never written. "dy": dY is written once (ropelib's
-            RoPE rotates q's and k's gradients back; with QK-norm, ropelib.qk_norm_rope's
-            backward undoes the norm too, from the norm's input the forward keeps, and then
-            takes freqs, not angles, and position ids, not cu_seqlens) and cuBLAS runs
-            dX = dY W and dW = dY^T x. On an H200 at 8192 tokens of Llama-3-8B's projection,
-            forward+backward 2.01 ms against 5.17 with "prologue" and 1.89 for cuBLAS then
-            ropelib's RoPE; with QK-norm 2.13 against 9.37 and 1.98
+        backward: how the gradients are made. "dy": dY is written once (ropelib's RoPE
+            rotates q's and k's gradients back; with QK-norm, ropelib.qk_norm_rope's backward
+            undoes the norm too, from the norm's input the forward keeps, and then takes freqs,
+            not angles, and position ids, not cu_seqlens) and cuBLAS runs dX = dY W and
+            dW = dY^T x. "prologue": ropelib's dX and dW GEMMs undo the rotation (and the norm)
+            as they load the gradients of q, k and v, and dY is never written (it is re-formed
+            in every column block). None (the default): "dy" where it applies, else
+            "prologue". On an H200 at 8192 tokens of Llama-3-8B's projection (bf16, table-free
+            angles), forward+backward 1.75 ms with "dy", 5.00 with "prologue" and 1.85 for
+            cuBLAS then ropelib's RoPE; with QK-norm on an angle table 1.99, 9.27 and 1.93
             (benchmarks/qkv_dy_probe.py). Forward and v are the same either way.
 
     Returns:
@@ -503,12 +524,7 @@ def qkv_rope_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *,
     position_ids, cu_seqlens = _check_positions(x, position_ids, cu_seqlens, _rows(table),
                                                 out_layout)
     norm = _check_norm_weights(q_norm_weight, k_norm_weight, head_dim, x)
-    if backward not in BACKWARDS:
-        raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
-    if backward == "dy" and norm and (angles is not None or cu_seqlens is not None):
-        raise ValueError("backward='dy' with QK-norm takes freqs (an angle table, as "
-                         "ropelib.qk_norm_rope does) and position_ids for packed x, not "
-                         "angles or cu_seqlens: pass those, or backward='prologue'")
+    backward = resolved_backward(backward, norm, angles, cu_seqlens)
     if norm and weight_offset != 0.0:   # Gemma's scale 1 + w, in fp32 (autograd sees the sum)
         q_norm_weight = q_norm_weight.float() + weight_offset
         k_norm_weight = k_norm_weight.float() + weight_offset
@@ -543,7 +559,7 @@ class QKVRoPE(nn.Module):
     def __init__(self, hidden_size: int, n_heads: int, n_kv_heads: int, head_dim: int, *,
                  bias: bool = False, qk_norm: bool = False, eps: float = 1e-6,
                  weight_offset: float = 0.0, interleaved: bool = False,
-                 out_layout: str = "bshd", backward: str = "prologue", device=None,
+                 out_layout: str = "bshd", backward: Optional[str] = None, device=None,
                  dtype=None):
         super().__init__()
         self.hidden_size = _check_count(hidden_size, "hidden_size", 1)
@@ -557,8 +573,8 @@ class QKVRoPE(nn.Module):
         self.eps = V.check_real(eps, "eps", positive=True)
         self.weight_offset = V.check_real(weight_offset, "weight_offset")
         self.interleaved, self.out_layout = interleaved, out_layout
-        if backward not in BACKWARDS:
-            raise ValueError(f"backward must be one of {BACKWARDS}, got {backward!r}")
+        if backward is not None and backward not in BACKWARDS:
+            raise ValueError(f"backward must be None or one of {BACKWARDS}, got {backward!r}")
         self.backward = backward
         n = (n_heads + 2 * n_kv_heads) * head_dim
         bound = 1.0 / math.sqrt(hidden_size)        # nn.Linear's initialisation

@@ -14,6 +14,7 @@ import torch._dynamo.testing
 import ropelib
 from ropelib import hf, te
 from ropelib.reference import rope_reference
+from registration import assert_registered  # noqa: E402
 
 BACKENDS = ["eager", "aot_eager"]
 S, B, H, D = 8, 2, 3, 16
@@ -237,11 +238,7 @@ def test_opcheck_every_operator(seeded):
 def test_ops_are_registered_as_triton_ops_on_a_gpu():
     """On a GPU the operators are triton_ops (Inductor sees the kernel); in the interpreter
     they are opaque custom ops. Either way torch.ops.ropelib has all six."""
-    from torch._library.triton import get_triton_kernels_for_op
-    for name in ("rope", "rope_qk", "rope_", "rope_qk_", "rope_qkv", "rope_qkv_backward"):
-        assert hasattr(torch.ops.ropelib, name)
-        kernels = get_triton_kernels_for_op(f"ropelib::{name}")
-        assert bool(kernels) == (not ropelib.INTERPRET), (name, kernels)
+    assert_registered("rope", "rope_qk", "rope_", "rope_qk_", "rope_qkv", "rope_qkv_backward")
 
 
 # --- GPU: Inductor, CUDA graphs, and the two regressions ---------------------------------------
@@ -265,6 +262,33 @@ def test_inductor_static_launcher_equals_eager(kind):
     with inductor_config.patch(static_launch_user_defined_triton_kernels=True):
         _training_equals_eager(kind, lambda fn: torch.compile(fn, fullgraph=True), device="cuda")
     torch._dynamo.reset()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["apply_rope", "apply_rope_qk"])
+def test_inductor_launches_the_triton_kernel_itself(kind):
+    """What registering as a triton_op buys: Inductor's generated code holds ropelib's Triton
+    kernel and launches it, rather than calling the operator as an opaque function."""
+    from triton.runtime.jit import JITFunction
+    from torch._inductor.utils import run_and_get_code
+    from ropelib.kernels import flat, fused
+    names = {v.__name__ for m in (flat, fused) for v in vars(m).values()
+             if isinstance(v, JITFunction)}
+    f = ropelib.rope_freqs(256, 64).cuda()
+    q = torch.randn(256, 2, 4, 64, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(256, 2, 2, 64, device="cuda", dtype=torch.bfloat16)
+
+    def fn(q, k):
+        if kind == "apply_rope":
+            return ropelib.apply_rope(q * 2, f)
+        return ropelib.apply_rope_qk(q * 2, k, f)
+    torch._dynamo.reset()
+    out, codes = run_and_get_code(torch.compile(fn, fullgraph=True), q, k)
+    torch._dynamo.reset()
+    code = "\n".join(codes)
+    assert "torch.ops.ropelib" not in code, "Inductor called the operator opaquely"
+    assert any(f"def {n}(" in code for n in names), sorted(names)
+    _equal(out, fn(q, k))
 
 
 @pytest.mark.gpu

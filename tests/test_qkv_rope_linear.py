@@ -30,6 +30,7 @@ import ropelib
 from ropelib import qkv_linear
 from ropelib.kernels import planning, qkv_gemm
 from loading import load_file  # noqa: E402
+from registration import assert_registered  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OPS = torch.ops.ropelib
@@ -366,6 +367,40 @@ def test_packed_sequences_with_dy_written_and_qk_norm(seeded):
                                 backward="dy")
 
 
+@pytest.mark.parametrize("norm", [False, True], ids=["plain", "qk-norm"])
+@pytest.mark.parametrize("table", ["freqs", "angles"])
+def test_default_backward_writes_dy_where_it_applies(norm, table, seeded):
+    """backward=None runs "dy" (the faster, measured), except with QK-norm on table-free angles,
+    which qk_norm_rope's backward does not take: there the prologues. The module's default is
+    the same."""
+    from unittest import mock
+    D = 16
+    x, w, b, wq, wk = make(torch.float32, S=8, HQ=2, HK=1, D=D, bias=True, norm=norm)
+    tables = {"freqs": dict(freqs=ropelib.rope_freqs(16, D)),
+              "angles": dict(angles=ropelib.rope_angles(D))}[table]
+    want = "prologue" if norm and table == "angles" else "dy"
+    assert qkv_linear.resolved_backward(None, norm, tables.get("angles"), None) == want
+    ran = []
+
+    def spy(*args):
+        ran.append(args[-1])
+        return op(*args)
+    op = qkv_linear.qkv_rope_linear_op
+    with mock.patch.object(qkv_linear, "qkv_rope_linear_op", spy):
+        got = ropelib.qkv_rope_linear(x, w, b, n_heads=2, n_kv_heads=1, head_dim=D,
+                                      q_norm_weight=wq, k_norm_weight=wk, **tables)
+        module = ropelib.QKVRoPE(32, 2, 1, D, bias=True, qk_norm=norm)
+        module(x, **tables)
+    assert ran == [want, want] and module.backward is None
+    leaves = [t for t in (x, w, b, wq, wk) if t is not None]
+    grads = [torch.randn_like(t) for t in got]
+    chosen = ropelib.qkv_rope_linear(x, w, b, n_heads=2, n_kv_heads=1, head_dim=D,
+                                     q_norm_weight=wq, k_norm_weight=wk, backward=want, **tables)
+    for a, c in zip(torch.autograd.grad(got, leaves, grads),
+                    torch.autograd.grad(chosen, leaves, grads)):
+        assert torch.equal(a, c)
+
+
 @pytest.mark.parametrize("interleaved", [False, True], ids=["rotate-half", "interleaved"])
 @pytest.mark.parametrize("R", [16, 8], ids=["full", "partial"])
 def test_backward_with_dy_written_pairings_positions_and_heads(interleaved, R, seeded):
@@ -519,10 +554,7 @@ def test_opcheck(norm, seeded):
 
 
 def test_registered_as_triton_ops_on_a_gpu():
-    from torch._library.triton import get_triton_kernels_for_op
-    for name in ("qkv_rope_linear", "qkv_rope_linear_backward"):
-        assert hasattr(OPS, name)
-        assert bool(get_triton_kernels_for_op(f"ropelib::{name}")) == (not ropelib.INTERPRET)
+    assert_registered('qkv_rope_linear', 'qkv_rope_linear_backward')
 
 
 @pytest.mark.parametrize("table", ["freqs", "angles"])
@@ -765,7 +797,7 @@ def _bad():
      r"position_ids must be \[S=4\] or \[B=1 or 1, S=4\]"),
     (dict(position_ids=torch.zeros(1, 4)), TypeError, "position_ids must be an integer tensor"),
     (dict(cu_seqlens=torch.tensor([0, 4])), ValueError, "cu_seqlens is for packed sequences"),
-    (dict(backward="gemm"), ValueError, r"backward must be one of \('prologue', 'dy'\)"),
+    (dict(backward="gemm"), ValueError, r"backward must be None or one of \('prologue', 'dy'\)"),
     (dict(backward="dy", freqs=None, angles=ropelib.rope_angles(16)), ValueError,
      "backward='dy' with QK-norm takes freqs"),
 ])
