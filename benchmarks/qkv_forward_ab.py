@@ -10,11 +10,17 @@ Llama-3-8B's projection (hidden 4096, 32/8 heads of 128, bf16, table-free angles
 without QK-norm:
 
     cublas             F.linear alone (the ratios' reference)
-    unfused            F.linear, then ropelib's RoPE on q and k (qk_norm_rope with the norm)
+    unfused            F.linear, then ropelib's RoPE on q and k (qk_norm_rope with the norm),
+                       from an angle table (ropelib.rope_freqs)
     pointer kernel     qkv_rope_linear with the TMA main loop switched off
     TMA, four row tiles   the TMA forward reading each member's own cos and sin (four tiles
                        of the rows) although table-free angles give both members one angle
     TMA, two heads     qkv_rope_linear as shipped on this GPU (one cos and one sin tile)
+    table, four tiles  qkv_rope_linear from the angle table, the pre-pass's flag withheld, so
+                       the forward reads four tiles of the rows
+    table, flag        qkv_rope_linear from the angle table as shipped: the pre-pass finds
+                       every pair's members equal and the forward, branching on that flag,
+                       reads two tiles (its four-tile branch compiled beside them)
 
 every variant once a round, in the same order; a variant's ratio to cuBLAS is the median of its
 rounds' ratios (above 1: faster than cuBLAS).
@@ -33,6 +39,7 @@ HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, HERE)
 
 import ropelib  # noqa: E402
+from ropelib import qkv_linear  # noqa: E402
 from ropelib.kernels import qkv_gemm  # noqa: E402
 
 HIDDEN, HQ, HK, D = 4096, 32, 8, 128
@@ -54,9 +61,21 @@ def variants(tokens: int, norm: bool) -> dict:
     nq = nk = torch.ones(D, device="cuda") if norm else None
     freqs = ropelib.rope_freqs(tokens, D, base=500000.0, device="cuda")
 
-    def fused():
+    def fused(**table):
         return ropelib.qkv_rope_linear(x, w, n_heads=HQ, n_kv_heads=HK, head_dim=D,
-                                       angles=angles, q_norm_weight=nq, k_norm_weight=nk)
+                                       q_norm_weight=nq, k_norm_weight=nk,
+                                       **(table or dict(angles=angles)))
+
+    def flag_withheld():
+        run = qkv_linear._run
+
+        def without(kind, pointers, *args, **kwargs):
+            return run(kind, pointers[:-1] + (None,), *args, **kwargs)
+        qkv_linear._run = without
+        try:
+            return fused(freqs=freqs)
+        finally:
+            qkv_linear._run = run
 
     def unfused():
         y = torch.nn.functional.linear(x, w)
@@ -81,7 +100,9 @@ def variants(tokens: int, norm: bool) -> dict:
             "unfused": unfused,
             "pointer kernel": patched(has_tma=lambda device: False),
             "TMA, four row tiles": patched(plan=four_row_tiles()),
-            "TMA, two heads": fused}
+            "TMA, two heads": fused,
+            "table, four tiles": flag_withheld,
+            "table, flag": lambda: fused(freqs=freqs)}
 
 
 def main(argv=None) -> int:
@@ -99,6 +120,8 @@ def main(argv=None) -> int:
             for name in ("pointer kernel", "TMA, four row tiles"):  # the same outputs
                 for a, b in zip(runs[name](), ref):
                     assert torch.equal(a, b), (name, tokens, norm)
+            for a, b in zip(runs["table, four tiles"](), runs["table, flag"]()):
+                assert torch.equal(a, b), ("table", tokens, norm)
             times = {name: [] for name in runs}
             for _ in range(args.rounds):
                 for name, fn in runs.items():
@@ -110,7 +133,7 @@ def main(argv=None) -> int:
                                  cublas_ms_over_ms=statistics.median(ratios),
                                  low=min(ratios), high=max(ratios), rounds=args.rounds))
                 r = rows[-1]
-                print(f"{tokens:6d} {'QK-norm' if norm else 'plain':8s} {name:16s} "
+                print(f"{tokens:6d} {'QK-norm' if norm else 'plain':8s} {name:19s} "
                       f"{r['ms']:.4f} ms  {r['cublas_ms_over_ms']:.3f} of cuBLAS's speed "
                       f"(rounds {r['low']:.3f}-{r['high']:.3f})", flush=True)
     if args.out:

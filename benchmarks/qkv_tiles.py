@@ -101,7 +101,7 @@ def run(dry_run: bool, tokens=8192, hidden=4096, HQ=32, HK=8, D=128, candidates=
                        torch.empty(M, HQ + HK, D, **bf))
         tables = (*tables[:4], *nw, *saved_stats)
         dnorm = torch.zeros(HQ + HK, D, device=device)
-    pointers = {"fwd": (x, w, None, *outs, *rows, *tables[4:]),
+    pointers = {"fwd": (x, w, None, *outs, *rows, *tables[4:], None),   # (Angles: no flag)
                 "dx": (*grads, w, dx, *rows, *tables[4:]),
                 "dw": (*grads, x, dw, None, dnorm, *tables)}
     if norm:   # one forward writes the statistics dX and dW read

@@ -84,7 +84,7 @@ def table_pass_ms(x, freqs, kw):
     out = tuple(torch.empty(planned.table_shape, device="cuda") for _ in range(2))
     tp = planned.table_pass
     return ms(lambda: planning.start(launch.COS_SIN_ROWS, tp, pointers[4:6] + pointers[6:9]
-                                     + out))
+                                     + out + (None,)))
 
 
 @contextlib.contextmanager

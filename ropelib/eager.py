@@ -223,7 +223,7 @@ class EagerTwoPass:
             key, rows = TABLE_ROWS.get(self, tables) if plain else (None, None)
             if rows is None:
                 rows = self.route.new_rows(q.device)
-                self._table_pass((cos, sin, position_ids, cu_seqlens, start) + rows)
+                self._table_pass((cos, sin, position_ids, cu_seqlens, start) + rows + (None,))
                 if key is not None:
                     TABLE_ROWS.put(key, self, tables, rows)
             cos, sin = rows

@@ -106,12 +106,14 @@ def _run(kind: str, pointers: tuple, x: Tensor, table: Tensor, position_ids, cu_
 
 
 def cos_sin_rows(x: Tensor, table: Tensor, sin: Optional[Tensor], position_ids, cu_seqlens,
-                 interleaved: bool) -> Tuple[Tensor, Tensor]:
+                 interleaved: bool, pairs_differ: Optional[Tensor] = None
+                 ) -> Tuple[Tensor, Tensor]:
     """Every token's fp32 cos and signed sine rows [NB * S, R] (NB = B with per-entry position
     ids, else 1), written by the two-pass route's pre-pass from the table and the positions, NaN
     where a position is outside the table: what the forward kernel reads instead of evaluating
     sin and cos (the same functions, so the same bits), and what dX's kernel reads again in the
-    backward, written anew there from the saved table and positions."""
+    backward, written anew there from the saved table and positions. pairs_differ (a zeroed
+    int32 [1]) is set to 1 where some pair's two members have different cos or sin."""
     B, S, _ = _sizes(x)
     R = table.shape[0] if table.dtype == torch.int64 else table.shape[1]
     nb = B if kernel.per_entry(position_ids) else 1
@@ -120,7 +122,8 @@ def cos_sin_rows(x: Tensor, table: Tensor, sin: Optional[Tensor], position_ids, 
         pre = plan_cos_sin_rows(Table(table, sin), Positions(position_ids, cu_seqlens), S, nb,
                                 R=R, interleaved=interleaved, backward=False, device=x.device,
                                 any_length=True)
-        start(COS_SIN_ROWS, pre, (table, sin, position_ids, cu_seqlens, None) + rows)
+        start(COS_SIN_ROWS, pre, (table, sin, position_ids, cu_seqlens, None) + rows
+              + (pairs_differ,))
     return rows
 
 
@@ -160,10 +163,15 @@ def qkv_rope_linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], table:
         rstd = torch.empty((0,), dtype=torch.float32, device=x.device)
         norm_input = torch.empty((0,), dtype=x.dtype, device=x.device)
     if M:
-        cos, sin_rows = cos_sin_rows(x, table, sin, position_ids, cu_seqlens, interleaved)
+        # a table's pairs may or may not repeat one angle (Angles' always do): the pre-pass
+        # says, and the forward reads two tiles of the rows where they do, else four
+        differ = None if table.dtype == torch.int64 else \
+            torch.zeros((1,), dtype=torch.int32, device=x.device)
+        cos, sin_rows = cos_sin_rows(x, table, sin, position_ids, cu_seqlens, interleaved,
+                                     differ)
         _run("fwd", (_aligned(x), _aligned(weight), _contiguous(bias), q, k, v, cos,
                      sin_rows, q_norm_weight, k_norm_weight, rstd if rstd.numel() else None,
-                     norm_input if norm_input.numel() else None),
+                     norm_input if norm_input.numel() else None, differ),
              x, table, position_ids, cu_seqlens, n_heads, n_kv_heads, head_dim, interleaved,
              out_layout, eps)
     return q, k, v, rstd, norm_input

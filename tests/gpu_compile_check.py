@@ -167,7 +167,7 @@ def main():
             pre.args = dict(pre.args, BLOCK_S=max(1, T.TWO_PASS_TABLE_ELEMENTS // half))
             cs = [torch.empty(route.table_shape, dtype=torch.float32) for _ in range(2)]
             compile_for_gpu(name + "-table", pre.launcher.kernel, pre.launcher.pointer_names,
-                            pre, ptrs[4:6] + ptrs[6:9] + tuple(cs))
+                            pre, ptrs[4:6] + ptrs[6:9] + tuple(cs) + (None,))
             ptrs = ptrs[:4] + tuple(cs)
         compile_for_gpu(name, rows.launcher.kernel, rows.launcher.pointer_names, rows,
                         ptrs[:6] + (token_rows,))
@@ -245,8 +245,10 @@ def main():
         # the forward and dX read every token's cos and s' rows [NB * S, R] instead
         rows = torch.empty((B if pos is not None else 1) * S, R_)
         if kind == "fwd":
+            # a table's pre-pass also says whether pairs share cos and sin (Angles always do)
+            differ = None if table.dtype == torch.int64 else torch.zeros(1, dtype=torch.int32)
             names, ptrs = QG.FWD_POINTERS, (x, w, torch.empty(N, dtype=dtype), *outs, rows, rows,
-                                            *wn, *saved)
+                                            *wn, *saved, differ)
         elif kind == "dx":
             names, ptrs = QG.DX_POINTERS, (*outs, w, x, rows, rows, *wn, *saved)
         else:

@@ -156,7 +156,7 @@ def test_start_refuses_a_pointer_tuple_of_the_wrong_length():
     x = torch.zeros(4, 8)
     full = qkv_gemm.pointers("fwd", x_ptr=x)
     assert len(full) == len(qkv_gemm.FWD_POINTERS) and full[0] is x
-    with pytest.raises(TypeError, match="takes 12 pointers"):
+    with pytest.raises(TypeError, match="takes 13 pointers"):
         planning.start(qkv_gemm.FWD, None, full + (None, None))
     with pytest.raises(TypeError, match="no pointer"):
         qkv_gemm.pointers("dx", x_ptr=x)

@@ -238,6 +238,62 @@ def test_forward_reads_one_cos_and_sin_a_pair_from_angles(interleaved, monkeypat
         assert torch.equal(a, t)
 
 
+@pytest.mark.parametrize("interleaved", [False, True], ids=["rotate-half", "interleaved"])
+@pytest.mark.parametrize("halves", ["equal", "differ"])
+def test_forward_reads_two_tiles_where_a_tables_pairs_share(interleaved, halves, monkeypatch,
+                                                           seeded):
+    """From an angle table the pre-pass says whether any pair's two members differ (a flag the
+    forward branches on): rope_freqs repeats each frequency in both members, so the flag stays
+    0 and the forward reads two tiles of the rows; a table whose members differ sets it and the
+    forward reads four. Either way the outputs are those of reading four tiles (the flag
+    withheld), bit for bit, and within the unfused pipeline's bound; a position outside the
+    table leaves the flag alone and makes its rows NaN."""
+    B, S, HQ, HK, D = 2, 13, 4, 2, 32
+    x, w, b, wq, wk = make(torch.bfloat16, B=B, S=S, HQ=HQ, HK=HK, D=D, norm=True)
+    freqs = ropelib.rope_freqs(40, D, interleaved=interleaved).view(40, D)
+    if halves == "differ":
+        freqs = freqs.clone()
+        freqs[7, 3] += 0.25             # one member of one pair, in one row the ids read
+    pos = torch.randint(0, 40, (B, S))
+    pos[1, 5] = 7
+    differ = torch.zeros(1, dtype=torch.int32)
+    qkv_linear.cos_sin_rows(x, freqs, None, pos, None, interleaved, differ)
+    assert int(differ) == (halves == "differ")
+    opts = dict(n_heads=HQ, n_kv_heads=HK, head_dim=D, freqs=freqs, position_ids=pos,
+                q_norm_weight=wq, k_norm_weight=wk, interleaved=interleaved)
+    flagged = ropelib.qkv_rope_linear(x, w, b, **opts)
+    run = qkv_linear._run
+    withheld = []
+
+    def four_tiles(kind, pointers, *args, **kwargs):
+        withheld.append(pointers[-1] is not None)
+        return run(kind, pointers[:-1] + (None,), *args, **kwargs)
+    monkeypatch.setattr(qkv_linear, "_run", four_tiles)
+    four = ropelib.qkv_rope_linear(x, w, b, **opts)
+    monkeypatch.undo()
+    assert withheld == [True]
+    for a, t in zip(flagged, four):
+        assert torch.equal(a, t)
+    want, roundings = unfused(x, w, b, wq, wk, HQ=HQ, HK=HK, D=D, freqs=freqs.view(40, 1, 1, D),
+                              position_ids=pos, interleaved=interleaved)
+    bounds = exact(x, w, b, wq, wk, HQ=HQ, HK=HK, D=D, R=D, interleaved=interleaved)
+    if halves == "equal":       # (exact() rotates by rope_freqs' angles)
+        for i, (g, t, (rho, slack)) in enumerate(zip(flagged, want, bounds)):
+            assert_within_bound(g, t, rho, slack, roundings if i < 2 else 1, torch.bfloat16)
+    else:
+        for g, t in zip(flagged, want):
+            torch.testing.assert_close(g.float(), t.float(), rtol=0.02, atol=0.05)
+    outside = pos.clone()
+    outside[0, 2] = 40              # past the table's 40 rows
+    differ.zero_()
+    qkv_linear.cos_sin_rows(x, freqs, None, outside, None, interleaved, differ)
+    assert int(differ) == (halves == "differ")
+    with ropelib.set_index_checks("off"):      # (CPU ids are checked before the launch)
+        q, k, v = ropelib.qkv_rope_linear(x, w, b, **dict(opts, position_ids=outside))
+    assert q[0, 2].isnan().all() and k[0, 2].isnan().all() and not v.isnan().any()
+    assert not q[1].isnan().any()
+
+
 def test_forward_from_views_that_start_off_16_bytes(seeded):
     """x and the weight as views that start between two 16-byte boundaries (TMA needs them on
     one): the forward copies them first and gives what contiguous copies give."""
@@ -488,10 +544,11 @@ def test_every_output_element_is_written(seeded):
     opts = dict(S=S, B=1, K=K, HQ=HQ, HK=HK, D=D, R=R, P=S, ids=None, cu_seqlens=None,
                 layout="bshd", interleaved=False, eps=1e-6, device=x.device)
     shared = (freqs, None, None, None, wq, wk, rstd, pre)
-    rows = qkv_linear.cos_sin_rows(x, freqs, None, None, None, False)   # cos, s' [S, R] fp32
+    differ = torch.zeros(1, dtype=torch.int32)
+    rows = qkv_linear.cos_sin_rows(x, freqs, None, None, None, False, differ)   # cos, s' [S, R]
     def run(kind, pointers):
         qkv_gemm.run(qkv_gemm.plan(kind, dtypes=planning.pointer_dtypes(pointers), **opts), pointers)
-    run("fwd", (x.reshape(M, K), w, b, q, k, v) + rows + (wq, wk, rstd, pre))
+    run("fwd", (x.reshape(M, K), w, b, q, k, v) + rows + (wq, wk, rstd, pre, differ))
     for t in (q, k, v, rstd, pre):
         assert not t.isnan().any()
     g = [torch.randn_like(t) for t in (q, k, v)]

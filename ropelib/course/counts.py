@@ -273,7 +273,7 @@ def qkv_tile_resources(candidates: dict, tokens=8192, hidden=4096, HQ=32, HK=8,
     angles = ropelib.rope_angles(D, base=500000.0)
     tables = (angles.turns, angles.amplitude, None, None, None, None, None, None)
     rows = torch.empty(tokens, D, dtype=torch.float32)     # the forward's cos and s' rows
-    pointers = {"fwd": (x, w, None, *outs, rows, rows, *tables[4:]),
+    pointers = {"fwd": (x, w, None, *outs, rows, rows, *tables[4:], None),
                 "dx": (*outs, w, torch.empty_like(x), rows, rows, *tables[4:]),
                 "dw": (*outs, x, torch.empty_like(w), None, None, *tables)}
     # QK-norm, as benchmarks/qkv_tiles.py --norm: the weights (fp32 [D]) and what the forward

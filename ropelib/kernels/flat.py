@@ -1,7 +1,7 @@
 """The two-pass route for large contiguous tensors: a cos/sin table of the call's tokens, then a
 flat pass over the tensor that reads it.
 
-    _cos_sin_rows_kernel   every token's fp32 cos and sin rows, from any table and positions  20 args
+    _cos_sin_rows_kernel   every token's fp32 cos and sin rows, from any table and positions  21 args
     _token_rows_kernel     or each token's table row (then the rows are positions 0..P'-1)    11 args
     _rope_rows_kernel      q (and k) rotated row by row (pairs) or element by element,       27 args
                            reading cos/sin per feature
@@ -36,7 +36,10 @@ fma in either direction: y_d = fma(x_d, c_d, x_p(d) s'_d), the same products and
 the finished kernel's rotate_pair. A position outside the table writes a NaN row. Rotate-half
 rows are stored as two contiguous halves; interleaved pairs are joined in registers and stored
 as one contiguous row (two stores at stride 2 took the pre-pass twice as long: 15.1 against
-7.8 us at s4096 b8 on an H100).
+7.8 us at s4096 b8 on an H100). Given pairs_differ_ptr (an int32 the caller zeroed), a program
+that finds a pair whose two members' cos or sin differ in a valid row sets it to 1: the QKV
+projection's forward then reads four tiles of the rows, and otherwise two (one cos and one sin
+a pair), as it does for table-free angles.
 
 _token_rows_kernel: grid (cdiv(S, BLOCK_S), NB); a program finds the table rows of BLOCK_S
 tokens of batch entry b as the pre-pass does and writes them, -1 where a position is outside.
@@ -231,6 +234,7 @@ def _cos_sin_rows_kernel(
     cos_ptr, sin_ptr,                    # the table, as fused.table_cos_sin reads it
     position_ids_ptr, cu_seqlens_ptr, start_ptr,   # where positions come from (fused.table_rows)
     cos_out_ptr, sin_out_ptr,            # cos, s' [NB * S, R] fp32, contiguous
+    pairs_differ_ptr,                    # int32 [1] set to 1 where a pair's members differ, or None
     S, P, N_SEQ, cp_size, cp_rank,       # tokens, table rows, packed sequences, context parallel
     stride_tab_b, stride_tab_p, stride_ids_b,
     R: tl.constexpr, INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
@@ -246,6 +250,10 @@ def _cos_sin_rows_kernel(
                              start_ptr, N_SEQ, cp_size, cp_rank)
     c_a, s_a, c_b, s_b = table_cos_sin(cos_ptr, sin_ptr, rows, valid, b, stride_tab_b,
                                        stride_tab_p, d_a, d_b, mask, tl.float32, HALF, True)
+    if pairs_differ_ptr is not None:    # (rows outside the table are NaN whichever is read)
+        differ = mask & valid[:, None, None] & ((c_a != c_b) | (s_a != s_b))
+        if tl.max(differ.to(tl.int32)) > 0:
+            tl.store(pairs_differ_ptr, 1)
     if BACKWARD:
         s_a, s_b = s_b, -s_a
     else:

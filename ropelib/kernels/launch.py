@@ -482,7 +482,7 @@ class TwoPass(NamedTuple):
         if self.table_pass is not None:
             out = self.new_rows(q.device)
             start(self.table_pass.launcher, self.table_pass,
-                  (cos, sin, position_ids, cu_seqlens, start_) + out)
+                  (cos, sin, position_ids, cu_seqlens, start_) + out + (None,))
             cos, sin = out
         start(self.rotate_pass.launcher, self.rotate_pass,
               (q, q_out, k, k_out, cos, sin, token_rows if sequences is None else sequences))
@@ -668,7 +668,7 @@ QKV = DirectLauncher(_rope_qkv_kernel, ("qkv_ptr", "q_ptr", "k_ptr", "q_cos_ptr"
                                         "start_ptr"))
 COS_SIN_ROWS = DirectLauncher(_cos_sin_rows_kernel, (
     "cos_ptr", "sin_ptr", "position_ids_ptr", "cu_seqlens_ptr", "start_ptr", "cos_out_ptr",
-    "sin_out_ptr"))
+    "sin_out_ptr", "pairs_differ_ptr"))
 TOKEN_ROWS = DirectLauncher(_token_rows_kernel, ("position_ids_ptr", "cu_seqlens_ptr",
                                                  "start_ptr", "rows_out_ptr"))
 ROWS = DirectLauncher(_rope_rows_kernel, _ROTATED + ("index_ptr",))

@@ -68,17 +68,21 @@ on TMA   are even and the head is one accumulator (uses_tma): a persistent grid,
          x's and W's tiles arrive by TMA (descriptors made in the kernel from the pointers, so
          it launches like every other ropelib kernel, eagerly, under torch.compile and in CUDA
          graphs); the two heads of a tile share one load of their tokens' cos and sin rows,
-         and the epilogue is the same (_store_qk_head, _store_v_head). Measured on an H200
-         (benchmarks/qkv_forward_ab.py, Llama-3-8B's projection, bf16, 7 rounds): 0.88-0.90 of
-         cuBLAS's speed against 0.73-0.74 for the kernel above, 0.84-0.85 with QK-norm against
-         0.71-0.74; cuBLAS then ropelib's RoPE 0.92-0.96. The same main loop with a table
-         holding one cos and one sin per pair reaches that pipeline
-         (benchmarks/qkv_mainloop_probe.py); with the four rows below (each member its own cos
-         and sin) two heads hold 255 registers and spill 288 bytes a thread (sm_90, Triton
-         3.6), which is what keeps it behind. With table-free angles both members share their
-         angle and it reads one cos and one sin tile (SHARED_ANGLE): 253 registers, no spill
-         (compiled; not yet timed). One head a tile (128 tokens) spilled 16 bytes and ran
-         slower than the kernel above (0.70 against 0.74): odd head counts keep that one.
+         and the epilogue is the same (_store_qk_head, _store_v_head). How many tiles of the
+         cos/sin rows the epilogue holds decides its speed: with the four rows below (each
+         member of a pair its own cos and sin) two heads hold 255 registers and spill 288 bytes
+         a thread (sm_90, Triton 3.6); with one cos and one sin a pair, 253 and none. So with
+         table-free angles, whose pairs always share an angle, it reads two tiles
+         (SHARED_ANGLE); from an angle table it branches on the pre-pass's flag
+         (pairs_differ_ptr: 0 where every pair's members share cos and sin, as in Hugging
+         Face's and TE's tables), reading two tiles or four, and holding both branches it
+         spills 232 bytes. Measured on an H200 (benchmarks/qkv_forward_ab.py, Llama-3-8B's
+         projection, bf16, 7 rounds, 8192 / 32768 tokens; of cuBLAS's speed): angles 0.92-0.93
+         / 0.95-0.97 (0.90 / 0.94 with QK-norm), an angle table 0.89 / 0.94 (0.84 / 0.88), four
+         tiles 0.86 / 0.90 (0.82 / 0.86); cuBLAS then ropelib's RoPE 0.93 / 0.94-0.95
+         (0.92 / 0.93-0.94), the kernel above 0.70-0.74. One head a tile (128 tokens) spilled
+         16 bytes and ran slower than the kernel above (0.70 against 0.74): odd head counts
+         keep that one.
 dX       _qkv_rope_dx_kernel    one program per (BLOCK_M tokens, BLOCK_K hidden columns),
          grouped: it reads its tokens' cos and sin rows once, then loops over every head (q's, k's,
          v's): forms that head's dY tile [BLOCK_M, D] from gq/gk/gv (and the saved norm
@@ -302,6 +306,29 @@ def _pair_cos_sin_rows(cos_ptr, sin_ptr, m, M, S, d_a, d_b, ROWS_PER_ENTRY: tl.c
 
 
 @triton.jit
+def _token_cos_sin(cos_ptr, sin_ptr, pairs_differ_ptr, m, M, S, d_a, d_b,
+                   ROWS_PER_ENTRY: tl.constexpr, R: tl.constexpr, BLOCK_HALF: tl.constexpr,
+                   SHARED_ANGLE: tl.constexpr):
+    # the forward epilogue's cos and sin of tokens m: one cos and one sin tile where both
+    # members of every pair share them (SHARED_ANGLE: table-free angles, always; else where
+    # the pre-pass found no pair whose members differ, pairs_differ_ptr holding 0: Hugging
+    # Face's and TE's tables repeat each frequency), four tiles otherwise
+    if SHARED_ANGLE:
+        c_a, s_a, c_b, s_b = _pair_cos_sin_rows(cos_ptr, sin_ptr, m, M, S, d_a, d_b,
+                                                ROWS_PER_ENTRY, R, BLOCK_HALF)
+    elif pairs_differ_ptr is None:
+        c_a, s_a, c_b, s_b = _cos_sin_rows(cos_ptr, sin_ptr, m, M, S, d_a, d_b, ROWS_PER_ENTRY,
+                                           R, BLOCK_HALF)
+    elif tl.load(pairs_differ_ptr) == 0:
+        c_a, s_a, c_b, s_b = _pair_cos_sin_rows(cos_ptr, sin_ptr, m, M, S, d_a, d_b,
+                                                ROWS_PER_ENTRY, R, BLOCK_HALF)
+    else:
+        c_a, s_a, c_b, s_b = _cos_sin_rows(cos_ptr, sin_ptr, m, M, S, d_a, d_b, ROWS_PER_ENTRY,
+                                           R, BLOCK_HALF)
+    return c_a, s_a, c_b, s_b
+
+
+@triton.jit
 def _head_rows(m, hh, H, S, B, D: tl.constexpr, LAYOUT: tl.constexpr, INT64: tl.constexpr):
     # tokens m [BLOCK_M] of head hh -> their rows' offsets in a fresh q, k or v (or in its
     # gradient) of H heads laid out as LAYOUT (1 bshd, 2 bhsd; common.contiguous_strides)
@@ -437,6 +464,7 @@ def _qkv_rope_fwd_kernel(
     cos_ptr, sin_ptr,                   # every token's cos and s' rows [NB * S, R] fp32
     norm_q_ptr, norm_k_ptr,             # norm weights [D], or None
     rstd_ptr, pre_ptr,                  # saved for the norm's backward, or None
+    pairs_differ_ptr,                   # int32 [1], 0: every pair's members share cos and sin
     S, B, K, HQ, HK,                    # tokens per sequence, sequences, hidden, heads
     eps,                                # the norm's epsilon
     D: tl.constexpr, R: tl.constexpr,   # head dim, rotary dim
@@ -517,8 +545,8 @@ def _qkv_rope_fwd_kernel(
 
     if h < NQK:
         if ROTATE:
-            c_a, s_a, c_b, s_b = _cos_sin_rows(cos_ptr, sin_ptr, m, M, S, d_a, d_b,
-                                               ROWS_PER_ENTRY, R, BLOCK_HALF)
+            c_a, s_a, c_b, s_b = _token_cos_sin(cos_ptr, sin_ptr, pairs_differ_ptr, m, M, S,
+                                                d_a, d_b, ROWS_PER_ENTRY, R, BLOCK_HALF, False)
         else:
             c_a, s_a, c_b, s_b = 0.0, 0.0, 0.0, 0.0
         _store_qk_head(acc_a, acc_b, acc_p, h, q_ptr, k_ptr, norm_q_ptr, norm_k_ptr, rstd_ptr,
@@ -573,6 +601,7 @@ def _qkv_rope_fwd_tma_kernel(
     cos_ptr, sin_ptr,                   # every token's cos and s' rows [NB * S, D] fp32
     norm_q_ptr, norm_k_ptr,             # norm weights [D], or None
     rstd_ptr, pre_ptr,                  # saved for the norm's backward, or None
+    pairs_differ_ptr,                   # int32 [1], 0: every pair's members share cos and sin
     S, B, K, HQ, HK,                    # tokens per sequence, sequences, hidden, heads
     eps,                                # the norm's epsilon
     D: tl.constexpr,                    # head dim (every feature rotated, D/2 a power of two)
@@ -618,12 +647,10 @@ def _qkv_rope_fwd_tma_kernel(
         m = m0 + tl.arange(0, BLOCK_M)
         m_ok = m < M
         if h < HQ + HK:
-            if ROTATE and SHARED_ANGLE:     # two row tiles held, not four
-                c_a, s_a, c_b, s_b = _pair_cos_sin_rows(cos_ptr, sin_ptr, m, M, S, d_a, d_b,
-                                                        ROWS_PER_ENTRY, D, HALF)
-            elif ROTATE:
-                c_a, s_a, c_b, s_b = _cos_sin_rows(cos_ptr, sin_ptr, m, M, S, d_a, d_b,
-                                                   ROWS_PER_ENTRY, D, HALF)
+            if ROTATE:      # two row tiles held where pairs share cos and sin, else four
+                c_a, s_a, c_b, s_b = _token_cos_sin(cos_ptr, sin_ptr, pairs_differ_ptr, m, M, S,
+                                                    d_a, d_b, ROWS_PER_ENTRY, D, HALF,
+                                                    SHARED_ANGLE)
             else:
                 c_a, s_a, c_b, s_b = 0.0, 0.0, 0.0, 0.0
             for i in tl.static_range(HEADS):     # both heads q's or both k's (HQ, HK even)
@@ -871,7 +898,8 @@ def _qkv_rope_dw_kernel(
 _NORM = ("norm_q_ptr", "norm_k_ptr", "rstd_ptr", "pre_ptr")
 _ROWS = ("cos_ptr", "sin_ptr") + _NORM
 _TABLES = ("cos_ptr", "sin_ptr", "pos_ptr", "cu_seqlens_ptr") + _NORM
-FWD_POINTERS = ("x_ptr", "w_ptr", "bias_ptr", "q_ptr", "k_ptr", "v_ptr") + _ROWS
+FWD_POINTERS = ("x_ptr", "w_ptr", "bias_ptr", "q_ptr", "k_ptr", "v_ptr") + _ROWS + (
+    "pairs_differ_ptr",)
 DX_POINTERS = ("gq_ptr", "gk_ptr", "gv_ptr", "w_ptr", "dx_ptr") + _ROWS
 DW_POINTERS = ("gq_ptr", "gk_ptr", "gv_ptr", "x_ptr", "dw_ptr", "db_ptr", "dnorm_ptr") + _TABLES
 LAYOUT = {"bshd": 1, "bhsd": 2}     # as kernels/common.contiguous_strides numbers them
