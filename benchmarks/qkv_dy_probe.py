@@ -14,9 +14,10 @@ runs cuBLAS for dX = dY W and dW = dY^T x. This probe times both on the benchmar
   their rotation (qkv_rope_bench's triton_gemm backward): the prologues' cost at the same GEMMs;
 * unfused: cuBLAS then `apply_rope_qk` (autograd through both), the baseline.
 
-`--qk-norm`: the same with Qwen3's QK-norm, on an angle table (`backward="dy"` then undoes the
-norm and the rotation with `ropelib.qk_norm_rope`'s backward): the prologues, dY written, and
-cuBLAS then `qk_norm_rope`.
+`--qk-norm`: the same with Qwen3's QK-norm (`backward="dy"` then undoes the norm and the rotation
+with `ropelib.qk_norm_rope`'s backward): the prologues, dY written, and cuBLAS then
+`qk_norm_rope`, from table-free angles; dY written and the unfused pipeline also from an angle
+table (`ropelib.rope_freqs`, whose pairs the forward finds equal: two tiles of the rows).
 
 Each provider's outputs and gradients are compared with the unfused pipeline's first (as the
 benchmark does), then timed forward+backward with `triton.testing.do_bench`.
@@ -67,18 +68,24 @@ class _DYTriton(torch.autograd.Function):
 
 
 def providers(HQ, HK, D, angles, freqs, norm: bool = False):
-    """(name, fn(x, w, wq, wk) -> (q, k, v)); with `norm` the QK-norm case, on an angle table
-    (what backward="dy" takes with the norm), against the unfused pipeline with qk_norm_rope."""
-    base = dict(bench.providers(HQ, HK, D, angles, freqs, norm=norm))
+    """(name, fn(x, w, wq, wk) -> (q, k, v)), the unfused pipeline last; with `norm` the QK-norm
+    case, from table-free angles and from an angle table, against the unfused pipeline with
+    qk_norm_rope on each."""
+    base = dict(bench.providers(HQ, HK, D, angles, norm=norm))
 
-    def fused(backward):
-        table = dict(freqs=freqs) if norm else dict(angles=angles)
+    def fused(backward, **table):
+        table = table or dict(angles=angles)
         return lambda x, w, wq, wk: ropelib.qkv_rope_linear(
             x, w, n_heads=HQ, n_kv_heads=HK, head_dim=D, q_norm_weight=wq if norm else None,
             k_norm_weight=wk if norm else None, backward=backward, **table)
     if norm:
+        def unfused_table(x, w, wq, wk):
+            q, k, v = bench.split_heads(torch.nn.functional.linear(x, w), HQ, HK, D)
+            return ropelib.qk_norm_rope(q, k, wq, wk, freqs, eps=bench.EPS, layout="bshd") + (v,)
         return [("fused, prologues, QK-norm", fused("prologue")),
                 ("fused, dY written, QK-norm", fused("dy")),
+                ("fused, dY written, QK-norm, table", fused("dy", freqs=freqs)),
+                ("unfused, QK-norm, table", unfused_table),
                 ("unfused, QK-norm", base["unfused"])]
     return [("fused, prologues", fused("prologue")),
             ("fused, dY written, cuBLAS", fused("dy")),
@@ -98,7 +105,7 @@ def main(argv=None) -> int:
         raise SystemExit("timing needs a CUDA GPU; use --dry-run on the CPU")
     sizes = [(16, 32, 2, 1, 16)] if a.dry_run else [(8192, 4096, 32, 8, 128),
                                                     (32768, 4096, 32, 8, 128)]
-    print(f"{'tokens':>7} {'provider':28} {'fwd+bwd ms':>11} {'max rel diff':>13}")
+    print(f"{'tokens':>7} {'provider':34} {'fwd+bwd ms':>11} {'max rel diff':>13}")
     for tokens, hidden, HQ, HK, D in sizes:
         angles = ropelib.rope_angles(D, base=500000.0, device=device)
         freqs = ropelib.rope_freqs(tokens, D, base=500000.0, device=device)
@@ -118,7 +125,7 @@ def main(argv=None) -> int:
                 def step(fn=fn, leaves=leaves):
                     torch.autograd.backward(fn(*leaves), grads)
                 ms = triton.testing.do_bench(step, grad_to_none=wanted)
-            print(f"{tokens:>7} {name:28} {ms:11.3f} {rel:13.2e}", flush=True)
+            print(f"{tokens:>7} {name:34} {ms:11.3f} {rel:13.2e}", flush=True)
     return 0
 
 

@@ -11,11 +11,14 @@ normed with QK-norm) and v in [B, S, H, D]:
 * triton_gemm: ropelib's Triton GEMM without its epilogue (kernels/qkv_gemm.plan(rotate=False):
   the same kernels, tiles and loop, storing q, k, v unrotated; its backward the same dX and dW
   kernels without the inverse rotation): what the GEMM costs on its own;
-* fused: `ropelib.qkv_rope_linear` with table-free angles (`ropelib.rope_angles`), one launch
-  forward, two backward;
+* fused: `ropelib.qkv_rope_linear` with table-free angles (`ropelib.rope_angles`): a pre-pass
+  and one GEMM forward; backward (its default, "dy") ropelib's RoPE (or qk_norm_rope's
+  backward) writes the projection's gradient dY once and cuBLAS runs dX and dW;
+* fused_prologue: the same with backward="prologue": ropelib's dX and dW GEMMs undo the
+  rotation as they load the gradients, dY never written;
 * unfused: cuBLAS `F.linear`, then ropelib's RoPE on the q and k views (`apply_rope_qk`, the
-  same table-free angles) or, with QK-norm, `ropelib.qk_norm_rope` (an angle table: it takes no
-  Angles); the backward is autograd's through both;
+  same table-free angles) or, with QK-norm, `ropelib.qk_norm_rope` (the same angles); the
+  backward is autograd's through both;
 * cublas: `F.linear` alone (split into head views, no rotation).
 
 (fused - triton_gemm) is what the epilogue and prologues cost; (unfused - cublas) what a RoPE
@@ -96,31 +99,40 @@ class _TritonGemm(torch.autograd.Function):
 
 # --- the providers: (x, weight, wq, wk) -> (q, k, v) -------------------------------------------
 
-def providers(HQ, HK, D, angles, freqs, norm: bool):
+def split_heads(y, HQ, HK, D):
+    """A projection [B, S, (HQ + 2 HK) D] -> its q, k and v heads as [B, S, H, D] views."""
+    B, S, _ = y.shape
+    q, k, v = y.split([HQ * D, HK * D, HK * D], -1)
+    return q.view(B, S, HQ, D), k.view(B, S, HK, D), v.view(B, S, HK, D)
+
+
+def providers(HQ, HK, D, angles, norm: bool):
     def split(y):
-        B, S, _ = y.shape
-        q, k, v = y.split([HQ * D, HK * D, HK * D], -1)
-        return q.view(B, S, HQ, D), k.view(B, S, HK, D), v.view(B, S, HK, D)
+        return split_heads(y, HQ, HK, D)
 
     def triton_gemm(x, w, wq, wk):
         return _TritonGemm.apply(x, w, angles.turns, angles.amplitude, HQ, HK, D)
 
-    def fused(x, w, wq, wk):
+    def fused(x, w, wq, wk, backward=None):
         return ropelib.qkv_rope_linear(x, w, n_heads=HQ, n_kv_heads=HK, head_dim=D,
                                        angles=angles, q_norm_weight=wq if norm else None,
-                                       k_norm_weight=wk if norm else None, eps=EPS)
+                                       k_norm_weight=wk if norm else None, eps=EPS,
+                                       backward=backward)
+
+    def fused_prologue(x, w, wq, wk):
+        return fused(x, w, wq, wk, backward="prologue")
 
     def unfused(x, w, wq, wk):
         q, k, v = split(F.linear(x, w))
         if norm:
-            q, k = ropelib.qk_norm_rope(q, k, wq, wk, freqs, eps=EPS, layout="bshd")
+            q, k = ropelib.qk_norm_rope(q, k, wq, wk, eps=EPS, layout="bshd", angles=angles)
         else:
             q, k = ropelib.apply_rope_qk(q, k, layout="bshd", angles=angles)
         return q, k, v
 
     def cublas(x, w, wq, wk):
         return split(F.linear(x, w))
-    rotating = [("fused", fused), ("unfused", unfused)]
+    rotating = [("fused", fused), ("fused_prologue", fused_prologue), ("unfused", unfused)]
     # the GEMMs alone have no norm: their rows without QK-norm serve both
     return rotating if norm else [("triton_gemm", triton_gemm)] + rotating + [("cublas", cublas)]
 
@@ -176,10 +188,9 @@ def run(dry_run: bool, token_counts=(8192, 32768), hidden=4096, HQ=32, HK=8, D=1
                      qkv_gemm.tile_table(D * DTYPES[dtype].itemsize).items())
     rows = []
     for tokens in token_counts:
-        freqs = ropelib.rope_freqs(tokens, D, base=500000.0, device=device)
         args, grads = inputs(tokens, hidden, HQ, HK, D, device, DTYPES[dtype])
         for norm in (False, True):
-            provs = providers(HQ, HK, D, angles, freqs, norm)
+            provs = providers(HQ, HK, D, angles, norm)
             ref = {b: _run_once(dict(provs)["unfused"], args, grads, b, norm)
                    for b in (False, True)}
             for name, fn in provs:
@@ -196,7 +207,8 @@ def run(dry_run: bool, token_counts=(8192, 32768), hidden=4096, HQ=32, HK=8, D=1
                         row.update(available=False, reason=f"{type(exc).__name__}: {exc}"[:200])
                         continue
                     # the GEMMs alone rotate nothing: their v is compared (and their timing)
-                    pick = slice(None) if name in ("fused", "unfused") else slice(2, 3)
+                    pick = slice(None) if name in ("fused", "fused_prologue", "unfused") \
+                        else slice(2, 3)
                     row["max_abs_diff_vs_unfused"] = _max_diff(got[pick], ref[backward][pick])
                     # a few bf16 roundings of each output's scale (the weight's gradient sums
                     # 8k tokens: values ~700, one bf16 step 4; on an H200 the QK-norm backward

@@ -26,8 +26,8 @@ there: the backward reads q and k anyway). Double backward is not supported.
 Supported: layouts sbhd, bshd and thd (thd with position_ids); GQA (k's heads divide q's); fp16,
 bf16, fp32 and fp64 inputs (weights of any of these dtypes); partial rotary (the norm covers the
 whole head, the rotation the first R features, the rest is scaled and passed through); both
-pairings (rotate-half, interleaved); angle tables or cos/sin tables [P, R]; explicit position ids
-[S] or [B, S]. Not supported: start_positions, cu_seqlens, context parallelism, in-place output,
+pairings (rotate-half, interleaved); angle tables or cos/sin tables [P, R], or no table (Angles:
+every angle computed in the kernel from its position); explicit position ids [S] or [B, S]. Not supported: start_positions, cu_seqlens, context parallelism, in-place output,
 separate tables for q and k.
 """
 from typing import Optional, Tuple
@@ -38,7 +38,8 @@ from torch import Tensor, nn
 from . import eager
 from . import validation as V
 from .conventions import LAYOUT_OF_UNSQUEEZE_DIM
-from .api import check_no_table_grad, checked_tables, needs_grad, saveable
+from .api import _tables, check_no_table_grad, checked_tables, needs_grad, saveable
+from .frequencies import EXACT_POSITIONS, Angles
 from .kernels import qk_norm_rope as kernel
 from .ops import define_op, view4
 
@@ -179,8 +180,8 @@ def _check_table_values(position_ids, rows: int) -> None:
 def qk_norm_rope(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, freqs: Optional[Tensor] = None,
                  *, cos: Optional[Tensor] = None, sin: Optional[Tensor] = None, eps: float = 1e-6,
                  layout: str = "bshd", interleaved: bool = False,
-                 position_ids: Optional[Tensor] = None,
-                 weight_offset: float = 0.0) -> Tuple[Tensor, Tensor]:
+                 position_ids: Optional[Tensor] = None, weight_offset: float = 0.0,
+                 angles: Optional[Angles] = None) -> Tuple[Tensor, Tensor]:
     """Per-head RMSNorm of q and k, scaled by (w + weight_offset), then RoPE; one kernel launch.
 
     Args:
@@ -191,12 +192,14 @@ def qk_norm_rope(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, freqs: Optional
             in it).
         freqs: angles [P, 1, 1, R] or [P, R], float32 (or float64), as ropelib.rope_freqs
             builds them; or instead
-        cos, sin: tables [P, R] of one float dtype (ropelib.rope_cos_sin).
+        cos, sin: tables [P, R] of one float dtype (ropelib.rope_cos_sin); or instead
+        angles: ropelib.rope_angles(...): no table, every angle computed in the kernel from
+            its position, reduced exactly (as ropelib.apply_rope(..., angles=) computes it).
         eps: added to the mean square (1e-6 in Qwen3 and Gemma 3).
         layout: "bshd", "sbhd" or "thd".
         interleaved: pair features (2j, 2j+1) instead of (j, j + R/2).
-        position_ids: [S] or [B, S] (thd: [T], required) integer positions, rows of the table;
-            by default token s reads row s.
+        position_ids: [S] or [B, S] (thd: [T], required) integer positions, rows of the table
+            (with angles: positions up to 2^31 - 2); by default token s is at position s.
         weight_offset: the scale is w + weight_offset: 0.0 (Qwen3) or 1.0 (Gemma 3's 1 + w).
 
     Returns:
@@ -206,14 +209,16 @@ def qk_norm_rope(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, freqs: Optional
 
     A position outside the table gives NaN in the rows it touches (and in the gradients).
     """
+    exact = (angles.turns, angles.amplitude) if isinstance(angles, Angles) else (None, None)
     sig = eager.signature(("qk_norm_rope", layout, type(layout), interleaved, type(interleaved),
-                           eps, type(eps), weight_offset, type(weight_offset)),
-                          (q, k, w_q, w_k, freqs, cos, sin, position_ids)) \
+                           eps, type(eps), weight_offset, type(weight_offset), type(angles)),
+                          (q, k, w_q, w_k, freqs, cos, sin, position_ids) + exact) \
         if eager.active() else None
     hit = eager.SIGNATURES.get(sig) if sig is not None else None
     if hit is not None:     # checked before: only the values of CPU position ids are new
         route, rows = hit
-        table, sin_t = checked_tables(freqs, cos, sin)
+        table, sin_t = (exact[0].contiguous(), exact[1]) if angles is not None else \
+            checked_tables(freqs, cos, sin)
         if position_ids is not None:
             _check_table_values(position_ids, rows)
         return _run_route(route, q, k, w_q, w_k, table, sin_t, position_ids)
@@ -227,22 +232,26 @@ def qk_norm_rope(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, freqs: Optional
     eps = V.check_real(eps, "eps", positive=True)
     weight_offset = V.check_real(weight_offset, "weight_offset")
     _check_inputs(q, k, w_q, w_k, layout)
-    if (freqs is None) == (cos is None and sin is None):
-        raise ValueError("pass either freqs (angles) or cos and sin (tables), not both or "
-                         "neither")
-    if freqs is not None:
-        table, sin_t = V.angle_table(freqs), None
-        tname = "freqs"
+    if angles is not None:
+        table, sin_t = _tables(freqs, cos, sin, angles=angles)    # turns [R], amplitude [1]
+        tname, R, P = "angles", table.shape[0], EXACT_POSITIONS
     else:
-        if cos is None or sin is None:
-            raise ValueError("cos and sin must be given together")
-        table, sin_t = V.cos_sin_pair(V.table_2d(cos, "cos"), V.table_2d(sin, "sin"))
-        tname = "cos"
+        if (freqs is None) == (cos is None and sin is None):
+            raise ValueError("pass either freqs (angles), cos and sin (tables) or angles "
+                             "(ropelib.rope_angles), not several or none")
+        if freqs is not None:
+            table, sin_t = V.angle_table(freqs), None
+            tname = "freqs"
+        else:
+            if cos is None or sin is None:
+                raise ValueError("cos and sin must be given together")
+            table, sin_t = V.cos_sin_pair(V.table_2d(cos, "cos"), V.table_2d(sin, "sin"))
+            tname = "cos"
+        R, P = table.shape[-1], table.shape[0]
     V.check_same_device(q, "q", **{tname: table}, sin=sin_t)
     D = q.shape[-1]
-    V.check_rotary_dim(table.shape[-1], D, tname)
+    V.check_rotary_dim(R, D, tname)
     check_no_table_grad((tname, table), ("sin", sin_t))
-    P = table.shape[0]
     S = q.shape[0] if layout in ("sbhd", "thd") else q.shape[1]
     B = 1 if layout == "thd" else (q.shape[1] if layout == "sbhd" else q.shape[0])
     if position_ids is not None:
@@ -287,8 +296,8 @@ class QKNormRoPE(nn.Module):
     block, fused with RoPE.
 
     Holds w_q and w_k [head_dim], initialised so that the scale w + weight_offset is 1.
-    forward(q, k, freqs=None, *, cos=None, sin=None, position_ids=None) -> (q_out, k_out), with
-    the arguments of ropelib.qk_norm_rope.
+    forward(q, k, freqs=None, *, cos=None, sin=None, position_ids=None, angles=None)
+    -> (q_out, k_out), with the arguments of ropelib.qk_norm_rope.
     """
 
     def __init__(self, head_dim: int, eps: float = 1e-6, weight_offset: float = 0.0, *,
@@ -323,10 +332,12 @@ class QKNormRoPE(nn.Module):
 
     def forward(self, q: Tensor, k: Tensor, freqs: Optional[Tensor] = None, *,
                 cos: Optional[Tensor] = None, sin: Optional[Tensor] = None,
-                position_ids: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+                position_ids: Optional[Tensor] = None,
+                angles: Optional[Angles] = None) -> Tuple[Tensor, Tensor]:
         return qk_norm_rope(q, k, self.w_q, self.w_k, freqs, cos=cos, sin=sin, eps=self.eps,
                             layout=self.layout, interleaved=self.interleaved,
-                            position_ids=position_ids, weight_offset=self.weight_offset)
+                            position_ids=position_ids, weight_offset=self.weight_offset,
+                            angles=angles)
 
     def extra_repr(self) -> str:
         return (f"head_dim={self.head_dim}, eps={self.eps}, weight_offset={self.weight_offset}, "

@@ -7,13 +7,12 @@ computes a fused nn.Linear's projection x W^T + b, splits it into q, k and v hea
 each q and k head (with norm weights, as Qwen3 and Gemma 3 do) and rotates q and k, all in one
 Triton GEMM whose epilogue does the norm and the rotation while the tile is in registers
 (ropelib/kernels/qkv_gemm.py says how). Its backward writes the projection's gradient dY once
-(backward="dy", the default where it applies): ropelib's RoPE (or, with QK-norm, qk_norm_rope's
-backward) undoes the rotation (and the norm) of the gradients of q and k, and cuBLAS runs dX and
-dW on dY. backward="prologue" never writes dY: ropelib's dX and dW GEMMs undo the rotation (and
-the norm) as they load the gradient, at the price of re-forming it in every column block; on an
-H200 at 8192 tokens of Llama-3-8B's projection it took 2.9 times as long (4.7 with QK-norm;
-benchmarks/qkv_dy_probe.py). With QK-norm on table-free angles or on packed sequences given by
-cu_seqlens, only the prologues apply, and they are the default there.
+(backward="dy", the default): ropelib's RoPE (or, with QK-norm, qk_norm_rope's backward) undoes
+the rotation (and the norm) of the gradients of q and k, and cuBLAS runs dX and dW on dY.
+backward="prologue" never writes dY: ropelib's dX and dW GEMMs undo the rotation (and the norm)
+as they load the gradient, at the price of re-forming it in every column block; on an H200 at
+8192 tokens of Llama-3-8B's projection it took 2.9 times as long (4.7 with QK-norm;
+benchmarks/qkv_dy_probe.py).
 
 One path: the public function checks its arguments and calls an operator, registered like
 ropelib's others (ropelib.ops: a triton_op on GPUs, a custom_op in the interpreter, each with a
@@ -56,20 +55,13 @@ OUT_LAYOUTS = QKV_LINEAR_LAYOUTS
 BACKWARDS = ("prologue", "dy")
 
 
-def resolved_backward(backward: Optional[str], norm: bool, angles: Optional[Angles],
-                      cu_seqlens: Optional[Tensor]) -> str:
-    """The backward qkv_rope_linear runs: `backward` checked, or for None "dy" (dY written once,
-    cuBLAS's GEMMs: the faster, measured) except with QK-norm on table-free angles or on
-    cu_seqlens, which qk_norm_rope's backward does not take: there "prologue"."""
-    only_prologue = norm and (angles is not None or cu_seqlens is not None)
+def resolved_backward(backward: Optional[str]) -> str:
+    """The backward qkv_rope_linear runs: `backward` checked; None is "dy" (dY written once,
+    cuBLAS's GEMMs: the faster, measured)."""
     if backward is None:
-        return "prologue" if only_prologue else "dy"
+        return "dy"
     if backward not in BACKWARDS:
         raise ValueError(f"backward must be None or one of {BACKWARDS}, got {backward!r}")
-    if backward == "dy" and only_prologue:
-        raise ValueError("backward='dy' with QK-norm takes freqs (an angle table, as "
-                         "ropelib.qk_norm_rope does) and position_ids for packed x, not "
-                         "angles or cu_seqlens: pass those, or backward='prologue' (or None)")
     return backward
 
 
@@ -266,22 +258,31 @@ def _rows_side_by_side(x: Tensor, *grads: Tensor) -> Tensor:
 
 def written_dy_normed(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor,
                       norm_input: Tensor, q_norm_weight: Tensor, k_norm_weight: Tensor,
-                      table: Tensor, position_ids: Optional[Tensor], n_heads: int,
-                      n_kv_heads: int, head_dim: int, eps: float, interleaved: bool) -> tuple:
+                      table: Tensor, sin: Optional[Tensor], position_ids: Optional[Tensor],
+                      cu_seqlens: Optional[Tensor], n_heads: int, n_kv_heads: int,
+                      head_dim: int, eps: float, interleaved: bool) -> tuple:
     """With QK-norm: (dY [M, N], the norm weights' gradients). ropelib.qk_norm_rope's backward
     undoes the rotation and the norm of q's and k's gradients (laid out as for written_dy) in
     one launch, from the norm's input the forward kept (the projection's q and k columns);
-    then as written_dy. The table is an angle table (qk_norm_rope takes no Angles); packed x
-    comes with position ids [1, T]."""
+    then as written_dy. Packed x comes with position ids [1, T] or with cu_seqlens, whose
+    positions (each token's index in its sequence) are made here: qk_norm_rope reads ids."""
     lead = grad_q.shape[:-2]                     # [B, S] or [T]
     q_in = norm_input[:, :n_heads * head_dim].view(*lead, n_heads, head_dim)
     k_in = norm_input[:, n_heads * head_dim:].view(*lead, n_kv_heads, head_dim)
     packed = x.dim() == 2
+    if packed:
+        position_ids = position_ids[0] if position_ids is not None else \
+            packed_positions(cu_seqlens, x.shape[0])
     dq, dk, dwq, dwk = ops_qk_norm.qk_norm_rope_backward_op(
-        grad_q, grad_k, q_in, k_in, q_norm_weight, k_norm_weight, table, None,
-        position_ids[0] if packed else position_ids, "thd" if packed else "bshd", interleaved,
-        eps, 0.0)
+        grad_q, grad_k, q_in, k_in, q_norm_weight, k_norm_weight, table, sin, position_ids,
+        "thd" if packed else "bshd", interleaved, eps, 0.0)
     return _rows_side_by_side(x, dq, dk, grad_v), dwq, dwk
+
+
+def packed_positions(cu_seqlens: Tensor, T: int) -> Tensor:
+    """[T]: each packed token's index in its sequence, from cu_seqlens [N + 1]."""
+    t = torch.arange(T, device=cu_seqlens.device, dtype=cu_seqlens.dtype)
+    return t - cu_seqlens[torch.searchsorted(cu_seqlens[1:].contiguous(), t, right=True)]
 
 
 def _backward(ctx, grad_q, grad_k, grad_v, _grad_rstd, _grad_norm_input):
@@ -297,10 +298,11 @@ def _backward(ctx, grad_q, grad_k, grad_v, _grad_rstd, _grad_norm_input):
         grads = _token_major(grads, out_layout)
         if q_norm_weight is None:
             dy = written_dy(*grads, x, table, sin, position_ids, cu_seqlens, interleaved)
-        else:       # (an angle table, and no cu_seqlens: qkv_rope_linear checked)
+        else:
             dy, dwq, dwk = written_dy_normed(*grads, x, norm_input, q_norm_weight,
-                                             k_norm_weight, table, position_ids, n_heads,
-                                             n_kv_heads, head_dim, ctx.eps, interleaved)
+                                             k_norm_weight, table, sin, position_ids,
+                                             cu_seqlens, n_heads, n_kv_heads, head_dim,
+                                             ctx.eps, interleaved)
         dx = (dy @ weight).view(x.shape) if need[0] else None
         dw = dy.t() @ x.reshape(-1, x.shape[-1]) if need[1] else None
         db = dy.sum(0) if need[2] else None
@@ -480,12 +482,10 @@ def qkv_rope_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *,
             scaled_dot_product_attention takes); packed x gives [T, H, D].
         backward: how the gradients are made. "dy": dY is written once (ropelib's RoPE
             rotates q's and k's gradients back; with QK-norm, ropelib.qk_norm_rope's backward
-            undoes the norm too, from the norm's input the forward keeps, and then takes freqs,
-            not angles, and position ids, not cu_seqlens) and cuBLAS runs dX = dY W and
-            dW = dY^T x. "prologue": ropelib's dX and dW GEMMs undo the rotation (and the norm)
-            as they load the gradients of q, k and v, and dY is never written (it is re-formed
-            in every column block). None (the default): "dy" where it applies, else
-            "prologue". On an H200 at 8192 tokens of Llama-3-8B's projection (bf16, table-free
+            undoes the norm too, from the norm's input the forward keeps) and cuBLAS runs
+            dX = dY W and dW = dY^T x. "prologue": ropelib's dX and dW GEMMs undo the rotation
+            (and the norm) as they load the gradients of q, k and v, and dY is never written
+            (it is re-formed in every column block). None (the default): "dy". On an H200 at 8192 tokens of Llama-3-8B's projection (bf16, table-free
             angles), forward+backward 1.75 ms with "dy", 5.00 with "prologue" and 1.85 for
             cuBLAS then ropelib's RoPE; with QK-norm on an angle table 1.99, 9.27 and 1.93
             (benchmarks/qkv_dy_probe.py). Forward and v are the same either way.
@@ -532,7 +532,7 @@ def qkv_rope_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *,
     position_ids, cu_seqlens = _check_positions(x, position_ids, cu_seqlens, _rows(table),
                                                 out_layout)
     norm = _check_norm_weights(q_norm_weight, k_norm_weight, head_dim, x)
-    backward = resolved_backward(backward, norm, angles, cu_seqlens)
+    backward = resolved_backward(backward)
     if norm and weight_offset != 0.0:   # Gemma's scale 1 + w, in fp32 (autograd sees the sum)
         q_norm_weight = q_norm_weight.float() + weight_offset
         k_norm_weight = k_norm_weight.float() + weight_offset

@@ -345,7 +345,7 @@ TORCH_API_SINCE = {
         "bool", "uint8", "int8", "int16", "int32", "int64", "long", "float16", "bfloat16",
         "float32", "float64", "complex64", "complex128",
         "allclose", "arange", "argmax", "argsort", "as_tensor", "atan2", "bincount", "block_diag",
-        "cat",
+        "cat", "searchsorted",
         "chunk", "clamp", "cos", "empty", "empty_like", "empty_strided", "equal", "eye", "frexp",
         "full", "full_like", "isclose", "isfinite", "isnan", "ldexp", "meshgrid", "multinomial",
         "nextafter", "ones", "ones_like", "outer", "polar", "rand", "randint", "randn",

@@ -72,9 +72,15 @@ def _close(got, want, tol):
     torch.testing.assert_close(got.double(), want.double(), atol=atol, rtol=rtol)
 
 
-def check_against_reference(q, k, w_q, w_k, cos, sin, *, freqs=None, **opts):
-    """Outputs and the four gradients of qk_norm_rope against the fp64 reference."""
-    if freqs is not None:
+def check_against_reference(q, k, w_q, w_k, cos, sin, *, freqs=None, angles=None,
+                            table_positions=None, **opts):
+    """Outputs and the four gradients of qk_norm_rope against the fp64 reference. With angles,
+    qk_norm_rope takes the positions table_positions, the reference the rows of cos and sin
+    opts' position_ids name."""
+    if angles is not None:
+        given = dict(opts, position_ids=table_positions)
+        q_out, k_out = ropelib.qk_norm_rope(q, k, w_q, w_k, angles=angles, **given)
+    elif freqs is not None:
         q_out, k_out = ropelib.qk_norm_rope(q, k, w_q, w_k, freqs, **opts)
     else:
         q_out, k_out = ropelib.qk_norm_rope(q, k, w_q, w_k, cos=cos, sin=sin, **opts)
@@ -127,6 +133,33 @@ def test_partial_rotary_angles_and_position_ids(interleaved, seeded):
     f = freqs[:, 0, 0].double()
     check_against_reference(q, k, w_q, w_k, f.cos(), f.sin(), freqs=freqs, position_ids=pos,
                             interleaved=interleaved, eps=1e-5)
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("layout", ["bshd", "sbhd", "thd"])
+def test_angles_computed_in_the_kernel(interleaved, layout, seeded):
+    """angles=ropelib.rope_angles(...): no table; every angle computed from its position, as
+    apply_rope(..., angles=) computes it. Against the fp64 reference on a table of the same
+    angles (exact in fp64 at these positions), with partial rotary, YaRN's amplitude and
+    positions far past any table one would keep."""
+    S, B, D, R = 7, 2, 24, 16
+    q, k, w_q, w_k, _, _ = make(layout, torch.float32, S=S, B=B, HQ=4, HK=2, D=D)
+    angles = ropelib.frequencies.Angles(ropelib.frequencies.inv_freq(R, dtype=torch.float64),
+                                        1.25)
+    pos = torch.randint(0, 1 << 20, (S,) if layout == "thd" else (B, S))
+    rows = torch.unique(pos)
+    theta = torch.outer(rows.double(), angles.inv_freq)              # [P', R/2], exact
+    theta = torch.stack([theta, theta], -1).flatten(-2) if interleaved else \
+        torch.cat([theta, theta], -1)
+    cos, sin = 1.25 * theta.cos(), 1.25 * theta.sin()
+    check_against_reference(q, k, w_q, w_k, cos, sin, angles=angles,
+                            position_ids=torch.searchsorted(rows, pos), layout=layout,
+                            interleaved=interleaved, table_positions=pos)
+    opts = dict(angles=angles, position_ids=pos, layout=layout, interleaved=interleaved)
+    first = ropelib.qk_norm_rope(q, k, w_q, w_k, **opts)        # planned on the first call,
+    again = ropelib.qk_norm_rope(q, k, w_q, w_k, **opts)        # then taken from the cache
+    for a, b in zip(first, again):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("interleaved", [False, True])
@@ -340,6 +373,12 @@ def test_opcheck_both_operators(seeded):
     torch.library.opcheck(OPS.qk_norm_rope_backward.default,
                           (torch.randn_like(q), torch.randn_like(k), q.detach(), k.detach(),
                            w_q.detach(), w_k.detach(), cos, sin, pos, *opts))
+    angles = ropelib.rope_angles(8)         # no table: Angles' turns and amplitude
+    for op, grads in ((OPS.qk_norm_rope, ()),
+                      (OPS.qk_norm_rope_backward, (torch.randn_like(q), torch.randn_like(k)))):
+        torch.library.opcheck(op.default, grads + (q.detach(), k.detach(), w_q.detach(),
+                                                   w_k.detach(), angles.turns, angles.amplitude,
+                                                   pos, *opts))
 
 
 def test_registered_as_triton_ops_on_a_gpu():
@@ -366,13 +405,15 @@ def _compiled_equals_eager(fn, args, n_grad):
     torch._dynamo.reset()
 
 
-def test_compile_fullgraph_function(seeded):
+@pytest.mark.parametrize("table", ["freqs", "angles"])
+def test_compile_fullgraph_function(table, seeded):
     q, k, w_q, w_k, _, _ = make("bshd", torch.bfloat16)
-    freqs = ropelib.rope_freqs(16, 16)
+    tables = {"freqs": dict(freqs=ropelib.rope_freqs(16, 16)),
+              "angles": dict(angles=ropelib.rope_angles(16))}[table]
     pos = torch.randint(0, 16, (2, 5))
 
     def fn(q, k, w_q, w_k, pos):
-        return ropelib.qk_norm_rope(q * 2, k, w_q, w_k, freqs, position_ids=pos, eps=1e-5)
+        return ropelib.qk_norm_rope(q * 2, k, w_q, w_k, position_ids=pos, eps=1e-5, **tables)
     _compiled_equals_eager(fn, (q, k, w_q, w_k, pos), 4)
 
 
@@ -521,6 +562,11 @@ def _bad(**over):
     (dict(sin=None), ValueError, "cos and sin must be given together"),
     (dict(cos=torch.ones(6, 16, requires_grad=True)), ValueError, "cos requires grad"),
     (dict(q=torch.randn(2, 4, 4, 16).to(torch.int64)), TypeError, "q must have dtype"),
+    (dict(angles=ropelib.rope_angles(16)), ValueError, "pass either angles"),
+    (dict(cos=None, sin=None, angles=ropelib.rope_freqs(6, 16)), TypeError,
+     "angles must be a ropelib.frequencies.Angles"),
+    (dict(cos=None, sin=None, angles=ropelib.rope_angles(32)), ValueError,
+     "larger than the head dim"),
 ])
 def test_bad_input_is_named(over, error, match):
     args = _bad(**over)
@@ -579,7 +625,7 @@ def test_benchmark_dry_run(tmp_path, capsys):
     rows = compare.read_csv(out)
     meta = compare.read_meta(out)
     assert meta["script"] == "benchmarks/qk_norm_bench.py" and "dry run" in meta["timing"]
-    assert {r["provider"] for r in rows} == {"ropelib", "torch_compile", "eager"}
+    assert {r["provider"] for r in rows} == {"ropelib", "ropelib_angles", "torch_compile", "eager"}
     assert {r["pass"] for r in rows} == {"fwd", "fwd+bwd"}
     for r in rows:
         assert r["available"] is True and r["max_abs_err"] < 5e-2, r

@@ -388,10 +388,11 @@ def test_backward_with_dy_written_matches_the_unfused_pipeline(dtype, table, out
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("table", ["freqs", "angles"])
 @pytest.mark.parametrize("out_layout", ["bshd", "bhsd"])
-def test_backward_with_dy_written_and_qk_norm(dtype, out_layout, seeded):
+def test_backward_with_dy_written_and_qk_norm(dtype, table, out_layout, seeded):
     # with QK-norm: ropelib.qk_norm_rope's backward from the norm's kept input, then the GEMMs
-    check_backward(dtype, norm=True, out_layout=out_layout, backward="dy")
+    check_backward(dtype, norm=True, table=table, out_layout=out_layout, backward="dy")
 
 
 @pytest.mark.parametrize("interleaved", [False, True], ids=["rotate-half", "interleaved"])
@@ -401,41 +402,43 @@ def test_backward_with_dy_written_qk_norm_positions_and_gemma_scale(interleaved,
                    backward="dy")
 
 
-def test_packed_sequences_with_dy_written_and_qk_norm(seeded):
-    """Packed x with position ids [T] (the norm's backward takes no cu_seqlens)."""
+@pytest.mark.parametrize("table", ["freqs", "angles"])
+@pytest.mark.parametrize("positions", ["position_ids", "cu_seqlens"])
+def test_packed_sequences_with_dy_written_and_qk_norm(table, positions, seeded):
+    """Packed x with position ids [T] or cu_seqlens (the norm's backward reads ids: they are
+    made from cu_seqlens), from an angle table or table-free angles."""
     T, D = 16, 16
     x, w, b, wq, wk = make(torch.float32, S=T, norm=True, packed=True)
-    freqs = ropelib.rope_freqs(8, D)
-    pos = torch.cat([torch.arange(n) for n in (5, 7, 4)])
-    got = ropelib.qkv_rope_linear(x, w, b, n_heads=2, n_kv_heads=1, head_dim=D, freqs=freqs,
-                                  position_ids=pos, q_norm_weight=wq, k_norm_weight=wk,
-                                  backward="dy")
+    tables = {"freqs": dict(freqs=ropelib.rope_freqs(8, D)),
+              "angles": dict(angles=ropelib.rope_angles(D))}[table]
     cu = torch.tensor([0, 5, 12, 16], dtype=torch.int32)
-    want, _ = unfused(x, w, b, wq, wk, HQ=2, HK=1, D=D, freqs=freqs, cu_seqlens=cu)
+    where = dict(position_ids=torch.cat([torch.arange(n) for n in (5, 7, 4)])) \
+        if positions == "position_ids" else dict(cu_seqlens=cu)
+    assert torch.equal(qkv_linear.packed_positions(cu, T),
+                       torch.cat([torch.arange(n) for n in (5, 7, 4)]).int())
+    got = ropelib.qkv_rope_linear(x, w, b, n_heads=2, n_kv_heads=1, head_dim=D,
+                                  q_norm_weight=wq, k_norm_weight=wk, backward="dy",
+                                  **where, **tables)
+    want, _ = unfused(x, w, b, wq, wk, HQ=2, HK=1, D=D, cu_seqlens=cu, **tables)
     leaves = [x, w, b, wq, wk]
     grads = [torch.randn_like(t) for t in got]
     for a, c in zip(torch.autograd.grad(got, leaves, grads),
                     torch.autograd.grad(want, leaves, grads)):
         torch.testing.assert_close(a, c, rtol=1e-5, atol=1e-5 * float(c.abs().max()))
-    with pytest.raises(ValueError, match="backward='dy' with QK-norm takes freqs"):
-        ropelib.qkv_rope_linear(x, w, b, n_heads=2, n_kv_heads=1, head_dim=D, freqs=freqs,
-                                cu_seqlens=cu, q_norm_weight=wq, k_norm_weight=wk,
-                                backward="dy")
 
 
 @pytest.mark.parametrize("norm", [False, True], ids=["plain", "qk-norm"])
 @pytest.mark.parametrize("table", ["freqs", "angles"])
-def test_default_backward_writes_dy_where_it_applies(norm, table, seeded):
-    """backward=None runs "dy" (the faster, measured), except with QK-norm on table-free angles,
-    which qk_norm_rope's backward does not take: there the prologues. The module's default is
-    the same."""
+def test_default_backward_writes_dy(norm, table, seeded):
+    """backward=None runs "dy" (the faster, measured), with or without QK-norm, from a table or
+    from angles; the module's default is the same."""
     from unittest import mock
     D = 16
     x, w, b, wq, wk = make(torch.float32, S=8, HQ=2, HK=1, D=D, bias=True, norm=norm)
     tables = {"freqs": dict(freqs=ropelib.rope_freqs(16, D)),
               "angles": dict(angles=ropelib.rope_angles(D))}[table]
-    want = "prologue" if norm and table == "angles" else "dy"
-    assert qkv_linear.resolved_backward(None, norm, tables.get("angles"), None) == want
+    want = "dy"
+    assert qkv_linear.resolved_backward(None) == want
     ran = []
 
     def spy(*args):
@@ -855,8 +858,6 @@ def _bad():
     (dict(position_ids=torch.zeros(1, 4)), TypeError, "position_ids must be an integer tensor"),
     (dict(cu_seqlens=torch.tensor([0, 4])), ValueError, "cu_seqlens is for packed sequences"),
     (dict(backward="gemm"), ValueError, r"backward must be None or one of \('prologue', 'dy'\)"),
-    (dict(backward="dy", freqs=None, angles=ropelib.rope_angles(16)), ValueError,
-     "backward='dy' with QK-norm takes freqs"),
 ])
 def test_bad_arguments_are_named(change, error, match):
     args = dict(_bad(), **change)
@@ -888,7 +889,8 @@ def test_benchmark_dry_run(tmp_path, capsys):
     rows = compare.read_csv(out)
     meta = compare.read_meta(out)
     assert meta["script"] == "benchmarks/qkv_rope_bench.py" and "dry run" in meta["timing"]
-    assert {r["provider"] for r in rows} == {"triton_gemm", "fused", "unfused", "cublas"}
+    assert {r["provider"] for r in rows} == {"triton_gemm", "fused", "fused_prologue", "unfused",
+                                             "cublas"}
     assert {r["pass"] for r in rows} == {"fwd", "fwd+bwd"}
     assert {r["qk_norm"] for r in rows} == {True, False}
     for r in rows:

@@ -2,11 +2,13 @@
 eagerly and under torch.compile.
 
 The case is a Qwen3-sized attention block: q [8, 4096, 32, 128] and k [8, 4096, 8, 128] in bf16
-(bshd), with learned weights w_q, w_k [128] (fp32) and a cos/sin table [4096, 128] (fp32). Three
+(bshd), with learned weights w_q, w_k [128] (fp32) and a cos/sin table [4096, 128] (fp32). Four
 providers compute rope(rmsnorm(x) * w) for q and for k, each with statistics and math in fp32
 and one rounding to bf16:
 
-* ropelib: `ropelib.qk_norm_rope`, one launch forward, one backward;
+* ropelib: `ropelib.qk_norm_rope` on the cos/sin table, one launch forward, one backward;
+* ropelib_angles: the same with no table (`angles=ropelib.rope_angles(128)`, the angles
+  computed in the kernel from the positions);
 * torch_compile: `norm_rope_torch` under `torch.compile` (Inductor on a GPU, aot_eager in the
   interpreter);
 * eager: `norm_rope_torch`, eagerly.
@@ -52,6 +54,22 @@ def norm_rope_ropelib(q, k, w_q, w_k, cos, sin):
     return ropelib.qk_norm_rope(q, k, w_q, w_k, cos=cos, sin=sin, eps=EPS, layout="bshd")
 
 
+def norm_rope_ropelib_angles(q, k, w_q, w_k, cos, sin):
+    """ropelib with no table: the same angles computed in the kernel from the positions."""
+    return ropelib.qk_norm_rope(q, k, w_q, w_k, eps=EPS, layout="bshd",
+                                angles=_angles(q.shape[-1], q.device))
+
+
+_ANGLES = {}
+
+
+def _angles(D: int, device) -> "ropelib.frequencies.Angles":
+    key = (D, str(device))
+    if key not in _ANGLES:
+        _ANGLES[key] = ropelib.rope_angles(D, device=device)
+    return _ANGLES[key]
+
+
 def inputs(B, S, HQ, HK, D, dtype, device, seed=0):
     """((q, k, w_q, w_k, cos, sin), (gq, gk)): fresh inputs and output gradients."""
     g = torch.Generator(device="cpu").manual_seed(seed)
@@ -65,8 +83,18 @@ def inputs(B, S, HQ, HK, D, dtype, device, seed=0):
     return (q, k, w_q, w_k, cos, sin), (gq, gk)
 
 
-def reference(args, grads):
-    """fp64 outputs and gradients of q, k, w_q, w_k (from the same inputs)."""
+def reference(args, grads, exact_angles: bool = False):
+    """fp64 outputs and gradients of q, k, w_q, w_k (from the same inputs). exact_angles: on
+    the angles of ropelib.rope_angles, exact in fp64 here, instead of the fp32 cos/sin table
+    (whose angles were rounded to fp32 before their cos and sin: at position 4095 that moves
+    an angle by up to 2.4e-4, more than the bf16 outputs' rounding once the weights'
+    gradients sum over every row)."""
+    if exact_angles:
+        S, D = args[4].shape
+        theta = torch.outer(torch.arange(S, dtype=torch.float64, device=args[0].device),
+                            _angles(D, args[0].device).inv_freq.to(args[0].device))
+        theta = torch.cat([theta, theta], -1)
+        args = args[:4] + (theta.cos(), theta.sin())
     q, k, w_q, w_k, cos, sin = (a.double() for a in args)
     leaves = [t.requires_grad_() for t in (q, k, w_q, w_k)]
     c, s = cos[:, None, :], sin[:, None, :]
@@ -103,7 +131,7 @@ def bytes_moved(B, S, HQ, HK, D, elem, backward) -> int:
 
 def providers(backend: str):
     """(name, fn) of ropelib, compiled PyTorch (`backend`: Inductor or aot_eager) and eager."""
-    return [("ropelib", norm_rope_ropelib),
+    return [("ropelib", norm_rope_ropelib), ("ropelib_angles", norm_rope_ropelib_angles),
             ("torch_compile", torch.compile(norm_rope_torch, backend=backend, fullgraph=True)),
             ("eager", norm_rope_torch)]
 
@@ -114,7 +142,7 @@ def measure(*, tiny: bool, timed: bool, device, with_copy: bool = False, **shape
     dims = dict(TINY_SHAPE if tiny else SHAPE, **shape)
     B, S, HQ, HK, D = (dims[n] for n in ("B", "S", "HQ", "HK", "D"))
     args, grads = inputs(B, S, HQ, HK, D, torch.bfloat16, device)
-    ref_out, ref_grads = reference(args, grads)
+    refs = {exact: reference(args, grads, exact) for exact in (False, True)}
     case = "tiny" if tiny else f"b{B}-s{S}-h{HQ}/{HK}-d{D}"
     backend = "inductor" if timed and torch.device(device).type == "cuda" else "aot_eager"
     base = dict(case=case, dtype="bfloat16", layout="bshd", B=B, S=S, HQ=HQ, HK=HK, D=D,
@@ -129,6 +157,7 @@ def measure(*, tiny: bool, timed: bool, device, with_copy: bool = False, **shape
             except Exception as exc:  # noqa: BLE001 -- recorded in the CSV, never hidden
                 row.update(available=False, reason=f"{type(exc).__name__}: {exc}"[:200])
                 continue
+            ref_out, ref_grads = refs[name.endswith("_angles")]
             row["max_abs_err"] = max_abs_err(got, ref_out + (ref_grads if backward else ()))
             if not row["max_abs_err"] <= MAX_ABS_ERR:       # NaN fails too
                 row.update(available=False, reason="differs from the fp64 reference")

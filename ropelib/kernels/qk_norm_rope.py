@@ -34,8 +34,9 @@ sums gu n over every row it handled and writes that [D] partial sum to its own r
 reduction order is fixed by the grid, so gw is deterministic.
 
 Math is fp32 (fp64 for fp64 inputs) with one rounding at the store. Tables follow ropelib's
-convention (one angle or cos/sin value per feature; see kernels/fused.py), so the transpose swaps
-which member's sine is used:
+convention (one angle or cos/sin value per feature; see kernels/fused.py), or are Angles' turns,
+every angle computed from its position as the finished kernel computes it (fused.table_cos_sin
+reads either), so the transpose swaps which member's sine is used:
 
     forward   y_a = u_a c_a - u_b s_a       y_b = u_b c_b + u_a s_b
     backward  gu_a = gy_a c_a + gy_b s_b    gu_b = gy_b c_b - gy_a s_a
@@ -48,10 +49,12 @@ import triton
 import triton.language as tl
 
 from ..conventions import view4
+from ..frequencies import EXACT_POSITIONS
 from ..runtime import INTERPRET
-from .common import (ROUND_BF16_RTNE, batch_range, contiguous_strides, head_tile, load_table,
-                     nan_unless, offset_int, rotate_pair, round_to, store_pair, tile_width)
+from .common import (ROUND_BF16_RTNE, batch_range, contiguous_strides, head_tile,
+                     offset_int, rotate_pair, round_to, store_pair, tile_width)
 from .direct import DirectLauncher
+from .fused import table_cos_sin
 from .planning import (OUT_AS_INPUT, OUT_LAYOUT, Launch, cdiv, needs_int64, pow2_at_least,
                        pow2_at_most, start)
 from .tiles import (QK_NORM_ELEMENTS_PER_THREAD, QK_NORM_PROGRAMS_PER_SM, QK_NORM_ROWS_PER_STEP,
@@ -144,21 +147,19 @@ def _norm_rope_heads(
         if BLOCK_PASS > 0:
             acc_p = tl.zeros((BLOCK_PASS,), dtype=CDT)
 
+    # (fused.table_cos_sin: an angle or cos/sin table, or Angles' turns with the positions as
+    # rows; a row outside the table gets NaN cosines, see common.nan_unless)
     if not PER_ENTRY:
         rows, valid = _rows_of_table(s_idx, 0, S, P, pos_ptr, IDS_PER_ENTRY)
-        c_a, s_a, c_b, s_b = load_table(cos_ptr, sin_ptr, rows, 0, stride_tab_b, R, 1, d_a, d_b,
-                                        tab_mask, CDT)
-        c_a = nan_unless(valid[:, None, None], c_a)   # outside the table: NaN (see nan_unless)
-        c_b = nan_unless(valid[:, None, None], c_b)
+        c_a, s_a, c_b, s_b = table_cos_sin(cos_ptr, sin_ptr, rows, valid, 0, stride_tab_b, R,
+                                           d_a, d_b, tab_mask, CDT, HALF, True)
 
     for b in range(b_lo, b_hi):
         bb = offset_int(b, INT64)
         if PER_ENTRY:
             rows, valid = _rows_of_table(s_idx, bb, S, P, pos_ptr, IDS_PER_ENTRY)
-            c_a, s_a, c_b, s_b = load_table(cos_ptr, sin_ptr, rows, bb, stride_tab_b, R, 1, d_a,
-                                            d_b, tab_mask, CDT)
-            c_a = nan_unless(valid[:, None, None], c_a)
-            c_b = nan_unless(valid[:, None, None], c_b)
+            c_a, s_a, c_b, s_b = table_cos_sin(cos_ptr, sin_ptr, rows, valid, bb, stride_tab_b,
+                                               R, d_a, d_b, tab_mask, CDT, HALF, True)
         xr = x_ptr + (x_rows + bb * stride_x_b)[:, :, None]   # [BLOCK_S, BLOCK_H, 1]
         yr = (y_rows + bb * st_y_b)[:, :, None]
         orow = out_ptr + yr
@@ -371,7 +372,7 @@ def _dense(t: torch.Tensor, dims: int) -> bool:
         return True
     if t.stride(-1) != 1 and t.shape[-1] > 1:
         return False
-    if dims == 3 and t.stride(-2) != t.shape[-1] and t.shape[-2] > 1:
+    if dims == 3 and t.dim() > 1 and t.stride(-2) != t.shape[-1] and t.shape[-2] > 1:
         return False
     return not _per_entry(t, dims) or t.stride(0) == t[0].numel()
 
@@ -454,7 +455,8 @@ def plan(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch
     backward = gq4 is not None
     S, B, HQ, D = q4.shape
     HK = k4.shape[2]
-    R = table.shape[-1]
+    exact = table.dtype == torch.int64      # Angles' turns [R]: every position up to 2^31 - 2
+    R = table.shape[0] if exact else table.shape[-1]
     # where the call runs: q's device, or the outputs' where q is a storage-less stand-in
     device = q_out4.device if q4.device.type == "meta" else q4.device
     on_gpu = device.type == "cuda" and not INTERPRET
@@ -470,7 +472,8 @@ def plan(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch
     assert gq4 is None or (gq4.stride() == q_out4.stride() and gk4.stride() == k_out4.stride()
                            ) or not (gq4.numel() and gk4.numel()), "readable_grad"
     args = dict(
-        S=S, B=B, HQ=HQ, HK=HK, P=table.shape[-2], eps=eps, weight_offset=weight_offset,
+        S=S, B=B, HQ=HQ, HK=HK, P=EXACT_POSITIONS if exact else table.shape[-2], eps=eps,
+        weight_offset=weight_offset,
         stride_q_s=q4.stride(0), stride_q_b=q4.stride(1),
         stride_k_s=k4.stride(0), stride_k_b=k4.stride(1),
         R=R, D=D, OUT_LAYOUT=OUT_AS_INPUT if out_as_in else OUT_LAYOUT[layout],
