@@ -22,10 +22,11 @@ table (`ropelib.rope_freqs`, whose pairs the forward finds equal: two tiles of t
 Each provider's outputs and gradients are compared with the unfused pipeline's first (as the
 benchmark does), then timed forward+backward with `triton.testing.do_bench`.
 
-    python benchmarks/qkv_dy_probe.py                      # GPU: prints a table
+    python benchmarks/qkv_dy_probe.py [--qk-norm] [--rounds 7 --out CSV]   # GPU: a table
     TRITON_INTERPRET=1 python benchmarks/qkv_dy_probe.py --dry-run   # CPU: checks, tiny shapes
 """
 import argparse
+import statistics
 import sys
 from pathlib import Path
 
@@ -98,34 +99,58 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--dry-run", action="store_true", help="tiny shapes, checks only (CPU)")
     ap.add_argument("--qk-norm", action="store_true",
-                    help="the QK-norm case (an angle table) instead")
+                    help="the QK-norm case instead")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="time every provider once a round, this many rounds: a provider's ms "
+                         "is its median, its ratio the median of the rounds' unfused ms / ms")
+    ap.add_argument("--out", default=None, help="CSV of the rounds' medians (GPU)")
     a = ap.parse_args(argv)
     device = runtime.default_device()
     if not a.dry_run and device != "cuda":
         raise SystemExit("timing needs a CUDA GPU; use --dry-run on the CPU")
     sizes = [(16, 32, 2, 1, 16)] if a.dry_run else [(8192, 4096, 32, 8, 128),
                                                     (32768, 4096, 32, 8, 128)]
-    print(f"{'tokens':>7} {'provider':34} {'fwd+bwd ms':>11} {'max rel diff':>13}")
+    print(f"{'tokens':>7} {'provider':34} {'fwd+bwd ms':>11} {'max rel diff':>13}"
+          + ("   of the unfused speed (rounds)" if a.rounds > 1 else ""))
+    rows = []
     for tokens, hidden, HQ, HK, D in sizes:
         angles = ropelib.rope_angles(D, base=500000.0, device=device)
         freqs = ropelib.rope_freqs(tokens, D, base=500000.0, device=device)
         args, grads = bench.inputs(tokens, hidden, HQ, HK, D, device)
         provs = providers(HQ, HK, D, angles, freqs, a.qk_norm)
         ref = bench._run_once(provs[-1][1], args, grads, True, a.qk_norm)   # the unfused one
+        rels, steps = {}, {}
         for name, fn in provs:
             got = bench._run_once(fn, args, grads, True, a.qk_norm)
-            rel = bench._max_rel_diff(got, ref)
-            assert rel <= 2.0**-5, f"{name} differs from the unfused pipeline ({rel:.3g})"
-            ms = float("nan")
-            if not a.dry_run:
-                import triton.testing
-                leaves = bench._leaves(args, True, a.qk_norm)
-                wanted = [t for t in leaves if t.requires_grad]
+            rels[name] = bench._max_rel_diff(got, ref)
+            assert rels[name] <= 2.0**-5, \
+                f"{name} differs from the unfused pipeline ({rels[name]:.3g})"
+            leaves = bench._leaves(args, True, a.qk_norm)
 
-                def step(fn=fn, leaves=leaves):
-                    torch.autograd.backward(fn(*leaves), grads)
-                ms = triton.testing.do_bench(step, grad_to_none=wanted)
-            print(f"{tokens:>7} {name:34} {ms:11.3f} {rel:13.2e}", flush=True)
+            def step(fn=fn, leaves=leaves):
+                torch.autograd.backward(fn(*leaves), grads)
+            steps[name] = (step, [t for t in leaves if t.requires_grad])
+        times = {name: [] for name in steps}
+        for _ in range(0 if a.dry_run else a.rounds):
+            import triton.testing
+            for name, (step, wanted) in steps.items():
+                times[name].append(triton.testing.do_bench(step, grad_to_none=wanted))
+        unfused = provs[-1][0]
+        for name in steps:
+            ms = statistics.median(times[name]) if times[name] else float("nan")
+            ratios = [u / t for u, t in zip(times[unfused], times[name])]
+            rows.append(dict(tokens=tokens, qk_norm=a.qk_norm, provider=name, ms=ms,
+                             unfused_ms_over_ms=statistics.median(ratios) if ratios else None,
+                             low=min(ratios, default=None), high=max(ratios, default=None),
+                             rounds=len(ratios), max_rel_diff=rels[name]))
+            spread = (f"   {rows[-1]['unfused_ms_over_ms']:.3f} ({min(ratios):.3f}-"
+                      f"{max(ratios):.3f})" if len(ratios) > 1 else "")
+            print(f"{tokens:>7} {name:34} {ms:11.3f} {rels[name]:13.2e}{spread}", flush=True)
+    if a.out:
+        from ropelib.bench import compare
+        compare.write_csv(rows, a.out, compare.environment_meta(),
+                          fields=["tokens", "qk_norm", "provider", "ms", "unfused_ms_over_ms",
+                                  "low", "high", "rounds", "max_rel_diff"])
     return 0
 
 
