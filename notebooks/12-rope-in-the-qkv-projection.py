@@ -1634,10 +1634,10 @@ FORWARDS = {"unfused": "cuBLAS, then ropelib's RoPE", "TMA, two heads": "fused, 
             "table, flag": "fused, an angle table", "table, four tiles": "  the same, four tiles",
             "pointer kernel": "fused, pointer loads"}
 print(f"{FWD_AB.name}: the forward, of cuBLAS's speed, median of 7 rounds (range)")
-print(f"{'':34}" + "".join(f"{t:>22}" for t in TOKENS))
+print(f"{'':40}" + "".join(f"{t:>22}" for t in TOKENS))
 for norm in (False, True):
     for variant, label in FORWARDS.items():
-        print(f"{label + (' + QK-norm' if norm else ''):34}"
+        print(f"{label + (' + QK-norm' if norm else ''):40}"
               + "".join(f"{spread(fwd[t, norm, variant], 'cublas_ms_over_ms'):>22}"
                         for t in TOKENS))
 WAYS = ["fused, dY written, cuBLAS", "fused, prologues", "fused, dY written, QK-norm",
@@ -1645,7 +1645,7 @@ WAYS = ["fused, dY written, cuBLAS", "fused, prologues", "fused, dY written, QK-
 print(f"\nforward+backward, of the unfused pipeline's speed, median of 7 rounds (range)")
 for way in WAYS:
     norm = "QK-norm" in way
-    print(f"{way:34}" + "".join(f"{spread(dy[t, norm, way], 'unfused_ms_over_ms'):>22}"
+    print(f"{way:40}" + "".join(f"{spread(dy[t, norm, way], 'unfused_ms_over_ms'):>22}"
                                 for t in TOKENS))
 
 
