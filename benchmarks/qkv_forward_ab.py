@@ -13,14 +13,15 @@ without QK-norm:
     unfused            F.linear, then ropelib's RoPE on q and k (qk_norm_rope with the norm),
                        from an angle table (ropelib.rope_freqs)
     pointer kernel     qkv_rope_linear with the TMA main loop switched off
-    TMA, four row tiles   the TMA forward reading each member's own cos and sin (four tiles
-                       of the rows) although table-free angles give both members one angle
+    TMA, four row tiles   the TMA forward reading each member's own cos and sin although
+                       table-free angles give both members one angle (since 2026-12-01: read in
+                       turn, two tiles live at a time; before, four tiles at once)
     TMA, two heads     qkv_rope_linear as shipped on this GPU (one cos and one sin tile)
     table, four tiles  qkv_rope_linear from the angle table, the pre-pass's flag withheld, so
-                       the forward reads four tiles of the rows
+                       the forward reads each member's own rows (as above)
     table, flag        qkv_rope_linear from the angle table as shipped: the pre-pass finds
                        every pair's members equal and the forward, branching on that flag,
-                       reads two tiles (its four-tile branch compiled beside them)
+                       reads two tiles (the other branch compiled beside them)
 
 every variant once a round, in the same order; a variant's ratio to cuBLAS is the median of its
 rounds' ratios (above 1: faster than cuBLAS).

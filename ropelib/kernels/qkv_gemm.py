@@ -69,20 +69,22 @@ on TMA   are even and the head is one accumulator (uses_tma): a persistent grid,
          it launches like every other ropelib kernel, eagerly, under torch.compile and in CUDA
          graphs); the two heads of a tile share one load of their tokens' cos and sin rows,
          and the epilogue is the same (_store_qk_head, _store_v_head). How many tiles of the
-         cos/sin rows the epilogue holds decides its speed: with the four rows below (each
-         member of a pair its own cos and sin) two heads hold 255 registers and spill 288 bytes
-         a thread (sm_90, Triton 3.6); with one cos and one sin a pair, 253 and none. So with
-         table-free angles, whose pairs always share an angle, it reads two tiles
-         (SHARED_ANGLE); from an angle table it branches on the pre-pass's flag
+         cos/sin rows the epilogue holds at once decides its speed: the four rows below (each
+         member of a pair its own cos and sin) held for two heads took it to 255 registers and
+         288 bytes of spill a thread (sm_90, Triton 3.6); one cos and one sin a pair, 253 and
+         none. With table-free angles, whose pairs always share an angle, it reads two tiles
+         (SHARED_ANGLE). From an angle table it branches on the pre-pass's flag
          (pairs_differ_ptr: 0 where every pair's members share cos and sin, as in Hugging
-         Face's and TE's tables), reading two tiles or four, and holding both branches it
-         spills 232 bytes. Measured on an H200 (benchmarks/qkv_forward_ab.py, Llama-3-8B's
-         projection, bf16, 7 rounds, 8192 / 32768 tokens; of cuBLAS's speed): angles 0.92-0.93
-         / 0.95-0.97 (0.90 / 0.94 with QK-norm), an angle table 0.89 / 0.94 (0.84 / 0.88), four
-         tiles 0.86 / 0.90 (0.82 / 0.86); cuBLAS then ropelib's RoPE 0.93 / 0.94-0.95
-         (0.92 / 0.93-0.94), the kernel above 0.70-0.74. One head a tile (128 tokens) spilled
-         16 bytes and ran slower than the kernel above (0.70 against 0.74): odd head counts
-         keep that one.
+         Face's and TE's tables): two tiles for both heads, or else each member's cos and sin
+         read just before that member is rotated and stored (IN_TURN), so that two tiles are
+         live at a time in either branch: 250 registers, no spill (holding four at once in
+         that branch, it had spilled 232 bytes). Measured on an H200
+         (benchmarks/qkv_forward_ab.py, Llama-3-8B's projection, bf16, 7 rounds, 8192 / 32768
+         tokens; of cuBLAS's speed): angles 0.91-0.93 / 0.95-0.97 (0.90-0.92 / 0.94-0.95 with
+         QK-norm), an angle table 0.92 / 0.97 (0.91 / 0.96), each member's own rows in turn
+         0.87 / 0.91-0.93; cuBLAS then ropelib's RoPE 0.92-0.93 / 0.94-0.95 (0.92 /
+         0.93), the kernel above 0.70-0.76. One head a tile (128 tokens) spilled 16 bytes and
+         ran slower than the kernel above (0.70 against 0.74): odd head counts keep that one.
 dX       _qkv_rope_dx_kernel    one program per (BLOCK_M tokens, BLOCK_K hidden columns),
          grouped: it reads its tokens' cos and sin rows once, then loops over every head (q's, k's,
          v's): forms that head's dY tile [BLOCK_M, D] from gq/gk/gv (and the saved norm
@@ -342,11 +344,16 @@ def _head_rows(m, hh, H, S, B, D: tl.constexpr, LAYOUT: tl.constexpr, INT64: tl.
 def _norm_rotate_store(y_a, y_b, y_p, out_ptr, nw_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b, s_b,
                        m, m_ok, hh, H, g, NQK, S, B, eps, d_a, d_b, e, j_ok, e_ok,
                        D: tl.constexpr, LAYOUT: tl.constexpr, INT64: tl.constexpr,
-                       ROTATE: tl.constexpr, HAS_PASS: tl.constexpr):
+                       ROTATE: tl.constexpr, HAS_PASS: tl.constexpr,
+                       cos_ptr=None, sin_ptr=None, row_t=0, mask_t=0,
+                       IN_TURN: tl.constexpr = False):
     # The epilogue of head hh of q, k (ROTATE) or v: y_* [BLOCK_M, *] fp32 the projection with
     # its bias. q and k: RMS-normed (nw_ptr given; the norm's input Y and r saved where
     # rstd_ptr is given, at the head's index g of NQK = HQ + HK), rotated, NaN where the
     # position is outside the table. Stored once rounded, in the output's dtype.
+    # IN_TURN (every feature rotated): c_a, s_a, c_b, s_b are not given; each member's cos and
+    # sin are read from the rows (cos_ptr, sin_ptr at row_t, mask_t: _row_offsets) just before
+    # that member is rotated and stored, so two tiles of the rows are live at a time, not four.
     if ROTATE:
         if nw_ptr is not None:
             ss = tl.sum(y_a * y_a, axis=1) + tl.sum(y_b * y_b, axis=1)
@@ -375,12 +382,23 @@ def _norm_rotate_store(y_a, y_b, y_p, out_ptr, nw_ptr, rstd_ptr, pre_ptr, c_a, s
             if HAS_PASS:
                 y_p = y_p * r * tl.load(nw_ptr + e, mask=e_ok, other=0.0).to(tl.float32)[None, :]
         # (a position outside the table has NaN cos/sin rows: its q or k row comes out NaN)
-        y_a, y_b = rotate_pair(y_a, y_b, c_a, s_a, c_b, s_b)
+        if not IN_TURN:
+            y_a, y_b = rotate_pair(y_a, y_b, c_a, s_a, c_b, s_b)
     dt = out_ptr.dtype.element_ty
     row = out_ptr + _head_rows(m, hh, H, S, B, D, LAYOUT, INT64)[:, None]
     mask = m_ok[:, None] & j_ok[None, :]
-    tl.store(row + d_a[None, :], round_to(y_a, dt, ROUND_BF16_RTNE), mask=mask)
-    tl.store(row + d_b[None, :], round_to(y_b, dt, ROUND_BF16_RTNE), mask=mask)
+    if IN_TURN:     # rotate_pair's two fmas, a member at a time
+        c = tl.load(cos_ptr + row_t + d_a[None, :], mask=mask_t, other=0.0)
+        s = -tl.load(sin_ptr + row_t + d_a[None, :], mask=mask_t, other=0.0)
+        tl.store(row + d_a[None, :], round_to(tl.fma(y_a, c, -(y_b * s)), dt, ROUND_BF16_RTNE),
+                 mask=mask)
+        c = tl.load(cos_ptr + row_t + d_b[None, :], mask=mask_t, other=0.0)
+        s = tl.load(sin_ptr + row_t + d_b[None, :], mask=mask_t, other=0.0)
+        tl.store(row + d_b[None, :], round_to(tl.fma(y_b, c, y_a * s), dt, ROUND_BF16_RTNE),
+                 mask=mask)
+    else:
+        tl.store(row + d_a[None, :], round_to(y_a, dt, ROUND_BF16_RTNE), mask=mask)
+        tl.store(row + d_b[None, :], round_to(y_b, dt, ROUND_BF16_RTNE), mask=mask)
     if HAS_PASS:
         tl.store(row + e[None, :], round_to(y_p, dt, ROUND_BF16_RTNE),
                  mask=m_ok[:, None] & e_ok[None, :])
@@ -571,17 +589,21 @@ def _pair_halves(acc, INTERLEAVED: tl.constexpr):
 def _store_qk_head(y_a, y_b, y_p, h, q_ptr, k_ptr, norm_q_ptr, norm_k_ptr, rstd_ptr, pre_ptr,
                    c_a, s_a, c_b, s_b, m, m_ok, HQ, HK, S, B, eps, d_a, d_b, e, j_ok, e_ok,
                    D: tl.constexpr, LAYOUT: tl.constexpr, INT64: tl.constexpr,
-                   ROTATE: tl.constexpr, HAS_PASS: tl.constexpr):
+                   ROTATE: tl.constexpr, HAS_PASS: tl.constexpr,
+                   cos_ptr=None, sin_ptr=None, row_t=0, mask_t=0,
+                   IN_TURN: tl.constexpr = False):
     # the forward's epilogue for head h < HQ + HK: q's head h or k's head h - HQ, normed and
     # rotated (_norm_rotate_store)
     if h < HQ:
         _norm_rotate_store(y_a, y_b, y_p, q_ptr, norm_q_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b,
                            s_b, m, m_ok, h, HQ, h, HQ + HK, S, B, eps, d_a, d_b, e, j_ok, e_ok,
-                           D, LAYOUT, INT64, ROTATE, HAS_PASS)
+                           D, LAYOUT, INT64, ROTATE, HAS_PASS, cos_ptr, sin_ptr, row_t, mask_t,
+                           IN_TURN)
     else:
         _norm_rotate_store(y_a, y_b, y_p, k_ptr, norm_k_ptr, rstd_ptr, pre_ptr, c_a, s_a, c_b,
                            s_b, m, m_ok, h - HQ, HK, h, HQ + HK, S, B, eps, d_a, d_b, e, j_ok,
-                           e_ok, D, LAYOUT, INT64, ROTATE, HAS_PASS)
+                           e_ok, D, LAYOUT, INT64, ROTATE, HAS_PASS, cos_ptr, sin_ptr, row_t,
+                           mask_t, IN_TURN)
 
 
 @triton.jit
@@ -647,22 +669,55 @@ def _qkv_rope_fwd_tma_kernel(
         m = m0 + tl.arange(0, BLOCK_M)
         m_ok = m < M
         if h < HQ + HK:
-            if ROTATE:      # two row tiles held where pairs share cos and sin, else four
-                c_a, s_a, c_b, s_b = _token_cos_sin(cos_ptr, sin_ptr, pairs_differ_ptr, m, M, S,
-                                                    d_a, d_b, ROWS_PER_ENTRY, D, HALF,
-                                                    SHARED_ANGLE)
+            # both heads q's or both k's (HQ, HK even); with pairs that share cos and sin, one
+            # cos and one sin tile for both heads, else each member's read in turn
+            if not ROTATE:
+                _store_qk_heads(acc, h, q_ptr, k_ptr, norm_q_ptr, norm_k_ptr, rstd_ptr, pre_ptr,
+                                0.0, 0.0, m, m_ok, HQ, HK, S, B, eps, d_a, d_b, e, j_ok, e_ok,
+                                D, LAYOUT, INT64, INTERLEAVED, False, HEADS)
+            elif SHARED_ANGLE:
+                c, s, _, _ = _pair_cos_sin_rows(cos_ptr, sin_ptr, m, M, S, d_a, d_b,
+                                                ROWS_PER_ENTRY, D, HALF)
+                _store_qk_heads(acc, h, q_ptr, k_ptr, norm_q_ptr, norm_k_ptr, rstd_ptr, pre_ptr,
+                                c, s, m, m_ok, HQ, HK, S, B, eps, d_a, d_b, e, j_ok, e_ok, D,
+                                LAYOUT, INT64, INTERLEAVED, True, HEADS)
             else:
-                c_a, s_a, c_b, s_b = 0.0, 0.0, 0.0, 0.0
-            for i in tl.static_range(HEADS):     # both heads q's or both k's (HQ, HK even)
-                a, b = _pair_halves(_tile_head(acc, i, D), INTERLEAVED)
-                _store_qk_head(a, b, a, h + i, q_ptr, k_ptr, norm_q_ptr, norm_k_ptr, rstd_ptr,
-                               pre_ptr, c_a, s_a, c_b, s_b, m, m_ok, HQ, HK, S, B, eps, d_a,
-                               d_b, e, j_ok, e_ok, D, LAYOUT, INT64, ROTATE, False)
+                shared = False
+                if pairs_differ_ptr is not None:
+                    shared = tl.load(pairs_differ_ptr) == 0
+                if shared:
+                    c, s, _, _ = _pair_cos_sin_rows(cos_ptr, sin_ptr, m, M, S, d_a, d_b,
+                                                    ROWS_PER_ENTRY, D, HALF)
+                    _store_qk_heads(acc, h, q_ptr, k_ptr, norm_q_ptr, norm_k_ptr, rstd_ptr,
+                                    pre_ptr, c, s, m, m_ok, HQ, HK, S, B, eps, d_a, d_b, e, j_ok,
+                                    e_ok, D, LAYOUT, INT64, INTERLEAVED, True, HEADS)
+                else:
+                    row_t, mask_t = _row_offsets(m, M, S, ROWS_PER_ENTRY, D, HALF)
+                    _store_qk_heads(acc, h, q_ptr, k_ptr, norm_q_ptr, norm_k_ptr, rstd_ptr,
+                                    pre_ptr, 0.0, 0.0, m, m_ok, HQ, HK, S, B, eps, d_a, d_b, e,
+                                    j_ok, e_ok, D, LAYOUT, INT64, INTERLEAVED, True, HEADS,
+                                    cos_ptr, sin_ptr, row_t, mask_t, True)
         else:
             for i in tl.static_range(HEADS):
                 a, b = _pair_halves(_tile_head(acc, i, D), INTERLEAVED)
                 _store_v_head(a, b, a, h + i, v_ptr, m, m_ok, HQ, HK, S, B, eps, d_a, d_b, e,
                               j_ok, e_ok, D, LAYOUT, INT64, False)
+
+
+@triton.jit
+def _store_qk_heads(acc, h, q_ptr, k_ptr, norm_q_ptr, norm_k_ptr, rstd_ptr, pre_ptr, c, s, m,
+                    m_ok, HQ, HK, S, B, eps, d_a, d_b, e, j_ok, e_ok, D: tl.constexpr,
+                    LAYOUT: tl.constexpr, INT64: tl.constexpr, INTERLEAVED: tl.constexpr,
+                    ROTATE: tl.constexpr, HEADS: tl.constexpr, cos_ptr=None, sin_ptr=None,
+                    row_t=0, mask_t=0, IN_TURN: tl.constexpr = False):
+    # the TMA forward's epilogue for its tile's HEADS q or k heads h.. (acc [BLOCK_M, HEADS D]):
+    # rotated by one cos c and one sin s a pair (both members'), or with IN_TURN each member's
+    # own, read in turn (_norm_rotate_store)
+    for i in tl.static_range(HEADS):
+        a, b = _pair_halves(_tile_head(acc, i, D), INTERLEAVED)
+        _store_qk_head(a, b, a, h + i, q_ptr, k_ptr, norm_q_ptr, norm_k_ptr, rstd_ptr, pre_ptr,
+                       c, s, c, s, m, m_ok, HQ, HK, S, B, eps, d_a, d_b, e, j_ok, e_ok, D, LAYOUT,
+                       INT64, ROTATE, False, cos_ptr, sin_ptr, row_t, mask_t, IN_TURN)
 
 
 @triton.jit
