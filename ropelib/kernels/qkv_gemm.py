@@ -309,16 +309,13 @@ def _pair_cos_sin_rows(cos_ptr, sin_ptr, m, M, S, d_a, d_b, ROWS_PER_ENTRY: tl.c
 
 @triton.jit
 def _token_cos_sin(cos_ptr, sin_ptr, pairs_differ_ptr, m, M, S, d_a, d_b,
-                   ROWS_PER_ENTRY: tl.constexpr, R: tl.constexpr, BLOCK_HALF: tl.constexpr,
-                   SHARED_ANGLE: tl.constexpr):
-    # the forward epilogue's cos and sin of tokens m: one cos and one sin tile where both
-    # members of every pair share them (SHARED_ANGLE: table-free angles, always; else where
-    # the pre-pass found no pair whose members differ, pairs_differ_ptr holding 0: Hugging
-    # Face's and TE's tables repeat each frequency), four tiles otherwise
-    if SHARED_ANGLE:
-        c_a, s_a, c_b, s_b = _pair_cos_sin_rows(cos_ptr, sin_ptr, m, M, S, d_a, d_b,
-                                                ROWS_PER_ENTRY, R, BLOCK_HALF)
-    elif pairs_differ_ptr is None:
+                   ROWS_PER_ENTRY: tl.constexpr, R: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    # the pointer-loaded forward's cos and sin of tokens m: one cos and one sin tile where the
+    # pre-pass found no pair whose members differ (pairs_differ_ptr holding 0, as for Hugging
+    # Face's and TE's tables, which repeat each frequency); four where it found one, or where
+    # no flag is given (table-free angles: that kernel, one head a program, holds four
+    # without spilling)
+    if pairs_differ_ptr is None:
         c_a, s_a, c_b, s_b = _cos_sin_rows(cos_ptr, sin_ptr, m, M, S, d_a, d_b, ROWS_PER_ENTRY,
                                            R, BLOCK_HALF)
     elif tl.load(pairs_differ_ptr) == 0:
@@ -564,7 +561,7 @@ def _qkv_rope_fwd_kernel(
     if h < NQK:
         if ROTATE:
             c_a, s_a, c_b, s_b = _token_cos_sin(cos_ptr, sin_ptr, pairs_differ_ptr, m, M, S,
-                                                d_a, d_b, ROWS_PER_ENTRY, R, BLOCK_HALF, False)
+                                                d_a, d_b, ROWS_PER_ENTRY, R, BLOCK_HALF)
         else:
             c_a, s_a, c_b, s_b = 0.0, 0.0, 0.0, 0.0
         _store_qk_head(acc_a, acc_b, acc_p, h, q_ptr, k_ptr, norm_q_ptr, norm_k_ptr, rstd_ptr,
@@ -675,16 +672,11 @@ def _qkv_rope_fwd_tma_kernel(
                 _store_qk_heads(acc, h, q_ptr, k_ptr, norm_q_ptr, norm_k_ptr, rstd_ptr, pre_ptr,
                                 0.0, 0.0, m, m_ok, HQ, HK, S, B, eps, d_a, d_b, e, j_ok, e_ok,
                                 D, LAYOUT, INT64, INTERLEAVED, False, HEADS)
-            elif SHARED_ANGLE:
-                c, s, _, _ = _pair_cos_sin_rows(cos_ptr, sin_ptr, m, M, S, d_a, d_b,
-                                                ROWS_PER_ENTRY, D, HALF)
-                _store_qk_heads(acc, h, q_ptr, k_ptr, norm_q_ptr, norm_k_ptr, rstd_ptr, pre_ptr,
-                                c, s, m, m_ok, HQ, HK, S, B, eps, d_a, d_b, e, j_ok, e_ok, D,
-                                LAYOUT, INT64, INTERLEAVED, True, HEADS)
             else:
-                shared = False
-                if pairs_differ_ptr is not None:
-                    shared = tl.load(pairs_differ_ptr) == 0
+                shared = SHARED_ANGLE       # (known here for Angles; else the pre-pass's flag)
+                if not SHARED_ANGLE:
+                    if pairs_differ_ptr is not None:
+                        shared = tl.load(pairs_differ_ptr) == 0
                 if shared:
                     c, s, _, _ = _pair_cos_sin_rows(cos_ptr, sin_ptr, m, M, S, d_a, d_b,
                                                     ROWS_PER_ENTRY, D, HALF)
