@@ -27,8 +27,9 @@ Supported: layouts sbhd, bshd and thd (thd with position_ids); GQA (k's heads di
 bf16, fp32 and fp64 inputs (weights of any of these dtypes); partial rotary (the norm covers the
 whole head, the rotation the first R features, the rest is scaled and passed through); both
 pairings (rotate-half, interleaved); angle tables or cos/sin tables [P, R], or no table (Angles:
-every angle computed in the kernel from its position); explicit position ids [S] or [B, S]. Not supported: start_positions, cu_seqlens, context parallelism, in-place output,
-separate tables for q and k.
+every angle computed in the kernel from its position); explicit position ids [S] or [B, S].
+Not supported: start_positions, cu_seqlens, context parallelism, in-place output, separate
+tables for q and k.
 """
 from typing import Optional, Tuple
 

@@ -11,7 +11,7 @@ Triton GEMM whose epilogue does the norm and the rotation while the tile is in r
 the rotation (and the norm) of the gradients of q and k, and cuBLAS runs dX and dW on dY.
 backward="prologue" never writes dY: ropelib's dX and dW GEMMs undo the rotation (and the norm)
 as they load the gradient, at the price of re-forming it in every column block; on an H200 at
-8192 tokens of Llama-3-8B's projection it took 2.9 times as long (4.7 with QK-norm;
+8192 tokens of Llama-3-8B's projection it took 2.7 times as long (3.7 with QK-norm;
 benchmarks/qkv_dy_probe.py).
 
 One path: the public function checks its arguments and calls an operator, registered like
@@ -156,7 +156,8 @@ def qkv_rope_linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], table:
         norm_input = torch.empty((0,), dtype=x.dtype, device=x.device)
     if M:
         # a table's pairs may or may not repeat one angle (Angles' always do): the pre-pass
-        # says, and the forward reads two tiles of the rows where they do, else four
+        # says, and the forward reads one cos and one sin tile where they do, else each
+        # member's own (kernels/qkv_gemm.py)
         differ = None if table.dtype == torch.int64 else \
             torch.zeros((1,), dtype=torch.int32, device=x.device)
         cos, sin_rows = cos_sin_rows(x, table, sin, position_ids, cu_seqlens, interleaved,
@@ -485,9 +486,10 @@ def qkv_rope_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor] = None, *,
             undoes the norm too, from the norm's input the forward keeps) and cuBLAS runs
             dX = dY W and dW = dY^T x. "prologue": ropelib's dX and dW GEMMs undo the rotation
             (and the norm) as they load the gradients of q, k and v, and dY is never written
-            (it is re-formed in every column block). None (the default): "dy". On an H200 at 8192 tokens of Llama-3-8B's projection (bf16, table-free
-            angles), forward+backward 1.75 ms with "dy", 5.00 with "prologue" and 1.85 for
-            cuBLAS then ropelib's RoPE; with QK-norm on an angle table 1.99, 9.27 and 1.93
+            (it is re-formed in every column block). None (the default): "dy". On an H200 at
+            8192 tokens of Llama-3-8B's projection (bf16, table-free angles, medians of 7
+            rounds), forward+backward 1.86 ms with "dy", 5.09 with "prologue" and 1.95 for
+            cuBLAS then ropelib's RoPE; with QK-norm 2.21, 8.17 and 2.01
             (benchmarks/qkv_dy_probe.py). Forward and v are the same either way.
 
     Returns:
