@@ -96,7 +96,10 @@ dW, db   _qkv_rope_dw_kernel    one program per (head, BLOCK_K hidden columns), 
          fp32 [D] row per head); the host adds up the q heads' rows and the k heads' rows: the
          norm-weight gradients are done in this kernel, with a [HQ + HK, D] sum on the host.
 
-dY is never written: each backward program forms the tiles it needs. The price is that the
+These two kernels are qkv_rope_linear's backward="prologue" (its default, "dy", writes dY once
+through ropelib's RoPE and hands dX and dW to cuBLAS: ropelib/qkv_linear.py; on an H200 the
+prologues took 2.7 times as long). dY is never written: each backward program forms the tiles
+it needs. The price is that the
 prologue (loads of gy, the inverse rotation, the norm's backward) is repeated by every program
 along the other GEMM dimension: K / BLOCK_K times (hidden 4096 / 128: 32 times) in each of dX
 and dW, against once if dY were written and read back. It is elementwise work beside BLOCK_K
