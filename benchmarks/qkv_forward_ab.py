@@ -22,6 +22,11 @@ without QK-norm:
     table, flag        qkv_rope_linear from the angle table as shipped: the pre-pass finds
                        every pair's members equal and the forward, branching on that flag,
                        reads two tiles (the other branch compiled beside them)
+    GEMM, no epilogue  the same TMA kernel with ROTATE=False, launched alone (no pre-pass, no
+                       norm, q, k, v stored as projected: qkv_rope_bench's triton_gemm)
+    rows pre-pass      the pre-pass alone that writes every token's cos and sin rows from the
+                       angles (qkv_linear.cos_sin_rows)
+so "TMA, two heads" against "GEMM, no epilogue" is what the epilogue and the pre-pass cost.
 
 every variant once a round, in the same order; a variant's ratio to cuBLAS is the median of its
 rounds' ratios (above 1: faster than cuBLAS).
@@ -38,6 +43,8 @@ import triton
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import qkv_rope_bench as bench  # noqa: E402
 
 import ropelib  # noqa: E402
 from ropelib import qkv_linear  # noqa: E402
@@ -103,7 +110,11 @@ def variants(tokens: int, norm: bool) -> dict:
             "TMA, four row tiles": patched(plan=four_row_tiles()),
             "TMA, two heads": fused,
             "table, four tiles": flag_withheld,
-            "table, flag": lambda: fused(freqs=freqs)}
+            "table, flag": lambda: fused(freqs=freqs),
+            "GEMM, no epilogue": lambda: bench._TritonGemm.apply(
+                x, w, angles.turns, angles.amplitude, HQ, HK, D),
+            "rows pre-pass": lambda: qkv_linear.cos_sin_rows(
+                x, angles.turns, angles.amplitude, None, None, False)}
 
 
 def main(argv=None) -> int:
