@@ -34,6 +34,7 @@ rounds' ratios (above 1: faster than cuBLAS).
     python benchmarks/qkv_forward_ab.py [--tokens 8192 32768] [--rounds 7] [--out CSV]
 """
 import argparse
+import contextlib
 import os
 import statistics
 import sys
@@ -51,6 +52,35 @@ from ropelib import qkv_linear  # noqa: E402
 from ropelib.kernels import qkv_gemm  # noqa: E402
 
 HIDDEN, HQ, HK, D = 4096, 32, 8, 128
+
+
+@contextlib.contextmanager
+def swapped(module, **attrs):
+    """module's attributes set to attrs for the block, then restored."""
+    saved = {n: getattr(module, n) for n in attrs}
+    for n, v in attrs.items():
+        setattr(module, n, v)
+    try:
+        yield
+    finally:
+        for n, v in saved.items():
+            setattr(module, n, v)
+
+
+def patched(call, module, **attrs):
+    """call() with module's attributes swapped for attrs."""
+    def run():
+        with swapped(module, **attrs):
+            return call()
+    return run
+
+
+def flag_withheld(run):
+    """qkv_linear._run without the pre-pass's pairs flag: the forward reads each member's
+    own cos and sin rows."""
+    def without(kind, pointers, *args, **kwargs):
+        return run(kind, pointers[:-1] + (None,), *args, **kwargs)
+    return without
 
 
 def four_row_tiles():
@@ -74,17 +104,6 @@ def variants(tokens: int, norm: bool) -> dict:
                                        q_norm_weight=nq, k_norm_weight=nk,
                                        **(table or dict(angles=angles)))
 
-    def flag_withheld():
-        run = qkv_linear._run
-
-        def without(kind, pointers, *args, **kwargs):
-            return run(kind, pointers[:-1] + (None,), *args, **kwargs)
-        qkv_linear._run = without
-        try:
-            return fused(freqs=freqs)
-        finally:
-            qkv_linear._run = run
-
     def unfused():
         y = torch.nn.functional.linear(x, w)
         q = y[..., : HQ * D].view(1, tokens, HQ, D)
@@ -93,23 +112,13 @@ def variants(tokens: int, norm: bool) -> dict:
             return ropelib.qk_norm_rope(q, k, nq, nk, freqs, layout="bshd")
         return ropelib.apply_rope_qk(q, k, freqs, layout="bshd")
 
-    def patched(**attrs):
-        def run():
-            saved = {n: getattr(qkv_gemm, n) for n in attrs}
-            for n, v in attrs.items():
-                setattr(qkv_gemm, n, v)
-            try:
-                return fused()
-            finally:
-                for n, v in saved.items():
-                    setattr(qkv_gemm, n, v)
-        return run
     return {"cublas": lambda: torch.nn.functional.linear(x, w),
             "unfused": unfused,
-            "pointer kernel": patched(has_tma=lambda device: False),
-            "TMA, four row tiles": patched(plan=four_row_tiles()),
+            "pointer kernel": patched(fused, qkv_gemm, has_tma=lambda device: False),
+            "TMA, four row tiles": patched(fused, qkv_gemm, plan=four_row_tiles()),
             "TMA, two heads": fused,
-            "table, four tiles": flag_withheld,
+            "table, four tiles": patched(lambda: fused(freqs=freqs), qkv_linear,
+                                         _run=flag_withheld(qkv_linear._run)),
             "table, flag": lambda: fused(freqs=freqs),
             "GEMM, no epilogue": lambda: bench._TritonGemm.apply(
                 x, w, angles.turns, angles.amplitude, HQ, HK, D),

@@ -583,8 +583,7 @@ class QKVRoPE(nn.Module):
         self.eps = V.check_real(eps, "eps", positive=True)
         self.weight_offset = V.check_real(weight_offset, "weight_offset")
         self.interleaved, self.out_layout = interleaved, out_layout
-        if backward is not None and backward not in BACKWARDS:
-            raise ValueError(f"backward must be None or one of {BACKWARDS}, got {backward!r}")
+        resolved_backward(backward)     # checked now; None stays None (resolved at each call)
         self.backward = backward
         n = (n_heads + 2 * n_kv_heads) * head_dim
         bound = 1.0 / math.sqrt(hidden_size)        # nn.Linear's initialisation

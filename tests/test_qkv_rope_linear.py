@@ -965,7 +965,7 @@ def test_forward_on_tma_where_a_gpu_has_it(monkeypatch):
     monkeypatch.setattr(qkv_gemm, "INTERPRET", False)
     monkeypatch.setattr(qkv_gemm, "has_tma", lambda device: True)
     monkeypatch.setattr(qkv_gemm, "ensure_allocator", lambda: None)
-    monkeypatch.setitem(qkv_gemm._SMS, 0, 132)
+    monkeypatch.setattr(qkv_gemm, "multiprocessors", lambda device: 132)
     opts = dict(S=8, B=1, K=4096, HQ=32, HK=8, D=128, R=128, P=8, ids=None, cu_seqlens=None,
                 layout="bshd", interleaved=False, eps=1e-6, device=torch.device("cuda", 0))
 

@@ -21,6 +21,8 @@ forward reads q, k and writes q', k'; the backward reads q, k, gq', gk' and writ
 and weights are counted once). `with_copy=True` adds "copy" rows, a device copy of q and k (two
 for forward+backward) on the same tensors, and `fraction_of_copy` on every row.
 """
+from functools import lru_cache
+
 import torch
 
 import ropelib
@@ -57,17 +59,12 @@ def norm_rope_ropelib(q, k, w_q, w_k, cos, sin):
 def norm_rope_ropelib_angles(q, k, w_q, w_k, cos, sin):
     """ropelib with no table: the same angles computed in the kernel from the positions."""
     return ropelib.qk_norm_rope(q, k, w_q, w_k, eps=EPS, layout="bshd",
-                                angles=_angles(q.shape[-1], q.device))
+                                angles=_angles(q.shape[-1], str(q.device)))
 
 
-_ANGLES = {}
-
-
-def _angles(D: int, device) -> "ropelib.frequencies.Angles":
-    key = (D, str(device))
-    if key not in _ANGLES:
-        _ANGLES[key] = ropelib.rope_angles(D, device=device)
-    return _ANGLES[key]
+@lru_cache(maxsize=None)
+def _angles(D: int, device: str) -> "ropelib.frequencies.Angles":
+    return ropelib.rope_angles(D, device=device)
 
 
 def inputs(B, S, HQ, HK, D, dtype, device, seed=0):
@@ -92,7 +89,7 @@ def reference(args, grads, exact_angles: bool = False):
     if exact_angles:
         S, D = args[4].shape
         theta = torch.outer(torch.arange(S, dtype=torch.float64, device=args[0].device),
-                            _angles(D, args[0].device).inv_freq.to(args[0].device))
+                            _angles(D, str(args[0].device)).inv_freq.to(args[0].device))
         theta = torch.cat([theta, theta], -1)
         args = args[:4] + (theta.cos(), theta.sin())
     q, k, w_q, w_k, cos, sin = (a.double() for a in args)

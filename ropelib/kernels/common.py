@@ -7,6 +7,7 @@ multi-axis RoPE), and the two settings that follow from where the kernels run.
     cos_sin         cos and sin of angles (libdevice's on the GPU)
     nan_unless      a table tile made NaN where a position is outside the table, once per tile
     rotate_pair     the rotation, one fma per output in Transformer Engine's order
+                    (rotated_a, rotated_b: each output alone)
     store_pair      a tile of rotated pairs stored, rounded once, NaN where a position is bad
     dual_chunk_position   TE's context-parallel map from a rank's token to its global position
     tile_width      the power-of-two width of a tile of n features, for constexpr n
@@ -220,9 +221,19 @@ def rotate_pair(x_a, x_b, c_a, s_a, c_b, s_b):
     Engine's CUDA kernel contracts to. Left to the compiler, which product is fused may differ
     from one specialisation of a kernel to another (a packed-QKV launch and a plain one);
     written out, every launch, and the interpreter, round the same way."""
-    y_a = tl.fma(x_a, c_a, -(x_b * s_a))
-    y_b = tl.fma(x_b, c_b, x_a * s_b)
-    return y_a, y_b
+    return rotated_a(x_a, x_b, c_a, s_a), rotated_b(x_a, x_b, c_b, s_b)
+
+
+@triton.jit
+def rotated_a(x_a, x_b, c_a, s_a):
+    """rotate_pair's y_a alone (for a caller that forms the two members in turn)."""
+    return tl.fma(x_a, c_a, -(x_b * s_a))
+
+
+@triton.jit
+def rotated_b(x_a, x_b, c_b, s_b):
+    """rotate_pair's y_b alone."""
+    return tl.fma(x_b, c_b, x_a * s_b)
 
 
 @triton.jit

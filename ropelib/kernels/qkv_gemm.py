@@ -136,17 +136,20 @@ fp32 (tl.dot accumulates fp32; fp32 inputs multiply in full fp32, not TF32) with
 at each store; the backward rounds dY to the weight's dtype once, as the MMA operand, where the
 unfused pipeline rounds it once when it writes it.
 """
+from functools import lru_cache
+
 import torch
 import triton
 import triton.language as tl
 
 from ..conventions import QKV_LINEAR_MAX_HEAD_DIM
 from ..runtime import INTERPRET
-from .common import (ROUND_BF16_RTNE, contiguous_strides, pair_features, rotate_pair, round_to,
-                     tile_width)
+from .common import (ROUND_BF16_RTNE, contiguous_strides, pair_features, rotate_pair, rotated_a,
+                     rotated_b, round_to, tile_width)
 from .fused import table_cos_sin, packed_positions
 from .direct import DirectLauncher
 from .planning import Launch, cdiv, start
+from .tiles import device_index, multiprocessors
 
 # --- tiles ---------------------------------------------------------------------------------
 # The fastest rotating tile of each kernel in benchmarks/qkv_tiles.py's sweep (8192 tokens,
@@ -318,10 +321,10 @@ def _token_cos_sin(cos_ptr, sin_ptr, pairs_differ_ptr, m, M, S, d_a, d_b,
     # Face's and TE's tables, which repeat each frequency); four where it found one, or where
     # no flag is given (table-free angles: that kernel, one head a program, holds four
     # without spilling)
-    if pairs_differ_ptr is None:
-        c_a, s_a, c_b, s_b = _cos_sin_rows(cos_ptr, sin_ptr, m, M, S, d_a, d_b, ROWS_PER_ENTRY,
-                                           R, BLOCK_HALF)
-    elif tl.load(pairs_differ_ptr) == 0:
+    shared = False
+    if pairs_differ_ptr is not None:
+        shared = tl.load(pairs_differ_ptr) == 0
+    if shared:
         c_a, s_a, c_b, s_b = _pair_cos_sin_rows(cos_ptr, sin_ptr, m, M, S, d_a, d_b,
                                                 ROWS_PER_ENTRY, R, BLOCK_HALF)
     else:
@@ -387,14 +390,14 @@ def _norm_rotate_store(y_a, y_b, y_p, out_ptr, nw_ptr, rstd_ptr, pre_ptr, c_a, s
     dt = out_ptr.dtype.element_ty
     row = out_ptr + _head_rows(m, hh, H, S, B, D, LAYOUT, INT64)[:, None]
     mask = m_ok[:, None] & j_ok[None, :]
-    if IN_TURN:     # rotate_pair's two fmas, a member at a time
+    if IN_TURN:     # rotate_pair, a member at a time
         c = tl.load(cos_ptr + row_t + d_a[None, :], mask=mask_t, other=0.0)
         s = -tl.load(sin_ptr + row_t + d_a[None, :], mask=mask_t, other=0.0)
-        tl.store(row + d_a[None, :], round_to(tl.fma(y_a, c, -(y_b * s)), dt, ROUND_BF16_RTNE),
+        tl.store(row + d_a[None, :], round_to(rotated_a(y_a, y_b, c, s), dt, ROUND_BF16_RTNE),
                  mask=mask)
         c = tl.load(cos_ptr + row_t + d_b[None, :], mask=mask_t, other=0.0)
         s = tl.load(sin_ptr + row_t + d_b[None, :], mask=mask_t, other=0.0)
-        tl.store(row + d_b[None, :], round_to(tl.fma(y_b, c, y_a * s), dt, ROUND_BF16_RTNE),
+        tl.store(row + d_b[None, :], round_to(rotated_b(y_a, y_b, c, s), dt, ROUND_BF16_RTNE),
                  mask=mask)
     else:
         tl.store(row + d_a[None, :], round_to(y_a, dt, ROUND_BF16_RTNE), mask=mask)
@@ -1002,8 +1005,6 @@ def _needs_int64(*sizes) -> bool:
 TMA_TILES = {2: dict(BLOCK_M=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3),
              4: dict(BLOCK_M=128, BLOCK_K=32, GROUP_M=8, num_warps=8, num_stages=3)}
 TMA_PROGRAMS_INTERPRETED = 4        # the interpreter's programs (each walks several tiles)
-_SMS = {}                           # device index -> its SMs (the TMA forward's programs)
-_TMA = {}                           # device index -> has_tma
 
 
 def uses_tma(K, HQ: int, HK: int, D: int, R: int, itemsize: int,
@@ -1028,19 +1029,17 @@ def has_tma(device: torch.device) -> bool:
     per device: every forward's plan asks."""
     if device.type != "cuda" or not torch.cuda.is_available():
         return False
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _TMA:
-        _TMA[index] = torch.cuda.get_device_capability(index)[0] >= 9
-    return _TMA[index]
+    return _capability_major(device_index(device)) >= 9
+
+
+@lru_cache(maxsize=None)
+def _capability_major(index: int) -> int:
+    return torch.cuda.get_device_capability(index)[0]
 
 
 def _programs(device: torch.device) -> int:
-    if INTERPRET:
-        return TMA_PROGRAMS_INTERPRETED
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SMS:
-        _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SMS[index]
+    """The TMA forward's programs: one per SM (tiles.multiprocessors), 4 in the interpreter."""
+    return TMA_PROGRAMS_INTERPRETED if INTERPRET else multiprocessors(device)
 
 
 def _scratch(size: int, alignment: int, stream):
