@@ -15,21 +15,22 @@ Three ways in:
 
 and two operators, registered like ropelib's others (ropelib.ops: a triton_op on GPUs, a
 custom_op in the interpreter, each with a fake implementation):
-    torch.ops.ropelib.qk_norm_rope(q, k, w_q, w_k, table, sin, position_ids, layout,
-                                   interleaved, eps, weight_offset) -> (q_out, k_out)
+    torch.ops.ropelib.qk_norm_rope(q, k, w_q, w_k, table, sin, position_ids, cu_seqlens,
+                                   layout, interleaved, eps, weight_offset) -> (q_out, k_out)
     torch.ops.ropelib.qk_norm_rope_backward(grad_q_out, grad_k_out, q, k, w_q, w_k, table, sin,
-                                            position_ids, layout, interleaved, eps,
+                                            position_ids, cu_seqlens, layout, interleaved, eps,
                                             weight_offset) -> (grad_q, grad_k, grad_w_q, grad_w_k)
 The forward saves q, k and the weights for the backward (the per-row statistics are recomputed
 there: the backward reads q and k anyway). Double backward is not supported.
 
-Supported: layouts sbhd, bshd and thd (thd with position_ids); GQA (k's heads divide q's); fp16,
+Supported: layouts sbhd, bshd and thd (packed sequences: cu_seqlens, as for ropelib.apply_rope,
+or position_ids); GQA (k's heads divide q's); fp16,
 bf16, fp32 and fp64 inputs (weights of any of these dtypes); partial rotary (the norm covers the
 whole head, the rotation the first R features, the rest is scaled and passed through); both
 pairings (rotate-half, interleaved); angle tables or cos/sin tables [P, R], or no table (Angles:
 every angle computed in the kernel from its position); explicit position ids [S] or [B, S].
-Not supported: start_positions, cu_seqlens, context parallelism, in-place output, separate
-tables for q and k.
+Not supported: start_positions, context parallelism, in-place output, separate tables for q
+and k.
 """
 from typing import Optional, Tuple
 
@@ -53,33 +54,44 @@ def _pos2d(position_ids: Optional[Tensor]) -> Optional[Tensor]:
         else position_ids
 
 
+def _index(position_ids: Optional[Tensor], cu_seqlens: Optional[Tensor]) -> tuple:
+    """(pos, packed) as the kernel reads them: cu_seqlens [N + 1] where given (packed), else
+    position ids [B or 1, S] (or None)."""
+    if cu_seqlens is not None:
+        return cu_seqlens, True
+    return _pos2d(position_ids), False
+
+
 # --- the operators --------------------------------------------------------------------------
 
 @define_op("ropelib::qk_norm_rope")
 def qk_norm_rope_op(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, table: Tensor,
-                    sin: Optional[Tensor], position_ids: Optional[Tensor], layout: str,
-                    interleaved: bool, eps: float, weight_offset: float) -> Tuple[Tensor, Tensor]:
-    args = kernel.readable(q, k, w_q, w_k, table, sin, _pos2d(position_ids), layout)
+                    sin: Optional[Tensor], position_ids: Optional[Tensor],
+                    cu_seqlens: Optional[Tensor], layout: str, interleaved: bool, eps: float,
+                    weight_offset: float) -> Tuple[Tensor, Tensor]:
+    pos, packed = _index(position_ids, cu_seqlens)
+    args = kernel.readable(q, k, w_q, w_k, table, sin, pos, layout)
     return kernel.Route(*args, layout=layout, interleaved=interleaved, eps=eps,
-                        weight_offset=weight_offset).forward(*args)
+                        weight_offset=weight_offset, packed=packed).forward(*args)
 
 
 @define_op("ropelib::qk_norm_rope_backward")
 def qk_norm_rope_backward_op(grad_q_out: Tensor, grad_k_out: Tensor, q: Tensor, k: Tensor,
                              w_q: Tensor, w_k: Tensor, table: Tensor, sin: Optional[Tensor],
-                             position_ids: Optional[Tensor], layout: str, interleaved: bool,
-                             eps: float, weight_offset: float
+                             position_ids: Optional[Tensor], cu_seqlens: Optional[Tensor],
+                             layout: str, interleaved: bool, eps: float, weight_offset: float
                              ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    args = kernel.readable(q, k, w_q, w_k, table, sin, _pos2d(position_ids), layout)
+    pos, packed = _index(position_ids, cu_seqlens)
+    args = kernel.readable(q, k, w_q, w_k, table, sin, pos, layout)
     grad_q, grad_k, gw_q, gw_k = kernel.Route(
-        *args, layout=layout, interleaved=interleaved, eps=eps,
-        weight_offset=weight_offset).backward(grad_q_out, grad_k_out, *args)
+        *args, layout=layout, interleaved=interleaved, eps=eps, weight_offset=weight_offset,
+        packed=packed).backward(grad_q_out, grad_k_out, *args)
     return grad_q, grad_k, gw_q.to(w_q.dtype), gw_k.to(w_k.dtype)
 
 
 def _setup(ctx, inputs, output):
-    q, k, w_q, w_k, table, sin, position_ids, *options = inputs
-    ctx.save_for_backward(q, k, w_q, w_k, table, sin, position_ids)
+    q, k, w_q, w_k, table, sin, position_ids, cu_seqlens, *options = inputs
+    ctx.save_for_backward(q, k, w_q, w_k, table, sin, position_ids, cu_seqlens)
     ctx.options = options   # layout, interleaved, eps, weight_offset
 
 
@@ -92,11 +104,11 @@ def output_grads(grad_q_out, grad_k_out, q, k) -> tuple:
 
 
 def _backward(ctx, grad_q_out, grad_k_out):
-    q, k, w_q, w_k, table, sin, position_ids = ctx.saved_tensors
+    q, k, w_q, w_k, table, sin, position_ids, cu_seqlens = ctx.saved_tensors
     grad_q_out, grad_k_out = output_grads(grad_q_out, grad_k_out, q, k)
     gq, gk, gw_q, gw_k = qk_norm_rope_backward_op(grad_q_out, grad_k_out, q, k, w_q, w_k, table,
-                                                  sin, position_ids, *ctx.options)
-    return gq, gk, gw_q, gw_k, None, None, None, None, None, None, None
+                                                  sin, position_ids, cu_seqlens, *ctx.options)
+    return gq, gk, gw_q, gw_k, None, None, None, None, None, None, None, None
 
 
 qk_norm_rope_op.register_autograd(_backward, setup_context=_setup)
@@ -106,11 +118,14 @@ qk_norm_rope_op.register_autograd(_backward, setup_context=_setup)
 # As for ropelib.apply_rope (ropelib.eager): a plain eager call is checked and planned once per
 # signature, then goes straight to the compiled kernel, forward and backward.
 
-def _route(q, k, w_q, w_k, table, sin, position_ids, layout, interleaved, eps, weight_offset):
+def _route(q, k, w_q, w_k, table, sin, position_ids, cu_seqlens, layout, interleaved, eps,
+           weight_offset):
     """The eager route of a signature: the operator's kernel.Route, its launches started
     through the direct launcher (eager.EagerLaunch)."""
-    return kernel.Route(q, k, w_q, w_k, table, sin, _pos2d(position_ids), layout=layout,
+    pos, packed = _index(position_ids, cu_seqlens)
+    return kernel.Route(q, k, w_q, w_k, table, sin, pos, layout=layout,
                         interleaved=interleaved, eps=eps, weight_offset=weight_offset,
+                        packed=packed,
                         starter=lambda planned: eager.EagerLaunch(planned.launcher, planned))
 
 
@@ -119,20 +134,21 @@ class _NormRotate(torch.autograd.Function):
     as the operator: a backward that would itself be differentiated (create_graph) raises."""
 
     @staticmethod
-    def forward(ctx, route, q, k, w_q, w_k, table, sin, position_ids):
+    def forward(ctx, route, q, k, w_q, w_k, table, sin, pos):
+        # pos: position ids [B or 1, S] or cu_seqlens, as the route reads them (_index)
         ctx.route = route
-        ctx.save_for_backward(q, k, w_q, w_k, table, sin, position_ids)
-        return route.forward(q, k, w_q, w_k, table, sin, _pos2d(position_ids))
+        ctx.save_for_backward(q, k, w_q, w_k, table, sin, pos)
+        return route.forward(q, k, w_q, w_k, table, sin, pos)
 
     @staticmethod
     def backward(ctx, grad_q_out, grad_k_out):
         if torch.is_grad_enabled():
             raise RuntimeError("ropelib.qk_norm_rope has no double backward: its gradients "
                                "cannot be differentiated again (create_graph=True)")
-        q, k, w_q, w_k, table, sin, position_ids = ctx.saved_tensors
+        q, k, w_q, w_k, table, sin, pos = ctx.saved_tensors
         grad_q_out, grad_k_out = output_grads(grad_q_out, grad_k_out, q, k)
         gq, gk, gw_q, gw_k = ctx.route.backward(grad_q_out, grad_k_out, q, k, w_q, w_k, table,
-                                                sin, _pos2d(position_ids))
+                                                sin, pos)
         return None, gq, gk, gw_q.to(w_q.dtype), gw_k.to(w_k.dtype), None, None, None
 
 
@@ -165,9 +181,15 @@ def _check_inputs(q, k, w_q, w_k, layout: str, w_names=("w_q", "w_k")) -> None:
         raise ValueError(f"head dim {D} is larger than the supported {V.MAX_HEAD_DIM}")
 
 
-def _check_table_values(position_ids, rows: int) -> None:
-    """Position ids inside the table, where their values can be read without a synchronisation
-    (see ropelib.set_index_checks); elsewhere a position outside the table gives NaN rows."""
+def _check_index_values(position_ids, cu_seqlens, tokens: int, rows: int) -> None:
+    """Position ids inside the table, and cu_seqlens well formed ([0, ..., tokens],
+    non-decreasing, every sequence inside the table), where their values can be read without a
+    synchronisation (see ropelib.set_index_checks); elsewhere a position outside the table
+    gives NaN rows."""
+    if cu_seqlens is not None:
+        if V.values_checkable(cu_seqlens):
+            V.check_index_values(S=tokens, B=1, P=rows, layout="thd", cu_seqlens=cu_seqlens)
+        return
     if position_ids is None or position_ids.numel() == 0 or not V.values_checkable(position_ids):
         return
     lo, hi = torch.stack([position_ids.min(), position_ids.max()]).tolist()
@@ -182,7 +204,8 @@ def qk_norm_rope(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, freqs: Optional
                  *, cos: Optional[Tensor] = None, sin: Optional[Tensor] = None, eps: float = 1e-6,
                  layout: str = "bshd", interleaved: bool = False,
                  position_ids: Optional[Tensor] = None, weight_offset: float = 0.0,
-                 angles: Optional[Angles] = None) -> Tuple[Tensor, Tensor]:
+                 angles: Optional[Angles] = None,
+                 cu_seqlens: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """Per-head RMSNorm of q and k, scaled by (w + weight_offset), then RoPE; one kernel launch.
 
     Args:
@@ -199,8 +222,11 @@ def qk_norm_rope(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, freqs: Optional
         eps: added to the mean square (1e-6 in Qwen3 and Gemma 3).
         layout: "bshd", "sbhd" or "thd".
         interleaved: pair features (2j, 2j+1) instead of (j, j + R/2).
-        position_ids: [S] or [B, S] (thd: [T], required) integer positions, rows of the table
-            (with angles: positions up to 2^31 - 2); by default token s is at position s.
+        position_ids: [S] or [B, S] (thd: [T]) integer positions, rows of the table (with
+            angles: positions up to 2^31 - 2); by default token s is at position s.
+        cu_seqlens: thd only, instead of position_ids: [N + 1] integer offsets of N packed
+            sequences ([0, len0, len0 + len1, ..., T]); each token's position is its index in
+            its sequence, found in the kernel (as ropelib.apply_rope finds it).
         weight_offset: the scale is w + weight_offset: 0.0 (Qwen3) or 1.0 (Gemma 3's 1 + w).
 
     Returns:
@@ -213,16 +239,15 @@ def qk_norm_rope(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, freqs: Optional
     exact = (angles.turns, angles.amplitude) if isinstance(angles, Angles) else (None, None)
     sig = eager.signature(("qk_norm_rope", layout, type(layout), interleaved, type(interleaved),
                            eps, type(eps), weight_offset, type(weight_offset), type(angles)),
-                          (q, k, w_q, w_k, freqs, cos, sin, position_ids) + exact) \
+                          (q, k, w_q, w_k, freqs, cos, sin, position_ids, cu_seqlens) + exact) \
         if eager.active() else None
     hit = eager.SIGNATURES.get(sig) if sig is not None else None
     if hit is not None:     # checked before: only the values of CPU position ids are new
         route, rows = hit
         table, sin_t = (exact[0].contiguous(), exact[1]) if angles is not None else \
             checked_tables(freqs, cos, sin)
-        if position_ids is not None:
-            _check_table_values(position_ids, rows)
-        return _run_route(route, q, k, w_q, w_k, table, sin_t, position_ids)
+        _check_index_values(position_ids, cu_seqlens, q.shape[0], rows)
+        return _run_route(route, q, k, w_q, w_k, table, sin_t, position_ids, cu_seqlens)
     if layout not in V.LAYOUTS:
         raise ValueError(f"layout must be one of {V.LAYOUTS}, got {layout!r}")
     V.check_tensor(q, "q")
@@ -255,7 +280,19 @@ def qk_norm_rope(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, freqs: Optional
     check_no_table_grad((tname, table), ("sin", sin_t))
     S = q.shape[0] if layout in ("sbhd", "thd") else q.shape[1]
     B = 1 if layout == "thd" else (q.shape[1] if layout == "sbhd" else q.shape[0])
-    if position_ids is not None:
+    if cu_seqlens is not None:
+        if layout != "thd":
+            raise ValueError(f"cu_seqlens is only for layout='thd', got layout={layout!r}")
+        if position_ids is not None:
+            raise ValueError("pass either position_ids or cu_seqlens, not both: position_ids "
+                             "gives every token's position already")
+        V.check_int_tensor(cu_seqlens, "cu_seqlens", dims=(1,))
+        V.check_same_device(q, "q", cu_seqlens=cu_seqlens)
+        if cu_seqlens.shape[0] < 2:
+            raise ValueError(f"cu_seqlens must have at least 2 entries ([0, len0, ...]), got "
+                             f"{cu_seqlens.shape[0]}")
+        _check_index_values(None, cu_seqlens, S, P)
+    elif position_ids is not None:
         V.check_int_tensor(position_ids, "position_ids", dims=(1,) if layout == "thd" else (1, 2))
         V.check_same_device(q, "q", position_ids=position_ids)
         if position_ids.shape[-1] != S or (position_ids.dim() == 2
@@ -263,33 +300,35 @@ def qk_norm_rope(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, freqs: Optional
             want = f"[{S}]" if layout == "thd" else f"[{S}] or [{B} or 1, {S}]"
             raise ValueError(f"position_ids must be {want} for q of shape {tuple(q.shape)} "
                              f"({layout}), got {tuple(position_ids.shape)}")
-        _check_table_values(position_ids, P)
+        _check_index_values(position_ids, None, S, P)
     elif layout == "thd":
-        raise ValueError("layout='thd' (packed sequences) needs position_ids [T]: the position "
-                         "of each token inside its sequence")
+        raise ValueError("layout='thd' (packed sequences) needs cu_seqlens [N + 1] (the "
+                         "sequences' offsets) or position_ids [T] (each token's position in "
+                         "its sequence)")
     elif S > P:
         raise ValueError(f"the table has {P} positions but the sequence has {S}: pass a longer "
                          "table or position_ids")
     if sig is not None:
-        route = _route(q, k, w_q, w_k, table, sin_t, position_ids, layout, interleaved, eps,
-                       weight_offset)
+        route = _route(q, k, w_q, w_k, table, sin_t, position_ids, cu_seqlens, layout,
+                       interleaved, eps, weight_offset)
         eager.SIGNATURES.put(sig, (route, P))
-        return _run_route(route, q, k, w_q, w_k, table, sin_t, position_ids)
+        return _run_route(route, q, k, w_q, w_k, table, sin_t, position_ids, cu_seqlens)
     if needs_grad(q, k, w_q, w_k):
-        table, sin_t, position_ids = saveable(table), saveable(sin_t), saveable(position_ids)
-    return qk_norm_rope_op(q, k, w_q, w_k, table, sin_t, position_ids, layout, interleaved, eps,
-                           weight_offset)
+        table, sin_t = saveable(table), saveable(sin_t)
+        position_ids, cu_seqlens = saveable(position_ids), saveable(cu_seqlens)
+    return qk_norm_rope_op(q, k, w_q, w_k, table, sin_t, position_ids, cu_seqlens, layout,
+                           interleaved, eps, weight_offset)
 
 
 _norm_rotate = eager.direct_apply(_NormRotate)
 
 
-def _run_route(route, q, k, w_q, w_k, table, sin, position_ids):
+def _run_route(route, q, k, w_q, w_k, table, sin, position_ids, cu_seqlens):
     """The eager route's call (a tracer at work never comes here: eager.active)."""
+    pos = _index(position_ids, cu_seqlens)[0]
     if needs_grad(q, k, w_q, w_k):
-        return _norm_rotate(route, q, k, w_q, w_k, saveable(table), saveable(sin),
-                            saveable(position_ids))
-    return route.forward(q, k, w_q, w_k, table, sin, _pos2d(position_ids))
+        return _norm_rotate(route, q, k, w_q, w_k, saveable(table), saveable(sin), saveable(pos))
+    return route.forward(q, k, w_q, w_k, table, sin, pos)
 
 
 class QKNormRoPE(nn.Module):
@@ -297,8 +336,8 @@ class QKNormRoPE(nn.Module):
     block, fused with RoPE.
 
     Holds w_q and w_k [head_dim], initialised so that the scale w + weight_offset is 1.
-    forward(q, k, freqs=None, *, cos=None, sin=None, position_ids=None, angles=None)
-    -> (q_out, k_out), with the arguments of ropelib.qk_norm_rope.
+    forward(q, k, freqs=None, *, cos=None, sin=None, position_ids=None, angles=None,
+            cu_seqlens=None) -> (q_out, k_out), with the arguments of ropelib.qk_norm_rope.
     """
 
     def __init__(self, head_dim: int, eps: float = 1e-6, weight_offset: float = 0.0, *,
@@ -333,12 +372,12 @@ class QKNormRoPE(nn.Module):
 
     def forward(self, q: Tensor, k: Tensor, freqs: Optional[Tensor] = None, *,
                 cos: Optional[Tensor] = None, sin: Optional[Tensor] = None,
-                position_ids: Optional[Tensor] = None,
-                angles: Optional[Angles] = None) -> Tuple[Tensor, Tensor]:
+                position_ids: Optional[Tensor] = None, angles: Optional[Angles] = None,
+                cu_seqlens: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
         return qk_norm_rope(q, k, self.w_q, self.w_k, freqs, cos=cos, sin=sin, eps=self.eps,
                             layout=self.layout, interleaved=self.interleaved,
                             position_ids=position_ids, weight_offset=self.weight_offset,
-                            angles=angles)
+                            angles=angles, cu_seqlens=cu_seqlens)
 
     def extra_repr(self) -> str:
         return (f"head_dim={self.head_dim}, eps={self.eps}, weight_offset={self.weight_offset}, "
@@ -401,5 +440,5 @@ def qk_norm_apply_rotary_pos_emb(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor,
     if needs_grad(q, k, q_norm_weight, k_norm_weight):
         c, s = saveable(c), saveable(s)
     # the rows of cos/sin are the tokens already: token s reads row s (of its batch entry)
-    return qk_norm_rope_op(q, k, q_norm_weight, k_norm_weight, c, s, None, layout, False, eps,
-                           weight_offset)
+    return qk_norm_rope_op(q, k, q_norm_weight, k_norm_weight, c, s, None, None, layout, False,
+                           eps, weight_offset)

@@ -265,25 +265,18 @@ def written_dy_normed(grad_q: Tensor, grad_k: Tensor, grad_v: Tensor, x: Tensor,
     """With QK-norm: (dY [M, N], the norm weights' gradients). ropelib.qk_norm_rope's backward
     undoes the rotation and the norm of q's and k's gradients (laid out as for written_dy) in
     one launch, from the norm's input the forward kept (the projection's q and k columns);
-    then as written_dy. Packed x comes with position ids [1, T] or with cu_seqlens, whose
-    positions (each token's index in its sequence) are made here: qk_norm_rope reads ids."""
+    then as written_dy. Packed x comes with position ids [1, T] or with cu_seqlens (the kernel
+    finds each token's index in its sequence)."""
     lead = grad_q.shape[:-2]                     # [B, S] or [T]
     q_in = norm_input[:, :n_heads * head_dim].view(*lead, n_heads, head_dim)
     k_in = norm_input[:, n_heads * head_dim:].view(*lead, n_kv_heads, head_dim)
     packed = x.dim() == 2
-    if packed:
-        position_ids = position_ids[0] if position_ids is not None else \
-            packed_positions(cu_seqlens, x.shape[0])
+    if packed and position_ids is not None:
+        position_ids = position_ids[0]
     dq, dk, dwq, dwk = ops_qk_norm.qk_norm_rope_backward_op(
         grad_q, grad_k, q_in, k_in, q_norm_weight, k_norm_weight, table, sin, position_ids,
-        "thd" if packed else "bshd", interleaved, eps, 0.0)
+        cu_seqlens, "thd" if packed else "bshd", interleaved, eps, 0.0)
     return _rows_side_by_side(x, dq, dk, grad_v), dwq, dwk
-
-
-def packed_positions(cu_seqlens: Tensor, T: int) -> Tensor:
-    """[T]: each packed token's index in its sequence, from cu_seqlens [N + 1]."""
-    t = torch.arange(T, device=cu_seqlens.device, dtype=cu_seqlens.dtype)
-    return t - cu_seqlens[torch.searchsorted(cu_seqlens[1:].contiguous(), t, right=True)]
 
 
 def _backward(ctx, grad_q, grad_k, grad_v, _grad_rstd, _grad_norm_input):

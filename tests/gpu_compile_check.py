@@ -116,11 +116,12 @@ def main():
     for name, table, sin, pos, backward in [
         ("qk-norm", f, None, None, False),
         ("qk-norm-backward", f.cos(), f.sin(), torch.zeros(1, S, dtype=torch.int64), True),
+        ("qk-norm-packed-backward", f, None, torch.tensor([0, 3, S], dtype=torch.int32), True),
     ]:
         qo, kout = torch.empty_like(x), torch.empty_like(k)
         grads = dict(gq4=torch.randn_like(x), gk4=torch.randn_like(k)) if backward else {}
         planned = QK.plan(x, k, qo, kout, w, w, table, sin, pos, layout="sbhd", interleaved=True,
-                          eps=1e-6, weight_offset=0.0, **grads)
+                          eps=1e-6, weight_offset=0.0, packed="packed" in name, **grads)
         ptrs = QK.pointers(planned, x, k, qo, kout, w, w, table, sin, pos, grads.get("gq4"),
                            grads.get("gk4"), QK.partials(planned))
         compile_for_gpu(name, planned.launcher.kernel, planned.launcher.pointer_names, planned,

@@ -71,10 +71,11 @@ def test_1_fp64_qk_norm_rope_keeps_eps_and_offset_in_fp64(eps, weight_offset, se
     out = module(q, k, cos=cos, sin=sin)
     for got, ref in zip(out, want):
         torch.testing.assert_close(got, ref, **FP64)
-    check(OPS.qk_norm_rope(q, k, w_q, w_k, cos, sin, None, "bshd", False, eps, weight_offset),
+    check(OPS.qk_norm_rope(q, k, w_q, w_k, cos, sin, None, None, "bshd", False, eps,
+                           weight_offset),
           "torch.ops.ropelib.qk_norm_rope")
     grads = OPS.qk_norm_rope_backward(gq, gk, q.detach(), k.detach(), w_q.detach(),
-                                      w_k.detach(), cos, sin, None, "bshd", False, eps,
+                                      w_k.detach(), cos, sin, None, None, "bshd", False, eps,
                                       weight_offset)
     for got, ref in zip(grads, want_grads):
         torch.testing.assert_close(got, ref, **FP64)
@@ -145,7 +146,8 @@ def test_3_qk_norm_rope_of_empty_inputs(case, dtype, seeded):
         for g, x in zip(grads, (q, k, w_q, w_k)):
             assert g.shape == x.shape and g.dtype == x.dtype
         assert torch.count_nonzero(grads[2]) == 0 and torch.count_nonzero(grads[3]) == 0
-    q_out, k_out = OPS.qk_norm_rope(q, k, w_q, w_k, cos, sin, pos, layout, False, 1e-6, 0.0)
+    q_out, k_out = OPS.qk_norm_rope(q, k, w_q, w_k, cos, sin, pos, None, layout, False, 1e-6,
+                                    0.0)
     assert q_out.shape == q.shape and k_out.shape == k.shape
     module = ropelib.QKNormRoPE(D, layout=layout)
     assert module(q, k, cos=cos, sin=sin, position_ids=pos)[0].shape == q.shape

@@ -11,6 +11,7 @@
   when transformers is installed); bad input raises an error that names the argument;
 * benchmarks/qk_norm_bench.py --dry-run.
 """
+import itertools
 from unittest import mock
 from pathlib import Path
 
@@ -185,6 +186,33 @@ def test_thd_packed_tokens(seeded):
     check_against_reference(q, k, w_q, w_k, cos, sin, layout="thd", position_ids=pos)
 
 
+@pytest.mark.parametrize("D,lengths", [(16, (4, 0, 5)), (128, tuple(i % 3 for i in range(70)))],
+                         ids=["binary-search", "pivots-then-search"])
+@pytest.mark.parametrize("table", ["cos/sin", "angles"])
+def test_thd_cu_seqlens_equal_their_position_ids(D, lengths, table, seeded):
+    """thd with cu_seqlens: each token's position, its index in its sequence, found in the
+    kernel (a binary search of cu_seqlens; for short token tiles, as on a GPU, a load of 64
+    evenly spaced entries first: 70 sequences take both steps) gives the bits of the same call
+    with those positions as ids: outputs and all four gradients, on the operator and on the
+    eager route (a checked call, then a planned one). Empty sequences included."""
+    T = sum(lengths)
+    q, k, w_q, w_k, cos, sin = make("thd", torch.bfloat16, S=T, HQ=2, HK=1, D=D,
+                                    P=max(lengths) + 1)
+    cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
+    ids = torch.cat([torch.arange(n) for n in lengths])
+    tables = dict(cos=cos, sin=sin) if table == "cos/sin" else dict(angles=ropelib.rope_angles(D))
+    g = [torch.randn_like(q), torch.randn_like(k)]
+    eager.SIGNATURES.clear()
+    for route in ("operator", "eager", "eager, planned"):
+        results = []
+        for where in (dict(position_ids=ids), dict(cu_seqlens=cu)):
+            with mock.patch.object(eager, "active", lambda: route != "operator"):
+                out = ropelib.qk_norm_rope(q, k, w_q, w_k, layout="thd", **where, **tables)
+            results.append(out + torch.autograd.grad(out, (q, k, w_q, w_k), g))
+        for a, c in zip(*results):
+            assert torch.equal(a, c), route
+
+
 def test_gradcheck_fp64(seeded):
     """The backward op is the derivative of the forward op (finite differences in fp64)."""
     q, k, w_q, w_k, cos, sin = make("bshd", torch.float64, S=3, B=1, HQ=2, HK=1, D=8, R=6,
@@ -256,7 +284,7 @@ def test_outputs_keep_the_strides_of_dense_inputs(seeded):
             _close(a, b, W_TOL[torch.float32])
     proj = torch.randn(B, S, (HQ + HK) * D)                   # a fused projection's slices
     q_f, k_f = proj[..., :HQ * D].view(B, S, HQ, D), proj[..., HQ * D:].view(B, S, HK, D)
-    out = OPS.qk_norm_rope(q_f, k_f, w_q, w_k, cos, sin, None, "bshd", False, 1e-6, 0.0)
+    out = OPS.qk_norm_rope(q_f, k_f, w_q, w_k, cos, sin, None, None, "bshd", False, 1e-6, 0.0)
     assert all(o.is_contiguous() for o in out)
     h = torch.randn(B, S, (HQ + HK) * D)                      # Hugging Face's views
     q_h = h[..., :HQ * D].contiguous().view(B, S, HQ, D).transpose(1, 2)
@@ -295,9 +323,10 @@ def test_inputs_the_kernels_read_at_stride_one_are_copied_where_they_are_not(see
     cos3, sin3 = torch.stack([cos, cos.flip(0)]), torch.stack([sin, sin.flip(0)])
     pos = torch.randint(0, cos.shape[0], (B, S))
     args = (q.detach(), k.detach(), w_q.detach(), w_k.detach())
-    got = OPS.qk_norm_rope(*args, cos3, sin3, pos, "bshd", False, 1e-6, 0.0)
+    got = OPS.qk_norm_rope(*args, cos3, sin3, pos, None, "bshd", False, 1e-6, 0.0)
     gq, gk = torch.randn_like(got[0]), torch.randn_like(got[1])
-    grads = OPS.qk_norm_rope_backward(gq, gk, *args, cos3, sin3, pos, "bshd", False, 1e-6, 0.0)
+    grads = OPS.qk_norm_rope_backward(gq, gk, *args, cos3, sin3, pos, None, "bshd", False, 1e-6,
+                                      0.0)
     leaves = [t.clone().requires_grad_() for t in args]
     wants = [reference(leaves[0][b:b + 1], leaves[1][b:b + 1], *leaves[2:], cos=cos3[b],
                        sin=sin3[b], position_ids=pos[b]) for b in range(B)]
@@ -341,8 +370,8 @@ def test_every_output_element_is_written(backward, seeded, monkeypatch):
 def test_weight_gradients_are_deterministic(seeded):
     q, k, w_q, w_k, cos, sin = make("bshd", torch.bfloat16, S=9, B=3)
     gq, gk = torch.randn_like(q), torch.randn_like(k)
-    args = (q.detach(), k.detach(), w_q.detach(), w_k.detach(), cos, sin, None, "bshd", False,
-            1e-6, 0.0)
+    args = (q.detach(), k.detach(), w_q.detach(), w_k.detach(), cos, sin, None, None, "bshd",
+            False, 1e-6, 0.0)
     first = OPS.qk_norm_rope_backward(gq, gk, *args)
     second = OPS.qk_norm_rope_backward(gq, gk, *args)
     for a, b in zip(first, second):
@@ -354,9 +383,16 @@ def test_position_outside_the_table_gives_nan_rows(seeded):
     q, k, w_q, w_k, cos, sin = make("bshd", torch.float32, S=4, B=1, P=8)
     pos = torch.tensor([[0, 1, 9, 3]])
     q_out, k_out = OPS.qk_norm_rope(q.detach(), k.detach(), w_q.detach(), w_k.detach(), cos, sin,
-                                    pos, "bshd", False, 1e-6, 0.0)
+                                    pos, None, "bshd", False, 1e-6, 0.0)
     assert q_out[0, 2].isnan().all() and k_out[0, 2].isnan().all()
     assert not q_out[0, [0, 1, 3]].isnan().any()
+    # packed: the second sequence (10 tokens) runs past the 8 rows from its ninth token on
+    qt, kt = (t.detach() for t in make("thd", torch.float32, S=12)[:2])
+    cu = torch.tensor([0, 2, 12], dtype=torch.int32)
+    q_out, k_out = OPS.qk_norm_rope(qt, kt, w_q.detach(), w_k.detach(), cos, sin, None, cu,
+                                    "thd", False, 1e-6, 0.0)
+    assert q_out[10:].isnan().all() and k_out[10:].isnan().all()
+    assert not q_out[:10].isnan().any() and not k_out[:10].isnan().any()
 
 
 # --- operators and torch.compile ------------------------------------------------------------
@@ -366,19 +402,26 @@ def test_opcheck_both_operators(seeded):
     pos = torch.randint(0, cos.shape[0], (2, 4))
     f = ropelib.rope_freqs(cos.shape[0], 8)[:, 0, 0]
     opts = ("bshd", False, 1e-6, 0.0)
-    torch.library.opcheck(OPS.qk_norm_rope.default, (q, k, w_q, w_k, cos, sin, None, *opts))
+    torch.library.opcheck(OPS.qk_norm_rope.default, (q, k, w_q, w_k, cos, sin, None, None, *opts))
     torch.library.opcheck(OPS.qk_norm_rope.default,
-                          (q.transpose(0, 1), k.transpose(0, 1), w_q, w_k, f, None, pos,
+                          (q.transpose(0, 1), k.transpose(0, 1), w_q, w_k, f, None, pos, None,
                            "sbhd", True, 1e-5, 1.0))
     torch.library.opcheck(OPS.qk_norm_rope_backward.default,
                           (torch.randn_like(q), torch.randn_like(k), q.detach(), k.detach(),
-                           w_q.detach(), w_k.detach(), cos, sin, pos, *opts))
+                           w_q.detach(), w_k.detach(), cos, sin, pos, None, *opts))
     angles = ropelib.rope_angles(8)         # no table: Angles' turns and amplitude
     for op, grads in ((OPS.qk_norm_rope, ()),
                       (OPS.qk_norm_rope_backward, (torch.randn_like(q), torch.randn_like(k)))):
         torch.library.opcheck(op.default, grads + (q.detach(), k.detach(), w_q.detach(),
                                                    w_k.detach(), angles.turns, angles.amplitude,
-                                                   pos, *opts))
+                                                   pos, None, *opts))
+    # packed sequences (thd): cu_seqlens instead of position ids
+    qt, kt = q.detach().reshape(8, 2, 8), k.detach().reshape(8, 1, 8)
+    cu = torch.tensor([0, 3, 3, 8], dtype=torch.int32)
+    for op, grads in ((OPS.qk_norm_rope, ()),
+                      (OPS.qk_norm_rope_backward, (torch.randn_like(qt), torch.randn_like(kt)))):
+        torch.library.opcheck(op.default, grads + (qt, kt, w_q.detach(), w_k.detach(), cos, sin,
+                                                   None, cu, "thd", False, 1e-6, 0.0))
 
 
 def test_registered_as_triton_ops_on_a_gpu():
@@ -594,10 +637,44 @@ def test_bad_options_are_named(opts, error, match):
                              sin=args["sin"], **opts)
 
 
-def test_thd_needs_position_ids():
+def test_thd_needs_cu_seqlens_or_position_ids():
     q, k, w_q, w_k, cos, sin = make("thd", S=6)
-    with pytest.raises(ValueError, match="layout='thd' .* needs position_ids"):
+    with pytest.raises(ValueError, match="layout='thd' .* needs cu_seqlens .* or position_ids"):
         ropelib.qk_norm_rope(q, k, w_q, w_k, cos=cos, sin=sin, layout="thd")
+
+
+@pytest.mark.parametrize("layout,opts,error,match", [
+    ("bshd", dict(cu_seqlens=torch.tensor([0, 4])), ValueError,
+     "cu_seqlens is only for layout='thd'"),
+    ("thd", dict(cu_seqlens=torch.tensor([0, 6]), position_ids=torch.arange(6)), ValueError,
+     "either position_ids or cu_seqlens, not both"),
+    ("thd", dict(cu_seqlens=torch.tensor([0.0, 6.0])), TypeError,
+     "cu_seqlens must be an integer tensor"),
+    ("thd", dict(cu_seqlens=torch.tensor([[0, 6]])), ValueError, "cu_seqlens must be 1-D"),
+    ("thd", dict(cu_seqlens=torch.tensor([6])), ValueError, "at least 2 entries"),
+    ("thd", dict(cu_seqlens=torch.tensor([0, 2, 5])), ValueError,
+     r"cu_seqlens\[-1\] .* must equal the number of tokens in t \(6\)"),
+    ("thd", dict(cu_seqlens=torch.tensor([0, 4, 2, 6])), ValueError, "must be non-decreasing"),
+    ("thd", dict(cu_seqlens=torch.tensor([1, 6])), ValueError, "must start at 0"),
+    ("thd", dict(cu_seqlens=torch.tensor([0, 6]), cos_rows=5), ValueError,
+     r"positions of sequence 0 \(0..5.*inside the table of 5 rows"),
+])
+def test_bad_cu_seqlens_are_named(layout, opts, error, match):
+    q, k, w_q, w_k, cos, sin = make(layout, S=6, B=1)
+    rows = opts.pop("cos_rows", None)
+    if rows is not None:
+        cos, sin = cos[:rows], sin[:rows]
+    with pytest.raises(error, match=match):
+        ropelib.qk_norm_rope(q, k, w_q, w_k, cos=cos, sin=sin, layout=layout, **opts)
+
+
+def test_eager_route_still_checks_cu_seqlens_values(seeded):
+    q, k, w_q, w_k, cos, sin = (t.detach() for t in make("thd", torch.float32, S=6))
+    ropelib.qk_norm_rope(q, k, w_q, w_k, cos=cos, sin=sin, layout="thd",
+                         cu_seqlens=torch.tensor([0, 2, 6]))
+    with pytest.raises(ValueError, match="must equal the number of tokens"):
+        ropelib.qk_norm_rope(q, k, w_q, w_k, cos=cos, sin=sin, layout="thd",
+                             cu_seqlens=torch.tensor([0, 2, 5]))
 
 
 def test_hf_drop_in_bad_input():
@@ -685,7 +762,7 @@ def test_eager_route_equals_the_operator(seeded):
     eager.SIGNATURES.clear()
     for transposed in (False, True, False):
         got = ropelib.qk_norm_rope(q, k, w_q, w_k, cos=cos, sin=sin)
-        want = OPS.qk_norm_rope(q, k, w_q, w_k, cos, sin, None, "bshd", False, 1e-6, 0.0)
+        want = OPS.qk_norm_rope(q, k, w_q, w_k, cos, sin, None, None, "bshd", False, 1e-6, 0.0)
         assert all(torch.equal(a, b) for a, b in zip(got, want))
         g = [torch.randn_like(t) for t in got]
         if transposed:
@@ -735,7 +812,7 @@ def _arranged(x: torch.Tensor, how: str, layout: str, gen: torch.Generator) -> t
 @pytest.mark.parametrize("seed", range(24))
 def test_random_cases(seed):
     """Random layouts, head counts (GQA), head and rotary dims, pairings, tables (angles or
-    cos/sin), position ids (shared or per entry), weight offsets, dtypes and memory arrangements
+    cos/sin), position ids (shared or per entry) or cu_seqlens (thd), weight offsets, dtypes and memory arrangements
     of q, k and the output gradients: outputs, input and weight gradients against the fp64
     reference, on the operator and on the eager route (a checked call, then a planned one)."""
     gen = torch.Generator().manual_seed(1000 + seed)
@@ -761,8 +838,12 @@ def test_random_cases(seed):
     cos, sin = ropelib.rope_cos_sin(P, D, rotary_percent=R / D, interleaved=interleaved)
     freqs = ropelib.rope_freqs(P, D, rotary_percent=R / D, interleaved=interleaved)
     use_ids = layout == "thd" or pick([False, True])
-    ids = None
-    if use_ids:
+    ids = cu = None
+    if layout == "thd" and pick([False, True]):     # packed sequences: cu_seqlens
+        cuts = sorted(int(c) for c in torch.randint(S + 1, (pick([0, 1, 2]),), generator=gen))
+        cu = torch.tensor([0, *cuts, S], dtype=pick([torch.int32, torch.int64]))
+        ids = torch.cat([torch.arange(int(n)) for n in cu.diff()])
+    elif use_ids:
         rows = 1 if layout == "thd" else pick([1, B])
         ids = torch.randint(P, (rows, S), generator=gen)
         ids = ids[0] if layout == "thd" else ids
@@ -770,6 +851,8 @@ def test_random_cases(seed):
     opts = dict(layout=layout, interleaved=interleaved, position_ids=ids, weight_offset=offset)
     want_args = dict(cos=freqs[:, 0, 0].double().cos() if tables == "angles" else cos,
                      sin=freqs[:, 0, 0].double().sin() if tables == "angles" else sin, **opts)
+    if cu is not None:
+        opts.update(position_ids=None, cu_seqlens=cu)
     go = torch.randn(q.shape, generator=gen).to(dtype)
     go_k = _arranged(torch.randn(k.shape, generator=gen).to(dtype), "permuted", layout, gen)
     ql, kl = q.detach().requires_grad_(), k.detach().requires_grad_()

@@ -1,5 +1,6 @@
 """Per-head QK-RMSNorm fused with RoPE: one kernel body, forward and backward (a constexpr switch),
-started through two entry points of at most 32 arguments.
+started through two entry points of 30 and 33 arguments (21 and 24 of them passed at a launch,
+the rest compile-time constants).
 
 Qwen3 and Gemma 3 normalise every head vector of q and of k over the head dim before rotating it:
 
@@ -25,8 +26,9 @@ layout (`outputs`). The grid is
     axis 2: chunks of batch entries                  cdiv(B, chunk); a program takes
                                                      cdiv(B, programs on this axis)
 
-A program loads the cos/sin of its tokens once ([BLOCK_S, 1, HALF]) and loops over its batch
-entries; per entry it loads a [BLOCK_S, BLOCK_H, D] tile (two rotary halves and the pass-through
+A program finds its tokens' positions (the tokens themselves, position ids, or, for packed
+sequences, each token's index in its sequence, searched in cu_seqlens), loads their cos/sin once
+([BLOCK_S, 1, HALF]) and loops over its batch entries; per entry it loads a [BLOCK_S, BLOCK_H, D] tile (two rotary halves and the pass-through
 part), reduces each row's sum of squares in fp32, scales, rotates and stores. A whole row sits in
 one program, so the norm needs no second pass and no atomics. In the backward each program also
 sums gu n over every row it handled and writes that [D] partial sum to its own row of a
@@ -54,7 +56,7 @@ from ..runtime import INTERPRET
 from .common import (ROUND_BF16_RTNE, batch_range, contiguous_strides, head_tile,
                      offset_int, rotate_pair, round_to, store_pair, tile_width)
 from .direct import DirectLauncher
-from .fused import table_cos_sin
+from .fused import SEARCH_PIVOTS, SEARCH_TILE, packed_positions, table_cos_sin
 from .planning import (OUT_AS_INPUT, OUT_LAYOUT, Launch, cdiv, needs_int64, pow2_at_least,
                        pow2_at_most, start)
 from .tiles import (QK_NORM_ELEMENTS_PER_THREAD, QK_NORM_PROGRAMS_PER_SM, QK_NORM_ROWS_PER_STEP,
@@ -65,12 +67,25 @@ from .tiles import (QK_NORM_ELEMENTS_PER_THREAD, QK_NORM_PROGRAMS_PER_SM, QK_NOR
 # as the kernels compare it
 _OUT_AS_INPUT = tl.constexpr(OUT_AS_INPUT)
 
+# POSITIONS: what pos_ptr holds, and so where a token's position comes from
+SHARED_IDS = tl.constexpr(0)     # nothing (token s is at position s) or position ids [1, S],
+                                 # one row for every batch entry
+IDS_PER_ENTRY = tl.constexpr(1)  # position ids [B, S]
+CU_SEQLENS = tl.constexpr(2)     # cu_seqlens [N_SEQ + 1] of packed sequences (thd, B = 1): a
+                                 # token's position is its index in its sequence
+
 
 @triton.jit
-def _rows_of_table(s_idx, b, S, P, pos_ptr, IDS_PER_ENTRY: tl.constexpr):
+def _rows_of_table(s_idx, b, S, P, pos_ptr, N_SEQ, POSITIONS: tl.constexpr):
     # s_idx [BLOCK_S] token indices, b batch entry -> (table rows [BLOCK_S] int32, valid [BLOCK_S])
-    if pos_ptr is not None:     # position ids [B or 1, S], contiguous
-        if IDS_PER_ENTRY:
+    if POSITIONS == CU_SEQLENS:     # (fused.packed_positions: a pivot load, a binary search)
+        if s_idx.shape[0] * SEARCH_PIVOTS <= SEARCH_TILE:
+            p, valid = packed_positions(s_idx, pos_ptr, None, N_SEQ, 1, 0, SEARCH_PIVOTS)
+        else:                   # (the interpreter's long token tiles) the binary search alone
+            p, valid = packed_positions(s_idx, pos_ptr, None, N_SEQ, 1, 0, 1)
+        valid = valid & (p < P)
+    elif pos_ptr is not None:   # position ids [B or 1, S], contiguous
+        if POSITIONS == IDS_PER_ENTRY:
             ids = pos_ptr + b * S
         else:
             ids = pos_ptr
@@ -90,10 +105,11 @@ def _norm_rope_heads(
     gy_ptr,                             # backward: the gradient of its output (None forward)
     out_ptr,                            # forward: y; backward: gx
     w_ptr,                              # its weight [D], contiguous
-    cos_ptr, sin_ptr, pos_ptr,          # table (angles, or cos and sin); position ids
+    cos_ptr, sin_ptr, pos_ptr,          # table (angles, or cos and sin); positions (POSITIONS)
     part_ptr,                           # backward: this program's [D] row of partial sums of gu n
     pid_s, h0, b_lo, b_hi,              # tile origin: token block, first head, batch range
     S, B, H, P,                         # tokens, batch, heads of this segment, table rows
+    N_SEQ,                              # CU_SEQLENS: the packed sequences
     eps, weight_offset,
     stride_x_s, stride_x_b,             # (heads at stride D, features at stride 1)
     R: tl.constexpr, D: tl.constexpr,   # rotary dim (even, <= D), head dim
@@ -101,7 +117,8 @@ def _norm_rope_heads(
                                         # OUT_AS_INPUT: laid out as x, with x's strides
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
     INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
-    TABLE_PER_ENTRY: tl.constexpr, IDS_PER_ENTRY: tl.constexpr,
+    TABLE_PER_ENTRY: tl.constexpr,
+    POSITIONS: tl.constexpr,            # SHARED_IDS, IDS_PER_ENTRY or CU_SEQLENS
     INT64: tl.constexpr,                # offsets in int64 (a tensor passes 2^31 elements)
 ):
     HALF: tl.constexpr = R // 2
@@ -109,7 +126,8 @@ def _norm_rope_heads(
     BLOCK_PASS: tl.constexpr = tile_width(D - R)     # (0 when the whole head rotates)
     # math in fp64 for fp64 inputs, else fp32
     CDT: tl.constexpr = tl.float64 if x_ptr.dtype.element_ty == tl.float64 else tl.float32
-    PER_ENTRY: tl.constexpr = TABLE_PER_ENTRY or IDS_PER_ENTRY   # rows differ between entries
+    # rows differ between entries
+    PER_ENTRY: tl.constexpr = TABLE_PER_ENTRY or POSITIONS == IDS_PER_ENTRY
     # Fix the float arguments to the compute dtype, so every value (and the loop-carried sums)
     # keeps one type. They arrive as fp64 (the kernel's annotation) or, in the interpreter, as
     # Python floats: tl.full keeps every bit of either, where tl.cast would first round a Python
@@ -150,14 +168,14 @@ def _norm_rope_heads(
     # (fused.table_cos_sin: an angle or cos/sin table, or Angles' turns with the positions as
     # rows; a row outside the table gets NaN cosines, see common.nan_unless)
     if not PER_ENTRY:
-        rows, valid = _rows_of_table(s_idx, 0, S, P, pos_ptr, IDS_PER_ENTRY)
+        rows, valid = _rows_of_table(s_idx, 0, S, P, pos_ptr, N_SEQ, POSITIONS)
         c_a, s_a, c_b, s_b = table_cos_sin(cos_ptr, sin_ptr, rows, valid, 0, stride_tab_b, R,
                                            d_a, d_b, tab_mask, CDT, HALF, True)
 
     for b in range(b_lo, b_hi):
         bb = offset_int(b, INT64)
         if PER_ENTRY:
-            rows, valid = _rows_of_table(s_idx, bb, S, P, pos_ptr, IDS_PER_ENTRY)
+            rows, valid = _rows_of_table(s_idx, bb, S, P, pos_ptr, N_SEQ, POSITIONS)
             c_a, s_a, c_b, s_b = table_cos_sin(cos_ptr, sin_ptr, rows, valid, bb, stride_tab_b,
                                                R, d_a, d_b, tab_mask, CDT, HALF, True)
         xr = x_ptr + (x_rows + bb * stride_x_b)[:, :, None]   # [BLOCK_S, BLOCK_H, 1]
@@ -224,11 +242,11 @@ def _norm_rope_heads(
 @triton.jit
 def _norm_rope_q_and_k(
     q_ptr, k_ptr, gq_ptr, gk_ptr, q_out_ptr, k_out_ptr, w_q_ptr, w_k_ptr, cos_ptr, sin_ptr,
-    pos_ptr, part_ptr, S, B, HQ, HK, P, eps, weight_offset,
+    pos_ptr, part_ptr, S, B, HQ, HK, P, N_SEQ, eps, weight_offset,
     stride_q_s, stride_q_b, stride_k_s, stride_k_b,
     R: tl.constexpr, D: tl.constexpr, OUT_LAYOUT: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
-    BACKWARD: tl.constexpr, TABLE_PER_ENTRY: tl.constexpr, IDS_PER_ENTRY: tl.constexpr,
+    BACKWARD: tl.constexpr, TABLE_PER_ENTRY: tl.constexpr, POSITIONS: tl.constexpr,
     INT64: tl.constexpr,
 ):
     # The program's tile: q's heads (grid axis 1 below HQ / BLOCK_H), else k's. BLOCK_H divides
@@ -246,24 +264,25 @@ def _norm_rope_q_and_k(
     q_blocks = HQ // BLOCK_H
     if pid_h < q_blocks:
         _norm_rope_heads(q_ptr, gq_ptr, q_out_ptr, w_q_ptr, cos_ptr, sin_ptr, pos_ptr, part,
-                         pid_s, pid_h * BLOCK_H, b_lo, b_hi, S, B, HQ, P, eps, weight_offset,
-                         stride_q_s, stride_q_b, R, D, OUT_LAYOUT, BLOCK_S,
-                         BLOCK_H, INTERLEAVED, BACKWARD, TABLE_PER_ENTRY, IDS_PER_ENTRY, INT64)
+                         pid_s, pid_h * BLOCK_H, b_lo, b_hi, S, B, HQ, P, N_SEQ, eps,
+                         weight_offset, stride_q_s, stride_q_b, R, D, OUT_LAYOUT, BLOCK_S,
+                         BLOCK_H, INTERLEAVED, BACKWARD, TABLE_PER_ENTRY, POSITIONS, INT64)
     else:
         _norm_rope_heads(k_ptr, gk_ptr, k_out_ptr, w_k_ptr, cos_ptr, sin_ptr, pos_ptr, part,
-                         pid_s, (pid_h - q_blocks) * BLOCK_H, b_lo, b_hi, S, B, HK, P, eps,
-                         weight_offset, stride_k_s, stride_k_b, R, D, OUT_LAYOUT,
-                         BLOCK_S, BLOCK_H, INTERLEAVED, BACKWARD, TABLE_PER_ENTRY, IDS_PER_ENTRY,
+                         pid_s, (pid_h - q_blocks) * BLOCK_H, b_lo, b_hi, S, B, HK, P, N_SEQ,
+                         eps, weight_offset, stride_k_s, stride_k_b, R, D, OUT_LAYOUT,
+                         BLOCK_S, BLOCK_H, INTERLEAVED, BACKWARD, TABLE_PER_ENTRY, POSITIONS,
                          INT64)
 
 
-# --- the entry points: forward and backward, each at most 32 arguments ----------------------
+# --- the entry points: forward and backward (30 and 33 arguments) ---------------------------
 # Common to both: q and k as strided [S, B, H, D] views, heads at stride D and features at
 # stride 1; the outputs (forward: y; backward: the input gradients, and the output gradients
 # read) fresh, with q's and k's strides (OUT_LAYOUT == OUT_AS_INPUT: q and k are dense) or
 # contiguous in OUT_LAYOUT; the weights contiguous; the table's rows dense ([P, R], or
-# [B, P, R] with TABLE_PER_ENTRY); position ids [B or 1, S] contiguous. The host (`readable`)
-# copies what does not come so.
+# [B, P, R] with TABLE_PER_ENTRY); position ids [B or 1, S] contiguous, or cu_seqlens
+# [N_SEQ + 1] contiguous (CU_SEQLENS: thd, B = 1). The host (`readable`) copies what does not come
+# so.
 
 @triton.jit
 def _qk_norm_rope_kernel(
@@ -271,8 +290,10 @@ def _qk_norm_rope_kernel(
     q_out_ptr, k_out_ptr,                # the outputs
     w_q_ptr, w_k_ptr,                    # the norms' weights [D]
     cos_ptr, sin_ptr,                    # angles (sin None) or cos and sin
-    pos_ptr,                             # position ids (None: token s reads row s)
+    pos_ptr,                             # position ids (None: token s reads row s), or
+                                         # cu_seqlens [N_SEQ + 1] (POSITIONS)
     S, B, HQ, HK, P,                     # tokens, batch, heads of q and of k, table rows
+    N_SEQ,                               # CU_SEQLENS: the packed sequences (else 0)
     # RMSNorm epsilon; the scale is w + weight_offset. fp64, so that fp64 inputs get them
     # unrounded: a plain float argument is passed as fp32 (as it still is by Triton before 3.4,
     # which ignores a float annotation)
@@ -280,13 +301,13 @@ def _qk_norm_rope_kernel(
     stride_q_s, stride_q_b, stride_k_s, stride_k_b,
     R: tl.constexpr, D: tl.constexpr, OUT_LAYOUT: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
-    TABLE_PER_ENTRY: tl.constexpr, IDS_PER_ENTRY: tl.constexpr, INT64: tl.constexpr,
+    TABLE_PER_ENTRY: tl.constexpr, POSITIONS: tl.constexpr, INT64: tl.constexpr,
 ):
     _norm_rope_q_and_k(q_ptr, k_ptr, None, None, q_out_ptr, k_out_ptr, w_q_ptr, w_k_ptr,
-                       cos_ptr, sin_ptr, pos_ptr, None, S, B, HQ, HK, P, eps, weight_offset,
-                       stride_q_s, stride_q_b, stride_k_s, stride_k_b, R, D, OUT_LAYOUT,
-                       BLOCK_S, BLOCK_H, INTERLEAVED, False, TABLE_PER_ENTRY, IDS_PER_ENTRY,
-                       INT64)
+                       cos_ptr, sin_ptr, pos_ptr, None, S, B, HQ, HK, P, N_SEQ, eps,
+                       weight_offset, stride_q_s, stride_q_b, stride_k_s, stride_k_b, R, D,
+                       OUT_LAYOUT, BLOCK_S, BLOCK_H, INTERLEAVED, False, TABLE_PER_ENTRY,
+                       POSITIONS, INT64)
 
 
 @triton.jit
@@ -296,18 +317,18 @@ def _qk_norm_rope_backward_kernel(
     w_q_ptr, w_k_ptr, cos_ptr, sin_ptr, pos_ptr,
     grad_q_out_ptr, grad_k_out_ptr,      # the output gradients, laid out as the outputs
     part_ptr,                            # [programs, D] partial sums of gu n (CDT)
-    S, B, HQ, HK, P,
+    S, B, HQ, HK, P, N_SEQ,
     eps: tl.float64, weight_offset: tl.float64,
     stride_q_s, stride_q_b, stride_k_s, stride_k_b,
     R: tl.constexpr, D: tl.constexpr, OUT_LAYOUT: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
-    TABLE_PER_ENTRY: tl.constexpr, IDS_PER_ENTRY: tl.constexpr, INT64: tl.constexpr,
+    TABLE_PER_ENTRY: tl.constexpr, POSITIONS: tl.constexpr, INT64: tl.constexpr,
 ):
     _norm_rope_q_and_k(q_ptr, k_ptr, grad_q_out_ptr, grad_k_out_ptr, grad_q_ptr, grad_k_ptr,
-                       w_q_ptr, w_k_ptr, cos_ptr, sin_ptr, pos_ptr, part_ptr, S, B, HQ, HK, P, eps,
-                       weight_offset, stride_q_s, stride_q_b, stride_k_s, stride_k_b, R, D,
-                       OUT_LAYOUT, BLOCK_S, BLOCK_H, INTERLEAVED, True,
-                       TABLE_PER_ENTRY, IDS_PER_ENTRY, INT64)
+                       w_q_ptr, w_k_ptr, cos_ptr, sin_ptr, pos_ptr, part_ptr, S, B, HQ, HK, P,
+                       N_SEQ, eps, weight_offset, stride_q_s, stride_q_b, stride_k_s,
+                       stride_k_b, R, D, OUT_LAYOUT, BLOCK_S, BLOCK_H, INTERLEAVED, True,
+                       TABLE_PER_ENTRY, POSITIONS, INT64)
 
 
 # --- host side: tiles, the plan, the launch --------------------------------------------------
@@ -444,14 +465,15 @@ BACKWARD = DirectLauncher(_qk_norm_rope_backward_kernel, BACKWARD_POINTERS)
 def plan(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch.Tensor,
          w_q: torch.Tensor, w_k: torch.Tensor, table: torch.Tensor, sin: Optional[torch.Tensor],
          pos: Optional[torch.Tensor], *, layout: str, interleaved: bool, eps: float,
-         weight_offset: float, gq4: Optional[torch.Tensor] = None,
+         weight_offset: float, packed: bool = False, gq4: Optional[torch.Tensor] = None,
          gk4: Optional[torch.Tensor] = None) -> Launch:
     """The launch over q and k ([S, B, H, D] views, as `readable` leaves them, or storage-less
     stand-ins of them; outputs from `outputs`): forward (gq4 None) or backward (the output
     gradients gq4, gk4, laid out as the outputs; q_out4 and k_out4 take the input gradients).
     Sees only shapes, strides, dtypes and the options, never values (stand-in tensors do), so
     one Launch serves every call alike; its launcher is the direction's kernel. Pointers are
-    bound by `run`, in `pointers` order."""
+    bound by `run`, in `pointers` order. packed: `pos` is cu_seqlens [N + 1] (thd), not
+    position ids."""
     backward = gq4 is not None
     S, B, HQ, D = q4.shape
     HK = k4.shape[2]
@@ -479,7 +501,10 @@ def plan(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch
         R=R, D=D, OUT_LAYOUT=OUT_AS_INPUT if out_as_in else OUT_LAYOUT[layout],
         BLOCK_S=block_s, BLOCK_H=block_h,
         INTERLEAVED=interleaved,
-        TABLE_PER_ENTRY=_per_entry(table, 3), IDS_PER_ENTRY=_per_entry(pos, 2),
+        N_SEQ=pos.shape[0] - 1 if packed else 0,
+        TABLE_PER_ENTRY=_per_entry(table, 3),
+        POSITIONS=(CU_SEQLENS if packed else
+                   IDS_PER_ENTRY if _per_entry(pos, 2) else SHARED_IDS).value,
         INT64=needs_int64([t for t in (q4, k4, q_out4, k_out4, gq4, gk4) if t is not None]),
     )
     cdt = torch.float64 if q4.dtype == torch.float64 else torch.float32
@@ -530,14 +555,15 @@ class Route:
     stand-ins of the forward's tensors). Both routes take it: the operator makes one per call
     and starts its launches through `run` (`start_now`); ropelib.qk_norm's eager route keeps
     one per signature and starts them through the direct launcher. `starter(planned)` gives the
-    callable that starts a planned launch with its pointers."""
+    callable that starts a planned launch with its pointers. packed: `pos` is cu_seqlens."""
     __slots__ = ("layout", "options", "starter", "copies", "keep_strides", "empty", "fwd",
                  "fwd_launch", "_stand_ins", "_backwards")
 
     def __init__(self, q, k, w_q, w_k, table, sin, pos, *, layout: str, interleaved: bool,
-                 eps: float, weight_offset: float, starter=start_now):
+                 eps: float, weight_offset: float, packed: bool = False, starter=start_now):
         self.layout, self.starter = layout, starter
-        self.options = dict(interleaved=interleaved, eps=eps, weight_offset=weight_offset)
+        self.options = dict(interleaved=interleaved, eps=eps, weight_offset=weight_offset,
+                            packed=packed)
         given = (q, k, w_q, w_k, table, sin, pos)
         read = readable(*given, layout)
         # do this call's tensors need copies before the kernels can read them? (then every
