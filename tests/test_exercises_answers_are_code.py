@@ -307,6 +307,10 @@ EXERCISES = {
                                   "called ropelib's rope_naive (ropelib/course/kernels/naive.py)"),
             "a teaching kernel, launched": (_interleaved_by(_launch_naive),
                                             "launched ropelib's _rope_naive_kernel"),
+            "the benchmarks' Hugging Face formula": (
+                lambda x, f: compare.hf_rotate(x.float(), f.transpose(0, 1).cos(),
+                                               f.transpose(0, 1).sin(), True).to(x.dtype),
+                "called ropelib's hf_rotate (ropelib/bench/compare.py)"),
             "notebook 01's worked rotate_half": (
                 _interleaved_with(lambda x: basics.solution_rotate_half(x, True)),
                 "called ropelib's solution_rotate_half"),
@@ -356,7 +360,8 @@ EXERCISES = {
         own=_bytes_written_here,
         library={
             "ropelib.bench.compare.bytes_moved": (
-                _bytes_from_compare, "called ropelib's bytes_moved (ropelib/bench/compare.py)"),
+                # (refused at its first call into ropelib.bench: the Config it builds)
+                _bytes_from_compare, "(ropelib/bench/compare.py)"),
             "ropelib.bench.suite.tensor_bytes": (
                 _bytes_from_suite, "called ropelib's tensor_bytes (ropelib/bench/suite.py)"),
             "ropelib.rope_freqs": (_bytes_from_frequencies,

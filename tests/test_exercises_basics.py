@@ -252,12 +252,22 @@ def test_check_rotation_matrix(capsys):
     capsys.readouterr()
 
 
+def _hf_rotate_matrix(m, inv):
+    """R_m read off the benchmarks' Hugging Face formula, applied to the identity."""
+    from ropelib.bench import compare
+    ang = (m * inv).repeat_interleave(2)
+    return compare.hf_rotate(torch.eye(ang.numel(), dtype=inv.dtype), ang.cos(), ang.sin(),
+                             True).T
+
+
 @pytest.mark.parametrize("answer, words", [
     (_block_diag_answer, "block_diag (torch/functional.py)"),
+    (_hf_rotate_matrix, "ropelib's hf_rotate (ropelib/bench/compare.py)"),
     (_reference_answer, "ropelib's apply_rope_ref (ropelib/reference.py)"),
     (basics.rotation_matrix_ref, "ropelib's rotation_matrix_ref"),
     (basics.solution_rotation_matrix, "ropelib's solution_rotation_matrix"),
-], ids=["torch.block_diag", "reference", "the check's own matrix", "the worked solution"])
+], ids=["torch.block_diag", "benchmarks' formula", "reference", "the check's own matrix",
+        "the worked solution"])
 def test_check_rotation_matrix_refuses_library_answers(answer, words, capsys):
     inv = frequencies.inv_freq(8).double()
     torch.testing.assert_close(answer(5, inv), basics.rotation_matrix_ref(5, inv))  # right values
@@ -302,8 +312,12 @@ def test_check_rotate_half(capsys):
     assert not basics.check_rotate_half(lambda x, interleaved: -own(x, interleaved))
     capsys.readouterr()
     # ropelib's own rotate_half, and the worked solution, are not the learner's
+    from ropelib.bench import compare
+    hf = lambda x, interleaved: compare.hf_rotate(  # noqa: E731 -- cos 0, sin 1: rotate_half
+        x, torch.zeros(x.shape[-1], dtype=x.dtype), torch.ones(x.shape[-1], dtype=x.dtype),
+        interleaved)
     for library in (reference.rotate_half, lambda x, interleaved: reference.rotate_half(x, interleaved),
-                    basics.solution_rotate_half):
+                    basics.solution_rotate_half, hf):
         assert not basics.check_rotate_half(library)
         out = capsys.readouterr().out
         assert "this exercise wants your own rotate_half" in out and "ropelib's" in out

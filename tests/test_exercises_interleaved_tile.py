@@ -217,12 +217,18 @@ HANDED_IN = {
                              "_rope_batch_reuse_kernel (ropelib/course/kernels/batch_reuse.py)"),
     "teaching-naive": (lambda: naive._rope_naive_kernel,
                        "_rope_naive_kernel (ropelib/course/kernels/naive.py)"),
-    # ropelib/course/ladder.py is a study module: its kernels are refused for the helpers of
-    # ropelib.kernels.common they call (which one is named first may vary)
-    "ladder-heads": (lambda: ladder._ladder_heads_kernel, "round_to (ropelib/kernels/common.py)"),
-    "ladder-tile": (lambda: ladder._ladder_tile_kernel, "round_to (ropelib/kernels/common.py)"),
-    "ladder-chunk": (lambda: ladder._ladder_chunk_kernel, "(ropelib/kernels/common.py)"),
-    "ladder-final": (lambda: ladder._ladder_final_kernel, "(ropelib/kernels/common.py)"),
+    # notebook 05's ladder (ropelib/course/ladder.py): every kernel the course defines outside
+    # its exercises is refused as itself
+    "ladder-heads": (lambda: ladder._ladder_heads_kernel,
+                     "_ladder_heads_kernel (ropelib/course/ladder.py)"),
+    "ladder-tile": (lambda: ladder._ladder_tile_kernel,
+                    "_ladder_tile_kernel (ropelib/course/ladder.py)"),
+    "ladder-chunk": (lambda: ladder._ladder_chunk_kernel,
+                     "_ladder_chunk_kernel (ropelib/course/ladder.py)"),
+    "ladder-final": (lambda: ladder._ladder_final_kernel,
+                     "_ladder_final_kernel (ropelib/course/ladder.py)"),
+    # a learner's copy of the last rung: refused for the helpers of ropelib.kernels.common it
+    # calls (which one is named first may vary)
     "ladder-final-notebook-copy": (_notebook_copy_of_the_last_rung,
                                    "(ropelib/kernels/common.py)"),
 }

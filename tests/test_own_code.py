@@ -33,6 +33,7 @@ from ropelib import frequencies, reference, runtime  # noqa: E402
 from ropelib.course.exercises import own_code  # noqa: E402
 from ropelib.course.exercises.own_code import (LibraryAnswer, library_barred,  # noqa: E402
                                                library_kernel, run_own_code)
+from ropelib.course import debug  # noqa: E402
 from ropelib.course.kernels import batch_reuse, naive  # noqa: E402
 from ropelib.kernels import common  # noqa: E402
 
@@ -279,6 +280,46 @@ def test_a_barred_kernel_is_refused_and_its_copy_is_not(capsys):
     assert ok and torch.allclose(y, 2 * x.cos())
 
 
+@triton.jit
+def _own_kernel_with_course_helper(x_ptr, y_ptr, N: tl.constexpr):
+    # notebook 08's fma helper: a rotation of a pair, written by the course
+    offs = tl.arange(0, N)
+    x = tl.load(x_ptr + offs)
+    y1, y2 = debug._fused_pair(x, x, x, x)
+    tl.store(y_ptr + offs, y1 + y2)
+
+
+def test_the_course_kernels_outside_its_exercises_are_barred(capsys):
+    """A @triton.jit function the course defines outside its exercises (notebook 08's fma
+    helper, notebook 05's ladder) is an answer too: called by the learner's kernel, or
+    launched, it is refused; the exercises' own kernels (the learner's templates, the kernels a
+    check launches with the learner's function) are not."""
+    from ropelib.course import ladder
+    from ropelib.course.exercises import debugging
+    assert library_kernel(_own_kernel_with_course_helper) == \
+        "ropelib's _fused_pair (ropelib/course/debug.py)"
+    assert run_own_code("k", "your kernel", _launch, _own_kernel_with_course_helper) == \
+        (False, None)
+    assert "launched ropelib's _fused_pair" in capsys.readouterr().out
+    assert library_kernel(ladder._ladder_final_kernel) == \
+        "ropelib's _ladder_final_kernel (ropelib/course/ladder.py)"
+    assert library_kernel(debugging._rope_combine_kernel) is None
+    assert library_kernel(_own_kernel_with_course_helper, allow=(debug._fused_pair,)) is None
+
+
+def test_the_benchmark_suite_is_barred(capsys):
+    """ropelib.bench's providers include a whole RoPE in PyTorch (Hugging Face's formula)."""
+    from ropelib.bench import compare
+    x, f = _x()
+    S, D = x.shape[0], x.shape[-1]
+    ang = f.view(S, 1, 1, D)
+
+    def hf_answer(x, f):
+        return compare.hf_rotate(x, ang.cos(), ang.sin(), False)
+    assert run_own_code("rope", "your RoPE", hf_answer, x, f) == (False, None)
+    assert "ropelib's hf_rotate (ropelib/bench/compare.py)" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("kernel", [_own_kernel_with_library_helper, _own_kernel_with_own_helper],
                          ids=["calls-round_to", "calls-a-helper-that-calls-round_to"])
 def test_an_own_kernel_calling_a_library_helper_is_refused(kernel, capsys):
@@ -340,6 +381,7 @@ def test_barred_files_cover_the_product_and_the_teaching_kernels():
     assert {"api.py", "reference.py", "ops.py", "frequencies.py"} <= names
     assert "__init__.py" not in names
     assert own_code.TEACHING_KERNELS in folders and own_code.PACKAGE / "kernels" in folders
+    assert own_code.PACKAGE / "bench" in folders
     files, _ = own_code._barred_files((frequencies,))
     assert "frequencies.py" not in {p.name for p in files}
 

@@ -235,13 +235,6 @@ def check_cos_sin_from_freqs(fn: Callable) -> bool:
                        hint="drop the two middle dims of [S, 1, 1, R], then take cos and sin")
 
 
-def _bytes_models():
-    """The benchmarks' bytes models (`ropelib.bench`), which compute the very number asked."""
-    from ...bench import compare, suite   # imported late: heavier modules
-
-    return compare.bytes_moved, suite.tensor_bytes, suite.config_bytes, suite.row_bytes
-
-
 def check_bytes_moved(fn: Callable) -> bool:
     """fn(seq_len, batch, heads, head_dim, bytes_per_element=2) -> the bytes a fused forward
     must move at least: read x [S, B, H, D], write y, read the fp32 angle table [S, D] once.
@@ -262,7 +255,7 @@ def check_bytes_moved(fn: Callable) -> bool:
     return check_cases("bytes moved", "your count of the bytes", fn, cases,
                        hint="bytes_per_element for each element of x, read once and written "
                             "once, plus seq_len * head_dim fp32 angles (4 bytes each)",
-                       bar=(solution_bytes_moved, *_bytes_models()))
+                       bar=(solution_bytes_moved,))   # (ropelib.bench's models: barred)
 
 
 # --- worked solutions (shown folded in the notebooks) ----------------------------------------

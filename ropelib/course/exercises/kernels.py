@@ -115,9 +115,9 @@ def check_floor_ms(fn: Callable) -> bool:
 def check_percent_of_copy(fn: Callable) -> bool:
     """fn(kernel_ms, copy_ms, S, B, H, D, dtype) -> the kernel's GB/s as a percentage of the
     copy's GB/s, with ropelib.bench.compare's bytes model for the kernel (x + y + fp32 angles) and
-    x + y for the copy. The benchmarks' bytes models are barred: count the bytes yourself."""
+    x + y for the copy. The benchmarks' bytes models are barred (all of ropelib.bench is): count
+    the bytes yourself."""
     from ...bench.compare import Config, bytes_moved  # imported late: compare is a heavier module
-    from .basics import _bytes_models
 
     cases = []
     for kms, cms, S, B, H, D, dt in ((0.8, 0.6, 16384, 8, 32, 128, "bf16"),
@@ -130,7 +130,7 @@ def check_percent_of_copy(fn: Callable) -> bool:
                       (kms, cms, S, B, H, D, dt), 100.0 * kernel_gbps / copy_gbps))
     return check_cases("percent of copy bandwidth", "your percentage", fn, cases, rtol=1e-9, atol=1e-9,
                        hint="GB/s = bytes / (ms * 1e6); the kernel also reads S * D fp32 angles",
-                       bar=(solution_percent_of_copy, *_bytes_models()))
+                       bar=(solution_percent_of_copy,))
 
 
 # --- notebook 06: the backward pass -----------------------------------------------------------

@@ -19,8 +19,11 @@ watches the answer two ways:
 The checks compute their expected values outside the block, so they may use the library freely.
 
 What is barred, by default: every module of the product (`ropelib/*.py` and `ropelib/kernels/`,
-so the finished kernels, the operators, the public API and `ropelib.reference`) and the teaching
-kernels (`ropelib/course/kernels/`). `allow` lets an exercise permit what it hands the learner: a
+so the finished kernels, the operators, the public API and `ropelib.reference`), its benchmark
+suite (`ropelib/bench/`, whose providers include a whole RoPE in PyTorch), the teaching kernels
+(`ropelib/course/kernels/`), and every other `@triton.jit` function of the course outside its
+exercises (notebook 05's ladder, notebook 08's reproduction kernel and its fma helper): a kernel
+of the learner's may not launch them or call them as helpers. `allow` lets an exercise permit what it hands the learner: a
 module (for example `ropelib.frequencies` for the angle table of a kernel exercise, or
 `ropelib.course.kernels.batch_reuse` for a forward pass the exercise does not ask for) or a
 function; whatever an allowed function calls in turn is allowed too. `bar` adds functions,
@@ -45,6 +48,7 @@ from . import _compare, check, exception_line, guarded_call
 PACKAGE = Path(__file__).resolve().parents[2]          # .../ropelib
 COURSE = PACKAGE / "course"
 TEACHING_KERNELS = COURSE / "kernels"
+EXERCISES = Path(__file__).resolve().parent
 
 __all__ = ["LibraryAnswer", "library_barred", "run_own_code", "library_kernel", "PACKAGE",
            "COURSE", "TEACHING_KERNELS"]
@@ -91,7 +95,8 @@ def _barred_files(allow: Iterable) -> Tuple[set, set]:
     allowed = {_module_file(m) for m in allow if getattr(m, "__file__", None)}
     files = {p.resolve() for p in PACKAGE.glob("*.py")} - allowed
     files.discard((PACKAGE / "__init__.py").resolve())   # the package's import, not an answer
-    folders = {(PACKAGE / "kernels").resolve(), TEACHING_KERNELS.resolve()}
+    folders = {(PACKAGE / "kernels").resolve(), (PACKAGE / "bench").resolve(),
+               TEACHING_KERNELS.resolve()}
     return files, folders
 
 
@@ -154,6 +159,16 @@ class _Rules:
         p = _resolved(code.co_filename)
         return p is not None and COURSE.resolve() in p.parents
 
+    def jit_verdict(self, code) -> Optional[str]:
+        """`verdict` for the code of a @triton.jit function: also "barred" for one the course
+        defines outside its exercises (the exercises' own kernels are the learner's templates
+        and the checks' launchers), unless allowed."""
+        hit = self.verdict(code)
+        if hit is None and self._in_course(code) \
+                and EXERCISES not in _resolved(code.co_filename).parents:
+            return "barred"
+        return hit
+
     def kernel_barred(self, kernel, launch_args=()) -> Optional[Any]:
         """The barred code a launch of `kernel` would run, or None: the kernel itself, or, for a
         kernel that is not the library's, a @triton.jit helper it calls (or is given)."""
@@ -161,13 +176,13 @@ class _Rules:
         code = getattr(fn, "__code__", None)
         if code is None:
             return None
-        hit = self.verdict(code)
+        hit = self.jit_verdict(code)
         if hit == "barred":
             return code
         if hit == "allowed":
             return None
         for helper in _jit_helpers(fn, launch_args):
-            if self.verdict(helper.__code__) == "barred":
+            if self.jit_verdict(helper.__code__) == "barred":
                 return helper.__code__
         return None
 
