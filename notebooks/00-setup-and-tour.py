@@ -251,7 +251,7 @@ print("HF drop-in:", tuple(q_hf.shape), tuple(k_hf.shape))
 # | [02 — The PyTorch reference, the layouts, and why unfused RoPE is slow](02-pytorch-reference-and-layouts.ipynb) | sbhd/bshd/thd, TE vs HF tables, partial rotary, offsets, context parallel, why unfused is slow |
 # | [03 — A naive Triton kernel for RoPE](03-naive-triton-kernel.ipynb) | programs, grids, masks, tiles, memory accesses, debugging in the interpreter |
 # | [04 — The batch-reusing grid kernel](04-batch-reuse-grid-kernel.ipynb) | reusing cos/sin across the batch, a bytes model, GB/s against a copy |
-# | [05 — The finished kernel, one idea at a time](05-finished-kernel.ipynb) | bytes in flight → the tile, a ladder of kernels up to ropelib's, the compiled layout |
+# | [05 — The finished kernel, one idea at a time](05-finished-kernel.ipynb) | bytes in flight → the tile, a ladder of kernels up to ropelib's, the compiled layout, the two-pass route for large tensors, the order loads go out in the SASS, three kernels of your own |
 # | [06 — The backward pass](06-backward-pass.ipynb) | rotation by $-\theta$, one kernel for both directions, `autograd.Function`, gradcheck, stride-0 gradients |
 # | [07 — Transformer Engine vs Triton, live](07-te-vs-triton-live.ipynb) | every provider on the same inputs, ulps, % of a copy, the dashboard, fixed cost vs bandwidth, your own copy-and-rotate kernel in the race |
 # | [08 — Debugging the `allclose` that failed](08-debugging-allclose.ipynb) | why two correct kernels fail `torch.allclose`, tolerances in ulps, layout traps |

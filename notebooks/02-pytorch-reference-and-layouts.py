@@ -267,8 +267,9 @@ print("each rank's local rotation == the global rotation at its positions")
 # bytes it moves, and the floor is reading $x$ once and writing $y$ once (plus a small table).
 #
 # TE's plain-PyTorch path (`fused=False`, copied op for op in `ropelib.reference.te_unfused`)
-# is five lines of tensor code — but each line is a separate kernel that reads its inputs from
-# memory and writes a full-size temporary back. Let us count them. A `TorchDispatchMode` sees
+# is five lines of tensor code — but each ATen operation in them is a separate kernel that reads
+# its inputs from memory and writes a temporary back (a line such as
+# `t * cos + rotate_half(t) * sin` is several of them). Let us count them. A `TorchDispatchMode` sees
 # every ATen operation that actually runs; we record the bytes each reads and writes (views,
 # which move nothing, are skipped). It works the same on the CPU and on a GPU.
 
@@ -340,7 +341,7 @@ plt.show()
 # %% [markdown]
 # ![Bytes read and written by each kernel of the unfused path, against the fused floor](../figures/02-unfused-traffic.png)
 #
-# Every op streams a full-size tensor through memory; several read two. Fusing them into one
+# Every op on $x$ streams a full-size tensor through memory; several read two. Fusing them into one
 # kernel keeps the intermediates in registers, so the whole thing costs one read and one write.
 # The gap only grows in real training: each temporary is also an allocation, each kernel a
 # launch (a few microseconds, which dominate at decode-time sizes).
@@ -385,10 +386,10 @@ n_unfused, n_fused = (sum(launched[k].values()) for k in ("TE unfused", "ropelib
 assert n_unfused >= 8 and n_fused < n_unfused
 
 # %% [markdown]
-# On the CPU, `ropelib.apply_rope` shows up as one autograd function (`_RopeFn`): its Triton
+# On the CPU, `ropelib.apply_rope` shows up as one autograd function (`Rotate`): its Triton
 # kernel runs as Python inside the interpreter, invisible to the profiler. On a GPU the list
-# above shows the one Triton kernel it launches, against one CUDA kernel per line of the
-# unfused code.
+# above shows the one Triton kernel it launches, against one CUDA kernel per ATen operation of
+# the unfused code.
 
 # %% [markdown]
 # On a GPU the next cell also times both against a plain copy of the same bytes (the

@@ -23,7 +23,7 @@
 # built and benchmarked against Transformer Engine (its story is retold below, with what can and
 # cannot be concluded from it), and the second of ropelib's three generations.
 #
-# **Time:** about 60 minutes. The cells run in about 20 seconds on a CPU (Triton's
+# **Time:** about 60 minutes. The cells run in about 10 seconds on a CPU (Triton's
 # interpreter); the rest is reading, the four exercises (the last one is a kernel, ~20 minutes)
 # and the discussion questions.
 #
@@ -82,7 +82,7 @@ print(f"x: [S={S}, B={B}, H={H}, D={D}] on {device}")
 # - evaluate the same $D$ cosines and $D$ sines $B \cdot H$ times.
 #
 # The angle loads mostly hit the L2 cache (the whole table of the reference case below,
-# $16384 \times 128$ fp32 angles, is 8 MiB; an H200 has 50 MiB of L2), so they cost
+# $16384 \times 128$ fp32 angles, is 8 MiB; an H200 has 50 MiB of L2, by its data sheet), so they cost
 # instructions and cache bandwidth rather than DRAM bytes. The other cost is the number of
 # programs: each naive program moves only one row — 512 bytes for $D = 128$ in bf16 — and a
 # GPU pays a fixed price to start every program. Here is the bill for the reference case:
@@ -434,8 +434,8 @@ print(f"programs launched: naive {naive.naive_grid(S, B, H)[0]:,}, batch-reuse "
 # say) is *not* counted: it shows up as a lower GB/s. The yardstick is a plain device copy
 # `y.copy_(x)`, timed in the same run on the same tensors: it moves $2Ne$ bytes as a plain
 # stream. It is a yardstick, not a hard ceiling: the copy itself does not reach DRAM's peak, so
-# a kernel can come level with it and, by a percent or two, above it (section 5 shows such
-# rows; notebook 02's `add`, which reads twice what it writes, streamed faster than the copy).
+# a kernel can come level with it and, by up to about three percent, above it (section 5
+# shows such rows; notebook 02's `add`, which reads twice what it writes, streamed faster than the copy).
 # So
 #
 # $$ \%\ \text{of copy} = 100 \cdot \frac{\text{GB/s}_{\text{kernel}}}{\text{GB/s}_{\text{copy}}} .$$

@@ -27,9 +27,10 @@
 # tile from it, then climbs a ladder of kernels, each adding one idea and each checked against
 # the reference, until the last one computes what ropelib's kernel computes, bit for bit.
 #
-# **Time budget.** About 75 minutes: 15 for the bytes-in-flight model, 30 for the ladder (read
-# each kernel, change it or its launch, rerun its cells), 10 for the compiled layout, 20 for the
-# kernel exercise; the discussion questions are for afterwards. Running every cell takes about
+# **Time budget.** About two hours: 15 minutes for the bytes-in-flight model, 30 for the ladder
+# (read each kernel, change it or its launch, rerun its cells), 10 for the compiled layout, 20
+# for the measured ladder and the two-pass route (sections 5 and 6, with their load schedules),
+# and about 45 for the three kernel exercises; the discussion questions are for afterwards. Running every cell takes about
 # 15 seconds on a 2-core CPU once Triton's cache holds section 4's compilation (Triton's
 # interpreter runs the kernels; a second Python compiles them for sm_90, the H100's and H200's
 # architecture, to show the layout), up to a minute the first time.
@@ -43,7 +44,10 @@
 #   warpsPerCTA, order) and the vector width of the loads it becomes — without a GPU;
 # - know two refinements of the finished kernel: accurate sin/cos and the equal-halves shortcut;
 # - say when holding cos/sin in registers across a batch loop costs more than reading them per
-#   element from a table, and which route ropelib takes for a call (section 6).
+#   element from a table, and which route ropelib takes for a call (section 6);
+# - count in a compiled kernel's SASS which loads go out before the arithmetic that waits for
+#   them, and write three kernels yourself: the interleaved 3-D tile, the flat pass, and the
+#   pass that holds both members of a pair in one thread.
 
 # %%
 import os, torch
@@ -768,8 +772,8 @@ if compiled:
 # - the H100's tile, the second column, (8 elements, 16 warps), gives `sizePerThread = [1, 1, 4]`,
 #   `threadsPerWarp = [1, 2, 16]` (16 threads along the 64 features, 2 heads per warp),
 #   `warpsPerCTA = [1, 16, 1]`: 8-byte vectors (`ld.global.v2.b32`) on twice the threads, for a
-#   GPU whose Little's-law budget is two thirds of the H200's (`benchmarks/NOTES.md` records the
-#   tile sweeps that chose each);
+#   GPU with less bandwidth to keep busy (`ropelib/kernels/tiles.py` says which tile sweep chose
+#   each);
 # - the 4-warp tile (rungs 1–2) holds 16 per thread per half, as two 16-byte vectors, and needs
 #   more registers: in the H200 run 72 per thread against the 8-warp tile's 64, so 28 warps fit
 #   on an SM against 32 (the mechanism CSV, checked below; register counts are the compiler's,
@@ -1051,7 +1055,7 @@ assert unequal["evaluations"] == 2 * unequal["programs"]       # both halves
 # (`benchmarks/ladder_opcodes_ncu.py`), counts each kernel's executed warp instructions by
 # opcode. It was taken twice: first of the finished kernel as it was then
 # (`benchmarks/results/ladder_opcodes_per_opcode-nvidia-h200-20261130-0313-guard-per-output.csv`),
-# then, after what it found was mended, of the kernel as it is now
+# then of the kernel with the change that profile led to, the kernel as it is now
 # (`ladder_opcodes_per_opcode-nvidia-h200.csv`), the kernel the ladder and the mechanism
 # profile above measured. The cell below sets each beside rung 6,
 # opcode by opcode. The first profile showed:
@@ -1076,7 +1080,7 @@ assert unequal["evaluations"] == 2 * unequal["programs"]       # both halves
 # PRMT), selected each half against a bf16 NaN (two SEL) and packed them again (one PRMT): one
 # SEL and one and a half PRMT an element, the counts above.
 #
-# The mend is to make the select where it is cheap. Whether a position is in the table is a
+# The remedy is to make the select where it is cheap. Whether a position is in the table is a
 # property of the (token, pair), not of the element: the kernel now makes the *cosine* NaN
 # there, once per table element of the tile, and every output of that row is NaN because each
 # output is one fma with a cosine. Written plainly that changed nothing: LLVM folds a select
@@ -1342,8 +1346,8 @@ if compiled:
 # `finished`; `two-pass` with angles (the pre-pass, then the flat pass); `two-pass cos/sin`, the
 # flat pass reading your fp32 cos/sin table with no pre-pass — and torch.compile of Hugging
 # Face's formula. `pre-pass alone` is the route's first kernel timed by itself. The second
-# table sets the flat pass beside the same script's run two days earlier, when the flat pass
-# took one element a thread (`two_pass-nvidia-h200-20261128-0853.csv`).
+# table sets the flat pass beside the same script's run with the element-wise flat pass, one
+# element a thread (`two_pass-nvidia-h200-20261128-0853.csv`).
 
 # %%
 tp, tp_before = measured.two_pass(), measured.two_pass(measured.GPU + "-20261128-0853")
@@ -1492,8 +1496,8 @@ assert [said(behind[c], 1) for c in like] == ["0.7", "-0.4", "0.4"]     # bshd: 
 # 128 MiB, in the same CSV). ropelib reads fp32 tables by default because a bf16 cos or sin
 # is off by up to $2^{-9}$, a relative error of up to $2^{-8}$ (notebook 08).
 #
-# One run is one sample. Two probes on the H200, a few hours before the earlier run of the
-# second table, repeated this comparison with the flat pass as it was then (one element a thread):
+# One run is one sample. Two probes on the H200, with the element-wise flat pass of the second
+# table's earlier run (one element a thread), repeated this comparison:
 # `benchmarks/flat_pass_probe.py` timed torch.compile with each table beside
 # `ropelib.apply_rope` with fp32 tables, and `benchmarks/flat_hints_probe.py` timed
 # `ropelib.apply_rope` with the bf16 tables beside torch.compile. That earlier run had
@@ -1616,7 +1620,9 @@ assert [one_gib[c] for c in probe_cols[:5]] == ["0.994", "0.938", "0.948", "0.89
 # level with torch.compile's 0.994 on its bf16 table, and at or within 0.002 of torch.compile in
 # the two 256 MiB cases. That is now ropelib's flat pass for rotate-half pairs
 # (`_rotate_pairs` in `ropelib/kernels/flat.py`, on `tiles.TWO_PASS_PAIR_WARPS` = 2 warps);
-# the route tables earlier in this section were measured with the element-wise pass.
+# the section's first table (the routes) was measured with this pass; the earlier run its
+# second table sets beside it, and the probes `flat_pass_probe.py` and `flat_hints_probe.py`,
+# with the element-wise pass.
 
 # %% [markdown]
 # ### How an address is written decides when a load goes out
@@ -1782,14 +1788,13 @@ assert [said(thd_rows), said(thd_offsets), said(thd_floor)] == ["0.953", "0.993"
 # It is not a rule to apply everywhere. ropelib's route for packed sequences (one sequence per
 # grid row, a few lines away in `flat.py`) went the other way with row pointers: four of its
 # eight table loads late against two with offsets, and 0.953 of a copy against 0.993 (the cell
-# above prints both; the floor run at 12:19 that day, with offsets, measured it at 0.991), so that
-# route keeps offsets (`ROW_POINTERS` in `_rotate_pairs`). Which form ptxas schedules better is
+# above prints both; a floor run with offsets measured it at 0.991), so that route keeps offsets (`ROW_POINTERS` in `_rotate_pairs`). Which form ptxas schedules better is
 # its choice, kernel by kernel. What carries over is the method: when a kernel runs slower than
 # a copy of itself with "the same code", compile both with the Triton the GPU runs, and count
 # in the SASS which loads go out before the arithmetic that waits for them.
 
 # %% [markdown]
-# ## Exercise: the interleaved 3-D tile
+# ## Exercise 1: the interleaved 3-D tile
 #
 # Write rung 4 (3-D tile, a grid axis over batch chunks) for the other pairing, **interleaved**:
 # pair $j$ of a head is features $(2j, 2j+1)$, its angles `freqs[s, 2j]` and `freqs[s, 2j+1]`:
@@ -1947,7 +1952,7 @@ pairs_pass.show_solution()
 #    `benchmarks/memory_latency.py` to chase beside a copy that runs on half the SMs: what do
 #    you expect the latency to do?
 # 2. ropelib's H100 tile gives 8-byte vectors, the H200's 16-byte ones, and each was chosen by
-#    a tile sweep on its own GPU (`benchmarks/NOTES.md`). What in section 2's model differs between the two GPUs, and what else
+#    a tile sweep on its own GPU (`ropelib/kernels/tiles.py` names the sweeps). What in section 2's model differs between the two GPUs, and what else
 #    (registers, resident programs) could make a wider vector lose?
 # 3. At which sizes should the chunks rung change nothing, and at which should the equal-halves
 #    rung change nothing? Check your answer against the waterfall.

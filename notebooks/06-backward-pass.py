@@ -31,7 +31,7 @@
 #   launch and break — and write the backward kernel, its launcher and its `autograd.Function`
 #   yourself.
 #
-# **Time:** about 60 minutes. The cells run in about 40 seconds on a CPU (Triton's
+# **Time:** about 60 minutes. The cells run in about 15 seconds on a CPU (Triton's
 # interpreter); the rest is reading, changing the kernel of section 2, the four exercises (the
 # backward kernel is the long one, ~20 minutes) and the discussion questions.
 

@@ -414,8 +414,8 @@ assert 10 <= n_big <= 1e-4 * yb.numel() and torch.allclose(yb, yb_moved, **debug
 #   differ from CUDA's `sincosf` in the last fp32 bit (section 4b counts where);
 # - **fused multiply-add**: one product and the sum rounded once instead of twice. A GPU
 #   compiler contracts `a*b + c` into an FMA on its own; the interpreter (NumPy) does not. The
-#   order changes the last fp32 bit of many outputs, and after rounding to bf16 a few elements
-#   per hundred thousand still differ — section 4b counts them against the real TE.
+#   order changes the last fp32 bit of many outputs, and after rounding to bf16 one or two
+#   elements per hundred thousand still differ — section 4b counts them against the real TE.
 #
 # The error in ulps of the exact output is harsh where that output is near zero: a bf16 table
 # is then "many ulps" off although every value in it is as good as bf16 allows. A fairer
@@ -919,8 +919,8 @@ plt.show()
 # with everything else equal, is not zero. Row a is the row where machines can differ, because
 # there the compiler decides: the interpreter rounds every product (the last row, on the GPU);
 # the committed GPU run's compiler fused as in row e, and a live run on a GPU prints what its
-# own compile chose (on the H200 page of this notebook it contracted as TE does, and printed
-# 0). Only the written-out contraction of step c gives TE's bits whatever the compiler does.
+# own compile chose, which need not be either. Only the written-out contraction of step c gives
+# TE's bits whatever the compiler does.
 #
 # That last sentence is stronger than "machines differ". The choice is made per kernel, and
 # even per line: the cell below reads, from the outputs alone, which product each line's fma
@@ -1015,8 +1015,8 @@ assert all(small_bf16[f"{c}/{s_}"] == 0 for c in ("free_sub", "fma_xc", "fma_rs"
 # In fp32, only $\mathrm{fma}(x, c, r s)$ matches TE, at both sizes; every other evaluation of
 # the same formula differs in hundreds of thousands of elements at the large size. That
 # identifies TE's computation: nvcc contracted `v_src * v_cos + v_src_rotate * v_sin` into
-# `fma(v_src, v_cos, v_src_rotate * v_sin)`. In bf16 the same fact shows as a few elements in a
-# million — too few to see at the small size, where every variant of this section agrees with
+# `fma(v_src, v_cos, v_src_rotate * v_sin)`. In bf16 the same fact shows as one or two elements
+# in a hundred thousand — too few to see at the small size, where every variant of this section agrees with
 # TE in bf16 (the file's `nb_cpu` rows) — and enough to fail a bit-for-bit test at the large one.
 #
 # To make a Triton kernel equal TE bit for bit: compute cos/sin in fp32 from the fp32 angles
@@ -1242,8 +1242,9 @@ display(HTML("<table><tr><th>verdict</th><th>shape of the difference</th><th>cau
 # Each checkbox switches one cause on. Watch `allclose`, the largest difference and where it is,
 # the error map, and the verdict under the panel. "the reported failure" and "all causes fixed"
 # reset the boxes; the tolerance buttons switch between `allclose`'s defaults and dtype-aware
-# tolerances. (At this panel's small size the one-ulp cause usually flips no rounding at all —
-# section 3b needed 131 072 elements for a handful.) Widgets live in the running kernel: a
+# tolerances. (The one-ulp cause flips a rounding in one or two elements per hundred thousand:
+# at the CPU's small panel usually none, on a GPU's million-element panel a handful — section
+# 3b counts them.) Widgets live in the running kernel: a
 # notebook reopened from disk shows them again after its cells run (Run → Run All Cells); until
 # then a widget saved with its output says "Error displaying widget: model not found".
 

@@ -406,8 +406,8 @@ assert round(gap_c[-1], 2) == 0.29 and 0 < v_c[-2] - v_c[-1] < 0.005     # "0.29
 # What to read in it. On the left, the ropelib curve and the reference curve from the same
 # seed stay as close to each other as two seeds of the reference do: the printed parities put
 # the kernel's mean distance from the reference within 1.5 times the second seed's (the cell
-# asserts it; on the GPU the two distances come out of the same size, the kernel's a little
-# larger in some runs and a little smaller in others). On the right, the kernel's gap from the reference (same weights, same batches)
+# asserts it; on the GPU the kernel's distance has come out anywhere from about half the two
+# seeds' distance to a little more than it, from one run to the next). On the right, the kernel's gap from the reference (same weights, same batches)
 # starts at the level of bf16 rounding and grows to the size of the gap between two seeds. In bf16 the two models are not bit-identical —
 # fp32 results are rounded once to bf16 in both, but the kernel computes $\sin$ and $\cos$
 # itself and SDPA's backward is not deterministic — and a tiny difference, amplified by
@@ -613,8 +613,9 @@ if ON_GPU:
 # stays within twice the floor, so its share of the step is close to the floor's share; the
 # reference takes many floors, the price of composing RoPE from generic elementwise kernels,
 # each a full pass over memory. The cell asserts all of it: one kernel name for ropelib and a
-# chain for the reference, the kernel within $[0.5, 2]$ copies (below half a copy the profiler
-# would have lost some of its time), the reference slower than twice the kernel.
+# chain for the reference, the kernel within $[0.5, 2]$ copies, the reference slower than twice
+# the kernel. The bound is loose on purpose: this floor is many small copies, slower per byte
+# than one large copy of the same bytes: a yardstick for this step, not the GPU's limit.
 #
 # Then read the two step times. The profiled step counts only the time the GPU was busy; the
 # training loop's wall-clock step also counts the time the GPU sat idle while Python launched
@@ -736,8 +737,8 @@ if ON_GPU:   # the same run: ropelib's kernels are all of its RoPE time, by name
 # ## 6. What did it learn?
 #
 # Sampling continues a prompt one character at a time (temperature 0.8, no KV cache: the window
-# slides). The GPU model writes text with the look of Python's documentation — words, grammar
-# rules, code — and the CPU model, after a few dozen steps, little beyond letter frequencies
+# slides). The GPU model writes text with the look of Python's documentation — its words and
+# the shape of its sentences — and the CPU model, after a few dozen steps, little beyond letter frequencies
 # and spaces.
 #
 # Is the text new, or recited? The cell also finds the longest stretch of the sample that

@@ -662,6 +662,11 @@ time_ratio = a["gpu__time_duration.sum"] / b["gpu__time_duration.sum"]
 dram = [m["dram__bytes_read.sum"] + m["dram__bytes_write.sum"] for m in (a, b)]
 print(f"per (token, head) / once per token: {inst_ratio:.1f}x the warp instructions, "
       f"{time_ratio:.1f}x the time, {dram[0] / dram[1]:.2f}x the DRAM bytes")
+# DRAM bytes over time: the bandwidth each kernel drew from memory (derived; under ncu's clocks)
+dram_tbps = [d / (m["gpu__time_duration.sum"] * 1e-9) / 1e12 for d, m in zip(dram, (a, b))]
+print(f"DRAM traffic over time: per (token, head) {dram_tbps[0]:.2f} TB/s, once per token "
+      f"{dram_tbps[1]:.2f} TB/s")
+assert [round(t, 1) for t in dram_tbps] == [1.8, 3.4]
 assert per_head_k["kernel"] == "mrope_per_head_kernel" and once_k["kernel"] == "solution_mrope_kernel"
 assert round(inst_ratio, 1) == 5.3 and round(time_ratio, 1) == 1.9
 assert abs(dram[0] / dram[1] - 1) < 0.03                          # the same bytes, within 3 %
@@ -692,16 +697,18 @@ assert (2048 - 12 * 132, -(-2048 // (12 * 132)), -(-2048 // (16 * 132))) == (464
 # above it evaluated 32 times as many, but an evaluation is only part of a kernel's instructions,
 # the loads, rotation and stores being the same in both. The time does not grow as much as the
 # instructions: 1.9 times under the profiler's fixed clocks, and on the page's GPU run the
-# timing cell's do_bench, at the GPU's own clocks, printed its own ratio (on a GPU; the page shows the H200's). A
-# likely reading, not measured here: the once-per-token kernel waits on memory much of its
-# time, and part of the extra work fits into those waits. The profile also shows the per-head
+# timing cell's do_bench, at the GPU's own clocks, printed its own ratio (on a GPU; the page shows the H200's).
+# Divided by its time, each kernel's DRAM traffic (the line under the table) says what kept it:
+# the once-per-token kernel draws 3.4 TB/s, a memory stream, so its time is the bytes'; the
+# per-head kernel draws 1.8 TB/s, the same bytes spread over twice the time its instructions
+# take to issue. The profile also shows the per-head
 # kernel with fewer warps active on average (56 % of an SM's warp slots against 89 %). Its
 # registers go some way to say why (derived from the profile's register counts, and checked in
 # the cell above with `counts.programs_per_sm`): its 36 registers a thread round up to 40 in
 # the allocation, so an SM holds 12 of its 4-warp programs instead of 16, and its 2,048
 # programs need two waves on 132 SMs (1,584, then 464) where the other kernel's fit in one. ropelib's own kernel executes
-# 28 % more instructions than the worked solution (likely its strides, layouts, partial
-# rotary and the equal-halves check it makes for every shape) and takes a little less time
+# 28 % more instructions than the worked solution (it handles strides, layouts, partial rotary
+# and more; which of them costs what is not measured here) and takes a little less time
 # (68.2 against 71.6 µs).
 
 # %% [markdown]
@@ -862,25 +869,6 @@ if sched_t:
         assert sched_t["early"] == 6
 
 # %% [markdown]
-# ## Summary
-#
-# - Multi-axis RoPE gives each frequency pair an axis: $\theta_j = p_{a_j}\,\omega_j$. The
-#   variants differ only in the map $j \mapsto (a_j, \omega_j)$: contiguous sections on one
-#   ladder (Qwen2-VL), round robin on one ladder (Qwen3-VL), one ladder per axis (axial).
-# - Text tokens with $t = h = w$ get plain RoPE; an image advances the text position by
-#   $\max(h, w)$, not by its number of patches.
-# - ropelib's kernel takes positions `[axes, B, S]` (or `[axes, T]`), `inv_freq` and `axis`
-#   `[R/2]`, forms only the angles it uses, rotates q and k in one launch, and runs backward
-#   as the rotation by $-\theta$. It matches transformers' Qwen2-VL, Qwen3-VL and Qwen2-VL
-#   vision code; `ropelib.hf.apply_multimodal_rotary_pos_emb` is the 4.x drop-in.
-# - Every head of a token turns by the same angles: a kernel that forms them once per token
-#   and loops over the heads evaluates $H_q + H_k$ times fewer sines and cosines than one that
-#   forms them per (token, head), for the same bytes moved (counted in the interpreter; timed
-#   on a GPU).
-# - `benchmarks/mrope_bench.py` times ropelib's kernel against a copy of q and k,
-#   transformers' code and torch.compile of that code on a GPU.
-
-# %% [markdown]
 # ## Long-context precision
 #
 # Every axis above, and plain 1-D RoPE, rotates by angles $p\,\omega_j$. Libraries form them as
@@ -944,6 +932,28 @@ assert by[("ropelib_exact", top)]["out_err"] < 1e-5
 # finest position information. The bf16 cache is worse at short range (more than ten times the
 # fp32 table's error at 1 K) and level with the fp32 table from $10^5$ positions on, once the
 # fp32 product error dominates. The table-free angle stays at half an ulp throughout.
+
+# %% [markdown]
+# ## Summary
+#
+# - Multi-axis RoPE gives each frequency pair an axis: $\theta_j = p_{a_j}\,\omega_j$. The
+#   variants differ only in the map $j \mapsto (a_j, \omega_j)$: contiguous sections on one
+#   ladder (Qwen2-VL), round robin on one ladder (Qwen3-VL), one ladder per axis (axial).
+# - Text tokens with $t = h = w$ get plain RoPE; an image advances the text position by
+#   $\max(h, w)$, not by its number of patches.
+# - ropelib's kernel takes positions `[axes, B, S]` (or `[axes, T]`), `inv_freq` and `axis`
+#   `[R/2]`, forms only the angles it uses, rotates q and k in one launch, and runs backward
+#   as the rotation by $-\theta$. It matches transformers' Qwen2-VL, Qwen3-VL and Qwen2-VL
+#   vision code; `ropelib.hf.apply_multimodal_rotary_pos_emb` is the 4.x drop-in.
+# - Every head of a token turns by the same angles: a kernel that forms them once per token
+#   and loops over the heads evaluates $H_q + H_k$ times fewer sines and cosines than one that
+#   forms them per (token, head), for the same bytes moved (counted in the interpreter; timed
+#   on a GPU).
+# - `benchmarks/mrope_bench.py` times ropelib's kernel against a copy of q and k,
+#   transformers' code and torch.compile of that code on a GPU.
+# - Angles formed in fp32 drift with the position: by 1.5 M positions the fastest pairs are off
+#   by almost a tenth of a radian, by 16 M by more than a radian. ropelib's table-free angles
+#   (`rope_angles`) stay within half an fp32 ulp.
 
 # %% [markdown]
 # ## Questions for a study group

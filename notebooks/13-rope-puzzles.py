@@ -645,9 +645,9 @@ pz.time_solution("start_positions");
 # What a kernel can lose is its own rounding. This kernel computes, bit for bit, what eager
 # PyTorch computes for `q * cos + rotate_half(q) * sin` in bf16: each product rounded to bf16,
 # then the sum rounded again. Where the two products nearly cancel, their rounding errors (up to
-# $2^{-8}$ of a product each) are many ulps of the small result. Repair it: convert each tile to
-# fp32 after its load, and to bf16 once, in the store. In fp32 the product of two bf16 values is
-# exact (8 + 8 significant bits fit in 24), so `x1 * c - x2 * s` is rounded once in fp32 and
+# $2^{-8}$ of a product each) are many ulps of the small result. Repair it: its tiles are fp32
+# already after their loads; keep the products and the sum in fp32, with no bf16 in between, and
+# round to bf16 once, in the store. In fp32 the product of two bf16 values is exact (8 + 8 significant bits fit in 24), so `x1 * c - x2 * s` is rounded once in fp32 and
 # once on the store; `tl.fma` gives the same here. torch.compile's kernel of the same line does
 # this (`benchmarks/results/inductor-rope-bf16-sbhd.txt`: every load `.to(tl.float32)`, one
 # store).
@@ -659,8 +659,8 @@ pz.time_solution("start_positions");
 # the rotation with an fp32 table at position 100,000, and how much of that the bf16 table and
 # $y$'s own conversion to bf16 each cost; the panel beside the picture draws them against
 # position, with puzzle 5's bf16 angle for contrast. One more trap of the interpreter: it does
-# arithmetic on bf16 tiles on their raw bits, not their values, so convert a tile to fp32
-# before computing with it.
+# arithmetic on bf16 tiles on their raw bits, not their values, which is why this kernel (and
+# yours) converts each tile to fp32 before computing with it.
 
 # %%
 pz.show_spec("bf16_table")
@@ -960,9 +960,10 @@ assert (round(kernel_med), round(copy_med)) == (43, 39) and round(copy_med / ker
 # %% [markdown]
 # ## Questions for a study group
 #
-# 1. Puzzle 4's bug passed on the CPU except for the last row. Which of the eleven bugs would a
-#    test with one small, contiguous, power-of-two, short-context input catch, and which need
-#    the input that shows them? Write down the inputs a RoPE test suite needs.
+# 1. Puzzle 4's bug leaves a tile's first row right and writes over the rows after it, and a
+#    head dim that is a power of two would not have shown it at all. Which of the eleven bugs
+#    would a test with one small, contiguous, power-of-two, short-context input catch, and
+#    which need the input that shows them? Write down the inputs a RoPE test suite needs.
 # 2. In puzzle 5, the fix computes $\theta = p\,\omega_j$ in fp32. At which position does an
 #    fp32 angle become as wrong as the bf16 table was at position 1,000? What would you do for
 #    a model with a context of $2^{24}$ tokens?
