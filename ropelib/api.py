@@ -69,10 +69,12 @@ def _tables(freqs, cos, sin, names=("freqs", "cos", "sin"), angles=None):
     return V.cos_sin_pair(V.table_2d(cos, names[1]), V.table_2d(sin, names[2]), names[1:])
 
 
-def checked_tables(freqs, cos, sin):
+def checked_tables(freqs, cos, sin, angles=None):
     """(table, sin) as `_tables` leaves them, without its checks: for a call whose signature
     (shapes, strides, dtypes) was checked before (the eager routes of ropelib.qk_norm and
     ropelib.kv_cache)."""
+    if angles is not None:
+        return angles.turns.contiguous(), angles.amplitude
     if freqs is not None:
         return V.kernel_table(freqs[:, 0, 0, :] if freqs.dim() == 4 else freqs), None
     c, s = (t[:, 0, 0, :] if t.dim() == 4 else t for t in (cos, sin))

@@ -244,8 +244,7 @@ def qk_norm_rope(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, freqs: Optional
     hit = eager.SIGNATURES.get(sig) if sig is not None else None
     if hit is not None:     # checked before: only the values of CPU position ids are new
         route, rows = hit
-        table, sin_t = (exact[0].contiguous(), exact[1]) if angles is not None else \
-            checked_tables(freqs, cos, sin)
+        table, sin_t = checked_tables(freqs, cos, sin, angles)
         _check_index_values(position_ids, cu_seqlens, q.shape[0], rows)
         return _run_route(route, q, k, w_q, w_k, table, sin_t, position_ids, cu_seqlens)
     if layout not in V.LAYOUTS:
