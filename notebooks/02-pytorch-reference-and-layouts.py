@@ -210,7 +210,27 @@ assert torch.equal(rope_freqs(8, D, offset=5), rope_freqs(13, D)[5:])
 
 # %% [markdown]
 # The table must cover the largest position used: with `start_positions` TE requires
-# `max(start_positions) + S <= P`; ropelib raises a `ValueError` naming `freqs` otherwise.
+# `max(start_positions) + S <= P`. ropelib checks it where it can read the positions without
+# waiting for the GPU — index tensors in CPU memory, or every call after
+# `ropelib.set_index_checks("on")` (one synchronisation a call) — and raises a `ValueError`
+# that names `start_positions` and the table's rows. Unchecked (GPU index tensors, by default,
+# and always under `torch.compile`), a position past the table gives NaN rows: never another
+# row's angles.
+
+# %%
+past = torch.full((B,), L, device=device, dtype=torch.int32)    # position L: the table has L rows
+short = freqs[:L].to(device)
+with ropelib.set_index_checks("on"):
+    try:
+        ropelib.apply_rope(step, short, start_positions=past)
+        raise AssertionError("a position past the table went through")
+    except ValueError as e:
+        print("ValueError:", e)
+        assert "start_positions" in str(e) and f"table of {L} rows" in str(e)
+with ropelib.set_index_checks("off"):
+    y_past = ropelib.apply_rope(step, short, start_positions=past)
+print("unchecked: every output NaN:", bool(y_past.isnan().all()))
+assert y_past.isnan().all()
 
 # %% [markdown]
 # ## 5. Context parallelism: which positions does a rank hold?
@@ -384,6 +404,8 @@ for name, fn in {"TE unfused": lambda: reference.te_unfused(xp, fp),
         print(f"    {n} x {op[:100]}")
 n_unfused, n_fused = (sum(launched[k].values()) for k in ("TE unfused", "ropelib.apply_rope"))
 assert n_unfused >= 8 and n_fused < n_unfused
+if not GPU:     # one autograd node: ropelib's Rotate
+    assert list(launched["ropelib.apply_rope"]) == ["Rotate"]
 
 # %% [markdown]
 # On the CPU, `ropelib.apply_rope` shows up as one autograd function (`Rotate`): its Triton
@@ -650,15 +672,20 @@ basics.check_cos_sin_from_freqs(cos_sin_from_freqs);
 solution(basics.solution_cos_sin_from_freqs)
 
 # %% [markdown]
-# **Exercise 3 — the bandwidth floor.** How many bytes must a fused forward kernel move at
-# least for `x` of shape `[S, B, H, D] = [4096, 2, 32, 128]` in bf16 with full rotary,
-# reading the fp32 angle table once? (This is the model `ropelib.bench.compare` uses for GB/s.)
-# Write `bytes_moved(seq_len, batch, heads, head_dim, bytes_per_element=2)` that counts them for
-# any shape and element size (2 bytes for bf16 and fp16, 4 for fp32); the check tries this shape
-# and others.
+# **Exercise 3 — the bandwidth floor of q and k.** Section 6 counted the floor for one tensor
+# with every feature rotated. A model's attention rotates q and k, in one launch: q of shape
+# `[S, B, Hq, D] = [4096, 2, 32, 128]` and k with `Hk = 8` heads (grouped-query attention), in
+# bf16, reading the fp32 angle table once for both. With partial rotary only the first
+# $R$ = `int(D * rotary_percent)` features turn (notebook 00's exercise 2); a kernel that writes
+# fresh outputs still copies the rest through. How many bytes must it move at least? (This is
+# the model `ropelib.bench.compare` uses for GB/s.) Write
+# `bytes_moved(seq_len, batch, q_heads, kv_heads, head_dim, rotary_percent=1.0,
+# bytes_per_element=2)` for any shape and element size (2 bytes for bf16 and fp16, 4 for fp32);
+# the check tries this shape and others, some with partial rotary.
 
 # %%
-def bytes_moved(seq_len, batch, heads, head_dim, bytes_per_element=2):
+def bytes_moved(seq_len, batch, q_heads, kv_heads, head_dim, rotary_percent=1.0,
+                bytes_per_element=2):
     ...   # your code: an int
 
 

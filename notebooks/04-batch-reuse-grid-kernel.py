@@ -102,6 +102,7 @@ for name, (programs, angle_bytes) in bill.items():
     print(f"{name:12} {programs:12,} {2 * x_bytes // programs:14,} {angle_bytes / GiB:19.2f} GiB "
           f"{2 * programs * Dr:18,}")
 assert bill["naive"][1] == Br * bill["batch-reuse"][1]   # B times fewer angle loads
+assert bill["naive"][1] == 2 * x_bytes                   # 2 GiB of angles for 1 GiB of x
 
 # %% [markdown]
 # The naive kernel requests **2 GiB of angles** to rotate 1 GiB of data: twice the tensor
@@ -875,7 +876,7 @@ print(measured.table([mech[v] for v in order if v in mech], [
     ("x KiB/SM", "x_kib_per_sm", ".1f"), ("warp inst/elem", "ncu_warp_inst_per_element", ".2f")]))
 measured.plot_in_flight("s4096-b8", FIGURES / "04-bytes-in-flight.png",
                         label=("copy", "naive", "sh_one_b_table", "batch_reuse", "sh_loop_b_w4",
-                               "heads_all_one_b", "ropelib"))
+                               "sh_loop_b_w8", "heads_all_one_b", "ropelib"))
 plt.show()
 
 
@@ -894,6 +895,7 @@ assert widths[widest] < 2.5
 assert all(0.9 <= r["ncu_dram_bytes_over_model"] <= 1.05 for r in mech.values())
 print(f"s32768-b1 batch_reuse: DRAM bytes / model = "
       f"{measured.mechanism('s32768-b1')['batch_reuse']['ncu_dram_bytes_over_model']:.2f}")
+assert 1.1 < measured.mechanism("s32768-b1")["batch_reuse"]["ncu_dram_bytes_over_model"] < 1.3
 # a million one-warp programs: the same time whatever their instructions and occupancy
 million = [mech[v] for v in ("naive", "sh_one_b", "sh_one_b_table")]
 inst = [r["ncu_warp_inst_per_element"] for r in million]
@@ -919,6 +921,7 @@ assert abs(w2["x_kib_per_sm"] - br["x_kib_per_sm"]) < 0.1 * br["x_kib_per_sm"]
 w4 = mech["sh_loop_b_w4"]       # the SM full, half the bytes per warp again: half the KiB, slower
 assert w4["ncu_achieved_occupancy_pct"] > 90 and w4["occ_blocks_per_sm"] == 16
 assert abs(w4["x_kib_per_sm"] / w2["x_kib_per_sm"] - 0.5) < 0.05 and w4["us"] > 1.5 * w2["us"]
+assert 1.8 < w4["ncu_warp_inst_per_element"] / w2["ncu_warp_inst_per_element"] < 2.2   # twice
 assert h4["ncu_achieved_occupancy_pct"] > 1.5 * br["ncu_achieved_occupancy_pct"]
 assert h4["x_kib_per_sm"] > 3 * br["x_kib_per_sm"] and h4["us"] < 0.8 * br["us"]
 assert same_time(h4, mech["ropelib"], tol=0.03)          # level with the finished kernel

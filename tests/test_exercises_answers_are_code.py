@@ -213,29 +213,34 @@ def _check_rank_positions(fn):
 
 # --- notebook 02, exercise 3: the bytes a fused forward moves ----------------------------------
 
-def _bytes_written_here(seq_len, batch, heads, head_dim, bytes_per_element=2):
-    x = torch.empty(seq_len, batch, heads, head_dim, device="meta")
-    return 2 * x.numel() * bytes_per_element + seq_len * head_dim * 4
+def _bytes_written_here(seq_len, batch, q_heads, kv_heads, head_dim, rotary_percent=1.0,
+                        bytes_per_element=2):
+    q = torch.empty(seq_len, batch, q_heads, head_dim, device="meta")
+    k = torch.empty(seq_len, batch, kv_heads, head_dim, device="meta")
+    rotated = int(head_dim * rotary_percent)
+    return 2 * (q.numel() + k.numel()) * bytes_per_element + seq_len * rotated * 4
 
 
 _DTYPE_OF = {2: "bf16", 4: "fp32"}
 
 
-def _bytes_from_compare(S, B, H, D, e=2):
-    return compare.bytes_moved(compare.Config(S, B, H, D, dtype=_DTYPE_OF[e]))
+def _bytes_from_compare(S, B, HQ, HK, D, p=1.0, e=2):
+    return compare.bytes_moved(compare.Config(S, B, HQ, D, dtype=_DTYPE_OF[e],
+                                              rotary_percent=p, kv_heads=HK))
 
 
-def _bytes_from_suite(S, B, H, D, e=2):
-    return 2 * suite.tensor_bytes(S, B, H, D, _DTYPE_OF[e]) + S * D * 4
+def _bytes_from_suite(S, B, HQ, HK, D, p=1.0, e=2):
+    return 2 * suite.tensor_bytes(S, B, HQ + HK, D, _DTYPE_OF[e]) + S * int(D * p) * 4
 
 
-def _bytes_from_frequencies(S, B, H, D, e=2):
-    table = ropelib.rope_freqs(S, D)
-    return 2 * S * B * H * D * e + table.numel() * table.element_size()
+def _bytes_from_frequencies(S, B, HQ, HK, D, p=1.0, e=2):
+    table = ropelib.rope_freqs(S, D, rotary_percent=p)
+    return 2 * S * B * (HQ + HK) * D * e + table.numel() * table.element_size()
 
 
-def _bytes_from_teaching_kernel(S, B, H, D, e=2):
-    return 2 * S * B * H * D * e + batch_reuse.angle_bytes_requested(S, 1, 1, D)
+def _bytes_from_teaching_kernel(S, B, HQ, HK, D, p=1.0, e=2):
+    return 2 * S * B * (HQ + HK) * D * e + batch_reuse.angle_bytes_requested(S, 1, 1,
+                                                                             int(D * p))
 
 
 def _check_bytes(fn):

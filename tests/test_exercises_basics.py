@@ -393,13 +393,27 @@ def test_check_cos_sin_from_freqs(capsys):
 
 def test_check_bytes_moved(capsys):
     own = learner_copy(basics.solution_bytes_moved)
-    # hand value: 2 * (4096*2*32*128*2) + 4096*128*4 = 134217728 + 2097152
-    assert own(4096, 2, 32, 128) == 136314880
+    # hand value: 2 * (4096*2*(32+8)*128*2) + 4096*128*4 = 167772160 + 2097152
+    assert own(4096, 2, 32, 8, 128) == 169869312
+    # partial rotary: int(128 * 0.6) = 76 columns of the table, every feature still moved
+    assert own(64, 1, 4, 1, 128, 0.6) == 2 * 64 * 5 * 128 * 2 + 64 * 76 * 4
     assert basics.check_bytes_moved(own)
-    assert not basics.check_bytes_moved(lambda S, B, H, D, e=2: 136314880)
-    assert not basics.check_bytes_moved(lambda S, B, H, D, e=2: 2 * S * B * H * D * e)   # no table
-    assert not basics.check_bytes_moved(lambda S, B, H, D, e=2: own(S, B, H, D))   # always 2 bytes
-    sixteen_bit_table = lambda S, B, H, D, e=2: 2 * S * B * H * D * e + S * D * e  # noqa: E731
+    assert not basics.check_bytes_moved(lambda S, B, HQ, HK, D, p=1.0, e=2: 169869312)
+    assert not basics.check_bytes_moved(                                   # no table
+        lambda S, B, HQ, HK, D, p=1.0, e=2: 2 * S * B * (HQ + HK) * D * e)
+    assert not basics.check_bytes_moved(                                   # q only
+        lambda S, B, HQ, HK, D, p=1.0, e=2: own(S, B, HQ, 0, D, p, e))
+    assert not basics.check_bytes_moved(                                   # the whole table
+        lambda S, B, HQ, HK, D, p=1.0, e=2: own(S, B, HQ, HK, D, 1.0, e))
+    assert not basics.check_bytes_moved(                                   # rotated features only
+        lambda S, B, HQ, HK, D, p=1.0, e=2: own(S, B, HQ, HK, int(D * p), 1.0, e))
+    assert not basics.check_bytes_moved(                                   # R rounded, not cut
+        lambda S, B, HQ, HK, D, p=1.0, e=2: own(S, B, HQ, HK, D, 1.0, e)
+        - S * D * 4 + S * round(D * p) * 4)
+    assert not basics.check_bytes_moved(                                   # always 2 bytes
+        lambda S, B, HQ, HK, D, p=1.0, e=2: own(S, B, HQ, HK, D, p))
+    sixteen_bit_table = lambda S, B, HQ, HK, D, p=1.0, e=2: (  # noqa: E731
+        2 * S * B * (HQ + HK) * D * e + S * int(D * p) * e)
     assert not basics.check_bytes_moved(sixteen_bit_table)
-    assert not basics.check_bytes_moved(lambda S, B, H, D, e=2: None)
+    assert not basics.check_bytes_moved(lambda S, B, HQ, HK, D, p=1.0, e=2: None)
     capsys.readouterr()

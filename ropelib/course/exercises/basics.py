@@ -236,25 +236,31 @@ def check_cos_sin_from_freqs(fn: Callable) -> bool:
 
 
 def check_bytes_moved(fn: Callable) -> bool:
-    """fn(seq_len, batch, heads, head_dim, bytes_per_element=2) -> the bytes a fused forward
-    must move at least: read x [S, B, H, D], write y, read the fp32 angle table [S, D] once.
+    """fn(seq_len, batch, q_heads, kv_heads, head_dim, rotary_percent=1.0, bytes_per_element=2)
+    -> the bytes a fused forward of q and k in one launch must move at least: read q
+    [S, B, Hq, D] and k [S, B, Hk, D], write both (the features past the rotary dim are copied
+    through), read the fp32 angle table [S, R] once, R = int(D * rotary_percent).
 
-    Tried on the shape of notebook 02's exercise ([4096, 2, 32, 128] in bf16) and on others; the
-    expected count is `ropelib.bench.compare.bytes_moved`'s, which is barred, with ropelib and
-    the worked solution.
+    Tried on the shape of notebook 02's exercise (q [4096, 2, 32, 128], k with 8 heads, bf16,
+    full rotary) and on others; the expected count is `ropelib.bench.compare.bytes_moved`'s,
+    which is barred (all of ropelib.bench is), with ropelib and the worked solution.
     """
     from ...bench.compare import Config, bytes_moved  # imported late: compare is a heavier module
 
     cases = []
-    for S, B, H, D, dtype in ((4096, 2, 32, 128, "bf16"), (7, 3, 5, 64, "fp32"),
-                              (1, 1, 1, 2, "fp16"), (512, 4, 16, 80, "bf16"),
-                              (33, 1, 6, 96, "fp32")):
+    for S, B, HQ, HK, D, p, dtype in ((4096, 2, 32, 8, 128, 1.0, "bf16"),
+                                      (7, 3, 5, 5, 64, 0.5, "fp32"), (1, 1, 1, 1, 2, 1.0, "fp16"),
+                                      (512, 4, 16, 2, 80, 0.4, "bf16"),
+                                      (64, 1, 4, 1, 128, 0.6, "bf16"),
+                                      (33, 1, 6, 3, 96, 0.25, "fp32")):
         elem = {"bf16": 2, "fp16": 2, "fp32": 4}[dtype]
-        want = bytes_moved(Config(S, B, H, D, dtype=dtype))
-        cases.append((f"x [{S}, {B}, {H}, {D}] {dtype}", (S, B, H, D, elem), want))
+        want = bytes_moved(Config(S, B, HQ, D, dtype=dtype, rotary_percent=p, kv_heads=HK))
+        cases.append((f"q [{S}, {B}, {HQ}, {D}], k with {HK} heads, rotary_percent {p}, {dtype}",
+                      (S, B, HQ, HK, D, p, elem), want))
     return check_cases("bytes moved", "your count of the bytes", fn, cases,
-                       hint="bytes_per_element for each element of x, read once and written "
-                            "once, plus seq_len * head_dim fp32 angles (4 bytes each)",
+                       hint="every element of q and of k is read once and written once "
+                            "(bytes_per_element each), plus seq_len * R fp32 angles (4 bytes "
+                            "each), R = int(head_dim * rotary_percent) as in notebook 00",
                        bar=(solution_bytes_moved,))   # (ropelib.bench's models: barred)
 
 
@@ -324,7 +330,10 @@ def solution_cos_sin_from_freqs(freqs):
     return angles.cos(), angles.sin()
 
 
-def solution_bytes_moved(seq_len, batch, heads, head_dim, bytes_per_element=2):
-    x_bytes = seq_len * batch * heads * head_dim * bytes_per_element
-    table_bytes = seq_len * head_dim * 4          # fp32 angles, read once
-    return 2 * x_bytes + table_bytes              # read x, write y, read the table
+def solution_bytes_moved(seq_len, batch, q_heads, kv_heads, head_dim, rotary_percent=1.0,
+                         bytes_per_element=2):
+    # every feature of q and k is read and written, rotated or passed through
+    qk_bytes = seq_len * batch * (q_heads + kv_heads) * head_dim * bytes_per_element
+    rotary_dim = int(head_dim * rotary_percent)   # TE's and HF's truncation (notebook 00)
+    table_bytes = seq_len * rotary_dim * 4        # fp32 angles [S, R], read once for q and k
+    return 2 * qk_bytes + table_bytes             # read q and k, write both, read the table
