@@ -279,6 +279,11 @@ assert ratios["NTK-aware (s=8)"][0] == 1 and abs(ratios["NTK-aware (s=8)"][-1] -
 short, long_ = wavelength < 8192 / 4, wavelength > 8192 / 1
 assert torch.all(ratios["Llama 3.1 (s=8)"][short] == 1)
 assert torch.allclose(ratios["Llama 3.1 (s=8)"][long_], torch.full_like(plain[long_], 1 / 8))
+yarn = ratios["YaRN (s=8, L0=8192)"]      # fast pairs kept, slow pairs / 8, a ramp between
+assert yarn[0] == 1 and abs(yarn[-1] - 1 / 8) < 1e-6 and bool((yarn[1:] <= yarn[:-1]).all())
+temperature = scalings["YaRN (s=8, L0=8192)"].attention_scaling   # cos and sin scaled by it
+print(f"YaRN's attention temperature on cos/sin: {temperature:.4f} = 0.1 ln 8 + 1")
+assert abs(temperature - (0.1 * math.log(8) + 1)) < 1e-12
 
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
 for b_ in (10000.0, 500000.0):

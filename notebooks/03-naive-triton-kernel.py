@@ -559,9 +559,14 @@ print("num_warps 1, 2, 4, 8: bit-identical results" +
 if GPU:
     from triton.testing import do_bench
     nbytes = 2 * x.numel() * x.element_size()
+    warps_ms = {}
     for nw in (1, 2, 4, 8):
         ms = do_bench(lambda: rope_naive(x, freqs, num_warps=nw), quantiles=[0.5, 0.2, 0.8])[0]
+        warps_ms[nw] = ms
         print(f"num_warps={nw}: {ms * 1e3:8.1f} us  {nbytes / ms / 1e6:7.0f} GB/s (x read + y written)")
+    # what the text below says of these times: they grow from 2 warps on, and about double
+    # from 4 warps to 8
+    assert warps_ms[4] > 1.3 * warps_ms[2] and 1.6 < warps_ms[8] / warps_ms[4] < 2.4
 else:
     print("(timings need a GPU: in the interpreter programs run one by one in Python, and "
           "num_warps is not used)")
@@ -604,8 +609,8 @@ else:
 # program here is one 128-element head row (two 64-element halves) whatever its warps, and an SM of compute capability 9.0
 # holds at most 32 programs and 64 warps at once: with 1 or 2 warps 32 programs fit, with 4
 # warps 16, with 8 warps 8. The same work then runs with fewer programs at once, and the time
-# grows with the warps from 2 on (notebook 04's ablation measures the same on its
-# batch-looping kernel). What helps is more work per program — several rows in one program, as in notebook 04 and
+# grows with the warps from 2 on (on a GPU the warps cell checks it; notebook 04's ablation
+# measures the same on its batch-looping kernel). What helps is more work per program — several rows in one program, as in notebook 04 and
 # ropelib's finished kernel — so that fewer, longer programs do the same work.
 
 # %%
@@ -685,7 +690,8 @@ assert abs(naive_m["us"] / empty["us"] - 1) < 0.01
 # at 8 warps too; the naive kernel's programs live longer (a table row loaded, then its sine
 # and cosine, then the rotation, before the store). What follows is derived from the times,
 # not measured: an SM starts a new program only when one retires. On a GPU the warps cell's
-# time about doubles from 4 warps (16 programs resident) to 8 (8 resident), as it would if each
+# time about doubles from 4 warps (16 programs resident) to 8 (8 resident; checked there), as
+# it would if each
 # program lived a fixed time, longer than 16 × 80 ns, and half as many fit at once; at 1 or 2
 # warps 32 fit, and 32 × 80 ns is longer than that life, so starting programs sets the pace
 # again. Both lessons point the same way: fewer programs, each doing more.
@@ -918,12 +924,17 @@ need = c["model_bytes"] / 2 / 32                                   # sectors of 
 assert (c["bytes_per_request"], c["sectors_per_request"]) == (128, 16)
 assert 70 < c["l1_load_hit_pct"] < 80 and abs(c["l2_read_sectors"] - need) < 0.02 * need
 assert 3.5 * need < c["l2_write_sectors"] < 4.1 * need
-# (b) stride-2 loads: twice the requests, L1 catches the second; L2 and DRAM reads unchanged
+# (b) stride-2 loads: twice the requests, L1 catches the second (87.5 % hits); L2 and DRAM
+# reads unchanged, and so is the time
 assert b_ld["l1_load_requests"] == 2 * c["l1_load_requests"]
+assert round(b_ld["l1_load_hit_pct"], 1) == 87.5
 assert abs(b_ld["l2_read_sectors"] - c["l2_read_sectors"]) < 0.02 * need
-# stride-2 stores: twice the sectors written to L2 (all of them half-written), DRAM writes not
+assert abs(b_ld["us"] / c["us"] - 1) < 0.05
+# stride-2 stores: twice the sectors written to L2 (all of them half-written), DRAM writes not;
+# the time more than doubles
 assert b_st["l2_write_sectors"] == b_both["l2_write_sectors"] == 8 * need
 assert abs(b_st["dram_write_bytes"] - c["dram_write_bytes"]) < 0.05 * c["dram_write_bytes"]
+assert b_st["us"] > 2 * c["us"]
 # (d) whole rows: every request 512 bytes, 16 whole sectors; L2 traffic that of a copy
 assert (d["bytes_per_request"], d["sectors_per_request"]) == (512, 16)
 assert d["l2_read_sectors"] == d["l2_write_sectors"] == need
