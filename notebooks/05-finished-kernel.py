@@ -772,8 +772,8 @@ if compiled:
 # - the H100's tile, the second column, (8 elements, 16 warps), gives `sizePerThread = [1, 1, 4]`,
 #   `threadsPerWarp = [1, 2, 16]` (16 threads along the 64 features, 2 heads per warp),
 #   `warpsPerCTA = [1, 16, 1]`: 8-byte vectors (`ld.global.v2.b32`) on twice the threads, for a
-#   GPU with less bandwidth to keep busy (`ropelib/kernels/tiles.py` says which tile sweep chose
-#   each);
+#   GPU with less bandwidth to keep busy, by the data sheets (`ropelib/kernels/tiles.py` says
+#   which tile sweep chose each);
 # - the 4-warp tile (rungs 1–2) holds 16 per thread per half, as two 16-byte vectors, and needs
 #   more registers: in the H200 run 72 per thread against the 8-warp tile's 64, so 28 warps fit
 #   on an SM against 32 (the mechanism CSV, checked below; register counts are the compiler's,
@@ -795,8 +795,6 @@ print(f"H200 run, the same tile on {t4['num_warps']} warps: {t4['registers']} re
       f"{w8['occ_warps_per_sm']}")
 assert (t4["num_warps"], t4["registers"], t4["occ_warps_per_sm"]) == (4, 72, 28)
 assert (w8["num_warps"], w8["registers"], w8["occ_warps_per_sm"]) == (8, 64, 32)
-ratio_bw = 4.8e12 / 3.35e12    # data sheet bandwidths, H200 over H100 SXM (132 SMs each)
-assert 0.6 < 1 / ratio_bw < 0.75          # the H100's Little's-law budget: two thirds of the H200's
 
 # %% [markdown]
 # ## 5. Measured: the ladder as a "% of copy" waterfall
@@ -1944,6 +1942,129 @@ pairs_pass.show_solution()
 # come from a row index (packed sequences and position ids), and its table addresses are
 # written as the section on load scheduling found fastest for each route.
 #
+# ## The shipped pass
+#
+# Here it is as `apply_rope` runs it on large tensors: `_rope_rows_kernel` splits its programs
+# between q and k, `_rotate_rows` finds a program's rows (by token, by batch entry, or through
+# a row index), and this function rotates them. Set it beside your kernel: the loads of $x_a$ and $x_b$, the masks `m` and `mp`,
+# the table loaded after $x$, and the rotation are the ones you wrote; `SIGNED` (the pre-pass's
+# $s'$) and `BACKWARD` choose the formula, `KEEP_TABLE` keeps a table that serves every batch
+# entry in L2 (`evict_last`), `ROW_POINTERS` is section 6's address form, and the `AXIS_*`
+# constants serve notebook 10's multi-axis tables. The cell after it runs the two-pass route
+# on this notebook's input and checks it against the reference.
+#
+# <!-- ropelib-source: ropelib.kernels.flat._rotate_pairs -->
+# ```python
+# @triton.jit
+# def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, token_rows_ptr,
+#                   stride_rows_b, stride_tab_p, stride_tab_axis, D: tl.constexpr, R: tl.constexpr,
+#                   BACKWARD: tl.constexpr, SIGNED: tl.constexpr, KEEP_TABLE: tl.constexpr,
+#                   ROW_POINTERS: tl.constexpr, AXIS_H_FROM: tl.constexpr,
+#                   AXIS_W_FROM: tl.constexpr):
+#     # Rotate-half rows r [ROWS] of x [rows, D] -> y: a thread holds both members of its pairs,
+#     # x_a = x[r, j] and x_b = x[r, j + R/2] ([ROWS, BLOCK_HALF] each), so no feature is loaded
+#     # twice; features R..D-1 are copied through. Each row's cos/sin row is at offset tab, or,
+#     # with a row index (token_rows_ptr), at token_rows[s + b * stride_rows_b] * stride_tab_p:
+#     # loaded after x, so x's loads do not wait on it (a row of -1, a position outside the
+#     # table, gives NaN). With one table per axis (AXIS_H_FROM < R/2) pair j and both its
+#     # members read the table of j's section, stride_tab_axis further on per axis.
+#     HALF: tl.constexpr = R // 2
+#     BLOCK_HALF: tl.constexpr = tile_width(HALF)
+#     j = tl.arange(0, BLOCK_HALF)
+#     col = j                                                          # the table's column of j
+#     if AXIS_H_FROM < HALF:
+#         col = j + ((j >= AXIS_H_FROM).to(tl.int32) + (j >= AXIS_W_FROM).to(tl.int32)) \
+#             * stride_tab_axis
+#         # sections start at multiples of 8 pairs (the planner's condition) and the tables'
+#         # strides are multiples of 8 (contiguous tables): runs of 8 columns stay contiguous,
+#         # which the selects hide from Triton's analysis (each entry would be its own load)
+#         col = tl.max_contiguous(tl.multiple_of(col, 8), 8)
+#     at = r[:, None] * D + j[None, :]                                 # x_a [ROWS, BLOCK_HALF]
+#     m = live[:, None] & (j < HALF)[None, :]
+#     xa = tl.load(x_ptr + at, mask=m, other=0.0).to(tl.float32)
+#     xb = tl.load(x_ptr + at + HALF, mask=m, other=0.0).to(tl.float32)
+#     if token_rows_ptr is not None:
+#         row = tl.load(token_rows_ptr + s + b * stride_rows_b, mask=live, other=0)
+#         outside = row < 0
+#         tab = tl.maximum(row, 0).to(r.dtype) * stride_tab_p
+#     # Member a's cos/sin entries. A thread's 8 pairs are 4 16-byte pieces of a cos row and 4
+#     # of a sin row; which of the 8 loads ptxas issues before the rotation starts (the others
+#     # wait for registers, a second trip to memory) follows from how their addresses are
+#     # written. With each row's pointer first (ROW_POINTERS), a row's pieces are one address
+#     # plus constants: at 1 GiB sbhd 6 of the 8 loads go early (sm_90, Triton 3.6) and
+#     # apply_rope reached 0.986 of a copy where the offsets [row, feature] reached 0.913 (4 base
+#     # addresses; 5 early; H200, results/one_gib_probe-*). For one packed sequence per grid row
+#     # the offsets schedule better: 6 early against 4, 0.993-0.997 of a copy against 0.953
+#     # (H200, the floor's thd case, 2026-11-29).
+#     if ROW_POINTERS:
+#         cos_a = (cos_ptr + tab)[:, None] + col[None, :]
+#         sin_a = (sin_ptr + tab)[:, None] + col[None, :]
+#     else:
+#         cos_a = cos_ptr + (tab[:, None] + col[None, :])
+#         sin_a = sin_ptr + (tab[:, None] + col[None, :])
+#     if KEEP_TABLE:          # the rows serve every batch entry: keep them in L2
+#         ca = tl.load(cos_a, mask=m, other=0.0, eviction_policy="evict_last")
+#         sa = tl.load(sin_a, mask=m, other=0.0, eviction_policy="evict_last")
+#         cb = tl.load(cos_a + HALF, mask=m, other=0.0, eviction_policy="evict_last")
+#         sb = tl.load(sin_a + HALF, mask=m, other=0.0, eviction_policy="evict_last")
+#     else:
+#         ca = tl.load(cos_a, mask=m, other=0.0)
+#         sa = tl.load(sin_a, mask=m, other=0.0)
+#         cb = tl.load(cos_a + HALF, mask=m, other=0.0)
+#         sb = tl.load(sin_a + HALF, mask=m, other=0.0)
+#     sa = sa.to(tl.float32)
+#     sb = sb.to(tl.float32)
+#     if SIGNED:              # s' (the pre-pass's rows): y_a = x_a c_a + x_b s'_a, and so for b
+#         ta = xb * sa
+#         tb = xa * sb
+#     elif BACKWARD:          # the transpose: y_a = x_a c_a + x_b s_b, y_b = x_b c_b - x_a s_a
+#         ta = xb * sb
+#         tb = -xa * sa
+#     else:                   # y_a = x_a c_a - x_b s_a, y_b = x_b c_b + x_a s_b
+#         # x_b (-s_a) rather than -(x_b s_a), the same bits. Which loads ptxas issues before
+#         # the first multiply follows from how the product is written, and differently by
+#         # Triton version (sm_90): -(x_b s_a) 4 of 6 with Triton 3.6 and 6 with 3.9; (-x_b) s_a
+#         # 6 and 4; x_b (-s_a) 6 with both (40 registers, what 38 round to in the allocation).
+#         # With 3.6, the GPU runs', (-x_b) s_a took Qwen2-VL's bf16 tables forward from 167.8 to
+#         # 142.5 us (b4 s8192 28/4 heads, H200, results/tables_flat_pass_variants-*); this form
+#         # ran at 139.0 us under Nsight Compute, as (-x_b) s_a's 138.7 (results/tables_read_ncu-*)
+#         ta = xb * (-sa)
+#         tb = xa * sb
+#     ya = tl.fma(xa, ca.to(tl.float32), ta)
+#     yb = tl.fma(xb, cb.to(tl.float32), tb)
+#     if token_rows_ptr is not None:      # a position outside the table: NaN, never a clamped row
+#         ya = tl.where(outside[:, None], float("nan"), ya)
+#         yb = tl.where(outside[:, None], float("nan"), yb)
+#     tl.store(y_ptr + at, round_to(ya, y_ptr.dtype.element_ty, ROUND_BF16_RTNE), mask=m)
+#     tl.store(y_ptr + at + HALF, round_to(yb, y_ptr.dtype.element_ty, ROUND_BF16_RTNE),
+#              mask=m)
+#     if R < D:               # the features not rotated, copied
+#         PASS: tl.constexpr = D - R
+#         k = tl.arange(0, tile_width(PASS))
+#         pt = r[:, None] * D + R + k[None, :]
+#         mp = live[:, None] & (k < PASS)[None, :]
+#         xp = tl.load(x_ptr + pt, mask=mp, other=0.0).to(tl.float32)
+#         tl.store(y_ptr + pt, round_to(xp, y_ptr.dtype.element_ty, ROUND_BF16_RTNE), mask=mp)
+# ```
+
+# %%
+from ropelib.kernels import flat
+from ropelib.kernels.flat import _rotate_pairs       # the function shown above
+import inspect
+
+assert "_rotate_rows(" in inspect.getsource(flat._rope_rows_kernel.fn)    # the kernel's rows,
+assert "_rotate_pairs(" in inspect.getsource(flat._rotate_rows.fn)        # rotated by it
+x_rows = torch.randn(8, 2, 4, 64, device=device, dtype=torch.bfloat16)   # half 32: rows of pairs
+f_rows = ropelib.rope_freqs(8, 64, device=device)
+with forced("two-pass"):                             # the pre-pass, then this pass
+    y_rows = ropelib.apply_rope(x_rows, f_rows)
+want_rows = reference.rope_reference(x_rows.double(), f_rows).to(x_rows.dtype)
+diff = (y_rows.float() - want_rows.float()).abs().max().item()
+print(f"apply_rope through the two passes, x {tuple(x_rows.shape)} bf16: at most {diff:.3g} from "
+      f"the fp64 reference rounded to bf16")
+torch.testing.assert_close(y_rows, want_rows, atol=2e-2, rtol=2 ** -7)     # a bf16 ulp or so
+
+# %% [markdown]
 # ## Questions for discussion
 #
 # 1. Section 2 measured DRAM's latency twice: about 350 ns on an idle GPU and about 1.3 µs

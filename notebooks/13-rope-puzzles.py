@@ -795,8 +795,8 @@ assert "freqs_ptr" not in body                    # puzzle 5's solution never re
 # %% [markdown]
 # ### What puts puzzles 5 and 9 below a copy
 #
-# Puzzle 5's worked solution sits furthest from a copy in the table above, and puzzle 9's among
-# the next (with puzzle 4's). A time alone does not say why; changing one thing at a time and
+# Puzzles 5's and 9's worked solutions sit below a copy in the table above, on a GPU (on the
+# H200 page of this notebook among the furthest from it). A time alone does not say why; changing one thing at a time and
 # timing again does. `benchmarks/puzzle_fractions.py`
 # ran each of the two solutions on its timed case beside variants that change one thing, each
 # beside a device copy of the same bytes in the same run, each variant and its copy timed

@@ -50,6 +50,7 @@ REQUIRED = {
     "04-batch-reuse-grid-kernel": ["ropelib.course.kernels.batch_reuse._rope_batch_reuse_kernel",
                                    "ropelib.course.kernels.ablation._rotate_tile",
                                    "ropelib.course.kernels.ablation._rope_ablation_kernel"],
+    "05-finished-kernel": ["ropelib.kernels.flat._rotate_pairs"],
     "06-backward-pass": ["ropelib.course.kernels.batch_reuse._rope_batch_reuse_kernel"],
     "08-debugging-allclose": ["ropelib.course.exercises.debugging._rope_combine_kernel"],
 }

@@ -35,6 +35,7 @@ import os
 import platform
 import re
 import statistics
+import warnings
 import subprocess
 import sys
 import time
@@ -200,9 +201,17 @@ class Provider:
         return self.supports(config) if self.supports is not None else None
 
 
-def _try_import(module: str):
+# Transformer Engine warns at import when it finds Jax installed without its Jax extension; it
+# says nothing about the PyTorch side compared here, so it is not shown
+_TE_JAX_WARNING = "Detected a Jax installation but could not find the shared object file"
+
+
+def try_import(module: str):
+    """(the module, "") where it imports, else (None, why not)."""
     try:
-        return importlib.import_module(module), ""
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_TE_JAX_WARNING, category=RuntimeWarning)
+            return importlib.import_module(module), ""
     except Exception as e:  # ImportError, or a broken CUDA extension raising at import
         return None, f"{module} does not import ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
 
@@ -274,7 +283,7 @@ def teaching_kernel_supports(config: Config, *, power_of_two_head_dim: bool = Fa
 
 
 def _ropelib_generation(name: str, module: str, attr: str, description: str) -> Provider:
-    mod, why = _try_import(module)
+    mod, why = try_import(module)
     if mod is None or not hasattr(mod, attr):
         return Provider(name, False, why or f"{module}.{attr} is missing")
     why = _kernels_runnable()
@@ -389,7 +398,7 @@ def _torch_compile_te_unfused() -> Provider:
 
 def _te(fused: bool) -> Provider:
     name = "te_fused" if fused else "te_unfused"
-    mod, why = _try_import("transformer_engine.pytorch.attention.rope")
+    mod, why = try_import("transformer_engine.pytorch.attention.rope")
     if mod is None:
         return Provider(name, False, why)
     te_apply = mod.apply_rotary_pos_emb
@@ -410,7 +419,7 @@ def _te(fused: bool) -> Provider:
 
 
 def _liger() -> Provider:
-    mod, why = _try_import("liger_kernel.ops.rope")
+    mod, why = try_import("liger_kernel.ops.rope")
     if mod is None:
         return Provider("liger", False, why)
 
@@ -449,7 +458,7 @@ def _liger() -> Provider:
 
 
 def _flash_attn() -> Provider:
-    mod, why = _try_import("flash_attn.layers.rotary")
+    mod, why = try_import("flash_attn.layers.rotary")
     if mod is None:
         return Provider("flash_attn", False, why)
 

@@ -236,11 +236,9 @@ class Scenario:
 # --- the two sides of the comparison ----------------------------------------------------------
 
 def _te_module():
-    try:
-        from transformer_engine.pytorch.attention.rope import apply_rotary_pos_emb
-        return apply_rotary_pos_emb
-    except Exception:
-        return None
+    from ..bench.compare import try_import    # (quiet about TE's Jax check)
+    mod, _ = try_import("transformer_engine.pytorch.attention.rope")
+    return getattr(mod, "apply_rotary_pos_emb", None)
 
 
 def te_label(device=None) -> str:
