@@ -425,6 +425,18 @@ if multi:
               f"of {run['cp_size']} ({max(per_rank) / one:.0%} of one GPU's)")
         # "a little over half": each rank keeps half the activations, plus the gathered k and v
         assert 0.5 < max(per_rank) / one < 0.6
+        # added up from the run's sizes: AdamW's fp32 weights, gradients and two moments (16
+        # bytes a parameter) on every rank; half of one GPU's activations (its peak less that
+        # state); the other rank's k and v, bf16, kept for the backward in every layer
+        gib = 2 ** 30
+        state = 16 * int(m["params"]) / gib
+        gathered_kv = (int(m["n_layer"]) * (int(m["seq_len"]) - int(m["local_seq_len"]))
+                       * int(m["n_embd"]) * 2 * 2) / gib
+        estimate = (one - state) / 2 + state + gathered_kv
+        print(f"added up: optimizer state {state:.2f} GiB + half of one GPU's activations "
+              f"{(one - state) / 2:.2f} + the other rank's k and v {gathered_kv:.2f} = "
+              f"{estimate:.2f} GiB, against {max(per_rank):.2f} measured")
+        assert abs(estimate / max(per_rank) - 1) < 0.05
     fig, ax = plt.subplots(figsize=(7, 4))
     plot_cp_run(run, ax, one_gpu=gpu_runs.get(1))
     fig.tight_layout()
@@ -490,9 +502,12 @@ else:
 # but it also all-gathers k and v in every layer and all-reduces the gradients. The gain CP buys
 # is first of all memory: sequences that do not fit on one GPU. The committed H200 runs show it
 # (the peak-memory line printed in section 3): on 131,072 tokens each of the two ranks peaked
-# at a little over half of one GPU's memory. Roughly (an estimate, not measured): half the
-# activations, plus the other rank's k and v for every layer, plus the full copy of the
-# weights, gradients and optimizer state that context parallelism does not split.
+# at a little over half of one GPU's memory. The cell there adds it up from the run's own
+# sizes, and comes within a few percent: half of one GPU's activations, plus the other rank's
+# k and v for every layer (gathered for attention and kept for the backward), plus the full
+# copy of the weights, gradients and optimizer state that context parallelism does not split.
+# (The split of the activations into halves is assumed, not measured: the sum agreeing with the
+# measured peak is what supports it.)
 #
 # ## 4. Decoding with the fused cache write
 #
