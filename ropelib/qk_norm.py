@@ -24,11 +24,11 @@ The forward saves q, k and the weights for the backward (the per-row statistics 
 there: the backward reads q and k anyway). Double backward is not supported.
 
 Supported: layouts sbhd, bshd and thd (packed sequences: cu_seqlens, as for ropelib.apply_rope,
-or position_ids); GQA (k's heads divide q's); fp16,
-bf16, fp32 and fp64 inputs (weights of any of these dtypes); partial rotary (the norm covers the
-whole head, the rotation the first R features, the rest is scaled and passed through); both
-pairings (rotate-half, interleaved); angle tables or cos/sin tables [P, R], or no table (Angles:
-every angle computed in the kernel from its position); explicit position ids [S] or [B, S].
+or position_ids); GQA (k's heads divide q's); fp16, bf16, fp32 and fp64 inputs (weights of any
+of these dtypes); partial rotary (the norm covers the whole head, the rotation the first R
+features, the rest is scaled and passed through); both pairings (rotate-half, interleaved);
+angle tables or cos/sin tables [P, R], or no table (Angles: every angle computed in the kernel
+from its position); explicit position ids [S] or [B, S].
 Not supported: start_positions, context parallelism, in-place output, separate tables for q
 and k.
 """

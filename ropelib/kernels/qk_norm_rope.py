@@ -28,8 +28,9 @@ layout (`outputs`). The grid is
 
 A program finds its tokens' positions (the tokens themselves, position ids, or, for packed
 sequences, each token's index in its sequence, searched in cu_seqlens), loads their cos/sin once
-([BLOCK_S, 1, HALF]) and loops over its batch entries; per entry it loads a [BLOCK_S, BLOCK_H, D] tile (two rotary halves and the pass-through
-part), reduces each row's sum of squares in fp32, scales, rotates and stores. A whole row sits in
+([BLOCK_S, 1, HALF]) and loops over its batch entries; per entry it loads a
+[BLOCK_S, BLOCK_H, D] tile (two rotary halves and the pass-through part), reduces each row's
+sum of squares in fp32, scales, rotates and stores. A whole row sits in
 one program, so the norm needs no second pass and no atomics. In the backward each program also
 sums gu n over every row it handled and writes that [D] partial sum to its own row of a
 [programs, D] fp32 buffer; the host sums the buffer (q's programs for w_q, k's for w_k). The
@@ -281,8 +282,8 @@ def _norm_rope_q_and_k(
 # read) fresh, with q's and k's strides (OUT_LAYOUT == OUT_AS_INPUT: q and k are dense) or
 # contiguous in OUT_LAYOUT; the weights contiguous; the table's rows dense ([P, R], or
 # [B, P, R] with TABLE_PER_ENTRY); position ids [B or 1, S] contiguous, or cu_seqlens
-# [N_SEQ + 1] contiguous (CU_SEQLENS: thd, B = 1). The host (`readable`) copies what does not come
-# so.
+# [N_SEQ + 1] contiguous (CU_SEQLENS: thd, B = 1). The host (`readable`) copies what does not
+# come so.
 
 @triton.jit
 def _qk_norm_rope_kernel(

@@ -22,11 +22,12 @@ What is barred, by default: every module of the product (`ropelib/*.py` and `rop
 so the finished kernels, the operators, the public API and `ropelib.reference`), its benchmark
 suite (`ropelib/bench/`, whose providers include a whole RoPE in PyTorch), the teaching kernels
 (`ropelib/course/kernels/`), and every other `@triton.jit` function of the course outside its
-exercises (notebook 05's ladder, notebook 08's reproduction kernel and its fma helper): a kernel
-of the learner's may not launch them or call them as helpers. `allow` lets an exercise permit what it hands the learner: a
-module (for example `ropelib.frequencies` for the angle table of a kernel exercise, or
-`ropelib.course.kernels.batch_reuse` for a forward pass the exercise does not ask for) or a
-function; whatever an allowed function calls in turn is allowed too. `bar` adds functions,
+exercises (notebook 05's ladder, notebook 08's reproduction kernel and its fma helper): an
+answer may not launch them, nor a kernel of its own call them as helpers. `allow` lets an
+exercise permit what it hands the learner: a module (for example `ropelib.frequencies` for the
+angle table of a kernel exercise, or `ropelib.course.kernels.batch_reuse` for a forward pass
+the exercise does not ask for) or a function; whatever an allowed function calls in turn is
+allowed too. `bar` adds functions,
 classes (their methods) and `@triton.jit` kernels from anywhere, for example an exercise's own
 worked solution. Every worked solution of the course (a function or kernel under
 `ropelib/course/` named `solution_*` or `_*_solution_kernel`) is barred in every check, the
