@@ -460,6 +460,17 @@ def test_compile_fullgraph_function(table, seeded):
     _compiled_equals_eager(fn, (q, k, w_q, w_k, pos), 4)
 
 
+def test_compile_fullgraph_packed_cu_seqlens(seeded):
+    """thd with cu_seqlens: one graph, no break, the eager bits forward and backward."""
+    q, k, w_q, w_k, _, _ = make("thd", torch.bfloat16, S=12)
+    cu = torch.tensor([0, 5, 5, 12], dtype=torch.int32)
+    freqs = ropelib.rope_freqs(16, 16)
+
+    def fn(q, k, w_q, w_k, cu):
+        return ropelib.qk_norm_rope(q * 2, k, w_q, w_k, freqs, layout="thd", cu_seqlens=cu)
+    _compiled_equals_eager(fn, (q, k, w_q, w_k, cu), 4)
+
+
 def test_compile_fullgraph_module_and_hf(seeded):
     m = ropelib.QKNormRoPE(16, weight_offset=1.0)
     with torch.no_grad():
