@@ -213,9 +213,9 @@ assert torch.equal(rope_freqs(8, D, offset=5), rope_freqs(13, D)[5:])
 # `max(start_positions) + S <= P`. ropelib checks it where it can read the positions without
 # waiting for the GPU — index tensors in CPU memory, or every call after
 # `ropelib.set_index_checks("on")` (one synchronisation a call) — and raises a `ValueError`
-# that names `start_positions` and the table's rows. Unchecked (GPU index tensors, by default,
-# and always under `torch.compile`), a position past the table gives NaN rows: never another
-# row's angles.
+# that names `start_positions` and the table's rows. Unchecked (GPU index tensors, by default;
+# any call after `set_index_checks("off")`, as the cell shows; always under `torch.compile`), a
+# position past the table gives NaN rows: never another row's angles.
 
 # %%
 past = torch.full((B,), L, device=device, dtype=torch.int32)    # position L: the table has L rows

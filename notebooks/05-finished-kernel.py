@@ -30,10 +30,10 @@
 # **Time budget.** About two hours: 15 minutes for the bytes-in-flight model, 30 for the ladder
 # (read each kernel, change it or its launch, rerun its cells), 10 for the compiled layout, 20
 # for the measured ladder and the two-pass route (sections 5 and 6, with their load schedules),
-# and about 45 for the three kernel exercises; the discussion questions are for afterwards. Running every cell takes about
-# 15 seconds on a 2-core CPU once Triton's cache holds section 4's compilation (Triton's
-# interpreter runs the kernels; a second Python compiles them for sm_90, the H100's and H200's
-# architecture, to show the layout), up to a minute the first time.
+# and about 45 for the three kernel exercises; the discussion questions are for afterwards.
+# Running every cell takes about half a minute on a 2-core CPU (Triton's interpreter runs the
+# kernels; the layout and load-schedule cells compile them for sm_90, the H100's and H200's
+# architecture), a little more the first time.
 #
 # **After this notebook you will be able to**
 #
@@ -1392,8 +1392,9 @@ assert [said(ratio(tp, s4k, c)) for c in cols[:3]] == ["0.895", "0.999", "0.988"
 assert [said(ratio(tp, s16k, c)) for c in cols[:3]] == ["0.926", "0.989", "0.986"]
 assert [said(ratio(tp, s16k, c, "fwd+bwd")) for c in ("finished", "two-pass")] == \
     ["0.929", "0.983"]
-# two days earlier, one element a thread: 0.977 and 0.931 with angles
+# the earlier run, one element a thread: 0.977 and 0.931 with angles, the finished kernel 0.924
 assert [said(ratio(tp_before, c, "two-pass")) for c in (s4k, s16k)] == ["0.977", "0.931"]
+assert said(ratio(tp_before, s16k, "finished")) == "0.924"
 # batch 1: the pre-pass alone takes a sixth of a copy's time, yet the route is not behind ...
 assert [said(ratio(tp, b1, c)) for c in cols[:2]] == ["0.927", "0.932"]
 assert [said(v, 1) for v in (*pre_pass(tp, b1), pre_pass(tp, s16k)[1])] == ["11.6", "17.1", "2.3"]
@@ -1412,11 +1413,11 @@ assert ratio(tp, b1, "torch.compile") > ratio(tp, b1, "two-pass") + 0.03
 # - at 256 MiB (batch 8) the flat pass beats the finished kernel: 0.999 of a copy with angles,
 #   0.988 reading a cos/sin table, against 0.895;
 # - at 1 GiB (batch 8) too: 0.989 with angles and 0.986 with a table against 0.926, and
-#   forward+backward 0.983 with angles against 0.929. Two days earlier the same script measured
-#   the flat pass at 0.931 here, level with the finished kernel's 0.924 (0.977 at 256 MiB): it
-#   took one element a thread then. What moved it is the pass that replaced it, both members of a pair in
-#   one thread and its table addresses written so the loads go out early (the last two
-#   subsections of this section);
+#   forward+backward 0.983 with angles against 0.929. The same script's earlier run, with the
+#   element-wise flat pass (one element a thread), measured it at 0.931 here, level with the
+#   finished kernel's 0.924 (0.977 at 256 MiB). What moved it is the pass that replaced it,
+#   both members of a pair in one thread and its table addresses written so the loads go out
+#   early (the last two subsections of this section);
 # - at batch 1 (128 MiB, 16,384 tokens) the pre-pass writes a 1 KiB row for every token with no
 #   batch to spread it over: 11.6 µs, 17.1 % of the copy's time (the same 16,384 tokens at
 #   batch 8, 1 GiB: 2.3 %). Paid on every call, it would hold the route to at most
@@ -1618,9 +1619,9 @@ assert [one_gib[c] for c in probe_cols[:5]] == ["0.994", "0.938", "0.948", "0.89
 # level with torch.compile's 0.994 on its bf16 table, and at or within 0.002 of torch.compile in
 # the two 256 MiB cases. That is now ropelib's flat pass for rotate-half pairs
 # (`_rotate_pairs` in `ropelib/kernels/flat.py`, on `tiles.TWO_PASS_PAIR_WARPS` = 2 warps);
-# the section's first table (the routes) was measured with this pass; the earlier run its
-# second table sets beside it, and the probes `flat_pass_probe.py` and `flat_hints_probe.py`,
-# with the element-wise pass.
+# every table of this section read from `two_pass-nvidia-h200.csv` (2026-11-30) was measured
+# with this pass. The 2026-11-28 run set beside it, and the probes `flat_pass_probe.py` and
+# `flat_hints_probe.py`, used the element-wise pass.
 
 # %% [markdown]
 # ### How an address is written decides when a load goes out
@@ -1725,10 +1726,11 @@ if sched:
                                        launch.Table(torch.empty(16384, 128, device="meta"), None),
                                        launch.Positions(), R=128, interleaved=False,
                                        backward=False, layout="sbhd")
-    fp = route_1g.rotate_pass
-    fp_args = dict(zip(fp.launcher.pointer_names, (bf16, bf16, None, None, fp32, fp32, None)),
-                   **dict(fp.args, XBLOCK=tiles.TWO_PASS_ELEMENTS))   # the GPU's program size
-    own = load_schedule.schedule(fp.launcher.kernel, fp_args, num_warps=fp.num_warps)
+    rot_pass = route_1g.rotate_pass
+    rot_args = dict(zip(rot_pass.launcher.pointer_names,
+                        (bf16, bf16, None, None, fp32, fp32, None)),
+                    **dict(rot_pass.args, XBLOCK=tiles.TWO_PASS_ELEMENTS))   # the GPU's program size
+    own = load_schedule.schedule(rot_pass.launcher.kernel, rot_args, num_warps=rot_pass.num_warps)
     print(f"  ropelib's flat pass        {own['registers']} registers, {own['early']} of "
           f"{len(own['loads'])} loads before the first multiply")
     assert own["early"] == sched[True]["early"] and len(own["loads"]) == 10
@@ -1763,8 +1765,8 @@ assert [said(before[p]) for p in ("flat pass", "planned", "probe copy")] == ["0.
 assert [said(after[p]) for p in ("flat pass", "planned")] == ["0.990", "0.986"]
 assert abs(after["probe copy"] - before["probe copy"]) < 0.005      # the probe did not move
 # the packed-sequence route (one sequence per grid row, the floor's thd case): row pointers in
-# that day's 09:37 floor run (its log), offsets in the two_pass.py run after it and in the
-# floor run at 12:19 (kept as floor_grads_summed-...-20261129-1219.csv)
+# a floor run (its log), offsets in the two_pass.py run after it and in a later floor run
+# (floor_grads_summed-...-20261129-1219.csv)
 floor_log = ROOT / "benchmarks" / "results" / f"floor-{measured.GPU}-20261129-0937.log"
 line = next(l for l in floor_log.read_text().splitlines()
             if l.startswith("forward 256 MiB bf16 thd:"))
@@ -1774,7 +1776,7 @@ thd_offsets = measured.two_pass(measured.GPU + "-20261129-0944", kind="two_pass_
 thd_floor = measured.floor(measured.GPU + "-20261129-1219", kind="floor_grads_summed")[
     "forward 256 MiB bf16 thd"]["ropelib"]["ratio_to_copy"]
 print(f"packed sequences, one per grid row: row pointers {thd_rows:.3f}, offsets {thd_offsets:.3f} "
-      f"(two_pass.py) and {thd_floor:.3f} (the 12:19 floor run)")
+      f"(two_pass.py) and {thd_floor:.3f} (a floor run with offsets)")
 assert [said(thd_rows), said(thd_offsets), said(thd_floor)] == ["0.953", "0.993", "0.991"]
 
 # %% [markdown]
@@ -1784,10 +1786,10 @@ assert [said(thd_rows), said(thd_offsets), said(thd_floor)] == ["0.953", "0.993"
 # table loads are written, which leaves the machine code as it was).
 #
 # It is not a rule to apply everywhere. ropelib's route for packed sequences (one sequence per
-# grid row, a few lines away in `flat.py`) went the other way with row pointers: four of its
-# eight table loads late against two with offsets, and 0.953 of a copy against 0.993 (the cell
-# above prints both; a floor run with offsets measured it at 0.991), so that route keeps offsets (`ROW_POINTERS` in `_rotate_pairs`). Which form ptxas schedules better is
-# its choice, kernel by kernel. What carries over is the method: when a kernel runs slower than
+# grid row, a few lines away in `flat.py`) went the other way with row pointers: 0.953 of a
+# copy against 0.993 with offsets (the cell above prints both; a floor run with offsets measured it at 0.991), so that route keeps
+# offsets (`ROW_POINTERS` in `_rotate_pairs`). Which form ptxas schedules better is its choice,
+# kernel by kernel. What carries over is the method: when a kernel runs slower than
 # a copy of itself with "the same code", compile both with the Triton the GPU runs, and count
 # in the SASS which loads go out before the arithmetic that waits for them.
 
@@ -1946,12 +1948,13 @@ pairs_pass.show_solution()
 #
 # Here it is as `apply_rope` runs it on large tensors: `_rope_rows_kernel` splits its programs
 # between q and k, `_rotate_rows` finds a program's rows (by token, by batch entry, or through
-# a row index), and this function rotates them. Set it beside your kernel: the loads of $x_a$ and $x_b$, the masks `m` and `mp`,
-# the table loaded after $x$, and the rotation are the ones you wrote; `SIGNED` (the pre-pass's
-# $s'$) and `BACKWARD` choose the formula, `KEEP_TABLE` keeps a table that serves every batch
-# entry in L2 (`evict_last`), `ROW_POINTERS` is section 6's address form, and the `AXIS_*`
-# constants serve notebook 10's multi-axis tables. The cell after it runs the two-pass route
-# on this notebook's input and checks it against the reference.
+# a row index), and this function rotates them. Set it beside your kernel: the loads of $x_a$
+# and $x_b$, the masks `m` and `mp`, the table loaded after $x$, and the rotation are the ones
+# you wrote; `SIGNED` (the pre-pass's $s'$) and `BACKWARD` choose the formula, `KEEP_TABLE`
+# keeps a table that serves every batch entry in L2 (`evict_last`), `ROW_POINTERS` is section
+# 6's address form, and the `AXIS_*` constants serve notebook 10's multi-axis tables. The cell
+# after it forces the two-pass route on a small input of its own (8 tokens, batch 2, 4 heads of
+# 64), checks that the route is planned, and compares the output with the reference.
 #
 # <!-- ropelib-source: ropelib.kernels.flat._rotate_pairs -->
 # ```python
@@ -2057,6 +2060,11 @@ assert "_rotate_pairs(" in inspect.getsource(flat._rotate_rows.fn)        # rota
 x_rows = torch.randn(8, 2, 4, 64, device=device, dtype=torch.bfloat16)   # half 32: rows of pairs
 f_rows = ropelib.rope_freqs(8, 64, device=device)
 with forced("two-pass"):                             # the pre-pass, then this pass
+    v_rows = ropelib.ops.kernel_view(x_rows, "sbhd")
+    planned_rows, _ = launch.plan(v_rows, v_rows, launch.Table(f_rows.view(8, 64), None),
+                                  launch.Positions(), R=64, interleaved=False, backward=False,
+                                  layout="sbhd")
+    assert isinstance(planned_rows, launch.TwoPass)      # the two passes, not the finished kernel
     y_rows = ropelib.apply_rope(x_rows, f_rows)
 want_rows = reference.rope_reference(x_rows.double(), f_rows).to(x_rows.dtype)
 diff = (y_rows.float() - want_rows.float()).abs().max().item()

@@ -297,9 +297,11 @@ for dtype, path in sweep_csvs.items():
 #
 # - In fp32, from batch 2 on, ropelib's forward runs level with the copy: at 64 MiB and more
 #   `apply_rope` takes the two-pass route of notebook 05, and every such point of those sweeps
-#   lies at 0.98 of the copy or above, a few of them just above 1; below 64 MiB (one pass) the
-#   points lie lower, none above 0.94 (both checked). Each point is timed once, so a ratio of 1.01 is a tie this sweep cannot resolve, not a kernel beating a copy (nor is the copy a hard ceiling: torch.compile's kernel
-#   beats `y.copy_(x)` in fp32 too, in the README's table).
+#   lies at 0.98 of the copy or above, about a third of them at or just above 1 (up to 1.017;
+#   the 1.111 below is the copy's doing); below 64 MiB (one pass) the points lie lower, none
+#   above 0.94 (both checked). Each point is timed once, so a ratio of 1.01 is a tie this sweep
+#   cannot resolve, not a kernel beating a copy (nor is the copy a hard ceiling:
+#   torch.compile's kernel beats `y.copy_(x)` in fp32 too, in the README's table).
 # - One point is well above 1: fp32, batch 8, the longest sequence. There it is the copy that
 #   was slow: measured once per point, it reached clearly less GB/s at that size than at the
 #   other sizes, while ropelib's GB/s stayed where they were (TE's ratio jumps at the same
@@ -325,11 +327,12 @@ for dtype, path in sweep_csvs.items():
     assert at["ropelib"]["fwd_gbps"] > smallest["ropelib"]["fwd_gbps"]   # the line rises
     # eager PyTorch: at most about a seventh of the copy (fp32; bf16 a tenth), at every point
     top_pytorch = max(r["ratio_fwd"] for r in gpu_rows if r["provider"] == "pytorch")
-    assert top_pytorch < 1 / 6.5 and (dtype == "bf16" or top_pytorch > 1 / 7.5)
+    assert round(top_pytorch, 2) == {"fp32": 0.15, "bf16": 0.10}[dtype]
     # level with the copy from batch 2 on in fp32 where apply_rope takes two passes (64 MiB of
     # x and more); lower below that
     if dtype == "fp32":
         from ropelib.kernels.launch import two_pass_min_bytes
+        two_all = []
         for b in (2, 4, 8):
             points = [r for r in gpu_rows if r["provider"] == "ropelib"
                       and r["sweep"] == f"seq_len-b{b}-fp32"]
@@ -340,6 +343,13 @@ for dtype, path in sweep_csvs.items():
                   f"{min(two):.3f}-{max(two):.3f}, one pass "
                   + (f"{min(one):.3f}-{max(one):.3f}" if one else "(no point)"))
             assert min(two) >= 0.98 and all(v < 0.94 for v in one), (b, two, one)
+            two_all += two
+        # about a third of those at or just above 1, up to 1.017 (the 1.111 is the copy's point)
+        at_1 = [v for v in two_all if v >= 1.0]
+        print(f"fp32, two passes, batch 2-8: {len(at_1)} of {len(two_all)} points at 1 or above, "
+              f"the highest below 1.1: {max(v for v in two_all if v < 1.1):.3f}")
+        assert 0.25 < len(at_1) / len(two_all) < 0.45
+        assert round(max(v for v in two_all if v < 1.1), 3) == 1.017
     else:   # bf16, the longest sequence: 0.85 of the copy at batch 1, within a tenth from batch 2
         top = {b: max((r for r in gpu_rows if r["provider"] == "ropelib"
                        and r["sweep"] == f"seq_len-b{b}-bf16"), key=lambda r: r["seq_len"])
@@ -484,7 +494,9 @@ for dtype in models:
 te_ncu_kernels = measured.ncu_kernels(measured.RESULTS / "te_ncu-nvidia-h200.csv")
 te_m, copy_m = te_ncu_kernels[0]["metrics"], te_ncu_kernels[-1]["metrics"]
 assert "fused_rope_forward" in te_ncu_kernels[0]["kernel"]
-te_issue_over_copy = te_m["smsp__inst_executed.sum"] / (4 * 132) / copy_m["sm__cycles_active.avg"]
+assert len(te_ncu_kernels) == 5 and "copy" in te_ncu_kernels[-1]["kernel"]
+SM_PARTITIONS = 4 * 132                                     # H200: 132 SMs of 4 schedulers
+te_issue_over_copy = te_m["smsp__inst_executed.sum"] / SM_PARTITIONS / copy_m["sm__cycles_active.avg"]
 print(f"TE fused, NVIDIA H200: issuing its instructions alone takes {te_issue_over_copy:.2f} "
       "copies' time")
 assert round(te_issue_over_copy, 2) == 1.77
@@ -599,7 +611,8 @@ for what, (seconds, pct) in stated_shares.items():
 # in the first ropelib and TE were level: an eager forward+backward at this size times the host
 # as much as the GPU, and a host that is slower that hour (another process, a lower clock) moves
 # it. Section 2's live row is a measurement of that kind: where it shows ropelib's
-# forward+backward behind TE's (as one run on the H200 did), that is what it measured.
+# forward+backward behind TE's (as one H200 run did), the gap is the host's time per call at
+# that moment, not the kernels'.
 #
 # For calls like that, take the host's per-call work out of the loop: capture the step in a
 # CUDA graph (notebook 11 plots a decoding step timed eagerly and replayed from one), or compile
@@ -635,8 +648,8 @@ assert all(t[run, GRAPHED, "ropelib"] < t[run, GRAPHED, "te_fused"] for run in r
 # move. No model pays that pass for q and k: inside a model they are intermediates, and their
 # gradients flow on into the projection's backward. The floor suite now takes the gradients
 # with `torch.autograd.grad`, which hands them back (`compare.fwdbwd_step`); its first run so,
-# the next day (`floor_rounds-nvidia-h200-20261130-1101.csv`), is read below beside the 12:19
-# run. If the pass is what the old rows also timed, every provider's replayed call is shorter by
+# the next day (`floor_rounds-nvidia-h200-20261130-1101.csv`), is read below beside the first
+# of the two runs above (`floor_grads_summed-…-20261129-1219.csv`). If the pass is what the old rows also timed, every provider's replayed call is shorter by
 # the same time, whatever its kernels: it is, by 45.7 to 47.1 µs for each of the four
 # providers replayed (within 4 % of one another), about 0.63 of the time of two copies of the
 # same bytes. Without that pass ropelib's replayed forward+backward runs at a copy's speed in
@@ -825,7 +838,7 @@ assert all(r[k] > 0 for r in race for k in ("your copy", "your rotation"))
 # it may have and still runs out: the compiler *spills*, storing registers to the thread's
 # local memory (`STL`) and loading them back (`LDL`), traffic through the caches that the copy
 # never makes (it spills nothing, checked). Not every local access is a spill: some Triton
-# versions (3.6, which compiled the GPU page) give the sine and cosine a small array in local
+# versions (3.6, the Triton of the committed GPU runs) give the sine and cosine a small array in local
 # memory for their slow path, a fixed few `STL` and `LDL` per element at every tile. The cell
 # reads that share off the one-row tile and takes it off: what is left is spills, none up to
 # 16 rows and about a hundred or more of each at 64, depending on the version (checked; the
@@ -863,7 +876,7 @@ assert compiled[64, True]["registers"] == 255
 # spills at 64 rows only (stores and loads: about a hundred or more), and the copy spills at
 # no tile
 assert all(spills[b] == {"local_stores": 0, "local_loads": 0} for b in (1, 4, 16))
-assert spills[64]["local_stores"] > 100 and spills[64]["local_loads"] > 50
+assert spills[64]["local_stores"] > 100 and spills[64]["local_loads"] > 75
 assert all(compiled[b, False]["local_stores"] == compiled[b, False]["local_loads"] == 0
            for b in per_thread)
 assert all(compiled[a, True]["registers"] < compiled[b, True]["registers"]

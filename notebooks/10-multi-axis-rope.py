@@ -698,10 +698,11 @@ assert (2048 - 12 * 132, -(-2048 // (12 * 132)), -(-2048 // (16 * 132))) == (464
 # the loads, rotation and stores being the same in both. The time does not grow as much as the
 # instructions: 1.9 times under the profiler's fixed clocks, and on the page's GPU run the
 # timing cell's do_bench, at the GPU's own clocks, printed its own ratio (on a GPU; the page shows the H200's).
-# Divided by its time, each kernel's DRAM traffic (the line under the table) says what kept it:
-# the once-per-token kernel draws 3.4 TB/s, a memory stream, so its time is the bytes'; the
-# per-head kernel draws 1.8 TB/s, the same bytes spread over twice the time its instructions
-# take to issue. The profile also shows the per-head
+# Divided by its time, each kernel's DRAM traffic (the line under the table) says how hard it
+# kept the memory busy: the once-per-token kernel draws 3.4 TB/s, a memory stream; the
+# per-head kernel draws 1.8 TB/s, the same bytes over almost twice the time, the rest spent on
+# its extra instructions (how close its instructions alone come to its time would take the
+# profile's cycle count, which this run did not record). The profile also shows the per-head
 # kernel with fewer warps active on average (56 % of an SM's warp slots against 89 %). Its
 # registers go some way to say why (derived from the profile's register counts, and checked in
 # the cell above with `counts.programs_per_sm`): its 36 registers a thread round up to 40 in

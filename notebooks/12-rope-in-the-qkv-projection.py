@@ -40,8 +40,8 @@
 # - read a compiled kernel's registers, spills and shared memory, and derive from them how many
 #   of its programs one SM can hold.
 #
-# **Time:** about an hour to read (section 7, the measurements, is half of it) and 30 minutes
-# for the three kernel exercises (1, 1b and 2); the cells run in about 10 s on a CPU (Triton's interpreter,
+# **Time:** about an hour to read (section 7, the measurements, is half of it) and about an
+# hour for the three kernel exercises (1, 1b and 2); the cells run in about 10 s on a CPU (Triton's interpreter,
 # small shapes).
 
 # %%
@@ -943,10 +943,8 @@ assert abs(probe_vs_bare[8192]) < cublas_runs[8192][0] / cublas_runs[8192][1] - 
 # runs, by `python -m ropelib.course.counts --out figures/12-qkv-tiles-sm90.csv`, from ropelib's
 # kernels (the CSV's header names the version of ropelib it compiled). dW and the bare dX there
 # are the kernels the GPU sweeps ran; the rotating dX is not. ropelib's dX has since moved to
-# the forward's way of getting cos
-# and sin: it reads the pre-pass's rows, once per program, where it evaluated them (faster at
-# the benchmark's tile on an H200, `benchmarks/NOTES.md`; dW still evaluates them, as rows
-# read in its loop over tokens were slower). ropelib's forward differs from the one the
+# the forward's way of getting cos and sin: it reads the pre-pass's rows, once per program,
+# where it evaluated them (dW still evaluates them). ropelib's forward differs from the one the
 # sweeps ran in two ways — a head in one
 # accumulator (section 3), and cos and sin read from a pre-pass's rows — and the tile sweeps in
 # `qkv_tiles-<gpu>.csv` were measured with that earlier forward (their headers' dates, printed
@@ -1489,8 +1487,8 @@ assert [round(dy_ms[t, WAYS[1]] / dy_ms[t, WAYS[3]] - 1, 2) for t in TOKENS] == 
 # three steps further on the H200, and timed each step in **rounds**: every variant once a
 # round, in the same order, seven rounds, and a variant's number is the median of its ratio
 # to cuBLAS's time in the same round (above 1 is faster than cuBLAS). Single timings of these
-# kernels moved by up to 10 % from one machine loan to the next; rounds put every variant
-# under the same conditions. The steps:
+# kernels moved from one run to the next by more than the differences between the variants;
+# rounds put every variant under the same conditions. The steps:
 #
 # - **a persistent grid**: one program per SM (132 on the H200) walks the tiles in grouped
 #   order, instead of one short-lived program per tile that fills and drains its pipeline;
@@ -1522,7 +1520,8 @@ assert [round(dy_ms[t, WAYS[1]] / dy_ms[t, WAYS[3]] - 1, 2) for t in TOKENS] == 
 # `torch.compile`, in CUDA graphs). Reading ropelib's four cos/sin tiles it held 255
 # registers and spilled, like the four-tile row above, and on the H200 it ran about a fifth
 # faster than the forward it replaced, still behind the unfused pipeline
-# (`benchmarks/qkv_forward_ab.py`; the next part's file has both, and its cell checks it). With table-free angles, whose pairs share one angle, it
+# (`benchmarks/qkv_forward_ab.py`; that file is read in the next part, whose cell checks
+# both). With table-free angles, whose pairs share one angle, it
 # now reads one cos and one sin tile, as the candidate does. Everything else this section measured is that earlier,
 # pointer-loaded forward, which still serves odd head counts, partial rotary and GPUs without
 # TMA; without its epilogue it runs at about three quarters of cuBLAS's speed (the last row).
@@ -1557,7 +1556,7 @@ SHOWN = {
 }
 print("of cuBLAS's speed, median of 7 rounds (H200, Llama-3-8B's projection, bf16); "
       "8192 / 32768 tokens")
-print(f"{'':48}" + "".join(f"{run:>15}" for run in ROUNDS_RUNS))
+print(f"{'':48}" + "".join(f"{'run ' + str(i + 1):>15}" for i in range(len(ROUNDS_RUNS))))
 for variant, label in SHOWN.items():
     cells = [(f"{rounds[run, 8192, variant]:.3f} / {rounds[run, 32768, variant]:.3f}"
               if (run, 8192, variant) in rounds else "") for run in ROUNDS_RUNS]
@@ -1629,9 +1628,12 @@ for path in (FWD_AB, *DY_ROUNDS):
     assert compare.read_meta(path)["gpu"] == "NVIDIA H200"
 fwd = {(r["tokens"], r["qk_norm"], r["variant"]): r for r in compare.read_csv(FWD_AB)}
 # the TMA forward as first shipped (ropelib's four cos/sin tiles) against the pointer-loaded
-# forward it replaced: about a fifth faster, at both token counts
+# forward it replaced: about a fifth faster, at both token counts, and still behind the
+# unfused pipeline
 assert [round(fwd[t, False, "TMA, four row tiles"]["cublas_ms_over_ms"]
               / fwd[t, False, "pointer kernel"]["cublas_ms_over_ms"], 1) for t in TOKENS] == [1.2, 1.2]
+assert all(fwd[t, False, "TMA, four row tiles"]["cublas_ms_over_ms"]
+           < fwd[t, False, "unfused"]["cublas_ms_over_ms"] for t in TOKENS)
 dy = {(r["tokens"], r["qk_norm"], r["provider"]): r
       for path in DY_ROUNDS for r in compare.read_csv(path)}
 
@@ -1643,6 +1645,7 @@ def spread(row, key):
 FORWARDS = {"unfused": "cuBLAS, then ropelib's RoPE", "TMA, two heads": "fused, angles",
             "table, flag": "fused, an angle table",
             "table, four tiles": "  the same, each member's rows in turn",
+            "TMA, four row tiles": "fused, as first shipped (four tiles)",
             "pointer kernel": "fused, pointer loads"}
 print(f"{FWD_AB.name}: the forward, of cuBLAS's speed, median of 7 rounds (range)")
 print(f"{'':40}" + "".join(f"{t:>22}" for t in TOKENS))
