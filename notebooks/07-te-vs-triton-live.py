@@ -287,9 +287,11 @@ for dtype, path in sweep_csvs.items():
 # - The fused kernels' lines *rise* with the sequence length. A call has a fixed cost —
 #   launching kernels, Python, autograd — that small tensors cannot hide; more bytes amortise it.
 # - Eager PyTorch is low at every size (at most about a seventh of the copy in fp32 and a
-#   tenth in bf16, checked) and flat from about S = 1024: it reads and writes the whole tensor once per operation (`cos`, `sin`,
-#   casts, two multiplies, a `cat`, an add), so its bytes are several times the model's
-#   (counted from the operations, not measured here).
+#   tenth in bf16, checked) and flat from about S = 1024: it reads and writes the whole tensor
+#   once per operation (`cos`, `sin`, casts, two multiplies, a `cat`, an add), so its bytes are
+#   several times the model's. Notebook 02 counted and timed them on an H200 (its
+#   `figures/02-unfused-kernels.csv`, read in the cell below): 6.0 times the fused kernel's
+#   bytes, streamed at 0.44 of the copy's speed.
 # - On large tensors (the right end of the batch-8 panel) the fused kernels separate: ropelib's
 #   forward runs next to the copy; TE's CUDA kernel and the batch-reuse generation stay below.
 # - Forward+backward (dashed) at batch 1 is where the fixed cost shows most: the next section
@@ -312,6 +314,17 @@ for dtype, path in sweep_csvs.items():
 
 # %%
 import statistics
+from ropelib.course import kernel_bandwidth
+
+# notebook 02's H200 profile of the same eager chain: its bytes against the fused kernel's,
+# and its kernels' time against those bytes at the copy's speed
+chain, chain_kept = kernel_bandwidth.read_rows(ROOT / "figures" / "02-unfused-kernels.csv")
+chain_bytes = sum(r.nbytes for r in chain) / chain_kept["fused_bytes"]
+chain_speed = kernel_bandwidth.us_at_copy_speed(chain, chain_kept["copy_gbps"]) \
+    / sum(r.us for r in chain)
+print(f"eager chain ({chain_kept['gpu']}): {chain_bytes:.1f}x the fused kernel's bytes, "
+      f"at {chain_speed:.2f} of the copy's speed")
+assert (round(chain_bytes, 1), round(chain_speed, 2)) == (6.0, 0.44)
 for dtype, path in sweep_csvs.items():
     if not path.exists():
         continue
