@@ -34,10 +34,10 @@ rounds' ratios (above 1: faster than cuBLAS).
     python benchmarks/qkv_forward_ab.py [--tokens 8192 32768] [--rounds 7] [--out CSV]
 """
 import argparse
-import contextlib
 import os
 import statistics
 import sys
+from unittest import mock
 
 import torch
 import triton
@@ -54,23 +54,10 @@ from ropelib.kernels import qkv_gemm  # noqa: E402
 HIDDEN, HQ, HK, D = 4096, 32, 8, 128
 
 
-@contextlib.contextmanager
-def swapped(module, **attrs):
-    """module's attributes set to attrs for the block, then restored."""
-    saved = {n: getattr(module, n) for n in attrs}
-    for n, v in attrs.items():
-        setattr(module, n, v)
-    try:
-        yield
-    finally:
-        for n, v in saved.items():
-            setattr(module, n, v)
-
-
 def patched(call, module, **attrs):
-    """call() with module's attributes swapped for attrs."""
+    """call() with module's attributes swapped for attrs (restored after)."""
     def run():
-        with swapped(module, **attrs):
+        with mock.patch.multiple(module, **attrs):
             return call()
     return run
 

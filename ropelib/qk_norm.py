@@ -186,16 +186,10 @@ def _check_index_values(position_ids, cu_seqlens, tokens: int, rows: int) -> Non
     non-decreasing, every sequence inside the table), where their values can be read without a
     synchronisation (see ropelib.set_index_checks); elsewhere a position outside the table
     gives NaN rows."""
-    if cu_seqlens is not None:
-        if V.values_checkable(cu_seqlens):
-            V.check_index_values(S=tokens, B=1, P=rows, layout="thd", cu_seqlens=cu_seqlens)
-        return
-    if position_ids is None or position_ids.numel() == 0 or not V.values_checkable(position_ids):
-        return
-    lo, hi = torch.stack([position_ids.min(), position_ids.max()]).tolist()
-    if lo < 0 or hi >= rows:
-        raise ValueError(f"position_ids must lie in [0, {rows}) (the table's rows), got values "
-                         f"in [{lo}, {hi}]")
+    index = [t for t in (position_ids, cu_seqlens) if t is not None]
+    if index and V.values_checkable(*index):
+        V.check_index_values(S=tokens, B=1, P=rows, layout="thd", position_ids=position_ids,
+                             cu_seqlens=cu_seqlens)
 
 
 # --- the public function ----------------------------------------------------------------------

@@ -35,10 +35,10 @@ import os
 import platform
 import re
 import statistics
-import warnings
 import subprocess
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional
