@@ -32,6 +32,8 @@
 #                                          # warps wait, beside torch.compile's (~1 min)
 #   bash benchmarks/gpu_run.sh puzzle9-ncu # notebook 13's puzzle 9 beside a copy's bytes, the
 #                                          # same metrics (~1 min)
+#   bash benchmarks/gpu_run.sh mrope_angles-ncu  # notebook 10's multi-axis kernels under Nsight
+#                                                # Compute, warp states and cycles (~1 min)
 #   bash benchmarks/gpu_run.sh te-ncu    # Transformer Engine's fused kernel (installed first)
 #                                        # beside the batch-reusing grid: instruction mix and
 #                                        # warp states, for notebook 04 (~1 min)
@@ -188,14 +190,15 @@ lts__t_sector_hit_rate.pct,l1tex__t_sector_hit_rate.pct,launch__grid_size \
                 echo "=== tables: no ncu on this machine: the Nsight Compute part is skipped"
             fi
             step hf-tables "$PY" benchmarks/hf_tables_probe.py ;;
-        decode-ncu|puzzle9-ncu|te-ncu)
+        decode-ncu|puzzle9-ncu|te-ncu|mrope_angles-ncu)
             # a probe's launches under Nsight Compute with the warp-state metrics
             # (compare.WARP_STATE_METRICS): decode-ncu, ropelib's decode kernel (angles, and a
             # cos/sin table) beside torch.compile's kernel of Hugging Face's formula
             # (benchmarks/decode_ncu.py); puzzle9-ncu, notebook 13's puzzle 9 beside a copy's
             # bytes (benchmarks/puzzle9_ncu.py); te-ncu, Transformer Engine's fused kernel beside
             # the batch-reusing grid and TE's grid in Triton, with the instruction mix too
-            # (benchmarks/te_ncu.py; TE installed first)
+            # (benchmarks/te_ncu.py; TE installed first); mrope_angles-ncu, notebook 10's two
+            # multi-axis kernels and ropelib's (benchmarks/mrope_angles_ncu.py)
             probe=${what%-ncu}_ncu
             ncu=$(find_ncu)
             if [ -n "$ncu" ]; then
@@ -254,7 +257,7 @@ print('# what: Nsight Compute (--profile-from-start off --csv) of benchmarks/$pr
                 ${ONLY:+--only "$ONLY"}
             [ -n "${OUT:-}" ] && tar czf "$OUT/executed-$tag.tar.gz" -C "$executed" . ;;
         *)
-            echo "unknown step: $what (tests, targets, floor, two-pass, decode, decode-ncu, puzzle9-ncu, te-ncu, model, sweeps, ablation, ladder, features, qkv-backward, qkv-mainloop, qkv-forward-ab, tables, fwdbwd, probes, course, notebooks)"; exit 2 ;;
+            echo "unknown step: $what (tests, targets, floor, two-pass, decode, decode-ncu, puzzle9-ncu, te-ncu, mrope_angles-ncu, model, sweeps, ablation, ladder, features, qkv-backward, qkv-mainloop, qkv-forward-ab, tables, fwdbwd, probes, course, notebooks)"; exit 2 ;;
     esac
 done
 exit $rc

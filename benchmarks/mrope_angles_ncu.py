@@ -8,13 +8,16 @@ Nsight Compute:
     1  the once-per-token kernel (the exercise's worked solution)
     2  ropelib.apply_mrope_qk on the same tensors
 
-    ncu --profile-from-start off --csv --metrics gpu__time_duration.sum,dram__bytes_read.sum,\
-dram__bytes_write.sum,smsp__inst_executed.sum,sm__warps_active.avg.pct_of_peak_sustained_active,\
-launch__registers_per_thread,launch__grid_size \
+    ncu --profile-from-start off --csv --metrics "$(python3 benchmarks/mrope_angles_ncu.py --metrics)" \
         python3 benchmarks/mrope_angles_ncu.py > mrope_angles_ncu.csv
 
-`--check` runs the three launches once without the profiler and compares their outputs (on a
-GPU; in Triton's interpreter at a small size). Needs a GPU for the profile.
+(`bash benchmarks/gpu_run.sh mrope_angles-ncu` does that, with the GPU and versions in the CSV's
+header.) The metrics are the warp-state set the other probes record
+(`compare.WARP_STATE_METRICS`): time, elapsed and active cycles, grid, registers, warp
+instructions, DRAM bytes, warps active, and where an average warp spent its cycles between two
+instructions it issued, by stall reason. `--metrics` prints that list; `--check` runs the three
+launches once without the profiler and compares their outputs (on a GPU; in Triton's
+interpreter at a small size). Needs a GPU for the profile.
 """
 import importlib.util
 import sys
@@ -58,29 +61,34 @@ def inputs(T, device):
     return q, k, pos, freqs
 
 
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
-    check = "--check" in argv
-    device = "cuda" if torch.cuda.is_available() and not ropelib.runtime.INTERPRET else "cpu"
+def launches(device: str):
+    """(label, call) for the three launches above, and the check's tolerance."""
     q, k, pos, freqs = inputs(16384 if device == "cuda" else 16, device)
     per_head = notebook_kernels()
-    calls = (
-        lambda: ex.launch_mrope(per_head, q, k, pos, freqs, BLOCK_T=8),
-        lambda: ex.launch_mrope(ex.solution_mrope_kernel, q, k, pos, freqs, BLOCK_T=8),
-        lambda: ropelib.apply_mrope_qk(q, k, pos, freqs, layout="thd"),
-    )
-    if check:
-        outs = [call() for call in calls]
-        tol = dict(atol=2e-2, rtol=2e-2) if q.dtype == torch.bfloat16 else dict(atol=1e-4,
-                                                                                 rtol=1e-4)
-        for got in outs[:2]:
-            for a, b in zip(got, outs[2]):
-                torch.testing.assert_close(a.float(), b.float(), **tol)
-        print(f"check: the three launches agree ({device}, T={q.shape[0]})")
-        return 0
-    compare.profiled_launches(calls)
-    return 0
+    calls = [
+        ("angles per (token, head)",
+         lambda: ex.launch_mrope(per_head, q, k, pos, freqs, BLOCK_T=8)),
+        ("angles once per token",
+         lambda: ex.launch_mrope(ex.solution_mrope_kernel, q, k, pos, freqs, BLOCK_T=8)),
+        ("ropelib.apply_mrope_qk", lambda: ropelib.apply_mrope_qk(q, k, pos, freqs, layout="thd")),
+    ]
+    tol = dict(atol=2e-2, rtol=2e-2) if q.dtype == torch.bfloat16 else dict(atol=1e-4, rtol=1e-4)
+    return calls, (q, tol)
 
+
+def check(calls, extra, device) -> str:
+    """The two notebook kernels agree with ropelib's."""
+    q, tol = extra
+    outs = [call() for _, call in calls]
+    for got in outs[:2]:
+        for a, b in zip(got, outs[2]):
+            torch.testing.assert_close(a.float(), b.float(), **tol)
+    return f"check: the three launches agree ({device}, T={q.shape[0]})"
+
+
+def main(argv=None):
+    return compare.profile_main(sys.argv[1:] if argv is None else argv, "mrope_angles_ncu.py",
+                                launches, check)
 
 if __name__ == "__main__":
     sys.exit(main())

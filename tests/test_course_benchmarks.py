@@ -58,6 +58,9 @@ def test_notebook_10_kernels_profiled_as_the_notebook_defines_them(benchmark, ca
     assert kernel.fn.__name__ == "mrope_per_head_kernel"
     assert probe.main(["--check"]) == 0
     assert "the three launches agree" in capsys.readouterr().out
+    assert probe.main(["--metrics"]) == 0          # the cycles notebook 10 reads, and the stalls
+    listed = capsys.readouterr().out.strip().split(",")
+    assert {"gpc__cycles_elapsed.max", "sm__cycles_active.avg", "smsp__inst_executed.sum"} <= set(listed)
 
 
 def test_notebook_05_opcode_profile_launches_agree(benchmark, capsys):
