@@ -701,8 +701,7 @@ assert (2048 - 12 * 132, -(-2048 // (12 * 132)), -(-2048 // (16 * 132))) == (464
 # Divided by its time, each kernel's DRAM traffic (the line under the table) says how hard it
 # kept the memory busy: the once-per-token kernel draws 3.4 TB/s, a memory stream; the
 # per-head kernel draws 1.8 TB/s, the same bytes over almost twice the time, the rest spent on
-# its extra instructions (how close its instructions alone come to its time would take the
-# profile's cycle count, which this run did not record). The profile also shows the per-head
+# its extra instructions (the next cell measures how much of its time they fill). The profile also shows the per-head
 # kernel with fewer warps active on average (56 % of an SM's warp slots against 89 %). Its
 # registers go some way to say why (derived from the profile's register counts, and checked in
 # the cell above with `counts.programs_per_sm`): its 36 registers a thread round up to 40 in
@@ -711,6 +710,57 @@ assert (2048 - 12 * 132, -(-2048 // (12 * 132)), -(-2048 // (16 * 132))) == (464
 # 28 % more instructions than the worked solution (it handles strides, layouts, partial rotary
 # and more; which of them costs what is not measured here) and takes a little less time
 # (68.2 against 71.6 µs).
+
+# %% [markdown]
+# **Is the per-head kernel bound by its instructions?** A second profile of the same three
+# launches (`mrope_angles_ncu-nvidia-h200-20261201-0511.csv`) recorded what the first did not:
+# the cycles each SM was active, and where an average warp spent its cycles between two
+# instructions it issued, by reason. An H200 SM has four warp schedulers, and each issues at most
+# one warp instruction a cycle, so a kernel's warp instructions divided by $4 \times 132$
+# schedulers is the fewest cycles it could take if it did nothing but issue. Set against the
+# cycles the SMs were active, that is the share of the time the schedulers were busy issuing:
+#
+# $$\text{issue share} = \frac{\text{warp instructions}}{4 \cdot 132 \cdot \text{active cycles per SM}}$$
+
+# %%
+from ropelib.bench import compare
+
+ncu2_csv = measured.RESULTS / "mrope_angles_ncu-nvidia-h200-20261201-0511.csv"
+assert compare.read_meta(ncu2_csv)["gpu"] == "NVIDIA H200"
+second = dict(zip(("angles per (token, head)", "angles once per token", "ropelib.apply_mrope_qk"),
+                  (k["metrics"] for k in measured.ncu_kernels(ncu2_csv))))
+STALLED = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+issue_share = {}
+print(f"{'kernel':28s}{'issue share':>12s}{'cycles/instr':>13s}{'memory wait':>12s}"
+      f"{'not selected':>13s}{'math pipe':>10s}")
+for label, m in second.items():
+    issue_share[label] = m["smsp__inst_executed.sum"] / (4 * 132 * m["sm__cycles_active.avg"])
+    print(f"{label:28s}{issue_share[label]:11.0%} {m['smsp__average_warp_latency_per_inst_issued.ratio']:12.1f}"
+          f"{m[STALLED.format('long_scoreboard')]:12.1f}{m[STALLED.format('not_selected')]:13.1f}"
+          f"{m[STALLED.format('math_pipe_throttle')]:10.1f}")
+# the same kernels as the first profile: instructions equal, times within 2 %
+for label, m in second.items():
+    assert second[label]["smsp__inst_executed.sum"] == ncu_rows[label]["smsp__inst_executed.sum"]
+    assert abs(m["gpu__time_duration.sum"] / ncu_rows[label]["gpu__time_duration.sum"] - 1) < 0.02
+head, token = second["angles per (token, head)"], second["angles once per token"]
+# what the text says: 81 % against 30 %; the per-head kernel's largest wait is "not selected"
+# (3.9 cycles an instruction), the once-per-token kernel's is global memory (43 of 48)
+assert [round(100 * issue_share[k]) for k in list(second)[:2]] == [81, 30]
+waits = {r: head[STALLED.format(r)] for r in ("long_scoreboard", "not_selected", "math_pipe_throttle")}
+assert max(waits, key=waits.get) == "not_selected" and round(waits["not_selected"], 1) == 3.9
+assert (round(token[STALLED.format("long_scoreboard")]), round(token["smsp__average_warp_latency_per_inst_issued.ratio"])) == (43, 48)
+
+# %% [markdown]
+# The per-head kernel's schedulers issue on 81 % of the cycles its SMs are active: close to the
+# ceiling of one instruction a cycle, so its time is set by how many instructions it has, and the
+# sines and cosines it evaluates 32 times over are what make them many. Its warps' largest wait
+# is *not selected*, 3.9 cycles an instruction: a warp was ready, and another ready warp was
+# issued instead — the mark of a kernel that has more work ready than the schedulers can issue,
+# not one waiting on memory. The once-per-token kernel issues on 30 % of its cycles, and of the
+# 48 cycles between two instructions of a warp, 43 are spent waiting on global memory (*long
+# scoreboard*): it has so few instructions that its time is the bytes' time, the copy-like stream
+# its 3.4 TB/s showed. Forming the angles once per token moves the kernel from the first kind to
+# the second.
 
 # %% [markdown]
 # ropelib's kernel can be built either way, and both builds were measured. With **head
