@@ -23,6 +23,8 @@
 #   bash benchmarks/gpu_run.sh qkv-mainloop  # the QKV projection's GEMM mainloop three ways vs cuBLAS
 #   bash benchmarks/gpu_run.sh qkv-forward-ab  # qkv_rope_linear's forward: TMA main loop (two row
 #                                              # tiles and four) vs pointer loads, 7 rounds (~1 min)
+#   bash benchmarks/gpu_run.sh qkv-table-flag  # its forward from a table against angles: the
+#                                              # pre-pass's flag, kernel times, do_bench pairs
 #   bash benchmarks/gpu_run.sh qkv-forward-ncu  # the fused forward and the probe's under Nsight
 #                                               # Compute's sections (~1 min)
 #   bash benchmarks/gpu_run.sh tables    # transformers' materialised cos/sin tables: what the
@@ -170,6 +172,8 @@ for what in "${@:-tests}"; do
             step qkv-forward-ab "$PY" benchmarks/qkv_forward_ab.py \
                 --out "$RESULTS/qkv_forward_ab-$tag.csv"
             keep "$RESULTS/qkv_forward_ab-$tag.csv" ;;
+        qkv-table-flag)
+            step qkv-table-flag "$PY" benchmarks/qkv_table_flag_probe.py ;;
         tables)
             # transformers' materialised tables: Qwen2-VL's per-axis ones and Hugging Face's
             # [B, S, D] ones (transformers' views, contiguous bhsd) under Nsight Compute
@@ -257,7 +261,7 @@ print('# what: Nsight Compute (--profile-from-start off --csv) of benchmarks/$pr
                 ${ONLY:+--only "$ONLY"}
             [ -n "${OUT:-}" ] && tar czf "$OUT/executed-$tag.tar.gz" -C "$executed" . ;;
         *)
-            echo "unknown step: $what (tests, targets, floor, two-pass, decode, decode-ncu, puzzle9-ncu, te-ncu, mrope_angles-ncu, model, sweeps, ablation, ladder, features, qkv-backward, qkv-mainloop, qkv-forward-ab, tables, fwdbwd, probes, course, notebooks)"; exit 2 ;;
+            echo "unknown step: $what (tests, targets, floor, two-pass, decode, decode-ncu, puzzle9-ncu, te-ncu, mrope_angles-ncu, model, sweeps, ablation, ladder, features, qkv-backward, qkv-mainloop, qkv-forward-ab, qkv-table-flag, tables, fwdbwd, probes, course, notebooks)"; exit 2 ;;
     esac
 done
 exit $rc
