@@ -83,7 +83,10 @@ on TMA   are even and the head is one accumulator (uses_tma): a persistent grid,
          tokens; of cuBLAS's speed): angles 0.91-0.93 / 0.95-0.97 (0.90-0.92 / 0.94-0.95 with
          QK-norm), an angle table 0.92 / 0.97 (0.91 / 0.96), each member's own rows in turn
          0.87 / 0.91-0.93; cuBLAS then ropelib's RoPE 0.92-0.93 / 0.94-0.95 (0.92 /
-         0.93), the kernel above 0.70-0.76. One head a tile (128 tokens) spilled 16 bytes and
+         0.93), the kernel above 0.70-0.76. Two later runs put angles at 0.92 / 0.92-0.93,
+         this kernel with ROTATE=False at 0.87-0.88 / 0.93-0.94, and the angle table behind
+         angles (0.85-0.87 / 0.82-0.85) with the flag 0; timed side by side the two calls
+         came out within 2 % (benchmarks/qkv_table_flag_probe.py): unsettled. One head a tile (128 tokens) spilled 16 bytes and
          ran slower than the kernel above (0.70 against 0.74): odd head counts keep that one.
 dX       _qkv_rope_dx_kernel    one program per (BLOCK_M tokens, BLOCK_K hidden columns),
          grouped: it reads its tokens' cos and sin rows once, then loops over every head (q's, k's,
