@@ -75,10 +75,12 @@ on TMA   are even and the head is one accumulator (uses_tma): a persistent grid,
          none. With table-free angles, whose pairs always share an angle, it reads two tiles
          (SHARED_ANGLE). From an angle table it branches on the pre-pass's flag
          (pairs_differ_ptr: 0 where every pair's members share cos and sin, as in Hugging
-         Face's and TE's tables): two tiles for both heads, or else each member's cos and sin
-         read just before that member is rotated and stored (IN_TURN), so that two tiles are
-         live at a time in either branch: 250 registers, no spill (holding four at once in
-         that branch, it had spilled 232 bytes). Measured on an H200
+         Face's and TE's tables), read once per program before its first tile, the tile loop
+         compiled once per branch (_tma_tiles): two tiles for both heads, or else each
+         member's cos and sin read just before that member is rotated and stored (IN_TURN), so
+         that two tiles are live at a time in either branch: 249 registers, no spill (holding
+         four at once in that branch, it had spilled 232 bytes; reading the flag in every tile,
+         250). Measured on an H200
          (benchmarks/qkv_forward_ab.py, Llama-3-8B's projection, bf16, 7 rounds, 8192 / 32768
          tokens; of cuBLAS's speed): angles 0.91-0.93 / 0.95-0.97 (0.90-0.92 / 0.94-0.95 with
          QK-norm), an angle table 0.92 / 0.97 (0.91 / 0.96), each member's own rows in turn
@@ -86,8 +88,12 @@ on TMA   are even and the head is one accumulator (uses_tma): a persistent grid,
          0.93), the kernel above 0.70-0.76. Two later runs put angles at 0.92 / 0.92-0.93,
          this kernel with ROTATE=False at 0.87-0.88 / 0.93-0.94, and the angle table behind
          angles (0.85-0.87 / 0.82-0.85) with the flag 0; timed side by side the two calls
-         came out within 2 % (benchmarks/qkv_table_flag_probe.py): unsettled. One head a tile (128 tokens) spilled 16 bytes and
-         ran slower than the kernel above (0.70 against 0.74): odd head counts keep that one.
+         came out within 2 % (benchmarks/qkv_table_flag_probe.py); back to back under
+         torch.profiler the table's kernel took 10-15 % longer at 32768 tokens while it read the
+         flag in every tile, 1.5 % longer once it read it once per program, yet the rounds
+         still put the table 9 % behind angles at 32768 tokens (0.85 against 0.93): unsettled.
+         One head a tile (128 tokens) spilled 16 bytes and ran slower than the kernel above
+         (0.70 against 0.74): odd head counts keep that one.
 dX       _qkv_rope_dx_kernel    one program per (BLOCK_M tokens, BLOCK_K hidden columns),
          grouped: it reads its tokens' cos and sin rows once, then loops over every head (q's, k's,
          v's): forms that head's dY tile [BLOCK_M, D] from gq/gk/gv (and the saved norm
@@ -663,6 +669,47 @@ def _qkv_rope_fwd_tma_kernel(
     d_a, d_b = pair_features(j, HALF, INTERLEAVED)
     e = D + tl.arange(0, 16)            # no pass-through features (placeholders)
     e_ok = e < D
+    # which epilogue every q and k tile takes is known before the first tile: the loop is
+    # compiled once per epilogue, so the one that runs holds no branch per tile (a table's
+    # flag is read once, here)
+    if not ROTATE:
+        _tma_tiles(x_desc, w_desc, bias_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, norm_q_ptr,
+                   norm_k_ptr, rstd_ptr, pre_ptr, S, B, K, HQ, HK, eps, tiles_m, tiles_n, j_ok,
+                   d_a, d_b, e, e_ok, D, LAYOUT, INTERLEAVED, ROWS_PER_ENTRY, BLOCK_M, BLOCK_K,
+                   GROUP_M, INT64, PROGRAMS, PRECISION, HEADS, 0)
+    elif SHARED_ANGLE:
+        _tma_tiles(x_desc, w_desc, bias_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, norm_q_ptr,
+                   norm_k_ptr, rstd_ptr, pre_ptr, S, B, K, HQ, HK, eps, tiles_m, tiles_n, j_ok,
+                   d_a, d_b, e, e_ok, D, LAYOUT, INTERLEAVED, ROWS_PER_ENTRY, BLOCK_M, BLOCK_K,
+                   GROUP_M, INT64, PROGRAMS, PRECISION, HEADS, 1)
+    else:
+        shared = False
+        if pairs_differ_ptr is not None:
+            shared = tl.load(pairs_differ_ptr) == 0
+        if shared:
+            _tma_tiles(x_desc, w_desc, bias_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr,
+                       norm_q_ptr, norm_k_ptr, rstd_ptr, pre_ptr, S, B, K, HQ, HK, eps, tiles_m,
+                       tiles_n, j_ok, d_a, d_b, e, e_ok, D, LAYOUT, INTERLEAVED, ROWS_PER_ENTRY,
+                       BLOCK_M, BLOCK_K, GROUP_M, INT64, PROGRAMS, PRECISION, HEADS, 1)
+        else:
+            _tma_tiles(x_desc, w_desc, bias_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr,
+                       norm_q_ptr, norm_k_ptr, rstd_ptr, pre_ptr, S, B, K, HQ, HK, eps, tiles_m,
+                       tiles_n, j_ok, d_a, d_b, e, e_ok, D, LAYOUT, INTERLEAVED, ROWS_PER_ENTRY,
+                       BLOCK_M, BLOCK_K, GROUP_M, INT64, PROGRAMS, PRECISION, HEADS, 2)
+
+
+@triton.jit
+def _tma_tiles(x_desc, w_desc, bias_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, norm_q_ptr,
+               norm_k_ptr, rstd_ptr, pre_ptr, S, B, K, HQ, HK, eps, tiles_m, tiles_n, j_ok, d_a,
+               d_b, e, e_ok, D: tl.constexpr, LAYOUT: tl.constexpr, INTERLEAVED: tl.constexpr,
+               ROWS_PER_ENTRY: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+               GROUP_M: tl.constexpr, INT64: tl.constexpr, PROGRAMS: tl.constexpr,
+               PRECISION: tl.constexpr, HEADS: tl.constexpr, EPILOGUE: tl.constexpr):
+    # the TMA forward's persistent loop over its (BLOCK_M tokens, HEADS heads) tiles, with one
+    # epilogue for every q and k tile: 0 none (ROTATE=False), 1 one cos and one sin tile for
+    # both heads (pairs whose members share them), 2 each member's cos and sin read in turn
+    HALF: tl.constexpr = D // 2
+    M = S * B
     for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, PROGRAMS):
         pid_m, pid_n = _grouped(tile, tiles_m, tiles_n, GROUP_M)
         m0 = pid_m * BLOCK_M
@@ -674,30 +721,23 @@ def _qkv_rope_fwd_tma_kernel(
             acc += tl.load(bias_ptr + h * D + tl.arange(0, HEADS * D)).to(tl.float32)[None, :]
         m = m0 + tl.arange(0, BLOCK_M)
         m_ok = m < M
-        if h < HQ + HK:
-            # both heads q's or both k's (HQ, HK even); with pairs that share cos and sin, one
-            # cos and one sin tile for both heads, else each member's read in turn
-            if not ROTATE:
+        if h < HQ + HK:                      # both heads q's or both k's (HQ, HK even)
+            if EPILOGUE == 0:
                 _store_qk_heads(acc, h, q_ptr, k_ptr, norm_q_ptr, norm_k_ptr, rstd_ptr, pre_ptr,
                                 0.0, 0.0, m, m_ok, HQ, HK, S, B, eps, d_a, d_b, e, j_ok, e_ok,
                                 D, LAYOUT, INT64, INTERLEAVED, False, HEADS)
+            elif EPILOGUE == 1:
+                c, s, _, _ = _pair_cos_sin_rows(cos_ptr, sin_ptr, m, M, S, d_a, d_b,
+                                                ROWS_PER_ENTRY, D, HALF)
+                _store_qk_heads(acc, h, q_ptr, k_ptr, norm_q_ptr, norm_k_ptr, rstd_ptr, pre_ptr,
+                                c, s, m, m_ok, HQ, HK, S, B, eps, d_a, d_b, e, j_ok, e_ok, D,
+                                LAYOUT, INT64, INTERLEAVED, True, HEADS)
             else:
-                shared = SHARED_ANGLE       # (known here for Angles; else the pre-pass's flag)
-                if not SHARED_ANGLE:
-                    if pairs_differ_ptr is not None:
-                        shared = tl.load(pairs_differ_ptr) == 0
-                if shared:
-                    c, s, _, _ = _pair_cos_sin_rows(cos_ptr, sin_ptr, m, M, S, d_a, d_b,
-                                                    ROWS_PER_ENTRY, D, HALF)
-                    _store_qk_heads(acc, h, q_ptr, k_ptr, norm_q_ptr, norm_k_ptr, rstd_ptr,
-                                    pre_ptr, c, s, m, m_ok, HQ, HK, S, B, eps, d_a, d_b, e, j_ok,
-                                    e_ok, D, LAYOUT, INT64, INTERLEAVED, True, HEADS)
-                else:
-                    row_t, mask_t = _row_offsets(m, M, S, ROWS_PER_ENTRY, D, HALF)
-                    _store_qk_heads(acc, h, q_ptr, k_ptr, norm_q_ptr, norm_k_ptr, rstd_ptr,
-                                    pre_ptr, 0.0, 0.0, m, m_ok, HQ, HK, S, B, eps, d_a, d_b, e,
-                                    j_ok, e_ok, D, LAYOUT, INT64, INTERLEAVED, True, HEADS,
-                                    cos_ptr, sin_ptr, row_t, mask_t, True)
+                row_t, mask_t = _row_offsets(m, M, S, ROWS_PER_ENTRY, D, HALF)
+                _store_qk_heads(acc, h, q_ptr, k_ptr, norm_q_ptr, norm_k_ptr, rstd_ptr, pre_ptr,
+                                0.0, 0.0, m, m_ok, HQ, HK, S, B, eps, d_a, d_b, e, j_ok, e_ok,
+                                D, LAYOUT, INT64, INTERLEAVED, True, HEADS, cos_ptr, sin_ptr,
+                                row_t, mask_t, True)
         else:
             for i in tl.static_range(HEADS):
                 a, b = _pair_halves(_tile_head(acc, i, D), INTERLEAVED)
