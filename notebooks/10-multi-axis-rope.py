@@ -696,8 +696,8 @@ assert (2048 - 12 * 132, -(-2048 // (12 * 132)), -(-2048 // (16 * 132))) == (464
 # warp instructions, the sines and cosines it evaluates 32 times over; in the interpreter's count
 # above it evaluated 32 times as many, but an evaluation is only part of a kernel's instructions,
 # the loads, rotation and stores being the same in both. The time does not grow as much as the
-# instructions: 1.9 times under the profiler's fixed clocks, and on the page's GPU run the
-# timing cell's do_bench, at the GPU's own clocks, printed its own ratio (on a GPU; the page shows the H200's).
+# instructions: 1.9 times under the profiler, which fixes the SM clock (the next cell reads
+# which), and less at the GPU's own clock: the timing cell above prints that ratio on a GPU.
 # Divided by its time, each kernel's DRAM traffic (the line under the table) says how hard it
 # kept the memory busy: the once-per-token kernel draws 3.4 TB/s, a memory stream; the
 # per-head kernel draws 1.8 TB/s, the same bytes over almost twice the time, the rest spent on
@@ -718,9 +718,14 @@ assert (2048 - 12 * 132, -(-2048 // (12 * 132)), -(-2048 // (16 * 132))) == (464
 # instructions it issued, by reason. An H200 SM has four warp schedulers, and each issues at most
 # one warp instruction a cycle, so a kernel's warp instructions divided by $4 \times 132$
 # schedulers is the fewest cycles it could take if it did nothing but issue. Set against the
-# cycles the SMs were active, that is the share of the time the schedulers were busy issuing:
+# cycles the SMs were active, that is the share of the time the schedulers were busy issuing
+# (Nsight Compute's *issue slots busy*, derived here from executed instructions, so a slight
+# underestimate of it):
 #
 # $$\text{issue share} = \frac{\text{warp instructions}}{4 \cdot 132 \cdot \text{active cycles per SM}}$$
+#
+# The profiler runs the SMs at a fixed clock; the cycles it counts over the time it measures say
+# which.
 
 # %%
 from ropelib.bench import compare
@@ -730,11 +735,16 @@ assert compare.read_meta(ncu2_csv)["gpu"] == "NVIDIA H200"
 second = dict(zip(("angles per (token, head)", "angles once per token", "ropelib.apply_mrope_qk"),
                   (k["metrics"] for k in measured.ncu_kernels(ncu2_csv))))
 STALLED = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+SMS = 132                                        # the H200's SMs (the profile's grid ran on all)
+clock_ghz = {label: m["gpc__cycles_elapsed.max"] / m["gpu__time_duration.sum"]
+             for label, m in second.items()}     # cycles per ns: the profiler's fixed clock
+print("the profiler's SM clock: " + ", ".join(f"{v:.2f} GHz" for v in clock_ghz.values()))
+assert all(round(v, 1) == 1.5 for v in clock_ghz.values())   # "about 1.5 GHz"
 issue_share = {}
-print(f"{'kernel':28s}{'issue share':>12s}{'cycles/instr':>13s}{'memory wait':>12s}"
+print(f"{'kernel':28s}{'issue share':>12s}{'cycles/instr':>13s}{'L1TEX wait':>12s}"
       f"{'not selected':>13s}{'math pipe':>10s}")
 for label, m in second.items():
-    issue_share[label] = m["smsp__inst_executed.sum"] / (4 * 132 * m["sm__cycles_active.avg"])
+    issue_share[label] = m["smsp__inst_executed.sum"] / (4 * SMS * m["sm__cycles_active.avg"])
     print(f"{label:28s}{issue_share[label]:11.0%} {m['smsp__average_warp_latency_per_inst_issued.ratio']:12.1f}"
           f"{m[STALLED.format('long_scoreboard')]:12.1f}{m[STALLED.format('not_selected')]:13.1f}"
           f"{m[STALLED.format('math_pipe_throttle')]:10.1f}")
@@ -743,24 +753,36 @@ for label, m in second.items():
     assert second[label]["smsp__inst_executed.sum"] == ncu_rows[label]["smsp__inst_executed.sum"]
     assert abs(m["gpu__time_duration.sum"] / ncu_rows[label]["gpu__time_duration.sum"] - 1) < 0.02
 head, token = second["angles per (token, head)"], second["angles once per token"]
-# what the text says: 81 % against 30 %; the per-head kernel's largest wait is "not selected"
-# (3.9 cycles an instruction), the once-per-token kernel's is global memory (43 of 48)
+# what the text says: 81 % against 30 % (77 % of the per-head kernel's elapsed cycles); its
+# largest wait of all the stall reasons is "not selected" (3.9 cycles an instruction), the
+# once-per-token kernel's is L1TEX, global memory (43 of 48)
 assert [round(100 * issue_share[k]) for k in list(second)[:2]] == [81, 30]
-waits = {r: head[STALLED.format(r)] for r in ("long_scoreboard", "not_selected", "math_pipe_throttle")}
-assert max(waits, key=waits.get) == "not_selected" and round(waits["not_selected"], 1) == 3.9
+assert round(100 * head["smsp__inst_executed.sum"] / (4 * SMS * head["gpc__cycles_elapsed.max"])) == 77
+waits = {m[len("smsp__average_warps_issue_stalled_"):-len("_per_issue_active.ratio")]: v
+         for m, v in head.items() if m.startswith("smsp__average_warps_issue_stalled_")}
+waits.pop("selected")                            # the cycle it issues, not a wait
+assert len(waits) >= 15 and max(waits, key=waits.get) == "not_selected"
+assert round(waits["not_selected"], 1) == 3.9
 assert (round(token[STALLED.format("long_scoreboard")]), round(token["smsp__average_warp_latency_per_inst_issued.ratio"])) == (43, 48)
 
 # %% [markdown]
-# The per-head kernel's schedulers issue on 81 % of the cycles its SMs are active: close to the
-# ceiling of one instruction a cycle, so its time is set by how many instructions it has, and the
-# sines and cosines it evaluates 32 times over are what make them many. Its warps' largest wait
-# is *not selected*, 3.9 cycles an instruction: a warp was ready, and another ready warp was
-# issued instead — the mark of a kernel that has more work ready than the schedulers can issue,
-# not one waiting on memory. The once-per-token kernel issues on 30 % of its cycles, and of the
-# 48 cycles between two instructions of a warp, 43 are spent waiting on global memory (*long
-# scoreboard*): it has so few instructions that its time is the bytes' time, the copy-like stream
-# its 3.4 TB/s showed. Forming the angles once per token moves the kernel from the first kind to
-# the second.
+# The per-head kernel's schedulers issue on 81 % of the cycles its SMs are active (77 % of the
+# kernel's elapsed cycles): close to the ceiling of one instruction a cycle, so under the
+# profiler's clock its time is set by how many instructions it has, and the sines and cosines
+# it evaluates 32 times over are what make them many. Its warps' largest wait, of every stall
+# reason the profile records, is *not selected*, 3.9 cycles an instruction: a warp was ready,
+# and another ready warp was issued instead. That is what a kernel looks like when it has more
+# work ready than the schedulers can issue. It also answers the occupancy question above: with
+# the schedulers this busy, more resident warps would not have made it faster; fewer
+# instructions do. The once-per-token kernel issues on 30 % of its cycles, and of the 48 cycles
+# between two instructions of a warp, 43 are spent waiting on an L1TEX operation, here its
+# global loads (*long scoreboard*): its time is mostly waiting on memory, as its 3.4 TB/s
+# showed. Forming the angles once per token moves the kernel from the first kind to the second.
+#
+# One caution: the profiler ran the GPU at about 1.5 GHz (elapsed cycles over time). At the
+# GPU's own, higher clock an instruction takes less time and a byte from memory does not, so the
+# per-head kernel's instruction limit comes closer to its memory limit, and the ratio of the two
+# kernels' times should shrink; the timing cell above prints it at the GPU's own clock, on a GPU.
 
 # %% [markdown]
 # ropelib's kernel can be built either way, and both builds were measured. With **head
@@ -779,7 +801,6 @@ assert (round(token[STALLED.format("long_scoreboard")]), round(token["smsp__aver
 # copy of q and k, forward:
 
 # %%
-from ropelib.bench import compare
 
 RESULTS = ROOT / "benchmarks" / "results"
 # two builds, labelled by what each was (the later one changed more than the tiling: the text)

@@ -90,7 +90,7 @@ on TMA   are even and the head is one accumulator (uses_tma): a persistent grid,
          angles (0.85-0.87 / 0.82-0.85) with the flag 0; timed side by side the two calls
          came out within 2 % (benchmarks/qkv_table_flag_probe.py); back to back under
          torch.profiler the table's kernel took 10-15 % longer at 32768 tokens while it read the
-         flag in every tile, 1.5 % longer once it read it once per program, yet the rounds
+         flag in every tile, 1.6 % longer once it read it once per program, yet the rounds
          still put the table 9 % behind angles at 32768 tokens (0.85 against 0.93): unsettled.
          One head a tile (128 tokens) spilled 16 bytes and ran slower than the kernel above
          (0.70 against 0.74): odd head counts keep that one.
