@@ -835,15 +835,16 @@ def time_all(token_counts, out, only=(), rounds=1) -> None:
             rows.append(dict(tokens=tokens, variant=name, ms=med,
                              ms_p20=statistics.median(t[1] for t in times[name]),
                              ms_p80=statistics.median(t[2] for t in times[name]),
-                             tflops=flop / med / 1e9, cublas_ms_over_ms=ratio, rounds=rounds,
-                             max_rel_err=err))
+                             tflops=flop / med / 1e9, cublas_ms_over_ms=ratio,
+                             low=min(ratios), high=max(ratios), rounds=rounds, max_rel_err=err))
             spread = f" (rounds {min(ratios):.3f}-{max(ratios):.3f})" if rounds > 1 else ""
             print(f"{tokens:6d} {name:40s} {med:.4f} ms {flop / med / 1e9:6.0f} TFLOP/s  "
                   f"{ratio:.3f} of cuBLAS's speed{spread}", flush=True)
     if out:
         compare.write_csv(rows, out, compare.environment_meta(),
                           fields=["tokens", "variant", "ms", "ms_p20", "ms_p80", "tflops",
-                                  "cublas_ms_over_ms", "rounds", "max_rel_err", "reason"])
+                                  "cublas_ms_over_ms", "low", "high", "rounds", "max_rel_err",
+                                  "reason"])
         print(f"wrote {out}")
 
 

@@ -1,6 +1,7 @@
 """ropelib.bench.compare: the provider registry, rows, error metrics, sweeps and CSV."""
 import dataclasses
 import math
+import re
 
 import pytest
 import torch
@@ -198,7 +199,8 @@ def test_sweep_calls_on_row_and_writes_csv(tmp_path, device):
     assert rows == seen and len(rows) == 4
     assert [r["seq_len"] for r in rows] == [2, 2, 3, 3]
     meta = C.environment_meta()
-    for k in ("gpu", "driver", "torch", "triton", "transformer_engine", "date", "mode"):
+    for k in ("gpu", "driver", "torch", "triton", "transformer_engine", "date", "mode",
+              "revision", "ropelib_source"):
         assert k in meta
     path = C.write_csv(rows, tmp_path / "sweep.csv", meta=meta)
     back = C.read_csv(path)
@@ -352,3 +354,15 @@ def test_run_case_times_forward_backward_in_rounds_with_the_copy():
         assert r["fwdbwd_ms"] > 0 and r["copy_fwdbwd_ms"] > 0
         assert r["fwdbwd_ms_p20"] <= r["fwdbwd_ms"] <= r["fwdbwd_ms_p80"]
         assert r["ratio_fwdbwd"] == pytest.approx(r["copy_fwdbwd_ms"] / r["fwdbwd_ms"])
+
+
+def test_environment_meta_names_the_code_it_measured(monkeypatch, tmp_path):
+    """The source hash covers every .py file of ropelib (a change anywhere changes it) and is the
+    same from one call to the next; the revision is git's commit, or ROPELIB_REVISION where set."""
+    first, again = C.source_sha(), C.source_sha()
+    assert first == again and re.fullmatch(r"[0-9a-f]{12}", first)
+    monkeypatch.setenv("ROPELIB_REVISION", "abc123 (given)")
+    assert C.environment_meta()["revision"] == "abc123 (given)"
+    monkeypatch.delenv("ROPELIB_REVISION")
+    revision = C.source_revision()
+    assert revision == "unknown" or re.fullmatch(r"[0-9a-f]{12}(\+modified)?", revision)

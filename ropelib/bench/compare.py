@@ -937,12 +937,48 @@ def sweep(base: Config, axis: str, values: Iterable, providers=None, *, progress
 
 # --- CSV and provenance -----------------------------------------------------------------------
 
+def source_sha() -> str:
+    """The first 12 hex digits of a SHA-256 over ropelib's Python sources (every .py file under
+    the package, by relative path and content): which code a measurement ran, also where the
+    checkout has no git history (a copy sent to a GPU machine). `git ls-tree` at a commit gives
+    the same files, so a recorded value can be matched to commits."""
+    import hashlib
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def source_revision() -> str:
+    """The checkout's commit (12 hex digits, "+modified" where tracked files differ from it),
+    $ROPELIB_REVISION where that is set (a copy without git history), else "unknown"."""
+    given = os.environ.get("ROPELIB_REVISION")
+    if given:
+        return given
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
+                              capture_output=True, text=True, timeout=10)
+        if head.returncode:
+            return "unknown"
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain",
+                                "--untracked-files=no"], capture_output=True, text=True,
+                               timeout=10).stdout.strip()
+        return head.stdout.strip() + ("+modified" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
 def environment_meta() -> dict:
-    """Where the numbers come from: GPU, driver, versions, date, execution mode."""
+    """Where the numbers come from: GPU, driver, versions, date, execution mode, and which code
+    (the commit where there is one, and a hash of ropelib's sources that holds without git)."""
     meta = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
             "mode": runtime.mode(), "python": platform.python_version(),
             "platform": platform.platform(), "torch": torch.__version__,
-            "cuda": torch.version.cuda or "none"}
+            "cuda": torch.version.cuda or "none",
+            "revision": source_revision(), "ropelib_source": source_sha()}
     try:
         import triton
         meta["triton"] = triton.__version__
