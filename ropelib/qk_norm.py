@@ -251,22 +251,13 @@ def qk_norm_rope(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, freqs: Optional
     eps = V.check_real(eps, "eps", positive=True)
     weight_offset = V.check_real(weight_offset, "weight_offset")
     _check_inputs(q, k, w_q, w_k, layout)
+    # the table as apply_rope checks it: angles [P, R], cos and sin [P, R], or an Angles'
+    # turns [R] and amplitude [1] (no rows: any position)
+    table, sin_t = _tables(freqs, cos, sin, angles=angles)
     if angles is not None:
-        table, sin_t = _tables(freqs, cos, sin, angles=angles)    # turns [R], amplitude [1]
         tname, R, P = "angles", table.shape[0], EXACT_POSITIONS
     else:
-        if (freqs is None) == (cos is None and sin is None):
-            raise ValueError("pass either freqs (angles), cos and sin (tables) or angles "
-                             "(ropelib.rope_angles), not several or none")
-        if freqs is not None:
-            table, sin_t = V.angle_table(freqs), None
-            tname = "freqs"
-        else:
-            if cos is None or sin is None:
-                raise ValueError("cos and sin must be given together")
-            table, sin_t = V.cos_sin_pair(V.table_2d(cos, "cos"), V.table_2d(sin, "sin"))
-            tname = "cos"
-        R, P = table.shape[-1], table.shape[0]
+        tname, R, P = "freqs" if freqs is not None else "cos", table.shape[1], table.shape[0]
     V.check_same_device(q, "q", **{tname: table}, sin=sin_t)
     D = q.shape[-1]
     V.check_rotary_dim(R, D, tname)
