@@ -209,7 +209,7 @@ lts__t_sector_hit_rate.pct,l1tex__t_sector_hit_rate.pct,launch__grid_size \
                 # `# key: value` lines first (compare.read_meta), then ncu's table
                 "$PY" -c "from ropelib.bench import compare
 m = compare.environment_meta()
-for k in ('date', 'gpu', 'torch', 'triton', 'transformer_engine'):
+for k in ('date', 'gpu', 'torch', 'triton', 'transformer_engine', 'revision', 'ropelib_source'):
     if m.get(k): print(f'# {k}: {m[k]}')
 print('# what: Nsight Compute (--profile-from-start off --csv) of benchmarks/$probe.py')" \
                     > "$RESULTS/$probe-$tag.csv"

@@ -71,8 +71,10 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("qkv_table_flag_probe times a GPU")
+    from ropelib.bench import compare
     print(f"GPU ({torch.cuda.get_device_name()}), torch {torch.__version__}, "
-          f"triton {triton.__version__}")
+          f"triton {triton.__version__}, ropelib revision {compare.source_revision()}, "
+          f"source {compare.source_sha()}")
     for tokens in (8192, 32768):
         x = torch.randn(1, tokens, HIDDEN, device="cuda", dtype=torch.bfloat16)
         w = torch.randn((HQ + 2 * HK) * D, HIDDEN, device="cuda", dtype=torch.bfloat16) * 0.02

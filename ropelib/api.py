@@ -64,8 +64,8 @@ def _tables(freqs, cos, sin, names=("freqs", "cos", "sin"), angles=None):
                              "(a table), not both")
         return V.angle_table(freqs, names[0]), None
     if cos is None or sin is None:
-        raise ValueError(f"pass {names[0]} (angles [P, 1, 1, R] or [P, R]) or both {names[1]} "
-                         f"and {names[2]} ([P, R])")
+        raise ValueError(f"pass {names[0]} (angles [P, 1, 1, R] or [P, R]), or both {names[1]} "
+                         f"and {names[2]} ([P, R]), or angles (ropelib.rope_angles)")
     return V.cos_sin_pair(V.table_2d(cos, names[1]), V.table_2d(sin, names[2]), names[1:])
 
 

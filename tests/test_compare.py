@@ -357,12 +357,23 @@ def test_run_case_times_forward_backward_in_rounds_with_the_copy():
 
 
 def test_environment_meta_names_the_code_it_measured(monkeypatch, tmp_path):
-    """The source hash covers every .py file of ropelib (a change anywhere changes it) and is the
-    same from one call to the next; the revision is git's commit, or ROPELIB_REVISION where set."""
+    """The source hash is the same from one call to the next and changes with any .py file under
+    the package; the revision is git's commit, ROPELIB_REVISION where set, "unknown" without git."""
     first, again = C.source_sha(), C.source_sha()
     assert first == again and re.fullmatch(r"[0-9a-f]{12}", first)
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.py").write_text("x = 1\n")
+    (tmp_path / "sub" / "b.py").write_text("y = 2\n")
+    before = C.source_sha(tmp_path)
+    (tmp_path / "sub" / "b.py").write_text("y = 3\n")
+    assert C.source_sha(tmp_path) != before
     monkeypatch.setenv("ROPELIB_REVISION", "abc123 (given)")
     assert C.environment_meta()["revision"] == "abc123 (given)"
     monkeypatch.delenv("ROPELIB_REVISION")
     revision = C.source_revision()
     assert revision == "unknown" or re.fullmatch(r"[0-9a-f]{12}(\+modified)?", revision)
+
+    def no_git(*args, **kwargs):
+        raise FileNotFoundError("git")
+    monkeypatch.setattr(C.subprocess, "run", no_git)
+    assert C.source_revision() == "unknown"

@@ -897,6 +897,27 @@ def test_benchmark_dry_run(tmp_path, capsys):
     assert "fused" in capsys.readouterr().out
 
 
+def test_tma_forward_without_its_epilogue_is_the_projection(seeded):
+    """rotate=False (the benchmarks' bare GEMM): the TMA forward stores q, k and v as projected,
+    x @ W^T split into heads, with nothing rotated or normed."""
+    B, S, K, HQ, HK, D = 2, 13, 40, 4, 2, 16
+    x = torch.randn(B, S, K)
+    w = torch.randn((HQ + 2 * HK) * D, K) / K ** 0.5
+    outs = [torch.full((B, S, h, D), float("nan")) for h in (HQ, HK, HK)]
+    pointers = qkv_gemm.pointers("fwd", x_ptr=x, w_ptr=w, q_ptr=outs[0], k_ptr=outs[1],
+                                 v_ptr=outs[2])
+    launch = qkv_gemm.plan("fwd", S=S, B=B, K=K, HQ=HQ, HK=HK, D=D, R=D, P=S, ids=None,
+                           cu_seqlens=None, layout="bshd", interleaved=False, eps=1e-6,
+                           device=x.device, dtypes=planning.pointer_dtypes(pointers),
+                           rotate=False)
+    if qkv_gemm.INTERPRET:
+        assert launch.launcher is qkv_gemm.FWD_TMA
+    qkv_gemm.run(launch, pointers)
+    want = (x @ w.T).view(B, S, HQ + 2 * HK, D).split((HQ, HK, HK), dim=2)
+    for got, expected in zip(outs, want):
+        torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
 def test_planned_launches_name_every_argument_and_their_dtypes():
     """The direct launcher starts a compiled GEMM with the Launch's arguments alone (no defaults
     filled in by Triton) and finds it by the Launch: so each plan names every non-pointer

@@ -937,36 +937,49 @@ def sweep(base: Config, axis: str, values: Iterable, providers=None, *, progress
 
 # --- CSV and provenance -----------------------------------------------------------------------
 
-def source_sha() -> str:
+def source_sha(root: Optional[Path] = None) -> str:
     """The first 12 hex digits of a SHA-256 over ropelib's Python sources (every .py file under
-    the package, by relative path and content): which code a measurement ran, also where the
-    checkout has no git history (a copy sent to a GPU machine). `git ls-tree` at a commit gives
-    the same files, so a recorded value can be matched to commits."""
+    the package, or under `root`, by relative path and content): which code a measurement ran,
+    also where the checkout has no git history (a copy sent to a GPU machine). At a checkout of
+    a commit with no other .py files under the package, it is that commit's value. "unknown"
+    where the files cannot be read. (The benchmark script itself is not covered: it is named in
+    the file's own header or name.)"""
     import hashlib
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[1] if root is None else Path(root)
     digest = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        digest.update(path.relative_to(root).as_posix().encode() + b"\0")
-        digest.update(path.read_bytes() + b"\0")
+    try:
+        for path in sorted(p for p in root.rglob("*.py") if p.is_file()):
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+            digest.update(path.read_bytes() + b"\0")
+    except OSError:
+        return "unknown"
     return digest.hexdigest()[:12]
 
 
 def source_revision() -> str:
-    """The checkout's commit (12 hex digits, "+modified" where tracked files differ from it),
-    $ROPELIB_REVISION where that is set (a copy without git history), else "unknown"."""
+    """The checkout's commit (12 hex digits; "+modified" where ropelib's or the benchmarks'
+    tracked Python files differ from it), $ROPELIB_REVISION where that is set (a copy without git
+    history), else "unknown": also where the package is not in its own checkout (an install
+    inside some other repository)."""
     given = os.environ.get("ROPELIB_REVISION")
     if given:
         return given
     root = Path(__file__).resolve().parents[2]
-    try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
+
+    def git(*args):
+        return subprocess.run(["git", "--no-optional-locks", "-C", str(root), *args],
                               capture_output=True, text=True, timeout=10)
-        if head.returncode:
+    try:
+        top = git("rev-parse", "--show-toplevel")
+        if top.returncode or Path(top.stdout.strip()).resolve() != root \
+                or git("ls-files", "--error-unmatch", "ropelib/bench/compare.py").returncode:
             return "unknown"
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain",
-                                "--untracked-files=no"], capture_output=True, text=True,
-                               timeout=10).stdout.strip()
-        return head.stdout.strip() + ("+modified" if dirty else "")
+        head = git("rev-parse", "--short=12", "HEAD")
+        status = git("status", "--porcelain", "--untracked-files=no", "--", "ropelib",
+                     ":(glob)benchmarks/*.py")
+        if head.returncode or status.returncode:
+            return "unknown"
+        return head.stdout.strip() + ("+modified" if status.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
@@ -1063,7 +1076,8 @@ def known_metrics(metrics, ncu: str) -> tuple:
 def profile_main(argv, script: str, launches: Callable, check: Callable,
                  metrics: tuple = WARP_STATE_METRICS) -> int:
     """The command line of a probe that Nsight Compute profiles with `metrics`
-    (benchmarks/decode_ncu.py, puzzle9_ncu.py, te_ncu.py): `--metrics` prints the metric list
+    (benchmarks/decode_ncu.py, puzzle9_ncu.py, te_ncu.py, mrope_angles_ncu.py): `--metrics`
+    prints the metric list
     (with `--ncu PATH`, only those that Nsight Compute knows here: known_metrics); `--check`
     runs `check(calls, extra, device)` (any machine: a GPU, or Triton's interpreter) and prints
     what it returns; otherwise, on a CUDA GPU, each of the calls once under the profiler

@@ -80,7 +80,8 @@ on TMA   are even and the head is one accumulator (uses_tma): a persistent grid,
          member's cos and sin read just before that member is rotated and stored (IN_TURN), so
          that two tiles are live at a time in either branch: 249 registers, no spill (holding
          four at once in that branch, it had spilled 232 bytes; reading the flag in every tile,
-         250). Measured on an H200
+         250); with QK-norm 255 registers and 16 bytes of stack (32 with the flag read in every
+         tile). Measured on an H200
          (benchmarks/qkv_forward_ab.py, Llama-3-8B's projection, bf16, 7 rounds, 8192 / 32768
          tokens; of cuBLAS's speed): angles 0.91-0.93 / 0.95-0.97 (0.90-0.92 / 0.94-0.95 with
          QK-norm), an angle table 0.92 / 0.97 (0.91 / 0.96), each member's own rows in turn
@@ -651,7 +652,8 @@ def _qkv_rope_fwd_tma_kernel(
     # going to program t % PROGRAMS; x's and W's tiles arrive by TMA (descriptors made here,
     # from the pointers: the kernel takes pointers like every ropelib kernel); a tile's two
     # heads (HQ and HK even: both q's, k's or v's) share one load of their tokens' cos and sin
-    # rows. The epilogue is _qkv_rope_fwd_kernel's (_store_qk_head, _store_v_head): stores by
+    # rows where every pair's members share them (else each member's rows are read in turn, per
+    # head). The epilogue is _qkv_rope_fwd_kernel's (_store_qk_head, _store_v_head): stores by
     # pointer into either output layout.
     HEADS: tl.constexpr = 2
     HALF: tl.constexpr = D // 2
@@ -671,31 +673,23 @@ def _qkv_rope_fwd_tma_kernel(
     e_ok = e < D
     # which epilogue every q and k tile takes is known before the first tile: the loop is
     # compiled once per epilogue, so the one that runs holds no branch per tile (a table's
-    # flag is read once, here)
-    if not ROTATE:
-        _tma_tiles(x_desc, w_desc, bias_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, norm_q_ptr,
-                   norm_k_ptr, rstd_ptr, pre_ptr, S, B, K, HQ, HK, eps, tiles_m, tiles_n, j_ok,
-                   d_a, d_b, e, e_ok, D, LAYOUT, INTERLEAVED, ROWS_PER_ENTRY, BLOCK_M, BLOCK_K,
-                   GROUP_M, INT64, PROGRAMS, PRECISION, HEADS, 0)
-    elif SHARED_ANGLE:
+    # flag is read once, here). 0: none (ROTATE=False); 1: one cos and one sin tile for both
+    # heads; 2: each member's own, in turn
+    FIXED: tl.constexpr = 0 if not ROTATE else (1 if SHARED_ANGLE else 2)
+    epilogue_1 = False
+    if FIXED == 2:
+        if pairs_differ_ptr is not None:
+            epilogue_1 = tl.load(pairs_differ_ptr) == 0
+    if epilogue_1:
         _tma_tiles(x_desc, w_desc, bias_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, norm_q_ptr,
                    norm_k_ptr, rstd_ptr, pre_ptr, S, B, K, HQ, HK, eps, tiles_m, tiles_n, j_ok,
                    d_a, d_b, e, e_ok, D, LAYOUT, INTERLEAVED, ROWS_PER_ENTRY, BLOCK_M, BLOCK_K,
                    GROUP_M, INT64, PROGRAMS, PRECISION, HEADS, 1)
     else:
-        shared = False
-        if pairs_differ_ptr is not None:
-            shared = tl.load(pairs_differ_ptr) == 0
-        if shared:
-            _tma_tiles(x_desc, w_desc, bias_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr,
-                       norm_q_ptr, norm_k_ptr, rstd_ptr, pre_ptr, S, B, K, HQ, HK, eps, tiles_m,
-                       tiles_n, j_ok, d_a, d_b, e, e_ok, D, LAYOUT, INTERLEAVED, ROWS_PER_ENTRY,
-                       BLOCK_M, BLOCK_K, GROUP_M, INT64, PROGRAMS, PRECISION, HEADS, 1)
-        else:
-            _tma_tiles(x_desc, w_desc, bias_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr,
-                       norm_q_ptr, norm_k_ptr, rstd_ptr, pre_ptr, S, B, K, HQ, HK, eps, tiles_m,
-                       tiles_n, j_ok, d_a, d_b, e, e_ok, D, LAYOUT, INTERLEAVED, ROWS_PER_ENTRY,
-                       BLOCK_M, BLOCK_K, GROUP_M, INT64, PROGRAMS, PRECISION, HEADS, 2)
+        _tma_tiles(x_desc, w_desc, bias_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, norm_q_ptr,
+                   norm_k_ptr, rstd_ptr, pre_ptr, S, B, K, HQ, HK, eps, tiles_m, tiles_n, j_ok,
+                   d_a, d_b, e, e_ok, D, LAYOUT, INTERLEAVED, ROWS_PER_ENTRY, BLOCK_M, BLOCK_K,
+                   GROUP_M, INT64, PROGRAMS, PRECISION, HEADS, FIXED)
 
 
 @triton.jit
