@@ -22,7 +22,8 @@
 #                                            # the fused projection against its providers
 #   bash benchmarks/gpu_run.sh qkv-mainloop  # the QKV projection's GEMM mainloop three ways vs cuBLAS
 #   bash benchmarks/gpu_run.sh qkv-forward-ab  # qkv_rope_linear's forward: TMA main loop (two row
-#                                              # tiles and four) vs pointer loads, 7 rounds (~1 min)
+#                                              # tiles and four) vs pointer loads, 7 rounds (~1 min;
+#                                              # ORDER=shuffled: a new order each round)
 #   bash benchmarks/gpu_run.sh qkv-table-flag  # its forward from a table against angles: the
 #                                              # pre-pass's flag, kernel times, do_bench pairs
 #   bash benchmarks/gpu_run.sh qkv-forward-ncu  # the fused forward and the probe's under Nsight
@@ -169,7 +170,7 @@ for what in "${@:-tests}"; do
                 --out "$RESULTS/qkv_mainloop-$gpu.csv"
             keep "$RESULTS/qkv_mainloop-$gpu.csv" ;;
         qkv-forward-ab)
-            step qkv-forward-ab "$PY" benchmarks/qkv_forward_ab.py \
+            step qkv-forward-ab "$PY" benchmarks/qkv_forward_ab.py ${ORDER:+--order "$ORDER"} \
                 --out "$RESULTS/qkv_forward_ab-$tag.csv"
             keep "$RESULTS/qkv_forward_ab-$tag.csv" ;;
         qkv-table-flag)

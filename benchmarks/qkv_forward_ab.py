@@ -28,10 +28,15 @@ without QK-norm:
                        angles (qkv_linear.cos_sin_rows)
 so "TMA, two heads" against "GEMM, no epilogue" is what the epilogue and the pre-pass cost.
 
-every variant once a round, in the same order; a variant's ratio to cuBLAS is the median of its
-rounds' ratios (above 1: faster than cuBLAS).
+every variant once a round; a variant's ratio to cuBLAS is the median of its rounds' ratios
+(above 1: faster than cuBLAS). `--order fixed` (the default, as every run before 2026-12-01
+06:00) visits the variants in the order above in every round; `--order shuffled` visits them in
+a new order each round (round r shuffled with seed r), so that no variant always runs right after
+the same one (in the fixed order "table, flag" always follows "table, four tiles", which runs
+the in-turn loop).
 
-    python benchmarks/qkv_forward_ab.py [--tokens 8192 32768] [--rounds 7] [--out CSV]
+    python benchmarks/qkv_forward_ab.py [--tokens 8192 32768] [--rounds 7] [--order shuffled]
+                                        [--out CSV]
 """
 import argparse
 import os
@@ -113,10 +118,21 @@ def variants(tokens: int, norm: bool) -> dict:
                 x, angles.turns, angles.amplitude, None, None, False)}
 
 
+def round_order(names: list, r: int, order: str) -> list:
+    """The variants in round r: as listed ("fixed"), or shuffled with seed r ("shuffled")."""
+    import random
+    got = list(names)
+    if order == "shuffled":
+        random.Random(r).shuffle(got)
+    return got
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, nargs="+", default=[8192, 32768])
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--order", choices=("fixed", "shuffled"), default="fixed",
+                    help="the variants' order in each round (see the docstring)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     from ropelib.bench import compare
@@ -131,9 +147,9 @@ def main(argv=None) -> int:
             for a, b in zip(runs["table, four tiles"](), runs["table, flag"]()):
                 assert torch.equal(a, b), ("table", tokens, norm)
             times = {name: [] for name in runs}
-            for _ in range(args.rounds):
-                for name, fn in runs.items():
-                    times[name].append(triton.testing.do_bench(fn))
+            for r in range(args.rounds):
+                for name in round_order(list(runs), r, args.order):
+                    times[name].append(triton.testing.do_bench(runs[name]))
             for name in runs:
                 ratios = [c / t for c, t in zip(times["cublas"], times[name])]
                 rows.append(dict(tokens=tokens, qk_norm=norm, variant=name,
@@ -145,7 +161,7 @@ def main(argv=None) -> int:
                       f"{r['ms']:.4f} ms  {r['cublas_ms_over_ms']:.3f} of cuBLAS's speed "
                       f"(rounds {r['low']:.3f}-{r['high']:.3f})", flush=True)
     if args.out:
-        compare.write_csv(rows, args.out, compare.environment_meta(),
+        compare.write_csv(rows, args.out, dict(compare.environment_meta(), order=args.order),
                           fields=["tokens", "qk_norm", "variant", "ms", "cublas_ms_over_ms",
                                   "low", "high", "rounds"])
     return 0
