@@ -1032,10 +1032,13 @@ assert max(triton_kernels, key=lambda c: prof[c]["Duration"]) == "probe_bare"   
 # run can tell). The persistent TMA GEMM alone, with no
 # epilogue, runs at 0.96 to 0.99 of cuBLAS's speed. With the epilogue on it (two heads a tile,
 # cos and sin from a table) it runs at 0.94 to 0.99, at most about 5 % behind the bare loop
-# in the same rounds. Each step is needed. In the same run, the same fused kernel with pointer
-# loads runs at 0.87 and 0.88 of cuBLAS's speed, behind the unfused pipeline (0.93 at both token
-# counts), where with TMA it runs at 0.94 and 0.99. With one head a tile (of 256 tokens: as many
-# accumulator registers, but cos and sin loaded again for every head), it trails two heads.
+# in the same rounds. Each step is needed. In an earlier run (`…-2202.csv`), a bare TMA GEMM
+# with one program per tile ran at 0.85 and 0.86 of cuBLAS's speed where the persistent one ran
+# at 0.97 and 1.00 (its tile had 128 columns to the persistent one's 256, so the grid is not the
+# only difference). In run 2, the same fused kernel with pointer loads runs at 0.87 and 0.88,
+# behind the unfused pipeline (0.93 at both token counts), where with TMA it runs at 0.94 and
+# 0.99. With one head a tile (of 256 tokens: as many accumulator registers, but cos and sin
+# loaded again for every head), it trails two heads.
 #
 # `qkv_rope_linear` runs its forward on this main loop wherever the GPU has TMA and both head
 # counts are even. It builds the TMA descriptors inside the kernel from its pointers, so it
@@ -1084,6 +1087,17 @@ epilogue_cost = [1 - rounds[run, t, TWO] / rounds[run, t, BARE_TMA]
 assert round(max(epilogue_cost), 2) == 0.05
 assert [round(rounds["2207", t, v], 2) for v in (POINTERS, UNFUSED, TWO) for t in TOKENS] \
     == [0.87, 0.88, 0.93, 0.93, 0.94, 0.99]
+# the persistent grid (the earlier run 2202): one program per tile 0.85 / 0.86, persistent
+# 0.97 / 1.00, both bare TMA GEMMs
+early = {}
+for r in compare.read_csv(RESULTS / "qkv_mainloop_rounds-nvidia-h200-20261130-2202.csv"):
+    if r.get("ms") and r["variant"] in ("descriptors (128, 128, 64, 8, 8, 3)", BARE_TMA):
+        early[r["variant"], r["tokens"]] = r["cublas_ms_over_ms"]
+print("run 2202, bare TMA GEMMs, speed / cuBLAS's: one program per tile "
+      + " / ".join(f"{early['descriptors (128, 128, 64, 8, 8, 3)', t]:.3f}" for t in TOKENS)
+      + ", persistent " + " / ".join(f"{early[BARE_TMA, t]:.3f}" for t in TOKENS))
+assert [round(early["descriptors (128, 128, 64, 8, 8, 3)", t], 2) for t in TOKENS] == [0.85, 0.86]
+assert [round(early[BARE_TMA, t], 2) for t in TOKENS] == [0.97, 1.00]
 for t in TOKENS:
     assert rounds["2207", t, POINTERS] < rounds["2207", t, UNFUSED] < rounds["2207", t, TWO]
     assert rounds["2204", t, ONE_HEAD] < rounds["2204", t, TWO]
