@@ -1032,11 +1032,12 @@ def ncu_table(text: str) -> list:
     return [] if start is None else lines[start:]
 
 
-# Nsight Compute metrics for a launch that waits rather than streams: time, active cycles, grid,
-# registers, instructions, DRAM bytes, and where an average warp spent its cycles between two
-# instructions it issued (the warp-state ratios: long_scoreboard = global memory, barrier, wait =
-# fixed latency, short_scoreboard = XU or shared memory, ...). benchmarks/decode_ncu.py and
-# benchmarks/puzzle9_ncu.py profile with them.
+# Nsight Compute metrics for a launch that waits rather than streams: time, active and elapsed
+# cycles, grid, registers, instructions, the share of cycles a scheduler issued (issue slots
+# busy), DRAM bytes, and where an average warp spent its cycles between two instructions it
+# issued (the warp-state ratios: long_scoreboard = global memory, barrier, wait = fixed latency,
+# short_scoreboard = XU or shared memory, ...). benchmarks/decode_ncu.py, puzzle9_ncu.py and
+# mrope_angles_ncu.py profile with them.
 WARP_STALLS = ("long_scoreboard", "barrier", "wait", "short_scoreboard", "math_pipe_throttle",
                "lg_throttle", "mio_throttle", "branch_resolving", "dispatch_stall",
                "no_instruction", "not_selected", "selected", "drain", "membar", "imc_miss",
@@ -1044,7 +1045,8 @@ WARP_STALLS = ("long_scoreboard", "barrier", "wait", "short_scoreboard", "math_p
 WARP_STATE_METRICS = (
     "gpu__time_duration.sum", "sm__cycles_active.avg", "gpc__cycles_elapsed.max",
     "launch__grid_size", "launch__block_size", "launch__registers_per_thread",
-    "smsp__inst_executed.sum", "dram__bytes_read.sum", "dram__bytes_write.sum",
+    "smsp__inst_executed.sum", "smsp__issue_active.avg.per_cycle_active",
+    "dram__bytes_read.sum", "dram__bytes_write.sum",
     "sm__warps_active.avg.pct_of_peak_sustained_active",
     "smsp__average_warp_latency_per_inst_issued.ratio",
     *(f"smsp__average_warps_issue_stalled_{s}_per_issue_active.ratio" for s in WARP_STALLS))
