@@ -118,15 +118,6 @@ def variants(tokens: int, norm: bool) -> dict:
                 x, angles.turns, angles.amplitude, None, None, False)}
 
 
-def round_order(names: list, r: int, order: str) -> list:
-    """The variants in round r: as listed ("fixed"), or shuffled with seed r ("shuffled")."""
-    import random
-    got = list(names)
-    if order == "shuffled":
-        random.Random(r).shuffle(got)
-    return got
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, nargs="+", default=[8192, 32768])
@@ -148,7 +139,7 @@ def main(argv=None) -> int:
                 assert torch.equal(a, b), ("table", tokens, norm)
             times = {name: [] for name in runs}
             for r in range(args.rounds):
-                for name in round_order(list(runs), r, args.order):
+                for name in compare.round_order(list(runs), r, args.order):
                     times[name].append(triton.testing.do_bench(runs[name]))
             for name in runs:
                 ratios = [c / t for c, t in zip(times["cublas"], times[name])]

@@ -377,3 +377,28 @@ def test_environment_meta_names_the_code_it_measured(monkeypatch, tmp_path):
         raise FileNotFoundError("git")
     monkeypatch.setattr(C.subprocess, "run", no_git)
     assert C.source_revision() == "unknown"
+
+
+def test_rounds_visit_every_step_once_and_can_shuffle_their_order(monkeypatch):
+    """Every round times every step once; in the shuffled order a step has other neighbours from
+    round to round (fixed: always the same one before it), the same for the same round."""
+    names = ["copy", "ropelib", "torch.compile", "te_fused"]
+    before = {}
+    for r in range(7):
+        for order in ("fixed", "shuffled"):
+            got = C.round_order(names, r, order)
+            assert sorted(got) == sorted(names)
+            i = got.index("te_fused")
+            before.setdefault(order, set()).add(got[i - 1] if i else None)
+    assert before["fixed"] == {"torch.compile"} and len(before["shuffled"]) >= 3
+    assert C.round_order(names, 3, "shuffled") == C.round_order(names, 3, "shuffled")
+    with pytest.raises(ValueError, match="order must be"):
+        C.round_order(names, 0, "random")
+    seen = []
+    monkeypatch.setattr(C, "ROUNDS_ORDER", "shuffled")
+    monkeypatch.setattr(C, "time_ms", lambda fn, device: (fn(), 0.0, 0.0))
+    steps = {name: (lambda name=name: seen.append(name) or 1.0) for name in names}
+    timed = C.time_in_rounds(steps, "cpu", rounds=3)
+    assert set(timed) == set(names) and sorted(seen) == sorted(names * 3)
+    assert seen[:4] == C.round_order(names, 0, "shuffled")
+    assert C.environment_meta()["rounds_order"] == "shuffled"

@@ -918,22 +918,6 @@ def test_tma_forward_without_its_epilogue_is_the_projection(seeded):
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
 
 
-def test_forward_ab_rounds_visit_every_variant_and_can_shuffle_their_order():
-    """qkv_forward_ab's rounds: every variant once a round; --order shuffled gives a variant
-    other neighbours from round to round (fixed: always the same one before it)."""
-    ab = load_file("qkv_forward_ab", ROOT / "benchmarks" / "qkv_forward_ab.py")
-    names = ["cublas", "unfused", "table, four tiles", "table, flag"]
-    before = {}
-    for r in range(7):
-        for order in ("fixed", "shuffled"):
-            got = ab.round_order(names, r, order)
-            assert sorted(got) == sorted(names)
-            i = got.index("table, flag")
-            before.setdefault(order, set()).add(got[i - 1] if i else None)
-    assert before["fixed"] == {"table, four tiles"} and len(before["shuffled"]) >= 3
-    assert ab.round_order(names, 3, "shuffled") == ab.round_order(names, 3, "shuffled")
-
-
 def test_planned_launches_name_every_argument_and_their_dtypes():
     """The direct launcher starts a compiled GEMM with the Launch's arguments alone (no defaults
     filled in by Triton) and finds it by the Launch: so each plan names every non-pointer

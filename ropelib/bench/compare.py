@@ -58,6 +58,7 @@ RESULT_FIELDS = ("provider", "available", "reason", "fwd_ms", "fwd_ms_p20", "fwd
 ROW_FIELDS = CONFIG_FIELDS + RESULT_FIELDS
 TIMING_GPU = "do_bench"
 FWDBWD_ROUNDS = 5       # rounds of forward+backward timings on a GPU (every provider each round)
+ROUNDS_ORDER = "fixed"  # each round's order: "fixed" (as given) or "shuffled" (round r, seed r)
 TIMING_CPU = "wall-clock (interpreter; meaningless)"
 
 
@@ -582,15 +583,18 @@ def time_in_rounds(steps: dict, device, rounds: Optional[int] = None) -> dict:
     times every step once (``time_ms``), and a step's numbers are the median and percentiles of
     its rounds' medians. A slow spell of the host (another process, a clock change) then falls
     on every step alike. A step that raises is dropped from the later rounds; its exception is
-    its value. ``rounds``: default :data:`FWDBWD_ROUNDS` on a GPU, 1 elsewhere."""
+    its value. ``rounds``: default :data:`FWDBWD_ROUNDS` on a GPU, 1 elsewhere. Each round
+    visits the steps in :data:`ROUNDS_ORDER`: as given, or in a new order every round (so that
+    no step always runs right after the same one)."""
     if rounds is None:
         rounds = FWDBWD_ROUNDS if torch.device(device).type == "cuda" else 1
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     medians = {name: [] for name in steps}
     failed = {}
-    for _ in range(rounds):
-        for name, fn in steps.items():
+    for r in range(rounds):
+        for name in round_order(list(steps), r):
+            fn = steps[name]
             if name in failed:
                 continue
             try:
@@ -603,6 +607,19 @@ def time_in_rounds(steps: dict, device, rounds: Optional[int] = None) -> dict:
             q = statistics.quantiles(ms, n=10, method="inclusive") if len(ms) > 1 else ms * 9
             out[name] = (statistics.median(ms), q[1], q[7])
     return out
+
+
+def round_order(names: list, r: int, order: Optional[str] = None) -> list:
+    """The names in round r's order: as given ("fixed"), or shuffled with seed r ("shuffled");
+    ``order`` defaults to :data:`ROUNDS_ORDER`."""
+    order = ROUNDS_ORDER if order is None else order
+    if order not in ("fixed", "shuffled"):
+        raise ValueError(f"order must be 'fixed' or 'shuffled', got {order!r}")
+    got = list(names)
+    if order == "shuffled":
+        import random
+        random.Random(r).shuffle(got)
+    return got
 
 
 def time_rows_in_rounds(rows: list, steps: dict, device) -> list:
@@ -991,7 +1008,8 @@ def environment_meta() -> dict:
             "mode": runtime.mode(), "python": platform.python_version(),
             "platform": platform.platform(), "torch": torch.__version__,
             "cuda": torch.version.cuda or "none",
-            "revision": source_revision(), "ropelib_source": source_sha()}
+            "revision": source_revision(), "ropelib_source": source_sha(),
+            "rounds_order": ROUNDS_ORDER}
     try:
         import triton
         meta["triton"] = triton.__version__
