@@ -727,6 +727,12 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 # pipeline from a table in every run, by 2 to 15 %. The prologues with QK-norm ran at 0.24 to
 # 0.26.
 # %%
+def rounded_range(values, digits=2):
+    """(least, most) of some measured values, each rounded as the text states them."""
+    values = list(values)
+    return round(min(values), digits), round(max(values), digits)
+
+
 def read_rounds(path, name):
     """{(tokens, qk_norm, row[name]): row} of a rounds CSV measured on an H200."""
     assert compare.read_meta(path)["gpu"] == "NVIDIA H200", path.name
@@ -808,20 +814,14 @@ def draw_shipped(path):
 draw_shipped(FIGURES / "12-qkv-projection-measured.png")
 
 
-def of_cublas(variant):
-    return [round(fwd[t, False, variant]["cublas_ms_over_ms"], 2) for t in TOKENS]
-
-
 def of_unfused(rows, provider, key="unfused_ms_over_ms"):
     return [round(rows[t, "QK-norm" in provider, provider][key], 2) for t in TOKENS]
 
 
-# what the text says. Forward: level with the unfused pipeline at 8192 tokens, ahead at 32768
 def over_runs(variant, key="cublas_ms_over_ms", runs=None):
     """[(least, most) at each token count] of a forward variant's medians over the runs."""
     runs = fwd_runs if runs is None else runs
-    return [(round(min(r[t, False, variant][key] for r in runs), 2),
-             round(max(r[t, False, variant][key] for r in runs), 2)) for t in TOKENS]
+    return [rounded_range(r[t, False, variant][key] for r in runs) for t in TOKENS]
 
 
 print("the forward in each run, speed / cuBLAS's (8192 / 32768 tokens):")
@@ -839,7 +839,7 @@ assert over_runs("unfused") == [(0.91, 0.92), (0.92, 0.95)]
 gap = [[r[t, False, "TMA, two heads"]["cublas_ms_over_ms"] - r[t, False, "unfused"]["cublas_ms_over_ms"]
         for r in fwd_runs] for t in TOKENS]
 assert max(abs(g) for g in gap[0]) < 0.02 and [g < 0 for g in gap[0]] == [True, False, False, False]
-assert min(gap[1]) > 0 and (round(min(gap[1]), 3), round(max(gap[1]), 2)) == (0.005, 0.02)
+assert min(gap[1]) > 0 and round(min(gap[1]), 3) == 0.005 and round(max(gap[1]), 2) == 0.02
 apart = [r[32768, False, "TMA, two heads"]["low"] > r[32768, False, "unfused"]["high"] for r in fwd_runs]
 assert apart == [True, False, False, False]
 # its GEMM without the epilogue (the later three runs): 0.93-0.94 at 32768 tokens, the fused
@@ -849,8 +849,8 @@ assert over_runs("GEMM, no epilogue", runs=bare_runs)[1] == (0.93, 0.94)
 epilogue_at_32768 = [1 - r[32768, False, "TMA, two heads"]["cublas_ms_over_ms"]
                      / r[32768, False, "GEMM, no epilogue"]["cublas_ms_over_ms"] for r in bare_runs]
 assert 0 < min(epilogue_at_32768) and round(100 * max(epilogue_at_32768)) == 2
-assert (round(min(r[8192, False, "GEMM, no epilogue"]["low"] for r in bare_runs), 2),
-        round(max(r[8192, False, "GEMM, no epilogue"]["high"] for r in bare_runs), 2)) == (0.82, 1.01)
+bare_8192 = [r[8192, False, "GEMM, no epilogue"] for r in bare_runs]
+assert rounded_range([*(b["low"] for b in bare_8192), *(b["high"] for b in bare_8192)]) == (0.82, 1.01)
 assert all(r[8192, False, "GEMM, no epilogue"]["cublas_ms_over_ms"]
            < r[8192, False, "TMA, two heads"]["cublas_ms_over_ms"] for r in bare_runs)
 assert over_runs("pointer kernel") == [(0.70, 0.71), (0.71, 0.75)]
@@ -877,8 +877,7 @@ assert dy_norm[0][8192, True, NORM_ONCE]["high"] < 1          # the first run: e
 # speed; the fused projection from angles level with it in one run at 32768 tokens, 3 % behind
 # in two; from a table, behind the unfused pipeline from a table in every run, by 2 to 15 %
 TABLE_UNFUSED, TABLE_ONCE = "unfused, QK-norm, table", "fused, dY written, QK-norm, table"
-assert [(round(min(r[t, True, TABLE_UNFUSED]["unfused_ms_over_ms"] for r in dy_norm), 2),
-         round(max(r[t, True, TABLE_UNFUSED]["unfused_ms_over_ms"] for r in dy_norm), 2))
+assert [rounded_range(r[t, True, TABLE_UNFUSED]["unfused_ms_over_ms"] for r in dy_norm)
         for t in TOKENS] == [(1.01, 1.02), (1.02, 1.06)]
 vs_table = [r[32768, True, NORM_ONCE]["unfused_ms_over_ms"] / r[32768, True, TABLE_UNFUSED]["unfused_ms_over_ms"]
             for r in dy_norm]
@@ -1075,8 +1074,7 @@ for variant, label in SHOWN.items():
 
 def across(variant):
     """(min, max) of a variant's medians over every run and token count, rounded."""
-    got = [rounds[run, t, variant] for run in ROUNDS_RUNS for t in TOKENS]
-    return round(min(got), 2), round(max(got), 2)
+    return rounded_range(rounds[run, t, variant] for run in ROUNDS_RUNS for t in TOKENS)
 
 
 # what the text says: the bare loop 0.96-0.99, with the epilogue 0.94-0.99 and never more than
@@ -1448,12 +1446,8 @@ print(f"7.1's four runs at {n} tokens, fused / unfused time: the shipped forward
       + ", ".join(f"{v:.2f}" for v in over_unfused["pointer kernel"]))
 
 
-def spread(values):
-    return round(min(values), 2), round(max(values), 2)
-
-
-assert spread(over_unfused["TMA, two heads"]) == (0.99, 1.02)
-assert spread(over_unfused["pointer kernel"]) == (1.29, 1.30)
+assert rounded_range(over_unfused["TMA, two heads"]) == (0.99, 1.02)
+assert rounded_range(over_unfused["pointer kernel"]) == (1.29, 1.30)
 assert max(over_unfused["TMA, two heads"]) < 1.15 < min(over_unfused["pointer kernel"])
 assert [round(fwd[n, False, "unfused"][k], 2) for k in ("low", "high")] == [0.86, 0.94]
 if torch.cuda.is_available():
