@@ -27,6 +27,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import ropelib  # noqa: E402
 from ropelib import qkv_linear  # noqa: E402
+from ropelib.course.kernel_bandwidth import device_kernels  # noqa: E402
 
 HIDDEN, HQ, HK, D = 4096, 32, 8, 128
 
@@ -59,9 +60,8 @@ def kernel_times(call, calls: int = 20) -> dict:
             call()
         torch.cuda.synchronize()
     per = collections.defaultdict(float)
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            per[e.name[:60]] += e.device_time / calls
+    for name, us in device_kernels(prof.events(), skip=()):     # every GPU event, fills too
+        per[name[:60]] += us / calls
     return dict(sorted(per.items(), key=lambda kv: -kv[1]))
 
 
