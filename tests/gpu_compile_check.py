@@ -268,6 +268,37 @@ def main():
             limit = 2560 if kind == "fwd" else 1024
             assert stack == "?" or int(stack) <= limit, f"{name}: {stack} bytes of stack a thread"
 
+    # The forward on the persistent TMA main loop, the route an sm_90 GPU takes (planned here as
+    # there: has_tma says yes, one program per SM of an H100). Its epilogue is chosen once per
+    # program, one side of the branch on a table's pairs flag decided at run time and both
+    # compiled: every epilogue, and the bare GEMM the benchmarks time (rotate=False), must
+    # compile with the pointers its launch passes (None where it has none).
+    from unittest import mock
+    S_, HQ, HK, D, K = 64, 4, 2, 128, 256
+    M, N = S_, (HQ + 2 * HK) * D
+    x, w = torch.empty(M, K, dtype=bf), torch.empty(N, K, dtype=bf)
+    outs = [torch.empty(M, h * D, dtype=bf) for h in (HQ, HK, HK)]
+    rows, flag = torch.empty(S_, D), torch.zeros(1, dtype=torch.int32)
+    wn = (torch.ones(D), torch.ones(D))
+    saved = (torch.empty(M, HQ + HK), torch.empty(M, (HQ + HK) * D, dtype=bf))
+    with mock.patch.object(QG, "has_tma", lambda device: True), \
+            mock.patch.object(QG, "_programs", lambda device: 132), \
+            mock.patch.object(QG, "ensure_allocator", lambda: None):
+        for name, table, norm, shared, rotate in [
+                ("qkv-linear-fwd-tma-angles", True, False, True, True),
+                ("qkv-linear-fwd-tma-cos-sin", True, False, False, True),
+                ("qkv-linear-fwd-tma-cos-sin-norm", True, True, False, True),
+                ("qkv-linear-fwd-tma-bare", False, False, False, False)]:
+            ptrs = (x, w, None, *outs, *((rows, rows) if table else (None, None)),
+                    *(wn if norm else (None, None)), *(saved if norm else (None, None)),
+                    flag if table and not shared else None)
+            planned = QG.plan("fwd", S=S_, B=1, K=K, HQ=HQ, HK=HK, D=D, R=D, P=S_, ids=None,
+                              cu_seqlens=None, layout="bshd", interleaved=False, eps=1e-6,
+                              device=cuda, dtypes=pointer_dtypes(ptrs), rotate=rotate,
+                              shared_angle=shared)
+            assert planned.launcher is QG.FWD_TMA, name
+            compile_for_gpu(name, planned.launcher.kernel, QG.FWD_POINTERS, planned, ptrs)
+
 
 if __name__ == "__main__":
     main()

@@ -674,13 +674,10 @@ def _qkv_rope_fwd_tma_kernel(
     # which epilogue every q and k tile takes is known before the first tile: the loop is
     # compiled once per epilogue, so the one that runs holds no branch per tile (a table's
     # flag is read once, here). 0: none (ROTATE=False); 1: one cos and one sin tile for both
-    # heads; 2: each member's own, in turn
+    # heads; 2: each member's own, in turn. Only a table's flag is a branch at run time; both
+    # its sides are compiled, so it is taken only where both epilogues have their rows.
     FIXED: tl.constexpr = 0 if not ROTATE else (1 if SHARED_ANGLE else 2)
-    epilogue_1 = False
-    if FIXED == 2:
-        if pairs_differ_ptr is not None:
-            epilogue_1 = tl.load(pairs_differ_ptr) == 0
-    if epilogue_1:
+    if FIXED == 2 and pairs_differ_ptr is not None and tl.load(pairs_differ_ptr) == 0:
         _tma_tiles(x_desc, w_desc, bias_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, norm_q_ptr,
                    norm_k_ptr, rstd_ptr, pre_ptr, S, B, K, HQ, HK, eps, tiles_m, tiles_n, j_ok,
                    d_a, d_b, e, e_ok, D, LAYOUT, INTERLEAVED, ROWS_PER_ENTRY, BLOCK_M, BLOCK_K,
