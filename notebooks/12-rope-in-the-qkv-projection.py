@@ -1416,7 +1416,11 @@ assert [round(alone[k, shipped[k], True], 2) for k in ("dx", "dw")] == [1.74, 2.
 # On a GPU the next cell times your epilogue kernel (the worked one if your check did not pass)
 # at the benchmark's shape, against cuBLAS alone, cuBLAS + ropelib's RoPE, and `qkv_rope_linear`,
 # all with `triton.testing.do_bench` in bf16. It checks that your kernel's q, k and v equal
-# `qkv_rope_linear`'s within bf16's rounding (absolute 0.1, relative 0.05).
+# `qkv_rope_linear`'s within bf16's rounding (absolute 0.1, relative 0.05). It also times your
+# kernel with its rotation switched off: the same launch with `N_ROT = 0` makes no head a q or
+# k head, so every head takes the v path of your epilogue and is stored as projected (the cell
+# checks that against cuBLAS's product). Same grid, same main loop, same stores; the difference
+# of the two times is what your rotation itself costs, the cos and sin loads and the fmas.
 #
 # On an H100 or an H200 `qkv_rope_linear` runs the TMA forward, here from table-free angles,
 # the case 7.1 settled; the unfused pipeline reads an angle table, as in 7.1's forward runs. In
@@ -1428,8 +1432,9 @@ assert [round(alone[k, shipped[k], True], 2) for k in ("dx", "dw")] == [1.74, 2.
 # to 0.94 of cuBLAS's speed), and the pointer-loaded forward would fail it. On another GPU the cell only prints. On a CPU it
 # says so and times nothing: the interpreter's times say nothing about a GPU.
 #
-# The last line reads your kernel against the three others. Its ratio to cuBLAS alone is the
-# whole price of your GEMM and your epilogue together. The teaching launch uses fixed 64 × 64
+# The last lines read your kernel against the others. Its ratio to the same launch without
+# the rotation is your epilogue's price; its ratio to cuBLAS alone is the whole price of your
+# GEMM and your epilogue together. The teaching launch uses fixed 64 × 64
 # tiles and Triton's default pipelining, where `qkv_rope_linear` uses a persistent TMA main loop
 # and cuBLAS its own kernels, so most of the gap to them is the main loop, not the epilogue you
 # wrote (7.2 separates the two with `triton_gemm`, the same Triton GEMM without a rotation). Its
@@ -1469,6 +1474,12 @@ if torch.cuda.is_available():
     def teaching():
         ex.launch_forward(kernel, xg, wg, out_g, cos_g, sin_g, pos_g, HQ, HK, D, 64, 64)
 
+    out_bare = torch.empty_like(out_g)
+
+    def teaching_bare():        # the same launch with no head rotated (N_ROT = 0)
+        ex.launch_forward(kernel, xg, wg, out_bare, cos_g, sin_g, pos_g, HQ, HK, D, 64, 64,
+                          rotate=False)
+
     def cublas():
         return F.linear(xg, wg)
 
@@ -1481,13 +1492,17 @@ if torch.cuda.is_available():
                                        angles=angles_g)
 
     teaching()
+    teaching_bare()             # every head as projected: cuBLAS's product, to bf16's rounding
+    torch.testing.assert_close(out_bare.view(M, H * D).float(), cublas().float(), atol=0.1,
+                               rtol=0.05)
     q_f, k_f, v_f = fused()
     for name, mine, lib in (("q", out_g[:, :HQ], q_f[0]), ("k", out_g[:, HQ:HQ + HK], k_f[0]),
                             ("v", out_g[:, HQ + HK:], v_f[0])):
         torch.testing.assert_close(mine.float(), lib.float(), atol=0.1, rtol=0.05)
     which = "your kernel" if epilogue_ok else "the worked kernel"
     live = {}
-    for name, fn in ((f"{which} (teaching GEMM + epilogue)", teaching), ("cuBLAS alone", cublas),
+    for name, fn in ((f"{which} (teaching GEMM + epilogue)", teaching),
+                     (f"{which}, rotation off (N_ROT = 0)", teaching_bare), ("cuBLAS alone", cublas),
                      ("cuBLAS + ropelib RoPE (unfused)", unfused), ("qkv_rope_linear (fused)", fused)):
         ms = do_bench(fn, quantiles=[0.5, 0.2, 0.8])
         live[fn.__name__] = ms[0]
@@ -1499,6 +1514,8 @@ if torch.cuda.is_available():
     print(f"fused / unfused here ({gpu}): {ratios[2]:.2f} (five rounds: "
           + ", ".join(f"{r:.2f}" for r in ratios) + ")")
     # reading your kernel's line: its GEMM against cuBLAS's, and its epilogue against ropelib's
+    print(f"{which} / itself without the rotation: "
+          f"{live['teaching'] / live['teaching_bare']:.2f} (the epilogue's rotation)")
     print(f"{which} / cuBLAS alone: {live['teaching'] / live['cublas']:.2f}; "
           f"/ qkv_rope_linear: {live['teaching'] / live['fused']:.2f}; "
           f"/ cuBLAS + RoPE: {live['teaching'] / live['unfused']:.2f}")

@@ -325,3 +325,24 @@ def test_teaching_launcher_names_a_bad_argument():
     with pytest.raises(ValueError, match="weight must be"):
         qkv_teaching.qkv_rope_teaching(x, w[:-1], cos, sin, pos, n_heads=1, n_kv_heads=1,
                                        head_dim=32)
+
+
+@pytest.mark.parametrize("kernel", [FWD, ONE], ids=["two-accumulators", "one-accumulator"])
+def test_a_launch_without_rotation_stores_the_projection(kernel):
+    # notebook 12, section 8 times the learner's kernel with N_ROT = 0 as its bare GEMM: every
+    # head then takes the v path, stored as projected (x W^T), and cos and sin go unread
+    device = runtime.default_device()
+    gen = torch.Generator().manual_seed(3)
+    M, K, HQ, HK, D, BLOCK_M, BLOCK_K = ex.CASES[0]
+    x = torch.randn(M, K, generator=gen).to(device)
+    w = (torch.randn((HQ + 2 * HK) * D, K, generator=gen) / K ** 0.5).to(device)
+    nan = torch.full((M, D // 2), float("nan"), device=device)     # read, it would show
+    pos = torch.arange(M, device=device)
+    out = torch.full((M, HQ + 2 * HK, D), float("nan"), device=device)
+    ex.launch_forward(kernel, x, w, out, nan, nan, pos, HQ, HK, D, BLOCK_M, BLOCK_K,
+                      rotate=False)
+    tol = dict(atol=1e-5, rtol=1e-5) if runtime.INTERPRET else dict(atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(out.view(M, -1), x @ w.T, **tol)
+    rotated = torch.full_like(out, float("nan"))
+    ex.launch_forward(kernel, x, w, rotated, nan, nan, pos, HQ, HK, D, BLOCK_M, BLOCK_K)
+    assert rotated[:, :HQ + HK].isnan().all() and not rotated[:, HQ + HK:].isnan().any()

@@ -90,11 +90,15 @@ def reference_dx(grad_qkv, x, weight, cos, sin, positions, HQ, HK, D) -> torch.T
     return gx
 
 
-def launch_forward(kernel, x, weight, out, cos, sin, positions, HQ, HK, D, BLOCK_M, BLOCK_K):
-    """Launch a forward kernel (the teaching kernel's signature) on grid (cdiv(M, BLOCK_M), H)."""
+def launch_forward(kernel, x, weight, out, cos, sin, positions, HQ, HK, D, BLOCK_M, BLOCK_K,
+                   rotate=True):
+    """Launch a forward kernel (the teaching kernel's signature) on grid (cdiv(M, BLOCK_M), H).
+    rotate=False passes N_ROT = 0: no head is a q or k head, so every head is stored as v is,
+    unrotated, and the launch times the same GEMM without the epilogue's rotation."""
     M, K = x.shape
     H = HQ + 2 * HK
-    kernel[(triton.cdiv(M, BLOCK_M), H)](x, weight, out, cos, sin, positions, M, K, H, HQ + HK,
+    n_rot = HQ + HK if rotate else 0
+    kernel[(triton.cdiv(M, BLOCK_M), H)](x, weight, out, cos, sin, positions, M, K, H, n_rot,
                                          D=D, BLOCK_M=BLOCK_M, BLOCK_K=BLOCK_K)
 
 
