@@ -22,8 +22,8 @@
 #                                            # the fused projection against its providers
 #   bash benchmarks/gpu_run.sh qkv-mainloop  # the QKV projection's GEMM mainloop three ways vs cuBLAS
 #   bash benchmarks/gpu_run.sh qkv-forward-ab  # qkv_rope_linear's forward: TMA main loop (two row
-#                                              # tiles and four) vs pointer loads, 7 rounds (~1 min;
-#                                              # ORDER=shuffled: a new order each round)
+#                                              # tiles and four) vs pointer loads, 7 rounds in a
+#                                              # new order each (~1 min; ORDER=fixed: the same)
 #   bash benchmarks/gpu_run.sh qkv-table-flag  # its forward from a table against angles: the
 #                                              # pre-pass's flag, kernel times, do_bench pairs
 #   bash benchmarks/gpu_run.sh qkv-forward-ncu  # the fused forward and the probe's under Nsight
