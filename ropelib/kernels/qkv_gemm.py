@@ -334,11 +334,9 @@ def _token_cos_sin(cos_ptr, sin_ptr, pairs_differ_ptr, m, M, S, d_a, d_b,
     # pre-pass found no pair whose members differ (pairs_differ_ptr holding 0, as for Hugging
     # Face's and TE's tables, which repeat each frequency); four where it found one, or where
     # no flag is given (table-free angles: that kernel, one head a program, holds four
-    # without spilling)
-    shared = False
-    if pairs_differ_ptr is not None:
-        shared = tl.load(pairs_differ_ptr) == 0
-    if shared:
+    # without spilling). (A condition that short-circuits on the constexpr None: the flag is
+    # a branch at run time only where it is given.)
+    if pairs_differ_ptr is not None and tl.load(pairs_differ_ptr) == 0:
         c_a, s_a, c_b, s_b = _pair_cos_sin_rows(cos_ptr, sin_ptr, m, M, S, d_a, d_b,
                                                 ROWS_PER_ENTRY, R, BLOCK_HALF)
     else:
