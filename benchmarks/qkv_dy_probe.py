@@ -22,7 +22,7 @@ table (`ropelib.rope_freqs`, whose pairs the forward finds equal: two tiles of t
 Each provider's outputs and gradients are compared with the unfused pipeline's first (as the
 benchmark does), then timed forward+backward with `triton.testing.do_bench`.
 
-    python benchmarks/qkv_dy_probe.py [--qk-norm] [--rounds 7 --out CSV]   # GPU: a table
+    python benchmarks/qkv_dy_probe.py [--qk-norm] [--rounds 7 --out CSV] [--order fixed]  # GPU
     TRITON_INTERPRET=1 python benchmarks/qkv_dy_probe.py --dry-run   # CPU: checks, tiny shapes
 """
 import argparse
@@ -103,8 +103,15 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=1,
                     help="time every provider once a round, this many rounds: a provider's ms "
                          "is its median, its ratio the median of the rounds' unfused ms / ms")
+    ap.add_argument("--order", choices=("fixed", "shuffled"), default="shuffled",
+                    help="the providers' order in each round: a new one every round (round r "
+                         "shuffled with seed r; the default since 2026-12-01 08:00), or as "
+                         "listed (every run before): in a fixed order a provider always follows "
+                         "the same one, which moved qkv_forward_ab.py's variants by up to 10 %%")
     ap.add_argument("--out", default=None, help="CSV of the rounds' medians (GPU)")
     a = ap.parse_args(argv)
+    from ropelib.bench import compare
+    compare.ROUNDS_ORDER = a.order             # (round_order's default, and the CSV's header)
     device = runtime.default_device()
     if not a.dry_run and device != "cuda":
         raise SystemExit("timing needs a CUDA GPU; use --dry-run on the CPU")
@@ -131,9 +138,10 @@ def main(argv=None) -> int:
                 torch.autograd.backward(fn(*leaves), grads)
             steps[name] = (step, [t for t in leaves if t.requires_grad])
         times = {name: [] for name in steps}
-        for _ in range(0 if a.dry_run else a.rounds):
+        for r in range(0 if a.dry_run else a.rounds):
             import triton.testing
-            for name, (step, wanted) in steps.items():
+            for name in compare.round_order(list(steps), r):
+                step, wanted = steps[name]
                 times[name].append(triton.testing.do_bench(step, grad_to_none=wanted))
         unfused = provs[-1][0]
         for name in steps:
@@ -147,7 +155,6 @@ def main(argv=None) -> int:
                       f"{max(ratios):.3f})" if len(ratios) > 1 else "")
             print(f"{tokens:>7} {name:34} {ms:11.3f} {rels[name]:13.2e}{spread}", flush=True)
     if a.out:
-        from ropelib.bench import compare
         compare.write_csv(rows, a.out, compare.environment_meta(),
                           fields=["tokens", "qk_norm", "provider", "ms", "unfused_ms_over_ms",
                                   "low", "high", "rounds", "max_rel_diff"])
