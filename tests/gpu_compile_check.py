@@ -284,14 +284,16 @@ def main():
     with mock.patch.object(QG, "has_tma", lambda device: True), \
             mock.patch.object(QG, "_programs", lambda device: 132), \
             mock.patch.object(QG, "ensure_allocator", lambda: None):
-        for name, table, norm, shared, rotate in [
+        # (the rows: every token's cos and s' rows, from angles or a table; none without a
+        # rotation)
+        for name, has_rows, norm, shared, rotate in [
                 ("qkv-linear-fwd-tma-angles", True, False, True, True),
                 ("qkv-linear-fwd-tma-cos-sin", True, False, False, True),
                 ("qkv-linear-fwd-tma-cos-sin-norm", True, True, False, True),
                 ("qkv-linear-fwd-tma-bare", False, False, False, False)]:
-            ptrs = (x, w, None, *outs, *((rows, rows) if table else (None, None)),
+            ptrs = (x, w, None, *outs, *((rows, rows) if has_rows else (None, None)),
                     *(wn if norm else (None, None)), *(saved if norm else (None, None)),
-                    flag if table and not shared else None)
+                    flag if has_rows and not shared else None)
             planned = QG.plan("fwd", S=S_, B=1, K=K, HQ=HQ, HK=HK, D=D, R=D, P=S_, ids=None,
                               cu_seqlens=None, layout="bshd", interleaved=False, eps=1e-6,
                               device=cuda, dtypes=pointer_dtypes(ptrs), rotate=rotate,

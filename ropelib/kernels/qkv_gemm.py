@@ -334,9 +334,11 @@ def _token_cos_sin(cos_ptr, sin_ptr, pairs_differ_ptr, m, M, S, d_a, d_b,
     # pre-pass found no pair whose members differ (pairs_differ_ptr holding 0, as for Hugging
     # Face's and TE's tables, which repeat each frequency); four where it found one, or where
     # no flag is given (table-free angles: that kernel, one head a program, holds four
-    # without spilling). (A condition that short-circuits on the constexpr None: the flag is
-    # a branch at run time only where it is given.)
-    if pairs_differ_ptr is not None and tl.load(pairs_differ_ptr) == 0:
+    # without spilling)
+    shared = False
+    if pairs_differ_ptr is not None:
+        shared = tl.load(pairs_differ_ptr) == 0
+    if shared:
         c_a, s_a, c_b, s_b = _pair_cos_sin_rows(cos_ptr, sin_ptr, m, M, S, d_a, d_b,
                                                 ROWS_PER_ENTRY, R, BLOCK_HALF)
     else:
@@ -677,13 +679,22 @@ def _qkv_rope_fwd_tma_kernel(
     # compiled once per epilogue, so the one that runs holds no branch per tile (a table's
     # flag is read once, here). 0: none (ROTATE=False); 1: one cos and one sin tile for both
     # heads; 2: each member's own, in turn. Only a table's flag is a branch at run time; both
-    # its sides are compiled, so it is taken only where both epilogues have their rows.
+    # its sides are compiled, so it is taken only where both epilogues have their rows. (Every
+    # other choice is a constexpr: a Python value assigned to a plain variable would become a
+    # runtime value, and both sides of its branch would be compiled, with pointers missing.)
     FIXED: tl.constexpr = 0 if not ROTATE else (1 if SHARED_ANGLE else 2)
-    if FIXED == 2 and pairs_differ_ptr is not None and tl.load(pairs_differ_ptr) == 0:
-        _tma_tiles(x_desc, w_desc, bias_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, norm_q_ptr,
-                   norm_k_ptr, rstd_ptr, pre_ptr, S, B, K, HQ, HK, eps, tiles_m, tiles_n, j_ok,
-                   d_a, d_b, e, e_ok, D, LAYOUT, INTERLEAVED, ROWS_PER_ENTRY, BLOCK_M, BLOCK_K,
-                   GROUP_M, INT64, PROGRAMS, PRECISION, HEADS, 1)
+    READ_FLAG: tl.constexpr = (FIXED == 2) if pairs_differ_ptr is not None else False
+    if READ_FLAG:
+        if tl.load(pairs_differ_ptr) == 0:          # no pair's members differ: two tiles
+            _tma_tiles(x_desc, w_desc, bias_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr,
+                       norm_q_ptr, norm_k_ptr, rstd_ptr, pre_ptr, S, B, K, HQ, HK, eps, tiles_m,
+                       tiles_n, j_ok, d_a, d_b, e, e_ok, D, LAYOUT, INTERLEAVED, ROWS_PER_ENTRY,
+                       BLOCK_M, BLOCK_K, GROUP_M, INT64, PROGRAMS, PRECISION, HEADS, 1)
+        else:
+            _tma_tiles(x_desc, w_desc, bias_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr,
+                       norm_q_ptr, norm_k_ptr, rstd_ptr, pre_ptr, S, B, K, HQ, HK, eps, tiles_m,
+                       tiles_n, j_ok, d_a, d_b, e, e_ok, D, LAYOUT, INTERLEAVED, ROWS_PER_ENTRY,
+                       BLOCK_M, BLOCK_K, GROUP_M, INT64, PROGRAMS, PRECISION, HEADS, 2)
     else:
         _tma_tiles(x_desc, w_desc, bias_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, norm_q_ptr,
                    norm_k_ptr, rstd_ptr, pre_ptr, S, B, K, HQ, HK, eps, tiles_m, tiles_n, j_ok,
@@ -1049,14 +1060,20 @@ def uses_tma(K, HQ: int, HK: int, D: int, R: int, itemsize: int,
     both head counts are even (a tile takes two heads), every feature is rotated, D/2 is a
     power of two, 16 <= D <= 128 (two heads are one tl.dot operand of at most 256 columns) and
     x's rows are a multiple of 16 bytes (TMA's rule for strides), on a GPU with TMA (compute
-    capability 9 or newer) or in the interpreter. The caller hands it x and the weight 16-byte
-    aligned (qkv_linear). Measured on an H200 (benchmarks/qkv_forward_ab.py), one head a tile
+    capability 9 or newer) or in the interpreter, with a Triton that makes TMA descriptors in
+    a kernel (TENSOR_DESCRIPTORS). The caller hands it x and the weight 16-byte aligned
+    (qkv_linear). Measured on an H200 (benchmarks/qkv_forward_ab.py), one head a tile
     ran slower than the pointer-loaded kernel, so odd head counts keep that kernel."""
     half = D // 2
     if HQ % 2 or HK % 2 or R != D or half & (half - 1) or not 16 <= D <= 128 \
-            or (K * itemsize) % 16:
+            or (K * itemsize) % 16 or not TENSOR_DESCRIPTORS:
         return False
     return INTERPRET or has_tma(device)
+
+
+# TMA descriptors made in a kernel (tl.make_tensor_descriptor); a Triton without them keeps the
+# pointer-loaded forward
+TENSOR_DESCRIPTORS = hasattr(tl, "make_tensor_descriptor")
 
 
 def has_tma(device: torch.device) -> bool:
