@@ -108,9 +108,13 @@ def main(argv=None) -> int:
                          "shuffled with seed r; the default since 2026-12-01 08:00), or as "
                          "listed (every run before): in a fixed order a provider always follows "
                          "the same one, which moved qkv_forward_ab.py's variants by up to 10 %%")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="shuffled rounds: runs with the same seed visit the same orders; give "
+                         "another for an independent run (recorded in the CSV's header)")
     ap.add_argument("--out", default=None, help="CSV of the rounds' medians (GPU)")
     a = ap.parse_args(argv)
     from ropelib.bench import compare
+    compare.ROUNDS_SEED = a.seed
     compare.ROUNDS_ORDER = a.order             # (round_order's default, and the CSV's header)
     device = runtime.default_device()
     if not a.dry_run and device != "cuda":

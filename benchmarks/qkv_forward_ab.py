@@ -30,9 +30,9 @@ so "TMA, two heads" against "GEMM, no epilogue" is what the epilogue and the pre
 
 every variant once a round; a variant's ratio to cuBLAS is the median of its rounds' ratios
 (above 1: faster than cuBLAS). `--order shuffled` (the default since 2026-12-01 08:00) visits
-the variants in a new order each round (round r shuffled with seed r), so that no variant always
-runs right after the same one; `--order fixed` (every run before, as their CSVs' headers say)
-visits them in the order above in every round. The order is a variable: on an H200, in a run in
+the variants in a new order each round (compare.round_order; runs with the same `--seed` visit
+the same orders), so that no variant always runs right after the same one; `--order fixed`
+(every committed run before) visits them in the order above in every round. The order is a variable: on an H200, in a run in
 each order one after the other, "table, flag" came out within 1 % of "TMA, two heads" shuffled
 and 2-10 % behind it in the fixed order, where it always follows "table, four tiles"; and every
 fused variant came out slower against cuBLAS, which a fixed round runs first
@@ -127,9 +127,13 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--order", choices=("fixed", "shuffled"), default="shuffled",
                     help="the variants' order in each round (see the docstring)")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="shuffled rounds: runs with the same seed visit the same orders; give "
+                         "another for an independent run (recorded in the CSV's header)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     from ropelib.bench import compare
+    compare.ROUNDS_SEED = args.seed
     compare.ROUNDS_ORDER = args.order          # (round_order's default, and the CSV's header)
     rows = []
     for tokens in args.tokens:

@@ -402,3 +402,26 @@ def test_rounds_visit_every_step_once_and_can_shuffle_their_order(monkeypatch):
     assert set(timed) == set(names) and sorted(seen) == sorted(names * 3)
     assert seen[:4] == C.round_order(names, 0, "shuffled")
     assert C.environment_meta()["rounds_order"] == "shuffled"
+
+
+def test_shuffled_rounds_repeat_by_seed_and_differ_across_seeds(monkeypatch):
+    """Runs with the same seed visit the same orders (seed 0: those of the runs before seeds);
+    another seed gives other orders, and the header records the seed of a shuffled run."""
+    import random
+    names = [f"v{i}" for i in range(9)]
+    seed0 = [C.round_order(names, r, "shuffled", seed=0) for r in range(7)]
+    for r, got in enumerate(seed0):
+        want = list(names)
+        random.Random(r).shuffle(want)
+        assert got == want
+    seed1 = [C.round_order(names, r, "shuffled", seed=1) for r in range(7)]
+    assert seed1 == [C.round_order(names, r, "shuffled", seed=1) for r in range(7)]
+    assert seed1 != seed0 and all(sorted(o) == names for o in seed1)
+    assert C.round_order(names, 2, "fixed", seed=5) == names
+    monkeypatch.setattr(C, "ROUNDS_ORDER", "shuffled")
+    monkeypatch.setattr(C, "ROUNDS_SEED", 4)
+    assert C.round_order(names, 3) == C.round_order(names, 3, "shuffled", seed=4)
+    meta = C.environment_meta()
+    assert (meta["rounds_order"], meta["rounds_seed"]) == ("shuffled", "4")
+    monkeypatch.setattr(C, "ROUNDS_ORDER", "fixed")
+    assert "rounds_seed" not in C.environment_meta()

@@ -58,7 +58,8 @@ RESULT_FIELDS = ("provider", "available", "reason", "fwd_ms", "fwd_ms_p20", "fwd
 ROW_FIELDS = CONFIG_FIELDS + RESULT_FIELDS
 TIMING_GPU = "do_bench"
 FWDBWD_ROUNDS = 5       # rounds of forward+backward timings on a GPU (every provider each round)
-ROUNDS_ORDER = "fixed"  # each round's order: "fixed" (as given) or "shuffled" (round r, seed r)
+ROUNDS_ORDER = "fixed"  # each round's order: "fixed" (as given) or "shuffled" (round_order)
+ROUNDS_SEED = 0         # shuffled rounds: runs with the same seed visit the same orders
 TIMING_CPU = "wall-clock (interpreter; meaningless)"
 
 
@@ -609,16 +610,20 @@ def time_in_rounds(steps: dict, device, rounds: Optional[int] = None) -> dict:
     return out
 
 
-def round_order(names: list, r: int, order: Optional[str] = None) -> list:
-    """The names in round r's order: as given ("fixed"), or shuffled with seed r ("shuffled");
-    ``order`` defaults to :data:`ROUNDS_ORDER`."""
+def round_order(names: list, r: int, order: Optional[str] = None,
+                seed: Optional[int] = None) -> list:
+    """The names in round r's order: as given ("fixed"), or shuffled ("shuffled") by a
+    generator seeded with r + 1,000,003 seed, so that runs with the same ``seed`` visit the
+    same orders (seed 0: seed r) and runs with different seeds, other orders; ``order`` and
+    ``seed`` default to :data:`ROUNDS_ORDER` and :data:`ROUNDS_SEED`."""
     order = ROUNDS_ORDER if order is None else order
+    seed = ROUNDS_SEED if seed is None else seed
     if order not in ("fixed", "shuffled"):
         raise ValueError(f"order must be 'fixed' or 'shuffled', got {order!r}")
     got = list(names)
     if order == "shuffled":
         import random
-        random.Random(r).shuffle(got)
+        random.Random(r + 1_000_003 * seed).shuffle(got)
     return got
 
 
@@ -1010,6 +1015,8 @@ def environment_meta() -> dict:
             "cuda": torch.version.cuda or "none",
             "revision": source_revision(), "ropelib_source": source_sha(),
             "rounds_order": ROUNDS_ORDER}
+    if ROUNDS_ORDER == "shuffled":
+        meta["rounds_seed"] = str(ROUNDS_SEED)
     try:
         import triton
         meta["triton"] = triton.__version__
