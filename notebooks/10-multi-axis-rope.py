@@ -719,9 +719,10 @@ assert (2048 - 12 * 132, -(-2048 // (12 * 132)), -(-2048 // (16 * 132))) == (464
 # one warp instruction a cycle, so a kernel's warp instructions divided by $4 \times 132$
 # schedulers is the fewest cycles it could take if it did nothing but issue. Set against the
 # cycles the SMs were active, that is the share of the time the schedulers were busy issuing,
-# derived from executed instructions (a slight underestimate: a scheduler also issues
-# instructions that are replayed or predicated off). Nsight Compute counts that share itself,
-# as *issue active* (`smsp__issue_active`); the cell prints both:
+# derived from the instructions executed and the SM's active cycles. Nsight Compute counts that
+# share itself, as *issue active* (`smsp__issue_active`): each scheduler's cycles with an issue
+# over that scheduler's own active cycles, which can be fewer than its SM's, so the two need not
+# agree to the last point. The cell prints both:
 #
 # $$\text{issue share} = \frac{\text{warp instructions}}{4 \cdot 132 \cdot \text{active cycles per SM}}$$
 #
@@ -760,10 +761,10 @@ head, token = second["angles per (token, head)"], second["angles once per token"
 # largest wait of all the stall reasons is "not selected" (3.9 cycles an instruction), the
 # once-per-token kernel's is L1TEX, global memory (43 of 48)
 assert [round(100 * issue_share[k]) for k in list(second)[:2]] == [81, 30]
-# Nsight Compute's own count of the same share: 82 % and 30 %, each derived share within a
-# point of it and not above it (ropelib's kernel: 39 against 40)
+# Nsight Compute's own count of the same share (two decimals in its CSV): 82 % and 30 %, each
+# derived share within a point and a half of it (ropelib's kernel: 39 against 40)
 assert [round(100 * second[k][ISSUE_ACTIVE]) for k in second] == [82, 30, 40]
-assert all(0 <= second[k][ISSUE_ACTIVE] - issue_share[k] < 0.015 for k in second)
+assert all(abs(second[k][ISSUE_ACTIVE] - issue_share[k]) < 0.015 for k in second)
 assert round(100 * head["smsp__inst_executed.sum"] / (4 * SMS * head["gpc__cycles_elapsed.max"])) == 77
 waits = {m[len("smsp__average_warps_issue_stalled_"):-len("_per_issue_active.ratio")]: v
          for m, v in head.items() if m.startswith("smsp__average_warps_issue_stalled_")}

@@ -707,8 +707,8 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 # first run, ahead in the other three), and ahead at 32768 in every run by 0.005 to 0.02, though
 # only in the first run do the two ranges of rounds not overlap. Its own GEMM without the
 # epilogue runs at 0.93 to 0.94 at 32768 tokens: there the epilogue and its pre-pass cost the
-# forward 0 to 2 % in these rounds (3.4 to 3.5 % at both sizes in 7.5's rounds of a new order
-# each). At 8192 tokens that bare GEMM's rounds spread from 0.82 to 1.01 and its medians come
+# forward 0 to 2 % in these rounds (1.4 to 3.6 % in 7.5's rounds of a new order each, by how
+# the rounds are summed up). At 8192 tokens that bare GEMM's rounds spread from 0.82 to 1.01 and its medians come
 # out below the fused kernel's, so these runs cannot price the epilogue at that size. The pointer-loaded forward, ropelib's first design (it still serves GPUs without TMA),
 # runs at 0.70 to 0.71 and 0.71 to 0.75.
 #
@@ -1438,7 +1438,8 @@ assert [round(alone[k, shipped[k], True], 2) for k in ("dx", "dw")] == [1.74, 2.
 # four runs (the first, with the same predecessor, had it level: the fixed order is what the
 # lag goes with, not a cause found). A pair of runs just before these repeats the result at
 # 32768 tokens (`qkv-forward-ab-tails-…-0725.log`: the table at 0.97 of cuBLAS's speed
-# shuffled, 0.86 fixed).
+# shuffled, 0.86 fixed), though not independently: both shuffled runs visited the same seven
+# orders (the shuffle's seed is the round's number unless a run is given another).
 #
 # The order moves more than the table. cuBLAS, the reference, runs first in every fixed round,
 # right after the previous round's shortest kernel, and its own median time is 2 to 5 % shorter
@@ -1448,7 +1449,9 @@ assert [round(alone[k, shipped[k], True], 2) for k in ("dx", "dw")] == [1.74, 2.
 # order better than its ratios to cuBLAS: level, the fused forward ahead by up to 0.03 in the
 # shuffled run, and in the fixed one ahead at 8192 tokens and 0.01 to 0.03 behind at 32768.
 # The epilogue's price against its own bare GEMM, 0 to 2 % at 32768 tokens in 7.1's rounds, is
-# 3.4 to 3.5 % at both sizes in the shuffled run. The shuffled rounds scatter more (each
+# 3.4 and 3.5 % at the two sizes in the shuffled run, read from the medians of the rounds'
+# speeds; from the same run's median times it is 3.6 and 1.4 %: at this spread, a few per cent
+# depends on how the rounds are summed up. The shuffled rounds scatter more (each
 # variant's range two to seven times wider), because each variant's neighbour changes from
 # round to round, but their median favours no neighbour. What a kernel's predecessor does to it
 # (its clock, the power drawn just before; not L2, which `do_bench` clears before every call)
@@ -1456,38 +1459,51 @@ assert [round(alone[k, shipped[k], True], 2) for k in ("dx", "dw")] == [1.74, 2.
 # to vary before believing a few per cent.
 
 # %%
-def printed_rounds(path):
+PRINTED_ROW = re.compile(r"^\s*(\d+) (plain|QK-norm)\s+(.+?)\s+([\d.]+) ms\s+([\d.]+) of "
+                         r"cuBLAS's speed \(rounds ([\d.]+)-([\d.]+)\)$", re.M)
+
+
+def printed_rounds(text):
     """{(tokens, "plain" or "QK-norm", variant): (median speed / cuBLAS's, least, most, median
-    ms)} from the table qkv_forward_ab.py prints, one line a variant, on an H200."""
+    ms)} from the table qkv_forward_ab.py prints, one line a variant."""
+    return {(int(t), kind, name): (float(v), float(lo), float(hi), float(ms))
+            for t, kind, name, ms, v, lo, hi in PRINTED_ROW.findall(text)}
+
+
+def printed_run(order, run):
+    """A run's printed table, its header checked: the H200, and the order it says it ran in."""
+    path = RESULTS / f"qkv-forward-ab-{order}-nvidia-h200-20261201-{run}.log"
     compare.note_read(path)
     text = path.read_text()
-    assert "H200" in text.splitlines()[0], path.name
-    rows = re.findall(r"^\s*(\d+) (plain|QK-norm)\s+(.+?)\s+([\d.]+) ms\s+([\d.]+) of "
-                      r"cuBLAS's speed \(rounds ([\d.]+)-([\d.]+)\)", text, re.M)
-    return {(int(t), kind, name): (float(v), float(lo), float(hi), float(ms))
-            for t, kind, name, ms, v, lo, hi in rows}
+    header = text.splitlines()[0]
+    assert "NVIDIA H200" in header and f"--order {order}" in header, path.name
+    return printed_rounds(text)
 
 
-by_order = {order: printed_rounds(RESULTS / f"qkv-forward-ab-{order}-nvidia-h200-20261201-{run}.log")
-            for order, run in (("shuffled", "0728"), ("fixed", "0729"))}
+by_order = {order: printed_run(order, run) for order, run in (("shuffled", "0728"), ("fixed", "0729"))}
 assert all(len(r) == 36 for r in by_order.values())          # 2 sizes x 2 kinds x 9 variants
 KINDS = ("plain", "QK-norm")
-speed = {o: {k: v[0] for k, v in r.items()} for o, r in by_order.items()}
-table_over_angles = {(o, kind, t): speed[o][t, kind, "table, flag"] / speed[o][t, kind, "TMA, two heads"]
+speed_by_order = {o: {k: v[0] for k, v in r.items()} for o, r in by_order.items()}
+table_over_angles = {(o, kind, t): speed_by_order[o][t, kind, "table, flag"] / speed_by_order[o][t, kind, "TMA, two heads"]
                      for o in by_order for kind in KINDS for t in TOKENS}
 for o in by_order:
     print(f"{o:9s} table / angles, speed: " + ", ".join(
         f"{kind} {t}: {table_over_angles[o, kind, t]:.3f}" for kind in KINDS for t in TOKENS)
-          + "; angles / cuBLAS: " + ", ".join(f"{speed[o][t, 'plain', 'TMA, two heads']:.3f}"
+          + "; angles / cuBLAS: " + ", ".join(f"{speed_by_order[o][t, 'plain', 'TMA, two heads']:.3f}"
                                                 for t in TOKENS))
 OTHERS = ("unfused", "pointer kernel", "TMA, four row tiles", "TMA, two heads",
           "table, four tiles", "table, flag", "GEMM, no epilogue")
 cublas_shorter = [1 - by_order["fixed"][t, kind, "cublas"][3] / by_order["shuffled"][t, kind, "cublas"][3]
                   for t in TOKENS for kind in KINDS]
-fused_minus_unfused = {o: [speed[o][t, kind, "TMA, two heads"] - speed[o][t, kind, "unfused"]
+fused_minus_unfused = {o: [speed_by_order[o][t, kind, "TMA, two heads"] - speed_by_order[o][t, kind, "unfused"]
                            for t in TOKENS for kind in KINDS] for o in by_order}
-epilogue = [1 - speed["shuffled"][t, "plain", "TMA, two heads"] / speed["shuffled"][t, "plain", "GEMM, no epilogue"]
+shuffled = by_order["shuffled"]
+# the epilogue's price against its bare GEMM, two ways: from the medians of the rounds' speeds,
+# and from the median times
+epilogue = [1 - shuffled[t, "plain", "TMA, two heads"][0] / shuffled[t, "plain", "GEMM, no epilogue"][0]
             for t in TOKENS]
+epilogue_ms = [shuffled[t, "plain", "TMA, two heads"][3] / shuffled[t, "plain", "GEMM, no epilogue"][3] - 1
+               for t in TOKENS]
 widths = [(by_order["shuffled"][k][2] - by_order["shuffled"][k][1])
           / (by_order["fixed"][k][2] - by_order["fixed"][k][1])
           for k in by_order["fixed"] if k[2] in OTHERS]
@@ -1495,6 +1511,7 @@ print("cuBLAS's median time, fixed against shuffled: " + ", ".join(f"{-v:+.1%}" 
 print("fused minus unfused, speed / cuBLAS's: " + "; ".join(
     f"{o} " + ", ".join(f"{v:+.3f}" for v in fused_minus_unfused[o]) for o in by_order))
 print(f"epilogue against its bare GEMM, shuffled: " + ", ".join(f"{v:.1%}" for v in epilogue)
+      + " (median speeds), " + ", ".join(f"{v:.1%}" for v in epilogue_ms) + " (median times)"
       + f"; ranges of rounds, shuffled over fixed: {min(widths):.1f}x to {max(widths):.1f}x")
 # what the text says: within 1 % shuffled, 2 to 10 % behind in the fixed order; cuBLAS 2 to 5 %
 # shorter first in a fixed round; every other variant slower in the fixed order; angles 0.93 and
@@ -1504,19 +1521,27 @@ assert max(abs(table_over_angles[k] - 1) for k in table_over_angles if k[0] == "
 assert rounded_range(1 - table_over_angles[k] for k in table_over_angles if k[0] == "fixed") \
     == (0.02, 0.10)
 assert rounded_range(cublas_shorter) == (0.02, 0.05)
-assert all(speed["fixed"][t, kind, v] < speed["shuffled"][t, kind, v]
+assert all(speed_by_order["fixed"][t, kind, v] < speed_by_order["shuffled"][t, kind, v]
            for t in TOKENS for kind in KINDS for v in OTHERS)
-assert [round(speed[o][t, "plain", "TMA, two heads"], 2) for o in ("fixed", "shuffled")
+assert [round(speed_by_order[o][t, "plain", "TMA, two heads"], 2) for o in ("fixed", "shuffled")
         for t in TOKENS] == [0.93, 0.89, 0.95, 0.97]
 assert 0 <= min(fused_minus_unfused["shuffled"]) and round(max(fused_minus_unfused["shuffled"]), 2) == 0.03
 assert all(v > 0 for v in fused_minus_unfused["fixed"][:2])                    # 8192 tokens
 assert rounded_range(-v for v in fused_minus_unfused["fixed"][2:]) == (0.01, 0.03)   # 32768
 assert [round(100 * v, 1) for v in epilogue] == [3.4, 3.5]
+assert [round(100 * v, 1) for v in epilogue_ms] == [3.6, 1.4]
 assert round(min(widths)) == 2 and round(max(widths)) == 7
-tails = (RESULTS / "qkv-forward-ab-tails-nvidia-h200-20261201-0725.log").read_text()
-compare.note_read(RESULTS / "qkv-forward-ab-tails-nvidia-h200-20261201-0725.log")
-assert "H200" in tails and [round(float(v), 2) for v in re.findall(
-    r"^ 32768 plain\s+table, flag\s+[\d.]+ ms\s+([\d.]+)", tails, re.M)] == [0.97, 0.86]
+# the pair of runs just before (the same orders: both shuffled runs used seed 0), their last
+# rows, one section for each order
+TAILS = RESULTS / "qkv-forward-ab-tails-nvidia-h200-20261201-0725.log"
+compare.note_read(TAILS)
+tails_text = TAILS.read_text()
+assert "on the H200" in tails_text.splitlines()[0]
+tails = {}
+for part in re.split(r"^# (?=--order shuffled|fixed order)", tails_text, flags=re.M)[1:]:
+    tails["shuffled" if part.startswith("--order shuffled") else "fixed"] = printed_rounds(part)
+assert [round(tails[o][32768, "plain", "table, flag"][0], 2) for o in ("shuffled", "fixed")] \
+    == [0.97, 0.86]
 
 # %% [markdown]
 # ## 8. On a GPU: your kernel, live
@@ -1652,7 +1677,7 @@ else:
 #   than twice as long with its prologue. Writing $dY$ once (one RoPE pass backward) and handing
 #   dX and dW to cuBLAS is `qkv_rope_linear`'s default.
 # - On an H200 the shipped projection's forward from table-free angles runs level with cuBLAS +
-#   RoPE, and 0 to 3.5 % behind its own GEMM without the epilogue (the more in rounds of a new
+#   RoPE, and 0 to 3.6 % behind its own GEMM without the epilogue (the more in rounds of a new
 #   order each); from an angle table it is level with angles in such rounds, where rounds in a
 #   fixed order had put it behind in three runs of four. In one run (a fixed order) its
 #   forward+backward was faster than the unfused pipeline at 8192 tokens (1.05 of its speed,
