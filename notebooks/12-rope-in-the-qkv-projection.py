@@ -700,38 +700,46 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 #   time the unfused pipeline from an angle table. ropelib's code changed between these runs
 #   (each measured the code of its day), which is one reason to read them side by side.
 #
-# **Forward.** From table-free angles the fused projection runs at 0.91 to 0.92 of cuBLAS's
-# speed at 8192 tokens and 0.92 to 0.97 at 32768, over the four runs; cuBLAS followed by
-# ropelib's RoPE (from an angle table) at 0.91 to 0.92 and 0.92 to 0.95. So from angles the fused
-# forward is level with the unfused pipeline: within 0.02 of it at 8192 tokens (behind in the
-# first run, ahead in the other three), and ahead at 32768 in every run by 0.005 to 0.02, though
-# only in the first run do the two ranges of rounds not overlap. Its own GEMM without the
-# epilogue runs at 0.93 to 0.94 at 32768 tokens: there the epilogue and its pre-pass cost the
-# forward 0 to 2 % in these rounds (1.4 to 3.6 % in 7.5's rounds of a new order each, by how
-# the rounds are summed up). At 8192 tokens that bare GEMM's rounds spread from 0.82 to 1.01 and its medians come
-# out below the fused kernel's, so these runs cannot price the epilogue at that size. The pointer-loaded forward, ropelib's first design (it still serves GPUs without TMA),
-# runs at 0.70 to 0.71 and 0.71 to 0.75.
+# **Forward**, speed over cuBLAS's, the least and the most of the four runs' medians:
 #
-# From an angle table the runs disagree. The first put the forward level with angles (0.92 and
-# 0.97); the later three put it behind angles and behind the unfused pipeline, at 0.85 to 0.89
-# at 8192 tokens and 0.82 to 0.85 at 32768. 7.3 checks the kernel, after the branch it
-# concerns, and 7.5 finds what made it lag.
+# | forward | 8192 tokens | 32768 tokens |
+# |---|---|---|
+# | fused, from table-free angles | 0.91 to 0.92 | 0.92 to 0.97 |
+# | cuBLAS, then ropelib's RoPE from an angle table | 0.91 to 0.92 | 0.92 to 0.95 |
+# | the fused kernel's GEMM without its epilogue (the later three runs) | rounds from 0.82 to 1.01 | 0.93 to 0.94 |
+# | fused, from an angle table | 0.85 to 0.92 | 0.82 to 0.97 |
+# | fused, pointer-loaded (the first design; it serves GPUs without TMA) | 0.70 to 0.71 | 0.71 to 0.75 |
 #
-# **Forward+backward.** With the default backward, which writes $dY$ once (section 7.4), the
-# fused projection runs at 1.05 of the unfused pipeline's speed at 8192 tokens, faster in every
-# round (1.01 to 1.12), and at 0.99 at 32768, with rounds from 0.96 to 1.03: level. That is one
-# run of seven rounds; the QK-norm runs below show how far a second run can move. With
-# section 5's prologues instead, it runs at 0.39.
+# From angles the fused forward is level with the unfused pipeline: within 0.02 of it at 8192
+# tokens (behind in the first run, ahead in the other three), and ahead at 32768 in every run by
+# 0.005 to 0.02, though only in the first run do the two ranges of rounds not overlap. At 32768
+# tokens the epilogue and its pre-pass cost the forward 0 to 2 % against its own bare GEMM in
+# these rounds (1.4 to 3.6 % in 7.5's rounds of a new order each, by how the rounds are summed
+# up). At 8192 tokens the bare GEMM's rounds scatter so widely that its medians come out below
+# the fused kernel's: these runs cannot price the epilogue at that size. From an angle table the
+# runs disagree: the first put the forward level with angles (0.92 and 0.97), the later three
+# behind angles and behind the unfused pipeline (0.85 to 0.89 and 0.82 to 0.85). 7.3 checks the
+# kernel, after the branch it concerns, and 7.5 finds what made it lag.
 #
-# **With QK-norm**, from angles, the fused projection runs at 0.91, 1.01 and 1.02 of the
-# unfused pipeline's speed at 8192 tokens in the three runs, and the first run's rounds all lie
-# below 1 (0.85 to 0.98): behind in that run, level or ahead in the later two. At 32768 tokens
-# it runs at 1.02 to 1.03. But the unfused pipeline is faster from an angle table than from
-# angles (1.01 to 1.02 of the angles' speed at 8192 tokens, 1.02 to 1.06 at 32768), and against
-# that, the best unfused pipeline, the fused projection is not ahead: from angles it is level
-# at 32768 tokens in one run and 2 to 3 % behind in two, and from a table it trails the same
-# pipeline from a table in every run, by 2 to 15 %. The prologues with QK-norm ran at 0.24 to
-# 0.26.
+# **Forward+backward**, speed over the unfused pipeline's (with QK-norm, cuBLAS then
+# `qk_norm_rope`), medians of seven rounds (their range):
+#
+# | forward+backward | 8192 tokens | 32768 tokens |
+# |---|---|---|
+# | fused, $dY$ written once (the default; one run) | 1.05 (1.01 to 1.12) | 0.99 (0.96 to 1.03) |
+# | fused, section 5's prologues | 0.39 | 0.39 |
+# | with QK-norm: fused, $dY$ written once (three runs) | 0.91, 1.01, 1.02 | 1.03, 1.02, 1.03 |
+# | with QK-norm: the unfused pipeline from an angle table, over the same from angles | 1.01 to 1.02 | 1.02 to 1.06 |
+# | with QK-norm: fused, the prologues (three runs) | 0.24 to 0.25 | 0.25 to 0.26 |
+#
+# Without QK-norm the fused projection is faster at 8192 tokens in every round, and level at
+# 32768: one run of seven rounds, and the QK-norm runs show how far a second run can move. With
+# QK-norm, at 8192 tokens the first run's rounds all lie below 1 (0.85 to 0.98), behind, and the
+# later two are level or ahead; at 32768 tokens it is ahead in all three. But the unfused
+# pipeline is faster from an angle table than from angles, and against that, the best unfused
+# pipeline, the fused projection is not ahead: from angles it is level at 32768 tokens in one
+# run and 2 to 3 % behind in two, and from a table it trails the same pipeline from a table in
+# every run, by 2 to 15 %.
 # %%
 def rounded_range(values, digits=2):
     """(least, most) of some measured values, each rounded as the text states them."""
@@ -864,6 +872,7 @@ assert over_runs("pointer kernel") == [(0.70, 0.71), (0.71, 0.75)]
 # the unfused pipeline (0.85-0.89 at 8192 tokens, 0.82-0.85 at 32768)
 assert [round(fwd[t, False, "table, flag"]["cublas_ms_over_ms"], 2) for t in TOKENS] == [0.92, 0.97]
 assert over_runs("table, flag", runs=bare_runs) == [(0.85, 0.89), (0.82, 0.85)]
+assert over_runs("table, flag") == [(0.85, 0.92), (0.82, 0.97)]          # all four, the table
 assert all(r[t, False, "table, flag"]["cublas_ms_over_ms"]
            < min(r[t, False, v]["cublas_ms_over_ms"] for v in ("TMA, two heads", "unfused"))
            for r in bare_runs for t in TOKENS)
@@ -893,6 +902,8 @@ both_tables = [r[t, True, TABLE_ONCE]["unfused_ms_over_ms"] / r[t, True, TABLE_U
 assert max(both_tables) < 1 and (round(100 * (1 - max(both_tables))), round(100 * (1 - min(both_tables)))) == (2, 15)
 prologues_norm = [v for rows in dy_norm for v in of_unfused(rows, NORM_PROLOGUES)]
 assert (min(prologues_norm), max(prologues_norm)) == (0.24, 0.26)
+assert [rounded_range(r[t, True, NORM_PROLOGUES]["unfused_ms_over_ms"] for r in dy_norm)
+        for t in TOKENS] == [(0.24, 0.25), (0.25, 0.26)]
 assert max(r["max_rel_diff"] for rows in (dy, *dy_norm) for r in rows.values()) <= 2.0**-5
 assert {r["rounds"] for rows in (*fwd_runs, dy, *dy_norm) for r in rows.values()} == {7}
 
