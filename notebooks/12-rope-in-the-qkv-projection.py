@@ -685,7 +685,7 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 # reference); the range over the seven rounds goes beside it. Every run in 7.1 to 7.4 visited
 # the variants in one fixed order, and 7.5 shows that a fixed order can move a variant by
 # several per cent: read the differences of a few per cent below as what those rounds
-# measured, and 7.5 for what a new order every round changes. Two scripts wrote three files:
+# measured, and 7.5 for what a new order every round changes. Two scripts wrote the files:
 #
 # - `benchmarks/qkv_forward_ab.py`: the forward alone, relative to cuBLAS's `F.linear` (no
 #   rotation), four runs: `qkv_forward_ab-nvidia-h200-20261201-0147.csv`, `-0511.csv`,
