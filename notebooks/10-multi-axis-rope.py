@@ -175,6 +175,7 @@ positions = torch.cat([torch.arange(n_text).expand(3, n_text), image,
 print("      ", "  ".join(f"{i:2d}" for i in range(positions.shape[1])))
 for name, row in zip(("time", "row", "col"), positions):
     print(f"{name:>6}", "  ".join(f"{v:2d}" for v in row.tolist()))
+assert h * w == 6 and after == n_text + max(h, w) == 6      # what the text says: 6, not 9
 
 # %% [markdown]
 # The image spans 6 tokens but advances the text position by only 3 ($\max(h, w)$): the next
@@ -378,8 +379,8 @@ print("forward and backward match plain PyTorch (float64)")
 #
 # Without a table, what can make this kernel expensive is not memory: it is the accurate sine
 # and cosine of every (token, pair) angle, each tens of instructions, evaluated once per head
-# unless the kernel is written to share them (a kernel that shares them runs close to a copy,
-# below). Every head of a token turns by
+# unless the kernel is written to share them (the timing cell below sets both kinds beside a
+# copy of q and k). Every head of a token turns by
 # the same angles, so the question is how many times a kernel evaluates them, and that is
 # decided by one thing: whether the lines that form the angles sit before the loop over the
 # heads or inside it. You will write the kernel, then count and time both versions.
@@ -541,8 +542,8 @@ assert per_head.loads["inv_freq"] == heads * per_head.programs * (D6 // 2)
 assert once.sin <= 2 * slots and once.cos <= 2 * slots      # once per token (the check's rule)
 assert per_head.loads["q"] + per_head.loads["k"] == once.loads["q"] + once.loads["k"] \
     == q6.numel() + k6.numel()                              # the same data moved
-print(f"per (token, head): {per_head.sin // slots} times the sines and cosines of once per "
-      f"token, for {heads} heads; q and k are read once by both")
+print(f"sines per (token, pair) angle: {per_head.sin // slots} per (token, head), one for each "
+      f"of the {heads} heads; {once.sin / slots:g} once per token; q and k are read once by both")
 
 # %% [markdown]
 # The kernel that forms its angles per (token, head) evaluates $H_q + H_k = 32$ times the
@@ -692,37 +693,43 @@ assert int(a["launch__grid_size"]) == int(b["launch__grid_size"]) == 2048
 assert (2048 - 12 * 132, -(-2048 // (12 * 132)), -(-2048 // (16 * 132))) == (464, 2, 1)
 
 # %% [markdown]
-# The two kernels move the same bytes (about 2 % apart). The per-head kernel executes 5.3 times the
-# warp instructions, the sines and cosines it evaluates 32 times over; in the interpreter's count
-# above it evaluated 32 times as many, but an evaluation is only part of a kernel's instructions,
-# the loads, rotation and stores being the same in both. The time does not grow as much as the
-# instructions: 1.9 times under the profiler, which fixes the SM clock (the next cell reads
-# which), and less at the GPU's own clock: the timing cell above prints that ratio on a GPU.
-# Divided by its time, each kernel's DRAM traffic (the line under the table) says how hard it
-# kept the memory busy: the once-per-token kernel draws 3.4 TB/s, a memory stream; the
-# per-head kernel draws 1.8 TB/s, the same bytes over almost twice the time, the rest spent on
-# its extra instructions (the next cell measures how much of its time they fill). The profile also shows the per-head
-# kernel with fewer warps active on average (56 % of an SM's warp slots against 89 %). Its
-# registers go some way to say why (derived from the profile's register counts, and checked in
-# the cell above with `counts.programs_per_sm`): its 36 registers a thread round up to 40 in
-# the allocation, so an SM holds 12 of its 4-warp programs instead of 16, and its 2,048
-# programs need two waves on 132 SMs (1,584, then 464) where the other kernel's fit in one. ropelib's own kernel executes
-# 28 % more instructions than the worked solution (it handles strides, layouts, partial rotary
-# and more; which of them costs what is not measured here) and takes a little less time
-# (68.2 against 71.6 µs).
+# The two kernels move the same bytes (about 2 % apart). The per-head kernel executes 5.3 times
+# the warp instructions. What it repeats for every head is the angle work: it loads the
+# token's three positions and each pair's frequency and axis again, picks the angle, and
+# evaluates its sine and cosine, 32 times over where the worked once-per-token kernel does it
+# once (the interpreter's count above); the loads, rotation and stores of q and k are the same
+# in both.
+# Which of the repeated steps costs most is not separated here.
+#
+# The time does not grow as much as the instructions: 1.9 times under the profiler, which fixes
+# the SM clock (the next cell reads which), and less at the GPU's own clock, which the timing
+# cell above prints on a GPU. Divided by its time, each kernel's DRAM traffic (the line under
+# the table) says how hard it kept the memory busy: the once-per-token kernel draws 3.4 TB/s,
+# a memory stream; the per-head kernel 1.8 TB/s, the same bytes over almost twice the time, the
+# rest spent on its extra instructions (the next cell measures how much of its time they fill).
+#
+# The profile also shows the per-head kernel with fewer warps active on average (56 % of an
+# SM's warp slots against 89 %). Its registers go some way to say why (derived from the
+# profile's register counts, and checked in the cell above with `counts.programs_per_sm`): its
+# 36 registers a thread round up to 40 in the allocation, so an SM holds 12 of its 4-warp
+# programs instead of 16, and its 2,048 programs need two waves on 132 SMs (1,584, then 464)
+# where the other kernel's fit in one.
+#
+# ropelib's own kernel executes 28 % more instructions than the worked solution (it handles
+# strides, layouts, partial rotary and more; which of them costs what is not measured here) and
+# takes a little less time (68.2 against 71.6 µs).
 
 # %% [markdown]
 # **Is the per-head kernel bound by its instructions?** A second profile of the same three
 # launches (`mrope_angles_ncu-nvidia-h200-20261201-0657.csv`) recorded what the first did not:
 # the cycles each SM was active, the share of them on which the schedulers issued, and where an
-# average warp spent its cycles between two instructions it issued, by reason. An H200 SM has four warp schedulers, and each issues at most
-# one warp instruction a cycle, so a kernel's warp instructions divided by $4 \times 132$
-# schedulers is the fewest cycles it could take if it did nothing but issue. Set against the
-# cycles the SMs were active, that is the share of the time the schedulers were busy issuing,
-# derived from the instructions executed and the SM's active cycles. Nsight Compute counts that
-# share itself, as *issue active* (`smsp__issue_active`): each scheduler's cycles with an issue
-# over that scheduler's own active cycles, which can be fewer than its SM's, so the two need not
-# agree to the last point. The cell prints both:
+# average warp spent its cycles between two instructions it issued, by reason. An H200 SM has
+# four warp schedulers, each issuing at most one warp instruction a cycle, so a kernel's warp
+# instructions over its $4 \times 132$ schedulers are the fewest cycles it could take doing
+# nothing but issue; set against the cycles the SMs were active, they give the **issue share**,
+# the share of the time the schedulers were busy. Nsight Compute counts it too, as *issue
+# active* (`smsp__issue_active`), over each scheduler's own active cycles, which can be fewer
+# than its SM's, so the two need not agree to the last point. The cell prints both:
 #
 # $$\text{issue share} = \frac{\text{warp instructions}}{4 \cdot 132 \cdot \text{active cycles per SM}}$$
 #
@@ -775,71 +782,23 @@ assert (round(token[STALLED.format("long_scoreboard")]), round(token["smsp__aver
 
 # %% [markdown]
 # The per-head kernel's schedulers issue on 81 % of the cycles its SMs are active (77 % of the
-# kernel's elapsed cycles; Nsight Compute's own counter says 82 %): close to the ceiling of one instruction a cycle, so under the
-# profiler's clock its time is set by how many instructions it has, and the sines and cosines
-# it evaluates 32 times over are what make them many. Its warps' largest wait, of every stall
-# reason the profile records, is *not selected*, 3.9 cycles an instruction: a warp was ready,
-# and another ready warp was issued instead. That is what a kernel looks like when it has more
-# work ready than the schedulers can issue. It also answers the occupancy question above: with
-# the schedulers this busy, more resident warps would not have made it faster; fewer
-# instructions do. The once-per-token kernel issues on 30 % of its cycles, and of the 48 cycles
-# between two instructions of a warp, 43 are spent waiting on an L1TEX operation, here its
-# global loads (*long scoreboard*): its time is mostly waiting on memory, as its 3.4 TB/s
-# showed. Forming the angles once per token moves the kernel from the first kind to the second.
+# kernel's elapsed cycles; Nsight Compute's own counter says 82 %): close to the ceiling of one
+# instruction a cycle, so under the profiler's clock its time is set by how many instructions it
+# has, and the angle work it repeats for every head is what makes them many. Its warps' largest
+# wait, of every stall reason the profile records, is *not selected*, 3.9 cycles an
+# instruction: a warp was ready, and another ready warp was issued instead. That is what a
+# kernel looks like when it has more work ready than the schedulers can issue. It also answers
+# the occupancy question above: with the schedulers this busy, more resident warps could win
+# back at most the fifth of the issue slots left idle (1 / 0.81, about 1.23 times); fewer
+# instructions remove the cause. The once-per-token kernel issues on 30 % of its cycles, and of
+# the 48 cycles between two instructions of a warp, 43 are spent waiting on an L1TEX operation,
+# here its global loads (*long scoreboard*): its time is mostly waiting on memory, as its
+# 3.4 TB/s showed. Forming the angles once per token moves the kernel from the first kind to the second.
 #
 # One caution: the profiler ran the GPU at about 1.5 GHz (elapsed cycles over time). At the
 # GPU's own, higher clock an instruction takes less time and a byte from memory does not, so the
 # per-head kernel's instruction limit comes closer to its memory limit, and the ratio of the two
 # kernels' times should shrink; the timing cell above prints it at the GPU's own clock, on a GPU.
-
-# %% [markdown]
-# ropelib's kernel can be built either way, and both builds were measured. With **head
-# blocks**, the finished 1-D kernel's tiling, a program holds a block of a few heads of a few
-# tokens and forms the angles for its tile: every block of heads forms them again, and inside
-# a program every thread holding another head of the token does too. With **angles once per
-# token**, the tiling ropelib ships, a program forms the angles of its tokens once, as a
-# `[BLOCK_S, D/2]` tile, and loops over every head, a few heads per step
-# (`benchmarks/feature_tiles.py` measured how many). Both were timed with
-# `benchmarks/mrope_bench.py` (bf16, q and k together ≥ 256 MiB; the CSVs are committed, and the
-# figure's title names the GPU they ran on). They are two builds of one day, two hours apart,
-# and the tiling is not all that changed between them: the later one also gave a multi-axis
-# call ropelib's planned eager route (less host time per call, which at these sizes is small
-# beside the device time) and loads the inverse frequencies and each pair's axis once per
-# program. The sine and cosine are the same function in both (accurate, `_cos_sin`). Ratio to a
-# copy of q and k, forward:
-
-# %%
-
-RESULTS = ROOT / "benchmarks" / "results"
-# two builds, labelled by what each was (the later one changed more than the tiling: the text)
-runs = {"earlier build: head blocks": RESULTS / "mrope-nvidia-h200-20261122-1841.csv",
-        "shipped build: angles once per token, and more": RESULTS
-        / "mrope-nvidia-h200-20261122-2054.csv"}
-gpus = {compare.read_meta(path)["gpu"] for path in runs.values()}
-assert len(gpus) == 1, gpus                        # both builds on the same kind of GPU
-ratios = {}
-for label, path in runs.items():
-    rows = [r for r in compare.read_csv(path) if r["provider"] == "ropelib"
-            and r["pass"] == "fwd" and r.get("fraction_of_copy")]
-    ratios[label] = {r["case"].split("-")[0]: float(r["fraction_of_copy"]) for r in rows}
-cases = sorted(ratios["shipped build: angles once per token, and more"])
-fig, ax = plt.subplots(figsize=(7, 3.2))
-width = 0.38
-for i, (label, by_case) in enumerate(ratios.items()):
-    ax.bar([c + (i - 0.5) * width for c in range(len(cases))],
-           [by_case.get(name, 0) for name in cases], width, label=label)
-ax.set_xticks(range(len(cases)), cases)
-ax.axhline(1.0, color="grey", lw=0.8)
-ax.set(ylabel="fraction of a copy", ylim=(0, 1.1),
-       title=f"multi-axis RoPE forward, {gpus.pop()}, bf16 (committed runs)")
-ax.legend(loc="lower right", fontsize=8)
-fig.tight_layout()
-fig.savefig(FIGURES / "10-mrope-angles-once.png", dpi=120)
-plt.show()
-for name in cases:
-    print(f"{name:8s} " + "  ".join(f"{label}: {by[name]:.2f}" for label, by in ratios.items()))
-assert all(ratios["shipped build: angles once per token, and more"][c]
-           > ratios["earlier build: head blocks"][c] for c in cases)
 
 # %% [markdown]
 # ### From transformers' materialised tables: the grid's order decides the bytes read
@@ -887,6 +846,8 @@ assert round(qk_mb) == 268 and read == [335, 302, 302] and round(mb) == 285
 assert round(tables_mb) == 50 and 0.15 < tables_mb / qk_mb < 0.25   # "a fifth of q and k"
 assert round(tables_read["by chunks of tokens"]["ropelib"][2], 1) == 69.5   # "69.5 %"
 assert took == [186.9, 164.6, 138.7] and round(us, 1) == 134.6
+# "10 % fewer bytes, and 12 % less time"
+assert (round(100 * (1 - read[1] / read[0])), round(100 * (1 - took[1] / took[0]))) == (10, 12)
 
 fig, ax = plt.subplots(figsize=(7, 2.8))
 labels = list(tables_read) + ["Liger"]
@@ -902,20 +863,21 @@ plt.show()
 
 # %% [markdown]
 # With q's programs first, k's programs ran after all of q (235 MB) had streamed through the L2
-# cache, and the rows of the tables they needed had left it: the pass read the tables twice,
-# 335 MB where q and k are 268. Ordered by chunks of tokens, each chunk's rows are still in L2
-# when its k programs read them: 302 MB. The time fell less than the bytes (186.9 to 164.6 µs):
-# DRAM ran at 69.5 % of its peak. The sign did the rest. Written $-(x_b\,s_a)$, the product made
-# the assembler give a later load the registers of an earlier one, so some loads went out only
-# after the arithmetic had started (notebook 05's section on load schedules shows the
-# mechanism); written $(-x_b)\,s_a$, with Triton 3.6 (the GPU runs'), every load of the
-# forward goes out first, and the same bytes took 138.7 µs, level with Liger's 134.6. Triton
-# 3.9 schedules the two forms the other way round, so ropelib writes the product
-# $x_b\,(-s_a)$, which both versions schedule with every load first; the cell below counts them
-# in the machine code of the Triton you have. What remains is the 17 MB Liger does not read:
-# the second half of each table row. Liger assumes transformers' tables, whose halves are
-# equal (`cat(f, f)`); ropelib reads both halves, so that any cos and sin give transformers'
-# own result.
+# cache, and the rows of the tables they needed had left it: 335 MB read where q and k are 268.
+# Ordered by chunks of tokens, each chunk's rows are still in L2 when its k programs read them:
+# 302 MB, 10 % fewer bytes, and 12 % less time (186.9 to 164.6 µs), with DRAM still only 69.5 %
+# busy. Then one sign: with the product written $(-x_b)\,s_a$ instead of $-(x_b\,s_a)$ (the
+# same bits) the same 302 MB took 138.7 µs, level with Liger's 134.6. What changes with the
+# sign is when the loads go out: notebook 05's section on load schedules shows how the
+# assembler can issue some of a kernel's loads only after its arithmetic has started, and the
+# cell below counts, in the machine code the Triton you have makes of the shipped form
+# $x_b\,(-s_a)$, how many of the forward's six loads go out before its first multiply.
+#
+# ropelib still reads 17 MB more than Liger. Part of it is the tables' second halves: Liger
+# assumes transformers' tables, whose two halves are equal (`cat(f, f)`), and reads the first;
+# ropelib reads both, so that any cos and sin give transformers' own result. That accounts for
+# at most 8 MB (of the tables' 50 MB a token needs a third, and half of that third is second
+# halves). Where the rest comes from is not measured here.
 
 # %%
 from ropelib.course import load_schedule
@@ -923,6 +885,7 @@ from ropelib.kernels import launch as rope_launch, tiles as rope_tiles
 
 q_mb = 4 * 8192 * 28 * 128 * 2 / 1e6
 assert round(q_mb) == 235 and round(read[1] - mb) == 17
+assert round(tables_mb / 3 / 2) == 8                 # the second halves of the rows a token needs
 # the pass as ropelib plans it for these tables (shapes alone: "meta" tensors), forward
 meta = dict(dtype=torch.bfloat16, device="meta")
 qm, km = torch.empty(4, 8192, 28, 128, **meta), torch.empty(4, 8192, 4, 128, **meta)
@@ -956,8 +919,9 @@ if sched_t:
 # Every axis above, and plain 1-D RoPE, rotates by angles $p\,\omega_j$. Libraries form them as
 # `position * inv_freq` in fp32: at position $p$ an fp32 angle keeps only 24 significant bits,
 # so its error grows with $p$ — about $p\,\omega_j \cdot 2^{-24}$ rad, and more where the
-# fp32 frequency itself is rounded. A bf16 cos/sin cache (transformers' default under autocast)
-# adds bf16's own rounding on top. Long-context models reach $10^6$ positions and beyond.
+# fp32 frequency itself is rounded. A bf16 cos/sin cache (what transformers' rotary embedding
+# hands a model that runs in bf16: it casts cos and sin to the input's dtype) adds bf16's own
+# rounding on top. Long-context models reach $10^6$ positions and beyond.
 #
 # ropelib can skip the table: `ropelib.rope_angles(...)` holds each pair's frequency as a
 # fixed-point fraction of a turn, and the kernel multiplies it by the integer position with
@@ -966,7 +930,8 @@ if sched_t:
 # scaling law `ropelib.frequencies` has, at positions up to $2^{24}$; the integer arithmetic is
 # exact up to position $2^{31}-2$ by construction, though tested no further than $2^{24}$. The
 # kernel forms the fp32 cos and sin from that fixed-point turn itself, with no fp32 angle in
-# between; the cell below measures how close they come. `apply_rope(x, angles=..., position_ids=...)` reads no cos/sin table at all.
+# between; the cell below measures how close they come. `apply_rope(x, angles=...,
+# position_ids=...)` reads no cos/sin table at all.
 #
 # `benchmarks/angle_precision.py` measures all three against float64 from 1 K to 16 M
 # positions (Llama-like: $d = 128$, base 500 000). The cell runs a few positions of it here; the
