@@ -23,7 +23,8 @@ dX); a test holds that reference to `ropelib.qkv_rope_linear`.
 
 Only a `@triton.jit` kernel is accepted, and it runs with ropelib's own answers barred
 (`own_code`): the finished kernels, the teaching kernels (the worked solutions, shown with
-`show_epilogue_solution` and `show_prologue_solution`) and a kernel that calls one of their
+`show_epilogue_solution`, `show_split_epilogue_solution` and `show_prologue_solution`) and a
+kernel that calls one of their
 @triton.jit helpers are refused.
 """
 from typing import Callable, Optional
