@@ -57,7 +57,9 @@
 # machine with an index by `bash benchmarks/gpu_wheels.sh` and carried there; they are
 # installed first, into /tmp/gpu-site (the machine's own packages are left as they are).
 # CSVs and logs land in benchmarks/results/, named with the GPU and the UTC date; when $OUT is
-# set (a lent machine that sends back what is under $OUT) they are copied there too.
+# set (a lent machine that sends back what is under $OUT, a few files at most) they go there
+# too, as one tarball a call (results-<gpu>-<date>-<pid>.tar.gz), written when the call ends,
+# also when it is stopped (SIGTERM, as `timeout` sends).
 # Transformer Engine is compared when `import transformer_engine.pytorch` works.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -83,10 +85,21 @@ if [ -d .gpu-wheels/flash_attn_rotary ] && ! "$PY" -c "import flash_attn.layers.
     export PYTHONPATH="$PYTHONPATH:$PWD/.gpu-wheels/flash_attn_rotary:/tmp/gpu-site"
 fi
 
-keep() {   # copy files to $OUT when the machine sends $OUT back
-    [ -n "${OUT:-}" ] && cp "$@" "$OUT/" 2>/dev/null
+KEPT=()
+keep() {   # files to send back in this call's tarball under $OUT (pack, when the call ends)
+    KEPT+=("$@")
     return 0
 }
+
+pack() {   # the kept files that exist, as one tarball under $OUT
+    [ -n "${OUT:-}" ] || return 0
+    local have=() f
+    for f in ${KEPT[@]+"${KEPT[@]}"}; do [ -f "$f" ] && have+=("$f"); done
+    [ ${#have[@]} -gt 0 ] && tar czf "$OUT/results-$tag-$$.tar.gz" "${have[@]}"
+    return 0
+}
+trap pack EXIT
+trap 'exit 143' TERM
 
 find_ncu() {   # Nsight Compute's command line: on PATH, else where CUDA and its installer put it
     command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null \
@@ -97,10 +110,10 @@ step() {
     local name=$1 log="$RESULTS/$1-$tag.log"
     shift
     echo "=== $name ($(date -u +%H:%M:%S))"
+    keep "$log"            # (kept before it runs: a call stopped midway sends back what it has)
     "$@" 2>&1 | tee "$log"
     local status=${PIPESTATUS[0]}
     [ "$status" -eq 0 ] || { echo "=== $name failed: exit $status"; rc=1; }
-    keep "$log"
 }
 
 for what in "${@:-tests}"; do
