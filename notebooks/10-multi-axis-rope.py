@@ -914,9 +914,11 @@ if sched_t:
         assert sched_t["early"] == 6
 
 # %% [markdown]
-# ## Long-context precision
+# ## 7. The angles themselves at long context
 #
-# Every axis above, and plain 1-D RoPE, rotates by angles $p\,\omega_j$. Libraries form them as
+# The kernels of section 6 form their angles from positions and frequencies, with no table; how
+# exactly they do it matters once positions are large. Every axis above, and plain 1-D RoPE,
+# rotates by angles $p\,\omega_j$. Libraries form them as
 # `position * inv_freq` in fp32: at position $p$ an fp32 angle keeps only 24 significant bits,
 # so its error grows with $p$ — about $p\,\omega_j \cdot 2^{-24}$ rad, and more where the
 # fp32 frequency itself is rounded. A bf16 cos/sin cache (what transformers' rotary embedding
@@ -926,9 +928,10 @@ if sched_t:
 # ropelib can skip the table: `ropelib.rope_angles(...)` holds each pair's frequency as a
 # fixed-point fraction of a turn, and the kernel multiplies it by the integer position with
 # wrapping 64-bit integer products, so whole turns fall away exactly: the angle is rounded to
-# fp32 once. ropelib's tests check it within half an fp32 ulp of the exact angle for every
-# scaling law `ropelib.frequencies` has, at positions up to $2^{24}$; the integer arithmetic is
-# exact up to position $2^{31}-2$ by construction, though tested no further than $2^{24}$. The
+# fp32 once. ropelib's tests (`tests/test_exact_angles.py`) check it within half an fp32 ulp
+# of the exact angle for every scaling law `ropelib.frequencies` has, at positions up to
+# $2^{24}$; the integer arithmetic is exact up to position $2^{31}-2$ by construction, though
+# tested no further than $2^{24}$. The
 # kernel forms the fp32 cos and sin from that fixed-point turn itself, with no fp32 angle in
 # between; the cell below measures how close they come. `apply_rope(x, angles=...,
 # position_ids=...)` reads no cos/sin table at all.
