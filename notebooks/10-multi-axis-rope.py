@@ -832,7 +832,8 @@ for label, stamp in ncu_runs.items():
                                 k["metrics"]["gpu__time_duration.sum"] / 1e3,
                                 k["metrics"]["dram__throughput.avg.pct_of_peak_sustained_elapsed"])
                           for who, k in (("ropelib", ropelib_pass), ("Liger", liger_kernel))}
-print(f"{measured.GPU}, Qwen2-VL b4 s8192, bf16 tables; q and k: {qk_mb:.0f} MB")
+gpu_name = measured.GPU.replace("-", " ").upper()       # the files' GPU: nvidia-h200 -> NVIDIA H200
+print(f"{gpu_name}, Qwen2-VL b4 s8192, bf16 tables; q and k: {qk_mb:.0f} MB")
 print(f"{'':26s}{'DRAM read':>11s}{'time':>10s}{'DRAM busy':>11s}")
 for label, by in tables_read.items():
     mb, us, pct = by["ropelib"]
@@ -856,7 +857,7 @@ ax.axvline(qk_mb, color="k", lw=0.8, ls="--")
 ax.text(qk_mb, -0.7, " q and k", fontsize=8)
 ax.invert_yaxis()
 ax.set(xlabel="MB read from DRAM (Nsight Compute)",
-       title=f"the flat pass on Qwen2-VL's bf16 tables, {measured.GPU.upper()}")
+       title=f"the flat pass on Qwen2-VL's bf16 tables, {gpu_name}")
 fig.tight_layout()
 fig.savefig(FIGURES / "10-tables-dram-read.png", dpi=120)
 plt.show()
