@@ -26,7 +26,9 @@ without QK-norm:
                        norm, q, k, v stored as projected: qkv_rope_bench's triton_gemm)
     rows pre-pass      the pre-pass alone that writes every token's cos and sin rows from the
                        angles (qkv_linear.cos_sin_rows)
-so "TMA, two heads" against "GEMM, no epilogue" is what the epilogue and the pre-pass cost.
+so "TMA, two heads" against "GEMM, no epilogue" is what the epilogue and the pre-pass cost,
+printed paired round by round (the two timed in the same round); the CSV keeps every round's
+time of every variant (round_ms, in round order).
 
 every variant once a round; a variant's ratio to cuBLAS is the median of its rounds' ratios
 (above 1: faster than cuBLAS). `--order shuffled` (the default since 2026-12-01 08:00) visits
@@ -40,6 +42,8 @@ fused variant came out slower against cuBLAS, which a fixed round runs first
 
     python benchmarks/qkv_forward_ab.py [--tokens 8192 32768] [--rounds 7] [--order fixed]
                                         [--out CSV]
+    TRITON_INTERPRET=1 python benchmarks/qkv_forward_ab.py --dry-run   # CPU: tiny shapes, every
+                                        # variant checked, times by the wall clock (meaningless)
 """
 import argparse
 import os
@@ -56,10 +60,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import qkv_rope_bench as bench  # noqa: E402
 
 import ropelib  # noqa: E402
-from ropelib import qkv_linear  # noqa: E402
+from ropelib import qkv_linear, runtime  # noqa: E402
 from ropelib.kernels import qkv_gemm  # noqa: E402
 
-HIDDEN, HQ, HK, D = 4096, 32, 8, 128
+SHAPE = dict(hidden=4096, HQ=32, HK=8, D=128)        # Llama-3-8B's projection
+DRY_SHAPE = dict(hidden=64, HQ=4, HK=2, D=32)        # a few programs in the interpreter
 
 
 def patched(call, module, **attrs):
@@ -87,12 +92,15 @@ def four_row_tiles():
     return planned
 
 
-def variants(tokens: int, norm: bool) -> dict:
-    x = torch.randn(1, tokens, HIDDEN, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn((HQ + 2 * HK) * D, HIDDEN, device="cuda", dtype=torch.bfloat16) * 0.02
-    angles = ropelib.rope_angles(D, base=500000.0, device="cuda")
-    nq = nk = torch.ones(D, device="cuda") if norm else None
-    freqs = ropelib.rope_freqs(tokens, D, base=500000.0, device="cuda")
+def variants(tokens: int, norm: bool, hidden: int, HQ: int, HK: int, D: int,
+             device="cuda") -> dict:
+    # bf16 on a GPU; fp32 in the interpreter (its tl.dot multiplies 16-bit floats as raw bits)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    x = torch.randn(1, tokens, hidden, device=device, dtype=dtype)
+    w = torch.randn((HQ + 2 * HK) * D, hidden, device=device, dtype=dtype) * 0.02
+    angles = ropelib.rope_angles(D, base=500000.0, device=device)
+    nq = nk = torch.ones(D, device=device) if norm else None
+    freqs = ropelib.rope_freqs(tokens, D, base=500000.0, device=device)
 
     def fused(**table):
         return ropelib.qkv_rope_linear(x, w, n_heads=HQ, n_kv_heads=HK, head_dim=D,
@@ -109,7 +117,7 @@ def variants(tokens: int, norm: bool) -> dict:
 
     return {"cublas": lambda: torch.nn.functional.linear(x, w),
             "unfused": unfused,
-            "pointer kernel": patched(fused, qkv_gemm, has_tma=lambda device: False),
+            "pointer kernel": patched(fused, qkv_gemm, uses_tma=lambda *a, **k: False),
             "TMA, four row tiles": patched(fused, qkv_gemm, plan=four_row_tiles()),
             "TMA, two heads": fused,
             "table, four tiles": patched(lambda: fused(freqs=freqs), qkv_linear,
@@ -121,6 +129,14 @@ def variants(tokens: int, norm: bool) -> dict:
                 x, angles.turns, angles.amplitude, None, None, False)}
 
 
+def wall_clock_ms(fn) -> float:
+    """One call's wall-clock time (the dry run's stand-in for do_bench)."""
+    import time
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, nargs="+", default=[8192, 32768])
@@ -130,39 +146,59 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0,
                     help="shuffled rounds: runs with the same seed visit the same orders; give "
                          "another for an independent run (recorded in the CSV's header)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="tiny shapes in the interpreter (CPU): every variant built and checked, "
+                         "times by the wall clock, which say nothing about a GPU")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
+    device = runtime.default_device()
+    if not args.dry_run and device != "cuda":
+        raise SystemExit("timing needs a CUDA GPU; use --dry-run on the CPU")
+    shape = DRY_SHAPE if args.dry_run else SHAPE
+    tokens_list = [24] if args.dry_run else args.tokens
+    time_ms = wall_clock_ms if args.dry_run else triton.testing.do_bench
+    # the variants' outputs: the same bits on a GPU (bf16, rounded once); in the interpreter's
+    # fp32 the two main loops sum their products in different orders
+    same = torch.equal if device == "cuda" else (
+        lambda a, b: torch.allclose(a, b, rtol=1e-5, atol=1e-5))
     from ropelib.bench import compare
     compare.ROUNDS_SEED = args.seed
     compare.ROUNDS_ORDER = args.order          # (round_order's default, and the CSV's header)
     rows = []
-    for tokens in args.tokens:
+    for tokens in tokens_list:
         for norm in (False, True):
-            runs = variants(tokens, norm)
+            runs = variants(tokens, norm, device=device, **shape)
             ref = runs["TMA, two heads"]()
             for name in ("pointer kernel", "TMA, four row tiles"):  # the same outputs
                 for a, b in zip(runs[name](), ref):
-                    assert torch.equal(a, b), (name, tokens, norm)
+                    assert same(a, b), (name, tokens, norm)
             for a, b in zip(runs["table, four tiles"](), runs["table, flag"]()):
-                assert torch.equal(a, b), ("table", tokens, norm)
+                assert same(a, b), ("table", tokens, norm)
             times = {name: [] for name in runs}
             for r in range(args.rounds):
                 for name in compare.round_order(list(runs), r):
-                    times[name].append(triton.testing.do_bench(runs[name]))
+                    times[name].append(time_ms(runs[name]))
             for name in runs:
                 ratios = [c / t for c, t in zip(times["cublas"], times[name])]
                 rows.append(dict(tokens=tokens, qk_norm=norm, variant=name,
                                  ms=statistics.median(times[name]),
                                  cublas_ms_over_ms=statistics.median(ratios),
-                                 low=min(ratios), high=max(ratios), rounds=args.rounds))
+                                 low=min(ratios), high=max(ratios), rounds=args.rounds,
+                                 round_ms=" ".join(f"{t:.5f}" for t in times[name])))
                 r = rows[-1]
                 print(f"{tokens:6d} {'QK-norm' if norm else 'plain':8s} {name:19s} "
                       f"{r['ms']:.4f} ms  {r['cublas_ms_over_ms']:.3f} of cuBLAS's speed "
                       f"(rounds {r['low']:.3f}-{r['high']:.3f})", flush=True)
+            # the epilogue's price, paired round by round: the fused kernel over its own GEMM
+            # without the epilogue, both timed in the same round
+            paired = [f / b - 1 for f, b in zip(times["TMA, two heads"], times["GEMM, no epilogue"])]
+            print(f"{tokens:6d} {'QK-norm' if norm else 'plain':8s} the epilogue, paired by round: "
+                  f"{statistics.median(paired):+.1%} (rounds {min(paired):+.1%} to "
+                  f"{max(paired):+.1%})", flush=True)
     if args.out:
         compare.write_csv(rows, args.out, compare.environment_meta(),
                           fields=["tokens", "qk_norm", "variant", "ms", "cublas_ms_over_ms",
-                                  "low", "high", "rounds"])
+                                  "low", "high", "rounds", "round_ms"])
     return 0
 
 

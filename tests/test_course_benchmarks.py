@@ -149,3 +149,24 @@ def test_model_host_probe_checks_every_provider_against_the_formula(benchmark, c
     model = probe.Layers(1, 8, 2, 1, 4, "cpu", torch.float32)
     with pytest.raises(AssertionError, match="ropelib"):
         probe.check(model, torch.randn(1, 2, 8), wrong)
+
+
+def test_qkv_forward_rounds_dry_run_checks_every_variant(benchmark, capsys, tmp_path):
+    # the forward's variants built and checked against one another at tiny shapes, one round in
+    # a shuffled order, the epilogue priced paired by round, and every round's time kept
+    probe = benchmark("qkv_forward_ab")
+    if torch.cuda.is_available():
+        pytest.skip("the dry run is the interpreter's check; a GPU times the real shapes")
+    out_csv = tmp_path / "ab.csv"
+    assert probe.main(["--dry-run", "--rounds", "1", "--seed", "3", "--out", str(out_csv)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("the epilogue, paired by round") == 2          # plain and QK-norm
+    rows = compare.read_csv(out_csv)
+    variants = {r["variant"] for r in rows}
+    assert {"cublas", "unfused", "pointer kernel", "TMA, two heads", "table, flag",
+            "GEMM, no epilogue"} <= variants and len(rows) == 2 * len(variants)
+    assert all(len(str(r["round_ms"]).split()) == 1 for r in rows)
+    meta = compare.read_meta(out_csv)
+    assert (meta["rounds_order"], meta["rounds_seed"]) == ("shuffled", "3")
+    with pytest.raises(SystemExit, match="timing needs a CUDA GPU"):   # no timing on a CPU
+        probe.main(["--rounds", "1"])
