@@ -26,6 +26,8 @@ without QK-norm:
                        norm, q, k, v stored as projected: qkv_rope_bench's triton_gemm)
     rows pre-pass      the pre-pass alone that writes every token's cos and sin rows from the
                        angles (qkv_linear.cos_sin_rows)
+    packed, cu_seqlens x as eight packed sequences [T, hidden] with cu_seqlens, from angles:
+                       the pre-pass searches each token's sequence (positions restart in each)
 so "TMA, two heads" against "GEMM, no epilogue" is what the epilogue and the pre-pass cost,
 printed paired round by round (the two timed in the same round); the CSV keeps every round's
 time of every variant (round_ms, in round order).
@@ -101,6 +103,7 @@ def variants(tokens: int, norm: bool, hidden: int, HQ: int, HK: int, D: int,
     angles = ropelib.rope_angles(D, base=500000.0, device=device)
     nq = nk = torch.ones(D, device=device) if norm else None
     freqs = ropelib.rope_freqs(tokens, D, base=500000.0, device=device)
+    packed = torch.linspace(0, tokens, 9, device=device).round().to(torch.int32)   # 8 sequences
 
     def fused(**table):
         return ropelib.qkv_rope_linear(x, w, n_heads=HQ, n_kv_heads=HK, head_dim=D,
@@ -126,7 +129,12 @@ def variants(tokens: int, norm: bool, hidden: int, HQ: int, HK: int, D: int,
             "GEMM, no epilogue": lambda: bench._TritonGemm.apply(
                 x, w, angles.turns, angles.amplitude, HQ, HK, D),
             "rows pre-pass": lambda: qkv_linear.cos_sin_rows(
-                x, angles.turns, angles.amplitude, None, None, False)}
+                x, angles.turns, angles.amplitude, None, None, False),
+            # packed x [T, hidden] of eight sequences (cu_seqlens): the pre-pass finds each
+            # token's position in its sequence, the forward is the same kernel
+            "packed, cu_seqlens": lambda: ropelib.qkv_rope_linear(
+                x[0], w, n_heads=HQ, n_kv_heads=HK, head_dim=D, angles=angles,
+                cu_seqlens=packed, q_norm_weight=nq, k_norm_weight=nk)}
 
 
 def wall_clock_ms(fn) -> float:
@@ -174,6 +182,12 @@ def main(argv=None) -> int:
                     assert same(a, b), (name, tokens, norm)
             for a, b in zip(runs["table, four tiles"](), runs["table, flag"]()):
                 assert same(a, b), ("table", tokens, norm)
+            # packed: the first sequence's tokens are at positions 0.., as in the unpacked call
+            # (to bf16's rounding: its rows come through another search)
+            first = int(tokens / 8 + 0.5)
+            for a, b in zip(runs["packed, cu_seqlens"](), ref):
+                assert torch.allclose(a[:first].float(), b[0, :first].float(), rtol=1e-2,
+                                      atol=1e-2), ("packed", tokens, norm)
             times = {name: [] for name in runs}
             for r in range(args.rounds):
                 for name in compare.round_order(list(runs), r):
