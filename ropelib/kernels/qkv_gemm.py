@@ -93,10 +93,11 @@ on TMA   are even and the head is one accumulator (uses_tma): a persistent grid,
          torch.profiler the table's kernel took 10-15 % longer at 32768 tokens while it read the
          flag in every tile, 1.6 % longer once it read it once per program, yet the rounds
          still put the table 9 % behind angles at 32768 tokens (0.85 against 0.93). That lag
-         belongs to the rounds' fixed order, where the table always runs right after the
-         in-turn variant: in two runs with a new order every round the table was level with
-         angles (0.95 / 0.97-0.98 against 0.95 / 0.97), in two fixed-order runs beside them
-         behind (0.84 / 0.86 against 0.93 / 0.89 in the one whose 8192 rows came back).
+         goes with the rounds' fixed order, where the table always runs right after the
+         in-turn variant (a cause not found: the first fixed run had it level): in two runs
+         with a new order every round the table was level with angles (0.95 / 0.97-0.98
+         against 0.95 / 0.97), in two fixed-order runs beside them behind (0.84 / 0.86
+         against 0.93 / 0.89 in the one whose 8192 rows came back).
          One head a tile (128 tokens) spilled 16 bytes and ran slower than the kernel above
          (0.70 against 0.74): odd head counts keep that one.
 dX       _qkv_rope_dx_kernel    one program per (BLOCK_M tokens, BLOCK_K hidden columns),
