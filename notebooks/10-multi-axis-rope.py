@@ -793,7 +793,8 @@ assert (round(token[STALLED.format("long_scoreboard")]), round(token["smsp__aver
 # instructions remove the cause. The once-per-token kernel issues on 30 % of its cycles, and of
 # the 48 cycles between two instructions of a warp, 43 are spent waiting on an L1TEX operation,
 # here its global loads (*long scoreboard*): its time is mostly waiting on memory, as its
-# 3.4 TB/s showed. Forming the angles once per token moves the kernel from the first kind to the second.
+# 3.4 TB/s showed. Forming the angles once per token moves the kernel from the first kind to the
+# second.
 #
 # One caution: the profiler ran the GPU at about 1.5 GHz (elapsed cycles over time). At the
 # GPU's own, higher clock an instruction takes less time and a byte from memory does not, so the

@@ -267,12 +267,12 @@ assert max(v["share"] for (_, _, pass_), v in bound.items() if pass_ == "fwd+bwd
 # 4-warp tile 64/64 with 32768 tokens do they take less, 5 %. These are single timings, not
 # rounds (7.1): the 30 % lies far outside their spread, the differences of 4 to 10 % do not.
 # Against the bare GEMM, at the 128/64 tile with 3 stages the one-accumulator rotating kernel
-# takes 0.1 and 2.1 % longer (8192 and 32768 tokens); at 4 stages the bare GEMM is itself 19 to 23 % slower
-# than at 3 while the rotating kernel is not, so that pair compares more than the epilogue
-# (the rotating kernel comes out 17 % faster). So ropelib holds the head as one accumulator
-# whenever every feature is rotated and $D/2$ is a power of two, and falls back to gathered
-# accumulators (three, with the pass-through features) for partial rotary. The header of `ropelib/kernels/qkv_gemm.py`
-# (printed below) shows the layouts and quotes the same ranges. A whole head in one program
+# takes 0.1 and 2.1 % longer (8192 and 32768 tokens); at 4 stages the bare GEMM is itself
+# 19 to 23 % slower than at 3 while the rotating kernel is not, so that pair compares more than
+# the epilogue (the rotating kernel comes out 17 % faster). So ropelib holds the head as one
+# accumulator whenever every feature is rotated and $D/2$ is a power of two, and falls back to
+# gathered accumulators (three, with the pass-through features) for partial rotary. The header
+# of `ropelib/kernels/qkv_gemm.py` (printed below) shows the layouts and quotes the same ranges. A whole head in one program
 # also gives QK-norm's RMS statistics (one per token and head) for free.
 
 # %%
@@ -584,8 +584,8 @@ assert [4096 // qkv_gemm.GPU_TILES[kind]["BLOCK_K"] for kind in ("dx", "dw")] ==
 # layouts, once per program, 64 KiB more than the two-accumulator kernel converts (it converts
 # cos and sin to the accumulators' layout, and both kernels convert their output for the
 # store). Once per program against once per K step fits section 3's measurement, where one
-# accumulator was never the slower at the pointer-loaded forward's tile; the counts alone cannot say it is the
-# whole cause (section 3 also has a tile where two accumulators were 5 % faster).
+# accumulator was never the slower at the pointer-loaded forward's tile; the counts alone cannot
+# say it is the whole cause (section 3 also has a tile where two accumulators were 5 % faster).
 
 # %% [markdown]
 # ## 5. The backward's prologue: undo the rotation while loading $dY$
@@ -1598,8 +1598,9 @@ assert [round(tails[o][32768, "plain", "table, flag"][0], 2) for o in ("shuffled
 # 7.5 says can move a ratio by several per cent) and asserts that the median of their ratio is
 # below 1.15, on an H200 only, the GPU those runs measured. The bound is wide because one live
 # timing moves by several per cent (in 7.1's first run the unfused pipeline alone ran at
-# anything from 0.86 to 0.94 of cuBLAS's speed), and the pointer-loaded forward would fail it. On another GPU the cell only prints. On a CPU it
-# says so and times nothing: the interpreter's times say nothing about a GPU.
+# anything from 0.86 to 0.94 of cuBLAS's speed), and the pointer-loaded forward would fail it. On
+# another GPU the cell only prints. On a CPU it says so and times nothing: the interpreter's
+# times say nothing about a GPU.
 #
 # The last lines read your kernel against the others. Its ratio to the same launch without
 # the rotation is your epilogue's price; its ratio to cuBLAS alone is the whole price of your
