@@ -918,6 +918,36 @@ def test_tma_forward_without_its_epilogue_is_the_projection(seeded):
         torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
 
 
+def test_a_triton_without_tensor_descriptors_keeps_the_pointer_forward(seeded, monkeypatch):
+    """Where Triton cannot make TMA descriptors in a kernel (tl.make_tensor_descriptor, which
+    Triton 3.3 has only under an experimental name), the forward plans the pointer-loaded kernel
+    instead of one that would not compile, and the projection is the same."""
+    B, S, K, HQ, HK, D = 1, 11, 32, 2, 2, 16
+    x = torch.randn(B, S, K)
+    w = torch.randn((HQ + 2 * HK) * D, K) / K ** 0.5
+    freqs = ropelib.rope_freqs(S, D)
+    opts = dict(n_heads=HQ, n_kv_heads=HK, head_dim=D, freqs=freqs)
+    assert qkv_gemm.uses_tma(K, HQ, HK, D, D, 4, torch.device("cpu")) == qkv_gemm.INTERPRET
+    with_descriptors = ropelib.qkv_rope_linear(x, w, **opts)
+    monkeypatch.setattr(qkv_gemm, "TENSOR_DESCRIPTORS", False)
+    assert not qkv_gemm.uses_tma(K, HQ, HK, D, D, 4, torch.device("cpu"))
+    rows = torch.empty(S, D)
+    pointers = qkv_gemm.pointers("fwd", x_ptr=x, w_ptr=w, q_ptr=x, k_ptr=x, v_ptr=x,
+                                 cos_ptr=rows, sin_ptr=rows,
+                                 pairs_differ_ptr=torch.zeros(1, dtype=torch.int32))
+    launch = qkv_gemm.plan("fwd", S=S, B=B, K=K, HQ=HQ, HK=HK, D=D, R=D, P=S, ids=None,
+                           cu_seqlens=None, layout="bshd", interleaved=False, eps=1e-6,
+                           device=x.device, dtypes=planning.pointer_dtypes(pointers))
+    assert launch.launcher is qkv_gemm.FWD
+    started, run = [], qkv_gemm.run
+    monkeypatch.setattr(qkv_gemm, "run", lambda launch, pointers: (
+        started.append(launch.launcher), run(launch, pointers)))
+    without = ropelib.qkv_rope_linear(x, w, **opts)
+    assert started == [qkv_gemm.FWD]           # the call's forward: the pointer-loaded kernel
+    for a, b in zip(without, with_descriptors):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
 def test_planned_launches_name_every_argument_and_their_dtypes():
     """The direct launcher starts a compiled GEMM with the Launch's arguments alone (no defaults
     filled in by Triton) and finds it by the Launch: so each plan names every non-pointer
