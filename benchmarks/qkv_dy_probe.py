@@ -141,12 +141,12 @@ def main(argv=None) -> int:
             def step(fn=fn, leaves=leaves):
                 torch.autograd.backward(fn(*leaves), grads)
             steps[name] = (step, [t for t in leaves if t.requires_grad])
-        times = {name: [] for name in steps}
-        for r in range(0 if a.dry_run else a.rounds):
-            import triton.testing
-            for name in compare.round_order(list(steps), r):
-                step, wanted = steps[name]
-                times[name].append(triton.testing.do_bench(step, grad_to_none=wanted))
+        import triton.testing
+
+        def time_one(name):
+            step, wanted = steps[name]
+            return triton.testing.do_bench(step, grad_to_none=wanted)
+        times = compare.times_in_rounds(steps, 0 if a.dry_run else a.rounds, time_one)
         unfused = provs[-1][0]
         for name in steps:
             ms = statistics.median(times[name]) if times[name] else float("nan")

@@ -36,11 +36,11 @@ every variant once a round; a variant's ratio to cuBLAS is the median of its rou
 (above 1: faster than cuBLAS). `--order shuffled` (the default since 2026-12-01 08:00) visits
 the variants in a new order each round (compare.round_order; runs with the same `--seed` visit
 the same orders), so that no variant always runs right after the same one; `--order fixed`
-(every committed run before) visits them in the order above in every round. The order is a variable: on an H200, in a run in
-each order one after the other, "table, flag" came out within 1 % of "TMA, two heads" shuffled
-and 2-10 % behind it in the fixed order, where it always follows "table, four tiles"; and every
-fused variant came out slower against cuBLAS, which a fixed round runs first
-(benchmarks/NOTES.md, "the table's lag is the rounds' order").
+(every committed run before) visits them in the order above in every round. The order is a
+variable: on an H200, in a run in each order one after the other, "table, flag" came out within
+1 % of "TMA, two heads" shuffled and 2-10 % behind it in the fixed order, where it always
+follows "table, four tiles"; and every fused variant came out slower against cuBLAS, which a
+fixed round runs first (benchmarks/NOTES.md, "the table's lag is the rounds' order").
 
     python benchmarks/qkv_forward_ab.py [--tokens 8192 32768] [--rounds 7] [--order fixed]
                                         [--out CSV]
@@ -188,10 +188,7 @@ def main(argv=None) -> int:
             for a, b in zip(runs["packed, cu_seqlens"](), ref):
                 assert torch.allclose(a[:first].float(), b[0, :first].float(), rtol=1e-2,
                                       atol=1e-2), ("packed", tokens, norm)
-            times = {name: [] for name in runs}
-            for r in range(args.rounds):
-                for name in compare.round_order(list(runs), r):
-                    times[name].append(time_ms(runs[name]))
+            times = compare.times_in_rounds(runs, args.rounds, lambda name: time_ms(runs[name]))
             for name in runs:
                 ratios = [c / t for c, t in zip(times["cublas"], times[name])]
                 rows.append(dict(tokens=tokens, qk_norm=norm, variant=name,
@@ -205,7 +202,8 @@ def main(argv=None) -> int:
                       f"(rounds {r['low']:.3f}-{r['high']:.3f})", flush=True)
             # the epilogue's price, paired round by round: the fused kernel over its own GEMM
             # without the epilogue, both timed in the same round
-            paired = [f / b - 1 for f, b in zip(times["TMA, two heads"], times["GEMM, no epilogue"])]
+            paired = [f / b - 1
+                      for f, b in zip(times["TMA, two heads"], times["GEMM, no epilogue"])]
             print(f"{tokens:6d} {'QK-norm' if norm else 'plain':8s} the epilogue, paired by round: "
                   f"{statistics.median(paired):+.1%} (rounds {min(paired):+.1%} to "
                   f"{max(paired):+.1%})", flush=True)

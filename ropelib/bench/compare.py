@@ -591,23 +591,35 @@ def time_in_rounds(steps: dict, device, rounds: Optional[int] = None) -> dict:
         rounds = FWDBWD_ROUNDS if torch.device(device).type == "cuda" else 1
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
-    medians = {name: [] for name in steps}
     failed = {}
-    for r in range(rounds):
-        for name in round_order(list(steps), r):
-            fn = steps[name]
-            if name in failed:
-                continue
-            try:
-                medians[name].append(time_ms(fn, device)[0])
-            except Exception as e:  # noqa: BLE001 -- the caller's row says why
-                failed[name] = e
+
+    def time_one(name):
+        if name in failed:
+            return None
+        try:
+            return time_ms(steps[name], device)[0]
+        except Exception as e:  # noqa: BLE001 -- the caller's row says why
+            failed[name] = e
+            return None
+    medians = times_in_rounds(steps, rounds, time_one)
     out = dict(failed)
     for name, ms in medians.items():
         if name not in failed:
             q = statistics.quantiles(ms, n=10, method="inclusive") if len(ms) > 1 else ms * 9
             out[name] = (statistics.median(ms), q[1], q[7])
     return out
+
+
+def times_in_rounds(names, rounds: int, time_one: Callable) -> dict:
+    """{name: [its time in each round it was timed]}: each of `rounds` rounds times every name
+    once, ``time_one(name)`` (None: not timed), in :func:`round_order`'s order."""
+    times = {name: [] for name in names}
+    for r in range(rounds):
+        for name in round_order(list(times), r):
+            t = time_one(name)
+            if t is not None:
+                times[name].append(t)
+    return times
 
 
 def round_order(names: list, r: int, order: Optional[str] = None,
