@@ -1165,7 +1165,7 @@ def write_csv(rows, path, meta=None, fields=None) -> str:
     with open(path, "w", newline="") as f:
         for k, v in (meta or {}).items():
             f.write(f"# {k}: {str(v).replace(chr(10), ' ')}\n")
-        w = csv.DictWriter(f, fieldnames=fields)
+        w = csv.DictWriter(f, fieldnames=fields, lineterminator="\n")   # (one line ending)
         w.writeheader()
         for r in rows:
             w.writerow({k: "" if r.get(k) is None else r.get(k) for k in fields})

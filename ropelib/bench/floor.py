@@ -434,7 +434,7 @@ def write(path, meta: dict, measured: Measured, skipped: Optional[list] = None) 
             f.write(f"# {k}: {_one_line(v, limit=None)}\n")   # (whole: the table reads them)
         for line in skipped_lines(measured) if skipped is None else skipped:
             f.write(f"# skipped: {line}\n")
-        w = csv.DictWriter(f, fieldnames=FIELDS)
+        w = csv.DictWriter(f, fieldnames=FIELDS, lineterminator="\n")   # (one line ending)
         w.writeheader()
         for r in measured.rows:
             w.writerow(dict(case=r["case"], provider=r["provider"], ms=f"{r['ms']:.6g}",

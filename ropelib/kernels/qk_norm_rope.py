@@ -1,5 +1,5 @@
 """Per-head QK-RMSNorm fused with RoPE: one kernel body, forward and backward (a constexpr switch),
-started through two entry points of 30 and 33 arguments (21 and 24 of them passed at a launch,
+started through two entry points of 31 and 33 arguments (21 and 24 of them passed at a launch,
 the rest compile-time constants).
 
 Qwen3 and Gemma 3 normalise every head vector of q and of k over the head dim before rotating it:
@@ -19,18 +19,29 @@ How it is parallelised
 ----------------------
 q and k are seen as strided [S, B, H, D] views (conventions.view4), read where they are; the
 outputs are fresh, with q's and k's strides where both are dense, else contiguous in the call's
-layout (`outputs`). The grid is
+layout (`outputs`). A program takes a block of BLOCK_S tokens, a block of BLOCK_H heads (of q,
+then of k: HEAD_BLOCKS = (HQ + HK) / BLOCK_H blocks, BLOCK_H divides both) and a chunk of batch
+entries. The backward's grid is
 
-    axis 0: blocks of BLOCK_S tokens                 cdiv(S, BLOCK_S)
-    axis 1: blocks of BLOCK_H heads of q, then of k  (HQ + HK) / BLOCK_H  (BLOCK_H divides both)
+    axis 0: token blocks                             cdiv(S, BLOCK_S)
+    axis 1: head blocks                              HEAD_BLOCKS
     axis 2: chunks of batch entries                  cdiv(B, chunk); a program takes
                                                      cdiv(B, programs on this axis)
+
+The forward's puts the head blocks of a token block next to each other on axis 0 (token block
+* HEAD_BLOCKS + head block; axis 1 is 1), so that programs started one after the other read one
+token's heads side by side (in bshd, whole contiguous rows) rather than one head block of
+consecutive tokens, rows apart: 0.929 -> 0.946 of a copy in one H200 A/B at b8 s4096 with 32/8
+heads (benchmarks/NOTES.md). (The backward, timed so, lost a fifth: its registers went from 168
+to 190 a thread.)
 
 A program finds its tokens' positions (the tokens themselves, position ids, or, for packed
 sequences, each token's index in its sequence, searched in cu_seqlens), loads their cos/sin once
 ([BLOCK_S, 1, HALF]) and loops over its batch entries; per entry it loads a
 [BLOCK_S, BLOCK_H, D] tile (two rotary halves and the pass-through part), reduces each row's
-sum of squares in fp32, scales, rotates and stores. A whole row sits in
+sum of squares in fp32, scales, rotates and stores; the forward loads the next entry's tile
+before it works on this one, so that a tile's loads are in flight while it computes. A whole
+row sits in
 one program, so the norm needs no second pass and no atomics. In the backward each program also
 sums gu n over every row it handled and writes that [D] partial sum to its own row of a
 [programs, D] fp32 buffer; the host sums the buffer (q's programs for w_q, k's for w_k). The
@@ -101,6 +112,22 @@ def _rows_of_table(s_idx, b, S, P, pos_ptr, N_SEQ, POSITIONS: tl.constexpr):
 
 
 @triton.jit
+def _load_x(x_ptr, x_rows, b, b_hi, stride_x_b, d_a, d_b, e, m, mp, BLOCK_S: tl.constexpr,
+            BLOCK_H: tl.constexpr, BLOCK_PASS: tl.constexpr, INT64: tl.constexpr):
+    """Batch entry b's tile of x, in x's dtype: the pairs' members x_a, x_b [BLOCK_S, BLOCK_H,
+    BLOCK_HALF] and the features past R (x_a again where the whole head rotates). Nothing is
+    read where b >= b_hi (the prefetch past a program's last entry)."""
+    live = (tl.zeros([BLOCK_S, BLOCK_H, 1], tl.int32) + b) < b_hi  # (a tensor: the interpreter
+    xr = x_ptr + (x_rows + offset_int(b, INT64) * stride_x_b)[:, :, None]  # masks with tensors)
+    x_a = tl.load(xr + d_a[None, None, :], mask=m & live, other=0.0)
+    x_b = tl.load(xr + d_b[None, None, :], mask=m & live, other=0.0)
+    x_p = x_a
+    if BLOCK_PASS > 0:
+        x_p = tl.load(xr + e[None, None, :], mask=mp & live, other=0.0)
+    return x_a, x_b, x_p
+
+
+@triton.jit
 def _norm_rope_heads(
     x_ptr,                              # this segment's input (q or k), features at stride 1
     gy_ptr,                             # backward: the gradient of its output (None forward)
@@ -160,11 +187,24 @@ def _norm_rope_heads(
         e = R + tl.arange(0, BLOCK_PASS)
         mp = row_ok[:, :, None] & (e < D)[None, None, :]
         sw_p = (tl.load(w_ptr + e, mask=e < D, other=0.0).to(CDT) + weight_offset)[None, None, :]
+    else:       # (placeholders, never read: the whole head rotates)
+        e = d_a
+        mp = m
     if BACKWARD:
         acc_a = tl.zeros((BLOCK_HALF,), dtype=CDT)            # sum of gu n over rows, per feature
         acc_b = tl.zeros((BLOCK_HALF,), dtype=CDT)
         if BLOCK_PASS > 0:
             acc_p = tl.zeros((BLOCK_PASS,), dtype=CDT)
+
+    # The forward loads entry b + 1's x before it works on entry b (its first entry's before the
+    # table), so a program always has a tile's loads in flight while it reduces, rotates and
+    # stores: 0.946 -> 0.966-0.970 of a copy in one H200 A/B, with the program order below
+    # (benchmarks/NOTES.md). Held in x's dtype until used: 121 registers a thread instead of 96.
+    # (The backward, at 168 registers, keeps one entry at a time.)
+    PREFETCH: tl.constexpr = not BACKWARD
+    if PREFETCH:
+        xn_a, xn_b, xn_p = _load_x(x_ptr, x_rows, b_lo, b_hi, stride_x_b, d_a, d_b, e, m, mp,
+                                   BLOCK_S, BLOCK_H, BLOCK_PASS, INT64)
 
     # (fused.table_cos_sin: an angle or cos/sin table, or Angles' turns with the positions as
     # rows; a row outside the table gets NaN cosines, see common.nan_unless)
@@ -182,11 +222,20 @@ def _norm_rope_heads(
         xr = x_ptr + (x_rows + bb * stride_x_b)[:, :, None]   # [BLOCK_S, BLOCK_H, 1]
         yr = (y_rows + bb * st_y_b)[:, :, None]
         orow = out_ptr + yr
-        x_a = tl.load(xr + d_a[None, None, :], mask=m, other=0.0).to(CDT)
-        x_b = tl.load(xr + d_b[None, None, :], mask=m, other=0.0).to(CDT)
+        if PREFETCH:
+            x_a = xn_a.to(CDT)
+            x_b = xn_b.to(CDT)
+            if BLOCK_PASS > 0:
+                x_p = xn_p.to(CDT)
+            xn_a, xn_b, xn_p = _load_x(x_ptr, x_rows, b + 1, b_hi, stride_x_b, d_a, d_b, e, m,
+                                       mp, BLOCK_S, BLOCK_H, BLOCK_PASS, INT64)
+        else:
+            x_a = tl.load(xr + d_a[None, None, :], mask=m, other=0.0).to(CDT)
+            x_b = tl.load(xr + d_b[None, None, :], mask=m, other=0.0).to(CDT)
+            if BLOCK_PASS > 0:
+                x_p = tl.load(xr + e[None, None, :], mask=mp, other=0.0).to(CDT)
         ss = tl.sum(x_a * x_a, axis=2) + tl.sum(x_b * x_b, axis=2)          # [BLOCK_S, BLOCK_H]
         if BLOCK_PASS > 0:
-            x_p = tl.load(xr + e[None, None, :], mask=mp, other=0.0).to(CDT)
             ss += tl.sum(x_p * x_p, axis=2)
         if CDT == tl.float64:
             r = 1.0 / tl.sqrt(ss / D + eps)     # (rsqrt is fp32 only)
@@ -248,17 +297,23 @@ def _norm_rope_q_and_k(
     R: tl.constexpr, D: tl.constexpr, OUT_LAYOUT: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
     BACKWARD: tl.constexpr, TABLE_PER_ENTRY: tl.constexpr, POSITIONS: tl.constexpr,
-    INT64: tl.constexpr,
+    INT64: tl.constexpr, HEAD_BLOCKS: tl.constexpr,
 ):
-    # The program's tile: q's heads (grid axis 1 below HQ / BLOCK_H), else k's. BLOCK_H divides
+    # The program's tile: q's heads (head block below HQ / BLOCK_H), else k's. BLOCK_H divides
     # both head counts (pick_tiles). (HK is an argument: derived from the grid, it cost the
     # backward 186 registers a thread instead of 168 for sm_90.)
-    pid_s = tl.program_id(0)
-    pid_h = tl.program_id(1)
+    if HEAD_BLOCKS > 0:     # the forward: grid axis 0 is (token block, head block), heads fastest
+        pid_s = tl.program_id(0) // HEAD_BLOCKS
+        pid_h = tl.program_id(0) % HEAD_BLOCKS
+        n_hb = HEAD_BLOCKS
+    else:
+        pid_s = tl.program_id(0)
+        pid_h = tl.program_id(1)
+        n_hb = tl.num_programs(1)
     pid_b = tl.program_id(2)
     b_lo, b_hi = batch_range(B)
     if BACKWARD:    # this program's row of the partial sums
-        part = part_ptr + ((pid_s * tl.num_programs(1) + pid_h) * tl.num_programs(2)
+        part = part_ptr + ((pid_s * n_hb + pid_h) * tl.num_programs(2)
                            + pid_b).to(tl.int64) * D
     else:
         part = part_ptr
@@ -276,7 +331,7 @@ def _norm_rope_q_and_k(
                          INT64)
 
 
-# --- the entry points: forward and backward (30 and 33 arguments) ---------------------------
+# --- the entry points: forward and backward (31 and 33 arguments) ---------------------------
 # Common to both: q and k as strided [S, B, H, D] views, heads at stride D and features at
 # stride 1; the outputs (forward: y; backward: the input gradients, and the output gradients
 # read) fresh, with q's and k's strides (OUT_LAYOUT == OUT_AS_INPUT: q and k are dense) or
@@ -303,12 +358,14 @@ def _qk_norm_rope_kernel(
     R: tl.constexpr, D: tl.constexpr, OUT_LAYOUT: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
     TABLE_PER_ENTRY: tl.constexpr, POSITIONS: tl.constexpr, INT64: tl.constexpr,
+    HEAD_BLOCKS: tl.constexpr,           # (HQ + HK) / BLOCK_H: grid axis 0 is token block *
+                                         # HEAD_BLOCKS + head block
 ):
     _norm_rope_q_and_k(q_ptr, k_ptr, None, None, q_out_ptr, k_out_ptr, w_q_ptr, w_k_ptr,
                        cos_ptr, sin_ptr, pos_ptr, None, S, B, HQ, HK, P, N_SEQ, eps,
                        weight_offset, stride_q_s, stride_q_b, stride_k_s, stride_k_b, R, D,
                        OUT_LAYOUT, BLOCK_S, BLOCK_H, INTERLEAVED, False, TABLE_PER_ENTRY,
-                       POSITIONS, INT64)
+                       POSITIONS, INT64, HEAD_BLOCKS)
 
 
 @triton.jit
@@ -329,7 +386,7 @@ def _qk_norm_rope_backward_kernel(
                        w_q_ptr, w_k_ptr, cos_ptr, sin_ptr, pos_ptr, part_ptr, S, B, HQ, HK, P,
                        N_SEQ, eps, weight_offset, stride_q_s, stride_q_b, stride_k_s,
                        stride_k_b, R, D, OUT_LAYOUT, BLOCK_S, BLOCK_H, INTERLEAVED, True,
-                       TABLE_PER_ENTRY, POSITIONS, INT64)
+                       TABLE_PER_ENTRY, POSITIONS, INT64, 0)
 
 
 # --- host side: tiles, the plan, the launch --------------------------------------------------
@@ -485,7 +542,11 @@ def plan(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch
     on_gpu = device.type == "cuda" and not INTERPRET
     sm = multiprocessors(device) if on_gpu else None
     block_s, block_h, chunk, num_warps = pick_tiles(S, B, HQ, HK, D, sm)
-    grid = (cdiv(S, block_s), (HQ + HK) // block_h, cdiv(B, chunk))
+    head_blocks = (HQ + HK) // block_h
+    if backward:
+        grid = (cdiv(S, block_s), head_blocks, cdiv(B, chunk))
+    else:       # one axis, heads fastest (the kernels' header says why)
+        grid = (cdiv(S, block_s) * head_blocks, 1, cdiv(B, chunk))
     assert _heads_readable(q4) and _heads_readable(k4), "heads at stride D (readable)"
     assert _dense(table, 3) and (pos is None or _dense(pos, 2)), "dense table rows and ids"
     out_as_in = q_out4.stride() == q4.stride() and k_out4.stride() == k4.stride()
@@ -508,6 +569,8 @@ def plan(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch
                    IDS_PER_ENTRY if _per_entry(pos, 2) else SHARED_IDS).value,
         INT64=needs_int64([t for t in (q4, k4, q_out4, k_out4, gq4, gk4) if t is not None]),
     )
+    if not backward:
+        args["HEAD_BLOCKS"] = head_blocks
     cdt = torch.float64 if q4.dtype == torch.float64 else torch.float32
     dtypes = (q4.dtype, k4.dtype, q_out4.dtype, k_out4.dtype, w_q.dtype, w_k.dtype, table.dtype,
               sin.dtype if sin is not None else None, pos.dtype if pos is not None else None)
