@@ -132,7 +132,7 @@ def _rope_repro_kernel(
     BLOCK_HALF: tl.constexpr,  # next power of two >= HALF (tl.arange needs one)
     FROM_ANGLES: tl.constexpr,  # True: cos/sin computed here from fp32 angles, as TE does
     COMPUTE_FP32: tl.constexpr,  # False: cos, sin and the products rounded to x's dtype
-    USE_FMA: tl.constexpr,  # True: each sum one fused multiply-add (section 4b)
+    USE_FMA: tl.constexpr,  # True: each sum one fused multiply-add (section 4b's combine)
     BF16_RTNE: tl.constexpr,  # round bf16 to nearest even by hand (the interpreter truncates)
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -163,9 +163,10 @@ def _rope_repro_kernel(
     # The rotation of each pair: y1 = x1*c - x2*s, y2 = x2*c + x1*s, in one of three orders
     if USE_FMA:
         # one product enters the sum exact, the other is rounded first; which one is fused
-        # decides whether the output is TE's bit for bit: section 4b's exercise finds it, so
-        # the course keeps its choice in debug._fused_pair
-        y1, y2 = debug._fused_pair(x1, x2, c, s)
+        # decides whether the output is TE's bit for bit. That is section 4b's exercise: this
+        # branch calls the combine that section settles on, `te_combine` (yours once it passes,
+        # else the worked one). No cell runs this copy with USE_FMA before section 4b.
+        y1, y2 = te_combine(x1, x2, c, s)
     elif COMPUTE_FP32:
         # as written; a GPU compiler may fuse either product into an fma (section 4b)
         y1 = x1 * c - x2 * s
@@ -1024,13 +1025,15 @@ assert all(small_bf16[f"{c}/{s_}"] == 0 for c in ("free_sub", "fma_xc", "fma_rs"
 # fp32, and write the combine as `tl.fma(x, c, rot * s)` rather than leaving the order to the
 # compiler. `debug.Causes(fma=True)` is exactly that line in the reproduction kernel.
 #
-# **The same two changes in your copy of section 1.** `_rope_repro_kernel` has that line under
-# `if USE_FMA:`, and its sin/cos source under `if FROM_ANGLES:`. The cell below runs your copy
+# **The same two changes in your copy of section 1.** `_rope_repro_kernel` calls that line,
+# `te_combine`, under `if USE_FMA:`, and has its sin/cos source under `if FROM_ANGLES:`. The cell below runs your copy
 # on the fp32 case with fp32 math, three ways — the plain line with TE's own cos/sin table, the
 # `USE_FMA` line with that table, the `USE_FMA` line with `tl.cos`/`tl.sin` from the angles — and
 # counts the elements whose bits differ from TE's fp32 output. To try another contraction,
 # edit the `USE_FMA` branch in section 1 (for instance to the other order,
-# `tl.fma(-x2, s, x1 * c)`), rerun that cell and this one, and read the counts. The cell runs
+# `y1 = tl.fma(-x2, s, x1 * c)` and `y2 = tl.fma(x1, s, x2 * c)`), rerun that cell and this
+# one, and read the counts (rerun section 1's cell too after changing `my_combine`: a compiled
+# kernel keeps the combine it was compiled with). The cell runs
 # the course's kernel beside yours and prints whether your edit changed a count; its asserts
 # check the course's kernel.
 
