@@ -46,7 +46,6 @@ _OLDER_DATA = ("the page shows outputs of benchmarks/results/floor-nvidia-h200.c
 STALE.update({stem: _OLDER_DATA + _rerender(stem) for stem in (
     "07-te-vs-triton-live",
     "09-rope-in-a-model",
-    "12-rope-in-the-qkv-projection",
 )})
 
 # notebook -> why it has no page yet

@@ -1,5 +1,5 @@
 """Per-head QK-RMSNorm fused with RoPE: one kernel body, forward and backward (a constexpr switch),
-started through two entry points of 31 and 33 arguments (21 and 24 of them passed at a launch,
+started through two entry points of 30 and 33 arguments (20 and 23 of them passed at a launch,
 the rest compile-time constants).
 
 Qwen3 and Gemma 3 normalise every head vector of q and of k over the head dim before rotating it:
@@ -21,19 +21,18 @@ q and k are seen as strided [S, B, H, D] views (conventions.view4), read where t
 outputs are fresh, with q's and k's strides where both are dense, else contiguous in the call's
 layout (`outputs`). A program takes a block of BLOCK_S tokens, a block of BLOCK_H heads (of q,
 then of k: HEAD_BLOCKS = (HQ + HK) / BLOCK_H blocks, BLOCK_H divides both) and a chunk of batch
-entries. The backward's grid is
+entries. The grid is
 
-    axis 0: token blocks                             cdiv(S, BLOCK_S)
-    axis 1: head blocks                              HEAD_BLOCKS
-    axis 2: chunks of batch entries                  cdiv(B, chunk); a program takes
-                                                     cdiv(B, programs on this axis)
+    axis 0: token blocks x head blocks       cdiv(S, BLOCK_S) * HEAD_BLOCKS, heads fastest:
+                                             program token block * HEAD_BLOCKS + head block
+    axis 1: 1
+    axis 2: chunks of batch entries          cdiv(B, chunk); a program takes
+                                             cdiv(B, programs on this axis)
 
-The forward's puts the head blocks of a token block next to each other on axis 0 (token block
-* HEAD_BLOCKS + head block; axis 1 is 1), so that programs started one after the other read one
-token's heads side by side (in bshd, whole contiguous rows) rather than one head block of
-consecutive tokens, rows apart: 0.929 -> 0.946 of a copy in one H200 A/B at b8 s4096 with 32/8
-heads (benchmarks/NOTES.md). (The backward, timed so, lost a fifth: its registers went from 168
-to 190 a thread.)
+Head blocks fastest, programs started one after the other read one token's heads side by side
+(in bshd, whole contiguous rows) rather than one head block of consecutive tokens, rows apart:
+forward 0.929 -> 0.946 of a copy in one H200 A/B at b8 s4096 with 32/8 heads, forward+backward
+0.710 -> 0.716 in another (benchmarks/NOTES.md).
 
 A program finds its tokens' positions (the tokens themselves, position ids, or, for packed
 sequences, each token's index in its sequence, searched in cu_seqlens), loads their cos/sin once
@@ -41,8 +40,7 @@ sequences, each token's index in its sequence, searched in cu_seqlens), loads th
 [BLOCK_S, BLOCK_H, D] tile (two rotary halves and the pass-through part), reduces each row's
 sum of squares in fp32, scales, rotates and stores; the forward loads the next entry's tile
 before it works on this one, so that a tile's loads are in flight while it computes. A whole
-row sits in
-one program, so the norm needs no second pass and no atomics. In the backward each program also
+row sits in one program, so the norm needs no second pass and no atomics. In the backward each program also
 sums gu n over every row it handled and writes that [D] partial sum to its own row of a
 [programs, D] fp32 buffer; the host sums the buffer (q's programs for w_q, k's for w_k). The
 reduction order is fixed by the grid, so gw is deterministic.
@@ -292,7 +290,7 @@ def _norm_rope_heads(
 @triton.jit
 def _norm_rope_q_and_k(
     q_ptr, k_ptr, gq_ptr, gk_ptr, q_out_ptr, k_out_ptr, w_q_ptr, w_k_ptr, cos_ptr, sin_ptr,
-    pos_ptr, part_ptr, S, B, HQ, HK, P, N_SEQ, eps, weight_offset,
+    pos_ptr, part_ptr, S, B, HQ, P, N_SEQ, eps, weight_offset,
     stride_q_s, stride_q_b, stride_k_s, stride_k_b,
     R: tl.constexpr, D: tl.constexpr, OUT_LAYOUT: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
@@ -300,20 +298,17 @@ def _norm_rope_q_and_k(
     INT64: tl.constexpr, HEAD_BLOCKS: tl.constexpr,
 ):
     # The program's tile: q's heads (head block below HQ / BLOCK_H), else k's. BLOCK_H divides
-    # both head counts (pick_tiles). (HK is an argument: derived from the grid, it cost the
-    # backward 186 registers a thread instead of 168 for sm_90.)
-    if HEAD_BLOCKS > 0:     # the forward: grid axis 0 is (token block, head block), heads fastest
-        pid_s = tl.program_id(0) // HEAD_BLOCKS
-        pid_h = tl.program_id(0) % HEAD_BLOCKS
-        n_hb = HEAD_BLOCKS
-    else:
-        pid_s = tl.program_id(0)
-        pid_h = tl.program_id(1)
-        n_hb = tl.num_programs(1)
+    # both head counts (pick_tiles). Grid axis 0 is token block * HEAD_BLOCKS + head block:
+    # HEAD_BLOCKS is a compile-time constant, so the split is a multiply and a shift (divided
+    # by the runtime grid, and HK derived from it, the backward held 186-190 registers a thread
+    # instead of 168 for sm_90).
+    HK = HEAD_BLOCKS * BLOCK_H - HQ
+    pid_s = tl.program_id(0) // HEAD_BLOCKS
+    pid_h = tl.program_id(0) % HEAD_BLOCKS
     pid_b = tl.program_id(2)
     b_lo, b_hi = batch_range(B)
     if BACKWARD:    # this program's row of the partial sums
-        part = part_ptr + ((pid_s * n_hb + pid_h) * tl.num_programs(2)
+        part = part_ptr + ((pid_s * HEAD_BLOCKS + pid_h) * tl.num_programs(2)
                            + pid_b).to(tl.int64) * D
     else:
         part = part_ptr
@@ -331,7 +326,7 @@ def _norm_rope_q_and_k(
                          INT64)
 
 
-# --- the entry points: forward and backward (31 and 33 arguments) ---------------------------
+# --- the entry points: forward and backward (30 and 33 arguments) ---------------------------
 # Common to both: q and k as strided [S, B, H, D] views, heads at stride D and features at
 # stride 1; the outputs (forward: y; backward: the input gradients, and the output gradients
 # read) fresh, with q's and k's strides (OUT_LAYOUT == OUT_AS_INPUT: q and k are dense) or
@@ -348,7 +343,7 @@ def _qk_norm_rope_kernel(
     cos_ptr, sin_ptr,                    # angles (sin None) or cos and sin
     pos_ptr,                             # position ids (None: token s reads row s), or
                                          # cu_seqlens [N_SEQ + 1] (POSITIONS)
-    S, B, HQ, HK, P,                     # tokens, batch, heads of q and of k, table rows
+    S, B, HQ, P,                         # tokens, batch, heads of q, table rows
     N_SEQ,                               # CU_SEQLENS: the packed sequences (else 0)
     # RMSNorm epsilon; the scale is w + weight_offset. fp64, so that fp64 inputs get them
     # unrounded: a plain float argument is passed as fp32 (as it still is by Triton before 3.4,
@@ -358,11 +353,10 @@ def _qk_norm_rope_kernel(
     R: tl.constexpr, D: tl.constexpr, OUT_LAYOUT: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
     TABLE_PER_ENTRY: tl.constexpr, POSITIONS: tl.constexpr, INT64: tl.constexpr,
-    HEAD_BLOCKS: tl.constexpr,           # (HQ + HK) / BLOCK_H: grid axis 0 is token block *
-                                         # HEAD_BLOCKS + head block
+    HEAD_BLOCKS: tl.constexpr,           # (HQ + HK) / BLOCK_H, k's heads HK included
 ):
     _norm_rope_q_and_k(q_ptr, k_ptr, None, None, q_out_ptr, k_out_ptr, w_q_ptr, w_k_ptr,
-                       cos_ptr, sin_ptr, pos_ptr, None, S, B, HQ, HK, P, N_SEQ, eps,
+                       cos_ptr, sin_ptr, pos_ptr, None, S, B, HQ, P, N_SEQ, eps,
                        weight_offset, stride_q_s, stride_q_b, stride_k_s, stride_k_b, R, D,
                        OUT_LAYOUT, BLOCK_S, BLOCK_H, INTERLEAVED, False, TABLE_PER_ENTRY,
                        POSITIONS, INT64, HEAD_BLOCKS)
@@ -375,18 +369,19 @@ def _qk_norm_rope_backward_kernel(
     w_q_ptr, w_k_ptr, cos_ptr, sin_ptr, pos_ptr,
     grad_q_out_ptr, grad_k_out_ptr,      # the output gradients, laid out as the outputs
     part_ptr,                            # [programs, D] partial sums of gu n (CDT)
-    S, B, HQ, HK, P, N_SEQ,
+    S, B, HQ, P, N_SEQ,
     eps: tl.float64, weight_offset: tl.float64,
     stride_q_s, stride_q_b, stride_k_s, stride_k_b,
     R: tl.constexpr, D: tl.constexpr, OUT_LAYOUT: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
     TABLE_PER_ENTRY: tl.constexpr, POSITIONS: tl.constexpr, INT64: tl.constexpr,
+    HEAD_BLOCKS: tl.constexpr,
 ):
     _norm_rope_q_and_k(q_ptr, k_ptr, grad_q_out_ptr, grad_k_out_ptr, grad_q_ptr, grad_k_ptr,
-                       w_q_ptr, w_k_ptr, cos_ptr, sin_ptr, pos_ptr, part_ptr, S, B, HQ, HK, P,
+                       w_q_ptr, w_k_ptr, cos_ptr, sin_ptr, pos_ptr, part_ptr, S, B, HQ, P,
                        N_SEQ, eps, weight_offset, stride_q_s, stride_q_b, stride_k_s,
                        stride_k_b, R, D, OUT_LAYOUT, BLOCK_S, BLOCK_H, INTERLEAVED, True,
-                       TABLE_PER_ENTRY, POSITIONS, INT64, 0)
+                       TABLE_PER_ENTRY, POSITIONS, INT64, HEAD_BLOCKS)
 
 
 # --- host side: tiles, the plan, the launch --------------------------------------------------
@@ -543,10 +538,8 @@ def plan(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch
     sm = multiprocessors(device) if on_gpu else None
     block_s, block_h, chunk, num_warps = pick_tiles(S, B, HQ, HK, D, sm)
     head_blocks = (HQ + HK) // block_h
-    if backward:
-        grid = (cdiv(S, block_s), head_blocks, cdiv(B, chunk))
-    else:       # one axis, heads fastest (the kernels' header says why)
-        grid = (cdiv(S, block_s) * head_blocks, 1, cdiv(B, chunk))
+    # (one axis of token and head blocks, heads fastest: the header says why)
+    grid = (cdiv(S, block_s) * head_blocks, 1, cdiv(B, chunk))
     assert _heads_readable(q4) and _heads_readable(k4), "heads at stride D (readable)"
     assert _dense(table, 3) and (pos is None or _dense(pos, 2)), "dense table rows and ids"
     out_as_in = q_out4.stride() == q4.stride() and k_out4.stride() == k4.stride()
@@ -556,7 +549,7 @@ def plan(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch
     assert gq4 is None or (gq4.stride() == q_out4.stride() and gk4.stride() == k_out4.stride()
                            ) or not (gq4.numel() and gk4.numel()), "readable_grad"
     args = dict(
-        S=S, B=B, HQ=HQ, HK=HK, P=EXACT_POSITIONS if exact else table.shape[-2], eps=eps,
+        S=S, B=B, HQ=HQ, P=EXACT_POSITIONS if exact else table.shape[-2], eps=eps,
         weight_offset=weight_offset,
         stride_q_s=q4.stride(0), stride_q_b=q4.stride(1),
         stride_k_s=k4.stride(0), stride_k_b=k4.stride(1),
@@ -568,9 +561,8 @@ def plan(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch
         POSITIONS=(CU_SEQLENS if packed else
                    IDS_PER_ENTRY if _per_entry(pos, 2) else SHARED_IDS).value,
         INT64=needs_int64([t for t in (q4, k4, q_out4, k_out4, gq4, gk4) if t is not None]),
+        HEAD_BLOCKS=head_blocks,
     )
-    if not backward:
-        args["HEAD_BLOCKS"] = head_blocks
     cdt = torch.float64 if q4.dtype == torch.float64 else torch.float32
     dtypes = (q4.dtype, k4.dtype, q_out4.dtype, k_out4.dtype, w_q.dtype, w_k.dtype, table.dtype,
               sin.dtype if sin is not None else None, pos.dtype if pos is not None else None)
@@ -590,7 +582,9 @@ def partials(planned: Launch) -> Optional[torch.Tensor]:
     """A backward launch's buffer of per-program partial sums [programs, D] (None forward)."""
     if planned.launcher is not BACKWARD:
         return None
-    return torch.empty((*planned.grid, planned.args["D"]), dtype=planned.dtypes[-1],
+    a = planned.args     # [token blocks, head blocks, batch chunks, D]: the grid's programs
+    shape = (cdiv(a["S"], a["BLOCK_S"]), a["HEAD_BLOCKS"], planned.grid[2], a["D"])
+    return torch.empty(shape, dtype=planned.dtypes[-1],
                        device=planned.device)
 
 
