@@ -121,10 +121,12 @@ def qk_norm_tiles() -> list:
                     chunk = original(S_, B_, HQ_, HK_, D_, sm_)[2]
                     return _t[0], _t[1], chunk, _t[2]
                 QK.pick_tiles = fixed
-                kw = dict(layout="bshd", interleaved=False, eps=1e-6, weight_offset=0.0)
-                if backward:
-                    kw.update(gq4=gq4, gk4=gk4)
-                t = ms(lambda: QK.launch(q4, k4, qo4, ko4, w_q, w_k, cos, sin, None, **kw))
+                grads = dict(gq4=gq4, gk4=gk4) if backward else {}
+                plan = QK.plan(q4, k4, qo4, ko4, w_q, w_k, cos, sin, None, layout="bshd",
+                               interleaved=False, eps=1e-6, weight_offset=0.0, **grads)
+                ptrs = QK.pointers(plan, q4, k4, qo4, ko4, w_q, w_k, cos, sin, None,
+                                   grads.get("gq4"), grads.get("gk4"), QK.partials(plan))
+                t = ms(lambda: QK.run(plan, ptrs))
                 floor = copy_b if backward else copy_f
                 rows.append((floor / t, t, f"BLOCK_S {bs:3d} BLOCK_H {bh} warps {w}",
                              (bs, bh, w) == (picked[0], picked[1], picked[3])))
