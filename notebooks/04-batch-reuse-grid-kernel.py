@@ -44,6 +44,7 @@ import ropelib
 device = ropelib.default_device()
 
 # %%
+import math
 import sys
 import tempfile
 import time
@@ -64,7 +65,8 @@ from ropelib.kernels.common import BF16_RTNE, round_to
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "ropelib").is_dir())
 FIGURES = ropelib.runtime.figures_dir()   # a scratch folder (ROPELIB_WRITE_FIGURES=1: figures/)
 sys.path.insert(0, str(ROOT / "benchmarks"))
-import ablation as ablation_bench   # benchmarks/ablation.py: times the ablation, prints its table  # noqa: E402
+# benchmarks/ablation.py: times the ablation, prints its table
+import ablation as ablation_bench  # noqa: E402
 import generations  # benchmarks/generations.py: the measurement and the figure  # noqa: E402
 
 GPU = runtime.on_gpu()
@@ -82,8 +84,8 @@ print(f"x: [S={S}, B={B}, H={H}, D={D}] on {device}")
 # - evaluate the same $D$ cosines and $D$ sines $B \cdot H$ times.
 #
 # The angle loads mostly hit the L2 cache (the whole table of the reference case below,
-# $16384 \times 128$ fp32 angles, is 8 MiB; an H200 has 50 MiB of L2, by its data sheet), so they cost
-# instructions and cache bandwidth rather than DRAM bytes. The other cost is the number of
+# $16384 \times 128$ fp32 angles, is 8 MiB; an H200 has 50 MiB of L2, by its data sheet), so
+# they cost instructions and cache bandwidth rather than DRAM bytes. The other cost is the number of
 # programs: each naive program moves only one row — 512 bytes for $D = 128$ in bf16 — and a
 # GPU pays a fixed price to start every program. Here is the bill for the reference case:
 
@@ -93,11 +95,13 @@ x_bytes = Sr * Br * Hr * Dr * 2
 GiB = 2 ** 30
 bill = {
     "naive": (naive.naive_grid(Sr, Br, Hr)[0], naive.angle_bytes_requested(Sr, Br, Hr, Dr)),
-    "batch-reuse": (batch_reuse.batch_reuse_grid(Sr, Hr)[0] * batch_reuse.batch_reuse_grid(Sr, Hr)[1],
+    "batch-reuse": (math.prod(batch_reuse.batch_reuse_grid(Sr, Hr)),
                     batch_reuse.angle_bytes_requested(Sr, Br, Hr, Dr)),
 }
-print(f"x and y: {x_bytes / GiB:.0f} GiB each; the angle table itself: {Sr * Dr * 4 / 2**20:.0f} MiB")
-print(f"{'generation':12} {'programs':>12} {'bytes/program':>14} {'angle bytes requested':>22} {'sin+cos evaluated':>18}")
+print(f"x and y: {x_bytes / GiB:.0f} GiB each; "
+      f"the angle table itself: {Sr * Dr * 4 / 2**20:.0f} MiB")
+print(f"{'generation':12} {'programs':>12} {'bytes/program':>14} {'angle bytes requested':>22} "
+      f"{'sin+cos evaluated':>18}")
 for name, (programs, angle_bytes) in bill.items():
     print(f"{name:12} {programs:12,} {2 * x_bytes // programs:14,} {angle_bytes / GiB:19.2f} GiB "
           f"{2 * programs * Dr:18,}")
@@ -127,23 +131,27 @@ def draw_grids(path):
     S_, B_, H_ = 3, 2, 3
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.2))
     cmap = plt.get_cmap("tab20")
+    # (colour: the program's number in launch order, label): a 1-D grid numbers its programs
+    # 0, 1, 2, ...; a 2-D grid's program (s, h) is number s + S*h (axis 0 varies fastest)
     for ax, title, prog in (
-            (axes[0], f"naive: grid (S·B·H,) = ({S_ * B_ * H_},)", lambda s, b, h: (s * B_ + b) * H_ + h),
-            (axes[1], f"batch-reuse: grid (S, H) = ({S_}, {H_}), each loops over b",
-             lambda s, b, h: s * H_ + h)):
+            (axes[0], f"naive: grid (S·B·H,) = ({S_ * B_ * H_},)",
+             lambda s, b, h: ((s * B_ + b) * H_ + h, str((s * B_ + b) * H_ + h))),
+            (axes[1], f"batch-reuse: grid (S, H) = ({S_}, {H_}), program (s, h) loops over b",
+             lambda s, b, h: (s + S_ * h, f"{s},{h}"))):
         for s in range(S_):
             for b in range(B_):
                 for h in range(H_):
                     col = b * H_ + h
-                    p = prog(s, b, h)
+                    p, label = prog(s, b, h)
                     ax.add_patch(plt.Rectangle((col, S_ - 1 - s), 1, 1, fc=cmap(p % 20), ec="k"))
-                    ax.text(col + 0.5, S_ - 0.5 - s, str(p), ha="center", va="center")
+                    ax.text(col + 0.5, S_ - 0.5 - s, label, ha="center", va="center")
         ax.set_xlim(0, B_ * H_), ax.set_ylim(0, S_)
-        ax.set_xticks([i + 0.5 for i in range(B_ * H_)], [f"b{i // H_}h{i % H_}" for i in range(B_ * H_)])
+        ax.set_xticks([i + 0.5 for i in range(B_ * H_)],
+                      [f"b{i // H_}h{i % H_}" for i in range(B_ * H_)])
         ax.set_yticks([S_ - 0.5 - s for s in range(S_)], [f"s={s}" for s in range(S_)])
         ax.set_title(title, fontsize=10)
-    fig.suptitle("which program rotates each row x[s, b, h, :] (number = program id; same colour = same program)",
-                 fontsize=9)
+    fig.suptitle("which program rotates each row x[s, b, h, :] "
+                 "(label = program id; same colour = same program)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.show()
@@ -153,6 +161,11 @@ draw_grids(FIGURES / "04-grids.png")
 
 # %% [markdown]
 # ![The naive grid and the (S, H) grid](../figures/04-grids.png)
+#
+# The right panel names each program by its coordinates $(s, h)$. A grid's programs also have
+# an order: Triton, like CUDA, numbers them with axis 0 varying fastest, so program $(s, h)$ is
+# number $s + S \cdot h$ (the colours follow that number). All positions of head 0 come first,
+# then all positions of head 1, and so on; section 5.4 comes back to what that order can cost.
 #
 # ### 2.1 A first kernel you can edit
 #
@@ -213,7 +226,7 @@ if count is None:
 else:
     print(f"{S * H} programs evaluated {count['trig']} cos/sin tiles for {S * B * H} rows "
           f"({count['trig'] / (S * H):.0f} per program: cos and sin, once)")
-    assert count["trig"] == 2 * S * H or count["trig"] == 2 * S * B * H, "edited? see the text above"
+    assert count["trig"] in (2 * S * H, 2 * S * B * H), "edited? see the text above"
 
 # %% [markdown]
 # ### 2.2 Any strides, any head size, any table
@@ -280,8 +293,8 @@ print("version 2 == reference (fp16, a non-contiguous view, D = 80, halves with 
 # %% [markdown]
 # ### 2.3 The version in ropelib
 #
-# `ropelib/course/kernels/batch_reuse.py` adds three compile-time switches to version 2, and reads the
-# table through its strides (a `[P, 1, 1, D]` table needs no copy):
+# `ropelib/course/kernels/batch_reuse.py` adds three compile-time switches to version 2, and reads
+# the table through its strides (a `[P, 1, 1, D]` table needs no copy):
 #
 # - `BACKWARD` — the same kernel serves the backward pass (notebook 06);
 # - `COMPUTE_DTYPE` — fp64 math for fp64 inputs, so `gradcheck` can run (notebook 06);
@@ -417,7 +430,8 @@ print(f"programs launched: naive {naive.naive_grid(S, B, H)[0]:,}, batch-reuse "
 #   $S \cdot B$ blocks of $H$ rows each;
 # - **the loop**: unrolled at compile time (`tl.static_range`) or not;
 # - **warps per program**, which with the tile size decide how many elements each thread moves;
-# - **where cos/sin come from**: computed (`sin`, `cos` on the SFU) or read from a table.
+# - **where cos/sin come from**: computed (`tl.sin`, `tl.cos`: accurate sine and cosine, float
+#   arithmetic) or read from a table.
 #
 # Section 5.3 times kernels that differ in one of these at a time.
 #
@@ -435,11 +449,11 @@ print(f"programs launched: naive {naive.naive_grid(S, B, H)[0]:,}, batch-reuse "
 # say) is *not* counted: it shows up as a lower GB/s. The yardstick is a plain device copy
 # `y.copy_(x)`, timed in the same run on the same tensors: it moves $2Ne$ bytes as a plain
 # stream. It is a yardstick, not a hard ceiling: the copy itself does not reach DRAM's peak, so
-# a kernel can come level with it and, by up to about three percent, above it (section 5
-# shows such rows; notebook 02's `add`, which reads twice what it writes, streamed faster than the copy).
-# So
+# a kernel can come level with it and a few percent above it: up to 3 % in section 5.2's run,
+# and 5 % for notebook 02's `add`, which reads twice what it writes. So
 #
-# $$ \%\ \text{of copy} = 100 \cdot \frac{\text{GB/s}_{\text{kernel}}}{\text{GB/s}_{\text{copy}}} .$$
+# $$ \%\ \text{of copy} = 100 \cdot
+#    \frac{\text{GB/s}_{\text{kernel}}}{\text{GB/s}_{\text{copy}}} .$$
 #
 # `ropelib.bench.compare.bytes_moved` is this model; `benchmarks/generations.py` times the copy and
 # the three generations with `triton.testing.do_bench` (median of many runs, the L2 cache
@@ -448,7 +462,8 @@ print(f"programs launched: naive {naive.naive_grid(S, B, H)[0]:,}, batch-reuse "
 # %%
 cfg = compare.Config(Sr, Br, Hr, Dr, dtype="bf16")
 print(f"reference case: {compare.bytes_moved(cfg) / GiB:.4f} GiB per forward "
-      f"(x {x_bytes / GiB:.0f} GiB + y {x_bytes / GiB:.0f} GiB + angles {Sr * Dr * 4 / 2**20:.0f} MiB)")
+      f"(x {x_bytes / GiB:.0f} GiB + y {x_bytes / GiB:.0f} GiB "
+      f"+ angles {Sr * Dr * 4 / 2**20:.0f} MiB)")
 assert compare.bytes_moved(cfg) == 2 * x_bytes + Sr * Dr * 4
 
 # %% [markdown]
@@ -464,7 +479,8 @@ assert compare.bytes_moved(cfg) == 2 * x_bytes + Sr * Dr * 4
 
 # %%
 if GPU:
-    live_cases = [c for c in generations.cases() if c[0] in ("reference", "batch-1", "batch-4", "batch-16")]
+    live_cases = [c for c in generations.cases()
+                  if c[0] in ("reference", "batch-1", "batch-4", "batch-16")]
     t0 = time.perf_counter()
     live_rows = generations.measure(live_cases, backward=False)
     print(f"(measured in {time.perf_counter() - t0:.0f} s)")
@@ -474,12 +490,13 @@ if GPU:
         plt.show()
     for r in live_rows:
         if r.get("available") and r.get("pct_of_copy") is not None:
-            assert r["pct_of_copy"] < 110, "faster than a copy of the same bytes: the timing is wrong"
+            assert r["pct_of_copy"] < 110, "faster than a copy of the same bytes: timing wrong"
 else:
     # The interpreter runs programs one by one in Python: wall-clock times measure Python, not
     # memory bandwidth. What it can show is how many programs each grid launches.
     for name, fn, grid in (("naive", naive.rope_naive, naive.naive_grid(S, B, H)),
-                           ("batch-reuse", batch_reuse.rope_batch_reuse, batch_reuse.batch_reuse_grid(S, H))):
+                           ("batch-reuse", batch_reuse.rope_batch_reuse,
+                            batch_reuse.batch_reuse_grid(S, H))):
         t0 = time.perf_counter()
         fn(x, freqs)
         programs = grid[0] * (grid[1] if len(grid) > 1 else 1)
@@ -514,7 +531,16 @@ if GEN_CSV.exists():
             print(f"{r['case']:10} " + generations.summary_line(r))
         if r.get("available") and r.get("pct_of_copy") is not None:
             assert r["pct_of_copy"] < 110, f"{r['case']}/{r['provider']}: faster than a copy?"
-    ref = {r["provider"]: r for r in rows if r["case"] == generations.REFERENCE and r.get("available")}
+    # section 4's "a few percent above the copy": the fastest row here, and notebook 02's add
+    above = max((r for r in rows if r.get("available") and r.get("pct_of_copy") is not None),
+                key=lambda r: r["pct_of_copy"])
+    nb02 = compare.read_csv(ROOT / "figures" / "02-unfused-kernels.csv")   # notebook 02's run
+    add_pct = 100 * next(r["of_copy"] for r in nb02 if r["op"] == "add")
+    print(f"fastest against the copy: {above['provider']} at {above['case']}, "
+          f"{above['pct_of_copy']:.1f} % of a copy; notebook 02's add: {add_pct:.1f} %")
+    assert 102.5 < above["pct_of_copy"] < 104 and 104.5 < add_pct < 105.5
+    ref = {r["provider"]: r for r in rows
+           if r["case"] == generations.REFERENCE and r.get("available")}
     if "ropelib_naive" in ref and "ropelib_batch_reuse" in ref:
         gain = ref["ropelib_batch_reuse"]["fwd_gbps"] / ref["ropelib_naive"]["fwd_gbps"]
         print(f"reference case: batch-reuse moves data {gain:.2f}x as fast as naive")
@@ -537,20 +563,23 @@ else:
 # the committed measurements:
 #
 # 1. The batch-reusing grid beats the naive kernel because it launches $B$ times fewer
-#    programs, not because it reuses cos/sin. A program costs a fixed slice of an SM's time
-#    however little it does, and a variant with one row per program and no sine or cosine at all
-#    is as slow as the naive kernel.
+#    programs, not because it reuses cos/sin. A million one-row programs take the same time
+#    whatever each one does: the SMs are starved of programs, holding far fewer at once than
+#    they could. A variant with one row per program and no sine or cosine at all is as slow
+#    as the naive kernel.
 # 2. Once programs are few enough, the time follows the KiB of $x$ that an SM's warps keep in
 #    flight: occupancy × bytes per warp. A second warp on the same tile changes nothing (twice
-#    the occupancy, half the bytes per warp); a fourth halves the bytes per warp again on an SM
-#    that is already full, and is slower (it also executes twice the instructions per element:
-#    section 5.4's table). More heads per program raise the KiB per SM (two
-#    heads double the bytes per warp; four heads on two warps raise the occupancy too), and four
-#    heads a program run level with the finished kernel.
+#    the occupancy, half the bytes per warp). A fourth halves the bytes per warp again on an
+#    SM that is already full, and is much slower; but it also executes twice the instructions
+#    per element, more than TE's kernel does, so that pair cannot say which of the two slows
+#    it. More heads per program raise the KiB per SM (two heads double the bytes per warp; four
+#    heads on two warps raise the occupancy too), and at $b = 8$ four heads a program run level
+#    with the finished kernel.
 # 3. It beats TE's fused kernel at $b = 8$ although TE's kernel moves the same bytes with a
 #    fuller SM. TE's kernel is bound by instruction issue: it loads every element twice, two
-#    bytes at a time, and indexes with three times the grid's integer instructions, so that its
-#    instructions alone, issued at the most an SM can, would take 1.77 copies' time
+#    bytes at a time, and indexes with three times the grid's integer instructions. Issued at
+#    the most an SM can, its instructions alone would take 1.77 copies' time at the profiler's
+#    locked clock, and locking the clock slows it by a fifth while a copy does not slow at all
 #    (section 5.5). At $b = 1$ the grid is back to one row per program and TE is faster.
 #
 # `benchmarks/ablation.py` times, at bf16 sbhd $s = 4096, b = 8, h = 32, d = 128$ and at
@@ -571,8 +600,16 @@ for name, factor, desc, opts in ablation.variants(H_a):
           f"{c['cos_sin_per_position']:21,}")
 print(f"TE fused: grid ({S_a}, {B_a}), all {H_a} heads per block -> at least "
       f"{B_a * D_a:,} cos,sin per position")
+print(f"(the last column counts what each source asks for; on the GPU heads_all_one_b evaluates "
+      f"them once per head, {B_a * H_a * D_a:,} per position: section 5.5)")
 
 # %% [markdown]
+# The last column is what each kernel's source asks for, and the GPU can do more. In
+# `heads_all_one_b` (all 32 heads in one program) the source computes cos/sin once, before
+# broadcasting them over the heads, hence 1,024 per position. The compiled kernel evaluates
+# them for every head: section 5.5 counts eight times the sin/cos work per element of
+# `sh_loop_b`, which is $B \cdot H \cdot D$ = 32,768 per position, the naive kernel's count.
+#
 # **The kernel behind every row.** Each line of that plan is one launch of a single kernel,
 # `_rope_ablation_kernel` from `ropelib/course/kernels/ablation.py`, with different settings of
 # its switches: `BLOCK_H` heads per program (the rows of its tile), `BATCH_PER_PROGRAM` batch rows
@@ -742,8 +779,9 @@ assert not ab_differ, f"correct, but not the bits of the course's kernel: {ab_di
 #   $B$ times as many programs, each $1/B$ the size; the `*_table` rows tell the two apart;
 # - `*_table` vs the same without: does evaluating sines and cosines cost time at all, when a
 #   memory-bound kernel could read them instead?
-# - `heads_all_one_b` — TE's grid $(s, b)$ written in Triton, cos/sin reused over all heads —
-#   vs `sh_loop_b` and vs `te_fused`: is it the grid or the code inside it?
+# - `heads_all_one_b` — TE's grid $(s, b)$ written in Triton, cos/sin computed once for all
+#   heads in the source (on the GPU, once per head: section 5.5) — vs `sh_loop_b` and vs
+#   `te_fused`: is it the grid or the code inside it?
 # - `heads{2,4,8}_loop_b` and the `_w{1,2,4,8}` rows: how the tile and the warps (and so the
 #   elements each thread moves per load) change the time.
 #
@@ -764,15 +802,18 @@ if ABLATION_CSV.exists():
         print(f"\n{case}: what each factor does (time of the first / time of the second)")
         for a, b_, what in (("sh_one_b", "sh_loop_b", "B rows per program instead of one"),
                             ("sh_one_b", "sh_one_b_table", "one row per program, no sin/cos"),
-                            ("sh_loop_b", "sh_loop_b_table", "reading cos/sin instead of computing them"),
+                            ("sh_loop_b", "sh_loop_b_table",
+                             "reading cos/sin instead of computing them"),
                             ("sh_loop_b", "sh_loop_b_unrolled", "unrolling the batch loop"),
                             ("sh_loop_b", "heads_all_one_b", "TE's grid (s, b), in Triton"),
-                            ("te_fused", "heads_all_one_b", "TE's grid: Triton instead of TE's CUDA"),
+                            ("te_fused", "heads_all_one_b",
+                             "TE's grid: Triton instead of TE's CUDA"),
                             ("te_fused", "sh_loop_b", "the (S, H) grid instead of TE fused"),
                             ("ropelib_batch_reuse", "ropelib_finished", "the finished kernel")):
             if a in t and b_ in t:
                 print(f"  {what:45s} {a} / {b_} = {t[a] / t[b_]:.2f}")
-        for tile in dict.fromkeys(k.rsplit("_w", 1)[0] for k in t if k.rsplit("_w", 1)[-1].isdigit()):
+        tiles = (k.rsplit("_w", 1)[0] for k in t if k.rsplit("_w", 1)[-1].isdigit())
+        for tile in dict.fromkeys(tiles):
             ws = {k: v for k, v in t.items() if k.startswith(tile + "_w")}
             fast, slow = min(ws, key=ws.get), max(ws, key=ws.get)
             print(f"  warps for {tile}: fastest {fast} ({ws[fast]:.4f} ms), "
@@ -801,8 +842,9 @@ else:
 # ### 5.4 Why, measured: the profiler's answer
 #
 # Timings say how much a factor changes, not why. `benchmarks/mechanism.py` ran the same
-# variants once more under Nsight Compute on the same H200 and committed what the profiler and
-# the compiler reported (`benchmarks/results/mechanism-nvidia-h200.csv`). For each variant the
+# variants once more under Nsight Compute on the same H200, with the GPU's clock left free as in
+# the timings (`--clock-control none`), and committed what the profiler and the compiler
+# reported (`benchmarks/results/mechanism-nvidia-h200.csv`). For each variant the
 # cell below prints its time, the DRAM bytes over the bytes model, the programs and warps, the
 # batch steps each program makes, the bytes of `x` one warp loads per step, the **achieved
 # occupancy** (the average share of an SM's 64 warp slots in use), the **KiB of `x` the resident
@@ -813,14 +855,24 @@ else:
 #
 # - **At this size no variant moves extra bytes.** DRAM bytes are within a few percent of the
 #   model for all of them, so the differences are in how well each keeps the memory system busy.
-#   (At $s = 32768$, $b = 1$ the batch-reuse kernel does move about a fifth more than the model;
-#   the profile does not say why, and its time is set by its program count, below.)
+#   At $s = 32768$, $b = 1$ it is different: the batch-reuse kernel moves 1.19 times the model's
+#   bytes, while the naive kernel, with as many programs, moves 0.968. The profile does not say
+#   where the extra comes from. One difference between the two is the order of their programs
+#   (section 2's figure). The naive grid runs the 32 heads of a position one after another, so a
+#   position's angles are fetched once and then found in the L2 cache; the $(S, H)$ grid runs
+#   every position of head 0 before any of head 1, so it streams the whole 16 MiB angle table
+#   once per head, and fetches again whatever L2 has dropped since the last pass. That is a
+#   hypothesis, not a measurement, and a testable one: launched on grid $(H, S)$, heads
+#   fastest, the same kernel should move the model's bytes again. Its time is set by its program
+#   count either way (below).
 # - **A million programs take the same time, whatever they do.** The naive kernel, `sh_one_b`
 #   and `sh_one_b_table` each launch a million one-warp programs. Their instructions per element
-#   differ fourfold and their achieved occupancy nearly threefold, yet their times lie within
-#   half a percent of each other. Divided over the SMs, that time is about 80 ns per program on
-#   each SM: the cost of starting and retiring a program, which nothing in these programs hides.
-#   The batch loop divides the program count by $B$.
+#   differ fourfold, yet their times lie within half a percent of each other: about 80 ns per
+#   program on each SM. Their achieved occupancy says why. An SM could hold 32 of these
+#   programs at once (half its 64 warp slots), yet on average it holds far fewer, 28, 18 and
+#   10 % of its slots, the fewer the less each program does. The SMs are starved of programs:
+#   a short program's slot stands empty until the next one arrives, so the time follows the
+#   number of programs, not their work. The batch loop divides the program count by $B$.
 # - **The speed-up over the naive kernel is not cos/sin reuse.** `sh_one_b` (one batch row per
 #   program) is as slow as the naive kernel, and `sh_one_b_table`, which evaluates no sine or
 #   cosine at all, is just as slow: all three launch a million one-warp programs of one row. The
@@ -833,30 +885,42 @@ else:
 #   occupancy but halve the bytes each warp holds: the same KiB per SM, the same time. Four
 #   warps on that tile (`sh_loop_b_w4`) cannot raise the occupancy further (the SM is nearly
 #   full already) but halve the bytes per warp again, and the SM's 64 warp slots now hold only
-#   16 four-warp programs: half the KiB per SM, and well over one and a half times the time (notebook
-#   03's warps timings show the same). Four heads per program on two warps (`heads4_loop_b`)
-#   raise both: several times the KiB per SM, and a time close to the finished kernel's.
+#   16 four-warp programs: half the KiB per SM, and well over one and a half times the time
+#   (notebook 03's warps timings show the same). Bytes are not the only change, though:
+#   `sh_loop_b_w4` also executes twice the warp instructions per element of `sh_loop_b_w2`,
+#   1.39, more than the 1.23 of TE's kernel, which section 5.5 finds bound by instruction
+#   issue. This pair cannot separate bytes in flight from instruction issue, and section 5.5's
+#   profile does not include it. Four heads per program on two warps (`heads4_loop_b`) raise
+#   both occupancy and bytes per warp: several times the KiB per SM and, at $b = 8$, a time
+#   level with the finished kernel's (at $b = 1$ it is slower: 175 µs against 138, section 5.3).
 # - **Instructions count where nothing amortises them.** TE's grid written in Triton
 #   (`heads_all_one_b`: one program per token and batch row, all heads) asks for as many bytes
-#   per SM as `heads4_loop_b`, but executes several times as many instructions per element —
-#   close to the one-row programs, although the source evaluates cos/sin once per program,
-#   that is B times per token: each thread evaluates them for the features it holds, for every
-#   head (inferred from the instruction counts; the machine code is not shown here). It takes about twice as
+#   per SM as `heads4_loop_b`, but executes several times as many instructions per element,
+#   close to the one-row programs. Its source evaluates cos/sin once per program, $B$ times per
+#   token; measured, the compiled kernel evaluates them once per head: section 5.5 counts eight
+#   times the sin/cos arithmetic per element of the batch-reusing grid. It takes about twice as
 #   long, and reading cos/sin from a table brings it back to the others.
 #
 # **So, why was the batch-reusing grid faster than TE?** On this H200 it is (the ratio is
-# printed below), and the measured reason is not that it reuses cos/sin more — section 3 counted
-# that it reuses them less. Its batch loop gives each program $B$ rows: enough work per program
+# printed below), and the measured reason is not that it reuses cos/sin more. By section 3's
+# count it evaluates more of them per position than TE's shared-memory version ($H \cdot D$ =
+# 4,096 against $B \cdot D$ = 1,024 here), though fewer than TE's register version
+# ($8 B \cdot D$ = 8,192), and section 5.5's profile points to the shared-memory version: TE's
+# warps wait at a block-wide barrier (a `__syncthreads`), which that version needs and the
+# register version does not. Its batch loop gives each program $B$ rows: enough work per program
 # that neither the program count nor the per-program sin/cos limits it, so its time follows the
 # bytes its warps keep in flight. TE's grid, run as Triton, is limited by instructions instead.
 #
 # And TE's own CUDA kernel is limited the same way. A second run of the same script, on an H200
 # with Transformer Engine installed (`benchmarks/results/mechanism-te-nvidia-h200.csv`), profiled
 # it beside the copy and the batch-reusing kernel; being CUDA C++, its programs, warps and
-# registers are the profiler's launch columns. It moves the model's bytes, its warps fill
-# nine-tenths of an SM's slots, and they ask for as many KiB of `x` per SM as the copy's do: by
-# the bytes-in-flight rule it should run at a copy's speed. It takes about twice the copy's time,
-# and executes more than twice the instructions per element of the batch-reusing grid. The
+# registers are the profiler's launch columns. It moves the model's bytes and its warps fill
+# nine-tenths of an SM's slots. Counted the way this notebook counts the Triton kernels, a
+# block's 8 KiB of `x` as one step (1,024 bytes a warp), its warps could ask for as many KiB of
+# `x` per SM as the copy's. That is an upper bound TE's loop does not reach: each warp works
+# through its heads in loads of 78 bytes (section 5.5), so the column does not say how many
+# bytes it keeps in flight. What is measured: it takes about twice the copy's time, and
+# executes more than twice the instructions per element of the batch-reusing grid. The
 # profiler says the same from another side: its SM throughput (the busiest of an SM's units, as a
 # share of its peak) is well above its DRAM throughput, as for TE's grid written in Triton, where
 # the batch-reusing grid shows the reverse. So what holds TE back is instructions, not bytes or
@@ -869,19 +933,22 @@ else:
 # (printed below). The batch-reusing grid wins where $B$ is large enough to amortise its program
 # count, which is what notebook 05's tile of heads fixes for every $B$.
 #
-# ![Time against the KiB of x requested per SM, every profiled variant, H200](../figures/04-bytes-in-flight.png)
+# ![Time against the KiB of x requested per SM, H200](../figures/04-bytes-in-flight.png)
 
 # %%
 mech = measured.mechanism("s4096-b8")
 mech_meta, _ = measured.load("mechanism")
 print(f"Nsight Compute on {measured.where(mech_meta)}: bf16 sbhd s=4096, b=8, h=32, d=128")
-order = ["copy", "naive", "sh_one_b", "sh_one_b_table", "batch_reuse", "sh_loop_b", "sh_loop_b_table",
-         "sh_loop_b_w2", "sh_loop_b_w4", "heads2_loop_b", "heads4_loop_b", "heads8_loop_b",
+order = ["copy", "naive", "sh_one_b", "sh_one_b_table", "batch_reuse", "sh_loop_b",
+         "sh_loop_b_table", "sh_loop_b_w2", "sh_loop_b_w4", "heads2_loop_b", "heads4_loop_b",
+         "heads8_loop_b",
          "heads_all_one_b", "heads_all_one_b_table", "ropelib"]
 print(measured.table([mech[v] for v in order if v in mech], [
-    ("variant", "variant", ""), ("us", "us", ".0f"), ("DRAM/model", "ncu_dram_bytes_over_model", ".3f"),
+    ("variant", "variant", ""), ("us", "us", ".0f"),
+    ("DRAM/model", "ncu_dram_bytes_over_model", ".3f"),
     ("programs", "programs", ","), ("warps", "num_warps", "d"), ("steps", "steps", "d"),
-    ("x B/warp/step", "x_bytes_per_warp_step", ".0f"), ("occ. %", "ncu_achieved_occupancy_pct", ".0f"),
+    ("x B/warp/step", "x_bytes_per_warp_step", ".0f"),
+    ("occ. %", "ncu_achieved_occupancy_pct", ".0f"),
     ("x KiB/SM", "x_kib_per_sm", ".1f"), ("warp inst/elem", "ncu_warp_inst_per_element", ".2f")]))
 measured.plot_in_flight("s4096-b8", FIGURES / "04-bytes-in-flight.png",
                         label=("copy", "naive", "sh_one_b_table", "batch_reuse", "sh_loop_b_w4",
@@ -902,9 +969,14 @@ print(f"widest 20-80 % quantiles: {widths[widest]:.1f} % of the median ({widest[
 assert widths[widest] < 2.5
 # at this size no variant moves extra bytes (at b = 1 the batch-reuse kernel does)
 assert all(0.9 <= r["ncu_dram_bytes_over_model"] <= 1.05 for r in mech.values())
-print(f"s32768-b1 batch_reuse: DRAM bytes / model = "
-      f"{measured.mechanism('s32768-b1')['batch_reuse']['ncu_dram_bytes_over_model']:.2f}")
-assert 1.1 < measured.mechanism("s32768-b1")["batch_reuse"]["ncu_dram_bytes_over_model"] < 1.3
+b1 = measured.mechanism("s32768-b1")
+table_mib = b1["batch_reuse"]["seq_len"] * b1["batch_reuse"]["head_dim"] * 4 / 2**20
+print(f"s32768-b1: DRAM bytes / model: batch_reuse (grid {b1['batch_reuse']['grid']}) "
+      f"{b1['batch_reuse']['ncu_dram_bytes_over_model']:.2f}, naive (grid {b1['naive']['grid']}) "
+      f"{b1['naive']['ncu_dram_bytes_over_model']:.3f}; the angle table {table_mib:.0f} MiB")
+assert round(b1["batch_reuse"]["ncu_dram_bytes_over_model"], 2) == 1.19
+assert round(b1["naive"]["ncu_dram_bytes_over_model"], 3) == 0.968 and table_mib == 16
+assert b1["batch_reuse"]["heads"] == 32
 # a million one-warp programs: the same time whatever their instructions and occupancy
 million = [mech[v] for v in ("naive", "sh_one_b", "sh_one_b_table")]
 inst = [r["ncu_warp_inst_per_element"] for r in million]
@@ -912,20 +984,28 @@ occ = [r["ncu_achieved_occupancy_pct"] for r in million]
 us = [r["us"] for r in million]
 ns_per_program = 1000 * sum(us) / len(us) / (million[0]["programs"] / million[0]["sm_count"])
 print(f"a million programs: {min(inst):.2f}-{max(inst):.2f} warp instructions per element, "
-      f"{min(occ):.0f}-{max(occ):.0f} % occupancy, {min(us):.0f}-{max(us):.0f} us: "
-      f"{ns_per_program:.0f} ns per program on each SM")
+      f"{min(us):.0f}-{max(us):.0f} us: {ns_per_program:.0f} ns per program on each SM; "
+      f"occupancy {', '.join(f'{o:.0f}' for o in occ)} % of an SM's warp slots, where "
+      f"{million[0]['occ_theoretical_pct']:.0f} % could be resident")
 assert max(inst) > 4 * min(inst) and max(occ) > 2.5 * min(occ) and max(us) < 1.005 * min(us)
 assert 70 < ns_per_program < 90
+# starved of programs: far below the occupancy the SM could hold, the lower the less they do
+assert [round(o) for o in occ] == [28, 18, 10] and inst == sorted(inst, reverse=True)
+assert all(r["occ_theoretical_pct"] == 50 and r["occ_blocks_per_sm"] == 32 for r in million)
+assert all(r["ncu_achieved_occupancy_pct"] < 0.6 * r["occ_theoretical_pct"] for r in million)
 # not cos/sin reuse: one row per program is equally slow with and without sin/cos
-assert same_time(mech["sh_one_b"], mech["naive"]) and same_time(mech["sh_one_b_table"], mech["sh_one_b"])
-assert mech["sh_one_b"]["programs"] == mech["naive"]["programs"] == mech["sh_one_b_table"]["programs"]
+assert same_time(mech["sh_one_b"], mech["naive"])
+assert same_time(mech["sh_one_b_table"], mech["sh_one_b"])
+assert mech["sh_one_b"]["programs"] == mech["naive"]["programs"] \
+    == mech["sh_one_b_table"]["programs"]
 assert mech["sh_one_b"]["us"] > 3 * mech["sh_loop_b"]["us"]
-b1 = measured.mechanism("s32768-b1")
-assert b1["batch_reuse"]["programs"] == b1["naive"]["programs"] and same_time(b1["batch_reuse"], b1["naive"])
+assert b1["batch_reuse"]["programs"] == b1["naive"]["programs"]
+assert same_time(b1["batch_reuse"], b1["naive"])
 # bytes in flight: occupancy alone (two warps, same tile) changes nothing; occupancy and bytes do
 br, w2, h4 = mech["batch_reuse"], mech["sh_loop_b_w2"], mech["heads4_loop_b"]
 assert br["occ_limiter"] == "blocks" and br["occ_theoretical_pct"] == 50
-assert w2["ncu_achieved_occupancy_pct"] > 1.5 * br["ncu_achieved_occupancy_pct"] and same_time(w2, br)
+assert w2["ncu_achieved_occupancy_pct"] > 1.5 * br["ncu_achieved_occupancy_pct"]
+assert same_time(w2, br)
 assert abs(w2["x_kib_per_sm"] - br["x_kib_per_sm"]) < 0.1 * br["x_kib_per_sm"]
 w4 = mech["sh_loop_b_w4"]       # the SM full, half the bytes per warp again: half the KiB, slower
 assert w4["ncu_achieved_occupancy_pct"] > 90 and w4["occ_blocks_per_sm"] == 16
@@ -933,7 +1013,16 @@ assert abs(w4["x_kib_per_sm"] / w2["x_kib_per_sm"] - 0.5) < 0.05 and w4["us"] > 
 assert 1.8 < w4["ncu_warp_inst_per_element"] / w2["ncu_warp_inst_per_element"] < 2.2   # twice
 assert h4["ncu_achieved_occupancy_pct"] > 1.5 * br["ncu_achieved_occupancy_pct"]
 assert h4["x_kib_per_sm"] > 3 * br["x_kib_per_sm"] and h4["us"] < 0.8 * br["us"]
-assert same_time(h4, mech["ropelib"], tol=0.03)          # level with the finished kernel
+assert same_time(h4, mech["ropelib"], tol=0.03)          # level with the finished kernel, b = 8
+# ... at b = 8 only: the ablation's timings of the two at both sizes
+h4_t = {case: measured.timings("ablation", case) for case in ("s4096-b8", "s32768-b1")}
+print("heads4_loop_b against the finished kernel (ablation): " + "; ".join(
+    f"{case} {t_['heads4_loop_b']['ms'] * 1e3:.0f} us against "
+    f"{t_['ropelib_finished']['ms'] * 1e3:.0f}" for case, t_ in h4_t.items()))
+assert abs(h4_t["s4096-b8"]["heads4_loop_b"]["ms"] / h4_t["s4096-b8"]["ropelib_finished"]["ms"]
+           - 1) < 0.03
+assert [round(h4_t["s32768-b1"][v]["ms"] * 1e3) for v in ("heads4_loop_b", "ropelib_finished")] \
+    == [175, 138]
 h2 = mech["heads2_loop_b"]      # two heads, one warp: the occupancy of batch_reuse, twice its KiB
 assert abs(h2["ncu_achieved_occupancy_pct"] - br["ncu_achieved_occupancy_pct"]) < 2
 assert h2["x_kib_per_sm"] > 1.9 * br["x_kib_per_sm"] and h2["us"] < 0.9 * br["us"]
@@ -944,20 +1033,29 @@ assert te_grid["ncu_warp_inst_per_element"] > 3 * mech["sh_loop_b"]["ncu_warp_in
 assert te_grid["ncu_warp_inst_per_element"] > 0.5 * mech["naive"]["ncu_warp_inst_per_element"]
 assert te_grid["us"] > 1.8 * h4["us"] and te_table["us"] < 1.2 * h4["us"]
 # TE's CUDA kernel (the run with TE installed): the model's bytes, a full SM, a copy's KiB per
-# SM, twice the copy's time: instructions
+# SM as counted (an upper bound: a block's whole x as one step), twice the copy's time
 te_run = measured.mechanism("s4096-b8", kind="mechanism-te")
 te, te_copy, te_br = te_run["te_fused"], te_run["copy"], te_run["batch_reuse"]
+assert te["steps"] == 1 and te["x_bytes_per_step"] == 8192 and te["x_bytes_per_warp_step"] == 1024
+# the four-warp tile executes more warp instructions per element than TE's kernel
+print(f"warp instructions per element: sh_loop_b_w4 {w4['ncu_warp_inst_per_element']:.2f}, "
+      f"TE fused {te['ncu_warp_inst_per_element']:.2f}")
+assert (round(w4["ncu_warp_inst_per_element"], 2), round(te["ncu_warp_inst_per_element"], 2)) \
+    == (1.39, 1.23)
 print(f"{measured.where(measured.load('mechanism-te')[0])}: TE fused (CUDA) {te['us']:.0f} us = "
-      f"{te['us'] / te_copy['us']:.2f}x the copy; occupancy {te['ncu_achieved_occupancy_pct']:.0f} %, "
+      f"{te['us'] / te_copy['us']:.2f}x the copy; "
+      f"occupancy {te['ncu_achieved_occupancy_pct']:.0f} %, "
       f"{te['x_kib_per_sm']:.1f} KiB/SM (copy {te_copy['x_kib_per_sm']:.1f}); DRAM/model "
       f"{te['ncu_dram_bytes_over_model']:.3f}; {te['ncu_warp_inst_per_element']:.2f} warp "
       f"instructions per element against the batch-reusing grid's "
       f"{te_br['ncu_warp_inst_per_element']:.2f}")
 assert 0.9 <= te["ncu_dram_bytes_over_model"] <= 1.05
-assert te["ncu_achieved_occupancy_pct"] > 85 and te["x_kib_per_sm"] >= 0.95 * te_copy["x_kib_per_sm"]
+assert te["ncu_achieved_occupancy_pct"] > 85
+assert te["x_kib_per_sm"] >= 0.95 * te_copy["x_kib_per_sm"]
 assert 1.6 < te["us"] / te_copy["us"] < 2.4
 assert te["ncu_warp_inst_per_element"] > 2 * te_br["ncu_warp_inst_per_element"]
-# busier SMs than DRAM for TE's kernel and TE's grid in Triton; the reverse for the batch-reusing grid
+# busier SMs than DRAM for TE's kernel and TE's grid in Triton; the reverse for the
+# batch-reusing grid
 for name in ("te_fused", "heads_all_one_b", "batch_reuse"):
     r = te_run[name]
     print(f"  {name:16} SM throughput {r['ncu_sm_throughput_pct']:4.0f} % of peak, DRAM throughput "
@@ -968,7 +1066,8 @@ assert te_run["heads_all_one_b"]["ncu_sm_throughput_pct"] > \
 assert te_br["ncu_sm_throughput_pct"] < 0.8 * te_br["ncu_dram_throughput_pct"]
 # the answer: the (S, H) grid beats TE fused; TE's time lies between its grid's two Triton versions
 t = measured.timings("ablation", "s4096-b8")
-print(f"TE fused / batch-reusing grid (sh_loop_b): {t['te_fused']['ms'] / t['sh_loop_b']['ms']:.2f}; "
+print(f"TE fused / batch-reusing grid (sh_loop_b): "
+      f"{t['te_fused']['ms'] / t['sh_loop_b']['ms']:.2f}; "
       f"TE's grid in Triton: {t['heads_all_one_b']['ms'] * 1e3:.0f} us with sin/cos, "
       f"{t['heads_all_one_b_table']['ms'] * 1e3:.0f} us from tables; TE fused "
       f"{t['te_fused']['ms'] * 1e3:.0f} us")
@@ -987,15 +1086,24 @@ assert t1["sh_loop_b"]["ms"] > 2 * t1["te_fused"]["ms"]
 # A third profile (`benchmarks/te_ncu.py`, on the H200 with Transformer Engine installed) counts
 # TE's instructions by kind beside the batch-reusing grid, TE's grid written in Triton (with
 # sin/cos and from tables) and the copy, on the same $s = 4096, b = 8$ tensor: global loads and
-# stores (and how many bytes a warp's load asks for, from the 32-byte sectors it touches), integer
-# instructions, the XU pipe that evaluates sin and cos, and the warp states. Two numbers turn
-# "more instructions" into a cause:
+# stores (and how many bytes a warp's load asks for, from the 32-byte sectors it touches),
+# integer and floating-point instructions, and the warp states.
 #
+# One setting differs from section 5.4's profiles. Unless it is told not to (`--clock-control
+# none`, which `benchmarks/mechanism.py` passes and this run did not), Nsight Compute locks the
+# GPU's clocks while it profiles, and the cycles this run counted, over the time it measured,
+# put the SM clock at 1.44 to 1.50 GHz for all five kernels. That turns the run into a second
+# experiment. Three numbers turn "more instructions" into a cause:
+#
+# - **clock sensitivity.** A kernel limited by DRAM does not care how fast the SMs are clocked;
+#   a kernel limited by its SMs' own work takes longer when their clock is lower. The cell sets
+#   each time beside the same kernel's in section 5.4's runs, where the clock ran free.
 # - **issue time.** An SM sub-partition issues at most one warp instruction a cycle. A kernel
 #   whose instructions, issued back to back, need more cycles than the copy's whole run cannot
 #   run at the copy's speed, however many bytes are in flight:
 #   $$\text{issue-bound floor} = \frac{\text{warp instructions}}{4 \times \text{SMs}}
-#   \text{ cycles, against the copy's active cycles.}$$
+#   \text{ cycles, against the copy's active cycles,}$$
+#   both counted here at the locked clock.
 # - **not selected.** A warp that is ready to issue but loses the slot to another waits in
 #   `not_selected`. A memory-bound kernel's warps rarely do; an issue-bound kernel's often do.
 
@@ -1007,13 +1115,17 @@ launched = measured.ncu_kernels(te_ncu_path)
 assert "fused_rope_forward" in launched[0]["kernel"] and len(launched) == len(PROFILED)
 n_elem = 4096 * 8 * 32 * 128
 SM_PARTITIONS = 4 * 132                                     # H200: 132 SMs of 4 schedulers
+THREAD_INST = "smsp__sass_thread_inst_executed_op_"        # thread instructions, by kind
 
 
 def per_kernel(m):
     return dict(
         us=m["gpu__time_duration.sum"] / 1e3,
+        ghz=m["gpc__cycles_elapsed.max"] / m["gpu__time_duration.sum"],   # cycles per ns
         warp_inst=m["smsp__inst_executed.sum"] / n_elem,
-        integer=m["smsp__sass_thread_inst_executed_op_integer_pred_on.sum"] / n_elem,
+        threads=sum(v for k, v in m.items() if k.startswith(THREAD_INST)) / n_elem,
+        float=sum(m[f"{THREAD_INST}{op}_pred_on.sum"] for op in ("fadd", "fmul", "ffma")) / n_elem,
+        integer=m[f"{THREAD_INST}integer_pred_on.sum"] / n_elem,
         loads=m["smsp__sass_inst_executed_op_global_ld.sum"] * 32 / n_elem,
         load_bytes=32 * m["l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"]
         / m["l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum"],
@@ -1022,49 +1134,145 @@ def per_kernel(m):
         active=m["sm__cycles_active.avg"],
         issue_floor=m["smsp__inst_executed.sum"] / SM_PARTITIONS,
         memory_wait=m["smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio"],
+        barrier=m["smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio"],
         not_selected=m["smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio"])
 
 
 prof = {name: per_kernel(k["metrics"]) for name, k in zip(PROFILED, launched)}
-for r in prof.values():
+for name, r in prof.items():
     r["issue_used"] = r["issue_floor"] / r["active"]
     r["floor_over_copy"] = r["issue_floor"] / prof["copy"]["active"]
+    r["us_free"] = te_run[name]["us"]                      # section 5.4's run, clock free
+    r["slowed"] = r["us"] / r["us_free"]
 print(f"Nsight Compute on {te_meta['gpu']} (torch {te_meta['torch']}, Triton {te_meta['triton']}, "
-      f"Transformer Engine {te_meta['transformer_engine']}), bf16 sbhd s=4096 b=8 h=32 d=128; "
-      f"per element of x:")
+      f"Transformer Engine {te_meta['transformer_engine']}), bf16 sbhd s=4096 b=8 h=32 d=128")
+print("the clock: this run (locked) against section 5.4's runs (free)")
 print(measured.table([dict(name=n, **r) for n, r in prof.items()], [
-    ("kernel", "name", ""), ("us", "us", ".1f"), ("warp inst", "warp_inst", ".3f"),
-    ("integer", "integer", ".1f"), ("loads", "loads", ".2f"), ("B/warp load", "load_bytes", ".0f"),
-    ("stores", "stores", ".2f"), ("issue used", "issue_used", ".0%"),
-    ("issue floor/copy", "floor_over_copy", ".2f"), ("mem wait", "memory_wait", ".1f"),
+    ("kernel", "name", ""), ("GHz", "ghz", ".2f"), ("us locked", "us", ".1f"),
+    ("us free", "us_free", ".1f"), ("locked/free", "slowed", ".3f")]))
+print("per element of x (issue floor in cycles of the locked clock):")
+print(measured.table([dict(name=n, **r) for n, r in prof.items()], [
+    ("kernel", "name", ""), ("warp inst", "warp_inst", ".3f"), ("thread inst", "threads", ".1f"),
+    ("float", "float", ".2f"), ("integer", "integer", ".1f"), ("loads", "loads", ".2f"),
+    ("B/warp load", "load_bytes", ".0f"), ("stores", "stores", ".2f"),
+    ("issue used", "issue_used", ".0%"), ("issue floor/copy", "floor_over_copy", ".2f"),
+    ("mem wait", "memory_wait", ".1f"), ("barrier", "barrier", ".2f"),
     ("not selected", "not_selected", ".2f")]))
 te_p, grid_p, copy_p = prof["te_fused"], prof["sh_loop_b"], prof["copy"]
+te_grid_p, te_table_p = prof["heads_all_one_b"], prof["heads_all_one_b_table"]
+# the clock: this run's command line has no --clock-control none, section 5.4's runs had it
+print(f"this run: {te_meta['what'][:50]}...; section 5.4's: ncu_duration_ns = "
+      f"{compare.read_meta(measured.path('mechanism-te'))['column ncu_duration_ns']}")
+assert "clock-control" not in te_meta["what"]
+assert "clocks not locked" in compare.read_meta(measured.path("mechanism-te"))[
+    "column ncu_duration_ns"]
+# locked at 1.44-1.50 GHz for every kernel: the memory-bound copy and table version keep their
+# times, TE's kernel and TE's grid in Triton slow down
+ghz = [r["ghz"] for r in prof.values()]
+assert (round(min(ghz), 2), round(max(ghz), 2)) == (1.44, 1.50)
+assert abs(copy_p["slowed"] - 1) < 0.03 and abs(te_table_p["slowed"] - 1) < 0.03
+assert te_p["us"] > 1.15 * te_p["us_free"] and te_grid_p["us"] > 1.2 * te_grid_p["us_free"]
+assert (round(te_p["us"], 1), round(te_p["us_free"], 1)) == (289.2, 243.6)
+assert (round(te_grid_p["us"], 1), round(te_grid_p["us_free"], 1)) == (373.1, 293.2)
+assert (round(copy_p["us"], 1), round(copy_p["us_free"], 1)) == (124.5, 125.3)
+assert (round(te_table_p["us"], 1), round(te_table_p["us_free"], 1)) == (145.1, 143.7)
+assert 1.03 < grid_p["slowed"] < 1.07
 # TE reads every element twice (itself, its partner), two bytes a load, and stores one a store
 assert round(te_p["loads"], 1) == 2.1 and round(te_p["stores"], 2) == 1.00
 assert round(te_p["load_bytes"]) == 78 and round(copy_p["load_bytes"]) == 512
 assert round(grid_p["load_bytes"]) == 142
 # its indexing: 17.7 integer instructions an element, three times the grid's 5.7
 assert (round(te_p["integer"], 1), round(grid_p["integer"], 1)) == (17.7, 5.7)
-# sin/cos are not it: 0.2 % of its instructions run on the XU pipe
-assert te_p["xu_share"] < 0.005
-# issue-bound: its instructions alone need 1.77 copies' time; the grid's fit within one copy
+# issue-bound: at the locked clock its instructions alone need 1.77 copies' time; the grid's fit
+# within one copy
 assert round(te_p["floor_over_copy"], 2) == 1.77 and grid_p["floor_over_copy"] < 0.75
 assert round(te_p["issue_used"], 2) == 0.73 and round(grid_p["issue_used"], 2) == 0.45
 # eligible warps waiting for the issue slot: TE's, not the memory-bound grid's
 assert round(te_p["not_selected"], 1) == 3.4 and round(grid_p["not_selected"], 1) == 0.5
 assert grid_p["memory_wait"] > te_p["memory_wait"]
+assert round(te_run["te_fused"]["us"] / te_run["copy"]["us"], 2) == 1.94   # clock free
+
+# sin and cos, bounded by float instructions: the rotation is 2.00 (TE's grid from tables)
+rotation = te_table_p["float"]
+sincos = {n: r["float"] - rotation for n, r in prof.items() if n != "copy"}
+# what sin/cos bring besides float instructions, in TE's grid in Triton: all kinds per float one
+along = (te_grid_p["threads"] - te_table_p["threads"]) / sincos["heads_all_one_b"]
+print(f"float instructions per element beyond the rotation's {rotation:.2f}: TE fused "
+      f"{sincos['te_fused']:.2f} of its {te_p['float']:.2f}; TE's grid in Triton "
+      f"{sincos['heads_all_one_b']:.2f}, the batch-reusing grid {sincos['sh_loop_b']:.2f}")
+print(f"sin/cos in TE's grid in Triton: {along:.1f} thread instructions of all kinds per float "
+      f"one; at that rate about {sincos['te_fused'] * along:.1f} of TE's "
+      f"{te_p['threads']:.1f} thread instructions per element")
+assert round(rotation, 2) == 2.00 and round(te_p["float"], 2) == 2.91
+assert round(sincos["te_fused"], 2) == 0.91 and round(te_p["threads"]) == 33
+assert round(along, 1) == 2.4 and 1.9 < sincos["te_fused"] * along < 2.4
+# the XU pipe is no guide: libdevice's sin/cos are float arithmetic
+assert mech["heads_all_one_b"]["trig"] == mech["sh_loop_b"]["trig"] == "libdevice"
+table_cut = 1 - te_table_p["warp_inst"] / te_grid_p["warp_inst"]
+print(f"TE's grid in Triton: {te_grid_p['xu_share']:.1%} of its warp instructions on the XU "
+      f"pipe; tables instead of sin/cos remove {table_cut:.0%} of them "
+      f"({te_grid_p['warp_inst'] * n_elem / 1e6:.0f} M to "
+      f"{te_table_p['warp_inst'] * n_elem / 1e6:.0f} M)")
+assert round(te_grid_p["xu_share"], 3) == 0.017 and round(table_cut, 2) == 0.86
+assert round(te_grid_p["warp_inst"] * n_elem / 1e6) == 246
+assert round(te_table_p["warp_inst"] * n_elem / 1e6) == 36
+# once per head: TE's grid in Triton does 8 times the grid's sin/cos arithmetic per element
+# (once per program would be B/H = 1/4 of it, once per head B = 8 times)
+per_head = sincos["heads_all_one_b"] / sincos["sh_loop_b"]
+print(f"sin/cos arithmetic per element, TE's grid in Triton / the batch-reusing grid: "
+      f"{per_head:.2f} (once per program: {B_a / H_a:.2f}; once per head: {B_a})")
+assert (round(sincos["heads_all_one_b"], 2), round(sincos["sh_loop_b"], 2)) == (16.99, 2.11)
+assert 7.5 < per_head < 8.5 and round(per_head, 2) == 8.06
+# a block-wide barrier in TE's kernel only: the shared-memory version of section 3's table
+te_counts = dict(grid=H_a * D_a, te_shared=B_a * D_a, te_registers=8 * B_a * D_a)
+print(f"barrier: TE fused {te_p['barrier']:.2f}, the Triton kernels "
+      f"{max(r['barrier'] for n, r in prof.items() if n != 'te_fused'):.2f}")
+print(f"cos/sin per position (section 3): the (S, H) grid {te_counts['grid']:,}, TE shared "
+      f"memory {te_counts['te_shared']:,}, TE registers {te_counts['te_registers']:,}")
+assert round(te_p["barrier"], 2) == 0.44
+assert all(r["barrier"] == 0 for n, r in prof.items() if n != "te_fused")
+assert te_counts == dict(grid=4096, te_shared=1024, te_registers=8192)
 
 # %% [markdown]
 # That is the answer to this notebook's question, measured. TE's kernel reads every element
 # twice (itself, and as its partner), two bytes at a time: a warp's load asks for 78 bytes, the
 # batch-reusing grid's for 142, the copy's for 512. It stores one element a store, and spends
-# about 18 integer instructions an element on indexing, three times the grid's. Sin and cos are
-# not the cost (0.2 % of its instructions). Issued at one instruction a cycle on every
-# scheduler, the most an SM can, its instructions alone would take 1.77 times the copy's run;
-# its schedulers issue on 73 % of its cycles, and its warps often wait, ready, for the slot.
-# TE's kernel is bound by instruction issue. The batch-reusing grid's instructions fit in well
-# under one copy's time; it waits on memory, with half the SM's warp slots filled, which is
-# what notebook 05 takes up.
+# about 18 integer instructions an element on indexing, three times the grid's. Issued at one
+# instruction a cycle on every scheduler, the most an SM can, its instructions alone would take
+# 1.77 times the copy's run at the locked clock; its schedulers issue on 73 % of its cycles,
+# and its warps often wait, ready, for the slot. And the clock moves its time: locked at about
+# 1.5 GHz, TE's kernel takes 289.2 µs where it took 243.6 with the clock free, and TE's grid in
+# Triton 373.1 where it took 293.2, while the copy (124.5 against 125.3 µs) and TE's grid from
+# tables (145.1 against 143.7) keep theirs. TE's kernel is bound by instruction issue. The 1.77
+# belongs to the locked clock: at the faster free clock, which no profile here records, the
+# copy spans more cycles and the ratio would be smaller; what section 5.4's run with the clock
+# free shows is TE's kernel at 1.94 copies.
+#
+# Sin and cos are a small part of it. The rotation needs two float instructions per element,
+# a multiply and an fma, and TE's grid from tables executes exactly 2.00; TE's kernel executes
+# 2.91, so at most 0.91 float instructions per element can belong to its sin and cos. They bring
+# other instructions along (to reduce the angle, to pick the quadrant): in TE's grid written in
+# Triton, 2.4 thread instructions of all kinds for each float one. At that rate sin and cos
+# account for about 2 of TE's 33 thread instructions per element, against 17.7 integer ones.
+# The pipe counters would mislead here: accurate sine and cosine, which `tl.sin` and `tl.cos`
+# compile to (libdevice's), are float arithmetic, not the XU pipe's approximations. TE's grid
+# in Triton has 1.7 % of its warp instructions on the XU pipe, yet reading cos/sin from tables
+# removes 86 % of them (246 M to 36 M).
+#
+# The same float counts settle section 5.4's question about TE's grid in Triton. Beyond the
+# rotation it executes 16.99 float instructions per element for sin and cos, the batch-reusing
+# grid 2.11: 8.06 times as many. Once per program would make it a quarter of the grid's
+# ($B / H$), once per head eight times ($B$): the compiled kernel evaluates cos/sin once per
+# head. And TE's warps wait at a block-wide barrier (0.44 warps per issue cycle), where the
+# Triton kernels never do: a `__syncthreads`, which TE's shared-memory version of section 3's
+# table needs and its register version does not. That points to the shared-memory version,
+# which by section 3's count evaluates cos/sin $B \cdot D$ = 1,024 times per position here, a
+# quarter of the batch-reusing grid's 4,096.
+#
+# The batch-reusing grid's instructions fit in well under one copy's time; it waits on memory,
+# with half the SM's warp slots filled, which is what notebook 05 takes up. `sh_loop_b_w4`,
+# whose bytes and instructions section 5.4 could not tell apart, was not in this profile (nor
+# `sh_loop_b_w8`): whether instruction issue sets their time is not measured here.
 
 # %% [markdown]
 # ## 6. What the finished kernel does beyond the batch-reusing grid
@@ -1155,9 +1363,11 @@ solution(ex.solution_percent_of_copy)
 # rotate-half pairs $(j, j + R/2)$, features $R \ldots D-1$ are copied unchanged.
 #
 # The check launches your kernel itself, on grid $(S, H)$, with the signature below: fresh
-# inputs of several shapes, a non-contiguous `x`, partial rotary, fp16, into an output it fills
-# with NaN first (an element you do not write stays NaN). In the interpreter it also counts
-# your cos/sin evaluations: a batch of 3 must cost no more of them than a batch of 1.
+# inputs of several shapes, a non-contiguous `x`, partial rotary, fp16, and tables whose two
+# halves hold different angles (so, as in section 2.2, read $\theta_2$ as well as $\theta_1$),
+# into an output it fills with NaN first (an element you do not write stays NaN). In the
+# interpreter it also counts your cos/sin evaluations: a batch of 3 must cost no more of them
+# than a batch of 1.
 
 # %%
 @triton.jit

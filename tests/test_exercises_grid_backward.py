@@ -74,7 +74,8 @@ def _copies_input(x_ptr, y_ptr, freqs_ptr, B, sxs, sxb, sxh, sxd, sys_, syb, syh
 def _rotate(x_ptr, y_ptr, freqs_ptr, B, sxs, sxb, sxh, sxd, sys_, syb, syh, D,
             ROT_HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_PASS: tl.constexpr,
             ONE_BATCH: tl.constexpr, TRIG_IN_LOOP: tl.constexpr, PASS: tl.constexpr,
-            CONTIGUOUS: tl.constexpr, SIGN: tl.constexpr, SWAP: tl.constexpr):
+            CONTIGUOUS: tl.constexpr, SIGN: tl.constexpr, SWAP: tl.constexpr,
+            ONE_ANGLE: tl.constexpr):
     """A correct forward kernel with switches that each plant one mistake (or the backward)."""
     s = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1).to(tl.int64)
@@ -82,6 +83,8 @@ def _rotate(x_ptr, y_ptr, freqs_ptr, B, sxs, sxb, sxh, sxd, sys_, syb, syh, D,
     mask = offs < ROT_HALF
     theta1 = tl.load(freqs_ptr + s * 2 * ROT_HALF + offs, mask=mask, other=0.0)
     theta2 = tl.load(freqs_ptr + s * 2 * ROT_HALF + ROT_HALF + offs, mask=mask, other=0.0)
+    if ONE_ANGLE:  # the first half's angle for both halves: right for TE's cat(f, f) table only
+        theta2 = theta1
     c1, c2 = tl.cos(theta1), tl.cos(theta2)
     if SWAP:
         s1, s2 = SIGN * tl.sin(theta2), SIGN * tl.sin(theta1)
@@ -114,7 +117,7 @@ class _Switched:
 
     def __init__(self, **switches):
         opts = dict(ONE_BATCH=False, TRIG_IN_LOOP=False, PASS=True, CONTIGUOUS=False, SIGN=1,
-                    SWAP=False)
+                    SWAP=False, ONE_ANGLE=False)
         opts.update(switches)
         self.opts = opts
 
@@ -226,6 +229,20 @@ def test_batch_reuse_check_rejects_mistakes(switches, words, capsys):
     assert gk.check_batch_reuse_kernel(_mistake(**switches)) is False
     out = capsys.readouterr().out
     assert "❌" in out and words in out, out
+
+
+def test_batch_reuse_check_rejects_a_kernel_that_reads_only_the_first_halfs_angle(capsys):
+    # with TE's table both halves of a pair share one angle, so such a kernel is right there;
+    # the cases whose halves hold different angles must refuse it
+    te_only = [c for c in gk._forward_cases(torch.Generator().manual_seed(4))
+               if "different angles" not in c[0]]
+    mistake = _mistake(ONE_ANGLE=True)
+    for label, x, f2 in te_only:
+        torch.testing.assert_close(gk.launch(mistake, x, f2), reference.rope_reference(x, f2),
+                                   msg=label)
+    assert gk.check_batch_reuse_kernel(mistake) is False
+    out = capsys.readouterr().out
+    assert "❌" in out and "halves with different angles" in out and "entries differ" in out, out
 
 
 @INTERPRETER_ONLY

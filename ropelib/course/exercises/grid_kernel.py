@@ -5,7 +5,8 @@ launched by the check itself, on grid (S, H), into an output buffer the check al
 with NaN. So nothing a Python function returns can pass, an element the kernel forgets to write
 stays NaN, and a kernel that skips the batch loop leaves every batch entry but the first unwritten.
 The inputs are drawn fresh: several shapes, a non-contiguous x (a bshd tensor seen as sbhd, with
-a feature stride of 2), partial rotary (features R..D-1 copied unchanged) and fp16. Under the
+a feature stride of 2), partial rotary (features R..D-1 copied unchanged), fp16, and tables whose
+two halves hold different angles (so a kernel must read theta2 as well as theta1). Under the
 interpreter the check also counts how often the kernel evaluates cos/sin: once per program, not
 once per batch row, is the point of the grid.
 
@@ -193,15 +194,20 @@ def _inputs(gen, S, B, H, D, R, dtype, *, strided=False, table="te"):
 
 
 def _forward_cases(gen):
+    """(label, x, freqs2d) for each launch. TE's table gives both halves of a pair one angle, so a
+    kernel that reads only theta1 would pass on it: two cases draw the halves' angles apart."""
     c = []
-    for S, B, H, D, R, dtype, strided in ((3, 2, 2, 16, 16, torch.float32, False),
-                                          (2, 3, 3, 24, 24, torch.float32, False),
-                                          (3, 2, 2, 16, 16, torch.float32, True),
-                                          (2, 2, 2, 20, 8, torch.float32, False),
-                                          (2, 1, 3, 32, 32, torch.float16, False)):
-        x, f2 = _inputs(gen, S, B, H, D, R, dtype, strided=strided)
+    for S, B, H, D, R, dtype, strided, table in (
+            (3, 2, 2, 16, 16, torch.float32, False, "te"),
+            (3, 2, 2, 16, 16, torch.float32, False, "free"),
+            (2, 3, 3, 24, 24, torch.float32, False, "te"),
+            (3, 2, 2, 16, 16, torch.float32, True, "te"),
+            (2, 2, 2, 20, 8, torch.float32, False, "free"),
+            (2, 1, 3, 32, 32, torch.float16, False, "te")):
+        x, f2 = _inputs(gen, S, B, H, D, R, dtype, strided=strided, table=table)
         label = (f"x [{S}, {B}, {H}, {D}] {str(dtype).replace('torch.', '')}"
                  + (", non-contiguous" if strided else "")
+                 + (", halves with different angles" if table != "te" else "")
                  + (f", rotary dim {R} of {D}" if R < D else ""))
         c.append((label, x, f2))
     return c
@@ -215,7 +221,8 @@ def _forward_expected(x, f2):
 
 def check_batch_reuse_kernel(kernel) -> bool:
     """Launch the learner's kernel (KERNEL_SIGNATURE) on grid (S, H) and compare with the
-    reference: several shapes, non-contiguous x, partial rotary, fp16; cos/sin once per program."""
+    reference: several shapes, non-contiguous x, partial rotary, fp16, TE's table and tables whose
+    halves differ; cos/sin once per program."""
     return check_kernel_cases(
         "batch-reusing kernel", kernel, _forward_cases(torch.Generator().manual_seed(4)),
         _forward_expected, what="your batch-reusing kernel",
