@@ -39,7 +39,7 @@
 # %%
 import os, torch
 if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")   # before ropelib (and its @triton.jit) is imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")   # before ropelib (and its @triton.jit)
 import ropelib
 device = ropelib.default_device()
 
@@ -579,8 +579,8 @@ else:
 #    fuller SM. TE's kernel is bound by instruction issue: it loads every element twice, two
 #    bytes at a time, and indexes with three times the grid's integer instructions. Issued at
 #    the most an SM can, its instructions alone would take 1.77 copies' time at the profiler's
-#    locked clock, and locking the clock slows it by a fifth while a copy does not slow at all
-#    (section 5.5). At $b = 1$ the grid is back to one row per program and TE is faster.
+#    locked clock, and locking the clock slows it by a fifth, the grid by 5 % and a copy not at
+#    all (section 5.5). At $b = 1$ the grid is back to one row per program and TE is faster.
 #
 # `benchmarks/ablation.py` times, at bf16 sbhd $s = 4096, b = 8, h = 32, d = 128$ and at
 # $s = 32768, b = 1$ (the same bytes), a device copy, TE's fused kernel (when Transformer
@@ -1176,7 +1176,12 @@ assert (round(te_p["us"], 1), round(te_p["us_free"], 1)) == (289.2, 243.6)
 assert (round(te_grid_p["us"], 1), round(te_grid_p["us_free"], 1)) == (373.1, 293.2)
 assert (round(copy_p["us"], 1), round(copy_p["us_free"], 1)) == (124.5, 125.3)
 assert (round(te_table_p["us"], 1), round(te_table_p["us_free"], 1)) == (145.1, 143.7)
-assert 1.03 < grid_p["slowed"] < 1.07
+# the batch-reusing grid in between: 5 % slower, about a quarter of TE's 19 %
+print(f"slowed by the locked clock: TE fused {te_p['slowed'] - 1:.0%}, the batch-reusing grid "
+      f"{grid_p['slowed'] - 1:.0%} ({grid_p['us']:.1f} against {grid_p['us_free']:.1f} us)")
+assert round(grid_p["slowed"], 2) == 1.05 and round(te_p["slowed"], 2) == 1.19
+assert (round(grid_p["us"], 1), round(grid_p["us_free"], 1)) == (190.9, 181.9)
+assert 0.2 < (grid_p["slowed"] - 1) / (te_p["slowed"] - 1) < 0.3
 # TE reads every element twice (itself, its partner), two bytes a load, and stores one a store
 assert round(te_p["loads"], 1) == 2.1 and round(te_p["stores"], 2) == 1.00
 assert round(te_p["load_bytes"]) == 78 and round(copy_p["load_bytes"]) == 512
@@ -1241,12 +1246,15 @@ assert te_counts == dict(grid=4096, te_shared=1024, te_registers=8192)
 # instruction a cycle on every scheduler, the most an SM can, its instructions alone would take
 # 1.77 times the copy's run at the locked clock; its schedulers issue on 73 % of its cycles,
 # and its warps often wait, ready, for the slot. And the clock moves its time: locked at about
-# 1.5 GHz, TE's kernel takes 289.2 µs where it took 243.6 with the clock free, and TE's grid in
-# Triton 373.1 where it took 293.2, while the copy (124.5 against 125.3 µs) and TE's grid from
-# tables (145.1 against 143.7) keep theirs. TE's kernel is bound by instruction issue. The 1.77
-# belongs to the locked clock: at the faster free clock, which no profile here records, the
-# copy spans more cycles and the ratio would be smaller; what section 5.4's run with the clock
-# free shows is TE's kernel at 1.94 copies.
+# 1.5 GHz, TE's kernel takes 289.2 µs where it took 243.6 with the clock free, 19 % longer, and
+# TE's grid in Triton 373.1 where it took 293.2, while the copy (124.5 against 125.3 µs) and
+# TE's grid from tables (145.1 against 143.7) keep theirs. The batch-reusing grid sits between
+# the two groups: it slows by 5 % (190.9 against 181.9 µs), about a quarter of TE's 19 %. Not
+# all of its time is DRAM's, then, as nearly all of the copy's is: its instructions fit in well
+# under a copy's time (below), yet a slower clock still costs it a little. TE's kernel is bound
+# by instruction issue. The 1.77 belongs to the locked clock: at the faster free clock, which no
+# profile here records, the copy spans more cycles and the ratio would be smaller; what section
+# 5.4's run with the clock free shows is TE's kernel at 1.94 copies.
 #
 # Sin and cos are a small part of it. The rotation needs two float instructions per element,
 # a multiply and an fma, and TE's grid from tables executes exactly 2.00; TE's kernel executes

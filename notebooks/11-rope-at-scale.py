@@ -46,7 +46,7 @@
 # %%
 import os, torch
 if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")   # before ropelib (and its @triton.jit) is imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")   # before ropelib (and its @triton.jit)
 import ropelib
 device = ropelib.default_device()
 
@@ -672,16 +672,17 @@ assert (round(tflops[1]), round(tflops[2])) == (455, 311)
 #
 # What to expect from such a run, and what not to: the loss per step of $c$ ranks follows the
 # 1-process loss (in bf16 within rounding noise, not to the bit). Tokens/s of 2 GPUs on one
-# sequence need not be twice one GPU's, and on these runs what holds it back is each rank's
-# attention, not the collectives. The gain CP buys is first of all memory: a sequence too long
-# for one GPU can fit on several. The committed runs do not reach that limit, since 131072
-# tokens still fit on one H200 (65.12 GiB at the peak); what they show is each rank's peak
-# falling to 55 % of one GPU's (the peak-memory line printed in section 3). The cell there
-# adds it up from the run's own sizes, and comes within a few percent: half of one GPU's
-# activations, plus the other rank's k and v for every layer (gathered for attention and kept
-# for the backward), plus the full copy of the weights, gradients and optimizer state that
-# context parallelism does not split. (The split of the activations into halves is assumed,
-# not measured: the sum agreeing with the measured peak is what supports it.)
+# sequence need not be twice one GPU's, and on these runs what holds it back is mostly each
+# rank's attention (750 of the 964 ms); the collectives can account for at most the linear
+# 214. The gain CP buys is first of all memory: a sequence too long for one GPU can fit on
+# several. The committed runs do not reach that limit, since 131072 tokens still fit on one
+# H200 (65.12 GiB at the peak); what they show is each rank's peak falling to 55 % of one GPU's
+# (the peak-memory line printed in section 3). The cell there adds it up from the run's own
+# sizes, and comes within a few percent: half of one GPU's activations, plus the other rank's k
+# and v for every layer (gathered for attention and kept for the backward), plus the full copy
+# of the weights, gradients and optimizer state that context parallelism does not split. (The
+# split of the activations into halves is assumed, not measured: the sum agreeing with the
+# measured peak is what supports it.)
 #
 # ## 4. Decoding with the fused cache write
 #
@@ -1347,13 +1348,13 @@ assert as_stated((min(fused_graph), max(fused_graph)), (6.1, 9.9)), fused_graph
 #   shard bit for bit as the full sequence would be rotated. Attention all-gathers k and v
 #   and runs two lower-right causal blocks per rank (`cp.dual_chunk_attention`).
 # - Two processes (gloo on the CPU or on one shared GPU, NCCL on two GPUs) train to the
-#   1-process loss within fp32 rounding (`benchmarks/cp_train.py --dry-run`); the same script
-#   on GPUs writes the CSVs section 3 reads.
+#   1-process loss within fp32 rounding (`benchmarks/cp_train.py --dry-run`, with `--dtype
+#   fp32` on GPUs); the same script on GPUs writes the CSVs section 3 reads.
 # - On H200s, two ranks ran a 131072-token step 1.30 times as fast as one GPU, each rank
 #   peaking at 55 % of one GPU's memory. Fitting $t = aS^2 + bS$ through two sequence lengths
-#   puts most of the shortfall in the $S^2$ term: each rank's attention runs at 68 % of one
-#   GPU's rate, and the collectives are too small to account for it. Why that attention is
-#   slower is not measured.
+#   puts most of the shortfall in the $S^2$ term (750 of 964 ms): each rank's attention runs at
+#   68 % of one GPU's rate, and the collectives, in the linear term, can account for at most
+#   the other 214. Why that attention is slower is not measured.
 # - A KV cache stores rotated keys. `rope_kv_cache` rotates q and k and writes k and v into
 #   their slots in one launch, contiguous (`[b, p]`) or paged
 #   (`[block_table[b, p // BS], p % BS]`), with exactly the bits of RoPE-then-write, and

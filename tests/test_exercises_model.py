@@ -45,12 +45,20 @@ def test_the_share_cases_have_the_answers_they_are_built_for():
     (events, names), (rope, step, share) = cases["one RoPE kernel, launched 4 times"]
     assert rope == 3.25 + 3.5 + 3.75 + 4.0 and step == sum(us for _, us in events)
     assert share == rope / step
-    (events, names), (rope, _, _) = cases["RoPE split over 3 kernels, named inside longer names"]
-    assert rope == 5.5 + 2.75 + 6.25 and not any(name in names for name, _ in events)
+    (events, names), (rope, _, _) = cases[
+        "another library's RoPE kernel, named inside a longer name"]
+    assert rope == 2.75 + 3.0 and not any(name in names for name, _ in events)
     assert cases["a kernel that two of the substrings name"][1] == \
         cases["one RoPE kernel, launched 4 times"][1]
     (events, _), (rope, step, share) = cases["no kernel named after RoPE"]
     assert rope == 0.0 and share == 0.0 and step == sum(us for _, us in events)
+    # torch.compile names its fused RoPE after the operations it fuses, as the compile log records
+    (events, _), (rope, step, share) = cases[
+        "a compiled model: RoPE fused into a kernel named after its operations"]
+    assert rope == 0.0 and share == 0.0 and step == sum(us for _, us in events)
+    log = (ROOT / "benchmarks" / "results" / "compile_gap-nvidia-h200.log").read_text()
+    fused = {name for name, _ in events if name.startswith("triton_")}
+    assert fused and all(f"inductor {name} " in log for name in fused)
 
 
 def test_the_measured_steps_are_cases_and_say_what_the_notebook_says(tmp_path):
