@@ -55,6 +55,8 @@ device = ropelib.default_device()
 import importlib.util
 import inspect
 import math
+import shutil
+import tempfile
 from pathlib import Path
 
 import matplotlib
@@ -70,6 +72,12 @@ from ropelib.course.model import (GPT, CharDataset, GPTConfig, TEStyleAttention,
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "ropelib").is_dir())
 FIGURES = ropelib.runtime.figures_dir()   # a scratch folder (ROPELIB_WRITE_FIGURES=1: figures/)
+# The committed GPU run's files, copied before any cell runs: the cells that read "the committed
+# run" read these copies, so a run that rewrites figures/ (ROPELIB_WRITE_FIGURES=1) still checks
+# the numbers the text states against the files they came from
+COMMITTED = Path(tempfile.mkdtemp(prefix="ropelib-09-"))
+for name in ("09-loss-curves.csv", "09-rope-share.csv", "09-step-kernels.csv"):
+    shutil.copy(ROOT / "figures" / name, COMMITTED / name)
 ON_GPU = device == "cuda"
 if ON_GPU:
     # ~10.7M parameters: the sizes of nanoGPT's character-level configuration, with rotary
@@ -288,21 +296,21 @@ for name, rope, seed in [("ropelib", "ropelib", 0), ("reference", "reference", 0
 # validation loss stops falling and climbs. A comparison of two RoPE implementations needs the
 # first regime — it is the model we want to train — so the run's length is chosen to end at
 # the turn at the latest, where the validation loss stops falling. The cell checks that it went
-# no further: each run's last validation loss $v_\text{last}$ must be within 0.5 % of its
+# no further: each run's last validation loss $v_\text{last}$ must be within 1 % of its
 # lowest,
 #
 # $$
-# v_\text{last} \le 1.005\, v_\text{min} .
+# v_\text{last} \le 1.01\, v_\text{min} .
 # $$
 #
-# Near a loss of 1.2 nats that allows about 0.006 nats, half the mean distance between the
-# validation curves of two seeds in the committed run (the cell after the figure reads both
-# from its CSV). A run that ends right at the turn may find its lowest point at the last
-# evaluation or at the one before it, and end a little above it; a run that trains on well past
-# the turn fails. How close to the turn it ends, the gap between the two losses says; the cell
-# after the figure reads it for the committed run. (With more data, dropout or a smaller model
-# the turn comes later; stopping earlier is the cheapest fix here, because the step count also
-# sets the run time.)
+# Near a loss of 1.2 nats that allows about 0.012 nats, about the mean distance between the
+# validation curves of two seeds in the committed run; the committed run itself ends within
+# 0.5 %, half that distance (the cell after the figure reads both from its CSV). A run that ends
+# right at the turn may find its lowest point at the last evaluation or at the one before it, and
+# end a little above it; a run that trains on well past the turn fails. How close to the turn it
+# ends, the gap between the two losses says; the cell after the figure reads it for the committed
+# run. (With more data, dropout or a smaller model the turn comes later; stopping earlier is the
+# cheapest fix here, because the step count also sets the run time.)
 
 # %%
 n_passes = STEPS * BATCH * cfg.block_size / len(data.train_data)
@@ -315,7 +323,7 @@ for k, r in runs.items():
     print(f"{k:>18}: val lowest {v[best]:.4f} at step {at[best]}, last {v[-1]:.4f} at step "
           f"{at[-1]} ({100 * (v[-1] / v[best] - 1):.2f} % above); train loss over the last "
           f"{EVAL_EVERY} steps {last_train:.4f}")
-    assert v[-1] <= 1.005 * v[best], (
+    assert v[-1] <= 1.01 * v[best], (
         f"{k}: the validation loss rose from {v[best]:.4f} (step {at[best]}) to {v[-1]:.4f}: "
         "the run trains past the point where it generalises; give it fewer steps")
 
@@ -383,7 +391,7 @@ print("wrote", csv_path)
 # end, and whether its two RoPE implementations passed the same parity check.
 
 # %%
-meta_c, saved_c = read_history_csv(ROOT / "figures" / "09-loss-curves.csv")
+meta_c, saved_c = read_history_csv(COMMITTED / "09-loss-curves.csv")
 assert meta_c["gpu"] not in ("", "none"), "figures/09-loss-curves.csv is not a GPU run"
 print(f"committed figure: {meta_c['gpu']}, {meta_c['steps']} steps of batch {meta_c['batch']}, "
       f"{meta_c['amp_dtype']} (this notebook's run: {STEPS} steps of batch {BATCH})")
@@ -398,7 +406,7 @@ for k, h in saved_c.items():
     print(f"{k:>18}: val lowest {v[best]:.4f} at step {lowest_at_c[k]}, last {v[-1]:.4f} "
           f"({100 * (v[-1] / v[best] - 1):.2f} % above); train loss over the last {every_c} "
           f"steps {sum(tail_c) / len(tail_c):.4f}")
-    assert v[-1] <= 1.005 * v[best]                         # the check of the cell above
+    assert v[-1] <= 1.005 * v[best]                         # within 0.5 % (the live check: 1 %)
 assert all(s == at_c[-1] for s in lowest_at_c.values())     # every run lowest at its end
 best_c = min(range(len(v_c)), key=v_c.__getitem__)
 d_kernel_c = mean_abs_diff(saved_c["ropelib"]["val_loss"], v_c)
@@ -411,6 +419,8 @@ print(f"0.5 % of the reference's lowest validation loss ({v_c[best_c]:.4f}): {al
       f"nats, {allowed_c / d_seed_c:.2f} of d(reference seed 1, reference)")
 assert round(v_c[best_c], 1) == 1.2 and round(allowed_c, 3) == 0.006       # "1.2", "0.006"
 assert round(allowed_c / d_seed_c, 1) == 0.5                                # "half"
+print(f"1 % of it: {2 * allowed_c:.4f} nats, {2 * allowed_c / d_seed_c:.2f} of that distance")
+assert round(2 * allowed_c, 3) == 0.012 and round(2 * allowed_c / d_seed_c, 1) == 1.0   # "about"
 
 # the generalisation gap of the committed run: validation loss minus the training loss averaged
 # over the steps since the previous evaluation (so it lags early on, while the loss falls fast)
@@ -559,7 +569,7 @@ seed_ratio = runs["reference seed 1"]["tokens_per_s"] / runs["reference"]["token
 print(f"ropelib / reference: {speedup:.3f}x; the same reference code, second run / first: "
       f"{seed_ratio:.3f}x" + ("" if ON_GPU else
       "\n(CPU: the kernel runs in Triton's interpreter; these numbers say nothing about a GPU)"))
-meta_speed = read_history_csv(ROOT / "figures" / "09-loss-curves.csv")[0]
+meta_speed = read_history_csv(COMMITTED / "09-loss-curves.csv")[0]
 committed_tps = {k.split(":", 1)[1]: float(v) for k, v in meta_speed.items()
                  if k.startswith("tokens_per_s:")}
 committed_speedup = committed_tps["ropelib"] / committed_tps["reference"]
@@ -716,7 +726,7 @@ if ON_GPU:
 # whatever the host does.
 
 # %%
-SHARE_CSV = ROOT / "figures" / "09-rope-share.csv"
+SHARE_CSV = COMMITTED / "09-rope-share.csv"
 share_meta, share_rows = compare.read_meta(SHARE_CSV), compare.read_csv(SHARE_CSV)
 committed = {r["rope"]: r for r in share_rows}
 # one copy of RoPE's bytes at the H200's 1 GiB copy rate (a copy of 1 GiB reads and writes 2 GiB)
@@ -757,7 +767,7 @@ assert round(busy["ropelib"], 1) == 0.5 and round(busy["reference"], 2) == 0.65 
 # the device events of one step with each RoPE (figures/09-step-kernels.csv): what differs
 from collections import Counter
 from ropelib.course.exercises import in_a_model
-step_meta, real_steps = in_a_model.step_kernels()
+step_meta, real_steps = in_a_model.step_kernels(COMMITTED / "09-step-kernels.csv")
 n_events = {rope: len(events) for rope, events in real_steps.items()}
 kinds = {rope: Counter(name for name, _ in events) for rope, events in real_steps.items()}
 only_ref, only_lib = kinds["reference"] - kinds["ropelib"], kinds["ropelib"] - kinds["reference"]
@@ -816,7 +826,7 @@ if ON_GPU:
     by_range = {rope: s["share"] for rope, s in shares.items()}
     where = f"this run's step on the {torch.cuda.get_device_name()} (the range share: this run)"
 else:
-    step_meta, real_steps = in_a_model.step_kernels()
+    step_meta, real_steps = in_a_model.step_kernels(COMMITTED / "09-step-kernels.csv")
     by_range = {rope: r["share"] for rope, r in committed.items()}
     where = (f"the committed step on the {step_meta['gpu']}, {step_meta['date'][:10]} (the range "
              f"share: figures/09-rope-share.csv, {share_meta['date'][:10]})")
@@ -1182,8 +1192,9 @@ assert exact.flatten()[at].abs() < 0.05 * exact.abs().max()     # at a near canc
 #   gap: both are samples of the same run-to-run noise). The two bf16 runs part within the first
 #   twenty steps.
 # - A small corpus and a large model: the run ends at the turn of the validation loss and
-#   checks that it went no further (its last validation loss within 0.5 % of its lowest); the
-#   gap between training and validation loss widens to 0.29 nats.
+#   checks that it went no further (its last validation loss within 1 % of its lowest, the
+#   committed run's within 0.5 %); the gap between training and validation loss widens to
+#   0.29 nats.
 # - The same model with RoPE inside the QKV projection's GEMM (`rope="ropelib_qkv"`, notebook
 #   12) follows the same curve: to fp32 rounding on the CPU, within seed noise under bf16.
 # - RoPE is memory-bound; in a training step its cost is its bytes. The profiler shows how much

@@ -40,10 +40,10 @@ sequences, each token's index in its sequence, searched in cu_seqlens), loads th
 [BLOCK_S, BLOCK_H, D] tile (two rotary halves and the pass-through part), reduces each row's
 sum of squares in fp32, scales, rotates and stores; the forward loads the next entry's tile
 before it works on this one, so that a tile's loads are in flight while it computes. A whole
-row sits in one program, so the norm needs no second pass and no atomics. In the backward each program also
-sums gu n over every row it handled and writes that [D] partial sum to its own row of a
-[programs, D] fp32 buffer; the host sums the buffer (q's programs for w_q, k's for w_k). The
-reduction order is fixed by the grid, so gw is deterministic.
+row sits in one program, so the norm needs no second pass and no atomics. In the backward each
+program also sums gu n over every row it handled and writes that [D] partial sum to its own row
+of a [programs, D] fp32 buffer; the host sums the buffer (q's programs for w_q, k's for w_k).
+The reduction order is fixed by the grid, so gw is deterministic.
 
 Math is fp32 (fp64 for fp64 inputs) with one rounding at the store. Tables follow ropelib's
 convention (one angle or cos/sin value per feature; see kernels/fused.py), or are Angles' turns,
@@ -197,7 +197,7 @@ def _norm_rope_heads(
     # The forward loads entry b + 1's x before it works on entry b (its first entry's before the
     # table), so a program always has a tile's loads in flight while it reduces, rotates and
     # stores: 0.946 -> 0.966-0.970 of a copy in one H200 A/B, with the program order below
-    # (benchmarks/NOTES.md). Held in x's dtype until used: 121 registers a thread instead of 96.
+    # (benchmarks/NOTES.md). Held in x's dtype until used: 123 registers a thread instead of 96.
     # (The backward, at 168 registers, keeps one entry at a time.)
     PREFETCH: tl.constexpr = not BACKWARD
     if PREFETCH:
