@@ -38,8 +38,10 @@ _OLDER = "the page was rendered from an older version of the notebook; "
 
 # page -> why it is allowed to differ from its notebook for now
 STALE = {stem: _OLDER + _rerender(stem) for stem in (
+    "03-naive-triton-kernel",
     "04-batch-reuse-grid-kernel",
     "05-finished-kernel",
+    "06-backward-pass",
     "07-te-vs-triton-live",
     "08-debugging-allclose",
     "09-rope-in-a-model",
