@@ -30,8 +30,8 @@
 #   Face drop-ins, forward and backward;
 # - find your way through the other notebooks.
 #
-# **Time:** about 25 minutes to read and do the three exercises; the cells run in about 7 s
-# on a CPU (Triton's interpreter).
+# **Time:** about 25 minutes to read and do the three exercises; the cells take seconds, on a
+# GPU and in Triton's interpreter on a CPU alike.
 
 # %% [markdown]
 # Every notebook starts with this cell. It must run **before** `ropelib` is imported: Triton
@@ -41,7 +41,7 @@
 # %%
 import os, torch
 if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")   # before ropelib (and its @triton.jit) is imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")   # before ropelib (and its @triton.jit)
 import ropelib
 device = ropelib.default_device()
 
@@ -94,11 +94,12 @@ assert GPU == ropelib.on_gpu()
 # %% [markdown]
 # ## 2. Interpreter mode: how to switch it on and off
 #
-# | you want | do |
-# |---|---|
-# | the interpreter on a machine without a GPU | nothing: the first cell sets `TRITON_INTERPRET=1` |
-# | the interpreter on a GPU machine (to debug a kernel with `print`) | start with `TRITON_INTERPRET=1 jupyter lab`, or put `os.environ["TRITON_INTERPRET"] = "1"` at the top of the first cell, then **restart the kernel** |
-# | compiled kernels again | remove the variable and **restart the kernel** |
+# - **The interpreter on a machine without a GPU:** nothing to do; the first cell sets
+#   `TRITON_INTERPRET=1`.
+# - **The interpreter on a GPU machine** (to debug a kernel with `print`): start with
+#   `TRITON_INTERPRET=1 jupyter lab`, or put `os.environ["TRITON_INTERPRET"] = "1"` at the top
+#   of the first cell, then **restart the kernel**.
+# - **Compiled kernels again:** remove the variable and **restart the kernel**.
 #
 # Setting the variable after `import ropelib` changes nothing — the kernels were already set up.
 # In interpreter mode the tensors live on the CPU; ropelib refuses a CUDA tensor there, and a
@@ -141,10 +142,23 @@ assert "TRITON_INTERPRET" in refusal                 # and says which setting to
 # %% [markdown]
 # ## 3. The one-minute tour
 #
-# Sizes are small in the interpreter (each kernel program is simulated in Python) and realistic
-# on a GPU. RoPE needs an **angle table** — `ropelib.frequencies` builds it the way Transformer
-# Engine does, `[positions, 1, 1, rotary_dim]` in fp32 — and the tensor to rotate, here in
-# `sbhd` = `[seq, batch, heads, head_dim]`.
+# RoPE turns each pair of features of a query or key at position $m$ by an angle that grows
+# with $m$. With the rotate-half pairing (GPT-NeoX, Llama, Transformer Engine) feature $j$ turns
+# with feature $j + D/2$, for $j < D/2$:
+#
+# $$
+# \begin{aligned}
+# y_j &= x_j \cos\theta_{m,j} - x_{j+D/2} \sin\theta_{m,j}, \\
+# y_{j+D/2} &= x_{j+D/2} \cos\theta_{m,j} + x_j \sin\theta_{m,j},
+# \end{aligned}
+# \qquad \theta_{m,j} = m\, b^{-2j/D},\ b = 10000 .
+# $$
+#
+# RoPE therefore needs an **angle table** of the $\theta_{m,j}$ — `ropelib.frequencies` builds
+# it the way Transformer Engine does, `[positions, 1, 1, rotary_dim]` in fp32, each angle
+# written twice (for $j$ and $j + D/2$) — and the tensor to rotate, here in `sbhd` =
+# `[seq, batch, heads, head_dim]`. Sizes are small in the interpreter (each kernel program is
+# simulated in Python) and realistic on a GPU; change them, or the dtype, and rerun.
 
 # %%
 from ropelib import frequencies, reference
@@ -158,7 +172,8 @@ x = torch.randn(S, B, H, D, device=device, dtype=dtype)            # [S, B, H, D
 
 y = ropelib.apply_rope(x, freqs)                                    # the finished Triton kernel
 torch.testing.assert_close(y, reference.rope_reference(x, freqs))   # fp64 reference, rounded once
-print("apply_rope:", tuple(x.shape), x.dtype, "->", tuple(y.shape), y.dtype, "| matches the reference")
+print("apply_rope:", tuple(x.shape), x.dtype, "->", tuple(y.shape), y.dtype,
+      "| matches the reference")
 
 # %% [markdown]
 # The same call covers the other layouts and features, by keyword: `layout="bshd"` or `"thd"`
@@ -168,8 +183,9 @@ print("apply_rope:", tuple(x.shape), x.dtype, "->", tuple(y.shape), y.dtype, "| 
 # partial rotary, position offsets and context parallelism, notebook 01 through the two
 # pairings; `docs/API.md` describes every keyword.
 #
-# It is differentiable. The backward of a rotation by $\theta$ is the rotation by $-\theta$
-# (notebook 06 derives it), and the same kernel computes it:
+# It is differentiable. A rotation is orthogonal, $R(\theta)^{\top} = R(-\theta)$, so the
+# backward of a rotation by $\theta$ is the rotation by $-\theta$ (notebook 06 derives it), and
+# the same kernel computes it:
 
 # %%
 x.requires_grad_(True)
@@ -200,9 +216,9 @@ print("RotaryEmbedding:", tuple(q_rot.shape), tuple(k_rot.shape))
 # ### Drop-ins: swap one import
 #
 # `ropelib.te.apply_rotary_pos_emb` has Transformer Engine 2.x's signature and defaults;
-# `fused=True` runs ropelib's kernel, `fused=False` the plain PyTorch path. `ropelib.hf.apply_rotary_pos_emb`
-# is Hugging Face's function (queries and keys `[B, H, S, D]`, a cos/sin cache
-# `[B, S, D]`).
+# `fused=True` runs ropelib's kernel, `fused=False` the plain PyTorch path.
+# `ropelib.hf.apply_rotary_pos_emb` is Hugging Face's function (queries and keys
+# `[B, H, S, D]`, a cos/sin cache `[B, S, D]`).
 
 # %%
 from ropelib import hf as rope_hf
@@ -228,38 +244,71 @@ cos, sin = frequencies.rope_cos_sin(S, D, dtype=dtype, device=device)      # [S,
 q_bhsd, k_bhsd = q.transpose(1, 2), k.transpose(1, 2)                      # [B, H, S, D]
 q_hf, k_hf = rope_hf.apply_rotary_pos_emb(q_bhsd, k_bhsd, cos[None], sin[None])
 # HF's formula, q * cos + rotate_half(q) * sin, in fp32 and rounded once:
-expected_q = (q_bhsd.float() * cos.float() + reference.rotate_half(q_bhsd.float()) * sin.float()).to(dtype)
+qf = q_bhsd.float()
+expected_q = (qf * cos.float() + reference.rotate_half(qf) * sin.float()).to(dtype)
 torch.testing.assert_close(q_hf, expected_q)
 print("HF drop-in:", tuple(q_hf.shape), tuple(k_hf.shape))
 
 # %% [markdown]
 # The two TE paths differ by at most two bf16 ulps, where an ulp is the gap between neighbouring
 # bf16 numbers at the largest value of the head vector (the cell asserts the bound). That is the
-# fair unit here: an output near zero is what is left when $x_a\cos - x_b\sin$ cancels values
-# as large as the head's largest, and counted in its own, much finer ulps the same absolute
-# difference comes out more than ten times larger (the TE line prints it last; asserted too).
-# Notebook 08 shows how this difference makes `torch.allclose` fail between two correct
-# implementations.
+# fair unit here: an output near zero is what is left when
+# $x_j\cos\theta - x_{j+D/2}\sin\theta$ cancels values as large as the head's largest, and
+# counted in its own, much finer ulps the same absolute difference comes out more than ten times
+# larger (the TE line prints it last; asserted too). Notebook 08 shows how this difference makes
+# `torch.allclose` fail between two correct implementations.
 
 # %% [markdown]
 # ## 4. Where to go next
 #
-# | notebook | you learn |
-# |---|---|
-# | [00 — Setup and a one-minute tour of `ropelib`](00-setup-and-tour.ipynb) | what is installed, GPU or interpreter mode, the API in one minute (this notebook) |
-# | [01 — The RoFormer math: rotations that encode relative position](01-roformer-math.ipynb) | rotations, $R_m$, the complex view, relative positions, spectrum, long-term decay, the two pairings |
-# | [02 — The PyTorch reference, the layouts, and why unfused RoPE is slow](02-pytorch-reference-and-layouts.ipynb) | sbhd/bshd/thd, TE vs HF tables, partial rotary, offsets, context parallel, why unfused is slow |
-# | [03 — A naive Triton kernel for RoPE](03-naive-triton-kernel.ipynb) | programs, grids, masks, tiles, memory accesses, debugging in the interpreter |
-# | [04 — The batch-reusing grid kernel](04-batch-reuse-grid-kernel.ipynb) | reusing cos/sin across the batch, a bytes model, GB/s against a copy |
-# | [05 — The finished kernel, one idea at a time](05-finished-kernel.ipynb) | bytes in flight → the tile, a ladder of kernels up to ropelib's, the compiled layout, the two-pass route for large tensors, the order loads go out in the SASS, three kernels of your own |
-# | [06 — The backward pass](06-backward-pass.ipynb) | rotation by $-\theta$, one kernel for both directions, `autograd.Function`, gradcheck, stride-0 gradients |
-# | [07 — Transformer Engine vs Triton, live](07-te-vs-triton-live.ipynb) | every provider on the same inputs, ulps, % of a copy, the dashboard, fixed cost vs bandwidth, your own copy-and-rotate kernel in the race |
-# | [08 — Debugging the `allclose` that failed](08-debugging-allclose.ipynb) | why two correct kernels fail `torch.allclose`, tolerances in ulps, layout traps |
-# | [09 — ropelib inside a real model: training parity, speed, and drop-in use](09-rope-in-a-model.ipynb) | a small GPT trained with and without ropelib, tokens/s, the Hugging Face and TE drop-ins |
-# | [10 — Multi-axis RoPE: M-RoPE for images and video, 2-D and 3-D axial RoPE](10-multi-axis-rope.ipynb) | Qwen2-VL / Qwen3-VL sections, image and video positions, axial RoPE |
-# | [11 — RoPE at scale: context parallelism, and decoding with the fused cache write](11-rope-at-scale.ipynb) | the dual-chunk split, RoPE at global positions, RoPE fused into the KV-cache write (contiguous, paged, fp8) |
-# | [12 — RoPE in the QKV projection: a GEMM epilogue, and a prologue for the backward](12-rope-in-the-qkv-projection.ipynb) | RoPE fused into the QKV projection's GEMM: the epilogue, the backward's prologue, what fusing saves at most and what it costs today |
-# | [13 — RoPE puzzles](13-rope-puzzles.ipynb) | eleven short kernels to write or repair, each from a bug real RoPE kernels shipped with |
+# - [00 — Setup and a one-minute tour of `ropelib`](00-setup-and-tour.ipynb) (this notebook): what
+#   is installed, compiled or interpreter mode, the API in one minute.
+# - [01 — The RoFormer math: rotations that encode relative position](01-roformer-math.ipynb): the
+#   2-D rotation and $R_m$, the complex view, scores that depend only on $m - n$, the frequency
+#   spectrum and the context-extension scalings, long-term decay, the two pairings.
+# - [02 — The PyTorch reference, the layouts, and why unfused RoPE is slow](02-pytorch-reference-and-layouts.ipynb):
+#   `sbhd` / `bshd` / `thd`, TE's angles vs HF's cos/sin cache, partial rotary, position offsets,
+#   context-parallel positions, and the kernels and bytes of the unfused version.
+# - [03 — A naive Triton kernel for RoPE](03-naive-triton-kernel.ipynb): programs and grids, masks
+#   and strides, `BLOCK_SIZE` vs `num_warps`, the 32-byte sectors a launch touches, debugging in the
+#   interpreter, checking against the reference.
+# - [04 — The batch-reusing grid kernel](04-batch-reuse-grid-kernel.ipynb): a grid that reuses
+#   cos/sin across the batch, a bytes-moved model, GB/s and % of a copy, an ablation.
+# - [05 — The finished kernel, one idea at a time](05-finished-kernel.ipynb): the tile sized by
+#   Little's law, a ladder of kernels up to ropelib's, the layout Triton gives a tile, the two-pass
+#   route for large tensors, load order in the SASS, three kernels of your own.
+# - [06 — The backward pass](06-backward-pass.ipynb): rotation by $-\theta$, one kernel for both
+#   directions, `autograd.Function`, `gradcheck` in float64, stride-0 gradients.
+# - [07 — Transformer Engine vs Triton, live](07-te-vs-triton-live.ipynb): every provider on the
+#   same inputs, errors in ulps, % of a copy, the dashboard, the sweeps, fixed cost vs bandwidth,
+#   your own copy-and-rotate kernel in the race.
+# - [08 — Debugging the `allclose` that failed](08-debugging-allclose.ipynb): why two correct
+#   kernels fail `torch.allclose`, tolerances and ulps, matching TE bit for bit, six layout traps.
+# - [09 — ropelib inside a real model: training parity, speed, and drop-in use](09-rope-in-a-model.ipynb):
+#   a small GPT trained with and without ropelib, tokens/s and RoPE's share of a step, decoding
+#   with a KV cache, the Hugging Face and TE drop-ins.
+# - [10 — Multi-axis RoPE: M-RoPE for images and video, 2-D and 3-D axial RoPE](10-multi-axis-rope.ipynb):
+#   Qwen2-VL / Qwen3-VL sections, image and video positions, axial RoPE, a multi-axis kernel of
+#   your own that forms each token's angles once.
+# - [11 — RoPE at scale: context parallelism, and decoding with the fused cache write](11-rope-at-scale.ipynb):
+#   the dual-chunk split, RoPE at global positions, two-process training, RoPE fused into the
+#   KV-cache write (contiguous, paged, fp8), written by you.
+# - [12 — RoPE in the QKV projection: a GEMM epilogue, and a prologue for the backward](12-rope-in-the-qkv-projection.ipynb):
+#   what fusing can save at most, the epilogue and the backward's prologue written by you, and
+#   what the fused kernel costs as measured.
+# - [13 — RoPE puzzles](13-rope-puzzles.ipynb): eleven short kernels to write or repair, each from
+#   a bug real RoPE kernels shipped with, checked at once in the interpreter.
+
+# %%
+from pathlib import Path
+
+notebooks = Path(ropelib.__file__).resolve().parents[1] / "notebooks"   # the checkout's copy
+if (notebooks / "13-rope-puzzles.py").is_file():
+    puzzles = (notebooks / "13-rope-puzzles.py").read_text(encoding="utf-8").count("# ## Puzzle ")
+    assert puzzles == 11, puzzles                        # "eleven short kernels"
+    print(f"notebook 13 has {puzzles} puzzles")
+else:
+    print("ropelib is installed without its notebooks/ folder: nothing to count")
 
 # %% [markdown]
 # ## Exercises

@@ -214,7 +214,7 @@ def test_notebook_00_roadmap_lists_every_notebook_by_its_title():
     # each notebook, linked, under the title its first heading gives it; nothing else
     roadmap = (ROOT / "notebooks" / "00-setup-and-tour.py").read_text(encoding="utf-8")
     roadmap = roadmap[roadmap.index("## 4. Where to go next"):roadmap.index("## Exercises")]
-    listed = re.findall(r"^# \| \[(\d\d) — ([^]]+)\]\((\d\d-[a-z0-9-]+)\.ipynb\)", roadmap, re.M)
+    listed = re.findall(r"^# - \[(\d\d) — ([^]]+)\]\((\d\d-[a-z0-9-]+)\.ipynb\)", roadmap, re.M)
     want = []
     for py in sorted((ROOT / "notebooks").glob("[0-9][0-9]-*.py")):
         heading = next(line for line in py.read_text(encoding="utf-8").splitlines()
