@@ -217,8 +217,7 @@ def _norm_rope_heads(
             rows, valid = _rows_of_table(s_idx, bb, S, P, pos_ptr, N_SEQ, POSITIONS)
             c_a, s_a, c_b, s_b = table_cos_sin(cos_ptr, sin_ptr, rows, valid, bb, stride_tab_b,
                                                R, d_a, d_b, tab_mask, CDT, HALF, True)
-        xr = x_ptr + (x_rows + bb * stride_x_b)[:, :, None]   # [BLOCK_S, BLOCK_H, 1]
-        yr = (y_rows + bb * st_y_b)[:, :, None]
+        yr = (y_rows + bb * st_y_b)[:, :, None]               # [BLOCK_S, BLOCK_H, 1]
         orow = out_ptr + yr
         if PREFETCH:
             x_a = xn_a.to(CDT)
@@ -228,10 +227,12 @@ def _norm_rope_heads(
             xn_a, xn_b, xn_p = _load_x(x_ptr, x_rows, b + 1, b_hi, stride_x_b, d_a, d_b, e, m,
                                        mp, BLOCK_S, BLOCK_H, BLOCK_PASS, INT64)
         else:
-            x_a = tl.load(xr + d_a[None, None, :], mask=m, other=0.0).to(CDT)
-            x_b = tl.load(xr + d_b[None, None, :], mask=m, other=0.0).to(CDT)
+            x_a, x_b, x_p = _load_x(x_ptr, x_rows, b, b_hi, stride_x_b, d_a, d_b, e, m, mp,
+                                    BLOCK_S, BLOCK_H, BLOCK_PASS, INT64)
+            x_a = x_a.to(CDT)
+            x_b = x_b.to(CDT)
             if BLOCK_PASS > 0:
-                x_p = tl.load(xr + e[None, None, :], mask=mp, other=0.0).to(CDT)
+                x_p = x_p.to(CDT)
         ss = tl.sum(x_a * x_a, axis=2) + tl.sum(x_b * x_b, axis=2)          # [BLOCK_S, BLOCK_H]
         if BLOCK_PASS > 0:
             ss += tl.sum(x_p * x_p, axis=2)
