@@ -55,8 +55,6 @@ device = ropelib.default_device()
 import importlib.util
 import inspect
 import math
-import shutil
-import tempfile
 from pathlib import Path
 
 import matplotlib
@@ -69,15 +67,18 @@ from ropelib.frequencies import rope_freqs
 from ropelib.course.model import (GPT, CharDataset, GPTConfig, TEStyleAttention, _Rotary, build,
                            plot_loss_curves, read_history_csv, rope_time_share, sample, train,
                            write_history_csv)
+from ropelib.course.exercises import in_a_model
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "ropelib").is_dir())
 FIGURES = ropelib.runtime.figures_dir()   # a scratch folder (ROPELIB_WRITE_FIGURES=1: figures/)
-# The committed GPU run's files, copied before any cell runs: the cells that read "the committed
-# run" read these copies, so a run that rewrites figures/ (ROPELIB_WRITE_FIGURES=1) still checks
-# the numbers the text states against the files they came from
-COMMITTED = Path(tempfile.mkdtemp(prefix="ropelib-09-"))
-for name in ("09-loss-curves.csv", "09-rope-share.csv", "09-step-kernels.csv"):
-    shutil.copy(ROOT / "figures" / name, COMMITTED / name)
+# The committed GPU run, read before any cell runs: a run that rewrites figures/
+# (ROPELIB_WRITE_FIGURES=1) still checks the numbers the text states against the files they
+# came from. Loss curves: (meta, {run: history}); share: (meta, rows); one step's kernels:
+# (meta, {rope: [(kernel, µs), ...]})
+COMMITTED_CURVES = read_history_csv(ROOT / "figures" / "09-loss-curves.csv")
+SHARE_CSV = ROOT / "figures" / "09-rope-share.csv"
+COMMITTED_SHARE = compare.read_meta(SHARE_CSV), compare.read_csv(SHARE_CSV)
+COMMITTED_STEPS = in_a_model.step_kernels(ROOT / "figures" / "09-step-kernels.csv")
 ON_GPU = device == "cuda"
 if ON_GPU:
     # ~10.7M parameters: the sizes of nanoGPT's character-level configuration, with rotary
@@ -391,7 +392,7 @@ print("wrote", csv_path)
 # end, and whether its two RoPE implementations passed the same parity check.
 
 # %%
-meta_c, saved_c = read_history_csv(COMMITTED / "09-loss-curves.csv")
+meta_c, saved_c = COMMITTED_CURVES
 assert meta_c["gpu"] not in ("", "none"), "figures/09-loss-curves.csv is not a GPU run"
 print(f"committed figure: {meta_c['gpu']}, {meta_c['steps']} steps of batch {meta_c['batch']}, "
       f"{meta_c['amp_dtype']} (this notebook's run: {STEPS} steps of batch {BATCH})")
@@ -569,7 +570,7 @@ seed_ratio = runs["reference seed 1"]["tokens_per_s"] / runs["reference"]["token
 print(f"ropelib / reference: {speedup:.3f}x; the same reference code, second run / first: "
       f"{seed_ratio:.3f}x" + ("" if ON_GPU else
       "\n(CPU: the kernel runs in Triton's interpreter; these numbers say nothing about a GPU)"))
-meta_speed = read_history_csv(COMMITTED / "09-loss-curves.csv")[0]
+meta_speed = COMMITTED_CURVES[0]
 committed_tps = {k.split(":", 1)[1]: float(v) for k, v in meta_speed.items()
                  if k.startswith("tokens_per_s:")}
 committed_speedup = committed_tps["ropelib"] / committed_tps["reference"]
@@ -726,8 +727,7 @@ if ON_GPU:
 # whatever the host does.
 
 # %%
-SHARE_CSV = COMMITTED / "09-rope-share.csv"
-share_meta, share_rows = compare.read_meta(SHARE_CSV), compare.read_csv(SHARE_CSV)
+share_meta, share_rows = COMMITTED_SHARE
 committed = {r["rope"]: r for r in share_rows}
 # one copy of RoPE's bytes at the H200's 1 GiB copy rate (a copy of 1 GiB reads and writes 2 GiB)
 from ropelib.course import measured
@@ -767,7 +767,7 @@ assert round(busy["ropelib"], 1) == 0.5 and round(busy["reference"], 2) == 0.65 
 # the device events of one step with each RoPE (figures/09-step-kernels.csv): what differs
 from collections import Counter
 from ropelib.course.exercises import in_a_model
-step_meta, real_steps = in_a_model.step_kernels(COMMITTED / "09-step-kernels.csv")
+step_meta, real_steps = COMMITTED_STEPS
 n_events = {rope: len(events) for rope, events in real_steps.items()}
 kinds = {rope: Counter(name for name, _ in events) for rope, events in real_steps.items()}
 only_ref, only_lib = kinds["reference"] - kinds["ropelib"], kinds["ropelib"] - kinds["reference"]
@@ -826,7 +826,7 @@ if ON_GPU:
     by_range = {rope: s["share"] for rope, s in shares.items()}
     where = f"this run's step on the {torch.cuda.get_device_name()} (the range share: this run)"
 else:
-    step_meta, real_steps = in_a_model.step_kernels(COMMITTED / "09-step-kernels.csv")
+    step_meta, real_steps = COMMITTED_STEPS
     by_range = {rope: r["share"] for rope, r in committed.items()}
     where = (f"the committed step on the {step_meta['gpu']}, {step_meta['date'][:10]} (the range "
              f"share: figures/09-rope-share.csv, {share_meta['date'][:10]})")
