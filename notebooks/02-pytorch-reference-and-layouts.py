@@ -409,7 +409,7 @@ reference.te_unfused(xp, fp), ropelib.apply_rope(xp, fp)          # warm up (com
 launched = {}
 for name, fn in {"TE unfused": lambda: reference.te_unfused(xp, fp),
                  "ropelib.apply_rope": lambda: ropelib.apply_rope(xp, fp)}.items():
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, acc_events=True) as prof:
         fn()
         if GPU:
             torch.cuda.synchronize()
@@ -516,7 +516,7 @@ if GPU:
         for _ in range(2):
             fn()
         torch.cuda.synchronize()
-        with profile(activities=activities) as prof:
+        with profile(activities=activities, acc_events=True) as prof:
             for _ in range(repeats):
                 fn()
             torch.cuda.synchronize()

@@ -702,7 +702,7 @@ def rope_time_share(model: GPT, data: CharDataset, *, batch_size: int, steps: in
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
     if on_cuda:
         torch.cuda.synchronize(device)
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, acc_events=True) as prof:
         for _ in range(steps):
             with torch.profiler.record_function("train_step"):
                 step()
@@ -710,7 +710,7 @@ def rope_time_share(model: GPT, data: CharDataset, *, batch_size: int, steps: in
             torch.cuda.synchronize(device)
     step_events = None
     if on_cuda:     # one more step alone: its device events, in order
-        with profile(activities=activities) as one:
+        with profile(activities=activities, acc_events=True) as one:
             step()
             torch.cuda.synchronize(device)
         found = [e for e in one.events() if e.device_type == torch.autograd.DeviceType.CUDA
