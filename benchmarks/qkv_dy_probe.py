@@ -38,6 +38,7 @@ import qkv_rope_bench as bench  # noqa: E402  (it puts the checkout on sys.path)
 
 import ropelib  # noqa: E402
 from ropelib import qkv_linear, runtime  # noqa: E402
+from ropelib.bench import compare  # noqa: E402
 
 
 class _DYTriton(torch.autograd.Function):
@@ -103,19 +104,10 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=1,
                     help="time every provider once a round, this many rounds: a provider's ms "
                          "is its median, its ratio the median of the rounds' unfused ms / ms")
-    ap.add_argument("--order", choices=("fixed", "shuffled"), default="shuffled",
-                    help="the providers' order in each round: a new one every round (round r "
-                         "shuffled with seed r; the default since 2026-12-01 08:00), or as "
-                         "listed (every run before): in a fixed order a provider always follows "
-                         "the same one, which moved qkv_forward_ab.py's variants by up to 10 %%")
-    ap.add_argument("--seed", type=int, default=0,
-                    help="shuffled rounds: runs with the same seed visit the same orders; give "
-                         "another for an independent run (recorded in the CSV's header)")
+    compare.add_round_order_arguments(ap)
     ap.add_argument("--out", default=None, help="CSV of the rounds' medians (GPU)")
     a = ap.parse_args(argv)
-    from ropelib.bench import compare
-    compare.ROUNDS_SEED = a.seed
-    compare.ROUNDS_ORDER = a.order             # (round_order's default, and the CSV's header)
+    compare.use_round_order(a)          # (round_order's default, and the CSV's header)
     device = runtime.default_device()
     if not a.dry_run and device != "cuda":
         raise SystemExit("timing needs a CUDA GPU; use --dry-run on the CPU")

@@ -63,6 +63,7 @@ import qkv_rope_bench as bench  # noqa: E402
 
 import ropelib  # noqa: E402
 from ropelib import qkv_linear, runtime  # noqa: E402
+from ropelib.bench import compare  # noqa: E402
 from ropelib.kernels import qkv_gemm  # noqa: E402
 
 SHAPE = dict(hidden=4096, HQ=32, HK=8, D=128)        # Llama-3-8B's projection
@@ -137,23 +138,11 @@ def variants(tokens: int, norm: bool, hidden: int, HQ: int, HK: int, D: int,
                 cu_seqlens=packed, q_norm_weight=nq, k_norm_weight=nk)}
 
 
-def wall_clock_ms(fn) -> float:
-    """One call's wall-clock time (the dry run's stand-in for do_bench)."""
-    import time
-    start = time.perf_counter()
-    fn()
-    return (time.perf_counter() - start) * 1e3
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, nargs="+", default=[8192, 32768])
     ap.add_argument("--rounds", type=int, default=7)
-    ap.add_argument("--order", choices=("fixed", "shuffled"), default="shuffled",
-                    help="the variants' order in each round (see the docstring)")
-    ap.add_argument("--seed", type=int, default=0,
-                    help="shuffled rounds: runs with the same seed visit the same orders; give "
-                         "another for an independent run (recorded in the CSV's header)")
+    compare.add_round_order_arguments(ap, what="variants")
     ap.add_argument("--dry-run", action="store_true",
                     help="tiny shapes in the interpreter (CPU): every variant built and checked, "
                          "times by the wall clock, which say nothing about a GPU")
@@ -164,14 +153,13 @@ def main(argv=None) -> int:
         raise SystemExit("timing needs a CUDA GPU; use --dry-run on the CPU")
     shape = DRY_SHAPE if args.dry_run else SHAPE
     tokens_list = [24] if args.dry_run else args.tokens
-    time_ms = wall_clock_ms if args.dry_run else triton.testing.do_bench
+    time_ms = (lambda fn: compare.wall_clock(fn, reps=1, warmup=0)[0]) if args.dry_run \
+        else triton.testing.do_bench
     # the variants' outputs: the same bits on a GPU (bf16, rounded once); in the interpreter's
     # fp32 the two main loops sum their products in different orders
     same = torch.equal if device == "cuda" else (
         lambda a, b: torch.allclose(a, b, rtol=1e-5, atol=1e-5))
-    from ropelib.bench import compare
-    compare.ROUNDS_SEED = args.seed
-    compare.ROUNDS_ORDER = args.order          # (round_order's default, and the CSV's header)
+    compare.use_round_order(args)       # (round_order's default, and the CSV's header)
     rows = []
     for tokens in tokens_list:
         for norm in (False, True):

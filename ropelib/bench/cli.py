@@ -49,12 +49,8 @@ def main(argv=None) -> int:
     ap.add_argument("--summary-all", action="store_true",
                     help="summary table with every provider (default: ropelib, te_fused, "
                          "torch.compile)")
-    ap.add_argument("--rounds-order", choices=("fixed", "shuffled"), default="fixed",
-                    help="the providers' order in each round of forward+backward timings: as "
-                         "listed (default), or a new order every round (recorded in the CSV)")
-    ap.add_argument("--rounds-seed", type=int, default=0,
-                    help="shuffled rounds: runs with the same seed visit the same orders; "
-                         "give another for an independent run (recorded in the CSV)")
+    compare.add_round_order_arguments(ap, prefix="rounds-", default="fixed",
+                                      what="forward+backward timings")
     ap.add_argument("--list", action="store_true", help="list the cases and exit")
     ap.add_argument("--reserve-gib", type=float, default=16.0,
                     help="GPU: fill PyTorch's caching allocator with this many GiB before the "
@@ -62,8 +58,7 @@ def main(argv=None) -> int:
                          "while it is timed, as in a training process past its first steps "
                          "(0: off; benchmarks/NOTES.md, version 10)")
     args = ap.parse_args(argv)
-    compare.ROUNDS_ORDER = args.rounds_order
-    compare.ROUNDS_SEED = args.rounds_seed
+    compare.use_round_order(args, prefix="rounds-")
 
     if args.suite == "floor":
         return _floor_main(ap, args)

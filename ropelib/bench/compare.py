@@ -554,8 +554,9 @@ def sync(device) -> None:
         torch.cuda.synchronize()
 
 
-def _wall_bench(fn, reps=3, warmup=1):
-    """Median, 20th and 80th percentile wall-clock ms of fn(); for the CPU interpreter only."""
+def wall_clock(fn, reps=3, warmup=1) -> tuple:
+    """(median, 20th, 80th percentile) wall-clock ms of fn() over `reps` calls after `warmup`;
+    for the CPU interpreter, where the numbers say nothing about a GPU."""
     for _ in range(warmup):
         fn()
     ts = []
@@ -576,7 +577,7 @@ def time_ms(fn, device, grad_to_none=None) -> tuple:
         import triton.testing
         return tuple(triton.testing.do_bench(fn, quantiles=[0.5, 0.2, 0.8],
                                              grad_to_none=grad_to_none))
-    return _wall_bench(fn)
+    return wall_clock(fn)
 
 
 def time_in_rounds(steps: dict, device, rounds: Optional[int] = None) -> dict:
@@ -637,6 +638,30 @@ def round_order(names: list, r: int, order: Optional[str] = None,
         import random
         random.Random(r + 1_000_003 * seed).shuffle(got)
     return got
+
+
+def add_round_order_arguments(ap, *, prefix: str = "", default: str = "shuffled",
+                              what: str = "providers") -> None:
+    """Add the two options that choose the order of timing rounds to an argparse parser:
+    ``--{prefix}order`` (fixed or shuffled, see :func:`round_order`) and ``--{prefix}seed``;
+    :func:`use_round_order` applies what was parsed."""
+    ap.add_argument(f"--{prefix}order", choices=("fixed", "shuffled"), default=default,
+                    help=f"the {what}' order in each round: as listed (fixed), or a new one "
+                         "every round (shuffled; round r by a generator seeded from r and the "
+                         "seed): in a fixed order one always runs right after the same other, "
+                         "which moved qkv_forward_ab.py's variants by up to 10 %% "
+                         f"(default {default}; recorded in the CSV's header)")
+    ap.add_argument(f"--{prefix}seed", type=int, default=0,
+                    help="shuffled rounds: runs with the same seed visit the same orders; "
+                         "give another for an independent run (recorded in the CSV's header)")
+
+
+def use_round_order(args, *, prefix: str = "") -> None:
+    """Make the parsed ``--{prefix}order`` and ``--{prefix}seed`` the defaults of
+    :func:`round_order` (and what the CSV's header records)."""
+    global ROUNDS_ORDER, ROUNDS_SEED
+    attr = prefix.replace("-", "_")
+    ROUNDS_ORDER, ROUNDS_SEED = getattr(args, attr + "order"), getattr(args, attr + "seed")
 
 
 def time_rows_in_rounds(rows: list, steps: dict, device) -> list:
