@@ -31,12 +31,13 @@
 # - reproduce the long-term decay of the paper's Figure 2 and say exactly what it bounds: the
 #   expected score of independent random $q, k$ is 0 at every distance;
 # - turn the interleaved pairing (GPT-J, RoFormer) into the rotate-half pairing (GPT-NeoX,
-#   Llama, Transformer Engine) with a permutation.
+#   Hugging Face's Llama, Transformer Engine) with a permutation.
 #
-# Nothing here needs a GPU: it is plain PyTorch in float64.
+# Nothing here needs a GPU: it is plain PyTorch in float64 (only section 7 uses ropelib's
+# angle tables, which are float32, as Transformer Engine's are).
 #
-# **Time:** about 60 minutes to read and do the four exercises; the cells run in about 6 s on
-# a CPU.
+# **Time:** about 60 minutes to read and do the four exercises; the cells run in a few seconds
+# on a CPU.
 
 # %%
 import os, torch
@@ -90,10 +91,10 @@ assert torch.allclose(rot2(a) @ rot2(b), rot2(a + b))                  # angles 
 assert torch.allclose(rot2(a).T, rot2(-a))                             # transpose = inverse
 
 theta = 0.5
-q = torch.tensor([1.0, 0.25], dtype=f64)
+q2 = torch.tensor([1.0, 0.25], dtype=f64)
 fig, ax = plt.subplots(figsize=(4.2, 4.2))
 for m in range(6):
-    v = rot2(m * theta) @ q
+    v = rot2(m * theta) @ q2
     ax.annotate("", xy=v.tolist(), xytext=(0, 0),
                 arrowprops=dict(arrowstyle="->", color=plt.cm.viridis(m / 6), lw=2))
     ax.text(*(1.12 * v).tolist(), f"m={m}", ha="center", va="center", fontsize=9)
@@ -126,20 +127,24 @@ plt.show()
 # adds (eq. 34):
 #
 # $$
-# R_m x = x \odot \cos(m\boldsymbol\theta) + \mathrm{rotate\_half}(x) \odot \sin(m\boldsymbol\theta),
-# \qquad \mathrm{rotate\_half}(x) = (-x_1, x_0, -x_3, x_2, \dots),
+# R_m x = x \odot \cos(m\boldsymbol\theta)
+#   + \mathrm{rotate\_pairs}(x) \odot \sin(m\boldsymbol\theta),
+# \qquad \mathrm{rotate\_pairs}(x) = (-x_1, x_0, -x_3, x_2, \dots),
 # $$
 #
 # where $\boldsymbol\theta = (\theta_0,\theta_0,\theta_1,\theta_1,\dots)$ holds one angle per
-# feature. That is exactly `ropelib.reference.apply_rope_ref(..., interleaved=True)`.
+# feature. That is exactly `ropelib.reference.apply_rope_ref(..., interleaved=True)`. Code calls
+# $\mathrm{rotate\_pairs}$ `rotate_half(x, interleaved=True)`: section 7 meets the other
+# pairing, whose `rotate_half` swaps the two halves of $x$.
 #
 # A linear map's matrix is its action on the basis vectors: column $i$ of $R_m$ is $R_m e_i$.
 # So we can *read* $R_m$ off the reference implementation and check that it is block-diagonal.
 
 # %%
 d = 8
-inv = frequencies.inv_freq(d).double()          # theta_j = 10000^(-2j/d): [1, 0.1, 0.01, 0.001]
+inv = frequencies.inv_freq(d, dtype=f64)        # theta_j = 10000^(-2j/d): [1, 0.1, 0.01, 0.001]
 print("theta_j =", inv.tolist())
+assert torch.allclose(inv, torch.tensor([1, 0.1, 0.01, 0.001], dtype=f64), rtol=1e-12, atol=0)
 
 def R_from_reference(m, inv):
     """R_m read off the elementwise reference: column i is the RoPE of e_i."""
@@ -162,10 +167,11 @@ fig.savefig(FIGURES / "01-block-diagonal.png", dpi=120)
 plt.show()
 
 # %% [markdown]
-# ![R_3 is block-diagonal: four 2x2 rotations turning at 1, 0.1, 0.01 and 0.001 rad per position](../figures/01-block-diagonal.png)
+# ![R_3 is block-diagonal: four 2x2 rotations](../figures/01-block-diagonal.png)
 #
-# The first block turns a full radian per position, the last only a thousandth: the pairs act
-# like the hands of a clock, from seconds to hours.
+# The four pairs turn at 1, 0.1, 0.01 and 0.001 radians per position (the $\theta_j$ printed
+# above): the first a full radian per position, the last only a thousandth. The pairs act like
+# the hands of a clock, from seconds to hours.
 
 # %% [markdown]
 # ## 3. The complex-number view
@@ -206,7 +212,7 @@ print("complex form == elementwise form; norms kept:", True)
 # %%
 P = 48
 d = 64
-inv64 = frequencies.inv_freq(d).double()
+inv64 = frequencies.inv_freq(d, dtype=f64)
 q, k = torch.randn(d, dtype=f64), torch.randn(d, dtype=f64)
 
 def rope_at(v, pos):
@@ -216,7 +222,8 @@ def rope_at(v, pos):
 
 pos = torch.arange(P)
 scores = rope_at(q, pos) @ rope_at(k, pos).T               # scores[m, n] = <R_m q, R_n k>
-worst = max((scores.diagonal(o) - scores.diagonal(o)[0]).abs().max().item() for o in range(-P + 1, P))
+worst = max((scores.diagonal(o) - scores.diagonal(o)[0]).abs().max().item()
+            for o in range(-P + 1, P))
 print(f"largest change along a diagonal: {worst:.2e}")
 assert worst < 1e-12
 
@@ -263,7 +270,7 @@ plt.show()
 # %%
 d, base = 128, 500000.0
 j = torch.arange(d // 2)
-plain = frequencies.inv_freq(d, base).double()
+plain = frequencies.inv_freq(d, base, dtype=f64)
 wavelength = 2 * math.pi / plain
 scalings = {
     "linear (s=8)": LinearScaling(8.0),
@@ -271,7 +278,8 @@ scalings = {
     "Llama 3.1 (s=8)": Llama3Scaling(),
     "YaRN (s=8, L0=8192)": YaRNScaling(8.0, 8192),
 }
-ratios = {name: frequencies.inv_freq(d, base, sc).double() / plain for name, sc in scalings.items()}
+ratios = {name: frequencies.inv_freq(d, base, sc, dtype=f64) / plain
+          for name, sc in scalings.items()}
 
 # What the formulas promise, checked:
 assert torch.allclose(ratios["linear (s=8)"], torch.full_like(plain, 1 / 8))
@@ -287,26 +295,32 @@ assert abs(temperature - (0.1 * math.log(8) + 1)) < 1e-12
 
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
 for b_ in (10000.0, 500000.0):
-    ax1.semilogy(j, 2 * math.pi / frequencies.inv_freq(d, b_).double(), label=f"base {b_:g}")
+    ax1.semilogy(j, 2 * math.pi / frequencies.inv_freq(d, b_, dtype=f64), label=f"base {b_:g}")
 ax1.axhline(8192, color="gray", ls="--", lw=1)
 ax1.text(1, 8192 * 1.3, "8192 tokens", color="gray", fontsize=8)
-ax1.set(xlabel="pair j", ylabel=r"wavelength $2\pi/\theta_j$ (tokens)", title="RoPE spectrum, d = 128")
+ax1.set(xlabel="pair j", ylabel=r"wavelength $2\pi/\theta_j$ (tokens)",
+        title="RoPE spectrum, d = 128")
 ax1.legend()
 for name, r in ratios.items():
     ax2.plot(j, r, label=name)
-ax2.set(xlabel="pair j", ylabel=r"$\theta'_j / \theta_j$", title="context-extension scalings (base 500000)")
+ax2.set(xlabel="pair j", ylabel=r"$\theta'_j / \theta_j$",
+        title="context-extension scalings (base 500000)")
 ax2.legend(fontsize=8)
 fig.tight_layout()
 fig.savefig(FIGURES / "01-frequency-spectrum.png", dpi=120)
 plt.show()
-print("wavelengths from", round(wavelength[0].item(), 2), "to", round(wavelength[-1].item()), "tokens")
+print("wavelengths from", round(wavelength[0].item(), 2), "to", round(wavelength[-1].item()),
+      "tokens")
+assert round(wavelength[0].item(), 1) == 6.3          # 2 pi: the text's "about 6.3 tokens"
 factor = base ** (-2 / d)                # b^(-2/d): the last wavelength over 2*pi*b
 print(f"the longest wavelength is 2*pi*b times {factor:.3f}, {1 - factor:.0%} short of 2*pi*b")
 assert math.isclose(wavelength[-1].item(), 2 * math.pi * base * factor, rel_tol=1e-5)
 assert round(factor, 2) == 0.81 and abs((1 - factor) - 1 / 5) < 0.02
 
 # %% [markdown]
-# ![Left: the wavelength of each pair. Right: how each scaling changes the frequencies](../figures/01-frequency-spectrum.png)
+# ![The wavelength of each pair, and each scaling's change](../figures/01-frequency-spectrum.png)
+#
+# Left: the wavelength of each pair. Right: how each scaling changes the frequencies.
 
 # %% [markdown]
 # ## 6. Long-term decay (RoFormer §3.4.3, Figure 2) — and what it does *not* say
@@ -361,15 +375,16 @@ assert round(factor, 2) == 0.81 and abs((1 - factor) - 1 / 5) < 0.02
 # so only the correlation between $q$ and $k$ shapes how the score varies with distance on
 # average:
 #
-# - **$q$, $k$ independent with zero mean**: $\mathbb E[h_j] = \mathbb E[q_j]\,\overline{\mathbb E[k_j]} = 0$,
-#   so the expected score is **0 at every distance**, near or far. With i.i.d. $\mathcal N(0,1)$
-#   entries the spread does not shrink either: $R_{n-m}$ is orthogonal, so
+# - **$q$, $k$ independent with zero mean**:
+#   $\mathbb E[h_j] = \mathbb E[q_j]\,\overline{\mathbb E[k_j]} = 0$, so the expected score is
+#   **0 at every distance**, near or far. With i.i.d. $\mathcal N(0,1)$ entries the spread does
+#   not shrink either: $R_{n-m}$ is orthogonal, so
 #   $\mathbb E\,(q^\top R_{n-m} k)^2 = \mathrm{tr}(R_{n-m} R_{n-m}^\top) = d$ at every distance.
 #   For such pairs the bound holds but is hundreds to thousands of times larger than the score
 #   (the last column of the table below).
-# - **$k = q$** (a query meeting a key that points the same way): $\mathbb E[h_j] = \mathbb E|q_j|^2 = 2$
-#   for $\mathcal N(0,1)$ entries, so the expected score is exactly the curve
-#   $\sum_j 2\cos(\Delta\theta_j)$ of $q = k = \mathbf 1$, and *that* decays.
+# - **$k = q$** (a query meeting a key that points the same way):
+#   $\mathbb E[h_j] = \mathbb E|q_j|^2 = 2$ for $\mathcal N(0,1)$ entries, so the expected score
+#   is exactly the curve $\sum_j 2\cos(\Delta\theta_j)$ of $q = k = \mathbf 1$, and *that* decays.
 #
 # So the long-term decay is a prior built into the construction — aligned query and key
 # vectors score less the further apart they are — not a rule that far tokens interact less. A
@@ -379,12 +394,12 @@ assert round(factor, 2) == 0.81 and abs((1 - factor) - 1 / 5) < 0.02
 
 # %%
 d = 128
-theta = frequencies.inv_freq(d, 10000.0).double()            # [64]
+theta128 = frequencies.inv_freq(d, 10000.0, dtype=f64)      # [64]
 dist = torch.arange(0, 257, dtype=f64)                      # relative distance m - n
-phase = torch.exp(1j * dist[:, None] * theta[None, :])      # [257, 64]: e^{i (m-n) theta_j}
+phase = torch.exp(1j * dist[:, None] * theta128[None, :])   # [257, 64]: e^{i (m-n) theta_j}
 S_j = torch.cumsum(phase, dim=1)                            # [257, 64]: S_1 .. S_{d/2}
 bound = S_j.abs().mean(dim=1)                               # (1/(d/2)) sum_j |S_j|
-ones_score = 2 * torch.cos(dist[:, None] * theta[None, :]).sum(dim=1)   # q = k = 1
+ones_score = 2 * torch.cos(dist[:, None] * theta128[None, :]).sum(dim=1)   # q = k = 1
 
 assert abs(bound[0].item() - (d / 2 + 1) / 2) < 1e-9         # 32.5 at distance 0
 assert bound[200:].max() < 0.5 * bound[:20].mean()           # it decays
@@ -395,18 +410,18 @@ N = 4096
 gen = torch.Generator().manual_seed(0)
 def pairs(v):
     return torch.complex(v[..., 0::2], v[..., 1::2])         # [N, d] -> [N, d/2]
-q = torch.randn(N, d, dtype=f64, generator=gen)
-k = torch.randn(N, d, dtype=f64, generator=gen)
-h_indep = pairs(q) * pairs(k).conj()                        # [N, 64]: k independent of q
-h_same = pairs(q) * pairs(q).conj()                         # [N, 64]: k = q
+qs = torch.randn(N, d, dtype=f64, generator=gen)             # N queries
+ks = torch.randn(N, d, dtype=f64, generator=gen)             # N keys
+h_indep = pairs(qs) * pairs(ks).conj()                      # [N, 64]: k independent of q
+h_same = pairs(qs) * pairs(qs).conj()                       # [N, 64]: k = q
 score_indep = (h_indep @ phase.T).real                      # [N, 257]: the score at each distance
 score_same = (h_same @ phase.T).real
 
 # The scores are the RoPE scores of section 4 (a spot check at distance 37):
 m_, n_ = 40, 3
-ang = lambda p: (p * theta).repeat_interleave(2)
+ang = lambda p: (p * theta128).repeat_interleave(2)
 rot = lambda v, p: reference.apply_rope_ref(v, ang(p).cos(), ang(p).sin(), interleaved=True)
-assert torch.allclose((rot(q[:5], m_) * rot(k[:5], n_)).sum(-1), score_indep[:5, m_ - n_])
+assert torch.allclose((rot(qs[:5], m_) * rot(ks[:5], n_)).sum(-1), score_indep[:5, m_ - n_])
 
 # Summation by parts with h_{d/2} = 0, and the bound, for every pair and distance:
 dh = torch.diff(h_indep, dim=1, append=torch.zeros(N, 1, dtype=h_indep.dtype))   # h_{j+1} - h_j
@@ -429,14 +444,16 @@ for i in (0, 10, 50, 100, 250):
     ratio = (upper[:, i] / score_indep[:, i].abs()).median().item()
     print(f"{i:6d} {bound[i].item():7.2f} {ones_score[i].item():7.1f} {mean_same[i].item():10.1f} "
           f"{mean_indep[i].item():13.2f} {std_indep[i].item():12.1f} {ratio:16.0f}")
-print(f"(N = {N} random pairs; sqrt(d) = {math.sqrt(d):.1f}; the last column is the median over pairs)")
+print(f"(N = {N} random pairs; sqrt(d) = {math.sqrt(d):.1f}; "
+      "the last column is the median over pairs)")
 # what the text below reads off the table: over 250 positions the bound and the k = q curve
 # fall by a factor of three to five, and for independent pairs the bound is hundreds to
 # thousands of times the score
 falls = [bound[0].item() / bound[250].item(), ones_score[0].item() / ones_score[250].abs().item()]
-ratios = [(upper[:, i] / score_indep[:, i].abs()).median().item() for i in (0, 10, 50, 100, 250)]
-assert all(3 <= f <= 5.5 for f in falls), falls
-assert 100 <= min(ratios) and max(ratios) < 10_000, ratios
+bound_over_score = [(upper[:, i] / score_indep[:, i].abs()).median().item()
+                    for i in (0, 10, 50, 100, 250)]
+assert all(3 <= f <= 5 for f in falls), falls
+assert 100 <= min(bound_over_score) and max(bound_over_score) < 10_000, bound_over_score
 
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
 ax1.plot(dist, bound, label=r"relative upper bound $\frac{1}{d/2}\sum_j |S_j|$")
@@ -461,7 +478,11 @@ fig.savefig(FIGURES / "01-long-term-decay.png", dpi=120)
 plt.show()
 
 # %% [markdown]
-# ![Left: the relative upper bound decays with distance, as in RoFormer's Figure 2. Right: the mean score of independent random q, k is zero at every distance, with a spread that does not shrink; the mean score of k = q decays like the bound](../figures/01-long-term-decay.png)
+# ![The bound decays; random q, k score 0 on average](../figures/01-long-term-decay.png)
+#
+# Left: the relative upper bound decays with distance, as in RoFormer's Figure 2. Right: the
+# mean score of independent random $q, k$ is zero at every distance, with a spread that does not
+# shrink; the mean score of $k = q$ decays like the bound.
 #
 # Read the table and the right panel together: the bound and the $k = q$ curve fall by about
 # a factor of three to five over 250 positions, while independent pairs score 0 on average and
@@ -470,8 +491,9 @@ plt.show()
 # %% [markdown]
 # ## 7. Rotate-half vs interleaved: one rotation, two pairings
 #
-# GPT-NeoX, Llama and Transformer Engine do not pair neighbours. They pair feature $i$ with
-# feature $i + d/2$ and use
+# GPT-NeoX, Hugging Face's Llama port and Transformer Engine (by default) do not pair
+# neighbours; Meta's original Llama code does. They pair feature $i$ with feature $i + d/2$ and
+# use
 #
 # $$ \mathrm{rotate\_half}(x) = (-x_{d/2}, \dots, -x_{d-1},\ x_0, \dots, x_{d/2-1}), $$
 #
@@ -479,15 +501,17 @@ plt.show()
 # the same pairs up to *where the features sit*: moving the even features to the first half
 # and the odd ones to the second turns one pairing into the other. This is why a checkpoint
 # trained with one convention can be converted to the other by permuting the rows of
-# $W_q$ and $W_k$ (Hugging Face's Llama conversion script does exactly that) — and why mixing
-# the two up silently gives a wrong model, not an error.
+# $W_q$ and $W_k$ (Hugging Face's conversion script for Meta's Llama checkpoints does exactly
+# that) — and why mixing the two up silently gives a wrong model, not an error.
 #
 # The two angle tables from `ropelib.frequencies.rope_freqs`:
 
 # %%
 d = 8
-print("rotate-half table:", frequencies.rope_freqs(2, d)[1, 0, 0].tolist())
-print("interleaved table:", frequencies.rope_freqs(2, d, interleaved=True)[1, 0, 0].tolist())
+# the tables are float32 (as Transformer Engine's): printed to 6 digits, position 1's angles
+print("rotate-half table:", [round(v, 6) for v in frequencies.rope_freqs(2, d)[1, 0, 0].tolist()])
+print("interleaved table:",
+      [round(v, 6) for v in frequencies.rope_freqs(2, d, interleaved=True)[1, 0, 0].tolist()])
 
 # %% [markdown]
 # Now the permutation. `perm` lists, for each slot of the rotate-half vector, which interleaved
@@ -518,15 +542,17 @@ print("interleaved RoPE(x) == rotate-half RoPE(x[..., perm])[..., argsort(perm)]
 # `...` and rerun the cell. The solutions are folded away below each exercise. (The `;` after a
 # check only stops Jupyter from echoing its `True`/`False`.)
 #
-# The exercises ask for the formulas, so the checks run your functions with `ropelib` barred:
-# a function that calls `ropelib.reference` (as this notebook's `R_from_reference` does),
-# `ropelib.frequencies` or a worked solution is refused, even when its numbers are right. Plain
-# PyTorch is yours to use.
+# The exercises ask for the formulas, so the checks run your functions with ropelib's own RoPE
+# code barred, anywhere in the package: a function that calls `ropelib.reference` (as this
+# notebook's `R_from_reference` does), `ropelib.frequencies`, one of the course's RoPE helpers
+# or a worked solution is refused, even when its numbers are right. Plain PyTorch is yours to
+# use. The checks also try sizes and bases other than this notebook's, at positions drawn anew
+# on every run, so your functions must work from the arguments they are given.
 #
 # **Exercise 1 — the rotation matrix.** Write `rotation_matrix(m, inv_freq)` that returns the
 # $[d, d]$ block-diagonal $R_m$ for the interleaved pairing ($d = 2\cdot$`len(inv_freq)`),
-# building the $2\times2$ blocks yourself: no `torch.block_diag` and no `ropelib` (the check
-# refuses both).
+# building the $2\times2$ blocks yourself: no `torch.block_diag`, whichever way it is called,
+# and no `ropelib` (the check refuses both). `inv_freq` is float64; compute in float64 too.
 
 # %%
 from ropelib.course.exercises import solution
@@ -576,8 +602,8 @@ solution(basics.solution_rotate_half)
 # %% [markdown]
 # **Exercise 4 — the way back.** Section 7 turned interleaved into rotate-half. Write
 # `perm_back(d)` that returns the permutation for the other direction, for any even $d$: the
-# `perm` such that
-# rotate-half RoPE$(x)$ = interleaved RoPE$(x[\dots, \mathrm{perm}])[\dots, \mathrm{argsort(perm)}]$.
+# `perm` such that rotate-half RoPE$(x)$ =
+# interleaved RoPE$(x[\dots, \mathrm{perm}])[\dots, \mathrm{argsort(perm)}]$.
 # The check tries $d = 8$ and other sizes, applying both RoPEs to random inputs with your
 # permutation; as above, your function runs with `ropelib` and the worked solution barred.
 

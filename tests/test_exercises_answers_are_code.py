@@ -408,7 +408,7 @@ LIBRARY_IDS = [f"{ex}: {label}" for ex, label in LIBRARY_CASES]
 
 
 @contextlib.contextmanager
-def _nothing_barred(what, *, allow=(), bar=()):
+def _nothing_barred(what, *, allow=(), bar=(), bar_ops=()):
     yield
 
 

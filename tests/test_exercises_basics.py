@@ -252,6 +252,51 @@ def test_check_rotation_matrix(capsys):
     capsys.readouterr()
 
 
+def _blocks(m, inv_freq):
+    a = m * inv_freq
+    return [torch.stack([torch.stack([c, -s]), torch.stack([s, c])])
+            for c, s in zip(a.cos(), a.sin())]
+
+
+def _aten_block_diag_answer(m, inv_freq):
+    """Right values from the ATen operator behind torch.block_diag, reached by its op name."""
+    return torch.ops.aten.block_diag(_blocks(m, inv_freq))
+
+
+def _variable_functions_block_diag_answer(m, inv_freq):
+    """Right values from the same operator, reached through torch._C."""
+    return torch._C._VariableFunctions.block_diag(_blocks(m, inv_freq))
+
+
+def _swallowed_block_diag_answer(m, inv_freq):
+    """Calls the barred operator, catches the refusal, then answers with its own code."""
+    try:
+        torch.ops.aten.block_diag(_blocks(m, inv_freq))
+    except Exception:  # noqa: BLE001 -- the point of the test
+        pass
+    return _own_rotation_matrix(m, inv_freq)
+
+
+def _puzzle_spec_answer(m, inv_freq):
+    """Right values from notebook 13's spec of the interleaved RoPE, applied to the identity."""
+    from ropelib.course import puzzles
+    R = 2 * inv_freq.numel()
+    return puzzles.spec_interleaved(torch.eye(R, dtype=torch.float64),
+                                    (m * inv_freq).expand(R, -1)).T
+
+
+def _own_rotation_matrix(m, inv_freq):
+    """A learner's own R_m, written here (no library, no block_diag)."""
+    R = 2 * inv_freq.numel()
+    M = torch.zeros(R, R, dtype=torch.float64)
+    a = m * inv_freq
+    M[0::2, 0::2] = torch.diag(a.cos())
+    M[0::2, 1::2] = torch.diag(-a.sin())
+    M[1::2, 0::2] = torch.diag(a.sin())
+    M[1::2, 1::2] = torch.diag(a.cos())
+    return M
+
+
 def _hf_rotate_matrix(m, inv):
     """R_m read off the benchmarks' Hugging Face formula, applied to the identity."""
     from ropelib.bench import compare
@@ -262,19 +307,88 @@ def _hf_rotate_matrix(m, inv):
 
 @pytest.mark.parametrize("answer, words", [
     (_block_diag_answer, "block_diag (torch/functional.py)"),
+    (_aten_block_diag_answer, "PyTorch's operator aten::block_diag"),
+    (_variable_functions_block_diag_answer, "PyTorch's operator aten::block_diag"),
+    (_swallowed_block_diag_answer, "PyTorch's operator aten::block_diag"),
+    (_puzzle_spec_answer, "ropelib's spec_interleaved (ropelib/course/puzzles.py)"),
     (_hf_rotate_matrix, "ropelib's hf_rotate (ropelib/bench/compare.py)"),
     (_reference_answer, "ropelib's apply_rope_ref (ropelib/reference.py)"),
     (basics.rotation_matrix_ref, "ropelib's rotation_matrix_ref"),
     (basics.solution_rotation_matrix, "ropelib's solution_rotation_matrix"),
-], ids=["torch.block_diag", "benchmarks' formula", "reference", "the check's own matrix",
-        "the worked solution"])
+], ids=["torch.block_diag", "torch.ops.aten.block_diag", "torch._C._VariableFunctions.block_diag",
+        "block_diag refused and caught", "notebook 13's spec", "benchmarks' formula", "reference",
+        "the check's own matrix", "the worked solution"])
 def test_check_rotation_matrix_refuses_library_answers(answer, words, capsys):
-    inv = frequencies.inv_freq(8).double()
-    torch.testing.assert_close(answer(5, inv), basics.rotation_matrix_ref(5, inv))  # right values
+    for rot_dim, base in basics.SIZES_AND_BASES:
+        inv = frequencies.inv_freq(rot_dim, base, dtype=torch.float64)
+        torch.testing.assert_close(answer(5, inv), basics.rotation_matrix_ref(5, inv))  # right
     assert basics.check_rotation_matrix(answer) is False
     out = capsys.readouterr().out
-    assert out.startswith("❌ rotation matrix R_m (m=0): this exercise wants your rotation matrix")
+    assert out.startswith("❌ rotation matrix R_m (R=8, base=10000, m=0): this exercise wants "
+                          "your rotation matrix"), out
     assert words in out, out
+
+
+def test_check_rotation_matrix_accepts_own_code_every_time(capsys):
+    """The positions are drawn anew on each call: a right answer passes every draw."""
+    own = learner_copy(basics.solution_rotation_matrix)
+    for _ in range(5):
+        assert basics.check_rotation_matrix(own)
+        assert basics.check_rotation_matrix(_own_rotation_matrix)
+    out = capsys.readouterr().out
+    assert out.count("✅ rotation matrix R_m: correct") == 10, out
+
+
+_NOTEBOOK_INV = frequencies.inv_freq(8, dtype=torch.float64)    # the notebook's d = 8, base 10^4
+
+
+def _base_10000(rot_dim):
+    """theta_j = 10000^(-2j/R), the notebook's base whatever the check asks for."""
+    return 10000.0 ** (-torch.arange(0, rot_dim, 2, dtype=torch.float64) / rot_dim)
+
+
+def test_check_rotation_matrix_refuses_an_answer_that_ignores_inv_freq(capsys):
+    # right for the notebook's own inv, whatever inv_freq the check passes
+    assert basics.check_rotation_matrix(
+        lambda m, inv_freq: _own_rotation_matrix(m, _NOTEBOOK_INV)) is False
+    assert "❌ rotation matrix R_m (R=4, base=10000, m=0): shape (8, 8), expected (4, 4)" \
+        in capsys.readouterr().out
+    # the right size, but the notebook's base: wrong at base 500000
+    assert basics.check_rotation_matrix(
+        lambda m, inv_freq: _own_rotation_matrix(m, _base_10000(2 * inv_freq.numel()))) is False
+    assert "❌ rotation matrix R_m (R=16, base=500000, m=" in capsys.readouterr().out
+
+
+def test_check_rotation_matrix_refuses_cached_matrices(capsys):
+    # the matrices of fixed positions, read off the reference beforehand (as the notebook's
+    # R_from_reference would give them), for every size and base the check tries
+    cache = {}
+    for rot_dim, base in basics.SIZES_AND_BASES:
+        inv = frequencies.inv_freq(rot_dim, base, dtype=torch.float64)
+        for m in (0, 1, 5, 37):
+            cache[m, rot_dim] = _reference_answer(m, inv)
+
+    def cached(m, inv_freq):
+        key = (m, 2 * inv_freq.numel())
+        return cache[key] if key in cache else torch.eye(key[1], dtype=torch.float64)
+
+    assert cached(5, _NOTEBOOK_INV) is cache[5, 8]
+    assert basics.check_rotation_matrix(cached) is False
+    out = capsys.readouterr().out
+    assert out.startswith("❌ rotation matrix R_m (R=8, base=10000, m="), out
+    assert "(R=8, base=10000, m=0)" not in out          # m = 0 passed; a drawn position did not
+
+
+def test_course_rope_helpers_are_functions_of_the_course():
+    from ropelib.course import puzzles
+    from ropelib.course.exercises import own_code
+    helpers = own_code.course_rope_helpers()
+    names = {h.__name__ for h in helpers}
+    specs = {n for n in vars(puzzles) if n.startswith("spec_")}
+    assert specs and specs <= names, specs - names
+    assert {"rope_unsloth_repro", "apply_rotary_pos_emb_triton", "rope_ladder", "_Rotary"} <= names
+    # barred by function, not by file: the puzzles' checks still run their own code
+    assert not any(n.startswith("check_") for n in names)
 
 
 def test_rotation_matrix_ref_is_orthogonal_and_composes():
@@ -303,6 +417,34 @@ def test_check_relative_angle(capsys):
     assert not basics.check_relative_angle(lambda m, n, inv: (m - n) * inv)   # sign
     assert not basics.check_relative_angle(lambda m, n, inv: (m + n) * inv)
     assert not basics.check_relative_angle(lambda m, n, inv: (n - m) * inv[:2])
+    capsys.readouterr()
+    # right for the notebook's own inv only: ignoring inv_freq fails at another size and base
+    assert not basics.check_relative_angle(lambda m, n, inv: (n - m) * _NOTEBOOK_INV)
+    assert "(R=4, base=10000, m=5, n=2): shape (4,), expected (2,)" in capsys.readouterr().out
+    assert not basics.check_relative_angle(
+        lambda m, n, inv: (n - m) * _base_10000(2 * inv.numel()))
+    assert "(R=16, base=500000, m=2, n=5)" in capsys.readouterr().out
+    # a right answer passes every draw of the random pair
+    for _ in range(5):
+        assert basics.check_relative_angle(lambda m, n, inv: (n - m) * inv)
+
+
+def _relative_angle_from_spec(m, n, inv_freq):
+    """Right values (modulo 2 pi), read off notebook 13's spec of the interleaved RoPE."""
+    from ropelib.course import puzzles
+    R = 2 * inv_freq.numel()
+    M = puzzles.spec_interleaved(torch.eye(R, dtype=torch.float64),
+                                 ((n - m) * inv_freq).expand(R, -1)).T
+    j = torch.arange(0, R, 2)
+    return torch.atan2(M[j + 1, j], M[j, j])
+
+
+def test_check_relative_angle_refuses_the_course_spec(capsys):
+    torch.testing.assert_close(_relative_angle_from_spec(3, 5, _NOTEBOOK_INV), 2 * _NOTEBOOK_INV)
+    assert basics.check_relative_angle(_relative_angle_from_spec) is False
+    out = capsys.readouterr().out
+    assert "this exercise wants your relative angles" in out
+    assert "ropelib's spec_interleaved (ropelib/course/puzzles.py)" in out, out
 
 
 def test_check_rotate_half(capsys):
@@ -321,6 +463,25 @@ def test_check_rotate_half(capsys):
         assert not basics.check_rotate_half(library)
         out = capsys.readouterr().out
         assert "this exercise wants your own rotate_half" in out and "ropelib's" in out
+
+
+def _rotate_half_from_specs(x, interleaved=False):
+    """rotate_half as the course's specs compute it: a quarter turn of every pair."""
+    from ropelib.course import puzzles
+    theta = torch.full((*x.shape[:-1], x.shape[-1] // 2), math.pi / 2, dtype=x.dtype)
+    spec = puzzles.spec_interleaved if interleaved else puzzles.spec_rotate_row
+    return spec(x, theta)
+
+
+def test_check_rotate_half_refuses_the_course_spec(capsys):
+    x = torch.randn(3, 8, dtype=torch.float64)
+    for interleaved in (False, True):                   # the same up to cos(pi/2) ~ 6e-17
+        torch.testing.assert_close(_rotate_half_from_specs(x, interleaved),
+                                   reference.rotate_half(x, interleaved))
+    assert basics.check_rotate_half(_rotate_half_from_specs) is False
+    out = capsys.readouterr().out
+    assert "this exercise wants your own rotate_half" in out
+    assert "ropelib's spec_rotate_row (ropelib/course/puzzles.py)" in out, out
 
 
 def test_check_interleave_permutation(capsys):

@@ -6,11 +6,17 @@ The exercises of notebooks 00, 01 and 02 are answered with the learner's *functi
 whose answer is a number or a list (the rotary dim, a permutation, the positions a rank holds, a
 byte count): the check tries it on several inputs and reports the first one that fails, and runs
 it with ropelib's own answers barred (`own_code`): a function that calls `ropelib.apply_rope`,
-`ropelib.reference`, `ropelib.frequencies`, the finished API, the benchmarks' bytes model, the
-worked solution below or (for the rotation matrix) `torch.block_diag` is refused, whatever it
-returns. The worked solutions are the `solution_*` functions below, shown folded in the
-notebooks with `ropelib.course.exercises.solution(basics.solution_...)`; the tests run every check
-on a learner's copy of its solution, on library answers and on wrong answers.
+`ropelib.reference`, `ropelib.frequencies`, the finished API, the benchmarks' bytes model or the
+worked solution below is refused, whatever it returns. Notebook 01's checks also refuse the
+course's own RoPE helpers (`own_code.course_rope_helpers`: notebook 13's specs and the like), and
+the rotation matrix's check refuses PyTorch's block_diag operator however it is reached
+(`torch.block_diag`, `torch.ops.aten.block_diag`, `torch._C._VariableFunctions.block_diag`).
+Notebook 01's checks try several sizes and bases, and positions drawn anew on every call, so an
+answer that ignores its `inv_freq` or returns stored matrices fails.
+
+The worked solutions are the `solution_*` functions below, shown folded in the notebooks with
+`ropelib.course.exercises.solution(basics.solution_...)`; the tests run every check on a
+learner's copy of its solution, on library answers and on wrong answers.
 """
 import math
 from typing import Callable, Sequence
@@ -19,7 +25,7 @@ import torch
 
 from ... import frequencies, reference, runtime
 from . import check
-from .own_code import check_cases, listed_as_tensor, run_own_code
+from .own_code import check_cases, course_rope_helpers, listed_as_tensor, run_own_code
 
 __all__ = [
     "check_device", "check_rotary_dim", "check_interleaved_rope",
@@ -102,14 +108,39 @@ def rotation_matrix_ref(m: int, inv_freq: torch.Tensor) -> torch.Tensor:
     return reference.apply_rope_ref(eye, ang.cos(), ang.sin(), interleaved=True).T
 
 
-def check_rotation_matrix(fn: Callable, rot_dim: int = 8, base: float = 10000.0) -> bool:
-    """fn(m, inv_freq) -> the [R, R] block-diagonal matrix R_m (pairs (2j, 2j+1), angle m*theta_j)."""
-    inv = frequencies.inv_freq(rot_dim, base).double()
-    cases = [(f"m={m}", (m, inv.clone()), rotation_matrix_ref(m, inv)) for m in (0, 1, 5, 37)]
+# the sizes and bases notebook 01's checks try: the notebook's d = 8 first, then others, so an
+# answer that ignores its inv_freq (or reads the notebook's) fails
+SIZES_AND_BASES = ((8, 10000.0), (4, 10000.0), (16, 500000.0))
+
+
+def _positions(count: int, high: int = 10_000) -> list:
+    """`count` positions in [1, high), drawn anew on every call (not from torch's global
+    generator, which the learner's notebook owns): stored answers for fixed positions fail."""
+    g = torch.Generator()
+    g.seed()
+    return torch.randint(1, high, (count,), generator=g).tolist()
+
+
+def check_rotation_matrix(fn: Callable) -> bool:
+    """fn(m, inv_freq) -> the [R, R] block-diagonal matrix R_m (pairs (2j, 2j+1), angle m*theta_j).
+
+    Tried for each (R, base) of SIZES_AND_BASES at m = 0 and three positions drawn on each call,
+    with inv_freq in float64. Refused: ropelib, the course's RoPE helpers, the worked solution
+    and PyTorch's block_diag operator, however it is reached.
+    """
+    cases = []
+    for rot_dim, base in SIZES_AND_BASES:
+        inv = frequencies.inv_freq(rot_dim, base, dtype=torch.float64)
+        for m in [0] + _positions(3):
+            cases.append((f"R={rot_dim}, base={base:g}, m={m}", (m, inv.clone()),
+                          rotation_matrix_ref(m, inv)))
     return check_cases("rotation matrix R_m", "your rotation matrix, built from its 2x2 blocks "
                        "(no torch.block_diag, no ropelib)", fn, cases, atol=1e-6, rtol=0,
-                       hint="block j is [[cos a, -sin a], [sin a, cos a]] with a = m * inv_freq[j]",
-                       bar=(torch.block_diag, rotation_matrix_ref))
+                       hint="block j is [[cos a, -sin a], [sin a, cos a]] with "
+                            "a = m * inv_freq[j], in float64 (inv_freq's dtype: the positions "
+                            "go up to 10^4)",
+                       bar=(torch.block_diag, rotation_matrix_ref, *course_rope_helpers()),
+                       bar_ops=(torch.ops.aten.block_diag.default,))
 
 
 def _wrap_to(answer, expected):
@@ -120,22 +151,28 @@ def _wrap_to(answer, expected):
     return expected + torch.remainder(a - expected + math.pi, 2 * math.pi) - math.pi
 
 
-def check_relative_angle(fn: Callable, rot_dim: int = 8, base: float = 10000.0) -> bool:
+def check_relative_angle(fn: Callable) -> bool:
     """fn(m, n, inv_freq) -> [R/2] angles phi_j with R_m^T R_n = blockdiag(rot(phi_j)).
 
-    The expected angles are read off the product of the reference matrices (atan2 of each
-    block); answers are compared modulo 2 pi.
+    Tried for each (R, base) of SIZES_AND_BASES (R = 8, base 10000 on five fixed pairs, the
+    others on two) and a pair (m, n) drawn on each call, with inv_freq in float64. The expected
+    angles are read off the product of the reference matrices (atan2 of each block); answers are
+    compared modulo 2 pi.
     """
-    inv = frequencies.inv_freq(rot_dim, base).double()
+    pairs = {8: [(0, 3), (5, 2), (7, 7), (100, 42), (1000, 1001)], 4: [(5, 2), (3, 900)],
+             16: [(2, 5), (4000, 17)]}
     cases = []
-    for m, n in [(0, 3), (5, 2), (7, 7), (100, 42), (1000, 1001)]:
-        M = rotation_matrix_ref(m, inv).T @ rotation_matrix_ref(n, inv)
+    for rot_dim, base in SIZES_AND_BASES:
+        inv = frequencies.inv_freq(rot_dim, base, dtype=torch.float64)
         j = torch.arange(0, rot_dim, 2)
-        cases.append((f"m={m}, n={n}", (m, n, inv.clone()), torch.atan2(M[j + 1, j], M[j, j])))
+        for m, n in pairs[rot_dim] + [tuple(_positions(2))]:
+            M = rotation_matrix_ref(m, inv).T @ rotation_matrix_ref(n, inv)
+            cases.append((f"R={rot_dim}, base={base:g}, m={m}, n={n}", (m, n, inv.clone()),
+                          torch.atan2(M[j + 1, j], M[j, j])))
     return check_cases("relative angle of R_m^T R_n", "your relative angles", fn, cases, atol=1e-4,
                        rtol=0, post=_wrap_to,
                        hint="R_m^T = R_{-m}, and rotations in the same plane add their angles",
-                       bar=(rotation_matrix_ref,))
+                       bar=(rotation_matrix_ref, *course_rope_helpers()))
 
 
 def check_rotate_half(fn: Callable) -> bool:
@@ -149,7 +186,8 @@ def check_rotate_half(fn: Callable) -> bool:
                           reference.rotate_half(x, interleaved)))
     return check_cases("rotate_half", "your own rotate_half", fn, cases,
                        atol=0, rtol=0,
-                       hint="halves: torch.chunk(x, 2, -1); pairs: x[..., ::2] and x[..., 1::2]")
+                       hint="halves: torch.chunk(x, 2, -1); pairs: x[..., ::2] and x[..., 1::2]",
+                       bar=course_rope_helpers())
 
 
 def _both_sides(p: torch.Tensor, rot_dim: int, src: bool, dst: bool):
@@ -180,9 +218,11 @@ def check_interleave_permutation(fn: Callable, *, to: str = "rotate_half",
     name = f"{'interleaved' if src else 'rotate-half'} -> {to.replace('_', '-')} permutation"
     hint = ("rotate-half pairs (j, j + R/2), interleaved pairs (2j, 2j+1): "
             "where must each pair's two features go?")
+    helpers = course_rope_helpers()
     for rot_dim in dims:
         label = f"{name} (R={rot_dim})"
-        ok, perm = run_own_code(label, "the permutation worked out by your code", fn, rot_dim)
+        ok, perm = run_own_code(label, "the permutation worked out by your code", fn, rot_dim,
+                                bar=helpers)
         if not ok:
             return False
         try:

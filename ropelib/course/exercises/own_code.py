@@ -9,6 +9,10 @@ watches the answer two ways:
 * every Python call it makes (`sys.setprofile`, this thread only): a call whose code lives in a
   barred file or is a barred function stops the answer with `LibraryAnswer`, which says what was
   called and what to do instead;
+* with `bar_ops`, every PyTorch operator it runs (a `TorchDispatchMode`, this thread only): an
+  operator in `bar_ops` (for example `torch.ops.aten.block_diag.default`) stops the answer
+  whichever way it is reached (`torch.block_diag`, `torch.ops.aten.block_diag`,
+  `torch._C._VariableFunctions.block_diag`);
 * every Triton kernel it launches (`kernel[grid](...)`, compiled or interpreted, and ropelib's
   direct launcher, in any thread: on a GPU autograd runs a backward in a thread of its own): a
   kernel defined in a barred file, or a kernel of the learner's that calls a barred
@@ -33,7 +37,10 @@ worked solution. Every worked solution of the course (a function or kernel under
 `ropelib/course/` named `solution_*` or `_*_solution_kernel`) is barred in every check, the
 check's own and any other: another exercise's answer is not the learner's code.
 The course's other helpers (recording accesses, the checks themselves) are never barred by
-default.
+default. Some of them compute a RoPE in plain PyTorch (notebook 13's specs, notebook 08's
+reproduction, notebook 05's ladder, the course model's rotary module): `course_rope_helpers()`
+lists those functions, for a check to pass as `bar` (by function, not by file: the same files
+hold code the checks themselves run).
 """
 import sys
 import threading
@@ -52,7 +59,7 @@ TEACHING_KERNELS = COURSE / "kernels"
 EXERCISES = Path(__file__).resolve().parent
 
 __all__ = ["LibraryAnswer", "library_barred", "run_own_code", "library_kernel", "PACKAGE",
-           "COURSE", "TEACHING_KERNELS"]
+           "COURSE", "TEACHING_KERNELS", "course_rope_helpers"]
 
 
 class LibraryAnswer(RuntimeError):
@@ -254,8 +261,57 @@ def _describe(code) -> str:
 
 
 def _refusal(what: str, verb: str, code) -> str:
-    return (f"this exercise wants {what}, but the answer {verb} {_describe(code)}: write it "
+    thing = (_describe(code) if hasattr(code, "co_filename")
+             else f"PyTorch's operator {_op_name(code)}")
+    return (f"this exercise wants {what}, but the answer {verb} {thing}: write it "
             "yourself (the library computes the expected value to compare with)")
+
+
+def _op_name(op) -> str:
+    """"aten::block_diag" for torch.ops.aten.block_diag.default."""
+    try:
+        return op.name()
+    except Exception:  # noqa: BLE001 -- anything else that names an operator
+        return str(op)
+
+
+def course_rope_helpers() -> list:
+    """The course's own RoPE code outside the files `library_barred` bars: every `spec_*` of
+    notebook 13's puzzles (and its eager bf16 RoPE), notebook 08's reproduction
+    (`rope_unsloth_repro`, `apply_rotary_pos_emb_triton`, `te_fused`), notebook 05's
+    `rope_ladder` and the course model's rotary module. Pass them as `bar` to refuse them by
+    function: their modules also hold code that the checks run, so they are not barred by file.
+    """
+    from .. import debug, ladder, model, puzzles   # imported late: heavier modules
+
+    found = [getattr(puzzles, n) for n in sorted(vars(puzzles))
+             if n.startswith("spec_") and callable(getattr(puzzles, n))]
+    found += [getattr(m, n) for m, n in ((puzzles, "_eager_bf16"), (debug, "rope_unsloth_repro"),
+                                         (debug, "apply_rotary_pos_emb_triton"),
+                                         (debug, "te_fused"), (ladder, "rope_ladder"),
+                                         (model, "_Rotary")) if hasattr(m, n)]
+    return found
+
+
+@contextmanager
+def _ops_barred(bar_ops: tuple, what: str, caught: list, inside: list, owner: int):
+    """Refuse the PyTorch operators in `bar_ops` (this thread; not inside allowed code)."""
+    if not bar_ops:
+        yield
+        return
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    barred = frozenset(bar_ops)
+
+    class _Refuse(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in barred and not (inside and threading.get_ident() == owner):
+                caught.append(("called", func))
+                raise LibraryAnswer(_refusal(what, "called", func))
+            return func(*args, **(kwargs or {}))
+
+    with _Refuse():
+        yield
 
 
 def library_kernel(kernel, *, allow: Iterable = (), bar: Iterable = ()) -> Optional[str]:
@@ -310,7 +366,7 @@ def _launches_watched(rules: _Rules, what: str, caught: list, inside: list, owne
 
 
 @contextmanager
-def library_barred(what: str, *, allow: Iterable = (), bar: Iterable = ()):
+def library_barred(what: str, *, allow: Iterable = (), bar: Iterable = (), bar_ops: Iterable = ()):
     """Within the block, a call into barred code raises LibraryAnswer (see the module docstring).
 
     what: the exercise's subject, for the message ("your backward kernel").
@@ -318,6 +374,8 @@ def library_barred(what: str, *, allow: Iterable = (), bar: Iterable = ()):
         in turn is allowed too.
     bar: further functions, classes or @triton.jit kernels the answer must not call (their
         code objects are matched; a kernel also by its file and name).
+    bar_ops: PyTorch operators (`torch.ops.aten.block_diag.default`) the answer must not run,
+        however it reaches them.
 
     A barred call that the answer catches and survives is still reported: the block raises
     LibraryAnswer when it ends.
@@ -341,7 +399,8 @@ def library_barred(what: str, *, allow: Iterable = (), bar: Iterable = ()):
             inside.pop()
 
     previous = sys.getprofile()
-    with _launches_watched(rules, what, caught, inside, owner):
+    with _launches_watched(rules, what, caught, inside, owner), \
+            _ops_barred(tuple(bar_ops), what, caught, inside, owner):
         sys.setprofile(watch)
         try:
             yield
@@ -352,31 +411,33 @@ def library_barred(what: str, *, allow: Iterable = (), bar: Iterable = ()):
 
 
 def run_own_code(name: str, what: str, fn: Optional[Callable], *args,
-                 allow: Iterable = (), bar: Iterable = (), **kwargs
+                 allow: Iterable = (), bar: Iterable = (), bar_ops: Iterable = (), **kwargs
                  ) -> Tuple[bool, Any]:
     """Call the learner's fn(*args, **kwargs) with the library's answers barred.
 
     Returns (True, its result), or prints ❌ with the reason and returns (False, None) when the
     answer is missing, raises, returns None or calls barred code (see `library_barred`).
     """
+    extra = {"bar_ops": bar_ops} if bar_ops else {}     # (library_barred's old signature else)
     return guarded_call(name, fn, args, kwargs,
-                        guard=lambda: library_barred(what, allow=allow, bar=bar),
+                        guard=lambda: library_barred(what, allow=allow, bar=bar, **extra),
                         refusals=(LibraryAnswer,))
 
 
 def check_cases(name: str, what: str, fn: Callable, cases: Iterable, *,
                 hint: Optional[str] = None, atol: Optional[float] = None,
                 rtol: Optional[float] = None, post: Optional[Callable] = None,
-                bar: Iterable = ()) -> bool:
-    """Run fn(*args) for each (label, args, expected) with ropelib's answers (and `bar`) barred;
-    one ✅ line, or ❌ for the first failure. Never raises.
+                bar: Iterable = (), bar_ops: Iterable = ()) -> bool:
+    """Run fn(*args) for each (label, args, expected) with ropelib's answers (and `bar`, and the
+    PyTorch operators of `bar_ops`) barred; one ✅ line, or ❌ for the first failure. Never raises.
 
     `what` names the exercise in a refusal ("your rotation matrix"). `post(answer, expected)`
     may reshape the learner's answer before comparing (e.g. angles reduced modulo 2 pi).
     """
     answer = expected = None
     for label, args, expected in cases:
-        ok, answer = run_own_code(f"{name} ({label})", what, fn, *args, bar=bar)
+        ok, answer = run_own_code(f"{name} ({label})", what, fn, *args, bar=bar,
+                                  bar_ops=bar_ops)
         if not ok:
             return False
         if post is not None:
