@@ -17,7 +17,9 @@ import triton.language as tl
 from ropelib import mrope
 from ropelib.course.exercises import multi_axis as ex
 from ropelib.course.work_count import count_work, interpreted
+from ropelib.course.kernels.ablation import _rotate_tile
 from ropelib.kernels.common import rotate_pair
+from ropelib.kernels.mrope import _mrope_cos_sin
 from loading import learner_copy  # noqa: E402  (a solution as a learner who typed it has it)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -182,13 +184,121 @@ def test_kernel_solution_passes(capsys):
     assert ex.check_mrope_kernel(learner_copy(ex.solution_mrope_kernel)) is True
     out = capsys.readouterr().out
     assert out.startswith("✅ multi-axis RoPE kernel: correct on 3 launches")
-    assert "1 sine and cosine per (token, pair)" in out
+    assert "1 sine-cosine pair per (token, pair)" in out
 
 
 def test_kernel_with_angles_per_head_fails_on_its_count(capsys):
     assert ex.check_mrope_kernel(per_head_kernel, seed=1) is False
     out = capsys.readouterr().out
     assert "right values, but" in out and "Form the angles once per token" in out
+
+
+@triton.jit
+def angles_twice_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, pos_ptr, inv_freq_ptr, axis_ptr, T,
+                        HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr,
+                        N_AXES: tl.constexpr, BLOCK_T: tl.constexpr):
+    # right values, the angles formed once before q's heads and again before k's
+    HALF: tl.constexpr = D // 2
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    live = (t < T)[:, None]
+    c, s = _angles(pos_ptr, inv_freq_ptr, axis_ptr, t, T, HALF, N_AXES, BLOCK_T)
+    for h in range(HQ):
+        _rotate(q_ptr, q_out_ptr, (t[:, None] * HQ + h) * D, c, s, live, HALF)
+    c, s = _angles(pos_ptr, inv_freq_ptr, axis_ptr, t, T, HALF, N_AXES, BLOCK_T)
+    for h in range(HK):
+        _rotate(k_ptr, k_out_ptr, (t[:, None] * HK + h) * D, c, s, live, HALF)
+
+
+@triton.jit
+def shifted_cos_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, pos_ptr, inv_freq_ptr, axis_ptr, T,
+                       HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr,
+                       N_AXES: tl.constexpr, BLOCK_T: tl.constexpr):
+    # angles once, the cosine taken as sin(theta + pi/2): two sines, no cosine, per (token, pair)
+    HALF: tl.constexpr = D // 2
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    live = (t < T)[:, None]
+    j = tl.arange(0, HALF)
+    inv = tl.load(inv_freq_ptr + j)
+    ax = tl.load(axis_ptr + j)
+    p = tl.zeros((BLOCK_T, HALF), dtype=tl.float32)
+    for a in tl.static_range(N_AXES):
+        p_a = tl.load(pos_ptr + a * T + t, mask=t < T, other=0).to(tl.float32)
+        p = tl.where(ax[None, :] == a, p_a[:, None], p)
+    theta = p * inv[None, :]
+    s = tl.sin(theta)
+    c = tl.sin(theta + 1.5707963267948966)
+    for h in range(HQ):
+        _rotate(q_ptr, q_out_ptr, (t[:, None] * HQ + h) * D, c, s, live, HALF)
+    for h in range(HK):
+        _rotate(k_ptr, k_out_ptr, (t[:, None] * HK + h) * D, c, s, live, HALF)
+
+
+def test_kernel_forming_angles_twice_fails(capsys):
+    """Once before q's heads and once more before k's: 4 sines and cosines per (token, pair)."""
+    assert ex.check_mrope_kernel(angles_twice_kernel, seed=4) is False
+    out = capsys.readouterr().out
+    assert "right values, but" in out and "2 sine-cosine pairs per (token, pair)" in out
+
+
+def test_kernel_count_is_of_sines_and_cosines_together():
+    """The count the check applies: one sine and one cosine per (token, pair) is 2, and so is a
+    kernel that takes its cosine as a shifted sine; angles formed twice are 4."""
+    T, HQ, HK, D, B = 8, 3, 2, 16, 4
+    f = mrope.multi_axis_frequencies(D, [2, 3, 3], 1e4)
+    pos = torch.randint(0, 50, (3, T), dtype=torch.int32)
+    q, k = torch.randn(T, HQ, D), torch.randn(T, HK, D)
+    slots = T * D // 2
+    for kern, per_slot in ((ex.solution_mrope_kernel, 2), (shifted_cos_kernel, 2),
+                           (angles_twice_kernel, 4)):
+        w = ex.count_mrope(kern, q, k, pos, f, B)
+        assert (w.sin + w.cos) == per_slot * slots, (kern, w)
+
+
+@triton.jit
+def shipped_angles_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, pos_ptr, inv_freq_ptr, axis_ptr,
+                          T, HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr,
+                          N_AXES: tl.constexpr, BLOCK_T: tl.constexpr):
+    # the angles from the shipped multi-axis kernel's helper
+    HALF: tl.constexpr = D // 2
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    live = (t < T)[:, None]
+    j = tl.arange(0, HALF)
+    inv = tl.load(inv_freq_ptr + j)
+    ax = tl.load(axis_ptr + j)
+    c, s = _mrope_cos_sin(pos_ptr, inv, ax, t, 0, T, T, 0, 1, BLOCK_T, HALF, N_AXES, tl.float32)
+    for h in range(HQ):
+        _rotate(q_ptr, q_out_ptr, (t[:, None] * HQ + h) * D, c, s, live, HALF)
+    for h in range(HK):
+        _rotate(k_ptr, k_out_ptr, (t[:, None] * HK + h) * D, c, s, live, HALF)
+
+
+@triton.jit
+def teaching_tile_kernel(q_ptr, k_ptr, q_out_ptr, k_out_ptr, pos_ptr, inv_freq_ptr, axis_ptr,
+                         T, HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr,
+                         N_AXES: tl.constexpr, BLOCK_T: tl.constexpr):
+    # the rotation from a teaching kernel's helper (notebook 04's ablation)
+    HALF: tl.constexpr = D // 2
+    t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    live = (t < T)[:, None]
+    j = tl.arange(0, HALF)[None, :]
+    c, s = _angles(pos_ptr, inv_freq_ptr, axis_ptr, t, T, HALF, N_AXES, BLOCK_T)
+    for h in range(HQ):
+        row = (t[:, None] * HQ + h) * D + j
+        _rotate_tile(q_ptr, q_out_ptr, row, row, live, c, s, c, s, HALF, False)
+    for h in range(HK):
+        row = (t[:, None] * HK + h) * D + j
+        _rotate_tile(k_ptr, k_out_ptr, row, row, live, c, s, c, s, HALF, False)
+
+
+@pytest.mark.parametrize("kernel,says", [
+    (shipped_angles_kernel, "ropelib's _mrope_cos_sin (ropelib/kernels/mrope.py)"),
+    (teaching_tile_kernel, "ropelib's _rotate_tile (ropelib/course/kernels/ablation.py)"),
+], ids=["shipped-mrope-helper", "teaching-kernel-helper"])
+def test_kernel_calling_library_helpers_is_refused(kernel, says, capsys):
+    """The natural shortcuts: the shipped kernel's angle helper, a teaching kernel's rotation."""
+    assert ex.check_mrope_kernel(kernel, seed=5) is False
+    out = capsys.readouterr().out
+    assert "❌ multi-axis RoPE kernel" in out and says in out, out
 
 
 def test_kernel_calling_ropelibs_kernels_fails(capsys):

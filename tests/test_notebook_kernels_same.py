@@ -1,4 +1,4 @@
-"""The kernel code notebooks 03-06 and 08 show inline is the code ropelib runs.
+"""The kernel code notebooks 03-06, 08 and 10 show inline is the code ropelib runs.
 
 A notebook shows a ropelib object's source in a markdown cell, so it can be read without running
 anything:
@@ -53,6 +53,8 @@ REQUIRED = {
     "05-finished-kernel": ["ropelib.kernels.flat._rotate_pairs"],
     "06-backward-pass": ["ropelib.course.kernels.batch_reuse._rope_batch_reuse_kernel"],
     "08-debugging-allclose": ["ropelib.course.exercises.debugging._rope_combine_kernel"],
+    "10-multi-axis-rope": ["ropelib.kernels.mrope._mrope_cos_sin",
+                           "ropelib.kernels.mrope._mrope_kernel"],
 }
 MARKER = re.compile(r"<!--\s*ropelib-source:\s*([\w.]+)\s*-->")
 CODE_MARKER = re.compile(r"\A# ropelib-source: ([\w.]+)\n")

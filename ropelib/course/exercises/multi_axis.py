@@ -12,8 +12,9 @@ allocates the outputs itself (NaN, inside NaN guard bands), launches the kernel 
 signature below on fresh inputs through Triton's interpreter on the CPU, barred from ropelib
 and with its sines and cosines counted (`ropelib.course.work_count`), and compares q and k
 with `ropelib.apply_mrope_qk`; on a GPU it then also runs the compiled kernel there. It passes
-when the values match and the kernel evaluates at most two sines (and cosines) per (token,
-pair): angles formed per head would cost as many per (token, pair) as there are heads.
+when the values match and the kernel evaluates at most two sines and cosines together per
+(token, pair), one of each: angles formed twice would cost 4, formed per head twice the head
+count.
 
     q_ptr, k_ptr,            # q [T, HQ, D] and k [T, HK, D]: T tokens, contiguous
     q_out_ptr, k_out_ptr,    # the rotated q and k, same shapes, contiguous
@@ -180,7 +181,7 @@ def check_mrope_kernel(kernel, *, seed: Optional[int] = None) -> bool:
     on fresh inputs; compare with ropelib.apply_mrope_qk and count its sines and cosines.
 
     Returns True when every case matches and the kernel forms each token's angles once (at
-    most 2 sines and 2 cosines per (token, pair) over the tokens its programs cover).
+    most 2 sines and cosines together per (token, pair) over the tokens its programs cover).
     """
     name = "multi-axis RoPE kernel"
     if not kernel_answer(name, kernel, "the outputs it allocated"):
@@ -224,19 +225,26 @@ def check_mrope_kernel(kernel, *, seed: Optional[int] = None) -> bool:
                                     tol):
                 return False
         covered = work.programs * BLOCK_T * (D // 2)     # (token, pair) slots of its programs
-        per_slot = max(work.sin, work.cos) / covered
+        # one sine plus one cosine per (token, pair) is 2 (a cosine taken as sin(theta + pi/2)
+        # too); angles formed twice, or once per head, are 4 or more
+        per_slot = (work.sin + work.cos) / covered
         if per_slot > 2:
             print(f"❌ {name} ({label}): right values, but {work.sin} sines and {work.cos} "
                   f"cosines for {work.programs} programs x {BLOCK_T} tokens x {D // 2} pairs: "
-                  f"{per_slot:g} per (token, pair) with {HQ + HK} heads. Form the angles once "
-                  "per token, before the loop over the heads, and reuse them for every head")
+                  f"{_pairs(per_slot / 2)} per (token, pair) with {HQ + HK} heads. Form the "
+                  "angles once per token, before the loops over the heads, and reuse them for "
+                  "every head of q and of k")
             return False
         counts.append(per_slot)
     gpu = " and compiled on the GPU" if on_gpu else ""
     print(f"✅ {name}: correct on {len(KERNEL_CASES)} launches in the interpreter{gpu} (M-RoPE, "
           f"interleaved, 2-D axial; a masked tile; fp32 and bf16), with "
-          f"{max(counts):g} sine and cosine per (token, pair) whatever the head count")
+          f"{_pairs(max(counts) / 2)} per (token, pair) whatever the head count")
     return True
+
+
+def _pairs(n: float) -> str:
+    return f"{n:g} sine-cosine pair" + ("" if n == 1 else "s")
 
 
 @triton.jit
