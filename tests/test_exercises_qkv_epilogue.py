@@ -133,6 +133,21 @@ def test_split_mistakes_fail(why, replacements, capsys):
     assert "❌" in capsys.readouterr().out
 
 
+def test_split_check_refuses_two_accumulators(capsys):
+    # exercise 1's kernel (two accumulators, two tl.dot a K step) computes the same numbers as
+    # the split; as a learner's own copy it must still fail exercise 1b's check, which compiles
+    # it for sm_90 and counts its matrix multiplies, while the worked split passes
+    assert ex.check_epilogue_kernel(learner_copy(FWD), seed=13)     # right as exercise 1
+    capsys.readouterr()
+    assert not ex.check_split_epilogue_kernel(learner_copy(FWD), seed=13)
+    out = capsys.readouterr().out
+    assert "❌" in out and "2 matrix multiplies" in out and "ONE accumulator" in out
+    assert "not checked" not in out
+    assert ex.check_split_epilogue_kernel(learner_copy(ONE), seed=13)
+    out = capsys.readouterr().out
+    assert "✅" in out and "not checked" not in out
+
+
 @pytest.mark.parametrize("why, replacements", [
     ("no prologue: the notebook's starting point", [(PROLOGUE, "            pass\n")]),
     ("the forward rotation instead of its inverse",

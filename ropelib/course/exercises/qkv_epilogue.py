@@ -135,8 +135,11 @@ def _label(M, K, HQ, HK, D, BLOCK_M, BLOCK_K) -> str:
 
 
 def _run_cases(name: str, what: str, kernel, seed: Optional[int], make_output: Callable,
-               launch: Callable, expected: Callable, where: Callable, hint: str) -> bool:
-    """Launch `kernel` on each case into a NaN output inside NaN guard bands; compare."""
+               launch: Callable, expected: Callable, where: Callable, hint: str,
+               structure: Optional[Callable] = None) -> bool:
+    """Launch `kernel` on each case into a NaN output inside NaN guard bands; compare. Where
+    every case is right, `structure(kernel)` (if given) may still refuse the kernel: it returns
+    None to accept it, or what is wrong with how it is built."""
     seed = int(torch.randint(0, 2**31 - 1, (1,)).item()) if seed is None else seed
     gen = torch.Generator().manual_seed(seed)
     atol, rtol = _tolerance()
@@ -177,12 +180,17 @@ def _run_cases(name: str, what: str, kernel, seed: Optional[int], make_output: C
         if not ok:
             print(f"   (inputs drawn with seed={seed})")
             return check(f"{name} ({label})", out, want, atol=atol, rtol=rtol, hint=hint)
+    wrong = structure(kernel) if structure is not None else None
+    if wrong:
+        print(f"❌ {name}: the results are right, but {wrong}")
+        return False
     print(f"✅ {name}: correct on {len(CASES)} launches (partial token and K tiles, grouped-query "
           "heads, D = 32 and 64, positions in random order, free angles)")
     return True
 
 
-def _check_forward(name: str, what: str, kernel, seed: Optional[int], hint: str) -> bool:
+def _check_forward(name: str, what: str, kernel, seed: Optional[int], hint: str,
+                   structure: Optional[Callable] = None) -> bool:
     """Launch a forward kernel (the teaching kernel's signature) into a NaN qkv [M, H, D] inside
     NaN guard bands and compare it with the fp64 reference."""
     if not _ready(name, kernel, "out_ptr"):
@@ -205,7 +213,8 @@ def _check_forward(name: str, what: str, kernel, seed: Optional[int], hint: str)
     def where(first):
         return f"[token, head, feature] = {first}"
 
-    return _run_cases(name, what, kernel, seed, make_output, launch, expected, where, hint)
+    return _run_cases(name, what, kernel, seed, make_output, launch, expected, where, hint,
+                      structure)
 
 
 def check_epilogue_kernel(kernel, seed: Optional[int] = None) -> bool:
@@ -220,16 +229,44 @@ def check_epilogue_kernel(kernel, seed: Optional[int] = None) -> bool:
              "as it is")
 
 
+# a small launch of the forward's signature, compiled for sm_90 to count its matrix multiplies
+_SPLIT_COMPILE = dict(M=20, K=48, H=4, N_ROT=3, D=32, BLOCK_M=16, BLOCK_K=16)
+
+
+def _matrix_multiplies(kernel) -> Optional[str]:
+    """None if `kernel`, compiled for sm_90 (offline, no GPU needed), issues exactly one matrix
+    multiply (tt.dot) in its K loop; otherwise what is wrong. A kernel that cannot be compiled
+    here (no compiler for sm_90 on this machine) is accepted on its results, with a note."""
+    from ..load_schedule import schedule
+    f32, i64 = torch.empty(16, dtype=torch.float32), torch.empty(16, dtype=torch.int64)
+    args = dict(x_ptr=f32, w_ptr=f32, out_ptr=f32, cos_ptr=f32, sin_ptr=f32, pos_ptr=i64,
+                **_SPLIT_COMPILE)
+    try:
+        dots = schedule(kernel, args, num_warps=4)["dots"]
+    except Exception as exc:  # noqa: BLE001 -- the results were right: accept, and say so
+        print(f"   (not checked: how many matrix multiplies your kernel issues; compiling it for "
+              f"sm_90 here raised {exception_line(exc)})")
+        return None
+    if dots == 1:
+        return None
+    return (f"your kernel compiles to {dots} matrix multiplies a K step, where this exercise "
+            f"asks for one: hold the head as ONE accumulator acc [BLOCK_M, D], filled by one "
+            f"tl.dot a K step, and split it in the epilogue (tl.reshape, tl.permute, tl.split)")
+
+
 def check_split_epilogue_kernel(kernel, seed: Optional[int] = None) -> bool:
     """Launch the learner's forward kernel that holds each head as one accumulator [BLOCK_M, D]
     (the signature of the two-accumulator kernel) and compare its qkv [M, H, D] with the fp64
-    reference, as check_epilogue_kernel does. Prints ✅ or ❌; never raises."""
+    reference, as check_epilogue_kernel does; where the results are right, compile it for sm_90
+    (offline) and refuse it unless it issues exactly one matrix multiply a K step (a kernel with
+    two accumulators computes the same numbers). Prints ✅ or ❌; never raises."""
     return _check_forward(
         "QKV GEMM with one accumulator, split in the epilogue", "your split", kernel, seed,
         hint="acc [BLOCK_M, D] holds feature j at column j and its partner j + D/2 at column "
              "j + D/2: tl.reshape to [BLOCK_M, 2, D/2] puts the two halves on axis 1; "
              "tl.permute to [BLOCK_M, D/2, 2] moves them last, where tl.split separates them; "
-             "rotate, then tl.join and the inverse permute and reshape give [BLOCK_M, D] back")
+             "rotate, then tl.join and the inverse permute and reshape give [BLOCK_M, D] back",
+        structure=_matrix_multiplies)
 
 
 def check_prologue_kernel(kernel, seed: Optional[int] = None) -> bool:
