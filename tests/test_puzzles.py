@@ -31,13 +31,13 @@ KEYS = list(pz.PUZZLES)
 # what each starting kernel of the notebook gets wrong, as the check words it
 STARTER_FAILS_WITH = {
     "rotate_row": "no kernel yet",
-    "interleaved": "that is rotate-half",
+    "interleaved": "no kernel yet",
     "partial": "were never written",
-    "odd_head_dim": "read no element of any input",
+    "odd_head_dim": "no kernel yet",
     "long_context": "bf16 values near",
     "position_ids": "read no element of any input",
     "int64_offsets": "a 32-bit offset",
-    "backward": "the rotation by -theta",
+    "backward": "no kernel yet",
     "shared_table": "was loaded 4 times",
     "start_positions": "positions 0 .. T-1",
     "bf16_table": "eager PyTorch's x * cos + rotate_half(x) * sin",
@@ -122,6 +122,111 @@ def test_starting_kernel_fails_for_its_reason(key, starters, capsys):
     out = capsys.readouterr().out
     assert out.startswith(f"❌ puzzle {pz.PUZZLES[key].number} "), out
     assert STARTER_FAILS_WITH[key] in out, out
+
+
+# The bugs puzzles 2, 4 and 8 are built on, as a learner might hand them in (the notebook gives
+# those puzzles an empty body): each fails, and the check names the bug.
+
+@triton.jit
+def _rotate_half_for_gptj_kernel(x_ptr, theta_ptr, y_ptr, N_ROWS, HALF: tl.constexpr,
+                                 BLOCK_ROWS: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    j = tl.arange(0, HALF)
+    live = rows[:, None] < N_ROWS
+    theta = tl.load(theta_ptr + rows[:, None] * HALF + j[None, :], mask=live, other=0.0)
+    row = x_ptr + rows[:, None] * (2 * HALF)
+    x1 = tl.load(row + j[None, :], mask=live, other=0.0)  # pair j: features j and j + HALF
+    x2 = tl.load(row + HALF + j[None, :], mask=live, other=0.0)
+    c, s = tl.cos(theta), tl.sin(theta)
+    out = y_ptr + rows[:, None] * (2 * HALF)
+    tl.store(out + j[None, :], x1 * c - x2 * s, mask=live)
+    tl.store(out + HALF + j[None, :], x2 * c + x1 * s, mask=live)
+
+
+@triton.jit
+def _stride_two_interleaved_kernel(x_ptr, theta_ptr, y_ptr, N_ROWS, HALF: tl.constexpr,
+                                   BLOCK_ROWS: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    j = tl.arange(0, HALF)
+    live = rows[:, None] < N_ROWS
+    theta = tl.load(theta_ptr + rows[:, None] * HALF + j[None, :], mask=live, other=0.0)
+    row = rows[:, None] * (2 * HALF)
+    x0 = tl.load(x_ptr + row + 2 * j[None, :], mask=live, other=0.0)
+    x1 = tl.load(x_ptr + row + 2 * j[None, :] + 1, mask=live, other=0.0)
+    c, s = tl.cos(theta), tl.sin(theta)
+    tl.store(y_ptr + row + 2 * j[None, :], x0 * c - x1 * s, mask=live)
+    tl.store(y_ptr + row + 2 * j[None, :] + 1, x1 * c + x0 * s, mask=live)
+
+
+@triton.jit
+def _rows_only_mask_kernel(x_ptr, theta_ptr, y_ptr, N_ROWS, HALF: tl.constexpr,
+                           BLOCK_ROWS: tl.constexpr, BLOCK_HALF: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    j = tl.arange(0, BLOCK_HALF)
+    live = rows[:, None] < N_ROWS                         # the lanes j >= HALF are not masked
+    theta = tl.load(theta_ptr + rows[:, None] * HALF + j[None, :], mask=live, other=0.0)
+    row_x = x_ptr + rows[:, None] * (2 * HALF)
+    x1 = tl.load(row_x + j[None, :], mask=live, other=0.0)
+    x2 = tl.load(row_x + HALF + j[None, :], mask=live, other=0.0)
+    c, s = tl.cos(theta), tl.sin(theta)
+    row_y = y_ptr + rows[:, None] * (2 * HALF)
+    tl.store(row_y + j[None, :], x1 * c - x2 * s, mask=live)
+    tl.store(row_y + HALF + j[None, :], x2 * c + x1 * s, mask=live)
+
+
+@triton.jit
+def _backward_forward_kernel(dy_ptr, theta_ptr, dx_ptr, N_ROWS, HALF: tl.constexpr,
+                             BLOCK_ROWS: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    j = tl.arange(0, HALF)
+    live = rows[:, None] < N_ROWS
+    theta = tl.load(theta_ptr + rows[:, None] * HALF + j[None, :], mask=live, other=0.0)
+    row = rows[:, None] * (2 * HALF)
+    g1 = tl.load(dy_ptr + row + j[None, :], mask=live, other=0.0)
+    g2 = tl.load(dy_ptr + row + HALF + j[None, :], mask=live, other=0.0)
+    c, s = tl.cos(theta), tl.sin(theta)
+    tl.store(dx_ptr + row + j[None, :], g1 * c - g2 * s, mask=live)    # the forward's formula
+    tl.store(dx_ptr + row + HALF + j[None, :], g2 * c + g1 * s, mask=live)
+
+
+@triton.jit
+def _backward_one_sign_kernel(dy_ptr, theta_ptr, dx_ptr, N_ROWS, HALF: tl.constexpr,
+                              BLOCK_ROWS: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    j = tl.arange(0, HALF)
+    live = rows[:, None] < N_ROWS
+    theta = tl.load(theta_ptr + rows[:, None] * HALF + j[None, :], mask=live, other=0.0)
+    row = rows[:, None] * (2 * HALF)
+    g1 = tl.load(dy_ptr + row + j[None, :], mask=live, other=0.0)
+    g2 = tl.load(dy_ptr + row + HALF + j[None, :], mask=live, other=0.0)
+    c, s = tl.cos(theta), tl.sin(theta)
+    tl.store(dx_ptr + row + j[None, :], g1 * c + g2 * s, mask=live)    # turned back
+    tl.store(dx_ptr + row + HALF + j[None, :], g2 * c + g1 * s, mask=live)  # still +theta
+
+
+WRITTEN_PUZZLE_BUGS = [
+    ("interleaved", _rotate_half_for_gptj_kernel, "that is rotate-half"),
+    ("odd_head_dim", _rows_only_mask_kernel, "read no element of any input"),
+    ("backward", _backward_forward_kernel, "the rotation by -theta"),
+    ("backward", _backward_one_sign_kernel, "flip the sign of its sine term too"),
+]
+
+
+@pytest.mark.parametrize("key, kernel, says", WRITTEN_PUZZLE_BUGS,
+                         ids=[k.__name__ for _, k, _ in WRITTEN_PUZZLE_BUGS])
+def test_the_bug_a_written_puzzle_is_built_on_fails_for_its_reason(key, kernel, says, capsys):
+    assert "    ...  # your code" in NOTEBOOK.read_text(encoding="utf-8").split(
+        f"def my_{key}_kernel(", 1)[1].split("pz.check_", 1)[0]           # the notebook's blank
+    for seed in (0, 3):
+        assert pz.grade(pz.PUZZLES[key], kernel, seed=seed, draw=False) is False
+        out = capsys.readouterr().out
+        assert out.startswith(f"❌ puzzle {pz.PUZZLES[key].number} ") and says in out, out
+
+
+def test_interleaved_passes_with_stride_two_loads_too(capsys):
+    """The notebook says puzzle 2 can be solved with stride-2 loads or whole rows."""
+    assert pz.check_interleaved(_stride_two_interleaved_kernel, seed=0, draw=False) is True
+    assert "✅ puzzle 2 " in capsys.readouterr().out
 
 
 def _with_library_call(kernel, name: str) -> str:
@@ -209,6 +314,69 @@ def test_pictures_draw_for_right_and_wrong_kernels(starters, own_solutions, monk
     assert pz.check_long_context(own_solutions.my_long_context_kernel, seed=0, time_it=False)
     assert pz.check_int64_offsets(starters.my_int64_offsets_kernel, seed=0) is False
     assert shown == [6, 3]     # x, freqs, pos, inv_freq, y + the angle-error panel; x, theta, y
+
+
+# --- puzzle 5: the check names which 16-bit mistake an answer made -----------------------------
+
+@triton.jit
+def _long_context_bf16_inv_freq_kernel(
+    x_ptr, freqs_ptr, pos_ptr, inv_freq_ptr, y_ptr, N_ROWS,
+    HALF: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    j = tl.arange(0, HALF)
+    live = rows[:, None] < N_ROWS
+    pos = tl.load(pos_ptr + rows, mask=rows < N_ROWS, other=0)
+    inv = tl.load(inv_freq_ptr + j).to(tl.bfloat16).to(tl.float32)   # as after model.to(bf16)
+    theta = pos.to(tl.float32)[:, None] * inv[None, :]
+    c, s = tl.cos(theta), tl.sin(theta)
+    row_x = x_ptr + rows[:, None] * (2 * HALF)
+    x1 = tl.load(row_x + j[None, :], mask=live, other=0.0).to(tl.float32)
+    x2 = tl.load(row_x + HALF + j[None, :], mask=live, other=0.0).to(tl.float32)
+    row_y = y_ptr + rows[:, None] * (2 * HALF)
+    tl.store(row_y + j[None, :], (x1 * c - x2 * s).to(y_ptr.dtype.element_ty), mask=live)
+    tl.store(row_y + HALF + j[None, :], (x2 * c + x1 * s).to(y_ptr.dtype.element_ty), mask=live)
+
+
+@triton.jit
+def _long_context_bf16_angle_kernel(
+    x_ptr, freqs_ptr, pos_ptr, inv_freq_ptr, y_ptr, N_ROWS,
+    HALF: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    j = tl.arange(0, HALF)
+    live = rows[:, None] < N_ROWS
+    pos = tl.load(pos_ptr + rows, mask=rows < N_ROWS, other=0)
+    inv = tl.load(inv_freq_ptr + j)
+    theta = (pos.to(tl.float32)[:, None] * inv[None, :]).to(tl.bfloat16).to(tl.float32)
+    c, s = tl.cos(theta), tl.sin(theta)
+    row_x = x_ptr + rows[:, None] * (2 * HALF)
+    x1 = tl.load(row_x + j[None, :], mask=live, other=0.0).to(tl.float32)
+    x2 = tl.load(row_x + HALF + j[None, :], mask=live, other=0.0).to(tl.float32)
+    row_y = y_ptr + rows[:, None] * (2 * HALF)
+    tl.store(row_y + j[None, :], (x1 * c - x2 * s).to(y_ptr.dtype.element_ty), mask=live)
+    tl.store(row_y + HALF + j[None, :], (x2 * c + x1 * s).to(y_ptr.dtype.element_ty), mask=live)
+
+
+@pytest.mark.parametrize("kernel, says, not_says", [
+    (_long_context_bf16_inv_freq_kernel, "inverse frequencies rounded to bf16",
+     "angle held in bf16"),
+    (_long_context_bf16_angle_kernel, "angle held in bf16", "inverse frequencies"),
+])
+def test_long_context_names_the_16_bit_mistake(kernel, says, not_says, capsys):
+    """A kernel that rounds inv_freq to bf16 (as a model cast with .to(bfloat16) hands it) is
+    told so, not blamed for a bf16 table; one that rounds its own fp32 angle to bf16 is told the
+    table's story. Both fail."""
+    for seed in (0, 3):
+        assert pz.check_long_context(kernel, seed=seed, draw=False) is False
+        out = capsys.readouterr().out
+        assert out.startswith("❌ puzzle 5 ") and says in out and not_says not in out, out
+
+
+def test_long_context_starter_is_blamed_on_the_table(starters, capsys):
+    assert pz.check_long_context(starters.my_long_context_kernel, seed=0, draw=False) is False
+    out = capsys.readouterr().out
+    assert "rotation by the angle held in bf16" in out and "inverse frequencies" not in out, out
 
 
 # --- puzzle 11: what the check measures, and the claims the notebook makes about it -----------
@@ -351,6 +519,72 @@ def test_virtual_rows_past_2_31_fault_with_int32_offsets():
     report = memory.fault_report()
     wrapped = 2 * (2**30 + 64) - 2**32
     assert f"element offset {wrapped:,} from x" in report and "32-bit offset" in report
+
+
+def test_element_offset_is_signed_64_bit_whatever_the_base(monkeypatch):
+    """A 32-bit offset that wrapped to -2^31 + 128 elements reads below the base. Where the base
+    is under 2^33 bytes (a non-PIE Python's heap: the GPU machine's), that address wraps past 0
+    and arrives as a uint64 just under 2^64; the offset must still come out negative."""
+    region = pz.Region("x", torch.zeros(3, 8), "in", row_stride=2**30 + 64)
+    wrapped = 2 * (2**30 + 64) - 2**32                           # -2,147,483,520 elements
+    for base in (0x1000, 0x10000000, 2**33 - 4, 0x5585_83E6_93C0, 2**63 + 64):
+        monkeypatch.setattr(pz.Region, "base", property(lambda self, b=base: b))
+        address = (base + 4 * wrapped) % 2**64
+        assert region.element_offset(address) == wrapped, hex(base)
+        assert region.element_offset(base + 4 * 7) == 7
+        assert region.element_offset((base - 4) % 2**64) == -1
+
+
+def _low_buffer(floats: int):
+    """A float32 tensor below 2^33 (a fixed Linux mmap, else an ordinary tensor where the heap
+    already lies there), or None; and its release."""
+    import ctypes
+    import mmap
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_int, ctypes.c_long]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    except (OSError, AttributeError):
+        return None, None
+    want, size = 0x10000000, 4 * floats
+    got = libc.mmap(want, size, mmap.PROT_READ | mmap.PROT_WRITE,
+                    mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x100000, -1, 0)  # FIXED_NOREPLACE
+    if got != want:
+        if got not in (None, ctypes.c_void_p(-1).value):
+            libc.munmap(got, size)
+        plain = torch.empty(floats)          # a heap that already lies low (a non-PIE Python)
+        return (plain, lambda: None) if plain.data_ptr() + 4 * floats < 2**33 else (None, None)
+    buf = torch.frombuffer((ctypes.c_float * floats).from_address(got), dtype=torch.float32)
+    return buf, lambda: libc.munmap(got, size)
+
+
+def test_virtual_rows_below_a_low_base_report_the_wrapped_offset():
+    """The same fault as above with x and y at an address below 2^33: the report names the
+    offset near -2^31 and the 32-bit wrap, as it does with a high base."""
+    buf, release = _low_buffer(1 << 14)
+    if buf is None:
+        pytest.skip("no mapping at a fixed low address here")
+    try:
+        x, y = buf[:24].view(3, 8), buf[4096:4096 + 24].view(3, 8)
+        x.copy_(torch.randn(3, 8))
+        y.fill_(float("nan"))
+        assert x.data_ptr() < 2**33
+        memory = pz.BoundsCheckedMemory([pz.Region("x", x, "in", row_stride=2**30 + 64),
+                                         pz.Region("y", y, "out", row_stride=2**30 + 8)])
+        with memory.installed():
+            interpreted(_copy_rows_kernel)[(1,)](x, y, 3, 2**30 + 64, 2**30 + 8, W=8,
+                                                     INT64=False)
+        report = memory.fault_report()
+        assert torch.equal(x[:2], y[:2]) and y[2].isnan().all()
+        wrapped = 2 * (2**30 + 64) - 2**32
+        assert f"element offset {wrapped:,} from x" in report, report
+        assert "a 32-bit offset gives once it wraps" in report, report
+        del x, y, memory
+    finally:
+        del buf
+        release()
 
 
 def test_faults_are_masked_off_and_counted():

@@ -189,8 +189,14 @@ class Region:
         return hit, real.astype(np.uint64)
 
     def element_offset(self, address: int) -> int:
-        """Signed element offset of `address` from this region's base."""
-        return (int(address) - self.base) // self.itemsize
+        """Signed element offset of `address` from this region's base, the byte difference taken
+        as a signed 64-bit value (as the kernel's pointer arithmetic wraps it). A 32-bit offset
+        that wrapped negative is then negative whatever the base: below a base under 2^33 the
+        address itself wraps past 0, and its uint64 value is just under 2^64."""
+        d = (int(address) - self.base) % 2**64
+        if d >= 2**63:
+            d -= 2**64
+        return d // self.itemsize
 
     def describe(self) -> str:
         t = self.tensor
@@ -522,7 +528,7 @@ def _build_interleaved(gen, device, block_rows=4):
         x, theta = _randn(gen, n, 2 * half), _angles(gen, n, half)
         x64, t64 = x.double(), theta.double()
         wrong = [("your kernel pairs feature j with j + D/2: that is rotate-half (GPT-NeoX, "
-                  "Llama). GPT-J's interleaved form pairs 2j with 2j + 1",
+                  "Hugging Face's Llama). GPT-J's interleaved form pairs 2j with 2j + 1",
                   spec_rotate_row(x64, t64))]
         cases.append(_row_case(f"x [{n}, {2 * half}]", (triton.cdiv(n, block_rows),),
                                {"x": x, "theta": theta}, (n, 2 * half),
@@ -718,15 +724,41 @@ def _build_long_context(gen, device, block_rows=8):
                          spec_long_context(x, pos, inv), {"HALF": half, "BLOCK_ROWS": block_rows},
                          device, args_after=(n,), out_dtype=torch.bfloat16)
         case.extra["positions"] = pos
+        case.extra["inv_freq"] = inv
         cases.append(case)
     return cases
 
 
-def _pair_angle_error(case, got) -> torch.Tensor:
-    """[N]: per row, the largest angle error in radians, from |y_pair - spec_pair| / |x_pair|."""
+def _rotated_by(x, theta) -> torch.Tensor:
+    """x [N, 2H] rotated (rotate-half) by the angles theta [N, H], in fp64."""
+    half = x.shape[-1] // 2
+    x1, x2, theta = x[..., :half].double(), x[..., half:].double(), theta.double()
+    return torch.cat((x1 * theta.cos() - x2 * theta.sin(), x2 * theta.cos() + x1 * theta.sin()), -1)
+
+
+def _long_context_mistakes(case) -> List[Tuple[str, torch.Tensor]]:
+    """(what went wrong, the output it gives) for the two 16-bit mistakes of puzzle 5: the angle
+    held in bf16 (the caller's table, or an fp32 angle rounded to bf16 in the kernel), and the
+    inverse frequencies rounded to bf16 before the multiply. bf16 rounds to nearest on a GPU
+    and truncates in Triton's interpreter, so each comes in both roundings."""
+    x, pos, inv = (case.inputs[n].cpu() for n in ("x", "pos", "inv_freq"))
+    p64 = pos.double()[:, None]
+    angle = p64 * inv.double()[None, :]
+    angle32 = pos.float()[:, None] * inv[None, :]
+    out = []
+    for truncate in (False, True):
+        out.append(("table", _rotated_by(x, _to_bf16(angle if not truncate else angle32,
+                                                     truncate).double())))
+        out.append(("inv_freq", _rotated_by(x, p64 * _to_bf16(inv, truncate).double()[None, :])))
+    return out
+
+
+def _pair_angle_error(case, got, expected: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """[N]: per row, the largest angle error in radians, from |y_pair - spec_pair| / |x_pair|
+    (or against `expected` in place of the spec)."""
     x = case.inputs["x"].double().cpu()
     half = x.shape[-1] // 2
-    d = got.double().cpu() - case.expected.cpu()
+    d = got.double().cpu() - (case.expected if expected is None else expected).cpu()
     num = (d[:, :half] ** 2 + d[:, half:] ** 2).sqrt()
     den = (x[:, :half] ** 2 + x[:, half:] ** 2).sqrt().clamp_min(1e-3)
     chord = (num / den).nan_to_num(float("inf")).amax(dim=1)
@@ -745,11 +777,22 @@ def _compare_long_context(case, got) -> Optional[str]:
     pos = case.extra["positions"]
     p = int(pos[worst])
     right = [f"{int(q):,}" for q in pos[err <= ANGLE_TOL]]
-    return (f"at position {p:,} the rotation is off by {float(err[worst]):.2f} rad (allowed "
+    text = (f"at position {p:,} the rotation is off by {float(err[worst]):.2f} rad (allowed "
             f"{ANGLE_TOL}); right at {len(right)} of {len(pos)} positions"
-            + (f" ({', '.join(right[:6])}{', ...' if len(right) > 6 else ''})" if right else "")
-            + f". bf16 values near {p:,} are {_bf16_spacing(p)} apart, so an angle held in bf16 "
-            "is off by up to half that")
+            + (f" ({', '.join(right[:6])}{', ...' if len(right) > 6 else ''})" if right else ""))
+    cause = next((what for what, alt in _long_context_mistakes(case)
+                  if float(_pair_angle_error(case, got, alt).max()) <= ANGLE_TOL), None)
+    if cause == "table":
+        return (text + f". Your y is the rotation by the angle held in bf16: bf16 values near "
+                f"{p:,} are {_bf16_spacing(p)} apart, so an angle held in bf16 is off by up to "
+                "half that")
+    if cause == "inv_freq":
+        return (text + ". Your y is the rotation by inverse frequencies rounded to bf16: that "
+                "moves each inv_freq[j] by up to 2^-8 of itself (bf16 keeps 8 significant bits), "
+                "and so the angle at position p by up to p * inv_freq[j] / 256 rad. Multiply by "
+                "the fp32 inv_freq as loaded")
+    return (text + ". The angle of pair j at position p is p * inv_freq[j]: compute it in fp32 "
+            "from the integer position and the fp32 inverse frequencies")
 
 
 def _plot_long_context(ax, case, got):
