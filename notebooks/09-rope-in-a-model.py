@@ -498,11 +498,13 @@ assert tuple(round(g, 3) for g in late_k) == (0.011, 0.022) and max(gap_s[i] for
 # ### The same model with RoPE inside the QKV projection
 #
 # Notebook 12 folds the rotation into the projection that makes q, k and v: the GEMM rotates
-# each q and k tile in its epilogue, while the tile is still in registers, and the backward
-# GEMMs undo the rotation as they load the gradients. `GPT(cfg, rope="ropelib_qkv")` is that
-# model: the same `qkv` weights, the same angle table, but q, k and v come from one call of
-# `ropelib.qkv_rope_linear` instead of a matmul followed by RoPE. Trained from seed 0 like the
-# ropelib run, it should follow the same curve:
+# each q and k tile in its epilogue, while the tile is still in registers. Its backward rotates
+# the gradients of q and k back with ropelib's RoPE, writes the projection's gradient once, and
+# lets cuBLAS compute the input's and the weight's gradients from it (notebook 12 measures
+# why that beats undoing the rotation inside the backward GEMMs).
+# `GPT(cfg, rope="ropelib_qkv")` is that model: the same `qkv` weights, the same angle table,
+# but q, k and v come from one call of `ropelib.qkv_rope_linear` instead of a matmul followed
+# by RoPE. Trained from seed 0 like the ropelib run, it should follow the same curve:
 #
 # - on the CPU (fp32) to fp32 rounding (the GEMM sums in another order than torch's matmul),
 #   checked below $10^{-5}$ like the kernel above;
