@@ -13,6 +13,7 @@ import torch
 
 import ropelib
 from ropelib import frequencies, reference
+from ropelib.course import puzzles
 from ropelib.course.exercises import basics, call_answer, check, solution
 from loading import load_file  # noqa: E402
 
@@ -202,6 +203,10 @@ def test_check_interleaved_rope_refuses_library_answers(capsys):
             "ropelib's solution_rotate_half"),
         "the worked solution": (basics.solution_interleaved_rope,
                                 "ropelib's solution_interleaved_rope"),
+        "notebook 13's interleaved spec": (
+            lambda x, f: puzzles.spec_interleaved(
+                x.float(), _bshd(f)[..., 0::2].expand(*x.shape[:-1], -1)).to(x.dtype),
+            "ropelib's spec_interleaved (ropelib/course/puzzles.py)"),
     }
     for label, (answer, words) in library.items():
         assert not basics.check_interleaved_rope(answer), label

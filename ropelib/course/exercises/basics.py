@@ -76,7 +76,8 @@ def check_interleaved_rope(fn: Callable) -> bool:
 
     Tried on the exercise's shape and on others (B == S, where a table left in `sbhd` order
     broadcasts without an error; B == 1; a table of positions 3.. and another base; bf16), with
-    ropelib barred, and the worked solutions of this exercise and of notebook 01's rotate_half.
+    ropelib barred, the worked solutions of this exercise and of notebook 01's rotate_half, and
+    the course's own RoPE helpers (`course_rope_helpers`: notebook 13's specs and the like).
     The expected values are `reference.rope_reference`'s, computed outside the block.
     """
     g = torch.Generator().manual_seed(3)
@@ -94,7 +95,8 @@ def check_interleaved_rope(fn: Callable) -> bool:
     return check_cases("interleaved RoPE of a bshd tensor", "your own RoPE", fn, cases,
                        hint="move the table's positions to dim 1 (bshd: [1, S, 1, D]), pair "
                             "neighbours: rotate_half(x) = (-x1, x0, -x3, x2, ...), and compute "
-                            "in fp32, rounding to x's dtype once at the end")
+                            "in fp32, rounding to x's dtype once at the end",
+                       bar=course_rope_helpers())
 
 
 # --- notebook 01: RoFormer math --------------------------------------------------------------
