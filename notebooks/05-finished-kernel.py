@@ -23,8 +23,9 @@
 # measured on the same
 # H200 (section 1 reads the batch-reusing grid and `apply_rope` from that run's CSV).
 # This notebook closes that gap in small steps. It starts from a
-# number — how many bytes a GPU must have in flight to stream at full speed — and derives the
-# tile from it, then climbs a ladder of kernels, each adding one idea and each checked against
+# number — how many bytes a GPU must have in flight to stream at full speed — which sets a floor
+# under the tile (the tile itself was then chosen by a sweep), then climbs a ladder of kernels,
+# each adding one idea and each checked against
 # the reference, until the last one computes what ropelib's kernel computes, bit for bit.
 #
 # **Time budget.** About two and a half hours: 15 minutes for the bytes-in-flight model, 30 for
@@ -38,7 +39,8 @@
 #
 # **After this notebook you will be able to**
 #
-# - size a memory-bound kernel's tile from Little's law: bytes in flight = bandwidth × latency;
+# - bound a memory-bound kernel's tile from below with Little's law: bytes in flight =
+#   bandwidth × latency;
 # - grow a Triton kernel from one (token, head) row per program to a 3-D tile of tokens × heads ×
 #   half-features, with a grid axis over batch chunks, and say what each step buys;
 # - read the layout Triton gives a tile (`#ttg.blocked<...>`: sizePerThread, threadsPerWarp,
@@ -174,14 +176,23 @@ assert fin_m["x_kib_per_sm"] > 3 * br_m["x_kib_per_sm"] and fin_m["us"] < br_m["
 #   and more DRAM. Then the same DRAM chase again while the copy keeps DRAM busy on the other
 #   SMs ("loaded"): the load waits in the queues a streaming kernel's own loads wait in.
 #
-# An SM holds at most 2048 threads (compute capability 9.0, **data sheet**).
+# An SM holds at most 2048 threads: the device attribute
+# `device__attribute_max_threads_per_multiprocessor` that Nsight Compute recorded with section
+# 1's profile (`benchmarks/results/mechanism-nvidia-h200-ncu-raw.csv`, read below).
 
 # %%
+import csv
+
 lat_meta, lat_rows = measured.load("memory_latency")
+with open(measured.RESULTS / "mechanism-nvidia-h200-ncu-raw.csv", newline="") as fh:
+    ncu_raw = [r for r in csv.DictReader(fh) if r["ID"]]      # the second row holds units
+threads_per_sm = {int(r["device__attribute_max_threads_per_multiprocessor"].replace(",", ""))
+                  for r in ncu_raw}
+assert threads_per_sm == {2048}, threads_per_sm                 # one value, every kernel profiled
 lat = {(r["condition"], r["footprint_bytes"]): r["ns_per_load"] for r in lat_rows
        if r["measure"] == "latency"}
 copy_w = {r["condition"]: r["gbps"] * 1e9 for r in lat_rows if r["measure"] == "copy"}
-SMS, THREADS_PER_SM = int(lat_meta["sms"]), 2048
+SMS, THREADS_PER_SM = int(lat_meta["sms"]), threads_per_sm.pop()
 print(f"{measured.where(lat_meta)}: one load's round trip (pointer chase)")
 for (cond, nbytes), ns in sorted(lat.items(), key=lambda kv: (kv[0][0] == "loaded", kv[0][1])):
     print(f"  {cond:6s} {nbytes / 2**20:9.3f} MiB buffer: {ns:7.1f} ns")
@@ -235,18 +246,52 @@ def where_it_sits(kib):
 # and apply_rope as planned (section 6's two-pass route)
 RUNGS_PROFILED = ("heads", "tile", "warps", "chunks", "accurate", "equal_halves", "ropelib",
                   "ropelib_planned")
-print(f"bounds: {need_idle:.1f} KiB per SM (idle DRAM) and {need_loaded:.1f} (beside a copy)")
+
+
+def read_rate(r):
+    """The DRAM bytes a kernel read (Nsight Compute), per second of its profiled time."""
+    return r["ncu_dram_read_bytes"] / (r["us"] * 1e-6)
+
+
+def implied_latency_us(r):
+    """The latency at which the x asked for, all of it in flight all the time, would give the
+    measured read rate (Little's law solved for L)."""
+    return r["x_kib_per_sm"] * 1024 * SMS / read_rate(r) * 1e6
+
+
+print(f"bounds: {need_idle:.1f} KiB per SM (idle DRAM) and {need_loaded:.1f} (beside a copy); "
+      f"W_read {W_READ / 1e12:.2f} TB/s")
+print(f"  {'':15s} {'KiB/SM':>6s}  {'where':27s} {'us':>4s} {'speed':>5s}  {'read TB/s':>9s}  "
+      f"{'implied L':>9s}")
 for v in ("naive", "batch_reuse", "ropelib", "copy", "", *RUNGS_PROFILED):
     if not v:
         print("  the rungs:")
         continue
     r = mech[v]
-    print(f"  {v:15s} {r['x_kib_per_sm']:5.1f} KiB of x asked for per SM and step, "
-          f"{where_it_sits(r['x_kib_per_sm']):18s} {r['us']:4.0f} µs: "
-          f"{mech['copy']['us'] / r['us']:4.0%} of the copy's speed")
-assert mech["naive"]["x_kib_per_sm"] < need_idle
+    where = ("program-bound (notebook 04)" if v == "naive" else where_it_sits(r["x_kib_per_sm"]))
+    print(f"  {v:15s} {r['x_kib_per_sm']:6.1f}  {where:27s} {r['us']:4.0f} "
+          f"{mech['copy']['us'] / r['us']:5.0%}  {read_rate(r) / 1e12:9.2f}  "
+          f"{implied_latency_us(r):7.2f} µs")
 assert need_idle < mech["batch_reuse"]["x_kib_per_sm"] < need_loaded \
     < mech["ropelib"]["x_kib_per_sm"]
+# the naive kernel is not limited by bytes in flight: at the idle latency its 4.5 KiB per SM
+# would read at 84 % of W_read; it reads at 21 %, and one row per program without sin/cos
+# (notebook 04's sh_one_b_table) asks for about a third of its bytes in the same time
+naive_m, one_row_m = mech["naive"], mech["sh_one_b_table"]
+little_naive = naive_m["x_kib_per_sm"] * 1024 * SMS / (DRAM_NS * 1e-9)
+print(f"naive: Little's law at {DRAM_NS:.0f} ns allows {little_naive / 1e12:.2f} TB/s "
+      f"({little_naive / W_READ:.0%} of W_read); measured {read_rate(naive_m) / 1e12:.2f} TB/s "
+      f"({read_rate(naive_m) / W_READ:.0%}); sh_one_b_table {one_row_m['x_kib_per_sm']:.1f} KiB "
+      f"per SM, {one_row_m['us']:.0f} µs against {naive_m['us']:.0f}")
+assert [round(v / W_READ * 100) for v in (little_naive, read_rate(naive_m))] == [84, 21]
+assert round(naive_m["x_kib_per_sm"], 1) == 4.5 and round(one_row_m["x_kib_per_sm"], 1) == 1.6
+assert abs(one_row_m["us"] / naive_m["us"] - 1) < 0.005                # within half a per cent
+# the implied latency: below the loaded latency for batch_reuse, above it for ropelib and copy
+implied = {v: implied_latency_us(mech[v]) for v in ("batch_reuse", "ropelib", "copy")}
+assert implied["batch_reuse"] * 1e3 < LOADED_NS
+assert all(implied[v] * 1e3 > LOADED_NS for v in ("ropelib", "copy"))
+assert [f"{implied[v]:.2f}" for v in implied] == ["0.67", "1.95", "3.43"]
+assert round(mech["copy"]["us"] / mech["batch_reuse"]["us"] * 100) == 70     # "about 70 %"
 assert mech["ropelib"]["x_kib_per_sm"] < mech["copy"]["x_kib_per_sm"]
 # across these three, more asked for goes with more speed
 speed = {v: mech["copy"]["us"] / mech[v]["us"] for v in ("naive", "batch_reuse", "ropelib")}
@@ -264,13 +309,24 @@ assert planned_m["us"] == min(mech[v]["us"] for v in RUNGS_PROFILED)
 
 # %% [markdown]
 # The batch-reusing kernel's warps ask for more than DRAM's idle latency needs but less than
-# the loaded latency does, and it runs at about two thirds of a copy: its loads would be enough
-# on an idle memory system, and are not on the busy one that its own streaming makes. The
-# finished kernel's ask for about one and a half times the loaded bound, the copy's for nearly
-# three times it.
+# the loaded latency does, and it runs at about 70 % of a copy's speed: its loads would be
+# enough on an idle memory system, and are not on the busy one that its own streaming makes.
+# The finished kernel's ask for about one and a half times the loaded bound, the copy's for
+# nearly three times it.
 #
-# The column is an upper bound, reached only while every resident warp waits on its loads at
-# once. It separates those three kernels, but not the rungs of section 3, which all ask for
+# The naive kernel sits below both bounds, but bytes in flight are not what limits it. Little's
+# law with the idle latency says its 4.5 KiB per SM could read at 84 % of $W_\text{read}$; it
+# reads at 21 %. Notebook 04 found what sets its time: a million one-warp programs, each too
+# short to keep its slot on the SM busy. Its `sh_one_b_table` (one row per program, no sin/cos)
+# asks for 1.6 KiB per SM and takes the same time, within half a per cent.
+#
+# The last column solves Little's law the other way: the latency at which the x asked for, all
+# of it in flight all the time, would give the DRAM read rate measured. For the batch-reusing
+# kernel that is 0.67 µs, below the loaded latency; for the finished kernel 1.95 µs and for the
+# copy 3.43 µs, above the 1.3 µs measured beside a copy. So for those two not every byte asked
+# for is in flight at once: the `KiB/SM` column is an upper bound, reached only while every
+# resident warp waits on its loads at once. It separates those three kernels, but not the rungs
+# of section 3, which all ask for
 # more than the loaded bound: the `heads` rung asks for 1.8 times rung 6's bytes
 # (`equal_halves`) and is slower, 142 µs against 137, and `apply_rope` as planned
 # (`ropelib_planned`, section 6's route) asks for less than `heads` and is the fastest of them.
@@ -284,8 +340,10 @@ measured.plot_in_flight("s4096-b8", label=("copy", "naive", "batch_reuse") + RUN
 plt.show()
 
 # %% [markdown]
-# Section 2's bounds say how much must be asked for at least, and that is where the tile comes
-# from:
+# Section 2's bounds say how much must be asked for at least. That floor rules out programs of
+# one row; above it the model does not order the candidates (the rungs above all clear it and
+# their times do not follow their bytes), and ropelib's tile was chosen by the tile sweep that
+# `ropelib/kernels/tiles.py` names. What the floor asks of a tile:
 #
 # - **per thread**: a wide vector per load (8 bf16 values = 16 bytes is the widest); 2-byte
 #   loads, one element per thread, cannot be enough;
@@ -367,7 +425,9 @@ check_rung(ladder.rope_ladder("batch_reuse", x, freqs), x, freqs, "batch_reuse")
 # ### Rung 1 — a tile of heads
 #
 # All heads of a token need the same cos/sin. A program that takes `BLOCK_H` heads computes
-# them once for all of its heads, and its loads become a $[\text{BLOCK\_H}, D/2]$ tile instead
+# them once for all of its heads in the source; on the GPU each thread along the head axis
+# evaluates its own copy (section 5 counts the instructions). Its loads become a
+# $[\text{BLOCK\_H}, D/2]$ tile instead
 # of one half-row: at $h = 32$, $d = 128$ that is 2048 elements per half, 16 per thread on 4
 # warps. The grid shrinks from $S \cdot H$ to $S \cdot \lceil H / \text{BLOCK\_H} \rceil$.
 
@@ -441,8 +501,9 @@ assert torch.equal(y, ladder.rope_ladder("heads", x, freqs))              # the 
 # tile knob — 8 on the H200, where the ladder was measured (the launch cell prints it from the
 # plan and checks it against the CSV): the same tile, 32 or 16 elements per thread in all.
 # Which is better is not obvious — more threads hide latency by numbers, fewer threads with
-# more elements each issue more independent loads — and section 4 shows what each becomes in
-# machine code.
+# more elements each issue more independent loads. Section 4 shows how each lays the tile over
+# its threads, and section 5 what that does to the instructions: 8 warps put twice as many
+# threads on the heads, and each of them evaluates sin/cos.
 
 # %%
 # ropelib-source: ropelib.course.ladder._ladder_tile_kernel
@@ -616,9 +677,11 @@ for s_, b_ in ((16, 64), (4096, 8)):
 # TE's angle tables repeat every frequency in both halves (`cat([f, f])`), so for rotate-half
 # $\theta_a = \theta_b$ and the second half's sin/cos are the first's. A program compares the two
 # halves of the rows it loaded, bit for bit, and when they are equal evaluates sin/cos once per
-# pair: half the special-function work. With a batch loop that work is amortised anyway; with
-# $b = 1$ (or packed sequences) it is paid per row, and there it shows. The check is on the
-# values the program reads, so a table whose halves differ is still right.
+# pair: half the special-function work. A batch loop amortises that work less than the source
+# suggests, because every thread along the head axis evaluates the sin/cos of its own angles:
+# at $b = 8$ the shortcut removes a quarter of rung 5's instructions (section 5 counts them),
+# and with $b = 1$ (or packed sequences) the work is paid per row. The check is on the values
+# the program reads, so a table whose halves differ is still right.
 #
 # This rung also writes each output as one fused multiply-add,
 # $y_a = \mathrm{fma}(x_a, c_a, -x_b s_a)$: left to the compiler, which of the two products gets
@@ -822,9 +885,9 @@ if compiled:
 #   and that run's register count says how many such programs fit on an SM (checked below);
 # - the H100's tile, the second column, (8 elements, 16 warps), gives `sizePerThread = [1, 1, 4]`,
 #   `threadsPerWarp = [1, 2, 16]` (16 threads along the 64 features, 2 heads per warp),
-#   `warpsPerCTA = [1, 16, 1]`: 8-byte vectors (`ld.global.v2.b32`) on twice the threads, for a
-#   GPU with less bandwidth to keep busy, by the data sheets (`ropelib/kernels/tiles.py` says
-#   which tile sweep chose each);
+#   `warpsPerCTA = [1, 16, 1]`: 8-byte vectors (`ld.global.v2.b32`) on twice the threads, the
+#   tile a sweep on the H100 chose (`ropelib/kernels/tiles.py` says which tile sweep chose
+#   each);
 # - the 4-warp tile (rungs 1–2) holds 16 per thread per half, as two 16-byte vectors, and needs
 #   more registers: in the H200 run 72 per thread against the 8-warp tile's 64, so 28 warps fit
 #   on an SM against 32 (the mechanism CSV, checked below; register counts are the compiler's,
@@ -891,6 +954,20 @@ else:
 #   head row (256 bytes in bf16) into one that moves tens of KiB, which is what bytes in flight
 #   asked for in section 2. At $b = 1$ it is the difference between a fifth of a copy and three
 #   quarters: there the batch loop of notebook 04 has nothing to reuse.
+# - **What each rung buys**, as the table under the next cell prints it, step by step in points
+#   of a copy at each size. The tile of tokens (rung 2) buys nothing at the sizes measured:
+#   $-0.1$ and $-0.3$ points at $b = 8$, within the noise. With 8 heads, the size that
+#   motivated it, the heads rung already launches 16,384 programs of one token's 8 heads and
+#   reaches 93.1 % of a copy; the tile rung packs 4 tokens into each of 4,096 programs and gains
+#   nothing. At $b = 1$ it *loses* 6.1 points, 75.9 → 69.8 %, on the same grid, warps and tile
+#   shape as the heads rung (one token, 32 heads): in the source the two kernels differ only by
+#   the tile's token axis (its index, its mask, cos/sin as a $[1, 1, D/2]$ tile), and why that
+#   costs time is not measured (the tile rung was not profiled at $b = 1$). Sizes with fewer
+#   heads still, or $d = 64$, were not timed. The accurate sin/cos (rung 5) are the same
+#   machine code as rung 4 with the Triton of the H200 run, so that step is zero but for noise:
+#   on that Triton it is insurance for others. The equal-halves shortcut gains more at $b = 8$
+#   (5.5 points) than at $b = 1$ (5.1): the batch loop does not amortise the sin/cos away
+#   (section 5 counts why).
 # - **What the profile does and does not explain.** At $s = 4096$, $b = 8$ the grid is already
 #   full, so the chunks rung launches the same 4,096 programs as the warps rung, each still
 #   looping over the whole batch, and executes about as many warp instructions per element. Yet
@@ -904,14 +981,18 @@ else:
 #   grid axis); what that costs in time is not measured here.
 #   The equal-halves shortcut gains about five points. Where both halves of an angle row are
 #   equal (TE's table), sin/cos are computed for one half and reused for the other, and the
-#   profile counts fewer warp instructions per element, 0.29 against 0.38. Issuing
+#   profile counts fewer warp instructions per element, 0.29 against 0.38: a quarter fewer,
+#   because every thread along the head axis evaluates its own sin/cos (counted after the
+#   opcode profile below). Issuing
 #   instructions is not what limits these kernels, though: Nsight Compute's SM throughput (the
 #   busiest unit of the SM, as a share of its peak) is 34.6 % for the warps rung and 28.0 % for
 #   rung 6. So the count of instructions saved does not by itself explain the gain; where they
-#   sit might (a program evaluates its sin/cos before its first load of `x`), and the profile
+#   sit might (in the source a program evaluates its sin/cos before its first load of `x`),
+#   and the profile
 #   does not measure that.
 #   At $b = 1$ the 8-warp rung loses over two fifths of the 4-warp tile rung's speed. A program
-#   there holds one token and no batch loop, so its sin/cos work is paid for every row. The
+#   there holds one token and no batch loop, so its sin/cos work is paid for every row, by
+#   each of the 32 threads along the head axis (section 5's count below). The
 #   tile rung was not profiled at this size, so the profile cannot set the two warp counts side
 #   by side. What it shows of the 8-warp rung: 1.85 warp instructions per element, 7.6 times
 #   the chunks rung's (which goes back to 4 warps, but on another grid, 16,384 programs of two
@@ -956,9 +1037,12 @@ else:
 #   medians are 51.5 and 16.4 µs, their 20 % quantiles 13.2 and 13.0 µs and their 80 %
 #   quantiles 66.1 and 54.7: a call is either fast or slow, and the median lands on one side
 #   or the other. So read this panel's bars from `chunks` on as that, not as the ideas: the
-#   +36 points of `accurate` are noise. The profiler times the chunks kernel at 11.2 µs, near
-#   its fast calls; what the slow calls wait for (these rungs are launched through Triton's
-#   Python launcher) is not measured here. ropelib's bar is its own launch path (it calls
+#   +36 points of `accurate` are noise, and the +25 of `equal_halves` start from that bar and
+#   end on one whose 80 % quantile is more than twice its 20 %. Even the panel's two ropelib
+#   bars, the same finished kernel at this size with steady calls, differ by 5.0 points: a
+#   step here must be well above that to mean anything. The profiler times the chunks kernel
+#   at 11.2 µs, near its fast calls; what the slow calls wait for (these rungs are launched
+#   through Triton's Python launcher) is not measured here. ropelib's bar is its own launch path (it calls
 #   Triton's compiled launcher directly): its calls are steady, 10.2 to 10.7 µs from the 20 %
 #   to the 80 % quantile, and their median is within 2.3 µs of its kernel.
 
@@ -1001,11 +1085,53 @@ if LADDER_CSV.exists():
                  if r["case"] == "s4096-b8" and r["provider"] in
                  ("warps", "chunks", "accurate", "equal_halves", "ropelib"))
     big = by_case["s4096-b8"]
+    large_cases = ("s4096-b8", "s16384-b8-h8", "s32768-b1")
     chunk_step, halves_step = big["chunks"] - big["warps"], big["equal_halves"] - big["accurate"]
     print(f"s4096-b8: 20-80 % quantiles at most {spread:.1f} % of the median apart; chunks "
           f"{chunk_step:+.1f} points, equal halves {halves_step:+.1f} points")
     assert said(spread, 1) == "1.2" and chunk_step < -2 * spread and halves_step > 2 * spread
     assert (round(-chunk_step), round(halves_step)) == (3, 5)    # "about three", "about five"
+
+    # what each rung buys: its step in points of a copy at every size, and whether this
+    # notebook measured a mechanism for it
+    MECHANISM = {
+        "heads": "measured: programs, bytes in flight (sections 1-2)",
+        "tile": "none: no step at b = 8",
+        "warps": "sin/cos on twice the threads (instructions, section 5)",
+        "chunks": "b = 1: 7.6x fewer instructions (4 warps); b = 8: not measured",
+        "accurate": "none: the same machine code (Triton 3.6)",
+        "equal_halves": "a quarter fewer instructions; the time not explained"}
+    cases = list(by_case)
+    step = {case: {b: by_case[case][b] - by_case[case][a]
+                   for a, b in zip(ladder.NAMES, ladder.NAMES[1:])} for case in cases}
+    print(f"\n{'step, points of a copy':22s}" + "".join(f"{c:>14s}" for c in cases)
+          + "  mechanism")
+    for name in ladder.NAMES[1:]:
+        print(f"  {name:20s}" + "".join(f"{step[c][name]:+14.1f}" for c in cases)
+              + f"  {MECHANISM[name]}")
+    said_steps = {(c, n): said(step[c][n], 1) for c in cases for n in ladder.NAMES[1:]}
+    # the tile rung: nothing at b = 8 (32 heads or 8), a loss at b = 1 on the same grid
+    assert all(abs(step[c]["tile"]) < 0.5 for c in ("s4096-b8", "s16384-b8-h8"))
+    assert [said_steps[c, "tile"] for c in ("s4096-b8", "s16384-b8-h8")] == ["-0.1", "-0.3"]
+    assert said_steps["s32768-b1", "tile"] == "-6.1"
+    assert [said(by_case["s32768-b1"][n], 1) for n in ("heads", "tile")] == ["75.9", "69.8"]
+    assert said(by_case["s16384-b8-h8"]["heads"], 1) == "93.1"
+    h8_heads = ladder.plan("heads", 16384, 8, 8, 128, 2, SMS_H200, H200_KNOBS)
+    h8_tile = ladder.plan("tile", 16384, 8, 8, 128, 2, SMS_H200, H200_KNOBS)
+    b1_heads = ladder.plan("heads", 32768, 1, 32, 128, 2, SMS_H200, H200_KNOBS)
+    b1_tile = ladder.plan("tile", 32768, 1, 32, 128, 2, SMS_H200, H200_KNOBS)
+    print(f"h = 8: heads rung {h8_heads}\n       tile rung  {h8_tile}")
+    assert math.prod(h8_heads.grid) == 16384 and h8_heads.block_s == 1
+    assert (math.prod(h8_tile.grid), h8_tile.block_s, h8_tile.block_h) == (4096, 4, 8)
+    assert (b1_heads.grid, b1_heads.num_warps) == (b1_tile.grid, b1_tile.num_warps)
+    # accurate: no step at the three large sizes (rungs 4 and 5 the same code, section 5's
+    # opcode profile); equal halves: more at b = 8 than at b = 1
+    assert all(abs(step[c]["accurate"]) < 0.5 for c in large_cases)
+    assert [said_steps[c, "equal_halves"] for c in ("s4096-b8", "s32768-b1")] == ["5.5", "5.1"]
+    # the 16-token panel: the two ropelib bars, the same finished kernel, apart by
+    assert said(by_case["s16-b64"]["ropelib"] - by_case["s16-b64"]["ropelib_planned"], 1) == "5.0"
+    t16_eh = measured.timings("ladder", "s16-b64")["equal_halves"]
+    assert t16_eh["ms_p80"] > 2 * t16_eh["ms_p20"] and round(step["s16-b64"]["equal_halves"]) == 25
 
     # chunks: the same programs, about the same instructions, the same DRAM reads; the writes
     # counted differ, and even the copy's fall short of its output (the rest is still in L2)
@@ -1336,12 +1462,94 @@ assert abs(mech_extra - sum(per_tile["fin"].values()) / sum(per_tile["r6"].value
 # mechanism profile of section 5, a separate run, agrees: 7 % more warp instructions per
 # element than rung 6 and a per cent more time (the cell above checks the two profiles
 # against each other).
+#
+# **Where the sin/cos are evaluated.** The source of rungs 1 to 6 computes cos/sin as a tile
+# with one row per token, $[\text{BLOCK\_S}, 1, D/2]$, broadcast over the heads: once per
+# program, it reads. The same opcode profile says what the GPU does. Rung 5 evaluates sin and
+# cos for both halves of a row and rung 6 for the first half only, so their difference is the
+# sin/cos of the second half's angles. Spread over the elements and set against the program's
+# layout (section 4: 8 features of a half per thread, 4 × 8 = 32 threads along the head axis),
+# it comes to the count the cell below prints per angle and thread: one sin and one cos, each
+# evaluated by every thread that holds a head of the token, not once per program. Had they been
+# evaluated once per program, the same instructions would come to under 0.1 per element.
+
+# %%
+# rung 5 minus rung 6: the sin/cos of the second half's angles, in thread instructions per
+# element (a warp instruction is 32 threads'), on the launch profiled (plan_h200, b = 8)
+r5_ops, r6_ops = per_tile["r5"], per_tile["r6"]
+half_trig = (sum(r5_ops.values()) - sum(r6_ops.values())) * 32 / elements
+B_PROF, HALF_PROF = 8, 64                           # the profiled batch and half (d = 128)
+VEC = 8                                             # bf16 per 16-byte vector: features a thread
+threads = plan_h200.num_warps * 32                  # holds of a half (section 4)
+threads_on_features = HALF_PROF // VEC
+threads_on_heads = threads // threads_on_features
+assert (plan_h200.block_s, plan_h200.block_h, plan_h200.chunk) == (1, 32, B_PROF)
+assert threads_on_heads == plan_h200.block_h == 32  # one head of the token per thread
+if compiled:                                        # the layout compiled in section 4 agrees
+    lay5 = x_tile(next(c for c in compiled if c["what"] == "accurate"))
+    assert lay5["sizePerThread"][-1] == VEC
+    assert lay5["threadsPerWarp"][-1] * lay5["warpsPerCTA"][-1] == threads_on_features
+    assert lay5["threadsPerWarp"][-2] * lay5["warpsPerCTA"][-2] == threads_on_heads
+elements_per_thread = VEC * 2 * B_PROF              # both halves, every batch entry
+angles_per_thread = VEC                             # the second half's angles of its features
+per_angle = half_trig * elements_per_thread / angles_per_thread
+program_elements = plan_h200.block_h * 2 * HALF_PROF * B_PROF
+once_per_program = per_angle * HALF_PROF / program_elements
+trig_share = 2 * (sum(r5_ops.values()) - sum(r6_ops.values())) / sum(r5_ops.values())
+print(f"rung 5 - rung 6: {half_trig:.3f} thread instructions per element "
+      f"({half_trig / 32:.3f} warp instructions; rung 5 executes "
+      f"{sum(r5_ops.values()) / elements:.2f})")
+print(f"  a thread: {elements_per_thread} elements, {angles_per_thread} second-half angles -> "
+      f"{per_angle:.0f} instructions per angle and thread; {threads_on_heads} threads along "
+      f"the heads evaluate each angle")
+print(f"  once per program it would be {once_per_program:.3f} instructions per element; "
+      f"sin/cos of both halves: {trig_share:.0%} of rung 5's instructions")
+assert half_trig == 2.875 and round(half_trig / 32, 2) == 0.09
+assert 35 <= per_angle <= 55 and once_per_program < 0.1
+assert round(sum(r6_ops.values()) / sum(r5_ops.values()) - 1, 2) == -0.24   # "a quarter fewer"
+assert 0.4 < trig_share < 0.55                                              # "about half"
+# the same count per angle, applied to the profiles of section 5 (mechanism CSV):
+# 4 warps (the tile rung) put 16 threads on the heads, 8 warps 32, so on 8 warps every angle is
+# evaluated twice as often: both halves' sin/cos once more, 2 * half_trig / 2 per element
+tile_m, warps_m = mech["tile"], mech["warps"]
+assert (tile_m["num_warps"], warps_m["num_warps"]) == (4, 8) and tile_m["grid"] == warps_m["grid"]
+if compiled:
+    lay3 = x_tile(next(c for c in compiled if c["what"] == "tile"))
+    assert lay3["threadsPerWarp"][-2] * lay3["warpsPerCTA"][-2] == threads_on_heads // 2
+more_on_8 = (warps_m["ncu_warp_inst_per_element"] - tile_m["ncu_warp_inst_per_element"])
+from_trig = half_trig / 32                          # both halves, half the threads more
+# b = 1, the warps rung: the same [1, 32, 64] tile on 8 warps, no batch loop and both halves'
+# sin/cos, so 16 angles over a thread's 16 elements
+m1_warps = measured.mechanism("s32768-b1")["warps"]
+b1_plan = ladder.plan("warps", 32768, 1, 32, 128, 2, SMS_H200, H200_KNOBS)
+assert (b1_plan.block_s, b1_plan.block_h, b1_plan.chunk, b1_plan.num_warps) == (1, 32, 1, 8)
+b1_trig = per_angle * (2 * VEC) / (2 * VEC) / 32    # warp instructions per element
+print(f"8 warps against 4 on the same tile (b = 8): {more_on_8:+.3f} warp instructions per "
+      f"element, of which sin/cos evaluated by twice the threads {from_trig:.3f}")
+print(f"b = 1, warps rung: {m1_warps['ncu_warp_inst_per_element']:.2f} warp instructions per "
+      f"element, of which sin/cos of both halves {b1_trig:.2f}")
+assert round(more_on_8, 2) == 0.11 and 0.7 < from_trig / more_on_8 < 1
+assert round(b1_trig, 2) == 1.44 and 0.7 < b1_trig / m1_warps["ncu_warp_inst_per_element"] < 0.85
+
+# %% [markdown]
+# So at $b = 8$ the batch loop does not amortise the sin/cos to nothing: each of the 32
+# threads along the head axis evaluates the sin and cos of its own 8 angles, about 46
+# instructions each, and both halves' sin/cos make about half of rung 5's instructions. That is
+# why the equal-halves shortcut removes a quarter of rung 5's instructions at $b = 8$. It also
+# accounts for most of two counts section 5 leaves open. On 8 warps the tile puts 32 threads on
+# the heads, on 4 warps 16, so each angle is evaluated twice as often: 0.09 of the 0.11 more
+# warp instructions per element the warps rung executes than the tile rung. At $b = 1$ a thread
+# has no batch loop and no shortcut, 16 angles for its 16 elements: 1.44 of the warps rung's
+# 1.85 warp instructions per element. The two-pass route of section 6 evaluates no sin/cos in
+# the pass that reads `x`: that is one of the things it changes.
 
 # %% [markdown]
 # ## 6. Past the finished kernel: two passes for large tensors
 #
 # Everything above keeps the cos and sin of a tile's tokens in registers across the batch
-# loop: each is evaluated once per token and reused for every batch entry. The price is
+# loop: in the source each is evaluated once per token and reused for every batch entry; on the
+# GPU every thread along the head axis evaluates its own (section 5), about half of rung 5's
+# instructions. The price of holding them is
 # registers. Section 4's H200 numbers: the finished kernel holds 64 registers per thread, so
 # four of its 8-warp programs fit on an SM, and Nsight Compute measured well under full
 # occupancy. The kernel torch.compile generates for Hugging Face's
@@ -1482,10 +1690,15 @@ assert "XBLOCK : tl.constexpr" in body and not re.search(r"XBLOCK\s*=\s*\d", bod
 assert len(re.findall(r"tl\.load\(in_ptr[12] .*evict_last", body)) == 2   # cos and sin
 
 # %% [markdown]
-# Why the flat pass can keep more bytes in flight, without a GPU: compile it for sm_90 as
+# How the flat pass differs from the finished kernel, without a GPU: compile it for sm_90 as
 # section 4 compiled the finished kernel, and compare registers per thread, program size and
 # the loads each thread issues. An SM has 65,536 registers and holds at most 64 warps, so
-# registers per thread bound how many warps can wait on memory at once.
+# registers per thread bound how many warps can wait on memory at once. Section 2 showed that
+# above the loaded bound the bytes asked for no longer order these kernels, so this is one of
+# several differences, not the reason for the time: the H200 profile of section 5 counts 46
+# registers against 64, 56 % achieved occupancy against 44 %, no sin/cos in the pass that reads
+# `x`, no batch loop, and more warp instructions per element (0.35 against 0.31). Which of them
+# sets the time was not separated.
 
 # %%
 if compiled:
@@ -1507,6 +1720,10 @@ if compiled:
     assert resident_warps(flat) > resident_warps(finished)
     # 16-byte loads: x_j and x_{j+R/2}, and the fp32 cos and s' of both members (8 pairs each)
     assert flat["accesses"].get("ld.v4.b32", 0) == 10
+# the H200 profile's differences named above (section 5's mechanism CSV)
+assert (planned_m["registers"], fin_m["registers"]) == (46, 64)
+assert [round(r["ncu_achieved_occupancy_pct"]) for r in (planned_m, fin_m)] == [56, 44]
+assert [said(r["ncu_warp_inst_per_element"], 2) for r in (planned_m, fin_m)] == ["0.35", "0.31"]
 
 # %% [markdown]
 # The bound from registers alone is not the whole story (shared memory, the block limit and the
