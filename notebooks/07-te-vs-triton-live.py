@@ -243,7 +243,8 @@ assert dash.figure.get_suptitle() == f"measured on {widgets.measured_on(dash_row
 # two; every number from section 5 on is the committed run's, on the GPU its header names. On
 # a GPU the cell prints each provider's median forward GB/s beside the committed run's, and on
 # the committed run's GPU it stops if ropelib's median differs from the committed one by more
-# than a fifth.
+# than a fifth. Only ropelib's median is checked: the other providers' medians are printed,
+# not checked, and one of them can sit well away from the committed run's.
 
 # %%
 for s in compare.SEED_SWEEPS:
@@ -445,12 +446,16 @@ for dtype in DTYPES:
 # the batch. The cell draws them from the same CSV (`figures/07-seed-axes.png` is the same
 # drawing, made by `benchmarks/seed_sweeps.py`). Read them for which axis matters, and you find
 # that none does on its own: whichever axis makes $x$ 64 MiB or more, ropelib's forward runs
-# at 0.96 of the copy or above, and below that at 0.88 or less (the batch sweep, for one, from
-# batch 4 on) — the same split by size as in the panels above. TE's fused kernel stays at or
+# at 0.96 of the copy or above (the batch sweep, for one, from batch 4 on), and below that at
+# 0.88 or less — the same split by size as in the panels above. TE's fused kernel stays at or
 # below 0.60 of the copy at every point of the four, and ropelib is ahead of it at every point.
-# Eager PyTorch stays near a tenth. torch.compile's kernel reaches the copy only on the largest
-# tensors (0.99 at $S = 8192$ and at batch 16) and is not monotone along the sequence: 0.67 of
-# the copy at $S = 2048$, 0.43 at 4096 (all checked). This notebook does not look into why.
+# Eager PyTorch stays near a tenth. torch.compile's kernel reaches the copy at $S = 8192$ and at
+# batch 16 (0.99) and is not monotone along the sequence in this sweep: 0.67 of the copy at
+# $S = 2048$, 0.43 at 4096 (all checked). Other timings of it at that size disagree with the
+# 0.43: on an H200, section 2's table, which times the very shape of $S = 4096$ here live, has
+# put it near the copy, and replayed from a CUDA graph at 64 MiB its forward+backward runs at
+# 1.039 of two copies (section 6, checked). Read the 0.43 as this sweep's timing, not as what
+# the kernel can do at that size; this notebook does not look into why the two differ.
 
 # %%
 AXES = {"seq-bf16": "seq_len", "hidden-bf16": "head_dim", "heads-bf16": "heads",
@@ -494,8 +499,8 @@ if DTYPES:
 # numbers tell apart *host-bound* (large $t_0$: the GPU waits for the CPU to launch work) from
 # *memory-bound* (BW near the copy's).
 #
-# **Exercise 1 — fit the line.** Write `fit_time_model(nbytes, ms)` returning `(t0_us, gbps)`: the
-# least-squares line through the points, $t_0$ in microseconds and the bandwidth in GB/s
+# **Exercise 1 — fit the line.** Write `fit_time_model(nbytes, ms)` returning `(t0_us, gbps)`:
+# the least-squares line through the points, $t_0$ in microseconds and the bandwidth in GB/s
 # ($10^9$ bytes per second). `np.polyfit` is allowed; the worked fit below is not (the check
 # runs your function with it and ropelib barred). The check tries it on made-up sweeps whose
 # answer is known.
@@ -663,26 +668,26 @@ if dtype is not None:
 # streams faster, which is why it wins on large tensors.
 #
 # The fixed cost also accounts for two of section 5's four fp32 points under 64 MiB from batch 2
-# on. Add ropelib's extra fixed cost at batch 1 in fp32 (2.4 µs) to the copy's time measured at
-# each of those four points: the copy's speed that leaves is 0.85 to 0.92. The two points whose
-# percentiles lie within about 3 % of their median measured within 0.04 of that. At batch 2,
-# S = 256, where the fixed cost leaves 0.85, ropelib is slower than that by more than its
-# spread: it measured 0.56 of a copy, and 0.61 at its 20th percentile (four fifths of its
-# repeats were slower still). Batch 4, S = 256 spreads too widely to say: its percentiles lie
-# up to 50 % from the median, and the 0.90 the fixed cost leaves falls between them. In bf16
-# the forward loses more than its fixed cost: the batch-1 line streams at 0.89 of the copy's
-# bandwidth (3909 GB/s against 4397).
+# on: ropelib's extra 2.4 µs (batch 1, fp32) added to the copy's time at each leaves 0.85 to
+# 0.92 of a copy, and the two points whose percentiles lie within about 3 % of their median
+# measured within 0.04 of that. At batch 2, S = 256 the fixed cost leaves 0.85, but ropelib
+# measured 0.56 of a copy, and even its 20th percentile only 0.61: what holds it there is not
+# measured here. Batch 4, S = 256 spreads too widely to say (percentiles up to 50 % from the
+# median). In bf16 the forward loses more than its fixed cost: the batch-1 line streams at 0.89
+# of the copy's bandwidth (3909 GB/s against 4397).
 #
 # Why TE's fused kernel streams slower, notebook 04 (sections 5.4 and 5.5) measured under Nsight
 # Compute, on a bf16 tensor ($s = 4096$, $b = 8$): it moves no extra bytes and keeps its SMs
 # occupied, but it loads every element twice, two bytes at a time, and indexes with three times
-# the batch-reusing grid's integer instructions. Issued at the most an SM can, its instructions
-# alone take 1.77 times a copy's time at the profiler's locked clock of about 1.5 GHz (with the
-# clock free, TE's kernel measured 1.94 copies), and its sines and cosines are at most about 2
-# of its 33 thread instructions per element (the cell below reads these off notebook 04's
-# profiles). In bf16 it is bound by instruction issue, not by memory. fp32 was not profiled:
-# there TE's forward runs at about three quarters of a copy (0.76, the median of the batch-8
-# sweep, against 0.57 in bf16; checked), and what holds it there is not measured here.
+# the batch-reusing grid's integer instructions; its sines and cosines are at most about 2 of
+# its 33 thread instructions per element. The profiler locks the clock, at about 1.5 GHz, and
+# there its instructions alone, issued at the most an SM can, take 1.77 times the copy's time:
+# at that clock, issuing them keeps it from a copy's speed whatever the memory does. With the
+# clock free, TE's kernel measured 1.94 copies, but that run was not profiled: what share of
+# the free-clock time issue takes is not measured, and 1.77 is not a fraction of 1.94 (the cell
+# below reads these off notebook 04's profiles and timings). fp32 was not profiled: there TE's
+# forward runs at about three quarters of a copy (0.76, the median of the batch-8 sweep,
+# against 0.57 in bf16; checked), and what holds it there is not measured here.
 
 # %%
 if len(models) == 2:
@@ -768,24 +773,22 @@ assert round(te_sincos) == 2 and round(threads(te_m)) == 33
 # %% [markdown]
 # The *forward+backward* times at batch 1 are another matter. ropelib's and TE's scatter without
 # growing with the bytes, and a least-squares line through them describes no kernel: the cell
-# below fits one anyway, and it returns a negative bandwidth for three of the four, and for
-# ropelib in fp32 3868 GB/s on a fixed 173 µs, a slope set by points that jump about (174 µs at
-# S = 1536, 384 at 1792, 218 at 2048; 214 at 3328, 321 at 3584): scatter, not a bandwidth.
-# Eager PyTorch's times do grow with the bytes, at every step of the sequence from S = 2048 on,
-# in both dtypes (to 1136 µs at S = 3840 in fp32).
+# below fits one anyway and gets a negative bandwidth for three of the four, and for ropelib in
+# fp32 a slope set by points that jump up and down along the sequence (printed): scatter, not a
+# bandwidth. Eager PyTorch's times do grow with the bytes, at every step of the sequence from
+# S = 2048 on, in both dtypes.
 #
 # What the data does support for ropelib and TE: each call takes a roughly constant time (the
 # medians printed above), large beside a copy of the same bytes: 1.6 to 2.9 times the copy's
-# time at the largest size and 9 to 15 times at the smallest (both checked; the medians are 1.9
-# to 4.0 times the copy's), and ropelib's is larger than TE's. The floor suite measured, on its
-# own, how long the host takes per eager forward+backward call (`decode host forward+backward
-# sbhd` in `benchmarks/results/floor-nvidia-h200.csv`: calls back to back at a decode size,
-# host time only): ropelib's 214 µs is longer than TE's 152 µs, and the batch-1 medians are 0.74
-# to 1.02 times these (checked). That is consistent with the GPU waiting for the host at these
-# sizes. The two were measured on different days, each in a loop of its own, so read the
-# agreement as one of size only: in the floor suite's own run, ropelib's host time per call at
-# the decode size is longer than its whole eager forward+backward at 64 MiB (191 µs, at the end
-# of this section).
+# time at the largest size and 9 to 15 times at the smallest (both checked), and ropelib's is
+# larger than TE's. The floor suite measured, on its own, how long the host takes per eager
+# forward+backward call (`decode host forward+backward sbhd` in
+# `benchmarks/results/floor-nvidia-h200.csv`: calls back to back at a decode size, host time
+# only): ropelib's 214 µs is longer than TE's 152 µs, and the batch-1 medians are 0.74 to 1.02
+# times these (checked). That is consistent with the GPU waiting for the host at these sizes.
+# The two were measured on different days, each in a loop of its own, and the host's time per
+# call moves from run to run (the end of this section shows how far), so read the agreement as
+# one of size only.
 
 # %%
 if len(models) == 2:
@@ -889,8 +892,9 @@ for what, (seconds, pct) in stated_shares.items():
 # %% [markdown]
 # The bytes dominate only where the GPU's time per call is well above the host's. The floor
 # suite timed a case the size of section 2's (64 MiB of bf16 sbhd, as $S = 1024$, $B = 8$,
-# $H = 32$, $D = 128$, where section 2 has $S = 4096$, $B = 2$) in one run, eagerly and
-# replayed from a CUDA graph, which takes the host out of the loop. Its forward+backward hands
+# $H = 32$, $D = 128$, where section 2 has $S = 4096$, $B = 2$) in one run, the one its
+# header's date names, eagerly and replayed from a CUDA graph, which takes the host out of the
+# loop. Its forward+backward hands
 # the gradients back with `torch.autograd.grad` (`compare.fwdbwd_step`; the CSV's header says
 # so), as a model's q and k pass theirs on to the projection's backward, rather than summing
 # them into a `.grad`. Eagerly, ropelib's forward+backward took 191 µs and TE's 132 µs;
@@ -899,12 +903,16 @@ for what, (seconds, pct) in stated_shares.items():
 # runs at 0.995 of two copies and TE's at 0.583; torch.compile's and flash-attn's at 1.039 and
 # 1.034, a few per cent ahead of ropelib's and of the copy itself (all checked). Section 2's
 # forward+backward columns time a call of this size eagerly: where they put ropelib behind TE,
-# the gap is the host's time per call at that moment, not the kernels'.
+# the gap is not the kernels' (replayed, ropelib's are the faster) but the host's time per call
+# at that moment.
 #
-# The host row of the same run does not add up to these times: ropelib's host time per eager
-# call at the decode size ($S = 1$, $B = 64$), 214 µs, is longer than its whole eager call here
-# (checked). The two loops time different things, so the host row gives the size of the
-# host's work, not the time it adds to a given call.
+# That host time is not a fixed quantity. The decode host rows of the CSV come from a later run
+# of the suite than these 64 MiB rows (its header's `replaced_rows` line names the parts a later
+# run measured again, and when), and ropelib's host time per eager call there, at the decode
+# size ($S = 1$, $B = 64$), 214 µs, is longer than its whole eager call here (checked). Section
+# 2's eager forward+backward, timed live on as many bytes, is a third value to set beside the
+# 191 µs. So read the host row as the size of the host's work, not as the time it adds to a
+# given call in another run.
 #
 # For calls like that, take the host's per-call work out of the loop: capture the step in a
 # CUDA graph (notebook 11 plots a decoding step timed eagerly and replayed from one), or compile
@@ -1161,8 +1169,10 @@ if not rows_ok:     # the worked kernel: 40+ warps at 4 rows, 16 at 16 and 8 at 
 # two lose for different reasons. Yours evaluates a sine and a cosine for every element, and
 # its compiled rotation has over five times the copy's instructions per element at every tile
 # (the table above, checked). TE's kernel spends at most about 2 of its 33 thread instructions
-# per element on sines and cosines (section 6, from notebook 04's profile); it is bound by
-# issuing the integer instructions that index its loads (notebook 04, section 5.5).
+# per element on sines and cosines (section 6, from notebook 04's profile); at the profiler's
+# locked clock, issuing its instructions, with three times the batch-reusing grid's integer
+# ones to index its loads, takes longer than a copy on its own (notebook 04, section 5.5; what
+# share of its time issue takes with the clock free is not measured).
 
 # %%
 best = min(race, key=lambda r: r["your rotation"])["BLOCK_ROWS"]
@@ -1196,9 +1206,9 @@ if not rows_ok:     # the worked kernel: rounded once; on a GPU below TE's fused
 #   forward+backward loses to TE's where a fixed time per call dominates (small tensors, batch
 #   1), of the size of the host time per call measured separately. At 64 MiB, replayed from a
 #   CUDA graph, ropelib's forward+backward runs at a copy's speed and ahead of TE's; eagerly, in
-#   the same run, it took longer than TE's (section 6). A profile of the host time puts most of
-#   it in the backward through PyTorch's autograd, the rest in the forward; each call launches
-#   two kernels.
+#   the same run, it took longer than TE's (section 6). A profile of the host time, taken of
+#   an earlier version of ropelib's eager code, puts most of it in the backward through
+#   PyTorch's autograd, the rest in the forward; each call launches two kernels.
 # - A RoPE kernel is a copy kernel with arithmetic between its load and its store. One kernel
 #   with a switch times both on the same grid and bytes: their ratio is what the rotation adds,
 #   and the copy's time per program shows where the program count, not the bytes, sets it.

@@ -588,9 +588,10 @@ assert (round(committed_speedup, 2), round(committed_seed, 2)) == (1.24, 1.01)  
 # and a ropelib/reference ratio closer to 1 than that says nothing about RoPE. In the committed
 # GPU run the two are far apart: ropelib's model trains 1.24 times as many tokens a second as the
 # reference, where the two reference runs differ by 1.01 (both checked). One seed pair is a thin
-# measure of noise, so read 1.24 as "well outside it", not as a precise figure. On a model this
-# small a training step is short, and for a large part of it the GPU sits idle, waiting for the
-# host (section 5 measures how large a part), so tokens per second are a noisy measure of RoPE;
+# measure of noise (the ratio printed above for your own run is a second one), so read 1.24 as
+# "outside the committed pair's spread", not as a precise figure. On a model this small a
+# training step is short, and for a large part of it the GPU sits idle, waiting for the host
+# (section 5 measures how large a part), so tokens per second are a noisy measure of RoPE;
 # section 5 measures RoPE's own time on the device instead, and how much of the device time the
 # kernel saves.
 
@@ -609,11 +610,12 @@ assert (round(committed_speedup, 2), round(committed_seed, 2)) == (1.24, 1.01)  
 # where $C = H D$ is the width of $q$ (and of $k$). A RoPE pass moves at least those bytes, so
 # the cell below times one plain copy of that many bytes on this device (a tensor read once and
 # written once, as the rest of the course times its copies) and prints it as the *floor*, with
-# the share of the step a RoPE at the floor would take. One large copy streams at what the GPU's
-# memory gives; the step's RoPE is many small kernels (one a layer and pass), each with its own
-# start and tail, so it can only approach the floor. The plain PyTorch version, with its
-# upcast, multiplies, negation, concatenations and downcast each passing over the tensor,
-# moves the bytes several times over.
+# the share of the step a RoPE at the floor would take. One large copy from the GPU's memory is
+# a reference, not a strict floor: the step's RoPE is many small kernels (one a layer and pass),
+# each with its own start and tail, and their inputs were just written by the projection and
+# may still be in the L2 cache, so a RoPE kernel can land on either side of it. The plain
+# PyTorch version, with its upcast, multiplies, negation, concatenations and downcast each
+# passing over the tensor, moves the bytes several times over.
 #
 # `rope_time_share` measures it with `torch.profiler`. Every RoPE call runs inside a
 # `record_function("rope")` range, which gives the forward; the backward is found through the
@@ -685,8 +687,8 @@ if ON_GPU:
 # reference takes many floors, the price of composing RoPE from generic elementwise kernels,
 # each a full pass over memory. The cell asserts all of it: one kernel name for ropelib and a
 # chain for the reference, the kernel within $[0.5, 2]$ copies, the reference slower than twice
-# the kernel. The bound is loose on purpose: the step's RoPE is many small kernels against one
-# large copy.
+# the kernel. The bound is loose on purpose, both ways: the step's RoPE is many small kernels
+# against one large copy, and its inputs may still sit in the L2 cache.
 #
 # Then read the two step times. The profiled step counts only the time the GPU was busy; the
 # training loop's wall-clock step also counts the time the GPU sat idle, waiting for the host.
@@ -1220,9 +1222,9 @@ assert exact.flatten()[at].abs() < 0.05 * exact.abs().max()     # at a near canc
 #
 # It writes `figures/09-loss-curves.png` and `.csv` (section 3), `figures/09-qkv-rope-loss.png`
 # (the run with RoPE in the QKV projection, which the repository does not keep),
-# `figures/09-rope-share.csv` (section 5) and `figures/09-step-kernels.csv` (exercise 1), all
-# from one run. Without the variable the notebook draws the same figures into a scratch folder
-# and leaves `figures/` as it was.
+# `figures/09-rope-share.csv` (section 5) and `figures/09-step-kernels.csv` (exercise 1).
+# Without the variable the notebook draws the same figures into a scratch folder and leaves
+# `figures/` as it was.
 
 # %% [markdown]
 # ## Questions for a study group
