@@ -186,7 +186,7 @@ def test_library_answers_are_refused(label, capsys):
 
 
 @contextlib.contextmanager
-def _nothing_barred(what, *, allow=(), bar=()):
+def _nothing_barred(what, *, allow=(), bar=(), bar_ops=()):
     yield
 
 

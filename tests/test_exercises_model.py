@@ -347,7 +347,7 @@ def test_an_answer_that_calls_ropelib_to_do_the_job_is_refused(label, capsys):
 
 
 @contextlib.contextmanager
-def _nothing_barred(what, *, allow=(), bar=()):
+def _nothing_barred(what, *, allow=(), bar=(), bar_ops=()):
     yield
 
 

@@ -418,9 +418,9 @@ def run_own_code(name: str, what: str, fn: Optional[Callable], *args,
     Returns (True, its result), or prints ❌ with the reason and returns (False, None) when the
     answer is missing, raises, returns None or calls barred code (see `library_barred`).
     """
-    extra = {"bar_ops": bar_ops} if bar_ops else {}     # (library_barred's old signature else)
     return guarded_call(name, fn, args, kwargs,
-                        guard=lambda: library_barred(what, allow=allow, bar=bar, **extra),
+                        guard=lambda: library_barred(what, allow=allow, bar=bar,
+                                                     bar_ops=bar_ops),
                         refusals=(LibraryAnswer,))
 
 
