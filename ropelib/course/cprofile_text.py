@@ -7,6 +7,9 @@ from pathlib import Path
 _TOTAL = re.compile(r"function calls .* in ([\d.]+) seconds")
 _ORDER = re.compile(r"\s*Ordered by: (.+)")
 _ROW = re.compile(r"\s*(\d+)(?:/\d+)?\s+([\d.]+)\s+[\d.]+\s+([\d.]+)\s+[\d.]+\s+(.+)$")
+# where a function's file was installed: up to the last site-packages/, or to the checkout's
+# own folders wherever the checkout sat (its folder may itself be called ropelib)
+_PREFIX = re.compile(r"^.*/(?:site-packages/|(?=(?:ropelib|benchmarks)/))")
 
 
 def read_profile(path):
@@ -21,7 +24,7 @@ def read_profile(path):
             order = m.group(1).strip()
             tables[order] = {}
         elif order is not None and (m := _ROW.match(line)):
-            name = re.sub(r"^.*?/(site-packages|work/main)/", "", m.group(4))
+            name = _PREFIX.sub("", m.group(4))
             tables[order][name] = {"ncalls": int(m.group(1)), "tottime": float(m.group(2)),
                                    "cumtime": float(m.group(3))}
     return total, tables
