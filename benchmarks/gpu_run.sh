@@ -39,7 +39,8 @@
 #                                                # Compute, warp states and cycles (~1 min)
 #   bash benchmarks/gpu_run.sh te-ncu    # Transformer Engine's fused kernel (installed first)
 #                                        # beside the batch-reusing grid: instruction mix and
-#                                        # warp states, for notebook 04 (~1 min)
+#                                        # warp states, for notebook 04 (~1 min); the *-ncu
+#                                        # steps with NCU_CLOCK=none leave the SM clock free
 #   bash benchmarks/gpu_run.sh mechanisms  # memory latency (pointer chase) and the pair swap's
 #                                          # memory counters, for notebooks 05 and 03 (~2 min)
 #   bash benchmarks/gpu_run.sh probes    # the flat pass at 1 GiB (one_gib_probe), decode tiles
@@ -218,6 +219,9 @@ lts__t_sector_hit_rate.pct,l1tex__t_sector_hit_rate.pct,launch__grid_size \
             # (benchmarks/te_ncu.py; TE installed first); mrope_angles-ncu, notebook 10's two
             # multi-axis kernels and ropelib's (benchmarks/mrope_angles_ncu.py)
             probe=${what%-ncu}_ncu
+            # NCU_CLOCK=none: the clock left free (Nsight Compute locks it to base unless told);
+            # the file's name says so
+            clock_tag=${NCU_CLOCK:+-clock-$NCU_CLOCK}
             ncu=$(find_ncu)
             if [ -n "$ncu" ]; then
                 # `# key: value` lines first (compare.read_meta), then ncu's table
@@ -225,13 +229,14 @@ lts__t_sector_hit_rate.pct,l1tex__t_sector_hit_rate.pct,launch__grid_size \
 m = compare.environment_meta()
 for k in ('date', 'gpu', 'torch', 'triton', 'transformer_engine', 'revision', 'ropelib_source'):
     if m.get(k): print(f'# {k}: {m[k]}')
-print('# what: Nsight Compute (--profile-from-start off --csv) of benchmarks/$probe.py')" \
-                    > "$RESULTS/$probe-$tag.csv"
-                "$ncu" --profile-from-start off --csv --metrics "$("$PY" "benchmarks/$probe.py" \
+print('# what: Nsight Compute (--profile-from-start off --csv${NCU_CLOCK:+ --clock-control $NCU_CLOCK}) of benchmarks/$probe.py')" \
+                    > "$RESULTS/$probe-$tag$clock_tag.csv"
+                "$ncu" --profile-from-start off --csv ${NCU_CLOCK:+--clock-control "$NCU_CLOCK"} \
+                    --metrics "$("$PY" "benchmarks/$probe.py" \
                     --metrics --ncu "$ncu")" "$PY" "benchmarks/$probe.py" 2>/dev/null \
                     | grep -v '^==PROF==' \
-                    >> "$RESULTS/$probe-$tag.csv"
-                keep "$RESULTS/$probe-$tag.csv"
+                    >> "$RESULTS/$probe-$tag$clock_tag.csv"
+                keep "$RESULTS/$probe-$tag$clock_tag.csv"
             else
                 echo "=== $what: no ncu on this machine"; rc=1
             fi ;;
