@@ -16,10 +16,16 @@ installed) in the same process, in alternating rounds:
   the floor's eager rows time): the larger of the host's time and the device's;
 * the device kernels of one eager forward+backward, by name, from torch.profiler.
 
+`--variants`: ropelib alone under CUDA graphs, its flat pass launched early after the pre-pass
+or not, with the pre-pass's (token, pair) entries per program at 1024 or 256 (these cases and
+1 GiB sbhd).
+
     python3 benchmarks/mid_fwdbwd_probe.py [--rounds 3] > mid_fwdbwd.log
+    python3 benchmarks/mid_fwdbwd_probe.py --variants > mid_fwdbwd_variants.log
 """
 import argparse
 import statistics as st
+import sys
 import time
 
 import torch
@@ -139,5 +145,54 @@ def main():
               f"{f(r.get('fwdbwd graph'), '12.1f')}")
 
 
+def variants(rounds: int):
+    """ropelib's forward and forward+backward under CUDA graphs with the flat pass launched early
+    or not (tiles.TWO_PASS_EARLY_LAUNCH) and the pre-pass's (token, pair) entries per program
+    (launch.TWO_PASS_TABLE_ELEMENTS), every variant in every round, order alternating."""
+    from ropelib import eager
+    from ropelib.kernels import launch, tiles
+    dev = "cuda"
+    suite.warm_allocator(16)
+    ropelib_p = next(p for p in compare.providers() if p.name == "ropelib")
+    settings = {f"early {e}, {n} a program": (e, n) for e in (False, True) for n in (1024, 256)}
+    table = []
+    for label, fields in CASES + (("1 GiB bf16 sbhd", dict(seq_len=16384)),):
+        config = compare.Config(**dict(dict(batch=8, heads=32, head_dim=128, dtype="bf16"),
+                                       **fields))
+        case = compare.make_case(config, dev, seed=1)
+        copy_once, copy_twice = compare.copy_floor(case.tensors)
+        per = {}
+        for r in range(rounds):
+            per.setdefault("copy", []).append(1e3 * suite.graph_replay_ms(copy_once, 20, dev)[0])
+            per.setdefault("copy pair", []).append(
+                1e3 * suite.graph_replay_ms(copy_twice, 20, dev)[0])
+            names = list(settings) if r % 2 == 0 else list(reversed(settings))
+            for name in names:
+                early, per_program = settings[name]
+                tiles.TWO_PASS_EARLY_LAUNCH, launch.TWO_PASS_TABLE_ELEMENTS = early, per_program
+                eager.SIGNATURES.clear()
+                gcase, leaves, grads = compare.fwdbwd_inputs(case, fill=0.5)
+                step = compare.fwdbwd_step(lambda g=gcase: ropelib_p.fn(g), leaves, grads)
+                per.setdefault((name, "fwd"), []).append(
+                    1e3 * suite.graph_replay_ms(lambda: ropelib_p.fn(case), 20, dev)[0])
+                per.setdefault((name, "fwdbwd"), []).append(
+                    1e3 * suite.graph_replay_ms(step, 20, dev)[0])
+        copy1, copy2 = st.median(per["copy"]), st.median(per["copy pair"])
+        for name in settings:
+            fwd, fb = st.median(per[(name, "fwd")]), st.median(per[(name, "fwdbwd")])
+            table.append((label, name, fwd, copy1 / fwd, fb, copy2 / fb,
+                          min(per[(name, "fwd")]), max(per[(name, "fwd")])))
+            print(f"{label:20s} {name:24s} fwd {fwd:7.1f} us ({copy1 / fwd:.3f})  fwd+bwd "
+                  f"{fb:7.1f} us ({copy2 / fb:.3f})", flush=True)
+    tiles.TWO_PASS_EARLY_LAUNCH, launch.TWO_PASS_TABLE_ELEMENTS = True, 1024
+    print(f"\n{'case':20s} {'variant':24s} {'fwd us':>8s} {'fwd/copy':>8s} {'f+b us':>8s} "
+          f"{'f+b/pair':>8s}")
+    for label, name, fwd, rf, fb, rfb, lo, hi in table:
+        print(f"{label:20s} {name:24s} {fwd:8.1f} {rf:8.3f} {fb:8.1f} {rfb:8.3f}")
+
+
 if __name__ == "__main__":
-    main()
+    if "--variants" in sys.argv[1:]:
+        variants(3)
+    else:
+        main()

@@ -1,9 +1,9 @@
 """The two-pass route for large contiguous tensors: a cos/sin table of the call's tokens, then a
 flat pass over the tensor that reads it.
 
-    _cos_sin_rows_kernel   every token's fp32 cos and sin rows, from any table and positions  21 args
+    _cos_sin_rows_kernel   every token's fp32 cos and sin rows, from any table and positions  22 args
     _token_rows_kernel     or each token's table row (then the rows are positions 0..P'-1)    11 args
-    _rope_rows_kernel      q (and k) rotated row by row (pairs) or element by element,       27 args
+    _rope_rows_kernel      q (and k) rotated row by row (pairs) or element by element,       28 args
                            reading cos/sin per feature
                            (packed sequences: one per row of a 2-D grid, where it can)
 
@@ -40,6 +40,13 @@ as one contiguous row (two stores at stride 2 took the pre-pass twice as long: 1
 that finds a pair whose two members' cos or sin differ in a valid row sets it to 1: the QKV
 projection's forward then reads four tiles of the rows, and otherwise two (one cos and one sin
 a pair), as it does for table-free angles.
+
+On a GPU with programmatic dependent launch (compute capability 9.0 and up) the flat pass after
+a pre-pass is launched early: the pre-pass lets it start at once (EARLY_DEPENDENTS), and its
+programs wait at their first instruction until the pre-pass has finished and its rows are
+visible (WAIT_PRIOR, griddepcontrol.wait). The flat pass's launch and the placing of its first
+programs then overlap the pre-pass instead of following it; nothing is read before the wait,
+so whatever kernel precedes the flat pass, it reads what that kernel wrote.
 
 _token_rows_kernel: grid (cdiv(S, BLOCK_S), NB); a program finds the table rows of BLOCK_S
 tokens of batch entry b as the pre-pass does and writes them, -1 where a position is outside.
@@ -86,6 +93,7 @@ stride_tab_axis apart. Nothing is gathered into a [B, S, D] table first.
 """
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from .common import ConstexprRule, ROUND_BF16_RTNE, pair_features, round_to, tile_width
 from .fused import table_cos_sin, table_rows
@@ -239,7 +247,10 @@ def _cos_sin_rows_kernel(
     stride_tab_b, stride_tab_p, stride_ids_b,
     R: tl.constexpr, INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    EARLY_DEPENDENTS: tl.constexpr = False,   # let a dependent launch (the flat pass) start now
 ):
+    if EARLY_DEPENDENTS:
+        gdc_launch_dependents()
     HALF: tl.constexpr = R // 2
     b = tl.program_id(1)
     s_idx = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)      # [BLOCK_S]
@@ -544,7 +555,11 @@ def _rope_rows_kernel(
     AXIS_W_FROM: tl.constexpr,           # time axis's table, then height's, from AXIS_W_FROM
                                          # width's (both R/2: one table)
     XBLOCK: tl.constexpr, INT64: tl.constexpr,
+    WAIT_PRIOR: tl.constexpr = False,    # launched early (programmatic dependent launch): wait
+                                         # for the kernel before, the pre-pass, to finish first
 ):
+    if WAIT_PRIOR:
+        gdc_wait()
     # Program blocks of q's elements first, then of k's (without k the grid has q's only), or
     # by chunks of tokens, q's then k's (qk_by_tokens); with LAYOUT 3 the blocks of one
     # sequence's first B positions, the sequence program_id(1).

@@ -569,6 +569,21 @@ def plan_table_read(table: Table, positions: Positions, S, B, *, R: int, interle
     return TableRead(table_pass, True, R, S * R if nb > 1 else 0, (nb * S, R))
 
 
+_CAPABILITY = {}
+
+
+def launches_early(device) -> bool:
+    """Can a kernel on `device` be launched early after the one before it (programmatic
+    dependent launch: a CUDA GPU of compute capability 9.0 or more, not the interpreter), and
+    does the two-pass route want it (tiles.TWO_PASS_EARLY_LAUNCH)?"""
+    if device.type != "cuda" or INTERPRET or not _tiles_module.TWO_PASS_EARLY_LAUNCH:
+        return False
+    index = device_index(device)
+    if index not in _CAPABILITY:
+        _CAPABILITY[index] = torch.cuda.get_device_capability(index)
+    return _CAPABILITY[index] >= (9, 0)
+
+
 def plan_cos_sin_rows(table: Table, positions: Positions, S, nb: int, *, R: int,
                       interleaved: bool, backward: bool, device,
                       any_length: bool = False) -> Launch:
@@ -592,7 +607,8 @@ def plan_cos_sin_rows(table: Table, positions: Positions, S, nb: int, *, R: int,
         dict(S=S, P=table.rows, N_SEQ=n_seq, cp_size=pos.cp_size, cp_rank=pos.cp_rank,
              stride_tab_b=table.rows * tab_p if per_entry else 0, stride_tab_p=tab_p,
              stride_ids_b=S if ids_per_entry else 0, R=R, INTERLEAVED=interleaved,
-             BACKWARD=backward, BLOCK_S=block_s, BLOCK_HALF=half),
+             BACKWARD=backward, BLOCK_S=block_s, BLOCK_HALF=half,
+             EARLY_DEPENDENTS=launches_early(device)),
         pointer_dtypes((table.cos, table.sin, ids, pos.cu_seqlens, pos.start)), device,
         COS_SIN_ROWS)
 
@@ -635,6 +651,7 @@ def plan_two_pass(q: View, q_out: View, table: Table, positions: Positions, *, R
     int64 = (max(n_q, n_k) + xblock > I32_LIMIT) or (table_shape[0] * R > I32_LIMIT - 1024) \
         or (table_pass is None and needs_int64((table.cos,))) \
         or (table.axes is not None and 2 * table.axes[2] + table.cos.numel() > I32_LIMIT - 1024)
+    early = table_pass is not None and launches_early(x.device)
     rotate_pass = Launch(
         grid, TWO_PASS_WARPS if by_element else TWO_PASS_PAIR_WARPS,
         dict(S=S, B=read.seq_rows or B, HQ=q.heads, HK=HK, stride_tab_p=stride_p,
@@ -646,11 +663,12 @@ def plan_two_pass(q: View, q_out: View, table: Table, positions: Positions, *, R
              # rows that serve every batch entry, or (by position) many tokens: kept in L2
              KEEP_TABLE=(B > 1 and stride_b == 0) or read.index_pass is not None
              or read.seq_rows > 0,
-             AXIS_H_FROM=axis_h_from, AXIS_W_FROM=axis_w_from, XBLOCK=xblock, INT64=int64),
+             AXIS_H_FROM=axis_h_from, AXIS_W_FROM=axis_w_from, XBLOCK=xblock, INT64=int64,
+             WAIT_PRIOR=early),
         pointer_dtypes((x, q_out.tensor, k.tensor if k is not None else None,
                  k_out.tensor if k_out is not None else None)
                 + ((table.cos, table.sin) if table_pass is None else (out32, out32))
-                + (index if seqs is None else seqs,)), x.device, ROWS)
+                + (index if seqs is None else seqs,)), x.device, ROWS, early=early)
     pointers = (x, q_out.tensor, k.tensor if k is not None else None,
                 k_out.tensor if k_out is not None else None, table.cos, table.sin,
                 positions.position_ids, positions.cu_seqlens, positions.start)

@@ -33,28 +33,34 @@ class Launch:
     Equal Launches compare and hash equal (used to find the compiled kernel of an eager launch).
     """
     __slots__ = ("grid", "num_warps", "args", "dtypes", "device", "launcher", "num_stages",
-                 "_key", "_hash")
+                 "early", "_key", "_hash")
 
     def __init__(self, grid: tuple, num_warps: int, args: dict, dtypes: tuple, device,
-                 launcher=None, num_stages=None):
+                 launcher=None, num_stages=None, early: bool = False):
         if num_warps < 1 or num_warps & (num_warps - 1):
             raise ValueError(f"num_warps must be a power of two (Triton's rule), got {num_warps}: "
                              "a planner bug")
         self.grid, self.num_warps, self.args = grid, num_warps, args
         self.dtypes, self.device, self.launcher = dtypes, device, launcher
         self.num_stages = num_stages    # software pipelining (GEMMs); None: Triton's default
+        # programmatic dependent launch (sm_90+): the kernel may start before the one before
+        # it ends, and must wait for it (griddepcontrol.wait) before touching memory
+        self.early = early
         self._key = self._hash = None
 
     def options(self) -> dict:
         """The launch options Triton takes beside the kernel's arguments."""
-        if self.num_stages is None:
-            return {"num_warps": self.num_warps}
-        return {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        out = {"num_warps": self.num_warps}
+        if self.num_stages is not None:
+            out["num_stages"] = self.num_stages
+        if self.early:
+            out["launch_pdl"] = True
+        return out
 
     def key(self) -> tuple:
         if self._key is None:   # only for concrete sizes (an eager launch), never while tracing
-            self._key = (self.grid, self.num_warps, self.num_stages, tuple(self.args.items()),
-                         self.dtypes, self.device, id(self.launcher))
+            self._key = (self.grid, self.num_warps, self.num_stages, self.early,
+                         tuple(self.args.items()), self.dtypes, self.device, id(self.launcher))
             self._hash = hash(self._key)
         return self._key
 
@@ -130,5 +136,7 @@ def start(direct: DirectLauncher, launch: Launch, pointers: tuple) -> None:
     if plain_eager(q):
         direct(launch, pointers)
         return
-    torch.library.wrap_triton(direct.kernel)[launch.grid](**named, **launch.args,
-                                                          **launch.options())
+    # (traced code launches as torch.compile does, never early: the kernel's wait is then a
+    # no-op)
+    options = {k: v for k, v in launch.options().items() if k != "launch_pdl"}
+    torch.library.wrap_triton(direct.kernel)[launch.grid](**named, **launch.args, **options)

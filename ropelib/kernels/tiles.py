@@ -63,6 +63,10 @@ TWO_PASS_WARPS = 4
 # 0.985 and 0.991 in the same run; 16 rows on 4 warps 0.988, 0.988, 0.993.
 TWO_PASS_PAIR_WARPS = 2
 TWO_PASS_TABLE_ELEMENTS = 1024     # (token, pair) entries per program of the pre-pass
+# The flat pass after a pre-pass is launched early (programmatic dependent launch, compute
+# capability 9.0 and up; kernels/flat.py): its launch overlaps the pre-pass instead of following
+# it. False: launched after the pre-pass ends, as any kernel.
+TWO_PASS_EARLY_LAUNCH = True
 # Packed sequences (thd) whose positions are each token's index in its sequence: the flat pass
 # can take one sequence per grid row, its positions' rows read as sbhd reads a token's (no row
 # index per token, no index pass), as flash-attn's Triton rotary does with the longest
