@@ -211,12 +211,30 @@ def test_estimate_loss_is_repeatable(data):
     assert abs(a - torch.log(torch.tensor(float(data.vocab_size))).item()) < 0.5  # untrained
 
 
+HOST_KEYS = {"rope_host_fwd_ms": "rope_fwd_ms", "rope_host_bwd_ms": "rope_bwd_ms",
+             "rope_host_ms": "rope_ms", "step_host_ms": "step_ms", "host_share": "share"}
+
+
+def check_host_side(r, device):
+    """The host-time keys: present, positive, a share in (0, 1) that adds up; on the CPU the
+    clock already is host time, so each equals its device-clock twin."""
+    assert all(r[k] > 0 for k in HOST_KEYS), {k: r.get(k) for k in HOST_KEYS}
+    assert 0.0 < r["host_share"] < 1.0
+    assert r["rope_host_ms"] == pytest.approx(r["rope_host_fwd_ms"] + r["rope_host_bwd_ms"])
+    assert r["host_share"] == pytest.approx(r["rope_host_ms"] / r["step_host_ms"])
+    if device != "cuda":
+        assert {k: r[k] for k in HOST_KEYS} == pytest.approx(
+            {k: r[v] for k, v in HOST_KEYS.items()})
+
+
 def test_rope_time_share_reference_cpu(data):
     model = build(tiny(data), "reference", seed=0)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     r = rope_time_share(model, data, batch_size=2, steps=2, warmup=1)
     assert 0.0 < r["share"] < 1.0 and r["rope_fwd_ms"] > 0 and r["rope_bwd_ms"] > 0
     assert r["time"] == "host (CPU) time"
+    check_host_side(r, "cpu")
+    assert r["rope_host_fwd_ms"] != r["rope_host_bwd_ms"]    # two sets of events, not one twice
     # backward of the rotation (q*cos + rotate_half(q)*sin), not of attention's transposes
     assert {"MulBackward0", "CatBackward0", "NegBackward0"} <= set(r["backward_nodes"])
     assert not {"TransposeBackward0", "ScaledDotProductEfficientAttentionBackward0",
@@ -230,6 +248,7 @@ def test_rope_time_share_ropelib_counts_the_kernel_backward(data, device):
     r = rope_time_share(model, data, batch_size=2, steps=1, warmup=1)
     assert 0.0 < r["share"] < 1.0 and r["rope_bwd_ms"] > 0
     assert len(r["backward_nodes"]) == 1                        # the kernel's autograd node
+    check_host_side(r, device)
     if device == "cuda":
         # every kernel named after RoPE was found inside the RoPE ranges and backward nodes,
         # and they are most of the time counted there (the rest: small helper kernels, if any)

@@ -669,8 +669,24 @@ def rope_time_share(model: GPT, data: CharDataset, *, batch_size: int, steps: in
     profiler tags a forward op and the backward of its node with the same `sequence_nr`). On a
     GPU the times are kernel (device) times, on the CPU host (CPU) times.
 
+    The host side of the same events, on either device: `rope_host_fwd_ms` is the host time
+    spent inside the RoPE ranges (on a GPU: dispatching and launching RoPE's kernels),
+    `rope_host_bwd_ms` the host time of the RoPE backward nodes, `step_host_ms` the host time of
+    the `train_step` ranges around each step, `host_share` = `rope_host_ms / step_host_ms`. A
+    backward node's `cpu_time_total` is its wall-clock span on the thread that ran it. On a GPU
+    autograd runs the backward of CUDA tensors on its own device thread, not on the thread that
+    called `loss.backward()`: the node times are that thread's, while the caller waits in
+    `backward()`, inside its `train_step` range, so they lie within the step's host span. On
+    the CPU the backward runs on the calling thread, and the host numbers equal the device-clock
+    ones (`rope_host_ms == rope_ms`, ...). Host times include the profiler's own cost per
+    recorded op (a few µs), which weighs more on a RoPE made of many small ops, and any time the
+    host waits for the device (nothing in the step synchronises: only a full launch queue, in a
+    step the device is too slow for, would make it wait).
+
     Returns `share`, `rope_ms` and `step_ms` per step, `rope_fwd_ms`, `rope_bwd_ms`, `time` (which
-    clock), `backward_nodes` (the autograd nodes counted as RoPE backward) and, on a GPU,
+    clock), `rope_host_ms`, `rope_host_fwd_ms`, `rope_host_bwd_ms`, `step_host_ms` and
+    `host_share` (host time, per step), `backward_nodes` (the autograd nodes counted as RoPE
+    backward) and, on a GPU,
     `kernel_names` (the device kernels counted as RoPE), `named_kernel_ms` (a cross-check:
     the time of device kernels with "rope" in their name; for ropelib it should equal
     `rope_ms`, for the PyTorch reference it is 0: its kernels are generic elementwise ones) and
@@ -740,6 +756,11 @@ def rope_time_share(model: GPT, data: CharDataset, *, batch_size: int, steps: in
     bwd = [e for e in nodes if e.sequence_nr in seq]
     fwd_us = sum(clock(e) for e in rope_ranges)
     bwd_us = sum(clock(e) for e in bwd)
+    # the host side: the same ranges and nodes by CPU time (a node's on the thread that ran it)
+    fwd_host_us = sum(e.cpu_time_total for e in rope_ranges)
+    bwd_host_us = sum(e.cpu_time_total for e in bwd)
+    step_host_us = sum(e.cpu_time_total for e in events
+                       if e.name == "train_step" and e.device_type == CPU)
     if on_cuda:
         # the step on the device: every kernel, memcpy and memset, not the range annotations
         device_events = [e for e in events if e.device_type == CUDA and not e.is_user_annotation
@@ -749,9 +770,9 @@ def rope_time_share(model: GPT, data: CharDataset, *, batch_size: int, steps: in
         kernel_names = sorted({k.name for e in rope_ranges + bwd for s in subtree(e)
                                for k in s.kernels})
     else:
-        step_us = sum(e.cpu_time_total for e in events if e.name == "train_step")
+        step_us = step_host_us
         named_us, kernel_names = None, None
-    if not rope_ranges or step_us <= 0:
+    if not rope_ranges or step_us <= 0 or step_host_us <= 0:
         raise RuntimeError("the profiler saw no RoPE ranges or no step time; is the model a GPT?")
     return {
         "share": (fwd_us + bwd_us) / step_us,
@@ -759,6 +780,11 @@ def rope_time_share(model: GPT, data: CharDataset, *, batch_size: int, steps: in
         "rope_fwd_ms": fwd_us / 1e3 / steps,
         "rope_bwd_ms": bwd_us / 1e3 / steps,
         "step_ms": step_us / 1e3 / steps,
+        "host_share": (fwd_host_us + bwd_host_us) / step_host_us,
+        "rope_host_ms": (fwd_host_us + bwd_host_us) / 1e3 / steps,
+        "rope_host_fwd_ms": fwd_host_us / 1e3 / steps,
+        "rope_host_bwd_ms": bwd_host_us / 1e3 / steps,
+        "step_host_ms": step_host_us / 1e3 / steps,
         "backward_nodes": sorted({e.name.split(": ", 1)[-1] for e in bwd}),
         "time": "device (kernel) time" if on_cuda else "host (CPU) time",
         "kernel_names": kernel_names,
