@@ -830,34 +830,35 @@ if len(models) == 2:
     assert (round(min(over_host.values()), 2), round(max(over_host.values()), 2)) == (0.74, 1.02)
 
 # %% [markdown]
-# **Where the host's time goes.** `benchmarks/results/host-profile-nvidia-h200-20261128.txt` is
+# **Where the host's time goes.** `benchmarks/results/host-profile-nvidia-h200-20261201.txt` is
 # a cProfile of ropelib's eager forward+backward at a decode size on an H200
 # (`benchmarks/host_profile.py`: `apply_rope(x, freqs).backward(g)` called over and over, bf16),
-# taken on 28 November 2026, as its name says. ropelib's eager code has changed since, so what
-# follows describes that day's code, not a profile of the code you have; `python
+# taken on 1 December 2026, as its name says, of the eager code this notebook imports; `python
 # benchmarks/host_profile.py` on a GPU takes a new one. The file holds two tables of the top
 # functions, by own time and by cumulative time; `ropelib.course.cprofile_text` reads both. 300
-# calls took 75 ms of host time under the profiler, and of that time:
+# calls took 90 ms of host time under the profiler, and of that time:
 #
-# - the backward (`Tensor.backward`, into PyTorch's autograd engine) takes 68 %, the forward
-#   (`apply_rope`) 29 %;
+# - the backward (`Tensor.backward`, into PyTorch's autograd engine) takes 64 %, the forward
+#   (`apply_rope`) 32 %;
 # - the largest item by own time is the autograd engine's C++ code (`run_backward`, not
-#   counting ropelib's Python backward that it calls): 25 %;
+#   counting ropelib's Python backward that it calls): 27 %;
 # - each call launches two kernels (600 launches in 300 calls: the forward's and the
 #   backward's). ropelib's eager route for one launch (`eager.py`'s `run`: allocate the output,
-#   launch the kernel) takes 35 % over the 600, of which allocating the outputs
-#   (`torch.empty_like`) 5 % and Triton's C launcher 7 %.
+#   launch the kernel) takes 32 % over the 600, of which allocating the outputs
+#   (`torch.empty_like`) 6 % and Triton's C launcher 8 %.
 #
 # The profile prints times in whole milliseconds, so these shares are good to about a
 # percentage point, no better. cProfile adds a cost of its own to every Python call it counts,
 # so read them as shares of the host's time, not as the time of a call without the profiler.
-# The profile is of ropelib alone: it does not say why TE's call takes less.
+# Nor compare its 90 ms with another profile's: the host machine that comes with the GPU is not
+# the same from one run to the next. The profile is of ropelib alone: it does not say why TE's
+# call takes less.
 
 # %%
 import re
 from ropelib.course.cprofile_text import entry, read_profile
 
-PROFILE = RESULTS / "host-profile-nvidia-h200-20261128.txt"
+PROFILE = RESULTS / "host-profile-nvidia-h200-20261201.txt"
 profile_gpu, profile_day = re.fullmatch(r"host-profile-(.+)-(\d{8})\.txt", PROFILE.name).groups()
 total_s, tables = read_profile(PROFILE)
 own, cum = tables["internal time"], tables["cumulative time"]
@@ -870,20 +871,20 @@ engine = entry(own, "run_backward")
 launches = entry(cum, "ropelib/eager.py", "(run)")
 launcher = entry(own, "__triton_launcher.launch")
 alloc = entry(own, "torch.empty_like")
-assert "h200" in profile_gpu and profile_day == "20261128"
+assert "h200" in profile_gpu and profile_day == "20261201"
 assert step["ncalls"] == 300 and step["cumtime"] <= total_s
-assert abs(step["cumtime"] * 1e3 - 75) <= 0.5                # "75 ms", to the millisecond
+assert abs(step["cumtime"] * 1e3 - 90) <= 0.5                # "90 ms", to the millisecond
 assert backward["cumtime"] + forward["cumtime"] <= step["cumtime"]
 assert engine["tottime"] == max(r["tottime"] for r in own.values())   # the largest own time
 assert launches["ncalls"] == launcher["ncalls"] == alloc["ncalls"] == 600 == 2 * step["ncalls"]
 
 # the shares the text above states, in whole per cent of the 300 calls' host time
-stated_shares = {"backward (Tensor.backward)": (backward["cumtime"], 68),
-                 "forward (apply_rope)": (forward["cumtime"], 29),
-                 "autograd engine, own time": (engine["tottime"], 25),
-                 "eager run, 600 launches": (launches["cumtime"], 35),
-                 "torch.empty_like, own time": (alloc["tottime"], 5),
-                 "Triton's C launcher, own time": (launcher["tottime"], 7)}
+stated_shares = {"backward (Tensor.backward)": (backward["cumtime"], 64),
+                 "forward (apply_rope)": (forward["cumtime"], 32),
+                 "autograd engine, own time": (engine["tottime"], 27),
+                 "eager run, 600 launches": (launches["cumtime"], 32),
+                 "torch.empty_like, own time": (alloc["tottime"], 6),
+                 "Triton's C launcher, own time": (launcher["tottime"], 8)}
 for what, (seconds, pct) in stated_shares.items():
     share = 100 * seconds / step["cumtime"]
     print(f"{what:31s} {share:5.1f} % of the host time (the text: {pct} %)")
@@ -949,6 +950,120 @@ assert [round(1 - us[GRAPHED, p] / us[EAGER, p], 2) for p in ("ropelib", "te_fus
     == [0.61, 0.04]
 assert [round(ratio64[p], 3) for p in replayed] == [0.995, 0.583, 1.039, 1.034]
 assert host["ropelib"] > us[EAGER, "ropelib"]      # the decode-size host row: longer than this
+
+# %% [markdown]
+# **The host and the kernels, measured side by side.** The floor run infers the host's part of
+# the eager call: the call less its replayed kernels. `benchmarks/mid_fwdbwd_probe.py` measures
+# both sides in one process, for ropelib, torch.compile and TE's fused kernel, at 64 MiB of
+# bf16 in each layout and at 256 MiB in bshd. For each call it times the forward+backward
+# replayed from a CUDA graph (the device's time per call) and the host's time to *issue* one
+# eager forward+backward: 50 calls back to back with no synchronisation after them, over 50,
+# whatever the device does meanwhile. Where the host's time is the larger, the GPU waits for
+# the host. The cell reads the final table of its log,
+# `benchmarks/results/mid_fwdbwd-nvidia-h200-20261201-1433.log` (an H200, 1 December 2026).
+#
+# At 64 MiB the host is the larger by far for ropelib and torch.compile. Issuing one call takes
+# the host 261 to 494 µs for ropelib and 422 to 590 µs for torch.compile, 3.5 to 8.1 times
+# their kernels' 68 to 74 µs. TE's host work is lighter (156 to 183 µs) and its kernels slower
+# (124 to 128 µs), so its two times are close: the host's is 1.2 to 1.5 times the device's.
+# Timed eagerly, back to back, ropelib's and torch.compile's calls take 3.2 to 8.4 times their
+# kernels' time, TE's 1.1 to 1.3 times. Where section 2's eager columns put ropelib behind TE
+# at this size, this is why: TE's host is lighter, though its kernels are slower. At 256 MiB
+# the kernels take 3.6 times as long (265 µs for ropelib) and the balance shifts: ropelib's
+# host time is 1.3 times its device time, torch.compile's 2.5 times, TE's 0.64 times (its
+# kernels now set the pace).
+#
+# The host's times swing from one round to the next (the log prints each one's range), and more
+# between runs: ropelib's eager call at 64 MiB sbhd took 300 µs here, 191 µs in the floor run.
+# Some eager timings even came out shorter than the enqueue time of the same call (ropelib's
+# 300 against 396 µs here), which cannot both hold in one round. Read the host's times to a few
+# tens of per cent; the factors above are larger than that.
+#
+# The replayed kernels agree with the floor run's to within half a µs in sbhd: ropelib 74.4 µs
+# against 74.1, TE 126.3 against 126.3, torch.compile 70.7 against 70.9. The copies do not: two
+# copies took 66.8 µs here against 73.7 µs in the floor's sbhd row (66.4 and 66.9 in its bshd
+# and thd rows). Divided by this log's copies, ropelib's forward+backward runs at 0.89 to 0.90
+# of two copies, torch.compile's at 0.92 to 0.97, TE's at 0.52 to 0.53: the floor's 0.995 for
+# ropelib owes part of itself to a slow copy. The forward alone, replayed, runs at 0.91 to 0.92 of
+# a copy for ropelib against 1.00 to 1.04 for torch.compile. From 64 MiB on, ropelib
+# takes its two-pass route, and under a CUDA graph every call runs the small pre-pass kernel
+# (the cos/sin rows) before the flat pass. Eagerly it keeps those rows from one call to the
+# next, so the kernels the log lists for one eager call are the two flat passes alone.
+
+# %%
+MID_LOG = RESULTS / "mid_fwdbwd-nvidia-h200-20261201-1433.log"
+mid_gpu, mid_day = re.fullmatch(r"mid_fwdbwd-(.+)-(\d{8})-\d{4}\.log", MID_LOG.name).groups()
+mid = measured.fwdbwd_log(MID_LOG)
+assert "h200" in mid_gpu and mid_day == "20261201"
+MID = [f"64 MiB bf16 {layout}" for layout in ("sbhd", "bshd", "thd")]
+BIG = "256 MiB bf16 bshd"
+print(f"{MID_LOG.name}: measured on {mid_gpu}, {mid_day}; per eager forward+backward, the host's "
+      "time to issue it (enqueue) and the device's (replayed from a CUDA graph)")
+for case in MID + [BIG]:
+    for p in ("ropelib", "torch.compile", "te_fused"):
+        r = mid[case, p]
+        print(f"  {case:17s} {p:13s} enqueue {r['enqueue_us']:5.1f} us, graph "
+              f"{r['fwdbwd_graph_us']:5.1f} us, host/device "
+              f"{r['enqueue_us'] / r['fwdbwd_graph_us']:4.2f}; eager {r['eager_us']:5.1f} us; "
+              f"replayed: {r['fwdbwd_ratio']:.3f} of two copies, forward {r['fwd_ratio']:.3f} "
+              "of one")
+
+
+def at_64(key, providers, per=None):
+    """(min, max) over the 64 MiB cases of a column, or of column / the device's time."""
+    vals = [mid[c, p][key] / (mid[c, p][per] if per else 1) for c in MID for p in providers]
+    return min(vals), max(vals)
+
+
+def rounded(span, digits=0):
+    return tuple(round(v, digits) for v in span)
+
+
+fast = ("ropelib", "torch.compile")
+assert rounded(at_64("enqueue_us", ["ropelib"])) == (261, 494)
+assert rounded(at_64("enqueue_us", ["torch.compile"])) == (422, 590)
+assert rounded(at_64("fwdbwd_graph_us", fast)) == (68, 74)
+assert rounded(at_64("enqueue_us", fast, per="fwdbwd_graph_us"), 1) == (3.5, 8.1)  # host-bound
+assert rounded(at_64("enqueue_us", ["te_fused"])) == (156, 183)
+assert rounded(at_64("fwdbwd_graph_us", ["te_fused"])) == (124, 128)
+assert rounded(at_64("enqueue_us", ["te_fused"], per="fwdbwd_graph_us"), 1) == (1.2, 1.5)
+assert at_64("enqueue_us", ["te_fused"])[1] < at_64("enqueue_us", fast)[0]    # lighter host
+assert at_64("fwdbwd_graph_us", ["te_fused"])[0] > at_64("fwdbwd_graph_us", fast)[1]  # slower
+assert rounded(at_64("eager_us", fast, per="fwdbwd_graph_us"), 1) == (3.2, 8.4)
+assert rounded(at_64("eager_us", ["te_fused"], per="fwdbwd_graph_us"), 1) == (1.1, 1.3)
+big = {p: mid[BIG, p]["enqueue_us"] / mid[BIG, p]["fwdbwd_graph_us"]
+       for p in ("ropelib", "torch.compile", "te_fused")}
+assert round(mid[BIG, "ropelib"]["fwdbwd_graph_us"] / mid[MID[0], "ropelib"]["fwdbwd_graph_us"],
+             1) == 3.6 and round(mid[BIG, "ropelib"]["fwdbwd_graph_us"]) == 265
+assert (round(big["ropelib"], 1), round(big["torch.compile"], 1), round(big["te_fused"], 2)) \
+    == (1.3, 2.5, 0.64)
+# the host's times from run to run and round to round
+sbhd = mid[MID[0], "ropelib"]
+assert (round(sbhd["eager_us"]), round(us[EAGER, "ropelib"])) == (300, 191)
+assert round(sbhd["enqueue_us"]) == 396 and sbhd["eager_us"] < sbhd["enqueue_us"]
+
+# the same kernels as the floor run's, against other copies
+floor_graph = {(r["case"].split()[-4], r["provider"]): r["ms"] * 1e3 for r in floor_rows
+               if r["case"].startswith("forward+backward 64 MiB bf16 ")
+               and r["case"].endswith(" under CUDA graphs")}
+print("replayed forward+backward, sbhd, this log against the floor run (us):",
+      {p: (mid[MID[0], p]["fwdbwd_graph_us"], round(floor_graph["sbhd", p], 1))
+       for p in ("ropelib", "te_fused", "torch.compile")})
+print("two copies, replayed (us): this log", {c.split()[-1]: mid[c, "ropelib"]["copy_pair_us"]
+                                              for c in MID},
+      "the floor run", {lay: round(floor_graph[lay, "copy"], 1) for lay in ("sbhd", "bshd", "thd")})
+for p, stated in (("ropelib", 74.4), ("te_fused", 126.3), ("torch.compile", 70.7)):
+    assert mid[MID[0], p]["fwdbwd_graph_us"] == stated
+    assert abs(stated - floor_graph["sbhd", p]) <= 0.5
+assert [round(floor_graph["sbhd", p], 1) for p in ("ropelib", "te_fused", "torch.compile")] \
+    == [74.1, 126.3, 70.9]
+assert mid[MID[0], "ropelib"]["copy_pair_us"] == 66.8
+assert [round(floor_graph[lay, "copy"], 1) for lay in ("sbhd", "bshd", "thd")] == [73.7, 66.4, 66.9]
+assert rounded(at_64("fwdbwd_ratio", ["ropelib"]), 2) == (0.89, 0.90)
+assert rounded(at_64("fwdbwd_ratio", ["torch.compile"]), 2) == (0.92, 0.97)
+assert rounded(at_64("fwdbwd_ratio", ["te_fused"]), 2) == (0.52, 0.53)
+assert rounded(at_64("fwd_ratio", ["ropelib"]), 2) == (0.91, 0.92)
+assert rounded(at_64("fwd_ratio", ["torch.compile"]), 2) == (1.00, 1.04)
 
 # %% [markdown]
 # ## 7. Your kernel in the race
@@ -1205,10 +1320,11 @@ if not rows_ok:     # the worked kernel: rounded once; on a GPU below TE's fused
 #   bf16; section 5's cell checks both), whichever axis makes the tensor large. Its eager
 #   forward+backward loses to TE's where a fixed time per call dominates (small tensors, batch
 #   1), of the size of the host time per call measured separately. At 64 MiB, replayed from a
-#   CUDA graph, ropelib's forward+backward runs at a copy's speed and ahead of TE's; eagerly, in
-#   the same run, it took longer than TE's (section 6). A profile of the host time, taken of
-#   an earlier version of ropelib's eager code, puts most of it in the backward through
-#   PyTorch's autograd, the rest in the forward; each call launches two kernels.
+#   CUDA graph, ropelib's forward+backward runs at 0.89 to 0.995 of two copies, by the run's
+#   copy, and ahead of TE's; eagerly it takes longer than TE's, because the host takes several
+#   times as long to issue ropelib's call as its kernels take to run (section 6). A profile of
+#   the host time puts most of it in the backward through PyTorch's autograd, the rest in the
+#   forward; each call launches two kernels.
 # - A RoPE kernel is a copy kernel with arithmetic between its load and its store. One kernel
 #   with a switch times both on the same grid and bytes: their ratio is what the rotation adds,
 #   and the copy's time per program shows where the program count, not the bytes, sets it.

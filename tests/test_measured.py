@@ -156,3 +156,40 @@ def test_the_committed_opcode_profile_adds_up():
     for k in kernels:
         ops = k["instances"]["sass__inst_executed_per_opcode"]
         assert sum(ops.values()) == k["metrics"]["sass__inst_executed_per_opcode"]
+
+
+FWDBWD_LOG = """\
+
+== 64 MiB bf16 sbhd: copy 33.5 us, copy pair 66.8 us (graphs)
+ropelib        fwd graph 36.6 us (36.5-36.6), fwdbwd graph 74.4 us (74.2-74.4)
+         31.7 us  _rope_rows_kernel
+
+case                 provider       fwd/copy bwd/copy f+b/pair enqueue us  eager us f+b graph us
+64 MiB bf16 sbhd     ropelib           0.914    0.885    0.897      395.6     300.2         74.4
+64 MiB bf16 sbhd     te_fused              -        -        -      155.7     135.9            -
+"""
+
+
+def test_fwdbwd_log_reads_the_final_table_and_each_cases_copies(tmp_path):
+    log = tmp_path / "mid_fwdbwd.log"
+    log.write_text(FWDBWD_LOG)
+    rows = measured.fwdbwd_log(log)
+    assert list(rows) == [("64 MiB bf16 sbhd", "ropelib"), ("64 MiB bf16 sbhd", "te_fused")]
+    assert rows["64 MiB bf16 sbhd", "ropelib"] == dict(
+        fwd_ratio=0.914, bwd_ratio=0.885, fwdbwd_ratio=0.897, enqueue_us=395.6, eager_us=300.2,
+        fwdbwd_graph_us=74.4, copy_us=33.5, copy_pair_us=66.8)
+    te = rows["64 MiB bf16 sbhd", "te_fused"]
+    assert te["fwd_ratio"] is None and te["enqueue_us"] == 155.7 and te["copy_pair_us"] == 66.8
+    log.write_text(FWDBWD_LOG.split("case ")[0])
+    with pytest.raises(ValueError, match="no final table"):
+        measured.fwdbwd_log(log)
+
+
+def test_the_committed_fwdbwd_log_agrees_with_itself():
+    rows = measured.fwdbwd_log(measured.RESULTS / "mid_fwdbwd-nvidia-h200-20261201-1433.log")
+    assert {c for c, _ in rows} == {"64 MiB bf16 sbhd", "64 MiB bf16 bshd", "64 MiB bf16 thd",
+                                    "256 MiB bf16 bshd"}
+    for key, r in rows.items():
+        # the ratio column is the case's two copies over the replayed forward+backward
+        assert math.isclose(r["copy_pair_us"] / r["fwdbwd_graph_us"], r["fwdbwd_ratio"],
+                            abs_tol=2e-3), key

@@ -4,6 +4,8 @@ holds (ordered by internal or by cumulative time), each function's calls and tim
 import re
 from pathlib import Path
 
+from ..bench.compare import note_read
+
 _TOTAL = re.compile(r"function calls .* in ([\d.]+) seconds")
 _ORDER = re.compile(r"\s*Ordered by: (.+)")
 _ROW = re.compile(r"\s*(\d+)(?:/\d+)?\s+([\d.]+)\s+[\d.]+\s+([\d.]+)\s+[\d.]+\s+(.+)$")
@@ -16,6 +18,7 @@ def read_profile(path):
     """(total seconds, {"internal time" | "cumulative time": {function: {"ncalls", "tottime",
     "cumtime"}}}), each table in the dump's order, functions named without their install
     prefix (``torch/_tensor.py:576(backward)``, ``ropelib/eager.py:282(run)``)."""
+    note_read(path)
     total, tables, order = None, {}, None
     for line in Path(path).read_text().splitlines():
         if m := _TOTAL.search(line):

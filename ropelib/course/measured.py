@@ -33,6 +33,7 @@ blocks of ``ncu_block_size`` threads, one block per (token, batch entry): one st
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 from ..bench import compare
@@ -177,6 +178,43 @@ def ncu_kernels(path) -> list:
             pairs = (item.rsplit(":", 1) for item in listed.rstrip(")").split(";"))
             k["instances"][r["Metric Name"]] = {name.strip(): number(v) for name, v in pairs}
     return sorted(out.values(), key=lambda k: k["id"])
+
+
+_FWDBWD_COLUMNS = ("fwd_ratio", "bwd_ratio", "fwdbwd_ratio", "enqueue_us", "eager_us",
+                   "fwdbwd_graph_us")
+
+
+def fwdbwd_log(path) -> dict:
+    """{(case, provider): row} of a ``benchmarks/mid_fwdbwd_probe.py`` log, read from its final
+    table: ``fwd_ratio`` (a copy's µs over the forward's, both replayed from CUDA graphs),
+    ``bwd_ratio`` (over the forward+backward's µs less the forward's), ``fwdbwd_ratio`` (two
+    copies over the forward+backward, replayed), ``enqueue_us`` (host µs to issue one eager
+    forward+backward, no synchronisation), ``eager_us`` (µs per eager forward+backward, calls
+    back to back then a synchronisation) and ``fwdbwd_graph_us`` (device µs of one replayed
+    forward+backward); None where the log wrote "-". Each row also carries ``copy_us`` and
+    ``copy_pair_us``, the case's copies replayed the same way (from its ``== case:`` line)."""
+    compare.note_read(path)
+    lines = Path(path).read_text().splitlines()
+    copies = {}
+    for line in lines:
+        if m := re.match(r"== (.+): copy ([\d.]+) us, copy pair ([\d.]+) us", line):
+            copies[m.group(1)] = (float(m.group(2)), float(m.group(3)))
+    heads = [i for i, line in enumerate(lines) if line.split()[:2] == ["case", "provider"]]
+    if not heads:
+        raise ValueError(f"{path}: no final table (a header row starting with \"case provider\")")
+    out = {}
+    for line in lines[heads[-1] + 1:]:
+        cells = line.split()
+        if len(cells) < 2 + len(_FWDBWD_COLUMNS):
+            continue
+        values, provider = cells[-len(_FWDBWD_COLUMNS):], cells[-len(_FWDBWD_COLUMNS) - 1]
+        case = " ".join(cells[:-len(_FWDBWD_COLUMNS) - 1])
+        row = {k: (None if v == "-" else float(v)) for k, v in zip(_FWDBWD_COLUMNS, values)}
+        row["copy_us"], row["copy_pair_us"] = copies.get(case, (None, None))
+        out[case, provider] = row
+    if not out:
+        raise ValueError(f"{path}: its final table has no rows")
+    return out
 
 
 def table(rows, columns) -> str:
