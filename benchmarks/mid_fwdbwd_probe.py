@@ -155,6 +155,7 @@ def variants(rounds: int):
     suite.warm_allocator(16)
     ropelib_p = next(p for p in compare.providers() if p.name == "ropelib")
     settings = {f"early {e}, {n} a program": (e, n) for e in (False, True) for n in (1024, 256)}
+    saved = tiles.TWO_PASS_EARLY_LAUNCH, launch.TWO_PASS_TABLE_ELEMENTS
     table = []
     for label, fields in CASES + (("1 GiB bf16 sbhd", dict(seq_len=16384)),):
         config = compare.Config(**dict(dict(batch=8, heads=32, head_dim=128, dtype="bf16"),
@@ -184,7 +185,7 @@ def variants(rounds: int):
                           min(per[(name, "fwd")]), max(per[(name, "fwd")])))
             print(f"{label:20s} {name:24s} fwd {fwd:7.1f} us ({copy1 / fwd:.3f})  fwd+bwd "
                   f"{fb:7.1f} us ({copy2 / fb:.3f})", flush=True)
-    tiles.TWO_PASS_EARLY_LAUNCH, launch.TWO_PASS_TABLE_ELEMENTS = True, 1024
+    tiles.TWO_PASS_EARLY_LAUNCH, launch.TWO_PASS_TABLE_ELEMENTS = saved
     print(f"\n{'case':20s} {'variant':24s} {'fwd us':>8s} {'fwd/copy':>8s} {'f+b us':>8s} "
           f"{'f+b/pair':>8s}")
     for label, name, fwd, rf, fb, rfb, lo, hi in table:

@@ -62,11 +62,16 @@ TWO_PASS_WARPS = 4
 # (a partner load per element) reached 0.948, 0.977 and 0.968 and torch.compile's kernel 0.994,
 # 0.985 and 0.991 in the same run; 16 rows on 4 warps 0.988, 0.988, 0.993.
 TWO_PASS_PAIR_WARPS = 2
-TWO_PASS_TABLE_ELEMENTS = 1024     # (token, pair) entries per program of the pre-pass
-# The flat pass after a pre-pass is launched early (programmatic dependent launch, compute
-# capability 9.0 and up; kernels/flat.py): its launch overlaps the pre-pass instead of following
-# it. False: launched after the pre-pass ends, as any kernel.
-TWO_PASS_EARLY_LAUNCH = True
+# (token, pair) entries per program of the pre-pass: 2 a thread on its 4 warps. Its programs are
+# latency-bound (each entry's sine and cosine, a store); at 64 MiB (s1024 b8, 64 pairs) 256
+# spread it over 256 programs instead of 64, and the flat pass after a pre-pass is launched
+# early (programmatic dependent launch, compute capability 9.0 and up; kernels/flat.py): its
+# launch overlaps the pre-pass instead of following it. Under CUDA graphs on an H200 (bf16,
+# forward+backward, of two copies; results/mid_fwdbwd_variants-nvidia-h200-20261201-1444.log):
+# 64 MiB sbhd 0.900 -> 0.948 (0.931 with 256 alone, 0.914 early alone), bshd 0.894 -> 0.942,
+# thd 0.895 -> 0.945, 256 MiB bshd 0.961 -> 0.975; forward at 64 MiB 0.918 -> 0.948.
+TWO_PASS_TABLE_ELEMENTS = 256
+TWO_PASS_EARLY_LAUNCH = True       # False: the flat pass waits for the pre-pass's end to launch
 # Packed sequences (thd) whose positions are each token's index in its sequence: the flat pass
 # can take one sequence per grid row, its positions' rows read as sbhd reads a token's (no row
 # index per token, no index pass), as flash-attn's Triton rotary does with the longest
