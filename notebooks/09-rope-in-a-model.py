@@ -314,11 +314,13 @@ for name, rope, seed in [("ropelib", "ropelib", 0), ("reference", "reference", 0
 # v_\text{last} \le 1.01\, v_\text{min} .
 # $$
 #
-# Near a loss of 1.2 nats that allows about 0.012 nats, about the mean distance between the
-# validation curves of two seeds in the committed run; the committed run itself ends within
-# 0.5 %, half that distance (the cell after the figure reads both from its CSV). A run that ends
-# right at the turn may find its lowest point at the last evaluation or at the one before it, and
-# end a little above it; a run that trains on well past the turn fails. How close to the turn it
+# Near a loss of 1.2 nats that allows about 0.012 nats, about three quarters of the mean
+# distance between the validation curves of two seeds in the committed run (0.017 nats). A run
+# that ends right at the turn may find its lowest point at the last evaluation or at the one
+# before it, and end a little above it; a run that trains on well past the turn fails. The
+# committed run shows both cases: three of its four runs are lowest at the last evaluation, and
+# the reference's is lowest one evaluation earlier and ends 0.59 % above it (the cell after the
+# figure reads all of it from its CSV). How close to the turn it
 # ends, the gap between the two losses says; the cell after the figure reads it for the committed
 # run. (With more data, dropout or a smaller model the turn comes later; stopping earlier is the
 # cheapest fix here, because the step count also sets the run time.)
@@ -422,21 +424,22 @@ for k, h in saved_c.items():
     print(f"{k:>18}: val lowest {v[best]:.4f} at step {lowest_at_c[k]}, last {v[-1]:.4f} "
           f"({100 * (v[-1] / v[best] - 1):.2f} % above); train loss over the last {every_c} "
           f"steps {sum(tail_c) / len(tail_c):.4f}")
-    assert v[-1] <= 1.005 * v[best]                         # within 0.5 % (the live check: 1 %)
-assert all(s == at_c[-1] for s in lowest_at_c.values())     # every run lowest at its end
+    assert v[-1] <= 1.01 * v[best]                          # within 1 %, as the live check
 best_c = min(range(len(v_c)), key=v_c.__getitem__)
+above_c = 100 * (v_c[-1] / v_c[best_c] - 1)                 # the reference: % above its lowest
+assert lowest_at_c == {"ropelib": 300, "reference": 275, "reference seed 1": 300,
+                       "reference again": 300}             # "three of its four runs"
+assert round(above_c, 2) == 0.59                                            # "0.59 %"
 d_kernel_c = mean_abs_diff(saved_c["ropelib"]["val_loss"], v_c)
 d_seed_c = mean_abs_diff(saved_c["reference seed 1"]["val_loss"], v_c)
 print(f"its parity: d(ropelib, reference) = {d_kernel_c:.2e}, "
       f"d(reference seed 1, reference) = {d_seed_c:.2e}, ratio {d_kernel_c / d_seed_c:.2f}")
-assert d_kernel_c <= 1.5 * d_seed_c and round(d_kernel_c / d_seed_c, 2) == 1.11
-allowed_c = 0.005 * v_c[best_c]                             # what the 0.5 % lets through
-print(f"0.5 % of the reference's lowest validation loss ({v_c[best_c]:.4f}): {allowed_c:.4f} "
-      f"nats, {allowed_c / d_seed_c:.2f} of d(reference seed 1, reference)")
-assert round(v_c[best_c], 1) == 1.2 and round(allowed_c, 3) == 0.006       # "1.2", "0.006"
-assert round(allowed_c / d_seed_c, 1) == 0.5                                # "half"
-print(f"1 % of it: {2 * allowed_c:.4f} nats, {2 * allowed_c / d_seed_c:.2f} of that distance")
-assert round(2 * allowed_c, 3) == 0.012 and round(2 * allowed_c / d_seed_c, 1) == 1.0   # "about"
+assert d_kernel_c <= 1.5 * d_seed_c and round(d_kernel_c / d_seed_c, 2) == 0.47
+allowed_c = 0.01 * v_c[best_c]                              # what the live check's 1 % lets through
+print(f"1 % of the reference's lowest validation loss ({v_c[best_c]:.4f}): {allowed_c:.4f} "
+      f"nats, {allowed_c / d_seed_c:.2f} of d(reference seed 1, reference) = {d_seed_c:.4f}")
+assert round(v_c[best_c], 1) == 1.2 and round(allowed_c, 3) == 0.012       # "1.2", "0.012"
+assert round(allowed_c / d_seed_c, 2) == 0.73 and round(d_seed_c, 3) == 0.017   # "3/4", "0.017"
 
 # the generalisation gap of the committed run: validation loss minus the training loss averaged
 # over the steps since the previous evaluation (so it lags early on, while the loss falls fast)
@@ -447,10 +450,10 @@ print("validation - training loss at each evaluation: "
 crossed = next(s for s, g in zip(at_c, gap_c) if g > 0)
 print(f"training below validation from step {crossed} on; the gap at step {at_c[-1]}: "
       f"{gap_c[-1]:.2f} nats; validation over the last {every_c} steps: "
-      f"{v_c[-2]:.4f} -> {v_c[-1]:.4f}")
+      f"{v_c[-2]:.4f} -> {v_c[-1]:.4f} ({v_c[-1] - v_c[-2]:+.4f})")
 after = gap_c[at_c.index(crossed):]
 assert crossed == 150 and all(b > a for a, b in zip(after, after[1:]))   # widens every time
-assert round(gap_c[-1], 2) == 0.29 and round(v_c[-2] - v_c[-1], 3) == 0.004   # "0.29", "0.004"
+assert round(gap_c[-1], 2) == 0.30 and round(v_c[-1] - v_c[-2], 3) == 0.007   # "0.30", "0.007"
 assert (at_c[-1], every_c) == (300, 25)
 
 # %% [markdown]
@@ -475,9 +478,10 @@ late = [i for i, s in enumerate(at_c) if s >= 200]
 late_k = (min(gap_k[i] for i in late), max(gap_k[i] for i in late))
 print(f"from step 200 on: ropelib {late_k[0]:.3f} to {late_k[1]:.3f}, reference seed 1 at most "
       f"{max(gap_s[i] for i in late):.3f}")
-assert round(part[0], 6) == 2e-6 and round(part[19], 2) == 0.03 and part[19] > part_seed[19]
-assert at_c[0] == 25 and (round(gap_k[0], 3), round(gap_s[0], 3)) == (0.034, 0.028)
-assert tuple(round(g, 3) for g in late_k) == (0.011, 0.022) and max(gap_s[i] for i in late) < 0.005
+assert round(part[0], 6) == 2e-6                                           # "2e-6"
+assert (round(part[19], 3), round(part_seed[19], 3)) == (0.019, 0.020)      # "0.019", "0.020"
+assert at_c[0] == 25 and (round(gap_k[0], 3), round(gap_s[0], 3)) == (0.018, 0.032)
+assert round(late_k[1], 3) == 0.014 and round(max(gap_s[i] for i in late), 3) == 0.016
 
 # the control: the same reference code from the same seed, trained a second time
 if "reference again" in train_c:
@@ -495,6 +499,15 @@ if "reference again" in train_c:
         print(f"the control first differs at step {first_again}; at step 20 it is "
               f"{part_again[19]:.1e} from the reference, ropelib {part[19]:.1e}")
         assert d_again_c <= 1.5 * d_seed_c       # inside the band the parity check allows
+        print(f"d(reference again, reference) = {d_again_c:.4f} = {d_again_c / d_seed_c:.2f} of "
+              f"d(reference seed 1, reference); d(ropelib, reference) = {d_kernel_c:.4f}; at "
+              f"step 20 ropelib is {part[19] / part_again[19]:.0f} times as far as the control")
+        # the committed run, as the text says: not bit for bit; equal at step 1, parted at step 2
+        assert part_again[0] == 0 and first_again == 2 and part[0] > 0
+        assert [float(f"{part_again[s - 1]:.1e}") for s in (1, 5, 10, 20)] == [
+            0.0, 6.4e-6, 6.4e-4, 1.2e-3]
+        assert round(d_again_c, 4) == 0.0049 and round(d_again_c / d_seed_c, 2) == 0.29
+        assert round(part[19] / part_again[19]) == 16
 else:
     print("(the committed run has no control run 'reference again': a GPU run of this notebook "
           "trains it)")
@@ -503,21 +516,20 @@ else:
 # What to read in it. On the left, the ropelib curve and the reference curve from the same
 # seed stay as close to each other as two seeds of the reference do: the printed parities put
 # the kernel's mean distance from the reference within 1.5 times the second seed's (the cell
-# asserts it). In the committed run it is 1.11 times; the ratio moves from one run to the next,
-# and comes out below 1 as well.
+# asserts it). In the committed run it is 0.47 times; the ratio moves from one run to the next,
+# and comes out above 1 as well.
 #
-# On the right, the kernel's gap from the reference (same weights, same batches) is already the
-# size of the gap between two seeds at the first evaluation, step 25: 0.034 nats against 0.028.
-# The two bf16 runs part within the first twenty steps: their training losses differ by
-# $2 \cdot 10^{-6}$ at step 1 and by 0.03 at step 20, more than the two seeds' differ at that
-# step. In bf16 the two models are not bit-identical — both round fp32 results once to bf16,
-# but the kernel computes $\sin$ and $\cos$ itself from the angles — and training amplifies a
-# difference in the last bit until the two runs are as far apart as two seeds. From there on
-# the kernel's curve is one more sample of run-to-run noise. In the committed run it happens
-# to stay further from the reference in the last evaluations than the second seed does (0.011
-# to 0.022 nats from step 200 on, the second seed within 0.005), and over the whole run the two
-# distances are close, as above. On the CPU in fp32 the two curves are the same to a few fp32
-# ulps (the printed $d(\text{ropelib}, \text{reference})$, asserted below $10^{-5}$).
+# On the right, the kernel's gap from the reference (same weights, same batches) at the first
+# evaluation, step 25, is 0.018 nats, against 0.032 for the second seed. The two bf16 runs part
+# within the first twenty steps: their training losses differ by $2 \cdot 10^{-6}$ at step 1
+# and by 0.019 at step 20, about what the two seeds differ by at that step (0.020). In bf16 the
+# two models are not bit-identical — both round fp32 results once to bf16, but the kernel
+# computes $\sin$ and $\cos$ itself from the angles — and training amplifies a difference in
+# the last bit until the two runs are as far apart as two seeds. From there on the kernel's
+# curve is one more sample of run-to-run noise: from step 200 on it stays within 0.014 nats of
+# the reference, the second seed within 0.016. On the CPU in fp32 the two curves are the same
+# to a few fp32 ulps (the printed $d(\text{ropelib}, \text{reference})$, asserted below
+# $10^{-5}$).
 #
 # That explanation assumes the reference repeats itself: that two runs of the same code from
 # the same seed on the GPU stay on one curve. The control run tests it. If its training loss
@@ -527,21 +539,31 @@ else:
 # of it is RoPE's, the two side by side say (the cell prints the step where the control first
 # differs, and its distance at step 20 next to ropelib's), and what remains firm is the
 # comparison with the seed band (the cell then asserts that the control, too, stays within
-# 1.5 times the second seed's distance). In the committed run the control's training loss
-# differs from the reference's by TODO-NUMBER at steps 1, 5, 10 and 20, and its validation
-# curve by TODO-NUMBER nats on average: TODO-NUMBER (which of the two cases holds, and so
-# whether the bf16 explanation above stands alone).
+# 1.5 times the second seed's distance).
+#
+# In the committed run the second case holds: the GPU does not repeat itself. The control's
+# training loss equals the reference's at step 1 and differs from step 2 on: by 0, $6.4 \cdot
+# 10^{-6}$, $6.4 \cdot 10^{-4}$ and $1.2 \cdot 10^{-3}$ at steps 1, 5, 10 and 20. Its
+# validation curve is 0.0049 nats from the reference's on average, 0.29 of the second seed's
+# distance. Step 1's loss comes from the same weights through the same forward, and it agrees;
+# step 2's does not, so the noise enters in step 1's backward or update, where some kernels sum
+# in an order that can change from run to run (atomic adds, as above). So the bf16 explanation
+# above does not stand alone. What it still explains is the start: ropelib's run differs
+# already at step 1, where the control does not, and at step 20 it is 16 times as far from the
+# reference as the control is. After that the two sources of noise cannot be told apart, and
+# what is firm is the seed band: the control's validation curve sits at 0.29 times the second
+# seed's distance from the reference, ropelib's at 0.47, both inside 1.5.
 #
 # The committed run is the configuration at the top of this notebook on a GPU, and the lines
-# above show where it ended: at the turn. Every run's validation loss is lowest at the last
-# evaluation, step 300, but the reference's fell by only 0.004 over the last 25 steps.
-# From step 150 on, the training loss is below the validation loss, and the gap widens at
-# every evaluation, to 0.29 nats at step 300 — the model already fits the text it trains on
-# better than text it has not seen, the first sign of the memorising described above. Other
-# runs of the same configuration have found their lowest validation loss one evaluation
-# earlier and ended a little above it, inside what the check allows: the turn falls in the
-# last two evaluations, and bf16 noise decides which. For the parity comparison that is
-# harmless (the same model, memorising the same way, is what both implementations train). If
+# above show where it ended: at the turn. Three of the four runs have their lowest validation
+# loss at the last evaluation, step 300. The reference's is lowest at step 275, and rose by
+# 0.007 nats (0.59 %) over the last 25 steps, inside the 1 % the check allows. From step 150
+# on, the training loss is below the validation loss, and the gap widens at every evaluation,
+# to 0.30 nats at step 300 — the model already fits the text it trains on better than text it
+# has not seen, the first sign of the memorising described above. The turn falls in the last
+# two evaluations, and noise decides which: the control, the same code from the same seed, is
+# lowest at step 300, where the reference is lowest at step 275. For the parity comparison that
+# is harmless (the same model, memorising the same way, is what both implementations train). If
 # you commit a run of your own, the same lines tell you which side of the turn it ended on.
 
 # %% [markdown]
@@ -627,19 +649,26 @@ committed_tps = {k.split(":", 1)[1]: float(v) for k, v in meta_speed.items()
                  if k.startswith("tokens_per_s:")}
 committed_speedup = committed_tps["ropelib"] / committed_tps["reference"]
 committed_seed = committed_tps["reference seed 1"] / committed_tps["reference"]
+committed_again = committed_tps["reference again"] / committed_tps["reference"]
 print(f"the committed GPU run ({meta_speed['gpu']}): ropelib / reference "
-      f"{committed_speedup:.3f}x, second reference run / first {committed_seed:.3f}x")
-assert (round(committed_speedup, 2), round(committed_seed, 2)) == (1.24, 1.01)   # as the text says
+      f"{committed_speedup:.3f}x, second reference run / first {committed_seed:.3f}x, "
+      f"the control / first {committed_again:.3f}x, "
+      f"ropelib / the control {committed_tps['ropelib'] / committed_tps['reference again']:.3f}x")
+assert (round(committed_speedup, 2), round(committed_seed, 2)) == (1.13, 0.91)   # as the text says
+assert round(committed_again, 2) == 1.08                                         # "1.08"
+assert round(committed_tps["ropelib"] / committed_tps["reference again"], 2) == 1.05   # "1.05"
 
 # %% [markdown]
 # Read the first ratio against the second. The two reference runs execute the same code on the
 # same model size; only the seed differs. Whatever separates them is how much the machine's
 # timing moves between two runs of one program (other work on the host, clocks, the allocator),
 # and a ropelib/reference ratio closer to 1 than that says nothing about RoPE. In the committed
-# GPU run the two are far apart: ropelib's model trains 1.24 times as many tokens a second as the
-# reference, where the two reference runs differ by 1.01 (both checked). One seed pair is a thin
-# measure of noise (the ratio printed above for your own run is a second one), so read 1.24 as
-# "outside the committed pair's spread", not as a precise figure. On a model this small a
+# GPU run the two are not far apart. Ropelib's model trains 1.13 times as many tokens a second
+# as the reference. The second seed's run of the reference trains 0.91 times as many as the
+# first, and the control, the first run's code and seed once more, 1.08 times as many (all
+# checked). The same code moved by 8 to 9 % from one run to the next, and against the control
+# ropelib's run is only 1.05 times as fast. So in this run tokens per second do not separate
+# RoPE's saving from the machine's movement. On a model this small a
 # training step is short, and for a large part of it the GPU sits idle, waiting for the host
 # (section 5 measures how large a part), so tokens per second are a noisy measure of RoPE;
 # section 5 measures RoPE's own time on the device instead, and how much of the device time the
@@ -784,36 +813,41 @@ if ON_GPU:
 # %% [markdown]
 # The committed GPU run of this section (`figures/09-rope-share.csv`, written by this notebook on
 # a GPU with `ROPELIB_WRITE_FIGURES=1`) gives a reader without a GPU the device's answer: with
-# ropelib, RoPE takes 2.9 % of the busy step, with the reference 35 %. That run timed its floor
-# as one small copy per RoPE call rather than one copy of all the bytes, so the cell below
-# measures the kernel against one copy at the rate of the H200's 1 GiB copy
-# (`benchmarks/results/floor-nvidia-h200.csv`): 0.14 ms, of which the kernel takes 1.4.
+# ropelib, RoPE takes 2.8 % of the busy step, with the reference 35 %. That run timed its floor
+# as the cell above does, one copy of all of RoPE's bytes: 0.146 ms (`copy_floor_ms`). The
+# cell below also computes the floor from the rate of the H200's 1 GiB copy
+# (`benchmarks/results/floor-nvidia-h200.csv`): 0.14 ms, within 3 % of the timed one. The
+# kernel takes 1.3 of it, by either floor.
 #
 # The cell checks the same relations as the cell above, and one more: the busy step with
-# ropelib is 3.33 ms shorter than the reference's, and RoPE's own kernels take 3.32 ms less.
+# ropelib is 3.36 ms shorter than the reference's, and RoPE's own kernels take 3.37 ms less.
 # The device time the kernel saves is, to within a hundredth of a millisecond, all the device
 # time the step saves. The wall-clock step, which section 4's tokens per second measure, shrank
-# by less, 2.95 ms (in the same CSV, checked); in other runs host time and run-to-run movement
-# have made the wall-clock saving larger than the device's. Only the device times attribute the
-# saving to RoPE.
+# by half as much, 1.67 ms (in the same CSV, checked). A GPU saving shortens the wall-clock
+# step only while the GPU is the slower side, and here it is idle for much of the step (next
+# paragraph). How much of the device saving reaches the wall clock also moves from run to run.
+# Only the device times attribute the saving to RoPE.
 #
 # The same rows say how much of a wall-clock step the GPU is busy at all: with ropelib about
-# half of it (6.61 of 12.26 ms), with the reference about two thirds. The rest of the time it
-# is idle, waiting for the host. Launching kernels is part of the host's work, and the
+# half of it (6.68 of 12.76 ms), with the reference 70 % (10.04 of 14.44 ms). The rest of the
+# time it is idle, waiting for the host. Launching kernels is part of the host's work, and the
 # reference launches more of them: in the step exercise 1 reads (`figures/09-step-kernels.csv`,
-# another run of this notebook on the same GPU), ropelib's step has 386 device events (kernels,
+# written by the same run), ropelib's step has 386 device events (kernels,
 # copies, memsets) and the reference's 578. The rest of the model being the same code, the
 # difference is RoPE's: ropelib's 12 kernels (one per layer and pass) against 204 generic
 # elementwise, concatenation and fill kernels. What those launches cost the host, the host
 # columns of the same CSV say (`rope_host_ms` with its forward and backward parts,
 # `step_host_ms`, `host_share`; a file written before the notebook recorded them lacks them,
-# and the cell below then says so). In the committed run RoPE takes TODO-NUMBER % of the host's
-# profiled step with ropelib (TODO-NUMBER of TODO-NUMBER ms) and TODO-NUMBER % with the
-# reference (TODO-NUMBER of TODO-NUMBER ms): the reference's RoPE costs the host TODO-NUMBER ms
-# a step more than ropelib's, next to the TODO-NUMBER ms it costs the GPU more and the
-# TODO-NUMBER ms by which the wall-clock step shrank. The device times say what RoPE costs the
-# GPU, the host times what it costs the host to ask for it, and tokens per second follow the
-# slower of the two.
+# and the cell below then says so). In the committed run RoPE takes 7.4 % of the host's
+# profiled step with ropelib (1.47 of 19.79 ms) and 24.6 % with the reference (7.67 of
+# 31.20 ms). On the host, the reference's RoPE costs 6.20 ms a step more than ropelib's. On the
+# GPU it costs 3.37 ms more, and the wall-clock step shrank by 1.67 ms. Read the host numbers
+# with the first caution above: both profiled host steps are longer than the unprofiled
+# wall-clock steps (19.79 against 12.76 ms with ropelib, 31.20 against 14.44 ms with the
+# reference), so the profiler's own cost is in them, the reference's most. The shares still
+# rank the two: the host spends about a quarter of its step on the reference's RoPE. The
+# device times say what RoPE costs the GPU, the host times what it costs the host to ask for
+# it, and tokens per second follow the slower of the two.
 
 # %%
 share_meta, share_rows = COMMITTED_SHARE
@@ -822,9 +856,11 @@ committed = {r["rope"]: r for r in share_rows}
 from ropelib.course import measured
 copy_1gib_ms = measured.floor()["forward 1 GiB bf16 sbhd"]["copy"]["ms"]
 one_copy_ms = int(share_meta["rope_bytes"]) / (2 * 2 ** 30) * copy_1gib_ms
+timed_floor_ms = committed["ropelib"]["copy_floor_ms"]       # the run's own copy of the bytes
 print(f"committed run: {share_meta['gpu']}, batch {share_meta['batch']}; one copy of RoPE's "
       f"{int(share_meta['rope_bytes']) / 1e6:.0f} MB at the 1 GiB copy's rate: "
-      f"{one_copy_ms:.3f} ms")
+      f"{one_copy_ms:.3f} ms; timed by the run: {timed_floor_ms:.3f} ms; ropelib's RoPE "
+      f"{committed['ropelib']['rope_ms'] / timed_floor_ms:.2f}x the timed copy")
 for rope, r in committed.items():
     print(f"{rope:>10}: RoPE {r['rope_ms']:.3f} ms of a {r['step_ms']:.2f} ms busy step "
           f"= {100 * r['share']:.2f} %, {r['rope_ms'] / one_copy_ms:.2f}x the copy, "
@@ -833,10 +869,12 @@ assert share_meta["gpu"] not in ("", "none")
 assert committed["ropelib"]["kernels"] == 1 < committed["reference"]["kernels"]
 assert 0.5 < committed["ropelib"]["rope_ms"] / one_copy_ms < 2
 assert committed["reference"]["rope_ms"] > 2 * committed["ropelib"]["rope_ms"]
-assert round(100 * committed["ropelib"]["share"], 1) == 2.9                # "2.9 %"
+assert round(100 * committed["ropelib"]["share"], 1) == 2.8                # "2.8 %"
 assert round(100 * committed["reference"]["share"]) == 35                  # "35 %"
-assert round(one_copy_ms, 2) == 0.14                                       # "0.14 ms"
-assert round(committed["ropelib"]["rope_ms"] / one_copy_ms, 1) == 1.4      # "1.4"
+assert round(one_copy_ms, 2) == 0.14 and round(timed_floor_ms, 3) == 0.146  # "0.14", "0.146"
+assert abs(timed_floor_ms / one_copy_ms - 1) < 0.03                        # "within 3 %"
+assert round(committed["ropelib"]["rope_ms"] / one_copy_ms, 1) == 1.3      # "1.3"
+assert round(committed["ropelib"]["rope_ms"] / timed_floor_ms, 1) == 1.3   # "by either floor"
 # where the faster step comes from: the busy step shrinks by what RoPE's kernels save
 step_saved = committed["reference"]["step_ms"] - committed["ropelib"]["step_ms"]
 rope_saved = committed["reference"]["rope_ms"] - committed["ropelib"]["rope_ms"]
@@ -844,14 +882,15 @@ print(f"the busy step: {step_saved:.2f} ms shorter with ropelib; RoPE's time on 
       f"{rope_saved:.2f} ms less")
 wall_saved = committed["reference"]["wall_ms_per_step"] - committed["ropelib"]["wall_ms_per_step"]
 print(f"the wall-clock step: {wall_saved:.2f} ms shorter")
-assert (round(step_saved, 2), round(rope_saved, 2)) == (3.33, 3.32)             # as the text says
-assert round(wall_saved, 2) == 2.95 and wall_saved < step_saved
+assert (round(step_saved, 2), round(rope_saved, 2)) == (3.36, 3.37)             # as the text says
+assert abs(step_saved - rope_saved) < 0.01                          # "within a hundredth"
+assert round(wall_saved, 2) == 1.67 and round(wall_saved / step_saved, 1) == 0.5  # "half as much"
 busy = {rope: r["step_ms"] / r["wall_ms_per_step"] for rope, r in committed.items()}
 print("the GPU busy for " + ", ".join(f"{rope} {100 * b:.0f} %" for rope, b in busy.items())
       + " of the wall-clock step")
-assert (round(committed["ropelib"]["step_ms"], 2),
-        round(committed["ropelib"]["wall_ms_per_step"], 2)) == (6.61, 12.26)
-assert round(busy["ropelib"], 1) == 0.5 and round(busy["reference"], 2) == 0.65   # a half, 2/3
+assert [round(committed[rope][c], 2) for rope in ("ropelib", "reference")
+        for c in ("step_ms", "wall_ms_per_step")] == [6.68, 12.76, 10.04, 14.44]
+assert round(busy["ropelib"], 1) == 0.5 and round(busy["reference"], 2) == 0.70   # half, 70 %
 
 # the host side (columns a GPU run writes; older files lack them)
 if all(r.get(c) is not None for r in committed.values() for c in HOST_COLUMNS):
@@ -866,7 +905,14 @@ if all(r.get(c) is not None for r in committed.values() for c in HOST_COLUMNS):
     host_saved = committed["reference"]["rope_host_ms"] - committed["ropelib"]["rope_host_ms"]
     print(f"RoPE's host time: {host_saved:.2f} ms a step less with ropelib; its device time "
           f"{rope_saved:.2f} ms less; the wall-clock step {wall_saved:.2f} ms shorter")
-    # TODO-NUMBER: assert the host numbers the text states, as the lines above assert the rest
+    # the host numbers the text states
+    host_stated = [(round(100 * committed[rope]["host_share"], 1),
+                    round(committed[rope]["rope_host_ms"], 2),
+                    round(committed[rope]["step_host_ms"], 2)) for rope in ("ropelib", "reference")]
+    assert host_stated == [(7.4, 1.47, 19.79), (24.6, 7.67, 31.20)]
+    assert round(host_saved, 2) == 6.20 and round(rope_saved, 2) == 3.37
+    assert all(r["step_host_ms"] > r["wall_ms_per_step"] for r in committed.values())  # profiled
+    assert round(committed["reference"]["host_share"] * 4) == 1                      # "a quarter"
 else:
     print(f"{SHARE_CSV.name} has no host columns ({', '.join(HOST_COLUMNS)}): a run of this "
           "notebook on a GPU writes them")
@@ -883,6 +929,7 @@ print(f"one step ({step_meta['gpu']}, {step_meta['date'][:10]}): device events "
       + f"; only ropelib's: {dict(only_lib)}; only the reference's: {sum(only_ref.values())} "
       "kernels, all of them elementwise, concatenation or fill kernels")
 assert (n_events["ropelib"], n_events["reference"]) == (386, 578)
+assert step_meta["date"] == share_meta["date"]                       # "written by the same run"
 assert dict(only_lib) == {"_rope_kernel": 12} and sum(only_ref.values()) == 204
 assert all(any(w in name for w in ("elementwise", "CatArray", "Fill")) for name in only_ref)
 
@@ -1297,20 +1344,23 @@ assert exact.flatten()[at].abs() < 0.05 * exact.abs().max()     # at a near canc
 #   (fp32: a few ulps), and trained from the same seed under bf16 autocast its loss curve stays
 #   as close to the reference as a second seed of the reference does (within 1.5 times that
 #   gap: both are samples of the same run-to-run noise). The two bf16 runs part within the first
-#   twenty steps; the control, the reference trained twice from the same seed, TODO-NUMBER
-#   (stays on one curve or parts as well), which says whether that parting is RoPE's.
+#   twenty steps; the control, the reference trained twice from the same seed, parts as well,
+#   from step 2 (at step 20 a sixteenth as far as ropelib's run): GPU training is not
+#   deterministic here, so a parting alone is not evidence about RoPE, and the seed band is
+#   the check.
 # - A small corpus and a large model: the run ends at the turn of the validation loss and
-#   checks that it went no further (its last validation loss within 1 % of its lowest, the
-#   committed run's within 0.5 %); the gap between training and validation loss widens to
-#   0.29 nats.
+#   checks that it went no further (its last validation loss within 1 % of its lowest; in the
+#   committed run the reference's ends 0.59 % above it, the other runs at it); the gap between
+#   training and validation loss widens to 0.30 nats.
 # - The same model with RoPE inside the QKV projection's GEMM (`rope="ropelib_qkv"`, notebook
 #   12) follows the same curve: to fp32 rounding on the CPU, within seed noise under bf16.
 # - RoPE is memory-bound; in a training step its cost is its bytes. The profiler shows how much
 #   of the step it takes in each implementation, next to a copy of the same bytes: in the
-#   committed H200 run 2.9 % of the busy step with ropelib, 35 % with the reference, and the
-#   device time ropelib saves is all the device time the step saves. On a model this small the
-#   GPU is idle for a large part of the wall-clock step, and tokens per second move between two
-#   runs of the same code: the two RoPEs' ratio is read against that movement, not alone.
+#   committed H200 run 2.8 % of the busy step with ropelib, 35 % with the reference, and the
+#   device time ropelib saves is all the device time the step saves; the wall-clock step shrank
+#   by half as much. On a model this small the GPU is idle for a large part of the wall-clock
+#   step, and tokens per second move between two runs of the same code by nearly as much as
+#   the two RoPEs' ratio: that ratio is read against that movement, not alone.
 # - Decoding with a KV cache: each new token's query and key are rotated at its absolute
 #   position $L + j$, and the cached keys never again; then every step's logits are the full
 #   forward's to fp32 rounding, while each step runs only the new tokens through the model.
