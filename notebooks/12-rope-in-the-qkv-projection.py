@@ -16,32 +16,25 @@
 # %% [markdown]
 # # 12 — RoPE in the QKV projection: a GEMM epilogue, and a prologue for the backward
 #
-# Every RoPE kernel of this course reads q and k and writes them back. Right before it, the
-# attention block's QKV projection has just *written* q and k. This notebook removes that
-# round trip: the projection's GEMM rotates its output tile while it is still in registers
-# (an **epilogue**), and the backward GEMMs undo the rotation as they load the gradient (a
-# **prologue**). Then it reads what that is worth, from measurements: ropelib's first fused
-# kernel was correct and *slower* than the unfused pipeline (cuBLAS, then a RoPE pass); the
-# measurements said why, and the projection it ships now — a TMA main loop under the same
-# epilogue, and a backward that writes $dY$ once — runs level with that pipeline in the forward
-# from table-free angles and, in one run, faster forward+backward at 8192 tokens on an H200.
+# Every RoPE kernel of this course reads q and k and writes them back, right after the attention
+# block's QKV projection has *written* them. This notebook removes that round trip: the
+# projection's GEMM rotates its output tile while it is still in registers (an **epilogue**), and
+# the backward GEMMs can undo the rotation as they load the gradient (a **prologue**). Then it
+# reads what that is worth on an H200: the projection ropelib ships runs level with the unfused
+# pipeline (cuBLAS, then a RoPE pass) in the forward, and in one run faster forward+backward at
+# 8192 tokens; with QK-norm it does not beat the fastest unfused pipeline.
 #
 # **After this notebook you will be able to**
 #
-# - count the bytes a separate RoPE pass moves and say why it can only approach the copy floor,
-#   and what fusing it into the GEMM can save at most;
+# - count the bytes a separate RoPE pass moves, say why it can only approach the copy floor,
+#   and bound what fusing it can save;
 # - explain what a GEMM epilogue is, and why rotate-half forces the output tile to cover a whole
-#   head (features $j$ and $j + D/2$ are far apart in the weight's rows);
-# - write the epilogue of a small Triton QKV GEMM (one program per token tile and head, the
-#   head's two halves side by side), split one accumulator into those halves, and write the
-#   prologue of its dX GEMM ($R(-\theta)$ on load);
-# - read a measurement taken in rounds (every variant once a round, the median of its speed
-#   relative to a reference in the same round) and tell a difference from the spread;
-# - trace a slow fused kernel to its cause: its main loop against cuBLAS, the stall reasons a
-#   profiler gives for pointer loads and for TMA, and the backward's prologue repeated by every
-#   column block;
-# - count the registers an epilogue needs, read a compiled kernel's registers, spills and shared
-#   memory, and derive from them how many of its programs one SM can hold.
+#   head;
+# - write the epilogue of a small Triton QKV GEMM, split one accumulator into a head's two
+#   halves, and write the prologue of its dX GEMM ($R(-\theta)$ on load);
+# - read a measurement taken in rounds and tell a difference from the spread;
+# - trace a slow fused kernel to its cause: its main loop, its registers (read off a compile,
+#   on a CPU), and a backward prologue repeated by every column block.
 #
 # **Time:** about 45 minutes to read (section 7, the measurements, is about half of it) and
 # about an hour for the three kernel exercises (1, 1b and 2); the cells run in 10 to 15 s on a
@@ -90,34 +83,23 @@ def rounded_range(values, digits=2):
 # $N = (H_Q + 2H_K)\,D$: $Y = X W^{\top}$, split into $H_Q$ query heads and $H_K$ key and
 # value heads of $D$ features. Then RoPE rotates q and k. As two kernels:
 #
-# - the **GEMM** does $2MNK$ floating-point operations and moves
-#   $b\,(MK + NK + MN)$ bytes ($b$ bytes per element). At the benchmark's shape (Llama-3-8B's
-#   projection) that is about two thousand operations per byte moved, far more than the GPU's
-#   operations per byte of memory traffic (both printed below, the second as cuBLAS's
-#   measured FLOP/s over the copy's bytes/s): the GEMM is **compute-bound**, its time set by
-#   the tensor cores;
+# - the **GEMM** does $2MNK$ floating-point operations and moves $b\,(MK + NK + MN)$ bytes
+#   ($b$ bytes per element). At the benchmark's shape (Llama-3-8B's projection) that is about
+#   two thousand operations per byte, far more than the GPU's own ratio of FLOP/s to bytes/s
+#   (both printed below): the GEMM is **compute-bound**;
 # - the **RoPE pass** does a few operations per element and moves
-#   $$\text{bytes}_{\text{RoPE}} = 2 \cdot M\,(H_Q + H_K)\,D \cdot b$$
-#   — it reads q and k and writes them back (with table-free angles, nothing else of note).
-#   That is exactly a copy of q and k, so the time a device copy of the same bytes takes from
-#   DRAM is the **copy floor**. A well-written RoPE kernel gets close to it (ropelib's, timed
-#   alone on an H200, runs at 0.99 of the copy's speed: printed below); it could come in
-#   under it only if part of its bytes need not go to DRAM, as when q and k are small enough to
-#   stay in the L2 cache after the GEMM that wrote them. At the shapes measured here they are not
-#   (printed below).
+#   $$\text{bytes}_{\text{RoPE}} = 2 \cdot M\,(H_Q + H_K)\,D \cdot b.$$
+#   It reads q and k and writes them back: exactly a copy. The time a device copy of the same
+#   bytes takes is its **copy floor**. A good RoPE kernel gets close to it, and could only beat
+#   it if q and k stayed in the L2 cache after the GEMM that wrote them.
 #
-# The backward has the same shape: the RoPE backward reads $\partial L/\partial q$ and
-# $\partial L/\partial k$ and writes the un-rotated gradients (another copy's worth), then the
-# two backward GEMMs ($dX = dY\,W$, $dW = dY^{\top} X$) run.
-#
-# So the most a fusion can save is the RoPE pass itself: in the forward, the unfused pipeline's
-# time minus the GEMM's, and the same again in the backward. The next cell reads the
-# measurements (`benchmarks/results/qkv_rope-<gpu>.csv`, from `benchmarks/qkv_rope_bench.py`:
-# cuBLAS `F.linear` alone, and cuBLAS followed by ropelib's RoPE) and the copy each GPU measured
-# in the floor suite (`floor-<gpu>.csv`), and prints, per GPU and token count, the RoPE pass's
-# measured cost, its copy floor, the spread of the two timings it is the difference of, and the
-# share of the unfused pipeline that a fusion could save at most. The assertions under it hold
-# what this section says.
+# In the backward the RoPE pass un-rotates the gradients of q and k (another copy's worth)
+# before the GEMMs $dX = dY\,W$ and $dW = dY^{\top} X$. So a fusion can save at most the RoPE
+# pass: the unfused pipeline's time minus the GEMM's, forward and backward. The next cell reads
+# `benchmarks/results/qkv_rope-<gpu>.csv` (cuBLAS `F.linear` alone, and cuBLAS followed by
+# ropelib's RoPE) and the device copy of `floor-<gpu>.csv`. Per GPU and token count it prints
+# the RoPE pass's cost, its copy floor, the spread of the two timings it is the difference of,
+# and its share of the unfused pipeline.
 
 # %%
 GPUS = {"nvidia-h100-80gb-hbm3": "H100", "nvidia-h200": "H200"}
@@ -214,38 +196,33 @@ assert (round(min(pipelines)), round(max(pipelines))) == (2, 8)    # "a pipeline
 assert max(v["share"] for (_, pass_), v in h100.items() if pass_ == "fwd+bwd") < 0.07
 
 # %% [markdown]
-# Read the printout as a bound, and each cost against its spread. A RoPE pass's cost here is
-# the difference of two medians timed separately (the copy is a separate run again, both dates
-# printed), and each timing has a spread of its own (the CSV's `p20` and `p80` columns,
-# printed). On the H100 all four differences are larger than their two spreads together
-# (asserted): there the forward RoPE pass after cuBLAS costs 1.02 and 1.26 times its copy
-# floor (8192 and 32768 tokens), and the RoPE passes are 6 to 11 % of the pipeline, forward and
-# forward+backward (under 7 % of a pipeline of 2 to 8 ms in forward+backward). On the H200
-# none of the four is: each difference is smaller than its two spreads, so these timings do not
-# resolve the pass's cost there, and the two that came out under the floor (8192 tokens) say
-# nothing either way. Nor could a pass come in under it here: q and k are 80 MiB at 8192 tokens
-# and 320 MiB at 32768, and do not fit in the 50 MiB of an H100's or an H200's L2 cache. The
-# H200's floor suite measures the RoPE kernel directly instead, timed alone on the same bytes as
-# the copy: 0.988 of the copy's speed forward, 0.987 forward+backward. Either way the RoPE pass
-# is a small share of the pipeline: that share, and no more, is what fusing RoPE into the
-# projection can win. It is worth having — it is a whole pass over q and
-# k, every layer, every step — but only if the fused GEMM is as fast as cuBLAS.
+# Each RoPE-pass cost is a difference of two medians, and each timing has its own spread (the
+# CSV's `p20` and `p80`). On the H100 all four differences are larger than their two spreads
+# together: there the forward RoPE pass costs 1.02 and 1.26 times its copy floor (8192 and
+# 32768 tokens), and the RoPE passes are 6 to 11 % of the pipeline (under 7 % of a pipeline of
+# 2 to 8 ms in forward+backward). On the H200 none is, so these timings do not resolve the
+# pass's cost there, and the two that came out under the floor say nothing. Nor could a pass
+# beat the floor here: q and k are 80 MiB at 8192 tokens and 320 MiB at 32768, more than the
+# 50 MiB L2 cache of an H100 or H200. Timed alone on the H200, on the copy's bytes, ropelib's
+# RoPE runs at 0.988 of the copy's speed forward and 0.987 forward+backward.
+#
+# That small share is all a fusion can win. It is worth having, a whole pass over q and k in
+# every layer and step, but only if the fused GEMM is as fast as cuBLAS.
 #
 # ## 2. What a GEMM epilogue is
 #
 # A tiled GEMM gives each program one output tile $Y[m_0{:}m_0{+}B_M,\; n_0{:}n_0{+}B_N]$. It
-# loops over $K$ in steps of $B_K$, loads a tile of $X$ and a tile of $W$, and accumulates
-# their product in an fp32 accumulator that lives in registers the whole time:
+# loops over $K$ in steps of $B_K$ and accumulates the product of a tile of $X$ and a tile of
+# $W$ in an fp32 accumulator held in registers the whole time:
 #
 # $$\text{acc} \mathrel{+}= X[m_0{:}m_0{+}B_M,\; k{:}k{+}B_K]\;
 #   W[n_0{:}n_0{+}B_N,\; k{:}k{+}B_K]^{\top}.$$
 #
-# After the loop the tile is finished, and before it is stored the program may do anything
-# elementwise with it: add the bias, apply an activation, scale, cast. That is the **epilogue**.
-# It costs instructions and registers, but no extra memory traffic — the tile is stored once,
-# as it would have been anyway. RoPE is elementwise *per pair*: output feature $j$ of a head
-# needs the feature $j + D/2$ of the same head and token (rotate-half), and the angles of the
-# token's position:
+# After the loop, before the one store, the program may do anything elementwise with the
+# finished tile: add a bias, apply an activation, cast. That is the **epilogue**. It costs
+# instructions and registers, but no extra memory traffic. RoPE is elementwise *per pair*: with
+# rotate-half, feature $j$ of a head needs feature $j + D/2$ of the same head and token, and the
+# angles of the token's position:
 #
 # $$q_j = a_j \cos\theta_{p,j} - b_j \sin\theta_{p,j}, \qquad
 #   q_{j+D/2} = b_j \cos\theta_{p,j} + a_j \sin\theta_{p,j}, \qquad
@@ -254,42 +231,36 @@ assert max(v["share"] for (_, pass_), v in h100.items() if pass_ == "fwd+bwd") <
 # ## 3. The output tile must cover a head
 #
 # A GEMM usually tiles $N$ in blocks of 64 or 128 columns with no regard for heads. With
-# rotate-half, the partner of column $hD + j$ is column $hD + j + D/2$: a tile narrower than a
-# head, or one that straddles two heads, does not hold both members of a pair. Two ways out:
+# rotate-half the partner of column $hD + j$ is column $hD + j + D/2$, so a tile narrower than a
+# head, or one that straddles two heads, misses pairs. Two ways out:
 #
-# - **permute the weight's rows** once so that pairs are adjacent: then ropelib would own a
+# - **permute the weight's rows** once so that pairs are adjacent; then ropelib would own a
 #   reordered copy of the caller's `nn.Linear` weight and hand its gradient back in that order;
-# - **whole heads per program**, so both members are in the tile: $B_N = D$, one head, in the
-#   pointer-loaded forward (the one the exercises below build), and $B_N = 2D$, two heads, in
-#   the forward that runs on an H100 or H200 (7.2). ropelib does this. A head can be held as
-#   **one accumulator** $[B_M, D]$ (one MMA per K step, like any GEMM tile), split into its two
-#   halves in the epilogue (`tl.reshape`, `tl.permute`, `tl.split`), or as **two
-#   accumulators**, `acc_a` from the weight rows $hD + j$ and `acc_b` from the rows
-#   $hD + D/2 + j$, $j < D/2$ (two MMAs of width $D/2$, each reading the $X$ tile from shared
-#   memory). Either way the two members of every pair end up at the same row and column of two
-#   tiles of the same register layout, and the rotation is elementwise between them.
+# - **whole heads per program**: $B_N = D$ in the pointer-loaded forward the exercises build,
+#   $B_N = 2D$ (two heads) in the forward that runs on an H100 or H200 (7.2). ropelib does this.
 #
-# Which is cheaper, the split, which may move the accumulator between register layouts, or the
-# second read of $X$? `benchmarks/qkv_mainloop_probe.py` measured it on an H200
-# (`qkv_mainloop-nvidia-h200.csv`), on a probe kernel with TMA loads and one head a tile
-# (Llama-3-8B's projection, 8192 and 32768 tokens, each head rotated from a cos/sin table), at
-# four tiles, one `do_bench` median each; at three of them it also timed a plain TMA GEMM of the
-# same tile with no epilogue (the bare GEMM). The next cell prints every pair. How much one
-# accumulator saves depends on the tile: two accumulators take 4 to 30 % longer in seven of the
-# eight cases (tile and token count), 30 % at 128/64 with 8 warps and 3 stages, 8 and 10 % at
-# the pointer-loaded forward's tile (the same with 4 stages, `GPU_TILES["fwd"]`); only at the
-# 4-warp tile 64/64 with 32768 tokens do they take less, 5 %. These are single timings, not
-# rounds (7.1), so read each difference against the spreads of its two timings (p20 to p80,
-# added): six of the eight lie outside them, the 8 and 10 % and the −5 % among them; only the
-# two at 8192 tokens with 64/64 (+3.7 %) and 128/128 (+4.2 %) lie within. Against the bare
-# GEMM of the same tile the one-accumulator rotating kernel takes 0.1 and 2.1 % longer at
-# 128/64 with 3 stages (8192 and 32768 tokens); at 4 stages the bare GEMM is itself 19 to 23 %
-# slower than at 3, so there the rotating kernel comes out 17 and 15 % faster, a comparison of
-# more than the epilogue. So ropelib holds the head as one accumulator whenever every feature
-# is rotated and $D/2$ is a power of two, and falls back to gathered accumulators (three, with
-# the pass-through features) for partial rotary (the header of `ropelib/kernels/qkv_gemm.py`
-# draws the layouts). A whole head in one program also gives QK-norm's RMS statistics (one per
-# token and head) for free.
+# A head can then be held as **one accumulator** $[B_M, D]$ (one MMA per K step), split into
+# its two halves in the epilogue, or as **two accumulators**: `acc_a` from the weight rows
+# $hD + j$ and `acc_b` from the rows $hD + D/2 + j$, $j < D/2$ (two MMAs of width $D/2$, each
+# reading the $X$ tile from shared memory). Either way the two members of every pair end up at
+# the same row and column of two tiles, and the rotation is elementwise between them.
+#
+# Which is cheaper: the split, which may move the accumulator between register layouts, or the
+# second read of $X$? `benchmarks/qkv_mainloop_probe.py` timed both on an H200 (a TMA probe
+# kernel, one head a tile, Llama-3-8B's projection) at four tiles, and at three of them the bare
+# GEMM with no epilogue; the next cell prints every pair. Two accumulators take 4 to 30 % longer
+# in seven of the eight cases (8 and 10 % at the pointer-loaded forward's tile,
+# `GPU_TILES["fwd"]`), and 5 % less only at the 4-warp tile 64/64 with 32768 tokens. These are
+# single timings, so read each difference against the two timings' p20-p80 spreads added: six
+# of the eight lie outside them; the two at 8192 tokens with 64/64 (+3.7 %) and 128/128 (+4.2 %)
+# lie within. Against the bare GEMM of its tile the rotating kernel takes 0.1 and 2.1 % longer at
+# 128/64 with 3 stages. (At 4 stages it comes out 17 and 15 % faster, because the bare GEMM is
+# itself 19 to 23 % slower there than at 3 stages.)
+#
+# So ropelib holds a head as one accumulator whenever every feature is rotated and $D/2$ is a
+# power of two, and gathers accumulators (three, with the pass-through features) for partial
+# rotary; the header of `ropelib/kernels/qkv_gemm.py` draws the layouts. A whole head in one
+# program also gives QK-norm's per-head RMS statistics for free.
 
 # %%
 probe_csv = RESULTS / "qkv_mainloop-nvidia-h200.csv"
@@ -358,10 +329,9 @@ assert round(two_over_one[(128, 64, 8, 8, 3), 8192], 2) == 0.30
 assert "17 % faster to 5 % slower" in " ".join(qkv_gemm.__doc__.split())
 
 # %% [markdown]
-# Two accumulators, or one split in two, are just a different grouping of the same products.
-# For one head of a
-# tiny projection, `acc_a` is $X$ times the rows $hD + j$ of $W$, and it equals the first half
-# of that head's columns of $XW^{\top}$:
+# Two accumulators, or one split in two, are the same products grouped differently. For one head
+# of a tiny projection, `acc_a` is $X$ times the rows $hD + j$ of $W$, the first half of that
+# head's columns of $XW^{\top}$:
 
 # %%
 M_, K_, HQ_, HK_, D_ = 6, 16, 2, 1, 8
@@ -390,12 +360,10 @@ print("cat(acc_a, acc_b) == head", h, "of x @ W^T:", True)
 # the formula of section 2; a v head is stored as it is. Mind the rows past $M$ in the last
 # token tile.
 #
-# The check launches your kernel itself on inputs it draws fresh — token counts that are not a
-# multiple of `BLOCK_M`, hidden sizes that are not a multiple of `BLOCK_K`, grouped-query heads,
-# $D$ = 32 and 64, positions in random order, angles that differ in every feature — into an
-# output it fills with NaN first, with NaN guard bands around it, and compares with a float64
-# PyTorch reference. It runs your kernel with ropelib's own kernels barred: a kernel that is, or
-# calls, one of ropelib's is refused.
+# The check launches your kernel on fresh inputs (token and hidden sizes that are not multiples
+# of the blocks, grouped-query heads, $D$ = 32 and 64, positions in random order) into an output
+# filled with NaN inside NaN guard bands, and compares with a float64 PyTorch reference. A kernel
+# that is, or calls, one of ropelib's is refused.
 
 # %%
 @triton.jit
@@ -446,8 +414,8 @@ ex.show_epilogue_solution()
 
 # %% [markdown]
 # The worked kernel is `ropelib.course.kernels.qkv_teaching` (the solution above). Against
-# ropelib's finished `qkv_rope_linear` — the same projection, with the angles of a real RoPE
-# table and positions that are not the token index:
+# ropelib's finished `qkv_rope_linear`, with the angles of a real RoPE table and positions that
+# are not the token index:
 
 # %%
 M_, K_, HQ_, HK_, D_ = 40, 64, 4, 2, 32
@@ -472,13 +440,10 @@ for name, mine, lib in (("q", q_t, q_lib[0]), ("k", k_t, k_lib[0]), ("v", v_t, v
 # %% [markdown]
 # ### Exercise 1b: one accumulator, split in the epilogue
 #
-# When every feature is rotated and $D/2$ is a power of two, ropelib's forward does not hold a
-# head as two accumulators. It holds it as **one**, `acc` $[B_M, D]$, filled by one `tl.dot` a
-# K step, as any GEMM tile is (the forward that runs on an H100 or H200 holds two heads so,
-# $[B_M, 2D]$, and splits each head out the same way): column $d$ of the
-# tile is feature $d$ of the head, so feature $j$ and its partner $j + D/2$ are $D/2$ columns
-# apart in the same tensor. The rotation needs them side by side. Triton has no "take these
-# columns" for a tensor in registers, but it can re-view one:
+# ropelib's forward holds a head as **one** accumulator, `acc` $[B_M, D]$, filled by one
+# `tl.dot` a K step like any GEMM tile. Feature $j$ and its partner $j + D/2$ are then $D/2$
+# columns apart in one tensor, and the rotation needs them side by side. Triton cannot take
+# columns of a tensor in registers, but it can re-view one:
 #
 # - `tl.reshape(acc, (BLOCK_M, 2, HALF))` reads the row as two halves, axis 1 saying which;
 # - `tl.permute(..., (0, 2, 1))` moves that axis last: $[B_M, D/2, 2]$;
@@ -488,11 +453,9 @@ for name, mine, lib in (("q", q_t, q_lib[0]), ("k", k_t, k_lib[0]), ("v", v_t, v
 #
 # **Write the split** where it says `# your split`: the kernel below is the same GEMM with one
 # accumulator, its cos and sin already loaded for the q and k heads; leave `acc` holding the
-# rotated head, which the last line stores. The check is exercise 1's (fresh inputs, NaN
-# output inside NaN guard bands, ropelib's kernels barred), and where your results are right it
-# also compiles your kernel for an sm_90 GPU on this machine (no GPU needed, a few seconds) and
-# counts its matrix multiplies: exercise 1's two accumulators compute the same numbers, so only
-# one `tl.dot` a K step passes.
+# rotated head, which the last line stores. The check is exercise 1's. Where your results are
+# right it also compiles your kernel for an sm_90 GPU on this machine (no GPU needed, a few
+# seconds) and counts its matrix multiplies: only one `tl.dot` a K step passes.
 
 # %%
 @triton.jit
@@ -543,16 +506,12 @@ split_ok = ex.check_split_epilogue_kernel(my_qkv_rope_one_acc_kernel)
 ex.show_split_epilogue_solution()
 
 # %% [markdown]
-# Both kernels compute the same numbers; what differs is the work the compiled code does, and
-# that needs no GPU to see. `load_schedule.schedule` compiles a kernel for an sm_90 GPU (an
-# H100 or H200) on this machine, with the Triton you have, and reads what the compiler made of
-# it: the matrix multiplies in each step of the K loop, how many tensors it moves from one
-# register layout to another (`ttg.convert_layout`, through shared memory or warp shuffles)
-# and their bytes, the registers a thread holds, the shared memory a program asks for. Your
-# worked kernels, and yours beside them where your checks passed, at the pointer-loaded
-# forward's `BLOCK_M`, `BLOCK_K`, warps and pipeline stages for Llama-3-8B's projection (your
-# split has one MMA a K step, as exercise 1b's check requires, but may convert layouts other
-# than the worked one does; the text reads the worked kernels'):
+# Both kernels compute the same numbers but compile differently, and seeing that needs no GPU.
+# `load_schedule.schedule` compiles a kernel for sm_90 (H100, H200) on this machine and counts
+# the MMAs in each K step, the moves between register layouts (`ttg.convert_layout`) and their
+# bytes, the registers a thread and the shared memory a program. The next cell builds the worked
+# kernels, and yours where your checks passed, at the pointer-loaded forward's tile for
+# Llama-3-8B's projection (the text reads the worked kernels'):
 
 # %%
 from ropelib.course import load_schedule
@@ -601,15 +560,12 @@ assert [4096 // qkv_gemm.GPU_TILES[kind]["BLOCK_K"] for kind in ("dx", "dw")] ==
 
 # %% [markdown]
 # The two builds trade one cost for another. Two accumulators issue two MMAs of width $D/2$ a
-# K step, and each reads the step's $X$ tile from shared memory, so $X$ is read twice: over
-# $K = 4096$ that is a megabyte a program more (derived from the tile's sizes, not counted by a
-# profiler). One accumulator issues one MMA of width $D$; its epilogue pays for the split
-# instead: the compiler moves the accumulator's halves and the joined result between register
-# layouts, once per program, 64 KiB more than the two-accumulator kernel converts (it converts
-# cos and sin to the accumulators' layout, and both kernels convert their output for the
-# store). Once per program against once per K step fits section 3's measurement, where one
-# accumulator was never the slower at the pointer-loaded forward's tile; the counts alone cannot
-# say it is the whole cause (section 3 also has a tile where two accumulators were 5 % faster).
+# K step, and each reads the step's $X$ tile from shared memory: over $K = 4096$ that is a
+# megabyte a program more (derived from the tile's sizes, not profiled). One accumulator issues
+# one MMA of width $D$ and pays in its epilogue instead: the split moves the accumulator between
+# register layouts once per program, 64 KiB more than the two-accumulator kernel converts. Once
+# per program against once per K step fits section 3's measurement, where one accumulator was
+# never the slower at this tile; the counts alone cannot prove it is the whole cause.
 
 # %% [markdown]
 # ## 5. The backward's prologue: undo the rotation while loading $dY$
@@ -623,29 +579,26 @@ assert [4096 // qkv_gemm.GPU_TILES[kind]["BLOCK_K"] for kind in ("dx", "dw")] ==
 #   dY_{a} = g_a \cos\theta + g_b \sin\theta, \quad
 #   dY_{b} = g_b \cos\theta - g_a \sin\theta,$$
 #
-# with $v$'s gradient passing through. The backward GEMMs then need $dY$:
-# $dX = dY\,W$ and $dW = dY^{\top} X$. The unfused pipeline runs the RoPE backward as a pass
-# (reads $g$, writes $dY$: a copy's worth again) and the GEMMs read $dY$. Fused, each backward
-# GEMM forms the $dY$ tile it needs **as it loads it** — the prologue — and $dY$ is never
-# written.
+# with $v$'s gradient passing through. The backward GEMMs need $dY$: $dX = dY\,W$ and
+# $dW = dY^{\top} X$. The unfused pipeline runs the RoPE backward as a pass (reads $g$, writes
+# $dY$). Fused, each backward GEMM forms the $dY$ tile it needs **as it loads it** (the
+# prologue), and $dY$ is never written.
 #
-# The price is in *how often* it is formed. A dX program owns $B_M$ tokens and $B_K$ hidden
-# columns and loops over every head; the $dY$ tile of a (token tile, head) is needed by all
-# $K / B_K$ column blocks, so every one of them loads $g$, its cosines and sines, and rotates
-# it. dW does the same across its column blocks. Written once, $dY$ would be formed once; fused,
-# $K / B_K$ times (for $K = 4096$: 64 times at ropelib's dX tile, $B_K = 64$; 16 times at
-# its dW tile, 256 columns a block). Section 7 shows what that costs.
+# The price is how often it is formed. A dX program owns $B_M$ tokens and $B_K$ hidden columns
+# and loops over every head, so the $dY$ tile of a (token tile, head) is formed again by each of
+# the $K / B_K$ column blocks; dW does the same. For $K = 4096$ that is 64 times at ropelib's dX
+# tile ($B_K = 64$) and 16 times at its dW tile (256 columns a block). Section 7 shows the cost.
 #
 # ## 6. Exercise 2: the prologue of the dX GEMM
 #
 # The kernel below is the dX GEMM: one program per ($B_M$ tokens, $B_K$ hidden columns), grid
-# $(\lceil M/B_M \rceil, \lceil K/B_K \rceil)$, looping over the $H$ heads, each head's
-# gradient tile loaded as two halves `g_a`, `g_b` and multiplied into the weight's rows of that
-# head. **Write** (1) the loads of this program's tokens' cosines and sines, once per program —
-# every head of a token has the same angles — and (2) the prologue: for a q or k head,
+# $(\lceil M/B_M \rceil, \lceil K/B_K \rceil)$, looping over the $H$ heads; each head's
+# gradient tile is loaded as two halves `g_a`, `g_b` and multiplied into the weight's rows of
+# that head. **Write** (1) the loads of this program's tokens' cosines and sines, once per
+# program (every head of a token has the same angles), and (2) the prologue: for a q or k head,
 # `g_a, g_b` become $dY_a, dY_b$ before they meet the weight. The check compares with autograd
-# through the float64 reference (which never uses the inverse-rotation formula); it compares
-# results only, so where you load the cosines and sines is yours to get right.
+# through the float64 reference; it compares results only, so where you load the cosines and
+# sines is yours to get right.
 
 # %%
 @triton.jit
@@ -694,7 +647,7 @@ ex.show_prologue_solution()
 
 # %% [markdown]
 # The worked dX kernel against the gradient autograd computes through `qkv_rope_linear`
-# (whose backward runs ropelib's dX and dW kernels, each with this prologue):
+# (whose backward runs ropelib's dX and dW kernels):
 
 # %%
 g_ = torch.randn(M_, HQ_ + 2 * HK_, D_, device=device)
@@ -709,54 +662,23 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 # %% [markdown]
 # ## 7. The measured result
 #
-# What does fusing RoPE into the projection buy on a GPU? This section answers first with the
-# projection ropelib ships, `qkv_rope_linear`, measured on an H200. Then it shows how the
-# measurements got there, in three lessons, each backed by a measurement of its mechanism:
-#
-# 1. **the main loop**: why the first fused forward was slower than cuBLAS followed by a RoPE
-#    pass, and what a persistent TMA main loop changed;
-# 2. **the epilogue**: what the rotation costs inside the tile, read off the compiled kernel
-#    (registers, spills, programs per SM);
-# 3. **the backward**: what re-forming $dY$ in every column block costs, and why the shipped
-#    backward writes $dY$ once instead;
-#
-# and a fourth, about measuring: 7.5, **the rounds' order**, what a fixed order did to these
-# numbers.
-#
-# Every measurement here is of section 1's shape, Llama-3-8B's projection in bf16, at 8192 and
-# 32768 tokens, on an H200.
+# All measurements here are of section 1's shape (Llama-3-8B's projection, bf16, 8192 and 32768
+# tokens) on an H200. 7.1 places the projection ropelib ships, `qkv_rope_linear`; then come
+# three lessons, each read from a measurement of its mechanism: **the main loop** (7.2), **the
+# epilogue's registers** (7.3), **the backward** (7.4); and one about measuring, **the rounds'
+# order** (7.5).
 #
 # ### 7.1 Where the shipped projection stands
 #
-# *How fast is `qkv_rope_linear` against cuBLAS alone, and against cuBLAS followed by a RoPE
-# pass?*
-#
-# From one run to the next, single timings of these kernels move by more than the differences
-# being measured. So they were timed in **rounds**: every variant once a round, seven rounds. A
+# Single timings of these kernels move from run to run by more than the differences being
+# measured. So they were timed in **rounds**: every variant once a round, seven rounds. A
 # variant's number is the median over the rounds of its speed relative to a reference timed in
 # the same round, $t_{\text{ref}} / t$ (above 1: faster than the reference); the range over the
-# seven rounds goes beside it. The order in which a round visits the variants is a variable of
-# its own (7.5 shows how much it moves): the forward numbers below come from two runs that
-# visit them in a new order every round, with different orders (seeds 0 and 1). Two scripts
-# wrote the files:
-#
-# - `benchmarks/qkv_forward_ab.py --order shuffled`: the forward alone, relative to cuBLAS's
-#   `F.linear` (no rotation), the shipped forward on an H200:
-#   `qkv-forward-ab-shuffled-nvidia-h200-20261201-0728.log` (seed 0, the table that run
-#   printed) and `qkv_forward_ab-seed1-nvidia-h200-20261201-0941.csv` (seed 1, every round's
-#   time kept). It also times the fused kernel's own GEMM with its epilogue switched off. Its
-#   unfused pipeline reads an angle table (`apply_rope_qk(q, k, freqs)`). Four earlier runs of
-#   the same script visited the variants in one fixed order
-#   (`qkv_forward_ab-nvidia-h200-20261201-0147.csv`, `-0511`, `-0522`, `-0538`); 7.3 and 7.5
-#   read them;
-# - `benchmarks/qkv_dy_probe.py --rounds 7`: forward+backward, relative to the unfused pipeline
-#   (cuBLAS, then ropelib's RoPE, autograd through both; with QK-norm, `qk_norm_rope` in place of
-#   the RoPE), every fused output first checked against the unfused one, rounds in a fixed
-#   order. Without QK-norm the file is `qkv_dy_rounds-nvidia-h200-20261201-0132.csv`. With
-#   QK-norm the rounds ran three times, `qkv_dy_rounds_qk_norm-…-0133.csv`, `-0151.csv` and
-#   `-0524.csv`; those files also time the unfused pipeline from an angle table. ropelib's code
-#   changed between these runs (each measured the code of its day), which is one reason to read
-#   them side by side.
+# rounds goes beside it. `benchmarks/qkv_forward_ab.py` timed the forward against cuBLAS's
+# `F.linear`, in two runs that visit the variants in a new order every round (seeds 0 and 1;
+# four earlier runs kept a fixed order, 7.5). `benchmarks/qkv_dy_probe.py` timed
+# forward+backward against the unfused pipeline, each fused output first checked against the
+# unfused one: one run without QK-norm, three with it.
 #
 # **Forward** on an H200, speed over cuBLAS's, the median of each shuffled run (seed 0, seed 1):
 #
@@ -768,14 +690,12 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 # | fused, from an angle table | 0.95, 0.94 | 0.98, 0.96 |
 # | fused, pointer-loaded (the first design; it serves GPUs without TMA) | 0.73, 0.74 | 0.75, 0.74 |
 #
-# From angles the fused forward is level with the unfused pipeline, ahead of it in both runs at
-# both sizes by 0.003 to 0.04 of cuBLAS's speed, while the two ranges of rounds overlap every
-# time. From an angle table it is within 2 % of angles. The epilogue's price against its own
-# bare GEMM is a few per cent, and these runs do not pin it down: 1.4 to 4.4 % from the two
-# runs' medians (of speeds or of times, at either size), and 3.9 and 6.4 % paired round by
-# round in the seed-1 run (8192 and 32768 tokens; 4.2 and 7.9 % with QK-norm, the norm in the
-# epilogue too). The fixed-order runs had put it at 0 to 2 % at 32768 tokens. 7.5 reads these
-# numbers against each other.
+# From angles the fused forward is level with the unfused pipeline: ahead in both runs at both
+# sizes by 0.003 to 0.04 of cuBLAS's speed, but the two ranges of rounds overlap every time.
+# From an angle table it is within 2 % of angles. The epilogue costs a few per cent over its own
+# bare GEMM, too little for these runs to pin down: 1.4 to 4.4 % from the runs' medians, 3.9 and
+# 6.4 % paired round by round in the seed-1 run (8192 and 32768 tokens; 4.2 and 7.9 % with
+# QK-norm).
 #
 # **Forward+backward** on an H200, speed over the unfused pipeline's (with QK-norm, cuBLAS then
 # `qk_norm_rope`), medians of seven rounds (their range):
@@ -789,12 +709,11 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 # | with QK-norm: fused, the prologues (three runs) | 0.24 to 0.25 | 0.25 to 0.26 |
 #
 # Without QK-norm the fused projection is faster at 8192 tokens in every round, and level at
-# 32768: one run of seven rounds, and the QK-norm runs show how far a second run can move. With
-# QK-norm, at 8192 tokens the first run's rounds all lie below 1 (0.85 to 0.98), behind, and the
-# later two are level or ahead; at 32768 tokens it is ahead in all three. But the unfused
-# pipeline is faster from an angle table than from angles, and against that, the best unfused
-# pipeline, the fused projection is not ahead: from angles it is level at 32768 tokens in one
-# run and 2 to 3 % behind in two, and from a table it trails the same pipeline from a table in
+# 32768, in one run. With QK-norm, at 8192 tokens the first run's rounds all lie below 1 (0.85
+# to 0.98) and the later two are level or ahead; at 32768 tokens all three are ahead. But the
+# unfused pipeline is faster from an angle table than from angles, and against that fastest
+# pipeline the fused projection is not ahead: from angles it is level at 32768 tokens in one run
+# and 2 to 3 % behind in two, and from a table it trails the unfused pipeline from a table in
 # every run, by 2 to 15 %.
 # %%
 def read_rounds(path, name):
@@ -1013,29 +932,15 @@ assert {r["rounds"] for rows in (*fwd_runs, seed1, dy, *dy_norm) for r in rows.v
 # %% [markdown]
 # ![On an NVIDIA H200: the shipped forward's speed over cuBLAS's in rounds of a new order each (from angles, from a table, its GEMM alone, the pointer-loaded first design, and cuBLAS then RoPE), and forward+backward over the unfused pipeline's (dY written once, the prologues, with and without QK-norm)](../figures/12-qkv-projection-measured.png)
 #
-# **Answer:** on an H200 the shipped projection's forward from table-free angles is level with
-# cuBLAS followed by RoPE, a little ahead in both shuffled runs, and from an angle table it is
-# within 2 % of that; its epilogue costs a few per cent over its own bare GEMM. In one run
-# its forward+backward was faster than the unfused pipeline at 8192 tokens and level at 32768.
-# With QK-norm it is level with or behind the fastest unfused pipeline, the one that reads an
-# angle table.
-#
 # ### 7.2 The main loop
 #
-# *Why was the first fused forward slower than cuBLAS followed by RoPE, and what brought the
-# fused forward to cuBLAS's speed?*
-#
-# The first forward was section 4's kernel grown up: one program per tile of tokens and head,
-# $x$ and $W$ loaded through pointers, exercise 1b's epilogue. `benchmarks/qkv_rope_bench.py`
-# timed it on the H200 (`qkv_rope-nvidia-h200.csv`, single `do_bench` medians) beside the same
-# GEMM with its rotation switched off (`triton_gemm`: `ROTATE=False`, the bare main loop). That
-# bare main loop trailed cuBLAS by 0.08 ms at 8192 tokens and by 0.58 ms at 32768. The whole
-# RoPE pass after cuBLAS took 0.04 and 0.18 ms, and that pass is the most a fusion can save
-# (section 1). So no epilogue on that main loop could win. Its epilogue cost more again: the
-# fused kernel took 0.11 and 0.25 ms longer than its bare GEMM, 2.9 and 1.4 times the whole
-# RoPE pass. At 8192 tokens that is 17 % of the bare GEMM's 0.67 ms; the profile below finds
-# 6 % more instructions than the bare GEMM at the same cycles per instruction, and 7 % more
-# time, so it does not explain all of the gap.
+# The first fused forward was section 4's kernel grown up: pointer loads, exercise 1b's
+# epilogue. Timed on the H200 (single `do_bench` medians) beside the same GEMM with its rotation
+# switched off (`triton_gemm`), its bare main loop trailed cuBLAS by 0.08 ms at 8192 tokens and
+# 0.58 ms at 32768: more than the whole RoPE pass after cuBLAS (0.04 and 0.18 ms). No epilogue
+# on that loop could win. The epilogue cost more again: 0.11 and 0.25 ms over the bare GEMM, 2.9
+# and 1.4 times the RoPE pass; at 8192 tokens, 17 % of the bare GEMM's 0.67 ms, where the profile
+# below finds only 7 %.
 
 # %%
 first = {}
@@ -1060,38 +965,29 @@ assert round(bare_8192, 2) == 0.67 and round(ep[8192] / bare_8192, 2) == 0.17   
 
 # %% [markdown]
 # **What the main loop waits on.** `benchmarks/qkv_forward_ncu_probe.py` ran each forward once
-# under Nsight Compute (8192 tokens, `qkv_forward_ncu-nvidia-h200.csv`), beside a probe kernel
-# of the same tile that loads with TMA (section 3's probe). The profiler fixes the clocks, so
-# its times are longer than `do_bench`'s: compare them with each other only. A slower kernel
-# has fewer resident warps, more instructions, or longer waits between them:
+# under Nsight Compute at 8192 tokens, beside a probe kernel of the same tile that loads with
+# TMA (section 3's probe). The profiler fixes the clocks, so compare its times only with each
+# other. A slower kernel has fewer resident warps, more instructions, or longer waits:
 #
-# - **Resident warps: the same.** Every Triton kernel here runs one 8-warp program per SM,
-#   achieved occupancy 12.4 to 12.5 %.
-# - **Instructions: about the same.** ropelib's fused forward executes 145 M warp instructions,
-#   the probe's 152 M.
+# - **Resident warps: the same**, one 8-warp program per SM (achieved occupancy 12.4 to 12.5 %).
+# - **Instructions: about the same**, 145 M warp instructions for ropelib's fused forward, 152 M
+#   for the probe's.
 # - **Waits: not the same.** A warp of ropelib's kernel waits 8.2 cycles between two issued
-#   instructions, a warp of the probe's 6.4: 1.8 cycles more. Split by stall reason, *dispatch*
-#   stalls (an instruction was picked but the dispatcher could not send it on) account for
-#   +2.0 of them (2.2 against 0.16), *LG throttle* (the queue of global-memory instructions is
-#   full) for +0.4 (0.4 against 0.00), and the probe waits at barriers instead (1.9 cycles
+#   instructions, the probe's 6.4: 1.8 more. *Dispatch* stalls (an instruction picked but not
+#   sent on) add 2.0 (2.2 against 0.16), *LG throttle* (a full queue of global-memory
+#   instructions) 0.4 (0.4 against 0.00), and the probe waits at barriers instead (1.9 cycles
 #   against 0.4: −1.5).
 #
-# At equal occupancy a kernel's time goes as its instructions times its cycles per
-# instruction: $0.95 \times 1.29 = 1.23$, against the 1.22 the profile's times give for
-# ropelib's forward over the probe's, so these three numbers account for the gap. Its largest
-# term is the dispatch stalls; which instructions carry them this profile does not say (Nsight
-# Compute's source view would). The LG throttle names the difference in how the tiles arrive:
-# with pointer loads, every thread computes addresses and issues its own asynchronous copies
-# into shared memory, a stream of global-memory instructions that fills the queue; with TMA,
-# one instruction asks the copy engine for a whole tile, and the warps wait on a barrier until
-# it has arrived. ropelib's bare GEMM shows the same waits as its fused one, so they come from
-# the main loop, not from the epilogue. What the epilogue adds shows beside it: ropelib's fused
-# forward executes 6 % more instructions than its bare GEMM (145 M against 136 M), at the same
-# 8.2 cycles each, and takes 7 % longer. TMA alone is no guarantee, though: the probe's own bare
-# TMA GEMM was the slowest Triton kernel of the profile, with 4.85 cycles of barrier waits per
-# instruction. And cuBLAS (the first row) issues a third of the instructions ropelib's forward
-# does (49 M), each waited on longer (20.0 cycles), with 168 registers a thread and 14.8 %
-# occupancy: the gap to cuBLAS is in how many instructions run, not in the waits.
+# At equal occupancy time goes as instructions times cycles per instruction:
+# $0.95 \times 1.29 = 1.23$, against the 1.22 the profile's times give, so these numbers account
+# for the gap. With pointer loads every thread issues its own copies, a stream of memory
+# instructions that fills the queue; with TMA one instruction asks the copy engine for a whole
+# tile, and the warps wait on a barrier. ropelib's bare GEMM shows the same waits, so they come
+# from the main loop; the epilogue adds 6 % more instructions (145 M against 136 M) at the same
+# 8.2 cycles each. TMA alone is no guarantee: the probe's bare TMA GEMM was the slowest Triton
+# kernel here (4.85 cycles of barrier waits per instruction). cuBLAS issues a third of the
+# instructions (49 M), each waited on longer (20.0 cycles), with 168 registers a thread and
+# 14.8 % occupancy.
 
 # %%
 NCU = RESULTS / "qkv_forward_ncu-nvidia-h200.csv"
@@ -1160,30 +1056,22 @@ assert (cublas_prof["Warp Cycles Per Issued Instruction"], cublas_prof["Register
 # **A main loop as fast as cuBLAS's.** `benchmarks/qkv_mainloop_probe.py` took the probe three
 # steps further:
 #
-# - **a persistent grid**: one program per SM walks the tiles in grouped order, where a grid of
-#   one short-lived program per tile fills and drains its pipeline for every tile;
+# - **a persistent grid**: one program per SM walks the tiles in grouped order, instead of one
+#   short program per tile filling and draining its pipeline;
 # - **TMA** loads and stores;
-# - **two heads a tile**, an accumulator of $[128, 2D]$: both heads belong to the same tokens,
-#   so they share one load of those tokens' cos and sin.
+# - **two heads a tile**, an accumulator of $[128, 2D]$: both heads share one load of their
+#   tokens' cos and sin.
 #
-# It timed each step in rounds, relative to cuBLAS, in four runs of seven rounds
-# (`qkv_mainloop_rounds-nvidia-h200-20261130-*.csv`; these files keep each variant's median,
-# not its range, so differences of a per cent or two between variants are within what one
-# run can tell). The persistent TMA GEMM alone, with no
-# epilogue, runs at 0.96 to 0.99 of cuBLAS's speed. With the epilogue on it (two heads a tile,
-# cos and sin from a table) it runs at 0.94 to 0.99, at most about 5 % behind the bare loop
-# in the same rounds. Each step is needed. In an earlier run (`…-2202.csv`), a bare TMA GEMM
-# with one program per tile ran at 0.85 and 0.86 of cuBLAS's speed where the persistent one ran
-# at 0.97 and 1.00 (its tile had 128 columns to the persistent one's 256, so the grid is not the
-# only difference). In run 2, the same fused kernel with pointer loads runs at 0.87 and 0.88,
-# behind the unfused pipeline (0.93 at both token counts), where with TMA it runs at 0.94 and
-# 0.99. With one head a tile (of 256 tokens: as many accumulator registers, but cos and sin
-# loaded again for every head), it trails two heads.
-#
+# It timed each step against cuBLAS in four runs of seven rounds (the files keep each variant's
+# median, not its range, so a per cent or two is within what one run can tell). The persistent
+# TMA GEMM alone runs at 0.96 to 0.99 of cuBLAS's speed; with the epilogue on it (two heads a
+# tile, cos and sin from a table) at 0.94 to 0.99, at most about 5 % behind the bare loop. Each
+# step is needed. In an earlier run a bare TMA GEMM with one program per tile ran at 0.85 and
+# 0.86 where the persistent one ran at 0.97 and 1.00 (with 128 columns a tile to its 256). In
+# run 2 the same fused kernel with pointer loads runs at 0.87 and 0.88, behind the unfused
+# pipeline (0.93), where with TMA it runs at 0.94 and 0.99. One head a tile trails two heads.
 # `qkv_rope_linear` runs its forward on this main loop wherever the GPU has TMA and both head
-# counts are even. It builds the TMA descriptors inside the kernel from its pointers, so it
-# launches the way every ropelib kernel does (eagerly, under `torch.compile`, in CUDA graphs).
-# The pointer-loaded forward still serves odd head counts, partial rotary and GPUs without TMA.
+# counts are even.
 
 # %%
 ROUNDS_RUNS = ["2204", "2207", "2221", "2229"]       # four runs of seven rounds, in order
@@ -1242,23 +1130,18 @@ for t in TOKENS:
     assert rounds["2204", t, ONE_HEAD] < rounds["2204", t, TWO]
 
 # %% [markdown]
-# **Answer:** the first forward lost in its main loop first, and in its epilogue again. Its
-# warps waited more cycles between instructions, mostly on dispatch stalls, and on a full queue
-# of global-memory instructions from its pointer loads. TMA loads on a persistent grid bring the
-# bare GEMM to within a few per cent of cuBLAS, and the shipped forward runs on that loop.
+# **Answer:** the first forward lost in its main loop, and again in its epilogue. Its warps
+# waited longer between instructions, mostly on dispatch stalls and on a queue full of its
+# pointer loads. TMA loads on a persistent grid bring the bare GEMM within a few per cent of
+# cuBLAS, and the shipped forward runs on that loop.
 #
 # ### 7.3 The epilogue: registers, spills, programs per SM
 #
-# *What does the rotation cost inside the tile, and how can a compiled kernel show it without a
-# GPU?*
-#
-# The epilogue moves no extra bytes besides cos and sin. What it costs is **registers**: the
-# accumulator, the cos and sin tiles and the rotation's temporaries are all held at once. What
-# that costs depends on two more things. Does the kernel **spill**? Values that no longer fit in
-# a thread's registers (at most 255) go to *local memory*, a per-thread stack behind the caches,
-# with a store and a load for every round trip. And how many **programs fit on one SM** at
-# once? An SM hides one program's waits on memory by running another program's warps
-# meanwhile, so fewer resident programs leave it less to switch to.
+# The epilogue moves no extra bytes besides cos and sin. Its cost is **registers**: the
+# accumulator, the cos and sin tiles and the rotation's temporaries are live at once. Too many,
+# and the kernel **spills** values beyond a thread's 255 registers to *local memory*, a
+# per-thread stack behind the caches; or fewer programs **fit on one SM**, leaving it fewer warps
+# to switch to while one waits on memory.
 #
 # **Spills: count the registers.** Take the two-head tile, $B_M = 128$ tokens by $2D = 256$
 # columns, on 8 warps ($32 \cdot 8 = 256$ threads). The fp32 accumulator alone takes
@@ -1266,28 +1149,21 @@ for t in TOKENS:
 # $$\frac{B_M \cdot 2D}{32 \cdot \text{warps}} = \frac{128 \cdot 256}{256} = 128$$
 #
 # registers a thread, and each fp32 tile of cos or sin, $[B_M, D/2]$, takes
-# $128 \cdot 64 / 256 = 32$. With one cos and one sin tile a pair that is $128 + 64 = 192$, which
-# leaves room for addresses and the rotation. With each member's own cos and sin (four tiles,
-# as ropelib's pre-pass rows give them) it is $128 + 128 = 256$, over the limit before anything
-# else. The compile for sm_90 (`qkv_mainloop_sass-triton3.6-sm90.txt`, the probe's kernels, no
-# GPU needed) agrees: 230 registers and no stack with two tiles, and 255 registers and 80 bytes
-# of stack a thread with four. In the same rounds (the third of 7.2's four runs,
-# `qkv_mainloop_rounds-…-2221.csv`) the spilling kernel runs at 0.91
-# and 0.92 of cuBLAS's speed, 2 and 3 % behind the two-tile kernel (0.93 and 0.95) and 2 and 1 %
-# behind the unfused pipeline (0.94 and 0.93): differences at the edge of what one such run can
-# tell (7.2), so the compile, not the timing, carries the argument.
+# $128 \cdot 64 / 256 = 32$. With one cos and one sin tile a pair that is $128 + 64 = 192$,
+# which leaves room for addresses and the rotation. With each member's own cos and sin (four
+# tiles) it is $128 + 128 = 256$, over the limit before anything else. The compile for sm_90 (no
+# GPU needed) agrees: 230 registers and no stack with two tiles, 255 registers and 80 bytes of
+# stack a thread with four. In the same rounds (7.2's third run) the spilling kernel is 2 and
+# 3 % behind the two-tile kernel and 2 and 1 % behind the unfused pipeline: at the edge of what
+# one run can tell, so the compile, not the timing, carries the argument.
 #
-# So the shipped forward reads one cos and one sin tile for a pair. An angle table may give a
-# pair's two members different angles. The pre-pass that writes the rows flags whether any
-# pair's members differ, and where they do, the epilogue reads each member's cos and sin just
-# before it rotates and stores that member, so that no more than two tiles are live at once.
-# In the first fixed-order forward run (7.1) that branch cost 5 to 6 % (the flag withheld,
-# against the flag). `benchmarks/qkv_table_flag_probe.py` checked the flag on the H200: the
-# pre-pass wrote 0 for a RoPE table, so the two-tile branch ran; and under `torch.profiler` (the
-# GPU's kernel times) reading the flag once per program, before the first tile, instead of in
-# every tile brought the table's forward kernel from 10 % to 1.6 % over the angles' at 32768
-# tokens (`qkv-table-flag-nvidia-h200-20261201-0522.log`, `-0538.log`). That is how the forward
-# ships. Why the fixed-order rounds still put the table behind angles is 7.5's question.
+# So the shipped forward reads one cos and one sin tile a pair. An angle table may give a pair's
+# two members different angles; the pre-pass that writes the rows flags whether any pair does,
+# and only then does the epilogue load each member's cos and sin in turn, just before it rotates
+# and stores that member. Doing that for every table (the flag withheld) cost 5 to 6 %. On the
+# H200 a RoPE table gets flag 0, and reading the flag once per program instead of in every tile
+# brought the table's forward kernel from 10 % to 1.6 % over the angles' at 32768 tokens
+# (`torch.profiler`'s kernel times).
 
 # %%
 SASS = RESULTS / "qkv_mainloop_sass-triton3.6-sm90.txt"
@@ -1366,32 +1242,27 @@ assert [round(100 * (1 - rounds[SPILLS_RUN, t, four_t] / rounds[SPILLS_RUN, t, v
 assert [round(v, 2) for v in in_turn] == [0.05, 0.06]
 
 # %% [markdown]
-# **Programs per SM: derive them.** A persistent kernel runs one program per SM by design, so
-# once it fits, its registers cost it no programs. A grid of many short programs is different:
-# there, fewer registers can mean more programs on an SM. Such grids are the pointer-loaded
-# forward and section 5's dX and dW kernels. `programs_per_sm` derives how many of a kernel's
-# programs one SM can hold from three numbers of the compiled kernel: its registers a thread,
-# its warps and its shared memory. An sm_90 SM (H100, H200) has
+# **Programs per SM: derive them.** A persistent kernel runs one program per SM by design. In a
+# grid of many short programs (the pointer-loaded forward, section 5's dX and dW kernels) fewer
+# registers can mean more programs on an SM. `programs_per_sm` derives how many from the compiled
+# kernel's registers a thread, warps and shared memory. An sm_90 SM (H100, H200) has
 #
 # - 65,536 registers, in four sub-partitions of 16,384, handed to each warp in units of 256
 #   (255 registers a thread take 8,192 a warp, so two such warps fit a sub-partition);
 # - 228 KiB of shared memory, 1 KiB of it reserved per program;
 # - room for 2,048 threads and 32 programs.
 #
-# The tightest of these limits decides. This is the upper bound the resources allow, not the
-# occupancy a profiler measures while the kernel runs. Two 8-warp programs need 4 warps in each
-# sub-partition, so at most $16{,}384 / 4 / 32 = 128$ registers a thread; above that, an 8-warp
-# program has the SM to itself.
+# The tightest limit decides; it is an upper bound, not the occupancy a profiler measures. Two
+# 8-warp programs need 4 warps in each sub-partition, so at most $16{,}384 / 4 / 32 = 128$
+# registers a thread; above that, an 8-warp program has the SM to itself.
 #
-# `figures/12-qkv-tiles-sm90.csv` holds the compile for sm_90 of ropelib's grid kernels at every
-# tile of the GPU sweep and every tile ropelib ships, bare and rotating. It was made on a CPU by
-# `python -m ropelib.course.counts`, and `tests/test_course_counts.py` checks it against the
-# registers and spills that GPU runs of the same kernels reported. The next cell prints the
-# shipped tiles. Through the epilogue, the pointer-loaded forward goes from 114 registers a
-# thread to 226, yet it holds one program either way: the bare kernel's four pipeline stages
-# (128 KiB of shared memory) already leave room for only one. At every shipped tile the rotating
-# kernel holds as many programs as the bare one. Only rotating kernels spill: 9 tiles of the
-# table, all at 255 registers. Of the shipped tiles only dX spills, 56 bytes a thread.
+# `figures/12-qkv-tiles-sm90.csv` holds the sm_90 compile of ropelib's grid kernels at every
+# swept and shipped tile, bare and rotating, made on a CPU by `python -m ropelib.course.counts`;
+# the next cell prints the shipped tiles. The epilogue takes the pointer-loaded forward from 114
+# registers a thread to 226, yet it holds one program either way: the bare kernel's four
+# pipeline stages (128 KiB of shared memory) already leave room for only one. At every shipped
+# tile the rotating kernel holds as many programs as the bare one. Only rotating kernels spill:
+# 9 tiles of the table, all at 255 registers; of the shipped tiles only dX, 56 bytes a thread.
 
 # %%
 SM90_CSV = ROOT / "figures" / "12-qkv-tiles-sm90.csv"
@@ -1436,33 +1307,24 @@ assert [(k, table[k, t, True]["stack"]) for k, t in shipped.items() if table[k, 
     == [("dx", 56)]
 
 # %% [markdown]
-# **Answer:** the epilogue's price is registers. It costs speed where they overflow 255 into
-# spills, as four cos/sin tiles did, or where, in a grid of many programs, they cost resident
-# programs; at the shipped tiles the rotating kernels hold as many as the bare ones. Both can be
-# read off the compiled kernel on a CPU, before any GPU time is spent.
+# **Answer:** the epilogue's price is registers. It costs speed where they spill past 255, as
+# four cos/sin tiles did, or where they cost resident programs; at the shipped tiles they do not.
+# Both can be read off a compile on a CPU, before any GPU time is spent.
 #
 # ### 7.4 The backward: $dY$ re-formed in every column block, or written once
 #
-# *What does forming $dY$ in the prologue cost, and why does the shipped backward write it
-# once instead?*
+# Section 5 named the prologue's price: every column block re-forms the $dY$ tiles it needs.
+# The dX and dW kernels timed alone on the H200 at 8192 tokens (single `do_bench` medians), with
+# and without their prologue, show it. At ropelib's dW tile (64 rows by 256 columns, 8 warps) dW
+# takes 1.25 ms bare and 2.74 ms with its prologue, 2.2 times as long. With 128 columns a
+# program (32 rows by 128, 4 warps) there are twice as many column blocks, and the prologue adds
+# 3.45 ms (1.32 to 4.78 ms) where at 256 columns it adds 1.50: 2.3 times as much (the two tiles
+# differ in rows, warps and stages too). dX at its tile goes from 1.19 ms to 1.74.
 #
-# Section 5 named the price: every column block re-forms the $dY$ tiles it needs. The dX
-# and dW kernels timed alone on the H200, with and without their prologue, show it (8192
-# tokens, `qkv_tiles_chosen-nvidia-h200-20261129-1914.csv`, single `do_bench` medians). At
-# ropelib's dW tile (64 rows by 256 columns, 8 warps) dW takes 1.25 ms bare and 2.74 ms with
-# its prologue, 2.2 times as long. A narrower tile shows the repetition: with 128 columns a
-# program (32 rows by 128, 4 warps) there are twice as many column blocks, each $dY$ tile is
-# re-formed twice as often, and the prologue adds 3.45 ms (1.32 to 4.78 ms) where at 256
-# columns it adds 1.50, 2.3 times as much. The two tiles differ in rows, warps and pipeline
-# stages too, so the columns are not the only change between them. dX at its tile goes from
-# 1.19 ms to 1.74.
-#
-# The compile (7.3's table) shows a second cost beside the repetition. At every dW tile the
-# rotating kernel asks for exactly half the bare one's shared memory (at ropelib's dW tile, 96
-# KiB against 192): the prologue takes $dY$ out of the software pipeline, which no longer
-# stages it through shared memory ahead of its use, so its loads are no longer asynchronous
-# copies that overlap the previous step's multiply. The timings alone cannot split the 2.2x
-# between the two causes; a profile of both kernels (instructions, waits on memory) would.
+# The compile (7.3's table) shows a second cost: at every dW tile the rotating kernel asks for
+# half the bare one's shared memory (96 KiB against 192 at ropelib's tile). The prologue takes
+# $dY$ out of the software pipeline, so its loads no longer overlap the previous step's multiply.
+# These timings cannot split the 2.2x between the two causes.
 
 # %%
 CHOSEN = RESULTS / "qkv_tiles_chosen-nvidia-h200-20261129-1914.csv"
@@ -1495,10 +1357,9 @@ assert len(dw_shared) == 8 and all(b == 2 * r for b, r in dw_shared.values())
 assert dw_shared[wide] == (192 * 1024, 96 * 1024)
 
 # %% [markdown]
-# Writing $dY$ once costs one pass over the gradients of q and k: the RoPE backward the unfused
-# pipeline makes anyway. It leaves two plain GEMMs. 7.1's forward+backward rounds
-# (`qkv_dy_rounds-nvidia-h200-20261201-0132.csv`) time the three ways side by side, relative to
-# the unfused pipeline's speed:
+# Writing $dY$ once costs one pass over the gradients of q and k, the RoPE backward the unfused
+# pipeline makes anyway, and leaves two plain GEMMs. 7.1's forward+backward rounds time the
+# three ways side by side, relative to the unfused pipeline's speed:
 #
 # | the backward | 8192 tokens | 32768 tokens |
 # |---|---|---|
@@ -1506,19 +1367,15 @@ assert dw_shared[wide] == (192 * 1024, 96 * 1024)
 # | $dY$ written once, then the same Triton GEMMs without their rotation | 0.51 | 0.51 |
 # | $dY$ written once, then cuBLAS | 1.05 | 0.99 |
 #
-# At the same GEMMs, writing $dY$ once is already faster than re-forming it, and with cuBLAS's
+# At the same GEMMs, writing $dY$ once is already faster than re-forming it; with cuBLAS's
 # GEMMs it is 2.7 and 2.5 times as fast as the prologues. That is `qkv_rope_linear`'s default
 # (`backward="dy"`; `backward="prologue"` keeps section 5's design).
 #
-# **With QK-norm** the prologue must undo the norm too, and the kernels that re-form $dY$ get
-# heavier. Timed alone at 8192 tokens (`qkv_tiles_chosen-nvidia-h200-20261129-1930-qk-norm.csv`
-# and `-1942-qk-norm.csv`), dX with the norm at the plain dX tile spills 60 words (4 bytes each)
-# a thread and takes 8.01 ms. At a tile of its own (32 rows by 128 columns on 4 warps) it spills
-# nothing and takes 2.49 ms, against 1.74 for dX without the norm. dW with the norm spills 64
-# words and takes 5.05 ms, against 2.74 without. That is what the prologue design costs with
-# QK-norm; in 7.1's rounds it ran at 0.24 to 0.26 of the unfused speed. Written once, $dY$
-# comes from `qk_norm_rope`'s own backward, which undoes the norm in the same pass, and the
-# GEMMs stay plain.
+# **With QK-norm** the prologue must undo the norm too. Timed alone at 8192 tokens, dX with the
+# norm spills 60 words (4 bytes each) a thread at the plain dX tile and takes 8.01 ms; at a tile
+# of its own (32 rows by 128 columns, 4 warps) it spills nothing and takes 2.49 ms, against 1.74
+# without the norm. dW with the norm spills 64 words and takes 5.05 ms, against 2.74. Written
+# once, $dY$ comes from `qk_norm_rope`'s own backward, and the GEMMs stay plain.
 
 # %%
 WAYS = (PROLOGUES, "fused, dY written, Triton", DY_ONCE)
@@ -1554,56 +1411,34 @@ assert [round(alone[k, shipped[k], True], 2) for k in ("dx", "dw")] == [1.74, 2.
 # it, and more again with QK-norm. So the shipped backward writes $dY$ once and hands both
 # GEMMs to cuBLAS.
 #
-# Fusing RoPE into the projection removes a pass whose cost section 1 measured. It paid off
-# only once three things held: the main loop matched cuBLAS's, the epilogue fit in registers,
-# and the backward formed $dY$ once.
-
-# %% [markdown]
 # ### 7.5 The rounds' order
 #
-# *Why did the table's forward lag angles in the fixed-order rounds, when side by side it did
+# *Why did the table's forward lag angles in the fixed-order rounds, when back to back it did
 # not?*
 #
-# In every round of the four fixed-order forward runs the variants ran in the same order, and
-# "table, flag" always ran right after "table, four tiles", the slowest of the TMA variants.
-# Once it read its flag once per program, the table's kernel was within 1.6 % of the angles'
-# back to back (7.3); the last fixed-order run still put it 9 % behind at 32768 tokens and 4 %
-# at 8192. So `qkv_forward_ab.py --order shuffled` visits the variants in a new order every
-# round (round $r$ shuffled with seed $r$ unless a run is given another seed), and a run in
-# each order, one after the other on the same H200 with the shipped forward, puts the question
-# to the data (`qkv-forward-ab-shuffled-nvidia-h200-20261201-0728.log`,
-# `qkv-forward-ab-fixed-…-0729.log`: the tables the runs printed, one line a variant with its
-# median and the range of its rounds). 7.1's seed-1 run (`qkv_forward_ab-seed1-…-0941.csv`)
-# repeats the shuffled one independently: other orders, run later, with a newer `qk_norm_rope`
-# in the unfused pipeline with QK-norm.
+# In the fixed-order runs "table, flag" always ran right after "table, four tiles", the slowest
+# TMA variant. Back to back the table's kernel was within 1.6 % of the angles' (7.3), yet the
+# last fixed-order run put it 9 % behind at 32768 tokens and 4 % at 8192. Two runs back to back
+# on the same H200, one in the fixed order and one shuffled, put the question to the data.
 #
-# In a new order every round, the table is within 2 % of angles at both sizes, with and without
-# QK-norm, in both shuffled runs. In the fixed order it is 2 to 10 % behind, as in the last
-# three of the four fixed-order runs (the first, with the same predecessor, had it level: the
-# fixed order is what the lag goes with, not a cause found).
+# Shuffled, the table is within 2 % of angles at both sizes, with and without QK-norm, in both
+# runs. In the fixed order it is 2 to 10 % behind, as in the last three of the four fixed-order
+# runs (the first had it level): the lag goes with the fixed order; its cause was not found.
 #
 # The order moves more than the table. cuBLAS, the reference, runs first in every fixed round,
-# right after the previous round's shortest kernel, and its own median time is 2 to 5 % shorter
-# in the fixed run; against it every other variant, fused and unfused alike, comes out slower
-# in the fixed order (angles 0.93 and 0.89 of cuBLAS's speed, against 0.95 and 0.97 shuffled),
-# by up to 15 %. Because the unfused pipeline moves too, the verdict of fused against unfused
-# survives the order better than the ratios to cuBLAS: in the two shuffled runs the fused
-# forward is within 0.04 of the unfused pipeline either way (of cuBLAS's speed, with and
-# without QK-norm), and in the fixed one ahead at 8192 tokens and 0.01 to 0.03 behind at
-# 32768.
+# and its median time is 2 to 5 % shorter there, so every other variant comes out slower in the
+# fixed order, by up to 15 % (angles 0.93 and 0.89 of cuBLAS's speed, against 0.95 and 0.97
+# shuffled). Fused against unfused survives the order better, since both move: within 0.04
+# either way in the shuffled runs; in the fixed one ahead at 8192 tokens and 0.01 to 0.03 behind
+# at 32768.
 #
-# The epilogue's price against its own bare GEMM is a few per cent, and these runs do not pin
-# it down. From the medians of the shuffled runs it is 1.4 to 4.4 %: 3.4 and 3.5 % (seed 0,
-# 8192 and 32768 tokens) and 3.1 and 2.1 % (seed 1) from the medians of the rounds' speeds,
-# 3.6 and 1.4 %, and 4.4 and 4.0 % from the median times. Paired round by round (the seed-1
-# run keeps every round's time: the median over the rounds of the fused kernel's time over its
-# bare GEMM's in the same round) it is 3.9 and 6.4 %, and 4.2 and 7.9 % with QK-norm. The fixed
-# order's rounds had put it at 0 to 2 % at 32768 tokens. The shuffled rounds scatter more (each
-# variant's range two to seven times wider than in the fixed run), because each variant's
-# neighbour changes from round to round, but their median favours no neighbour. What a
-# kernel's predecessor does to it (its clock, the power drawn just before; not L2, which
-# `do_bench` clears before every call) is not measured here. For any benchmark in rounds: a
-# fixed order is a variable, and the one to vary before believing a few per cent.
+# The epilogue's price moves with the order too: the fixed order put it at 0 to 2 % at 32768
+# tokens, the shuffled runs' medians at 1.4 to 4.4 % (the cell prints each run and size, from
+# the medians of speeds and of times). Shuffled rounds scatter more (each variant's range two to
+# seven times wider), because a variant's neighbour changes from round to round, but their
+# median favours no neighbour. What a kernel's predecessor does to it (its clock, the power drawn
+# just before; not L2, which `do_bench` clears) is not measured here. For any benchmark in
+# rounds: a fixed order is a variable, and the one to vary before believing a few per cent.
 
 # %%
 by_order = {"shuffled": shuffled_runs["seed 0"], "fixed": printed_run("fixed", "0729")}
@@ -1689,34 +1524,23 @@ assert [round(1 - last_fixed[t, False, "table, flag"]["cublas_ms_over_ms"]
 # ## 8. On a GPU: your kernel, live
 #
 # On a GPU the next cell times your epilogue kernel (the worked one if your check did not pass)
-# at the benchmark's shape, against cuBLAS alone, cuBLAS + ropelib's RoPE, and `qkv_rope_linear`,
-# all with `triton.testing.do_bench` in bf16. It checks that your kernel's q, k and v equal
+# at the benchmark's shape in bf16, against cuBLAS alone, cuBLAS + ropelib's RoPE, and
+# `qkv_rope_linear` from table-free angles, after checking that your q, k and v match
 # `qkv_rope_linear`'s within bf16's rounding (absolute 0.1, relative 0.05). It also times your
-# kernel with its rotation switched off: the same launch with `N_ROT = 0` makes no head a q or
-# k head, so every head takes the v path of your epilogue and is stored as projected (the cell
-# checks that against cuBLAS's product). Same grid, same main loop, same stores; the difference
-# of the two times is what your rotation itself costs, the cos and sin loads and the fmas. One
-# timing each moves by a few per cent, so a difference that small is noise: time both several
-# times before reading it as the rotation's price.
+# kernel with `N_ROT = 0`, so every head takes the v path: same grid, main loop and stores, and
+# the difference of the two times is your rotation's cost. One timing moves by a few per cent,
+# so time both several times before trusting a small difference.
 #
-# On an H100 or an H200 `qkv_rope_linear` runs the TMA forward, here from table-free angles; the
-# unfused pipeline reads an angle table, as in 7.1. In 7.1's two shuffled runs on the H200 the
-# ratio of the two times at this shape, fused over unfused, is 0.98 to 1.00 (from their
-# medians), the pointer-loaded forward's 1.26 to 1.30, so on an H200 only the cell asserts that
-# the median of five rounds of that ratio (each the fused call, then the unfused) is below
-# 1.15: a wide bound, since one live timing moves by several per cent (the unfused pipeline's
-# rounds in those runs ranged from 0.81 to 1.06 of cuBLAS's speed), that the pointer-loaded
-# forward would still fail. On another GPU the cell only prints; on a CPU it times nothing (the
-# interpreter's times say nothing about a GPU).
+# In 7.1's shuffled runs the ratio of times at this shape, fused over unfused, is 0.98 to 1.00,
+# the pointer-loaded forward's 1.26 to 1.30. On an H200 the cell asserts only that the median of
+# five rounds of that ratio is below 1.15: a wide bound, since a live timing moves by several per
+# cent (the unfused pipeline's rounds ranged from 0.81 to 1.06 of cuBLAS's speed), but one the
+# pointer-loaded forward would fail. On another GPU the cell only prints; on a CPU it times
+# nothing.
 #
-# The last lines read your kernel against the others. Its ratio to the same launch without
-# the rotation is your epilogue's price; its ratio to cuBLAS alone is the whole price of your
-# GEMM and your epilogue together. The teaching launch uses fixed 64 × 64
-# tiles and Triton's default pipelining, where `qkv_rope_linear` uses a persistent TMA main loop
-# and cuBLAS its own kernels, so most of the gap to them is the main loop, not the epilogue you
-# wrote (7.2 separates the two with `triton_gemm`, the same Triton GEMM without a rotation). Its
-# ratio to `qkv_rope_linear` is what that main loop is worth. Change the tiles in `teaching()`
-# (`64, 64`: the rows and the hidden-size step of a program) and rerun to see how much.
+# The teaching launch uses fixed 64 × 64 tiles and Triton's default pipelining, so most of its
+# gap to cuBLAS and `qkv_rope_linear` is the main loop, not your epilogue (7.2). Change the
+# tiles in `teaching()` (`64, 64`: the rows and the hidden-size step of a program) and rerun.
 
 # %%
 # 7.1's shuffled forward runs at this shape: fused over unfused time, from the medians of their
@@ -1805,41 +1629,28 @@ else:
 # %% [markdown]
 # ## Summary
 #
-# - A RoPE pass after the projection reads q and k and writes them back, a copy's worth of
-#   bytes. Fusing it into the projection saves that pass and nothing more: on an H100, 6 to
-#   11 % of the pipeline.
-# - A GEMM epilogue works on the finished output tile in registers, before its one store.
-#   Rotate-half needs both members of each pair in the tile, so ropelib gives each tile whole
-#   heads, held as one accumulator and split into halves in the epilogue (gathered accumulators
-#   with partial rotary). The backward can undo the rotation in the prologue of the dX and dW
-#   GEMMs, but then every column block re-forms $dY$; writing $dY$ once and handing dX and dW
-#   to cuBLAS is `qkv_rope_linear`'s default.
-# - On an H200 the shipped forward from table-free angles runs level with cuBLAS + RoPE, and
-#   from an angle table within 2 % of that. Its epilogue costs a few per cent over its own bare
-#   GEMM, an amount these runs do not pin down. In one run its forward+backward was faster than
-#   the unfused pipeline at 8192 tokens and level at 32768; with QK-norm it is level with or
-#   behind the fastest unfused pipeline (cuBLAS, then `qk_norm_rope` from an angle table).
-# - It got there through three lessons, each read from a measurement of its mechanism: *the
-#   main loop* (pointer loads waited on dispatch and a full queue of memory instructions; a
-#   persistent TMA loop runs near cuBLAS), *the epilogue's registers* (four cos/sin tiles
-#   spilled, two fit; `programs_per_sm` derives residency from a compile, on a CPU), and *the
-#   backward* ($dY$ formed once, not in every column block).
-# - And one about measuring: the order of a benchmark's rounds is a variable. A fixed order
-#   moved the variants by up to 15 % and put the table's forward behind angles; rounds in a new
-#   order each, in two runs of different orders, did not.
-# - Where the TMA forward does not apply (GPUs without TMA, odd head counts, partial rotary),
-#   the slower pointer-loaded forward serves. In a whole model it trains the same: notebook
-#   09's GPT with `rope="ropelib_qkv"` follows the loss curve of projection then RoPE from the
-#   same seed.
+# - A RoPE pass after the projection moves a copy's worth of bytes. Fusing it saves that pass
+#   and nothing more: on an H100, 6 to 11 % of the pipeline.
+# - An epilogue works on the finished output tile in registers, before its one store;
+#   rotate-half needs each tile to hold whole heads. A backward prologue re-forms $dY$ in every
+#   column block, so `qkv_rope_linear` writes $dY$ once and hands dX and dW to cuBLAS.
+# - On an H200 the shipped forward is level with cuBLAS + RoPE. In one run its forward+backward
+#   was faster at 8192 tokens and level at 32768; with QK-norm it is level with or behind the
+#   fastest unfused pipeline (cuBLAS, then `qk_norm_rope` from an angle table).
+# - A fused kernel is only as fast as its main loop (a persistent TMA loop runs near cuBLAS,
+#   pointer loads did not), its registers (read off a compile, on a CPU) and its backward.
+# - A fixed order of a benchmark's rounds moved the variants by up to 15 %: vary it.
+# - GPUs without TMA, odd head counts and partial rotary get the slower pointer-loaded forward.
+#   In a whole model it trains the same: notebook 09's GPT with `rope="ropelib_qkv"` follows the
+#   loss curve of projection then RoPE from the same seed.
 #
 # ## Questions for a study group
 #
 # 1. Section 1 bounds the gain by the RoPE pass. With QK-norm the unfused pipeline's second
 #    pass also norms; does the bound change? Count its bytes.
 # 2. With partial rotary the kernel gathers two or three accumulators, each reading the $X$ tile
-#    from shared memory in every K step. Sketch
-#    the permuted-weight alternative: what would `QKVRoPE.from_linear` have to store, and what
-#    would the optimizer see?
+#    in every K step. Sketch the permuted-weight alternative: what would `QKVRoPE.from_linear`
+#    have to store, and what would the optimizer see?
 # 3. The dW kernel re-forms $dY$ for each of $K/B_K$ column blocks. What is the least extra
 #    memory traffic that forms it once, and how does it compare with the traffic the fusion
 #    saved in the forward?
