@@ -43,6 +43,8 @@
 #                                        # steps with NCU_CLOCK=none leave the SM clock free
 #   bash benchmarks/gpu_run.sh mechanisms  # memory latency (pointer chase) and the pair swap's
 #                                          # memory counters, for notebooks 05 and 03 (~2 min)
+#   bash benchmarks/gpu_run.sh fwdbwd-mid  # the 64/256 MiB forward+backward taken apart; the
+#                                          # two-pass route's early launch on and off (~3 min)
 #   bash benchmarks/gpu_run.sh probes    # the flat pass at 1 GiB (one_gib_probe), decode tiles
 #                                        # under CUDA graphs (~3 min)
 #   bash benchmarks/gpu_run.sh course    # the course's measurements (ladder, generations, Nsight
@@ -253,6 +255,12 @@ print('# what: Nsight Compute (--profile-from-start off --csv${NCU_CLOCK:+ --clo
             # rounds, ropelib first and last
             step fwdbwd-probe "$PY" benchmarks/fwdbwd_probe.py
             step fwdbwd-multi-axis-rounds "$PY" benchmarks/fwdbwd_probe.py --multi-axis-rounds ;;
+        fwdbwd-mid)
+            # the 64 and 256 MiB forward+backward taken apart (replayed device time, host enqueue
+            # time, the kernels of a call) beside torch.compile and TE, then the two-pass route's
+            # early launch and pre-pass width (benchmarks/mid_fwdbwd_probe.py, ~3 min)
+            step mid-fwdbwd "$PY" benchmarks/mid_fwdbwd_probe.py
+            step mid-fwdbwd-variants "$PY" benchmarks/mid_fwdbwd_probe.py --variants ;;
         probes)
             step one-gib "$PY" benchmarks/one_gib_probe.py --out "$RESULTS"
             step decode-tiles "$PY" benchmarks/decode_tiles.py --out "$RESULTS"
@@ -280,7 +288,7 @@ print('# what: Nsight Compute (--profile-from-start off --csv${NCU_CLOCK:+ --clo
                 ${ONLY:+--only "$ONLY"}
             [ -n "${OUT:-}" ] && tar czf "$OUT/executed-$tag.tar.gz" -C "$executed" . ;;
         *)
-            echo "unknown step: $what (tests, targets, floor, two-pass, decode, decode-ncu, puzzle9-ncu, te-ncu, mrope_angles-ncu, model, sweeps, ablation, ladder, features, qkv-backward, qkv-mainloop, qkv-forward-ab, qkv-table-flag, tables, fwdbwd, probes, course, notebooks)"; exit 2 ;;
+            echo "unknown step: $what (tests, targets, floor, two-pass, decode, decode-ncu, puzzle9-ncu, te-ncu, mrope_angles-ncu, model, sweeps, ablation, ladder, features, qkv-backward, qkv-mainloop, qkv-forward-ab, qkv-table-flag, tables, fwdbwd, fwdbwd-mid, probes, course, notebooks)"; exit 2 ;;
     esac
 done
 exit $rc
