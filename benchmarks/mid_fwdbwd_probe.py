@@ -147,7 +147,7 @@ def main():
 
 def variants(rounds: int):
     """ropelib's forward and forward+backward under CUDA graphs with the flat pass launched early
-    or not (tiles.TWO_PASS_EARLY_LAUNCH) and the pre-pass's (token, pair) entries per program
+    or not (tiles.EARLY_LAUNCH) and the pre-pass's (token, pair) entries per program
     (launch.TWO_PASS_TABLE_ELEMENTS), every variant in every round, order alternating."""
     from ropelib import eager
     from ropelib.kernels import launch, tiles
@@ -155,7 +155,7 @@ def variants(rounds: int):
     suite.warm_allocator(16)
     ropelib_p = next(p for p in compare.providers() if p.name == "ropelib")
     settings = {f"early {e}, {n} a program": (e, n) for e in (False, True) for n in (1024, 256)}
-    saved = tiles.TWO_PASS_EARLY_LAUNCH, launch.TWO_PASS_TABLE_ELEMENTS
+    saved = tiles.EARLY_LAUNCH, launch.TWO_PASS_TABLE_ELEMENTS
     table = []
     for label, fields in CASES + (("1 GiB bf16 sbhd", dict(seq_len=16384)),):
         config = compare.Config(**dict(dict(batch=8, heads=32, head_dim=128, dtype="bf16"),
@@ -170,7 +170,7 @@ def variants(rounds: int):
             names = list(settings) if r % 2 == 0 else list(reversed(settings))
             for name in names:
                 early, per_program = settings[name]
-                tiles.TWO_PASS_EARLY_LAUNCH, launch.TWO_PASS_TABLE_ELEMENTS = early, per_program
+                tiles.EARLY_LAUNCH, launch.TWO_PASS_TABLE_ELEMENTS = early, per_program
                 eager.SIGNATURES.clear()
                 gcase, leaves, grads = compare.fwdbwd_inputs(case, fill=0.5)
                 step = compare.fwdbwd_step(lambda g=gcase: ropelib_p.fn(g), leaves, grads)
@@ -185,7 +185,7 @@ def variants(rounds: int):
                           min(per[(name, "fwd")]), max(per[(name, "fwd")])))
             print(f"{label:20s} {name:24s} fwd {fwd:7.1f} us ({copy1 / fwd:.3f})  fwd+bwd "
                   f"{fb:7.1f} us ({copy2 / fb:.3f})", flush=True)
-    tiles.TWO_PASS_EARLY_LAUNCH, launch.TWO_PASS_TABLE_ELEMENTS = saved
+    tiles.EARLY_LAUNCH, launch.TWO_PASS_TABLE_ELEMENTS = saved
     print(f"\n{'case':20s} {'variant':24s} {'fwd us':>8s} {'fwd/copy':>8s} {'f+b us':>8s} "
           f"{'f+b/pair':>8s}")
     for label, name, fwd, rf, fb, rfb, lo, hi in table:

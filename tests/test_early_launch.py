@@ -58,7 +58,7 @@ def test_never_early_off_a_gpu_or_when_switched_off(monkeypatch):
     route = _two_pass("cpu")
     assert not route.rotate_pass.early and not route.rotate_pass.args["WAIT_PRIOR"]
     assert not route.table_pass.args["EARLY_DEPENDENTS"]
-    monkeypatch.setattr(tiles, "TWO_PASS_EARLY_LAUNCH", False)
+    monkeypatch.setattr(tiles, "EARLY_LAUNCH", False)
     assert not launch.launches_early(torch.device("cuda"))
 
 
@@ -109,7 +109,7 @@ def test_early_launch_same_bits_eager_and_under_a_graph(layout, monkeypatch):
     try:
         outs = {}
         for early in (False, True):
-            monkeypatch.setattr(tiles, "TWO_PASS_EARLY_LAUNCH", early)
+            monkeypatch.setattr(tiles, "EARLY_LAUNCH", early)
             eager.SIGNATURES.clear()
             outs[early] = ropelib.apply_rope(x, freqs, **kw)
             graph, static = torch.cuda.CUDAGraph(), None
@@ -124,3 +124,51 @@ def test_early_launch_same_bits_eager_and_under_a_graph(layout, monkeypatch):
     finally:
         thresholds(*saved)
         eager.SIGNATURES.clear()
+
+
+# --- the QKV projection's forward after the pre-pass of its cos/sin rows ----------------------
+
+def _qkv_plan(**kw):
+    from ropelib.kernels import qkv_gemm as QG
+    from ropelib.kernels.planning import pointer_dtypes
+    S, B, HQ, HK, D, K = 8, 2, 4, 2, 16, 32
+    M, N = S * B, (HQ + 2 * HK) * D
+    ptrs = QG.pointers("fwd", x_ptr=torch.empty(M, K), w_ptr=torch.empty(N, K),
+                       q_ptr=torch.empty(M, HQ * D), k_ptr=torch.empty(M, HK * D),
+                       v_ptr=torch.empty(M, HK * D), cos_ptr=torch.empty(M, D),
+                       sin_ptr=torch.empty(M, D))
+    return QG.plan("fwd", S=S, B=B, K=K, HQ=HQ, HK=HK, D=D, R=D, P=S, ids=None,
+                   cu_seqlens=None, layout="bshd", interleaved=False, eps=1e-6,
+                   device=torch.device("cpu"), dtypes=pointer_dtypes(ptrs), **kw)
+
+
+def test_qkv_forward_early_only_right_after_its_pre_pass(monkeypatch):
+    from ropelib.kernels import qkv_gemm as QG
+    monkeypatch.setattr(QG, "launches_early", lambda device: True)
+    assert QG.uses_tma(32, 4, 2, 16, 16, 4, torch.device("cpu"))   # (the interpreter's TMA)
+    after = _qkv_plan(after_pre_pass=True)
+    assert after.early and after.args["WAIT_PRIOR"] and after.options()["launch_pdl"]
+    for kw in (dict(), dict(after_pre_pass=True, rotate=False)):
+        plain = _qkv_plan(**kw)
+        assert not plain.early and not plain.args["WAIT_PRIOR"]
+    monkeypatch.setattr(QG, "launches_early", lambda device: False)
+    assert not _qkv_plan(after_pre_pass=True).early
+
+
+def test_qkv_rope_linear_says_its_forward_follows_the_pre_pass(monkeypatch):
+    from ropelib.kernels import qkv_gemm as QG
+    seen = []
+    real = QG.plan
+
+    def plan(kind, **kw):
+        seen.append((kind, kw.get("after_pre_pass", False)))
+        return real(kind, **kw)
+    monkeypatch.setattr(QG, "plan", plan)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 4, 32, generator=gen, requires_grad=True)
+    w = torch.randn((4 + 2 * 2) * 16, 32, generator=gen, requires_grad=True)
+    q, k, v = ropelib.qkv_rope_linear(x, w, n_heads=4, n_kv_heads=2, head_dim=16,
+                                      freqs=ropelib.rope_freqs(8, 16))
+    (q.sum() + k.sum() + v.sum()).backward()
+    assert ("fwd", True) in seen
+    assert all(after == (kind == "fwd") for kind, after in seen), seen

@@ -29,7 +29,7 @@ from . import tiles as _tiles_module
 from .tiles import (BATCH_LOOP_MIN, MIN_TILE, PROGRAMS_PER_SM, TILE_LOOP, TILE_NOLOOP, TILE_WIDE,
                     TWO_PASS_ELEMENTS, TWO_PASS_PAIR_WARPS, TWO_PASS_TABLE_ELEMENTS,
                     TWO_PASS_WARPS, device_index,
-                    device_tiles, exact_loop_tile)
+                    device_tiles, exact_loop_tile, launches_early)
 
 class View(NamedTuple):
     """A tensor as the kernel addresses it: x[s, b, h, d] at s*s_ + b*b_ + head(h) + d*d_.
@@ -567,21 +567,6 @@ def plan_table_read(table: Table, positions: Positions, S, B, *, R: int, interle
     table_pass = plan_cos_sin_rows(table, pos, S, nb, R=R, interleaved=interleaved,
                                    backward=backward, device=device)
     return TableRead(table_pass, True, R, S * R if nb > 1 else 0, (nb * S, R))
-
-
-_CAPABILITY = {}
-
-
-def launches_early(device) -> bool:
-    """Can a kernel on `device` be launched early after the one before it (programmatic
-    dependent launch: a CUDA GPU of compute capability 9.0 or more, not the interpreter), and
-    does the two-pass route want it (tiles.TWO_PASS_EARLY_LAUNCH)?"""
-    if device.type != "cuda" or INTERPRET or not _tiles_module.TWO_PASS_EARLY_LAUNCH:
-        return False
-    index = device_index(device)
-    if index not in _CAPABILITY:
-        _CAPABILITY[index] = torch.cuda.get_device_capability(index)
-    return _CAPABILITY[index] >= (9, 0)
 
 
 def plan_cos_sin_rows(table: Table, positions: Positions, S, nb: int, *, R: int,

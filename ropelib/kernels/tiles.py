@@ -7,6 +7,8 @@ from functools import lru_cache
 
 import torch
 
+from ..runtime import INTERPRET
+
 # --- the finished RoPE kernel (kernels/fused.py) --------------------------------------------
 # (elements per thread, warps) per program, measured on an H100. 16-bit inputs with a batch loop
 # of >= BATCH_LOOP_MIN entries stream best with many threads (8 x 16 warps); without one (thd,
@@ -71,7 +73,9 @@ TWO_PASS_PAIR_WARPS = 2
 # 64 MiB sbhd 0.900 -> 0.948 (0.931 with 256 alone, 0.914 early alone), bshd 0.894 -> 0.942,
 # thd 0.895 -> 0.945, 256 MiB bshd 0.961 -> 0.975; forward at 64 MiB 0.918 -> 0.948.
 TWO_PASS_TABLE_ELEMENTS = 256
-TWO_PASS_EARLY_LAUNCH = True       # False: the flat pass waits for the pre-pass's end to launch
+# False: every kernel waits for the one before it to end before it launches (the flat pass after
+# its pre-pass, the QKV projection's forward after its cos/sin rows)
+EARLY_LAUNCH = True
 # Packed sequences (thd) whose positions are each token's index in its sequence: the flat pass
 # can take one sequence per grid row, its positions' rows read as sbhd reads a token's (no row
 # index per token, no index pass), as flash-attn's Triton rotary does with the longest
@@ -128,6 +132,22 @@ def exact_loop_tile(device_index: int) -> tuple:
 def device_index(device: torch.device) -> int:
     """A CUDA device's index (the current device for a bare "cuda")."""
     return device.index if device.index is not None else torch.cuda.current_device()
+
+
+_CAPABILITY = {}
+
+
+def launches_early(device: torch.device) -> bool:
+    """Can a kernel on `device` be launched before the one before it ends (programmatic
+    dependent launch: a CUDA GPU of compute capability 9.0 or more, not the interpreter), and is
+    it wanted (EARLY_LAUNCH)? Such a kernel waits (griddepcontrol.wait) before it reads what
+    the one before it writes."""
+    if device.type != "cuda" or INTERPRET or not EARLY_LAUNCH:
+        return False
+    index = device_index(device)
+    if index not in _CAPABILITY:
+        _CAPABILITY[index] = torch.cuda.get_device_capability(index)
+    return _CAPABILITY[index] >= (9, 0)
 
 
 def multiprocessors(device: torch.device) -> int:
