@@ -67,7 +67,10 @@ on TMA   are even and the head is one accumulator (uses_tma): a persistent grid,
          per SM, each walking the (BLOCK_M tokens, two heads) tiles in the same grouped order;
          x's and W's tiles arrive by TMA (descriptors made in the kernel from the pointers, so
          it launches like every other ropelib kernel, eagerly, under torch.compile and in CUDA
-         graphs); the two heads of a tile share one load of their tokens' cos and sin rows,
+         graphs). Eagerly on sm_90+ it is launched early, while the pre-pass of its cos/sin
+         rows runs (programmatic dependent launch): its main loop needs only x and W, and it
+         waits for the pre-pass (griddepcontrol.wait) before it reads the rows or the flag
+         below. The two heads of a tile share one load of their tokens' cos and sin rows,
          and the epilogue is the same (_store_qk_head, _store_v_head). How many tiles of the
          cos/sin rows the epilogue holds at once decides its speed: the four rows below (each
          member of a pair its own cos and sin) held for two heads took it to 255 registers and
