@@ -25,9 +25,11 @@
 # built and benchmarked against Transformer Engine (its story is retold below, with what can and
 # cannot be concluded from it), and the second of ropelib's three generations.
 #
-# **Time:** about 60 minutes. The cells run in about 10 seconds on a CPU (Triton's
-# interpreter); the rest is reading, the four exercises (the last one is a kernel, ~20 minutes)
-# and the discussion questions.
+# **Time:** two to three hours. The reading alone takes most of an hour; section 5 is long and
+# dense, and its last part ("Where TE's time goes with the clock free") can wait for a second
+# sitting. The four exercises take about half an hour (the last one is a kernel), and then
+# there are the discussion questions. The cells run in about 20 seconds on a two-core CPU:
+# Triton's interpreter, and one compile for an H200 that needs no GPU.
 #
 # **After this notebook you will be able to**
 #
@@ -128,6 +130,9 @@ assert l2_bytes == 62_914_560 and l2_bytes / 2**20 == 60
 # the L2 cache, not DRAM traffic: section 5.4 counts the naive kernel's DRAM bytes at
 # $s = 4096, b = 8$ as 0.965 of a model that counts the table once. Sharing the angles across the
 # batch divides the requests, the sin/cos work and the number of programs by $B$.
+#
+# The bill's last column counts cosines and sines as separate values: $2D$ per program. From
+# section 3 on, the counts are of (cos, sin) *pairs*: $D$ per program, half the number.
 #
 # ## 2. The (seq, head) grid
 #
@@ -232,7 +237,8 @@ print("version 1 == reference (fp32)")
 # Change it and rerun the cell: swap a sign, drop the loop, or move the two lines `cos = ...`,
 # `sin = ...` into the loop. The first two break the check above. The third still gives the
 # right answer — only the work changes, and in the interpreter the work can be counted:
-# `grid_kernel.count_trig()` counts the cos/sin tiles evaluated while the kernel runs.
+# `grid_kernel.count_trig()` counts the cos/sin tiles evaluated while the kernel runs. On a GPU
+# the cell only says that the count needs the interpreter; run it on a CPU to see it.
 
 # %%
 with grid_kernel.count_trig() as count:
@@ -419,12 +425,26 @@ print(f"programs launched: naive {naive.naive_grid(S, B, H)[0]:,}, batch-reuse "
 # **Why was it faster?** The tempting answer — "it reuses cos/sin across the batch, and TE
 # does not" — does not survive a look at TE's kernel. `fused_rope.cu` launches a grid
 # `(s, b)`: one CUDA block of 4 or 8 warps per (position, batch entry), and the block reuses
-# the sines and cosines of position $s$ across the $h$ heads it rotates. Depending on the
-# version, they are computed once per block into shared memory, or once per warp in
-# registers (each warp then loops over $h / \text{warps}$ heads). Count the evaluations per
-# position, for the $D$ features:
+# the sines and cosines of position $s$ across the $h$ heads it rotates. Releases up to 2.7
+# compute them once per warp, in registers (each warp then loops over $h / \text{warps}$
+# heads). From release 2.8 on they are computed once per block into shared memory, and the
+# block waits at a barrier before it uses them:
 #
-# | kernel | grid | cos/sin evaluated per position |
+# ```
+# extern __shared__ float shared_mem_cos_sin[];
+# ...
+# for (int i = tid; i < d2; i += blockDim.x * blockDim.y) {
+#   sincosf(freqs[s_id * d2 + i], &shared_mem_sin[i], &shared_mem_cos[i]);
+# }
+# __syncthreads();
+# ```
+#
+# (`fused_rope_block_forward` in `transformer_engine/common/fused_rope/fused_rope.cu`: the
+# same lines from 2.8 to the 2.20 development tree. The profiles of section 5 ran 2.20.2, and
+# section 5.5 finds its warps waiting at such a barrier.) Count the (cos, sin) pairs evaluated
+# per position, one per feature:
+#
+# | kernel | grid | (cos, sin) pairs evaluated per position |
 # |---|---|---|
 # | TE fused | $(s, b)$ | $B \cdot D$ (shared memory) to $8 B \cdot D$ (8 warps, registers) |
 # | (S, H) grid | $(S, H)$ | $H \cdot D$ |
@@ -490,8 +510,16 @@ assert compare.bytes_moved(cfg) == 2 * x_bytes + Sr * Dr * 4
 # The third generation timed here is `ropelib.apply_rope` as it plans each call. On tensors of
 # 64 MiB and more that is not the finished kernel alone but two passes (a small table of the
 # call's cos and sin rows, then a flat pass over q; notebook 05 measures when each pays).
-# Section 5.3 times the finished kernel on its own (`ropelib_finished`), which is why it shows a
-# lower percentage of a copy than these plots at the same size.
+# Section 5.3 times the finished kernel on its own (`ropelib_finished`). That is why, at
+# $s = 4096, b = 8$, it shows a lower percentage of a copy there than `apply_rope` in the
+# committed generations run of section 5.2 (section 5.3's cell prints both).
+#
+# A live run is one run, and it can differ from the committed data. Short kernels, such as the
+# batch-1 rows (84.6 µs for the batch-reusing grid in the committed run), can vary between
+# runs by much more than the spread within one run. On an H200, compare the live batch-1 rows
+# with section 5.2's. The prose below states only numbers from the committed CSVs. Where it
+# compares runs of different days (sections 5.4 and 5.5 do), it assumes the GPU behaved the
+# same in each.
 
 # %%
 if GPU:
@@ -593,7 +621,8 @@ else:
 # grid launches 131,072 programs at every batch size of the sweep: at batch 1 it takes 84.6 µs,
 # at batch 2, with twice the bytes, 84.7. And the naive kernel, whose program count grows with
 # $B$ (131 thousand at $b = 1$ to 2.1 million at $b = 16$), takes between 84 and 80 ns per
-# program on each SM across the whole sweep. Sections 5.3 and 5.4 test this one factor at a time.
+# program on each SM across the whole committed sweep. Sections 5.3 and 5.4 test this one
+# factor at a time.
 #
 # ### 5.3 Why: one factor at a time
 #
@@ -603,25 +632,25 @@ else:
 #
 # 1. The batch-reusing grid beats the naive kernel because it launches $B$ times fewer
 #    programs, not because it reuses cos/sin. A million one-warp, one-row programs take the
-#    same time whatever each one does: the SMs are starved of programs, holding far fewer at
-#    once than they could. A variant with one row per program and no sine or cosine at all is as slow
-#    as the naive kernel.
+#    same time whatever each one does, and a variant with one row per program and no sine or
+#    cosine at all is as slow as the naive kernel. The SMs hold far fewer of these programs at
+#    once than they could: the time follows the number of programs, as if new ones could not
+#    start fast enough. No run here measures that start rate itself.
 # 2. Once programs are few enough, the time follows the KiB of $x$ that an SM's warps keep in
-#    flight: occupancy × bytes per warp. A second warp on the same tile changes nothing (twice
-#    the occupancy, half the bytes per warp). A fourth halves the bytes per warp again on an
-#    SM that is already full, and is much slower; but it also spreads a half-row over more
-#    threads than it has elements, so each element is loaded and computed twice (section 5.5
-#    compiles it), and that pair cannot say which of the two slows it. More heads per program raise the KiB per SM (two heads double the bytes per warp; four
-#    heads on two warps raise the occupancy too), and at $b = 8$ four heads a program run level
-#    with the finished kernel.
-# 3. It beats TE's fused kernel at $b = 8$ although TE's kernel moves the same bytes with a
-#    fuller SM. TE's kernel executes many instructions and its SMs limit it: it loads every
-#    element twice, two bytes at a time, executes three times the grid's integer
-#    instructions, and locking the SM clock slows it by a fifth, the grid by 5 % and a copy not
-#    at all. Profiled at the clock it was timed at, issuing its instructions takes 66 % of its
-#    time, 96 µs more than the grid's; in the rest its warps wait, mostly on global memory, and
-#    that waiting is only 34 µs shorter than the grid's (section 5.5). At $b = 1$ the grid is
-#    back to one row per program and TE is faster.
+#    flight: occupancy × bytes per warp. Two warps on the same tile change nothing (twice the
+#    occupancy, half the bytes per warp). Four warps halve the bytes per warp again on an SM
+#    that is already full, and are much slower. But four warps also spread a half-row over more
+#    threads than it has elements, so each element is loaded and computed twice, and this pair
+#    cannot say which of the two slows it. More heads per program raise the KiB per SM, and at
+#    $b = 8$ four heads a program run level with the finished kernel.
+# 3. It beats TE's fused kernel at $b = 8$, although TE's kernel moves the same bytes with a
+#    fuller SM. TE's SMs do much more work per byte: it loads every element twice, two bytes
+#    at a time, and executes more than twice the grid's instructions per element. Locking the
+#    SM clock slows TE by a fifth, the grid by 5 % and a copy not at all. Profiled at the clock
+#    it was timed at, TE spends 96 µs more than the grid issuing instructions, and 34 µs less
+#    with no warp ready to issue (section 5.5). That split is bookkeeping, not a cause. TE also
+#    holds nearly twice as many warps, and the counters cannot say how much each difference
+#    costs or saves. At $b = 1$ the grid is back to one row per program and TE is faster.
 #
 # `benchmarks/ablation.py` times, at bf16 sbhd $s = 4096, b = 8, h = 32, d = 128$ and at
 # $s = 32768, b = 1$ (the same bytes), a device copy, TE's fused kernel (when Transformer
@@ -654,11 +683,10 @@ assert plan_cols["heads_all_one_b"]["cos_sin_per_position"] * 32 == B_a * H_a * 
 # threads hold is computed by each of them. In `heads_all_one_b` (all 32 heads in one program)
 # the source computes cos/sin once, before broadcasting them over the heads, hence 1,024 per
 # position; compiled, 32 threads hold each value, which makes 32,768 per position, the naive
-# kernel's count (section 5.5 measures eight times `sh_loop_b`'s sin/cos work per element and
-# compiles the kernels to show why). In `sh_loop_b_w4` and `_w8` the elems/thread column is
-# below one: a 64-element half-row on 128 and 256 threads, so each element, and its cos/sin,
-# is held by 2 and 4 threads. Of the kernels section 5.5 compiles, `sh_loop_b`, `sh_loop_b_w2`
-# and `heads4_loop_b` evaluate what their source asks for.
+# kernel's count (section 5.5 measures it and shows why). In `sh_loop_b_w4` and `_w8` the
+# elems/thread column is below one: a 64-element half-row on 128 and 256 threads, so each
+# element, and its cos/sin, is held by 2 and 4 threads. Of the kernels section 5.5 compiles,
+# `sh_loop_b`, `sh_loop_b_w2` and `heads4_loop_b` evaluate what their source asks for.
 #
 # **The kernel behind every row.** Each line of that plan is one launch of a single kernel,
 # `_rope_ablation_kernel` from `ropelib/course/kernels/ablation.py`, with different settings of
@@ -887,7 +915,9 @@ else:
 # question it answers, and keep its limits in mind: one GPU, two sizes, bf16 only, one run.
 # The CSV keeps the 20 % and 80 % quantiles of every timing; in this run they lie at most about
 # two percent of the median apart (the cell below prints the widest). A factor that changes the
-# time by less than that has not been shown to matter.
+# time by less than that has not been shown to matter. That spread is noise *within* one run.
+# Between runs, short kernels can move by much more (section 5.1), so a small difference
+# between two CSVs is weaker evidence than the same difference inside one.
 #
 # ### 5.4 Why, measured: the profiler's answer
 #
@@ -916,9 +946,10 @@ else:
 #   differ fourfold, yet their times lie within half a percent of each other: about 80 ns per
 #   program on each SM. Their achieved occupancy says why. An SM could hold 32 of these
 #   programs at once (half its 64 warp slots), yet on average it holds far fewer, 28, 18 and
-#   10 % of its slots, the fewer the less each program does. The SMs are starved of programs:
-#   a short program's slot stands empty until the next one arrives, so the time follows the
-#   number of programs, not their work. The batch loop divides the program count by $B$.
+#   10 % of its slots, the fewer the less each program does. So the slots stand empty, and the
+#   time follows the number of programs, not their work. The simplest reading is a limit on how
+#   fast the GPU starts new blocks; no run here measures that start rate on its own (a variant
+#   whose programs do nothing would). The batch loop divides the program count by $B$.
 # - **The speed-up over the naive kernel is not cos/sin reuse.** `sh_one_b` (one batch row per
 #   program) is as slow as the naive kernel, and `sh_one_b_table`, which evaluates no sine or
 #   cosine at all, is just as slow: all three launch a million one-warp programs of one row. The
@@ -943,48 +974,38 @@ else:
 # - **Instructions count where nothing amortises them.** TE's grid written in Triton
 #   (`heads_all_one_b`: one program per token and batch row, all heads) asks for as many bytes
 #   per SM as `heads4_loop_b`, but executes several times as many instructions per element,
-#   between the one-row programs' counts. Its source evaluates cos/sin once per program, $B$
-#   times per token; compiled, each value is evaluated by the 32 threads that hold it: section
-#   5.5 measures eight times the sin/cos arithmetic per element of the batch-reusing grid and
-#   compiles the kernel to show why. It takes about twice as
-#   long, and reading cos/sin from a table brings it back to the others.
+#   between the one-row programs' counts. Most of them are sin/cos (tables remove 86 % of
+#   them): compiled, each value is evaluated by every thread that holds it (section 5.5). It
+#   takes about twice as long, and reading cos/sin from a table brings it back to the others.
 #
 # **So, why was the batch-reusing grid faster than TE?** On this H200 it is (the ratio is
 # printed below), and the measured reason is not that it reuses cos/sin more. By section 3's
-# count it evaluates more of them per position than TE's shared-memory version ($H \cdot D$ =
-# 4,096 against $B \cdot D$ = 1,024 here), though fewer than TE's register version
-# ($8 B \cdot D$ = 8,192), and section 5.5's profile points to the shared-memory version: TE's
-# warps wait at a block-wide barrier (a `__syncthreads`), which that version needs and the
-# register version does not. Its batch loop gives each program $B$ rows: enough work per program
-# that neither the program count nor the per-program sin/cos limits it, so its time follows the
-# bytes its warps keep in flight. TE's grid, run as Triton, is limited by instructions instead.
+# count it evaluates more (cos, sin) pairs per position than the TE version profiled here
+# ($H \cdot D$ = 4,096 against $B \cdot D$ = 1,024), which computes them once per block into
+# shared memory. Its batch loop gives each program $B$ rows: enough work per program that
+# neither the program count nor the per-program sin/cos sets its time, which follows the bytes
+# its warps keep in flight. TE's grid written in Triton is held back by its sin/cos
+# instructions instead: from tables it runs with the others.
 #
-# And TE's own CUDA kernel is limited in its SMs too, not by its bytes. A second run of the same script, on an H200
-# with Transformer Engine installed (`benchmarks/results/mechanism-te-nvidia-h200.csv`), profiled
-# it beside the copy and the batch-reusing kernel; being CUDA C++, its programs, warps and
-# registers are the profiler's launch columns. It moves the model's bytes and its warps fill
-# nine-tenths of an SM's slots. Counted the way this notebook counts the Triton kernels, a
-# block's 8 KiB of `x` as one step (1,024 bytes a warp), its warps could ask for as many KiB of
-# `x` per SM as the copy's. That is an upper bound TE's loop does not reach: each warp works
-# through its heads in loads of 78 bytes (section 5.5), so the column does not say how many
-# bytes it keeps in flight. What is measured: it takes about twice the copy's time, and
-# executes more than twice the instructions per element of the batch-reusing grid. The
-# profiler says the same from another side: its SM throughput (the busiest of an SM's units, as a
-# share of its peak) is well above its DRAM throughput, as for TE's grid written in Triton, where
-# the batch-reusing grid shows the reverse. So what holds TE back is in its SMs, not in its
-# bytes or its occupancy; which instructions it executes, and how much of its time issuing them
-# explains, is the next cell's profile (section 5.5).
+# TE's own CUDA kernel is a different case. A second run of the same script, on an H200 with
+# Transformer Engine installed (`benchmarks/results/mechanism-te-nvidia-h200.csv`), profiled it
+# beside the copy and the batch-reusing kernel. It moves the model's bytes, and its warps fill
+# nine-tenths of an SM's slots. Counted as this notebook counts the Triton kernels (a block's
+# 8 KiB of `x` as one step, 1,024 bytes a warp), its warps ask for about the copy's KiB per SM,
+# 57.6 against 54.5: the red star and the red cross in the figure. Yet TE takes 1.94 times the
+# copy's time. That count is only an upper bound, since each TE warp works through its heads
+# in loads of 78 bytes (section 5.5), so the KiB per SM does not set TE's time. What is
+# measured: TE executes more than twice the instructions per element of the batch-reusing
+# grid, and its SM throughput (the busiest of an SM's units, as a share of its peak) is well
+# above its DRAM throughput, where the grid shows the reverse. Neither unit is at its peak, so
+# this does not say that the SMs limit TE. It says TE's SMs do much more work for each byte.
+# Section 5.5 splits its time.
 #
 # **At $b = 1$ the order reverses.** With no batch to loop over, the (S, H) grid launches a
 # million one-row programs, as many as the naive kernel, and takes its time; TE's grid has one
 # program per token for all heads, 32,768 programs, and TE's kernel is more than twice as fast
 # (printed below). The batch-reusing grid wins where $B$ is large enough to amortise its program
 # count, which is what notebook 05's tile of heads fixes for every $B$.
-#
-# In the figure, the red star is TE's CUDA kernel and the red cross the copy timed beside it,
-# in the run with TE installed: counted as above, TE's warps ask for about the copy's KiB per
-# SM (57.6 against 54.5), and TE takes 1.94 times the copy's time. The KiB per SM does not set
-# TE's time.
 #
 # ![Time against the KiB of x requested per SM, H200](../figures/04-bytes-in-flight.png)
 
@@ -1168,8 +1189,8 @@ assert t1["sh_loop_b"]["ms"] > 2 * t1["te_fused"]["ms"]
 # GPU's clocks while it profiles, and the cycles this run counted, over the time it measured,
 # put the SM clock at 1.44 to 1.50 GHz for all five kernels. That turns the run into a second
 # experiment. (A later run of the same script with the clock free, read at the end of this
-# section, says where TE's time goes at the clock it was timed at.) Three numbers turn "more
-# instructions" into a cause:
+# section, says where TE's time goes at the clock it was timed at.) Three numbers test whether
+# "more instructions" is a cause:
 #
 # - **clock sensitivity.** A kernel limited by DRAM does not care how fast the SMs are clocked;
 #   a kernel limited by its SMs' own work takes longer when their clock is lower. The cell sets
@@ -1322,18 +1343,24 @@ assert te_counts == dict(grid=4096, te_shared=1024, te_registers=8192)
 #   partner), two bytes at a time: a warp's load asks for 78 bytes, the grid's for 142, the
 #   copy's for 512. It stores one element a store, and executes 17.7 integer instructions an
 #   element (indexing and loop control), three times the grid's 5.7.
-# - **Its SMs limit it.** Locked at about 1.5 GHz, TE's kernel takes 289.2 µs where it took
-#   243.6 with the clock free, 19 % longer, and TE's grid in Triton 373.1 where it took 293.2,
-#   while the copy (124.5 against 125.3 µs) and TE's grid from tables (145.1 against 143.7) keep
-#   theirs; the batch-reusing grid slows by 5 % (190.9 against 181.9 µs), about a quarter of
-#   TE's 19 %. At the locked clock TE's schedulers issue on 73 % of its cycles, its ready warps
-#   often wait for the slot (3.4 warps per issue against the grid's 0.5), and its warps wait at
-#   a block-wide barrier (0.44), where the Triton kernels never do.
+# - **No 16-byte vectors.** Section 3 guessed that the grid might win with wide vector loads.
+#   The counters say otherwise: 142 bytes a warp load is about 4 bytes a thread (142 / 32),
+#   TE's 78 about 2, and only the copy's 512 (512 / 32) reach 16. The grid's layout, printed
+#   by the compile cell below (its `sizePerThread`), says the same: a thread loads a few bf16
+#   values of a row at a time, not a 16-byte vector. Whatever the grid gains, it is not this.
+# - **The clock matters to it.** Locked at about 1.5 GHz, TE's kernel takes 289.2 µs. The same
+#   script, run with the clock free (end of this section), took 240.8 µs, so the locked run
+#   takes 1.20 times as long (289.2 / 240.8). Section 5.4's clock-free run agrees: 243.6 µs, and
+#   19 % longer when locked. TE's grid in Triton takes 373.1 µs locked against 293.2, while the
+#   copy (124.5 against 125.3 µs) and TE's grid from tables (145.1 against 143.7) keep their
+#   times. The batch-reusing grid slows by 5 % (190.9 against 181.9 µs), about a quarter of TE's
+#   19 %. At the locked clock TE's schedulers issue on 73 % of its cycles, and its warps wait at
+#   a block-wide barrier (0.44), where the Triton kernels never do. Its ready warps often queue
+#   for the issue slot: 3.4 warps wait as `not_selected` per instruction issued, against the
+#   grid's 0.5.
 # - **Issue is not the whole of it.** At the locked clock its instructions, issued back to back,
-#   need 1.77 copies' time. At the faster clock TE was timed at they need less, and the
-#   schedulers issued on only part of the cycles even here. How much of TE's time issue takes
-#   at the free clock, and what its warps wait on in the rest, is measured at the end of this
-#   section, from a profile taken with the clock free.
+#   need 1.77 copies' time, yet its schedulers issued on only part of the cycles. The end of
+#   this section splits its time at the free clock.
 #
 # The batch-reusing grid's instructions fit in well under a copy's time at either clock; it
 # waits on memory, with half the SM's warp slots filled, which is what notebook 05 takes up.
@@ -1349,10 +1376,9 @@ assert te_counts == dict(grid=4096, te_shared=1024, te_registers=8192)
 # TE's grid in Triton has 1.7 % of its warp instructions on the XU pipe, yet reading cos/sin
 # from tables removes 86 % of them (246 M to 36 M).
 #
-# TE's barrier points to the shared-memory version of section 3's table: a `__syncthreads`,
-# which that version needs and the register version does not. By section 3's count it evaluates
-# cos/sin $B \cdot D$ = 1,024 times per position here, a quarter of the batch-reusing grid's
-# 4,096.
+# TE's barrier agrees with the source quoted in section 3: the version profiled computes
+# cos/sin into shared memory and waits at a `__syncthreads`. So it evaluates $B \cdot D$ =
+# 1,024 (cos, sin) pairs per position here, a quarter of the batch-reusing grid's 4,096.
 #
 # **TE's grid in Triton evaluates sin and cos eight times as often as it asks.** Beyond the
 # rotation it executes 16.99 float instructions per element for sin and cos, the batch-reusing
@@ -1487,8 +1513,7 @@ else:
 # The same rule explains section 5.4's four-warp tile. `sh_loop_b_w4` spreads a 64-element
 # half-row over 128 threads, so each element is held, loaded and computed by 2 threads
 # (`sh_loop_b_w8`: 4). That is why it executes twice the warp instructions of `sh_loop_b_w2`:
-# the same work done twice, not more work. Whether those duplicates or the halved bytes per
-# warp set its time is still not measured: no profile here counts its stalls.
+# the same work done twice, not more work.
 #
 # The finished kernel has the same property: compiled here, each of its cos/sin values is held
 # by 32 threads, so its one evaluation per tile in the source becomes 32 in the machine code.
@@ -1502,19 +1527,25 @@ else:
 # `benchmarks/results/te_ncu-nvidia-h200-20261201-1431-clock-none.csv`, was profiled with
 # `--clock-control none`: the same five launches, the same tensor, the same counters (and one
 # more, the share of cycles in which a scheduler issued), at the clock the times of section 5.4
-# were taken at. Its cycles split a kernel's time into three parts, exactly. In each cycle a
-# scheduler issues one warp instruction or none, so with $f$ the measured clock (elapsed cycles
-# over time) and $4 \times 132$ schedulers,
+# were taken at. Its cycles split a kernel's time into three parts. In each cycle a scheduler
+# issues one warp instruction or none, so with $f$ the measured clock (elapsed cycles over
+# time) and $4 \times 132$ schedulers,
 #
 # $$t \;=\; \underbrace{\frac{\text{warp instructions}}{4 \times 132 \cdot f}}_{\text{issue}}
 # \;+\; \underbrace{\frac{\text{active cycles} - \text{issue cycles}}{f}}_{\text{no warp ready}}
 # \;+\; \underbrace{\frac{\text{elapsed cycles} - \text{active cycles}}{f}}_{\text{SM idle}} .$$
 #
-# The first term is the issue floor of the cells above, now at the right clock. The second
-# counts the cycles in which every warp a scheduler held was stalled. The third is the time an
-# average SM held no block at all: the launch's start, and its tail as the last blocks finish.
-# (The split takes the instructions as spread evenly over the schedulers; the profile's own
-# share of cycles that issued agrees within 0.01.)
+# This split is an identity, not a measurement: $f$ is defined as elapsed cycles over time, so
+# the three parts add up to $t$ by algebra, and the cell's check that they do cannot fail. It
+# is bookkeeping. What it adds is a name for each part. The first term is the issue floor of
+# the cells above, now at the right clock. The second counts the active cycles in which a
+# scheduler issued nothing. The third is the time an average SM held no block at all: the
+# launch's start, and its tail as the last blocks finish. Read both loosely. "No warp ready"
+# also counts cycles in which a scheduler held no warp at all (at the tail, say) and cycles in
+# which a ready warp could not be dispatched. "SM idle" subtracts an average over SMs
+# (`sm__cycles_active.avg`) from a maximum (`gpc__cycles_elapsed.max`). (The split takes the
+# instructions as spread evenly over the schedulers; the profile's own share of cycles that
+# issued agrees within 0.01. That check is a real one.)
 #
 # The warp states say what the warps were doing. Each state's counter is the number of warps in
 # that state per instruction issued. Times the instructions issued, it is the warp-cycles spent
@@ -1670,45 +1701,68 @@ assert 0 < diff["idle_us"] < 0.5
 # - **The clock, measured.** The five kernels ran at 1.92 to 1.96 GHz, TE's at 1.95, just under
 #   the device's top clock of 1.98 GHz. Their times agree with section 5.4's within 2 %: TE's
 #   kernel 240.8 µs against 243.6, the batch-reusing grid 178.9 against 181.9.
-# - **Issuing takes two-thirds of TE's time.** Its 164.6 M warp instructions, issued back to
+# - **Issuing takes two-thirds of TE's time.** Its 164.6 M warp instructions (counted in the
+#   locked run; the free run executes the same ones, see the clock test below), issued back to
 #   back on all 528 schedulers, take 159.6 µs at 1.95 GHz: 66 % of its 240.8 µs. Its schedulers
 #   issued on 67 % of their active cycles (73 % at the locked clock). The grid's instructions
 #   take 63.7 µs, 36 % of its time; its schedulers issued on 37 % of their cycles.
-# - **In the rest, no warp is ready, and the warps wait on memory.** TE's 240.8 µs split into
-#   159.6 µs of issuing, 78.0 µs in which a scheduler had not one ready warp among the 14.4 it
-#   held, and 3.2 µs in which SMs held no block. Of the cycles its warps spend stalled, 70 % are
-#   `long_scoreboard`: waiting for the data of a global load. At an average cycle, 8.5 of a
+# - **In the rest, the warps wait, mostly on memory.** TE's 240.8 µs split into 159.6 µs of
+#   issuing, 78.0 µs in which a scheduler issued nothing although it held 14.4 warps on
+#   average, and 3.2 µs in which SMs held no block. Of the cycles its warps spend stalled, 70 %
+#   are `long_scoreboard`: waiting for the data of a global load. At an average cycle, 8.5 of a
 #   scheduler's 14.4 warps wait so. Next come `wait` (a fixed latency between dependent
 #   instructions, 16 %), the busy math pipe (5 %) and the barrier (2 %). The memory system is
 #   not full: the load/store queues hardly ever hold a warp back (`lg_throttle` 0.00 and
 #   `mio_throttle` 0.04 warps per instruction issued), and TE's DRAM traffic runs at 2.23 TB/s,
-#   55 % of the copy's 4.07. Its warps wait for the latency of their own loads.
-# - **The clock says the same.** From the locked clock to the free one (1.49 to 1.95 GHz),
-#   TE's issuing time falls from 209.8 to 159.6 µs, in proportion to the clock, while its time
-#   with no ready warp hardly moves: 75.7 µs, then 78.0. A wait counted in cycles would have
-#   shrunk with the clock; a wait on DRAM does not. So those 78.0 µs behave as a wait on
-#   memory, as `long_scoreboard`'s share says. What these counters cannot give is an exact split
-#   of the 78.0 µs among the states.
+#   55 % of the copy's 4.07. Its warps wait for the latency of their loads, not for a queue.
+# - **The clock test.** From the locked clock to the free one (1.49 to 1.95 GHz), TE's issuing
+#   time falls from 209.8 to 159.6 µs, in proportion to the clock. That holds by construction:
+#   issue time is the instruction count over the clock, and both runs execute the same
+#   instructions (the cell's check of the proportion holds only because they do). The finding
+#   is the other part. TE's time with no ready warp hardly moves, 75.7 µs, then 78.0, while the
+#   clock rises by 31 % (1.95 / 1.49). A wait counted in cycles would have shrunk with the
+#   clock; a wait on DRAM keeps its nanoseconds. So TE's empty time behaves like a wait on
+#   memory, as `long_scoreboard`'s share says.
+# - **The grid's counterpoint.** The empty time is not an independent wait: it is what is left
+#   of the active time after issuing, so it depends on how much issuing overlaps the waits. The
+#   cell prints the grid's split at both clocks too, and there the time with no ready warp
+#   *grows* as the issue time shrinks. The split moves with the overlap. It bounds causes; it
+#   does not name them, and these counters cannot divide the empty time among the states.
 # - **Ready warps come in crowds.** On a cycle that issues, 3.3 of TE's warps are ready on
-#   average (one issues, the others wait as `not_selected`), yet 33 % of its active cycles find
-#   none ready. The counters do not say why the warps bunch.
+#   average: the one that issues, plus those that wait as `not_selected` (ready warps per
+#   issuing cycle = 1 + `not_selected`). So `not_selected` is 2.3 with the clock free, against
+#   3.4 at the locked clock: at the faster clock fewer ready warps queue for the slot. Yet 33 %
+#   of TE's active cycles issue nothing. The counters do not say why the warps bunch.
 #
-# **So, why is the batch-reusing grid faster than TE?** Both wait on memory. The grid is a
-# memory-bound kernel: its warps spend 84 % of their cycles on `long_scoreboard`, and its
-# 178.9 µs split into 63.7 µs of issuing, 112.4 µs with no ready warp and 2.7 µs idle. TE is
-# 62 µs slower. Its instructions take 96 µs more to issue, and its time with no ready warp is
-# only 34 µs shorter (the idle time differs by less than half a microsecond):
+# **So, why is the batch-reusing grid faster than TE?** Both wait mostly on global memory: the
+# grid's warps spend 84 % of their cycles on `long_scoreboard`, and its 178.9 µs split into
+# 63.7 µs of issuing, 112.4 µs with no ready warp and 2.7 µs idle. TE is 62 µs slower. Part by
+# part (the idle times differ by less than half a microsecond):
 #
 # $$\underbrace{240.8 - 178.9}_{62\ \mu\text{s}} \;\approx\;
 # \underbrace{(159.6 - 63.7)}_{96\ \mu\text{s more issuing}} \;-\;
-# \underbrace{(112.4 - 78.0)}_{34\ \mu\text{s less waiting}} .$$
+# \underbrace{(112.4 - 78.0)}_{34\ \mu\text{s less with no warp ready}} .$$
 #
-# TE's kernel is neither purely issue-bound nor purely memory-bound. Its time is its issuing
-# plus the stretches in which all of its warps wait on memory at once, and its extra
-# instructions shorten those stretches by far less than they take to issue. Why 14.4 warps a
-# scheduler still leave a third of the cycles empty is not measured here. It fits
-# section 5.4's finding that a memory-bound kernel's time follows the bytes its warps keep in
-# flight: each of TE's loads asks for 78 bytes, the grid's for 142.
+# This is bookkeeping, not a cause: it says where the 62 µs sit, not why they are there. TE
+# differs from the grid in several ways at once, and these counters cannot separate them:
+#
+# - it executes more than twice the warp instructions per element (section 5.4): hence the
+#   96 µs of extra issuing;
+# - it holds 14.4 warps a scheduler, where the grid's one-warp programs fill at most half of a
+#   scheduler's 16 slots (section 5.4): more warps to cover each wait, which may be why its
+#   empty time is shorter, or its instructions may be;
+# - each of its warp loads asks for 78 bytes, the grid's for 142;
+# - its blocks wait at a barrier.
+#
+# One tempting link does not hold. Section 5.4 found that time follows the bytes the warps keep
+# in flight: warps × bytes per load. For TE that is 14.4 × 78, about 1.1 KB a scheduler; for
+# the grid at most 8 × 142, also about 1.1 KB. The product is about the same, so it predicts
+# similar waiting, and it does not explain the gap.
+#
+# So the answer the data supports is narrow. At $b = 8$ the grid has few programs and few
+# instructions per element. TE spends 96 µs more issuing, and its time with no ready warp is
+# only 34 µs shorter. Which of TE's differences costs what needs section 5.3's method: change
+# one at a time.
 
 # %% [markdown]
 # ## 6. What the finished kernel does beyond the batch-reusing grid
@@ -1716,9 +1770,8 @@ assert 0 < diff["idle_us"] < 0.5
 # The (S, H) grid still has limits:
 #
 # - **cos/sin are reused across the batch, not across heads** (in the source): all $H$ programs
-#   of a position compute the same cosines and sines. Putting the heads in one program's tile
-#   does not by itself remove that work: compiled, each value is computed by every thread that
-#   holds it (section 5.5);
+#   of a position compute the same cosines and sines, and a tile of heads alone does not
+#   remove that work once compiled (section 5.5);
 # - **one row per load**: each load is half a head ($D/2$ elements, 128 bytes in bf16 for
 #   $D = 128$), so a program moves $B$ small pieces, one after another;
 # - **the grid depends on the shape**: with $B = 1$ nothing is reused at all, and when $S \cdot H$
@@ -1728,9 +1781,9 @@ assert 0 < diff["idle_us"] < 0.5
 # ropelib's finished kernel (`ropelib/kernels/fused.py`: what `ropelib.apply_rope` runs on
 # small and mid-sized tensors; large ones take two passes, notebook 05 section 6) gives
 # each program a **tile** of positions × heads, whose source computes cos/sin once per tile and
-# uses them for its heads *and* a chunk of the batch (compiled, 32 threads of a program each
-# compute their own copy: as many evaluations per position as the batch-reusing grid's, with
-# the tile section 5.5 compiled), loads contiguous runs of the head dim as wide vectors, and
+# uses them for its heads *and* a chunk of the batch (compiled, that is as many evaluations per
+# position as the batch-reusing grid's: section 5.5), loads contiguous runs of the head dim as
+# wide vectors, and
 # takes every layout through strides. Its header says how it is parallelised:
 
 # %%
@@ -1808,7 +1861,8 @@ solution(ex.solution_percent_of_copy)
 # halves hold different angles (so, as in section 2.2, read $\theta_2$ as well as $\theta_1$),
 # into an output it fills with NaN first (an element you do not write stays NaN). In the
 # interpreter it also counts your cos/sin evaluations: a batch of 3 must cost no more of them
-# than a batch of 1.
+# than a batch of 1. On a GPU that count is skipped, so there a kernel that evaluates cos/sin
+# inside the loop still passes; run the check on a CPU as well.
 
 # %%
 @triton.jit
