@@ -32,8 +32,7 @@
 #   table fill in, export the CSV and PNG;
 # - run the standard benchmark sweeps (GB/s vs sequence length at batch 1, 2, 4, 8 with 64
 #   heads of 128; sequence / head-dim / heads / batch sweeps of Triton vs TE vs PyTorch) and
-#   read the committed GPU results.
-#
+#   read the committed GPU results;
 # - read a sweep as *fixed cost per call + bytes over bandwidth*, tell a fit worth reading from
 #   one that is not, and say where ropelib loses to Transformer Engine and what the data shows
 #   about why;
@@ -45,7 +44,7 @@
 # milliseconds); every table and figure made here says so. The GPU numbers are the committed
 # ones in `benchmarks/results/`.
 #
-# **Time:** about 1 minute to run on a CPU (a few on a GPU); 45–60 minutes to read, run the
+# **Time:** about 1 minute to run on a CPU (a few on a GPU); about 90 minutes to read, run the
 # dashboard and do the three exercises.
 
 # %%
@@ -158,6 +157,11 @@ if "torch.compile" in head:
     assert 0.5 + 1e-3 < head["torch.compile"] < head["pytorch"]
 
 # %% [markdown]
+# On a GPU, set the table's forward columns beside its forward+backward ones. ropelib's forward
+# runs near the copy, yet its forward+backward call can fall well behind TE's. Section 6 takes
+# that gap apart: how much of an eager call is the host issuing it, and how much the kernels.
+
+# %% [markdown]
 # The same case in **fp32**. Now the output format *is* the arithmetic format: nothing rounds the
 # fp32 result to something coarser, so the error is that of fp32 arithmetic itself. The fp32
 # cos/sin table is rounded (half an ulp each), and the two products and the difference round
@@ -240,7 +244,8 @@ assert dash.figure.get_suptitle() == f"measured on {widgets.measured_on(dash_row
 # `benchmarks/results/seed_sweeps.csv` and `figures/07-seed-*.png`. Here we list them and run
 # the first live: full size on a GPU, shrunk to a few tiny values in the interpreter. That one
 # sweep is measured here and now, and a single live sweep can land off the line at a point or
-# two; every number from section 5 on is the committed run's, on the GPU its header names. On
+# two. Sections 5 and 6 read committed files instead, each paragraph naming its file (section
+# 5 lists them); section 7 measures live again. On
 # a GPU the cell prints each provider's median forward GB/s beside the committed run's, and on
 # the committed run's GPU it stops if ropelib's median differs from the committed one by more
 # than a fifth. Only ropelib's median is checked: the other providers' medians are printed,
@@ -284,6 +289,50 @@ if GPU and SEED_CSV.exists():
 # `seed_sweeps.csv`; its header names the GPU, driver, torch/Triton/TE versions and date, and
 # every panel says where it was measured. A missing file is said, never made up, and a panel
 # with no measurement stops the notebook.
+#
+# Sections 5 and 6 read several committed files, measured on different days. Each measured
+# ropelib's code as it was that day. Two later changes touch the two-pass route, which
+# `apply_rope` takes from 64 MiB on: its pre-pass now takes 256 (token, pair) entries a
+# program, and on sm_90+ GPUs the flat pass is launched early after it. Only the last file
+# below measured the code with both changes:
+#
+# | file in `benchmarks/results/` (or `figures/`) | what it measured |
+# |---|---|
+# | `seed_sweeps.csv` | the sweeps of this section and section 6 |
+# | `figures/02-unfused-kernels.csv` | notebook 02's profile of eager PyTorch's ten kernels |
+# | `te_ncu-nvidia-h200.csv`, `mechanism-te-nvidia-h200.csv` | notebook 04's profiles of TE's kernel |
+# | `floor-nvidia-h200.csv` | 64 MiB eager and replayed from CUDA graphs; host time per call (its decode rows: a later run, section 6) |
+# | `host-profile-nvidia-h200-20261201.txt` | where the host's time goes, by cProfile |
+# | `mid_fwdbwd-nvidia-h200-20261201-1433.log` | host and device side by side, ropelib, torch.compile, TE |
+# | `mid_fwdbwd_variants-nvidia-h200-20261201-1444.log` | ropelib alone, replayed, each change on and off |
+#
+# The cell below prints where and when each was measured.
+
+# %%
+import re
+
+
+def measured_when(path):
+    """(GPU, date) of a committed result: its header's, else the date in its name."""
+    meta = compare.read_meta(path) if path.suffix == ".csv" else {}
+    day = re.search(r"-(\d{4})(\d\d)(\d\d)(?:-(\d\d)(\d\d))?\.", path.name)
+    date = meta.get("date", "")[:16].replace("T", " ")
+    if not date and day:
+        date = "-".join(day.groups()[:3]) + (f" {day[4]}:{day[5]}" if day[4] else "")
+    return meta.get("gpu", path.name.split("-nvidia-")[-1].split("-")[0]), date
+
+
+PROVENANCE = [SEED_CSV, FIGURES / "02-unfused-kernels.csv", RESULTS / "te_ncu-nvidia-h200.csv",
+              RESULTS / "mechanism-te-nvidia-h200.csv", RESULTS / "floor-nvidia-h200.csv",
+              RESULTS / "host-profile-nvidia-h200-20261201.txt",
+              RESULTS / "mid_fwdbwd-nvidia-h200-20261201-1433.log",
+              RESULTS / "mid_fwdbwd_variants-nvidia-h200-20261201-1444.log"]
+when = {p.name: measured_when(p) for p in PROVENANCE if p.exists()}
+for name, (gpu, date) in when.items():
+    print(f"{name:52s} {gpu:12s} {date or '(no date recorded)'}")
+assert all("h200" in gpu.lower() for gpu, _ in when.values())
+# the last file is the only one measured after both changes to the two-pass route
+assert max(d for _, d in when.values() if d) == when[PROVENANCE[-1].name][1] == "2026-12-01 14:44"
 
 # %%
 DTYPES = ("fp32", "bf16") if SEED_CSV.exists() else ()
@@ -325,7 +374,7 @@ for dtype in DTYPES:
 #   the copy's dashed line rises too. Section 6 fits both at batch 1: the copy pays 5.3 to 5.4
 #   µs a call, and ropelib's forward 2.4 to 3.1 µs more.
 # - Eager PyTorch is low at every size (at most about a seventh of the copy in fp32 and a
-#   tenth in bf16, checked) and flat from about S = 1024. Notebook 02 profiled its bf16 chain
+#   tenth in bf16, checked). Notebook 02 profiled its bf16 chain
 #   on an H200 (its `figures/02-unfused-kernels.csv`, read in the cell below): the ten kernels
 #   of section 2 move 6.0 times the fused kernel's bytes, streamed at 0.44 of the copy's speed.
 #   Leaving out the gaps between kernels, that predicts 0.44 / 6.0 = 0.073 of a copy, and the
@@ -338,7 +387,9 @@ for dtype in DTYPES:
 #   or just above 1 (up to 1.017; the 1.111 below is the copy's doing). Below 64 MiB the points
 #   lie lower, none above 0.94 (both checked). From 64 MiB on, `apply_rope` takes the two-pass
 #   route of notebook 05; but 64 MiB is also where the tensors are large, so the split is one
-#   of route and size together, and this sweep cannot tell them apart. Section 6 works out what
+#   of route and size together, and this sweep cannot tell them apart. These sweeps measured
+#   the two-pass route before the two changes listed above; section 6 ends with what they did
+#   at 64 MiB. Section 6 works out what
 #   the fixed cost alone leaves of a copy's speed at the one-pass points; notebook 05 (section
 #   6) times the two routes on the same tensors. bf16 at batch 1 lies wholly on the one-pass
 #   side (every point under 64 MiB) and reaches 0.85 of the copy at its longest sequence.
@@ -387,6 +438,7 @@ for dtype in DTYPES:
     assert at["ropelib"]["fwd_gbps"] > smallest["ropelib"]["fwd_gbps"]   # the line rises
     # eager PyTorch: at most about a seventh of the copy (fp32; bf16 a tenth), at every point
     top_pytorch = max(r["ratio_fwd"] for r in gpu_rows if r["provider"] == "pytorch")
+    print(f"{dtype}: eager PyTorch's highest forward ratio at any point: {top_pytorch:.3f}")
     assert round(top_pytorch, 2) == {"fp32": 0.15, "bf16": 0.10}[dtype]
     if dtype == "bf16":   # the chain's bytes and speed predict the largest tensor's ratio
         assert round(at["pytorch"]["ratio_fwd"], 3) == round(chain_speed / chain_bytes, 3)
@@ -449,13 +501,17 @@ for dtype in DTYPES:
 # at 0.96 of the copy or above (the batch sweep, for one, from batch 4 on), and below that at
 # 0.88 or less — the same split by size as in the panels above. TE's fused kernel stays at or
 # below 0.60 of the copy at every point of the four, and ropelib is ahead of it at every point.
-# Eager PyTorch stays near a tenth. torch.compile's kernel reaches the copy at $S = 8192$ and at
-# batch 16 (0.99) and is not monotone along the sequence in this sweep: 0.67 of the copy at
-# $S = 2048$, 0.43 at 4096 (all checked). Other timings of it at that size disagree with the
-# 0.43: on an H200, section 2's table, which times the very shape of $S = 4096$ here live, has
-# put it near the copy, and replayed from a CUDA graph at 64 MiB its forward+backward runs at
-# 1.039 of two copies (section 6, checked). Read the 0.43 as this sweep's timing, not as what
-# the kernel can do at that size; this notebook does not look into why the two differ.
+# Eager PyTorch stays near a tenth (0.10 at most, checked).
+#
+# torch.compile's call reaches the copy at $S = 8192$ and at batch 16 (0.99) and is not
+# monotone along the sequence in this sweep: 0.67 of the copy at $S = 2048$, 0.43 at 4096 (all
+# checked). Its times do not follow its bytes: from $S = 512$ to 4096 the call took 64, 65, 30
+# and 84 µs. The floor suite measured the host's time to issue one eager forward, at a decode
+# size: 77 µs for torch.compile, against 23 µs for ropelib and 30 µs for TE (all printed and
+# checked). So the host's work per call is of the size of these call times. Its kernel is
+# faster: replayed from a CUDA graph at 64 MiB, the size of $S = 4096$ here, its forward runs at
+# 1.00 to 1.04 of a copy (section 6, checked). Read the 0.43 as the time of a *call* in this
+# sweep, not of its kernel. This notebook does not measure what sets that call's time.
 
 # %%
 AXES = {"seq-bf16": "seq_len", "hidden-bf16": "head_dim", "heads-bf16": "heads",
@@ -487,11 +543,29 @@ if DTYPES:
     assert all(v > ratio[s, x, "te_fused"] for (s, x, p), v in ratio.items() if p == "ropelib")
     assert round(max(v for (s, x, p), v in ratio.items() if p == "pytorch"), 2) == 0.10
     tc = {k[:2]: v for k, v in ratio.items() if k[2] == "torch.compile"}
+    tc_us = {r["seq_len"]: r["fwd_ms"] * 1e3 for r in on_axes
+             if r["sweep"] == "seq-bf16" and r["provider"] == "torch.compile"}
+    print("eager PyTorch's highest forward ratio on these axes:",
+          round(max(v for (s, x, p), v in ratio.items() if p == "pytorch"), 3))
+    print("torch.compile's forward ratio:", {k: round(v, 3) for k, v in tc.items()})
+    print("torch.compile's forward call along seq-bf16, us:",
+          {s_: round(v, 1) for s_, v in tc_us.items()})
     assert [round(tc["seq-bf16", s], 2) for s in (2048, 4096, 8192)] == [0.67, 0.43, 0.99]
     assert round(tc["batch-bf16", 16], 2) == 0.99
+    assert [round(tc_us[s_]) for s_ in (512, 1024, 2048, 4096)] == [64, 65, 30, 84]
+
+# the host's time to issue one eager forward (floor suite, decode size S = 1, B = 64, sbhd)
+floor_meta, floor_rows = measured.load("floor")
+host_fwd = {r["provider"]: r["ms"] * 1e3 for r in floor_rows
+            if r["case"] == "decode host forward sbhd"}
+print("host time per eager forward call, decode size:",
+      {p: round(host_fwd[p], 1) for p in ("torch.compile", "ropelib", "te_fused")}, "us")
+assert [round(host_fwd[p]) for p in ("torch.compile", "ropelib", "te_fused")] == [77, 23, 30]
 
 # %% [markdown]
 # ## 6. Fixed cost and bandwidth: where ropelib loses
+#
+# ### 6.1 The forward: fixed cost and bandwidth
 #
 # A call that moves $N$ bytes takes about
 # $$ t(N) = t_0 + \frac{N}{\text{BW}}, $$
@@ -562,7 +636,8 @@ for dtype in DTYPES:
         # a fit worth reading: positive, and at most 2 % faster than the copy fitted with it
         assert 0 < bwf <= 1.02 * bwc and t0f > 0, (prov, t0f, bwf)
     fits = models[dtype]
-    # ropelib's forward: a fixed cost no larger than TE's, and more bandwidth
+    # ropelib's forward: a fixed cost comparable to TE's (at most 1.5 times it), and more
+    # bandwidth
     assert fits["ropelib"]["fwd"][0] <= 1.5 * fits["te_fused"]["fwd"][0]
     assert fits["ropelib"]["fwd"][1] > fits["te_fused"]["fwd"][1]
     # forward+backward at batch 1: two to four times what its bytes need, more for ropelib
@@ -771,6 +846,8 @@ assert round(floats(te_table_m), 2) == 2.00 and round(te_sincos_float, 2) == 0.9
 assert round(te_sincos) == 2 and round(threads(te_m)) == 33
 
 # %% [markdown]
+# ### 6.2 Forward+backward: the host against the device
+#
 # The *forward+backward* times at batch 1 are another matter. ropelib's and TE's scatter without
 # growing with the bytes, and a least-squares line through them describes no kernel: the cell
 # below fits one anyway and gets a negative bandwidth for three of the four, and for ropelib in
@@ -788,7 +865,9 @@ assert round(te_sincos) == 2 and round(threads(te_m)) == 33
 # times these (checked). That is consistent with the GPU waiting for the host at these sizes.
 # The two were measured on different days, each in a loop of its own, and the host's time per
 # call moves from run to run (the end of this section shows how far), so read the agreement as
-# one of size only.
+# one of size only. It does not explain everything either. The host issues the same calls in
+# fp32 and in bf16, yet ropelib's medians differ: 218 µs in fp32 against 158 µs in bf16
+# (checked). Something besides the host's work moves them, and these sweeps do not say what.
 
 # %%
 if len(models) == 2:
@@ -814,13 +893,24 @@ if len(models) == 2:
         grows = [r["fwdbwd_ms"] for r in models[d]["pytorch"]["rows"] if r["seq_len"] >= 2048]
         assert all(a < b for a, b in zip(grows, grows[1:])), d
     assert round(models["fp32"]["pytorch"]["rows"][-1]["fwdbwd_ms"] * 1e3) == 1136
+    # the same host work in both dtypes, yet different medians
+    print("ropelib's forward+backward median, batch 1:",
+          {d: round(models[d]["ropelib"]["fwd+bwd_us"]) for d in DTYPES}, "us")
+    assert [round(models[d]["ropelib"]["fwd+bwd_us"]) for d in ("fp32", "bf16")] == [218, 158]
 
-# the host's time per eager call, measured on its own (floor suite, same GPU model)
+# the host's time per eager call, measured on its own (floor suite, same GPU model); the
+# decode rows come from a later run than the header's, which replaced_rows names
+from ropelib.bench import floor as floor_suite
+
 floor_meta, floor_rows = measured.load("floor")
 host = {r["provider"]: r["ms"] * 1e3 for r in floor_rows
         if r["case"] == "decode host forward+backward sbhd"}
-print(f"host time per eager forward+backward call ({measured.where(floor_meta)}): "
-      f"ropelib {host['ropelib']:.0f} us, te_fused {host['te_fused']:.0f} us")
+decode_run = [e for e in floor_suite.replacements(floor_meta)
+              if "decode sbhd" in e.partition(floor_suite.LATER_RUN)[0].split(", ")]
+decode_date = re.search(r"date (\S+?),", decode_run[-1])[1] if decode_run else floor_meta["date"]
+print(f"host time per eager forward+backward call ({floor_meta['gpu']}, the run of "
+      f"{decode_date[:16]}): ropelib {host['ropelib']:.0f} us, te_fused {host['te_fused']:.0f} us")
+assert decode_date > floor_meta["date"]              # a later run than the 64 MiB rows'
 assert (round(host["ropelib"]), round(host["te_fused"])) == (214, 152)
 if len(models) == 2:
     over_host = {(d, p): models[d][p]["fwd+bwd_us"] / host[p]
@@ -830,7 +920,9 @@ if len(models) == 2:
     assert (round(min(over_host.values()), 2), round(max(over_host.values()), 2)) == (0.74, 1.02)
 
 # %% [markdown]
-# **Where the host's time goes.** `benchmarks/results/host-profile-nvidia-h200-20261201.txt` is
+# ### 6.3 Where the host's time goes
+#
+# `benchmarks/results/host-profile-nvidia-h200-20261201.txt` is
 # a cProfile of ropelib's eager forward+backward at a decode size on an H200
 # (`benchmarks/host_profile.py`: `apply_rope(x, freqs).backward(g)` called over and over, bf16),
 # taken on 1 December 2026, as its name says, of the eager code this notebook imports; `python
@@ -842,10 +934,16 @@ if len(models) == 2:
 #   (`apply_rope`) 32 %;
 # - the largest item by own time is the autograd engine's C++ code (`run_backward`, not
 #   counting ropelib's Python backward that it calls): 27 %;
-# - each call launches two kernels (600 launches in 300 calls: the forward's and the
-#   backward's). ropelib's eager route for one launch (`eager.py`'s `run`: allocate the output,
-#   launch the kernel) takes 32 % over the 600, of which allocating the outputs
+# - each call launches two Triton kernels (600 Triton launches in 300 calls: the forward's and
+#   the backward's). ropelib's eager route for one launch (`eager.py`'s `run`: allocate the
+#   output, launch the kernel) takes 32 % over the 600, of which allocating the outputs
 #   (`torch.empty_like`) 6 % and Triton's C launcher 8 %.
+#
+# The profiled call is not quite the timed one. It calls `.backward`, which sums the gradient
+# into `x.grad`: from the second call on, PyTorch's autograd adds it in place, one more kernel
+# that cProfile cannot see. The timed calls (the sweeps, the floor) hand the gradients back
+# with `torch.autograd.grad` and sum nothing. So the backward's 64 % and the engine's 27 %
+# include that summing, which the timed calls do not do.
 #
 # The profile prints times in whole milliseconds, so these shares are good to about a
 # percentage point, no better. cProfile adds a cost of its own to every Python call it counts,
@@ -891,6 +989,8 @@ for what, (seconds, pct) in stated_shares.items():
     assert abs(share - pct) <= 0.5, (what, share, pct)     # the text rounds to whole per cent
 
 # %% [markdown]
+# ### 6.4 At 64 MiB: the eager call and its replayed kernels
+#
 # The bytes dominate only where the GPU's time per call is well above the host's. The floor
 # suite timed a case the size of section 2's (64 MiB of bf16 sbhd, as $S = 1024$, $B = 8$,
 # $H = 32$, $D = 128$, where section 2 has $S = 4096$, $B = 2$) in one run, the one its
@@ -900,20 +1000,23 @@ for what, (seconds, pct) in stated_shares.items():
 # so), as a model's q and k pass theirs on to the projection's backward, rather than summing
 # them into a `.grad`. Eagerly, ropelib's forward+backward took 191 µs and TE's 132 µs;
 # replayed, 74.1 and 126.3 µs. So the eager call spends 117 µs beyond its replayed kernels for
-# ropelib, 61 % of the call, and 5 µs for TE, 4 % of it. Replayed, ropelib's forward+backward
+# ropelib, 61 % of the call, and 5.5 µs for TE, 4 % of it. Replayed, ropelib's forward+backward
 # runs at 0.995 of two copies and TE's at 0.583; torch.compile's and flash-attn's at 1.039 and
-# 1.034, a few per cent ahead of ropelib's and of the copy itself (all checked). Section 2's
-# forward+backward columns time a call of this size eagerly: where they put ropelib behind TE,
-# the gap is not the kernels' (replayed, ropelib's are the faster) but the host's time per call
-# at that moment.
+# 1.034, a few per cent ahead of ropelib's and of the copy itself (all checked). The CSV's
+# header records flash-attn as "not installed", yet it holds flash-attn's rows, so which
+# flash-attn measured them is not recorded (the cell prints the header's line). This run, of
+# 30 November, measured ropelib's two-pass route before the two changes of section 5; sections
+# 6.5 and 6.6 measure it again. Section 2's forward+backward columns time a call of this size
+# eagerly: where they put ropelib behind TE, the gap is not the kernels' (replayed, ropelib's
+# are the faster) but the host's time per call at that moment.
 #
 # That host time is not a fixed quantity. The decode host rows of the CSV come from a later run
 # of the suite than these 64 MiB rows (its header's `replaced_rows` line names the parts a later
 # run measured again, and when), and ropelib's host time per eager call there, at the decode
 # size ($S = 1$, $B = 64$), 214 µs, is longer than its whole eager call here (checked). Section
 # 2's eager forward+backward, timed live on as many bytes, is a third value to set beside the
-# 191 µs. So read the host row as the size of the host's work, not as the time it adds to a
-# given call in another run.
+# 191 µs (the cell prints it on a GPU). So read the host row as the size of the host's work,
+# not as the time it adds to a given call in another run.
 #
 # For calls like that, take the host's per-call work out of the loop: capture the step in a
 # CUDA graph (notebook 11 plots a decoding step timed eagerly and replayed from one), or compile
@@ -921,8 +1024,6 @@ for what, (seconds, pct) in stated_shares.items():
 # (`docs/API.md`, "Autograd, torch.compile and other transforms").
 
 # %%
-from ropelib.bench import floor as floor_suite
-
 shapes = {c.name: c.config for c in floor_suite.rope_cases()}
 c64, decode = shapes["64 MiB bf16 sbhd"], shapes["sbhd"]
 assert (c64.seq_len, c64.batch, c64.heads, c64.head_dim, c64.dtype) == (1024, 8, 32, 128, "bf16")
@@ -945,14 +1046,23 @@ for p in replayed:
           f"the replay, {beyond / us[EAGER, p]:.0%} of it")
 assert (round(us[EAGER, "ropelib"]), round(us[EAGER, "te_fused"])) == (191, 132)
 assert (round(us[GRAPHED, "ropelib"], 1), round(us[GRAPHED, "te_fused"], 1)) == (74.1, 126.3)
-assert [round(us[EAGER, p] - us[GRAPHED, p]) for p in ("ropelib", "te_fused")] == [117, 5]
+spent = {p: us[EAGER, p] - us[GRAPHED, p] for p in ("ropelib", "te_fused")}
+assert (round(spent["ropelib"]), round(spent["te_fused"], 1)) == (117, 5.5)
 assert [round(1 - us[GRAPHED, p] / us[EAGER, p], 2) for p in ("ropelib", "te_fused")] \
     == [0.61, 0.04]
 assert [round(ratio64[p], 3) for p in replayed] == [0.995, 0.583, 1.039, 1.034]
 assert host["ropelib"] > us[EAGER, "ropelib"]      # the decode-size host row: longer than this
+print("the CSV's header on flash-attn:", floor_meta.get("flash_attn"))
+assert floor_meta.get("flash_attn") == "not installed" and ("flash_attn" in ratio64)
+if GPU:     # section 2's live eager forward+backward, on as many bytes: a third value
+    print("section 2, live, eager forward+backward:",
+          {p: round(by[p]["fwdbwd_ms"] * 1e3, 1) for p in ("ropelib", "te_fused")
+           if by.get(p, {}).get("available") and by[p].get("fwdbwd_ms")}, "us")
 
 # %% [markdown]
-# **The host and the kernels, measured side by side.** The floor run infers the host's part of
+# ### 6.5 The host and the kernels in one process
+#
+# The floor run infers the host's part of
 # the eager call: the call less its replayed kernels. `benchmarks/mid_fwdbwd_probe.py` measures
 # both sides in one process, for ropelib, torch.compile and TE's fused kernel, at 64 MiB of
 # bf16 in each layout and at 256 MiB in bshd. For each call it times the forward+backward
@@ -961,6 +1071,8 @@ assert host["ropelib"] > us[EAGER, "ropelib"]      # the decode-size host row: l
 # whatever the device does meanwhile. Where the host's time is the larger, the GPU waits for
 # the host. The cell reads the final table of its log,
 # `benchmarks/results/mid_fwdbwd-nvidia-h200-20261201-1433.log` (an H200, 1 December 2026).
+# It measured ropelib's two-pass route before the two changes of section 5: the numbers for
+# ropelib here are the earlier code's, and section 6.6 gives the current code's.
 #
 # At 64 MiB the host is the larger by far for ropelib and torch.compile. Issuing one call takes
 # the host 261 to 494 µs for ropelib and 422 to 590 µs for torch.compile, 3.5 to 8.1 times
@@ -982,13 +1094,11 @@ assert host["ropelib"] > us[EAGER, "ropelib"]      # the decode-size host row: l
 # The replayed kernels agree with the floor run's to within half a µs in sbhd: ropelib 74.4 µs
 # against 74.1, TE 126.3 against 126.3, torch.compile 70.7 against 70.9. The copies do not: two
 # copies took 66.8 µs here against 73.7 µs in the floor's sbhd row (66.4 and 66.9 in its bshd
-# and thd rows). Divided by this log's copies, ropelib's forward+backward runs at 0.89 to 0.90
-# of two copies, torch.compile's at 0.92 to 0.97, TE's at 0.52 to 0.53: the floor's 0.995 for
-# ropelib owes part of itself to a slow copy. The forward alone, replayed, runs at 0.91 to 0.92 of
-# a copy for ropelib against 1.00 to 1.04 for torch.compile. From 64 MiB on, ropelib
-# takes its two-pass route, and under a CUDA graph every call runs the small pre-pass kernel
-# (the cos/sin rows) before the flat pass. Eagerly it keeps those rows from one call to the
-# next, so the kernels the log lists for one eager call are the two flat passes alone.
+# and thd rows). Divided by this log's copies, the earlier ropelib's forward+backward runs at
+# 0.89 to 0.90 of two copies, torch.compile's at 0.92 to 0.97, TE's at 0.52 to 0.53: the
+# floor's 0.995 for ropelib owes part of itself to a slow copy. The forward alone, replayed,
+# runs at 0.91 to 0.92 of a copy for the earlier ropelib against 1.00 to 1.04 for
+# torch.compile.
 
 # %%
 MID_LOG = RESULTS / "mid_fwdbwd-nvidia-h200-20261201-1433.log"
@@ -1004,7 +1114,7 @@ for case in MID + [BIG]:
         r = mid[case, p]
         print(f"  {case:17s} {p:13s} enqueue {r['enqueue_us']:5.1f} us, graph "
               f"{r['fwdbwd_graph_us']:5.1f} us, host/device "
-              f"{r['enqueue_us'] / r['fwdbwd_graph_us']:4.2f}; eager {r['eager_us']:5.1f} us; "
+              f"{r['enqueue_us'] / r['fwdbwd_graph_us']:4.1f}; eager {r['eager_us']:5.1f} us; "
               f"replayed: {r['fwdbwd_ratio']:.3f} of two copies, forward {r['fwd_ratio']:.3f} "
               "of one")
 
@@ -1064,6 +1174,74 @@ assert rounded(at_64("fwdbwd_ratio", ["torch.compile"]), 2) == (0.92, 0.97)
 assert rounded(at_64("fwdbwd_ratio", ["te_fused"]), 2) == (0.52, 0.53)
 assert rounded(at_64("fwd_ratio", ["ropelib"]), 2) == (0.91, 0.92)
 assert rounded(at_64("fwd_ratio", ["torch.compile"]), 2) == (1.00, 1.04)
+
+# %% [markdown]
+# ### 6.6 ropelib's current kernels at 64 MiB
+#
+# From 64 MiB on, ropelib takes its two-pass route. Under a CUDA graph every call runs a small
+# pre-pass kernel (the cos/sin rows) and then the flat pass. Eagerly the route keeps those rows
+# from one call to the next, so an eager call runs the flat passes alone (the kernels the log
+# above lists). Two changes came after that log:
+#
+# - the pre-pass takes 256 (token, pair) entries a program, not 1024;
+# - on sm_90+ GPUs the flat pass is launched early: its programs start while the pre-pass runs,
+#   and wait for the pre-pass's rows only before their first load.
+#
+# `benchmarks/results/mid_fwdbwd_variants-nvidia-h200-20261201-1444.log` is the same probe's
+# `--variants` mode, run the same day on an H200. It times ropelib alone, replayed from CUDA
+# graphs, with each change on and off, every variant in every round. Each ratio divides by
+# copies replayed in the same process. The row "early True, 256 a program" is the code this
+# notebook imports (the cell checks both settings). The row "early False, 1024 a program" is
+# the code the 1433 log measured.
+#
+# - The earlier code measures the same in both logs: every 64 MiB ratio within 0.005 of the
+#   1433 log's (checked). That is how closely two such runs agree.
+# - The current code at 64 MiB: forward+backward at 0.942 to 0.948 of two copies, against
+#   0.894 to 0.900 before; the forward at 0.937 to 0.948 of a copy, against 0.903 to 0.918.
+#   The replayed forward+backward takes 70.7 to 70.9 µs, against 74.4 to 74.8 µs.
+# - At 256 MiB (bshd) the forward+backward goes from 0.961 to 0.975 of two copies.
+#
+# Set beside the 1433 log's torch.compile, ropelib's forward still trails it (0.94 to 0.95 of a
+# copy against 1.00 to 1.04). Its forward+backward now lies inside torch.compile's 0.92 to 0.97.
+# The two come from different processes, each divided by its own copies. This log times the
+# kernels only: the host-against-device factors of section 6.5 are the earlier code's, and so
+# are the floor's 64 MiB rows of section 6.4.
+
+# %%
+from ropelib.kernels import launch, tiles
+
+VARIANTS_LOG = RESULTS / "mid_fwdbwd_variants-nvidia-h200-20261201-1444.log"
+variants = measured.fwdbwd_variants_log(VARIANTS_LOG)
+NOW, BEFORE = "early True, 256 a program", "early False, 1024 a program"
+# the code imported here is the row NOW: the early launch on, 256 entries a program
+assert tiles.EARLY_LAUNCH and launch.TWO_PASS_TABLE_ELEMENTS == 256
+print(f"{VARIANTS_LOG.name}: ropelib alone, replayed from CUDA graphs")
+for case in MID + [BIG]:
+    for name in (BEFORE, NOW):
+        v = variants[case, name]
+        print(f"  {case:17s} {name:27s} forward {v['fwd_us']:5.1f} us ({v['fwd_ratio']:.3f} of a "
+              f"copy), forward+backward {v['fwdbwd_us']:5.1f} us ({v['fwdbwd_ratio']:.3f} of two)")
+
+
+def span(name, key):
+    """(min, max) of a column of the variants log over the 64 MiB cases."""
+    vals = [variants[c, name][key] for c in MID]
+    return min(vals), max(vals)
+
+
+# the earlier code: the same in both logs, to within 0.005
+for c in MID:
+    assert abs(variants[c, BEFORE]["fwdbwd_ratio"] - mid[c, "ropelib"]["fwdbwd_ratio"]) <= 0.005
+    assert abs(variants[c, BEFORE]["fwd_ratio"] - mid[c, "ropelib"]["fwd_ratio"]) <= 0.005
+assert span(NOW, "fwdbwd_ratio") == (0.942, 0.948) and span(BEFORE, "fwdbwd_ratio") == (0.894, 0.9)
+assert span(NOW, "fwd_ratio") == (0.937, 0.948) and span(BEFORE, "fwd_ratio") == (0.903, 0.918)
+assert span(NOW, "fwdbwd_us") == (70.7, 70.9) and span(BEFORE, "fwdbwd_us") == (74.4, 74.8)
+assert (variants[BIG, BEFORE]["fwdbwd_ratio"], variants[BIG, NOW]["fwdbwd_ratio"]) == (0.961, 0.975)
+# beside the 1433 log's torch.compile: the forward trails, the forward+backward lies inside
+assert rounded(span(NOW, "fwd_ratio"), 2) == (0.94, 0.95)
+assert span(NOW, "fwd_ratio")[1] < at_64("fwd_ratio", ["torch.compile"])[0]
+tc_fb = at_64("fwdbwd_ratio", ["torch.compile"])
+assert tc_fb[0] < span(NOW, "fwdbwd_ratio")[0] and span(NOW, "fwdbwd_ratio")[1] < tc_fb[1]
 
 # %% [markdown]
 # ## 7. Your kernel in the race
@@ -1204,9 +1382,12 @@ if GPU and not rows_ok:     # the worked kernel: a program's cost, and what the 
 # version, exactly those under 3.6).
 #
 # Spills come only at 64 rows, yet on a GPU the rotation falls behind its copy already at 4
-# (about twice the copy's time on an H200; the race's cell checks over 1.5). What it adds is
-# instructions, more than five times the copy's per element at every tile (checked), which
-# one-row programs hide behind their own cost and larger tiles no longer do. The registers grow
+# (about twice the copy's time on an H200; the race's cell checks over 1.5). The compiled code
+# suggests why: the rotation's code has more than five times the copy's instructions per
+# element at every tile (checked). These are static counts, of the code and not of what runs,
+# so they suggest, not measure, what the rotation adds. One-row programs would hide such a cost
+# behind their own, and larger tiles would not; this notebook does not count the instructions
+# that run. The registers grow
 # with the tile too, and they set how many warps an SM can hold. An SM has 65,536 registers; a
 # thread's count, rounded up to a multiple of 8, times the 128 threads of a program is what each
 # program takes, so the registers a thread asks for cap the programs, and the warps, resident
@@ -1283,8 +1464,8 @@ if not rows_ok:     # the worked kernel: 40+ warps at 4 rows, 16 at 16 and 8 at 
 # row below TE's fused kernel, and TE's below ropelib's (checked where TE is installed). The
 # two lose for different reasons. Yours evaluates a sine and a cosine for every element, and
 # its compiled rotation has over five times the copy's instructions per element at every tile
-# (the table above, checked). TE's kernel spends at most about 2 of its 33 thread instructions
-# per element on sines and cosines (section 6, from notebook 04's profile); at the profiler's
+# (the table above, static counts, checked). TE's kernel spends at most about 2 of its 33
+# thread instructions per element on sines and cosines (section 6, from notebook 04's profile); at the profiler's
 # locked clock, issuing its instructions, with three times the batch-reusing grid's integer
 # ones to index its loads, takes longer than a copy on its own (notebook 04, section 5.5; what
 # share of its time issue takes with the clock free is not measured).
@@ -1319,12 +1500,15 @@ if not rows_ok:     # the worked kernel: rounded once; on a GPU below TE's fused
 #   within about a tenth of the copy on large tensors from batch 2 on (0.85 at batch 1 in
 #   bf16; section 5's cell checks both), whichever axis makes the tensor large. Its eager
 #   forward+backward loses to TE's where a fixed time per call dominates (small tensors, batch
-#   1), of the size of the host time per call measured separately. At 64 MiB, replayed from a
-#   CUDA graph, ropelib's forward+backward runs at 0.89 to 0.995 of two copies, by the run's
-#   copy, and ahead of TE's; eagerly it takes longer than TE's, because the host takes several
-#   times as long to issue ropelib's call as its kernels take to run (section 6). A profile of
-#   the host time puts most of it in the backward through PyTorch's autograd, the rest in the
-#   forward; each call launches two kernels.
+#   1), of the size of the host time per call measured separately.
+# - At 64 MiB, replayed from a CUDA graph, ropelib's current kernels run the forward+backward
+#   at 0.942 to 0.948 of two copies and the forward at 0.937 to 0.948 of a copy (the variants
+#   log, section 6.6), far ahead of TE's 0.52 to 0.53 (section 6.5). Eagerly the call takes
+#   longer than TE's: in one process the host took several times as long to issue ropelib's call as its
+#   kernels took to run (the earlier kernels, section 6.5).
+# - A profile of the host time puts most of it in the backward through PyTorch's autograd, the
+#   rest in the forward; each call launches two Triton kernels. The profiled call sums its
+#   gradient into `.grad` and the timed calls do not, so its shares include that summing.
 # - A RoPE kernel is a copy kernel with arithmetic between its load and its store. One kernel
 #   with a switch times both on the same grid and bytes: their ratio is what the rotation adds,
 #   and the copy's time per program shows where the program count, not the bytes, sets it.

@@ -1,6 +1,7 @@
 """ropelib.course.measured reads the committed H200 results the notebooks explain, and derives
 only what follows from their columns."""
 import math
+import re
 
 import pytest
 
@@ -193,3 +194,55 @@ def test_the_committed_fwdbwd_log_agrees_with_itself():
         # the ratio column is the case's two copies over the replayed forward+backward
         assert math.isclose(r["copy_pair_us"] / r["fwdbwd_graph_us"], r["fwdbwd_ratio"],
                             abs_tol=2e-3), key
+
+
+VARIANTS_LOG = """\
+64 MiB bf16 sbhd     early False, 1024 a program fwd    36.7 us (0.918)  fwd+bwd    74.4 us (0.900)
+64 MiB bf16 sbhd     early True, 256 a program fwd    35.5 us (0.948)  fwd+bwd    70.7 us (0.948)
+
+case                 variant                    fwd us fwd/copy   f+b us f+b/pair
+64 MiB bf16 sbhd     early False, 1024 a program     36.7    0.918     74.4    0.900
+64 MiB bf16 sbhd     early True, 256 a program     35.5    0.948     70.7    0.948
+1 GiB bf16 sbhd      early True, 256 a program    519.9    1.522   1039.2    1.523
+"""
+
+
+def test_fwdbwd_variants_log_reads_the_final_table(tmp_path):
+    log = tmp_path / "mid_fwdbwd_variants.log"
+    log.write_text(VARIANTS_LOG)
+    rows = measured.fwdbwd_variants_log(log)
+    assert list(rows) == [("64 MiB bf16 sbhd", "early False, 1024 a program"),
+                          ("64 MiB bf16 sbhd", "early True, 256 a program"),
+                          ("1 GiB bf16 sbhd", "early True, 256 a program")]
+    assert rows["64 MiB bf16 sbhd", "early True, 256 a program"] == dict(
+        early=True, per_program=256, fwd_us=35.5, fwd_ratio=0.948, fwdbwd_us=70.7,
+        fwdbwd_ratio=0.948)
+    old = rows["64 MiB bf16 sbhd", "early False, 1024 a program"]
+    assert old["early"] is False and old["per_program"] == 1024 and old["fwdbwd_us"] == 74.4
+    assert rows["1 GiB bf16 sbhd", "early True, 256 a program"]["fwdbwd_us"] == 1039.2
+    log.write_text(VARIANTS_LOG.split("case ")[0])         # the progress lines alone
+    with pytest.raises(ValueError, match="no final table"):
+        measured.fwdbwd_variants_log(log)
+    log.write_text(VARIANTS_LOG.split("64 MiB bf16 sbhd     early False, 1024 a program  ")[0])
+    with pytest.raises(ValueError, match="no rows"):
+        measured.fwdbwd_variants_log(log)
+
+
+def test_the_committed_variants_log_agrees_with_its_progress_lines():
+    path = measured.RESULTS / "mid_fwdbwd_variants-nvidia-h200-20261201-1444.log"
+    rows = measured.fwdbwd_variants_log(path)
+    cases = ("64 MiB bf16 sbhd", "64 MiB bf16 bshd", "64 MiB bf16 thd", "256 MiB bf16 bshd",
+             "1 GiB bf16 sbhd")
+    variants = {f"early {e}, {n} a program" for e in (False, True) for n in (1024, 256)}
+    assert set(rows) == {(c, v) for c in cases for v in variants}
+    # each row of the final table repeats the progress line the probe printed for it
+    progress = re.compile(r"(.+?)\s+(early \w+, \d+ a program) fwd\s+([\d.]+) us \(([\d.]+)\)"
+                          r"\s+fwd\+bwd\s+([\d.]+) us \(([\d.]+)\)")
+    seen = 0
+    for line in path.read_text().splitlines():
+        if m := progress.fullmatch(line.strip()):
+            r = rows[m[1], m[2]]
+            assert (r["fwd_us"], r["fwd_ratio"], r["fwdbwd_us"], r["fwdbwd_ratio"]) == tuple(
+                float(v) for v in m.groups()[2:]), line
+            seen += 1
+    assert seen == len(rows)

@@ -217,6 +217,35 @@ def fwdbwd_log(path) -> dict:
     return out
 
 
+_VARIANT_ROW = re.compile(r"(?P<case>.+?)\s+(?P<variant>early (?P<early>True|False), (?P<per>\d+) "
+                          r"a program)\s+(?P<fwd>[\d.]+)\s+(?P<rf>[\d.]+)\s+(?P<fb>[\d.]+)"
+                          r"\s+(?P<rfb>[\d.]+)\s*$")
+
+
+def fwdbwd_variants_log(path) -> dict:
+    """{(case, variant): row} of a ``benchmarks/mid_fwdbwd_probe.py --variants`` log, read from
+    its final table (the lines after its last header row, "case variant ..."). ropelib alone,
+    replayed from CUDA graphs; a variant is "early <True|False>, <n> a program": the two-pass
+    route's flat pass launched early after the pre-pass or not, and the pre-pass's (token, pair)
+    entries per program. Each row: ``early`` (bool), ``per_program`` (int), ``fwd_us`` and
+    ``fwd_ratio`` (a copy's µs over the forward's), ``fwdbwd_us`` and ``fwdbwd_ratio`` (two
+    copies' µs over the forward+backward's), the copies replayed in the same process."""
+    compare.note_read(path)
+    lines = Path(path).read_text().splitlines()
+    heads = [i for i, line in enumerate(lines) if line.split()[:2] == ["case", "variant"]]
+    if not heads:
+        raise ValueError(f"{path}: no final table (a header row starting with \"case variant\")")
+    out = {}
+    for line in lines[heads[-1] + 1:]:
+        if m := _VARIANT_ROW.fullmatch(line.strip()):
+            out[m["case"], m["variant"]] = dict(
+                early=m["early"] == "True", per_program=int(m["per"]), fwd_us=float(m["fwd"]),
+                fwd_ratio=float(m["rf"]), fwdbwd_us=float(m["fb"]), fwdbwd_ratio=float(m["rfb"]))
+    if not out:
+        raise ValueError(f"{path}: its final table has no rows")
+    return out
+
+
 def table(rows, columns) -> str:
     """A fixed-width text table of ``rows`` (dicts): ``columns`` is [(header, key, format)]."""
     width = {h: max(len(h), 7, *(len(str(r.get(k))) for r in rows if isinstance(r.get(k), str)))
