@@ -17,8 +17,8 @@ installed) in the same process, in alternating rounds:
 * the device kernels of one eager forward+backward, by name, from torch.profiler.
 
 `--variants`: ropelib alone under CUDA graphs, its flat pass launched early after the pre-pass
-or not, with the pre-pass's (token, pair) entries per program at 1024 or 256 (these cases and
-1 GiB sbhd).
+or not, with the pre-pass's (token, pair) entries per program at 1024, 256, 128 or 64 (these
+cases and 1 GiB sbhd).
 
     python3 benchmarks/mid_fwdbwd_probe.py [--rounds 3] > mid_fwdbwd.log
     python3 benchmarks/mid_fwdbwd_probe.py --variants > mid_fwdbwd_variants.log
@@ -154,7 +154,8 @@ def variants(rounds: int):
     dev = "cuda"
     suite.warm_allocator(16)
     ropelib_p = next(p for p in compare.providers() if p.name == "ropelib")
-    settings = {f"early {e}, {n} a program": (e, n) for e in (False, True) for n in (1024, 256)}
+    settings = {f"early {e}, {n} a program": (e, n) for e in (False, True)
+                for n in (1024, 256, 128, 64)}
     saved = tiles.EARLY_LAUNCH, launch.TWO_PASS_TABLE_ELEMENTS
     table = []
     for label, fields in CASES + (("1 GiB bf16 sbhd", dict(seq_len=16384)),):
