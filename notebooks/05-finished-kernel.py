@@ -20,19 +20,20 @@
 # plain device copy of the same tensor; ropelib's finished kernel (`ropelib/kernels/fused.py`)
 # about nine tenths (section 5's ladder), and `ropelib.apply_rope` as you call it, which on a
 # tensor this large takes section 6's two-pass route, all of it (within the timing's spread),
-# measured on the same
-# H200 (section 1 reads the batch-reusing grid and `apply_rope` from that run's CSV).
-# This notebook closes that gap in small steps. It starts from a
+# measured on H200 runs of 28 to 30 November 2026 (each table prints its GPU and date).
+# The ladder climbs most of the way, and most of the climb is its first step. The last tenth
+# does not come from another rung: section 6 drops the cos/sin held in registers and reads them
+# from a table instead. The notebook starts from a
 # number — how many bytes a GPU must have in flight to stream at full speed — which sets a floor
 # under the tile (the tile itself was then chosen by a sweep), then climbs a ladder of kernels,
 # each adding one idea and each checked against
 # the reference, until the last one computes what ropelib's kernel computes, bit for bit.
 #
-# **Time budget.** About two and a half hours: 15 minutes for the bytes-in-flight model, 30 for
-# the ladder (read each kernel, change it or its launch, rerun its cells), 10 for the compiled
-# layout, 45 for the measured ladder and the two-pass route (sections 5 and 6, with their
-# profiles and load schedules), and about 45 for the three kernel exercises; the discussion
-# questions are for afterwards.
+# **Time budget.** About three and a half to four hours: 20 minutes for the bytes-in-flight
+# model, 40 for the ladder (read each kernel, change it or its launch, rerun its cells), 15 for
+# the compiled layout, an hour and a half for the measured ladder and the two-pass route
+# (sections 5 and 6, with their profiles and load schedules: read them in two sittings), and
+# about an hour for the three kernel exercises; the discussion questions are for afterwards.
 # Running every cell takes under a minute on a 2-core CPU (Triton's interpreter runs the
 # kernels; the layout and load-schedule cells compile them for sm_90, the H100's and H200's
 # architecture), a little more the first time.
@@ -102,8 +103,9 @@ def check_rung(y, x, freqs, name):
 # `benchmarks/results/generations-nvidia-h200.csv` holds the three generations measured on an
 # NVIDIA H200, each as a percentage of the GB/s a device copy `y.copy_(x)` of the same tensor
 # reaches in the same run (notebook 04 explains the bytes model). Every measured number of this
-# notebook comes from that H200 run and its sibling CSVs. At bf16 sbhd $s = 4096$, $b = 8$,
-# $h = 32$, $d = 128$:
+# notebook comes from H200 runs of 28 to 30 November 2026; each table prints its GPU and date.
+# Here `ropelib` is `apply_rope` as planned, which takes section 6's two-pass route. At bf16
+# sbhd $s = 4096$, $b = 8$, $h = 32$, $d = 128$:
 
 # %%
 GEN_CSV = measured.path("generations")
@@ -134,7 +136,9 @@ else:
 # The batch-reusing kernel already reads every byte once and writes every byte once: under
 # Nsight Compute (`benchmarks/results/mechanism-nvidia-h200.csv`, the same H200, same size) the
 # DRAM bytes of both kernels are within a few percent of the bytes model, checked below. So the
-# gap is not extra traffic. What does differ, by the profile, is how many bytes each kernel's
+# gap is not extra traffic. Mind the names: in this profile, and in section 2's table, `ropelib`
+# is the finished kernel with its route forced, and `apply_rope` as planned is
+# `ropelib_planned`. What does differ, by the profile, is how many bytes each kernel's
 # warps ask for at a time: the batch-reusing kernel's one-warp programs each ask for one
 # 256-byte row at a time, the finished kernel's 8-warp programs for a whole tile of heads. How
 # big a program's work must be, and why, is the first thing to work out.
@@ -219,7 +223,8 @@ assert [round(v, 1) for v in (kib_idle, b_idle, kib_loaded, b_loaded)] == [5.4, 
 # Read the table from the top. A load that finds its line in L1 comes back in about 20 ns, from
 # L2 in about 140 ns, from DRAM in about 350 ns when nothing else is running — 256 MiB or 4 GiB
 # of buffer makes no difference. Beside a copy that streams at full bandwidth the same DRAM load
-# takes about 1.3 µs, nearly four times as long, while the copy loses nothing to the one warp
+# takes about 1.3 µs, about three and a half times as long (1262.1 / 353.6), while the copy loses
+# nothing to the one warp
 # chasing. That growth is Little's law seen from the other side: once more bytes are requested
 # than $W_\text{read} \cdot L_\text{idle}$, bandwidth can grow no further, so the requests
 # queue and the latency stretches until $W_\text{read} \cdot L$ equals what is outstanding.
@@ -334,6 +339,8 @@ assert planned_m["us"] == min(mech[v]["us"] for v in RUNGS_PROFILED)
 # how many of them are actually waiting at a time: that takes a stall counter (the share of
 # cycles a warp waits for a load), which it did not record. The plot sets each kernel's time
 # against the KiB it asks for, every variant profiled at this size (notebook 04's among them).
+# Where the labels crowd each other, read the table above; the points without a label are
+# notebook 04's variants.
 
 # %%
 measured.plot_in_flight("s4096-b8", label=("copy", "naive", "batch_reuse") + RUNGS_PROFILED)
@@ -390,7 +397,10 @@ assert fin_m["ncu_achieved_occupancy_pct"] < br_m["ncu_achieved_occupancy_pct"]
 # Each rung below is a kernel in a code cell, and the cell after it launches that kernel: the
 # grid, the tile constants (`BLOCK_S`, `BLOCK_H`, `B_CHUNK`), the warps and the call itself are
 # all in the notebook. Change the kernel or its launch and rerun the two cells; the check under
-# them tells you whether it still computes RoPE. The rungs support what the lesson needs —
+# them tells you whether it still computes RoPE. That is all it tells you. Sections 4 and 5
+# compile and profile ropelib's copies of the rungs, not these cells, and every time on this
+# page is read from the H200 run's CSVs: an edit here changes none of their numbers. The rungs
+# support what the lesson needs —
 # sbhd, rotate-half, full rotary, fp32 angles $[S, D]$, the forward pass — and they are the
 # kernels `benchmarks/ladder.py` times on a GPU (`ropelib/course/ladder.py` holds them; a test
 # checks that the cells here are those).
@@ -425,8 +435,9 @@ check_rung(ladder.rope_ladder("batch_reuse", x, freqs), x, freqs, "batch_reuse")
 # ### Rung 1 — a tile of heads
 #
 # All heads of a token need the same cos/sin. A program that takes `BLOCK_H` heads computes
-# them once for all of its heads in the source; on the GPU each thread along the head axis
-# evaluates its own copy (section 5 counts the instructions). Its loads become a
+# them once for all of its heads in the source. On the GPU that is not what happens in the
+# 8-warp launch section 5 profiles at $b = 8$: there each thread along the head axis evaluates
+# its own copy (section 5 counts the instructions). Its loads become a
 # $[\text{BLOCK\_H}, D/2]$ tile instead
 # of one half-row: at $h = 32$, $d = 128$ that is 2048 elements per half, 16 per thread on 4
 # warps. The grid shrinks from $S \cdot H$ to $S \cdot \lceil H / \text{BLOCK\_H} \rceil$.
@@ -492,9 +503,11 @@ assert torch.equal(y, ladder.rope_ladder("heads", x, freqs))              # the 
 # ### Rungs 2 and 3 — a 3-D tile sized for bytes in flight, then the warps
 #
 # With 32 heads, one token's heads already make a big tile. With 8 (the k of a GQA model) they
-# make a quarter of it, and with $d = 64$ half again. The tile must then span **tokens** too:
+# make a quarter of it, and with $d = 64$ half again. The idea of rung 2 is that the tile
+# should then span **tokens** too:
 # $[\text{BLOCK\_S}, \text{BLOCK\_H}, D/2]$ per half, heads first, then tokens, up to the
-# 4096-element target of section 2 (`ladder.tile_shape`). cos/sin are now a
+# 4096-element target of section 2 (`ladder.tile_shape`). It is a hypothesis: section 5 times
+# it, and at the sizes timed it gains nothing. cos/sin are now a
 # $[\text{BLOCK\_S}, 1, D/2]$ tile, broadcast over the heads.
 #
 # Rung 2 launches this kernel with Triton's default 4 warps, rung 3 with the warps of the GPU's
@@ -502,8 +515,8 @@ assert torch.equal(y, ladder.rope_ladder("heads", x, freqs))              # the 
 # plan and checks it against the CSV): the same tile, 32 or 16 elements per thread in all.
 # Which is better is not obvious — more threads hide latency by numbers, fewer threads with
 # more elements each issue more independent loads. Section 4 shows how each lays the tile over
-# its threads, and section 5 what that does to the instructions: 8 warps put twice as many
-# threads on the heads, and each of them evaluates sin/cos.
+# its threads, and section 5 what that does to the instructions: at $b = 8$, 8 warps put twice
+# as many threads on the heads, and each of them evaluates sin/cos.
 
 # %%
 # ropelib-source: ropelib.course.ladder._ladder_tile_kernel
@@ -593,7 +606,9 @@ assert ladder.plan("warps", 4096, 8, 32, 128, 2, SMS_H200, H200_KNOBS).num_warps
 # differences against TE that come from sin/cos from those that come from the order of the
 # multiply-adds). The interpreter has no
 # libdevice and uses NumPy's functions, accurate too. Which code `tl.cos` becomes on a GPU
-# depends on the Triton version: section 4 reads it from the compiled code.
+# depends on the Triton version: section 4 reads it from the compiled code. With the Triton of
+# the H200 run, 3.6, `tl.cos` is libdevice's too, so the "fast approximations" named in the
+# kernel's comment on `ACCURATE` do not exist there: rungs 4 and 5 are the same machine code.
 
 # %%
 # ropelib-source: ropelib.course.ladder._ladder_chunk_kernel
@@ -678,8 +693,9 @@ for s_, b_ in ((16, 64), (4096, 8)):
 # $\theta_a = \theta_b$ and the second half's sin/cos are the first's. A program compares the two
 # halves of the rows it loaded, bit for bit, and when they are equal evaluates sin/cos once per
 # pair: half the special-function work. A batch loop amortises that work less than the source
-# suggests, because every thread along the head axis evaluates the sin/cos of its own angles:
-# at $b = 8$ the shortcut removes a quarter of rung 5's instructions (section 5 counts them),
+# suggests. In the 8-warp launch at $b = 8$ every thread along the head axis evaluates the
+# sin/cos of its own angles, and the shortcut removes a quarter of rung 5's instructions (section
+# 5 counts them),
 # and with $b = 1$ (or packed sequences) the work is paid per row. The check is on the values
 # the program reads, so a table whose halves differ is still right.
 #
@@ -918,7 +934,8 @@ assert (w8["num_warps"], w8["registers"], w8["occ_warps_per_sm"]) == (8, 64, 32)
 # (here an NVIDIA H200), the copy, every rung and `ropelib.apply_rope` at four bf16 sbhd sizes: the
 # one above, 8 heads instead of 32, $b = 1$ with the same bytes, and 16 tokens of a batch of
 # 64. The cell below draws the waterfall from the run's CSV: each bar goes from the rung
-# before to the rung's own % of copy, green up, red down.
+# before to the rung's own % of copy, green up, red down. Each bar is a median; the plot draws
+# no spread, so a short bar may be noise: the list below gives the spread where it was computed.
 
 # %%
 LADDER_CSV = measured.path("ladder")
@@ -952,8 +969,12 @@ else:
 #
 # - **A tile of heads is the big step** at every large size: it turns a program that moves one
 #   head row (256 bytes in bf16) into one that moves tens of KiB, which is what bytes in flight
-#   asked for in section 2. At $b = 1$ it is the difference between a fifth of a copy and three
-#   quarters: there the batch loop of notebook 04 has nothing to reuse.
+#   asked for in section 2. It changes three measured things at once, though: far fewer
+#   programs, about half the warp instructions per element, and several times the x asked for
+#   per SM (the profile table below and section 2's table). These data cannot say which of the
+#   three buys the time, and the table's "mechanism" column names only two of them. At $b = 1$
+#   it is the difference between a fifth of a copy and three quarters: there the batch loop of
+#   notebook 04 has nothing to reuse.
 # - **What each rung buys**, as the table under the next cell prints it, step by step in points
 #   of a copy at each size. The tile of tokens (rung 2) buys nothing at the sizes measured:
 #   $-0.1$ and $-0.3$ points at $b = 8$, within the noise. With 8 heads, the size that
@@ -965,9 +986,9 @@ else:
 #   costs time is not measured (the tile rung was not profiled at $b = 1$). Sizes with fewer
 #   heads still, or $d = 64$, were not timed. The accurate sin/cos (rung 5) are the same
 #   machine code as rung 4 with the Triton of the H200 run, so that step is zero but for noise:
-#   on that Triton it is insurance for others. The equal-halves shortcut gains more at $b = 8$
-#   (5.5 points) than at $b = 1$ (5.1): the batch loop does not amortise the sin/cos away
-#   (section 5 counts why).
+#   on that Triton it is insurance for others. The equal-halves shortcut gains about the same
+#   at both sizes, 5.5 points at $b = 8$ and 5.1 at $b = 1$. The difference is within the
+#   1.2 % spread of $b = 8$; the spread at $b = 1$ was not computed.
 # - **What the profile does and does not explain.** At $s = 4096$, $b = 8$ the grid is already
 #   full, so the chunks rung launches the same 4,096 programs as the warps rung, each still
 #   looping over the whole batch, and executes about as many warp instructions per element. Yet
@@ -991,14 +1012,21 @@ else:
 #   and the profile
 #   does not measure that.
 #   At $b = 1$ the 8-warp rung loses over two fifths of the 4-warp tile rung's speed. A program
-#   there holds one token and no batch loop, so its sin/cos work is paid for every row, by
-#   each of the 32 threads along the head axis (section 5's count below). The
+#   there holds one token and no batch loop, so its sin/cos work is paid for every row. If it
+#   lays out the tile as at $b = 8$, each of the 32 threads along the head axis pays it
+#   (section 5's count below); its layout at this size was not read. The
 #   tile rung was not profiled at this size, so the profile cannot set the two warp counts side
 #   by side. What it shows of the 8-warp rung: 1.85 warp instructions per element, 7.6 times
 #   the chunks rung's (which goes back to 4 warps, but on another grid, 16,384 programs of two
 #   tokens, so the ratio is not the warps' alone), and an SM throughput of 70.9 %, the highest
 #   of the ladder's kernels profiled at this size: here, unlike at $b = 8$, the work comes near
-#   a limit.
+#   a limit. The chunks rung does not follow the $b = 8$ count. Its whole kernel executes
+#   1.85 / 7.6, about a quarter of a warp instruction per element (printed as 0.24). That is
+#   fewer than its sin/cos alone would take if each thread evaluated the angles of its own
+#   elements, even once for all the heads it holds. So that launch lays out its cos/sin tile in
+#   another way, and that is the
+#   likely cause of the two largest $b = 1$ steps (`warps` and `chunks`). Its layout was not
+#   read here, so the table's "7.6x fewer instructions" names the count, not the cause.
 # - **Two bars end each panel, both ropelib.** `ropelib` is `ropelib.apply_rope` with its
 #   route forced to the finished kernel: every feature of section 3's list compiled in, on the
 #   launch of rung 6 (at $s = 4096$, $b = 8$ its profile is `_rope_kernel` on 4,096 programs of
@@ -1013,9 +1041,9 @@ else:
 #   At $b = 1$ it ends *above* rung 6, by 2.7 points. Its programs have no batch loop there
 #   (fewer than four entries), and for such programs the planner has the kernel load `x`
 #   before its table work; with a loop, after it. Timed as two variants of the finished kernel
-#   (`benchmarks/results/finished_kernel_knobs-*.csv`), `x` first runs at 0.931 of a copy
-#   against 0.892 for the table first at $s = 4096$, $b = 1$, and at 0.804 against 0.835 at
-#   $s = 1024$, $b = 8$, where each program loops over 8 entries. The cell after next reads
+#   (`benchmarks/results/finished_kernel_knobs-*.csv`), `x` first is the faster at
+#   $s = 4096$, $b = 1$, and the slower at $s = 1024$, $b = 8$, where each program loops over
+#   8 entries (the cell below asserts the four timings). The cell after next reads
 #   the order in the machine code. Why it helps is not measured: rung 6 has no profile at
 #   $b = 1$, and the rung that has, `chunks` (the same grid and warps), also lacks the
 #   equal-halves shortcut, itself worth 88.5 → 93.6 % of a copy here. Against that rung the
@@ -1033,7 +1061,8 @@ else:
 #   to `warps` launch one program per token: 16 programs for 132 SMs, and the profiler times
 #   the kernel itself at about six times the copy's. From `chunks` on the grid is full, and the
 #   timed calls stop being steady. `chunks` and `accurate` are the same machine code on the
-#   H200 (the opcode profile further down counts the same instructions for both), yet their
+#   H200: with Triton 3.6, section 4's compile cell finds that `tl.cos` is libdevice's, and that
+#   holds for every launch of the kernel. Yet their
 #   medians are 51.5 and 16.4 µs, their 20 % quantiles 13.2 and 13.0 µs and their 80 %
 #   quantiles 66.1 and 54.7: a call is either fast or slow, and the median lands on one side
 #   or the other. So read this panel's bars from `chunks` on as that, not as the ideas: the
@@ -1042,7 +1071,8 @@ else:
 #   bars, the same finished kernel at this size with steady calls, differ by 5.0 points: a
 #   step here must be well above that to mean anything. The profiler times the chunks kernel
 #   at 11.2 µs, near its fast calls; what the slow calls wait for (these rungs are launched
-#   through Triton's Python launcher) is not measured here. ropelib's bar is its own launch path (it calls
+#   through Triton's Python launcher) is not measured here. ropelib's bar is its own launch path
+#   (it calls
 #   Triton's compiled launcher directly): its calls are steady, 10.2 to 10.7 µs from the 20 %
 #   to the 80 % quantile, and their median is within 2.3 µs of its kernel.
 
@@ -1330,8 +1360,10 @@ if order_sass:
 # %% [markdown]
 # With `x` first, the program issues its two angle loads and all eight of its loads of `x`
 # before the first multiply, so both are in flight together; with the table first, the loads
-# of `x` wait until the sin/cos are done (the counts of Triton 3.9; the cell prints those of the
-# Triton it runs). That is what the order changes. What it is worth in time is the knobs CSV's
+# of `x` wait until the sin/cos are done. The page prints these counts for Triton 3.6, the GPU
+# runs' Triton. The cell asserts the exact counts only with Triton 3.9; with any other version
+# it checks only that `x` first puts more loads of `x` before the multiply. That is what the
+# order changes. What it is worth in time is the knobs CSV's
 # pair of timings above, not this count.
 #
 # **Where the finished kernel's extra instructions go.** The finished kernel writes NaN for a
@@ -1355,7 +1387,9 @@ if order_sass:
 #   batch chunks).
 #
 # A count does not name source lines, but the kernel's machine code does, and it can be read on
-# any machine: compiled for sm_90 (as `load_schedule` compiles), the stores of the variant with
+# any machine. This page does not print that listing; what follows was read from it, and only
+# the counts above are measured here. Compiled for sm_90 (as `load_schedule` compiles), the stores
+# of the variant with
 # the guard on every output are preceded by a run of `PRMT ... 0x7632` / `0x7610`,
 # `SEL ..., 0x7fc0` and `PRMT ... 0x5410`. `0x7fc0` is a bf16 NaN. The SEL and the PRMT have one
 # source, the guard: the compiler moves that select past the rounding to bf16, so it unpacks
@@ -1366,7 +1400,8 @@ if order_sass:
 # The other variant makes the select where it is cheap. Whether a position is in the table is a
 # property of the (token, pair), not of the element: it makes the *cosine* NaN there, once per
 # table element of the tile, and every output of that row is NaN because each output is one fma
-# with a cosine. Written plainly that changes nothing: LLVM folds a select whose one side is a
+# with a cosine. Written plainly that changes nothing (again read from machine code this page
+# does not print): LLVM folds a select whose one side is a
 # constant into the operations that read it (`fma(x, NaN, z)` is NaN, so it puts
 # `select(valid, fma(...), NaN)` back on every output). So the guarded tile passes through an
 # opaque register move (`nan_unless` in `ropelib/kernels/common.py`: a `mov` in inline PTX,
@@ -1470,8 +1505,15 @@ assert abs(mech_extra - sum(per_tile["fin"].values()) / sum(per_tile["r6"].value
 # sin/cos of the second half's angles. Spread over the elements and set against the program's
 # layout (section 4: 8 features of a half per thread, 4 × 8 = 32 threads along the head axis),
 # it comes to the count the cell below prints per angle and thread: one sin and one cos, each
-# evaluated by every thread that holds a head of the token, not once per program. Had they been
-# evaluated once per program, the same instructions would come to under 0.1 per element.
+# evaluated by every thread that holds a head of the token, not once per program. This holds for
+# the launch profiled here, 8 warps on a $[1, 32, 64]$ tile at $b = 8$. The count assumes that
+# repetition: it divides by the 32 threads, and checks only that the result lies in a range
+# one libdevice sin and cos could plausibly take. The cost of one sin and cos by itself was not
+# measured.
+#
+# Mind the units: the cell prints 0.090 twice. The measured difference is 0.090 *warp*
+# instructions per element. Evaluated once per program, the same sin/cos would cost 0.090
+# *thread* instructions per element, 32 times fewer.
 
 # %%
 # rung 5 minus rung 6: the sin/cos of the second half's angles, in thread instructions per
@@ -1532,15 +1574,18 @@ assert round(more_on_8, 2) == 0.11 and 0.7 < from_trig / more_on_8 < 1
 assert round(b1_trig, 2) == 1.44 and 0.7 < b1_trig / m1_warps["ncu_warp_inst_per_element"] < 0.85
 
 # %% [markdown]
-# So at $b = 8$ the batch loop does not amortise the sin/cos to nothing: each of the 32
+# So at $b = 8$, in this 8-warp launch, the batch loop does not amortise the sin/cos to
+# nothing: each of the 32
 # threads along the head axis evaluates the sin and cos of its own 8 angles, about 46
 # instructions each, and both halves' sin/cos make about half of rung 5's instructions. That is
 # why the equal-halves shortcut removes a quarter of rung 5's instructions at $b = 8$. It also
 # accounts for most of two counts section 5 leaves open. On 8 warps the tile puts 32 threads on
 # the heads, on 4 warps 16, so each angle is evaluated twice as often: 0.09 of the 0.11 more
 # warp instructions per element the warps rung executes than the tile rung. At $b = 1$ a thread
-# has no batch loop and no shortcut, 16 angles for its 16 elements: 1.44 of the warps rung's
-# 1.85 warp instructions per element. The two-pass route of section 6 evaluates no sin/cos in
+# has no batch loop and no shortcut, 16 angles for its 16 elements: if the warps rung lays out
+# its tile as at $b = 8$ (not read at that size), that is 1.44 of its 1.85 warp instructions
+# per element. The chunks rung at $b = 1$ does not fit this count (section 5's list above). The
+# two-pass route of section 6 evaluates no sin/cos in
 # the pass that reads `x`: that is one of the things it changes.
 
 # %% [markdown]
@@ -1548,8 +1593,8 @@ assert round(b1_trig, 2) == 1.44 and 0.7 < b1_trig / m1_warps["ncu_warp_inst_per
 #
 # Everything above keeps the cos and sin of a tile's tokens in registers across the batch
 # loop: in the source each is evaluated once per token and reused for every batch entry; on the
-# GPU every thread along the head axis evaluates its own (section 5), about half of rung 5's
-# instructions. The price of holding them is
+# GPU, in the 8-warp launch profiled at $b = 8$, every thread along the head axis evaluates its
+# own (section 5), about half of rung 5's instructions. The price of holding them is
 # registers. Section 4's H200 numbers: the finished kernel holds 64 registers per thread, so
 # four of its 8-warp programs fit on an SM, and Nsight Compute measured well under full
 # occupancy. The kernel torch.compile generates for Hugging Face's
@@ -1572,6 +1617,13 @@ assert round(b1_trig, 2) == 1.44 and 0.7 < b1_trig / m1_warps["ncu_warp_inst_per
 #    in registers; so do heads whose $D$ or $R/2$ is no power of two, such as $d = 80$, whose
 #    rows of pairs would leave a third of each program's lanes idle.) The end of this section
 #    measures why the pairs share a thread.
+#
+# The route has changed since its timings here were recorded. Its pre-pass now takes 256
+# (token, pair) entries a program, where the runs timed more. And on a GPU of compute
+# capability 9.0 or more the flat pass is now launched early (programmatic dependent launch,
+# `tiles.EARLY_LAUNCH`): its programs start while the pre-pass is still running, and each waits
+# for the pre-pass's rows before it reads them. The compile cells of this section compile the
+# current code; every time in it is the earlier route's.
 #
 # When you pass a cos/sin table and positions are the token index, the flat pass reads your
 # table itself and there is no pre-pass. The route is taken when q and k are fresh-output,
@@ -1809,18 +1861,20 @@ assert bytes_bound == 16 / 17 and said(bytes_bound, 2) == "0.94"
 # - at 256 MiB (batch 8) the flat pass beats the finished kernel: 0.999 of a copy with angles,
 #   0.988 reading a cos/sin table, against 0.895;
 # - at 1 GiB (batch 8) too: 0.989 with angles and 0.986 with a table against 0.926, and
-#   forward+backward 0.983 with angles against 0.929. The same script's run with the
-#   element-wise flat pass (one element a thread) measured that variant at 0.931 here, level
-#   with the finished kernel's 0.924 there (0.977 at 256 MiB). What separates the two is the
+#   forward+backward with angles ahead as well (the cell asserts it; the table prints forward
+#   only). The same script's run with the element-wise flat pass (one element a thread)
+#   measured that variant at 0.931 here, level with that run's finished kernel (asserted, not
+#   printed), and 0.977 at 256 MiB. What separates the two is the
 #   pairs pass: both members of a pair in one thread, and its table addresses written so the
 #   loads go out early (the last two subsections of this section);
 # - at batch 1 (128 MiB, 16,384 tokens) the pre-pass writes a 1 KiB row for every token with no
 #   batch to spread it over: 11.6 µs, 17.1 % of the copy's time (the same 16,384 tokens at
 #   batch 8, 1 GiB: 2.3 %). Paid on every call, it would hold the route to at most
 #   copy / (copy + pre-pass) = 0.854 of a copy; the route measured 0.932 against the finished
-#   kernel's 0.927. It could, because these calls were eager, one after another with the same
-#   table: the eager route keeps the pre-pass's rows and later calls skip it, as a model's later
-#   layers do. That is why the planner counts only the reads of kept rows (the 1/16 share in the
+#   kernel's 0.927. The likely reason is that these calls were eager, one after another with the
+#   same table: the eager route keeps the pre-pass's rows and later calls skip it, as a model's
+#   later layers do. No cell counts the kernels a timed call launched, so this is not measured
+#   here. It is why the planner counts only the reads of kept rows (the 1/16 share in the
 #   route cell above) and takes the route for eager calls at batch 1, while operator calls and
 #   compiled code, which write the rows every call, keep the finished kernel there. In this
 #   run the two are level at batch 1: the route loses nothing there, and gains nothing
@@ -1901,9 +1955,9 @@ assert [said(behind[c], 1) for c in like] == ["0.7", "-0.4", "0.4"]     # bshd: 
 # `benchmarks/flat_pass_probe.py` timed torch.compile with each table beside
 # `ropelib.apply_rope` with fp32 tables, and `benchmarks/flat_hints_probe.py` timed
 # `ropelib.apply_rope` with the bf16 tables beside torch.compile. That run with the
-# element-wise pass had `auto cos/sin` at 0.910 and the forced `two-pass cos/sin` at 0.932 at
-# 1 GiB, the same route two points apart: a gap of a percent or two in one run needs a second
-# run.
+# element-wise pass had `auto cos/sin` and the forced `two-pass cos/sin` at 1 GiB, the same
+# route, further apart than the gaps compared here (the cell asserts both values): a gap of a
+# percent or two in one run needs a second run.
 
 # %%
 fp, hints = measured.probe("flat_pass_probe"), measured.probe("flat_hints_probe")
@@ -2018,9 +2072,11 @@ one_gib = {c: said(pr["bf16 sbhd 1 GiB s16k b8"][c]["ratio_to_copy"]) for c in p
 assert [one_gib[c] for c in probe_cols[:5]] == ["0.994", "0.938", "0.948", "0.896", "0.993"]
 
 # %% [markdown]
-# Reading half the table made every case slower (0.896 of a copy at 1 GiB against 0.948): the
-# bytes were not what cost, the loads were, and a thread still issued six of them plus a
-# select. Holding both members in one thread reached 0.993 at 1 GiB with the same fp32 rows,
+# Reading half the table made every case slower (0.896 of a copy at 1 GiB against 0.948). Half
+# the bytes did not help; why it lost was not measured. Its machine code was not read: a
+# select in an address can hide contiguity and split a 16-byte load into scalar loads, as
+# Exercise 2's note shows, and that is one candidate. Holding both members in one thread reached
+# 0.993 at 1 GiB with the same fp32 rows,
 # level with torch.compile's 0.994 on its bf16 table, and at or within 0.002 of torch.compile in
 # the two 256 MiB cases. That is ropelib's flat pass for rotate-half pairs (`_rotate_pairs`
 # in `ropelib/kernels/flat.py`, on `tiles.TWO_PASS_PAIR_WARPS` = 2 warps): every table of this
@@ -2172,8 +2228,10 @@ if sched:
 # together. The listing shows the two causes above. With offsets the eight table loads read
 # from four base registers (the `Rn` of `[Rn.64+offset]`), with row pointers from two; and
 # each of the three late loads with offsets writes a register that an earlier load wrote, so
-# it waits until that load has landed and its value been used (with Triton 3.9; the cell
-# prints the registers of the Triton it runs). ropelib's own flat pass, compiled the same way,
+# it waits until that load has landed and its value been used. The page prints these for
+# Triton 3.6. The cell asserts the base registers and the late loads only with Triton 3.9;
+# with 3.6 it asserts the early counts and that row pointers put more loads out early. ropelib's
+# own flat pass, compiled the same way,
 # issues the same eight early. What the two forms are worth, timed on the H200 by
 # `benchmarks/one_gib_probe.py` (five alternating rounds in one process, medians; one run with
 # ropelib's pass written each way, each beside the same probe kernel):
@@ -2274,8 +2332,9 @@ fk.show_solution()
 
 # %% [markdown]
 # The solution loads the two members of a pair with stride-2 addresses, so no thread holds
-# contiguous features and the loads cannot be vectors. Compile it with
-# `ladder.compile_for_gpu`'s machinery in mind: how would you load a contiguous
+# contiguous features and the loads cannot be vectors. To see the widths, compile your kernel
+# with `load_schedule.schedule` (it takes a kernel object, as section 5 calls it) and look for
+# `LDG.E.128` among its loads. How would you load a contiguous
 # $[\ldots, 2 \cdot \text{BLOCK\_HALF}]$ row and split it (`tl.reshape`, `tl.split`, `tl.join`),
 # as `fused.py` does?
 #
