@@ -17,8 +17,9 @@
 # # 06 — The backward pass
 #
 # Training needs the gradient of RoPE: given $\partial L/\partial y$ for the rotated queries and
-# keys, produce $\partial L/\partial x$. This notebook derives it — it is the rotation by
-# $-\theta$ — wires a kernel into PyTorch's autograd, and checks the result the strict way.
+# keys, produce $\partial L/\partial x$. This notebook derives it — with TE's table, it is the
+# rotation by $-\theta$ — wires a kernel into PyTorch's autograd, and checks the result the
+# strict way.
 #
 # **After this notebook you will be able to**
 #
@@ -26,12 +27,13 @@
 # - write a `torch.autograd.Function` around a Triton kernel, and decide what to save in `ctx`;
 # - verify a backward with the autograd of a reference and with `torch.autograd.gradcheck` in
 #   float64;
-# - handle the "overlapping" gradients that `expand` and `sum` produce (stride-0 tensors);
+# - handle stride-0 ("overlapping") tensors: the $\partial L/\partial y$ that `y.sum()` hands the
+#   backward, and the input that `expand` hands the forward;
 # - serve both directions with one kernel and one compile-time flag — in a cell you can edit,
 #   launch and break — and write the backward kernel, its launcher and its `autograd.Function`
 #   yourself.
 #
-# **Time:** about 60 minutes. The cells also run on a CPU, through Triton's interpreter; the
+# **Time:** about 90–120 minutes. The cells also run on a CPU, through Triton's interpreter; the
 # time goes to reading, changing the kernel of section 2, the four exercises (the
 # backward kernel is the long one, ~20 minutes) and the discussion questions.
 
@@ -91,12 +93,18 @@ print(f"x: [S={S}, B={B}, H={H}, D={D}] on {device}")
 # = R(-\theta).
 # $$
 #
-# A head is a block-diagonal matrix of such rotations (rotate-half pairs feature $j$ with
-# $j + D/2$; permuting the features makes the blocks adjacent), and the transpose of a
-# block-diagonal matrix is the block-diagonal matrix of the transposed blocks. So **the
-# backward of RoPE is RoPE with the angles negated**: the same kernel, rotating
-# $\partial L/\partial y$ by $-\theta$. As a bonus $R^{\top}R = I$: rotations are orthogonal, the
-# backward undoes the forward, and gradient norms are preserved.
+# A head holds $D/2$ such pairs, each with its own angle $\theta_k$ (both features of a pair turn
+# by the same angle). Rotate-half pairs feature $j$ with $j + D/2$, so the Jacobian is not
+# block-diagonal as it stands. A permutation $P$ that puts each pair side by side makes it so:
+# $J = P^{\top} \operatorname{diag}(R_k)\, P$, with one $2 \times 2$ block
+# $R_k = R(\theta_k)$ per pair. Transposing reverses the product and transposes each block:
+#
+# $$ J^{\top} = P^{\top} \operatorname{diag}(R_k^{\top})\, P
+#    = P^{\top} \operatorname{diag}\big(R(-\theta_k)\big)\, P. $$
+#
+# So **the backward of RoPE is RoPE with the angles negated**: the same kernel, rotating
+# $\partial L/\partial y$ by $-\theta$. As a bonus $R^{\top}R = I$: rotations are orthogonal, so
+# the backward undoes the forward, and gradient norms are preserved.
 #
 # One detail. TE's table holds an angle per *feature*, so a rotate-half pair reads
 # $\theta_a$ (feature $j$) and $\theta_b$ (feature $j+D/2$), and the forward matrix is
@@ -104,6 +112,11 @@ print(f"x: [S={S}, B={B}, H={H}, D={D}] on {device}")
 # $\begin{pmatrix} c_a & s_b \\ -s_a & c_b \end{pmatrix}$ **swaps the two sines and negates
 # them**. With TE's `cat(f, f)` table $\theta_a = \theta_b$ and that is exactly $R(-\theta)$; the
 # kernels implement the swap, so they are the exact transpose for any table.
+#
+# The bonus needs $\theta_a = \theta_b$. When the halves differ, the forward block has the
+# determinant $c_a c_b + s_a s_b = \cos(\theta_a - \theta_b)$, which is not 1 in general. The
+# block is then not a rotation. Its transpose is still the backward, but it is not its inverse:
+# the backward does not undo the forward, and gradient norms can change.
 #
 # Check it numerically: the full $D \times D$ Jacobian of the reference at one position, from
 # autograd.
@@ -161,7 +174,8 @@ def draw_jacobians(path):
 draw_jacobians(FIGURES / "06-jacobian.png")
 
 # %% [markdown]
-# ![The Jacobian, its transpose, and the Jacobian at minus theta](../figures/06-jacobian.png)
+# The figure above: the Jacobian $J$ at $\theta$, its transpose, and $J$ at $-\theta$, drawn by
+# the cell from its angles (change `f_pair` and rerun the cell to see others).
 #
 # The diagonal holds the cosines; the pairs $(j, j+4)$ show up as two off-diagonals, $-\sin$
 # above (red) and $+\sin$ below (blue) in $J$, and the other way round in $J^{\top}$ — which is
@@ -177,8 +191,11 @@ draw_jacobians(FIGURES / "06-jacobian.png")
 # `gradcheck` in section 4 and the stride-0 gradients of section 5 all run *this* copy.
 #
 # Change it and rerun the cells below. Negate the sines without swapping them, or swap without
-# negating, or drop the `BACKWARD` branch: the check after the launcher stops at the first
-# identity that no longer holds.
+# negating, or make the backward use the forward's sines (delete the `if BACKWARD:` branch and
+# keep the two lines of its `else`): the check after the launcher stops at the first identity
+# that no longer holds. One line of that check, `torch.equal`, compares bits with ropelib's
+# unchanged kernel. A correct rewrite that orders the arithmetic differently can fail that line
+# alone; the `assert_close` lines are the ones that judge the math.
 
 # %%
 # ropelib-source: ropelib.course.kernels.batch_reuse._rope_batch_reuse_kernel
@@ -238,10 +255,19 @@ def _rope_batch_reuse_kernel(
 # specialised kernels from this one source, and the `if` is decided at compile time, not tested
 # while the kernel runs. The backward reads $\partial L/\partial y$, writes
 # $\partial L/\partial x$ and reads the angles: by construction the loads and stores of the
-# forward. No DRAM counter of the backward is committed; what is measured is time. The check
-# cell below ends by reading the committed H200 run of this kernel: for a 1 GiB bf16 tensor,
-# forward+backward takes 2.00x the forward, the time the equal byte count predicts. For a
-# 32 MiB tensor it takes 5.05x the forward; discussion question 1 asks why.
+# forward. No DRAM counter of the backward is committed; what is measured is time.
+#
+# The check cell below measures it two ways. On a GPU, it first times this kernel both ways on
+# the cell's tensor, and asserts that the backward takes the forward's time within 10 %. That is
+# the direct comparison, kernel against kernel. Then it reads the committed H200 run of the same
+# kernel, which times a whole step: `torch.autograd.grad` through an `autograd.Function` like the
+# one of section 3, which launches the forward kernel, records the graph and launches the
+# backward kernel. `do_bench` times that step in rounds, with the L2 cache flushed between
+# calls; it times the forward alone too. For a 1 GiB bf16 tensor the step takes 2.00x the
+# forward: the time the equal byte count predicts, with the rest of the step too small to show.
+# For a 32 MiB tensor it takes 5.05x. That is one median of a host-bound step: a cost that does
+# not grow with the bytes sets much of its time, so it says little about the kernel. Discussion
+# question 1 asks what that cost is.
 #
 # The launch is yours too: one program per (token, head), the grid $(S, H)$; the strides of
 # every tensor, so any view of $x$ (a stride-0 gradient included) is read as it is; the half
@@ -270,7 +296,7 @@ def rope_cell(x, freqs, *, backward=False):
 # The check: the backward of the cell's kernel against the autograd of the plain-PyTorch
 # reference (for TE's table and for a table whose two halves differ, where only the swap of the
 # sines gives the transpose), against ropelib's own backward bit for bit, and the two identities
-# of section 1.
+# of section 1 (for TE's table, where $\theta_a = \theta_b$).
 
 # %%
 torch.manual_seed(0)
@@ -334,11 +360,16 @@ assert f"{small['fwdbwd_ms'] / small['fwd_ms']:.2f}" == "5.05"
 # - **not `x`**: RoPE is linear in $x$, so the Jacobian does not depend on it. Saving `x` would
 #   keep a whole activation (a query or key tensor per layer) alive until the backward, for
 #   nothing;
-# - **not cos/sin**: the kernel recomputes them from the angles, which costs a few instructions
-#   instead of a table in memory;
+# - **not cos/sin**: the kernel recomputes them from the angles once per (position, head)
+#   program and reuses them over the whole batch (notebook 04), so there is no cos/sin table to
+#   save. Question 3 asks what saving one would cost;
 # - **`freqs`, with `ctx.save_for_backward`**: a reference to the (shared, small) angle table, not
-#   a copy. `save_for_backward` rather than `ctx.freqs = freqs` so that autograd can detect an
-#   in-place change of the table between forward and backward and avoid reference cycles.
+#   a copy. PyTorch's documentation gives three reasons to use `save_for_backward` rather than
+#   `ctx.freqs = freqs`. A saved tensor is checked when the backward reads it, so an in-place
+#   change of the table between forward and backward raises an error instead of giving a wrong
+#   gradient. Saving does not leak memory (an *output* stored on `ctx` would make a reference
+#   cycle). And saved-tensor hooks (`torch.autograd.graph.saved_tensors_hooks`, which offload or
+#   recompute saved tensors) apply to it.
 #
 # `backward` returns `None` for `freqs`: the angles are a fixed function of the positions, not
 # trained.
@@ -378,9 +409,12 @@ print("gradients match the reference's autograd in fp32, fp16 and bf16")
 # `torch.autograd.gradcheck` compares the backward with finite differences,
 # $\big(f(x + \varepsilon e_i) - f(x - \varepsilon e_i)\big) / 2\varepsilon$, for every input
 # element $i$ — one pair of forward calls per element, so keep the shapes tiny. With
-# $\varepsilon = 10^{-6}$ the difference of two outputs is ~$10^{-6}$ and must be exact to many
-# digits: in fp32 (7 digits) rounding alone swamps it. That is why gradcheck runs in float64
-# and why ropelib's kernels compute in fp64 when they are given fp64 (`COMPUTE_DTYPE`).
+# $\varepsilon = 10^{-6}$ (the cell's `eps`) two outputs differ by $2\varepsilon$ times an entry
+# of $J$: a change in the sixth decimal place of numbers near 1. fp32 keeps about 7 significant
+# digits. Rounding $x \pm \varepsilon$ and the two outputs to fp32 therefore moves each finite
+# difference by several percent, far more than gradcheck tolerates. That is why gradcheck runs
+# in float64 and why ropelib's kernels compute in fp64 when they are given fp64
+# (`COMPUTE_DTYPE`).
 
 # %%
 x_small = torch.randn(3, 2, 1, 8, device=device, dtype=torch.float64, requires_grad=True)
@@ -414,16 +448,18 @@ if hasattr(ropelib, "apply_rope"):                    # the finished kernel, thr
     print("gradcheck of ropelib.apply_rope (the finished kernel): passed")
 
 # %% [markdown]
-# ## 5. Overlapping gradients from `expand`
+# ## 5. Stride-0 tensors from `sum` and `expand`
 #
-# Autograd does not promise a contiguous $\partial L/\partial y$. Two everyday cases hand the
-# backward a tensor whose elements **overlap** in memory (stride 0):
+# Autograd does not promise a contiguous $\partial L/\partial y$, and a caller does not promise
+# a contiguous $x$. Two everyday cases hand a RoPE kernel a tensor whose elements **overlap** in
+# memory (stride 0):
 #
-# - `loss = y.sum()`: the gradient of a sum is a single 1 broadcast to `y`'s shape,
-#   `torch.ones(()).expand(y.shape)` — every stride is 0; TE's tests call this the
-#   "overlapping" loss;
-# - an input built with `expand` (the same query for every beam, say): the forward reads a
-#   stride-0 tensor, and autograd sums the $B$ gradients back into the un-expanded tensor.
+# - `loss = y.sum()` hands the **backward** a stride-0 $\partial L/\partial y$. The gradient of a
+#   sum is a single 1 broadcast to `y`'s shape, `torch.ones(()).expand(y.shape)`: every stride
+#   is 0. TE's tests call this the "overlapping" loss;
+# - `expand` hands the **forward** a stride-0 $x$ (the same query for every beam, say). The
+#   backward then receives an ordinary $\partial L/\partial y$, and autograd sums its $B$ slices
+#   back into the un-expanded tensor.
 #
 # A kernel that assumes contiguity (offsets computed as `row * D`) reads past the end of a
 # one-element buffer. The kernel of section 2 takes every stride, so it reads the stride-0
@@ -504,13 +540,16 @@ else:
 # %% [markdown]
 # ## 6. Summary, and the finished kernel
 #
-# - The backward of RoPE is the rotation by $-\theta$ — for per-feature tables, the transpose
-#   that swaps and negates the sines. It is linear, so it needs only the angles: save `freqs`,
-#   never `x`.
+# - The backward of RoPE is the transpose of its Jacobian: swap and negate the sines. When both
+#   halves of each pair share an angle (TE's `cat(f, f)` table) that is the rotation by
+#   $-\theta$, which undoes the forward. For tables whose two halves differ the block is not a
+#   rotation (its determinant is $\cos(\theta_a - \theta_b)$), and the transpose is not the
+#   inverse. The backward is linear, so it needs only the angles: save `freqs`, never `x`.
 # - One kernel serves both directions: a `tl.constexpr` flag flips the sines, everything else
 #   (and the bytes moved) is shared.
 # - Check a backward three ways: against the autograd of a plain PyTorch reference, with
-#   `gradcheck` in float64, and with stride-0 gradients from `sum` and `expand`.
+#   `gradcheck` in float64, and with stride-0 tensors: the gradient of `y.sum()` and an input
+#   built with `expand`.
 #
 # ropelib's finished kernel does the same. Its module header is long (it also documents the
 # grid, the layouts and the angle tables); the cell below prints only its paragraph on the two
@@ -608,8 +647,9 @@ solution(ex.solution_rope_backward)
 
 # %% [markdown]
 # **4. The autograd Function.** Write `MyRope` with `forward(ctx, x, freqs)`: the forward with
-# a ropelib teaching kernel (`rope_batch_reuse`, which this exercise hands you, or section 2's
-# `rope_cell`), the backward with your launcher from exercise 3. The check compares $y$ and
+# the ropelib teaching kernel that this exercise hands you, `rope_batch_reuse`, and the backward
+# with your launcher from exercise 3. Section 2's `rope_cell` will not do for the forward: its
+# kernel calls ropelib's `round_to`, which the check bars. The check compares $y$ and
 # $\partial L/\partial x$ with the reference (also for `y.sum()`), makes sure the forward
 # launches a kernel and the backward launches `my_backward_kernel` (ropelib's kernels and API
 # are barred there), and checks what your Function keeps: once `forward` has returned, nothing
@@ -636,10 +676,11 @@ solution(ex.SolutionRopeFunction)
 #
 # 1. The backward reads and writes exactly the bytes of the forward, and at 1 GiB a
 #    forward+backward step takes 2.00x the forward. Why does the same committed run show 5.05x
-#    for a 32 MiB tensor (section 2's check cell prints both)? What else runs in a
-#    forward+backward step besides the two kernels?
+#    for a 32 MiB tensor (section 2's check cell prints both)? The step is `torch.autograd.grad`
+#    through an `autograd.Function` (section 2 describes it). What runs in it besides the two
+#    kernels, and which of that grows with the tensor?
 # 2. With TE's `cat(f, f)` table, "negate the sines" and "swap and negate the sines" give the
-#    same kernel. Why did ropelib keep the swap? What would break, and where would you notice?
+#    same results. Why did ropelib keep the swap? What would break, and where would you notice?
 # 3. `ctx.save_for_backward(freqs)` keeps a reference to a table shared by every layer. What
 #    would `ctx.save_for_backward(cos, sin)` cost instead, in memory and in bytes moved by the
 #    backward?
