@@ -24,15 +24,16 @@
 # ```
 #
 # The assert failed — although the first ten printed values of both tensors were identical
-# (0.6490, 2.5151, 0.0706, …). That project never found the cause, and its code and data are
-# not here: what this notebook shows is which causes produce exactly that symptom, not which one
-# struck there. We reproduce the failure and then find, one by one, everything that can make
-# such a check fail, with the tools that find it: an error map over position × feature, the
-# location of the largest difference, errors in ulps, a norm-wise error, and tolerances that fit
-# the dtype.
+# (0.6490, 2.5151, 0.0706, …). Our inputs are not that project's, so the values printed below
+# are different; the symptom is the same. That project never found the cause, and its code and
+# data are not here: what this notebook shows is which causes produce exactly that symptom, not
+# which one struck there. We reproduce the failure and then find, one by one, everything that
+# can make such a check fail, with the tools that find it: an error map over position ×
+# feature, the location of the largest difference, errors in ulps, a norm-wise error, and
+# tolerances that fit the dtype.
 #
-# **Time:** about 30 minutes of reading on a CPU, plus the exercise of section 4b; the cells
-# run in well under a minute in the Triton interpreter.
+# **Time:** about two hours of reading, with the exercise of section 4b; section 4b alone is
+# close to half of it. The cells run in well under a minute in the Triton interpreter.
 #
 # **After this notebook you will be able to**
 #
@@ -44,7 +45,7 @@
 # - tell which precision choices cost accuracy: where sin/cos come from (a table in the input
 #   dtype, an fp32 table, or computed in the kernel), the dtype of the math, fused multiply-add;
 # - make a Triton kernel equal Transformer Engine's output **bit for bit**, and prove which
-#   change did it: the order of the fused multiply-add, not the source of sin/cos;
+#   change did it;
 # - recognise six layout traps: sbhd vs bshd position indexing, TE's duplicated `[s,1,1,d]`
 #   angles vs an `[s, d/2]` table, interleaved vs rotate-half pairs, partial rotary, table
 #   margins and an in-place kernel that rotates a tensor twice — and tell them apart by the
@@ -222,13 +223,15 @@ assert d["first_ten_equal"] and not d["allclose"]   # the reported failure, repr
 # %% [markdown]
 # ## 2. Position 0 proves nothing — look where the differences are
 #
-# `tokens.flatten()[:10]` are the first features of token 0 (sbhd: position 0, batch 0,
-# head 0). At position $s = 0$ every angle is $\theta = s\,\omega_j = 0$, so
+# `tokens.flatten()[:10]` are the first features of flattened row 0 (sbhd: position 0,
+# batch 0, head 0). At position $s = 0$ every angle is $\theta = s\,\omega_j = 0$, so
 # $\cos\theta = 1$, $\sin\theta = 0$ and
 #
 # $$ y_j = x_j \cdot 1 - x_{j+D/2} \cdot 0 = x_j \quad\text{exactly, in any precision.} $$
 #
-# Any RoPE — right, wrong, bf16 or fp64 — returns its input at position 0. The values to print
+# Every RoPE in this notebook, right or wrong, gives flattened row 0 the angle 0. So
+# `flatten()[:10]` is its input, in bf16 or fp64. A wrong indexing can still rotate the
+# position-0 tokens of other batches: section 5 shows two traps that do. The values to print
 # are the ones where the two tensors differ most: an **error map** (max over batch and heads of
 # $|a - b|$, per position and feature) and its **argmax**.
 
@@ -251,10 +254,11 @@ plt.show()
 assert loc["position"] > 0 and emap[0].max() == 0
 
 # %% [markdown]
-# ![Error map of the reported failure: zero at position 0, differences everywhere else](../figures/08-heatmap-repro.png)
+# ![Error map of the reported failure: zero at position 0, differences elsewhere](../figures/08-heatmap-repro.png)
 #
-# Row 0 is black (no difference); every other position differs somewhere, by up to a few bf16
-# steps. The differences are small — but how small is small?
+# Row 0 is black: no difference at position 0 (the cell asserts it). The largest difference
+# lies elsewhere; the cell prints where, and the two values there. It is small — but how small
+# is small?
 
 # %% [markdown]
 # ## 3. Tolerances that fit the dtype, and errors in ulps
@@ -269,7 +273,8 @@ assert loc["position"] > 0 and emap[0].max() == 0
 # error at most the **unit roundoff** $u = 2^{-8}$ (fp16: 11 bits, $u = 2^{-11}$; fp32: 24 bits,
 # $u = 2^{-24}$; `torch.finfo(dtype).eps` is $2u$). The default `rtol` asks bf16 for about 17
 # bits — a difference of *one* rounding step fails it. Tolerances must come from the dtype
-# (`ropelib.course.debug.tolerances`, the same values as `torch.testing.assert_close`):
+# (`ropelib.course.debug.tolerances`; compare the printed values with the defaults that
+# `torch.testing.assert_close` documents for each dtype):
 
 # %%
 for name in ("bf16", "fp16", "fp32"):
@@ -317,9 +322,15 @@ if not GPU:
 # Agreement at one size proves little. Two suspects for such last-bit differences: where
 # sin/cos come from, and the order of the multiply-add. Section 3b shows that the first
 # *can* produce the reported symptom; section 4b finds which of the two separates this kernel
-# from the real TE. First the sin/cos: the fixed kernel takes them from `tl.cos`/`tl.sin`
-# (NumPy's fp32 functions in the interpreter), the TE emulation from `torch.cos`/`torch.sin`,
-# two correct fp32 implementations that differ in the last bit for some table entries:
+# from the real TE.
+#
+# The cause differs by machine. On a GPU with TE, the kernel's `tl.cos`/`tl.sin` are TE's
+# `sincosf` bit for bit (section 4b checks every entry). The elements that differ there come
+# from the multiply-add. On the CPU, the fixed kernel takes sin/cos from `tl.cos`/`tl.sin`,
+# which are NumPy's fp32 functions in the interpreter. The TE emulation takes them from
+# `torch.cos`/`torch.sin`. These are two correct fp32 implementations, and they differ in the
+# last bit for some table entries. This cell counts them (it is the CPU's story, whatever
+# machine runs it):
 
 # %%
 f_half = compare.angles(SC.seq_len, SC.head_dim)[:, 0, 0, :SC.head_dim // 2].cpu()
@@ -369,14 +380,20 @@ far_u = mism & (debug.steps_apart(one_ulp.tokens_te, one_ulp.tokens_triton) > 1)
 assert bool((one_ulp.tokens_te[far_u].float().abs() < 2 ** -6).all())  # the rest: near zero
 
 # %% [markdown]
-# That is the reported failure, exactly, from two correct kernels: the first ten values equal,
-# `torch.allclose` false for a handful of elements (the count is printed above), and true with
-# bf16 tolerances. Most of them are one bf16 step apart. One that is several steps apart is an
-# output near zero, where $x_1 c$ and $x_2 s$ nearly cancel: bf16's steps are tiny there, and
-# `steps_apart` counts every representable value in between. (On a GPU with the real TE the
-# kernel's contraction order adds differences of its own; section 4b separates the two.) The
-# same experiment at the GPU size ($S = 512$, $B = 2$, $H = 8$, $D = 128$: 1 048 576 elements) runs quickly in plain
-# PyTorch, the TE emulation against itself with the moved table:
+# That is the reported failure, from two correct kernels: the first ten values equal,
+# `torch.allclose` false for a few elements (the count is printed above), and true with bf16
+# tolerances. Most of them are one bf16 step apart. The rest, more than one step apart (the
+# histogram), are outputs near zero (the cell asserts below $2^{-6}$), where $x_1 c$ and
+# $x_2 s$ nearly cancel: bf16's steps are tiny there, and `steps_apart` counts every
+# representable value in between.
+#
+# Read the count with its machine. On the CPU the TE side is the emulation, and the unmoved
+# table gives no difference at all (the cell asserts it): the nudge is the only cause. On a
+# GPU the TE side is the real TE, and the unmoved table already differs from it (the second
+# line prints how many): that is the kernel's multiply-add order, section 4b. So on the GPU
+# page the first count mixes two causes. The same experiment at the GPU size ($S = 512$,
+# $B = 2$, $H = 8$, $D = 128$: 1 048 576 elements), in plain PyTorch, has the nudge alone:
+# the TE emulation against itself with the moved table.
 
 # %%
 big = debug.Scenario(seq_len=512, batch=2, heads=8, head_dim=128)
@@ -415,8 +432,9 @@ assert 10 <= n_big <= 1e-4 * yb.numel() and torch.allclose(yb, yb_moved, **debug
 #   differ from CUDA's `sincosf` in the last fp32 bit (section 4b counts where);
 # - **fused multiply-add**: one product and the sum rounded once instead of twice. A GPU
 #   compiler contracts `a*b + c` into an FMA on its own; the interpreter (NumPy) does not. The
-#   order changes the last fp32 bit of many outputs, and after rounding to bf16 one or two
-#   elements per hundred thousand still differ — section 4b counts them against the real TE.
+#   order changes the last fp32 bit of many outputs, and after rounding to bf16 a few elements
+#   per hundred thousand still differ — section 4b counts them against the real TE (and
+#   asserts at most five per hundred thousand).
 #
 # The error in ulps of the exact output is harsh where that output is near zero: a bf16 table
 # is then "many ulps" off although every value in it is as good as bf16 allows. A fairer
@@ -465,14 +483,14 @@ assert prec["sin/cos in kernel, fp32 (fixed)"]["triton_max_normwise_u"] <= 1.0
 # ![Max error vs fp64 per precision variant](../figures/08-precision.png)
 #
 # The ulps and the norm-wise error tell one story from two sides. Norm-wise, a bf16 table
-# and bf16 products cost a few $u$ at most (the cell asserts under 3) — the standard
+# and bf16 products cost a few $u$ at most (the cell asserts at most 3) — the standard
 # HF/Unsloth cache is not *wrong*, it is bf16-accurate. In ulps of outputs near zero it is
-# hundreds of ulps off on the GPU's page (the printed max ulp), because it rounds before
-# the cancellation $x_1 c - x_2 s$ that the fp32 path does exactly. Which to report depends on
-# the question: "is this formula right?" — norm-wise; "is it as accurate as bf16 can be?" —
-# ulps. The rule for precision: keep the table in fp32 (or compute sin/cos from fp32 angles),
-# do the math in fp32, round once on the store — what TE's fused kernel and ropelib's kernel
-# do.
+# many ulps off (the cell asserts more than 4; the printed max ulp is far larger on the GPU's
+# page), because it rounds before the cancellation $x_1 c - x_2 s$ that the fp32 path does
+# exactly. Which to report depends on the question: "is this formula right?" — norm-wise; "is
+# it as accurate as bf16 can be?" — ulps. The rule for precision: keep the table in fp32 (or
+# compute sin/cos from fp32 angles), do the math in fp32, round once on the store — what TE's
+# fused kernel and ropelib's kernel do.
 
 # %% [markdown]
 # ## 4b. Bit for bit: which change makes the kernel equal TE?
@@ -647,9 +665,13 @@ def check_bits(case, combine_fn, sincos=SINCOS, table=None, quiet=False):
 # element differs from TE's stored output in either. It takes the line as written: in the
 # interpreter each product is rounded unless your line fuses it, and on a GPU it compiles the
 # kernel with contraction switched off (`enable_fp_fusion=False`). So a line that matches TE only
-# when a compiler happens to contract it the right way does not pass — on a GPU
-# `check_bits(BIG, my_combine)` may print 0 for the line as written, and the check still fails
-# it. It refuses ropelib's own `@triton.jit` helpers and the worked solution.
+# when a compiler happens to contract it the right way does not pass. It refuses ropelib's own
+# `@triton.jit` helpers and the worked solution.
+#
+# On a GPU the two can disagree, and on the executed H200 page they do. `check_bits` compiles
+# with contraction on, and there it printed "bit for bit" for the unedited starter line: the
+# compiler fused both lines TE's way. The grader, with contraction off, failed the same line
+# in both cases. Trust the grader: it checks what your line says, not what one compile did.
 
 # %%
 @triton.jit
@@ -672,13 +694,15 @@ te_combine = my_combine if combined_by_learner else ex.solution_te_combine
 # The steps below walk the way to that line, one change at a time, and keep a table of what each
 # change did.
 #
-# **Step a — the kernel as written.** On the CPU the interpreter evaluates `x1 * c - x2 * s` with
-# NumPy, rounding each product and the sum: $y_{\text{none}}$. On a GPU the same line is
-# compiled and the compiler contracts as it likes, so "as written" is a different computation
-# there; the file holds the GPU's count for the same line compiled in the file's own kernel
-# (`free_sub`) and for the line with contraction switched off (`none_rn`: every product
-# rounded, as in the interpreter). On a GPU the cell also prints this kernel's count, which
-# need not be the file's kernel's: the compiler chooses per kernel (step b comes back to it).
+# **Step a — the kernel as written.** On the CPU the interpreter evaluates `x1 * c - x2 * s`
+# with NumPy, rounding each product and the sum: $y_{\text{none}}$. On a GPU the same line is
+# compiled, and the compiler contracts as it likes. So "as written" is a different computation
+# there. The file holds two GPU counts for this line: compiled in the file's own kernel
+# (`free_sub`), and with contraction switched off (`none_rn`: every product rounded, as in the
+# interpreter). On a GPU the cell's first line is this notebook's kernel, compiled here. It
+# need not match the file's kernel, because the compiler chooses per kernel. On the executed
+# H200 page it printed "bit for bit", while the file's kernel, with the same source line, did
+# not: step e and the cell after the steps table show why.
 
 # %%
 @triton.jit
@@ -793,19 +817,22 @@ else:
 
 # %% [markdown]
 # On the GPU, `tl.cos`/`tl.sin`, libdevice's `cos`/`sin` and a torch table computed on the GPU
-# are TE's `sincosf` bit for bit, in every entry of the table above — so swapping among them
-# cannot move the count, and it does not. (On a GPU the "as written" column is this kernel's
-# compiled line, which need not be what the file's kernel compiled: which product the compiler
-# fuses depends on the code around the line. Step a prints both counts.) Sources that *are* different move it: the fast
+# are TE's `sincosf` bit for bit, in every entry of the table above. So swapping among them
+# cannot move the count, and it does not. Sources that *are* different move it: the fast
 # hardware approximations (`cos.approx`), or a torch table computed on the CPU, whose entries
-# differ from CUDA's by one fp32 ulp in the places counted above. Here on the CPU the
-# interpreter's `tl.cos` is such a different source, which is why the kernel reads TE's own
-# table on the CPU. Sin/cos are not what separates the kernel from TE. The combine line is.
+# differ from CUDA's by one fp32 ulp in the places counted above. On the CPU the interpreter's
+# `tl.cos` is such a different source; that is why the kernel reads TE's own table there.
+#
+# On a GPU the table's "as written" column is this notebook's kernel, compiled here. The line
+# under the table gives the file's kernel's counts for the same line. On the executed H200
+# page the two disagree: the column reads 0 for the three sources equal to TE's, and the
+# file's kernel's counts are not 0. Same source line, same GPU, same Triton; the compiler fused
+# it differently in the two kernels. Sin/cos are not what separates the kernel from TE. The
+# combine line is.
 #
 # **Step c — fuse TE's product: $\mathrm{fma}(x, c, r s)$**, the contraction nvcc applies to
-# TE's line. This is the exercise's line: `te_combine` is your `my_combine` if it passed the
-# check, else the worked solution, `y1 = tl.fma(x1, c, -(x2 * s))` and
-# `y2 = tl.fma(x2, c, x1 * s)` — $x c$ enters the sum exact, $r s$ is rounded once.
+# TE's line. This is the exercise's line: `te_combine` is your combine if it passed the check,
+# else the worked solution. $x c$ enters the sum exact; $r s$ is rounded once.
 
 # %%
 print("step c runs", "your my_combine" if combined_by_learner else "the worked solution")
@@ -866,13 +893,14 @@ assert bool((where_d >= half).all())                           # all in the seco
 print(f"all {step_e['n']} differing elements lie in the second half (d >= {half})")
 
 # %% [markdown]
-# PTX registers carry no names, but the pattern is readable: each line rounds one product
-# (`mul.f32`, negated for $y_1$) and fuses the other. For $y_1$ the fused product is
-# $x_1 c$ — $\mathrm{fma}(x, c, rs)$, TE's order; for $y_2 = x_2 c + x_1 s$ it is $x_1 s$ —
-# $\mathrm{fma}(r, s, xc)$, the other order. Nothing in the source asks for either. `gpu_choice`
-# writes that reading down, and the check confirms it: on the CPU it reproduces the GPU's output
-# bit for bit, and every element it gets wrong sits in the second half, $y_2$. The steps, in one
-# table:
+# The PTX shows that each line is one fma of an exact product and a rounded one: `mul.f32`
+# rounds a product (negated for $y_1$), and `fma.rn.f32` adds it to the other product,
+# unrounded. The PTX cannot show *which* product is fused. Its registers carry no names, and
+# the five lines fit both orders in each line. The bits decide. `gpu_choice` writes down one
+# reading: $y_1$ fuses $x_1 c$, TE's order; $y_2 = x_2 c + x_1 s$ fuses $x_1 s$, the other
+# order. The cell checks it. On the CPU, and on a GPU like the file's, it gives the file's
+# kernel's output bit for bit. And every element it gets wrong sits in the second half, $y_2$.
+# Nothing in the source asks for either order. The steps, in one table:
 
 # %%
 steps_tbl = [
@@ -915,22 +943,33 @@ fig.savefig(FIGURES / "08-bits-steps.png", dpi=110)
 plt.show()
 
 # %% [markdown]
-# Step c did it: the only change that brings the count to zero is fusing $x c$ — TE's
-# contraction — and step d proves the order itself matters, since fusing the other product,
-# with everything else equal, is not zero. Row a is the row where machines can differ, because
-# there the compiler decides: the interpreter rounds every product (the last row, on the GPU);
-# the committed GPU run's compiler fused as in row e, and a live run on a GPU prints what its
-# own compile chose, which need not be either. Only the written-out contraction of step c gives
-# TE's bits whatever the compiler does.
+# **Reading the table.** The two count columns are two kernels. The right column is the file:
+# the kernel in `benchmarks/te_bits.py`, compiled on the GPU named in its header, against TE.
+# There only row c is 0 (the cell asserts it). The left column is this machine. On the CPU it
+# is the interpreter, which rounds every product, and again only row c is 0 (asserted; row a
+# then equals the file's last row). On a GPU it is this notebook's kernel, compiled here,
+# against live TE. There row a can be 0 too, and on the executed H200 page it is: the compiler
+# fused both lines of `as_written` TE's way. So on that page the edit of step c takes the live
+# count from 0 to 0. The file's column is the one that shows the change.
 #
-# That last sentence is stronger than "machines differ". The choice is made per kernel, and
-# even per line: the cell below reads, from the outputs alone, which product each line's fma
-# fused. In the file's kernel (`benchmarks/te_bits.py`, the same two source lines) the
-# compiler fused $y_1$ TE's way and $y_2$ the other way; on a GPU the cell also reads this
-# notebook's kernel, compiled here with the same GPU and Triton, and prints its two choices. A
-# line's rounding is not a property of the line.
-# (A dash: the step does not run here — the interpreter has no libdevice, and on a GPU the
-# plain line is contracted.)
+# A dash marks a step the cell does not run on this machine. Row b needs libdevice, which the
+# interpreter lacks; on a GPU, step b's table already holds those counts, in its "as written"
+# column. The last row needs contraction switched off, and this notebook's kernel is compiled
+# with it on; on the CPU that row is row a itself. In the figure a dash is drawn as an empty
+# purple bar: not run, not zero. The label "0: bit for bit" marks row c only.
+#
+# What step c proves is this: it is the one line that gives TE's bits in both columns, on
+# every machine, because `tl.fma` fixes the order in the source and leaves the compiler no
+# choice. Step d proves that the order is what matters: fusing the other product, with
+# everything else equal, is not 0. The line as written matches TE only when the compiler
+# happens to fuse TE's way.
+#
+# The compiler's choice is made per kernel, and even per line. The cell below reads, from the
+# outputs alone, which product each line's fma fused. In the file's kernel (the same two
+# source lines) the compiler fused $y_1$ TE's way and $y_2$ the other way. On a GPU the cell
+# also reads this notebook's kernel, compiled here. On the executed H200 page, with the file's
+# GPU and Triton version, it fused both lines TE's way. A line's rounding is not a property of
+# the line.
 
 # %%
 def fused_product(y, te_order, other_order):
@@ -958,10 +997,11 @@ else:
     print("(this notebook's kernel, compiled: on a GPU; the interpreter rounds every product)")
 
 # %% [markdown]
-# **How far apart are the elements that differ?** Most are one bf16 step; the counts per number
-# of steps are printed in step a. An element several steps apart is an output near zero, where
-# $x c$ and $r s$ nearly cancel: the fp32 rounding that the fma skips is then large *relative to
-# the output*, and bf16 has many small steps near zero. The largest one of step e:
+# **How far apart are the elements that differ?** Most are one bf16 step: each check prints
+# its counts per number of steps (steps d and e above). An element several steps apart is an
+# output near zero, where $x c$ and $r s$ nearly cancel: the fp32 rounding that the fma skips
+# is then large *relative to the output*, and bf16 has many small steps near zero. The largest
+# one of step e:
 
 # %%
 st = debug.steps_apart(step_e["y"], SIDE["nb_gpu"]["te"])
@@ -1016,9 +1056,10 @@ assert all(small_bf16[f"{c}/{s_}"] == 0 for c in ("free_sub", "fma_xc", "fma_rs"
 # In fp32, only $\mathrm{fma}(x, c, r s)$ matches TE, at both sizes; every other evaluation of
 # the same formula differs in hundreds of thousands of elements at the large size. That
 # identifies TE's computation: nvcc contracted `v_src * v_cos + v_src_rotate * v_sin` into
-# `fma(v_src, v_cos, v_src_rotate * v_sin)`. In bf16 the same fact shows as one or two elements
-# in a hundred thousand — too few to see at the small size, where every variant of this section agrees with
-# TE in bf16 (the file's `nb_cpu` rows) — and enough to fail a bit-for-bit test at the large one.
+# `fma(v_src, v_cos, v_src_rotate * v_sin)`. In bf16 the same fact shows as a few elements in
+# a hundred thousand (the cell asserts at most five). That is too few to see at the small size,
+# where every variant of this section agrees with TE in bf16 (the file's `nb_cpu` rows), and
+# enough to fail a bit-for-bit test at the large one.
 #
 # To make a Triton kernel equal TE bit for bit: compute cos/sin in fp32 from the fp32 angles
 # (`tl.cos`/`tl.sin`, or libdevice's precise ones — not the fast approximations), do the math in
@@ -1026,16 +1067,17 @@ assert all(small_bf16[f"{c}/{s_}"] == 0 for c in ("free_sub", "fma_xc", "fma_rs"
 # compiler. `debug.Causes(fma=True)` is exactly that line in the reproduction kernel.
 #
 # **The same two changes in your copy of section 1.** `_rope_repro_kernel` calls that line,
-# `te_combine`, under `if USE_FMA:`, and has its sin/cos source under `if FROM_ANGLES:`. The cell below runs your copy
-# on the fp32 case with fp32 math, three ways — the plain line with TE's own cos/sin table, the
-# `USE_FMA` line with that table, the `USE_FMA` line with `tl.cos`/`tl.sin` from the angles — and
-# counts the elements whose bits differ from TE's fp32 output. To try another contraction,
-# edit the `USE_FMA` branch in section 1 (for instance to the other order,
-# `y1 = tl.fma(-x2, s, x1 * c)` and `y2 = tl.fma(x1, s, x2 * c)`), rerun that cell and this
-# one, and read the counts (rerun section 1's cell too after changing `my_combine`: a compiled
-# kernel keeps the combine it was compiled with). The cell runs
-# the course's kernel beside yours and prints whether your edit changed a count; its asserts
-# check the course's kernel.
+# `te_combine`, under `if USE_FMA:`, and has its sin/cos source under `if FROM_ANGLES:`. The
+# cell below runs your copy on the fp32 case with fp32 math, three ways: the plain line with
+# TE's own cos/sin table, the `USE_FMA` line with that table, and the `USE_FMA` line with
+# `tl.cos`/`tl.sin` from the angles. It counts the elements whose bits differ from TE's fp32
+# output. On a GPU the plain line is compiled with contraction on, so its count is whatever
+# this compile chose. To try another contraction, edit the `USE_FMA` branch in section 1 (for
+# instance to the other order, `y1 = tl.fma(-x2, s, x1 * c)` and `y2 = tl.fma(x1, s, x2 * c)`),
+# rerun that cell and this one, and read the counts. Rerun section 1's cell too after changing
+# `my_combine`: a compiled kernel keeps the combine it was compiled with. The cell runs the
+# course's kernel beside yours and prints whether your edit changed a count; its asserts check
+# the course's kernel.
 
 # %%
 def repro_bits(case, use_fma, from_angles=False, kernel=_rope_repro_kernel):
@@ -1078,10 +1120,10 @@ elif SAME_GPU:  # tl.cos is CUDA's sincosf, TE's own
     assert course_bits["USE_FMA, tl.cos/tl.sin"] == 0
 
 # %% [markdown]
-# ## 5. Six layout traps — all invisible at position 0
+# ## 5. Six layout traps — all invisible in the first ten values
 #
 # Each trap below is switched on, alone, on top of the fixed kernel. None of them changes the
-# first ten printed values; each shows up at once in the error map.
+# first ten printed values (the cell asserts it); each fails the dtype-aware `allclose` at once.
 #
 # - **sbhd vs bshd indexing.** Unsloth's kernel flattens a *bshd* tensor into rows
 #   $r = bS + s$ and takes the position as $r \bmod S = s$. Fed an sbhd tensor, rows are
@@ -1124,8 +1166,9 @@ assert all(row[6:8] == (True, False) for t, row in by_trap.items()
            if t != "inplace_double_rotation")
 
 # %% [markdown]
-# The error maps of the six traps look alike — bright almost everywhere but row 0 — so the
-# map says *that* the layout is wrong, not *how*. A sharper question: **which position does
+# The table says *that* the layout is wrong: every trap gets the verdict `layout`. It does not
+# say *how*: a large difference at some position far from 0 fits every trap. A sharper
+# question: **which position does
 # each output encode?** A right RoPE turns the pair of lowest frequency
 # $\omega_{\min} = 10000^{-(R-2)/R}$ by $s\,\omega_{\min}$; the angle from input pair to output
 # pair, $\operatorname{atan2}(x_a y_b - x_b y_a,\ x_a y_a + x_b y_b)$, divided by
@@ -1233,9 +1276,9 @@ display(HTML("<table><tr><th>verdict</th><th>shape of the difference</th><th>cau
                      for k, v in debug.DECISIONS.items()) + "</table>"))
 
 # %% [markdown]
-# The thresholds: rounding causes stay within a few $u$ norm-wise (section 4 measured at most
-# about 2), a layout trap moves outputs by a sizeable fraction of the pair (hundreds of $u$ in
-# bf16), so anything beyond $8u$ is a layout trap; below that, two sides each within one ulp of
+# The thresholds: rounding causes stay within a few $u$ norm-wise (section 4 asserts at most
+# 3), while a layout trap moves outputs by a sizeable fraction of the pair, far beyond that. So
+# anything beyond $8u$ is a layout trap; below that, two sides each within one ulp of
 # fp64 are both right (a tolerance question), and a side many ulps off is a precision cause.
 # The rules are meant for bf16/fp16 outputs of fp32 math; in fp32 outputs fp32's own rounding
 # is no longer hidden.
@@ -1245,11 +1288,12 @@ display(HTML("<table><tr><th>verdict</th><th>shape of the difference</th><th>cau
 # Each checkbox switches one cause on. Watch `allclose`, the largest difference and where it is,
 # the error map, and the verdict under the panel. "the reported failure" and "all causes fixed"
 # reset the boxes; the tolerance buttons switch between `allclose`'s defaults and dtype-aware
-# tolerances. (The one-ulp cause flips a rounding in one or two elements per hundred thousand:
-# at the CPU's small panel usually none, on a GPU's million-element panel a handful — section
-# 3b counts them.) Widgets live in the running kernel: a
-# notebook reopened from disk shows them again after its cells run (Run → Run All Cells); until
-# then a widget saved with its output says "Error displaying widget: model not found".
+# tolerances. The one-ulp cause flips a rounding in tens of elements per million: section 3b's
+# PyTorch cell asserts at least 10 and at most one in $10^4$. So the CPU's panel of 4,096
+# elements usually shows none, and a GPU's million-element panel shows tens. Widgets live in
+# the running kernel: a notebook reopened from disk shows them again after its cells run
+# (Run → Run All Cells). Until then a widget saved with its output says "Error displaying
+# widget: model not found"; a static page shows nothing under the cell.
 
 # %%
 import ipywidgets as W
@@ -1324,27 +1368,29 @@ print(f"fixed: allclose with {tol} passes; max error {float(ulps.max()):.3g} ulp
 # ## What we found
 #
 # The reported check compared a bf16 kernel with a bf16 kernel at `allclose`'s fp32-sized
-# default tolerances and printed the one place where every RoPE agrees. We cannot know which
-# cause struck the original project — its code, inputs and sizes are not here — so what
-# follows is an inference. Every cause in this notebook reproduces the symptom (first ten
+# default tolerances and printed the first ten values, where every RoPE here agrees. We cannot
+# know which cause struck the original project — its code, inputs and sizes are not here — so
+# what follows is an inference. Every cause in this notebook reproduces the symptom (first ten
 # values equal, `allclose` false); the layout traps make large differences that a look at the
 # argmax would have shown at once, so a report of "small" differences points to the first two
 # families. A kernel written after Unsloth's carries a bf16 cos/sin table and bf16 products
 # (many ulps near zero, yet only a few $u$ norm-wise), and even a correct kernel fails those
 # tolerances by a rounding step when its sin/cos differ from TE's in the last fp32 bit —
-# section 3b reproduced the report exactly that way. Against the real TE on a GPU, though, the
-# fixed kernel's sin/cos equal TE's in every entry, and what separated it from TE was the order
-# of the fused multiply-add: with `tl.fma(x, c, rot * s)`, TE's contraction, it matched TE bit
-# for bit (section 4b). The fix is the comparison itself: fp64 reference, dtype-aware
+# section 3b reproduced the report that way. Against the real TE on a GPU, though, the fixed
+# kernel's sin/cos equal TE's in every entry, and what separated it from TE was the order of
+# the fused multiply-add. With `tl.fma(x, c, rot * s)`, TE's contraction, it matched TE bit for
+# bit on every machine (section 4b). The line as written matched only where the compiler
+# happened to fuse TE's way: in this notebook's kernel on the executed H200 page, not in the
+# file's kernel. The fix is the comparison itself: fp64 reference, dtype-aware
 # tolerances, errors in ulps *and* norm-wise, and a look at the argmax and at the positions the
 # output encodes instead of the first ten values — and, where bit-for-bit equality is the goal,
 # the same contraction as the other side.
 #
 # ## Questions for a study group
 #
-# 1. Section 3b needed about $10^5$ elements to show a single one-ulp flip, and a million to
-#    show dozens. What does that say about unit tests of bf16 kernels that use tiny tensors,
-#    and about a test that *passes* with the default `allclose`?
+# 1. At a few thousand elements the one-ulp flip of section 3b rarely shows; at a million,
+#    tens of elements differ. What does that say about unit tests of bf16 kernels that use tiny
+#    tensors, and about a test that *passes* with the default `allclose`?
 # 2. A bf16 cos/sin table is many ulps off near zero outputs, but within a few $u$ norm-wise.
 #    Does that error matter for attention scores $q^\top k$? Which metric would you put in a
 #    CI gate, and which in a paper?
@@ -1353,7 +1399,8 @@ print(f"fixed: allclose with {tol} passes; max error {float(ulps.max()):.3g} ulp
 # 4. The recovered-position plot needs fp32 outputs. How would you find a layout trap in a
 #    bf16-only pipeline — which pair, which frequency, which statistic over heads?
 # 5. Section 4b found `tl.cos` equal to TE's `sincosf` in every entry, yet the line as written
-#    differed from TE. In the next comparison that fails by one rounding step, what would you
+#    differed from TE in the file's kernel, and not in this notebook's kernel on the same GPU.
+#    In the next comparison that fails by one rounding step, what would you
 #    look at first — the sin/cos tables, the PTX's `fma` lines, or an fp32 run of both sides —
 #    and why is an fp32 output the sharper witness?
 # 6. `tl.fma` pins the order in Triton. What would pin it in a CUDA kernel, in a PyTorch
