@@ -35,13 +35,15 @@
 #   `ropelib.rope_kv_cache` slot by slot, and check it against RoPE-then-write bit for bit;
 # - write the fused RoPE + KV-cache write kernel yourself, for a contiguous cache and then for
 #   a paged one (block table → physical block);
-# - choose the scale of an fp8 cache, and say what error it costs;
+# - choose the scale of an fp8 cache, say what error it costs, and why a decoder must fix
+#   the scale before the keys it will store arrive;
 # - count the kernels one decoding step launches, fused and unfused, with `torch.profiler`,
 #   and read the counts beside the step's measured time, eager and in a CUDA graph.
 #
-# **Time:** about 40 minutes to read and 50 for the four exercises (the two kernels take
-# most); the cells run in about a minute on a CPU (Triton's interpreter), the two-process run
-# taking the largest share.
+# **Time:** about 90 minutes to read and 50 for the four exercises (the two kernels take
+# most). Section 3 and the decode timings of section 4 are dense with measured numbers: on a
+# first pass, read their findings and come back for the numbers. The cells run in about a
+# minute on a CPU (Triton's interpreter), the two-process run taking the largest share.
 
 # %%
 import os, torch
@@ -105,6 +107,11 @@ print(ropelib.runtime.mode(), "| device:", device, "| figures go to", FIGURES)
 #
 # the same for every rank: exactly $1/c$ of the $S(S+1)/2$ (query, key) pairs. With $S=8$ and
 # $c=2$: rank 0 holds positions 0 1 | 6 7, rank 1 holds 2 3 | 4 5.
+#
+# The split does not depend on how the ranks exchange k and v. Transformer Engine uses it both
+# when k and v are passed round a ring (its default) and when they are all-gathered
+# (`cp_comm_type="all_gather"`). The all-gather scheme is the one this notebook uses, as did
+# Llama 3's long-context training.
 #
 # The figure colours each (query, key) pair of a causal mask by the rank that computes it.
 
@@ -174,14 +181,11 @@ assert 1.9 < imbalance["contiguous"][-1] < 2                # growing towards 2
 assert all(v == 1 for v in imbalance["dual-chunk"])         # exactly 1
 
 # %% [markdown]
-# ![The causal mask of 16 tokens coloured by rank: the contiguous split gives rank 1 almost
-# three times rank 0's pairs, the dual-chunk split gives both 68; right: the busiest rank's
-# work over the mean, growing towards 2 with the contiguous split and 1 with the
-# dual-chunk split](../figures/11-dual-chunk-split.png)
-#
-# With the contiguous split the imbalance tends to 2 as $c$ grows: the whole group runs at
-# half speed. The dual-chunk split stays at exactly 1. (The all-gathered k and v cost every
-# rank the same either way.)
+# In the figure, the contiguous split gives rank 1 almost three times rank 0's pairs; the
+# dual-chunk split gives both ranks 68. On the right is the busiest rank's work over the mean.
+# With the contiguous split it tends to 2 as $c$ grows: the whole group runs at half speed.
+# The dual-chunk split stays at exactly 1. (The all-gathered k and v cost every rank the same
+# either way.)
 #
 # ### RoPE at global positions
 #
@@ -237,6 +241,9 @@ print("dual-chunk attention of each rank = its share of causal attention over th
 # the `seq_len / cp_size` global positions rank `cp_rank` holds under the dual-chunk split, in
 # the order the rank holds them (its first chunk, then its second). For `(8, 2, 0)`:
 # `[0, 1, 6, 7]`.
+#
+# Mind the length. `my_dual_chunk_positions` takes the length of the *whole* sequence.
+# `cp.dual_chunk_positions`, used above, takes the rank's *local* length (`S // CP`).
 
 # %%
 def my_dual_chunk_positions(seq_len, cp_size, cp_rank):
@@ -263,9 +270,17 @@ solution(ex.solution_dual_chunk_positions)
 # 3. averages the gradients over the ranks (one all-reduce) and steps AdamW.
 #
 # Each rank's loss is the mean over its tokens, all ranks hold the same number of tokens, so
-# the mean over ranks is the whole batch's loss. With `--dry-run` it trains a tiny model for 3
-# steps, then rank 0 trains the same model from the same seed on the same batches in one
-# process (`--compare-single`), and the CSV holds both losses.
+# the mean over ranks is the whole batch's loss.
+#
+# Why averaging the gradients is right needs a word, because it is not data parallelism. A
+# rank's gradient is not the gradient of its own loss alone. Its keys and values served every
+# rank's queries, so the reduce-scatter brings the gradients of the other ranks' losses back
+# into them. Summed over the ranks, the gradients are those of the sum of the losses; divided
+# by $c$, those of their mean, the batch's loss.
+#
+# With `--dry-run` the script trains a tiny model for 3 steps. Then rank 0 trains the same
+# model from the same seed on the same batches in one process (`--compare-single`), and the
+# CSV holds both losses.
 #
 # Where the kernels run decides where the two processes run, and both rotate with ropelib's
 # kernel. Without a GPU: on the CPU, with gloo and Triton's interpreter. With GPUs: ropelib's
@@ -473,18 +488,25 @@ else:
 # whether the two-rank run trains the same model.
 
 # %% [markdown]
-# ### 200 steps in bf16: is the difference bigger than the noise?
+# ### 200 steps in bf16: does the two-rank run train the same model?
 #
 # In bf16 the two runs cannot agree to the bit: the ranks add up attention and gradients in
 # another order, and each difference in rounding changes the next step's weights a little.
-# What matters is whether the curves part further than training noise does. The committed
+# Training feeds each step's weights into the next, so such differences can grow: the two
+# curves may part slowly. The question is how far. The committed
 # `benchmarks/results/cp200-*.csv` hold three 200-step bf16 runs of the same model on
 # sequences of 16384 tokens, on H200s (the cell checks the headers say so, and titles the
-# figure from them): two ranks with seed 0, one process with seed 0 (the same model and
-# batches) and one process with seed 1 (another initialisation and other batches: the noise
-# scale). The check below asserts that, on average over the 200 steps and over the last 50,
-# the 2-rank curve stays less than half as far from its 1-process twin as the two seeds stay
-# from each other, and counts the steps where that holds step by step.
+# figure from them):
+#
+# - two ranks, seed 0;
+# - one process, seed 0: the same initial weights and the same batches, the 2-rank run's twin;
+# - one process, seed 1: other initial weights *and other batches*.
+#
+# The seed-1 run is a loose yardstick. Its gap to seed 0 holds the difference of the batches
+# as well as that of the weights, so it is large, and "well inside the seed gap" can still let
+# a real offset through. The check below asserts that, on average over the 200 steps and over
+# the last 50, the 2-rank curve stays less than half as far from its twin as the two seeds
+# stay from each other. It also counts the steps where that holds step by step.
 
 # %%
 def loss_curve(path) -> list:
@@ -527,9 +549,17 @@ else:
     print("the 200-step bf16 runs (benchmarks/results/cp200-*.csv) are not in this checkout")
 
 # %% [markdown]
-# On average, over the whole run and over its last 50 steps, the 2-rank curve stays on its
-# 1-process twin; step by step the two gaps cross now and then (in 22 of the 200 steps the two
-# seeds happen to lie closer together), as two noisy curves do.
+# On average, over the whole run and over its last 50 steps, the 2-rank curve stays well
+# inside the seed gap. Step by step it is closer to its twin than the seeds are to each other
+# in 178 of the 200 steps; in the other 200 − 178 = 22 the two seeds happen to lie closer.
+#
+# That is all this check shows. It compares the sizes of the gaps, not their sign, and it
+# prints no signed gap per stretch of steps. So it cannot tell a slow, one-sided drift of the
+# 2-rank curve away from its twin from noise. The printed means give a hint: set the mean gap
+# of the last 50 steps beside the mean over all 200. A gap that grows as training goes on is
+# what the bf16 roundings above lead one to expect; whether it is only that, or a bias of the
+# two-rank run, takes a matched control. For example: other initial weights with seed 0's
+# batches, and the signed gap printed for each stretch of steps.
 #
 # ### Why two ranks are not twice as fast
 #
@@ -542,8 +572,9 @@ else:
 # all-reduce not at all. The one part of a step that grows with $S^2$ is attention, through
 # its (query, key) pairs.
 #
-# One sequence length cannot tell the two apart; two lengths can. The 200-step runs above are
-# the same model at $S = 16384$, on one GPU and on two ranks. Model the time of a step as
+# One sequence length cannot tell the two apart; two lengths can, given a model of the time.
+# The 200-step runs above are the same model at $S = 16384$, on one GPU and on two ranks.
+# Model the time of a step as
 #
 # $$t(S) = aS^2 + bS,$$
 #
@@ -553,9 +584,14 @@ else:
 #
 # $$a = \frac{t_2/S_2 - t_1/S_1}{S_2 - S_1}, \qquad b = \frac{t_1}{S_1} - aS_1.$$
 #
+# Two lengths fix the two unknowns exactly and leave nothing over. So the fit cannot test the
+# model: any two times fit it. What it gives is an attribution, true only as far as the model
+# is, for instance only if attention runs at the same rate at both lengths. A third length
+# would test the model; the committed runs have two.
+#
 # The cell fits $a$ and $b$ once for one GPU and once for two ranks, from the `ms_per_step` of
-# the four CSV headers, and splits each step at $S = 131072$ into its two terms: into which of
-# them do the 964 ms go?
+# the four CSV headers, and splits each step at $S = 131072$ into its two terms: to which of
+# them does the fit attribute the 964 ms?
 
 # %%
 SPEED_RUNS = {(1, "short"): "cp200-1gpu-seed0", (2, "short"): "cp200-2gpu-seed0",
@@ -642,8 +678,8 @@ assert (round(tflops[1]), round(tflops[2])) == (455, 311)
 
 # %% [markdown]
 # The excess grows 25 times for 8 times the length (38.5 ms a step at 16384 tokens, 964 at
-# 131072), faster than anything that grows in proportion to $S$ can. The fit puts 750 of the
-# 964 ms into the $S^2$ term and 214 ms into the linear one. A part of the excess that is the
+# 131072), faster than anything that grows in proportion to $S$ can. The fit attributes 750 of
+# the 964 ms to the $S^2$ term and 214 ms to the linear one. A part of the excess that is the
 # same at both lengths (the gradients' all-reduce, say) would only move more into the $S^2$
 # term: taken out of both, it removes a larger share of the short length's small excess than
 # of the long one's, so what is left grows even faster (the cell checks a few such parts).
@@ -654,32 +690,37 @@ assert (round(tflops[1]), round(tflops[2])) == (455, 311)
 # excess. (The link between the two GPUs is not recorded in the CSV headers, so the rate the
 # collectives did run at is not known.)
 #
-# So most of the shortfall is attention. Each rank computes exactly half of the (query, key)
-# pairs (section 1), yet its $S^2$ term takes 2373 ms where half of one GPU's is 1623: each
-# rank's attention runs at 68 % of one GPU's rate. In operations: a pair costs $4D$ forward
-# ($q \cdot k$ and the weighted $v$) and $10D$ backward (flash attention recomputes the
-# scores), $14\,D\,H\,L\,S(S+1)/2$ a step in all. Spread over the $S^2$ terms, that is about
-# 455 TFLOP/s of attention on one GPU and 311 on each rank.
+# So, by the fit, most of the shortfall is attention. Each rank computes exactly half of the
+# (query, key) pairs (section 1), yet the fit gives its $S^2$ term 2373 ms where half of one
+# GPU's is 1623. The fit thus attributes to each rank's attention 68 % of one GPU's rate. In
+# operations: a pair costs $4D$ forward ($q \cdot k$ and the weighted $v$) and $10D$ backward
+# (flash attention recomputes the scores), $14\,D\,H\,L\,S(S+1)/2$ a step in all. Spread over
+# the fitted $S^2$ terms, that is about 455 TFLOP/s of attention on one GPU and 311 on each
+# rank.
 #
-# Why each rank's attention is slower is not measured here. The two runs call attention
+# Why each rank's attention would be slower is not measured here. The two runs call attention
 # differently: one GPU makes one call per layer with `is_causal=True`; a rank makes two
 # (`cp.dual_chunk_attention`), each over a prefix of the keys with a causal mask aligned to
 # the bottom right (`causal_lower_right`). For a mask with fewer queries than keys PyTorch's
 # dispatcher tries only its flash and memory-efficient kernels, while for `is_causal=True` it
-# may choose among more; which kernel each call ran was not recorded in these runs. Finding
-# out takes the forward and backward of the two calls against the one, on one GPU, with
-# `torch.profiler` naming the kernels.
+# may choose among more, cuDNN's attention among them. That gives a concrete hypothesis: one
+# GPU ran a faster kernel (cuDNN's, say) than the ranks did. 455 against 311 TFLOP/s would fit
+# it, but which kernel each call ran was not recorded in these runs. Testing it takes the
+# forward and backward of the two calls against the one, on one GPU, with `torch.profiler`
+# naming the kernels.
 #
 # What to expect from such a run, and what not to: the loss per step of $c$ ranks follows the
-# 1-process loss (in bf16 within rounding noise, not to the bit). Tokens/s of 2 GPUs on one
-# sequence need not be twice one GPU's, and on these runs what holds it back is mostly each
-# rank's attention (750 of the 964 ms); the collectives can account for at most the linear
-# 214. The gain CP buys is first of all memory: a sequence too long for one GPU can fit on
+# 1-process loss (in fp32 to a few ulps; in bf16 not to the bit, and the 200-step check cannot
+# tell a slow drift from noise). Tokens/s of 2 GPUs on one sequence need not be twice one
+# GPU's. On these runs the fit attributes most of what holds it back to each rank's attention
+# (750 of the 964 ms); the collectives can account for at most the linear 214.
+#
+# The gain CP buys is first of all memory: a sequence too long for one GPU can fit on
 # several. The committed runs do not reach that limit, since 131072 tokens still fit on one
-# H200 (65.12 GiB at the peak); what they show is each rank's peak falling to 55 % of one GPU's
-# (the peak-memory line printed in section 3). The cell there adds it up from the run's own
-# sizes, and comes within a few percent: half of one GPU's activations, plus the other rank's k
-# and v for every layer (gathered for attention and kept for the backward), plus the full copy
+# H200 (65.12 GiB at the peak). What they show is each rank's peak falling to 55 % of one
+# GPU's (the peak-memory line printed in section 3). The cell there adds it up from the run's
+# own sizes, and comes within a few percent: half of one GPU's activations, plus the other rank's
+# k and v for every layer (gathered for attention and kept for the backward), plus the full copy
 # of the weights, gradients and optimizer state that context parallelism does not split. (The
 # split of the activations into halves is assumed, not measured: the sum agreeing with the
 # measured peak is what supports it.)
@@ -746,7 +787,8 @@ assert torch.equal(v_cache[changed], v_new[:, 0])                    # v is stor
 # %% [markdown]
 # The unfused path, as a model without the fused kernel would run it: `apply_rope_qk` with
 # the start positions, then `kv_cache.write_kv_cache` (the index arithmetic and two
-# `index_put_` in PyTorch). Same table, same fp32 math, one rounding: the same bits.
+# `index_put_` in PyTorch). The same angle table and the same fp32 operations in the same
+# order give the same bits.
 
 # %%
 q_ref, k_ref = ropelib.apply_rope_qk(q_new, k_new, freqs, layout="bshd", start_positions=seqlens)
@@ -981,6 +1023,12 @@ assert gap < 1e-4
 # fall into subnormals with a fixed absolute step $2^{-9} s$, and values above $448\,s$
 # saturate. The fused kernel divides, rounds and stores in the same launch; its bits are those
 # of `kv_cache.quantize_fp8` applied to the unfused rotated key.
+#
+# The cell takes the scale from the amax of this step's own keys. A decoder cannot do that.
+# The scale must be fixed before the keys it will store arrive: bytes already in the cache are
+# not rescaled, and a later key above $448\,s$ saturates. Serving stacks therefore calibrate
+# `k_scale` and `v_scale` beforehand, per tensor or per head; vLLM, for example, reads them
+# from the checkpoint or from a calibration pass.
 
 # %%
 FP8 = torch.float8_e4m3fn
@@ -1058,16 +1106,18 @@ assert round(overall, 2) == 0.03 and overall < 1.1 * min(curves["all features"])
 assert 10 < smallest / overall < 11                  # "more than ten times"
 
 # %% [markdown]
-# ![Relative RMS error of an fp8 key cache against its scale, for all features and for the
-# smallest ones: a floor of a few percent around amax/448, rising steeply when the large values
-# saturate (left) and when the small ones sink into the subnormals
-# (right)](../figures/11-fp8-scale.png)
+# The figure shows the relative RMS error against the scale, for all features and for the
+# smallest ones. Around `amax / 448` the error sits on a floor of a few percent: the price of
+# 3 mantissa bits. That is some 16 times the error of the same keys stored in bf16, as the
+# mantissas predict: bf16 stores 7 bits, e4m3 3, and each bit halves the relative rounding
+# step, so $2^{7-3} = 16$. Left of the floor the large values saturate. That is also what a
+# decoder meets when a later key is larger than the amax its scale was calibrated on: for that
+# key the scale is too small. Right of the floor the small values sink into the subnormals.
 #
-# Around `amax / 448` the error sits on a floor of a few percent: the price of 3 mantissa
-# bits, some 16 times the error of the same keys stored in bf16. The error of the whole
-# tensor hides the small features: a scale a thousand times too large still looks fine
-# overall (about 3 %, within a tenth of the floor) while the smallest features' error is more
-# than ten times that (the two curves at the right of the figure; the cell prints both).
+# The error of the whole tensor hides the small features. A scale a thousand times too large
+# still looks fine overall (about 3 %, within a tenth of the floor), while the smallest
+# features' error is more than ten times that (the two curves at the right of the figure; the
+# cell prints both).
 # Whether a model's outputs notice is a question for the model, measured on its tasks; the
 # kernel's part is to round exactly as `quantize_fp8` says.
 #
@@ -1075,24 +1125,45 @@ assert 10 < smallest / overall < 11                  # "more than ten times"
 #
 # `benchmarks/decode_cache_bench.py` times one decoding step of one layer (q `[B, 1, 32, 128]`,
 # k and v `[B, 1, 8, 128]`, bf16, a cache of 4096 positions), fused against unfused, in
-# contiguous and paged caches of bf16 and fp8, eagerly and replayed from a CUDA graph (launch
-# overhead gone). The cell draws its H200 run, batch 1 to 256
+# contiguous and paged caches of bf16 and fp8. It times each step two ways: eagerly, and
+# replayed from a CUDA graph. A replay removes the host's per-launch work; the kernels still
+# run, one after another. The cell draws its H200 run, batch 1 to 256
 # (`benchmarks/results/decode_cache-nvidia-h200-20261130-0254.csv`); the figure's title names
 # the GPU as the CSV's header records it.
 #
-# Replayed from a CUDA graph (dashed lines), the fused step takes 6.1–8.9 µs against
-# 19.0–33.8 µs for RoPE followed by the cache write with a bf16 cache (2.8–3.8× faster), and
-# 6.6–9.9 µs against 34.4–52.4 µs with an fp8 cache (4.6–5.7×). Eagerly (solid lines) the
-# times spread widely. The fused step takes 5.8–50.8 µs with a bf16 cache, at some batches
-# below its replay and at others far above it, and 34.9–89.9 µs with an fp8 cache, above its
-# replay at every batch. An eager timing holds the host's work per call as well (Python,
-# PyTorch's dispatch, the launch), which a graph replay leaves out; how much of each solid
-# point is the host's, this benchmark does not time. Read the dashed lines as what a step
-# costs with the host out of the way, not as the kernels' own time: at batch 8 and 64 the
-# eager fused step with a contiguous bf16 cache (5.8 and 6.8 µs) was faster than its replay
-# (7.1 and 7.3 µs), so for a step this small the replay adds something of its own. How much
-# is not measured, since the replay of an empty graph is not timed (the cell checks the
-# numbers this paragraph states).
+# How the timer works matters for reading the figure. `triton.testing.do_bench` clears the L2
+# cache before each call, by writing a large buffer on the GPU, and records CUDA events on the
+# GPU around the call. It does not wait for the GPU between calls. So while the GPU clears the
+# cache, the host is already issuing the call's launches, and that host work is hidden. An
+# eager point holds only the host work that the clearing does not hide.
+#
+# Replayed from a CUDA graph (dashed lines):
+#
+# - with a bf16 cache the fused step takes 6.1–8.9 µs, against 19.0–33.8 µs for RoPE followed
+#   by the cache write: 2.8–3.8× faster;
+# - with an fp8 cache, 6.6–9.9 µs against 34.4–52.4 µs: 4.6–5.7× faster.
+#
+# Those speedups are against this notebook's unfused path: one RoPE launch, then the cache
+# write as 6 to 17 PyTorch operators, 7 to 18 kernels in all (counted in the next part). A
+# serving stack's unfused path may run far fewer kernels. vLLM, for one, writes k and v into
+# its cache with one kernel (`reshape_and_cache`), so its unfused step is two kernels. Against
+# such a path fusion gains less; this benchmark does not time one.
+#
+# Eagerly (solid lines) the times spread widely:
+#
+# - with a bf16 cache the fused step takes 5.8–50.8 µs, at some batches below its replay and
+#   at others far above it;
+# - with an fp8 cache it takes 34.9–89.9 µs, above its replay at every batch.
+#
+# An eager timing holds the host's work per call (Python, PyTorch's dispatch, the launch), as
+# far as the clearing does not hide it; a graph replay leaves that work out. How much of each
+# solid point is the host's, this benchmark does not time. At batch 8 and 64 the eager fused
+# step with a contiguous bf16 cache (5.8 and 6.8 µs) was faster than its replay (7.1 and
+# 7.3 µs). The timer explains how that can be: the eager launches hid behind the clearing, and
+# for a step this small the replay adds something of its own. How much is not measured, since
+# the replay of an empty graph is not timed. So read the dashed lines as what a step costs
+# without the host's per-launch work, not as the kernels' own time. (The cell checks the
+# numbers this section states.)
 
 # %%
 def plot_decode_cache(rows, axes) -> None:
@@ -1271,25 +1342,33 @@ for cache in ("contiguous", "paged"):      # per cache: to fp32, divide, clamp, 
 # where the fused one runs 1. The GPU's listing names them; the cell checks that there are at
 # least that many.
 #
-# Now set the counts beside the timings of the figure. Ordered by the operations the unfused
-# step issues (7, 10, 15, 18 with the Triton launch), its time replayed from a CUDA graph rises
-# in the same order: 19.0–24.2, 25.3–33.8, 34.4–43.1 and 39.8–52.4 µs over the batches, while
-# the one fused kernel takes 6.1–9.9 µs with any cache. The counts do more than order the
-# times: at batch 1, where the bytes are fewest, the replayed unfused step takes 2.2 to 2.7 µs
-# per operation for every cache, a little less the more operations it has (part of each step's
-# time is fixed, not per kernel). A line through those four batch-1 times against the count
-# says how much: about 6.2 µs fixed and 1.9 µs for each operation, every time within 0.4 µs of
-# the line (fitted and checked below). The fixed part is close to what the whole fused step
-# takes replayed at batch 1, 6.1 to 7.0 µs over the caches; what it is made of is not
-# measured here, since neither the replay of an empty graph nor the host's share is timed.
-# Each further kernel of the unfused step adds about 1.9 µs: a graph removes the host from the
-# step, not the kernels, which still start and run one after another. Eagerly the unfused
-# step is slower again, at least 60.3, 128.8, 200.1 and 237.8 µs, more than twice the slowest
-# replay of the same kernels for every cache. The difference is what eager execution adds to
-# the same kernels, the host's dispatch of each operation included, but this benchmark does
-# not time the host, so how the difference divides is not measured. (Notebook 07 times the
-# host's work for a different call, `apply_rope`'s forward and backward, not these ATen
-# operators.)
+# Now set the counts beside the timings of the figure; the cell below prints them side by
+# side.
+#
+# - **Replayed, the time follows the count.** Ordered by the operations the unfused step
+#   issues (7, 10, 15, 18 with the Triton launch), its replayed time rises in the same order:
+#   19.0–24.2, 25.3–33.8, 34.4–43.1 and 39.8–52.4 µs over the batches. The one fused
+#   kernel takes 6.1–9.9 µs with any cache.
+# - **About 1.9 µs a kernel.** At batch 1, where the bytes are fewest, the replayed unfused
+#   step takes 2.2 to 2.7 µs per operation for every cache, a little less the more operations
+#   it has: part of each step's time is fixed. A least-squares line through those four times
+#   against the count gives about 6.2 µs fixed and 1.9 µs for each operation, every time
+#   within 0.4 µs of the line.
+# - **The fixed part is about the fused step.** The whole fused step takes 6.1 to 7.0 µs
+#   replayed at batch 1. What the fixed part is made of is not measured here: neither the
+#   replay of an empty graph nor the host's share is timed.
+# - **A graph removes the host's per-launch work, not the kernels.** They still start and run
+#   one after another, and each adds about 1.9 µs. So, by the line, at batch 1 the fused
+#   step's gain is mostly the kernels it does not run. A serving stack's two-kernel path
+#   (RoPE, then one write kernel) runs only one kernel more than the fused step. The line's
+#   slope, taken below the counts it was fitted on (7 to 18), puts that path about 1.9 µs
+#   above the fused step at batch 1. That is an extrapolation, not a measurement.
+# - **Eagerly the unfused step is slower again**: at least 60.3, 128.8, 200.1 and 237.8 µs,
+#   more than twice the slowest replay of the same kernels for every cache. The difference is
+#   what eager execution adds, the host's dispatch of each operation included. This benchmark
+#   does not time the host, so how the difference divides is not measured. (Notebook 07 times
+#   the host's work for a different call, `apply_rope`'s forward and backward, not these ATen
+#   operators.)
 
 # %%
 def unfused_us(cache, dtype, mode):
@@ -1351,23 +1430,29 @@ assert as_stated((min(fused_graph), max(fused_graph)), (6.1, 9.9)), fused_graph
 #   1-process loss within fp32 rounding (`benchmarks/cp_train.py --dry-run`, with `--dtype
 #   fp32` on GPUs); the same script on GPUs writes the CSVs section 3 reads.
 # - On H200s, two ranks ran a 131072-token step 1.30 times as fast as one GPU, each rank
-#   peaking at 55 % of one GPU's memory. Fitting $t = aS^2 + bS$ through two sequence lengths
-#   puts most of the shortfall in the $S^2$ term (750 of 964 ms): each rank's attention runs at
-#   68 % of one GPU's rate, and the collectives, in the linear term, can account for at most
-#   the other 214. Why that attention is slower is not measured.
+#   peaking at 55 % of one GPU's memory. A fit of $t = aS^2 + bS$ through two sequence lengths
+#   (exact, so it cannot test the model) attributes most of the shortfall to the $S^2$ term
+#   (750 of 964 ms): by the fit, each rank's attention runs at 68 % of one GPU's rate, and the
+#   collectives, in the linear term, account for at most the other 214. Why that attention
+#   would be slower is not measured; another attention kernel on one GPU (cuDNN's, say) is one
+#   hypothesis.
 # - A KV cache stores rotated keys. `rope_kv_cache` rotates q and k and writes k and v into
 #   their slots in one launch, contiguous (`[b, p]`) or paged
 #   (`[block_table[b, p // BS], p % BS]`), with exactly the bits of RoPE-then-write, and
 #   `generate` picks the same tokens fused, unfused and without a cache. The kernel is one
 #   program per sequence: its position, one row of angles, every head rotated, k and v stored
 #   at the slot; paged, the block table turns the position's block into the pool's.
-# - An fp8 cache with scale `amax / 448` costs a few percent relative error (3 mantissa bits);
-#   a scale far off either way costs much more (saturation, subnormals).
+# - An fp8 cache with scale `amax / 448` costs a few percent relative error (3 mantissa bits,
+#   $2^{7-3} = 16$ times bf16's); a scale far off either way costs much more (saturation,
+#   subnormals). A decoder fixes the scale before the keys arrive, by calibration; the cells
+#   here take it from the keys they store.
 # - Counted with `torch.profiler`, the fused decoding step is one kernel; RoPE then the write
 #   in PyTorch is one Triton launch and 6 to 17 ATen operators (more for a paged or an fp8
 #   cache), each one CUDA kernel or more. The H200's graph-replayed times of the unfused step
-#   rise in the order of those counts; eagerly it is more than twice as slow, by a margin
-#   this benchmark does not split between the host and the GPU.
+#   rise in the order of those counts, by about 1.9 µs a kernel at batch 1; eagerly it is more
+#   than twice as slow, by a margin this benchmark does not split between the host and the
+#   GPU. The fused step's 2.8–5.7× are against that many-kernel path; a serving stack's
+#   unfused path, RoPE and one write kernel, leaves less to gain.
 
 # %% [markdown]
 # ## Questions for a study group
