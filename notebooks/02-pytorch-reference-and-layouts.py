@@ -24,16 +24,17 @@
 #
 # **After this notebook you will be able to**
 #
-# - tell the `sbhd`, `bshd` and `thd` layouts apart and move between them without a copy;
-# - build Transformer Engine's angle table (`freqs`) and Hugging Face's cos/sin cache, and
-#   convert one into the other;
+# - tell the `sbhd`, `bshd` and `thd` layouts apart, and view `sbhd` memory as `bshd` without
+#   a copy;
+# - build Transformer Engine's angle table (`freqs`) and Hugging Face's cos/sin, and turn TE's
+#   angles into HF's cos and sin (exercise 2);
 # - use partial rotary (`rotary_percent`), position offsets (`start_positions`, `position_ids`)
 #   and context-parallel positions (`cp_size`, `cp_rank`);
 # - count the kernels and bytes of the unfused PyTorch version and explain why it is several
 #   times slower than one fused kernel (and, on a GPU, time each of its kernels against a copy).
 #
-# **Time:** about 45 minutes to read and do the three exercises; the cells run in about 6 s
-# on a CPU (Triton's interpreter).
+# **Time:** about an hour to read and do the three exercises; section 6, on speed, is about
+# half of the reading. The cells run in about 6 s on a CPU (Triton's interpreter).
 
 # %%
 import os, torch
@@ -99,6 +100,10 @@ print("sbhd and bshd agree; both match the fp64 reference")
 # In `thd` the sequences of a batch are concatenated along the token axis and
 # `cu_seqlens = [0, l_0, l_0 + l_1, ...]` marks where each starts; positions restart at 0 in
 # every sequence. Packing avoids computing on padding.
+#
+# The cell prints the first positions of the packed tokens. On a GPU the first sequence is
+# longer than that line, so the line shows no restart. The loop after it checks the restart:
+# each sequence, rotated alone from position 0, gives the same rows as the packed call.
 
 # %%
 lengths = [5, 11, 3] if not GPU else [1000, 3000, 96]
@@ -116,24 +121,32 @@ for i, part in enumerate(torch.split(x_thd, lengths)):
 print(f"thd with cu_seqlens={cu_seqlens.tolist()} == each sequence rotated alone")
 
 # %% [markdown]
-# ## 2. Two table conventions: TE's angles vs HF's cos/sin cache
+# ## 2. Two table conventions: TE's angles vs HF's cos/sin
 #
-# Both store, for every position $m$ and rotated feature $i$, something about the angle
+# Both give, for every position $m$ and rotated feature $i$, something about the angle
 # $m\theta_{j(i)}$:
 #
-# - **Transformer Engine** passes the *angles* `freqs [P, 1, 1, R]` in fp32 (`cat(f, f)` for
-#   rotate-half); its fused kernel computes $\sin$ and $\cos$ itself, in fp32.
-# - **Hugging Face** precomputes a *cos/sin cache* `cos, sin [P, R]` in the model's dtype and
-#   applies $y = x\cos + \mathrm{rotate\_half}(x)\sin$ with `cos[position_ids]`, unsqueezed to
-#   broadcast over heads (`unsqueeze_dim=1` for `[B, H, S, D]`).
+# - **Transformer Engine** passes the *angles* `freqs [P, 1, 1, R]` in fp32: `cat(f, f)` for
+#   rotate-half, each angle twice in a row (`f0 f0 f1 f1 ...`) for the interleaved pairing.
+#   Its fused kernel computes $\sin$ and $\cos$ itself, in fp32.
+# - **Hugging Face** computes `cos, sin` anew in every forward pass, from `position_ids`.
+#   `*RotaryEmbedding.forward(x, position_ids)` multiplies the inverse frequencies by the
+#   positions in fp32, takes the cosine and sine (times `attention_scaling`, which some
+#   context-extension methods such as YaRN set), and casts them to the model's dtype:
+#   `cos, sin [B, S, R]`. `apply_rotary_pos_emb`
+#   only unsqueezes them to broadcast over heads (`unsqueeze_dim=1` for `[B, H, S, D]`) and
+#   computes $y = x\cos + \mathrm{rotate\_half}(x)\sin$ in the model's dtype. (Older versions
+#   kept a precomputed cache `[P, R]` and indexed it with `cos[position_ids]`.)
 #
-# `ropelib.frequencies` builds both (`rope_freqs`, `rope_cos_sin`), bit-for-bit like TE and HF.
-# `ropelib.apply_rope` accepts either (`freqs=` or `cos=, sin=`).
+# `ropelib.frequencies` builds both. `rope_freqs` gives TE's table. `rope_cos_sin` gives HF's
+# cos and sin as `[S, R]`: the rows HF computes for positions 0 to S-1 (or from `offset=`),
+# computed in fp32 and rounded once to the dtype asked for. `ropelib.apply_rope` accepts either
+# (`freqs=` or `cos=, sin=`).
 #
-# The difference that matters is precision. A bf16 cache rounds $\cos$ and $\sin$ to 8 bits
-# of mantissa *before* the multiply; TE's unfused path does the same and then does the
-# multiply-adds in bf16 too. A fused kernel that reads fp32 angles and rounds once at the end
-# is as accurate as bf16 allows.
+# The difference that matters is precision. HF rounds $\cos$ and $\sin$ to the model's dtype
+# *before* the multiply: to 8 bits of mantissa in bf16. The old cache did the same. TE's
+# unfused path rounds them the same way. Both then do the multiply-adds in bf16 too. A fused
+# kernel that reads fp32 angles and rounds once at the end is as accurate as bf16 allows.
 
 # %%
 f_tab = rope_freqs(S, D).to(device)                               # [S, 1, 1, D] fp32
@@ -159,15 +172,21 @@ print(f"ropelib's y: at most {one_rounding['max_ulp_err']:g} bf16 ulp from the c
 assert one_rounding["max_ulp_err"] <= 1
 
 # %% [markdown]
-# The first line is 0 or one bf16 rounding step: one rounding of the fp32 result, which is
-# within one step of the correctly rounded one (fp32 math carries its own tiny error, so the
-# two can land on neighbouring bf16 values). The last line measures that step in ulps, the gap
-# between neighbouring bf16 numbers at each value, and the cell asserts at most one. Values
+# ropelib's line is 0 or one bf16 rounding step. ropelib rounds its fp32 result once. fp32
+# math carries its own tiny error, so that rounding can land on the bf16 neighbour of the
+# correctly rounded value. The last line measures the step in ulps: the gap between
+# neighbouring bf16 numbers at each value. It is at most one.
+#
+# Near zero the ulp is tiny. An output there is what is left when $x_a\cos - x_b\sin$ cancels
+# values of order one, and fp32's own error, not the rounding, decides its last bits. So values
 # smaller than a thousandth of the largest are measured in the ulp at that floor
-# (`ropelib.bench.compare.error_metrics` does so): near zero, an output is what is left when
-# $x_a\cos - x_b\sin$ cancels values of order one, and there fp32's own error, not the
-# rounding, decides the last bits. The other two lines carry extra roundings. (Notebook 08 shows
-# how this difference makes an innocent `torch.allclose(te_out, triton_out)` fail.)
+# (`ropelib.bench.compare.error_metrics` does so).
+#
+# The other two lines round $\cos$ and $\sin$ to bf16 first, and TE's unfused path also rounds
+# every product and sum: extra roundings. The cell compares them only by the largest error. That
+# shows the worst output, not how many outputs differ, and the cell asserts only that ropelib's
+# is no larger than TE's unfused one. (Notebook 08 shows how this difference makes an innocent
+# `torch.allclose(te_out, triton_out)` fail.)
 
 # %% [markdown]
 # ## 3. Partial rotary
@@ -193,6 +212,10 @@ print(f"rotary_percent=0.5: features 0..{R - 1} rotated, {R}..{D - 1} untouched"
 # already cached. TE's `start_positions[b]` adds an offset per sequence; HF passes explicit
 # `position_ids`. Either way, the new token must get exactly the rotation it would have had in
 # a full forward pass.
+#
+# The cell checks that against a full pass when every sequence has the same length. For
+# sequences at different lengths it checks that `start_positions` and `position_ids` give the
+# same result, and prints the positions used.
 
 # %%
 L = S                                                       # prompt length
@@ -218,7 +241,7 @@ assert torch.equal(rope_freqs(8, D, offset=5), rope_freqs(13, D)[5:])
 
 # %% [markdown]
 # The table must cover the largest position used: with `start_positions` TE requires
-# `max(start_positions) + S <= P`. ropelib checks it where it can read the positions without
+# `max(start_positions) + S * cp_size <= P`, as the error below says. ropelib checks it where it can read the positions without
 # waiting for the GPU — index tensors in CPU memory, or every call after
 # `ropelib.set_index_checks("on")` (one synchronisation a call) — and raises a `ValueError`
 # that names `start_positions` and the table's rows. Unchecked (GPU index tensors, by default;
@@ -293,15 +316,19 @@ print("each rank's local rotation == the global rotation at its positions")
 # %% [markdown]
 # ## 6. Why the unfused version is slow
 #
-# RoPE does a handful of flops per element: it is **memory-bound**. Its speed is set by the
-# bytes it moves, and the floor is reading $x$ once and writing $y$ once (plus a small table).
+# RoPE does little arithmetic: two multiplies and an add for each output, besides the sine and
+# cosine of its angle. A GPU can do far more arithmetic in the time it takes to move a byte, so
+# RoPE is **memory-bound**. Its speed is set by the bytes it moves, and the floor is reading $x$
+# once and writing $y$ once (plus a small table).
 #
 # TE's plain-PyTorch path (`fused=False`, copied op for op in `ropelib.reference.te_unfused`)
 # is five lines of tensor code — but each ATen operation in them is a separate kernel that reads
 # its inputs from memory and writes a temporary back (a line such as
 # `t * cos + rotate_half(t) * sin` is several of them). Let us count them. A `TorchDispatchMode`
-# sees every ATen operation that actually runs; we record the bytes each reads and writes (views,
-# which move nothing, are skipped). It works the same on the CPU and on a GPU.
+# sees every ATen operation that actually runs; we record the bytes each reads and writes.
+# Views move nothing and are skipped: an op whose outputs all share memory with an input is
+# taken for a view. In-place ops such as `mul_` pass that test too, so this simple class would
+# skip them as well; the unfused path runs none. It works the same on the CPU and on a GPU.
 
 # %%
 class CountTraffic(TorchDispatchMode):
@@ -383,10 +410,17 @@ plt.show()
 # move 12.5 times the bytes of $x$; a fused kernel reads $x$ once, writes $y$ once and reads the
 # fp32 table: 2.06 times, so the unfused forward moves 6.1 times as much. Six of its ops stream
 # a tensor the size of $x$ or half of it (`neg`), and the `add` reads two. The backward through
-# autograd runs 7 kernels and moves 14.1 times the bytes of $x$, against 2.06 for a fused
-# backward (all asserted above). Fusing keeps the intermediates in registers, so the whole
-# thing costs one read and one write. Each kernel is also a launch with a fixed cost; notebook
-# 07 measures it.
+# autograd runs 7 ATen ops and moves 14.1 times the bytes of $x$, against 2.06 for a fused
+# backward. The cell prints them as kernels, but they are ATen ops counted at dispatch, not a
+# profile: on a GPU one op can launch more than one kernel. Fusing keeps the intermediates in
+# registers, so the whole thing costs one read and one write. Each kernel is also a launch with
+# a fixed cost; notebook 07 measures it.
+#
+# Part of this traffic comes from TE's partial-rotary code, which runs even when every feature
+# turns. It splits $x$ into the rotated part `t` and the passed-through part `t_pass`, here
+# empty. In the forward, the last `cat((t, t_pass))` copies all of `t` only to join it with
+# nothing. In the backward, the gradient of the empty `t_pass` slice is `slice_backward`: a
+# tensor of zeros the size of $x$, which the last `add` sums into the gradient of `t`.
 #
 # ### The profiler's view
 #
@@ -436,8 +470,8 @@ if not GPU:     # one autograd node: ropelib's Rotate
 # the unfused code.
 
 # %% [markdown]
-# On a GPU the next cell also times both against a plain copy of the same bytes (the
-# bandwidth floor). In the interpreter the kernels are simulated in Python, so times would mean
+# On a GPU the next cell also times both against a plain copy of the same bytes: a yardstick
+# for what a kernel that reads and writes each byte once reaches on this GPU. In the interpreter the kernels are simulated in Python, so times would mean
 # nothing and the cell only says so.
 
 # %%
@@ -475,13 +509,13 @@ assert c_time_ratio > c_bytes_ratio
 
 # %% [markdown]
 # Read the unfused/fused ratio against the ratio of the bytes the two move, counted with
-# `CountTraffic` on the very tensors the cell times (the count of section 6 used a smaller `x`;
-# the ratio barely depends on the shape, since every op but the table's scales with `x`: the
-# cell prints both counts and asserts they agree within 5%).
+# `CountTraffic` on the very tensors the cell times. (The count of section 6 used a smaller
+# `x`; the ratio barely depends on the shape, since every op but the table's scales with `x`.)
 # If every kernel of the chain streamed its bytes as fast as the fused one, the two ratios
-# would be equal. In the committed H200 run they are not: the unfused chain takes 12.9 times as
-# long as the fused kernel while moving 6.0 times its bytes (the cell prints and asserts both, and
-# on a GPU asserts the same order for its own run).
+# would be equal. They are not. The numbers here come from the committed H200 run, printed on
+# the cell's last line and asserted: the unfused chain takes 12.9 times as long as the fused
+# kernel while moving 6.0 times its bytes. A live run on a GPU prints its own times above that
+# line, a little different from run to run.
 #
 # ### Each kernel against a copy
 #
@@ -502,9 +536,10 @@ assert c_time_ratio > c_bytes_ratio
 # of the copy's GB/s. (`ropelib.course.kernel_bandwidth` does the matching and the arithmetic;
 # its tests run it on made-up profiles on the CPU.)
 #
-# Without a GPU there is no profile to take: there the cell prints the table of the GPU run
-# this page was rendered on (`figures/02-unfused-kernels.csv`, written by that run) and checks
-# the same things against it.
+# Without a GPU there is no profile to take: there the cell prints the table of the committed
+# H200 run, kept in `figures/02-unfused-kernels.csv`, and checks the same things against it. On
+# a GPU the table is the live run's. The text after the next cell quotes the committed run,
+# which that cell prints and asserts.
 
 # %%
 if GPU:
@@ -610,17 +645,25 @@ assert (round(c_over), round(c_plain_over)) == (504, 502)
 assert [round(f, 2) for f in c_factors.values()] == [1.00, 2.29, 6.02, 0.93]
 
 # %% [markdown]
-# The table shows what the bytes alone do not. In the committed H200 run, 4 of the 6 kernels on
-# $x$ (the two multiplies, the `neg` and the first `cat`) stream at 24% to 38% of the copy's
-# bandwidth; the table's own `cos`, `sin` and casts, 1.4 to 3.3 µs each on a small tensor, are
-# left out of that count. The last lines answer "where does the rest go?" as a product of four
-# measured factors: the unfused chain moves 6.02 times the fused kernel's bytes, its kernels take
-# 2.29 times what those bytes would take at the copy's speed, the time between its kernels adds
-# nothing visible (1.00), and the fused kernel itself runs at 0.93 of a copy. Their product is the
-# timed ratio, 12.89, by construction, since each factor is a ratio of the measured times and
-# bytes. (The cell above asserts these numbers of the committed run; the cell before it asserts
-# bounds on whichever run it shows: at least two slow kernels, factors above 3, 1.5 and 0.8 and
-# below 1.1.)
+# The table shows what the bytes alone do not. The numbers in this part come from the committed
+# H200 run, printed by the cell just above. A live run on a GPU prints its own table before
+# that, with percentages and microseconds a little different.
+#
+# In the committed run, 4 of the 6 kernels on $x$ (the two multiplies, the `neg` and the first
+# `cat`) stream at 24% to 38% of the copy's bandwidth. The table's own `cos`, `sin` and casts,
+# 1.4 to 3.3 µs each on a small tensor, are left out of that count.
+#
+# The factor lines answer "where does the rest go?" as a product of four measured factors. The
+# unfused chain moves 6.02 times the fused kernel's bytes. Its kernels take 2.29 times what
+# those bytes would take at the copy's speed. The time between its kernels adds nothing visible
+# (1.00). The fused kernel itself runs at 0.93 of a copy. Their product is the timed ratio,
+# 12.9, by construction, since each factor is a ratio of the measured times and bytes.
+#
+# Two of the factors mix two ways of timing. The unfused and fused times come from
+# `triton.testing.do_bench`, which times whole calls and adds a little overhead of its own. The
+# kernels' times and the copy's GB/s come from the profiler's device time. So the first factor
+# and the last each divide one kind of time by the other. The last one's gap below 1 is partly
+# that overhead, not only the fused kernel; in the product the two mixes cancel.
 #
 # Which kernels fall short, and why? The by-kind table sums the kernels by the PyTorch template
 # each was launched from, as its name shows (the profiler listing earlier in this section prints
@@ -632,11 +675,15 @@ assert [round(f, 2) for f in c_factors.values()] == [1.00, 2.29, 6.02, 0.93]
 # PyTorch picks its vectorized template, where each thread loads several neighbouring elements
 # at once, only when every operand is contiguous; otherwise each thread loads one element at a
 # time at an offset computed from the strides. The `add` of two contiguous temporaries and the
-# second `cat` run vectorized, at 105% and 97% of the copy's GB/s. (`cos`, `sin` and their casts
-# are vectorized too, but they touch only the small table.) Of the 504 µs the chain's kernels
-# take beyond what their bytes would take at the copy's speed, 502 µs are the non-vectorized
-# kernels'. What the table gives is the kernel kind, read from its name, and its GB/s, from
-# device time and counted bytes. The loads themselves take a profiler's hardware counters: the
+# second `cat` run vectorized, at 105% and 97% of the copy's GB/s. The `add` beats the copy
+# because a copy is a yardstick, not the memory's peak: a kernel that reads two bytes for each
+# it writes can stream faster than one that reads one and writes one. (`cos`, `sin` and their
+# casts are vectorized too, but they touch only the small table.) Of the 504 µs the chain's
+# kernels take beyond what their bytes would take at the copy's speed, 502 µs are the
+# non-vectorized kernels'. What the table gives is the kernel kind, read from its name, and its
+# GB/s, from device time and counted bytes. That the slow kernels are the non-vectorized ones is
+# an observation across kernels, not a controlled experiment: no cell runs the same op once
+# vectorized and once not. The loads themselves take a profiler's hardware counters: the
 # next cell reads the same chain under Nsight Compute on an H200
 # (`benchmarks/access_counters.py`, one call at this notebook's GPU shape).
 #
@@ -680,7 +727,12 @@ assert mul["l1_load_requests"] == 8 * add["l1_load_requests"]
 # ask for 16: each lane loads 8 elements, 16 bytes, in one instruction. A multiply and the add
 # ask for the same 8,388,608 sectors (two operands of $x$'s size each; the multiply's second one
 # is the broadcast table), and the multiply takes eight times the load requests to do it; it
-# streams at 35% of the copy's GB/s in the committed run, the add at 105% (the table above).
+# streams at 35% of the copy's GB/s in the committed run, the add at 105%.
+#
+# Two cautions. The non-vectorized path also computes each element's offset from the strides,
+# and these counters cannot separate that cost from the narrower loads. And Nsight Compute's
+# durations are longer than the profiler's: it replays each kernel under its own measurement.
+# Compare its counts, not its times.
 # Notebook 07 measures the fixed cost of a call, and notebooks 03 to 05 what makes one kernel
 # stream at a copy's speed.
 
@@ -716,9 +768,10 @@ basics.check_cp_positions(rank_positions);
 solution(basics.solution_cp_positions)
 
 # %% [markdown]
-# **Exercise 2 — from TE's table to HF's cache.** Write `cos_sin_from_freqs(freqs)` that turns
-# TE's angles `[S, 1, 1, R]` into HF's `(cos, sin)`, each `[S, R]` (it must work for both
-# pairings and for partial rotary).
+# **Exercise 2 — from TE's table to HF's cos and sin.** Write `cos_sin_from_freqs(freqs)` that
+# turns TE's angles `[S, 1, 1, R]` into `(cos, sin)`, each `[S, R]`, the form `rope_cos_sin`
+# gives: HF's rows for the table's positions, in fp32 (it must work for both pairings and for
+# partial rotary).
 
 # %%
 def cos_sin_from_freqs(freqs):
