@@ -42,8 +42,9 @@
 # - say how far fp32 angles drift at $10^6$ positions and more, and how ropelib's table-free
 #   angles avoid it.
 #
-# **Time:** about 45 minutes to read and 45 for the three exercises (the kernel takes most);
-# the cells run in about 40 s on a CPU (Triton's interpreter).
+# **Time:** about 90 minutes to read (section 6's measurements take most of it) and 45 for the
+# three exercises (the kernel takes most); the cells run in about 40 s on a CPU (Triton's
+# interpreter).
 
 # %%
 import os, torch
@@ -373,9 +374,19 @@ plt.show()
 # transformers' code allocates several times the bytes of its outputs on top of them: the
 # angles of every axis for every pair, their cosines and sines, the recomposed tables, and the
 # temporaries of `x * cos + rotate_half(x) * sin`. ropelib's call allocates its two outputs and
-# a few scalars (the cell prints both counts). On the H200 that shows in the time: ropelib's
-# kernel ran at 0.99 of a copy's speed forward and 0.98 forward and backward; transformers'
-# code at 0.07 both ways, and torch.compile of that code at 0.08 forward.
+# a few scalars (the cell prints both counts).
+#
+# The times on the H200 are consistent with that, but they come from another size and dtype
+# (b4 s8192 in bf16, where the memory count used one fp32 prompt of 4,096 tokens), and they were
+# not broken down into kernels and bytes. ropelib's kernel ran at 0.99 of a copy's speed forward
+# and 0.98 forward and backward. transformers' code ran at 0.07 both ways.
+#
+# torch.compile of transformers' code ran at 0.08 of a copy forward. Do not read that as what
+# the compiled code must cost. In the same file its forward and backward together reach a much
+# larger fraction of a copy's speed (the cell prints it, and the plot shows it). That fraction
+# is counted against two copies, so the forward alone took longer than forward and backward
+# together. The file's header says the forward+backward rows were timed another way, in rounds;
+# nothing here explains the gap. Take the 0.08 as a record of that run, not of the code.
 
 # %% [markdown]
 # Models written for transformers 4.x call `apply_multimodal_rotary_pos_emb(q, k, cos, sin,
@@ -543,9 +554,11 @@ print("forward and backward match plain PyTorch (float64)")
 # Without a table the bytes are fixed: q and k, read and written once. What a kernel can add
 # on top is arithmetic: forming each (token, pair) angle and its accurate sine and cosine.
 # Every head of a token turns by the same angles, so the question is how many times a kernel
-# forms them, and that is decided by one thing: whether the lines that form the angles sit
-# before the loops over the heads or inside them. You will write the kernel, then count, time
-# and profile both versions (the timing cell sets them beside a copy of q and k).
+# forms them. In the source, that is where the lines that form the angles sit: before the loops
+# over the heads or inside them. The compiler does not move them out of the loop for you (the
+# profile below shows it did not, and the text after it gives a likely reason). You will write
+# the kernel, then count and time both versions (the timing cell sets them beside a copy of q
+# and k), then read an Nsight Compute profile of them that ships with the project.
 #
 # ### Kernel exercise: a multi-axis RoPE kernel
 #
@@ -575,13 +588,11 @@ print("forward and backward match plain PyTorch (float64)")
 # kernel evaluates: at most one sine and one cosine per (token, pair) passes. A kernel that
 # forms the angles once per head, or once for q's heads and again for k's, computes the right
 # values and still does not pass. It runs your own code only: calling ropelib from the kernel
-# (its kernels' helpers included) fails it. On
-# a GPU it runs the compiled kernel there too. ropelib's kernels call libdevice's `cosf` and
-# `sinf` by name, whose argument reduction is exact for any angle; with the Triton this course
-# runs, your `tl.cos` and `tl.sin` compile to those same libdevice calls, not to the hardware's
-# fast approximations (notebook 05, section 4, reads that from the compiled PTX and prints it
-# for the Triton you have). The fp32 tolerance leaves room for what can still differ: the
-# order of the multiply-adds, and whether the compiler fuses them.
+# (its kernels' helpers included) fails it. On a GPU it runs the compiled kernel there too.
+#
+# Use `tl.cos` and `tl.sin`. The check always runs your kernel in Triton's interpreter first,
+# and a call into libdevice by name does not run there. The fp32 tolerance leaves room for what
+# can still differ: the order of the multiply-adds, and whether the compiler fuses them.
 
 # %%
 @triton.jit
@@ -615,7 +626,12 @@ solution(ex.solution_mrope_kernel.fn, title="Solution: angles once per token, th
 # ### The shipped kernel
 #
 # Here is what `ropelib.apply_mrope_qk` launches: `_mrope_cos_sin` forms a tile's angles and
-# their cosines and sines, and `_mrope_kernel` is the kernel. Set it beside the solution; four
+# their cosines and sines, and `_mrope_kernel` is the kernel. Its `cos_sin(..., ACCURATE)`
+# calls libdevice's `cos` and `sin` by name when compiled, whose argument reduction is exact
+# for any angle, and `tl.cos` and `tl.sin` in the interpreter, which cannot run libdevice.
+# With the Triton this course runs, your `tl.cos` and `tl.sin` compile to those same libdevice
+# calls on a GPU, not to the hardware's fast approximations (notebook 05, section 4, reads that
+# from the compiled PTX for the Triton you have). Set it beside the solution; four
 # lines are worth finding:
 #
 # - in `_mrope_cos_sin`, `p` starts as NaN, so a pair whose axis matches none of the
@@ -1031,7 +1047,15 @@ assert (2048 - 12 * 132, -(-2048 // (12 * 132)), -(-2048 // (16 * 132))) == (464
 assert -(-36 * 32 // 256) * 256 // 32 == 40     # 36 registers a thread, allocated 256 a warp
 
 # %% [markdown]
-# The two kernels move the same bytes (about 2 % apart). The per-head kernel executes 5.3 times
+# The two kernels move the same bytes: their DRAM counts are about 2 % apart. Those counts are
+# also below what either kernel must move. q and k, read and written in bf16, are
+# 16,384 × 32 × 128 × 2 bytes × 2 = 268 MB (arithmetic on the timing cell's sizes), and the
+# table's DRAM column is lower than that. The likely reason: some writes are still held in the
+# L2 cache when the kernel ends, and the count misses them. So the DRAM column, and the TB/s
+# derived from it, undercount the traffic. Use them to compare the two kernels with each
+# other, not with `do_bench`'s GB/s of q and k moved.
+#
+# The per-head kernel executes 5.3 times
 # the warp instructions. What it repeats for every head is the angle work: it loads the
 # token's three positions and each pair's frequency and axis again, picks the angle, and
 # evaluates its sine and cosine, 32 times over where the worked once-per-token kernel does it
@@ -1041,13 +1065,21 @@ assert -(-36 * 32 // 256) * 256 // 32 == 40     # 36 registers a thread, allocat
 # 32 lanes: the position, frequency and axis loaded, three selects, a multiply, a sine and a
 # cosine. Which of these steps costs most is not separated here.
 #
+# `angles_cos_sin` does not depend on `h`, so why does the compiler not move it out of the head
+# loop itself? The interpreter's counts follow the source line by line; it is the 5.3 times the
+# instructions that show the compiled kernel repeats the work too. A likely reason, not tested
+# here: every step of the loop stores to `q_out` or `k_out`, and the compiler cannot prove that
+# those stores leave `pos`, `inv_freq` and `axis` unchanged (the pointers might overlap). So
+# it loads them again after each store, and everything formed from them is formed again.
+#
 # The time does not grow as much as the instructions: 1.9 times under the profiler, which fixes
 # the SM clock (the next cell reads which), and 1.4 times at the GPU's own clock on the H200
 # (`do_bench` in the timing cell, which prints it on a GPU and checks it against the profiler's
 # ratio). Divided by its time, each kernel's DRAM traffic (the line under
-# the table) says how hard it kept the memory busy: the once-per-token kernel draws 3.4 TB/s,
-# a memory stream; the per-head kernel 1.8 TB/s, the same bytes over almost twice the time, the
-# rest spent on its extra instructions (the next cell measures how much of its time they fill).
+# the table) says how hard it kept the memory busy, by that undercount: the once-per-token
+# kernel draws 3.4 TB/s, the behaviour of a memory stream; the per-head kernel 1.8 TB/s, the
+# same bytes over almost twice the time, the rest spent on its extra instructions (the next
+# cell measures how much of its time they fill).
 #
 # The profile also shows the per-head kernel with fewer warps active on average (56 % of an
 # SM's warp slots against 89 %). Its registers go some way to say why (derived from the
@@ -1059,20 +1091,33 @@ assert -(-36 * 32 // 256) * 256 // 32 == 40     # 36 registers a thread, allocat
 # ropelib's own kernel executes 28 % more instructions than the worked solution (the shipped
 # kernel above: heads rotated as 3-D tiles, strides, layouts, partial rotary and more; which of
 # them costs what is not measured here) and takes a little less time (68.2 against 71.6 µs).
+# Why is not measured either. One candidate is the tile and the grid: the plan cell after the
+# shipped kernel prints the tile ropelib picks at 16,384 tokens, and it is not the worked
+# solution's 8 tokens a program in 2,048 programs. Timing your own kernel at other `BLOCK_T`
+# is a follow-up you can run.
 
 # %% [markdown]
 # **Is the per-head kernel bound by its instructions?** A second profile of the same three
-# launches (`mrope_angles_ncu-nvidia-h200-20261201-0657.csv`) recorded what the first did not:
-# the cycles each SM was active, the share of them on which the schedulers issued, and where an
-# average warp spent its cycles between two instructions it issued, by reason. An H200 SM has
-# four warp schedulers, each issuing at most one warp instruction a cycle, so a kernel's warp
-# instructions over its $4 \times 132$ schedulers are the fewest cycles it could take doing
-# nothing but issue; set against the cycles the SMs were active, they give the **issue share**,
-# the share of the time the schedulers were busy. Nsight Compute counts it too, as *issue
-# active* (`smsp__issue_active`), over each scheduler's own active cycles, which can be fewer
-# than its SM's, so the two need not agree to the last point. The cell prints both:
+# launches (`mrope_angles_ncu-nvidia-h200-20261201-0657.csv`) recorded what the first did not.
+# Its main number is the **issue share**:
 #
 # $$\text{issue share} = \frac{\text{warp instructions}}{4 \cdot 132 \cdot \text{active cycles per SM}}$$
+#
+# An H200 SM has four warp schedulers, each issuing at most one warp instruction a cycle. So
+# the warp instructions over the $4 \times 132$ schedulers are the fewest cycles a kernel could
+# take doing nothing but issue. Over the cycles the SMs were active, they give the share of the
+# time the schedulers were busy. The cell prints one column per metric:
+#
+# - **issue share**: the formula above, from `smsp__inst_executed.sum` and
+#   `sm__cycles_active.avg`;
+# - **Nsight**: Nsight Compute's own count of the same share, `smsp__issue_active` (per active
+#   cycle). It counts over each scheduler's own active cycles, which can be fewer than its SM's,
+#   so the two need not agree to the last point;
+# - **cycles/instr**: the cycles an average warp spends between two instructions it issues,
+#   `smsp__average_warp_latency_per_inst_issued`;
+# - **L1TEX wait**, **not selected**, **math pipe**: the part of those cycles spent waiting for
+#   one reason, `smsp__average_warps_issue_stalled_<reason>_per_issue_active` with the reasons
+#   `long_scoreboard`, `not_selected` and `math_pipe_throttle`.
 #
 # The profiler runs the SMs at a fixed clock; the cycles it counts over the time it measures say
 # which.
@@ -1131,8 +1176,11 @@ assert (round(token[STALLED.format("long_scoreboard")]), round(token["smsp__aver
 # wait, of every stall reason the profile records, is *not selected*, 3.9 cycles an
 # instruction: a warp was ready, and another ready warp was issued instead. That is what a
 # kernel looks like when it has more work ready than the schedulers can issue. It also answers
-# the occupancy question above: with the schedulers this busy, more resident warps could win
-# back at most the fifth of the issue slots left idle (1 / 0.81, about 1.23 times); fewer
+# the occupancy question above. With the schedulers this busy, more resident warps could win
+# back only the issue slots left idle. Within the cycles the SMs were active, that is at most a
+# fifth (1 / 0.81, about 1.23 times). Over the kernel's elapsed cycles it is a little more:
+# 1 / 0.77, about 1.30 times (arithmetic on the 77 % above). The difference is time when SMs
+# had no program to run, such as the end of the second wave, which one wave would remove. Fewer
 # instructions remove the cause. The once-per-token kernel issues on 30 % of its cycles, and of
 # the 48 cycles between two instructions of a warp, 43 are spent waiting on an L1TEX operation,
 # here its global loads (*long scoreboard*): its time is mostly waiting on memory, as its
@@ -1140,14 +1188,19 @@ assert (round(token[STALLED.format("long_scoreboard")]), round(token["smsp__aver
 # second.
 #
 # One caution: the profiler ran the GPU at about 1.5 GHz (elapsed cycles over time). Outside
-# the profiler the GPU picks its own clock; the timing cell prints the SM clock NVML reports
-# right after timing, on a GPU, and no reading of it is kept with this notebook. At a higher
-# clock an instruction takes less time and a byte from memory does not, so the per-head
-# kernel's instruction limit comes closer to its memory limit and the ratio of the two
-# kernels' times shrinks, as it did on the H200: 1.9 under the profiler, 1.4 under `do_bench`.
+# the profiler the GPU picks its own clock. On a GPU the timing cell prints the SM clock NVML
+# reports. It is read right after timing, not during it, so it hints at the clock `do_bench`
+# ran at without measuring it. At a higher clock an instruction takes less time and a byte
+# from memory does not. So the per-head kernel's instruction limit comes closer to its memory
+# limit, and the ratio of the two kernels' times shrinks, as it did on the H200: 1.9 under the
+# profiler, 1.4 under `do_bench`.
 
 # %% [markdown]
 # ### From transformers' materialised tables: the grid's order decides the bytes read
+#
+# This part is a side trip. It is about reading materialised tables, not about forming angles
+# once per token, and it extends notebook 05, section 6. On a first reading you can skip to
+# section 7.
 #
 # Models written for transformers 4.x hand the attention the tables themselves: cos and sin
 # `[3, B, S, D]` in bf16, one table per axis. At b4 s8192 with 28 q and 4 kv heads of 128 they
@@ -1207,24 +1260,38 @@ plt.show()
 
 # %% [markdown]
 # With q's programs first, k's programs ran after all of q (235 MB) had streamed through the L2
-# cache, and the rows of the tables they needed had left it: 335 MB read where q and k are 268.
+# cache, and most likely the rows of the tables they needed had left it (an inference from the
+# bytes; L2 hits are not shown here): 335 MB read where q and k are 268.
 # Ordered by chunks of tokens, each chunk's rows are still in L2 when its k programs read them:
 # 302 MB, 10 % fewer bytes, and 12 % less time (186.9 to 164.6 µs), with DRAM still only 69.5 %
 # busy. Then one sign: with the product written $(-x_b)\,s_a$ instead of $-(x_b\,s_a)$ (the
-# same bits) the same 302 MB took 138.7 µs, level with Liger's 134.6. What changes with the
-# sign is when the loads go out: notebook 05, section 6 ("How an address is written decides
+# same bits) the same 302 MB took 138.7 µs, level with Liger's 134.6. The likely change is
+# when the loads go out: notebook 05, section 6 ("How an address is written decides
 # when a load goes out"), shows how the assembler can issue some of a kernel's loads only after
 # its arithmetic has started, a second trip to memory for those loads. The cells after the next
-# paragraph measure it: a dozen-line version of the pass with the product written each of the
-# three ways, compiled for sm_90 on this machine (no GPU needed), and the pass ropelib ships,
-# which writes it $x_b\,(-s_a)$; each time they count how many of the forward's six loads go
-# out before its first multiply.
+# paragraph look at it in a stand-in: a dozen-line version of the pass with the product written
+# each of the three ways, compiled for sm_90 on this machine (no GPU needed), and the pass
+# ropelib ships now, which writes it $x_b\,(-s_a)$. Each time they count how many of the
+# forward's six loads go out before its first multiply.
 #
-# ropelib still reads 17 MB more than Liger. Part of it is the tables' second halves: Liger
-# assumes transformers' tables, whose two halves are equal (`cat(f, f)`), and reads the first;
-# ropelib reads both, so that any cos and sin give transformers' own result. That accounts for
-# at most 8 MB (of the tables' 50 MB a token needs a third, and half of that third is second
-# halves). Where the rest comes from is not measured here.
+# ropelib still reads 17 MB more than Liger. Liger assumes transformers' tables, whose two
+# halves are equal (`cat(f, f)`), and reads only the first halves. ropelib reads both, so that
+# any cos and sin give transformers' own result. Byte for byte, the second halves a token needs
+# are only 8 MB: of the tables' 50 MB a token needs a third, and half of that third is second
+# halves.
+#
+# But the memory does not deliver the tables byte for byte. Subtract q and k's 268 MB from
+# each read (arithmetic on the numbers above):
+#
+# - Liger reads 285 − 268 = 17 MB of tables, about twice the 8 MB of first halves it needs;
+# - ropelib, ordered by tokens, reads 302 − 268 = 34 MB, twice Liger's;
+# - ropelib with q's programs first reads 335 − 268 = 67 MB, about four times Liger's.
+#
+# So each half costs about twice its bytes. Liger's 17 MB shows it for the first halves; at the
+# same cost, the second halves add another 17 MB, the whole gap. Why a half costs twice its
+# bytes is not measured here. A likely cause is that each half-row is smaller than the blocks
+# the memory moves. The same subtraction shows the grid's order on the tables alone: about
+# four times Liger's table bytes with q's programs first, twice when ordered by tokens.
 
 # %%
 from ropelib.course import load_schedule
@@ -1332,6 +1399,11 @@ if sched_t:
 # the same product is fast is the compiler's choice, and it changes with the version: the
 # drop from 164.6 to 138.7 µs is a Triton 3.6 measurement. The form ropelib ships,
 # $x_b\,(-s_a)$, starts all 6 loads early with both versions.
+#
+# Keep in mind what this is. The timed kernels were earlier versions of ropelib's pass; the cell
+# compiles a stand-in and today's pass, not those. The forms also compile to different register
+# counts (the cell prints them), in the stand-in and against ropelib's pass. So the stand-in
+# shows how a sign can move the loads, not the timed kernels' own schedules.
 
 # %% [markdown]
 # ## 7. The angles themselves at long context
@@ -1397,11 +1469,19 @@ assert by[("ropelib_exact", top)]["out_err"] < 1e-5
 # %% [markdown]
 # At a thousand positions every method's angle is within a few thousandths of a radian. By one
 # and a half million positions the fp32 angle of the fastest pairs is off by almost a tenth of
-# a radian, and by 16 M by more than a radian (the cell prints both): the model sees a
-# different position than the one it was trained to see, for exactly the pairs that carry the
-# finest position information. The bf16 cache is worse at short range (more than ten times the
-# fp32 table's error at 1 K) and level with the fp32 table from $10^5$ positions on, once the
-# fp32 product error dominates. The table-free angle stays at half an ulp throughout.
+# a radian, and by 16 M by more than a radian (the cell prints both). No pair turns by more than
+# a radian per position ($\omega_j = b^{-2j/R} \le 1$), so an error of $\epsilon$ radians is an
+# error of at least $\epsilon$ positions: almost a tenth of a position at 1.5 M, more than a
+# whole position at 16 M.
+#
+# The error is deterministic. A model trained with the same fp32 path at those positions saw
+# the same angles. It matters where the angles differ from those the model was trained on:
+# positions past its training length, or training and inference that form the angles in
+# different ways (an fp32 table in one, a bf16 cache or table-free angles in the other).
+#
+# The bf16 cache is worse at short range (more than ten times the fp32 table's error at 1 K)
+# and level with the fp32 table from $10^5$ positions on, once the fp32 product error
+# dominates. The table-free angle stays within half an ulp at every position measured here.
 
 # %% [markdown]
 # ## Summary
@@ -1421,14 +1501,16 @@ assert by[("ropelib_exact", top)]["out_err"] < 1e-5
 #   on a GPU).
 # - transformers' code allocates several times its outputs' bytes for its tables and
 #   temporaries; ropelib's call allocates its outputs. On an H200 (Qwen2-VL-7B's heads, b4
-#   s8192, bf16) ropelib's kernel ran at 0.99 of a copy's speed forward, transformers' code at
-#   0.07 and torch.compile of it at 0.08 (section 3, read from `benchmarks/results/`).
+#   s8192, bf16) ropelib's kernel ran at 0.99 of a copy's speed forward and transformers' code
+#   at 0.07 (section 3, read from `benchmarks/results/`). torch.compile's forward figure in that
+#   file is slower than its own forward and backward, which section 3 leaves unexplained.
 # - ropelib's shipped kernel forms a tile's angles once for all the heads of its program, once
 #   per batch entry only when positions differ per entry, and splits the heads over the grid
 #   only when the tokens alone cannot fill the GPU.
 # - Angles formed in fp32 drift with the position: by 1.5 M positions the fastest pairs are off
-#   by almost a tenth of a radian, by 16 M by more than a radian. ropelib's table-free angles
-#   (`rope_angles`) stay within half an fp32 ulp.
+#   by almost a tenth of a radian, by 16 M by more than a radian (at least as many positions).
+#   That matters where inference forms angles the model was not trained on. ropelib's
+#   table-free angles (`rope_angles`) stayed within half an fp32 ulp at every position measured.
 
 # %% [markdown]
 # ## Questions for a study group
