@@ -20,7 +20,8 @@
 # reading and writing the whole tensor. Here we write the first *Triton* kernel that does it in
 # one pass, in the simplest way that works: one program per row. It is slow on purpose — it is
 # the baseline that notebook 04's batch-reusing grid and ropelib's finished kernel are measured
-# against — but every idea in the faster kernels is already here.
+# against. Most ideas of the faster kernels are already here; reuse over the batch and
+# whole-row loads are not.
 #
 # **After this notebook you will be able to**
 #
@@ -30,8 +31,8 @@
 # - tell `BLOCK_SIZE` (the tile of data a program works on) from `num_warps` (the threads that
 #   work on it), and say why one small program per row cannot keep a GPU's memory busy;
 # - see which 32-byte sectors a load or store touches, recorded from a real launch in Triton's
-#   interpreter, and why
-#   stride-2 accesses cost more than a contiguous load split in registers;
+#   interpreter; say why stride-2 stores cost more than stride-2 loads (L1 absorbs one, not the
+#   other), and why only the whole-row version of an interleaved kernel runs at copy speed;
 # - debug a kernel on the CPU in Triton's interpreter: print inside it, catch out-of-bounds
 #   accesses, and know where the interpreter differs from a GPU;
 # - check a kernel against the reference the way ropelib's tests do.
@@ -39,9 +40,10 @@
 # Everything runs on a GPU, or on the CPU through Triton's interpreter (`TRITON_INTERPRET=1`),
 # where sizes are chosen small automatically.
 #
-# **Time budget.** Running every cell takes seconds on the CPU in the interpreter. Reading it
-# and trying the suggested edits takes about an hour; the kernel exercise at the end, 20–40
-# minutes more.
+# **Time budget.** Running every cell takes seconds on the CPU in the interpreter. Reading it,
+# working through its tables and trying the suggested edits takes about 2 to 2.5 hours for a
+# study group. The kernel exercise at the end and its (c)/(d) follow-up take 30 to 60 minutes
+# more.
 
 # %%
 import os, torch
@@ -390,9 +392,12 @@ for dtype in (torch.float32, torch.bfloat16):
     assert m["max_abs_err"] < (1e-5 if dtype == torch.float32 else 0.05)
 
 # %% [markdown]
-# Step 3 is a complete naive RoPE kernel. On the CPU its bf16 outputs may be one unit in the
-# last place off: the interpreter's `.to(tl.bfloat16)` truncates where a GPU rounds to nearest
-# (section 6.3 shows it).
+# Step 3 is a complete naive RoPE kernel. On any machine a few of its bf16 outputs can be one
+# unit in the last place (ulp) from the reference. The kernel computes in fp32, the reference
+# in fp64, and now and then the two round to different neighbours. On a GPU this cell prints
+# a max ulp error of 1.00 too, and so do section 7's checks, which allow at most one ulp. On
+# the CPU many more outputs are one ulp off, because the interpreter's `.to(tl.bfloat16)`
+# truncates where a GPU rounds to nearest (section 6.3).
 #
 # ### 3.4 The kernel ropelib ships
 #
@@ -504,10 +509,21 @@ def _rope_naive_kernel(
 # ```
 #
 # Launched with the same arguments, the kernel of the cell above gives the same bits as
-# `rope_naive`. In the interpreter it also gives step 3's bits in fp32 (the same operations in
-# the same order); compiled for a GPU, the compiler may contract a multiply and an add into one
-# fma, so there the two can differ in the last bit. The printed share says how often, and on a
-# GPU the cell counts the fused multiply-adds in the kernel's PTX, the instructions that do it:
+# `rope_naive`. In the interpreter it also gives step 3's bits in fp32: the same operations in
+# the same order. Compiled for a GPU, the two can differ in the last bit, and the cell prints
+# how often they agree. One likely cause is contraction: the compiler may fuse a multiply and
+# an add into one fma, which rounds once instead of twice.
+#
+# On a GPU the cell counts the fmas and multiplies in this kernel's PTX. Read that line with
+# care:
+#
+# - It counts this kernel only. Step 3 is a Triton kernel too (section 3.3), built by the same
+#   compiler, and may contain fmas as well; the printed words "PyTorch's step 3" are wrong. The
+#   cell does not compile step 3, so it does not show *which* products each kernel fuses. That
+#   the two fuse different products is the explanation to check, not one shown here.
+# - Its assert passes whenever this kernel has any fma, so it does not prove the explanation.
+# - The counts are of whole PTX instructions. The page does not show which lines of the
+#   kernel each counted fma or multiply comes from.
 
 # %%
 from ropelib.course.kernels.naive import rope_naive
@@ -532,7 +548,7 @@ for dtype in (torch.float32, torch.bfloat16):
               f"rounding) and {n_mul} separate multiplies; PyTorch's step 3 rounds every product")
         assert step3_same == 1.0 or n_fma > 0     # a difference comes with contracted products
 # %% [markdown]
-# ## 4. `BLOCK_SIZE` vs `num_warps`, and bytes in flight
+# ## 4. `BLOCK_SIZE` vs `num_warps`, and what a program costs
 #
 # Two numbers are easy to mix up:
 #
@@ -542,11 +558,12 @@ for dtype in (torch.float32, torch.bfloat16):
 # - **`num_warps`** is how many warps of 32 threads run one program (default 4, i.e. 128
 #   threads). It is a launch option; the compiler spreads the tile over those threads.
 #
-# For $D = 128$ each half is a tile of 64 elements. With 1 warp each thread holds 2 of them;
-# with 4 warps, 128 threads share 64 elements, so half the threads hold copies and do no
-# useful work. The result cannot depend on it; only the speed can. `rope_naive` picks one warp
-# per 128 elements of a half (`default_num_warps`: one warp for $D = 128$), and takes
-# `num_warps=` to try others.
+# For $D = 128$ each half is a tile of 64 elements. With 1 warp, 32 threads share them, 2
+# each. With 4 warps, 128 threads share 64 elements, so half the threads have no element of
+# their own: the compiler must give them copies or leave them idle. (This page does not print
+# the compiled layout.) The result cannot depend on it; only the speed can. `rope_naive`
+# picks one warp per 128 elements of a half (`default_num_warps`: one warp for $D = 128$),
+# and takes `num_warps=` to try others.
 #
 # **In the interpreter `num_warps` does nothing**: it runs each program as one NumPy
 # computation on whole tiles, with no threads, and ignores the option. The four results below
@@ -591,34 +608,47 @@ else:
 # - **Tiny programs.** It launches $S \cdot B \cdot H$ = 1,048,576 one-warp programs, each
 #   reading one 256-byte row of `x` and writing one of `y`. An SM holds at most 32 programs at
 #   a time (its limit on resident thread blocks; 32 one-warp programs fill half of its 64 warp
-#   slots), so the GPU works through them in 248 *waves*. The profiler's *achieved occupancy*
-#   — the average share of an SM's 64 warp slots that hold a warp — is 28.1 % for the naive
-#   kernel against 85.3 % for the copy: on average an SM holds about 18 of the 32 programs it
-#   could.
-# - **Few bytes in flight, but that is not what sets it apart.** A memory system delivers its
-#   bandwidth only when enough bytes are requested and not yet returned at every moment
-#   (Little's law: bytes in flight = bandwidth × latency). Per SM that is at most *resident
-#   warps × bytes each warp has asked for*. There is no counter for it; `measured` derives this
-#   upper bound from the achieved occupancy and the bytes of `x` per warp: 4.5 KiB for the naive
-#   kernel, a twelfth of the copy's 54.6 KiB. Yet notebook 04's batch-reusing kernel, profiled
-#   in the same run, asks for only 1.7 times the naive kernel's KiB per SM and runs 3.5 times
-#   faster: the bytes in flight cannot account for that gap. The same profile shows what does.
-#   Notebook 04's ablation launches two more kernels of 1,048,576 one-row programs: one batch
-#   row per program (`sh_one_b`), and the same reading cos/sin from tables, with no sine or
-#   cosine to evaluate (`sh_one_b_table`). The three execute warp instructions 4.7 times apart
-#   and reach achieved occupancies 2.9 times apart, yet their times lie within 0.3 % of each
-#   other. What they share is the number of programs. A cell later in this section measures
-#   what a program costs when it does nothing.
+#   slots). If every SM were always full, the GPU would work through them in 248 *waves*. They
+#   never are. The profiler's *achieved occupancy* — the average share of an SM's 64 warp
+#   slots that hold a warp — is 28.1 % for the naive kernel against 85.3 % for the copy: on
+#   average an SM holds about 18 of the 32 programs it could. Low occupancy is a symptom
+#   here, not the cause; the end of this section shows why.
+# - **Not bytes in flight either.** Memory delivers its bandwidth only when enough bytes are
+#   requested and not yet returned (Little's law: bytes in flight = bandwidth × latency).
+#   `measured` derives an upper bound per SM, with no counter behind it: resident warps × the
+#   `x` bytes each warp asks for in one batch step. That is 4.5 KiB for the naive kernel, a
+#   twelfth of the copy's 54.6 KiB. (One step is one row for a kernel of one row per program;
+#   notebook 04's batch-reusing kernel loops over the $B$ rows of its program, one row a step,
+#   so its "x B/prog" column is $B$ times its bytes per step.) Yet that kernel asks for only
+#   1.7 times the naive kernel's KiB per SM and runs 3.5 times faster. So the bytes in flight
+#   do not explain the gap.
+# - **The number of programs.** Notebook 04's ablation has two more kernels of 1,048,576
+#   one-row programs. `sh_one_b` has a grid $(S, H, B)$: one program per row, like the naive
+#   kernel, but written as notebook 04's kernel with its batch loop cut to one row.
+#   `sh_one_b_table` is the same, but reads cos and sin from fp32 tables, so it evaluates no
+#   sine or cosine. The three kernels execute warp instructions 4.7 times apart and reach
+#   achieved occupancies 2.9 times apart, yet their times lie within 0.3 % of each other. What
+#   they share is the number of programs. A cell later in this section measures what a
+#   program costs when it does nothing.
 #
 # More warps per program would not help. A program here is one 128-element head row (two
 # 64-element halves) whatever its warps, and an SM of compute capability 9.0 holds at most 32
 # programs and 64 warps at once: with 1 or 2 warps 32 programs fit, with 4 warps 16, with 8
-# warps 8. The profile has this ablation for notebook 04's batch-looping kernel (grid
-# $(S, H)$, one warp per program by default): with 4 and 8 warps the SMs' warp slots are over
-# 95 % full, so about 15 and 8 programs are resident, and the time is 1.6 times the 2-warp time
-# at 4 warps and 3.0 times at 8. On a GPU the warps cell above shows the naive kernel's own
-# times. What helps is more work per program — several rows in one program, as in notebook 04
-# and ropelib's finished kernel — so that fewer, longer programs do the same work.
+# warps 8.
+#
+# The profile has a warps ablation only for notebook 04's batch-looping kernel, `sh_loop_b`
+# (grid $(S, H)$: one program per position and head, looping over the $B$ rows; one warp per
+# program by default). With 4 and 8 warps its SMs' warp slots are over 95 % full, so about 15
+# and 8 programs are resident. Its time is 1.6 times the 2-warp time at 4 warps and 3.0 times
+# at 8.
+#
+# The naive kernel was not profiled at 4 or 8 warps. On a GPU the warps cell above shows its
+# own times; it checks only that 8 warps are slower than 2. This page does not explain that
+# slowdown, and the program-cost table below shows that the cap on resident programs alone
+# does not: a kernel of one-row programs, capped the same way, takes the same time at 8 warps
+# as at 1. Do not carry the batch-looping kernel's explanation over to it. What does help
+# is more work per program — several rows in one program, as in notebook 04 and ropelib's
+# finished kernel — so that fewer, longer programs do the same work.
 
 # %%
 from ropelib.course import measured
@@ -736,13 +766,22 @@ assert (round(min(lives), 1), round(max(lives), 1)) == (4.2, 5.5)
 # the empty kernel takes the same time at 8 warps a program, when only 8 of them fit an SM, as
 # at 1, and so does the one-row kernel. So a slowdown with more warps is not a costlier start.
 #
-# The batch-looping kernel of the warps ablation shows what it is instead. An SM finishes
-# programs at the rate *resident programs ÷ life of a program* (Little's law again, for
-# programs), so a program's life is the resident programs times the time per program on each
-# SM. Measured that way, a program of that kernel lives between 4.2 and 5.5 µs at every warp
-# count, while the resident programs fall from about 31 to 8: the time follows the resident
-# programs, which the warps cap. Both lessons point the same way: fewer programs, each doing
-# more.
+# Little's law holds for programs too. An SM finishes programs at the rate *resident programs
+# ÷ life of a program*. So a program's life is the resident programs times the time per
+# program on each SM.
+#
+# This turns occupancy into an outcome. The naive kernel's programs start at one per 80 ns on
+# each SM, and about 18 are resident on average. So each lives about 18 × 80 ns ≈ 1.4 µs (two
+# numbers asserted above, multiplied). A program that lived longer would raise the occupancy;
+# it would not change the start rate. That is why the three kernels of a million programs
+# reach occupancies 2.9 times apart in the same time: their programs live for different
+# lengths, but start at the same rate.
+#
+# For the batch-looping kernel of the warps ablation, measured the same way, a program lives
+# between 4.2 and 5.5 µs at every warp count. Its resident programs fall as the warps cap them
+# (about 15 at 4 warps, 8 at 8), and its time follows them. That explanation is for that
+# kernel; it does not carry over to the naive kernel (see above). Both lessons point the same
+# way: fewer programs, each doing more.
 
 # %% [markdown]
 # ## 5. Coalescing, made visible
@@ -903,14 +942,16 @@ draw_sectors(recorded, FIGURES / "03-access-sectors.png")
 # bytes of each: the loads *request* twice the sectors they need. On a GPU the second stride-2
 # load can find those sectors still in L1, and then DRAM traffic does not grow; what doubles in
 # any case is the load instructions and L1 requests. The two stride-2 stores cannot be saved
-# that way: each sends 8 half-written sectors to L2, twice the store traffic of (c). In (c) and
-# (d) one instruction covers the row in whole sectors, and the swap happens in registers.
+# that way: each sends 8 half-written sectors to L2, twice the store traffic of (c). In the
+# interpreter's model, (c) and (d) cover the row with one instruction in whole sectors, and the
+# swap happens in registers. The GPU's counters below show that this holds for (d) only.
 #
 # One thing the interpreter cannot show: an "instruction" here is one `tl.load` of the whole
 # tile. On a GPU the compiler splits it into warp instructions, and the **layout** it picks
 # decides which lanes of a warp go together. For that it needs to know which offsets are
-# contiguous, and it knows only what it can prove from the index arithmetic: in (c) the
-# offsets `2*j + [0, 1]` are contiguous along the last axis only, two elements long.
+# contiguous, and it knows only what it can prove from the index arithmetic. In (c) the
+# offsets `2*j + [0, 1]` are contiguous along the last axis only, two elements long; in (d)
+# `tl.arange(0, D)` is one run of the whole row.
 #
 # On a GPU this cell measures it on a large tensor, 16 rows per program, beside a device copy of
 # the same bytes. A stride-2 load should cost little (L1 catches it); a stride-2 store more. The
@@ -948,7 +989,7 @@ else:
 # (`benchmarks/access_counters.py`, committed in `benchmarks/results/access_counters-*.csv`).
 # For each kernel: the global load and store **requests** (one per warp instruction), the
 # sectors they asked L1 for, the share of load sectors L1 already held, the sectors L1 had to
-# read from L2 and sent on to L2 as writes, and what reached DRAM. A copy moves
+# read from L2 and sent on to L2 as writes, and the bytes read from DRAM. A copy moves
 # 64 MiB in and 64 MiB out: 2,097,152 sectors each way.
 
 # %%
@@ -1004,27 +1045,36 @@ assert all(abs(r["dram_read_bytes"] - c["model_bytes"] / 2) < 0.02 * c["model_by
 # The counters answer the section's questions, and one it did not ask.
 #
 # - **(c) is not what the interpreter drew.** Every load request uses 128 bytes, 4 per lane,
-#   spread over 16 sectors: a quarter of each sector. Compiled for sm_90 (Triton 3.6), the
-#   kernel's loads are `ld.global.b32` and its layout puts a warp's 32 lanes on 16 rows, 2
-#   pairs each (`threadsPerWarp = [16, 2, 1]`): the compiler could prove only two contiguous
-#   elements, so it vectorised two. L1 catches the other three touches of each sector (hit
-#   rate 75 %, and L2 reads no more than x), but every store request covers 16 sectors, a
-#   quarter of each written, and L2 receives 3.8 times the sectors a copy writes. That, not the
-#   split and join ((d) splits and joins too), is what sets (c) apart: it takes 3.3 times the
-#   copy's time.
-# - **(b), stride-2 loads,** double the requests; L1 holds the second half of each sector (hit
-#   rate 87.5 %), L2 and DRAM read what (c) reads, and the time does not move.
+#   spread over 16 sectors: 8 bytes of each, a quarter of the sector (128 / 16, both
+#   printed). L1 catches the other three touches of each sector (hit rate about 75 %, and L2
+#   reads no more than x). But every store request also covers 16 sectors, a quarter of each
+#   written, and L2 receives 3.8 times the sectors a copy writes. That, not the split and join
+#   ((d) splits and joins too), is what sets (c) apart: it takes 3.3 times the copy's time.
+# - **Why a quarter of each sector?** This page does not show the compiled layout or the load
+#   instructions, so here is the explanation to check. Narrow loads alone would not waste
+#   sectors: 32 lanes loading 4 bytes each *along* one row would cover 128 contiguous bytes, 4
+#   whole sectors. Sectors are wasted when the layout spreads a warp's lanes over many rows, a
+#   few bytes of each row per instruction. Here 16 sectors with 8 bytes used in each fit a
+#   warp spread over 16 rows, 8 bytes of each. To check it, compile the kernel and read the
+#   `#ttg.blocked` layout in `compiled.asm["ttgir"]` and the `ld.global`/`st.global` lines in
+#   `compiled.asm["ptx"]`, for (c) and for (d).
+# - **(b), stride-2 loads,** double the requests, and each uses 64 bytes (half of (c)'s 128).
+#   L1's hit rate is 87.5 %, not the 50 % that "the second load finds the sector" would give.
+#   L2 sends each sector of x once (its reads equal (c)'s), so each sector is touched
+#   1 / (1 − 0.875) = 8 times, and L1 serves 7 of the 8: each request uses only a few bytes of
+#   each sector it touches. L2 and DRAM read what (c) reads, and the time does not move.
 # - **Stride-2 stores** send L2 2.1 times the sectors (c) sends, each with 4 of its 32 bytes
-#   written, and the time more than doubles; DRAM writes do not change (L2 merges the pieces
-#   before they go out).
+#   written, and the time more than doubles. The cell also checks that the bytes written to
+#   DRAM do not change (the table does not print them): L2 most likely merges the pieces
+#   before they go out.
 # - **(d), whole rows,** gives the compiler `tl.arange(0, D)`: 128 contiguous elements. Each
 #   request is 512 bytes, 16 bytes a lane, 16 whole sectors; L2 sees exactly a copy's sectors,
 #   and the kernel runs as fast as the copy. The pairs are still split and joined — in
 #   registers, by `tl.reshape`. This is how ropelib's finished kernel reads interleaved pairs.
 #
-# Two lessons: the interpreter shows which bytes a program asks for, not how a warp's lanes
-# share them; and the compiler vectorises what it can prove contiguous, so write offsets it can
-# read as one run.
+# Two lessons. The interpreter shows which bytes a program asks for, not how a warp's lanes
+# share them. And the compiler can only lay out as one run what it can prove contiguous, so
+# write offsets it can read as one run: (d) does, (c) does not.
 
 # %% [markdown]
 # ## 6. Debugging in the interpreter
@@ -1036,7 +1086,9 @@ assert all(abs(r["dram_read_bytes"] - c["model_bytes"] / 2) < 0.02 * c["model_by
 #
 # `tl.device_print` works everywhere (on a GPU its output goes to the terminal that started
 # Jupyter, not to the notebook); in the interpreter plain `print` works too and shows whole
-# tiles. Here is the naive kernel's index math for two programs of a $D = 72$ row:
+# tiles. Here is the naive kernel's index math for two programs of a $D = 72$ row. The cell
+# prints it only in the interpreter: on a GPU page it prints a note instead. Run it with
+# `TRITON_INTERPRET=1` to see the tiles.
 
 # %%
 @triton.jit
@@ -1075,8 +1127,9 @@ else:
 # **Tool 1: `assert` in the kernel.** The interpreter runs a Python `assert` in a `@triton.jit`
 # function as the plain Python statement it is, so it is always checked. On a GPU, Triton
 # compiles the same line to `tl.device_assert`, which is only active when the kernel is compiled
-# with `TRITON_DEBUG=1`. (An explicit `tl.device_assert` call is the other way round: the
-# interpreter of Triton 3.9 skips it.) The assert must come *before* the access it guards.
+# with `TRITON_DEBUG=1`. The assert must come *before* the access it guards. The cell below
+# runs the buggy kernel only in the interpreter: on a GPU it prints nothing. Run it with
+# `TRITON_INTERPRET=1` to see the assert fire.
 
 # %%
 @triton.jit
@@ -1169,8 +1222,10 @@ for mask_stores in (True, False):
 #
 # The interpreter is a model of the GPU, not the GPU. One difference matters for RoPE: it casts
 # fp32 to bf16 by **truncation**, while a GPU (and `torch`) rounds to nearest even. A kernel
-# that ends in `.to(tl.bfloat16)` is then off by one unit in the last place in about half of its
-# outputs on the CPU, and right on a GPU:
+# that ends in `.to(tl.bfloat16)` is then off by one unit in the last place in many of its
+# outputs on the CPU (the cell checks more than 30 %), and right on a GPU (it checks 0 %).
+# On a GPU page the cell therefore prints 0 %; run it in the interpreter to see the share of
+# truncated values.
 
 # %%
 @triton.jit
@@ -1233,8 +1288,9 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16):
             assert m["max_ulp_err"] <= 1.0
 
 # %% [markdown]
-# The kernel is correct. Section 4 measured why it is not fast: it launches a million programs
-# of one row, and a program costs about as much to start as this one does work. Notebook 04
+# The kernel is correct. Section 4 measured why it is not fast. In the profile it launches a
+# million programs of one row, and its time is the time to start and retire them; its work
+# hides under that. Notebook 04
 # gives each program the $B$ rows of one position and head: $B$ times fewer programs, each
 # reusing its cos/sin $B$ times.
 #
@@ -1286,7 +1342,7 @@ solution(ex.solution_rope_interleaved.fn, title="Solution: an interleaved, parti
 # row's offsets `tl.arange` of the whole row and `tl.reshape` (pattern (d)), and run the check
 # after each; record all three with `access.record` and compare their sectors. The interpreter
 # draws (c) and (d) alike: section 5's counters say which of them a GPU runs at a copy's speed,
-# and why.
+# and what to check in the compiled code to see why.
 #
 # ## Questions for a study group
 #
@@ -1302,4 +1358,10 @@ solution(ex.solution_rope_interleaved.fn, title="Solution: an interleaved, parti
 # 4. The interpreter ignores `num_warps`, truncates bf16 and runs programs in order. For each,
 #    name a bug that passes on the CPU and fails on a GPU, and a check that would catch it.
 # 5. The angle table is read by every one of the $B \cdot H$ programs of a position. How much
-#    DRAM traffic does that cost on a GPU, and how would you find out from the sector picture?
+#    DRAM traffic does that cost on a GPU? Section 4's DRAM/model column counts the table
+#    once: what does its value for the naive kernel tell you, and which cache must serve the
+#    other reads? (The sector picture of section 5 is the interpreter's and shows no DRAM.)
+# 6. Give `_rope_step3_kernel` a `ROWS` constexpr, so that one program rotates `ROWS`
+#    consecutive rows, and check it as in section 3.3. On a GPU, first predict its time for
+#    `ROWS` = 1, 2, 4 and 8 from the cost of about 80 ns per program on each SM, then time it.
+#    Where does the prediction stop holding, and why?
