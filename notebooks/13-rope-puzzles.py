@@ -29,8 +29,8 @@
 #
 # - write RoPE kernels that work on a tile of rows per program, with masks for short tiles and
 #   for head dims that are not powers of two;
-# - recognise eleven RoPE bugs by their symptoms: which elements come out wrong, which are never
-#   written, which loads leave the tensor;
+# - recognise nine RoPE bugs, and one pattern of wasted loads, by their symptoms: which
+#   elements come out wrong, which are never written, which loads leave the tensor;
 # - read a picture of the elements a kernel loaded and stored, and a line with the share of
 #   each sector's bytes it used;
 # - keep angles in fp32 and offsets in int64 where they need it, and honour any strides a
@@ -59,10 +59,13 @@
 # more programs (a race on a GPU, where programs run in no fixed order).
 #
 # **Time:** the cells run in about 10 s on a CPU with every puzzle unanswered, and about as long
-# solved. Solving them takes 2–4 hours. Puzzles 1, 2, 4 and 8 you write from an empty body
+# solved. Reading the prose, the specs and the worked solutions takes about 40 minutes;
+# solving the puzzles takes 2–4 hours. Puzzles 1, 2, 4 and 8 you write from an empty body
 # (the signature and its argument comments are given). The others hand you a kernel that is
-# nearly right, and the puzzle is finding what is wrong: most repairs are a line or two once
-# found (puzzle 10's among the shortest), and 5, 7 and 11 need the most thought about why.
+# nearly right, and the puzzle is finding what is wrong. Each repair puzzle states the spec
+# and the symptom, not the bug: let the ❌ line, the picture and the hint lead you to it. A
+# "What was wrong" note under each worked solution explains the bug; read it after your ✅.
+# Most repairs are a line or two once found; 5, 7 and 11 need the most thought about why.
 
 # %%
 import os, torch
@@ -229,12 +232,11 @@ pz.time_solution("interleaved");
 # y_k = x_k \;\; (k \ge R).
 # $$
 #
-# Kernels written for full rotary have shipped two mistakes here: the partner of feature $j$
-# taken at $j + D/2$ (reading and writing past the rotary features), and only the rotary
-# features written into a fresh output, leaving the rest as whatever memory held. The second
-# hides as long as the output is a copy of `x`, and shows when someone switches to
-# `torch.empty`. This kernel has both. `BLOCK_PASS` is a power-of-two tile for the $D - R$
-# pass-through features.
+# The kernel below was written for full rotary and then called for a partial-rotary model.
+# Its tests passed while the output buffer started as a copy of `x`. When someone switched
+# that buffer to `torch.empty`, the output went wrong. Repair the kernel so that every feature
+# of `y` matches the spec. It has more than one mistake. `BLOCK_PASS` is a power-of-two tile
+# for the $D - R$ pass-through features.
 
 # %%
 pz.show_spec("partial")
@@ -269,6 +271,18 @@ pz.check_partial(my_partial_kernel);
 # %%
 solution(pz.solution_partial_kernel.fn, title="Solution: puzzle 3")
 pz.time_solution("partial");
+
+# %% [markdown]
+# **What was wrong.** Kernels written for full rotary have shipped two mistakes here, and the
+# given kernel had both.
+#
+# - It took the partner of feature $j$ at $j + D/2$. With rotate-half on the rotary part, the
+#   partner is at $j + R/2$. At $j + D/2$ the kernel reads and writes past the rotary features.
+# - It wrote only the rotary features. Features $R \ldots D-1$ of a fresh output stay as
+#   whatever memory held. This hides as long as the output is a copy of `x`. The check fills
+#   its output with NaN, so it shows at once.
+#
+# The repair pairs $j$ with $j + R/2$ and copies the pass-through features from `x`.
 
 # %% [markdown]
 # ## Puzzle 4 — head dims 80, 96, 72 (write)
@@ -314,22 +328,19 @@ pz.time_solution("odd_head_dim");
 #
 # The angle of pair $j$ at position $p$ is $\theta = p\,\omega_j$ with
 # $\omega_j = 10000^{-j/H}$, so $\omega_0 = 1$: at position 100,000 it is 100,000 radians, and
-# cos and sin need it to a few hundredths of a radian. bf16 keeps 8 significant bits. It holds
-# every integer only up to 256; near 100,000 its neighbouring values are 512 apart, so an angle
-# stored in bf16 can be off by 256 radians — any angle at all.
+# cos and sin need it to a few hundredths of a radian.
 #
-# Models have shipped with exactly that: a model cast with `model.to(torch.bfloat16)` casts its
-# inverse-frequency buffer with the weights, and the angle tables built from it (or built under
-# autocast) come out in bf16. Attention works at short context and degrades, with no error,
-# as the context grows. Storing *cos and sin* in bf16 is much less harmful (at most $2^{-9}$
-# off, at any position): the damage is done in the angle.
+# A bf16 model ran with the kernel below. Attention worked at short context and degraded, with
+# no error, as the context grew. The caller hands the kernel an angle table it cached, the
+# integer position of each row and the fp32 inverse frequencies. Repair the kernel so that it
+# is right at every position up to 131,071.
 #
-# This kernel reads the angle table the caller cached in bf16. No kernel can get back what
-# the table lost; the caller also passes the integer positions and the fp32 inverse
-# frequencies. Repair it: compute $\theta$ in fp32. The check grades the **angle error** of each
-# pair, $|y - y_\text{spec}| / |x|$ against the fp64 spec, at positions up to 131,071, and
-# allows 0.03 rad: fp32 values below $2^{17}$ are $2^{-7}$ apart, so an fp32 angle is off by at
-# most $2^{-8} \approx 0.004$ rad there, and rounding $y$ to bf16 adds at most 0.006.
+# The check grades the **angle error** of each pair, $|y - y_\text{spec}| / |x|$ against the
+# fp64 spec, at positions up to 131,071, and allows 0.03 rad.
+#
+# One trap of the interpreter, where the checks run your kernel: it does arithmetic on bf16
+# tiles on their raw bits, not their values. Convert each bf16 tile to fp32 before you compute
+# with it, as the given kernel does.
 
 # %%
 pz.show_spec("long_context")
@@ -366,6 +377,20 @@ solution(pz.solution_long_context_kernel.fn, title="Solution: puzzle 5")
 pz.time_solution("long_context");
 
 # %% [markdown]
+# **What was wrong.** The kernel used the angle table the caller had cached in bf16. bf16 keeps
+# 8 significant bits. It holds every integer only up to 256. Near 100,000 its neighbouring
+# values are 512 apart, so an angle stored in bf16 can be off by 256 radians: any angle at all.
+# No kernel can get back what the table lost. The repair ignores the table and computes
+# $\theta$ in fp32 from the positions and the inverse frequencies.
+#
+# Models have shipped with exactly that table. `model.to(torch.bfloat16)` casts the
+# inverse-frequency buffer with the weights, and the angle tables built from it (or built
+# under autocast) come out in bf16. Storing *cos and sin* in bf16 is much less harmful
+# (puzzle 11): the damage is done in the angle.
+#
+# Why 0.03 rad is enough: fp32 values below $2^{17}$ are $2^{-7}$ apart, so an fp32 angle is
+# off by at most $2^{-8} \approx 0.004$ rad there, and rounding $y$ to bf16 adds at most 0.006.
+#
 # fp32 is not the end of the story: an fp32 angle is off by up to 0.03 rad below position
 # $2^{20}$ and up to 0.5 rad below $2^{24}$, where fp32 stops holding every integer (half the
 # spacing of fp32 values just below each: $2^{-5}$ and $2^{-1}$; the cell below measures it). For
@@ -385,14 +410,12 @@ for top in (2**20, 2**24):
 #
 # Hugging Face models hand RoPE `position_ids [B, S]`, and these are often not a contiguous
 # tensor: one row of positions expanded over the batch (`arange(S)[None].expand(B, -1)`, stride
-# 0 over the batch), or a slice of a larger tensor. A kernel that finds position $(b, s)$ at
-# `b * S + s` reads batch entry 1 of an expanded tensor past the end of its storage (it holds
-# $S$ elements), and a sliced one at the wrong elements. Fused kernels have shipped that
-# assumption, and the usual repair was a `.contiguous()` in the wrapper: a copy on every call.
-# Honouring the strides costs two integer multiplies per token, and no copy.
+# 0 over the batch), or a slice of a larger tensor.
 #
-# The grid is `(B, cdiv(S, BLOCK_S))`: program $(b, t)$ rotates `BLOCK_S` tokens of sequence
-# $b$, gathering their rows of the cos/sin tables by position.
+# The kernel below passed its tests with contiguous position ids, and went wrong in a model
+# that passed them expanded. Repair it so that it is right for any `position_ids` the caller
+# hands it, without a copy. The grid is `(B, cdiv(S, BLOCK_S))`: program $(b, t)$ rotates
+# `BLOCK_S` tokens of sequence $b$, gathering their rows of the cos/sin tables by position.
 
 # %%
 pz.show_spec("position_ids")
@@ -432,15 +455,20 @@ solution(pz.solution_position_ids_kernel.fn, title="Solution: puzzle 6")
 pz.time_solution("position_ids");
 
 # %% [markdown]
+# **What was wrong.** The kernel found position $(b, s)$ at `b * S + s`, as if `position_ids`
+# were contiguous. On an expanded tensor, batch entry 1 is then read past the end of its
+# storage, which holds $S$ elements. On a sliced one, the wrong elements are read. Fused
+# kernels have shipped that assumption. The usual repair was a `.contiguous()` in the wrapper:
+# a copy on every call. The worked solution reads `pos_ptr + b * stride_pb + s * stride_ps`:
+# two integer multiplies per token, and no copy.
+
+# %% [markdown]
 # ## Puzzle 7 — offsets past $2^{31}$ (repair)
 #
-# `tl.program_id`, `tl.arange` and every integer argument below $2^{31}$ are int32 in Triton
-# (arguments are specialised on their value: a stride of $2^{31}$ or more arrives as int64),
-# and int32 arithmetic wraps silently. Row 262,144 of a tensor with 8,192 elements per row
-# (64 heads × 128 features) starts at element $2^{31}$: long-context prefill and large KV caches
-# pass that size, and kernels across the field have moved their offsets to int64 after
-# corrupting memory there. The trap is two int32 factors, `row` and `stride`, whose product is
-# not.
+# Row 262,144 of a tensor with 8,192 elements per row (64 heads × 128 features) starts at
+# element $2^{31}$. Long-context prefill and large KV caches pass that size, and kernels across
+# the field have corrupted memory there. The kernel below is right on every tensor of the
+# earlier puzzles. Repair it so that it is right for rows that start past $2^{31}$ too.
 #
 # The check cannot allocate gigabytes in the interpreter, so it hands your kernel rows that are
 # $2^{30} + 64$ elements apart (row 2 starts past $2^{31}$), and its memory holds only the three
@@ -483,6 +511,14 @@ pz.check_int64_offsets(my_int64_offsets_kernel);
 # %%
 solution(pz.solution_int64_offsets_kernel.fn, title="Solution: puzzle 7")
 pz.time_solution("int64_offsets");
+
+# %% [markdown]
+# **What was wrong.** `tl.program_id`, `tl.arange` and every integer argument below $2^{31}$
+# are int32 in Triton. (Arguments are specialised on their value: a stride of $2^{31}$ or more
+# arrives as int64.) int32 arithmetic wraps silently. The given kernel multiplied two int32
+# factors, `rows` and a stride, whose product is not an int32: past $2^{31}$ it wraps to a
+# negative offset, as the ❌ line shows. The worked solution makes `rows` int64 before any
+# multiplication. Kernels across the field have moved their offsets to int64 for this reason.
 
 # %% [markdown]
 # ## Puzzle 8 — the backward's sign (write)
@@ -530,12 +566,10 @@ pz.time_solution("backward");
 # ## Puzzle 9 — one table for the whole batch (repair)
 #
 # Every batch entry (and every head) at position $s$ uses the same cos/sin row. This kernel
-# has one program per tile of positions and loops over the batch, but loads the table inside
-# the loop: $B$ loads of every table element where one would do. The output is right; the
-# check counts the table loads from the recorded accesses and wants each element loaded at
-# most once. On a GPU most of the repeated loads hit in L1 or L2, so they cost instructions and
-# cache bandwidth rather than DRAM traffic; notebook 04 measures what the batch-reusing grid
-# saves.
+# has one program per tile of positions and loops over the batch. Its output is right. The
+# check counts the table loads from the recorded accesses and wants each table element loaded
+# at most once. Repair the kernel so that it passes. The access picture shows how often each
+# element was loaded.
 
 # %%
 pz.show_spec("shared_table")
@@ -572,14 +606,21 @@ solution(pz.solution_shared_table_kernel.fn, title="Solution: puzzle 9")
 pz.time_solution("shared_table");
 
 # %% [markdown]
+# **What was wrong.** The kernel loaded the cos and sin rows inside the loop over the batch:
+# $B$ loads of every table element where one would do. The rows depend on $s$ only, so the
+# worked solution loads them once, before the loop. On a GPU most of the repeated loads hit in
+# L1 or L2, so they cost instructions and cache bandwidth rather than DRAM traffic. This
+# notebook does not time the given kernel; notebook 04 measures what the batch-reusing grid
+# saves.
+
+# %% [markdown]
 # ## Puzzle 10 — KV-cache start positions (repair)
 #
 # When a model generates (or prefills a long prompt in chunks), the new tokens of sequence $b$
 # come after the `start[b]` tokens already in its KV cache: token $t$ is at position
-# $\text{start}_b + t$, and sequences in one batch have different starts. Rotating the new
-# tokens at positions $0 \ldots T-1$, or with one start for the whole batch, has shipped in
-# serving code; it raises nothing, the model just loses its place in the text. This kernel
-# forgets the starts. The grid is `(B, cdiv(T, BLOCK_T))`.
+# $\text{start}_b + t$, and sequences in one batch have different starts. Serving code has
+# shipped kernels that get this wrong. Nothing raises; the model just loses its place in the
+# text. Repair the kernel below. The grid is `(B, cdiv(T, BLOCK_T))`.
 
 # %%
 pz.show_spec("start_positions")
@@ -617,6 +658,13 @@ solution(pz.solution_start_positions_kernel.fn, title="Solution: puzzle 10")
 pz.time_solution("start_positions");
 
 # %% [markdown]
+# **What was wrong.** The kernel rotated the new tokens at positions $0 \ldots T-1$ in every
+# sequence: it forgot the starts. One start for the whole batch is wrong too, for every
+# sequence with another start. The worked solution loads `start[b]` once per program and adds
+# it to $t$. Puzzle 6's position ids can carry the same offsets, as
+# `start[:, None] + arange(T)`.
+
+# %% [markdown]
 # ## Puzzle 11 — cos/sin cached in bf16 (repair)
 #
 # Hugging Face's rotary embeddings compute cos and sin in fp32 and hand them to attention in
@@ -629,26 +677,17 @@ pz.time_solution("start_positions");
 # \end{pmatrix}$, so it lands at most $\sqrt{\delta_c^2 + \delta_s^2} \le \sqrt 2 \cdot 2^{-9}
 # \approx 0.0028$ of its length from where the fp32 table turns it.
 #
-# What a kernel can lose is its own rounding. This kernel computes, bit for bit, what eager
-# PyTorch computes for `q * cos + rotate_half(q) * sin` in bf16: each product rounded to bf16,
-# then the sum rounded again. Where the two products nearly cancel, their rounding errors (up to
-# $2^{-8}$ of a product each) are many ulps of the small result. Repair it: its tiles are fp32
-# already after their loads; keep the products and the sum in fp32, with no bf16 in between, and
-# round to bf16 once, in the store. In fp32 the product of two bf16 values is exact (8 + 8
-# significant bits fit in 24), so `x1 * c - x2 * s` is rounded once in fp32 and once on the
-# store; `tl.fma` gives the same here. torch.compile's kernel of the same line does
-# this (`benchmarks/results/inductor-rope-bf16-sbhd.txt`: every load `.to(tl.float32)`, one
-# store).
+# The kernel below reads such a table. Most of its outputs are within the check's tolerance;
+# some are many bf16 ulps off. Repair it.
 #
-# The check compares $y$ with an fp64 rotation by the *same* bf16 cos/sin values (the spec),
-# and allows one bf16 ulp per element: rounding to nearest errs by at most half an ulp, and
+# The check compares $y$ with an fp64 rotation by the *same* bf16 cos/sin values (the spec).
+# It allows one bf16 ulp per element. Rounding to nearest errs by at most half an ulp, and
 # Triton's interpreter, where the checks run your kernel, converts fp32 to bf16 by truncating
-# (Triton 3.6 and 3.9 both do), which errs by less than one. Under the ✅ the check prints how far $y$ is from
-# the rotation with an fp32 table at position 100,000, and how much of that the bf16 table and
-# $y$'s own conversion to bf16 each cost; the panel beside the picture draws them against
-# position, with puzzle 5's bf16 angle for contrast. One more trap of the interpreter: it does
-# arithmetic on bf16 tiles on their raw bits, not their values, which is why this kernel (and
-# yours) converts each tile to fp32 before computing with it.
+# (Triton 3.6 and 3.9 both do), which errs by less than one. Under the ✅ the check prints how
+# far $y$ is from the rotation with an fp32 table at position 100,000, and how much of that the
+# bf16 table and $y$'s own conversion to bf16 each cost. The panel beside the picture draws
+# them against position, with puzzle 5's bf16 angle for contrast. Remember puzzle 5's trap of
+# the interpreter: convert each bf16 tile to fp32 before you compute with it.
 
 # %%
 pz.show_spec("bf16_table")
@@ -687,6 +726,19 @@ pz.check_bf16_table(my_bf16_table_kernel);
 # %%
 solution(pz.solution_bf16_table_kernel.fn, title="Solution: puzzle 11")
 pz.time_solution("bf16_table");
+
+# %% [markdown]
+# **What was wrong.** The kernel computed, bit for bit, what eager PyTorch computes for
+# `q * cos + rotate_half(q) * sin` in bf16: each product rounded to bf16, then the sum rounded
+# again. Where the two products nearly cancel, their rounding errors (up to $2^{-8}$ of a
+# product each) are many ulps of the small result. The table was not the problem; the kernel's
+# own rounding was.
+#
+# The repair keeps the products and the sum in fp32, with no bf16 in between, and rounds to
+# bf16 once, in the store. In fp32 the product of two bf16 values is exact (8 + 8 significant
+# bits fit in 24), so `x1 * c - x2 * s` is rounded once in fp32 and once on the store; `tl.fma`
+# gives the same here. torch.compile's kernel of the same line does this
+# (`benchmarks/results/inductor-rope-bf16-sbhd.txt`: every load `.to(tl.float32)`, one store).
 
 # %% [markdown]
 # The table's own cost needs no kernel. Below, with torch alone: a bf16 `x` with head dim 128,
@@ -733,11 +785,10 @@ assert by_angle16[0] < by_table16[0]              # at position 1 the bf16 angle
 assert by_angle16[1] > 1                          # by position 1,000 more than the pair's length
 
 # %% [markdown]
-# The bf16 table costs no more than storing $y$ in bf16 does, and stays within the same bound,
-# $\sqrt{2}\cdot 2^{-9}$ of the pair's length, at position 100,000 as at position 1; the bf16
-# angle is off by less at position 1, and by position 1,000 moves a pair by more than its own
-# length (the cell asserts each). What is left to a kernel that reads a 16-bit table is to
-# round once.
+# The cell asserts each of these. The bf16 table costs no more than storing $y$ in bf16 does,
+# and stays within the bound above at every position. The bf16 angle is off by less at
+# position 1, and by position 1,000 it moves a pair by more than its own length. What is left
+# to a kernel that reads a 16-bit table is to round once.
 
 # %% [markdown]
 # ## Where you stand
@@ -781,15 +832,12 @@ body = inspect.getsource(pz.solution_long_context_kernel.fn).split("):", 1)[1]
 assert "freqs_ptr" not in body                    # puzzle 5's solution never reads the table
 
 # %% [markdown]
-# ### What puts puzzles 5 and 9 below a copy
+# ### Appendix: what puts puzzles 5 and 9 below a copy
 #
-# On a GPU, the table above says how far each worked solution is from a copy. A time alone
-# does not say why; changing one thing at a time and timing again does.
-# `benchmarks/puzzle_fractions.py` did that on an H200 for two of the solutions, puzzle 5's and
-# puzzle 9's: it ran each on its timed case beside variants that change one thing, each beside
-# a device copy of the same bytes in the same run, each variant and its copy timed twice,
-# alternating, and the median of the two kept (the committed CSV is read here, on any
-# machine):
+# A time alone does not say why a kernel is slow; changing one thing and timing again does.
+# `benchmarks/puzzle_fractions.py` timed the worked solutions of puzzles 5 and 9 on an H200,
+# beside variants that change one thing, each beside a copy of the same bytes. The cell reads
+# the committed CSV, on any machine. You can skip this appendix.
 
 # %%
 from ropelib.bench import compare
@@ -827,16 +875,12 @@ assert len({r["nbytes"] for r in p9}) == 1 and (f"{min(copies9):.1f}", f"{max(co
     ("38.1", "39.1") and round(100 * (max(copies9) / min(copies9) - 1)) == 3
 
 # %% [markdown]
-# **Puzzle 5.** The same kernel on the same bytes, with only the positions changed so that no
-# angle reaches 105,615 radians, runs at copy speed; with the timed case's positions it does
-# not. The reason is in the sine and cosine themselves. `tl.sin` and `tl.cos` compile to
-# libdevice's `sinf` and `cosf`, which reduce an angle to $[-\pi/4, \pi/4]$ with a few
-# multiply-adds when it is below 105,615 and take a long path at or above it (a reduction by
-# the bits of $2/\pi$, with a loop). The timed case's positions run to 131,071, so a fifth of
-# its rows have a pair ($\omega_0 = 1$, and $\omega_1 \approx 0.866$ from position 121,963 on: the
-# cell above asserts both) on the long path,
-# and a warp waits for its slowest thread. Compiled for an sm_90 GPU on this machine, the
-# machine code shows the test and the branch around the long path, once for every angle a
+# **Puzzle 5.** Same kernel, same bytes, only the positions changed: with no angle at 105,615
+# radians or more it runs at 101 % of a copy; with the timed case's positions, at 85 %.
+# `tl.sin` and `tl.cos` compile to libdevice's `sinf` and `cosf`. Below 105,615 they reduce an
+# angle with a few multiply-adds; at or above it they take a long path with a loop. The timed
+# positions run to 131,071, so 19 % of the rows have a pair on the long path, and a warp waits
+# for its slowest thread. The machine code (sm_90) has one compare with 105,615 per angle a
 # thread holds:
 
 # %%
@@ -854,20 +898,13 @@ angles_per_thread = 16 * 64 // (4 * 32)               # BLOCK_ROWS x HALF over 1
 assert len(tests) == angles_per_thread                # one per angle a thread holds
 
 # %% [markdown]
-# So the fraction measures the inputs as much as the kernel: the same solution is at copy
-# speed on a context below 105,615 positions. On the bytes it actually moves (x, y, the
-# positions and the frequencies: the bf16 table it is handed is never read) it is further
-# below, the third row. ropelib's exact table-free angles (`ropelib.frequencies.Angles`) reduce
-# the angle in integer arithmetic before the sine, so no angle it hands `sin` is large.
+# So the fraction measures the inputs as much as the kernel. On the bytes it moves (the bf16
+# table is never read) the solution is at 74 % of a copy. `ropelib.frequencies.Angles` reduces
+# the angle exactly before the sine, so no angle it hands `sin` is large.
 #
-# **Puzzle 9.** Here the bytes handed are the bytes moved, and the six tiles of the sweep span
-# 87 % to 94 % of a copy in one run. That spread is about the size of the yardstick's own noise: the
-# copy beside the six tiles took 38.1 to 39.1 µs in that run, and over it and three more runs of
-# the script, back to back on the same H200 two and a half hours later, 37.8 to 40.1 µs (6 %),
-# while no tile's own time moved by more than 2 %. So read differences of a few points between
-# these tiles as noise in the copy, not as a property of the tile. What the four runs agree on
-# (medians): the kernel takes about 43 µs with any tile against a copy's 39, about nine-tenths
-# of a copy's speed. The cell below reads the four runs and asserts each of these numbers.
+# **Puzzle 9.** Its six tiles span 87 % to 94 % of a copy. The copy itself varied about as
+# much: 38.1 to 39.1 µs in that run, 37.8 to 40.1 µs over four runs. So read those points as
+# noise. Over the four runs the kernel takes about 43 µs against a copy's 39: 0.9 of a copy.
 
 # %%
 import statistics
@@ -906,7 +943,7 @@ assert (round(kernel_med), round(copy_med)) == (43, 39) and round(copy_med / ker
 # ## Questions for a study group
 #
 # 1. Puzzle 4's bug leaves a tile's first row right and writes over the rows after it, and a
-#    head dim that is a power of two would not have shown it at all. Which of the eleven bugs
+#    head dim that is a power of two would not have shown it at all. Which of the nine bugs
 #    would a test with one small, contiguous, power-of-two, short-context input catch, and
 #    which need the input that shows them? Write down the inputs a RoPE test suite needs.
 # 2. In puzzle 5, the fix computes $\theta = p\,\omega_j$ in fp32. At which position does an
