@@ -16,10 +16,13 @@
 # %% [markdown]
 # # 00 — Setup and a one-minute tour of `ropelib`
 #
-# `ropelib` teaches rotary position embedding (RoPE) from the RoFormer math to a Triton kernel
-# that runs at the memory-bandwidth floor, and ships that kernel as a library. Every notebook
-# runs on a CUDA GPU (full sizes) and on a plain CPU, where Triton's *interpreter* executes the
-# same kernels in Python (small sizes, chosen automatically).
+# `ropelib` teaches rotary position embedding (RoPE), from the RoFormer math to Triton kernels,
+# and ships those kernels as a library. RoPE does little arithmetic for each byte it moves, so a
+# kernel is judged against a plain copy of the same bytes. On large tensors ropelib comes close
+# to a copy's speed (notebook 05). Small tensors cannot hide the fixed cost of a call, which any
+# kernel pays, a copy included (notebook 07).
+# Every notebook runs on a CUDA GPU (full sizes) and on a plain CPU, where Triton's
+# *interpreter* executes the same kernels in Python (small sizes, chosen automatically).
 #
 # **After this notebook you will be able to**
 #
@@ -106,11 +109,10 @@ assert GPU == ropelib.on_gpu()
 # CPU tensor without the interpreter, with a `ValueError` that names the tensor and says what
 # to do.
 #
-# The mode is decided per process. Here a fresh Python process, started with the opposite
-# setting, reports its mode and is then handed a tensor on the device that mode refuses. On a
-# machine without a GPU that process runs without the interpreter, so it is handed a CPU tensor;
-# on a GPU machine it runs in the interpreter and is handed a CUDA tensor. Each machine shows
-# one of the two refusals, the one it can produce:
+# The mode is decided per process. The next cell starts a fresh Python process with the
+# opposite setting. It prints its mode, then is handed a tensor on the device that mode
+# refuses: a CPU tensor on a machine without a GPU (no interpreter there), a CUDA tensor on a
+# GPU machine (interpreter there). So each machine shows one of the two refusals:
 
 # %%
 env = dict(os.environ)
@@ -182,6 +184,10 @@ print("apply_rope:", tuple(x.shape), x.dtype, "->", tuple(y.shape), y.dtype,
 # angles, and `inplace=True`. Notebook 02 goes through the layouts, the two kinds of table,
 # partial rotary, position offsets and context parallelism, notebook 01 through the two
 # pairings; `docs/API.md` describes every keyword.
+#
+# `apply_rope` chooses how to run each call. Most calls run the finished kernel of notebook 05.
+# Large contiguous tensors take a two-pass route: a pre-pass writes a table of each token's cos
+# and sine, then a flat pass rotates the whole tensor (notebook 05, section 6).
 #
 # It is differentiable. A rotation is orthogonal, $R(\theta)^{\top} = R(-\theta)$, so the
 # backward of a rotation by $\theta$ is the rotation by $-\theta$ (notebook 06 derives it), and
@@ -272,11 +278,13 @@ print("HF drop-in:", tuple(q_hf.shape), tuple(k_hf.shape))
 # - [03 — A naive Triton kernel for RoPE](03-naive-triton-kernel.ipynb): programs and grids, masks
 #   and strides, `BLOCK_SIZE` vs `num_warps`, the 32-byte sectors a launch touches, debugging in the
 #   interpreter, checking against the reference.
-# - [04 — The batch-reusing grid kernel](04-batch-reuse-grid-kernel.ipynb): a grid that reuses
-#   cos/sin across the batch, a bytes-moved model, GB/s and % of a copy, an ablation.
-# - [05 — The finished kernel, one idea at a time](05-finished-kernel.ipynb): the tile sized by
-#   Little's law, a ladder of kernels up to ropelib's, the layout Triton gives a tile, the two-pass
-#   route for large tensors, load order in the SASS, three kernels of your own.
+# - [04 — The batch-reusing grid kernel](04-batch-reuse-grid-kernel.ipynb): a grid that gives
+#   each program the whole batch, a bytes-moved model, GB/s and % of a copy, and an ablation
+#   that asks which of the grid's savings is worth time.
+# - [05 — The finished kernel, one idea at a time](05-finished-kernel.ipynb): a floor under the
+#   tile from Little's law, a ladder of kernels up to ropelib's, the layout Triton gives a tile,
+#   the two-pass route `apply_rope` takes on large tensors, load order in the SASS, three kernels
+#   of your own.
 # - [06 — The backward pass](06-backward-pass.ipynb): rotation by $-\theta$, one kernel for both
 #   directions, `autograd.Function`, `gradcheck` in float64, stride-0 gradients.
 # - [07 — Transformer Engine vs Triton, live](07-te-vs-triton-live.ipynb): every provider on the
@@ -292,12 +300,15 @@ print("HF drop-in:", tuple(q_hf.shape), tuple(k_hf.shape))
 #   your own that forms each token's angles once.
 # - [11 — RoPE at scale: context parallelism, and decoding with the fused cache write](11-rope-at-scale.ipynb):
 #   the dual-chunk split, RoPE at global positions, two-process training, RoPE fused into the
-#   KV-cache write (contiguous, paged, fp8), written by you.
+#   KV-cache write (contiguous, paged, fp8) with the contiguous and paged kernels written by you,
+#   and the kernels one decoding step launches.
 # - [12 — RoPE in the QKV projection: a GEMM epilogue, and a prologue for the backward](12-rope-in-the-qkv-projection.ipynb):
-#   what fusing can save at most, the epilogue and the backward's prologue written by you, and
-#   what the fused kernel costs as measured.
-# - [13 — RoPE puzzles](13-rope-puzzles.ipynb): eleven short kernels to write or repair, each from
-#   a bug real RoPE kernels shipped with, checked at once in the interpreter.
+#   what fusing can save at most, the epilogue and the backward's prologue written by you, the
+#   shipped projection measured against cuBLAS followed by a RoPE pass, and a slow fused kernel
+#   traced to its causes.
+# - [13 — RoPE puzzles](13-rope-puzzles.ipynb): eleven short kernels to write or repair, checked
+#   at once in the interpreter. After a warm-up, most are built on a kind of bug that RoPE code
+#   has shipped with.
 
 # %%
 from pathlib import Path
