@@ -28,8 +28,8 @@
 # - show numerically that the attention score $\langle R_m q, R_n k\rangle$ depends only on $m-n$;
 # - read the frequency spectrum $\theta_j = b^{-2j/d}$ as wavelengths, and see what the
 #   context-extension scalings (linear, NTK, Llama 3, YaRN) do to it;
-# - reproduce the long-term decay of the paper's Figure 2 and say exactly what it bounds: the
-#   expected score of independent random $q, k$ is 0 at every distance;
+# - reproduce the long-term decay of the paper's Figure 2 and say what it does not promise:
+#   the expected score of independent random $q, k$ is 0 at every distance;
 # - turn the interleaved pairing (GPT-J, RoFormer) into the rotate-half pairing (GPT-NeoX,
 #   Hugging Face's Llama, Transformer Engine) with a permutation.
 #
@@ -121,6 +121,7 @@ plt.show()
 # \qquad \theta_j = b^{-2j/d},\ b = 10000 .
 # $$
 #
+# Here $j$ counts from 0; the paper counts from 1 and writes $10000^{-2(i-1)/d}$, the same numbers.
 # In the paper the pairs are neighbours, $(x_{2j}, x_{2j+1})$: the **interleaved** layout.
 # A dense matrix-vector product would spend $d^2$ multiply-adds per token on a matrix that is
 # almost all zeros; the rotation is applied elementwise instead, with $2d$ multiplies and $d$
@@ -205,9 +206,13 @@ print("complex form == elementwise form; norms kept:", True)
 # = \mathrm{Re}\sum_{j} q_j\, \overline{k_j}\, e^{-i(n-m)\theta_j} =: g(q, k, n-m),
 # $$
 #
-# using $R_m^\top = R_{-m}$ and that the angles add. The absolute positions cancel: only the
-# offset $n-m$ is left (RoFormer eq. 11–16). Check it on a grid of positions: the matrix of
-# scores must be constant along every diagonal (a Toeplitz matrix).
+# using $R_m^\top = R_{-m}$ and that the angles add. In the last sum $q_j = q_{2j} + i\,q_{2j+1}$
+# and $k_j = k_{2j} + i\,k_{2j+1}$ are the complex pairs of section 3. The absolute positions
+# cancel: only the offset $n-m$ is left (RoFormer eq. 11–16).
+#
+# Check it on a grid of positions: the matrix of scores must be constant along every diagonal
+# (a Toeplitz matrix). The cell prints the largest change along a diagonal and asserts that it
+# is below $10^{-12}$: float64 round-off, not a real change.
 
 # %%
 P = 48
@@ -244,21 +249,26 @@ plt.show()
 # %% [markdown]
 # ![Scores for all (m, n): every diagonal holds one value](../figures/01-relative-scores.png)
 #
-# An *absolute* position code (added sinusoids, learned vectors) gives no such structure: the
-# score would depend on $m$ and $n$ separately.
+# An *absolute* position code (added sinusoids, learned vectors) gives no such structure in
+# general. The cross terms between a token and the other token's position vector make the score
+# depend on $m$ and $n$ separately.
 
 # %% [markdown]
 # ## 5. The frequency spectrum — and what context-extension scalings do to it
 #
-# $\theta_j = b^{-2j/d}$ falls geometrically from $1$ to $b^{-(d-2)/d}$, just above $b^{-1}$. Its
-# wavelength $\lambda_j = 2\pi/\theta_j$ is the number of positions pair $j$ needs for a full
-# turn: from $2\pi \approx 6.3$ tokens for $j = 0$ to $2\pi b^{(d-2)/d} = 2\pi b \cdot b^{-2/d}$
-# for the last pair: below $2\pi b$ by the factor $b^{-2/d}$, which is about 0.81 at $d = 128$
-# and $b = 500000$ (the cell below computes it), so a fifth less. Pairs whose wavelength exceeds
-# the training context never complete a turn
-# during training, so a longer context shows them angles they never saw. The context-extension
-# methods of `ropelib.frequencies` slow those pairs down (linear scaling slows every pair; the
-# others keep the fast pairs and change mostly or only the slow ones):
+# $\theta_j = b^{-2j/d}$ falls geometrically from $1$ to $b^{-(d-2)/d}$, just above $b^{-1}$.
+# The wavelength $\lambda_j = 2\pi/\theta_j$ is the number of positions pair $j$ needs for a
+# full turn. It runs from $2\pi \approx 6.3$ tokens for $j = 0$ to
+# $2\pi b^{(d-2)/d} = 2\pi b \cdot b^{-2/d}$ for the last pair.
+#
+# The cell below uses Llama 3's sizes, $d = 128$ and $b = 500000$, not the paper's $b = 10000$.
+# There $b^{-2/d}$ is about 0.81, so the longest wavelength is about a fifth short of $2\pi b$
+# (the cell prints and checks both).
+#
+# Pairs whose wavelength exceeds the training context never complete a turn during training.
+# A longer context shows them angles they never saw. The context-extension methods of
+# `ropelib.frequencies` slow those pairs down. Linear scaling slows every pair; the others keep
+# the fast pairs and change mostly or only the slow ones:
 #
 # | scaling | effect on $\theta_j$ |
 # |---|---|
@@ -330,7 +340,7 @@ assert round(factor, 2) == 0.81 and abs((1 - factor) - 1 / 5) < 0.02
 # $\mathrm{Re}\sum_{j=0}^{d/2-1} h_j e^{i\Delta\theta_j}$. Define the partial sums
 #
 # $$
-# S_j = \sum_{i=0}^{j-1} e^{i\Delta\theta_i}, \qquad j = 0, 1, \dots, d/2,
+# S_j = \sum_{l=0}^{j-1} e^{i\Delta\theta_l}, \qquad j = 0, 1, \dots, d/2,
 # \qquad\text{so}\qquad S_0 = 0, \quad e^{i\Delta\theta_j} = S_{j+1} - S_j ,
 # $$
 #
@@ -364,9 +374,10 @@ assert round(factor, 2) == 0.81 and abs((1 - factor) - 1 / 5) < 0.02
 # plot the score of the constant vector $q = k = \mathbf 1$: every $h_j = (1+i)(1-i) = 2$, so
 # the score is $\sum_j 2\cos(\Delta\theta_j)$, and it falls with distance too.
 #
-# **What the decay is not.** It is a property of the *bound*, and of vectors for which the bound
-# is informative ($h_j$ varying slowly with $j$, as for $q = k = \mathbf 1$). It is not a
-# property of every pair $(q, k)$. The expected score is
+# **What the decay is not.** It is a property of the *bound*. The bound is loose: for
+# $q = k = \mathbf 1$ it is $2 \sum_j |S_j|$, far above the score. Vectors whose $h_j$ varies
+# slowly with $j$, like $q = k = \mathbf 1$, tend to have scores that decay too. Other pairs
+# $(q, k)$ need not. The expected score is
 #
 # $$
 # \mathbb E\,\langle R_m q, R_n k\rangle = \mathrm{Re}\sum_{j} \mathbb E[h_j]\, e^{i\Delta\theta_j},
@@ -386,8 +397,9 @@ assert round(factor, 2) == 0.81 and abs((1 - factor) - 1 / 5) < 0.02
 #   $\mathbb E[h_j] = \mathbb E|q_j|^2 = 2$ for $\mathcal N(0,1)$ entries, so the expected score
 #   is exactly the curve $\sum_j 2\cos(\Delta\theta_j)$ of $q = k = \mathbf 1$, and *that* decays.
 #
-# So the long-term decay is a prior built into the construction — aligned query and key
-# vectors score less the further apart they are — not a rule that far tokens interact less. A
+# So the long-term decay is a prior built into the construction: on average, a query and a key
+# that point the same way score less the further apart they are. It is not a rule that far
+# tokens interact less. A
 # trained model chooses its $q$ and $k$ and can give a high score at any distance (the slowest
 # pairs barely turn over a whole context). The next cell computes all of it: the bound, the
 # summation-by-parts identity, and the scores of 4096 random pairs at every distance.
@@ -491,9 +503,9 @@ plt.show()
 # %% [markdown]
 # ## 7. Rotate-half vs interleaved: one rotation, two pairings
 #
-# GPT-NeoX, Hugging Face's Llama port and Transformer Engine (by default) do not pair
-# neighbours; Meta's original Llama code does. They pair feature $i$ with feature $i + d/2$ and
-# use
+# Meta's original Llama code pairs neighbours, as the paper does. GPT-NeoX, Hugging Face's Llama
+# port and Transformer Engine (by default) do not. They pair feature $i$ with feature $i + d/2$
+# and use
 #
 # $$ \mathrm{rotate\_half}(x) = (-x_{d/2}, \dots, -x_{d-1},\ x_0, \dots, x_{d/2-1}), $$
 #
@@ -585,8 +597,9 @@ solution(basics.solution_relative_angle)
 
 # %% [markdown]
 # **Exercise 3 — rotate_half.** Implement both pairings of `rotate_half(x, interleaved)`:
-# $[x_1, x_2] \to [-x_2, x_1]$ on halves, and $(x_0, x_1, x_2, x_3, \dots) \to
-# (-x_1, x_0, -x_3, x_2, \dots)$ on neighbours. (`ropelib.reference.rotate_half` is the answer,
+# on halves $u = (x_0, \dots, x_{d/2-1})$ and $v = (x_{d/2}, \dots, x_{d-1})$,
+# $[u, v] \to [-v, u]$; on neighbours, $(x_0, x_1, x_2, x_3, \dots) \to
+# (-x_1, x_0, -x_3, x_2, \dots)$. (`ropelib.reference.rotate_half` is the answer,
 # and so it is not one: the check refuses it.)
 
 # %%
