@@ -58,8 +58,15 @@ def test_never_early_off_a_gpu_or_when_switched_off(monkeypatch):
     route = _two_pass("cpu")
     assert not route.rotate_pass.early and not route.rotate_pass.args["WAIT_PRIOR"]
     assert not route.table_pass.args["EARLY_DEPENDENTS"]
+    # a Hopper GPU (stood in for), outside the interpreter: early unless switched off
+    monkeypatch.setattr(tiles, "hopper_or_newer", lambda device: True)
+    monkeypatch.setattr(tiles, "INTERPRET", False)
+    assert tiles.launches_early(torch.device("cuda"))
     monkeypatch.setattr(tiles, "EARLY_LAUNCH", False)
-    assert not launch.launches_early(torch.device("cuda"))
+    assert not tiles.launches_early(torch.device("cuda"))
+    monkeypatch.setattr(tiles, "EARLY_LAUNCH", True)
+    monkeypatch.setattr(tiles, "hopper_or_newer", lambda device: False)   # an A100, say
+    assert not tiles.launches_early(torch.device("cuda"))
 
 
 def test_a_traced_launch_never_asks_for_the_early_launch(monkeypatch):

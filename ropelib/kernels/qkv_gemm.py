@@ -154,7 +154,6 @@ fp32 (tl.dot accumulates fp32; fp32 inputs multiply in full fp32, not TF32) with
 at each store; the backward rounds dY to the weight's dtype once, as the MMA operand, where the
 unfused pipeline rounds it once when it writes it.
 """
-from functools import lru_cache
 
 import torch
 import triton
@@ -168,7 +167,7 @@ from .common import (ROUND_BF16_RTNE, contiguous_strides, pair_features, rotate_
 from .fused import table_cos_sin, packed_positions
 from .direct import DirectLauncher
 from .planning import Launch, cdiv, start
-from .tiles import device_index, launches_early, multiprocessors
+from .tiles import hopper_or_newer, launches_early, multiprocessors
 
 # --- tiles ---------------------------------------------------------------------------------
 # The fastest rotating tile of each kernel in benchmarks/qkv_tiles.py's sweep (8192 tokens,
@@ -1094,17 +1093,8 @@ TENSOR_DESCRIPTORS = hasattr(tl, "make_tensor_descriptor")
 
 
 def has_tma(device: torch.device) -> bool:
-    """A GPU with TMA: compute capability 9 (Hopper) or newer (False where CUDA is not
-    available, as when kernels are compiled for a GPU on a machine without one). Asked once
-    per device: every forward's plan asks."""
-    if device.type != "cuda" or not torch.cuda.is_available():
-        return False
-    return _capability_major(device_index(device)) >= 9
-
-
-@lru_cache(maxsize=None)
-def _capability_major(index: int) -> int:
-    return torch.cuda.get_device_capability(index)[0]
+    """A GPU with TMA (tiles.hopper_or_newer)."""
+    return hopper_or_newer(device)
 
 
 def _programs(device: torch.device) -> int:

@@ -134,20 +134,25 @@ def device_index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
-_CAPABILITY = {}
+def hopper_or_newer(device: torch.device) -> bool:
+    """A CUDA GPU of compute capability 9 (Hopper) or newer: TMA, programmatic dependent launch
+    (False where CUDA is not available, as when kernels are compiled for a GPU on a machine
+    without one). Asked once per device: plans ask on every call."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    return _capability_major(device_index(device)) >= 9
+
+
+@lru_cache(maxsize=None)
+def _capability_major(index: int) -> int:
+    return torch.cuda.get_device_capability(index)[0]
 
 
 def launches_early(device: torch.device) -> bool:
     """Can a kernel on `device` be launched before the one before it ends (programmatic
-    dependent launch: a CUDA GPU of compute capability 9.0 or more, not the interpreter), and is
-    it wanted (EARLY_LAUNCH)? Such a kernel waits (griddepcontrol.wait) before it reads what
-    the one before it writes."""
-    if device.type != "cuda" or INTERPRET or not EARLY_LAUNCH:
-        return False
-    index = device_index(device)
-    if index not in _CAPABILITY:
-        _CAPABILITY[index] = torch.cuda.get_device_capability(index)
-    return _CAPABILITY[index] >= (9, 0)
+    dependent launch: hopper_or_newer, not the interpreter), and is it wanted (EARLY_LAUNCH)?
+    Such a kernel waits (griddepcontrol.wait) before it reads what the one before it writes."""
+    return not INTERPRET and EARLY_LAUNCH and hopper_or_newer(device)
 
 
 def multiprocessors(device: torch.device) -> int:
