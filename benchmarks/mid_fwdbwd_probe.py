@@ -55,15 +55,6 @@ def host_enqueue_us(step, calls: int = ENQUEUED) -> float:
     return (t1 - t0) / calls * 1e6
 
 
-def eager_us(step, calls: int = ENQUEUED) -> float:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        step()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / calls * 1e6
-
-
 def kernels_of(step) -> list:
     from torch.profiler import ProfilerActivity, profile
     step()
@@ -110,7 +101,8 @@ def main():
                                    ("fwdbwd graph", lambda: suite.graph_replay_ms(
                                        fwdbwd, 20, dev)[0] * 1e3),
                                    ("host enqueue", lambda: host_enqueue_us(fwdbwd)),
-                                   ("eager", lambda: eager_us(fwdbwd))):
+                                   ("eager", lambda: suite.host_us(fwdbwd, ENQUEUED, reps=1,
+                                                                   warmup=0, device=dev))):
                     try:
                         per.setdefault((name, way), []).append(timer())
                     except Exception as e:  # noqa: BLE001 -- said, the way left out

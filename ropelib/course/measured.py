@@ -184,6 +184,17 @@ _FWDBWD_COLUMNS = ("fwd_ratio", "bwd_ratio", "fwdbwd_ratio", "enqueue_us", "eage
                    "fwdbwd_graph_us")
 
 
+def _final_table(path, header: str) -> tuple:
+    """(every line of a probe's log, the lines after its last header row, the one whose first
+    words are `header`); ValueError when there is none."""
+    compare.note_read(path)
+    lines = Path(path).read_text().splitlines()
+    heads = [i for i, line in enumerate(lines) if line.split()[:2] == header.split()]
+    if not heads:
+        raise ValueError(f"{path}: no final table (a header row starting with \"{header}\")")
+    return lines, lines[heads[-1] + 1:]
+
+
 def fwdbwd_log(path) -> dict:
     """{(case, provider): row} of a ``benchmarks/mid_fwdbwd_probe.py`` log, read from its final
     table: ``fwd_ratio`` (a copy's µs over the forward's, both replayed from CUDA graphs),
@@ -193,17 +204,13 @@ def fwdbwd_log(path) -> dict:
     back to back then a synchronisation) and ``fwdbwd_graph_us`` (device µs of one replayed
     forward+backward); None where the log wrote "-". Each row also carries ``copy_us`` and
     ``copy_pair_us``, the case's copies replayed the same way (from its ``== case:`` line)."""
-    compare.note_read(path)
-    lines = Path(path).read_text().splitlines()
+    lines, rows = _final_table(path, "case provider")
     copies = {}
     for line in lines:
         if m := re.match(r"== (.+): copy ([\d.]+) us, copy pair ([\d.]+) us", line):
             copies[m.group(1)] = (float(m.group(2)), float(m.group(3)))
-    heads = [i for i, line in enumerate(lines) if line.split()[:2] == ["case", "provider"]]
-    if not heads:
-        raise ValueError(f"{path}: no final table (a header row starting with \"case provider\")")
     out = {}
-    for line in lines[heads[-1] + 1:]:
+    for line in rows:
         cells = line.split()
         if len(cells) < 2 + len(_FWDBWD_COLUMNS):
             continue
@@ -230,13 +237,9 @@ def fwdbwd_variants_log(path) -> dict:
     entries per program. Each row: ``early`` (bool), ``per_program`` (int), ``fwd_us`` and
     ``fwd_ratio`` (a copy's µs over the forward's), ``fwdbwd_us`` and ``fwdbwd_ratio`` (two
     copies' µs over the forward+backward's), the copies replayed in the same process."""
-    compare.note_read(path)
-    lines = Path(path).read_text().splitlines()
-    heads = [i for i, line in enumerate(lines) if line.split()[:2] == ["case", "variant"]]
-    if not heads:
-        raise ValueError(f"{path}: no final table (a header row starting with \"case variant\")")
+    _, rows = _final_table(path, "case variant")
     out = {}
-    for line in lines[heads[-1] + 1:]:
+    for line in rows:
         if m := _VARIANT_ROW.fullmatch(line.strip()):
             out[m["case"], m["variant"]] = dict(
                 early=m["early"] == "True", per_program=int(m["per"]), fwd_us=float(m["fwd"]),
