@@ -93,8 +93,7 @@ def _run(kind: str, pointers: tuple, x: Tensor, table: Tensor, position_ids, cu_
                            P=_rows(table), ids=position_ids, cu_seqlens=cu_seqlens,
                            layout=out_layout, interleaved=interleaved, eps=eps, device=x.device,
                            dtypes=pointer_dtypes(pointers),
-                           shared_angle=table.dtype == torch.int64,    # Angles' turns
-                           after_pre_pass=kind == "fwd"),   # (forward: cos_sin_rows just ran)
+                           shared_angle=table.dtype == torch.int64),   # Angles' turns
                pointers)
 
 

@@ -67,10 +67,7 @@ on TMA   are even and the head is one accumulator (uses_tma): a persistent grid,
          per SM, each walking the (BLOCK_M tokens, two heads) tiles in the same grouped order;
          x's and W's tiles arrive by TMA (descriptors made in the kernel from the pointers, so
          it launches like every other ropelib kernel, eagerly, under torch.compile and in CUDA
-         graphs). Eagerly on sm_90+ it is launched early, while the pre-pass of its cos/sin
-         rows runs (programmatic dependent launch): its main loop needs only x and W, and it
-         waits for the pre-pass (griddepcontrol.wait) before it reads the rows or the flag
-         below. The two heads of a tile share one load of their tokens' cos and sin rows,
+         graphs); the two heads of a tile share one load of their tokens' cos and sin rows,
          and the epilogue is the same (_store_qk_head, _store_v_head). How many tiles of the
          cos/sin rows the epilogue holds at once decides its speed: the four rows below (each
          member of a pair its own cos and sin) held for two heads took it to 255 registers and
@@ -158,7 +155,6 @@ unfused pipeline rounds it once when it writes it.
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
 
 from ..conventions import QKV_LINEAR_MAX_HEAD_DIM
 from ..runtime import INTERPRET
@@ -167,7 +163,7 @@ from .common import (ROUND_BF16_RTNE, contiguous_strides, pair_features, rotate_
 from .fused import table_cos_sin, packed_positions
 from .direct import DirectLauncher
 from .planning import Launch, cdiv, start
-from .tiles import hopper_or_newer, launches_early, multiprocessors
+from .tiles import hopper_or_newer, multiprocessors
 
 # --- tiles ---------------------------------------------------------------------------------
 # The fastest rotating tile of each kernel in benchmarks/qkv_tiles.py's sweep (8192 tokens,
@@ -654,8 +650,6 @@ def _qkv_rope_fwd_tma_kernel(
     INT64: tl.constexpr,
     PROGRAMS: tl.constexpr,             # programs launched (one per SM on a GPU)
     SHARED_ANGLE: tl.constexpr,         # both members of every pair at one angle (Angles)
-    WAIT_PRIOR: tl.constexpr = False,   # launched early, during the cos/sin rows' pre-pass:
-                                        # wait for it before the first read of its rows
 ):
     # The forward of _qkv_rope_fwd_kernel's one-accumulator case on a persistent TMA main loop:
     # PROGRAMS programs walk the (BLOCK_M tokens, two heads) tiles in grouped order, tile t
@@ -665,10 +659,6 @@ def _qkv_rope_fwd_tma_kernel(
     # rows where every pair's members share them (else each member's rows are read in turn, per
     # head). The epilogue is _qkv_rope_fwd_kernel's (_store_qk_head, _store_v_head): stores by
     # pointer into either output layout.
-    # Launched early (WAIT_PRIOR: programmatic dependent launch, sm_90+) right after the pre-pass
-    # that writes the cos/sin rows, its main loop runs while the pre-pass does: x and W come
-    # from kernels before the pre-pass, which had ended when it started; the rows (and the
-    # pairs' flag) are read only after griddepcontrol.wait.
     HEADS: tl.constexpr = 2
     HALF: tl.constexpr = D // 2
     PRECISION: tl.constexpr = "ieee" if x_ptr.dtype.element_ty == tl.float32 else "tf32"
@@ -695,23 +685,21 @@ def _qkv_rope_fwd_tma_kernel(
     FIXED: tl.constexpr = 0 if not ROTATE else (1 if SHARED_ANGLE else 2)
     READ_FLAG: tl.constexpr = (FIXED == 2) if pairs_differ_ptr is not None else False
     if READ_FLAG:
-        if WAIT_PRIOR:                               # (the flag is the pre-pass's)
-            gdc_wait()
         if tl.load(pairs_differ_ptr) == 0:          # no pair's members differ: two tiles
             _tma_tiles(x_desc, w_desc, bias_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr,
                        norm_q_ptr, norm_k_ptr, rstd_ptr, pre_ptr, S, B, K, HQ, HK, eps, tiles_m,
                        tiles_n, j_ok, d_a, d_b, e, e_ok, D, LAYOUT, INTERLEAVED, ROWS_PER_ENTRY,
-                       BLOCK_M, BLOCK_K, GROUP_M, INT64, PROGRAMS, PRECISION, HEADS, 1, False)
+                       BLOCK_M, BLOCK_K, GROUP_M, INT64, PROGRAMS, PRECISION, HEADS, 1)
         else:
             _tma_tiles(x_desc, w_desc, bias_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr,
                        norm_q_ptr, norm_k_ptr, rstd_ptr, pre_ptr, S, B, K, HQ, HK, eps, tiles_m,
                        tiles_n, j_ok, d_a, d_b, e, e_ok, D, LAYOUT, INTERLEAVED, ROWS_PER_ENTRY,
-                       BLOCK_M, BLOCK_K, GROUP_M, INT64, PROGRAMS, PRECISION, HEADS, 2, False)
+                       BLOCK_M, BLOCK_K, GROUP_M, INT64, PROGRAMS, PRECISION, HEADS, 2)
     else:
         _tma_tiles(x_desc, w_desc, bias_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, norm_q_ptr,
                    norm_k_ptr, rstd_ptr, pre_ptr, S, B, K, HQ, HK, eps, tiles_m, tiles_n, j_ok,
                    d_a, d_b, e, e_ok, D, LAYOUT, INTERLEAVED, ROWS_PER_ENTRY, BLOCK_M, BLOCK_K,
-                   GROUP_M, INT64, PROGRAMS, PRECISION, HEADS, FIXED, WAIT_PRIOR)
+                   GROUP_M, INT64, PROGRAMS, PRECISION, HEADS, FIXED)
 
 
 @triton.jit
@@ -720,12 +708,10 @@ def _tma_tiles(x_desc, w_desc, bias_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, 
                d_b, e, e_ok, D: tl.constexpr, LAYOUT: tl.constexpr, INTERLEAVED: tl.constexpr,
                ROWS_PER_ENTRY: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                GROUP_M: tl.constexpr, INT64: tl.constexpr, PROGRAMS: tl.constexpr,
-               PRECISION: tl.constexpr, HEADS: tl.constexpr, EPILOGUE: tl.constexpr,
-               WAIT: tl.constexpr):
+               PRECISION: tl.constexpr, HEADS: tl.constexpr, EPILOGUE: tl.constexpr):
     # the TMA forward's persistent loop over its (BLOCK_M tokens, HEADS heads) tiles, with one
     # epilogue for every q and k tile: 0 none (ROTATE=False), 1 one cos and one sin tile for
-    # both heads (pairs whose members share them), 2 each member's cos and sin read in turn;
-    # WAIT: wait for the pre-pass before a tile's rows are read (at once after the first)
+    # both heads (pairs whose members share them), 2 each member's cos and sin read in turn
     HALF: tl.constexpr = D // 2
     M = S * B
     for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, PROGRAMS):
@@ -740,8 +726,6 @@ def _tma_tiles(x_desc, w_desc, bias_ptr, q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, 
         m = m0 + tl.arange(0, BLOCK_M)
         m_ok = m < M
         if h < HQ + HK:                      # both heads q's or both k's (HQ, HK even)
-            if WAIT:
-                gdc_wait()
             if EPILOGUE == 0:
                 _store_qk_heads(acc, h, q_ptr, k_ptr, norm_q_ptr, norm_k_ptr, rstd_ptr, pre_ptr,
                                 0.0, 0.0, m, m_ok, HQ, HK, S, B, eps, d_a, d_b, e, j_ok, e_ok,
@@ -1129,7 +1113,7 @@ def per_entry(ids) -> bool:
 
 def plan(kind: str, *, S, B, K, HQ, HK, D, R, P, ids, cu_seqlens, layout: str,
          interleaved: bool, eps: float, device: torch.device, dtypes: tuple,
-         rotate: bool = True, shared_angle: bool = False, after_pre_pass: bool = False) -> Launch:
+         rotate: bool = True, shared_angle: bool = False) -> Launch:
     """The launch of one kernel ("fwd", "dx" or "dw") for x [M = B S, K] and HQ, HK heads of D
     features (R rotated), positions from `ids` ([B or 1, S]) or `cu_seqlens` or the token
     index and a table of P rows; the forward reads the cos and s' rows of launch.
@@ -1138,10 +1122,7 @@ def plan(kind: str, *, S, B, K, HQ, HK, D, R, P, ids, cu_seqlens, layout: str,
     Sees only sizes, dtypes and options, never values. rotate=False: the same GEMM without the
     norm and the rotation (benchmarks/qkv_rope_bench.py's baseline). shared_angle: both members
     of every pair have one angle (table-free Angles), so the TMA forward reads one cos and one
-    sin tile of the rows where it would read four. after_pre_pass: the launch follows the
-    pre-pass of its rows at once, in the same stream (qkv_linear), so the TMA forward may be
-    launched early (tiles.launches_early) and wait for the rows only where it reads them: x, W
-    and the bias must not be written by that pre-pass (they are not)."""
+    sin tile of the rows where it would read four."""
     M, N = S * B, (HQ + 2 * HK) * D
     launcher = LAUNCHERS[kind]
     norm = rotate and dtypes[launcher.pointer_names.index("norm_q_ptr")] is not None
@@ -1160,11 +1141,7 @@ def plan(kind: str, *, S, B, K, HQ, HK, D, R, P, ids, cu_seqlens, layout: str,
             ensure_allocator()
         programs = _programs(device)
         grid = (programs,)
-        # right after the pre-pass of its cos/sin rows (qkv_linear.cos_sin_rows): launched
-        # early, its main loop runs while the pre-pass does
-        early = rotate and after_pre_pass and launches_early(device)
-        args = dict(args, eps=eps, PROGRAMS=programs, SHARED_ANGLE=shared_angle,
-                    WAIT_PRIOR=early)
+        args = dict(args, eps=eps, PROGRAMS=programs, SHARED_ANGLE=shared_angle)
     elif kind == "fwd":
         grid = (cdiv(M, t["BLOCK_M"]) * (HQ + 2 * HK),)
         args = dict(args, eps=eps)
@@ -1175,7 +1152,7 @@ def plan(kind: str, *, S, B, K, HQ, HK, D, R, P, ids, cu_seqlens, layout: str,
     # every argument but the pointers, in the kernel's order
     order = [n for n in launcher.kernel.arg_names if n not in launcher.pointer_names]
     return Launch(grid, t["num_warps"], {n: args[n] for n in order}, tuple(dtypes), device,
-                  launcher, num_stages=t["num_stages"], early=args.get("WAIT_PRIOR", False))
+                  launcher, num_stages=t["num_stages"])
 
 
 def pointers(kind: str, **given) -> tuple:
