@@ -17,9 +17,6 @@ without QK-norm:
                        table-free angles give both members one angle (since 2026-12-01: read in
                        turn, two tiles live at a time; before, four tiles at once)
     TMA, two heads     qkv_rope_linear as shipped on this GPU (one cos and one sin tile)
-    TMA, not early     the same with the forward launched after the pre-pass has finished
-                       (tiles.EARLY_LAUNCH off; as shipped, on sm_90 and later, the forward is
-                       launched early and its main loop runs while the pre-pass does)
     table, four tiles  qkv_rope_linear from the angle table, the pre-pass's flag withheld, so
                        the forward reads each member's own rows (as above)
     table, flag        qkv_rope_linear from the angle table as shipped: the pre-pass finds
@@ -31,7 +28,11 @@ without QK-norm:
                        angles (qkv_linear.cos_sin_rows)
     packed, cu_seqlens x as eight packed sequences [T, hidden] with cu_seqlens, from angles:
                        the pre-pass searches each token's sequence (positions restart in each)
-so "TMA, two heads" against "GEMM, no epilogue" is what the epilogue and the pre-pass cost,
+(A run of 2026-12-01 also timed the TMA forward launched early, by programmatic dependent
+launch, while the pre-pass ran: 2-8 % slower, paired by round, so it launches after the
+pre-pass; results/qkv_forward_ab-early-nvidia-h200-20261201-1717.csv, "TMA, not early" being
+the forward as it is now.)
+So "TMA, two heads" against "GEMM, no epilogue" is what the epilogue and the pre-pass cost,
 printed paired round by round (the two timed in the same round); the CSV keeps every round's
 time of every variant (round_ms, in round order).
 
@@ -67,7 +68,7 @@ import qkv_rope_bench as bench  # noqa: E402
 import ropelib  # noqa: E402
 from ropelib import qkv_linear, runtime  # noqa: E402
 from ropelib.bench import compare  # noqa: E402
-from ropelib.kernels import qkv_gemm, tiles  # noqa: E402
+from ropelib.kernels import qkv_gemm  # noqa: E402
 
 SHAPE = dict(hidden=4096, HQ=32, HK=8, D=128)        # Llama-3-8B's projection
 DRY_SHAPE = dict(hidden=64, HQ=4, HK=2, D=32)        # a few programs in the interpreter
@@ -127,7 +128,6 @@ def variants(tokens: int, norm: bool, hidden: int, HQ: int, HK: int, D: int,
             "pointer kernel": patched(fused, qkv_gemm, uses_tma=lambda *a, **k: False),
             "TMA, four row tiles": patched(fused, qkv_gemm, plan=four_row_tiles()),
             "TMA, two heads": fused,
-            "TMA, not early": patched(fused, tiles, EARLY_LAUNCH=False),
             "table, four tiles": patched(lambda: fused(freqs=freqs), qkv_linear,
                                          _run=flag_withheld(qkv_linear._run)),
             "table, flag": lambda: fused(freqs=freqs),
@@ -169,7 +169,7 @@ def main(argv=None) -> int:
         for norm in (False, True):
             runs = variants(tokens, norm, device=device, **shape)
             ref = runs["TMA, two heads"]()
-            for name in ("pointer kernel", "TMA, four row tiles", "TMA, not early"):  # the same
+            for name in ("pointer kernel", "TMA, four row tiles"):  # the same outputs
                 for a, b in zip(runs[name](), ref):
                     assert same(a, b), (name, tokens, norm)
             for a, b in zip(runs["table, four tiles"](), runs["table, flag"]()):
@@ -199,11 +199,6 @@ def main(argv=None) -> int:
             print(f"{tokens:6d} {'QK-norm' if norm else 'plain':8s} the epilogue, paired by round: "
                   f"{statistics.median(paired):+.1%} (rounds {min(paired):+.1%} to "
                   f"{max(paired):+.1%})", flush=True)
-            # what launching the forward early saves, paired the same way
-            saved = [1 - e / n for e, n in zip(times["TMA, two heads"], times["TMA, not early"])]
-            print(f"{tokens:6d} {'QK-norm' if norm else 'plain':8s} launched early, paired by "
-                  f"round: {statistics.median(saved):+.1%} of the time saved (rounds "
-                  f"{min(saved):+.1%} to {max(saved):+.1%})", flush=True)
     if args.out:
         compare.write_csv(rows, args.out, compare.environment_meta(),
                           fields=["tokens", "qk_norm", "variant", "ms", "cublas_ms_over_ms",
