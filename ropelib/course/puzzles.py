@@ -5,9 +5,10 @@ shipped with. Beside it: a plain-PyTorch spec (`spec_*`, fp64), a `check_*` that
 learner's kernel itself, and a worked solution (`solution_*_kernel`, shown folded in the
 notebook; tests/test_puzzles.py runs the notebook with them filled in). A check
 
-1. launches the kernel on small fresh inputs in Triton's interpreter, with ropelib's own answers
-   barred (`exercises.own_code`): the library's kernels, a kernel that calls its @triton.jit
-   helpers, and the puzzle's worked solution itself fail, whatever they compute (a learner's
+1. launches the kernel on small fresh inputs in Triton's interpreter, drawn from a seed that a
+   ❌ line prints (`seed=` draws the same inputs again), with ropelib's own answers barred
+   (`exercises.own_code`): the library's kernels, a kernel that calls its @triton.jit helpers,
+   and the puzzle's worked solution itself fail, whatever they compute (a learner's
    copy of the solution, typed into the notebook, is the learner's code);
 2. watches every load and store (`BoundsCheckedMemory`): each live lane must be an element of an
    input (loads) or of the output (stores). A lane outside them is reported and masked off
@@ -22,7 +23,9 @@ notebook; tests/test_puzzles.py runs the notebook with them filled in). A check
    it does not. `time_solution` prints the same line for a puzzle's worked solution (the
    notebook shows it under the solution, as the time to aim for).
 
-Checks print ✅ / ❌ with the reason and return a bool; they never raise.
+Checks print ✅ / ❌ with the reason and return a bool; they never raise. `last_grade` keeps what
+the last check of a puzzle found (its seed, and for a pass the accesses it printed). `COPY` is
+graded the same way but is no puzzle: the notebook's worked example of a pass (a masked copy).
 
 One memory layer does something more for puzzle 7: a tensor can be *virtual*, rows far apart in
 addresses (row i at element i * row_stride, past 2^31) but held compactly in memory. The layer
@@ -49,8 +52,8 @@ from .exercises.own_code import run_own_code
 from .work_count import interpreted
 
 __all__ = ["PUZZLES", "BoundsCheckedMemory", "Region", "run_in_checked_memory", "draw_accesses",
-           "grade", "scoreboard", "show_spec", "Timing", "time_solution", "solution_times",
-           "copy_of",
+           "grade", "Graded", "last_grade", "sector_use", "scoreboard", "show_spec", "Timing",
+           "time_solution", "solution_times", "copy_of", "COPY", "check_copy",
            "check_rotate_row", "check_interleaved", "check_partial", "check_odd_head_dim",
            "check_long_context", "check_position_ids", "check_int64_offsets", "check_backward",
            "check_shared_table", "check_start_positions", "check_bf16_table"]
@@ -60,6 +63,11 @@ INT32_MAX = 2**31 - 1
 
 
 # --- the specs: plain PyTorch, fp64 -------------------------------------------------------------
+
+def spec_copy(x):
+    """x [N] -> y [N], the same values: the worked example's spec, no RoPE."""
+    return x.clone()
+
 
 def spec_rotate_row(x, theta):
     """x [..., 2H], theta [..., H] -> y: rotate-half, pair j = features (j, j + H) by theta[j]."""
@@ -440,7 +448,7 @@ class Puzzle:
     title: str
     spec: Callable
     build: Callable                  # (generator, device) -> [Case]
-    solution: object                 # the worked solution, a @triton.jit kernel
+    solution: object                 # the worked solution, a @triton.jit kernel (None: none)
     hint: str                        # shown under a wrong answer
     big: Optional[Callable] = None   # device -> a Case worth timing on a GPU
     no_timing: str = ""              # why a puzzle is not timed
@@ -458,6 +466,34 @@ _RESULTS: Dict[str, bool] = {}
 def _register(p: Puzzle) -> Puzzle:
     PUZZLES[p.key] = p
     return p
+
+
+# 0. the worked example: a masked copy (not in PUZZLES) ------------------------------------------
+
+def _build_copy(gen, device):
+    cases = []
+    for n, block in ((10, 4), (200, 64), (1000, 128)):
+        x = _randn(gen, n)
+        cases.append(_row_case(f"x [{n}], BLOCK={block}", (triton.cdiv(n, block),), {"x": x},
+                               (n,), spec_copy(x.double()), {"BLOCK": block}, device,
+                               args_after=(n,)))
+    return cases
+
+
+def _big_copy(device):
+    n, block = 1 << 24, 1024
+    x = torch.randn(n, device=device)
+    y = torch.empty_like(x)
+    return Case(f"x [{n}] fp32", (triton.cdiv(n, block),), (x, y, n), {"BLOCK": block},
+                {"x": x}, "y", y, None, None)
+
+
+# graded as the puzzles are, shown passing in the notebook's section 0: no RoPE, nothing to give
+# away; not in PUZZLES (the scoreboard and the timed table count the puzzles)
+COPY = Puzzle(
+    0, "copy", "a masked copy", spec_copy, _build_copy, None,
+    hint="mask every load and store with offs < N: the last tile runs past the end",
+    big=_big_copy, picture=1)
 
 
 # 1. one row, rotate-half ------------------------------------------------------------------------
@@ -593,8 +629,21 @@ def _build_partial(gen, device, block_rows=4):
                                spec_partial(x.double(), theta.double(), r),
                                {"D": d, "R": r, "BLOCK_ROWS": block_rows,
                                 "BLOCK_PASS": triton.next_power_of_2(d - r)},
-                               device, args_after=(n,)))
+                               device, args_after=(n,), wrong=[_partner_at_half_d(x, theta, r)]))
     return cases
+
+
+def _partner_at_half_d(x, theta, r) -> Tuple[str, torch.Tensor]:
+    """Full rotary's pairing in a partial-rotary head: feature j (j < R/2) turned with feature
+    j + D/2. Only y's first R/2 features are given (NaN elsewhere: not compared), since where
+    the rest lands depends on the order of the kernel's stores."""
+    d, h = x.shape[-1], r // 2
+    x64, t64 = x.double(), theta.double()
+    y = torch.full(x64.shape, float("nan"), dtype=torch.float64)
+    y[:, :h] = x64[:, :h] * t64.cos() - x64[:, d // 2:d // 2 + h] * t64.sin()
+    return (f"features 0-{h - 1} of y are x_j cos(theta_j) - x_(j+{d // 2}) sin(theta_j): your "
+            f"partner of feature j is at j + D/2 = j + {d // 2}, but the rotary halves are "
+            f"R/2 = {h} wide, so the partner is at j + {h}", y)
 
 
 def _big_partial(device):
@@ -797,14 +846,16 @@ def _compare_long_context(case, got) -> Optional[str]:
 
 def _plot_long_context(ax, case, got):
     err = _pair_angle_error(case, got).clamp(1e-6, 10)
-    pos, order = case.extra["positions"].clamp_min(1).sort()
+    pos = case.extra["positions"]
+    pos, order = pos[pos > 0].sort()                # a log axis: position 0 turns by nothing
+    order = (case.extra["positions"] > 0).nonzero().flatten()[order]
     ax.loglog(pos.numpy(), err[order].numpy(), "o-", ms=3)
     ax.axhline(ANGLE_TOL, color="tab:red", lw=1, ls="--", label=f"allowed {ANGLE_TOL} rad")
     ax.set_xlabel("position", fontsize=7)
     ax.set_ylabel("angle error (rad)", fontsize=7)
     ax.set_title("angle error by position", fontsize=8)
     ax.tick_params(labelsize=6)
-    ax.legend(fontsize=6)
+    ax.legend(fontsize=7)
 
 
 def _big_long_context(device):
@@ -864,7 +915,7 @@ def _table(P, half):
 def _build_position_ids(gen, device, block_s=4):
     B, S, half, P = 3, 5, 8, 40
     cases = []
-    for kind in ("contiguous", "expanded", "strided"):
+    for kind in ("contiguous", "expanded", "strided", "generation"):
         x = _randn(gen, B, S, 2 * half)
         cos, sin = _table(P, half)
         if kind == "contiguous":
@@ -873,10 +924,18 @@ def _build_position_ids(gen, device, block_s=4):
         elif kind == "expanded":    # one row of positions for the whole batch: stride 0
             ids = _placed(torch.arange(S)[None, :] + 7, device).expand(B, S)
             label = "position_ids [1, 5].expand(3, 5): stride 0 over the batch"
-        else:                       # every other row of a transposed [S, 2B] tensor
+        elif kind == "strided":     # every other row of a transposed [S, 2B] tensor
             base = _placed(torch.randint(0, P, (S, 2 * B), generator=gen), device)
             ids = base.t()[::2]
             label = f"position_ids = t.t()[::2], strides {tuple(ids.stride())}"
+        else:   # generation, a left-padded batch: positions counted from the attention mask,
+            # the last S of them (Hugging Face's generate): each sequence its own start
+            pad = torch.randperm(S + 2, generator=gen)[:B]
+            mask = torch.arange(2 * S + 2)[None, :] >= pad[:, None]           # [B, L]
+            counted = (mask.long().cumsum(-1) - 1).clamp_min(0)
+            ids = _placed(counted, device)[:, -S:]
+            label = (f"position_ids = (mask.cumsum(-1) - 1)[:, -{S}:], starts "
+                     f"{ids[:, 0].tolist()}, strides {tuple(ids.stride())}")
         expected = spec_position_ids(x.double(), ids.cpu(), cos.double(), sin.double())
         inputs = {"x": _placed(x, device), "position_ids": ids, "cos": _placed(cos, device),
                   "sin": _placed(sin, device)}
@@ -1330,23 +1389,12 @@ def _compare_bf16_table(case, got) -> Optional[str]:
 
 
 def _report_bf16_table(cases) -> str:
-    costs = [bf16_table_costs(c, c.out) for c in cases]
-    ulps = max(float(k["ulps"].max()) for k in costs)
-    table = max(float(k["table"].max()) for k in costs)
-    case, k = next((c, k) for c, k in zip(cases, costs)
-                   if (c.extra["positions"] == 100000).any())
-    i = int((case.extra["positions"] == 100000).nonzero()[0])
+    """The kernel's own rounding; the table's cost is drawn in the panel, and the notebook
+    computes it with torch alone."""
+    ulps = max(float(bf16_table_costs(c, c.out)["ulps"].max()) for c in cases)
     return (f"   the kernel's part: y within {ulps:.3f} bf16 ulp of the rotation by the bf16 "
             f"table's own values (allowed {ULP_TOL:g}: rounding to nearest errs by up to 0.5, "
-            "and the interpreter's conversion to bf16 truncates)\n"
-            f"   at position 100,000, against the rotation with an fp32 table, the pairs of y are "
-            f"off by up to {float(k['total'][i]):.4f} |x|: the bf16 table alone "
-            f"{float(k['table'][i]):.4f} |x|, y's conversion to bf16 alone "
-            f"{float(k['rounding'][i]):.4f} |x|\n"
-            f"   the bf16 table alone at all the positions checked (0 .. 131,071): up to "
-            f"{table:.4f} |x| (at most sqrt(2) 2^-9 = {TABLE_BOUND:.4f}); a bf16 angle at "
-            "position 100,000 "
-            f"(puzzle 5): {float(k['angle'][i]):.2f} |x|")
+            "and the interpreter's conversion to bf16 truncates)")
 
 
 def _plot_bf16_table(ax, case, got):
@@ -1366,7 +1414,7 @@ def _plot_bf16_table(ax, case, got):
     ax.set_title(f"error against an fp32 table\nthe kernel's part: {float(k['ulps'].max()):.3g} "
                  f"ulp (allowed {ULP_TOL:g})", fontsize=8)
     ax.tick_params(labelsize=6)
-    ax.legend(fontsize=5, loc="upper left")
+    ax.legend(fontsize=7, loc="upper left")
 
 
 def _big_bf16_table(device):
@@ -1413,21 +1461,30 @@ def _what_differs(case: Case, got: torch.Tensor, stored: bool = False) -> Option
     got64 = got.detach().to("cpu", torch.float64)
     want = case.expected.to("cpu", torch.float64)
     width = want.shape[-1]
+    atol, rtol = case.tol
     nan = got64.isnan()
+    close = torch.isclose(got64, want, atol=atol, rtol=rtol)
+    if close.all():
+        return None
+    # a known mistake, named even when other elements were never written: a wrong output's NaN
+    # elements are the ones it does not pin down
+    named = None
+    for why, alt in case.wrong:
+        alt = alt.to("cpu", torch.float64)
+        known = ~alt.isnan()
+        if known.any() and torch.isclose(got64[known], alt[known], atol=atol, rtol=rtol).all():
+            named = why
+            break
     if nan.any():
         flat = nan.reshape(-1, width)
         first = tuple(int(i) for i in nan.nonzero()[0])
         what = "are NaN, as your kernel stored them" if stored else "were never written"
-        return (f"{int(nan.sum())} of {nan.numel()} output elements {what} (first "
+        text = (f"{int(nan.sum())} of {nan.numel()} output elements {what} (first "
                 f"at {first}); features {_ranges(flat.any(0).nonzero().flatten().tolist())} "
                 f"of rows {_ranges(flat.any(1).nonzero().flatten().tolist())}")
-    atol, rtol = case.tol
-    close = torch.isclose(got64, want, atol=atol, rtol=rtol)
-    if close.all():
-        return None
-    for why, alt in case.wrong:
-        if torch.isclose(got64, alt.to("cpu", torch.float64), atol=atol, rtol=rtol).all():
-            return why
+        return text if named is None else f"{named}; and {text}"
+    if named is not None:
+        return named
     bad = (~close).reshape(-1, width)
     err = (got64 - want).abs().masked_fill(close, 0)
     worst = tuple(int(i) for i in torch.unravel_index(err.argmax(), err.shape))
@@ -1551,34 +1608,71 @@ def _picture(p: Puzzle, case: Case, memory: BoundsCheckedMemory, verdict: str) -
     draw_accesses(memory, f"puzzle {p.number}, {case.label}: {verdict}", panel)
 
 
-def _sectors(memory: BoundsCheckedMemory) -> str:
-    parts = []
+def sector_use(memory: BoundsCheckedMemory) -> Dict[str, Tuple[int, float]]:
+    """Per tensor the kernel touched: (its load or store instructions, the fraction of the moved
+    sectors' bytes they used), from the recorded accesses."""
+    out = {}
     for reg in memory.regions:
         kind = "load" if reg.kind == "in" else "store"
         mine = [a for a, o in zip(memory.accesses, memory.owners) if o == reg.name]
-        if not mine:
-            continue
-        s = access.summary(mine, kind)
-        parts.append(f"{reg.name} {s['instructions']} {kind}{'s' if s['instructions'] > 1 else ''}"
-                     f" ({s['efficiency']:.0%} of the sectors' bytes used)")
+        if mine:
+            s = access.summary(mine, kind)
+            out[reg.name] = (s["instructions"], s["efficiency"])
+    return out
+
+
+def _sectors(memory: BoundsCheckedMemory) -> str:
+    parts = []
+    for name, (n, used) in sector_use(memory).items():
+        kind = "load" if memory.region(name).kind == "in" else "store"
+        parts.append(f"{name} {n} {kind}{'s' if n > 1 else ''} ({used:.0%} of the sectors' bytes "
+                     "used)")
     return "; ".join(parts)
 
 
-def _fail(p: Puzzle, label: str, problem: str) -> bool:
-    print(f"❌ puzzle {p.number} ({p.title}), {label}: {problem}\n   hint: {p.hint}")
+@dataclass
+class Graded:
+    """What the last check of a puzzle found: the seed its inputs were drawn from (hand it back
+    as `seed=` to run the same cases again), and for a pass, the accesses its line printed."""
+    key: str
+    passed: bool
+    seed: Optional[int]
+    case: Optional[str] = None                       # the case whose accesses were printed
+    sectors: Dict[str, Tuple[int, float]] = field(default_factory=dict)   # see sector_use
+
+
+_GRADES: Dict[str, Graded] = {}
+
+
+def last_grade(key: str) -> Optional[Graded]:
+    """The last check of puzzle `key` (or "copy", the worked example) in this process."""
+    return _GRADES.get(key)
+
+
+def _fail(p: Puzzle, label: str, problem: str, seed: int, kernel=None) -> bool:
+    you = getattr(getattr(kernel, "fn", None), "__name__", "your_kernel")
+    print(f"❌ puzzle {p.number} ({p.title}), {label} (seed={seed}): {problem}\n"
+          f"   hint: {p.hint}\n"
+          f"   the same inputs again: pz.check_{p.key}({you}, seed={seed})")
     _RESULTS[p.key] = False
+    _GRADES[p.key] = Graded(p.key, False, seed)
     return False
 
 
 def grade(p: Puzzle, kernel, *, seed: Optional[int] = None, draw: bool = True,
           time_it: bool = True) -> bool:
-    """Check a learner's kernel for puzzle p: ✅ or ❌ with what differs; never raises."""
+    """Check a learner's kernel for puzzle p: ✅ or ❌ with what differs; never raises.
+
+    The inputs are drawn from `seed`, a fresh one when None; a ❌ line prints it, and the same
+    seed handed back runs the same cases again."""
+    seed = int(torch.randint(0, 2**31, ())) if seed is None else int(seed)
     try:
         return _grade(p, kernel, seed=seed, draw=draw, time_it=time_it)
     except Exception as exc:  # noqa: BLE001 -- a check must not stop the notebook
-        print(f"❌ puzzle {p.number} ({p.title}): the check could not run your kernel "
-              f"({type(exc).__name__}: {_error_line(exc)})")
+        print(f"❌ puzzle {p.number} ({p.title}), seed={seed}: the check could not run your "
+              f"kernel ({type(exc).__name__}: {_error_line(exc)})")
         _RESULTS[p.key] = False
+        _GRADES[p.key] = Graded(p.key, False, seed)
         return False
 
 
@@ -1586,25 +1680,28 @@ def _grade(p: Puzzle, kernel, *, seed, draw, time_it) -> bool:
     name = f"puzzle {p.number} ({p.title})"
     if not kernel_answer(name, kernel, "the output it allocated"):
         _RESULTS[p.key] = False
+        _GRADES[p.key] = Graded(p.key, False, None)
         return False
-    seed = int(torch.randint(0, 2**31, ())) if seed is None else seed
     cases = p.build(torch.Generator().manual_seed(seed), "cpu")
+    bar = () if p.solution is None else (p.solution,)
     shown = None
     for i, case in enumerate(cases):
         memory = BoundsCheckedMemory(case.regions())
         ok, ran = run_own_code(f"{name}, {case.label}", "your kernel",
-                               _launch_checked(kernel, case, memory), bar=(p.solution,))
+                               _launch_checked(kernel, case, memory), bar=bar)
         if not ok:
             _RESULTS[p.key] = False
+            _GRADES[p.key] = Graded(p.key, False, None)
             return False
         if ran.error is not None:
-            return _fail(p, case.label, f"the launch raised {_error_line(ran.error)}")
+            return _fail(p, case.label, f"the launch raised {_error_line(ran.error)}", seed,
+                         kernel)
         problems = [memory.fault_report(), _judge(p, case, case.out, memory)]
         if not any(problems) and p.require is not None:
             problems.append(p.require(case, memory))
         problem = "; and ".join(q for q in problems if q) or None
         if problem is not None:
-            _fail(p, case.label, problem)
+            _fail(p, case.label, problem, seed, kernel)
             if draw:
                 _picture(p, case, memory, "wrong")
             return False
@@ -1618,6 +1715,7 @@ def _grade(p: Puzzle, kernel, *, seed, draw, time_it) -> bool:
     if draw:
         _picture(p, case, memory, "correct")
     _RESULTS[p.key] = True
+    _GRADES[p.key] = Graded(p.key, True, seed, case.label, sector_use(memory))
     if time_it:
         return _on_gpu(p, kernel, seed)
     return True
@@ -1674,7 +1772,7 @@ def _on_gpu(p: Puzzle, kernel, seed: int) -> bool:
     if wrong is not None:
         return _fail(p, wrong[0] + " (compiled, on the GPU)",
                      wrong[1] + " — it passed in the interpreter: look for a race between "
-                     "programs or a load whose mask differs from its store's")
+                     "programs or a load whose mask differs from its store's", seed, kernel)
     if p.big is None:
         print(f"   ⏱ not timed: {p.no_timing}")
         return True
@@ -1749,6 +1847,11 @@ def solution_times() -> Dict[str, Timing]:
 
 
 # --- what the notebook calls --------------------------------------------------------------------
+
+def check_copy(kernel, **kw) -> bool:
+    """The worked example of section 0: a masked copy of x [N] into y, in tiles of BLOCK."""
+    return grade(COPY, kernel, **kw)
+
 
 def check_rotate_row(kernel, **kw) -> bool:
     """Puzzle 1: rotate one row of 2 * HALF features, rotate-half pairs (j, j + HALF)."""
