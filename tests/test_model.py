@@ -8,9 +8,11 @@ import pytest
 import torch
 
 import ropelib
+from ropelib.course import model as model_module
 from ropelib.course.model import (CharDataset, GPT, GPTConfig, TEStyleAttention, build, ema,
-                           estimate_loss, plot_loss_curves, pydoc_topics_text, read_history_csv,
-                           rope_time_share, sample, train, write_history_csv)
+                           estimate_loss, plot_loss_curves, plot_train_loss_differences,
+                           pydoc_topics_text, read_history_csv, rope_time_share, sample, train,
+                           write_history_csv)
 from ropelib.frequencies import rope_freqs
 
 
@@ -167,11 +169,19 @@ def test_te_style_attention_matches_te_unfused(seeded, device):
 
 def test_train_is_seeded_and_learns(data):
     cfg = tiny(data, block_size=32)
-    runs = [train(build(cfg, "reference", seed=0), data, steps=40, batch_size=8, lr=3e-3,
-                  seed=0, eval_every=20, eval_iters=4) for _ in range(2)]
+    models = [build(cfg, "reference", seed=0) for _ in range(2)]
+    runs = [train(m, data, steps=40, batch_size=8, lr=3e-3, seed=0, eval_every=20, eval_iters=4)
+            for m in models]
     a, b = runs
     assert a["train_loss"] == b["train_loss"] and a["val_loss"] == b["val_loss"]
+    assert a["eval_train_loss"] == b["eval_train_loss"]
     assert len(a["train_loss"]) == 40 and a["eval_step"] == [20, 40]
+    # the training loss at each evaluation: fixed batches of the training split, not the
+    # validation split's and not the step's own batch
+    assert a["eval_train_loss"][-1] == estimate_loss(models[0], data, "train", iters=4,
+                                                     batch_size=8)
+    assert a["eval_train_loss"][-1] != a["val_loss"][-1]
+    assert a["eval_train_loss"][0] > a["eval_train_loss"][1]                # it learns
     first, last = sum(a["train_loss"][:5]) / 5, sum(a["train_loss"][-5:]) / 5
     assert last < first - 0.5, (first, last)                    # ln(V) ~ 4.6 -> well below
     assert a["tokens_per_s"] > 0 and a["amp_dtype"] == "float32" and a["rope"] == "reference"
@@ -227,10 +237,15 @@ def check_host_side(r, device):
             {k: r[v] for k, v in HOST_KEYS.items()})
 
 
-def test_rope_time_share_reference_cpu(data):
+def test_rope_time_share_reference_cpu(data, monkeypatch):
     model = build(tiny(data), "reference", seed=0)
     before = {k: v.clone() for k, v in model.state_dict().items()}
+    steps_run = []                                              # it profiles train's own step
+    real_step = model_module.train_step
+    monkeypatch.setattr(model_module, "train_step",
+                        lambda *a, **k: steps_run.append(1) or real_step(*a, **k))
     r = rope_time_share(model, data, batch_size=2, steps=2, warmup=1)
+    assert len(steps_run) == 1 + 2
     assert 0.0 < r["share"] < 1.0 and r["rope_fwd_ms"] > 0 and r["rope_bwd_ms"] > 0
     assert r["time"] == "host (CPU) time"
     check_host_side(r, "cpu")
@@ -274,6 +289,41 @@ def test_history_csv_round_trip_and_figure(tmp_path):
     plt.close(fig)
     with pytest.raises(ValueError, match="histories"):
         write_history_csv({}, tmp_path / "empty.csv")
+    # train's fixed-batch training loss, where a run has it
+    runs["ropelib"]["eval_train_loss"] = [3.25, 2.75]
+    _, back = read_history_csv(write_history_csv(runs, tmp_path / "eval.csv"))
+    assert back == runs and "eval_train_loss" not in back["reference"]
+
+
+def test_loss_figures_draw_a_control_on_the_right_only(tmp_path):
+    import matplotlib.pyplot as plt
+
+    def run(train_loss, val_loss):
+        return {"step": [1, 2, 3], "train_loss": train_loss, "eval_step": [2, 3],
+                "val_loss": val_loss}
+
+    runs = {"ropelib": run([4.5, 3.25, 2.875], [3.5, 3.0]),
+            "reference": run([4.5, 3.25, 2.9], [3.5, 3.0625]),
+            "reference again": run([4.5, 3.2, 2.9], [3.25, 3.0])}
+    fig = plot_loss_curves(runs, baseline="reference", right_only=["reference again"])
+    left, right = fig.axes
+    assert not any("reference again" in line.get_label() for line in left.lines)
+    assert [line.get_label() for line in right.lines] == [
+        "|ropelib - reference|", "|reference again - reference|"]
+    assert list(right.lines[1].get_ydata()) == pytest.approx([0.25, 0.0625])
+    plt.close(fig)
+    for bad in (["reference"], ["control"]):
+        with pytest.raises(ValueError, match="right_only"):
+            plot_loss_curves(runs, baseline="reference", right_only=bad)
+    fig = plot_train_loss_differences(runs, tmp_path / "parting.png", baseline="reference",
+                                      runs=("ropelib", "reference again"), last_step=2,
+                                      title="NVIDIA H200")
+    assert (tmp_path / "parting.png").stat().st_size > 10_000
+    (ax,) = fig.axes
+    assert [list(line.get_xdata()) for line in ax.lines] == [[1, 2], [1, 2]]
+    assert list(ax.lines[0].get_ydata()) == pytest.approx([1e-9, 1e-9])  # an exact 0 at 1e-9
+    assert list(ax.lines[1].get_ydata()) == pytest.approx([1e-9, 0.05])
+    plt.close(fig)
 
 
 def test_ema_is_bias_corrected():

@@ -377,6 +377,30 @@ def estimate_loss(model: GPT, data: CharDataset, split: str, *, iters: int, batc
     return losses.mean().item()
 
 
+def make_optimizer(model: GPT, *, lr: float, weight_decay: float = 0.1) -> torch.optim.AdamW:
+    """`train`'s AdamW: weight decay on the matrices only, betas (0.9, 0.95), fused on a GPU."""
+    device = next(model.parameters()).device
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}],
+                             lr=lr, betas=(0.9, 0.95), fused=device.type == "cuda")
+
+
+def train_step(model: GPT, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, *,
+               amp_dtype=None, grad_clip: float = 1.0) -> torch.Tensor:
+    """One step of `train`: forward under autocast (`amp_dtype`, None: off), backward, gradient
+    clipping to norm `grad_clip` (0: none), optimiser step. Returns the loss (not synchronised)."""
+    with _autocast(x.device, amp_dtype):
+        _, loss = model(x, y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    opt.step()
+    return loss
+
+
 def train(model: GPT, data: CharDataset, *, steps: int, batch_size: int, lr: float = 1e-3,
           min_lr: Optional[float] = None, warmup: Optional[int] = None,
           weight_decay: float = 0.1, grad_clip: float = 1.0, seed: int = 0,
@@ -388,8 +412,10 @@ def train(model: GPT, data: CharDataset, *, steps: int, batch_size: int, lr: flo
     see the same batches in the same order. `amp_dtype="auto"`: bf16 autocast on a GPU, fp32 on
     the CPU; None turns autocast off.
 
-    Returns a dict: `step`, `train_loss` (every step), `eval_step`, `val_loss` (every
-    `eval_every` steps and at the end), `tokens_per_s` and `ms_per_step` over the steps after
+    Returns a dict: `step`, `train_loss` (every step, each on its own batch), `eval_step`,
+    `val_loss` and `eval_train_loss` (every `eval_every` steps and at the end: the mean loss over
+    `eval_iters` fixed batches of the validation and of the training split, as nanoGPT's
+    `estimate_loss` gives both), `tokens_per_s` and `ms_per_step` over the steps after
     the first `timing_warmup` (compilation, allocator warm-up), evaluation time excluded;
     `train_time_s`, `tokens`, `device`, `amp_dtype`, `rope`, `seed`.
     """
@@ -404,11 +430,7 @@ def train(model: GPT, data: CharDataset, *, steps: int, batch_size: int, lr: flo
     timing_warmup = min(5, steps // 5) if timing_warmup is None else timing_warmup
     T = model.config.block_size
 
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=lr, betas=(0.9, 0.95), fused=device.type == "cuda")
+    opt = make_optimizer(model, lr=lr, weight_decay=weight_decay)
 
     def lr_at(it):
         if it < warmup:
@@ -422,7 +444,7 @@ def train(model: GPT, data: CharDataset, *, steps: int, batch_size: int, lr: flo
 
     g = torch.Generator().manual_seed(seed)
     losses = torch.zeros(steps, device=device)      # kept on the device: no sync per step
-    eval_steps, val_losses = [], []
+    eval_steps, val_losses, eval_train_losses = [], [], []
     eval_time, t_start = 0.0, None
     t_all = time.perf_counter()
     model.train()
@@ -433,19 +455,15 @@ def train(model: GPT, data: CharDataset, *, steps: int, batch_size: int, lr: flo
         for group in opt.param_groups:
             group["lr"] = lr_at(it)
         x, y = data.get_batch("train", batch_size, T, g, device)
-        with _autocast(device, amp_dtype):
-            _, loss = model(x, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if grad_clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-        opt.step()
+        loss = train_step(model, opt, x, y, amp_dtype=amp_dtype, grad_clip=grad_clip)
         losses[it] = loss.detach()
         if (it + 1) % eval_every == 0 or it + 1 == steps:
             sync()
             t0 = time.perf_counter()
             val_losses.append(estimate_loss(model, data, "val", iters=eval_iters,
                                             batch_size=batch_size, amp_dtype=amp_dtype))
+            eval_train_losses.append(estimate_loss(model, data, "train", iters=eval_iters,
+                                                   batch_size=batch_size, amp_dtype=amp_dtype))
             eval_steps.append(it + 1)
             eval_time += time.perf_counter() - t0
             if progress:
@@ -460,6 +478,7 @@ def train(model: GPT, data: CharDataset, *, steps: int, batch_size: int, lr: flo
         "train_loss": losses.tolist(),
         "eval_step": eval_steps,
         "val_loss": val_losses,
+        "eval_train_loss": eval_train_losses,
         "tokens_per_s": timed_steps * batch_size * T / elapsed if timed_steps else float("nan"),
         "ms_per_step": 1e3 * elapsed / timed_steps if timed_steps else float("nan"),
         "train_time_s": t_end - t_all,
@@ -662,7 +681,9 @@ def generate(model: GPT, idx: torch.Tensor, max_new_tokens: int, *,
 
 def rope_time_share(model: GPT, data: CharDataset, *, batch_size: int, steps: int = 5,
                     warmup: int = 2, amp_dtype="auto") -> dict:
-    """Share of a training step (forward + backward + AdamW) spent in RoPE, by torch.profiler.
+    """Share of a training step spent in RoPE, by torch.profiler. The step is `train`'s own
+    (`train_step`: forward under autocast, backward, gradient clipping to norm 1, `train`'s AdamW
+    from `make_optimizer`), at a fixed learning rate of 1e-4.
 
     RoPE forward: everything under the `ROPE_LABEL` ranges (`_Rotary.forward`). RoPE backward:
     the autograd nodes created inside those ranges, found by their sequence numbers (the
@@ -701,16 +722,12 @@ def rope_time_share(model: GPT, data: CharDataset, *, batch_size: int, steps: in
     on_cuda = device.type == "cuda"
     T = model.config.block_size
     g = torch.Generator().manual_seed(0)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    opt = make_optimizer(model, lr=1e-4)
     state = {k: v.clone() for k, v in model.state_dict().items()}
 
     def step():
         x, y = data.get_batch("train", batch_size, T, g, device)
-        with _autocast(device, amp_dtype):
-            _, loss = model(x, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        train_step(model, opt, x, y, amp_dtype=amp_dtype)
 
     model.train()
     for _ in range(warmup):
@@ -797,8 +814,9 @@ def rope_time_share(model: GPT, data: CharDataset, *, batch_size: int, steps: in
 
 def write_history_csv(histories: dict, path, meta: Optional[dict] = None) -> str:
     """Loss curves of several runs to one CSV: `step`, then `train_loss:<run>` for every step and
-    `val_loss:<run>` where the run evaluated (empty elsewhere). `meta` (e.g. sizes, tokens/s,
-    `ropelib.bench.compare.environment_meta()`) goes first as `# key: value` lines."""
+    `val_loss:<run>` where the run evaluated (empty elsewhere), and `eval_train_loss:<run>` there
+    for a run that has it (`train`'s estimate on fixed training batches). `meta` (e.g. sizes,
+    tokens/s, `ropelib.bench.compare.environment_meta()`) goes first as `# key: value` lines."""
     import csv
     import os
 
@@ -809,6 +827,8 @@ def write_history_csv(histories: dict, path, meta: Optional[dict] = None) -> str
     for name, h in histories.items():
         cols[f"train_loss:{name}"] = dict(zip(h["step"], h["train_loss"]))
         cols[f"val_loss:{name}"] = dict(zip(h["eval_step"], h["val_loss"]))
+        if "eval_train_loss" in h:
+            cols[f"eval_train_loss:{name}"] = dict(zip(h["eval_step"], h["eval_train_loss"]))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", newline="") as f:
         for k, v in (meta or {}).items():
@@ -822,7 +842,7 @@ def write_history_csv(histories: dict, path, meta: Optional[dict] = None) -> str
 
 def read_history_csv(path):
     """(meta, histories) back from `write_history_csv`: histories[run] has `step`,
-    `train_loss`, `eval_step`, `val_loss` lists."""
+    `train_loss`, `eval_step`, `val_loss` lists, and `eval_train_loss` where the file has it."""
     import csv
 
     meta, lines = {}, []
@@ -840,14 +860,20 @@ def read_history_csv(path):
             kind, name = col.split(":", 1)
             h = histories.setdefault(name, {"step": [], "train_loss": [], "eval_step": [],
                                             "val_loss": []})
+            if kind == "eval_train_loss":
+                h.setdefault("eval_train_loss", [])
             if v == "":
                 continue
             if kind == "train_loss":
                 h["step"].append(step)
                 h["train_loss"].append(float(v))
-            else:
+            elif kind == "val_loss":
                 h["eval_step"].append(step)
                 h["val_loss"].append(float(v))
+            elif kind == "eval_train_loss":
+                h["eval_train_loss"].append(float(v))
+            else:
+                raise ValueError(f"{path}: unknown column {col!r}")
     return meta, histories
 
 
@@ -860,21 +886,28 @@ def ema(values, alpha: float = 0.05) -> list:
     return out
 
 
-def plot_loss_curves(histories: dict, path=None, *, baseline: str, title: str = ""):
+def plot_loss_curves(histories: dict, path=None, *, baseline: str, title: str = "",
+                     right_only=()):
     """Left: train loss (EMA) and val loss of every run. Right: |val loss - baseline's| per run,
-    the kernel's difference next to the seed-to-seed one. Saves to `path` when given."""
+    the kernel's difference next to the seed-to-seed one. Runs named in `right_only` (a control,
+    say) are drawn on the right only. Saves to `path` when given."""
     import matplotlib.pyplot as plt
 
+    unknown = set(right_only) - set(histories)
+    if unknown or baseline in right_only:
+        raise ValueError(f"right_only must name runs other than the baseline {baseline!r} among "
+                         f"{sorted(histories)}, got {sorted(right_only)}")
     fig, (ax, ax_d) = plt.subplots(1, 2, figsize=(11, 4))
     base = histories[baseline]
     for i, (name, h) in enumerate(histories.items()):
         color = f"C{i}"
         wide = i == 0          # the first run drawn wide and pale: visible under a curve on top
-        ax.plot(h["step"], h["train_loss"], color=color, alpha=0.15, lw=0.8)
-        ax.plot(h["step"], ema(h["train_loss"]), color=color, lw=4 if wide else 1.5,
-                alpha=0.5 if wide else 1.0, label=f"{name} train (EMA)")
-        ax.plot(h["eval_step"], h["val_loss"], "o--", color=color, ms=7 if wide else 3, lw=1,
-                alpha=0.5 if wide else 1.0, label=f"{name} val")
+        if name not in right_only:
+            ax.plot(h["step"], h["train_loss"], color=color, alpha=0.15, lw=0.8)
+            ax.plot(h["step"], ema(h["train_loss"]), color=color, lw=4 if wide else 1.5,
+                    alpha=0.5 if wide else 1.0, label=f"{name} train (EMA)")
+            ax.plot(h["eval_step"], h["val_loss"], "o--", color=color, ms=7 if wide else 3, lw=1,
+                    alpha=0.5 if wide else 1.0, label=f"{name} val")
         if name != baseline:
             d = [abs(a - b) for a, b in zip(h["val_loss"], base["val_loss"])]
             ax_d.semilogy(h["eval_step"], [max(x, 1e-9) for x in d], "o-", color=color, ms=3,
@@ -886,6 +919,32 @@ def plot_loss_curves(histories: dict, path=None, *, baseline: str, title: str = 
              title="difference from " + baseline)
     ax_d.grid(alpha=0.3, which="both")
     ax_d.legend(fontsize=8)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=120)
+    return fig
+
+
+def plot_train_loss_differences(histories: dict, path=None, *, baseline: str, runs,
+                                last_step: int = 60, title: str = ""):
+    """|train loss - baseline's| at every step 1 .. last_step, log scale, one line per run in
+    `runs`: for runs that draw the same batches as the baseline (per-step training losses of
+    runs on other batches differ mostly by their batches). An exact 0 is drawn at 1e-9. Saves to
+    `path` when given."""
+    import matplotlib.pyplot as plt
+
+    base = dict(zip(histories[baseline]["step"], histories[baseline]["train_loss"]))
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for i, name in enumerate(runs):
+        h = histories[name]
+        pairs = [(s, abs(loss - base[s])) for s, loss in zip(h["step"], h["train_loss"])
+                 if s <= last_step and s in base]
+        ax.semilogy([s for s, _ in pairs], [max(d, 1e-9) for _, d in pairs], "o-",
+                    color=f"C{i}", ms=2.5, lw=1, label=f"|{name} - {baseline}|")
+    ax.set(xlabel="step", ylabel="|difference in train loss| (0 drawn at 1e-9)",
+           title=title or f"training loss, difference from {baseline}")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
     fig.tight_layout()
     if path is not None:
         fig.savefig(path, dpi=120)
