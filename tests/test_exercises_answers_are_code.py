@@ -4,7 +4,7 @@ Notebook 00's exercises 2 (how many features partial rotary turns) and 3 (interl
 a `bshd` tensor, what `ropelib.apply_rope(..., layout="bshd", interleaved=True)` returns),
 notebook 01's exercise 4 (the permutation back to the interleaved pairing), notebook 02's
 exercises 1 (the positions a context-parallel rank holds) and 3 (the bytes a fused forward
-moves), notebook 07's exercise 2 (the time a fitted line predicts) and notebook 09's exercise 1
+moves), notebook 07's exercise 1 (a least-squares line, by the normal equations) and notebook 09's exercise 1
 (RoPE's share of a profiled step) ask for a value that ropelib can compute. Their checks take a
 function and run it with ropelib's answers barred (`own_code`). For each check this file shows
 that
@@ -39,7 +39,7 @@ from ropelib import context_parallel, frequencies, reference  # noqa: E402
 from ropelib import te as rope_te  # noqa: E402
 from ropelib.bench import compare, suite  # noqa: E402
 from ropelib.course.exercises import (  # noqa: E402
-    at_scale, basics, in_a_model, kernels, measuring, own_code)
+    at_scale, basics, in_a_model, measuring, own_code)
 from ropelib.course.kernels import batch_reuse, naive  # noqa: E402
 from loading import load_file  # noqa: E402
 
@@ -247,19 +247,24 @@ def _check_bytes(fn):
     return basics.check_bytes_moved(fn)
 
 
-# --- notebook 07, exercise 2: the time a fitted line predicts ----------------------------------
+# --- notebook 07, exercise 1: a least-squares line, by the normal equations -------------------
 
-def _predict_written_here(t0_us, gbps, nbytes):
-    return (t0_us * 1e3 + nbytes / gbps) / 1e6      # everything in ns first, then ms
+def _fit_written_here(nbytes, ms):
+    n = len(nbytes)                                  # centred sums, in plain Python
+    mean_n, mean_t = sum(nbytes) / n, sum(ms) / n
+    slope = (sum((a - mean_n) * (t - mean_t) for a, t in zip(nbytes, ms))
+             / sum((a - mean_n) ** 2 for a in nbytes))
+    return (mean_t - slope * mean_n) * 1e3, 1e-6 / slope
 
 
-def _predict_from_floor(t0_us, gbps, nbytes):
-    return t0_us * 1e-3 + kernels.solution_floor_ms(nbytes, gbps)
+def _fit_by_polyfit(nbytes, ms):
+    import numpy as np
+    slope, intercept = np.polyfit(nbytes, ms, 1)
+    return intercept * 1e3, 1e-6 / slope
 
 
-def _check_prediction(fn):
-    # a measurement the line predicts within 20 %: t0 = 10 us, 1000 GB/s, 1e8 bytes -> 0.11 ms
-    return measuring.check_prediction(fn, 10.0, 1000.0, 1e8, 0.105)
+def _check_fit(fn):
+    return measuring.check_fit_time_model(fn)
 
 
 # --- notebook 09, exercise 1: RoPE's share of a profiled step ----------------------------------
@@ -377,15 +382,14 @@ EXERCISES = {
             "the worked solution": (basics.solution_bytes_moved,
                                     "called ropelib's solution_bytes_moved"),
         }),
-    "07 ex2 predict_ms": dict(
-        check=_check_prediction,
-        solution=lambda: learner_copy(measuring.solution_predict_ms),
-        own=_predict_written_here,
+    "07 ex1 fit_time_model": dict(
+        check=_check_fit,
+        solution=lambda: learner_copy(measuring.solution_fit_time_model),
+        own=_fit_written_here,
         library={
-            "notebook 04's worked time floor": (_predict_from_floor,
-                                                "called ropelib's solution_floor_ms"),
-            "the worked solution": (measuring.solution_predict_ms,
-                                    "called ropelib's solution_predict_ms"),
+            "np.polyfit": (_fit_by_polyfit, "called polyfit"),
+            "the worked solution": (measuring.solution_fit_time_model,
+                                    "called ropelib's solution_fit_time_model"),
         }),
     "09 ex1 rope_share": dict(
         check=_check_rope_share,
@@ -458,15 +462,6 @@ def test_an_unanswered_function_and_a_plain_value_are_not_answers(exercise, caps
     assert "expected a function" in capsys.readouterr().out
 
 
-def test_the_prediction_is_compared_with_the_measurement(capsys):
-    own = _predict_written_here
-    assert measuring.check_prediction(own, 10.0, 1000.0, 1e8, 0.105)
-    assert not measuring.check_prediction(own, 10.0, 1000.0, 1e8, 0.2)    # 45 % off
-    out = capsys.readouterr().out
-    assert "✅ prediction within 20% of the measurement" in out
-    assert "❌ prediction within 20% of the measurement" in out
-
-
 # --- the notebooks pass functions, not values ----------------------------------------------------
 
 NOTEBOOK_CHECKS = [
@@ -475,7 +470,7 @@ NOTEBOOK_CHECKS = [
     ("01-roformer-math.py", "check_interleave_permutation", "perm_back"),
     ("02-pytorch-reference-and-layouts.py", "check_cp_positions", "rank_positions"),
     ("02-pytorch-reference-and-layouts.py", "check_bytes_moved", "bytes_moved"),
-    ("07-te-vs-triton-live.py", "check_prediction", "predict_ms"),
+    ("07-te-vs-triton-live.py", "check_fit_time_model", "fit_time_model"),
     ("09-rope-in-a-model.py", "check_cached_attention", "cached_attention"),
     ("09-rope-in-a-model.py", "check_rope_share", "rope_share"),
 ]

@@ -246,3 +246,19 @@ def test_the_committed_variants_log_agrees_with_its_progress_lines():
                 float(v) for v in m.groups()[2:]), line
             seen += 1
     assert seen == len(rows)
+
+
+def test_floor_run_date_names_the_run_that_measured_a_part():
+    from ropelib.bench import floor as floor_suite
+    later = floor_suite.LATER_RUN
+    meta = {"date": "2026-01-01T00:00:00Z",
+            "replaced_rows": floor_suite.REPLACEMENT_SEPARATOR.join((
+                f"decode sbhd, decode bshd{later}date 2026-01-02T10:00:00Z, torch 2; its timing: x",
+                f"decode bshd{later}date 2026-01-03T11:00:00Z, torch 2; its timing: y"))}
+    assert measured.floor_run_date(meta, "decode sbhd") == "2026-01-02T10:00:00Z"
+    assert measured.floor_run_date(meta, "decode bshd") == "2026-01-03T11:00:00Z"   # the latest
+    assert measured.floor_run_date(meta, "64 MiB bf16 sbhd") == "2026-01-01T00:00:00Z"
+    assert measured.floor_run_date({"date": "d"}, "decode sbhd") == "d"
+    meta, _ = measured.load("floor")               # the committed run: decode rows came later
+    assert measured.floor_run_date(meta, "decode sbhd") > meta["date"]
+    assert measured.floor_run_date(meta, "64 MiB bf16 sbhd") == meta["date"]

@@ -128,6 +128,21 @@ def floor(gpu: str = GPU, kind: str = "floor") -> dict:
     return out
 
 
+def floor_run_date(meta: dict, part: str) -> str:
+    """The date of the run that measured ``part`` of a floor CSV: a group of cases as the
+    header's ``replaced_rows`` line names them ("decode sbhd" holds the cases "decode host
+    forward sbhd", "decode host forward+backward sbhd", ...). The latest later run that names
+    it, else the header's own date (the run that wrote the file)."""
+    from ..bench import floor as floor_suite
+    date = meta.get("date", "")
+    for entry in floor_suite.replacements(meta):          # oldest first
+        parts, _, later = entry.partition(floor_suite.LATER_RUN)
+        found = re.search(r"date (\S+?),", later)
+        if part in parts.split(", ") and found:
+            date = found[1]
+    return date
+
+
 def two_pass(gpu: str = GPU, kind: str = "two_pass") -> dict:
     """{(case, pass): {provider: row}} of ``two_pass-<gpu>.csv`` (``benchmarks/two_pass.py``;
     kind "two_pass_thd": its packed-sequence cases alone, ``--only thd``): pass is "forward" or
