@@ -41,9 +41,10 @@
 #   and read the counts beside the step's measured time, eager and in a CUDA graph.
 #
 # **Time:** about 90 minutes to read and 50 for the four exercises (the two kernels take
-# most). Section 3 and the decode timings of section 4 are dense with measured numbers: on a
-# first pass, read their findings and come back for the numbers. The cells run in about a
-# minute on a CPU (Triton's interpreter), the two-process run taking the largest share.
+# most), 20 more for the optional fifth, the fp8 store. Section 3 and the decode timings of
+# section 4 are dense with measured numbers: on a first pass, read their findings and come
+# back for the numbers. The cells run in about a minute on a CPU (Triton's interpreter), the
+# two-process run taking the largest share.
 
 # %%
 import os, torch
@@ -363,6 +364,16 @@ print(f"max |difference| of the 6-decimal columns = {max(diffs):.2e}; before rou
 assert dry["cp_size"] == 2 and len(dry["loss"]) == 3 and None not in dry["single_loss"]
 assert dry["meta"]["rope"] == "ropelib" and dry["meta"]["dtype"] == "fp32"
 assert dry["meta"]["device"].startswith("cuda" if ropelib.runtime.on_gpu() else "cpu")
+# how it ran, from the CSV's header: compiled kernels on a GPU or the interpreter on the CPU, and
+# the backend: NCCL with a GPU per rank, gloo with two ranks on one GPU or on the CPU
+if ropelib.runtime.on_gpu():
+    assert dry["meta"]["mode"].startswith("GPU") and dry["meta"]["gpu"] != "none"
+    want_backend = "nccl" if torch.cuda.device_count() >= 2 else "gloo"
+else:
+    assert dry["meta"]["mode"].startswith("CPU, Triton interpreter")
+    assert dry["meta"]["gpu"] == "none"
+    want_backend = "gloo"
+assert dry["meta"]["backend"] == want_backend, (dry["meta"]["backend"], want_backend)
 assert fp32_ulp < 1e-6                            # 6 decimals are coarser than the loss's ulp
 assert max(diffs) <= exact_diff + 1e-6 + 1e-9     # each column rounds by half a unit at most
 assert exact_diff <= 4 * fp32_ulp * (1 + 1e-2)    # a few fp32 ulps (max_loss_diff has 3 digits)
@@ -373,6 +384,10 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
+# The cell also checks, from the CSV's header, how the run went: on a GPU its mode is the
+# GPU's and its backend NCCL or gloo as the GPUs here allow (one GPU: gloo), on the CPU the
+# interpreter's with gloo. So the page cannot show a CPU run as a GPU one.
+#
 # The two losses agree to at most a few fp32 ulps, and the cell prints how many. The CSV's
 # per-step columns cannot show that: they keep 6 decimals, coarser than an fp32 ulp of this
 # loss (the cell checks it), so two losses an ulp apart print equal, or one unit apart in the
@@ -835,10 +850,9 @@ def my_rope_kv_cache_kernel(
     HK: tl.constexpr,           # heads of k and v (a power of two)
     D: tl.constexpr,            # head dim (a power of two), all rotated
 ):
-    # 1. b = tl.program_id(0); pos = tl.load(seqlens_ptr + b); j = tl.arange(0, D // 2)[None, :]
-    #    theta = row pos of freqs (features j), then its cos and sin
-    # 2. hq = tl.arange(0, HQ)[:, None]: the heads' rows (b * HQ + hq) * D; rotate both halves
-    # 3. the same for k, stored at ((b * L + pos) * HK + hk) * D; v copied to the same slot
+    # 1. this sequence's position, and its row of the angle table
+    # 2. q's heads as one tile per half, rotated into q_out
+    # 3. k's heads rotated and v's as they are, into their slot of the caches
     pass
 
 
@@ -1120,6 +1134,80 @@ assert 10 < smallest / overall < 11                  # "more than ten times"
 # cell prints both).
 # Whether a model's outputs notice is a question for the model, measured on its tasks; the
 # kernel's part is to round exactly as `quantize_fp8` says.
+#
+# ### Exercise 5 (optional): the fp8 store
+#
+# The decode timings below find fusion saves most with an fp8 cache: 4.6–5.7× under CUDA
+# graphs, against 2.8–3.8× with a bf16 cache. Unfused, an fp8 cache costs four more operators
+# per cache (to fp32, divide by the scale, clamp, round to fp8), each a pass over k or v. In
+# the fused kernel they are three lines before the store. Write them, as a kernel of their
+# own: one program per sequence $b$ takes the new token's values `[HK, D]` (fp32; for k,
+# already rotated), divides them by the cache's scale, clamps them to $\pm 448$, rounds them
+# to `tl.float8e4nv` (Triton's name for e4m3) and stores them into slot `seqlens[b]` of
+# sequence $b$ of a contiguous fp8 cache `[B, L, HK, D]`. In your exercise 2 kernel they
+# would replace the k and v stores.
+#
+# The check compares the cache byte for byte with `kv_cache.quantize_fp8`: the new slots, and
+# the history and free slots untouched. Its steps include values that saturate and values in
+# the subnormals. Two things about where it runs. Triton's interpreter converts fp32 to fp8
+# wrongly where the rounding carries into the next power of two (127.1 becomes 64, not 128),
+# so on the CPU a byte may also be the interpreter's conversion of the right quotient: the
+# division, the clamp and the slot are still checked bit for bit. On a GPU `/` compiles to an
+# approximate division; `tl.div_rn` divides as torch does.
+
+# %%
+@triton.jit
+def my_fp8_store_kernel(
+    k_ptr,                      # the new token's values [B, HK, D] fp32, contiguous
+    cache_ptr,                  # the cache [B, L, HK, D] float8_e4m3fn, contiguous, in place
+    scale_ptr,                  # [1] fp32: the cache stores fp8(value / scale)
+    seqlens_ptr,                # [B] int32: tokens already cached = the new token's position
+    L,                          # positions per sequence in the cache
+    HK: tl.constexpr,           # heads (a power of two)
+    D: tl.constexpr,            # head dim (a power of two)
+):
+    pass
+
+
+fp8_ok = ex.check_fp8_store_kernel(my_fp8_store_kernel)
+
+# %%
+solution(ex.solution_fp8_store_kernel.fn, title="Solution: the fp8 store")
+
+# %% [markdown]
+# On a GPU, time it (yours once it passes, the worked one until then) against the unfused
+# store, `quantize_fp8` and an indexed write, at the decode benchmark's sizes: a batch of 64,
+# 8 heads of 128, 4096 positions. Both run under CUDA-graph replay
+# (`ropelib.bench.suite.graph_replay_ms`), so what is timed is the GPU's work, not the host's
+# launches. The page prints what this GPU measures; it checks only that both wrote the same
+# bytes.
+
+# %%
+fp8_kernel = my_fp8_store_kernel if fp8_ok else ex.solution_fp8_store_kernel
+if ropelib.runtime.on_gpu():
+    from ropelib.bench.suite import graph_replay_ms
+    Bt, Lt, HKt, Dt = 64, 4096, 8, 128
+    kt = torch.randn(Bt, HKt, Dt, device=device)
+    seq_t = torch.randint(0, Lt, (Bt,), dtype=torch.int32, device=device)
+    rows_t, pos_t = torch.arange(Bt, device=device), seq_t.long()
+    scale_t = torch.tensor([kt.abs().max().item() / 448], device=device)
+    fused_cache = torch.zeros(Bt, Lt, HKt, Dt, dtype=FP8, device=device)
+    unfused_cache = torch.zeros_like(fused_cache)
+
+    def fused_store():
+        ex.launch_fp8_store(fp8_kernel, kt, fused_cache, scale_t, seq_t)
+
+    def unfused_store():
+        unfused_cache[rows_t, pos_t] = kv_cache.quantize_fp8(kt, scale_t)
+
+    times = {name: graph_replay_ms(fn)[0] * 1e3 for name, fn in
+             (("fused", fused_store), ("unfused", unfused_store))}
+    print(f"fp8 store of k [{Bt}, 1, {HKt}, {Dt}] into a [{Bt}, {Lt}, {HKt}, {Dt}] cache, "
+          f"CUDA-graph replay: fused {times['fused']:.1f} us, unfused {times['unfused']:.1f} us "
+          f"({'your kernel' if fp8_ok else 'the worked kernel'})")
+    assert torch.equal(fused_cache.view(torch.uint8), unfused_cache.view(torch.uint8))
+else:
+    print("(timed on a GPU only: in the interpreter the numbers would say nothing)")
 #
 # ### Decode latency on a GPU
 #

@@ -354,3 +354,95 @@ def test_checks_refuse_the_worked_solution(check, answer, capsys):
     assert check(answer) is False
     out = capsys.readouterr().out
     assert "❌" in out and "solution" in out, out
+
+
+# --- 5. the fp8 store (optional) ---------------------------------------------------------------
+
+@triton.jit
+def _fp8_slash_divide(k_ptr, cache_ptr, scale_ptr, seqlens_ptr, L, HK: tl.constexpr,
+                      D: tl.constexpr):
+    # the solution with `/`: exact IEEE division in the interpreter, so it passes there
+    b = tl.program_id(0)
+    pos = tl.load(seqlens_ptr + b)
+    h, f = tl.arange(0, HK)[:, None], tl.arange(0, D)[None, :]
+    y = tl.load(k_ptr + (b * HK + h) * D + f) / tl.load(scale_ptr)
+    y = tl.minimum(tl.maximum(y, -448.0), 448.0)
+    tl.store(cache_ptr + ((b * L + pos) * HK + h) * D + f, y.to(tl.float8e4nv))
+
+
+@triton.jit
+def _fp8_no_clamp(k_ptr, cache_ptr, scale_ptr, seqlens_ptr, L, HK: tl.constexpr,
+                  D: tl.constexpr):
+    # values above 448 are not saturated
+    b = tl.program_id(0)
+    pos = tl.load(seqlens_ptr + b)
+    h, f = tl.arange(0, HK)[:, None], tl.arange(0, D)[None, :]
+    y = tl.div_rn(tl.load(k_ptr + (b * HK + h) * D + f), tl.load(scale_ptr))
+    tl.store(cache_ptr + ((b * L + pos) * HK + h) * D + f, y.to(tl.float8e4nv))
+
+
+@triton.jit
+def _fp8_no_scale(k_ptr, cache_ptr, scale_ptr, seqlens_ptr, L, HK: tl.constexpr,
+                  D: tl.constexpr):
+    # the value stored as it is, never divided by the scale
+    b = tl.program_id(0)
+    pos = tl.load(seqlens_ptr + b)
+    h, f = tl.arange(0, HK)[:, None], tl.arange(0, D)[None, :]
+    y = tl.minimum(tl.maximum(tl.load(k_ptr + (b * HK + h) * D + f), -448.0), 448.0)
+    tl.store(cache_ptr + ((b * L + pos) * HK + h) * D + f, y.to(tl.float8e4nv))
+
+
+@triton.jit
+def _fp8_last_slot(k_ptr, cache_ptr, scale_ptr, seqlens_ptr, L, HK: tl.constexpr,
+                   D: tl.constexpr):
+    # right values, in the cache's last position instead of seqlens[b]
+    b = tl.program_id(0)
+    h, f = tl.arange(0, HK)[:, None], tl.arange(0, D)[None, :]
+    y = tl.div_rn(tl.load(k_ptr + (b * HK + h) * D + f), tl.load(scale_ptr))
+    y = tl.minimum(tl.maximum(y, -448.0), 448.0)
+    tl.store(cache_ptr + ((b * L + L - 1) * HK + h) * D + f, y.to(tl.float8e4nv))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_fp8_store_own_solution_passes(seed, capsys):
+    assert at_scale.check_fp8_store_kernel(learner_copy(at_scale.solution_fp8_store_kernel),
+                                           seed=seed) is True, capsys.readouterr().out
+    assert capsys.readouterr().out.startswith("✅ fp8 KV-cache store kernel")
+
+
+def test_fp8_store_slash_divide_passes_in_the_interpreter(capsys):
+    assert at_scale.check_fp8_store_kernel(_fp8_slash_divide, seed=0) is True
+
+
+@pytest.mark.parametrize("wrong,says", [
+    (_fp8_no_clamp, "quantize_fp8 gives"), (_fp8_no_scale, "quantize_fp8 gives"),
+    (_fp8_last_slot, "only the new tokens' slots"),
+])
+def test_fp8_store_rejects_wrong_kernels(wrong, says, capsys):
+    for seed in (0, 1):
+        assert at_scale.check_fp8_store_kernel(wrong, seed=seed) is False
+        out = capsys.readouterr().out
+        assert out.startswith("❌") and says in out, out
+
+
+def test_fp8_store_rejects_the_worked_solution_blank_and_nothing(capsys):
+    assert at_scale.check_fp8_store_kernel(at_scale.solution_fp8_store_kernel, seed=0) is False
+    assert "launched ropelib's solution_fp8_store_kernel" in capsys.readouterr().out
+    for unanswered in (None, ...):
+        assert at_scale.check_fp8_store_kernel(unanswered) is False
+    assert "no kernel yet" in capsys.readouterr().out
+
+
+def test_fp8_cases_reach_what_the_check_claims():
+    # the cases saturate values, reach the subnormals, and hold values whose rounding the
+    # interpreter's conversion gets wrong (hence its second accepted byte)
+    gen = torch.Generator().manual_seed(0)
+    saturated = subnormal = carried = 0
+    for case in at_scale.FP8_CASES:
+        k, cache, scale, seqlens = at_scale._fp8_step(case, gen)
+        right = (k / scale).clamp(-448, 448)
+        saturated += int(((k / scale).abs() > 448).sum())
+        subnormal += int((right.abs() < 2 ** -6).sum())
+        carried += int((at_scale._interpreter_fp8(right).view(torch.uint8)
+                        != kv_cache.quantize_fp8(k, scale).view(torch.uint8)).sum())
+    assert saturated > 0 and subnormal > 0 and carried > 0

@@ -302,3 +302,138 @@ def test_record_refuses_gpu_tensors():
     x = torch.zeros(64, device="cuda")
     with pytest.raises(ValueError, match="CPU tensors"):
         access.record(_pair_swap_kernel, (1,), x, x, D=64, STRIDED=True)
+
+
+# --- exercise 5: a kernel of ROWS rows a program, and the prediction of its time ------------------
+
+OWN_ROWS = learner_copy(nk.solution_rope_rows)
+OWN_PREDICTION = learner_copy(nk.solution_predicted_us)
+
+
+@triton.jit
+def _rows_blank(x_ptr, y_ptr, freqs_ptr, n_rows, B, H, stride_xs, stride_xb, stride_xh, stride_xd,
+                stride_fs, stride_fd, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
+                ROWS: tl.constexpr):
+    ...  # your code
+
+
+@triton.jit
+def _rows_one_row(x_ptr, y_ptr, freqs_ptr, n_rows, B, H, stride_xs, stride_xb, stride_xh,
+                  stride_xd, stride_fs, stride_fd, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
+                  ROWS: tl.constexpr):
+    # step 3 as it was: ROWS ignored, one row a program, so most rows of a ROWS > 1 grid stay NaN
+    row = tl.program_id(0).to(tl.int64)
+    s, b, h = row // (B * H), (row // H) % B, row % H
+    offs = tl.arange(0, BLOCK_HALF)
+    mask = offs < HALF
+    t1 = tl.load(freqs_ptr + s * stride_fs + offs * stride_fd, mask=mask, other=0.0)
+    t2 = tl.load(freqs_ptr + s * stride_fs + (offs + HALF) * stride_fd, mask=mask, other=0.0)
+    x_row = x_ptr + s * stride_xs + b * stride_xb + h * stride_xh
+    x1 = tl.load(x_row + offs * stride_xd, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_row + (offs + HALF) * stride_xd, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_ptr + row * 2 * HALF + offs,
+             (x1 * tl.cos(t1) - x2 * tl.sin(t1)).to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_ptr + row * 2 * HALF + HALF + offs,
+             (x2 * tl.cos(t2) + x1 * tl.sin(t2)).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rows_every_program_all(x_ptr, y_ptr, freqs_ptr, n_rows, B, H, stride_xs, stride_xb,
+                            stride_xh, stride_xd, stride_fs, stride_fd, HALF: tl.constexpr,
+                            BLOCK_HALF: tl.constexpr, ROWS: tl.constexpr):
+    # right values, but every program rotates every row: no fewer programs' worth of work each
+    offs = tl.arange(0, BLOCK_HALF)
+    mask = offs < HALF
+    for row in range(n_rows):
+        s, b, h = row // (B * H), (row // H) % B, row % H
+        t1 = tl.load(freqs_ptr + s * stride_fs + offs * stride_fd, mask=mask, other=0.0)
+        t2 = tl.load(freqs_ptr + s * stride_fs + (offs + HALF) * stride_fd, mask=mask, other=0.0)
+        x_row = x_ptr + s * stride_xs + b * stride_xb + h * stride_xh
+        x1 = tl.load(x_row + offs * stride_xd, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(x_row + (offs + HALF) * stride_xd, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + row * 2 * HALF + offs,
+                 (x1 * tl.cos(t1) - x2 * tl.sin(t1)).to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_ptr + row * 2 * HALF + HALF + offs,
+                 (x2 * tl.cos(t2) + x1 * tl.sin(t2)).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rows_no_row_mask(x_ptr, y_ptr, freqs_ptr, n_rows, B, H, stride_xs, stride_xb, stride_xh,
+                      stride_xd, stride_fs, stride_fd, HALF: tl.constexpr,
+                      BLOCK_HALF: tl.constexpr, ROWS: tl.constexpr):
+    # the solution without `rows < n_rows`: the last program writes past the end of y
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    s, b, h = (rows // (B * H))[:, None], ((rows // H) % B)[:, None], (rows % H)[:, None]
+    offs = tl.arange(0, BLOCK_HALF)[None, :]
+    mask = offs < HALF
+    t1 = tl.load(freqs_ptr + s * stride_fs + offs * stride_fd, mask=mask, other=0.0)
+    t2 = tl.load(freqs_ptr + s * stride_fs + (offs + HALF) * stride_fd, mask=mask, other=0.0)
+    x_row = x_ptr + s * stride_xs + b * stride_xb + h * stride_xh
+    x1 = tl.load(x_row + offs * stride_xd, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_row + (offs + HALF) * stride_xd, mask=mask, other=0.0).to(tl.float32)
+    y_row = y_ptr + rows[:, None] * 2 * HALF
+    tl.store(y_row + offs, (x1 * tl.cos(t1) - x2 * tl.sin(t1)).to(y_ptr.dtype.element_ty),
+             mask=mask)
+    tl.store(y_row + HALF + offs,
+             (x2 * tl.cos(t2) + x1 * tl.sin(t2)).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+ROWS_CHEATS = {
+    "a blank kernel": _rows_blank,
+    "step 3 as it was, one row a program": _rows_one_row,
+    "a kernel whose every program rotates every row": _rows_every_program_all,
+    "a kernel without the mask on the rows": _rows_no_row_mask,
+    "the worked solution itself": nk.solution_rope_rows,
+    "ropelib's naive teaching kernel": naive._rope_naive_kernel,
+    "the plain PyTorch reference": reference.rope_reference,
+}
+
+
+@pytest.mark.parametrize("what", list(ROWS_CHEATS))
+def test_rows_check_rejects(what, capsys):
+    assert nk.check_rope_rows(ROWS_CHEATS[what], seed=3) is False
+    out = capsys.readouterr().out
+    assert "❌" in out and "✅" not in out
+
+
+def test_rows_check_says_why(capsys):
+    nk.check_rope_rows(_rows_every_program_all, seed=0)
+    assert "program 0 wrote rows" in capsys.readouterr().out
+    nk.check_rope_rows(_rows_no_row_mask, seed=0)
+    assert "outside y" in capsys.readouterr().out
+    nk.check_rope_rows(nk.solution_rope_rows, seed=0)
+    assert "launched ropelib's solution_rope_rows" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_rows_check_accepts_an_own_copy_of_the_solution(seed, capsys):
+    assert nk.check_rope_rows(OWN_ROWS, seed=seed) is True, capsys.readouterr().out
+    assert "✅" in capsys.readouterr().out
+
+
+def test_rows_solution_matches_step_three_rows():
+    # independent of the check: every ROWS gives the reference's rotation, tail included
+    torch.manual_seed(0)
+    x = torch.randn(3, 2, 3, 24, device=DEVICE)
+    f = torch.rand(4, 24, device=DEVICE) * 6
+    for rows in (1, 2, 4, 8):
+        y = torch.full_like(x, float("nan"))
+        nk.launch_rows(nk.solution_rope_rows, x, f, y, rows)
+        torch.testing.assert_close(y, reference.rope_reference(x, f), atol=1e-5, rtol=1e-5)
+
+
+def test_prediction_check(capsys):
+    assert ex.check_predicted_us(OWN_PREDICTION) is True, capsys.readouterr().out
+    for wrong in (lambda n, r, sms, ns, copy: n * ns / sms / 1e3,            # ROWS ignored
+                  lambda n, r, sms, ns, copy: n / r * ns / sms / 1e3,        # no copy floor
+                  lambda n, r, sms, ns, copy: max(n // r * ns / sms / 1e3, copy),   # rounded down
+                  nk.solution_predicted_us, None):
+        assert ex.check_predicted_us(wrong) is False
+    out = capsys.readouterr().out
+    assert out.count("❌") == 5
+
+
+def test_rows_reexported():
+    assert ex.check_rope_rows is nk.check_rope_rows
+    assert ex.solution_rope_rows is nk.solution_rope_rows
+    assert ex.launch_rows is nk.launch_rows

@@ -40,6 +40,10 @@ place of L, the block table:
     MAX_BLOCKS,                 # block-table columns
     BS,                         # positions per block
     HQ: tl.constexpr, HK: tl.constexpr, D: tl.constexpr,
+
+The optional fifth exercise is the store such a kernel ends with for a float8_e4m3fn cache
+(`check_fp8_store_kernel`, signature at its section below): value / scale, clamped to +-448,
+rounded to fp8, compared byte for byte with `kv_cache.quantize_fp8`.
 """
 from typing import Callable, Optional
 
@@ -55,7 +59,8 @@ from .own_code import LibraryAnswer, check_cases, library_barred, listed_as_tens
 __all__ = ["check_dual_chunk_positions", "solution_dual_chunk_positions", "check_paged_slot",
            "solution_paged_slot", "check_rope_kv_cache_kernel", "solution_rope_kv_cache_kernel",
            "check_rope_kv_paged_kernel", "solution_rope_kv_paged_kernel", "launch_kv_cache",
-           "launch_kv_paged", "CONTIGUOUS_CASES", "PAGED_CASES"]
+           "launch_kv_paged", "CONTIGUOUS_CASES", "PAGED_CASES", "check_fp8_store_kernel",
+           "solution_fp8_store_kernel", "launch_fp8_store", "FP8_CASES"]
 
 
 # --- 1. which global positions does rank r hold? ---------------------------------------------
@@ -338,3 +343,161 @@ def solution_rope_kv_paged_kernel(
     tl.store(k_cache_ptr + slot + HALF + j, k2 * c + k1 * s)
     f = tl.arange(0, D)[None, :]  # v is stored as it is
     tl.store(v_cache_ptr + slot + f, tl.load(v_ptr + (b * HK + hk) * D + f))
+
+
+# --- 5. the fp8 store (optional) ---------------------------------------------------------------
+#
+# The store the fused kernel ends with when the cache is float8_e4m3fn: the new token's value
+# (fp32, already rotated for k) divided by the cache's per-tensor scale, clamped to +-448 and
+# rounded to fp8, into slot seqlens[b] of sequence b. Its arguments, in order (grid (B,)):
+#
+#     k_ptr,                      # the new token's values [B, HK, D] fp32, contiguous
+#     cache_ptr,                  # the cache [B, L, HK, D] float8_e4m3fn, contiguous, in place
+#     scale_ptr,                  # [1] fp32: the cache stores fp8(value / scale)
+#     seqlens_ptr,                # [B] int32: tokens already cached = the new token's position
+#     L,                          # positions per sequence in the cache
+#     HK: tl.constexpr,           # heads (a power of two)
+#     D: tl.constexpr,            # head dim (a power of two)
+
+FP8 = torch.float8_e4m3fn
+
+# (B, L, HK, D, scale as a multiple of amax / 448): 1 maps the largest value to 448; 0.25
+# saturates the large values; 64 sends the small ones into the subnormals
+FP8_CASES = (
+    (3, 8, 2, 8, 1.0),
+    (2, 6, 4, 16, 0.25),
+    (4, 5, 1, 8, 64.0),
+)
+
+
+def launch_fp8_store(kernel, k, cache, scale, seqlens) -> None:
+    """Launch an fp8 store kernel of exercise 5's signature: k [B, HK, D] fp32, cache
+    [B, L, HK, D] float8_e4m3fn, scale [1] fp32, seqlens [B] int32; one program per sequence."""
+    B, HK, D = k.shape
+    kernel[(B,)](k, cache, scale, seqlens, cache.shape[1], HK=HK, D=D)
+
+
+@triton.jit
+def _to_fp8_kernel(x_ptr, y_ptr, N: tl.constexpr):
+    # x fp32 [N] (already clamped to +-448) -> y float8_e4m3fn [N], by Triton's own conversion
+    offs = tl.arange(0, N)
+    tl.store(y_ptr + offs, tl.load(x_ptr + offs).to(tl.float8e4nv))
+
+
+def _interpreter_fp8(x: torch.Tensor) -> torch.Tensor:
+    """x (fp32, clamped) rounded to fp8 by the interpreter's conversion, which is wrong where
+    the rounding carries into the exponent (127.1 -> 64, not 128): the bits a right kernel gets
+    in the interpreter from `.to(tl.float8e4nv)`."""
+    flat = x.reshape(-1).contiguous()
+    n = triton.next_power_of_2(max(flat.numel(), 1))
+    padded = torch.zeros(n)
+    padded[:flat.numel()] = flat
+    out = torch.empty(n, dtype=FP8)
+    interpreted(_to_fp8_kernel)[(1,)](padded, out, N=n)
+    return out[:flat.numel()].view(x.shape)
+
+
+def _fp8_step(case, gen):
+    """(k [B, HK, D] fp32, cache with an fp8 history and NaN in every free slot, scale [1],
+    seqlens [B] int32)."""
+    B, L, HK, D, times = case
+    k = torch.randn(B, HK, D, generator=gen) * torch.logspace(-2, 1, D)   # small and large
+    scale = torch.tensor([k.abs().max().item() / 448 * times])
+    seqlens = torch.randint(0, L, (B,), generator=gen, dtype=torch.int32)
+    cache = torch.full((B, L, HK, D), float("nan")).to(FP8)
+    for b in range(B):
+        held = int(seqlens[b])
+        cache[b, :held] = (torch.randn(held, HK, D, generator=gen) * 100).to(FP8)
+    return k, cache, scale, seqlens
+
+
+def check_fp8_store_kernel(kernel, *, seed: Optional[int] = None) -> bool:
+    """Launch the learner's fp8 store kernel (exercise 5's signature) on fresh decoding steps
+    and compare the cache's bytes, bit for bit, with `kv_cache.quantize_fp8` in the new tokens'
+    slots and the history everywhere else.
+
+    In the interpreter a right kernel's `.to(tl.float8e4nv)` gives the interpreter's conversion,
+    which is wrong where the rounding carries into the exponent; there each byte may be either
+    quantize_fp8's or the interpreter's conversion of the right quotient (so the division, the
+    clamp and the slot are checked bit for bit). Compiled on a GPU it must be quantize_fp8's.
+    """
+    name = "fp8 KV-cache store kernel"
+    if not kernel_answer(name, kernel, "the cache it allocated"):
+        return False
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())) if seed is None else seed)
+    on_gpu = runtime.on_gpu()
+    for case in FP8_CASES:
+        k, cache, scale, seqlens = _fp8_step(case, gen)
+        B, L, HK, D, times = case
+        label = (f"B={B}, L={L}, {HK} heads, D={D}, scale {times:g} x amax/448, positions "
+                 f"{seqlens.tolist()}")
+        rows = torch.arange(B)
+        right = (k / scale).clamp(-kv_cache.FP8_MAX, kv_cache.FP8_MAX)   # the quotient, fp32
+        want = cache.clone()
+        want[rows, seqlens.long()] = kv_cache.quantize_fp8(k, scale)
+        also = cache.clone()                                  # the interpreter's conversion
+        also[rows, seqlens.long()] = _interpreter_fp8(right)
+        for device in ("cpu", "cuda") if on_gpu else ("cpu",):
+            where = "interpreter" if device == "cpu" else "compiled on the GPU"
+            kd, cd, sd, qd = (t.to(device, copy=True) for t in (k, cache, scale, seqlens))
+            try:
+                if device == "cpu":      # your own code: ropelib barred
+                    with library_barred(f"your {name}"):
+                        launch_fp8_store(interpreted(kernel), kd, cd, sd, qd)
+                else:
+                    launch_fp8_store(kernel, kd, cd, sd, qd)
+            except LibraryAnswer as exc:
+                print(f"❌ {name}: {exc}")
+                return False
+            except Exception as exc:  # noqa: BLE001 -- report, never stop the notebook
+                last = (str(exc).strip().splitlines() or [""])[-1]
+                print(f"❌ {name} ({label}, {where}): the launch raised {type(exc).__name__}: "
+                      f"{last[:300]}")
+                return False
+            got = cd.cpu().view(torch.uint8)
+            ok = got == want.view(torch.uint8)
+            if device == "cpu":
+                ok |= got == also.view(torch.uint8)
+            if bool(ok.all()):
+                continue
+            bad = (~ok).flatten(2).any(-1).nonzero().tolist()          # [(sequence, position)]
+            should = [[b, int(seqlens[b])] for b in range(B)]
+            if any(slot not in should for slot in bad):
+                print(f"❌ {name} ({label}, {where}): the cache differs at (sequence, position) "
+                      f"{bad}; only the new tokens' slots {should} may change")
+                return False
+            b, p = bad[0]
+            i = int((~ok[b, p]).flatten().nonzero()[0])
+            print(f"❌ {name} ({label}, {where}): slot ({b}, {p}) holds "
+                  f"{cd.cpu()[b, p].flatten()[i].float().item():g} at its element {i}, "
+                  f"quantize_fp8 gives {want[b, p].flatten()[i].float().item():g} (the value "
+                  f"{k[b].flatten()[i].item():.6g}, divided and clamped "
+                  f"{right[b].flatten()[i].item():.6g})")
+            print("   hint: divide by the scale with tl.div_rn (IEEE division, as torch's; `/` is "
+                  "an approximate division on a GPU), clamp to +-448, then .to(tl.float8e4nv)")
+            return False
+    gpu = " and compiled on the GPU" if on_gpu else ""
+    print(f"✅ {name}: the cache bit for bit as kv_cache.quantize_fp8 stores it, on "
+          f"{len(FP8_CASES)} decoding steps in the interpreter{gpu} (saturated values and "
+          "subnormals among them)")
+    return True
+
+
+@triton.jit
+def solution_fp8_store_kernel(
+    k_ptr,  # the new token's values [B, HK, D] fp32, contiguous
+    cache_ptr,  # the cache [B, L, HK, D] float8_e4m3fn, contiguous, written in place
+    scale_ptr,  # [1] fp32: the cache stores fp8(value / scale)
+    seqlens_ptr,  # [B] int32: tokens already cached = the new token's position
+    L,  # positions per sequence in the cache
+    HK: tl.constexpr,  # heads (a power of two)
+    D: tl.constexpr,  # head dim (a power of two)
+):
+    b = tl.program_id(0)  # one program per sequence
+    pos = tl.load(seqlens_ptr + b)  # the new token's position
+    h = tl.arange(0, HK)[:, None]  # [HK, 1]
+    f = tl.arange(0, D)[None, :]  # [1, D]
+    y = tl.load(k_ptr + (b * HK + h) * D + f)
+    y = tl.div_rn(y, tl.load(scale_ptr))  # IEEE division, as torch's (`/` is approximate)
+    y = tl.minimum(tl.maximum(y, -448.0), 448.0)  # e4m3's largest finite value
+    tl.store(cache_ptr + ((b * L + pos) * HK + h) * D + f, y.to(tl.float8e4nv))

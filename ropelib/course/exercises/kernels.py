@@ -27,6 +27,8 @@ from .own_code import LibraryAnswer, check_cases, library_barred, run_own_code
 
 __all__ = [
     "check_naive_grid", "check_half_tile", "check_row_index", "check_rope_interleaved",
+    "check_rope_rows", "check_predicted_us", "launch_rows",
+    "solution_rope_rows", "solution_predicted_us",
     "check_angle_bytes", "check_floor_ms", "check_percent_of_copy",
     "check_backward_matrix", "check_rope_backward", "check_rope_function",
     "solution_naive_grid", "solution_half_tile", "solution_row_index", "solution_rope_interleaved",
@@ -79,9 +81,12 @@ def check_row_index(fn: Callable) -> bool:
                        hint="h moves fastest, then b, then s: s = row // (B * H)")
 
 
-# The kernel exercise of notebook 03 lives in naive_kernel: its check launches the learner's
-# @triton.jit kernel itself (re-exported here with its solution).
+# The kernel exercises of notebook 03 live in naive_kernel: their checks launch the learner's
+# @triton.jit kernel themselves (re-exported here with their solutions), and exercise 5's
+# prediction goes with its kernel.
 from .naive_kernel import check_rope_interleaved, solution_rope_interleaved  # noqa: E402
+from .naive_kernel import (check_predicted_us, check_rope_rows, launch_rows,  # noqa: E402
+                           solution_predicted_us, solution_rope_rows)
 
 
 # --- notebook 04: the batch-reusing grid ------------------------------------------------------
@@ -269,13 +274,15 @@ def check_rope_function(cls, kernel=None) -> bool:
     global all fail it.
 
     The forward may use the teaching kernels (`rope_batch_reuse`, `rope_naive`), which the
-    exercise hands the learner; the backward runs with all of ropelib's answers barred, so it must
-    launch the learner's own kernel (`kernel`, exercise 2's, when given). The finished API and
-    the worked solution are barred in both.
+    exercise hands the learner, or a kernel of the learner's that calls ropelib's `round_to`
+    (notebook 06's `rope_cell` launches such a copy of the teaching kernel); the backward runs
+    with all of ropelib's answers barred, so it must launch the learner's own kernel (`kernel`,
+    exercise 2's, when given). The finished API and the worked solution are barred in both.
     """
     import gc
     import weakref
 
+    from ...kernels.common import round_to
     from ..kernels import batch_reuse, naive
     from .backward_kernel import count_launches
 
@@ -300,7 +307,7 @@ def check_rope_function(cls, kernel=None) -> bool:
         return False
     with count_launches() as fwd_launches:
         ok, y = run_own_code(f"{name} (forward)", what_fwd, cls.apply, x, freqs,
-                             allow=(batch_reuse, naive), bar=_solutions())
+                             allow=(batch_reuse, naive, round_to), bar=_solutions())
     del x
     if not ok:
         return False

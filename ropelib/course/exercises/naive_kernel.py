@@ -1,4 +1,4 @@
-"""Notebook 03's kernel exercise: the learner writes a @triton.jit kernel, the check launches it.
+"""Notebook 03's kernel exercises: the learner writes a @triton.jit kernel, the check launches it.
 
 `check_rope_interleaved(kernel)` takes the learner's *kernel*, not a function that returns a
 tensor: it draws fresh inputs, allocates the output itself (filled with NaN, so an element the
@@ -21,6 +21,11 @@ unchanged. Its arguments, in order (the grid is one program per row, (S * B * H,
     D: tl.constexpr,                               # head dim
     R: tl.constexpr,                               # rotary dim: even, <= D
     BLOCK_PAIRS: tl.constexpr,                     # next power of two >= D // 2
+
+Exercise 5 (`check_rope_rows`, signature at its section below) asks for step 3's kernel with
+`ROWS` consecutive rows a program, and is checked the same way, plus a launch of program 0
+alone that must write its own ROWS rows and no others. `check_predicted_us` checks the
+learner's prediction of such a kernel's time from the cost of a program.
 """
 from typing import Optional
 
@@ -33,7 +38,8 @@ from . import _compare, check, kernel_answer
 from .own_code import LibraryAnswer, library_barred
 
 __all__ = ["check_rope_interleaved", "solution_rope_interleaved", "launch_interleaved",
-           "CASES"]
+           "CASES", "check_rope_rows", "solution_rope_rows", "launch_rows", "ROWS_CASES",
+           "check_predicted_us", "solution_predicted_us"]
 
 # (S, B, H, D, R, dtype, layout): the tail D - R > 0 in most; bshd is a transposed view.
 CASES = (
@@ -160,3 +166,189 @@ def solution_rope_interleaved(
     y_row = y_ptr + row * D
     tl.store(y_row + 2 * j, (x_even * c - x_odd * sn).to(y_ptr.dtype.element_ty), mask=live)
     tl.store(y_row + 2 * j + 1, (x_odd * c + x_even * sn).to(y_ptr.dtype.element_ty), mask=live)
+
+
+# --- exercise 5: fewer programs, each doing more ---------------------------------------------
+#
+# Step 3's kernel of notebook 03 with one more constexpr, ROWS: program p rotates the ROWS
+# consecutive rows p * ROWS ... p * ROWS + ROWS - 1 of x (rotate-half, any strides; the last
+# program may hold fewer). Its arguments, in order (the grid is (cdiv(n_rows, ROWS),)):
+#
+#     x_ptr,                                         # *x: [S, B, H, D], any strides
+#     y_ptr,                                         # *y: [S, B, H, D], contiguous, x's dtype
+#     freqs_ptr,                                     # *fp32: angles [P, D], P >= S
+#     n_rows,                                        # S * B * H
+#     B, H,                                          # program id -> rows -> (s, b, h)
+#     stride_xs, stride_xb, stride_xh, stride_xd,    # x strides, in elements
+#     stride_fs, stride_fd,                          # freqs strides, in elements
+#     HALF: tl.constexpr,                            # D // 2
+#     BLOCK_HALF: tl.constexpr,                      # next power of two >= HALF
+#     ROWS: tl.constexpr,                            # rows per program, a power of two
+
+# (S, B, H, D, ROWS, dtype, layout): rows not a multiple of ROWS in most, so the last program
+# holds fewer; a masked half (D = 24); a transposed bshd view; fp32 and bf16; ROWS = 1 too
+ROWS_CASES = (
+    (3, 2, 3, 16, 4, torch.float32, "sbhd"),    # 18 rows: 5 programs, the last with 2
+    (2, 3, 2, 24, 8, torch.float32, "bshd"),    # 12 rows: 2 programs, the last with 4
+    (5, 1, 2, 16, 2, torch.bfloat16, "sbhd"),   # 10 rows: 5 programs
+    (2, 2, 1, 16, 1, torch.float32, "sbhd"),    # one row a program: step 3
+)
+
+
+def launch_rows(kernel, x: torch.Tensor, freqs: torch.Tensor, out: torch.Tensor, rows: int,
+                programs: Optional[int] = None) -> None:
+    """Launch a kernel of exercise 5's signature: x [S, B, H, D], freqs [P, D], out contiguous;
+    `programs` (default all, cdiv(S * B * H, rows)) limits the grid."""
+    S, B, H, D = x.shape
+    n_rows = S * B * H
+    grid = (triton.cdiv(n_rows, rows) if programs is None else programs,)
+    kernel[grid](x, out, freqs, n_rows, B, H, *x.stride(), *freqs.stride(),
+                 HALF=D // 2, BLOCK_HALF=triton.next_power_of_2(D // 2), ROWS=rows)
+
+
+def _rows_inputs(case, gen, device):
+    S, B, H, D, rows, dtype, layout = case
+    shape = (B, S, H, D) if layout == "bshd" else (S, B, H, D)
+    _, x = _guarded(shape, _pad(D), dtype=dtype, device=device, fill=0.0)
+    x.copy_(torch.randn(shape, generator=gen).to(dtype))
+    if layout == "bshd":  # a [B, S, H, D] tensor seen as sbhd
+        x = x.transpose(0, 1)
+    # any table (not cat(f, f)), longer than S, random per call: each feature has its own angle
+    f = torch.rand(S + 3, D, generator=gen) * 6
+    _, f_view = _guarded(tuple(f.shape), _pad(D), dtype=torch.float32, device=device, fill=0.0)
+    return x, f_view.copy_(f)
+
+
+def check_rope_rows(kernel, *, seed: Optional[int] = None) -> bool:
+    """Exercise 5: launch the learner's kernel of ROWS rows a program on fresh inputs.
+
+    Each case goes into a NaN-filled output inside NaN guard bands, on the grid
+    (cdiv(n_rows, ROWS),), and is compared with the reference. Then program 0 is launched alone:
+    it must write rows 0 ... ROWS - 1 and nothing else, so a kernel whose every program rotates
+    all rows (or one row) fails. Returns True when all of it holds; never raises.
+    """
+    name = "RoPE kernel of ROWS rows a program"
+    if not kernel_answer(name, kernel, "the output buffer it allocated"):
+        return False
+    device = runtime.default_device()
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())) if seed is None else seed)
+
+    def launch(x, freqs, y, rows, label, programs=None):
+        try:
+            with library_barred("your kernel of ROWS rows a program"):
+                launch_rows(kernel, x, freqs, y, rows, programs)
+        except LibraryAnswer as exc:
+            print(f"❌ {name}: {exc}")
+            return False
+        except Exception as exc:  # noqa: BLE001 -- report, never stop the notebook
+            last = str(exc).strip().splitlines()[-1:] or [""]
+            print(f"❌ {name} ({label}): the launch raised {type(exc).__name__}: {last[0][:300]}")
+            return False
+        return True
+
+    for case in ROWS_CASES:
+        S, B, H, D, rows, dtype, layout = case
+        n_rows = S * B * H
+        label = (f"x [{S}, {B}, {H}, {D}] {str(dtype).replace('torch.', '')} {layout}, "
+                 f"ROWS={rows}: {triton.cdiv(n_rows, rows)} programs for {n_rows} rows")
+        x, freqs = _rows_inputs(case, gen, device)
+        x_before = x.clone()
+        pad = _pad(D)
+        y_buf, y = _guarded((S, B, H, D), pad, dtype=dtype, device=device)
+        if not launch(x, freqs, y, rows, label):
+            return False
+        if not torch.equal(x, x_before):
+            print(f"❌ {name} ({label}): the kernel changed its input x")
+            return False
+        outside = int((~y_buf[:pad].isnan()).sum() + (~y_buf[-pad:].isnan()).sum())
+        if outside:
+            print(f"❌ {name} ({label}): the kernel stored {outside} elements outside y (a store "
+                  "without its mask: rows past n_rows, or lanes past HALF)")
+            return False
+        unwritten = y.isnan().reshape(n_rows, D).any(-1)
+        if unwritten.any():
+            first = int(unwritten.nonzero()[0])
+            print(f"❌ {name} ({label}): {int(unwritten.sum())} of {n_rows} rows were not "
+                  f"(wholly) written, first row {first}: program p rotates rows p * ROWS to "
+                  "p * ROWS + ROWS - 1")
+            return False
+        want = reference.rope_reference(x, freqs)
+        tol = (1e-5, 1e-5) if dtype == torch.float32 else (1e-2, 1.6e-2)
+        same, _ = _compare(y, want, *tol)
+        if not same:
+            return check(f"{name} ({label})", y, want, atol=tol[0], rtol=tol[1],
+                         hint="each row has its own (s, b, h): split every row index as step 3 "
+                              "splits its program id")
+    # program 0 alone: exactly its ROWS rows
+    S, B, H, D, rows, dtype, layout = ROWS_CASES[0]
+    x, freqs = _rows_inputs(ROWS_CASES[0], gen, device)
+    y = torch.full((S, B, H, D), float("nan"), dtype=dtype, device=device)
+    if not launch(x, freqs, y, rows, "program 0 alone", programs=1):
+        return False
+    written = (~y.isnan()).reshape(S * B * H, D).all(-1).nonzero().flatten().tolist()
+    if written != list(range(rows)):
+        print(f"❌ {name}: launched alone, program 0 wrote rows {written}, not rows 0 to "
+              f"{rows - 1}: each program rotates its own ROWS consecutive rows, and only those")
+        return False
+    print(f"✅ {name}: correct on {len(ROWS_CASES)} launches (ROWS = 1 to 8, a last program "
+          "with fewer rows, a masked half, a bshd view, fp32 and bf16), and program 0 rotates "
+          "its ROWS rows only")
+    return True
+
+
+def check_predicted_us(fn) -> bool:
+    """fn(n_rows, rows_per_program, sms, ns_per_program_per_sm, copy_us) -> the time in µs a
+    kernel of one program per `rows_per_program` rows takes when each program costs
+    ns_per_program_per_sm on each of `sms` SMs, and no kernel is faster than a copy of its
+    bytes (copy_us)."""
+    from .own_code import check_cases
+
+    cases = []
+    for n, r, sms, ns, copy in ((1_048_576, 1, 132, 79.8, 130.0), (1_048_576, 4, 132, 79.8, 130.0),
+                                (1_048_576, 8, 132, 79.8, 130.0), (1000, 3, 10, 100.0, 1.0),
+                                (524_288, 2, 108, 91.0, 60.0)):
+        programs = -(-n // r)
+        cases.append((f"{n:,} rows, {r} a program, {sms} SMs, {ns} ns, copy {copy} us",
+                      (n, r, sms, ns, copy), max(programs * ns / sms / 1e3, copy)))
+    return check_cases("predicted time", "your prediction", fn, cases, rtol=1e-3, atol=1e-9,
+                       hint="programs = rows / ROWS, rounded up; each SM starts its share of "
+                            "them one after another; and the bytes still have to move",
+                       bar=(solution_predicted_us,))
+
+
+@triton.jit
+def solution_rope_rows(
+    x_ptr,  # *x: [S, B, H, D], any strides
+    y_ptr,  # *y: [S, B, H, D], contiguous, x's dtype
+    freqs_ptr,  # *fp32: angles [P, D], P >= S
+    n_rows,  # S * B * H
+    B, H,  # program id -> rows -> (s, b, h)
+    stride_xs, stride_xb, stride_xh, stride_xd,  # x strides, in elements
+    stride_fs, stride_fd,  # freqs strides, in elements
+    HALF: tl.constexpr,  # D // 2
+    BLOCK_HALF: tl.constexpr,  # next power of two >= HALF
+    ROWS: tl.constexpr,  # rows per program, a power of two
+):
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # [ROWS] this program's rows
+    s = (rows // (B * H))[:, None]  # [ROWS, 1]: each row its own position, batch, head
+    b = ((rows // H) % B)[:, None]
+    h = (rows % H)[:, None]
+    offs = tl.arange(0, BLOCK_HALF)[None, :]  # [1, BLOCK_HALF]
+    mask = (rows[:, None] < n_rows) & (offs < HALF)  # [ROWS, BLOCK_HALF]: the last program's tail
+    f_row = freqs_ptr + s * stride_fs
+    theta1 = tl.load(f_row + offs * stride_fd, mask=mask, other=0.0)
+    theta2 = tl.load(f_row + (offs + HALF) * stride_fd, mask=mask, other=0.0)
+    x_row = x_ptr + s * stride_xs + b * stride_xb + h * stride_xh
+    x1 = tl.load(x_row + offs * stride_xd, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_row + (offs + HALF) * stride_xd, mask=mask, other=0.0).to(tl.float32)
+    y1 = x1 * tl.cos(theta1) - x2 * tl.sin(theta1)
+    y2 = x2 * tl.cos(theta2) + x1 * tl.sin(theta2)
+    y_row = y_ptr + rows[:, None] * 2 * HALF  # y is contiguous: row r starts at element r * D
+    tl.store(y_row + offs, y1.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_row + HALF + offs, y2.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def solution_predicted_us(n_rows, rows_per_program, sms, ns_per_program_per_sm, copy_us):
+    programs = -(-n_rows // rows_per_program)                    # the last may hold fewer rows
+    starts_us = programs / sms * ns_per_program_per_sm / 1e3     # each SM starts its share in turn
+    return max(starts_us, copy_us)                               # and the bytes must still move
