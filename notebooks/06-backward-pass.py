@@ -45,8 +45,6 @@ import ropelib
 device = ropelib.default_device()
 
 # %%
-from pathlib import Path
-
 import matplotlib.pyplot as plt
 
 import triton
@@ -60,7 +58,6 @@ from ropelib.course.exercises import solution
 from ropelib.course.kernels.batch_reuse import rope_batch_reuse   # ropelib's launcher of it
 from ropelib.kernels.common import BF16_RTNE, round_to              # used by section 2's kernel
 
-ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "ropelib").is_dir())
 FIGURES = ropelib.runtime.figures_dir()   # a scratch folder (ROPELIB_WRITE_FIGURES=1: figures/)
 GPU = runtime.on_gpu()
 print(runtime.mode())
@@ -647,9 +644,9 @@ solution(ex.solution_rope_backward)
 
 # %% [markdown]
 # **4. The autograd Function.** Write `MyRope` with `forward(ctx, x, freqs)`: the forward with
-# the ropelib teaching kernel that this exercise hands you, `rope_batch_reuse`, and the backward
-# with your launcher from exercise 3. Section 2's `rope_cell` will not do for the forward: its
-# kernel calls ropelib's `round_to`, which the check bars. The check compares $y$ and
+# the ropelib teaching kernel that this exercise hands you, `rope_batch_reuse`, or with section
+# 2's `rope_cell` (the check lets the forward's kernel call ropelib's `round_to`), and the
+# backward with your launcher from exercise 3. The check compares $y$ and
 # $\partial L/\partial x$ with the reference (also for `y.sum()`), makes sure the forward
 # launches a kernel and the backward launches `my_backward_kernel` (ropelib's kernels and API
 # are barred there), and checks what your Function keeps: once `forward` has returned, nothing

@@ -32,8 +32,8 @@
 # feature, the location of the largest difference, errors in ulps, a norm-wise error, and
 # tolerances that fit the dtype.
 #
-# **Time:** about two hours of reading, with the exercise of section 4b; section 4b alone is
-# close to half of it. The cells run in well under a minute in the Triton interpreter.
+# **Time:** about two hours of reading, with the exercises of sections 4, 4b and 5; section 4b
+# alone is close to half of it. The cells run in well under a minute in the Triton interpreter.
 #
 # **After this notebook you will be able to**
 #
@@ -241,9 +241,12 @@ assert torch.equal(tokens_te[pos0], tokens_triton[pos0])           # position 0:
 assert torch.equal(tokens_te[pos0], res.x[pos0])                   # ... and equal to the input
 emap = debug.error_map(tokens_te, tokens_triton, res.layout)
 loc = d["argmax"]
+steps_at_max = int(debug.steps_apart(torch.tensor([loc["a"]]).bfloat16(),
+                                     torch.tensor([loc["b"]]).bfloat16()))
 print(f"largest difference {loc['abs_diff']:.4g} at position {loc['position']}, batch "
       f"{loc['batch']}, head {loc['head']}, dim {loc['dim']}: {res.te_label} {loc['a']:.5g} "
-      f"vs Triton {loc['b']:.5g}; {d['n_mismatched']} of {d['numel']} elements fail allclose")
+      f"vs Triton {loc['b']:.5g}, {steps_at_max} bf16 step apart; {d['n_mismatched']} of "
+      f"{d['numel']} elements fail allclose")
 fig, ax = plt.subplots(figsize=(6, 4))
 debug.plot_heatmap(emap, ax=ax, title=f"|{res.te_label} - Triton|, reported failure (bf16)\n"
                                      f"{ropelib.runtime.mode()}")
@@ -252,13 +255,15 @@ fig.tight_layout()
 fig.savefig(FIGURES / "08-heatmap-repro.png", dpi=110)
 plt.show()
 assert loc["position"] > 0 and emap[0].max() == 0
+assert bool((emap[1:].flatten(1).amax(1) > 0).all())     # every other position differs somewhere
+assert steps_at_max == 1                                  # the largest difference: one bf16 step
 
 # %% [markdown]
 # ![Error map of the reported failure: zero at position 0, differences elsewhere](../figures/08-heatmap-repro.png)
 #
-# Row 0 is black: no difference at position 0 (the cell asserts it). The largest difference
-# lies elsewhere; the cell prints where, and the two values there. It is small — but how small
-# is small?
+# Row 0 is black: no difference at position 0. Every other position differs somewhere (the
+# cell asserts both). The largest difference lies elsewhere; the cell prints where, and the two
+# values there: one bf16 step apart (asserted). It is small — but how small is small?
 
 # %% [markdown]
 # ## 3. Tolerances that fit the dtype, and errors in ulps
@@ -272,15 +277,19 @@ assert loc["position"] > 0 and emap[0].max() == 0
 # $2^{-8}$ to $2^{-7}$ apart relative to their size, and one rounding to nearest has relative
 # error at most the **unit roundoff** $u = 2^{-8}$ (fp16: 11 bits, $u = 2^{-11}$; fp32: 24 bits,
 # $u = 2^{-24}$; `torch.finfo(dtype).eps` is $2u$). The default `rtol` asks bf16 for about 17
-# bits — a difference of *one* rounding step fails it. Tolerances must come from the dtype
-# (`ropelib.course.debug.tolerances`; compare the printed values with the defaults that
-# `torch.testing.assert_close` documents for each dtype):
+# bits — a difference of *one* rounding step fails it. Tolerances must come from the dtype:
+# `ropelib.course.debug.tolerances` gives the defaults that `torch.testing.assert_close`
+# documents for each dtype (the cell asserts them against that table):
 
 # %%
 for name in ("bf16", "fp16", "fp32"):
     print(f"{name}: {debug.tolerances(name)}   eps = {torch.finfo(debug.DTYPES[name]).eps:.3g}"
           f"   u = 2^{int(torch.log2(torch.tensor(debug.unit_roundoff(name))))}")
 assert debug.unit_roundoff("bf16") == 2 ** -8
+# torch.testing.assert_close's documented defaults (rtol, atol) per dtype
+ASSERT_CLOSE_DEFAULTS = {"bf16": (1.6e-2, 1e-5), "fp16": (1e-3, 1e-5), "fp32": (1.3e-6, 1e-5)}
+for name, (rtol, atol) in ASSERT_CLOSE_DEFAULTS.items():
+    assert debug.tolerances(name) == {"rtol": rtol, "atol": atol}, name
 
 # %% [markdown]
 # The sharper measure is the error in **ulps** (units in the last place): $|y - y^\star|$
@@ -357,43 +366,53 @@ ULP_SC = SC if GPU else debug.Scenario(seq_len=256, batch=2, heads=2, head_dim=1
 one_ulp = debug.reproduce(ULP_SC, dataclasses.replace(FIXED, sincos_one_ulp=True), device=device)
 control = debug.reproduce(ULP_SC, dataclasses.replace(FIXED, sincos_in_kernel=False),
                           device=device)                       # the same table, not moved
-print(one_ulp.te_label, one_ulp.tokens_te.flatten()[:10])
-print("Triton      ", one_ulp.tokens_triton.flatten()[:10])
-du, dd = debug.diagnose(one_ulp, "default"), debug.diagnose(one_ulp, "dtype")
-mism = ~torch.isclose(one_ulp.tokens_te, one_ulp.tokens_triton)
-st_u = debug.steps_apart(one_ulp.tokens_te, one_ulp.tokens_triton)[mism]
+unmoved, moved = control.tokens_triton, one_ulp.tokens_triton   # one kernel, two tables
+print("unmoved table", unmoved.flatten()[:10])
+print("moved table  ", moved.flatten()[:10])
+mism = ~torch.isclose(unmoved, moved)
+n_nudge = int(mism.sum())
+st_u = debug.steps_apart(unmoved, moved)[mism]
 hist_u = dict(zip(*(v.tolist() for v in torch.unique(st_u, return_counts=True))))
-print(f"default allclose: {du['allclose']} ({du['n_mismatched']} of {du['numel']:,} elements "
-      f"differ; bf16 steps apart -> count: {hist_u}); dtype-aware allclose "
-      f"{dd['rtol']:g}/{dd['atol']:g}: {dd['allclose']}")
-print(f"error vs fp64: {one_ulp.te_label} {du['te_max_ulp']:.2g} ulp, Triton "
-      f"{du['triton_max_ulp']:.2g} ulp; the unmoved table: "
-      f"{debug.diagnose(control)['n_differ']} elements differ")
+tol16 = debug.tolerances("bf16")
+print(f"the nudge alone: default allclose {torch.allclose(unmoved, moved)} ({n_nudge} of "
+      f"{moved.numel():,} elements differ; bf16 steps apart -> count: {hist_u}); dtype-aware "
+      f"allclose {tol16['rtol']:g}/{tol16['atol']:g}: {torch.allclose(unmoved, moved, **tol16)}")
+du, dd = debug.diagnose(one_ulp, "default"), debug.diagnose(one_ulp, "dtype")
+n_control = debug.diagnose(control)["n_differ"]
+print(f"against {one_ulp.te_label}: default allclose {du['allclose']} ({du['n_mismatched']} "
+      f"elements differ; with the unmoved table {n_control}); dtype-aware {dd['allclose']}; "
+      f"error vs fp64: {one_ulp.te_label} {du['te_max_ulp']:.2g} ulp, Triton "
+      f"{du['triton_max_ulp']:.2g} ulp")
 # the report, exactly: first ten equal, default allclose fails, dtype-aware passes
-assert du["first_ten_equal"] and not du["allclose"] and dd["allclose"]
-assert 0 < du["n_mismatched"] <= 1e-3 * du["numel"]          # a handful, not a pattern
+assert torch.equal(unmoved.flatten()[:10], moved.flatten()[:10])
+assert 0 < n_nudge <= 1e-3 * moved.numel()                  # a handful, not a pattern
+assert torch.allclose(unmoved, moved, **tol16)
+assert du["first_ten_equal"] and not du["allclose"] and dd["allclose"]   # against TE too
 assert du["verdict"] == "tolerance"                         # both sides within 1 ulp of fp64
-if one_ulp.te_label == "TE emulation":                       # the nudge is the only difference
-    assert debug.diagnose(control)["n_differ"] == 0
+if one_ulp.te_label == "TE emulation":     # the unmoved table is TE's: the same count both ways
+    assert n_control == 0 and du["n_mismatched"] == n_nudge
 assert hist_u.get(1, 0) >= sum(hist_u.values()) / 2          # most: one bf16 step
-far_u = mism & (debug.steps_apart(one_ulp.tokens_te, one_ulp.tokens_triton) > 1)
-assert bool((one_ulp.tokens_te[far_u].float().abs() < 2 ** -6).all())  # the rest: near zero
+far_u = mism & (debug.steps_apart(unmoved, moved) > 1)
+assert bool((moved[far_u].float().abs() < 2 ** -6).all())   # the rest: near zero
 
 # %% [markdown]
 # That is the reported failure, from two correct kernels: the first ten values equal,
 # `torch.allclose` false for a few elements (the count is printed above), and true with bf16
-# tolerances. Most of them are one bf16 step apart. The rest, more than one step apart (the
-# histogram), are outputs near zero (the cell asserts below $2^{-6}$), where $x_1 c$ and
-# $x_2 s$ nearly cancel: bf16's steps are tiny there, and `steps_apart` counts every
-# representable value in between.
+# tolerances. The first line compares the kernel with itself, the unmoved table against the
+# moved one, so the nudge is the only difference on every machine. Most of the elements it
+# moves are one bf16 step apart. Any that are two or more steps apart (the histogram counts
+# them) are outputs near zero (the cell asserts below $2^{-6}$), where $x_1 c$ and $x_2 s$
+# nearly cancel: bf16's steps are tiny there, and `steps_apart` counts every representable
+# value in between.
 #
-# Read the count with its machine. On the CPU the TE side is the emulation, and the unmoved
-# table gives no difference at all (the cell asserts it): the nudge is the only cause. On a
-# GPU the TE side is the real TE, and the unmoved table already differs from it (the second
-# line prints how many): that is the kernel's multiply-add order, section 4b. So on the GPU
-# page the first count mixes two causes. The same experiment at the GPU size ($S = 512$,
-# $B = 2$, $H = 8$, $D = 128$: 1 048 576 elements), in plain PyTorch, has the nudge alone:
-# the TE emulation against itself with the moved table.
+# The second line compares with the TE side, as the report did. On the CPU that is the
+# emulation, whose table the kernel was given: the unmoved table gives no difference, and the
+# two counts are the same (the cell asserts both). On a GPU it is the real TE, and the
+# unmoved table already differs from it in the count printed in brackets: that is the
+# kernel's multiply-add order, section 4b. So against TE the GPU's count mixes two causes,
+# and the first line is the one that measures the nudge. The same experiment at the GPU size
+# ($S = 512$, $B = 2$, $H = 8$, $D = 128$: 1 048 576 elements), in plain PyTorch, runs on
+# every machine: the TE emulation against itself with the moved table.
 
 # %%
 big = debug.Scenario(seq_len=512, batch=2, heads=8, head_dim=128)
@@ -478,6 +497,8 @@ assert prec["table bf16, math fp32"]["triton_max_ulp"] > 1.0
 # norm-wise, every precision variant stays within a few u: bf16 rounding, not a wrong formula
 assert all(v["triton_max_normwise_u"] <= 3 for v in prec.values())
 assert prec["sin/cos in kernel, fp32 (fixed)"]["triton_max_normwise_u"] <= 1.0
+if not GPU or debug.te_label(device) == "TE fused":   # the emulation here, or TE itself
+    assert prec["sin/cos in kernel + FMA"]["max_abs_diff"] == 0    # TE's output, bit for bit
 
 # %% [markdown]
 # ![Max error vs fp64 per precision variant](../figures/08-precision.png)
@@ -491,6 +512,33 @@ assert prec["sin/cos in kernel, fp32 (fixed)"]["triton_max_normwise_u"] <= 1.0
 # it as accurate as bf16 can be?" — ulps. The rule for precision: keep the table in fp32 (or
 # compute sin/cos from fp32 angles), do the math in fp32, round once on the store — what TE's
 # fused kernel and ropelib's kernel do.
+#
+# The last row goes further: with the fused multiply-add, `max |TE - Triton|` is 0, every
+# output with TE's bits. The cell asserts it where the TE side computes what TE computes: the
+# emulation on the CPU, TE itself on a GPU with TE. On the CPU's small tensor the fixed row is
+# 0 as well; at the GPU's size the fixed kernel differs from TE in a few elements (section 3
+# printed how many) and the fma row does not. Section 4b finds which fma order does that.
+#
+# **Exercise — the norm-wise error.** Write `my_normwise_error(y, exact, x, rot_dim)`: for
+# every element of `y` (any shape, last dim $D$), $|y - y^\star|$ divided by $|x_a| + |x_b|$,
+# where $(a, b)$ is the rotate-half pair the element belongs to: feature $j < R/2$ pairs with
+# $j + R/2$, and the other way round, $R$ being `rot_dim`. A feature past $R$ is passed through
+# unrotated, and its error is measured against $|x_j|$ alone. Return float64. The check runs
+# your function on fresh outputs (bf16 with every feature rotated, fp32 with partial rotary)
+# and compares with `debug.normwise_error`, which it bars inside your answer.
+
+# %%
+from ropelib.course.exercises import debugging as ex, solution
+
+
+def my_normwise_error(y, exact, x, rot_dim):
+    ...  # your code: a float64 tensor of y's shape
+
+
+ex.check_normwise_error(my_normwise_error);
+
+# %%
+solution(ex.solution_normwise_error)
 
 # %% [markdown]
 # ## 4b. Bit for bit: which change makes the kernel equal TE?
@@ -624,24 +672,25 @@ def _rope_combine_kernel(
 
 
 # %%
-from ropelib.course.exercises import debugging as ex, solution
-
 SINCOS = "tl" if GPU else "table"
 
 
-def run_kernel(case, combine_fn, sincos=SINCOS, table=None):
+def run_kernel(case, combine_fn, sincos=SINCOS, table=None, fusion=False):
     """The kernel on the case's inputs, rounded to the case's dtype; table: (cos, sin) for
-    "table", default TE's own."""
+    "table", default TE's own. Compiled with contraction off, as the grader compiles it: every
+    product the line leaves outside a tl.fma is rounded. fusion=True lets a GPU compiler
+    contract as it chooses (the interpreter never contracts)."""
     side = SIDE[case.key]
     cos, sin = table if table is not None else (side["cos"], side["sin"])
     y = ex.launch(_rope_combine_kernel, combine_fn,
-                  *(t.to(device) for t in (case.x, side["angles"], cos, sin)), sincos=sincos)
+                  *(t.to(device) for t in (case.x, side["angles"], cos, sin)), sincos=sincos,
+                  enable_fp_fusion=fusion)
     return y.to(case.x.dtype).cpu()
 
 
-def check_bits(case, combine_fn, sincos=SINCOS, table=None, quiet=False):
+def check_bits(case, combine_fn, sincos=SINCOS, table=None, quiet=False, fusion=False):
     """Run the kernel and count the elements whose bits differ from TE's output."""
-    y, te = run_kernel(case, combine_fn, sincos, table), SIDE[case.key]["te"]
+    y, te = run_kernel(case, combine_fn, sincos, table, fusion), SIDE[case.key]["te"]
     differ = debug.bits_differ(y, te)
     n = int(differ.sum())
     steps = debug.steps_apart(y, te)[differ]
@@ -662,16 +711,15 @@ def check_bits(case, combine_fn, sincos=SINCOS, table=None, quiet=False):
 # `ex.check_te_combine(my_combine)` grades it: it launches the course's kernel with your combine
 # on both cases of this section — the bf16 one above and `SMALL32`, fp32 at $S = 32$, $B = 2$,
 # $H = 2$, $D = 32$, where every rounding shows — with TE's own cos and sin, and passes when no
-# element differs from TE's stored output in either. It takes the line as written: in the
-# interpreter each product is rounded unless your line fuses it, and on a GPU it compiles the
-# kernel with contraction switched off (`enable_fp_fusion=False`). So a line that matches TE only
-# when a compiler happens to contract it the right way does not pass. It refuses ropelib's own
-# `@triton.jit` helpers and the worked solution.
+# element differs from TE's stored output in either. It refuses ropelib's own `@triton.jit`
+# helpers and the worked solution.
 #
-# On a GPU the two can disagree, and on the executed H200 page they do. `check_bits` compiles
-# with contraction on, and there it printed "bit for bit" for the unedited starter line: the
-# compiler fused both lines TE's way. The grader, with contraction off, failed the same line
-# in both cases. Trust the grader: it checks what your line says, not what one compile did.
+# Both take the line as written. In the interpreter each product is rounded unless your line
+# fuses it. On a GPU both compile the kernel with contraction switched off
+# (`enable_fp_fusion=False`), so the compiler fuses nothing your line does not. A line that
+# matches TE only when a compiler happens to contract it the right way passes neither, and
+# `check_bits` counts on every machine what the grader counts. (Step a shows what a GPU
+# compiler does with the line when it may contract.)
 
 # %%
 @triton.jit
@@ -695,14 +743,14 @@ te_combine = my_combine if combined_by_learner else ex.solution_te_combine
 # change did.
 #
 # **Step a — the kernel as written.** On the CPU the interpreter evaluates `x1 * c - x2 * s`
-# with NumPy, rounding each product and the sum: $y_{\text{none}}$. On a GPU the same line is
-# compiled, and the compiler contracts as it likes. So "as written" is a different computation
-# there. The file holds two GPU counts for this line: compiled in the file's own kernel
-# (`free_sub`), and with contraction switched off (`none_rn`: every product rounded, as in the
-# interpreter). On a GPU the cell's first line is this notebook's kernel, compiled here. It
-# need not match the file's kernel, because the compiler chooses per kernel. On the executed
-# H200 page it printed "bit for bit", while the file's kernel, with the same source line, did
-# not: step e and the cell after the steps table show why.
+# with NumPy, rounding each product and the sum: $y_{\text{none}}$. On a GPU `check_bits`
+# compiles the line with contraction off, which rounds each product too: the same
+# $y_{\text{none}}$ on both machines, and the file's `free_sub-nofuse` row (the line compiled
+# on the GPU with contraction off). Left free, a GPU compiler contracts as it likes, and "as
+# written" is then a different computation. The file holds that count for its own kernel
+# (`free_sub`). On a GPU the cell also compiles this notebook's kernel with contraction on and
+# prints its count. The compiler chooses per kernel, so the two need not agree: the steps
+# table and the cell after it come back to this.
 
 # %%
 @triton.jit
@@ -717,12 +765,21 @@ def gpu_row(case, variant):
 
 
 step_a = check_bits(BIG, as_written)
-print(f"on the {GPU_NAME}: the same line compiled: {gpu_row(BIG, 'free_sub/tl')} elements "
-      f"differ; without contraction: {gpu_row(BIG, 'none_rn/tl')}")
+print(f"on the {GPU_NAME}: the same line without contraction: "
+      f"{gpu_row(BIG, 'free_sub-nofuse/tl')} elements differ; with contraction on, in the "
+      f"file's kernel: {gpu_row(BIG, 'free_sub/tl')}")
+step_a_free = None                # the line with contraction on: a GPU compiler's choice
+if GPU:
+    step_a_free = check_bits(BIG, as_written, fusion=True, quiet=True)
+    print(f"this notebook's kernel, compiled here with contraction on: {step_a_free['n']} "
+          f"elements differ")
 if not GPU:   # the interpreter rounds every product: the GPU's no-contraction row, bit for bit
     assert step_a["n"] == gpu_row(BIG, "none_rn/table_te_fp32")
     assert torch.equal(step_a["y"], BIG.output("none_rn/table_te_fp32"))
-assert gpu_row(BIG, "free_sub/tl") > 0 and gpu_row(BIG, "none_rn/tl") > 0
+elif SAME_GPU:   # contraction off: the file's line compiled without contraction, bit for bit
+    assert step_a["n"] == gpu_row(BIG, "free_sub-nofuse/tl")
+assert gpu_row(BIG, "free_sub-nofuse/tl") == gpu_row(BIG, "none_rn/tl") > 0
+assert gpu_row(BIG, "free_sub/tl") > 0
 
 # %% [markdown]
 # **Step b — swap where sin/cos come from.** The suspect everyone names first. Five sources: the
@@ -755,7 +812,7 @@ def kernel_cos_sin(case, sincos, table):
     cos, sin = table if table is not None else (SIDE[case.key]["cos"], SIDE[case.key]["sin"])
     y = ex.launch(_rope_combine_kernel, as_written,
                   *(t.to(device) for t in (ones_then_zeros(S, half), ang, cos, sin)),
-                  sincos=sincos)
+                  sincos=sincos, enable_fp_fusion=False)
     y = y.cpu()[:, 0, 0]
     return y[:, :half], y[:, half:]
 
@@ -781,8 +838,10 @@ by_src = {src: source_row(BIG, src) for src in SOURCES}
 ran = (f"run here on the {torch.cuda.get_device_name()}, against "
        + ("TE live" if LIVE else "TE's stored output") if GPU
        else f"measured on the {GPU_NAME}, read from the file")
+as_written_col = ("as written, no contraction" if GPU
+                  else f"as written, compiled on the {GPU_NAME} (contraction on)")
 display(HTML(f"<table><tr><th>cos/sin source</th><th></th><th>cos entries ≠ TE's</th>"
-             f"<th>sin entries ≠ TE's</th><th>of</th><th>as written: elements ≠ TE</th>"
+             f"<th>sin entries ≠ TE's</th><th>of</th><th>{as_written_col}: elements ≠ TE</th>"
              f"<th>fma(x, c, rot·s): elements ≠ TE</th></tr>" +
              "".join(f"<tr><td>{src}</td><td>{BITS['sincos_sources'].get(src, '')}</td>"
                      + "".join(f"<td>{v}</td>" for v in r) + "</tr>"
@@ -798,8 +857,8 @@ elif SAME_GPU and triton.__version__ == META["triton"]:   # the file's GPU and c
     # the cos and sin entries are the file's: they do not depend on the kernel around them
     assert all(by_src[s][:3] == (BIG.sincos[s]["cos"]["n_differ"], BIG.sincos[s]["sin"]["n_differ"],
                                  BIG.sincos[s]["cos"]["numel"]) for s in SOURCES)
-    print(f"cos and sin entries as the file measured them on the {GPU_NAME}; as written, the "
-          f"file's kernel: {[gpu_row(BIG, f'free_sub/{s}') for s in SOURCES]}")
+    print(f"cos and sin entries as the file measured them on the {GPU_NAME}; as written with "
+          f"contraction on, the file's kernel: {[gpu_row(BIG, f'free_sub/{s}') for s in SOURCES]}")
 
 # and here, on this machine: the kernel's own tl.cos / tl.sin against TE's table
 theta = SIDE["nb_gpu"]["angles"]
@@ -823,12 +882,11 @@ else:
 # differ from CUDA's by one fp32 ulp in the places counted above. On the CPU the interpreter's
 # `tl.cos` is such a different source; that is why the kernel reads TE's own table there.
 #
-# On a GPU the table's "as written" column is this notebook's kernel, compiled here. The line
-# under the table gives the file's kernel's counts for the same line. On the executed H200
-# page the two disagree: the column reads 0 for the three sources equal to TE's, and the
-# file's kernel's counts are not 0. Same source line, same GPU, same Triton; the compiler fused
-# it differently in the two kernels. Sin/cos are not what separates the kernel from TE. The
-# combine line is.
+# The table's "as written" column is not the same computation on both machines, and its header
+# says which it is. On a GPU it is this notebook's kernel, compiled here with contraction off:
+# every product rounded. On the CPU it is read from the file, whose kernel was compiled with
+# contraction on. Either way the three sources equal to TE's give one count (asserted).
+# Sin/cos are not what separates the kernel from TE. The combine line is.
 #
 # **Step c — fuse TE's product: $\mathrm{fma}(x, c, r s)$**, the contraction nvcc applies to
 # TE's line. This is the exercise's line: `te_combine` is your combine if it passed the check,
@@ -903,16 +961,17 @@ print(f"all {step_e['n']} differing elements lie in the second half (d >= {half}
 # Nothing in the source asks for either order. The steps, in one table:
 
 # %%
-steps_tbl = [
-    ("a", "as written: x1*c - x2*s, x2*c + x1*s", step_a["n"], gpu_row(BIG, "free_sub/tl")),
-    ("b", "a, with sin/cos from tl / libdevice / a GPU table", None,
-     gpu_row(BIG, "free_sub/libdevice")),
+steps_tbl = [     # (step, change, elements != TE here, on the file's GPU)
+    ("a", "as written, no contraction: every product rounded", step_a["n"],
+     gpu_row(BIG, "free_sub-nofuse/tl")),
+    ("b", "a, with sin/cos from libdevice (= TE's)", by_src["libdevice"][3] if GPU else None,
+     gpu_row(BIG, "free_sub-nofuse/libdevice")),
     ("c", "fma(x, c, rot*s) — TE's contraction", step_c["n"], gpu_row(BIG, "fma_xc/tl")),
     ("d", "fma(rot, s, x*c) — the other order", step_d["n"], gpu_row(BIG, "fma_rs/tl")),
-    ("e", "the GPU's choice: fma(x1, c, ·), fma(x1, s, ·)", step_e["n"],
+    ("e", "the file's compiled choice: fma(x1, c, ·), fma(x1, s, ·)", step_e["n"],
      gpu_row(BIG, "free_sub/tl")),
-    ("-", "no contraction: every product rounded", None if GPU else step_a["n"],
-     gpu_row(BIG, "none_rn/tl")),
+    ("-", "as written, contraction on: the compiler's choice",
+     None if step_a_free is None else step_a_free["n"], gpu_row(BIG, "free_sub/tl")),
 ]
 here = "the CPU (interpreter)" if not GPU else "this GPU"
 display(HTML(f"<table><tr><th>step</th><th>change</th><th>elements ≠ TE, {here}</th>"
@@ -921,42 +980,54 @@ display(HTML(f"<table><tr><th>step</th><th>change</th><th>elements ≠ TE, {here
                      f"<td>{d_}</td></tr>" for a, b, c, d_ in steps_tbl) + "</table>"))
 zero_rows = [r[0] for r in steps_tbl if r[3] == 0]
 assert zero_rows == ["c"]                       # on the GPU, only TE's contraction gives 0
-if not GPU:
-    assert [r[0] for r in steps_tbl if r[2] == 0] == ["c"]    # and here too
-    assert all(r[2] in (None, r[3]) for r in steps_tbl[2:])   # here = the GPU, step by step
+assert [r[0] for r in steps_tbl[:5] if r[2] == 0] == ["c"]    # and here, in rows a to e
+if SAME_GPU:   # rows a to e fix every rounding in the source: here = the file, row by row
+    assert all(r[2] in (None, r[3]) for r in steps_tbl[:5])
 
-fig, ax = plt.subplots(figsize=(8, 3))
-labels = ["a: as written", "b: other sin/cos = TE's", "c: fma(x, c, rot*s)",
-          "d: fma(rot, s, x*c)", "e: the GPU's choice", "no contraction"]
-ax.barh(np.arange(len(steps_tbl)) + 0.2, [r[3] for r in steps_tbl], height=0.4,
-        color="tab:green", label=f"{GPU_NAME} (file)")
-ax.barh(np.arange(len(steps_tbl)) - 0.2, [0 if r[2] is None else r[2] for r in steps_tbl],
-        height=0.4, color="tab:purple", label=here)
-ax.set_yticks(np.arange(len(steps_tbl)), labels, fontsize=8)
+fig, ax = plt.subplots(figsize=(8, 3.2))
+labels = ["a: as written, no contraction", "b: a, sin/cos from libdevice",
+          "c: fma(x, c, rot*s)", "d: fma(rot, s, x*c)", "e: the file's compiled choice",
+          "as written, contraction on"]
+rows_y = np.arange(len(steps_tbl))
+x_max = 1.35 * max(max(r[3] for r in steps_tbl),
+                   max(r[2] for r in steps_tbl if r[2] is not None))
+for offset, column, color, label in ((0.2, 3, "tab:green", f"{GPU_NAME} (file)"),
+                                     (-0.2, 2, "tab:purple", here)):
+    run = [i for i, r in enumerate(steps_tbl) if r[column] is not None]   # a dash: no bar
+    ax.barh(rows_y[run] + offset, [steps_tbl[i][column] for i in run], height=0.4,
+            color=color, label=label)
+    for i, r in enumerate(steps_tbl):
+        note = "not run" if r[column] is None else "0: bit for bit" if r[column] == 0 else None
+        if note:
+            ax.text(0.01 * x_max, i + offset, note, va="center", fontsize=7, color=color)
+ax.set_yticks(rows_y, labels, fontsize=8)
 ax.invert_yaxis()
 ax.set_xlabel(f"bf16 elements whose bits differ from TE (of {BIG.x.numel():,})")
-ax.text(0.3, 2, "0: bit for bit, on both", va="center", fontsize=8)
-ax.set_xlim(0, 1.35 * max(r[3] for r in steps_tbl))
+ax.set_xlim(0, x_max)
 ax.legend(fontsize=8, loc="lower right")
 fig.tight_layout()
 fig.savefig(FIGURES / "08-bits-steps.png", dpi=110)
 plt.show()
 
 # %% [markdown]
-# **Reading the table.** The two count columns are two kernels. The right column is the file:
-# the kernel in `benchmarks/te_bits.py`, compiled on the GPU named in its header, against TE.
-# There only row c is 0 (the cell asserts it). The left column is this machine. On the CPU it
-# is the interpreter, which rounds every product, and again only row c is 0 (asserted; row a
-# then equals the file's last row). On a GPU it is this notebook's kernel, compiled here,
-# against live TE. There row a can be 0 too, and on the executed H200 page it is: the compiler
-# fused both lines of `as_written` TE's way. So on that page the edit of step c takes the live
-# count from 0 to 0. The file's column is the one that shows the change.
+# **Reading the table.** The right column is the file: the kernel in `benchmarks/te_bits.py`,
+# compiled on the GPU named in its header, against TE. The left column is this machine: the
+# interpreter on the CPU; on a GPU this notebook's kernel, compiled here, against TE.
+# Rows a to e leave nothing to a compiler: each product is rounded or sits in a `tl.fma`. So
+# each of them is one computation on every machine, and the two columns agree row by row (the
+# cell asserts it on the CPU and on the file's GPU). In both columns only row c is 0
+# (asserted). Step c takes the count from row a's to 0, on every machine.
+#
+# The last row is the line as written with contraction on, the compiler's choice. The file's
+# kernel gave row e's count there: it fused $y_1$ TE's way and $y_2$ the other way. On a GPU
+# the cell compiles this notebook's kernel that way too, and its count need not be the
+# file's. On the executed H200 page that compile fused both lines TE's way and gave 0, while
+# the same line in the file's kernel is not 0.
 #
 # A dash marks a step the cell does not run on this machine. Row b needs libdevice, which the
-# interpreter lacks; on a GPU, step b's table already holds those counts, in its "as written"
-# column. The last row needs contraction switched off, and this notebook's kernel is compiled
-# with it on; on the CPU that row is row a itself. In the figure a dash is drawn as an empty
-# purple bar: not run, not zero. The label "0: bit for bit" marks row c only.
+# interpreter lacks; on the CPU, step b's table reads those counts from the file. The last row
+# needs a compiler, and the interpreter never contracts. In the figure a dash is a missing bar
+# marked "not run", and every bar that is 0 is labelled.
 #
 # What step c proves is this: it is the one line that gives TE's bits in both columns, on
 # every machine, because `tl.fma` fixes the order in the source and leaves the compiler no
@@ -967,9 +1038,9 @@ plt.show()
 # The compiler's choice is made per kernel, and even per line. The cell below reads, from the
 # outputs alone, which product each line's fma fused. In the file's kernel (the same two
 # source lines) the compiler fused $y_1$ TE's way and $y_2$ the other way. On a GPU the cell
-# also reads this notebook's kernel, compiled here. On the executed H200 page, with the file's
-# GPU and Triton version, it fused both lines TE's way. A line's rounding is not a property of
-# the line.
+# also reads this notebook's kernel, compiled here with contraction on (the last row of the
+# table). On the executed H200 page, with the file's GPU and Triton version, it fused both
+# lines TE's way. A line's rounding is not a property of the line.
 
 # %%
 def fused_product(y, te_order, other_order):
@@ -990,8 +1061,9 @@ in_file = fused_product(BIG.output("free_sub/tl"), BIG.output("fma_xc/tl"), BIG.
 print(f"the file's kernel, as written, on the {GPU_NAME}: y1 {in_file[0]}, y2 {in_file[1]}")
 assert in_file == ["x c fused (TE's order)", "r s fused (the other order)"]
 if GPU:
-    here_lines = fused_product(step_a["y"], step_c["y"], step_d["y"])
-    print(f"this notebook's kernel, as written, compiled here: y1 {here_lines[0]}, y2 {here_lines[1]}")
+    here_lines = fused_product(step_a_free["y"], step_c["y"], step_d["y"])
+    print(f"this notebook's kernel, as written, compiled here with contraction on: "
+          f"y1 {here_lines[0]}, y2 {here_lines[1]}")
     assert "neither" not in here_lines                   # each line is one of the two fmas
 else:
     print("(this notebook's kernel, compiled: on a GPU; the interpreter rounds every product)")
@@ -1026,11 +1098,10 @@ assert abs(float(SIDE["nb_gpu"]["te"][idx])) < 1e-3 * (abs(pair[0]) + abs(pair[1
 fp32_big = {r["variant"]: r["n_differ"] for r in BITS["scenarios"]["nb_gpu_fp32"]["rows"]}
 fp32_tbl = []
 for label, fn, variant in (
-        ("every product rounded (as written, interpreter)", None if GPU else as_written,
-         "none_rn/tl"),
+        ("every product rounded (as written, no contraction)", as_written, "none_rn/tl"),
         ("fma(x, c, rot*s)", te_combine, "fma_xc/tl"),
         ("fma(rot, s, x*c)", fma_rs, "fma_rs/tl"),
-        ("the GPU's choice (as written, compiled)", gpu_choice, "free_sub/tl")):
+        ("the file's compiled choice (as written, contraction on)", gpu_choice, "free_sub/tl")):
     n_here = None if fn is None else check_bits(SMALL32, fn, quiet=True)["n"]
     fp32_tbl.append((label, "-" if n_here is None else n_here, SMALL32.rows[variant]["n_differ"],
                      SMALL32.x.numel(), fp32_big[variant]))
@@ -1145,11 +1216,12 @@ elif SAME_GPU:  # tl.cos is CUDA's sincosf, TE's own
 # %%
 traps = ["sbhd_row_indexing", "te_freqs_reshaped", "interleaved_mismatch",
          "partial_rotary_ignored", "table_margin", "inplace_double_rotation"]
-summary = []
+summary, maps = [], {}
 for trap in traps:
     sc = dataclasses.replace(SC, layout="bshd") if trap == "table_margin" else SC
-    dg = debug.diagnose(debug.reproduce(sc, dataclasses.replace(FIXED, **{trap: True}),
-                                        device=device), "dtype")
+    r = debug.reproduce(sc, dataclasses.replace(FIXED, **{trap: True}), device=device)
+    dg = debug.diagnose(r, "dtype")
+    maps[trap] = debug.error_map(r.tokens_te, r.tokens_triton, r.layout).cpu()
     summary.append((trap, dg["first_ten_equal"], dg["allclose"], dg["max_abs_diff"],
                     dg["argmax"]["position"], dg["argmax"]["batch"], dg["te_matches_fp64"],
                     dg["triton_matches_fp64"], dg["verdict"]))
@@ -1165,10 +1237,28 @@ assert by_trap["inplace_double_rotation"][6:8] == (False, True)   # TE is the wr
 assert all(row[6:8] == (True, False) for t, row in by_trap.items()
            if t != "inplace_double_rotation")
 
+fig, axes = plt.subplots(2, 3, figsize=(12, 6.5))
+for ax, trap in zip(axes.flat, traps):
+    debug.plot_heatmap(maps[trap], ax=ax, title=f"{trap}: |{res.te_label} - Triton|")
+fig.suptitle(f"error maps of the six traps (bf16, max over batch and heads), "
+             f"{ropelib.runtime.mode()}", fontsize=10)
+fig.tight_layout()
+fig.savefig(FIGURES / "08-trap-heatmaps.png", dpi=90)
+plt.show()
+lit = {t: float((m > 0).double().mean()) for t, m in maps.items()}
+assert all(v > 0.5 for v in lit.values())                      # most of every map differs
+row0_lit = [t for t in traps if maps[t][0].max() > 0]
+assert row0_lit == ["sbhd_row_indexing", "table_margin"]       # batch 1 at s = 0 is rotated
+print("share of the map that differs:", {t: f"{v:.2f}" for t, v in lit.items()},
+      "| row 0 lit:", row0_lit)
+
 # %% [markdown]
 # The table says *that* the layout is wrong: every trap gets the verdict `layout`. It does not
-# say *how*: a large difference at some position far from 0 fits every trap. A sharper
-# question: **which position does
+# say *how*: a large difference at some position far from 0 fits every trap. The error maps say
+# little more. Every trap lights up most of its map (the cell asserts more than half of the
+# entries, and prints the share). Row 0 is dark in four of them and lit in two, sbhd indexing
+# and the table margin, which rotate the position-0 tokens of batch 1 (asserted). That splits
+# the six into two groups and names none of them. A sharper question: **which position does
 # each output encode?** A right RoPE turns the pair of lowest frequency
 # $\omega_{\min} = 10000^{-(R-2)/R}$ by $s\,\omega_{\min}$; the angle from input pair to output
 # pair, $\operatorname{atan2}(x_a y_b - x_b y_a,\ x_a y_a + x_b y_b)$, divided by
@@ -1260,6 +1350,25 @@ print({t: f"{v:.0f}" for t, v in spread.items()}, "= largest |recovered position
 #
 # And comparing each side with fp64 (the table above) says which side to blame: for the double
 # rotation it is TE's output, not the kernel's.
+#
+# **Exercise — name the trap.** Write `my_trap_name(x, y, layout)`. It gets an input `x` and
+# an output `y` (fp32, $[S, B, H, D]$ in `layout`) and returns the name of the trap that made
+# `y`: `"sbhd_row_indexing"`, `"te_freqs_reshaped"`, `"table_margin"` or
+# `"inplace_double_rotation"`, or `"none"` for a right RoPE. Read
+# `debug.recovered_positions(x, y, layout)` against the true positions, as the figure does, for
+# every batch and head. The check runs your function on ten outputs of the reproduction kernel,
+# each with a hidden trap or none, at two sizes, and wants every name right. It bars
+# `debug.reproduce`: run every trap and compare, and you have not read the positions.
+
+# %%
+def my_trap_name(x, y, layout):
+    ...  # your code: one of the four names, or "none"
+
+
+ex.check_trap_name(my_trap_name);
+
+# %%
+solution(ex.solution_trap_name)
 
 # %% [markdown]
 # ## 6. From the shape of a difference to its cause

@@ -235,3 +235,157 @@ def test_the_notebook_grades_my_combine_and_falls_back_to_the_worked_one():
     # nothing after the exercise runs the learner's combine but through te_combine
     after = source[source.index("te_combine = my_combine"):]
     assert "my_combine," not in after and "my_combine)" not in after
+
+
+def test_the_notebooks_bit_counts_compile_as_the_grader_does():
+    # section 4b's check_bits and kernel_cos_sin launch with contraction off by default, as
+    # check_te_combine does: the count a learner reads is the grader's on every machine
+    tree = ast.parse(NOTEBOOK.read_text(encoding="utf-8"))
+    defs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    for name in ("run_kernel", "check_bits"):
+        args = defs[name].args
+        defaults = dict(zip([a.arg for a in args.args][-len(args.defaults):], args.defaults))
+        assert ast.unparse(defaults["fusion"]) == "False", name
+    for name, want in (("run_kernel", "fusion"), ("kernel_cos_sin", "False")):
+        launches = [n for n in ast.walk(defs[name]) if isinstance(n, ast.Call)
+                    and ast.unparse(n.func) == "ex.launch"]
+        assert len(launches) == 1, name
+        options = {k.arg: ast.unparse(k.value) for k in launches[0].keywords}
+        assert options.get("enable_fp_fusion") == want, (name, options)
+
+
+# --- section 4's exercise: the norm-wise error -------------------------------------------------
+
+def _own_normwise(y, exact, x, rot_dim):
+    """Written here, as a learner would: the pair's magnitude by index arithmetic."""
+    ax = x.double().abs()
+    D, half = x.shape[-1], rot_dim // 2
+    j = torch.arange(D)
+    partner = torch.where(j < half, j + half, torch.where(j < rot_dim, j - half, j))
+    denom = torch.where(j < rot_dim, ax + ax[..., partner], ax)
+    return (y.double() - exact.double()).abs() / denom
+
+
+def _pairs_over_all_of_d(y, exact, x, rot_dim):
+    ax = x.double().abs()
+    half = x.shape[-1] // 2                            # ignores rot_dim: partial rotary wrong
+    return (y.double() - exact.double()).abs() / (ax + torch.cat((ax[..., half:],
+                                                                  ax[..., :half]), -1))
+
+
+def _same_feature(y, exact, x, rot_dim):
+    return (y.double() - exact.double()).abs() / (2 * x.double().abs())   # not the pair
+
+
+def _in_fp32(y, exact, x, rot_dim):
+    return _own_normwise(y, exact, x, rot_dim).float()
+
+
+def test_normwise_check_accepts_own_answers(capsys):
+    assert ex.check_normwise_error(_own_normwise) is True
+    assert ex.check_normwise_error(learner_copy(ex.solution_normwise_error)) is True
+    assert "✅" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answer", [_pairs_over_all_of_d, _same_feature, _in_fp32],
+                         ids=["pairs-over-all-of-D", "same-feature", "fp32"])
+def test_normwise_check_rejects_wrong_answers(answer, capsys):
+    assert ex.check_normwise_error(answer) is False
+    assert "❌" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answer, words", [
+    (lambda y, e, x, r: debug.normwise_error(y, e, x, rot_dim=r), "ropelib's normwise_error"),
+    (ex.solution_normwise_error, "ropelib's solution_normwise_error"),
+    (lambda y, e, x, r: ex.solution_normwise_error(y, e, x, r), "solution_normwise_error"),
+], ids=["debug", "worked-solution", "worked-solution-wrapped"])
+def test_normwise_check_refuses_library_answers(answer, words, capsys):
+    assert ex.check_normwise_error(answer) is False
+    out = capsys.readouterr().out
+    assert "write it yourself" in out and words in out, out
+
+
+@pytest.mark.parametrize("answer", [
+    lambda y, e, x, r: debug.normwise_error(y, e, x, rot_dim=r), ex.solution_normwise_error,
+], ids=["debug", "worked-solution"])
+def test_the_normwise_refusal_is_the_barring_alone(answer, monkeypatch, capsys):
+    # with nothing barred the library's answers pass: the test above fails for a check that
+    # stops barring
+    monkeypatch.setattr(own_code, "library_barred", _nothing_barred)
+    assert ex.check_normwise_error(answer) is True, capsys.readouterr().out
+
+
+def test_normwise_check_unanswered(capsys):
+    assert ex.check_normwise_error(...) is False
+    assert "no answer yet" in capsys.readouterr().out
+
+
+def test_the_notebook_grades_my_normwise_error_before_showing_the_solution():
+    source = NOTEBOOK.read_text(encoding="utf-8")
+    check = source.index("ex.check_normwise_error(my_normwise_error)")
+    assert source.index("def my_normwise_error(y, exact, x, rot_dim):") < check
+    assert check < source.index("solution(ex.solution_normwise_error)")
+
+
+# --- section 5's exercise: name the trap --------------------------------------------------------
+
+def _own_trap_name(x, y, layout):
+    """Written here, as a learner would: the slope and the batches of the recovered curve."""
+    pos = debug.recovered_positions(x, y, layout)
+    S, B = pos.shape[:2]
+    s = torch.arange(S, dtype=pos.dtype)
+    on = lambda got, want: bool((got - want).abs().max() < 1e-2)
+    if all(on(pos[:, b, h], s) for b in range(B) for h in range(pos.shape[2])):
+        return "none"
+    if on(pos[:, 0, 0], 2 * s):
+        return "inplace_double_rotation"
+    if on(pos[:, 0, 0], s // 2):
+        return "te_freqs_reshaped"
+    if on(pos[:, 0, 0], s):
+        return "table_margin"
+    return "sbhd_row_indexing"
+
+
+def _reruns_every_trap(x, y, layout):
+    import dataclasses
+    for trap in ex.TRAPS_WITH_A_CURVE:
+        sc = debug.Scenario(seq_len=x.shape[0], batch=x.shape[1], heads=x.shape[2],
+                            head_dim=x.shape[3], dtype="fp32")
+        debug.reproduce(sc, dataclasses.replace(debug.FIXED, **{trap: True}))
+    return "none"
+
+
+def test_trap_check_accepts_own_readings(capsys):
+    assert ex.check_trap_name(_own_trap_name) is True
+    assert ex.check_trap_name(learner_copy(ex.solution_trap_name)) is True
+    assert "✅" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answer", [lambda x, y, l: "none", lambda x, y, l: "table_margin"],
+                         ids=["always-none", "always-one-trap"])
+def test_trap_check_rejects_guesses(answer, capsys):
+    assert ex.check_trap_name(answer) is False
+    assert "❌" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answer, words", [
+    (ex.solution_trap_name, "ropelib's solution_trap_name"),
+    (_reruns_every_trap, "ropelib's reproduce"),
+], ids=["worked-solution", "reproduce"])
+def test_trap_check_refuses_library_answers(answer, words, capsys):
+    assert ex.check_trap_name(answer) is False
+    out = capsys.readouterr().out
+    assert "write it yourself" in out and words in out, out
+
+
+def test_the_trap_cases_cover_every_curve_and_a_right_rope():
+    names = [expected for _, _, expected in ex._trap_cases()]
+    assert sorted(set(names)) == sorted((*ex.TRAPS_WITH_A_CURVE, "none"))
+    assert all(layout == "sbhd" for _, (_, _, layout), _ in ex._trap_cases())   # no name leaks
+
+
+def test_the_notebook_grades_my_trap_name_before_showing_the_solution():
+    source = NOTEBOOK.read_text(encoding="utf-8")
+    check = source.index("ex.check_trap_name(my_trap_name)")
+    assert source.index("def my_trap_name(x, y, layout):") < check
+    assert check < source.index("solution(ex.solution_trap_name)")

@@ -509,6 +509,46 @@ def test_rope_function_check_accepts_an_own_function(capsys):
     assert ex.check_rope_function(own, kernel=OWN_BACKWARD) is True
 
 
+def _notebook_rope_cell(folder):
+    """Notebook 06's section-2 kernel cell and its launcher `rope_cell`, compiled from the
+    notebook's source in a file of their own, as the notebook's kernel runs them."""
+    import ast
+    path = ROOT / "notebooks" / "06-backward-pass.py"
+    text = path.read_text(encoding="utf-8")
+    wanted = ("_rope_batch_reuse_kernel", "rope_cell")
+    parts = [ast.get_source_segment(text, node, padded=False) for node in ast.parse(text).body
+             if isinstance(node, ast.FunctionDef) and node.name in wanted]
+    assert len(parts) == 2, "notebook 06 no longer defines its kernel cell and rope_cell"
+    source = "@triton.jit\n" + "\n\n\n".join(parts)      # the decorator is not in the segment
+    copy = folder / "notebook06_rope_cell.py"
+    copy.write_text(source, encoding="utf-8")
+    namespace = {"torch": torch, "triton": triton, "tl": tl, "round_to": common.round_to,
+                 "BF16_RTNE": common.BF16_RTNE, "__name__": "notebook06_rope_cell",
+                 "__file__": str(copy)}
+    exec(compile(source, str(copy), "exec"), namespace)  # noqa: S102 -- the notebook's own source
+    return namespace["rope_cell"]
+
+
+def test_rope_function_check_accepts_a_forward_through_the_notebooks_rope_cell(tmp_path, capsys):
+    # exercise 4's forward may run section 2's rope_cell, whose kernel calls ropelib's round_to;
+    # the backward may not: there round_to is barred like every other helper of ropelib's
+    rope_cell = _notebook_rope_cell(tmp_path)
+
+    def fwd(ctx, x, freqs):
+        ctx.save_for_backward(freqs)
+        return rope_cell(x, freqs)
+
+    def bwd_cell(ctx, g):
+        (freqs,) = ctx.saved_tensors
+        return rope_cell(g, freqs, backward=True), None
+
+    assert ex.check_rope_function(_function(fwd, _bwd_saved_freqs), kernel=OWN_BACKWARD) is True
+    assert "✅" in capsys.readouterr().out
+    assert ex.check_rope_function(_function(fwd, bwd_cell), kernel=OWN_BACKWARD) is False
+    out = capsys.readouterr().out
+    assert "(backward)" in out and "launched ropelib's round_to" in out, out
+
+
 @pytest.mark.parametrize("answer, words", [
     (ex.SolutionRopeFunction, "called ropelib's forward (ropelib/course/exercises/kernels.py)"),
     (_function(_fwd_kernel, _bwd_teaching_kernel), "backward): this exercise wants your "

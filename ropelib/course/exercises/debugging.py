@@ -1,4 +1,16 @@
-"""Notebook 08's exercise (section 4b): a combine line that gives Transformer Engine's bits.
+"""Notebook 08's exercises: the norm-wise error (section 4), and a combine line that gives
+Transformer Engine's bits (section 4b).
+
+`check_normwise_error(fn)` runs the learner's ``fn(y, exact, x, rot_dim)`` on fresh outputs
+(bf16 with every feature rotated, fp32 with partial rotary) and compares it with
+`debug.normwise_error`, which is barred inside the answer, as are `debug.diagnose` (it computes
+the same error) and every worked solution.
+
+`check_trap_name(fn)` (section 5) runs the learner's ``fn(x, y, layout)`` on outputs of the
+reproduction kernel, fp32 sbhd, each with one of the four layout traps that leave a curve of
+recovered positions (or none), at two sizes, and wants the trap's name back. The learner may
+use `debug.recovered_positions`, the section's tool; `debug.reproduce` (running every trap and
+comparing outputs) and the worked solution are barred.
 
 The section's kernel, `_rope_combine_kernel`, rotates the rows of an sbhd tensor in fp32 and
 leaves one line to a `@triton.jit` function it is handed as a constexpr,
@@ -37,9 +49,118 @@ from triton.language.extra import libdevice
 from ... import runtime
 from .. import debug
 from . import exception_line, is_blank_kernel, is_kernel
-from .own_code import launch_barred
+from .own_code import check_cases, launch_barred
 
-__all__ = ["check_te_combine", "solution_te_combine", "launch", "CASE_KEYS", "te_cases"]
+__all__ = ["check_normwise_error", "solution_normwise_error", "check_trap_name",
+           "solution_trap_name", "TRAPS_WITH_A_CURVE", "check_te_combine",
+           "solution_te_combine", "launch", "CASE_KEYS", "te_cases"]
+
+
+# --- section 4: the norm-wise error ----------------------------------------------------------
+
+def _normwise_cases() -> list:
+    """(label, (y, exact, x, rot_dim), expected): fresh rotate-half outputs and their errors."""
+    from ... import reference   # the checks may use the library freely, outside the answer
+    gen = torch.Generator().manual_seed(8)
+    cases = []
+    for dtype, (S, B, H, D), R in ((torch.bfloat16, (6, 2, 3, 16), 16),
+                                   (torch.float32, (5, 1, 2, 24), 12)):
+        x = torch.randn(S, B, H, D, generator=gen, dtype=torch.float64)
+        inv = 1.0 / (10000.0 ** (torch.arange(0, R, 2, dtype=torch.float64) / R))
+        f = torch.outer(torch.arange(S, dtype=torch.float64), inv)
+        freqs = torch.cat((f, f), dim=-1).view(S, 1, 1, R)
+        exact = reference.rope_reference(x, freqs)               # fp64, pass-through past R
+        y = exact.to(dtype)
+        y[..., 1] += 0.25 * y[..., 1].abs().clamp(min=1e-3)      # a few outputs off by more
+        x_in = x.to(dtype)
+        label = f"{str(dtype).replace('torch.', '')}, D={D}, rot_dim={R}"
+        cases.append((label, (y, exact, x_in, R),
+                      debug.normwise_error(y, exact, x_in, rot_dim=R)))
+    return cases
+
+
+def check_normwise_error(fn) -> bool:
+    """fn(y, exact, x, rot_dim) -> |y - exact| / (|x_a| + |x_b|) for every element, in fp64:
+    (a, b) the rotate-half pair (j, j + rot_dim/2) an element of the first rot_dim features
+    belongs to; a feature past rot_dim (passed through) measured against |x_j|."""
+    return check_cases(
+        "norm-wise error", "your norm-wise error", fn, _normwise_cases(), atol=1e-12,
+        rtol=1e-9, bar=(debug.normwise_error, debug.diagnose),
+        hint="per element: |y - exact| over |x_j| + |x_partner| in float64, the partner of "
+             "feature j < rot_dim/2 being j + rot_dim/2 and back; past rot_dim, over |x_j|")
+
+
+def solution_normwise_error(y, exact, x, rot_dim):
+    ax = x.double().abs()
+    rot = ax[..., :rot_dim]
+    half = rot_dim // 2
+    partner = torch.cat((rot[..., half:], rot[..., :half]), dim=-1)   # j <-> j + R/2
+    denom = torch.cat((rot + partner, ax[..., rot_dim:]), dim=-1)     # pass-through: |x_j|
+    return (y.double() - exact.double()).abs() / denom
+
+
+# --- section 5: name the trap from the positions the output encodes --------------------------
+
+# the traps whose wrong output still encodes a position (the other two leave a cloud)
+TRAPS_WITH_A_CURVE = ("sbhd_row_indexing", "te_freqs_reshaped", "table_margin",
+                      "inplace_double_rotation")
+
+
+def _trap_cases() -> list:
+    """(label, (x, y, layout), trap name or "none"): the wrong side of each trap, fp32; fresh
+    copies on every call (an answer may write into its inputs)."""
+    return [(label, (x.clone(), y.clone(), layout), trap)
+            for label, (x, y, layout), trap in _trap_outputs()]
+
+
+@functools.lru_cache(maxsize=1)
+def _trap_outputs() -> tuple:
+    import dataclasses
+    cases = []
+    for S, B, H, D, seed in ((24, 3, 2, 16, 5), (40, 2, 1, 32, 6)):
+        for trap in (*TRAPS_WITH_A_CURVE, "none"):
+            sc = debug.Scenario(seq_len=S, batch=B, heads=H, head_dim=D, dtype="fp32",
+                                seed=seed)         # sbhd: the layout names no trap
+            causes = debug.FIXED if trap == "none" else dataclasses.replace(debug.FIXED,
+                                                                           **{trap: True})
+            r = debug.reproduce(sc, causes, device=runtime.default_device())
+            wrong = r.tokens_te if trap == "inplace_double_rotation" else r.tokens_triton
+            cases.append((f"S={S} B={B} H={H} D={D}", (r.x.clone(), wrong.clone(), r.layout),
+                          trap))
+    # the order of the cases says nothing: sorted by a hash of the output
+    return tuple(sorted(cases, key=lambda c: float(c[1][1].double().abs().sum()) % 1.0))
+
+
+def check_trap_name(fn) -> bool:
+    """fn(x, y, layout) -> the name of the layout trap that turned x into y: one of
+    TRAPS_WITH_A_CURVE, or "none" for a right RoPE. x, y: fp32 [S, B, H, D] in `layout`."""
+    return check_cases(
+        "which trap", "your reading of the recovered positions", fn, _trap_cases(),
+        bar=(debug.reproduce,),            # running every trap and comparing is not reading
+        hint=f"read debug.recovered_positions(x, y, layout) [S, B, H] against the true "
+             f"positions s: one of {', '.join(TRAPS_WITH_A_CURVE)}, or 'none'")
+
+
+def solution_trap_name(x, y, layout):
+    pos = debug.recovered_positions(x, y, layout)          # [S, B, H]: the position y encodes
+    S, B = pos.shape[:2]
+    s = torch.arange(S, dtype=pos.dtype).view(-1, 1, 1)
+    b = torch.arange(B, dtype=pos.dtype).view(1, -1, 1)
+
+    def follows(curve):
+        return bool(torch.allclose(pos, curve.expand_as(pos), atol=1e-2))
+
+    if follows(s):
+        return "none"
+    if follows(2 * s):                                     # rotated twice: 2s
+        return "inplace_double_rotation"
+    if follows(torch.floor(s / 2)):                        # rows of cat(f, f) read as rows: s // 2
+        return "te_freqs_reshaped"
+    if follows((s * B + b) % S):                           # sbhd rows s*B + b read as bshd
+        return "sbhd_row_indexing"
+    if torch.allclose(pos[:, 0], s[:, 0].expand_as(pos[:, 0]), atol=1e-2):
+        return "table_margin"                              # batch 0 right, later batches shifted
+    return "none of the four"
 
 # the te-bits scenarios the check compares: fp32 first (cheap, every rounding visible), then the
 # notebook's bf16 comparison at the GPU size
