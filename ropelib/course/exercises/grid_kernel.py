@@ -16,8 +16,16 @@ ropelib's @triton.jit helpers, is refused before it runs, whatever it would writ
 
 The helpers here (blank-kernel detection, the launch, the cos/sin counter, the comparison) also
 serve notebook 06's backward-kernel exercise (`backward_kernel`).
+
+Notebook 04's exercise 5 (`check_granularity`) turns the grid into a knob: the learner's kernel
+(`GRANULAR_SIGNATURE`) rotates ROWS batch rows a program on grid (S, H, B // ROWS), and a
+function of theirs predicts what that launch issues (programs, sines and cosines, angle and x
+elements loaded). The check runs the kernel through Triton's interpreter on any machine
+(`ropelib.course.work_count`), compares its output with the reference, and compares the counts
+with the prediction.
 """
 import contextlib
+import inspect
 from typing import Callable, Optional
 
 import torch
@@ -26,10 +34,11 @@ import triton.language as tl
 
 from ... import reference, runtime
 from . import _compare, check, exception_line, is_blank_kernel, is_kernel, solution
-from .own_code import launch_barred, library_barred
+from .own_code import launch_barred, library_barred, run_own_code
 
 __all__ = ["KERNEL_SIGNATURE", "check_batch_reuse_kernel", "show_solution", "launch",
-           "is_blank_kernel", "count_trig"]
+           "is_blank_kernel", "count_trig", "GRANULAR_SIGNATURE", "check_granularity",
+           "count_granular", "show_granular_solution"]
 
 KERNEL_SIGNATURE = '''\
 @triton.jit
@@ -270,3 +279,152 @@ def _rope_batch_reuse_solution_kernel(
 def show_solution() -> None:
     """Show the worked kernel folded away (after the exercise)."""
     solution(_rope_batch_reuse_solution_kernel.fn, title="Solution: the batch-reusing kernel")
+
+
+# --- notebook 04, exercise 5: program granularity, one knob ------------------------------------
+
+GRANULAR_SIGNATURE = '''\
+@triton.jit
+def my_granular_kernel(
+    x_ptr,  # *x: input [S, B, H, D], contiguous
+    y_ptr,  # *y: output [S, B, H, D], contiguous, same dtype as x
+    freqs_ptr,  # *fp32: angles [S, D], contiguous (row s: theta1, then theta2)
+    B, H,  # batch size, heads
+    ROWS,  # batch rows each program rotates; divides B
+    HALF: tl.constexpr,  # D // 2, a power of two
+):
+    # launched on grid (S, H, B // ROWS): program (s, h, g) rotates x[s, b, h, :] for
+    # b = g * ROWS ... g * ROWS + ROWS - 1, with the cos/sin of position s evaluated once
+    pass  # your code
+'''
+
+# (S, B, H, D, ROWS): the knob from one row per program to the whole batch, at two head sizes
+_GRANULAR_CASES = ((3, 4, 2, 16, 1), (3, 4, 2, 16, 2), (3, 4, 2, 16, 4), (2, 6, 3, 32, 3))
+WORK_KEYS = ("programs", "sincos", "angle_loads", "x_loads")
+
+
+def launch_granular(kernel, x: torch.Tensor, freqs2d: torch.Tensor, rows: int) -> torch.Tensor:
+    """Launch `kernel` (GRANULAR_SIGNATURE's argument order) on grid (S, H, B // rows) through
+    Triton's interpreter, on CPU tensors; return its output (it starts as NaN)."""
+    from ..work_count import interpreted
+    S, B, H, D = x.shape
+    y = torch.full(x.shape, float("nan"), dtype=x.dtype)
+    interpreted(kernel)[(S, H, B // rows)](x, y, freqs2d, B, H, rows, HALF=D // 2)
+    return y
+
+
+def count_granular(kernel, x: torch.Tensor, freqs2d: torch.Tensor, rows: int):
+    """(output, counts) of one interpreted launch: counts has WORK_KEYS (sin and cos evaluations
+    together, every lane of every tile; elements loaded from the angle table and from x)."""
+    from ..work_count import count_work
+    with count_work(freqs=freqs2d, x=x) as work:
+        y = launch_granular(kernel, x, freqs2d, rows)
+    return y, dict(programs=work.programs, sincos=work.sincos,
+                   angle_loads=work.loads["freqs"], x_loads=work.loads["x"])
+
+
+def _granular_inputs(gen, S, B, H, D):
+    x = torch.randn(S, B, H, D, generator=gen)
+    return x, (torch.rand(S, D, generator=gen) * 6.0 - 3.0).contiguous()
+
+
+def check_granularity(kernel, work: Callable) -> bool:
+    """Exercise 5: the learner's kernel with the ROWS knob, and their prediction of its work.
+
+    Every case launches the kernel through Triton's interpreter (on any machine, on CPU tensors)
+    with ropelib's answers barred, checks its output against the reference, and counts its
+    programs, sin/cos evaluations and loads; cos/sin must be evaluated once per program (as
+    often per program at ROWS = 4 as at ROWS = 1). Then `work(S, B, H, D, rows)`, run with
+    ropelib's answers barred too, must predict those counts: a dict with WORK_KEYS.
+    Prints one ✅ line or the first ❌; returns the verdict; never raises."""
+    name = "program granularity"
+    if not kernel_ready(name, kernel):
+        return False
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2 ** 31, ())))
+    measured = []
+    for S, B, H, D, rows in _GRANULAR_CASES:
+        label = f"S={S}, B={B}, H={H}, D={D}, ROWS={rows}"
+        x, f2 = _granular_inputs(gen, S, B, H, D)
+        ok, out = launch_barred(name, label, "your granular kernel",
+                                lambda: count_granular(kernel, x, f2, rows))
+        if not ok:
+            return False
+        y, counts = out
+        missing = _unwritten(y, D)
+        if missing:
+            print(f"❌ {name} ({label}): {missing}; program (s, h, g) covers rows g * ROWS .. "
+                  "g * ROWS + ROWS - 1")
+            return False
+        want = _forward_expected(x, f2)
+        if not _compare(y, want, None, None)[0]:
+            return check(f"{name} ({label})", y, want,
+                         hint="y1 = x1*cos1 - x2*sin1, y2 = x2*cos2 + x1*sin2; row (s, b, h) "
+                              "starts at ((s * B + b) * H + h) * 2 * HALF")
+        measured.append(((S, B, H, D, rows), counts))
+    per_program = {rows: c["sincos"] / c["programs"] for (_, _, _, _, rows), c in measured[:3]}
+    if per_program[4] > per_program[1]:
+        print(f"❌ {name}: correct outputs, but a program evaluates {per_program[1]:g} sines and "
+              f"cosines at ROWS = 1 and {per_program[4]:g} at ROWS = 4: evaluate cos/sin once "
+              "per program, before the loop over its rows")
+        return False
+    for args, counts in measured:
+        label = "S={}, B={}, H={}, D={}, rows={}".format(*args)
+        ok, guess = run_own_code(f"{name}: your prediction ({label})", "your prediction", work,
+                                 *args)
+        if not ok:
+            return False
+        if not isinstance(guess, dict) or set(guess) != set(WORK_KEYS):
+            print(f"❌ {name}: your prediction ({label}) should be a dict with the keys "
+                  f"{', '.join(WORK_KEYS)}; got {guess!r}")
+            return False
+        wrong = {k: (guess[k], counts[k]) for k in WORK_KEYS if guess[k] != counts[k]}
+        if wrong:
+            print(f"❌ {name} ({label}): your kernel, counted in the interpreter, differs from "
+                  "your prediction: " + "; ".join(f"{k} predicted {g}, counted {c}"
+                                                 for k, (g, c) in wrong.items())
+                  + ". Hint: programs = S * H * (B / rows); each loads its position's D angles "
+                  "and evaluates cos and sin of each; x is read once whatever the grid")
+            return False
+    print(f"✅ {name}: correct on {len(measured)} launches, cos/sin once per program, and your "
+          "prediction matches the interpreter's counts")
+    return True
+
+
+@triton.jit
+def _rope_granular_solution_kernel(
+    x_ptr,  # *x: input [S, B, H, D], contiguous
+    y_ptr,  # *y: output [S, B, H, D], contiguous, same dtype as x
+    freqs_ptr,  # *fp32: angles [S, D], contiguous (row s: theta1, then theta2)
+    B, H,  # batch size, heads
+    ROWS,  # batch rows each program rotates; divides B
+    HALF: tl.constexpr,  # D // 2, a power of two
+):
+    s = tl.program_id(0).to(tl.int64)  # grid (S, H, B // ROWS)
+    h = tl.program_id(1).to(tl.int64)
+    g = tl.program_id(2).to(tl.int64)
+    offs = tl.arange(0, HALF)
+    theta1 = tl.load(freqs_ptr + s * 2 * HALF + offs)  # once per program: D angles,
+    theta2 = tl.load(freqs_ptr + s * 2 * HALF + HALF + offs)
+    cos1, sin1 = tl.cos(theta1), tl.sin(theta1)  # 2 * D sines and cosines
+    cos2, sin2 = tl.cos(theta2), tl.sin(theta2)
+    for i in range(0, ROWS):  # this program's rows of the batch
+        b = g * ROWS + i
+        row = ((s * B + b) * H + h) * 2 * HALF
+        x1 = tl.load(x_ptr + row + offs).to(tl.float32)
+        x2 = tl.load(x_ptr + row + HALF + offs).to(tl.float32)
+        tl.store(y_ptr + row + offs, (x1 * cos1 - x2 * sin1).to(y_ptr.dtype.element_ty))
+        tl.store(y_ptr + row + HALF + offs, (x2 * cos2 + x1 * sin2).to(y_ptr.dtype.element_ty))
+
+
+def solution_granular_work(S, B, H, D, rows):
+    """The counts of one launch of a kernel with GRANULAR_SIGNATURE, cos/sin once per program."""
+    programs = S * H * (B // rows)
+    return dict(programs=programs, sincos=programs * 2 * D, angle_loads=programs * D,
+                x_loads=S * B * H * D)
+
+
+def show_granular_solution() -> None:
+    """Show exercise 5's worked kernel and prediction folded away."""
+    solution(inspect.getsource(_rope_granular_solution_kernel.fn) + "\n\n"
+             + inspect.getsource(solution_granular_work),
+             title="Solution: the kernel with a ROWS knob, and its counts")
