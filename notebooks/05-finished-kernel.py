@@ -33,7 +33,8 @@
 # model, 40 for the ladder (read each kernel, change it or its launch, rerun its cells), 15 for
 # the compiled layout, an hour and a half for the measured ladder and the two-pass route
 # (sections 5 and 6, with their profiles and load schedules: read them in two sittings), and
-# about an hour for the three kernel exercises; the discussion questions are for afterwards.
+# about an hour and a quarter for the kernel exercises (three kernels, and the first again with
+# 16-byte loads); the discussion questions are for afterwards.
 # Running every cell takes under a minute on a 2-core CPU (Triton's interpreter runs the
 # kernels; the layout and load-schedule cells compile them for sm_90, the H100's and H200's
 # architecture), a little more the first time.
@@ -50,8 +51,10 @@
 # - say when holding cos/sin in registers across a batch loop costs more than reading them per
 #   element from a table, and which route ropelib takes for a call (section 6);
 # - count in a compiled kernel's SASS which loads go out before the arithmetic that waits for
-#   them, and write three kernels yourself: the interleaved 3-D tile, the flat pass, and the
-#   pass that holds both members of a pair in one thread.
+#   them, and how wide each load is;
+# - write three kernels yourself: the interleaved 3-D tile, the flat pass, and the pass that
+#   holds both members of a pair in one thread, then the first again so that its loads are
+#   16-byte vectors, checked in its compiled machine code.
 
 # %%
 import os, torch
@@ -104,8 +107,12 @@ def check_rung(y, x, freqs, name):
 # NVIDIA H200, each as a percentage of the GB/s a device copy `y.copy_(x)` of the same tensor
 # reaches in the same run (notebook 04 explains the bytes model). Every measured number of this
 # notebook comes from H200 runs of 28 to 30 November 2026; each table prints its GPU and date.
-# Here `ropelib` is `apply_rope` as planned, which takes section 6's two-pass route. At bf16
-# sbhd $s = 4096$, $b = 8$, $h = 32$, $d = 128$:
+# Two kernels go by the name `ropelib` in the CSVs, so the tables here print them apart:
+# **`apply_rope (as planned)`** is `ropelib.apply_rope` as you call it, which at this size
+# takes section 6's two-pass route (the generations CSV's `ropelib`, the other CSVs'
+# `ropelib_planned`), and **`finished kernel (forced)`** is the same call with its route forced
+# to the finished kernel, `ropelib/kernels/fused.py` (the mechanism and ladder CSVs' `ropelib`).
+# At bf16 sbhd $s = 4096$, $b = 8$, $h = 32$, $d = 128$:
 
 # %%
 GEN_CSV = measured.path("generations")
@@ -116,10 +123,11 @@ start = {r["provider"]: r for r in generations
 if start:
     print(f"measured on {gen_meta.get('gpu')}, triton {gen_meta.get('triton')}, "
           f"{gen_meta.get('date')}")
-    for name in ("ropelib_naive", "ropelib_batch_reuse", "ropelib"):
+    for name, shown in (("ropelib_naive", "naive"), ("ropelib_batch_reuse", "batch_reuse"),
+                        ("ropelib", "apply_rope (as planned)")):
         if name in start:
             r = start[name]
-            print(f"  {name:20s} {r['fwd_ms'] * 1e3:6.0f} µs  {r['fwd_gbps']:5.0f} GB/s  "
+            print(f"  {shown:24s} {r['fwd_ms'] * 1e3:6.0f} µs  {r['fwd_gbps']:5.0f} GB/s  "
                   f"{r['pct_of_copy']:5.1f} % of copy ({r['copy_gbps']:.0f} GB/s)")
     # the intro's words: two thirds to three quarters of a copy for the batch-reusing grid;
     # apply_rope as called (the two-pass route at this size) all of one, within the timing's
@@ -136,18 +144,31 @@ else:
 # The batch-reusing kernel already reads every byte once and writes every byte once: under
 # Nsight Compute (`benchmarks/results/mechanism-nvidia-h200.csv`, the same H200, same size) the
 # DRAM bytes of both kernels are within a few percent of the bytes model, checked below. So the
-# gap is not extra traffic. Mind the names: in this profile, and in section 2's table, `ropelib`
-# is the finished kernel with its route forced, and `apply_rope` as planned is
-# `ropelib_planned`. What does differ, by the profile, is how many bytes each kernel's
+# gap is not extra traffic. The profile below is of the finished kernel itself, `finished kernel
+# (forced)`, not of the two-pass route `apply_rope (as planned)` took in the table above. What
+# does differ, by the profile, is how many bytes each kernel's
 # warps ask for at a time: the batch-reusing kernel's one-warp programs each ask for one
 # 256-byte row at a time, the finished kernel's 8-warp programs for a whole tile of heads. How
 # big a program's work must be, and why, is the first thing to work out.
 
 # %%
+# the CSVs' two `ropelib` providers, as the tables of this notebook print them
+SHOWN = {"ropelib": "finished kernel (forced)", "ropelib_planned": "apply_rope (as planned)"}
+
+
+def shown(v):
+    return SHOWN.get(v, v)
+
+
+def named(r):
+    """A mechanism row with its variant as the tables print it."""
+    return {**r, "variant": shown(r["variant"])}
+
+
 mech = measured.mechanism("s4096-b8")
 mech_meta, _ = measured.load("mechanism")
 print(f"Nsight Compute on {measured.where(mech_meta)}, bf16 sbhd s=4096 b=8 h=32 d=128")
-print(measured.table([mech[v] for v in ("copy", "batch_reuse", "ropelib")], [
+print(measured.table([named(mech[v]) for v in ("copy", "batch_reuse", "ropelib")], [
     ("kernel", "variant", ""), ("us", "us", ".0f"),
     ("DRAM/model", "ncu_dram_bytes_over_model", ".3f"), ("programs", "programs", ","),
     ("warps", "num_warps", "d"), ("x B/warp/step", "x_bytes_per_warp_step", ".0f"),
@@ -266,7 +287,7 @@ def implied_latency_us(r):
 
 print(f"bounds: {need_idle:.1f} KiB per SM (idle DRAM) and {need_loaded:.1f} (beside a copy); "
       f"W_read {W_READ / 1e12:.2f} TB/s")
-print(f"  {'':15s} {'KiB/SM':>6s}  {'where':27s} {'us':>4s} {'speed':>5s}  {'read TB/s':>9s}  "
+print(f"  {'':24s} {'KiB/SM':>6s}  {'where':27s} {'us':>4s} {'speed':>5s}  {'read TB/s':>9s}  "
       f"{'implied L':>9s}")
 for v in ("naive", "batch_reuse", "ropelib", "copy", "", *RUNGS_PROFILED):
     if not v:
@@ -274,7 +295,7 @@ for v in ("naive", "batch_reuse", "ropelib", "copy", "", *RUNGS_PROFILED):
         continue
     r = mech[v]
     where = ("program-bound (notebook 04)" if v == "naive" else where_it_sits(r["x_kib_per_sm"]))
-    print(f"  {v:15s} {r['x_kib_per_sm']:6.1f}  {where:27s} {r['us']:4.0f} "
+    print(f"  {shown(v):24s} {r['x_kib_per_sm']:6.1f}  {where:27s} {r['us']:4.0f} "
           f"{mech['copy']['us'] / r['us']:5.0%}  {read_rate(r) / 1e12:9.2f}  "
           f"{implied_latency_us(r):7.2f} µs")
 assert need_idle < mech["batch_reuse"]["x_kib_per_sm"] < need_loaded \
@@ -338,12 +359,22 @@ assert planned_m["us"] == min(mech[v]["us"] for v in RUNGS_PROFILED)
 # Above the bound, bytes asked for no longer order the kernels, and this profile does not say
 # how many of them are actually waiting at a time: that takes a stall counter (the share of
 # cycles a warp waits for a load), which it did not record. The plot sets each kernel's time
-# against the KiB it asks for, every variant profiled at this size (notebook 04's among them).
-# Where the labels crowd each other, read the table above; the points without a label are
-# notebook 04's variants.
+# against the KiB it asks for, every variant profiled at this size, notebook 04's variants
+# among them (one head or several a program, with or without the batch loop, on 1 to 8
+# warps). Each point carries a number, and the key beside the plot names it, so the crowd
+# between 28 and 55 KiB stays readable.
 
 # %%
-measured.plot_in_flight("s4096-b8", label=("copy", "naive", "batch_reuse") + RUNGS_PROFILED)
+IN_FLIGHT_GROUPS = [
+    ("a device copy", "k", {"copy": "copy"}),
+    ("notebook 04's kernels and variants", "tab:blue",
+     {v: v for v in mech if v not in ("copy", *RUNGS_PROFILED)}),
+    ("the ladder's rungs (section 3)", "tab:green", {v: v for v in RUNGS_PROFILED[:-2]}),
+    ("ropelib", "tab:red", {v: shown(v) for v in RUNGS_PROFILED[-2:]})]
+drawn = [v for _, _, members in IN_FLIGHT_GROUPS for v in members]
+assert sorted(drawn) == sorted(mech), "every profiled variant is drawn, once"
+ladder.plot_in_flight(mech, IN_FLIGHT_GROUPS,
+                      title=f"{measured.where(mech_meta)}: bf16 sbhd s=4096, b=8, h=32, d=128")
 plt.show()
 
 # %% [markdown]
@@ -377,7 +408,8 @@ H200_KNOBS = dict(tile_loop=tiles.TILES_BY_GPU["NVIDIA H200"]["loop"],
 assert tiles.PROGRAMS_PER_SM == 4
 plan_h200 = ladder.plan("equal_halves", 4096, 8, 32, 128, 2, SMS_H200, H200_KNOBS)
 print(f"the planner for the H200, s=4096 b=8 h=32 d=128 bf16: {plan_h200}")
-print(f"the H200 run launched ropelib with grid {fin_m['grid']}, {fin_m['num_warps']} warps, "
+print(f"the H200 run launched the finished kernel with grid {fin_m['grid']}, "
+      f"{fin_m['num_warps']} warps, "
       f"{fin_m['x_bytes_per_step'] / 2:.0f} elements of x per step, {fin_m['registers']} "
       "registers: "
       f"{fin_m['occ_blocks_per_sm']} programs per SM fit ({fin_m['occ_limiter']}-limited)")
@@ -426,10 +458,31 @@ SM_HERE, KNOBS_HERE = ladder.device_knobs(x)   # this GPU's SM count and tile kn
 # ### Rung 0 — the batch-reusing grid (notebook 04)
 #
 # Grid $(S, H)$, one head of one token per program, cos/sin computed once and reused over the
-# batch loop. `ladder.rope_ladder("batch_reuse", ...)` runs `ropelib.course.kernels.batch_reuse`.
+# batch loop. The kernel is notebook 04's (`ropelib.course.kernels.batch_reuse`, shown there);
+# its launch is below, with the one warp a program that notebook 04's launcher gives it at
+# $d = 128$. Change the grid or the warps and rerun.
 
 # %%
-check_rung(ladder.rope_ladder("batch_reuse", x, freqs), x, freqs, "batch_reuse")
+from ropelib.course.kernels.batch_reuse import _rope_batch_reuse_kernel
+
+
+def launch_batch_reuse(x, freqs, *, num_warps=1):
+    """Rung 0: grid (S, H); a program rotates one head of one token, looping over b."""
+    S, B, H, D = x.shape
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    grid = (S, H)
+    _rope_batch_reuse_kernel[grid](
+        x, y, freqs, B,
+        *x.stride(), y.stride(0), y.stride(1), y.stride(2),   # y is contiguous: stride_yd is 1
+        freqs.stride(0), freqs.stride(1),
+        HALF=D // 2, BLOCK_HALF=triton.next_power_of_2(D // 2), BACKWARD=False,
+        COMPUTE_DTYPE=tl.float32, BF16_RTNE=BF16_RTNE, num_warps=num_warps)
+    return y
+
+
+y = launch_batch_reuse(x, freqs)
+check_rung(y, x, freqs, "batch_reuse")
+assert torch.equal(y, ladder.rope_ladder("batch_reuse", x, freqs))        # the measured rung
 
 # %% [markdown]
 # ### Rung 1 — a tile of heads
@@ -914,7 +967,8 @@ if compiled:
 # section 5 adds the profile of every rung.
 
 # %%
-print(f"H200 run, ropelib: {fin_m['registers']} registers/thread, {fin_m['occ_blocks_per_sm']} "
+print(f"H200 run, the finished kernel: {fin_m['registers']} registers/thread, "
+      f"{fin_m['occ_blocks_per_sm']} "
       f"programs of {fin_m['num_warps']} warps per SM ({fin_m['occ_theoretical_pct']:.0f} % "
       f"theoretical, {fin_m['ncu_achieved_occupancy_pct']:.0f} % achieved occupancy), PTX: "
       f"{fin_m['ptx_access_detail']}")
@@ -933,23 +987,48 @@ assert (w8["num_warps"], w8["registers"], w8["occ_warps_per_sm"]) == (8, 64, 32)
 # `python benchmarks/ladder.py --out benchmarks/results/ladder-nvidia-h200.csv` times, on a GPU
 # (here an NVIDIA H200), the copy, every rung and `ropelib.apply_rope` at four bf16 sbhd sizes: the
 # one above, 8 heads instead of 32, $b = 1$ with the same bytes, and 16 tokens of a batch of
-# 64. The cell below draws the waterfall from the run's CSV: each bar goes from the rung
-# before to the rung's own % of copy, green up, red down. Each bar is a median; the plot draws
-# no spread, so a short bar may be noise: the list below gives the spread where it was computed.
+# 64. The cell below prints the run's CSV and draws the waterfall from it: each bar goes from
+# the rung before to the rung's own median % of copy, green up, red down. Every call was timed
+# many times, and the CSV keeps the 20 % and 80 % quantiles of each timing: the black whisker
+# on a bar spans them (as % of the copy's median time). A step whose whisker is longer than
+# the step itself is drawn hatched and pale: that run cannot tell it from the spread of its
+# calls.
 
 # %%
 LADDER_CSV = measured.path("ladder")
 if LADDER_CSV.exists():
     meta, rows = measured.load("ladder")
     print(f"measured on {measured.where(meta)} (driver {meta.get('driver')})")
-    print(bench.table(rows))
+    for case in dict.fromkeys(r["case"] for r in rows):
+        rs = [r for r in rows if r["case"] == case]
+        # every size times the providers benchmarks/ladder.py lists, in its order
+        assert [r["provider"] for r in rs] == list(bench.PROVIDERS), case
+        r0 = rs[0]
+        print(f"\n{case}: bf16 sbhd s={r0['seq_len']}, b={r0['batch']}, h={r0['heads']}, "
+              f"d={r0['head_dim']}")
+        print(f"  {'provider':24s} {'grid':>12s} {'warps':>5s} {'µs':>7s} {'20-80 % µs':>15s} "
+              f"{'% copy':>7s} {'20-80 % of copy':>16s}")
+        for r in rs:
+            lo, hi = ladder.pct_range(r)
+            print(f"  {shown(r['provider']):24s} {str(r.get('grid') or ''):>12s} "
+                  f"{str(r.get('num_warps') or ''):>5s} {r['ms'] * 1e3:7.1f} "
+                  f"{r['ms_p20'] * 1e3:7.1f}-{r['ms_p80'] * 1e3:<7.1f} {r['pct_of_copy']:7.1f} "
+                  f"{lo:8.1f}-{hi:<7.1f}")
     for r in rows:
         if r.get("pct_of_copy") is not None:
             assert r["pct_of_copy"] < 110, f"{r['case']}/{r['provider']}: faster than a copy?"
-    bench.plot_waterfall(rows, FIGURES / "05-ladder-waterfall.png",
-                         title="From the batch-reusing grid to the finished kernel, one idea at a "
-                               f"time: {measured.where(meta)}")
+            assert r["ms_p20"] <= r["ms"] <= r["ms_p80"], (r["case"], r["provider"])
+    ladder.plot_waterfall(rows, FIGURES / "05-ladder-waterfall.png", names=SHOWN,
+                          title="From the batch-reusing grid to the finished kernel, one idea at "
+                                f"a time: {measured.where(meta)}")
     plt.show()
+    hatched = {case: ladder.within_spread(rows, case) for case in dict.fromkeys(r["case"]
+                                                                               for r in rows)}
+    print("steps smaller than their rung's 20-80 % range (hatched):", hatched)
+    # the text below: the tile of tokens and the accurate sin/cos within the noise at
+    # s = 4096, b = 8; from chunks on, the 16-token panel's steps too
+    assert hatched["s4096-b8"] == ["tile", "accurate"]
+    assert hatched["s16-b64"][-3:] == ["chunks", "accurate", "equal_halves"]
 else:
     print(f"{LADDER_CSV.relative_to(ROOT)} is not there yet: the numbers come from "
           f"`python benchmarks/ladder.py --out {LADDER_CSV.relative_to(ROOT)}` on a GPU "
@@ -1027,7 +1106,8 @@ else:
 #   another way, and that is the
 #   likely cause of the two largest $b = 1$ steps (`warps` and `chunks`). Its layout was not
 #   read here, so the table's "7.6x fewer instructions" names the count, not the cause.
-# - **Two bars end each panel, both ropelib.** `ropelib` is `ropelib.apply_rope` with its
+# - **Two bars end each panel, both ropelib.** `finished kernel (forced)` (the CSV's `ropelib`)
+#   is `ropelib.apply_rope` with its
 #   route forced to the finished kernel: every feature of section 3's list compiled in, on the
 #   launch of rung 6 (at $s = 4096$, $b = 8$ its profile is `_rope_kernel` on 4,096 programs of
 #   8 warps). Where its programs loop over the batch ($b = 8$, the first two panels) it ends 1.5
@@ -1043,13 +1123,14 @@ else:
 #   before its table work; with a loop, after it. Timed as two variants of the finished kernel
 #   (`benchmarks/results/finished_kernel_knobs-*.csv`), `x` first is the faster at
 #   $s = 4096$, $b = 1$, and the slower at $s = 1024$, $b = 8$, where each program loops over
-#   8 entries (the cell below asserts the four timings). The cell after next reads
+#   8 entries (the cell below prints and asserts the four timings). The cell after next reads
 #   the order in the machine code. Why it helps is not measured: rung 6 has no profile at
 #   $b = 1$, and the rung that has, `chunks` (the same grid and warps), also lacks the
 #   equal-halves shortcut, itself worth 88.5 → 93.6 % of a copy here. Against that rung the
 #   finished kernel holds 128 registers a thread to 102, yet both fit 4 programs (16 warps) on
 #   an SM, so the registers cost no occupancy here (24 % against 22 % achieved).
-#   `ropelib_planned` is `ropelib.apply_rope` as a user calls it. At those three sizes (256 MiB
+#   `apply_rope (as planned)` (the CSV's `ropelib_planned`) is `ropelib.apply_rope` as a user
+#   calls it. At those three sizes (256 MiB
 #   each, eager, with an angle table) it plans section 6's two-pass route, faster than the
 #   finished kernel in both $b = 8$ panels and by the most at $s = 4096$, $b = 8$, where it is
 #   the fastest bar; at $b = 1$ the two are level (within a point). The profile shows how it
@@ -1065,7 +1146,8 @@ else:
 #   holds for every launch of the kernel. Yet their
 #   medians are 51.5 and 16.4 µs, their 20 % quantiles 13.2 and 13.0 µs and their 80 %
 #   quantiles 66.1 and 54.7: a call is either fast or slow, and the median lands on one side
-#   or the other. So read this panel's bars from `chunks` on as that, not as the ideas: the
+#   or the other. So read this panel's bars from `chunks` on as that, not as the ideas (the
+#   waterfall hatches them: their whiskers are longer than their steps): the
 #   +36 points of `accurate` are noise, and the +25 of `equal_halves` start from that bar and
 #   end on one whose 80 % quantile is more than twice its 20 %. Even the panel's two ropelib
 #   bars, the same finished kernel at this size with steady calls, differ by 5.0 points: a
@@ -1101,13 +1183,14 @@ if LADDER_CSV.exists():
     assert "as planned" in idea["ropelib_planned"]
     assert mech_meta["date"][:10] == meta["date"][:10]    # profiled the same day
     print(measured.table([mech[n] for n in ladder.NAMES if n in mech]
-                         + [mech["ropelib"], mech["ropelib_planned"]], [
+                         + [named(mech["ropelib"]), named(mech["ropelib_planned"])], [
         ("rung", "variant", ""), ("us", "us", ".0f"), ("programs", "programs", ","),
         ("warps", "num_warps", "d"), ("occ. %", "ncu_achieved_occupancy_pct", ".0f"),
         ("warp inst/elem", "ncu_warp_inst_per_element", ".2f"),
         ("SM thr. %", "ncu_sm_throughput_pct", ".1f"),
         ("DRAM/model", "ncu_dram_bytes_over_model", ".3f")]))
-    print({case: round(pct["ropelib"]) for case, pct in by_case.items()}, "% of copy for ropelib")
+    print({case: round(pct["ropelib"]) for case, pct in by_case.items()},
+          "% of copy for the finished kernel (forced)")
 
     # how well the run measured the rungs compared below: the width of their 20-80 %
     # quantiles, as % of the median
@@ -1219,7 +1302,8 @@ if LADDER_CSV.exists():
     assert fin["kernel"] == "_rope_kernel" and fin["grid"] == rung6["grid"] == "4096x1x1"
     assert fin["num_warps"] == rung6["num_warps"] == 8
     print(f"s4096-b8 under Nsight Compute: rung 6 {rung6['us']:.0f} us, "
-          f"{rung6['ncu_warp_inst_per_element']:.2f} warp instructions per element; ropelib "
+          f"{rung6['ncu_warp_inst_per_element']:.2f} warp instructions per element; finished "
+          "kernel "
           f"{fin['us']:.0f} us, {fin['ncu_warp_inst_per_element']:.2f}")
     # 7 % more warp instructions per element than rung 6, well under rung 5's (both halves'
     # sin/cos); a per cent more time under the profiler
@@ -1237,6 +1321,10 @@ if LADDER_CSV.exists():
             order.setdefault((r["case"], r["variant"]), []).append(r["ratio_to_copy"])
     order = {key: sorted(v)[len(v) // 2] for key, v in order.items()}
     X_FIRST_VARIANT, TABLE_FIRST_VARIANT = "x first, every tile", "as shipped"   # the CSV's names
+    for c in ("bf16 sbhd s4096 b1 (32 MiB)", "bf16 sbhd s1024 b8 (64 MiB)"):
+        print(f"finished kernel, forward, ratio to a copy, {c}: x first "
+              f"{order[c, X_FIRST_VARIANT]:.3f}, the table first "
+              f"{order[c, TABLE_FIRST_VARIANT]:.3f}")
     assert [said(order[c, v])
             for c in ("bf16 sbhd s4096 b1 (32 MiB)", "bf16 sbhd s1024 b8 (64 MiB)")
             for v in (X_FIRST_VARIANT, TABLE_FIRST_VARIANT)] == ["0.931", "0.892", "0.804", "0.835"]
@@ -1245,8 +1333,8 @@ if LADDER_CSV.exists():
     fin1, chunks1 = m1["ropelib"], m1["chunks"]
     print(f"s32768-b1 under Nsight Compute: chunks {chunks1['registers']} registers, "
           f"{chunks1['occ_warps_per_sm']} warps per SM, "
-          f"{chunks1['ncu_achieved_occupancy_pct']:.1f} % achieved; ropelib {fin1['registers']} "
-          f"registers, {fin1['occ_warps_per_sm']} warps per SM, "
+          f"{chunks1['ncu_achieved_occupancy_pct']:.1f} % achieved; finished kernel "
+          f"{fin1['registers']} registers, {fin1['occ_warps_per_sm']} warps per SM, "
           f"{fin1['ncu_achieved_occupancy_pct']:.1f} % achieved")
     assert (fin1["grid"], fin1["num_warps"]) == (chunks1["grid"], chunks1["num_warps"])
     assert (fin1["registers"], chunks1["registers"]) == (128, 102)
@@ -1277,7 +1365,7 @@ if LADDER_CSV.exists():
     assert m16["copy"]["elements"] * 2 == 8 << 20                       # bf16: 8 MiB
     for name in ("copy", "warps", "chunks", "accurate", "ropelib"):
         kernel_us = f"{m16[name]['us']:5.1f} us" if name in m16 else "(not profiled)"
-        print(f"s16-b64 {name:8s} kernel {kernel_us:>14s}; timed call: median "
+        print(f"s16-b64 {shown(name):24s} kernel {kernel_us:>14s}; timed call: median "
               f"{t16[name]['ms'] * 1000:5.1f} us, 20-80 % quantiles "
               f"{t16[name]['ms_p20'] * 1000:5.1f}-{t16[name]['ms_p80'] * 1000:5.1f} us")
     assert round(m16["warps"]["us"] / m16["copy"]["us"]) == 6          # 16 programs: the kernel
@@ -1354,17 +1442,17 @@ if order_sass:
     assert "x".join(map(str, lau_b1.grid)) == m1["ropelib"]["grid"]
     assert lau_b1.num_warps == m1["ropelib"]["num_warps"]
     assert x_early["x first"] > x_early["table first"]
-    if triton.__version__.startswith("3.9"):                   # the counts the text gives
+    if triton.__version__.startswith(("3.6", "3.9")):          # the counts the text gives
         assert (x_early["x first"], x_early["table first"]) == (8, 0)
 
 # %% [markdown]
 # With `x` first, the program issues its two angle loads and all eight of its loads of `x`
 # before the first multiply, so both are in flight together; with the table first, the loads
 # of `x` wait until the sin/cos are done. The page prints these counts for Triton 3.6, the GPU
-# runs' Triton. The cell asserts the exact counts only with Triton 3.9; with any other version
-# it checks only that `x` first puts more loads of `x` before the multiply. That is what the
-# order changes. What it is worth in time is the knobs CSV's
-# pair of timings above, not this count.
+# runs' Triton, and the cell asserts them, 8 of 8 against 0 of 8, with Triton 3.6 and 3.9 (the
+# same counts with both); with any other version it checks only that `x` first puts more
+# loads of `x` before the multiply. That is what the order changes. What it is worth in time
+# is the knobs CSV's pair of timings above, not this count.
 #
 # **Where the finished kernel's extra instructions go.** The finished kernel writes NaN for a
 # position outside the table (a silently clamped row would be a wrong answer nobody sees). Two
@@ -1511,9 +1599,9 @@ assert abs(mech_extra - sum(per_tile["fin"].values()) / sum(per_tile["r6"].value
 # one libdevice sin and cos could plausibly take. The cost of one sin and cos by itself was not
 # measured.
 #
-# Mind the units: the cell prints 0.090 twice. The measured difference is 0.090 *warp*
-# instructions per element. Evaluated once per program, the same sin/cos would cost 0.090
-# *thread* instructions per element, 32 times fewer.
+# The cell prints both counts in *warp* instructions per element, the unit of the profile: the
+# measured difference is 0.090; evaluated once per program, the same sin/cos would cost about
+# 0.0028, 32 times fewer.
 
 # %%
 # rung 5 minus rung 6: the sin/cos of the second half's angles, in thread instructions per
@@ -1544,10 +1632,13 @@ print(f"rung 5 - rung 6: {half_trig:.3f} thread instructions per element "
 print(f"  a thread: {elements_per_thread} elements, {angles_per_thread} second-half angles -> "
       f"{per_angle:.0f} instructions per angle and thread; {threads_on_heads} threads along "
       f"the heads evaluate each angle")
-print(f"  once per program it would be {once_per_program:.3f} instructions per element; "
-      f"sin/cos of both halves: {trig_share:.0%} of rung 5's instructions")
+print(f"  in warp instructions per element: measured {half_trig / 32:.3f}; once per program it "
+      f"would be {once_per_program / 32:.4f}; sin/cos of both halves: {trig_share:.0%} of "
+      "rung 5's instructions")
 assert half_trig == 2.875 and round(half_trig / 32, 2) == 0.09
 assert 35 <= per_angle <= 55 and once_per_program < 0.1
+assert round(once_per_program / 32, 4) == 0.0028                  # the text's "about 0.0028"
+assert round(half_trig / once_per_program) == threads_on_heads    # 32 times fewer
 assert round(sum(r6_ops.values()) / sum(r5_ops.values()) - 1, 2) == -0.24   # "a quarter fewer"
 assert 0.4 < trig_share < 0.55                                              # "about half"
 # the same count per angle, applied to the profiles of section 5 (mechanism CSV):
@@ -1826,6 +1917,10 @@ print(f"{'case':27s}{'one element a thread':>22s}{'pairs':>12s}")
 for case in (s4k, s16k):
     print(f"{case:27s}{ratio(tp_before, case, 'two-pass'):22.3f}"
           f"{ratio(tp, case, 'two-pass'):12.3f}")
+print(f"{s16k}, that run's finished kernel: {ratio(tp_before, s16k, 'finished'):.3f}")
+print(f"\n{s16k}, forward+backward, ratio to two copies: finished "
+      f"{ratio(tp, s16k, 'finished', 'fwd+bwd'):.3f}, two-pass "
+      f"{ratio(tp, s16k, 'two-pass', 'fwd+bwd'):.3f}")
 assert tp_meta["gpu"] == before_meta["gpu"]
 # the H200, forward: at 256 MiB the route is well ahead, with angles or with a table
 assert [said(ratio(tp, s4k, c)) for c in cols[:3]] == ["0.895", "0.999", "0.988"]
@@ -1861,26 +1956,63 @@ assert bytes_bound == 16 / 17 and said(bytes_bound, 2) == "0.94"
 # - at 256 MiB (batch 8) the flat pass beats the finished kernel: 0.999 of a copy with angles,
 #   0.988 reading a cos/sin table, against 0.895;
 # - at 1 GiB (batch 8) too: 0.989 with angles and 0.986 with a table against 0.926, and
-#   forward+backward with angles ahead as well (the cell asserts it; the table prints forward
-#   only). The same script's run with the element-wise flat pass (one element a thread)
-#   measured that variant at 0.931 here, level with that run's finished kernel (asserted, not
-#   printed), and 0.977 at 256 MiB. What separates the two is the
+#   forward+backward with angles ahead as well, 0.983 of two copies against 0.929 (printed
+#   under the tables). The same script's run with the element-wise flat pass (one element a
+#   thread) measured that variant at 0.931 here, level with that run's finished kernel (0.924,
+#   printed under the second table), and 0.977 at 256 MiB. What separates the two is the
 #   pairs pass: both members of a pair in one thread, and its table addresses written so the
 #   loads go out early (the last two subsections of this section);
 # - at batch 1 (128 MiB, 16,384 tokens) the pre-pass writes a 1 KiB row for every token with no
 #   batch to spread it over: 11.6 µs, 17.1 % of the copy's time (the same 16,384 tokens at
 #   batch 8, 1 GiB: 2.3 %). Paid on every call, it would hold the route to at most
 #   copy / (copy + pre-pass) = 0.854 of a copy; the route measured 0.932 against the finished
-#   kernel's 0.927. The likely reason is that these calls were eager, one after another with the
-#   same table: the eager route keeps the pre-pass's rows and later calls skip it, as a model's
-#   later layers do. No cell counts the kernels a timed call launched, so this is not measured
-#   here. It is why the planner counts only the reads of kept rows (the 1/16 share in the
+#   kernel's 0.927. The reason is that these calls were eager, one after another with the
+#   same `x` and the same table, as `benchmarks/two_pass.py` times them: the eager route keeps
+#   the pre-pass's rows (`TableRows` in `ropelib/eager.py`) and later calls skip it, as a
+#   model's later layers do. The cell after the list counts the kernels such calls launch. It
+#   is why the planner counts only the reads of kept rows (the 1/16 share in the
 #   route cell above) and takes the route for eager calls at batch 1, while operator calls and
 #   compiled code, which write the rows every call, keep the finished kernel there. In this
 #   run the two are level at batch 1: the route loses nothing there, and gains nothing
 #   measurable. The route reads 1 KiB of fp32 cos and sin rows for every 8 KiB of `x` read and
 #   8 KiB written; at the copy's bandwidth that allows about $16/17 = 0.94$ of a copy (a bytes
 #   estimate, not a hard limit).
+#
+# The cell below counts with the code on this machine, on a small call with the route forced
+# (`eager.TableRows`, which keeps the rows, is older than the timed run): each eager call's
+# kernels, listed as they start.
+
+# %%
+from ropelib import eager
+
+x_kept = torch.randn(8, 1, 4, 64, device=device, dtype=torch.bfloat16)
+f_kept = ropelib.rope_freqs(8, 64, device=device)       # one angle table for every call
+launched = []
+_start = eager.EagerLaunch.__call__
+
+
+def _counting_start(self, pointers):
+    launched[-1].append(self.direct.kernel.fn.__name__)  # the kernel this start launches
+    _start(self, pointers)
+
+
+eager.EagerLaunch.__call__ = _counting_start
+try:
+    with forced("two-pass"):
+        for _ in range(3):                               # three calls, as a timed loop makes
+            launched.append([])
+            ropelib.apply_rope(x_kept, f_kept)
+finally:
+    eager.EagerLaunch.__call__ = _start
+for i, names in enumerate(launched, 1):
+    print(f"eager call {i}: {len(names)} kernel{'s' if len(names) > 1 else ''} {names}")
+assert [len(names) for names in launched] == [2, 1, 1]   # the pre-pass on the first call only
+assert launched[1] == launched[2] == [launched[0][-1]]   # later calls: the flat pass alone
+
+# %% [markdown]
+# The first call launches the pre-pass and the flat pass, every later call with the same table
+# the flat pass alone: a timed loop of such calls measures the flat pass, and the pre-pass's
+# 17.1 % is paid once, not per call.
 #
 # torch.compile's kernel reaches 0.998, 0.993 and 0.972 of a copy on the three cases: level
 # with the flat pass at 256 MiB, 0.4 % ahead of it at 1 GiB, 4 % ahead at batch 1.
@@ -1956,8 +2088,8 @@ assert [said(behind[c], 1) for c in like] == ["0.7", "-0.4", "0.4"]     # bshd: 
 # `ropelib.apply_rope` with fp32 tables, and `benchmarks/flat_hints_probe.py` timed
 # `ropelib.apply_rope` with the bf16 tables beside torch.compile. That run with the
 # element-wise pass had `auto cos/sin` and the forced `two-pass cos/sin` at 1 GiB, the same
-# route, further apart than the gaps compared here (the cell asserts both values): a gap of a
-# percent or two in one run needs a second run.
+# route, further apart than the gaps compared here (0.910 against 0.932; the cell below prints
+# and asserts both): a gap of a percent or two in one run needs a second run.
 
 # %%
 fp, hints = measured.probe("flat_pass_probe"), measured.probe("flat_hints_probe")
@@ -1966,6 +2098,9 @@ hints_meta, _ = measured.load("flat_hints_probe")
 assert hints_meta["gpu"] == fp_meta["gpu"] == tp_meta["gpu"]
 print(f"both probes: {measured.where(fp_meta)}; forward, ratio to a copy")
 assert route_of((16384, 8, 32, 128), "sbhd", "cos/sin") == "two passes, your table"
+print(f"{measured.where(before_meta)}, the element-wise pass, {s16k}: auto cos/sin "
+      f"{ratio(tp_before, s16k, 'auto cos/sin'):.3f}, two-pass cos/sin "
+      f"{ratio(tp_before, s16k, 'two-pass cos/sin'):.3f} (the same route)")
 assert said(ratio(tp_before, s16k, "auto cos/sin")) == "0.910"
 assert said(ratio(tp_before, s16k, "two-pass cos/sin")) == "0.932"
 for case in ("bf16 sbhd 1 GiB s16k b8", "bf16 bshd 256 MiB s4k b8"):
@@ -2197,7 +2332,7 @@ if sched:
               f"{late_reusing(sc)}")
         for i, ins in sc["loads"]:
             print(f"    {i:4d}  {ins}")
-    if triton.__version__.startswith("3.9"):                      # the counts the prose gives
+    if triton.__version__.startswith(("3.6", "3.9")):             # the counts the prose gives
         assert [len(table_bases(sched[rp])) for rp in (False, True)] == [4, 2]
         late_offsets = [i for i, _ in sched[False]["loads"] if i > sched[False]["first_math"]]
         assert late_reusing(sched[False]) == late_offsets and len(late_offsets) == 3
@@ -2229,12 +2364,13 @@ if sched:
 # from four base registers (the `Rn` of `[Rn.64+offset]`), with row pointers from two; and
 # each of the three late loads with offsets writes a register that an earlier load wrote, so
 # it waits until that load has landed and its value been used. The page prints these for
-# Triton 3.6. The cell asserts the base registers and the late loads only with Triton 3.9;
-# with 3.6 it asserts the early counts and that row pointers put more loads out early. ropelib's
-# own flat pass, compiled the same way,
-# issues the same eight early. What the two forms are worth, timed on the H200 by
-# `benchmarks/one_gib_probe.py` (five alternating rounds in one process, medians; one run with
-# ropelib's pass written each way, each beside the same probe kernel):
+# Triton 3.6, the GPU runs' Triton, and the cell asserts them (4 base registers against 2, the
+# three late loads each reusing a register, 7 loads early against 8) with Triton 3.6 and 3.9;
+# with another version it asserts only that row pointers put more loads out early. ropelib's
+# own flat pass, compiled the same way, issues the same eight early. What the two forms are
+# worth, timed on the H200 by `benchmarks/one_gib_probe.py` (five alternating rounds in one
+# process, medians; one run with ropelib's pass written each way, each beside the same probe
+# kernel):
 
 # %%
 def one_gib_medians(gpu):
@@ -2332,11 +2468,90 @@ fk.show_solution()
 
 # %% [markdown]
 # The solution loads the two members of a pair with stride-2 addresses, so no thread holds
-# contiguous features and the loads cannot be vectors. To see the widths, compile your kernel
-# with `load_schedule.schedule` (it takes a kernel object, as section 5 calls it) and look for
-# `LDG.E.128` among its loads. How would you load a contiguous
-# $[\ldots, 2 \cdot \text{BLOCK\_HALF}]$ row and split it (`tl.reshape`, `tl.split`, `tl.join`),
-# as `fused.py` does?
+# contiguous features and the loads cannot be vectors. Correct is not the same as fast. The
+# cell below compiles your kernel for sm_90 on this machine (`load_schedule`, as section 5
+# compiles the finished kernel; no GPU needed) with the launch the H200 gives the finished
+# kernel at bf16 sbhd $s = 4096$, $b = 8$, $h = 32$, $d = 128$: the tile $[1, 32, 64]$ per half on
+# 8 warps, contiguous x. It counts a thread's global loads by the bytes each moves: 16 is a
+# vector of 8 bf16 (`LDG.E.128`), 2 a single element.
+
+# %%
+from ropelib.course.exercises import is_blank_kernel, is_kernel
+
+x_h200 = torch.empty(4096, 8, 32, 128, dtype=torch.bfloat16, device="meta")   # shapes only
+bf16_any, fp32_any = torch.empty(16, dtype=torch.bfloat16), torch.empty(16)
+EX1_ARGS = dict(x_ptr=bf16_any, y_ptr=bf16_any, freqs_ptr=fp32_any, S=4096, B=8, H=32,
+                B_CHUNK=plan_h200.chunk,
+                **dict(zip(("stride_xs", "stride_xb", "stride_xh", "stride_xd"), x_h200.stride())),
+                **dict(zip(("stride_ys", "stride_yb", "stride_yh", "stride_yd"), x_h200.stride())),
+                HALF=64, BLOCK_HALF=64, BLOCK_S=plan_h200.block_s, BLOCK_H=plan_h200.block_h)
+# x of a program per batch entry, per thread, in 16-byte vectors: [1, 32, 128] on 256 threads
+X_VECTORS = plan_h200.block_s * plan_h200.block_h * 128 * 2 // (plan_h200.num_warps * 32) // 16
+assert X_VECTORS == 2
+
+
+def measure_loads(kernel, args, num_warps):
+    """Print a thread's global loads by width (and how many go out before the first multiply)
+    of a kernel compiled for sm_90; None (and a line saying why) for a kernel not written yet."""
+    if not is_kernel(kernel) or is_blank_kernel(kernel):
+        print("write the kernel above first: then this cell counts its loads")
+        return None
+    try:
+        sc = load_schedule.schedule(kernel, args, num_warps=num_warps)
+    except Exception as exc:  # noqa: BLE001 -- a kernel that does not compile: say so
+        print(f"compiling it for sm_90 did not work ({type(exc).__name__}: {str(exc)[-300:]})")
+        return None
+    widths = load_schedule.load_widths(sc)
+    print(f"sm_90, Triton {triton.__version__}: a thread's global loads, by the bytes each moves: "
+          + ", ".join(f"{n} of {b}" for b, n in widths.items())
+          + f"; {sc['early']} of {len(sc['loads'])} before the first multiply, "
+            f"{sc['registers']} registers")
+    return sc
+
+
+measure_loads(my_interleaved_tile_kernel, EX1_ARGS, plan_h200.num_warps);
+
+# %% [markdown]
+# ### Exercise 1b: the same kernel with 16-byte loads
+#
+# Write the interleaved tile again, so that a thread loads its features of `x` as 16-byte
+# vectors: load each head's row of $2 \cdot \text{BLOCK\_HALF}$ features as one contiguous tile
+# (feature index `tl.arange(0, 2 * BLOCK_HALF)`), then find each element's partner in
+# registers: `tl.reshape` the tile to $[\ldots, \text{BLOCK\_HALF}, 2]$, `tl.split` the members
+# of the pairs, `tl.join` them again in the order you need, and reshape back. The angles can be
+# read the same way. The signature and the grid are Exercise 1's.
+#
+# The check runs Exercise 1's check on your kernel first (fresh inputs, tails, strided x and
+# y), then compiles it for sm_90 with the launch above and counts its loads: it wants no 2-byte
+# load and at least the 2 sixteen-byte vectors a thread's 16 elements of `x` take.
+
+# %%
+@triton.jit
+def my_interleaved_vector_kernel(
+    x_ptr,  # *x: input [S, B, H, D], any strides
+    y_ptr,  # *y: output [S, B, H, D], any strides, same dtype as x
+    freqs_ptr,  # *fp32: angles [S, D], contiguous; pair j uses freqs[s, 2j] and freqs[s, 2j + 1]
+    S, B, H,  # tokens, batch, heads
+    B_CHUNK,  # batch entries per program (the last chunk may be shorter)
+    stride_xs, stride_xb, stride_xh, stride_xd,  # x strides, in elements
+    stride_ys, stride_yb, stride_yh, stride_yd,  # y strides, in elements
+    HALF: tl.constexpr,  # D // 2: pairs per head
+    BLOCK_HALF: tl.constexpr,  # next power of two >= HALF
+    BLOCK_S: tl.constexpr,  # tokens per program
+    BLOCK_H: tl.constexpr,  # heads per program
+):
+    # launched on grid (cdiv(S, BLOCK_S), cdiv(H, BLOCK_H), cdiv(B, B_CHUNK))
+    pass  # your code
+
+
+load_schedule.check_wide_loads("interleaved tile, 16-byte loads", my_interleaved_vector_kernel,
+                               EX1_ARGS, num_warps=plan_h200.num_warps, wide=X_VECTORS,
+                               check=fk.check_interleaved_tile_kernel);
+
+# %% [markdown]
+# `ropelib/kernels/fused.py` loads interleaved pairs this way (read it after your attempt):
+# one contiguous row, split into the members of its pairs in registers. What did the wider
+# loads cost in registers? `measure_loads` above prints them for any of your kernels.
 #
 # ## Exercise 2: the flat pass
 #
@@ -2379,15 +2594,32 @@ flat_pass.show_solution()
 
 # %% [markdown]
 # The solution picks the partner with a `tl.where`, as ropelib's element-wise flat pass does.
-# Triton's analysis cannot see through the `where` that each thread's run of partners is
-# contiguous: compiled as it is, that partner load becomes eight one-element loads per thread
-# in bf16. The element-wise pass therefore tells the compiler, with `tl.multiple_of` and
-# `tl.max_contiguous`, that each thread's 16-byte run stays in one half (true when $D/2$ and
-# $D$ are multiples of the run), and the partner load becomes one 16-byte vector like the load
-# of `x`. ropelib's rotate-half flat pass loads no partner at all: a thread holds both
+# Whether the compiler can still prove that each thread's run of partners is contiguous
+# depends on its version's analysis; where it cannot, that partner load becomes eight
+# one-element loads per thread in bf16. The element-wise pass therefore tells the compiler,
+# with `tl.multiple_of` and `tl.max_contiguous`, that each thread's 16-byte run stays in one
+# half (true when $D/2$ and $D$ are multiples of the run), so that it need not find this
+# itself. ropelib's rotate-half flat pass loads no partner at all: a thread holds both
 # members of its pairs (the end of section 6), and section 6's compile cell counts its
 # 16-byte loads: 2 of `x`, 8 of the fp32 table.
 #
+# The cell below compiles the worked solution and your kernel at section 6's 1 GiB launch
+# (1,024 elements a program on 4 warps, 8 a thread) and counts their loads by width, with the
+# Triton of this machine: the partner's load is 16 bytes there, or eight of 2. This count is
+# not graded. A hint is a promise the compiler trusts, and the interpreter ignores hints, so on
+# this machine a false one (for a head whose half is not a multiple of 8, $d = 24$ among the
+# check's cases) passes the check above; on a GPU it reads the wrong partners, and the check
+# says so.
+
+# %%
+EX2_ARGS = dict(x_ptr=bf16_any, y_ptr=bf16_any, cos_ptr=fp32_any, sin_ptr=fp32_any,
+                N=16384 * 8 * 32 * 128, ROW=8 * 32 * 128, D=128, XBLOCK=tiles.TWO_PASS_ELEMENTS)
+print("the worked solution (tl.where, no hints):")
+measure_loads(flat_pass._rope_flat_solution_kernel, EX2_ARGS, tiles.TWO_PASS_WARPS)
+print("your kernel:")
+measure_loads(my_flat_rope_kernel, EX2_ARGS, tiles.TWO_PASS_WARPS);
+
+# %% [markdown]
 # ## Exercise 3: both members of a pair in one thread, for any head
 #
 # `rotate_rows` in section 6 holds $x_j$ and $x_{j+D/2}$ of its pairs in one thread, but only
@@ -2433,6 +2665,21 @@ pairs_pass.check_pairs_kernel(my_pairs_kernel);
 
 # %%
 pairs_pass.show_solution()
+
+# %% [markdown]
+# How many of your kernel's loads go out before its first multiply? The cell below compiles it
+# at section 6's 1 GiB launch (8 head rows a program on 2 warps) and sets the count beside
+# ropelib's pass compiled the same way in section 6 (`own`). If yours has fewer early, section
+# 6 says where to look: how the address of a token's cos/sin row is written.
+
+# %%
+EX3_ARGS = dict(x_ptr=bf16_any, y_ptr=bf16_any, cos_ptr=fp32_any, sin_ptr=fp32_any,
+                n_rows=16384 * 8 * 32, BH=8 * 32, D=128, R=128, ROWS=8, HALF_BLOCK=64,
+                PASS_BLOCK=1)
+mine = measure_loads(my_pairs_kernel, EX3_ARGS, tiles.TWO_PASS_PAIR_WARPS)
+if mine and sched:
+    print(f"ropelib's flat pass (section 6): {own['early']} of {len(own['loads'])} loads before "
+          f"the first multiply, {own['registers']} registers")
 
 # %% [markdown]
 # The masks do what powers of two cannot: `j < R/2` keeps a tile of `HALF_BLOCK` pairs from

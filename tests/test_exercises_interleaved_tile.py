@@ -268,3 +268,112 @@ def test_the_check_refuses_helpers_reached_another_way(learner, name, capsys):
     assert fk.check_interleaved_tile_kernel(learner[name], seed=1) is False
     out = capsys.readouterr().out
     assert out.startswith(REFUSED + "rotate_pair (ropelib/kernels/common.py)"), out
+
+
+# --- Exercise 1b: the same kernel with 16-byte loads, graded by its compiled loads --------------
+
+VECTOR_KERNEL = '''\
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def kernel(x_ptr, y_ptr, freqs_ptr, S, B, H, B_CHUNK, sxs, sxb, sxh, sxd, sys_, syb, syh, syd,
+           HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_S: tl.constexpr,
+           BLOCK_H: tl.constexpr):
+    # a head's whole row of features as one tile; each pair's partner found in registers
+    s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    b_lo = tl.program_id(2) * B_CHUNK
+    b_hi = tl.minimum(b_lo + B_CHUNK, B)
+    k = tl.arange(0, 2 * BLOCK_HALF)
+    m = ((s < S)[:, None] & (h < H)[None, :])[:, :, None] & (k < 2 * HALF)[None, None, :]
+    tab_m = (s < S)[:, None, None] & (k < 2 * HALF)[None, None, :]
+    theta = tl.load(freqs_ptr + s[:, None, None] * (2 * HALF) + k[None, None, :], mask=tab_m,
+                    other=0.0)
+    c = tl.cos(theta)
+    sn = tl.sin(theta)
+    x_off = s[:, None, None] * sxs + h[None, :, None] * sxh + k[None, None, :] * sxd
+    y_off = s[:, None, None] * sys_ + h[None, :, None] * syh + k[None, None, :] * syd
+    for b in range(b_lo, b_hi):
+        x = tl.load(x_ptr + x_off + b * sxb, mask=m, other=0.0).to(tl.float32)
+        xe, xo = tl.split(tl.reshape(x, (BLOCK_S, BLOCK_H, BLOCK_HALF, 2)))
+        partner = tl.reshape(tl.join(-xo, xe), (BLOCK_S, BLOCK_H, 2 * BLOCK_HALF))
+        tl.store(y_ptr + y_off + b * syb, (x * c + partner * sn).to(y_ptr.dtype.element_ty),
+                 mask=m)
+'''
+
+
+def _h200_args():
+    """The notebook's EX1_ARGS: the H200's finished-kernel launch at bf16 s4096 b8 h32 d128."""
+    bf16, fp32 = torch.empty(16, dtype=torch.bfloat16), torch.empty(16)
+    strides = (8 * 32 * 128, 32 * 128, 128, 1)
+    return dict(x_ptr=bf16, y_ptr=bf16, freqs_ptr=fp32, S=4096, B=8, H=32, B_CHUNK=8,
+                **dict(zip(("sxs", "sxb", "sxh", "sxd"), strides)),
+                **dict(zip(("sys_", "syb", "syh", "syd"), strides)),
+                HALF=64, BLOCK_HALF=64, BLOCK_S=1, BLOCK_H=32)
+
+
+def _solution_args():
+    """The same launch with the names of the worked solution's signature."""
+    a = _h200_args()
+    names = dict(sxs="stride_xs", sxb="stride_xb", sxh="stride_xh", sxd="stride_xd",
+                 sys_="stride_ys", syb="stride_yb", syh="stride_yh", syd="stride_yd")
+    return {names.get(k, k): v for k, v in a.items()}
+
+
+def test_load_bytes_reads_the_width_of_every_sass_load():
+    from ropelib.course import load_schedule
+    widths = {"@!P0 LDG.E.128 R8, desc[UR6][R2.64+0x80]": 16,
+              "@!P0 LDG.E.EL.128 R20, desc[UR10][R44.64]": 16,
+              "LDG.E.64 R4, desc[UR4][R2.64]": 8, "@P1 LDG.E.U16 R9, desc[UR4][R6.64]": 2,
+              "LDG.E.S8 R3, desc[UR4][R2.64]": 1, "LDG.E R5, desc[UR4][R2.64]": 4,
+              "LDG.E.CONSTANT R7, desc[UR4][R2.64]": 4}
+    assert {ins: load_schedule.load_bytes(ins) for ins in widths} == widths
+    sched = {"loads": [(i, ins) for i, ins in enumerate(widths)]}
+    assert load_schedule.load_widths(sched) == {16: 2, 8: 1, 4: 2, 2: 1, 1: 1}
+
+
+def test_exercise_1b_accepts_a_kernel_whose_x_loads_are_vectors(tmp_path, capsys):
+    from ropelib.course import load_schedule
+    file = tmp_path / "learner_vector_kernel.py"
+    file.write_text(VECTOR_KERNEL)
+    kernel = load_file("learner_vector_kernel", file).kernel
+    sched = load_schedule.schedule(kernel, _h200_args(), num_warps=8)
+    widths = load_schedule.load_widths(sched)
+    assert widths.get(16, 0) >= 2 and 2 not in widths
+    assert load_schedule.check_wide_loads("1b", kernel, _h200_args(), num_warps=8, wide=2,
+                                          check=fk.check_interleaved_tile_kernel) is True
+    out = capsys.readouterr().out
+    assert "✅ 1b: a thread's global loads, sm_90:" in out
+
+
+def test_exercise_1b_refuses_the_stride_2_kernel_though_it_is_right(capsys):
+    from ropelib.course import load_schedule
+    from loading import learner_copy
+    own = learner_copy(fk._rope_interleaved_tile_solution_kernel)   # right, but 2-byte loads
+    assert fk.check_interleaved_tile_kernel(own) is True
+    widths = load_schedule.load_widths(load_schedule.schedule(own, _solution_args(), num_warps=8))
+    assert widths.get(2, 0) >= 8                                      # one element at a time
+    assert load_schedule.check_wide_loads("1b", own, _solution_args(), num_warps=8, wide=2,
+                                          check=fk.check_interleaved_tile_kernel) is False
+    assert "❌ 1b: a thread's global loads, sm_90:" in capsys.readouterr().out
+
+
+def test_exercise_1b_grades_nothing_the_exercise_check_refuses(capsys):
+    from ropelib.course import load_schedule
+    graded = []
+
+    def never(kernel):
+        graded.append(kernel)
+        return False
+
+    for answer in (fk._rope_interleaved_tile_solution_kernel, fused._rope_kernel, None):
+        assert load_schedule.check_wide_loads("1b", answer, _solution_args(), num_warps=8,
+                                              wide=2, check=fk.check_interleaved_tile_kernel) \
+            is False
+    out = capsys.readouterr().out
+    assert out.count("❌ 1b: the kernel must compute RoPE first") == 3
+    assert load_schedule.check_wide_loads("1b", fused._rope_kernel, {}, num_warps=8, wide=2,
+                                          check=never) is False
+    assert graded == [fused._rope_kernel]

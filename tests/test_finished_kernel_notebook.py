@@ -201,6 +201,55 @@ def test_waterfall_is_drawn_from_a_csv(bench, tmp_path):
     assert "05-" in bench.FIGURE_PATH.name and bench.FIGURE_PATH.parent.name == "figures"
 
 
+def _timed_rows(spread):
+    """Synthetic ladder rows of one case; `spread`: {provider: (p20 factor, p80 factor)}."""
+    pct = {"batch_reuse": 80.0, "heads": 90.0, "tile": 89.8, "warps": 94.0, "chunks": 94.5,
+           "accurate": 93.0, "equal_halves": 96.0, "ropelib": 96.5, "ropelib_planned": 98.0}
+    rows = []
+    for step, p in enumerate(("copy",) + tuple(pct)):
+        v = 100.0 if p == "copy" else pct[p]
+        lo, hi = spread.get(p, (0.995, 1.005))
+        rows.append(dict(case="s4096-b8", seq_len=4096, batch=8, heads=32, head_dim=128,
+                         provider=p, step=step, ms=1.0 / v, ms_p20=lo / v, ms_p80=hi / v,
+                         pct_of_copy=v))
+    return rows
+
+
+def test_the_notebooks_waterfall_draws_every_timings_spread(tmp_path):
+    import matplotlib
+    matplotlib.use("Agg")
+    rows = _timed_rows({"tile": (0.99, 1.01), "chunks": (0.9, 1.3)})
+    r_chunks = next(r for r in rows if r["provider"] == "chunks")
+    lo, hi = ladder.pct_range(r_chunks)           # the slow calls pull the low end down
+    assert lo == pytest.approx(94.5 / 1.3) and hi == pytest.approx(94.5 / 0.9)
+    # tile: a 0.2-point step inside a 1.8-point range; chunks: a 0.5-point step inside ~33
+    assert ladder.within_spread(rows, "s4096-b8") == ["tile", "chunks"]
+    fig = ladder.plot_waterfall(rows, tmp_path / "w.png",
+                                names={"ropelib": "finished kernel (forced)"})
+    (ax,) = [a for a in fig.axes if a.patches]
+    assert len(ax.patches) == len(rows) - 1                      # the copy is the dashed line
+    hatched = [i for i, bar in enumerate(ax.patches) if bar.get_hatch()]
+    assert hatched == [2, 4]                                     # tile and chunks
+    whiskers = [l for l in ax.lines if len(set(l.get_xdata())) == 1]
+    assert len(whiskers) == len(rows) - 1                        # one per bar
+    assert "finished kernel (forced)" in [t.get_text() for t in ax.get_xticklabels()]
+    assert (tmp_path / "w.png").stat().st_size > 10_000
+
+
+def test_the_in_flight_plot_numbers_every_variant_once():
+    import matplotlib
+    matplotlib.use("Agg")
+    from ropelib.course import measured
+    mech = measured.mechanism("s4096-b8")
+    groups = [("copy", "k", {"copy": "copy"}),
+              ("the rest", "tab:blue", {v: v for v in mech if v != "copy"})]
+    fig = ladder.plot_in_flight(mech, groups, title="t")
+    numbers = [t.get_text() for a in fig.axes[:2] for t in a.texts]
+    assert sorted(numbers, key=int) == [str(i) for i in range(1, len(mech) + 1)]
+    key = [t.get_text() for t in fig.axes[2].texts]
+    assert key[0] == "copy" and key[1].split() == ["1", "copy"] and len(key) == len(mech) + 2
+
+
 # --- the layout, read from a compilation for sm_90 -------------------------------------------------
 
 def test_the_compiled_layout_of_the_finished_tile():

@@ -3,7 +3,9 @@
 Notebook 05 (the finished kernel) climbs this ladder and `benchmarks/ladder.py` times it. The
 notebook shows each kernel in a cell the learner edits and launches it there, with the tile
 `plan` picks (a test checks that its copies are these); the benchmark launches the kernels
-defined here through `rope_ladder`.
+defined here through `rope_ladder`. The notebook's two figures are drawn here too: the time
+of every profiled kernel against the bytes it asks for (`plot_in_flight`), and the ladder's
+waterfall with the spread of each timing (`plot_waterfall`).
 Every rung supports the subset the lesson needs: sbhd x [S, B, H, D] (any strides), rotate-half
 pairs (j, j + D/2), full rotary, fp32 angles [P, D] (P >= S) for positions 0..S-1, forward.
 
@@ -480,3 +482,162 @@ def compile_for_gpu(whats, S: int = 4096, B: int = 8, H: int = 32, D: int = 128,
     if done.returncode != 0:
         raise RuntimeError(f"compiling {whats} for sm_{arch} failed:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+# --- the figures of notebook 05 -------------------------------------------------------------------
+
+def pct_range(row: dict) -> tuple:
+    """(low, high) % of copy of a timed row: its own time's 80 % and 20 % quantiles against the
+    copy's median (the spread of the copy's time is left out)."""
+    pct = float(row["pct_of_copy"])
+    return pct * row["ms"] / row["ms_p80"], pct * row["ms"] / row["ms_p20"]
+
+
+def within_spread(rows, case: str) -> list:
+    """The rungs of `case` whose step from the rung before is smaller than the rung's own 20-80 %
+    quantile range (pct_range): steps the run cannot tell from the spread of its calls."""
+    rs = [r for r in rows if r["case"] == case and r["provider"] in NAMES
+          and r.get("pct_of_copy") is not None]
+    out = []
+    for a, b in zip(rs, rs[1:]):
+        lo, hi = pct_range(b)
+        if hi - lo > abs(b["pct_of_copy"] - a["pct_of_copy"]):
+            out.append(b["provider"])
+    return out
+
+
+def plot_waterfall(rows, path=None, title=None, names=None):
+    """The "% of copy" waterfall with the spread of every timing.
+
+    One panel per case; a rung's bar goes from the rung before to its own median % of copy
+    (green up, red down), ropelib's two bars end the panel in grey. A black whisker spans the
+    rung's 20 % to 80 % quantiles. A step bar whose whisker is longer than the step itself is
+    drawn hatched and pale: the run cannot tell that step from the spread of its calls.
+    `names` renames providers on the axis (e.g. {"ropelib": "finished kernel (forced)"}).
+    Returns the figure (saved to `path` when given)."""
+    import matplotlib.pyplot as plt
+    names = names or {}
+    timed = [r for r in rows if r.get("pct_of_copy") is not None and r["provider"] != "copy"]
+    if not timed:
+        raise ValueError("no timed rows to draw: run benchmarks/ladder.py on a GPU first")
+    case_names = list(dict.fromkeys(r["case"] for r in timed))
+    fig, axes = plt.subplots(1, len(case_names), figsize=(5.2 * len(case_names), 4.6),
+                             squeeze=False)
+    for ax, case in zip(axes[0], case_names):
+        rs = sorted((r for r in timed if r["case"] == case), key=lambda r: r["step"])
+        unclear_steps = within_spread(rs, case)
+        prev = 0.0
+        for i, r in enumerate(rs):
+            pct = float(r["pct_of_copy"])
+            lo_q, hi_q = pct_range(r)
+            if r["provider"] in ("ropelib", "ropelib_planned"):
+                ax.bar(i, pct, color="0.6" if r["provider"] == "ropelib" else "0.8")
+            else:
+                lo, hi = sorted((prev, pct))
+                unclear = r["provider"] in unclear_steps     # the spread is wider than the step
+                colour = "tab:green" if pct >= prev else "tab:red"
+                ax.bar(i, max(hi - lo, 0.4), bottom=lo, color=colour,
+                       alpha=0.35 if unclear else 1.0, hatch="//" if unclear else None,
+                       edgecolor=colour)
+                if i:
+                    ax.plot([i - 1.4, i - 0.6], [prev, prev], color="0.3", lw=0.8)
+                prev = pct
+            ax.plot([i, i], [lo_q, hi_q], color="k", lw=1.2)
+            ax.plot([i - 0.15, i + 0.15], [lo_q, lo_q], color="k", lw=1.0)
+            ax.plot([i - 0.15, i + 0.15], [hi_q, hi_q], color="k", lw=1.0)
+            ax.text(i, max(pct, hi_q) + 1.5, f"{pct:.0f}", ha="center", fontsize=8)
+        ax.axhline(100, color="k", ls="--", lw=1)
+        ax.set_xticks(range(len(rs)), [names.get(r["provider"], r["provider"]) for r in rs],
+                      rotation=40, ha="right", fontsize=8)
+        ax.set_ylim(0, 120)
+        r0 = rs[0]
+        ax.set_title(f"s={r0['seq_len']}, b={r0['batch']}, h={r0['heads']}, d={r0['head_dim']}",
+                     fontsize=9)
+    axes[0][0].set_ylabel("% of a device copy's GB/s\n(whiskers: 20-80 % quantiles of the calls)")
+    fig.suptitle((title or "From the batch-reusing grid to the finished kernel, one idea at a "
+                  "time") + "\nhatched: a step smaller than its rung's spread", fontsize=10)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=110)
+    return fig
+
+
+def _place_numbers(ax, points, fontsize=7):
+    """Write each point's number beside it where it overprints no other number or point: the
+    first of a ring of offsets, tried nearest first, that is free on the axes as drawn."""
+    fig = ax.figure
+    fig.canvas.draw()
+    to_px = ax.transData.transform
+    scale = fig.dpi / 72.0
+    dots = [to_px((px, py)) for px, py, _ in points]
+    taken = []      # (x0, y0, x1, y1) in pixels
+    offsets = [(4, 2), (4, -9), (-4, 2), (-4, -9), (4, 9), (-4, 9), (4, -16), (-4, -16),
+               (12, -3), (-12, -3), (4, 16), (-4, 16), (12, 9), (-12, 9), (12, -14), (-12, -14),
+               (20, -3), (-20, -3), (4, -24), (4, 24)]
+    for (px, py, text), (dx0, dy0) in zip(points, dots):
+        w, h = 0.62 * fontsize * len(text) * scale, fontsize * scale
+        for ox, oy in offsets:
+            x0 = dx0 + ox * scale - (w if ox < 0 else 0)
+            y0 = dy0 + oy * scale
+            box = (x0, y0, x0 + w, y0 + h)
+            clash = any(not (box[2] < b[0] or b[2] < box[0] or box[3] < b[1] or b[3] < box[1])
+                        for b in taken)
+            clash = clash or any(box[0] - 3 < dx < box[2] + 3 and box[1] - 3 < dy < box[3] + 3
+                                 for dx, dy in dots)
+            if not clash:
+                break
+        taken.append(box)
+        ax.annotate(text, (px, py), xytext=(ox, oy), textcoords="offset points",
+                    fontsize=fontsize, ha="right" if ox < 0 else "left", va="bottom")
+
+
+def plot_in_flight(rows, groups, title=None, path=None, zoom_us=None):
+    """Kernel time against the KiB of x one SM's resident warps ask for per step
+    (`x_kib_per_sm` of the mechanism CSV), one numbered point per variant.
+
+    rows: {variant: mechanism row}; groups: [(group name, colour, {variant: label})], every
+    variant drawn belongs to one group. Each point carries a number, placed where it overprints
+    nothing; the key on the right says which label each number stands for. The middle panel
+    repeats the points faster than `zoom_us` (by default 1.25 times the fastest) at a larger
+    scale. Returns the figure (saved to `path` when given)."""
+    import matplotlib.pyplot as plt
+    fig, (ax, near, key) = plt.subplots(1, 3, figsize=(13, 4.8),
+                                        gridspec_kw=dict(width_ratios=[2, 2, 1.1]))
+    lines, points = [], []
+    for group, colour, members in groups:
+        lines.append((group, colour, True))
+        for variant, label in members.items():
+            r = rows[variant]
+            points.append((r["x_kib_per_sm"], r["us"], str(len(points) + 1), colour))
+            lines.append((f"{len(points):2d}  {label}", colour, False))
+    zoom_us = zoom_us or 1.25 * min(us for _, us, _, _ in points)
+    fast = [pt for pt in points if pt[1] <= zoom_us]
+    for panel, pts in ((ax, points), (near, fast)):
+        panel.scatter([pt[0] for pt in pts], [pt[1] for pt in pts], s=30,
+                      color=[pt[3] for pt in pts], edgecolors="k", linewidths=0.4, zorder=3)
+        panel.set_xscale("log")
+        lo, hi = min(pt[0] for pt in pts), max(pt[0] for pt in pts)
+        ticks = [2 ** k for k in range(0, 8) if lo / 2 <= 2 ** k <= hi * 2]
+        panel.set_xticks(ticks, [str(t) for t in ticks])
+        panel.minorticks_off()
+        panel.set_xlim(lo / 1.25, hi * 1.25)
+        panel.grid(alpha=0.3)
+        panel.set_xlabel("KiB of x the resident warps of one SM request per step\n"
+                         "(an upper bound on bytes in flight)", fontsize=8)
+    ax.set_ylabel("kernel time, µs (Nsight Compute)")
+    near.set_ylim(min(pt[1] for pt in fast) - 3, zoom_us + 3)
+    near.set_title(f"the kernels under {zoom_us:.0f} µs, enlarged", fontsize=9)
+    if title:
+        ax.set_title(title, fontsize=9)
+    key.axis("off")
+    step = 1.0 / max(len(lines), 1)
+    for k, (text, colour, is_group) in enumerate(lines):
+        key.text(0.0, 1.0 - k * step, text, transform=key.transAxes, va="top",
+                 fontsize=7.5 if not is_group else 8, color=colour,
+                 fontweight="bold" if is_group else "normal", family="monospace")
+    fig.tight_layout()
+    _place_numbers(ax, [pt[:3] for pt in points if pt[1] > zoom_us])
+    _place_numbers(near, [pt[:3] for pt in fast])
+    if path is not None:
+        fig.savefig(path, dpi=120)
+    return fig

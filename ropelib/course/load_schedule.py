@@ -23,6 +23,10 @@ disassembles it with cuobjdump, and returns, in machine-code order:
     dots          matrix multiplies in the TTGIR (tt.dot, or Hopper's warp_group_dot): in a
                   loop's body, the ones each step issues
 
+`load_widths(schedule)` counts those loads by the bytes each moves (LDG.E.128: 16, a lone
+bf16: 2), and `check_wide_loads` grades a kernel exercise on them once its own check has
+passed: a kernel that computes the right thing with 2-byte loads is correct, not fast.
+
 Under Triton's interpreter (TRITON_INTERPRET=1) the kernel is compiled in a second Python
 without it: a kernel of an importable module (ropelib's own) is imported there by name; one
 defined in a notebook, from its source, so it must be self-contained (only `triton`,
@@ -45,7 +49,7 @@ import torch
 from ..runtime import INTERPRET
 from .offline_compile import compile_for_cuda, cuobjdump, resource_usage
 
-__all__ = ["schedule", "sass_instructions"]
+__all__ = ["schedule", "sass_instructions", "load_bytes", "load_widths", "check_wide_loads"]
 
 _GUARD = r"^(?:@!?U?P\w+\s+)?"                   # an instruction's guard predicate, if any
 _MATH = re.compile(_GUARD + r"(FFMA|FMUL)\b")
@@ -170,3 +174,54 @@ def schedule(kernel, args: dict, *, num_warps: int, num_stages: Optional[int] = 
     out = json.loads(done.stdout.strip().splitlines()[-1])
     out["loads"] = [tuple(x) for x in out["loads"]]
     return out
+
+
+# --- the widths of the loads: what a thread moves in one instruction -----------------------------
+
+_WIDTH = {"128": 16, "64": 8, "U16": 2, "S16": 2, "U8": 1, "S8": 1}
+
+
+def load_bytes(instruction: str) -> int:
+    """The bytes one thread moves with one global load of the SASS: LDG.E.128 16, .64 8,
+    .U16 (or .S16) 2, .U8 (.S8) 1, and 4 for a plain LDG.E (one 32-bit word)."""
+    mods = re.search(r"LDG((?:\.\w+)*)", instruction)[1].split(".")
+    return next((_WIDTH[m] for m in mods if m in _WIDTH), 4)
+
+
+def load_widths(sched: dict) -> dict:
+    """{bytes: how many loads} of a schedule's global loads, widest first."""
+    widths = {}
+    for _, ins in sched["loads"]:
+        n = load_bytes(ins)
+        widths[n] = widths.get(n, 0) + 1
+    return dict(sorted(widths.items(), reverse=True))
+
+
+def check_wide_loads(name: str, kernel, args: dict, *, num_warps: int, wide: int,
+                     check) -> bool:
+    """Grade a kernel exercise on how it loads, after what it computes.
+
+    `check(kernel)` is the exercise's own check of the output (it prints its ✅ or ❌, and bars
+    ropelib's answers); only a kernel that passes it is compiled: for sm_90, with `args` and
+    `num_warps` as a launch would, and its global loads are counted by width (load_widths). ✅
+    when no load moves 2 bytes (a lone bf16 or fp16 element) and at least `wide` move 16 bytes
+    (the widest vector there is). Prints one line and returns the verdict; never raises."""
+    if not check(kernel):
+        print(f"❌ {name}: the kernel must compute RoPE first (the check above); its loads are "
+              "counted after that")
+        return False
+    try:
+        sched = schedule(kernel, args, num_warps=num_warps)
+    except Exception as exc:  # noqa: BLE001 -- a compile error is the learner's to read
+        print(f"❌ {name}: compiling it for sm_90 failed ({type(exc).__name__}: "
+              f"{str(exc)[-600:]})")
+        return False
+    widths = load_widths(sched)
+    found = ", ".join(f"{n} of {b} byte{'s' if b > 1 else ''}" for b, n in widths.items())
+    if widths.get(2, 0) or widths.get(16, 0) < wide:
+        print(f"❌ {name}: a thread's global loads, sm_90: {found}. Wanted: no 2-byte loads and "
+              f"at least {wide} of 16 bytes: a run of 8 contiguous 16-bit elements per thread, "
+              "which Triton must be able to prove contiguous")
+        return False
+    print(f"✅ {name}: a thread's global loads, sm_90: {found}")
+    return True
