@@ -195,50 +195,8 @@ def table(rows) -> str:
     return "\n".join(out)
 
 
-def plot_waterfall(rows, path=None, title=None):
-    """The "% of copy" waterfall: one panel per case, one bar per rung from the rung before.
-
-    rows: read back with ropelib.bench.compare.read_csv (or as `run` returns them); only timed rows
-    are drawn. A bar rises (green) or falls (red) from the previous rung's % of copy to its own;
-    the first rung starts at 0, ropelib's finished kernel and apply_rope as planned are drawn in
-    grey at the end and the copy is the dashed line at 100 %. Returns the figure (saved to `path` when given).
-    """
-    import matplotlib.pyplot as plt
-    timed = [r for r in rows if r.get("pct_of_copy") is not None and r["provider"] != "copy"]
-    if not timed:
-        raise ValueError("no timed rows to draw: run benchmarks/ladder.py on a GPU first")
-    case_names = list(dict.fromkeys(r["case"] for r in timed))
-    fig, axes = plt.subplots(1, len(case_names), figsize=(5.2 * len(case_names), 4.2),
-                             squeeze=False)
-    for ax, case in zip(axes[0], case_names):
-        rs = sorted((r for r in timed if r["case"] == case), key=lambda r: r["step"])
-        prev = 0.0
-        for i, r in enumerate(rs):
-            pct = float(r["pct_of_copy"])
-            if r["provider"] in ("ropelib", "ropelib_planned"):
-                ax.bar(i, pct, color="0.6" if r["provider"] == "ropelib" else "0.8")
-            else:
-                lo, hi = sorted((prev, pct))
-                ax.bar(i, max(hi - lo, 0.4), bottom=lo,
-                       color="tab:green" if pct >= prev else "tab:red")
-                if i:
-                    ax.plot([i - 1.4, i - 0.6], [prev, prev], color="0.3", lw=0.8)
-                prev = pct
-            ax.text(i, pct + 1.5, f"{pct:.0f}", ha="center", fontsize=8)
-        ax.axhline(100, color="k", ls="--", lw=1)
-        ax.set_xticks(range(len(rs)), [r["provider"] for r in rs], rotation=40, ha="right",
-                      fontsize=8)
-        ax.set_ylim(0, 115)
-        r0 = rs[0]
-        ax.set_title(f"s={r0['seq_len']}, b={r0['batch']}, h={r0['heads']}, d={r0['head_dim']}",
-                     fontsize=9)
-    axes[0][0].set_ylabel("% of a device copy's GB/s")
-    fig.suptitle(title or "From the batch-reusing grid to the finished kernel, one idea at a time",
-                 fontsize=10)
-    fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=110)
-    return fig
+# the waterfall with each timing's spread, as notebook 05 draws it (one function for both)
+plot_waterfall = ladder.plot_waterfall
 
 
 def main(argv=None):

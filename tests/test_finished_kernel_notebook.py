@@ -183,7 +183,8 @@ def test_waterfall_is_drawn_from_a_csv(bench, tmp_path):
             r = dict(case=case, seq_len=4096 * 8 // b, batch=b, heads=32, head_dim=128,
                      dtype="bf16", provider=p, step=step, idea="", available=True, reason="")
             v = 100.0 if p == "copy" else pct[p] - (5.0 if b == 1 else 0.0)
-            r.update(ms=1.0 / v, gbps=30.0 * v, copy_gbps=3000.0, pct_of_copy=v)
+            r.update(ms=1.0 / v, ms_p20=0.99 / v, ms_p80=1.01 / v, gbps=30.0 * v,
+                     copy_gbps=3000.0, pct_of_copy=v)
             rows.append(r)
     path = tmp_path / "synthetic.csv"
     bench.write(rows, path)
