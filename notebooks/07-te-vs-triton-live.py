@@ -158,8 +158,9 @@ if "torch.compile" in head:
 
 # %% [markdown]
 # On a GPU, set the table's forward columns beside its forward+backward ones. ropelib's forward
-# runs near the copy, yet its forward+backward call can fall well behind TE's. Section 6 takes
-# that gap apart: how much of an eager call is the host issuing it, and how much the kernels.
+# is the fastest of the fused kernels, yet its forward+backward call can take longer than TE's.
+# Section 6 takes that apart: how much of an eager call is the host issuing it, and how much
+# the kernels.
 
 # %% [markdown]
 # The same case in **fp32**. Now the output format *is* the arithmetic format: nothing rounds the
@@ -242,12 +243,10 @@ assert dash.figure.get_suptitle() == f"measured on {widgets.measured_on(dash_row
 #
 # `benchmarks/seed_sweeps.py` runs them all on a GPU and writes
 # `benchmarks/results/seed_sweeps.csv` and `figures/07-seed-*.png`. Here we list them and run
-# the first live: full size on a GPU, shrunk to a few tiny values in the interpreter (a single
-# live sweep can land off the line at a point or two). Sections 5 and 6 read committed files,
-# each paragraph naming its file (section 5 lists them). On a GPU the cell prints each
-# provider's median forward GB/s beside the committed run's, and on the committed run's GPU
-# stops if ropelib's differs from the committed one by more than a fifth; the other providers'
-# are printed, not checked, and one of them can sit well away from the committed run's.
+# the first live: full size on a GPU, shrunk to a few tiny values in the interpreter. On a GPU
+# the cell prints each provider's median forward GB/s beside the committed run's, and on the
+# committed run's GPU stops if ropelib's differs from it by more than a fifth (the others are
+# printed, not checked). Sections 5 and 6 read committed files; section 5 lists them.
 
 # %%
 for s in compare.SEED_SWEEPS:
@@ -369,24 +368,22 @@ for dtype in DTYPES:
 #   small tensors cannot hide, and more bytes amortise it. Most of that cost is any kernel's:
 #   the copy's dashed line rises too. Section 6 fits both at batch 1: the copy pays 5.3 to 5.4
 #   µs a call, and ropelib's forward 2.4 to 3.1 µs more.
-# - Eager PyTorch is low at every size (at most about a seventh of the copy in fp32 and a
-#   tenth in bf16, checked). Notebook 02 profiled its bf16 chain
-#   on an H200 (its `figures/02-unfused-kernels.csv`, read in the cell below): the ten kernels
-#   of section 2 move 6.0 times the fused kernel's bytes, streamed at 0.44 of the copy's speed.
-#   Leaving out the gaps between kernels, that predicts 0.44 / 6.0 = 0.073 of a copy, and the
-#   bf16 sweep measures 0.073 on its largest tensor (batch 8, S = 3840; checked). The profile is
-#   of bf16 alone: the fp32 chain was not profiled.
+# - Eager PyTorch is low at every size: at most 0.15 of the copy in fp32 and 0.10 in bf16.
+#   Notebook 02 profiled its bf16 chain on an H200 (`figures/02-unfused-kernels.csv`, read in
+#   the cell below): the ten kernels of section 2 move 6.0 times the fused kernel's bytes,
+#   streamed at 0.44 of the copy's speed. Leaving out the gaps between kernels, that predicts
+#   0.44 / 6.0 = 0.073 of a copy, and the bf16 sweep measures 0.073 on its largest tensor
+#   (batch 8, S = 3840). The fp32 chain was not profiled.
 # - On large tensors (the right end of the batch-8 panel) the fused kernels separate: ropelib's
 #   forward runs next to the copy; TE's CUDA kernel and the batch-reuse generation stay below.
 # - In fp32, from batch 2 on, ropelib's forward runs level with the copy wherever $x$ holds 64
 #   MiB or more: every such point lies at 0.98 of the copy or above, about a third of them at
 #   or just above 1 (up to 1.017; the 1.111 below is the copy's doing). Below 64 MiB the points
-#   lie lower, none above 0.94 (both checked). From 64 MiB on, `apply_rope` takes the two-pass
-#   route of notebook 05, measured here before the two changes listed above (section 6.6 has
-#   what they did); but 64 MiB is also where the tensors are large, so this sweep cannot tell
-#   route from size. Section 6 works out what the fixed cost alone leaves of a copy's speed at
-#   the one-pass points; notebook 05 (section 6) times the two routes on the same tensors. bf16
-#   at batch 1 lies wholly on the one-pass side and reaches 0.85 of the copy at its longest.
+#   lie lower, none above 0.94. From 64 MiB on, `apply_rope` takes the two-pass route of
+#   notebook 05 (here before the two changes listed above; section 6.6 has what they did), but
+#   64 MiB is also where the tensors are large, so this sweep cannot tell route from size;
+#   notebook 05 (section 6) times the two routes on the same tensors. bf16 at batch 1 lies
+#   wholly on the one-pass side and reaches 0.85 of the copy at its longest.
 # - Each point is the median of do_bench's repeats. The CSV keeps ropelib's 20th and 80th
 #   percentiles: at the fp32 points at 1 or above they lie within 4 % of the median (checked),
 #   and the copy's time, whose percentiles are not kept, is a second timing of the same kind.
@@ -500,17 +497,15 @@ for dtype in DTYPES:
 # Eager PyTorch stays near a tenth (0.10 at most, checked).
 #
 # torch.compile's *call* reaches the copy only on the largest tensors, $S = 8192$ and batch 16
-# (0.99), and is not monotone along the sequence: 0.67 of the copy at $S = 2048$, 0.43 at 4096
-# (checked). Its times do not follow its bytes. Up to 64 MiB of $x$, along the sequence and the
-# batch sweeps, the call took 64 to 84 µs at every point but one ($S = 2048$: 30 µs), while the
+# (0.99), and is not monotone along the sequence: 0.67 of the copy at $S = 2048$, 0.43 at 4096.
+# Its times do not follow its bytes: up to 64 MiB of $x$, along the sequence and the batch
+# sweeps, the call took 64 to 84 µs at every point but one ($S = 2048$: 30 µs), while the
 # copy's time grew from 9 to 37 µs. The floor suite measured the host's time to issue one eager
-# forward at a decode size: 77 µs for torch.compile, against 23 µs for ropelib and 30 µs for TE
-# (the cell prints the run that measured it). Those six call times all lie within a fifth of
-# torch.compile's 77 µs (all printed and checked): up to about 64 MiB its forward is held by
-# some 60 to 90 µs of host work per call, not by its kernels. Replayed from a CUDA graph at 64
-# MiB, the size of $S = 4096$ here, those run the forward at 1.00 to 1.04 of a copy (section
-# 6.5). Section 2's table times that very shape live, and there too torch.compile's call stays
-# far from the copy (on a GPU the cell checks under 0.7 of it).
+# forward at a decode size: 77 µs for torch.compile, 23 µs for ropelib, 30 µs for TE. Those six
+# call times lie within a fifth of the 77 µs: up to 64 MiB torch.compile's forward waits on the
+# host's work per call, not on its kernels, which replayed from a CUDA graph at 64 MiB run the
+# forward at 1.00 to 1.04 of a copy (section 6.5). Section 2's table times the $S = 4096$ shape
+# live, and there too torch.compile's call stays far from the copy (under 0.7 of it on a GPU).
 
 # %%
 AXES = {"seq-bf16": "seq_len", "hidden-bf16": "head_dim", "heads-bf16": "heads",
@@ -736,18 +731,17 @@ else:
 
 # %% [markdown]
 # **What the data says.** The *forward* lines are worth reading. The fused kernels pay 8 to 10
-# µs of fixed cost a call, the copy 5.3 to 5.4 µs, eager PyTorch 35 µs in fp32 and 61 µs in
-# bf16. Every fitted bandwidth is at most 2 % above the copy's fitted the same way: ropelib's
-# fp32 line, 4368 GB/s against the copy's 4296, ties it within the fit's noise. That is what a
-# memory-bound kernel should show (the cell checks that every fitted line is positive and at
-# most 2 % faster than the copy's). ropelib's forward pays a lower fixed cost than TE's and
-# streams faster (both checked), which is why it wins on large tensors.
+# µs of fixed cost a call, the copy 5.3 to 5.4 µs, eager PyTorch 35.5 µs in fp32 and 60.7 µs in
+# bf16. Every fitted bandwidth is positive and at most 2 % above the copy's fitted the same way
+# (ropelib's fp32 line, 4368 GB/s against the copy's 4296, ties it): what a memory-bound kernel
+# should show. ropelib's forward pays a lower fixed cost than TE's and streams faster, which is
+# why it wins on large tensors.
 #
 # The fixed cost also accounts for two of section 5's four fp32 points under 64 MiB from batch 2
 # on: ropelib's extra 2.4 µs (batch 1, fp32) added to the copy's time at each leaves 0.85 to
 # 0.92 of a copy, and the two points whose percentiles lie within about 3 % of their median
 # measured within 0.04 of that. At batch 2, S = 256 the fixed cost leaves 0.85, but ropelib
-# measured 0.56 of a copy, and even its 20th percentile only 0.61: what holds it there is not
+# measured 0.565 of a copy, and even its 20th percentile only 0.612: what holds it there is not
 # measured here. Batch 4, S = 256 spreads too widely to say (percentiles up to 50 % from the
 # median). In bf16 the forward loses more than its fixed cost: the batch-1 line streams at 0.89
 # of the copy's bandwidth (3909 GB/s against 4397).
@@ -813,17 +807,17 @@ if len(models) == 2:
 # bandwidth. Eager PyTorch's times do grow with the bytes, at every step of the sequence from
 # S = 2048 on, in both dtypes.
 #
-# What the data does support for ropelib and TE: each call takes a roughly constant time (the
-# medians printed above), large beside a copy of the same bytes: 1.6 to 2.9 times the copy's
-# time at the largest size and 9 to 15 times at the smallest (both checked), and ropelib's is
+# What the data does support for ropelib and TE: each call takes a time that does not follow
+# the bytes (the medians printed above), large beside a copy of the same bytes: 1.6 to 2.9
+# times the copy's time at the largest size and 9 to 15 times at the smallest, and ropelib's is
 # larger than TE's. The floor suite measured how long the host takes per eager
 # forward+backward call (`decode host forward+backward sbhd` in `floor-nvidia-h200.csv`: calls
 # back to back at a decode size, host time only): ropelib's 214 µs is longer than TE's 152 µs,
-# and the batch-1 medians are 0.74 to 1.02 times these (checked). That points at the host, but
-# across runs and shapes, and the host's time per call moves from run to run (section 6.5
-# shows how far). Nor does it explain everything: the host issues the same calls in fp32 and in
-# bf16, yet ropelib's medians differ, 218 µs against 158 µs (checked). The cell after the next
-# measures one call three ways in one process.
+# and the batch-1 medians are 0.74 to 1.02 times these. That points at the host, but across
+# runs and shapes, and the host's time per call moves from run to run (section 6.5 shows how
+# far). Nor does it explain everything: the host issues the same calls in fp32 and in bf16, yet
+# ropelib's medians differ, 218 µs against 158 µs. The cell after the next measures one call
+# three ways in one process.
 
 # %%
 if len(models) == 2:
@@ -882,11 +876,13 @@ if len(models) == 2:
 # `do_bench`'s time for ropelib's call is more than twice its replayed kernels' (both checked
 # where the cell runs): at batch 1 the sweeps' forward+backward times the host. Why not the
 # forward too? ropelib's host work per forward, 23 µs at the decode size, is about three times
-# its fitted fixed cost of about 8 µs (printed, checked). `do_bench`'s code suggests why: before
-# each timed call it zeroes a 256 MiB buffer on the GPU to flush the L2 cache, and the host
-# issues the call while that memset runs, so a host cost shorter than the memset can hide
-# behind it whole, a longer one in part. The cell times the memset and prints the enqueue time
-# less it beside `do_bench`'s, to compare; it checks no more than the above.
+# its fitted fixed cost of about 8 µs. `do_bench`'s code suggests why: before each timed call
+# it zeroes a 256 MiB buffer on the GPU to flush the L2 cache, and the host issues the call
+# while that memset runs, so a host cost shorter than the memset can hide behind it. The cell
+# times the memset and prints the enqueue time less it beside `do_bench`'s. For the
+# forward+backward the subtraction does not give `do_bench`'s time: on the H200 page
+# `do_bench` is above even the whole enqueue time, for both kernels. What else its time holds
+# is not measured here.
 
 # %%
 import time
@@ -1009,30 +1005,29 @@ for what, (seconds, pct) in stated_shares.items():
 #
 # The bytes dominate only where the GPU's time per call is well above the host's. The floor
 # suite timed a case the size of section 2's (64 MiB of bf16 sbhd, as $S = 1024$, $B = 8$,
-# $H = 32$, $D = 128$, where section 2 has $S = 4096$, $B = 2$) in one run, the one its
-# header's date names, eagerly and replayed from a CUDA graph, which takes the host out of the
-# loop. Its forward+backward hands
-# the gradients back with `torch.autograd.grad` (`compare.fwdbwd_step`; the CSV's header says
-# so), as a model's q and k pass theirs on to the projection's backward, rather than summing
-# them into a `.grad`. Eagerly, ropelib's forward+backward took 191 µs and TE's 132 µs;
-# replayed, 74.1 and 126.3 µs. So the eager call spends 117 µs beyond its replayed kernels for
-# ropelib, 61 % of the call, and 5.5 µs for TE, 4 % of it. Replayed, ropelib's forward+backward
-# runs at 0.995 of two copies and TE's at 0.583; torch.compile's and flash-attn's at 1.039 and
-# 1.034, a few per cent ahead of ropelib's and of the copy itself (all checked). The
-# flash-attn rows come from the suite's `flash_attn` provider, which runs only where
-# `flash_attn.layers.rotary` imports (its `apply_rotary_emb`, with cos/sin tables in bf16: the
-# header's `providers` and `graph_rows` lines, printed). Yet the header's version line, read
-# from the installed packages' records, says "not installed": which flash-attn ran is not
-# recorded. This run, of
-# 30 November, measured ropelib's two-pass route before the two changes of section 5; sections
-# 6.5 and 6.6 measure it again. Section 2's forward+backward columns time a call of this size
-# eagerly: where they put ropelib behind TE, the gap is not the kernels' (replayed, ropelib's
-# are the faster) but the host's time per call at that moment.
+# $H = 32$, $D = 128$, where section 2 has $S = 4096$, $B = 2$) in one run of 30 November,
+# eagerly and replayed from a CUDA graph, which takes the host out of the loop. Its
+# forward+backward hands the gradients back with `torch.autograd.grad`
+# (`compare.fwdbwd_step`), as a model's q and k pass theirs on to the projection's backward,
+# rather than summing them into a `.grad`.
 #
-# That host time is not a fixed quantity: ropelib's host time per eager call in the decode rows
-# (a later run, section 5), 214 µs, is longer than its whole eager call here (checked), and
-# section 2's eager forward+backward, timed live on as many bytes, is a third value (printed on
-# a GPU). Read a host row as the size of the host's work, not as what it adds to another call.
+# Eagerly, ropelib's forward+backward took 191 µs and TE's 132 µs; replayed, 74.1 and 126.3
+# µs. So the eager call spends 117 µs beyond its replayed kernels for ropelib, 61 % of the call,
+# and 5.5 µs for TE, 4 % of it. Replayed, ropelib's forward+backward runs at 0.995 of two
+# copies and TE's at 0.583; torch.compile's and flash-attn's at 1.039 and 1.034, a few per cent
+# ahead of ropelib's and of the copy itself. (The flash-attn rows come from the suite's
+# `flash_attn` provider, `apply_rotary_emb` with bf16 cos/sin tables, which runs only where
+# `flash_attn.layers.rotary` imports; the header's version line says "not installed", so which
+# flash-attn ran is not recorded.) This run measured ropelib's two-pass route before the two
+# changes of section 5; sections 6.5 and 6.6 measure it again.
+#
+# Section 2's forward+backward columns time a call of this size eagerly: where they put ropelib
+# behind TE, the gap is not the kernels' (replayed, ropelib's are the faster) but the host's
+# time per call at that moment. That host time is not a fixed quantity: ropelib's host time per
+# eager call in the decode rows (a later run, section 6.2), 214 µs, is longer than its whole
+# eager call here, and section 2's eager forward+backward, timed live on as many bytes, is a
+# third value (printed on a GPU). Read a host row as the size of the host's work, not as what
+# it adds to another call.
 #
 # For calls like that, take the host's per-call work out of the loop: capture the step in a
 # CUDA graph (notebook 11 plots a decoding step timed eagerly and replayed from one), or compile
@@ -1097,7 +1092,7 @@ if GPU:     # section 2's live eager forward+backward, on as many bytes: a third
 # kernels' time, TE's 1.1 to 1.3 times. Where section 2's eager columns put ropelib behind TE
 # at this size, this is why: TE's host is lighter, though its kernels are slower. At 256 MiB
 # the kernels take 3.6 times as long (265 µs for ropelib) and the balance shifts: ropelib's
-# host time is 1.3 times its device time, torch.compile's 2.5 times, TE's 0.64 times (its
+# host time is 1.3 times its device time, torch.compile's 2.5 times, TE's 0.6 times (its
 # kernels now set the pace).
 #
 # The host's times swing from round to round, and more between runs: ropelib's eager call at
@@ -1377,40 +1372,33 @@ if GPU and not rows_ok:     # the worked kernel: a program's cost, and what the 
 
 # %% [markdown]
 # **What the compiler made of each tile.** The times say how much the rotation adds; its
-# machine code says why. `ropelib.course.load_schedule.schedule` (notebook 05 introduced it)
-# compiles the racing kernel for an sm_90 GPU (an H100 or H200) on any machine, with the
-# Triton you have, copying and rotating, at each tile of the table: the registers a thread
-# holds and the machine instructions compiled per element it handles. The count is of the
-# code, not of what runs: libdevice's sine and cosine compile a long path for huge angles that
-# these angles never take. Still, the rotation's code is many times the copy's for every element
-# (checked), and its registers grow with the tile until, at 64 rows, a thread asks for all 255
-# it may have and still runs out: the compiler *spills*, storing registers to the thread's
-# local memory (`STL`) and loading them back (`LDL`), traffic through the caches that the copy
-# never makes (it spills nothing, checked). Not every local access is a spill: some Triton
-# versions (3.6, the Triton of the committed GPU runs) give the sine and cosine a small array
-# in local memory for their slow path, a fixed few `STL` and `LDL` per element at every tile.
-# The cell reads that share off the one-row tile and takes it off: what is left is spills,
-# none up to 16 rows; at 64 rows, with Triton 3.6, 115 stores and 83 loads, and other versions
-# spill more or fewer (the last two columns; checked: over 100 stores and 75 loads in any
-# version, exactly those under 3.6).
+# machine code suggests why. `ropelib.course.load_schedule.schedule` (notebook 05) compiles the
+# racing kernel for an sm_90 GPU (an H100 or H200) on any machine, with the Triton you have,
+# copying and rotating, at each tile of the table: the registers a thread holds and the machine
+# instructions compiled per element it handles. These count the code, not what runs
+# (libdevice's sine and cosine compile a long path for huge angles that these angles never
+# take), so they suggest, not measure, what the rotation adds.
 #
-# Spills come only at 64 rows, yet on a GPU the rotation falls behind its copy already at 4
-# (about twice the copy's time on an H200; the race's cell checks over 1.5). The compiled code
-# suggests why: the rotation's code has more than five times the copy's instructions per
-# element at every tile (checked). These are static counts, of the code and not of what runs,
-# so they suggest, not measure, what the rotation adds. One-row programs would hide such a cost
-# behind their own, and larger tiles would not; this notebook does not count the instructions
-# that run. The registers grow
-# with the tile too, and they set how many warps an SM can hold. An SM has 65,536 registers; a
-# thread's count, rounded up to a multiple of 8, times the 128 threads of a program is what each
-# program takes, so the registers a thread asks for cap the programs, and the warps, resident
-# on an SM (the column *warps/SM*, at most 64). At 4 rows the rotation's registers still leave
-# room for 40 warps or more (48 under Triton 3.6, the Triton of the committed GPU runs), at
-# least as many as the copy keeps at its largest tile; at 16 rows they leave 16, a quarter of
-# what an SM holds, and at 64 rows 8, where the copy keeps 40 or more at every tile (all
-# checked). The fewer warps at 16 and 64 rows may add to the rotation's time there; that is not
-# measured here. More rows a program means fewer programs for the per-program cost, but more
-# arithmetic per thread, fewer warps an SM can hold, and past some size, spills.
+# - **Instructions.** The rotation's code has more than five times the copy's instructions per
+#   element at every tile. A one-row program hides that behind its own cost; larger tiles do
+#   not, and on an H200 the rotation takes about twice its copy's time already at 4 rows, well
+#   before anything spills.
+# - **Spills.** The rotation's registers grow with the tile until, at 64 rows, a thread asks for
+#   all 255 it may have and still runs out: the compiler *spills*, storing registers to the
+#   thread's local memory (`STL`) and loading them back (`LDL`), traffic the copy never makes.
+#   Some Triton versions (3.6, the Triton of the committed GPU runs) also give the sine and
+#   cosine a small local array for their slow path, a fixed few `STL` and `LDL` per element at
+#   every tile; the cell reads that share off the one-row tile and takes it off. What is left
+#   is spills (the last two columns): none up to 16 rows; at 64 rows 115 stores and 83 loads
+#   under Triton 3.6, more or fewer in other versions.
+# - **Warps.** An SM has 65,536 registers. A thread's count, rounded up to a multiple of 8,
+#   times the 128 threads of a program is what each program takes, so the registers cap the
+#   warps an SM holds (*warps/SM*, at most 64). The rotation keeps 48 at 4 rows (under Triton
+#   3.6), 16 at 16 rows and 8 at 64; the copy keeps 40 or more at every tile. The fewer warps at
+#   16 and 64 rows may add to the rotation's time there; that is not measured here.
+#
+# More rows a program means fewer programs for the per-program cost, but more arithmetic per
+# thread, fewer warps an SM can hold, and past some size, spills.
 
 # %%
 from ropelib.course import load_schedule
@@ -1476,9 +1464,9 @@ if not rows_ok:     # the worked kernel: 40+ warps at 4 rows, 16 at 16 and 8 at 
 # ropelib's kernels correct by hand and yours need not. With the worked kernel, a GPU puts your
 # row below TE's fused kernel, and TE's below ropelib's (checked where TE is installed). The
 # two lose for different reasons. Yours evaluates a sine and a cosine for every element, and
-# its compiled rotation has over five times the copy's instructions per element at every tile
-# (the table above, static counts, checked). TE's kernel spends few of its instructions on
-# sines and cosines; more than half index its loads (notebook 04, section 5.5).
+# its compiled rotation has over five times the copy's instructions per element (the table
+# above). TE's kernel spends few of its instructions on sines and cosines; more than half index
+# its loads (notebook 04, section 5.5).
 
 # %%
 best = min(race, key=lambda r: r["your rotation"])["BLOCK_ROWS"]
