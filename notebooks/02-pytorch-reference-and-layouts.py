@@ -30,8 +30,8 @@
 #   angles into HF's cos and sin (exercise 2);
 # - use partial rotary (`rotary_percent`), position offsets (`start_positions`, `position_ids`)
 #   and context-parallel positions (`cp_size`, `cp_rank`);
-# - count the kernels and bytes of the unfused PyTorch version and explain why it is several
-#   times slower than one fused kernel (and, on a GPU, time each of its kernels against a copy).
+# - count the kernels and bytes of the unfused PyTorch version, and explain why on an H200 it
+#   takes 12.9 times as long as one fused kernel while moving only 6.0 times as many bytes.
 #
 # **Time:** about an hour to read and do the three exercises; section 6, on speed, is about
 # half of the reading. The cells run in about 6 s on a CPU (Triton's interpreter).
@@ -126,8 +126,7 @@ print(f"thd with cu_seqlens={cu_seqlens.tolist()} == each sequence rotated alone
 # %% [markdown]
 # ## 2. Two table conventions: TE's angles vs HF's cos/sin
 #
-# Both give, for every position $m$ and rotated feature $i$, something about the angle
-# $m\theta_{j(i)}$:
+# Both encode, for every position $m$ and rotated feature $i$, the angle $m\theta_{j(i)}$:
 #
 # - **Transformer Engine** passes the *angles* `freqs [P, 1, 1, R]` in fp32: `cat(f, f)` for
 #   rotate-half, each angle twice in a row (`f0 f0 f1 f1 ...`) for the interleaved pairing.
@@ -146,10 +145,11 @@ print(f"thd with cu_seqlens={cu_seqlens.tolist()} == each sequence rotated alone
 # computed in fp32 and rounded once to the dtype asked for. `ropelib.apply_rope` accepts either
 # (`freqs=` or `cos=, sin=`).
 #
-# The difference that matters is precision. HF rounds $\cos$ and $\sin$ to the model's dtype
-# *before* the multiply: to 8 bits of mantissa in bf16. The old cache did the same. TE's
-# unfused path rounds them the same way. Both then do the multiply-adds in bf16 too. A fused
-# kernel that reads fp32 angles and rounds once at the end is as accurate as bf16 allows.
+# The difference that matters is precision. HF, its old cache and TE's unfused path all round
+# $\cos$ and $\sin$ to the model's dtype *before* the multiply (8 bits of mantissa in bf16),
+# then do the multiply-adds in bf16 too. A fused kernel that reads fp32 angles and rounds once at
+# the end is as accurate as bf16 allows. The cell compares three outputs: ropelib's kernel on
+# fp32 angles, the same kernel on bf16 cos/sin (HF's table, fp32 math), and TE's unfused path.
 
 # %%
 f_tab = rope_freqs(S, D).to(device)                               # [S, 1, 1, D] fp32
@@ -263,12 +263,12 @@ assert torch.equal(rope_freqs(8, D, offset=5), rope_freqs(13, D)[5:])
 
 # %% [markdown]
 # The table must cover the largest position used: with `start_positions` TE requires
-# `max(start_positions) + S * cp_size <= P`, as the error below says. ropelib checks it where it can read the positions without
-# waiting for the GPU — index tensors in CPU memory, or every call after
-# `ropelib.set_index_checks("on")` (one synchronisation a call) — and raises a `ValueError`
-# that names `start_positions` and the table's rows. Unchecked (GPU index tensors, by default;
-# any call after `set_index_checks("off")`, as the cell shows; always under `torch.compile`), a
-# position past the table gives NaN rows: never another row's angles.
+# `max(start_positions) + S * cp_size <= P`. ropelib checks this where it can read the positions
+# without waiting for the GPU: index tensors in CPU memory, or every call after
+# `ropelib.set_index_checks("on")` (one synchronisation a call). It then raises the
+# `ValueError` the cell prints. Unchecked (GPU index tensors by default, every call after
+# `set_index_checks("off")`, always under `torch.compile`), a position past the table gives NaN
+# rows, never another row's angles.
 
 # %%
 past = torch.full((B,), L, device=device, dtype=torch.int32)    # position L: the table has L rows
@@ -352,13 +352,9 @@ print("each rank's local rotation == the global rotation at its positions")
 # its inputs from memory and writes a temporary back (a line such as
 # `t * cos + rotate_half(t) * sin` is several of them). Let us count them. A `TorchDispatchMode`
 # sees every ATen operation that actually runs; we record the bytes each reads and writes.
-# Each op's schema says how its tensors share memory. In `transpose(Tensor(a) self) ->
-# Tensor(a)` the output is marked as a view of `self`: views move nothing and are skipped. In
-# `mul_(Tensor(a!) self, Tensor other) -> Tensor(a!)` the `!` marks a tensor the op writes in
-# place: it is read and written. An `out=` argument is marked the same way and only written
-# (as is the destination of `copy_`, `fill_` and `zero_`, which write without reading). The
-# unfused path runs no in-place op, but the count holds for code that does. It works the same
-# on the CPU and on a GPU.
+# Each op's schema says which outputs are views (`transpose(Tensor(a) self) -> Tensor(a)`:
+# no bytes move, skipped) and which arguments it writes (`Tensor(a!)`: in place or `out=`).
+# The count works the same on the CPU and on a GPU.
 
 # %%
 class CountTraffic(TorchDispatchMode):
@@ -514,9 +510,7 @@ if not GPU:     # one autograd node: ropelib's Rotate
 
 # %% [markdown]
 # On the CPU, `ropelib.apply_rope` shows up as one autograd function (`Rotate`): its Triton
-# kernel runs as Python inside the interpreter, invisible to the profiler. On a GPU the list
-# above shows the one Triton kernel it launches, against one CUDA kernel per ATen operation of
-# the unfused code.
+# kernel runs as Python inside the interpreter, invisible to the profiler.
 
 # %% [markdown]
 # On a GPU the next cell also times both against a plain copy of the same bytes: a yardstick
@@ -590,8 +584,8 @@ assert c_time_ratio > c_bytes_ratio
 #
 # Without a GPU there is no profile to take: there the cell prints the table of the committed
 # H200 run, kept in `figures/02-unfused-kernels.csv`, and checks the same things against it. On
-# a GPU the table is the live run's. The text after the next cell quotes the committed run,
-# which that cell prints and asserts.
+# a GPU the table is the live run's. The text below quotes the committed run, which the cell
+# after the table prints and asserts.
 
 # %%
 MIXED = "the fused call (do_bench) against a copy (device time)"
@@ -727,8 +721,7 @@ assert list(c_factors)[-1] == MIXED     # the committed run: the fused call time
 
 # %% [markdown]
 # The table shows what the bytes alone do not. The numbers in this part come from the committed
-# H200 run, printed by the cell just above. A live run on a GPU prints its own table before
-# that, with percentages and microseconds a little different.
+# H200 run, printed by the cell just above; a live table before it differs a little.
 #
 # In the committed run, 4 of the 6 kernels on $x$ (the two multiplies, the `neg` and the first
 # `cat`) stream at 24% to 38% of the copy's bandwidth. The table's own `cos`, `sin` and casts,
@@ -737,40 +730,36 @@ assert list(c_factors)[-1] == MIXED     # the committed run: the fused call time
 # The factor lines answer "where does the rest go?" as a product of measured factors. The
 # unfused chain moves 6.02 times the fused kernel's bytes. Its kernels take 2.29 times what
 # those bytes would take at the copy's speed. The time between its kernels adds nothing visible
-# (1.00). With the last factor, the product is the timed ratio, 12.9, by construction, since
-# each factor is a ratio of measured times and bytes.
+# (1.00). With the last factor, the product is the timed ratio, 12.9, by construction.
 #
-# A factor is only as fair as its clocks. The unfused and fused times come from
-# `triton.testing.do_bench`, which times whole calls: each call's launch and the timer's own
-# events are inside them. The kernels' times and the copy's GB/s come from the profiler's
-# device time, the kernels alone. That small fixed cost disappears in the unfused chain's long
-# time (the 1.00), but not in the one short fused kernel. So a GPU run also profiles the fused
-# kernel the way it profiles the copy, and splits the last factor in two: the fused kernel
-# against a copy, both in device time, and the kernel's device time over do_bench's time of
-# its call, which is the timer's share. The committed run kept no device time of the fused
-# kernel. Its last factor, 0.93, holds the fused call's do_bench time against the copy's
-# device time, so part of its gap below 1 is the timer, not the kernel.
+# The last factor mixes two clocks. `triton.testing.do_bench` times whole calls, launch and
+# timer events included; the profiler's device time counts the kernel alone. That fixed cost
+# vanishes in the unfused chain's long time, not in one short fused kernel. A GPU run therefore
+# also profiles the fused kernel and splits the factor in two: the kernel against a copy, both
+# in device time, and the kernel's device time over do_bench's time of its call (the timer's
+# share). The committed run kept no device time of the fused kernel, so its 0.93 holds the
+# fused call's do_bench time against the copy's device time: part of the gap below 1 is the
+# timer, not the kernel.
 #
 # Which kernels fall short, and why? The by-kind table sums the kernels by the PyTorch template
-# each was launched from, as its name shows (the profiler listing earlier in this section prints
-# the names). The kernels that fall short on the large tensors are the
+# each was launched from, as its name shows in the profiler listing above. The slow ones are the
 # **non-vectorized** ones: `elementwise_kernel<128, 4>` for the two multiplies and the `neg`,
 # and the plain `CatArrayBatchedCopy` for the first `cat`. Each has an operand that is not
 # contiguous: the multiplies read the cos/sin table broadcast over batch and heads (a stride of
 # 0), `neg` and the first `cat` a strided half of `x` (`torch.chunk` of the last dimension).
 # PyTorch picks its vectorized template, where each thread loads several neighbouring elements
 # at once, only when every operand is contiguous; otherwise each thread loads one element at a
-# time at an offset computed from the strides. The `add` of two contiguous temporaries and the
-# second `cat` run vectorized, at 105% and 97% of the copy's GB/s. The `add` beats the copy
-# because a copy is a yardstick, not the memory's peak: a kernel that reads two bytes for each
-# it writes can stream faster than one that reads one and writes one. (`cos`, `sin` and their
-# casts are vectorized too, but they touch only the small table.) Of the 504 µs the chain's
-# kernels take beyond what their bytes would take at the copy's speed, 502 µs are the
-# non-vectorized kernels'. What the table gives is the kernel kind, read from its name, and its
-# GB/s, from device time and counted bytes. That the slow kernels are the non-vectorized ones is
-# an observation across kernels, not a controlled experiment: no cell runs the same op once
-# vectorized and once not. The loads themselves take a profiler's hardware counters: the
-# next cell reads the same chain under Nsight Compute on an H200
+# time, at an offset computed from the strides. Of the 504 µs the chain's kernels take beyond
+# the copy's speed, 502 µs are the non-vectorized kernels'.
+#
+# The `add` of two contiguous temporaries and the second `cat` run vectorized, at 105% and 97%
+# of the copy's GB/s. The `add` beats the copy because a copy is a yardstick, not the memory's
+# peak: a kernel that reads two bytes for each it writes can stream faster than one that reads
+# one and writes one. (`cos`, `sin` and their casts are vectorized too, on the small table.)
+#
+# So far this is an observation across kernels, not a controlled experiment: the kind is read
+# from a name, the GB/s from device time and counted bytes. The loads themselves take hardware
+# counters: the next cell reads the same chain under Nsight Compute on an H200
 # (`benchmarks/access_counters.py`, one call at this notebook's GPU shape).
 #
 # For each kernel it counts the global load **requests** (one per warp instruction) and the
@@ -816,9 +805,10 @@ assert mul["l1_load_requests"] == 8 * add["l1_load_requests"]
 # streams at 35% of the copy's GB/s in the committed run, the add at 105%.
 #
 # Two cautions. The non-vectorized path also computes each element's offset from the strides,
-# and these counters cannot separate that cost from the narrower loads. And Nsight Compute's
-# durations are longer than the profiler's: it replays each kernel under its own measurement.
-# Compare its counts, not its times.
+# and these counters cannot separate that cost from the narrower loads. And Nsight Compute
+# replays each kernel under its own measurement, so its durations are not the profiler's (the
+# non-vectorized kernels take longer under it, the `add` about as long): compare its counts,
+# not its times.
 # Notebook 07 measures the fixed cost of a call, and notebooks 03 to 05 what makes one kernel
 # stream at a copy's speed.
 
