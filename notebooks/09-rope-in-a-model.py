@@ -314,7 +314,7 @@ for name, rope, seed in [("ropelib", "ropelib", 0), ("reference", "reference", 0
 # $$
 #
 # Near a loss of 1.2 nats that allows about 0.012 nats, about three quarters of the mean
-# distance between the validation curves of two seeds in the committed run (0.017 nats).
+# distance between the validation curves of two seeds in the committed run (0.0166 nats).
 #
 # Memorising shows first in the gap between the two losses. At each evaluation `train`
 # estimates both on fixed batches, as nanoGPT's `estimate_loss` does: the validation loss on
@@ -325,9 +325,7 @@ for name, rope, seed in [("ropelib", "ropelib", 0), ("reference", "reference", 0
 # Read the check for what it is. The learning rate decays by a cosine to a tenth of its peak at
 # the last step, so near the end the weights move little, and the validation curve flattens at
 # the end of any such run, memorising or not. The check catches a run whose validation loss
-# clearly climbed before that; it cannot say where the loss would turn with more steps. (With
-# more data, dropout or a smaller model the turn comes later; stopping early is the cheapest fix
-# here, because the step count also sets the run time.)
+# clearly climbed before that; it cannot say where the loss would turn with more steps.
 
 # %%
 n_passes = STEPS * BATCH * cfg.block_size / len(data.train_data)
@@ -410,8 +408,8 @@ print("wrote", csv_path)
 # A CPU run draws [`figures/09-loss-curves-cpu.png`](../figures/09-loss-curves-cpu.png) and its
 # CSV instead. Either run writes to a scratch folder unless `ROPELIB_WRITE_FIGURES=1` is set.*
 #
-# The committed figure need not come from the configuration at the top. The next cell reads its
-# CSV: which run it is, where each validation loss was lowest, and the parity check on it.
+# The next cell reads the committed figure's CSV: which run it is, where each validation loss
+# was lowest, and the parity check on it.
 
 # %%
 meta_c, saved_c = COMMITTED_CURVES
@@ -538,40 +536,37 @@ assert (round(k4, 4), round(c4, 4)) == (0.0043, 0.0036)                     # af
 #
 # | run | what differs from the reference | step 1 | step 20 | $d \,/\, d(\text{seed 1})$ |
 # |---|---|---|---|---|
-# | ropelib | the RoPE implementation | $2 \cdot 10^{-6}$ | 0.019 | 0.47 |
+# | ropelib | the RoPE implementation | $1.9 \cdot 10^{-6}$ | 0.019 | 0.47 |
 # | reference again (control) | nothing | 0 | $1.2 \cdot 10^{-3}$ | 0.29 |
 # | reference seed 1 | initial weights and batches | other batches | other batches | 1 |
 #
-# Here $d(\text{reference seed 1}, \text{reference})$ is 0.017 nats, the control's $d$ 0.0049.
+# Here $d(\text{reference seed 1}, \text{reference})$ is 0.0166 nats, the control's $d$ 0.0049.
 #
 # **ropelib against the seed band.** Its validation curve stays well inside it: 0.47 of the
-# seed distance, where the check allows 1.5 (your run prints its own ratio, which moves from run
-# to run). At step 25 it is 0.018 nats from the reference, the second seed 0.032; from step 200
-# on it stays within 0.014, the second seed within 0.016. The second seed's per-step training
-# loss is no yardstick: that run trains on other batches, and a per-step training loss moves
-# with its batch.
+# seed distance, where the check allows 1.5 (a run of this notebook prints its own two
+# distances, which move from run to run). At step 25 it is 0.018 nats from the reference, the
+# second seed 0.032; from step 200 on it stays within 0.014, the second seed within 0.016. The
+# second seed's per-step training loss is no yardstick: that run trains on other batches, and
+# a per-step training loss moves with its batch.
 #
-# **ropelib against the control.** Both bf16 runs round once to bf16, but the kernel computes
-# $\sin$ and $\cos$ itself (section 2), so the last bits can differ: ropelib's run differs at
-# step 1, where the control does not. In the figure, ropelib's run is the further of the two at
-# 38 of the first 40 steps, its median difference 5 times the control's over steps 1 to 20 and 9
-# times over steps 21 to 40. Then the control catches up: 3.4 times over steps 41 to 60, and
-# from step 61 to 300 the medians are 0.0043 and 0.0036 nats, ropelib's the larger at 143 of 240
-# steps. Both runs start from a difference in the last bits, which training amplifies until it
-# reaches one size; ropelib's starts a step earlier and larger, no more. On validation ropelib's
-# distance is 1.6 times the control's (0.47 and 0.29 of the seed distance). One sample of each
-# cannot tell that from chance; several controls, or a second seed trained on seed 0's batches,
-# could.
+# **ropelib against the control.** The kernel computes $\sin$ and $\cos$ itself (section 2), so
+# its last bits can differ from the reference's: ropelib's run differs at step 1, the control
+# does not. Over steps 1 to 20 and 21 to 40 ropelib's run is the further of the two at 19 of 20
+# steps, its median difference 5.3 and 9.2 times the control's. Then the control catches up:
+# 3.4 times over steps 41 to 60, and from step 61 to 300 the medians are 0.0043 and 0.0036 nats,
+# ropelib's the larger at 143 of 240 steps. Training amplifies a difference in the last bits to
+# one size; ropelib's starts a step earlier and larger, no more. On validation ropelib's
+# distance is 1.58 times the control's (0.47 and 0.29 of the seed distance). One sample of each
+# cannot tell that from chance; several controls could. (On the CPU, in fp32, the two curves
+# agree within $10^{-5}$, asserted.)
 #
 # **Where the control's noise comes from.** Its step-1 loss (same weights, same forward) agrees
 # and its step-2 loss does not, so the noise enters in step 1's backward or update, most likely
 # the backward: some backward kernels add partial sums with atomic adds, in an order that changes
-# from run to run (attention's backward, for one, can accumulate the gradient of $q$ that way).
-# This notebook does not measure it. To test it, train the control under
-# `torch.use_deterministic_algorithms(True)` (on a GPU with `CUBLAS_WORKSPACE_CONFIG=:4096:8` set,
-# as PyTorch asks). If it then repeats the reference bit for bit, the order of the sums was the
-# cause; an op with no deterministic version raises an error that names it. On the CPU in fp32
-# the kernel's and the reference's curves agree within $10^{-5}$ (asserted).
+# from run to run. This notebook does not measure it. To test it, train the control under
+# `torch.use_deterministic_algorithms(True)` (with `CUBLAS_WORKSPACE_CONFIG=:4096:8` set, as
+# PyTorch asks): if it then repeats the reference bit for bit, the order of the sums was the
+# cause.
 #
 # **Where the run ends.** Three of the four committed runs are lowest at the last evaluation,
 # step 300. The reference's is lowest at step 275 and ends 0.007 nats (0.59 %) above it, inside
@@ -583,12 +578,11 @@ assert (round(k4, 4), round(c4, 4)) == (0.0043, 0.0036)                     # af
 # What the numbers do show is the gap between the two losses. The committed CSV holds the
 # per-step training losses only, so the cell averages them over the 25 steps before each
 # evaluation; that average lags while the loss still falls fast. By it the training loss is below
-# the validation loss from about step 150, and the true crossing comes earlier (a run of this
-# notebook prints the gap on fixed batches, without the lag). The gap then widens at
+# the validation loss from step 150; the gap on fixed batches, which this notebook's own run
+# printed above, has no lag and turns positive earlier. The gap then widens at
 # every evaluation, to 0.30 nats at step 300: the model fits the text it trains on better than
-# text it has not seen, the first sign of memorising. Whether the validation loss would turn up
-# with more steps is not measured here. For the parity comparison that is harmless: both
-# implementations train the same model.
+# text it has not seen, the first sign of memorising. For the parity comparison that is
+# harmless: both implementations train the same model.
 
 # %% [markdown]
 # ### The same model with RoPE inside the QKV projection
@@ -694,13 +688,13 @@ assert round(committed_tps["ropelib"] / committed_tps["reference again"], 2) == 
 # also lists the control, the first run's code and seed once more: read the ratio against its
 # row too.
 #
-# In the committed GPU run ropelib's model trains 1.13 times as many tokens a second as the
-# reference. The second seed's run of the reference trains 0.91 times as many as the first, and
-# the control 1.08 times as many (all checked). The same code moved by 8 to 9 % from one run to
-# the next, and against the control ropelib's run is only 1.05 times as fast. So tokens per
-# second do not separate RoPE's saving from the machine's movement here. On a model this small
-# the GPU sits idle for a large part of each step, waiting for the host; section 5 measures
-# RoPE's own time on the device instead.
+# In the committed GPU run tokens per second cannot tell RoPE's saving from that movement.
+# There ropelib's model trains 1.131 times as many tokens a second as the reference, but the
+# second seed's run of the reference trains 0.910 times as many as the first and the control
+# 1.082 times as many: the same code moved by 8 to 9 %, and against the control ropelib's run is
+# only 1.046 times as fast. A run whose own movement is smaller can show the saving plainly; the
+# ratios move from run to run. On a model this small the GPU sits idle for a large part of each
+# step, waiting for the host, so section 5 measures RoPE's own time on the device instead.
 
 # %% [markdown]
 # ## 5. How much of a step is RoPE?
@@ -820,8 +814,8 @@ if ON_GPU:
 #   side.
 # - The host share answers "what can fewer launches give back?", when the host is the slower
 #   side.
-# - The profiler adds a few µs to every op it records, so host times under it run long, the
-#   reference's (many small ops) most.
+# - The profiler adds a few µs to every op it records, so host times under it run longer than
+#   the wall-clock step.
 # - The wall clock follows, roughly, the slower side, and carries the run-to-run movement of
 #   section 4. By itself it attributes nothing to RoPE.
 # - The profiled step is the training loop's own, `train_step` (the same AdamW, the same
@@ -834,34 +828,32 @@ if ON_GPU:
 
 # %% [markdown]
 # The committed GPU run of this section (`figures/09-rope-share.csv`) gives a reader without a
-# GPU the device's answer: with ropelib, RoPE takes 2.8 % of the busy step, with the reference
-# 35 %. That run timed its floor as the cell above does: 0.146 ms (`copy_floor_ms`). The cell
+# GPU the device's answer: with ropelib, RoPE takes 2.77 % of the busy step, with the reference
+# 35.37 %. That run timed its floor as the cell above does: 0.146 ms (`copy_floor_ms`). The cell
 # below also computes the floor from the rate of the H200's 1 GiB copy
-# (`benchmarks/results/floor-nvidia-h200.csv`): 0.14 ms, within 3 % of the timed one. The
-# kernel takes 1.3 of it, by either floor.
+# (`benchmarks/results/floor-nvidia-h200.csv`): 0.142 ms. The kernel takes 1.27 times the timed
+# floor, 1.30 times the computed one.
 #
 # The busy step with ropelib is 3.36 ms shorter than the reference's, and RoPE's own kernels
 # take 3.37 ms less: the device time the kernel saves is, to within a hundredth of a
 # millisecond, all the device time the step saves. Only the device times attribute a saving to
 # RoPE. In this committed run the wall-clock step, which section 4's tokens per second measure,
-# shrank by 1.67 ms. Other runs of the notebook (the cell above prints a live one's on a GPU)
-# saved other amounts: the wall-clock saving moves from run to run, and is no fixed fraction of
-# the device saving.
+# shrank by 1.67 ms. Other runs save other amounts (the cell above prints a live one's on a
+# GPU): the wall-clock saving moves from run to run, and is no fixed fraction of the device
+# saving.
 #
-# How busy is the GPU at all? With ropelib about half of the wall-clock step (6.68 of 12.76 ms),
-# with the reference 70 % (10.04 of 14.44 ms). The rest of the time it waits for the host. Take
-# these two as rough figures: the committed file's profiled step used PyTorch's default AdamW
-# and no gradient clipping, where the training loop uses the fused AdamW and clips; the cell
-# above profiles the loop's own step. The reference launches more kernels: in the step exercise 1
-# reads (`figures/09-step-kernels.csv`, written by the same run), ropelib's step has 386 device
-# events (kernels, copies, memsets) and the reference's 578. The rest of the model being the
-# same code, the difference is RoPE's: ropelib's 12 kernels (one per layer and pass) against 204
-# generic elementwise, concatenation and fill kernels. On the host, RoPE takes 7.4 % of the
-# profiled step with ropelib (1.47 of 19.79 ms) and 24.6 % with the reference (7.67 of
-# 31.20 ms): 6.20 ms a step more. Both profiled host steps are longer than the unprofiled
-# wall-clock steps (19.79 against 12.76 ms, 31.20 against 14.44 ms), so the profiler's own cost
-# is in them, the reference's most. The shares still rank the two: the host spends about a
-# quarter of its step on the reference's RoPE.
+# How busy is the GPU at all? With ropelib 52 % of the wall-clock step (6.68 of 12.76 ms), with
+# the reference 70 % (10.04 of 14.44 ms); the rest of the time it waits for the host. Take these
+# as rough figures: the committed file's profiled step used PyTorch's default AdamW and no
+# gradient clipping, where the training loop uses the fused AdamW and clips (the cell above
+# profiles the loop's own step). In the step exercise 1 reads (`figures/09-step-kernels.csv`,
+# written by the same run) ropelib's step has 386 device events (kernels, copies, memsets) and
+# the reference's 578. The rest of the model being the same code, the difference is RoPE's:
+# ropelib's 12 kernels (one per layer and pass) against 204 generic elementwise, concatenation
+# and fill kernels. On the host, RoPE takes 7.41 % of the profiled step with ropelib (1.466 of
+# 19.79 ms) and 24.57 % with the reference (7.667 of 31.20 ms): 6.20 ms a step more. Both
+# profiled host steps are longer than the wall-clock steps (12.76 and 14.44 ms), so the
+# profiler's own cost is in them; the shares still rank the two.
 
 # %%
 share_meta, share_rows = COMMITTED_SHARE
@@ -1010,8 +1002,8 @@ if ON_GPU:   # the same run: ropelib's kernels are all of its RoPE time, by name
 
 # %% [markdown]
 # By name, ropelib's kernels are RoPE's whole time: they carry its name, and nothing else does
-# RoPE's work. The reference's step spends a third of its device time in RoPE by range (35 % in
-# the committed run), and by name nothing: its RoPE is a chain of generic elementwise kernels
+# RoPE's work. The reference's step spends a third of its device time in RoPE by range (35.37 %
+# in the committed run), and by name nothing: its RoPE is a chain of generic elementwise kernels
 # (multiplies, a negation, a concatenation, casts) that look like every other elementwise kernel
 # of the step. `torch.compile`'s fused RoPE is as nameless as the reference's: its kernel is
 # named after the operations it fuses. That is why section 5 finds RoPE by the ranges it ran in
@@ -1319,7 +1311,7 @@ for what, a, b in zip(("output", "grad x", "grad W_qkv"), res["ropelib"], res["r
 # $x_a \cos\theta - x_b \sin\theta$ nearly cancels, the roundings of the two products are large
 # next to the small result. The cell rotates one bf16 tensor both ways and measures each
 # against the rotation in fp64, in bf16 ulps at the exact value (`debug.ulp_error`, the measure
-# of notebook 08, which measures what a bf16 cos/sin table costs in ulps).
+# notebook 08 uses for what a bf16 cos/sin table costs).
 
 # %%
 from ropelib.course import debug
@@ -1345,7 +1337,7 @@ assert exact.flatten()[at].abs() < 0.05 * exact.abs().max()     # at a near canc
 # %% [markdown]
 # One rounding keeps ropelib within half an ulp of the exact rotation (give or take fp32's own
 # error); the unfused path's roundings leave some entries many ulps off, and a fifth or more of
-# the entries differ from the fused result. Hundreds of ulps sound like a disaster, but they are
+# the entries differ from the fused result. So many ulps sound like a disaster, but they are
 # ulps of the exact value, and near a cancellation that value is small: the absolute error is
 # still the size of one bf16 rounding of the products. Both paths are TE's own: a bf16
 # comparison between them needs the dtype-aware tolerances of notebook 08, not the fp32 ones
@@ -1364,17 +1356,17 @@ assert exact.flatten()[at].abs() < 0.05 * exact.abs().max()     # at a near canc
 # - A small corpus and a large model: the learning rate decays to a tenth of its peak by the
 #   last step, so the validation loss flattens at the end, and the check asks only that it end
 #   within 1 % of its lowest. The gap between training and validation loss widens at every
-#   evaluation from about step 150 on, to 0.30 nats: the first sign of memorising.
+#   evaluation from step 150 on in the committed run, to 0.30 nats: the first sign of
+#   memorising.
 # - The same model with RoPE inside the QKV projection's GEMM (`rope="ropelib_qkv"`, notebook
 #   12) follows the same curve: to fp32 rounding on the CPU, within seed noise under bf16.
 # - RoPE is memory-bound; in a training step its cost is its bytes. The profiler shows how much
 #   of the step it takes in each implementation, next to a copy of the same bytes: in the
-#   committed H200 run 2.8 % of the busy step with ropelib, 35 % with the reference, and the
-#   device time ropelib saves is all the device time the step saves. The wall-clock saving
-#   (1.67 ms in that run) moves from run to run. On a model this small the GPU is idle for a
-#   large part of the wall-clock step, and tokens per second move between two runs of the same
-#   code by nearly as much as the two RoPEs' ratio: read that ratio against that movement, not
-#   alone.
+#   committed H200 run 2.77 % of the busy step with ropelib, 35.37 % with the reference, and the
+#   device time ropelib saves is all the device time the step saves. On a model this small the
+#   GPU is idle for a large part of the wall-clock step, so the wall-clock saving (1.67 ms in
+#   that run) and tokens per second move from run to run: read the two RoPEs' ratio against
+#   the movement of the same code between runs, not alone.
 # - Decoding with a KV cache: each new token's query and key are rotated at its absolute
 #   position $L + j$, and the cached keys never again; then every step's logits are the full
 #   forward's to fp32 rounding, while each step runs only the new tokens through the model.
