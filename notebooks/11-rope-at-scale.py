@@ -195,7 +195,8 @@ assert all(v == 1 for v in imbalance["dual-chunk"])         # exactly 1
 # and 7 the angles of positions 2 and 3, and every score between the two chunks would see the
 # wrong distance. `apply_rope(..., cp_size=c, cp_rank=r)` makes the kernel map each local index
 # to its global position (the same map as `cp.dual_chunk_positions`), so the shard is rotated
-# exactly as the full sequence would be; nothing is gathered for RoPE.
+# exactly as the full sequence would be; nothing is gathered for RoPE. The cell uses $S = 16$
+# and prints each rank's positions.
 
 # %%
 B, H, D = 2, 2, 8
@@ -283,11 +284,11 @@ solution(ex.solution_dual_chunk_positions)
 # model from the same seed on the same batches in one process (`--compare-single`), and the
 # CSV holds both losses.
 #
-# Where the kernels run decides where the two processes run, and both rotate with ropelib's
-# kernel. Without a GPU: on the CPU, with gloo and Triton's interpreter. With GPUs: ropelib's
-# compiled kernel, one GPU per rank with NCCL where there are two, and both ranks on the one GPU
-# where there is one (NCCL refuses two ranks on one GPU; gloo carries the collectives through
-# host memory), in fp32 so that the two losses compare to the script's fp32 tolerance.
+# Both ranks rotate with ropelib's kernel, so they run where it runs. Without a GPU: on the
+# CPU, with gloo and Triton's interpreter. With GPUs, in fp32 so that the two losses compare to
+# the script's fp32 tolerance: one GPU per rank with NCCL where there are two, both ranks on
+# the one GPU with gloo where there is one (NCCL refuses two ranks on one GPU). The H200 page
+# is the second case.
 
 # %%
 def free_port() -> int:
@@ -384,18 +385,14 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# The cell also checks, from the CSV's header, how the run went: on a GPU its mode is the
-# GPU's and its backend NCCL or gloo as the GPUs here allow (one GPU: gloo), on the CPU the
-# interpreter's with gloo. So the page cannot show a CPU run as a GPU one.
+# The cell also checks, from the CSV's header, how the run went (compiled or interpreted, NCCL
+# or gloo), so the page cannot show a CPU run as a GPU one.
 #
-# The two losses agree to at most a few fp32 ulps, and the cell prints how many. The CSV's
-# per-step columns cannot show that: they keep 6 decimals, coarser than an fp32 ulp of this
-# loss (the cell checks it), so two losses an ulp apart print equal, or one unit apart in the
-# sixth decimal where they fall on either side of a rounding point. The difference in ulps is
-# read from the header's `max_loss_diff`, which the script computes before rounding. The losses
-# need not be bit-identical: attention over two chunks and an all-reduce of the gradients sum
-# in another order than one process does, and whether that changes a bit depends on the sizes
-# and the machine.
+# The two losses agree to a few fp32 ulps at most; on the H200, to 1. The per-step columns
+# cannot show that: they keep 6 decimals, coarser than an fp32 ulp of this loss, so the cell
+# reads the difference from the header's `max_loss_diff`, taken before rounding. The losses
+# need not be bit-identical: attention over two chunks and the all-reduce of the gradients
+# add in another order than one process does.
 # `tests/test_context_parallel.py` checks more: the loss and every parameter's gradient of
 # 2 ranks against 1 process, with both ropelib's kernel and the PyTorch reference.
 #
@@ -564,17 +561,13 @@ else:
     print("the 200-step bf16 runs (benchmarks/results/cp200-*.csv) are not in this checkout")
 
 # %% [markdown]
-# On average, over the whole run and over its last 50 steps, the 2-rank curve stays well
-# inside the seed gap. Step by step it is closer to its twin than the seeds are to each other
-# in 178 of the 200 steps; in the other 200 − 178 = 22 the two seeds happen to lie closer.
-#
-# That is all this check shows. It compares the sizes of the gaps, not their sign, and it
-# prints no signed gap per stretch of steps. So it cannot tell a slow, one-sided drift of the
-# 2-rank curve away from its twin from noise. The printed means give a hint: set the mean gap
-# of the last 50 steps beside the mean over all 200. A gap that grows as training goes on is
-# what the bf16 roundings above lead one to expect; whether it is only that, or a bias of the
-# two-rank run, takes a matched control. For example: other initial weights with seed 0's
-# batches, and the signed gap printed for each stretch of steps.
+# The 2-rank curve stays well inside the seed gap: 0.030 from its twin on average against
+# 0.258 between the seeds, and closer than the seeds in 178 of the 200 steps. Its gap grows,
+# though: 0.052 over the last 50 steps, while the gap between the seeds grows less (0.305).
+# The bf16 roundings above lead one to expect some growth. Whether it is only that or a
+# one-sided drift of the two-rank run, this check cannot tell, since it compares the sizes of
+# the gaps, not their sign. That takes a matched control: other initial weights with seed 0's
+# batches, and the signed gap printed per stretch of steps.
 #
 # ### Why two ranks are not twice as fast
 #
@@ -724,21 +717,13 @@ assert (round(tflops[1]), round(tflops[2])) == (455, 311)
 # forward and backward of the two calls against the one, on one GPU, with `torch.profiler`
 # naming the kernels.
 #
-# What to expect from such a run, and what not to: the loss per step of $c$ ranks follows the
-# 1-process loss (in fp32 to a few ulps; in bf16 not to the bit, and the 200-step check cannot
-# tell a slow drift from noise). Tokens/s of 2 GPUs on one sequence need not be twice one
-# GPU's. On these runs the fit attributes most of what holds it back to each rank's attention
-# (750 of the 964 ms); the collectives can account for at most the linear 214.
-#
-# The gain CP buys is first of all memory: a sequence too long for one GPU can fit on
-# several. The committed runs do not reach that limit, since 131072 tokens still fit on one
-# H200 (65.12 GiB at the peak). What they show is each rank's peak falling to 55 % of one
-# GPU's (the peak-memory line printed in section 3). The cell there adds it up from the run's
-# own sizes, and comes within a few percent: half of one GPU's activations, plus the other rank's
-# k and v for every layer (gathered for attention and kept for the backward), plus the full copy
-# of the weights, gradients and optimizer state that context parallelism does not split. (The
-# split of the activations into halves is assumed, not measured: the sum agreeing with the
-# measured peak is what supports it.)
+# What CP buys first is memory: a sequence too long for one GPU can fit on several. These runs
+# do not reach that limit (131072 tokens peak at 65.12 GiB on one H200), but each rank's peak
+# falls to 55 % of it. The cell of section 3 adds that up from the run's sizes, 36.69 GiB
+# against 35.94 measured: half of one GPU's activations, the other rank's k and v for every
+# layer (kept for the backward), and the full weights, gradients and optimizer state, which CP
+# does not split. The halving of the activations is assumed; the sum matching the measured
+# peak is what supports it.
 #
 # ## 4. Decoding with the fused cache write
 #
@@ -1178,9 +1163,8 @@ solution(ex.solution_fp8_store_kernel.fn, title="Solution: the fp8 store")
 # On a GPU, time it (yours once it passes, the worked one until then) against the unfused
 # store, `quantize_fp8` and an indexed write, at the decode benchmark's sizes: a batch of 64,
 # 8 heads of 128, 4096 positions. Both run under CUDA-graph replay
-# (`ropelib.bench.suite.graph_replay_ms`), so what is timed is the GPU's work, not the host's
-# launches. The page prints what this GPU measures; it checks only that both wrote the same
-# bytes.
+# (`ropelib.bench.suite.graph_replay_ms`), which leaves out the host's launches. The cell
+# prints what the GPU measures and checks only that both wrote the same bytes.
 
 # %%
 fp8_kernel = my_fp8_store_kernel if fp8_ok else ex.solution_fp8_store_kernel
@@ -1426,9 +1410,9 @@ for cache in ("contiguous", "paged"):      # per cache: to fp32, divide, clamp, 
 # - 8 more with an fp8 cache, 4 per cache (to fp32, divide by the scale, clamp, round to
 #   fp8): 14 contiguous and 17 paged.
 #
-# Each operator is one CUDA kernel or more, so the unfused step runs at least 7 to 18 kernels
-# where the fused one runs 1. The GPU's listing names them; the cell checks that there are at
-# least that many.
+# On the H200 each operator ran exactly one CUDA kernel, so the unfused step ran 7, 10, 15 and
+# 18 kernels (`_rope_kernel` first) where the fused one ran 1; the listing names them. The cell
+# asserts only "at least that many".
 #
 # Now set the counts beside the timings of the figure; the cell below prints them side by
 # side.
@@ -1446,17 +1430,14 @@ for cache in ("contiguous", "paged"):      # per cache: to fp32, divide, clamp, 
 #   replayed at batch 1. What the fixed part is made of is not measured here: neither the
 #   replay of an empty graph nor the host's share is timed.
 # - **A graph removes the host's per-launch work, not the kernels.** They still start and run
-#   one after another, and each adds about 1.9 µs. So, by the line, at batch 1 the fused
-#   step's gain is mostly the kernels it does not run. A serving stack's two-kernel path
-#   (RoPE, then one write kernel) runs only one kernel more than the fused step. The line's
-#   slope, taken below the counts it was fitted on (7 to 18), puts that path about 1.9 µs
-#   above the fused step at batch 1. That is an extrapolation, not a measurement.
+#   one after another, about 1.9 µs each, so at batch 1 the fused step gains mostly the kernels
+#   it does not run. A serving stack's two-kernel path (RoPE, then one write kernel) runs one
+#   kernel more than the fused step: about 1.9 µs more by the line, an extrapolation below the
+#   7 to 18 kernels it was fitted on, not a measurement.
 # - **Eagerly the unfused step is slower again**: at least 60.3, 128.8, 200.1 and 237.8 µs,
-#   more than twice the slowest replay of the same kernels for every cache. The difference is
-#   what eager execution adds, the host's dispatch of each operation included. This benchmark
-#   does not time the host, so how the difference divides is not measured. (Notebook 07 times
-#   the host's work for a different call, `apply_rope`'s forward and backward, not these ATen
-#   operators.)
+#   more than twice the slowest replay for every cache. The difference is what eager execution
+#   adds, the host's dispatch of each operation among it; this benchmark does not time the
+#   host, so how it divides is not measured.
 
 # %%
 def unfused_us(cache, dtype, mode):
@@ -1536,7 +1517,7 @@ assert as_stated((min(fused_graph), max(fused_graph)), (6.1, 9.9)), fused_graph
 #   here take it from the keys they store.
 # - Counted with `torch.profiler`, the fused decoding step is one kernel; RoPE then the write
 #   in PyTorch is one Triton launch and 6 to 17 ATen operators (more for a paged or an fp8
-#   cache), each one CUDA kernel or more. The H200's graph-replayed times of the unfused step
+#   cache), each one CUDA kernel on the H200. There the graph-replayed times of the unfused step
 #   rise in the order of those counts, by about 1.9 µs a kernel at batch 1; eagerly it is more
 #   than twice as slow, by a margin this benchmark does not split between the host and the
 #   GPU. The fused step's 2.8–5.7× are against that many-kernel path; a serving stack's
