@@ -21,9 +21,8 @@
 # same cos/sin. This notebook changes one thing, the **grid**, so that each program does $B$
 # rows' work: $B$ times fewer programs (and, on the way, $B$ times fewer cos/sin evaluations and
 # angle loads). Which of the three is worth time is section 5's question. It is the kernel an
-# earlier study project
-# built and benchmarked against Transformer Engine (its story is retold below, with what can and
-# cannot be concluded from it), and the second of ropelib's three generations.
+# earlier study project built and benchmarked against Transformer Engine (section 3 retells its
+# story, and what can be concluded from it), and the second of ropelib's three generations.
 #
 # **Time:** two to three hours. The reading alone takes most of an hour; section 5 is long and
 # dense, and its last part ("Where TE's time goes with the clock free") can wait for a second
@@ -445,8 +444,8 @@ print(f"programs launched: naive {naive.naive_grid(S, B, H)[0]:,}, batch-reuse "
 # compiles its own kernel; in exchange the compiler sees all iterations at once and can issue
 # their loads together. ropelib's loop is a runtime `range(0, B)`: one compiled kernel serves
 # every batch size, and the other programs running on the same multiprocessor hide the wait
-# for each iteration's loads. Which one is faster on a GPU is one of the questions the
-# ablation of section 5.3 measures.
+# for each iteration's loads. Section 5.3's ablation times both (`sh_loop_b` against
+# `sh_loop_b_unrolled`): on the H200 they run level, within the run's noise.
 #
 # ## 3. The story: a batch-reusing kernel on an RTX 2070 Super
 #
@@ -546,20 +545,18 @@ assert compare.bytes_moved(cfg) == 2 * x_bytes + Sr * Dr * 4
 #
 # The third generation timed here is `ropelib.apply_rope` as it plans each call. On tensors of
 # 64 MiB and more that is not the finished kernel alone but two passes (a small table of the
-# call's cos and sin rows, then a flat pass over q; notebook 05 measures when each pays).
-# Section 5.3 times the finished kernel on its own (`ropelib_finished`). That is why, at
-# $s = 4096, b = 8$, it shows a lower percentage of a copy there than `apply_rope` in the
-# committed generations run of section 5.2 (section 5.3's cell prints both).
+# call's cos and sin rows, then a flat pass over q; notebook 05 measures when each pays). So
+# the finished kernel timed on its own (`ropelib_finished`, section 5.3) reaches a lower
+# percentage of a copy at $s = 4096, b = 8$ than `apply_rope` does (section 5.3's cell prints
+# both).
 #
-# A live run is one run, and it can differ from the committed data. Short kernels, such as the
-# batch-1 rows (84.6 µs for the batch-reusing grid in the committed run), can vary between
-# runs by much more than the spread within one run. So the cell prints each live time beside
-# the committed one of section 5.2 (`benchmarks/results/generations-nvidia-h200.csv`), kernel by
-# kernel, the copy included, and marks with `<<` the rows more than 10 % apart. Without a GPU
-# the live column stays empty. **The prose of this notebook states only the committed
-# numbers**, which the cells assert; a live run is printed, never asserted against them. Where
-# the prose compares runs of different days (sections 5.4 and 5.5 do), it assumes the GPU
-# behaved the same in each.
+# A live run is a run of its own, on another day, and short kernels (the batch-1 rows) are the
+# likeliest to move. The cell prints each live time beside the committed one of section 5.2
+# (`benchmarks/results/generations-nvidia-h200.csv`), kernel by kernel, the copy included, and
+# marks with `<<` the rows more than 10 % apart; without a GPU the live column stays empty.
+# **The prose of this notebook states only the committed numbers**, which the cells assert. Where
+# it compares runs of different days (sections 5.4 and 5.5 do), it assumes the GPU behaved the
+# same in each.
 
 # %%
 GEN_CSV = measured.path("generations")
@@ -714,12 +711,11 @@ else:
 #    $b = 8$ four heads a program run level with the finished kernel.
 # 3. It beats TE's fused kernel at $b = 8$, although TE's kernel moves the same bytes with a
 #    fuller SM. TE's SMs do much more work per byte: it loads every element twice, two bytes
-#    at a time, and executes more than twice the grid's instructions per element. Locking the
-#    SM clock slows TE by a fifth, the grid by 5 % and a copy not at all. Profiled at the clock
-#    it was timed at, TE spends 96 µs more than the grid issuing instructions, and 34 µs less
-#    with no warp ready to issue (section 5.5). That split is bookkeeping, not a cause. TE also
-#    holds nearly twice as many warps, and the counters cannot say how much each difference
-#    costs or saves. At $b = 1$ the grid is back to one row per program and TE is faster.
+#    at a time, and executes more than twice the grid's instructions per element; locking the
+#    SM clock slows TE by 19 %, the grid by 5 % and a copy not at all (section 5.5). TE also
+#    holds nearly twice as many warps and waits at a barrier, and the counters cannot say what
+#    each of these differences costs. At $b = 1$ the grid is back to one row per program and
+#    TE is faster.
 #
 # `benchmarks/ablation.py` times, at bf16 sbhd $s = 4096, b = 8, h = 32, d = 128$ and at
 # $s = 32768, b = 1$ (the same bytes), a device copy, TE's fused kernel (when Transformer
@@ -932,10 +928,10 @@ assert not ab_differ, f"correct, but not the bits of the course's kernel: {ab_di
 # - `heads{2,4,8}_loop_b` and the `_w{1,2,4,8}` rows: how the tile and the warps (and so the
 #   elements each thread moves per load) change the time.
 #
-# The cell reads the committed H200 measurement (`benchmarks/results/ablation-nvidia-h200.csv`).
-# On this machine it does not measure anything: timings need a GPU (`python
-# benchmarks/ablation.py --out ...`), and the CPU can only check that every variant computes
-# RoPE correctly (`python benchmarks/ablation.py --dry-run`, which the test suite runs).
+# The cell reads the committed H200 measurement (`benchmarks/results/ablation-nvidia-h200.csv`)
+# and measures nothing itself, on any machine. The timings came from `python
+# benchmarks/ablation.py --out ...` on a GPU; on a CPU, `--dry-run` only checks that every
+# variant computes RoPE (the test suite runs it).
 
 # %%
 ABLATION_CSV = measured.path("ablation")
@@ -984,9 +980,9 @@ else:
 # question it answers, and keep its limits in mind: one GPU, two sizes, bf16 only, one run.
 # The CSV keeps the 20 % and 80 % quantiles of every timing; in this run they lie at most about
 # two percent of the median apart (the cell below prints the widest). A factor that changes the
-# time by less than that has not been shown to matter. That spread is noise *within* one run.
-# Between runs, short kernels can move by much more (section 5.1), so a small difference
-# between two CSVs is weaker evidence than the same difference inside one.
+# time by less than that has not been shown to matter. That spread is noise *within* one run;
+# between runs a time can move more (section 5.1 sets a live run beside the committed one), so a
+# small difference between two CSVs is weaker evidence than the same difference inside one.
 #
 # ### 5.4 Why, measured: the profiler's answer
 #
@@ -1010,15 +1006,15 @@ else:
 #   2's figure, but no run here tests whether that is the cause). They cost no time there: at
 #   that size the program count sets it (below).
 # - **A million one-warp, one-row programs take the same time, whatever they do.** The naive
-#   kernel, `sh_one_b`
-#   and `sh_one_b_table` each launch a million one-warp programs. Their instructions per element
-#   differ fourfold, yet their times lie within half a percent of each other: about 80 ns per
-#   program on each SM. Their achieved occupancy says why. An SM could hold 32 of these
-#   programs at once (half its 64 warp slots), yet on average it holds far fewer, 28, 18 and
-#   10 % of its slots, the fewer the less each program does. So the slots stand empty, and the
-#   time follows the number of programs, not their work. The simplest reading is a limit on how
-#   fast the GPU starts new blocks; no run here measures that start rate on its own (a variant
-#   whose programs do nothing would). The batch loop divides the program count by $B$.
+#   kernel, `sh_one_b` and `sh_one_b_table` each launch a million one-warp programs. Their
+#   instructions per element differ fourfold, yet their times lie within half a percent of each
+#   other: about 80 ns per program on each SM. Their achieved occupancy says why. An SM could
+#   hold 32 of these programs at once (half its 64 warp slots), yet on average it holds far
+#   fewer, 28, 18 and 10 % of its slots, the fewer the less each program does. So the slots
+#   stand empty, and the time follows the number of programs, not their work. The simplest
+#   reading is a limit on how fast the GPU starts new blocks; no run here measures that start
+#   rate on its own (a variant whose programs do nothing would). The batch loop divides the
+#   program count by $B$.
 # - **The speed-up over the naive kernel is not cos/sin reuse.** `sh_one_b` (one batch row per
 #   program) is as slow as the naive kernel, and `sh_one_b_table`, which evaluates no sine or
 #   cosine at all, is just as slow: all three launch a million one-warp programs of one row. The
@@ -1037,9 +1033,9 @@ else:
 #   kernel. The cause is its layout: 128 threads for a 64-element half-row, so each element is
 #   held, loaded and computed by two threads (section 5.5 compiles it and counts). This pair
 #   cannot separate bytes in flight from the duplicated instructions, and no profile here counts
-#   its stalls. Four heads per program on two warps (`heads4_loop_b`) raise
-#   both occupancy and bytes per warp: several times the KiB per SM and, at $b = 8$, a time
-#   level with the finished kernel's (at $b = 1$ it is slower: 175 µs against 138, section 5.3).
+#   its stalls. Four heads per program on two warps (`heads4_loop_b`) raise both occupancy and
+#   bytes per warp: several times the KiB per SM and, at $b = 8$, a time level with the
+#   finished kernel's (at $b = 1$ it is slower: 175 µs against 138, section 5.3).
 # - **Instructions count where nothing amortises them.** TE's grid written in Triton
 #   (`heads_all_one_b`: one program per token and batch row, all heads) asks for as many bytes
 #   per SM as `heads4_loop_b`, but executes several times as many instructions per element,
@@ -1047,9 +1043,9 @@ else:
 #   them): compiled, each value is evaluated by every thread that holds it (section 5.5). It
 #   takes about twice as long, and reading cos/sin from a table brings it back to the others.
 #
-# **So, why was the batch-reusing grid faster than TE?** On this H200 it is (the ratio is
-# printed below), and the measured reason is not that it reuses cos/sin more. By section 3's
-# count it evaluates more (cos, sin) pairs per position than the TE version profiled here
+# **Against TE, too, the reason is not cos/sin reuse.** On this H200 the batch-reusing grid is
+# faster than TE's fused kernel (the ratio is printed below), yet by section 3's count it
+# evaluates more (cos, sin) pairs per position than the TE version profiled here
 # ($H \cdot D$ = 4,096 against $B \cdot D$ = 1,024), which computes them once per block into
 # shared memory. Its batch loop gives each program $B$ rows: enough work per program that
 # neither the program count nor the per-program sin/cos sets its time, which follows the bytes
@@ -1417,16 +1413,14 @@ assert te_counts == dict(grid=4096, te_shared=1024, te_registers=8192)
 #   TE's 78 about 2, and only the copy's 512 (512 / 32) reach 16. The grid's layout, printed
 #   by the compile cell below (its `sizePerThread`), says the same: a thread loads a few bf16
 #   values of a row at a time, not a 16-byte vector. Whatever the grid gains, it is not this.
-# - **The clock matters to it.** Locked at about 1.5 GHz, TE's kernel takes 289.2 µs. The same
-#   script, run with the clock free (end of this section), took 240.8 µs, so the locked run
-#   takes 1.20 times as long (289.2 / 240.8). Section 5.4's clock-free run agrees: 243.6 µs, and
-#   19 % longer when locked. TE's grid in Triton takes 373.1 µs locked against 293.2, while the
-#   copy (124.5 against 125.3 µs) and TE's grid from tables (145.1 against 143.7) keep their
-#   times. The batch-reusing grid slows by 5 % (190.9 against 181.9 µs), about a quarter of TE's
-#   19 %. At the locked clock TE's schedulers issue on 73 % of its cycles, and its warps wait at
-#   a block-wide barrier (0.44), where the Triton kernels never do. Its ready warps often queue
-#   for the issue slot: 3.4 warps wait as `not_selected` per instruction issued, against the
-#   grid's 0.5.
+# - **The clock matters to it.** Locked at about 1.5 GHz, TE's kernel takes 289.2 µs, 19 %
+#   longer than in section 5.4's clock-free run (243.6 µs). TE's grid in Triton takes 373.1 µs
+#   locked against 293.2, while the copy (124.5 against 125.3 µs) and TE's grid from tables
+#   (145.1 against 143.7) keep their times. The batch-reusing grid slows by 5 % (190.9 against
+#   181.9 µs), about a quarter of TE's 19 %. At the locked clock TE's schedulers issue on 73 %
+#   of its cycles, and its warps wait at a block-wide barrier (0.44), where the Triton kernels
+#   never do. Its ready warps often queue for the issue slot: 3.4 warps wait as `not_selected`
+#   per instruction issued, against the grid's 0.5.
 # - **Issue is not the whole of it.** At the locked clock its instructions, issued back to back,
 #   need 1.77 copies' time, yet its schedulers issued on only part of the cycles. The end of
 #   this section splits its time at the free clock.
@@ -1449,16 +1443,17 @@ assert te_counts == dict(grid=4096, te_shared=1024, te_registers=8192)
 # cos/sin into shared memory and waits at a `__syncthreads`. So it evaluates $B \cdot D$ =
 # 1,024 (cos, sin) pairs per position here, a quarter of the batch-reusing grid's 4,096.
 #
-# **TE's grid in Triton evaluates sin and cos eight times as often as it asks.** Beyond the
+# **TE's grid in Triton evaluates sin and cos 32 times as often as its source asks.** Beyond the
 # rotation it executes 16.99 float instructions per element for sin and cos, the batch-reusing
 # grid 2.11: 8.06 times as many, where its source, once per program, asks for a quarter of the
-# grid's ($B / H$). The cause is in the compiled kernel. Triton computes a value in the layout of
-# the tensor that uses it: `cos1[None, :]` is broadcast over a `[heads, BLOCK_HALF]` tile, so
-# `tl.cos` runs in that tile's layout, and every thread that holds a column of the tile computes
-# that column's cosine itself. The next cell compiles the kernels for an H200 (sm_90) on this
-# machine, no GPU needed, reads the layouts from Triton's IR, and counts how many threads of a
-# program hold each cos/sin value and each element of a loaded `x` tile. The compile uses this
-# machine's Triton, which need not be the version of the H200 runs: its layouts can differ.
+# grid's ($B / H$): 32 times what it asks. The cause is in the compiled kernel. Triton computes
+# a value in the layout of the tensor that uses it: `cos1[None, :]` is broadcast over a
+# `[heads, BLOCK_HALF]` tile, so `tl.cos` runs in that tile's layout, and every thread that
+# holds a column of the tile computes that column's cosine itself. The next cell compiles the
+# kernels for an H200 (sm_90) on this machine, no GPU needed, reads the layouts from Triton's IR,
+# and counts how many threads of a program hold each cos/sin value and each element of a loaded
+# `x` tile. The compile uses this machine's Triton, which need not be the version of the H200
+# runs: its layouts can differ.
 
 # %%
 # compiled for an H200 (sm_90) by this machine's Triton, in a child Python without
@@ -1604,17 +1599,16 @@ else:
 # \;+\; \underbrace{\frac{\text{active cycles} - \text{issue cycles}}{f}}_{\text{no warp ready}}
 # \;+\; \underbrace{\frac{\text{elapsed cycles} - \text{active cycles}}{f}}_{\text{SM idle}} .$$
 #
-# This split is an identity, not a measurement: $f$ is defined as elapsed cycles over time, so
-# the three parts add up to $t$ by algebra, and the cell does not check it (such a check could
-# not fail). It is bookkeeping. What it adds is a name for each part. The first term is the
-# issue floor of the cells above, now at the right clock. The second counts the active cycles
-# in which a scheduler issued nothing. The third is the time an average SM held no block at all: the
-# launch's start, and its tail as the last blocks finish. Read both loosely. "No warp ready"
-# also counts cycles in which a scheduler held no warp at all (at the tail, say) and cycles in
-# which a ready warp could not be dispatched. "SM idle" subtracts an average over SMs
-# (`sm__cycles_active.avg`) from a maximum (`gpc__cycles_elapsed.max`). (The split takes the
-# instructions as spread evenly over the schedulers; the profile's own share of cycles that
-# issued agrees within 0.01. That check is a real one.)
+# This split is bookkeeping, not a measurement: $f$ is defined as elapsed cycles over time, so
+# the three parts add up to $t$ by algebra (the cell does not check that: the check could not
+# fail). What it adds is a name for each part. The first term is the issue floor of the cells
+# above, now at the right clock. The second counts the active cycles in which a scheduler issued
+# nothing. The third is the time an average SM held no block at all: the launch's start, and its
+# tail as the last blocks finish. Read both loosely: "no warp ready" also counts cycles in which
+# a scheduler held no warp at all, or could not dispatch a ready one, and "SM idle" subtracts an
+# average over SMs (`sm__cycles_active.avg`) from a maximum (`gpc__cycles_elapsed.max`). The
+# split takes the instructions as spread evenly over the schedulers; the cell checks that
+# against the profile's own share of cycles that issued (within 0.01).
 #
 # The warp states say what the warps were doing. Each state's counter is the number of warps in
 # that state per instruction issued. Times the instructions issued, it is the warp-cycles spent
@@ -1775,13 +1769,13 @@ assert 0 < diff["idle_us"] < 0.5
 # What the profile with the clock free says:
 #
 # - **The clock, measured.** The five kernels ran at 1.92 to 1.96 GHz, TE's at 1.95, just under
-#   the device's top clock of 1.98 GHz. Their times agree with section 5.4's within 2 %: TE's
-#   kernel 240.8 µs against 243.6, the batch-reusing grid 178.9 against 181.9.
-# - **Issuing takes two-thirds of TE's time.** Its 164.6 M warp instructions (the cell checks
-#   that the locked run counted exactly the same ones, kernel by kernel), issued back to
-#   back on all 528 schedulers, take 159.6 µs at 1.95 GHz: 66 % of its 240.8 µs. Its schedulers
-#   issued on 67 % of their active cycles (73 % at the locked clock). The grid's instructions
-#   take 63.7 µs, 36 % of its time; its schedulers issued on 37 % of their cycles.
+#   the device's top clock. Their times agree with section 5.4's within 2 %: TE's kernel
+#   240.8 µs against 243.6, the batch-reusing grid 178.9 against 181.9.
+# - **Issuing takes two-thirds of TE's time.** Its warp instructions (the cell checks that the
+#   locked run counted exactly the same ones, kernel by kernel), issued back to back on all
+#   schedulers, take 159.6 µs at 1.95 GHz: 66 % of its 240.8 µs. Its schedulers issued on 67 %
+#   of their active cycles (73 % at the locked clock). The grid's instructions take 63.7 µs,
+#   36 % of its time; its schedulers issued on 37 % of their cycles.
 # - **In the rest, the warps wait, mostly on memory.** TE's 240.8 µs split into 159.6 µs of
 #   issuing, 78.0 µs in which a scheduler issued nothing although it held 14.4 warps on
 #   average, and 3.2 µs in which SMs held no block. Of the cycles its warps spend stalled, 70 %
@@ -1837,19 +1831,19 @@ assert 0 < diff["idle_us"] < 0.5
 # the grid at most 8 × 142, also about 1.1 KB. The product is about the same, so it predicts
 # similar waiting, and it does not explain the gap.
 #
-# So the answer the data supports is narrow. At $b = 8$ the grid has few programs and few
-# instructions per element. TE spends 96 µs more issuing, and its time with no ready warp is
-# only 34 µs shorter. Which of TE's differences costs what needs section 5.3's method: change
-# one at a time.
+# So the answer the data supports is narrow: at $b = 8$ the grid has few programs and few
+# instructions per element, and TE's extra issuing is not made up by shorter waits. Which of
+# TE's differences costs what needs section 5.3's method: change one at a time.
 
 # %% [markdown]
 # ## 6. What the finished kernel does beyond the batch-reusing grid
 #
 # The (S, H) grid still has limits:
 #
-# - **cos/sin are reused across the batch, not across heads** (in the source): all $H$ programs
-#   of a position compute the same cosines and sines, and a tile of heads alone does not
-#   remove that work once compiled (section 5.5);
+# - **cos/sin are reused across the batch, not across heads**: all $H$ programs of a position
+#   compute the same cosines and sines. A tile of heads removes that work only where the
+#   compiled layout keeps one copy of each value: four heads on two warps do, all 32 heads in
+#   one program do not (section 5.5);
 # - **one row per load**: each load is half a head ($D/2$ elements, 128 bytes in bf16 for
 #   $D = 128$), so a program moves $B$ small pieces, one after another;
 # - **the grid depends on the shape**: with $B = 1$ nothing is reused at all, and when $S \cdot H$
@@ -1897,7 +1891,7 @@ solution(ex.solution_angle_bytes)
 # %% [markdown]
 # **2.** A device copy reached `copy_gbps` GB/s (1 GB = $10^9$ bytes). How long, in ms, does a
 # kernel that must move `nbytes` bytes take at the copy's speed? (The copy is the yardstick,
-# not a hard limit: section 4 shows kernels beating it by a few percent.)
+# not a hard limit: section 5.2 prints a kernel beating it by 3 %.)
 
 # %%
 def my_floor_ms(nbytes, copy_gbps):
