@@ -1192,7 +1192,8 @@ if ropelib.runtime.on_gpu():
     assert torch.equal(fused_cache.view(torch.uint8), unfused_cache.view(torch.uint8))
 else:
     print("(timed on a GPU only: in the interpreter the numbers would say nothing)")
-#
+
+# %% [markdown]
 # ### Decode latency on a GPU
 #
 # `benchmarks/decode_cache_bench.py` times one decoding step of one layer (q `[B, 1, 32, 128]`,
