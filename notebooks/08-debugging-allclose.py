@@ -326,20 +326,17 @@ if not GPU:
 # %% [markdown]
 # Two lessons. The reported kernel is many ulps from the exact result near outputs close to
 # zero, where its rounded products cancel; section 4 finds why. And the fixed kernel passes
-# with dtype-aware tolerances, but it is not TE bit for bit: the last line printed how many
-# elements differ here and how many differed from the real TE on a GPU, at the GPU's size.
-# Agreement at one size proves little. Two suspects for such last-bit differences: where
-# sin/cos come from, and the order of the multiply-add. Section 3b shows that the first
-# *can* produce the reported symptom; section 4b finds which of the two separates this kernel
-# from the real TE.
+# with dtype-aware tolerances but is not TE bit for bit: on the H200 page 12 of 1,048,576
+# elements differ from the real TE, enough to fail the default `allclose`, while the CPU's
+# small tensor shows none. Agreement at one size proves little. Two suspects for such
+# last-bit differences: where sin/cos come from, and the order of the multiply-add. Section
+# 3b shows that the first *can* produce the reported symptom; section 4b finds that on the
+# GPU it is the second.
 #
-# The cause differs by machine. On a GPU with TE, the kernel's `tl.cos`/`tl.sin` are TE's
-# `sincosf` bit for bit (section 4b checks every entry). The elements that differ there come
-# from the multiply-add. On the CPU, the fixed kernel takes sin/cos from `tl.cos`/`tl.sin`,
-# which are NumPy's fp32 functions in the interpreter. The TE emulation takes them from
-# `torch.cos`/`torch.sin`. These are two correct fp32 implementations, and they differ in the
-# last bit for some table entries. This cell counts them (it is the CPU's story, whatever
-# machine runs it):
+# On the CPU the fixed kernel takes sin/cos from `tl.cos`/`tl.sin`, which in the interpreter
+# are NumPy's fp32 functions, and the TE emulation takes them from `torch.cos`/`torch.sin`:
+# two correct fp32 implementations that differ in the last bit for some entries. This cell
+# counts them (on any machine):
 
 # %%
 f_half = compare.angles(SC.seq_len, SC.head_dim)[:, 0, 0, :SC.head_dim // 2].cpu()
@@ -397,7 +394,7 @@ assert bool((moved[far_u].float().abs() < 2 ** -6).all())   # the rest: near zer
 
 # %% [markdown]
 # That is the reported failure, from two correct kernels: the first ten values equal,
-# `torch.allclose` false for a few elements (the count is printed above), and true with bf16
+# `torch.allclose` false for a few elements (43 on the H200 page), and true with bf16
 # tolerances. The first line compares the kernel with itself, the unmoved table against the
 # moved one, so the nudge is the only difference on every machine. Most of the elements it
 # moves are one bf16 step apart. Any that are two or more steps apart (the histogram counts
@@ -407,12 +404,12 @@ assert bool((moved[far_u].float().abs() < 2 ** -6).all())   # the rest: near zer
 #
 # The second line compares with the TE side, as the report did. On the CPU that is the
 # emulation, whose table the kernel was given: the unmoved table gives no difference, and the
-# two counts are the same (the cell asserts both). On a GPU it is the real TE, and the
-# unmoved table already differs from it in the count printed in brackets: that is the
-# kernel's multiply-add order, section 4b. So against TE the GPU's count mixes two causes,
-# and the first line is the one that measures the nudge. The same experiment at the GPU size
-# ($S = 512$, $B = 2$, $H = 8$, $D = 128$: 1 048 576 elements), in plain PyTorch, runs on
-# every machine: the TE emulation against itself with the moved table.
+# two counts are the same (the cell asserts both). On the H200 page it is the real TE: 46
+# elements differ, and the unmoved table alone already gives 12 — the kernel's multiply-add
+# order, section 4b. Against TE the GPU's count mixes two causes; the first line measures the
+# nudge alone. The same experiment at the GPU size ($S = 512$, $B = 2$, $H = 8$, $D = 128$:
+# 1,048,576 elements) in plain PyTorch runs on every machine: the TE emulation against
+# itself with the moved table.
 
 # %%
 big = debug.Scenario(seq_len=512, batch=2, heads=8, head_dim=128)
@@ -430,11 +427,11 @@ assert torch.equal(yb.flatten()[:10], yb_moved.flatten()[:10])
 assert 10 <= n_big <= 1e-4 * yb.numel() and torch.allclose(yb, yb_moved, **debug.tolerances("bf16"))
 
 # %% [markdown]
-# Tens in a million (the count printed above) — the size of difference the original report
-# fits. The default tolerances are no test for bf16: two *correct* bf16 kernels pass them only
-# when their fp32 intermediates round to the same bf16 value everywhere. A table that differs
-# from TE's sin/cos in the last bit breaks that; so, section 4b shows, does fusing a different
-# product of the same formula, with sin/cos equal to TE's in every bit.
+# 43 in a million — the size of difference the original report fits. The default tolerances are
+# no test for bf16: two *correct* bf16 kernels pass them only when their fp32 intermediates
+# round to the same bf16 value everywhere. A table that differs from TE's sin/cos in the last
+# bit breaks that; so, section 4b shows, does fusing a different product of the same formula,
+# with sin/cos equal to TE's in every bit.
 
 # %% [markdown]
 # ## 4. Where sin/cos come from, the dtype of the math, and FMA
@@ -448,12 +445,11 @@ assert 10 <= n_big <= 1e-4 * yb.numel() and torch.allclose(yb, yb_moved, **debug
 # - **math in the input dtype**: each product rounded to bf16 before the subtraction;
 # - **fp32 table** (precomputed with `torch.cos` in fp32) vs **sin/cos in the kernel** from
 #   fp32 angles, as TE's kernel does: both accurate; a table computed with torch on the CPU can
-#   differ from CUDA's `sincosf` in the last fp32 bit (section 4b counts where);
+#   differ from CUDA's `sincosf` (section 4b counts where);
 # - **fused multiply-add**: one product and the sum rounded once instead of twice. A GPU
 #   compiler contracts `a*b + c` into an FMA on its own; the interpreter (NumPy) does not. The
-#   order changes the last fp32 bit of many outputs, and after rounding to bf16 a few elements
-#   per hundred thousand still differ — section 4b counts them against the real TE (and
-#   asserts at most five per hundred thousand).
+#   order changes the last fp32 bit of many outputs; after rounding to bf16, 12 to 22 of
+#   1,048,576 elements still differ from the real TE (section 4b counts them).
 #
 # The error in ulps of the exact output is harsh where that output is near zero: a bf16 table
 # is then "many ulps" off although every value in it is as good as bf16 allows. A fairer
@@ -506,18 +502,17 @@ if not GPU or debug.te_label(device) == "TE fused":   # the emulation here, or T
 # The ulps and the norm-wise error tell one story from two sides. Norm-wise, a bf16 table
 # and bf16 products cost a few $u$ at most (the cell asserts at most 3) — the standard
 # HF/Unsloth cache is not *wrong*, it is bf16-accurate. In ulps of outputs near zero it is
-# many ulps off (the cell asserts more than 4; the printed max ulp is far larger on the GPU's
-# page), because it rounds before the cancellation $x_1 c - x_2 s$ that the fp32 path does
-# exactly. Which to report depends on the question: "is this formula right?" — norm-wise; "is
-# it as accurate as bf16 can be?" — ulps. The rule for precision: keep the table in fp32 (or
-# compute sin/cos from fp32 angles), do the math in fp32, round once on the store — what TE's
-# fused kernel and ropelib's kernel do.
+# many ulps off (309 on the H200 page; the cell asserts more than 4), because it rounds before
+# the cancellation $x_1 c - x_2 s$ that the fp32 path does exactly. Which to report depends on
+# the question: "is this formula right?" — norm-wise; "is it as accurate as bf16 can be?" —
+# ulps. The rule for precision: keep the table in fp32 (or compute sin/cos from fp32 angles),
+# do the math in fp32, round once on the store — what TE's fused kernel and ropelib's kernel do.
 #
 # The last row goes further: with the fused multiply-add, `max |TE - Triton|` is 0, every
 # output with TE's bits. The cell asserts it where the TE side computes what TE computes: the
 # emulation on the CPU, TE itself on a GPU with TE. On the CPU's small tensor the fixed row is
-# 0 as well; at the GPU's size the fixed kernel differs from TE in a few elements (section 3
-# printed how many) and the fma row does not. Section 4b finds which fma order does that.
+# 0 as well; at the GPU's size the fixed row is not (max difference 0.0156 on the H200 page) and
+# the fma row is. Section 4b finds which fma order does that.
 #
 # **Exercise — the norm-wise error.** Write `my_normwise_error(y, exact, x, rot_dim)`: for
 # every element of `y` (any shape, last dim $D$), $|y - y^\star|$ divided by $|x_a| + |x_b|$,
@@ -742,15 +737,13 @@ te_combine = my_combine if combined_by_learner else ex.solution_te_combine
 # The steps below walk the way to that line, one change at a time, and keep a table of what each
 # change did.
 #
-# **Step a — the kernel as written.** On the CPU the interpreter evaluates `x1 * c - x2 * s`
-# with NumPy, rounding each product and the sum: $y_{\text{none}}$. On a GPU `check_bits`
-# compiles the line with contraction off, which rounds each product too: the same
-# $y_{\text{none}}$ on both machines, and the file's `free_sub-nofuse` row (the line compiled
-# on the GPU with contraction off). Left free, a GPU compiler contracts as it likes, and "as
-# written" is then a different computation. The file holds that count for its own kernel
-# (`free_sub`). On a GPU the cell also compiles this notebook's kernel with contraction on and
-# prints its count. The compiler chooses per kernel, so the two need not agree: the steps
-# table and the cell after it come back to this.
+# **Step a — the kernel as written.** The interpreter rounds each product and the sum:
+# $y_{\text{none}}$. On a GPU `check_bits` compiles with contraction off, which rounds each
+# product too, so both machines compute $y_{\text{none}}$, the file's `free_sub-nofuse` row.
+# Left free, a GPU compiler contracts as it likes, and "as written" becomes a different
+# computation: the file's kernel gave `free_sub`'s count (12 on the H200), and on a GPU the
+# cell also compiles the kernel above with contraction on (0 on the H200 page). The compiler
+# chooses per kernel; the steps table comes back to this.
 
 # %%
 @triton.jit
@@ -877,16 +870,16 @@ else:
 # %% [markdown]
 # On the GPU, `tl.cos`/`tl.sin`, libdevice's `cos`/`sin` and a torch table computed on the GPU
 # are TE's `sincosf` bit for bit, in every entry of the table above. So swapping among them
-# cannot move the count, and it does not. Sources that *are* different move it: the fast
-# hardware approximations (`cos.approx`), or a torch table computed on the CPU, whose entries
-# differ from CUDA's by one fp32 ulp in the places counted above. On the CPU the interpreter's
-# `tl.cos` is such a different source; that is why the kernel reads TE's own table there.
+# cannot move the count, and it does not. Sources that *are* different move it, even under
+# the fma line: the fast hardware approximations (`cos.approx`), or a torch table computed on
+# the CPU, whose entries differ from CUDA's in the places counted above. On the CPU the
+# interpreter's `tl.cos` is such a different source; that is why the kernel reads TE's own
+# table there.
 #
-# The table's "as written" column is not the same computation on both machines, and its header
-# says which it is. On a GPU it is this notebook's kernel, compiled here with contraction off:
-# every product rounded. On the CPU it is read from the file, whose kernel was compiled with
-# contraction on. Either way the three sources equal to TE's give one count (asserted).
-# Sin/cos are not what separates the kernel from TE. The combine line is.
+# The "as written" column's header says which computation it is: on a GPU the kernel above
+# with contraction off, on the CPU the file's kernel with contraction on. Either way the three
+# sources equal to TE's give one count (asserted). Sin/cos are not what separates the kernel
+# from TE. The combine line is.
 #
 # **Step c — fuse TE's product: $\mathrm{fma}(x, c, r s)$**, the contraction nvcc applies to
 # TE's line. This is the exercise's line: `te_combine` is your combine if it passed the check,
@@ -1011,36 +1004,21 @@ plt.show()
 
 # %% [markdown]
 # **Reading the table.** The right column is the file: the kernel in `benchmarks/te_bits.py`,
-# compiled on the GPU named in its header, against TE. The left column is this machine: the
-# interpreter on the CPU; on a GPU this notebook's kernel, compiled here, against TE.
-# Rows a to e leave nothing to a compiler: each product is rounded or sits in a `tl.fma`. So
-# each of them is one computation on every machine, and the two columns agree row by row (the
-# cell asserts it on the CPU and on the file's GPU). In both columns only row c is 0
-# (asserted). Step c takes the count from row a's to 0, on every machine.
+# compiled on the GPU named in its header. The left column is this machine: the interpreter on
+# the CPU, or on a GPU the kernel above, compiled here. Rows a to e leave nothing to a
+# compiler — each product is rounded or sits in a `tl.fma` — so each is one computation on
+# every machine, and the two columns agree row by row (asserted on the CPU and on the file's
+# GPU). Of these rows only c is 0, in both columns (asserted): `tl.fma` fixes TE's order in
+# the source, and step d shows that the order is what matters. A dash marks a row this machine
+# does not run: row b needs libdevice, which the interpreter lacks; the last row needs a
+# compiler that contracts.
 #
-# The last row is the line as written with contraction on, the compiler's choice. The file's
-# kernel gave row e's count there: it fused $y_1$ TE's way and $y_2$ the other way. On a GPU
-# the cell compiles this notebook's kernel that way too, and its count need not be the
-# file's. On the executed H200 page that compile fused both lines TE's way and gave 0, while
-# the same line in the file's kernel is not 0.
-#
-# A dash marks a step the cell does not run on this machine. Row b needs libdevice, which the
-# interpreter lacks; on the CPU, step b's table reads those counts from the file. The last row
-# needs a compiler, and the interpreter never contracts. In the figure a dash is a missing bar
-# marked "not run", and every bar that is 0 is labelled.
-#
-# What step c proves is this: it is the one line that gives TE's bits in both columns, on
-# every machine, because `tl.fma` fixes the order in the source and leaves the compiler no
-# choice. Step d proves that the order is what matters: fusing the other product, with
-# everything else equal, is not 0. The line as written matches TE only when the compiler
-# happens to fuse TE's way.
-#
-# The compiler's choice is made per kernel, and even per line. The cell below reads, from the
-# outputs alone, which product each line's fma fused. In the file's kernel (the same two
-# source lines) the compiler fused $y_1$ TE's way and $y_2$ the other way. On a GPU the cell
-# also reads this notebook's kernel, compiled here with contraction on (the last row of the
-# table). On the executed H200 page, with the file's GPU and Triton version, it fused both
-# lines TE's way. A line's rounding is not a property of the line.
+# The last row is the line as written with contraction on: the compiler's choice, made per
+# kernel. The file's kernel gave row e's count, 12. On the H200 page, with the file's GPU and
+# Triton version, the kernel above gave 0, while the reproduction kernel of section 3 — the
+# same two lines — differed in 12 elements. The line as written matches TE only when the
+# compiler happens to fuse TE's way. The cell below reads, from the outputs alone, which
+# product each line's fma fused.
 
 # %%
 def fused_product(y, te_order, other_order):
@@ -1125,12 +1103,12 @@ assert all(small_bf16[f"{c}/{s_}"] == 0 for c in ("free_sub", "fma_xc", "fma_rs"
 
 # %% [markdown]
 # In fp32, only $\mathrm{fma}(x, c, r s)$ matches TE, at both sizes; every other evaluation of
-# the same formula differs in hundreds of thousands of elements at the large size. That
+# the same formula differs in 166,505 to 333,053 of 1,048,576 elements at the large size. That
 # identifies TE's computation: nvcc contracted `v_src * v_cos + v_src_rotate * v_sin` into
-# `fma(v_src, v_cos, v_src_rotate * v_sin)`. In bf16 the same fact shows as a few elements in
-# a hundred thousand (the cell asserts at most five). That is too few to see at the small size,
-# where every variant of this section agrees with TE in bf16 (the file's `nb_cpu` rows), and
-# enough to fail a bit-for-bit test at the large one.
+# `fma(v_src, v_cos, v_src_rotate * v_sin)`. In bf16 the same fact shows as 12 to 22 elements
+# in 1,048,576 (rows a, d and e of the steps table; the cell asserts at most five per hundred
+# thousand): none at the small size, where every variant of this section agrees with TE in
+# bf16 (the file's `nb_cpu` rows), and enough to fail a bit-for-bit test at the large one.
 #
 # To make a Triton kernel equal TE bit for bit: compute cos/sin in fp32 from the fp32 angles
 # (`tl.cos`/`tl.sin`, or libdevice's precise ones — not the fast approximations), do the math in
@@ -1138,17 +1116,16 @@ assert all(small_bf16[f"{c}/{s_}"] == 0 for c in ("free_sub", "fma_xc", "fma_rs"
 # compiler. `debug.Causes(fma=True)` is exactly that line in the reproduction kernel.
 #
 # **The same two changes in your copy of section 1.** `_rope_repro_kernel` calls that line,
-# `te_combine`, under `if USE_FMA:`, and has its sin/cos source under `if FROM_ANGLES:`. The
-# cell below runs your copy on the fp32 case with fp32 math, three ways: the plain line with
-# TE's own cos/sin table, the `USE_FMA` line with that table, and the `USE_FMA` line with
-# `tl.cos`/`tl.sin` from the angles. It counts the elements whose bits differ from TE's fp32
-# output. On a GPU the plain line is compiled with contraction on, so its count is whatever
-# this compile chose. To try another contraction, edit the `USE_FMA` branch in section 1 (for
-# instance to the other order, `y1 = tl.fma(-x2, s, x1 * c)` and `y2 = tl.fma(x1, s, x2 * c)`),
-# rerun that cell and this one, and read the counts. Rerun section 1's cell too after changing
-# `my_combine`: a compiled kernel keeps the combine it was compiled with. The cell runs the
-# course's kernel beside yours and prints whether your edit changed a count; its asserts check
-# the course's kernel.
+# `te_combine`, under `if USE_FMA:`, and takes sin/cos from the angles under `if FROM_ANGLES:`.
+# The cell below runs your copy on the fp32 case, three ways — the plain line with TE's own
+# table, the `USE_FMA` line with that table, the `USE_FMA` line with `tl.cos`/`tl.sin` — and
+# counts the elements whose bits differ from TE's. On a GPU the plain line is compiled with
+# contraction on; on the H200 page it gives 573, the count of the file's compiled choice in
+# the fp32 table above. To try another order, edit the `USE_FMA` branch (for instance
+# `y1 = tl.fma(-x2, s, x1 * c)`, `y2 = tl.fma(x1, s, x2 * c)`) and rerun section 1's cell and
+# this one; rerun section 1's cell after changing `my_combine` too, since a compiled kernel
+# keeps the combine it was compiled with. The asserts check the course's kernel, run beside
+# yours.
 
 # %%
 def repro_bits(case, use_fma, from_angles=False, kernel=_rope_repro_kernel):
@@ -1255,17 +1232,18 @@ print("share of the map that differs:", {t: f"{v:.2f}" for t, v in lit.items()},
 # %% [markdown]
 # The table says *that* the layout is wrong: every trap gets the verdict `layout`. It does not
 # say *how*: a large difference at some position far from 0 fits every trap. The error maps say
-# little more. Every trap lights up most of its map (the cell asserts more than half of the
-# entries, and prints the share). Row 0 is dark in four of them and lit in two, sbhd indexing
-# and the table margin, which rotate the position-0 tokens of batch 1 (asserted). That splits
-# the six into two groups and names none of them. A sharper question: **which position does
-# each output encode?** A right RoPE turns the pair of lowest frequency
-# $\omega_{\min} = 10000^{-(R-2)/R}$ by $s\,\omega_{\min}$; the angle from input pair to output
-# pair, $\operatorname{atan2}(x_a y_b - x_b y_a,\ x_a y_a + x_b y_b)$, divided by
-# $\omega_{\min}$ gives the position back (`debug.recovered_positions`). That angle is tiny
-# (below $0.01$ rad here), finer than bf16 resolves, so we run the traps once more in fp32 —
-# the traps do not depend on the dtype — and plot, for the wrong side, the recovered position of
-# every token (one dot per token and head, colour = batch) against its true position:
+# little more. Every trap lights up nearly all of its map (the share prints as 1.00 on the
+# H200 page; the cell asserts more than half). Row 0 is dark in four of them and lit in two,
+# sbhd indexing and the table margin, which rotate the position-0 tokens of batch 1
+# (asserted). That splits the six into two groups and names none of them. A sharper
+# question: **which position does each output encode?** A right RoPE turns the pair of
+# lowest frequency $\omega_{\min} = 10000^{-(R-2)/R}$ by $s\,\omega_{\min}$; the angle from
+# input pair to output pair, $\operatorname{atan2}(x_a y_b - x_b y_a,\ x_a y_a + x_b y_b)$,
+# divided by $\omega_{\min}$ gives the position back (`debug.recovered_positions`). That angle
+# grows by only $\omega_{\min} \approx 10^{-4}$ rad per position, finer than bf16 resolves, so
+# we run the traps once more in fp32 — the traps do not depend on the dtype — and plot, for the
+# wrong side, the recovered position of every token (one dot per token and head, colour =
+# batch) against its true position:
 
 # %%
 TRAP_SC = debug.Scenario(seq_len=32, batch=2, heads=2, head_dim=32, dtype="fp32")
@@ -1342,7 +1320,8 @@ print({t: f"{v:.0f}" for t, v in spread.items()}, "= largest |recovered position
 # - **in-place double rotation**: a clean line of slope 2 on the *TE* side, $2s$;
 # - **interleaved vs rotate-half** and **partial rotary**: no curve at all — the output is no
 #   rotation of the model's pairs, so the angle is noise. Partial rotary's cloud is far wider
-#   (the symlog axis goes logarithmic beyond $\pm 2S$): the kernel turns the model's
+#   (largest |recovered position| 6583 against 378; the symlog axis goes logarithmic beyond
+#   $\pm 2S$): the kernel turns the model's
 #   lowest-frequency features with the much higher frequencies of a $D$-wide head, and it also
 #   changes the features the model passes through. Recovering the angle with the kernel's
 #   pairing instead (rotate-half over all of $D$) gives the diagonal back for both — the
@@ -1397,12 +1376,11 @@ display(HTML("<table><tr><th>verdict</th><th>shape of the difference</th><th>cau
 # Each checkbox switches one cause on. Watch `allclose`, the largest difference and where it is,
 # the error map, and the verdict under the panel. "the reported failure" and "all causes fixed"
 # reset the boxes; the tolerance buttons switch between `allclose`'s defaults and dtype-aware
-# tolerances. The one-ulp cause flips a rounding in tens of elements per million: section 3b's
-# PyTorch cell asserts at least 10 and at most one in $10^4$. So the CPU's panel of 4,096
-# elements usually shows none, and a GPU's million-element panel shows tens. Widgets live in
-# the running kernel: a notebook reopened from disk shows them again after its cells run
-# (Run → Run All Cells). Until then a widget saved with its output says "Error displaying
-# widget: model not found"; a static page shows nothing under the cell.
+# tolerances. The one-ulp cause flips a rounding in tens of elements per million (43 in
+# section 3b), so the CPU's panel of 4,096 elements usually shows none, and a GPU's
+# million-element panel shows tens. Widgets need a running kernel: in a notebook reopened
+# from disk, run its cells first (Run → Run All Cells) — until then the saved widget reads
+# "Error displaying widget: model not found" — and on the executed page they compute nothing.
 
 # %%
 import ipywidgets as W
@@ -1489,11 +1467,11 @@ print(f"fixed: allclose with {tol} passes; max error {float(ulps.max()):.3g} ulp
 # kernel's sin/cos equal TE's in every entry, and what separated it from TE was the order of
 # the fused multiply-add. With `tl.fma(x, c, rot * s)`, TE's contraction, it matched TE bit for
 # bit on every machine (section 4b). The line as written matched only where the compiler
-# happened to fuse TE's way: in this notebook's kernel on the executed H200 page, not in the
-# file's kernel. The fix is the comparison itself: fp64 reference, dtype-aware
-# tolerances, errors in ulps *and* norm-wise, and a look at the argmax and at the positions the
-# output encodes instead of the first ten values — and, where bit-for-bit equality is the goal,
-# the same contraction as the other side.
+# happened to fuse TE's way: on the H200 page in section 4b's kernel, not in the reproduction
+# kernel or the file's (12 elements each). The fix is the comparison itself: fp64 reference,
+# dtype-aware tolerances, errors in ulps *and* norm-wise, and a look at the argmax and at the
+# positions the output encodes instead of the first ten values — and, where bit-for-bit
+# equality is the goal, the same contraction as the other side.
 #
 # ## Questions for a study group
 #
@@ -1508,10 +1486,10 @@ print(f"fixed: allclose with {tol} passes; max error {float(ulps.max()):.3g} ulp
 # 4. The recovered-position plot needs fp32 outputs. How would you find a layout trap in a
 #    bf16-only pipeline — which pair, which frequency, which statistic over heads?
 # 5. Section 4b found `tl.cos` equal to TE's `sincosf` in every entry, yet the line as written
-#    differed from TE in the file's kernel, and not in this notebook's kernel on the same GPU.
-#    In the next comparison that fails by one rounding step, what would you
-#    look at first — the sin/cos tables, the PTX's `fma` lines, or an fp32 run of both sides —
-#    and why is an fp32 output the sharper witness?
+#    differed from TE in the file's kernel and the reproduction kernel, and not in section
+#    4b's kernel on the same GPU. In the next comparison that fails by one rounding step, what
+#    would you look at first — the sin/cos tables, the PTX's `fma` lines, or an fp32 run of
+#    both sides — and why is an fp32 output the sharper witness?
 # 6. `tl.fma` pins the order in Triton. What would pin it in a CUDA kernel, in a PyTorch
 #    expression, in a `torch.compile`d one — and which of them would you trust to stay put
 #    after a compiler upgrade?
