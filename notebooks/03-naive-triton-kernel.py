@@ -287,10 +287,9 @@ solution(ex.solution_half_tile)
 # So a half of $D/2$ features is loaded as a tile of the next power of two, `BLOCK_HALF`, and a
 # **mask** switches off the lanes past the end: `tl.load(ptr + offs, mask=offs < HALF,
 # other=0.0)` neither reads the masked lanes (they get `other`) nor does the masked `tl.store`
-# write them. Head dims used in practice — 72, 80, 96 — all need it; 64 and 128 do not, and the
-# mask then costs nothing. Step 2 also loads the angles of the second half on their own
-# ($\theta_{j+D/2}$), so it follows the per-feature formula of section 1 for any table, not only
-# `cat(f, f)`.
+# write them. Head dims used in practice — 72, 80, 96 — all need it; 64 and 128 do not. Step 2
+# also loads the angles of the second half on their own ($\theta_{j+D/2}$), so it follows the
+# per-feature formula of section 1 for any table, not only `cat(f, f)`.
 
 # %%
 @triton.jit
@@ -392,12 +391,11 @@ for dtype in (torch.float32, torch.bfloat16):
     assert m["max_abs_err"] < (1e-5 if dtype == torch.float32 else 0.05)
 
 # %% [markdown]
-# Step 3 is a complete naive RoPE kernel. On any machine a few of its bf16 outputs can be one
-# unit in the last place (ulp) from the reference. The kernel computes in fp32, the reference
-# in fp64, and now and then the two round to different neighbours. On a GPU this cell prints
-# a max ulp error of 1.00 too, and so do section 7's checks, which allow at most one ulp. On
-# the CPU many more outputs are one ulp off, because the interpreter's `.to(tl.bfloat16)`
-# truncates where a GPU rounds to nearest (section 6.3).
+# Step 3 is a complete naive RoPE kernel. Its bf16 outputs can be one unit in the last place
+# (ulp) from the reference (the cell prints a max ulp error of 1.00): the kernel computes in
+# fp32, the reference in fp64, and now and then the two round to different neighbours. Section
+# 7's checks allow at most one ulp. On the CPU many more outputs are one ulp off, because the
+# interpreter's `.to(tl.bfloat16)` truncates where a GPU rounds to nearest (section 6.3).
 #
 # ### 3.4 The kernel ropelib ships
 #
@@ -514,16 +512,11 @@ def _rope_naive_kernel(
 # how often they agree. One likely cause is contraction: the compiler may fuse a multiply and
 # an add into one fma, which rounds once instead of twice.
 #
-# On a GPU the cell counts the fmas and multiplies in this kernel's PTX. Read that line with
-# care:
-#
-# - It counts this kernel only. Step 3 is a Triton kernel too (section 3.3), built by the same
-#   compiler, and may contain fmas as well; the printed words "PyTorch's step 3" are wrong. The
-#   cell does not compile step 3, so it does not show *which* products each kernel fuses. That
-#   the two fuse different products is the explanation to check, not one shown here.
-# - Its assert passes whenever this kernel has any fma, so it does not prove the explanation.
-# - The counts are of whole PTX instructions. The page does not show which lines of the
-#   kernel each counted fma or multiply comes from.
+# On a GPU the cell counts the fmas and multiplies in this kernel's PTX. It does not compile
+# step 3, which is a Triton kernel from the same compiler too (the printed words "PyTorch's
+# step 3" are wrong), so it cannot show that the two fuse different products, and its assert
+# passes whenever this kernel has any fma. Contraction is the explanation to check, not one
+# shown here.
 
 # %%
 from ropelib.course.kernels.naive import rope_naive
@@ -649,26 +642,16 @@ else:
 #   they share is the number of programs. A cell later in this section measures what a
 #   program costs when it does nothing.
 #
-# More warps per program would not help. A program here is one 128-element head row (two
-# 64-element halves) whatever its warps, and an SM of compute capability 9.0 holds at most 32
-# programs and 64 warps at once: with 1 or 2 warps 32 programs fit, with 4 warps 16, with 8
-# warps 8.
-#
-# The profile has a warps ablation only for notebook 04's batch-looping kernel, `sh_loop_b`
-# (grid $(S, H)$: one program per position and head, looping over the $B$ rows; one warp per
-# program by default). With 4 and 8 warps its SMs' warp slots are over 95 % full, so about 15
-# and 8 programs are resident. Its time is 1.6 times the 2-warp time at 4 warps and 3.0 times
-# at 8.
-#
-# The naive kernel was not profiled at 4 or 8 warps. On a GPU the warps cell above shows its
-# own times, and per program on each SM. At 1 warp it checks that against an empty kernel's
-# program; at more warps it checks only that 8 warps are slower than 2. This page does not
-# explain that slowdown, and the program-cost table below shows that the cap on resident
-# programs alone does not: a kernel of one-row programs, capped the same way, takes the same
-# time at 8 warps as at 1. Do not carry the batch-looping kernel's explanation over to it.
-# What does help is more work per program — several rows in one program, as in notebook 04
-# and ropelib's finished kernel — so that fewer, longer programs do the same work (exercise 5
-# puts it to the test).
+# More warps per program would not help. A program here is one 128-element head row whatever
+# its warps, and an SM of compute capability 9.0 holds at most 32 programs and 64 warps at
+# once: with 1 or 2 warps 32 programs fit, with 4 warps 16, with 8 warps 8. The profile ran a
+# warps ablation only for notebook 04's batch-looping kernel, `sh_loop_b` (grid $(S, H)$: one
+# program per position and head, looping over the $B$ rows): at 4 and 8 warps its warp slots
+# are over 95 % full, about 15 and 8 programs are resident, and it takes 1.6 and 3.0 times its
+# 2-warp time. The naive kernel was profiled at 1 warp only; the warps cell above times it at
+# each count. What does help is more work per program — several rows in one program, as in
+# notebook 04 and ropelib's finished kernel — so that fewer, longer programs do the same work
+# (exercise 5 puts it to the test).
 
 # %%
 from ropelib.course import measured
@@ -799,9 +782,10 @@ assert (round(min(lives), 1), round(max(lives), 1)) == (4.2, 5.5)
 #
 # For the batch-looping kernel of the warps ablation, measured the same way, a program lives
 # between 4.2 and 5.5 µs at every warp count. Its resident programs fall as the warps cap them
-# (about 15 at 4 warps, 8 at 8), and its time follows them. That explanation is for that
-# kernel; it does not carry over to the naive kernel (see above). Both lessons point the same
-# way: fewer programs, each doing more.
+# (about 15 at 4 warps, 8 at 8), and its time follows them. The cap alone does not explain why
+# the naive kernel is slower at 8 warps than at 2: the empty and one-row kernels above are
+# capped the same way and keep their 1-warp time. This page does not measure what does. Both
+# lessons point the same way: fewer programs, each doing more.
 
 # %% [markdown]
 # ## 5. Coalescing, made visible
@@ -1067,9 +1051,10 @@ assert all(abs(r["dram_read_bytes"] - c["model_bytes"] / 2) < 0.02 * c["model_by
 # - **(c) is not what the interpreter drew.** Every load request uses 128 bytes, 4 per lane,
 #   spread over 16 sectors: 8 bytes of each, a quarter of the sector (128 / 16, both
 #   printed). L1 catches the other three touches of each sector (hit rate about 75 %, and L2
-#   reads no more than x). But every store request also covers 16 sectors, a quarter of each
-#   written, and L2 receives 3.8 times the sectors a copy writes. That, not the split and join
-#   ((d) splits and joins too), is what sets (c) apart: it takes 3.3 times the copy's time.
+#   reads no more than x). But the stores are laid out the same way, a quarter of each sector
+#   written (the cell checks it), and L2 receives 3.8 times the sectors a copy writes. That,
+#   not the split and join ((d) splits and joins too), is what sets (c) apart: it takes 3.3
+#   times the copy's time.
 # - **Why a quarter of each sector?** Narrow loads alone would not waste sectors: 32 lanes
 #   loading 4 bytes each *along* one row would cover 128 contiguous bytes, 4 whole sectors.
 #   Sectors are wasted when the layout spreads a warp's lanes over many rows, a few bytes of
@@ -1204,16 +1189,15 @@ else:
           "request; the H200's counters are of Triton 3.6's code")
 
 # %% [markdown]
-# Compiled by Triton 3.6, the version the counters ran (the H200 page), the compiler proves
-# only the last axis of (c)'s `[16, 64, 2]` tile contiguous, two elements long. So each lane
-# loads one pair, 4 bytes (`ld.global.b32`). Its layout `threadsPerWarp = [16, 2, 1]` sets a
-# warp's lanes down 16 rows, two lanes on each: 8 bytes of every row, one sector of each, a
-# quarter of it used. That is the 16 sectors a request the counters saw. (d)'s whole-row
-# offsets let each lane load 8 elements, 16 bytes, in one `ld.global.v4.b32`, and 16 lanes
-# cover a whole row: 512 bytes in 16 whole sectors. The cell checks both against the
-# counters, and that the PTX's load instructions times the warps and programs give the
-# counters' requests. Another Triton may lay (c) out otherwise, and the cell says so when it
-# does: the layout is the compiler's choice, which is why it is worth reading.
+# Compiled by Triton 3.6, the version the counters ran, the compiler proves only the last axis of
+# (c)'s `[16, 64, 2]` tile contiguous, two elements long. So each lane loads one pair, 4 bytes
+# (`ld.global.b32`). Its layout `threadsPerWarp = [16, 2, 1]` sets a warp's lanes down 16 rows, two
+# lanes on each: 8 bytes of every row, one sector of each, a quarter of it used. That is the 16
+# sectors a request the counters saw. (d)'s whole-row offsets let each lane load 8 elements, 16
+# bytes, in one `ld.global.v4.b32`, and 16 lanes cover a whole row: 512 bytes in 16 whole sectors.
+# The cell checks both against the counters, and that the PTX's load instructions times the warps
+# and programs give the counters' requests. Another Triton may lay (c) out otherwise, and the cell
+# says so when it does: the layout is the compiler's choice, which is why it is worth reading.
 
 # %% [markdown]
 # ## 6. Debugging in the interpreter
@@ -1348,12 +1332,12 @@ for mask_stores in (True, False):
         assert report["written after"] == block - half   # the last row spills 28 elements
 
 # %% [markdown]
-# Look at the buggy run's output: on the CPU it can even *match* the reference, because the
-# interpreter runs the programs in order and each row's own store overwrites the garbage its
-# neighbour spilled into it. Only the last row's spill, into the guard band, gives it away. On a
-# GPU the programs run in parallel in no fixed order, and the same bug corrupts rows now and
-# then — the kind of bug that passes a test once and fails in training. Poisoned outputs and
-# guard bands are why ropelib's tests catch it every time.
+# On a GPU the programs run in parallel in no fixed order, and the buggy run's output may or
+# may not match the reference: a row's spill can land after the next row's own store. On the
+# CPU it can even *match*, because the interpreter runs the programs in order and each row's
+# own store overwrites the garbage its neighbour spilled into it; only the last row's spill,
+# into the guard band, gives it away. That is the kind of bug that passes a test once and fails
+# in training. Poisoned outputs and guard bands are why ropelib's tests catch it every time.
 #
 # ### 6.3 Where the interpreter differs from a GPU
 #
@@ -1434,11 +1418,9 @@ for dtype in (torch.float32, torch.float16, torch.bfloat16):
             assert m["max_ulp_err"] <= 1.0
 
 # %% [markdown]
-# The kernel is correct. Section 4 measured why it is not fast. In the profile it launches a
-# million programs of one row, and its time is the time to start and retire them; its work
-# hides under that. Notebook 04
-# gives each program the $B$ rows of one position and head: $B$ times fewer programs, each
-# reusing its cos/sin $B$ times.
+# The kernel is correct, and section 4 showed why it is not fast: its time is the time to start
+# and retire a million one-row programs. Notebook 04 gives each program the $B$ rows of one
+# position and head: $B$ times fewer programs, each reusing its cos/sin $B$ times.
 #
 # ## Exercises
 #
@@ -1593,12 +1575,16 @@ if GPU:
 # %% [markdown]
 # At 1 and 2 rows a program the measurement lands within 2 % of the worked prediction: the
 # kernel takes the time its programs take to start. At 4 rows the programs alone would take
-# 158 µs and the kernel takes 175; at 8 they would take 79 µs, under the copy's 130, and it
-# takes 154. There the kernel takes more than either limit: starting programs and moving bytes
-# do not hide each other perfectly, and this page does not measure how the two combine. Where
-# does your prediction stop holding, and why there? On a GPU, compare your kernel's own rows.
-# (The ablation ran 8 rows a program at 4 warps as well: look up `heads8_loop_b` in the CSV,
-# and ask what section 4's warps tables say about it.)
+# 158 µs and the kernel takes 175; at 8 they would take half of 158, under the copy's 130 µs,
+# and it takes 154. There the kernel takes more than either limit: starting programs and moving
+# bytes do not hide each other perfectly, and this page does not measure how the two combine.
+# Where does your prediction stop holding, and why there?
+#
+# On the H200 the rows timed live lie well above the prediction. They run at Triton's default
+# of 4 warps (`ex.launch_rows` sets none), the ablation's at the warps its table prints. An empty
+# program costs the same at 4 warps as at 1, but compare the naive kernel's 1-warp and 4-warp
+# rows in section 4's warps cell: the prediction has no term for that. (The ablation ran 8 rows
+# a program at 4 warps as well: look up `heads8_loop_b` in the CSV.)
 #
 # ## Questions for a study group
 #
