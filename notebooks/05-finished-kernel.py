@@ -16,18 +16,17 @@
 # %% [markdown]
 # # 05 — The finished kernel, one idea at a time
 #
-# Notebook 04's batch-reusing grid reaches about two thirds to three quarters of the speed of a
-# plain device copy of the same tensor; ropelib's finished kernel (`ropelib/kernels/fused.py`)
-# about nine tenths (section 5's ladder), and `ropelib.apply_rope` as you call it, which on a
-# tensor this large takes section 6's two-pass route, all of it (within the timing's spread),
-# measured on H200 runs of 28 to 30 November 2026 (each table prints its GPU and date).
-# The ladder climbs most of the way, and most of the climb is its first step. The last tenth
-# does not come from another rung: section 6 drops the cos/sin held in registers and reads them
-# from a table instead. The notebook starts from a
-# number — how many bytes a GPU must have in flight to stream at full speed — which sets a floor
-# under the tile (the tile itself was then chosen by a sweep), then climbs a ladder of kernels,
-# each adding one idea and each checked against
-# the reference, until the last one computes what ropelib's kernel computes, bit for bit.
+# On an H200, notebook 04's batch-reusing grid runs at about two thirds to three quarters of the
+# speed of a device copy of the same tensor, and ropelib's finished kernel
+# (`ropelib/kernels/fused.py`) at about nine tenths (section 5's ladder). Most of that climb is
+# the ladder's first step. The last tenth comes from no rung: on a tensor this large
+# `ropelib.apply_rope` takes a two-pass route (section 6) that reads cos/sin from a table instead
+# of holding them in registers, and it matches the copy within the timing's spread.
+#
+# The notebook starts from a number — how many bytes a GPU must have in flight to stream at full
+# speed — which sets a floor under the tile (the tile itself was then chosen by a sweep). It then
+# climbs a ladder of kernels, each adding one idea and each checked against the reference, until
+# the last one computes what ropelib's kernel computes, bit for bit.
 #
 # **Time budget.** About three and a half to four hours: 20 minutes for the bytes-in-flight
 # model, 40 for the ladder (read each kernel, change it or its launch, rerun its cells), 15 for
@@ -146,10 +145,10 @@ else:
 # DRAM bytes of both kernels are within a few percent of the bytes model, checked below. So the
 # gap is not extra traffic. The profile below is of the finished kernel itself, `finished kernel
 # (forced)`, not of the two-pass route `apply_rope (as planned)` took in the table above. What
-# does differ, by the profile, is how many bytes each kernel's
-# warps ask for at a time: the batch-reusing kernel's one-warp programs each ask for one
-# 256-byte row at a time, the finished kernel's 8-warp programs for a whole tile of heads. How
-# big a program's work must be, and why, is the first thing to work out.
+# differs is how many bytes each kernel's warps ask for at a time: the batch-reusing kernel's
+# one-warp programs each ask for one 256-byte row at a time, the finished kernel's 8-warp
+# programs for a whole tile of heads. How big a program's work must be, and why, is the first
+# thing to work out.
 
 # %%
 # the CSVs' two `ropelib` providers, as the tables of this notebook print them
@@ -349,20 +348,16 @@ assert planned_m["us"] == min(mech[v]["us"] for v in RUNGS_PROFILED)
 # The last column solves Little's law the other way: the latency at which the x asked for, all
 # of it in flight all the time, would give the DRAM read rate measured. For the batch-reusing
 # kernel that is 0.67 µs, below the loaded latency; for the finished kernel 1.95 µs and for the
-# copy 3.43 µs, above the 1.3 µs measured beside a copy. So for those two not every byte asked
-# for is in flight at once: the `KiB/SM` column is an upper bound, reached only while every
-# resident warp waits on its loads at once. It separates those three kernels, but not the rungs
-# of section 3, which all ask for
-# more than the loaded bound: the `heads` rung asks for 1.8 times rung 6's bytes
-# (`equal_halves`) and is slower, 142 µs against 137, and `apply_rope` as planned
-# (`ropelib_planned`, section 6's route) asks for less than `heads` and is the fastest of them.
-# Above the bound, bytes asked for no longer order the kernels, and this profile does not say
-# how many of them are actually waiting at a time: that takes a stall counter (the share of
-# cycles a warp waits for a load), which it did not record. The plot sets each kernel's time
-# against the KiB it asks for, every variant profiled at this size, notebook 04's variants
-# among them (one head or several a program, with or without the batch loop, on 1 to 8
-# warps). Each point carries a number, and the key beside the plot names it, so the crowd
-# between 28 and 55 KiB stays readable.
+# copy 3.43 µs, above the 1.3 µs measured beside a copy, so for those two not every byte asked
+# for is in flight at once: the `KiB/SM` column is an upper bound. It separates those three
+# kernels but not the rungs of section 3, which all ask for more than the loaded bound: the
+# `heads` rung asks for 1.8 times rung 6's bytes (`equal_halves`) and is slower, 142 µs against
+# 137, and `apply_rope` as planned asks for less than `heads` and is the fastest of them. Above
+# the bound, bytes asked for no longer order the kernels; how many of them are actually waiting
+# at a time takes a stall counter (the share of cycles a warp waits for a load), which this
+# profile did not record. The plot sets each kernel's time against the KiB it asks for: every
+# variant profiled at this size, notebook 04's among them (one head or several a program, with
+# or without the batch loop, on 1 to 8 warps).
 
 # %%
 IN_FLIGHT_GROUPS = [
@@ -488,12 +483,11 @@ assert torch.equal(y, ladder.rope_ladder("batch_reuse", x, freqs))        # the 
 # ### Rung 1 — a tile of heads
 #
 # All heads of a token need the same cos/sin. A program that takes `BLOCK_H` heads computes
-# them once for all of its heads in the source. On the GPU that is not what happens in the
-# 8-warp launch section 5 profiles at $b = 8$: there each thread along the head axis evaluates
-# its own copy (section 5 counts the instructions). Its loads become a
-# $[\text{BLOCK\_H}, D/2]$ tile instead
-# of one half-row: at $h = 32$, $d = 128$ that is 2048 elements per half, 16 per thread on 4
-# warps. The grid shrinks from $S \cdot H$ to $S \cdot \lceil H / \text{BLOCK\_H} \rceil$.
+# them once for all of its heads — in the source. On the GPU, in the launches section 5
+# profiles at $b = 8$, each thread along the head axis evaluates its own copy (section 5 counts
+# the instructions). Its loads become a $[\text{BLOCK\_H}, D/2]$ tile instead of one half-row:
+# at $h = 32$, $d = 128$ that is 2048 elements per half, 16 per thread on 4 warps. The grid
+# shrinks from $S \cdot H$ to $S \cdot \lceil H / \text{BLOCK\_H} \rceil$.
 
 # %%
 # ropelib-source: ropelib.course.ladder._ladder_heads_kernel
@@ -655,13 +649,12 @@ assert ladder.plan("warps", 4096, 8, 32, 128, 2, SMS_H200, H200_KNOBS).num_warps
 # **Accurate sin/cos** (rung 5, the constexpr `ACCURATE`): `cos_sin` from ropelib's kernels
 # calls libdevice's `cosf`/`sinf`, whose argument reduction is exact for any angle — as TE's
 # `sincosf`. Positions reach $10^5$ and beyond, and a fast approximation loses accuracy as the
-# angle grows (notebook 08 measures what one ulp of sin/cos does to the output, and tells the
-# differences against TE that come from sin/cos from those that come from the order of the
-# multiply-adds). The interpreter has no
-# libdevice and uses NumPy's functions, accurate too. Which code `tl.cos` becomes on a GPU
-# depends on the Triton version: section 4 reads it from the compiled code. With the Triton of
-# the H200 run, 3.6, `tl.cos` is libdevice's too, so the "fast approximations" named in the
-# kernel's comment on `ACCURATE` do not exist there: rungs 4 and 5 are the same machine code.
+# angle grows (notebook 08 measures what one ulp of sin/cos does to the output). The
+# interpreter has no libdevice and uses NumPy's functions, accurate too. Which code `tl.cos`
+# becomes on a GPU depends on the Triton version: section 4 reads it from the compiled code.
+# With the Triton of the H200 run, 3.6, `tl.cos` is libdevice's too, so the "fast
+# approximations" named in the kernel's comment on `ACCURATE` do not exist there: rungs 4 and 5
+# are the same machine code.
 
 # %%
 # ropelib-source: ropelib.course.ladder._ladder_chunk_kernel
@@ -746,11 +739,10 @@ for s_, b_ in ((16, 64), (4096, 8)):
 # $\theta_a = \theta_b$ and the second half's sin/cos are the first's. A program compares the two
 # halves of the rows it loaded, bit for bit, and when they are equal evaluates sin/cos once per
 # pair: half the special-function work. A batch loop amortises that work less than the source
-# suggests. In the 8-warp launch at $b = 8$ every thread along the head axis evaluates the
-# sin/cos of its own angles, and the shortcut removes a quarter of rung 5's instructions (section
-# 5 counts them),
-# and with $b = 1$ (or packed sequences) the work is paid per row. The check is on the values
-# the program reads, so a table whose halves differ is still right.
+# suggests: in the 8-warp launch at $b = 8$ every thread along the head axis evaluates the
+# sin/cos of its own angles, and the shortcut removes a quarter of rung 5's instructions
+# (section 5 counts them); with $b = 1$ (or packed sequences) the work is paid per row. The
+# check is on the values the program reads, so a table whose halves differ is still right.
 #
 # This rung also writes each output as one fused multiply-add,
 # $y_a = \mathrm{fma}(x_a, c_a, -x_b s_a)$: left to the compiler, which of the two products gets
@@ -849,7 +841,7 @@ print("rung 6 == ropelib.apply_rope's finished kernel, bit for bit (bf16, fp16, 
 
 # %% [markdown]
 # Rung 6 is ropelib's kernel on this subset. What `ropelib/kernels/fused.py` adds beyond it is
-# breadth, at a small price in speed that section 5 measures: any layout through a strided
+# breadth, at about rung 6's speed (section 5 measures it): any layout through a strided
 # 4-D view (bshd, thd, HF's bhsd), interleaved pairs, partial rotary with the pass-through
 # copied, q and k in one launch, position ids, packed sequences, context parallelism, the
 # backward pass (a constexpr), fp64, int64 offsets for huge tensors, and NaN for positions
@@ -1035,128 +1027,94 @@ else:
           "(about a minute). Nothing is drawn until then.")
 
 # %% [markdown]
-# Read each step against the idea it adds and the size it is measured at, and against how
-# well the run measured it: the CSV keeps the 20 % and 80 % quantiles of every timing, and for
-# the rungs compared below at $s = 4096$, $b = 8$ they lie at most 1.2 % of the median apart. A
-# step of three or five points is then a real difference; one of a point or so is not. The
-# Nsight Compute profile of each rung (the mechanism CSV of section 1) says what the step
-# changes in the counters, and where the counters do not explain a step, the text says so.
+# Read each step against the idea it adds, the size it is measured at, and how well the run
+# measured it: for the rungs compared below at $s = 4096$, $b = 8$ the 20 % and 80 % quantiles
+# lie at most 1.2 % of the median apart, so a step of three or five points is real and one of a
+# point or so is not. The Nsight Compute profile of each rung (the mechanism CSV of section 1)
+# says what a step changes in the counters; where it does not explain a step, the text says so.
 #
 # ![The ladder on an NVIDIA H200: % of a copy per rung](../figures/05-ladder-waterfall.png)
 #
-# **What the H200 run shows** (the cell below checks each point on the CSVs):
+# **What the H200 run shows** (the cell below checks each point on the CSVs and prints each
+# step in points of a copy):
 #
-# - **A tile of heads is the big step** at every large size: it turns a program that moves one
-#   head row (256 bytes in bf16) into one that moves tens of KiB, which is what bytes in flight
-#   asked for in section 2. It changes three measured things at once, though: far fewer
-#   programs, about half the warp instructions per element, and several times the x asked for
-#   per SM (the profile table below and section 2's table). These data cannot say which of the
-#   three buys the time, and the table's "mechanism" column names only two of them. At $b = 1$
-#   it is the difference between a fifth of a copy and three quarters: there the batch loop of
-#   notebook 04 has nothing to reuse.
-# - **What each rung buys**, as the table under the next cell prints it, step by step in points
-#   of a copy at each size. The tile of tokens (rung 2) buys nothing at the sizes measured:
-#   $-0.1$ and $-0.3$ points at $b = 8$, within the noise. With 8 heads, the size that
-#   motivated it, the heads rung already launches 16,384 programs of one token's 8 heads and
-#   reaches 93.1 % of a copy; the tile rung packs 4 tokens into each of 4,096 programs and gains
-#   nothing. At $b = 1$ it *loses* 6.1 points, 75.9 → 69.8 %, on the same grid, warps and tile
-#   shape as the heads rung (one token, 32 heads): in the source the two kernels differ only by
-#   the tile's token axis (its index, its mask, cos/sin as a $[1, 1, D/2]$ tile), and why that
-#   costs time is not measured (the tile rung was not profiled at $b = 1$). Sizes with fewer
-#   heads still, or $d = 64$, were not timed. The accurate sin/cos (rung 5) are the same
-#   machine code as rung 4 with the Triton of the H200 run, so that step is zero but for noise:
-#   on that Triton it is insurance for others. The equal-halves shortcut gains about the same
-#   at both sizes, 5.5 points at $b = 8$ and 5.1 at $b = 1$. The difference is within the
-#   1.2 % spread of $b = 8$; the spread at $b = 1$ was not computed.
-# - **What the profile does and does not explain.** At $s = 4096$, $b = 8$ the grid is already
-#   full, so the chunks rung launches the same 4,096 programs as the warps rung, each still
-#   looping over the whole batch, and executes about as many warp instructions per element. Yet
-#   it costs about three points, and these counters do not say why. Its DRAM reads are the
-#   warps rung's to within 0.02 %. The DRAM bytes counted differ, 0.96 of the bytes model for
-#   the warps rung and 0.99 for chunks, but only in the writes, and the writes counted are not
-#   all the writes made: the counter stops when the kernel ends, and output still held in the
-#   L2 cache then is written back after it. Even the copy, which writes all of `y`, is counted
-#   at 0.954 of its model, 243.7 MB of writes for 268.4 MB of `y`. What the chunks rung
-#   changes in the code is where each program's batch loop starts and stops (read from a third
-#   grid axis); what that costs in time is not measured here.
-#   The equal-halves shortcut gains about five points. Where both halves of an angle row are
-#   equal (TE's table), sin/cos are computed for one half and reused for the other, and the
-#   profile counts fewer warp instructions per element, 0.29 against 0.38: a quarter fewer,
-#   because every thread along the head axis evaluates its own sin/cos (counted after the
-#   opcode profile below). Issuing
-#   instructions is not what limits these kernels, though: Nsight Compute's SM throughput (the
+# - **A tile of heads is the big step** at every large size: a program that moved one head row
+#   (256 bytes in bf16) now moves tens of KiB, as section 2 asked. It changes three measured
+#   things at once — far fewer programs, about half the warp instructions per element, several
+#   times the x asked for per SM — and these data cannot say which of them buys the time. At
+#   $b = 1$, where notebook 04's batch loop has nothing to reuse, it takes the kernel from a
+#   fifth of a copy to three quarters.
+# - **The tile of tokens (rung 2) buys nothing** at the sizes measured: $-0.1$ and $-0.3$ points
+#   at $b = 8$, within the noise. With 8 heads, the case that motivated it, the heads rung
+#   already launches 16,384 programs of one token's 8 heads at 93.1 % of a copy; packing 4
+#   tokens into each of 4,096 programs gains nothing. At $b = 1$ it *loses* 6.1 points, 75.9 →
+#   69.8 %, on the same grid, warps and tile shape as the heads rung: the two kernels differ only
+#   by the tile's token axis, and why that costs time was not profiled. Fewer heads still, or
+#   $d = 64$, were not timed.
+# - **The chunks rung** launches, at $s = 4096$, $b = 8$, the same 4,096 programs as the warps
+#   rung (the grid is already full), each still looping over the whole batch, with about as many
+#   warp instructions per element and the same DRAM reads (to 0.02 %). Yet it costs about three
+#   points, and the counters do not say why. Its DRAM bytes are 0.99 of the model against the
+#   warps rung's 0.96, but only in the writes, and the writes a kernel is counted for stop when
+#   it ends (output still in L2 is written back later): even the copy is counted at 0.954,
+#   243.7 MB of writes for 268.4 MB of `y`.
+# - **Accurate sin/cos (rung 5)** is the same machine code as rung 4 with the H200 run's Triton,
+#   so that step is zero but for noise: on that Triton it is insurance for others.
+# - **The equal-halves shortcut** gains about five points, 5.5 at $s = 4096$, $b = 8$ and 5.1
+#   at $b = 1$. It cuts a quarter of the warp instructions per element, 0.29 against 0.38, because every thread
+#   along the head axis evaluates its own sin/cos (counted after the opcode profile below). But
+#   issuing instructions is not what limits these kernels: Nsight Compute's SM throughput (the
 #   busiest unit of the SM, as a share of its peak) is 34.6 % for the warps rung and 28.0 % for
-#   rung 6. So the count of instructions saved does not by itself explain the gain; where they
-#   sit might (in the source a program evaluates its sin/cos before its first load of `x`),
-#   and the profile
-#   does not measure that.
-#   At $b = 1$ the 8-warp rung loses over two fifths of the 4-warp tile rung's speed. A program
-#   there holds one token and no batch loop, so its sin/cos work is paid for every row. If it
-#   lays out the tile as at $b = 8$, each of the 32 threads along the head axis pays it
-#   (section 5's count below); its layout at this size was not read. The
-#   tile rung was not profiled at this size, so the profile cannot set the two warp counts side
-#   by side. What it shows of the 8-warp rung: 1.85 warp instructions per element, 7.6 times
-#   the chunks rung's (which goes back to 4 warps, but on another grid, 16,384 programs of two
-#   tokens, so the ratio is not the warps' alone), and an SM throughput of 70.9 %, the highest
-#   of the ladder's kernels profiled at this size: here, unlike at $b = 8$, the work comes near
-#   a limit. The chunks rung does not follow the $b = 8$ count. Its whole kernel executes
-#   1.85 / 7.6, about a quarter of a warp instruction per element (printed as 0.24). That is
-#   fewer than its sin/cos alone would take if each thread evaluated the angles of its own
-#   elements, even once for all the heads it holds. So that launch lays out its cos/sin tile in
-#   another way, and that is the
-#   likely cause of the two largest $b = 1$ steps (`warps` and `chunks`). Its layout was not
-#   read here, so the table's "7.6x fewer instructions" names the count, not the cause.
-# - **Two bars end each panel, both ropelib.** `finished kernel (forced)` (the CSV's `ropelib`)
-#   is `ropelib.apply_rope` with its
-#   route forced to the finished kernel: every feature of section 3's list compiled in, on the
-#   launch of rung 6 (at $s = 4096$, $b = 8$ its profile is `_rope_kernel` on 4,096 programs of
-#   8 warps). Where its programs loop over the batch ($b = 8$, the first two panels) it ends 1.5
-#   points below its own equal-halves rung at $s = 4096$, where the spread is 1.2 %, and 0.4
-#   below at $s = 16384$: about the noise. The profiler counts 7 % more warp instructions per
-#   element for it than for rung 6, at an SM throughput of 29.7 % against 28.0 %, about the same
-#   DRAM bytes and a per cent more time. It has rung 6's shortcut (`load_table` in
-#   `ropelib/kernels/common.py`); the extra instructions are the integer arithmetic of its more
-#   general indexing and one select per table element. A variant that guards every output
-#   instead executes as many as rung 5: the opcode profile further down compares the two.
-#   At $b = 1$ it ends *above* rung 6, by 2.7 points. Its programs have no batch loop there
-#   (fewer than four entries), and for such programs the planner has the kernel load `x`
-#   before its table work; with a loop, after it. Timed as two variants of the finished kernel
-#   (`benchmarks/results/finished_kernel_knobs-*.csv`), `x` first is the faster at
-#   $s = 4096$, $b = 1$, and the slower at $s = 1024$, $b = 8$, where each program loops over
-#   8 entries (the cell below prints and asserts the four timings). The cell after next reads
-#   the order in the machine code. Why it helps is not measured: rung 6 has no profile at
-#   $b = 1$, and the rung that has, `chunks` (the same grid and warps), also lacks the
-#   equal-halves shortcut, itself worth 88.5 → 93.6 % of a copy here. Against that rung the
-#   finished kernel holds 128 registers a thread to 102, yet both fit 4 programs (16 warps) on
-#   an SM, so the registers cost no occupancy here (24 % against 22 % achieved).
-#   `apply_rope (as planned)` (the CSV's `ropelib_planned`) is `ropelib.apply_rope` as a user
-#   calls it. At those three sizes (256 MiB
-#   each, eager, with an angle table) it plans section 6's two-pass route, faster than the
-#   finished kernel in both $b = 8$ panels and by the most at $s = 4096$, $b = 8$, where it is
-#   the fastest bar; at $b = 1$ the two are level (within a point). The profile shows how it
-#   differs: 131,072 programs of 2 warps at 46 registers a thread (the pairs pass that ends
-#   section 6), 56 % achieved occupancy against the finished kernel's 44 %, the same DRAM
-#   bytes, and more warp instructions per element (0.35 against 0.31). For the 16-token call
-#   (8 MiB, under the route's 64 MiB) both bars are the same finished kernel.
-# - **The 16-token panel times launches as much as kernels.** Its tensor is 8 MiB. The rungs up
-#   to `warps` launch one program per token: 16 programs for 132 SMs, and the profiler times
-#   the kernel itself at about six times the copy's. From `chunks` on the grid is full, and the
-#   timed calls stop being steady. `chunks` and `accurate` are the same machine code on the
-#   H200: with Triton 3.6, section 4's compile cell finds that `tl.cos` is libdevice's, and that
-#   holds for every launch of the kernel. Yet their
-#   medians are 51.5 and 16.4 µs, their 20 % quantiles 13.2 and 13.0 µs and their 80 %
-#   quantiles 66.1 and 54.7: a call is either fast or slow, and the median lands on one side
-#   or the other. So read this panel's bars from `chunks` on as that, not as the ideas (the
-#   waterfall hatches them: their whiskers are longer than their steps): the
-#   +36 points of `accurate` are noise, and the +25 of `equal_halves` start from that bar and
-#   end on one whose 80 % quantile is more than twice its 20 %. Even the panel's two ropelib
-#   bars, the same finished kernel at this size with steady calls, differ by 5.0 points: a
-#   step here must be well above that to mean anything. The profiler times the chunks kernel
-#   at 11.2 µs, near its fast calls; what the slow calls wait for (these rungs are launched
-#   through Triton's Python launcher) is not measured here. ropelib's bar is its own launch path
-#   (it calls
-#   Triton's compiled launcher directly): its calls are steady, 10.2 to 10.7 µs from the 20 %
-#   to the 80 % quantile, and their median is within 2.3 µs of its kernel.
+#   rung 6. So the instructions saved do not by themselves explain the gain; where they sit
+#   might (in the source a program evaluates its sin/cos before its first load of `x`), and the
+#   profile does not measure that.
+# - **At $b = 1$, 8 warps lose over two fifths** of the 4-warp tile rung's speed. With no batch
+#   loop a program pays its sin/cos for every row, and if it lays the tile out as at $b = 8$,
+#   each of the 32 threads along the head axis pays it. The 8-warp rung executes 1.85 warp
+#   instructions per element at an SM throughput of 70.9 %, the highest of the ladder's kernels
+#   profiled at this size: here the work comes near a limit. The chunks rung (4 warps again, but
+#   16,384 programs of two tokens) executes 7.6 times fewer, 0.24 per element — fewer than its
+#   sin/cos alone would take if each thread evaluated the angles of its own elements. So it lays
+#   out its cos/sin tile another way, the likely cause of the two largest $b = 1$ steps; that
+#   layout was not read, so the table's "7.6x fewer instructions" names the count, not the
+#   cause. The tile rung and rung 6 were not profiled at $b = 1$.
+# - **`finished kernel (forced)`** (the CSV's `ropelib`) is `ropelib.apply_rope` with its route
+#   forced to the finished kernel: every feature of section 3's list compiled in, on rung 6's
+#   launch (at $s = 4096$, $b = 8$, `_rope_kernel` on 4,096 programs of 8 warps). With a batch
+#   loop it ends about the noise below rung 6: 1.5 points at $s = 4096$, 0.4 at $s = 16384$.
+#   The profiler counts 7 % more warp instructions per element for it (SM throughput 29.7 %
+#   against 28.0 %, about the same DRAM bytes, a per cent more time): the integer arithmetic of
+#   its more general indexing and one select per table element, which the opcode profile below
+#   takes apart. At $b = 1$ it ends 2.7 points *above* rung 6. Its programs have no batch loop
+#   there, and for such programs the planner has the kernel load `x` before its table work.
+#   Timed as two variants of the finished kernel
+#   (`benchmarks/results/finished_kernel_knobs-*.csv`), `x` first is the faster at $s = 4096$,
+#   $b = 1$ (0.931 of a copy against 0.892) and the slower at $s = 1024$, $b = 8$, where each
+#   program loops over 8 entries (0.804 against 0.835); the machine code below shows what the
+#   order changes. Why it helps was not profiled. Against the chunks rung, the profiled rung of
+#   the same grid and warps at $b = 1$, it holds 128 registers a thread to 102, yet both fit 4
+#   programs (16 warps) on an SM: the registers cost no occupancy (24 % against 22 % achieved).
+# - **`apply_rope (as planned)`** (the CSV's `ropelib_planned`) is `ropelib.apply_rope` as a
+#   user calls it. At the three 256 MiB sizes (eager, with an angle table) it takes section 6's
+#   two-pass route: faster than the finished kernel in both $b = 8$ panels, the fastest bar at
+#   $s = 4096$, $b = 8$, and level with it at $b = 1$ (within a point). Its profile: 131,072
+#   programs of 2 warps at 46 registers a thread (section 6's pairs pass), 56 % achieved
+#   occupancy against the finished kernel's 44 %, the same DRAM bytes, and more warp
+#   instructions per element (0.35 against 0.31). For the 16-token call (8 MiB, under the
+#   route's 64 MiB) both bars are the same finished kernel.
+# - **The 16-token panel times launches as much as kernels.** Its tensor is 8 MiB. Up to `warps`
+#   the rungs launch one program per token, 16 for 132 SMs, and the profiler times such a kernel
+#   at about six times the copy's. From `chunks` on the grid is full and the timed calls stop
+#   being steady: `chunks` and `accurate`, the same machine code, have medians of 51.5 and
+#   16.4 µs, 20 % quantiles of 13.2 and 13.0 µs and 80 % quantiles of 66.1 and 54.7. A call is
+#   either fast or slow, and the median lands on one side or the other, so the +36 points of
+#   `accurate` are noise and the +25 of `equal_halves` start from that bar (the waterfall
+#   hatches these steps: their whiskers are longer than the steps). The profiler times the
+#   chunks kernel at 11.2 µs, near its fast calls; what the slow calls wait for (these rungs go
+#   through Triton's Python launcher) was not measured. ropelib calls Triton's compiled launcher
+#   directly: its calls are steady, 10.2 to 10.7 µs from the 20 % to the 80 % quantile, their
+#   median within 2.3 µs of its kernel. Even so its two bars, the same kernel here, differ by
+#   5.0 points: a step in this panel must be well above that to mean anything.
 
 # %%
 def said(v, digits=3):
@@ -1448,11 +1406,10 @@ if order_sass:
 # %% [markdown]
 # With `x` first, the program issues its two angle loads and all eight of its loads of `x`
 # before the first multiply, so both are in flight together; with the table first, the loads
-# of `x` wait until the sin/cos are done. The page prints these counts for Triton 3.6, the GPU
-# runs' Triton, and the cell asserts them, 8 of 8 against 0 of 8, with Triton 3.6 and 3.9 (the
-# same counts with both); with any other version it checks only that `x` first puts more
-# loads of `x` before the multiply. That is what the order changes. What it is worth in time
-# is the knobs CSV's pair of timings above, not this count.
+# of `x` wait until the sin/cos are done. The cell asserts these counts, 8 of 8 against 0 of 8,
+# with Triton 3.6 (the GPU runs') and 3.9; with any other version only that `x` first puts more
+# loads of `x` before the multiply. That is what the order changes; what it is worth in time is
+# the pair of timings above, not this count.
 #
 # **Where the finished kernel's extra instructions go.** The finished kernel writes NaN for a
 # position outside the table (a silently clamped row would be a wrong answer nobody sees). Two
@@ -1474,28 +1431,26 @@ if order_sass:
 #   finished kernel's more general indexing lives (offsets in int64 where needed, positions,
 #   batch chunks).
 #
-# A count does not name source lines, but the kernel's machine code does, and it can be read on
-# any machine. This page does not print that listing; what follows was read from it, and only
-# the counts above are measured here. Compiled for sm_90 (as `load_schedule` compiles), the stores
-# of the variant with
-# the guard on every output are preceded by a run of `PRMT ... 0x7632` / `0x7610`,
-# `SEL ..., 0x7fc0` and `PRMT ... 0x5410`. `0x7fc0` is a bf16 NaN. The SEL and the PRMT have one
-# source, the guard: the compiler moves that select past the rounding to bf16, so it unpacks
-# each pair of rounded outputs from their 32-bit register (two PRMT), selects each half against
-# a bf16 NaN (two SEL) and packs them again (one PRMT): one SEL and one and a half PRMT an
-# element, the counts above.
+# A count does not name source lines; the machine code does, and it can be read on any machine
+# (this page does not print that listing). Compiled for sm_90 (as `load_schedule` compiles),
+# the stores of the variant with the guard on every output are preceded by a run of
+# `PRMT ... 0x7632` / `0x7610`, `SEL ..., 0x7fc0` and `PRMT ... 0x5410`. `0x7fc0` is a bf16 NaN.
+# The SEL and the PRMT have one source, the guard: the compiler moves that select past the
+# rounding to bf16, so it unpacks each pair of rounded outputs from their 32-bit register (two
+# PRMT), selects each half against a bf16 NaN (two SEL) and packs them again (one PRMT): one SEL
+# and one and a half PRMT an element, the counts above.
 #
 # The other variant makes the select where it is cheap. Whether a position is in the table is a
 # property of the (token, pair), not of the element: it makes the *cosine* NaN there, once per
 # table element of the tile, and every output of that row is NaN because each output is one fma
-# with a cosine. Written plainly that changes nothing (again read from machine code this page
-# does not print): LLVM folds a select whose one side is a
-# constant into the operations that read it (`fma(x, NaN, z)` is NaN, so it puts
-# `select(valid, fma(...), NaN)` back on every output). So the guarded tile passes through an
+# with a cosine. Written plainly that changes nothing (in the same listing): LLVM folds a select
+# whose one side is a constant into the operations that read it (`fma(x, NaN, z)` is NaN, so it
+# puts `select(valid, fma(...), NaN)` back on every output). So the guarded tile passes through an
 # opaque register move (`nan_unless` in `ropelib/kernels/common.py`: a `mov` in inline PTX,
 # which the compiler cannot see through; the interpreter skips it). Its profile, the second
 # below, shows the result: no SEL over rung 6, the PRMT at rung 6's count, an FSEL for the tile
-# instead, and the time under the profiler (printed).
+# instead, and 0.5 % more time than rung 6 under the profiler (2.7 % with the guard on every
+# output).
 
 # %%
 GUARD_OUTPUTS, GUARD_TILE = "guard on every output", "guard on the cos tile"
@@ -1579,12 +1534,10 @@ assert abs(mech_extra - sum(per_tile["fin"].values()) / sum(per_tile["r6"].value
 
 # %% [markdown]
 # With the guard on the cos tile, what is left of the extra is the integer arithmetic of the
-# finished kernel's general indexing and the guard's select per table element, a few per cent
-# of its instructions, and under this profile it runs level with rung 6 (within a per cent,
-# printed). The
-# mechanism profile of section 5, a separate run, agrees: 7 % more warp instructions per
-# element than rung 6 and a per cent more time (the cell above checks the two profiles
-# against each other).
+# finished kernel's general indexing and the guard's select per table element, 6.8 % more warp
+# instructions than rung 6, and under this profile it runs level with rung 6. The mechanism
+# profile of section 5, a separate run, agrees: 7 % more warp instructions per element and a
+# per cent more time (the cell above checks the two profiles against each other).
 #
 # **Where the sin/cos are evaluated.** The source of rungs 1 to 6 computes cos/sin as a tile
 # with one row per token, $[\text{BLOCK\_S}, 1, D/2]$, broadcast over the heads: once per
@@ -1595,9 +1548,8 @@ assert abs(mech_extra - sum(per_tile["fin"].values()) / sum(per_tile["r6"].value
 # it comes to the count the cell below prints per angle and thread: one sin and one cos, each
 # evaluated by every thread that holds a head of the token, not once per program. This holds for
 # the launch profiled here, 8 warps on a $[1, 32, 64]$ tile at $b = 8$. The count assumes that
-# repetition: it divides by the 32 threads, and checks only that the result lies in a range
-# one libdevice sin and cos could plausibly take. The cost of one sin and cos by itself was not
-# measured.
+# repetition (it divides by the 32 threads) and checks only that the result is plausible for
+# one libdevice sin and cos, whose cost alone was not measured.
 #
 # The cell prints both counts in *warp* instructions per element, the unit of the profile: the
 # measured difference is 0.090; evaluated once per program, the same sin/cos would cost about
@@ -1721,19 +1673,21 @@ assert round(b1_trig, 2) == 1.44 and 0.7 < b1_trig / m1_warps["ncu_warp_inst_per
 # contiguous, at least 64 MiB, and the table is small beside them: at most 1/32 of the bytes
 # the flat pass moves where every call writes its rows (an operator call, or compiled code),
 # 1/16 where an eager call keeps them (a model's later layers read the rows the first one
-# wrote, so only the reads count); otherwise the finished kernel runs. Packed sequences share
-# rows between tokens: the flat pass reads the rows of the *positions*. Where a token's
-# position is its index in its sequence, the flat pass can take one sequence per row of a 2-D
-# grid and find its positions' rows as sbhd finds a token's. The host does not know the longest
-# sequence, so that grid covers every sequence times the table's rows, and a program past its
-# sequence's end still costs time: on the H200, with the element-wise flat pass, a grid of
-# twice the tokens ran at 0.517 of a copy where a row index per token ran at 0.856, and with
-# the pass of section 6's end at 0.649 (measured below). So it is taken only where the
-# grid is the tokens themselves (every sequence as long as the table); otherwise, where it is
-# cheaper, each token first gets the index of its row (4 bytes). The planner sees only shapes,
-# so tensors on the `meta` device (no memory at all) show which route an eager call would
-# take (the last four lines: section 5's ladder sizes, called as `benchmarks/ladder.py` calls
-# `ropelib.apply_rope`):
+# wrote, so only the reads count); otherwise the finished kernel runs.
+#
+# Packed sequences share rows between tokens: the flat pass reads the rows of the *positions*.
+# Where a token's position is its index in its sequence, the flat pass can take one sequence per
+# row of a 2-D grid and find its positions' rows as sbhd finds a token's. The host does not know
+# the longest sequence, so that grid covers every sequence times the table's rows, and a program
+# past its sequence's end still costs time: on the H200, with the element-wise flat pass, a grid
+# of twice the tokens ran at 0.517 of a copy where a row index per token ran at 0.856, and with
+# the pass of section 6's end at 0.649 (printed below). So it is taken only where the grid is the
+# tokens themselves (every sequence as long as the table); otherwise, where it is cheaper, each
+# token first gets the index of its row (4 bytes).
+#
+# The planner sees only shapes, so tensors on the `meta` device (no memory at all) show which
+# route an eager call would take (the last four lines: section 5's ladder sizes, called as
+# `benchmarks/ladder.py` calls `ropelib.apply_rope`):
 
 # %%
 def route_of(shape, layout="sbhd", table="freqs", P=32768, n_seq=4):
@@ -1963,20 +1917,18 @@ assert bytes_bound == 16 / 17 and said(bytes_bound, 2) == "0.94"
 #   pairs pass: both members of a pair in one thread, and its table addresses written so the
 #   loads go out early (the last two subsections of this section);
 # - at batch 1 (128 MiB, 16,384 tokens) the pre-pass writes a 1 KiB row for every token with no
-#   batch to spread it over: 11.6 µs, 17.1 % of the copy's time (the same 16,384 tokens at
-#   batch 8, 1 GiB: 2.3 %). Paid on every call, it would hold the route to at most
+#   batch to spread it over: 11.6 µs, 17.1 % of the copy's time (2.3 % for the same tokens at
+#   batch 8, 1 GiB). Paid on every call, it would hold the route to at most
 #   copy / (copy + pre-pass) = 0.854 of a copy; the route measured 0.932 against the finished
-#   kernel's 0.927. The reason is that these calls were eager, one after another with the
-#   same `x` and the same table, as `benchmarks/two_pass.py` times them: the eager route keeps
-#   the pre-pass's rows (`TableRows` in `ropelib/eager.py`) and later calls skip it, as a
-#   model's later layers do. The cell after the list counts the kernels such calls launch. It
-#   is why the planner counts only the reads of kept rows (the 1/16 share in the
-#   route cell above) and takes the route for eager calls at batch 1, while operator calls and
-#   compiled code, which write the rows every call, keep the finished kernel there. In this
-#   run the two are level at batch 1: the route loses nothing there, and gains nothing
-#   measurable. The route reads 1 KiB of fp32 cos and sin rows for every 8 KiB of `x` read and
-#   8 KiB written; at the copy's bandwidth that allows about $16/17 = 0.94$ of a copy (a bytes
-#   estimate, not a hard limit).
+#   kernel's 0.927, because these calls were eager, one after another with the same `x` and
+#   table, as `benchmarks/two_pass.py` times them: the eager route keeps the pre-pass's rows
+#   (`TableRows` in `ropelib/eager.py`) and later calls skip it, as a model's later layers do.
+#   That is why the planner counts only the reads of kept rows (the 1/16 share of the route
+#   cell above) and takes the route for eager calls at batch 1, while operator calls and
+#   compiled code, which write the rows every call, keep the finished kernel there. Level at
+#   batch 1, the route loses nothing and gains nothing measurable: it reads 1 KiB of fp32 cos
+#   and sin rows for every 8 KiB of `x` read and 8 KiB written, which at the copy's bandwidth
+#   allows about $16/17 = 0.94$ of a copy (a bytes estimate, not a hard limit).
 #
 # The cell below counts with the code on this machine, on a small call with the route forced
 # (`eager.TableRows`, which keeps the rows, is older than the timed run): each eager call's
@@ -2207,14 +2159,13 @@ one_gib = {c: said(pr["bf16 sbhd 1 GiB s16k b8"][c]["ratio_to_copy"]) for c in p
 assert [one_gib[c] for c in probe_cols[:5]] == ["0.994", "0.938", "0.948", "0.896", "0.993"]
 
 # %% [markdown]
-# Reading half the table made every case slower (0.896 of a copy at 1 GiB against 0.948). Half
-# the bytes did not help; why it lost was not measured. Its machine code was not read: a
-# select in an address can hide contiguity and split a 16-byte load into scalar loads, as
-# Exercise 2's note shows, and that is one candidate. Holding both members in one thread reached
-# 0.993 at 1 GiB with the same fp32 rows,
-# level with torch.compile's 0.994 on its bf16 table, and at or within 0.002 of torch.compile in
-# the two 256 MiB cases. That is ropelib's flat pass for rotate-half pairs (`_rotate_pairs`
-# in `ropelib/kernels/flat.py`, on `tiles.TWO_PASS_PAIR_WARPS` = 2 warps): every table of this
+# Reading half the table made every case slower (0.896 of a copy at 1 GiB against 0.948); why
+# was not measured. Its machine code was not read: a select in an address can hide contiguity
+# and split a 16-byte load into scalar loads (Exercise 2's note explains how), and that is one
+# candidate. Holding both members in one thread reached 0.993 at 1 GiB with the same fp32 rows,
+# level with torch.compile's 0.994 on its bf16 table, and 0.001 and 0.002 ahead of it in the two
+# 256 MiB cases. That is ropelib's flat pass for rotate-half pairs (`_rotate_pairs` in
+# `ropelib/kernels/flat.py`, on `tiles.TWO_PASS_PAIR_WARPS` = 2 warps): every table of this
 # section read from `two_pass-nvidia-h200.csv` measured it, while the run set beside it in the
 # second table, and the probes `flat_pass_probe.py` and `flat_hints_probe.py`, measured the
 # element-wise pass.
@@ -2222,7 +2173,7 @@ assert [one_gib[c] for c in probe_cols[:5]] == ["0.994", "0.938", "0.948", "0.89
 # %% [markdown]
 # ### How an address is written decides when a load goes out
 #
-# Written with one offset per table entry, ropelib's pairs pass runs at 0.913 of a copy at
+# Written with one offset per table entry, ropelib's pairs pass runs at 0.915 of a copy at
 # 1 GiB on the H200, while the probe's kernel, on the same fp32 rows in the same process, runs
 # at 0.992. Same loads, same stores, all of them 16-byte vectors in the PTX. The difference is
 # one line: how the address of a token's cos/sin row is written. The probe computes `s * D`,
@@ -2358,19 +2309,17 @@ if sched:
 
 # %% [markdown]
 # With offsets, three of the eight table loads go out only after the rotation has started (the
-# cell prints where; these counts are those of Triton 3.6, the GPU runs', and 3.9); with row
-# pointers two do, and the thread keeps its two x loads and six table loads in flight
-# together. The listing shows the two causes above. With offsets the eight table loads read
-# from four base registers (the `Rn` of `[Rn.64+offset]`), with row pointers from two; and
-# each of the three late loads with offsets writes a register that an earlier load wrote, so
-# it waits until that load has landed and its value been used. The page prints these for
-# Triton 3.6, the GPU runs' Triton, and the cell asserts them (4 base registers against 2, the
-# three late loads each reusing a register, 7 loads early against 8) with Triton 3.6 and 3.9;
-# with another version it asserts only that row pointers put more loads out early. ropelib's
-# own flat pass, compiled the same way, issues the same eight early. What the two forms are
-# worth, timed on the H200 by `benchmarks/one_gib_probe.py` (five alternating rounds in one
-# process, medians; one run with ropelib's pass written each way, each beside the same probe
-# kernel):
+# cell prints where); with row pointers two do, and the thread keeps its two x loads and six
+# table loads in flight together. The listing shows the two causes above. With offsets the eight
+# table loads read from four base registers (the `Rn` of `[Rn.64+offset]`), with row pointers
+# from two; and each of the three late loads with offsets writes a register that an earlier load
+# wrote, so it waits until that load has landed and its value been used. The cell asserts these
+# counts (4 base registers against 2, the three late loads each reusing a register, 7 loads early
+# against 8) with Triton 3.6, the GPU runs', and 3.9; with another version only that row pointers
+# put more loads out early. ropelib's own flat pass, compiled the same way, issues the same eight
+# early. What the two forms are worth, timed on the H200 by `benchmarks/one_gib_probe.py` (five
+# alternating rounds in one process, medians; one run with ropelib's pass written each way, each
+# beside the same probe kernel):
 
 # %%
 def one_gib_medians(gpu):
@@ -2603,13 +2552,13 @@ flat_pass.show_solution()
 # members of its pairs (the end of section 6), and section 6's compile cell counts its
 # 16-byte loads: 2 of `x`, 8 of the fp32 table.
 #
-# The cell below compiles the worked solution and your kernel at section 6's 1 GiB launch
-# (1,024 elements a program on 4 warps, 8 a thread) and counts their loads by width, with the
-# Triton of this machine: the partner's load is 16 bytes there, or eight of 2. This count is
-# not graded. A hint is a promise the compiler trusts, and the interpreter ignores hints, so on
-# this machine a false one (for a head whose half is not a multiple of 8, $d = 24$ among the
-# check's cases) passes the check above; on a GPU it reads the wrong partners, and the check
-# says so.
+# The cell below compiles the worked solution and your kernel at the element-wise pass's 1 GiB
+# launch (1,024 elements a program on 4 warps, 8 a thread) and counts their loads by width, with
+# the Triton of this machine: on this page (Triton 3.6) the worked solution's six loads are all
+# 16 bytes, the partner's included. This count is not graded. A hint is a promise the compiler
+# trusts, and the interpreter ignores hints, so on this machine a false one (for a head whose
+# half is not a multiple of 8, $d = 24$ among the check's cases) passes the check above; on a
+# GPU it reads the wrong partners, and the check says so.
 
 # %%
 EX2_ARGS = dict(x_ptr=bf16_any, y_ptr=bf16_any, cos_ptr=fp32_any, sin_ptr=fp32_any,
