@@ -115,8 +115,10 @@ print(f"x: [S={S}, B={B}, H={H}, D={D}] on {device}")
 # block is then not a rotation. Its transpose is still the backward, but it is not its inverse:
 # the backward does not undo the forward, and gradient norms can change.
 #
-# Check it numerically: the full $D \times D$ Jacobian of the reference at one position, from
-# autograd.
+# Check it numerically with the full $D \times D$ Jacobian of the reference at one position,
+# computed by autograd. The cell tests TE's table and a table whose halves differ: for that one
+# the cell prints False on purpose, since negating alone is not the transpose. It then reads the
+# kernel's backward off as a matrix.
 
 # %%
 def jacobian(freqs_row):
@@ -247,29 +249,16 @@ def _rope_batch_reuse_kernel(
         tl.store(y_row + HALF + offs, round_to(y2, y_ptr.dtype.element_ty, BF16_RTNE), mask=mask)
 
 # %% [markdown]
-# `BACKWARD` only changes which sines the program computes (swapped and negated); the loads, the
-# loop and the stores are the same lines. Because it is a `tl.constexpr`, Triton compiles two
-# specialised kernels from this one source, and the `if` is decided at compile time, not tested
-# while the kernel runs. The backward reads $\partial L/\partial y$, writes
-# $\partial L/\partial x$ and reads the angles: by construction the loads and stores of the
-# forward. No DRAM counter of the backward is committed; what is measured is time.
+# `BACKWARD` only changes which sines the program computes (swapped and negated). The loads,
+# the loop and the stores are the same lines, so the backward moves the forward's bytes. Because
+# `BACKWARD` is a `tl.constexpr`, Triton compiles two specialised kernels from this one source,
+# and the `if` is settled at compile time instead of being tested while the kernel runs.
 #
-# The check cell below measures it two ways. On a GPU, it first times this kernel both ways on
-# the cell's tensor, and asserts that the backward takes the forward's time within 10 %. That is
-# the direct comparison, kernel against kernel. Then it reads the committed H200 run of the same
-# kernel, which times a whole step: `torch.autograd.grad` through an `autograd.Function` like the
-# one of section 3, which launches the forward kernel, records the graph and launches the
-# backward kernel. `do_bench` times that step in rounds, with the L2 cache flushed between
-# calls; it times the forward alone too. For a 1 GiB bf16 tensor the step takes 2.00x the
-# forward: the time the equal byte count predicts, with the rest of the step too small to show.
-# For a 32 MiB tensor it takes 5.05x. That is one median of a host-bound step: a cost that does
-# not grow with the bytes sets much of its time, so it says little about the kernel. Discussion
-# question 1 asks what that cost is.
-#
-# The launch is yours too: one program per (token, head), the grid $(S, H)$; the strides of
-# every tensor, so any view of $x$ (a stride-0 gradient included) is read as it is; the half
-# width and its power-of-two tile; and the three constexprs. `COMPUTE_DTYPE` is fp64 for fp64
-# inputs, which `gradcheck` needs (section 4).
+# The launcher below is yours to change too. It launches one program per (token, head) on the
+# grid $(S, H)$ and passes the strides of every tensor, so any view of $x$ (a stride-0 gradient
+# included) is read as it is. It also passes the half width, its power-of-two tile and
+# `BACKWARD`, `COMPUTE_DTYPE` and `BF16_RTNE`. `COMPUTE_DTYPE` is fp64 for fp64 inputs, which
+# `gradcheck` needs (section 4).
 
 # %%
 def rope_cell(x, freqs, *, backward=False):
@@ -290,10 +279,20 @@ def rope_cell(x, freqs, *, backward=False):
     return y
 
 # %% [markdown]
-# The check: the backward of the cell's kernel against the autograd of the plain-PyTorch
-# reference (for TE's table and for a table whose two halves differ, where only the swap of the
-# sines gives the transpose), against ropelib's own backward bit for bit, and the two identities
-# of section 1 (for TE's table, where $\theta_a = \theta_b$).
+# The check compares the backward of the cell's kernel with three things:
+#
+# - the autograd of the plain-PyTorch reference, for TE's table and for a table whose two halves
+#   differ (only the swap of the sines gives the transpose there);
+# - ropelib's own backward, bit for bit;
+# - the two identities of section 1, for TE's table.
+#
+# Then it times the two directions. On a GPU it times this kernel forward and backward on the
+# cell's tensor, and asserts that the two times agree within 10 %. Next it reads the committed
+# H200 run of the same kernel, which times a whole step: `torch.autograd.grad` through an
+# `autograd.Function` like the one in section 3 (forward kernel, autograd graph, backward kernel),
+# together with the forward alone. For a 1 GiB bf16 tensor the step takes 2.00x the forward,
+# which is what the equal byte counts predict. For a 32 MiB tensor it takes 5.05x. Discussion
+# question 1 asks why.
 
 # %%
 torch.manual_seed(0)
@@ -361,12 +360,10 @@ assert f"{small['fwdbwd_ms'] / small['fwd_ms']:.2f}" == "5.05"
 #   program and reuses them over the whole batch (notebook 04), so there is no cos/sin table to
 #   save. Question 3 asks what saving one would cost;
 # - **`freqs`, with `ctx.save_for_backward`**: a reference to the (shared, small) angle table, not
-#   a copy. PyTorch's documentation gives three reasons to use `save_for_backward` rather than
-#   `ctx.freqs = freqs`. A saved tensor is checked when the backward reads it, so an in-place
-#   change of the table between forward and backward raises an error instead of giving a wrong
-#   gradient. Saving does not leak memory (an *output* stored on `ctx` would make a reference
-#   cycle). And saved-tensor hooks (`torch.autograd.graph.saved_tensors_hooks`, which offload or
-#   recompute saved tensors) apply to it.
+#   a copy. Use it rather than `ctx.freqs = freqs`, for three reasons. It raises an error if the
+#   table is changed in place before the backward. It never makes a reference cycle (an output
+#   stored on `ctx` would). And saved-tensor hooks (`torch.autograd.graph.saved_tensors_hooks`)
+#   apply to it.
 #
 # `backward` returns `None` for `freqs`: the angles are a fixed function of the positions, not
 # trained.
@@ -409,9 +406,10 @@ print("gradients match the reference's autograd in fp32, fp16 and bf16")
 # $\varepsilon = 10^{-6}$ (the cell's `eps`) two outputs differ by $2\varepsilon$ times an entry
 # of $J$: a change in the sixth decimal place of numbers near 1. fp32 keeps about 7 significant
 # digits. Rounding $x \pm \varepsilon$ and the two outputs to fp32 therefore moves each finite
-# difference by several percent, far more than gradcheck tolerates. That is why gradcheck runs
-# in float64 and why ropelib's kernels compute in fp64 when they are given fp64
-# (`COMPUTE_DTYPE`).
+# difference by several percent, far more than gradcheck tolerates. So gradcheck runs in float64,
+# and ropelib's kernels compute in fp64 when they are given fp64 (`COMPUTE_DTYPE`). The cell
+# shows both sides: in float64 the cell's kernel and `ropelib.apply_rope` pass, while the same
+# op computed in fp32 and cast back fails.
 
 # %%
 x_small = torch.randn(3, 2, 1, 8, device=device, dtype=torch.float64, requires_grad=True)
@@ -505,15 +503,14 @@ torch.testing.assert_close(x_base.grad, gx_ref.float().sum(dim=1, keepdim=True),
 print("expanded input: forward reads stride 0, backward's gradients summed over the batch")
 
 # %% [markdown]
-# What reading the stride-0 gradient as it is saves, on a GPU, as a byte model: the kernel
-# reads one 4-byte cell for all $N$ elements and writes $N$ fp32 elements, $4N$ bytes. Copying
-# it first with `.contiguous()` writes $4N$ bytes, which the kernel then reads back before
-# writing its own $4N$: three times the modelled traffic. The cell times both on the GPU it
-# runs on and divides each model's bytes by its time. If the model were the whole story, the
-# two bandwidths would agree and the times would differ by a factor of three. The cell asserts
-# only a band around that: a ratio of times between 2.8 and 4, and bandwidths within 0.75 to
-# 1.05 of each other; it prints the numbers of the run. It measures times, not bytes: no DRAM
-# counter is read here, so what any gap from the model consists of is not measured.
+# How much does reading the stride-0 gradient as it is save? Start with a byte model. The
+# kernel reads one 4-byte cell for all $N$ elements and writes $N$ fp32 elements, so it moves
+# $4N$ bytes. With `.contiguous()` first, the copy writes $4N$ bytes and the kernel reads them
+# back before writing its own $4N$: three times the traffic. If bytes were the whole story, the
+# path with the copy would take 3x the time at the same GB/s. The cell times both paths on a GPU.
+# It asserts a time ratio between 2.8 and 4 and a bandwidth ratio between 0.75 and 1.05. On the
+# H200 the copy path took 3.45x the time, at 2291 GB/s against 2636 GB/s. The cell measures
+# only times, so nothing here says where the rest of the gap comes from.
 
 # %%
 if GPU:
@@ -542,8 +539,8 @@ else:
 #   $-\theta$, which undoes the forward. For tables whose two halves differ the block is not a
 #   rotation (its determinant is $\cos(\theta_a - \theta_b)$), and the transpose is not the
 #   inverse. The backward is linear, so it needs only the angles: save `freqs`, never `x`.
-# - One kernel serves both directions: a `tl.constexpr` flag flips the sines, everything else
-#   (and the bytes moved) is shared.
+# - One kernel serves both directions: a `tl.constexpr` flag swaps and negates the sines,
+#   everything else (and the bytes moved) is shared.
 # - Check a backward three ways: against the autograd of a plain PyTorch reference, with
 #   `gradcheck` in float64, and with stride-0 tensors: the gradient of `y.sum()` and an input
 #   built with `expand`.
@@ -590,9 +587,10 @@ ex.check_backward_matrix(my_backward_matrix);
 solution(ex.solution_backward_matrix)
 
 # %% [markdown]
-# **2. The backward kernel.** Write it from a blank `@triton.jit`: the signature below (the
-# one of notebook 04's kernel exercise, with partial rotary), launched on grid $(S, H)$, each
-# program looping over the batch. It reads $\partial L/\partial y$ and writes
+# **2. The backward kernel.** Write it from a blank `@triton.jit`. The signature below is the one
+# from notebook 04's kernel exercise (partial rotary included), renamed for gradients. The kernel
+# runs on the grid $(S, H)$, and each program loops over the batch. It reads
+# $\partial L/\partial y$ and writes
 # $\partial L/\partial x = R(\theta)^{\top}\,\partial L/\partial y$; the gradients of the
 # pass-through features $R \ldots D-1$ pass through unchanged.
 #

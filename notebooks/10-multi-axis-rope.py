@@ -277,15 +277,14 @@ else:
 #
 # Two measurements of that last claim. First, memory: the cell below runs transformers' code
 # and `apply_mrope_qk` on one prompt of 4,096 tokens (batch 1, 4 q and 2 k heads of 128, fp32,
-# Qwen2-VL's sections) and adds up the bytes each allocates on top of its two outputs. On a
-# CPU it counts them with `torch.profiler` (`profile_memory=True`); on a GPU it reads the CUDA
-# allocator's count of bytes allocated. Triton's interpreter works on arrays of its own, which
-# the profiler does not see; on a GPU, where the kernel is compiled, the allocator's count
-# covers all of it.
+# Qwen2-VL's sections) and adds up the bytes each allocates on top of its two outputs: on a GPU
+# from the CUDA allocator's count, on a CPU with `torch.profiler` (which does not see the
+# arrays of Triton's interpreter).
 #
-# Second, time: `benchmarks/` timed the same three on an H200 at Qwen2-VL-7B's size (28 q and
-# 4 k heads of 128, batch 4, 8,192 tokens, bf16), each as a fraction of the time a copy of q
-# and k takes (1 = a copy's speed). The cell reads that file and its header, and plots it.
+# Second, time: `benchmarks/` timed both, and torch.compile of transformers' code, on an H200
+# at Qwen2-VL-7B's size (28 q and 4 k heads of 128, batch 4, 8,192 tokens, bf16), each as a
+# fraction of a copy of q and k's speed (1 = as fast as the copy). The cell reads that file
+# and plots it.
 
 # %%
 from torch.profiler import ProfilerActivity, profile
@@ -376,17 +375,14 @@ plt.show()
 # temporaries of `x * cos + rotate_half(x) * sin`. ropelib's call allocates its two outputs and
 # a few scalars (the cell prints both counts).
 #
-# The times on the H200 are consistent with that, but they come from another size and dtype
-# (b4 s8192 in bf16, where the memory count used one fp32 prompt of 4,096 tokens), and they were
-# not broken down into kernels and bytes. ropelib's kernel ran at 0.99 of a copy's speed forward
-# and 0.98 forward and backward. transformers' code ran at 0.07 both ways.
+# The H200 times agree with that, though at another size and dtype, and not broken down into
+# kernels and bytes: ropelib's kernel ran at 0.985 of a copy's speed forward and 0.980 forward
+# and backward, transformers' code at 0.068 and 0.065.
 #
-# torch.compile of transformers' code ran at 0.08 of a copy forward. Do not read that as what
-# the compiled code must cost. In the same file its forward and backward together reach a much
-# larger fraction of a copy's speed (the cell prints it, and the plot shows it). That fraction
-# is counted against two copies, so the forward alone took longer than forward and backward
-# together. The file's header says the forward+backward rows were timed another way, in rounds;
-# nothing here explains the gap. Take the 0.08 as a record of that run, not of the code.
+# torch.compile of transformers' code ran at 0.084 forward but 0.414 forward and backward, a
+# fraction counted against two copies: the forward alone took longer than both together. The
+# file's header says the forward+backward rows were timed another way, in rounds; nothing here
+# explains the gap. Take the 0.084 as a record of that run, not of what compiled code costs.
 
 # %% [markdown]
 # Models written for transformers 4.x call `apply_multimodal_rotary_pos_emb(q, k, cos, sin,
@@ -440,10 +436,11 @@ if HAVE_HF:
 # with positions `[2, T]`.
 #
 # The property that makes it worth having: a query–key score depends only on the 2-D offset
-# between the two patches. Move the whole image by (3 rows, 5 columns) and no score changes; the
-# same content at the same offset scores alike anywhere in the image. Flatten the image to 1-D
-# raster positions instead and the last patch of a row sits 1 away from the first patch of the
-# next row, exactly as far as from its right-hand neighbour: the two look the same to RoPE.
+# between the two patches. Move the whole image by (3 rows, 5 columns) and no score changes
+# beyond fp32 rounding; the same content at the same offset scores alike anywhere in the image.
+# Flatten the image to 1-D raster positions instead and the last patch of a row sits 1 away from
+# the first patch of the next row, exactly as far as from its right-hand neighbour: the two look
+# the same to RoPE (the cell's `1-D` line), but not to axial RoPE (its `2-D` line).
 
 # %%
 hv, wv, Dv = 4, 5, 16
@@ -970,11 +967,11 @@ else:
           "The counts above are what this machine can measure.")
 
 # %% [markdown]
-# A time says which kernel is faster, not why. Nsight Compute counted, on an H200, what the two
-# kernels of this section execute (`benchmarks/mrope_angles_ncu.py`: the per-head kernel as this
-# notebook defines it, read from this notebook's source; the once-per-token kernel, the
-# exercise's worked solution; and `ropelib.apply_mrope_qk`, each launched once at the timing
-# cell's size, 16,384 tokens of 28 q and 4 k heads of 128 in bf16):
+# On the H200 the per-head kernel takes 1.40 times the time of the once-per-token one, and
+# ropelib's kernel (72.3 µs) comes close to the copy of q and k (71.0 µs). A time says which
+# kernel is faster, not why. Nsight Compute counted, on an H200, what the two kernels of this
+# section and `ropelib.apply_mrope_qk` execute (`benchmarks/mrope_angles_ncu.py`, each launched
+# once at the timing cell's size, the per-head kernel read from this notebook's source):
 
 # %%
 ncu_csv = measured.RESULTS / f"mrope_angles_ncu-{measured.GPU}.csv"
@@ -1066,17 +1063,14 @@ assert -(-36 * 32 // 256) * 256 // 32 == 40     # 36 registers a thread, allocat
 # cosine. Which of these steps costs most is not separated here.
 #
 # `angles_cos_sin` does not depend on `h`, so why does the compiler not move it out of the head
-# loop itself? The interpreter's counts follow the source line by line; it is the 5.3 times the
-# instructions that show the compiled kernel repeats the work too. The compiled code says why.
-# The next cell compiles the per-head kernel for an H200 (sm_90) on this machine, no GPU
-# needed, as the profile launched it (2,048 programs of 8 tokens, 4 warps). It reads Triton's
-# IR (TTGIR) and reports, for every global load and every sine and cosine, whether it sits
-# inside a head loop (an `scf.for`). Beside it, the cell compiles a stand-in that is not RoPE:
-# the same two loops, the same `angles_cos_sin` and the same loads of q and k, but with the
-# stores taken out of the loops. Each loop adds its rotated heads into a sum, and the sum is
-# stored once, after the loops. The hypothesis to test: every step of the loop stores to `q_out`
-# or `k_out`, and the compiler cannot prove that those stores leave `pos`, `inv_freq` and
-# `axis` unchanged (the pointers might overlap). If that is what keeps the angle work in the
+# loop? (The 5.3 times the instructions show that it does not.) The hypothesis: every step of
+# the loop stores to `q_out` or `k_out`, and the compiler cannot prove that those stores leave
+# `pos`, `inv_freq` and `axis` unchanged (the pointers might overlap). The next cell compiles
+# the per-head kernel for sm_90 on this machine, no GPU needed, as the profile launched it
+# (2,048 programs of 8 tokens, 4 warps), and counts in Triton's IR (TTGIR) the global loads and
+# the sines and cosines inside a head loop (an `scf.for`) and before it. Beside it, it compiles
+# a stand-in that is not RoPE: the same loops and loads, but each loop adds its rotated heads
+# into a sum that is stored once, after the loops. If the stores keep the angle work in the
 # loop, the stand-in's angle loads, sines and cosines move out of it.
 
 # %%
@@ -1185,32 +1179,30 @@ assert moved.get(("load", False), 0) >= 5 and moved.get(("sin/cos", False), 0) >
 # compiler cannot prove that a store to `q_out` leaves `pos`, `inv_freq` and `axis` as they
 # were, so it loads them again after each store, and everything formed from them is formed
 # again. Loading them before the loop in the source, as the worked solution does, states what
-# the compiler cannot prove. (The stand-in tests this one difference, with this machine's
-# Triton; the cell prints its version, which need not be the H200 runs'.)
+# the compiler cannot prove. (The cell prints the Triton it compiled with; the stand-in tests
+# this one difference.)
 #
-# The time does not grow as much as the instructions: 1.9 times under the profiler, which fixes
-# the SM clock (the next cell reads which), and 1.4 times at the GPU's own clock on the H200
-# (`do_bench` in the timing cell, which prints it on a GPU and checks it against the profiler's
-# ratio). Divided by its time, each kernel's DRAM traffic (the line under
-# the table) says how hard it kept the memory busy, by that undercount: the once-per-token
-# kernel draws 3.4 TB/s, the behaviour of a memory stream; the per-head kernel 1.8 TB/s, the
-# same bytes over almost twice the time, the rest spent on its extra instructions (the next
-# cell measures how much of its time they fill).
+# Back to the profile. The time does not grow as much as the instructions: 1.90 times under
+# the profiler, which fixes the SM clock (the next cell reads which), and 1.40 times under
+# `do_bench` at the H200's own clock (the timing cell). Divided by its time, each kernel's DRAM
+# traffic (the line under the profile's table) says how hard it kept the memory busy, by that
+# undercount: the once-per-token kernel draws 3.42 TB/s, the behaviour of a memory stream; the
+# per-head kernel 1.83 TB/s, the same bytes over almost twice the time, the rest spent on its
+# extra instructions (the next cell measures how much of its time they fill).
 #
 # The profile also shows the per-head kernel with fewer warps active on average (56 % of an
-# SM's warp slots against 89 %). Its registers go some way to say why (derived from the
-# profile's register counts, and checked in the cell above with `counts.programs_per_sm`): its
-# 36 registers a thread round up to 40 in the allocation, so an SM holds 12 of its 4-warp
-# programs instead of 16, and its 2,048 programs need two waves on 132 SMs (1,584, then 464)
-# where the other kernel's fit in one.
+# SM's warp slots against 89 %). Its registers go some way to say why (the profile's cell
+# prints it, from `counts.programs_per_sm`): its 36 registers a thread round up to 40 in the
+# allocation, so an SM holds 12 of its 4-warp programs instead of 16, and its 2,048 programs
+# need two waves on 132 SMs (1,584, then 464) where the other kernel's fit in one.
 #
 # ropelib's own kernel executes 28 % more instructions than the worked solution (the shipped
 # kernel above: heads rotated as 3-D tiles, strides, layouts, partial rotary and more; which of
 # them costs what is not measured here) and takes a little less time (68.2 against 71.6 µs).
-# Why is not measured either. One candidate is the tile and the grid: the plan cell after the
-# shipped kernel prints the tile ropelib picks at 16,384 tokens, and it is not the worked
-# solution's 8 tokens a program in 2,048 programs. Timing your own kernel at other `BLOCK_T`
-# is a follow-up you can run.
+# Why is not measured either. One candidate is the tile and the grid: at 16,384 tokens the plan
+# cell after the shipped kernel prints 1 token a program, 16,384 programs of 2 warps, where
+# the worked solution runs 8 tokens a program, 2,048 programs of 4 warps. Timing your own
+# kernel at other `BLOCK_T` is a follow-up you can run.
 
 # %% [markdown]
 # **Is the per-head kernel bound by its instructions?** A second profile of the same three
@@ -1285,31 +1277,29 @@ assert round(1 / issue_share["angles per (token, head)"], 2) == 1.23
 assert (round(token[STALLED.format("long_scoreboard")]), round(token["smsp__average_warp_latency_per_inst_issued.ratio"])) == (43, 48)
 
 # %% [markdown]
-# The per-head kernel's schedulers issue on 81 % of the cycles its SMs are active (77 % of the
-# kernel's elapsed cycles; Nsight Compute's own counter says 82 %): close to the ceiling of one
-# instruction a cycle, so under the profiler's clock its time is set by how many instructions it
-# has, and the angle work it repeats for every head is what makes them many. Its warps' largest
-# wait, of every stall reason the profile records, is *not selected*, 3.9 cycles an
-# instruction: a warp was ready, and another ready warp was issued instead. That is what a
-# kernel looks like when it has more work ready than the schedulers can issue. It also answers
-# the occupancy question above. With the schedulers this busy, more resident warps could win
-# back only the issue slots left idle. Within the cycles the SMs were active, that is at most a
-# fifth (1 / 0.81, about 1.23 times). Over the kernel's elapsed cycles it is a little more:
-# 1 / 0.77, about 1.30 times (arithmetic on the 77 % above). The difference is time when SMs
-# had no program to run, such as the end of the second wave, which one wave would remove. Fewer
-# instructions remove the cause. The once-per-token kernel issues on 30 % of its cycles, and of
-# the 48 cycles between two instructions of a warp, 43 are spent waiting on an L1TEX operation,
-# here its global loads (*long scoreboard*): its time is mostly waiting on memory, as its
-# 3.4 TB/s showed. Forming the angles once per token moves the kernel from the first kind to the
-# second.
+# The per-head kernel's schedulers issue on 81 % of the cycles its SMs are active (Nsight
+# Compute's own counter: 82 %): close to the ceiling of one instruction a cycle, so under the
+# profiler's clock its time is set by how many instructions it has, and the angle work it
+# repeats for every head is what makes them many. Its warps' largest wait is *not selected*,
+# 3.9 cycles an instruction (the largest of the three printed; the cell checks it against every
+# stall reason the profile records): a warp was ready, and another ready warp was issued
+# instead, the mark of a kernel with more work ready than the schedulers can issue. That also
+# answers the occupancy question above: with the schedulers this busy, more resident warps
+# could win back only the idle issue slots, at most a fifth (1 / 0.81, about 1.23 times). Fewer
+# instructions remove the cause.
 #
-# One caution: the profiler ran the GPU at about 1.5 GHz (elapsed cycles over time). Outside
-# the profiler the GPU picks its own clock. On a GPU the timing cell prints the SM clock NVML
-# reports. It is read right after timing, not during it, so it hints at the clock `do_bench`
-# ran at without measuring it. At a higher clock an instruction takes less time and a byte
-# from memory does not. So the per-head kernel's instruction limit comes closer to its memory
-# limit, and the ratio of the two kernels' times shrinks, as it did on the H200: 1.9 under the
-# profiler, 1.4 under `do_bench`.
+# The once-per-token kernel issues on 30 % of its cycles, and of the 47.8 cycles between two
+# instructions of a warp, 42.7 are spent waiting on an L1TEX operation, here its global loads
+# (*long scoreboard*): its time is mostly waiting on memory, as its 3.42 TB/s showed. Forming
+# the angles once per token moves the kernel from the first kind to the second.
+#
+# One caution: the profiler ran the SMs at 1.50 GHz (elapsed cycles over time). Outside the
+# profiler the GPU picks its own clock: on the H200 the timing cell read 1980 MHz from NVML,
+# right after timing rather than during it, so a hint at `do_bench`'s clock, not a
+# measurement of it. At a higher clock an instruction takes less time and a byte from memory
+# does not, so the per-head kernel's instruction limit comes closer to its memory limit and
+# the ratio of the two kernels' times shrinks, as it did: 1.90 under the profiler, 1.40 under
+# `do_bench`.
 
 # %% [markdown]
 # ### From transformers' materialised tables: the grid's order decides the bytes read
@@ -1319,12 +1309,13 @@ assert (round(token[STALLED.format("long_scoreboard")]), round(token["smsp__aver
 # section 7.
 #
 # Models written for transformers 4.x hand the attention the tables themselves: cos and sin
-# `[3, B, S, D]` in bf16, one table per axis. At b4 s8192 with 28 q and 4 kv heads of 128 they
-# are 50 MB, a fifth of q and k (268 MB). `ropelib.hf.apply_multimodal_rotary_pos_emb` reads
-# them as they are, in one pass over q and k (its flat pass): each pair reads its section's
-# table, so a token needs a third of its three rows. Nsight Compute measured three versions of
-# that pass on an H200, one kernel launch each, beside Liger's kernel on the same tables
-# (`benchmarks/tables_read_probe.py`; the raw Nsight Compute CSVs are in `benchmarks/results/`):
+# `[3, B, S, D]` in bf16, one table per axis. At b4 s8192 with heads of 128 they are
+# 2 × 3 × 4 × 8,192 × 128 × 2 bytes = 50 MB, a fifth of q and k (268 MB with 28 q and 4 kv
+# heads). `ropelib.hf.apply_multimodal_rotary_pos_emb` reads them as they are, in one pass over
+# q and k (its flat pass): each pair reads its section's table, so a token needs a third of its
+# three rows. Nsight Compute measured three versions of that pass on an H200, one kernel launch
+# each, beside Liger's kernel on the same tables (`benchmarks/tables_read_probe.py`; the raw
+# Nsight Compute CSVs are in `benchmarks/results/`):
 #
 # 1. all of q's programs, then all of k's;
 # 2. the grid ordered by chunks of tokens: a chunk's programs of q, then its programs of k;
@@ -1377,17 +1368,17 @@ plt.show()
 # %% [markdown]
 # With q's programs first, k's programs ran after all of q (235 MB) had streamed through the L2
 # cache, and most likely the rows of the tables they needed had left it (an inference from the
-# bytes; L2 hits are not shown here): 335 MB read where q and k are 268.
-# Ordered by chunks of tokens, each chunk's rows are still in L2 when its k programs read them:
-# 302 MB, 10 % fewer bytes, and 12 % less time (186.9 to 164.6 µs), with DRAM still only 69.5 %
-# busy. Then one sign: with the product written $(-x_b)\,s_a$ instead of $-(x_b\,s_a)$ (the
-# same bits) the same 302 MB took 138.7 µs, level with Liger's 134.6. The likely change is
-# when the loads go out: notebook 05, section 6 ("How an address is written decides
+# bytes; L2 hits are not shown here): 335 MB read where q and k are 268. Ordered by chunks of
+# tokens, each chunk's rows are still in L2 when its k programs read them: 302 MB, 10 % fewer
+# bytes, and 12 % less time (186.9 to 164.6 µs), with DRAM still only 69.5 % busy. Then one
+# sign: with the product written $(-x_b)\,s_a$ instead of $-(x_b\,s_a)$ (the same bits) the
+# same 302 MB took 138.7 µs, level with Liger's 134.6, and DRAM was 82.5 % busy. The likely
+# change is when the loads go out: notebook 05, section 6 ("How an address is written decides
 # when a load goes out"), shows how the assembler can issue some of a kernel's loads only after
-# its arithmetic has started, a second trip to memory for those loads. The cells after the next
-# paragraph look at it in a stand-in: a dozen-line version of the pass with the product written
-# each of the three ways, compiled for sm_90 on this machine (no GPU needed), and the pass
-# ropelib ships now, which writes it $x_b\,(-s_a)$. Each time they count how many of the
+# its arithmetic has started, a second trip to memory for those loads. The cells after the
+# byte count below look at it in a stand-in: a dozen-line version of the pass with the product
+# written each of the three ways, compiled for sm_90 on this machine (no GPU needed), and the
+# pass ropelib ships now, which writes it $x_b\,(-s_a)$. Each time they count how many of the
 # forward's six loads go out before its first multiply.
 #
 # ropelib still reads 17 MB more than Liger. Liger assumes transformers' tables, whose two
@@ -1406,8 +1397,7 @@ plt.show()
 # So each half costs about twice its bytes. Liger's 17 MB shows it for the first halves; at the
 # same cost, the second halves add another 17 MB, the whole gap. Why a half costs twice its
 # bytes is not measured here. A likely cause is that each half-row is smaller than the blocks
-# the memory moves. The same subtraction shows the grid's order on the tables alone: about
-# four times Liger's table bytes with q's programs first, twice when ordered by tokens.
+# the memory moves.
 
 # %%
 from ropelib.course import load_schedule
@@ -1516,10 +1506,10 @@ if sched_t:
 # drop from 164.6 to 138.7 µs is a Triton 3.6 measurement. The form ropelib ships,
 # $x_b\,(-s_a)$, starts all 6 loads early with both versions.
 #
-# Keep in mind what this is. The timed kernels were earlier versions of ropelib's pass; the cell
-# compiles a stand-in and today's pass, not those. The forms also compile to different register
-# counts (the cell prints them), in the stand-in and against ropelib's pass. So the stand-in
-# shows how a sign can move the loads, not the timed kernels' own schedules.
+# The timed kernels were earlier versions of ropelib's pass, and the forms compile to
+# different register counts (32, 40 and 39 in the stand-in with Triton 3.6, 40 in ropelib's
+# pass): the stand-in shows how a sign can move the loads, not the timed kernels' own
+# schedules.
 
 # %% [markdown]
 # ## 7. The angles themselves at long context
@@ -1585,7 +1575,7 @@ assert by[("ropelib_exact", top)]["out_err"] < 1e-5
 # %% [markdown]
 # At a thousand positions every method's angle is within a few thousandths of a radian. By one
 # and a half million positions the fp32 angle of the fastest pairs is off by almost a tenth of
-# a radian, and by 16 M by more than a radian (the cell prints both). No pair turns by more than
+# a radian (0.089), and by 16 M by more than a radian (1.71). No pair turns by more than
 # a radian per position ($\omega_j = b^{-2j/R} \le 1$), so an error of $\epsilon$ radians is an
 # error of at least $\epsilon$ positions: almost a tenth of a position at 1.5 M, more than a
 # whole position at 16 M.
@@ -1595,7 +1585,7 @@ assert by[("ropelib_exact", top)]["out_err"] < 1e-5
 # positions past its training length, or training and inference that form the angles in
 # different ways (an fp32 table in one, a bf16 cache or table-free angles in the other).
 #
-# The bf16 cache is worse at short range (more than ten times the fp32 table's error at 1 K)
+# The bf16 cache is worse at short range (2.6e-03 rad against the fp32 table's 5.0e-05 at 1 K)
 # and level with the fp32 table from $10^5$ positions on, once the fp32 product error
 # dominates. The table-free angle stays within half an ulp at every position measured here.
 
@@ -1613,13 +1603,14 @@ assert by[("ropelib_exact", top)]["out_err"] < 1e-5
 #   vision code; `ropelib.hf.apply_multimodal_rotary_pos_emb` is the 4.x drop-in.
 # - Every head of a token turns by the same angles: a kernel that forms them once per token
 #   and loops over the heads evaluates $H_q + H_k$ times fewer sines and cosines than one that
-#   forms them per (token, head), for the same bytes moved (counted in the interpreter; timed
-#   on a GPU).
+#   forms them per (token, head), for the same bytes moved (counted in the interpreter); on an
+#   H200 the per-head kernel took 1.40 times the time.
 # - transformers' code allocates several times its outputs' bytes for its tables and
 #   temporaries; ropelib's call allocates its outputs. On an H200 (Qwen2-VL-7B's heads, b4
-#   s8192, bf16) ropelib's kernel ran at 0.99 of a copy's speed forward and transformers' code
-#   at 0.07 (section 3, read from `benchmarks/results/`). torch.compile's forward figure in that
-#   file is slower than its own forward and backward, which section 3 leaves unexplained.
+#   s8192, bf16) ropelib's kernel ran at 0.985 of a copy's speed forward and transformers'
+#   code at 0.068 (section 3, read from `benchmarks/results/`). torch.compile's forward figure
+#   in that file is slower than its own forward and backward, which section 3 leaves
+#   unexplained.
 # - ropelib's shipped kernel forms a tile's angles once for all the heads of its program, once
 #   per batch entry only when positions differ per entry, and splits the heads over the grid
 #   only when the tokens alone cannot fill the GPU.

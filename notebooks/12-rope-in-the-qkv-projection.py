@@ -198,13 +198,14 @@ assert max(v["share"] for (_, pass_), v in h100.items() if pass_ == "fwd+bwd") <
 # %% [markdown]
 # Each RoPE-pass cost is a difference of two medians, and each timing has its own spread (the
 # CSV's `p20` and `p80`). On the H100 all four differences are larger than their two spreads
-# together: there the forward RoPE pass costs 1.02 and 1.26 times its copy floor (8192 and
-# 32768 tokens), and the RoPE passes are 6 to 11 % of the pipeline (under 7 % of a pipeline of
-# 2 to 8 ms in forward+backward). On the H200 none is, so these timings do not resolve the
-# pass's cost there, and the two that came out under the floor say nothing. Nor could a pass
-# beat the floor here: q and k are 80 MiB at 8192 tokens and 320 MiB at 32768, more than the
-# 50 MiB L2 cache of an H100 or H200. Timed alone on the H200, on the copy's bytes, ropelib's
-# RoPE runs at 0.988 of the copy's speed forward and 0.987 forward+backward.
+# together: there the forward RoPE pass costs 0.057 ms against a copy floor of 0.056 at 8192
+# tokens, 0.281 against 0.224 at 32768, and the RoPE passes are 6 to 11 % of the pipeline
+# (under 7 % of a pipeline of 2 to 8 ms in forward+backward). On the H200 none is, so these
+# timings do not resolve the pass's cost there, and the two that came out under the floor say
+# nothing. Nor could a pass beat the floor here: q and k are 80 MiB at 8192 tokens and 320 MiB
+# at 32768, more than the 50 MiB L2 cache of an H100 or H200. Timed alone on the H200, on the
+# copy's bytes, ropelib's RoPE runs at 0.988 of the copy's speed forward and 0.987
+# forward+backward.
 #
 # That small share is all a fusion can win. It is worth having, a whole pass over q and k in
 # every layer and step, but only if the fused GEMM is as fast as cuBLAS.
@@ -251,11 +252,10 @@ assert max(v["share"] for (_, pass_), v in h100.items() if pass_ == "fwd+bwd") <
 # GEMM with no epilogue; the next cell prints every pair. Two accumulators take 4 to 30 % longer
 # in seven of the eight cases (8 and 10 % at the pointer-loaded forward's tile,
 # `GPU_TILES["fwd"]`), and 5 % less only at the 4-warp tile 64/64 with 32768 tokens. These are
-# single timings, so read each difference against the two timings' p20-p80 spreads added: six
-# of the eight lie outside them; the two at 8192 tokens with 64/64 (+3.7 %) and 128/128 (+4.2 %)
-# lie within. Against the bare GEMM of its tile the rotating kernel takes 0.1 and 2.1 % longer at
-# 128/64 with 3 stages. (At 4 stages it comes out 17 and 15 % faster, because the bare GEMM is
-# itself 19 to 23 % slower there than at 3 stages.)
+# single timings: against the two timings' p20-p80 spreads added, six of the eight differences
+# stand out, and the two at 8192 tokens with 64/64 and 128/128 do not. Against the bare GEMM of
+# its tile, one accumulator costs 0.1 to 5.5 % at 3 stages. At 4 stages it comes out 15 and 17 %
+# faster, but only because the bare GEMM there is itself 19 to 23 % slower than at 3 stages.
 #
 # So ropelib holds a head as one accumulator whenever every feature is rotated and $D/2$ is a
 # power of two, and gathers accumulators (three, with the pass-through features) for partial
@@ -705,16 +705,15 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 # | fused, $dY$ written once (the default; one run) | 1.05 (1.01 to 1.12) | 0.99 (0.96 to 1.03) |
 # | fused, section 5's prologues | 0.39 | 0.39 |
 # | with QK-norm: fused, $dY$ written once (three runs) | 0.91, 1.01, 1.02 | 1.03, 1.02, 1.03 |
-# | with QK-norm: the unfused pipeline from an angle table, over the same from angles | 1.01 to 1.02 | 1.02 to 1.06 |
-# | with QK-norm: fused, the prologues (three runs) | 0.24 to 0.25 | 0.25 to 0.26 |
+# | with QK-norm: unfused from an angle table, over unfused from angles (third run) | 1.02 | 1.06 |
+# | with QK-norm: fused, the prologues (first run) | 0.246 | 0.255 |
 #
 # Without QK-norm the fused projection is faster at 8192 tokens in every round, and level at
 # 32768, in one run. With QK-norm, at 8192 tokens the first run's rounds all lie below 1 (0.85
 # to 0.98) and the later two are level or ahead; at 32768 tokens all three are ahead. But the
-# unfused pipeline is faster from an angle table than from angles, and against that fastest
-# pipeline the fused projection is not ahead: from angles it is level at 32768 tokens in one run
-# and 2 to 3 % behind in two, and from a table it trails the unfused pipeline from a table in
-# every run, by 2 to 15 %.
+# unfused pipeline is faster from an angle table than from angles, and the fused projection does
+# not beat that fastest pipeline. In the third run it is level at 8192 tokens (1.025 against
+# 1.017, the ranges of rounds overlapping) and behind at 32768 (1.033 against 1.059).
 # %%
 def read_rounds(path, name):
     """{(tokens, qk_norm, row[name]): row} of a rounds CSV measured on an H200."""
@@ -1163,7 +1162,8 @@ for t in TOKENS:
 # and stores that member. Doing that for every table (the flag withheld) cost 5 to 6 %. On the
 # H200 a RoPE table gets flag 0, and reading the flag once per program instead of in every tile
 # brought the table's forward kernel from 10 % to 1.6 % over the angles' at 32768 tokens
-# (`torch.profiler`'s kernel times).
+# (`torch.profiler`'s kernel times). Timed whole, pre-pass included, the table's call stays
+# within 3 % of the angles' either way (the median of five `do_bench` pairs).
 
 # %%
 SASS = RESULTS / "qkv_mainloop_sass-triton3.6-sm90.txt"
@@ -1261,8 +1261,8 @@ assert [round(v, 2) for v in in_turn] == [0.05, 0.06]
 # the next cell prints the shipped tiles. The epilogue takes the pointer-loaded forward from 114
 # registers a thread to 226, yet it holds one program either way: the bare kernel's four
 # pipeline stages (128 KiB of shared memory) already leave room for only one. At every shipped
-# tile the rotating kernel holds as many programs as the bare one. Only rotating kernels spill:
-# 9 tiles of the table, all at 255 registers; of the shipped tiles only dX, 56 bytes a thread.
+# tile the rotating kernel holds as many programs as the bare one. Only rotating kernels spill,
+# all at 255 registers; of the shipped tiles only dX, 56 bytes a thread.
 
 # %%
 SM90_CSV = ROOT / "figures" / "12-qkv-tiles-sm90.csv"
@@ -1416,10 +1416,10 @@ assert [round(alone[k, shipped[k], True], 2) for k in ("dx", "dw")] == [1.74, 2.
 # *Why did the table's forward lag angles in the fixed-order rounds, when back to back it did
 # not?*
 #
-# In the fixed-order runs "table, flag" always ran right after "table, four tiles", the slowest
-# TMA variant. Back to back the table's kernel was within 1.6 % of the angles' (7.3), yet the
-# last fixed-order run put it 9 % behind at 32768 tokens and 4 % at 8192. Two runs back to back
-# on the same H200, one in the fixed order and one shuffled, put the question to the data.
+# In the fixed-order runs "table, flag" always ran right after "table, four tiles". Back to back
+# the table's kernel was within 1.6 % of the angles' (7.3), yet the last fixed-order run put it
+# 9 % behind at 32768 tokens and 4 % at 8192. Two runs back to back on the same H200, one in the
+# fixed order and one shuffled, put the question to the data.
 #
 # Shuffled, the table is within 2 % of angles at both sizes, with and without QK-norm, in both
 # runs. In the fixed order it is 2 to 10 % behind, as in the last three of the four fixed-order
@@ -1432,13 +1432,11 @@ assert [round(alone[k, shipped[k], True], 2) for k in ("dx", "dw")] == [1.74, 2.
 # either way in the shuffled runs; in the fixed one ahead at 8192 tokens and 0.01 to 0.03 behind
 # at 32768.
 #
-# The epilogue's price moves with the order too: the fixed order put it at 0 to 2 % at 32768
-# tokens, the shuffled runs' medians at 1.4 to 4.4 % (the cell prints each run and size, from
-# the medians of speeds and of times). Shuffled rounds scatter more (each variant's range two to
-# seven times wider), because a variant's neighbour changes from round to round, but their
-# median favours no neighbour. What a kernel's predecessor does to it (its clock, the power drawn
-# just before; not L2, which `do_bench` clears) is not measured here. For any benchmark in
-# rounds: a fixed order is a variable, and the one to vary before believing a few per cent.
+# Shuffled rounds scatter more (each variant's range two to seven times wider), because a
+# variant's neighbour changes from round to round, but their median favours no neighbour. What
+# a kernel's predecessor does to it (its clock, the power drawn just before; not L2, which
+# `do_bench` clears) is not measured here. For any benchmark in rounds: a fixed order is a
+# variable, and the one to vary before believing a few per cent.
 
 # %%
 by_order = {"shuffled": shuffled_runs["seed 0"], "fixed": printed_run("fixed", "0729")}
@@ -1528,8 +1526,9 @@ assert [round(1 - last_fixed[t, False, "table, flag"]["cublas_ms_over_ms"]
 # `qkv_rope_linear` from table-free angles, after checking that your q, k and v match
 # `qkv_rope_linear`'s within bf16's rounding (absolute 0.1, relative 0.05). It also times your
 # kernel with `N_ROT = 0`, so every head takes the v path: same grid, main loop and stores, and
-# the difference of the two times is your rotation's cost. One timing moves by a few per cent,
-# so time both several times before trusting a small difference.
+# the difference of the two times is your rotation's cost. On the H200 page the rotating launch
+# came out the faster (0.900 against 0.927 ms): one timing moves by a few per cent, so time both
+# several times before trusting a small difference.
 #
 # In 7.1's shuffled runs the ratio of times at this shape, fused over unfused, is 0.98 to 1.00,
 # the pointer-loaded forward's 1.26 to 1.30. On an H200 the cell asserts only that the median of

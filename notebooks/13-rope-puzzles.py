@@ -37,25 +37,18 @@
 #   caller hands you;
 # - tell a 16-bit table's own precision from a kernel's rounding, and round once.
 #
-# **How a check works.** You write or repair the kernel; the check launches it itself, with its
-# own inputs and grid, into an output it fills with NaN (so an element you never write cannot
-# pass), inside NaN guard bands. In the interpreter every load and store goes through a memory
-# that knows the tensors: a lane that reads no element of an input, or writes no element of the
-# output, is reported and masked off before it touches memory, so a wrong kernel cannot crash
-# the notebook. Then the output is compared with the spec (fp64), and the check draws which
-# elements of each tensor your kernel touched. On a GPU it also runs the compiled kernel and
-# times it against a device copy of the same bytes (the ⏱ line). An answer that calls ropelib's
-# own kernels or its `@triton.jit` helpers fails: the puzzles want your code. The inputs are
-# random, drawn from a seed the check picks afresh on each run. A ❌ line prints that seed and
-# the call that draws the same inputs again, such as
-# `pz.check_partial(my_partial_kernel, seed=N)`, so you can rerun the case that failed while you
-# repair it.
+# **How a check works.** The check launches your kernel itself, with its own inputs and grid,
+# into an output filled with NaN, so an element you never write cannot pass. In the
+# interpreter every load and store goes through a memory that knows the tensors: a lane that
+# touches no element of a tensor is reported and masked off, so a wrong kernel cannot crash the
+# notebook. The output is compared with an fp64 spec, and the check draws which elements of
+# each tensor your kernel touched. On a GPU it also times the compiled kernel against a device
+# copy of the same bytes (the ⏱ line). An answer that calls ropelib's own kernels or helpers
+# fails. The inputs come from a fresh seed on each run; a ❌ line prints the call that draws
+# them again, such as `pz.check_partial(my_partial_kernel, seed=N)`.
 #
-# **The time to aim for.** Under each worked solution of a puzzle that has a timed size, the
-# same ⏱ line is printed for the worked solution, labelled as such, on a GPU: its time on the
-# same case and its fraction of a copy's speed. It is measured by launching the solution
-# itself; handing the solution in as your answer still fails the check. On the CPU the line
-# says that timing needs a GPU.
+# **The time to aim for.** On a GPU, each worked solution with a timed size gets a ⏱ line of
+# its own, on the same case as yours. On a CPU the line says that timing needs a GPU.
 #
 # **Reading the pictures.** One panel per tensor, rows down and the last dim across. Inputs:
 # grey means never loaded, light to dark blue loaded once, twice, three or more times. Outputs:
@@ -68,7 +61,7 @@
 # (the signature and its argument comments are given). The others hand you a kernel that is
 # nearly right, and the puzzle is finding what is wrong. Each repair puzzle states the spec
 # and the symptom, not the bug: let the ❌ line, the picture and the hint lead you to it. A
-# "What was wrong" note under each worked solution explains the bug; read it after your ✅.
+# "What was wrong" note under its worked solution explains the bug; read it after your ✅.
 # Most repairs are a line or two once found; 5, 7 and 11 need the most thought about why.
 
 # %%
@@ -243,16 +236,11 @@ pz.time_solution("interleaved");
 # %% [markdown]
 # The kernel most of us write first loads the even and the odd features with stride 2
 # (`2 * j`, `2 * j + 1`): each load and store then uses half of every sector it moves. The
-# worked solution loads whole rows instead, at offsets `tl.arange(0, 2 * HALF)` that the
-# compiler can prove contiguous, so its loads and stores are 16-byte vectors; the pairs are
-# split and joined in registers (`tl.reshape`, `tl.split`, `tl.join`). Notebook 03, section 5,
-# measured why (pattern (d) there: Nsight Compute counted a copy's sectors, where a
-# `[HALF, 2]` tile at offsets `2 * j + [0, 1]` compiled to 4-byte loads). On a GPU, compare the
-# ⏱ line under your ✅ with the worked solution's.
-#
-# The half is counted below, in the checked memory of section 0, on a copy of one row of 128
-# features that moves the even and the odd features as two tiles with stride 2 (a copy, not a
-# rotation).
+# cell below counts it in section 0's checked memory, on a copy of one row of 128 features
+# done that way. The worked solution loads whole rows instead, at offsets
+# `tl.arange(0, 2 * HALF)` that the compiler can prove contiguous, and splits and joins the
+# pairs in registers; on the H200 it runs at 96 % of a copy. Notebook 03, section 5, measures
+# the access patterns on a GPU (its pattern (d) is this one).
 
 # %%
 @triton.jit
@@ -336,10 +324,11 @@ pz.time_solution("partial");
 # given kernel had both.
 #
 # - It took the partner of feature $j$ at $j + D/2$. With rotate-half on the rotary part, the
-#   partner is at $j + R/2$. At $j + D/2$ the kernel reads and writes past the rotary features.
-# - It wrote only the rotary features. Features $R \ldots D-1$ of a fresh output stay as
-#   whatever memory held. This hides as long as the output is a copy of `x`. The check fills
-#   its output with NaN, so it shows at once.
+#   partner is at $j + R/2$. At $j + D/2$ the kernel rotates pass-through features and never
+#   writes the rotary features $R/2 \ldots R-1$ (16-31 in the ❌ line's case, $R = 32$).
+# - It copied no pass-through feature: those the first mistake did not overwrite (48-63
+#   there) stay as whatever memory held. This hides as long as the output is a copy of `x`;
+#   the check fills its output with NaN, so it shows at once.
 #
 # The repair pairs $j$ with $j + R/2$ and copies the pass-through features from `x`.
 
@@ -447,14 +436,15 @@ pz.time_solution("long_context");
 # under autocast) come out in bf16. Storing *cos and sin* in bf16 is much less harmful
 # (puzzle 11): the damage is done in the angle.
 #
-# Why 0.03 rad is enough: fp32 values below $2^{17}$ are $2^{-7}$ apart, so an fp32 angle is
-# off by at most $2^{-8} \approx 0.004$ rad there, and rounding $y$ to bf16 adds at most 0.006.
+# Why 0.03 rad is enough: fp32 values below $2^{17}$ are at most $2^{-7}$ apart, so an fp32
+# angle is off by at most $2^{-8} \approx 0.004$ rad there, and storing $y$ in bf16 moves a
+# pair by less than 0.01 of its length (0.0036 at most in the cell after puzzle 11).
 #
-# fp32 is not the end of the story: an fp32 angle is off by up to 0.03 rad below position
-# $2^{20}$ and up to 0.5 rad below $2^{24}$, where fp32 stops holding every integer (half the
-# spacing of fp32 values just below each: $2^{-5}$ and $2^{-1}$; the cell below measures it). For
-# contexts that long, ropelib's kernels can compute the angle themselves, reduced modulo $2\pi$
-# exactly (`ropelib.frequencies.Angles`, passed as `apply_rope(x, angles=...)`).
+# fp32 is not the end of the story. The cell below measures it: an fp32 angle is off by up to
+# 0.0312 rad below position $2^{20}$ (half the fp32 spacing there, $2^{-5}$), and by up to 0.5
+# rad below $2^{24}$, where fp32 stops holding every integer. For contexts that long,
+# ropelib's kernels can compute the angle themselves, reduced modulo $2\pi$ exactly
+# (`ropelib.frequencies.Angles`, passed as `apply_rope(x, angles=...)`).
 
 # %%
 for top in (2**20, 2**24):
@@ -531,9 +521,10 @@ pz.time_solution("position_ids");
 # the field have corrupted memory there. The kernel below is right on every tensor of the
 # earlier puzzles. Repair it so that it is right for rows that start past $2^{31}$ too.
 #
-# The check cannot allocate gigabytes in the interpreter, so it hands your kernel rows that are
-# $2^{30} + 64$ elements apart (row 2 starts past $2^{31}$), and its memory holds only the three
-# rows: each address your kernel computes is checked and mapped to the row it lands in.
+# The check cannot allocate gigabytes in the interpreter, so it hands your kernel an `x` whose
+# rows are $2^{30} + 64$ elements apart and a `y` whose rows are 1,200,000,000 apart (row 2 of
+# each starts past $2^{31}$), and its memory holds only the three rows of each: each address
+# your kernel computes is checked and mapped to the row it lands in.
 # **What is checked:** the offsets your kernel computes, in the interpreter's int32 and int64
 # arithmetic, which are the types the compiled kernel uses. **What is not:** a real tensor of
 # $2^{31}$ elements on a GPU; there the check runs the compiled kernel on the ordinary strided
@@ -669,10 +660,9 @@ pz.time_solution("shared_table");
 # %% [markdown]
 # **What was wrong.** The kernel loaded the cos and sin rows inside the loop over the batch:
 # $B$ loads of every table element where one would do. The rows depend on $s$ only, so the
-# worked solution loads them once, before the loop. On a GPU most of the repeated loads hit in
-# L1 or L2, so they cost instructions and cache bandwidth rather than DRAM traffic. This
-# notebook does not time the given kernel; notebook 04 measures what the batch-reusing grid
-# saves.
+# worked solution loads them once, before the loop. What the repeated loads cost on a GPU,
+# where they can hit in cache, is study question 4; this notebook does not time the given
+# kernel (notebook 04 measures what a batch-reusing grid saves).
 
 # %% [markdown]
 # ## Puzzle 10 — KV-cache start positions (repair)
@@ -730,7 +720,7 @@ pz.time_solution("start_positions");
 #
 # Hugging Face's rotary embeddings compute cos and sin in fp32 and hand them to attention in
 # the model's dtype (`cos.to(dtype=x.dtype)`): in a bf16 model, RoPE reads a bf16 table, half
-# the bytes of the fp32 table ropelib reads (Transformer Engine's precision). Unlike puzzle 5's bf16
+# the bytes of the fp32 table that ropelib and Transformer Engine read. Unlike puzzle 5's bf16
 # *angle*, a bf16 cos or sin costs little, and the same at every position: both lie in
 # $[-1, 1]$, where neighbouring bf16 values are at most $2^{-8}$ apart, so each is off by at
 # most $2^{-9}$, at position 100,000 as at position 1. The pair $(x_j, x_{j+H})$ is then turned
@@ -743,13 +733,13 @@ pz.time_solution("start_positions");
 #
 # The check compares $y$ with an fp64 rotation by the *same* bf16 cos/sin values (the spec).
 # It allows one bf16 ulp per element. Rounding to nearest errs by at most half an ulp, and
-# Triton's interpreter, where the checks run your kernel, converts fp32 to bf16 by truncating
-# (Triton 3.6 and 3.9 both do), which errs by less than one. Under the ✅ the check prints the
-# largest of those ulps: your kernel's own rounding. The panel beside the picture draws, against
-# position, how far $y$ is from the rotation with an fp32 table, beside what the bf16 table
-# alone and $y$'s conversion to bf16 alone cost, with puzzle 5's bf16 angle for contrast. The
-# cell after the worked solution computes those parts with torch alone. Remember puzzle 5's trap
-# of the interpreter: convert each bf16 tile to fp32 before you compute with it.
+# Triton's interpreter, where the checks run your kernel, converts fp32 to bf16 by truncating,
+# which errs by less than one. Under the ✅ the check prints the largest of those ulps: your
+# kernel's own rounding. The panel beside the picture draws, against position, how far $y$ is
+# from the rotation with an fp32 table, beside what the bf16 table alone and $y$'s conversion
+# to bf16 alone cost, with puzzle 5's bf16 angle for contrast. The cell after the worked
+# solution computes those parts with torch alone. Remember puzzle 5's trap of the interpreter:
+# convert each bf16 tile to fp32 before you compute with it.
 
 # %%
 pz.show_spec("bf16_table")
@@ -804,9 +794,9 @@ pz.time_solution("bf16_table");
 # %% [markdown]
 # The table's own cost needs no kernel. Below, with torch alone: a bf16 `x` with head dim 128,
 # rotated exactly (in fp64) by an fp32 table, by a bf16 table and by a bf16 angle (puzzle 5's
-# table), at positions up to 131,071, beside the fp32 table's rotation stored in bf16 (rounded
-# to nearest, as a GPU stores it). Each error is the worst pair's distance from the fp32
-# table's rotation, over the pair's length.
+# table), at positions 1, 1,000, 100,000 and 131,071, beside the fp32 table's rotation stored
+# in bf16 (rounded to nearest, as a GPU stores it). Each error is the worst pair's distance from
+# the fp32 table's rotation, over the pair's length.
 
 # %%
 import math
@@ -846,10 +836,11 @@ assert by_angle16[0] < by_table16[0]              # at position 1 the bf16 angle
 assert by_angle16[1] > 1                          # by position 1,000 more than the pair's length
 
 # %% [markdown]
-# The cell asserts each of these. The bf16 table costs no more than storing $y$ in bf16 does,
-# and stays within the bound above at every position. The bf16 angle is off by less at
-# position 1, and by position 1,000 it moves a pair by more than its own length. What is left
-# to a kernel that reads a 16-bit table is to round once.
+# The cell asserts each of these. The bf16 table (0.0024 to 0.0026 of a pair's length) costs
+# no more than storing $y$ in bf16 (0.0030 to 0.0036), and stays within the bound of 0.0028 at
+# every position. The bf16 angle is off by less at position 1 (0.0012), and by position 1,000
+# it moves a pair by more than its own length (1.66). What is left to a kernel that reads a
+# 16-bit table is to round once.
 
 # %% [markdown]
 # ## Where you stand
@@ -860,14 +851,10 @@ assert by_angle16[1] > 1                          # by position 1,000 more than 
 pz.scoreboard();
 
 # %% [markdown]
-# And the worked solutions' ⏱ lines, in one table. Ten of the eleven puzzles have a timed size;
-# puzzle 1 rotates one row, where a timer would see only the launch. A kernel's fraction is a
-# device copy's time over the kernel's, for the bytes of every tensor the kernel is handed:
-# 100% is copy speed. Those bytes include tensors a kernel is handed but need not read (puzzle
-# 5's worked solution never reads the bf16 angle table), and then the fraction flatters the
-# kernel: the copy moved bytes the kernel did not, so on the bytes it does move, puzzle 5's
-# solution streams slower than its line says, and a kernel like it could even show more than
-# 100%.
+# And the worked solutions' ⏱ lines in one table. Puzzle 1 has no timed size: on one row a
+# timer would see only the launch. A fraction is a device copy's time over the kernel's, for
+# the bytes of every tensor the kernel is handed, read or not: 100 % is copy speed. Puzzle 5's
+# worked solution never reads the bf16 angle table it is handed, so its fraction flatters it.
 
 # %%
 import inspect
@@ -937,7 +924,8 @@ assert len({r["nbytes"] for r in p9}) == 1 and (f"{min(copies9):.1f}", f"{max(co
 
 # %% [markdown]
 # **Puzzle 5.** Same kernel, same bytes, only the positions changed: with no angle at 105,615
-# radians or more it runs at 101 % of a copy; with the timed case's positions, at 85 %.
+# radians or more it runs at 101 % of a copy; with the timed case's positions, at 85 % (84 %
+# in the table above, another run).
 # `tl.sin` and `tl.cos` compile to libdevice's `sinf` and `cosf`. Below 105,615 they reduce an
 # angle with a few multiply-adds; at or above it they take a long path with a loop. The timed
 # positions run to 131,071, so 19 % of the rows have a pair on the long path, and a warp waits
@@ -963,9 +951,12 @@ assert len(tests) == angles_per_thread                # one per angle a thread h
 # table is never read) the solution is at 74 % of a copy. `ropelib.frequencies.Angles` reduces
 # the angle exactly before the sine, so no angle it hands `sin` is large.
 #
-# **Puzzle 9.** Its six tiles span 87 % to 94 % of a copy. The copy itself varied about as
-# much: 38.1 to 39.1 µs in that run, 37.8 to 40.1 µs over four runs. So read those points as
-# noise. Over the four runs the kernel takes about 43 µs against a copy's 39: 0.9 of a copy.
+# **Puzzle 9.** Its six tiles span 87 % to 94 % of a copy, and part of that spread is the
+# copy's: beside them it took 38.1 to 39.1 µs in that one run. The cell below reads four runs:
+# each tile's own time moved by at most 1.7 % between them, the copy by 6 %. So compare the
+# tiles by their own times (41.4 to 43.6 µs in the table, BLOCK_S=4 the fastest), not by their
+# fractions. Over the four runs the kernel's median is 42.9 µs against a copy's 38.7: 0.90 of
+# a copy.
 
 # %%
 import statistics
@@ -1003,20 +994,19 @@ assert (round(kernel_med), round(copy_med)) == (43, 39) and round(copy_med / ker
 #    would a test with one small, contiguous, power-of-two, short-context input catch, and
 #    which need the input that shows them? Write down the inputs a RoPE test suite needs.
 # 2. In puzzle 5, the fix computes $\theta = p\,\omega_j$ in fp32. At which position does an
-#    fp32 angle become as wrong as the bf16 table was at position 1,000? What would you do for
+#    fp32 angle become as wrong as the bf16 angle was at position 1,000? What would you do for
 #    a model with a context of $2^{24}$ tokens?
 # 3. Puzzle 7's check maps virtual addresses to real rows. What would it take to check a
 #    kernel's int64 offsets on a real GPU, and what does that cost in memory and time?
 # 4. Puzzle 9 counts loads, not DRAM bytes. Using the load counts in the access picture and the
-#    sector-use percentages the ✅ line prints, estimate
-#    the DRAM bytes the repeated table loads cost on a GPU with a 50 MB L2 for the timed size
-#    (`S = 16384`, `B = 8`, `HALF = 64`), and say why the answer is not $B$ times the table.
+#    sector shares printed under the ✅, estimate the DRAM bytes the repeated table loads cost
+#    on a GPU with a 50 MB L2 for the timed size (`S = 16384`, `B = 8`, `HALF = 64`), and say
+#    why the answer is not $B$ times the table.
 # 5. Puzzle 6 gathers table rows by position, and puzzle 2 can be solved with stride-2 loads or
-#    with whole rows. Which of the ten timed worked
-#    solutions would you expect to reach a copy's speed on a GPU, and which to fall short,
-#    whatever their tile? Write your prediction down, then compare it with the table under the
-#    scoreboard (run on a GPU, it shows each worked solution's fraction of a copy), and your
-#    own kernels' ⏱ lines with the solutions'.
+#    with whole rows. Which of the ten timed worked solutions would you expect to reach a
+#    copy's speed on a GPU, and which to fall short, whatever their tile? Write your prediction
+#    down, then compare it with the table under the scoreboard, and your own kernels' ⏱ lines
+#    with the solutions'.
 # 6. Puzzle 11's bf16 table moves a pair by at most $\sqrt 2 \cdot 2^{-9}$ of its length.
 #    How large an error in an attention score $q \cdot k$ can that make for head dim 128, with
 #    both q and k rotated by bf16 tables, and how does it compare with rounding $q$ and $k$ to
