@@ -25,6 +25,14 @@ re-render one notebook on a GPU:
 
     python benchmarks/run_notebooks.py --out /tmp/executed --only 09-rope-in-a-model
     python benchmarks/run_notebooks.py --html /tmp/executed
+
+Prose edited after a run (markdown cells, comments in code cells) reaches the pages without a
+second run, as long as the executed copies are at hand and no code cell changed beyond its
+comments: `--refresh-prose DIR --into NEWDIR` writes each notebook of the checkout with the
+outputs of its executed copy in DIR (cell by cell: the k-th code cell takes the k-th code cell's
+outputs, after checking that the two are the same code once comments and blank lines are
+dropped; markdown cells may be added, removed or split), then `--html NEWDIR` as above. A
+notebook whose code changed otherwise is refused and must be executed again.
 """
 from __future__ import annotations
 
@@ -341,6 +349,70 @@ def write_index(to: Path, runs: dict, notebooks: Path = NOTEBOOKS) -> dict:
     return states
 
 
+def code_tokens(source: str):
+    """A code cell's Python tokens without comments and line structure (two cells with the same
+    tokens run the same code), or None where the cell is not plain Python (a magic, a shell
+    line): such cells must match character for character."""
+    import io
+    import tokenize
+    skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+            tokenize.ENDMARKER}
+    try:
+        return [(t.type, t.string) for t in tokenize.generate_tokens(io.StringIO(source).readline)
+                if t.type not in skip]
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return None
+
+
+def same_code(a: str, b: str) -> bool:
+    """Do two code cells run the same code (they differ at most in comments and blank lines)?"""
+    ta, tb = code_tokens(a), code_tokens(b)
+    return a == b if ta is None or tb is None else ta == tb
+
+
+def refresh_prose(executed: Path, into: Path, notebooks: Path = NOTEBOOKS) -> int:
+    """Each executed notebook in `executed` rewritten as its notebook in the checkout is now,
+    with the executed outputs: the k-th code cell of the checkout's notebook takes the outputs
+    and execution count of the executed copy's k-th code cell, which must be the same code
+    (`same_code`); markdown comes from the checkout. Written to `into` with the run's metadata
+    (GPU, times, the data it read) and its list of files read. Returns 1 where a notebook's code
+    changed beyond comments (it needs a new run), else 0."""
+    into.mkdir(parents=True, exist_ok=True)
+    failed = 0
+    for path in sorted(executed.glob("[0-9][0-9]-*.ipynb")):
+        ran = json.loads(path.read_text(encoding="utf-8"))
+        now = json.loads((notebooks / path.name).read_text(encoding="utf-8"))
+        ran_code = [c for c in ran["cells"] if c["cell_type"] == "code"]
+        now_code = [c for c in now["cells"] if c["cell_type"] == "code"]
+        text = (lambda c: "".join(c["source"]) if isinstance(c["source"], list) else c["source"])
+        if len(ran_code) != len(now_code):
+            print(f"{path.stem}: {len(now_code)} code cells now, {len(ran_code)} when it ran: "
+                  "execute it again", file=sys.stderr)
+            failed = 1
+            continue
+        differ = [k for k, (a, b) in enumerate(zip(ran_code, now_code))
+                  if not same_code(text(a), text(b))]
+        if differ:
+            print(f"{path.stem}: code cells {differ} changed beyond comments since it ran: "
+                  "execute it again", file=sys.stderr)
+            failed = 1
+            continue
+        for a, b in zip(ran_code, now_code):
+            b["outputs"], b["execution_count"] = a.get("outputs", []), a.get("execution_count")
+        now["metadata"] = dict(ran.get("metadata", {}), **{
+            k: v for k, v in now.get("metadata", {}).items() if k not in ran.get("metadata", {})})
+        (into / path.name).write_text(json.dumps(now, indent=1, ensure_ascii=False) + "\n",
+                                      encoding="utf-8")
+        reads = path.with_suffix(".reads")
+        if reads.is_file():
+            (into / reads.name).write_text(reads.read_text(encoding="utf-8"), encoding="utf-8")
+        print(f"{path.stem}: prose of the checkout, outputs of the run")
+    times = executed / "times.csv"
+    if times.is_file():
+        (into / "times.csv").write_text(times.read_text(encoding="utf-8"), encoding="utf-8")
+    return failed
+
+
 def to_html(executed: Path, to: Path) -> int:
     import nbformat
     from nbconvert import HTMLExporter
@@ -394,7 +466,15 @@ def main(argv=None) -> int:
     ap.add_argument("--index", action="store_true",
                     help="only rewrite the index of the pages in --to, comparing each with its "
                          "notebook (no rendering)")
+    ap.add_argument("--refresh-prose", type=Path, metavar="DIR",
+                    help="executed notebooks whose code is unchanged but for comments: write them "
+                         "with the checkout's prose to --into (then --html that folder)")
+    ap.add_argument("--into", type=Path, help="where --refresh-prose writes")
     args = ap.parse_args(argv)
+    if args.refresh_prose:
+        if not args.into:
+            ap.error("--refresh-prose needs --into NEWDIR")
+        return refresh_prose(args.refresh_prose, args.into)
     if args.out:
         return execute(args.out, args.only, args.timeout)
     if args.html:

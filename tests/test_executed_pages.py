@@ -233,3 +233,58 @@ def test_a_changed_cell_makes_a_page_stale(render, tmp_path):
     assert run_notebooks.page_state(page, notebooks) == "current"
     (notebooks / "99-made-here.ipynb").unlink()
     assert run_notebooks.page_state(page, notebooks) == "no notebook"
+
+
+# --- prose edited after a run: --refresh-prose --------------------------------------------------
+
+def _notebook(cells, metadata=None):
+    out = []
+    for kind, source, *outputs in cells:
+        cell = {"cell_type": kind, "metadata": {}, "source": source}
+        if kind == "code":
+            cell["outputs"] = outputs[0] if outputs else []
+            cell["execution_count"] = 1 if outputs else None
+        out.append(cell)
+    return {"cells": out, "metadata": metadata or {}, "nbformat": 4, "nbformat_minor": 5}
+
+
+def _write(path, nb):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(nb), encoding="utf-8")
+
+
+def test_refresh_prose_takes_the_checkouts_prose_and_the_runs_outputs(tmp_path):
+    printed = [{"output_type": "stream", "name": "stdout", "text": "3\n"}]
+    ran = _notebook([("markdown", "old words"), ("code", "x = 1 + 2  # sum\nprint(x)", printed)],
+                    metadata={"ropelib_executed": {"gpu": "NVIDIA H200"}})
+    now = _notebook([("markdown", "new words"), ("markdown", "a split-off cell"),
+                     ("code", "# the sum\nx = 1 + 2\n\nprint(x)  # three")])
+    _write(tmp_path / "ran" / "00-demo.ipynb", ran)
+    (tmp_path / "ran" / "00-demo.reads").write_text("", encoding="utf-8")
+    _write(tmp_path / "nb" / "00-demo.ipynb", now)
+    assert run_notebooks.refresh_prose(tmp_path / "ran", tmp_path / "out", tmp_path / "nb") == 0
+    out = json.loads((tmp_path / "out" / "00-demo.ipynb").read_text(encoding="utf-8"))
+    assert [c["source"] for c in out["cells"]] == [c["source"] for c in now["cells"]]
+    assert out["cells"][2]["outputs"] == printed
+    assert out["metadata"]["ropelib_executed"] == {"gpu": "NVIDIA H200"}
+    assert (tmp_path / "out" / "00-demo.reads").is_file()
+
+
+@pytest.mark.parametrize("before, changed", [
+    ("x = 1 + 2  # sum\nprint(x)", "x = 1 + 3  # sum\nprint(x)"),           # a constant
+    ("x = 1 + 2  # sum\nprint(x)", "x = 1 + 2  # sum\nprint(x)\nprint(x)"),  # a statement more
+    ("s = 'a # b'", "s = 'a '"),                     # a '#' inside a string is code
+])
+def test_refresh_prose_refuses_a_notebook_whose_code_changed(tmp_path, before, changed, capsys):
+    ran = _notebook([("code", before, [])])
+    _write(tmp_path / "ran" / "00-demo.ipynb", ran)
+    _write(tmp_path / "nb" / "00-demo.ipynb", _notebook([("code", changed)]))
+    assert run_notebooks.refresh_prose(tmp_path / "ran", tmp_path / "out", tmp_path / "nb") == 1
+    assert "execute it again" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "00-demo.ipynb").exists()
+
+
+def test_refresh_prose_refuses_a_code_cell_more_or_fewer(tmp_path):
+    _write(tmp_path / "ran" / "00-demo.ipynb", _notebook([("code", "x = 1", [])]))
+    _write(tmp_path / "nb" / "00-demo.ipynb", _notebook([("code", "x = 1"), ("code", "")]))
+    assert run_notebooks.refresh_prose(tmp_path / "ran", tmp_path / "out", tmp_path / "nb") == 1
