@@ -513,10 +513,9 @@ def _rope_naive_kernel(
 # an add into one fma, which rounds once instead of twice.
 #
 # On a GPU the cell counts the fmas and multiplies in this kernel's PTX. It does not compile
-# step 3, which is a Triton kernel from the same compiler too (the printed words "PyTorch's
-# step 3" are wrong), so it cannot show that the two fuse different products, and its assert
-# passes whenever this kernel has any fma. Contraction is the explanation to check, not one
-# shown here.
+# step 3, which is a Triton kernel from the same compiler too, so it cannot show that the two
+# fuse different products, and its assert passes whenever this kernel has any fma. Contraction
+# is the explanation to check, not one shown here.
 
 # %%
 from ropelib.course.kernels.naive import rope_naive
@@ -538,7 +537,8 @@ for dtype in (torch.float32, torch.bfloat16):
         ptx = compiled.asm["ptx"]
         n_fma, n_mul = ptx.count("fma.rn.f32"), ptx.count("mul.f32") + ptx.count("mul.rn.f32")
         print(f"{'':14}  its PTX: {n_fma} fma.rn.f32 (a product fused into the sum, one "
-              f"rounding) and {n_mul} separate multiplies; PyTorch's step 3 rounds every product")
+              f"rounding) and {n_mul} separate multiplies; step 3's PTX is not compiled or "
+              "counted here")
         assert step3_same == 1.0 or n_fma > 0     # a difference comes with contracted products
 # %% [markdown]
 # ## 4. `BLOCK_SIZE` vs `num_warps`, and what a program costs
@@ -1527,7 +1527,8 @@ solution(ex.solution_predicted_us)
 # $B = 1$ those heads are consecutive rows of `x`, so each program does what yours does with
 # `ROWS` = 1, 2, 4 and 8. The cell sets your prediction beside each measurement, with the
 # worked prediction until yours passes. On a GPU it also times your kernel at this page's
-# shape (the worked kernel until yours passes), beside your prediction for this GPU.
+# shape (the worked kernel until yours passes) at the same warps, beside your prediction for
+# this GPU.
 
 # %%
 predict = my_predicted_us if pred_ok else ex.solution_predicted_us
@@ -1567,9 +1568,10 @@ if GPU:
     here_copy = do_bench(lambda: y_rows.copy_(x), quantiles=[0.5, 0.2, 0.8])[0] * 1e3
     print(f"this GPU ({here_sms} SMs), x [{S}, {B}, {H}, {D}] bf16: a copy {here_copy:.1f} us")
     for rows in (1, 2, 4, 8):
-        us = do_bench(lambda: ex.launch_rows(rows_kernel, x, f2d, y_rows, rows),
+        warps = by_rows[rows]["num_warps"]   # the warps of the ablation's row above
+        us = do_bench(lambda: ex.launch_rows(rows_kernel, x, f2d, y_rows, rows, num_warps=warps),
                       quantiles=[0.5, 0.2, 0.8])[0] * 1e3
-        print(f"{rows:>4} {triton.cdiv(S * B * H, rows):>10,} {'':>5} "
+        print(f"{rows:>4} {triton.cdiv(S * B * H, rows):>10,} {warps:>5} "
               f"{predict(S * B * H, rows, here_sms, ns, here_copy):13.1f} {us:12.1f}")
 
 # %% [markdown]
@@ -1580,11 +1582,13 @@ if GPU:
 # bytes do not hide each other perfectly, and this page does not measure how the two combine.
 # Where does your prediction stop holding, and why there?
 #
-# On the H200 the rows timed live lie well above the prediction. They run at Triton's default
-# of 4 warps (`ex.launch_rows` sets none), the ablation's at the warps its table prints. An empty
-# program costs the same at 4 warps as at 1, but compare the naive kernel's 1-warp and 4-warp
-# rows in section 4's warps cell: the prediction has no term for that. (The ablation ran 8 rows
-# a program at 4 warps as well: look up `heads8_loop_b` in the CSV.)
+# On a GPU the rows timed live run at the warps their `warps` column prints, those of the
+# ablation's row with as many rows a program (`ex.launch_rows(..., num_warps=)`; left out, it
+# takes the ablation's default: one warp per 128 elements of a half-tile). The prediction has
+# no term for the warps: an empty program costs the same at 4 warps as at 1, but compare the
+# naive kernel's 1-warp and 4-warp rows in section 4's warps cell. Time your kernel at 4 warps
+# as well. (The ablation ran 8 rows a program at 4 warps too: look up `heads8_loop_b` in the
+# CSV.)
 #
 # ## Questions for a study group
 #

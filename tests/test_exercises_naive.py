@@ -422,6 +422,37 @@ def test_rows_solution_matches_step_three_rows():
         torch.testing.assert_close(y, reference.rope_reference(x, f), atol=1e-5, rtol=1e-5)
 
 
+def test_launch_rows_num_warps():
+    # by default the ablation's warps for a tile of ROWS heads; num_warps= overrides it
+    from ropelib.course.kernels import ablation
+
+    class Recorder:                  # stands in for kernel[grid](...): records the launch
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                self.grid, self.kw = grid, kw
+            return launch
+
+    x = torch.zeros(8, 1, 32, 128)
+    f, y = torch.zeros(8, 128), torch.zeros(8, 1, 32, 128)
+    k = Recorder()
+    for rows, warps in ((1, 1), (2, 1), (4, 2), (8, 4), (32, 8)):
+        nk.launch_rows(k, x, f, y, rows)
+        assert k.kw["num_warps"] == warps == ablation.default_warps(rows * 64)
+        assert k.grid == (8 * 32 // rows,) and k.kw["ROWS"] == rows
+    nk.launch_rows(k, x, f, y, 8, num_warps=1)
+    assert k.kw["num_warps"] == 1
+    nk.launch_rows(k, x, f, y, 4, programs=3, num_warps=8)
+    assert k.kw["num_warps"] == 8 and k.grid == (3,)
+    # a real launch at other warps gives the reference's rotation
+    torch.manual_seed(0)
+    x = torch.randn(3, 2, 3, 24, device=DEVICE)
+    f = torch.rand(4, 24, device=DEVICE) * 6
+    for warps in (1, 2, 4):
+        y = torch.full_like(x, float("nan"))
+        nk.launch_rows(nk.solution_rope_rows, x, f, y, 4, num_warps=warps)
+        torch.testing.assert_close(y, reference.rope_reference(x, f), atol=1e-5, rtol=1e-5)
+
+
 def test_prediction_check(capsys):
     assert ex.check_predicted_us(OWN_PREDICTION) is True, capsys.readouterr().out
     for wrong in (lambda n, r, sms, ns, copy: n * ns / sms / 1e3,            # ROWS ignored
