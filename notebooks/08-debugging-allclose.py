@@ -963,14 +963,20 @@ steps_tbl = [     # (step, change, elements != TE here, on the file's GPU)
     ("d", "fma(rot, s, x*c) — the other order", step_d["n"], gpu_row(BIG, "fma_rs/tl")),
     ("e", "the file's compiled choice: fma(x1, c, ·), fma(x1, s, ·)", step_e["n"],
      gpu_row(BIG, "free_sub/tl")),
-    ("-", "as written, contraction on: the compiler's choice",
-     None if step_a_free is None else step_a_free["n"], gpu_row(BIG, "free_sub/tl")),
+    # the line as written, contraction on: the compiler's choice, per kernel (a GPU's only)
+    ("-", "as written, contraction on, in _rope_combine_kernel (this notebook's)",
+     None if step_a_free is None else step_a_free["n"], None),    # the file did not run it
+    ("-", "as written, contraction on, in the reproduction kernel (debug.FIXED)",
+     n_fixed if LIVE else None, gpu_row(BIG, "debug:FIXED")),     # section 3's run, vs TE live
 ]
 here = "the CPU (interpreter)" if not GPU else "this GPU"
+dash = lambda v: "-" if v is None else v  # noqa: E731
 display(HTML(f"<table><tr><th>step</th><th>change</th><th>elements ≠ TE, {here}</th>"
              f"<th>elements ≠ TE, {GPU_NAME} (file)</th></tr>" +
-             "".join(f"<tr><td>{a}</td><td>{b}</td><td>{'-' if c is None else c}</td>"
-                     f"<td>{d_}</td></tr>" for a, b, c, d_ in steps_tbl) + "</table>"))
+             "".join(f"<tr><td>{a}</td><td>{b}</td><td>{dash(c)}</td>"
+                     f"<td>{dash(d_)}</td></tr>" for a, b, c, d_ in steps_tbl) + "</table>"))
+# the file's reproduction kernel, and te_bits.py's copy of it (row e's right column): one count
+assert gpu_row(BIG, "debug:FIXED") == gpu_row(BIG, "free_sub/tl") > 0
 zero_rows = [r[0] for r in steps_tbl if r[3] == 0]
 assert zero_rows == ["c"]                       # on the GPU, only TE's contraction gives 0
 assert [r[0] for r in steps_tbl[:5] if r[2] == 0] == ["c"]    # and here, in rows a to e
@@ -980,9 +986,10 @@ if SAME_GPU:   # rows a to e fix every rounding in the source: here = the file, 
 fig, ax = plt.subplots(figsize=(8, 3.2))
 labels = ["a: as written, no contraction", "b: a, sin/cos from libdevice",
           "c: fma(x, c, rot*s)", "d: fma(rot, s, x*c)", "e: the file's compiled choice",
-          "as written, contraction on"]
+          "contraction on: _rope_combine_kernel", "contraction on: reproduction kernel"]
+assert len(labels) == len(steps_tbl)
 rows_y = np.arange(len(steps_tbl))
-x_max = 1.35 * max(max(r[3] for r in steps_tbl),
+x_max = 1.35 * max(max(r[3] for r in steps_tbl if r[3] is not None),
                    max(r[2] for r in steps_tbl if r[2] is not None))
 for offset, column, color, label in ((0.2, 3, "tab:green", f"{GPU_NAME} (file)"),
                                      (-0.2, 2, "tab:purple", here)):
@@ -1003,22 +1010,27 @@ fig.savefig(FIGURES / "08-bits-steps.png", dpi=110)
 plt.show()
 
 # %% [markdown]
-# **Reading the table.** The right column is the file: the kernel in `benchmarks/te_bits.py`,
-# compiled on the GPU named in its header. The left column is this machine: the interpreter on
-# the CPU, or on a GPU the kernel above, compiled here. Rows a to e leave nothing to a
+# **Reading the table.** The right column is the file: what `benchmarks/te_bits.py` compiled
+# on the GPU named in its header, its copy of the reproduction kernel (the last row: that
+# kernel itself, through `debug`'s wrapper). The left column is this machine: the interpreter
+# on the CPU, or on a GPU the kernel above, compiled here (the last row: section 3's run of
+# the reproduction kernel). Rows a to e leave nothing to a
 # compiler — each product is rounded or sits in a `tl.fma` — so each is one computation on
 # every machine, and the two columns agree row by row (asserted on the CPU and on the file's
 # GPU). Of these rows only c is 0, in both columns (asserted): `tl.fma` fixes TE's order in
-# the source, and step d shows that the order is what matters. A dash marks a row this machine
-# does not run: row b needs libdevice, which the interpreter lacks; the last row needs a
-# compiler that contracts.
+# the source, and step d shows that the order is what matters. A dash marks a count that was
+# not taken: row b needs libdevice, which the interpreter lacks; the last two rows need a
+# compiler that contracts, and the last one TE itself (section 3's run of the reproduction
+# kernel against it); the file holds no run of `_rope_combine_kernel`.
 #
-# The last row is the line as written with contraction on: the compiler's choice, made per
-# kernel. The file's kernel gave row e's count, 12. On the H200 page, with the file's GPU and
-# Triton version, the kernel above gave 0, while the reproduction kernel of section 3 — the
-# same two lines — differed in 12 elements. The line as written matches TE only when the
-# compiler happens to fuse TE's way. The cell below reads, from the outputs alone, which
-# product each line's fma fused.
+# The last two rows are the line as written with contraction on: the compiler's choice, made
+# per kernel, so each row names its kernel. In the file, `te_bits.py`'s copy of the
+# reproduction kernel gave row e's count, 12, and the reproduction kernel itself the same
+# (asserted: one count). On the H200 page, with the file's GPU and Triton version,
+# `_rope_combine_kernel` gave 0, while the reproduction kernel of section 3 — the same two
+# lines — differed in 12 elements. The line as written matches TE only when the compiler
+# happens to fuse TE's way. The cell below reads, from the outputs alone, which product each
+# line's fma fused.
 
 # %%
 def fused_product(y, te_order, other_order):
