@@ -60,6 +60,7 @@ import triton.language as tl
 
 from ropelib import reference, runtime
 from ropelib.bench import compare
+from ropelib.course import ladder   # notebook 05's numbered bytes-in-flight plot
 from ropelib.course import measured   # the committed H200 results, read back
 from ropelib.course import work_count   # counts what a launch issues, in Triton's interpreter
 from ropelib.course.exercises import grid_kernel
@@ -445,7 +446,8 @@ print(f"programs launched: naive {naive.naive_grid(S, B, H)[0]:,}, batch-reuse "
 # their loads together. ropelib's loop is a runtime `range(0, B)`: one compiled kernel serves
 # every batch size, and the other programs running on the same multiprocessor hide the wait
 # for each iteration's loads. Section 5.3's ablation times both (`sh_loop_b` against
-# `sh_loop_b_unrolled`): on the H200 they run level, within the run's noise.
+# `sh_loop_b_unrolled`): on the H200 they run level, less than one percent apart, closer than
+# the widest 20-80 % quantile spread of that run's timings (section 5.3 prints both).
 #
 # ## 3. The story: a batch-reusing kernel on an RTX 2070 Super
 #
@@ -961,6 +963,15 @@ if ABLATION_CSV.exists():
             fast, slow = min(ws, key=ws.get), max(ws, key=ws.get)
             print(f"  warps for {tile}: fastest {fast} ({ws[fast]:.4f} ms), "
                   f"slowest {slow} ({ws[slow]:.4f} ms)")
+    # section 2's `range` against `tl.static_range`: level within the run's noise, which the CSV
+    # keeps as every timing's 20 % and 80 % quantiles (the widest spread, as % of the median)
+    spread = max((r["ms_p80"] - r["ms_p20"]) / r["ms"] * 100 for r in arows if r.get("ms"))
+    for case in dict.fromkeys(r["case"] for r in arows):
+        t = {r["variant"]: r["ms"] for r in arows if r["case"] == case and r.get("ms")}
+        unroll = t["sh_loop_b"] / t["sh_loop_b_unrolled"]
+        print(f"{case}: sh_loop_b / sh_loop_b_unrolled = {unroll:.3f}, "
+              f"{abs(unroll - 1) * 100:.1f} % apart; the run's widest 20-80 % spread {spread:.1f} %")
+        assert abs(unroll - 1) * 100 < spread, (case, unroll, spread)
     # section 5.1's remark: the finished kernel alone, at s4096-b8, below apply_rope as planned
     # (two passes at that size) in the generations run at the same size
     finished = next(r for r in arows if r["case"] == "s4096-b8"
@@ -1057,7 +1068,7 @@ else:
 # beside the copy and the batch-reusing kernel. It moves the model's bytes, and its warps fill
 # nine-tenths of an SM's slots. Counted as this notebook counts the Triton kernels (a block's
 # 8 KiB of `x` as one step, 1,024 bytes a warp), its warps ask for about the copy's KiB per SM,
-# 57.6 against 54.5: the red star and the red cross in the figure. Yet TE takes 1.94 times the
+# 57.6 against 54.5: the red points 30 and 31 in the figure. Yet TE takes 1.94 times the
 # copy's time. That count is only an upper bound, since each TE warp works through its heads
 # in loads of 78 bytes (section 5.5), so the KiB per SM does not set TE's time. What is
 # measured: TE executes more than twice the instructions per element of the batch-reusing
@@ -1071,6 +1082,9 @@ else:
 # program per token for all heads, 32,768 programs, and TE's kernel is more than twice as fast
 # (printed below). The batch-reusing grid wins where $B$ is large enough to amortise its program
 # count, which is what notebook 05's tile of heads fixes for every $B$.
+#
+# In the figure every kernel carries a number, the key on the right names it, and the middle
+# panel enlarges the kernels near the copy's time.
 #
 # ![Time against the KiB of x requested per SM, H200](../figures/04-bytes-in-flight.png)
 
@@ -1090,21 +1104,32 @@ print(measured.table([mech[v] for v in order if v in mech], [
     ("x B/warp/step", "x_bytes_per_warp_step", ".0f"),
     ("occ. %", "ncu_achieved_occupancy_pct", ".0f"),
     ("x KiB/SM", "x_kib_per_sm", ".1f"), ("warp inst/elem", "ncu_warp_inst_per_element", ".2f")]))
-fig = measured.plot_in_flight("s4096-b8", None,
-                              label=("copy", "naive", "sh_one_b_table", "batch_reuse",
-                                     "sh_loop_b_w4", "sh_loop_b_w8", "heads4_loop_b",
-                                     "heads_all_one_b", "ropelib"))
 # TE's CUDA kernel and the copy beside it, from the profile of the run with TE installed
 te_run = measured.mechanism("s4096-b8", kind="mechanism-te")
 te_run_meta = measured.load("mechanism-te")[0]
 te_date = te_run_meta.get("date", "?")[:10]
-ax = fig.axes[0]
-for name, marker in (("te_fused", "*"), ("copy", "X")):
-    r = te_run[name]
-    ax.scatter([r["x_kib_per_sm"]], [r["us"]], marker=marker, s=120, c="tab:red",
-               edgecolors="k", linewidths=0.4, zorder=3,
-               label=f"{'TE fused (CUDA)' if name == 'te_fused' else 'copy'}, run of {te_date}")
-ax.legend(fontsize=7, loc="upper right")
+# every point numbered, the key on the right (ropelib.course.ladder.plot_in_flight, notebook
+# 05's plot); notebook 05's ladder rungs are profiled at this size too
+LADDER_RUNGS = ("heads", "tile", "warps", "chunks", "accurate", "equal_halves")
+FINISHED = {"ropelib": "ropelib (finished kernel, forced)",
+            "ropelib_planned": "ropelib_planned (apply_rope)"}
+TE_RUN = {f"te_fused, run of {te_date}": "te_fused", f"copy, run of {te_date}": "copy"}
+in_flight = {**mech, **{k: te_run[v] for k, v in TE_RUN.items()}}
+IN_FLIGHT_GROUPS = [
+    ("a device copy", "k", {"copy": "copy"}),
+    ("this notebook's kernels and variants", "tab:blue",
+     {v: v for v in mech if v not in ("copy", *LADDER_RUNGS, *FINISHED)}),
+    ("notebook 05's ladder rungs", "tab:green", {v: v for v in LADDER_RUNGS if v in mech}),
+    ("ropelib", "tab:purple", {v: label for v, label in FINISHED.items() if v in mech}),
+    ("the run with TE installed", "tab:red", {k: k for k in TE_RUN})]
+drawn = [v for _, _, members in IN_FLIGHT_GROUPS for v in members]
+assert sorted(drawn) == sorted(in_flight), "every profiled variant is drawn, once"
+fig = ladder.plot_in_flight(in_flight, IN_FLIGHT_GROUPS,
+                            title=f"{mech_meta['gpu']}, {mech_meta.get('date', '?')[:10]} "
+                                  f"(TE's run: {te_date})\nbf16 sbhd s=4096, b=8, h=32, d=128")
+print("numbered in the figure: " + ", ".join(f"{n} {v}" for n, v in enumerate(drawn, 1)
+                                             if v in ("copy", "heads4_loop_b", "ropelib", *TE_RUN)))
+assert [drawn.index(k) + 1 for k in TE_RUN] == [30, 31]   # the prose below names them
 fig.savefig(FIGURES / "04-bytes-in-flight.png", dpi=120)
 plt.show()
 print(f"TE fused (run of {te_date}): {te_run['te_fused']['x_kib_per_sm']:.1f} KiB/SM, "
