@@ -100,14 +100,10 @@ def test_mechanism_and_timings_cover_the_same_variants():
         measured.mechanism("no-such-case")
 
 
-def test_table_and_figure_name_what_they_show(tmp_path):
+def test_table_names_what_it_shows():
     text = measured.table([{"variant": "naive", "us": 634.7}], [("kernel", "variant", ""),
                                                                 ("time us", "us", ".0f")])
     assert "naive" in text and "635" in text
-    import matplotlib
-    matplotlib.use("Agg")
-    fig = measured.plot_in_flight(path=tmp_path / "f.png")
-    assert "NVIDIA H200" in fig.axes[0].get_title() and (tmp_path / "f.png").stat().st_size > 0
 
 
 def test_an_ncu_table_starts_at_its_header(tmp_path):

@@ -281,34 +281,3 @@ def table(rows, columns) -> str:
     return "\n".join(lines)
 
 
-def plot_in_flight(case: str = "s4096-b8", path=None, gpu: str = GPU, label=()):
-    """Time against the x bytes the resident warps of one SM ask for per batch step
-    (``x_kib_per_sm``), one point per profiled variant of ``case``; the colour is the warp
-    instructions per element. The title names the GPU. Returns the figure (saved to ``path``)."""
-    import matplotlib.pyplot as plt
-    meta, _ = load("mechanism", gpu)
-    rows = list(mechanism(case, gpu).values())
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    sc = ax.scatter([r["x_kib_per_sm"] for r in rows], [r["us"] for r in rows],
-                    c=[r["ncu_warp_inst_per_element"] for r in rows], cmap="viridis_r", s=36,
-                    edgecolors="k", linewidths=0.4)
-    for r in rows:
-        if not label or r["variant"] in label:
-            ax.annotate(r["variant"], (r["x_kib_per_sm"], r["us"]), fontsize=7,
-                        xytext=(4, 3), textcoords="offset points")
-    fig.colorbar(sc, ax=ax, label="warp instructions per element (ncu)")
-    ax.set_xscale("log")
-    ticks = [2 ** k for k in range(0, 8)]
-    ax.set_xticks(ticks, [str(t) for t in ticks])
-    ax.minorticks_off()
-    ax.set_xlabel("KiB of x the resident warps of one SM request per step\n"
-                  "(achieved occupancy x bytes per warp: derived, an upper bound on bytes in flight)")
-    ax.set_ylabel("kernel time, µs (Nsight Compute)")
-    r0 = rows[0]
-    ax.set_title(f"{meta['gpu']}: bf16 sbhd s={r0['seq_len']}, b={r0['batch']}, h={r0['heads']}, "
-                 f"d={r0['head_dim']} ({meta.get('date', '?')[:10]})", fontsize=9)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=120)
-    return fig
