@@ -4,7 +4,7 @@ Notebook 00's exercises 2 (how many features partial rotary turns) and 3 (interl
 a `bshd` tensor, what `ropelib.apply_rope(..., layout="bshd", interleaved=True)` returns),
 notebook 01's exercise 4 (the permutation back to the interleaved pairing), notebook 02's
 exercises 1 (the positions a context-parallel rank holds) and 3 (the bytes a fused forward
-moves), notebook 07's exercise 1 (a least-squares line, by the normal equations) and notebook 09's exercise 1
+moves), notebook 03's exercise 5b (the time a kernel of ROWS rows a program takes), notebook 07's exercise 1 (a least-squares line, by the normal equations) and notebook 09's exercise 1
 (RoPE's share of a profiled step) ask for a value that ropelib can compute. Their checks take a
 function and run it with ropelib's answers barred (`own_code`). For each check this file shows
 that
@@ -39,7 +39,7 @@ from ropelib import context_parallel, frequencies, reference  # noqa: E402
 from ropelib import te as rope_te  # noqa: E402
 from ropelib.bench import compare, suite  # noqa: E402
 from ropelib.course.exercises import (  # noqa: E402
-    at_scale, basics, in_a_model, measuring, own_code)
+    at_scale, basics, in_a_model, measuring, naive_kernel, own_code)
 from ropelib.course.kernels import batch_reuse, naive  # noqa: E402
 from loading import load_file  # noqa: E402
 
@@ -247,6 +247,13 @@ def _check_bytes(fn):
     return basics.check_bytes_moved(fn)
 
 
+# --- notebook 03, exercise 5b: the time a kernel of ROWS rows a program takes ------------------
+
+def _predicted_written_here(n_rows, rows_per_program, sms, ns_per_program_per_sm, copy_us):
+    waves = (n_rows + rows_per_program - 1) // rows_per_program / sms   # programs per SM
+    return max(copy_us, waves * ns_per_program_per_sm / 1000)
+
+
 # --- notebook 07, exercise 1: a least-squares line, by the normal equations -------------------
 
 def _fit_written_here(nbytes, ms):
@@ -382,6 +389,14 @@ EXERCISES = {
             "the worked solution": (basics.solution_bytes_moved,
                                     "called ropelib's solution_bytes_moved"),
         }),
+    "03 ex5b predicted_us": dict(
+        check=naive_kernel.check_predicted_us,
+        solution=lambda: learner_copy(naive_kernel.solution_predicted_us),
+        own=_predicted_written_here,
+        library={
+            "the worked solution": (naive_kernel.solution_predicted_us,
+                                    "called ropelib's solution_predicted_us"),
+        }),
     "07 ex1 fit_time_model": dict(
         check=_check_fit,
         solution=lambda: learner_copy(measuring.solution_fit_time_model),
@@ -470,6 +485,7 @@ NOTEBOOK_CHECKS = [
     ("01-roformer-math.py", "check_interleave_permutation", "perm_back"),
     ("02-pytorch-reference-and-layouts.py", "check_cp_positions", "rank_positions"),
     ("02-pytorch-reference-and-layouts.py", "check_bytes_moved", "bytes_moved"),
+    ("03-naive-triton-kernel.py", "check_predicted_us", "my_predicted_us"),
     ("07-te-vs-triton-live.py", "check_fit_time_model", "fit_time_model"),
     ("09-rope-in-a-model.py", "check_cached_attention", "cached_attention"),
     ("09-rope-in-a-model.py", "check_rope_share", "rope_share"),
