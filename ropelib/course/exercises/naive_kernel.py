@@ -199,17 +199,20 @@ def launch_rows(kernel, x: torch.Tensor, freqs: torch.Tensor, out: torch.Tensor,
                 programs: Optional[int] = None, num_warps: Optional[int] = None) -> None:
     """Launch a kernel of exercise 5's signature: x [S, B, H, D], freqs [P, D], out contiguous;
     `programs` (default all, cdiv(S * B * H, rows)) limits the grid. `num_warps` defaults to
-    the ablation's rule for its tile of `rows` heads (ropelib.course.kernels.ablation
-    .default_warps): one warp per 128 elements of a [rows, BLOCK_HALF] half-tile, 1 to 8."""
+    `rows_warps(rows, D)`, the ablation's warps for its tile of `rows` heads."""
     S, B, H, D = x.shape
     n_rows = S * B * H
-    block_half = triton.next_power_of_2(D // 2)
-    # the rule written out, not called: the check launches this inside library_barred, which
-    # refuses any call into ropelib's kernel modules
-    warps = num_warps or max(1, min(8, rows * block_half // 128))
+    warps = rows_warps(rows, D) if num_warps is None else num_warps
     grid = (triton.cdiv(n_rows, rows) if programs is None else programs,)
     kernel[grid](x, out, freqs, n_rows, B, H, *x.stride(), *freqs.stride(),
-                 HALF=D // 2, BLOCK_HALF=block_half, ROWS=rows, num_warps=warps)
+                 HALF=D // 2, BLOCK_HALF=triton.next_power_of_2(D // 2), ROWS=rows,
+                 num_warps=warps)
+
+
+def rows_warps(rows: int, D: int) -> int:
+    """The ablation's warps (ablation.default_warps) for a [rows, BLOCK_HALF] half-tile."""
+    from ..kernels import ablation
+    return ablation.default_warps(rows * triton.next_power_of_2(D // 2))
 
 
 def _rows_inputs(case, gen, device):
@@ -240,9 +243,10 @@ def check_rope_rows(kernel, *, seed: Optional[int] = None) -> bool:
     gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())) if seed is None else seed)
 
     def launch(x, freqs, y, rows, label, programs=None):
+        warps = rows_warps(rows, x.shape[-1])      # (ropelib's own code: before the barring)
         try:
             with library_barred("your kernel of ROWS rows a program"):
-                launch_rows(kernel, x, freqs, y, rows, programs)
+                launch_rows(kernel, x, freqs, y, rows, programs, num_warps=warps)
         except LibraryAnswer as exc:
             print(f"❌ {name}: {exc}")
             return False
