@@ -230,11 +230,15 @@ def cell_hash(source: str) -> str:
     return hashlib.sha256(normal_source(source).encode("utf-8")).hexdigest()
 
 
+def cell_source(cell: dict) -> str:
+    """A notebook cell's source as one string (.ipynb keeps it as a string or a list of lines)."""
+    return "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+
+
 def notebook_code_cells(path: Path) -> list:
     """The source of every code cell of a notebook (.ipynb), in order."""
     nb = json.loads(Path(path).read_text(encoding="utf-8"))
-    return ["".join(c["source"]) if isinstance(c["source"], list) else c["source"]
-            for c in nb["cells"] if c["cell_type"] == "code"]
+    return [cell_source(c) for c in nb["cells"] if c["cell_type"] == "code"]
 
 
 def page_code_cells(page_html: str) -> list:
@@ -384,14 +388,13 @@ def refresh_prose(executed: Path, into: Path, notebooks: Path = NOTEBOOKS) -> in
         now = json.loads((notebooks / path.name).read_text(encoding="utf-8"))
         ran_code = [c for c in ran["cells"] if c["cell_type"] == "code"]
         now_code = [c for c in now["cells"] if c["cell_type"] == "code"]
-        text = (lambda c: "".join(c["source"]) if isinstance(c["source"], list) else c["source"])
         if len(ran_code) != len(now_code):
             print(f"{path.stem}: {len(now_code)} code cells now, {len(ran_code)} when it ran: "
                   "execute it again", file=sys.stderr)
             failed = 1
             continue
         differ = [k for k, (a, b) in enumerate(zip(ran_code, now_code))
-                  if not same_code(text(a), text(b))]
+                  if not same_code(cell_source(a), cell_source(b))]
         if differ:
             print(f"{path.stem}: code cells {differ} changed beyond comments since it ran: "
                   "execute it again", file=sys.stderr)
