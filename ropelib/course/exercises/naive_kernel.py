@@ -35,7 +35,7 @@ import triton.language as tl
 
 from ... import reference, runtime
 from . import _compare, check, kernel_answer
-from .own_code import LibraryAnswer, library_barred
+from .own_code import LibraryAnswer, launch_barred, library_barred
 
 __all__ = ["check_rope_interleaved", "solution_rope_interleaved", "launch_interleaved",
            "CASES", "check_rope_rows", "solution_rope_rows", "launch_rows", "ROWS_CASES",
@@ -244,17 +244,10 @@ def check_rope_rows(kernel, *, seed: Optional[int] = None) -> bool:
 
     def launch(x, freqs, y, rows, label, programs=None):
         warps = rows_warps(rows, x.shape[-1])      # (ropelib's own code: before the barring)
-        try:
-            with library_barred("your kernel of ROWS rows a program"):
-                launch_rows(kernel, x, freqs, y, rows, programs, num_warps=warps)
-        except LibraryAnswer as exc:
-            print(f"❌ {name}: {exc}")
-            return False
-        except Exception as exc:  # noqa: BLE001 -- report, never stop the notebook
-            last = str(exc).strip().splitlines()[-1:] or [""]
-            print(f"❌ {name} ({label}): the launch raised {type(exc).__name__}: {last[0][:300]}")
-            return False
-        return True
+        ok, _ = launch_barred(name, label, "your kernel of ROWS rows a program",
+                              lambda: launch_rows(kernel, x, freqs, y, rows, programs,
+                                                  num_warps=warps))
+        return ok
 
     for case in ROWS_CASES:
         S, B, H, D, rows, dtype, layout = case
