@@ -132,6 +132,26 @@ PAGED_CASES = (
 )
 
 
+def _launch_on(device: str, name: str, label: str, launch: Callable, kernel, *args) -> bool:
+    """launch(kernel, *args) as a check runs the learner's kernel: on the CPU interpreted, with
+    ropelib's answers barred; on the GPU compiled. Prints the ❌ line (a refusal, or what the
+    launch raised, for case `label`) and returns False where it fails; never raises."""
+    try:
+        if device == "cpu":      # your own code: ropelib barred
+            with library_barred(f"your {name}"):
+                launch(interpreted(kernel), *args)
+        else:
+            launch(kernel, *args)
+    except LibraryAnswer as exc:
+        print(f"❌ {name}: {exc}")
+        return False
+    except Exception as exc:  # noqa: BLE001 -- report, never stop the notebook
+        last = (str(exc).strip().splitlines() or [""])[-1]
+        print(f"❌ {name} ({label}): the launch raised {type(exc).__name__}: {last[:300]}")
+        return False
+    return True
+
+
 def launch_kv_cache(kernel, q, k, v, q_out, k_cache, v_cache, seqlens, freqs) -> None:
     """Launch a contiguous-cache kernel of this module's signature: q [B, HQ, D], k, v
     [B, HK, D], caches [B, L, HK, D], freqs [P, D]; one program per sequence."""
@@ -217,19 +237,8 @@ def _check_kv_kernel(kernel, paged: bool, seed: Optional[int]) -> bool:
             bt = None if block_table is None else block_table.to(device)
             q_out = torch.full_like(qd, float("nan"))
             args = (qd, kd, vd, q_out, kc, vc, sd) + ((bt,) if paged else ()) + (fd,)
-            try:
-                if device == "cpu":      # your own code: ropelib barred
-                    with library_barred(f"your {name}"):
-                        (launch_kv_paged if paged else launch_kv_cache)(interpreted(kernel), *args)
-                else:
-                    (launch_kv_paged if paged else launch_kv_cache)(kernel, *args)
-            except LibraryAnswer as exc:
-                print(f"❌ {name}: {exc}")
-                return False
-            except Exception as exc:  # noqa: BLE001 -- report, never stop the notebook
-                last = (str(exc).strip().splitlines() or [""])[-1]
-                print(f"❌ {name} ({label}, {where}): the launch raised {type(exc).__name__}: "
-                      f"{last[:300]}")
+            if not _launch_on(device, name, f"{label}, {where}",
+                              launch_kv_paged if paged else launch_kv_cache, kernel, *args):
                 return False
             kc, vc, q_out = kc.cpu(), vc.cpu(), q_out.cpu()
             lbl = f"{label}, {where}"
@@ -440,19 +449,8 @@ def check_fp8_store_kernel(kernel, *, seed: Optional[int] = None) -> bool:
         for device in ("cpu", "cuda") if on_gpu else ("cpu",):
             where = "interpreter" if device == "cpu" else "compiled on the GPU"
             kd, cd, sd, qd = (t.to(device, copy=True) for t in (k, cache, scale, seqlens))
-            try:
-                if device == "cpu":      # your own code: ropelib barred
-                    with library_barred(f"your {name}"):
-                        launch_fp8_store(interpreted(kernel), kd, cd, sd, qd)
-                else:
-                    launch_fp8_store(kernel, kd, cd, sd, qd)
-            except LibraryAnswer as exc:
-                print(f"❌ {name}: {exc}")
-                return False
-            except Exception as exc:  # noqa: BLE001 -- report, never stop the notebook
-                last = (str(exc).strip().splitlines() or [""])[-1]
-                print(f"❌ {name} ({label}, {where}): the launch raised {type(exc).__name__}: "
-                      f"{last[:300]}")
+            if not _launch_on(device, name, f"{label}, {where}", launch_fp8_store, kernel,
+                              kd, cd, sd, qd):
                 return False
             got = cd.cpu().view(torch.uint8)
             ok = got == want.view(torch.uint8)
