@@ -4,7 +4,9 @@ Notebook 00's exercises 2 (how many features partial rotary turns) and 3 (interl
 a `bshd` tensor, what `ropelib.apply_rope(..., layout="bshd", interleaved=True)` returns),
 notebook 01's exercise 4 (the permutation back to the interleaved pairing), notebook 02's
 exercises 1 (the positions a context-parallel rank holds) and 3 (the bytes a fused forward
-moves), notebook 03's exercise 5b (the time a kernel of ROWS rows a program takes), notebook 07's exercise 1 (a least-squares line, by the normal equations) and notebook 09's exercise 1
+moves), notebook 03's exercise 5b (the time a kernel of ROWS rows a program takes), notebook 04's
+exercise 5 (the work one launch of a kernel with a ROWS knob issues, checked beside a learner's
+kernel), notebook 07's exercise 1 (a least-squares line, by the normal equations) and notebook 09's exercise 1
 (RoPE's share of a profiled step) ask for a value that ropelib can compute. Their checks take a
 function and run it with ropelib's answers barred (`own_code`). For each check this file shows
 that
@@ -39,7 +41,7 @@ from ropelib import context_parallel, frequencies, reference  # noqa: E402
 from ropelib import te as rope_te  # noqa: E402
 from ropelib.bench import compare, suite  # noqa: E402
 from ropelib.course.exercises import (  # noqa: E402
-    at_scale, basics, in_a_model, measuring, naive_kernel, own_code)
+    at_scale, basics, grid_kernel, in_a_model, measuring, naive_kernel, own_code)
 from ropelib.course.kernels import batch_reuse, naive  # noqa: E402
 from loading import load_file  # noqa: E402
 
@@ -254,6 +256,22 @@ def _predicted_written_here(n_rows, rows_per_program, sms, ns_per_program_per_sm
     return max(copy_us, waves * ns_per_program_per_sm / 1000)
 
 
+# --- notebook 04, exercise 5: the work one launch of the ROWS kernel issues --------------------
+
+_GRANULAR_KERNEL = learner_copy(grid_kernel._rope_granular_solution_kernel)   # a learner's kernel
+
+
+def _granular_work_written_here(S, B, H, D, rows):
+    per_program = {"sincos": 2 * D, "angle_loads": D}
+    programs = (B // rows) * H * S
+    return {"programs": programs, "x_loads": S * B * H * D,
+            **{k: programs * v for k, v in per_program.items()}}
+
+
+def _check_granular_work(fn):
+    return grid_kernel.check_granularity(_GRANULAR_KERNEL, fn)
+
+
 # --- notebook 07, exercise 1: a least-squares line, by the normal equations -------------------
 
 def _fit_written_here(nbytes, ms):
@@ -396,6 +414,14 @@ EXERCISES = {
         library={
             "the worked solution": (naive_kernel.solution_predicted_us,
                                     "called ropelib's solution_predicted_us"),
+        }),
+    "04 ex5 my_work": dict(
+        check=_check_granular_work,
+        solution=lambda: learner_copy(grid_kernel.solution_granular_work),
+        own=_granular_work_written_here,
+        library={
+            "the worked solution": (grid_kernel.solution_granular_work,
+                                    "called ropelib's solution_granular_work"),
         }),
     "07 ex1 fit_time_model": dict(
         check=_check_fit,
