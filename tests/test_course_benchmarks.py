@@ -117,6 +117,17 @@ def test_te_profile_launches_agree_and_list_their_metrics(benchmark, capsys):
     assert len(listed) == len(set(listed))
 
 
+def test_naive_warps_profile_launches_agree_and_list_their_metrics(benchmark, capsys):
+    probe = benchmark("naive_warps_ncu")
+    assert probe.main(["--check"]) == 0
+    out = capsys.readouterr().out
+    assert "naive, 1 warps, naive, 2 warps, naive, 4 warps, naive, 8 warps, one row, 1 warps" in out
+    assert probe.main(["--metrics"]) == 0
+    listed = capsys.readouterr().out.strip().split(",")
+    assert "smsp__inst_executed_pipe_xu.sum" in listed       # the sin/cos count
+    assert len(listed) == len(set(listed))
+
+
 def test_model_host_probe_parts_leave_ropelib_as_it_was(benchmark, capsys, tmp_path):
     """--parts times ropelib with its launches removed and with a trivial backward, patched only
     while each variant runs: afterwards ropelib's eager route is the one it was."""
