@@ -19,11 +19,11 @@
 # Eleven short puzzles, each a Triton kernel to write or to repair. After a warm-up, most are
 # built on a kind of bug that RoPE code has shipped with: the wrong pairing of features, a head
 # dim that is not a power of two, angles that lose their precision at long context, offsets
-# that wrap past $2^{31}$, a backward that turns the wrong way, bf16 arithmetic on a bf16
-# cos/sin table. One (puzzle 9) gives the right output and is about the loads it spends.
-# Triton-Puzzles taught Triton this way: every puzzle runs on a CPU in Triton's interpreter,
-# every kernel sits beside a plain-PyTorch spec, and a check tells you at once whether you are
-# right, and if not, what differs.
+# that wrap past $2^{31}$, a backward that turns the wrong way, positions that do not restart
+# where packed sequences do, bf16 arithmetic on a bf16 cos/sin table. One (puzzle 9) gives the
+# right output and is about the loads it spends. Triton-Puzzles taught Triton this way: every
+# puzzle runs on a CPU in Triton's interpreter, every kernel sits beside a plain-PyTorch spec,
+# and a check tells you at once whether you are right, and if not, what differs.
 #
 # **After this notebook you will be able to**
 #
@@ -665,55 +665,88 @@ pz.time_solution("shared_table");
 # kernel (notebook 04 measures what a batch-reusing grid saves).
 
 # %% [markdown]
-# ## Puzzle 10 — KV-cache start positions (repair)
+# ## Puzzle 10 — packed sequences (repair)
 #
-# When a model generates (or prefills a long prompt in chunks), the new tokens of sequence $b$
-# come after the `start[b]` tokens already in its KV cache: token $t$ is at position
-# $\text{start}_b + t$, and sequences in one batch have different starts. Serving code has
-# shipped kernels that get this wrong. Nothing raises; the model just loses its place in the
-# text. Repair the kernel below. The grid is `(B, cdiv(T, BLOCK_T))`.
+# Training on documents of different lengths, and serving many prompts at once, packs the
+# sequences one after another into one tensor with no padding: the `thd` layout that
+# flash-attention's varlen functions and Transformer Engine take. Here $x$ is
+# `[TOTAL, 2 * HALF]`, and `cu_seqlens` (int32, one entry more than there are sequences) says
+# where each sequence begins: sequence $i$ is rows $c_i \ldots c_{i+1} - 1$, with $c_0 = 0$
+# and $c_N = $ `TOTAL`. A sequence may be empty ($c_{i+1} = c_i$), as the padding sequences of
+# a batch filled to a fixed size are. Each sequence is its own text, so its positions start at
+# 0:
+#
+# $$
+# \text{pos}(r) = r - c_i \qquad \text{for } c_i \le r < c_{i+1} .
+# $$
+#
+# The grid is `(N_SEQS, cdiv(longest sequence, BLOCK_T))`, as in flash-attention's rotary
+# kernel: program $(i, b)$ rotates tokens $b \cdot$ `BLOCK_T` onwards of sequence $i$. Every
+# sequence gets as many programs as the longest, so a shorter sequence's last programs have
+# some or all of their tokens past its end. The kernel below was written for this grid and
+# has more than one mistake. Repair it. The check's cases, in tiles of `BLOCK_T` = 4 tokens,
+# have sequences of lengths 5, 1, 12 and 0 (a boundary in the middle of a tile, a sequence of
+# one token, an empty one last), 4, 4 and 4 (every boundary on a tile's edge), and 7, 0, 2, 9
+# and 3.
 
 # %%
-pz.show_spec("start_positions")
+pz.show_spec("packed_sequences")
 
 # %%
 @triton.jit
-def my_start_positions_kernel(
-    x_ptr,  # *fp32: new tokens x [B, T, 2 * HALF], contiguous
-    start_ptr,  # *int32: start [B], tokens already in each sequence's KV cache
-    cos_ptr,  # *fp32: cos table [P, HALF], contiguous
+def my_packed_sequences_kernel(
+    x_ptr,  # *fp32: x [TOTAL, 2 * HALF], the sequences packed one after another, contiguous
+    cu_seqlens_ptr,  # *int32: cu_seqlens [N_SEQS + 1]: 0, then where each sequence ends
+    cos_ptr,  # *fp32: cos table [P, HALF], contiguous (P >= the longest sequence)
     sin_ptr,  # *fp32: sin table [P, HALF], contiguous
-    y_ptr,  # *fp32: y [B, T, 2 * HALF], contiguous
-    T,  # new tokens per sequence
+    y_ptr,  # *fp32: y [TOTAL, 2 * HALF], contiguous
     HALF: tl.constexpr,  # pairs per row (a power of two here)
     BLOCK_T: tl.constexpr,  # tokens per program
 ):
-    b = tl.program_id(0)
-    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
-    live = (t < T)[:, None]
-    pos = t
+    seq = tl.program_id(0)
+    start = tl.load(cu_seqlens_ptr + seq)
+    end = tl.load(cu_seqlens_ptr + seq + 1)
+    rows = start + tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)  # rows of x
+    live = (rows <= end)[:, None]
+    pos = rows
     j = tl.arange(0, HALF)
     c = tl.load(cos_ptr + pos[:, None] * HALF + j[None, :], mask=live, other=1.0)
     sn = tl.load(sin_ptr + pos[:, None] * HALF + j[None, :], mask=live, other=0.0)
-    row = (b * T + t)[:, None] * (2 * HALF)
-    x1 = tl.load(x_ptr + row + j[None, :], mask=live, other=0.0)
-    x2 = tl.load(x_ptr + row + HALF + j[None, :], mask=live, other=0.0)
-    tl.store(y_ptr + row + j[None, :], x1 * c - x2 * sn, mask=live)
-    tl.store(y_ptr + row + HALF + j[None, :], x2 * c + x1 * sn, mask=live)
+    x1 = tl.load(x_ptr + rows[:, None] * (2 * HALF) + j[None, :], mask=live, other=0.0)
+    x2 = tl.load(x_ptr + rows[:, None] * (2 * HALF) + HALF + j[None, :], mask=live, other=0.0)
+    tl.store(y_ptr + rows[:, None] * (2 * HALF) + j[None, :], x1 * c - x2 * sn, mask=live)
+    tl.store(y_ptr + rows[:, None] * (2 * HALF) + HALF + j[None, :], x2 * c + x1 * sn,
+             mask=live)
 
 
-pz.check_start_positions(my_start_positions_kernel);
+pz.check_packed_sequences(my_packed_sequences_kernel);
 
 # %%
-solution(pz.solution_start_positions_kernel.fn, title="Solution: puzzle 10")
-pz.time_solution("start_positions");
+solution(pz.solution_packed_sequences_kernel.fn, title="Solution: puzzle 10")
+pz.time_solution("packed_sequences");
 
 # %% [markdown]
-# **What was wrong.** The kernel rotated the new tokens at positions $0 \ldots T-1$ in every
-# sequence: it forgot the starts. One start for the whole batch is wrong too, for every
-# sequence with another start. The worked solution loads `start[b]` once per program and adds
-# it to $t$. Puzzle 6's position ids can carry the same starts, as its fourth case does:
-# `start[:, None] + arange(T)`, taken from a longer tensor.
+# **What was wrong.** Two mistakes that varlen RoPE kernels have shipped, and the given kernel
+# had both.
+#
+# - It rotated each token at its row in the packed tensor, `pos = rows`. That is right for the
+#   first sequence only: every token of a later sequence was turned as if it followed all the
+#   tokens packed before it, from other texts. Nothing raises, and a test with one sequence
+#   passes. The position is the row minus the sequence's first row, `rows - start`: the token
+#   index $t$ within the sequence.
+# - It treated `cu_seqlens[i + 1]` as the sequence's last row (`rows <= end`), where it is one
+#   past it: the first row of the next sequence. A program whose tile runs past the end of its
+#   sequence stored one row more. The last sequence's extra row lies past `x` and `y`: the
+#   check reported its lanes and masked them off; on a GPU they read and write whatever lies
+#   there. Every other extra row is the next sequence's first, stored by two programs. The
+#   interpreter runs programs in order, so the later, right store won and the values passed; on
+#   a GPU programs run in no fixed order, and that row comes out wrong in some runs and right
+#   in others. The check fails a kernel that stores a row twice, and the picture draws such
+#   rows in black. In the second case (lengths 4, 4, 4 in tiles of 4) no tile runs past the end
+#   of its sequence, and this mistake does not show at all.
+#
+# The worked solution masks with $t <$ `end - start`, the sequence's length: a program whose
+# tokens all lie past the end (every program of an empty sequence) loads and stores nothing.
 
 # %% [markdown]
 # ## Puzzle 11 — cos/sin cached in bf16 (repair)

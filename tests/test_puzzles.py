@@ -39,7 +39,7 @@ STARTER_FAILS_WITH = {
     "int64_offsets": "a 32-bit offset",
     "backward": "no kernel yet",
     "shared_table": "was loaded 4 times",
-    "start_positions": "positions 0 .. T-1",
+    "packed_sequences": "RoPE at each row's index in the packed x",
     "bf16_table": "eager PyTorch's x * cos + rotate_half(x) * sin",
 }
 
@@ -496,6 +496,105 @@ def test_position_ids_has_a_generation_case_with_a_start_per_sequence():
         assert torch.equal(ids, starts[:, None] + torch.arange(S))
         assert not ids.is_contiguous() and ids.stride() == (2 * S + 2, 1), case.label
         assert f"starts {starts.tolist()}" in case.label
+
+
+# --- puzzle 10: packed sequences, the inclusive end of a sequence ------------------------------
+
+# Answers with the right positions that take cu_seqlens[i + 1] for the last row of sequence i
+# (`rows <= end`); the second also masks the rows past the packed tensor.
+
+@triton.jit
+def _packed_inclusive_end_kernel(x_ptr, cu_seqlens_ptr, cos_ptr, sin_ptr, y_ptr,
+                                 HALF: tl.constexpr, BLOCK_T: tl.constexpr):
+    seq = tl.program_id(0)
+    start = tl.load(cu_seqlens_ptr + seq)
+    end = tl.load(cu_seqlens_ptr + seq + 1)
+    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    rows = start + t
+    live = (rows <= end)[:, None]                           # one row past the sequence
+    j = tl.arange(0, HALF)
+    c = tl.load(cos_ptr + t[:, None] * HALF + j[None, :], mask=live, other=1.0)
+    sn = tl.load(sin_ptr + t[:, None] * HALF + j[None, :], mask=live, other=0.0)
+    row = rows[:, None] * (2 * HALF)
+    x1 = tl.load(x_ptr + row + j[None, :], mask=live, other=0.0)
+    x2 = tl.load(x_ptr + row + HALF + j[None, :], mask=live, other=0.0)
+    tl.store(y_ptr + row + j[None, :], x1 * c - x2 * sn, mask=live)
+    tl.store(y_ptr + row + HALF + j[None, :], x2 * c + x1 * sn, mask=live)
+
+
+@triton.jit
+def _packed_inclusive_end_clamped_kernel(x_ptr, cu_seqlens_ptr, cos_ptr, sin_ptr, y_ptr,
+                                         HALF: tl.constexpr, BLOCK_T: tl.constexpr):
+    seq = tl.program_id(0)
+    start = tl.load(cu_seqlens_ptr + seq)
+    end = tl.load(cu_seqlens_ptr + seq + 1)
+    total = tl.load(cu_seqlens_ptr + tl.num_programs(0))   # rows in the packed tensor
+    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    rows = start + t
+    live = ((rows <= end) & (rows < total))[:, None]        # one row past, but inside y
+    j = tl.arange(0, HALF)
+    c = tl.load(cos_ptr + t[:, None] * HALF + j[None, :], mask=live, other=1.0)
+    sn = tl.load(sin_ptr + t[:, None] * HALF + j[None, :], mask=live, other=0.0)
+    row = rows[:, None] * (2 * HALF)
+    x1 = tl.load(x_ptr + row + j[None, :], mask=live, other=0.0)
+    x2 = tl.load(x_ptr + row + HALF + j[None, :], mask=live, other=0.0)
+    tl.store(y_ptr + row + j[None, :], x1 * c - x2 * sn, mask=live)
+    tl.store(y_ptr + row + HALF + j[None, :], x2 * c + x1 * sn, mask=live)
+
+
+def test_packed_cases_are_the_ones_the_notebook_names():
+    """The notebook lists the lengths and BLOCK_T; the first case has a boundary inside a tile,
+    a sequence of one token and an empty one last."""
+    cases = pz.PACKED_SEQUENCES.build(torch.Generator().manual_seed(0), "cpu")
+    lengths = [c.extra["cu_seqlens"].diff().tolist() for c in cases]
+    assert lengths == [[5, 1, 12, 0], [4, 4, 4], [7, 0, 2, 9, 3]]
+    assert all(c.constexprs["BLOCK_T"] == 4 and c.label.endswith(", BLOCK_T=4") for c in cases)
+    text = NOTEBOOK.read_text(encoding="utf-8")
+    assert "`BLOCK_T` = 4 tokens" in text and "lengths 5, 1, 12 and 0" in text
+    assert "4, 4 and 4" in text and "7, 0, 2, 9\n# and 3" in text
+    for c in cases:
+        cu = c.extra["cu_seqlens"]
+        assert cu.dtype == torch.int32 and cu[0] == 0 and c.grid == (
+            len(cu) - 1, triton.cdiv(int(cu.diff().max()), 4))
+        positions = torch.cat([torch.arange(n) for n in cu.diff().tolist()])
+        assert torch.equal(c.expected, pz._rotated_at(c.inputs["x"].double(),
+                                                      c.inputs["cos"].double(),
+                                                      c.inputs["sin"].double(), positions))
+
+
+def test_packed_inclusive_end_spills_past_the_tensor(capsys):
+    for seed in (0, 3):
+        assert pz.check_packed_sequences(_packed_inclusive_end_kernel, seed=seed,
+                                         draw=False) is False
+        out = capsys.readouterr().out
+        assert out.startswith("❌ puzzle 10 ") and "lengths [5, 1, 12, 0]" in out, out
+        assert "store lanes in 1 program" in out and "wrote no element of any output" in out, out
+        assert "index in the packed x" not in out, out             # the positions are right
+
+
+def test_packed_inclusive_end_clamped_is_failed_for_the_race(capsys):
+    """Clamped at the packed tensor's end, the inclusive end leaves no stray lane and, with the
+    interpreter's programs in order, right values: the rows stored by two programs fail it."""
+    kernel = _packed_inclusive_end_clamped_kernel
+    assert pz.check_packed_sequences(kernel, seed=0, draw=False) is False
+    out = capsys.readouterr().out
+    assert "right values in the interpreter, but rows 5-6 of y were stored by two programs " \
+        "(each the first row of a sequence)" in out, out
+    case = pz.PACKED_SEQUENCES.build(torch.Generator().manual_seed(0), "cpu")[0]
+    memory = pz.BoundsCheckedMemory(case.regions())
+    with memory.installed():
+        interpreted(kernel)[case.grid](*case.args, **case.constexprs)
+    assert not memory.faults and torch.allclose(case.out.double(), case.expected, atol=1e-5)
+
+
+def test_packed_inclusive_end_does_not_show_when_no_tile_runs_past():
+    """The notebook: with lengths 4, 4, 4 in tiles of 4 the inclusive end does not show."""
+    case = pz.PACKED_SEQUENCES.build(torch.Generator().manual_seed(0), "cpu")[1]
+    memory = pz.BoundsCheckedMemory(case.regions())
+    with memory.installed():
+        interpreted(_packed_inclusive_end_kernel)[case.grid](*case.args, **case.constexprs)
+    assert not memory.faults and (memory.storing_programs("y") >= 0).all()
+    assert torch.allclose(case.out.double(), case.expected, atol=1e-5)
 
 
 # --- puzzle 5's panel: position 0 has no place on a log axis ------------------------------------

@@ -35,6 +35,7 @@ checked without allocating the gigabytes between the rows.
 import contextlib
 import functools
 import inspect
+import itertools
 import math
 import textwrap
 from dataclasses import dataclass, field
@@ -56,7 +57,7 @@ __all__ = ["PUZZLES", "BoundsCheckedMemory", "Region", "run_in_checked_memory", 
            "time_solution", "solution_times", "copy_of", "COPY", "check_copy",
            "check_rotate_row", "check_interleaved", "check_partial", "check_odd_head_dim",
            "check_long_context", "check_position_ids", "check_int64_offsets", "check_backward",
-           "check_shared_table", "check_start_positions", "check_bf16_table"]
+           "check_shared_table", "check_packed_sequences", "check_bf16_table"]
 
 PAD = 256            # guard elements on each side of every input and output buffer
 INT32_MAX = 2**31 - 1
@@ -124,11 +125,13 @@ def spec_shared_table(x, cos, sin):
     return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
 
 
-def spec_start_positions(x, start, cos, sin):
-    """x [B, T, 2H] new tokens, start [B], cos/sin [P, H] -> y: token t of sequence b is at
-    position start[b] + t (what is already in its KV cache comes first)."""
-    T = x.shape[1]
-    positions = start[:, None] + torch.arange(T)       # [B, T]
+def spec_packed_sequences(x, cu_seqlens, cos, sin):
+    """x [T, 2H], sequences packed one after another (thd), cu_seqlens [N + 1] (0, then where
+    each sequence ends), cos/sin [P, H] -> y: row r of sequence i is at position
+    r - cu_seqlens[i] (positions restart at 0 in every sequence)."""
+    lengths = cu_seqlens.diff().long()                    # [N], zero-length sequences allowed
+    starts = cu_seqlens[:-1].long().repeat_interleave(lengths)   # [T]: its sequence's first row
+    positions = torch.arange(x.shape[0]) - starts
     c, s = cos[positions], sin[positions]
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]
@@ -1176,73 +1179,106 @@ SHARED_TABLE = _register(Puzzle(
     big=_big_shared_table, require=_each_table_element_once))
 
 
-# 10. KV-cache start positions -------------------------------------------------------------------
+# 10. packed sequences (thd, cu_seqlens) ---------------------------------------------------------
 
 @triton.jit
-def solution_start_positions_kernel(
-    x_ptr,  # *fp32: new tokens x [B, T, 2 * HALF], contiguous
-    start_ptr,  # *int32: start [B], tokens already in each sequence's KV cache
-    cos_ptr,  # *fp32: cos table [P, HALF], contiguous
+def solution_packed_sequences_kernel(
+    x_ptr,  # *fp32: x [TOTAL, 2 * HALF], the sequences packed one after another, contiguous
+    cu_seqlens_ptr,  # *int32: cu_seqlens [N_SEQS + 1]: 0, then where each sequence ends
+    cos_ptr,  # *fp32: cos table [P, HALF], contiguous (P >= the longest sequence)
     sin_ptr,  # *fp32: sin table [P, HALF], contiguous
-    y_ptr,  # *fp32: y [B, T, 2 * HALF], contiguous
-    T,  # new tokens per sequence
+    y_ptr,  # *fp32: y [TOTAL, 2 * HALF], contiguous
     HALF: tl.constexpr,  # pairs per row (a power of two here)
     BLOCK_T: tl.constexpr,  # tokens per program
 ):
-    b = tl.program_id(0)
-    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
-    live = (t < T)[:, None]
-    pos = tl.load(start_ptr + b) + t  # token t of sequence b sits after its cached tokens
+    seq = tl.program_id(0)  # grid (N_SEQS, cdiv(longest sequence, BLOCK_T))
+    start = tl.load(cu_seqlens_ptr + seq)  # the sequence's first row
+    end = tl.load(cu_seqlens_ptr + seq + 1)  # one past its last row: the next sequence's first
+    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)  # positions within the sequence
+    live = (t < end - start)[:, None]  # a shorter sequence's last tiles are partly or all masked
     j = tl.arange(0, HALF)
-    c = tl.load(cos_ptr + pos[:, None] * HALF + j[None, :], mask=live, other=1.0)
-    sn = tl.load(sin_ptr + pos[:, None] * HALF + j[None, :], mask=live, other=0.0)
-    row = (b * T + t)[:, None] * (2 * HALF)
+    c = tl.load(cos_ptr + t[:, None] * HALF + j[None, :], mask=live, other=1.0)
+    sn = tl.load(sin_ptr + t[:, None] * HALF + j[None, :], mask=live, other=0.0)
+    row = (start + t)[:, None] * (2 * HALF)
     x1 = tl.load(x_ptr + row + j[None, :], mask=live, other=0.0)
     x2 = tl.load(x_ptr + row + HALF + j[None, :], mask=live, other=0.0)
     tl.store(y_ptr + row + j[None, :], x1 * c - x2 * sn, mask=live)
     tl.store(y_ptr + row + HALF + j[None, :], x2 * c + x1 * sn, mask=live)
 
 
-def _build_start_positions(gen, device, block_t=4):
+def _cu_seqlens(lengths: Sequence[int]) -> torch.Tensor:
+    """[5, 1, 12, 0] -> int32 [0, 5, 6, 18, 18]."""
+    return torch.tensor([0] + list(itertools.accumulate(lengths)), dtype=torch.int32)
+
+
+def _rotated_at(x, cos, sin, positions) -> torch.Tensor:
+    """x [T, 2H] rotated (rotate-half) by the table rows at `positions` [T]."""
+    c, s = cos[positions], sin[positions]
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+
+
+def _build_packed_sequences(gen, device, block_t=4):
     cases = []
-    for B, T, half, P, starts in ((3, 4, 8, 32, [0, 5, 17]), (4, 1, 8, 64, [3, 40, 0, 63]),
-                                  (2, 6, 16, 24, [2, 18])):
-        x = _randn(gen, B, T, 2 * half)
-        cos, sin = _table(P, half)
-        start = torch.tensor(starts, dtype=torch.int32)
+    for lengths, half in (([5, 1, 12, 0], 8), ([4, 4, 4], 16), ([7, 0, 2, 9, 3], 4)):
+        cu = _cu_seqlens(lengths)
+        total, longest = int(cu[-1]), max(lengths)
+        x = _randn(gen, total, 2 * half)
+        # a row for every index of x and one past: a kernel that rotates at the wrong index
+        # reads a wrong row (the check names it), not memory outside the table
+        cos, sin = _table(total + 1, half)
         x64, c64, s64 = x.double(), cos.double(), sin.double()
-        wrong = [("this is RoPE at positions 0 .. T-1 in every sequence: token t of sequence b "
-                  "is at start[b] + t", spec_start_positions(x64, torch.zeros_like(start), c64,
-                                                             s64)),
-                 ("every sequence starts at start[0]: read start[b] for sequence b",
-                  spec_start_positions(x64, start[:1].expand(B), c64, s64))]
-        inputs = {"x": _placed(x, device), "start": _placed(start, device),
+        wrong = [("this is RoPE at each row's index in the packed x, 0 .. "
+                  f"{total - 1}: positions restart at 0 in every sequence, row r of sequence i "
+                  "is at position r - cu_seqlens[i]",
+                  _rotated_at(x64, c64, s64, torch.arange(total)))]
+        inputs = {"x": _placed(x, device), "cu_seqlens": _placed(cu, device),
                   "cos": _placed(cos, device), "sin": _placed(sin, device)}
-        buf, out = _poisoned((B, T, 2 * half), torch.float32, device)
-        cases.append(Case(f"x [{B}, {T}, {2 * half}], start {starts}", (B, triton.cdiv(T, block_t)),
-                          (inputs["x"], inputs["start"], inputs["cos"], inputs["sin"], out, T),
-                          {"HALF": half, "BLOCK_T": block_t}, inputs, "y", out, buf,
-                          spec_start_positions(x64, start, c64, s64), wrong=wrong))
+        buf, out = _poisoned((total, 2 * half), torch.float32, device)
+        case = Case(f"x [{total}, {2 * half}], lengths {lengths}, BLOCK_T={block_t}",
+                    (len(lengths), triton.cdiv(longest, block_t)),
+                    (inputs["x"], inputs["cu_seqlens"], inputs["cos"], inputs["sin"], out),
+                    {"HALF": half, "BLOCK_T": block_t}, inputs, "y", out, buf,
+                    spec_packed_sequences(x64, cu, c64, s64), wrong=wrong)
+        case.extra["cu_seqlens"] = cu
+        cases.append(case)
     return cases
 
 
-def _big_start_positions(device):
-    B, T, half, bt = 64, 2048, 64, 16
-    x = torch.randn(B, T, 2 * half, device=device)
-    cos, sin = (t.to(device) for t in _table(4 * T, half))
-    start = torch.randint(0, 3 * T, (B,), device=device, dtype=torch.int32)
+def _each_row_stored_by_one_program(case, memory) -> Optional[str]:
+    who = memory.storing_programs(case.out_name)           # [TOTAL, 2 * HALF]
+    twice = np.flatnonzero((who == -2).any(axis=1)).tolist()
+    if not twice:
+        return None
+    firsts = set(case.extra["cu_seqlens"].tolist())
+    return (f"right values in the interpreter, but rows {_ranges(twice)} of y were stored by two "
+            f"programs{' (each the first row of a sequence)' if firsts.issuperset(twice) else ''}"
+            ": the interpreter runs programs in order, so the last store wins here; on a GPU "
+            "they run in no fixed order. cu_seqlens[i + 1] is one past the last row of "
+            "sequence i: a program must store its own sequence's rows only")
+
+
+def _big_packed_sequences(device):
+    n_seqs, half, bt = 64, 64, 16
+    lengths = torch.randint(1, 4096, (n_seqs,), generator=torch.Generator().manual_seed(0))
+    cu = _cu_seqlens(lengths.tolist()).to(device)
+    total, longest = int(lengths.sum()), int(lengths.max())
+    x = torch.randn(total, 2 * half, device=device)
+    cos, sin = (t.to(device) for t in _table(longest, half))
     y = torch.empty_like(x)
-    return Case(f"x [{B}, {T}, {2 * half}] fp32", (B, triton.cdiv(T, bt)),
-                (x, start, cos, sin, y, T), {"HALF": half, "BLOCK_T": bt},
-                {"x": x, "start": start, "cos": cos, "sin": sin}, "y", y, None,
-                None)
+    return Case(f"x [{total}, {2 * half}] fp32, {n_seqs} sequences", (n_seqs,
+                triton.cdiv(longest, bt)), (x, cu, cos, sin, y), {"HALF": half, "BLOCK_T": bt},
+                {"x": x, "cu_seqlens": cu, "cos": cos, "sin": sin}, "y", y, None, None)
 
 
-START_POSITIONS = _register(Puzzle(
-    10, "start_positions", "KV-cache start positions", spec_start_positions,
-    _build_start_positions, solution_start_positions_kernel,
-    hint="position = start[b] + t: load start_ptr + b once per program and add it to t",
-    big=_big_start_positions))
+PACKED_SEQUENCES = _register(Puzzle(
+    10, "packed_sequences", "packed sequences (cu_seqlens)", spec_packed_sequences,
+    _build_packed_sequences, solution_packed_sequences_kernel,
+    hint="the position of row r of sequence i is r - cu_seqlens[i], 0 at its first row; and "
+         "cu_seqlens[i + 1] is one past its last row, so a program's live tokens are "
+         "t < cu_seqlens[i + 1] - cu_seqlens[i]",
+    big=_big_packed_sequences, require=_each_row_stored_by_one_program))
 
 
 # 11. cos/sin cached in bf16 ----------------------------------------------------------------------
@@ -1898,9 +1934,10 @@ def check_shared_table(kernel, **kw) -> bool:
     return grade(SHARED_TABLE, kernel, **kw)
 
 
-def check_start_positions(kernel, **kw) -> bool:
-    """Puzzle 10: new tokens after a KV cache, at positions start[b] + t."""
-    return grade(START_POSITIONS, kernel, **kw)
+def check_packed_sequences(kernel, **kw) -> bool:
+    """Puzzle 10: sequences packed in one tensor (thd), positions restarting at each
+    cu_seqlens entry."""
+    return grade(PACKED_SEQUENCES, kernel, **kw)
 
 
 def check_bf16_table(kernel, **kw) -> bool:
