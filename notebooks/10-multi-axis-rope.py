@@ -1337,56 +1337,126 @@ for label, stamp in ncu_runs.items():
     path = measured.RESULTS / f"tables_read_ncu-{measured.GPU}-20261129-{stamp}.csv"
     ropelib_pass, liger_kernel = measured.ncu_kernels(path)[:2]   # the probe's first two launches
     assert ropelib_pass["kernel"] == "_rope_rows_kernel" and "qwen2vl" in liger_kernel["kernel"]
-    tables_read[label] = {who: (k["metrics"]["dram__bytes_read.sum"] / 1e6,
-                                k["metrics"]["gpu__time_duration.sum"] / 1e3,
-                                k["metrics"]["dram__throughput.avg.pct_of_peak_sustained_elapsed"])
-                          for who, k in (("ropelib", ropelib_pass), ("Liger", liger_kernel))}
+    tables_read[label] = {who: dict(
+        read=m["dram__bytes_read.sum"] / 1e6,                       # MB from DRAM
+        us=m["gpu__time_duration.sum"] / 1e3,
+        busy=m["dram__throughput.avg.pct_of_peak_sustained_elapsed"],
+        # MB of 32-byte sectors the loads asked the L2 for (what missed in L1; no stores)
+        asked=32 * m["lts__t_sectors_srcunit_tex_op_read.sum"] / 1e6,
+        # hits over all sectors each cache looked up: loads and stores, q, k, tables, outputs
+        l2_hit=m["lts__t_sector_hit_rate.pct"], l1_hit=m["l1tex__t_sector_hit_rate.pct"])
+        for who, m in (("ropelib", ropelib_pass["metrics"]), ("Liger", liger_kernel["metrics"]))}
 print(f"{gpu_name}, Qwen2-VL b4 s8192, bf16 tables; q and k: {qk_mb:.0f} MB")
-print(f"{'':26s}{'DRAM read':>11s}{'time':>10s}{'DRAM busy':>11s}")
-for label, by in tables_read.items():
-    mb, us, pct = by["ropelib"]
-    print(f"{label:26s}{mb:8.0f} MB{us:8.1f} us{pct:9.1f} %")
-mb, us, pct = tables_read["and (-x_b) s_a"]["Liger"]
-print(f"{'Liger (same run as 3.)':26s}{mb:8.0f} MB{us:8.1f} us{pct:9.1f} %")
-read = [round(by["ropelib"][0]) for by in tables_read.values()]
-took = [round(by["ropelib"][1], 1) for by in tables_read.values()]
+print(f"{'':26s}{'DRAM read':>11s}{'time':>10s}{'DRAM busy':>11s}{'asked of L2':>13s}"
+      f"{'L2 hit':>8s}{'L1 hit':>8s}")
+flat_runs = [(label, by["ropelib"]) for label, by in tables_read.items()]
+liger = tables_read["and (-x_b) s_a"]["Liger"]
+for label, r in flat_runs + [("Liger (same run as 3.)", liger)]:
+    print(f"{label:26s}{r['read']:8.0f} MB{r['us']:8.1f} us{r['busy']:9.1f} %{r['asked']:10.1f} MB"
+          f"{r['l2_hit']:6.1f} %{r['l1_hit']:6.1f} %")
+mb, us = liger["read"], liger["us"]
+read = [round(r["read"]) for _, r in flat_runs]
+took = [round(r["us"], 1) for _, r in flat_runs]
 tables_mb = 2 * 3 * 4 * 8192 * 128 * 2 / 1e6                 # cos and sin, 3 axes, bf16
 assert round(qk_mb) == 268 and read == [335, 302, 302] and round(mb) == 285
 print(f"the bf16 tables, cos and sin of 3 axes: {tables_mb:.0f} MB, "
       f"{tables_mb / qk_mb:.2f} of q and k")
 assert round(tables_mb) == 50 and 0.15 < tables_mb / qk_mb < 0.25   # "a fifth of q and k"
-assert round(tables_read["by chunks of tokens"]["ropelib"][2], 1) == 69.5   # "69.5 %"
+assert [round(r["busy"], 1) for _, r in flat_runs[1:]] == [69.5, 82.5]   # "69.5 %", "82.5 %"
 assert took == [186.9, 164.6, 138.7] and round(us, 1) == 134.6
 # "10 % fewer bytes, and 12 % less time"
 assert (round(100 * (1 - read[1] / read[0])), round(100 * (1 - took[1] / took[0]))) == (10, 12)
+# the caches, as the text states them: the same loads asked of L2 in each order (within 1 %),
+# 3.0 points more L2 hits ordered by tokens, the L1's rate about the same in every order
+l2_hit = [round(r["l2_hit"], 1) for _, r in flat_runs]
+l1_hit = [round(r["l1_hit"], 1) for _, r in flat_runs]
+asked = [round(r["asked"], 1) for _, r in flat_runs]
+print(f"ordered by tokens against q first: L2 hit rate {l2_hit[1] - l2_hit[0]:+.1f} points, "
+      f"loads asked of L2 {asked[1] - asked[0]:+.1f} MB, read from DRAM {read[1] - read[0]:+d} MB")
+assert l2_hit == [48.1, 51.1, 51.5] and l1_hit == [9.0, 9.2, 9.2] and asked == [339.2, 337.4, 339.0]
+assert round(l2_hit[1] - l2_hit[0], 1) == 3.0 and max(asked) / min(asked) < 1.01
+assert (round(liger["l2_hit"], 1), round(liger["l1_hit"], 1)) == (49.7, 46.8)
 
-fig, ax = plt.subplots(figsize=(7, 2.8))
+# Liger: DRAM sent more than its loads asked the L2 for, even had every sector asked missed
+over = liger["read"] - liger["asked"]
+print(f"Liger: loads asked the L2 for {liger['asked']:.1f} MB, DRAM sent {liger['read']:.1f} MB "
+      f"({over:.1f} MB more)")
+assert (round(liger["asked"], 1), round(liger["read"], 1), round(over, 1)) == (278.9, 285.2, 6.3)
+
+
+def bytes_touched(section, unit):
+    """Bytes of the `unit`-byte pieces that one half-row of bf16 pairs touches when each
+    section's pairs come from their own axis's table (the pieces aligned to the row)."""
+    starts = [sum(section[:i]) for i in range(len(section))]
+    return sum(unit * (-(-2 * (a + n) // unit) - 2 * a // unit) for a, n in zip(starts, section))
+
+
+n_tokens = 4 * 8192                             # b4 s8192
+half_rows_mb = {unit: n_tokens * 2 * bytes_touched([16, 24, 24], unit) / 1e6 for unit in (32, 64)}
+liger_tables_asked = liger["asked"] - qk_mb     # q and k's sectors asked once each
+tables_from_dram = {label: r["read"] - qk_mb for label, r in flat_runs + [("Liger", liger)]}
+print(f"first half-rows of cos and sin, every token: in 32-byte sectors {half_rows_mb[32]:.1f} MB "
+      f"(Liger's tables asked of L2: {liger_tables_asked:.1f} MB), in 64-byte pieces "
+      f"{half_rows_mb[64]:.1f} MB")
+print("tables from DRAM (read - q and k), over those 64-byte pieces: " + ", ".join(
+    f"{label} {t:.1f} MB = {t / half_rows_mb[64]:.2f}" for label, t in tables_from_dram.items()))
+assert (bytes_touched([16, 24, 24], 32), bytes_touched([16, 24, 24], 64)) == (160, 256)
+assert round(half_rows_mb[32], 1) == round(liger_tables_asked, 1) == 10.5
+assert round(half_rows_mb[64], 1) == 16.8 and round(tables_from_dram["Liger"], 1) == 16.8
+assert [round(t / half_rows_mb[64], 2) for t in tables_from_dram.values()] == [4.0, 2.0, 2.0, 1.0]
+# "16.8 MB ..., twice that (33.6 MB) ..., four times (67.1 MB)", each the tables' DRAM share
+assert [round(n * half_rows_mb[64], 1) for n in (4, 2, 1)] == [67.1, 33.6, 16.8]
+assert [round(t, 1) for t in tables_from_dram.values()] == [67.1, 33.6, 33.6, 16.8]
+
+fig, (ax, ax_hit) = plt.subplots(1, 2, figsize=(9, 2.8), sharey=True,
+                                 gridspec_kw=dict(width_ratios=[2, 1]))
 labels = list(tables_read) + ["Liger"]
-ax.barh(labels, read + [mb], color=["C3", "C1", "C0", "grey"])
+colors = ["C3", "C1", "C0", "grey"]
+ax.barh(labels, read + [mb], color=colors)
 ax.axvline(qk_mb, color="k", lw=0.8, ls="--")
 ax.text(qk_mb, -0.7, " q and k", fontsize=8)
 ax.invert_yaxis()
-ax.set(xlabel="MB read from DRAM (Nsight Compute)",
-       title=f"the flat pass on Qwen2-VL's bf16 tables, {gpu_name}")
+ax.set(xlabel="MB read from DRAM (Nsight Compute)")
+ax_hit.barh(labels, [r["l2_hit"] for _, r in flat_runs] + [liger["l2_hit"]], color=colors)
+ax_hit.set(xlim=(40, 55), xlabel="L2 hit rate, % of all sectors\n(the axis starts at 40 %)")
+fig.suptitle(f"the flat pass on Qwen2-VL's bf16 tables, {gpu_name}", fontsize=10)
 fig.tight_layout()
 fig.savefig(FIGURES / "10-tables-dram-read.png", dpi=120)
 plt.show()
 
 # %% [markdown]
 # With q's programs first, k's programs ran after all of q (235 MB) had streamed through the L2
-# cache, and most likely the rows of the tables they needed had left it (an inference from the
-# bytes; L2 hits are not shown here): 335 MB read where q and k are 268. Ordered by chunks of
-# tokens, each chunk's rows are still in L2 when its k programs read them: 302 MB, 10 % fewer
-# bytes, and 12 % less time (186.9 to 164.6 µs), with DRAM still only 69.5 % busy. Then one
-# sign: with the product written $(-x_b)\,s_a$ instead of $-(x_b\,s_a)$ (the same bits) the
-# same 302 MB took 138.7 µs, level with Liger's 134.6, and DRAM was 82.5 % busy. The likely
-# change is when the loads go out: notebook 05, section 6 ("How an address is written decides
-# when a load goes out"), shows how the assembler can issue some of a kernel's loads only after
-# its arithmetic has started, a second trip to memory for those loads. The cells after the
-# byte count below look at it in a stand-in: a dozen-line version of the pass with the product
-# written each of the three ways, compiled for sm_90 on this machine (no GPU needed), and the
-# pass ropelib ships now, which writes it $x_b\,(-s_a)$. Each time they count how many of the
-# forward's six loads go out before its first multiply.
+# cache: 335 MB read where q and k are 268. Ordered by chunks of tokens, a chunk's k programs
+# run right after its q programs: 302 MB, 10 % fewer bytes, and 12 % less time (186.9 to
+# 164.6 µs), with DRAM still only 69.5 % busy.
+#
+# The same profiles counted the caches. The loads asked the L2 for the same sectors in both
+# orders, within 1 %: 339.2 MB with q first, 337.4 MB by chunks of tokens (q and k's 268, the
+# rest the tables' rows, which several programs ask for). Of all the sectors the L2 looked up,
+# it found 48.1 % with q first and 51.1 % by chunks of tokens, 3.0 points more, and DRAM sent
+# 33 MB fewer. The same requests, more of them found in L2, fewer bytes from memory: ordered by
+# tokens, the L2 still held data that with q first it had to fetch again.
+#
+# Whose data, the hit rate cannot say. It counts every sector the L2 looks up, loads and stores
+# together: q and k read, the tables read, the outputs written. So it cannot say what share of
+# the tables' rows were found in either order, nor why all four kernels sit near half. What
+# the two orders share says the rest: q and k are read once and their outputs written once,
+# the same sectors in either order, and only the tables are read more than once, so the hits
+# gained are, most simply, the tables' rows found again. The L1 hit rate hardly moves (9.0 %
+# with q first, 9.2 % in the other two): the order acts in the L2, which all SMs share, not in
+# an SM's own L1. (Liger's kernel finds 46.8 % of its sectors in L1, from another arrangement
+# of its loads that these counts do not break down.)
+#
+# Then one sign: with the product written $(-x_b)\,s_a$ instead of $-(x_b\,s_a)$ (the same
+# bits) the same 302 MB took 138.7 µs, level with Liger's 134.6, and DRAM was 82.5 % busy, with
+# the caches as before (339.0 MB asked of L2, 51.5 % found there, 9.2 % in L1): the same bytes
+# and hits in less time. The likely change is when the loads go out: notebook 05, section 6
+# ("How an address is written decides when a load goes out"), shows how the assembler can
+# issue some of a kernel's loads only after its arithmetic has started, a second trip to memory
+# for those loads. The cells after the byte count below look at it in a stand-in: a dozen-line
+# version of the pass with the product written each of the three ways, compiled for sm_90 on
+# this machine (no GPU needed), and the pass ropelib ships now, which writes it $x_b\,(-s_a)$.
+# Each time they count how many of the forward's six loads go out before its first multiply.
 #
 # ropelib still reads 17 MB more than Liger. Liger assumes transformers' tables, whose two
 # halves are equal (`cat(f, f)`), and reads only the first halves. ropelib reads both, so that
@@ -1402,9 +1472,25 @@ plt.show()
 # - ropelib with q's programs first reads 335 − 268 = 67 MB, about four times Liger's.
 #
 # So each half costs about twice its bytes. Liger's 17 MB shows it for the first halves; at the
-# same cost, the second halves add another 17 MB, the whole gap. Why a half costs twice its
-# bytes is not measured here. A likely cause is that each half-row is smaller than the blocks
-# the memory moves.
+# same cost, the second halves add another 17 MB, the whole gap.
+#
+# Liger's profile shows where the factor of two arises. Its loads asked the L2 for 278.9 MB, and
+# DRAM sent 285.2 MB: 6.3 MB more than all its loads asked for, even had every sector they asked
+# for missed. So the memory moves more than the 32-byte sectors the loads ask for. The sectors
+# themselves cost little: take q and k's 268.4 MB from the 278.9 (each of their sectors asked
+# for once, as a kernel that reads them once asks), and the tables' loads asked for 10.5 MB,
+# exactly the sectors that the slices of a first half touch, in cos and in sin, for each of the
+# 32,768 tokens. In a first half the time section's 16 pairs are bytes 0–31 of a row, one
+# sector; the height's 24 pairs bytes 32–79, two sectors; the width's bytes 80–127, two: 160
+# bytes for 128, each slice from its own table. DRAM sent 16.8 MB for them. Counted in 64-byte
+# pieces, the same slices touch 64 + 128 + 64 = 256 bytes, twice their 128, and that arithmetic
+# gives 16.8 MB for Liger's first halves, twice that (33.6 MB) for both halves ordered by
+# tokens, and four times (67.1 MB) with q's programs first: each of them, to a tenth of a MB,
+# the tables' share of what the profiles read from DRAM. The counts fit an L2 that fills its
+# misses from DRAM in 64-byte pieces, so that a slice which starts or ends inside a piece pays
+# for all of it. The profile does not count pieces: 64 bytes is the size the counts fit, not a
+# count of it. If so, with q's programs first every piece of the tables came from DRAM twice,
+# once for q's programs and once for k's.
 
 # %%
 from ropelib.course import load_schedule
