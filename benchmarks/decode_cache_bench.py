@@ -5,11 +5,14 @@
 
 One decoding step of one attention layer: q [B, 1, 32, 128], k and v [B, 1, 8, 128] in bf16
 (bshd), each sequence at its own random position of a cache of 4096 positions, for batch 1, 8,
-64 and 256. Two providers do the same work:
+64 and 256. Three providers do the same work:
 
 * fused: `ropelib.rope_kv_cache`, one launch: rotated q out, rotated k and v into the cache;
 * unfused: `ropelib.apply_rope_qk(q, k, freqs, start_positions=cache_seqlens)`, then
-  `ropelib.kv_cache.write_kv_cache` (index arithmetic and two index_put_ in PyTorch).
+  `ropelib.kv_cache.write_kv_cache` (index arithmetic and two index_put_ in PyTorch);
+* two_kernels: the same RoPE launch, then one Triton kernel that writes k and v into their
+  slots (`ropelib.bench.cache_write`, as a serving stack's cache-write kernel does): the
+  unfused path with the fewest kernels.
 
 Each runs against a contiguous cache [B, 4096, 8, 128] and a paged one (blocks of 16 positions,
 handed out in a shuffled order), in bf16 and in float8_e4m3fn (per-tensor scales), eagerly and

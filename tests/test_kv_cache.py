@@ -592,10 +592,10 @@ def test_benchmark_dry_run(tmp_path, capsys):
     rows = compare.read_csv(out)
     meta = compare.read_meta(out)
     assert meta["script"] == "benchmarks/decode_cache_bench.py" and "dry run" in meta["timing"]
-    assert {r["provider"] for r in rows} == {"fused", "unfused"}
+    assert {r["provider"] for r in rows} == {"fused", "unfused", "two_kernels"}
     assert {r["cache"] for r in rows} == {"contiguous", "paged"}
     assert {r["cache_dtype"] for r in rows} == {"bfloat16", "float8_e4m3fn"}
     assert all(r["available"] is True and r["ms"] is None for r in rows)
     assert all(0 <= r["max_abs_err"] < 3e-2 for r in rows)
     printed = capsys.readouterr().out.splitlines()
-    assert printed[-1].split()[4] == "unfused"      # the table comes last
+    assert printed[-1].split()[4] == "two_kernels"      # the table comes last

@@ -1,29 +1,41 @@
 """Decode latency measured: RoPE fused with the KV-cache write against RoPE, then the write in
-PyTorch.
+PyTorch, and against RoPE, then the write as one kernel.
 
 One decoding step of one attention layer: q [B, 1, 32, 128], k and v [B, 1, 8, 128] in bf16
 (bshd), each sequence at its own random position of a cache of 4096 positions, for batch 1, 8,
-64 and 256 (`TINY`: the interpreter's stand-in dimensions). Two providers do the same work:
+64 and 256 (`TINY`: the interpreter's stand-in dimensions). Three providers do the same work:
 
 * fused: `ropelib.rope_kv_cache`, one launch: rotated q out, rotated k and v into the cache;
 * unfused: `ropelib.apply_rope_qk(q, k, freqs, start_positions=cache_seqlens)`, then
-  `ropelib.kv_cache.write_kv_cache` (index arithmetic and two index_put_ in PyTorch).
+  `ropelib.kv_cache.write_kv_cache` (index arithmetic and two index_put_ in PyTorch);
+* two_kernels: the same `apply_rope_qk` launch, then `ropelib.bench.cache_write.write_kv_cache`,
+  one Triton kernel writing k and v into the cache (as vLLM's `reshape_and_cache`): the
+  unfused step of a serving stack that writes its cache with one kernel.
+
+`PROVIDERS` holds the first two (the floor suite times them, notebook 11 counts their kernels);
+`TIMED` all three.
 
 Each runs against a contiguous cache [B, 4096, 8, 128] and a paged one (blocks of 16 positions,
 handed out in a shuffled order), in bf16 and in float8_e4m3fn (per-tensor scales), eagerly and
 replayed from a CUDA graph. `check` verifies the fused step's outputs before anything is timed:
 q against an fp64 reference (one bf16 rounding), q and the cache slots against the unfused step
-(the same bits; within one e4m3 step for fp8, where the unfused path rounds to bf16 first).
+(the same bits; within one e4m3 step for fp8, where the unfused path rounds to bf16 first);
+`check_two_kernels` the two-kernel step's against the unfused step's: the same bits, q and
+every element of both caches (the same RoPE launch, then the same value divided and rounded
+once). What fails a check is not timed: the fused and the unfused step after `check`, the
+two-kernel step after `check_two_kernels`.
 `time_step` times one step with `triton.testing.do_bench` (ms; median, 20 %/80 % quantiles),
 eagerly or as the replay of a graph holding one step; GB/s counts q, k, v read, q written, k and
-v written in the cache's dtype and one table row per sequence.
+v written in the cache's dtype and one table row per sequence (the same bytes for every
+provider). Each row's `speedup_vs_unfused` is the unfused step's time over its own, and
+`speedup_vs_two_kernels` the two-kernel step's over its own (same case, cache and mode).
 """
 import torch
 
 import ropelib
 from .. import kv_cache, runtime
 from ..reference import rope_reference
-from . import compare
+from . import cache_write, compare
 
 FP8 = torch.float8_e4m3fn
 BATCHES = (1, 8, 64, 256)
@@ -72,17 +84,29 @@ def unfused_step(c):
     return q
 
 
+def two_kernel_step(c):
+    q, k = ropelib.apply_rope_qk(c["q"], c["k"], c["freqs"], layout="bshd",
+                                 start_positions=c["cache_seqlens"])
+    cache_write.write_kv_cache(k, c["v"], c["k_cache"], c["v_cache"], c["cache_seqlens"],
+                               block_table=c["block_table"], **c["scales"])
+    return q
+
+
 PROVIDERS = {"fused": fused_step, "unfused": unfused_step}
+TWO_KERNELS = "two_kernels"
+TIMED = {**PROVIDERS, TWO_KERNELS: two_kernel_step}
+
+
+def _on_fresh_caches(step, c):
+    """(q, k_cache, v_cache) of one step run on zeroed copies of the case's caches."""
+    cc = dict(c, k_cache=torch.zeros_like(c["k_cache"]), v_cache=torch.zeros_like(c["v_cache"]))
+    return step(cc), cc["k_cache"], cc["v_cache"]
 
 
 def check(c) -> float:
-    """Run both providers on fresh caches; raise if they disagree. Returns q's max abs error
-    against the fp64 reference."""
-    outs = {}
-    for name, fn in PROVIDERS.items():
-        cc = dict(c, k_cache=torch.zeros_like(c["k_cache"]),
-                  v_cache=torch.zeros_like(c["v_cache"]))
-        outs[name] = (fn(cc), cc["k_cache"], cc["v_cache"])
+    """Run the fused and the unfused step on fresh caches; raise if they disagree. Returns q's
+    max abs error against the fp64 reference."""
+    outs = {name: _on_fresh_caches(fn, c) for name, fn in PROVIDERS.items()}
     (qf, kf, vf), (qu, ku, vu) = outs["fused"], outs["unfused"]
     # Two different kernels, each fp32 math rounded once: on a GPU the compiler may contract a
     # product and a sum into an FMA in one and not the other. That moves the fp32 result of
@@ -112,6 +136,16 @@ def check(c) -> float:
     if err > 3e-2:      # one bf16 rounding of values of a few units
         raise AssertionError(f"q differs from the fp64 reference by {err:.3g}")
     return err
+
+
+def check_two_kernels(c) -> None:
+    """Run the two-kernel and the unfused step on fresh caches; raise unless q and both whole
+    caches are the same bits."""
+    two = _on_fresh_caches(two_kernel_step, c)
+    unfused = _on_fresh_caches(unfused_step, c)
+    for name, a, b in zip(("q", "k_cache", "v_cache"), two, unfused):
+        if not torch.equal(a.view(torch.uint8), b.view(torch.uint8)):
+            raise AssertionError(f"the two-kernel step's {name} differs from the unfused step's")
 
 
 def bytes_moved(c) -> int:
@@ -183,13 +217,20 @@ def run(dry_run: bool, batches=BATCHES, HQ=32, HK=8, D=128, cache_len=4096, page
                     err, reason = check(c), ""
                 except Exception as exc:  # noqa: BLE001 -- recorded in the CSV, never hidden
                     err, reason = None, f"{type(exc).__name__}: {exc}"[:200]
+                try:
+                    check_two_kernels(c)
+                    two_reason = ""
+                except Exception as exc:  # noqa: BLE001 -- recorded in the CSV, never hidden
+                    two_reason = f"{type(exc).__name__}: {exc}"[:200]
                 for mode in modes:
-                    for name, fn in PROVIDERS.items():
+                    for name, fn in TIMED.items():
+                        why = two_reason if name == TWO_KERNELS else reason
                         row = dict(base, provider=name, mode=mode, max_abs_err=err,
-                                   available=not reason, reason=reason, ms=None, p20=None,
-                                   p80=None, gbps=None, speedup_vs_unfused=None)
+                                   available=not why, reason=why, ms=None, p20=None,
+                                   p80=None, gbps=None, speedup_vs_unfused=None,
+                                   speedup_vs_two_kernels=None)
                         rows.append(row)
-                        if reason or dry_run:
+                        if why or dry_run:
                             continue
                         try:
                             ms, p20, p80 = time_step(fn, c, mode)
@@ -200,28 +241,33 @@ def run(dry_run: bool, batches=BATCHES, HQ=32, HK=8, D=128, cache_len=4096, page
                         row.update(ms=ms, p20=p20, p80=p80, gbps=bytes_moved(c) / ms / 1e6)
                 del c
     for r in rows:
-        other = next((e for e in rows if e["provider"] == "unfused" and e["mode"] == r["mode"]
-                      and e["case"] == r["case"] and e["cache"] == r["cache"]
-                      and e["cache_dtype"] == r["cache_dtype"] and e.get("ms")), None)
-        if r.get("ms") and other:
-            r["speedup_vs_unfused"] = other["ms"] / r["ms"]
+        for provider, column in (("unfused", "speedup_vs_unfused"),
+                                 (TWO_KERNELS, "speedup_vs_two_kernels")):
+            other = next((e for e in rows if e["provider"] == provider
+                          and e["mode"] == r["mode"] and e["case"] == r["case"]
+                          and e["cache"] == r["cache"] and e["cache_dtype"] == r["cache_dtype"]
+                          and e.get("ms")), None)
+            if r.get("ms") and other:
+                r[column] = other["ms"] / r["ms"]
     return rows
 
 
 def table(rows) -> str:
-    head = (f"{'cache':<11} {'dtype':<14} {'mode':<6} {'B':>4} {'provider':<8} {'ms':>8} "
-            f"{'GB/s':>7} {'vs unfused':>10}")
+    head = (f"{'cache':<11} {'dtype':<14} {'mode':<6} {'B':>4} {'provider':<11} {'ms':>8} "
+            f"{'GB/s':>7} {'vs unfused':>10} {'vs two_kernels':>14}")
     out = [head, "-" * len(head)]
     for r in rows:
         lead = (f"{r['cache']:<11} {r['cache_dtype']:<14} {r['mode']:<6} {r['batch']:>4} "
-                f"{r['provider']:<8}")
+                f"{r['provider']:<11}")
         if not r["available"]:
             out.append(f"{lead} unavailable: {r['reason']}")
             continue
         ms = f"{r['ms']:8.4f}" if r.get("ms") else f"{'-':>8}"
         gb = f"{r['gbps']:7.0f}" if r.get("gbps") else f"{'-':>7}"
         sp = f"{r['speedup_vs_unfused']:9.2f}x" if r.get("speedup_vs_unfused") else f"{'-':>10}"
-        out.append(f"{lead} {ms} {gb} {sp}")
+        sp2 = (f"{r['speedup_vs_two_kernels']:13.2f}x" if r.get("speedup_vs_two_kernels")
+               else f"{'-':>14}")
+        out.append(f"{lead} {ms} {gb} {sp} {sp2}")
     return "\n".join(out)
 
 
