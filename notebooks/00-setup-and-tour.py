@@ -20,7 +20,8 @@
 # and ships those kernels as a library. RoPE does little arithmetic for each byte it moves, so a
 # kernel is judged against a plain copy of the same bytes. On large tensors ropelib comes close
 # to a copy's speed (notebook 05). Small tensors cannot hide the fixed cost of a call, which any
-# kernel pays, a copy included (notebook 07).
+# kernel pays, a copy included (notebook 07). Section 3 counts the arithmetic per byte and reads
+# both claims off the committed H200 measurements.
 # Every notebook runs on a CUDA GPU (full sizes) and on a plain CPU, where Triton's
 # *interpreter* executes the same kernels in Python (small sizes, chosen automatically).
 #
@@ -31,9 +32,10 @@
 # - switch interpreter mode on (and off) the right way;
 # - call `ropelib.apply_rope`, the `RotaryEmbedding` module and the Transformer Engine / Hugging
 #   Face drop-ins, forward and backward;
+# - say why a RoPE kernel is measured against a copy of the same bytes, and read "% of a copy";
 # - find your way through the other notebooks.
 #
-# **Time:** about 25 minutes to read and do the three exercises; the cells take seconds, on a
+# **Time:** about 30 minutes to read and do the three exercises; the cells take seconds, on a
 # GPU and in Triton's interpreter on a CPU alike.
 
 # %% [markdown]
@@ -186,8 +188,10 @@ print("apply_rope:", tuple(x.shape), x.dtype, "->", tuple(y.shape), y.dtype,
 # pairings; `docs/API.md` describes every keyword.
 #
 # `apply_rope` chooses how to run each call. Most calls run the finished kernel of notebook 05.
-# Large contiguous tensors take a two-pass route: a pre-pass writes a table of each token's cos
-# and sine, then a flat pass rotates the whole tensor (notebook 05, section 6).
+# Large contiguous tensors, from 64 MiB of `x` on, take a two-pass route: a pre-pass writes a
+# table of each token's cos and sine, then a flat pass rotates the whole tensor (notebook 05,
+# section 6). The tour's tensors stay below that size (the last cell of this section prints
+# both).
 #
 # It is differentiable. A rotation is orthogonal, $R(\theta)^{\top} = R(-\theta)$, so the
 # backward of a rotation by $\theta$ is the rotation by $-\theta$ (notebook 06 derives it), and
@@ -198,25 +202,34 @@ x.requires_grad_(True)
 y = ropelib.apply_rope(x, freqs)
 dy = torch.randn_like(y)
 y.backward(dy)
-torch.testing.assert_close(x.grad, ropelib.apply_rope(dy, -freqs))
+dy_back = ropelib.apply_rope(dy, -freqs)                            # dy rotated by -theta
+torch.testing.assert_close(x.grad, dy_back)
 x.requires_grad_(False)
-print("x.grad == rotation of dy by -theta")
+print(f"x.grad vs dy rotated by -theta: largest difference "
+      f"{(x.grad.float() - dy_back.float()).abs().max().item():g}")
 
 # %% [markdown]
 # ### `RotaryEmbedding`: the module for a model
 #
-# It owns the table (grown on demand) and rotates queries and keys — with grouped-query
-# attention the key may have fewer heads than the query. Its default layout is `bshd`.
+# It owns the angle table and rotates queries and keys in one launch; with grouped-query
+# attention the key may have fewer heads than the query. Its default layout is `bshd`. The
+# table covers `max_seq_len` positions and doubles when a longer sequence arrives: the cell
+# starts it at half the tour's length and prints its length before and after the call. Only
+# the shape grows it: positions passed as `start_positions` or `position_ids` are not read
+# (that would wait for the GPU), so a decoder sets `max_seq_len` to its KV cache's length.
 
 # %%
 kv_heads = H // 2
 q = torch.randn(B, S, H, D, device=device, dtype=dtype)            # [B, S, H, D]
 k = torch.randn(B, S, kv_heads, D, device=device, dtype=dtype)     # [B, S, H_kv, D]
-rope = ropelib.RotaryEmbedding(D, base=10000.0, layout="bshd").to(device)
+rope = ropelib.RotaryEmbedding(D, base=10000.0, layout="bshd", max_seq_len=S // 2).to(device)
+length_before = rope.table_length()
 q_rot, k_rot = rope(q, k)
 torch.testing.assert_close(q_rot, ropelib.apply_rope(q, freqs, layout="bshd"))
 torch.testing.assert_close(k_rot, ropelib.apply_rope(k, freqs, layout="bshd"))
-print("RotaryEmbedding:", tuple(q_rot.shape), tuple(k_rot.shape))
+print("RotaryEmbedding:", tuple(q_rot.shape), tuple(k_rot.shape),
+      f"| table: {length_before} positions, then {rope.table_length()} for S = {S}")
+assert length_before == S // 2 and rope.table_length() == S       # doubled to cover S
 
 # %% [markdown]
 # ### Drop-ins: swap one import
@@ -252,7 +265,10 @@ q_hf, k_hf = rope_hf.apply_rotary_pos_emb(q_bhsd, k_bhsd, cos[None], sin[None])
 # HF's formula, q * cos + rotate_half(q) * sin, in fp32 and rounded once:
 qf = q_bhsd.float()
 expected_q = (qf * cos.float() + reference.rotate_half(qf) * sin.float()).to(dtype)
+kf = k_bhsd.float()
+expected_k = (kf * cos.float() + reference.rotate_half(kf) * sin.float()).to(dtype)
 torch.testing.assert_close(q_hf, expected_q)
+torch.testing.assert_close(k_hf, expected_k)
 print("HF drop-in:", tuple(q_hf.shape), tuple(k_hf.shape))
 
 # %% [markdown]
@@ -263,6 +279,81 @@ print("HF drop-in:", tuple(q_hf.shape), tuple(k_hf.shape))
 # counted in its own, much finer ulps the same absolute difference comes out more than ten times
 # larger (the TE line prints it last; asserted too). Notebook 08 shows how this difference makes
 # `torch.allclose` fail between two correct implementations.
+
+# %% [markdown]
+# ### What a call costs: bytes, not arithmetic
+#
+# For each element it rotates, the kernel multiplies twice and adds once,
+# $y_j = x_j\cos\theta_{m,j} - x_{j+D/2}\sin\theta_{m,j}$: 3 FLOPs. It also reads the element
+# and writes it back, 4 bytes in bf16, and reads the fp32 angle table once; the sine and cosine
+# of an angle serve every batch entry and head. Its *arithmetic intensity*, FLOPs per byte,
+# is therefore below one. A bf16 matrix multiply of two $n \times n$ matrices does $2n^3$ FLOPs
+# on $3 \cdot 2n^2$ bytes, $n/3$ FLOPs per byte: over a thousand at $n = 4096$. A GPU that is
+# fast enough for the matrix multiply waits on memory for RoPE, so the fair yardstick for a RoPE
+# kernel is the time a copy of the same bytes takes, and "% of a copy" is the unit of notebooks
+# 04–07.
+#
+# The cell computes both intensities for the tour's call, then reads the committed H200 run of
+# the floor suite (`benchmarks/results/floor-nvidia-h200.csv`): a forward pass over 1 GiB, and
+# the forward of one decoding step (1 token × 64 sequences × 32 heads × 128 features), timed
+# on the host's clock as an eager call is.
+
+# %%
+from ropelib.bench import floor as floor_suite
+from ropelib.bench.compare import bytes_moved
+from ropelib.course import measured
+from ropelib.kernels import tiles
+
+x_bytes = x.numel() * x.element_size()
+rope_flops = 3 * x.numel()                                      # 2 multiplies + 1 add a feature
+rope_bytes = 2 * x_bytes + freqs.numel() * freqs.element_size()  # x in, y out, the table
+n = 4096
+gemm_intensity = 2 * n**3 / (3 * n * n * 2)                     # C = A @ B in bf16
+print(f"RoPE of x {tuple(x.shape)}: {rope_flops / rope_bytes:.2f} FLOP/byte; "
+      f"a {n}x{n} bf16 matmul: {gemm_intensity:.0f} FLOP/byte")
+assert rope_flops / rope_bytes < 1 and gemm_intensity > 1000
+
+print(f"two-pass route from {tiles.TWO_PASS_MIN_BYTES >> 20} MiB of x; "
+      f"the tour's x: {x_bytes / 2**20:.2f} MiB (the finished kernel)")
+assert tiles.TWO_PASS_MIN_BYTES == 64 << 20 and x_bytes < tiles.TWO_PASS_MIN_BYTES
+
+if measured.path("floor").is_file():
+    floor_meta, _ = measured.load("floor")
+    floor = measured.floor()
+    configs = {case.name: case.config for case in floor_suite.rope_cases()}
+    step_shape = configs["sbhd"]                   # the decoding step the text describes
+    assert (step_shape.seq_len, step_shape.batch, step_shape.heads, step_shape.head_dim,
+            step_shape.dtype) == (1, 64, 32, 128, "bf16")
+    # label -> (the CSV's case, the suite's shape for it, the part of the run that measured it)
+    rows = {"forward, 1 GiB of x": ("forward 1 GiB bf16 sbhd", configs["1 GiB bf16 sbhd"],
+                                    "1 GiB bf16 sbhd"),
+            "forward, one decoding step": ("decode host forward sbhd", configs["sbhd"],
+                                           "decode sbhd")}
+    print(f"measured on {measured.where(floor_meta)}:")
+    for label, (case, config, part) in rows.items():
+        copy, rope = floor[case]["copy"], floor[case]["ropelib"]
+        print(f"  {label:27s} {bytes_moved(config) / 2**20:6.0f} MiB moved   "
+              f"copy {copy['ms'] * 1e3:6.1f} µs   ropelib {rope['ms'] * 1e3:6.1f} µs   "
+              f"= {rope['ratio_to_copy']:.2f} of a copy   "
+              f"({measured.floor_run_date(floor_meta, part)[:16].replace('T', ' ')})")
+    large, step = floor["forward 1 GiB bf16 sbhd"], floor["decode host forward sbhd"]
+    assert large["ropelib"]["ratio_to_copy"] > 0.95                 # close to a copy's speed
+    assert step["copy"]["ms"] * 1e3 > 5                              # 1 MiB, yet microseconds
+    assert step["ropelib"]["ratio_to_copy"] < 0.5                    # the fixed cost dominates
+    # what the text below reads off these lines
+    fewer = bytes_moved(configs["1 GiB bf16 sbhd"]) / bytes_moved(configs["sbhd"])
+    assert round(large["ropelib"]["ratio_to_copy"], 2) == 0.99 and 0.4 < large["copy"]["ms"] < 0.6
+    assert 1500 < fewer < 2500 and 2.5 < step["ropelib"]["ms"] / step["copy"]["ms"] < 3.5
+else:
+    print("ropelib is installed without its benchmarks/results/ folder: nothing to read")
+
+# %% [markdown]
+# On 1 GiB the call runs at 0.99 of a copy's speed: both are limited by memory, and the launch
+# is lost in half a millisecond of streaming. One decoding step moves about two thousand times
+# fewer bytes, yet even the copy takes microseconds: that is the fixed cost of an eager call
+# (Python, PyTorch's dispatcher, the launch), which no kernel avoids. ropelib's call takes about
+# three times the copy's. Notebook 07 measures both regimes live, takes the fixed cost apart
+# (section 6) and shows what CUDA graphs do to it.
 
 # %% [markdown]
 # ## 4. Where to go next
@@ -426,3 +517,8 @@ solution(basics.solution_interleaved_rope)
 # 5. `ropelib` offers a function, a module and two drop-ins for one operation. Which would you
 #    pick for a model you write yourself, for a Hugging Face checkpoint you fine-tune, and for a
 #    Transformer Engine stack, and what does each choice tie you to?
+# 6. Section 3 found one decoding step's RoPE about three times slower than a copy of its
+#    bytes, and even the copy was fixed cost rather than bandwidth. A faster RoPE kernel cannot
+#    fix that. What can? Think of taking the host out of each call, and of what else reads or
+#    writes the same query and key bytes in the same step, so that RoPE could ride along with
+#    it. Notebooks 07, 11 and 12 each try one answer; guess which before you open them.

@@ -25,7 +25,8 @@
 #
 # - write the 2-D rotation and RoPE's block-diagonal rotation matrix $R_m$, and apply them;
 # - read RoPE as a multiplication by $e^{i m\theta_j}$ of complex numbers;
-# - show numerically that the attention score $\langle R_m q, R_n k\rangle$ depends only on $m-n$;
+# - show numerically that the attention score $\langle R_m q, R_n k\rangle$ depends only on $m-n$,
+#   and why a position vector *added* to $q$ and $k$ gives no such score;
 # - read the frequency spectrum $\theta_j = b^{-2j/d}$ as wavelengths, and see what the
 #   context-extension scalings (linear, NTK, Llama 3, YaRN) do to it;
 # - reproduce the long-term decay of the paper's Figure 2 and say what it does not promise:
@@ -98,7 +99,7 @@ for m in range(6):
     ax.annotate("", xy=v.tolist(), xytext=(0, 0),
                 arrowprops=dict(arrowstyle="->", color=plt.cm.viridis(m / 6), lw=2))
     ax.text(*(1.12 * v).tolist(), f"m={m}", ha="center", va="center", fontsize=9)
-ax.set(xlim=(-1.3, 1.3), ylim=(-1.3, 1.3), aspect="equal",
+ax.set(xlim=(-1.3, 1.3), ylim=(-1.3, 1.3), aspect="equal", xlabel="$x_0$", ylabel="$x_1$",
        title=r"$R(m\theta)\,q$ for $\theta=0.5$: position as an angle")
 ax.grid(alpha=0.3)
 fig.tight_layout()
@@ -161,7 +162,8 @@ assert torch.allclose(R_from_reference(2, inv) @ R_from_reference(5, inv), R_fro
 
 fig, ax = plt.subplots(figsize=(4.4, 4))
 im = ax.imshow(R3, cmap="RdBu", vmin=-1, vmax=1)
-ax.set(title=r"$R_3$ for $d=8$ (interleaved pairs)", xticks=range(d), yticks=range(d))
+ax.set(title=r"$R_3$ for $d=8$ (interleaved pairs)", xticks=range(d), yticks=range(d),
+       xlabel=r"input feature $i$ (column $i$ is $R_3 e_i$)", ylabel="output feature")
 fig.colorbar(im, ax=ax, fraction=0.046)
 fig.tight_layout()
 fig.savefig(FIGURES / "01-block-diagonal.png", dpi=120)
@@ -192,9 +194,11 @@ angles = torch.arange(S, dtype=f64)[:, None] * inv     # [S, d/2]: m * theta_j
 y_complex = reference.rope_complex(x, angles)
 rep = angles.repeat_interleave(2, dim=-1)              # [S, d]: one angle per feature
 y_real = reference.apply_rope_ref(x, rep.cos(), rep.sin(), interleaved=True)
-assert torch.allclose(y_complex, y_real)
-assert torch.allclose(y_real.norm(dim=-1), x.norm(dim=-1))   # rotations keep the norm
-print("complex form == elementwise form; norms kept:", True)
+forms_gap = (y_complex - y_real).abs().max().item()
+norm_gap = (y_real.norm(dim=-1) - x.norm(dim=-1)).abs().max().item()   # rotations keep the norm
+print(f"complex form vs elementwise form: largest difference {forms_gap:.1e}; "
+      f"norms changed by at most {norm_gap:.1e}")
+assert forms_gap < 1e-12 and norm_gap < 1e-12          # float64 round-off, nothing more
 
 # %% [markdown]
 # ## 4. The relative-position property
@@ -213,6 +217,25 @@ print("complex form == elementwise form; norms kept:", True)
 # Check it on a grid of positions: the matrix of scores must be constant along every diagonal
 # (a Toeplitz matrix). The cell prints the largest change along a diagonal and asserts that it
 # is below $10^{-12}$: float64 round-off, not a real change.
+#
+# For contrast, the same cell gives $q$ and $k$ an *absolute* position code instead: the
+# sinusoids of the original Transformer, $p_m = (\sin m\omega_0, \cos m\omega_0, \sin m\omega_1,
+# \cos m\omega_1, \dots)$ with $\omega_j = 10000^{-2j/d}$ (the same numbers as RoPE's
+# $\theta_j$, so both codes see the same frequencies), *added* to the vectors. Their score
+# expands into four terms,
+#
+# $$
+# \langle q + p_m,\ k + p_n\rangle
+# = \underbrace{\langle q, k\rangle}_{\text{no position}}
+# + \underbrace{\langle q, p_n\rangle}_{\text{depends on } n}
+# + \underbrace{\langle p_m, k\rangle}_{\text{depends on } m}
+# + \underbrace{\textstyle\sum_j \cos\big((m-n)\,\omega_j\big)}_{
+# \langle p_m,\, p_n\rangle:\ m-n \text{ only}} ,
+# $$
+#
+# and only the last is relative. The two cross terms, token against the *other* token's
+# position, depend on $m$ and $n$ separately: the cell measures how far they move the score
+# along a diagonal.
 
 # %%
 P = 48
@@ -225,11 +248,15 @@ def rope_at(v, pos):
     ang = (pos.to(f64)[:, None] * inv64).repeat_interleave(2, dim=-1)
     return reference.apply_rope_ref(v.expand(len(pos), -1), ang.cos(), ang.sin(), interleaved=True)
 
+def diagonal_change(M):
+    """The largest change of M along any of its diagonals: 0 for a Toeplitz matrix."""
+    n = M.shape[0]
+    return max((M.diagonal(o) - M.diagonal(o)[0]).abs().max().item() for o in range(-n + 1, n))
+
 pos = torch.arange(P)
 scores = rope_at(q, pos) @ rope_at(k, pos).T               # scores[m, n] = <R_m q, R_n k>
-worst = max((scores.diagonal(o) - scores.diagonal(o)[0]).abs().max().item()
-            for o in range(-P + 1, P))
-print(f"largest change along a diagonal: {worst:.2e}")
+worst = diagonal_change(scores)
+print(f"RoPE: largest change along a diagonal: {worst:.2e}")
 assert worst < 1e-12
 
 # g(n - m) from one rotation only:
@@ -237,21 +264,42 @@ g = torch.stack([q @ rope_at(k, torch.tensor([o]))[0] for o in range(-P + 1, P)]
 assert torch.allclose(torch.stack([scores[m, n] for m, n in [(0, 5), (40, 45), (7, 0), (47, 40)]]),
                       g[torch.tensor([5, 5, -7, -7]) + P - 1])
 
-fig, ax = plt.subplots(figsize=(4.4, 4))
-im = ax.imshow(scores, cmap="RdBu")
-ax.set(title=r"$\langle R_m q, R_n k\rangle$: constant along diagonals", xlabel="key position n",
-       ylabel="query position m")
-fig.colorbar(im, ax=ax, fraction=0.046)
+# The absolute code: sinusoids added to the same q and k
+def sinusoids(pos):
+    """p_m = (sin m w_0, cos m w_0, sin m w_1, ...) for each m in pos: [len(pos), d]."""
+    ang = pos.to(f64)[:, None] * inv64                                 # [P, d/2]: m * w_j
+    return torch.stack([ang.sin(), ang.cos()], dim=-1).flatten(-2)     # [P, d]
+
+p_abs = sinusoids(pos)
+scores_abs = (q + p_abs) @ (k + p_abs).T                   # <q + p_m, k + p_n>
+pos_with_pos = p_abs @ p_abs.T                             # <p_m, p_n> alone
+worst_abs, worst_pos = diagonal_change(scores_abs), diagonal_change(pos_with_pos)
+print(f"added sinusoids: largest change along a diagonal: {worst_abs:.2f} "
+      f"(the scores' own spread: {scores_abs.std().item():.2f}); "
+      f"of <p_m, p_n> alone: {worst_pos:.2e}")
+assert worst_pos < 1e-12                                   # position against position: m - n only
+assert torch.allclose(pos_with_pos.diagonal(), torch.full((P,), d / 2, dtype=f64))   # d/2 at m = n
+assert worst_abs > scores_abs.std().item()                 # the cross terms: m and n separately
+
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 4))
+for ax, M, title in ((ax1, scores, r"RoPE: $\langle R_m q, R_n k\rangle$"),
+                     (ax2, scores_abs, r"added sinusoids: $\langle q + p_m, k + p_n\rangle$")):
+    im = ax.imshow(M, cmap="RdBu")
+    ax.set(title=title, xlabel="key position n", ylabel="query position m")
+    fig.colorbar(im, ax=ax, fraction=0.046)
+fig.suptitle(f"Scores of one (q, k), d = {d}, at every pair of positions")
 fig.tight_layout()
 fig.savefig(FIGURES / "01-relative-scores.png", dpi=120)
 plt.show()
 
 # %% [markdown]
-# ![Scores for all (m, n): every diagonal holds one value](../figures/01-relative-scores.png)
+# ![Scores for all (m, n): with RoPE every diagonal holds one value; with added sinusoids it does not](../figures/01-relative-scores.png)
 #
-# An *absolute* position code (added sinusoids, learned vectors) gives no such structure in
-# general. The cross terms between a token and the other token's position vector make the score
-# depend on $m$ and $n$ separately.
+# Left, RoPE: every diagonal holds one value. Right, the same $q$ and $k$ with added sinusoids:
+# the main diagonal still stands out, since $\langle p_m, p_n\rangle$ is largest at $m = n$
+# (where it is $d/2$), but along it and along every other diagonal the score changes, by more
+# than the scores' own spread (both numbers printed above): the cross terms. A learned absolute
+# vector per position has the same cross terms, and not even the last term is relative then.
 
 # %% [markdown]
 # ## 5. The frequency spectrum — and what context-extension scalings do to it
@@ -265,16 +313,17 @@ plt.show()
 # There $b^{-2/d}$ is about 0.81, so the longest wavelength is about a fifth short of $2\pi b$
 # (the cell prints and checks both).
 #
-# Pairs whose wavelength exceeds the training context never complete a turn during training.
-# A longer context shows them angles they never saw. The context-extension methods of
-# `ropelib.frequencies` slow those pairs down. Linear scaling slows every pair; the others keep
-# the fast pairs and change mostly or only the slow ones:
+# Pairs whose wavelength exceeds the training context $L_0$ never complete a turn during
+# training: with $L_0 = 8192$ that is 29 of Llama 3's 64 pairs, against 14 of 64 at
+# $b = 10000$ (the cell counts both). A longer context shows them angles they never saw. The
+# context-extension methods of `ropelib.frequencies` slow those pairs down. Linear scaling
+# slows every pair; the others keep the fast pairs and change mostly or only the slow ones:
 #
 # | scaling | effect on $\theta_j$ |
 # |---|---|
 # | `LinearScaling(s)` | all divided by $s$ (positions squeezed) |
 # | `NTKScaling(s)` | base $b \to b\,s^{d/(d-2)}$: highest frequency kept, lowest divided by $s$ |
-# | `Llama3Scaling` | short wavelengths kept, long ones divided by $s$, a linear blend between |
+# | `Llama3Scaling` | $\lambda_j < L_0/4$ kept, $\lambda_j > L_0$ divided by $s$, a linear blend in $1/\lambda_j$ between (Llama 3.1: $s = 8$, $L_0 = 8192$) |
 # | `YaRNScaling` | the same idea with a ramp in $j$, plus an attention temperature on cos/sin |
 
 # %%
@@ -294,7 +343,11 @@ ratios = {name: frequencies.inv_freq(d, base, sc, dtype=f64) / plain
 # What the formulas promise, checked:
 assert torch.allclose(ratios["linear (s=8)"], torch.full_like(plain, 1 / 8))
 assert ratios["NTK-aware (s=8)"][0] == 1 and abs(ratios["NTK-aware (s=8)"][-1] - 1 / 8) < 1e-5
-short, long_ = wavelength < 8192 / 4, wavelength > 8192 / 1
+llama = scalings["Llama 3.1 (s=8)"]
+L0 = llama.original_max_position_embeddings                   # the trained context, 8192
+short = wavelength < L0 / llama.high_freq_factor              # lambda < L0 / 4: kept
+long_ = wavelength > L0 / llama.low_freq_factor               # lambda > L0: divided by s
+assert (L0, llama.high_freq_factor, llama.low_freq_factor, llama.factor) == (8192, 4, 1, 8)
 assert torch.all(ratios["Llama 3.1 (s=8)"][short] == 1)
 assert torch.allclose(ratios["Llama 3.1 (s=8)"][long_], torch.full_like(plain[long_], 1 / 8))
 yarn = ratios["YaRN (s=8, L0=8192)"]      # fast pairs kept, slow pairs / 8, a ramp between
@@ -302,6 +355,15 @@ assert yarn[0] == 1 and abs(yarn[-1] - 1 / 8) < 1e-6 and bool((yarn[1:] <= yarn[
 temperature = scalings["YaRN (s=8, L0=8192)"].attention_scaling   # cos and sin scaled by it
 print(f"YaRN's attention temperature on cos/sin: {temperature:.4f} = 0.1 ln 8 + 1")
 assert abs(temperature - (0.1 * math.log(8) + 1)) < 1e-12
+
+# Pairs that never complete a turn within the trained context, at both bases:
+never_turn = {b_: int((2 * math.pi / frequencies.inv_freq(d, b_, dtype=f64) > L0).sum())
+              for b_ in (10000.0, base)}
+print(f"pairs (of {d // 2}) with a wavelength over L0 = {L0}: "
+      + ", ".join(f"{n} at base {b_:g}" for b_, n in never_turn.items()))
+print(f"Llama 3.1 keeps {int(short.sum())} pairs, divides {int(long_.sum())} by 8 "
+      f"and blends {d // 2 - int(short.sum()) - int(long_.sum())}")
+assert never_turn == {10000.0: 14, base: 29} and int(long_.sum()) == 29
 
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
 for b_ in (10000.0, 500000.0):
@@ -563,8 +625,9 @@ print("interleaved RoPE(x) == rotate-half RoPE(x[..., perm])[..., argsort(perm)]
 #
 # **Exercise 1 — the rotation matrix.** Write `rotation_matrix(m, inv_freq)` that returns the
 # $[d, d]$ block-diagonal $R_m$ for the interleaved pairing ($d = 2\cdot$`len(inv_freq)`),
-# building the $2\times2$ blocks yourself: no `torch.block_diag`, whichever way it is called,
-# and no `ropelib` (the check refuses both). `inv_freq` is float64; compute in float64 too.
+# building the $2\times2$ blocks yourself: no `torch.block_diag`, whichever way it is called
+# (nor SciPy's), and no `ropelib` (the check refuses them all). `inv_freq` is float64; compute
+# in float64 too.
 
 # %%
 from ropelib.course.exercises import solution
@@ -654,3 +717,9 @@ solution(basics.solution_interleave_permutation)
 # 5. RoPE rotates queries and keys but not values. What would change if the values were rotated
 #    by their position too, and how could the output be made to depend on relative positions
 #    only again?
+# 6. The angle tables are float32, as Transformer Engine's are, and hold $m\theta_j$ itself. At
+#    $m = 500\,000$, how far apart are neighbouring float32 numbers near $m\theta_0$, and what
+#    does that do to the fastest pair's rotation? Which pairs are safe, and what would you change:
+#    compute $m\theta_j$ in float64, reduce it modulo $2\pi$ first, or build the table from
+#    $\cos$ and $\sin$ of smaller steps? (Notebook 08, section 3b, shows what one ulp of a sine or
+#    cosine does to the output.)

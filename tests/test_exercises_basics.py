@@ -6,6 +6,7 @@ raise.
 """
 import math
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -332,6 +333,45 @@ def test_check_rotation_matrix_refuses_library_answers(answer, words, capsys):
     assert out.startswith("❌ rotation matrix R_m (R=8, base=10000, m=0): this exercise wants "
                           "your rotation matrix"), out
     assert words in out, out
+
+
+def _scipy_like_block_diag(*blocks):
+    """Stands in for scipy.linalg.block_diag (a Python function placing the blocks)."""
+    size = sum(b.shape[0] for b in blocks)
+    out = torch.zeros(size, size, dtype=blocks[0].dtype)
+    at = 0
+    for b in blocks:
+        out[at:at + b.shape[0], at:at + b.shape[1]] = b
+        at += b.shape[0]
+    return out
+
+
+def test_check_rotation_matrix_refuses_scipy_block_diag(monkeypatch, capsys):
+    # SciPy may not be installed: a module in its place, with a block_diag of its own
+    import types
+    scipy = types.ModuleType("scipy")
+    scipy.linalg = types.ModuleType("scipy.linalg")
+    scipy.linalg.block_diag = _scipy_like_block_diag
+    monkeypatch.setitem(sys.modules, "scipy", scipy)
+    monkeypatch.setitem(sys.modules, "scipy.linalg", scipy.linalg)
+    assert basics.other_block_diags() == (_scipy_like_block_diag,)
+
+    def answer(m, inv_freq):
+        return _scipy_like_block_diag(*_blocks(m, inv_freq))
+
+    torch.testing.assert_close(answer(5, _NOTEBOOK_INV),
+                               basics.rotation_matrix_ref(5, _NOTEBOOK_INV))
+    assert basics.check_rotation_matrix(answer) is False
+    out = capsys.readouterr().out
+    assert "this exercise wants your rotation matrix" in out, out
+    assert "_scipy_like_block_diag" in out, out
+    assert basics.check_rotation_matrix(_own_rotation_matrix)   # blocks placed by the answer
+    capsys.readouterr()
+
+
+def test_other_block_diags_without_scipy(monkeypatch):
+    monkeypatch.setitem(sys.modules, "scipy", None)          # import scipy raises ImportError
+    assert basics.other_block_diags() == ()
 
 
 def test_check_rotation_matrix_accepts_own_code_every_time(capsys):

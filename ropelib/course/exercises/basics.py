@@ -10,7 +10,8 @@ it with ropelib's own answers barred (`own_code`): a function that calls `ropeli
 worked solution below is refused, whatever it returns. Notebook 01's checks also refuse the
 course's own RoPE helpers (`own_code.course_rope_helpers`: notebook 13's specs and the like), and
 the rotation matrix's check refuses PyTorch's block_diag operator however it is reached
-(`torch.block_diag`, `torch.ops.aten.block_diag`, `torch._C._VariableFunctions.block_diag`).
+(`torch.block_diag`, `torch.ops.aten.block_diag`, `torch._C._VariableFunctions.block_diag`), and
+SciPy's `scipy.linalg.block_diag` where SciPy is installed.
 Notebook 01's checks try several sizes and bases, and positions drawn anew on every call, so an
 answer that ignores its `inv_freq` or returns stored matrices fails.
 
@@ -32,7 +33,7 @@ __all__ = [
     "check_rotation_matrix", "check_relative_angle", "check_rotate_half",
     "check_interleave_permutation",
     "check_cp_positions", "check_cos_sin_from_freqs", "check_bytes_moved",
-    "rotation_matrix_ref",
+    "rotation_matrix_ref", "other_block_diags",
 ]
 
 
@@ -123,12 +124,22 @@ def _positions(count: int, high: int = 10_000) -> list:
     return torch.randint(1, high, (count,), generator=g).tolist()
 
 
+def other_block_diags() -> tuple:
+    """The block_diag functions of other installed libraries (SciPy's `scipy.linalg.block_diag`),
+    refused by the rotation matrix's check like PyTorch's: the exercise places the blocks."""
+    try:
+        import scipy.linalg
+    except ImportError:
+        return ()
+    return (scipy.linalg.block_diag,)
+
+
 def check_rotation_matrix(fn: Callable) -> bool:
     """fn(m, inv_freq) -> the [R, R] block-diagonal matrix R_m (pairs (2j, 2j+1), angle m*theta_j).
 
     Tried for each (R, base) of SIZES_AND_BASES at m = 0 and three positions drawn on each call,
-    with inv_freq in float64. Refused: ropelib, the course's RoPE helpers, the worked solution
-    and PyTorch's block_diag operator, however it is reached.
+    with inv_freq in float64. Refused: ropelib, the course's RoPE helpers, the worked solution,
+    PyTorch's block_diag operator, however it is reached, and SciPy's block_diag.
     """
     cases = []
     for rot_dim, base in SIZES_AND_BASES:
@@ -141,7 +152,8 @@ def check_rotation_matrix(fn: Callable) -> bool:
                        hint="block j is [[cos a, -sin a], [sin a, cos a]] with "
                             "a = m * inv_freq[j], in float64 (inv_freq's dtype: the positions "
                             "go up to 10^4)",
-                       bar=(torch.block_diag, rotation_matrix_ref, *course_rope_helpers()),
+                       bar=(torch.block_diag, *other_block_diags(), rotation_matrix_ref,
+                            *course_rope_helpers()),
                        bar_ops=(torch.ops.aten.block_diag.default,))
 
 
