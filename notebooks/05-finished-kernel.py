@@ -53,7 +53,8 @@
 #   them, and how wide each load is;
 # - write three kernels yourself: the interleaved 3-D tile, the flat pass, and the pass that
 #   holds both members of a pair in one thread, then the first again so that its loads are
-#   16-byte vectors, checked in its compiled machine code.
+#   16-byte vectors, checked in its compiled machine code; and on a GPU, time each of them
+#   against a device copy of the same bytes.
 
 # %%
 import os, torch
@@ -2414,7 +2415,7 @@ def my_interleaved_tile_kernel(
     pass  # your code
 
 
-fk.check_interleaved_tile_kernel(my_interleaved_tile_kernel);
+ex1_passed = fk.check_interleaved_tile_kernel(my_interleaved_tile_kernel)
 
 # %%
 fk.show_solution()
@@ -2497,15 +2498,107 @@ def my_interleaved_vector_kernel(
     pass  # your code
 
 
-load_schedule.check_wide_loads("interleaved tile, 16-byte loads", my_interleaved_vector_kernel,
-                               EX1_ARGS, num_warps=plan_h200.num_warps, wide=X_VECTORS,
-                               check=fk.check_interleaved_tile_kernel);
+ex1b_passed = load_schedule.check_wide_loads(
+    "interleaved tile, 16-byte loads", my_interleaved_vector_kernel, EX1_ARGS,
+    num_warps=plan_h200.num_warps, wide=X_VECTORS, check=fk.check_interleaved_tile_kernel)
 
 # %% [markdown]
 # `ropelib/kernels/fused.py` loads interleaved pairs this way (read it after your attempt):
 # one contiguous row, split into the members of its pairs in registers. What did the wider
 # loads cost in registers? `measure_loads` above prints them for any of your kernels.
 #
+# ### Your kernels against a copy, on a GPU
+#
+# A check says whether a kernel computes RoPE, not how fast it runs. On a GPU the cell below
+# launches your kernels of Exercises 1 and 1b on bf16 sbhd $s = 4096$, $b = 8$, $h = 32$,
+# $d = 128$ (256 MiB: large enough that the bytes, not the launch, set the time), asserts that
+# each output there is the reference's too, and times it with `do_bench` beside the worked
+# solution and a device copy `y.copy_(x)` of the same tensor. A kernel is timed once it has
+# passed its check above. The launch is the check's, written out in `launch_interleaved`, with
+# the tile and warps that ropelib's planner gives the finished kernel on this GPU (on the H200
+# the launch whose loads the cells above count): change it and rerun.
+#
+# Each kernel reads x and writes y, the bytes the copy moves (its table of angles is small
+# beside them), so the cell prints its speed as a fraction of the copy's: the copy's time over
+# the kernel's. At 1.00 a kernel moves its bytes as fast as a copy does; the rest of the way
+# to 1.00 is time its bytes do not explain, spent on loads too narrow or too few in flight, or
+# on arithmetic (sin and cos) that the stores wait for. A slow kernel is not a wrong one: the
+# cell asserts nothing about speed. In the interpreter it prints that timing needs a GPU and
+# does nothing else.
+
+# %%
+TIMED_SHAPE = (4096, 8, 32, 128)    # [S, B, H, D] bf16 sbhd: 256 MiB
+
+
+def timing_inputs(shape):
+    """x (bf16 sbhd [S, B, H, D], random), an output y for it, and angles [S, D] whose two
+    members of a pair differ."""
+    S, B, H, D = shape
+    x = torch.randn(shape, device=device, dtype=torch.bfloat16)
+    return x, torch.empty_like(x), torch.rand(S, D, device=device) * 6 - 3
+
+
+def time_against_copy(x, y, want, yours, solution):
+    """Time y.copy_(x), each of your launches (yours: name -> (passed its check, a call that
+    writes y)) and the worked solution's (a call that writes y) with do_bench; print each median
+    and its speed as a fraction of the copy's. Yours are timed only once they pass their check,
+    and only after their output at this size is asserted to be `want` (the reference)."""
+    from triton.testing import do_bench
+    print(f"x {list(x.shape)} {str(x.dtype).replace('torch.', '')} "
+          f"({x.numel() * x.element_size() >> 20} MiB), {runtime.mode()}: median us "
+          "(20-80 % quantiles), speed as a fraction of the copy's")
+    timed = {}
+    for name, (passed, run) in yours.items():
+        if not passed:
+            print(f"  {name}: timed here once it passes its check above")
+            continue
+        y.fill_(float("nan"))                  # an element the kernel does not write stays NaN
+        run()
+        torch.testing.assert_close(                # correct at this size too
+            y, want, msg=lambda m, name=name: f"{name}, x {list(x.shape)}: {m}")
+        timed[name] = run
+    timed["worked solution"] = solution
+    copy_ms = do_bench(lambda: y.copy_(x), quantiles=[0.5, 0.2, 0.8])
+    for name, run in {"y.copy_(x)": None, **timed}.items():
+        ms = copy_ms if run is None else do_bench(run, quantiles=[0.5, 0.2, 0.8])
+        print(f"  {name:22s} {ms[0] * 1e3:7.1f} us ({ms[1] * 1e3:.1f}-{ms[2] * 1e3:.1f})  "
+              f"{copy_ms[0] / ms[0]:.2f} of a copy")
+
+
+def launch_interleaved(kernel, x, y, freqs, *, block_s, block_h, chunk, num_warps):
+    """Exercises 1 and 1b: the check's launch, with the warps given; writes y."""
+    S, B, H, D = x.shape
+    grid = (triton.cdiv(S, block_s), triton.cdiv(H, block_h), triton.cdiv(B, chunk))
+    kernel[grid](x, y, freqs, S, B, H, chunk, *x.stride(), *y.stride(), HALF=D // 2,
+                 BLOCK_HALF=triton.next_power_of_2(D // 2), BLOCK_S=block_s, BLOCK_H=block_h,
+                 num_warps=num_warps)
+
+
+def time_exercise_1(shape):
+    """Your kernels of Exercises 1 and 1b, the worked solution and a copy, at `shape`."""
+    x, y, freqs = timing_inputs(shape)
+    p = ladder.plan("chunks", *shape, x.element_size(), *ladder.device_knobs(x))  # rung 4's tile
+    print(f"launch: grid {p.grid}, tile BLOCK_S={p.block_s} BLOCK_H={p.block_h} "
+          f"B_CHUNK={p.chunk}, {p.num_warps} warps")
+
+    def run(kernel):
+        return lambda: launch_interleaved(kernel, x, y, freqs, block_s=p.block_s,
+                                          block_h=p.block_h, chunk=p.chunk, num_warps=p.num_warps)
+
+    time_against_copy(x, y, reference.rope_reference(x, freqs, interleaved=True),
+                      yours={"yours (Exercise 1)": (ex1_passed, run(my_interleaved_tile_kernel)),
+                             "yours (Exercise 1b)": (ex1b_passed,
+                                                     run(my_interleaved_vector_kernel))},
+                      solution=run(fk._rope_interleaved_tile_solution_kernel))
+
+
+if GPU:
+    time_exercise_1(TIMED_SHAPE)
+else:
+    print("Timing needs a GPU: the interpreter runs one program after another in Python, so "
+          "here the checks above are all there is.")
+
+# %% [markdown]
 # ## Exercise 2: the flat pass
 #
 # Write the second pass of section 6 for rotate-half pairs: one program rotates `XBLOCK`
@@ -2540,7 +2633,7 @@ def my_flat_rope_kernel(
     pass  # your code
 
 
-flat_pass.check_flat_kernel(my_flat_rope_kernel);
+ex2_passed = flat_pass.check_flat_kernel(my_flat_rope_kernel)
 
 # %%
 flat_pass.show_solution()
@@ -2571,6 +2664,41 @@ print("the worked solution (tl.where, no hints):")
 measure_loads(flat_pass._rope_flat_solution_kernel, EX2_ARGS, tiles.TWO_PASS_WARPS)
 print("your kernel:")
 measure_loads(my_flat_rope_kernel, EX2_ARGS, tiles.TWO_PASS_WARPS);
+
+# %% [markdown]
+# On a GPU the cell below times your flat pass as the cell after Exercise 1b timed those
+# kernels, at the same size and with the launch whose loads the cell above counts (1,024
+# elements a program on 4 warps). The first pass's tables are made once before, so the time is
+# the second pass's alone; they add $2 \cdot S \cdot D$ fp32 values to what it reads, small
+# beside x and y with $b \cdot h = 256$ head rows a token.
+
+# %%
+def launch_flat(kernel, x, y, cos, sin, *, xblock, num_warps):
+    """Exercise 2: the check's launch, with the warps given; writes y."""
+    S, B, H, D = x.shape
+    N = x.numel()
+    kernel[(triton.cdiv(N, xblock),)](x, y, cos, sin, N, B * H * D, D=D, XBLOCK=xblock,
+                                      num_warps=num_warps)
+
+
+def time_exercise_2(shape):
+    """Your flat pass of Exercise 2, the worked solution and a copy, at `shape`."""
+    x, y, freqs = timing_inputs(shape)
+    cos, sin = flat_pass.tables(freqs)    # the first pass's tables, made once
+
+    def run(kernel):
+        return lambda: launch_flat(kernel, x, y, cos, sin, xblock=tiles.TWO_PASS_ELEMENTS,
+                                   num_warps=tiles.TWO_PASS_WARPS)
+
+    time_against_copy(x, y, reference.rope_reference(x, freqs),
+                      yours={"yours (Exercise 2)": (ex2_passed, run(my_flat_rope_kernel))},
+                      solution=run(flat_pass._rope_flat_solution_kernel))
+
+
+if GPU:
+    time_exercise_2(TIMED_SHAPE)
+else:
+    print("Timing needs a GPU: here the check above is all there is.")
 
 # %% [markdown]
 # ## Exercise 3: both members of a pair in one thread, for any head
@@ -2614,7 +2742,7 @@ def my_pairs_kernel(
     pass  # your code
 
 
-pairs_pass.check_pairs_kernel(my_pairs_kernel);
+ex3_passed = pairs_pass.check_pairs_kernel(my_pairs_kernel)
 
 # %%
 pairs_pass.show_solution()
@@ -2633,6 +2761,44 @@ mine = measure_loads(my_pairs_kernel, EX3_ARGS, tiles.TWO_PASS_PAIR_WARPS)
 if mine and sched:
     print(f"ropelib's flat pass (section 6): {own['early']} of {len(own['loads'])} loads before "
           f"the first multiply, {own['registers']} registers")
+
+# %% [markdown]
+# And on a GPU, how fast? The cell below times your pairs pass as the cells after Exercises
+# 1b and 2 timed theirs, with full rotary ($R = D$) and the launch of the cell above (whole
+# head rows, 1,024 elements a program, on 2 warps), beside the worked solution and a copy. Set
+# the fraction beside your flat pass's of Exercise 2: that pass loads every element twice,
+# once as itself and once as its partner, this one once.
+
+# %%
+def launch_pairs(kernel, x, y, cos, sin, *, R, rows, num_warps):
+    """Exercise 3: the check's launch, with the warps given; writes y."""
+    S, B, H, D = x.shape
+    n_rows = S * B * H
+    kernel[(triton.cdiv(n_rows, rows),)](
+        x, y, cos, sin, n_rows, B * H, D=D, R=R, ROWS=rows,
+        HALF_BLOCK=triton.next_power_of_2(R // 2),
+        PASS_BLOCK=triton.next_power_of_2(max(D - R, 1)), num_warps=num_warps)
+
+
+def time_exercise_3(shape):
+    """Your pairs pass of Exercise 3, the worked solution and a copy, at `shape`."""
+    x, y, freqs = timing_inputs(shape)
+    cos, sin = flat_pass.tables(freqs)    # [S, R] with R = D: the first pass's tables, made once
+
+    def run(kernel):
+        return lambda: launch_pairs(kernel, x, y, cos, sin, R=shape[3],
+                                    rows=tiles.TWO_PASS_ELEMENTS // shape[3],
+                                    num_warps=tiles.TWO_PASS_PAIR_WARPS)
+
+    time_against_copy(x, y, reference.rope_reference(x, freqs),
+                      yours={"yours (Exercise 3)": (ex3_passed, run(my_pairs_kernel))},
+                      solution=run(pairs_pass._rope_pairs_solution_kernel))
+
+
+if GPU:
+    time_exercise_3(TIMED_SHAPE)
+else:
+    print("Timing needs a GPU: here the check above is all there is.")
 
 # %% [markdown]
 # The masks do what powers of two cannot: `j < R/2` keeps a tile of `HALF_BLOCK` pairs from

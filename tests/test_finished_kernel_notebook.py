@@ -1,6 +1,7 @@
 """Notebook 05 (the finished kernel): its ladder is ropelib.course.ladder's, the last rung is ropelib's
 kernel bit for bit, benchmarks/ladder.py checks every rung and draws its waterfall, the layout
 can be read without a GPU, and the kernel exercise rejects the known cheats."""
+import math
 import os
 import re
 from pathlib import Path
@@ -470,3 +471,97 @@ def test_the_exercise_signature_is_the_notebooks():
     # the answer is not shown or imported before the exercise
     before = text.split("def my_interleaved_tile_kernel")[0]
     assert "_rope_interleaved_tile_solution_kernel" not in before and "show_solution" not in before
+
+
+# --- the exercises' GPU timing cells, run here on a small input -------------------------------
+
+TIMED_HERE = (5, 3, 4, 64)          # a small sbhd shape the interpreter runs in well under a second
+
+
+@triton.jit
+def _copies_x(x_ptr, y_ptr, cos_ptr, sin_ptr, N, ROW, D: tl.constexpr, XBLOCK: tl.constexpr):
+    # Exercise 2's signature, and a wrong answer: y = x
+    i = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
+    tl.store(y_ptr + i, tl.load(x_ptr + i, mask=i < N), mask=i < N)
+
+
+def _timing_cells(same):
+    code = [t for k, t in same.notebook_cells(NOTEBOOK.with_suffix(".py")) if k == "code"]
+    return [next(t for t in code if f"def time_exercise_{n}(" in t) for n in (1, 2, 3)]
+
+
+@pytest.fixture()
+def timing(same, monkeypatch, capsys):
+    """The three timing cells run as the notebook runs them here (GPU False), with what the
+    notebook defines before them: the learner's kernels are copies of the worked solutions, each
+    has passed its check; `do_bench` calls its function once and says 1 ms for the first call
+    (the copy's) and 2 ms for every later one."""
+    from ropelib.course.exercises import flat_pass, pairs_pass
+    from ropelib.kernels import tiles
+
+    ns = dict(torch=torch, triton=triton, tl=tl, device=runtime.default_device(), GPU=False,
+              runtime=runtime, ladder=ladder, reference=reference, fk=fk, flat_pass=flat_pass,
+              pairs_pass=pairs_pass, tiles=tiles,
+              my_interleaved_tile_kernel=learner_copy(fk._rope_interleaved_tile_solution_kernel),
+              my_interleaved_vector_kernel=learner_copy(fk._rope_interleaved_tile_solution_kernel),
+              my_flat_rope_kernel=learner_copy(flat_pass._rope_flat_solution_kernel),
+              my_pairs_kernel=learner_copy(pairs_pass._rope_pairs_solution_kernel),
+              ex1_passed=True, ex1b_passed=True, ex2_passed=True, ex3_passed=True)
+    for cell in _timing_cells(same):
+        exec(compile(cell, "<timing cell>", "exec"), ns)  # noqa: S102 -- the notebook's cells
+    ns["printed_without_gpu"] = capsys.readouterr().out
+    ns["timed"] = []
+
+    def do_bench(fn, quantiles=None):
+        fn()
+        ns["timed"].append(fn)
+        ms = 1.0 if len(ns["timed"]) == 1 else 2.0
+        return [ms, 0.9 * ms, 1.1 * ms] if quantiles else ms
+
+    monkeypatch.setattr(triton.testing, "do_bench", do_bench)
+    return ns
+
+
+def test_the_timing_cells_only_say_so_without_a_gpu(timing):
+    lines = timing["printed_without_gpu"].splitlines()
+    assert len(lines) == 3 and all(line.startswith("Timing needs a GPU") for line in lines)
+    assert timing["TIMED_SHAPE"] == (4096, 8, 32, 128)      # bf16: the 256 MiB the text names
+    assert math.prod(timing["TIMED_SHAPE"]) * 2 == 256 << 20
+
+
+@pytest.mark.parametrize("n, yours", [(1, ("Exercise 1", "Exercise 1b")), (2, ("Exercise 2",)),
+                                      (3, ("Exercise 3",))])
+def test_a_timing_cell_times_your_kernels_beside_the_solution_and_a_copy(timing, n, yours,
+                                                                        capsys):
+    timing[f"time_exercise_{n}"](TIMED_HERE)
+    out = capsys.readouterr().out
+    assert f"x {list(TIMED_HERE)} bfloat16" in out
+    rows = {line.split("  ")[1].strip(): line for line in out.splitlines() if "of a copy" in line}
+    assert list(rows) == ["y.copy_(x)"] + [f"yours ({e})" for e in yours] + ["worked solution"]
+    assert rows["y.copy_(x)"].endswith("1.00 of a copy")
+    assert all(rows[name].endswith("0.50 of a copy") for name in list(rows)[1:])
+    assert len(timing["timed"]) == len(rows)
+
+
+def test_a_kernel_that_has_not_passed_its_check_is_not_timed(timing, capsys):
+    timing["ex2_passed"] = False
+    timing["time_exercise_2"](TIMED_HERE)
+    out = capsys.readouterr().out
+    assert "yours (Exercise 2): timed here once it passes its check above" in out
+    assert "worked solution" in out and len(timing["timed"]) == 2      # the copy, the solution
+
+
+def test_a_kernel_wrong_at_the_timed_size_stops_the_cell(timing):
+    timing["my_flat_rope_kernel"] = _copies_x
+    with pytest.raises(AssertionError, match=r"yours \(Exercise 2\), x \[5, 3, 4, 64\]"):
+        timing["time_exercise_2"](TIMED_HERE)
+    assert timing["timed"] == []                  # nothing timed before the assert
+
+
+def test_the_timing_cells_launch_your_kernel_in_the_cell(same):
+    # the launch the learner edits is in the notebook, not in the exercise module's launcher
+    for n, cell in enumerate(_timing_cells(same), 1):
+        assert re.search(r"\bkernel\[(grid|\(triton\.cdiv\()", cell), n
+        assert not re.search(r"\b(fk|flat_pass|pairs_pass)\.launch\(", cell), n
+        assert "if GPU:" in cell and "time_against_copy(" in cell, n
+    assert "do_bench(" in _timing_cells(same)[0]
