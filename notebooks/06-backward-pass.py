@@ -31,11 +31,20 @@
 #   backward, and the input that `expand` hands the forward;
 # - serve both directions with one kernel and one compile-time flag — in a cell you can edit,
 #   launch and break — and write the backward kernel, its launcher and its `autograd.Function`
-#   yourself.
+#   yourself;
+# - time your backward kernel on a GPU beside the forward and a copy of the same bytes, and read
+#   its speed as a fraction of the copy's.
 #
 # **Time:** about 90–120 minutes. The cells also run on a CPU, through Triton's interpreter; the
 # time goes to reading, changing the kernel of section 2, the four exercises (the
 # backward kernel is the long one, ~20 minutes) and the discussion questions.
+#
+# **Where it sits.** Notebook 02 introduced `ropelib.reference`, the plain-PyTorch RoPE whose
+# autograd this notebook checks against; notebook 04 built the batch-reusing kernel that
+# section 2 runs in both directions; notebook 05 built the finished kernel
+# (`ropelib/kernels/fused.py`), whose backward section 6 reads. Notebook 09 trains a model
+# through ropelib's backward, and one of notebook 13's puzzles is a backward that turns the wrong
+# way.
 
 # %%
 import os, torch
@@ -287,10 +296,11 @@ def rope_cell(x, freqs, *, backward=False):
 # - the two identities of section 1, for TE's table.
 #
 # Then it times the two directions. On a GPU it times this kernel forward and backward on the
-# cell's tensor, and asserts that the two times agree within 10 %. Next it reads the committed
-# H200 run of the same kernel, which times a whole step: `torch.autograd.grad` through an
-# `autograd.Function` like the one in section 3 (forward kernel, autograd graph, backward kernel),
-# together with the forward alone. For a 1 GiB bf16 tensor the step takes 2.00x the forward,
+# cell's tensor and prints the ratio of the two times: the same bytes predict 1. The only speed
+# it asserts is a wide one, that the backward does not take half as long again as the forward.
+# Next it reads the committed H200 run of the same kernel, which times a whole step:
+# `torch.autograd.grad` through an `autograd.Function` like the one in section 3 (forward
+# kernel, autograd graph, backward kernel), together with the forward alone. For a 1 GiB bf16 tensor the step takes 2.00x the forward,
 # which is what the equal byte counts predict. For a 32 MiB tensor it takes 5.05x. Discussion
 # question 1 asks why.
 
@@ -320,8 +330,9 @@ if GPU:
     fwd_ms = do_bench(lambda: rope_cell(x, freqs))
     bwd_ms = do_bench(lambda: rope_cell(g, freqs, backward=True))
     print(f"{torch.cuda.get_device_name()}: forward {fwd_ms * 1e3:.1f} us, "
-          f"backward {bwd_ms * 1e3:.1f} us (same loads and stores, same kernel)")
-    assert abs(bwd_ms / fwd_ms - 1) < 0.1, "the same bytes should take the same time"
+          f"backward {bwd_ms * 1e3:.1f} us = {bwd_ms / fwd_ms:.2f}x the forward "
+          "(same loads and stores, same kernel)")
+    assert bwd_ms < 1.5 * fwd_ms, "the same bytes should not take half as long again"
 
 # committed: the same kernel (ropelib's batch-reuse generation), 1 GiB bf16, on an H200
 gen_meta, gen_rows = measured.load("generations")
@@ -405,17 +416,24 @@ print("gradients match the reference's autograd in fp32, fp16 and bf16")
 # element $i$ — one pair of forward calls per element, so keep the shapes tiny. With
 # $\varepsilon = 10^{-6}$ (the cell's `eps`) two outputs differ by $2\varepsilon$ times an entry
 # of $J$: a change in the sixth decimal place of numbers near 1. fp32 keeps about 7 significant
-# digits. Rounding $x \pm \varepsilon$ and the two outputs to fp32 therefore moves each finite
-# difference by several percent, far more than gradcheck tolerates. So gradcheck runs in float64,
-# and ropelib's kernels compute in fp64 when they are given fp64 (`COMPUTE_DTYPE`). The cell
-# shows both sides: in float64 the cell's kernel and `ropelib.apply_rope` pass, while the same
-# op computed in fp32 and cast back fails.
+# digits. Rounding $x \pm \varepsilon$ and the two outputs to fp32 therefore moves a finite
+# difference by percents of an entry, far more than gradcheck tolerates (a relative 0.1 %,
+# `rtol=1e-3`). So gradcheck runs in float64, and ropelib's kernels compute in fp64 when they
+# are given fp64 (`COMPUTE_DTYPE`). The cell shows both sides: in float64 the cell's kernel and
+# `ropelib.apply_rope` pass, while the same op computed in fp32 and cast back fails. Then it
+# takes the finite differences itself, with section 2's kernel in fp32 and in fp64, and prints
+# how far the fp32 ones land from the fp64 ones.
 
 # %%
 x_small = torch.randn(3, 2, 1, 8, device=device, dtype=torch.float64, requires_grad=True)
 f_small = ex.te_angles(3, 8, device=device)
 assert torch.autograd.gradcheck(RopeFunction.apply, (x_small, f_small), eps=1e-6, atol=1e-8)
 print("gradcheck (float64): passed")
+
+# the finished kernel of notebook 05, through ropelib's autograd
+assert torch.autograd.gradcheck(lambda t: ropelib.apply_rope(t, f_small, layout="sbhd"),
+                                (x_small,), eps=1e-6, atol=1e-8)
+print("gradcheck of ropelib.apply_rope (the finished kernel): passed")
 
 
 class RopeInFp32(torch.autograd.Function):
@@ -437,10 +455,22 @@ fp32_ok = torch.autograd.gradcheck(RopeInFp32.apply, (x_small, f_small), eps=1e-
 print("gradcheck of the same op computed in fp32:", "passed" if fp32_ok else "FAILED (as expected)")
 assert not fp32_ok
 
-if hasattr(ropelib, "apply_rope"):                    # the finished kernel, through its autograd
-    assert torch.autograd.gradcheck(lambda t: ropelib.apply_rope(t, f_small, layout="sbhd"),
-                                    (x_small,), eps=1e-6, atol=1e-8)
-    print("gradcheck of ropelib.apply_rope (the finished kernel): passed")
+
+def finite_differences(x0, eps=1e-6):
+    """[N, N]: column i is (f(x0 + eps e_i) - f(x0 - eps e_i)) / (2 eps), f = section 2's
+    forward at the angles f_small, N = x0.numel(); computed in x0's dtype."""
+    steps = torch.eye(x0.numel(), dtype=x0.dtype, device=x0.device) * eps
+    return torch.stack([((rope_cell(x0 + e.view_as(x0), f_small)
+                          - rope_cell(x0 - e.view_as(x0), f_small)) / (2 * eps)).flatten()
+                        for e in steps], dim=1)
+
+
+fd64 = finite_differences(x_small.detach())
+fd32 = finite_differences(x_small.detach().float()).double()
+fd_err = (fd32 - fd64).abs().max().item()
+print(f"finite differences with eps = 1e-6 in fp32: up to {fd_err:.4f} away from fp64's, "
+      "where no entry of J exceeds 1 in size")
+assert fd_err > 1e-2       # percent-level: ten times gradcheck's rtol=1e-3, at the least
 
 # %% [markdown]
 # ## 5. Stride-0 tensors from `sum` and `expand`
@@ -507,10 +537,12 @@ print("expanded input: forward reads stride 0, backward's gradients summed over 
 # kernel reads one 4-byte cell for all $N$ elements and writes $N$ fp32 elements, so it moves
 # $4N$ bytes. With `.contiguous()` first, the copy writes $4N$ bytes and the kernel reads them
 # back before writing its own $4N$: three times the traffic. If bytes were the whole story, the
-# path with the copy would take 3x the time at the same GB/s. The cell times both paths on a GPU.
-# It asserts a time ratio between 2.8 and 4 and a bandwidth ratio between 0.75 and 1.05. On the
-# H200 the copy path took 3.45x the time, at 2291 GB/s against 2636 GB/s. The cell measures
-# only times, so nothing here says where the rest of the gap comes from.
+# path with the copy would take 3x the time at the same GB/s. The cell times both paths on a GPU
+# and prints the ratio and each path's GB/s; it asserts only the direction, with a wide margin:
+# the path with the copy takes more than 1.5x the time. Compare the printed ratio with the 3 of
+# the byte model. Where it lands above 3, the path with the copy moved its bytes at a lower GB/s
+# than the kernel alone; the cell measures only times, so it does not say where that gap comes
+# from.
 
 # %%
 if GPU:
@@ -526,8 +558,9 @@ if GPU:
     print(f"  .contiguous() first: {copied_ms * 1e3:7.1f} us for {3 * n_bytes / 1e6:.0f} MB "
           f"moved -> {gbps_copied:.0f} GB/s")
     print(f"  the copy costs {copied_ms / as_is_ms:.2f}x the time")
-    assert 2.8 < copied_ms / as_is_ms < 4, "the copy should cost about two more passes over N"
-    assert 0.75 < gbps_copied / gbps_as_is < 1.05, "the bytes should explain most of the times"
+    print(f"  the byte model predicts 3x; the copy path ran at {gbps_copied / gbps_as_is:.2f} "
+          "of the GB/s of the kernel alone")
+    assert copied_ms > 1.5 * as_is_ms, "the copy adds two passes over N: it cannot be free"
 else:
     print("timed on a GPU only (the interpreter's times say nothing of memory traffic)")
 
@@ -545,23 +578,21 @@ else:
 #   `gradcheck` in float64, and with stride-0 tensors: the gradient of `y.sum()` and an input
 #   built with `expand`.
 #
-# ropelib's finished kernel does the same. Its module header is long (it also documents the
-# grid, the layouts and the angle tables); the cell below prints only its paragraph on the two
-# directions, which states the formulas derived in section 1:
+# ropelib's finished kernel (notebook 05) does the same. Its module header is long (it also
+# documents the grid, the layouts and the angle tables); the cell below prints only its paragraph
+# on the two directions, which states the formulas derived in section 1:
 
 # %%
-try:
-    from ropelib.kernels import fused
-    doc = fused.__doc__ or ""
-    start = doc.find("Forward rotates by +theta")
-    assert start >= 0, "the kernel header no longer states its forward/backward formulas"
-    # that paragraph, its two formulas and the sentence after them: three paragraphs
-    excerpt = "\n\n".join(doc[start:].split("\n\n")[:3])
-    assert "backward  g_a = y_a c_a + y_b s_b      g_b = y_b c_b - y_a s_a" in excerpt
-    assert " ".join(excerpt.split()).endswith("one kernel, one constexpr.")
-    print(excerpt)
-except ImportError as exc:
-    print(f"ropelib.kernels.fused is not importable here ({exc})")
+from ropelib.kernels import fused
+
+doc = fused.__doc__ or ""
+start = doc.find("Forward rotates by +theta")
+assert start >= 0, "the kernel header no longer states its forward/backward formulas"
+# that paragraph, its two formulas and the sentence after them: three paragraphs
+excerpt = "\n\n".join(doc[start:].split("\n\n")[:3])
+assert "backward  g_a = y_a c_a + y_b s_b      g_b = y_b c_b - y_a s_a" in excerpt
+assert " ".join(excerpt.split()).endswith("one kernel, one constexpr.")
+print(excerpt)
 
 # %% [markdown]
 # ## Exercises
@@ -626,19 +657,56 @@ backward_kernel.show_solution()
 # **3. Its launcher.** `my_rope_backward(grad_y, freqs)` takes `grad_y [S, B, H, D]` (any
 # strides) and TE's table `freqs [P, 1, 1, R]` ($P \ge S$), allocates a contiguous
 # `grad_x`, launches `my_backward_kernel` on it and returns it. The check calls your function
-# on fresh gradients (one of them stride 0) and makes sure it launched `my_backward_kernel`:
+# on fresh gradients (one of them stride 0, one with rotary dim 16 of 24 and a table longer than
+# the sequence) and makes sure it launched `my_backward_kernel`:
 # `ropelib.apply_rope(grad_y, -freqs)`, `rope_batch_reuse(grad_y, freqs, backward=True)` and
-# section 2's `rope_cell` all compute the right numbers, and none of them is your kernel.
+# section 2's `rope_cell` compute the right numbers (on a whole-head table at least), and none of
+# them is your kernel, so the check refuses them.
 
 # %%
 def my_rope_backward(grad_y, freqs):
     ...  # your code
 
 
-ex.check_rope_backward(my_rope_backward, kernel=my_backward_kernel);
+launcher_ok = ex.check_rope_backward(my_rope_backward, kernel=my_backward_kernel)
 
 # %%
 solution(ex.solution_rope_backward)
+
+# %% [markdown]
+# **Time it.** Your backward reads $\partial L/\partial y$ and writes $\partial L/\partial x$:
+# the bytes of a copy of $\partial L/\partial y$, plus $S \times R$ fp32 angles, which in bf16
+# with $R = D$ come to $2/(BH)$ of the gradient's bytes (the cell prints both). A copy of the
+# same tensor is therefore its floor. On a GPU the next cell times, at this page's shape in
+# bf16, a copy of $\partial L/\partial y$, section 2's forward and your launcher (the worked one
+# until exercise 3's check passes), each with `triton.testing.do_bench` (median, and the 20th
+# and 80th percentiles). It prints each speed as a fraction of the copy's (copy time / kernel
+# time: 1 = as fast as the copy) and asserts no speed; it checks your gradient against section
+# 2's before it times it. Where does yours land beside the forward? If well below, compare your
+# loads and your grid with section 2's kernel.
+
+# %%
+backward_timed = my_rope_backward if launcher_ok else ex.solution_rope_backward
+print("backward timed:", "yours" if launcher_ok else "the worked one, until yours passes")
+if GPU:
+    from triton.testing import do_bench
+    x_bf, g_bf = x.to(torch.bfloat16), g.to(torch.bfloat16)      # [S, B, H, D] bf16
+    torch.testing.assert_close(backward_timed(g_bf, freqs), rope_cell(g_bf, freqs, backward=True))
+    copy_out = torch.empty_like(g_bf)
+    timed = {"copy of dL/dy": lambda: copy_out.copy_(g_bf),
+             "forward (section 2's kernel)": lambda: rope_cell(x_bf, freqs),
+             "backward (" + ("yours" if launcher_ok else "worked") + ")":
+                 lambda: backward_timed(g_bf, freqs)}
+    ms = {name: do_bench(fn, quantiles=[0.5, 0.2, 0.8]) for name, fn in timed.items()}
+    copy_ms = ms["copy of dL/dy"][0]
+    grad_mib, angle_mib = g_bf.numel() * g_bf.element_size() / 2**20, S * D * 4 / 2**20
+    print(f"{torch.cuda.get_device_name()}, dL/dy [{S}, {B}, {H}, {D}] bf16: {grad_mib:.0f} MiB "
+          f"read and {grad_mib:.0f} MiB written, beside {angle_mib:.0f} MiB of fp32 angles")
+    for name, (med, lo, hi) in ms.items():
+        print(f"  {name:30s} {med * 1e3:8.1f} us (p20-p80 {lo * 1e3:.1f}-{hi * 1e3:.1f})  "
+              f"{copy_ms / med:.2f} of a copy")
+else:
+    print("timed on a GPU only (the interpreter runs one program after another in Python)")
 
 # %% [markdown]
 # **4. The autograd Function.** Write `MyRope` with `forward(ctx, x, freqs)`: the forward with
@@ -673,7 +741,8 @@ solution(ex.SolutionRopeFunction)
 #    forward+backward step takes 2.00x the forward. Why does the same committed run show 5.05x
 #    for a 32 MiB tensor (section 2's check cell prints both)? The step is `torch.autograd.grad`
 #    through an `autograd.Function` (section 2 describes it). What runs in it besides the two
-#    kernels, and which of that grows with the tensor?
+#    kernels, and which of that grows with the tensor? (Notebook 07, section 6.2, measures the
+#    host's share of such a step.)
 # 2. With TE's `cat(f, f)` table, "negate the sines" and "swap and negate the sines" give the
 #    same results. Why did ropelib keep the swap? What would break, and where would you notice?
 # 3. `ctx.save_for_backward(freqs)` keeps a reference to a table shared by every layer. What

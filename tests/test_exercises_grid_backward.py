@@ -373,6 +373,29 @@ def test_rope_backward_check_rejects_pytorch_and_wrong_answers(capsys):
     assert ex.check_rope_backward(...) is False
 
 
+def _launcher_of_a_whole_head_table(kernel):
+    """A launcher that reads freqs as [S, D]: right while the table has S rows and R = D."""
+    def my_rope_backward(grad_y, freqs):
+        S, B, H, D = grad_y.shape
+        f2 = freqs.reshape(S, D)
+        grad_x = torch.empty(grad_y.shape, dtype=grad_y.dtype, device=grad_y.device)
+        kernel[(S, H)](grad_y, grad_x, f2, B, *grad_y.stride(), grad_x.stride(0),
+                       grad_x.stride(1), grad_x.stride(2), D, ROT_HALF=D // 2,
+                       BLOCK_HALF=triton.next_power_of_2(D // 2), BLOCK_PASS=1)
+        return grad_x
+    return my_rope_backward
+
+
+def test_rope_backward_check_wants_partial_rotary_and_a_longer_table(capsys):
+    answer = _launcher_of_a_whole_head_table(OWN_BACKWARD)
+    g = torch.randn(3, 2, 2, 16)
+    f = ex.te_angles(3, 16, device=g.device)
+    torch.testing.assert_close(answer(g, f), bk.reference_grad(g, f), atol=1e-5, rtol=1e-5)
+    assert ex.check_rope_backward(answer, kernel=OWN_BACKWARD) is False
+    out = capsys.readouterr().out
+    assert "❌" in out and "rotary dim 16 of 24, a table of 5 positions" in out, out
+
+
 def _launch_beside(kernel, on_zeros=False):
     """A launcher that launches `kernel` (into a buffer of its own, or on zero gradients) and
     returns plain PyTorch's gradient: a launch beside the answer, not the answer."""

@@ -203,7 +203,8 @@ def _kernel_written(name: str, kernel) -> bool:
 
 
 def check_rope_backward(fn: Callable, kernel=None) -> bool:
-    """fn(grad_y, freqs) -> grad_x for sbhd grad_y [S, B, H, D] (also stride-0 grad_y), computed
+    """fn(grad_y, freqs) -> grad_x for sbhd grad_y [S, B, H, D] (also stride-0 grad_y) and TE's
+    table freqs [P, 1, 1, R] (P >= S; also R < D, partial rotary), computed
     by a Triton kernel of the learner's that the function launches: `kernel` (exercise 2's) when
     given. A PyTorch-only answer does not count, and neither do ropelib's kernels: the function
     runs with ropelib's answers barred (`ropelib.apply_rope(g, -freqs)`, the teaching kernels'
@@ -217,13 +218,17 @@ def check_rope_backward(fn: Callable, kernel=None) -> bool:
     device = runtime.default_device()
     gen = torch.Generator().manual_seed(1)
     cases = []
-    for S, B, H, D, expand in ((3, 2, 2, 16, False), (2, 3, 1, 24, False), (3, 2, 2, 8, True)):
+    # (S, B, H, D, rotary dim R, table positions P >= S, stride 0 over the batch)
+    for S, B, H, D, R, P, expand in ((3, 2, 2, 16, 16, 3, False), (2, 3, 1, 24, 16, 5, False),
+                                     (3, 2, 2, 8, 8, 3, True)):
         if expand:  # what y.sum() or an expand gives: stride 0 along the batch
             g = torch.randn(S, 1, H, D, generator=gen).to(device).expand(S, B, H, D)
         else:
             g = torch.randn(S, B, H, D, generator=gen).to(device)
-        freqs = te_angles(S, D, device=device)
-        label = f"grad_y [{S}, {B}, {H}, {D}]" + (" stride 0 over batch" if expand else "")
+        freqs = te_angles(P, R, device=device)
+        label = (f"grad_y [{S}, {B}, {H}, {D}]" + (" stride 0 over batch" if expand else "")
+                 + (f", rotary dim {R} of {D}" if R < D else "")
+                 + (f", a table of {P} positions" if P > S else ""))
         cases.append((label, (g, freqs), _reference_grad(g, freqs)))
     with count_launches(written=True) as launched:
         ok, got = run_own_code(f"{name} ({cases[0][0]})", what, fn, *cases[0][1],
