@@ -1,8 +1,14 @@
-"""Notebook 07's exercise check: the fixed-cost + bandwidth line, by the normal equations.
+"""Notebook 07's exercise checks: the fixed-cost + bandwidth line, by the normal equations
+(exercise 1), and a call timed three ways, host or device (exercise 2).
 
-The check accepts a learner's own copy of the worked fit and a fit written differently, and
+The fit's check accepts a learner's own copy of the worked fit and a fit written differently, and
 refuses the worked fit itself (ropelib's, not the learner's), the libraries' least-squares fits
-(numpy's and PyTorch's) and wrong fits."""
+(numpy's and PyTorch's) and wrong fits. The timing's check accepts a learner's own copy of the
+worked timing and one written differently, and refuses the worked timing, a library's timer
+(Triton's do_bench, ropelib's benchmark suite), constants, timings of something other than the
+call, times not divided by n, calls run too few times, a replay where there is no GPU, and a
+wrong bound; on a GPU also a missing replay, a replay that runs the host's part, and a copy
+called host-bound."""
 from pathlib import Path
 
 import numpy as np
@@ -124,3 +130,161 @@ def test_wrong_fits_fail(capsys):
     for name, fn in cheats.items():
         assert not measuring.check_fit_time_model(fn), name
     assert "❌" in capsys.readouterr().out
+
+
+# --- exercise 2: host or device? ---------------------------------------------------------------
+
+import ast  # noqa: E402
+import time  # noqa: E402
+
+import pytest  # noqa: E402
+import triton.testing  # noqa: E402
+
+from ropelib.bench import compare  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU = torch.cuda.is_available()
+
+
+def _timed_written_here(call, n):
+    """Right, written differently: time.monotonic_ns, a loop per timing, the graph by events."""
+    def per_call_us(loop, wait):
+        begin = time.monotonic_ns()
+        loop()
+        end = time.monotonic_ns()
+        wait()
+        return (end - begin) / 1e3 / n
+    wait = torch.cuda.synchronize if GPU else (lambda: None)
+    many = lambda: [call() for _ in range(n)]                          # noqa: E731
+    enqueue = per_call_us(many, wait)
+    wall = per_call_us(lambda: (many(), wait()), lambda: None)
+    replay = None
+    if GPU:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            many()
+        replay = per_call_us(lambda: (g.replay(), wait()), lambda: None)
+    return {"enqueue_us": enqueue, "wall_us": wall, "replay_us": replay,
+            "bound": "device" if replay is not None and replay > enqueue else "host"}
+
+
+def test_own_timings_pass(capsys):
+    for fn in (_own_code_tests.learner_copy(measuring.solution_host_or_device),
+               _timed_written_here):
+        assert measuring.check_host_or_device(fn), fn
+    out = capsys.readouterr().out
+    assert "✅ host_or_device" in out and "❌" not in out
+    assert "the host busy 1000 us a call" in out and "n = 12" in out
+
+
+def test_the_worked_timing_and_a_librarys_timer_are_refused(capsys):
+    assert not measuring.check_host_or_device(measuring.solution_host_or_device)
+    assert "the answer called ropelib's solution_host_or_device" in capsys.readouterr().out
+
+    def by_do_bench(call, n):
+        ms = triton.testing.do_bench(call)
+        return {"enqueue_us": ms * 1e3, "wall_us": ms * 1e3, "replay_us": None, "bound": "host"}
+
+    def by_ropelib(call, n):
+        ms = compare.wall_clock(lambda: [call() for _ in range(n)])[0] / n
+        return {"enqueue_us": ms * 1e3, "wall_us": ms * 1e3, "replay_us": None, "bound": "host"}
+
+    for fn, words in ((by_do_bench, "called do_bench"), (by_ropelib, "called ropelib's")):
+        assert not measuring.check_host_or_device(fn)
+        out = capsys.readouterr().out
+        assert "❌" in out and words in out, out
+
+
+def _altered(**change):
+    """The worked timing, typed by a learner, with one thing changed."""
+    right = _own_code_tests.learner_copy(measuring.solution_host_or_device)
+
+    def answer(call, n):
+        got = right(call, n)
+        for key, how in change.items():
+            got[key] = how(got[key]) if callable(how) else how
+        return got
+    return answer
+
+
+def _calls_too_few(call, n):
+    begin = time.perf_counter()
+    for _ in range(n):
+        call()
+    us = (time.perf_counter() - begin) / n * 1e6
+    return {"enqueue_us": us, "wall_us": us, "replay_us": None, "bound": "host"}
+
+
+def _not_divided(call, n):
+    got = _own_code_tests.learner_copy(measuring.solution_host_or_device)(call, n)
+    return dict(got, enqueue_us=got["enqueue_us"] * n, wall_us=got["wall_us"] * n)
+
+
+def _constants_after_the_calls(us):
+    def answer(call, n):
+        for _ in range(2 * n):
+            call()
+        return {"enqueue_us": us, "wall_us": us, "replay_us": None, "bound": "host"}
+    return answer
+
+
+def _times_a_sleep(call, n):
+    """Times something else than the call (and calls it only to be counted)."""
+    for _ in range(2 * n):
+        call()
+    begin = time.perf_counter()
+    time.sleep(0.001)
+    us = (time.perf_counter() - begin) * 1e6
+    return {"enqueue_us": us, "wall_us": us, "replay_us": None, "bound": "host"}
+
+
+@pytest.mark.skipif(GPU, reason="the CPU's answers (no replay, every call host-bound)")
+def test_wrong_timings_fail_on_the_cpu(capsys):
+    wrong = {
+        "not answered": lambda call, n: None,
+        "constants": lambda call, n: {"enqueue_us": 500.0, "wall_us": 500.0, "replay_us": None,
+                                      "bound": "host"},
+        "large constants": lambda call, n: {"enqueue_us": 1e3, "wall_us": 1e3, "replay_us": None,
+                                            "bound": "host"},
+        "constants, the call run 2n times": _constants_after_the_calls(100.0),
+        "larger constants, the call run 2n times": _constants_after_the_calls(1000.0),
+        "a tuple": lambda call, n: (1.0, 1.0, None, "host"),
+        "says device": _altered(bound="device"),
+        "a replay without a GPU": _altered(replay_us=1.0),
+        "the call run n times, not 2n": _calls_too_few,
+        "not divided by n": _not_divided,
+        "a sleep timed instead of the call": _times_a_sleep,
+        "wall time made up": _altered(wall_us=lambda us: us * 5),
+        "wall time doubled": _altered(wall_us=lambda us: us * 2),
+        "enqueue time shrunk": _altered(enqueue_us=lambda us: us * 0.7),
+    }
+    for label, fn in wrong.items():
+        assert not measuring.check_host_or_device(fn), label
+        assert "❌ host_or_device" in capsys.readouterr().out, label
+
+
+@pytest.mark.skipif(not GPU, reason="needs a GPU: a CUDA graph and a device-bound copy")
+def test_wrong_timings_fail_on_a_gpu(capsys):
+    wrong = {"says host": _altered(bound="host"), "no replay": _altered(replay_us=None),
+             "replay as the host's time": _altered(replay_us=lambda us: 1e4)}
+    for label, fn in wrong.items():
+        assert not measuring.check_host_or_device(fn), label
+    assert "❌ host_or_device" in capsys.readouterr().out
+
+
+def test_a_call_counts_itself_and_keeps_the_host_busy():
+    call = measuring.CountedCall(300.0)
+    begin = time.perf_counter()
+    for _ in range(5):
+        call()
+    assert call.calls == 5 and time.perf_counter() - begin >= 5 * 300e-6
+
+
+def test_the_notebook_hands_the_check_its_own_function():
+    tree = ast.parse((ROOT / "notebooks" / "07-te-vs-triton-live.py").read_text(encoding="utf-8"))
+    calls = [c for c in ast.walk(tree) if isinstance(c, ast.Call)
+             and getattr(c.func, "attr", None) == "check_host_or_device"]
+    assert len(calls) == 1 and [getattr(a, "id", None) for a in calls[0].args] == ["host_or_device"]
+    defined = [f for f in tree.body
+               if isinstance(f, ast.FunctionDef) and f.name == "host_or_device"]
+    assert len(defined) == 1 and [a.arg for a in defined[0].args.args] == ["call", "n"]
