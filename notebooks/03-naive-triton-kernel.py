@@ -648,8 +648,8 @@ else:
 # warps ablation only for notebook 04's batch-looping kernel, `sh_loop_b` (grid $(S, H)$: one
 # program per position and head, looping over the $B$ rows): at 4 and 8 warps its warp slots
 # are over 95 % full, about 15 and 8 programs are resident, and it takes 1.6 and 3.0 times its
-# 2-warp time. The naive kernel was profiled at 1 warp only; the warps cell above times it at
-# each count. What does help is more work per program — several rows in one program, as in
+# 2-warp time. The warps cell above times the naive kernel at each count, and the end of this
+# section profiles it at each count to find what the extra warps cost. What does help is more work per program — several rows in one program, as in
 # notebook 04 and ropelib's finished kernel — so that fewer, longer programs do the same work
 # (exercise 5 puts it to the test).
 
@@ -784,8 +784,86 @@ assert (round(min(lives), 1), round(max(lives), 1)) == (4.2, 5.5)
 # between 4.2 and 5.5 µs at every warp count. Its resident programs fall as the warps cap them
 # (about 15 at 4 warps, 8 at 8), and its time follows them. The cap alone does not explain why
 # the naive kernel is slower at 8 warps than at 2: the empty and one-row kernels above are
-# capped the same way and keep their 1-warp time. This page does not measure what does. Both
-# lessons point the same way: fewer programs, each doing more.
+# capped the same way and keep their 1-warp time.
+#
+# **What the extra warps cost.** `benchmarks/naive_warps_ncu.py` profiled the naive kernel at
+# 1, 2, 4 and 8 warps on the same H200 under Nsight Compute, beside the one-row kernel at 1 and
+# 8 warps, on the same 256 MiB `x` (`naive_warps_ncu-nvidia-h200.csv`; the profiler fixes the
+# SM clock, so compare its times with each other, not with `do_bench`'s). A half of a head row is
+# a tile of 64 pairs. One warp is 32 threads, two pairs each; two warps are 64 threads, one pair
+# each. Four and eight warps have more threads than pairs, yet Triton's layout gives every
+# thread an element anyway: threads hold copies of the same pairs, and each copy is loaded and
+# rotated again. Besides the time, the cell prints the warp instructions executed, those of the
+# XU pipe (the unit that evaluates sin and cos), the global load instructions and the 32-byte
+# sectors they asked for, and how busy the schedulers were: the share of cycles in which a
+# scheduler issued an instruction, and how many cycles a ready warp waited to be picked
+# between two of its instructions (Nsight Compute's `not_selected`).
+
+# %%
+nw_csv = measured.RESULTS / "naive_warps_ncu-nvidia-h200.csv"
+nw_labels = ("naive, 1 warp", "naive, 2 warps", "naive, 4 warps", "naive, 8 warps",
+             "one row, 1 warp", "one row, 8 warps", "copy")
+nw = dict(zip(nw_labels, (k["metrics"] for k in measured.ncu_kernels(nw_csv))))
+assert compare.read_meta(nw_csv)["gpu"] == "NVIDIA H200"
+NOT_SELECTED = "smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio"
+M = 1e6
+programs_m = 4096 * 8 * 32                        # the profile's x: S = 4096, B = 8, H = 32
+print(f"NVIDIA H200 ({nw_csv.name}), bf16 sbhd x [4096, 8, 32, 128], {programs_m:,} programs")
+print(f"{'':18s}{'us':>8s}{'warp instr. M':>15s}{'sin/cos (XU) M':>16s}{'loads M':>9s}"
+      f"{'sectors M':>11s}{'issuing':>9s}{'not selected':>14s}")
+for label, m in nw.items():
+    print(f"{label:18s}{m['gpu__time_duration.sum'] / 1e3:8.0f}"
+          f"{m['smsp__inst_executed.sum'] / M:15.1f}{m['smsp__inst_executed_pipe_xu.sum'] / M:16.1f}"
+          f"{m['smsp__sass_inst_executed_op_global_ld.sum'] / M:9.1f}"
+          f"{m['l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum'] / M:11.1f}"
+          f"{100 * m['smsp__issue_active.avg.per_cycle_active']:8.0f}%{m[NOT_SELECTED]:14.2f}")
+naive_w = {w: nw[f"naive, {w} warp{'s' if w > 1 else ''}"] for w in (1, 2, 4, 8)}
+time_x = {w: m["gpu__time_duration.sum"] / naive_w[1]["gpu__time_duration.sum"]
+          for w, m in naive_w.items()}
+inst_x = {w: m["smsp__inst_executed.sum"] / naive_w[1]["smsp__inst_executed.sum"]
+          for w, m in naive_w.items()}
+xu_per_program = {w: m["smsp__inst_executed_pipe_xu.sum"] / programs_m for w, m in naive_w.items()}
+sectors = {w: m["l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"] / M for w, m in naive_w.items()}
+print("naive kernel against 1 warp: time " + ", ".join(f"{time_x[w]:.2f}x" for w in (2, 4, 8))
+      + "; warp instructions " + ", ".join(f"{inst_x[w]:.2f}x" for w in (2, 4, 8))
+      + "; sin/cos instructions a program " + ", ".join(f"{xu_per_program[w]:.0f}"
+                                                      for w in (1, 2, 4, 8)))
+# copies of the same pairs: from 2 warps on, each doubling doubles the sin/cos and the load
+# sectors (the same bytes asked for again), and the warp instructions about double
+assert [round(v) for v in xu_per_program.values()] == [13, 22, 44, 88]
+assert [round(v) for v in sectors.values()] == [25, 25, 50, 101]
+assert [round(inst_x[w], 2) for w in (2, 4, 8)] == [1.38, 2.74, 5.46]
+# the time follows the instructions: the schedulers are nearly full from 2 warps on
+assert [round(time_x[w], 2) for w in (2, 4, 8)] == [1.19, 2.33, 4.66]
+issuing = {w: m["smsp__issue_active.avg.per_cycle_active"] for w, m in naive_w.items()}
+assert [round(100 * v) for v in issuing.values()] == [72, 83, 84, 84]
+assert all(6 < naive_w[w][NOT_SELECTED] < 8 for w in (2, 4, 8)) and naive_w[1][NOT_SELECTED] < 1.2
+# the one-row kernel: 6.7 times the instructions at 8 warps, the same time, schedulers idle
+row1, row8 = nw["one row, 1 warp"], nw["one row, 8 warps"]
+assert round(row8["smsp__inst_executed.sum"] / row1["smsp__inst_executed.sum"], 1) == 6.7
+assert abs(row8["gpu__time_duration.sum"] / row1["gpu__time_duration.sum"] - 1) < 0.02
+assert [round(100 * r["smsp__issue_active.avg.per_cycle_active"]) for r in (row1, row8)] == [4, 20]
+# and at 1 warp the naive kernel takes the one-row kernel's time, as the timings above found
+assert abs(naive_w[1]["gpu__time_duration.sum"] / row1["gpu__time_duration.sum"] - 1) < 0.02
+
+# %% [markdown]
+# At 1 warp the naive kernel takes the one-row kernel's time (within 2 %), as the timings
+# above found, but its schedulers already issue an instruction in 72 % of their cycles, where
+# the one-row kernel's issue in 4 %: its loads, sin/cos and multiplies fill the time the
+# programs' starts take, with little to spare. From 2 warps on the copies of the same pairs
+# add instructions: a program issues 13 sin/cos instructions at 1 warp, 22 at 2, 44 at 4 and
+# 88 at 8 (from 2 warps on, 11 a warp: every warp evaluates the whole tile's angles), the load
+# sectors double from 4 warps
+# (the same bytes asked for twice, then four times), and the warp instructions grow 1.38,
+# 2.74 and 5.46 times. The schedulers are then busy 83–84 % of their cycles, a ready warp
+# waits 6 to 8 cycles to be picked, and the time follows the instructions: 1.19, 2.33 and 4.66
+# times the 1-warp time. The one-row kernel also executes 6.7 times its instructions at 8 warps
+# (its copies of the row's elements), but with its schedulers issuing in 20 % of their cycles
+# they fit under the programs' starts, and its time does not move. So more warps slow the
+# naive kernel because it is already near the instruction limit and the extra warps only repeat
+# its work. That is why `default_num_warps` gives a tile at least as many elements as threads
+# (one warp per 128 elements of a half). Both lessons point the same way: fewer programs, each
+# doing more.
 
 # %% [markdown]
 # ## 5. Coalescing, made visible
