@@ -31,7 +31,7 @@
 # - use partial rotary (`rotary_percent`), position offsets (`start_positions`, `position_ids`)
 #   and context-parallel positions (`cp_size`, `cp_rank`);
 # - count the kernels and bytes of the unfused PyTorch version, and explain why on an H200 it
-#   takes 12.9 times as long as one fused kernel while moving only 6.0 times as many bytes.
+#   takes 13.0 times as long as one fused kernel while moving only 6.0 times as many bytes.
 #
 # **Time:** about an hour to read and do the three exercises; section 6, on speed, is about
 # half of the reading. The cells run in about 6 s on a CPU (Triton's interpreter).
@@ -548,7 +548,7 @@ c_bytes_ratio = sum(r.nbytes for r in committed_rows) / committed["fused_bytes"]
 print(f"committed run on {committed['gpu']}: TE unfused {committed['unfused_us']:.0f} us, "
       f"ropelib.apply_rope {committed['fused_us']:.1f} us -> unfused / fused "
       f"{c_time_ratio:.1f}x; their bytes {c_bytes_ratio:.1f}x")
-assert (round(c_time_ratio, 1), round(c_bytes_ratio, 1)) == (12.9, 6.0)
+assert (round(c_time_ratio, 1), round(c_bytes_ratio, 1)) == (13.0, 6.0)
 assert c_time_ratio > c_bytes_ratio
 
 # %% [markdown]
@@ -557,7 +557,7 @@ assert c_time_ratio > c_bytes_ratio
 # `x`; the ratio barely depends on the shape, since every op but the table's scales with `x`.)
 # If every kernel of the chain streamed its bytes as fast as the fused one, the two ratios
 # would be equal. They are not. The numbers here come from the committed H200 run, printed on
-# the cell's last line and asserted: the unfused chain takes 12.9 times as long as the fused
+# the cell's last line and asserted: the unfused chain takes 13.0 times as long as the fused
 # kernel while moving 6.0 times its bytes. A live run on a GPU prints its own times above that
 # line, a little different from run to run.
 #
@@ -588,17 +588,10 @@ assert c_time_ratio > c_bytes_ratio
 # after the table prints and asserts.
 
 # %%
-MIXED = "the fused call (do_bench) against a copy (device time)"
-
-
-def ratio_split(unfused_us, fused_us, rows, fused_bytes, copy_gbps, fused_device_us=None):
-    """unfused_us / fused_us (both do_bench) as a product of measured factors. Given the fused
+def ratio_split(unfused_us, fused_us, rows, fused_bytes, copy_gbps, fused_device_us):
+    """unfused_us / fused_us (both do_bench) as a product of measured factors. With the fused
     kernel's device time, the kernel is held against the copy by the same clock, and do_bench's
-    share of the fused call is a factor of its own; without it, one factor mixes the clocks."""
-    if fused_device_us is None:
-        factors = kb.ratio_factors(unfused_us, fused_us, rows, fused_bytes, copy_gbps)
-        factors[MIXED] = factors.pop("the fused kernel against a copy")
-        return factors
+    share of the fused call is a factor of its own."""
     factors = kb.ratio_factors(unfused_us, fused_device_us, rows, fused_bytes, copy_gbps)
     factors["the fused kernel's device time over do_bench's time"] = fused_device_us / fused_us
     return factors
@@ -641,8 +634,7 @@ else:
     rows, kept = committed_rows, committed
     copy_gbps, moved = kept["copy_gbps"], kept["fused_bytes"]
     t_unfused, t_fused = kept["unfused_us"] / 1e3, kept["fused_us"] / 1e3
-    # a run that also profiled the fused kernel keeps its device time; an older one does not
-    fused_device_us = float(kept["fused_device_us"]) if "fused_device_us" in kept else None
+    fused_device_us = float(kept["fused_device_us"])     # the fused kernel, profiled as well
     where = (f"{kept['gpu']} (a GPU's run, read from {KERNELS_CSV.relative_to(ROOT)}; "
              f"{kept['versions']})")
     repeats = int(kept["repeats"])
@@ -688,9 +680,9 @@ print(f"  {product:6.2f}x  = unfused / fused, timed: {t_unfused / t_fused:.2f}x"
 assert factors["bytes, unfused over fused"] > 3
 assert factors["kernels below the copy's bandwidth"] > 1.5
 assert factors["time outside the kernels (launch gaps)"] < 1.1
-if fused_device_us is not None:   # the fused kernel near a copy, both in device time
-    assert factors["the fused kernel against a copy"] > 0.8
-    assert factors["the fused kernel's device time over do_bench's time"] > 0.8
+# the fused kernel near a copy, both in device time
+assert factors["the fused kernel against a copy"] > 0.8
+assert factors["the fused kernel's device time over do_bench's time"] > 0.8
 
 # %%
 # the committed H200 run (read before any cell ran): the numbers the text below quotes
@@ -702,10 +694,8 @@ c_slow = [i for i, r in kb.below(committed_rows, 0.5) if i in c_on_x]
 c_kinds = kb.by_kind(committed_rows, c_copy)
 c_over = sum(r.us for r in committed_rows) - kb.us_at_copy_speed(committed_rows, c_copy)
 c_plain_over = sum(c_kinds[k].over_copy_us for k in (kb.NOT_VECTORIZED, kb.CAT_NOT_VECTORIZED))
-c_fused_device_us = committed.get("fused_device_us")       # absent: the fused call not profiled
 c_factors = ratio_split(committed["unfused_us"], committed["fused_us"], committed_rows,
-                        committed["fused_bytes"], c_copy,
-                        None if c_fused_device_us is None else float(c_fused_device_us))
+                        committed["fused_bytes"], c_copy, float(committed["fused_device_us"]))
 print(f"committed run, {committed['gpu']}: kernels on x below half a copy {c_slow} of {c_on_x}; "
       f"table kernels {min(c_table_us):.1f} to {max(c_table_us):.1f} us each")
 print(f"  of copy: " + ", ".join(f"{i} {committed_rows[i].op} {committed_rows[i].of_copy:.0%}"
@@ -713,33 +703,31 @@ print(f"  of copy: " + ", ".join(f"{i} {committed_rows[i].op} {committed_rows[i]
 print(f"  beyond the copy's speed: {c_over:.0f} us, {c_plain_over:.0f} us of it not vectorized")
 print("  factors: " + ", ".join(f"{f:.2f}x {what}" for what, f in c_factors.items()))
 assert c_slow == [4, 5, 6, 7] and c_on_x == [4, 5, 6, 7, 8, 9]
-assert (round(min(c_table_us), 1), round(max(c_table_us), 1)) == (1.4, 3.3)
-assert [round(100 * committed_rows[i].of_copy) for i in c_on_x] == [35, 38, 24, 35, 105, 97]
-assert (round(c_over), round(c_plain_over)) == (504, 502)
-assert [round(f, 2) for f in c_factors.values()] == [1.00, 2.29, 6.02, 0.93]
-assert list(c_factors)[-1] == MIXED     # the committed run: the fused call timed by do_bench only
+assert (round(min(c_table_us), 1), round(max(c_table_us), 1)) == (1.4, 2.8)
+assert [round(100 * committed_rows[i].of_copy) for i in c_on_x] == [34, 38, 23, 35, 105, 95]
+assert (round(c_over), round(c_plain_over)) == (509, 506)
+assert [round(f, 2) for f in c_factors.values()] == [1.00, 2.31, 6.02, 1.00, 0.94]
 
 # %% [markdown]
 # The table shows what the bytes alone do not. The numbers in this part come from the committed
 # H200 run, printed by the cell just above; a live table before it differs a little.
 #
 # In the committed run, 4 of the 6 kernels on $x$ (the two multiplies, the `neg` and the first
-# `cat`) stream at 24% to 38% of the copy's bandwidth. The table's own `cos`, `sin` and casts,
-# 1.4 to 3.3 µs each on a small tensor, are left out of that count.
+# `cat`) stream at 23% to 38% of the copy's bandwidth. The table's own `cos`, `sin` and casts,
+# 1.4 to 2.8 µs each on a small tensor, are left out of that count.
 #
 # The factor lines answer "where does the rest go?" as a product of measured factors. The
-# unfused chain moves 6.02 times the fused kernel's bytes. Its kernels take 2.29 times what
+# unfused chain moves 6.02 times the fused kernel's bytes. Its kernels take 2.31 times what
 # those bytes would take at the copy's speed. The time between its kernels adds nothing visible
-# (1.00). With the last factor, the product is the timed ratio, 12.9, by construction.
+# (1.00). With the last two factors, the product is the timed ratio, 13.0, by construction.
 #
-# The last factor mixes two clocks. `triton.testing.do_bench` times whole calls, launch and
-# timer events included; the profiler's device time counts the kernel alone. That fixed cost
-# vanishes in the unfused chain's long time, not in one short fused kernel. A GPU run therefore
-# also profiles the fused kernel and splits the factor in two: the kernel against a copy, both
-# in device time, and the kernel's device time over do_bench's time of its call (the timer's
-# share). The committed run kept no device time of the fused kernel, so its 0.93 holds the
-# fused call's do_bench time against the copy's device time: part of the gap below 1 is the
-# timer, not the kernel.
+# The last two factors keep two clocks apart. `triton.testing.do_bench` times whole calls,
+# launch and timer events included; the profiler's device time counts the kernel alone. That
+# fixed cost vanishes in the unfused chain's long time, not in one short fused kernel. So the
+# GPU run also profiles the fused kernel, and splits its part in two: the kernel against a copy,
+# both in device time (1.00: the fused kernel streams its bytes at the copy's speed), and the
+# kernel's device time over do_bench's time of its call (0.94: the rest of the fused call's
+# time is the call's, not the kernel's).
 #
 # Which kernels fall short, and why? The by-kind table sums the kernels by the PyTorch template
 # each was launched from, as its name shows in the profiler listing above. The slow ones are the
@@ -749,10 +737,10 @@ assert list(c_factors)[-1] == MIXED     # the committed run: the fused call time
 # 0), `neg` and the first `cat` a strided half of `x` (`torch.chunk` of the last dimension).
 # PyTorch picks its vectorized template, where each thread loads several neighbouring elements
 # at once, only when every operand is contiguous; otherwise each thread loads one element at a
-# time, at an offset computed from the strides. Of the 504 µs the chain's kernels take beyond
-# the copy's speed, 502 µs are the non-vectorized kernels'.
+# time, at an offset computed from the strides. Of the 509 µs the chain's kernels take beyond
+# the copy's speed, 506 µs are the non-vectorized kernels'.
 #
-# The `add` of two contiguous temporaries and the second `cat` run vectorized, at 105% and 97%
+# The `add` of two contiguous temporaries and the second `cat` run vectorized, at 105% and 95%
 # of the copy's GB/s. The `add` beats the copy because a copy is a yardstick, not the memory's
 # peak: a kernel that reads two bytes for each it writes can stream faster than one that reads
 # one and writes one. (`cos`, `sin` and their casts are vectorized too, on the small table.)
@@ -802,7 +790,7 @@ assert mul["l1_load_requests"] == 8 * add["l1_load_requests"]
 # ask for 16: each lane loads 8 elements, 16 bytes, in one instruction. A multiply and the add
 # ask for the same 8,388,608 sectors (two operands of $x$'s size each; the multiply's second one
 # is the broadcast table), and the multiply takes eight times the load requests to do it; it
-# streams at 35% of the copy's GB/s in the committed run, the add at 105%.
+# streams at 34% of the copy's GB/s in the committed run, the add at 105%.
 #
 # Two cautions. The non-vectorized path also computes each element's offset from the strides,
 # and these counters cannot separate that cost from the narrower loads. And Nsight Compute
