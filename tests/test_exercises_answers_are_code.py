@@ -513,6 +513,7 @@ NOTEBOOK_CHECKS = [
     ("02-pytorch-reference-and-layouts.py", "check_bytes_moved", "bytes_moved"),
     ("03-naive-triton-kernel.py", "check_predicted_us", "my_predicted_us"),
     ("07-te-vs-triton-live.py", "check_fit_time_model", "fit_time_model"),
+    ("07-te-vs-triton-live.py", "check_host_or_device", "host_or_device"),
     ("09-rope-in-a-model.py", "check_cached_attention", "cached_attention"),
     ("09-rope-in-a-model.py", "check_rope_share", "rope_share"),
 ]
