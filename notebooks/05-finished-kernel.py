@@ -2513,7 +2513,9 @@ ex1b_passed = load_schedule.check_wide_loads(
 # launches your kernels of Exercises 1 and 1b on bf16 sbhd $s = 4096$, $b = 8$, $h = 32$,
 # $d = 128$ (256 MiB: large enough that the bytes, not the launch, set the time), asserts that
 # each output there is the reference's too, and times it with `do_bench` beside the worked
-# solution and a device copy `y.copy_(x)` of the same tensor. A kernel is timed once it has
+# solution, ropelib's finished kernel on the same interleaved pairs (`ropelib.apply_rope(...,
+# interleaved=True)`: its loads are Exercise 1b's, whole rows split into pairs in registers)
+# and a device copy `y.copy_(x)` of the same tensor. A kernel is timed once it has
 # passed its check above. The launch is the check's, written out in `launch_interleaved`, with
 # the tile and warps that ropelib's planner gives the finished kernel on this GPU (on the H200
 # the launch whose loads the cells above count): change it and rerun.
@@ -2538,11 +2540,12 @@ def timing_inputs(shape):
     return x, torch.empty_like(x), torch.rand(S, D, device=device) * 6 - 3
 
 
-def time_against_copy(x, y, want, yours, solution):
+def time_against_copy(x, y, want, yours, solution, others=()):
     """Time y.copy_(x), each of your launches (yours: name -> (passed its check, a call that
-    writes y)) and the worked solution's (a call that writes y) with do_bench; print each median
-    and its speed as a fraction of the copy's. Yours are timed only once they pass their check,
-    and only after their output at this size is asserted to be `want` (the reference)."""
+    writes y)), the worked solution's (a call that writes y) and `others` ((name, call) pairs)
+    with do_bench; print each median and its speed as a fraction of the copy's. Yours are timed
+    only once they pass their check, and only after their output at this size is asserted to be
+    `want` (the reference)."""
     from triton.testing import do_bench
     print(f"x {list(x.shape)} {str(x.dtype).replace('torch.', '')} "
           f"({x.numel() * x.element_size() >> 20} MiB), {runtime.mode()}: median us "
@@ -2558,6 +2561,7 @@ def time_against_copy(x, y, want, yours, solution):
             y, want, msg=lambda m, name=name: f"{name}, x {list(x.shape)}: {m}")
         timed[name] = run
     timed["worked solution"] = solution
+    timed.update(others)
     copy_ms = do_bench(lambda: y.copy_(x), quantiles=[0.5, 0.2, 0.8])
     for name, run in {"y.copy_(x)": None, **timed}.items():
         ms = copy_ms if run is None else do_bench(run, quantiles=[0.5, 0.2, 0.8])
@@ -2577,6 +2581,7 @@ def launch_interleaved(kernel, x, y, freqs, *, block_s, block_h, chunk, num_warp
 def time_exercise_1(shape):
     """Your kernels of Exercises 1 and 1b, the worked solution and a copy, at `shape`."""
     x, y, freqs = timing_inputs(shape)
+    freqs_sbhd = freqs.view(shape[0], 1, 1, shape[3])      # the angles as ropelib takes them
     p = ladder.plan("chunks", *shape, x.element_size(), *ladder.device_knobs(x))  # rung 4's tile
     print(f"launch: grid {p.grid}, tile BLOCK_S={p.block_s} BLOCK_H={p.block_h} "
           f"B_CHUNK={p.chunk}, {p.num_warps} warps")
@@ -2589,7 +2594,9 @@ def time_exercise_1(shape):
                       yours={"yours (Exercise 1)": (ex1_passed, run(my_interleaved_tile_kernel)),
                              "yours (Exercise 1b)": (ex1b_passed,
                                                      run(my_interleaved_vector_kernel))},
-                      solution=run(fk._rope_interleaved_tile_solution_kernel))
+                      solution=run(fk._rope_interleaved_tile_solution_kernel),
+                      others=[("ropelib, interleaved", lambda: ropelib.apply_rope(
+                          x, freqs_sbhd, interleaved=True))])
 
 
 if GPU:
@@ -2597,6 +2604,13 @@ if GPU:
 else:
     print("Timing needs a GPU: the interpreter runs one program after another in Python, so "
           "here the checks above are all there is.")
+
+# %% [markdown]
+# On a GPU, read the worked solution's line against ropelib's: the same rotation of the same
+# pairs, but two-byte loads at stride 2 (the compiled count above) against 16-byte vectors of
+# whole rows. How much of the difference in time do the load instructions alone explain, and
+# what else changes when a warp's loads stop being contiguous (section 4 shows how the tile is
+# laid over the threads)? Your kernel of Exercise 1b should land near ropelib's line.
 
 # %% [markdown]
 # ## Exercise 2: the flat pass
