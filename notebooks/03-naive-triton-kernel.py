@@ -851,7 +851,7 @@ assert abs(naive_w[1]["gpu__time_duration.sum"] / row1["gpu__time_duration.sum"]
 # above found, but its schedulers already issue an instruction in 72 % of their cycles, where
 # the one-row kernel's issue in 4 %: its loads, sin/cos and multiplies fill the time the
 # programs' starts take, with little to spare. From 2 warps on the copies of the same pairs
-# add instructions: a program issues 13 sin/cos instructions at 1 warp, 22 at 2, 44 at 4 and
+# add instructions: a program executes 13 sin/cos instructions at 1 warp, 22 at 2, 44 at 4 and
 # 88 at 8 (from 2 warps on, 11 a warp: every warp evaluates the whole tile's angles), the load
 # sectors double from 4 warps
 # (the same bytes asked for twice, then four times), and the warp instructions grow 1.38,
