@@ -42,14 +42,13 @@
 #   `allclose` and pass a dtype-aware one;
 # - choose `allclose` tolerances from the dtype, and measure errors in ulps and norm-wise
 #   against fp64;
-# - tell which precision choices cost accuracy: where sin/cos come from (a table in the input
-#   dtype, an fp32 table, or computed in the kernel), the dtype of the math, fused multiply-add;
+# - tell which precision choices cost accuracy: a cos/sin table in the input dtype, the dtype
+#   of the math, fused multiply-add;
 # - make a Triton kernel equal Transformer Engine's output **bit for bit**, and prove which
 #   change did it;
-# - recognise six layout traps: sbhd vs bshd position indexing, TE's duplicated `[s,1,1,d]`
-#   angles vs an `[s, d/2]` table, interleaved vs rotate-half pairs, partial rotary, table
-#   margins and an in-place kernel that rotates a tensor twice — and tell them apart by the
-#   positions the output encodes;
+# - recognise six layout traps (sbhd vs bshd indexing, TE's duplicated angles, interleaved vs
+#   rotate-half pairs, partial rotary, table margins, an in-place double rotation) and tell
+#   them apart by the positions the output encodes;
 # - go from the shape of a difference to its family of causes with a decision table;
 # - write the comparison that passes for the right reasons.
 #
@@ -199,11 +198,10 @@ print(f"your kernel: first ten values equal {d['first_ten_equal']}, allclose {d[
 
 # %% [markdown]
 # From here on the notebook runs the course's kernel (`debug.reproduce` without `kernel=`), and
-# section 4b reads what that kernel and TE gave on a GPU (`benchmarks/results/te-bits-*.pt`).
-# What it finds holds for your copy as long as your copy gives the same bits. This cell checks
-# that, for the reported failure and the fixed kernel, and prints whether an edit changed the
-# output. Either way the cells below go on with the course kernel's output: they describe the
-# kernel as given, and an edit of your copy does not stop them.
+# section 4b also reads what that kernel and TE gave on a GPU (`benchmarks/results/te-bits-*.pt`).
+# What it finds holds for your copy as long as your copy gives the same bits; this cell counts
+# the elements where it does not. An edit of your copy does not stop the cells below: they go
+# on with the course kernel's output.
 
 # %%
 course_fixed = debug.reproduce(SC, FIXED, device=device)
@@ -327,8 +325,8 @@ if not GPU:
 # Two lessons. The reported kernel is many ulps from the exact result near outputs close to
 # zero, where its rounded products cancel; section 4 finds why. And the fixed kernel passes
 # with dtype-aware tolerances but is not TE bit for bit: on the H200 page 12 of 1,048,576
-# elements differ from the real TE, enough to fail the default `allclose`, while the CPU's
-# small tensor shows none. Agreement at one size proves little. Two suspects for such
+# elements differ from the real TE, enough to fail the default `allclose` (on the CPU's 4,096
+# elements the cell asserts none). Agreement at one size proves little. Two suspects for such
 # last-bit differences: where sin/cos come from, and the order of the multiply-add. Section
 # 3b shows that the first *can* produce the reported symptom; section 4b finds that on the
 # GPU it is the second.
@@ -447,9 +445,10 @@ assert 10 <= n_big <= 1e-4 * yb.numel() and torch.allclose(yb, yb_moved, **debug
 #   fp32 angles, as TE's kernel does: both accurate; a table computed with torch on the CPU can
 #   differ from CUDA's `sincosf` (section 4b counts where);
 # - **fused multiply-add**: one product and the sum rounded once instead of twice. A GPU
-#   compiler contracts `a*b + c` into an FMA on its own; the interpreter (NumPy) does not. The
-#   order changes the last fp32 bit of many outputs; after rounding to bf16, 12 to 22 of
-#   1,048,576 elements still differ from the real TE (section 4b counts them).
+#   compiler contracts `a*b + c` into an FMA on its own; the interpreter (NumPy) does not.
+#   Which product is fused changes the last fp32 bit of many outputs. In bf16, TE's order
+#   leaves no element different from the real TE, the other evaluations 12 to 22 of 1,048,576
+#   (section 4b).
 #
 # The error in ulps of the exact output is harsh where that output is near zero: a bf16 table
 # is then "many ulps" off although every value in it is as good as bf16 allows. A fairer
@@ -509,10 +508,9 @@ if not GPU or debug.te_label(device) == "TE fused":   # the emulation here, or T
 # do the math in fp32, round once on the store — what TE's fused kernel and ropelib's kernel do.
 #
 # The last row goes further: with the fused multiply-add, `max |TE - Triton|` is 0, every
-# output with TE's bits. The cell asserts it where the TE side computes what TE computes: the
-# emulation on the CPU, TE itself on a GPU with TE. On the CPU's small tensor the fixed row is
-# 0 as well; at the GPU's size the fixed row is not (max difference 0.0156 on the H200 page) and
-# the fma row is. Section 4b finds which fma order does that.
+# output with TE's bits (asserted against TE itself on a GPU, and against the emulation on the
+# CPU). The fixed row above it, the same math with the fma left to the compiler, is not: 0.0156
+# on the H200 page. Section 4b finds which fma order makes the difference.
 #
 # **Exercise — the norm-wise error.** Write `my_normwise_error(y, exact, x, rot_dim)`: for
 # every element of `y` (any shape, last dim $D$), $|y - y^\star|$ divided by $|x_a| + |x_b|$,
@@ -620,11 +618,10 @@ print(f"compared with: {where}; x and angles hash as on the GPU")
 # exercise's check launches (a test keeps the two the same).
 #
 # Where cos and sin come from is `check_bits`'s `sincos` argument: `"tl"` computes them in the
-# kernel from the fp32 angles; `"table"` reads a table — by default TE's own cos/sin. `SINCOS`,
-# the default, is `"tl"` on a GPU and `"table"` on the CPU, and the table there is a stand-in,
-# said plainly: in the interpreter `tl.cos` is NumPy's `cos`, which is not CUDA's `sincosf` and
-# differs from it in some entries (step b counts them), and libdevice's functions do not run
-# there at all. On a GPU, `tl.cos` is compiled CUDA code.
+# kernel from the fp32 angles, `"table"` reads a table (by default TE's own cos/sin). `SINCOS`,
+# the default, is `"tl"` on a GPU and `"table"` on the CPU: in the interpreter `tl.cos` is
+# NumPy's `cos`, not CUDA's `sincosf` (step b counts where they differ), and libdevice does not
+# run there at all.
 
 # %%
 # ropelib-source: ropelib.course.exercises.debugging._rope_combine_kernel
@@ -709,12 +706,11 @@ def check_bits(case, combine_fn, sincos=SINCOS, table=None, quiet=False, fusion=
 # element differs from TE's stored output in either. It refuses ropelib's own `@triton.jit`
 # helpers and the worked solution.
 #
-# Both take the line as written. In the interpreter each product is rounded unless your line
-# fuses it. On a GPU both compile the kernel with contraction switched off
-# (`enable_fp_fusion=False`), so the compiler fuses nothing your line does not. A line that
-# matches TE only when a compiler happens to contract it the right way passes neither, and
-# `check_bits` counts on every machine what the grader counts. (Step a shows what a GPU
-# compiler does with the line when it may contract.)
+# Both take the line as written: on a GPU they compile the kernel with contraction switched off
+# (`enable_fp_fusion=False`), and the interpreter never contracts, so nothing is fused that
+# your line does not fuse. A line that matches TE only when a compiler happens to contract it
+# the right way passes neither, and `check_bits` counts on every machine what the grader
+# counts. (Step a shows what a GPU compiler does with the line when it may contract.)
 
 # %%
 @triton.jit
@@ -737,13 +733,12 @@ te_combine = my_combine if combined_by_learner else ex.solution_te_combine
 # The steps below walk the way to that line, one change at a time, and keep a table of what each
 # change did.
 #
-# **Step a — the kernel as written.** The interpreter rounds each product and the sum:
-# $y_{\text{none}}$. On a GPU `check_bits` compiles with contraction off, which rounds each
-# product too, so both machines compute $y_{\text{none}}$, the file's `free_sub-nofuse` row.
-# Left free, a GPU compiler contracts as it likes, and "as written" becomes a different
-# computation: the file's kernel gave `free_sub`'s count (12 on the H200), and on a GPU the
-# cell also compiles the kernel above with contraction on (0 on the H200 page). The compiler
-# chooses per kernel; the steps table comes back to this.
+# **Step a — the kernel as written.** The interpreter rounds each product and the sum,
+# $y_{\text{none}}$; on a GPU `check_bits` compiles with contraction off, which does the same.
+# So both machines compute $y_{\text{none}}$ (the file's `free_sub-nofuse` row): 17 elements
+# differ from TE on the H200 page. Left free to contract, a GPU compiler makes "as written" a
+# different computation, chosen per kernel: 12 elements in the file's kernel, 0 in the kernel
+# above compiled on the H200 page. The steps table comes back to this.
 
 # %%
 @triton.jit
@@ -869,17 +864,13 @@ else:
 
 # %% [markdown]
 # On the GPU, `tl.cos`/`tl.sin`, libdevice's `cos`/`sin` and a torch table computed on the GPU
-# are TE's `sincosf` bit for bit, in every entry of the table above. So swapping among them
-# cannot move the count, and it does not. Sources that *are* different move it, even under
-# the fma line: the fast hardware approximations (`cos.approx`), or a torch table computed on
-# the CPU, whose entries differ from CUDA's in the places counted above. On the CPU the
-# interpreter's `tl.cos` is such a different source; that is why the kernel reads TE's own
-# table there.
-#
-# The "as written" column's header says which computation it is: on a GPU the kernel above
-# with contraction off, on the CPU the file's kernel with contraction on. Either way the three
-# sources equal to TE's give one count (asserted). Sin/cos are not what separates the kernel
-# from TE. The combine line is.
+# are TE's `sincosf` bit for bit: 0 entries differ. So swapping among them cannot move the
+# count, and it does not: on the H200 page 17 elements as written, 0 with the fma line, for
+# all three. Sources that *are* different move it, even under the fma line: the fast
+# approximations (`cos.approx`: 2,287 elements) or a torch table computed on the CPU (16). On
+# the CPU the interpreter's `tl.cos` is such a different source (NumPy's: 2,701 cos and 2,517
+# sin entries differ from TE's); that is why the kernel reads TE's own table there. Sin/cos
+# are not what separates the kernel from TE. The combine line is.
 #
 # **Step c — fuse TE's product: $\mathrm{fma}(x, c, r s)$**, the contraction nvcc applies to
 # TE's line. This is the exercise's line: `te_combine` is your combine if it passed the check,
@@ -1010,27 +1001,20 @@ fig.savefig(FIGURES / "08-bits-steps.png", dpi=110)
 plt.show()
 
 # %% [markdown]
-# **Reading the table.** The right column is the file: what `benchmarks/te_bits.py` compiled
-# on the GPU named in its header, its copy of the reproduction kernel (the last row: that
-# kernel itself, through `debug`'s wrapper). The left column is this machine: the interpreter
-# on the CPU, or on a GPU the kernel above, compiled here (the last row: section 3's run of
-# the reproduction kernel). Rows a to e leave nothing to a
-# compiler — each product is rounded or sits in a `tl.fma` — so each is one computation on
-# every machine, and the two columns agree row by row (asserted on the CPU and on the file's
-# GPU). Of these rows only c is 0, in both columns (asserted): `tl.fma` fixes TE's order in
-# the source, and step d shows that the order is what matters. A dash marks a count that was
-# not taken: row b needs libdevice, which the interpreter lacks; the last two rows need a
-# compiler that contracts, and the last one TE itself (section 3's run of the reproduction
-# kernel against it); the file holds no run of `_rope_combine_kernel`.
+# **Reading the table.** The left column is this machine (the interpreter on the CPU, or the
+# kernel above compiled here on a GPU), the right one the file (`benchmarks/te_bits.py` on the
+# GPU in its header). Rows a to e leave nothing to a compiler: each product is rounded or sits
+# in a `tl.fma`. So each row is one computation on every machine, and the two columns agree
+# row by row (17, 17, 0, 22, 12 on the H200 page; asserted on the CPU and on the file's GPU).
+# Only row c is 0: `tl.fma` pins TE's order in the source, and row d shows that the order is
+# what matters. A dash is a count not taken: libdevice does not run in the interpreter, and
+# the last two rows need a compiler that contracts (the last one, TE itself).
 #
-# The last two rows are the line as written with contraction on: the compiler's choice, made
-# per kernel, so each row names its kernel. In the file, `te_bits.py`'s copy of the
-# reproduction kernel gave row e's count, 12, and the reproduction kernel itself the same
-# (asserted: one count). On the H200 page, with the file's GPU and Triton version,
-# `_rope_combine_kernel` gave 0, while the reproduction kernel of section 3 — the same two
-# lines — differed in 12 elements. The line as written matches TE only when the compiler
-# happens to fuse TE's way. The cell below reads, from the outputs alone, which product each
-# line's fma fused.
+# The last two rows are the line as written with contraction on, where the compiler chooses,
+# per kernel. On the H200 page `_rope_combine_kernel` gave 0 and the reproduction kernel of
+# section 3, the same two lines, 12 (the file's count too). The line as written matches TE
+# only when the compiler happens to fuse TE's way. The cell below reads from the bits which
+# product each line's fma fused.
 
 # %%
 def fused_product(y, te_order, other_order):
@@ -1059,6 +1043,10 @@ else:
     print("(this notebook's kernel, compiled: on a GPU; the interpreter rounds every product)")
 
 # %% [markdown]
+# In the file's kernel $y_1$ fused TE's product and $y_2$ the other, the 12 elements of row e.
+# In this notebook's kernel, compiled on the H200 page, both lines fused TE's product: that is
+# its 0. Same GPU, same compiler, same two lines; a different kernel around them.
+#
 # **How far apart are the elements that differ?** Most are one bf16 step: each check prints
 # its counts per number of steps (steps d and e above). An element several steps apart is an
 # output near zero, where $x c$ and $r s$ nearly cancel: the fp32 rounding that the fma skips
@@ -1466,24 +1454,26 @@ print(f"fixed: allclose with {tol} passes; max error {float(ulps.max()):.3g} ulp
 # %% [markdown]
 # ## What we found
 #
-# The reported check compared a bf16 kernel with a bf16 kernel at `allclose`'s fp32-sized
-# default tolerances and printed the first ten values, where every RoPE here agrees. We cannot
-# know which cause struck the original project — its code, inputs and sizes are not here — so
-# what follows is an inference. Every cause in this notebook reproduces the symptom (first ten
-# values equal, `allclose` false); the layout traps make large differences that a look at the
-# argmax would have shown at once, so a report of "small" differences points to the first two
-# families. A kernel written after Unsloth's carries a bf16 cos/sin table and bf16 products
-# (many ulps near zero, yet only a few $u$ norm-wise), and even a correct kernel fails those
-# tolerances by a rounding step when its sin/cos differ from TE's in the last fp32 bit —
-# section 3b reproduced the report that way. Against the real TE on a GPU, though, the fixed
-# kernel's sin/cos equal TE's in every entry, and what separated it from TE was the order of
-# the fused multiply-add. With `tl.fma(x, c, rot * s)`, TE's contraction, it matched TE bit for
-# bit on every machine (section 4b). The line as written matched only where the compiler
-# happened to fuse TE's way: on the H200 page in section 4b's kernel, not in the reproduction
-# kernel or the file's (12 elements each). The fix is the comparison itself: fp64 reference,
-# dtype-aware tolerances, errors in ulps *and* norm-wise, and a look at the argmax and at the
-# positions the output encodes instead of the first ten values — and, where bit-for-bit
-# equality is the goal, the same contraction as the other side.
+# The reported check compared two bf16 kernels at `allclose`'s default tolerances, which are
+# sized for fp32, and printed the first ten values, where every RoPE here agrees. The original
+# project's code, inputs and sizes are not here, so which cause struck it is an inference.
+# Every cause in this notebook gives the symptom. The layout traps make differences of order
+# one that a look at the argmax shows at once, so a report of "small" differences points to
+# precision or tolerance:
+#
+# - a kernel written after Unsloth's carries a bf16 cos/sin table and bf16 products: 309 ulps
+#   off fp64 near zero on the H200 page, yet 2.22 $u$ norm-wise;
+# - a correct kernel whose sin/cos differ from TE's in the last fp32 bit fails the default
+#   tolerances by a rounding step (section 3b: 43 of 1,048,576 elements);
+# - against the real TE on the H200 the fixed kernel's sin/cos equal TE's in every entry, and
+#   what separated the two was which product the fused multiply-add took. With
+#   `tl.fma(x, c, rot * s)`, TE's contraction, the kernel matched TE bit for bit; the line as
+#   written matched only where the compiler fused TE's way (section 4b's kernel, not the
+#   reproduction kernel: 12 elements).
+#
+# The fix is the comparison itself: an fp64 reference, dtype-aware tolerances, errors in ulps
+# *and* norm-wise, a look at the argmax and at the positions the output encodes instead of the
+# first ten values — and, where bit-for-bit equality is the goal, the other side's contraction.
 #
 # ## Questions for a study group
 #

@@ -252,13 +252,14 @@ assert max(v["share"] for (_, pass_), v in h100.items() if pass_ == "fwd+bwd") <
 # Which is cheaper: the split, which may move the accumulator between register layouts, or the
 # second read of $X$? `benchmarks/qkv_mainloop_probe.py` timed both on an H200 (a TMA probe
 # kernel, one head a tile, Llama-3-8B's projection) at four tiles, and at three of them the bare
-# GEMM with no epilogue; the next cell prints every pair. Two accumulators take 4 to 30 % longer
-# in seven of the eight cases (8 and 10 % at the pointer-loaded forward's tile,
-# `GPU_TILES["fwd"]`), and 5 % less only at the 4-warp tile 64/64 with 32768 tokens. These are
-# single timings: against the two timings' p20-p80 spreads added, six of the eight differences
-# stand out, and the two at 8192 tokens with 64/64 and 128/128 do not. Against the bare GEMM of
-# its tile, one accumulator costs 0.1 to 5.5 % at 3 stages. At 4 stages it comes out 15 and 17 %
-# faster, but only because the bare GEMM there is itself 19 to 23 % slower than at 3 stages.
+# GEMM with no epilogue; the next cell prints every pair. One accumulator is the cheaper: two
+# take 4 to 30 % longer in seven of the eight cases (8 and 10 % at the pointer-loaded forward's
+# tile, `GPU_TILES["fwd"]`), and 5 % less only at the 4-warp tile 64/64 with 32768 tokens. These
+# are single timings: against the two timings' p20-p80 spreads added, six of the eight
+# differences stand out, and the two at 8192 tokens with 64/64 and 128/128 do not. Against the
+# bare GEMM of its tile, one accumulator costs 0.1 to 5.5 % at 3 stages. At 4 stages it comes
+# out 15 and 17 % faster, but only because the bare GEMM there is itself 19 to 23 % slower than
+# at 3 stages.
 #
 # So ropelib holds a head as one accumulator whenever every feature is rotated and $D/2$ is a
 # power of two, and gathers accumulators (three, with the pass-through features) for partial
@@ -1565,19 +1566,21 @@ assert [round(v, 2) for v in lag.values()] == [0.04, 0.09]
 # `qkv_rope_linear`'s within bf16's rounding (absolute 0.1, relative 0.05). It also times your
 # kernel with `N_ROT = 0`, so every head takes the v path: same grid, main loop and stores, and
 # the difference of the two times is your rotation's cost. On the H200 page the rotating launch
-# came out the faster (0.900 against 0.927 ms): one timing moves by a few per cent, so time both
-# several times before trusting a small difference.
+# came out the faster, 0.901 against 0.921 ms, inside each other's p20-p80 spread: the rotation
+# costs less than one timing moves, so time both several times before trusting a difference
+# that small.
 #
 # In 7.1's shuffled runs the ratio of times at this shape, fused over unfused, is 0.98 to 1.00,
 # the pointer-loaded forward's 1.26 to 1.30. On an H200 the cell asserts only that the median of
-# five rounds of that ratio is below 1.15: a wide bound, since a live timing moves by several per
-# cent (the unfused pipeline's rounds ranged from 0.81 to 1.06 of cuBLAS's speed), but one the
-# pointer-loaded forward would fail. On another GPU the cell only prints; on a CPU it times
-# nothing.
+# five rounds of that ratio is below 1.15 (0.98 on the H200 page): a wide bound, since a live
+# timing moves by several per cent (the unfused pipeline's rounds ranged from 0.81 to 1.06 of
+# cuBLAS's speed), but one the pointer-loaded forward would fail. On another GPU the cell only
+# prints; on a CPU it times nothing.
 #
-# The teaching launch uses fixed 64 × 64 tiles and Triton's default pipelining, so most of its
-# gap to cuBLAS and `qkv_rope_linear` is the main loop, not your epilogue (7.2). Change the
-# tiles in `teaching()` (`64, 64`: the rows and the hidden-size step of a program) and rerun.
+# The teaching launch takes 1.49 times cuBLAS's time on the H200 page, with a rotation that costs
+# nothing measurable: the gap is its main loop (fixed 64 × 64 tiles, Triton's default
+# pipelining), not your epilogue (7.2). Change the tiles in `teaching()` (`64, 64`: the rows and
+# the hidden-size step of a program) and rerun.
 
 # %%
 # 7.1's shuffled forward runs at this shape: fused over unfused time, from the medians of their
