@@ -25,10 +25,11 @@
 # story, and what can be concluded from it), and the second of ropelib's three generations.
 #
 # **Time:** two to three hours. The reading alone takes most of an hour; section 5 is long and
-# dense, and its last part ("Where TE's time goes with the clock free") can wait for a second
-# sitting. The five exercises take about 45 minutes (the last two are kernels), and then
-# there are the discussion questions. The cells run in about 20 seconds on a two-core CPU:
-# Triton's interpreter, and one compile for an H200 that needs no GPU.
+# dense, and its clock-free part ("Where TE's time goes with the clock free") can wait for a
+# second sitting; section 5.6, the answer, cannot. The five exercises take about 45 minutes
+# (the last two are kernels), and then there are the discussion questions. The cells run in
+# about 20 seconds on a two-core CPU: Triton's interpreter, and one compile for an H200 that
+# needs no GPU.
 #
 # **After this notebook you will be able to**
 #
@@ -630,7 +631,7 @@ assert not GEN_CSV.exists() or {(c, k) for c in LIVE for k in (
 # (their own CSVs); each cell prints the date and versions of the CSV it reads.
 # The cell below redraws the figure from the CSV, so it runs without a GPU:
 #
-# ![GB/s of the three generations and of a device copy](../figures/04-generations-gbps.png)
+# ![GB/s of the generations and of a device copy, NVIDIA H200](../figures/04-generations-gbps.png)
 
 # %%
 if GEN_CSV.exists():   # read by the cell of section 5.1
@@ -667,8 +668,16 @@ if GEN_CSV.exists():   # read by the cell of section 5.1
     print("naive kernel, ns per program on each SM: " + ", ".join(
         f"b={b_} {ns:.0f}" for b_, ns in sorted(ns_naive.items())))
     assert len(ns_naive) >= 4 and all(70 < ns < 90 for ns in ns_naive.values())
+    naive_programs = {r["batch"]: r["seq_len"] * r["batch"] * r["heads"]
+                      for (case, prov), r in sweep.items() if prov == "ropelib_naive"}
+    grid_programs = {r["seq_len"] * r["heads"]
+                     for (case, prov), r in sweep.items() if prov == "ropelib_batch_reuse"}
+    print(f"naive programs: b=1 {naive_programs[1]:,} to b=16 {naive_programs[16]:,}; "
+          f"the batch-reusing grid's at every b: {', '.join(f'{n:,}' for n in grid_programs)}")
+    assert (naive_programs[1], naive_programs[16]) == (131_072, 2_097_152)
+    assert grid_programs == {131_072}
     br1, br2 = (sweep[(c, "ropelib_batch_reuse")]["fwd_ms"] for c in ("batch-1", "batch-2"))
-    print(f"batch-reusing grid, 131,072 programs each time: batch-1 {br1 * 1e3:.1f} us, "
+    print(f"batch-reusing grid: batch-1 {br1 * 1e3:.1f} us, "
           f"batch-2 {br2 * 1e3:.1f} us (twice the bytes): ratio {br2 / br1:.3f}")
     assert abs(br2 / br1 - 1) < 0.02
     assert (round(ns_naive[1]), round(ns_naive[16])) == (84, 80)
@@ -694,30 +703,19 @@ else:
 #
 # ### 5.3 Why: one factor at a time
 #
-# **The answer, before the evidence.** Sections 5.3 and 5.4 take the speed-up apart one factor
-# at a time, then under the profiler; every statement below is checked by their cells against
-# the committed measurements:
+# **The answer, before the evidence** (each statement is checked by a cell below against the
+# committed measurements):
 #
 # 1. The batch-reusing grid beats the naive kernel because it launches $B$ times fewer
-#    programs, not because it reuses cos/sin. A million one-warp, one-row programs take the
-#    same time whatever each one does, and a variant with one row per program and no sine or
-#    cosine at all is as slow as the naive kernel. The SMs hold far fewer of these programs at
-#    once than they could: the time follows the number of programs, as if new ones could not
-#    start fast enough. No run here measures that start rate itself.
+#    programs, not because it reuses cos/sin: a variant with one row per program and no sine or
+#    cosine at all is as slow as the naive kernel (section 5.3), and a million one-row programs
+#    leave most of an SM's warp slots empty (section 5.4).
 # 2. Once programs are few enough, the time follows the KiB of $x$ that an SM's warps keep in
-#    flight: occupancy × bytes per warp. Two warps on the same tile change nothing (twice the
-#    occupancy, half the bytes per warp). Four warps halve the bytes per warp again on an SM
-#    that is already full, and are much slower. But four warps also spread a half-row over more
-#    threads than it has elements, so each element is loaded and computed twice, and this pair
-#    cannot say which of the two slows it. More heads per program raise the KiB per SM, and at
-#    $b = 8$ four heads a program run level with the finished kernel.
-# 3. It beats TE's fused kernel at $b = 8$, although TE's kernel moves the same bytes with a
-#    fuller SM. TE's SMs do much more work per byte: it loads every element twice, two bytes
-#    at a time, and executes more than twice the grid's instructions per element; locking the
-#    SM clock slows TE by 19 %, the grid by 5 % and a copy not at all (section 5.5). TE also
-#    holds nearly twice as many warps and waits at a barrier, and the counters cannot say what
-#    each of these differences costs. At $b = 1$ the grid is back to one row per program and
-#    TE is faster.
+#    flight, occupancy × bytes per warp; more heads per program raise it (section 5.4).
+# 3. It beats TE's fused kernel at $b = 8$ although TE evaluates fewer sines and cosines and
+#    moves the same bytes with a fuller SM: TE issues two and a half times the grid's
+#    instructions per element, and issuing them takes two-thirds of its time. At $b = 1$ the
+#    grid is back to one row per program and TE is faster (sections 5.5 and 5.6).
 #
 # `benchmarks/ablation.py` times, at bf16 sbhd $s = 4096, b = 8, h = 32, d = 128$ and at
 # $s = 32768, b = 1$ (the same bytes), a device copy, TE's fused kernel (when Transformer
@@ -917,7 +915,8 @@ ab_differ = [n for n, same in ab_same.items() if not same]
 assert not ab_differ, f"correct, but not the bits of the course's kernel: {ab_differ}"
 
 # %% [markdown]
-# Which comparison answers which question:
+# Which comparison answers which question (the `*_table` rows are what keeps program
+# granularity and cos/sin reuse apart):
 #
 # - `sh_loop_b` vs `sh_one_b`: a loop over the batch against one program per batch row. This
 #   changes two things at once: `sh_one_b` evaluates cos/sin $B$ times as often *and* launches
@@ -971,7 +970,19 @@ if ABLATION_CSV.exists():
         unroll = t["sh_loop_b"] / t["sh_loop_b_unrolled"]
         print(f"{case}: sh_loop_b / sh_loop_b_unrolled = {unroll:.3f}, "
               f"{abs(unroll - 1) * 100:.1f} % apart; the run's widest 20-80 % spread {spread:.1f} %")
-        assert abs(unroll - 1) * 100 < spread, (case, unroll, spread)
+        assert abs(unroll - 1) * 100 < spread and abs(unroll - 1) < 0.01, (case, unroll, spread)
+    # program granularity against cos/sin: what B rows per program are worth, and what all the
+    # grid's sin/cos work costs (tables instead), with B rows a program and with one
+    t = {r["variant"]: r["ms"] for r in arows if r["case"] == "s4096-b8" and r.get("ms")}
+    rows_worth = t["sh_one_b"] / t["sh_loop_b"]
+    trig_cost = {"B rows": t["sh_loop_b"] / t["sh_loop_b_table"],
+                 "one row": t["sh_one_b"] / t["sh_one_b_table"]}
+    print(f"s4096-b8: one row a program instead of B: {rows_worth:.2f}x the time; computing "
+          f"cos/sin instead of reading tables: {trig_cost['B rows']:.3f}x with B rows a program, "
+          f"{trig_cost['one row']:.3f}x with one")
+    assert round(rows_worth, 2) == 3.46 and round(trig_cost["B rows"], 2) == 1.04
+    assert (trig_cost["B rows"] - 1) * 100 > spread          # above the run's noise
+    assert abs(trig_cost["one row"] - 1) * 100 < spread      # within it
     # section 5.1's remark: the finished kernel alone, at s4096-b8, below apply_rope as planned
     # (two passes at that size) in the generations run at the same size
     finished = next(r for r in arows if r["case"] == "s4096-b8"
@@ -987,8 +998,17 @@ else:
           "(about two minutes). Until then, section 3's question stays open.")
 
 # %% [markdown]
-# A ratio above 1 means the second kernel of the pair is faster. Read each one against the
-# question it answers, and keep its limits in mind: one GPU, two sizes, bf16 only, one run.
+# A ratio above 1 means the second kernel of the pair is faster. The cell's line that begins
+# `s4096-b8: one row a program` prices two of section 1's explanations separately. One row per program instead of $B$
+# costs the (S, H) grid a factor 3.46. All of its sin/cos work, replaced by two table reads,
+# costs it 4 % (`sh_loop_b / sh_loop_b_table` = 1.04, above the run's noise), and where each
+# program has one row even that disappears (`sh_one_b / sh_one_b_table` = 1.00): the program
+# count sets the time there. So the speed-up over the naive kernel is program granularity, not
+# cos/sin reuse. What evaluating cos/sin once per row, at $B$ rows a program, would cost is not
+# a row of this ablation: the editable kernel above times it on a GPU (move them into the loop).
+#
+# Read each ratio against the question it answers, and keep its limits in mind: one GPU, two
+# sizes, bf16 only, one run.
 # The CSV keeps the 20 % and 80 % quantiles of every timing; in this run they lie at most about
 # two percent of the median apart (the cell below prints the widest). A factor that changes the
 # time by less than that has not been shown to matter. That spread is noise *within* one run;
@@ -1026,12 +1046,10 @@ else:
 #   reading is a limit on how fast the GPU starts new blocks; no run here measures that start
 #   rate on its own (a variant whose programs do nothing would). The batch loop divides the
 #   program count by $B$.
-# - **The speed-up over the naive kernel is not cos/sin reuse.** `sh_one_b` (one batch row per
-#   program) is as slow as the naive kernel, and `sh_one_b_table`, which evaluates no sine or
-#   cosine at all, is just as slow: all three launch a million one-warp programs of one row. The
-#   ratio `sh_one_b / sh_loop_b` above is the price of $B$ times as many programs, each $1/B$ the
-#   size. At $s = 32768, b = 1$ the batch-reuse kernel has nothing to loop over, launches as many
-#   programs as the naive kernel, and takes its time.
+# - **So the speed-up over the naive kernel is the program count, not cos/sin reuse** (section
+#   5.3's ratios, now with the profile behind them). At $s = 32768, b = 1$ the batch-reuse
+#   kernel has nothing to loop over, launches as many programs as the naive kernel, and takes
+#   its time.
 # - **Bytes in flight = occupancy × bytes per warp.** The batch-reuse kernel's one-warp programs
 #   fill at most half of an SM's warp slots (32 programs per SM), and each warp asks for one
 #   256-byte row per step. Two warps on the same tile (`sh_loop_b_w2`) nearly double the
@@ -1054,28 +1072,17 @@ else:
 #   them): compiled, each value is evaluated by every thread that holds it (section 5.5). It
 #   takes about twice as long, and reading cos/sin from a table brings it back to the others.
 #
-# **Against TE, too, the reason is not cos/sin reuse.** On this H200 the batch-reusing grid is
-# faster than TE's fused kernel (the ratio is printed below), yet by section 3's count it
-# evaluates more (cos, sin) pairs per position than the TE version profiled here
-# ($H \cdot D$ = 4,096 against $B \cdot D$ = 1,024), which computes them once per block into
-# shared memory. Its batch loop gives each program $B$ rows: enough work per program that
-# neither the program count nor the per-program sin/cos sets its time, which follows the bytes
-# its warps keep in flight. TE's grid written in Triton is held back by its sin/cos
-# instructions instead: from tables it runs with the others.
-#
-# TE's own CUDA kernel is a different case. A second run of the same script, on an H200 with
-# Transformer Engine installed (`benchmarks/results/mechanism-te-nvidia-h200.csv`), profiled it
-# beside the copy and the batch-reusing kernel. It moves the model's bytes, and its warps fill
-# nine-tenths of an SM's slots. Counted as this notebook counts the Triton kernels (a block's
-# 8 KiB of `x` as one step, 1,024 bytes a warp), its warps ask for about the copy's KiB per SM,
-# 57.6 against 54.5: the red points 30 and 31 in the figure. Yet TE takes 1.94 times the
-# copy's time. That count is only an upper bound, since each TE warp works through its heads
-# in loads of 78 bytes (section 5.5), so the KiB per SM does not set TE's time. What is
-# measured: TE executes more than twice the instructions per element of the batch-reusing
-# grid, and its SM throughput (the busiest of an SM's units, as a share of its peak) is well
-# above its DRAM throughput, where the grid shows the reverse. Neither unit is at its peak, so
-# this does not say that the SMs limit TE. It says TE's SMs do much more work for each byte.
-# Section 5.5 splits its time.
+# **TE's CUDA kernel.** A second run of the same script, on an H200 with Transformer Engine
+# installed (`benchmarks/results/mechanism-te-nvidia-h200.csv`), profiled it beside the copy and
+# the Triton kernels (the red points 30 and 31 in the figure). It moves the model's bytes, its
+# warps fill nine-tenths of an SM's slots, and counted as the Triton kernels are (a block's
+# 8 KiB of `x` as one step, 1,024 bytes a warp) they ask for about the copy's KiB per SM, 57.6
+# against 54.5. Yet TE takes 1.94 times the copy's time, longer than the batch-reusing grid with
+# less than a seventh of that in flight (7.7 KiB). So the bytes in flight do not set TE's time
+# (the count is an upper bound: each TE warp works through its heads in loads of 78 bytes,
+# section 5.5). What differs is the work per byte: TE executes more than twice the grid's
+# instructions per element, and its SM throughput is well above its DRAM throughput, where the
+# grid shows the reverse. Sections 5.5 and 5.6 take that apart.
 #
 # **At $b = 1$ the order reverses.** With no batch to loop over, the (S, H) grid launches a
 # million one-row programs, as many as the naive kernel, and takes its time; TE's grid has one
@@ -1237,6 +1244,12 @@ print(f"{measured.where(te_run_meta)}: TE fused (CUDA) {te['us']:.0f} us = "
       f"{te_br['ncu_warp_inst_per_element']:.2f}")
 assert 0.9 <= te["ncu_dram_bytes_over_model"] <= 1.05
 assert te["ncu_achieved_occupancy_pct"] > 85
+# ... and slower than the batch-reusing grid of the same run, with under a seventh of its KiB/SM
+print(f"  the batch-reusing grid (sh_loop_b) in that run: {te_run['sh_loop_b']['us']:.0f} us, "
+      f"{te_run['sh_loop_b']['x_kib_per_sm']:.1f} KiB/SM")
+assert te["x_kib_per_sm"] > 7 * te_run["sh_loop_b"]["x_kib_per_sm"]
+assert round(te_run["sh_loop_b"]["x_kib_per_sm"], 1) == 7.7
+assert te["us"] > 1.2 * te_run["sh_loop_b"]["us"]
 assert te["x_kib_per_sm"] >= 0.95 * te_copy["x_kib_per_sm"]
 assert 1.6 < te["us"] / te_copy["us"] < 2.4
 assert te["ncu_warp_inst_per_element"] > 2 * te_br["ncu_warp_inst_per_element"]
@@ -1449,9 +1462,6 @@ assert te_counts == dict(grid=4096, te_shared=1024, te_registers=8192)
 # - **Issue is not the whole of it.** At the locked clock its instructions, issued back to back,
 #   need 1.77 copies' time, yet its schedulers issued on only part of the cycles. The end of
 #   this section splits its time at the free clock.
-#
-# The batch-reusing grid's instructions fit in well under a copy's time at either clock; it
-# waits on memory, with half the SM's warp slots filled, which is what notebook 05 takes up.
 #
 # Sin and cos are a small part of TE's instructions. The rotation needs two float instructions
 # per element, a multiply and an fma, and TE's grid from tables executes exactly 2.00; TE's
@@ -1752,8 +1762,6 @@ print(f"\nTE fused, of its warps' stalled cycles: long_scoreboard {share['long_s
 print(f"  lg_throttle {st['lg_throttle']:.2f}, mio_throttle {st['mio_throttle']:.2f} warps per "
       f"issue; DRAM {te_f['dram_tbs']:.2f} TB/s, the copy's {copy_f['dram_tbs']:.2f} "
       f"({te_f['dram_tbs'] / copy_f['dram_tbs']:.0%})")
-print(f"  ready warps on a cycle that issues: {1 + st['not_selected']:.2f}; cycles with none: "
-      f"{1 - te_f['issued_counted']:.0%} of the active ones")
 assert (round(share["long_scoreboard"], 2), round(share["wait"], 2)) == (0.70, 0.16)
 assert (round(share["math_pipe_throttle"], 2), round(share["barrier"], 2)) == (0.05, 0.02)
 assert round(waiting_on_memory, 1) == 8.5 and round(te_f["resident"], 1) == 14.4
@@ -1761,10 +1769,6 @@ assert max(share, key=share.get) == "long_scoreboard"
 assert (st["lg_throttle"], st["mio_throttle"]) == (0.00, 0.04)
 assert (round(te_f["dram_tbs"], 2), round(copy_f["dram_tbs"], 2)) == (2.23, 4.07)
 assert round(te_f["dram_tbs"] / copy_f["dram_tbs"], 2) == 0.55
-assert round(1 + st["not_selected"], 1) == 3.3 and round(1 - te_f["issued_counted"], 2) == 0.33
-# the grid's warps: 84 % of their cycles on long_scoreboard
-grid_lsb = grid_f["states"]["long_scoreboard"] / sum(grid_f["states"].values())
-assert round(grid_lsb, 2) == 0.84
 
 # the clock test: the same split at the locked clock (the cells above) against the free one
 for n in ("te_fused", "sh_loop_b"):
@@ -1782,13 +1786,6 @@ assert abs(te_f["empty_us"] / te_p["empty_us"] - 1) < 0.05
 # the grid's counterpoint: its empty time grows as its issue time shrinks
 assert (round(grid_p["issue_us"], 1), round(grid_f["issue_us"], 1)) == (83.7, 63.7)
 assert (round(grid_p["empty_us"], 1), round(grid_f["empty_us"], 1)) == (103.9, 112.4)
-
-# TE against the grid, part by part
-diff = {k: te_f[k] - grid_f[k] for k in ("us", "issue_us", "empty_us", "idle_us")}
-print(f"TE fused - sh_loop_b = {diff['us']:.1f} us: issue {diff['issue_us']:+.1f}, no warp "
-      f"ready {diff['empty_us']:+.1f}, SM idle {diff['idle_us']:+.1f}")
-assert {k: round(v) for k, v in diff.items()} == dict(us=62, issue_us=96, empty_us=-34, idle_us=0)
-assert 0 < diff["idle_us"] < 0.5
 
 # %% [markdown]
 # What the profile with the clock free says:
@@ -1825,40 +1822,84 @@ assert 0 < diff["idle_us"] < 0.5
 #   from 83.7 to 63.7 µs, and its time with no ready warp rises from 103.9 to 112.4. The split
 #   moves with the overlap. It bounds causes; it does not name them, and these counters cannot
 #   divide the empty time among the states.
-# - **Ready warps come in crowds.** On a cycle that issues, 3.3 of TE's warps are ready on
-#   average: the one that issues, plus those that wait as `not_selected` (ready warps per
-#   issuing cycle = 1 + `not_selected`). So `not_selected` is 2.3 with the clock free, against
-#   3.4 at the locked clock: at the faster clock fewer ready warps queue for the slot. Yet 33 %
-#   of TE's active cycles issue nothing. The counters do not say why the warps bunch.
 #
-# **So, why is the batch-reusing grid faster than TE?** Both wait mostly on global memory: the
-# grid's warps spend 84 % of their cycles on `long_scoreboard`, and its 178.9 µs split into
-# 63.7 µs of issuing, 112.4 µs with no ready warp and 2.7 µs idle. TE is 62 µs slower. Part by
-# part (the idle times differ by less than half a microsecond):
+# ### 5.6 The answer: why the batch-reusing grid beat TE's fused kernel
+#
+# Section 3 asked why a Triton kernel that reuses cos/sin *less* than Transformer Engine's
+# CUDA kernel ran faster. The next cell sets the two kernels' measurements side by side at
+# bf16 sbhd $s = 4096$, $b = 8$, $h = 32$, $d = 128$ on the H200, each row read from the committed
+# CSV it names, and checks every number the answer below states.
+
+# %%
+grid_sh = te_run["sh_loop_b"]            # the same run as TE's row (mechanism-te)
+lsb = {n: free[n]["states"]["long_scoreboard"] / sum(free[n]["states"].values())
+       for n in ("te_fused", "sh_loop_b")}
+answer_rows = [
+    ("time, clock free (us)", te_f["us"], grid_f["us"], ".1f", "te_ncu, clock free"),
+    ("(cos, sin) pairs per position", te_counts["te_shared"], te_counts["grid"], ",",
+     "section 3's count"),
+    ("DRAM bytes / model", te["ncu_dram_bytes_over_model"], grid_sh["ncu_dram_bytes_over_model"],
+     ".3f", "mechanism-te"),
+    ("achieved occupancy (%)", te["ncu_achieved_occupancy_pct"],
+     grid_sh["ncu_achieved_occupancy_pct"], ".0f", "mechanism-te"),
+    ("warp instructions / element", te_p["warp_inst"], grid_p["warp_inst"], ".3f", "te_ncu"),
+    ("integer thread inst. / element", te_p["integer"], grid_p["integer"], ".1f", "te_ncu"),
+    ("global loads / element", te_p["loads"], grid_p["loads"], ".2f", "te_ncu"),
+    ("bytes a warp load asks for", te_p["load_bytes"], grid_p["load_bytes"], ".0f", "te_ncu"),
+    ("issuing, share of the time", te_f["issue_share"], grid_f["issue_share"], ".0%",
+     "te_ncu, clock free"),
+    ("warp cycles waiting on loads", lsb["te_fused"], lsb["sh_loop_b"], ".0%",
+     "te_ncu, clock free"),
+    ("slowed by the locked clock", te_p["slowed"] - 1, grid_p["slowed"] - 1, ".0%",
+     "te_ncu against mechanism-te")]
+print(f"TE fused (CUDA, Transformer Engine {free_meta['transformer_engine']}) against the "
+      f"batch-reusing grid (sh_loop_b), {free_meta['gpu']}, bf16 sbhd s=4096 b=8 h=32 d=128")
+print(f"{'':32} {'TE fused':>10} {'grid':>10}   committed CSV")
+for what, te_v, grid_v, fmt, src in answer_rows:
+    print(f"{what:32} {te_v:>10{fmt}} {grid_v:>10{fmt}}   {src}")
+diff = {k: te_f[k] - grid_f[k] for k in ("us", "issue_us", "empty_us", "idle_us")}
+print(f"TE fused - grid = {diff['us']:.1f} us: issuing {diff['issue_us']:+.1f}, no warp "
+      f"ready {diff['empty_us']:+.1f}, SM idle {diff['idle_us']:+.1f}")
+# less cos/sin work, the same bytes, a fuller SM: none of these makes TE slower
+assert te_counts["te_shared"] * 4 == te_counts["grid"] and te_p["barrier"] > 0
+assert abs(te["ncu_dram_bytes_over_model"] - grid_sh["ncu_dram_bytes_over_model"]) < 0.03
+assert round(te["ncu_achieved_occupancy_pct"]) == 90
+assert round(grid_sh["ncu_achieved_occupancy_pct"]) == 48
+# what it does more of: instructions, and issuing them
+assert round(te_p["warp_inst"] / grid_p["warp_inst"], 1) == 2.5
+assert round(te_p["loads"] / grid_p["loads"], 1) == 3.7
+assert (round(te_f["issue_share"], 2), round(grid_f["issue_share"], 2)) == (0.66, 0.36)
+assert (round(lsb["te_fused"], 2), round(lsb["sh_loop_b"], 2)) == (0.59, 0.84)
+assert {k: round(v) for k, v in diff.items()} == dict(us=62, issue_us=96, empty_us=-34, idle_us=0)
+assert 0 < diff["idle_us"] < 0.5
+
+# %% [markdown]
+# **The answer.** TE's fused kernel evaluates a quarter of the grid's (cos, sin) pairs per
+# position (1,024 against 4,096), moves the same DRAM bytes and fills 90 % of an SM's warp slots
+# against the grid's 48 %, yet takes 62 µs longer: none of those three can be why it is slower.
+# What it does more of is instructions: 2.5 times the grid's warp instructions per element,
+# 17.7 integer instructions an element (its indexing) against 5.7, and 3.7 times the global
+# loads, because each thread reads one bf16 element and reads every element twice (as itself
+# and as its rotate-half partner), so a warp's load asks for 78 bytes against the grid's 142.
+# Issuing them fills 66 % of TE's time at the clock it runs at, against 36 % for the grid, and
+# the locked, lower clock slowed TE by 19 %, the grid by 5 %. The grid's warps instead spend
+# 84 % of their cycles waiting for loads: it is bound by memory latency, with half an SM's warp
+# slots filled, which is what notebook 05 works on. The 62 µs split as
 #
 # $$\underbrace{240.8 - 178.9}_{62\ \mu\text{s}} \;\approx\;
 # \underbrace{(159.6 - 63.7)}_{96\ \mu\text{s more issuing}} \;-\;
-# \underbrace{(112.4 - 78.0)}_{34\ \mu\text{s less with no warp ready}} .$$
+# \underbrace{(112.4 - 78.0)}_{34\ \mu\text{s less with no warp ready}} :$$
 #
-# This is bookkeeping, not a cause: it says where the 62 µs sit, not why they are there. TE
-# differs from the grid in several ways at once, and these counters cannot separate them:
+# TE's fuller SM hides more of its waits, but not its extra issuing. What the batch loop bought
+# the grid, against TE, is few instructions per byte; in its source, a half-row tile per load,
+# the position's and head's offsets computed once per program and advanced by one stride a row,
+# and cos/sin once per $B$ rows.
 #
-# - it executes more than twice the warp instructions per element (section 5.4): hence the
-#   96 µs of extra issuing;
-# - it holds 14.4 warps a scheduler, where the grid's one-warp programs fill at most half of a
-#   scheduler's 16 slots (section 5.4): more warps to cover each wait, which may be why its
-#   empty time is shorter, or its instructions may be;
-# - each of its warp loads asks for 78 bytes, the grid's for 142;
-# - its blocks wait at a barrier.
-#
-# One tempting link does not hold. Section 5.4 found that time follows the bytes the warps keep
-# in flight: warps × bytes per load. For TE that is 14.4 × 78, about 1.1 KB a scheduler; for
-# the grid at most 8 × 142, also about 1.1 KB. The product is about the same, so it predicts
-# similar waiting, and it does not explain the gap.
-#
-# So the answer the data supports is narrow: at $b = 8$ the grid has few programs and few
-# instructions per element, and TE's extra issuing is not made up by shorter waits. Which of
-# TE's differences costs what needs section 5.3's method: change one at a time.
+# What this does not show is which of TE's differences (one-element loads, every element read
+# twice, its indexing, its barrier) costs what: they change together in TE's source, and these
+# counters cannot separate them. That needs section 5.3's method, one change at a time, in TE's
+# CUDA. And at $b = 1$, where the grid has no batch to loop over, TE is more than twice as fast
+# (section 5.4).
 
 # %% [markdown]
 # ## 6. What the finished kernel does beyond the batch-reusing grid
