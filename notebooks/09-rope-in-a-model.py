@@ -36,13 +36,13 @@
 #
 # On a GPU the model trains for a few hundred steps: its corpus is small, and a model trained
 # long enough on a small corpus stops generalising and starts to memorise (section 3 shows how
-# to tell, and where this run stands). On a CPU the kernel
-# runs in Triton's interpreter, so the model is tiny and trains for a few dozen steps: the code
-# path is the same, the numbers are not.
+# to tell, and where this run stands). On a CPU the kernel runs in Triton's interpreter, so the
+# model is tiny and trains for a few dozen steps: the code path is the same, the numbers are
+# not.
 #
 # **Time:** about 90 minutes to read and do the two exercises (the questions at the end are for
-# discussion); the cells run in about 2.5 minutes on a 2-core CPU (Triton's interpreter), most of
-# it training the model with RoPE in the QKV projection (section 3).
+# discussion); the cells run in under a minute on a 2-core CPU (Triton's interpreter), most of
+# it training the models of section 3.
 
 # %%
 import os, torch
@@ -213,7 +213,7 @@ del models
 #   $R(\theta)$ with the second member of each pair negated on the way in and out, a sign the
 #   query and key weights absorb. From the same initial weights the logits differ, but the run
 #   is the reference's from other (equally likely) initial $q$ and $k$ weights: a sample of
-#   seed noise, which the check above accepts.
+#   seed noise, which the seed-band check below accepts.
 #
 # The first is harmless. The second matters only for weights trained with the other convention,
 # and the one-batch comparison of section 2 (same weights, fp32) catches it. Bugs that break
@@ -530,9 +530,9 @@ assert (round(k1 / c1), round(k2 / c2), round(k3 / c3, 1)) == (5, 9, 3.4)   # 5.
 assert (round(k4, 4), round(c4, 4)) == (0.0043, 0.0036)                     # after step 60
 
 # %% [markdown]
-# What to read in it. The committed run in one table: each run against the reference, its
-# training loss at steps 1 and 20, and its validation distance $d$ as a fraction of the second
-# seed's. Training losses are compared only between runs that draw the same batches.
+# What the committed run found, in one table: each run against the reference, its training
+# loss at steps 1 and 20, and its validation distance $d$ as a fraction of the second seed's.
+# Training losses are compared only between runs that draw the same batches.
 #
 # | run | what differs from the reference | step 1 | step 20 | $d \,/\, d(\text{seed 1})$ |
 # |---|---|---|---|---|
@@ -551,38 +551,37 @@ assert (round(k4, 4), round(c4, 4)) == (0.0043, 0.0036)                     # af
 #
 # **ropelib against the control.** The kernel computes $\sin$ and $\cos$ itself (section 2), so
 # its last bits can differ from the reference's: ropelib's run differs at step 1, the control
-# does not. Over steps 1 to 20 and 21 to 40 ropelib's run is the further of the two at 19 of 20
-# steps, its median difference 5.3 and 9.2 times the control's. Then the control catches up:
-# 3.4 times over steps 41 to 60, and from step 61 to 300 the medians are 0.0043 and 0.0036 nats,
-# ropelib's the larger at 143 of 240 steps. Training amplifies a difference in the last bits to
-# one size; ropelib's starts a step earlier and larger, no more. On validation ropelib's
-# distance is 1.58 times the control's (0.47 and 0.29 of the seed distance). One sample of each
-# cannot tell that from chance; several controls could. (On the CPU, in fp32, the two curves
-# agree within $10^{-5}$, asserted.)
+# not until step 2. Over steps 1 to 20 and 21 to 40 ropelib's run is the further of the two at
+# 19 of 20 steps, its median difference 5.3 and 9.2 times the control's. Then the control
+# catches up: 3.4 times over steps 41 to 60, and from step 61 to 300 the medians are 0.0043 and
+# 0.0036 nats, ropelib's the larger at 143 of 240 steps. Training amplifies a difference in the
+# last bits to one size; ropelib's starts a step earlier and larger, no more. On validation
+# ropelib's distance is 1.58 times the control's (0.47 and 0.29 of the seed distance), which one
+# sample of each cannot tell from chance. (On the CPU, in fp32, the two curves agree within
+# $10^{-5}$, asserted.)
 #
 # **Where the control's noise comes from.** Its step-1 loss (same weights, same forward) agrees
 # and its step-2 loss does not, so the noise enters in step 1's backward or update, most likely
-# the backward: some backward kernels add partial sums with atomic adds, in an order that changes
-# from run to run. This notebook does not measure it. To test it, train the control under
+# in backward kernels that add partial sums with atomic adds, in an order that changes from run
+# to run. This notebook does not measure it. Training the control under
 # `torch.use_deterministic_algorithms(True)` (with `CUBLAS_WORKSPACE_CONFIG=:4096:8` set, as
-# PyTorch asks): if it then repeats the reference bit for bit, the order of the sums was the
-# cause.
+# PyTorch asks) would: if it then repeats the reference bit for bit, the order of the sums was
+# the cause.
 #
 # **Where the run ends.** Three of the four committed runs are lowest at the last evaluation,
 # step 300. The reference's is lowest at step 275 and ends 0.007 nats (0.59 %) above it, inside
-# the 1 % the check allows. That rise is the size of the control's noise (0.0049 nats from the
-# reference on average), and the control, the same code from the same seed, is lowest at step
-# 300: a rerun can end the other way round. With the learning rate at its floor, the curve is
-# flat at the end either way.
+# the 1 % the check allows. That rise is the size of the control's noise (0.0049 nats), and the
+# control, the same code from the same seed, is lowest at step 300: a rerun can end the other
+# way round.
 #
 # What the numbers do show is the gap between the two losses. The committed CSV holds the
 # per-step training losses only, so the cell averages them over the 25 steps before each
-# evaluation; that average lags while the loss still falls fast. By it the training loss is below
-# the validation loss from step 150; the gap on fixed batches, which this notebook's own run
-# printed above, has no lag and turns positive earlier. The gap then widens at
-# every evaluation, to 0.30 nats at step 300: the model fits the text it trains on better than
-# text it has not seen, the first sign of memorising. For the parity comparison that is
-# harmless: both implementations train the same model.
+# evaluation, an average that lags while the loss still falls fast. By it the training loss is
+# below the validation loss from step 150 (the gap on fixed batches that this notebook's own run
+# printed has no lag and turns positive earlier), and the gap widens at every evaluation, to
+# 0.30 nats at step 300: the model fits the text it trains on better than text it has not seen,
+# the first sign of memorising. Both implementations train the same model, so this does not
+# touch the parity comparison.
 
 # %% [markdown]
 # ### The same model with RoPE inside the QKV projection
@@ -708,15 +707,14 @@ assert round(committed_tps["ropelib"] / committed_tps["reference again"], 2) == 
 # \times 2\,(\text{read, write}) \times B\,S\,C \times \text{bytes per element},
 # $$
 #
-# where $C = H D$ is the width of $q$ (and of $k$). A RoPE pass moves at least those bytes, so
-# the cell below times one plain copy of that many bytes on this device (a tensor read once and
-# written once, as the rest of the course times its copies) and prints it as the *floor*, with
-# the share of the step a RoPE at the floor would take. One large copy from the GPU's memory is
-# a reference, not a strict floor: the step's RoPE is many small kernels (one a layer and pass),
-# each with its own start and tail, and their inputs were just written by the projection and
-# may still be in the L2 cache, so a RoPE kernel can land on either side of it. The plain
-# PyTorch version, with its upcast, multiplies, negation, concatenations and downcast each
-# passing over the tensor, moves the bytes several times over.
+# where $C = H D$ is the width of $q$ (and of $k$). The cell below times one plain copy of that
+# many bytes on this device (a tensor read once and written once) and prints it as the *floor*,
+# with the share of the step a RoPE at the floor would take. It is a yardstick rather than a
+# strict floor: the step's RoPE is many small kernels (one a layer and pass), each with its own
+# start and tail, reading inputs the projection has just written and that may still sit in the
+# L2 cache, so a RoPE kernel can land on either side of it. The plain PyTorch version, whose
+# upcast, multiplies, negation, concatenations and downcast each pass over the tensor, moves the
+# bytes several times over.
 #
 # `rope_time_share` runs a few of the training loop's steps (`train_step`) under
 # `torch.profiler`. Every RoPE call runs inside a
@@ -818,9 +816,9 @@ if ON_GPU:
 #   the wall-clock step.
 # - The wall clock follows, roughly, the slower side, and carries the run-to-run movement of
 #   section 4. By itself it attributes nothing to RoPE.
-# - The profiled step is the training loop's own, `train_step` (the same AdamW, the same
-#   gradient clipping), at a fixed learning rate: the device time of the one and the wall-clock
-#   time of the other are two clocks on the same work.
+# - The profiled step is the training loop's own `train_step` (the same AdamW and gradient
+#   clipping, at a fixed learning rate), so device time and wall-clock time are two clocks on
+#   the same work.
 #
 # On the CPU both numbers are host time: the reference's share is what RoPE costs in plain
 # PyTorch on a CPU, ropelib's is Triton's interpreter running every kernel program in Python — a
@@ -834,26 +832,26 @@ if ON_GPU:
 # (`benchmarks/results/floor-nvidia-h200.csv`): 0.142 ms. The kernel takes 1.27 times the timed
 # floor, 1.30 times the computed one.
 #
-# The busy step with ropelib is 3.36 ms shorter than the reference's, and RoPE's own kernels
-# take 3.37 ms less: the device time the kernel saves is, to within a hundredth of a
-# millisecond, all the device time the step saves. Only the device times attribute a saving to
-# RoPE. In this committed run the wall-clock step, which section 4's tokens per second measure,
-# shrank by 1.67 ms. Other runs save other amounts (the cell above prints a live one's on a
-# GPU): the wall-clock saving moves from run to run, and is no fixed fraction of the device
-# saving.
+# **Where the step's saving comes from.** The busy step with ropelib is 3.36 ms shorter than the
+# reference's, and RoPE's own kernels take 3.37 ms less: the device time the kernel saves is, to
+# within a hundredth of a millisecond, all the device time the step saves. The wall-clock step,
+# which section 4's tokens per second measure, shrank by 1.67 ms in the committed run; that
+# saving moves from run to run (the cell above prints a live one's on a GPU) and is no fixed
+# fraction of the device saving.
 #
-# How busy is the GPU at all? With ropelib 52 % of the wall-clock step (6.68 of 12.76 ms), with
-# the reference 70 % (10.04 of 14.44 ms); the rest of the time it waits for the host. Take these
-# as rough figures: the committed file's profiled step used PyTorch's default AdamW and no
-# gradient clipping, where the training loop uses the fused AdamW and clips (the cell above
-# profiles the loop's own step). In the step exercise 1 reads (`figures/09-step-kernels.csv`,
-# written by the same run) ropelib's step has 386 device events (kernels, copies, memsets) and
-# the reference's 578. The rest of the model being the same code, the difference is RoPE's:
+# **How busy the GPU is.** With ropelib 52 % of the wall-clock step (6.68 of 12.76 ms), with the
+# reference 70 % (10.04 of 14.44 ms); the rest of the time it waits for the host. These are
+# rough figures: this file's profiled step used PyTorch's default AdamW and no gradient
+# clipping, where the training loop uses the fused AdamW and clips.
+#
+# **What the host sees.** In the step exercise 1 reads (`figures/09-step-kernels.csv`, written by
+# the same run) ropelib's step has 386 device events (kernels, copies, memsets) and the
+# reference's 578. The rest of the model being the same code, the difference is RoPE's:
 # ropelib's 12 kernels (one per layer and pass) against 204 generic elementwise, concatenation
-# and fill kernels. On the host, RoPE takes 7.41 % of the profiled step with ropelib (1.466 of
-# 19.79 ms) and 24.57 % with the reference (7.667 of 31.20 ms): 6.20 ms a step more. Both
-# profiled host steps are longer than the wall-clock steps (12.76 and 14.44 ms), so the
-# profiler's own cost is in them; the shares still rank the two.
+# and fill kernels, each launched by the host. On the host, RoPE takes 7.41 % of the profiled
+# step with ropelib (1.466 of 19.79 ms) and 24.57 % with the reference (7.667 of 31.20 ms):
+# 6.20 ms a step more. Both profiled host steps are longer than the wall-clock steps (12.76 and
+# 14.44 ms), so the profiler's own cost is in them; the shares still rank the two.
 
 # %%
 share_meta, share_rows = COMMITTED_SHARE

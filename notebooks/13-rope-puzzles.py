@@ -16,14 +16,15 @@
 # %% [markdown]
 # # 13 — RoPE puzzles
 #
-# Eleven short puzzles, each a Triton kernel to write or to repair. After a warm-up, most are
-# built on a kind of bug that RoPE code has shipped with: the wrong pairing of features, a head
-# dim that is not a power of two, angles that lose their precision at long context, offsets
-# that wrap past $2^{31}$, a backward that turns the wrong way, positions that do not restart
-# where packed sequences do, bf16 arithmetic on a bf16 cos/sin table. One (puzzle 9) gives the
-# right output and is about the loads it spends. Triton-Puzzles taught Triton this way: every
-# puzzle runs on a CPU in Triton's interpreter, every kernel sits beside a plain-PyTorch spec,
-# and a check tells you at once whether you are right, and if not, what differs.
+# Eleven short puzzles, each a Triton kernel to write or to repair. After a warm-up, nine are
+# built on a bug that RoPE code has shipped with: the wrong pairing of features, a partial rotary
+# dim, a head dim that is not a power of two, angles that lose their precision at long context,
+# position ids with strides, offsets that wrap past $2^{31}$, a backward that turns the wrong
+# way, positions that do not restart where packed sequences do, and bf16 arithmetic on a bf16
+# cos/sin table. One (puzzle 9) gives the right output and is about the loads it spends. As in
+# Triton-Puzzles, every puzzle runs on a CPU in Triton's interpreter, every kernel sits beside a
+# plain-PyTorch spec, and a check tells you at once whether you are right, and if not, what
+# differs.
 #
 # **After this notebook you will be able to**
 #
@@ -42,27 +43,26 @@
 # interpreter every load and store goes through a memory that knows the tensors: a lane that
 # touches no element of a tensor is reported and masked off, so a wrong kernel cannot crash the
 # notebook. The output is compared with an fp64 spec, and the check draws which elements of
-# each tensor your kernel touched. On a GPU it also times the compiled kernel against a device
-# copy of the same bytes (the ⏱ line). An answer that calls ropelib's own kernels or helpers
-# fails. The inputs come from a fresh seed on each run; a ❌ line prints the call that draws
-# them again, such as `pz.check_partial(my_partial_kernel, seed=N)`.
-#
-# **The time to aim for.** On a GPU, each worked solution with a timed size gets a ⏱ line of
-# its own, on the same case as yours. On a CPU the line says that timing needs a GPU.
+# each tensor your kernel touched. An answer that calls ropelib's own kernels or helpers fails.
+# The inputs come from a fresh seed on each run; a ❌ line prints the call that draws them
+# again, such as `pz.check_partial(my_partial_kernel, seed=N)`. On a GPU the check also times
+# the compiled kernel against a device copy of the same bytes (the ⏱ line), and each worked
+# solution gets a ⏱ line on the same case: the time to aim for.
 #
 # **Reading the pictures.** One panel per tensor, rows down and the last dim across. Inputs:
 # grey means never loaded, light to dark blue loaded once, twice, three or more times. Outputs:
 # the colour of the program that stored the element, grey never stored, black stored by two or
 # more programs (a race on a GPU, where programs run in no fixed order).
 #
-# **Time:** the cells run in about 10 s on a CPU with every puzzle unanswered, and about as long
-# solved. Reading the prose, the specs and the worked solutions takes about 40 minutes;
-# solving the puzzles takes 2–4 hours. Puzzles 1, 2, 4 and 8 you write from an empty body
-# (the signature and its argument comments are given). The others hand you a kernel that is
-# nearly right, and the puzzle is finding what is wrong. Each repair puzzle states the spec
-# and the symptom, not the bug: let the ❌ line, the picture and the hint lead you to it. A
-# "What was wrong" note under its worked solution explains the bug; read it after your ✅.
-# Most repairs are a line or two once found; 5, 7 and 11 need the most thought about why.
+# **How the puzzles are posed.** Puzzles 1, 2, 4 and 8 you write from an empty body (the
+# signature and its argument comments are given). The others hand you a kernel that is nearly
+# right, and state the spec and the symptom, not the bug: let the ❌ line, the picture and the
+# hint lead you to it. A "What was wrong" note under the worked solution explains the bug; read
+# it after your ✅. Most repairs are a line or two once found; 5, 7 and 11 need the most
+# thought about why.
+#
+# **Time:** the cells run in about 10 s on a CPU, puzzles answered or not. Reading the prose,
+# the specs and the worked solutions takes about 40 minutes; solving the puzzles, 2–4 hours.
 
 # %%
 import os, torch
@@ -120,13 +120,11 @@ pz.draw_accesses(memory, "copy without a mask: 3 programs of 4 lanes for 10 elem
 # — into whatever tensor lies there — and no error would say so.
 #
 # The repair is a mask, `offs < N`, on the load and on the store. Below, the repaired copy goes
-# through the same check as every puzzle (`pz.check_copy`), so you see what a pass looks like.
-# The check launches the kernel on three cases of its own: 10 elements in tiles of 4, 200 in
-# tiles of 64 and 1,000 in tiles of 128. The ✅ line lists them. The next line gives, for one
-# case, each tensor's load or store instructions and the share of the bytes in the sectors they
-# moved that the kernel used (a sector is the 32 bytes a GPU moves as one). Then comes the
-# picture, and on a GPU the ⏱ line. A copy in whole sectors uses every byte it moves, 100 %:
-# a RoPE kernel's ✅ line can be read against that.
+# through the same check as every puzzle (`pz.check_copy`), so you see what a pass looks like:
+# the ✅ line lists the check's own cases; the next line gives, for one of them, each tensor's
+# load or store instructions and the share of the bytes in the sectors they moved that the
+# kernel used (a sector is the 32 bytes a GPU moves as one); then the picture, and on a GPU the
+# ⏱ line. A copy uses every byte it moves, 100 %: read a RoPE kernel's line against that.
 
 # %%
 @triton.jit
@@ -239,8 +237,8 @@ pz.time_solution("interleaved");
 # cell below counts it in section 0's checked memory, on a copy of one row of 128 features
 # done that way. The worked solution loads whole rows instead, at offsets
 # `tl.arange(0, 2 * HALF)` that the compiler can prove contiguous, and splits and joins the
-# pairs in registers; on the H200 it runs at 96 % of a copy. Notebook 03, section 5, measures
-# the access patterns on a GPU (its pattern (d) is this one).
+# pairs in registers: its ⏱ line above puts it near a copy's speed. Notebook 03, section 5,
+# measures both on a GPU: stride 2 is its pattern (b), whole rows its pattern (d).
 
 # %%
 @triton.jit
@@ -507,8 +505,8 @@ pz.time_solution("position_ids");
 
 # %% [markdown]
 # **What was wrong.** The kernel found position $(b, s)$ at `b * S + s`, as if `position_ids`
-# were contiguous. On an expanded tensor, batch entry 1 is then read past the end of its
-# storage, which holds $S$ elements. On a sliced one, the wrong elements are read. Fused
+# were contiguous. On an expanded tensor, whose storage holds only $S$ elements, every batch
+# entry after the first is read past its end. On a sliced one, the wrong elements are read. Fused
 # kernels have shipped that assumption. The usual repair was a `.contiguous()` in the wrapper:
 # a copy on every call. The worked solution reads `pos_ptr + b * stride_pb + s * stride_ps`:
 # two integer multiplies per token, and no copy.
@@ -736,14 +734,13 @@ pz.time_solution("packed_sequences");
 #   index $t$ within the sequence.
 # - It treated `cu_seqlens[i + 1]` as the sequence's last row (`rows <= end`), where it is one
 #   past it: the first row of the next sequence. A program whose tile runs past the end of its
-#   sequence stored one row more. The last sequence's extra row lies past `x` and `y`: the
-#   check reported its lanes and masked them off; on a GPU they read and write whatever lies
-#   there. Every other extra row is the next sequence's first, stored by two programs. The
-#   interpreter runs programs in order, so the later, right store won and the values passed; on
-#   a GPU programs run in no fixed order, and that row comes out wrong in some runs and right
-#   in others. The check fails a kernel that stores a row twice, and the picture draws such
-#   rows in black. In the second case (lengths 4, 4, 4 in tiles of 4) no tile runs past the end
-#   of its sequence, and this mistake does not show at all.
+#   sequence stored one row more. After the last sequence that row lies past `x` and `y` (the
+#   lanes the ❌ line reports); on a GPU they read and write whatever lies there. Every other
+#   extra row is the next sequence's first, stored by two programs: the interpreter runs
+#   programs in order, so the later, right store wins; a GPU runs them in no fixed order, so
+#   that row is wrong in some runs. The check fails a kernel that stores a row twice, and the
+#   picture draws such rows in black. With lengths 4, 4 and 4 in tiles of 4, no tile runs past
+#   its sequence and this mistake does not show at all.
 #
 # The worked solution masks with $t <$ `end - start`, the sequence's length: a program whose
 # tokens all lie past the end (every program of an empty sequence) loads and stores nothing.
@@ -764,15 +761,14 @@ pz.time_solution("packed_sequences");
 # The kernel below reads such a table. Most of its outputs are within the check's tolerance;
 # some are many bf16 ulps off. Repair it.
 #
-# The check compares $y$ with an fp64 rotation by the *same* bf16 cos/sin values (the spec).
-# It allows one bf16 ulp per element. Rounding to nearest errs by at most half an ulp, and
-# Triton's interpreter, where the checks run your kernel, converts fp32 to bf16 by truncating,
-# which errs by less than one. Under the ✅ the check prints the largest of those ulps: your
-# kernel's own rounding. The panel beside the picture draws, against position, how far $y$ is
-# from the rotation with an fp32 table, beside what the bf16 table alone and $y$'s conversion
-# to bf16 alone cost, with puzzle 5's bf16 angle for contrast. The cell after the worked
-# solution computes those parts with torch alone. Remember puzzle 5's trap of the interpreter:
-# convert each bf16 tile to fp32 before you compute with it.
+# The check compares $y$ with an fp64 rotation by the *same* bf16 cos/sin values (the spec)
+# and allows one bf16 ulp per element: enough for one rounding, to nearest (at most half an
+# ulp) or by truncation, which is how Triton's interpreter converts fp32 to bf16 (less than
+# one). Under the ✅ it prints your kernel's largest error in ulps. The panel beside the picture
+# draws, against position, how far $y$ is from the rotation with an fp32 table, beside what the
+# bf16 table alone, $y$'s conversion to bf16 alone and puzzle 5's bf16 angle cost; the cell
+# after the worked solution computes those with torch alone. As in puzzle 5, convert each bf16
+# tile to fp32 before you compute with it.
 
 # %%
 pz.show_spec("bf16_table")
@@ -869,11 +865,11 @@ assert by_angle16[0] < by_table16[0]              # at position 1 the bf16 angle
 assert by_angle16[1] > 1                          # by position 1,000 more than the pair's length
 
 # %% [markdown]
-# The cell asserts each of these. The bf16 table (0.0024 to 0.0026 of a pair's length) costs
-# no more than storing $y$ in bf16 (0.0030 to 0.0036), and stays within the bound of 0.0028 at
-# every position. The bf16 angle is off by less at position 1 (0.0012), and by position 1,000
-# it moves a pair by more than its own length (1.66). What is left to a kernel that reads a
-# 16-bit table is to round once.
+# The bf16 table (0.0024 to 0.0026 of a pair's length) stays within the bound of 0.0028 at
+# every position and costs no more than storing $y$ in bf16 (0.0030 to 0.0036). The bf16 angle
+# is off by less at position 1 (0.0012), but by position 1,000 it moves a pair by more than its
+# own length (1.66). The cell asserts each of these comparisons. What is left to a kernel that
+# reads a bf16 cos/sin table is to round once.
 
 # %% [markdown]
 # ## Where you stand
@@ -913,7 +909,7 @@ body = inspect.getsource(pz.solution_long_context_kernel.fn).split("):", 1)[1]
 assert "freqs_ptr" not in body                    # puzzle 5's solution never reads the table
 
 # %% [markdown]
-# ### Appendix: what puts puzzles 5 and 9 below a copy
+# ### Appendix: puzzles 5 and 9 against a copy
 #
 # A time alone does not say why a kernel is slow; changing one thing and timing again does.
 # `benchmarks/puzzle_fractions.py` timed the worked solutions of puzzles 5 and 9 on an H200,
@@ -957,8 +953,7 @@ assert len({r["nbytes"] for r in p9}) == 1 and (f"{min(copies9):.1f}", f"{max(co
 
 # %% [markdown]
 # **Puzzle 5.** Same kernel, same bytes, only the positions changed: with no angle at 105,615
-# radians or more it runs at 101 % of a copy; with the timed case's positions, at 85 % (84 %
-# in the table above, another run).
+# radians or more it runs at 101 % of a copy; with the timed case's positions, at 85 %.
 # `tl.sin` and `tl.cos` compile to libdevice's `sinf` and `cosf`. Below 105,615 they reduce an
 # angle with a few multiply-adds; at or above it they take a long path with a loop. The timed
 # positions run to 131,071, so 19 % of the rows have a pair on the long path, and a warp waits
@@ -984,12 +979,12 @@ assert len(tests) == angles_per_thread                # one per angle a thread h
 # table is never read) the solution is at 74 % of a copy. `ropelib.frequencies.Angles` reduces
 # the angle exactly before the sine, so no angle it hands `sin` is large.
 #
-# **Puzzle 9.** Its six tiles span 87 % to 94 % of a copy, and part of that spread is the
-# copy's: beside them it took 38.1 to 39.1 µs in that one run. The cell below reads four runs:
-# each tile's own time moved by at most 1.7 % between them, the copy by 6 %. So compare the
-# tiles by their own times (41.4 to 43.6 µs in the table, BLOCK_S=4 the fastest, and the
-# fastest in all four runs at 41.4 to 41.5 µs), not by their fractions. Over the four runs the
-# kernel's median is 42.9 µs against a copy's 38.7: 0.90 of a copy.
+# **Puzzle 9.** Its six tiles span 87 % to 94 % of a copy, but part of that spread is the
+# copy's: beside them the same copy took 38.1 to 39.1 µs in that one run. The cell below reads
+# four runs. Each tile's own time moved by at most 1.7 % between them, the copy's by 6 %, so
+# compare the tiles by their own times, not by their fractions: 41.4 to 43.6 µs in the table,
+# BLOCK_S=4 the fastest in all four runs (41.4 to 41.5 µs). No tile reaches a copy: over the
+# four runs the kernel's median is 42.9 µs against a copy's 38.7, 0.90 of a copy.
 
 # %%
 import statistics
