@@ -24,23 +24,17 @@
 #
 # **After this notebook you will be able to**
 #
-# - read an `mrope_section` such as Qwen2-VL's `[16, 24, 24]` and say which features of a
-#   128-wide head turn with time, with the row and with the column;
-# - tell Qwen2-VL's contiguous sections from Qwen3-VL's interleaved assignment and from the
-#   axial RoPE of vision encoders (one frequency ladder per axis);
-# - build the `[3, tokens]` position ids of text followed by an image, and rotate q and k from
-#   them with `ropelib.apply_mrope_qk`, matching transformers' Qwen2-VL and Qwen3-VL code;
-# - explain why one kernel serves all of them, forward and backward, without ever building a
-#   `[3, B, S, D]` cos/sin tensor, and measure what that saves: the memory transformers' code
-#   allocates on top of its outputs, and its speed against a copy of q and k;
-# - write a multi-axis RoPE kernel in Triton that forms each token's angles once for all its
-#   heads, and measure what that saves: counted in Triton's interpreter on any machine, timed
-#   with `triton.testing.do_bench` on a GPU;
-# - read ropelib's shipped multi-axis kernel and say where it forms its angles;
-# - say why, when a kernel reads transformers' per-axis cos/sin tables, the order of its grid
-#   decides the bytes read from memory, and how the way one product is written moves its loads;
-# - say how far fp32 angles drift at $10^6$ positions and more, and how ropelib's table-free
-#   angles avoid it.
+# - read an `mrope_section` such as Qwen2-VL's `[16, 24, 24]` and say which pairs of a
+#   128-wide head follow time, row and column, in Qwen2-VL's contiguous sections, Qwen3-VL's
+#   round robin and the axial RoPE of vision encoders;
+# - build the `[3, tokens]` positions of text followed by an image and rotate q and k from them
+#   with `ropelib.apply_mrope_qk`, matching transformers, forward and backward, with no
+#   `[3, B, S, D]` cos/sin table;
+# - write a Triton kernel that forms each token's angles once for all its heads, and show with
+#   counts, timings and a profile why that is faster than forming them per head;
+# - say why, when a kernel reads transformers' per-axis tables, the order of its grid decides
+#   the bytes read from memory;
+# - say how far fp32 angles drift at $10^6$ positions and more.
 #
 # **Time:** about 90 minutes to read (section 6's measurements take most of it) and 45 for the
 # three exercises (the kernel takes most); the cells run in about 40 s on a CPU (Triton's
@@ -275,16 +269,13 @@ else:
 # %% [markdown]
 # ### What building no table saves
 #
-# Two measurements of that last claim. First, memory: the cell below runs transformers' code
-# and `apply_mrope_qk` on one prompt of 4,096 tokens (batch 1, 4 q and 2 k heads of 128, fp32,
-# Qwen2-VL's sections) and adds up the bytes each allocates on top of its two outputs: on a GPU
-# from the CUDA allocator's count, on a CPU with `torch.profiler` (which does not see the
-# arrays of Triton's interpreter).
-#
-# Second, time: `benchmarks/` timed both, and torch.compile of transformers' code, on an H200
-# at Qwen2-VL-7B's size (28 q and 4 k heads of 128, batch 4, 8,192 tokens, bf16), each as a
-# fraction of a copy of q and k's speed (1 = as fast as the copy). The cell reads that file
-# and plots it.
+# Two measurements. Memory: the cell runs transformers' code and `apply_mrope_qk` on one prompt
+# of 4,096 tokens (4 q and 2 k heads of 128, fp32, Qwen2-VL's sections) and counts the bytes
+# each allocates on top of its two outputs (the CUDA allocator on a GPU, `torch.profiler` on a
+# CPU, which does not see the arrays of Triton's interpreter). Time: it reads and plots what
+# `benchmarks/` measured on an H200 at Qwen2-VL-7B's size (28 q and 4 k heads of 128, batch 4,
+# 8,192 tokens, bf16) for both and for torch.compile of transformers' code, each as a fraction
+# of a copy of q and k's speed (1 = as fast as the copy).
 
 # %%
 from torch.profiler import ProfilerActivity, profile
@@ -370,30 +361,24 @@ fig.savefig(FIGURES / "10-speed-of-copy.png", dpi=120)
 plt.show()
 
 # %% [markdown]
-# transformers' code allocates several times the bytes of its outputs on top of them: the
-# angles of every axis for every pair, their cosines and sines, the recomposed tables, and the
-# temporaries of `x * cos + rotate_half(x) * sin`. ropelib's call allocates its two outputs and
-# a few scalars (the cell prints both counts).
+# transformers' code allocates 70.30 MB on top of its 12.6 MB of outputs: the angles of every
+# axis for every pair, their cosines and sines, the recomposed tables, and the temporaries of
+# `x * cos + rotate_half(x) * sin`. ropelib's call allocates its outputs and nothing more
+# (0.00 MB).
 #
-# The H200 times agree with that, though at another size and dtype, and not broken down into
-# kernels and bytes: ropelib's kernel ran at 0.985 of a copy's speed forward and 0.980 forward
-# and backward, transformers' code at 0.068 and 0.065.
-#
-# torch.compile of transformers' code ran at 0.084 forward but 0.414 forward and backward, a
-# fraction counted against two copies: the forward alone took longer than both together. The
-# file's header says the forward+backward rows were timed another way, in rounds; nothing here
-# explains the gap. Take the 0.084 as a record of that run, not of what compiled code costs.
+# The H200 times point the same way: ropelib's kernel runs at 0.985 of a copy's speed forward
+# and 0.980 forward and backward, transformers' code at 0.068 and 0.065. torch.compile's 0.084
+# forward against 0.414 forward and backward means its forward alone took longer than both
+# together; the file says the two were timed differently, and nothing here explains the gap, so
+# read the 0.084 as a record of that run only.
 
 # %% [markdown]
 # Models written for transformers 4.x call `apply_multimodal_rotary_pos_emb(q, k, cos, sin,
-# mrope_section)` with cos/sin `[3, B, S, D]` (one table per axis). `ropelib.hf` has a drop-in
-# with that signature. It takes the materialised tables by definition, so it must read them:
-# large dense q and k (the two-pass route's size) are rotated in one pass that reads each
-# feature's row from its axis's table where it lies; smaller ones first get the tables
-# gathered into one `[B, S, D]` table (as transformers' split and cat build it), then one
-# launch rotates q and k. Both give the same bits (`tests/test_two_pass.py`,
-# `test_qwen2_vl_tables_read_per_axis`, checks it bit for bit; the cell below uses the small
-# route). Where the positions are at hand, `apply_mrope_qk` skips the tables altogether.
+# mrope_section)` with one cos/sin table per axis, `[3, B, S, D]`. `ropelib.hf` has a drop-in
+# with that signature; since it is handed the tables it must read them (large q and k in one
+# pass that reads each feature from its axis's table, small ones after gathering the tables
+# into one, with the same bits). Where the positions are at hand, `apply_mrope_qk` skips the
+# tables altogether:
 
 # %%
 inv = freqs.inv_freq
@@ -549,13 +534,10 @@ print("forward and backward match plain PyTorch (float64)")
 # ## 6. Where the time goes: angles once per token, not once per head
 #
 # Without a table the bytes are fixed: q and k, read and written once. What a kernel can add
-# on top is arithmetic: forming each (token, pair) angle and its accurate sine and cosine.
-# Every head of a token turns by the same angles, so the question is how many times a kernel
-# forms them. In the source, that is where the lines that form the angles sit: before the loops
-# over the heads or inside them. The compiler does not move them out of the loop for you (the
-# profile below shows it did not, and the compiled code after it shows why). You will write
-# the kernel, then count and time both versions (the timing cell sets them beside a copy of q
-# and k), then read an Nsight Compute profile of them that ships with the project.
+# is arithmetic: each (token, pair) angle and its sine and cosine. Every head of a token turns
+# by the same angles, so the question of this section is how many times a kernel forms them:
+# before the loops over the heads, or inside them. You write the kernel, then count, time and
+# profile both versions.
 #
 # ### Kernel exercise: a multi-axis RoPE kernel
 #
@@ -575,21 +557,12 @@ print("forward and backward match plain PyTorch (float64)")
 # $$y_j = x_j \cos\theta_{t,j} - x_{j+D/2} \sin\theta_{t,j}, \qquad
 #   y_{j+D/2} = x_{j+D/2} \cos\theta_{t,j} + x_j \sin\theta_{t,j}.$$
 #
-# ropelib's kernel, shown after the solution, does the same, plus strides, three layouts, a
-# batch, partial rotary, interleaved pairs and fp64. When the tokens alone cannot fill the GPU
-# it splits the heads into groups over the grid, and then each group forms its angles once.
-#
-# The check launches your kernel in Triton's interpreter on fresh inputs (Qwen2-VL's sections,
-# Qwen3-VL's interleaving, 2-D axial; a last tile with fewer than `BLOCK_T` tokens; fp32 and
-# bf16), compares q and k with `ropelib.apply_mrope_qk`, and counts the sines and cosines your
-# kernel evaluates: at most one sine and one cosine per (token, pair) passes. A kernel that
-# forms the angles once per head, or once for q's heads and again for k's, computes the right
-# values and still does not pass. It runs your own code only: calling ropelib from the kernel
-# (its kernels' helpers included) fails it. On a GPU it runs the compiled kernel there too.
-#
-# Use `tl.cos` and `tl.sin`. The check always runs your kernel in Triton's interpreter first,
-# and a call into libdevice by name does not run there. The fp32 tolerance leaves room for what
-# can still differ: the order of the multiply-adds, and whether the compiler fuses them.
+# The check runs your kernel in Triton's interpreter (and compiled, on a GPU) on Qwen2-VL's
+# sections, Qwen3-VL's interleaving and 2-D axial, with a partial last tile, in fp32 and bf16,
+# against `ropelib.apply_mrope_qk`. It also counts your sines and cosines: more than one of
+# each per (token, pair), as when the angles are formed per head or once for q and again for
+# k, fails even with the right values. Calling ropelib from the kernel fails too. Use `tl.cos`
+# and `tl.sin`: a libdevice call by name does not run in the interpreter.
 
 # %%
 @triton.jit
@@ -623,13 +596,10 @@ solution(ex.solution_mrope_kernel.fn, title="Solution: angles once per token, th
 # ### The shipped kernel
 #
 # Here is what `ropelib.apply_mrope_qk` launches: `_mrope_cos_sin` forms a tile's angles and
-# their cosines and sines, and `_mrope_kernel` is the kernel. Its `cos_sin(..., ACCURATE)`
-# calls libdevice's `cos` and `sin` by name when compiled, whose argument reduction is exact
-# for any angle, and `tl.cos` and `tl.sin` in the interpreter, which cannot run libdevice.
-# With the Triton this course runs, your `tl.cos` and `tl.sin` compile to those same libdevice
-# calls on a GPU, not to the hardware's fast approximations (notebook 05, section 4, reads that
-# from the compiled PTX for the Triton you have). Set it beside the solution; four
-# lines are worth finding:
+# their cosines and sines, and `_mrope_kernel` is the kernel. It does what the solution does,
+# plus strides, three layouts, a batch, partial rotary, interleaved pairs and fp64. Its
+# `cos_sin(..., ACCURATE)` calls libdevice's `cos` and `sin` when compiled, the same calls your
+# `tl.cos` and `tl.sin` compile to (notebook 05, section 4). Four lines are worth finding:
 #
 # - in `_mrope_cos_sin`, `p` starts as NaN, so a pair whose axis matches none of the
 #   `N_AXES` comes out NaN instead of silently unrotated;
@@ -637,12 +607,13 @@ solution(ex.solution_mrope_kernel.fn, title="Solution: angles once per token, th
 #   over the batch; only when every batch entry has positions of its own (`[3, B, S]`) are they
 #   formed again inside that loop, once per entry;
 # - `if BACKWARD: s = -s` is the whole backward pass: the rotation by $-\theta$;
-# - `h_lo` and `h_hi` are the heads of this program: the grid's second axis splits q's and k's
-#   heads into groups of `HEADS` when there are too few blocks of tokens to give every SM
-#   8 programs (`fit_grid`), and each group forms its own angles.
+# - `h_lo` and `h_hi` are the heads of this program: when there are too few blocks of tokens
+#   to give every SM 8 programs (`fit_grid`), the grid's second axis splits the heads into
+#   groups of `HEADS`, and each group forms its own angles. The cell after the source prints
+#   the plan: at 16,384 tokens one group of all 32 heads, at 64 tokens 32 groups of one.
 #
-# The heads of a group are rotated `HPS` at a time, as a `[BLOCK_S, HPS, HALF]` tile
-# (`_rotate_segment`, then `_rotate_heads`), rather than one head per loop step.
+# A group's heads are rotated `HPS` at a time, as a `[BLOCK_S, HPS, HALF]` tile
+# (`_rotate_segment`), rather than one head per loop step.
 #
 # <!-- ropelib-source: ropelib.kernels.mrope._mrope_cos_sin -->
 # ```python
@@ -908,13 +879,11 @@ assert abs(per_element[ONCE][-1] - 1 / 33) < 1e-12                   # 1 / (32 +
 #
 # ### Timing on a GPU
 #
-# Counting says how much work each kernel issues, not what it costs: on a GPU the sines and
-# cosines of one tile compete with the loads of the next, and a kernel that moves
+# Counting says how much work each kernel issues, not what it costs: a kernel that moves
 # $4\,T\,(H_q + H_k)\,D$ bytes of bf16 (q and k, read and written) may hide some arithmetic
-# behind memory. Where a GPU is there the cell times both kernels (and yours, once it passes the
-# check: printed, never checked), ropelib's finished kernel and a copy of q and k with
-# `triton.testing.do_bench` (median of its runs, in GB/s of q and k moved); elsewhere it says
-# so and the counts above are the measurement.
+# behind memory. On a GPU the cell times both kernels (and yours, once it passes the check),
+# ropelib's kernel and a copy of q and k with `triton.testing.do_bench` (median, in GB/s of q
+# and k moved); elsewhere the counts above are the measurement.
 
 # %%
 def gbps(ms, *tensors):
@@ -967,11 +936,11 @@ else:
           "The counts above are what this machine can measure.")
 
 # %% [markdown]
-# On the H200 the per-head kernel takes 1.40 times the time of the once-per-token one, and
-# ropelib's kernel (72.3 µs) comes close to the copy of q and k (71.0 µs). A time says which
-# kernel is faster, not why. Nsight Compute counted, on an H200, what the two kernels of this
-# section and `ropelib.apply_mrope_qk` execute (`benchmarks/mrope_angles_ncu.py`, each launched
-# once at the timing cell's size, the per-head kernel read from this notebook's source):
+# On the H200 the per-head kernel takes 1.40 times the time of the once-per-token one (107.8
+# against 77.0 µs), and ropelib's kernel (72.3 µs) comes close to the copy of q and k
+# (71.6 µs). A time says which kernel is faster, not why. Nsight Compute counted what the same
+# three kernels execute on an H200 (`benchmarks/mrope_angles_ncu.py`, each launched once at the
+# timing cell's size):
 
 # %%
 ncu_csv = measured.RESULTS / f"mrope_angles_ncu-{measured.GPU}.csv"
@@ -1044,34 +1013,24 @@ assert (2048 - 12 * 132, -(-2048 // (12 * 132)), -(-2048 // (16 * 132))) == (464
 assert -(-36 * 32 // 256) * 256 // 32 == 40     # 36 registers a thread, allocated 256 a warp
 
 # %% [markdown]
-# The two kernels move the same bytes: their DRAM counts are about 2 % apart. Those counts are
-# also below what either kernel must move. q and k, read and written in bf16, are
-# 16,384 × 32 × 128 × 2 bytes × 2 = 268 MB (arithmetic on the timing cell's sizes), and the
-# table's DRAM column is lower than that. The likely reason: some writes are still held in the
-# L2 cache when the kernel ends, and the count misses them. So the DRAM column, and the TB/s
-# derived from it, undercount the traffic. Use them to compare the two kernels with each
-# other, not with `do_bench`'s GB/s of q and k moved.
+# The two kernels move the same bytes (250 and 245 MB, 1.02 times). Both counts are below the
+# 16,384 × 32 × 128 × 2 bytes × 2 = 268 MB that q and k, read and written, must be: most likely
+# some writes are still in the L2 cache when the kernel ends. So compare the DRAM column and
+# its TB/s between the two kernels, not with `do_bench`'s GB/s.
 #
-# The per-head kernel executes 5.3 times
-# the warp instructions. What it repeats for every head is the angle work: it loads the
-# token's three positions and each pair's frequency and axis again, picks the angle, and
-# evaluates its sine and cosine, 32 times over where the worked once-per-token kernel does it
-# once (the interpreter's count above); the loads, rotation and stores of q and k are the same
-# in both. Divided over the angles it forms again (16,384 tokens × 64 pairs × 31 more heads,
-# 32 lanes a warp instruction), each angle formed again costs about 65 warp instructions per
-# 32 lanes: the position, frequency and axis loaded, three selects, a multiply, a sine and a
-# cosine. Which of these steps costs most is not separated here.
+# The per-head kernel executes 5.3 times the warp instructions. The loads, rotation and stores
+# of q and k are the same in both; what it repeats for every head is the angle work. Spread
+# over the angles it forms again (16,384 tokens × 64 pairs × 31 more heads, 32 lanes a warp
+# instruction), each costs about 65 warp instructions: the position, frequency and axis
+# loaded, three selects, a multiply, a sine and a cosine.
 #
-# `angles_cos_sin` does not depend on `h`, so why does the compiler not move it out of the head
-# loop? (The 5.3 times the instructions show that it does not.) The hypothesis: every step of
-# the loop stores to `q_out` or `k_out`, and the compiler cannot prove that those stores leave
-# `pos`, `inv_freq` and `axis` unchanged (the pointers might overlap). The next cell compiles
-# the per-head kernel for sm_90 on this machine, no GPU needed, as the profile launched it
-# (2,048 programs of 8 tokens, 4 warps), and counts in Triton's IR (TTGIR) the global loads and
-# the sines and cosines inside a head loop (an `scf.for`) and before it. Beside it, it compiles
-# a stand-in that is not RoPE: the same loops and loads, but each loop adds its rotated heads
-# into a sum that is stored once, after the loops. If the stores keep the angle work in the
-# loop, the stand-in's angle loads, sines and cosines move out of it.
+# `angles_cos_sin` does not depend on `h`: why does the compiler not move it out of the head
+# loop? The hypothesis: every step of the loop stores to `q_out` or `k_out`, and the compiler
+# cannot prove that those stores leave `pos`, `inv_freq` and `axis` unchanged. The next cell
+# compiles the per-head kernel for sm_90 (no GPU needed) as the profile launched it, and counts
+# in Triton's IR (TTGIR) the global loads and sines and cosines inside a head loop (an
+# `scf.for`) and before it. Beside it, a stand-in that is not RoPE: the same loops and loads,
+# but the rotated heads are summed and stored once, after the loops.
 
 # %%
 @triton.jit
@@ -1171,64 +1130,50 @@ assert moved.get(("load", True)) == 2 * 2 and not moved.get(("sin/cos", True))
 assert moved.get(("load", False), 0) >= 5 and moved.get(("sin/cos", False), 0) >= 2
 
 # %% [markdown]
-# In the per-head kernel every load and every sine and cosine sits inside the head loops, as in
-# the source: five angle loads (the frequencies, the axes and the three rows of positions) and
-# the loads of q or k, per loop. In the stand-in, the compiler has moved the angle loads and
-# the sine and cosine out of the loops, and only the loads of q and k remain in them. So the
-# compiler can hoist this work, and it is the stores in the loop that keep it there: the
-# compiler cannot prove that a store to `q_out` leaves `pos`, `inv_freq` and `axis` as they
-# were, so it loads them again after each store, and everything formed from them is formed
-# again. Loading them before the loop in the source, as the worked solution does, states what
-# the compiler cannot prove. (The cell prints the Triton it compiled with; the stand-in tests
-# this one difference.)
+# In the per-head kernel all 14 loads (in each of the two loops, five for the angles and two of
+# q or k) and all 4 sines and cosines sit inside the head loops, as in the source. In the
+# stand-in the five angle loads and the sine and cosine have moved before the loops; only the
+# 4 loads of q and k remain in them. So the compiler can hoist this work, and the stores are
+# what keep it in the loop: unable to prove that a store to `q_out` leaves `pos`, `inv_freq`
+# and `axis` as they were, it loads them again after each store and forms everything from them
+# again. Loading them before the loop, as the worked solution does, states what the compiler
+# cannot prove.
 #
-# Back to the profile. The time does not grow as much as the instructions: 1.90 times under
-# the profiler, which fixes the SM clock (the next cell reads which), and 1.40 times under
-# `do_bench` at the H200's own clock (the timing cell). Divided by its time, each kernel's DRAM
-# traffic (the line under the profile's table) says how hard it kept the memory busy, by that
-# undercount: the once-per-token kernel draws 3.42 TB/s, the behaviour of a memory stream; the
-# per-head kernel 1.83 TB/s, the same bytes over almost twice the time, the rest spent on its
-# extra instructions (the next cell measures how much of its time they fill).
+# Back to the profile. The time grows less than the instructions: 1.90 times under the
+# profiler, which fixes the SM clock, and 1.40 times under `do_bench`. DRAM bytes over time
+# (undercounted as above) say how busy each kernel kept the memory: the once-per-token kernel
+# 3.42 TB/s, a memory stream; the per-head kernel 1.83 TB/s, the same bytes over almost twice
+# the time.
 #
-# The profile also shows the per-head kernel with fewer warps active on average (56 % of an
-# SM's warp slots against 89 %). Its registers go some way to say why (the profile's cell
-# prints it, from `counts.programs_per_sm`): its 36 registers a thread round up to 40 in the
-# allocation, so an SM holds 12 of its 4-warp programs instead of 16, and its 2,048 programs
-# need two waves on 132 SMs (1,584, then 464) where the other kernel's fit in one.
+# The per-head kernel also has fewer warps active (56 % of an SM's warp slots against 89 %).
+# Its registers say part of why: 36 a thread, allocated as 40, let an SM hold 12 of its 4-warp
+# programs instead of 16, so its 2,048 programs need two waves of 1,584 on 132 SMs where the
+# other kernel's fit in one.
 #
-# ropelib's own kernel executes 28 % more instructions than the worked solution (the shipped
-# kernel above: heads rotated as 3-D tiles, strides, layouts, partial rotary and more; which of
-# them costs what is not measured here) and takes a little less time (68.2 against 71.6 µs).
-# Why is not measured either. One candidate is the tile and the grid: at 16,384 tokens the plan
-# cell after the shipped kernel prints 1 token a program, 16,384 programs of 2 warps, where
-# the worked solution runs 8 tokens a program, 2,048 programs of 4 warps. Timing your own
-# kernel at other `BLOCK_T` is a follow-up you can run.
+# ropelib's kernel executes 28 % more instructions than the worked solution (19,857,408
+# against 15,532,032) yet takes a little less time (68.2 against 71.6 µs); this profile does
+# not say why. One difference is the tile: the plan cell prints 1 token a program, 16,384
+# programs of 2 warps, where the worked solution runs 8 tokens a program, 2,048 programs of 4
+# warps. Timing your own kernel at other `BLOCK_T` is a follow-up you can run.
 
 # %% [markdown]
 # **Is the per-head kernel bound by its instructions?** A second profile of the same three
-# launches (`mrope_angles_ncu-nvidia-h200-20261201-0657.csv`) recorded what the first did not.
-# Its main number is the **issue share**:
+# launches (`mrope_angles_ncu-nvidia-h200-20261201-0657.csv`) answers with the **issue share**:
 #
 # $$\text{issue share} = \frac{\text{warp instructions}}{4 \cdot 132 \cdot \text{active cycles per SM}}$$
 #
-# An H200 SM has four warp schedulers, each issuing at most one warp instruction a cycle. So
-# the warp instructions over the $4 \times 132$ schedulers are the fewest cycles a kernel could
-# take doing nothing but issue. Over the cycles the SMs were active, they give the share of the
-# time the schedulers were busy. The cell prints one column per metric:
+# An H200 SM has four warp schedulers, each issuing at most one warp instruction a cycle, so
+# this is the share of the active cycles in which the schedulers were busy; near 100 %, the
+# instruction count sets the time. The cell prints, per kernel:
 #
-# - **issue share**: the formula above, from `smsp__inst_executed.sum` and
-#   `sm__cycles_active.avg`;
-# - **Nsight**: Nsight Compute's own count of the same share, `smsp__issue_active` (per active
-#   cycle). It counts over each scheduler's own active cycles, which can be fewer than its SM's,
-#   so the two need not agree to the last point;
-# - **cycles/instr**: the cycles an average warp spends between two instructions it issues,
-#   `smsp__average_warp_latency_per_inst_issued`;
+# - **issue share**, from `smsp__inst_executed.sum` and `sm__cycles_active.avg`, and
+#   **Nsight**, Nsight Compute's own count of it (`smsp__issue_active`, over each scheduler's
+#   active cycles, so the two may differ by a point);
+# - **cycles/instr**: the cycles an average warp spends between two instructions it issues;
 # - **L1TEX wait**, **not selected**, **math pipe**: the part of those cycles spent waiting for
-#   one reason, `smsp__average_warps_issue_stalled_<reason>_per_issue_active` with the reasons
-#   `long_scoreboard`, `not_selected` and `math_pipe_throttle`.
+#   one reason (the stall reasons `long_scoreboard`, `not_selected`, `math_pipe_throttle`).
 #
-# The profiler runs the SMs at a fixed clock; the cycles it counts over the time it measures say
-# which.
+# It first prints the SM clock the profiler ran at: elapsed cycles over time.
 
 # %%
 from ropelib.bench import compare
@@ -1282,45 +1227,39 @@ assert round(1 / issue_share["angles per (token, head)"], 2) == 1.23
 assert (round(token[STALLED.format("long_scoreboard")]), round(token["smsp__average_warp_latency_per_inst_issued.ratio"])) == (43, 48)
 
 # %% [markdown]
-# The per-head kernel's schedulers issue on 81 % of the cycles its SMs are active (Nsight
-# Compute's own counter: 82 %): close to the ceiling of one instruction a cycle, so under the
-# profiler's clock its time is set by how many instructions it has, and the angle work it
-# repeats for every head is what makes them many. Its warps' largest wait is *not selected*,
-# 3.9 cycles an instruction (the largest of the three printed; the cell checks it against every
-# stall reason the profile records): a warp was ready, and another ready warp was issued
-# instead, the mark of a kernel with more work ready than the schedulers can issue. That also
-# answers the occupancy question above: with the schedulers this busy, more resident warps
-# could win back only the idle issue slots, at most a fifth (1 / 0.81, about 1.23 times). Fewer
+# The per-head kernel's schedulers issue on 81 % of its active cycles (Nsight Compute: 82 %),
+# close to the ceiling: its time is set by its instruction count, and the angle work it
+# repeats per head is what makes that count large. Its warps' largest wait, among every stall
+# reason the profile records, is *not selected* (3.9 cycles an instruction): a warp was ready
+# and another was issued instead, so the kernel has more ready work than the schedulers can
+# issue. It also says what more occupancy would buy: with the schedulers this busy, more
+# resident warps could win back at most the idle fifth (1 / 0.81, about 1.23 times). Fewer
 # instructions remove the cause.
 #
 # The once-per-token kernel issues on 30 % of its cycles, and of the 47.8 cycles between two
-# instructions of a warp, 42.7 are spent waiting on an L1TEX operation, here its global loads
-# (*long scoreboard*): its time is mostly waiting on memory, as its 3.42 TB/s showed. Forming
-# the angles once per token moves the kernel from the first kind to the second.
+# instructions of a warp, 42.7 are spent waiting on its global loads (*L1TEX*, long
+# scoreboard): it waits on memory, as its 3.42 TB/s showed. Forming the angles once per token
+# moves the kernel from instruction-bound to memory-bound.
 #
-# One caution: the profiler ran the SMs at 1.50 GHz (elapsed cycles over time). Outside the
-# profiler the GPU picks its own clock: on the H200 the timing cell read 1980 MHz from NVML,
-# right after timing rather than during it, so a hint at `do_bench`'s clock, not a
-# measurement of it. At a higher clock an instruction takes less time and a byte from memory
-# does not, so the per-head kernel's instruction limit comes closer to its memory limit and
-# the ratio of the two kernels' times shrinks, as it did: 1.90 under the profiler, 1.40 under
-# `do_bench`.
+# Why is the gap smaller under `do_bench`? The profiler ran the SMs at 1.50 GHz; the timing
+# cell read 1980 MHz from NVML right after timing (a hint at `do_bench`'s clock, not a
+# measurement of it). At a higher clock an instruction takes less time and a byte from memory
+# does not, so the instruction-bound kernel gains more: 1.90 times under the profiler, 1.40
+# under `do_bench`.
 
 # %% [markdown]
 # ### From transformers' materialised tables: the grid's order decides the bytes read
 #
-# This part is a side trip. It is about reading materialised tables, not about forming angles
-# once per token, and it extends notebook 05, section 6. On a first reading you can skip to
-# section 7.
+# A side trip, extending notebook 05, section 6: it is about reading materialised tables, not
+# about forming angles. On a first reading skip to section 7.
 #
 # Models written for transformers 4.x hand the attention the tables themselves: cos and sin
 # `[3, B, S, D]` in bf16, one table per axis. At b4 s8192 with heads of 128 they are
 # 2 × 3 × 4 × 8,192 × 128 × 2 bytes = 50 MB, a fifth of q and k (268 MB with 28 q and 4 kv
 # heads). `ropelib.hf.apply_multimodal_rotary_pos_emb` reads them as they are, in one pass over
 # q and k (its flat pass): each pair reads its section's table, so a token needs a third of its
-# three rows. Nsight Compute measured three versions of that pass on an H200, one kernel launch
-# each, beside Liger's kernel on the same tables (`benchmarks/tables_read_probe.py`; the raw
-# Nsight Compute CSVs are in `benchmarks/results/`):
+# three rows. Nsight Compute measured three versions of that pass on an H200, beside Liger's
+# kernel on the same tables (`benchmarks/tables_read_probe.py`, CSVs in `benchmarks/results/`):
 #
 # 1. all of q's programs, then all of k's;
 # 2. the grid ordered by chunks of tokens: a chunk's programs of q, then its programs of k;
@@ -1430,67 +1369,38 @@ plt.show()
 # run right after its q programs: 302 MB, 10 % fewer bytes, and 12 % less time (186.9 to
 # 164.6 µs), with DRAM still only 69.5 % busy.
 #
-# The same profiles counted the caches. The loads asked the L2 for the same sectors in both
-# orders, within 1 %: 339.2 MB with q first, 337.4 MB by chunks of tokens (q and k's 268, the
-# rest the tables' rows, which several programs ask for). Of all the sectors the L2 looked up,
-# it found 48.1 % with q first and 51.1 % by chunks of tokens, 3.0 points more, and DRAM sent
-# 33 MB fewer. The same requests, more of them found in L2, fewer bytes from memory: ordered by
-# tokens, the L2 still held data that with q first it had to fetch again.
+# The caches show where the bytes went. The loads asked the L2 for the same sectors in both
+# orders (339.2 and 337.4 MB), but the L2 found 51.1 % of its lookups ordered by tokens
+# against 48.1 % with q first, 3.0 points more, and DRAM sent 33 MB fewer. q and k are read
+# once and written once in either order; only the tables are read more than once, so the hits
+# gained are, most simply, table rows found again. (The hit rate counts every lookup, loads and
+# stores together, so it cannot say this directly.) The L1 hit rate hardly moves (9.0 % and
+# 9.2 %): the order acts in the L2, which all SMs share.
 #
-# Whose data, the hit rate cannot say. It counts every sector the L2 looks up, loads and stores
-# together: q and k read, the tables read, the outputs written. So it cannot say what share of
-# the tables' rows were found in either order, nor why all four kernels sit near half. What
-# the two orders share says the rest: q and k are read once and their outputs written once,
-# the same sectors in either order, and only the tables are read more than once, so the hits
-# gained are, most simply, the tables' rows found again. The L1 hit rate hardly moves (9.0 %
-# with q first, 9.2 % in the other two): the order acts in the L2, which all SMs share, not in
-# an SM's own L1. (Liger's kernel finds 46.8 % of its sectors in L1, from another arrangement
-# of its loads that these counts do not break down.)
-#
-# Then one sign: with the product written $(-x_b)\,s_a$ instead of $-(x_b\,s_a)$ (the same
-# bits) the same 302 MB took 138.7 µs, level with Liger's 134.6, and DRAM was 82.5 % busy, with
-# the caches as before (339.0 MB asked of L2, 51.5 % found there, 9.2 % in L1): the same bytes
-# and hits in less time. The likely change is when the loads go out: notebook 05, section 6
-# ("How an address is written decides when a load goes out"), shows how the assembler can
-# issue some of a kernel's loads only after its arithmetic has started, a second trip to memory
-# for those loads. The cells after the byte count below look at it in a stand-in: a dozen-line
-# version of the pass with the product written each of the three ways, compiled for sm_90 on
-# this machine (no GPU needed), and the pass ropelib ships now, which writes it $x_b\,(-s_a)$.
-# Each time they count how many of the forward's six loads go out before its first multiply.
+# Then the sign: written $(-x_b)\,s_a$ instead of $-(x_b\,s_a)$ (the same bits), the same
+# 302 MB took 138.7 µs, level with Liger's 134.6, with DRAM 82.5 % busy and the caches as
+# before (339.0 MB asked, 51.5 % and 9.2 % hits). The same bytes in less time: the likely
+# change is when the loads go out. Notebook 05, section 6, shows how the assembler can issue
+# some loads only after the arithmetic has started; the cells below count, in a dozen-line
+# stand-in compiled for sm_90 (no GPU needed) and in the pass ropelib ships, how many of the
+# six loads go out before the first multiply.
 #
 # ropelib still reads 17 MB more than Liger. Liger assumes transformers' tables, whose two
-# halves are equal (`cat(f, f)`), and reads only the first halves. ropelib reads both, so that
-# any cos and sin give transformers' own result. Byte for byte, the second halves a token needs
-# are only 8 MB: of the tables' 50 MB a token needs a third, and half of that third is second
-# halves.
+# halves are equal (`cat(f, f)`), and reads only the first halves; ropelib reads both, so that
+# any cos and sin give transformers' result. Byte for byte the second halves a token needs are
+# only 8 MB, yet each half costs about twice its bytes. Subtract q and k's 268 MB from each
+# read: Liger's tables take 16.8 MB, ropelib's by tokens 33.6 MB, with q first 67.1 MB.
 #
-# But the memory does not deliver the tables byte for byte. Subtract q and k's 268 MB from
-# each read (arithmetic on the numbers above):
-#
-# - Liger reads 285 − 268 = 17 MB of tables, about twice the 8 MB of first halves it needs;
-# - ropelib, ordered by tokens, reads 302 − 268 = 34 MB, twice Liger's;
-# - ropelib with q's programs first reads 335 − 268 = 67 MB, about four times Liger's.
-#
-# So each half costs about twice its bytes. Liger's 17 MB shows it for the first halves; at the
-# same cost, the second halves add another 17 MB, the whole gap.
-#
-# Liger's profile shows where the factor of two arises. Its loads asked the L2 for 278.9 MB, and
-# DRAM sent 285.2 MB: 6.3 MB more than all its loads asked for, even had every sector they asked
-# for missed. So the memory moves more than the 32-byte sectors the loads ask for. The sectors
-# themselves cost little: take q and k's 268.4 MB from the 278.9 (each of their sectors asked
-# for once, as a kernel that reads them once asks), and the tables' loads asked for 10.5 MB,
-# exactly the sectors that the slices of a first half touch, in cos and in sin, for each of the
-# 32,768 tokens. In a first half the time section's 16 pairs are bytes 0–31 of a row, one
-# sector; the height's 24 pairs bytes 32–79, two sectors; the width's bytes 80–127, two: 160
-# bytes for 128, each slice from its own table. DRAM sent 16.8 MB for them. Counted in 64-byte
-# pieces, the same slices touch 64 + 128 + 64 = 256 bytes, twice their 128, and that arithmetic
-# gives 16.8 MB for Liger's first halves, twice that (33.6 MB) for both halves ordered by
-# tokens, and four times (67.1 MB) with q's programs first: each of them, to a tenth of a MB,
-# the tables' share of what the profiles read from DRAM. The counts fit an L2 that fills its
-# misses from DRAM in 64-byte pieces, so that a slice which starts or ends inside a piece pays
-# for all of it. The profile does not count pieces: 64 bytes is the size the counts fit, not a
-# count of it. If so, with q's programs first every piece of the tables came from DRAM twice,
-# once for q's programs and once for k's.
+# Liger's profile says why twice. Its loads asked the L2 for 278.9 MB and DRAM sent 285.2,
+# 6.3 MB more than was asked even had every sector missed. Less q and k's sectors, each asked
+# once, the tables' loads asked for 10.5 MB: exactly the 32-byte sectors that the three section slices of a
+# first half touch (160 bytes for its 128, in cos and in sin, for each of the 32,768 tokens).
+# Counted in 64-byte pieces the same slices touch 256 bytes, which gives 16.8 MB, Liger's
+# tables from DRAM to a tenth of a MB; twice that and four times that are ropelib's two
+# orders. The counts fit an L2 that fills its misses from DRAM in 64-byte pieces, so a slice
+# that starts or ends inside a piece pays for all of it (64 bytes is the size the counts fit,
+# not a counter the profile has). If so, with q's programs first every piece of the tables
+# came from DRAM twice, once for q and once for k.
 
 # %%
 from ropelib.course import load_schedule
@@ -1591,45 +1501,38 @@ if sched_t:
         assert early == (6, 4, 6) and sched_t["early"] == 6
 
 # %% [markdown]
-# With Triton 3.6, the version the GPU runs above used, $-(x_b\,s_a)$ starts 4 of its 6 loads
+# With Triton 3.6, the version of the GPU runs above, $-(x_b\,s_a)$ starts 4 of its 6 loads
 # before the first multiply and the two other forms all 6: the slow form of the measurement
-# waits for two of its loads. With Triton 3.9 it is $(-x_b)\,s_a$ that starts 4, and
-# $-(x_b\,s_a)$ all 6 (the cell prints the counts of the Triton you have). Which way of writing
-# the same product is fast is the compiler's choice, and it changes with the version: the
-# drop from 164.6 to 138.7 µs is a Triton 3.6 measurement. The form ropelib ships,
-# $x_b\,(-s_a)$, starts all 6 loads early with both versions.
+# waits for two of its loads. Which form is slow is the compiler's choice and changes with
+# the version (the cell's check for Triton 3.9 expects $(-x_b)\,s_a$ to be the one that starts
+# 4), so the drop from 164.6 to 138.7 µs is a Triton 3.6 measurement. The form ropelib ships,
+# $x_b\,(-s_a)$, starts all 6 early in both.
 #
-# The timed kernels were earlier versions of ropelib's pass, and the forms compile to
-# different register counts (32, 40 and 39 in the stand-in with Triton 3.6, 40 in ropelib's
-# pass): the stand-in shows how a sign can move the loads, not the timed kernels' own
-# schedules.
+# The stand-in shows how a sign can move the loads, not the timed kernels' own schedules: those
+# were earlier versions of ropelib's pass, and the forms compile to different register counts
+# (32, 40 and 39 in the stand-in, 40 in ropelib's pass).
 
 # %% [markdown]
 # ## 7. The angles themselves at long context
 #
-# The kernels of section 6 form their angles from positions and frequencies, with no table; how
-# exactly they do it matters once positions are large. Every axis above, and plain 1-D RoPE,
-# rotates by angles $p\,\omega_j$. Libraries form them as
-# `position * inv_freq` in fp32: at position $p$ an fp32 angle keeps only 24 significant bits,
-# so its error grows with $p$ — about $p\,\omega_j \cdot 2^{-24}$ rad, and more where the
-# fp32 frequency itself is rounded. A bf16 cos/sin cache (what transformers' rotary embedding
-# hands a model that runs in bf16: it casts cos and sin to the input's dtype) adds bf16's own
-# rounding on top. Long-context models reach $10^6$ positions and beyond.
+# The kernels of section 6 form their angles $p\,\omega_j$ from positions and frequencies; how
+# exactly matters once positions are large. Libraries form them as `position * inv_freq` in
+# fp32, which keeps 24 significant bits, so the error grows with $p$: about
+# $p\,\omega_j \cdot 2^{-24}$ rad, more where the fp32 frequency itself is rounded. A bf16
+# cos/sin cache (transformers casts cos and sin to a bf16 model's dtype) adds bf16's own
+# rounding. Long-context models reach $10^6$ positions and beyond.
 #
 # ropelib can skip the table: `ropelib.rope_angles(...)` holds each pair's frequency as a
-# fixed-point fraction of a turn, and the kernel multiplies it by the integer position with
-# wrapping 64-bit integer products, so whole turns fall away exactly: the angle is rounded to
-# fp32 once. ropelib's tests (`tests/test_exact_angles.py`) check it within half an fp32 ulp
-# of the exact angle for every scaling law `ropelib.frequencies` has, at positions up to
-# $2^{24}$; the integer arithmetic is exact up to position $2^{31}-2$ by construction, though
-# tested no further than $2^{24}$. The
-# kernel forms the fp32 cos and sin from that fixed-point turn itself, with no fp32 angle in
-# between; the cell below measures how close they come. `apply_rope(x, angles=...,
-# position_ids=...)` reads no cos/sin table at all.
+# fixed-point fraction of a turn, and the kernel multiplies it by the integer position in
+# wrapping 64-bit integers, so whole turns fall away exactly and the fp32 cos and sin are
+# formed from the fractional turn, with no fp32 angle in between. `tests/test_exact_angles.py`
+# checks the angle within half an fp32 ulp for every scaling law of `ropelib.frequencies` up to
+# position $2^{24}$ (the integer arithmetic is exact to $2^{31}-2$ by construction).
+# `apply_rope(x, angles=..., position_ids=...)` reads no cos/sin table at all.
 #
-# `benchmarks/angle_precision.py` measures all three against float64 from 1 K to 16 M
-# positions (Llama-like: $d = 128$, base 500 000). The cell runs a few positions of it here; the
-# arithmetic is integer and IEEE fp64, the same in the interpreter and on a GPU.
+# The cell runs `benchmarks/angle_precision.py` at five positions from 1 K to 16 M
+# (Llama-like: $d = 128$, base 500 000), measuring all three against float64; the arithmetic
+# is integer and IEEE fp64, the same in the interpreter and on a GPU.
 
 # %%
 _spec = importlib.util.spec_from_file_location(
@@ -1666,21 +1569,18 @@ assert all(r["angle_ulps"] <= 0.5 + 1e-6 for r in prec_rows if r["method"] == "r
 assert by[("ropelib_exact", top)]["out_err"] < 1e-5
 
 # %% [markdown]
-# At a thousand positions every method's angle is within a few thousandths of a radian. By one
-# and a half million positions the fp32 angle of the fastest pairs is off by almost a tenth of
-# a radian (0.089), and by 16 M by more than a radian (1.71). No pair turns by more than
-# a radian per position ($\omega_j = b^{-2j/R} \le 1$), so an error of $\epsilon$ radians is an
-# error of at least $\epsilon$ positions: almost a tenth of a position at 1.5 M, more than a
-# whole position at 16 M.
+# At 1,024 positions every method's angle is within a few thousandths of a radian. At
+# 1,482,910 the fp32 angle is off by 0.089 rad, at 16,777,216 by 1.71. No pair turns by more
+# than a radian per position ($\omega_j = b^{-2j/R} \le 1$), so an error of $\epsilon$ radians
+# is an error of at least $\epsilon$ positions: almost a tenth of a position at 1.5 M, more than
+# a whole one at 16 M. The bf16 cache is worse at short range (2.6e-03 rad against 5.0e-05 at
+# 1 K) and level with the fp32 table from $10^5$ positions on, where the fp32 product error
+# dominates. The table-free angle stays within 0.5 ulp at every position.
 #
-# The error is deterministic. A model trained with the same fp32 path at those positions saw
-# the same angles. It matters where the angles differ from those the model was trained on:
-# positions past its training length, or training and inference that form the angles in
-# different ways (an fp32 table in one, a bf16 cache or table-free angles in the other).
-#
-# The bf16 cache is worse at short range (2.6e-03 rad against the fp32 table's 5.0e-05 at 1 K)
-# and level with the fp32 table from $10^5$ positions on, once the fp32 product error
-# dominates. The table-free angle stays within half an ulp at every position measured here.
+# The error is deterministic: a model trained with the same fp32 path saw the same angles. It
+# matters where angles differ from training: positions past the training length, or training
+# and inference that form angles differently (an fp32 table in one, a bf16 cache or
+# table-free angles in the other).
 
 # %% [markdown]
 # ## Summary
@@ -1690,27 +1590,20 @@ assert by[("ropelib_exact", top)]["out_err"] < 1e-5
 #   ladder (Qwen2-VL), round robin on one ladder (Qwen3-VL), one ladder per axis (axial).
 # - Text tokens with $t = h = w$ get plain RoPE; an image advances the text position by
 #   $\max(h, w)$, not by its number of patches.
-# - ropelib's kernel takes positions `[axes, B, S]` (or `[axes, T]`), `inv_freq` and `axis`
-#   `[R/2]`, forms only the angles it uses, rotates q and k in one launch, and runs backward
-#   as the rotation by $-\theta$. It matches transformers' Qwen2-VL, Qwen3-VL and Qwen2-VL
-#   vision code; `ropelib.hf.apply_multimodal_rotary_pos_emb` is the 4.x drop-in.
-# - Every head of a token turns by the same angles: a kernel that forms them once per token
-#   and loops over the heads evaluates $H_q + H_k$ times fewer sines and cosines than one that
-#   forms them per (token, head), for the same bytes moved (counted in the interpreter); on an
-#   H200 the per-head kernel took 1.40 times the time.
-# - transformers' code allocates several times its outputs' bytes for its tables and
-#   temporaries; ropelib's call allocates its outputs. On an H200 (Qwen2-VL-7B's heads, b4
-#   s8192, bf16) ropelib's kernel ran at 0.985 of a copy's speed forward and transformers'
-#   code at 0.068 (section 3, read from `benchmarks/results/`). torch.compile's forward figure
-#   in that file is slower than its own forward and backward, which section 3 leaves
-#   unexplained.
-# - ropelib's shipped kernel forms a tile's angles once for all the heads of its program, once
-#   per batch entry only when positions differ per entry, and splits the heads over the grid
-#   only when the tokens alone cannot fill the GPU.
-# - Angles formed in fp32 drift with the position: by 1.5 M positions the fastest pairs are off
-#   by almost a tenth of a radian, by 16 M by more than a radian (at least as many positions).
-#   That matters where inference forms angles the model was not trained on. ropelib's
-#   table-free angles (`rope_angles`) stayed within half an fp32 ulp at every position measured.
+# - One kernel, reading positions `[axes, B, S]` (or `[axes, T]`), `inv_freq` and `axis`,
+#   serves all of them, forward and backward (the rotation by $-\theta$), and matches
+#   transformers' Qwen2-VL, Qwen3-VL and vision code. It allocates nothing beyond its outputs,
+#   where transformers' code allocates 70.30 MB beyond 12.6 MB, and on an H200 runs at 0.985
+#   of a copy's speed against transformers' 0.068.
+# - Every head of a token turns by the same angles. Formed per (token, head) they cost 32 times
+#   the sines and cosines for the same bytes, 5.3 times the warp instructions, and 1.40 times
+#   the time under `do_bench`: the per-head kernel is bound by issuing instructions, the
+#   once-per-token kernel by memory. The compiler does not hoist the angle work for you,
+#   because the stores in the loop might overwrite its inputs: write it before the loop.
+# - Reading transformers' per-axis tables, the grid's order decides how often the L2 must
+#   fetch a table row again: by chunks of tokens, 302 MB from DRAM against 335 MB.
+# - fp32 angles drift with the position: 0.089 rad at 1.5 M positions, 1.71 at 16 M. ropelib's
+#   table-free angles (`rope_angles`) stay within half an fp32 ulp.
 
 # %% [markdown]
 # ## Questions for a study group
