@@ -34,7 +34,7 @@
 #   takes 13.0 times as long as one fused kernel while moving only 6.0 times as many bytes.
 #
 # **Time:** about an hour to read and do the three exercises; section 6, on speed, is about
-# half of the reading. The cells run in about 6 s on a CPU (Triton's interpreter).
+# half of the reading. The cells run in seconds on a CPU (Triton's interpreter).
 
 # %%
 import os, torch
@@ -342,19 +342,24 @@ print("each rank's local rotation == the global rotation at its positions")
 # %% [markdown]
 # ## 6. Why the unfused version is slow
 #
+# The question of this section: how much slower is TE's plain-PyTorch path than one fused
+# kernel, and where does the time go? It answers in three steps: count the bytes (any
+# machine), time the whole chain against the fused kernel and a copy (a GPU), then time each
+# kernel of the chain and read the loads under hardware counters.
+#
 # RoPE does little arithmetic: two multiplies and an add for each output, besides the sine and
 # cosine of its angle. A GPU can do far more arithmetic in the time it takes to move a byte, so
 # RoPE is **memory-bound**. Its speed is set by the bytes it moves, and the floor is reading $x$
 # once and writing $y$ once (plus a small table).
 #
 # TE's plain-PyTorch path (`fused=False`, copied op for op in `ropelib.reference.te_unfused`)
-# is five lines of tensor code — but each ATen operation in them is a separate kernel that reads
+# is five lines of tensor code, but each ATen operation in them is a separate kernel that reads
 # its inputs from memory and writes a temporary back (a line such as
-# `t * cos + rotate_half(t) * sin` is several of them). Let us count them. A `TorchDispatchMode`
-# sees every ATen operation that actually runs; we record the bytes each reads and writes.
-# Each op's schema says which outputs are views (`transpose(Tensor(a) self) -> Tensor(a)`:
-# no bytes move, skipped) and which arguments it writes (`Tensor(a!)`: in place or `out=`).
-# The count works the same on the CPU and on a GPU.
+# `t * cos + rotate_half(t) * sin` is several of them). A `TorchDispatchMode` sees every ATen
+# operation that actually runs; we record the bytes each reads and writes. Each op's schema
+# says which outputs are views (`transpose(Tensor(a) self) -> Tensor(a)`: no bytes move,
+# skipped) and which arguments it writes (`Tensor(a!)`: in place or `out=`). The count works
+# the same on the CPU and on a GPU.
 
 # %%
 class CountTraffic(TorchDispatchMode):
@@ -553,39 +558,26 @@ assert c_time_ratio > c_bytes_ratio
 
 # %% [markdown]
 # Read the unfused/fused ratio against the ratio of the bytes the two move, counted with
-# `CountTraffic` on the very tensors the cell times. (The count of section 6 used a smaller
-# `x`; the ratio barely depends on the shape, since every op but the table's scales with `x`.)
-# If every kernel of the chain streamed its bytes as fast as the fused one, the two ratios
-# would be equal. They are not. The numbers here come from the committed H200 run, printed on
-# the cell's last line and asserted: the unfused chain takes 13.0 times as long as the fused
-# kernel while moving 6.0 times its bytes. A live run on a GPU prints its own times above that
-# line, a little different from run to run.
+# `CountTraffic` on the very tensors the cell times. (The count above used a smaller `x`; the
+# ratio barely depends on the shape, since every op but the table's scales with `x`.) If every
+# kernel of the chain streamed its bytes as fast as the fused one, the two ratios would be
+# equal. They are not: in the committed H200 run, printed on the cell's last line and
+# asserted, the unfused chain takes 13.0 times as long as the fused kernel while moving 6.0
+# times its bytes. (A live run on a GPU prints its own times above that line; they vary a
+# little from run to run. The rest of this section quotes the committed run.)
 #
 # ### Each kernel against a copy
 #
-# Where does the rest go? The next cell times the unfused chain kernel by kernel. On a GPU it
-#
-# 1. takes the bytes of each op of `reference.te_unfused` that the cell above counted with
-#    `CountTraffic`, on the very tensors it then times: an op's bytes follow from the shapes and
-#    dtypes of the tensors it reads and writes;
-# 2. runs the forward twice to warm up, then profiles five forward passes with CUDA activity
-#    and takes each GPU kernel's device time, the mean over the five;
-# 3. matches kernels to ops by their order (eager PyTorch launches one kernel per op, in program
-#    order), and stops with an error naming both lists if their numbers differ or a position
-#    holds another kernel in another pass;
-# 4. profiles a copy of `x` the same way: what a kernel that reads and writes every byte once
-#    can reach on this GPU;
-# 5. profiles `ropelib.apply_rope` the same way, so that the fused kernel and the copy are
-#    timed by the same clock.
-#
-# The table gives each kernel's device time, its op's bytes, its GB/s and that as a fraction
-# of the copy's GB/s. (`ropelib.course.kernel_bandwidth` does the matching and the arithmetic;
-# its tests run it on made-up profiles on the CPU.)
-#
-# Without a GPU there is no profile to take: there the cell prints the table of the committed
-# H200 run, kept in `figures/02-unfused-kernels.csv`, and checks the same things against it. On
-# a GPU the table is the live run's. The text below quotes the committed run, which the cell
-# after the table prints and asserts.
+# Where does the rest go? On a GPU the next cell profiles five forward passes of the chain
+# with CUDA activity and takes each kernel's mean device time. Eager PyTorch launches one
+# kernel per op, in order, so it matches kernels to the ops `CountTraffic` counted above and
+# stops with an error if the two lists differ. It profiles a copy of `x` and
+# `ropelib.apply_rope` the same way, so that all three are timed by one clock. The table gives
+# each kernel's device time, its op's bytes, its GB/s and that as a fraction of the copy's
+# GB/s. (`ropelib.course.kernel_bandwidth` does the matching and the arithmetic; its tests run
+# it on made-up profiles on the CPU.) Without a GPU the cell prints the committed run's table,
+# kept in `figures/02-unfused-kernels.csv`, and checks the same things against it.
+
 
 # %%
 def ratio_split(unfused_us, fused_us, rows, fused_bytes, copy_gbps, fused_device_us):
@@ -709,25 +701,20 @@ assert (round(c_over), round(c_plain_over)) == (509, 506)
 assert [round(f, 2) for f in c_factors.values()] == [1.00, 2.31, 6.02, 1.00, 0.94]
 
 # %% [markdown]
-# The table shows what the bytes alone do not. The numbers in this part come from the committed
-# H200 run, printed by the cell just above; a live table before it differs a little.
-#
-# In the committed run, 4 of the 6 kernels on $x$ (the two multiplies, the `neg` and the first
-# `cat`) stream at 23% to 38% of the copy's bandwidth. The table's own `cos`, `sin` and casts,
-# 1.4 to 2.8 µs each on a small tensor, are left out of that count.
+# The table shows what the bytes alone do not. In the committed run, 4 of the 6 kernels on $x$
+# (the two multiplies, the `neg` and the first `cat`) stream at 23% to 38% of the copy's
+# bandwidth. The table's own `cos`, `sin` and casts, 1.4 to 2.8 µs each on a small tensor, are
+# left out of that count.
 #
 # The factor lines answer "where does the rest go?" as a product of measured factors. The
-# unfused chain moves 6.02 times the fused kernel's bytes. Its kernels take 2.31 times what
-# those bytes would take at the copy's speed. The time between its kernels adds nothing visible
-# (1.00). With the last two factors, the product is the timed ratio, 13.0, by construction.
-#
-# The last two factors keep two clocks apart. `triton.testing.do_bench` times whole calls,
-# launch and timer events included; the profiler's device time counts the kernel alone. That
-# fixed cost vanishes in the unfused chain's long time, not in one short fused kernel. So the
-# GPU run also profiles the fused kernel, and splits its part in two: the kernel against a copy,
-# both in device time (1.00: the fused kernel streams its bytes at the copy's speed), and the
-# kernel's device time over do_bench's time of its call (0.94: the rest of the fused call's
-# time is the call's, not the kernel's).
+# unfused chain moves 6.02 times the fused kernel's bytes, and its kernels take 2.31 times what
+# those bytes would take at the copy's speed. The time between its kernels adds nothing
+# visible (1.00). The last two factors keep two clocks apart: `triton.testing.do_bench` times
+# whole calls, launch included, while the profiler's device time counts the kernel alone. In
+# device time the fused kernel streams its bytes at the copy's speed (1.00); its device time
+# is 0.94 of do_bench's time of its call, a fixed cost that vanishes in the unfused chain's
+# long time but not in one short kernel. The product of the five is the timed ratio, 13.0, by
+# construction.
 #
 # Which kernels fall short, and why? The by-kind table sums the kernels by the PyTorch template
 # each was launched from, as its name shows in the profiler listing above. The slow ones are the
@@ -797,8 +784,14 @@ assert mul["l1_load_requests"] == 8 * add["l1_load_requests"]
 # replays each kernel under its own measurement, so its durations are not the profiler's (the
 # non-vectorized kernels take longer under it, the `add` about as long): compare its counts,
 # not its times.
-# Notebook 07 measures the fixed cost of a call, and notebooks 03 to 05 what makes one kernel
-# stream at a copy's speed.
+#
+# What to take from section 6: the unfused chain takes 13.0 times as long as one fused call
+# because it moves 6.02 times the bytes *and* streams them at 1/2.31 of a copy's speed (the
+# fused call's own fixed cost, the 0.94, takes a little back). The second factor comes from
+# operands that are not contiguous (a broadcast table, a strided half), which make PyTorch
+# load one element a lane. A fused kernel removes both: one read, one write, and loads as wide
+# as it chooses. Notebook 07 measures the fixed cost of a call, and notebooks 03 to 05 what
+# makes one kernel stream at a copy's speed.
 
 # %% [markdown]
 # ## Exercises

@@ -29,7 +29,8 @@
 # - write a RoPE kernel in a few lines, then grow it: masks for any head dim, strides for any
 #   layout, dtypes, up to the kernel ropelib ships;
 # - tell `BLOCK_SIZE` (the tile of data a program works on) from `num_warps` (the threads that
-#   work on it), and say why one small program per row cannot keep a GPU's memory busy;
+#   work on it); say why a million one-row programs cost what their starts cost, and why
+#   warps that outnumber a tile's elements only repeat its work;
 # - see which 32-byte sectors a load or store touches, recorded from a real launch in Triton's
 #   interpreter; say why stride-2 stores cost more than stride-2 loads (L1 absorbs one, not the
 #   other), and why only the whole-row version of an interleaved kernel runs at copy speed;
@@ -392,9 +393,9 @@ for dtype in (torch.float32, torch.bfloat16):
 
 # %% [markdown]
 # Step 3 is a complete naive RoPE kernel. Its bf16 outputs can be one unit in the last place
-# (ulp) from the reference (the cell prints a max ulp error of 1.00): the kernel computes in
-# fp32, the reference in fp64, and now and then the two round to different neighbours. Section
-# 7's checks allow at most one ulp. On the CPU many more outputs are one ulp off, because the
+# (ulp) from the reference, as the cell's max ulp error shows: the kernel computes in fp32, the
+# reference in fp64, and now and then the two round to different neighbours. Section 7's
+# checks allow at most one ulp. On the CPU many more outputs are one ulp off, because the
 # interpreter's `.to(tl.bfloat16)` truncates where a GPU rounds to nearest (section 6.3).
 #
 # ### 3.4 The kernel ropelib ships
@@ -506,16 +507,13 @@ def _rope_naive_kernel(
 #     return y
 # ```
 #
-# Launched with the same arguments, the kernel of the cell above gives the same bits as
-# `rope_naive`. In the interpreter it also gives step 3's bits in fp32: the same operations in
-# the same order. Compiled for a GPU, the two can differ in the last bit, and the cell prints
-# how often they agree. One likely cause is contraction: the compiler may fuse a multiply and
-# an add into one fma, which rounds once instead of twice.
-#
-# On a GPU the cell counts the fmas and multiplies in this kernel's PTX. It does not compile
-# step 3, which is a Triton kernel from the same compiler too, so it cannot show that the two
-# fuse different products, and its assert passes whenever this kernel has any fma. Contraction
-# is the explanation to check, not one shown here.
+# Launched with the same arguments, the kernel above gives the same bits as `rope_naive`. In
+# the interpreter it also gives step 3's bits in fp32: the same operations in the same order.
+# Compiled for a GPU the two can differ in the last bit, and the cell prints how often they
+# agree. A likely cause is contraction: the compiler may fuse a multiply and an add into one
+# fma, which rounds once instead of twice. On a GPU the cell counts the fmas in this kernel's
+# PTX; it does not compile step 3, so it shows that contraction happens here, not that it is
+# the cause.
 
 # %%
 from ropelib.course.kernels.naive import rope_naive
@@ -543,7 +541,10 @@ for dtype in (torch.float32, torch.bfloat16):
 # %% [markdown]
 # ## 4. `BLOCK_SIZE` vs `num_warps`, and what a program costs
 #
-# Two numbers are easy to mix up:
+# The naive kernel moves no more bytes than a copy, yet takes several times as long, and more
+# warps make it slower still. This section asks why, and answers in two parts: at 1 warp its
+# time is what its programs cost to start; with more warps, the extra warps repeat the same
+# work. First, two numbers that are easy to mix up:
 #
 # - **`BLOCK_SIZE`** (here `BLOCK_HALF`) is the *tile*: how many elements one program holds in
 #   one vector. It is a property of the data, a `tl.constexpr`, and a power of two. It is **not**
@@ -551,22 +552,17 @@ for dtype in (torch.float32, torch.bfloat16):
 # - **`num_warps`** is how many warps of 32 threads run one program (default 4, i.e. 128
 #   threads). It is a launch option; the compiler spreads the tile over those threads.
 #
-# For $D = 128$ each half is a tile of 64 elements. With 1 warp, 32 threads share them, 2
-# each. With 4 warps, 128 threads share 64 elements, so half the threads have no element of
-# their own: the compiler must give them copies or leave them idle. (This page does not print
-# the compiled layout.) The result cannot depend on it; only the speed can. `rope_naive`
-# picks one warp per 128 elements of a half (`default_num_warps`: one warp for $D = 128$),
-# and takes `num_warps=` to try others.
+# For $D = 128$ each half is a tile of 64 elements: 2 per thread with 1 warp, 1 with 2 warps,
+# and with 4 or 8 warps more threads than elements. The result cannot depend on that; only the
+# speed can. `rope_naive` picks one warp per 128 elements of a half (`default_num_warps`: one
+# warp for $D = 128$) and takes `num_warps=` to try others.
 #
-# **In the interpreter `num_warps` does nothing**: it runs each program as one NumPy
-# computation on whole tiles, with no threads, and ignores the option. The four results below
-# are bit-identical on the CPU for that reason alone, so there this cell proves nothing about
-# warps. On a GPU it is a real test — four compiled kernels, four thread layouts — and the
-# timings show what the choice costs. The cell also prints each time per program on each SM
-# (time × SMs ÷ programs: this page's $S \cdot B \cdot H$ = 524,288 programs, half the
-# million of the profile below, which has $B = 8$). At 1 warp it checks that value against the
-# cost of a program that does nothing, measured on an H200 later in this section: within 10 %
-# of it, this launch is bound by its number of programs.
+# **In the interpreter `num_warps` does nothing**: each program runs as one NumPy computation
+# on whole tiles, with no threads, so the four results below are bit-identical on the CPU for
+# that reason alone. On a GPU they are four compiled kernels, and the cell times each, with its
+# time per program on each SM (time × SMs ÷ programs). At 1 warp it holds that against the cost
+# of an empty program, measured below: within 10 % of it, this launch is bound by its number
+# of programs.
 
 # %%
 results = {nw: rope_naive(x, freqs, num_warps=nw) for nw in (1, 2, 4, 8)}
@@ -605,53 +601,37 @@ else:
           "num_warps is not used)")
 
 # %% [markdown]
-# **Why the naive kernel is slow on a GPU.** It is tempting to estimate this from a data sheet;
-# ropelib measured it instead. `benchmarks/mechanism.py` ran the naive kernel, a plain copy and
-# every later kernel of the course on an NVIDIA H200 under Nsight Compute, at bf16 sbhd
-# $S = 4096, B = 8, H = 32, D = 128$ (256 MiB of `x`), and committed what the profiler and the
-# compiler reported to `benchmarks/results/mechanism-nvidia-h200.csv`. The cell below reads
-# it (`ropelib.course.measured`), prints the naive kernel beside the copy and notebook 04's
-# batch-reusing kernel, and checks each statement of this paragraph:
+# **Why the naive kernel is slow on a GPU.** Rather than estimate it from a data sheet,
+# `benchmarks/mechanism.py` ran the naive kernel, a plain copy and every later kernel of the
+# course on an NVIDIA H200 under Nsight Compute, at bf16 sbhd $S = 4096, B = 8, H = 32,
+# D = 128$ (256 MiB of `x`), and committed what the profiler and the compiler reported
+# (`benchmarks/results/mechanism-nvidia-h200.csv`). The cell below reads it
+# (`ropelib.course.measured`) and checks each point:
 #
-# - **Not bytes.** The DRAM bytes the profiler counted are within a few percent of the bytes
-#   model (read $x$, write $y$, read the angle table once) for the naive kernel as for the copy
-#   (0.965 and 0.954 of it): it moves no extra data, yet takes 5.1 times the copy's time.
-# - **Tiny programs.** It launches $S \cdot B \cdot H$ = 1,048,576 one-warp programs, each
-#   reading one 256-byte row of `x` and writing one of `y`. An SM holds at most 32 programs at
-#   a time (its limit on resident thread blocks; 32 one-warp programs fill half of its 64 warp
-#   slots). If every SM were always full, the GPU would work through them in 248 *waves*. They
-#   never are. The profiler's *achieved occupancy* — the average share of an SM's 64 warp
-#   slots that hold a warp — is 28.1 % for the naive kernel against 85.3 % for the copy: on
-#   average an SM holds about 18 of the 32 programs it could. Low occupancy is a symptom
-#   here, not the cause; the end of this section shows why.
-# - **Not bytes in flight either.** Memory delivers its bandwidth only when enough bytes are
+# - **Not bytes.** The DRAM bytes counted match the bytes model (read $x$, write $y$, read the
+#   angle table once) within a few percent, for the naive kernel as for the copy (0.965 and
+#   0.954 of it), yet the naive kernel takes 5.1 times the copy's time.
+# - **Tiny programs; low occupancy is a symptom.** It launches $S \cdot B \cdot H$ = 1,048,576
+#   one-warp programs, each reading one 256-byte row of `x` and writing one of `y`. An SM holds
+#   at most 32 programs at a time (its limit on resident thread blocks; 32 one-warp programs
+#   fill half of its 64 warp slots), so a GPU always full would work through them in 248
+#   *waves*. It is not always full: the *achieved occupancy*, the average share of an SM's 64
+#   warp slots holding a warp, is 28.1 % against the copy's 85.3 %, about 18 of the 32
+#   programs an SM could hold.
+# - **Not bytes in flight.** Memory delivers its bandwidth only when enough bytes are
 #   requested and not yet returned (Little's law: bytes in flight = bandwidth × latency).
 #   `measured` derives an upper bound per SM, with no counter behind it: resident warps × the
-#   `x` bytes each warp asks for in one batch step. That is 4.5 KiB for the naive kernel, a
-#   twelfth of the copy's 54.6 KiB. (One step is one row for a kernel of one row per program;
-#   notebook 04's batch-reusing kernel loops over the $B$ rows of its program, one row a step,
-#   so its "x B/prog" column is $B$ times its bytes per step.) Yet that kernel asks for only
-#   1.7 times the naive kernel's KiB per SM and runs 3.5 times faster. So the bytes in flight
-#   do not explain the gap.
+#   `x` bytes a warp asks for in one step (one 256-byte row, for the naive kernel as for
+#   notebook 04's, whose `x B/prog` counts the $B$ rows it loops over). The naive kernel's is
+#   4.5 KiB, a twelfth of the copy's 54.6 KiB. But notebook 04's batch-reusing kernel asks for
+#   only 1.7 times as much and runs 3.5 times faster, so bytes in flight do not explain the gap
+#   between the two. (They do limit the batch-reusing kernel itself: notebook 05 measures how
+#   many bytes a busy memory system needs in flight, and finds that kernel short of it.)
 # - **The number of programs.** Notebook 04's ablation has two more kernels of 1,048,576
-#   one-row programs. `sh_one_b` has a grid $(S, H, B)$: one program per row, like the naive
-#   kernel, but written as notebook 04's kernel with its batch loop cut to one row.
-#   `sh_one_b_table` is the same, but reads cos and sin from fp32 tables, so it evaluates no
-#   sine or cosine. The three kernels execute warp instructions 4.7 times apart and reach
-#   achieved occupancies 2.9 times apart, yet their times lie within 0.3 % of each other. What
-#   they share is the number of programs. A cell later in this section measures what a
-#   program costs when it does nothing.
-#
-# More warps per program would not help. A program here is one 128-element head row whatever
-# its warps, and an SM of compute capability 9.0 holds at most 32 programs and 64 warps at
-# once: with 1 or 2 warps 32 programs fit, with 4 warps 16, with 8 warps 8. The profile ran a
-# warps ablation only for notebook 04's batch-looping kernel, `sh_loop_b` (grid $(S, H)$: one
-# program per position and head, looping over the $B$ rows): at 4 and 8 warps its warp slots
-# are over 95 % full, about 15 and 8 programs are resident, and it takes 1.6 and 3.0 times its
-# 2-warp time. The warps cell above times the naive kernel at each count, and the end of this
-# section profiles it at each count to find what the extra warps cost. What does help is more work per program — several rows in one program, as in
-# notebook 04 and ropelib's finished kernel — so that fewer, longer programs do the same work
-# (exercise 5 puts it to the test).
+#   one-row programs: `sh_one_b`, notebook 04's kernel with its batch loop cut to one row, and
+#   `sh_one_b_table`, the same reading cos and sin from fp32 tables (no sine or cosine). The
+#   three execute warp instructions 4.7 times apart and reach occupancies 2.9 times apart, yet
+#   take the same time within 0.3 %. What they share is their number of programs.
 
 # %%
 from ropelib.course import measured
@@ -707,28 +687,12 @@ times = [r["us"] for r in million]
 assert all(r["programs"] == nv["programs"] and r["num_warps"] == 1 for r in million)
 assert round(max(inst) / min(inst), 1) == 4.7 and round(max(occ) / min(occ), 1) == 2.9
 assert max(times) / min(times) < 1.003
-# more warps on the same tile (notebook 04's batch-looping kernel): fewer programs resident,
-# more time
-loop_w = {w: mech[f"sh_loop_b_w{w}"] for w in (1, 2, 4, 8)}
-for w, r in loop_w.items():
-    r["resident"] = r["ncu_achieved_occupancy_pct"] / 100 * 64 / w   # programs per SM, average
-print(measured.table(list(loop_w.values()), [
-    ("kernel", "variant", ""), ("time us", "us", ".1f"),
-    ("max programs/SM", "occ_blocks_per_sm", "d"),
-    ("occ. achieved %", "ncu_achieved_occupancy_pct", ".1f"),
-    ("programs resident", "resident", ".1f")]))
-assert [loop_w[w]["occ_blocks_per_sm"] for w in (1, 2, 4, 8)] == [32, 32, 16, 8]
-assert min(loop_w[4]["ncu_achieved_occupancy_pct"], loop_w[8]["ncu_achieved_occupancy_pct"]) > 95
-assert (round(loop_w[4]["resident"]), round(loop_w[8]["resident"])) == (15, 8)
-assert round(loop_w[4]["us"] / loop_w[2]["us"], 1) == 1.6
-assert round(loop_w[8]["us"] / loop_w[2]["us"], 1) == 3.0
 
 # %% [markdown]
-# What does a program cost when it does nothing? `benchmarks/program_cost.py` launched, on the
-# same H200, a kernel whose body is empty with the naive kernel's grid (one program per head
-# row, a million of them), and a kernel whose programs each load one 256-byte row and store it
-# (the naive kernel's x and y traffic, without its angle loads and arithmetic), each at 1, 2, 4
-# and 8 warps:
+# So what does a program cost when it does nothing? `benchmarks/program_cost.py` launched, on
+# the same H200, a kernel whose body is empty with the naive kernel's grid (a million
+# programs), and a kernel whose programs each load one 256-byte row and store it (the naive
+# kernel's `x` and `y` traffic without its angles and arithmetic), each at 1, 2, 4 and 8 warps:
 
 # %%
 from ropelib.bench import compare
@@ -753,51 +717,34 @@ assert max(r["us"] for r in cost_rows if r["kernel"] != "copy") < 1.01 * empty["
 # the naive kernel takes what its programs alone take, within 1 %
 assert abs(naive_m["us"] / empty["us"] - 1) < 0.01
 
-# a program's life on an SM (Little's law for programs): resident programs x time per program
-for w, r in loop_w.items():
-    r["life_us"] = r["resident"] * r["us"] / r["programs_per_sm"]
-print("batch-looping kernel, life of a program on an SM: " +
-      ", ".join(f"{w} warp{'s' if w > 1 else ''} {r['life_us']:.1f} us" for w, r in loop_w.items()))
-lives = [r["life_us"] for r in loop_w.values()]
-assert (round(min(lives), 1), round(max(lives), 1)) == (4.2, 5.5)
-
 # %% [markdown]
 # A million programs that do nothing take as long as the naive kernel (within 1 %), and as
-# long as a million programs that move their row. At 1 warp the naive kernel's time is the
-# time it takes the GPU to start and retire its programs, about 80 ns per program on each SM;
-# its loads, stores and arithmetic hide under that. The cost does not depend on the warps:
-# the empty kernel takes the same time at 8 warps a program, when only 8 of them fit an SM, as
-# at 1, and so does the one-row kernel. So a slowdown with more warps is not a costlier start.
+# long as a million programs that each move their row. So at 1 warp the naive kernel's time is
+# the time the GPU takes to start and retire its programs, about 80 ns per program on each SM;
+# its loads, stores and arithmetic hide under that. The cost does not grow with the warps: the
+# empty and one-row kernels keep their 1-warp time at 8 warps, when at most 8 programs fit an
+# SM (64 warp slots ÷ 8).
 #
-# Little's law holds for programs too. An SM finishes programs at the rate *resident programs
-# ÷ life of a program*. So a program's life is the resident programs times the time per
-# program on each SM.
+# Occupancy follows from that start rate; it does not set it. Little's law holds for programs
+# too: resident programs = start rate × life of a program. The naive kernel's programs start
+# one per 80 ns on each SM and about 18 are resident on average, so each lives about
+# 18 × 80 ns ≈ 1.4 µs (the two numbers asserted above, multiplied). A program that lived longer
+# would raise the occupancy, not the start rate: that is how the three kernels of a million
+# programs reach occupancies 2.9 times apart in the same time.
 #
-# This turns occupancy into an outcome. The naive kernel's programs start at one per 80 ns on
-# each SM, and about 18 are resident on average. So each lives about 18 × 80 ns ≈ 1.4 µs (two
-# numbers asserted above, multiplied). A program that lived longer would raise the occupancy;
-# it would not change the start rate. That is why the three kernels of a million programs
-# reach occupancies 2.9 times apart in the same time: their programs live for different
-# lengths, but start at the same rate.
-#
-# For the batch-looping kernel of the warps ablation, measured the same way, a program lives
-# between 4.2 and 5.5 µs at every warp count. Its resident programs fall as the warps cap them
-# (about 15 at 4 warps, 8 at 8), and its time follows them. The cap alone does not explain why
-# the naive kernel is slower at 8 warps than at 2: the empty and one-row kernels above are
-# capped the same way and keep their 1-warp time.
-#
-# **What the extra warps cost.** `benchmarks/naive_warps_ncu.py` profiled the naive kernel at
-# 1, 2, 4 and 8 warps on the same H200 under Nsight Compute, beside the one-row kernel at 1 and
-# 8 warps, on the same 256 MiB `x` (`naive_warps_ncu-nvidia-h200.csv`; the profiler fixes the
-# SM clock, so compare its times with each other, not with `do_bench`'s). A half of a head row is
-# a tile of 64 pairs. One warp is 32 threads, two pairs each; two warps are 64 threads, one pair
-# each. Four and eight warps have more threads than pairs, yet Triton's layout gives every
-# thread an element anyway: threads hold copies of the same pairs, and each copy is loaded and
-# rotated again. Besides the time, the cell prints the warp instructions executed, those of the
-# XU pipe (the unit that evaluates sin and cos), the global load instructions and the 32-byte
-# sectors they asked for, and how busy the schedulers were: the share of cycles in which a
-# scheduler issued an instruction, and how many cycles a ready warp waited to be picked
-# between two of its instructions (Nsight Compute's `not_selected`).
+# **What the extra warps cost.** A costlier start cannot be why the naive kernel slows down
+# with more warps. `benchmarks/naive_warps_ncu.py` profiled it at 1, 2, 4 and 8 warps on the
+# same H200 under Nsight Compute, beside the one-row kernel at 1 and 8 warps, on the same
+# 256 MiB `x` (`naive_warps_ncu-nvidia-h200.csv`; the profiler fixes the SM clock, so compare
+# its times with each other, not with `do_bench`'s). A half of a head row is a tile of 64
+# pairs: one warp's 32 threads hold two pairs each, two warps' 64 threads one each. Four and
+# eight warps have more threads than pairs, yet Triton's layout gives every thread an element
+# anyway: threads hold copies of the same pairs, and each copy is loaded and rotated again.
+# Besides the time, the cell prints the warp instructions executed, those of the XU pipe (the
+# unit that evaluates sin and cos), the global load instructions and the 32-byte sectors they
+# asked for, and how busy the schedulers were: the share of cycles in which a scheduler issued
+# an instruction, and how many cycles a ready warp waited to be picked between two of its
+# instructions (Nsight Compute's `not_selected`).
 
 # %%
 nw_csv = measured.RESULTS / "naive_warps_ncu-nvidia-h200.csv"
@@ -847,26 +794,30 @@ assert [round(100 * r["smsp__issue_active.avg.per_cycle_active"]) for r in (row1
 assert abs(naive_w[1]["gpu__time_duration.sum"] / row1["gpu__time_duration.sum"] - 1) < 0.02
 
 # %% [markdown]
-# At 1 warp the naive kernel takes the one-row kernel's time (within 2 %), as the timings
-# above found, but its schedulers already issue an instruction in 72 % of their cycles, where
-# the one-row kernel's issue in 4 %: its loads, sin/cos and multiplies fill the time the
-# programs' starts take, with little to spare. From 2 warps on the copies of the same pairs
-# add instructions: a program executes 13 sin/cos instructions at 1 warp, 22 at 2, 44 at 4 and
-# 88 at 8 (from 2 warps on, 11 a warp: every warp evaluates the whole tile's angles), the load
-# sectors double from 4 warps
-# (the same bytes asked for twice, then four times), and the warp instructions grow 1.38,
-# 2.74 and 5.46 times. The schedulers are then busy 83–84 % of their cycles, a ready warp
-# waits 6 to 8 cycles to be picked, and the time follows the instructions: 1.19, 2.33 and 4.66
-# times the 1-warp time. The one-row kernel also executes 6.7 times its instructions at 8 warps
-# (its copies of the row's elements), but with its schedulers issuing in 20 % of their cycles
-# they fit under the programs' starts, and its time does not move. So more warps slow the
-# naive kernel because it is already near the instruction limit and the extra warps only repeat
-# its work. That is why `default_num_warps` gives a tile at least as many elements as threads
-# (one warp per 128 elements of a half). Both lessons point the same way: fewer programs, each
-# doing more.
+# At 1 warp the naive kernel takes the one-row kernel's time (within 2 %), but its schedulers
+# already issue an instruction in 72 % of their cycles, the one-row kernel's in 4 %: its loads,
+# sin/cos and multiplies nearly fill the time its programs take to start. Each added warp
+# repeats that work on copies of the same pairs. A program executes 13 sin/cos instructions at
+# 1 warp, 22 at 2, 44 at 4 and 88 at 8 (from 2 warps on, 11 a warp: every warp evaluates the
+# whole tile's angles); the load sectors double at 4 warps and again at 8 (the same bytes asked
+# for again); the warp instructions grow 1.38, 2.74 and 5.46 times. The schedulers are then
+# busy in 83–84 % of their cycles, a ready warp waits 6 to 8 cycles to be picked, and the time
+# follows the instructions: 1.19, 2.33 and 4.66 times the 1-warp time. The one-row kernel also
+# executes 6.7 times its instructions at 8 warps, but its schedulers, issuing in 20 % of their
+# cycles, absorb them, and its time does not move.
+#
+# What to take from section 4: at 1 warp the naive kernel is bound by its number of programs;
+# with more warps, by instructions that only repeat its work. Hence `default_num_warps` gives a
+# tile at least as many elements as threads (one warp per 128 elements of a half), and the cure
+# is fewer programs, each doing more: notebook 04's grid, and exercise 5 below.
 
 # %% [markdown]
 # ## 5. Coalescing, made visible
+#
+# Rotate-half pairs feature $j$ with $j + D/2$; the interleaved form (GPT-J, exercise 4) pairs
+# neighbours, $2j$ with $2j+1$. This section asks what each way of loading the pairs costs in
+# the memory a GPU actually fetches, and which way of writing the interleaved loads runs at a
+# copy's speed.
 #
 # A GPU does not move single elements between memory and its SMs. The unit is a **sector** of
 # 32 aligned bytes (a 128-byte cache line is four of them). When the 32 threads of a warp run a
@@ -1658,14 +1609,16 @@ if GPU:
 # 158 µs and the kernel takes 175; at 8 they would take half of 158, under the copy's 130 µs,
 # and it takes 154. There the kernel takes more than either limit: starting programs and moving
 # bytes do not hide each other perfectly, and this page does not measure how the two combine.
+# Notebook 05 measures the second limit: how many bytes each SM must have in flight for a
+# kernel to stream at a copy's speed while memory is busy.
 # Where does your prediction stop holding, and why there?
 #
 # On a GPU the rows timed live run at the warps their `warps` column prints, those of the
 # ablation's row with as many rows a program (`ex.launch_rows(..., num_warps=)`; left out, it
 # takes the ablation's default: one warp per 128 elements of a half-tile). The prediction has
-# no term for the warps: an empty program costs the same at 4 warps as at 1, but compare the
-# naive kernel's 1-warp and 4-warp rows in section 4's warps cell. Time your kernel at 4 warps
-# as well. (The ablation ran 8 rows a program at 4 warps too: look up `heads8_loop_b` in the
+# no term for the warps: an empty program costs the same at 4 warps as at 1, but a program
+# whose threads outnumber its tile's elements repeats its work (section 4's last profile).
+# Time your kernel at 4 warps as well. (The ablation ran 8 rows a program at 4 warps too: look up `heads8_loop_b` in the
 # CSV.)
 #
 # ## Questions for a study group
