@@ -40,11 +40,10 @@
 # - count the kernels one decoding step launches, fused and unfused, with `torch.profiler`,
 #   and read the counts beside the step's measured time, eager and in a CUDA graph.
 #
-# **Time:** about 90 minutes to read and 50 for the four exercises (the two kernels take
-# most), 20 more for the optional fifth, the fp8 store. Section 3 and the decode timings of
-# section 4 are dense with measured numbers: on a first pass, read their findings and come
-# back for the numbers. The cells run in about a minute on a CPU (Triton's interpreter), the
-# two-process run taking the largest share.
+# **Time:** about 90 minutes to read, 50 for exercises 1–4 (the two kernels take most), 20 for
+# the optional fifth. Section 3 and the end of section 4 are dense with measurements: on a first
+# pass read each part's question and answer, and come back for the numbers. On a CPU the cells
+# run in about a minute under Triton's interpreter.
 
 # %%
 import os, torch
@@ -85,6 +84,9 @@ print(ropelib.runtime.mode(), "| device:", device, "| figures go to", FIGURES)
 
 # %% [markdown]
 # ## 1. Context parallelism: why the dual-chunk split balances causal attention
+#
+# *Question: how do you split one sequence over $c$ GPUs so that every GPU has the same
+# attention work, and what must RoPE do on each?*
 #
 # Activations grow with the sequence length $S$. Context parallelism (CP) splits every sequence
 # over $c$ ranks, so each rank keeps $S/c$ tokens of every layer. Everything in a transformer
@@ -182,11 +184,10 @@ assert 1.9 < imbalance["contiguous"][-1] < 2                # growing towards 2
 assert all(v == 1 for v in imbalance["dual-chunk"])         # exactly 1
 
 # %% [markdown]
-# In the figure, the contiguous split gives rank 1 almost three times rank 0's pairs; the
-# dual-chunk split gives both ranks 68. On the right is the busiest rank's work over the mean.
-# With the contiguous split it tends to 2 as $c$ grows: the whole group runs at half speed.
-# The dual-chunk split stays at exactly 1. (The all-gathered k and v cost every rank the same
-# either way.)
+# The contiguous split gives rank 1 almost three times rank 0's pairs; the dual-chunk split
+# gives both ranks 68. On the right, the busiest rank's work over the mean tends to 2 under the
+# contiguous split (the group runs at half speed) and stays at exactly 1 under the dual-chunk
+# one.
 #
 # ### RoPE at global positions
 #
@@ -234,18 +235,16 @@ print("dual-chunk attention of each rank = its share of causal attention over th
 # %% [markdown]
 # ### Exercise 1: the positions a rank holds
 #
-# Each check in this notebook prints ✅ or ❌ and never stops it; replace the `...` (in the
-# kernels, the `pass`) and rerun the cell, and the worked solution is folded away in the cell
-# after. The checks run your own code: an answer that calls `ropelib.context_parallel`,
-# `ropelib.kv_cache` (or any other part of the library) is not one.
+# Each check in this notebook prints ✅ or ❌ and never stops it: replace the `...` (in the
+# kernels, the `pass`), rerun the cell, and find the worked solution folded away in the cell
+# after. The checks run ropelib barred: an answer that calls `ropelib.context_parallel`,
+# `ropelib.kv_cache`, this notebook's `mask_by_rank` (which calls them) or any other part of
+# the library fails, so only your own code passes.
 #
-# Write `my_dual_chunk_positions(seq_len, cp_size, cp_rank)`:
-# the `seq_len / cp_size` global positions rank `cp_rank` holds under the dual-chunk split, in
-# the order the rank holds them (its first chunk, then its second). For `(8, 2, 0)`:
-# `[0, 1, 6, 7]`.
-#
-# Mind the length. `my_dual_chunk_positions` takes the length of the *whole* sequence.
-# `cp.dual_chunk_positions`, used above, takes the rank's *local* length (`S // CP`).
+# Write `my_dual_chunk_positions(seq_len, cp_size, cp_rank)`: the `seq_len / cp_size` global
+# positions rank `cp_rank` holds under the dual-chunk split, its first chunk then its second.
+# For `(8, 2, 0)`: `[0, 1, 6, 7]`. It takes the length of the *whole* sequence, where
+# `cp.dual_chunk_positions` above takes the rank's local length (`S // CP`).
 
 # %%
 def my_dual_chunk_positions(seq_len, cp_size, cp_rank):
@@ -263,6 +262,9 @@ solution(ex.solution_dual_chunk_positions)
 # %% [markdown]
 # ## 2. Two processes, the sequence split between them
 #
+# *Question: does training with the sequence split over two processes compute the loss one
+# process computes?*
+#
 # `benchmarks/cp_train.py` trains ropelib's small GPT (notebook 09) with the sequence split
 # over the processes that `torchrun` starts: NCCL on GPUs, gloo on CPUs. Per step, each rank
 #
@@ -274,21 +276,18 @@ solution(ex.solution_dual_chunk_positions)
 # Each rank's loss is the mean over its tokens, all ranks hold the same number of tokens, so
 # the mean over ranks is the whole batch's loss.
 #
-# Why averaging the gradients is right needs a word, because it is not data parallelism. A
-# rank's gradient is not the gradient of its own loss alone. Its keys and values served every
-# rank's queries, so the reduce-scatter brings the gradients of the other ranks' losses back
-# into them. Summed over the ranks, the gradients are those of the sum of the losses; divided
-# by $c$, those of their mean, the batch's loss.
+# Averaging is right, though this is not data parallelism: a rank's keys and values served
+# every rank's queries, so the reduce-scatter brings the other ranks' loss gradients back into
+# its gradient. Summed over the ranks, the gradients are those of the sum of the losses;
+# divided by $c$, those of the batch's loss.
 #
-# With `--dry-run` the script trains a tiny model for 3 steps. Then rank 0 trains the same
+# With `--dry-run` the script trains a tiny model for 3 steps; rank 0 then trains the same
 # model from the same seed on the same batches in one process (`--compare-single`), and the
-# CSV holds both losses.
-#
-# Both ranks rotate with ropelib's kernel, so they run where it runs. Without a GPU: on the
-# CPU, with gloo and Triton's interpreter. With GPUs, in fp32 so that the two losses compare to
-# the script's fp32 tolerance: one GPU per rank with NCCL where there are two, both ranks on
-# the one GPU with gloo where there is one (NCCL refuses two ranks on one GPU). The H200 page
-# is the second case.
+# CSV holds both losses. Both ranks rotate with ropelib's kernel: on a CPU with gloo and
+# Triton's interpreter; on GPUs compiled, in fp32 so that the losses compare to fp32
+# rounding, with NCCL and one GPU per rank, or with gloo and both ranks on one GPU (NCCL
+# refuses that). The H200 page is the one-GPU case; the next cell asserts from the CSV's
+# header which case ran.
 
 # %%
 def free_port() -> int:
@@ -387,19 +386,17 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# The cell also checks, from the CSV's header, how the run went (compiled or interpreted, NCCL
-# or gloo), so the page cannot show a CPU run as a GPU one.
-#
-# The two losses agree to at most 4 fp32 ulps (asserted); the H200 page shows 1.00, and the
-# cell prints this run's distance. The per-step columns cannot show that: they keep 6
-# decimals, coarser than an fp32 ulp of this loss, so the cell reads the difference from the
-# header's `max_loss_diff`, taken before rounding. The losses need not be bit-identical:
-# attention over two chunks and the all-reduce of the gradients add in another order than one
-# process does.
-# `tests/test_context_parallel.py` checks more: the loss and every parameter's gradient of
-# 2 ranks against 1 process, with both ropelib's kernel and the PyTorch reference.
+# **Answer:** yes, to fp32 rounding: the two losses agree to at most 4 fp32 ulps (asserted;
+# the cell prints this run's distance, read from the header's `max_loss_diff` because the
+# per-step columns keep only 6 decimals). They need not agree to the bit: attention over two
+# chunks and the all-reduce add in another order than one process does.
+# `tests/test_context_parallel.py` checks more: every parameter's gradient of 2 ranks against
+# 1 process, with ropelib's kernel and with the PyTorch reference.
 #
 # ## 3. The GPU run
+#
+# *Questions: what does splitting a long sequence over two H200s buy in memory and in speed,
+# does it train the same model over 200 steps, and where does the time go?*
 #
 # On GPUs context parallelism is meant for sequences too long for one. The default case of
 # `cp_train.py` is a 12-layer, 1024-wide model on sequences of 131072 characters in bf16;
@@ -497,18 +494,19 @@ else:
 
 # %% [markdown]
 # The 131072-token sequence fits on one H200, at a peak of 65.12 GiB; split over two ranks,
-# each peaks at 55 % of that. The tokens/s line compares the two on the same sequences: two
-# ranks are 1.30 times as fast as one GPU, not twice. Where the rest of the time goes is the
-# subject of the last part of this section, once a second sequence length is at hand; first,
-# whether the two-rank run trains the same model.
+# each peaks at 55 % of that. The cell adds that up from the run's sizes (36.69 GiB against
+# 35.94 measured): half of one GPU's activations, the other rank's k and v for every layer
+# (kept for the backward), and the full weights, gradients and optimizer state, which CP does
+# not split. So CP buys memory first: a sequence too long for one GPU fits on several. In
+# speed, two ranks are 1.30 times as fast as one GPU, not twice; the end of this section asks
+# why. First, whether the two-rank run trains the same model.
 
 # %% [markdown]
 # ### 200 steps in bf16: does the two-rank run train the same model?
 #
-# In bf16 the two runs cannot agree to the bit: the ranks add up attention and gradients in
-# another order, and each difference in rounding changes the next step's weights a little.
-# Training feeds each step's weights into the next, so such differences can grow: the two
-# curves may part slowly. The question is how far. The committed
+# In bf16 the two runs cannot agree to the bit: the ranks add attention and gradients in
+# another order, each rounding difference changes the next step's weights a little, and
+# training compounds it. The question is how far the curves part. The committed
 # `benchmarks/results/cp200-*.csv` hold three 200-step bf16 runs of the same model on
 # sequences of 16384 tokens, on H200s (the cell checks the headers say so, and titles the
 # figure from them):
@@ -517,11 +515,11 @@ else:
 # - one process, seed 0: the same initial weights and the same batches, the 2-rank run's twin;
 # - one process, seed 1: other initial weights *and other batches*.
 #
-# The seed-1 run is a loose yardstick. Its gap to seed 0 holds the difference of the batches
-# as well as that of the weights, so it is large, and "well inside the seed gap" can still let
-# a real offset through. The check below asserts that, on average over the 200 steps and over
-# the last 50, the 2-rank curve stays less than half as far from its twin as the two seeds
-# stay from each other. It also counts the steps where that holds step by step.
+# The seed-1 run is a loose yardstick: its gap to seed 0 holds other batches as well as other
+# weights, so "well inside the seed gap" can still let a real offset through. The cell asserts
+# that, over the 200 steps and over the last 50, the 2-rank curve stays on average less than
+# half as far from its twin as the seeds stay from each other, and counts the steps where it
+# holds.
 
 # %%
 def loss_curve(path) -> list:
@@ -567,45 +565,30 @@ else:
     print("the 200-step bf16 runs (benchmarks/results/cp200-*.csv) are not in this checkout")
 
 # %% [markdown]
-# The 2-rank curve stays well inside the seed gap: 0.030 from its twin on average against
-# 0.258 between the seeds, and closer than the seeds in 178 of the 200 steps. Its gap grows,
-# though: 0.052 over the last 50 steps, while the gap between the seeds grows less (0.305).
-# The bf16 roundings above lead one to expect some growth. Whether it is only that or a
-# one-sided drift of the two-rank run, this check cannot tell, since it compares the sizes of
-# the gaps, not their sign. That takes a matched control: other initial weights with seed 0's
-# batches, and the signed gap printed per stretch of steps.
+# **Answer:** the 2-rank curve stays well inside the seed gap: 0.030 from its twin on average
+# against 0.258 between the seeds, closer than the seeds in 178 of the 200 steps. Its gap
+# grows, though: 0.052 over the last 50 steps, against 0.305 between the seeds. The bf16
+# roundings make some growth expected; whether there is also a one-sided drift this check
+# cannot tell, since it compares sizes of gaps, not signs. That would take other initial
+# weights with seed 0's batches and the signed gap per stretch of steps.
 #
 # ### Why two ranks are not twice as fast
 #
-# On 131072 tokens one GPU takes 3616 ms a step and two ranks 2772 ms. Had the two ranks split
-# one GPU's work and done nothing else, a step would take half of one GPU's, 1808 ms; the
-# other 964 ms are what the split costs. Each rank does work that one GPU does not: in every
-# layer an all-gather of k and v (and a reduce-scatter of their gradients in the backward) and
-# a copy that puts the gathered keys in global order, and once a step an all-reduce of the
-# gradients. All of it grows at most in proportion to the sequence length $S$, the gradients'
-# all-reduce not at all. The one part of a step that grows with $S^2$ is attention, through
-# its (query, key) pairs.
+# On 131072 tokens one GPU takes 3616 ms a step and two ranks 2772 ms, where half of one GPU's
+# step would be 1808 ms: the split costs 964 ms. What each rank adds (per layer an all-gather
+# of k and v, a reduce-scatter of their gradients, a copy into global order; per step an
+# all-reduce of the gradients) grows at most in proportion to $S$. Only attention grows with
+# $S^2$. Two sequence lengths tell the two apart under the model
 #
-# One sequence length cannot tell the two apart; two lengths can, given a model of the time.
-# The 200-step runs above are the same model at $S = 16384$, on one GPU and on two ranks.
-# Model the time of a step as
+# $$t(S) = aS^2 + bS, \qquad a = \frac{t_2/S_2 - t_1/S_1}{S_2 - S_1}, \quad
+#   b = \frac{t_1}{S_1} - aS_1,$$
 #
-# $$t(S) = aS^2 + bS,$$
-#
-# the $S^2$ term standing for attention's pairs and the linear term for everything done per
-# token (the projections, the MLPs, RoPE, the loss, the collectives of k and v). Since
-# $t/S = aS + b$ is a line in $S$, two lengths $S_1 < S_2$ fix both unknowns:
-#
-# $$a = \frac{t_2/S_2 - t_1/S_1}{S_2 - S_1}, \qquad b = \frac{t_1}{S_1} - aS_1.$$
-#
-# Two lengths fix the two unknowns exactly and leave nothing over. So the fit cannot test the
-# model: any two times fit it. What it gives is an attribution, true only as far as the model
-# is, for instance only if attention runs at the same rate at both lengths. A third length
-# would test the model; the committed runs have two.
-#
-# The cell fits $a$ and $b$ once for one GPU and once for two ranks, from the `ms_per_step` of
-# the four CSV headers, and splits each step at $S = 131072$ into its two terms: to which of
-# them does the fit attribute the 964 ms?
+# the $S^2$ term for attention's pairs, the linear term for everything done per token. The
+# 200-step runs above are the same model at $S = 16384$. Two lengths fit two unknowns exactly,
+# so the fit cannot test the model (a third length would); it gives an attribution, true as
+# far as the model is, for instance only if attention runs at the same rate at both lengths.
+# The cell fits $a$ and $b$ for one GPU and for two ranks from the four CSV headers and splits
+# each step at $S = 131072$ into its two terms.
 
 # %%
 SPEED_RUNS = {(1, "short"): "cp200-1gpu-seed0", (2, "short"): "cp200-2gpu-seed0",
@@ -691,47 +674,36 @@ assert round(half[0] / terms[2][0], 2) == 0.68
 assert (round(tflops[1]), round(tflops[2])) == (455, 311)
 
 # %% [markdown]
-# The excess grows 25 times for 8 times the length (38.5 ms a step at 16384 tokens, 964 at
-# 131072), faster than anything that grows in proportion to $S$ can. The fit attributes 750 of
-# the 964 ms to the $S^2$ term and 214 ms to the linear one. A part of the excess that is the
-# same at both lengths (the gradients' all-reduce, say) would only move more into the $S^2$
-# term: taken out of both, it removes a larger share of the short length's small excess than
-# of the long one's, so what is left grows even faster (the cell checks a few such parts).
-# Nor are the collectives large enough. Per rank and step they move 6.56 GiB: 3.00 GiB of k
-# and v gathered, 3.00 GiB of their gradients reduce-scattered back, 0.56 GiB of fp32
-# gradients all-reduced. To take all 964 ms they would have to crawl at 7.3 GB/s, and growing
-# at most in proportion to $S$ they sit in the linear part, which holds only 214 ms of the
-# excess. (The link between the two GPUs is not recorded in the CSV headers, so the rate the
-# collectives did run at is not known.)
+# **Answer, by the fit: attention.** The excess grows 25 times for 8 times the length (38.5 ms
+# a step at 16384 tokens, 964 at 131072), faster than anything linear in $S$ can; the fit puts
+# 750 of the 964 ms in the $S^2$ term and 214 in the linear one. A part of the excess that is
+# the same at both lengths (the gradients' all-reduce) would only move more into the $S^2$
+# term (the cell checks a few such parts). Nor are the collectives large enough: per rank and
+# step they move 6.56 GiB (3.00 of k and v gathered, 3.00 of their gradients reduce-scattered,
+# 0.56 of fp32 gradients all-reduced), and to take all 964 ms they would have to crawl at
+# 7.3 GB/s. (The CSV headers do not record the link, so the rate they ran at is not known.)
 #
-# So, by the fit, most of the shortfall is attention. Each rank computes exactly half of the
-# (query, key) pairs (section 1), yet the fit gives its $S^2$ term 2373 ms where half of one
-# GPU's is 1623. The fit thus attributes to each rank's attention 68 % of one GPU's rate. In
-# operations: a pair costs $4D$ forward ($q \cdot k$ and the weighted $v$) and $10D$ backward
-# (flash attention recomputes the scores), $14\,D\,H\,L\,S(S+1)/2$ a step in all. Spread over
-# the fitted $S^2$ terms, that is about 455 TFLOP/s of attention on one GPU and 311 on each
-# rank.
+# Each rank computes exactly half of the pairs (section 1), yet its $S^2$ term is 2373 ms where
+# half of one GPU's is 1623: its attention runs at 68 % of one GPU's rate. Counting $4D$
+# operations a pair forward and $10D$ backward (flash attention recomputes the scores), that is
+# about 455 TFLOP/s of attention on one GPU and 311 on each rank.
 #
-# Why each rank's attention would be slower is not measured here. The two runs call attention
-# differently: one GPU makes one call per layer with `is_causal=True`; a rank makes two
-# (`cp.dual_chunk_attention`), each over a prefix of the keys with a causal mask aligned to
-# the bottom right (`causal_lower_right`). For a mask with fewer queries than keys PyTorch's
-# dispatcher tries only its flash and memory-efficient kernels, while for `is_causal=True` it
-# may choose among more, cuDNN's attention among them. That gives a concrete hypothesis: one
-# GPU ran a faster kernel (cuDNN's, say) than the ranks did. 455 against 311 TFLOP/s would fit
-# it, but which kernel each call ran was not recorded in these runs. Testing it takes the
-# forward and backward of the two calls against the one, on one GPU, with `torch.profiler`
-# naming the kernels.
+# Why is not measured here. One GPU calls attention once per layer with `is_causal=True`; a
+# rank calls it twice (`cp.dual_chunk_attention`), each with a bottom-right causal mask over a
+# prefix of the keys. For that mask PyTorch's dispatcher tries only its flash and
+# memory-efficient kernels, while for `is_causal=True` it may also pick cuDNN's. So one
+# hypothesis is that one GPU ran a faster kernel; `torch.profiler` naming the kernels of the
+# two calls against the one would test it.
 #
-# What CP buys first is memory: a sequence too long for one GPU can fit on several. These runs
-# do not reach that limit (131072 tokens peak at 65.12 GiB on one H200), but each rank's peak
-# falls to 55 % of it. The cell of section 3 adds that up from the run's sizes, 36.69 GiB
-# against 35.94 measured: half of one GPU's activations, the other rank's k and v for every
-# layer (kept for the backward), and the full weights, gradients and optimizer state, which CP
-# does not split. The halving of the activations is assumed; the sum matching the measured
-# peak is what supports it.
+# **Takeaway:** the dual-chunk split with RoPE at global positions makes CP compute what one
+# GPU computes; each rank needs 55 % of one GPU's memory, and the speed it gives up here lies,
+# by the fit, in how each rank's attention runs, not in the collectives.
 #
 # ## 4. Decoding with the fused cache write
+#
+# *Questions: what does a decoding step write into a contiguous or a paged KV cache, how is
+# RoPE fused with that write (you write the kernel), what does an fp8 cache cost in accuracy,
+# and what does fusion save in time, and against what?*
 #
 # ### What a KV cache holds
 #
@@ -757,10 +729,9 @@ assert (round(tflops[1]), round(tflops[2])) == (455, 311)
 # | paged | pool `[NB, BS, HK, D]` + `block_table` | `cache[block_table[b, p // BS], p % BS]` |
 #
 # A contiguous cache reserves $L$ positions for every sequence up front. A paged cache (vLLM's
-# PagedAttention) is a pool of $NB$ blocks of $BS$ positions each, with a block table
-# `[B, MAX_BLOCKS]`; it hands out blocks as sequences grow, so memory follows the actual
-# lengths, and sequences can share blocks (a common prompt); the block table maps a sequence's
-# positions to blocks anywhere in the pool.
+# PagedAttention) is a pool of $NB$ blocks of $BS$ positions; the block table `[B, MAX_BLOCKS]`
+# maps a sequence's positions to blocks anywhere in the pool, handed out as sequences grow, so
+# memory follows the actual lengths and sequences can share blocks (a common prompt).
 #
 # ### One decoding step, slot by slot
 #
@@ -1111,32 +1082,24 @@ assert round(overall, 2) == 0.03 and overall < 1.1 * min(curves["all features"])
 assert 10 < smallest / overall < 11                  # "more than ten times"
 
 # %% [markdown]
-# The figure shows the relative RMS error against the scale, for all features and for the
-# smallest ones. Around `amax / 448` the error sits on a floor of a few percent: the price of
-# 3 mantissa bits. That is some 16 times the error of the same keys stored in bf16, as the
-# mantissas predict: bf16 stores 7 bits, e4m3 3, and each bit halves the relative rounding
-# step, so $2^{7-3} = 16$. Left of the floor the large values saturate. That is also what a
-# decoder meets when a later key is larger than the amax its scale was calibrated on: for that
-# key the scale is too small. Right of the floor the small values sink into the subnormals.
-#
-# The error of the whole tensor hides the small features. A scale a thousand times too large
-# still looks fine overall (about 3 %, within a tenth of the floor), while the smallest
-# features' error is more than ten times that (the two curves at the right of the figure; the
-# cell prints both).
-# Whether a model's outputs notice is a question for the model, measured on its tasks; the
-# kernel's part is to round exactly as `quantize_fp8` says.
+# Around `amax / 448` the error sits on a floor of a few percent, the price of 3 mantissa
+# bits: 16 times the same keys' error in bf16, as the mantissas predict ($2^{7-3}$, each bit
+# halving the relative rounding step). Left of the floor the large values saturate, as a later
+# key larger than the calibrated amax does. Right of it the small values sink into the
+# subnormals, and the whole tensor's error hides them: a scale a thousand times too large
+# still looks fine overall (about 3 %), while the smallest features' error is more than ten
+# times that. Whether a model notices is measured on its tasks; the kernel's part is to round
+# exactly as `quantize_fp8` says.
 #
 # ### Exercise 5 (optional): the fp8 store
 #
-# The decode timings below find fusion saves most with an fp8 cache: 4.6–5.7× under CUDA
-# graphs, against 2.8–3.8× with a bf16 cache. Unfused, an fp8 cache costs four more operators
-# per cache (to fp32, divide by the scale, clamp, round to fp8), each a pass over k or v. In
-# the fused kernel they are three lines before the store. Write them, as a kernel of their
-# own: one program per sequence $b$ takes the new token's values `[HK, D]` (fp32; for k,
-# already rotated), divides them by the cache's scale, clamps them to $\pm 448$, rounds them
-# to `tl.float8e4nv` (Triton's name for e4m3) and stores them into slot `seqlens[b]` of
-# sequence $b$ of a contiguous fp8 cache `[B, L, HK, D]`. In your exercise 2 kernel they
-# would replace the k and v stores.
+# Unfused, an fp8 cache costs four more operators per cache (to fp32, divide by the scale,
+# clamp, round to fp8), each a pass over k or v; in the fused kernel they are three lines
+# before the store. Write them as a kernel of their own: one program per sequence $b$ takes
+# the new token's values `[HK, D]` (fp32; for k, already rotated), divides them by the cache's
+# scale, clamps them to $\pm 448$, rounds them to `tl.float8e4nv` (Triton's name for e4m3) and
+# stores them into slot `seqlens[b]` of sequence $b$ of a contiguous fp8 cache
+# `[B, L, HK, D]`. In your exercise 2 kernel they would replace the k and v stores.
 #
 # The check compares the cache byte for byte with `kv_cache.quantize_fp8`: the new slots, and
 # the history and free slots untouched. Its steps include values that saturate and values in
@@ -1204,45 +1167,26 @@ else:
 #
 # `benchmarks/decode_cache_bench.py` times one decoding step of one layer (q `[B, 1, 32, 128]`,
 # k and v `[B, 1, 8, 128]`, bf16, a cache of 4096 positions), fused against unfused, in
-# contiguous and paged caches of bf16 and fp8. It times each step two ways: eagerly, and
-# replayed from a CUDA graph. A replay removes the host's per-launch work; the kernels still
-# run, one after another. The cell draws its H200 run, batch 1 to 256
-# (`benchmarks/results/decode_cache-nvidia-h200-20261130-0254.csv`); the figure's title names
-# the GPU as the CSV's header records it.
+# contiguous and paged caches of bf16 and fp8, batch 1 to 256, two ways: eagerly (solid
+# lines), and replayed from a CUDA graph (dashed), which leaves out the host's per-launch work
+# while the kernels still run one after another. The cell draws the H200 run
+# `benchmarks/results/decode_cache-nvidia-h200-20261130-0254.csv` and asserts the numbers
+# below.
 #
-# How the timer works matters for reading the figure. `triton.testing.do_bench` clears the L2
-# cache before each call, by writing a large buffer on the GPU, and records CUDA events on the
-# GPU around the call. It does not wait for the GPU between calls. So while the GPU clears the
-# cache, the host is already issuing the call's launches, and that host work is hidden. An
-# eager point holds only the host work that the clearing does not hide.
+# Replayed, the fused step takes 6.1–8.9 µs with a bf16 cache against 19.0–33.8 µs unfused
+# (2.8–3.8× faster), and 6.6–9.9 µs with an fp8 cache against 34.4–52.4 µs (4.6–5.7×). That
+# unfused path is this notebook's: one RoPE launch, then the cache write as 6 to 17 PyTorch
+# operators. A serving stack writes the cache with one kernel of its own (vLLM's
+# `reshape_and_cache`); the end of this section times that two-kernel path too.
 #
-# Replayed from a CUDA graph (dashed lines):
-#
-# - with a bf16 cache the fused step takes 6.1–8.9 µs, against 19.0–33.8 µs for RoPE followed
-#   by the cache write: 2.8–3.8× faster;
-# - with an fp8 cache, 6.6–9.9 µs against 34.4–52.4 µs: 4.6–5.7× faster.
-#
-# Those speedups are against this notebook's unfused path: one RoPE launch, then the cache
-# write as 6 to 17 PyTorch operators, 7 to 18 kernels in all (counted in the next part). A
-# serving stack's unfused path may run far fewer kernels. vLLM, for one, writes k and v into
-# its cache with one kernel (`reshape_and_cache`), so its unfused step is two kernels. Against
-# such a path fusion gains less; the end of this section times one.
-#
-# Eagerly (solid lines) the times spread widely:
-#
-# - with a bf16 cache the fused step takes 5.8–50.8 µs, at some batches below its replay and
-#   at others far above it;
-# - with an fp8 cache it takes 34.9–89.9 µs, above its replay at every batch.
-#
-# An eager timing holds the host's work per call (Python, PyTorch's dispatch, the launch), as
-# far as the clearing does not hide it; a graph replay leaves that work out. How much of each
-# solid point is the host's, this benchmark does not time. At batch 8 and 64 the eager fused
-# step with a contiguous bf16 cache (5.8 and 6.8 µs) was faster than its replay (7.1 and
-# 7.3 µs). The timer explains how that can be: the eager launches hid behind the clearing, and
-# for a step this small the replay adds something of its own. How much is not measured, since
-# the replay of an empty graph is not timed. So read the dashed lines as what a step costs
-# without the host's per-launch work, not as the kernels' own time. (The cell checks the
-# numbers this section states.)
+# Eagerly the fused step spreads from 5.8 to 50.8 µs with a bf16 cache and 34.9 to 89.9 µs
+# with fp8. An eager point holds the host's work per call (Python, dispatch, the launch), but
+# not all of it: `triton.testing.do_bench` clears the L2 cache on the GPU before each call
+# without waiting for it, so the host issues the call's launches while the GPU clears, and
+# that work is hidden. That is how, at batch 8 and 64 with a contiguous bf16 cache, the eager
+# fused step (5.8, 6.8 µs) beat its replay (7.1, 7.3 µs): a replay has a cost of its own,
+# not measured here. Read the dashed lines as a step without the host's per-launch work, not
+# as the kernels' own time.
 
 # %%
 def plot_decode_cache(rows, axes) -> None:
@@ -1334,19 +1278,18 @@ assert all(fused_fp8[c, b, "eager"] > fused_fp8[c, b, "graph"]
 # %% [markdown]
 # ### How many kernels one decoding step launches
 #
-# Both paths of the figure do the same work; they cut it into a different number of pieces.
-# The next cell runs the benchmark's own two steps (`ropelib.bench.kv_cache_decode`: the
-# shapes above, batch 8, each cache layout and dtype) once to compile and plan them, then once
-# more under `torch.profiler`, and counts with `ropelib.course.counts.count_kernels`:
+# Both paths do the same work, cut into a different number of pieces. The next cell runs the
+# benchmark's own two steps (`ropelib.bench.kv_cache_decode`: the shapes above, batch 8, each
+# cache layout and dtype) once to compile them, then under `torch.profiler`, and counts with
+# `ropelib.course.counts.count_kernels`:
 #
 # - on a GPU, the **CUDA kernels** the GPU ran, by name (memory copies and sets left out);
 # - on any machine, the **ATen operators** the host dispatched at the top level that do work:
 #   views, allocations and conversions that copy nothing are left out; on a GPU each one is
 #   one CUDA kernel or more;
-# - in Triton's interpreter (the CPU), the **Triton launches**: the interpreter runs a kernel
-#   as Python, which the profiler does not list as one, so the counter records each launch
-#   itself. On a GPU ropelib starts its kernels past Triton's Python launcher, and they show up
-#   among the CUDA kernels.
+# - in Triton's interpreter (the CPU), the **Triton launches**, which the counter records
+#   itself since the profiler does not list an interpreted kernel; on a GPU they are among the
+#   CUDA kernels.
 #
 # The host's checks of index values are switched off for the count
 # (`ropelib.set_index_checks("off")`): on the CPU they would read `cache_seqlens` and add
@@ -1426,34 +1369,22 @@ for cache in ("contiguous", "paged"):      # per cache: to fp32, divide, clamp, 
 #   fp8): 14 contiguous and 17 paged.
 #
 # On the H200 each operator ran exactly one CUDA kernel, so the unfused step ran 7, 10, 15 and
-# 18 kernels (`_rope_kernel` first) where the fused one ran 1; the listing names them. On a
-# GPU the cell asserts exactly that: one CUDA kernel per operator, plus `_rope_kernel`. On the
-# CPU there are no CUDA kernels; it asserts the operators and the one Triton launch.
+# 18 kernels (`_rope_kernel` first) where the fused one ran 1; on a GPU the cell asserts that,
+# on the CPU the operators and the one Triton launch. The cell below sets these counts beside
+# the timings:
 #
-# Now set the counts beside the timings of the figure; the cell below prints them side by
-# side.
-#
-# - **Replayed, the time follows the count.** Ordered by the operations the unfused step
-#   issues (7, 10, 15, 18 with the Triton launch), its replayed time rises in the same order:
-#   19.0–24.2, 25.3–33.8, 34.4–43.1 and 39.8–52.4 µs over the batches. The one fused
-#   kernel takes 6.1–9.9 µs with any cache.
-# - **About 1.9 µs a kernel.** At batch 1, where the bytes are fewest, the replayed unfused
-#   step takes 2.2 to 2.7 µs per operation for every cache, a little less the more operations
-#   it has: part of each step's time is fixed. A least-squares line through those four times
-#   against the count gives about 6.2 µs fixed and 1.9 µs for each operation, every time
-#   within 0.4 µs of the line.
-# - **The fixed part is about the fused step.** The whole fused step takes 6.1 to 7.0 µs
-#   replayed at batch 1. What the fixed part is made of is not measured here: neither the
-#   replay of an empty graph nor the host's share is timed.
-# - **A graph removes the host's per-launch work, not the kernels.** They still start and run
-#   one after another, about 1.9 µs each, so at batch 1 the fused step gains mostly the kernels
-#   it does not run. A serving stack's two-kernel path (RoPE, then one write kernel) runs one
-#   kernel more than the fused step: about 1.9 µs more by the line, an extrapolation below the
-#   7 to 18 kernels it was fitted on; the next part measures it.
+# - **Replayed, the time follows the count.** The unfused step's replayed time rises with its
+#   operations (7, 10, 15, 18): 19.0–24.2, 25.3–33.8, 34.4–43.1 and 39.8–52.4 µs over the
+#   batches. The fused kernel takes 6.1–9.9 µs with any cache.
+# - **About 1.9 µs a kernel.** At batch 1, where the bytes are fewest, a least-squares line
+#   through the four replayed times against the count gives 6.2 µs fixed and 1.9 µs per
+#   operation, every time within 0.4 µs of it. The fixed part is about the whole fused step
+#   (6.1 to 7.0 µs); what it is made of is not measured. A graph removes the host's work per
+#   launch, not the kernels: at batch 1 the fused step gains mostly the kernels it does not
+#   run.
 # - **Eagerly the unfused step is slower again**: at least 60.3, 128.8, 200.1 and 237.8 µs,
-#   more than twice the slowest replay for every cache. The difference is what eager execution
-#   adds, the host's dispatch of each operation among it; this benchmark does not time the
-#   host, so how it divides is not measured.
+#   more than twice its slowest replay for every cache, the host's dispatch of each operation
+#   among the difference.
 
 # %%
 def unfused_us(cache, dtype, mode):
@@ -1505,18 +1436,17 @@ assert as_stated((min(fused_graph), max(fused_graph)), (6.1, 9.9)), fused_graph
 # %% [markdown]
 # ### Against the fewest kernels an unfused step can run
 #
-# The unfused step above writes the cache with PyTorch operators, one kernel each. A serving
-# stack writes k and v with one kernel of its own. `ropelib.bench.cache_write` is such a kernel,
-# written in Triton the way vLLM's `reshape_and_cache` works: one program per new token (and
-# group of heads), which reads the token's position (and, in a paged cache, its block-table
-# entry) and copies its k and v rows into their slots, divided by the scale and rounded for an
-# fp8 cache exactly as the fused kernel rounds. `benchmarks/decode_cache_bench.py` now times a
-# third provider, `two_kernels`: ropelib's RoPE launch on q and k, then that write. Before timing,
-# it checks that its q and both caches are the unfused step's bits. The run below
-# (`decode_cache-nvidia-h200-20261201-2015.csv`, the same H200 kind, a later day) repeats the
-# fused and unfused steps beside it; read the replayed rows, since eager rows also hold the
-# host's launch of a Triton kernel from Python, which costs more than a serving stack's C++
-# launch.
+# *Question: how much of the speedup is fusion, and how much is the PyTorch write's many
+# kernels?* A serving stack writes k and v with one kernel. `ropelib.bench.cache_write` is
+# such a kernel in Triton, built the way vLLM's `reshape_and_cache` works: one program per new
+# token (and group of heads) reads its position (paged: its block-table entry) and copies its k
+# and v rows into their slots, scaled and rounded for fp8 as the fused kernel rounds.
+# `benchmarks/decode_cache_bench.py` times it as a third provider, `two_kernels` (ropelib's
+# RoPE launch on q and k, then that write), after checking that its q and caches are the
+# unfused step's bits. The run `decode_cache-nvidia-h200-20261201-2015.csv` (an H200, a later
+# day) repeats the fused and unfused steps beside it. The cell reads the replayed rows only:
+# an eager row also holds a Triton kernel's launch from Python, dearer than a serving stack's
+# launch from C++.
 
 # %%
 TWO = RESULTS / "decode_cache-nvidia-h200-20261201-2015.csv"
@@ -1549,49 +1479,40 @@ two_vs_unfused = [step_us[k[:3] + ("unfused",)] / step_us[k[:3] + ("two_kernels"
 assert as_stated((min(two_vs_unfused), max(two_vs_unfused)), (2.2, 4.8))
 
 # %% [markdown]
-# Replayed, the fused step is 1.09 to 1.34 times faster than RoPE followed by one write kernel:
-# 0.8 to 3.0 µs a step, about what the line above gave one kernel (1.9 µs). Against a serving
-# stack's unfused path, the fused step gains mostly the second kernel it does not start. The
-# same two kernels run 2.2 to 4.8 times faster than the PyTorch write's chain: most of the gap
-# in this section's first figure is the operators, not the fusion.
+# **Answer:** replayed, the fused step is 1.09 to 1.34 times faster than RoPE followed by one
+# write kernel, 0.8 to 3.0 µs a step: about what the line above gave one kernel (1.9 µs). The
+# two kernels in turn run 2.2 to 4.8 times faster than the PyTorch write's chain. So most of
+# the 2.8–5.7× of the first figure is the PyTorch operators; fusion itself saves about one
+# kernel.
+#
+# **Takeaway:** a decoding step stores rotated keys; fusing RoPE with the store is one kernel
+# with the bits of RoPE-then-write, in either cache layout and in fp8 (whose scale must be
+# fixed before the keys arrive). On a GPU its gain over a well-written two-kernel path is one
+# kernel's time: small, but paid in every layer at every decoding step.
 
 # %% [markdown]
 # ## Summary
 #
-# - A causal row at position $p$ costs $p+1$ pairs, so a contiguous split leaves the last
-#   rank with about $2c-1$ times the first rank's work. Rank $r$ holding chunks $r$ and
-#   $2c-1-r$ of $2c$ gives every rank exactly $S(S+1)/2c$ pairs.
+# - A causal row at position $p$ costs $p+1$ pairs, so a contiguous split leaves the last rank
+#   about $2c-1$ times the first rank's work; rank $r$ holding chunks $r$ and $2c-1-r$ of $2c$
+#   gives every rank exactly $S(S+1)/2c$ pairs.
 # - A rank's tokens keep their global positions: `apply_rope(..., cp_size, cp_rank)` rotates a
-#   shard bit for bit as the full sequence would be rotated. Attention all-gathers k and v
-#   and runs two lower-right causal blocks per rank (`cp.dual_chunk_attention`).
-# - Two processes (gloo on the CPU or on one shared GPU, NCCL on two GPUs) train to the
-#   1-process loss within fp32 rounding (`benchmarks/cp_train.py --dry-run`, with `--dtype
-#   fp32` on GPUs); the same script on GPUs writes the CSVs section 3 reads.
-# - On H200s, two ranks ran a 131072-token step 1.30 times as fast as one GPU, each rank
-#   peaking at 55 % of one GPU's memory. A fit of $t = aS^2 + bS$ through two sequence lengths
-#   (exact, so it cannot test the model) attributes most of the shortfall to the $S^2$ term
-#   (750 of 964 ms): by the fit, each rank's attention runs at 68 % of one GPU's rate, and the
-#   collectives, in the linear term, account for at most the other 214. Why that attention
-#   would be slower is not measured; another attention kernel on one GPU (cuDNN's, say) is one
-#   hypothesis.
-# - A KV cache stores rotated keys. `rope_kv_cache` rotates q and k and writes k and v into
-#   their slots in one launch, contiguous (`[b, p]`) or paged
-#   (`[block_table[b, p // BS], p % BS]`), with exactly the bits of RoPE-then-write, and
-#   `generate` picks the same tokens fused, unfused and without a cache. The kernel is one
-#   program per sequence: its position, one row of angles, every head rotated, k and v stored
-#   at the slot; paged, the block table turns the position's block into the pool's.
-# - An fp8 cache with scale `amax / 448` costs a few percent relative error (3 mantissa bits,
-#   $2^{7-3} = 16$ times bf16's); a scale far off either way costs much more (saturation,
-#   subnormals). A decoder fixes the scale before the keys arrive, by calibration; the cells
-#   here take it from the keys they store.
-# - Counted with `torch.profiler`, the fused decoding step is one kernel; RoPE then the write
-#   in PyTorch is one Triton launch and 6 to 17 ATen operators (more for a paged or an fp8
-#   cache), each one CUDA kernel on the H200. There the graph-replayed times of the unfused step
-#   rise in the order of those counts, by about 1.9 µs a kernel at batch 1; eagerly it is more
-#   than twice as slow, by a margin this benchmark does not split between the host and the
-#   GPU. The fused step's 2.8–5.7× are against that many-kernel path; against a serving
-#   stack's unfused path, RoPE and one write kernel (a Triton one, measured), it is 1.09–1.34×
-#   faster replayed: about the one kernel it does not start.
+#   shard bit for bit as the full sequence; attention all-gathers k and v and runs two
+#   bottom-right causal blocks (`cp.dual_chunk_attention`). Two processes train to the
+#   1-process loss within a few fp32 ulps.
+# - On H200s, two ranks ran a 131072-token step 1.30 times as fast as one GPU, each peaking at
+#   55 % of its memory. A fit of $t = aS^2 + bS$ through two lengths puts 750 of the 964 ms
+#   shortfall in the $S^2$ term: each rank's attention at 68 % of one GPU's rate, for a reason
+#   not measured here.
+# - A KV cache stores rotated keys. The fused kernel (exercises 2 and 4) is one program per
+#   sequence: its position, one row of angles, every head rotated, k and v stored at slot
+#   `[b, p]` or, paged, `[block_table[b, p // BS], p % BS]`, with the bits of RoPE-then-write.
+# - An fp8 cache at scale `amax / 448` costs a few percent relative error, 16 times bf16's
+#   ($2^{7-3}$); a scale far off costs more (saturation, subnormals), and a decoder must fix it
+#   before the keys arrive.
+# - The fused step is one kernel; this notebook's unfused step 7 to 18, and replayed its time
+#   follows the count at about 1.9 µs a kernel at batch 1. Against RoPE plus one write kernel,
+#   the fused step is 1.09–1.34× faster replayed: about the one kernel it does not start.
 
 # %% [markdown]
 # ## Questions for a study group
