@@ -16,35 +16,28 @@
 # %% [markdown]
 # # 07 — Transformer Engine vs Triton, live
 #
-# Notebooks 03–06 built ropelib's kernels one generation at a time. Here we put them side by
-# side with everything else that computes RoPE — Transformer Engine's fused CUDA kernel and its
-# plain-PyTorch path, eager PyTorch, `torch.compile`, Liger Kernel and flash-attn where they are
-# installed — on the *same inputs*, and measure them over a standard set of benchmark sweeps
-# (sequence length, head dimension, heads, batch), each timing beside a copy of the same bytes.
+# Notebooks 03–06 built ropelib's kernels one generation at a time. This one asks: **on the same
+# inputs, how does ropelib compare with everything else that computes RoPE** — Transformer
+# Engine's fused CUDA kernel and its plain-PyTorch path, eager PyTorch, `torch.compile`, Liger
+# Kernel and flash-attn where installed — **and where it loses, why?** The answer, built up over
+# the sections: ropelib's forward runs near a copy of the same bytes and ahead of TE's fused
+# kernel; its eager forward+backward can lose to TE's, and then it is the host issuing the call,
+# not the kernels, that sets the time.
 #
 # **After this notebook you will be able to**
 #
-# - run one configuration through every provider and read the row it produces: time, GB/s,
-#   the ratio to a plain copy of the same bytes, and the error against an fp64 reference in ulps;
-# - say why a memory-bound kernel is judged against a *copy* measured in the same run rather
-#   than against the GPU's data-sheet bandwidth;
-# - use the dashboard: choose a configuration and providers, sweep one axis, watch the plot and
-#   table fill in, export the CSV and PNG;
-# - run the standard benchmark sweeps (GB/s vs sequence length at batch 1, 2, 4, 8 with 64
-#   heads of 128; sequence / head-dim / heads / batch sweeps of Triton vs TE vs PyTorch) and
-#   read the committed GPU results;
-# - fit a sweep as *fixed cost per call + bytes over bandwidth* by the normal equations, and
-#   tell a fit worth reading from one that is not;
-# - time a call three ways (the host's enqueue, the wall clock, a CUDA-graph replay), tell a
-#   call that waits for the host from one that waits for its kernels, and say where ropelib
-#   loses to Transformer Engine and why;
-# - write the yardstick yourself: one kernel that copies or rotates a tile of rows, whose two
-#   timings say what the rotation adds to the bytes, and race it against the others.
+# - run one configuration through every provider and read its row: time, GB/s, the ratio to a
+#   copy of the same bytes measured in the same run, and the error in ulps against fp64;
+# - drive the dashboard and the standard sweeps, and read the committed H200 results;
+# - fit a sweep as *fixed cost per call + bytes over bandwidth*, and tell a fit worth reading
+#   from one that is not;
+# - time a call three ways (the host's enqueue, the wall clock, a CUDA-graph replay) and say
+#   whether the host or the device sets its pace;
+# - write the yardstick yourself: one kernel that copies or rotates a tile of rows, and race it.
 #
-# On a machine without a GPU everything runs in Triton's interpreter at tiny sizes. The *errors*
-# are then real, but the **timings are meaningless** (every Triton program is Python code taking
-# milliseconds); every table and figure made here says so. The GPU numbers are the committed
-# ones in `benchmarks/results/`.
+# Without a GPU everything runs in Triton's interpreter at tiny sizes: the *errors* are real, the
+# **timings are meaningless**, and every table and figure says so. The GPU numbers are the
+# committed ones in `benchmarks/results/`.
 #
 # **Time:** about 1 minute to run on a CPU (a few on a GPU); about 90 minutes to read, run the
 # dashboard and do the three exercises.
@@ -118,14 +111,12 @@ assert all(p.available or p.reason for p in provs)
 #   - `max_ulp_err`, each element against the ulp *at its own value*;
 #   - `max_head_ulp_err`, each element against the ulp of the *largest value in its head vector*.
 #
-#   An output computed exactly and rounded once scores at most 0.5 on both. The two part ways
-#   near zero. There an output comes from cancellation, $x_a\cos\theta - x_b\sin\theta$ with
-#   both products large. Arithmetic in a format is exact only to about an ulp *of those
-#   operands*, so a tiny output carries an error that is many of its own ulps. That is the
-#   arithmetic's honest error, not a bug. The head-wise column measures every provider on that
-#   fair scale; the element-wise one shows what cancellation does. Even a bf16 output computed
-#   in fp32 can score above 0.5 element-wise on a GPU: near zero, fp32's own error in the
-#   cancellation can reach half a bf16 ulp of the tiny result.
+#   An output computed exactly and rounded once scores at most 0.5 on both. They part near zero,
+#   where $x_a\cos\theta - x_b\sin\theta$ cancels two large products: arithmetic is exact only
+#   to about an ulp *of the operands*, so a tiny output carries many of its own ulps. That is
+#   the arithmetic's honest error, not a bug; the head-wise column puts every provider on that
+#   fair scale. (Element-wise, even a fused bf16 output can land just above 0.5 on a GPU: near
+#   zero, fp32's own error in the cancellation reaches half a bf16 ulp of the tiny result.)
 
 # %%
 if GPU:
@@ -159,18 +150,15 @@ if "torch.compile" in head:
     assert 0.5 + 1e-3 < head["torch.compile"] < head["pytorch"]
 
 # %% [markdown]
-# On a GPU, set the table's forward columns beside its forward+backward ones. ropelib's forward
-# is the fastest of the fused kernels, yet its forward+backward call can take longer than TE's.
-# Section 7 takes that apart: how much of an eager call is the host issuing it, and how much
-# the kernels.
+# On a GPU, set the table's forward columns beside its forward+backward ones: ropelib's forward
+# is the fastest of the fused kernels, yet its forward+backward can take longer than TE's.
+# Section 7 finds out why.
 
 # %% [markdown]
-# The same case in **fp32**. Now the output format *is* the arithmetic format: nothing rounds the
-# fp32 result to something coarser, so the error is that of fp32 arithmetic itself. The fp32
-# cos/sin table is rounded (half an ulp each), and the two products and the difference round
-# again. That makes a few head-wise ulps, and on the element-wise scale, near zero, tens or
-# hundreds. "Rounds once, ≤ 0.5 ulp" is a statement about bf16 and fp16 outputs, where fp32
-# arithmetic is far finer than the output's last place.
+# The same case in **fp32**: now the output format *is* the arithmetic format, so the error is
+# fp32's own (the rounded cos/sin table, the products, the difference): a few head-wise ulps, and
+# near zero tens or hundreds element-wise. "Rounds once, ≤ 0.5 ulp" is a statement about bf16
+# and fp16 outputs.
 
 # %%
 rows32 = compare.run_case(dataclasses.replace(one, dtype="fp32"), providers=["ropelib", "pytorch"],
@@ -181,35 +169,23 @@ for r in rows32:
 assert all(r["max_head_ulp_err"] <= 4 for r in rows32)
 
 # %% [markdown]
-# Eager PyTorch, in bf16, is ten kernels (notebook 02 profiled them; section 5 reads that
-# profile): the `cos` and the `sin` of the angles and a cast of each to bf16, then a multiply,
-# a `neg` and a `cat` that build the rotated half, a second multiply, an add and a last `cat`.
-# It rounds every intermediate to bf16, hence more ulps. ropelib's and TE's fused kernels read
-# $x$ once, keep the angles and everything else in fp32 registers and round once.
-# torch.compile of Hugging Face's formula and flash-attn fuse too, but take bf16 cos/sin
-# tables; torch.compile's head-wise ulps lie above 0.5 and below eager PyTorch's (checked where
-# it runs). And `torch.compile_te_unfused` is eager PyTorch's very formula, compiled: it scores
-# at most 0.5 head-wise, what rounding once gives (checked where it runs). The error is set by
-# where the rounding happens, not by the formula written down.
+# **What section 2 found.** The error is set by *where the rounding happens*, not by the formula.
+# Eager PyTorch (ten kernels in bf16, profiled in notebook 02 and read in section 5) rounds every
+# intermediate to bf16, hence more ulps. ropelib's and TE's fused kernels keep everything in fp32
+# registers and round once. `torch.compile_te_unfused`, eager PyTorch's very formula compiled,
+# also rounds once (≤ 0.5 head-wise); `torch.compile` of Hugging Face's formula takes bf16 cos/sin
+# tables and lands between the two (both checked where torch.compile runs).
 
 # %% [markdown]
 # ## 3. The dashboard
 #
-# The controls set the base configuration; **sweep** picks the axis and **values** its values;
-# the provider list picks who runs. **run** sweeps: each row updates the plot (GB/s and % of a
-# copy vs the swept axis; forward solid, forward+backward dashed) and the table as it arrives;
-# the plot's title names what measured it (the GPU's name, or the CPU interpreter).
-# **export** writes the rows (with GPU name, driver, versions and date) as CSV and the plot as
-# PNG into a scratch folder (printed below; `ROPELIB_WRITE_FIGURES=1` sends them to `figures/`).
-# Every control is a plain attribute, so the cell below can also drive it without clicking.
-#
-# In the CPU interpreter the size sliders stop at seq_len 64, batch 4, 8 heads and head_dim 64,
-# where one configuration with every provider takes a few seconds; the dashboard says so.
-#
-# Widgets live in the running kernel. Started the README's way, JupyterLab saves this notebook
-# without outputs, so a reopened notebook shows the dashboard again once you run its cells
-# (Run → Run All Cells). Opened some other way, a saved dashboard shows "Error displaying
-# widget: model not found" until you do.
+# The controls set the base configuration, **sweep** the axis and **values** its values, the
+# provider list who runs. **run** fills the plot (GB/s and % of a copy; forward solid,
+# forward+backward dashed) and the table row by row; **export** writes the rows (GPU, driver,
+# versions, date) as CSV and the plot as PNG to a scratch folder (`ROPELIB_WRITE_FIGURES=1`:
+# to `figures/`). Every control is a plain attribute, so the next cell drives it from code.
+# In the interpreter the sliders stop at tiny sizes. Widgets live in the running kernel: a
+# reopened notebook shows the dashboard again after Run → Run All Cells.
 
 # %%
 dash = widgets.Dashboard(device=device, figures_dir=str(EXPORT_DIR))
@@ -234,21 +210,13 @@ assert dash.figure.get_suptitle() == f"measured on {widgets.measured_on(dash_row
 # %% [markdown]
 # ## 4. The standard sweeps
 #
-# A RoPE kernel is usually benchmarked by holding a configuration and sweeping one axis of it.
-# `compare.SEED_SWEEPS` holds the standard set this notebook reproduces:
-#
-# - GB/s vs sequence length 256 … 3840 for batch 1, 2, 4, 8 with `head_num` 64 and `head_dim`
-#   128, in fp32 and bf16: how each provider amortises its fixed cost as the tensor grows, and
-#   whether reusing cos/sin across the batch pays as the batch grows;
-# - sequence-length, hidden-size (head dim), head-count and batch sweeps of Triton fused vs TE
-#   fused vs PyTorch unfused.
-#
-# `benchmarks/seed_sweeps.py` runs them all on a GPU and writes
-# `benchmarks/results/seed_sweeps.csv` and `figures/07-seed-*.png`. Here we list them and run
-# the first live: full size on a GPU, shrunk to a few tiny values in the interpreter. On a GPU
-# the cell prints each provider's median forward GB/s beside the committed run's, and on the
-# committed run's GPU stops if ropelib's differs from it by more than a fifth (the others are
-# printed, not checked). Sections 5 to 7 read committed files; section 5 lists them.
+# A RoPE kernel is benchmarked by holding a configuration and sweeping one axis.
+# `compare.SEED_SWEEPS` is the standard set: GB/s against sequence length 256 … 3840 at batch 1,
+# 2, 4, 8 (64 heads of 128, fp32 and bf16), and sequence / head-dim / heads / batch sweeps of
+# Triton vs TE vs PyTorch. `benchmarks/seed_sweeps.py` runs them all on a GPU into
+# `benchmarks/results/seed_sweeps.csv`. The cell runs the first live (shrunk in the
+# interpreter); on the committed run's GPU it stops if ropelib's median forward GB/s is more
+# than a fifth away from the committed one.
 
 # %%
 for s in compare.SEED_SWEEPS:
@@ -284,27 +252,21 @@ if GPU and SEED_CSV.exists():
 # %% [markdown]
 # ## 5. The committed GPU results
 #
-# These come from one GPU run of `benchmarks/seed_sweeps.py`, fp32 and bf16, in
-# `seed_sweeps.csv`; its header names the GPU, driver, torch/Triton/TE versions and date, and
-# every panel says where it was measured. A missing file is said, never made up, and a panel
-# with no measurement stops the notebook.
-#
-# Sections 5 to 7 read several committed files, measured on different days. Each measured
-# ropelib's code as it was that day. Two later changes touch the two-pass route, which
-# `apply_rope` takes from 64 MiB on: its pre-pass now takes 256 (token, pair) entries a
-# program, and on sm_90+ GPUs the flat pass is launched early after it. Only the last file
-# below measured the code with both changes:
+# **Question: on an H200, where does each provider stand against a copy, and what sets that?**
+# Sections 5 to 7 answer from committed files, listed here; the cell prints where and when each
+# was measured, and a missing file is said, never made up. They measured ropelib's code as it
+# was that day: two later changes to the two-pass route (which `apply_rope` takes from 64 MiB
+# on) — a pre-pass of 256 (token, pair) entries a program, and the flat pass launched early on
+# sm_90+ — are measured only by the last file (section 7.7).
 #
 # | file in `benchmarks/results/` (or `figures/`) | what it measured |
 # |---|---|
-# | `seed_sweeps.csv` | the sweeps of this section and sections 6 and 7 |
+# | `seed_sweeps.csv` | the sweeps of sections 5 to 7 |
 # | `figures/02-unfused-kernels.csv` | notebook 02's profile of eager PyTorch's ten kernels |
-# | `floor-nvidia-h200.csv` | 64 MiB eager and replayed from CUDA graphs; host time per call (its decode rows: a later run, section 7.1) |
+# | `floor-nvidia-h200.csv` | 64 MiB eager and replayed from CUDA graphs; host time per call (its decode rows: a later run) |
 # | `host-profile-nvidia-h200-20261201.txt` | where the host's time goes, by cProfile |
 # | `mid_fwdbwd-nvidia-h200-20261201-1433.log` | host and device side by side, ropelib, torch.compile, TE |
 # | `mid_fwdbwd_variants-nvidia-h200-20261201-1444.log` | ropelib alone, replayed, each change on and off |
-#
-# The cell below prints where and when each was measured.
 
 # %%
 import re
@@ -361,44 +323,31 @@ for dtype in DTYPES:
 # sweeps too, titled with the GPU and versions they were measured with)
 
 # %% [markdown]
-# **Reading the panels.** Each panel holds the batch fixed and grows the sequence; the y-axis is
-# GB/s by the bytes model, so a provider's line would be flat at the copy's bandwidth if it cost
-# nothing but memory traffic. The panels show the forward only. The dashed grey line is the
-# copy's GB/s, measured at each point beside the providers; forward+backward is section 6's.
+# **Reading the panels.** Each panel holds the batch and grows the sequence; the y-axis is GB/s by
+# the bytes model, forward only, and the dashed grey line is the copy measured beside each point.
+# A kernel that cost nothing but memory traffic would sit on that line. The cell below prints
+# and checks what the panels show:
 #
-# - The fused kernels' lines *rise* with the sequence length: a call has a fixed cost that
-#   small tensors cannot hide, and more bytes amortise it. Most of that cost is any kernel's:
-#   the copy's dashed line rises too. Section 6 fits both at batch 1: the copy pays 5.3 to 5.4
-#   µs a call, and ropelib's forward 2.4 to 3.1 µs more.
-# - Eager PyTorch is low at every size: at most 0.15 of the copy in fp32 and 0.10 in bf16.
-#   Notebook 02 profiled its bf16 chain on an H200 (`figures/02-unfused-kernels.csv`, read in
-#   the cell below): the ten kernels of section 2 move 6.0 times the fused kernel's bytes,
-#   streamed at 0.44 of the copy's speed. Leaving out the gaps between kernels, that predicts
-#   0.44 / 6.0 = 0.073 of a copy, and the bf16 sweep measures 0.073 on its largest tensor
-#   (batch 8, S = 3840). The fp32 chain was not profiled.
-# - On large tensors (the right end of the batch-8 panel) the fused kernels separate: ropelib's
-#   forward runs next to the copy; TE's CUDA kernel and the batch-reuse generation stay below.
-# - In fp32, from batch 2 on, ropelib's forward runs level with the copy wherever $x$ holds 64
-#   MiB or more: every such point lies at 0.98 of the copy or above, about a third of them at
-#   or just above 1 (up to 1.017; the 1.111 below is the copy's doing). Below 64 MiB the points
-#   lie lower, none above 0.94. From 64 MiB on, `apply_rope` takes the two-pass route of
-#   notebook 05 (here before the two changes listed above; section 7.7 has what they did), but
-#   64 MiB is also where the tensors are large, so this sweep cannot tell route from size;
-#   notebook 05 (section 6) times the two routes on the same tensors. bf16 at batch 1 lies
-#   wholly on the one-pass side and reaches 0.85 of the copy at its longest.
-# - Each point is the median of do_bench's repeats. The CSV keeps ropelib's 20th and 80th
-#   percentiles: at the fp32 points at 1 or above they lie within 4 % of the median (checked),
-#   and the copy's time, whose percentiles are not kept, is a second timing of the same kind.
-#   So a ratio of 1.01 is a tie this sweep cannot resolve, not a kernel beating a copy (nor is
-#   the copy a hard ceiling: torch.compile's kernel beats `y.copy_(x)` in fp32 too, in the
-#   README's table).
-# - One point is well above 1: fp32, batch 8, the longest sequence. There it is the copy that
-#   was slow: its median at that size reached clearly less GB/s than at the other sizes, while
-#   ropelib's GB/s stayed where they were (TE's ratio jumps at the same point). The cell prints
-#   every ratio above 1.03 and checks that its copy was slow.
+# - **The lines rise** with the tensor: a call has a fixed cost that more bytes amortise. The
+#   copy's line rises too, so most of that cost is any kernel's; section 6 measures it.
+# - **Eager PyTorch stays low** (at most 0.15 of a copy in fp32, 0.10 in bf16). Notebook 02's
+#   profile explains the bf16 figure: its ten kernels move 6.0 times the fused kernel's bytes at
+#   0.43 of the copy's speed, which predicts 0.43 / 6.0 = 0.072 of a copy; the bf16 sweep
+#   measures 0.073 on its largest tensor, in a separate run.
+# - **On large tensors the fused kernels separate**: ropelib's forward runs next to the copy,
+#   TE's CUDA kernel and the batch-reuse generation below.
+# - **Size, not batch, puts ropelib on the copy.** In fp32 from batch 2 on, every point where
+#   $x$ holds 64 MiB or more lies at 0.98 of the copy or above, about a third at or just above 1
+#   (up to 1.017); below 64 MiB none is above 0.94. (64 MiB is also where the two-pass route
+#   starts, so this sweep cannot tell route from size; notebook 05, section 6, can.) bf16 at
+#   batch 1 stays under 64 MiB and reaches 0.85 of the copy.
+# - **A ratio of 1.01 is a tie, not a kernel beating a copy**: ropelib's 20th and 80th
+#   percentiles there lie within 4 % of its median. The one point well above 1 (fp32, batch 8,
+#   the longest sequence) is a slow copy: the cell shows the copy reaching clearly fewer GB/s
+#   there than at the other sizes, and TE's ratio jumping at the same point.
 #
-# The cell below checks these claims on the committed numbers, so if a new measurement changes
-# the picture, this notebook stops instead of telling an old story.
+# If a new measurement changes the picture, these checks stop the notebook instead of telling
+# an old story.
 
 # %%
 from ropelib.course import kernel_bandwidth
@@ -415,7 +364,7 @@ print(f"eager chain, bf16 ({chain_kept['gpu']}): {len(chain)} kernels, {chain_by
       f"{chain_speed / chain_bytes:.3f} of a copy")
 assert [r.op for r in chain] == ["cos", "_to_copy", "sin", "_to_copy", "mul", "neg", "cat",
                                  "mul", "add", "cat"]
-assert (round(chain_bytes, 1), round(chain_speed, 2)) == (6.0, 0.44)
+assert (round(chain_bytes, 1), round(chain_speed, 2)) == (6.0, 0.43)
 as_config = lambda r: compare.Config(**{k: r[k] for k in compare.CONFIG_FIELDS})
 x_bytes = lambda r: r["seq_len"] * r["batch"] * r["heads"] * r["head_dim"] \
     * {"fp32": 4, "bf16": 2}[r["dtype"]]
@@ -434,7 +383,10 @@ for dtype in DTYPES:
     print(f"{dtype}: eager PyTorch's highest forward ratio at any point: {top_pytorch:.3f}")
     assert round(top_pytorch, 2) == {"fp32": 0.15, "bf16": 0.10}[dtype]
     if dtype == "bf16":   # the chain's bytes and speed predict the largest tensor's ratio
-        assert round(at["pytorch"]["ratio_fwd"], 3) == round(chain_speed / chain_bytes, 3)
+        print(f"bf16 eager PyTorch at S={biggest}, batch 8: {at['pytorch']['ratio_fwd']:.3f} of a "
+              f"copy; the chain predicts {chain_speed / chain_bytes:.3f}")
+        assert (round(chain_speed / chain_bytes, 3), round(at["pytorch"]["ratio_fwd"], 3)) \
+            == (0.072, 0.073)
     # level with the copy from batch 2 on in fp32 where x holds 64 MiB or more (two passes);
     # lower below that
     if dtype == "fp32":
@@ -489,28 +441,18 @@ for dtype in DTYPES:
 
 # %% [markdown]
 # **The other axes.** The last four sweeps hold a bf16 tensor of $S = 2048$, $B = 2$, $H = 32$,
-# $D = 128$ (32 MiB) and grow one axis at a time: the sequence, the head dimension, the heads,
-# the batch. The cell draws them from the same CSV (`figures/07-seed-axes.png` is the same
-# drawing, made by `benchmarks/seed_sweeps.py`). Read them for which axis matters, and you find
-# that none does on its own: whichever axis makes $x$ 64 MiB or more, ropelib's forward runs
-# at 0.96 of the copy or above (the batch sweep, for one, from batch 4 on), and below that at
-# 0.88 or less — the same split by size as in the panels above. TE's fused kernel stays at or
-# below 0.60 of the copy at every point of the four, and ropelib is ahead of it at every point.
-# Eager PyTorch stays near a tenth (0.10 at most, checked).
+# $D = 128$ (32 MiB) and grow one axis at a time. **Which axis matters? None on its own:**
+# whichever axis makes $x$ 64 MiB or more, ropelib's forward runs at 0.96 of the copy or above,
+# and below that at 0.88 or less — the same split by size. TE's fused kernel stays at or below
+# 0.60 at every point, behind ropelib at every point; eager PyTorch at 0.10 at most.
 #
-# torch.compile's *call* reaches the copy only on the largest tensors, $S = 8192$ and batch 16
-# (0.99), and is not monotone along the sequence: 0.67 of the copy at $S = 2048$, 0.43 at 4096.
-# Its times do not follow its bytes: up to 64 MiB of $x$, along the sequence and the batch
-# sweeps, the call took 64 to 84 µs at every point but one ($S = 2048$: 30 µs), while the
-# copy's time grew from 9 to 37 µs. The floor suite measured the host's time to issue one eager
-# forward at a decode size: 77 µs for torch.compile, 23 µs for ropelib, 30 µs for TE. Those six
-# call times lie within a fifth of the 77 µs: up to 64 MiB torch.compile's forward waits on the
-# host's work per call, not on its kernels, which replayed from a CUDA graph at 64 MiB run the
-# forward at 1.00 to 1.04 of a copy (section 7.6). Section 2's table times the $S = 4096$ shape
-# live, and the cell prints where that call landed in this run. It is printed, not checked: like
-# the committed $S = 2048$ point, a live call of this size lands far from the copy when the
-# host's work per call is long and near it when that work happens to be short (two H200 runs of
-# this page printed 0.46 and 1.01), which is what a host-bound call looks like.
+# torch.compile is the odd line: it reaches the copy only on the largest tensors (0.99) and is
+# not monotone (0.67 at $S = 2048$, 0.43 at 4096). Up to 64 MiB its call took 64 to 84 µs at
+# every point but one, while the copy grew from 9 to 37 µs: its time follows not its bytes but
+# the host's 77 µs to issue one torch.compile forward (the floor suite's decode row, printed
+# below beside ropelib's 23 and TE's 30). That is a *host-bound* call, section 7's subject.
+# (On a GPU the cell also prints section 2's live torch.compile ratio; it is not checked,
+# because a host-bound call's time varies from run to run.)
 
 # %%
 AXES = {"seq-bf16": "seq_len", "hidden-bf16": "head_dim", "heads-bf16": "heads",
@@ -577,19 +519,15 @@ if DTYPES:     # torch.compile's forward call along the sequence and the batch, 
 # %% [markdown]
 # ## 6. Time against bytes: fixed cost and bandwidth from the sweeps
 #
-# Section 5 read the sweeps as ratios to a copy, point by point. This section asks what a whole
-# sweep says at once: does a call's time grow with the bytes it moves as a straight line, and if
-# so, how much does each provider pay per call before any byte moves, and how fast does it
-# stream after? It fits that line to the committed batch-1 sweeps, forward and
-# forward+backward, for ropelib, TE's fused kernel and eager PyTorch.
+# **Question: does a call's time grow with its bytes as a straight line, and if so, what does
+# each provider pay per call before a byte moves, and how fast does it stream after?** A call
+# that moves $N$ bytes takes about
+# $$ t(N) = t_0 + \frac{N}{\text{BW}}, $$
+# a fixed cost $t_0$ plus streaming at bandwidth BW. Fitted to a sweep, a large $t_0$ says the
+# call pays something per call (the host's launch work, or kernels too small to fill the GPU);
+# a BW near the copy's says it is memory-bound.
 #
 # ### 6.1 The forward: fixed cost and bandwidth
-#
-# A call that moves $N$ bytes takes about
-# $$ t(N) = t_0 + \frac{N}{\text{BW}}, $$
-# a fixed cost $t_0$ per call plus streaming at bandwidth BW. Fit that line to a sweep and the two
-# numbers tell apart *host-bound* (large $t_0$: the GPU waits for the CPU to launch work) from
-# *memory-bound* (BW near the copy's).
 #
 # **Exercise 1 — fit the line by the normal equations.** Write `fit_time_model(nbytes, ms)`
 # returning `(t0_us, gbps)`: the least-squares line $t = a + bN$ through the points $(N_i, t_i)$,
@@ -624,7 +562,7 @@ fit = fit_time_model if fitted_by_learner else measuring.solution_fit_time_model
 
 # %% [markdown]
 # Now the committed batch-1 sweeps, forward and forward+backward, for ropelib, TE's fused kernel
-# and eager PyTorch.
+# and eager PyTorch. The cell prints each fit beside the copy's, fitted the same way.
 
 # %%
 def time_model_rows(rows, dtype, batch=1):
@@ -682,7 +620,7 @@ if len(models) == 2:
           + " and ".join(f"{t0[d, 'pytorch']:.1f}" for d in models) + " us")
     assert (round(min(t0_copy), 1), round(max(t0_copy), 1)) == (5.3, 5.4)
     assert (round(min(extra), 1), round(max(extra), 1)) == (2.4, 3.1)
-    assert 7.5 < min(fused) and max(fused) < 10.5                      # "8 to 10 us"
+    assert (round(min(fused), 1), round(max(fused), 1)) == (7.8, 10.3)
     assert [round(t0[d, "pytorch"]) for d in ("fp32", "bf16")] == [35, 61]
     # ropelib's fp32 line against the copy's: within 2 %, a tie
     assert [round(v) for v in (models["fp32"]["ropelib"]["fwd"][1],
@@ -740,28 +678,24 @@ else:
     plt.show()
 
 # %% [markdown]
-# **What the data says.** The *forward* lines are worth reading. The fused kernels pay 8 to 10
-# µs of fixed cost a call, the copy 5.3 to 5.4 µs, eager PyTorch 35.5 µs in fp32 and 60.7 µs in
-# bf16. Every fitted bandwidth is positive and at most 2 % above the copy's fitted the same way
-# (ropelib's fp32 line, 4368 GB/s against the copy's 4296, ties it): what a memory-bound kernel
-# should show. ropelib's forward pays a lower fixed cost than TE's and streams faster, which is
-# why it wins on large tensors.
+# **What the forward lines say** (printed above). The fused kernels pay 7.8 to 10.3 µs a call
+# before a byte moves, the copy 5.3 to 5.4 µs, eager PyTorch 35.5 µs in fp32 and 60.7 µs in
+# bf16 (its ten launches). Every fitted bandwidth is positive and at most 2 % above the copy's
+# (ropelib's fp32 line, 4368 GB/s against the copy's 4296, ties it): memory-bound kernels.
+# ropelib pays less per call than TE's kernel and streams faster, which is why it wins on large
+# tensors.
 #
-# The fixed cost also accounts for two of section 5's four fp32 points under 64 MiB from batch 2
-# on: ropelib's extra 2.4 µs (batch 1, fp32) added to the copy's time at each leaves 0.85 to
-# 0.92 of a copy, and the two points whose percentiles lie within about 3 % of their median
-# measured within 0.04 of that. At batch 2, S = 256 the fixed cost leaves 0.85, but ropelib
-# measured 0.565 of a copy, and even its 20th percentile only 0.612: what holds it there is not
-# measured here. Batch 4, S = 256 spreads too widely to say (percentiles up to 50 % from the
-# median). In bf16 the forward loses more than its fixed cost: the batch-1 line streams at 0.89
-# of the copy's bandwidth (3909 GB/s against 4397).
-#
-# Why TE's fused kernel streams slower in bf16, notebook 04 (sections 5.4 and 5.5) measured
-# under Nsight Compute: it moves no extra bytes, but at the profiler's locked clock issuing its
-# instructions alone takes longer than a copy; more than half of them are integer ones that
-# index its loads, few are sines and cosines. fp32 was not profiled: there TE's forward runs
-# at about three quarters of a copy (0.76, the median of the batch-8 sweep, against 0.57 in
-# bf16; checked), and what holds it there is not measured here.
+# The cell below takes the line back to section 5. ropelib's extra fixed cost over the copy's
+# (fp32, batch 1), added to the copy's time at section 5's four fp32 points under 64 MiB,
+# leaves 0.85 to 0.92 of a copy: the two points with tight percentiles measured within 0.04 of
+# that, so the fixed cost is what keeps them off the copy. The two at $S = 256$ do not follow
+# (batch 2 sits well below even at its 20th percentile, batch 4 spreads too widely to say). In
+# bf16 the forward loses more than its fixed cost: the batch-1 line streams at 0.89 of the
+# copy's bandwidth (3909 GB/s against 4397). TE's forward lies further off the copy: a median
+# 0.76 of a copy in fp32 and 0.57 in bf16 (batch 8). Notebook 04 (sections 5.4 and 5.5)
+# profiled the bf16 kernel: it moves no extra bytes, but issuing its instructions alone takes
+# longer than a copy, and over half of them are integer ones indexing its loads. fp32 was not
+# profiled.
 
 # %%
 if len(models) == 2:
@@ -810,12 +744,11 @@ if len(models) == 2:
 # %% [markdown]
 # ### 6.2 Forward+backward: no line through the points
 #
-# The *forward+backward* times at batch 1 are another matter. ropelib's and TE's scatter without
-# growing with the bytes, and a least-squares line through them describes no kernel: the cell
-# below fits one anyway and gets a negative bandwidth for three of the four, and for ropelib in
-# fp32 a slope set by points that jump up and down along the sequence (printed): scatter, not a
-# bandwidth. Eager PyTorch's times do grow with the bytes, at every step of the sequence from
-# S = 2048 on, in both dtypes.
+# **Question: does the forward+backward follow its bytes too?** At batch 1, no. ropelib's and
+# TE's times scatter without growing with the bytes: the cell fits a line anyway and gets a
+# negative bandwidth for three of the four, and for ropelib in fp32 a slope set by points that
+# jump up and down along the sequence (printed). Eager PyTorch's times do grow with the bytes,
+# at every step from $S = 2048$ on.
 
 # %%
 if len(models) == 2:
@@ -849,42 +782,31 @@ if len(models) == 2:
     assert [round(models[d]["ropelib"]["fwd+bwd_us"]) for d in ("fp32", "bf16")] == [218, 158]
 
 # %% [markdown]
-# **What section 6 found.** The forward's line holds and is worth reading: the fused kernels pay
-# 8 to 10 µs a call before any byte moves, the copy 5.3 to 5.4 µs, eager PyTorch 35.5 µs in
-# fp32 and 60.7 µs in bf16; every fitted bandwidth is positive and at most 2 % above the copy's, and
-# the line fitted without $S = 2048$ predicts that point to within a fifth (all printed and
-# checked above). ropelib's forward pays less per call than TE's and streams faster; in bf16 at
-# batch 1 it streams at 0.89 of the copy's bandwidth. The forward+backward has no line: three
-# of the four fits come out with a negative bandwidth, and the calls take 1.6 to 2.9 times a
-# copy of their bytes at the largest size and 9 to 15 times at the smallest, more for ropelib
-# than for TE. A time per call that does not follow the bytes is a fixed cost, and the line
-# cannot say whose: the host's, issuing the call, or the device's, running its kernels.
-# Section 7 measures the two apart.
+# **What section 6 found.** The forward is a fixed cost plus bytes at the copy's bandwidth, and
+# the line predicts a point it has not seen to within a fifth. The forward+backward at batch 1
+# is not: it takes 1.6 to 2.9 times a copy of its bytes at the largest size and 9 to 15 times at
+# the smallest, more for ropelib than for TE (printed in 6.1). A time that does not follow the
+# bytes is a cost per call, and the line cannot say whose: the host's, issuing the call, or the
+# device's, running its kernels.
 #
 # ## 7. Fixed cost per call: the host against the device
 #
-# A call is *host-bound* when the host takes longer to issue it (Python, autograd, allocating
-# outputs, launching kernels) than the GPU takes to run its kernels: the GPU then waits between
-# kernels, and a faster kernel changes nothing. It is *device-bound* when the kernels take the
-# longer. This section asks which holds for ropelib's and TE's forward+backward, at batch 1 and
-# at 64 MiB, and where the host's time goes. Three timings tell the two apart: the host's time
-# to issue a call without waiting for it (*enqueue*), the time of calls waited for (*wall*, what
-# `do_bench` reports), and the device's time alone, the calls captured in a CUDA graph and
-# replayed with no Python between kernels (*replayed*).
+# **Question: is ropelib's forward+backward slow because of its kernels or because of the host
+# that issues them?** A call is *host-bound* when the host takes longer to issue it (Python,
+# autograd, allocating outputs, launching kernels) than the GPU takes to run its kernels: the GPU
+# waits, and a faster kernel changes nothing. It is *device-bound* otherwise. Three timings tell
+# the two apart: the host's time to issue a call without waiting (*enqueue*), the time of calls
+# waited for (*wall*, what `do_bench` reports), and the device's time alone, the calls captured
+# in a CUDA graph and replayed with no Python between kernels (*replayed*).
 #
 # ### 7.1 The host's time per call
 #
-# What section 6's data does support for ropelib and TE: each call takes a time that does not
-# follow the bytes (the medians printed above), large beside a copy of the same bytes: 1.6 to
-# 2.9 times the copy's time at the largest size and 9 to 15 times at the smallest, and
-# ropelib's is larger than TE's. The floor suite measured how long the host takes per eager
-# forward+backward call (`decode host forward+backward sbhd` in `floor-nvidia-h200.csv`: calls
-# back to back at a decode size, host time only): ropelib's 214 µs is longer than TE's 152 µs,
-# and the batch-1 medians are 0.74 to 1.02 times these. That points at the host, but across
-# runs and shapes, and the host's time per call moves from run to run (section 7.6 shows how
-# far). Nor does it explain everything: the host issues the same calls in fp32 and in bf16, yet
-# ropelib's medians differ, 218 µs against 158 µs. Section 7.3 measures one call three ways in
-# one process.
+# The floor suite timed the host alone issuing eager forward+backward calls back to back at a
+# decode size (`decode host forward+backward sbhd`): ropelib's 214 µs against TE's 152 µs, and
+# section 6's batch-1 medians lie at 0.74 to 1.02 times these. That points at the host, but
+# across runs and shapes; and it is not the whole story, since the host issues the same calls in
+# fp32 and bf16 yet ropelib's medians differ (218 µs against 158 µs, printed in 6.2). Section 7.3
+# measures one call three ways in one process.
 
 # %%
 # the host's time per eager call, measured on its own (floor suite, the decode rows' later run)
@@ -946,25 +868,23 @@ solution(measuring.solution_host_or_device)
 # %% [markdown]
 # ### 7.3 One call three ways, live
 #
-# On a GPU with Transformer Engine, at the sweep's shape with $S = 2048$, batch 1, bf16 (32 MiB
-# of $x$), the cell times ropelib's and TE's forward+backward
-# (`compare.fwdbwd_step`, as the sweeps time it) in one process: **`do_bench`**, the median the
-# sweeps report; **enqueue**, the host's time to issue one call (50 calls back to back with no
-# synchronisation until after them, over 50; the median of 5 such runs); **replayed**, the
-# device's time per call (20 calls captured in a CUDA graph and replayed).
+# On a GPU with Transformer Engine, at the sweep's shape $S = 2048$, batch 1, bf16 (32 MiB of
+# $x$), the cell times ropelib's and TE's forward+backward (`compare.fwdbwd_step`, as the sweeps
+# time it) in one process: **`do_bench`**, the median the sweeps report; **enqueue**, the host's
+# time to issue one call (50 calls with no synchronisation until after them, the median of 5
+# runs); **replayed**, the device's time per call (20 calls captured in a CUDA graph).
 #
-# On an H200 the host takes longer to issue either call than the GPU takes to run it. For
-# ropelib's call `do_bench`'s time lies within a factor of two of the host's enqueue time and
-# is more than three times its replayed kernels' (the ratios printed and checked where the cell
-# runs): the call is host-bound, and at batch 1 the sweeps' forward+backward times the host.
-# Why not the forward too? ropelib's host work per forward, 23 µs at the decode size, is about
-# three times its fitted fixed cost of about 8 µs. `do_bench`'s code suggests why: before each
-# timed call it zeroes a 256 MiB buffer on the GPU to flush the L2 cache, and the host issues
-# the call while that memset runs, so a host cost shorter than the memset can hide behind it.
-# The cell times the memset and prints the enqueue time less it beside `do_bench`'s. For the
-# forward+backward the subtraction does not give `do_bench`'s time: `do_bench` lies above the
-# enqueue time less the memset, for both kernels (checked), near the whole enqueue time. What
-# else its time holds is not measured here.
+# What to expect on an H200 (checked where the cell runs): the host takes longer to issue
+# either call than the GPU takes to run it, and ropelib's `do_bench` time lies within a factor
+# of two of its enqueue time and above three times its replayed kernels'. The call is
+# host-bound: at batch 1 the sweeps' forward+backward times the host.
+#
+# Why then does the forward's fixed cost (about 8 µs) stay below ropelib's host work per forward
+# (23 µs at the decode size, about three times as much; printed)? `do_bench` zeroes a 256 MiB
+# buffer before each timed call to flush the L2 cache, and the host issues the call while that
+# memset runs, so a host cost shorter than the memset hides behind it. The cell times the memset
+# and prints the enqueue time less it. For the forward+backward the hiding is partial:
+# `do_bench` lies above the enqueue time less the memset, for both kernels (checked).
 
 # %%
 from ropelib.bench import suite
@@ -1019,36 +939,25 @@ if GPU and {"ropelib", "te_fused"} <= available:
 # %% [markdown]
 # ### 7.4 Where the host's time goes
 #
-# `benchmarks/results/host-profile-nvidia-h200-20261201.txt` is a cProfile, taken on an H200 on
-# 1 December 2026 (as its name says) of the eager code this notebook imports, of what
-# `benchmarks/host_profile.py` runs: `x`, a leaf tensor of shape [1, 64, 32, 128] (sbhd, $S = 1$,
-# $B = 64$, $H = 32$, $D = 128$, bf16) with `requires_grad=True`, goes through
-# `ropelib.apply_rope(x, freqs).backward(g)`, 50 times to warm up, then 300 times under the
-# profiler, with a synchronisation after them. The file holds two tables of the top functions,
-# by own time and by cumulative time; `ropelib.course.cprofile_text` reads both. The 300 calls
-# took 90 ms of host time under the profiler, and of that time:
+# **Question: where does the host's time per call go?**
+# `benchmarks/results/host-profile-nvidia-h200-20261201.txt` is a cProfile (an H200, 1 December
+# 2026) of what `benchmarks/host_profile.py` runs: a leaf `x` of shape [1, 64, 32, 128] (sbhd,
+# decode size, bf16, `requires_grad=True`) through `ropelib.apply_rope(x, freqs).backward(g)`,
+# 50 times to warm up, then 300 times under the profiler. `ropelib.course.cprofile_text` reads
+# its two tables. The 300 calls took 90 ms of host time, and of that:
 #
 # - the backward (`Tensor.backward`, into PyTorch's autograd engine) takes 64 %, the forward
 #   (`apply_rope`) 32 %;
-# - the largest item by own time is the autograd engine's C++ code (`run_backward`, not
-#   counting ropelib's Python backward that it calls): 27 %;
-# - each call launches two Triton kernels, the forward's and the backward's (600 Triton
-#   launches in 300 calls), and a third kernel that cProfile cannot see: `.backward` on a leaf
-#   sums the gradient into `x.grad`, and from the second call on (every profiled call) PyTorch's
-#   AccumulateGrad does so with an in-place add launched from C++. ropelib's eager route for one
-#   Triton launch (`eager.py`'s `run`: allocate the output, launch the kernel) takes 32 % over
-#   the 600, of which allocating the outputs (`torch.empty_like`) 6 % and Triton's C launcher 8 %.
+# - the largest item by own time is the autograd engine's C++ code (`run_backward`): 27 %;
+# - ropelib's eager route for one Triton launch (`eager.py`'s `run`: allocate the output,
+#   launch) takes 32 % over the 600 launches (two a call), of which `torch.empty_like` 6 % and
+#   Triton's C launcher 8 %.
 #
-# So the profiled call is not quite the timed one: the timed calls (the sweeps, the floor, the
-# cell above) hand the gradients back with `torch.autograd.grad` and sum nothing, and the
-# backward's 64 % and the engine's 27 % include that summing.
-#
-# The profile prints times in whole milliseconds, so these shares are good to about a
-# percentage point, no better. cProfile adds a cost of its own to every Python call it counts,
-# so read them as shares of the host's time, not as the time of a call without the profiler.
-# Nor compare its 90 ms with another profile's: the host machine that comes with the GPU is not
-# the same from one run to the next. The profile is of ropelib alone: it does not say why TE's
-# call takes less.
+# So the host's time is mostly PyTorch's autograd machinery around two launches, not ropelib's
+# kernels. Three cautions: the profiled call sums its gradient into `x.grad` (a third kernel,
+# launched from C++, that the timed calls do not make, so the backward's shares include it);
+# cProfile adds its own cost to every Python call, so read shares, not times; and the profile
+# is of ropelib alone, so it does not say why TE's call takes less.
 
 # %%
 import re
@@ -1092,36 +1001,28 @@ for what, (seconds, pct) in stated_shares.items():
 # %% [markdown]
 # ### 7.5 At 64 MiB: the eager call and its replayed kernels
 #
-# The bytes dominate only where the GPU's time per call is well above the host's. The floor
-# suite timed a case the size of section 2's (64 MiB of bf16 sbhd, as $S = 1024$, $B = 8$,
-# $H = 32$, $D = 128$, where section 2 has $S = 4096$, $B = 2$) in one run of 30 November,
-# eagerly and replayed from a CUDA graph, which takes the host out of the loop. Its
-# forward+backward hands the gradients back with `torch.autograd.grad`
-# (`compare.fwdbwd_step`), as a model's q and k pass theirs on to the projection's backward,
-# rather than summing them into a `.grad`.
+# **Question: at a size where the bytes should dominate, who is slower, ropelib's kernels or
+# its host?** The floor suite timed a case of section 2's size (64 MiB of bf16 sbhd, as
+# $S = 1024$, $B = 8$, $H = 32$, $D = 128$) eagerly and replayed from a CUDA graph, in one run
+# of 30 November. Its forward+backward hands the gradients back with `torch.autograd.grad`, as a
+# model's q and k pass theirs to the projection's backward.
 #
 # Eagerly, ropelib's forward+backward took 191 µs and TE's 132 µs; replayed, 74.1 and 126.3
-# µs. So the eager call spends 117 µs beyond its replayed kernels for ropelib, 61 % of the call,
-# and 5.5 µs for TE, 4 % of it. Replayed, ropelib's forward+backward runs at 0.995 of two
-# copies and TE's at 0.583; torch.compile's and flash-attn's at 1.039 and 1.034, a few per cent
-# ahead of ropelib's and of the copy itself. (The flash-attn rows come from the suite's
-# `flash_attn` provider, `apply_rotary_emb` with bf16 cos/sin tables, which runs only where
-# `flash_attn.layers.rotary` imports; the header's version line says "not installed", so which
-# flash-attn ran is not recorded.) This run measured ropelib's two-pass route before the two
-# changes of section 5; sections 7.6 and 7.7 measure it again.
+# µs. ropelib's kernels are the faster, its eager call the slower: the call spends 117 µs beyond
+# its replayed kernels, 61 % of it, where TE's spends 5.5 µs, 4 %. Replayed, ropelib runs at
+# 0.995 of two copies, TE at 0.583, torch.compile and flash-attn at 1.039 and 1.034. (The
+# flash-attn rows ran the suite's `flash_attn` provider; the header's "not installed" line
+# means its version was not recorded. This run measured the two-pass route before section 5's
+# two changes; 7.7 measures the current one.)
 #
-# Section 2's forward+backward columns time a call of this size eagerly: where they put ropelib
-# behind TE, the gap is not the kernels' (replayed, ropelib's are the faster) but the host's
-# time per call at that moment. That host time is not a fixed quantity: ropelib's host time per
-# eager call in the decode rows (a later run, section 7.1), 214 µs, is longer than its whole
-# eager call here, and section 2's eager forward+backward, timed live on as many bytes, is a
-# third value (printed on a GPU). Read a host row as the size of the host's work, not as what
-# it adds to another call.
-#
-# For calls like that, take the host's per-call work out of the loop: capture the step in a
-# CUDA graph (notebook 11 plots a decoding step timed eagerly and replayed from one), or compile
-# it with `torch.compile`, which sees each ropelib entry point whole, with no graph break
-# (`docs/API.md`, "Autograd, torch.compile and other transforms").
+# So where section 2's eager columns put ropelib behind TE at this size (the cell prints them
+# on a GPU), the gap is the host's.
+# Read a host time as the size of the host's work, not as a constant: ropelib's decode-size
+# host row (214 µs, section 7.1) is longer than its whole eager call here. The cure for such
+# calls is to take the host's per-call work out of the loop: capture the step in a CUDA graph
+# (notebook 11 times a decoding step eagerly and replayed), or compile it with `torch.compile`,
+# which sees each ropelib entry point whole (`docs/API.md`, "Autograd, torch.compile and other
+# transforms").
 
 # %%
 from ropelib.bench import floor as floor_suite
@@ -1166,37 +1067,30 @@ if GPU:     # section 2's live eager forward+backward, on as many bytes: a third
 # %% [markdown]
 # ### 7.6 The host and the kernels in one process
 #
-# The floor run infers the host's part of the eager call: the call less its replayed kernels.
-# `benchmarks/mid_fwdbwd_probe.py` measures both sides in one process, enqueue and replayed as
-# section 7.3's live cell does, for ropelib, torch.compile and TE's fused kernel, at 64 MiB of
-# bf16 in each layout and at 256 MiB in bshd. The cell reads the final table of its log,
-# `mid_fwdbwd-nvidia-h200-20261201-1433.log` (an H200, 1 December 2026), which measured
-# ropelib's two-pass route before the two changes of section 5 (section 7.7 has the current's).
+# **Question: measured in one process, how much longer does the host take to issue a call
+# than the device to run it?** The floor run only infers the host's part (the call less its
+# replay). `benchmarks/mid_fwdbwd_probe.py` measures both, enqueue and replayed as in 7.3, for
+# ropelib, torch.compile and TE's fused kernel, at 64 MiB of bf16 in each layout and at 256 MiB
+# in bshd. The cell reads its log `mid_fwdbwd-nvidia-h200-20261201-1433.log` (the two-pass
+# route before section 5's two changes).
 #
-# At 64 MiB the host is the larger by far for ropelib and torch.compile. Issuing one call takes
-# the host 261 to 494 µs for ropelib and 422 to 590 µs for torch.compile, 3.5 to 8.1 times
-# their kernels' 68 to 74 µs. TE's host work is lighter (156 to 183 µs) and its kernels slower
-# (124 to 128 µs), so its two times are close: the host's is 1.2 to 1.5 times the device's.
-# Timed eagerly, back to back, ropelib's and torch.compile's calls take 3.2 to 8.4 times their
-# kernels' time, TE's 1.1 to 1.3 times. Where section 2's eager columns put ropelib behind TE
-# at this size, this is why: TE's host is lighter, though its kernels are slower. At 256 MiB
-# the kernels take 3.6 times as long (265 µs for ropelib) and the balance shifts: ropelib's
-# host time is 1.3 times its device time, torch.compile's 2.5 times, TE's 0.6 times (its
-# kernels now set the pace).
-#
-# The host's times swing from round to round, and more between runs: ropelib's eager call at
-# 64 MiB sbhd took 300 µs here, 191 µs in the floor run, and here shorter than its enqueue time
-# (396 µs), which cannot both hold in one round. Read the host's times to a few tens of per
-# cent; the factors above are larger than that.
-#
-# The replayed kernels agree with the floor run's to within half a µs in sbhd: ropelib 74.4 µs
-# against 74.1, TE 126.3 against 126.3, torch.compile 70.7 against 70.9. The copies do not: two
-# copies took 66.8 µs here against 73.7 µs in the floor's sbhd row (66.4 and 66.9 in its bshd
-# and thd rows). Divided by this log's copies, the earlier ropelib's forward+backward runs at
-# 0.89 to 0.90 of two copies, torch.compile's at 0.92 to 0.97, TE's at 0.52 to 0.53: the
-# floor's 0.995 for ropelib owes part of itself to a slow copy. The forward alone, replayed,
-# runs at 0.91 to 0.92 of a copy for the earlier ropelib against 1.00 to 1.04 for
-# torch.compile.
+# - **At 64 MiB the host is the larger by far for ropelib and torch.compile**: 261 to 494 µs and
+#   422 to 590 µs to issue a call, 3.5 to 8.1 times their kernels' 68 to 74 µs. TE's host is
+#   lighter (156 to 183 µs) and its kernels slower (124 to 128 µs): 1.2 to 1.5 times. That is
+#   why TE's eager call wins at this size.
+# - **At 256 MiB the balance shifts**: ropelib's kernels take 3.6 times as long (265 µs), its host
+#   time is 1.3 times its device time, torch.compile's 2.5 times, TE's 0.64 (its kernels now set
+#   the pace).
+# - **The host's times swing** between rounds and runs: ropelib's eager call at 64 MiB sbhd took
+#   300 µs here, 191 µs in the floor run, and here less than its own enqueue time (396 µs), which
+#   cannot both hold in one round. Read them to a few tens of per cent; the factors above are
+#   larger than that.
+# - **The replayed kernels are stable**: within half a µs of the floor run's in sbhd (ropelib
+#   74.4 against 74.1). The copies are not (two copies 66.8 µs here, 73.7 µs in the floor's sbhd
+#   row), so divided by this log's copies ropelib runs at 0.89 to 0.90 of two copies,
+#   torch.compile at 0.92 to 0.97, TE at 0.52 to 0.53; the floor's 0.995 owed part of itself to
+#   a slow copy. The forward alone: 0.91 to 0.92 of a copy for ropelib, 1.00 to 1.04 for
+#   torch.compile.
 
 # %%
 MID_LOG = RESULTS / "mid_fwdbwd-nvidia-h200-20261201-1433.log"
@@ -1276,33 +1170,25 @@ assert rounded(at_64("fwd_ratio", ["torch.compile"]), 2) == (1.00, 1.04)
 # %% [markdown]
 # ### 7.7 ropelib's current kernels at 64 MiB
 #
-# From 64 MiB on, ropelib takes its two-pass route: a small pre-pass kernel (the cos/sin rows)
-# and the flat pass. Eagerly the route keeps those rows from one call to the next and runs the
-# flat passes alone; a CUDA graph replays the pre-pass every call. Two changes came after the
-# 1433 log:
+# **Question: what did the two changes to the two-pass route buy?** From 64 MiB on ropelib runs
+# a small pre-pass kernel (the cos/sin rows) and the flat pass. Eagerly the route keeps those rows
+# from one call to the next; a CUDA graph replays the pre-pass every call. After the 1433 log the
+# pre-pass went from 1024 to 256 (token, pair) entries a program, and on sm_90+ the flat pass is
+# launched early, its programs waiting for the pre-pass's rows only before their first load.
+# `mid_fwdbwd_variants-nvidia-h200-20261201-1444.log` is the same probe's `--variants` mode:
+# ropelib alone, replayed, every variant in every round, each ratio divided by copies replayed
+# in the same process. Its row "early True, 256 a program" is the code imported here (checked).
 #
-# - the pre-pass takes 256 (token, pair) entries a program, not 1024;
-# - on sm_90+ GPUs the flat pass is launched early: its programs start while the pre-pass runs,
-#   and wait for the pre-pass's rows only before their first load.
-#
-# `mid_fwdbwd_variants-nvidia-h200-20261201-1444.log` is the same probe's `--variants` mode,
-# run the same day on an H200: ropelib alone, replayed from CUDA graphs, each change on and off,
-# every variant in every round, each ratio divided by copies replayed in the same process. Its
-# row "early True, 256 a program" is the code this notebook imports (checked); "early False,
-# 1024 a program" is the code the 1433 log measured.
-#
-# - The earlier code measures the same in both logs: every 64 MiB ratio within 0.005 of the
-#   1433 log's (checked). That is how closely two such runs agree.
-# - The current code at 64 MiB: forward+backward at 0.942 to 0.948 of two copies, against
-#   0.894 to 0.900 before; the forward at 0.937 to 0.948 of a copy, against 0.903 to 0.918.
-#   The replayed forward+backward takes 70.7 to 70.9 µs, against 74.4 to 74.8 µs.
+# - The earlier code measures within 0.005 of the 1433 log's ratios (checked): that is how
+#   closely two such runs agree.
+# - At 64 MiB the current code runs the forward+backward at 0.942 to 0.948 of two copies (before:
+#   0.894 to 0.900) and the forward at 0.937 to 0.948 of a copy (before: 0.903 to 0.918); the
+#   replayed forward+backward takes 70.7 to 70.9 µs (before: 74.4 to 74.8).
 # - At 256 MiB (bshd) the forward+backward goes from 0.961 to 0.975 of two copies.
 #
-# Set beside the 1433 log's torch.compile, ropelib's forward still trails it (0.94 to 0.95 of a
-# copy against 1.00 to 1.04). Its forward+backward now lies inside torch.compile's 0.92 to 0.97.
-# The two come from different processes, each divided by its own copies. This log times the
-# kernels only: the host-against-device factors of section 7.6 are the earlier code's, and so
-# are the floor's 64 MiB rows of section 7.5.
+# Beside the 1433 log's torch.compile, ropelib's forward still trails (0.94 to 0.95 of a copy
+# against 1.00 to 1.04); its forward+backward now lies inside torch.compile's 0.92 to 0.97. This
+# log times the kernels only: the host-against-device factors of 7.6 are the earlier code's.
 
 # %%
 from ropelib.kernels import launch, tiles
@@ -1341,29 +1227,23 @@ tc_fb = at_64("fwdbwd_ratio", ["torch.compile"])
 assert tc_fb[0] < span(NOW, "fwdbwd_ratio")[0] and span(NOW, "fwdbwd_ratio")[1] < tc_fb[1]
 
 # %% [markdown]
-# **What section 7 found.** ropelib's forward+backward at batch 1 is host-bound. The host takes
-# 214 µs to issue one eager call at a decode size (TE's 152 µs), and on a GPU the live cell of
-# section 7.3 finds `do_bench`'s time for the call near the host's enqueue time and several
-# times the replayed kernels' (printed there). Most of the host's time is the backward through
-# PyTorch's autograd (64 % of the profiled time; the forward 32 %). At 64 MiB ropelib's kernels
-# are the faster, replayed 74.1 µs against TE's 126.3 µs, yet its eager call is the slower, 191
-# µs against 132 µs: in one process the host took 3.5 to 8.1 times as long to issue ropelib's
-# or torch.compile's call as their kernels took to run, and 1.2 to 1.5 times for TE's. Only at
-# 256 MiB do TE's kernels set its pace (its host's time 0.64 of its device's), while ropelib's
-# host still takes 1.3 times its kernels' time. With the host out of the loop, ropelib's current
-# kernels run the forward+backward at 0.942 to 0.948 of two copies. Where ropelib loses to TE,
-# it loses on the host, and capturing the step in a CUDA graph (section 7.5) takes that cost
-# out.
+# **What section 7 found.** Where ropelib loses to TE, it loses on the host. At batch 1 its
+# forward+backward is host-bound (7.1, 7.3), and most of the host's time is PyTorch's autograd
+# around two launches (7.4). At 64 MiB its kernels are the faster, replayed 74.1 µs against
+# TE's 126.3, yet its eager call is the slower, 191 against 132 µs (7.5): the host takes 3.5 to
+# 8.1 times as long to issue ropelib's or torch.compile's call as their kernels take to run,
+# 1.2 to 1.5 times for TE's (7.6). With the host out of the loop, ropelib's current kernels run
+# the forward+backward at 0.942 to 0.948 of two copies (7.7). A CUDA graph or `torch.compile`
+# of the whole step removes the host's cost.
 
 # %% [markdown]
 # ## 8. Your kernel in the race
 #
-# Every ratio in this notebook divides by the time of `y.copy_(x)`. That copy is a kernel too,
-# and a RoPE kernel is a copy kernel with arithmetic between its load and its store. Write the
-# two as **one** kernel with a switch, and their two timings separate what moving the bytes
-# costs from what the rotation adds: the same grid, the same stores of $y$; with the switch on,
-# the kernel also loads each row a second time (the partner, from the same cache lines), reads
-# an fp32 angle per element and evaluates a sine and a cosine.
+# **Question: what does the rotation add to the bytes?** Every ratio in this notebook divides by
+# `y.copy_(x)`, and a RoPE kernel is a copy kernel with arithmetic between its load and its
+# store. Write the two as **one** kernel with a switch and their timings separate the two costs:
+# the same grid, the same stores; with the switch on, the kernel also loads each row's partner
+# (from the same cache lines), reads an fp32 angle per element and evaluates a sine and a cosine.
 #
 # **Exercise 3 — copy and rotate.** Write `my_rows_kernel`. View the contiguous sbhd tensor as
 # $n = SBH$ rows of $D$ features; row $r$ belongs to token $s = \lfloor r / BH \rfloor$.
@@ -1415,33 +1295,23 @@ rows_kernel = my_rows_kernel if rows_ok else yardstick.solution_rows_kernel
 print("racing", "your kernel" if rows_ok else "the worked kernel")
 
 # %% [markdown]
-# **The race.** The cell times, on one bf16 tensor (256 MiB on a GPU, a few KiB in the
-# interpreter), `y.copy_(x)` and `ropelib.apply_rope` once each (the line above the table), then
-# your kernel copying and your kernel rotating, for tiles of one row a program and more (the
-# table's rows). Three things to read in it:
+# **The race.** On one bf16 tensor (256 MiB on a GPU, a few KiB in the interpreter) the cell
+# times `y.copy_(x)` and `ropelib.apply_rope`, then your kernel copying and rotating at tiles of
+# one row a program and more. Read it two ways:
 #
-# - **down a column**, the tile: at one row a program the grid has a program per row. Notebook
-#   03 measured what a program costs on its own (about 80 ns of each SM's time on an H200,
-#   whatever it does); the last column divides your copy's time by the programs each SM runs,
-#   so you can see where that cost is the whole time and where the bytes take over (on a GPU,
-#   with the worked kernel, the cell checks that the one-row copy costs 70 to 95 ns a program);
-# - **across a row**, the switch: *rotation / copy* is what the angles and the sines and
-#   cosines add to the same memory traffic, at that tile. The ratio depends on the tile: at one
-#   row a program, the program's own cost hides the arithmetic, and from four rows on it does
-#   not (on a GPU, with the worked kernel, the cell checks under 1.1 at one row, over 1.5 at
-#   four and over 2 at sixteen; the cell after the table counts what the compiler made of each
-#   tile). Your kernel evaluates a sine and a cosine for every element it stores; ropelib's
-#   finished kernel evaluates them once per position and feature pair of its tile and reuses
-#   them over the tile's heads and batch rows (notebook 05). If your rotation runs well behind
-#   your copy, that is the first thing to try: load the angles of the $D/2$ pairs once per token
-#   and reuse them, or give a program the rows of one token;
-# - **the largest tile**: 64 rows of 128 features over 4 warps are 64 elements a thread, each
-#   with its value, its partner, its angle, a sine and a cosine in fp32. Where a rotation falls
-#   far behind its copy at 64 rows, look first at what its registers can hold (the next cell
-#   but one).
+# - **down a column**, the tile: at one row a program, the grid has a program per row, and the
+#   last column divides your copy's time by the programs each SM runs. Notebook 03 measured
+#   about 80 ns of an SM's time per program on an H200, whatever it does; where this column
+#   shows that, the program count, not the bytes, sets the time (with the worked kernel on a
+#   GPU, the cell checks 70 to 95 ns at one row);
+# - **across a row**, *rotation / copy*: what the angles, sines and cosines add to the same
+#   traffic at that tile. At one row the program's own cost hides the arithmetic; from four rows
+#   on it does not (worked kernel, GPU: checked under 1.1 at one row, over 1.5 at four, over 2
+#   at sixteen). Your kernel evaluates a sine and a cosine for every element; ropelib's finished
+#   kernel evaluates them once per position and pair and reuses them over heads and batch
+#   (notebook 05). If your rotation runs well behind your copy, try that first.
 #
-# In the interpreter the times are those of Python running the kernel and mean nothing; the
-# columns are there, the conclusions are not.
+# In the interpreter the times are Python's and mean nothing.
 
 # %%
 if GPU:
@@ -1475,34 +1345,26 @@ if GPU and not rows_ok:     # the worked kernel: a program's cost, and what the 
     assert rot[1] < 1.1 and rot[4] > 1.5 and rot[16] > 2, rot   # hidden at one row only
 
 # %% [markdown]
-# **What the compiler made of each tile.** The times say how much the rotation adds; its
-# machine code suggests why. `ropelib.course.load_schedule.schedule` (notebook 05) compiles the
-# racing kernel for an sm_90 GPU (an H100 or H200) on any machine, with the Triton you have,
-# copying and rotating, at each tile of the table: the registers a thread holds and the machine
-# instructions compiled per element it handles. These count the code, not what runs
-# (libdevice's sine and cosine compile a long path for huge angles that these angles never
-# take), so they suggest, not measure, what the rotation adds.
+# **What the compiler made of each tile.** The times say how much the rotation adds; its machine
+# code suggests why. `ropelib.course.load_schedule.schedule` (notebook 05) compiles the racing
+# kernel for sm_90 (H100, H200) on any machine, copying and rotating, at each tile: registers a
+# thread holds and instructions compiled per element. These count code, not what runs, so they
+# suggest rather than measure. All checked by the cell:
 #
-# - **Instructions.** The rotation's code has more than five times the copy's instructions per
-#   element at every tile. A one-row program hides that behind its own cost; larger tiles do
-#   not, and on an H200 the rotation takes about twice its copy's time already at 4 rows, well
-#   before anything spills.
-# - **Spills.** The rotation's registers grow with the tile until, at 64 rows, a thread asks for
-#   all 255 it may have and still runs out: the compiler *spills*, storing registers to the
-#   thread's local memory (`STL`) and loading them back (`LDL`), traffic the copy never makes.
-#   Some Triton versions (3.6, the Triton of the committed GPU runs) also give the sine and
-#   cosine a small local array for their slow path, a fixed few `STL` and `LDL` per element at
-#   every tile; the cell reads that share off the one-row tile and takes it off. What is left
-#   is spills (the last two columns): none up to 16 rows; at 64 rows 115 stores and 83 loads
-#   under Triton 3.6, more or fewer in other versions.
-# - **Warps.** An SM has 65,536 registers. A thread's count, rounded up to a multiple of 8,
-#   times the 128 threads of a program is what each program takes, so the registers cap the
-#   warps an SM holds (*warps/SM*, at most 64). The rotation keeps 48 at 4 rows (under Triton
-#   3.6), 16 at 16 rows and 8 at 64; the copy keeps 40 or more at every tile. The fewer warps at
-#   16 and 64 rows may add to the rotation's time there; that is not measured here.
+# - **Instructions**: the rotation has over five times the copy's per element at every tile. A
+#   one-row program hides that behind its own cost; larger tiles do not.
+# - **Spills**: the rotation's registers grow with the tile until, at 64 rows, a thread takes all
+#   255 and still runs out: the compiler stores registers to local memory (`STL`) and loads them
+#   back (`LDL`). Triton 3.6 (the committed GPU runs') also gives the sine and cosine a small
+#   local array for their slow path; the cell reads that share off the one-row tile and takes it
+#   off. What is left is spills: none up to 16 rows; at 64 rows 115 stores and 83 loads under
+#   Triton 3.6.
+# - **Warps**: an SM has 65,536 registers, so a thread's count (rounded up to 8) times a
+#   program's 128 threads caps the warps an SM holds (at most 64). The rotation keeps 48 at 4
+#   rows (Triton 3.6), 16 at 16 and 8 at 64; the copy 40 or more at every tile.
 #
-# More rows a program means fewer programs for the per-program cost, but more arithmetic per
-# thread, fewer warps an SM can hold, and past some size, spills.
+# More rows a program means fewer programs to pay for, but more arithmetic per thread, fewer
+# warps an SM holds, and past some size, spills.
 
 # %%
 from ropelib.course import load_schedule
@@ -1559,18 +1421,14 @@ if not rows_ok:     # the worked kernel: 40+ warps at 4 rows, 16 at 16 and 8 at 
         assert (spills[64]["local_stores"], spills[64]["local_loads"]) == (115, 83)
 
 # %% [markdown]
-# Now your kernel as a provider, at its fastest tile, beside the others on the same inputs:
-# `yardstick.provider` wraps it as a `compare.Provider`, so `run_case` measures it exactly as
-# it measures TE and ropelib, forward only, with the errors in ulps against fp64. Computed in
-# fp32 and rounded once to nearest, the worked kernel scores at most half an ulp head-wise on a
-# GPU (asserted for it; yours is printed). In the interpreter it scores up to one: there
-# `.to(tl.bfloat16)` truncates instead of rounding to nearest (notebook 03, section 6.3), which
-# ropelib's kernels correct by hand and yours need not. With the worked kernel, a GPU puts your
-# row below TE's fused kernel, and TE's below ropelib's (checked where TE is installed). The
-# two lose for different reasons. Yours evaluates a sine and a cosine for every element, and
-# its compiled rotation has over five times the copy's instructions per element (the table
-# above). TE's kernel spends few of its instructions on sines and cosines; more than half index
-# its loads (notebook 04, section 5.5).
+# Now your kernel as a provider, at its fastest tile, beside the others on the same inputs
+# (`yardstick.provider` wraps it as a `compare.Provider`; forward only, ulps against fp64).
+# Computed in fp32 and rounded once, the worked kernel scores at most half an ulp head-wise on a
+# GPU; in the interpreter up to one, since there `.to(tl.bfloat16)` truncates instead of
+# rounding (notebook 03, section 6.3). On a GPU the worked kernel's row lands below TE's fused
+# kernel, and TE's below ropelib's (checked where TE is installed), for different reasons: yours
+# evaluates a sine and a cosine for every element, while TE's kernel spends over half its
+# instructions indexing its loads (notebook 04, section 5.5).
 
 # %%
 best = min(race, key=lambda r: r["your rotation"])["BLOCK_ROWS"]
@@ -1593,32 +1451,24 @@ if not rows_ok:     # the worked kernel: rounded once; on a GPU below TE's fused
 # %% [markdown]
 # ## What we saw
 #
-# - Every provider runs on the same inputs; one that cannot run says why.
-# - Speed is stated as GB/s *and* as a fraction of a copy measured in the same run. Correctness
-#   is stated in ulps against fp64, element-wise and head-wise. The fused kernels round a bf16
-#   or fp16 output once (≤ 0.5 ulp). An fp32 output carries fp32 arithmetic's few head-wise
-#   ulps. Eager PyTorch rounds every intermediate.
-# - A forward sweep is a fixed cost per call plus bytes over bandwidth. ropelib's forward is
-#   within about a tenth of the copy on large tensors from batch 2 on (0.85 at batch 1 in
-#   bf16; section 5's cell checks both), whichever axis makes the tensor large. Its eager
-#   forward+backward loses to TE's where a fixed time per call dominates (small tensors, batch
-#   1): there the host takes longer to issue the call than the GPU to run it (section 7.3,
-#   live).
-# - At 64 MiB, replayed from a CUDA graph, ropelib's current kernels run the forward+backward
-#   at 0.942 to 0.948 of two copies and the forward at 0.937 to 0.948 of a copy (the variants
-#   log, section 7.7), far ahead of TE's 0.52 to 0.53 (section 7.6). Eagerly the call takes
-#   longer than TE's: in one process the host took several times as long to issue ropelib's
-#   call as its kernels took to run (the earlier kernels, section 7.6).
-# - A profile of the host time puts most of it in the backward through PyTorch's autograd, the
-#   rest in the forward; each call launches two Triton kernels and, because the profiled call
-#   sums its gradient into `.grad` (the timed calls do not), an add, so its shares include that
-#   summing.
-# - A RoPE kernel is a copy kernel with arithmetic between its load and its store. One kernel
-#   with a switch times both on the same grid and bytes: their ratio is what the rotation adds,
-#   and the copy's time per program shows where the program count, not the bytes, sets it.
-# - Interpreter timings are meaningless; the GPU numbers are the committed ones. Notebook 08
-#   turns from speed to correctness: an `allclose` between two RoPE kernels that fails, and how
-#   to find out why.
+# - **Judge a memory-bound kernel against a copy of the same bytes, measured in the same run**,
+#   and state its error in ulps against fp64, head-wise. The error is set by where the rounding
+#   happens: the fused kernels round a bf16 output once (≤ 0.5 ulp), eager PyTorch rounds every
+#   intermediate.
+# - **A forward sweep is a fixed cost per call plus bytes over bandwidth.** ropelib's forward
+#   streams near the copy's bandwidth and runs within a few per cent of the copy wherever $x$
+#   holds 64 MiB or more, whichever axis makes it so; TE's fused kernel stays well below.
+# - **A time that does not follow the bytes is a cost per call; find out whose.** Enqueue, wall
+#   and replayed timings tell the host from the device. ropelib's eager forward+backward loses
+#   to TE's on the host (mostly PyTorch's autograd), not on its kernels, which replayed run the
+#   forward+backward near two copies. A CUDA graph or `torch.compile` of the step removes that
+#   cost.
+# - **A RoPE kernel is a copy with arithmetic in between**: one kernel with a switch measures
+#   what the rotation adds, and its compiled code (instructions, registers, spills, warps)
+#   suggests why.
+#
+# Notebook 08 turns from speed to correctness: an `allclose` between two RoPE kernels that
+# fails, and how to find out why.
 #
 # ## Questions for discussion
 #
