@@ -38,12 +38,6 @@ _OLDER = "the page was rendered from an older version of the notebook; "
 
 # page -> why it is allowed to differ from its notebook for now
 STALE = {stem: _OLDER + _rerender(stem) for stem in (
-    # after their H200 run, cells that print and assert what the prose states from committed
-    # data changed in code (07: a live assert that measured otherwise, taken out)
-    "02-pytorch-reference-and-layouts", "03-naive-triton-kernel", "05-finished-kernel",
-    "07-te-vs-triton-live", "11-rope-at-scale",
-    # rendered before figures/02-unfused-kernels.csv, which it reads, was measured again
-    "04-batch-reuse-grid-kernel",
 )}
 # pages rendered before a data file they read was measured again
 _OLDER_DATA = ("the page shows outputs of benchmarks/results/floor-nvidia-h200.csv as it was "
