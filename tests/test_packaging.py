@@ -354,7 +354,7 @@ TORCH_API_SINCE = {
         "zeros_like",
         "autograd.Function", "autograd.backward", "autograd.grad",
         "autograd.functional.jacobian", "autograd.DeviceType.CPU", "autograd.DeviceType.CUDA",
-        "cuda.CUDAGraph", "cuda.Stream", "cuda.cudart", "cuda.current_device",
+        "cuda.CUDAGraph", "cuda.Event", "cuda.Stream", "cuda.cudart", "cuda.current_device",
         "cuda.current_stream",
         "cuda.get_device_capability", "cuda.get_device_name", "cuda.get_device_properties",
         "cuda.graph",
