@@ -457,9 +457,8 @@ print(f"programs launched: naive {naive.naive_grid(S, B, H)[0]:,}, batch-reuse "
 # `x1`, `x2` and storing `x1·cos − x2·sin` and `x1·sin + x2·cos`. It was tested against
 # Transformer Engine with TE's own test matrix and benchmarked on an RTX 2070 Super, where it
 # reported the Triton kernel level with TE's at batch 1 and further ahead as the batch grew.
-# Its listed limits — no partial rotary, no transposed inputs, sbhd/bshd only — are what
-# ropelib's finished kernel adds. That report is not data this notebook has; section 5 measures
-# the same kernel against TE on an H200, from committed CSVs.
+# That report is not data this notebook has; section 5 measures the same kernel against TE on
+# an H200, from committed CSVs.
 #
 # **Why was it faster?** The tempting answer — "it reuses cos/sin across the batch, and TE
 # does not" — does not survive a look at TE's kernel. `fused_rope.cu` launches a grid
@@ -999,13 +998,13 @@ else:
 
 # %% [markdown]
 # A ratio above 1 means the second kernel of the pair is faster. The cell's line that begins
-# `s4096-b8: one row a program` prices two of section 1's explanations separately. One row per program instead of $B$
-# costs the (S, H) grid a factor 3.46. All of its sin/cos work, replaced by two table reads,
-# costs it 4 % (`sh_loop_b / sh_loop_b_table` = 1.04, above the run's noise), and where each
-# program has one row even that disappears (`sh_one_b / sh_one_b_table` = 1.00): the program
-# count sets the time there. So the speed-up over the naive kernel is program granularity, not
-# cos/sin reuse. What evaluating cos/sin once per row, at $B$ rows a program, would cost is not
-# a row of this ablation: the editable kernel above times it on a GPU (move them into the loop).
+# `s4096-b8: one row a program` prices two of section 1's explanations separately. One row per
+# program instead of $B$ costs the (S, H) grid a factor 3.46. All of its sin/cos work, replaced by
+# two table reads, costs it 4 % (`sh_loop_b / sh_loop_b_table` = 1.04, above the run's noise), and
+# where each program has one row even that disappears (`sh_one_b / sh_one_b_table` = 1.00): the
+# program count sets the time there. What evaluating cos/sin once per row, at $B$ rows a program,
+# would cost is not a row of this ablation: the editable kernel above times it on a GPU (move them
+# into the loop).
 #
 # Read each ratio against the question it answers, and keep its limits in mind: one GPU, two
 # sizes, bf16 only, one run.
@@ -1042,14 +1041,13 @@ else:
 #   other: about 80 ns per program on each SM. Their achieved occupancy says why. An SM could
 #   hold 32 of these programs at once (half its 64 warp slots), yet on average it holds far
 #   fewer, 28, 18 and 10 % of its slots, the fewer the less each program does. So the slots
-#   stand empty, and the time follows the number of programs, not their work. The simplest
-#   reading is a limit on how fast the GPU starts new blocks; no run here measures that start
-#   rate on its own (a variant whose programs do nothing would). The batch loop divides the
-#   program count by $B$.
-# - **So the speed-up over the naive kernel is the program count, not cos/sin reuse** (section
-#   5.3's ratios, now with the profile behind them). At $s = 32768, b = 1$ the batch-reuse
-#   kernel has nothing to loop over, launches as many programs as the naive kernel, and takes
-#   its time.
+#   stand empty, and the time follows the number of programs, not their work. Notebook 03
+#   (section 4) measured that cost on its own: an empty kernel with the same 1,048,576 one-warp
+#   programs takes 79.8 ns per program on each SM of an H200
+#   (`benchmarks/results/program_cost-nvidia-h200.csv`), the time the GPU takes to start and
+#   retire them. The batch loop divides the program count by $B$; at $s = 32768, b = 1$ it has
+#   nothing to loop over, and the batch-reuse kernel launches as many programs as the naive
+#   kernel and takes its time.
 # - **Bytes in flight = occupancy × bytes per warp.** The batch-reuse kernel's one-warp programs
 #   fill at most half of an SM's warp slots (32 programs per SM), and each warp asks for one
 #   256-byte row per step. Two warps on the same tile (`sh_loop_b_w2`) nearly double the
@@ -1304,8 +1302,7 @@ assert t1["sh_loop_b"]["ms"] > 2 * t1["te_fused"]["ms"]
 #   run at the copy's speed, however many bytes are in flight:
 #   $$\text{issue-bound floor} = \frac{\text{warp instructions}}{4 \times \text{SMs}}
 #   \text{ cycles, against the copy's active cycles,}$$
-#   both counted here at the locked clock. The times that matter were taken with the clock
-#   free; the run read at the end of this section counts the floor at that clock.
+#   both counted here at the locked clock.
 # - **not selected.** A warp that is ready to issue but loses the slot to another waits in
 #   `not_selected`. A memory-bound kernel's warps rarely do; an issue-bound kernel's often do.
 
@@ -1475,8 +1472,8 @@ assert te_counts == dict(grid=4096, te_shared=1024, te_registers=8192)
 # from tables removes 86 % of them (246 M to 36 M).
 #
 # TE's barrier agrees with the source quoted in section 3: the version profiled computes
-# cos/sin into shared memory and waits at a `__syncthreads`. So it evaluates $B \cdot D$ =
-# 1,024 (cos, sin) pairs per position here, a quarter of the batch-reusing grid's 4,096.
+# cos/sin into shared memory and waits at a `__syncthreads`, so it evaluates $B \cdot D$
+# (cos, sin) pairs per position.
 #
 # **TE's grid in Triton evaluates sin and cos 32 times as often as its source asks.** Beyond the
 # rotation it executes 16.99 float instructions per element for sin and cos, the batch-reusing
@@ -2108,9 +2105,8 @@ assert round(table["us"] / one["us"], 3) == 0.998
 
 # %% [markdown]
 # Removing every sine and cosine, and doubling the table reads, leaves `ROWS` = 1 at its time
-# (0.998 of it), 3.46 times that of `ROWS` = 8. Of the counts that change with the knob, only
-# the programs, and with them how little each program does, are left to follow the time:
-# section 5.4's conclusion, reached from your counts and two rows of the ablation.
+# (0.998 of it), 3.46 times that of `ROWS` = 8: only the programs are left to follow the time,
+# as section 5.4 found.
 
 # %% [markdown]
 # ## Questions for discussion

@@ -185,7 +185,8 @@ assert all(r["max_head_ulp_err"] <= 4 for r in rows32)
 # versions, date) as CSV and the plot as PNG to a scratch folder (`ROPELIB_WRITE_FIGURES=1`:
 # to `figures/`). Every control is a plain attribute, so the next cell drives it from code.
 # In the interpreter the sliders stop at tiny sizes. Widgets live in the running kernel: a
-# reopened notebook shows the dashboard again after Run → Run All Cells.
+# reopened notebook shows the dashboard again after Run → Run All Cells. A static page shows no
+# dashboard, only the next cell's printed lines; section 4's figure is a plot of its kind.
 
 # %%
 dash = widgets.Dashboard(device=device, figures_dir=str(EXPORT_DIR))
@@ -451,8 +452,10 @@ for dtype in DTYPES:
 # every point but one, while the copy grew from 9 to 37 µs: its time follows not its bytes but
 # the host's 77 µs to issue one torch.compile forward (the floor suite's decode row, printed
 # below beside ropelib's 23 and TE's 30). That is a *host-bound* call, section 7's subject.
-# (On a GPU the cell also prints section 2's live torch.compile ratio; it is not checked,
-# because a host-bound call's time varies from run to run.)
+# The claim rests on the committed sweep alone. On a GPU the cell also prints section 2's live
+# ratio at the same 64 MiB shape, this run's, unchecked: a host-bound call's time swings from
+# run to run (the sweep timed its 32 MiB base shape twice, along the sequence and along the
+# batch: 30 and 83 µs, printed), and a live ratio well above 0.43 contradicts the committed run.
 
 # %%
 AXES = {"seq-bf16": "seq_len", "hidden-bf16": "head_dim", "heads-bf16": "heads",
@@ -692,10 +695,10 @@ else:
 # (batch 2 sits well below even at its 20th percentile, batch 4 spreads too widely to say). In
 # bf16 the forward loses more than its fixed cost: the batch-1 line streams at 0.89 of the
 # copy's bandwidth (3909 GB/s against 4397). TE's forward lies further off the copy: a median
-# 0.76 of a copy in fp32 and 0.57 in bf16 (batch 8). Notebook 04 (sections 5.4 and 5.5)
-# profiled the bf16 kernel: it moves no extra bytes, but issuing its instructions alone takes
-# longer than a copy, and over half of them are integer ones indexing its loads. fp32 was not
-# profiled.
+# 0.76 of a copy in fp32 and 0.57 in bf16 (batch 8). Why is known for bf16 only: notebook 04
+# (sections 5.4 and 5.5) profiled that kernel; it moves no extra bytes, but issuing its
+# instructions alone takes longer than a copy, and over half of them are integer ones indexing
+# its loads. No profile of the fp32 kernel stands behind its 0.76.
 
 # %%
 if len(models) == 2:
@@ -1229,12 +1232,9 @@ assert tc_fb[0] < span(NOW, "fwdbwd_ratio")[0] and span(NOW, "fwdbwd_ratio")[1] 
 # %% [markdown]
 # **What section 7 found.** Where ropelib loses to TE, it loses on the host. At batch 1 its
 # forward+backward is host-bound (7.1, 7.3), and most of the host's time is PyTorch's autograd
-# around two launches (7.4). At 64 MiB its kernels are the faster, replayed 74.1 µs against
-# TE's 126.3, yet its eager call is the slower, 191 against 132 µs (7.5): the host takes 3.5 to
-# 8.1 times as long to issue ropelib's or torch.compile's call as their kernels take to run,
-# 1.2 to 1.5 times for TE's (7.6). With the host out of the loop, ropelib's current kernels run
-# the forward+backward at 0.942 to 0.948 of two copies (7.7). A CUDA graph or `torch.compile`
-# of the whole step removes the host's cost.
+# around two launches (7.4). At 64 MiB its kernels are the faster and its eager call the slower
+# (7.5, 7.6). With the host out of the loop, ropelib's current kernels run the forward+backward
+# at 0.942 to 0.948 of two copies (7.7).
 
 # %% [markdown]
 # ## 8. Your kernel in the race
@@ -1456,8 +1456,8 @@ if not rows_ok:     # the worked kernel: rounded once; on a GPU below TE's fused
 #   happens: the fused kernels round a bf16 output once (≤ 0.5 ulp), eager PyTorch rounds every
 #   intermediate.
 # - **A forward sweep is a fixed cost per call plus bytes over bandwidth.** ropelib's forward
-#   streams near the copy's bandwidth and runs within a few per cent of the copy wherever $x$
-#   holds 64 MiB or more, whichever axis makes it so; TE's fused kernel stays well below.
+#   streams near the copy's bandwidth and runs within a tenth of the copy wherever $x$ holds
+#   64 MiB or more, whichever axis makes it so; TE's fused kernel stays well below.
 # - **A time that does not follow the bytes is a cost per call; find out whose.** Enqueue, wall
 #   and replayed timings tell the host from the device. ropelib's eager forward+backward loses
 #   to TE's on the host (mostly PyTorch's autograd), not on its kernels, which replayed run the

@@ -23,14 +23,13 @@
 # assert torch.allclose(tokens_te, tokens_triton)
 # ```
 #
-# The assert failed — although the first ten printed values of both tensors were identical
-# (0.6490, 2.5151, 0.0706, …). Our inputs are not that project's, so the values printed below
-# are different; the symptom is the same. That project never found the cause, and its code and
-# data are not here: what this notebook shows is which causes produce exactly that symptom, not
-# which one struck there. We reproduce the failure and then find, one by one, everything that
-# can make such a check fail, with the tools that find it: an error map over position ×
-# feature, the location of the largest difference, errors in ulps, a norm-wise error, and
-# tolerances that fit the dtype.
+# The assert failed — although the first ten printed values of both tensors were identical. Our
+# inputs are not that project's; the symptom is the same. That project never found the cause, and
+# its code and data are not here: what this notebook shows is which causes produce exactly that
+# symptom, not which one struck there. We reproduce the failure and then find, one by one,
+# everything that can make such a check fail, with the tools that find it: an error map over
+# position × feature, the location of the largest difference, errors in ulps, a norm-wise error,
+# and tolerances that fit the dtype.
 #
 # **Time:** about two hours of reading, with the exercises of sections 4, 4b and 5; section 4b
 # alone is close to half of it. The cells run in well under a minute in the Triton interpreter.
@@ -937,11 +936,12 @@ print(f"all {step_e['n']} differing elements lie in the second half (d >= {half}
 # %% [markdown]
 # The PTX shows that each line is one fma of an exact product and a rounded one: `mul.f32`
 # rounds a product (negated for $y_1$), and `fma.rn.f32` adds it to the other product,
-# unrounded. The PTX cannot show *which* product is fused. Its registers carry no names, and
-# the five lines fit both orders in each line. The bits decide. `gpu_choice` writes down one
-# reading: $y_1$ fuses $x_1 c$, TE's order; $y_2 = x_2 c + x_1 s$ fuses $x_1 s$, the other
-# order. The cell checks it. On the CPU, and on a GPU like the file's, it gives the file's
-# kernel's output bit for bit. And every element it gets wrong sits in the second half, $y_2$.
+# unrounded. For $y_1 = x_1 c - x_2 s$ the sign says which: the rounded, negated product is
+# $x_2 s$, so $x_1 c$ is fused, TE's order. For $y_2 = x_2 c + x_1 s$ the five lines fit both
+# orders: whether `%r114` holds $x_1$ or $c$ is set by lines they do not show. The bits decide.
+# `gpu_choice` writes down one reading, $y_2$ fusing $x_1 s$, the other order, and the cell
+# checks it. On the CPU, and on a GPU like the file's, it gives the file's kernel's output bit
+# for bit. And every element it gets wrong sits in the second half, $y_2$.
 # Nothing in the source asks for either order. The steps, in one table:
 
 # %%
@@ -1005,16 +1005,14 @@ plt.show()
 # kernel above compiled here on a GPU), the right one the file (`benchmarks/te_bits.py` on the
 # GPU in its header). Rows a to e leave nothing to a compiler: each product is rounded or sits
 # in a `tl.fma`. So each row is one computation on every machine, and the two columns agree
-# row by row (17, 17, 0, 22, 12 on the H200 page; asserted on the CPU and on the file's GPU).
-# Only row c is 0: `tl.fma` pins TE's order in the source, and row d shows that the order is
-# what matters. A dash is a count not taken: libdevice does not run in the interpreter, and
-# the last two rows need a compiler that contracts (the last one, TE itself).
+# row by row (asserted on the CPU and on the file's GPU). Only row c is 0: `tl.fma` pins TE's
+# order in the source, and row d shows that the order is what matters. A dash is a count not
+# taken: libdevice does not run in the interpreter, and the last two rows need a compiler that
+# contracts (the last one, TE itself).
 #
 # The last two rows are the line as written with contraction on, where the compiler chooses,
-# per kernel. On the H200 page `_rope_combine_kernel` gave 0 and the reproduction kernel of
-# section 3, the same two lines, 12 (the file's count too). The line as written matches TE
-# only when the compiler happens to fuse TE's way. The cell below reads from the bits which
-# product each line's fma fused.
+# per kernel: the same two lines match TE in one kernel and not in the other. The cell below
+# reads from the bits which product each line's fma fused.
 
 # %%
 def fused_product(y, te_order, other_order):
@@ -1364,10 +1362,11 @@ display(HTML("<table><tr><th>verdict</th><th>shape of the difference</th><th>cau
                      for k, v in debug.DECISIONS.items()) + "</table>"))
 
 # %% [markdown]
-# The thresholds: rounding causes stay within a few $u$ norm-wise (section 4 asserts at most
-# 3), while a layout trap moves outputs by a sizeable fraction of the pair, far beyond that. So
-# anything beyond $8u$ is a layout trap; below that, two sides each within one ulp of
-# fp64 are both right (a tolerance question), and a side many ulps off is a precision cause.
+# The thresholds: rounding causes stay within a few $u$ norm-wise (section 4 asserts at most 3;
+# 2.22 $u$ on the H200 page), while a layout trap moves outputs by a sizeable fraction of the
+# pair (section 5's largest differences: 7.75 to 9.09 on the H200 page), far beyond that. So
+# anything beyond $8u$ is a layout trap; below that, two sides each within one ulp of fp64 are
+# both right (a tolerance question), and a side many ulps off is a precision cause.
 # The rules are meant for bf16/fp16 outputs of fp32 math; in fp32 outputs fp32's own rounding
 # is no longer hidden.
 #
@@ -1380,7 +1379,8 @@ display(HTML("<table><tr><th>verdict</th><th>shape of the difference</th><th>cau
 # section 3b), so the CPU's panel of 4,096 elements usually shows none, and a GPU's
 # million-element panel shows tens. Widgets need a running kernel: in a notebook reopened
 # from disk, run its cells first (Run → Run All Cells) — until then the saved widget reads
-# "Error displaying widget: model not found" — and on the executed page they compute nothing.
+# "Error displaying widget: model not found" — and on the executed page they compute nothing;
+# the cell after the panel drives it from code and prints its verdicts.
 
 # %%
 import ipywidgets as W

@@ -356,10 +356,8 @@ for k, r in runs.items():
 # and ask that the kernel's gap from the reference stay inside the seed band, with room:
 # $d(\text{ropelib}, \text{reference}) \le 1.5\, d(\text{reference seed 1}, \text{reference})$.
 #
-# The seed band is generous: the second seed changes both the initial weights and the batches,
-# which ropelib's run shares with the reference. The control shares them too, so it is the
-# matched yardstick; the cells after the figure read it. A bug that changes how the model learns
-# can take the curve out of the band (the list above says which bugs can).
+# The band is generous: the second seed changes the batches too. The control shares ropelib's
+# weights and batches, so it is the matched yardstick; the cells after the figure read it.
 
 # %%
 def mean_abs_diff(a, b):
@@ -560,13 +558,9 @@ assert (round(k4, 4), round(c4, 4)) == (0.0043, 0.0036)                     # af
 # sample of each cannot tell from chance. (On the CPU, in fp32, the two curves agree within
 # $10^{-5}$, asserted.)
 #
-# **Where the control's noise comes from.** Its step-1 loss (same weights, same forward) agrees
-# and its step-2 loss does not, so the noise enters in step 1's backward or update, most likely
-# in backward kernels that add partial sums with atomic adds, in an order that changes from run
-# to run. This notebook does not measure it. Training the control under
-# `torch.use_deterministic_algorithms(True)` (with `CUBLAS_WORKSPACE_CONFIG=:4096:8` set, as
-# PyTorch asks) would: if it then repeats the reference bit for bit, the order of the sums was
-# the cause.
+# **Where the control's noise comes from.** Its step-1 loss agrees and its step-2 loss does not,
+# so the noise enters in step 1's backward or update; which kernel adds it, this notebook does
+# not measure (a control trained under `torch.use_deterministic_algorithms(True)` would).
 #
 # **Where the run ends.** Three of the four committed runs are lowest at the last evaluation,
 # step 300. The reference's is lowest at step 275 and ends 0.007 nats (0.59 %) above it, inside
@@ -691,9 +685,11 @@ assert round(committed_tps["ropelib"] / committed_tps["reference again"], 2) == 
 # There ropelib's model trains 1.131 times as many tokens a second as the reference, but the
 # second seed's run of the reference trains 0.910 times as many as the first and the control
 # 1.082 times as many: the same code moved by 8 to 9 %, and against the control ropelib's run is
-# only 1.046 times as fast. A run whose own movement is smaller can show the saving plainly; the
-# ratios move from run to run. On a model this small the GPU sits idle for a large part of each
-# step, waiting for the host, so section 5 measures RoPE's own time on the device instead.
+# only 1.046 times as fast. A run whose own movement is smaller can show the saving plainly: the
+# cell prints this page's own ratios above the committed line, and they are not the committed
+# ones. Read each run's ropelib/control ratio against its own control/first. On a model this
+# small the GPU sits idle for a large part of each step, waiting for the host, so section 5
+# measures RoPE's own time on the device instead.
 
 # %% [markdown]
 # ## 5. How much of a step is RoPE?
@@ -1021,9 +1017,8 @@ if ON_GPU:   # the same run: ropelib's kernels are all of its RoPE time, by name
 # Is the text new, or recited? The cell also finds the longest stretch of the sample that
 # occurs word for word in the training text. A model that generalises reuses words and short
 # phrases; a model trained past its best validation loss (section 3) may recite longer
-# stretches of its corpus. One sample of one run cannot say how far this model has gone that
-# way: the cell prints the stretch for this sample, and comparing it across the checkpoints of
-# section 3, or across seeds, would be the measurement.
+# stretches of its corpus. The cell prints the stretch for this one sample, which cannot say how
+# far this model has gone that way.
 
 # %%
 text = sample(trained, data, "The ", SAMPLE_CHARS, seed=0)
@@ -1346,11 +1341,8 @@ assert exact.flatten()[at].abs() < 0.05 * exact.abs().max()     # at a near canc
 # - The GPT with ropelib's kernel computes the same loss and gradients as with plain PyTorch
 #   (fp32: to rounding). Trained from the same seed under bf16 autocast, its validation curve
 #   stays inside the seed band: 0.47 of the second seed's distance from the reference in the
-#   committed run, where the check allows 1.5. The band is generous, because the second seed
-#   changes both the initial weights and the batches. The matched yardstick is the control, the
-#   reference trained twice from the same seed, at 0.29 of the seed distance; one sample of each
-#   cannot tell ropelib's 0.47 from it. GPU training is not deterministic here (the control
-#   parts from the reference at step 2), so a parting alone is not evidence about RoPE.
+#   committed run, where the check allows 1.5; the control, the reference trained twice from
+#   the same seed, is at 0.29, and one sample of each cannot tell the two apart.
 # - A small corpus and a large model: the learning rate decays to a tenth of its peak by the
 #   last step, so the validation loss flattens at the end, and the check asks only that it end
 #   within 1 % of its lowest. The gap between training and validation loss widens at every

@@ -666,11 +666,17 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 # %% [markdown]
 # ## 7. The measured result
 #
-# All measurements here are of section 1's shape (Llama-3-8B's projection, bf16, 8192 and 32768
-# tokens) on an H200. 7.1 places the projection ropelib ships, `qkv_rope_linear`; then come
-# three lessons, each read from a measurement of its mechanism: **the main loop** (7.2), **the
-# epilogue's registers** (7.3), **the backward** (7.4); and one about measuring, **the rounds'
-# order** (7.5).
+# **The answer**, on an H200 at section 1's shape (Llama-3-8B's projection, bf16, 8192 and
+# 32768 tokens), from 7.1's tables:
+#
+# - **forward:** the shipped `qkv_rope_linear` is level with cuBLAS + RoPE (ahead by 0.003 to
+#   0.04 of cuBLAS's speed, inside the spread of the rounds);
+# - **forward+backward:** faster at 8192 tokens (1.055) and level at 32768 (0.992), from one run
+#   in a fixed order of rounds, which 7.5 shows can move a variant by up to 15 %;
+# - **with QK-norm:** not faster than the fastest unfused pipeline.
+#
+# The rest of section 7 is why: **the main loop** (7.2), **the epilogue's registers** (7.3),
+# **the backward** (7.4), and one lesson about measuring, **the rounds' order** (7.5).
 #
 # ### 7.1 Where the shipped projection stands
 #
@@ -1579,8 +1585,10 @@ assert [round(v, 2) for v in lag.values()] == [0.04, 0.09]
 #
 # The teaching launch takes 1.49 times cuBLAS's time on the H200 page, with a rotation that costs
 # nothing measurable: the gap is its main loop (fixed 64 × 64 tiles, Triton's default
-# pipelining), not your epilogue (7.2). Change the tiles in `teaching()` (`64, 64`: the rows and
-# the hidden-size step of a program) and rerun.
+# pipelining), not your epilogue (7.2). The main loop is outside this notebook's exercises: 7.2
+# shows the persistent TMA loop that closes the gap as a result only. To see how much the tiles
+# alone move it, change them in `teaching()` (`64, 64`: the rows and the hidden-size step of a
+# program) and rerun.
 
 # %%
 # 7.1's shuffled forward runs at this shape: fused over unfused time, from the medians of their
@@ -1670,13 +1678,15 @@ else:
 # ## Summary
 #
 # - A RoPE pass after the projection moves a copy's worth of bytes. Fusing it saves that pass
-#   and nothing more: on an H100, 6 to 11 % of the pipeline.
+#   and nothing more: on an H100, 6 to 11 % of the pipeline. On the H200 the committed timings
+#   do not resolve that share; ropelib's RoPE alone runs at 0.988 of a copy's speed there.
 # - An epilogue works on the finished output tile in registers, before its one store;
 #   rotate-half needs each tile to hold whole heads. A backward prologue re-forms $dY$ in every
 #   column block, so `qkv_rope_linear` writes $dY$ once and hands dX and dW to cuBLAS.
-# - On an H200 the shipped forward is level with cuBLAS + RoPE. In one run its forward+backward
-#   was faster at 8192 tokens and level at 32768; with QK-norm it is level with or behind the
-#   fastest unfused pipeline (cuBLAS, then `qk_norm_rope` from an angle table).
+# - On an H200 the shipped forward is level with cuBLAS + RoPE. In one run of fixed-order rounds
+#   its forward+backward was faster at 8192 tokens and level at 32768; with QK-norm it is level
+#   with or behind the fastest unfused pipeline (cuBLAS, then `qk_norm_rope` from an angle
+#   table).
 # - A fused kernel is only as fast as its main loop (a persistent TMA loop runs near cuBLAS,
 #   pointer loads did not), its registers (read off a compile, on a CPU) and its backward.
 # - A fixed order of a benchmark's rounds moved the variants by up to 15 %: vary it.

@@ -318,17 +318,11 @@ solution(pz.solution_partial_kernel.fn, title="Solution: puzzle 3")
 pz.time_solution("partial");
 
 # %% [markdown]
-# **What was wrong.** Kernels written for full rotary have shipped two mistakes here, and the
-# given kernel had both.
-#
-# - It took the partner of feature $j$ at $j + D/2$. With rotate-half on the rotary part, the
-#   partner is at $j + R/2$. At $j + D/2$ the kernel rotates pass-through features and never
-#   writes the rotary features $R/2 \ldots R-1$ (16-31 in the ❌ line's case, $R = 32$).
-# - It copied no pass-through feature: those the first mistake did not overwrite (48-63
-#   there) stay as whatever memory held. This hides as long as the output is a copy of `x`;
-#   the check fills its output with NaN, so it shows at once.
-#
-# The repair pairs $j$ with $j + R/2$ and copies the pass-through features from `x`.
+# **What was wrong.** Two mistakes of kernels written for full rotary. The partner of feature $j$
+# was taken at $j + D/2$, not $j + R/2$, so the rotary features $R/2 \ldots R-1$ were never
+# written (16-31 in the ❌ line, $R = 32$). And no pass-through feature was copied, which hides
+# while the output buffer happens to hold `x` (the check fills it with NaN). The repair pairs
+# $j$ with $j + R/2$ and copies the pass-through features from `x`.
 
 # %% [markdown]
 # ## Puzzle 4 — head dims 80, 96, 72 (write)
@@ -423,26 +417,17 @@ solution(pz.solution_long_context_kernel.fn, title="Solution: puzzle 5")
 pz.time_solution("long_context");
 
 # %% [markdown]
-# **What was wrong.** The kernel used the angle table the caller had cached in bf16. bf16 keeps
-# 8 significant bits. It holds every integer only up to 256. Near 100,000 its neighbouring
-# values are 512 apart, so an angle stored in bf16 can be off by 256 radians: any angle at all.
-# No kernel can get back what the table lost. The repair ignores the table and computes
-# $\theta$ in fp32 from the positions and the inverse frequencies.
+# **What was wrong.** The angle table was cached in bf16, which keeps 8 significant bits: near
+# 100,000 its values are 512 apart, so a stored angle can be off by 256 rad, any angle at all,
+# and no kernel can get that back. The repair computes $\theta$ in fp32 from the positions and
+# the inverse frequencies; below $2^{17}$ an fp32 angle is off by at most $2^{-8} \approx 0.004$
+# rad, well inside the check's 0.03. (`model.to(torch.bfloat16)` casts the inverse-frequency
+# buffer with the weights, so models have shipped this table. A bf16 *cos/sin* table is far less
+# harmful: puzzle 11.)
 #
-# Models have shipped with exactly that table. `model.to(torch.bfloat16)` casts the
-# inverse-frequency buffer with the weights, and the angle tables built from it (or built
-# under autocast) come out in bf16. Storing *cos and sin* in bf16 is much less harmful
-# (puzzle 11): the damage is done in the angle.
-#
-# Why 0.03 rad is enough: fp32 values below $2^{17}$ are at most $2^{-7}$ apart, so an fp32
-# angle is off by at most $2^{-8} \approx 0.004$ rad there, and storing $y$ in bf16 moves a
-# pair by less than 0.01 of its length (0.0036 at most in the cell after puzzle 11).
-#
-# fp32 is not the end of the story. The cell below measures it: an fp32 angle is off by up to
-# 0.0312 rad below position $2^{20}$ (half the fp32 spacing there, $2^{-5}$), and by up to 0.5
-# rad below $2^{24}$, where fp32 stops holding every integer. For contexts that long,
-# ropelib's kernels can compute the angle themselves, reduced modulo $2\pi$ exactly
-# (`ropelib.frequencies.Angles`, passed as `apply_rope(x, angles=...)`).
+# fp32 has a limit too, which the cell below measures: an fp32 angle is off by up to 0.0312 rad
+# below position $2^{20}$ and 0.5 rad below $2^{24}$. Notebook 10 (section 7) covers angles at
+# long context and ropelib's exact alternative.
 
 # %%
 for top in (2**20, 2**24):
@@ -724,26 +709,17 @@ solution(pz.solution_packed_sequences_kernel.fn, title="Solution: puzzle 10")
 pz.time_solution("packed_sequences");
 
 # %% [markdown]
-# **What was wrong.** Two mistakes that varlen RoPE kernels have shipped, and the given kernel
-# had both.
+# **What was wrong.** Two mistakes of varlen RoPE kernels.
 #
-# - It rotated each token at its row in the packed tensor, `pos = rows`. That is right for the
-#   first sequence only: every token of a later sequence was turned as if it followed all the
-#   tokens packed before it, from other texts. Nothing raises, and a test with one sequence
-#   passes. The position is the row minus the sequence's first row, `rows - start`: the token
-#   index $t$ within the sequence.
-# - It treated `cu_seqlens[i + 1]` as the sequence's last row (`rows <= end`), where it is one
-#   past it: the first row of the next sequence. A program whose tile runs past the end of its
-#   sequence stored one row more. After the last sequence that row lies past `x` and `y` (the
-#   lanes the ❌ line reports); on a GPU they read and write whatever lies there. Every other
-#   extra row is the next sequence's first, stored by two programs: the interpreter runs
-#   programs in order, so the later, right store wins; a GPU runs them in no fixed order, so
-#   that row is wrong in some runs. The check fails a kernel that stores a row twice, and the
-#   picture draws such rows in black. With lengths 4, 4 and 4 in tiles of 4, no tile runs past
-#   its sequence and this mistake does not show at all.
+# - Each token was rotated at its row in the packed tensor, `pos = rows`: right for the first
+#   sequence only, and a one-sequence test passes. The position is `rows - start`.
+# - `cu_seqlens[i + 1]` was taken as the sequence's last row (`rows <= end`); it is one past
+#   it. A tile running past its sequence stored one row more: past `x` after the last sequence
+#   (the lanes the ❌ line reports), elsewhere the next sequence's first row, which two programs
+#   then store in no fixed order on a GPU (black in the picture).
 #
-# The worked solution masks with $t <$ `end - start`, the sequence's length: a program whose
-# tokens all lie past the end (every program of an empty sequence) loads and stores nothing.
+# The worked solution masks with $t <$ `end - start`, so a program past the end (every program
+# of an empty sequence) loads and stores nothing.
 
 # %% [markdown]
 # ## Puzzle 11 — cos/sin cached in bf16 (repair)
@@ -808,17 +784,12 @@ solution(pz.solution_bf16_table_kernel.fn, title="Solution: puzzle 11")
 pz.time_solution("bf16_table");
 
 # %% [markdown]
-# **What was wrong.** The kernel computed, bit for bit, what eager PyTorch computes for
-# `q * cos + rotate_half(q) * sin` in bf16: each product rounded to bf16, then the sum rounded
-# again. Where the two products nearly cancel, their rounding errors (up to $2^{-8}$ of a
-# product each) are many ulps of the small result. The table was not the problem; the kernel's
-# own rounding was.
-#
-# The repair keeps the products and the sum in fp32, with no bf16 in between, and rounds to
-# bf16 once, in the store. In fp32 the product of two bf16 values is exact (8 + 8 significant
-# bits fit in 24), so `x1 * c - x2 * s` is rounded once in fp32 and once on the store; `tl.fma`
-# gives the same here. torch.compile's kernel of the same line does this
-# (`benchmarks/results/inductor-rope-bf16-sbhd.txt`: every load `.to(tl.float32)`, one store).
+# **What was wrong.** The kernel computed, bit for bit, eager PyTorch's bf16
+# `q * cos + rotate_half(q) * sin`: each product rounded to bf16, then the sum again. Where the
+# two products nearly cancel, their rounding errors are many ulps of the small result: the
+# kernel's rounding, not the table, was the problem. The repair keeps the products and the sum in
+# fp32 (a product of two bf16 values is exact there) and rounds once, in the store, as
+# torch.compile's kernel of the same line does (`benchmarks/results/inductor-rope-bf16-sbhd.txt`).
 
 # %% [markdown]
 # The table's own cost needs no kernel. Below, with torch alone: a bf16 `x` with head dim 128,
@@ -1051,3 +1022,13 @@ assert (round(kernel_med), round(copy_med)) == (43, 39) and round(copy_med / ker
 #    How large an error in an attention score $q \cdot k$ can that make for head dim 128, with
 #    both q and k rotated by bf16 tables, and how does it compare with rounding $q$ and $k$ to
 #    bf16 at all?
+#
+# Short answers to two of them. **2.** bf16 values near 1,000 are 4 apart, so a bf16 angle
+# there can be off by 2 rad; fp32 values are 4 apart from $2^{25}$ (about 33.5 million) on, so
+# an fp32 angle is that wrong only there. Well before that, from $2^{24}$, fp32 no longer holds
+# every integer position (0.5 rad, puzzle 5's cell): for a context of $2^{24}$, reduce the angle
+# exactly before the sine (notebook 10, section 7). **4.** The tables are
+# $2 \times 16384 \times 64 \times 4$ bytes = 8.4 MB of fp32, of the timed 143 MB. They fit in a
+# 50 MB L2, and each program loads the same rows $B$ times in a row, so the repeats should hit
+# in L2 and DRAM read the tables about once (an estimate; nothing here measures it). The $B - 1$
+# extra loads cost load instructions and L2 traffic, not $B$ times the table's DRAM bytes.
