@@ -359,26 +359,48 @@ else:
 # %% [markdown]
 # ## 4. Where to go next
 #
-# - [01 — The RoFormer math](01-roformer-math.ipynb): rotations, relative position, frequencies
-#   and context extension, the two pairings.
-# - [02 — The PyTorch reference and the layouts](02-pytorch-reference-and-layouts.ipynb): layouts,
-#   tables, offsets, and why the unfused version is slow.
-# - [03 — A naive Triton kernel](03-naive-triton-kernel.ipynb): programs, masks, strides, and
-#   debugging in the interpreter.
-# - [04 — The batch-reusing grid kernel](04-batch-reuse-grid-kernel.ipynb): a bytes-moved model,
-#   % of a copy, and an ablation.
-# - [05 — The finished kernel](05-finished-kernel.ipynb), [06 — The backward pass](06-backward-pass.ipynb),
-#   [07 — Transformer Engine vs Triton, live](07-te-vs-triton-live.ipynb): the finished kernel,
-#   its gradient, and section 3's two speed regimes measured live.
-# - [08 — Debugging the `allclose` that failed](08-debugging-allclose.ipynb): tolerances, ulps,
-#   layout traps.
-# - [09 — ropelib inside a real model](09-rope-in-a-model.ipynb): training parity, speed, decoding.
-# - [10 — Multi-axis RoPE](10-multi-axis-rope.ipynb): M-RoPE and axial RoPE for images and video.
-# - [11 — RoPE at scale](11-rope-at-scale.ipynb): context parallelism and the fused KV-cache write.
-# - [12 — RoPE in the QKV projection](12-rope-in-the-qkv-projection.ipynb): a GEMM epilogue and
-#   prologue.
+# - [00 — Setup and a one-minute tour of `ropelib`](00-setup-and-tour.ipynb) (this notebook): what
+#   is installed, compiled or interpreter mode, the API in one minute.
+# - [01 — The RoFormer math: rotations that encode relative position](01-roformer-math.ipynb): the
+#   2-D rotation and $R_m$, the complex view, scores that depend only on $m - n$, the frequency
+#   spectrum and the context-extension scalings, long-term decay, the two pairings.
+# - [02 — The PyTorch reference, the layouts, and why unfused RoPE is slow](02-pytorch-reference-and-layouts.ipynb):
+#   `sbhd` / `bshd` / `thd`, TE's angles vs HF's cos/sin cache, partial rotary, position offsets,
+#   context-parallel positions, and the kernels and bytes of the unfused version.
+# - [03 — A naive Triton kernel for RoPE](03-naive-triton-kernel.ipynb): programs and grids, masks
+#   and strides, `BLOCK_SIZE` vs `num_warps`, the 32-byte sectors a launch touches, debugging in the
+#   interpreter, checking against the reference.
+# - [04 — The batch-reusing grid kernel](04-batch-reuse-grid-kernel.ipynb): a grid that gives
+#   each program the whole batch, a bytes-moved model, GB/s and % of a copy, and an ablation
+#   that asks which of the grid's savings is worth time.
+# - [05 — The finished kernel, one idea at a time](05-finished-kernel.ipynb): a floor under the
+#   tile from Little's law, a ladder of kernels up to ropelib's, the layout Triton gives a tile,
+#   the two-pass route `apply_rope` takes on large tensors, load order in the SASS, three kernels
+#   of your own.
+# - [06 — The backward pass](06-backward-pass.ipynb): rotation by $-\theta$, one kernel for both
+#   directions, `autograd.Function`, `gradcheck` in float64, stride-0 gradients.
+# - [07 — Transformer Engine vs Triton, live](07-te-vs-triton-live.ipynb): every provider on the
+#   same inputs, errors in ulps, % of a copy, the dashboard, the sweeps, fixed cost vs bandwidth,
+#   your own copy-and-rotate kernel in the race.
+# - [08 — Debugging the `allclose` that failed](08-debugging-allclose.ipynb): why two correct
+#   kernels fail `torch.allclose`, tolerances and ulps, matching TE bit for bit, six layout traps.
+# - [09 — ropelib inside a real model: training parity, speed, and drop-in use](09-rope-in-a-model.ipynb):
+#   a small GPT trained with and without ropelib, tokens/s and RoPE's share of a step, decoding
+#   with a KV cache, the Hugging Face and TE drop-ins.
+# - [10 — Multi-axis RoPE: M-RoPE for images and video, 2-D and 3-D axial RoPE](10-multi-axis-rope.ipynb):
+#   Qwen2-VL / Qwen3-VL sections, image and video positions, axial RoPE, a multi-axis kernel of
+#   your own that forms each token's angles once.
+# - [11 — RoPE at scale: context parallelism, and decoding with the fused cache write](11-rope-at-scale.ipynb):
+#   the dual-chunk split, RoPE at global positions, two-process training, RoPE fused into the
+#   KV-cache write (contiguous, paged, fp8) with the contiguous and paged kernels written by you,
+#   and the kernels one decoding step launches.
+# - [12 — RoPE in the QKV projection: a GEMM epilogue, and a prologue for the backward](12-rope-in-the-qkv-projection.ipynb):
+#   what fusing can save at most, the epilogue and the backward's prologue written by you, the
+#   shipped projection measured against cuBLAS followed by a RoPE pass, and a slow fused kernel
+#   traced to its causes.
 # - [13 — RoPE puzzles](13-rope-puzzles.ipynb): eleven short kernels to write or repair, checked
-#   in the interpreter.
+#   at once in the interpreter. After a warm-up, most are built on a kind of bug that RoPE code
+#   has shipped with.
 
 # %%
 from pathlib import Path
