@@ -47,8 +47,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..kernels.kv_cache import _to_cache
-from ..kv_cache import FP8
+from ..kernels.kv_cache import _to_cache, cache_feature_stride_ok
+from ..kv_cache import _check_scale
 
 MAX_TILE = 1024     # elements of k per program: the head groups' size at D = 128 is 8 heads
 
@@ -137,15 +137,15 @@ def write_kv_cache(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
         raise ValueError(f"k [B, S, HK, D] and v [B, S, HK, DV] must agree, got "
                          f"{tuple(k.shape)} and {tuple(v.shape)}")
     for t, name in ((k, "k"), (v, "v"), (k_cache, "k_cache"), (v_cache, "v_cache")):
-        if t.shape[-1] > 1 and t.stride(-1) != 1:
+        if not cache_feature_stride_ok(t):
             raise ValueError(f"{name}'s features (its last dim) must be at stride 1, got "
                              f"strides {tuple(t.stride())}")
     for t, name in ((cache_seqlens, "cache_seqlens"), (block_table, "block_table")):
         if t is not None and not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous")
-    for cache, scale, name in ((k_cache, k_scale, "k_scale"), (v_cache, v_scale, "v_scale")):
-        if (cache.dtype == FP8) != (scale is not None):
-            raise ValueError(f"{name} is required for a float8_e4m3fn cache and only for one")
+    # the scales as ropelib.rope_kv_cache checks them: one fp32 value for an fp8 cache, else None
+    k_scale = _check_scale(k_scale, k_cache, "k_scale", "k_cache")
+    v_scale = _check_scale(v_scale, v_cache, "v_scale", "v_cache")
     if B * S == 0:
         return
     block_d, block_dv = triton.next_power_of_2(D), triton.next_power_of_2(DV)
