@@ -557,9 +557,9 @@ def test_packed_cases_are_the_ones_the_notebook_names():
         assert cu.dtype == torch.int32 and cu[0] == 0 and c.grid == (
             len(cu) - 1, triton.cdiv(int(cu.diff().max()), 4))
         positions = torch.cat([torch.arange(n) for n in cu.diff().tolist()])
-        assert torch.equal(c.expected, pz._rotated_at(c.inputs["x"].double(),
-                                                      c.inputs["cos"].double(),
-                                                      c.inputs["sin"].double(), positions))
+        assert torch.equal(c.expected, pz.spec_position_ids(c.inputs["x"].double(), positions,
+                                                            c.inputs["cos"].double(),
+                                                            c.inputs["sin"].double()))
 
 
 def test_packed_inclusive_end_spills_past_the_tensor(capsys):

@@ -1211,14 +1211,6 @@ def _cu_seqlens(lengths: Sequence[int]) -> torch.Tensor:
     return torch.tensor([0] + list(itertools.accumulate(lengths)), dtype=torch.int32)
 
 
-def _rotated_at(x, cos, sin, positions) -> torch.Tensor:
-    """x [T, 2H] rotated (rotate-half) by the table rows at `positions` [T]."""
-    c, s = cos[positions], sin[positions]
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
-
-
 def _build_packed_sequences(gen, device, block_t=4):
     cases = []
     for lengths, half in (([5, 1, 12, 0], 8), ([4, 4, 4], 16), ([7, 0, 2, 9, 3], 4)):
@@ -1232,7 +1224,7 @@ def _build_packed_sequences(gen, device, block_t=4):
         wrong = [("this is RoPE at each row's index in the packed x, 0 .. "
                   f"{total - 1}: positions restart at 0 in every sequence, row r of sequence i "
                   "is at position r - cu_seqlens[i]",
-                  _rotated_at(x64, c64, s64, torch.arange(total)))]
+                  spec_position_ids(x64, torch.arange(total), c64, s64))]
         inputs = {"x": _placed(x, device), "cu_seqlens": _placed(cu, device),
                   "cos": _placed(cos, device), "sin": _placed(sin, device)}
         buf, out = _poisoned((total, 2 * half), torch.float32, device)
