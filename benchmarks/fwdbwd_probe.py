@@ -28,8 +28,15 @@ forward+backward took 0.133 ms, the time of one copy: the bench timed the copy p
 clones, whose backward hands the gradient through uncopied. It now times two device copies
 (multi_axis.measure_providers, compare.copy_floor).
 
+`--qk-norm` instead takes the floor's QK-RMSNorm + RoPE case apart the same way (bshd b8
+s4096, 32 q and 8 k heads of 128, bf16; `ropelib.bench.qk_norm_rope`): ropelib from the cos/sin
+table (the floor's provider), from table-free angles, torch.compile of the PyTorch formula, and
+ropelib at b2 s16384 (four times the work a call). The gradients of q, k and both norm weights
+are handed back; `copy pair` is two copies of q and k, so `copy/way` is the floor's ratio.
+
     python3 benchmarks/fwdbwd_probe.py > fwdbwd_probe.log
     python3 benchmarks/fwdbwd_probe.py --multi-axis-rounds > fwdbwd_probe_rounds.log
+    python3 benchmarks/fwdbwd_probe.py --qk-norm > fwdbwd_probe_qk_norm.log
 """
 import sys
 import statistics as st
@@ -69,6 +76,26 @@ def cases(dev):
     return out
 
 
+def qk_norm_cases(dev):
+    """{name: (fn, leaves, output grads, copied)}: the floor's QK-norm case, as `cases` does
+    for plain RoPE, each call with its own inputs."""
+    from ropelib.bench import qk_norm_rope as qn
+    out = {}
+    compiled = torch.compile(qn.norm_rope_torch, fullgraph=True)
+    for B, S, name, fn in ((8, 4096, "ropelib", qn.norm_rope_ropelib),
+                           (8, 4096, "ropelib, angles", qn.norm_rope_ropelib_angles),
+                           (8, 4096, "torch.compile", compiled),
+                           (2, 16384, "ropelib", qn.norm_rope_ropelib)):
+        args, grads = qn.inputs(B, S, 32, 8, 128, torch.bfloat16, dev)
+        want, _ = qn.reference(args, grads, exact_angles=name.endswith("angles"))
+        leaves = [a.detach().requires_grad_(i < 4) for i, a in enumerate(args)]
+        table = args[4:]
+        assert qn.max_abs_err(fn(*leaves[:4], *table), want) <= qn.MAX_ABS_ERR, name
+        out[f"qk_norm_rope b{B} s{S} 32/8 heads, {name}"] = (
+            lambda *a, fn=fn, table=table: fn(*a, *table), leaves[:4], list(grads), args[:2])
+    return out
+
+
 def ways(fn, inputs):
     """{way: step} for one case; Liger works in place: its leaves are copies (as in the bench)."""
     leaves = [t.detach().clone().requires_grad_() for t in inputs]
@@ -80,13 +107,22 @@ def ways(fn, inputs):
     return leaves, summed, handed
 
 
-def main():
+def main(qk_norm: bool = False):
     dev = "cuda"
     torch.empty(16 << 30, dtype=torch.uint8, device=dev)      # warm the allocator, as the bench
     results = {}
-    for name, (fn, inputs) in cases(dev).items():
-        leaves, summed, handed = ways(fn, inputs)
-        copy_once, copy_twice = compare.copy_floor(inputs)
+    if qk_norm:
+        probed = {}
+        for name, (fn, leaves, grads, copied) in qk_norm_cases(dev).items():
+            def summed(fn=fn, leaves=leaves, grads=grads):
+                torch.autograd.backward(fn(*leaves), grads)
+            probed[name] = (leaves, summed,
+                            compare.fwdbwd_step(lambda fn=fn, leaves=leaves: fn(*leaves),
+                                                leaves, grads), copied)
+    else:
+        probed = {name: (*ways(fn, inputs), inputs) for name, (fn, inputs) in cases(dev).items()}
+    for name, (leaves, summed, handed, copied) in probed.items():
+        copy_once, copy_twice = compare.copy_floor(copied)
         per = {w: [] for w in ("copy pair", "graph", "host", "do_bench grad", "do_bench backward")}
         timers = {"copy pair": lambda: 1e3 * tt.do_bench(copy_twice),
                   "graph": lambda: 1e3 * suite.graph_replay_ms(handed, 20, dev)[0],
@@ -146,4 +182,4 @@ if __name__ == "__main__":
     if "--multi-axis-rounds" in sys.argv[1:]:
         multi_axis_rounds("cuda" if torch.cuda.is_available() else "cpu")
     else:
-        main()
+        main(qk_norm="--qk-norm" in sys.argv[1:])

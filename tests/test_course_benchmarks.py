@@ -128,6 +128,21 @@ def test_naive_warps_profile_launches_agree_and_list_their_metrics(benchmark, ca
     assert len(listed) == len(set(listed))
 
 
+def test_ladder_stalls_profile_every_rung_and_list_their_metrics(benchmark, capsys):
+    probe = benchmark("ladder_stalls_ncu")
+    calls, _ = probe.launches("cpu")
+    from ropelib.course import ladder
+    # per size: the copy, the seven rungs in the ladder's order, then the finished kernel
+    assert [label.split(" ", 1)[1] for label, _ in calls[:9]] == ["copy", *ladder.NAMES, "finished"]
+    assert probe.main(["--check"]) == 0
+    assert "check: 18 launches agree" in capsys.readouterr().out
+    assert probe.main(["--metrics"]) == 0
+    listed = capsys.readouterr().out.strip().split(",")
+    assert "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio" in listed
+    assert "lts__t_sector_op_read_hit_rate.pct" in listed
+    assert len(listed) == len(set(listed))
+
+
 def test_model_host_probe_parts_leave_ropelib_as_it_was(benchmark, capsys, tmp_path):
     """--parts times ropelib with its launches removed and with a trivial backward, patched only
     while each variant runs: afterwards ropelib's eager route is the one it was."""
