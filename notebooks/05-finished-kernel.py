@@ -1050,15 +1050,16 @@ else:
 #   already launches 16,384 programs of one token's 8 heads at 93.1 % of a copy; packing 4
 #   tokens into each of 4,096 programs gains nothing. At $b = 1$ it *loses* 6.1 points, 75.9 →
 #   69.8 %, on the same grid, warps and tile shape as the heads rung: the two kernels differ only
-#   by the tile's token axis, and why that costs time was not profiled. Fewer heads still, or
-#   $d = 64$, were not timed.
+#   by the tile's token axis. The profile after this cell finds both bound by issuing
+#   instructions at $b = 1$, the tile rung with 3 % more of them at lower occupancy. Fewer heads
+#   still, or $d = 64$, were not timed.
 # - **The chunks rung** launches, at $s = 4096$, $b = 8$, the same 4,096 programs as the warps
 #   rung (the grid is already full), each still looping over the whole batch, with about as many
 #   warp instructions per element and the same DRAM reads (to 0.02 %). Yet it costs about three
-#   points, and the counters do not say why. Its DRAM bytes are 0.99 of the model against the
-#   warps rung's 0.96, but only in the writes, and the writes a kernel is counted for stop when
-#   it ends (output still in L2 is written back later): even the copy is counted at 0.954,
-#   243.7 MB of writes for 268.4 MB of `y`.
+#   points. Its DRAM bytes are 0.99 of the model against the warps rung's 0.96, only in the
+#   writes. A kernel is counted for the writes that reach DRAM before it ends (output still in
+#   L2 is written back later): even the copy is counted at 0.954, 243.7 MB of writes for 268.4
+#   MB of `y`. The profile after this cell finds those extra writes are most of the step.
 # - **Accurate sin/cos (rung 5)** is the same machine code as rung 4 with the H200 run's Triton,
 #   so that step is zero but for noise: on that Triton it is insurance for others.
 # - **The equal-halves shortcut** gains about five points, 5.5 at $s = 4096$, $b = 8$ and 5.1
@@ -1067,8 +1068,8 @@ else:
 #   opcode profile below). But issuing instructions is not what limits these kernels: Nsight
 #   Compute's SM throughput (the busiest unit of the SM, as a share of its peak) is 34.3 % for
 #   rung 5 and 28.0 % for rung 6. So the instructions saved do not by themselves explain the
-#   gain; where they sit might (in the source a program evaluates its sin/cos before its first
-#   load of `x`), and the profile does not measure that.
+#   gain: the profile after this cell splits it into a faster DRAM rate and writes that land
+#   after the kernel again, as in the warps rung.
 # - **At $b = 1$, 8 warps lose over two fifths** of the 4-warp tile rung's speed. With no batch
 #   loop a program pays its sin/cos for every row, and if it lays the tile out as at $b = 8$,
 #   each of the 32 threads along the head axis pays it. The 8-warp rung executes 1.85 warp
@@ -1076,10 +1077,8 @@ else:
 #   profiled at this size: here the work comes near a limit. The chunks rung (4 warps again, but
 #   16,384 programs of two tokens) executes 7.6 times fewer, 0.24 per element — fewer than its
 #   sin/cos alone would take if each thread evaluated the angles of its own elements. So it lays
-#   out its cos/sin tile another way, the likely cause of the two largest $b = 1$ steps; that
-#   layout was not read, so the table's mechanism column gives the chunks rung a count
-#   ("instructions: 7.6x fewer at b = 1"), not a cause. The tile rung and rung 6 were not
-#   profiled at $b = 1$.
+#   out its cos/sin tile another way. The profile after this cell counts the sin and cos
+#   instructions: the warps rung evaluates each 32 times, the chunks rung once.
 # - **`finished kernel (forced)`** (the CSV's `ropelib`) is `ropelib.apply_rope` with its route
 #   forced to the finished kernel: every feature of section 3's list compiled in, on rung 6's
 #   launch (at $s = 4096$, $b = 8$, `_rope_kernel` on 4,096 programs of 8 warps). With a batch
@@ -1092,9 +1091,9 @@ else:
 #   Timed as two variants of the finished kernel
 #   (`benchmarks/results/finished_kernel_knobs-*.csv`), `x` first is the faster at $s = 4096$,
 #   $b = 1$ (0.931 of a copy against 0.892) and the slower at $s = 1024$, $b = 8$, where each
-#   program loops over 8 entries (0.804 against 0.835); the machine code below shows what the
-#   order changes. Why it helps was not profiled. Against the chunks rung, the profiled rung of
-#   the same grid and warps at $b = 1$, it holds 128 registers a thread to 102, yet both fit 4
+#   program loops over 8 entries (0.804 against 0.835). The profile after this cell measures
+#   what the order changes, the machine code below how. Against the chunks rung, the profiled
+#   rung of the same grid and warps at $b = 1$, it holds 128 registers a thread to 102, yet both fit 4
 #   programs (16 warps) on an SM: the registers cost no occupancy (24 % against 22 % achieved).
 # - **`apply_rope (as planned)`** (the CSV's `ropelib_planned`) is `ropelib.apply_rope` as a
 #   user calls it. At the three 256 MiB sizes (eager, with an angle table) it takes section 6's
@@ -1169,11 +1168,11 @@ if LADDER_CSV.exists():
     # notebook measured a mechanism for it
     MECHANISM = {
         "heads": "measured: programs, bytes in flight (sections 1-2)",
-        "tile": "none: no step at b = 8",
-        "warps": "sin/cos on twice the threads (instructions, section 5)",
-        "chunks": "instructions: 7.6x fewer at b = 1, 4 warps; b = 8: not measured",
+        "tile": "b = 8: no step; b = 1: issue-bound, 3 % more instructions (profile below)",
+        "warps": "each sin/cos evaluated 32 times, not 16 (profile below)",
+        "chunks": "b = 1: each sin/cos once; b = 8: 16 MB more written in its time",
         "accurate": "none: the same machine code (Triton 3.6)",
-        "equal_halves": "a quarter fewer instructions; the time not explained"}
+        "equal_halves": "DRAM rate 3.49 -> 3.65 TB/s, 16 MB of writes after it (below)"}
     cases = list(by_case)
     step = {case: {b: by_case[case][b] - by_case[case][a]
                    for a, b in zip(ladder.NAMES, ladder.NAMES[1:])} for case in cases}
@@ -1234,7 +1233,8 @@ if LADDER_CSV.exists():
     assert [said(m[v]["ncu_sm_throughput_pct"], 1)
             for v in ("accurate", "equal_halves", "ropelib")] == ["34.3", "28.0", "29.7"]
 
-    # b = 1: the 8-warp rung against the 4-warp tile rung (timed; the tile rung not profiled)
+    # b = 1: the 8-warp rung against the 4-warp tile rung (the mechanism CSV has neither the
+    # tile rung nor rung 6 at b = 1; the profile after this cell has both)
     m1 = measured.mechanism("s32768-b1")
     b1_rows = {r["provider"]: r for r in rows if r["case"] == "s32768-b1"}
     b1_pct = by_case["s32768-b1"]
@@ -1244,7 +1244,7 @@ if LADDER_CSV.exists():
           f"{m1['chunks']['ncu_warp_inst_per_element']:.2f} on grid {m1['chunks']['grid']}, "
           f"{m1['chunks']['num_warps']} warps; profiled here: {sorted(m1)}")
     assert 0.5 < b1_pct["warps"] / b1_pct["tile"] < 0.6                         # over 2/5 lost
-    assert "tile" not in m1 and "equal_halves" not in m1                # not profiled at b = 1
+    assert "tile" not in m1 and "equal_halves" not in m1           # not in the mechanism CSV
     assert said(m1["warps"]["ncu_warp_inst_per_element"], 2) == "1.85"
     assert said(m1["warps"]["ncu_warp_inst_per_element"]
                 / m1["chunks"]["ncu_warp_inst_per_element"], 1) == "7.6"
@@ -1347,6 +1347,174 @@ if LADDER_CSV.exists():
     t_fin = t16["ropelib"]
     assert [said(t_fin[k] * 1000, 1) for k in ("ms_p20", "ms_p80")] == ["10.2", "10.7"]
     assert said(t_fin["ms"] * 1000 - m16["ropelib"]["us"], 1) == "2.3"
+
+# %% [markdown]
+# ### Where the rungs spend their cycles
+#
+# **Question: for each step the counters above leave open, what did the kernel's cycles go to?**
+# `benchmarks/ladder_stalls_ncu.py` profiles every rung once more, the copy first and the
+# finished kernel last, at $s = 4096$, $b = 8$ and at $s = 32768$, $b = 1$, each under Nsight
+# Compute with the **warp states**: for every instruction a scheduler issued, how many warps
+# were waiting and on what (`long_scoreboard`: a load from memory; `barrier`; the math pipes;
+# ...). From the same profile the cell derives three numbers per kernel:
+#
+# - **DRAM rate**: the bytes the kernel read from and wrote to DRAM while it ran, over its time;
+#   the copy's is the most this GPU gave;
+# - **issuing**: the share of cycles in which a scheduler issued an instruction. Near 100 % the
+#   kernel is bound by its instructions; far below, by memory;
+# - **copies of each sin/cos**: the sin and cos instructions the SFU (Nsight Compute's XU pipe)
+#   ran, over the ones the tile needs ($S \cdot 64$ angles, sin and cos, 32 to a warp
+#   instruction). It counts `tl.sin`/`tl.cos`, which run there, so it is read for the rungs
+#   that call them (`heads` to `accurate`).
+#
+# The profiler locks the SM clock to its base, so a kernel bound by instructions takes longer
+# here than when timed; a kernel bound by memory takes about its timed time.
+
+# %%
+STALLS_CSV = measured.RESULTS / "ladder_stalls_ncu-nvidia-h200-20261201-2309.csv"
+STALL_CASES = {"s4096-b8": 4096, "s32768-b1": 32768}        # the profile's sizes: S; b = 8, 1
+STALL_NAMES = ("copy", *ladder.NAMES, "finished")
+stall_kernels = measured.ncu_kernels(STALLS_CSV)
+assert compare.read_meta(STALLS_CSV)["gpu"] == "NVIDIA H200"
+assert [k["kernel"] for k in stall_kernels[:len(STALL_NAMES)]] == [
+    "_copy_kernel", "_rope_batch_reuse_kernel", "_ladder_heads_kernel", "_ladder_tile_kernel",
+    "_ladder_tile_kernel", "_ladder_chunk_kernel", "_ladder_chunk_kernel",
+    "_ladder_final_kernel", "_rope_kernel"]
+LONG_SB = "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio"
+
+
+def cycles(m, S):
+    """The derived numbers of one profiled kernel (metrics m) at S tokens."""
+    ns = m["gpu__time_duration.sum"]
+    moved = m["dram__bytes_read.sum"] + m["dram__bytes_write.sum"]
+    return dict(us=ns / 1e3, tb_s=moved / ns / 1e3, written_mb=m["dram__bytes_write.sum"] / 1e6,
+                inst_m=m["smsp__inst_executed.sum"] / 1e6,
+                issuing=m["smsp__issue_active.avg.per_cycle_active"],
+                occupancy=m["sm__warps_active.avg.pct_of_peak_sustained_active"],
+                waiting_on_memory=m[LONG_SB],
+                sin_cos_copies=m["smsp__inst_executed_pipe_xu.sum"] / (S * 64 * 2 / 32))
+
+
+prof = {}
+for i, (case, S) in enumerate(STALL_CASES.items()):
+    for j, name in enumerate(STALL_NAMES):
+        prof[case, name] = cycles(stall_kernels[i * len(STALL_NAMES) + j]["metrics"], S)
+print(f"{STALLS_CSV.name}: NVIDIA H200, bf16 sbhd h=32 d=128, Nsight Compute's base clock")
+for case in STALL_CASES:
+    print(f"\n{case:10s}{'us':>8s}{'DRAM TB/s':>11s}{'written MB':>12s}{'warp inst M':>13s}"
+          f"{'issuing':>9s}{'occupancy':>11s}{'waiting on memory':>19s}{'sin/cos copies':>16s}")
+    for name in STALL_NAMES:
+        p = prof[case, name]
+        copies = (f"{p['sin_cos_copies']:16.0f}" if name in ("heads", "tile", "warps", "chunks",
+                                                             "accurate") else "")
+        print(f"  {name:14s}{p['us']:8.1f}"
+              f"{p['tb_s']:11.2f}{p['written_mb']:12.1f}{p['inst_m']:13.1f}"
+              f"{p['issuing']:9.0%}{p['occupancy']:10.1f}%{p['waiting_on_memory']:19.1f}{copies}")
+
+
+def r(v, digits=1):
+    return round(v, digits)
+
+
+b8, b1 = ({n: prof[c, n] for n in STALL_NAMES} for c in STALL_CASES)
+# b = 8. heads, tile and warps: the same time and DRAM rate while the instructions grow by
+# 45 %, the schedulers issuing in a third to under half of their cycles: memory sets the pace
+assert [r(b8[n]["us"]) for n in ("heads", "tile", "warps")] == [145.4, 146.5, 147.4]
+assert [r(b8[n]["tb_s"], 2) for n in ("heads", "tile", "warps")] == [3.56, 3.53, 3.51]
+assert r(b8["warps"]["inst_m"] / b8["heads"]["inst_m"], 2) == 1.45
+assert [round(100 * b8[n]["issuing"]) for n in ("heads", "warps")] == [32, 46]
+# chunks: the warps rung's DRAM rate and instructions, 16 MB more written inside its time,
+# which at that rate is most of its extra time
+extra_mb = b8["chunks"]["written_mb"] - b8["warps"]["written_mb"]
+extra_us = b8["chunks"]["us"] - b8["warps"]["us"]
+writes_us = extra_mb / b8["chunks"]["tb_s"]        # MB / (TB/s) = us
+print(f"\nb = 8, chunks against warps: {extra_us:+.1f} us, {extra_mb:+.1f} MB written, which at "
+      f"{b8['chunks']['tb_s']:.2f} TB/s take {writes_us:.1f} us")
+assert [r(b8[n]["tb_s"], 2) for n in ("warps", "chunks")] == [3.51, 3.50]
+assert r(b8["chunks"]["inst_m"] / b8["warps"]["inst_m"] - 1, 2) == 0.03
+assert (r(extra_mb), r(extra_us), r(writes_us)) == (16.1, 5.0, 4.6)
+assert r(prof["s4096-b8", "copy"]["written_mb"]) == 244.2        # the copy's too fall short
+# equal halves: the writes back where the warps rung had them, and a faster DRAM rate
+eh, acc = b8["equal_halves"], b8["accurate"]
+at_new_rate = (acc["tb_s"] * acc["us"]) / eh["tb_s"]          # the accurate rung's bytes
+print(f"b = 8, equal halves against accurate: {eh['us'] - acc['us']:+.1f} us; DRAM "
+      f"{acc['tb_s']:.2f} -> {eh['tb_s']:.2f} TB/s, written {acc['written_mb']:.1f} -> "
+      f"{eh['written_mb']:.1f} MB; the accurate rung's bytes at the new rate: {at_new_rate:.1f} us")
+assert [r(v["tb_s"], 2) for v in (acc, eh)] == [3.49, 3.65]
+assert r(acc["written_mb"] - eh["written_mb"]) == 16.4 and r(eh["written_mb"]) == 246.9
+assert (r(acc["us"] - at_new_rate), r(at_new_rate - eh["us"])) == (6.6, 4.5)
+assert r(1 - eh["inst_m"] / acc["inst_m"], 2) == 0.24
+assert [round(100 * v["issuing"]) for v in (acc, eh)] == [46, 38]
+assert [r(v["waiting_on_memory"]) for v in (acc, eh)] == [10.7, 14.5]
+# the finished kernel against rung 6: 1.9 us, 4.2 MB more written (1.2 us of it at its rate),
+# 7 % more instructions
+fin8 = b8["finished"]
+assert (r(fin8["us"] - eh["us"]), r(fin8["written_mb"] - eh["written_mb"])) == (1.9, 4.2)
+assert r((fin8["written_mb"] - eh["written_mb"]) / fin8["tb_s"]) == 1.2
+assert r(fin8["inst_m"] / eh["inst_m"] - 1, 2) == 0.07
+
+# b = 1. heads, tile, warps: bound by issuing; each sin/cos evaluated 16 or 32 times
+assert [round(100 * b1[n]["issuing"]) for n in ("heads", "tile", "warps")] == [80, 79, 74]
+assert [r(b1[n]["sin_cos_copies"]) for n in ("heads", "tile", "warps", "chunks")] == \
+    [16, 16, 32, 1]
+assert [r(b1[n]["tb_s"], 2) for n in ("heads", "tile", "warps")] == [2.50, 2.40, 1.25]
+# the tile of tokens: 3 % more instructions at lower occupancy; instructions over the issue
+# rate predict the time under the profiler
+more_inst = b1["tile"]["inst_m"] / b1["heads"]["inst_m"]
+predicted = more_inst * b1["heads"]["issuing"] / b1["tile"]["issuing"]
+print(f"b = 1, tile against heads: {more_inst:.3f}x the instructions, issuing "
+      f"{b1['heads']['issuing']:.0%} -> {b1['tile']['issuing']:.0%}, occupancy "
+      f"{b1['heads']['occupancy']:.1f} -> {b1['tile']['occupancy']:.1f} %: predicted "
+      f"{predicted:.3f}x the time, measured {b1['tile']['us'] / b1['heads']['us']:.3f}x")
+assert r(more_inst - 1, 2) == 0.03 and [r(b1[n]["occupancy"]) for n in ("heads", "tile")] == \
+    [47.3, 41.4]
+assert (r(predicted, 3), r(b1["tile"]["us"] / b1["heads"]["us"], 3)) == (1.043, 1.041)
+# chunks: each sin/cos once, 7.6x fewer instructions than the warps rung; memory-bound from here
+assert r(b1["warps"]["inst_m"] / b1["chunks"]["inst_m"]) == 7.6
+assert [round(100 * b1[n]["issuing"]) for n in ("chunks", "equal_halves", "finished")] == \
+    [29, 30, 36]
+assert [r(b1[n]["tb_s"], 2) for n in ("chunks", "equal_halves", "finished", "copy")] == \
+    [3.53, 3.69, 3.99, 4.11]
+# x first (the finished kernel at b = 1): fewer warps waiting on memory per instruction issued
+assert [r(b1[n]["waiting_on_memory"]) for n in ("equal_halves", "finished")] == [11.1, 6.2]
+
+# %% [markdown]
+# **What the profile says, step by step.**
+#
+# - **At $b = 8$ the memory system sets the pace from the heads rung on.** The heads, tile and
+#   warps rungs take 145 to 147 µs at 3.51 to 3.56 TB/s of DRAM, while their warp instructions
+#   grow by 45 % and the schedulers issue in 32 % to 46 % of their cycles. Instructions that
+#   fit in idle issue slots cost no time.
+# - **The chunks rung is not slower at moving bytes.** Its DRAM rate is the warps rung's (3.50
+#   against 3.51 TB/s) and it executes 3 % more instructions. But 16.1 MB more of its writes
+#   reach DRAM while it runs. At its rate those take 4.6 µs of its 5.0 µs extra. The rest of a
+#   kernel's `y` is still in the L2 cache when it ends and is written back after it, outside
+#   its time: even the copy is counted for 244.2 MB of its 268.4 MB. So this step measures
+#   where the write-back lands, not a kernel that does more. Why the chunks rung's programs
+#   leave less of `y` in the L2 at the end was not measured.
+# - **The equal-halves step is both.** Its writes fall back to the warps rung's 246.9 MB, and its
+#   DRAM rate rises from 3.49 to 3.65 TB/s with 24 % fewer instructions (issuing 46 % → 38 %).
+#   Moved at the new rate, the accurate rung's bytes would take 6.6 µs less; the 16.4 MB of
+#   writes account for the other 4.5 µs. Its warps wait on memory more per instruction issued
+#   (14.5 against 10.7): less work stands between one load and the next. The profile does not
+#   split the rate's gain further.
+# - **The finished kernel against rung 6** at $b = 8$: 1.9 µs more. It writes 4.2 MB more inside
+#   its time, 1.2 µs at its rate, and executes 7 % more instructions.
+# - **At $b = 1$ the heads, tile and warps rungs are bound by issuing.** The schedulers issue in
+#   74 % to 80 % of their cycles, and every sin and cos is evaluated 16 times (heads, tile) or 32
+#   times (warps): with no batch loop, that work is paid for every row. The tile of tokens
+#   executes 3 % more instructions at 41.4 % occupancy against 47.3 %. Instructions over the
+#   issue rate predict 1.043 times the heads rung's time, and the profiler measures 1.041. Timed
+#   at the GPU's own clock the step is larger (69.8 % against 75.9 % of a copy, 1.087 times the
+#   time): the profile accounts for about half of it.
+# - **The chunks rung evaluates each sin and cos once** at $b = 1$: 7.6 times fewer instructions
+#   than the warps rung. From there on, the schedulers issue in 29 % to 36 % of cycles and memory
+#   sets the pace again: 3.53 TB/s, then 3.69 with equal halves, then 3.99 for the finished
+#   kernel, 0.97 of the copy's 4.11.
+# - **`x` first** is that last step. The finished kernel loads `x` before its table work at $b = 1$.
+#   Its warps wait on memory 6.2 times per instruction issued against rung 6's 11.1, so the
+#   loads of `x` and of the angles are in flight together. The machine code below shows the
+#   order that does it.
 
 # %% [markdown]
 # **The load order, in the machine code.** Which loads a program issues before the arithmetic
