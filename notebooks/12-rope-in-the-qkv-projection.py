@@ -21,8 +21,8 @@
 # projection's GEMM rotates its output tile while it is still in registers (an **epilogue**), and
 # the backward GEMMs can undo the rotation as they load the gradient (a **prologue**). Then it
 # reads what that is worth on an H200: the projection ropelib ships runs level with the unfused
-# pipeline (cuBLAS, then a RoPE pass) in the forward, and in one run faster forward+backward at
-# 8192 tokens; with QK-norm it does not beat the fastest unfused pipeline.
+# pipeline (cuBLAS, then a RoPE pass), forward and forward+backward; with QK-norm it is level
+# with the fastest unfused pipeline, not ahead of it.
 #
 # **After this notebook you will be able to**
 #
@@ -671,9 +671,14 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 #
 # - **forward:** the shipped `qkv_rope_linear` is level with cuBLAS + RoPE (ahead by 0.003 to
 #   0.04 of cuBLAS's speed, inside the spread of the rounds);
-# - **forward+backward:** faster at 8192 tokens (1.055) and level at 32768 (0.992), from one run
-#   in a fixed order of rounds, which 7.5 shows can move a variant by up to 15 %;
-# - **with QK-norm:** not faster than the fastest unfused pipeline.
+# - **forward+backward:** level, 0.97 of the unfused pipeline's speed at 8192 tokens and 1.01 at
+#   32768, in rounds of a new order each. An earlier run in a fixed order had it 5 % ahead at
+#   8192 tokens: 7.5 shows what the order does;
+# - **with QK-norm:** level with the fastest unfused pipeline (cuBLAS, then `qk_norm_rope` from
+#   an angle table), not faster.
+#
+# So on this GPU the fusion saves a pass that costs 4 to 7 % of the forward pipeline (cuBLAS
+# against cuBLAS + RoPE, paired round by round), and the fused GEMM gives about that much back.
 #
 # The rest of section 7 is why: **the main loop** (7.2), **the epilogue's registers** (7.3),
 # **the backward** (7.4), and one lesson about measuring, **the rounds' order** (7.5).
@@ -688,7 +693,8 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 # `F.linear`, in two runs that visit the variants in a new order every round (seeds 0 and 1;
 # four earlier runs kept a fixed order, 7.5). `benchmarks/qkv_dy_probe.py` timed
 # forward+backward against the unfused pipeline, each fused output first checked against the
-# unfused one: one run without QK-norm, three with it.
+# unfused one: in a fixed order one run without QK-norm and three with it, then one of each
+# shuffled (seed 0).
 #
 # **Forward** on an H200, speed over cuBLAS's, the median of each shuffled run (seed 0, seed 1):
 #
@@ -708,22 +714,27 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 # QK-norm).
 #
 # **Forward+backward** on an H200, speed over the unfused pipeline's (with QK-norm, cuBLAS then
-# `qk_norm_rope`), medians of seven rounds (their range):
+# `qk_norm_rope`), medians of seven rounds (their range). The latest runs visit the providers
+# in a new order every round (seed 0); four earlier runs kept a fixed order:
 #
 # | forward+backward | 8192 tokens | 32768 tokens |
 # |---|---|---|
-# | fused, $dY$ written once (the default; one run) | 1.05 (1.01 to 1.12) | 0.99 (0.96 to 1.03) |
-# | fused, section 5's prologues | 0.39 | 0.39 |
-# | with QK-norm: fused, $dY$ written once (three runs) | 0.91, 1.01, 1.02 | 1.03, 1.02, 1.03 |
-# | with QK-norm: unfused from an angle table, over unfused from angles (third run) | 1.02 | 1.06 |
+# | fused, $dY$ written once (the default), shuffled | 0.97 (0.95 to 1.05) | 1.01 (0.89 to 1.10) |
+# | the same, fixed order (earlier run) | 1.05 (1.01 to 1.12) | 0.99 (0.96 to 1.03) |
+# | fused, section 5's prologues, shuffled | 0.38 | 0.39 |
+# | with QK-norm: fused, $dY$ written once, shuffled | 1.00 (0.92 to 1.13) | 1.02 (0.93 to 1.06) |
+# | with QK-norm: unfused from an angle table, shuffled | 1.01 (0.98 to 1.10) | 1.01 (0.93 to 1.07) |
+# | with QK-norm: fused, $dY$ written once, fixed order (three runs) | 0.91, 1.01, 1.02 | 1.03, 1.02, 1.03 |
+# | with QK-norm: unfused from an angle table, fixed order (third run) | 1.02 | 1.06 |
 # | with QK-norm: fused, the prologues (first run) | 0.246 | 0.255 |
 #
-# Without QK-norm the fused projection is faster at 8192 tokens in every round, and level at
-# 32768, in one run. With QK-norm, at 8192 tokens the first run's rounds all lie below 1 (0.85
-# to 0.98) and the later two are level or ahead; at 32768 tokens all three are ahead. But the
-# unfused pipeline is faster from an angle table than from angles, and the fused projection does
-# not beat that fastest pipeline. In the third run it is level at 8192 tokens (1.025 against
-# 1.017, the ranges of rounds overlapping) and behind at 32768 (1.033 against 1.059).
+# Shuffled, the fused projection is level with the unfused pipeline at both sizes: every range
+# of rounds reaches both sides of 1. The fixed-order run had it ahead at 8192 tokens in every
+# round; shuffled, that lead is gone, the order's doing (7.5). With QK-norm the unfused pipeline
+# is faster from an angle table than from angles, and the fused projection is level with that
+# fastest pipeline, shuffled (1.00 against 1.01, 1.02 against 1.01, the ranges overlapping) as in
+# the fixed-order runs, where it was at 8192 tokens below or level and at 32768 ahead of the
+# pipeline from angles, and behind the one from a table in the third run (1.033 against 1.059).
 # %%
 def read_rounds(path, name):
     """{(tokens, qk_norm, row[name]): row} of a rounds CSV measured on an H200."""
@@ -771,6 +782,15 @@ fwd_runs = [read_rounds(path, "variant") for path in FWD_RUNS]   # speed / cuBLA
 fwd = fwd_runs[0]
 dy = read_rounds(DY_ROUNDS, "provider")                # speed / unfused: unfused_ms_over_ms
 dy_norm = [read_rounds(path, "provider") for path in NORM_ROUNDS]
+# the latest forward+backward runs: rounds in a new order each (seed 0), without and with QK-norm
+DY_SHUFFLED = RESULTS / "qkv_dy_rounds-nvidia-h200-20261201-2315.csv"
+NORM_SHUFFLED = RESULTS / "qkv_dy_rounds_qk_norm-nvidia-h200-20261201-2315.csv"
+for path in (DY_SHUFFLED, NORM_SHUFFLED):
+    shuffled_meta = compare.read_meta(path)
+    assert (shuffled_meta["rounds_order"], str(shuffled_meta["rounds_seed"])) == ("shuffled", "0")
+assert all("rounds_order" not in compare.read_meta(path) for path in (DY_ROUNDS, *NORM_ROUNDS))
+dy_shuffled = read_rounds(DY_SHUFFLED, "provider")
+norm_shuffled = read_rounds(NORM_SHUFFLED, "provider")
 DY_ONCE, PROLOGUES = "fused, dY written, cuBLAS", "fused, prologues"
 NORM_ONCE, NORM_PROLOGUES = "fused, dY written, QK-norm", "fused, prologues, QK-norm"
 
@@ -780,18 +800,16 @@ FORWARD = [("cuBLAS, then ropelib's RoPE from a table (unfused)", seed1, False, 
            ("its GEMM alone, no epilogue", seed1, False, "GEMM, no epilogue", "tab:orange"),
            ("fused, from an angle table", seed1, False, "table, flag", "salmon"),
            ("fused, pointer-loaded (the first design)", seed1, False, "pointer kernel", "tab:gray")]
-BOTH = [("fused, dY written once (the default)", dy, False, DY_ONCE, "tab:red"),
-        ("fused, prologues (section 5)", dy, False, PROLOGUES, "tab:gray"),
-        ("QK-norm: fused, dY written once (first run)", dy_norm[0], True, NORM_ONCE, "tab:purple"),
-        ("QK-norm: the same (second run)", dy_norm[1], True, NORM_ONCE, "plum"),
-        ("QK-norm: the same (third run)", dy_norm[2], True, NORM_ONCE, "thistle"),
-        ("QK-norm: unfused from a table (third run)", dy_norm[2], True,
+BOTH = [("fused, dY written once (the default)", dy_shuffled, False, DY_ONCE, "tab:red"),
+        ("fused, prologues (section 5)", dy_shuffled, False, PROLOGUES, "tab:gray"),
+        ("QK-norm: fused, dY written once", norm_shuffled, True, NORM_ONCE, "tab:purple"),
+        ("QK-norm: unfused, from an angle table", norm_shuffled, True,
          "unfused, QK-norm, table", "tab:green"),
-        ("QK-norm: fused, prologues (first run)", dy_norm[0], True, NORM_PROLOGUES, "silver")]
-PANELS = [("forward (rounds in a new order each, seed 1): speed / cuBLAS alone's", FORWARD,
+        ("QK-norm: fused, prologues", norm_shuffled, True, NORM_PROLOGUES, "silver")]
+PANELS = [("forward: speed / cuBLAS alone's\n(rounds in a new order each, seed 1)", FORWARD,
            "cublas_ms_over_ms"),
-          ("forward + backward (rounds in a fixed order): speed / the unfused pipeline's", BOTH,
-           "unfused_ms_over_ms")]
+          ("forward + backward: speed / the unfused pipeline's\n(rounds in a new order each, "
+           "seed 0)", BOTH, "unfused_ms_over_ms")]
 
 
 def speed(rows, norm, name, column, tokens):
@@ -801,7 +819,7 @@ def speed(rows, norm, name, column, tokens):
 
 
 for title, bars, column in PANELS:
-    print(f"{title}, median of 7 rounds (range)")
+    print(f"{title.replace(chr(10), ' ')}, median of 7 rounds (range)")
     for label, rows, norm, name, _ in bars:
         print(f"  {label:46}" + "".join(
             "{:>8.3f} ({:.3f}-{:.3f})".format(*speed(rows, norm, name, column, t)) for t in TOKENS))
@@ -866,6 +884,12 @@ assert {v: [[round(run[t, "plain", v][0], 2) for run in shuffled_runs.values()] 
     "TMA, two heads": [[0.95, 0.96], [0.97, 0.97]], "unfused": [[0.95, 0.93], [0.96, 0.93]],
     "GEMM, no epilogue": [[0.98, 0.99], [1.01, 0.99]], "table, flag": [[0.95, 0.94], [0.98, 0.96]],
     "pointer kernel": [[0.73, 0.74], [0.75, 0.74]]}
+# the RoPE pass's share of the forward pipeline: 1 - (cuBLAS's time / cuBLAS + RoPE's), round by
+# round, medians of both runs at both sizes
+rope_share = [1 - run[t, "plain", "unfused"][0] for run in shuffled_runs.values() for t in TOKENS]
+print("the RoPE pass, share of the forward pipeline (seed 0 at 8192, 32768 tokens; seed 1 at "
+      "8192, 32768): " + ", ".join(f"{v:.1%}" for v in rope_share))
+assert (round(min(rope_share), 2), round(max(rope_share), 2)) == (0.04, 0.07)
 # from angles ahead of the unfused pipeline in both runs at both sizes, by 0.003 to 0.04, the
 # ranges of rounds overlapping every time; the table within 2 % of angles
 ahead = [run[t, "plain", "TMA, two heads"][0] - run[t, "plain", "unfused"][0]
@@ -957,8 +981,34 @@ assert all(r[32768, True, NORM_ONCE]["unfused_ms_over_ms"] > 1 for r in dy_norm)
 # QK-norm, the prologues (first run): 0.246 and 0.255
 assert [round(dy_norm[0][t, True, NORM_PROLOGUES]["unfused_ms_over_ms"], 3) for t in TOKENS] \
     == [0.246, 0.255]
-assert max(r["max_rel_diff"] for rows in (dy, *dy_norm) for r in rows.values()) <= 2.0**-5
-assert {r["rounds"] for rows in (*fwd_runs, seed1, dy, *dy_norm) for r in rows.values()} == {7}
+# the latest runs, rounds in a new order each: the fused projection level with the unfused
+# pipeline at both sizes (every range of rounds on both sides of 1), and with QK-norm level with
+# the fastest unfused pipeline (from an angle table), the ranges overlapping
+print("forward+backward, rounds shuffled (seed 0), speed over the unfused pipeline's (range):")
+for label, rows, norm, name in (("fused, dY written once", dy_shuffled, False, DY_ONCE),
+                                ("fused, prologues", dy_shuffled, False, PROLOGUES),
+                                ("QK-norm: fused, dY written once", norm_shuffled, True, NORM_ONCE),
+                                ("QK-norm: unfused from a table", norm_shuffled, True,
+                                 TABLE_UNFUSED)):
+    print(f"  {label:34}" + "".join("{:>8.3f} ({:.3f}-{:.3f})".format(
+        *speed(rows, norm, name, "unfused_ms_over_ms", t)) for t in TOKENS))
+assert of_unfused(dy_shuffled, DY_ONCE) == [0.97, 1.01]
+assert of_unfused(dy_shuffled, DY_ONCE, "low") == [0.95, 0.89]
+assert of_unfused(dy_shuffled, DY_ONCE, "high") == [1.05, 1.1]
+assert all(dy_shuffled[t, False, DY_ONCE]["low"] < 1 < dy_shuffled[t, False, DY_ONCE]["high"]
+           for t in TOKENS)
+assert of_unfused(dy_shuffled, PROLOGUES) == [0.38, 0.39]
+assert of_unfused(norm_shuffled, NORM_ONCE) == [1.0, 1.02]
+assert of_unfused(norm_shuffled, TABLE_UNFUSED) == [1.01, 1.01]
+assert all(norm_shuffled[t, True, NORM_ONCE]["low"] < norm_shuffled[t, True, TABLE_UNFUSED]["high"]
+           and norm_shuffled[t, True, TABLE_UNFUSED]["low"] < norm_shuffled[t, True, NORM_ONCE]["high"]
+           for t in TOKENS)
+# the fixed-order run's lead at 8192 tokens (every round above 1) is not there shuffled
+assert dy[8192, False, DY_ONCE]["low"] > 1 > dy_shuffled[8192, False, DY_ONCE]["low"]
+assert max(r["max_rel_diff"] for rows in (dy, *dy_norm, dy_shuffled, norm_shuffled)
+           for r in rows.values()) <= 2.0**-5
+assert {r["rounds"] for rows in (*fwd_runs, seed1, dy, *dy_norm, dy_shuffled, norm_shuffled)
+        for r in rows.values()} == {7}
 
 # %% [markdown]
 # ![On an NVIDIA H200: the shipped forward's speed over cuBLAS's in rounds of a new order each (from angles, from a table, its GEMM alone, the pointer-loaded first design, and cuBLAS then RoPE), and forward+backward over the unfused pipeline's (dY written once, the prologues, with and without QK-norm)](../figures/12-qkv-projection-measured.png)
@@ -1399,12 +1449,12 @@ assert dw_shared[wide] == (192 * 1024, 96 * 1024)
 #
 # | the backward | 8192 tokens | 32768 tokens |
 # |---|---|---|
-# | prologues in ropelib's dX and dW | 0.39 | 0.39 |
-# | $dY$ written once, then the same Triton GEMMs without their rotation | 0.51 | 0.51 |
-# | $dY$ written once, then cuBLAS | 1.05 | 0.99 |
+# | prologues in ropelib's dX and dW | 0.38 | 0.39 |
+# | $dY$ written once, then the same Triton GEMMs without their rotation | 0.49 | 0.50 |
+# | $dY$ written once, then cuBLAS | 0.97 | 1.01 |
 #
-# At the same GEMMs, writing $dY$ once is already faster than re-forming it; with cuBLAS's
-# GEMMs it is 2.7 and 2.5 times as fast as the prologues. That is `qkv_rope_linear`'s default
+# (the shuffled run). At the same GEMMs, writing $dY$ once is already faster than re-forming it;
+# with cuBLAS's GEMMs it is 2.6 times as fast as the prologues at both sizes. That is `qkv_rope_linear`'s default
 # (`backward="dy"`; `backward="prologue"` keeps section 5's design).
 #
 # **With QK-norm** the prologue must undo the norm too. Timed alone at 8192 tokens, dX with the
@@ -1416,11 +1466,12 @@ assert dw_shared[wide] == (192 * 1024, 96 * 1024)
 # %%
 WAYS = (PROLOGUES, "fused, dY written, Triton", DY_ONCE)
 for way in WAYS:
-    print(f"{way:28}" + "".join(f"{dy[t, False, way]['unfused_ms_over_ms']:8.3f}" for t in TOKENS))
-assert [of_unfused(dy, way) for way in WAYS] == [[0.39, 0.39], [0.51, 0.51], [1.05, 0.99]]
-once_over_prologues = [dy[t, False, DY_ONCE]["unfused_ms_over_ms"]
-                       / dy[t, False, PROLOGUES]["unfused_ms_over_ms"] for t in TOKENS]
-assert [round(v, 1) for v in once_over_prologues] == [2.7, 2.5]
+    print(f"{way:28}" + "".join(f"{dy_shuffled[t, False, way]['unfused_ms_over_ms']:8.3f}"
+                                for t in TOKENS))
+assert [of_unfused(dy_shuffled, way) for way in WAYS] == [[0.38, 0.39], [0.49, 0.5], [0.97, 1.01]]
+once_over_prologues = [dy_shuffled[t, False, DY_ONCE]["unfused_ms_over_ms"]
+                       / dy_shuffled[t, False, PROLOGUES]["unfused_ms_over_ms"] for t in TOKENS]
+assert [round(v, 1) for v in once_over_prologues] == [2.6, 2.6]
 
 # with QK-norm, the dX and dW kernels timed alone (8192 tokens): the norm's spill at the plain
 # dX tile, none at its own
@@ -1473,6 +1524,10 @@ assert [round(alone[k, shipped[k], True], 2) for k in ("dx", "dw")] == [1.74, 2.
 # a kernel's predecessor does to it (its clock, the power drawn just before; not L2, which
 # `do_bench` clears) is not measured here. For any benchmark in rounds: a fixed order is a
 # variable, and the one to vary before believing a few per cent.
+#
+# The forward+backward runs teach the same. In the fixed order the fused projection was ahead
+# of the unfused pipeline at 8192 tokens in all seven rounds (1.01 to 1.12); shuffled, its
+# rounds span 0.95 to 1.05 and its median is 0.97 (7.1's table).
 
 # %%
 by_order = {"shuffled": shuffled_runs["seed 0"], "fixed": printed_run("fixed", "0729")}
@@ -1678,15 +1733,16 @@ else:
 # ## Summary
 #
 # - A RoPE pass after the projection moves a copy's worth of bytes. Fusing it saves that pass
-#   and nothing more: on an H100, 6 to 11 % of the pipeline. On the H200 the committed timings
-#   do not resolve that share; ropelib's RoPE alone runs at 0.988 of a copy's speed there.
+#   and nothing more: on the H200, 4 to 7 % of the forward pipeline, timed against cuBLAS alone
+#   round by round (7.1); on an H100, 6 to 11 % (section 1). ropelib's RoPE alone runs at 0.988
+#   of a copy's speed on the H200.
 # - An epilogue works on the finished output tile in registers, before its one store;
 #   rotate-half needs each tile to hold whole heads. A backward prologue re-forms $dY$ in every
 #   column block, so `qkv_rope_linear` writes $dY$ once and hands dX and dW to cuBLAS.
-# - On an H200 the shipped forward is level with cuBLAS + RoPE. In one run of fixed-order rounds
-#   its forward+backward was faster at 8192 tokens and level at 32768; with QK-norm it is level
-#   with or behind the fastest unfused pipeline (cuBLAS, then `qk_norm_rope` from an angle
-#   table).
+# - On an H200 the shipped projection is level with cuBLAS + RoPE, forward and forward+backward
+#   (rounds in a new order each; a fixed order had put it 5 % ahead at 8192 tokens); with
+#   QK-norm it is level with the fastest unfused pipeline (cuBLAS, then `qk_norm_rope` from an
+#   angle table).
 # - A fused kernel is only as fast as its main loop (a persistent TMA loop runs near cuBLAS,
 #   pointer loads did not), its registers (read off a compile, on a CPU) and its backward.
 # - A fixed order of a benchmark's rounds moved the variants by up to 15 %: vary it.
