@@ -300,9 +300,18 @@ def rope_cell(x, freqs, *, backward=False):
 # it asserts is a wide one, that the backward does not take half as long again as the forward.
 # Next it reads the committed H200 run of the same kernel, which times a whole step:
 # `torch.autograd.grad` through an `autograd.Function` like the one in section 3 (forward
-# kernel, autograd graph, backward kernel), together with the forward alone. For a 1 GiB bf16 tensor the step takes 2.00x the forward,
-# which is what the equal byte counts predict. For a 32 MiB tensor it takes 5.05x. Discussion
-# question 1 asks why.
+# kernel, autograd graph, backward kernel), together with the forward alone. For a 1 GiB bf16
+# tensor the step takes 2.00x the forward, which is what the equal byte counts predict. For a
+# 32 MiB tensor it takes 5.05x.
+#
+# The same run at every batch of $s = 4096$ says why. At batch 1 and 2 (32 and 64 MiB) the step
+# takes about the same time, 427 and 378 µs, though its bytes double, and its 20 % and 80 %
+# quantiles lie a third or more of the median apart. From batch 4 (128 MiB) on it takes twice
+# the forward, to 2 %, and its quantiles lie at most 4 % apart. A time that does not grow with the
+# tensor and swings from call to call is not the kernels': it is the host's, issuing the
+# forward, building autograd's graph and issuing the backward. At 64 MiB and below that host
+# work takes longer than the two kernels, and the step waits for it. Notebook 07 (section 7)
+# times the host and the kernels of such a step apart.
 
 # %%
 torch.manual_seed(0)
@@ -353,6 +362,27 @@ print(f"[{small['seq_len']}, {small['batch']}, {small['heads']}, {small['head_di
       f"{small['fwdbwd_ms'] / small['fwd_ms']:.2f}x the forward")
 assert n_small == 32 * 2**20 and small["dtype"] == "bf16"                   # 32 MiB
 assert f"{small['fwdbwd_ms'] / small['fwd_ms']:.2f}" == "5.05"
+
+# the same run at every batch of s = 4096: the step's time, its 20-80 % quantiles, and its
+# ratio to the forward
+by_batch = {r["batch"]: r for r in gen_rows if r["provider"] == "ropelib_batch_reuse"
+            and r["case"] == f"batch-{r['batch']}"}
+print(f"\n{'batch':>5} {'MiB':>5} {'forward us':>11} {'step us':>9} {'step 20-80 % us':>16} "
+      f"{'spread':>7} {'step / forward':>15}")
+spread = {}
+for b_, r in sorted(by_batch.items()):
+    spread[b_] = (r["fwdbwd_ms_p80"] - r["fwdbwd_ms_p20"]) / r["fwdbwd_ms"]
+    print(f"{b_:5d} {32 * b_:5d} {r['fwd_ms'] * 1e3:11.1f} {r['fwdbwd_ms'] * 1e3:9.1f} "
+          f"{r['fwdbwd_ms_p20'] * 1e3:7.1f}-{r['fwdbwd_ms_p80'] * 1e3:<8.1f} {spread[b_]:7.1%} "
+          f"{r['fwdbwd_ms'] / r['fwd_ms']:15.2f}")
+step_us = {b_: round(r["fwdbwd_ms"] * 1e3) for b_, r in by_batch.items()}
+# batch 1 and 2: about the same step for twice the bytes, and quantiles a quarter or more apart
+assert sorted(by_batch) == [1, 2, 4, 8, 16]
+assert (step_us[1], step_us[2]) == (427, 378) and all(spread[b_] > 0.3 for b_ in (1, 2))
+# from batch 4 on: twice the forward, to 2 %, and quantiles within 1 % (batch 8: 4 %)
+assert all(abs(by_batch[b_]["fwdbwd_ms"] / by_batch[b_]["fwd_ms"] / 2 - 1) < 0.02
+           for b_ in (4, 8, 16))
+assert [round(100 * spread[b_]) for b_ in (4, 8, 16)] == [1, 4, 0]
 
 # %% [markdown]
 # ## 3. A `torch.autograd.Function`
@@ -737,12 +767,10 @@ solution(ex.SolutionRopeFunction)
 # %% [markdown]
 # ## Questions for discussion
 #
-# 1. The backward reads and writes exactly the bytes of the forward, and at 1 GiB a
-#    forward+backward step takes 2.00x the forward. Why does the same committed run show 5.05x
-#    for a 32 MiB tensor (section 2's check cell prints both)? The step is `torch.autograd.grad`
-#    through an `autograd.Function` (section 2 describes it). What runs in it besides the two
-#    kernels, and which of that grows with the tensor? (Notebook 07, section 6.2, measures the
-#    host's share of such a step.)
+# 1. Section 2 found the step host-bound at 64 MiB and below, and not from 128 MiB, on the
+#    H200's host. Would a faster CPU move that size up or down? Would a faster GPU? Which of the
+#    two would make a small model train faster, and how would you check your answer with one
+#    CUDA graph?
 # 2. With TE's `cat(f, f)` table, "negate the sines" and "swap and negate the sines" give the
 #    same results. Why did ropelib keep the swap? What would break, and where would you notice?
 # 3. `ctx.save_for_backward(freqs)` keeps a reference to a table shared by every layer. What
