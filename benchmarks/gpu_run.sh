@@ -39,6 +39,8 @@
 #                                                # Compute, warp states and cycles (~1 min)
 #   bash benchmarks/gpu_run.sh ladder_stalls-ncu  # notebook 05's ladder rungs under Nsight Compute:
 #                                        # warp states, occupancy, L1/L2 traffic (~1 min)
+#   bash benchmarks/gpu_run.sh qk_norm-ncu  # QK-norm + RoPE forward+backward's kernels at two
+#                                        # shapes of the same bytes under Nsight Compute (~1 min)
 #   bash benchmarks/gpu_run.sh naive_warps-ncu  # notebook 03's naive kernel at 1, 2, 4, 8 warps
 #                                               # under Nsight Compute, beside a row move (~1 min)
 #   bash benchmarks/gpu_run.sh te-ncu    # Transformer Engine's fused kernel (installed first)
@@ -215,7 +217,7 @@ lts__t_sector_hit_rate.pct,l1tex__t_sector_hit_rate.pct,launch__grid_size \
                 echo "=== tables: no ncu on this machine: the Nsight Compute part is skipped"
             fi
             step hf-tables "$PY" benchmarks/hf_tables_probe.py ;;
-        decode-ncu|puzzle9-ncu|te-ncu|mrope_angles-ncu|naive_warps-ncu|ladder_stalls-ncu)
+        decode-ncu|puzzle9-ncu|te-ncu|mrope_angles-ncu|naive_warps-ncu|ladder_stalls-ncu|qk_norm-ncu)
             # a probe's launches under Nsight Compute with the warp-state metrics
             # (compare.WARP_STATE_METRICS): decode-ncu, ropelib's decode kernel (angles, and a
             # cos/sin table) beside torch.compile's kernel of Hugging Face's formula
@@ -226,7 +228,8 @@ lts__t_sector_hit_rate.pct,l1tex__t_sector_hit_rate.pct,launch__grid_size \
             # multi-axis kernels and ropelib's (benchmarks/mrope_angles_ncu.py); naive_warps-ncu,
             # notebook 03's naive kernel at 1, 2, 4 and 8 warps (benchmarks/naive_warps_ncu.py);
             # ladder_stalls-ncu, notebook 05's ladder rungs at b = 8 and b = 1
-            # (benchmarks/ladder_stalls_ncu.py)
+            # (benchmarks/ladder_stalls_ncu.py); qk_norm-ncu, QK-norm + RoPE forward+backward at
+            # b8 s4096 and b2 s16384 (benchmarks/qk_norm_ncu.py)
             probe=${what%-ncu}_ncu
             # NCU_CLOCK=none: the clock left free (Nsight Compute locks it to base unless told);
             # the file's name says so
@@ -295,7 +298,7 @@ print('# what: Nsight Compute (--profile-from-start off --csv${NCU_CLOCK:+ --clo
                 ${ONLY:+--only "$ONLY"}
             [ -n "${OUT:-}" ] && tar czf "$OUT/executed-$tag.tar.gz" -C "$executed" . ;;
         *)
-            echo "unknown step: $what (tests, targets, floor, two-pass, decode, decode-ncu, puzzle9-ncu, te-ncu, mrope_angles-ncu, naive_warps-ncu, ladder_stalls-ncu, model, sweeps, ablation, ladder, features, qkv-backward, qkv-mainloop, qkv-forward-ab, qkv-table-flag, tables, fwdbwd, fwdbwd-mid, probes, course, notebooks)"; exit 2 ;;
+            echo "unknown step: $what (tests, targets, floor, two-pass, decode, decode-ncu, puzzle9-ncu, te-ncu, mrope_angles-ncu, naive_warps-ncu, ladder_stalls-ncu, qk_norm-ncu, model, sweeps, ablation, ladder, features, qkv-backward, qkv-mainloop, qkv-forward-ab, qkv-table-flag, tables, fwdbwd, fwdbwd-mid, probes, course, notebooks)"; exit 2 ;;
     esac
 done
 exit $rc

@@ -143,6 +143,15 @@ def test_ladder_stalls_profile_every_rung_and_list_their_metrics(benchmark, caps
     assert len(listed) == len(set(listed))
 
 
+def test_qk_norm_profile_checks_both_shapes_and_lists_its_metrics(benchmark, capsys):
+    probe = benchmark("qk_norm_ncu")
+    assert probe.main(["--check"]) == 0
+    assert "check: b2 s8, b1 s16 agree (cpu)" in capsys.readouterr().out
+    assert probe.main(["--metrics"]) == 0
+    listed = capsys.readouterr().out.strip().split(",")
+    assert "lts__t_sector_op_read_hit_rate.pct" in listed and len(listed) == len(set(listed))
+
+
 def test_model_host_probe_parts_leave_ropelib_as_it_was(benchmark, capsys, tmp_path):
     """--parts times ropelib with its launches removed and with a trivial backward, patched only
     while each variant runs: afterwards ropelib's eager route is the one it was."""
