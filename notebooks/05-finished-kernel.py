@@ -739,7 +739,7 @@ for s_, b_ in ((16, 64), (4096, 8)):
 # TE's angle tables repeat every frequency in both halves (`cat([f, f])`), so for rotate-half
 # $\theta_a = \theta_b$ and the second half's sin/cos are the first's. A program compares the two
 # halves of the rows it loaded, bit for bit, and when they are equal evaluates sin/cos once per
-# pair: half the special-function work. A batch loop amortises that work less than the source
+# pair: half the sin/cos work. A batch loop amortises that work less than the source
 # suggests: in the 8-warp launch at $b = 8$ every thread along the head axis evaluates the
 # sin/cos of its own angles, and the shortcut removes a quarter of rung 5's instructions
 # (section 5 counts them); with $b = 1$ (or packed sequences) the work is paid per row. The
@@ -1032,7 +1032,9 @@ else:
 # measured it: for the rungs compared below at $s = 4096$, $b = 8$ the 20 % and 80 % quantiles
 # lie at most 1.2 % of the median apart, so a step of three or five points is real and one of a
 # point or so is not. The Nsight Compute profile of each rung (the mechanism CSV of section 1)
-# says what a step changes in the counters; where it does not explain a step, the text says so.
+# says what a step changes in the counters, and a second profile after the checks ("Where the
+# rungs spend their cycles") says where each rung's cycles went; where neither explains a
+# step, the text says so.
 #
 # ![The ladder on an NVIDIA H200: % of a copy per rung](../figures/05-ladder-waterfall.png)
 #
@@ -1050,16 +1052,14 @@ else:
 #   already launches 16,384 programs of one token's 8 heads at 93.1 % of a copy; packing 4
 #   tokens into each of 4,096 programs gains nothing. At $b = 1$ it *loses* 6.1 points, 75.9 →
 #   69.8 %, on the same grid, warps and tile shape as the heads rung: the two kernels differ only
-#   by the tile's token axis. The profile after this cell finds both bound by issuing
-#   instructions at $b = 1$, the tile rung with 3 % more of them at lower occupancy. Fewer heads
-#   still, or $d = 64$, were not timed.
+#   by the tile's token axis. The profile after this cell accounts for about half of that step.
+#   Fewer heads still, or $d = 64$, were not timed.
 # - **The chunks rung** launches, at $s = 4096$, $b = 8$, the same 4,096 programs as the warps
 #   rung (the grid is already full), each still looping over the whole batch, with about as many
 #   warp instructions per element and the same DRAM reads (to 0.02 %). Yet it costs about three
-#   points. Its DRAM bytes are 0.99 of the model against the warps rung's 0.96, only in the
-#   writes. A kernel is counted for the writes that reach DRAM before it ends (output still in
-#   L2 is written back later): even the copy is counted at 0.954, 243.7 MB of writes for 268.4
-#   MB of `y`. The profile after this cell finds those extra writes are most of the step.
+#   points. Its DRAM bytes are 0.99 of the model against the warps rung's 0.96, the difference
+#   all in the writes (even the copy is counted at 0.954, 243.7 MB of writes for 268.4 MB of
+#   `y`); the profile after this cell says what those writes are and what they cost.
 # - **Accurate sin/cos (rung 5)** is the same machine code as rung 4 with the H200 run's Triton,
 #   so that step is zero but for noise: on that Triton it is insurance for others.
 # - **The equal-halves shortcut** gains about five points, 5.5 at $s = 4096$, $b = 8$ and 5.1
@@ -1068,8 +1068,7 @@ else:
 #   opcode profile below). But issuing instructions is not what limits these kernels: Nsight
 #   Compute's SM throughput (the busiest unit of the SM, as a share of its peak) is 34.3 % for
 #   rung 5 and 28.0 % for rung 6. So the instructions saved do not by themselves explain the
-#   gain: the profile after this cell splits it into a faster DRAM rate and writes that land
-#   after the kernel again, as in the warps rung.
+#   gain; the profile after this cell splits it in two.
 # - **At $b = 1$, 8 warps lose over two fifths** of the 4-warp tile rung's speed. With no batch
 #   loop a program pays its sin/cos for every row, and if it lays the tile out as at $b = 8$,
 #   each of the 32 threads along the head axis pays it. The 8-warp rung executes 1.85 warp
@@ -1077,8 +1076,8 @@ else:
 #   profiled at this size: here the work comes near a limit. The chunks rung (4 warps again, but
 #   16,384 programs of two tokens) executes 7.6 times fewer, 0.24 per element — fewer than its
 #   sin/cos alone would take if each thread evaluated the angles of its own elements. So it lays
-#   out its cos/sin tile another way. The profile after this cell counts the sin and cos
-#   instructions: the warps rung evaluates each 32 times, the chunks rung once.
+#   out its cos/sin tile another way; the profile after this cell counts how often each rung
+#   evaluates every sin and cos.
 # - **`finished kernel (forced)`** (the CSV's `ropelib`) is `ropelib.apply_rope` with its route
 #   forced to the finished kernel: every feature of section 3's list compiled in, on rung 6's
 #   launch (at $s = 4096$, $b = 8$, `_rope_kernel` on 4,096 programs of 8 warps). With a batch
@@ -1091,10 +1090,11 @@ else:
 #   Timed as two variants of the finished kernel
 #   (`benchmarks/results/finished_kernel_knobs-*.csv`), `x` first is the faster at $s = 4096$,
 #   $b = 1$ (0.931 of a copy against 0.892) and the slower at $s = 1024$, $b = 8$, where each
-#   program loops over 8 entries (0.804 against 0.835). The profile after this cell measures
-#   what the order changes, the machine code below how. Against the chunks rung, the profiled
-#   rung of the same grid and warps at $b = 1$, it holds 128 registers a thread to 102, yet both fit 4
-#   programs (16 warps) on an SM: the registers cost no occupancy (24 % against 22 % achieved).
+#   program loops over 8 entries (0.804 against 0.835). The profile after this cell compares
+#   it with rung 6 at $b = 1$; the machine code below shows the order. Against the chunks rung,
+#   the rung of the mechanism CSV with the same grid and warps at $b = 1$, it holds 128
+#   registers a thread to 102, yet both fit 4 programs (16 warps) on an SM: the registers cost
+#   no occupancy (24 % against 22 % achieved).
 # - **`apply_rope (as planned)`** (the CSV's `ropelib_planned`) is `ropelib.apply_rope` as a
 #   user calls it. At the three 256 MiB sizes (eager, with an angle table) it takes section 6's
 #   two-pass route: faster than the finished kernel in both $b = 8$ panels, the fastest bar at
@@ -1168,7 +1168,7 @@ if LADDER_CSV.exists():
     # notebook measured a mechanism for it
     MECHANISM = {
         "heads": "measured: programs, bytes in flight (sections 1-2)",
-        "tile": "b = 8: no step; b = 1: issue-bound, 3 % more instructions (profile below)",
+        "tile": "b = 8: no step; b = 1: 3 % more instructions at a lower issue rate (below)",
         "warps": "each sin/cos evaluated 32 times, not 16 (profile below)",
         "chunks": "b = 1: each sin/cos once; b = 8: 16 MB more written in its time",
         "accurate": "none: the same machine code (Triton 3.6)",
@@ -1356,19 +1356,29 @@ if LADDER_CSV.exists():
 # finished kernel last, at $s = 4096$, $b = 8$ and at $s = 32768$, $b = 1$, each under Nsight
 # Compute with the **warp states**: for every instruction a scheduler issued, how many warps
 # were waiting and on what (`long_scoreboard`: a load from memory; `barrier`; the math pipes;
-# ...). From the same profile the cell derives three numbers per kernel:
+# ...). From the same profile the cell derives, per kernel:
 #
-# - **DRAM rate**: the bytes the kernel read from and wrote to DRAM while it ran, over its time;
-#   the copy's is the most this GPU gave;
-# - **issuing**: the share of cycles in which a scheduler issued an instruction. Near 100 % the
-#   kernel is bound by its instructions; far below, by memory;
-# - **copies of each sin/cos**: the sin and cos instructions the SFU (Nsight Compute's XU pipe)
-#   ran, over the ones the tile needs ($S \cdot 64$ angles, sin and cos, 32 to a warp
-#   instruction). It counts `tl.sin`/`tl.cos`, which run there, so it is read for the rungs
-#   that call them (`heads` to `accurate`).
+# - **DRAM rate**: the bytes the kernel read from and wrote to DRAM while it ran, over its time.
+#   The copy's, 4.11 TB/s under the profiler, is the most any kernel here reached;
+# - **issuing**: the share of cycles in which a scheduler issued an instruction (it can issue
+#   one a cycle). Near 100 % the instructions set the kernel's pace; far below, its warps spend
+#   most cycles waiting;
+# - **waiting on memory**: how many warps, on average, waited for a load from memory
+#   (`long_scoreboard`) per instruction issued. Fewer instructions issued raise it by
+#   themselves, so it compares kernels that issue at similar rates;
+# - **copies of each sin/cos**: the instructions the XU pipe ran (Nsight Compute's unit for
+#   conversions and special functions), over $S \cdot 64 \cdot 2 / 32$: $S \cdot 64$ angles, a
+#   sin and a cos each, 32 to a warp instruction. `tl.sin` and `tl.cos` compile here to
+#   libdevice's routines, FMA arithmetic (the opcode profile below) but for one float-to-integer
+#   conversion in each one's argument reduction, which runs on the XU pipe. So the count is how
+#   many times each sin and cos was evaluated. It is read for the rungs that evaluate both
+#   halves' angles (`heads` to `accurate`); rung 6 evaluates one half.
 #
-# The profiler locks the SM clock to its base, so a kernel bound by instructions takes longer
-# here than when timed; a kernel bound by memory takes about its timed time.
+# Nsight Compute locks the SM clock to its base, below the clock the timed runs get. A kernel
+# whose instructions set its pace takes longer here than when timed: at $b = 1$ the heads rung
+# takes 214.3 µs here and 175.8 µs timed. One that waits on memory takes about its timed time:
+# the chunks rung 151.1 µs here and 150.1 µs timed. The shares of cycles are read at the base
+# clock too.
 
 # %%
 STALLS_CSV = measured.RESULTS / "ladder_stalls_ncu-nvidia-h200-20261201-2309.csv"
@@ -1478,43 +1488,81 @@ assert [r(b1[n]["tb_s"], 2) for n in ("chunks", "equal_halves", "finished", "cop
 # x first (the finished kernel at b = 1): fewer warps waiting on memory per instruction issued
 assert [r(b1[n]["waiting_on_memory"]) for n in ("equal_halves", "finished")] == [11.1, 6.2]
 
+# the profiler's base clock against the timed runs (benchmarks/ladder.py's CSV), at b = 1: the
+# heads rung, paced by its instructions, slower under the profiler; the chunks rung about the same
+timed_b1 = {n: t["ms"] * 1e3 for n, t in measured.timings("ladder", "s32768-b1").items()}
+print(f"b = 1, profiled at the base clock against timed: heads {b1['heads']['us']:.1f} against "
+      f"{timed_b1['heads']:.1f} us, chunks {b1['chunks']['us']:.1f} against "
+      f"{timed_b1['chunks']:.1f} us")
+assert [r(b1[n]["us"]) for n in ("heads", "chunks")] == [214.3, 151.1]
+assert [r(timed_b1[n]) for n in ("heads", "tile", "chunks")] == [175.8, 191.1, 150.1]
+# the same profile at the GPU's own clock (Nsight Compute told to leave it alone): the tile
+# rung's step as the timed runs see it, and the instructions over the issue rate predict it
+FREE_CSV = measured.RESULTS / "ladder_stalls_ncu-nvidia-h200-20261201-2335-clock-none.csv"
+free_kernels = measured.ncu_kernels(FREE_CSV)
+assert "--clock-control none" in compare.read_meta(FREE_CSV)["what"]
+assert [k["kernel"] for k in free_kernels] == [k["kernel"] for k in stall_kernels]
+free = {n: cycles(free_kernels[len(STALL_NAMES) + j]["metrics"], STALL_CASES["s32768-b1"])
+        for j, n in enumerate(STALL_NAMES)}
+free_more = free["tile"]["inst_m"] / free["heads"]["inst_m"]
+free_predicted = free_more * free["heads"]["issuing"] / free["tile"]["issuing"]
+print(f"b = 1 at the GPU's own clock, tile against heads: {free['tile']['us']:.1f} against "
+      f"{free['heads']['us']:.1f} us, issuing {free['heads']['issuing']:.0%} -> "
+      f"{free['tile']['issuing']:.0%}: predicted {free_predicted:.3f}x the time, profiled "
+      f"{free['tile']['us'] / free['heads']['us']:.3f}x, timed "
+      f"{timed_b1['tile'] / timed_b1['heads']:.3f}x")
+assert [r(free[n]["us"]) for n in ("heads", "tile")] == [173.7, 188.5]
+assert [round(100 * free[n]["issuing"]) for n in ("heads", "tile")] == [77, 73]
+assert (r(free_predicted, 2), r(free["tile"]["us"] / free["heads"]["us"], 2),
+        r(timed_b1["tile"] / timed_b1["heads"], 2)) == (1.09, 1.08, 1.09)
+
 # %% [markdown]
 # **What the profile says, step by step.**
 #
-# - **At $b = 8$ the memory system sets the pace from the heads rung on.** The heads, tile and
-#   warps rungs take 145 to 147 µs at 3.51 to 3.56 TB/s of DRAM, while their warp instructions
-#   grow by 45 % and the schedulers issue in 32 % to 46 % of their cycles. Instructions that
-#   fit in idle issue slots cost no time.
-# - **The chunks rung is not slower at moving bytes.** Its DRAM rate is the warps rung's (3.50
-#   against 3.51 TB/s) and it executes 3 % more instructions. But 16.1 MB more of its writes
-#   reach DRAM while it runs. At its rate those take 4.6 µs of its 5.0 µs extra. The rest of a
-#   kernel's `y` is still in the L2 cache when it ends and is written back after it, outside
-#   its time: even the copy is counted for 244.2 MB of its 268.4 MB. So this step measures
-#   where the write-back lands, not a kernel that does more. Why the chunks rung's programs
-#   leave less of `y` in the L2 at the end was not measured.
-# - **The equal-halves step is both.** Its writes fall back to the warps rung's 246.9 MB, and its
-#   DRAM rate rises from 3.49 to 3.65 TB/s with 24 % fewer instructions (issuing 46 % → 38 %).
-#   Moved at the new rate, the accurate rung's bytes would take 6.6 µs less; the 16.4 MB of
-#   writes account for the other 4.5 µs. Its warps wait on memory more per instruction issued
-#   (14.5 against 10.7): less work stands between one load and the next. The profile does not
-#   split the rate's gain further.
-# - **The finished kernel against rung 6** at $b = 8$: 1.9 µs more. It writes 4.2 MB more inside
-#   its time, 1.2 µs at its rate, and executes 7 % more instructions.
-# - **At $b = 1$ the heads, tile and warps rungs are bound by issuing.** The schedulers issue in
-#   74 % to 80 % of their cycles, and every sin and cos is evaluated 16 times (heads, tile) or 32
-#   times (warps): with no batch loop, that work is paid for every row. The tile of tokens
-#   executes 3 % more instructions at 41.4 % occupancy against 47.3 %. Instructions over the
-#   issue rate predict 1.043 times the heads rung's time, and the profiler measures 1.041. Timed
-#   at the GPU's own clock the step is larger (69.8 % against 75.9 % of a copy, 1.087 times the
-#   time): the profile accounts for about half of it.
-# - **The chunks rung evaluates each sin and cos once** at $b = 1$: 7.6 times fewer instructions
-#   than the warps rung. From there on, the schedulers issue in 29 % to 36 % of cycles and memory
-#   sets the pace again: 3.53 TB/s, then 3.69 with equal halves, then 3.99 for the finished
-#   kernel, 0.97 of the copy's 4.11.
-# - **`x` first** is that last step. The finished kernel loads `x` before its table work at $b = 1$.
-#   Its warps wait on memory 6.2 times per instruction issued against rung 6's 11.1, so the
-#   loads of `x` and of the angles are in flight together. The machine code below shows the
-#   order that does it.
+# - **At $b = 8$, from the heads rung on, instructions do not set the pace.** The heads, tile
+#   and warps rungs take 145 to 147 µs at 3.51 to 3.56 TB/s of DRAM while their warp
+#   instructions grow by 45 %, and the schedulers issue in only 32 % to 46 % of their cycles:
+#   the extra instructions fill idle issue slots. What holds these kernels near 3.5 TB/s,
+#   below the copy's 4.11, the profile does not say.
+# - **The chunks rung moves bytes at the warps rung's rate, but more of them.** Its DRAM rate is
+#   the warps rung's (3.50 against 3.51 TB/s) and it executes 3 % more instructions. But 16.1 MB
+#   more of its writes reach DRAM while it runs; at its rate those take 4.6 µs of its 5.0 µs
+#   extra. A kernel is counted only for the writes that reach DRAM before it ends: the rest of
+#   its `y` is still in the L2 cache then and is written back after it, outside its time (this
+#   profile counts even the copy for 244.2 MB of its 268.4 MB). So the step is writes landing
+#   inside the kernel's time instead of after it, not more work per element. Why the chunks
+#   rung's programs leave less of `y` in the L2 when the kernel ends was not measured.
+# - **The equal-halves step has two parts.** Its counted writes fall back to the warps rung's
+#   246.9 MB, 16.4 MB fewer than the accurate rung's, and its DRAM rate rises from 3.49 to 3.65
+#   TB/s with 24 % fewer instructions (issuing 46 % → 38 %). Moved at the new rate, the accurate
+#   rung's bytes would take 6.6 µs less; the 16.4 MB of writes account for the other 4.5 µs of
+#   the 11.1. Why the rate rises the profile does not show: its warps wait on memory more per
+#   instruction issued (14.5 against 10.7), but with fewer instructions issued that ratio rises
+#   by itself.
+# - **The finished kernel against rung 6** at $b = 8$: 1.9 µs more, of which its 4.2 MB more
+#   writes inside its time take 1.2 µs at its rate; it executes 7 % more instructions.
+# - **At $b = 1$ the heads, tile and warps rungs are paced by their instructions.** The
+#   schedulers issue in 74 % to 80 % of their cycles, and every sin and cos is evaluated 16
+#   times (heads, tile) or 32 times (warps). At $b = 8$ the same evaluations serve 8 batch
+#   entries; at $b = 1$ each serves one row. The tile of tokens executes 3 % more instructions,
+#   at 41.4 % occupancy against 47.3 %. Its instructions over its issue rate predict 1.043 times
+#   the heads rung's time, and the profiler measures 1.041. Timed at the GPU's own clock the
+#   step is larger, 69.8 % against 75.9 % of a copy (191.1 against 175.8 µs, 1.09 times).
+#   Profiled again at that clock (Nsight Compute told to leave it alone), the two take 173.7
+#   and 188.5 µs and issue in 77 % and 73 % of cycles (80 % and 79 % at the base clock), and
+#   instructions over issue rate predict 1.09 times, as timed. So the whole step is the tile
+#   rung's 3 % more instructions, issued at a lower rate at its lower occupancy; why the rate
+#   falls further at the faster clock was not measured.
+# - **The chunks rung evaluates each sin and cos once** at $b = 1$, with 7.6 times fewer
+#   instructions than the warps rung. From there on the schedulers issue in 29 % to 36 % of
+#   their cycles and the DRAM rate climbs: 3.53 TB/s, 3.69 with equal halves, 3.99 for the
+#   finished kernel, against the copy's 4.11.
+# - **The finished kernel against rung 6 at $b = 1$**, where it loads `x` before its table
+#   work: its warps wait on memory 6.2 times per instruction issued against rung 6's 11.1, a
+#   drop far larger than its busier schedulers (36 % of cycles against 30 %) make by themselves.
+#   That fits loads of `x` in flight while the angles are computed. The two kernels differ in
+#   more than the order (section 3's features), so the profile does not isolate it: the two
+#   timed variants above do, and the machine code below shows what the order changes.
 
 # %% [markdown]
 # **The load order, in the machine code.** Which loads a program issues before the arithmetic
@@ -1722,7 +1770,9 @@ assert abs(mech_extra - sum(per_tile["fin"].values()) / sum(per_tile["r6"].value
 # evaluated by every thread that holds a head of the token, not once per program. This holds for
 # the launch profiled here, 8 warps on a $[1, 32, 64]$ tile at $b = 8$. The count assumes that
 # repetition (it divides by the 32 threads) and checks only that the result is plausible for
-# one libdevice sin and cos, whose cost alone was not measured.
+# one libdevice sin and cos, whose cost alone was not measured. The repetition itself is
+# counted in section 5's profile of the cycles: rung 5 evaluates each sin and cos 32 times at
+# this size.
 #
 # The cell prints both counts in *warp* instructions per element, the unit of the profile: the
 # measured difference is 0.090; evaluated once per program, the same sin/cos would cost about

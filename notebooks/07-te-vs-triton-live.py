@@ -1011,34 +1011,45 @@ for what, (seconds, pct) in stated_shares.items():
 # at section 2's size, 64 MiB of bf16 ($S = 1024$, $B = 8$, $H = 32$, $D = 128$) in each
 # layout, and at 256 MiB in bshd. For each forward+backward it times the device, replayed from a
 # CUDA graph; the host, as the time to issue one (enqueue, 7.3's way: 50 calls back to back with
-# no synchronisation); and the eager call (50 calls, then a synchronisation: the larger of the
-# two). The gradients are handed back with `torch.autograd.grad`, as a model's q and k pass
-# theirs to the projection's backward. The cell reads the log of one run on an H200 with the
-# code this notebook imports.
+# no synchronisation); and the eager call (50 calls, then a synchronisation: it should take the
+# larger of the two). The gradients are handed back with `torch.autograd.grad`, as a model's q
+# and k pass theirs to the projection's backward. The cell reads the log of one run on an H200
+# with the code this notebook imports.
 #
 # - **Replayed, ropelib's kernels are as fast as torch.compile's**: 69.9 to 70.7 µs a
 #   forward+backward at 64 MiB, 0.938 to 0.955 of two copies, against 68.3 to 72.1 µs (0.927 to
 #   0.971) for torch.compile and 124.3 to 128.4 µs (0.520 to 0.533) for TE. The forward alone
-#   trails: 0.942 to 0.957 of a copy, against torch.compile's 0.998 to 1.037.
+#   trails: 0.942 to 0.957 of a copy, against torch.compile's 0.998 to 1.037. (These ratios
+#   divide by a copy replayed the same way. Section 5's sweeps time eagerly, with `do_bench`,
+#   against a copy timed so too, and put even the older code's forward at 0.96 of a copy or
+#   above from 64 MiB, where this probe's variants put it at 0.90 to 0.92 (7.6): compare a
+#   ratio with ratios timed the same way.)
 # - **The host is the larger by far for ropelib and torch.compile**: 234 to 344 µs and 451 to
 #   532 µs to issue a call, 3.3 to 4.9 and 6.3 to 7.8 times their kernels' time. TE's host is
 #   lighter (163 to 199 µs, 1.3 to 1.6 times its kernels). So TE's eager call is the fastest at
 #   this size, 148 to 182 µs against ropelib's 200 to 305 and torch.compile's 306 to 484, with
 #   kernels that take 1.8 times as long.
-# - **At 256 MiB the balance shifts**: ropelib's host takes 1.25 times its kernels' 261 µs, and
-#   its eager call (264 µs) runs at 0.96 of two copies. TE's kernels (482 µs) now set its pace,
-#   its host a third of them.
-# - **Host times swing**, the kernels' do not. Each number is the median of three rounds (the
-#   log keeps their range): ropelib's eager call came out below its enqueue time in sbhd (200
-#   against 234 µs), which cannot both hold in one round, so read a host time to a few tens of
-#   per cent; the factors above are larger than that. ropelib's replayed kernels moved by at
-#   most 0.1 µs from round to round.
+# - **At 256 MiB the kernels catch up with the host.** By the enqueue measure ropelib's host
+#   takes 1.25 times its kernels' 261 µs, yet its eager call takes 264 µs, 0.96 of two copies:
+#   in the eager loop the host kept pace with the kernels (next point). TE's kernels (482 µs)
+#   set its pace, its host a third of them.
+# - **The two host measures disagree; the kernels' times do not.** Each number is the median of
+#   three rounds (the log keeps their range). ropelib's eager call came out below its enqueue
+#   time in sbhd (200 against 234 µs), though an eager call includes issuing it, and the table
+#   above shows the same in every row where the host is the larger. So the enqueue loop, which
+#   runs just before the eager loop, costs the host more per call than the eager loop does; why
+#   was not measured. Read a host time to a few tens of per cent; the factors above are larger
+#   than that. ropelib's replayed kernels at 64 MiB moved by at most 0.1 µs from round to round
+#   (the log's ranges).
 #
 # Read a host time as the size of the host's work, not as a constant: ropelib's decode-size host
 # row (7.1) is about as long as its whole eager call here. The cure for such calls is to take the
 # host's per-call work out of the loop: capture the step in a CUDA graph (notebook 11 times a
-# decoding step eagerly and replayed), or compile it with `torch.compile`, which sees each
-# ropelib entry point whole (`docs/API.md`, "Autograd, torch.compile and other transforms").
+# decoding step eagerly and replayed). Compiling the RoPE call alone with `torch.compile` is no
+# cure: the compiled call here spends 451 to 532 µs of host time on each forward+backward, more
+# than ropelib's. Compiling a whole step, which sees each ropelib entry point whole
+# (`docs/API.md`, "Autograd, torch.compile and other transforms"), can save the host's work
+# between the step's operations; this notebook does not time that.
 
 # %%
 MID_LOG = RESULTS / "mid_fwdbwd-nvidia-h200-20261201-2307.log"
@@ -1130,8 +1141,8 @@ if GPU:     # section 2's live eager forward+backward, on as many bytes: a third
 # `mid_fwdbwd_variants-nvidia-h200-20261201-1444.log` is the same probe's `--variants` mode:
 # ropelib alone, replayed, every variant in every round, each ratio divided by copies replayed
 # in the same process. Its row "early True, 256 a program" is the code imported here (checked),
-# and it agrees with 7.5's run, made nine hours later on another machine, to within 0.01 of two
-# copies.
+# and it agrees with 7.5's run, made eight hours later, to within 0.01 of every ratio and 1.5
+# per cent of the replayed time (checked).
 #
 # - At 64 MiB the changes take the forward+backward from 0.894 to 0.900 of two copies to 0.942
 #   to 0.948, the forward from 0.903 to 0.918 of a copy to 0.937 to 0.948; the replayed
@@ -1175,9 +1186,9 @@ assert (variants[BIG, BEFORE]["fwdbwd_ratio"], variants[BIG, NOW]["fwdbwd_ratio"
 # **What section 7 found.** Where ropelib loses to TE, it loses on the host. At batch 1 its
 # forward+backward is host-bound (7.1, 7.3), and most of the host's time is PyTorch's autograd
 # around two launches (7.4). At 64 MiB its kernels run the forward+backward at 0.94 to 0.96 of
-# two copies, 1.8 times as fast as TE's, and its eager call is still the slower: its host takes
-# 3.3 to 4.9 times its kernels (7.5). The two-pass route's last two changes bought about 5
-# points of that kernel speed (7.6).
+# two copies, 1.8 times as fast as TE's, and its eager call is still the slower: by the enqueue
+# measure its host takes 3.3 to 4.9 times its kernels (7.5). The two-pass route's last two
+# changes bought about 5 points of that kernel speed (7.6).
 
 # %% [markdown]
 # ## 8. Your kernel in the race
@@ -1404,8 +1415,8 @@ if not rows_ok:     # the worked kernel: rounded once; on a GPU below TE's fused
 # - **A time that does not follow the bytes is a cost per call; find out whose.** Enqueue, wall
 #   and replayed timings tell the host from the device. ropelib's eager forward+backward loses
 #   to TE's on the host (mostly PyTorch's autograd), not on its kernels, which replayed run the
-#   forward+backward near two copies. A CUDA graph or `torch.compile` of the step removes that
-#   cost.
+#   forward+backward near two copies. Replaying the step from a CUDA graph removes that cost;
+#   `torch.compile` of the RoPE call alone does not (its host took longer still, 7.5).
 # - **A RoPE kernel is a copy with arithmetic in between**: one kernel with a switch measures
 #   what the rotation adds, and its compiled code (instructions, registers, spills, warps)
 #   suggests why.

@@ -208,7 +208,8 @@ assert max(v["share"] for (_, pass_), v in h100.items() if pass_ == "fwd+bwd") <
 # nothing. Nor could a pass beat the floor here: q and k are 80 MiB at 8192 tokens and 320 MiB
 # at 32768, more than the 50 MiB L2 cache of an H100 or H200. Timed alone on the H200, on the
 # copy's bytes, ropelib's RoPE runs at 0.988 of the copy's speed forward and 0.987
-# forward+backward.
+# forward+backward. Timed in rounds, each round pairing cuBLAS alone with cuBLAS + RoPE, the
+# forward pass's share on the H200 comes out at 4 to 7 % (7.1).
 #
 # That small share is all a fusion can win. It is worth having, a whole pass over q and k in
 # every layer and step, but only if the fused GEMM is as fast as cuBLAS.
@@ -677,8 +678,10 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 # - **with QK-norm:** level with the fastest unfused pipeline (cuBLAS, then `qk_norm_rope` from
 #   an angle table), not faster.
 #
-# So on this GPU the fusion saves a pass that costs 4 to 7 % of the forward pipeline (cuBLAS
-# against cuBLAS + RoPE, paired round by round), and the fused GEMM gives about that much back.
+# So on this GPU the fusion saves a pass that costs 4 to 7 % of the forward pipeline (the
+# medians of cuBLAS against cuBLAS + RoPE, paired round by round, in two runs at two sizes;
+# single rounds scatter on both sides of zero), and the fused projection, at 0.95 to 0.97 of
+# cuBLAS's speed, gives most of it back.
 #
 # The rest of section 7 is why: **the main loop** (7.2), **the epilogue's registers** (7.3),
 # **the backward** (7.4), and one lesson about measuring, **the rounds' order** (7.5).
@@ -730,11 +733,16 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 #
 # Shuffled, the fused projection is level with the unfused pipeline at both sizes: every range
 # of rounds reaches both sides of 1. The fixed-order run had it ahead at 8192 tokens in every
-# round; shuffled, that lead is gone, the order's doing (7.5). With QK-norm the unfused pipeline
-# is faster from an angle table than from angles, and the fused projection is level with that
-# fastest pipeline, shuffled (1.00 against 1.01, 1.02 against 1.01, the ranges overlapping) as in
-# the fixed-order runs, where it was at 8192 tokens below or level and at 32768 ahead of the
-# pipeline from angles, and behind the one from a table in the third run (1.033 against 1.059).
+# round; shuffled, that lead is gone. The two runs differ in more than the order (7.5 says
+# what), but the order alone moved the forward's variants by up to 15 %.
+#
+# With QK-norm the unfused pipeline is faster from an angle table than from angles, so that is
+# the pipeline to beat. Shuffled, the fused projection is level with it: 1.00 against 1.01 at
+# 8192 tokens and 1.02 against 1.01 at 32768, the ranges of rounds overlapping. In the
+# fixed-order runs the fused projection was below or level with the pipeline from angles at
+# 8192 tokens and ahead of it at 32768, and never ahead of the pipeline from a table by more
+# than the ranges of rounds overlap; in the third run it was behind that one at 32768 tokens
+# (1.033 against 1.059).
 # %%
 def read_rounds(path, name):
     """{(tokens, qk_norm, row[name]): row} of a rounds CSV measured on an H200."""
@@ -943,7 +951,15 @@ print("the epilogue against its bare GEMM at 32768 tokens, the fixed-order runs 
       + ", ".join(p.stem[-4:] for p in FWD_RUNS[1:]) + " (median speeds): "
       + ", ".join(f"{v:.1%}" for v in epilogue_at_32768))
 assert 0 < min(epilogue_at_32768) and round(100 * max(epilogue_at_32768)) == 2
-# forward+backward: faster in every round at 8192 tokens, level at 32768; the prologues 0.39
+# forward+backward, the fixed-order run: faster in every round at 8192 tokens, level at 32768;
+# the prologues 0.39
+print("forward+backward, the fixed-order run, speed over the unfused pipeline's (range):")
+for label, rows, norm, name in (("fused, dY written once", dy, False, DY_ONCE),
+                                ("fused, prologues", dy, False, PROLOGUES),
+                                ("QK-norm, prologues (first run)", dy_norm[0], True,
+                                 NORM_PROLOGUES)):
+    print(f"  {label:34}" + "".join("{:>8.3f} ({:.3f}-{:.3f})".format(
+        *speed(rows, norm, name, "unfused_ms_over_ms", t)) for t in TOKENS))
 assert of_unfused(dy, DY_ONCE) == [1.05, 0.99]
 assert of_unfused(dy, DY_ONCE, "low") == [1.01, 0.96]
 assert of_unfused(dy, DY_ONCE, "high") == [1.12, 1.03]
@@ -1444,8 +1460,8 @@ assert dw_shared[wide] == (192 * 1024, 96 * 1024)
 
 # %% [markdown]
 # Writing $dY$ once costs one pass over the gradients of q and k, the RoPE backward the unfused
-# pipeline makes anyway, and leaves two plain GEMMs. 7.1's forward+backward rounds time the
-# three ways side by side, relative to the unfused pipeline's speed:
+# pipeline makes anyway, and leaves two plain GEMMs. 7.1's shuffled forward+backward run times
+# the three ways side by side, relative to the unfused pipeline's speed:
 #
 # | the backward | 8192 tokens | 32768 tokens |
 # |---|---|---|
@@ -1453,9 +1469,9 @@ assert dw_shared[wide] == (192 * 1024, 96 * 1024)
 # | $dY$ written once, then the same Triton GEMMs without their rotation | 0.49 | 0.50 |
 # | $dY$ written once, then cuBLAS | 0.97 | 1.01 |
 #
-# (the shuffled run). At the same GEMMs, writing $dY$ once is already faster than re-forming it;
-# with cuBLAS's GEMMs it is 2.6 times as fast as the prologues at both sizes. That is `qkv_rope_linear`'s default
-# (`backward="dy"`; `backward="prologue"` keeps section 5's design).
+# At the same GEMMs, writing $dY$ once is already faster than re-forming it; with cuBLAS's
+# GEMMs it is 2.6 times as fast as the prologues at both sizes. That is `qkv_rope_linear`'s
+# default (`backward="dy"`; `backward="prologue"` keeps section 5's design).
 #
 # **With QK-norm** the prologue must undo the norm too. Timed alone at 8192 tokens, dX with the
 # norm spills 60 words (4 bytes each) a thread at the plain dX tile and takes 8.01 ms; at a tile
@@ -1525,9 +1541,12 @@ assert [round(alone[k, shipped[k], True], 2) for k in ("dx", "dw")] == [1.74, 2.
 # `do_bench` clears) is not measured here. For any benchmark in rounds: a fixed order is a
 # variable, and the one to vary before believing a few per cent.
 #
-# The forward+backward runs teach the same. In the fixed order the fused projection was ahead
-# of the unfused pipeline at 8192 tokens in all seven rounds (1.01 to 1.12); shuffled, its
-# rounds span 0.95 to 1.05 and its median is 0.97 (7.1's table).
+# The forward+backward runs point the same way, less cleanly. In the fixed order the fused
+# projection was ahead of the unfused pipeline at 8192 tokens in all seven rounds (1.01 to
+# 1.12); shuffled, its rounds span 0.95 to 1.05 and its median is 0.97 (7.1's table). But
+# those two runs were not made back to back: they are nearly a day apart, and the earlier one
+# records no code revision. So they do not separate the order from whatever else changed in
+# between; the forward's pair above does.
 
 # %%
 by_order = {"shuffled": shuffled_runs["seed 0"], "fixed": printed_run("fixed", "0729")}
@@ -1740,9 +1759,9 @@ else:
 #   rotate-half needs each tile to hold whole heads. A backward prologue re-forms $dY$ in every
 #   column block, so `qkv_rope_linear` writes $dY$ once and hands dX and dW to cuBLAS.
 # - On an H200 the shipped projection is level with cuBLAS + RoPE, forward and forward+backward
-#   (rounds in a new order each; a fixed order had put it 5 % ahead at 8192 tokens); with
-#   QK-norm it is level with the fastest unfused pipeline (cuBLAS, then `qk_norm_rope` from an
-#   angle table).
+#   (rounds in a new order each; an earlier run in a fixed order had it 5 % ahead at 8192
+#   tokens); with QK-norm it is level with the fastest unfused pipeline (cuBLAS, then
+#   `qk_norm_rope` from an angle table).
 # - A fused kernel is only as fast as its main loop (a persistent TMA loop runs near cuBLAS,
 #   pointer loads did not), its registers (read off a compile, on a CPU) and its backward.
 # - A fixed order of a benchmark's rounds moved the variants by up to 15 %: vary it.
