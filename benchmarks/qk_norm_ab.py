@@ -8,7 +8,8 @@ holds a ropelib/ of its own, where there is no git history); each variant (REV o
 --variants, then this checkout) runs in its own process, alternated `repeats` times, so GPU
 clocks drift alike for all. Each run times, beside a device copy of q and k in the same process (ratios, 1.00 =
 the copy's time; forward+backward against two copies), the forward and forward+backward of
-the floor suite's Qwen3-sized blocks, and the host time of an eager decode call. Prints the
+the floor suite's Qwen3-sized blocks (forward+backward also replayed from a CUDA graph, beside
+copies replayed so: the device's time alone), and the host time of an eager decode call. Prints the
 range over the repeats for each variant.
 """
 import argparse
@@ -26,6 +27,19 @@ import ropelib
 torch.manual_seed(0)
 def ms(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=200)
+def replayed(fn, calls=10):
+    """ms per call of fn replayed from a CUDA graph of `calls` calls: the device's time alone"""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return ms(graph.replay) / calls
 res = {}
 for name, B, S, HQ, HK, kind in [("b8 s4096 32/8 angles", 8, 4096, 32, 8, "angles"),
                                  ("b8 s4096 32/8 cos/sin", 8, 4096, 32, 8, "cos"),
@@ -43,8 +57,9 @@ for name, B, S, HQ, HK, kind in [("b8 s4096 32/8 angles", 8, 4096, 32, 8, "angle
     def both():
         out = ropelib.qk_norm_rope(qg, kg, w_q, w_k, **table)
         return torch.autograd.grad(out, (qg, kg), (gq, gk))
+    copy_replayed = replayed(lambda: (qc.copy_(q), kc.copy_(k)))
     res[name] = dict(forward=copy / ms(lambda: ropelib.qk_norm_rope(q, k, w_q, w_k, **table)),
-                     both=2 * copy / ms(both))
+                     both=2 * copy / ms(both), both_replayed=2 * copy_replayed / replayed(both))
 q = torch.randn(64, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
 k = torch.randn(64, 1, 8, 128, device="cuda", dtype=torch.bfloat16)
 f = ropelib.rope_freqs(4096, 128, device="cuda")
