@@ -21,7 +21,9 @@
 # (`ropelib/kernels/fused.py`) at about nine tenths (section 5's ladder). Most of that climb is
 # the ladder's first step. The last tenth comes from no rung: on a tensor this large
 # `ropelib.apply_rope` takes a two-pass route (section 6) that reads cos/sin from a table instead
-# of holding them in registers, and it matches the copy within the timing's spread.
+# of holding them in registers. Called again with the same table it matches the copy within
+# the timing's spread: the pre-pass's rows are kept, so from the second call on only the flat
+# pass runs (section 6).
 #
 # The notebook starts from a number — how many bytes a GPU must have in flight to stream at full
 # speed — which sets a floor under the tile (the tile itself was then chosen by a sweep). It then
@@ -47,8 +49,9 @@
 # - read the layout Triton gives a tile (`#ttg.blocked<...>`: sizePerThread, threadsPerWarp,
 #   warpsPerCTA, order) and the vector width of the loads it becomes — without a GPU;
 # - know two refinements of the finished kernel: accurate sin/cos and the equal-halves shortcut;
-# - say when holding cos/sin in registers across a batch loop costs more than reading them per
-#   element from a table, and which route ropelib takes for a call (section 6);
+# - compare the two routes on the H200, registers in a batch loop against a table read per
+#   element, name what differs between them, and say which route ropelib takes for a call
+#   (section 6);
 # - count in a compiled kernel's SASS which loads go out before the arithmetic that waits for
 #   them, and how wide each load is;
 # - write three kernels yourself: the interleaved 3-D tile, the flat pass, and the pass that
@@ -109,7 +112,8 @@ def check_rung(y, x, freqs, name):
 # notebook comes from H200 runs of 28 to 30 November 2026; each table prints its GPU and date.
 # Two kernels go by the name `ropelib` in the CSVs, so the tables here print them apart:
 # **`apply_rope (as planned)`** is `ropelib.apply_rope` as you call it, which at this size
-# takes section 6's two-pass route (the generations CSV's `ropelib`, the other CSVs'
+# takes section 6's two-pass route, timed as repeated calls with one table, so the flat pass
+# alone (the generations CSV's `ropelib`, the other CSVs'
 # `ropelib_planned`), and **`finished kernel (forced)`** is the same call with its route forced
 # to the finished kernel, `ropelib/kernels/fused.py` (the mechanism and ladder CSVs' `ropelib`).
 # At bf16 sbhd $s = 4096$, $b = 8$, $h = 32$, $d = 128$:
@@ -355,8 +359,8 @@ assert planned_m["us"] == min(mech[v]["us"] for v in RUNGS_PROFILED)
 # `heads` rung asks for 1.8 times rung 6's bytes (`equal_halves`) and is slower, 142 µs against
 # 137, and `apply_rope` as planned asks for less than `heads` and is the fastest of them. Above
 # the bound, bytes asked for no longer order the kernels; how many of them are actually waiting
-# at a time takes a stall counter (the share of cycles a warp waits for a load), which this
-# profile did not record. The plot sets each kernel's time against the KiB it asks for: every
+# at a time takes a stall counter, which section 5's second profile records ("waiting on
+# memory"). The plot sets each kernel's time against the KiB it asks for: every
 # variant profiled at this size, notebook 04's among them (one head or several a program, with
 # or without the batch loop, on 1 to 8 warps).
 
@@ -1052,7 +1056,8 @@ else:
 #   already launches 16,384 programs of one token's 8 heads at 93.1 % of a copy; packing 4
 #   tokens into each of 4,096 programs gains nothing. At $b = 1$ it *loses* 6.1 points, 75.9 →
 #   69.8 %, on the same grid, warps and tile shape as the heads rung: the two kernels differ only
-#   by the tile's token axis. The profile after this cell accounts for about half of that step.
+#   by the tile's token axis. The profile after this cell accounts for all of it, once taken at
+#   the GPU's own clock: 3 % more instructions, issued at a lower rate.
 #   Fewer heads still, or $d = 64$, were not timed.
 # - **The chunks rung** launches, at $s = 4096$, $b = 8$, the same 4,096 programs as the warps
 #   rung (the grid is already full), each still looping over the whole batch, with about as many

@@ -42,9 +42,9 @@
 # **Where it sits.** Notebook 02 introduced `ropelib.reference`, the plain-PyTorch RoPE whose
 # autograd this notebook checks against; notebook 04 built the batch-reusing kernel that
 # section 2 runs in both directions; notebook 05 built the finished kernel
-# (`ropelib/kernels/fused.py`), whose backward section 6 reads. Notebook 09 trains a model
-# through ropelib's backward, and one of notebook 13's puzzles is a backward that turns the wrong
-# way.
+# (`ropelib/kernels/fused.py`), whose backward's formulas section 6 prints from its header.
+# Notebook 09 trains a model through ropelib's backward, and one of notebook 13's puzzles is a
+# backward that turns the wrong way.
 
 # %%
 import os, torch
@@ -298,7 +298,8 @@ def rope_cell(x, freqs, *, backward=False):
 # Then it times the two directions. On a GPU it times this kernel forward and backward on the
 # cell's tensor and prints the ratio of the two times: the same bytes predict 1. The only speed
 # it asserts is a wide one, that the backward does not take half as long again as the forward.
-# Next it reads the committed H200 run of the same kernel, which times a whole step:
+# Next it reads the committed H200 run of the same kernel through ropelib's launcher (one warp
+# a program), which times a whole step:
 # `torch.autograd.grad` through an `autograd.Function` like the one in section 3 (forward
 # kernel, autograd graph, backward kernel), together with the forward alone. For a 1 GiB bf16
 # tensor the step takes 2.00x the forward, which is what the equal byte counts predict. For a
@@ -307,11 +308,14 @@ def rope_cell(x, freqs, *, backward=False):
 # The same run at every batch of $s = 4096$ says why. At batch 1 and 2 (32 and 64 MiB) the step
 # takes about the same time, 427 and 378 µs, though its bytes double, and its 20 % and 80 %
 # quantiles lie a third or more of the median apart. From batch 4 (128 MiB) on it takes twice
-# the forward, to 2 %, and its quantiles lie at most 4 % apart. A time that does not grow with the
-# tensor and swings from call to call is not the kernels': it is the host's, issuing the
-# forward, building autograd's graph and issuing the backward. At 64 MiB and below that host
-# work takes longer than the two kernels, and the step waits for it. Notebook 07 (section 7)
-# times the host and the kernels of such a step apart.
+# the forward, to 2 %, and its quantiles lie at most 4 % apart. The forward's own time does not
+# grow from batch 1 to 2 either (84.6 and 84.7 µs): that kernel is bound by its programs
+# (notebook 04). What marks the step is what lies beyond two forwards, about 260 µs at batch 1
+# and 210 µs at batch 2 and none from batch 4 on, and its spread, a third of the median or more
+# against at most 4 %. That time is the host's, issuing the forward, building autograd's graph
+# and issuing the backward: at 64 MiB and below it takes longer than the two kernels, and the
+# step waits for it. This run does not measure the host itself; notebook 07 (section 7) times
+# the host and the kernels of such a step apart.
 
 # %%
 torch.manual_seed(0)
@@ -713,7 +717,10 @@ solution(ex.solution_rope_backward)
 # and 80th percentiles). It prints each speed as a fraction of the copy's (copy time / kernel
 # time: 1 = as fast as the copy) and asserts no speed; it checks your gradient against section
 # 2's before it times it. Where does yours land beside the forward? If well below, compare your
-# loads and your grid with section 2's kernel.
+# loads and your grid with section 2's kernel. Section 2's launcher leaves `num_warps` at
+# Triton's default, 4; notebook 04 measured this kernel at about 44 % of a copy on 4 warps and
+# 71 % on one (the ablation's `sh_loop_b_w4` and `sh_loop_b_w1`): launch yours with
+# `num_warps=1` and compare again.
 
 # %%
 backward_timed = my_rope_backward if launcher_ok else ex.solution_rope_backward
