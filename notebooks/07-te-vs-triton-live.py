@@ -151,8 +151,8 @@ if "torch.compile" in head:
 
 # %% [markdown]
 # On a GPU, set the table's forward columns beside its forward+backward ones: ropelib's forward
-# is the fastest of the fused kernels, yet its forward+backward can take longer than TE's.
-# Section 7 finds out why.
+# runs near a copy's speed (so does torch.compile's), well ahead of TE's fused kernel, yet its
+# forward+backward can take longer than TE's. Section 7 finds out why.
 
 # %% [markdown]
 # The same case in **fp32**: now the output format *is* the arithmetic format, so the error is
@@ -451,12 +451,14 @@ for dtype in DTYPES:
 # torch.compile is the odd line: it reaches the copy only on the largest tensors (0.99) and is
 # not monotone (0.67 at $S = 2048$, 0.43 at 4096). Up to 64 MiB its call took 64 to 84 µs at
 # every point but one, while the copy grew from 9 to 37 µs: its time follows not its bytes but
-# the host's 77 µs to issue one torch.compile forward (the floor suite's decode row, printed
-# below beside ropelib's 23 and TE's 30). That is a *host-bound* call, section 7's subject.
-# The claim rests on the committed sweep alone. On a GPU the cell also prints section 2's live
-# ratio at the same 64 MiB shape, this run's, unchecked: a host-bound call's time swings from
-# run to run (the sweep timed its 32 MiB base shape twice, along the sequence and along the
-# batch: 30 and 83 µs, printed), and a live ratio well above 0.43 contradicts the committed run.
+# a cost per call, the host's (a *host-bound* call, section 7's subject). The floor suite times
+# the host at 77 µs to issue one torch.compile forward (its decode row, printed below beside
+# ropelib's 23 and TE's 30); since `do_bench` hides host work behind its cache flush (7.3), the
+# sweep's host took longer still. The claim rests on the committed sweep alone. On a GPU the
+# cell also prints section 2's live ratio at the same 64 MiB shape, this run's, unchecked: a
+# host's time swings from run to run (the sweep timed its 32 MiB base shape twice, along the
+# sequence and along the batch: 30 and 83 µs, printed), and a live ratio well above 0.43 means
+# the host kept pace in this run.
 
 # %%
 AXES = {"seq-bf16": "seq_len", "hidden-bf16": "head_dim", "heads-bf16": "heads",
@@ -689,17 +691,12 @@ else:
 # ropelib pays less per call than TE's kernel and streams faster, which is why it wins on large
 # tensors.
 #
-# The cell below takes the line back to section 5. ropelib's extra fixed cost over the copy's
-# (fp32, batch 1), added to the copy's time at section 5's four fp32 points under 64 MiB,
-# leaves 0.85 to 0.92 of a copy: the two points with tight percentiles measured within 0.04 of
-# that, so the fixed cost is what keeps them off the copy. The two at $S = 256$ do not follow
-# (batch 2 sits well below even at its 20th percentile, batch 4 spreads too widely to say). In
-# bf16 the forward loses more than its fixed cost: the batch-1 line streams at 0.89 of the
-# copy's bandwidth (3909 GB/s against 4397). TE's forward lies further off the copy: a median
-# 0.76 of a copy in fp32 and 0.57 in bf16 (batch 8). Why is known for bf16 only: notebook 04
-# (sections 5.4 and 5.5) profiled that kernel; it moves no extra bytes, but issuing its
-# instructions alone takes longer than a copy, and over half of them are integer ones indexing
-# its loads. No profile of the fp32 kernel stands behind its 0.76.
+# The cell below takes the line back to section 5: ropelib's extra fixed cost over the copy's,
+# added to the copy's time at section 5's fp32 points under 64 MiB, leaves 0.85 to 0.92 of a
+# copy, and the points with tight percentiles measured within 0.04 of that. In bf16 the forward
+# loses more than its fixed cost (its line streams at 0.89 of the copy's bandwidth), and TE's
+# forward lies further off the copy (a median 0.57 of a copy at batch 8; notebook 04, sections
+# 5.4 and 5.5, traces it to the instructions the kernel issues).
 
 # %%
 if len(models) == 2:
@@ -787,7 +784,8 @@ if len(models) == 2:
 
 # %% [markdown]
 # **What section 6 found.** The forward is a fixed cost plus bytes at the copy's bandwidth, and
-# the line predicts a point it has not seen to within a fifth. The forward+backward at batch 1
+# the line predicts a point it has not seen: 25.8 µs against 26.0 measured (the check allows a
+# fifth). The forward+backward at batch 1
 # is not: it takes 1.6 to 2.9 times a copy of its bytes at the largest size and 9 to 15 times at
 # the smallest, more for ropelib than for TE (printed in 6.1). A time that does not follow the
 # bytes is a cost per call, and the line cannot say whose: the host's, issuing the call, or the
@@ -887,8 +885,10 @@ solution(measuring.solution_host_or_device)
 # (23 µs at the decode size, about three times as much; printed)? `do_bench` zeroes a 256 MiB
 # buffer before each timed call to flush the L2 cache, and the host issues the call while that
 # memset runs, so a host cost shorter than the memset hides behind it. The cell times the memset
-# and prints the enqueue time less it. For the forward+backward the hiding is partial:
-# `do_bench` lies above the enqueue time less the memset, for both kernels (checked).
+# and prints the enqueue time less it. For the forward+backward the account falls short:
+# `do_bench` lies above the enqueue time less the memset for both kernels (checked), and can lie
+# above ropelib's enqueue time itself. Host work hidden behind the memset cannot explain that,
+# and this notebook does not measure what the rest is.
 
 # %%
 from ropelib.bench import suite
@@ -1019,11 +1019,8 @@ for what, (seconds, pct) in stated_shares.items():
 # - **Replayed, ropelib's kernels are as fast as torch.compile's**: 69.9 to 70.7 µs a
 #   forward+backward at 64 MiB, 0.938 to 0.955 of two copies, against 68.3 to 72.1 µs (0.927 to
 #   0.971) for torch.compile and 124.3 to 128.4 µs (0.520 to 0.533) for TE. The forward alone
-#   trails: 0.942 to 0.957 of a copy, against torch.compile's 0.998 to 1.037. (These ratios
-#   divide by a copy replayed the same way. Section 5's sweeps time eagerly, with `do_bench`,
-#   against a copy timed so too, and put even the older code's forward at 0.96 of a copy or
-#   above from 64 MiB, where this probe's variants put it at 0.90 to 0.92 (7.6): compare a
-#   ratio with ratios timed the same way.)
+#   trails: 0.942 to 0.957 of a copy, against torch.compile's 0.998 to 1.037. Replayed ratios
+#   divide by a replayed copy; compare them only with each other.
 # - **The host is the larger by far for ropelib and torch.compile**: 234 to 344 µs and 451 to
 #   532 µs to issue a call, 3.3 to 4.9 and 6.3 to 7.8 times their kernels' time. TE's host is
 #   lighter (163 to 199 µs, 1.3 to 1.6 times its kernels). So TE's eager call is the fastest at
@@ -1033,14 +1030,13 @@ for what, (seconds, pct) in stated_shares.items():
 #   takes 1.25 times its kernels' 261 µs, yet its eager call takes 264 µs, 0.96 of two copies:
 #   in the eager loop the host kept pace with the kernels (next point). TE's kernels (482 µs)
 #   set its pace, its host a third of them.
-# - **The two host measures disagree; the kernels' times do not.** Each number is the median of
+# - **The two host measures disagree.** Each number is the median of
 #   three rounds (the log keeps their range). ropelib's eager call came out below its enqueue
 #   time in sbhd (200 against 234 µs), though an eager call includes issuing it, and the table
 #   above shows the same in every row where the host is the larger. So the enqueue loop, which
 #   runs just before the eager loop, costs the host more per call than the eager loop does; why
 #   was not measured. Read a host time to a few tens of per cent; the factors above are larger
-#   than that. ropelib's replayed kernels at 64 MiB moved by at most 0.1 µs from round to round
-#   (the log's ranges).
+#   than that.
 #
 # Read a host time as the size of the host's work, not as a constant: ropelib's decode-size host
 # row (7.1) is about as long as its whole eager call here. The cure for such calls is to take the
@@ -1133,21 +1129,11 @@ if GPU:     # section 2's live eager forward+backward, on as many bytes: a third
 # %% [markdown]
 # ### 7.6 What the two-pass route's last two changes bought
 #
-# **Question: what did the two changes to the two-pass route buy?** From 64 MiB on ropelib runs
-# a small pre-pass kernel (the cos/sin rows) and the flat pass. Eagerly the route keeps those rows
-# from one call to the next; a CUDA graph replays the pre-pass every call. The pre-pass went from
-# 1024 to 256 (token, pair) entries a program, and on sm_90+ the flat pass is launched early,
-# its programs waiting for the pre-pass's rows only before their first load.
-# `mid_fwdbwd_variants-nvidia-h200-20261201-1444.log` is the same probe's `--variants` mode:
-# ropelib alone, replayed, every variant in every round, each ratio divided by copies replayed
-# in the same process. Its row "early True, 256 a program" is the code imported here (checked),
-# and it agrees with 7.5's run, made eight hours later, to within 0.01 of every ratio and 1.5
-# per cent of the replayed time (checked).
-#
-# - At 64 MiB the changes take the forward+backward from 0.894 to 0.900 of two copies to 0.942
-#   to 0.948, the forward from 0.903 to 0.918 of a copy to 0.937 to 0.948; the replayed
-#   forward+backward from 74.4 to 74.8 µs to 70.7 to 70.9.
-# - At 256 MiB (bshd) the forward+backward goes from 0.961 to 0.975 of two copies.
+# From 64 MiB on ropelib runs a small pre-pass kernel (the cos/sin rows) and then the flat pass;
+# two changes (a pre-pass of 256 (token, pair) entries a program instead of 1024, and on sm_90+
+# the flat pass launched early) took its replayed forward+backward at 64 MiB from 0.894 to 0.900
+# of two copies to 0.942 to 0.948. The cell reads the probe's `--variants` log, which has every
+# variant and size, and checks that its current row is the code imported here.
 
 # %%
 from ropelib.kernels import launch, tiles

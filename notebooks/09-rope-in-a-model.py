@@ -402,10 +402,11 @@ print("wrote", csv_path)
 # the reference; right: the kernel's difference from the reference next to the control's and the
 # seed-to-seed difference](../figures/09-loss-curves.png)
 #
-# *The figure above is the committed GPU run (bf16 autocast; the CSV beside it,
-# `figures/09-loss-curves.csv`, records the GPU, the versions, the sizes and the step count).
-# A CPU run draws [`figures/09-loss-curves-cpu.png`](../figures/09-loss-curves-cpu.png) and its
-# CSV instead. Either run writes to a scratch folder unless `ROPELIB_WRITE_FIGURES=1` is set.*
+# *The image here is the committed GPU run (bf16 autocast; the CSV beside it,
+# `figures/09-loss-curves.csv`, records the GPU, the versions, the sizes and the step count);
+# the figure drawn by the cell above is this run's. A CPU run draws
+# [`figures/09-loss-curves-cpu.png`](../figures/09-loss-curves-cpu.png) and its CSV instead.
+# Either run writes to a scratch folder unless `ROPELIB_WRITE_FIGURES=1` is set.*
 #
 # The next cell reads the committed figure's CSV: which run it is, where each validation loss
 # was lowest, and the parity check on it.
@@ -696,8 +697,8 @@ assert abs(committed_tps["reference seed 1"] / committed_tps["reference again"] 
 # 1.223 times as many: the reference's first run was the slow one (its two later runs agree
 # within 0.2 %), so the same code moved by 22 to 23 %, and against the control ropelib's run is
 # 1.147 times as fast, less than that movement. A run whose own movement is smaller can show the
-# saving plainly: the cell prints this page's own ratios above the committed line, and they are
-# not the committed ones. Read each run's ropelib/control ratio against its own control/first.
+# saving plainly. The cell prints this run's ratios above the committed line; read this run's
+# ropelib/control against its own control/first.
 # On a model this small the GPU sits idle for a large part of each step, waiting for the host,
 # so section 5 measures RoPE's own time on the device instead.
 

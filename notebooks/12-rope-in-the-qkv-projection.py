@@ -36,7 +36,7 @@
 # - trace a slow fused kernel to its cause: its main loop, its registers (read off a compile,
 #   on a CPU), and a backward prologue repeated by every column block.
 #
-# **Time:** about 45 minutes to read (section 7, the measurements, is about half of it) and
+# **Time:** about an hour to read (section 7, the measurements, is about half of it) and
 # about an hour for the three kernel exercises (1, 1b and 2); the cells run in 10 to 15 s on a
 # CPU (Triton's interpreter, small shapes).
 
@@ -696,8 +696,7 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 # `F.linear`, in two runs that visit the variants in a new order every round (seeds 0 and 1;
 # four earlier runs kept a fixed order, 7.5). `benchmarks/qkv_dy_probe.py` timed
 # forward+backward against the unfused pipeline, each fused output first checked against the
-# unfused one: in a fixed order one run without QK-norm and three with it, then one of each
-# shuffled (seed 0).
+# unfused one.
 #
 # **Forward** on an H200, speed over cuBLAS's, the median of each shuffled run (seed 0, seed 1):
 #
@@ -717,32 +716,23 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 # QK-norm).
 #
 # **Forward+backward** on an H200, speed over the unfused pipeline's (with QK-norm, cuBLAS then
-# `qk_norm_rope`), medians of seven rounds (their range). The latest runs visit the providers
-# in a new order every round (seed 0); four earlier runs kept a fixed order:
+# `qk_norm_rope`), medians of seven rounds (their range), the providers in a new order every
+# round (seed 0):
 #
 # | forward+backward | 8192 tokens | 32768 tokens |
 # |---|---|---|
 # | fused, $dY$ written once (the default), shuffled | 0.97 (0.95 to 1.05) | 1.01 (0.89 to 1.10) |
-# | the same, fixed order (earlier run) | 1.05 (1.01 to 1.12) | 0.99 (0.96 to 1.03) |
 # | fused, section 5's prologues, shuffled | 0.38 | 0.39 |
 # | with QK-norm: fused, $dY$ written once, shuffled | 1.00 (0.92 to 1.13) | 1.02 (0.93 to 1.06) |
 # | with QK-norm: unfused from an angle table, shuffled | 1.01 (0.98 to 1.10) | 1.01 (0.93 to 1.07) |
-# | with QK-norm: fused, $dY$ written once, fixed order (three runs) | 0.91, 1.01, 1.02 | 1.03, 1.02, 1.03 |
-# | with QK-norm: unfused from an angle table, fixed order (third run) | 1.02 | 1.06 |
-# | with QK-norm: fused, the prologues (first run) | 0.246 | 0.255 |
+# | with QK-norm: fused, the prologues, shuffled | 0.255 | 0.262 |
 #
 # Shuffled, the fused projection is level with the unfused pipeline at both sizes: every range
-# of rounds reaches both sides of 1. The fixed-order run had it ahead at 8192 tokens in every
-# round; shuffled, that lead is gone. The two runs differ in more than the order (7.5 says
-# what), but the order alone moved the forward's variants by up to 15 %.
+# of rounds reaches both sides of 1.
 #
 # With QK-norm the unfused pipeline is faster from an angle table than from angles, so that is
 # the pipeline to beat. Shuffled, the fused projection is level with it: 1.00 against 1.01 at
-# 8192 tokens and 1.02 against 1.01 at 32768, the ranges of rounds overlapping. In the
-# fixed-order runs the fused projection was below or level with the pipeline from angles at
-# 8192 tokens and ahead of it at 32768, and never ahead of the pipeline from a table by more
-# than the ranges of rounds overlap; in the third run it was behind that one at 32768 tokens
-# (1.033 against 1.059).
+# 8192 tokens and 1.02 against 1.01 at 32768, the ranges of rounds overlapping.
 # %%
 def read_rounds(path, name):
     """{(tokens, qk_norm, row[name]): row} of a rounds CSV measured on an H200."""
@@ -1027,8 +1017,6 @@ assert {r["rounds"] for rows in (*fwd_runs, seed1, dy, *dy_norm, dy_shuffled, no
         for r in rows.values()} == {7}
 
 # %% [markdown]
-# ![On an NVIDIA H200: the shipped forward's speed over cuBLAS's in rounds of a new order each (from angles, from a table, its GEMM alone, the pointer-loaded first design, and cuBLAS then RoPE), and forward+backward over the unfused pipeline's (dY written once, the prologues, with and without QK-norm)](../figures/12-qkv-projection-measured.png)
-#
 # ### 7.2 The main loop
 #
 # The first fused forward was section 4's kernel grown up: pointer loads, exercise 1b's
@@ -1529,9 +1517,9 @@ assert [round(alone[k, shipped[k], True], 2) for k in ("dx", "dw")] == [1.74, 2.
 # runs (the first had it level): the lag goes with the fixed order; its cause was not found.
 #
 # The order moves more than the table. cuBLAS, the reference, runs first in every fixed round,
-# and its median time is 2 to 5 % shorter there, so every other variant comes out slower in the
-# fixed order, by up to 15 % (angles 0.93 and 0.89 of cuBLAS's speed, against 0.95 and 0.97
-# shuffled). Fused against unfused survives the order better, since both move: within 0.04
+# and its median time is 1.6 to 4.6 % shorter there, so every other variant comes out slower
+# in the fixed order, by up to 15 % (angles 0.93 and 0.89 of cuBLAS's speed, against 0.95 and
+# 0.97 shuffled). Fused against unfused survives the order better, since both move: within 0.04
 # either way in the shuffled runs; in the fixed one ahead at 8192 tokens and 0.01 to 0.03 behind
 # at 32768.
 #
@@ -1645,24 +1633,24 @@ assert [round(v, 2) for v in lag.values()] == [0.04, 0.09]
 # `qkv_rope_linear` from table-free angles, after checking that your q, k and v match
 # `qkv_rope_linear`'s within bf16's rounding (absolute 0.1, relative 0.05). It also times your
 # kernel with `N_ROT = 0`, so every head takes the v path: same grid, main loop and stores, and
-# the difference of the two times is your rotation's cost. On the H200 page the rotating launch
-# came out the faster, 0.901 against 0.921 ms, inside each other's p20-p80 spread: the rotation
-# costs less than one timing moves, so time both several times before trusting a difference
-# that small.
+# the difference of the two times is your rotation's cost. On an H200 the rotating launch has
+# come out no slower than the launch without it (both printed below, with their p20 and p80):
+# the rotation costs less than one timing moves, so time both several times before trusting a
+# difference that small.
 #
 # In 7.1's shuffled runs the ratio of times at this shape, fused over unfused, is 0.98 to 1.00,
 # the pointer-loaded forward's 1.26 to 1.30. On an H200 the cell asserts only that the median of
-# five rounds of that ratio is below 1.15 (0.98 on the H200 page): a wide bound, since a live
+# five rounds of that ratio is below 1.15 (about 1, printed): a wide bound, since a live
 # timing moves by several per cent (the unfused pipeline's rounds ranged from 0.81 to 1.06 of
 # cuBLAS's speed), but one the pointer-loaded forward would fail. On another GPU the cell only
 # prints; on a CPU it times nothing.
 #
-# The teaching launch takes 1.49 times cuBLAS's time on the H200 page, with a rotation that costs
-# nothing measurable: the gap is its main loop (fixed 64 × 64 tiles, Triton's default
-# pipelining), not your epilogue (7.2). The main loop is outside this notebook's exercises: 7.2
-# shows the persistent TMA loop that closes the gap as a result only. To see how much the tiles
-# alone move it, change them in `teaching()` (`64, 64`: the rows and the hidden-size step of a
-# program) and rerun.
+# The teaching launch takes about one and a half times cuBLAS's time on an H200 (printed), with
+# a rotation that costs nothing measurable: the gap is its main loop (fixed 64 × 64 tiles,
+# Triton's default pipelining), not your epilogue (7.2). The main loop is outside this
+# notebook's exercises: 7.2 shows the persistent TMA loop that closes the gap as a result only.
+# To see how much the tiles alone move it, change them in `teaching()` (`64, 64`: the rows and
+# the hidden-size step of a program) and rerun.
 
 # %%
 # 7.1's shuffled forward runs at this shape: fused over unfused time, from the medians of their
@@ -1766,8 +1754,8 @@ else:
 #   pointer loads did not), its registers (read off a compile, on a CPU) and its backward.
 # - A fixed order of a benchmark's rounds moved the variants by up to 15 %: vary it.
 # - GPUs without TMA, odd head counts and partial rotary get the slower pointer-loaded forward.
-#   In a whole model it trains the same: notebook 09's GPT with `rope="ropelib_qkv"` follows the
-#   loss curve of projection then RoPE from the same seed.
+#   In a whole model it trains as well: notebook 09's GPT with `rope="ropelib_qkv"` stays inside
+#   the seed band of projection then RoPE, trained from the same seed.
 #
 # ## Questions for a study group
 #
