@@ -31,8 +31,9 @@ clones, whose backward hands the gradient through uncopied. It now times two dev
 `--qk-norm` instead takes the floor's QK-RMSNorm + RoPE case apart the same way (bshd b8
 s4096, 32 q and 8 k heads of 128, bf16; `ropelib.bench.qk_norm_rope`): ropelib from the cos/sin
 table (the floor's provider), from table-free angles, torch.compile of the PyTorch formula, and
-ropelib at b2 s16384 (the same bytes in longer sequences). The gradients of q, k and both norm weights
-are handed back; `copy pair` is two copies of q and k, so `copy/way` is the floor's ratio.
+ropelib at b2 s16384 (the same bytes in longer sequences). The gradients of q, k and both norm
+weights are handed back; `copy pair` is two copies of q and k, so `copy/way` is the floor's
+ratio.
 
     python3 benchmarks/fwdbwd_probe.py > fwdbwd_probe.log
     python3 benchmarks/fwdbwd_probe.py --multi-axis-rounds > fwdbwd_probe_rounds.log
