@@ -95,8 +95,8 @@ print(f"x: [S={S}, B={B}, H={H}, D={D}] on {device}")
 # $16384 \times 128$ fp32 angles, is 8 MiB; an H200 has 60 MiB of L2, as the profiler reports
 # it: the cell prints it), so they cost instructions and cache bandwidth rather than DRAM bytes.
 # The other cost is the number of
-# programs: each naive program moves only one row — 512 bytes for $D = 128$ in bf16 — and a
-# GPU pays a fixed price to start every program. Here is the bill for the reference case:
+# programs: each naive program moves only one row — 512 bytes for $D = 128$ in bf16 — and
+# every program has to be started and retired. Here is the bill for the reference case:
 
 # %%
 Sr, Br, Hr, Dr = 16384, 8, 32, 128            # the reference case: 1 GiB of bf16 activations
@@ -709,8 +709,9 @@ else:
 #    programs, not because it reuses cos/sin: a variant with one row per program and no sine or
 #    cosine at all is as slow as the naive kernel (section 5.3), and a million one-row programs
 #    leave most of an SM's warp slots empty (section 5.4).
-# 2. Once programs are few enough, the time follows the KiB of $x$ that an SM's warps keep in
-#    flight, occupancy × bytes per warp; more heads per program raise it (section 5.4).
+# 2. Once programs are few enough, the Triton variants that execute few instructions per
+#    element get faster as the KiB of $x$ an SM's warps request per step rises (occupancy ×
+#    bytes per warp); more heads per program raise it (section 5.4).
 # 3. It beats TE's fused kernel at $b = 8$ although TE evaluates fewer sines and cosines and
 #    moves the same bytes with a fuller SM: TE issues two and a half times the grid's
 #    instructions per element, and issuing them takes two-thirds of its time. At $b = 1$ the
@@ -758,8 +759,8 @@ assert plan_cols["heads_all_one_b"]["cos_sin_per_position"] * 32 == B_a * H_a * 
 # per program, `UNROLL_B` for a batch loop unrolled at compile time, `TABLE` to read cos/sin from
 # tables instead of computing them, and the launch's `num_warps`. Its grid is
 # $(S, \lceil H / \text{BLOCK\_H} \rceil, B / \text{BATCH\_PER\_PROGRAM})$; with one head and all
-# $B$ rows per program it is section 2's $(S, H)$ grid. The next two cells are that kernel and the
-# helper that rotates one tile, character for character as the benchmarks run them (the test of
+# $B$ rows per program it is section 2's $(S, H)$ grid. The next two cells are the helper that
+# rotates one tile and that kernel, character for character as the benchmarks run them (the test of
 # section 2.3 checks it), and they are yours to edit. The cell after them launches your copy for
 # every variant of `ablation.variants(H)` at this notebook's shape, compares each output with the
 # fp64 reference and, bit for bit, with the course module's launch of the same variant
@@ -1008,8 +1009,8 @@ else:
 #
 # Read each ratio against the question it answers, and keep its limits in mind: one GPU, two
 # sizes, bf16 only, one run.
-# The CSV keeps the 20 % and 80 % quantiles of every timing; in this run they lie at most about
-# two percent of the median apart (the cell below prints the widest). A factor that changes the
+# The CSV keeps the 20 % and 80 % quantiles of every timing; in this run they lie at most 1.7 %
+# of the median apart (the cell above prints it). A factor that changes the
 # time by less than that has not been shown to matter. That spread is noise *within* one run;
 # between runs a time can move more (section 5.1 sets a live run beside the committed one), so a
 # small difference between two CSVs is weaker evidence than the same difference inside one.
@@ -1038,27 +1039,24 @@ else:
 # - **A million one-warp, one-row programs take the same time, whatever they do.** The naive
 #   kernel, `sh_one_b` and `sh_one_b_table` each launch a million one-warp programs. Their
 #   instructions per element differ fourfold, yet their times lie within half a percent of each
-#   other: about 80 ns per program on each SM. Their achieved occupancy says why. An SM could
-#   hold 32 of these programs at once (half its 64 warp slots), yet on average it holds far
+#   other: about 80 ns per program on each SM. Their achieved occupancy points to why. An SM
+#   could hold 32 of these programs at once (half its 64 warp slots), yet on average it holds far
 #   fewer, 28, 18 and 10 % of its slots, the fewer the less each program does. So the slots
 #   stand empty, and the time follows the number of programs, not their work. Notebook 03
 #   (section 4) measured that cost on its own: an empty kernel with the same 1,048,576 one-warp
-#   programs takes 79.8 ns per program on each SM of an H200
-#   (`benchmarks/results/program_cost-nvidia-h200.csv`), the time the GPU takes to start and
-#   retire them. The batch loop divides the program count by $B$; at $s = 32768, b = 1$ it has
-#   nothing to loop over, and the batch-reuse kernel launches as many programs as the naive
-#   kernel and takes its time.
+#   programs takes as long on an H200 (`benchmarks/results/program_cost-nvidia-h200.csv`), the
+#   time the GPU takes to start and retire them. The batch loop divides the program count by $B$.
 # - **Bytes in flight = occupancy × bytes per warp.** The batch-reuse kernel's one-warp programs
 #   fill at most half of an SM's warp slots (32 programs per SM), and each warp asks for one
 #   256-byte row per step. Two warps on the same tile (`sh_loop_b_w2`) nearly double the
 #   occupancy but halve the bytes each warp holds: the same KiB per SM, the same time. Four
 #   warps on that tile (`sh_loop_b_w4`) cannot raise the occupancy further (the SM is nearly
 #   full already) but halve the bytes per warp again, and the SM's 64 warp slots now hold only
-#   16 four-warp programs: half the KiB per SM, and 1.6 times the time (notebook 03's warps
-#   timings show the same). Bytes are not the only change, though: `sh_loop_b_w4` also executes
-#   twice the warp instructions per element of `sh_loop_b_w2`, 1.39, more than the 1.23 of TE's
-#   kernel. The cause is its layout: 128 threads for a 64-element half-row, so each element is
-#   held, loaded and computed by two threads (section 5.5 compiles it and counts). This pair
+#   16 four-warp programs: half the KiB per SM, and 1.6 times the time. Bytes are not the only
+#   change, though: `sh_loop_b_w4` also executes twice the warp instructions per element of
+#   `sh_loop_b_w2`, 1.39, more than the 1.23 of TE's kernel. The cause is its layout: 128
+#   threads for a 64-element half-row, so each element is held, loaded and computed by two
+#   threads (section 5.5 compiles it and counts). This pair
 #   cannot separate bytes in flight from the duplicated instructions, and no profile here counts
 #   its stalls. Four heads per program on two warps (`heads4_loop_b`) raise both occupancy and
 #   bytes per warp: several times the KiB per SM and, at $b = 8$, a time level with the
@@ -1446,16 +1444,16 @@ assert te_counts == dict(grid=4096, te_shared=1024, te_registers=8192)
 # - **No 16-byte vectors.** Section 3 guessed that the grid might win with wide vector loads.
 #   The counters say otherwise: 142 bytes a warp load is about 4 bytes a thread (142 / 32),
 #   TE's 78 about 2, and only the copy's 512 (512 / 32) reach 16. The grid's layout, printed
-#   by the compile cell below (its `sizePerThread`), says the same: a thread loads a few bf16
+#   by the compile cell below (its `sizePerThread`), says the same: a thread loads two bf16
 #   values of a row at a time, not a 16-byte vector. Whatever the grid gains, it is not this.
 # - **The clock matters to it.** Locked at about 1.5 GHz, TE's kernel takes 289.2 µs, 19 %
 #   longer than in section 5.4's clock-free run (243.6 µs). TE's grid in Triton takes 373.1 µs
 #   locked against 293.2, while the copy (124.5 against 125.3 µs) and TE's grid from tables
 #   (145.1 against 143.7) keep their times. The batch-reusing grid slows by 5 % (190.9 against
 #   181.9 µs), about a quarter of TE's 19 %. At the locked clock TE's schedulers issue on 73 %
-#   of its cycles, and its warps wait at a block-wide barrier (0.44), where the Triton kernels
-#   never do. Its ready warps often queue for the issue slot: 3.4 warps wait as `not_selected`
-#   per instruction issued, against the grid's 0.5.
+#   of its cycles, and its warps wait at a block-wide barrier (0.44 warps per instruction
+#   issued), where the Triton kernels never do. Its ready warps often queue for the issue
+#   slot: 3.4 warps wait as `not_selected` per instruction issued, against the grid's 0.5.
 # - **Issue is not the whole of it.** At the locked clock its instructions, issued back to back,
 #   need 1.77 copies' time, yet its schedulers issued on only part of the cycles. The end of
 #   this section splits its time at the free clock.
@@ -1887,10 +1885,10 @@ assert 0 < diff["idle_us"] < 0.5
 # \underbrace{(159.6 - 63.7)}_{96\ \mu\text{s more issuing}} \;-\;
 # \underbrace{(112.4 - 78.0)}_{34\ \mu\text{s less with no warp ready}} :$$
 #
-# TE's fuller SM hides more of its waits, but not its extra issuing. What the batch loop bought
-# the grid, against TE, is few instructions per byte; in its source, a half-row tile per load,
-# the position's and head's offsets computed once per program and advanced by one stride a row,
-# and cos/sin once per $B$ rows.
+# TE's fuller SM hides more of its waits, but not its extra issuing. What the grid has, against
+# TE, is few instructions per byte; its source suggests where they are saved: a half-row tile
+# per load, the position's and head's offsets computed once per program (a row adds
+# `b * stride_xb`), and cos/sin once per $B$ rows.
 #
 # What this does not show is which of TE's differences (one-element loads, every element read
 # twice, its indexing, its barrier) costs what: they change together in TE's source, and these

@@ -32,7 +32,7 @@
 # and tolerances that fit the dtype.
 #
 # **Time:** about two hours of reading, with the exercises of sections 4, 4b and 5; section 4b
-# alone is close to half of it. The cells run in well under a minute in the Triton interpreter.
+# alone is close to half of it. The cells run in about a minute in the Triton interpreter.
 #
 # **After this notebook you will be able to**
 #
@@ -41,8 +41,9 @@
 #   `allclose` and pass a dtype-aware one;
 # - choose `allclose` tolerances from the dtype, and measure errors in ulps and norm-wise
 #   against fp64;
-# - tell which precision choices cost accuracy: a cos/sin table in the input dtype, the dtype
-#   of the math, fused multiply-add;
+# - tell which precision choices cost accuracy (a cos/sin table in the input dtype, the dtype
+#   of the math) and which only move last bits (an fp32 table or sin/cos in the kernel,
+#   fused multiply-add);
 # - make a Triton kernel equal Transformer Engine's output **bit for bit**, and prove which
 #   change did it;
 # - recognise six layout traps (sbhd vs bshd indexing, TE's duplicated angles, interleaved vs
@@ -424,11 +425,11 @@ assert torch.equal(yb.flatten()[:10], yb_moved.flatten()[:10])
 assert 10 <= n_big <= 1e-4 * yb.numel() and torch.allclose(yb, yb_moved, **debug.tolerances("bf16"))
 
 # %% [markdown]
-# 43 in a million — the size of difference the original report fits. The default tolerances are
-# no test for bf16: two *correct* bf16 kernels pass them only when their fp32 intermediates
-# round to the same bf16 value everywhere. A table that differs from TE's sin/cos in the last
-# bit breaks that; so, section 4b shows, does fusing a different product of the same formula,
-# with sin/cos equal to TE's in every bit.
+# 43 in a million, with the first ten values equal: the reported symptom. The default
+# tolerances are no test for bf16: two *correct* bf16 kernels pass them only when their fp32
+# intermediates round to the same bf16 value everywhere. A table that differs from TE's
+# sin/cos in the last bit breaks that; so, section 4b shows, does fusing a different product of
+# the same formula, with sin/cos equal to TE's in every bit.
 
 # %% [markdown]
 # ## 4. Where sin/cos come from, the dtype of the math, and FMA
@@ -500,10 +501,10 @@ if not GPU or debug.te_label(device) == "TE fused":   # the emulation here, or T
 # The ulps and the norm-wise error tell one story from two sides. Norm-wise, a bf16 table
 # and bf16 products cost a few $u$ at most (the cell asserts at most 3) — the standard
 # HF/Unsloth cache is not *wrong*, it is bf16-accurate. In ulps of outputs near zero it is
-# many ulps off (309 on the H200 page; the cell asserts more than 4), because it rounds before
-# the cancellation $x_1 c - x_2 s$ that the fp32 path does exactly. Which to report depends on
-# the question: "is this formula right?" — norm-wise; "is it as accurate as bf16 can be?" —
-# ulps. The rule for precision: keep the table in fp32 (or compute sin/cos from fp32 angles),
+# many ulps off (309 on the H200 page; the cell asserts more than 4), because it rounds to
+# bf16 before the cancellation $x_1 c - x_2 s$, which the fp32 path computes in fp32. Which to
+# report depends on the question: "is this formula right?" — norm-wise; "is it as accurate as
+# bf16 can be?" — ulps. The rule for precision: keep the table in fp32 (or compute sin/cos from fp32 angles),
 # do the math in fp32, round once on the store — what TE's fused kernel and ropelib's kernel do.
 #
 # The last row goes further: with the fused multiply-add, `max |TE - Triton|` is 0, every
@@ -1005,14 +1006,15 @@ plt.show()
 # kernel above compiled here on a GPU), the right one the file (`benchmarks/te_bits.py` on the
 # GPU in its header). Rows a to e leave nothing to a compiler: each product is rounded or sits
 # in a `tl.fma`. So each row is one computation on every machine, and the two columns agree
-# row by row (asserted on the CPU and on the file's GPU). Only row c is 0: `tl.fma` pins TE's
-# order in the source, and row d shows that the order is what matters. A dash is a count not
-# taken: libdevice does not run in the interpreter, and the last two rows need a compiler that
-# contracts (the last one, TE itself).
+# row by row (asserted on the CPU and on the file's GPU). Of these rows only c is 0: `tl.fma`
+# pins TE's order in the source, and row d shows that the order is what matters. A dash is a
+# count not taken: libdevice does not run in the interpreter, the last two rows need a
+# compiler that contracts (the last one, TE itself), and the file holds no run of this
+# notebook's kernel.
 #
 # The last two rows are the line as written with contraction on, where the compiler chooses,
-# per kernel: the same two lines match TE in one kernel and not in the other. The cell below
-# reads from the bits which product each line's fma fused.
+# per kernel: on the H200 page the same two lines match TE in one kernel and not in the other.
+# The cell below reads from the bits which product each line's fma fused.
 
 # %%
 def fused_product(y, te_order, other_order):
@@ -1105,8 +1107,8 @@ assert all(small_bf16[f"{c}/{s_}"] == 0 for c in ("free_sub", "fma_xc", "fma_rs"
 # identifies TE's computation: nvcc contracted `v_src * v_cos + v_src_rotate * v_sin` into
 # `fma(v_src, v_cos, v_src_rotate * v_sin)`. In bf16 the same fact shows as 12 to 22 elements
 # in 1,048,576 (rows a, d and e of the steps table; the cell asserts at most five per hundred
-# thousand): none at the small size, where every variant of this section agrees with TE in
-# bf16 (the file's `nb_cpu` rows), and enough to fail a bit-for-bit test at the large one.
+# thousand): none at the small size, where each of these orders agrees with TE in bf16 (the
+# file's `nb_cpu` rows), and enough to fail a bit-for-bit test at the large one.
 #
 # To make a Triton kernel equal TE bit for bit: compute cos/sin in fp32 from the fp32 angles
 # (`tl.cos`/`tl.sin`, or libdevice's precise ones — not the fast approximations), do the math in
@@ -1183,10 +1185,10 @@ elif SAME_GPU:  # tl.cos is CUDA's sincosf, TE's own
 # - **partial rotary.** The model rotates only the first $R = 0.5\,D$ features with
 #   frequencies $\omega_j = 10000^{-2j/R}$; the kernel rotates all $D$ with $10000^{-2j/D}$.
 # - **table margins.** The table has $P = S + m$ rows (TE's tests use a margin); a kernel that
-#   takes the modulus from the table, $r \bmod P$, is right for batch 0 and shifted by
-#   $bm$ positions for batch $b$.
+#   takes the modulus from the table, $r \bmod P$, is right for batch 0 and shifted back by
+#   $bm$ positions (mod $P$) for batch $b$.
 # - **in-place double rotation.** Unsloth's kernel rotates $Q$ in place. Run it first and TE
-#   then rotates the already rotated tokens: TE's output is the one that is wrong, by $2\theta$.
+#   then rotates the already rotated tokens: TE's output is the wrong one, turned by $2\theta$.
 
 # %%
 traps = ["sbhd_row_indexing", "te_freqs_reshaped", "interleaved_mismatch",
@@ -1363,10 +1365,10 @@ display(HTML("<table><tr><th>verdict</th><th>shape of the difference</th><th>cau
 
 # %% [markdown]
 # The thresholds: rounding causes stay within a few $u$ norm-wise (section 4 asserts at most 3;
-# 2.22 $u$ on the H200 page), while a layout trap moves outputs by a sizeable fraction of the
-# pair (section 5's largest differences: 7.75 to 9.09 on the H200 page), far beyond that. So
-# anything beyond $8u$ is a layout trap; below that, two sides each within one ulp of fp64 are
-# both right (a tolerance question), and a side many ulps off is a precision cause.
+# 2.22 $u$ on the H200 page), while a layout trap makes differences of order one (section 5's
+# largest: 7.75 to 9.09 on the H200 page), far beyond that. So `debug.classify` calls anything
+# beyond $8u$ a layout trap; below that, two sides each within one ulp of fp64 are both right
+# (a tolerance question), and a side many ulps off is a precision cause.
 # The rules are meant for bf16/fp16 outputs of fp32 math; in fp32 outputs fp32's own rounding
 # is no longer hidden.
 #
@@ -1465,8 +1467,8 @@ print(f"fixed: allclose with {tol} passes; max error {float(ulps.max()):.3g} ulp
 #   off fp64 near zero on the H200 page, yet 2.22 $u$ norm-wise;
 # - a correct kernel whose sin/cos differ from TE's in the last fp32 bit fails the default
 #   tolerances by a rounding step (section 3b: 43 of 1,048,576 elements);
-# - against the real TE on the H200 the fixed kernel's sin/cos equal TE's in every entry, and
-#   what separated the two was which product the fused multiply-add took. With
+# - against the real TE on the H200, `tl.cos`/`tl.sin` equal TE's sin/cos in every entry, and
+#   what separated the fixed kernel from TE was which product the fused multiply-add took. With
 #   `tl.fma(x, c, rot * s)`, TE's contraction, the kernel matched TE bit for bit; the line as
 #   written matched only where the compiler fused TE's way (section 4b's kernel, not the
 #   reproduction kernel: 12 elements).

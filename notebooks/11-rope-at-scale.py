@@ -186,8 +186,8 @@ assert all(v == 1 for v in imbalance["dual-chunk"])         # exactly 1
 # %% [markdown]
 # The contiguous split gives rank 1 almost three times rank 0's pairs; the dual-chunk split
 # gives both ranks 68. On the right, the busiest rank's work over the mean tends to 2 under the
-# contiguous split (the group runs at half speed) and stays at exactly 1 under the dual-chunk
-# one.
+# contiguous split (every rank waits for one with twice the mean attention work) and stays at
+# exactly 1 under the dual-chunk one.
 #
 # ### RoPE at global positions
 #
@@ -286,8 +286,8 @@ solution(ex.solution_dual_chunk_positions)
 # CSV holds both losses. Both ranks rotate with ropelib's kernel: on a CPU with gloo and
 # Triton's interpreter; on GPUs compiled, in fp32 so that the losses compare to fp32
 # rounding, with NCCL and one GPU per rank, or with gloo and both ranks on one GPU (NCCL
-# refuses that). The H200 page is the one-GPU case; the next cell asserts from the CSV's
-# header which case ran.
+# refuses that). The output below comes from one H200, the last case; the next cell asserts
+# from the CSV's header which case ran.
 
 # %%
 def free_port() -> int:
@@ -497,7 +497,8 @@ else:
 # each peaks at 55 % of that. The cell adds that up from the run's sizes (36.69 GiB against
 # 35.94 measured): half of one GPU's activations, the other rank's k and v for every layer
 # (kept for the backward), and the full weights, gradients and optimizer state, which CP does
-# not split. So CP buys memory first: a sequence too long for one GPU fits on several. In
+# not split. So CP buys memory first: at a little over half of one GPU's peak per rank, a
+# sequence somewhat too long for one GPU would fit on two. In
 # speed, two ranks are 1.30 times as fast as one GPU, not twice; the end of this section asks
 # why. First, whether the two-rank run trains the same model.
 
@@ -697,7 +698,7 @@ assert (round(tflops[1]), round(tflops[2])) == (455, 311)
 #
 # **Takeaway:** the dual-chunk split with RoPE at global positions makes CP compute what one
 # GPU computes; each rank needs 55 % of one GPU's memory, and the speed it gives up here lies,
-# by the fit, in how each rank's attention runs, not in the collectives.
+# by the fit, mostly in how each rank's attention runs (750 of the 964 ms).
 #
 # ## 4. Decoding with the fused cache write
 #
@@ -1183,9 +1184,9 @@ else:
 # with fp8. An eager point holds the host's work per call (Python, dispatch, the launch), but
 # not all of it: `triton.testing.do_bench` clears the L2 cache on the GPU before each call
 # without waiting for it, so the host issues the call's launches while the GPU clears, and
-# that work is hidden. That is how, at batch 8 and 64 with a contiguous bf16 cache, the eager
-# fused step (5.8, 6.8 µs) beat its replay (7.1, 7.3 µs): a replay has a cost of its own,
-# not measured here. Read the dashed lines as a step without the host's per-launch work, not
+# that work is hidden. That would explain how, at batch 8 and 64 with a contiguous bf16 cache,
+# the eager fused step (5.8, 6.8 µs) beat its replay (7.1, 7.3 µs), if a replay has a cost of
+# its own; neither is measured here. Read the dashed lines as a step without the host's per-launch work, not
 # as the kernels' own time.
 
 # %%
@@ -1357,8 +1358,8 @@ for cache in ("contiguous", "paged"):      # per cache: to fp32, divide, clamp, 
 
 # %% [markdown]
 # The fused step is one Triton kernel for every cache: `_rope_kv_cache_kernel`, or
-# `_rope_kv_paged_kernel` for a paged cache, with no PyTorch operator around it. On a GPU the
-# profiler lists exactly that one CUDA kernel (asserted there). The unfused step is one Triton
+# `_rope_kv_paged_kernel` for a paged cache, with no PyTorch operator around it. The unfused
+# step is one Triton
 # launch (`apply_rope_qk` rotates q and k together) and then the cache write in PyTorch:
 #
 # - 6 ATen operators with a contiguous bf16 cache: the positions to int64, two `arange` and an
@@ -1379,9 +1380,9 @@ for cache in ("contiguous", "paged"):      # per cache: to fp32, divide, clamp, 
 # - **About 1.9 µs a kernel.** At batch 1, where the bytes are fewest, a least-squares line
 #   through the four replayed times against the count gives 6.2 µs fixed and 1.9 µs per
 #   operation, every time within 0.4 µs of it. The fixed part is about the whole fused step
-#   (6.1 to 7.0 µs); what it is made of is not measured. A graph removes the host's work per
-#   launch, not the kernels: at batch 1 the fused step gains mostly the kernels it does not
-#   run.
+#   (6.1 to 7.0 µs); what it is made of is not measured. A graph removes the host's launches
+#   but still runs every kernel, so replayed at batch 1 the fused step's gain is mostly the
+#   kernels it does not run.
 # - **Eagerly the unfused step is slower again**: at least 60.3, 128.8, 200.1 and 237.8 µs,
 #   more than twice its slowest replay for every cache, the host's dispatch of each operation
 #   among the difference.
@@ -1498,8 +1499,8 @@ assert as_stated((min(two_vs_unfused), max(two_vs_unfused)), (2.2, 4.8))
 #   gives every rank exactly $S(S+1)/2c$ pairs.
 # - A rank's tokens keep their global positions: `apply_rope(..., cp_size, cp_rank)` rotates a
 #   shard bit for bit as the full sequence; attention all-gathers k and v and runs two
-#   bottom-right causal blocks (`cp.dual_chunk_attention`). Two processes train to the
-#   1-process loss within a few fp32 ulps.
+#   bottom-right causal blocks (`cp.dual_chunk_attention`). Over 3 fp32 steps, two processes
+#   reach the 1-process loss within a few ulps; over 200 bf16 steps, well inside the seed gap.
 # - On H200s, two ranks ran a 131072-token step 1.30 times as fast as one GPU, each peaking at
 #   55 % of its memory. A fit of $t = aS^2 + bS$ through two lengths puts 750 of the 964 ms
 #   shortfall in the $S^2$ term: each rank's attention at 68 % of one GPU's rate, for a reason
