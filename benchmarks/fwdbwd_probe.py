@@ -89,7 +89,7 @@ def qk_norm_cases(dev):
                            (2, 16384, "ropelib", qn.norm_rope_ropelib)):
         args, grads = qn.inputs(B, S, 32, 8, 128, torch.bfloat16, dev)
         want, _ = qn.reference(args, grads, exact_angles=name.endswith("angles"))
-        leaves = [a.detach().requires_grad_(i < 4) for i, a in enumerate(args)]
+        leaves = qn._leaves(args, True)
         table = args[4:]
         assert qn.max_abs_err(fn(*leaves[:4], *table), want) <= qn.MAX_ABS_ERR, name
         out[f"qk_norm_rope b{B} s{S} 32/8 heads, {name}"] = (

@@ -9,8 +9,8 @@ holds a ropelib/ of its own, where there is no git history); each variant (REV o
 clocks drift alike for all. Each run times, beside a device copy of q and k in the same process (ratios, 1.00 =
 the copy's time; forward+backward against two copies), the forward and forward+backward of
 the floor suite's Qwen3-sized blocks (forward+backward also replayed from a CUDA graph, beside
-copies replayed so: the device's time alone), and the host time of an eager decode call. Prints the
-range over the repeats for each variant.
+copies replayed so: the device's time alone), and the host time of an eager decode call.
+Prints the range over the repeats for each variant.
 """
 import argparse
 import json
@@ -28,7 +28,9 @@ torch.manual_seed(0)
 def ms(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=200)
 def replayed(fn, calls=10):
-    """ms per call of fn replayed from a CUDA graph of `calls` calls: the device's time alone"""
+    """ms per call of fn replayed from a CUDA graph of `calls` calls: the device's time alone.
+    (Not ropelib.bench.suite.graph_replay_ms: each variant imports its own ropelib, and every
+    variant must be timed by the same code.)"""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):

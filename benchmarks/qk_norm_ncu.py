@@ -49,10 +49,7 @@ def launches(device: str):
         args, grads = qn.inputs(B, S, HQ, HK, D, torch.bfloat16, device)
         label = f"b{B} s{S}"
         extra[label] = (args, grads)
-        leaves = qn._leaves(args, True)
-        step = compare.fwdbwd_step(lambda leaves=leaves: qn.norm_rope_ropelib(*leaves),
-                                   leaves[:4], grads)
-        calls.append((label, step))
+        calls.append((label, qn._step(qn.norm_rope_ropelib, args, grads, True)))
     return calls, extra
 
 
