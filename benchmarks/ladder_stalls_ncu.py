@@ -24,17 +24,19 @@ finished kernel, 18 launches in that order.
 `--check` runs the launches once without the profiler and checks them (a GPU, or Triton's
 interpreter at a small size).
 """
-import importlib.util
 import sys
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+for _path in (ROOT, ROOT / "benchmarks"):   # ropelib without `pip install -e .`, and
+    if str(_path) not in sys.path:          # mechanism.py however this file is loaded
+        sys.path.insert(0, str(_path))
 import ropelib  # noqa: E402
 from ropelib.bench import compare, routes  # noqa: E402
 from ropelib.course import ladder  # noqa: E402
+import mechanism  # noqa: E402  (benchmarks/mechanism.py: its copy)
 
 CASES = (("s4096-b8", 4096, 8), ("s32768-b1", 32768, 1))
 METRICS = (*compare.WARP_STATE_METRICS,
@@ -48,17 +50,9 @@ METRICS = (*compare.WARP_STATE_METRICS,
            "sm__throughput.avg.pct_of_peak_sustained_elapsed")
 
 
-def _mechanism():
-    spec = importlib.util.spec_from_file_location("mechanism", ROOT / "benchmarks" / "mechanism.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def launches(device: str):
     """(label, call) for each launch above, a call returning its output; and the check's
     inputs per case."""
-    copy_triton = _mechanism().copy_triton
     H, D = (32, 128) if device == "cuda" else (3, 16)
     cases = CASES if device == "cuda" else (("s5-b3", 5, 3), ("s7-b1", 7, 1))
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -69,7 +63,7 @@ def launches(device: str):
         freqs = compare.angles(S, D).to(device).view(S, 1, 1, D)
         inputs[case] = (x, freqs)
         y = torch.empty_like(x)
-        calls.append((f"{case} copy", lambda x=x, y=y: copy_triton(x, y)))
+        calls.append((f"{case} copy", lambda x=x, y=y: mechanism.copy_triton(x, y)))
         for rung in ladder.NAMES:
             calls.append((f"{case} {rung}",
                           lambda rung=rung, x=x, f=freqs, y=y: ladder.rope_ladder(rung, x, f,

@@ -25,27 +25,20 @@ and each copy evaluates its own sin and cos. The XU pipe's count says whether th
 `--check` runs the launches once without the profiler and checks them (a GPU, or Triton's
 interpreter at a small size).
 """
-import importlib.util
 import sys
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+for _path in (ROOT, ROOT / "benchmarks"):   # ropelib without `pip install -e .`, and
+    if str(_path) not in sys.path:          # mechanism.py however this file is loaded
+        sys.path.insert(0, str(_path))
 import ropelib  # noqa: E402
 from ropelib.bench import compare  # noqa: E402
 from ropelib.course.kernels.naive import rope_naive  # noqa: E402
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-mechanism, program_cost = _load("mechanism"), _load("program_cost")
+import mechanism  # noqa: E402  (benchmarks/mechanism.py: its copy)
+import program_cost  # noqa: E402  (benchmarks/program_cost.py: its one-row kernel)
 
 WARPS = (1, 2, 4, 8)
 METRICS = (*compare.WARP_STATE_METRICS, *compare.INSTRUCTION_MIX_METRICS,

@@ -29,20 +29,18 @@ variants). Every rotation is checked against the fp64 reference before profiling
 knows on this machine's GPU); `--check` runs the launches once without the profiler and checks
 them (a GPU, or Triton's interpreter at a small size, where TE is absent).
 """
-import importlib.util
 import sys
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+for _path in (ROOT, ROOT / "benchmarks"):   # ropelib without `pip install -e .`, and
+    if str(_path) not in sys.path:          # mechanism.py however this file is loaded
+        sys.path.insert(0, str(_path))
 import ropelib  # noqa: E402
 from ropelib.bench import compare  # noqa: E402
-
-_spec = importlib.util.spec_from_file_location("mechanism", ROOT / "benchmarks" / "mechanism.py")
-mechanism = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(mechanism)
+import mechanism  # noqa: E402  (benchmarks/mechanism.py: its variants and copy)
 
 VARIANTS = ("te_fused", "sh_loop_b", "heads_all_one_b", "heads_all_one_b_table", "copy")
 METRICS = (*compare.WARP_STATE_METRICS, *compare.INSTRUCTION_MIX_METRICS,

@@ -1410,16 +1410,20 @@ def cycles(m, S):
                 sin_cos_copies=m["smsp__inst_executed_pipe_xu.sum"] / (S * 64 * 2 / 32))
 
 
-prof = {}
-for i, (case, S) in enumerate(STALL_CASES.items()):
-    for j, name in enumerate(STALL_NAMES):
-        prof[case, name] = cycles(stall_kernels[i * len(STALL_NAMES) + j]["metrics"], S)
+def profile(kernels, case):
+    """{name: cycles()} of one size's launches in a profile's kernels (its sizes in order)."""
+    first = list(STALL_CASES).index(case) * len(STALL_NAMES)
+    return {name: cycles(kernels[first + j]["metrics"], STALL_CASES[case])
+            for j, name in enumerate(STALL_NAMES)}
+
+
+prof = {case: profile(stall_kernels, case) for case in STALL_CASES}
 print(f"{STALLS_CSV.name}: NVIDIA H200, bf16 sbhd h=32 d=128, Nsight Compute's base clock")
 for case in STALL_CASES:
     print(f"\n{case:10s}{'us':>8s}{'DRAM TB/s':>11s}{'written MB':>12s}{'warp inst M':>13s}"
           f"{'issuing':>9s}{'occupancy':>11s}{'waiting on memory':>19s}{'sin/cos copies':>16s}")
     for name in STALL_NAMES:
-        p = prof[case, name]
+        p = prof[case][name]
         copies = (f"{p['sin_cos_copies']:16.0f}" if name in ("heads", "tile", "warps", "chunks",
                                                              "accurate") else "")
         print(f"  {name:14s}{p['us']:8.1f}"
@@ -1431,7 +1435,7 @@ def r(v, digits=1):
     return round(v, digits)
 
 
-b8, b1 = ({n: prof[c, n] for n in STALL_NAMES} for c in STALL_CASES)
+b8, b1 = (prof[c] for c in STALL_CASES)
 # b = 8. heads, tile and warps: the same time and DRAM rate while the instructions grow by
 # 45 %, the schedulers issuing in a third to under half of their cycles: memory sets the pace
 assert [r(b8[n]["us"]) for n in ("heads", "tile", "warps")] == [145.4, 146.5, 147.4]
@@ -1448,7 +1452,7 @@ print(f"\nb = 8, chunks against warps: {extra_us:+.1f} us, {extra_mb:+.1f} MB wr
 assert [r(b8[n]["tb_s"], 2) for n in ("warps", "chunks")] == [3.51, 3.50]
 assert r(b8["chunks"]["inst_m"] / b8["warps"]["inst_m"] - 1, 2) == 0.03
 assert (r(extra_mb), r(extra_us), r(writes_us)) == (16.1, 5.0, 4.6)
-assert r(prof["s4096-b8", "copy"]["written_mb"]) == 244.2        # the copy's too fall short
+assert r(prof["s4096-b8"]["copy"]["written_mb"]) == 244.2        # the copy's too fall short
 # equal halves: the writes back where the warps rung had them, and a faster DRAM rate
 eh, acc = b8["equal_halves"], b8["accurate"]
 at_new_rate = (acc["tb_s"] * acc["us"]) / eh["tb_s"]          # the accurate rung's bytes
@@ -1507,8 +1511,7 @@ FREE_CSV = measured.RESULTS / "ladder_stalls_ncu-nvidia-h200-20261201-2335-clock
 free_kernels = measured.ncu_kernels(FREE_CSV)
 assert "--clock-control none" in compare.read_meta(FREE_CSV)["what"]
 assert [k["kernel"] for k in free_kernels] == [k["kernel"] for k in stall_kernels]
-free = {n: cycles(free_kernels[len(STALL_NAMES) + j]["metrics"], STALL_CASES["s32768-b1"])
-        for j, n in enumerate(STALL_NAMES)}
+free = profile(free_kernels, "s32768-b1")
 free_more = free["tile"]["inst_m"] / free["heads"]["inst_m"]
 free_predicted = free_more * free["heads"]["issuing"] / free["tile"]["issuing"]
 print(f"b = 1 at the GPU's own clock, tile against heads: {free['tile']['us']:.1f} against "

@@ -267,12 +267,14 @@ def _rope_batch_reuse_kernel(
 # grid $(S, H)$ and passes the strides of every tensor, so any view of $x$ (a stride-0 gradient
 # included) is read as it is. It also passes the half width, its power-of-two tile and
 # `BACKWARD`, `COMPUTE_DTYPE` and `BF16_RTNE`. `COMPUTE_DTYPE` is fp64 for fp64 inputs, which
-# `gradcheck` needs (section 4).
+# `gradcheck` needs (section 4). `num_warps`, the warps of each program, stays at Triton's
+# default, 4, unless the caller asks for another (the timing cell after exercise 3 runs 1 too).
 
 # %%
-def rope_cell(x, freqs, *, backward=False):
+def rope_cell(x, freqs, *, backward=False, num_warps=4):
     """Launch the kernel of the cell above: x [S, B, H, D] (any strides), fp32 angles freqs
-    [P, 1, 1, D] or [P, D] (P >= S); returns a new contiguous tensor of x's dtype."""
+    [P, 1, 1, D] or [P, D] (P >= S); returns a new contiguous tensor of x's dtype. num_warps:
+    warps per program (4 is Triton's default; the interpreter ignores it)."""
     S, B, H, D = x.shape
     f2 = freqs.reshape(freqs.shape[0], D)                     # [P, D], a view when it can be
     y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -284,7 +286,7 @@ def rope_cell(x, freqs, *, backward=False):
         HALF=D // 2, BLOCK_HALF=triton.next_power_of_2(D // 2),
         BACKWARD=backward,
         COMPUTE_DTYPE=tl.float64 if x.dtype == torch.float64 else tl.float32,
-        BF16_RTNE=BF16_RTNE)
+        BF16_RTNE=BF16_RTNE, num_warps=num_warps)
     return y
 
 # %% [markdown]
@@ -457,6 +459,11 @@ print("gradients match the reference's autograd in fp32, fp16 and bf16")
 # `ropelib.apply_rope` pass, while the same op computed in fp32 and cast back fails. Then it
 # takes the finite differences itself, with section 2's kernel in fp32 and in fp64, and prints
 # how far the fp32 ones land from the fp64 ones.
+#
+# `ropelib.apply_rope` is checked twice, on TE's table and on a table whose two halves differ,
+# because on TE's table the transpose and a backward that negates the sines without swapping
+# them give the same numbers, so only the second table can catch a missing swap. The cell
+# prints how far such a backward would land from $J^{\top}$ on each table.
 
 # %%
 x_small = torch.randn(3, 2, 1, 8, device=device, dtype=torch.float64, requires_grad=True)
@@ -467,7 +474,31 @@ print("gradcheck (float64): passed")
 # the finished kernel of notebook 05, through ropelib's autograd
 assert torch.autograd.gradcheck(lambda t: ropelib.apply_rope(t, f_small, layout="sbhd"),
                                 (x_small,), eps=1e-6, atol=1e-8)
-print("gradcheck of ropelib.apply_rope (the finished kernel): passed")
+print("gradcheck of ropelib.apply_rope (the finished kernel), TE's table: passed")
+f_halves = torch.rand(3, 1, 1, 8, device=device) * 6 - 3      # per feature: the halves differ
+assert torch.autograd.gradcheck(lambda t: ropelib.apply_rope(t, f_halves, layout="sbhd"),
+                                (x_small,), eps=1e-6, atol=1e-8)
+print("gradcheck of ropelib.apply_rope, a table whose two halves differ: passed")
+
+# Could that second gradcheck fail? A backward that negated the sines without swapping them
+# would be the forward at -theta: the matrix J(-theta) where J(theta)^T belongs. gradcheck
+# compares the transpose of the backward's matrix with its finite differences (~ J(theta)),
+# entry by entry; the reference's autograd measures that gap on both tables.
+def full_jacobian(f):
+    """[N, N] d y / d x of the reference at the angles f, N = x_small.numel()."""
+    return torch.autograd.functional.jacobian(
+        lambda v: reference.rope_reference(v.view_as(x_small), f).flatten(),
+        x_small.detach().flatten())
+
+
+negate_only_err = {}
+for name, f in (("TE's table", f_small), ("halves differ", f_halves)):
+    negate_only_err[name] = (full_jacobian(-f).T - full_jacobian(f)).abs().max().item()
+    print(f"  negated, unswapped sines: the backward's entries up to {negate_only_err[name]:.2e} "
+          f"away from J's, {name}")
+assert negate_only_err["TE's table"] < 1e-12     # TE's table cannot tell the two apart
+# entries of J are at most 1 in size and gradcheck allows 1e-8 + 1e-3 x |entry|: caught
+assert negate_only_err["halves differ"] > 1e-2
 
 
 class RopeInFp32(torch.autograd.Function):
@@ -575,8 +606,15 @@ print("expanded input: forward reads stride 0, backward's gradients summed over 
 # and prints the ratio and each path's GB/s; it asserts only the direction, with a wide margin:
 # the path with the copy takes more than 1.5x the time. Compare the printed ratio with the 3 of
 # the byte model. Where it lands above 3, the path with the copy moved its bytes at a lower GB/s
-# than the kernel alone; the cell measures only times, so it does not say where that gap comes
-# from.
+# than the kernel alone.
+#
+# Which of its two pieces is slow? The cell also times them apart: `g_sum.contiguous()` alone
+# (it writes $4N$ bytes and reads one cell), and the kernel alone on a gradient made contiguous
+# once, outside the timed call (it reads $4N$ and writes $4N$). It prints the copied path beside
+# the sum of the two pieces, asserting only that they agree to 25 %, so that the pieces account
+# for the path, and each piece's GB/s beside the as-is kernel's. A piece that runs below the
+# as-is kernel's GB/s is where a gap above 3x comes from (at the as-is GB/s both pieces together
+# would take exactly 3x); the cell names the pieces that do, in its last line.
 
 # %%
 if GPU:
@@ -595,6 +633,21 @@ if GPU:
     print(f"  the byte model predicts 3x; the copy path ran at {gbps_copied / gbps_as_is:.2f} "
           "of the GB/s of the kernel alone")
     assert copied_ms > 1.5 * as_is_ms, "the copy adds two passes over N: it cannot be free"
+
+    # the copied path in two pieces: the copy alone, and the kernel on a contiguous dL/dy
+    g_c = g_sum.contiguous()                                      # made once, not timed
+    contig_ms = do_bench(lambda: g_sum.contiguous())
+    on_contig_ms = do_bench(lambda: rope_cell(g_c, freqs, backward=True))
+    gbps_piece = {"g_sum.contiguous() alone": n_bytes / contig_ms / 1e6,            # writes 4N
+                  "kernel on contiguous dL/dy": 2 * n_bytes / on_contig_ms / 1e6}  # reads, writes
+    print(f"  copied {copied_ms * 1e3:.1f} us ~ copy {contig_ms * 1e3:.1f} us + kernel on "
+          f"contiguous {on_contig_ms * 1e3:.1f} us = {(contig_ms + on_contig_ms) * 1e3:.1f} us")
+    for name, gbps in gbps_piece.items():
+        print(f"    {name:27s} {gbps:5.0f} GB/s, {gbps / gbps_as_is:.2f} of the as-is kernel's")
+    slow = [name for name, gbps in gbps_piece.items() if gbps < gbps_as_is]
+    print("  below the as-is kernel's GB/s:", ", ".join(slow) or "neither piece")
+    assert abs(contig_ms + on_contig_ms - copied_ms) < 0.25 * copied_ms, \
+        "the two pieces should account for the copied path"
 else:
     print("timed on a GPU only (the interpreter's times say nothing of memory traffic)")
 
@@ -715,11 +768,16 @@ solution(ex.solution_rope_backward)
 # bf16, a copy of $\partial L/\partial y$, section 2's forward and your launcher (the worked one
 # until exercise 3's check passes), each with `triton.testing.do_bench` (median, and the 20th
 # and 80th percentiles). It prints each speed as a fraction of the copy's (copy time / kernel
-# time: 1 = as fast as the copy) and asserts no speed; it checks your gradient against section
-# 2's before it times it. Where does yours land beside the forward? If well below, compare your
-# loads and your grid with section 2's kernel. Section 2's launcher leaves `num_warps` at
-# Triton's default, 4; notebook 04 measured this kernel at about 44 % of a copy on 4 warps and
-# 71 % on one (the ablation's `sh_loop_b_w4` and `sh_loop_b_w1`): launch yours with
+# time: 1 = as fast as the copy); it checks your gradient against section 2's before it times
+# it. Where does yours land beside the forward? If well below, compare your loads and your grid
+# with section 2's kernel.
+#
+# The forward runs twice: with `rope_cell`'s default `num_warps=4` and with `num_warps=1`, on
+# the same tensors. At this page's $D = 128$, four warps spread a 64-element half-row over 128
+# threads, so each element is loaded and computed by two threads, and an SM keeps fewer bytes
+# in flight; notebook 04 (section 5.4, the ablation's `sh_loop_b_w4` and `sh_loop_b_w1`)
+# measured this shape faster on one warp. The cell asserts only that direction, one warp
+# closer to the copy than four; how much closer is printed below. Then launch yours with
 # `num_warps=1` and compare again.
 
 # %%
@@ -729,9 +787,12 @@ if GPU:
     from triton.testing import do_bench
     x_bf, g_bf = x.to(torch.bfloat16), g.to(torch.bfloat16)      # [S, B, H, D] bf16
     torch.testing.assert_close(backward_timed(g_bf, freqs), rope_cell(g_bf, freqs, backward=True))
+    torch.testing.assert_close(rope_cell(x_bf, freqs, num_warps=1), rope_cell(x_bf, freqs))
     copy_out = torch.empty_like(g_bf)
+    w4, w1 = "forward (section 2's, num_warps=4)", "forward (section 2's, num_warps=1)"
     timed = {"copy of dL/dy": lambda: copy_out.copy_(g_bf),
-             "forward (section 2's kernel)": lambda: rope_cell(x_bf, freqs),
+             w4: lambda: rope_cell(x_bf, freqs, num_warps=4),
+             w1: lambda: rope_cell(x_bf, freqs, num_warps=1),
              "backward (" + ("yours" if launcher_ok else "worked") + ")":
                  lambda: backward_timed(g_bf, freqs)}
     ms = {name: do_bench(fn, quantiles=[0.5, 0.2, 0.8]) for name, fn in timed.items()}
@@ -740,8 +801,9 @@ if GPU:
     print(f"{torch.cuda.get_device_name()}, dL/dy [{S}, {B}, {H}, {D}] bf16: {grad_mib:.0f} MiB "
           f"read and {grad_mib:.0f} MiB written, beside {angle_mib:.0f} MiB of fp32 angles")
     for name, (med, lo, hi) in ms.items():
-        print(f"  {name:30s} {med * 1e3:8.1f} us (p20-p80 {lo * 1e3:.1f}-{hi * 1e3:.1f})  "
+        print(f"  {name:35s} {med * 1e3:8.1f} us (p20-p80 {lo * 1e3:.1f}-{hi * 1e3:.1f})  "
               f"{copy_ms / med:.2f} of a copy")
+    assert ms[w1][0] < ms[w4][0], "one warp per program should be the faster launch here"
 else:
     print("timed on a GPU only (the interpreter runs one program after another in Python)")
 

@@ -816,11 +816,16 @@ def speed(rows, norm, name, column, tokens):
     return r[column], r["low"], r["high"]
 
 
+def print_speeds(label, rows, norm, name, column, width):
+    """One variant's line: its median speed (low-high) at each token count."""
+    print(f"  {label:{width}}" + "".join(
+        "{:>8.3f} ({:.3f}-{:.3f})".format(*speed(rows, norm, name, column, t)) for t in TOKENS))
+
+
 for title, bars, column in PANELS:
     print(f"{title.replace(chr(10), ' ')}, median of 7 rounds (range)")
     for label, rows, norm, name, _ in bars:
-        print(f"  {label:46}" + "".join(
-            "{:>8.3f} ({:.3f}-{:.3f})".format(*speed(rows, norm, name, column, t)) for t in TOKENS))
+        print_speeds(label, rows, norm, name, column, 46)
 
 
 def draw_shipped(path):
@@ -948,8 +953,7 @@ for label, rows, norm, name in (("fused, dY written once", dy, False, DY_ONCE),
                                 ("fused, prologues", dy, False, PROLOGUES),
                                 ("QK-norm, prologues (first run)", dy_norm[0], True,
                                  NORM_PROLOGUES)):
-    print(f"  {label:34}" + "".join("{:>8.3f} ({:.3f}-{:.3f})".format(
-        *speed(rows, norm, name, "unfused_ms_over_ms", t)) for t in TOKENS))
+    print_speeds(label, rows, norm, name, "unfused_ms_over_ms", 34)
 assert of_unfused(dy, DY_ONCE) == [1.05, 0.99]
 assert of_unfused(dy, DY_ONCE, "low") == [1.01, 0.96]
 assert of_unfused(dy, DY_ONCE, "high") == [1.12, 1.03]
@@ -996,8 +1000,7 @@ for label, rows, norm, name in (("fused, dY written once", dy_shuffled, False, D
                                 ("QK-norm: fused, dY written once", norm_shuffled, True, NORM_ONCE),
                                 ("QK-norm: unfused from a table", norm_shuffled, True,
                                  TABLE_UNFUSED)):
-    print(f"  {label:34}" + "".join("{:>8.3f} ({:.3f}-{:.3f})".format(
-        *speed(rows, norm, name, "unfused_ms_over_ms", t)) for t in TOKENS))
+    print_speeds(label, rows, norm, name, "unfused_ms_over_ms", 34)
 assert of_unfused(dy_shuffled, DY_ONCE) == [0.97, 1.01]
 assert of_unfused(dy_shuffled, DY_ONCE, "low") == [0.95, 0.89]
 assert of_unfused(dy_shuffled, DY_ONCE, "high") == [1.05, 1.1]
