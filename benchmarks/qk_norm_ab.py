@@ -46,12 +46,18 @@ res = {}
 for name, B, S, HQ, HK, kind in [("b8 s4096 32/8 angles", 8, 4096, 32, 8, "angles"),
                                  ("b8 s4096 32/8 cos/sin", 8, 4096, 32, 8, "cos"),
                                  ("b2 s16384 40/8 angles", 2, 16384, 40, 8, "angles"),
-                                 ("b8 s16384 32/8 angles", 8, 16384, 32, 8, "angles")]:
-    q = torch.randn(B, S, HQ, 128, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(B, S, HK, 128, device="cuda", dtype=torch.bfloat16)
+                                 ("b8 s16384 32/8 angles", 8, 16384, 32, 8, "angles"),
+                                 ("b1 s32768 32/8 angles", 1, 32768, 32, 8, "angles"),
+                                 ("thd 8x4096 32/8 angles", 8, 4096, 32, 8, "thd")]:
+    shape = (B * S,) if kind == "thd" else (B, S)      # thd: B sequences of S tokens, packed
+    q = torch.randn(*shape, HQ, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(*shape, HK, 128, device="cuda", dtype=torch.bfloat16)
     w_q, w_k = (1 + 0.1 * torch.randn(128, device="cuda") for _ in range(2))
-    table = dict(freqs=ropelib.rope_freqs(S, 128, device="cuda")) if kind == "angles" else \
+    table = dict(freqs=ropelib.rope_freqs(S, 128, device="cuda")) if kind != "cos" else \
         dict(zip(("cos", "sin"), ropelib.rope_cos_sin(S, 128, device="cuda")))
+    if kind == "thd":
+        table.update(layout="thd", cu_seqlens=torch.arange(0, B * S + 1, S, device="cuda",
+                                                           dtype=torch.int32))
     qc, kc = torch.empty_like(q), torch.empty_like(k)
     copy = ms(lambda: (qc.copy_(q), kc.copy_(k)))
     qg, kg = q.clone().requires_grad_(True), k.clone().requires_grad_(True)

@@ -16,10 +16,12 @@ import pytest
 # the finished RoPE kernels' 33rd is a constexpr (X_FIRST: the planner's choice of load order
 # and a short chunk's entries, compiled in), and so is the KV-cache kernels' (ENTRIES: a GPU
 # program's batch entries, compiled in so that it finds them without a division); the QK-norm
-# backward's 33rd is N_SEQ, the count of packed sequences whose cu_seqlens it searches; the
+# backward's 33rd is N_SEQ, the count of packed sequences whose cu_seqlens it searches, and
+# its 34th a constexpr (TOKEN_BLOCKS: the token blocks a program takes before it writes its
+# partial sums of the weights' gradient, compiled in: 1 is the loop-free kernel); the
 # two-pass route's flat pass has 28, its 28th a constexpr (WAIT_PRIOR: launched early after the
 # pre-pass, it waits for the pre-pass's rows), and its pre-pass 22 (EARLY_DEPENDENTS)
-WIDEST = {"rope": 33, "kv-cache": 33, "qk-norm": 33, "multi-axis": 32, "qkv-linear": 32,
+WIDEST = {"rope": 33, "kv-cache": 33, "qk-norm": 34, "multi-axis": 32, "qkv-linear": 32,
           "two-pass": 28}
 
 

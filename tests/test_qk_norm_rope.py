@@ -378,6 +378,44 @@ def test_weight_gradients_are_deterministic(seeded):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("layout", ["bshd", "sbhd"])
+def test_backward_programs_take_several_token_blocks(layout, seeded):
+    """A backward program takes TOKEN_BLOCKS token blocks in turn and writes one partial sum for
+    all of them: 37 tokens in blocks of 8 (the interpreter's tile at 8 heads of 64) make 5
+    blocks, taken two at a time, the third group half past the end. Gradients as the
+    reference's, with half the partial rows."""
+    S, B, HQ, HK, D = 37, 2, 8, 8, 64
+    q, k, w_q, w_k, cos, sin = make(layout, torch.float32, S=S, B=B, HQ=HQ, HK=HK, D=D)
+    v = [t.detach() for t in (q, k)]
+    q4, k4 = (t.transpose(0, 1) if layout == "bshd" else t for t in v)     # [S, B, H, D]
+    gq4, gk4 = (torch.empty_like(t) for t in (q4, k4))
+    planned = kernel.plan(q4, k4, gq4, gk4, w_q.detach(), w_k.detach(), cos, sin, None,
+                          layout="sbhd", interleaved=False, eps=1e-6, weight_offset=0.0,
+                          gq4=gq4, gk4=gk4)
+    a = planned.args
+    assert (a["BLOCK_S"], a["TOKEN_BLOCKS"]) == (8, 2) and planned.grid[0] == 3 * a["HEAD_BLOCKS"]
+    assert kernel.partials(planned).shape[0] == 3
+    check_against_reference(q, k, w_q, w_k, cos, sin, layout=layout)
+
+
+def test_token_blocks_for_a_gpu():
+    """pick_token_blocks on a 132-SM GPU (pure Python): token blocks of fewer than
+    QK_NORM_GROUP_BELOW_ROWS rows are grouped up to QK_NORM_ROWS_PER_PARTIAL rows a program,
+    while the grid keeps 4 programs an SM; larger blocks are not grouped."""
+    pick = kernel.pick_token_blocks
+    rows = kernel.QK_NORM_ROWS_PER_PARTIAL
+    assert kernel.QK_NORM_GROUP_BELOW_ROWS == 16
+    # batch 1, 8 heads of one token a block (8 rows): 16 blocks a program at 4096 tokens, but
+    # at 256 tokens two, where four would leave 64 x 5 = 320 programs, under 4 an SM
+    assert pick(4096, 1, 1, 8, 1, 5, 132) == rows // 8
+    assert pick(256, 1, 1, 8, 1, 5, 132) == 2
+    # 16 rows a block (b2) and 64 (b8): one block a program
+    assert pick(16384, 2, 1, 8, 2, 6, 132) == 1
+    assert pick(4096, 8, 1, 8, 8, 5, 132) == 1
+    # decode (one token): nothing to group
+    assert pick(1, 64, 1, 8, 1, 5, 132) == 1
+
+
 def test_position_outside_the_table_gives_nan_rows(seeded):
     """The operator (unchecked) never reads outside the table: the row comes out NaN."""
     q, k, w_q, w_k, cos, sin = make("bshd", torch.float32, S=4, B=1, P=8)

@@ -1,5 +1,5 @@
 """Per-head QK-RMSNorm fused with RoPE: one kernel body, forward and backward (a constexpr switch),
-started through two entry points of 30 and 33 arguments (20 and 23 of them passed at a launch,
+started through two entry points of 30 and 34 arguments (20 and 23 of them passed at a launch,
 the rest compile-time constants).
 
 Qwen3 and Gemma 3 normalise every head vector of q and of k over the head dim before rotating it:
@@ -23,8 +23,9 @@ layout (`outputs`). A program takes a block of BLOCK_S tokens, a block of BLOCK_
 then of k: HEAD_BLOCKS = (HQ + HK) / BLOCK_H blocks, BLOCK_H divides both) and a chunk of batch
 entries. The grid is
 
-    axis 0: token blocks x head blocks       cdiv(S, BLOCK_S) * HEAD_BLOCKS, heads fastest:
-                                             program token block * HEAD_BLOCKS + head block
+    axis 0: token groups x head blocks       cdiv(S, BLOCK_S * TOKEN_BLOCKS) * HEAD_BLOCKS,
+                                             heads fastest: program
+                                             token group * HEAD_BLOCKS + head block
     axis 1: 1
     axis 2: chunks of batch entries          cdiv(B, chunk); a program takes
                                              cdiv(B, programs on this axis)
@@ -43,7 +44,10 @@ before it works on this one, so that a tile's loads are in flight while it compu
 row sits in one program, so the norm needs no second pass and no atomics. In the backward each
 program also sums gu n over every row it handled and writes that [D] partial sum to its own row
 of a [programs, D] fp32 buffer; the host sums the buffer (q's programs for w_q, k's for w_k).
-The reduction order is fixed by the grid, so gw is deterministic.
+The reduction order is fixed by the grid, so gw is deterministic. So that few rows do not leave
+many partials, a backward program of few rows a token block (batch 1, packed sequences) takes
+TOKEN_BLOCKS token blocks in turn (a token group; the forward takes one): on an H200, 8 rows a
+partial left 0.49 of two copies at b1 s32768 and 16 blocks a program 0.65 (pick_token_blocks).
 
 Math is fp32 (fp64 for fp64 inputs) with one rounding at the store. Tables follow ropelib's
 convention (one angle or cos/sin value per feature; see kernels/fused.py), or are Angles' turns,
@@ -64,12 +68,13 @@ from ..conventions import view4
 from ..frequencies import EXACT_POSITIONS
 from ..runtime import INTERPRET
 from .common import (ROUND_BF16_RTNE, batch_range, contiguous_strides, head_tile,
-                     offset_int, rotate_pair, round_to, store_pair, tile_width)
+                     offset_int, pair_features, rotate_pair, round_to, store_pair, tile_width)
 from .direct import DirectLauncher
 from .fused import SEARCH_PIVOTS, SEARCH_TILE, packed_positions, table_cos_sin
 from .planning import (OUT_AS_INPUT, OUT_LAYOUT, Launch, cdiv, needs_int64, pow2_at_least,
                        pow2_at_most, start)
-from .tiles import (QK_NORM_ELEMENTS_PER_THREAD, QK_NORM_PROGRAMS_PER_SM, QK_NORM_ROWS_PER_STEP,
+from .tiles import (QK_NORM_ELEMENTS_PER_THREAD, QK_NORM_GROUP_BELOW_ROWS,
+                    QK_NORM_PROGRAMS_PER_SM, QK_NORM_ROWS_PER_PARTIAL, QK_NORM_ROWS_PER_STEP,
                     multiprocessors)
 
 
@@ -133,7 +138,7 @@ def _norm_rope_heads(
     w_ptr,                              # its weight [D], contiguous
     cos_ptr, sin_ptr, pos_ptr,          # table (angles, or cos and sin); positions (POSITIONS)
     part_ptr,                           # backward: this program's [D] row of partial sums of gu n
-    pid_s, h0, b_lo, b_hi,              # tile origin: token block, first head, batch range
+    pid_t, h0, b_lo, b_hi,              # tile origin: token group, first head, batch range
     S, B, H, P,                         # tokens, batch, heads of this segment, table rows
     N_SEQ,                              # CU_SEQLENS: the packed sequences
     eps, weight_offset,
@@ -146,26 +151,82 @@ def _norm_rope_heads(
     TABLE_PER_ENTRY: tl.constexpr,
     POSITIONS: tl.constexpr,            # SHARED_IDS, IDS_PER_ENTRY or CU_SEQLENS
     INT64: tl.constexpr,                # offsets in int64 (a tensor passes 2^31 elements)
+    TOKEN_BLOCKS: tl.constexpr,         # token blocks of BLOCK_S a program takes, one after the
+                                        # other (token group pid_t: blocks pid_t * TOKEN_BLOCKS
+                                        # on); > 1 only in the backward, see pick_token_blocks
 ):
     HALF: tl.constexpr = R // 2
     BLOCK_HALF: tl.constexpr = tile_width(HALF)      # tiles of pairs, and of features R..D-1
     BLOCK_PASS: tl.constexpr = tile_width(D - R)     # (0 when the whole head rotates)
     # math in fp64 for fp64 inputs, else fp32
     CDT: tl.constexpr = tl.float64 if x_ptr.dtype.element_ty == tl.float64 else tl.float32
-    # rows differ between entries
-    PER_ENTRY: tl.constexpr = TABLE_PER_ENTRY or POSITIONS == IDS_PER_ENTRY
     # Fix the float arguments to the compute dtype, so every value (and the loop-carried sums)
     # keeps one type. They arrive as fp64 (the kernel's annotation) or, in the interpreter, as
     # Python floats: tl.full keeps every bit of either, where tl.cast would first round a Python
     # float to fp32 (fp64 inputs would get an fp32 eps).
     eps = tl.full((), eps, CDT)
     weight_offset = tl.full((), weight_offset, CDT)
+    j = tl.arange(0, BLOCK_HALF)                              # [BLOCK_HALF] pairs
+    d_a, d_b = pair_features(j, HALF, INTERLEAVED)
+    # the scale s = w + offset, broadcast over rows: [1, 1, BLOCK_HALF] (and [1, 1, BLOCK_PASS])
+    sw_a = (tl.load(w_ptr + d_a, mask=j < HALF, other=0.0).to(CDT) + weight_offset)[None, None, :]
+    sw_b = (tl.load(w_ptr + d_b, mask=j < HALF, other=0.0).to(CDT) + weight_offset)[None, None, :]
+    if BLOCK_PASS > 0:
+        e = R + tl.arange(0, BLOCK_PASS)
+        sw_p = (tl.load(w_ptr + e, mask=e < D, other=0.0).to(CDT) + weight_offset)[None, None, :]
+        acc_p = tl.zeros((BLOCK_PASS,), dtype=CDT)
+    else:       # (placeholders, never read: the whole head rotates)
+        e = d_a
+        sw_p = sw_a
+        acc_p = tl.zeros((BLOCK_HALF,), dtype=CDT)
+    # backward: sums of gu n over the rows the program handles, per feature
+    acc_a = tl.zeros((BLOCK_HALF,), dtype=CDT)
+    acc_b = tl.zeros((BLOCK_HALF,), dtype=CDT)
+    if TOKEN_BLOCKS == 1:
+        acc_a, acc_b, acc_p = _norm_rope_block(
+            x_ptr, gy_ptr, out_ptr, cos_ptr, sin_ptr, pos_ptr, pid_t, h0, b_lo, b_hi, S, B, H, P,
+            N_SEQ, eps, stride_x_s, stride_x_b, sw_a, sw_b, sw_p, e, acc_a, acc_b, acc_p, R, D,
+            OUT_LAYOUT, BLOCK_S, BLOCK_H, INTERLEAVED, BACKWARD, TABLE_PER_ENTRY, POSITIONS,
+            INT64)
+    else:
+        for t in range(TOKEN_BLOCKS):
+            acc_a, acc_b, acc_p = _norm_rope_block(
+                x_ptr, gy_ptr, out_ptr, cos_ptr, sin_ptr, pos_ptr, pid_t * TOKEN_BLOCKS + t, h0,
+                b_lo, b_hi, S, B, H, P, N_SEQ, eps, stride_x_s, stride_x_b, sw_a, sw_b, sw_p, e,
+                acc_a, acc_b, acc_p, R, D, OUT_LAYOUT, BLOCK_S, BLOCK_H, INTERLEAVED, BACKWARD,
+                TABLE_PER_ENTRY, POSITIONS, INT64)
+    if BACKWARD:
+        tl.store(part_ptr + d_a, acc_a, mask=j < HALF)
+        tl.store(part_ptr + d_b, acc_b, mask=j < HALF)
+        if BLOCK_PASS > 0:
+            tl.store(part_ptr + e, acc_p, mask=e < D)
+
+
+@triton.jit
+def _norm_rope_block(
+    x_ptr, gy_ptr, out_ptr, cos_ptr, sin_ptr, pos_ptr,
+    pid_s, h0, b_lo, b_hi,              # token block, first head, batch range
+    S, B, H, P, N_SEQ, eps, stride_x_s, stride_x_b,
+    sw_a, sw_b, sw_p, e,                # the scale [1, 1, pairs] (and [1, 1, BLOCK_PASS]); e:
+                                        # the features past R
+    acc_a, acc_b, acc_p,                # backward: the running sums of gu n (returned updated)
+    R: tl.constexpr, D: tl.constexpr, OUT_LAYOUT: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr,
+    INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
+    TABLE_PER_ENTRY: tl.constexpr, POSITIONS: tl.constexpr, INT64: tl.constexpr,
+):
+    # One token block of _norm_rope_heads: its tokens' table rows, then every batch entry.
+    HALF: tl.constexpr = R // 2
+    BLOCK_HALF: tl.constexpr = tile_width(HALF)
+    BLOCK_PASS: tl.constexpr = tile_width(D - R)
+    CDT: tl.constexpr = tl.float64 if x_ptr.dtype.element_ty == tl.float64 else tl.float32
+    # rows differ between entries
+    PER_ENTRY: tl.constexpr = TABLE_PER_ENTRY or POSITIONS == IDS_PER_ENTRY
     # Offsets in int32 unless INT64: with int64 row offsets sm_90's compiler issues a
     # program's four 16-byte loads of x two by two instead of together (5-7 % slower on an
     # H200, benchmarks/NOTES.md).
     s_idx, s_off, h_idx, d_a, d_b, row_ok, m, tab_mask = head_tile(
         pid_s, h0, S, H, BLOCK_S, BLOCK_H, BLOCK_HALF, HALF, INTERLEAVED, INT64)
-    j = tl.arange(0, BLOCK_HALF)                              # [BLOCK_HALF] pairs
     h_off = offset_int(h_idx, INT64)
     # (strides that are arguments, not computed: computed ones cost the backward 190 registers
     # a thread instead of 168 for sm_90, the forward a later issue of its loads)
@@ -177,22 +238,10 @@ def _norm_rope_heads(
     y_rows = s_off[:, None] * st_y_s + h_off[None, :] * st_y_h          # (gy and gx alike)
     # the table's rows are dense: [P, R], or [B, P, R] with one table per batch entry
     stride_tab_b = (tl.full([], 0, tl.int64) + P) * R if TABLE_PER_ENTRY else 0
-
-    # the scale s = w + offset, broadcast over rows: [1, 1, BLOCK_HALF] (and [1, 1, BLOCK_PASS])
-    sw_a = (tl.load(w_ptr + d_a, mask=j < HALF, other=0.0).to(CDT) + weight_offset)[None, None, :]
-    sw_b = (tl.load(w_ptr + d_b, mask=j < HALF, other=0.0).to(CDT) + weight_offset)[None, None, :]
     if BLOCK_PASS > 0:
-        e = R + tl.arange(0, BLOCK_PASS)
         mp = row_ok[:, :, None] & (e < D)[None, None, :]
-        sw_p = (tl.load(w_ptr + e, mask=e < D, other=0.0).to(CDT) + weight_offset)[None, None, :]
-    else:       # (placeholders, never read: the whole head rotates)
-        e = d_a
+    else:       # (placeholder, never read)
         mp = m
-    if BACKWARD:
-        acc_a = tl.zeros((BLOCK_HALF,), dtype=CDT)            # sum of gu n over rows, per feature
-        acc_b = tl.zeros((BLOCK_HALF,), dtype=CDT)
-        if BLOCK_PASS > 0:
-            acc_p = tl.zeros((BLOCK_PASS,), dtype=CDT)
 
     # The forward loads entry b + 1's x before it works on entry b (its first entry's before the
     # table), so a program always has a tile's loads in flight while it reduces, rotates and
@@ -281,11 +330,7 @@ def _norm_rope_heads(
                          round_to(r * (gn_p - n_p * dot), out_ptr.dtype.element_ty,
                                   ROUND_BF16_RTNE),
                          mask=mp)
-    if BACKWARD:
-        tl.store(part_ptr + d_a, acc_a, mask=j < HALF)
-        tl.store(part_ptr + d_b, acc_b, mask=j < HALF)
-        if BLOCK_PASS > 0:
-            tl.store(part_ptr + e, acc_p, mask=e < D)
+    return acc_a, acc_b, acc_p
 
 
 @triton.jit
@@ -296,7 +341,7 @@ def _norm_rope_q_and_k(
     R: tl.constexpr, D: tl.constexpr, OUT_LAYOUT: tl.constexpr,
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
     BACKWARD: tl.constexpr, TABLE_PER_ENTRY: tl.constexpr, POSITIONS: tl.constexpr,
-    INT64: tl.constexpr, HEAD_BLOCKS: tl.constexpr,
+    INT64: tl.constexpr, HEAD_BLOCKS: tl.constexpr, TOKEN_BLOCKS: tl.constexpr,
 ):
     # The program's tile: q's heads (head block below HQ / BLOCK_H), else k's. BLOCK_H divides
     # both head counts (pick_tiles). Grid axis 0 is token block * HEAD_BLOCKS + head block:
@@ -304,30 +349,31 @@ def _norm_rope_q_and_k(
     # by the runtime grid, and HK derived from it, the backward held 186-190 registers a thread
     # instead of 168 for sm_90).
     HK = HEAD_BLOCKS * BLOCK_H - HQ
-    pid_s = tl.program_id(0) // HEAD_BLOCKS
+    pid_t = tl.program_id(0) // HEAD_BLOCKS       # token group: TOKEN_BLOCKS token blocks
     pid_h = tl.program_id(0) % HEAD_BLOCKS
     pid_b = tl.program_id(2)
     b_lo, b_hi = batch_range(B)
     if BACKWARD:    # this program's row of the partial sums
-        part = part_ptr + ((pid_s * HEAD_BLOCKS + pid_h) * tl.num_programs(2)
+        part = part_ptr + ((pid_t * HEAD_BLOCKS + pid_h) * tl.num_programs(2)
                            + pid_b).to(tl.int64) * D
     else:
         part = part_ptr
     q_blocks = HQ // BLOCK_H
     if pid_h < q_blocks:
         _norm_rope_heads(q_ptr, gq_ptr, q_out_ptr, w_q_ptr, cos_ptr, sin_ptr, pos_ptr, part,
-                         pid_s, pid_h * BLOCK_H, b_lo, b_hi, S, B, HQ, P, N_SEQ, eps,
+                         pid_t, pid_h * BLOCK_H, b_lo, b_hi, S, B, HQ, P, N_SEQ, eps,
                          weight_offset, stride_q_s, stride_q_b, R, D, OUT_LAYOUT, BLOCK_S,
-                         BLOCK_H, INTERLEAVED, BACKWARD, TABLE_PER_ENTRY, POSITIONS, INT64)
+                         BLOCK_H, INTERLEAVED, BACKWARD, TABLE_PER_ENTRY, POSITIONS, INT64,
+                         TOKEN_BLOCKS)
     else:
         _norm_rope_heads(k_ptr, gk_ptr, k_out_ptr, w_k_ptr, cos_ptr, sin_ptr, pos_ptr, part,
-                         pid_s, (pid_h - q_blocks) * BLOCK_H, b_lo, b_hi, S, B, HK, P, N_SEQ,
+                         pid_t, (pid_h - q_blocks) * BLOCK_H, b_lo, b_hi, S, B, HK, P, N_SEQ,
                          eps, weight_offset, stride_k_s, stride_k_b, R, D, OUT_LAYOUT,
                          BLOCK_S, BLOCK_H, INTERLEAVED, BACKWARD, TABLE_PER_ENTRY, POSITIONS,
-                         INT64)
+                         INT64, TOKEN_BLOCKS)
 
 
-# --- the entry points: forward and backward (30 and 33 arguments) ---------------------------
+# --- the entry points: forward and backward (30 and 34 arguments) ---------------------------
 # Common to both: q and k as strided [S, B, H, D] views, heads at stride D and features at
 # stride 1; the outputs (forward: y; backward: the input gradients, and the output gradients
 # read) fresh, with q's and k's strides (OUT_LAYOUT == OUT_AS_INPUT: q and k are dense) or
@@ -360,7 +406,7 @@ def _qk_norm_rope_kernel(
                        cos_ptr, sin_ptr, pos_ptr, None, S, B, HQ, P, N_SEQ, eps,
                        weight_offset, stride_q_s, stride_q_b, stride_k_s, stride_k_b, R, D,
                        OUT_LAYOUT, BLOCK_S, BLOCK_H, INTERLEAVED, False, TABLE_PER_ENTRY,
-                       POSITIONS, INT64, HEAD_BLOCKS)
+                       POSITIONS, INT64, HEAD_BLOCKS, 1)
 
 
 @triton.jit
@@ -377,12 +423,13 @@ def _qk_norm_rope_backward_kernel(
     BLOCK_S: tl.constexpr, BLOCK_H: tl.constexpr, INTERLEAVED: tl.constexpr,
     TABLE_PER_ENTRY: tl.constexpr, POSITIONS: tl.constexpr, INT64: tl.constexpr,
     HEAD_BLOCKS: tl.constexpr,
+    TOKEN_BLOCKS: tl.constexpr,          # token blocks a program takes (pick_token_blocks)
 ):
     _norm_rope_q_and_k(q_ptr, k_ptr, grad_q_out_ptr, grad_k_out_ptr, grad_q_ptr, grad_k_ptr,
                        w_q_ptr, w_k_ptr, cos_ptr, sin_ptr, pos_ptr, part_ptr, S, B, HQ, P,
                        N_SEQ, eps, weight_offset, stride_q_s, stride_q_b, stride_k_s,
                        stride_k_b, R, D, OUT_LAYOUT, BLOCK_S, BLOCK_H, INTERLEAVED, True,
-                       TABLE_PER_ENTRY, POSITIONS, INT64, HEAD_BLOCKS)
+                       TABLE_PER_ENTRY, POSITIONS, INT64, HEAD_BLOCKS, TOKEN_BLOCKS)
 
 
 # --- host side: tiles, the plan, the launch --------------------------------------------------
@@ -431,6 +478,33 @@ def pick_tiles(S, B, HQ: int, HK: int, D: int, sm_count: Optional[int]):
         chunk = max(chunk, 1)
     num_warps = max(1, min(4, block_s * block_h * block_d // (32 * ELEMENTS_PER_THREAD)))
     return block_s, block_h, chunk, num_warps
+
+
+def pick_token_blocks(S, B, block_s: int, block_h: int, chunk, head_blocks: int,
+                      sm_count: Optional[int]) -> int:
+    """TOKEN_BLOCKS, the backward's token blocks per program (a power of two): each program
+    writes one [D] row of partial sums of the weights' gradient, which the host then sums, so a
+    program that handles few rows (one batch entry: 8 heads of one token) leaves a partial for
+    every 8 rows to read back. Where a token block holds fewer than QK_NORM_GROUP_BELOW_ROWS
+    rows, a program takes token blocks in turn until it handles QK_NORM_ROWS_PER_PARTIAL rows,
+    while the grid keeps QK_NORM_PROGRAMS_PER_SM programs an SM; elsewhere one (the loop holds
+    more registers a thread: see tiles.py). Interpreter: 2 where there are two token blocks or
+    more (half the program instances, and the loop runs where the tests can see it). 1 for a
+    symbolic S or B."""
+    if isinstance(S, torch.SymInt) or isinstance(B, torch.SymInt):
+        return 1
+    token_blocks = cdiv(S, block_s)
+    if sm_count is None:
+        return 2 if token_blocks >= 2 else 1
+    rows = block_s * block_h * min(max(B, 1), chunk)
+    if rows >= QK_NORM_GROUP_BELOW_ROWS:
+        return 1
+    programs = head_blocks * cdiv(B, chunk) if B else 0
+    n = 1
+    while (rows * n < QK_NORM_ROWS_PER_PARTIAL and 2 * n <= token_blocks
+           and cdiv(token_blocks, 2 * n) * programs >= QK_NORM_PROGRAMS_PER_SM * sm_count):
+        n *= 2
+    return n
 
 
 def _per_entry(t: Optional[torch.Tensor], dims: int) -> bool:
@@ -539,8 +613,10 @@ def plan(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch
     sm = multiprocessors(device) if on_gpu else None
     block_s, block_h, chunk, num_warps = pick_tiles(S, B, HQ, HK, D, sm)
     head_blocks = (HQ + HK) // block_h
-    # (one axis of token and head blocks, heads fastest: the header says why)
-    grid = (cdiv(S, block_s) * head_blocks, 1, cdiv(B, chunk))
+    token_blocks = pick_token_blocks(S, B, block_s, block_h, chunk, head_blocks, sm) \
+        if backward else 1
+    # (one axis of token groups and head blocks, heads fastest: the header says why)
+    grid = (cdiv(S, block_s * token_blocks) * head_blocks, 1, cdiv(B, chunk))
     assert _heads_readable(q4) and _heads_readable(k4), "heads at stride D (readable)"
     assert _dense(table, 3) and (pos is None or _dense(pos, 2)), "dense table rows and ids"
     out_as_in = q_out4.stride() == q4.stride() and k_out4.stride() == k4.stride()
@@ -564,6 +640,8 @@ def plan(q4: torch.Tensor, k4: torch.Tensor, q_out4: torch.Tensor, k_out4: torch
         INT64=needs_int64([t for t in (q4, k4, q_out4, k_out4, gq4, gk4) if t is not None]),
         HEAD_BLOCKS=head_blocks,
     )
+    if backward:
+        args["TOKEN_BLOCKS"] = token_blocks
     cdt = torch.float64 if q4.dtype == torch.float64 else torch.float32
     dtypes = (q4.dtype, k4.dtype, q_out4.dtype, k_out4.dtype, w_q.dtype, w_k.dtype, table.dtype,
               sin.dtype if sin is not None else None, pos.dtype if pos is not None else None)
@@ -583,8 +661,9 @@ def partials(planned: Launch) -> Optional[torch.Tensor]:
     """A backward launch's buffer of per-program partial sums [programs, D] (None forward)."""
     if planned.launcher is not BACKWARD:
         return None
-    a = planned.args     # [token blocks, head blocks, batch chunks, D]: the grid's programs
-    shape = (cdiv(a["S"], a["BLOCK_S"]), a["HEAD_BLOCKS"], planned.grid[2], a["D"])
+    a = planned.args     # [token groups, head blocks, batch chunks, D]: the grid's programs
+    shape = (cdiv(a["S"], a["BLOCK_S"] * a["TOKEN_BLOCKS"]), a["HEAD_BLOCKS"], planned.grid[2],
+             a["D"])
     return torch.empty(shape, dtype=planned.dtypes[-1],
                        device=planned.device)
 

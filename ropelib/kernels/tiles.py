@@ -95,6 +95,20 @@ TWO_PASS_SEQUENCE_GRID = 1
 QK_NORM_ROWS_PER_STEP = 1024
 QK_NORM_ELEMENTS_PER_THREAD = 32
 QK_NORM_PROGRAMS_PER_SM = 4      # fewer: split the batch
+# The backward's rows (token x head x batch entry) per partial sum of the weights' gradient.
+# Where a token block holds fewer than QK_NORM_GROUP_BELOW_ROWS rows, a program takes token
+# blocks in turn until it handles QK_NORM_ROWS_PER_PARTIAL (kernels/qk_norm_rope.py,
+# pick_token_blocks). Measured on an H200 (bf16, 32/8 heads of 128, forward+backward replayed
+# from a CUDA graph, against two copies;
+# results/qk_norm_ab-token-groups-nvidia-h200-20261202-0154.log): 8 rows a block, 16 blocks a
+# program: b1 s32768 0.493 -> 0.653, 8 packed sequences of 4096 0.485 -> 0.676. With more rows
+# a block the loop lost: 64 rows (b8 s4096), 2 blocks a program, 0.708 -> 0.623, the loop
+# holding 197 registers a thread against 168 for sm_90 (10 one-warp programs an SM instead of
+# 12); 16 rows (b2 s16384), 8 blocks, 0.581 -> 0.592, level (...-20261202-0145.log). Hiding the
+# features' offsets from the compiler kept 168 registers but was slower still (0.520 at b8
+# s4096).
+QK_NORM_ROWS_PER_PARTIAL = 128
+QK_NORM_GROUP_BELOW_ROWS = 16
 
 # --- RoPE + KV-cache write (kernels/kv_cache.py) ---------------------------------------------
 KV_CACHE_ELEMENTS_PER_STEP = 2048   # of q (or k) per program and batch entry (16 x 128)
