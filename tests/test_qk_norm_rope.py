@@ -378,7 +378,7 @@ def test_weight_gradients_are_deterministic(seeded):
         assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("layout", ["bshd", "sbhd"])
+@pytest.mark.parametrize("layout", ["bshd", "sbhd", "thd"])
 def test_backward_programs_take_several_token_blocks(layout, seeded):
     """A backward program takes TOKEN_BLOCKS token blocks in turn and writes one partial sum for
     all of them: 37 tokens in blocks of 8 (the interpreter's tile at 8 heads of 64) make 5
@@ -387,7 +387,9 @@ def test_backward_programs_take_several_token_blocks(layout, seeded):
     S, B, HQ, HK, D = 37, 2, 8, 8, 64
     q, k, w_q, w_k, cos, sin = make(layout, torch.float32, S=S, B=B, HQ=HQ, HK=HK, D=D)
     v = [t.detach() for t in (q, k)]
-    q4, k4 = (t.transpose(0, 1) if layout == "bshd" else t for t in v)     # [S, B, H, D]
+    view = {"bshd": lambda t: t.transpose(0, 1), "sbhd": lambda t: t,
+            "thd": lambda t: t.unsqueeze(1)}[layout]
+    q4, k4 = (view(t) for t in v)                                         # [S, B, H, D]
     gq4, gk4 = (torch.empty_like(t) for t in (q4, k4))
     planned = kernel.plan(q4, k4, gq4, gk4, w_q.detach(), w_k.detach(), cos, sin, None,
                           layout="sbhd", interleaved=False, eps=1e-6, weight_offset=0.0,
@@ -395,7 +397,10 @@ def test_backward_programs_take_several_token_blocks(layout, seeded):
     a = planned.args
     assert (a["BLOCK_S"], a["TOKEN_BLOCKS"]) == (8, 2) and planned.grid[0] == 3 * a["HEAD_BLOCKS"]
     assert kernel.partials(planned).shape[0] == 3
-    check_against_reference(q, k, w_q, w_k, cos, sin, layout=layout)
+    # thd: two packed sequences, positions restarting at the second
+    ids = dict(position_ids=torch.cat([torch.arange(20), torch.arange(S - 20)])) \
+        if layout == "thd" else {}
+    check_against_reference(q, k, w_q, w_k, cos, sin, layout=layout, **ids)
 
 
 def test_token_blocks_for_a_gpu():
