@@ -31,8 +31,8 @@ import triton.language as tl  # noqa: E402
 import ropelib  # noqa: E402
 from ropelib import frequencies, reference, runtime  # noqa: E402
 from ropelib.course.exercises import own_code  # noqa: E402
-from ropelib.course.exercises.own_code import (LibraryAnswer, library_barred,  # noqa: E402
-                                               library_kernel, run_own_code)
+from ropelib.course.exercises.own_code import (LibraryAnswer, launch_barred,  # noqa: E402
+                                               library_barred, library_kernel, run_own_code)
 from ropelib.course import debug  # noqa: E402
 from ropelib.course.kernels import batch_reuse, naive  # noqa: E402
 from ropelib.kernels import common  # noqa: E402
@@ -278,6 +278,49 @@ def test_a_barred_kernel_is_refused_and_its_copy_is_not(capsys):
     assert copy is not _own_scale_kernel and copy.fn.__code__ is not _own_scale_kernel.fn.__code__
     ok, (x, y) = run_own_code("k", "your kernel", _launch, copy, bar=(_own_scale_kernel,))
     assert ok and torch.allclose(y, 2 * x.cos())
+
+
+def test_launch_barred_returns_the_launch_or_prints_why_not(capsys):
+    ok, (a, b) = launch_barred("k", "case 1", "your kernel", lambda: _launch(_own_scale_kernel))
+    assert ok and torch.allclose(b, 2 * a.cos()) and capsys.readouterr().out == ""
+    x, f = _x()
+
+    def library():
+        return reference.rope_reference(x, f), sys.getprofile()
+    assert launch_barred("k", "case 1", "your kernel", library) == (False, None)
+    assert capsys.readouterr().out.startswith(
+        "❌ k: this exercise wants your kernel, but the answer called ropelib's rope_reference")
+    # barred=False (a check's compiled launch on a GPU): run as it is, unwatched
+    outside = sys.getprofile()
+    ok, (y, profile) = launch_barred("k", "case 1", "your kernel", library, barred=False)
+    assert ok and torch.equal(y, reference.rope_reference(x, f)) and profile is outside
+    assert capsys.readouterr().out == ""
+
+
+@pytest.mark.parametrize("barred", [True, False])
+def test_launch_barred_reports_the_first_or_the_last_line_raised(barred, capsys):
+    def raising(message):
+        def start():
+            raise ValueError(message)
+        return start
+    compiler = "at 3:4:\n    y = x +\n        ^\nthe reason"    # Triton's layout: the reason last
+    said = {}
+    for last_line in (False, True):
+        for message in (compiler, "", "  one line \n\n", "x" * 400):
+            ok = launch_barred("k", "case 1", "your kernel", raising(message), barred=barred,
+                               last_line=last_line)
+            assert ok == (False, None)
+            said[last_line, message] = capsys.readouterr().out
+    first = "❌ k (case 1): launching your kernel raised"
+    last = "❌ k (case 1): the launch raised"
+    assert said[False, compiler] == f"{first} ValueError: at 3:4:\n"
+    assert said[True, compiler] == f"{last} ValueError: the reason\n"
+    assert said[False, ""] == f"{first} ValueError:\n"
+    assert said[True, ""] == f"{last} ValueError: \n"
+    assert said[False, "  one line \n\n"] == f"{first} ValueError:   one line\n"
+    assert said[True, "  one line \n\n"] == f"{last} ValueError: one line\n"
+    assert said[False, "x" * 400] == f"{first} {('ValueError: ' + 'x' * 400)[:300]}\n"
+    assert said[True, "x" * 400] == f"{last} ValueError: {'x' * 300}\n"
 
 
 @triton.jit

@@ -54,7 +54,7 @@ import triton.language as tl
 from ... import context_parallel, frequencies, kv_cache, runtime
 from ..work_count import interpreted
 from . import _compare, check, kernel_answer
-from .own_code import LibraryAnswer, check_cases, library_barred, listed_as_tensor
+from .own_code import check_cases, launch_barred, listed_as_tensor
 
 __all__ = ["check_dual_chunk_positions", "solution_dual_chunk_positions", "check_paged_slot",
            "solution_paged_slot", "check_rope_kv_cache_kernel", "solution_rope_kv_cache_kernel",
@@ -136,20 +136,11 @@ def _launch_on(device: str, name: str, label: str, launch: Callable, kernel, *ar
     """launch(kernel, *args) as a check runs the learner's kernel: on the CPU interpreted, with
     ropelib's answers barred; on the GPU compiled. Prints the ❌ line (a refusal, or what the
     launch raised, for case `label`) and returns False where it fails; never raises."""
-    try:
-        if device == "cpu":      # your own code: ropelib barred
-            with library_barred(f"your {name}"):
-                launch(interpreted(kernel), *args)
-        else:
-            launch(kernel, *args)
-    except LibraryAnswer as exc:
-        print(f"❌ {name}: {exc}")
-        return False
-    except Exception as exc:  # noqa: BLE001 -- report, never stop the notebook
-        last = (str(exc).strip().splitlines() or [""])[-1]
-        print(f"❌ {name} ({label}): the launch raised {type(exc).__name__}: {last[:300]}")
-        return False
-    return True
+    cpu = device == "cpu"        # your own code: ropelib barred
+    ok, _ = launch_barred(name, label, f"your {name}",
+                          lambda: launch(interpreted(kernel) if cpu else kernel, *args),
+                          barred=cpu, last_line=True)
+    return ok
 
 
 def launch_kv_cache(kernel, q, k, v, q_out, k_cache, v_cache, seqlens, freqs) -> None:

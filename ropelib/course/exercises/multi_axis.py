@@ -37,7 +37,7 @@ import triton.language as tl
 from ... import mrope, runtime
 from ..work_count import WorkCount, count_work, interpreted
 from . import _compare, check, kernel_answer
-from .own_code import LibraryAnswer, check_cases, library_barred, listed_as_tensor
+from .own_code import check_cases, launch_barred, listed_as_tensor
 
 __all__ = ["check_axis_of_pairs", "solution_axis_of_pairs", "check_text_then_image",
            "solution_text_then_image", "check_mrope_kernel", "solution_mrope_kernel",
@@ -205,24 +205,20 @@ def check_mrope_kernel(kernel, *, seed: Optional[int] = None) -> bool:
             qb, q_out, q_pad = _guarded(q.shape, dtype, device)
             kb, k_out, k_pad = _guarded(k.shape, dtype, device)
             where = "interpreter" if device == "cpu" else "compiled on the GPU"
-            try:
-                if device == "cpu":      # your own code: ropelib barred, sines counted
-                    with count_work() as work, library_barred(
-                            "your multi-axis RoPE kernel"):
-                        launch_mrope(interpreted(kernel), *args, f, BLOCK_T, out=(q_out, k_out))
-                else:
-                    launch_mrope(kernel, *args, f, BLOCK_T, out=(q_out, k_out))
-            except LibraryAnswer as exc:
-                print(f"❌ {name}: {exc}")
+            lbl, what = f"{label}, {where}", "your multi-axis RoPE kernel"
+            if device == "cpu":      # your own code: ropelib barred, sines counted
+                with count_work() as work:
+                    ok, _ = launch_barred(name, lbl, what, lambda: launch_mrope(
+                        interpreted(kernel), *args, f, BLOCK_T, out=(q_out, k_out)),
+                        last_line=True)
+            else:
+                ok, _ = launch_barred(name, lbl, what, lambda: launch_mrope(
+                    kernel, *args, f, BLOCK_T, out=(q_out, k_out)), barred=False,
+                    last_line=True)
+            if not ok:
                 return False
-            except Exception as exc:  # noqa: BLE001 -- report, never stop the notebook
-                last = (str(exc).strip().splitlines() or [""])[-1]
-                print(f"❌ {name} ({label}, {where}): the launch raised {type(exc).__name__}: "
-                      f"{last[:300]}")
-                return False
-            if not _compare_outputs(name, f"{label}, {where}", (q_out, k_out),
-                                    [w.to(device) for w in want], ((qb, q_pad), (kb, k_pad)),
-                                    tol):
+            if not _compare_outputs(name, lbl, (q_out, k_out), [w.to(device) for w in want],
+                                    ((qb, q_pad), (kb, k_pad)), tol):
                 return False
         covered = work.programs * BLOCK_T * (D // 2)     # (token, pair) slots of its programs
         # one sine plus one cosine per (token, pair) is 2 (a cosine taken as sin(theta + pi/2)

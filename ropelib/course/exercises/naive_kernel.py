@@ -35,7 +35,7 @@ import triton.language as tl
 
 from ... import reference, runtime
 from . import _compare, check, kernel_answer
-from .own_code import LibraryAnswer, launch_barred, library_barred
+from .own_code import launch_barred
 
 __all__ = ["check_rope_interleaved", "solution_rope_interleaved", "launch_interleaved",
            "CASES", "check_rope_rows", "solution_rope_rows", "launch_rows", "ROWS_CASES",
@@ -106,15 +106,9 @@ def check_rope_interleaved(kernel, *, seed: Optional[int] = None) -> bool:
         x_before = x.clone()
         pad = _pad(D)
         y_buf, y = _guarded((S, B, H, D), pad, dtype=dtype, device=device)  # poisoned, guarded
-        try:
-            with library_barred("your interleaved RoPE kernel"):
-                launch_interleaved(kernel, x, freqs, y)
-        except LibraryAnswer as exc:
-            print(f"❌ {name}: {exc}")
-            return False
-        except Exception as exc:  # noqa: BLE001 -- report, never stop the notebook
-            last = str(exc).strip().splitlines()[-1:] or [""]
-            print(f"❌ {name} ({label}): the launch raised {type(exc).__name__}: {last[0][:300]}")
+        ok, _ = launch_barred(name, label, "your interleaved RoPE kernel",
+                              lambda: launch_interleaved(kernel, x, freqs, y), last_line=True)
+        if not ok:
             return False
         if not torch.equal(x, x_before):
             print(f"❌ {name} ({label}): the kernel changed its input x")

@@ -44,7 +44,7 @@ hold code the checks themselves run).
 """
 import sys
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Callable, Iterable, Iterator, Optional, Tuple
@@ -463,15 +463,27 @@ def listed_as_tensor(answer, expected):
 
 
 def launch_barred(name: str, label: str, what: str, start: Callable[[], Any], *,
-                  bar: Iterable = ()) -> Tuple[bool, Any]:
+                  bar: Iterable = (), barred: bool = True, last_line: bool = False
+                  ) -> Tuple[bool, Any]:
     """(True, start()) when the learner's kernel launches with ropelib's answers (and `bar`)
     barred; else print the ❌ line (a refusal, or what the launch raised, for case `label`) and
-    return (False, None). The kernel exercises' checks all launch through here."""
+    return (False, None). The kernel exercises' checks all launch through here.
+
+    barred: False runs start() as it is, nothing barred (a check's compiled launch on a GPU,
+        after its interpreted launch was barred); a failure is reported the same way.
+    last_line: report what the launch raised by the last line of its message ("the launch
+        raised ValueError: ...", where Triton's compiler puts the reason after the source it
+        quotes), not by its first.
+    """
     try:
-        with library_barred(what, bar=bar):
+        with library_barred(what, bar=bar) if barred else nullcontext():
             return True, start()
     except LibraryAnswer as exc:
         print(f"❌ {name}: {exc}")
     except Exception as exc:  # noqa: BLE001 -- report, never stop the notebook
-        print(f"❌ {name} ({label}): launching your kernel raised {exception_line(exc)}")
+        if last_line:
+            said = (str(exc).strip().splitlines() or [""])[-1]
+            print(f"❌ {name} ({label}): the launch raised {type(exc).__name__}: {said[:300]}")
+        else:
+            print(f"❌ {name} ({label}): launching your kernel raised {exception_line(exc)}")
     return False, None

@@ -35,7 +35,7 @@ import triton
 from ... import runtime
 from ..kernels import qkv_teaching
 from . import _compare, check, exception_line, is_blank_kernel, is_kernel, solution
-from .own_code import LibraryAnswer, library_barred
+from .own_code import launch_barred
 
 __all__ = ["check_epilogue_kernel", "check_split_epilogue_kernel", "check_prologue_kernel",
            "show_epilogue_solution", "show_split_epilogue_solution", "show_prologue_solution", "reference_qkv", "reference_dx", "draw_inputs",
@@ -151,14 +151,8 @@ def _run_cases(name: str, what: str, kernel, seed: Optional[int], make_output: C
         extra = make_output(gen, case, inputs)          # (kernel input or None, buffer, view)
         kin, buf, out = extra
         before = [t.clone() for t in (x, w, cos, sin, pos) + ((kin,) if kin is not None else ())]
-        try:
-            with library_barred(what):
-                launch(kernel, case, inputs, kin, out)
-        except LibraryAnswer as exc:
-            print(f"❌ {name}: {exc}")
-            return False
-        except Exception as exc:  # noqa: BLE001 -- report, never stop the notebook
-            print(f"❌ {name} ({label}): launching your kernel raised {exception_line(exc)}")
+        ok, _ = launch_barred(name, label, what, lambda: launch(kernel, case, inputs, kin, out))
+        if not ok:
             return False
         if not (bool(torch.isnan(buf[:_PAD]).all()) and bool(torch.isnan(buf[_PAD + M:]).all())):
             print(f"❌ {name} ({label}): the kernel wrote outside the output (into the NaN guard "
