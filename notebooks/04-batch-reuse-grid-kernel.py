@@ -69,6 +69,7 @@ from ropelib.course.exercises import kernels as ex
 from ropelib.course.exercises import solution
 from ropelib.course.kernels import ablation, batch_reuse, naive
 from ropelib.kernels.common import BF16_RTNE, round_to
+from ropelib.kernels.launch import two_pass_min_bytes   # where apply_rope takes two passes
 
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "ropelib").is_dir())
 FIGURES = ropelib.runtime.figures_dir()   # a scratch folder (ROPELIB_WRITE_FIGURES=1: figures/)
@@ -115,6 +116,8 @@ for name, (programs, angle_bytes) in bill.items():
     print(f"{name:12} {programs:12,} {2 * x_bytes // programs:14,} {angle_bytes / GiB:19.2f} GiB "
           f"{2 * programs * Dr:18,}")
 assert bill["naive"][1] == Br * bill["batch-reuse"][1]   # B times fewer angle loads
+assert bill["naive"][0] == Br * bill["batch-reuse"][0]   # ... and B times fewer programs
+assert 2 * x_bytes // bill["naive"][0] == 2 * Dr * 2 == 512   # a naive program: one row in, out
 assert bill["naive"][1] == 2 * x_bytes                   # 2 GiB of angles for 1 GiB of x
 # the H200's L2, as Nsight Compute reports the device (a committed profile's raw CSV)
 raw_ncu = measured.RESULTS / "mechanism-te-nvidia-h200-ncu-raw.csv"
@@ -489,9 +492,11 @@ print(f"programs launched: naive {naive.naive_grid(S, B, H)[0]:,}, batch-reuse "
 # | naive | $(S B H,)$ | $B H \cdot D$ |
 #
 # With that project's 64 heads and batches of 1 to 8, the (S, H) grid evaluates at least as
-# many sines and cosines as TE — up to 64 times as many — never fewer. So reusing cos/sin
-# cannot be what made it faster, and neither can its reuse "growing with the batch": TE's
-# reuse does not shrink when the batch grows.
+# many sines and cosines as TE, never fewer: $H \cdot D$ against at most $8 B \cdot D$, and
+# $8B \le 64 = H$. Against TE's shared-memory version it evaluates $H / B$ times as many, up to
+# $64 / 1 = 64$ times at batch 1. So reusing cos/sin cannot be what made it faster, and
+# neither can its reuse "growing with the batch": TE's reuse does not shrink when the batch
+# grows.
 #
 # Other differences between the two kernels could matter, and each is a hypothesis until it is
 # measured:
@@ -550,7 +555,7 @@ assert compare.bytes_moved(cfg) == 2 * x_bytes + Sr * Dr * 4
 # call's cos and sin rows, then a flat pass over q; notebook 05 measures when each pays). So
 # the finished kernel timed on its own (`ropelib_finished`, section 5.3) reaches a lower
 # percentage of a copy at $s = 4096, b = 8$ than `apply_rope` does (section 5.3's cell prints
-# both).
+# both, and the 64 MiB as ropelib's planner sets it).
 #
 # A live run is a run of its own, on another day, and short kernels (the batch-1 rows) are the
 # likeliest to move. The cell prints each live time beside the committed one of section 5.2
@@ -649,7 +654,7 @@ if GEN_CSV.exists():   # read by the cell of section 5.1
     add_pct = 100 * next(r["of_copy"] for r in nb02 if r["op"] == "add")
     print(f"fastest against the copy: {above['provider']} at {above['case']}, "
           f"{above['pct_of_copy']:.1f} % of a copy; notebook 02's add: {add_pct:.1f} %")
-    assert 102.5 < above["pct_of_copy"] < 104 and 104.5 < add_pct < 105.5
+    assert (round(above["pct_of_copy"] - 100), round(add_pct - 100)) == (3, 5)   # section 4
     ref = {r["provider"]: r for r in gen_rows
            if r["case"] == generations.REFERENCE and r.get("available")}
     if "ropelib_naive" in ref and "ropelib_batch_reuse" in ref:
@@ -965,6 +970,7 @@ if ABLATION_CSV.exists():
     # section 2's `range` against `tl.static_range`: level within the run's noise, which the CSV
     # keeps as every timing's 20 % and 80 % quantiles (the widest spread, as % of the median)
     spread = max((r["ms_p80"] - r["ms_p20"]) / r["ms"] * 100 for r in arows if r.get("ms"))
+    assert round(spread, 1) == 1.7   # the prose below states it
     for case in dict.fromkeys(r["case"] for r in arows):
         t = {r["variant"]: r["ms"] for r in arows if r["case"] == case and r.get("ms")}
         unroll = t["sh_loop_b"] / t["sh_loop_b_unrolled"]
@@ -981,6 +987,7 @@ if ABLATION_CSV.exists():
           f"cos/sin instead of reading tables: {trig_cost['B rows']:.3f}x with B rows a program, "
           f"{trig_cost['one row']:.3f}x with one")
     assert round(rows_worth, 2) == 3.46 and round(trig_cost["B rows"], 2) == 1.04
+    assert round(trig_cost["one row"], 2) == 1.00
     assert (trig_cost["B rows"] - 1) * 100 > spread          # above the run's noise
     assert abs(trig_cost["one row"] - 1) * 100 < spread      # within it
     # section 5.1's remark: the finished kernel alone, at s4096-b8, below apply_rope as planned
@@ -992,6 +999,12 @@ if ABLATION_CSV.exists():
     print(f"s4096-b8: the finished kernel alone {finished:.1f} % of a copy, apply_rope as "
           f"planned {planned:.1f} % (generations)")
     assert finished < planned
+    # ... because apply_rope takes two passes from this many bytes of q read (kernels/tiles.py)
+    b8 = next(r for r in arows if r["case"] == "s4096-b8")
+    q_bytes = b8["seq_len"] * b8["batch"] * b8["heads"] * b8["head_dim"] * 2   # bf16
+    print(f"  apply_rope takes two passes where it reads {two_pass_min_bytes() / 2**20:.0f} MiB "
+          f"of q or more; q at s4096-b8: {q_bytes / 2**20:.0f} MiB")
+    assert b8["dtype"] == "bf16" and two_pass_min_bytes() == 64 * 2**20 <= q_bytes
 else:
     print(f"{ABLATION_CSV.relative_to(ROOT)} is not there yet: the numbers come from running "
           f"`python benchmarks/ablation.py --out {ABLATION_CSV.relative_to(ROOT)}` on a GPU "
@@ -1044,8 +1057,9 @@ else:
 #   fewer, 28, 18 and 10 % of its slots, the fewer the less each program does. So the slots
 #   stand empty, and the time follows the number of programs, not their work. Notebook 03
 #   (section 4) measured that cost on its own: an empty kernel with the same 1,048,576 one-warp
-#   programs takes as long on an H200 (`benchmarks/results/program_cost-nvidia-h200.csv`), the
-#   time the GPU takes to start and retire them. The batch loop divides the program count by $B$.
+#   programs takes as long on an H200 (`benchmarks/results/program_cost-nvidia-h200.csv`,
+#   printed below), the time the GPU takes to start and retire them. The batch loop divides the
+#   program count by $B$.
 # - **Bytes in flight = occupancy × bytes per warp.** The batch-reuse kernel's one-warp programs
 #   fill at most half of an SM's warp slots (32 programs per SM), and each warp asks for one
 #   256-byte row per step. Two warps on the same tile (`sh_loop_b_w2`) nearly double the
@@ -1176,7 +1190,15 @@ print(f"a million programs: {min(inst):.2f}-{max(inst):.2f} warp instructions pe
       f"occupancy {', '.join(f'{o:.0f}' for o in occ)} % of an SM's warp slots, where "
       f"{million[0]['occ_theoretical_pct']:.0f} % could be resident")
 assert max(inst) > 4 * min(inst) and max(occ) > 2.5 * min(occ) and max(us) < 1.005 * min(us)
-assert 70 < ns_per_program < 90
+assert round(ns_per_program) == 80
+# notebook 03's empty kernel: as many one-warp programs, doing nothing, take as long
+cost_csv = measured.RESULTS / "program_cost-nvidia-h200.csv"
+empty_kernel = next(r for r in compare.read_csv(cost_csv)
+                    if r["kernel"] == "empty" and r["num_warps"] == 1)
+print(f"an empty kernel of {empty_kernel['programs']:,} one-warp programs ({cost_csv.name}): "
+      f"{empty_kernel['us']:.0f} us")
+assert empty_kernel["programs"] == million[0]["programs"] == 1_048_576
+assert all(abs(u / empty_kernel["us"] - 1) < 0.01 for u in us)
 # starved of programs: far below the occupancy the SM could hold, the lower the less they do
 assert [round(o) for o in occ] == [28, 18, 10] and inst == sorted(inst, reverse=True)
 assert all(r["occ_theoretical_pct"] == 50 and r["occ_blocks_per_sm"] == 32 for r in million)
@@ -1192,6 +1214,7 @@ assert same_time(b1["batch_reuse"], b1["naive"])
 # bytes in flight: occupancy alone (two warps, same tile) changes nothing; occupancy and bytes do
 br, w2, h4 = mech["batch_reuse"], mech["sh_loop_b_w2"], mech["heads4_loop_b"]
 assert br["occ_limiter"] == "blocks" and br["occ_theoretical_pct"] == 50
+assert br["num_warps"] == 1 and br["x_bytes_per_warp_step"] == 256   # one 256-byte row a step
 assert w2["ncu_achieved_occupancy_pct"] > 1.5 * br["ncu_achieved_occupancy_pct"]
 assert same_time(w2, br)
 assert abs(w2["x_kib_per_sm"] - br["x_kib_per_sm"]) < 0.1 * br["x_kib_per_sm"]
@@ -1270,10 +1293,13 @@ assert t["te_fused"]["ms"] > 1.1 * t["sh_loop_b"]["ms"]
 assert t["heads_all_one_b_table"]["ms"] < t["te_fused"]["ms"] < t["heads_all_one_b"]["ms"]
 # b = 1: the (S, H) grid has the naive kernel's program count, and TE is faster
 t1 = measured.timings("ablation", "s32768-b1")
-print(f"b = 1: TE fused {t1['te_fused']['ms'] * 1e3:.0f} us, batch-reusing grid "
-      f"{t1['sh_loop_b']['ms'] * 1e3:.0f} us (TE / grid = "
+te1_programs = t1["te_fused"]["seq_len"] * t1["te_fused"]["batch"]   # TE's grid (s, b)
+print(f"b = 1: TE fused {t1['te_fused']['ms'] * 1e3:.0f} us ({te1_programs:,} blocks), "
+      f"batch-reusing grid {t1['sh_loop_b']['ms'] * 1e3:.0f} us "
+      f"({t1['sh_loop_b']['programs']:,} programs; TE / grid = "
       f"{t1['te_fused']['ms'] / t1['sh_loop_b']['ms']:.2f})")
 assert t1["sh_loop_b"]["ms"] > 2 * t1["te_fused"]["ms"]
+assert te1_programs == 32_768 and t1["sh_loop_b"]["programs"] == 1_048_576
 
 # %% [markdown]
 # ### 5.5 What TE's instructions are, and whether they set its time
@@ -1312,6 +1338,7 @@ launched = measured.ncu_kernels(te_ncu_path)
 assert "fused_rope_forward" in launched[0]["kernel"] and len(launched) == len(PROFILED)
 n_elem = 4096 * 8 * 32 * 128
 SM_PARTITIONS = 4 * 132                                     # H200: 132 SMs of 4 schedulers
+assert SM_PARTITIONS == 4 * mech["copy"]["sm_count"]       # the SMs section 5.4's profile counted
 THREAD_INST = "smsp__sass_thread_inst_executed_op_"        # thread instructions, by kind
 
 
@@ -1384,6 +1411,9 @@ assert round(te_p["load_bytes"]) == 78 and round(copy_p["load_bytes"]) == 512
 assert round(grid_p["load_bytes"]) == 142
 # its indexing: 17.7 integer instructions an element, three times the grid's 5.7
 assert (round(te_p["integer"], 1), round(grid_p["integer"], 1)) == (17.7, 5.7)
+print(f"integer instructions per element: TE fused {te_p['integer']:.1f}, the grid "
+      f"{grid_p['integer']:.1f} ({te_p['integer'] / grid_p['integer']:.1f}x)")
+assert round(te_p["integer"] / grid_p["integer"]) == 3
 # issue-bound: at the locked clock its instructions alone need 1.77 copies' time; the grid's fit
 # within one copy
 assert round(te_p["floor_over_copy"], 2) == 1.77 and grid_p["floor_over_copy"] < 0.75
@@ -1434,6 +1464,27 @@ assert round(te_p["barrier"], 2) == 0.44
 assert all(r["barrier"] == 0 for n, r in prof.items() if n != "te_fused")
 assert te_counts == dict(grid=4096, te_shared=1024, te_registers=8192)
 
+# %%
+# the bytes a thread asks for in one load: a warp's (the table above) over its 32 threads
+print("bytes a thread asks for in one load (B/warp load / 32): " + ", ".join(
+    f"{n} {prof[n]['load_bytes'] / 32:.1f}" for n in ("te_fused", "sh_loop_b", "copy")))
+assert [round(prof[n]["load_bytes"] / 32) for n in ("te_fused", "sh_loop_b", "copy")] == [2, 4, 16]
+# the grid's tile as it is launched (sh_loop_b: one head a program): a half-row of BLOCK_HALF
+# lanes on default_warps(BLOCK_HALF) warps of 32 threads, so each thread holds
+# BLOCK_HALF / (32 x warps) values of each half
+half_tile = triton.next_power_of_2(D_a // 2)
+grid_warps = ablation.default_warps(half_tile)
+per_thread = half_tile // (32 * grid_warps)
+sh_row = measured.timings("ablation", "s4096-b8")["sh_loop_b"]   # the launch the H200 timed
+print(f"sh_loop_b: a half-row of {half_tile} bf16 ({half_tile * 2} bytes) on {grid_warps} warp "
+      f"of 32 threads: {per_thread} values ({per_thread * 2} bytes) a thread per load; the "
+      f"ablation CSV: {sh_row['tile_elems']} elements, {sh_row['num_warps']} warp, "
+      f"{sh_row['elems_per_thread']:g} a thread; the profile: "
+      f"{mech['sh_loop_b']['x_bytes_per_warp_step']:.0f} bytes of x a warp per step (two halves)")
+assert (half_tile, grid_warps) == (sh_row["tile_elems"], sh_row["num_warps"]) == (64, 1)
+assert per_thread == sh_row["elems_per_thread"] == 2
+assert mech["sh_loop_b"]["x_bytes_per_warp_step"] == 2 * 32 * per_thread * 2   # halves, threads
+
 # %% [markdown]
 # What the tables say about TE's kernel, against the batch-reusing grid:
 #
@@ -1443,9 +1494,12 @@ assert te_counts == dict(grid=4096, te_shared=1024, te_registers=8192)
 #   element (indexing and loop control), three times the grid's 5.7.
 # - **No 16-byte vectors.** Section 3 guessed that the grid might win with wide vector loads.
 #   The counters say otherwise: 142 bytes a warp load is about 4 bytes a thread (142 / 32),
-#   TE's 78 about 2, and only the copy's 512 (512 / 32) reach 16. The grid's layout, printed
-#   by the compile cell below (its `sizePerThread`), says the same: a thread loads two bf16
-#   values of a row at a time, not a 16-byte vector. Whatever the grid gains, it is not this.
+#   TE's 78 about 2, and only the copy's 512 (512 / 32) reach 16 (the cell above divides
+#   them). The grid's launch says the same: a half-row of 64 bf16 on one warp of 32 threads
+#   is two values a thread, 4 bytes (the cell above counts it from the launch's constants and
+#   checks it against both CSVs), and so does its compiled layout, printed by the compile cell
+#   below (its `sizePerThread`): a thread loads two bf16 values of a row at a time, not a
+#   16-byte vector. Whatever the grid gains, it is not this.
 # - **The clock matters to it.** Locked at about 1.5 GHz, TE's kernel takes 289.2 µs, 19 %
 #   longer than in section 5.4's clock-free run (243.6 µs). TE's grid in Triton takes 373.1 µs
 #   locked against 293.2, while the copy (124.5 against 125.3 µs) and TE's grid from tables
@@ -1583,6 +1637,10 @@ else:
     # each cos/sin value is computed by every thread that holds it: the source's count
     # times the copies. sh_loop_b: one copy; TE's grid in Triton and the finished kernel: 32
     assert rep["sh_loop_b"][:2] == (1, 1) and rep["heads4_loop_b"][0] == 1
+    # the grid's x tile: each thread holds per_thread values of a half-row (the cell before
+    # section 5.5's prose counts them from the launch)
+    grid_spt = re.search(r"sizePerThread = \[([\d, ]*)\]", rep["sh_loop_b"][2])[1]
+    assert math.prod(int(n) for n in grid_spt.split(",")) == per_thread
     assert rep["heads_all_one_b"][0] == 32 and rep["ropelib_finished"][0] == 32
     # the measured 8.06 (section 5.5's profile, Triton 3.6): 32 copies x B/H programs' worth
     predicted = rep["heads_all_one_b"][0] / rep["sh_loop_b"][0] * B_a / H_a
@@ -1776,6 +1834,10 @@ for n in ("te_fused", "sh_loop_b"):
 # TE's issue time falls in proportion to the clock: by construction, since both runs execute
 # the same instructions (checked above). The finding: its time with no ready warp does not fall
 assert (round(te_p["ghz"], 2), round(te_f["ghz"], 2)) == (1.49, 1.95)
+clock_rise = te_f["ghz"] / te_p["ghz"]
+print(f"TE's clock, locked to free: {te_p['ghz']:.2f} to {te_f['ghz']:.2f} GHz, "
+      f"{clock_rise - 1:.0%} faster")
+assert round(clock_rise - 1, 2) == 0.31
 assert (round(te_p["issue_us"], 1), round(te_p["empty_us"], 1)) == (209.8, 75.7)
 assert abs(te_f["empty_us"] / te_p["empty_us"] - 1) < 0.05
 # the grid's counterpoint: its empty time grows as its issue time shrinks
@@ -1861,6 +1923,8 @@ assert abs(te["ncu_dram_bytes_over_model"] - grid_sh["ncu_dram_bytes_over_model"
 assert round(te["ncu_achieved_occupancy_pct"]) == 90
 assert round(grid_sh["ncu_achieved_occupancy_pct"]) == 48
 # what it does more of: instructions, and issuing them
+print(f"TE fused / grid: {te_p['warp_inst'] / grid_p['warp_inst']:.1f}x the warp instructions "
+      f"per element, {te_p['loads'] / grid_p['loads']:.1f}x the global loads")
 assert round(te_p["warp_inst"] / grid_p["warp_inst"], 1) == 2.5
 assert round(te_p["loads"] / grid_p["loads"], 1) == 3.7
 assert (round(te_f["issue_share"], 2), round(grid_f["issue_share"], 2)) == (0.66, 0.36)

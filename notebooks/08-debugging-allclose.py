@@ -1189,23 +1189,34 @@ elif SAME_GPU:  # tl.cos is CUDA's sincosf, TE's own
 #   $bm$ positions (mod $P$) for batch $b$.
 # - **in-place double rotation.** Unsloth's kernel rotates $Q$ in place. Run it first and TE
 #   then rotates the already rotated tokens: TE's output is the wrong one, turned by $2\theta$.
+#
+# Beside the largest difference, the table gives each side's error in units of $u$: the
+# norm-wise error of section 4 against fp64, its maximum over all elements,
+#
+# $$ \max_a \frac{|y_a - y_a^\star|}{u\,(|x_a| + |x_b|)}, \qquad u = 2^{-8} \text{ (bf16)}, $$
+#
+# with $(a, b)$ the model's pair (`debug.diagnose` reports it for TE and for Triton). One
+# rounding costs at most $1$ on this scale; section 4's precision variants stay within 3.
 
 # %%
 traps = ["sbhd_row_indexing", "te_freqs_reshaped", "interleaved_mismatch",
          "partial_rotary_ignored", "table_margin", "inplace_double_rotation"]
-summary, maps = [], {}
+summary, maps, err_u = [], {}, {}
 for trap in traps:
     sc = dataclasses.replace(SC, layout="bshd") if trap == "table_margin" else SC
     r = debug.reproduce(sc, dataclasses.replace(FIXED, **{trap: True}), device=device)
     dg = debug.diagnose(r, "dtype")
     maps[trap] = debug.error_map(r.tokens_te, r.tokens_triton, r.layout).cpu()
+    err_u[trap] = (dg["te_max_normwise_u"], dg["triton_max_normwise_u"])
     summary.append((trap, dg["first_ten_equal"], dg["allclose"], dg["max_abs_diff"],
                     dg["argmax"]["position"], dg["argmax"]["batch"], dg["te_matches_fp64"],
-                    dg["triton_matches_fp64"], dg["verdict"]))
+                    dg["triton_matches_fp64"], "{:.3g} / {:.3g}".format(*err_u[trap]),
+                    dg["verdict"]))
     assert dg["first_ten_equal"] and not dg["allclose"] and dg["verdict"] == "layout", trap
 display(HTML("<table><tr><th>trap</th><th>first ten equal</th><th>allclose (dtype-aware)</th>"
              "<th>max diff</th><th>at position</th><th>batch</th><th>TE ≈ fp64</th>"
-             "<th>Triton ≈ fp64</th><th>verdict</th></tr>" +
+             "<th>Triton ≈ fp64</th><th>norm-wise error vs fp64 (u), TE / Triton</th>"
+             "<th>verdict</th></tr>" +
              "".join("<tr>" + "".join(f"<td>{v:.3g}</td>" if isinstance(v, float) else
                                       f"<td>{v}</td>" for v in row) + "</tr>"
                      for row in summary) + "</table>"))
@@ -1213,6 +1224,15 @@ by_trap = {row[0]: row for row in summary}
 assert by_trap["inplace_double_rotation"][6:8] == (False, True)   # TE is the wrong one here
 assert all(row[6:8] == (True, False) for t, row in by_trap.items()
            if t != "inplace_double_rotation")
+u = debug.unit_roundoff("bf16")
+wrong_u = {t: e[0] if t == "inplace_double_rotation" else e[1] for t, e in err_u.items()}
+right_u = {t: e[1] if t == "inplace_double_rotation" else e[0] for t, e in err_u.items()}
+assert all(v <= 1.0 for v in right_u.values())                 # one rounding: at most u
+assert all(v > 1 / u for v in wrong_u.values())                # as large as the values
+other_pairs = ("interleaved_mismatch", "partial_rotary_ignored")
+assert all(wrong_u[t] <= 2 * (1 + u) ** 2 / u                  # a wrong angle: 2/u + roundings
+           for t in traps if t not in other_pairs)
+assert all(wrong_u[t] > 2 / u for t in other_pairs)            # wrong pairs: no such bound
 
 fig, axes = plt.subplots(2, 3, figsize=(12, 6.5))
 for ax, trap in zip(axes.flat, traps):
@@ -1230,6 +1250,18 @@ print("share of the map that differs:", {t: f"{v:.2f}" for t, v in lit.items()},
       "| row 0 lit:", row0_lit)
 
 # %% [markdown]
+# The column in units of $u$ splits each row into its two sides. The side the trap leaves alone
+# is within one $u$ of fp64: one rounding, as for the fixed kernel. The side with the trap is
+# more than $1/u$ off — the error is as large as the values themselves, hundreds of times the
+# rounding and more (the cell asserts both bounds for every trap). No trap is a rounding
+# difference; each is a wrong value. Two kinds of wrong show in the size. Four traps rotate the
+# right pair by a wrong angle, and two rotations of one pair are at most
+# $2\sqrt{x_a^2 + x_b^2} \le 2(|x_a| + |x_b|)$ apart: at most $2/u$, plus the roundings
+# (asserted). Interleaved vs rotate-half and partial rotary mix features of different pairs, or
+# rotate features the model passes through, so the error is no longer bounded by the size of
+# the model's pair: they go beyond $2/u$ (asserted), the further the smaller that pair's
+# $|x_a| + |x_b|$.
+#
 # The table says *that* the layout is wrong: every trap gets the verdict `layout`. It does not
 # say *how*: a large difference at some position far from 0 fits every trap. The error maps say
 # little more. Every trap lights up nearly all of its map (the share prints as 1.00 on the

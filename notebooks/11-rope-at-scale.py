@@ -689,12 +689,96 @@ assert (round(tflops[1]), round(tflops[2])) == (455, 311)
 # operations a pair forward and $10D$ backward (flash attention recomputes the scores), that is
 # about 455 TFLOP/s of attention on one GPU and 311 on each rank.
 #
-# Why is not measured here. One GPU calls attention once per layer with `is_causal=True`; a
+# Why, the fit cannot say. One GPU calls attention once per layer with `is_causal=True`; a
 # rank calls it twice (`cp.dual_chunk_attention`), each with a bottom-right causal mask over a
 # prefix of the keys. For that mask PyTorch's dispatcher tries only its flash and
 # memory-efficient kernels, while for `is_causal=True` it may also pick cuDNN's. So one
 # hypothesis is that one GPU ran a faster kernel; `torch.profiler` naming the kernels of the
-# two calls against the one would test it.
+# two calls against the one tests it.
+#
+# On a GPU the next cell does that at the 131072-token run's sizes: one layer's attention,
+# forward and backward, as one GPU runs it and as rank 0 runs it (its gathered k and v put in
+# global order, then `cp.dual_chunk_attention`), each under `torch.profiler`. For each it
+# prints the kernels with the most device time, which of them are attention's and their share
+# of the call's device time, and that time times the layers beside the fit's $S^2$ term.
+
+# %%
+from collections import Counter
+
+from torch.profiler import ProfilerActivity, profile
+
+from ropelib.course.kernel_bandwidth import device_kernels
+
+ATTENTION_WORDS = ("attention", "flash", "fmha", "sdpa", "softmax")   # in a kernel's name
+
+
+def gpu_time_by_kernel(step) -> Counter:
+    """{kernel name: µs} of one call of `step` on the GPU (after one call to warm it up),
+    copies and fills included."""
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    by_name = Counter()
+    for name, us in device_kernels(prof.events(), skip=()):
+        by_name[name] += us
+    return by_name
+
+
+if ropelib.runtime.on_gpu():
+    one_run = speed_meta[1, "long"]                            # the 131072-token run's sizes
+    Bp, Sp, Hp, L_layers = (int(one_run[key])
+                            for key in ("batch_size", "seq_len", "n_head", "n_layer"))
+    Dp = int(one_run["n_embd"]) // Hp
+    bf = dict(device=device, dtype=torch.bfloat16)
+    # q, k, v as the model makes them: strided views of one [B, S, 3, H, D] projection
+    qkv_1 = torch.randn(Bp, Sp, 3, Hp, Dp, **bf, requires_grad=True)        # one GPU: all of S
+    qkv_r = torch.randn(Bp, Sp // 2, 3, Hp, Dp, **bf, requires_grad=True)   # rank 0: its S / 2
+    kv_gathered = torch.randn(Sp, 2, Bp, Hp, Dp, **bf, requires_grad=True)  # rank-major, as
+    order = cp.global_order(Sp // 2, 2, device)                             # all-gathered
+    dy_1, dy_r = torch.randn(Bp, Hp, Sp, Dp, **bf), torch.randn(Bp, Hp, Sp // 2, Dp, **bf)
+
+    def one_gpu():
+        q, k, v = (t.transpose(1, 2) for t in qkv_1.unbind(2))             # [B, H, S, D]
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        torch.autograd.grad(y, qkv_1, dy_1)
+
+    def rank_0():
+        q = qkv_r[:, :, 0].transpose(1, 2)                                  # [B, H, S / 2, D]
+        k_all, v_all = kv_gathered.index_select(0, order).permute(1, 2, 3, 0, 4).unbind(0)
+        y = cp.dual_chunk_attention(q, k_all, v_all, 2, 0)
+        torch.autograd.grad(y, (qkv_r, kv_gathered), dy_r)
+
+    print(f"one layer's attention, forward and backward: B={Bp}, H={Hp}, S={Sp}, D={Dp}, bf16 "
+          f"(the run: {L_layers} layers, {one_run['n_embd']} wide)")
+    for label, step, ranks in (("one GPU, is_causal=True", one_gpu, 1),
+                               ("rank 0 of 2, cp.dual_chunk_attention", rank_0, 2)):
+        by_name = gpu_time_by_kernel(step)
+        assert by_name, f"{label}: the profile found no kernel"
+        total = sum(by_name.values())
+        matched = {n: us for n, us in by_name.items()
+                   if any(w in n.lower() for w in ATTENTION_WORDS)}
+        attention = sum(matched.values())
+        print(f"\n{label}: {total / 1e3:.1f} ms of device time, {len(by_name)} distinct kernels; "
+              f"attention's kernels {attention / 1e3:.1f} ms ({attention / total:.0%}); times "
+              f"{L_layers} layers {L_layers * attention / 1e3:.0f} ms a step, against the fit's "
+              f"S^2 term {terms[ranks][0]:.0f} ms")
+        for name, us in by_name.most_common(5):
+            print(f"  {us / 1e3:9.2f} ms  {'attention' if name in matched else '         '}  "
+                  f"{name[:100]}")
+        print("  matched as attention:", "; ".join(n[:80] for n in matched) or "none")
+else:
+    print(f"The attention kernels are profiled on a GPU only; this run's device is {device}.")
+
+# %% [markdown]
+# Read the kernel names the cell prints. On the H200 this page was run on, one GPU's
+# `is_causal=True` call ran cuDNN's fused attention kernels (`cudnn_generated_..._sdpa_...`),
+# while most of rank 0's attention time went to PyTorch's own flash kernels
+# (`pytorch_flash::flash_fwd_kernel`, `flash_bwd_...`), the ones its bottom-right-masked call
+# can reach; and each path's attention time, times the layers, landed near its fit's $S^2$
+# term. So the hypothesis holds there: the ranks ran a different attention kernel, not a
+# different amount of work.
 #
 # **Takeaway:** the dual-chunk split with RoPE at global positions makes CP compute what one
 # GPU computes; each rank needs 55 % of one GPU's memory, and the speed it gives up here lies,
@@ -1171,8 +1255,8 @@ else:
 # contiguous and paged caches of bf16 and fp8, batch 1 to 256, two ways: eagerly (solid
 # lines), and replayed from a CUDA graph (dashed), which leaves out the host's per-launch work
 # while the kernels still run one after another. The cell draws the H200 run
-# `benchmarks/results/decode_cache-nvidia-h200-20261130-0254.csv` and asserts the numbers
-# below.
+# `benchmarks/results/decode_cache-nvidia-h200-20261130-0254.csv`, and prints and asserts the
+# numbers below.
 #
 # Replayed, the fused step takes 6.1–8.9 µs with a bf16 cache against 19.0–33.8 µs unfused
 # (2.8–3.8× faster), and 6.6–9.9 µs with an fp8 cache against 34.4–52.4 µs (4.6–5.7×). That
@@ -1269,6 +1353,9 @@ stated_ranges = {("bfloat16", "graph", "fused", "ms"): (6.1, 8.9),
                  ("float8_e4m3fn", "eager", "fused", "ms"): (34.9, 89.9)}
 for (cache_dtype, mode, provider, key), stated in stated_ranges.items():
     measured = span(cache_dtype, mode, provider, key, 1e3 if key == "ms" else 1)
+    unit = " us" if key == "ms" else "x faster than the unfused step"
+    print(f"over the caches and batches: {cache_dtype:<14} {mode:<5} {provider:<7} "
+          f"{measured[0]:.1f}-{measured[1]:.1f}{unit}")
     assert as_stated(measured, stated), (cache_dtype, mode, provider, key, measured, stated)
 # the fused step with an fp8 cache: eagerly slower than its replay at every batch and layout
 fused_fp8 = {(r["cache"], r["batch"], r["mode"]): r["ms"] for r in timed
@@ -1477,6 +1564,8 @@ assert as_stated((min(extra_us), max(extra_us)), (0.8, 3.0))
 # the two kernels against the PyTorch write: most of the unfused step's cost is its operators
 two_vs_unfused = [step_us[k[:3] + ("unfused",)] / step_us[k[:3] + ("two_kernels",)]
                   for k in step_us if k[3] == "two_kernels"]
+print(f"the two kernels are {min(two_vs_unfused):.1f}-{max(two_vs_unfused):.1f}x faster than "
+      f"the unfused step")
 assert as_stated((min(two_vs_unfused), max(two_vs_unfused)), (2.2, 4.8))
 
 # %% [markdown]
@@ -1504,7 +1593,7 @@ assert as_stated((min(two_vs_unfused), max(two_vs_unfused)), (2.2, 4.8))
 # - On H200s, two ranks ran a 131072-token step 1.30 times as fast as one GPU, each peaking at
 #   55 % of its memory. A fit of $t = aS^2 + bS$ through two lengths puts 750 of the 964 ms
 #   shortfall in the $S^2$ term: each rank's attention at 68 % of one GPU's rate, for a reason
-#   not measured here.
+#   the fit cannot give; on a GPU, section 3 profiles the attention kernels of both paths.
 # - A KV cache stores rotated keys. The fused kernel (exercises 2 and 4) is one program per
 #   sequence: its position, one row of angles, every head rotated, k and v stored at slot
 #   `[b, p]` or, paged, `[block_table[b, p // BS], p % BS]`, with the bits of RoPE-then-write.
