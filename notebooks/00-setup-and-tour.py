@@ -111,10 +111,10 @@ assert GPU == ropelib.on_gpu()
 # CPU tensor without the interpreter, with a `ValueError` that names the tensor and says what
 # to do.
 #
-# The mode is decided per process. The next cell starts a fresh Python process with the
-# opposite setting. It prints its mode, then is handed a tensor on the device that mode
-# refuses: a CPU tensor on a machine without a GPU (no interpreter there), a CUDA tensor on a
-# GPU machine (interpreter there). So each machine shows one of the two refusals:
+# The mode is decided per process, so the next cell starts a fresh Python process with the
+# opposite setting, prints its mode and hands it a tensor on the device that mode refuses: a
+# CUDA tensor on a GPU machine (the other process interprets), a CPU tensor on a machine
+# without one (the other process does not). Each machine shows one of the two refusals:
 
 # %%
 env = dict(os.environ)
@@ -274,11 +274,11 @@ print("HF drop-in:", tuple(q_hf.shape), tuple(k_hf.shape))
 # %% [markdown]
 # The two TE paths differ by at most two bf16 ulps, where an ulp is the gap between neighbouring
 # bf16 numbers at the largest value of the head vector (the cell asserts the bound). That is the
-# fair unit here: an output near zero is what is left when
-# $x_j\cos\theta - x_{j+D/2}\sin\theta$ cancels values as large as the head's largest, and
-# counted in its own, much finer ulps the same absolute difference comes out more than ten times
-# larger (the TE line prints it last; asserted too). Notebook 08 shows how this difference makes
-# `torch.allclose` fail between two correct implementations.
+# fair unit: an output near zero is what is left after $x_j\cos\theta - x_{j+D/2}\sin\theta$
+# cancels values as large as the head's largest, so its own, much finer ulps overstate the
+# error; counted in them, the same difference is more than ten times larger (printed last on the
+# TE line, and asserted). Notebook 08 shows how this difference makes `torch.allclose` fail
+# between two correct implementations.
 
 # %% [markdown]
 # ### What a call costs: bytes, not arithmetic
@@ -294,10 +294,10 @@ print("HF drop-in:", tuple(q_hf.shape), tuple(k_hf.shape))
 # kernel's, a share of the copy's speed; notebooks 04–07 print it in percent, the cell below as a
 # fraction (0.99 of a copy is 99 %).
 #
-# The cell computes both intensities for the tour's call, then reads the committed H200 run of
-# the floor suite (`benchmarks/results/floor-nvidia-h200.csv`): a forward pass over 1 GiB, and
-# the forward of one decoding step (1 token × 64 sequences × 32 heads × 128 features), timed
-# on the host's clock as an eager call is.
+# The cell computes RoPE's intensity for the tour's `x` and the matrix multiply's, then reads
+# the committed H200 run of the floor suite (`benchmarks/results/floor-nvidia-h200.csv`): a
+# forward pass over 1 GiB, and the forward of one decoding step (1 token × 64 sequences × 32
+# heads × 128 features), timed on the host's clock as an eager call is.
 
 # %%
 from ropelib.bench import floor as floor_suite
@@ -351,10 +351,12 @@ else:
 # %% [markdown]
 # On 1 GiB the call runs at 99 % of a copy's speed: both are limited by memory, and the launch
 # is lost in half a millisecond of streaming. One decoding step moves about two thousand times
-# fewer bytes, yet even the copy takes microseconds: that is the fixed cost of an eager call
-# (Python, PyTorch's dispatcher, the launch), which no kernel avoids. ropelib's call takes about
-# three times the copy's time: 0.32 of a copy. Notebook 07 measures both regimes live, takes the
-# fixed cost apart (section 6) and shows what CUDA graphs do to it.
+# fewer bytes, which at the 1 GiB line's rate would stream in well under a microsecond; yet even
+# the copy takes microseconds. That is the fixed cost of an eager call (Python, PyTorch's
+# dispatcher, the launch), which a faster kernel does not remove. ropelib's call takes about
+# three times the copy's time: 0.32 of a copy. Notebook 07 measures both regimes live, fits the
+# fixed cost (section 6), splits it between host and device (section 7) and shows what CUDA
+# graphs do to it.
 
 # %% [markdown]
 # ## 4. Where to go next
@@ -464,9 +466,9 @@ basics.check_rotary_dim(my_rotary_dim);
 solution(basics.solution_rotary_dim)
 
 # %% [markdown]
-# **Exercise 3.** The tour called `ropelib.apply_rope(x, freqs, layout=..., interleaved=...)` and
-# checked the Hugging Face drop-in against the formula `x * cos + rotate_half(x) * sin`. Write
-# that formula yourself, in PyTorch, for what this call computes:
+# **Exercise 3.** The tour listed `apply_rope`'s `interleaved=True` keyword and checked the
+# Hugging Face drop-in against the formula `x * cos + rotate_half(x) * sin`. Write that formula
+# yourself, in PyTorch, for what this call computes:
 #
 # ```python
 # freqs = frequencies.rope_freqs(S, D, interleaved=True)      # [S, 1, 1, D]
@@ -519,7 +521,7 @@ solution(basics.solution_interleaved_rope)
 #    pick for a model you write yourself, for a Hugging Face checkpoint you fine-tune, and for a
 #    Transformer Engine stack, and what does each choice tie you to?
 # 6. Section 3 found one decoding step's RoPE taking about three times as long as a copy of its
-#    bytes, and even the copy was fixed cost rather than bandwidth. A faster RoPE kernel cannot
-#    fix that. What can? Think of taking the host out of each call, and of what else reads or
-#    writes the same query and key bytes in the same step, so that RoPE could ride along with
-#    it. Notebooks 07, 11 and 12 each try one answer; guess which before you open them.
+#    bytes, and even the copy's time was mostly the fixed cost of a call, which a faster kernel
+#    does not remove. What can? Think of taking the host out of each call, and of what else
+#    reads or writes the same query and key bytes in the same step, so that RoPE could ride
+#    along with it. Notebooks 07, 11 and 12 each try one answer; guess which before you open them.

@@ -146,10 +146,10 @@ print(f"thd with cu_seqlens={cu_seqlens.tolist()} == each sequence rotated alone
 # (`freqs=` or `cos=, sin=`).
 #
 # The difference that matters is precision. HF, its old cache and TE's unfused path all round
-# $\cos$ and $\sin$ to the model's dtype *before* the multiply (8 bits of mantissa in bf16),
+# $\cos$ and $\sin$ to the model's dtype *before* the multiply (8 significant bits in bf16),
 # then do the multiply-adds in bf16 too. A fused kernel that reads fp32 angles and rounds once at
-# the end is as accurate as bf16 allows. The cell compares three outputs: ropelib's kernel on
-# fp32 angles, the same kernel on bf16 cos/sin (HF's table, fp32 math), and TE's unfused path.
+# the end is nearly as accurate as bf16 allows. The cell compares three outputs: ropelib's kernel
+# on fp32 angles, the same kernel on bf16 cos/sin (HF's table, fp32 math), and TE's unfused path.
 
 # %%
 f_tab = rope_freqs(S, D).to(device)                               # [S, 1, 1, D] fp32
@@ -195,11 +195,11 @@ assert off[ours] < off[table] < off[unfused] and ulps[ours] < ulps[table] < ulps
 #
 # The other two lines round $\cos$ and $\sin$ to bf16 first: an error of up to $2^{-9}$ in
 # each (half a bf16 step of a value between 0.5 and 1), which the multiply carries into every
-# output. More than a tenth of their outputs miss the correctly rounded value. Near zero they
-# miss it by tens to hundreds of ulps, even measured at the floor, because the table's error
-# is a share of $x$, of order one, not of the small output. TE's unfused path also rounds every
-# product and sum to bf16, so it misses more often and further: in both measures the order is
-# ropelib, then the bf16 cos/sin, then TE's unfused path. (Notebook 08 shows how this
+# output. More than a tenth of their outputs miss the correctly rounded value, and their
+# `max ulps` is far above one even measured at the floor: near zero the table's error is a share
+# of $x$, of order one, not of the small output. TE's unfused path also rounds every product and
+# sum to bf16, so it misses more often and further: in `max ulps` and in `outputs off` the order
+# is ropelib, then the bf16 cos/sin, then TE's unfused path. (Notebook 08 shows how this
 # difference makes an innocent `torch.allclose(te_out, triton_out)` fail.)
 
 # %% [markdown]
@@ -229,8 +229,8 @@ print(f"rotary_percent=0.5: features 0..{R - 1} rotated, {R}..{D - 1} untouched"
 #
 # The cell checks that against a full pass, first with every sequence at the same length, then
 # at different lengths. For the second, a longer prompt holds each sequence's new token at the
-# position that sequence has reached, and is rotated in one pass; HF's `position_ids` give the
-# same rows as `start_positions`. The cell prints the positions used.
+# position that sequence has reached, and is rotated in one pass; HF's `position_ids` agree
+# with `start_positions`. The cell prints the positions used.
 
 # %%
 L = S                                                       # prompt length
@@ -456,15 +456,13 @@ plt.show()
 # ![Bytes read and written by each kernel of the unfused path, against the fused
 # floor](../figures/02-unfused-traffic.png)
 #
-# The count needs no GPU: bytes follow from shapes and dtypes. The forward runs 10 kernels that
-# move 12.5 times the bytes of $x$; a fused kernel reads $x$ once, writes $y$ once and reads the
-# fp32 table: 2.06 times, so the unfused forward moves 6.1 times as much. Six of its ops stream
-# a tensor the size of $x$ or half of it (`neg`), and the `add` reads two. The backward through
-# autograd runs 7 ATen ops and moves 14.1 times the bytes of $x$, against 2.06 for a fused
-# backward. The cell prints them as kernels, but they are ATen ops counted at dispatch, not a
-# profile: on a GPU one op can launch more than one kernel. Fusing keeps the intermediates in
-# registers, so the whole thing costs one read and one write. Each kernel is also a launch with
-# a fixed cost; notebook 07 measures it.
+# The forward runs 10 kernels that move 12.5 times the bytes of $x$; a fused kernel reads $x$
+# once, writes $y$ once and reads the fp32 table: 2.06 times, so the unfused forward moves 6.1
+# times as much. Six of its ops stream a tensor the size of $x$ or half of it (`neg`), and the
+# `add` reads two. The backward through autograd runs 7 ATen ops and moves 14.1 times the bytes
+# of $x$, against 2.06 for a fused backward. The cell prints them as kernels, but they are ATen
+# ops counted at dispatch, not a profile: on a GPU one op can launch more than one kernel.
+# Fusing keeps the intermediates in registers, so the whole thing costs one read and one write.
 #
 # Part of this traffic comes from TE's partial-rotary code, which runs even when every feature
 # turns. It splits $x$ into the rotated part `t` and the passed-through part `t_pass`, here
@@ -573,9 +571,9 @@ assert c_time_ratio > c_bytes_ratio
 # stops with an error if the two lists differ. It profiles a copy of `x` and
 # `ropelib.apply_rope` the same way, so that all three are timed by one clock. The table gives
 # each kernel's device time, its op's bytes, its GB/s and that as a fraction of the copy's
-# GB/s. (`ropelib.course.kernel_bandwidth` does the matching and the arithmetic; its tests run
-# it on made-up profiles on the CPU.) Without a GPU the cell prints the committed run's table,
-# kept in `figures/02-unfused-kernels.csv`, and checks the same things against it.
+# GB/s. (`ropelib.course.kernel_bandwidth` does the matching and the arithmetic.) Without a GPU
+# the cell prints the committed run's table, kept in `figures/02-unfused-kernels.csv`, and checks
+# the same things against it.
 
 
 # %%
@@ -727,9 +725,10 @@ assert [round(f, 2) for f in c_factors.values()] == [1.00, 2.31, 6.02, 1.00, 0.9
 # the copy's speed, 506 µs are the non-vectorized kernels'.
 #
 # The `add` of two contiguous temporaries and the second `cat` run vectorized, at 105% and 95%
-# of the copy's GB/s. The `add` beats the copy because a copy is a yardstick, not the memory's
-# peak: a kernel that reads two bytes for each it writes can stream faster than one that reads
-# one and writes one. (`cos`, `sin` and their casts are vectorized too, on the small table.)
+# of the copy's GB/s. That the `add` beats the copy is a reminder that a copy is a yardstick,
+# not the memory's peak: a kernel that reads two bytes for each it writes may stream faster than
+# one that reads one and writes one. (`cos`, `sin` and their casts are vectorized too, on the
+# small table.)
 #
 # So far this is an observation across kernels, not a controlled experiment: the kind is read
 # from a name, the GB/s from device time and counted bytes. The loads themselves take hardware
@@ -786,11 +785,11 @@ assert mul["l1_load_requests"] == 8 * add["l1_load_requests"]
 #
 # What to take from section 6: the unfused chain takes 13.0 times as long as one fused call
 # because it moves 6.02 times the bytes *and* streams them at 1/2.31 of a copy's speed (the
-# fused call's own fixed cost, the 0.94, takes a little back). The second factor comes from
-# operands that are not contiguous (a broadcast table, a strided half), which make PyTorch
-# load one element a lane. A fused kernel removes both: one read, one write, and loads as wide
-# as it chooses. Notebook 07 measures the fixed cost of a call, and notebooks 03 to 05 what
-# makes one kernel stream at a copy's speed.
+# fused call's own fixed cost, the 0.94, takes a little back). The second factor goes with
+# operands that are not contiguous (a broadcast table, a strided half), for which PyTorch loads
+# one element a lane. A fused kernel removes both: one read, one write, and loads as wide as it
+# chooses. Notebook 07 measures the fixed cost of a call, and notebooks 03 to 05 what makes one
+# kernel stream at a copy's speed.
 
 # %% [markdown]
 # ## Exercises

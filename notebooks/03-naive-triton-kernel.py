@@ -41,10 +41,10 @@
 # Everything runs on a GPU, or on the CPU through Triton's interpreter (`TRITON_INTERPRET=1`),
 # where sizes are chosen small automatically.
 #
-# **Time budget.** Running every cell takes seconds on the CPU in the interpreter. Reading it,
-# working through its tables and trying the suggested edits takes about 2 to 2.5 hours for a
-# study group. The kernel exercise at the end and its (c)/(d) follow-up take 30 to 60 minutes
-# more.
+# **Time budget.** Running every cell takes under a minute on the CPU in the interpreter.
+# Reading it, working through its tables and trying the suggested edits takes about 2 to 2.5
+# hours for a study group. The kernel exercise at the end and its (c)/(d) follow-up take 30 to
+# 60 minutes more.
 
 # %%
 import os, torch
@@ -541,7 +541,7 @@ for dtype in (torch.float32, torch.bfloat16):
 # %% [markdown]
 # ## 4. `BLOCK_SIZE` vs `num_warps`, and what a program costs
 #
-# The naive kernel moves no more bytes than a copy, yet takes several times as long, and more
+# The naive kernel moves no more bytes than a copy, yet takes several times as long, and 4 or 8
 # warps make it slower still. This section asks why, and answers in two parts: at 1 warp its
 # time is what its programs cost to start; with more warps, the extra warps repeat the same
 # work. First, two numbers that are easy to mix up:
@@ -796,15 +796,16 @@ assert abs(naive_w[1]["gpu__time_duration.sum"] / row1["gpu__time_duration.sum"]
 # %% [markdown]
 # At 1 warp the naive kernel takes the one-row kernel's time (within 2 %), but its schedulers
 # already issue an instruction in 72 % of their cycles, the one-row kernel's in 4 %: its loads,
-# sin/cos and multiplies nearly fill the time its programs take to start. Each added warp
-# repeats that work on copies of the same pairs. A program executes 13 sin/cos instructions at
-# 1 warp, 22 at 2, 44 at 4 and 88 at 8 (from 2 warps on, 11 a warp: every warp evaluates the
-# whole tile's angles); the load sectors double at 4 warps and again at 8 (the same bytes asked
-# for again); the warp instructions grow 1.38, 2.74 and 5.46 times. The schedulers are then
-# busy in 83–84 % of their cycles, a ready warp waits 6 to 8 cycles to be picked, and the time
-# follows the instructions: 1.19, 2.33 and 4.66 times the 1-warp time. The one-row kernel also
-# executes 6.7 times its instructions at 8 warps, but its schedulers, issuing in 20 % of their
-# cycles, absorb them, and its time does not move.
+# sin/cos and multiplies nearly fill the time its programs take to start. A warp's work shrinks
+# little when it holds less of the tile: a program executes 13 sin/cos instructions at 1 warp,
+# 22 at 2, 44 at 4 and 88 at 8 (from 2 warps on, 11 a warp). From 4 warps on the threads hold
+# copies of the same pairs, and the load sectors double at 4 warps and again at 8 (the same
+# bytes asked for again). The warp instructions grow 1.38, 2.74 and 5.46 times, the schedulers
+# are busy in 83–84 % of their cycles, a ready warp waits 6 to 8 cycles to be picked, and the
+# time follows the instructions: 1.19, 2.33 and 4.66 times the 1-warp time under the profiler
+# (`do_bench` above, at the GPU's own clock, can find 2 warps as fast as 1). The one-row kernel
+# also executes 6.7 times its instructions at 8 warps, but its schedulers, issuing in 20 % of
+# their cycles, absorb them, and its time does not move.
 #
 # What to take from section 4: at 1 warp the naive kernel is bound by its number of programs;
 # with more warps, by instructions that only repeat its work. Hence `default_num_warps` gives a
@@ -840,7 +841,7 @@ assert abs(naive_w[1]["gpu__time_duration.sum"] / row1["gpu__time_duration.sum"]
 #   `tl.arange(0, D)`, and `tl.reshape` makes the `[pairs, 2]` tile in registers
 #   (`WHOLE_ROWS=True` below). It touches exactly the bytes (c) touches.
 #
-# (b) and (c) below are a pair swap, `y[2j] = x[2j+1]`, `y[2j+1] = x[2j]`: RoPE's data
+# (b) to (d) below are a pair swap, `y[2j] = x[2j+1]`, `y[2j+1] = x[2j]`: RoPE's data
 # movement without its arithmetic. Nothing here is computed from the source:
 # `ropelib.course.access.record` runs a launch in the interpreter with `tl.load`/`tl.store` wrapped
 # and returns the byte address of every lane each instruction touched.
@@ -1087,8 +1088,7 @@ assert all(abs(r["dram_read_bytes"] - c["model_bytes"] / 2) < 0.02 * c["model_by
 # - **Why a quarter of each sector?** Narrow loads alone would not waste sectors: 32 lanes
 #   loading 4 bytes each *along* one row would cover 128 contiguous bytes, 4 whole sectors.
 #   Sectors are wasted when the layout spreads a warp's lanes over many rows, a few bytes of
-#   each row per instruction. The cell after this list reads it from the compiled code: the
-#   lanes of a warp lie across 16 rows, 8 bytes of each.
+#   each row per instruction. The compiled code, read below, shows that layout.
 # - **(b), stride-2 loads,** double the requests, and each uses 64 bytes (half of (c)'s 128).
 #   L1's hit rate is 87.5 %, not the 50 % that "the second load finds the sector" would give.
 #   L2 sends each sector of x once (its reads equal (c)'s), so each sector is touched
@@ -1365,8 +1365,9 @@ for mask_stores in (True, False):
 # may not match the reference: a row's spill can land after the next row's own store. On the
 # CPU it can even *match*, because the interpreter runs the programs in order and each row's
 # own store overwrites the garbage its neighbour spilled into it; only the last row's spill,
-# into the guard band, gives it away. That is the kind of bug that passes a test once and fails
-# in training. Poisoned outputs and guard bands are why ropelib's tests catch it every time.
+# into the guard band, gives it away. A check that only compares outputs can pass it; the guard
+# band catches it on every run, whatever the order of the programs, as the last row's spill
+# lands there. The kernel checks of this notebook's exercises use guard bands for that reason.
 #
 # ### 6.3 Where the interpreter differs from a GPU
 #
@@ -1604,22 +1605,22 @@ if GPU:
               f"{predict(S * B * H, rows, here_sms, ns, here_copy):13.1f} {us:12.1f}")
 
 # %% [markdown]
-# At 1 and 2 rows a program the measurement lands within 2 % of the worked prediction: the
-# kernel takes the time its programs take to start. At 4 rows the programs alone would take
-# 158 µs and the kernel takes 175; at 8 they would take half of 158, under the copy's 130 µs,
-# and it takes 154. There the kernel takes more than either limit: starting programs and moving
-# bytes do not hide each other perfectly, and this page does not measure how the two combine.
-# Notebook 05 measures the second limit: how many bytes each SM must have in flight for a
-# kernel to stream at a copy's speed while memory is busy.
-# Where does your prediction stop holding, and why there?
+# In the H200's ablation, at 1 and 2 rows a program the measurement lands within 2 % of the
+# worked prediction: the kernel takes the time its programs take to start. At 4 rows the
+# programs alone would take 158 µs and the kernel takes 175; at 8 they would take half of 158,
+# under the copy's 130 µs, and it takes 154. There the kernel takes more than either limit:
+# starting programs and moving bytes do not hide each other perfectly, and this page does not
+# measure how the two combine. Notebook 05 measures the second limit: how many bytes each SM
+# must have in flight for a kernel to stream at a copy's speed while memory is busy. Where does
+# your prediction stop holding, in the ablation and in the rows timed live, and why there?
 #
 # On a GPU the rows timed live run at the warps their `warps` column prints, those of the
 # ablation's row with as many rows a program (`ex.launch_rows(..., num_warps=)`; left out, it
 # takes the ablation's default: one warp per 128 elements of a half-tile). The prediction has
 # no term for the warps: an empty program costs the same at 4 warps as at 1, but a program
 # whose threads outnumber its tile's elements repeats its work (section 4's last profile).
-# Time your kernel at 4 warps as well. (The ablation ran 8 rows a program at 4 warps too: look up `heads8_loop_b` in the
-# CSV.)
+# Time your kernel at 4 warps as well. (The ablation ran 8 rows a program at 4 warps too: look
+# up `heads8_loop_b` in the CSV.)
 #
 # ## Questions for a study group
 #

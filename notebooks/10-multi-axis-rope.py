@@ -361,10 +361,10 @@ fig.savefig(FIGURES / "10-speed-of-copy.png", dpi=120)
 plt.show()
 
 # %% [markdown]
-# transformers' code allocates 70.30 MB on top of its 12.6 MB of outputs: the angles of every
-# axis for every pair, their cosines and sines, the recomposed tables, and the temporaries of
-# `x * cos + rotate_half(x) * sin`. ropelib's call allocates its outputs and nothing more
-# (0.00 MB).
+# transformers' code allocates several times its 12.6 MB of outputs (printed above): the angles
+# of every axis for every pair, their cosines and sines, the recomposed tables, and the
+# temporaries of `x * cos + rotate_half(x) * sin`. ropelib's call allocates its outputs and
+# nothing more (0.00 MB).
 #
 # The H200 times point the same way: ropelib's kernel runs at 0.985 of a copy's speed forward
 # and 0.980 forward and backward, transformers' code at 0.068 and 0.065. torch.compile's 0.084
@@ -936,9 +936,9 @@ else:
           "The counts above are what this machine can measure.")
 
 # %% [markdown]
-# On the H200 the per-head kernel takes 1.40 times the time of the once-per-token one (107.8
-# against 77.0 µs), and ropelib's kernel (72.3 µs) comes close to the copy of q and k
-# (71.6 µs). A time says which kernel is faster, not why. Nsight Compute counted what the same
+# On the H200 the per-head kernel takes about 1.4 times the time of the once-per-token one, and
+# ropelib's kernel comes close to the copy of q and k (the medians are printed above). A time
+# says which kernel is faster, not why. Nsight Compute counted what the same
 # three kernels execute on an H200 (`benchmarks/mrope_angles_ncu.py`, each launched once at the
 # timing cell's size):
 
@@ -1139,11 +1139,9 @@ assert moved.get(("load", False), 0) >= 5 and moved.get(("sin/cos", False), 0) >
 # again. Loading them before the loop, as the worked solution does, states what the compiler
 # cannot prove.
 #
-# Back to the profile. The time grows less than the instructions: 1.90 times under the
-# profiler, which fixes the SM clock, and 1.40 times under `do_bench`. DRAM bytes over time
-# (undercounted as above) say how busy each kernel kept the memory: the once-per-token kernel
-# 3.42 TB/s, a memory stream; the per-head kernel 1.83 TB/s, the same bytes over almost twice
-# the time.
+# Back to the profile. DRAM bytes over time (undercounted as above) say how busy each kernel
+# kept the memory: the once-per-token kernel 3.42 TB/s, a memory stream; the per-head kernel
+# 1.83 TB/s, the same bytes over 1.9 times the time.
 #
 # The per-head kernel also has fewer warps active (56 % of an SM's warp slots against 89 %).
 # Its registers say part of why: 36 a thread, allocated as 40, let an SM hold 12 of its 4-warp
@@ -1241,11 +1239,11 @@ assert (round(token[STALLED.format("long_scoreboard")]), round(token["smsp__aver
 # scoreboard): it waits on memory, as its 3.42 TB/s showed. Forming the angles once per token
 # moves the kernel from instruction-bound to memory-bound.
 #
-# Why is the gap smaller under `do_bench`? The profiler ran the SMs at 1.50 GHz; the timing
-# cell read 1980 MHz from NVML right after timing (a hint at `do_bench`'s clock, not a
-# measurement of it). At a higher clock an instruction takes less time and a byte from memory
-# does not, so the instruction-bound kernel gains more: 1.90 times under the profiler, 1.40
-# under `do_bench`.
+# Why is the gap smaller under `do_bench`? The profiler ran the SMs at 1.50 GHz; the clock NVML
+# reported right after the timing cell was higher in the H200 run (printed there: a hint at
+# `do_bench`'s clock, not a measurement of it). At a higher clock an instruction takes less time
+# and a byte from memory does not, so the instruction-bound kernel gains more: 1.90 times under
+# the profiler, about 1.4 under `do_bench`.
 
 # %% [markdown]
 # ### From transformers' materialised tables: the grid's order decides the bytes read
@@ -1391,10 +1389,11 @@ plt.show()
 # only 8 MB, yet each half costs about twice its bytes. Subtract q and k's 268 MB from each
 # read: Liger's tables take 16.8 MB, ropelib's by tokens 33.6 MB, with q first 67.1 MB.
 #
-# Liger's profile says why twice. Its loads asked the L2 for 278.9 MB and DRAM sent 285.2,
+# Liger's profile suggests why twice. Its loads asked the L2 for 278.9 MB and DRAM sent 285.2,
 # 6.3 MB more than was asked even had every sector missed. Less q and k's sectors, each asked
-# once, the tables' loads asked for 10.5 MB: exactly the 32-byte sectors that the three section slices of a
-# first half touch (160 bytes for its 128, in cos and in sin, for each of the 32,768 tokens).
+# once, the tables' loads asked for 10.5 MB: exactly the 32-byte sectors that the three section
+# slices of a first half touch (160 bytes for its 128, in cos and in sin, for each of the 32,768
+# tokens).
 # Counted in 64-byte pieces the same slices touch 256 bytes, which gives 16.8 MB, Liger's
 # tables from DRAM to a tenth of a MB; twice that and four times that are ropelib's two
 # orders. The counts fit an L2 that fills its misses from DRAM in 64-byte pieces, so a slice
@@ -1510,7 +1509,7 @@ if sched_t:
 #
 # The stand-in shows how a sign can move the loads, not the timed kernels' own schedules: those
 # were earlier versions of ropelib's pass, and the forms compile to different register counts
-# (32, 40 and 39 in the stand-in, 40 in ropelib's pass).
+# (with Triton 3.6: 32, 40 and 39 in the stand-in, 40 in ropelib's pass).
 
 # %% [markdown]
 # ## 7. The angles themselves at long context
@@ -1593,11 +1592,11 @@ assert by[("ropelib_exact", top)]["out_err"] < 1e-5
 # - One kernel, reading positions `[axes, B, S]` (or `[axes, T]`), `inv_freq` and `axis`,
 #   serves all of them, forward and backward (the rotation by $-\theta$), and matches
 #   transformers' Qwen2-VL, Qwen3-VL and vision code. It allocates nothing beyond its outputs,
-#   where transformers' code allocates 70.30 MB beyond 12.6 MB, and on an H200 runs at 0.985
+#   where transformers' code allocates several times its outputs, and on an H200 runs at 0.985
 #   of a copy's speed against transformers' 0.068.
 # - Every head of a token turns by the same angles. Formed per (token, head) they cost 32 times
-#   the sines and cosines for the same bytes, 5.3 times the warp instructions, and 1.40 times
-#   the time under `do_bench`: the per-head kernel is bound by issuing instructions, the
+#   the sines and cosines for the same bytes, 5.3 times the warp instructions, and about 1.4
+#   times the time under `do_bench`: the per-head kernel is bound by issuing instructions, the
 #   once-per-token kernel by memory. The compiler does not hoist the angle work for you,
 #   because the stores in the loop might overwrite its inputs: write it before the loop.
 # - Reading transformers' per-axis tables, the grid's order decides how often the L2 must

@@ -190,9 +190,9 @@ solution(pz.solution_rotate_row_kernel.fn, title="Solution: puzzle 1")
 #
 # RoPE has two pairings. GPT-J and RoFormer turn *adjacent* features, pair $j = (2j, 2j+1)$
 # (interleaved); GPT-NeoX and Hugging Face's Llama turn feature $j$ with $j + H$ (rotate-half;
-# Meta's own Llama code pairs adjacent features, as complex numbers). Both are RoPE,
-# and a model run with the other one than it was trained with gets wrong attention scores and
-# no error. The mix-up has shipped more than once: in checkpoint conversions between
+# Meta's own Llama code pairs adjacent features, as complex numbers). Both are RoPE, and a
+# model run with the pairing it was not trained with gets wrong attention scores and no
+# error. The mix-up has shipped more than once: in checkpoint conversions between
 # frameworks (which permute the rows of the q and k projections to move from one pairing to
 # the other), and in fused kernels with an `interleaved` switch that one code path did not
 # honour.
@@ -726,13 +726,13 @@ pz.time_solution("packed_sequences");
 #
 # Hugging Face's rotary embeddings compute cos and sin in fp32 and hand them to attention in
 # the model's dtype (`cos.to(dtype=x.dtype)`): in a bf16 model, RoPE reads a bf16 table, half
-# the bytes of the fp32 table that ropelib and Transformer Engine read. Unlike puzzle 5's bf16
-# *angle*, a bf16 cos or sin costs little, and the same at every position: both lie in
-# $[-1, 1]$, where neighbouring bf16 values are at most $2^{-8}$ apart, so each is off by at
-# most $2^{-9}$, at position 100,000 as at position 1. The pair $(x_j, x_{j+H})$ is then turned
-# by a matrix off by $\begin{pmatrix} \delta_c & -\delta_s \\ \delta_s & \delta_c
-# \end{pmatrix}$, so it lands at most $\sqrt{\delta_c^2 + \delta_s^2} \le \sqrt 2 \cdot 2^{-9}
-# \approx 0.0028$ of its length from where the fp32 table turns it.
+# the bytes of an fp32 one. Unlike puzzle 5's bf16 *angle*, a bf16 cos or sin costs little, and
+# the same at every position: both lie in $[-1, 1]$, where neighbouring bf16 values are at most
+# $2^{-8}$ apart, so each is off by at most $2^{-9}$, at position 100,000 as at position 1.
+# The pair $(x_j, x_{j+H})$ is then turned by a matrix off by
+# $\begin{pmatrix} \delta_c & -\delta_s \\ \delta_s & \delta_c \end{pmatrix}$, so it lands
+# at most $\sqrt{\delta_c^2 + \delta_s^2} \le \sqrt 2 \cdot 2^{-9} \approx 0.0028$ of its length
+# from where the fp32 table turns it.
 #
 # The kernel below reads such a table. Most of its outputs are within the check's tolerance;
 # some are many bf16 ulps off. Repair it.
@@ -946,7 +946,7 @@ angles_per_thread = 16 * 64 // (4 * 32)               # BLOCK_ROWS x HALF over 1
 assert len(tests) == angles_per_thread                # one per angle a thread holds
 
 # %% [markdown]
-# So the fraction measures the inputs as much as the kernel. On the bytes it moves (the bf16
+# So the fraction depends on the inputs, not only on the kernel. On the bytes it moves (the bf16
 # table is never read) the solution is at 74 % of a copy. `ropelib.frequencies.Angles` reduces
 # the angle exactly before the sine, so no angle it hands `sin` is large.
 #
@@ -1000,7 +1000,7 @@ assert (round(kernel_med), round(copy_med)) == (43, 39) and round(copy_med / ker
 # %% [markdown]
 # ## Questions for a study group
 #
-# 1. Puzzle 4's bug leaves a tile's first row right and writes over the rows after it, and a
+# 1. Puzzle 4's bug spills each row's second half into the next row's first features, and a
 #    head dim that is a power of two would not have shown it at all. Which of the nine bugs
 #    would a test with one small, contiguous, power-of-two, short-context input catch, and
 #    which need the input that shows them? Write down the inputs a RoPE test suite needs.
@@ -1025,10 +1025,11 @@ assert (round(kernel_med), round(copy_med)) == (43, 39) and round(copy_med / ker
 #
 # Short answers to two of them. **2.** bf16 values near 1,000 are 4 apart, so a bf16 angle
 # there can be off by 2 rad; fp32 values are 4 apart from $2^{25}$ (about 33.5 million) on, so
-# an fp32 angle is that wrong only there. Well before that, from $2^{24}$, fp32 no longer holds
-# every integer position (0.5 rad, puzzle 5's cell): for a context of $2^{24}$, reduce the angle
-# exactly before the sine (notebook 10, section 7). **4.** The tables are
-# $2 \times 16384 \times 64 \times 4$ bytes = 8.4 MB of fp32, of the timed 143 MB. They fit in a
-# 50 MB L2, and each program loads the same rows $B$ times in a row, so the repeats should hit
-# in L2 and DRAM read the tables about once (an estimate; nothing here measures it). The $B - 1$
-# extra loads cost load instructions and L2 traffic, not $B$ times the table's DRAM bytes.
+# an fp32 angle is that wrong only there. Well before that, angles just below $2^{24}$ are off by
+# up to 0.5 rad (puzzle 5's cell), and from $2^{24}$ fp32 no longer holds every integer
+# position: for a context of $2^{24}$, reduce the angle exactly before the sine (notebook 10,
+# section 7). **4.** The tables are $2 \times 16384 \times 64 \times 4$ bytes = 8.4 MB of fp32,
+# of the timed 143 MB. They fit in a 50 MB L2, and each program loads the same rows $B$ times
+# in a row, so the repeats should hit in L2 and DRAM read the tables about once (an estimate;
+# nothing here measures it). The $B - 1$ extra loads cost load instructions and L2 traffic, not
+# $B$ times the table's DRAM bytes.
