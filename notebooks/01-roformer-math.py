@@ -173,8 +173,7 @@ plt.show()
 # ![R_3 is block-diagonal: four 2x2 rotations](../figures/01-block-diagonal.png)
 #
 # The four pairs turn at 1, 0.1, 0.01 and 0.001 radians per position (the $\theta_j$ printed
-# above): the first a full radian per position, the last only a thousandth. The pairs act like
-# the hands of a clock, from seconds to hours.
+# above), like the hands of a clock, from seconds to hours.
 
 # %% [markdown]
 # ## 3. The complex-number view
@@ -297,9 +296,10 @@ plt.show()
 #
 # Left, RoPE: every diagonal holds one value. Right, the same $q$ and $k$ with added sinusoids:
 # the main diagonal still stands out, since $\langle p_m, p_n\rangle$ is largest at $m = n$
-# (where it is $d/2$), but along it and along every other diagonal the score changes, by more
-# than the scores' own spread (both numbers printed above): the cross terms. A learned absolute
-# vector per position has the same cross terms, and not even the last term is relative then.
+# (where it is $d/2$), but the scores change along the diagonals, the largest change exceeding
+# the scores' own spread (both printed above): the cross terms. A learned absolute vector per
+# position has the same cross terms, and its $\langle p_m, p_n\rangle$ need not be relative
+# either.
 
 # %% [markdown]
 # ## 5. The frequency spectrum — and what context-extension scalings do to it
@@ -453,7 +453,7 @@ assert round(factor, 2) == 0.81 and abs((1 - factor) - 1 / 5) < 0.02
 #   **0 at every distance**, near or far. With i.i.d. $\mathcal N(0,1)$ entries the spread does
 #   not shrink either: $R_{n-m}$ is orthogonal, so
 #   $\mathbb E\,(q^\top R_{n-m} k)^2 = \mathrm{tr}(R_{n-m} R_{n-m}^\top) = d$ at every distance.
-#   For such pairs the bound holds but is hundreds to thousands of times larger than the score
+#   For such pairs the bound holds but is, in the median, hundreds of times the score or more
 #   (the last column of the table below).
 # - **$k = q$** (a query meeting a key that points the same way):
 #   $\mathbb E[h_j] = \mathbb E|q_j|^2 = 2$ for $\mathcal N(0,1)$ entries, so the expected score
@@ -461,10 +461,9 @@ assert round(factor, 2) == 0.81 and abs((1 - factor) - 1 / 5) < 0.02
 #
 # So the long-term decay is a prior built into the construction: on average, a query and a key
 # that point the same way score less the further apart they are. It is not a rule that far
-# tokens interact less. A
-# trained model chooses its $q$ and $k$ and can give a high score at any distance (the slowest
-# pairs barely turn over a whole context). The next cell computes all of it: the bound, the
-# summation-by-parts identity, and the scores of 4096 random pairs at every distance.
+# tokens interact less: a trained model chooses its $q$ and $k$ and can give a high score at any
+# distance (the slowest pairs barely turn over a whole context). The next cell computes all of it: the bound, the
+# summation-by-parts identity, and the scores of 4096 random pairs at distances 0 to 256.
 
 # %%
 d = 128
@@ -555,12 +554,9 @@ plt.show()
 # ![The bound decays; random q, k score 0 on average](../figures/01-long-term-decay.png)
 #
 # Left: the relative upper bound decays with distance, as in RoFormer's Figure 2. Right: the
-# mean score of independent random $q, k$ is zero at every distance, with a spread that does not
-# shrink; the mean score of $k = q$ decays like the bound.
-#
-# Read the table and the right panel together: the bound and the $k = q$ curve fall by about
-# a factor of three to five over 250 positions, while independent pairs score 0 on average and
-# spread by $\sqrt d$ at every distance.
+# mean score of independent random $q, k$ is zero within sampling error at every distance, with
+# a spread near $\sqrt d$ that does not shrink; the mean score of $k = q$ decays. Over 250
+# positions the bound and the $k = q$ curve fall by a factor of three to five (the table).
 
 # %% [markdown]
 # ## 7. Rotate-half vs interleaved: one rotation, two pairings
@@ -605,9 +601,9 @@ print("interleaved RoPE(x) == rotate-half RoPE(x[..., perm])[..., argsort(perm)]
 
 # %% [markdown]
 # As matrices: with the permutation matrix $P$ ($Px = x_{[\mathrm{perm}]}$),
-# $R^{\text{interleaved}}_m = P^\top R^{\text{half}}_m P$. The scores do not care either way:
-# $\langle P^\top R P q, P^\top R P k\rangle = \langle R\,Pq, R\,Pk\rangle$, so a model trained
-# in one pairing works in the other once its $q$ and $k$ features are permuted.
+# $R^{\text{interleaved}}_m = P^\top R^{\text{half}}_m P$, and the scores agree:
+# $\langle P^\top R P q, P^\top R P k\rangle = \langle R\,Pq, R\,Pk\rangle$. That is the
+# checkpoint conversion above, done on $q$ and $k$.
 
 # %% [markdown]
 # ## Exercises
@@ -626,8 +622,7 @@ print("interleaved RoPE(x) == rotate-half RoPE(x[..., perm])[..., argsort(perm)]
 # **Exercise 1 — the rotation matrix.** Write `rotation_matrix(m, inv_freq)` that returns the
 # $[d, d]$ block-diagonal $R_m$ for the interleaved pairing ($d = 2\cdot$`len(inv_freq)`),
 # building the $2\times2$ blocks yourself: no `torch.block_diag`, whichever way it is called
-# (nor SciPy's), and no `ropelib` (the check refuses them all). `inv_freq` is float64; compute
-# in float64 too.
+# (nor SciPy's); the check refuses them. `inv_freq` is float64; compute in float64 too.
 
 # %%
 from ropelib.course.exercises import solution
@@ -662,8 +657,7 @@ solution(basics.solution_relative_angle)
 # **Exercise 3 — rotate_half.** Implement both pairings of `rotate_half(x, interleaved)`:
 # on halves $u = (x_0, \dots, x_{d/2-1})$ and $v = (x_{d/2}, \dots, x_{d-1})$,
 # $[u, v] \to [-v, u]$; on neighbours, $(x_0, x_1, x_2, x_3, \dots) \to
-# (-x_1, x_0, -x_3, x_2, \dots)$. (`ropelib.reference.rotate_half` is the answer,
-# and so it is not one: the check refuses it.)
+# (-x_1, x_0, -x_3, x_2, \dots)$.
 
 # %%
 def rotate_half(x, interleaved=False):
@@ -681,7 +675,7 @@ solution(basics.solution_rotate_half)
 # `perm` such that rotate-half RoPE$(x)$ =
 # interleaved RoPE$(x[\dots, \mathrm{perm}])[\dots, \mathrm{argsort(perm)}]$.
 # The check tries $d = 8$ and other sizes, applying both RoPEs to random inputs with your
-# permutation; as above, your function runs with `ropelib` and the worked solution barred.
+# permutation.
 
 # %%
 def perm_back(d):

@@ -297,11 +297,11 @@ def rope_cell(x, freqs, *, backward=False, num_warps=4):
 # - ropelib's own backward, bit for bit;
 # - the two identities of section 1, for TE's table.
 #
-# Then it times the two directions. On a GPU it times this kernel forward and backward on the
-# cell's tensor and prints the ratio of the two times: the same bytes predict 1. The only speed
-# it asserts is a wide one, that the backward does not take half as long again as the forward.
-# Next it reads the committed H200 run of the same kernel through ropelib's launcher (one warp
-# a program), which times a whole step:
+# On a GPU it then times this kernel forward and backward on the cell's tensor and prints the
+# ratio of the two times: the same bytes predict 1. The only speed it asserts is a wide one,
+# that the backward does not take half as long again as the forward. Next it reads the
+# committed H200 run of the same kernel through ropelib's launcher (one warp a program), which
+# times a whole step:
 # `torch.autograd.grad` through an `autograd.Function` like the one in section 3 (forward
 # kernel, autograd graph, backward kernel), together with the forward alone. For a 1 GiB bf16
 # tensor the step takes 2.00x the forward, which is what the equal byte counts predict. For a
@@ -311,13 +311,13 @@ def rope_cell(x, freqs, *, backward=False, num_warps=4):
 # takes about the same time, 427 and 378 µs, though its bytes double, and its 20 % and 80 %
 # quantiles lie a third or more of the median apart. From batch 4 (128 MiB) on it takes twice
 # the forward, to 2 %, and its quantiles lie at most 4 % apart. The forward's own time does not
-# grow from batch 1 to 2 either (84.6 and 84.7 µs): that kernel is bound by its programs
-# (notebook 04). What marks the step is what lies beyond two forwards, about 260 µs at batch 1
-# and 210 µs at batch 2 and none from batch 4 on, and its spread, a third of the median or more
-# against at most 4 %. That time is the host's, issuing the forward, building autograd's graph
-# and issuing the backward: at 64 MiB and below it takes longer than the two kernels, and the
-# step waits for it. This run does not measure the host itself; notebook 07 (section 7) times
-# the host and the kernels of such a step apart.
+# grow from batch 1 to 2 either (84.6 and 84.7 µs): both launch the same $S \times H$ programs,
+# and at this size their count, not the bytes, sets the time (notebook 04). What marks the step
+# is what lies beyond two forwards, about 260 µs at batch 1 and 210 µs at batch 2 and none from
+# batch 4 on, and its spread, a third of the median or more against at most 4 %. Both fit a
+# step that waits on the host (issuing the forward, building autograd's graph, issuing the
+# backward) at 64 MiB and below, and on its two kernels from 128 MiB. This run does not measure
+# the host itself; notebook 07 (section 7) times the host and the kernels of such a step apart.
 
 # %%
 torch.manual_seed(0)
@@ -463,7 +463,9 @@ print("gradients match the reference's autograd in fp32, fp16 and bf16")
 # `ropelib.apply_rope` is checked twice, on TE's table and on a table whose two halves differ,
 # because on TE's table the transpose and a backward that negates the sines without swapping
 # them give the same numbers, so only the second table can catch a missing swap. The cell
-# prints how far such a backward would land from $J^{\top}$ on each table.
+# prints how far such a backward would land from $J^{\top}$ on each table, and asserts the
+# direction: not at all on TE's table, and on the other more than ten times what gradcheck
+# allows.
 
 # %%
 x_small = torch.randn(3, 2, 1, 8, device=device, dtype=torch.float64, requires_grad=True)
@@ -774,11 +776,11 @@ solution(ex.solution_rope_backward)
 #
 # The forward runs twice: with `rope_cell`'s default `num_warps=4` and with `num_warps=1`, on
 # the same tensors. At this page's $D = 128$, four warps spread a 64-element half-row over 128
-# threads, so each element is loaded and computed by two threads, and an SM keeps fewer bytes
-# in flight; notebook 04 (section 5.4, the ablation's `sh_loop_b_w4` and `sh_loop_b_w1`)
-# measured this shape faster on one warp. The cell asserts only that direction, one warp
-# closer to the copy than four; how much closer is printed below. Then launch yours with
-# `num_warps=1` and compare again.
+# threads, so each element is loaded and computed by two threads, and an SM holds fewer bytes
+# in flight. Notebook 04 (section 5.4, the ablation's `sh_loop_b_w4` against the one-warp
+# `sh_loop_b`) measured this shape faster on one warp, and could not tell those two causes
+# apart. The cell asserts only that direction, one warp faster than four; how much faster is
+# printed below. Then launch yours with `num_warps=1` and compare again.
 
 # %%
 backward_timed = my_rope_backward if launcher_ok else ex.solution_rope_backward
@@ -836,10 +838,10 @@ solution(ex.SolutionRopeFunction)
 # %% [markdown]
 # ## Questions for discussion
 #
-# 1. Section 2 found the step host-bound at 64 MiB and below, and not from 128 MiB, on the
-#    H200's host. Would a faster CPU move that size up or down? Would a faster GPU? Which of the
-#    two would make a small model train faster, and how would you check your answer with one
-#    CUDA graph?
+# 1. Section 2's committed run points to a step that waits on the host at 64 MiB and below,
+#    and not from 128 MiB, on the H200's host. Would a faster CPU move that size up or down?
+#    Would a faster GPU? Which of the two would make a small model train faster, and how would
+#    you check your answer with one CUDA graph?
 # 2. With TE's `cat(f, f)` table, "negate the sines" and "swap and negate the sines" give the
 #    same results. Why did ropelib keep the swap? What would break, and where would you notice?
 # 3. `ctx.save_for_backward(freqs)` keeps a reference to a table shared by every layer. What

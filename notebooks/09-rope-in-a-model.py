@@ -557,16 +557,17 @@ assert (round(k4, 4), round(c4, 4)) == (0.0051, 0.0037)                     # af
 # not until step 3. Over steps 1 to 20 and 21 to 40 ropelib's run is the further of the two at
 # 18 and 20 of 20 steps, its median difference 7.2 and 7.7 times the control's. Then the control
 # catches up: 4.6 times over steps 41 to 60, and from step 61 to 300 the medians are 0.0051 and
-# 0.0037 nats, ropelib's the larger at 142 of 240 steps. Training amplifies a difference in the
-# last bits to one size; ropelib's starts earlier and larger, no more. On validation ropelib's
+# 0.0037 nats, ropelib's the larger at 142 of 240 steps: training amplifies any difference in
+# the last bits, and ropelib's starts earlier and larger. On validation ropelib's
 # distance is 1.36 times the control's (0.40 and 0.29 of the seed distance), which one sample
 # of each cannot tell from chance. (On the CPU, in fp32, the two curves agree within $10^{-5}$,
 # asserted.)
 #
 # **Where the control's noise comes from.** Its losses at steps 1 and 2 agree and its step-3 loss
-# does not, so the noise enters in step 2's backward or update; which kernel adds it, this
-# notebook does not measure (a control trained under `torch.use_deterministic_algorithms(True)`
-# would).
+# does not, so the first difference the loss shows enters after step 2's loss: in step 2's
+# backward or update, or in step 3's forward. Which kernel adds it, this notebook does not
+# measure (a control trained under `torch.use_deterministic_algorithms(True)` could narrow it
+# down).
 #
 # **Where the run ends.** Two of the four committed runs, ropelib and the reference, are lowest
 # at the last evaluation, step 300; the reference's validation loss still fell by 0.003 nats over
@@ -579,7 +580,7 @@ assert (round(k4, 4), round(c4, 4)) == (0.0051, 0.0037)                     # af
 # per-step training losses only, so the cell averages them over the 25 steps before each
 # evaluation, an average that lags while the loss still falls fast. By it the training loss is
 # below the validation loss from step 150 (the gap on fixed batches that this notebook's own run
-# printed has no lag and turns positive earlier), and the gap widens at every evaluation, to
+# printed has no such lag), and the gap widens at every evaluation, to
 # 0.29 nats at step 300: the model fits the text it trains on better than text it has not seen,
 # the first sign of memorising. Both implementations train the same model, so this does not
 # touch the parity comparison.
@@ -687,18 +688,15 @@ assert abs(committed_tps["reference seed 1"] / committed_tps["reference again"] 
 # Read the first ratio against the second. The two reference runs execute the same code on the
 # same model size; only the seed differs. Whatever separates them is how much the machine's
 # timing moves between two runs of one program (other work on the host, clocks, the allocator),
-# and a ropelib/reference ratio closer to 1 than that says nothing about RoPE. On a GPU the table
-# also lists the control, the first run's code and seed once more: read the ratio against its
-# row too.
+# and a ropelib/reference ratio closer to 1 than that says nothing about RoPE.
 #
 # In the committed GPU run tokens per second cannot say how much of ropelib's lead is RoPE's.
 # There ropelib's model trains 1.403 times as many tokens a second as the reference, but the
 # second seed's run of the reference trains 1.226 times as many as the first and the control
 # 1.223 times as many: the reference's first run was the slow one (its two later runs agree
 # within 0.2 %), so the same code moved by 22 to 23 %, and against the control ropelib's run is
-# 1.147 times as fast, less than that movement. A run whose own movement is smaller can show the
-# saving plainly. The cell prints this run's ratios above the committed line; read this run's
-# ropelib/control against its own control/first.
+# 1.147 times as fast, less than that movement. On a GPU the cell also prints this run's own
+# control: read this run's ropelib/control against its control/first.
 # On a model this small the GPU sits idle for a large part of each step, waiting for the host,
 # so section 5 measures RoPE's own time on the device instead.
 
@@ -729,7 +727,7 @@ assert abs(committed_tps["reference seed 1"] / committed_tps["reference again"] 
 # autograd nodes created inside those ranges (the profiler gives a forward op and the backward
 # of its node the same sequence number). On a GPU it sums *kernel* time on the device, the
 # honest clock for a GPU step; on the CPU it sums host time. It also sums the host time of the
-# same ranges and nodes (`rope_host_ms`, `step_host_ms`, `host_share`): on a GPU the second
+# same ranges and nodes (`rope_host_ms`, `step_host_ms`, `host_share`): on a GPU the host's
 # side of the step, on the CPU the same numbers again.
 
 # %%
@@ -819,8 +817,8 @@ if ON_GPU:
 #   side.
 # - The host share answers "what can fewer launches give back?", when the host is the slower
 #   side.
-# - The profiler adds a few µs to every op it records, so host times under it run longer than
-#   the wall-clock step.
+# - The profiler adds its own cost to every op it records, so host times under it can run
+#   longer than the wall-clock step.
 # - The wall clock follows, roughly, the slower side, and carries the run-to-run movement of
 #   section 4. By itself it attributes nothing to RoPE.
 # - The profiled step is the training loop's own `train_step` (the same AdamW and gradient
@@ -848,10 +846,9 @@ if ON_GPU:
 # fraction of the device saving.
 #
 # **How busy the GPU is.** With ropelib 50 % of the wall-clock step (6.49 of 12.85 ms), with the
-# reference 54 % (9.82 of 18.03 ms); the rest of the time it waits for the host. The profiled
-# step is the training loop's own (`train_step`, the same AdamW and clipping), so the two clocks
-# time the same work. The reference's 18.03 ms is its slow first run: at the pace of the control
-# (section 4) its GPU would be busy for 67 % of the step.
+# reference 54 % (9.82 of 18.03 ms); the rest of the time it waits for the host. The reference's
+# 18.03 ms is its slow first run: at the pace of the control (section 4) its GPU would be busy
+# for 67 % of the step.
 #
 # **What the host sees.** In the step exercise 1 reads (`figures/09-step-kernels.csv`, written by
 # the same run) ropelib's step has 392 device events (kernels, copies, memsets) and the
