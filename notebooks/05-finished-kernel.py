@@ -23,7 +23,7 @@
 # `ropelib.apply_rope` takes a two-pass route (section 6) that reads cos/sin from a table instead
 # of holding them in registers. Called again with the same table it matches the copy within
 # the timing's spread: the pre-pass's rows are kept, so from the second call on only the flat
-# pass runs (section 6).
+# pass runs.
 #
 # The notebook starts from a number — how many bytes a GPU must have in flight to stream at full
 # speed — which sets a floor under the tile (the tile itself was then chosen by a sweep). It then
@@ -109,7 +109,8 @@ def check_rung(y, x, freqs, name):
 # `benchmarks/results/generations-nvidia-h200.csv` holds the three generations measured on an
 # NVIDIA H200, each as a percentage of the GB/s a device copy `y.copy_(x)` of the same tensor
 # reaches in the same run (notebook 04 explains the bytes model). Every measured number of this
-# notebook comes from H200 runs of 28 to 30 November 2026; each table prints its GPU and date.
+# notebook comes from H200 runs of 28 November to 1 December 2026; each table prints its GPU
+# and date.
 # Two kernels go by the name `ropelib` in the CSVs, so the tables here print them apart:
 # **`apply_rope (as planned)`** is `ropelib.apply_rope` as you call it, which at this size
 # takes section 6's two-pass route, timed as repeated calls with one table, so the flat pass
@@ -339,8 +340,8 @@ assert planned_m["us"] == min(mech[v]["us"] for v in RUNGS_PROFILED)
 
 # %% [markdown]
 # The batch-reusing kernel's warps ask for more than DRAM's idle latency needs but less than
-# the loaded latency does, and it runs at about 70 % of a copy's speed: its loads would be
-# enough on an idle memory system, and are not on the busy one that its own streaming makes.
+# the loaded latency does, and it runs at about 70 % of a copy's speed: by the model its loads
+# would be enough on an idle memory system, and are not on the busy one its streaming makes.
 # The finished kernel's ask for about one and a half times the loaded bound, the copy's for
 # nearly three times it.
 #
@@ -1056,8 +1057,8 @@ else:
 #   already launches 16,384 programs of one token's 8 heads at 93.1 % of a copy; packing 4
 #   tokens into each of 4,096 programs gains nothing. At $b = 1$ it *loses* 6.1 points, 75.9 →
 #   69.8 %, on the same grid, warps and tile shape as the heads rung: the two kernels differ only
-#   by the tile's token axis. The profile after this cell accounts for all of it, once taken at
-#   the GPU's own clock: 3 % more instructions, issued at a lower rate.
+#   by the tile's token axis. The profile after this cell, taken at the GPU's own clock,
+#   predicts the step from 3 % more instructions issued at a lower rate.
 #   Fewer heads still, or $d = 64$, were not timed.
 # - **The chunks rung** launches, at $s = 4096$, $b = 8$, the same 4,096 programs as the warps
 #   rung (the grid is already full), each still looping over the whole batch, with about as many
@@ -1083,10 +1084,10 @@ else:
 #   sin/cos alone would take if each thread evaluated the angles of its own elements. So it lays
 #   out its cos/sin tile another way; the profile after this cell counts how often each rung
 #   evaluates every sin and cos.
-# - **`finished kernel (forced)`** (the CSV's `ropelib`) is `ropelib.apply_rope` with its route
-#   forced to the finished kernel: every feature of section 3's list compiled in, on rung 6's
-#   launch (at $s = 4096$, $b = 8$, `_rope_kernel` on 4,096 programs of 8 warps). With a batch
-#   loop it ends about the noise below rung 6: 1.5 points at $s = 4096$, 0.4 at $s = 16384$.
+# - **`finished kernel (forced)`** (section 1) has every feature of section 3's list compiled
+#   in, on rung 6's launch (at $s = 4096$, $b = 8$, `_rope_kernel` on 4,096 programs of 8
+#   warps). With a batch loop it ends about the noise below rung 6: 1.5 points at $s = 4096$,
+#   0.4 at $s = 16384$.
 #   The profiler counts 7 % more warp instructions per element for it (SM throughput 29.7 %
 #   against 28.0 %, about the same DRAM bytes, a per cent more time): the integer arithmetic of
 #   its more general indexing and one select per table element, which the opcode profile below
@@ -1100,9 +1101,9 @@ else:
 #   the rung of the mechanism CSV with the same grid and warps at $b = 1$, it holds 128
 #   registers a thread to 102, yet both fit 4 programs (16 warps) on an SM: the registers cost
 #   no occupancy (24 % against 22 % achieved).
-# - **`apply_rope (as planned)`** (the CSV's `ropelib_planned`) is `ropelib.apply_rope` as a
-#   user calls it. At the three 256 MiB sizes (eager, with an angle table) it takes section 6's
-#   two-pass route: faster than the finished kernel in both $b = 8$ panels, the fastest bar at
+# - **`apply_rope (as planned)`** (section 1): at the three 256 MiB sizes (eager, with an
+#   angle table) it takes section 6's two-pass route: faster than the finished kernel in both
+#   $b = 8$ panels, the fastest bar at
 #   $s = 4096$, $b = 8$, and level with it at $b = 1$ (within a point). Its profile: 131,072
 #   programs of 2 warps at 46 registers a thread (section 6's pairs pass), 56 % achieved
 #   occupancy against the finished kernel's 44 %, the same DRAM bytes, and more warp
@@ -1119,8 +1120,8 @@ else:
 #   chunks kernel at 11.2 µs, near its fast calls; what the slow calls wait for (these rungs go
 #   through Triton's Python launcher) was not measured. ropelib calls Triton's compiled launcher
 #   directly: its calls are steady, 10.2 to 10.7 µs from the 20 % to the 80 % quantile, their
-#   median within 2.3 µs of its kernel. Even so its two bars, the same kernel here, differ by
-#   5.0 points: a step in this panel must be well above that to mean anything.
+#   median about 2 µs above its kernel's. Even so its two bars, the same kernel here, differ by
+#   about 5 points: a step in this panel must be well above that to mean anything.
 
 # %%
 def said(v, digits=3):
@@ -1547,8 +1548,9 @@ assert (r(free_predicted, 2), r(free["tile"]["us"] / free["heads"]["us"], 2),
 #   the 11.1. Why the rate rises the profile does not show: its warps wait on memory more per
 #   instruction issued (14.5 against 10.7), but with fewer instructions issued that ratio rises
 #   by itself.
-# - **The finished kernel against rung 6** at $b = 8$: 1.9 µs more, of which its 4.2 MB more
-#   writes inside its time take 1.2 µs at its rate; it executes 7 % more instructions.
+# - **The finished kernel against rung 6** at $b = 8$: 143.7 against 141.9 µs; its 4.2 MB more
+#   writes inside its time take 1.2 µs of that at its rate, and it executes 7 % more
+#   instructions.
 # - **At $b = 1$ the heads, tile and warps rungs are paced by their instructions.** The
 #   schedulers issue in 74 % to 80 % of their cycles, and every sin and cos is evaluated 16
 #   times (heads, tile) or 32 times (warps). At $b = 8$ the same evaluations serve 8 batch
@@ -1558,9 +1560,9 @@ assert (r(free_predicted, 2), r(free["tile"]["us"] / free["heads"]["us"], 2),
 #   step is larger, 69.8 % against 75.9 % of a copy (191.1 against 175.8 µs, 1.09 times).
 #   Profiled again at that clock (Nsight Compute told to leave it alone), the two take 173.7
 #   and 188.5 µs and issue in 77 % and 73 % of cycles (80 % and 79 % at the base clock), and
-#   instructions over issue rate predict 1.09 times, as timed. So the whole step is the tile
-#   rung's 3 % more instructions, issued at a lower rate at its lower occupancy; why the rate
-#   falls further at the faster clock was not measured.
+#   instructions over issue rate predict 1.09 times, as timed: the tile rung's 3 % more
+#   instructions, issued at a lower rate at its lower occupancy, predict the whole step; why
+#   the rate falls further at the faster clock was not measured.
 # - **The chunks rung evaluates each sin and cos once** at $b = 1$, with 7.6 times fewer
 #   instructions than the warps rung. From there on the schedulers issue in 29 % to 36 % of
 #   their cycles and the DRAM rate climbs: 3.53 TB/s, 3.69 with equal halves, 3.99 for the
@@ -1782,9 +1784,7 @@ assert abs(mech_extra - sum(per_tile["fin"].values()) / sum(per_tile["r6"].value
 # counted in section 5's profile of the cycles: rung 5 evaluates each sin and cos 32 times at
 # this size.
 #
-# The cell prints both counts in *warp* instructions per element, the unit of the profile: the
-# measured difference is 0.090; evaluated once per program, the same sin/cos would cost about
-# 0.0028, 32 times fewer.
+# The cell prints both counts in *warp* instructions per element, the unit of the profile.
 
 # %%
 # rung 5 minus rung 6: the sin/cos of the second half's angles, in thread instructions per
@@ -1866,12 +1866,9 @@ assert round(b1_trig, 2) == 1.44 and 0.7 < b1_trig / m1_warps["ncu_warp_inst_per
 # ## 6. Past the finished kernel: two passes for large tensors
 #
 # Everything above keeps the cos and sin of a tile's tokens in registers across the batch
-# loop: in the source each is evaluated once per token and reused for every batch entry; on the
-# GPU, in the 8-warp launch profiled at $b = 8$, every thread along the head axis evaluates its
-# own (section 5), about half of rung 5's instructions. The price of holding them is
-# registers. Section 4's H200 numbers: the finished kernel holds 64 registers per thread, so
-# four of its 8-warp programs fit on an SM, and Nsight Compute measured well under full
-# occupancy. The kernel torch.compile generates for Hugging Face's
+# loop. The price of holding them is registers: the finished kernel holds 64 per thread on the
+# H200, so four of its 8-warp programs fit on an SM (section 4), at 44 % achieved occupancy
+# (section 1). The kernel torch.compile generates for Hugging Face's
 # `q * cos + rotate_half(q) * sin` (`benchmarks/results/inductor-rope-bf16-sbhd.txt`) takes the
 # other side: its source has no loop, each program rotates `XBLOCK` consecutive elements (a
 # size its autotuner picks, which the file does not record), and it loads cos and sin for every
@@ -2023,10 +2020,9 @@ assert len(re.findall(r"tl\.load\(in_ptr[12] .*evict_last", body)) == 2   # cos 
 # the loads each thread issues. An SM has 65,536 registers and holds at most 64 warps, so
 # registers per thread bound how many warps can wait on memory at once. Section 2 showed that
 # above the loaded bound the bytes asked for no longer order these kernels, so this is one of
-# several differences, not the reason for the time: the H200 profile of section 5 counts 46
-# registers against 64, 56 % achieved occupancy against 44 %, no sin/cos in the pass that reads
-# `x`, no batch loop, and more warp instructions per element (0.35 against 0.31). Which of them
-# sets the time was not separated.
+# several differences, not the reason for the time (section 5's profile lists the others:
+# occupancy, instructions per element; and the pass has no sin/cos and no batch loop). Which of
+# them sets the time was not separated.
 
 # %%
 if compiled:
@@ -2144,9 +2140,9 @@ assert bytes_bound == 16 / 17 and said(bytes_bound, 2) == "0.94"
 #   forward+backward with angles ahead as well, 0.983 of two copies against 0.929 (printed
 #   under the tables). The same script's run with the element-wise flat pass (one element a
 #   thread) measured that variant at 0.931 here, level with that run's finished kernel (0.924,
-#   printed under the second table), and 0.977 at 256 MiB. What separates the two is the
-#   pairs pass: both members of a pair in one thread, and its table addresses written so the
-#   loads go out early (the last two subsections of this section);
+#   printed under the second table), and 0.977 at 256 MiB. The pairs pass differs from it in
+#   two ways, both members of a pair in one thread and table addresses written so more loads
+#   go out early (the last two subsections of this section), and these runs do not split them;
 # - at batch 1 (128 MiB, 16,384 tokens) the pre-pass writes a 1 KiB row for every token with no
 #   batch to spread it over: 11.6 µs, 17.1 % of the copy's time (2.3 % for the same tokens at
 #   batch 8, 1 GiB). Paid on every call, it would hold the route to at most
@@ -2836,7 +2832,8 @@ else:
 # pairs, but two-byte loads at stride 2 (the compiled count above) against 16-byte vectors of
 # whole rows. How much of the difference in time do the load instructions alone explain, and
 # what else changes when a warp's loads stop being contiguous (section 4 shows how the tile is
-# laid over the threads)? Your kernel of Exercise 1b should land near ropelib's line.
+# laid over the threads)? Set your kernel of Exercise 1b, whose loads are ropelib's kind, beside
+# ropelib's line.
 
 # %% [markdown]
 # ## Exercise 2: the flat pass

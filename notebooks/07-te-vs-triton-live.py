@@ -36,10 +36,10 @@
 # - write the yardstick yourself: one kernel that copies or rotates a tile of rows, and race it.
 #
 # Without a GPU everything runs in Triton's interpreter at tiny sizes: the *errors* are real, the
-# **timings are meaningless**, and every table and figure says so. The GPU numbers are the
-# committed ones in `benchmarks/results/`.
+# **timings are meaningless**, and every table and figure says so. The GPU numbers the text
+# quotes come from the committed runs in `benchmarks/results/`; live cells print their own.
 #
-# **Time:** about 1 minute to run on a CPU (a few on a GPU); about 90 minutes to read, run the
+# **Time:** a minute or two to run on a CPU (a few on a GPU); about 90 minutes to read, run the
 # dashboard and do the three exercises.
 
 # %%
@@ -186,7 +186,7 @@ assert all(r["max_head_ulp_err"] <= 4 for r in rows32)
 # to `figures/`). Every control is a plain attribute, so the next cell drives it from code.
 # In the interpreter the sliders stop at tiny sizes. Widgets live in the running kernel: a
 # reopened notebook shows the dashboard again after Run → Run All Cells. A static page shows no
-# dashboard, only the next cell's printed lines; section 4's figure is a plot of its kind.
+# dashboard, only the next cell's printed lines; section 4's live figure is the same kind of plot.
 
 # %%
 dash = widgets.Dashboard(device=device, figures_dir=str(EXPORT_DIR))
@@ -453,12 +453,10 @@ for dtype in DTYPES:
 # every point but one, while the copy grew from 9 to 37 µs: its time follows not its bytes but
 # a cost per call, the host's (a *host-bound* call, section 7's subject). The floor suite times
 # the host at 77 µs to issue one torch.compile forward (its decode row, printed below beside
-# ropelib's 23 and TE's 30); since `do_bench` hides host work behind its cache flush (7.3), the
-# sweep's host took longer still. The claim rests on the committed sweep alone. On a GPU the
-# cell also prints section 2's live ratio at the same 64 MiB shape, this run's, unchecked: a
-# host's time swings from run to run (the sweep timed its 32 MiB base shape twice, along the
-# sequence and along the batch: 30 and 83 µs, printed), and a live ratio well above 0.43 means
-# the host kept pace in this run.
+# ropelib's 23 and TE's 30), within a fifth of its time at each of those points (checked). A host's time
+# swings from run to run: the sweep timed its 32 MiB base shape twice, along the sequence and
+# along the batch, at 30 and 83 µs (printed). On a GPU the cell also prints section 2's live
+# ratio at the same 64 MiB shape, unchecked: well above 0.43, the host kept pace in this run.
 
 # %%
 AXES = {"seq-bf16": "seq_len", "hidden-bf16": "head_dim", "heads-bf16": "heads",
@@ -693,7 +691,9 @@ else:
 #
 # The cell below takes the line back to section 5: ropelib's extra fixed cost over the copy's,
 # added to the copy's time at section 5's fp32 points under 64 MiB, leaves 0.85 to 0.92 of a
-# copy, and the points with tight percentiles measured within 0.04 of that. In bf16 the forward
+# copy, and the points with tight percentiles measured within 0.04 of that. The two at $S = 256$
+# do not fit: at batch 2 even ropelib's 20th percentile gives 0.61 against the 0.85 left, and at
+# batch 4 its percentiles lie up to 50 % from the median. In bf16 the forward
 # loses more than its fixed cost (its line streams at 0.89 of the copy's bandwidth), and TE's
 # forward lies further off the copy (a median 0.57 of a copy at batch 8; notebook 04, sections
 # 5.4 and 5.5, traces it to the instructions the kernel issues).
@@ -783,13 +783,12 @@ if len(models) == 2:
     assert [round(models[d]["ropelib"]["fwd+bwd_us"]) for d in ("fp32", "bf16")] == [218, 158]
 
 # %% [markdown]
-# **What section 6 found.** The forward is a fixed cost plus bytes at the copy's bandwidth, and
-# the line predicts a point it has not seen: 25.8 µs against 26.0 measured (the check allows a
-# fifth). The forward+backward at batch 1
-# is not: it takes 1.6 to 2.9 times a copy of its bytes at the largest size and 9 to 15 times at
-# the smallest, more for ropelib than for TE (printed in 6.1). A time that does not follow the
-# bytes is a cost per call, and the line cannot say whose: the host's, issuing the call, or the
-# device's, running its kernels.
+# **What section 6 found.** The forward is a fixed cost plus bytes at near the copy's bandwidth,
+# and the line predicts a point it has not seen: 25.8 µs against 26.0 measured (the check allows
+# a fifth). The forward+backward at batch 1 is not: it takes 1.6 to 2.9 times a copy of its
+# bytes at the largest size and 9 to 15 times at the smallest, more for ropelib than for TE
+# (printed in 6.1). A time that does not follow the bytes is a cost per call, and the line
+# cannot say whose: the host's, issuing the call, or the device's, running its kernels.
 #
 # ## 7. Fixed cost per call: the host against the device
 #
@@ -1030,10 +1029,10 @@ for what, (seconds, pct) in stated_shares.items():
 #   takes 1.25 times its kernels' 261 µs, yet its eager call takes 264 µs, 0.96 of two copies:
 #   in the eager loop the host kept pace with the kernels (next point). TE's kernels (482 µs)
 #   set its pace, its host a third of them.
-# - **The two host measures disagree.** Each number is the median of
-#   three rounds (the log keeps their range). ropelib's eager call came out below its enqueue
-#   time in sbhd (200 against 234 µs), though an eager call includes issuing it, and the table
-#   above shows the same in every row where the host is the larger. So the enqueue loop, which
+# - **The two host measures disagree.** Each number is the median of three rounds (the log
+#   keeps their range). ropelib's eager call came out below its enqueue time in sbhd (200
+#   against 234 µs), though an eager call includes issuing it, and the table printed below
+#   shows the same in every row where the host is the larger. So the enqueue loop, which
 #   runs just before the eager loop, costs the host more per call than the eager loop does; why
 #   was not measured. Read a host time to a few tens of per cent; the factors above are larger
 #   than that.

@@ -37,8 +37,8 @@
 #   on a CPU), and a backward prologue repeated by every column block.
 #
 # **Time:** about an hour to read (section 7, the measurements, is about half of it) and
-# about an hour for the three kernel exercises (1, 1b and 2); the cells run in 10 to 15 s on a
-# CPU (Triton's interpreter, small shapes).
+# about an hour for the three kernel exercises (1, 1b and 2); the cells run in under a minute on
+# a CPU (Triton's interpreter, small shapes).
 
 # %%
 import os, torch
@@ -670,8 +670,8 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 # **The answer**, on an H200 at section 1's shape (Llama-3-8B's projection, bf16, 8192 and
 # 32768 tokens), from 7.1's tables:
 #
-# - **forward:** the shipped `qkv_rope_linear` is level with cuBLAS + RoPE (ahead by 0.003 to
-#   0.04 of cuBLAS's speed, inside the spread of the rounds);
+# - **forward:** the shipped `qkv_rope_linear` is level with cuBLAS + RoPE (ahead in both runs
+#   at both sizes, the ranges of rounds overlapping);
 # - **forward+backward:** level, 0.97 of the unfused pipeline's speed at 8192 tokens and 1.01 at
 #   32768, in rounds of a new order each. An earlier run in a fixed order had it 5 % ahead at
 #   8192 tokens: 7.5 shows what the order does;
@@ -1025,9 +1025,9 @@ assert {r["rounds"] for rows in (*fwd_runs, seed1, dy, *dy_norm, dy_shuffled, no
 # The first fused forward was section 4's kernel grown up: pointer loads, exercise 1b's
 # epilogue. Timed on the H200 (single `do_bench` medians) beside the same GEMM with its rotation
 # switched off (`triton_gemm`), its bare main loop trailed cuBLAS by 0.08 ms at 8192 tokens and
-# 0.58 ms at 32768: more than the whole RoPE pass after cuBLAS (0.04 and 0.18 ms). No epilogue
-# on that loop could win. The epilogue cost more again: 0.11 and 0.25 ms over the bare GEMM, 2.9
-# and 1.4 times the RoPE pass; at 8192 tokens, 17 % of the bare GEMM's 0.67 ms, where the profile
+# 0.58 ms at 32768: more than the RoPE pass after cuBLAS in the same timings (0.04 and 0.18 ms,
+# near its copy floor of 0.040 and 0.158, section 1). No epilogue on that loop could win. The
+# epilogue cost more again: 0.11 and 0.25 ms over the bare GEMM, 2.9 and 1.4 times the RoPE pass; at 8192 tokens, 17 % of the bare GEMM's 0.67 ms, where the profile
 # below finds only 7 %.
 
 # %%
@@ -1648,8 +1648,8 @@ assert [round(v, 2) for v in lag.values()] == [0.04, 0.09]
 # cuBLAS's speed), but one the pointer-loaded forward would fail. On another GPU the cell only
 # prints; on a CPU it times nothing.
 #
-# The teaching launch takes about one and a half times cuBLAS's time on an H200 (printed), with
-# a rotation that costs nothing measurable: the gap is its main loop (fixed 64 × 64 tiles,
+# The teaching launch takes well over cuBLAS's time on an H200 (the ratio is printed), with a
+# rotation that costs nothing measurable: the gap is its main loop (fixed 64 × 64 tiles,
 # Triton's default pipelining), not your epilogue (7.2). The main loop is outside this
 # notebook's exercises: 7.2 shows the persistent TMA loop that closes the gap as a result only.
 # To see how much the tiles alone move it, change them in `teaching()` (`64, 64`: the rows and
