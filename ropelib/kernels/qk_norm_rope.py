@@ -182,6 +182,9 @@ def _norm_rope_heads(
     # backward: sums of gu n over the rows the program handles, per feature
     acc_a = tl.zeros((BLOCK_HALF,), dtype=CDT)
     acc_b = tl.zeros((BLOCK_HALF,), dtype=CDT)
+    # One token block compiles without a loop around it, so the forward and a batch's backward
+    # keep the code they were measured with; the loop is there only where it was measured to
+    # pay (tiles.QK_NORM_GROUP_BELOW_ROWS: with it, 197 registers a thread against 168).
     if TOKEN_BLOCKS == 1:
         acc_a, acc_b, acc_p = _norm_rope_block(
             x_ptr, gy_ptr, out_ptr, cos_ptr, sin_ptr, pos_ptr, pid_t, h0, b_lo, b_hi, S, B, H, P,

@@ -54,7 +54,7 @@ import triton.language as tl
 from ... import context_parallel, frequencies, kv_cache, runtime
 from ..work_count import interpreted
 from . import _compare, check, kernel_answer
-from .own_code import check_cases, launch_barred, listed_as_tensor
+from .own_code import check_cases, launch_on, listed_as_tensor
 
 __all__ = ["check_dual_chunk_positions", "solution_dual_chunk_positions", "check_paged_slot",
            "solution_paged_slot", "check_rope_kv_cache_kernel", "solution_rope_kv_cache_kernel",
@@ -130,17 +130,6 @@ PAGED_CASES = (
     (2, 2, 4, 2, 2, 16, torch.float32),
     (4, 3, 2, 2, 1, 8, torch.bfloat16),
 )
-
-
-def _launch_on(device: str, name: str, label: str, launch: Callable, kernel, *args) -> bool:
-    """launch(kernel, *args) as a check runs the learner's kernel: on the CPU interpreted, with
-    ropelib's answers barred; on the GPU compiled. Prints the ❌ line (a refusal, or what the
-    launch raised, for case `label`) and returns False where it fails; never raises."""
-    cpu = device == "cpu"        # your own code: ropelib barred
-    ok, _ = launch_barred(name, label, f"your {name}",
-                          lambda: launch(interpreted(kernel) if cpu else kernel, *args),
-                          barred=cpu, last_line=True)
-    return ok
 
 
 def launch_kv_cache(kernel, q, k, v, q_out, k_cache, v_cache, seqlens, freqs) -> None:
@@ -228,8 +217,8 @@ def _check_kv_kernel(kernel, paged: bool, seed: Optional[int]) -> bool:
             bt = None if block_table is None else block_table.to(device)
             q_out = torch.full_like(qd, float("nan"))
             args = (qd, kd, vd, q_out, kc, vc, sd) + ((bt,) if paged else ()) + (fd,)
-            if not _launch_on(device, name, f"{label}, {where}",
-                              launch_kv_paged if paged else launch_kv_cache, kernel, *args):
+            if not launch_on(device, name, f"{label}, {where}",
+                             launch_kv_paged if paged else launch_kv_cache, kernel, *args):
                 return False
             kc, vc, q_out = kc.cpu(), vc.cpu(), q_out.cpu()
             lbl = f"{label}, {where}"
@@ -440,8 +429,8 @@ def check_fp8_store_kernel(kernel, *, seed: Optional[int] = None) -> bool:
         for device in ("cpu", "cuda") if on_gpu else ("cpu",):
             where = "interpreter" if device == "cpu" else "compiled on the GPU"
             kd, cd, sd, qd = (t.to(device, copy=True) for t in (k, cache, scale, seqlens))
-            if not _launch_on(device, name, f"{label}, {where}", launch_fp8_store, kernel,
-                              kd, cd, sd, qd):
+            if not launch_on(device, name, f"{label}, {where}", launch_fp8_store, kernel,
+                             kd, cd, sd, qd):
                 return False
             got = cd.cpu().view(torch.uint8)
             ok = got == want.view(torch.uint8)

@@ -28,6 +28,8 @@ count.
     N_AXES: tl.constexpr,    # position axes (3 for M-RoPE: time, row, column)
     BLOCK_T: tl.constexpr,   # tokens per program; the grid is (cdiv(T, BLOCK_T),)
 """
+from contextlib import nullcontext
+from functools import partial
 from typing import Callable, Optional
 
 import torch
@@ -37,7 +39,7 @@ import triton.language as tl
 from ... import mrope, runtime
 from ..work_count import WorkCount, count_work, interpreted
 from . import _compare, check, kernel_answer
-from .own_code import check_cases, launch_barred, listed_as_tensor
+from .own_code import check_cases, launch_on, listed_as_tensor
 
 __all__ = ["check_axis_of_pairs", "solution_axis_of_pairs", "check_text_then_image",
            "solution_text_then_image", "check_mrope_kernel", "solution_mrope_kernel",
@@ -205,18 +207,15 @@ def check_mrope_kernel(kernel, *, seed: Optional[int] = None) -> bool:
             qb, q_out, q_pad = _guarded(q.shape, dtype, device)
             kb, k_out, k_pad = _guarded(k.shape, dtype, device)
             where = "interpreter" if device == "cpu" else "compiled on the GPU"
-            lbl, what = f"{label}, {where}", "your multi-axis RoPE kernel"
-            if device == "cpu":      # your own code: ropelib barred, sines counted
-                with count_work() as work:
-                    ok, _ = launch_barred(name, lbl, what, lambda: launch_mrope(
-                        interpreted(kernel), *args, f, BLOCK_T, out=(q_out, k_out)),
-                        last_line=True)
-            else:
-                ok, _ = launch_barred(name, lbl, what, lambda: launch_mrope(
-                    kernel, *args, f, BLOCK_T, out=(q_out, k_out)), barred=False,
-                    last_line=True)
+            lbl = f"{label}, {where}"
+            # your own code (on the CPU: ropelib barred, sines and cosines counted)
+            with (count_work() if device == "cpu" else nullcontext()) as counted:
+                ok = launch_on(device, name, lbl, partial(launch_mrope, out=(q_out, k_out)),
+                               kernel, *args, f, BLOCK_T)
             if not ok:
                 return False
+            if device == "cpu":
+                work = counted
             if not _compare_outputs(name, lbl, (q_out, k_out), [w.to(device) for w in want],
                                     ((qb, q_pad), (kb, k_pad)), tol):
                 return False

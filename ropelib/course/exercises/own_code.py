@@ -51,6 +51,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Tuple
 
 import torch
 
+from ..work_count import interpreted
 from . import _compare, check, exception_line, guarded_call
 
 PACKAGE = Path(__file__).resolve().parents[2]          # .../ropelib
@@ -487,3 +488,15 @@ def launch_barred(name: str, label: str, what: str, start: Callable[[], Any], *,
         else:
             print(f"❌ {name} ({label}): launching your kernel raised {exception_line(exc)}")
     return False, None
+
+
+def launch_on(device: str, name: str, label: str, launch: Callable, kernel, *args) -> bool:
+    """launch(kernel, *args) as a check runs the learner's kernel on `device`: on the CPU
+    interpreted, with ropelib's answers barred; on a GPU compiled, as it is. Prints the ❌ line
+    (what the launch raised by its last line, launch_barred) and returns False where it fails;
+    never raises."""
+    cpu = device == "cpu"
+    ok, _ = launch_barred(name, label, f"your {name}",
+                          lambda: launch(interpreted(kernel) if cpu else kernel, *args),
+                          barred=cpu, last_line=True)
+    return ok
