@@ -366,11 +366,24 @@ def _version(package: str) -> str:
         return "not installed"
 
 
+def _flash_attn_version() -> str:
+    """flash-attn's version; where only its Triton rotary is on the path (a package without
+    metadata, as benchmarks/gpu_wheels.sh builds it), the version that package names."""
+    installed = _version("flash-attn")
+    if installed != "not installed":
+        return installed
+    try:
+        import flash_attn
+        return f"{flash_attn.__version__} (its Triton rotary only)"
+    except Exception:  # noqa: BLE001
+        return "not installed"
+
+
 def header(settings: Settings, elapsed_s: float) -> dict:
     """The `# key: value` lines: environment_meta() and what the rows mean."""
     meta = compare.environment_meta()
     meta.update(suite="floor", liger_kernel=_version("liger-kernel"),
-                flash_attn=_version("flash-attn"), transformers=_version("transformers"))
+                flash_attn=_flash_attn_version(), transformers=_version("transformers"))
     if settings.tiny:
         meta["sizes"] = ("tiny stand-ins (Triton's interpreter); the case names give the GPU "
                          "sizes")
