@@ -382,7 +382,7 @@ for b_, r in sorted(by_batch.items()):
           f"{r['fwdbwd_ms_p20'] * 1e3:7.1f}-{r['fwdbwd_ms_p80'] * 1e3:<8.1f} {spread[b_]:7.1%} "
           f"{r['fwdbwd_ms'] / r['fwd_ms']:15.2f}")
 step_us = {b_: round(r["fwdbwd_ms"] * 1e3) for b_, r in by_batch.items()}
-# batch 1 and 2: about the same step for twice the bytes, and quantiles a quarter or more apart
+# batch 1 and 2: about the same step for twice the bytes, and quantiles 30 % or more apart
 assert sorted(by_batch) == [1, 2, 4, 8, 16]
 assert (step_us[1], step_us[2]) == (427, 378) and all(spread[b_] > 0.3 for b_ in (1, 2))
 # from batch 4 on: twice the forward, to 2 %, and quantiles within 1 % (batch 8: 4 %)

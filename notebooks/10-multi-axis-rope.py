@@ -930,7 +930,7 @@ if ropelib.runtime.on_gpu():
     # what the counts predicted: the kernel that forms the angles per head is the slower one
     assert bench_ratio > 1.1, "angles once per token should be the faster"
     if torch.cuda.get_device_name() == "NVIDIA H200":
-        assert abs(bench_ratio - 1.4) < 0.1            # the text's 1.40 times, on the H200
+        assert abs(bench_ratio - 1.4) < 0.1            # the text's "about 1.4 times", on the H200
 else:
     print("No GPU here: nothing to time (the interpreter's time says nothing about a GPU). "
           "The counts above are what this machine can measure.")
