@@ -151,8 +151,10 @@ if "torch.compile" in head:
 
 # %% [markdown]
 # On a GPU, set the table's forward columns beside its forward+backward ones: ropelib's forward
-# runs near a copy's speed (so does torch.compile's), well ahead of TE's fused kernel, yet its
-# forward+backward can take longer than TE's. Section 7 finds out why.
+# runs near a copy's speed, well ahead of TE's fused kernel, yet its forward+backward can take
+# longer than TE's. The live table is not checked; sections 5 to 7 check the same from committed
+# runs, and section 7 finds out why. torch.compile's forward may land near the copy or far below
+# it: at this shape its time is the host's, which varies from run to run (section 5).
 
 # %% [markdown]
 # The same case in **fp32**: now the output format *is* the arithmetic format, so the error is
@@ -213,11 +215,12 @@ assert dash.figure.get_suptitle() == f"measured on {widgets.measured_on(dash_row
 #
 # A RoPE kernel is benchmarked by holding a configuration and sweeping one axis.
 # `compare.SEED_SWEEPS` is the standard set: GB/s against sequence length 256 … 3840 at batch 1,
-# 2, 4, 8 (64 heads of 128, fp32 and bf16), and sequence / head-dim / heads / batch sweeps of
-# Triton vs TE vs PyTorch. `benchmarks/seed_sweeps.py` runs them all on a GPU into
-# `benchmarks/results/seed_sweeps.csv`. The cell runs the first live (shrunk in the
-# interpreter); on the committed run's GPU it stops if ropelib's median forward GB/s is more
-# than a fifth away from the committed one.
+# 2, 4, 8 (64 heads of 128, fp32 and bf16) for ropelib, its batch-reuse generation, TE's fused
+# kernel and eager PyTorch; and bf16 sweeps of sequence, head dim, heads and batch around a
+# 32 MiB base that add TE's unfused path and torch.compile. `benchmarks/seed_sweeps.py` runs them
+# all on a GPU into `benchmarks/results/seed_sweeps.csv`. The cell runs the first live (shrunk
+# in the interpreter); on the committed run's GPU it stops if ropelib's median forward GB/s is
+# more than a fifth away from the committed one.
 
 # %%
 for s in compare.SEED_SWEEPS:
@@ -254,21 +257,21 @@ if GPU and SEED_CSV.exists():
 # ## 5. The committed GPU results
 #
 # **Question: on an H200, where does each provider stand against a copy, and what sets that?**
-# Sections 5 to 7 answer from committed files, listed here; the cell prints where and when each
-# was measured, and a missing file is said, never made up. They measured ropelib's code as it
-# was that day: two later changes to the two-pass route (which `apply_rope` takes from 64 MiB
-# on) — a pre-pass of 256 (token, pair) entries a program, and the flat pass launched early on
-# sm_90+ — are measured by the last two files (sections 7.5 and 7.6) and by the floor run, which
-# came after both; the sweeps and the profile came before them.
+# Sections 5 to 7 answer from the committed files below; the cell prints where and when each
+# was measured, and says so when a file is missing rather than making its numbers up. Each file
+# measured ropelib's code as it was that day. Two later changes to the two-pass route (which
+# `apply_rope` takes from 64 MiB on) — a pre-pass of 256 (token, pair) entries a program, and
+# the flat pass launched early on sm_90+ — came after the sweeps and the profile, and before
+# the floor run and the last two files (checked from the dates).
 #
-# | file in `benchmarks/results/` (or `figures/`) | what it measured |
-# |---|---|
-# | `seed_sweeps.csv` | the sweeps of sections 5 to 7 |
-# | `figures/02-unfused-kernels.csv` | notebook 02's profile of eager PyTorch's ten kernels |
-# | `floor-nvidia-h200.csv` | host time per call at decode size (every row from one run) |
-# | `host-profile-nvidia-h200-20261201.txt` | where the host's time goes, by cProfile |
-# | `mid_fwdbwd_variants-nvidia-h200-20261201-1444.log` | ropelib alone at 64 and 256 MiB, replayed, each change on and off |
-# | `mid_fwdbwd-nvidia-h200-20261201-2307.log` | the host and the device side by side at 64 and 256 MiB, ropelib, torch.compile, TE |
+# | file in `benchmarks/results/` (or `figures/`) | what it measured | read in |
+# |---|---|---|
+# | `seed_sweeps.csv` | the standard sweeps | 4 to 7.1 |
+# | `figures/02-unfused-kernels.csv` | notebook 02's profile of eager PyTorch's ten kernels | 5 |
+# | `floor-nvidia-h200.csv` | host time per eager call at decode size (every row from one run) | 5, 7.1, 7.3, 7.5 |
+# | `host-profile-nvidia-h200-20261201.txt` | where the host's time goes, by cProfile | 7.4 |
+# | `mid_fwdbwd_variants-nvidia-h200-20261201-1444.log` | ropelib alone at 64 and 256 MiB, replayed, each change on and off | 7.6 |
+# | `mid_fwdbwd-nvidia-h200-20261201-2307.log` | the host and the device side by side at 64 and 256 MiB, ropelib, torch.compile, TE | 7.5 |
 
 # %%
 import re
@@ -457,11 +460,12 @@ for dtype in DTYPES:
 # not monotone (0.67 at $S = 2048$, 0.43 at 4096). Up to 64 MiB its call took 64 to 84 µs at
 # every point but one, while the copy grew from 9 to 37 µs: its time follows not its bytes but
 # a cost per call, the host's (a *host-bound* call, section 7's subject). The floor suite times
-# the host at 73 µs to issue one torch.compile forward (its decode row, printed below beside
-# ropelib's 21 and TE's 27), within a fifth of its time at each of those points (checked). A host's time
-# swings from run to run: the sweep timed its 32 MiB base shape twice, along the sequence and
-# along the batch, at 30 and 83 µs (printed). On a GPU the cell also prints section 2's live
-# ratio at the same 64 MiB shape, unchecked: well above 0.43, the host kept pace in this run.
+# the host at 73 µs to issue one torch.compile forward at decode size (one token, batch 64,
+# 32 heads of 128; printed below beside ropelib's 21 and TE's 27), within a fifth of its time at
+# each of those points (checked). A host's time swings from run to run: the sweep timed its
+# 32 MiB base shape twice, along the sequence and along the batch, at 30 and 83 µs (printed).
+# On a GPU the cell also prints section 2's live ratio at the same 64 MiB shape, unchecked: set
+# it beside the sweep's 0.43 there; a host-bound time need not repeat.
 
 # %%
 AXES = {"seq-bf16": "seq_len", "hidden-bf16": "head_dim", "heads-bf16": "heads",
@@ -694,13 +698,13 @@ else:
 # tensors.
 #
 # The cell below takes the line back to section 5: ropelib's extra fixed cost over the copy's,
-# added to the copy's time at section 5's fp32 points under 64 MiB, leaves 0.85 to 0.92 of a
-# copy, and the points with tight percentiles measured within 0.04 of that. The two at $S = 256$
-# do not fit: at batch 2 even ropelib's 20th percentile gives 0.61 against the 0.85 left, and at
-# batch 4 its percentiles lie up to 50 % from the median. In bf16 the forward
-# loses more than its fixed cost (its line streams at 0.89 of the copy's bandwidth), and TE's
-# forward lies further off the copy (a median 0.57 of a copy at batch 8; notebook 04, sections
-# 5.4 and 5.5, traces it to the instructions the kernel issues).
+# added to the copy's time at section 5's four fp32 points under 64 MiB from batch 2 on, leaves
+# 0.85 to 0.92 of a copy, and the points with tight percentiles measured within 0.04 of that.
+# The two at $S = 256$ do not fit: at batch 2 even ropelib's 20th percentile gives 0.61 against
+# the 0.85 left, and at batch 4 its percentiles lie up to 50 % from the median. In bf16
+# ropelib's forward loses more than its fixed cost (its line streams at 0.89 of the copy's
+# bandwidth), and TE's forward lies further off the copy (a median 0.57 of a copy at batch 8;
+# notebook 04, sections 5.4 and 5.5, traces it to the instructions the kernel issues).
 
 # %%
 if len(models) == 2:
@@ -806,10 +810,11 @@ if len(models) == 2:
 #
 # ### 7.1 The host's time per call
 #
-# The floor suite timed the host alone issuing eager forward+backward calls back to back at a
-# decode size (`decode host forward+backward sbhd`): ropelib's 205 µs against TE's 139 µs, and
-# section 6's batch-1 medians lie at 0.77 to 1.06 times these. That points at the host, but
-# across runs and shapes; and it is not the whole story, since the host issues the same calls in
+# The floor suite timed the host alone issuing eager forward+backward calls back to back at
+# decode size (one token, batch 64, 32 heads of 128, sbhd; its case `decode host
+# forward+backward sbhd`): ropelib's 205 µs against TE's 139 µs, and section 6's batch-1 medians
+# lie at 0.77 to 1.06 times these. That points at the host, but it sets two runs of different
+# shapes side by side; and it is not the whole story, since the host issues the same calls in
 # fp32 and bf16 yet ropelib's medians differ (218 µs against 158 µs, printed in 6.2). Section 7.3
 # measures one call three ways in one process.
 
@@ -872,11 +877,13 @@ solution(measuring.solution_host_or_device)
 # %% [markdown]
 # ### 7.3 One call three ways, live
 #
-# On a GPU with Transformer Engine, at the sweep's shape $S = 2048$, batch 1, bf16 (32 MiB of
-# $x$), the cell times ropelib's and TE's forward+backward (`compare.fwdbwd_step`, as the sweeps
-# time it) in one process: **`do_bench`**, the median the sweeps report; **enqueue**, the host's
-# time to issue one call (50 calls with no synchronisation until after them, the median of 5
-# runs); **replayed**, the device's time per call (20 calls captured in a CUDA graph).
+# On a GPU with Transformer Engine, at one point of section 6's batch-1 bf16 sweep ($S = 2048$,
+# 64 heads of 128: 32 MiB of $x$), the cell times ropelib's and TE's forward+backward
+# (`compare.fwdbwd_step`, as the sweeps time it) in one process: **`do_bench`**, the median the
+# sweeps report; **enqueue**, the host's time to issue one call (50 calls with no
+# synchronisation until after them, the median of 5 runs); **replayed**, the device's time per
+# call (20 calls captured in a CUDA graph). These are exercise 2's enqueue and replay, with the
+# sweeps' `do_bench` median in place of its wall time; 7.5 adds torch.compile, at 64 MiB.
 #
 # What to expect on an H200 (checked where the cell runs): the host takes longer to issue
 # either call than the GPU takes to run it, and ropelib's `do_bench` time lies within a factor
@@ -884,13 +891,13 @@ solution(measuring.solution_host_or_device)
 # host-bound: at batch 1 the sweeps' forward+backward times the host.
 #
 # Why then does the forward's fixed cost (about 8 µs) stay below ropelib's host work per forward
-# (21 µs at the decode size, two and a half to three times as much; printed)? `do_bench` zeroes a 256 MiB
-# buffer before each timed call to flush the L2 cache, and the host issues the call while that
-# memset runs, so a host cost shorter than the memset hides behind it. The cell times the memset
-# and prints the enqueue time less it. For the forward+backward the account falls short:
-# `do_bench` lies above the enqueue time less the memset for both kernels (checked), and can lie
-# above ropelib's enqueue time itself. Host work hidden behind the memset cannot explain that,
-# and this notebook does not measure what the rest is.
+# (21 µs at the decode size, two and a half to three times as much; printed)? `do_bench` zeroes
+# a 256 MiB buffer before each timed call to flush the L2 cache, and the host issues the call
+# while that memset runs, so a host cost shorter than the memset hides behind it. The cell times
+# the memset and prints the enqueue time less it. For the forward+backward the account falls
+# short: `do_bench` lies above the enqueue time less the memset for both kernels (checked). Host
+# work hidden behind the memset cannot explain that, and this notebook does not measure what the
+# rest is.
 
 # %%
 from ropelib.bench import suite
@@ -959,11 +966,13 @@ if GPU and {"ropelib", "te_fused"} <= available:
 #   launch) takes 32 % over the 600 launches (two a call), of which `torch.empty_like` 6 % and
 #   Triton's C launcher 8 %.
 #
-# So the host's time is mostly PyTorch's autograd machinery around two launches, not ropelib's
-# kernels. Three cautions: the profiled call sums its gradient into `x.grad` (a third kernel,
-# launched from C++, that the timed calls do not make, so the backward's shares include it);
-# cProfile adds its own cost to every Python call, so read shares, not times; and the profile
-# is of ropelib alone, so it does not say why TE's call takes less.
+# So about a third of the host's time is ropelib's own route to its two launches (allocation and
+# Triton's launcher among it), and the other two thirds are spent around them, the autograd
+# engine's own C++ code the largest single item. Three cautions: the profiled call sums its
+# gradient into `x.grad` (a third kernel, launched from C++, that the timed calls do not make,
+# so the backward's shares include it); cProfile adds its own cost to every Python call, so read
+# shares, not times; and the profile is of ropelib alone, so it does not say why TE's call takes
+# less.
 
 # %%
 import re
@@ -1016,7 +1025,8 @@ for what, (seconds, pct) in stated_shares.items():
 # no synchronisation); and the eager call (50 calls, then a synchronisation: it should take the
 # larger of the two). The gradients are handed back with `torch.autograd.grad`, as a model's q
 # and k pass theirs to the projection's backward. The cell reads the log of one run on an H200
-# with the code this notebook imports.
+# with the code this notebook imports; on a GPU it also prints section 2's live eager
+# forward+backward on as many bytes, unchecked, a third host-bound time to set beside these.
 #
 # - **Replayed, ropelib's kernels are as fast as torch.compile's**: 69.9 to 70.7 µs a
 #   forward+backward at 64 MiB, 0.938 to 0.955 of two copies, against 68.3 to 72.1 µs (0.927 to
@@ -1131,11 +1141,15 @@ if GPU:     # section 2's live eager forward+backward, on as many bytes: a third
 # %% [markdown]
 # ### 7.6 What the two-pass route's last two changes bought
 #
-# From 64 MiB on ropelib runs a small pre-pass kernel (the cos/sin rows) and then the flat pass;
-# two changes (a pre-pass of 256 (token, pair) entries a program instead of 1024, and on sm_90+
-# the flat pass launched early) took its replayed forward+backward at 64 MiB from 0.894 to 0.900
-# of two copies to 0.942 to 0.948. The cell reads the probe's `--variants` log, which has every
-# variant and size, and checks that its current row is the code imported here.
+# **Question: how much of the kernels' speed in 7.5 do the route's last two changes account
+# for?** From 64 MiB on ropelib runs a small pre-pass kernel (the cos/sin rows) and then the
+# flat pass; two changes (a pre-pass of 256 (token, pair) entries a program instead of 1024, and
+# on sm_90+ the flat pass launched early) took its replayed forward+backward at 64 MiB from
+# 0.894 to 0.900 of two copies to 0.942 to 0.948 (74.4 to 74.8 µs down to 70.7 to 70.9 µs), the
+# forward alone from 0.903 to 0.918 of a copy to 0.937 to 0.948; at 256 MiB the forward+backward
+# went from 0.961 to 0.975. The cell reads the probe's `--variants` log, which has every variant
+# and size, checks that its current row is the code imported here, and that this row agrees with
+# 7.5's run to within 0.01 of each ratio and 1.5 % of the time.
 
 # %%
 from ropelib.kernels import launch, tiles
@@ -1172,11 +1186,12 @@ assert (variants[BIG, BEFORE]["fwdbwd_ratio"], variants[BIG, NOW]["fwdbwd_ratio"
 
 # %% [markdown]
 # **What section 7 found.** Where ropelib loses to TE, it loses on the host. At batch 1 its
-# forward+backward is host-bound (7.1, 7.3), and most of the host's time is PyTorch's autograd
-# around two launches (7.4). At 64 MiB its kernels run the forward+backward at 0.94 to 0.96 of
-# two copies, 1.8 times as fast as TE's, and its eager call is still the slower: by the enqueue
-# measure its host takes 3.3 to 4.9 times its kernels (7.5). The two-pass route's last two
-# changes bought about 5 points of that kernel speed (7.6).
+# forward+backward is host-bound (7.1, 7.3); a third of that host time is ropelib's own route to
+# its two launches, the rest PyTorch around them, its autograd engine the largest item (7.4). At
+# 64 MiB its kernels run the forward+backward at 0.94 to 0.96 of two copies, 1.8 times as fast
+# as TE's, and its eager call is still the slower: by the enqueue measure its host takes 3.3 to
+# 4.9 times its kernels (7.5). The two-pass route's last two changes bought about 5 points of
+# that kernel speed (7.6).
 
 # %% [markdown]
 # ## 8. Your kernel in the race
@@ -1242,10 +1257,10 @@ print("racing", "your kernel" if rows_ok else "the worked kernel")
 # one row a program and more. Read it two ways:
 #
 # - **down a column**, the tile: at one row a program, the grid has a program per row, and the
-#   last column divides your copy's time by the programs each SM runs. Notebook 03 measured
-#   about 80 ns of an SM's time per program on an H200, whatever it does; where this column
-#   shows that, the program count, not the bytes, sets the time (with the worked kernel on a
-#   GPU, the cell checks 70 to 95 ns at one row);
+#   last column divides your copy's time by the programs each SM runs. Notebook 03 (section 4)
+#   measured about 80 ns of an SM's time per program on an H200, whatever it does; where this
+#   column shows that, the program count, not the bytes, sets the time (with the worked kernel
+#   on a GPU, the cell checks 70 to 95 ns at one row);
 # - **across a row**, *rotation / copy*: what the angles, sines and cosines add to the same
 #   traffic at that tile. At one row the program's own cost hides the arithmetic; from four rows
 #   on it does not (worked kernel, GPU: checked under 1.1 at one row, over 1.5 at four, over 2
@@ -1401,10 +1416,11 @@ if not rows_ok:     # the worked kernel: rounded once; on a GPU below TE's fused
 #   streams near the copy's bandwidth and runs within a tenth of the copy wherever $x$ holds
 #   64 MiB or more, whichever axis makes it so; TE's fused kernel stays well below.
 # - **A time that does not follow the bytes is a cost per call; find out whose.** Enqueue, wall
-#   and replayed timings tell the host from the device. ropelib's eager forward+backward loses
-#   to TE's on the host (mostly PyTorch's autograd), not on its kernels, which replayed run the
-#   forward+backward near two copies. Replaying the step from a CUDA graph removes that cost;
-#   `torch.compile` of the RoPE call alone does not (its host took longer still, 7.5).
+#   and replayed timings tell the host from the device. ropelib's eager forward+backward loses to
+#   TE's on the host (PyTorch's autograd around ropelib's launches, 7.4), not on its kernels,
+#   which replayed run the forward+backward near two copies. Replaying the step from a CUDA graph
+#   removes that cost; `torch.compile` of the RoPE call alone does not (its host took longer
+#   still, 7.5).
 # - **A RoPE kernel is a copy with arithmetic in between**: one kernel with a switch measures
 #   what the rotation adds, and its compiled code (instructions, registers, spills, warps)
 #   suggests why.
