@@ -39,6 +39,9 @@ def _checked(q, k, cos, sin, unsqueeze_dim):
     if type(unsqueeze_dim) is not int or unsqueeze_dim not in LAYOUT_OF_UNSQUEEZE_DIM:
         raise ValueError(f"unsqueeze_dim must be 1 ([b, h, s, d]) or 2 ([b, s, h, d]) (or -3, "
                          f"-2), got {unsqueeze_dim!r}")
+    # a constant from here on, also where torch.compile has made it a symbol (a caller passing
+    # both values): the hints below format it
+    unsqueeze_dim = int(unsqueeze_dim)
     if q.dtype != k.dtype:
         raise TypeError(f"q and k must have the same dtype, got {q.dtype} and {k.dtype}")
     V.check_same_device(q, "q", k=k, cos=cos, sin=sin)

@@ -375,6 +375,27 @@ def test_empty_batch_and_sequence():
         assert x.grad.shape == x.shape
 
 
+@pytest.mark.parametrize("route", ["eager", "operator"])
+def test_an_empty_sequence_with_tables_or_positions_per_entry(route):
+    # an empty tensor has any strides: a batch of empty tables ([B, 0, D], Hugging Face's
+    # cos/sin) or of empty position ids ([B, 0]) is not refused as if it were strided
+    freqs = ropelib.rope_freqs(4, D)
+    compiled = (lambda f: torch.compile(f, backend="eager", fullgraph=True)) if route == "operator" \
+        else (lambda f: f)
+    x = torch.randn(B, 0, H, D, requires_grad=True)
+    ids = torch.zeros(B, 0, dtype=torch.long)
+    y = compiled(lambda x: ropelib.apply_rope(x, freqs, layout="bshd", position_ids=ids))(x)
+    assert y.shape == x.shape
+    y.sum().backward()
+    assert x.grad.shape == x.shape
+    q, k = torch.randn(B, 0, H, D), torch.randn(B, 0, 1, D)
+    cos, sin = torch.zeros(B, 0, D), torch.zeros(B, 0, D)
+    for unsqueeze_dim, (qq, kk) in ((2, (q, k)), (1, (q.transpose(1, 2), k.transpose(1, 2)))):
+        qo, ko = compiled(lambda a, b: ropelib.hf.apply_rotary_pos_emb(
+            a, b, cos, sin, unsqueeze_dim=unsqueeze_dim))(qq, kk)
+        assert qo.shape == qq.shape and ko.shape == kk.shape
+
+
 def test_inplace_on_a_view_backpropagates_to_the_base(seeded):
     """In place on a strided view (the first D features of a wider tensor): autograd goes
     through the view (CopySlices) and the untouched half gets its gradient unchanged."""

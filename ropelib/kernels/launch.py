@@ -177,7 +177,8 @@ def _table_strides(table: Table) -> tuple:
     tab_b, tab_p, tab_d = table.strides()
     assert tab_d == 1, "a table's features must be contiguous"
     per_entry = tab_b != 0
-    assert not per_entry or tab_b == table.rows * tab_p, "a batch of tables must be dense"
+    assert not per_entry or tab_b == table.rows * tab_p or table.rows == 0, \
+        "a batch of tables must be dense"       # (an empty one has any strides)
     return per_entry, tab_p
 
 
@@ -228,7 +229,8 @@ def plan(q: View, q_out: Optional[View], table: Table, positions: Positions, *, 
         ids = pos.position_ids
         assert ids.stride(-1) == 1 or S == 1, "position ids must be contiguous"
         ids_per_entry = ids.shape[0] > 1
-        assert not ids_per_entry or ids.stride(0) == S, "position ids must be contiguous"
+        assert not ids_per_entry or ids.stride(0) == S or S == 0, \
+            "position ids must be contiguous"   # (empty ones have any strides)
         launcher, pointers = IDS, tensors + (ids,)
         args = dict(S=S, B=B, HQ=q.heads, HK=HK, P=table.rows,
                     **_named("q", qs), **_named("k", ks), stride_tab_p=tab_p,
@@ -543,7 +545,8 @@ def plan_table_read(table: Table, positions: Positions, S, B, *, R: int, interle
     ids_per_entry = ids is not None and ids.shape[0] > 1
     if ids is not None:
         assert ids.stride(-1) == 1 or S == 1, "position ids must be contiguous"
-        assert not ids_per_entry or ids.stride(0) == S, "position ids must be contiguous"
+        assert not ids_per_entry or ids.stride(0) == S or S == 0, \
+            "position ids must be contiguous"   # (empty ones have any strides)
     n_seq = pos.cu_seqlens.shape[0] - 1 if pos.cu_seqlens is not None else 0
     seq_rows = by_sequence(table, pos, S, B)
     if seq_rows:    # the rows of positions 0 .. seq_rows - 1, read by each sequence's programs
