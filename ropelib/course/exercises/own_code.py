@@ -6,9 +6,10 @@ teaching kernels (`ropelib.course.kernels`), or the library function that comput
 thing asked for. `run_own_code` calls the learner's function inside `library_barred`, which
 watches the answer two ways:
 
-* every Python call it makes (`sys.setprofile`, this thread only): a call whose code lives in a
-  barred file or is a barred function stops the answer with `LibraryAnswer`, which says what was
-  called and what to do instead;
+* every Python call it makes (`sys.setprofile`, and `threading.setprofile` for the threads it
+  starts): a call whose code lives in a barred file or is a barred function stops the answer
+  with `LibraryAnswer`, which says what was called and what to do instead; an answer that
+  switches that watch off is refused too;
 * with `bar_ops`, every PyTorch operator it runs (a `TorchDispatchMode`, this thread only): an
   operator in `bar_ops` (for example `torch.ops.aten.block_diag.default`) stops the answer
   whichever way it is reached (`torch.block_diag`, `torch.ops.aten.block_diag`,
@@ -388,10 +389,11 @@ def library_barred(what: str, *, allow: Iterable = (), bar: Iterable = (), bar_o
 
     def watch(frame, event, arg):
         if event == "call":
-            if inside or caught:
+            mine = threading.get_ident() == owner
+            if caught or (mine and inside):
                 return
             hit = rules.verdict(frame.f_code)
-            if hit == "allowed":
+            if hit == "allowed" and mine:      # a thread the answer starts is watched throughout
                 inside.append(frame)
             elif hit == "barred":
                 caught.append(("called", frame.f_code))
@@ -400,15 +402,24 @@ def library_barred(what: str, *, allow: Iterable = (), bar: Iterable = (), bar_o
             inside.pop()
 
     previous = sys.getprofile()
+    previous_threads = threading.getprofile()
     with _launches_watched(rules, what, caught, inside, owner), \
             _ops_barred(tuple(bar_ops), what, caught, inside, owner):
         sys.setprofile(watch)
+        threading.setprofile(watch)             # threads the answer starts are watched too
         try:
             yield
         finally:
+            still_watched = sys.getprofile() is watch and threading.getprofile() is watch
             sys.setprofile(previous)
+            threading.setprofile(previous_threads)
     if caught:       # raised inside the answer and caught there: still not the learner's code
         raise LibraryAnswer(_refusal(what, *caught[0]))
+    if not still_watched:
+        raise LibraryAnswer(f"this exercise wants {what}, but the answer switched off the "
+                            "check's watch of the calls it makes (sys.setprofile or "
+                            "threading.setprofile): write it yourself, without touching the "
+                            "profiler")
 
 
 def run_own_code(name: str, what: str, fn: Optional[Callable], *args,

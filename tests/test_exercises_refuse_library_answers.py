@@ -1,0 +1,453 @@
+"""Every exercise check refuses an answer that is ropelib's work instead of the learner's.
+
+The other exercise tests refuse, check by check, the library function that computes the very
+thing asked for and the worked solution handed in. This file fills what they leave out, for
+every check at once:
+
+* a function answer that returns the right values, computed by the learner's own code, but calls
+  ropelib's finished functions on the way (`ropelib.apply_rope`, `apply_rope_qk`, the
+  Transformer Engine and Hugging Face drop-ins, `multi_axis_frequencies`,
+  `ropelib.context_parallel`), a teaching kernel, or another exercise's worked solution, is
+  refused by the checks of notebooks 00-04, 06, 07, 08, 10 and 11 that take a function
+  (the ones `test_exercises_answers_are_code` does not already try this way); the same function
+  without the call passes, so the refusal is the call's;
+* a kernel answer that is the learner's own @triton.jit kernel with the worked solution's
+  signature whose body only calls the worked solution (or, in notebook 12, the teaching kernel it
+  is graded against) is refused by every kernel check of notebooks 03-08, 11 and 12 and by every
+  puzzle of notebook 13, with a message that names the kernel it reached;
+* notebook 09's cached attention answered by the course model's own cached attention is
+  refused.
+
+The last section holds answers that are not the learner's code by a way round the watch: a call
+into ropelib from a thread the answer starts, an answer that switches the watch off, and
+notebook 08's trap looked up in the check's own cases. Each is refused.
+
+Shapes are the checks' own (small, for Triton's interpreter); a refusal stops a check at its
+first case, before any kernel runs.
+"""
+import ast
+import inspect
+import itertools
+import os
+import shutil
+import sys
+import tempfile
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit is imported
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+import ropelib  # noqa: E402
+from ropelib import context_parallel, frequencies, mrope, reference  # noqa: E402
+from ropelib import hf as rope_hf  # noqa: E402
+from ropelib import te as rope_te  # noqa: E402
+from ropelib.course import puzzles as pz  # noqa: E402
+from ropelib.course.exercises import (  # noqa: E402
+    at_scale, backward_kernel, basics, debugging, finished_kernel, flat_pass, grid_kernel,
+    kernels, measuring, multi_axis, naive_kernel, pairs_pass, qkv_epilogue, yardstick)
+from ropelib.course.kernels import naive, qkv_teaching  # noqa: E402
+from loading import load_file  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+_own_code_tests = load_file("own_code_tests_refuse", ROOT / "tests" / "test_own_code.py")
+learner_copy = _own_code_tests.learner_copy     # a solution as a learner who typed it has it
+
+
+# --- calls into ropelib whose result the answer does not need ----------------------------------
+# (their inputs are made here, outside the checks)
+
+_X = torch.randn(2, 1, 1, 4)
+_F = frequencies.rope_freqs(2, 4)
+_COS, _SIN = frequencies.rope_cos_sin(2, 4)
+_Q_BSHD = torch.randn(1, 2, 1, 4)
+
+SIDE_CALLS = {
+    "ropelib.apply_rope": (lambda: ropelib.apply_rope(_X, _F), "called ropelib's apply_rope"),
+    "ropelib.apply_rope_qk": (lambda: ropelib.apply_rope_qk(_X, _X.clone(), _F),
+                              "called ropelib's apply_rope_qk"),
+    "the TE drop-in": (lambda: rope_te.apply_rotary_pos_emb(_X, _F, tensor_format="sbhd"),
+                       "called ropelib's apply_rotary_pos_emb (ropelib/te.py)"),
+    "the HF drop-in": (lambda: rope_hf.apply_rotary_pos_emb(_Q_BSHD.transpose(1, 2),
+                                                            _Q_BSHD.transpose(1, 2).clone(),
+                                                            _COS[None], _SIN[None]),
+                       "called ropelib's apply_rotary_pos_emb (ropelib/hf.py)"),
+    "multi_axis_frequencies": (lambda: mrope.multi_axis_frequencies(8, [1, 1, 2], 1e4),
+                               "called ropelib's multi_axis_frequencies"),
+    "ropelib.context_parallel": (lambda: context_parallel.dual_chunk_positions(2, 2, 0),
+                                 "called ropelib's dual_chunk_positions"),
+    "a teaching kernel": (lambda: naive.rope_naive(_X, _F), "called ropelib's rope_naive"),
+    "another exercise's worked solution": (lambda: at_scale.solution_paged_slot([0], 1, 0),
+                                           "called ropelib's solution_paged_slot"),
+}
+
+
+def _after(side, own):
+    """own's right answer, after a call into ropelib whose result it throws away."""
+    def answer(*args, **kwargs):
+        side()
+        return own(*args, **kwargs)
+    return answer
+
+
+# --- the function checks and a learner's own right answer for each -----------------------------
+
+def _device_rule(has_gpu, interpret):
+    return "cuda" if has_gpu and not interpret else "cpu"
+
+
+def _own(solution):
+    return lambda: learner_copy(solution)
+
+
+FUNCTION_CHECKS = {
+    "00 ex1 check_device": (basics.check_device, lambda: _device_rule),
+    "01 ex1 check_rotation_matrix": (basics.check_rotation_matrix,
+                                     _own(basics.solution_rotation_matrix)),
+    "01 ex2 check_relative_angle": (basics.check_relative_angle,
+                                    _own(basics.solution_relative_angle)),
+    "01 ex3 check_rotate_half": (basics.check_rotate_half, _own(basics.solution_rotate_half)),
+    "02 ex2 check_cos_sin_from_freqs": (basics.check_cos_sin_from_freqs,
+                                        _own(basics.solution_cos_sin_from_freqs)),
+    "03 ex1 check_naive_grid": (kernels.check_naive_grid, _own(kernels.solution_naive_grid)),
+    "03 ex2 check_row_index": (kernels.check_row_index, _own(kernels.solution_row_index)),
+    "03 ex3 check_half_tile": (kernels.check_half_tile, _own(kernels.solution_half_tile)),
+    "04 ex1 check_angle_bytes": (kernels.check_angle_bytes, _own(kernels.solution_angle_bytes)),
+    "04 ex2 check_floor_ms": (kernels.check_floor_ms, _own(kernels.solution_floor_ms)),
+    "04 ex3 check_percent_of_copy": (kernels.check_percent_of_copy,
+                                     _own(kernels.solution_percent_of_copy)),
+    "06 ex1 check_backward_matrix": (kernels.check_backward_matrix,
+                                     _own(kernels.solution_backward_matrix)),
+    "07 ex2 check_host_or_device": (measuring.check_host_or_device,
+                                    _own(measuring.solution_host_or_device)),
+    "08 normwise-error check_normwise_error": (debugging.check_normwise_error,
+                                    _own(debugging.solution_normwise_error)),
+    "08 name-the-trap check_trap_name": (debugging.check_trap_name,
+                                         _own(debugging.solution_trap_name)),
+    "10 ex1 check_axis_of_pairs": (multi_axis.check_axis_of_pairs,
+                                   _own(multi_axis.solution_axis_of_pairs)),
+    "10 ex2 check_text_then_image": (multi_axis.check_text_then_image,
+                                     _own(multi_axis.solution_text_then_image)),
+    "11 ex1 check_dual_chunk_positions": (at_scale.check_dual_chunk_positions,
+                                          _own(at_scale.solution_dual_chunk_positions)),
+    "11 ex3 check_paged_slot": (at_scale.check_paged_slot, _own(at_scale.solution_paged_slot)),
+}
+
+SIDE_CASES = [(c, s) for c in FUNCTION_CHECKS for s in SIDE_CALLS]
+
+
+@pytest.mark.parametrize("check", list(FUNCTION_CHECKS))
+def test_the_learners_own_function_passes(check, capsys):
+    fn, own = FUNCTION_CHECKS[check]
+    assert fn(own()) is True, capsys.readouterr().out
+    assert "❌" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("check, side", SIDE_CASES, ids=[f"{c}: {s}" for c, s in SIDE_CASES])
+def test_right_values_after_a_call_into_ropelib_are_refused(check, side, capsys):
+    fn, own = FUNCTION_CHECKS[check]
+    call, words = SIDE_CALLS[side]
+    assert fn(_after(call, own())) is False
+    out = capsys.readouterr().out
+    assert "❌" in out and "but the answer" in out and words in out, out
+    assert "write it yourself" in out, out
+
+
+# --- direct library answers the per-notebook tests do not try ----------------------------------
+
+def _relative_from_matrices(matrix):
+    """phi_j read off matrix(m)^T matrix(n), block by block (atan2)."""
+    def answer(m, n, inv):
+        M = matrix(m, inv).T @ matrix(n, inv)
+        j = torch.arange(0, 2 * inv.numel(), 2)
+        return torch.atan2(M[j + 1, j], M[j, j])
+    return answer
+
+
+def _relative_from_apply_rope(m, n, inv):
+    """phi_j as the angle ropelib.apply_rope turns pair j of a unit vector by at offset n - m."""
+    R = 2 * inv.numel()
+    x = torch.zeros(1, 1, 1, R, dtype=torch.float32)
+    x[..., 0::2] = 1.0
+    table = ((n - m) * inv).float().repeat_interleave(2).view(1, 1, 1, R)
+    y = ropelib.apply_rope(x, table, interleaved=True).double().view(-1)
+    return torch.atan2(y[1::2], y[0::2])
+
+
+def _backward_matrix_by_autograd(theta):
+    """J^T by autograd through ropelib.reference."""
+    f = torch.full((1, 1, 1, 2), float(theta), dtype=torch.float64)
+    J = torch.autograd.functional.jacobian(
+        lambda v: reference.rope_reference(v.view(1, 1, 1, 2), f).view(2),
+        torch.zeros(2, dtype=torch.float64))
+    return J.T
+
+
+def _backward_matrix_by_apply_rope(theta):
+    """J^T read off ropelib.apply_rope of the basis vectors (RoPE is linear)."""
+    f = torch.full((1, 1, 1, 2), float(theta), dtype=torch.float32)
+    cols = [ropelib.apply_rope(e.view(1, 1, 1, 2), f).view(2) for e in torch.eye(2)]
+    return torch.stack(cols, dim=1).T.double()
+
+
+DIRECT = [
+    ("01 ex2 worked solution", basics.check_relative_angle, basics.solution_relative_angle,
+     "called ropelib's solution_relative_angle"),
+    ("01 ex2 wrapped worked solution", basics.check_relative_angle,
+     lambda m, n, inv: basics.solution_relative_angle(m, n, inv),
+     "called ropelib's solution_relative_angle"),
+    ("01 ex2 from notebook 01's worked rotation matrix", basics.check_relative_angle,
+     _relative_from_matrices(basics.solution_rotation_matrix),
+     "called ropelib's solution_rotation_matrix"),
+    ("01 ex2 from the check's own matrix", basics.check_relative_angle,
+     _relative_from_matrices(basics.rotation_matrix_ref), "called ropelib's rotation_matrix_ref"),
+    ("01 ex2 from ropelib.apply_rope", basics.check_relative_angle, _relative_from_apply_rope,
+     "called ropelib's apply_rope"),
+    ("01 ex1 wrapped worked solution", basics.check_rotation_matrix,
+     lambda m, inv: basics.solution_rotation_matrix(m, inv),
+     "ropelib's solution_rotation_matrix"),
+    ("01 ex3 wrapped worked solution", basics.check_rotate_half,
+     lambda x, i: basics.solution_rotate_half(x, i), "called ropelib's solution_rotate_half"),
+    ("03 ex1 wrapped worked solution", kernels.check_naive_grid,
+     lambda S, B, H: kernels.solution_naive_grid(S, B, H), "called ropelib's solution_naive_grid"),
+    ("03 ex2 wrapped worked solution", kernels.check_row_index,
+     lambda r, S, B, H: kernels.solution_row_index(r, S, B, H),
+     "called ropelib's solution_row_index"),
+    ("06 ex1 autograd through ropelib.reference", kernels.check_backward_matrix,
+     _backward_matrix_by_autograd, "called ropelib's rope_reference"),
+    ("06 ex1 ropelib.apply_rope of the basis", kernels.check_backward_matrix,
+     _backward_matrix_by_apply_rope, "called ropelib's apply_rope"),
+    ("06 ex1 wrapped worked solution", kernels.check_backward_matrix,
+     lambda t: kernels.solution_backward_matrix(t), "called ropelib's solution_backward_matrix"),
+    ("11 ex1 ropelib.reference.positions", at_scale.check_dual_chunk_positions,
+     lambda S, c, r: reference.positions("sbhd", S // c, 1, cp_size=c, cp_rank=r)[0].tolist(),
+     "called ropelib's positions (ropelib/reference.py)"),
+]
+
+
+@pytest.mark.parametrize("label, check, answer, words", DIRECT, ids=[d[0] for d in DIRECT])
+def test_a_library_answer_is_refused(label, check, answer, words, capsys):
+    assert check(answer) is False
+    out = capsys.readouterr().out
+    assert "❌" in out and "but the answer" in out and words in out, out
+
+
+
+def _cached_via_the_course_model(attn, x, past_k, past_v):
+    """Notebook 09, exercise 2, answered by the course model's own cached attention
+    (`_attention_cached`, which `forward_cached` runs) on a KVCache holding past_k, past_v."""
+    from types import SimpleNamespace
+    from ropelib.course import model as gpt
+    B, L, H, D = past_k.shape
+    S = x.shape[1]
+    cache = gpt.KVCache(SimpleNamespace(n_head=H, head_dim=D, n_layer=1), B, L + S,
+                        dtype=past_k.dtype, device=x.device)
+    cache.k[0][:, :L], cache.v[0][:, :L] = past_k, past_v
+    cache.seqlens.fill_(L)
+    cache.length = L
+    y = gpt._attention_cached(attn, x, cache, 0, fused=False)
+    return y, cache.k[0][:, :L + S], cache.v[0][:, :L + S]
+
+
+def test_cached_attention_by_the_course_model_is_refused(capsys):
+    from ropelib.course.exercises import in_a_model
+    assert in_a_model.check_cached_attention(_cached_via_the_course_model, seed=1) is False
+    out = capsys.readouterr().out
+    assert "❌" in out and "but the answer called ropelib's" in out, out
+
+
+# --- answers that go round the watch ------------------------------------------------------------
+
+def _in_a_thread(fn, *args, **kwargs):
+    """fn(*args, **kwargs) run in a thread of its own, its result (or what it raised) handed
+    back."""
+    out, raised = [], []
+
+    def work():
+        try:
+            out.append(fn(*args, **kwargs))
+        except Exception as exc:  # noqa: BLE001 -- raised again in the caller's thread
+            raised.append(exc)
+    worker = threading.Thread(target=work)
+    worker.start()
+    worker.join()
+    if raised:
+        raise raised[0]
+    return out[0]
+
+
+THREADED = [
+    ("00 ex3 ropelib.reference.rope_reference", basics.check_interleaved_rope,
+     lambda x, f: _in_a_thread(reference.rope_reference, x, f, layout="bshd",
+                               interleaved=True)),
+    ("01 ex3 the worked solution", basics.check_rotate_half,
+     lambda x, i: _in_a_thread(basics.solution_rotate_half, x, i)),
+    ("11 ex1 ropelib.context_parallel", at_scale.check_dual_chunk_positions,
+     lambda S, c, r: _in_a_thread(context_parallel.dual_chunk_positions, S // c, c,
+                                  r).tolist()),
+]
+
+
+@pytest.mark.parametrize("label, check, answer", THREADED, ids=[t[0] for t in THREADED])
+def test_a_library_call_in_another_thread_is_refused(label, check, answer, capsys):
+    assert check(answer) is False
+    out = capsys.readouterr().out
+    assert "❌" in out and "but the answer called" in out, out
+
+
+def _own_rotate_half(x, i):
+    """The learner's own rotate-half (a copy of the worked one), for the control below."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1) if not i else \
+        torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
+    return rotated
+
+
+def test_the_learners_own_code_in_another_thread_passes(capsys):
+    # the control: a thread of the answer's own is watched, not refused
+    assert basics.check_rotate_half(lambda x, i: _in_a_thread(_own_rotate_half, x, i)), \
+        capsys.readouterr().out
+
+
+def test_a_library_launch_in_another_thread_is_refused(capsys):
+    # the same answer through ropelib.apply_rope: refused at the call (or, failing that, at its
+    # kernel's launch, which is watched in every thread)
+    answer = lambda x, f: _in_a_thread(ropelib.apply_rope, x, f, layout="bshd",  # noqa: E731
+                                       interleaved=True)
+    assert basics.check_interleaved_rope(answer) is False
+    out = capsys.readouterr().out
+    assert "❌" in out and ("called ropelib's" in out or "launched ropelib's" in out), out
+
+
+def _profile_off(fn):
+    def answer(*args):
+        sys.setprofile(None)          # the check's watcher, switched off by the answer
+        return fn(*args)
+    return answer
+
+
+def test_an_answer_that_switches_the_watcher_off_is_refused(capsys):
+    assert basics.check_rotate_half(_profile_off(reference.rotate_half)) is False
+    out = capsys.readouterr().out
+    assert "❌" in out and "switched off the check's watch" in out, out
+    assert sys.getprofile() is None         # and the check leaves the profiler as it found it
+
+
+def _trap_from_the_checks_cases(x, y, layout):
+    """Notebook 08's trap read off the check's own cases (debugging._trap_outputs, cached)."""
+    for _, (x_case, y_case, _), trap in debugging._trap_outputs():
+        if torch.equal(x_case, x) and torch.equal(y_case, y):
+            return trap
+    return "none"
+
+
+def test_the_trap_read_off_the_checks_own_answers_is_refused(capsys):
+    assert debugging.check_trap_name(_trap_from_the_checks_cases) is False
+    out = capsys.readouterr().out
+    assert "❌" in out and "but the answer called" in out, out
+
+
+# --- kernel answers: a kernel of the learner's whose body calls the worked one -----------------
+
+_COPIES = Path(tempfile.mkdtemp(prefix="ropelib-refuse-"))
+_count = itertools.count()
+
+
+def wrapping(target, *, returns=False):
+    """A @triton.jit kernel of the learner's, in a file of its own, with `target`'s parameters
+    (names, annotations, defaults), whose body only calls `target` with them."""
+    fn = getattr(target, "fn", target)
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    node = tree.body[0]
+    name = f"my_{fn.__name__.strip('_')}_{next(_count)}"
+    node.name = name
+    node.decorator_list = []
+    call = ast.Call(func=ast.Name("TARGET", ast.Load()),
+                    args=[ast.Name(a.arg, ast.Load()) for a in node.args.args], keywords=[])
+    node.body = [ast.Return(call) if returns else ast.Expr(call)]
+    node.returns = None
+    source = "@triton.jit\n" + ast.unparse(ast.fix_missing_locations(tree)) + "\n"
+    path = _COPIES / f"{name}.py"
+    path.write_text(source, encoding="utf-8")
+    namespace = {"triton": triton, "tl": tl, "TARGET": target, "__name__": name,
+                 "__file__": str(path)}
+    exec(compile(source, str(path), "exec"), namespace)  # noqa: S102 -- the test's own source
+    return namespace[name]
+
+
+def _granular_work(S, B, H, D, rows):
+    programs = (B // rows) * H * S
+    return {"programs": programs, "x_loads": S * B * H * D, "sincos": programs * 2 * D,
+            "angle_loads": programs * D}
+
+
+KERNEL_CHECKS = [
+    ("03 ex4 check_rope_interleaved", naive_kernel.check_rope_interleaved,
+     naive_kernel.solution_rope_interleaved),
+    ("03 ex5 check_rope_rows", naive_kernel.check_rope_rows, naive_kernel.solution_rope_rows),
+    ("04 ex4 check_batch_reuse_kernel", grid_kernel.check_batch_reuse_kernel,
+     grid_kernel._rope_batch_reuse_solution_kernel),
+    ("04 ex5 check_granularity", lambda k: grid_kernel.check_granularity(k, _granular_work),
+     grid_kernel._rope_granular_solution_kernel),
+    ("05 ex1 check_interleaved_tile_kernel", finished_kernel.check_interleaved_tile_kernel,
+     finished_kernel._rope_interleaved_tile_solution_kernel),
+    ("05 ex2 check_flat_kernel", flat_pass.check_flat_kernel,
+     flat_pass._rope_flat_solution_kernel),
+    ("05 ex3 check_pairs_kernel", pairs_pass.check_pairs_kernel,
+     pairs_pass._rope_pairs_solution_kernel),
+    ("06 ex2 check_backward_kernel", backward_kernel.check_backward_kernel,
+     backward_kernel._rope_backward_solution_kernel),
+    ("07 ex3 check_rows_kernel", yardstick.check_rows_kernel, yardstick.solution_rows_kernel),
+    ("11 ex4 check_rope_kv_paged_kernel", at_scale.check_rope_kv_paged_kernel,
+     at_scale.solution_rope_kv_paged_kernel),
+    ("11 ex5 check_fp8_store_kernel", at_scale.check_fp8_store_kernel,
+     at_scale.solution_fp8_store_kernel),
+    ("12 ex1 check_epilogue_kernel", lambda k: qkv_epilogue.check_epilogue_kernel(k, seed=5),
+     qkv_teaching._qkv_rope_teaching_kernel),
+    ("12 ex1b check_split_epilogue_kernel",
+     lambda k: qkv_epilogue.check_split_epilogue_kernel(k, seed=5),
+     qkv_teaching._qkv_rope_one_acc_teaching_kernel),
+    ("12 ex2 check_prologue_kernel", lambda k: qkv_epilogue.check_prologue_kernel(k, seed=5),
+     qkv_teaching._qkv_dx_teaching_kernel),
+]
+KERNEL_CHECKS += [(f"13 puzzle {p.number} check_{key}",
+                   (lambda key: lambda k: getattr(pz, f"check_{key}")(k, seed=0, draw=False))(key),
+                   p.solution)
+                  for key, p in pz.PUZZLES.items()]
+
+
+@pytest.mark.parametrize("label, check, target", KERNEL_CHECKS, ids=[k[0] for k in KERNEL_CHECKS])
+def test_a_kernel_that_calls_the_worked_kernel_is_refused(label, check, target, capsys):
+    kernel = wrapping(target)
+    assert check(kernel) is False
+    out = capsys.readouterr().out
+    name = getattr(target, "fn", target).__name__
+    assert "❌" in out and f"ropelib's {name}" in out, out
+    assert "write it yourself" in out, out
+
+
+def test_a_combine_that_calls_the_worked_combine_is_refused(capsys):
+    # notebook 08, exercise 2: the check launches its own kernel with the learner's combine
+    combine = wrapping(debugging.solution_te_combine, returns=True)
+    assert debugging.check_te_combine(combine) is False
+    out = capsys.readouterr().out
+    assert "❌" in out and "ropelib's solution_te_combine" in out, out
+
+
+def test_a_wrapper_of_an_own_kernel_is_not_refused(capsys):
+    """The wrapping itself is no reason to refuse: the same wrapper around the learner's own
+    copy of the worked solution passes, so the refusals above are the worked kernel's."""
+    own = learner_copy(naive_kernel.solution_rope_interleaved)
+    assert naive_kernel.check_rope_interleaved(wrapping(own)) is True, capsys.readouterr().out
+    assert "❌" not in capsys.readouterr().out
+
+
+def teardown_module():
+    shutil.rmtree(_COPIES, ignore_errors=True)
