@@ -333,7 +333,7 @@ def check_index_values(*, S: int, B: int, P: int, layout: str, start_positions=N
                     f"the positions of sequence {i} ({s0}..{s0 + n * cp_size - 1}, from cu_seqlens, "
                     f"start_positions and cp) must lie inside the table of {P} rows")
         return
-    if start_positions is not None and B:
+    if start_positions is not None and B and S:     # (an empty sequence reads no rows, as in TE)
         _check_range(start_positions, P - S * cp_size + 1,
                      "start_positions + seq_len*cp_size must fit in the table of " f"{P} rows, "
                      "got start_positions in [{lo}, {hi}] with " f"seq_len={S}, cp_size={cp_size}")

@@ -10,6 +10,7 @@ import torch
 
 import ropelib
 import ropelib.ops as ops
+from ropelib import reference
 from ropelib.reference import rope_reference
 
 S, B, H, D = 6, 2, 2, 16
@@ -423,3 +424,18 @@ def test_unusual_input_strides(kind, seeded):
     assert y.is_contiguous()
     torch.testing.assert_close(y, rope_reference(x, freqs, interleaved=True), atol=1e-5, rtol=1e-5)
 
+
+
+def test_an_empty_sequence_reads_no_rows_of_the_table():
+    # start positions past the table with nothing to rotate: accepted, as Transformer Engine's
+    # own check does (ropelib.reference.te_unfused), in every layout and through the drop-in
+    x = torch.randn(0, B, H, D)
+    freqs = ropelib.rope_freqs(4, D)
+    starts = torch.tensor([0, 6] + [1] * (B - 2))
+    assert reference.te_unfused(x, freqs, "sbhd", starts).shape == x.shape
+    assert ropelib.apply_rope(x, freqs, start_positions=starts).shape == x.shape
+    for fused in (True, False):
+        assert ropelib.te.apply_rotary_pos_emb(x, freqs, start_positions=starts,
+                                               fused=fused).shape == x.shape
+    with pytest.raises(ValueError, match="start_positions"):      # one token: rows are read
+        ropelib.apply_rope(torch.randn(1, B, H, D), freqs, start_positions=starts)
