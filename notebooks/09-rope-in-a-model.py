@@ -47,8 +47,8 @@
 # not.
 #
 # **Time:** about 90 minutes to read and do the two exercises (the questions at the end are for
-# discussion); the cells run in under a minute on a 2-core CPU (Triton's interpreter), most of
-# it training the models of section 3.
+# discussion); the cells run in about a minute and a half on a 2-core CPU (Triton's
+# interpreter), most of it training the models of section 3.
 
 # %%
 import os, torch
