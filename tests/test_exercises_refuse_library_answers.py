@@ -302,17 +302,10 @@ def test_a_library_call_in_another_thread_is_refused(label, check, answer, capsy
     assert "❌" in out and "but the answer called" in out, out
 
 
-def _own_rotate_half(x, i):
-    """The learner's own rotate-half (a copy of the worked one), for the control below."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1) if not i else \
-        torch.stack((-x[..., 1::2], x[..., ::2]), dim=-1).flatten(-2)
-    return rotated
-
-
 def test_the_learners_own_code_in_another_thread_passes(capsys):
     # the control: a thread of the answer's own is watched, not refused
-    assert basics.check_rotate_half(lambda x, i: _in_a_thread(_own_rotate_half, x, i)), \
+    own = learner_copy(basics.solution_rotate_half)
+    assert basics.check_rotate_half(lambda x, i: _in_a_thread(own, x, i)), \
         capsys.readouterr().out
 
 

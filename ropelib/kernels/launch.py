@@ -182,6 +182,15 @@ def _table_strides(table: Table) -> tuple:
     return per_entry, tab_p
 
 
+def _ids_per_entry(ids: torch.Tensor, S) -> bool:
+    """Whether position ids [B or 1, S] hold a row per batch entry; the kernels read them dense
+    (the checks in ropelib.validation make them so; empty ones have any strides)."""
+    per_entry = ids.shape[0] > 1
+    assert ids.stride(-1) == 1 or S == 1, "position ids must be contiguous"
+    assert not per_entry or ids.stride(0) == S or S == 0, "position ids must be contiguous"
+    return per_entry
+
+
 def _tiles(x: torch.Tensor, S, B, heads: tuple, R: int, D: int, exact: bool):
     on_gpu = x.device.type == "cuda" and not INTERPRET
     sm, knobs = device_tiles(device_index(x.device)) if on_gpu else (None, {})
@@ -227,10 +236,7 @@ def plan(q: View, q_out: Optional[View], table: Table, positions: Positions, *, 
     x_first = _x_first(B, chunk)           # (the packed kernel's one entry: always)
     if pos.position_ids is not None:
         ids = pos.position_ids
-        assert ids.stride(-1) == 1 or S == 1, "position ids must be contiguous"
-        ids_per_entry = ids.shape[0] > 1
-        assert not ids_per_entry or ids.stride(0) == S or S == 0, \
-            "position ids must be contiguous"   # (empty ones have any strides)
+        ids_per_entry = _ids_per_entry(ids, S)
         launcher, pointers = IDS, tensors + (ids,)
         args = dict(S=S, B=B, HQ=q.heads, HK=HK, P=table.rows,
                     **_named("q", qs), **_named("k", ks), stride_tab_p=tab_p,
@@ -542,11 +548,7 @@ def plan_table_read(table: Table, positions: Positions, S, B, *, R: int, interle
         "one table per axis: read as it is, rotate-half pairs, positions the token index"
     if not pre_pass and table.rows >= S:
         return TableRead(None, False, tab_p, table.rows * tab_p if per_entry else 0, (0, R))
-    ids_per_entry = ids is not None and ids.shape[0] > 1
-    if ids is not None:
-        assert ids.stride(-1) == 1 or S == 1, "position ids must be contiguous"
-        assert not ids_per_entry or ids.stride(0) == S or S == 0, \
-            "position ids must be contiguous"   # (empty ones have any strides)
+    ids_per_entry = ids is not None and _ids_per_entry(ids, S)
     n_seq = pos.cu_seqlens.shape[0] - 1 if pos.cu_seqlens is not None else 0
     seq_rows = by_sequence(table, pos, S, B)
     if seq_rows:    # the rows of positions 0 .. seq_rows - 1, read by each sequence's programs
