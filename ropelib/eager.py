@@ -173,7 +173,7 @@ class TableRows:
         return key, rows
 
     def put(self, key, owner, tables: tuple, rows: tuple) -> None:
-        size = sum(r.numel() * r.element_size() for r in rows)
+        size = sum(r.numel() * r.element_size() for r in rows if r is not None)
         if size > TABLE_ROWS_BYTES:
             return
         self.entries[key] = (tuple(weakref.ref(o) for o in (owner, *map(_base, tables))), rows,
@@ -199,11 +199,14 @@ class EagerTwoPass:
     """Eager starts of a planned two-pass rotation (kernels/launch.TwoPass): the pre-pass (unless
     its rows are kept from an earlier call, TableRows) and the flat pass, each through an
     EagerLaunch as the finished kernel's one launch."""
-    __slots__ = ("route", "_index_pass", "_table_pass", "_rotate_pass", "__weakref__")
+    __slots__ = ("route", "_index_pass", "_table_pass", "_rotate_pass", "_halves_pass",
+                 "__weakref__")
 
     def __init__(self, route):
         self.route = route
         self._rotate_pass = EagerLaunch(route.rotate_pass.launcher, route.rotate_pass)
+        self._halves_pass = None if route.halves_pass is None else \
+            EagerLaunch(route.halves_pass.launcher, route.halves_pass)
         self._table_pass, self._index_pass = (
             EagerLaunch(p.launcher, p) if p is not None else None
             for p in (route.table_pass, route.index_pass))
@@ -222,13 +225,22 @@ class EagerTwoPass:
             tables = (cos,) if sin is None else (cos, sin)
             key, rows = TABLE_ROWS.get(self, tables) if plain else (None, None)
             if rows is None:
-                rows = self.route.new_rows(q.device)
-                self._table_pass((cos, sin, position_ids, cu_seqlens, start) + rows + (None,))
+                # rows to keep come with the pre-pass's flag (are the pairs' members equal?):
+                # zeroing it is one more launch, paid once for every later call that reads
+                # half the rows
+                flag = self.route.new_flag(q.device) \
+                    if key is not None and self._halves_pass is not None else None
+                rows = self.route.new_rows(q.device) + (flag,)
+                self._table_pass((cos, sin, position_ids, cu_seqlens, start) + rows)
                 if key is not None:
                     TABLE_ROWS.put(key, self, tables, rows)
-            cos, sin = rows
+            cos, sin, flag = rows
+            if flag is not None:
+                self._halves_pass((q, q_out, k, k_out, cos, sin,
+                                   token_rows if sequences is None else sequences, flag))
+                return
         self._rotate_pass((q, q_out, k, k_out, cos, sin,
-                           token_rows if sequences is None else sequences))
+                           token_rows if sequences is None else sequences, None))
 
 
 class PlannedRotation:

@@ -171,7 +171,7 @@ def main():
                             pre, ptrs[4:6] + ptrs[6:9] + tuple(cs) + (None,))
             ptrs = ptrs[:4] + tuple(cs)
         compile_for_gpu(name, rows.launcher.kernel, rows.launcher.pointer_names, rows,
-                        ptrs[:6] + (token_rows,))
+                        ptrs[:6] + (token_rows, None))
     # packed sequences, one per grid row of the flat pass (launch.by_sequence): no row index
     xt, xto = xb.reshape(B * S, 2 * H, D), torch.empty(B * S, 2 * H, D, dtype=bf)
     cu = torch.tensor([0, 3, B * S], dtype=torch.int32)
@@ -187,7 +187,7 @@ def main():
     rows.args = dict(rows.args, XBLOCK=T.TWO_PASS_ELEMENTS)
     cs = [torch.empty(route.table_shape, dtype=torch.float32) for _ in range(2)]
     compile_for_gpu("two-pass-by-sequence", rows.launcher.kernel, rows.launcher.pointer_names,
-                    rows, ptrs[:4] + tuple(cs) + (cu,))
+                    rows, ptrs[:4] + tuple(cs) + (cu, None))
     # Qwen2-VL's per-axis tables [3, B, S, D] in the input's dtype, read as they are
     c3 = torch.empty(3, B, S, D, dtype=bf)
     route, ptrs = L.plan_two_pass(*views(xb, xbo), L.Table(c3[0], c3[0], (2, 5, c3.stride(0))),
@@ -196,7 +196,7 @@ def main():
     rows = route.rotate_pass
     rows.args = dict(rows.args, XBLOCK=T.TWO_PASS_ELEMENTS)
     compile_for_gpu("two-pass-axes-backward", rows.launcher.kernel, rows.launcher.pointer_names,
-                    rows, ptrs[:6] + (None,))
+                    rows, ptrs[:6] + (None, None))
     # ... with sections at multiples of 8 pairs: both members of a pair in one thread
     route, ptrs = L.plan_two_pass(*views(xb, xbo), L.Table(c3[0], c3[0], (8, 16, c3.stride(0))),
                                   L.Positions(), R=D, interleaved=False, backward=False,
@@ -205,7 +205,7 @@ def main():
     assert rows.num_warps == T.TWO_PASS_PAIR_WARPS, "sections at multiples of 8: the pairs pass"
     rows.args = dict(rows.args, XBLOCK=T.TWO_PASS_ELEMENTS)
     compile_for_gpu("two-pass-axes-pairs", rows.launcher.kernel, rows.launcher.pointer_names,
-                    rows, ptrs[:6] + (None,))
+                    rows, ptrs[:6] + (None, None))
 
     # RoPE fused into the QKV projection (kernels/qkv_gemm.py), with the GPU's tiles
     HQ, HK, D, K = 4, 2, 128, 256

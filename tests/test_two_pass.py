@@ -523,11 +523,58 @@ def test_qwen2_vl_tables_eager_route_gradients(starts):
     assert all(torch.equal(g, torch.zeros_like(g)) for g in zero)
 
 
+@pytest.mark.parametrize("halves", ["equal", "one pair differs", "all differ"])
+def test_kept_rows_read_half_only_where_every_pair_is_equal(halves, pre_passes):
+    # The eager route keeps the pre-pass's rows with its flag (is any pair's cos or sin
+    # unequal?); later calls read member b's entries only where the flag says so. Whatever
+    # the table, every call gives the finished kernel's bits, forward and backward, rotate-half
+    # and interleaved (whose pass by element reads every entry and no flag).
+    g = torch.Generator().manual_seed(5)
+    freqs = ropelib.rope_freqs(S, D, device=DEVICE)
+    if halves == "one pair differs":
+        freqs = freqs.clone()
+        freqs[S // 2, ..., D // 2 + 3] += 0.25        # one token, member b of pair 3
+    elif halves == "all differ":
+        freqs = torch.rand(freqs.shape, generator=g).to(DEVICE) * 3
+    q = torch.randn(S, B, HQ, D, generator=g).to(DEVICE).requires_grad_(True)
+    dy = torch.randn(S, B, HQ, D, generator=g).to(DEVICE)
+    flags = []
+    real = launch.TwoPass.new_flag
+
+    def kept_flag(self, device):
+        flags.append(real(self, device))
+        return flags[-1]
+
+    for interleaved in (False, True):
+        def call():
+            y = ropelib.apply_rope(q, freqs, interleaved=interleaved)
+            return (y.detach(), *torch.autograd.grad(y, q, dy))
+
+        want = through("finished", call)
+        saved = thresholds(0, 0)
+        eager.SIGNATURES.clear()
+        eager.TABLE_ROWS.clear()
+        flags.clear()
+        launch.TwoPass.new_flag = kept_flag
+        try:
+            for _ in range(3):                          # rows written, then read as kept
+                assert_same_bits(call(), want, f"{halves}, interleaved {interleaved}")
+        finally:
+            launch.TwoPass.new_flag = real
+            thresholds(*saved)
+            eager.SIGNATURES.clear()
+        if interleaved:
+            assert not flags
+        else:                                           # the forward's and backward's rows
+            assert len(flags) == 2
+            assert [int(f) for f in flags] == [int(halves != "equal")] * 2
+
+
 def test_kept_rows_are_bounded_in_bytes(pre_passes, monkeypatch):
     # rows larger than the byte budget are not kept; the budget evicts the oldest first
     q = torch.randn(S, B, HQ, D, device=DEVICE)
     freqs = ropelib.rope_freqs(S, D, device=DEVICE)
-    row_bytes = 2 * S * D * 4                           # cos and s', fp32
+    row_bytes = 2 * S * D * 4 + 4                       # cos and s', fp32, and their flag
     saved = thresholds(0, 0)
     eager.SIGNATURES.clear()
     try:
@@ -556,6 +603,9 @@ def test_kept_rows_under_random_sequences_of_calls(pre_passes, monkeypatch):
     q = torch.randn(S, B, HQ, D, generator=g).to(DEVICE)
     k = torch.randn(S, B, HK, D, generator=g).to(DEVICE)
     tables = [ropelib.rope_freqs(S + 7, D, device=DEVICE) * (1 + i) for i in range(3)]
+    # ... and one whose pairs' members differ (the flat pass then reads both halves of its
+    # kept rows; the others' rows are read half)
+    tables.append(torch.rand(tables[0].shape, generator=g).to(DEVICE) * 3)
     opts = ("sbhd", False, 1, 0, False, None)
     monkeypatch.setattr(eager, "TABLE_ROWS_KEPT", 16)     # room for every (plan, table) here
 
@@ -880,7 +930,7 @@ def test_flat_pass_counts_q_programs_past_2_31_elements():
     q = torch.randn(xblock, dtype=torch.bfloat16, device=DEVICE)
     out = torch.full_like(q, float("nan"))
     cos, sin = torch.ones(1, D, device=DEVICE), torch.zeros(1, D, device=DEVICE)  # identity row
-    _rope_rows_kernel[(1,)](q, out, None, None, cos, sin, None, S, 1, HQ, 0, 0, 0, 0, 0,
+    _rope_rows_kernel[(1,)](q, out, None, None, cos, sin, None, None, S, 1, HQ, 0, 0, 0, 0, 0,
                             D=D, R=D, LAYOUT=0, INTERLEAVED=False, BACKWARD=False, SIGNED=True,
                             PER_ENTRY=False, KEEP_TABLE=False, AXIS_H_FROM=D // 2,
                             AXIS_W_FROM=D // 2, XBLOCK=xblock, INT64=True)

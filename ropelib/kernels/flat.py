@@ -3,7 +3,7 @@ flat pass over the tensor that reads it.
 
     _cos_sin_rows_kernel   every token's fp32 cos and sin rows, from any table and positions  22 args
     _token_rows_kernel     or each token's table row (then the rows are positions 0..P'-1)    11 args
-    _rope_rows_kernel      q (and k) rotated row by row (pairs) or element by element,       28 args
+    _rope_rows_kernel      q (and k) rotated row by row (pairs) or element by element,       29 args
                            reading cos/sin per feature
                            (packed sequences: one per row of a 2-D grid, where it can)
 
@@ -39,7 +39,10 @@ as one contiguous row (two stores at stride 2 took the pre-pass twice as long: 1
 7.8 us at s4096 b8 on an H100). Given pairs_differ_ptr (an int32 the caller zeroed), a program
 that finds a pair whose two members' cos or sin differ in a valid row sets it to 1: the QKV
 projection's forward then reads four tiles of the rows, and otherwise two (one cos and one sin
-a pair), as it does for table-free angles.
+a pair), as it does for table-free angles. The flat pass takes the same flag where the eager
+route keeps the pre-pass's rows (eager.TableRows, the rows and their flag made together, once):
+rows of pairs whose flag is 0 read only member a's cos and s' (s'_b = -s'_a in either direction,
+c_b = c_a), half the table's bytes, which at batch 1 are 1 KiB a token beside 16 KiB of q moved.
 
 On a GPU with programmatic dependent launch (compute capability 9.0 and up) the flat pass after
 a pre-pass is launched early: the pre-pass lets it start at once (EARLY_DEPENDENTS), and its
@@ -419,7 +422,8 @@ def _row_tile(block, S, B, H, LAYOUT: tl.constexpr, ROWS: tl.constexpr, INT64: t
 
 @triton.jit
 def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, token_rows_ptr,
-                  stride_rows_b, stride_tab_p, stride_tab_axis, D: tl.constexpr, R: tl.constexpr,
+                  stride_rows_b, stride_tab_p, stride_tab_axis, pairs_differ_ptr,
+                  D: tl.constexpr, R: tl.constexpr,
                   BACKWARD: tl.constexpr, SIGNED: tl.constexpr, KEEP_TABLE: tl.constexpr,
                   ROW_POINTERS: tl.constexpr, AXIS_H_FROM: tl.constexpr,
                   AXIS_W_FROM: tl.constexpr):
@@ -429,7 +433,9 @@ def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, token_rows
     # with a row index (token_rows_ptr), at token_rows[s + b * stride_rows_b] * stride_tab_p:
     # loaded after x, so x's loads do not wait on it (a row of -1, a position outside the
     # table, gives NaN). With one table per axis (AXIS_H_FROM < R/2) pair j and both its
-    # members read the table of j's section, stride_tab_axis further on per axis.
+    # members read the table of j's section, stride_tab_axis further on per axis. Given the
+    # pre-pass's flag (pairs_differ_ptr, with its s' rows), member b's entries are loaded only
+    # where some pair's members differ: otherwise c_b = c_a and s'_b = -s'_a.
     HALF: tl.constexpr = R // 2
     BLOCK_HALF: tl.constexpr = tile_width(HALF)
     j = tl.arange(0, BLOCK_HALF)
@@ -464,18 +470,27 @@ def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, token_rows
     else:
         cos_a = cos_ptr + (tab[:, None] + col[None, :])
         sin_a = sin_ptr + (tab[:, None] + col[None, :])
+    if SIGNED and pairs_differ_ptr is not None:
+        # (a scalar predicate: where it is false the b loads move no bytes; a select, as
+        # Triton's interpreter takes no mask anded with a loaded scalar)
+        m_b = tl.where(tl.load(pairs_differ_ptr) != 0, m, False)
+    else:
+        m_b = m
     if KEEP_TABLE:          # the rows serve every batch entry: keep them in L2
         ca = tl.load(cos_a, mask=m, other=0.0, eviction_policy="evict_last")
         sa = tl.load(sin_a, mask=m, other=0.0, eviction_policy="evict_last")
-        cb = tl.load(cos_a + HALF, mask=m, other=0.0, eviction_policy="evict_last")
-        sb = tl.load(sin_a + HALF, mask=m, other=0.0, eviction_policy="evict_last")
+        cb = tl.load(cos_a + HALF, mask=m_b, other=0.0, eviction_policy="evict_last")
+        sb = tl.load(sin_a + HALF, mask=m_b, other=0.0, eviction_policy="evict_last")
     else:
         ca = tl.load(cos_a, mask=m, other=0.0)
         sa = tl.load(sin_a, mask=m, other=0.0)
-        cb = tl.load(cos_a + HALF, mask=m, other=0.0)
-        sb = tl.load(sin_a + HALF, mask=m, other=0.0)
+        cb = tl.load(cos_a + HALF, mask=m_b, other=0.0)
+        sb = tl.load(sin_a + HALF, mask=m_b, other=0.0)
     sa = sa.to(tl.float32)
     sb = sb.to(tl.float32)
+    if SIGNED and pairs_differ_ptr is not None:     # the two halves equal: a's entries serve b
+        cb = tl.where(m_b, cb, ca)
+        sb = tl.where(m_b, sb, -sa)
     if SIGNED:              # s' (the pre-pass's rows): y_a = x_a c_a + x_b s'_a, and so for b
         ta = xb * sa
         tb = xa * sb
@@ -510,8 +525,9 @@ def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, token_rows
 
 
 @triton.jit
-def _rotate_rows(x_ptr, y_ptr, cos_ptr, sin_ptr, index_ptr, block, seq, S, B, H, stride_tab_p,
-                 stride_tab_b, stride_rows_b, stride_tab_axis, D: tl.constexpr, R: tl.constexpr,
+def _rotate_rows(x_ptr, y_ptr, cos_ptr, sin_ptr, index_ptr, pairs_differ_ptr, block, seq, S, B,
+                 H, stride_tab_p, stride_tab_b, stride_rows_b, stride_tab_axis, D: tl.constexpr,
+                 R: tl.constexpr,
                  LAYOUT: tl.constexpr, BACKWARD: tl.constexpr, SIGNED: tl.constexpr,
                  PER_ENTRY: tl.constexpr, KEEP_TABLE: tl.constexpr, AXIS_H_FROM: tl.constexpr,
                  AXIS_W_FROM: tl.constexpr, ROWS: tl.constexpr, INT64: tl.constexpr):
@@ -521,16 +537,16 @@ def _rotate_rows(x_ptr, y_ptr, cos_ptr, sin_ptr, index_ptr, block, seq, S, B, H,
         r, live, tab = _sequence_span(block, seq, index_ptr, S, B, H, stride_tab_p, ROWS,
                                       INT64)
         _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, r, r, None, 0,
-                      stride_tab_p, stride_tab_axis, D, R, BACKWARD, SIGNED, KEEP_TABLE, False,
-                      AXIS_H_FROM, AXIS_W_FROM)
+                      stride_tab_p, stride_tab_axis, pairs_differ_ptr, D, R, BACKWARD, SIGNED,
+                      KEEP_TABLE, False, AXIS_H_FROM, AXIS_W_FROM)
     else:
         r, live, s, b = _row_tile(block, S, B, H, LAYOUT, ROWS, INT64)
         tab = s * stride_tab_p          # (rows by token index; with a row index, found later)
         if PER_ENTRY:
             tab += b * stride_tab_b
         _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, index_ptr,
-                      stride_rows_b, stride_tab_p, stride_tab_axis, D, R, BACKWARD, SIGNED,
-                      KEEP_TABLE, True, AXIS_H_FROM, AXIS_W_FROM)
+                      stride_rows_b, stride_tab_p, stride_tab_axis, pairs_differ_ptr, D, R,
+                      BACKWARD, SIGNED, KEEP_TABLE, True, AXIS_H_FROM, AXIS_W_FROM)
 
 
 @triton.jit
@@ -539,6 +555,8 @@ def _rope_rows_kernel(
     cos_ptr, sin_ptr,                    # cos, s' of the pre-pass (SIGNED), or the caller's
     index_ptr,                           # None, or each token's row [NB * S] int32 (-1: none),
                                          # or (LAYOUT 3) the packed sequences' cu_seqlens
+    pairs_differ_ptr,                    # None, or the pre-pass's int32 flag: 0 where every
+                                         # pair's members are equal (rows of pairs read half)
     S, B, HQ, HK,                        # (LAYOUT 3: S tokens, B the positions each sequence's
                                          # programs cover)
     stride_tab_p, stride_tab_b,          # a token's row: s * stride_tab_p (+ b * stride_tab_b),
@@ -598,8 +616,8 @@ def _rope_rows_kernel(
                          LAYOUT, INTERLEAVED, BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE,
                          AXIS_H_FROM, AXIS_W_FROM, XBLOCK, INT64)
         else:
-            _rotate_rows(q_ptr, q_out_ptr, cos_ptr, sin_ptr, index_ptr, q_block, seq, S, B,
-                         HQ, stride_tab_p, stride_tab_b, stride_rows_b, stride_tab_axis, D, R,
+            _rotate_rows(q_ptr, q_out_ptr, cos_ptr, sin_ptr, index_ptr, pairs_differ_ptr,
+                         q_block, seq, S, B, HQ, stride_tab_p, stride_tab_b, stride_rows_b, stride_tab_axis, D, R,
                          LAYOUT, BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE, AXIS_H_FROM,
                          AXIS_W_FROM, ROWS, INT64)
         if LAYOUT == 3:
@@ -612,8 +630,8 @@ def _rope_rows_kernel(
                          R, LAYOUT, INTERLEAVED, BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE,
                          AXIS_H_FROM, AXIS_W_FROM, XBLOCK, INT64)
         else:
-            _rotate_rows(k_ptr, k_out_ptr, cos_ptr, sin_ptr, index_ptr, k_block, seq, S,
-                         B, HK, stride_tab_p, stride_tab_b, stride_rows_b, stride_tab_axis, D, R,
+            _rotate_rows(k_ptr, k_out_ptr, cos_ptr, sin_ptr, index_ptr, pairs_differ_ptr,
+                         k_block, seq, S, B, HK, stride_tab_p, stride_tab_b, stride_rows_b, stride_tab_axis, D, R,
                          LAYOUT, BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE, AXIS_H_FROM,
                          AXIS_W_FROM, ROWS, INT64)
         if LAYOUT == 3:

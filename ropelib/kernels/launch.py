@@ -474,6 +474,9 @@ class TwoPass(NamedTuple):
     index_pass: Optional[Launch] = None
     index_shape: tuple = (0,)
     seq_rows: int = 0       # > 0: the flat pass takes one packed sequence per grid row
+    # the flat pass reading the pre-pass's flag (rows of pairs after a pre-pass; else None):
+    # member b's cos and s' only where some pair's members differ (the eager route's kept rows)
+    halves_pass: Optional[Launch] = None
 
     def start(self, pointers: tuple) -> None:
         """Every pass (planning.start), with the rows made here (the eager route,
@@ -493,7 +496,8 @@ class TwoPass(NamedTuple):
                   (cos, sin, position_ids, cu_seqlens, start_) + out + (None,))
             cos, sin = out
         start(self.rotate_pass.launcher, self.rotate_pass,
-              (q, q_out, k, k_out, cos, sin, token_rows if sequences is None else sequences))
+              (q, q_out, k, k_out, cos, sin, token_rows if sequences is None else sequences,
+               None))
 
     def positions_split(self, position_ids, cu_seqlens, start) -> tuple:
         """((position ids, cu_seqlens, start offsets) for the index pass or the pre-pass, what
@@ -509,6 +513,10 @@ class TwoPass(NamedTuple):
         """Fresh fp32 cos and s' rows for the pre-pass to write."""
         return (torch.empty(self.table_shape, dtype=torch.float32, device=device),
                 torch.empty(self.table_shape, dtype=torch.float32, device=device))
+
+    def new_flag(self, device) -> torch.Tensor:
+        """A zeroed int32 for the pre-pass to set where a pair's members differ."""
+        return torch.zeros(1, dtype=torch.int32, device=device)
 
     def new_index(self, device) -> torch.Tensor:
         """A fresh row index per token, for the index pass to write."""
@@ -658,12 +666,17 @@ def plan_two_pass(q: View, q_out: View, table: Table, positions: Positions, *, R
         pointer_dtypes((x, q_out.tensor, k.tensor if k is not None else None,
                  k_out.tensor if k_out is not None else None)
                 + ((table.cos, table.sin) if table_pass is None else (out32, out32))
-                + (index if seqs is None else seqs,)), x.device, ROWS, early=early)
+                + (index if seqs is None else seqs, None)), x.device, ROWS, early=early)
+    halves_pass = None
+    if table_pass is not None and not by_element:
+        halves_pass = Launch(rotate_pass.grid, rotate_pass.num_warps, rotate_pass.args,
+                             rotate_pass.dtypes[:-1] + (torch.int32,), x.device, ROWS,
+                             early=early)
     pointers = (x, q_out.tensor, k.tensor if k is not None else None,
                 k_out.tensor if k_out is not None else None, table.cos, table.sin,
                 positions.position_ids, positions.cu_seqlens, positions.start)
     return TwoPass(table_pass, rotate_pass, table_shape, read.index_pass,
-                   read.index_shape, read.seq_rows), pointers
+                   read.index_shape, read.seq_rows, halves_pass), pointers
 
 
 # The finished kernels, by where positions come from, with their pointer arguments in order
@@ -679,7 +692,7 @@ COS_SIN_ROWS = DirectLauncher(_cos_sin_rows_kernel, (
     "sin_out_ptr", "pairs_differ_ptr"))
 TOKEN_ROWS = DirectLauncher(_token_rows_kernel, ("position_ids_ptr", "cu_seqlens_ptr",
                                                  "start_ptr", "rows_out_ptr"))
-ROWS = DirectLauncher(_rope_rows_kernel, _ROTATED + ("index_ptr",))
+ROWS = DirectLauncher(_rope_rows_kernel, _ROTATED + ("index_ptr", "pairs_differ_ptr"))
 TWO_PASS_POINTERS = _ROTATED + ("position_ids_ptr", "cu_seqlens_ptr", "start_ptr")
 LAUNCHERS = (TOKENS, IDS, PACKED, QKV, COS_SIN_ROWS, TOKEN_ROWS, ROWS)
 
