@@ -20,10 +20,10 @@
 # block's QKV projection has *written* them. This notebook removes that round trip: the
 # projection's GEMM rotates its output tile while it is still in registers (an **epilogue**), and
 # the backward GEMMs can undo the rotation as they load the gradient (a **prologue**). Then it
-# reads what that is worth on an H200: the projection ropelib ships runs level with the unfused
-# pipeline (cuBLAS, then a RoPE pass), forward and forward+backward; with QK-norm (a per-head
-# RMS norm of q and k before RoPE, as in Qwen3 and Gemma 3: ropelib's `qk_norm_rope`) it is
-# level with the fastest unfused pipeline, not ahead of it.
+# measures what that is worth on an H200 against the unfused pipeline (cuBLAS, then a RoPE
+# pass), with and without QK-norm (a per-head RMS norm of q and k before RoPE, as in Qwen3 and
+# Gemma 3: ropelib's `qk_norm_rope`). Section 7.1 has the result; the rest of section 7 traces
+# where the fused kernel's time goes.
 #
 # **After this notebook you will be able to**
 #
@@ -676,39 +676,24 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 # %% [markdown]
 # ## 7. The measured result
 #
-# **The answer**, on an H200 at section 1's shape (Llama-3-8B's projection, bf16, 8192 and
-# 32768 tokens), from 7.1's tables:
-#
-# - **forward:** the shipped `qkv_rope_linear` is level with cuBLAS + RoPE (ahead in both runs
-#   at both sizes, the ranges of rounds overlapping);
-# - **forward+backward:** level, 0.97 of the unfused pipeline's speed at 8192 tokens and 1.01 at
-#   32768, in rounds of a new order each. An earlier run in a fixed order had it 5 % ahead at
-#   8192 tokens: 7.5 shows what the order does;
-# - **with QK-norm:** level with the fastest unfused pipeline (cuBLAS, then `qk_norm_rope` from
-#   an angle table), not faster.
-#
-# So on this GPU the fusion saves a pass that costs 4 to 7 % of the forward pipeline (the
-# medians of cuBLAS against cuBLAS + RoPE, paired round by round, in two runs at two sizes;
-# single rounds scatter on both sides of zero). The fused projection runs at 0.95 to 0.97 of
-# cuBLAS's speed, so it keeps only part of that: 0.003 to 0.04 of cuBLAS's speed ahead of the
-# unfused pipeline.
-#
-# The rest of section 7 is why: **the main loop** (7.2), **the epilogue's registers** (7.3),
-# **the backward** (7.4), and one lesson about measuring, **the rounds' order** (7.5).
+# This section times the projection ropelib ships, `qkv_rope_linear`, on an H200 at section 1's
+# shape (Llama-3-8B's projection, bf16, 8192 and 32768 tokens). 7.1 sets it against the unfused
+# pipeline; the rest traces where its time goes: **the main loop** (7.2), **the epilogue's
+# registers** (7.3), **the backward** (7.4), and one lesson about measuring, **the rounds'
+# order** (7.5).
 #
 # ### 7.1 Where the shipped projection stands
 #
 # Single timings of these kernels move from run to run by more than the differences being
-# measured. So they were timed in **rounds**: every variant once a round, seven rounds. A
+# measured, so they were timed in **rounds**: every variant once a round, seven rounds. A
 # variant's number is the median over the rounds of its speed relative to a reference timed in
-# the same round, $t_{\text{ref}} / t$ (above 1: faster than the reference); the range over the
-# rounds goes beside it. `benchmarks/qkv_forward_ab.py` timed the forward against cuBLAS's
-# `F.linear`, in two runs that visit the variants in a new order every round (seeds 0 and 1;
-# four earlier runs kept a fixed order, 7.5). `benchmarks/qkv_dy_probe.py` timed
-# forward+backward against the unfused pipeline, each fused output first checked against the
-# unfused one.
+# the same round, $t_{\text{ref}} / t$ (above 1: faster than the reference), with the range over
+# the rounds beside it. `benchmarks/qkv_forward_ab.py` timed the forward against cuBLAS's
+# `F.linear` in two runs that visit the variants in a new order every round (seeds 0 and 1; four
+# earlier runs kept a fixed order, 7.5). `benchmarks/qkv_dy_probe.py` timed forward+backward
+# against the unfused pipeline, each fused output first checked against the unfused one.
 #
-# **Forward** on an H200, speed over cuBLAS's, the median of each shuffled run (seed 0, seed 1):
+# **Forward** on an H200, speed over cuBLAS's, the median of each run (seed 0, seed 1):
 #
 # | forward | 8192 tokens | 32768 tokens |
 # |---|---|---|
@@ -718,12 +703,15 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 # | fused, from an angle table | 0.95, 0.94 | 0.98, 0.96 |
 # | fused, pointer-loaded (the first design; it serves GPUs without TMA) | 0.73, 0.74 | 0.75, 0.74 |
 #
-# From angles the fused forward is level with the unfused pipeline: ahead in both runs at both
-# sizes by 0.003 to 0.04 of cuBLAS's speed, but the two ranges of rounds overlap every time.
-# From an angle table it is within 2 % of angles. The epilogue costs a few per cent over its own
-# bare GEMM, too little for these runs to pin down: 1.4 to 4.4 % from the runs' medians, 3.9 and
-# 6.4 % paired round by round in the seed-1 run (8192 and 32768 tokens; 4.2 and 7.9 % with
-# QK-norm).
+# The unfused row falls short of 1 by the RoPE pass's share of the forward pipeline, 4 to 7 %
+# (printed below; in single rounds the unfused pipeline sometimes beat cuBLAS alone, its ranges
+# reaching past 1). That is all a fusion can save, and the fused forward keeps part of it: from
+# angles it runs at 0.95 to 0.97 of cuBLAS's speed, ahead of the unfused pipeline in both runs at
+# both sizes by 0.003 to 0.04, but with the ranges of rounds overlapping every time. The forward
+# is **level** with the unfused pipeline. From an angle table it is within 2 % of angles. The
+# epilogue costs a few per cent over its own bare GEMM, too little for these runs to pin down:
+# 1.4 to 4.4 % from the runs' medians, 3.9 and 6.4 % paired round by round in the seed-1 run
+# (8192 and 32768 tokens; 4.2 and 7.9 % with QK-norm).
 #
 # **Forward+backward** on an H200, speed over the unfused pipeline's (with QK-norm, cuBLAS then
 # `qk_norm_rope`), medians of seven rounds (their range), the providers in a new order every
@@ -731,18 +719,18 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 #
 # | forward+backward | 8192 tokens | 32768 tokens |
 # |---|---|---|
-# | fused, $dY$ written once (the default), shuffled | 0.97 (0.95 to 1.05) | 1.01 (0.89 to 1.10) |
-# | fused, section 5's prologues, shuffled | 0.38 | 0.39 |
-# | with QK-norm: fused, $dY$ written once, shuffled | 1.00 (0.92 to 1.13) | 1.02 (0.93 to 1.06) |
-# | with QK-norm: unfused from an angle table, shuffled | 1.01 (0.98 to 1.10) | 1.01 (0.93 to 1.07) |
-# | with QK-norm: fused, the prologues, shuffled | 0.255 | 0.262 |
+# | fused, $dY$ written once (the default) | 0.97 (0.95 to 1.05) | 1.01 (0.89 to 1.10) |
+# | fused, section 5's prologues | 0.38 | 0.39 |
+# | with QK-norm: fused, $dY$ written once | 1.00 (0.92 to 1.13) | 1.02 (0.93 to 1.06) |
+# | with QK-norm: unfused from an angle table | 1.01 (0.98 to 1.10) | 1.01 (0.93 to 1.07) |
+# | with QK-norm: fused, the prologues | 0.255 | 0.262 |
 #
-# Shuffled, the fused projection is level with the unfused pipeline at both sizes: every range
-# of rounds reaches both sides of 1.
-#
-# With QK-norm the unfused pipeline is faster from an angle table than from angles, so that is
-# the pipeline to beat. Shuffled, the fused projection is level with it: 1.00 against 1.01 at
-# 8192 tokens and 1.02 against 1.01 at 32768, the ranges of rounds overlapping.
+# The fused projection is **level** with the unfused pipeline at both sizes: every range of
+# rounds reaches both sides of 1. (An earlier run in a fixed order had it 5 % ahead at 8192
+# tokens; 7.5 compares the two orders.) With QK-norm the unfused pipeline is faster from an angle
+# table than from angles, so that is the pipeline to beat, and the fused projection is **level**
+# with it, not faster: 1.00 against 1.01 at 8192 tokens and 1.02 against 1.01 at 32768, the
+# ranges of rounds overlapping.
 # %%
 def read_rounds(path, name):
     """{(tokens, qk_norm, row[name]): row} of a rounds CSV measured on an H200."""
@@ -1033,13 +1021,13 @@ assert {r["rounds"] for rows in (*fwd_runs, seed1, dy, *dy_norm, dy_shuffled, no
 # ### 7.2 The main loop
 #
 # The first fused forward was section 4's kernel grown up: pointer loads, exercise 1b's
-# epilogue. Timed on the H200 (single `do_bench` medians) beside the same GEMM with its rotation
-# switched off (`triton_gemm`), its bare main loop trailed cuBLAS by 0.08 ms at 8192 tokens and
-# 0.58 ms at 32768: more than the RoPE pass after cuBLAS in the same timings (0.04 and 0.18 ms),
-# and more than that pass's copy floor (0.040 and 0.159 ms, section 1), the most a fusion can
-# save. No epilogue on that loop could win. The epilogue cost more again: 0.11 and 0.25 ms over
-# the bare GEMM, 2.9 and 1.4 times the RoPE pass; at 8192 tokens, 17 % of the bare GEMM's
-# 0.67 ms, where the profile below finds only 7 %.
+# epilogue. Timed on the H200 (single `do_bench` medians), the same GEMM with its rotation
+# switched off (`triton_gemm`) trailed cuBLAS by 0.08 ms at 8192 tokens and 0.58 ms at 32768.
+# That is more than the whole RoPE pass after cuBLAS in the same timings (0.04 and 0.18 ms) and
+# more than its copy floor (0.040 and 0.159 ms, section 1), the most a fusion can save: no
+# epilogue on that main loop could win. The epilogue then cost 0.11 and 0.25 ms more, 2.9 and
+# 1.4 RoPE passes; at 8192 tokens that is 17 % of the bare GEMM's 0.67 ms, where the profile
+# below finds only 7 %.
 
 # %%
 first = {}
@@ -1547,10 +1535,10 @@ assert [round(alone[k, shipped[k], True], 2) for k in ("dx", "dw")] == [1.74, 2.
 #
 # The forward+backward runs point the same way, less cleanly. In the fixed order the fused
 # projection was ahead of the unfused pipeline at 8192 tokens in all seven rounds (1.01 to
-# 1.12); shuffled, its rounds span 0.95 to 1.05 and its median is 0.97 (7.1's table). But
-# those two runs were not made back to back: they are nearly a day apart, and the earlier one
-# records no code revision. So they do not separate the order from whatever else changed in
-# between; the forward's pair above does.
+# 1.12); shuffled, its rounds span 0.95 to 1.05 (7.1's table). But those two runs were not made
+# back to back: they are nearly a day apart, and the earlier one records no code revision. So
+# they do not separate the order from whatever else changed in between; the forward's pair
+# above does.
 
 # %%
 by_order = {"shuffled": shuffled_runs["seed 0"], "fixed": printed_run("fixed", "0729")}
@@ -1764,10 +1752,8 @@ else:
 #   rotate-half needs each tile to hold whole heads. A backward prologue re-forms $dY$ in every
 #   column block, so `qkv_rope_linear` writes $dY$ once and hands dX and dW to cuBLAS:
 #   forward+backward runs 2.6 times as fast as with the prologues (7.4).
-# - On an H200 the shipped projection is level with cuBLAS + RoPE, forward and forward+backward
-#   (rounds in a new order each; an earlier run in a fixed order had it 5 % ahead at 8192
-#   tokens); with QK-norm it is level with the fastest unfused pipeline (cuBLAS, then
-#   `qk_norm_rope` from an angle table).
+# - Where the shipped projection stands on an H200, forward, forward+backward and with
+#   QK-norm, is read off 7.1's two tables, timed in rounds of a new order each.
 # - A fused kernel is only as fast as its main loop (a persistent TMA loop runs near cuBLAS,
 #   pointer loads did not), its registers (read off a compile, on a CPU) and its backward.
 # - A fixed order of a benchmark's rounds moved the variants by up to 15 %: vary it.
