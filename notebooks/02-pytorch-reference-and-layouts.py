@@ -67,6 +67,11 @@ print(f"{ropelib.runtime.mode()}  |  x: S={S}, B={B}, H={H}, D={D}, {dtype}")
 # figures/ (ROPELIB_WRITE_FIGURES=1) still checks the numbers the text quotes against it
 KERNELS_CSV = ROOT / "figures" / "02-unfused-kernels.csv"
 committed_rows, committed = kb.read_rows(KERNELS_CSV)
+# how section 6 labels its printouts: LIVE (timed on this machine when the cell runs) or
+# COMMITTED (the run kept in the file above, the one the text quotes)
+LIVE = f"LIVE, timed now on this machine ({torch.cuda.get_device_name()})" if GPU else None
+COMMITTED = (f"COMMITTED run, the one the text quotes ({KERNELS_CSV.relative_to(ROOT)}: "
+             f"{committed['gpu']}, {committed['versions']})")
 
 # %% [markdown]
 # ## 1. Three layouts
@@ -231,6 +236,15 @@ print(f"rotary_percent=0.5: features 0..{R - 1} rotated, {R}..{D - 1} untouched"
 # at different lengths. For the second, a longer prompt holds each sequence's new token at the
 # position that sequence has reached, and is rotated in one pass; HF's `position_ids` agree
 # with `start_positions`. The cell prints the positions used.
+#
+# The last two agree bit for bit (`torch.equal`), and that is expected, not luck. Both calls run
+# ropelib's finished kernel, through two entry points that differ only in where a token's table
+# row comes from: `start_positions[b]` plus the token's index, or the id itself. From that row on
+# they share one body, on the same tiles (picked from the shapes alone): the same fp32 angles
+# are read, the same cosine and sine taken, and each output is the same fused multiply-add,
+# written out in the kernel so that the compiler cannot contract the two entry points
+# differently. The same inputs through the same operations in the same order give the same
+# bits, on a GPU as in the interpreter.
 
 # %%
 L = S                                                       # prompt length
@@ -253,7 +267,7 @@ y_long = ropelib.apply_rope(full_long, freqs.to(device))
 for b, s in enumerate(start.tolist()):
     assert torch.equal(y_step[0, b], y_long[s, b])
 pos_ids = start.view(B, 1).long()                           # HF style: explicit [B, S] positions
-torch.testing.assert_close(y_step, ropelib.apply_rope(step, freqs.to(device), position_ids=pos_ids))
+assert torch.equal(y_step, ropelib.apply_rope(step, freqs.to(device), position_ids=pos_ids))
 used = reference.positions("sbhd", 1, B, start_positions=start.cpu()).flatten()
 print("positions used:", used.tolist())
 assert used.tolist() == [L - 3 + 2 * b for b in range(B)]
@@ -517,9 +531,13 @@ if not GPU:     # one autograd node: ropelib's Rotate
 
 # %% [markdown]
 # On a GPU the next cell also times both against a plain copy of the same bytes: a yardstick
-# for what a kernel that reads and writes each byte once reaches on this GPU. In the
-# interpreter the kernels are simulated in Python, so times would mean nothing and the cell
-# only says so.
+# for what a kernel that reads and writes each byte once reaches on this GPU. Those times are
+# **live**: measured on your machine when the cell runs, so they differ a little from run to run.
+# The text quotes instead one **committed** run on an H200, kept in
+# `figures/02-unfused-kernels.csv`. Every timing this section prints is headed `LIVE` or
+# `COMMITTED`, the latter with the file, the GPU and the versions it came from. In the
+# interpreter the kernels are simulated in Python, so times would mean nothing: the cell prints
+# no live block, only the committed one.
 
 # %%
 if GPU:
@@ -534,21 +552,23 @@ if GPU:
     t_unfused = triton.testing.do_bench(lambda: reference.te_unfused(xd, fp))
     t_fused = triton.testing.do_bench(lambda: ropelib.apply_rope(xd, fp))
     t_copy = triton.testing.do_bench(lambda: y_buf.copy_(xd))
+    print(f"{LIVE}:")
     for name, t in [("copy (floor)", t_copy), ("ropelib.apply_rope", t_fused),
                     ("TE unfused", t_unfused)]:
-        print(f"{name:20s} {t * 1e3:8.1f} us   {moved / t / 1e6:7.0f} GB/s of useful traffic")
-    print(f"unfused / fused: {t_unfused / t_fused:.1f}x")
-    print(f"their bytes (counted on these tensors, x {tuple(xd.shape)}): "
+        print(f"  {name:20s} {t * 1e3:8.1f} us   {moved / t / 1e6:7.0f} GB/s of useful traffic")
+    print(f"  unfused / fused: {t_unfused / t_fused:.1f}x")
+    print(f"  their bytes (counted on these tensors, x {tuple(xd.shape)}): "
           f"{timed_unfused_bytes / moved:.1f}x "
           f"(section 6's smaller x: {unfused_bytes / floor_bytes:.1f}x)")
     assert t_unfused / t_fused > timed_unfused_bytes / moved
     assert abs(timed_unfused_bytes / moved / (unfused_bytes / floor_bytes) - 1) < 0.05
 else:
-    print("interpreter mode: no timings here (simulated kernels); the committed GPU run below")
-# the committed run (figures/02-unfused-kernels.csv, written by the next cell on a GPU)
+    print("LIVE: none here (the interpreter simulates the kernels: their times mean nothing)")
+# the committed run (written by the next cell on a GPU; read before any cell ran)
 c_time_ratio = committed["unfused_us"] / committed["fused_us"]
 c_bytes_ratio = sum(r.nbytes for r in committed_rows) / committed["fused_bytes"]
-print(f"committed run on {committed['gpu']}: TE unfused {committed['unfused_us']:.0f} us, "
+print(f"\n{COMMITTED}:")
+print(f"  TE unfused {committed['unfused_us']:.0f} us, "
       f"ropelib.apply_rope {committed['fused_us']:.1f} us -> unfused / fused "
       f"{c_time_ratio:.1f}x; their bytes {c_bytes_ratio:.1f}x")
 assert (round(c_time_ratio, 1), round(c_bytes_ratio, 1)) == (13.0, 6.0)
@@ -559,9 +579,10 @@ assert c_time_ratio > c_bytes_ratio
 # `CountTraffic` on the very tensors the cell times. (The count above used a smaller `x`; the
 # ratio barely depends on the shape, since every op but the table's scales with `x`.) If every
 # kernel of the chain streamed its bytes as fast as the fused one, the two ratios would be
-# equal. They are not: in the committed H200 run, on the cell's last line, the time ratio is
-# well above the bytes ratio (asserted). A live run on a GPU prints its own times above that
-# line, a little different from run to run; the rest of this section quotes the committed run.
+# equal. They are not: in the committed run (the `COMMITTED` block) the time ratio is 13.0 and
+# the bytes ratio 6.0 (both asserted). A GPU's `LIVE` block above it gives that run's own
+# ratios, which need not match the committed ones to the last digit; the text quotes the
+# committed run only.
 #
 # ### Each kernel against a copy
 #
@@ -571,9 +592,10 @@ assert c_time_ratio > c_bytes_ratio
 # stops with an error if the two lists differ. It profiles a copy of `x` and
 # `ropelib.apply_rope` the same way, so that all three are timed by one clock. The table gives
 # each kernel's device time, its op's bytes, its GB/s and that as a fraction of the copy's
-# GB/s. (`ropelib.course.kernel_bandwidth` does the matching and the arithmetic.) Without a GPU
-# the cell prints the committed run's table, kept in `figures/02-unfused-kernels.csv`, and checks
-# the same things against it.
+# GB/s. (`ropelib.course.kernel_bandwidth` does the matching and the arithmetic.) On a GPU the
+# table and the factor lines after it are `LIVE`. Without a GPU the cell prints the committed
+# run's table instead, headed `COMMITTED`, and checks the same things against it. Either way,
+# the cell after it prints the committed run's numbers that the text quotes.
 
 
 # %%
@@ -615,19 +637,20 @@ if GPU:
                   fused_device_us=fused_device_us,
                   repeats=repeats, gpu=torch.cuda.get_device_name(),
                   versions=f"torch {torch.__version__}, triton {triton.__version__}")
-    where = torch.cuda.get_device_name()
-    print(f"device time: copy of x {copy_us:.1f} us, ropelib.apply_rope {fused_device_us:.1f} us "
-          f"(do_bench: {t_copy * 1e3:.1f} and {t_fused * 1e3:.1f} us)\n")
+    where = LIVE
+    first = (f"device time: copy of x {copy_us:.1f} us, ropelib.apply_rope "
+             f"{fused_device_us:.1f} us (do_bench: {t_copy * 1e3:.1f} and {t_fused * 1e3:.1f} us)")
 else:
-    # no GPU profiler here: the table of the GPU run this page was rendered on, kept in figures/
+    # no GPU profiler here: the committed GPU run's table, kept in figures/
     rows, kept = committed_rows, committed
     copy_gbps, moved = kept["copy_gbps"], kept["fused_bytes"]
     t_unfused, t_fused = kept["unfused_us"] / 1e3, kept["fused_us"] / 1e3
     fused_device_us = float(kept["fused_device_us"])     # the fused kernel, profiled as well
-    where = (f"{kept['gpu']} (a GPU's run, read from {KERNELS_CSV.relative_to(ROOT)}; "
-             f"{kept['versions']})")
+    where = COMMITTED
+    first = "(no GPU here: nothing in this cell is timed live)"
     repeats = int(kept["repeats"])
-print(f"{where}: the unfused forward, device time per kernel (mean of {repeats} passes)\n")
+print(f"{where}:\n{first}\n\nthe unfused forward, device time per kernel "
+      f"(mean of {repeats} passes)\n")
 print(kb.format_table(rows, copy_gbps))
 # the kernels that stream x (the small table's cos, sin and casts take a few microseconds each,
 # fixed cost more than bandwidth: the line below leaves them out)
@@ -658,7 +681,7 @@ assert all(kinds[k].of_copy > 0.8 for k in vectorized)   # each vectorized kind:
 assert plain_over_us > 0.9 * (kernel_us - at_copy_us)
 # the unfused/fused ratio as a product of measured factors (exact by construction)
 factors = ratio_split(t_unfused * 1e3, t_fused * 1e3, rows, moved, copy_gbps, fused_device_us)
-print("\nunfused / fused, factor by factor:")
+print(f"\nunfused / fused, factor by factor ({'LIVE' if GPU else 'COMMITTED run'}):")
 for what, f in factors.items():
     print(f"  {f:6.2f}x  {what}")
 product = 1.0
@@ -685,7 +708,8 @@ c_over = sum(r.us for r in committed_rows) - kb.us_at_copy_speed(committed_rows,
 c_plain_over = sum(c_kinds[k].over_copy_us for k in (kb.NOT_VECTORIZED, kb.CAT_NOT_VECTORIZED))
 c_factors = ratio_split(committed["unfused_us"], committed["fused_us"], committed_rows,
                         committed["fused_bytes"], c_copy, float(committed["fused_device_us"]))
-print(f"committed run, {committed['gpu']}: kernels on x below half a copy {c_slow} of {c_on_x}; "
+print(f"{COMMITTED}:")
+print(f"  kernels on x below half a copy {c_slow} of {c_on_x}; "
       f"table kernels {min(c_table_us):.1f} to {max(c_table_us):.1f} us each")
 print(f"  of copy: " + ", ".join(f"{i} {committed_rows[i].op} {committed_rows[i].of_copy:.0%}"
                                  for i in c_on_x))
@@ -698,10 +722,10 @@ assert (round(c_over), round(c_plain_over)) == (509, 506)
 assert [round(f, 2) for f in c_factors.values()] == [1.00, 2.31, 6.02, 1.00, 0.94]
 
 # %% [markdown]
-# The table shows what the bytes alone do not. In the committed run, 4 of the 6 kernels on $x$
-# (the two multiplies, the `neg` and the first `cat`) stream at 23% to 38% of the copy's
-# bandwidth. The table's own `cos`, `sin` and casts, 1.4 to 2.8 µs each on a small tensor, are
-# left out of that count.
+# The table shows what the bytes alone do not. In the committed run (the `COMMITTED` block the
+# last cell printed), 4 of the 6 kernels on $x$ (the two multiplies, the `neg` and the first
+# `cat`) stream at 23% to 38% of the copy's bandwidth. The table's own `cos`, `sin` and casts,
+# 1.4 to 2.8 µs each on a small tensor, are left out of that count.
 #
 # The factor lines answer "where does the rest go?" as a product of measured factors; the committed
 # run's, printed by the last cell, read as follows. The unfused chain moves 6.02 times the fused
@@ -783,13 +807,13 @@ assert mul["l1_load_requests"] == 8 * add["l1_load_requests"]
 # non-vectorized kernels take longer under it, the `add` about as long): compare its counts,
 # not its times.
 #
-# What to take from section 6: the unfused chain takes 13.0 times as long as one fused call
-# because it moves 6.02 times the bytes *and* streams them at 1/2.31 of a copy's speed (the
-# fused call's own fixed cost, the 0.94, takes a little back). The second factor goes with
-# operands that are not contiguous (a broadcast table, a strided half), for which PyTorch loads
-# one element a lane. A fused kernel removes both: one read, one write, and loads as wide as it
-# chooses. Notebook 07 measures the fixed cost of a call, and notebooks 03 to 05 what makes one
-# kernel stream at a copy's speed.
+# What to take from section 6: in the committed run the unfused chain takes 13.0 times as long
+# as one fused call because it moves 6.02 times the bytes *and* streams them at 1/2.31 of a
+# copy's speed (the fused call's own fixed cost, the 0.94, takes a little back). The second
+# factor goes with operands that are not contiguous (a broadcast table, a strided half), for
+# which PyTorch loads one element a lane. A fused kernel removes both: one read, one write, and
+# loads as wide as it chooses. Notebook 07 measures the fixed cost of a call, and notebooks 03
+# to 05 what makes one kernel stream at a copy's speed.
 
 # %% [markdown]
 # ## Exercises
