@@ -37,9 +37,12 @@ def test_planned_early_only_after_a_pre_pass(monkeypatch):
     assert route.table_pass is not None and route.table_pass.args["EARLY_DEPENDENTS"]
     assert route.rotate_pass.early and route.rotate_pass.args["WAIT_PRIOR"]
     assert route.rotate_pass.options()["launch_pdl"] is True
+    # (the same pass reading the pre-pass's flag, for kept rows: as early, another kernel)
+    halves = route.halves_pass
+    assert halves.early and halves.args == route.rotate_pass.args and halves != route.rotate_pass
     # the caller's cos/sin read directly: no pre-pass, nothing to overlap
     direct = _two_pass("cpu", table_from_angles=False)
-    assert direct.table_pass is None
+    assert direct.table_pass is None and direct.halves_pass is None
     assert not direct.rotate_pass.early and not direct.rotate_pass.args["WAIT_PRIOR"]
     assert "launch_pdl" not in direct.rotate_pass.options()
 
@@ -90,7 +93,8 @@ def test_a_traced_launch_never_asks_for_the_early_launch(monkeypatch):
     route = _two_pass("cpu")
     rotate = route.rotate_pass
     x = torch.empty(6, 3, 4, 16)
-    pointers = (x, torch.empty_like(x), None, None, torch.empty(1), torch.empty(1), None)
+    pointers = (x, torch.empty_like(x), None, None, torch.empty(1), torch.empty(1), None,
+                None)
     planning.start(rotate.launcher, rotate, pointers)
     assert seen["WAIT_PRIOR"] is True and seen["num_warps"] == rotate.num_warps
     assert "launch_pdl" not in seen
