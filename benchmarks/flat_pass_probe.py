@@ -50,7 +50,7 @@ def flat_variants(x, y, cos, sin, layout):
                                        interleaved=False, backward=False, layout=layout)
     rows = route.rotate_pass
     kernel = rows.launcher.kernel
-    named = dict(zip(rows.launcher.pointer_names, ptrs[:6] + (None,)))
+    named = dict(zip(rows.launcher.pointer_names, ptrs[:6] + (None, None)))
     n = x.numel()
     out = []
     for xblock in (1024, 2048, 4096):

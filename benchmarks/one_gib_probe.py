@@ -74,7 +74,7 @@ def main(argv=None):
     print("flat pass:", flat.grid, flat.num_warps, "warps,", flat.args, flush=True)
 
     def flat_alone():
-        planning.start(flat.launcher, flat, (x, y, None, None, cos_rows, sin_rows, None))
+        planning.start(flat.launcher, flat, (x, y, None, None, cos_rows, sin_rows, None, None))
 
     flat_alone()
     assert torch.equal(y, want), "the flat pass alone differs from apply_rope"

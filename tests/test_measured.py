@@ -21,7 +21,7 @@ def test_every_file_the_notebooks_read_is_an_h200_measurement():
 
 def test_where_names_the_gpu_and_a_date_only_when_there_is_one():
     meta, _ = measured.load("two_pass")
-    assert measured.where(meta) == "NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, 2026-11-30"
+    assert measured.where(meta) == "NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0, 2026-12-02"
     meta, _ = measured.load("flat_pass_probe")          # the probes' headers carry no date
     assert measured.where(meta) == "NVIDIA H200, torch 2.11.0+cu130, triton 3.6.0"
 

@@ -406,7 +406,7 @@ def _compile_here(what: str, S: int, B: int, H: int, D: int, dtype: str, sm_coun
         lau = route.rotate_pass
         rows = torch.empty(route.table_shape, dtype=torch.float32)
         kernel = lau.launcher.kernel
-        args = dict(zip(lau.launcher.pointer_names, ptrs[:4] + (rows, rows, None)),
+        args = dict(zip(lau.launcher.pointer_names, ptrs[:4] + (rows, rows, None, None)),
                     **dict(lau.args, XBLOCK=_tiles.TWO_PASS_ELEMENTS))
         grid, warps = (triton.cdiv(x.numel(), _tiles.TWO_PASS_ELEMENTS),), lau.num_warps
         tile = dict(XBLOCK=_tiles.TWO_PASS_ELEMENTS)
