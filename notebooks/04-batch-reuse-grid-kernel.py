@@ -24,9 +24,10 @@
 # earlier study project built and benchmarked against Transformer Engine (section 3 retells its
 # story, and what can be concluded from it), and the second of ropelib's three generations.
 #
-# **Time:** two to three hours. The reading alone takes most of an hour; section 5 is long and
-# dense, and its clock-free part ("Where TE's time goes with the clock free") can wait for a
-# second sitting; section 5.6, the answer, cannot. The five exercises take about 45 minutes
+# **Time:** three to four hours, best in two sittings. Reading the text with the tables the
+# cells print takes about two hours, more than half of it in section 5, which is long and
+# dense; its clock-free part ("Where TE's time goes with the clock free") can wait for the
+# second sitting, section 5.6, the answer, cannot. The five exercises take about 45 minutes
 # (the last two are kernels), and then there are the discussion questions. The cells run in
 # about 20 seconds on a two-core CPU: Triton's interpreter, and one compile for an H200 that
 # needs no GPU.
@@ -50,6 +51,7 @@ device = ropelib.default_device()
 # %%
 import csv
 import math
+import statistics
 import sys
 import tempfile
 import time
@@ -96,8 +98,9 @@ print(f"x: [S={S}, B={B}, H={H}, D={D}] on {device}")
 # $16384 \times 128$ fp32 angles, is 8 MiB; an H200 has 60 MiB of L2, as the profiler reports
 # it: the cell prints it), so they cost instructions and cache bandwidth rather than DRAM bytes.
 # The other cost is the number of
-# programs: each naive program moves only one row — 512 bytes for $D = 128$ in bf16 — and
-# every program has to be started and retired. Here is the bill for the reference case:
+# programs: each naive program moves only one row — for $D = 128$ in bf16, 256 bytes read and
+# 256 written — and every program has to be started and retired. Here is the bill for the
+# reference case:
 
 # %%
 Sr, Br, Hr, Dr = 16384, 8, 32, 128            # the reference case: 1 GiB of bf16 activations
@@ -288,8 +291,9 @@ assert in_loop.loads["x"] == given.loads["x"] == x_c.numel()   # the same data e
 
 # %% [markdown]
 # Moved into the loop, cos and sin run once per row: $B = 4$ times the work of version 1, for
-# the same output and the same elements of `x` read. Whether that work costs time on a GPU is
-# section 5's question.
+# the same output and the same elements of `x` read. What that costs on a GPU is not among the
+# committed measurements: section 5.3's ablation times the opposite change (cos/sin read from
+# tables, none evaluated), and its editable kernel lets you time this one on a GPU.
 
 # %% [markdown]
 # ### 2.2 Any strides, any head size, any table
@@ -550,20 +554,19 @@ assert compare.bytes_moved(cfg) == 2 * x_bytes + Sr * Dr * 4
 #
 # ### 5.1 Live, on this machine: naive vs batch-reuse vs ropelib vs copy
 #
-# The third generation timed here is `ropelib.apply_rope` as it plans each call. On tensors of
-# 64 MiB and more that is not the finished kernel alone but two passes (a small table of the
-# call's cos and sin rows, then a flat pass over q; notebook 05 measures when each pays). So
-# the finished kernel timed on its own (`ropelib_finished`, section 5.3) reaches a lower
-# percentage of a copy at $s = 4096, b = 8$ than `apply_rope` does (section 5.3's cell prints
-# both, and the 64 MiB as ropelib's planner sets it).
+# The third generation timed here is `ropelib.apply_rope` as it plans each call: on tensors of
+# 64 MiB and more, two passes (a small table of the call's cos and sin rows, then a flat pass
+# over q; notebook 05 measures when each pays), so at $s = 4096, b = 8$ it reaches a higher
+# percentage of a copy than the finished kernel timed alone (`ropelib_finished`, section 5.3,
+# whose cell prints both).
 #
-# A live run is a run of its own, on another day, and short kernels (the batch-1 rows) are the
-# likeliest to move. The cell prints each live time beside the committed one of section 5.2
-# (`benchmarks/results/generations-nvidia-h200.csv`), kernel by kernel, the copy included, and
-# marks with `<<` the rows more than 10 % apart; without a GPU the live column stays empty.
-# **The prose of this notebook states only the committed numbers**, which the cells assert. Where
-# it compares runs of different days (sections 5.4 and 5.5 do), it assumes the GPU behaved the
-# same in each.
+# A live run is a run of its own, on another day, and short kernels (the batch-1 and batch-2
+# rows) are the likeliest to move. The cell prints each live time beside the committed one of
+# section 5.2 (`benchmarks/results/generations-nvidia-h200.csv`), kernel by kernel, the copy
+# included, and marks with `<<` the rows more than 10 % apart; without a GPU the live column
+# stays empty. **The prose of this notebook states only the committed numbers**, which the
+# cells assert. Where it compares runs of different days (sections 5.4 and 5.5 do), it assumes
+# the GPU behaved the same in each.
 
 # %%
 GEN_CSV = measured.path("generations")
@@ -597,17 +600,7 @@ if GPU:
         if r.get("available") and r.get("pct_of_copy") is not None:
             assert r["pct_of_copy"] < 110, "faster than a copy of the same bytes: timing wrong"
     live_ms = fwd_times(live_rows)
-else:
-    # The interpreter runs programs one by one in Python: wall-clock times measure Python, not
-    # memory bandwidth. What it can show is how many programs each grid launches.
-    for name, fn, grid in (("naive", naive.rope_naive, naive.naive_grid(S, B, H)),
-                           ("batch-reuse", batch_reuse.rope_batch_reuse,
-                            batch_reuse.batch_reuse_grid(S, H))):
-        t0 = time.perf_counter()
-        fn(x, freqs)
-        programs = grid[0] * (grid[1] if len(grid) > 1 else 1)
-        print(f"{name:12}: {programs:3d} programs, {(time.perf_counter() - t0) * 1e3:6.0f} ms "
-              "in the interpreter (meaningless as a speed)")
+else:   # the interpreter runs programs one by one in Python: its times measure Python
     print("No GPU here: the measurements below come from the committed results.")
 print(f"\nforward times, live on {runtime.mode()} against committed "
       f"({measured.where(gen_meta) if gen_meta else 'no committed CSV'}); "
@@ -684,6 +677,10 @@ if GEN_CSV.exists():   # read by the cell of section 5.1
     print(f"batch-reusing grid: batch-1 {br1 * 1e3:.1f} us, "
           f"batch-2 {br2 * 1e3:.1f} us (twice the bytes): ratio {br2 / br1:.3f}")
     assert abs(br2 / br1 - 1) < 0.02
+    live_br = [live_ms.get((c, "ropelib_batch_reuse")) for c in ("batch-1", "batch-2")]
+    if all(live_br):   # section 5.1's live run, on a GPU: printed, not asserted
+        print(f"  live, section 5.1: batch-1 {live_br[0] * 1e3:.1f} us, batch-2 "
+              f"{live_br[1] * 1e3:.1f} us: ratio {live_br[1] / live_br[0]:.3f}")
     assert (round(ns_naive[1]), round(ns_naive[16])) == (84, 80)
     assert (round(br1 * 1e3, 1), round(br2 * 1e3, 1)) == (84.6, 84.7)
 else:
@@ -698,12 +695,15 @@ else:
 # the naive one in the number of programs, the work per program and the reuse of cos/sin all at
 # once.
 #
-# Two lines of the cell's output already point at the number of programs. The batch-reusing
-# grid launches 131,072 programs at every batch size of the sweep: at batch 1 it takes 84.6 µs,
-# at batch 2, with twice the bytes, 84.7. And the naive kernel, whose program count grows with
-# $B$ (131 thousand at $b = 1$ to 2.1 million at $b = 16$), takes between 84 and 80 ns per
-# program on each SM across the whole committed sweep. Sections 5.3 and 5.4 test this one
-# factor at a time.
+# Two lines of the cell's output point at the number of programs, in the committed run. The
+# batch-reusing grid launches 131,072 programs at every batch size of the sweep: at batch 1 it
+# took 84.6 µs, at batch 2, with twice the bytes, 84.7 (a ratio of 1.002). And the naive kernel,
+# whose program count grows with $B$ (131 thousand at $b = 1$ to 2.1 million at $b = 16$), took
+# between 84 and 80 ns per program on each SM across the whole committed sweep. These are one
+# run's times; a live run on another machine or day can differ, short kernels most (on a GPU
+# the cell also prints section 5.1's live batch-1 and batch-2 times). Where the live batch-2
+# time is well above batch 1's, this pair no longer points at the program count on its own, and
+# the argument rests on sections 5.3 and 5.4, which change one factor at a time in one run.
 #
 # ### 5.3 Why: one factor at a time
 #
@@ -713,10 +713,12 @@ else:
 # 1. The batch-reusing grid beats the naive kernel because it launches $B$ times fewer
 #    programs, not because it reuses cos/sin: a variant with one row per program and no sine or
 #    cosine at all is as slow as the naive kernel (section 5.3), and a million one-row programs
-#    leave most of an SM's warp slots empty (section 5.4).
+#    take as long as a million empty ones (notebook 03, section 4; section 5.4 checks it here).
 # 2. Once programs are few enough, the Triton variants that execute few instructions per
-#    element get faster as the KiB of $x$ an SM's warps request per step rises (occupancy ×
-#    bytes per warp); more heads per program raise it (section 5.4).
+#    element get faster as the KiB of $x$ an SM's warps can request per step rises (resident
+#    warps × bytes per warp, an upper bound on the bytes in flight), up to about 22 KiB; above
+#    about 28 KiB that bound no longer orders their times. More heads per program raise it
+#    (section 5.4).
 # 3. It beats TE's fused kernel at $b = 8$ although TE evaluates fewer sines and cosines and
 #    moves the same bytes with a fuller SM: TE issues two and a half times the grid's
 #    instructions per element, and issuing them takes two-thirds of its time. At $b = 1$ the
@@ -990,21 +992,16 @@ if ABLATION_CSV.exists():
     assert round(trig_cost["one row"], 2) == 1.00
     assert (trig_cost["B rows"] - 1) * 100 > spread          # above the run's noise
     assert abs(trig_cost["one row"] - 1) * 100 < spread      # within it
-    # section 5.1's remark: the finished kernel alone, at s4096-b8, below apply_rope as planned
-    # (two passes at that size) in the generations run at the same size
-    finished = next(r for r in arows if r["case"] == "s4096-b8"
-                    and r["variant"] == "ropelib_finished")["pct_of_copy"]
-    planned = next(r for r in gen_rows if r["case"] == "batch-8"
-                   and r["provider"] == "ropelib")["pct_of_copy"]
-    print(f"s4096-b8: the finished kernel alone {finished:.1f} % of a copy, apply_rope as "
-          f"planned {planned:.1f} % (generations)")
-    assert finished < planned
-    # ... because apply_rope takes two passes from this many bytes of q read (kernels/tiles.py)
-    b8 = next(r for r in arows if r["case"] == "s4096-b8")
+    # section 5.1's remark: at s4096-b8 the finished kernel alone reaches a lower % of a copy than
+    # apply_rope as planned (generations), which takes two passes from 64 MiB of q read
+    b8 = next(r for r in arows if r["case"] == "s4096-b8" and r["variant"] == "ropelib_finished")
+    planned = next(r for r in gen_rows if r["case"] == "batch-8" and r["provider"] == "ropelib")
     q_bytes = b8["seq_len"] * b8["batch"] * b8["heads"] * b8["head_dim"] * 2   # bf16
-    print(f"  apply_rope takes two passes where it reads {two_pass_min_bytes() / 2**20:.0f} MiB "
-          f"of q or more; q at s4096-b8: {q_bytes / 2**20:.0f} MiB")
-    assert b8["dtype"] == "bf16" and two_pass_min_bytes() == 64 * 2**20 <= q_bytes
+    print(f"s4096-b8: the finished kernel alone {b8['pct_of_copy']:.1f} % of a copy, apply_rope "
+          f"as planned {planned['pct_of_copy']:.1f} % (generations); two passes from "
+          f"{two_pass_min_bytes() / 2**20:.0f} MiB of q, here {q_bytes / 2**20:.0f} MiB")
+    assert b8["pct_of_copy"] < planned["pct_of_copy"] and b8["dtype"] == "bf16"
+    assert two_pass_min_bytes() == 64 * 2**20 <= q_bytes
 else:
     print(f"{ABLATION_CSV.relative_to(ROOT)} is not there yet: the numbers come from running "
           f"`python benchmarks/ablation.py --out {ABLATION_CSV.relative_to(ROOT)}` on a GPU "
@@ -1045,36 +1042,43 @@ else:
 # - **At this size no variant moves extra bytes.** DRAM bytes are within a few percent of the
 #   model for all of them, so the differences are in how well each keeps the memory system busy.
 #   At $s = 32768$, $b = 1$ it is different: the batch-reuse kernel moves 1.19 times the model's
-#   bytes, while the naive kernel, with as many programs, moves 0.968. What the extra bytes
-#   are is not measured (the two grids also run their programs in different orders, section
-#   2's figure, but no run here tests whether that is the cause). They cost no time there: at
-#   that size the program count sets it (below).
-# - **A million one-warp, one-row programs take the same time, whatever they do.** The naive
-#   kernel, `sh_one_b` and `sh_one_b_table` each launch a million one-warp programs. Their
-#   instructions per element differ fourfold, yet their times lie within half a percent of each
-#   other: about 80 ns per program on each SM. Their achieved occupancy points to why. An SM
-#   could hold 32 of these programs at once (half its 64 warp slots), yet on average it holds far
-#   fewer, 28, 18 and 10 % of its slots, the fewer the less each program does. So the slots
-#   stand empty, and the time follows the number of programs, not their work. Notebook 03
-#   (section 4) measured that cost on its own: an empty kernel with the same 1,048,576 one-warp
-#   programs takes as long on an H200 (`benchmarks/results/program_cost-nvidia-h200.csv`,
-#   printed below), the time the GPU takes to start and retire them. The batch loop divides the
-#   program count by $B$.
-# - **Bytes in flight = occupancy × bytes per warp.** The batch-reuse kernel's one-warp programs
-#   fill at most half of an SM's warp slots (32 programs per SM), and each warp asks for one
-#   256-byte row per step. Two warps on the same tile (`sh_loop_b_w2`) nearly double the
+#   bytes, while the naive kernel, with as many programs, moves 0.968. Where the extra bytes
+#   come from is not known: no counter here says what they are. The two grids run their
+#   programs in different orders (section 2's figure), which could change what the L2 cache
+#   keeps, but that is a guess no run here tests. The extra bytes cost no time there: the two
+#   kernels take the same time, set by the program count (below).
+# - **A million one-warp, one-row programs take the same time, whatever they do.** Notebook 03
+#   (section 4) measured this: the naive kernel, `sh_one_b` and `sh_one_b_table` each launch
+#   1,048,576 one-warp programs and take as long as an empty kernel with the same grid, about
+#   80 ns per program on each SM, the time the GPU takes to start and retire them. What this
+#   notebook needs from it: `sh_one_b_table`, with no sine or cosine at all, is one of them, so
+#   at one row per program cos/sin cost no measurable time; the batch loop divides the program
+#   count by $B$. The cell prints the three times beside the empty kernel's.
+# - **More KiB requested per SM, faster, up to a point.** The batch-reuse kernel's one-warp
+#   programs fill at most half of an SM's warp slots (32 programs per SM), and each warp asks
+#   for one 256-byte row per step. Two warps on the same tile (`sh_loop_b_w2`) nearly double the
 #   occupancy but halve the bytes each warp holds: the same KiB per SM, the same time. Four
-#   warps on that tile (`sh_loop_b_w4`) cannot raise the occupancy further (the SM is nearly
-#   full already) but halve the bytes per warp again, and the SM's 64 warp slots now hold only
-#   16 four-warp programs: half the KiB per SM, and 1.6 times the time. Bytes are not the only
-#   change, though: `sh_loop_b_w4` also executes twice the warp instructions per element of
-#   `sh_loop_b_w2`, 1.39, more than the 1.23 of TE's kernel. The cause is its layout: 128
-#   threads for a 64-element half-row, so each element is held, loaded and computed by two
-#   threads (section 5.5 compiles it and counts). This pair
-#   cannot separate bytes in flight from the duplicated instructions, and no profile here counts
-#   its stalls. Four heads per program on two warps (`heads4_loop_b`) raise both occupancy and
-#   bytes per warp: several times the KiB per SM and, at $b = 8$, a time level with the
-#   finished kernel's (at $b = 1$ it is slower: 175 µs against 138, section 5.3).
+#   warps on that tile (`sh_loop_b_w4`) cannot raise the occupancy further but halve the bytes
+#   per warp again, and the SM's 64 warp slots now hold only 16 four-warp programs: half the KiB
+#   per SM, and 1.6 times the time. It also executes twice the warp instructions per element of
+#   `sh_loop_b_w2`, 1.39, more than TE's 1.23, because each element of its 64-element half-row
+#   is held, loaded and computed by two of its 128 threads (section 5.5 compiles it). This pair
+#   cannot separate the bytes requested from the duplicated instructions, and no profile here
+#   counts its stalls. Four heads per program on two warps (`heads4_loop_b`) raise both
+#   occupancy and bytes per warp: several times the KiB per SM and, at $b = 8$, a time level
+#   with the finished kernel's (at $b = 1$ it is slower: 175 µs against 138, section 5.3).
+#   Eight heads on four warps (`heads8_loop_b`) are level with it at $b = 8$ too, but at $b = 1$
+#   take 279 µs, where the same tile on one or two warps (`_w1`, `_w2`) takes 154 and 158 µs:
+#   the slowdown comes with the four warps, and why is not measured (no profile here covers
+#   these variants at $b = 1$).
+#
+#   The bound orders the times only up to a point. Among the Triton kernels of the figure with
+#   at most 131,072 programs and under one warp instruction per element, the time falls as the
+#   KiB per SM rises below 25 KiB (a correlation of −0.95 over 10 kernels, up to 21.8 KiB) and
+#   does not follow it above (0.04 over 12 kernels, from 28.2 KiB, all between 126 and 147 µs).
+#   Notebook 05's rungs `heads` and `tile` (points 22 and 23) request 51 KiB per SM and take
+#   142 and 144 µs, slower than `heads4_loop_b` and `heads8_loop_b_w2` (points 10 and 19) at 29
+#   and 33 KiB, 137 and 136 µs. What sets the time above that point is not measured here.
 # - **Instructions count where nothing amortises them.** TE's grid written in Triton
 #   (`heads_all_one_b`: one program per token and batch row, all heads) asks for as many bytes
 #   per SM as `heads4_loop_b`, but executes several times as many instructions per element,
@@ -1088,9 +1092,9 @@ else:
 # warps fill nine-tenths of an SM's slots, and counted as the Triton kernels are (a block's
 # 8 KiB of `x` as one step, 1,024 bytes a warp) they ask for about the copy's KiB per SM, 57.6
 # against 54.5. Yet TE takes 1.94 times the copy's time, longer than the batch-reusing grid with
-# less than a seventh of that in flight (7.7 KiB). So the bytes in flight do not set TE's time
-# (the count is an upper bound: each TE warp works through its heads in loads of 78 bytes,
-# section 5.5). What differs is the work per byte: TE executes more than twice the grid's
+# less than a seventh of that per SM (7.7 KiB). So this count does not set TE's time (it is an
+# upper bound, and a loose one for TE: each TE warp works through its heads in loads of 78
+# bytes, section 5.5). What differs is the work per byte: TE executes more than twice the grid's
 # instructions per element, and its SM throughput is well above its DRAM throughput, where the
 # grid shows the reverse. Sections 5.5 and 5.6 take that apart.
 #
@@ -1155,6 +1159,25 @@ print(f"TE fused (run of {te_date}): {te_run['te_fused']['x_kib_per_sm']:.1f} Ki
 assert round(te_run["te_fused"]["x_kib_per_sm"], 1) == 57.6
 assert round(te_run["te_fused"]["us"]) == 244
 assert round(te_run["copy"]["x_kib_per_sm"], 1) == 54.5
+# the KiB per SM (an upper bound on the bytes in flight) against the time: Triton kernels of at
+# most 131,072 programs and under one warp instruction per element, below and above 25 KiB
+lean = [r for v, r in mech.items() if v != "copy" and r["programs"] <= 131_072
+        and r["ncu_warp_inst_per_element"] < 1]
+kib = {part: [(r["x_kib_per_sm"], r["us"]) for r in lean if (r["x_kib_per_sm"] >= 25) == part]
+       for part in (False, True)}
+for part, pts in kib.items():
+    print(f"{'above' if part else 'below'} 25 KiB/SM: {len(pts)} kernels, {min(pts)[0]:.1f}-"
+          f"{max(pts)[0]:.1f} KiB, {min(u for _, u in pts):.0f}-{max(u for _, u in pts):.0f} us; "
+          f"correlation of time with KiB/SM {statistics.correlation(*zip(*pts)):+.2f}")
+assert [(len(p), round(statistics.correlation(*zip(*p)), 2)) for p in kib.values()] \
+    == [(10, -0.95), (12, 0.04)]
+assert max(kib[False])[0] < 22 < 28 < min(kib[True])[0]
+assert (round(min(u for _, u in kib[True])), round(max(u for _, u in kib[True]))) == (126, 147)
+more = ("heads", "tile", "heads4_loop_b", "heads8_loop_b_w2")   # more KiB/SM, yet slower
+print("  " + ", ".join(f"{drawn.index(v) + 1} {v} {mech[v]['x_kib_per_sm']:.0f} KiB "
+                       f"{mech[v]['us']:.0f} us" for v in more))
+assert [(drawn.index(v) + 1, round(mech[v]["x_kib_per_sm"]), round(mech[v]["us"]))
+        for v in more] == [(22, 51, 142), (23, 51, 144), (10, 29, 137), (19, 33, 136)]
 
 
 def same_time(a, b, tol=0.05):
@@ -1179,17 +1202,15 @@ print(f"s32768-b1: DRAM bytes / model: batch_reuse (grid {b1['batch_reuse']['gri
 assert round(b1["batch_reuse"]["ncu_dram_bytes_over_model"], 2) == 1.19
 assert round(b1["naive"]["ncu_dram_bytes_over_model"], 3) == 0.968 and table_mib == 16
 assert b1["batch_reuse"]["heads"] == 32
-# a million one-warp programs: the same time whatever their instructions and occupancy
+# a million one-warp programs: the same time whatever their instructions (notebook 03, section 4)
 million = [mech[v] for v in ("naive", "sh_one_b", "sh_one_b_table")]
 inst = [r["ncu_warp_inst_per_element"] for r in million]
-occ = [r["ncu_achieved_occupancy_pct"] for r in million]
 us = [r["us"] for r in million]
 ns_per_program = 1000 * sum(us) / len(us) / (million[0]["programs"] / million[0]["sm_count"])
-print(f"a million programs: {min(inst):.2f}-{max(inst):.2f} warp instructions per element, "
-      f"{min(us):.0f}-{max(us):.0f} us: {ns_per_program:.0f} ns per program on each SM; "
-      f"occupancy {', '.join(f'{o:.0f}' for o in occ)} % of an SM's warp slots, where "
-      f"{million[0]['occ_theoretical_pct']:.0f} % could be resident")
-assert max(inst) > 4 * min(inst) and max(occ) > 2.5 * min(occ) and max(us) < 1.005 * min(us)
+print(f"a million programs (naive, sh_one_b, sh_one_b_table): {min(inst):.2f}-{max(inst):.2f} "
+      f"warp instructions per element, {min(us):.0f}-{max(us):.0f} us: {ns_per_program:.0f} ns "
+      f"per program on each SM")
+assert max(inst) > 4 * min(inst) and max(us) < 1.005 * min(us)
 assert round(ns_per_program) == 80
 # notebook 03's empty kernel: as many one-warp programs, doing nothing, take as long
 cost_csv = measured.RESULTS / "program_cost-nvidia-h200.csv"
@@ -1199,10 +1220,6 @@ print(f"an empty kernel of {empty_kernel['programs']:,} one-warp programs ({cost
       f"{empty_kernel['us']:.0f} us")
 assert empty_kernel["programs"] == million[0]["programs"] == 1_048_576
 assert all(abs(u / empty_kernel["us"] - 1) < 0.01 for u in us)
-# starved of programs: far below the occupancy the SM could hold, the lower the less they do
-assert [round(o) for o in occ] == [28, 18, 10] and inst == sorted(inst, reverse=True)
-assert all(r["occ_theoretical_pct"] == 50 and r["occ_blocks_per_sm"] == 32 for r in million)
-assert all(r["ncu_achieved_occupancy_pct"] < 0.6 * r["occ_theoretical_pct"] for r in million)
 # not cos/sin reuse: one row per program is equally slow with and without sin/cos
 assert same_time(mech["sh_one_b"], mech["naive"])
 assert same_time(mech["sh_one_b_table"], mech["sh_one_b"])
@@ -1235,6 +1252,14 @@ assert abs(h4_t["s4096-b8"]["heads4_loop_b"]["ms"] / h4_t["s4096-b8"]["ropelib_f
            - 1) < 0.03
 assert [round(h4_t["s32768-b1"][v]["ms"] * 1e3) for v in ("heads4_loop_b", "ropelib_finished")] \
     == [175, 138]
+h8 = ("heads8_loop_b", "heads8_loop_b_w1", "heads8_loop_b_w2")   # 4 warps (its default), 1, 2
+print("heads8_loop_b (4 warps), _w1, _w2 (ablation): " + "; ".join(
+    f"{case} " + ", ".join(f"{t_[v]['ms'] * 1e3:.0f}" for v in h8) + " us"
+    for case, t_ in h4_t.items()))
+assert h4_t["s32768-b1"]["heads8_loop_b"]["num_warps"] == 4
+assert [round(h4_t["s32768-b1"][v]["ms"] * 1e3) for v in h8] == [279, 154, 158]
+assert all(abs(h4_t["s4096-b8"][v]["ms"] / h4_t["s4096-b8"]["heads4_loop_b"]["ms"] - 1) < 0.03
+           for v in h8)
 h2 = mech["heads2_loop_b"]      # two heads, one warp: the occupancy of batch_reuse, twice its KiB
 assert abs(h2["ncu_achieved_occupancy_pct"] - br["ncu_achieved_occupancy_pct"]) < 2
 assert h2["x_kib_per_sm"] > 1.9 * br["x_kib_per_sm"] and h2["us"] < 0.9 * br["us"]
@@ -1484,6 +1509,14 @@ print(f"sh_loop_b: a half-row of {half_tile} bf16 ({half_tile * 2} bytes) on {gr
 assert (half_tile, grid_warps) == (sh_row["tile_elems"], sh_row["num_warps"]) == (64, 1)
 assert per_thread == sh_row["elems_per_thread"] == 2
 assert mech["sh_loop_b"]["x_bytes_per_warp_step"] == 2 * 32 * per_thread * 2   # halves, threads
+# the profile's 142 bytes a warp load averages two kinds of load: per program, two of fp32
+# angles (a half-row of 64 lanes, 256 bytes) and 2 x B of x (half-rows of bf16, 128 bytes)
+angle_load, x_load = half_tile * 4, 32 * per_thread * 2
+mix = (2 * angle_load + 2 * B_a * x_load) / (2 + 2 * B_a)
+print(f"sh_loop_b's loads per program: 2 of angles ({angle_load} bytes a warp), {2 * B_a} of x "
+      f"({x_load} bytes a warp): {mix:.1f} bytes a warp load on average; the profile: "
+      f"{grid_p['load_bytes']:.1f}")
+assert round(mix) == round(grid_p["load_bytes"]) == 142
 
 # %% [markdown]
 # What the tables say about TE's kernel, against the batch-reusing grid:
@@ -1493,13 +1526,14 @@ assert mech["sh_loop_b"]["x_bytes_per_warp_step"] == 2 * 32 * per_thread * 2   #
 #   copy's for 512. It stores one element a store, and executes 17.7 integer instructions an
 #   element (indexing and loop control), three times the grid's 5.7.
 # - **No 16-byte vectors.** Section 3 guessed that the grid might win with wide vector loads.
-#   The counters say otherwise: 142 bytes a warp load is about 4 bytes a thread (142 / 32),
-#   TE's 78 about 2, and only the copy's 512 (512 / 32) reach 16 (the cell above divides
-#   them). The grid's launch says the same: a half-row of 64 bf16 on one warp of 32 threads
-#   is two values a thread, 4 bytes (the cell above counts it from the launch's constants and
-#   checks it against both CSVs), and so does its compiled layout, printed by the compile cell
-#   below (its `sizePerThread`): a thread loads two bf16 values of a row at a time, not a
-#   16-byte vector. Whatever the grid gains, it is not this.
+#   Its compiled layout says otherwise: the compile cell below prints `sizePerThread = [1, 2]`
+#   for `sh_loop_b`'s `x` tile, so a thread loads two bf16 values of a row at a time, 4 bytes,
+#   not a 16-byte vector. Its launch says the same (a half-row of 64 bf16 on one warp of 32
+#   threads: the cell above counts it from the launch's constants and checks it against both
+#   CSVs). The profile's 142 bytes a warp load fits: it averages the program's two angle loads
+#   (256 bytes a warp each, fp32) with its 16 loads of `x` (128 bytes a warp each), as the cell
+#   above computes. TE's loads ask for 78 bytes a warp, about 2 a thread, and only the copy's
+#   512 reach 16 bytes a thread. Whatever the grid gains, it is not this.
 # - **The clock matters to it.** Locked at about 1.5 GHz, TE's kernel takes 289.2 µs, 19 %
 #   longer than in section 5.4's clock-free run (243.6 µs). TE's grid in Triton takes 373.1 µs
 #   locked against 293.2, while the copy (124.5 against 125.3 µs) and TE's grid from tables
@@ -1641,6 +1675,7 @@ else:
     # section 5.5's prose counts them from the launch)
     grid_spt = re.search(r"sizePerThread = \[([\d, ]*)\]", rep["sh_loop_b"][2])[1]
     assert math.prod(int(n) for n in grid_spt.split(",")) == per_thread
+    assert grid_spt.replace(" ", "") == "1,2"   # the prose of section 5.5 quotes it
     assert rep["heads_all_one_b"][0] == 32 and rep["ropelib_finished"][0] == 32
     # the measured 8.06 (section 5.5's profile, Triton 3.6): 32 copies x B/H programs' worth
     predicted = rep["heads_all_one_b"][0] / rep["sh_loop_b"][0] * B_a / H_a
@@ -1662,10 +1697,9 @@ else:
 # warps (`heads4_loop_b`) Triton computes cos/sin in a layout of its own, one copy each, and
 # the source's count holds.
 #
-# The same rule explains section 5.4's four-warp tile. `sh_loop_b_w4` spreads a 64-element
-# half-row over 128 threads, so each element is held, loaded and computed by 2 threads
-# (`sh_loop_b_w8`: 4). That is why it executes twice the warp instructions of `sh_loop_b_w2`:
-# the same work done twice, not more work.
+# The same rule explains section 5.4's four-warp tile: on 128 threads each element of its
+# 64-element half-row, and its cos/sin, is held and computed by 2 threads (`sh_loop_b_w8`: 4),
+# so it executes twice the warp instructions of `sh_loop_b_w2`: the same work done twice.
 #
 # The finished kernel has the same property: compiled here, each of its cos/sin values is held
 # by 32 threads, so its one evaluation per tile in the source becomes 32 in the machine code.
@@ -1943,16 +1977,21 @@ assert 0 < diff["idle_us"] < 0.5
 # Issuing them fills 66 % of TE's time at the clock it runs at, against 36 % for the grid, and
 # the locked, lower clock slowed TE by 19 %, the grid by 5 %. The grid's warps instead spend
 # 84 % of their cycles waiting for loads: it is bound by memory latency, with half an SM's warp
-# slots filled, which is what notebook 05 works on. The 62 µs split as
+# slots filled, which is what notebook 05 works on. In section 5.5's bookkeeping the 62 µs
+# difference is
 #
 # $$\underbrace{240.8 - 178.9}_{62\ \mu\text{s}} \;\approx\;
 # \underbrace{(159.6 - 63.7)}_{96\ \mu\text{s more issuing}} \;-\;
-# \underbrace{(112.4 - 78.0)}_{34\ \mu\text{s less with no warp ready}} :$$
+# \underbrace{(112.4 - 78.0)}_{34\ \mu\text{s less with no warp ready}} .$$
 #
-# TE's fuller SM hides more of its waits, but not its extra issuing. What the grid has, against
-# TE, is few instructions per byte; its source suggests where they are saved: a half-row tile
-# per load, the position's and head's offsets computed once per program (a row adds
-# `b * stride_xb`), and cos/sin once per $B$ rows.
+# Read it as accounting, not as the cause. The parts add up to each time by definition, and
+# the part with no warp ready moves with how much issuing overlaps the waits (section 5.5: the
+# grid's grew when its issuing shrank), so the split does not say how much of the 62 µs each
+# difference between the kernels costs. What it does show is that TE's extra issuing alone
+# exceeds the whole difference. What the grid has, against TE, is few instructions per byte;
+# its source suggests where they are saved: a half-row tile per load, the position's and head's
+# offsets computed once per program (a row adds `b * stride_xb`), and cos/sin once per $B$
+# rows.
 #
 # What this does not show is which of TE's differences (one-element loads, every element read
 # twice, its indexing, its barrier) costs what: they change together in TE's source, and these
