@@ -7,7 +7,7 @@ same bytes and instructions, and the equal-halves shortcut gains five with a qua
 instructions at an SM throughput far from its peak. This probe profiles each rung once with the
 warp states (where an average warp spent its cycles between two instructions it issued: waiting
 on memory, `long_scoreboard`; on a barrier; on the sin/cos unit, ...), the achieved occupancy,
-the L1 and L2 traffic and the sin/cos (XU pipe) instructions, at two of the ladder's sizes,
+the L1 and L2 traffic and the XU pipe's instructions (one float-to-int a libdevice sin or cos), at two of the ladder's sizes,
 bf16 sbhd with one fp32 angle table:
 
     s4096-b8    s = 4096,  b = 8, h = 32, d = 128 (256 MiB)

@@ -6,8 +6,8 @@ million of them), each rotating 128 bf16 elements: a half of 64 pairs. Notebook 
 program that only moves its row (`benchmarks/program_cost.py`) keep their 1-warp time at every
 warp count. This probe profiles each launch once, with the warp states (where an average warp
 spent its cycles between two instructions it issued) and the instruction mix (thread
-instructions by kind, warp instructions per pipe: the XU pipe runs sin and cos), on one tensor,
-bf16 sbhd s=4096, b=8, h=32, d=128 (256 MiB), one fp32 angle table:
+instructions by kind, warp instructions per pipe: the XU pipe runs float-int conversions and
+special functions, one float-to-int per libdevice sin or cos), on one tensor, bf16 sbhd s=4096, b=8, h=32, d=128 (256 MiB), one fp32 angle table:
 
     0-3  naive, 1 / 2 / 4 / 8 warps    `rope_naive(x, freqs, num_warps=w)`
     4-5  one row, 1 / 8 warps          each program loads its 256-byte row and stores it, no
@@ -16,7 +16,8 @@ bf16 sbhd s=4096, b=8, h=32, d=128 (256 MiB), one fp32 angle table:
 
 A tile of 64 pairs on 2, 4 or 8 warps (64, 128, 256 threads) holds fewer pairs than threads:
 Triton's layout gives every thread an element anyway, so threads hold copies of the same pairs
-and each copy evaluates its own sin and cos. The XU pipe's count says whether that happens.
+and each copy evaluates its own sin and cos. The XU pipe's count (one float-to-int an angle,
+beside the program id's divisions) says whether that happens.
 
     ncu --profile-from-start off --csv --metrics "$(python3 benchmarks/naive_warps_ncu.py --metrics)" \
         python3 benchmarks/naive_warps_ncu.py > naive_warps_ncu.csv

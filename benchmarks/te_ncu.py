@@ -5,8 +5,8 @@ Notebook 04 measured (`mechanism-te-<gpu>.csv`) that TE's CUDA kernel moves the 
 fills nine-tenths of an SM's warp slots and asks for a copy's KiB per SM, yet takes about twice
 a copy's time, executing more than twice the batch-reusing grid's warp instructions per element.
 That says "instructions", not which ones. This probe profiles each launch once with the
-instruction mix (thread instructions by kind, warp instructions per pipe: the XU pipe runs sin
-and cos), the global load and store instructions and the sectors they ask for (bytes per load
+instruction mix (thread instructions by kind, warp instructions per pipe: the XU pipe runs
+float-int conversions and special functions), the global load and store instructions and the sectors they ask for (bytes per load
 instruction say how wide a thread's loads are), and the warp states (where an average warp spent
 its cycles between two instructions it issued: long_scoreboard = waiting on global memory,
 math_pipe_throttle = a busy pipe, ...), all on one tensor, bf16 sbhd s=4096, b=8, h=32, d=128

@@ -1116,7 +1116,7 @@ WARP_STATE_METRICS = (
 
 # The instruction mix: thread instructions by kind (fp32 adds, multiplies and fmas, integer,
 # conversions, memory, control, bit operations, moves and the rest) and warp instructions per
-# pipe (the XU pipe runs sin and cos). benchmarks/ladder_opcodes_ncu.py and te_ncu.py profile
+# pipe (the XU pipe runs float-int conversions and special functions). benchmarks/ladder_opcodes_ncu.py and te_ncu.py profile
 # with them.
 INSTRUCTION_KINDS = ("fadd", "fmul", "ffma", "integer", "conversion", "memory", "control", "bit",
                      "misc", "uniform", "inter_thread_communication")
