@@ -7,7 +7,8 @@ program that only moves its row (`benchmarks/program_cost.py`) keep their 1-warp
 warp count. This probe profiles each launch once, with the warp states (where an average warp
 spent its cycles between two instructions it issued) and the instruction mix (thread
 instructions by kind, warp instructions per pipe: the XU pipe runs float-int conversions and
-special functions, one float-to-int per libdevice sin or cos), on one tensor, bf16 sbhd s=4096, b=8, h=32, d=128 (256 MiB), one fp32 angle table:
+special functions, one float-to-int per libdevice sin or cos), on one tensor, bf16 sbhd
+s=4096, b=8, h=32, d=128 (256 MiB), one fp32 angle table:
 
     0-3  naive, 1 / 2 / 4 / 8 warps    `rope_naive(x, freqs, num_warps=w)`
     4-5  one row, 1 / 8 warps          each program loads its 256-byte row and stores it, no
