@@ -46,9 +46,10 @@
 #   fused multiply-add);
 # - make a Triton kernel equal Transformer Engine's output **bit for bit**, and prove which
 #   change did it;
-# - recognise six layout traps (sbhd vs bshd indexing, TE's duplicated angles, interleaved vs
-#   rotate-half pairs, partial rotary, table margins, an in-place double rotation) and tell
-#   them apart by the positions the output encodes;
+# - tell six layout traps (sbhd vs bshd indexing, TE's duplicated angles, interleaved vs
+#   rotate-half pairs, partial rotary, table margins, an in-place double rotation) from
+#   rounding differences, and name four of them from the positions the output encodes (the
+#   other two leave no position to read);
 # - go from the shape of a difference to its family of causes with a decision table;
 # - write the comparison that passes for the right reasons.
 #
@@ -118,6 +119,13 @@ print("measured against the real TE on:", GPU_NAME)
 # copy instead of the course's: edit it, rerun this cell and the two code cells after it, and
 # see what the edit does. The launch grid is (rows, heads): one program rotates one head of one
 # row.
+#
+# One name in it is defined later: the `USE_FMA` branch calls `te_combine`, the combine line
+# that section 4b's exercise settles on. Triton looks a global name up when it compiles the
+# kernel (the interpreter, when it runs it), and no cell runs this copy with `USE_FMA=True`
+# before section 4b defines `te_combine`, so the cell runs now. On a GPU a compiled kernel
+# keeps the `te_combine` it was compiled with: after you change your combine in section 4b,
+# rerun this cell before the cells that use the kernel again.
 
 # %%
 @triton.jit
@@ -163,9 +171,9 @@ def _rope_repro_kernel(
     # The rotation of each pair: y1 = x1*c - x2*s, y2 = x2*c + x1*s, in one of three orders
     if USE_FMA:
         # one product enters the sum exact, the other is rounded first; which one is fused
-        # decides whether the output is TE's bit for bit. That is section 4b's exercise: this
-        # branch calls the combine that section settles on, `te_combine` (yours once it passes,
-        # else the worked one). No cell runs this copy with USE_FMA before section 4b.
+        # decides whether the output is TE's bit for bit. `te_combine` is defined in section
+        # 4b (your combine once it passes, else the worked one); no cell compiles this branch
+        # before then. Rerun this cell after changing it there.
         y1, y2 = te_combine(x1, x2, c, s)
     elif COMPUTE_FP32:
         # as written; a GPU compiler may fuse either product into an fma (section 4b)
@@ -317,16 +325,17 @@ fixed_gpu = {r["variant"]: r for r in BITS["scenarios"]["nb_gpu"]["rows"]}["debu
 print(f"fixed kernel vs {fixed.te_label}: {n_fixed} of {fixed.x.numel()} elements differ here; "
       f"vs the real TE on the {GPU_NAME} (S=512 B=2 H=8 D=128): {fixed_gpu['n_differ']} of "
       f"{fixed_gpu['numel']:,}")
-assert fixed_gpu["n_differ"] > 0          # equal within tolerance, not bit for bit
+assert fixed_gpu["n_differ"] == 12         # equal within tolerance, not bit for bit (the file)
 if not GPU:
     assert n_fixed == 0                   # the small CPU comparison hides it
 
 # %% [markdown]
 # Two lessons. The reported kernel is many ulps from the exact result near outputs close to
 # zero, where its rounded products cancel; section 4 finds why. And the fixed kernel passes
-# with dtype-aware tolerances but is not TE bit for bit: on the H200 page 12 of 1,048,576
-# elements differ from the real TE, enough to fail the default `allclose` (on the CPU's 4,096
-# elements the cell asserts none). Agreement at one size proves little. Two suspects for such
+# with dtype-aware tolerances but is not TE bit for bit: in the file's run on the H200, 12 of
+# 1,048,576 elements differ from the real TE (asserted; a GPU run prints its own count
+# beside it), enough to fail the default `allclose` (on the CPU's 4,096 elements the cell
+# asserts none). Agreement at one size proves little. Two suspects for such
 # last-bit differences: where sin/cos come from, and the order of the multiply-add. Section
 # 3b shows that the first *can* produce the reported symptom; section 4b finds that on the
 # GPU it is the second.
@@ -402,12 +411,10 @@ assert bool((moved[far_u].float().abs() < 2 ** -6).all())   # the rest: near zer
 #
 # The second line compares with the TE side, as the report did. On the CPU that is the
 # emulation, whose table the kernel was given: the unmoved table gives no difference, and the
-# two counts are the same (the cell asserts both). On the H200 page it is the real TE: 46
-# elements differ, and the unmoved table alone already gives 12 — the kernel's multiply-add
-# order, section 4b. Against TE the GPU's count mixes two causes; the first line measures the
-# nudge alone. The same experiment at the GPU size ($S = 512$, $B = 2$, $H = 8$, $D = 128$:
-# 1,048,576 elements) in plain PyTorch runs on every machine: the TE emulation against
-# itself with the moved table.
+# two counts are the same (asserted). On the H200 page it is the real TE, and its count (46)
+# mixes two causes: the unmoved table alone gives 12, the kernel's multiply-add order (section
+# 4b). The same experiment at the GPU size (1,048,576 elements) in plain PyTorch runs on every
+# machine: the TE emulation against itself with the moved table.
 
 # %%
 big = debug.Scenario(seq_len=512, batch=2, heads=8, head_dim=128)
@@ -475,11 +482,16 @@ for label, causes in variants.items():
     print(f"{label:34s} max ulp vs fp64 {dg['triton_max_ulp']:8.3g}   norm-wise "
           f"{dg['triton_max_normwise_u']:5.2f} u   max |TE - Triton| {dg['max_abs_diff']:.3g}   "
           f"dtype-aware allclose vs TE: {dg['allclose']}")
-fig, ax = plt.subplots(figsize=(7, 3))
+fig, ax = plt.subplots(figsize=(7.5, 3))
 ax.barh(list(prec), [v["triton_max_ulp"] for v in prec.values()], color="tab:purple")
+for i, v in enumerate(prec.values()):     # the other measure, beside each bar
+    ax.text(v["triton_max_ulp"] * 1.15, i, f"norm-wise {v['triton_max_normwise_u']:.2f} u",
+            va="center", fontsize=8)
 ax.set_xscale("log")
-ax.set_xlabel("max error vs fp64 (bf16 ulps, log scale)")
-ax.set_title(f"each precision variant against fp64, {ropelib.runtime.mode()}", fontsize=9)
+ax.set_xlim(right=20 * max(v["triton_max_ulp"] for v in prec.values()))
+ax.set_xlabel("bars: max error vs fp64 in bf16 ulps (log scale); labels: norm-wise, in u")
+ax.set_title(f"each precision variant against fp64 (bf16, {SC.seq_len}x{SC.batch}x{SC.heads}"
+             f"x{SC.head_dim}), {ropelib.runtime.mode()}", fontsize=9)
 ax.axvline(0.5, color="gray", ls=":")
 ax.invert_yaxis()
 fig.tight_layout()
@@ -496,12 +508,13 @@ if not GPU or debug.te_label(device) == "TE fused":   # the emulation here, or T
     assert prec["sin/cos in kernel + FMA"]["max_abs_diff"] == 0    # TE's output, bit for bit
 
 # %% [markdown]
-# ![Max error vs fp64 per precision variant](../figures/08-precision.png)
+# ![Max error vs fp64 per precision variant: bars in ulps, labels norm-wise in u](../figures/08-precision.png)
 #
-# The ulps and the norm-wise error tell one story from two sides. Norm-wise, a bf16 table
-# and bf16 products cost a few $u$ at most (the cell asserts at most 3) — the standard
-# HF/Unsloth cache is not *wrong*, it is bf16-accurate. In ulps of outputs near zero it is
-# many ulps off (309 on the H200 page; the cell asserts more than 4), because it rounds to
+# The ulps (bars) and the norm-wise error (labels) tell one story from two sides. Norm-wise, a
+# bf16 table and bf16 products cost a few $u$ at most (2.22 $u$ on the H200 page; the cell
+# asserts at most 3) — the standard HF/Unsloth cache is not *wrong*, it is bf16-accurate. In
+# ulps of outputs near zero the same kernel is many ulps off (309 on the H200 page; the cell
+# asserts more than 4), because it rounds to
 # bf16 before the cancellation $x_1 c - x_2 s$, which the fp32 path computes in fp32. Which to
 # report depends on the question: "is this formula right?" — norm-wise; "is it as accurate as
 # bf16 can be?" — ulps. The rule for precision: keep the table in fp32 (or compute sin/cos from fp32 angles),
@@ -706,11 +719,10 @@ def check_bits(case, combine_fn, sincos=SINCOS, table=None, quiet=False, fusion=
 # element differs from TE's stored output in either. It refuses ropelib's own `@triton.jit`
 # helpers and the worked solution.
 #
-# Both take the line as written: on a GPU they compile the kernel with contraction switched off
+# Both take the line as written: on a GPU they compile with contraction off
 # (`enable_fp_fusion=False`), and the interpreter never contracts, so nothing is fused that
-# your line does not fuse. A line that matches TE only when a compiler happens to contract it
-# the right way passes neither, and `check_bits` counts on every machine what the grader
-# counts. (Step a shows what a GPU compiler does with the line when it may contract.)
+# your line does not fuse, and `check_bits` counts on every machine what the grader counts
+# (step a shows what a GPU compiler does with the line when it may contract).
 
 # %%
 @triton.jit
@@ -736,9 +748,10 @@ te_combine = my_combine if combined_by_learner else ex.solution_te_combine
 # **Step a — the kernel as written.** The interpreter rounds each product and the sum,
 # $y_{\text{none}}$; on a GPU `check_bits` compiles with contraction off, which does the same.
 # So both machines compute $y_{\text{none}}$ (the file's `free_sub-nofuse` row): 17 elements
-# differ from TE on the H200 page. Left free to contract, a GPU compiler makes "as written" a
-# different computation, chosen per kernel: 12 elements in the file's kernel, 0 in the kernel
-# above compiled on the H200 page. The steps table comes back to this.
+# differ from TE (asserted from the file). Left free to contract, a GPU compiler makes "as
+# written" a different computation, its own choice at each compilation: 12 elements in the
+# file's kernel (asserted), 0 in the kernel above compiled on the H200 page (a GPU run prints
+# its own). The steps chart comes back to this.
 
 # %%
 @triton.jit
@@ -766,8 +779,8 @@ if not GPU:   # the interpreter rounds every product: the GPU's no-contraction r
     assert torch.equal(step_a["y"], BIG.output("none_rn/table_te_fp32"))
 elif SAME_GPU:   # contraction off: the file's line compiled without contraction, bit for bit
     assert step_a["n"] == gpu_row(BIG, "free_sub-nofuse/tl")
-assert gpu_row(BIG, "free_sub-nofuse/tl") == gpu_row(BIG, "none_rn/tl") > 0
-assert gpu_row(BIG, "free_sub/tl") > 0
+assert gpu_row(BIG, "free_sub-nofuse/tl") == gpu_row(BIG, "none_rn/tl") == 17   # the file
+assert gpu_row(BIG, "free_sub/tl") == 12
 
 # %% [markdown]
 # **Step b — swap where sin/cos come from.** The suspect everyone names first. Five sources: the
@@ -839,6 +852,7 @@ assert set(same_as_te) == {"tl", "libdevice", "table_fp32"}     # equal to TE's 
 assert len({by_src[s][3] for s in same_as_te}) == 1             # ... so the count cannot move
 assert all(by_src[s][4] == 0 for s in same_as_te)
 assert by_src["table_cpu_fp32"][4] > 0 and by_src["fast"][4] > 0   # sources that differ move it
+assert (gpu_row(BIG, "fma_xc/fast"), gpu_row(BIG, "fma_xc/table_cpu_fp32")) == (2287, 16)  # file
 if not GPU:
     assert by_src["tl"][3] == gpu_row(BIG, "free_sub/table_te_fp32")   # = with TE's own table
 elif SAME_GPU and triton.__version__ == META["triton"]:   # the file's GPU and compiler
@@ -867,7 +881,8 @@ else:
 # are TE's `sincosf` bit for bit: 0 entries differ. So swapping among them cannot move the
 # count, and it does not: on the H200 page 17 elements as written, 0 with the fma line, for
 # all three. Sources that *are* different move it, even under the fma line: the fast
-# approximations (`cos.approx`: 2,287 elements) or a torch table computed on the CPU (16). On
+# approximations (`cos.approx`: 2,287 elements in the file's run) or a torch table computed
+# on the CPU (16). On
 # the CPU the interpreter's `tl.cos` is such a different source (NumPy's: 2,701 cos and 2,517
 # sin entries differ from TE's); that is why the kernel reads TE's own table there. Sin/cos
 # are not what separates the kernel from TE. The combine line is.
@@ -907,14 +922,19 @@ if SAME_GPU:
     assert torch.equal(step_d["y"], BIG.output("fma_rs/table_te_fp32"))   # the GPU's bits
 
 # %% [markdown]
-# **Step e — what the GPU compiler did with the line as written.** The PTX of the free line
-# (saved by `te_bits.py`) ends with the instructions that compute $y_1$ and $y_2$;
-# `fma.rn.f32 d, a, b, c` is $\mathrm{rn}(ab + c)$, `mul.f32` a rounded product:
+# **Step e — what the GPU compiler did with the line as written.** The file keeps the last 16
+# fp32 instructions of the free line's PTX (all it keeps of the PTX); the last five compute
+# $y_1$ and $y_2$. `fma.rn.f32 d, a, b, c` is $\mathrm{rn}(ab + c)$, `mul.f32` a rounded
+# product:
 
 # %%
 tail = BIG.rows["free_sub/tl"]["ptx_tail"]
 fmas = [ln for ln in tail if ln.startswith("fma.rn.f32")]
-print("\n".join(tail[-5:]))
+print("\n".join(tail))
+assert len(tail) == 16 and tail[-5:] == [      # the file's lines, as the prose reads them
+    "mul.f32 \t%r100, %r123, %r99;", "neg.f32 \t%r101, %r100;",
+    "fma.rn.f32 \t%r102, %r114, %r98, %r101;", "mul.f32 \t%r103, %r114, %r99;",
+    "fma.rn.f32 \t%r104, %r123, %r98, %r103;"]
 assert len(fmas) == 2            # y1 and y2, each one fma of an exact product and a rounded one
 
 
@@ -932,18 +952,30 @@ if SAME_GPU:
 half = BIG.x.shape[-1] // 2
 where_d = step_e["differ"].nonzero()[:, -1]
 assert bool((where_d >= half).all())                           # all in the second half
+file_out = BIG.output("free_sub/tl")           # the file's kernel: y1 as TE's order, y2 the other
+assert torch.equal(file_out[..., :half], BIG.output("fma_xc/tl")[..., :half])
+assert torch.equal(file_out[..., half:], BIG.output("fma_rs/tl")[..., half:])
 print(f"all {step_e['n']} differing elements lie in the second half (d >= {half})")
+if GPU:   # this notebook's kernel with contraction on (step a): which halves have TE's bits
+    halves = [torch.equal(step_a_free["y"][..., sl], step_c["y"][..., sl])
+              for sl in (slice(0, half), slice(half, None))]
+    print(f"this notebook's kernel, compiled here with contraction on: y1 and y2 with step c's "
+          f"(TE's order's) bits: {halves[0]}, {halves[1]}")
 
 # %% [markdown]
-# The PTX shows that each line is one fma of an exact product and a rounded one: `mul.f32`
-# rounds a product (negated for $y_1$), and `fma.rn.f32` adds it to the other product,
-# unrounded. For $y_1 = x_1 c - x_2 s$ the sign says which: the rounded, negated product is
-# $x_2 s$, so $x_1 c$ is fused, TE's order. For $y_2 = x_2 c + x_1 s$ the five lines fit both
-# orders: whether `%r114` holds $x_1$ or $c$ is set by lines they do not show. The bits decide.
-# `gpu_choice` writes down one reading, $y_2$ fusing $x_1 s$, the other order, and the cell
-# checks it. On the CPU, and on a GPU like the file's, it gives the file's kernel's output bit
-# for bit. And every element it gets wrong sits in the second half, $y_2$.
-# Nothing in the source asks for either order. The steps, in one table:
+# The last five lines show that each of $y_1$, $y_2$ is one fma of an exact product and a
+# rounded one: `mul.f32` rounds a product (negated for $y_1$), and `fma.rn.f32` adds it to the
+# other product, unrounded. Which product is which, the PTX alone does not settle. `%r114` and
+# `%r123` are each written last by an `fma.rn.ftz`, like the polynomial steps of a sin/cos
+# evaluation (the chain that ends in `%r123` runs in `%r18` = `%r119`·`%r119`). Read as $c$ and
+# $s$, they make $y_1$ fuse $x_1 c$ (TE's order) and $y_2$ fuse $x_1 s$ (the other). But the
+# loads that fill `%r98` and `%r99` lie before these 16 lines, and the file keeps no more of
+# the PTX, so that reading is a guess until the bits confirm it. `gpu_choice` writes it down,
+# and the cell checks it: on the CPU, and on a GPU like the file's, it gives the file's
+# kernel's output bit for bit, every element it gets wrong sits in the second half, $y_2$, and
+# the file's own outputs say the same (each half of the file's kernel's output equals that
+# half of the file's step c or step d output, asserted). Nothing in the source asks for either order. The steps,
+# in one chart:
 
 # %%
 steps_tbl = [     # (step, change, elements != TE here, on the file's GPU)
@@ -962,11 +994,6 @@ steps_tbl = [     # (step, change, elements != TE here, on the file's GPU)
      n_fixed if LIVE else None, gpu_row(BIG, "debug:FIXED")),     # section 3's run, vs TE live
 ]
 here = "the CPU (interpreter)" if not GPU else "this GPU"
-dash = lambda v: "-" if v is None else v  # noqa: E731
-display(HTML(f"<table><tr><th>step</th><th>change</th><th>elements ≠ TE, {here}</th>"
-             f"<th>elements ≠ TE, {GPU_NAME} (file)</th></tr>" +
-             "".join(f"<tr><td>{a}</td><td>{b}</td><td>{dash(c)}</td>"
-                     f"<td>{dash(d_)}</td></tr>" for a, b, c, d_ in steps_tbl) + "</table>"))
 # the file's reproduction kernel, and te_bits.py's copy of it (row e's right column): one count
 assert gpu_row(BIG, "debug:FIXED") == gpu_row(BIG, "free_sub/tl") > 0
 zero_rows = [r[0] for r in steps_tbl if r[3] == 0]
@@ -985,16 +1012,19 @@ x_max = 1.35 * max(max(r[3] for r in steps_tbl if r[3] is not None),
                    max(r[2] for r in steps_tbl if r[2] is not None))
 for offset, column, color, label in ((0.2, 3, "tab:green", f"{GPU_NAME} (file)"),
                                      (-0.2, 2, "tab:purple", here)):
-    run = [i for i, r in enumerate(steps_tbl) if r[column] is not None]   # a dash: no bar
+    run = [i for i, r in enumerate(steps_tbl) if r[column] is not None]   # not run: no bar
     ax.barh(rows_y[run] + offset, [steps_tbl[i][column] for i in run], height=0.4,
             color=color, label=label)
     for i, r in enumerate(steps_tbl):
-        note = "not run" if r[column] is None else "0: bit for bit" if r[column] == 0 else None
-        if note:
-            ax.text(0.01 * x_max, i + offset, note, va="center", fontsize=7, color=color)
+        v = r[column]
+        note = "not run" if v is None else "0: bit for bit" if v == 0 else str(v)
+        ax.text(0.01 * x_max if not v else v + 0.01 * x_max, i + offset, note, va="center",
+                fontsize=7, color="black" if v else color)
 ax.set_yticks(rows_y, labels, fontsize=8)
 ax.invert_yaxis()
 ax.set_xlabel(f"bf16 elements whose bits differ from TE (of {BIG.x.numel():,})")
+ax.set_title(f"which change makes the kernel equal TE: bf16, S={BIG.x.shape[0]} "
+             f"B={BIG.x.shape[1]} H={BIG.x.shape[2]} D={BIG.x.shape[3]}", fontsize=9)
 ax.set_xlim(0, x_max)
 ax.legend(fontsize=8, loc="lower right")
 fig.tight_layout()
@@ -1002,50 +1032,22 @@ fig.savefig(FIGURES / "08-bits-steps.png", dpi=110)
 plt.show()
 
 # %% [markdown]
-# **Reading the table.** The left column is this machine (the interpreter on the CPU, or the
-# kernel above compiled here on a GPU), the right one the file (`benchmarks/te_bits.py` on the
-# GPU in its header). Rows a to e leave nothing to a compiler: each product is rounded or sits
-# in a `tl.fma`. So each row is one computation on every machine, and the two columns agree
-# row by row (asserted on the CPU and on the file's GPU). Of these rows only c is 0: `tl.fma`
-# pins TE's order in the source, and row d shows that the order is what matters. A dash is a
-# count not taken: libdevice does not run in the interpreter, the last two rows need a
-# compiler that contracts (the last one, TE itself), and the file holds no run of this
-# notebook's kernel.
+# **Reading the chart.** Purple is this machine (the interpreter on the CPU, or the kernel
+# above compiled here on a GPU), green the file (`benchmarks/te_bits.py` on the GPU in its
+# header). Rows a to e leave nothing to a compiler: each product is rounded or sits in a
+# `tl.fma`, so each row is one computation on every machine, and the two bars agree row by row
+# (asserted on the CPU and on the file's GPU). Only row c is 0: `tl.fma` pins TE's order in
+# the source, and row d shows that the order is what matters. "not run" is a count not taken:
+# libdevice does not run in the interpreter, the last two rows need a compiler that contracts
+# (the last one, TE itself), and the file holds no run of this notebook's kernel.
 #
-# The last two rows are the line as written with contraction on, where the compiler chooses,
-# per kernel: on the H200 page the same two lines match TE in one kernel and not in the other.
-# The cell below reads from the bits which product each line's fma fused.
-
-# %%
-def fused_product(y, te_order, other_order):
-    """Per half (y1, y2): which product the compiler's fma fused, read from the bits: the
-    half equals the output of TE's order (x c fused), of the other (r s fused), or neither."""
-    out = []
-    for sl in (slice(0, half), slice(half, None)):
-        if torch.equal(y[..., sl], te_order[..., sl]):
-            out.append("x c fused (TE's order)")
-        elif torch.equal(y[..., sl], other_order[..., sl]):
-            out.append("r s fused (the other order)")
-        else:
-            out.append("neither")
-    return out
-
-
-in_file = fused_product(BIG.output("free_sub/tl"), BIG.output("fma_xc/tl"), BIG.output("fma_rs/tl"))
-print(f"the file's kernel, as written, on the {GPU_NAME}: y1 {in_file[0]}, y2 {in_file[1]}")
-assert in_file == ["x c fused (TE's order)", "r s fused (the other order)"]
-if GPU:
-    here_lines = fused_product(step_a_free["y"], step_c["y"], step_d["y"])
-    print(f"this notebook's kernel, as written, compiled here with contraction on: "
-          f"y1 {here_lines[0]}, y2 {here_lines[1]}")
-    assert "neither" not in here_lines                   # each line is one of the two fmas
-else:
-    print("(this notebook's kernel, compiled: on a GPU; the interpreter rounds every product)")
-
-# %% [markdown]
-# In the file's kernel $y_1$ fused TE's product and $y_2$ the other, the 12 elements of row e.
-# In this notebook's kernel, compiled on the H200 page, both lines fused TE's product: that is
-# its 0. Same GPU, same compiler, same two lines; a different kernel around them.
+# The last two rows are the line as written with contraction on, where the compiler chooses.
+# The file's kernel fused TE's product in $y_1$ and the other in $y_2$ (row e's bits, above):
+# 12 elements. This notebook's kernel, compiled on the H200 page, gives 0: its output is TE's,
+# which is step c's, in both halves (a GPU run prints which halves have step c's bits). Two
+# kernels on one GPU with one Triton version, the same two lines, two different choices. These
+# two cases do not show what in a kernel decides the choice — only that the source does not,
+# and that the bits of the output tell which choice was made.
 #
 # **How far apart are the elements that differ?** Most are one bf16 step: each check prints
 # its counts per number of steps (steps d and e above). An element several steps apart is an
@@ -1092,6 +1094,8 @@ assert [r[0] for r in fp32_tbl if r[1] == 0] == ["fma(x, c, rot*s)"]
 assert [r[0] for r in fp32_tbl if r[2] == 0] == ["fma(x, c, rot*s)"]
 assert [r[0] for r in fp32_tbl if r[4] == 0] == ["fma(x, c, rot*s)"]
 assert min(r[4] for r in fp32_tbl if r[4]) > 100_000          # hundreds of thousands
+assert (min(r[4] for r in fp32_tbl if r[4]), max(r[4] for r in fp32_tbl)) == (166505, 333053)
+assert SMALL32.rows["free_sub/tl"]["n_differ"] == 573          # the file's compiled choice
 if SAME_GPU:
     assert all(r[1] in ("-", r[2]) for r in fp32_tbl)         # here = the GPU's counts
 # bf16: 12 to 22 of 1,048,576 elements at the large size, none at the small one
@@ -1103,10 +1107,10 @@ assert all(small_bf16[f"{c}/{s_}"] == 0 for c in ("free_sub", "fma_xc", "fma_rs"
 
 # %% [markdown]
 # In fp32, only $\mathrm{fma}(x, c, r s)$ matches TE, at both sizes; every other evaluation of
-# the same formula differs in 166,505 to 333,053 of 1,048,576 elements at the large size. That
-# identifies TE's computation: nvcc contracted `v_src * v_cos + v_src_rotate * v_sin` into
-# `fma(v_src, v_cos, v_src_rotate * v_sin)`. In bf16 the same fact shows as 12 to 22 elements
-# in 1,048,576 (rows a, d and e of the steps table; the cell asserts at most five per hundred
+# the same formula differs in 166,505 to 333,053 of 1,048,576 elements at the large size
+# (asserted from the file). Of the four, only that one gives TE's bits: nvcc contracted
+# `v_src * v_cos + v_src_rotate * v_sin` into `fma(v_src, v_cos, v_src_rotate * v_sin)`. In bf16 the same fact shows as 12 to 22 elements
+# in 1,048,576 (rows a, d and e of the steps chart; the cell asserts at most five per hundred
 # thousand): none at the small size, where each of these orders agrees with TE in bf16 (the
 # file's `nb_cpu` rows), and enough to fail a bit-for-bit test at the large one.
 #
@@ -1117,15 +1121,13 @@ assert all(small_bf16[f"{c}/{s_}"] == 0 for c in ("free_sub", "fma_xc", "fma_rs"
 #
 # **The same two changes in your copy of section 1.** `_rope_repro_kernel` calls that line,
 # `te_combine`, under `if USE_FMA:`, and takes sin/cos from the angles under `if FROM_ANGLES:`.
-# The cell below runs your copy on the fp32 case, three ways — the plain line with TE's own
+# The cell below runs your copy on the fp32 case three ways — the plain line with TE's own
 # table, the `USE_FMA` line with that table, the `USE_FMA` line with `tl.cos`/`tl.sin` — and
 # counts the elements whose bits differ from TE's. On a GPU the plain line is compiled with
-# contraction on; on the H200 page it gives 573, the count of the file's compiled choice in
-# the fp32 table above. To try another order, edit the `USE_FMA` branch (for instance
-# `y1 = tl.fma(-x2, s, x1 * c)`, `y2 = tl.fma(x1, s, x2 * c)`) and rerun section 1's cell and
-# this one; rerun section 1's cell after changing `my_combine` too, since a compiled kernel
-# keeps the combine it was compiled with. The asserts check the course's kernel, run beside
-# yours.
+# contraction on (573 on the H200 page, as the file's compiled choice in the fp32 table). To
+# try another order, edit the `USE_FMA` branch or `my_combine`, then rerun section 1's cell (a
+# compiled kernel keeps the combine it was compiled with) and this one. The asserts check the
+# course's kernel, run beside yours.
 
 # %%
 def repro_bits(case, use_fma, from_angles=False, kernel=_rope_repro_kernel):
@@ -1314,6 +1316,9 @@ for ax in axes[1]:
 for ax in axes[:, 0]:
     ax.set_ylabel("recovered position")
 axes[0, 0].legend(fontsize=7)
+fig.suptitle(f"the position each trap's output encodes (fp32, S={TRAP_SC.seq_len} "
+             f"B={TRAP_SC.batch} H={TRAP_SC.heads} D={TRAP_SC.head_dim}), "
+             f"{ropelib.runtime.mode()}", fontsize=10)
 fig.tight_layout()
 fig.savefig(FIGURES / "08-trap-positions.png", dpi=100)
 plt.show()
@@ -1394,15 +1399,35 @@ display(HTML("<table><tr><th>verdict</th><th>shape of the difference</th><th>cau
              "".join(f"<tr><td><b>{k}</b></td><td>{v['shape']}</td><td>{v['cause']}</td>"
                      f"<td>{v['fix']}</td><td>{', '.join(v['toggles']) or '-'}</td></tr>"
                      for k, v in debug.DECISIONS.items()) + "</table>"))
+# the threshold, and what sections 4 and 5 measured, in one unit: norm-wise error vs fp64, in u
+rounding_u = max(v["triton_max_normwise_u"] for v in prec.values())     # section 4's variants
+print(f"norm-wise error vs fp64, in u = 2^-8: section 4's precision variants at most "
+      f"{rounding_u:.3g} u; section 5's traps, the side with the trap, {min(wrong_u.values()):.3g} "
+      f"u to {max(wrong_u.values()):.3g} u; debug.classify's threshold "
+      f"{debug.LAYOUT_NORMWISE_U:g} u")
+assert rounding_u <= 3 < debug.LAYOUT_NORMWISE_U < 1 / u < min(wrong_u.values())
+# the 'tolerance' row's differences, in bf16 steps: most one step, a few near zero more
+far_steps = {v: BIG.rows[v]["max_steps"] for v in ("fma_rs/tl", "free_sub/tl")}
+print(f"bf16 steps apart -> count: section 3b's nudge {hist_u}; steps d and e on the "
+      f"{GPU_NAME}: {BIG.rows['fma_rs/tl']['hist']}, {BIG.rows['free_sub/tl']['hist']}")
+assert far_steps == {"fma_rs/tl": 5, "free_sub/tl": 5}      # the file: one element 5 steps apart
 
 # %% [markdown]
-# The thresholds: rounding causes stay within a few $u$ norm-wise (section 4 asserts at most 3;
-# 2.22 $u$ on the H200 page), while a layout trap makes differences of order one (section 5's
-# largest: 7.75 to 9.09 on the H200 page), far beyond that. So `debug.classify` calls anything
-# beyond $8u$ a layout trap; below that, two sides each within one ulp of fp64 are both right
-# (a tolerance question), and a side many ulps off is a precision cause.
-# The rules are meant for bf16/fp16 outputs of fp32 math; in fp32 outputs fp32's own rounding
-# is no longer hidden.
+# The thresholds, in one unit: the norm-wise error against fp64 in units of $u = 2^{-8}$, the
+# measure `debug.classify` compares with its threshold of $8u$ (`debug.LAYOUT_NORMWISE_U`). The
+# cell prints what sections 4 and 5 measured in it: the precision variants at most 2.22 $u$ on
+# the H200 page (asserted at most 3), the side with a layout trap 508 $u$ to
+# $5.09 \times 10^{7}\,u$ (asserted beyond $1/u = 256\,u$). (Section 5's `max diff` column,
+# 7.75 to 9.09 there, is in another unit: plain differences of bf16 values.) So anything beyond
+# $8u$ is a layout trap; below that, two sides each within one ulp of fp64 are both right (a
+# tolerance question), and a side many ulps off is a precision cause. The rules are meant for
+# bf16/fp16 outputs of fp32 math; in fp32 outputs fp32's own rounding is no longer hidden.
+#
+# The `tolerance` row says *most* such elements are one rounding step apart: near zero bf16's
+# steps are tiny, and a last-bit difference in fp32 can move an output by several of them
+# (section 3b's nudge: {1: 38, 2: 2, 3: 2, 14: 1} on the H200 page; steps d and e: one element
+# 5 steps apart each, asserted from the file). What marks the row is that both sides
+# are within one ulp of fp64.
 #
 # ## 7. Try it: toggle the causes
 #
@@ -1491,9 +1516,9 @@ print(f"fixed: allclose with {tol} passes; max error {float(ulps.max()):.3g} ulp
 # The reported check compared two bf16 kernels at `allclose`'s default tolerances, which are
 # sized for fp32, and printed the first ten values, where every RoPE here agrees. The original
 # project's code, inputs and sizes are not here, so which cause struck it is an inference.
-# Every cause in this notebook gives the symptom. The layout traps make differences of order
-# one that a look at the argmax shows at once, so a report of "small" differences points to
-# precision or tolerance:
+# Every cause in this notebook gives the symptom. The layout traps make differences of the
+# order of the values (hundreds of $u$ norm-wise and more) that a look at the argmax shows at
+# once, so a report of "small" differences points to precision or tolerance:
 #
 # - a kernel written after Unsloth's carries a bf16 cos/sin table and bf16 products: 309 ulps
 #   off fp64 near zero on the H200 page, yet 2.22 $u$ norm-wise;
