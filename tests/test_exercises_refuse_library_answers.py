@@ -18,18 +18,25 @@ every check at once:
 * notebook 09's cached attention answered by the course model's own cached attention is
   refused.
 
-The last section holds answers that are not the learner's code by a way round the watch: a call
-into ropelib from a thread the answer starts, an answer that switches the watch off, and
-notebook 08's trap looked up in the check's own cases. Each is refused.
+The last sections hold answers that are not the learner's code by a way round the watch: a call
+into ropelib from a thread the answer starts, an answer that switches the watch off, notebook
+08's trap looked up in the check's own cases, the work handed to another process (started by the
+answer, or a pool started before the check), and the library's results computed before the check
+ran, on its inputs (recorded from an earlier run) and returned from a table. Each is refused, or
+fails at the case the check draws when it runs.
 
 Shapes are the checks' own (small, for Triton's interpreter); a refusal stops a check at its
 first case, before any kernel runs.
 """
 import ast
+import concurrent.futures
 import inspect
 import itertools
+import multiprocessing
+import multiprocessing.pool
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import textwrap
@@ -333,6 +340,38 @@ def test_an_answer_that_switches_the_watcher_off_is_refused(capsys):
     assert sys.getprofile() is None         # and the check leaves the profiler as it found it
 
 
+def _watch_off_and_on(fn):
+    def answer(*args):
+        watcher = sys.getprofile()
+        sys.setprofile(None)          # off for the library's call, then back on
+        try:
+            return fn(*args)
+        finally:
+            sys.setprofile(watcher)
+    return answer
+
+
+def _new_threads_unwatched(fn):
+    def answer(*args):
+        watcher = threading.getprofile()
+        threading.setprofile(None)    # a thread started now is not watched; then back on
+        try:
+            return _in_a_thread(fn, *args)
+        finally:
+            threading.setprofile(watcher)
+    return answer
+
+
+@pytest.mark.parametrize("answer", [_watch_off_and_on(reference.rotate_half),
+                                    _new_threads_unwatched(reference.rotate_half)],
+                         ids=["sys.setprofile", "threading.setprofile"])
+def test_an_answer_that_switches_the_watcher_off_and_on_again_is_refused(answer, capsys):
+    assert basics.check_rotate_half(answer) is False
+    out = capsys.readouterr().out
+    assert "❌" in out and "switched off the check's watch" in out, out
+    assert sys.getprofile() is None and threading.getprofile() is None
+
+
 def _trap_from_the_checks_cases(x, y, layout):
     """Notebook 08's trap read off the check's own cases (debugging._trap_outputs, cached)."""
     for _, (x_case, y_case, _), trap in debugging._trap_outputs():
@@ -345,6 +384,269 @@ def test_the_trap_read_off_the_checks_own_answers_is_refused(capsys):
     assert debugging.check_trap_name(_trap_from_the_checks_cases) is False
     out = capsys.readouterr().out
     assert "❌" in out and "but the answer called" in out, out
+
+
+
+# --- answers that hand the work to another process ---------------------------------------------
+# (no process of the answer's is watched: starting one, or handing one work, is refused)
+
+_ROTATE = learner_copy(basics.solution_rotate_half)     # the learner's own, for the right values
+
+
+def _in_a_process_pool(x, interleaved):
+    with concurrent.futures.ProcessPoolExecutor(1) as pool:
+        return pool.submit(reference.rotate_half, x, interleaved).result()
+
+
+def _in_a_multiprocessing_pool(x, interleaved):
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        return pool.apply(reference.rotate_half, (x, interleaved))
+
+
+def _in_a_process(x, interleaved):
+    worker = multiprocessing.get_context("fork").Process(target=reference.rotate_half,
+                                                         args=(x, interleaved))
+    worker.start()
+    worker.join()
+    return _ROTATE(x, interleaved)
+
+
+def _in_python_by_subprocess(x, interleaved):
+    # the library's answer computed by another Python, handed back as text
+    code = ("import sys, torch, ropelib.reference as r; "
+            "x = torch.tensor(eval(sys.argv[1]), dtype=torch.float64); "
+            "print(r.rotate_half(x, sys.argv[2] == 'True').tolist())")
+    out = subprocess.run([sys.executable, "-c", code, repr(x.tolist()), str(interleaved)],
+                         capture_output=True, text=True, check=True).stdout
+    return torch.tensor(eval(out), dtype=x.dtype)  # noqa: S307 -- the test's own output
+
+
+def _by_os_system(x, interleaved):
+    os.system(f"{sys.executable} -c pass")    # noqa: S605 -- refused before it runs
+    return _ROTATE(x, interleaved)
+
+
+def _by_fork(x, interleaved):
+    pid = os.fork()
+    if pid == 0:                               # (never reached: the fork is refused)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return _ROTATE(x, interleaved)
+
+
+def _from_a_thread_of_its_own(x, interleaved):
+    return _in_a_thread(_in_python_by_subprocess, x, interleaved)
+
+
+def _refusal_swallowed(x, interleaved):
+    try:
+        return _in_a_process_pool(x, interleaved)
+    except Exception:  # noqa: BLE001 -- the answer hides the refusal and computes it itself
+        return _ROTATE(x, interleaved)
+
+
+PROCESSES = [
+    ("a ProcessPoolExecutor", _in_a_process_pool, "ProcessPoolExecutor.submit"),
+    ("a multiprocessing pool", _in_a_multiprocessing_pool, "multiprocessing's Process.start"),
+    ("a multiprocessing Process", _in_a_process, "multiprocessing's Process.start"),
+    ("another Python by subprocess", _in_python_by_subprocess, "subprocess.Popen"),
+    ("os.system", _by_os_system, "os.system"),
+    ("os.fork", _by_fork, "os.fork"),
+    ("a subprocess from a thread the answer starts", _from_a_thread_of_its_own,
+     "subprocess.Popen"),
+    ("a refused pool, the refusal caught", _refusal_swallowed, "ProcessPoolExecutor.submit"),
+]
+
+
+def _entry_points():
+    import _posixsubprocess
+    return (multiprocessing.process.BaseProcess.start, subprocess.Popen._execute_child,
+            subprocess._fork_exec, _posixsubprocess.fork_exec, os.fork, os.system,
+            os.posix_spawn, concurrent.futures.ProcessPoolExecutor.submit,
+            multiprocessing.pool.Pool.apply_async)
+
+
+@pytest.mark.parametrize("label, answer, words", PROCESSES, ids=[p[0] for p in PROCESSES])
+def test_an_answer_that_hands_the_work_to_another_process_is_refused(label, answer, words,
+                                                                    capsys):
+    before = _entry_points()
+    assert basics.check_rotate_half(answer) is False
+    out = capsys.readouterr().out
+    assert "❌" in out and "but the answer" in out and "another process" in out, out
+    assert f"({words})" in out and "write it yourself" in out, out
+    assert _entry_points() == before         # every entry point put back as it was
+    assert not multiprocessing.active_children()
+
+
+def test_a_pool_started_before_the_check_is_refused(capsys):
+    # its workers run before the answer does: handing them the work is what is refused
+    with concurrent.futures.ProcessPoolExecutor(
+            1, mp_context=multiprocessing.get_context("fork")) as pool:
+        assert pool.submit(abs, -1).result() == 1
+        answer = lambda x, i: pool.submit(reference.rotate_half, x, i).result()  # noqa: E731
+        assert basics.check_rotate_half(answer) is False
+        out = capsys.readouterr().out
+        assert "handed work to another process (ProcessPoolExecutor.submit)" in out, out
+        assert pool.submit(abs, -2).result() == 2       # after the check: as it was
+
+
+def test_processes_start_as_usual_outside_a_check(capsys):
+    assert basics.check_rotate_half(learner_copy(basics.solution_rotate_half)) is True
+    assert subprocess.run([sys.executable, "-c", "pass"]).returncode == 0
+
+
+def test_a_thread_pool_started_before_the_check_is_watched(capsys):
+    # its threads started before the answer ran, so threading.setprofile never reached them:
+    # the work the answer hands them runs under its watch
+    from multiprocessing.pool import ThreadPool
+    own = learner_copy(basics.solution_rotate_half)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool, ThreadPool(1) as mp_pool:
+        assert pool.submit(abs, -1).result() == 1 and mp_pool.apply(abs, (-1,)) == 1
+        for answer in (lambda x, i: pool.submit(reference.rotate_half, x, i).result(),
+                       lambda x, i: mp_pool.apply(reference.rotate_half, (x, i)),
+                       lambda x, i: mp_pool.map(lambda t: reference.rotate_half(t, i), [x])[0]):
+            assert basics.check_rotate_half(answer) is False
+            out = capsys.readouterr().out
+            assert "but the answer called ropelib's rotate_half" in out, out
+        # the learner's own code through the same pools passes
+        assert basics.check_rotate_half(lambda x, i: pool.submit(own, x, i).result())
+        assert basics.check_rotate_half(lambda x, i: mp_pool.apply(own, (x, i)))
+        assert "❌" not in capsys.readouterr().out
+
+
+def test_a_library_call_in_a_low_level_thread_is_refused(capsys):
+    import _thread
+
+    def answer(x, interleaved):
+        out, done = [], threading.Event()
+
+        def work():
+            try:
+                out.append(reference.rotate_half(x, interleaved))
+            except Exception:  # noqa: BLE001 -- the refusal, hidden by the answer
+                out.append(learner_copy(basics.solution_rotate_half)(x, interleaved))
+            finally:
+                done.set()
+        _thread.start_new_thread(work, ())
+        done.wait(60)
+        return out[0] if out else None
+    assert basics.check_rotate_half(answer) is False
+    out = capsys.readouterr().out
+    assert "but the answer called ropelib's rotate_half" in out, out
+
+def test_a_compiler_may_start_a_process_while_the_answer_runs():
+    """Triton's compiler runs ptxas, Inductor its compile workers: a process started by their
+    code is let through, the same code in a learner's file refused."""
+    from ropelib.course.exercises.own_code import LibraryAnswer, library_barred
+    source = ("import subprocess, sys\n"
+              "def start():\n"
+              "    subprocess.run([sys.executable, '-c', 'pass'], check=True)\n")
+    compiler = Path(triton.__file__).resolve().parent / "backends" / "ptxas_stand_in.py"
+    for filename, refused in ((str(compiler), False), (str(_COPIES / "learner_start.py"), True)):
+        namespace = {}
+        exec(compile(source, filename, "exec"), namespace)  # noqa: S102 -- the test's own source
+        if refused:
+            with pytest.raises(LibraryAnswer, match=r"started another process \(subprocess"):
+                with library_barred("your own code"):
+                    namespace["start"]()
+        else:
+            with library_barred("your own code"):
+                namespace["start"]()
+
+
+# --- answers computed beforehand: the library's results for the check's inputs, in a table ------
+# (inputs recorded from a run of the check; each check adds a case drawn when it runs)
+
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+                and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b))
+    if isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+def _precomputed(check, own, library):
+    """An answer that returns `library`'s results for the inputs of an earlier run of `check`
+    (recorded while the learner's own `own` answered), computed outside any check."""
+    seen = []
+
+    def recording(*args):
+        seen.append(tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args))
+        return own(*args)
+    assert check(recording) is True                     # the recording run passes
+    table = [(args, library(*args)) for args in seen]    # the library's results, outside it
+
+    def answer(*args):
+        for known, result in table:
+            if _same(known, args):
+                return result
+        return None                                      # an input it has not seen
+    return answer
+
+
+def _rope_bshd(x, f):
+    return ropelib.apply_rope(x, f, layout="bshd", interleaved=True)
+
+
+PRECOMPUTED = [
+    ("00 ex2 check_rotary_dim", basics.check_rotary_dim, basics.solution_rotary_dim,
+     frequencies.rotary_dim),
+    ("00 ex3 check_interleaved_rope", basics.check_interleaved_rope,
+     basics.solution_interleaved_rope, _rope_bshd),
+    ("01 ex3 check_rotate_half", basics.check_rotate_half, basics.solution_rotate_half,
+     reference.rotate_half),
+    ("02 check_cp_positions", basics.check_cp_positions, basics.solution_cp_positions,
+     lambda n, c, r: reference.positions("sbhd", n, 1, cp_size=c, cp_rank=r)[0]),
+    ("02 ex2 check_cos_sin_from_freqs", basics.check_cos_sin_from_freqs,
+     basics.solution_cos_sin_from_freqs, basics.solution_cos_sin_from_freqs),
+    ("02 check_bytes_moved", basics.check_bytes_moved, basics.solution_bytes_moved,
+     basics.solution_bytes_moved),
+    ("03 ex1 check_naive_grid", kernels.check_naive_grid, kernels.solution_naive_grid,
+     lambda S, B, H: tuple(naive.naive_grid(S, B, H))),
+    ("03 ex2 check_row_index", kernels.check_row_index, kernels.solution_row_index,
+     kernels.solution_row_index),
+    ("03 ex3 check_half_tile", kernels.check_half_tile, kernels.solution_half_tile,
+     kernels.solution_half_tile),
+    ("04 ex1 check_angle_bytes", kernels.check_angle_bytes, kernels.solution_angle_bytes,
+     kernels.solution_angle_bytes),
+    ("04 ex2 check_floor_ms", kernels.check_floor_ms, kernels.solution_floor_ms,
+     kernels.solution_floor_ms),
+    ("04 ex3 check_percent_of_copy", kernels.check_percent_of_copy,
+     kernels.solution_percent_of_copy, kernels.solution_percent_of_copy),
+    ("06 ex1 check_backward_matrix", kernels.check_backward_matrix,
+     kernels.solution_backward_matrix, _backward_matrix_by_apply_rope),
+    ("10 ex1 check_axis_of_pairs", multi_axis.check_axis_of_pairs,
+     multi_axis.solution_axis_of_pairs,
+     lambda s, i: mrope.axis_of_pairs(s, "mrope_interleaved" if i else "mrope").long()),
+    ("10 ex2 check_text_then_image", multi_axis.check_text_then_image,
+     multi_axis.solution_text_then_image, multi_axis.solution_text_then_image),
+    ("11 ex1 check_dual_chunk_positions", at_scale.check_dual_chunk_positions,
+     at_scale.solution_dual_chunk_positions,
+     lambda S, n, r: context_parallel.dual_chunk_positions(S // n, n, r)),
+    ("11 ex3 check_paged_slot", at_scale.check_paged_slot, at_scale.solution_paged_slot,
+     at_scale.solution_paged_slot),
+    ("08 check_normwise_error", debugging.check_normwise_error,
+     debugging.solution_normwise_error, debugging.solution_normwise_error),
+    ("07 ex1 check_fit_time_model", measuring.check_fit_time_model,
+     measuring.solution_fit_time_model, measuring.solution_fit_time_model),
+]
+
+
+@pytest.mark.parametrize("label, check, solution, library", PRECOMPUTED,
+                         ids=[p[0] for p in PRECOMPUTED])
+def test_library_results_computed_before_the_check_fail_at_its_drawn_case(label, check, solution,
+                                                                          library, capsys):
+    # (a draw may, rarely, repeat an input the table holds: three tables, three draws)
+    for _ in range(3):
+        answer = _precomputed(check, learner_copy(solution), library)
+        capsys.readouterr()
+        if not check(answer):
+            break
+    out = capsys.readouterr().out
+    # every case but the one drawn as the check runs matches the table: that one fails
+    failed = [line for line in out.splitlines() if line.startswith("❌")]
+    assert failed and "drawn with seed " in failed[0], out
 
 
 # --- kernel answers: a kernel of the learner's whose body calls the worked one -----------------

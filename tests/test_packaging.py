@@ -336,7 +336,8 @@ _OLD = (2, 0)
 TORCH_API_SINCE = {
     # 2.0 or earlier
     **{f"torch.{name}": _OLD for name in (
-        "Generator", "Size", "SymInt", "Tensor", "__version__", "version.cuda", "device", "dtype",
+        "Generator", "Size", "SymInt", "Tensor", "__version__", "__file__", "version.cuda",
+        "device", "dtype",
         "finfo", "promote_types", "contiguous_format", "manual_seed", "is_grad_enabled",
         "no_grad", "autocast", "compile", "load", "random.fork_rng",
         # (deterministic algorithms: 1.8, warn_only 1.11; they fill fresh memory since 2.1)

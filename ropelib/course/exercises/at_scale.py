@@ -54,7 +54,7 @@ import triton.language as tl
 from ... import context_parallel, frequencies, kv_cache, runtime
 from ..work_count import interpreted
 from . import _compare, check, kernel_answer
-from .own_code import check_cases, launch_on, listed_as_tensor
+from .own_code import check_cases, fresh_generator, fresh_seed, launch_on, listed_as_tensor
 
 __all__ = ["check_dual_chunk_positions", "solution_dual_chunk_positions", "check_paged_slot",
            "solution_paged_slot", "check_rope_kv_cache_kernel", "solution_rope_kv_cache_kernel",
@@ -70,9 +70,15 @@ def check_dual_chunk_positions(fn: Callable) -> bool:
     order the rank holds them) of Transformer Engine's dual-chunk split. Your own code:
     ropelib.context_parallel is barred."""
     cases = []
-    for S, n, r in ((8, 2, 0), (8, 2, 1), (24, 3, 1), (16, 4, 3), (16, 4, 0), (6, 1, 0)):
+    seed, g = fresh_generator()     # and a split drawn now: a table made beforehand fails
+    n = int(torch.randint(1, 17, (), generator=g))
+    drawn = (2 * n * int(torch.randint(1, 513, (), generator=g)), n,
+             int(torch.randint(0, n, (), generator=g)))
+    for c, (S, n, r) in enumerate(((8, 2, 0), (8, 2, 1), (24, 3, 1), (16, 4, 3), (16, 4, 0),
+                                   (6, 1, 0), drawn)):
         want = context_parallel.dual_chunk_positions(S // n, n, r)
-        cases.append((f"seq_len={S}, cp_size={n}, rank {r}", (S, n, r), want))
+        cases.append((f"seq_len={S}, cp_size={n}, rank {r}"
+                      + (f" (drawn with seed {seed})" if c == 6 else ""), (S, n, r), want))
     return check_cases("dual-chunk positions", "the positions worked out by your code", fn, cases,
                        post=listed_as_tensor,
                        hint="cut the sequence into 2*cp_size chunks of seq_len / (2*cp_size); "
@@ -100,9 +106,16 @@ def check_paged_slot(fn: Callable) -> bool:
     of a sequence whose block-table row is `block_table_row` is stored in a paged cache
     [n_blocks, block_size, H, D]. Your own code: ropelib.kv_cache is barred."""
     cases = []
-    for row, bs, p in (([5, 2, 7, 0], 4, 9), ([5, 2, 7, 0], 4, 3), ([3, 1], 16, 16),
-                       ([6, 4, 1, 0, 2], 2, 7), ([0, 1, 2], 8, 23)):
-        cases.append((f"row {row}, block_size={bs}, position {p}", (list(row), bs, p),
+    seed, g = fresh_generator()     # and a sequence drawn now: a table made beforehand fails
+    bs, blocks = 2 ** int(torch.randint(0, 6, (), generator=g)), int(torch.randint(1, 9, (),
+                                                                                 generator=g))
+    drawn = (torch.randperm(16, generator=g)[:blocks].tolist(), bs,
+             int(torch.randint(0, bs * blocks, (), generator=g)))
+    for c, (row, bs, p) in enumerate((([5, 2, 7, 0], 4, 9), ([5, 2, 7, 0], 4, 3),
+                                      ([3, 1], 16, 16), ([6, 4, 1, 0, 2], 2, 7),
+                                      ([0, 1, 2], 8, 23), drawn)):
+        cases.append((f"row {row}, block_size={bs}, position {p}"
+                      + (f" (drawn with seed {seed})" if c == 5 else ""), (list(row), bs, p),
                       _slot(row, bs, p)))
     return check_cases("paged slot", "the slot worked out by your code", fn, cases,
                        post=listed_as_tensor,
@@ -196,7 +209,7 @@ def _check_kv_kernel(kernel, paged: bool, seed: Optional[int]) -> bool:
     name = f"RoPE + {'paged' if paged else 'contiguous'} KV-cache write kernel"
     if not kernel_answer(name, kernel, "the outputs and caches it allocated"):
         return False
-    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())) if seed is None else seed)
+    gen = torch.Generator().manual_seed(fresh_seed() if seed is None else seed)
     on_gpu = runtime.on_gpu()
     cases = PAGED_CASES if paged else CONTIGUOUS_CASES
     for case in cases:
@@ -413,7 +426,7 @@ def check_fp8_store_kernel(kernel, *, seed: Optional[int] = None) -> bool:
     name = "fp8 KV-cache store kernel"
     if not kernel_answer(name, kernel, "the cache it allocated"):
         return False
-    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())) if seed is None else seed)
+    gen = torch.Generator().manual_seed(fresh_seed() if seed is None else seed)
     on_gpu = runtime.on_gpu()
     for case in FP8_CASES:
         k, cache, scale, seqlens = _fp8_step(case, gen)

@@ -13,7 +13,9 @@ the rotation matrix's check refuses PyTorch's block_diag operator however it is 
 (`torch.block_diag`, `torch.ops.aten.block_diag`, `torch._C._VariableFunctions.block_diag`), and
 SciPy's `scipy.linalg.block_diag` where SciPy is installed.
 Notebook 01's checks try several sizes and bases, and positions drawn anew on every call, so an
-answer that ignores its `inv_freq` or returns stored matrices fails.
+answer that ignores its `inv_freq` or returns stored matrices fails; the other checks that take
+inputs add a case drawn when the check runs (`own_code.fresh_generator`, its seed in the label),
+so no answer computed beforehand, with the library outside the check, matches every case.
 
 The worked solutions are the `solution_*` functions below, shown folded in the notebooks with
 `ropelib.course.exercises.solution(basics.solution_...)`; the tests run every check on a
@@ -26,7 +28,8 @@ import torch
 
 from ... import frequencies, reference, runtime
 from . import check
-from .own_code import check_cases, course_rope_helpers, listed_as_tensor, run_own_code
+from .own_code import (check_cases, course_rope_helpers, fresh_generator, listed_as_tensor,
+                       run_own_code)
 
 __all__ = [
     "check_device", "check_rotary_dim", "check_interleaved_rope",
@@ -64,6 +67,11 @@ def check_rotary_dim(fn: Callable) -> bool:
     `ropelib.frequencies.rotary_dim`'s, which is barred, with ropelib and the worked solution."""
     cases = [(f"head_dim={d}, rotary_percent={p}", (d, p), frequencies.rotary_dim(d, p))
              for d, p in ((80, 0.5), (128, 1.0), (96, 0.25), (80, 0.4), (128, 0.6))]
+    seed, g = fresh_generator()     # and one drawn now: a table of answers made beforehand fails
+    d = 8 * int(torch.randint(2, 33, (), generator=g))
+    p = (2 * int(torch.randint(1, d // 2, (), generator=g)) + 0.5) / d   # R even, d*p not whole
+    cases.append((f"head_dim={d}, rotary_percent={p:.6g} (drawn with seed {seed})", (d, p),
+                  frequencies.rotary_dim(d, p)))
     return check_cases("rotary dim", "your own rule for the rotary dim", fn, cases,
                        hint="TE and HF both take int(head_dim * rotary_percent): int() cuts the "
                             "fraction off, it does not round")
@@ -93,6 +101,14 @@ def check_interleaved_rope(fn: Callable) -> bool:
         label = f"x [{B}, {S}, {H}, {D}] {str(dtype).replace('torch.', '')}" + \
             "".join(f", {k}={v:g}" for k, v in kw.items())
         cases.append((label, (x.clone(), f.clone()), want))
+    seed, g = fresh_generator()     # and inputs drawn now: answers computed beforehand fail
+    B, S, H = (int(v) for v in torch.randint(1, 6, (3,), generator=g))
+    offset = int(torch.randint(0, 1000, (), generator=g))
+    x = torch.randn(B, S, H, 16, generator=g)
+    f = frequencies.rope_freqs(S, 16, interleaved=True, offset=offset)
+    cases.append((f"x [{B}, {S}, {H}, 16] float32, offset={offset} (drawn with seed {seed})",
+                  (x.clone(), f.clone()),
+                  reference.rope_reference(x, f, layout="bshd", interleaved=True)))
     return check_cases("interleaved RoPE of a bshd tensor", "your own RoPE", fn, cases,
                        hint="move the table's positions to dim 1 (bshd: [1, S, 1, D]), pair "
                             "neighbours: rotate_half(x) = (-x1, x0, -x3, x2, ...), and compute "
@@ -198,6 +214,12 @@ def check_rotate_half(fn: Callable) -> bool:
             x = torch.randn(shape, generator=g, dtype=torch.float64)
             cases.append((f"interleaved={interleaved}, shape={shape}", (x.clone(), interleaved),
                           reference.rotate_half(x, interleaved)))
+    seed, g = fresh_generator()     # and inputs drawn now: answers computed beforehand fail
+    for interleaved in (False, True):
+        x = torch.randn(3, 2 * int(torch.randint(1, 9, (), generator=g)), generator=g,
+                        dtype=torch.float64)
+        cases.append((f"interleaved={interleaved}, shape={tuple(x.shape)} (drawn with seed "
+                      f"{seed})", (x.clone(), interleaved), reference.rotate_half(x, interleaved)))
     return check_cases("rotate_half", "your own rotate_half", fn, cases,
                        atol=0, rtol=0,
                        hint="halves: torch.chunk(x, 2, -1); pairs: x[..., ::2] and x[..., 1::2]",
@@ -270,6 +292,13 @@ def check_cp_positions(fn: Callable) -> bool:
         want = reference.positions("sbhd", local_len, 1, cp_size=cp_size, cp_rank=cp_rank)[0]
         cases.append((f"local_len={local_len}, cp_size={cp_size}, rank {cp_rank}",
                       (local_len, cp_size, cp_rank), want))
+    seed, g = fresh_generator()     # and a split drawn now: a table made beforehand fails
+    cp_size = int(torch.randint(1, 31, (), generator=g))     # (at most 300 positions)
+    local_len = 2 * int(torch.randint(1, 150 // cp_size + 1, (), generator=g))
+    cp_rank = int(torch.randint(0, cp_size, (), generator=g))
+    cases.append((f"local_len={local_len}, cp_size={cp_size}, rank {cp_rank} (drawn with seed "
+                  f"{seed})", (local_len, cp_size, cp_rank),
+                  reference.positions("sbhd", local_len, 1, cp_size=cp_size, cp_rank=cp_rank)[0]))
     return check_cases("context-parallel positions", "the positions worked out by your code", fn,
                        cases, post=listed_as_tensor,
                        hint="2*cp_size chunks of local_len / 2 tokens; rank r holds chunk r, then "
@@ -285,6 +314,14 @@ def check_cos_sin_from_freqs(fn: Callable) -> bool:
                                         offset=3)
         cases.append((f"interleaved={interleaved}, rotary_percent={percent}", (f.clone(),),
                       tuple(want)))
+    seed, g = fresh_generator()     # and a table drawn now: answers computed beforehand fail
+    S, offset = int(torch.randint(1, 10, (), generator=g)), int(torch.randint(0, 100_000, (),
+                                                                                 generator=g))
+    interleaved = bool(torch.randint(0, 2, (), generator=g))
+    f = frequencies.rope_freqs(S, 16, interleaved=interleaved, offset=offset)
+    want = frequencies.rope_cos_sin(S, 16, interleaved=interleaved, offset=offset)
+    cases.append((f"S={S}, offset={offset}, interleaved={interleaved} (drawn with seed {seed})",
+                  (f.clone(),), tuple(want)))
     return check_cases("freqs -> (cos, sin)", "your own conversion", fn, cases,
                        hint="drop the two middle dims of [S, 1, 1, R], then take cos and sin")
 
@@ -311,6 +348,15 @@ def check_bytes_moved(fn: Callable) -> bool:
         want = bytes_moved(Config(S, B, HQ, D, dtype=dtype, rotary_percent=p, kv_heads=HK))
         cases.append((f"q [{S}, {B}, {HQ}, {D}], k with {HK} heads, rotary_percent {p}, {dtype}",
                       (S, B, HQ, HK, D, p, elem), want))
+    seed, g = fresh_generator()     # and a shape drawn now: a table made beforehand fails
+    S, B, HK = (int(v) for v in torch.randint(1, 100, (3,), generator=g))
+    HQ, D = HK * int(torch.randint(1, 5, (), generator=g)), 16 * int(torch.randint(1, 9, (),
+                                                                                   generator=g))
+    dtype = ("bf16", "fp16", "fp32")[int(torch.randint(0, 3, (), generator=g))]
+    cases.append((f"q [{S}, {B}, {HQ}, {D}], k with {HK} heads, rotary_percent 1.0, {dtype} "
+                  f"(drawn with seed {seed})", (S, B, HQ, HK, D, 1.0, {"fp32": 4}.get(dtype, 2)),
+                  bytes_moved(Config(S, B, HQ, D, dtype=dtype, rotary_percent=1.0,
+                                     kv_heads=HK))))
     return check_cases("bytes moved", "your count of the bytes", fn, cases,
                        hint="every element of q and of k is read once and written once "
                             "(bytes_per_element each), plus seq_len * R fp32 angles (4 bytes "

@@ -49,7 +49,7 @@ from triton.language.extra import libdevice
 from ... import runtime
 from .. import debug
 from . import exception_line, is_blank_kernel, is_kernel
-from .own_code import check_cases, launch_barred
+from .own_code import check_cases, fresh_generator, launch_barred
 
 __all__ = ["check_normwise_error", "solution_normwise_error", "check_trap_name",
            "solution_trap_name", "TRAPS_WITH_A_CURVE", "check_te_combine",
@@ -59,13 +59,16 @@ __all__ = ["check_normwise_error", "solution_normwise_error", "check_trap_name",
 # --- section 4: the norm-wise error ----------------------------------------------------------
 
 def _normwise_cases() -> list:
-    """(label, (y, exact, x, rot_dim), expected): fresh rotate-half outputs and their errors."""
+    """(label, (y, exact, x, rot_dim), expected): fresh rotate-half outputs and their errors;
+    the last case's x drawn when the check runs (a table made beforehand fails it)."""
     from ... import reference   # the checks may use the library freely, outside the answer
     gen = torch.Generator().manual_seed(8)
+    seed, fresh = fresh_generator()
     cases = []
-    for dtype, (S, B, H, D), R in ((torch.bfloat16, (6, 2, 3, 16), 16),
-                                   (torch.float32, (5, 1, 2, 24), 12)):
-        x = torch.randn(S, B, H, D, generator=gen, dtype=torch.float64)
+    for dtype, (S, B, H, D), R, g in ((torch.bfloat16, (6, 2, 3, 16), 16, gen),
+                                      (torch.float32, (5, 1, 2, 24), 12, gen),
+                                      (torch.float32, (4, 2, 1, 16), 16, fresh)):
+        x = torch.randn(S, B, H, D, generator=g, dtype=torch.float64)
         inv = 1.0 / (10000.0 ** (torch.arange(0, R, 2, dtype=torch.float64) / R))
         f = torch.outer(torch.arange(S, dtype=torch.float64), inv)
         freqs = torch.cat((f, f), dim=-1).view(S, 1, 1, R)
@@ -73,7 +76,8 @@ def _normwise_cases() -> list:
         y = exact.to(dtype)
         y[..., 1] += 0.25 * y[..., 1].abs().clamp(min=1e-3)      # a few outputs off by more
         x_in = x.to(dtype)
-        label = f"{str(dtype).replace('torch.', '')}, D={D}, rot_dim={R}"
+        label = f"{str(dtype).replace('torch.', '')}, D={D}, rot_dim={R}" + (
+            f" (drawn with seed {seed})" if g is fresh else "")
         cases.append((label, (y, exact, x_in, R),
                       debug.normwise_error(y, exact, x_in, rot_dim=R)))
     return cases

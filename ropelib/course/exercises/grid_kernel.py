@@ -34,7 +34,7 @@ import triton.language as tl
 
 from ... import reference, runtime
 from . import _compare, check, exception_line, is_blank_kernel, is_kernel, solution
-from .own_code import launch_barred, library_barred, run_own_code
+from .own_code import fresh_seed, launch_barred, library_barred, run_own_code
 
 __all__ = ["KERNEL_SIGNATURE", "check_batch_reuse_kernel", "show_solution", "launch",
            "is_blank_kernel", "count_trig", "GRANULAR_SIGNATURE", "check_granularity",
@@ -340,7 +340,7 @@ def check_granularity(kernel, work: Callable) -> bool:
     name = "program granularity"
     if not kernel_ready(name, kernel):
         return False
-    gen = torch.Generator().manual_seed(int(torch.randint(0, 2 ** 31, ())))
+    gen = torch.Generator().manual_seed(fresh_seed())
     measured = []
     for S, B, H, D, rows in _GRANULAR_CASES:
         label = f"S={S}, B={B}, H={H}, D={D}, ROWS={rows}"

@@ -35,7 +35,7 @@ import ropelib
 from ... import frequencies, reference, runtime
 from .. import model as gpt
 from . import check
-from .own_code import check_cases, run_own_code
+from .own_code import check_cases, fresh_seed, run_own_code
 
 __all__ = ["check_rope_share", "solution_rope_share", "check_cached_attention",
            "solution_cached_attention", "decode_with", "KV_TOL"]
@@ -346,7 +346,7 @@ def check_cached_attention(fn: Callable, *, seed: Optional[int] = None, device=N
     Prints one line (✅, or ❌ at the first step that goes wrong); never raises.
     """
     device = torch.device(device if device is not None else runtime.default_device())
-    seed = int(torch.randint(0, 2**31 - 1, ())) if seed is None else seed
+    seed = fresh_seed() if seed is None else seed
     model, idx = _decoding_case(torch.Generator().manual_seed(seed), device)
     want_logits, want = _full_forward(model, idx)
     chunks = list(idx.split(list(_CHUNKS), dim=1))

@@ -23,7 +23,8 @@ from ... import reference, runtime
 from ..kernels import batch_reuse, naive
 from ..kernels.batch_reuse import rope_batch_reuse
 from . import _compare, check, is_blank_kernel
-from .own_code import LibraryAnswer, check_cases, library_barred, run_own_code
+from .own_code import (LibraryAnswer, check_cases, fresh_generator, library_barred,
+                       run_own_code)
 
 __all__ = [
     "check_naive_grid", "check_half_tile", "check_row_index", "check_rope_interleaved",
@@ -53,8 +54,11 @@ _SHAPES = ((1, 1, 1), (4, 2, 8), (4096, 8, 32), (3, 5, 7))
 
 def check_naive_grid(fn: Callable) -> bool:
     """fn(S, B, H) -> the launch grid (a tuple) of the naive kernel: one program per row."""
-    cases = [(f"S={S}, B={B}, H={H}", (S, B, H), tuple(naive.naive_grid(S, B, H)))
-             for S, B, H in _SHAPES]
+    seed, g = fresh_generator()     # and a shape drawn now: a table made beforehand fails
+    drawn = tuple(int(v) for v in torch.randint(1, 200, (3,), generator=g))
+    cases = [(f"S={S}, B={B}, H={H}" + (f" (drawn with seed {seed})" if i == len(_SHAPES) else ""),
+              (S, B, H), tuple(naive.naive_grid(S, B, H)))
+             for i, (S, B, H) in enumerate((*_SHAPES, drawn))]
     return check_cases("naive grid", "your grid", fn, cases,
                        hint="one program per (token, batch, head) row, on one grid axis")
 
@@ -62,9 +66,12 @@ def check_naive_grid(fn: Callable) -> bool:
 def check_half_tile(fn: Callable) -> bool:
     """fn(head_dim) -> (HALF, BLOCK_HALF, masked lanes per half) for the rotate-half loads."""
     cases = []
-    for D in (16, 64, 72, 80, 96, 128, 256):
+    seed, g = fresh_generator()     # and a head dim drawn now: a table made beforehand fails
+    drawn = 2 * int(torch.randint(1, 2 ** 15, (), generator=g))
+    for i, D in enumerate((16, 64, 72, 80, 96, 128, 256, drawn)):
         half, block = naive.half_tile(D)
-        cases.append((f"D={D}", (D,), (half, block, block - half)))
+        cases.append((f"D={D}" + (f" (drawn with seed {seed})" if i == 7 else ""), (D,),
+                      (half, block, block - half)))
     return check_cases("half tile", "your tile sizes", fn, cases,
                        hint="tl.arange needs a power of two: triton.next_power_of_2(D // 2)")
 
@@ -72,11 +79,18 @@ def check_half_tile(fn: Callable) -> bool:
 def check_row_index(fn: Callable) -> bool:
     """fn(row, S, B, H) -> (s, b, h): which row of x [S, B, H, D] program `row` rotates."""
     cases = []
-    for S, B, H in ((4, 2, 3), (5, 1, 4), (2, 3, 1)):
-        for row in (0, 1, H, B * H - 1, B * H + 1, S * B * H - 1):
+    seed, g = fresh_generator()     # and rows drawn now: a table made beforehand fails
+    drawn = tuple(int(v) for v in torch.randint(2, 40, (3,), generator=g))
+    for i, (S, B, H) in enumerate(((4, 2, 3), (5, 1, 4), (2, 3, 1), drawn)):
+        rows = (0, 1, H, B * H - 1, B * H + 1, S * B * H - 1)
+        if i == 3:
+            rows = tuple(int(r) for r in torch.randint(0, S * B * H, (3,), generator=g))
+        for row in rows:
             # sbhd rows in memory order: unravel the flat row index over the shape [S, B, H]
             want = tuple(int(i) for i in torch.unravel_index(torch.tensor(row), (S, B, H)))
-            cases.append((f"row={row} of [S={S}, B={B}, H={H}]", (row, S, B, H), want))
+            cases.append((f"row={row} of [S={S}, B={B}, H={H}]"
+                          + (f" (drawn with seed {seed})" if i == 3 else ""),
+                          (row, S, B, H), want))
     return check_cases("program id -> (s, b, h)", "your index arithmetic", fn, cases,
                        hint="h moves fastest, then b, then s: s = row // (B * H)")
 
@@ -98,8 +112,14 @@ _GENERATIONS = {"naive": naive.angle_bytes_requested,
 def check_angle_bytes(fn: Callable) -> bool:
     """fn(generation, S, B, H, D) -> bytes of fp32 angles all programs load, for generation
     "naive" or "batch_reuse" (each program loads the D angles of its position)."""
-    cases = [(f"{g}, S={S}, B={B}, H={H}, D={D}", (g, S, B, H, D), _GENERATIONS[g](S, B, H, D))
-             for g in _GENERATIONS for S, B, H, D in ((16384, 8, 32, 128), (7, 3, 2, 72))]
+    seed, gen = fresh_generator()   # and a shape drawn now: a table made beforehand fails
+    S, B, H = (int(v) for v in torch.randint(1, 300, (3,), generator=gen))
+    drawn = (S, B, H, 8 * int(torch.randint(1, 33, (), generator=gen)))
+    cases = [(f"{g}, S={S}, B={B}, H={H}, D={D}"
+              + (f" (drawn with seed {seed})" if shape is drawn else ""),
+              (g, S, B, H, D), _GENERATIONS[g](S, B, H, D))
+             for shape in ((16384, 8, 32, 128), (7, 3, 2, 72), drawn)
+             for g, (S, B, H, D) in ((g, shape) for g in _GENERATIONS)]
     return check_cases("angle-table bytes requested", "your count of the bytes", fn, cases,
                        hint="programs launched x D angles x 4 bytes; how many programs does each "
                             "grid have?")
@@ -110,8 +130,13 @@ def check_floor_ms(fn: Callable) -> bool:
     nbytes, at the bandwidth a device copy reached (GB/s, 1 GB = 1e9 bytes)."""
     from .. import kernel_bandwidth     # notebook 02's bandwidth arithmetic: the same answer
 
-    cases = [(f"{n} bytes at {g} GB/s", (n, g), n / (g * 1e9) * 1e3)
-             for n, g in ((2 ** 31, 3000.0), (10 ** 9, 1000.0), (123456789, 777.0))]
+    seed, gen = fresh_generator()   # and a case drawn now: a table made beforehand fails
+    drawn = (int(torch.randint(1, 2 ** 31, (), generator=gen)),
+             float(torch.randint(100, 5000, (), generator=gen)))
+    cases = [(f"{n} bytes at {g} GB/s" + (f" (drawn with seed {seed})" if i == 3 else ""),
+              (n, g), n / (g * 1e9) * 1e3)
+             for i, (n, g) in enumerate(((2 ** 31, 3000.0), (10 ** 9, 1000.0),
+                                         (123456789, 777.0), drawn))]
     return check_cases("time floor", "your time floor", fn, cases, rtol=1e-9, atol=1e-12,
                        hint="seconds = bytes / (bytes per second); ms = 1000 x seconds",
                        bar=(kernel_bandwidth.us_at_copy_speed, kernel_bandwidth.gbps))
@@ -125,13 +150,21 @@ def check_percent_of_copy(fn: Callable) -> bool:
     from ...bench.compare import Config, bytes_moved  # imported late: compare is a heavier module
 
     cases = []
-    for kms, cms, S, B, H, D, dt in ((0.8, 0.6, 16384, 8, 32, 128, "bf16"),
-                                     (0.05, 0.04, 1024, 2, 8, 64, "fp32")):
+    seed, g = fresh_generator()     # and a case drawn now: a table made beforehand fails
+    drawn = (round(float(torch.rand((), generator=g)) + 0.01, 4),
+             round(float(torch.rand((), generator=g)) + 0.01, 4),
+             *(int(v) for v in torch.randint(1, 512, (3,), generator=g)),
+             16 * int(torch.randint(1, 9, (), generator=g)),
+             ("bf16", "fp16", "fp32")[int(torch.randint(0, 3, (), generator=g))])
+    for i, (kms, cms, S, B, H, D, dt) in enumerate(((0.8, 0.6, 16384, 8, 32, 128, "bf16"),
+                                                    (0.05, 0.04, 1024, 2, 8, 64, "fp32"),
+                                                    drawn)):
         cfg = Config(S, B, H, D, dtype=dt)
         elem = torch.tensor([], dtype=cfg.torch_dtype).element_size()
         kernel_gbps = bytes_moved(cfg) / (kms * 1e6)
         copy_gbps = 2 * S * B * H * D * elem / (cms * 1e6)
-        cases.append((f"{kms} ms vs copy {cms} ms, [{S}, {B}, {H}, {D}] {dt}",
+        cases.append((f"{kms} ms vs copy {cms} ms, [{S}, {B}, {H}, {D}] {dt}"
+                      + (f" (drawn with seed {seed})" if i == 2 else ""),
                       (kms, cms, S, B, H, D, dt), 100.0 * kernel_gbps / copy_gbps))
     return check_cases("percent of copy bandwidth", "your percentage", fn, cases, rtol=1e-9, atol=1e-9,
                        hint="GB/s = bytes / (ms * 1e6); the kernel also reads S * D fp32 angles",
@@ -151,7 +184,10 @@ def _jacobian_pair(theta: float) -> torch.Tensor:
 
 def check_backward_matrix(fn: Callable) -> bool:
     """fn(theta) -> M [2, 2] with grad_x = M @ grad_y for one pair rotated by theta."""
-    cases = [(f"theta={t:g}", (t,), _jacobian_pair(t).T) for t in (0.3, -1.2, 2.5, 10.0)]
+    seed, g = fresh_generator()     # and an angle drawn now: a table made beforehand fails
+    drawn = round(float(torch.empty((), dtype=torch.float64).uniform_(-20, 20, generator=g)), 6)
+    cases = [(f"theta={t:g}" + (f" (drawn with seed {seed})" if t is drawn else ""), (t,),
+              _jacobian_pair(t).T) for t in (0.3, -1.2, 2.5, 10.0, drawn)]
     return check_cases("backward matrix of one pair", "your matrix", fn, cases, atol=1e-6, rtol=1e-6,
                        hint="grad_x = J^T grad_y, and J is the rotation by theta",
                        bar=(_jacobian_pair,))
@@ -219,16 +255,20 @@ def check_rope_backward(fn: Callable, kernel=None) -> bool:
     gen = torch.Generator().manual_seed(1)
     cases = []
     # (S, B, H, D, rotary dim R, table positions P >= S, stride 0 over the batch)
+    seed, fresh = fresh_generator()  # the last case drawn now: answers made beforehand fail
     for S, B, H, D, R, P, expand in ((3, 2, 2, 16, 16, 3, False), (2, 3, 1, 24, 16, 5, False),
-                                     (3, 2, 2, 8, 8, 3, True)):
-        if expand:  # what y.sum() or an expand gives: stride 0 along the batch
+                                     (3, 2, 2, 8, 8, 3, True), (3, 2, 2, 16, 16, 4, None)):
+        if expand is None:
+            g = torch.randn(S, B, H, D, generator=fresh).to(device)
+        elif expand:  # what y.sum() or an expand gives: stride 0 along the batch
             g = torch.randn(S, 1, H, D, generator=gen).to(device).expand(S, B, H, D)
         else:
             g = torch.randn(S, B, H, D, generator=gen).to(device)
         freqs = te_angles(P, R, device=device)
         label = (f"grad_y [{S}, {B}, {H}, {D}]" + (" stride 0 over batch" if expand else "")
                  + (f", rotary dim {R} of {D}" if R < D else "")
-                 + (f", a table of {P} positions" if P > S else ""))
+                 + (f", a table of {P} positions" if P > S else "")
+                 + (f" (drawn with seed {seed})" if expand is None else ""))
         cases.append((label, (g, freqs), _reference_grad(g, freqs)))
     with count_launches(written=True) as launched:
         ok, got = run_own_code(f"{name} ({cases[0][0]})", what, fn, *cases[0][1],
@@ -300,7 +340,7 @@ def check_rope_function(cls, kernel=None) -> bool:
         print(f"❌ {name}: expected a torch.autograd.Function subclass, got {cls!r}")
         return False
     device = runtime.default_device()
-    gen = torch.Generator().manual_seed(2)
+    _, gen = fresh_generator()      # inputs drawn now: answers computed beforehand fail
     S, B, H, D = 3, 2, 2, 16                 # x holds B * H = 4 times as many numbers as freqs
     leaf = torch.randn(S, B, H, D, generator=gen).to(device).requires_grad_()
     freqs = te_angles(S, D, device=device)

@@ -28,7 +28,7 @@ import torch
 import triton.testing as _testing
 
 from . import check
-from .own_code import run_own_code
+from .own_code import fresh_generator, run_own_code
 
 __all__ = ["check_fit_time_model", "solution_fit_time_model", "LIBRARY_FITS", "LIBRARY_FIT_OPS",
            "check_host_or_device", "solution_host_or_device", "CountedCall", "LIBRARY_TIMERS"]
@@ -55,10 +55,14 @@ def check_fit_time_model(fn: Callable) -> bool:
     name = "fit_time_model"
     hint = ("the normal equations: [[n, sum N], [sum N, sum N^2]] [a, b] = [sum t, sum N t] give "
             "the intercept a (ms) and the slope b (ms per byte): t0 = a in us, 1 / b bytes per ms")
+    fresh, g = fresh_generator()    # and a sweep drawn now: a table made beforehand fails
+    drawn = (float(torch.randint(5, 200, (), generator=g)),
+             float(torch.randint(300, 5000, (), generator=g)), 0.03, fresh)
     for t0_us, gbps, noise, seed in ((8.0, 3000.0, 0.0, 0), (60.0, 500.0, 0.0, 1),
-                                     (150.0, 2500.0, 0.02, 2), (20.0, 4000.0, 0.05, 3)):
+                                     (150.0, 2500.0, 0.02, 2), (20.0, 4000.0, 0.05, 3), drawn):
         nbytes, ms = _sweep(t0_us, gbps, noise, seed)
-        label = f"{name} (t0 {t0_us:g} us, {gbps:g} GB/s{', noisy' if noise else ''})"
+        label = f"{name} (t0 {t0_us:g} us, {gbps:g} GB/s{', noisy' if noise else ''}" + (
+            f", drawn with seed {fresh})" if seed is fresh else ")")
         ok, answer = run_own_code(label, "your fit by the normal equations", fn, list(nbytes),
                                   list(ms), bar=LIBRARY_FITS, bar_ops=LIBRARY_FIT_OPS)
         if not ok:

@@ -39,7 +39,7 @@ import triton.language as tl
 from ... import mrope, runtime
 from ..work_count import WorkCount, count_work, interpreted
 from . import _compare, check, kernel_answer
-from .own_code import check_cases, launch_on, listed_as_tensor
+from .own_code import check_cases, fresh_generator, fresh_seed, launch_on, listed_as_tensor
 
 __all__ = ["check_axis_of_pairs", "solution_axis_of_pairs", "check_text_then_image",
            "solution_text_then_image", "check_mrope_kernel", "solution_mrope_kernel",
@@ -53,10 +53,16 @@ def check_axis_of_pairs(fn: Callable) -> bool:
     contiguous sections (Qwen2-VL) or Qwen3-VL's round-robin rule (interleaved=True). Your own
     code: ropelib.mrope's axis_of_pairs and multi_axis_frequencies are barred, and so is the
     worked solution."""
-    cases = [(f"{s}, interleaved={i}", (list(s), i),
-              mrope.axis_of_pairs(s, "mrope_interleaved" if i else "mrope").long())
-             for s, i in (([16, 24, 24], False), ([2, 3, 3], False), ([24, 20, 20], True),
-                          ([3, 3, 2], True), ([8, 8], False))]
+    seed, g = fresh_generator()     # and sections drawn now: a table made beforehand fails
+    k, extra = int(torch.randint(1, 65, (), generator=g)), int(torch.randint(0, 33, (),
+                                                                             generator=g))
+    drawn = [([int(v) for v in torch.randint(1, 25, (3,), generator=g)], False),
+             ([k + extra, k, k], True)]        # (round-robin: no later axis longer than the first)
+    cases = [(f"{s}, interleaved={i}" + (f" (drawn with seed {seed})" if n >= 5 else ""),
+              (list(s), i), mrope.axis_of_pairs(s, "mrope_interleaved" if i else "mrope").long())
+             for n, (s, i) in enumerate((([16, 24, 24], False), ([2, 3, 3], False),
+                                         ([24, 20, 20], True), ([3, 3, 2], True),
+                                         ([8, 8], False), *drawn))]
     return check_cases("axis of each pair", "the axis of each pair worked out by your code", fn,
                        cases,
                        post=listed_as_tensor,
@@ -89,8 +95,12 @@ def check_text_then_image(fn: Callable) -> bool:
     """fn(n_text, h, w) -> [3, n_text + h*w + 1] positions (time, row, column): n_text text
     tokens, one image of h x w patches in raster order, then one more text token. Your own
     code: ropelib.mrope.grid_positions and the worked solution are barred."""
-    cases = [(f"n_text={n}, {h}x{w}", (n, h, w), _text_then_image(n, h, w))
-             for n, h, w in ((3, 2, 2), (0, 1, 4), (5, 3, 2), (1, 4, 4))]
+    seed, g = fresh_generator()     # and a prompt drawn now: a table made beforehand fails
+    drawn = (int(torch.randint(0, 200, (), generator=g)),
+             *(int(v) for v in torch.randint(1, 33, (2,), generator=g)))
+    cases = [(f"n_text={n}, {h}x{w}" + (f" (drawn with seed {seed})" if c == 4 else ""),
+              (n, h, w), _text_then_image(n, h, w))
+             for c, (n, h, w) in enumerate(((3, 2, 2), (0, 1, 4), (5, 3, 2), (1, 4, 4), drawn))]
     return check_cases("text-then-image positions", "the positions built by your code", fn, cases,
                        post=listed_as_tensor,
                        hint="text token i: (i, i, i); the image starts every axis at n_text and "
@@ -188,7 +198,7 @@ def check_mrope_kernel(kernel, *, seed: Optional[int] = None) -> bool:
     name = "multi-axis RoPE kernel"
     if not kernel_answer(name, kernel, "the outputs it allocated"):
         return False
-    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, ())) if seed is None else seed)
+    gen = torch.Generator().manual_seed(fresh_seed() if seed is None else seed)
     on_gpu = runtime.on_gpu()
     counts = []
     for case in KERNEL_CASES:

@@ -4,12 +4,13 @@ An exercise that asks for a kernel, or for a formula worked out by hand, is not 
 calling the finished library (`ropelib.apply_rope`, `torch.ops.ropelib.*`), one of the course's
 teaching kernels (`ropelib.course.kernels`), or the library function that computes the very
 thing asked for. `run_own_code` calls the learner's function inside `library_barred`, which
-watches the answer two ways:
+watches the answer these ways:
 
 * every Python call it makes (`sys.setprofile`, and `threading.setprofile` for the threads it
   starts): a call whose code lives in a barred file or is a barred function stops the answer
   with `LibraryAnswer`, which says what was called and what to do instead; an answer that
-  switches that watch off is refused too;
+  switches that watch off (`sys.setprofile`, `threading.setprofile`), even to put it back
+  before it returns, is refused too;
 * with `bar_ops`, every PyTorch operator it runs (a `TorchDispatchMode`, this thread only): an
   operator in `bar_ops` (for example `torch.ops.aten.block_diag.default`) stops the answer
   whichever way it is reached (`torch.block_diag`, `torch.ops.aten.block_diag`,
@@ -19,9 +20,27 @@ watches the answer two ways:
   kernel defined in a barred file, or a kernel of the learner's that calls a barred
   `@triton.jit` helper (the compiler inlines those, so no Python call would show), is refused
   the same way. Once a kernel is known to be allowed, its run is not watched call by call (a
-  kernel cannot call Python code), which keeps the interpreter at its usual speed.
+  kernel cannot call Python code), which keeps the interpreter at its usual speed;
+* every process it starts, or hands work to: no process of the answer's is watched, so starting
+  one (`multiprocessing`'s `Process.start`, so also its pools and `ProcessPoolExecutor`'s
+  workers, `subprocess.Popen` and what runs through it, `os.system`, `os.fork`, `os.forkpty`,
+  `os.posix_spawn`, `os.spawn*`) or handing work to a pool that is already running (a
+  `ProcessPoolExecutor`'s submit and map, a `multiprocessing` pool's apply and map) stops the
+  answer with `LibraryAnswer`, which names the call, in any thread. Only compilers may start
+  processes while the answer runs: a call whose nearest caller outside Python's standard library
+  is Triton (its compiler runs `ptxas` on a GPU) or PyTorch's Inductor (its compile workers) is
+  let through, as are the standard library's fixed look-ups (`ctypes.util`, `platform`), and
+  the machinery threads of pools started before the block (only the standard library on their
+  stack, in a thread the block does not watch). A function the answer hands to a thread that
+  `threading.setprofile` does not reach (`_thread.start_new_thread`, a `ThreadPoolExecutor` or
+  `multiprocessing` thread pool, whose threads may have started before the answer) runs under
+  the answer's watch too.
 
 The checks compute their expected values outside the block, so they may use the library freely.
+What the watch cannot see is an answer computed before the check ran (the library's results for
+the check's inputs, in a table): a check whose inputs a learner could know beforehand adds a
+case drawn as it runs, from `fresh_seed` (the operating system's randomness, not torch's global
+generator, which the notebook seeds), its seed in the case's label.
 
 What is barred, by default: every module of the product (`ropelib/*.py` and `ropelib/kernels/`,
 so the finished kernels, the operators, the public API and `ropelib.reference`), its benchmark
@@ -43,7 +62,9 @@ reproduction, notebook 05's ladder, the course model's rotary module): `course_r
 lists those functions, for a check to pass as `bar` (by function, not by file: the same files
 hold code the checks themselves run).
 """
+import os
 import sys
+import sysconfig
 import threading
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -61,7 +82,7 @@ TEACHING_KERNELS = COURSE / "kernels"
 EXERCISES = Path(__file__).resolve().parent
 
 __all__ = ["LibraryAnswer", "library_barred", "run_own_code", "library_kernel", "PACKAGE",
-           "COURSE", "TEACHING_KERNELS", "course_rope_helpers"]
+           "COURSE", "TEACHING_KERNELS", "course_rope_helpers", "fresh_seed", "fresh_generator"]
 
 
 class LibraryAnswer(RuntimeError):
@@ -367,6 +388,243 @@ def _launches_watched(rules: _Rules, what: str, caught: list, inside: list, owne
             setattr(cls, attr, original)
 
 
+# --- processes: an answer's other process is not watched ----------------------------------------
+
+class _Block:
+    """One running `library_barred` block, as the process guard needs it."""
+
+    def __init__(self, watch, what, caught, inside, owner):
+        self.watch, self.what, self.caught, self.inside, self.owner = \
+            watch, what, caught, inside, owner
+
+
+_BLOCKS: list = []                  # the blocks running now, the newest last
+_BLOCKS_LOCK = threading.Lock()
+_PROCESS_SAVED: list = []           # (holder, attribute, original) while the guard is installed
+
+_STDLIB = tuple({Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "platstdlib")})
+# standard-library modules that start a fixed program (ldconfig, gcc -l..., file), never code of
+# their caller's choosing: torch and Triton look libraries up through them
+_FIXED_LOOKUPS = ("ctypes/util.py", "platform.py")
+_frame_kinds: dict = {}
+
+
+def _compiler_folders() -> tuple:
+    """The code whose own calls may start processes while an answer runs: Triton's compiler and
+    backends (ptxas, the C compiler for its launchers, `ldconfig`), and PyTorch's Inductor (its
+    compile workers). Folders and files; not Triton's testing or autotuning helpers, which call
+    functions they are given."""
+    found = [Path(torch.__file__).resolve().parent / "_inductor"]
+    try:
+        import triton
+        root = Path(triton.__file__).resolve().parent
+        found += [root / "compiler", root / "backends", root / "runtime" / "build.py",
+                  root / "knobs.py"]
+    except ImportError:  # pragma: no cover -- triton is a dependency
+        pass
+    return tuple(found)
+
+
+_COMPILERS: tuple = ()
+
+
+def _frame_kind(filename: str) -> str:
+    """"guard" (this file), "stdlib", "lookup" (a fixed look-up of the standard library),
+    "compiler" (Triton, Inductor) or "other" (the answer, or any other library)."""
+    kind = _frame_kinds.get(filename)
+    if kind is None:
+        p = _resolved(filename)
+        if filename.startswith("<frozen "):
+            kind = "stdlib"
+        elif p is None:
+            kind = "other"                     # a notebook cell, exec'd source
+        elif p == Path(__file__).resolve():
+            kind = "guard"
+        elif "site-packages" in p.parts or "dist-packages" in p.parts:
+            kind = "compiler" if any(f == p or f in p.parents for f in _COMPILERS) else "other"
+        elif any(s in p.parents for s in _STDLIB):
+            posix = p.as_posix()
+            kind = "lookup" if any(posix.endswith("/" + m) for m in _FIXED_LOOKUPS) else "stdlib"
+        else:
+            kind = "compiler" if any(f == p or f in p.parents for f in _COMPILERS) else "other"
+        _frame_kinds[filename] = kind
+    return kind
+
+
+def _started_by_a_compiler(frame) -> Optional[bool]:
+    """Is the nearest caller of this process start outside the standard library (and this
+    guard) Triton or Inductor, or one of the standard library's fixed look-ups? None when only
+    the standard library is on the stack (a pool's machinery thread, or a thread started on a
+    function of the standard library)."""
+    while frame is not None:
+        kind = _frame_kind(frame.f_code.co_filename)
+        if kind in ("compiler", "lookup"):
+            return True
+        if kind == "other":
+            return False
+        frame = frame.f_back
+    return None
+
+
+def _process_refused(label: str, verb: str) -> None:
+    """Raise LibraryAnswer for a process started (or work handed to one) while an answer runs,
+    unless Triton's or Inductor's own code does it, or the thread is in allowed code."""
+    with _BLOCKS_LOCK:
+        if not _BLOCKS:
+            return
+        mine = sys.getprofile()
+        block = next((b for b in reversed(_BLOCKS) if b.watch is mine), _BLOCKS[-1])
+    if block.inside and threading.get_ident() == block.owner:
+        return                   # allowed code (what the exercise hands the learner) runs now
+    by_compiler = _started_by_a_compiler(sys._getframe(2))
+    if by_compiler or (by_compiler is None and block.watch is not mine):
+        return                   # a compiler, or a thread the block does not watch (a pool's
+        #                          machinery, started before the answer ran)
+    message = (f"this exercise wants {block.what}, but the answer {verb} ({label}), where the "
+               "check cannot see what runs: write it yourself, in this process")
+    block.caught.append(message)
+    raise LibraryAnswer(message)
+
+
+def _process_entry_points() -> list:
+    """(holder, attribute, label, verb) for each way to start a process or hand one work."""
+    import concurrent.futures.process
+    import multiprocessing.pool
+    import multiprocessing.process
+    import subprocess
+
+    started, handed = "started another process", "handed work to another process"
+    points = [(multiprocessing.process.BaseProcess, "start", "multiprocessing's Process.start",
+               started),
+              (subprocess.Popen, "_execute_child", "subprocess.Popen", started),
+              (subprocess, "_fork_exec", "subprocess's fork_exec", started)]
+    try:
+        import _posixsubprocess
+        points.append((_posixsubprocess, "fork_exec", "_posixsubprocess.fork_exec", started))
+    except ImportError:  # pragma: no cover -- not a POSIX system
+        pass
+    points += [(os, name, f"os.{name}", started)
+               for name in ("fork", "forkpty", "system", "posix_spawn", "posix_spawnp")]
+    points += [(concurrent.futures.process.ProcessPoolExecutor, "submit",
+                "ProcessPoolExecutor.submit", handed)]
+    points += [(multiprocessing.pool.Pool, name, f"multiprocessing's Pool.{name}", handed)
+               for name in ("apply_async", "_map_async", "imap", "imap_unordered")]
+    return points
+
+
+def _refusing(original, label: str, verb: str, holder):
+    """`original`, refusing (see `_process_refused`) while an answer runs."""
+    import multiprocessing.pool
+
+    thread_pool = getattr(multiprocessing.pool, "ThreadPool", None)
+
+    def guarded(*args, **kwargs):
+        if holder is multiprocessing.pool.Pool and args and thread_pool is not None \
+                and isinstance(args[0], thread_pool):     # threads, not processes: watched
+            args, kwargs = _work_watched(args, kwargs, 1, "func")
+        else:
+            _process_refused(label, verb)
+        return original(*args, **kwargs)
+    guarded.__wrapped__ = original
+    return guarded
+
+
+def _watched(fn, watch):
+    """fn, run with the answer's watch on in whatever thread runs it."""
+    def run(*args, **kwargs):
+        previous = sys.getprofile()
+        sys.setprofile(watch)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            sys.setprofile(previous)
+    return run
+
+
+def _work_watched(args: tuple, kwargs: dict, index: int, name: str) -> Tuple[tuple, dict]:
+    """(args, kwargs) with the function handed to a thread (positional `index`, or keyword
+    `name`) run under the watch of the calling thread, when that thread is an answer's."""
+    with _BLOCKS_LOCK:
+        mine = sys.getprofile()
+        watched = any(b.watch is mine for b in _BLOCKS)
+    if not watched:
+        return args, kwargs
+    if len(args) > index:
+        args = (*args[:index], _watched(args[index], mine), *args[index + 1:])
+    elif name in kwargs:
+        kwargs = {**kwargs, name: _watched(kwargs[name], mine)}
+    return args, kwargs
+
+
+def _handing_to_a_thread(original, index: int, name: str):
+    """`original` (a way to run a function in a thread that may have started before the answer
+    ran), running that function under the answer's watch when an answer hands it over."""
+    def handed(*args, **kwargs):
+        args, kwargs = _work_watched(args, kwargs, index, name)
+        return original(*args, **kwargs)
+    handed.__wrapped__ = original
+    return handed
+
+
+def _thread_entry_points() -> list:
+    """(holder, attribute, index, name) for the ways to run a function in a thread that
+    `threading.setprofile` does not reach: `_thread`'s own start (threading's is bound at its
+    import, and set up by `threading.setprofile` anyway) and the thread pools, whose threads
+    may have started before the answer ran."""
+    import _thread
+    import concurrent.futures.thread
+
+    points = [(_thread, n, 0, "function") for n in ("start_new_thread", "start_new",
+                                                      "start_joinable_thread")]
+    points.append((concurrent.futures.thread.ThreadPoolExecutor, "submit", 1, "fn"))
+    return points
+
+
+@contextmanager
+def _processes_refused(block: _Block):
+    """While the block runs, starting a process (or handing one work) is refused, in any thread,
+    except by Triton's and Inductor's own code (see the module docstring). The entry points are
+    patched while any block runs and put back when the last one ends, on every path."""
+    global _COMPILERS
+    with _BLOCKS_LOCK:
+        if not _BLOCKS:
+            if not _COMPILERS:
+                _COMPILERS = _compiler_folders()
+            for holder, attr, label, verb in _process_entry_points():
+                original = (holder.__dict__.get(attr) if isinstance(holder, type)
+                            else getattr(holder, attr, None))
+                if original is None:
+                    continue
+                _PROCESS_SAVED.append((holder, attr, original))
+                setattr(holder, attr, _refusing(original, label, verb, holder))
+            for holder, attr, index, name in _thread_entry_points():
+                original = (holder.__dict__.get(attr) if isinstance(holder, type)
+                            else getattr(holder, attr, None))
+                if original is None:
+                    continue
+                _PROCESS_SAVED.append((holder, attr, original))
+                setattr(holder, attr, _handing_to_a_thread(original, index, name))
+        _BLOCKS.append(block)
+    try:
+        yield
+    finally:
+        with _BLOCKS_LOCK:
+            _BLOCKS.remove(block)
+            if not _BLOCKS:
+                while _PROCESS_SAVED:
+                    holder, attr, original = _PROCESS_SAVED.pop()
+                    setattr(holder, attr, original)
+
+
+_THREADING_SETPROFILE = threading.setprofile.__code__
+
+
+def _by_the_guard(frame) -> bool:
+    """Is `frame` this module's own (the guard switching the watch for a kernel it allowed, or
+    putting it back)?"""
+    return frame is not None and _frame_kind(frame.f_code.co_filename) == "guard"
+
+
 @contextmanager
 def library_barred(what: str, *, allow: Iterable = (), bar: Iterable = (), bar_ops: Iterable = ()):
     """Within the block, a call into barred code raises LibraryAnswer (see the module docstring).
@@ -387,24 +645,47 @@ def library_barred(what: str, *, allow: Iterable = (), bar: Iterable = (), bar_o
     inside = []                     # frames of allowed code running now (this thread)
     owner = threading.get_ident()
 
+    switched_off = (f"this exercise wants {what}, but the answer switched off the check's watch "
+                    "of the calls it makes (sys.setprofile or threading.setprofile): write it "
+                    "yourself, without touching the profiler")
+
+    switched = []
+
+    def switched_by(mine: bool):
+        """The answer switches the watch off: refused now in its own thread; in another (a thread
+        of its own, which may also stand for autograd's, whose launches are refused there) when
+        the block ends, unless something else is refused first."""
+        if mine:
+            caught.append(switched_off)
+            raise LibraryAnswer(switched_off)
+        switched.append(switched_off)
+
     def watch(frame, event, arg):
         if event == "call":
             mine = threading.get_ident() == owner
             if caught or (mine and inside):
                 return
+            if frame.f_code is _THREADING_SETPROFILE and not _by_the_guard(frame.f_back):
+                switched_by(mine)       # (even to put it back later: in between, the answer's
+                #                         calls went unwatched)
             hit = rules.verdict(frame.f_code)
             if hit == "allowed" and mine:      # a thread the answer starts is watched throughout
                 inside.append(frame)
             elif hit == "barred":
                 caught.append(("called", frame.f_code))
                 raise LibraryAnswer(_refusal(what, "called", frame.f_code))
+        elif event == "c_call":
+            if arg is sys.setprofile and not caught and not _by_the_guard(frame) \
+                    and not (inside and threading.get_ident() == owner):
+                switched_by(threading.get_ident() == owner)
         elif event == "return" and inside and inside[-1] is frame:
             inside.pop()
 
     previous = sys.getprofile()
     previous_threads = threading.getprofile()
     with _launches_watched(rules, what, caught, inside, owner), \
-            _ops_barred(tuple(bar_ops), what, caught, inside, owner):
+            _ops_barred(tuple(bar_ops), what, caught, inside, owner), \
+            _processes_refused(_Block(watch, what, caught, inside, owner)):
         sys.setprofile(watch)
         threading.setprofile(watch)             # threads the answer starts are watched too
         try:
@@ -414,12 +695,26 @@ def library_barred(what: str, *, allow: Iterable = (), bar: Iterable = (), bar_o
             sys.setprofile(previous)
             threading.setprofile(previous_threads)
     if caught:       # raised inside the answer and caught there: still not the learner's code
-        raise LibraryAnswer(_refusal(what, *caught[0]))
-    if not still_watched:
-        raise LibraryAnswer(f"this exercise wants {what}, but the answer switched off the "
-                            "check's watch of the calls it makes (sys.setprofile or "
-                            "threading.setprofile): write it yourself, without touching the "
-                            "profiler")
+        first = caught[0]
+        raise LibraryAnswer(first if isinstance(first, str) else _refusal(what, *first))
+    if switched or not still_watched:
+        raise LibraryAnswer(switched_off)
+
+
+def fresh_seed() -> int:
+    """A seed drawn when the check runs, from the operating system (`os.urandom`), not from
+    torch's global generator, which the learner's notebook seeds: inputs made from it cannot be
+    known before the check runs, so no answer computed beforehand (with the library, outside
+    the check's watch) matches them. Checks label such a case with its seed, so a failure can
+    be reproduced."""
+    return int.from_bytes(os.urandom(4), "little") & 0x7FFFFFFF
+
+
+def fresh_generator() -> Tuple[int, torch.Generator]:
+    """(seed, a CPU torch.Generator seeded with it) for a check's case drawn when it runs (see
+    `fresh_seed`)."""
+    seed = fresh_seed()
+    return seed, torch.Generator().manual_seed(seed)
 
 
 def run_own_code(name: str, what: str, fn: Optional[Callable], *args,
