@@ -701,9 +701,11 @@ else:
 # whose program count grows with $B$ (131 thousand at $b = 1$ to 2.1 million at $b = 16$), took
 # between 84 and 80 ns per program on each SM across the whole committed sweep. These are one
 # run's times; a live run on another machine or day can differ, short kernels most (on a GPU
-# the cell also prints section 5.1's live batch-1 and batch-2 times). Where the live batch-2
-# time is well above batch 1's, this pair no longer points at the program count on its own, and
-# the argument rests on sections 5.3 and 5.4, which change one factor at a time in one run.
+# the cell also prints section 5.1's live batch-1 and batch-2 times and their ratio). Where
+# that live ratio lands far from 1, either way (batch 2 well above batch 1, or batch 1 slower
+# than its committed time while batch 2 is not), this pair no longer points at the program
+# count on its own, and the argument rests on sections 5.3 and 5.4, which change one factor at
+# a time in one run.
 #
 # ### 5.3 Why: one factor at a time
 #

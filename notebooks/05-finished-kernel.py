@@ -108,9 +108,10 @@ def check_rung(y, x, freqs, name):
 #
 # `benchmarks/results/generations-nvidia-h200.csv` holds the three generations measured on an
 # NVIDIA H200, each as a percentage of the GB/s a device copy `y.copy_(x)` of the same tensor
-# reaches in the same run (notebook 04 explains the bytes model). Every measured number of this
-# notebook comes from H200 runs of 28 November to 1 December 2026; each table prints its GPU
-# and date.
+# reaches in the same run (notebook 04 explains the bytes model). Every committed measurement
+# this notebook reads comes from H200 runs of 28 November to 2 December 2026; each table prints
+# its GPU and date. (The cells that time your exercise kernels, at the end, measure on the GPU
+# they run on.)
 # Two kernels go by the name `ropelib` in the CSVs, so the tables here print them apart:
 # **`apply_rope (as planned)`** is `ropelib.apply_rope` as you call it, which at this size
 # takes section 6's two-pass route, timed as repeated calls with one table, so the flat pass

@@ -150,11 +150,16 @@ if "torch.compile" in head:
     assert 0.5 + 1e-3 < head["torch.compile"] < head["pytorch"]
 
 # %% [markdown]
-# On a GPU, set the table's forward columns beside its forward+backward ones: ropelib's forward
-# runs near a copy's speed, well ahead of TE's fused kernel, yet its forward+backward can take
-# longer than TE's. The live table is not checked; sections 5 to 7 check the same from committed
-# runs, and section 7 finds out why. torch.compile's forward may land near the copy or far below
-# it: at this shape its time is the host's, which varies from run to run (section 5).
+# On a GPU, set the table's forward columns beside its forward+backward ones, and each forward
+# median beside its 20th and 80th percentiles. ropelib's forward+backward can take longer than
+# TE's; section 7 finds out why. ropelib's forward median need not show its kernel's speed: the
+# committed sweeps put its forward at this 64 MiB shape near a copy's speed and well ahead of
+# TE's fused kernel (section 5), and replayed from a CUDA graph it runs at 0.94 to 0.96 of a
+# copy (7.5, 7.6), yet a live median can land far below the copy, behind TE's, with its 20th
+# percentile still near it: a spread the kernel's own time does not have. torch.compile's
+# forward may likewise land near the copy or far below it: at this shape its time is the
+# host's, which varies from run to run (section 5). The live table is not checked; sections 5
+# to 7 check the same from committed runs.
 
 # %% [markdown]
 # The same case in **fp32**: now the output format *is* the arithmetic format, so the error is

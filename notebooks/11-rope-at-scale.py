@@ -689,10 +689,12 @@ assert (round(tflops[1]), round(tflops[2])) == (455, 311)
 #
 # Why, the fit cannot say. One GPU calls attention once per layer with `is_causal=True`; a
 # rank calls it twice (`cp.dual_chunk_attention`), each with a bottom-right causal mask over a
-# prefix of the keys. For that mask PyTorch's dispatcher tries only its flash and
-# memory-efficient kernels, while for `is_causal=True` it may also pick cuDNN's. So one
-# hypothesis is that one GPU ran a faster kernel; `torch.profiler`, naming the kernels of the
-# two calls against the one, shows whether the kernels differ at all.
+# prefix of the keys. For that mask, where a chunk has fewer queries than keys, PyTorch's
+# dispatcher tries only its flash and memory-efficient kernels, while for `is_causal=True` it
+# may also pick cuDNN's; a chunk with as many queries as keys (rank 0's first, positions
+# $0 \ldots s-1$) PyTorch hands on as `is_causal=True`. So one hypothesis is that one GPU ran a
+# faster kernel; `torch.profiler`, naming the kernels of the two calls against the one, shows
+# whether the kernels differ at all.
 #
 # On a GPU the next cell does that at the 131072-token run's sizes: one layer's attention,
 # forward and backward, as one GPU runs it and as rank 0 runs it (its gathered k and v put in
@@ -775,11 +777,13 @@ else:
 # `is_causal=True` call ran cuDNN's fused attention kernels (`cudnn_generated_..._sdpa_...`),
 # while most of rank 0's attention time went to PyTorch's own flash kernels
 # (`pytorch_flash::flash_fwd_kernel`, `flash_bwd_...`), the ones its bottom-right-masked call
-# can reach. Each path's attention time, times the layers, is printed beside its fit's $S^2$
-# term; on that run the two came out close for both paths (a live profile, so the notebook
-# prints them and asserts nothing). That agrees with the hypothesis without proving it: the
-# two paths ran different kernels, but no run here gives both paths the same kernel (say,
-# one GPU forced onto the flash kernel), which is what would show the kernel is the cause.
+# can reach, and a smaller share to the same cuDNN kernels as one GPU's: those of its first
+# chunk, handed on as `is_causal=True`. Each path's attention time, times the layers, is
+# printed beside its fit's $S^2$ term; on that run the two came out close for both paths (a
+# live profile, so the notebook prints them and asserts nothing). That agrees with the
+# hypothesis without proving it: the two paths spent most of their attention time in
+# different kernels, but no run here gives both paths the same kernel (say, one GPU forced
+# onto the flash kernel), which is what would show the kernel is the cause.
 #
 # **Takeaway:** the dual-chunk split with RoPE at global positions makes CP compute what one
 # GPU computes; each rank needs 55 % of one GPU's memory, and the speed it gives up here lies,
