@@ -2097,10 +2097,9 @@ solution(ex.solution_percent_of_copy)
 # The check launches your kernel itself, on grid $(S, H)$, with the signature below: fresh
 # inputs of several shapes, a non-contiguous `x`, partial rotary, fp16, and tables whose two
 # halves hold different angles (so, as in section 2.2, read $\theta_2$ as well as $\theta_1$),
-# into an output it fills with NaN first (an element you do not write stays NaN). In the
-# interpreter it also counts your cos/sin evaluations: a batch of 3 must cost no more of them
-# than a batch of 1. On a GPU that count is skipped, so there a kernel that evaluates cos/sin
-# inside the loop still passes; run the check on a CPU as well.
+# into an output it fills with NaN first (an element you do not write stays NaN). It also
+# counts your cos/sin evaluations in Triton's interpreter, on a GPU machine too (on CPU
+# tensors): a batch of 3 must cost no more of them than a batch of 1.
 
 # %%
 @triton.jit

@@ -215,6 +215,8 @@ if HAVE_HF:
 # **Exercise 2 — the positions of an image prompt.** Write `my_text_then_image(n_text, h, w)`: the
 # `[3, n_text + h*w + 1]` positions (time, row, column) of `n_text` text tokens, one image of
 # `h × w` patches in raster order, and one more text token after it, numbered as in section 2.
+# The check refuses an answer that calls ropelib's `grid_positions` or transformers'
+# `get_rope_index`: the numbering is yours to write.
 
 # %%
 def my_text_then_image(n_text, h, w):

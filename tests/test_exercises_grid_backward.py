@@ -645,3 +645,39 @@ def test_no_solution_is_used_before_its_exercise():
         before = text[:text.index("## Exercises")]
         used = re.findall(r"\bsolution\(|solution_\w+|Solution\w+|show_solution|check_\w+", before)
         assert not used, (notebook, used)
+
+
+@triton.jit
+def _trig_in_the_loop(x_ptr, y_ptr, freqs_ptr, B, sxs, sxb, sxh, sxd, sys_, syb, syh, D,
+                      ROT_HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
+                      BLOCK_PASS: tl.constexpr):
+    """Right outputs, cos/sin evaluated again for every batch entry (a @triton.jit kernel, so
+    the interpreter can count it on a GPU machine too)."""
+    s = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    offs = tl.arange(0, BLOCK_HALF)
+    mask = offs < ROT_HALF
+    p = 2 * ROT_HALF + tl.arange(0, BLOCK_PASS)
+    for b in range(0, B):
+        theta1 = tl.load(freqs_ptr + s * 2 * ROT_HALF + offs, mask=mask, other=0.0)
+        theta2 = tl.load(freqs_ptr + s * 2 * ROT_HALF + ROT_HALF + offs, mask=mask, other=0.0)
+        x_row = x_ptr + s * sxs + b * sxb + h * sxh
+        y_row = y_ptr + s * sys_ + b * syb + h * syh
+        x1 = tl.load(x_row + offs * sxd, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(x_row + (offs + ROT_HALF) * sxd, mask=mask, other=0.0).to(tl.float32)
+        y1 = x1 * tl.cos(theta1) - x2 * tl.sin(theta1)
+        y2 = x2 * tl.cos(theta2) + x1 * tl.sin(theta2)
+        tl.store(y_row + offs, y1.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_row + ROT_HALF + offs, y2.to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_row + p, tl.load(x_row + p * sxd, mask=p < D), mask=p < D)
+
+
+@INTERPRETER_ONLY
+def test_the_reuse_count_runs_where_kernels_are_compiled_too(monkeypatch, capsys):
+    # On a GPU machine the check counts cos/sin in the interpreter, on CPU tensors
+    # (work_count.interpreted): simulated here with runtime.INTERPRET switched off
+    monkeypatch.setattr(gk.runtime, "INTERPRET", False)
+    assert gk.check_batch_reuse_kernel(OWN_FORWARD) is True
+    assert "cos/sin computed once per program" in capsys.readouterr().out
+    assert gk.check_batch_reuse_kernel(_trig_in_the_loop) is False
+    assert "compute them once per program" in capsys.readouterr().out

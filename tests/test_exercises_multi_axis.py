@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,30 @@ def test_text_then_image_rejects_the_library(capsys):
     assert ex.check_text_then_image(with_grid_positions) is False
     out = capsys.readouterr().out
     assert "called ropelib's grid_positions" in out
+
+
+def test_text_then_image_rejects_transformers_numbering(capsys):
+    # transformers' get_rope_index, called as notebook 10 calls it, numbers the prompt right
+    M = pytest.importorskip("transformers.models.qwen2_vl.modeling_qwen2_vl").Qwen2VLModel
+    stub = types.SimpleNamespace(config=types.SimpleNamespace(
+        vision_config=types.SimpleNamespace(spatial_merge_size=2)))
+    if hasattr(M, "get_vision_position_ids"):
+        stub.get_vision_position_ids = lambda *a, **kw: M.get_vision_position_ids(stub, *a, **kw)
+
+    def with_transformers(n, h, w):
+        types_ = torch.tensor([[0] * n + [1] * (h * w) + [0]])
+        positions, _ = M.get_rope_index(stub, torch.zeros_like(types_), types_,
+                                        image_grid_thw=torch.tensor([[1, 2 * h, 2 * w]]))
+        return positions[:, 0]
+
+    try:
+        right = torch.equal(with_transformers(3, 2, 3), ex.solution_text_then_image(3, 2, 3))
+    except (TypeError, AttributeError, ValueError):
+        pytest.skip("this transformers' get_rope_index takes other arguments")
+    assert right, "the control: transformers numbers the prompt as the exercise asks"
+    assert ex.transformers_rope_index()
+    assert ex.check_text_then_image(with_transformers) is False
+    assert "get_rope_index" in capsys.readouterr().out
 
 
 def test_text_then_image_rejects_a_wrong_advance(capsys):

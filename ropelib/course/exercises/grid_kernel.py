@@ -34,6 +34,7 @@ import triton.language as tl
 
 from ... import reference, runtime
 from . import _compare, check, exception_line, is_blank_kernel, is_kernel, solution
+from ..work_count import interpreted
 from .own_code import fresh_seed, launch_barred, library_barred, run_own_code
 
 __all__ = ["KERNEL_SIGNATURE", "check_batch_reuse_kernel", "show_solution", "launch",
@@ -99,10 +100,8 @@ def launch(kernel, x: torch.Tensor, freqs2d: torch.Tensor) -> torch.Tensor:
 
 @contextlib.contextmanager
 def count_trig():
-    """Count cos/sin tile evaluations inside the block (interpreter only; else yields None)."""
-    if not runtime.INTERPRET:
-        yield None
-        return
+    """Count cos/sin tile evaluations of the kernels Triton's interpreter runs inside the block
+    (under TRITON_INTERPRET=1, or a kernel wrapped by work_count.interpreted on a GPU machine)."""
     from triton.runtime.interpreter import InterpreterBuilder
     counts = {"trig": 0}
     saved = {n: getattr(InterpreterBuilder, n) for n in ("create_cos", "create_sin")}
@@ -163,14 +162,16 @@ def check_kernel_cases(name: str, kernel, cases, expected: Callable, *, hint: st
         ok, _ = _compare(y, want, None, None)
         if not ok:
             return check(f"{name} ({label})", y, want, hint=hint)
-    if reuse_check and runtime.INTERPRET:
+    counted = reuse_check and _interpretable(kernel)
+    if counted:     # counted in Triton's interpreter, on CPU tensors, on a GPU machine too
+        run = kernel if runtime.INTERPRET else interpreted(kernel)
         evaluations = []
         for B in (1, 3):
             x, f2 = _inputs(torch.Generator().manual_seed(7), 2, B, 2, 16, 16, torch.float32)
             with count_trig() as counts:
                 try:
                     with library_barred(what, bar=bar):
-                        launch(kernel, x, f2)
+                        launch(run, x.cpu(), f2.cpu())
                 except Exception as exc:  # noqa: BLE001
                     print(f"❌ {name} (B={B}): launching your kernel raised {exception_line(exc)}")
                     return False
@@ -181,7 +182,19 @@ def check_kernel_cases(name: str, kernel, cases, expected: Callable, *, hint: st
                   "compute them once per program, before the loop over the batch, and reuse them")
             return False
     print(f"✅ {name}: correct on {len(cases)} launches"
-          + (", cos/sin computed once per program" if reuse_check and runtime.INTERPRET else ""))
+          + (", cos/sin computed once per program" if counted else ""))
+    return True
+
+
+def _interpretable(kernel) -> bool:
+    """Can Triton's interpreter run this kernel (to count its cos/sin)? Any kernel under
+    TRITON_INTERPRET=1; on a GPU machine a @triton.jit kernel (work_count.interpreted)."""
+    if runtime.INTERPRET:
+        return True
+    try:
+        interpreted(kernel)
+    except TypeError:
+        return False
     return True
 
 

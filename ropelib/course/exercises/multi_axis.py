@@ -91,10 +91,29 @@ def _text_then_image(n_text: int, h: int, w: int) -> torch.Tensor:
     return torch.cat([text, image, torch.tensor([[after]] * 3)], 1)
 
 
+def transformers_rope_index() -> tuple:
+    """transformers' own position numbering of Qwen2-VL's family (each model class's
+    `get_rope_index`), where transformers is installed: the same answer from a library."""
+    import importlib
+    import importlib.util
+    if importlib.util.find_spec("transformers") is None:
+        return ()
+    found = []
+    for name in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
+        try:
+            module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+        except Exception:  # noqa: BLE001  (a version without it, or one that fails to import)
+            continue
+        found += [vars(cls)["get_rope_index"] for cls in vars(module).values()
+                  if isinstance(cls, type) and "get_rope_index" in vars(cls)]
+    return tuple(found)
+
+
 def check_text_then_image(fn: Callable) -> bool:
     """fn(n_text, h, w) -> [3, n_text + h*w + 1] positions (time, row, column): n_text text
     tokens, one image of h x w patches in raster order, then one more text token. Your own
-    code: ropelib.mrope.grid_positions and the worked solution are barred."""
+    code: ropelib.mrope.grid_positions, transformers' get_rope_index and the worked solution
+    are barred."""
     seed, g = fresh_generator()     # and a prompt drawn now: a table made beforehand fails
     drawn = (int(torch.randint(0, 200, (), generator=g)),
              *(int(v) for v in torch.randint(1, 33, (2,), generator=g)))
@@ -102,7 +121,7 @@ def check_text_then_image(fn: Callable) -> bool:
               (n, h, w), _text_then_image(n, h, w))
              for c, (n, h, w) in enumerate(((3, 2, 2), (0, 1, 4), (5, 3, 2), (1, 4, 4), drawn))]
     return check_cases("text-then-image positions", "the positions built by your code", fn, cases,
-                       post=listed_as_tensor,
+                       post=listed_as_tensor, bar=transformers_rope_index(),
                        hint="text token i: (i, i, i); the image starts every axis at n_text and "
                             "adds its row to axis 1, its column to axis 2; the next text token "
                             "continues at one past the largest position used so far")
