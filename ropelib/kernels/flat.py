@@ -617,9 +617,9 @@ def _rope_rows_kernel(
                          AXIS_H_FROM, AXIS_W_FROM, XBLOCK, INT64)
         else:
             _rotate_rows(q_ptr, q_out_ptr, cos_ptr, sin_ptr, index_ptr, pairs_differ_ptr,
-                         q_block, seq, S, B, HQ, stride_tab_p, stride_tab_b, stride_rows_b, stride_tab_axis, D, R,
-                         LAYOUT, BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE, AXIS_H_FROM,
-                         AXIS_W_FROM, ROWS, INT64)
+                         q_block, seq, S, B, HQ, stride_tab_p, stride_tab_b, stride_rows_b,
+                         stride_tab_axis, D, R, LAYOUT, BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE,
+                         AXIS_H_FROM, AXIS_W_FROM, ROWS, INT64)
         if LAYOUT == 3:
             if pid == q_blocks - 1:     # a sequence longer than the table: the rest is NaN
                 _sequence_tail(q_ptr, q_out_ptr, seq, index_ptr, S, B, HQ, D, R, XBLOCK, INT64)
@@ -631,9 +631,9 @@ def _rope_rows_kernel(
                          AXIS_H_FROM, AXIS_W_FROM, XBLOCK, INT64)
         else:
             _rotate_rows(k_ptr, k_out_ptr, cos_ptr, sin_ptr, index_ptr, pairs_differ_ptr,
-                         k_block, seq, S, B, HK, stride_tab_p, stride_tab_b, stride_rows_b, stride_tab_axis, D, R,
-                         LAYOUT, BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE, AXIS_H_FROM,
-                         AXIS_W_FROM, ROWS, INT64)
+                         k_block, seq, S, B, HK, stride_tab_p, stride_tab_b, stride_rows_b,
+                         stride_tab_axis, D, R, LAYOUT, BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE,
+                         AXIS_H_FROM, AXIS_W_FROM, ROWS, INT64)
         if LAYOUT == 3:
             if pid == tl.num_programs(0) - 1:
                 _sequence_tail(k_ptr, k_out_ptr, seq, index_ptr, S, B, HK, D, R, XBLOCK, INT64)
