@@ -49,7 +49,7 @@ import triton.language as tl
 from .. import runtime
 from . import access
 from .exercises import kernel_answer
-from .exercises.own_code import run_own_code
+from .exercises.own_code import fresh_seed, run_own_code
 from .work_count import interpreted
 
 __all__ = ["PUZZLES", "BoundsCheckedMemory", "Region", "run_in_checked_memory", "draw_accesses",
@@ -1693,7 +1693,7 @@ def grade(p: Puzzle, kernel, *, seed: Optional[int] = None, draw: bool = True,
 
     The inputs are drawn from `seed`, a fresh one when None; a ❌ line prints it, and the same
     seed handed back runs the same cases again."""
-    seed = int(torch.randint(0, 2**31, ())) if seed is None else int(seed)
+    seed = fresh_seed() if seed is None else int(seed)
     try:
         return _grade(p, kernel, seed=seed, draw=draw, time_it=time_it)
     except Exception as exc:  # noqa: BLE001 -- a check must not stop the notebook

@@ -162,9 +162,9 @@ def check_kernel_cases(name: str, kernel, cases, expected: Callable, *, hint: st
         ok, _ = _compare(y, want, None, None)
         if not ok:
             return check(f"{name} ({label})", y, want, hint=hint)
-    counted = reuse_check and _interpretable(kernel)
+    run = _as_interpreted(kernel) if reuse_check else None
+    counted = run is not None
     if counted:     # counted in Triton's interpreter, on CPU tensors, on a GPU machine too
-        run = kernel if runtime.INTERPRET else interpreted(kernel)
         evaluations = []
         for B in (1, 3):
             x, f2 = _inputs(torch.Generator().manual_seed(7), 2, B, 2, 16, 16, torch.float32)
@@ -186,16 +186,16 @@ def check_kernel_cases(name: str, kernel, cases, expected: Callable, *, hint: st
     return True
 
 
-def _interpretable(kernel) -> bool:
-    """Can Triton's interpreter run this kernel (to count its cos/sin)? Any kernel under
-    TRITON_INTERPRET=1; on a GPU machine a @triton.jit kernel (work_count.interpreted)."""
+def _as_interpreted(kernel):
+    """The kernel as Triton's interpreter runs it (to count its cos/sin), or None where it
+    cannot: any kernel under TRITON_INTERPRET=1; on a GPU machine a @triton.jit kernel
+    (work_count.interpreted)."""
     if runtime.INTERPRET:
-        return True
+        return kernel
     try:
-        interpreted(kernel)
+        return interpreted(kernel)
     except TypeError:
-        return False
-    return True
+        return None
 
 
 def _inputs(gen, S, B, H, D, R, dtype, *, strided=False, table="te"):

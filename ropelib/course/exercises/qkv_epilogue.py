@@ -35,7 +35,7 @@ import triton
 from ... import runtime
 from ..kernels import qkv_teaching
 from . import _compare, check, exception_line, is_blank_kernel, is_kernel, solution
-from .own_code import launch_barred
+from .own_code import fresh_seed, launch_barred
 
 __all__ = ["check_epilogue_kernel", "check_split_epilogue_kernel", "check_prologue_kernel",
            "show_epilogue_solution", "show_split_epilogue_solution", "show_prologue_solution", "reference_qkv", "reference_dx", "draw_inputs",
@@ -140,7 +140,7 @@ def _run_cases(name: str, what: str, kernel, seed: Optional[int], make_output: C
     """Launch `kernel` on each case into a NaN output inside NaN guard bands; compare. Where
     every case is right, `structure(kernel)` (if given) may still refuse the kernel: it returns
     None to accept it, or what is wrong with how it is built."""
-    seed = int(torch.randint(0, 2**31 - 1, (1,)).item()) if seed is None else seed
+    seed = fresh_seed() if seed is None else seed
     gen = torch.Generator().manual_seed(seed)
     atol, rtol = _tolerance()
     for case in CASES:
