@@ -580,6 +580,16 @@ def _thread_entry_points() -> list:
     return points
 
 
+def _patched(holder, attr: str, wrap: Callable) -> None:
+    """Replace holder.attr (a class's own attribute, or a module's) by wrap(it), saved in
+    _PROCESS_SAVED to be put back; nothing where it has none."""
+    original = (holder.__dict__.get(attr) if isinstance(holder, type)
+                else getattr(holder, attr, None))
+    if original is not None:
+        _PROCESS_SAVED.append((holder, attr, original))
+        setattr(holder, attr, wrap(original))
+
+
 @contextmanager
 def _processes_refused(block: _Block):
     """While the block runs, starting a process (or handing one work) is refused, in any thread,
@@ -591,19 +601,9 @@ def _processes_refused(block: _Block):
             if not _COMPILERS:
                 _COMPILERS = _compiler_folders()
             for holder, attr, label, verb in _process_entry_points():
-                original = (holder.__dict__.get(attr) if isinstance(holder, type)
-                            else getattr(holder, attr, None))
-                if original is None:
-                    continue
-                _PROCESS_SAVED.append((holder, attr, original))
-                setattr(holder, attr, _refusing(original, label, verb, holder))
+                _patched(holder, attr, lambda f: _refusing(f, label, verb, holder))
             for holder, attr, index, name in _thread_entry_points():
-                original = (holder.__dict__.get(attr) if isinstance(holder, type)
-                            else getattr(holder, attr, None))
-                if original is None:
-                    continue
-                _PROCESS_SAVED.append((holder, attr, original))
-                setattr(holder, attr, _handing_to_a_thread(original, index, name))
+                _patched(holder, attr, lambda f: _handing_to_a_thread(f, index, name))
         _BLOCKS.append(block)
     try:
         yield
