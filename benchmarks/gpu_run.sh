@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu_run.sh tests     # every GPU test: pytest -m gpu tests
 #   bash benchmarks/gpu_run.sh targets   # python -m ropelib.bench --suite targets  (~5 min)
 #   bash benchmarks/gpu_run.sh floor     # the README's table: --suite floor -> floor-<gpu>.csv (~5 min)
+#                                        # (FLOOR_PARTS=REGEX: those parts only, into the CSV)
 #   bash benchmarks/gpu_run.sh two-pass  # where the two-pass route pays (benchmarks/two_pass.py)
 #   bash benchmarks/gpu_run.sh decode    # decode suite (host cost, CUDA graphs), host profile,
 #                                        # launch cost per kernel argument, and a ropelib
@@ -41,6 +42,8 @@
 #                                        # warp states, occupancy, L1/L2 traffic (~1 min)
 #   bash benchmarks/gpu_run.sh qk_norm-ncu  # QK-norm + RoPE forward+backward's kernels at two
 #                                        # shapes of the same bytes under Nsight Compute (~1 min)
+#   bash benchmarks/gpu_run.sh b1_gap-ncu  # batch 1: the flat pass beside torch.compile's kernel
+#                                          # and an element-wise copy under Nsight Compute
 #   bash benchmarks/gpu_run.sh naive_warps-ncu  # notebook 03's naive kernel at 1, 2, 4, 8 warps
 #                                               # under Nsight Compute, beside a row move (~1 min)
 #   bash benchmarks/gpu_run.sh te-ncu    # Transformer Engine's fused kernel (installed first)
@@ -132,7 +135,14 @@ for what in "${@:-tests}"; do
             # the two-pass route's tests (bit for bit with the finished kernel), compiled
             step pytest-two-pass "$PY" -m pytest -q tests/test_two_pass.py -p no:cacheprovider ;;
         floor)
-            step floor "$PY" -m ropelib.bench --suite floor --out "$RESULTS/"
+            # FLOOR_PARTS=REGEX: only the parts it selects, written into the committed CSV in
+            # place of their rows (the others and their dates kept)
+            if [ -n "${FLOOR_PARTS:-}" ]; then
+                step floor "$PY" -m ropelib.bench --suite floor --cases "$FLOOR_PARTS" \
+                    --into "$RESULTS/floor-$gpu.csv"
+            else
+                step floor "$PY" -m ropelib.bench --suite floor --out "$RESULTS/"
+            fi
             keep "$RESULTS"/floor-"$gpu".csv ;;
         two-pass)
             step two-pass "$PY" benchmarks/two_pass.py --compile --out "$RESULTS"
@@ -217,7 +227,7 @@ lts__t_sector_hit_rate.pct,l1tex__t_sector_hit_rate.pct,launch__grid_size \
                 echo "=== tables: no ncu on this machine: the Nsight Compute part is skipped"
             fi
             step hf-tables "$PY" benchmarks/hf_tables_probe.py ;;
-        decode-ncu|puzzle9-ncu|te-ncu|mrope_angles-ncu|naive_warps-ncu|ladder_stalls-ncu|qk_norm-ncu)
+        decode-ncu|puzzle9-ncu|te-ncu|mrope_angles-ncu|naive_warps-ncu|ladder_stalls-ncu|qk_norm-ncu|b1_gap-ncu)
             # a probe's launches under Nsight Compute with the warp-state metrics
             # (compare.WARP_STATE_METRICS): decode-ncu, ropelib's decode kernel (angles, and a
             # cos/sin table) beside torch.compile's kernel of Hugging Face's formula
@@ -229,7 +239,8 @@ lts__t_sector_hit_rate.pct,l1tex__t_sector_hit_rate.pct,launch__grid_size \
             # notebook 03's naive kernel at 1, 2, 4 and 8 warps (benchmarks/naive_warps_ncu.py);
             # ladder_stalls-ncu, notebook 05's ladder rungs at b = 8 and b = 1
             # (benchmarks/ladder_stalls_ncu.py); qk_norm-ncu, QK-norm + RoPE forward+backward at
-            # b8 s4096 and b2 s16384 (benchmarks/qk_norm_ncu.py)
+            # b8 s4096 and b2 s16384 (benchmarks/qk_norm_ncu.py); b1_gap-ncu, the flat pass at batch
+            # 1 beside torch.compile's kernel and an element-wise copy (benchmarks/b1_gap_ncu.py)
             probe=${what%-ncu}_ncu
             # NCU_CLOCK=none: the clock left free (Nsight Compute locks it to base unless told);
             # the file's name says so
@@ -298,7 +309,7 @@ print('# what: Nsight Compute (--profile-from-start off --csv${NCU_CLOCK:+ --clo
                 ${ONLY:+--only "$ONLY"}
             [ -n "${OUT:-}" ] && tar czf "$OUT/executed-$tag.tar.gz" -C "$executed" . ;;
         *)
-            echo "unknown step: $what (tests, targets, floor, two-pass, decode, decode-ncu, puzzle9-ncu, te-ncu, mrope_angles-ncu, naive_warps-ncu, ladder_stalls-ncu, qk_norm-ncu, model, sweeps, ablation, ladder, features, qkv-backward, qkv-mainloop, qkv-forward-ab, qkv-table-flag, tables, fwdbwd, fwdbwd-mid, probes, course, notebooks)"; exit 2 ;;
+            echo "unknown step: $what (tests, targets, floor, two-pass, decode, decode-ncu, puzzle9-ncu, te-ncu, mrope_angles-ncu, naive_warps-ncu, ladder_stalls-ncu, qk_norm-ncu, b1_gap-ncu, model, sweeps, ablation, ladder, features, qkv-backward, qkv-mainloop, qkv-forward-ab, qkv-table-flag, tables, fwdbwd, fwdbwd-mid, probes, course, notebooks)"; exit 2 ;;
     esac
 done
 exit $rc
