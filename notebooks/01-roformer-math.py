@@ -343,6 +343,8 @@ ratios = {name: frequencies.inv_freq(d, base, sc, dtype=f64) / plain
 # What the formulas promise, checked:
 assert torch.allclose(ratios["linear (s=8)"], torch.full_like(plain, 1 / 8))
 assert ratios["NTK-aware (s=8)"][0] == 1 and abs(ratios["NTK-aware (s=8)"][-1] - 1 / 8) < 1e-5
+ntk_plain = frequencies.inv_freq(d, base * 8 ** (d / (d - 2)), dtype=f64)   # b -> b s^(d/(d-2))
+assert torch.allclose(ratios["NTK-aware (s=8)"], ntk_plain / plain)         # NTK: only the base
 llama = scalings["Llama 3.1 (s=8)"]
 L0 = llama.original_max_position_embeddings                   # the trained context, 8192
 short = wavelength < L0 / llama.high_freq_factor              # lambda < L0 / 4: kept
@@ -350,6 +352,9 @@ long_ = wavelength > L0 / llama.low_freq_factor               # lambda > L0: div
 assert (L0, llama.high_freq_factor, llama.low_freq_factor, llama.factor) == (8192, 4, 1, 8)
 assert torch.all(ratios["Llama 3.1 (s=8)"][short] == 1)
 assert torch.allclose(ratios["Llama 3.1 (s=8)"][long_], torch.full_like(plain[long_], 1 / 8))
+blend = (L0 / wavelength - llama.low_freq_factor) / (llama.high_freq_factor - llama.low_freq_factor)
+between = ~short & ~long_                                     # the blend, linear in 1/lambda_j
+assert torch.allclose(ratios["Llama 3.1 (s=8)"][between], ((1 - blend) / 8 + blend)[between])
 yarn = ratios["YaRN (s=8, L0=8192)"]      # fast pairs kept, slow pairs / 8, a ramp between
 assert yarn[0] == 1 and abs(yarn[-1] - 1 / 8) < 1e-6 and bool((yarn[1:] <= yarn[:-1]).all())
 temperature = scalings["YaRN (s=8, L0=8192)"].attention_scaling   # cos and sin scaled by it
@@ -437,9 +442,10 @@ assert round(factor, 2) == 0.81 and abs((1 - factor) - 1 / 5) < 0.02
 # the score is $\sum_j 2\cos(\Delta\theta_j)$, and it falls with distance too.
 #
 # **What the decay is not.** It is a property of the *bound*. The bound is loose: for
-# $q = k = \mathbf 1$ it is $2 \sum_j |S_j|$, far above the score. Vectors whose $h_j$ varies
-# slowly with $j$, like $q = k = \mathbf 1$, tend to have scores that decay too. Other pairs
-# $(q, k)$ need not. The expected score is
+# $q = k = \mathbf 1$ it is $2 \sum_j |S_j|$, at least 18 times the score at every distance
+# from 0 to 256 (the next cell prints it). Vectors whose $h_j$ varies slowly with $j$, like
+# $q = k = \mathbf 1$, tend to have scores that decay too. Other pairs $(q, k)$ need not. The
+# expected score is
 #
 # $$
 # \mathbb E\,\langle R_m q, R_n k\rangle = \mathrm{Re}\sum_{j} \mathbb E[h_j]\, e^{i\Delta\theta_j},
@@ -462,7 +468,9 @@ assert round(factor, 2) == 0.81 and abs((1 - factor) - 1 / 5) < 0.02
 # So the long-term decay is a prior built into the construction: on average, a query and a key
 # that point the same way score less the further apart they are. It is not a rule that far
 # tokens interact less: a trained model chooses its $q$ and $k$ and can give a high score at any
-# distance (the slowest pairs barely turn over a whole context). The next cell computes all of it: the bound, the
+# distance, for instance by putting its weight on the slowest pairs, which hardly turn: at
+# $d = 128$, $b = 10000$ the slowest pair turns by less than a sixth of a turn over 8192 tokens
+# (the next cell prints it). The next cell computes all of it: the bound, the
 # summation-by-parts identity, and the scores of 4096 random pairs at distances 0 to 256.
 
 # %%
@@ -527,6 +535,14 @@ bound_over_score = [(upper[:, i] / score_indep[:, i].abs()).median().item()
                     for i in (0, 10, 50, 100, 250)]
 assert all(3 <= f <= 5 for f in falls), falls
 assert 100 <= min(bound_over_score) and max(bound_over_score) < 10_000, bound_over_score
+# q = k = 1: max |h_{j+1} - h_j| = 2 (only the last step, h_{d/2} - h_{d/2-1}, is not 0)
+ones_over_score = (2 * S_j.abs().sum(dim=1) / ones_score.abs()).min().item()
+print(f"q = k = 1: the bound 2 sum_j |S_j| is at least {ones_over_score:.1f} times the score "
+      "at every distance 0..256")
+assert ones_over_score > 18
+slowest_turns = 8192 * theta128[-1].item() / (2 * math.pi)      # turns of the slowest pair
+print(f"the slowest pair turns {slowest_turns:.2f} of a full turn over 8192 tokens")
+assert slowest_turns < 1 / 6
 
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
 ax1.plot(dist, bound, label=r"relative upper bound $\frac{1}{d/2}\sum_j |S_j|$")
@@ -603,7 +619,37 @@ print("interleaved RoPE(x) == rotate-half RoPE(x[..., perm])[..., argsort(perm)]
 # As matrices: with the permutation matrix $P$ ($Px = x_{[\mathrm{perm}]}$),
 # $R^{\text{interleaved}}_m = P^\top R^{\text{half}}_m P$, and the scores agree:
 # $\langle P^\top R P q, P^\top R P k\rangle = \langle R\,Pq, R\,Pk\rangle$. That is the
-# checkpoint conversion above, done on $q$ and $k$.
+# checkpoint conversion above, done on $q$ and $k$. Done on the weights, $Pq = (PW_q)\,x$: permute
+# the rows of $W_q$ and $W_k$, head by head. Hugging Face's
+# [`convert_llama_weights_to_hf.py`](https://github.com/huggingface/transformers/blob/v4.40.0/src/transformers/models/llama/convert_llama_weights_to_hf.py)
+# does it with a one-line `permute`; the cell below copies that line, checks it is `perm` for one
+# head, and compares the scores of one head's projections three ways: as trained (interleaved),
+# converted (rows permuted, rotate-half), and loaded with the wrong pairing and no permutation.
+
+# %%
+hidden, tokens = 16, 5
+W_q, W_k = torch.randn(d, hidden, dtype=f64), torch.randn(d, hidden, dtype=f64)   # one head
+xs = torch.randn(tokens, hidden, dtype=f64)                # the hidden states of 5 tokens
+
+def head_scores(Wq, Wk, interleaved):
+    """<RoPE(W_q x_m), RoPE(W_k x_n)> for every pair of the 5 tokens: [tokens, tokens]."""
+    f = frequencies.rope_freqs(tokens, d, interleaved=interleaved).double()
+    rope = lambda W: reference.rope_reference((xs @ W.T)[:, None, None, :], f,
+                                              interleaved=interleaved)[:, 0, 0]
+    return rope(Wq) @ rope(Wk).T
+
+def hf_permute(w, n_heads, dim1, dim2):    # Hugging Face's conversion script, its one line
+    return w.view(n_heads, dim1 // n_heads // 2, 2, dim2).transpose(1, 2).reshape(dim1, dim2)
+
+assert torch.equal(hf_permute(W_q, 1, d, hidden), W_q[perm])           # = perm, for one head
+trained = head_scores(W_q, W_k, interleaved=True)
+converted = head_scores(W_q[perm], W_k[perm], interleaved=False)
+wrong = head_scores(W_q, W_k, interleaved=False)            # runs without an error
+print(f"largest score change: converted {(converted - trained).abs().max().item():.1e}, "
+      f"wrong pairing {(wrong - trained).abs().max().item():.2f} "
+      f"(the scores' own spread: {trained.std().item():.2f})")
+assert torch.allclose(converted, trained)
+assert (wrong - trained).abs().max() > trained.std()
 
 # %% [markdown]
 # ## Exercises
@@ -616,8 +662,11 @@ print("interleaved RoPE(x) == rotate-half RoPE(x[..., perm])[..., argsort(perm)]
 # code barred, anywhere in the package: a function that calls `ropelib.reference` (as this
 # notebook's `R_from_reference` does), `ropelib.frequencies`, one of the course's RoPE helpers
 # or a worked solution is refused, even when its numbers are right. Plain PyTorch is yours to
-# use. The checks also try sizes and bases other than this notebook's, at positions drawn anew
-# on every run, so your functions must work from the arguments they are given.
+# use. Your functions must work from the arguments they are given: the checks of exercises 1
+# and 2 try sizes and bases other than this notebook's, at positions drawn anew on every run;
+# exercise 3's adds inputs of a size drawn anew; exercise 4's tries $d = 8$ and other even
+# sizes. The checks' messages call the size $R$ (the rotary dim: here all of $d$), so
+# "R=8, base=10000, m=0" is $d = 8$, $b = 10000$, position 0.
 #
 # **Exercise 1 — the rotation matrix.** Write `rotation_matrix(m, inv_freq)` that returns the
 # $[d, d]$ block-diagonal $R_m$ for the interleaved pairing ($d = 2\cdot$`len(inv_freq)`),

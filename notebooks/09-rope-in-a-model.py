@@ -277,9 +277,11 @@ x_d = q_raw.clone().requires_grad_()
 grad_flip = reference.rope_reference(w, -ang[:S_d])     # the backward of notebook 06
 grad_forgot = reference.rope_reference(w, ang[:S_d])    # the bug: rotates by +theta again
 assert same(grad_flip, grad_autograd) and not same(grad_forgot, grad_autograd)
-print(f"backward without the sign flip: max |gradient error| "
-      f"{(grad_forgot - grad_autograd).abs().max().item():.2f} (gradients of size "
-      f"{grad_autograd.abs().max().item():.2f})")
+grad_miss = (grad_forgot - grad_autograd).abs().max().item()
+grad_size = grad_autograd.abs().max().item()
+print(f"backward without the sign flip: max |gradient error| {grad_miss:.2f} (gradients of size "
+      f"{grad_size:.2f})")
+assert (round(grad_miss, 2), round(grad_size, 2)) == (5.07, 2.78)     # fp64, seeded: the text's
 
 # %% [markdown]
 # The table bears the argument out. The offset changes nothing. $-\theta$ on both keeps the
@@ -318,15 +320,25 @@ for name, rope, seed in [("ropelib", "ropelib", 0), ("reference", "reference", 0
 # parameters and enough passes it starts to *memorise*: the training loss keeps falling, the
 # validation loss stops falling and climbs. A comparison of two RoPE implementations needs the
 # first regime, so the run is kept short. The cell checks that no run's validation loss has
-# climbed by the end: each run's last validation loss $v_\text{last}$ must be within 1 % of its
-# lowest,
+# clearly climbed by the end. "Clearly" needs a yardstick: a run's validation loss moves a
+# little from one evaluation to the next even while the model generalises, because the batches
+# of the last steps push the weights one way or the other. The yardstick is the one the parity
+# check below uses, the mean absolute difference between two runs' validation losses over the
+# $N$ evaluations,
 #
 # $$
-# v_\text{last} \le 1.01\, v_\text{min} .
+# d(a, b) = \frac{1}{N}\sum_{i=1}^{N} \lvert L^{\text{val}}_a(t_i) - L^{\text{val}}_b(t_i)\rvert ,
 # $$
 #
-# Near a loss of 1.2 nats that allows about 0.012 nats, a little over half the mean distance
-# between the validation curves of two seeds in the committed run (0.0215 nats).
+# taken between the reference and its second seed: how far another seed moves the curve. Each
+# run's last validation loss $v_\text{last}$ may sit above its lowest $v_\text{min}$ by no more
+# than that,
+#
+# $$
+# v_\text{last} - v_\text{min} \le d(\text{reference seed 1}, \text{reference}) ,
+# $$
+#
+# a rise no larger than what a change of seed does anyway.
 #
 # Memorising shows first in the gap between the two losses. At each evaluation `train`
 # estimates both on fixed batches, as nanoGPT's `estimate_loss` does: the validation loss on
@@ -336,10 +348,17 @@ for name, rope, seed in [("ropelib", "ropelib", 0), ("reference", "reference", 0
 #
 # Read the check for what it is. The learning rate decays by a cosine to a tenth of its peak at
 # the last step, so near the end the weights move little, and the validation curve flattens at
-# the end of any such run, memorising or not. The check catches a run whose validation loss
-# clearly climbed before that; it cannot say where the loss would turn with more steps.
+# the end of any such run, memorising or not. Flat is not the same as still falling: a run can
+# end an evaluation or two above its lowest, and the cell prints by how much. The check catches a
+# run whose validation loss clearly climbed; it cannot say where the loss would turn with more
+# steps. What a run shows of memorising is in the gap.
 
 # %%
+def mean_abs_diff(a, b):
+    return sum(abs(x - y) for x, y in zip(a, b)) / len(a)
+
+
+d_seed = mean_abs_diff(runs["reference seed 1"]["val_loss"], runs["reference"]["val_loss"])
 n_passes = STEPS * BATCH * cfg.block_size / len(data.train_data)
 print(f"{STEPS} steps x {BATCH} x {cfg.block_size} characters = {n_passes:.3g} passes over the "
       f"{len(data.train_data):,} training characters")
@@ -347,37 +366,30 @@ for k, r in runs.items():
     v, at = r["val_loss"], r["eval_step"]
     best = min(range(len(v)), key=v.__getitem__)
     print(f"{k:>18}: val lowest {v[best]:.4f} at step {at[best]}, last {v[-1]:.4f} at step "
-          f"{at[-1]} ({100 * (v[-1] / v[best] - 1):.2f} % above); validation - training loss "
-          "(fixed batches) at step " + ", ".join(
+          f"{at[-1]} ({v[-1] - v[best]:.4f} nats above, {(v[-1] - v[best]) / d_seed:.2f} of the "
+          "seed distance); validation - training loss (fixed batches) at step " + ", ".join(
               f"{s}: {a - b:+.3f}" for s, a, b in zip(at, v, r["eval_train_loss"])))
-    assert v[-1] <= 1.01 * v[best], (
-        f"{k}: the validation loss rose from {v[best]:.4f} (step {at[best]}) to {v[-1]:.4f}: "
-        "the run trains past the point where it generalises; give it fewer steps")
+    assert v[-1] - v[best] <= d_seed, (
+        f"{k}: the validation loss rose from {v[best]:.4f} (step {at[best]}) to {v[-1]:.4f}, "
+        f"more than the seed distance {d_seed:.4f}: the run trains past the point where it "
+        "generalises; give it fewer steps")
+print(f"the seed distance d(reference seed 1, reference) of this run: {d_seed:.4f} nats")
 
 # %% [markdown]
 # ### Do the curves agree?
 #
 # Compare the validation losses (the same held-out batches at every evaluation, so they are
-# far less noisy than the per-step training loss) by the mean absolute difference over the
-# evaluations,
-#
-# $$
-# d(a, b) = \frac{1}{N}\sum_{i=1}^{N} \lvert L^{\text{val}}_a(t_i) - L^{\text{val}}_b(t_i)\rvert ,
-# $$
-#
-# and ask that the kernel's gap from the reference stay inside the seed band, with room:
+# far less noisy than the per-step training loss) by the distance $d(a, b)$ above, and ask
+# that the kernel's gap from the reference stay inside the seed band, with room:
 # $d(\text{ropelib}, \text{reference}) \le 1.5\, d(\text{reference seed 1}, \text{reference})$.
 #
 # The band is generous: the second seed changes the batches too. The control shares ropelib's
 # weights and batches, so it is the matched yardstick; the cells after the figure read it.
 
 # %%
-def mean_abs_diff(a, b):
-    return sum(abs(x - y) for x, y in zip(a, b)) / len(a)
-
 val = {k: r["val_loss"] for k, r in runs.items()}
 d_kernel = mean_abs_diff(val["ropelib"], val["reference"])
-d_seed = mean_abs_diff(val["reference seed 1"], val["reference"])
+assert d_seed == mean_abs_diff(val["reference seed 1"], val["reference"])   # the cell above's
 print(f"final val loss: " + ", ".join(f"{k} {v[-1]:.4f}" for k, v in val.items()))
 print(f"d(ropelib, reference)          = {d_kernel:.2e}   (same seed, other RoPE)")
 print(f"d(reference seed 1, reference) = {d_seed:.2e}   (run-to-run noise)")
@@ -429,6 +441,8 @@ print(f"committed figure: {meta_c['gpu']}, {meta_c['steps']} steps of batch {met
       f"{meta_c['amp_dtype']} (this notebook's run: {STEPS} steps of batch {BATCH})")
 v_c, at_c = saved_c["reference"]["val_loss"], saved_c["reference"]["eval_step"]
 every_c = at_c[1] - at_c[0]                                 # steps between two evaluations
+d_kernel_c = mean_abs_diff(saved_c["ropelib"]["val_loss"], v_c)
+d_seed_c = mean_abs_diff(saved_c["reference seed 1"]["val_loss"], v_c)
 lowest_at_c, rise_c, above_c = {}, {}, {}    # step of the lowest; last minus lowest: nats, %
 for k, h in saved_c.items():
     v = h["val_loss"]
@@ -439,23 +453,19 @@ for k, h in saved_c.items():
     print(f"{k:>18}: val lowest {v[best]:.4f} at step {lowest_at_c[k]}, last {v[-1]:.4f} "
           f"({rise_c[k]:.4f} nats, {above_c[k]:.2f} % above); train loss over the last "
           f"{every_c} steps {sum(tail_c) / len(tail_c):.4f}")
-    assert v[-1] <= 1.01 * v[best]                          # within 1 %, as the live check
-best_c = min(range(len(v_c)), key=v_c.__getitem__)
+    assert rise_c[k] <= d_seed_c                            # as the live check
 assert lowest_at_c == {"ropelib": 300, "reference": 300, "reference seed 1": 275,
                        "reference again": 275}             # two of the four runs
 late_c = ("reference seed 1", "reference again")          # the two lowest at step 275
 assert [round(rise_c[k], 4) for k in late_c] == [0.0021, 0.0005]          # "0.0021", "0.0005"
 assert [round(above_c[k], 2) for k in late_c] == [0.18, 0.04]              # "0.18 %", "0.04 %"
-d_kernel_c = mean_abs_diff(saved_c["ropelib"]["val_loss"], v_c)
-d_seed_c = mean_abs_diff(saved_c["reference seed 1"]["val_loss"], v_c)
 print(f"its parity: d(ropelib, reference) = {d_kernel_c:.2e}, "
       f"d(reference seed 1, reference) = {d_seed_c:.2e}, ratio {d_kernel_c / d_seed_c:.2f}")
 assert d_kernel_c <= 1.5 * d_seed_c and round(d_kernel_c / d_seed_c, 2) == 0.40
-allowed_c = 0.01 * v_c[best_c]                              # what the live check's 1 % lets through
-print(f"1 % of the reference's lowest validation loss ({v_c[best_c]:.4f}): {allowed_c:.4f} "
-      f"nats, {allowed_c / d_seed_c:.2f} of d(reference seed 1, reference) = {d_seed_c:.4f}")
-assert round(v_c[best_c], 1) == 1.2 and round(allowed_c, 3) == 0.012       # "1.2", "0.012"
-assert round(allowed_c / d_seed_c, 2) == 0.56 and round(d_seed_c, 4) == 0.0215   # over half
+print(f"the largest rise from a run's lowest validation loss to its last: "
+      f"{max(rise_c.values()):.4f} nats, {max(rise_c.values()) / d_seed_c:.2f} of "
+      f"d(reference seed 1, reference) = {d_seed_c:.4f}, what the check allows")
+assert round(d_seed_c, 4) == 0.0215 and round(max(rise_c.values()) / d_seed_c, 2) == 0.10
 
 # the generalisation gap of the committed run: validation loss minus the mean of the per-step
 # training losses over the steps since the previous evaluation (not the CSV's eval_train_loss
@@ -580,12 +590,14 @@ assert (round(k4, 4), round(c4, 4)) == (0.0051, 0.0037)                     # af
 # which kernel adds it, this notebook does not measure (a control trained under
 # `torch.use_deterministic_algorithms(True)` could narrow it down).
 #
-# **Where the run ends.** Two of the four committed runs, ropelib and the reference, are lowest
-# at the last evaluation, step 300; the reference's validation loss still fell by 0.003 nats over
-# the last 25 steps. The second seed and the control are lowest at step 275 and end 0.0021 and
-# 0.0005 nats (0.18 % and 0.04 %) above it, well inside the 1 % the check allows. Those rises are
-# smaller than the control's noise (0.0062 nats), and the control, the same code from the same
-# seed as the reference, ends the other way round: a rerun can turn either way.
+# **Where the run ends.** Two of the four committed runs, ropelib and the reference, are lowest at
+# the last evaluation, step 300; the reference's validation loss still fell by 0.003 nats over the
+# last 25 steps. The second seed and the control are lowest at step 275 and end 0.0021 and 0.0005
+# nats (0.18 % and 0.04 %) above it: the larger is 0.10 of the seed distance (0.0215 nats), well
+# inside what the check allows. Those rises are smaller than the control's noise (0.0062 nats),
+# and the control, the same code from the same seed as the reference, ends the other way round: a
+# rerun can turn either way, and can end further above its lowest than these (the cell after the
+# training runs prints this run's rises next to its own seed distance).
 #
 # What the numbers do show is the gap between the two losses. For the committed run the cell
 # takes the training loss as the mean of the per-step training losses over the 25 steps before
@@ -848,10 +860,9 @@ if ON_GPU:
 # %% [markdown]
 # The committed GPU run of this section (`figures/09-rope-share.csv`) gives a reader without a
 # GPU the device's answer: with ropelib, RoPE takes 2.84 % of the busy step, with the reference
-# 35.76 %. That run timed its floor as the cell above does: 0.146 ms (`copy_floor_ms`). The cell
-# below also computes the floor from the rate of the H200's 1 GiB copy
-# (`benchmarks/results/floor-nvidia-h200.csv`): 0.143 ms. The kernel takes 1.27 times the timed
-# floor, 1.29 times the computed one: the two floors agree within 3 %, asserted.
+# 35.76 %. That run timed its floor as the cell above does, a copy of RoPE's 604 MB:
+# 0.146 ms (`copy_floor_ms`). ropelib's RoPE takes 1.27 times that copy, the reference's 24.11
+# times.
 #
 # **Where the step's saving comes from.** The busy step with ropelib is 3.32 ms shorter than the
 # reference's, and RoPE's own kernels take 3.33 ms less: the device time the kernel saves is, to
@@ -878,29 +889,23 @@ if ON_GPU:
 # %%
 share_meta, share_rows = COMMITTED_SHARE
 committed = {r["rope"]: r for r in share_rows}
-# one copy of RoPE's bytes at the H200's 1 GiB copy rate (a copy of 1 GiB reads and writes 2 GiB)
-from ropelib.course import measured
-copy_1gib_ms = measured.floor()["forward 1 GiB bf16 sbhd"]["copy"]["ms"]
-one_copy_ms = int(share_meta["rope_bytes"]) / (2 * 2 ** 30) * copy_1gib_ms
 timed_floor_ms = committed["ropelib"]["copy_floor_ms"]       # the run's own copy of the bytes
 print(f"committed run: {share_meta['gpu']}, batch {share_meta['batch']}; one copy of RoPE's "
-      f"{int(share_meta['rope_bytes']) / 1e6:.0f} MB at the 1 GiB copy's rate: "
-      f"{one_copy_ms:.3f} ms; timed by the run: {timed_floor_ms:.3f} ms; ropelib's RoPE "
-      f"{committed['ropelib']['rope_ms'] / timed_floor_ms:.2f}x the timed copy")
+      f"{int(share_meta['rope_bytes']) / 1e6:.0f} MB, timed by the run: {timed_floor_ms:.3f} ms")
 for rope, r in committed.items():
     print(f"{rope:>10}: RoPE {r['rope_ms']:.3f} ms of a {r['step_ms']:.2f} ms busy step "
-          f"= {100 * r['share']:.2f} %, {r['rope_ms'] / one_copy_ms:.2f}x the copy, "
+          f"= {100 * r['share']:.2f} %, {r['rope_ms'] / timed_floor_ms:.2f}x the copy, "
           f"{r['kernels']} kernel(s); wall-clock step {r['wall_ms_per_step']:.2f} ms")
 assert share_meta["gpu"] not in ("", "none")
 assert committed["ropelib"]["kernels"] == 1 < committed["reference"]["kernels"]
-assert 0.5 < committed["ropelib"]["rope_ms"] / one_copy_ms < 2
+assert committed["reference"]["copy_floor_ms"] == timed_floor_ms       # one floor for the run
+assert 0.5 < committed["ropelib"]["rope_ms"] / timed_floor_ms < 2
 assert committed["reference"]["rope_ms"] > 2 * committed["ropelib"]["rope_ms"]
 assert round(100 * committed["ropelib"]["share"], 2) == 2.84               # 2.84 %
-assert round(100 * committed["reference"]["share"]) == 36                  # 35.76 %
-assert round(one_copy_ms, 2) == 0.14 and round(timed_floor_ms, 3) == 0.146  # 0.143, 0.146
-assert abs(timed_floor_ms / one_copy_ms - 1) < 0.03                        # floors within 3 %
-assert round(committed["ropelib"]["rope_ms"] / one_copy_ms, 1) == 1.3      # 1.29 (computed floor)
-assert round(committed["ropelib"]["rope_ms"] / timed_floor_ms, 1) == 1.3   # 1.27 (timed floor)
+assert round(100 * committed["reference"]["share"], 2) == 35.76            # 35.76 %
+assert round(timed_floor_ms, 3) == 0.146 and round(int(share_meta["rope_bytes"]) / 1e6) == 604
+assert [round(committed[rope]["rope_ms"] / timed_floor_ms, 2)
+        for rope in ("ropelib", "reference")] == [1.27, 24.11]           # "1.27", "24.11"
 # where the faster step comes from: the busy step shrinks by what RoPE's kernels save
 step_saved = committed["reference"]["step_ms"] - committed["ropelib"]["step_ms"]
 rope_saved = committed["reference"]["rope_ms"] - committed["ropelib"]["rope_ms"]
@@ -1031,24 +1036,24 @@ if ON_GPU:   # the same run: ropelib's kernels are all of its RoPE time, by name
 
 # %% [markdown]
 # By name, ropelib's kernels are RoPE's whole time: they carry its name, and nothing else does
-# RoPE's work. The reference's step spends a third of its device time in RoPE by range (35.76 %
-# in the committed run), and by name nothing: its RoPE is a chain of generic elementwise kernels
-# (multiplies, a negation, a concatenation, casts) that look like every other elementwise kernel
-# of the step. `torch.compile`'s fused RoPE is as nameless as the reference's: its kernel is
-# named after the operations it fuses. That is why section 5 finds RoPE by the ranges it ran in
-# and by the autograd nodes they created, not by kernel names; a fused kernel with a name of its
-# own makes the simple search right. (Off the GPU, the by-name share comes from the step in
-# `figures/09-step-kernels.csv` and the by-range share from `figures/09-rope-share.csv`: one run
-# of this notebook, section 5's cell asserts, but not the same steps. The range share averages
-# the profiled steps; the device events are those of one more step, profiled alone.)
+# RoPE's work. The reference's step spends more than a third of its device time in RoPE by range
+# (35.76 % in the committed run), and by name nothing: its RoPE is a chain of generic elementwise
+# kernels (multiplies, a negation, a concatenation, casts) that look like every other elementwise
+# kernel of the step. `torch.compile`'s fused RoPE is as nameless as the reference's: its kernel is
+# named after the operations it fuses. That is why section 5 finds RoPE by the ranges it ran in and
+# by the autograd nodes they created, not by kernel names; a fused kernel with a name of its own
+# makes the simple search right. (Off the GPU, the by-name share comes from the step in
+# `figures/09-step-kernels.csv` and the by-range share from `figures/09-rope-share.csv`: one run of
+# this notebook, section 5's cell asserts, but not the same steps. The range share averages the
+# profiled steps; the device events are those of one more step, profiled alone.)
 
 # %% [markdown]
 # ## 6. What did it learn?
 #
 # Sampling continues a prompt one character at a time (temperature 0.8, no KV cache: the window
-# slides). The GPU model writes text with the look of Python's documentation — its words and
-# the shape of its sentences — and the CPU model, after a few dozen steps, little beyond letter
-# frequencies and spaces.
+# slides). The GPU model writes text with the look of Python's documentation — mostly its
+# words, with a few of its own, and the shape of its sentences — and the CPU model, after a few
+# dozen steps, little beyond letter frequencies and spaces.
 #
 # Is the text new, or recited? The cell also finds the longest stretch of the sample that
 # occurs word for word in the training text. A model that generalises reuses words and short
@@ -1362,17 +1367,23 @@ for name, y in rotated.items():
 assert differ > 0.2 and ulps["ropelib"] <= 1.0 and ulps["te_unfused"] > 10
 at = debug.ulp_error(rotated["te_unfused"], exact).argmax()
 assert exact.flatten()[at].abs() < 0.05 * exact.abs().max()     # at a near cancellation
+# the worst entry's error in absolute terms, next to one bf16 ulp of a number near 1 (2^-7)
+worst_abs = (rotated["te_unfused"].double() - exact).flatten()[at].abs().item()
+print(f"te_unfused's worst entry: absolute error {worst_abs:.4f}; one bf16 ulp at 1 is "
+      f"2^-7 = {2 ** -7:.4f}")
+assert worst_abs < 2 ** -7
 
 # %% [markdown]
 # One rounding keeps ropelib within half an ulp (unit in the last place) of the exact rotation,
-# asserted at most 1. The unfused path's roundings leave some entries many ulps off, and more than
-# a fifth of the entries differ from the fused result (both asserted; on the H200: 0.50 ulp
-# against 217.80, and 31 % of the entries). So many ulps sound like a disaster, but they are
-# ulps of the exact value, and near a cancellation that value is small. On the H200 the worst
-# entry's exact value is $-0.0066$, where a bf16 ulp is $2^{-15} \approx 3 \cdot 10^{-5}$: 217.80
-# ulps there are an absolute error of about 0.0066, less than one bf16 ulp of a product near 1
-# ($2^{-7} \approx 0.0078$). Both paths are TE's own: a bf16 comparison between them needs the
-# dtype-aware tolerances of notebook 08, not the fp32 ones above.
+# asserted at most 1. The unfused path's roundings leave some entries many ulps off (more than
+# 10, asserted; the cell prints how many), and more than a fifth of the entries differ from the
+# fused result. So many ulps sound like a disaster, but they are ulps of the exact value, and
+# near a cancellation that value is small: the worst entry's exact value is under 5 % of the
+# largest (asserted), and a bf16 ulp is between $2^{-8}$ and $2^{-7}$ of the value it belongs to
+# (8 significant bits). In absolute terms (the cell's last line) the worst error is less than
+# one bf16 ulp of a product near 1 ($2^{-7} \approx 0.0078$, asserted).
+# Both paths are TE's own: a bf16 comparison between them needs the dtype-aware tolerances of
+# notebook 08, not the fp32 ones above.
 #
 # ## Summary
 #
@@ -1381,9 +1392,10 @@ assert exact.flatten()[at].abs() < 0.05 * exact.abs().max()     # at a near canc
 #   stays inside the seed band: 0.40 of the second seed's distance from the reference in the
 #   committed run, where the check allows 1.5; the control, the reference trained twice from
 #   the same seed, is at 0.29, and one sample of each cannot tell the two apart.
-# - A small corpus and a large model: the learning rate decays to a tenth of its peak by the
-#   last step, so the validation loss flattens at the end, and the check asks only that it end
-#   within 1 % of its lowest. The gap between training and validation loss (the training loss
+# - A small corpus and a large model: the learning rate decays to a tenth of its peak by the last
+#   step, so the validation loss flattens at the end and can end a little above its lowest; the
+#   check asks only that it end no more than the seed distance above it (the largest rise in the
+#   committed run: 0.10 of it). The gap between training and validation loss (the training loss
 #   averaged over the 25 steps before each evaluation) is positive from step 150 on in the
 #   committed run and widens at every evaluation, to 0.29 nats: the first sign of memorising.
 # - The same model with RoPE inside the QKV projection's GEMM (`rope="ropelib_qkv"`, notebook

@@ -17,14 +17,14 @@
 # # 13 — RoPE puzzles
 #
 # Eleven short puzzles, each a Triton kernel to write or to repair. After a warm-up, nine are
-# built on a bug that RoPE code has shipped with: the wrong pairing of features, a partial rotary
-# dim, a head dim that is not a power of two, angles that lose their precision at long context,
-# position ids with strides, offsets that wrap past $2^{31}$, a backward that turns the wrong
-# way, positions that do not restart where packed sequences do, and bf16 arithmetic on a bf16
-# cos/sin table. One (puzzle 9) gives the right output and is about the loads it spends. As in
-# Triton-Puzzles, every puzzle runs on a CPU in Triton's interpreter, every kernel sits beside a
-# plain-PyTorch spec, and a check tells you at once whether you are right, and if not, what
-# differs.
+# built on a mistake that RoPE code makes (where it has been reported in public code, the puzzle
+# names a report): the wrong pairing of features, a partial rotary dim, a head dim that is not a
+# power of two, angles that lose their precision at long context, position ids with strides,
+# offsets that wrap past $2^{31}$, a backward that turns the wrong way, positions that do not
+# restart where packed sequences do, and bf16 arithmetic on a bf16 cos/sin table. One (puzzle 9)
+# gives the right output and is about the loads it spends. As in Triton-Puzzles, every puzzle
+# runs on a CPU in Triton's interpreter, every kernel sits beside a plain-PyTorch spec, and a
+# check tells you at once whether you are right, and if not, what differs.
 #
 # **After this notebook you will be able to**
 #
@@ -115,6 +115,7 @@ memory = pz.run_in_checked_memory(_copy_kernel, (3,), x, y, 10, BLOCK=4,
                                   inputs={"x": x}, outputs={"y": y})
 print(memory.fault_report())
 assert sum(len(f.lanes) for f in memory.faults) == 4   # 2 lanes of the load, 2 of the store
+assert 2 * x.element_size() == 8                       # 2 fp32 lanes: 8 bytes past each tensor
 assert torch.equal(y, x)                               # the stray lanes never touched memory
 who = memory.storing_programs("y")                     # per element: the program that stored it
 assert [int((who == p).sum()) for p in range(3)] == [4, 4, 2]
@@ -199,10 +200,11 @@ solution(pz.solution_rotate_row_kernel.fn, title="Solution: puzzle 1")
 # (interleaved); GPT-NeoX and Hugging Face's Llama turn feature $j$ with $j + H$ (rotate-half;
 # Meta's own Llama code pairs adjacent features, as complex numbers). Both are RoPE, and a
 # model run with the pairing it was not trained with gets wrong attention scores and no
-# error. The mix-up has shipped more than once: in checkpoint conversions between
-# frameworks (which permute the rows of the q and k projections to move from one pairing to
-# the other), and in fused kernels with an `interleaved` switch that one code path did not
-# honour.
+# error. Checkpoint conversions move a model from one pairing to the other by permuting the
+# rows of its q and k projections (Hugging Face's `convert_llama_weights_to_hf.py` does), so
+# the right pairing depends on where the weights came from; and fused kernels with a pairing
+# switch have had a code path that ignores it (vLLM's Triton kernel for multimodal RoPE was
+# reported to turn rotate-half pairs whatever the model's pairing: vllm-project/vllm#49290).
 #
 # $$
 # y_{2j} = x_{2j} \cos\theta_j - x_{2j+1} \sin\theta_j, \qquad
@@ -347,7 +349,8 @@ pz.time_solution("partial");
 # spill lands after the next row's first half was stored and stays; across programs it depends
 # on which program stores last, which on a GPU, where programs run in no fixed order, changes
 # from run to run. The check reports both: the stray lanes past the tensor, and the rows that
-# came out wrong.
+# came out wrong. (One of SGLang's DeepSeek-V4 RoPE kernels was reported with this bug, for a
+# rotary dim that is not a power of two: sgl-project/sglang#35096.)
 
 # %%
 pz.show_spec("odd_head_dim")
@@ -389,8 +392,35 @@ pz.time_solution("odd_head_dim");
 # fp64 spec, at positions up to 131,071, and allows 0.03 rad.
 #
 # One trap of the interpreter, where the checks run your kernel: it does arithmetic on bf16
-# tiles on their raw bits, not their values. Convert each bf16 tile to fp32 before you compute
-# with it, as the given kernel does.
+# tiles on their raw bits, not their values (Triton's debugging guide says its interpreter does
+# not support operations on bfloat16, and to convert to float32). The cell below squares four
+# bf16 values in the interpreter (on any machine), once as bf16 tiles and once converted to fp32
+# first: on bf16 tiles not one of the four squares comes out right. Convert each bf16 tile to
+# fp32 before you compute with it, as the given kernel does.
+
+# %%
+from ropelib.course.work_count import interpreted
+
+
+@triton.jit
+def _bf16_square_kernel(
+    x_ptr,  # *bf16: x [N]
+    y_ptr,  # *bf16: y [2 * N]: x * x computed on bf16 tiles, then on fp32 tiles
+    N: tl.constexpr,  # elements
+):
+    i = tl.arange(0, N)
+    x = tl.load(x_ptr + i)
+    tl.store(y_ptr + i, x * x)                                          # bf16 arithmetic
+    tl.store(y_ptr + N + i, (x.to(tl.float32) * x.to(tl.float32)).to(tl.bfloat16))
+
+
+x = torch.tensor([1.5, 3.0, -2.0, 0.5], dtype=torch.bfloat16)
+y = torch.empty(8, dtype=torch.bfloat16)
+interpreted(_bf16_square_kernel)[(1,)](x, y, N=4)            # Triton's interpreter, CPU tensors
+for name, got in (("bf16 tiles", y[:4]), ("fp32 tiles", y[4:])):
+    print(f"x = {x.tolist()}, x * x on {name}: " + ", ".join(f"{v:.3g}" for v in got.tolist()))
+assert torch.equal(y[4:], x * x)                     # converted first: the squares
+assert not torch.isclose(y[:4].float(), (x * x).float()).any()   # on bf16 tiles: none of them
 
 # %%
 pz.show_spec("long_context")
@@ -431,8 +461,9 @@ pz.time_solution("long_context");
 # 100,000 its values are 512 apart (the cell below), so a stored angle can be off by 256 rad,
 # any angle at all, and no kernel can get that back. The repair computes $\theta$ in fp32 from
 # the positions and the inverse frequencies. (`model.to(torch.bfloat16)` casts the
-# inverse-frequency buffer with the weights, so models have shipped this table. A bf16
-# *cos/sin* table is far less harmful: puzzle 11.)
+# inverse-frequency buffer with the weights, and models built their angles from it: reported
+# as huggingface/transformers#25681 for Llama and EleutherAI/gpt-neox#1003. A bf16 *cos/sin*
+# table is far less harmful: puzzle 11.)
 #
 # fp32 has a limit too. The cell below measures how far an fp32 angle is from the exact one:
 # up to 0.0039 rad ($2^{-8}$) below $2^{17}$, the positions the check uses, well inside its
@@ -513,18 +544,20 @@ pz.time_solution("position_ids");
 # %% [markdown]
 # **What was wrong.** The kernel found position $(b, s)$ at `b * S + s`, as if `position_ids`
 # were contiguous. On an expanded tensor, whose storage holds only $S$ elements, every batch
-# entry after the first is read past its end. On a sliced one, the wrong elements are read. Fused
-# kernels have shipped that assumption. The usual repair was a `.contiguous()` in the wrapper:
-# a copy on every call. The worked solution reads `pos_ptr + b * stride_pb + s * stride_ps`:
-# two integer multiplies per token, and no copy.
+# entry after the first is read past its end. On a sliced one, the wrong elements are read. A
+# test with contiguous ids cannot tell. A wrapper can guard against it with `.contiguous()`, at
+# the price of a copy on every call. The worked solution reads
+# `pos_ptr + b * stride_pb + s * stride_ps`: two integer multiplies per token, and no copy.
 
 # %% [markdown]
 # ## Puzzle 7 — offsets past $2^{31}$ (repair)
 #
 # Row 262,144 of a tensor with 8,192 elements per row (64 heads × 128 features) starts at
-# element $2^{31}$. Long-context prefill and large KV caches pass that size, and kernels across
-# the field have corrupted memory there. The kernel below is right on every tensor of the
-# earlier puzzles. Repair it so that it is right for rows that start past $2^{31}$ too.
+# element $2^{31}$. Long-context prefill and large KV caches pass that size, and Triton kernels
+# with int32 offsets go wrong there, silently or with an illegal memory access (reported,
+# outside RoPE, as fla-org/flash-linear-attention#1080 and databricks/megablocks#185). The
+# kernel below is right on every tensor of the earlier puzzles. Repair it so that it is right
+# for rows that start past $2^{31}$ too.
 #
 # The check cannot allocate gigabytes in the interpreter, so it hands your kernel an `x` whose
 # rows are $2^{30} + 64$ elements apart and a `y` whose rows are 1,200,000,000 apart (row 2 of
@@ -576,7 +609,7 @@ pz.time_solution("int64_offsets");
 # arrives as int64.) int32 arithmetic wraps silently. The given kernel multiplied two int32
 # factors, `rows` and a stride, whose product is not an int32: past $2^{31}$ it wraps to a
 # negative offset, as the ❌ line shows. The worked solution makes `rows` int64 before any
-# multiplication. Kernels across the field have moved their offsets to int64 for this reason.
+# multiplication: the fix proposed in both reports named above.
 
 # %% [markdown]
 # ## Puzzle 8 — the backward's sign (write)
@@ -760,14 +793,15 @@ pz.time_solution("packed_sequences");
 # The kernel below reads such a table. Most of its outputs are within the check's tolerance;
 # some are many bf16 ulps off. Repair it.
 #
-# The check compares $y$ with an fp64 rotation by the *same* bf16 cos/sin values (the spec)
-# and allows one bf16 ulp per element: enough for one rounding, to nearest (at most half an
-# ulp) or by truncation, which is how Triton's interpreter converts fp32 to bf16 (less than
-# one). Under the ✅ it prints your kernel's largest error in ulps. The panel beside the picture
-# draws, against position, how far $y$ is from the rotation with an fp32 table, beside what the
-# bf16 table alone, $y$'s conversion to bf16 alone and puzzle 5's bf16 angle cost; the cell
-# after the worked solution computes those with torch alone. As in puzzle 5, convert each bf16
-# tile to fp32 before you compute with it.
+# The check compares $y$ with an fp64 rotation by the *same* bf16 cos/sin values (the spec) and
+# allows one bf16 ulp per element: enough for one rounding, to nearest (at most half an ulp) or
+# by truncation, which is how Triton's interpreter converts fp32 to bf16 (less than one;
+# notebook 03, section 6.3, measures the interpreter's conversion). Under the ✅ it prints your
+# kernel's largest error in ulps. The panel beside the picture draws, against position, how far
+# $y$ is from the rotation with an fp32 table, beside what the bf16 table alone, $y$'s
+# conversion to bf16 alone and puzzle 5's bf16 angle cost; the cell after the worked solution
+# computes those with torch alone. As in puzzle 5, convert each bf16 tile to fp32 before you
+# compute with it.
 
 # %%
 pz.show_spec("bf16_table")
@@ -812,7 +846,26 @@ pz.time_solution("bf16_table");
 # two products nearly cancel, their rounding errors are many ulps of the small result: the
 # kernel's rounding, not the table, was the problem. The repair keeps the products and the sum in
 # fp32 (a product of two bf16 values is exact there) and rounds once, in the store, as
-# torch.compile's kernel of the same line does (`benchmarks/results/inductor-rope-bf16-sbhd.txt`).
+# torch.compile's kernel of the same line does. The cell below reads that kernel, as Inductor
+# wrote it for bf16 `q`, `cos` and `sin` on an sm_90 GPU
+# (`benchmarks/results/inductor-rope-bf16-sbhd.txt`): each load goes to fp32, and the one store
+# takes the fp32 sum.
+
+# %%
+import re
+from ropelib.course import measured
+
+inductor = (measured.RESULTS / "inductor-rope-bf16-sbhd.txt").read_text()
+body = inductor[inductor.index("@triton.jit"):]
+loads, stores = re.findall(r"tl\.load\(.*", body), re.findall(r"tl\.store\(.*", body)
+stored = re.search(r"tl\.store\(out_ptr0 \+ \(\w+\), (\w+)", body).group(1)
+made = re.search(rf"^\s*{stored} = (.*)$", body, re.M).group(1)   # the line that makes it
+print(f"torch.compile's kernel: {len(loads)} loads, each ending in .to(tl.float32); "
+      f"{len(stores)} store: {stores[0].strip()}, where {stored} = {made}")
+assert "'out_ptr0': '*bf16'" in inductor and "cc=90" in inductor   # bf16 output, sm_90
+assert len(loads) == 5 and all(l.rstrip().endswith(".to(tl.float32)") for l in loads)
+assert len(stores) == 1 and "tl.bfloat16" not in body        # no rounding before the store
+assert re.fullmatch(r"tmp\d+ \+ tmp\d+", made)                 # the store takes the sum
 
 # %% [markdown]
 # The table's own cost needs no kernel. Below, with torch alone: a bf16 `x` with head dim 128,
@@ -990,7 +1043,8 @@ assert len(tests) == angles_per_thread                # one per angle a thread h
 # four runs. Each tile's own time moved by at most 1.7 % between them, the copy's by 6 %, so
 # compare the tiles by their own times, not by their fractions: 41.4 to 43.6 µs in the table,
 # BLOCK_S=4 the fastest in all four runs (41.4 to 41.5 µs). No tile reaches a copy: over the
-# four runs the kernel's median is 42.9 µs against a copy's 38.7, 0.90 of a copy.
+# four runs the kernel's median is 42.9 µs against a copy's 38.7, 0.90 of a copy. What that
+# last tenth is spent on, this notebook does not measure.
 
 # %%
 import statistics
@@ -1052,7 +1106,8 @@ assert (f"{kernel_med:.1f}", f"{copy_med:.1f}", f"{copy_med / kernel_med:.2f}") 
 # 5. Puzzle 6 gathers table rows by position, and puzzle 2 can be solved with stride-2 loads or
 #    with whole rows. Which of the ten timed worked solutions would you expect to reach a
 #    copy's speed on a GPU, and which to fall short, whatever their tile? Write your prediction
-#    down, then compare it with the table under the scoreboard, and your own kernels' ⏱ lines
+#    down, then compare it with the table under the scoreboard (printed on a GPU; the executed
+#    page, `docs/executed/13-rope-puzzles.html`, has an H200's), and your own kernels' ⏱ lines
 #    with the solutions'.
 # 6. Puzzle 11's bf16 table moves a pair by at most $\sqrt 2 \cdot 2^{-9}$ of its length.
 #    How large an error in an attention score $q \cdot k$ can that make for head dim 128, with
