@@ -12,7 +12,9 @@ alternating rounds in one process, beside the device copy of the same bytes:
 for ropelib's eager call (its cos/sin rows kept by an earlier call, as every layer after the
 first reads them) launched as shipped (programmatic dependent launch where the GPU has it: the
 kernel may start before the one before it ends and waits for it) and with that early launch
-off, and torch.compile's kernel reading bf16 tables made before the timing.
+off; for ropelib's call on a table made under inference_mode (whose rows are never kept); and
+torch.compile's kernel reading bf16 tables made before the timing. A captured call keeps no
+rows: "replay" times what a call whose rows cannot be kept runs.
 
     python benchmarks/b1_launch_probe.py [--out DIR] [--rounds 5]   # GPU; b1_launch_probe-<gpu>.csv
 """
@@ -114,11 +116,16 @@ def main(argv=None):
             comp = torch.compile(lambda t: hf_rotate(t, c16, s16, False).to(t.dtype))
             comp(x)
 
+            with torch.inference_mode():
+                frozen = ropelib.rope_freqs(S, D, device="cuda")
+
             def rope():
                 return ropelib.apply_rope(x, freqs, layout=layout)
 
             providers = {"copy": (True, lambda: y.copy_(x)), "ropelib": (True, rope),
                          "ropelib, not early": (False, rope),
+                         "ropelib, inference table": (
+                             True, lambda: ropelib.apply_rope(x, frozen, layout=layout)),
                          "torch.compile": (True, lambda: comp(x))}
             times = {(p, how): [] for p in providers for how in ("call", "kernel", "replay")}
             for _ in range(args.rounds):

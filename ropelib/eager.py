@@ -23,7 +23,10 @@ at decode sizes. So a plain eager call takes a shorter way to the same planner a
   TABLE_ROWS_BYTES in all; see `TableRows`) and a later call with the same table tensor,
   unchanged, on the same stream skips the pre-pass: every layer of a model after the first, in
   the forward and in the backward.
-  Never while a CUDA graph is being captured (a graph must not read memory it does not own).
+  Never while a CUDA graph is being captured (a graph must not read memory it does not own),
+  nor from a table made under inference_mode (no version counter tells a change). Where only
+  kept rows make the two passes pay (at batch 1 with 32 heads, rows written and read every call
+  would add an eighth to the bytes moved), such a call runs the finished kernel instead (`EagerTwoPass`).
 """
 import operator
 import weakref
@@ -34,7 +37,7 @@ import torch
 
 from . import ops
 from .kernels import direct, planning
-from .kernels.launch import Launch, Positions, Table, plan, pointer_names
+from .kernels.launch import TWO_PASS_POINTERS, Launch, Positions, Table, plan, pointer_names
 
 MAX_SIGNATURES = 1024
 TABLE_ROWS_KEPT = 4       # the two-pass route's cos/sin rows kept between eager calls,
@@ -142,16 +145,22 @@ class TableRows:
         self.bytes = 0                  #         their bytes)
 
     @staticmethod
-    def _key(owner, tables: tuple) -> Optional[tuple]:
+    def keeps(tables: tuple) -> bool:
+        """Can rows made from `tables` be kept now? Not from inference tensors (no version
+        counter to tell a change by), and not while a CUDA graph is being captured."""
+        if any(t.is_inference() for t in tables):
+            return False
+        return tables[0].device.type != "cuda" or not torch.cuda.is_current_stream_capturing()
+
+    @classmethod
+    def _key(cls, owner, tables: tuple) -> Optional[tuple]:
+        if not cls.keeps(tables):
+            return None
         key = [id(owner)]
         for t in tables:
-            if t.is_inference():        # (no version counter to tell a change by)
-                return None
             key += (t.data_ptr(), t._version)
         t = tables[0]
         if t.device.type == "cuda":
-            if torch.cuda.is_current_stream_capturing():
-                return None
             key.append(direct.current_stream(t.device.index))
         return tuple(key)
 
@@ -198,12 +207,23 @@ TABLE_ROWS = TableRows()
 class EagerTwoPass:
     """Eager starts of a planned two-pass rotation (kernels/launch.TwoPass): the pre-pass (unless
     its rows are kept from an earlier call, TableRows) and the flat pass, each through an
-    EagerLaunch as the finished kernel's one launch."""
-    __slots__ = ("route", "_index_pass", "_table_pass", "_rotate_pass", "_halves_pass",
-                 "__weakref__")
+    EagerLaunch as the finished kernel's one launch.
 
-    def __init__(self, route):
+    `unwritten`: the finished kernel's launch for the same call, where the route was taken only
+    because the rows would be kept (planned with rows_kept; without it, the finished kernel).
+    A call whose rows cannot be kept (a table made under inference_mode, a CUDA graph being
+    captured) takes it: the pre-pass would write its rows every call, and at batch 1 that costs
+    more than the finished kernel (s16k b1 bf16 on an H200: 76.6 us replayed, pre-pass and flat
+    pass, against the finished kernel's 72.7; benchmarks/NOTES.md)."""
+    __slots__ = ("route", "_index_pass", "_table_pass", "_rotate_pass", "_halves_pass",
+                 "_unwritten", "__weakref__")
+
+    def __init__(self, route, unwritten: Optional[Launch] = None):
         self.route = route
+        self._unwritten = None if unwritten is None else (
+            EagerLaunch(unwritten.launcher, unwritten),
+            operator.itemgetter(*(TWO_PASS_POINTERS.index(name)
+                                  for name in unwritten.launcher.pointer_names)))
         self._rotate_pass = EagerLaunch(route.rotate_pass.launcher, route.rotate_pass)
         self._halves_pass = None if route.halves_pass is None else \
             EagerLaunch(route.halves_pass.launcher, route.halves_pass)
@@ -213,6 +233,11 @@ class EagerTwoPass:
 
     def __call__(self, pointers) -> None:
         q, q_out, k, k_out, cos, sin, position_ids, cu_seqlens, start = pointers
+        if self._unwritten is not None and \
+                not TableRows.keeps((cos,) if sin is None else (cos, sin)):
+            finished, pick = self._unwritten
+            finished(pick(pointers))
+            return
         token_rows = None
         (position_ids, cu_seqlens, start), sequences = self.route.positions_split(
             position_ids, cu_seqlens, start)
@@ -286,8 +311,15 @@ class PlannedRotation:
         self._pick = operator.itemgetter(*(none_at if places.get(name) is None else places[name]
                                            for name in self._names))
         self._copies = tuple(reads_at + j for _, j, copy in self.pointer_sources if copy)
-        self._start = (EagerLaunch(self.launch.launcher, self.launch)
-                       if isinstance(self.launch, Launch) else EagerTwoPass(self.launch))
+        if isinstance(self.launch, Launch):
+            self._start = EagerLaunch(self.launch.launcher, self.launch)
+        else:       # the finished kernel where only kept rows made two passes pay
+            unwritten, _ = plan(view(xs[0], layout), view(outs[0], layout), table, positions,
+                                R=table.cos.shape[-1], interleaved=interleaved,
+                                backward=backward, layout=layout, k=view(k, layout),
+                                k_out=view(k_out, layout))
+            self._start = EagerTwoPass(self.launch,
+                                       unwritten if isinstance(unwritten, Launch) else None)
         # for planning reverses: the table and positions without their data
         self._planned = (Table(_stand_in(table.cos), _stand_in(table.sin), table.axes),
                          Positions(*(_stand_in(p) for p in positions[:3]), *positions[3:]),

@@ -570,6 +570,65 @@ def test_kept_rows_read_half_only_where_every_pair_is_equal(halves, pre_passes):
             assert [int(f) for f in flags] == [int(halves != "equal")] * 2
 
 
+@pytest.mark.parametrize("mode", ["grad", "no_grad", "inference_mode"])
+def test_rows_that_cannot_be_kept_take_the_finished_kernel(mode, pre_passes, starts):
+    # Where the route pays only because the eager route keeps the pre-pass's rows (the kept
+    # share met, the unkept one not), a call whose rows cannot be kept (here: a table made under
+    # inference_mode; on a GPU also a CUDA graph being captured) runs the finished kernel:
+    # writing the rows every call would cost more. Same bits either way.
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(S, 1, HQ, D, generator=g).to(DEVICE)
+    freqs = ropelib.rope_freqs(S, D, device=DEVICE)
+    with torch.inference_mode():
+        frozen = ropelib.rope_freqs(S, D, device=DEVICE)
+    context = {"grad": torch.enable_grad, "no_grad": torch.no_grad,
+               "inference_mode": torch.inference_mode}[mode]
+
+    def call(table):
+        with context():
+            return (ropelib.apply_rope(x, table),)
+
+    want = through("finished", lambda: call(freqs))
+    saved = thresholds(0, 1 << 40, 0)        # the route only where rows are kept
+    eager.SIGNATURES.clear()
+    try:
+        for _ in range(2):
+            assert_same_bits(call(frozen), want, "an inference table")
+        assert not pre_passes and len(starts) == 2, "no rows written: the finished kernel ran"
+        for _ in range(2):
+            assert_same_bits(call(freqs), want, "a table whose rows are kept")
+        assert len(pre_passes) == 1, "an ordinary table takes the two passes, its rows kept"
+    finally:
+        thresholds(*saved)
+        eager.SIGNATURES.clear()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not on_gpu(), reason="CUDA graphs need a GPU")
+def test_a_captured_call_takes_the_finished_kernel_where_rows_would_be_written(pre_passes):
+    # Under CUDA-graph capture nothing is kept (a graph must not read memory it does not own):
+    # where only kept rows make two passes pay, the captured call is the finished kernel's.
+    x = torch.randn(S, 1, HQ, D, device="cuda")
+    freqs = ropelib.rope_freqs(S, D, device="cuda")
+    want = through("finished", lambda: ropelib.apply_rope(x, freqs))
+    saved = thresholds(0, 1 << 40, 0)
+    eager.SIGNATURES.clear()
+    try:
+        ropelib.apply_rope(x, freqs)                    # eagerly: two passes, rows kept
+        assert len(pre_passes) == 1
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static = ropelib.apply_rope(x, freqs)
+        assert len(pre_passes) == 1, "no rows written under capture"
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static, want)
+    finally:
+        thresholds(*saved)
+        eager.SIGNATURES.clear()
+
+
 def test_kept_rows_are_bounded_in_bytes(pre_passes, monkeypatch):
     # rows larger than the byte budget are not kept; the budget evicts the oldest first
     q = torch.randn(S, B, HQ, D, device=DEVICE)
