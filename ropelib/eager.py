@@ -25,8 +25,9 @@ at decode sizes. So a plain eager call takes a shorter way to the same planner a
   the forward and in the backward.
   Never while a CUDA graph is being captured (a graph must not read memory it does not own),
   nor from a table made under inference_mode (no version counter tells a change). Where only
-  kept rows make the two passes pay (at batch 1 with 32 heads, rows written and read every call
-  would add an eighth to the bytes moved), such a call runs the finished kernel instead (`EagerTwoPass`).
+  kept rows make the two passes pay (at batch 1 with 32 heads, rows written and read every
+  call would add an eighth to the bytes moved), such a call runs the finished kernel instead
+  (`EagerTwoPass`).
 """
 import operator
 import weakref
