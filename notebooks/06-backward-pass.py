@@ -147,6 +147,7 @@ J, J_neg = jacobian(theta), jacobian(-theta)
 assert torch.allclose(J.T, J_neg, atol=1e-12)                   # R(theta)^T = R(-theta)
 assert torch.allclose(J.T @ J, torch.eye(8, dtype=torch.float64), atol=1e-12)   # orthogonal
 
+torch.manual_seed(0)
 theta_any = torch.randn(8) * 3                                  # halves differ: not TE's table
 J_any = jacobian(theta_any)
 print("J^T == J(-theta) for TE's table:", torch.allclose(J.T, J_neg, atol=1e-12))
@@ -312,17 +313,14 @@ def rope_cell(x, freqs, *, backward=False, num_warps=4):
 # predict 1. The only speed it asserts is a wide one, that the backward does not take half as
 # long again as the forward.
 #
-# Next it reads a committed H200 run of a different configuration: bf16 tensors, and the same
-# kernel through ropelib's launcher at one warp a program, so its times do not compare with the
-# live ones. It times a whole step, `torch.autograd.grad` through an `autograd.Function` like
-# the one in section 3 (forward kernel, autograd graph, backward kernel), and the forward alone.
-# For a 1 GiB tensor the step takes 2.00x the forward, what the equal byte counts predict. At
-# $s = 4096$ it does so from batch 4 (128 MiB) on, to 2 %, with its 20 % and 80 % quantiles at
-# most 4 % apart. At batch 1 and 2 (32 and 64 MiB) it does not: 5.05x and 4.46x the forward,
-# 427 and 378 µs, longer than the 207 µs step at batch 4, with quantiles a third or more of the
-# median apart. So below 128 MiB something besides the kernels' bytes sets the step's time, and
-# it varies from one repeat to the next. This run does not say what; notebook 07 (section 7)
-# times the host and the device of a forward+backward call apart.
+# Next it reads a committed H200 run of a different configuration (bf16, the same kernel
+# through ropelib's launcher at one warp a program, so its times do not compare with the live
+# ones) that times a whole step: `torch.autograd.grad` through an `autograd.Function` like the
+# one in section 3, beside the forward alone. For a 1 GiB tensor the step takes 2.00x the
+# forward, what the equal byte counts predict. For a 32 MiB tensor it takes 5.05x: at that size
+# something besides the kernels' bytes sets an eager step's time. Notebook 07 (section 7) times
+# the host and the device of a forward+backward call apart, and `benchmarks/NOTES.md` records
+# the host-bound rows of the benchmark runs.
 
 # %%
 torch.manual_seed(0)
@@ -373,30 +371,6 @@ print(f"[{small['seq_len']}, {small['batch']}, {small['heads']}, {small['head_di
       f"{small['fwdbwd_ms'] / small['fwd_ms']:.2f}x the forward")
 assert n_small == 32 * 2**20 and small["dtype"] == "bf16"                   # 32 MiB
 assert f"{small['fwdbwd_ms'] / small['fwd_ms']:.2f}" == "5.05"
-
-# the same run at every batch of s = 4096: the step's time, its 20-80 % quantiles, and its
-# ratio to the forward (the 32 MiB row is the one above)
-by_batch = {r["batch"]: r for r in gen_rows if r["provider"] == "ropelib_batch_reuse"
-            and r["case"] == f"batch-{r['batch']}"}
-print(f"\n{'batch':>5} {'MiB':>5} {'forward us':>11} {'step us':>9} {'step 20-80 % us':>16} "
-      f"{'spread':>7} {'step / forward':>15}")
-spread = {}
-for b_, r in sorted(by_batch.items()):
-    spread[b_] = (r["fwdbwd_ms_p80"] - r["fwdbwd_ms_p20"]) / r["fwdbwd_ms"]
-    print(f"{b_:5d} {32 * b_:5d} {r['fwd_ms'] * 1e3:11.1f} {r['fwdbwd_ms'] * 1e3:9.1f} "
-          f"{r['fwdbwd_ms_p20'] * 1e3:7.1f}-{r['fwdbwd_ms_p80'] * 1e3:<8.1f} {spread[b_]:7.1%} "
-          f"{r['fwdbwd_ms'] / r['fwd_ms']:15.2f}")
-step_us = {b_: round(r["fwdbwd_ms"] * 1e3) for b_, r in by_batch.items()}
-assert sorted(by_batch) == [1, 2, 4, 8, 16]
-# batch 1 and 2: 5.05x and 4.46x the forward, longer than the batch-4 step, quantiles a third+ apart
-assert [f"{by_batch[b_]['fwdbwd_ms'] / by_batch[b_]['fwd_ms']:.2f}" for b_ in (1, 2)] == \
-    ["5.05", "4.46"]
-assert (step_us[1], step_us[2], step_us[4]) == (427, 378, 207)
-assert all(spread[b_] > 1 / 3 for b_ in (1, 2))                  # a third or more
-# from batch 4 on: twice the forward, to 2 %, and quantiles within 1 % (batch 8: 4 %)
-assert all(abs(by_batch[b_]["fwdbwd_ms"] / by_batch[b_]["fwd_ms"] / 2 - 1) < 0.02
-           for b_ in (4, 8, 16))
-assert [round(100 * spread[b_]) for b_ in (4, 8, 16)] == [1, 4, 0]
 
 # %% [markdown]
 # ## 3. A `torch.autograd.Function`
@@ -608,26 +582,21 @@ torch.testing.assert_close(x_base.grad, gx_ref.float().sum(dim=1, keepdim=True),
 print("expanded input: forward reads stride 0, backward's gradients summed over the batch")
 
 # %% [markdown]
-# How much does reading the stride-0 gradient as it is save? Start with a byte model. The
-# kernel reads one 4-byte cell for all $N$ elements and writes $N$ fp32 elements, so it moves
-# $4N$ bytes. With `.contiguous()` first, the copy writes $4N$ bytes and the kernel reads them
-# back before writing its own $4N$: three times the traffic. If bytes were the whole story, the
-# path with the copy would take 3x the time at the same GB/s. The cell times both paths on a GPU
-# and prints the ratio and each path's GB/s; it asserts only the direction, with a wide margin:
-# the path with the copy takes more than 1.5x the time. Compare the printed ratio with the 3 of
-# the byte model. Where it lands above 3, the path with the copy moved its bytes at a lower GB/s
-# than the kernel alone.
+# How much does reading the stride-0 gradient as it is save? A byte model first. The kernel
+# reads one 4-byte cell for all $N$ elements and writes $N$ fp32 elements: $4N$ bytes. With
+# `.contiguous()` first, the copy writes $4N$ bytes and the kernel reads them back before writing
+# its own $4N$: three times the traffic, so 3x the time at the same GB/s. On a GPU the cell times
+# both paths and prints the ratio and each path's GB/s; it asserts only that the path with the
+# copy takes more than 1.5x the time.
 #
-# Which of its two pieces is slow? The cell times them apart: `g_sum.contiguous()` alone (it
-# writes $4N$ bytes and reads one cell) and the kernel alone on a gradient made contiguous once,
-# outside the timed call ($4N$ read, $4N$ written). It prints their sum beside the copied path
-# (asserting only that they agree to 25 %) and each piece's GB/s beside the as-is kernel's, and
-# names the pieces below it: at that GB/s the two would take exactly 3x. Last, a plain copy of
-# the contiguous gradient ($4N$ read, $4N$ written) is the yardstick for `g_sum.contiguous()`:
-# the cell shows how far below it that piece runs, not why (it does not profile the kernel
-# PyTorch launches to fill a tensor from a stride-0 one). The as-is yardstick has a caveat too:
-# every kernel here is `rope_cell` at four warps, which the timing cell after exercise 3 finds
-# slower than one warp (on bf16), so the ratio to the byte model's 3 is one for a four-warp kernel.
+# It then times the copied path's two pieces apart: `g_sum.contiguous()` alone ($4N$ written)
+# and the kernel on a gradient made contiguous once, outside the timed call ($4N$ read, $4N$
+# written). It prints their sum beside the copied path (asserting they agree to 25 %) and names
+# the pieces whose GB/s falls below the as-is kernel's: where the ratio lands above 3, they are
+# why. Last it prints `g_sum.contiguous()`'s GB/s as a fraction of a plain copy's of the
+# contiguous gradient; where it falls short, why is not profiled here. Every kernel in the cell
+# is `rope_cell` at four warps, which the timing cell after exercise 3 finds slower than one
+# warp (in bf16), so the ratio to the byte model's 3 is a four-warp kernel's.
 
 # %%
 if GPU:
@@ -780,24 +749,20 @@ solution(ex.solution_rope_backward)
 
 # %% [markdown]
 # **Time it.** Your backward reads $\partial L/\partial y$ and writes $\partial L/\partial x$:
-# the bytes of a copy of $\partial L/\partial y$, plus $S \times R$ fp32 angles, which in bf16
-# with $R = D$ come to $2/(BH)$ of the gradient's bytes (the cell prints both). A copy of the
-# same tensor is therefore its floor. On a GPU the next cell times, at this page's shape in
-# bf16, a copy of $\partial L/\partial y$, section 2's forward and your launcher (the worked one
-# until exercise 3's check passes), each with `triton.testing.do_bench` (median, and the 20th
-# and 80th percentiles). It prints each speed as a fraction of the copy's (copy time / kernel
-# time: 1 = as fast as the copy), and last the backward's fraction beside the forward's; it
-# checks your gradient against section 2's before it times it. The worked launcher passes no
-# `num_warps`, so it runs at Triton's default, four: set it beside the four-warp forward. If
-# yours lands well below the forward, compare your loads and your grid with section 2's kernel.
+# the bytes of a copy of $\partial L/\partial y$, plus $S \times R$ fp32 angles ($2/(BH)$ of the
+# gradient's bytes in bf16 with $R = D$; the cell prints both). A copy of the same tensor is
+# therefore its floor. On a GPU the next cell checks your launcher's gradient against section
+# 2's (the worked launcher until exercise 3's check passes), then times, at this page's shape in
+# bf16, a copy of $\partial L/\partial y$, section 2's forward and your backward with
+# `triton.testing.do_bench` (median, 20th and 80th percentiles). It prints each speed as a
+# fraction of the copy's (copy time / kernel time: 1 = as fast as the copy). The worked launcher
+# runs at Triton's default of four warps, so set it beside the four-warp forward; if yours lands
+# well below that, compare your loads and your grid with section 2's kernel.
 #
-# The forward, and section 2's backward, also run at `num_warps=1` on the same tensors. The cell
-# asserts only the direction notebook 04 measured at this shape (section 5.4, `sh_loop_b_w4`
-# against the one-warp `sh_loop_b`): one warp faster than four; how much is printed. Why is not
-# measured in this notebook. Notebook 04 found two things that change with four warps at
-# $D = 128$: each element of a 64-element half-row is loaded and computed by two of the 128
-# threads (twice the warp instructions, counted), and an SM requests fewer bytes per step
-# (derived from the occupancy); it could not tell which costs the time. Then try `num_warps=1`.
+# Section 2's forward and backward also run at `num_warps=1` on the same tensors. The cell
+# asserts only the direction notebook 04 measured at this shape: one warp is faster than four;
+# the printout says by how much. Why is not measured here (notebook 04, section 5.4, profiles
+# the candidate causes). Then try `num_warps=1` in your launcher.
 
 # %%
 backward_timed = my_rope_backward if launcher_ok else ex.solution_rope_backward
@@ -860,10 +825,10 @@ solution(ex.SolutionRopeFunction)
 # %% [markdown]
 # ## Questions for discussion
 #
-# 1. In section 2's committed run the step at 32 and 64 MiB takes longer than at 128 MiB, with
-#    quantiles a third of the median apart. Name two things besides the kernels' bytes that could
-#    set its time. How would notebook 07's three timings of a call (the host's enqueue, the wall
-#    clock, a CUDA-graph replay) tell them apart?
+# 1. In section 2's committed run the step on 32 MiB takes 5.05x the forward, not the 2x of its
+#    bytes. Name two things besides the kernels' bytes that could set its time. How would
+#    notebook 07's three timings of a call (the host's enqueue, the wall clock, a CUDA-graph
+#    replay) tell them apart?
 # 2. With TE's `cat(f, f)` table, "negate the sines" and "swap and negate the sines" give the
 #    same results. Why did ropelib keep the swap? What would break, and where would you notice?
 # 3. `ctx.save_for_backward(freqs)` keeps a reference to a table shared by every layer. What
