@@ -30,13 +30,11 @@
 # - build the `[3, tokens]` positions of text followed by an image and rotate q and k from them
 #   with `ropelib.apply_mrope_qk`, matching transformers, forward and backward, with no
 #   `[3, B, S, D]` cos/sin table;
-# - write a Triton kernel that forms each token's angles once for all its heads, and show with
-#   counts, timings and a profile why that is faster than forming them per head;
-# - say why, when a kernel reads transformers' per-axis tables, the order of its grid decides
-#   the bytes read from memory;
+# - write a Triton kernel that forms each token's angles once for all its heads, and say from
+#   counts, timings and Nsight Compute profiles why that is faster than forming them per head;
 # - say how far fp32 angles drift at $10^6$ positions and more.
 #
-# **Time:** about 90 minutes to read (section 6's measurements take most of it) and 45 for the
+# **Time:** about 80 minutes to read (section 6's measurements take most of it) and 45 for the
 # three exercises (the kernel takes most); the cells run in about a minute and a half on a
 # 2-core CPU (Triton's interpreter).
 
@@ -406,10 +404,9 @@ plt.show()
 # formula on tables given to it, ran at 0.071 forward: without the rotary embedding in the
 # call, the eager arithmetic alone is still about 14 times slower than a copy.
 #
-# torch.compile's 0.084 forward against 0.414 forward and backward is **unexplained**: it says
-# the forward alone took longer than forward and backward together. The file says the two were
-# timed differently, and nothing here explains the gap; read the 0.084 as a record of that run
-# only, not as what torch.compile gives (the figure marks it so).
+# torch.compile's forward (0.084) took longer than its forward and backward together (0.414),
+# which the file times differently (one `do_bench` against the median of five rounds). That is
+# **unexplained**: read 0.084 as a record of that run, not as what torch.compile gives.
 
 # %% [markdown]
 # Models written for transformers 4.x call `apply_multimodal_rotary_pos_emb(q, k, cos, sin,
@@ -576,8 +573,9 @@ print("forward and backward match plain PyTorch (float64)")
 # Without a table the bytes are fixed: q and k, read and written once. What a kernel can add
 # is arithmetic: each (token, pair) angle and its sine and cosine. Every head of a token turns
 # by the same angles, so the question of this section is how many times a kernel forms them:
-# before the loops over the heads, or inside them. You write the kernel, then count, time and
-# profile both versions.
+# before the loops over the heads, or inside them. You write the kernel; then the section
+# counts both versions' work in Triton's interpreter, times them where there is a GPU, and
+# reads two Nsight Compute profiles of them made on an H200.
 #
 # ### Kernel exercise: a multi-axis RoPE kernel
 #
@@ -770,14 +768,17 @@ assert "if BACKWARD:\n            s = -s" in shipped_kernel
 assert "h_lo = tl.program_id(1) * HEADS" in shipped_kernel
 assert mrope_kernels.PROGRAMS_PER_SM == 8                        # fit_grid's "8 programs an SM"
 # how the plan splits Qwen2-VL-7B's 32 heads (28 of q, 4 of k) on an H200's 132 SMs
-head_groups = {}
+head_groups, plan = {}, {}
 for tokens in (16384, 64):
     block_s, hps, heads, _, warps = mrope_kernels.pick_tiles(tokens, 1, 32, 128, 128, False, 132)
     head_groups[tokens] = -(-32 // heads)
+    plan[tokens] = (block_s, head_groups[tokens], heads,
+                    -(-tokens // block_s) * head_groups[tokens], warps)
     print(f"{tokens:6,d} tokens: {block_s} token(s) a program, {head_groups[tokens]} group(s) of "
-          f"{heads} head(s): {-(-tokens // block_s) * head_groups[tokens]:,} programs of "
-          f"{warps} warps")
-assert head_groups[16384] == 1 and head_groups[64] > 1    # few tokens: the heads are split
+          f"{heads} head(s): {plan[tokens][3]:,} programs of {warps} warps")
+# what the text says: at 16,384 tokens one group of all 32 heads, 1 token a program, 16,384
+# programs of 2 warps; at 64 tokens the heads are split, 32 groups of one
+assert plan[16384] == (1, 1, 32, 16384, 2) and plan[64][1:3] == (32, 1)
 
 # %% [markdown]
 # ### The other way: angles per (token, head)
@@ -979,10 +980,10 @@ else:
 
 # %% [markdown]
 # On the H200 the per-head kernel takes about 1.4 times the time of the once-per-token one, and
-# ropelib's kernel comes close to the copy of q and k (the medians are printed above). A time
-# says which kernel is faster, not why. Nsight Compute counted what the same
-# three kernels execute on an H200 (`benchmarks/mrope_angles_ncu.py`, each launched once at the
-# timing cell's size):
+# ropelib's kernel comes close to the copy of q and k (the cell prints the medians on a GPU;
+# the H200 run is in `docs/executed/`). A time says which kernel is faster, not why. Nsight
+# Compute counted what the same three kernels execute on an H200
+# (`benchmarks/mrope_angles_ncu.py`, each launched once at the timing cell's size):
 
 # %%
 ncu_csv = measured.RESULTS / f"mrope_angles_ncu-{measured.GPU}.csv"
@@ -1014,7 +1015,9 @@ dram_tbps = [d / (m["gpu__time_duration.sum"] * 1e-9) / 1e12
              for d, m in zip(dram, (per_head_m, once_m))]
 print(f"DRAM traffic over time: per (token, head) {dram_tbps[0]:.2f} TB/s, once per token "
       f"{dram_tbps[1]:.2f} TB/s")
-assert [round(t, 1) for t in dram_tbps] == [1.8, 3.4]
+assert [round(t, 2) for t in dram_tbps] == [1.83, 3.42]
+# the text's 250 and 245 MB, against the 268 MB q and k (bf16) take to read and write once
+assert [round(d / 1e6) for d in dram] == [250, 245] and round(elements * 2 * 2 / 1e6) == 268
 assert per_head_k["kernel"] == "mrope_per_head_kernel" and once_k["kernel"] == "solution_mrope_kernel"
 assert round(inst_ratio, 1) == 5.3 and round(time_ratio, 1) == 1.9
 assert abs(dram[0] / dram[1] - 1) < 0.03                          # the same bytes, within 3 %
@@ -1067,8 +1070,9 @@ assert list(waves.values()) == [2, 1] and occ_a.programs * 132 == 1584
 # The per-head kernel executes 5.3 times the warp instructions. The loads, rotation and stores
 # of q and k are the same in both; what it repeats for every head is the angle work. Spread
 # over the angles it forms again (16,384 tokens × 64 pairs × 31 more heads, 32 lanes a warp
-# instruction), each costs about 65 warp instructions: the position, frequency and axis
-# loaded, three selects, a multiply, a sine and a cosine.
+# instruction), each costs about 65 warp instructions: three positions, a frequency and an
+# axis loaded, three selects, a multiply, a sine and a cosine. How those 65 divide among them
+# is not measured here.
 #
 # `angles_cos_sin` does not depend on `h`: why does the compiler not move it out of the head
 # loop? The hypothesis: every step of the loop stores to `q_out` or `k_out`, and the compiler
@@ -1277,27 +1281,21 @@ assert round(100 * issue_share["ropelib.apply_mrope_qk"]) == 39
 assert (round(lib2[STALLED.format("long_scoreboard")], 1),
         round(lib2["smsp__average_warp_latency_per_inst_issued.ratio"], 1)) == (20.3, 24.2)
 
-# the clock account of 1.90x (profiler) against about 1.4x (do_bench), in numbers: were the
-# per-head kernel's time to scale with the SM clock and the once-per-token kernel's not at all,
-# at a clock f the profiler's ratio would become 1.90 x 1.50 GHz / f. f and do_bench's ratio:
-# what the timing cell printed in the H200 run of this page (one NVML reading after timing)
-H200_PAGE = dict(nvml_mhz=1980, bench_ratio=1.40)
+# the clock account: were the per-head kernel's time to scale with the SM clock and the
+# once-per-token kernel's not at all, the profiler's ratio at a clock f would become
+# 1.90 x 1.50 GHz / f. Where this run timed on a GPU, f is the one NVML reading taken after
+# timing, and the prediction is printed beside do_bench's ratio (not asserted: live timings)
 profiler_ghz = sum(clock_ghz.values()) / len(clock_ghz)
-
-
-def clock_account(mhz):
-    return time_ratio * profiler_ghz / (mhz / 1e3)
-
-
-predicted = clock_account(H200_PAGE["nvml_mhz"])
-print(f"the clock account: {time_ratio:.2f} x {profiler_ghz:.2f} / {H200_PAGE['nvml_mhz'] / 1e3:.2f}"
-      f" = {predicted:.2f}x, against {H200_PAGE['bench_ratio']:.2f}x under do_bench (H200 run "
-      "of this page)")
 assert round(time_ratio, 2) == 1.90 and round(profiler_ghz, 2) == 1.50
-assert round(predicted, 2) == 1.44 and abs(predicted - H200_PAGE["bench_ratio"]) < 0.05
-if nvml_mhz and bench_ratio is not None:          # this run timed on a GPU: its own, printed only
-    print(f"  this run: {clock_account(nvml_mhz):.2f}x at {nvml_mhz} MHz, against "
+if nvml_mhz and bench_ratio is not None:
+    predicted = time_ratio * profiler_ghz / (nvml_mhz / 1e3)
+    print(f"the clock account: {time_ratio:.2f} x {profiler_ghz:.2f} / {nvml_mhz / 1e3:.2f} = "
+          f"{predicted:.2f}x at the {nvml_mhz} MHz NVML reported after timing, against "
           f"{bench_ratio:.2f}x under do_bench")
+else:
+    print(f"the clock account: {time_ratio:.2f} x {profiler_ghz:.2f} GHz / f at an SM clock f "
+          "(no GPU here: no clock read, no do_bench ratio to compare it with)")
+
 
 # %% [markdown]
 # The per-head kernel's schedulers issue on 81 % of its active cycles (Nsight Compute: 82 %),
@@ -1319,116 +1317,25 @@ if nvml_mhz and bench_ratio is not None:          # this run timed on a GPU: its
 # is memory-bound too, so its 28 % more instructions are issued in cycles its schedulers
 # would otherwise leave idle, and do not set its time.
 #
-# Why is the gap smaller under `do_bench`? The profiler ran the SMs at 1.50 GHz; in the H200
-# run of this page NVML reported 1,980 MHz right after the timing cell (one reading: a hint at
-# `do_bench`'s clock, not a measurement of it). At a higher clock an instruction takes less time
-# and a byte from memory does not, so the instruction-bound kernel gains more. Were the
-# per-head kernel's time to scale with the clock and the other's not at all, 1.90 times under
-# the profiler would become 1.90 × 1.50 / 1.98 = 1.44 times; `do_bench` measured 1.40 (the
-# cell prints both). The account fits to within 0.04, but it rests on that one clock reading.
+# Why is the gap smaller under `do_bench` than under the profiler's 1.90? The profiler held
+# the SMs at 1.50 GHz (printed above); `do_bench` leaves the clock to the GPU. At a higher
+# clock an instruction takes less time and a byte from memory does not, so the
+# instruction-bound kernel gains more. If the per-head kernel's time scaled with the clock and
+# the other's not at all, 1.90 would become 1.90 × 1.50 GHz / $f$ at a clock $f$. On a GPU the
+# cell above prints that prediction at the clock NVML reported right after the timing cell,
+# beside `do_bench`'s ratio. Even where the two agree, the account rests on one clock reading
+# taken after timing, a hint at `do_bench`'s clock, not a measurement of it.
 
 # %% [markdown]
-# ### From transformers' materialised tables: the grid's order decides the bytes read
+# ### Beyond this notebook: reading transformers' per-axis tables
 #
-# A side trip, extending notebook 05, section 6: it is about reading materialised tables, not
-# about forming angles. On a first reading skip to section 7.
-#
-# Models written for transformers 4.x hand the attention the tables themselves: cos and sin
-# `[3, B, S, D]` in bf16, one table per axis, at b4 s8192 with heads of 128 about a fifth of q
-# and k's bytes (the cell prints both). `ropelib.hf.apply_multimodal_rotary_pos_emb` reads them
-# as they are, in one pass over q and k (its flat pass) in which each pair reads its section's
-# table. Nsight Compute measured three versions of that pass on an H200, beside Liger's kernel
-# on the same tables (`benchmarks/tables_read_probe.py`, CSVs in `benchmarks/results/`; more
-# of the story, with the compiled load schedules, in `benchmarks/NOTES.md`, section "Caller
-# tables of every token"):
-#
-# 1. all of q's programs, then all of k's;
-# 2. the grid ordered by chunks of tokens: a chunk's programs of q, then its programs of k;
-# 3. the same, with the forward's product written $(-x_b)\,s_a$ instead of $-(x_b\,s_a)$
-#    (the same bits).
-
-# %%
-ncu_runs = {"q's programs, then k's": "1425-q-then-k",
-            "by chunks of tokens": "1430-by-tokens",
-            "and (-x_b) s_a": "1447-by-tokens-loads-early"}
-qk_mb = 4 * 8192 * (28 + 4) * 128 * 2 / 1e6                  # q and k, bf16, read once
-q_mb = 4 * 8192 * 28 * 128 * 2 / 1e6
-tables_mb = 2 * 3 * 4 * 8192 * 128 * 2 / 1e6                 # cos and sin, 3 axes, bf16
-tables_read = {}
-for label, stamp in ncu_runs.items():
-    path = measured.RESULTS / f"tables_read_ncu-{measured.GPU}-20261129-{stamp}.csv"
-    ropelib_pass, liger_kernel = measured.ncu_kernels(path)[:2]   # the probe's first two launches
-    assert ropelib_pass["kernel"] == "_rope_rows_kernel" and "qwen2vl" in liger_kernel["kernel"]
-    tables_read[label] = {who: dict(
-        read=m["dram__bytes_read.sum"] / 1e6,                       # MB from DRAM
-        us=m["gpu__time_duration.sum"] / 1e3,
-        busy=m["dram__throughput.avg.pct_of_peak_sustained_elapsed"],
-        # hits over all sectors the L2 looked up: loads and stores, q, k, tables, outputs
-        l2_hit=m["lts__t_sector_hit_rate.pct"])
-        for who, m in (("ropelib", ropelib_pass["metrics"]), ("Liger", liger_kernel["metrics"]))}
-print(f"{gpu_name}, Qwen2-VL b4 s8192: q and k {qk_mb:.0f} MB (q {q_mb:.0f}), the bf16 tables, "
-      f"cos and sin of 3 axes, {tables_mb:.0f} MB ({tables_mb / qk_mb:.2f} of q and k)")
-print(f"{'':26s}{'DRAM read':>11s}{'time':>10s}{'DRAM busy':>11s}{'L2 hit':>8s}")
-flat_runs = [(label, by["ropelib"]) for label, by in tables_read.items()]
-liger = tables_read["and (-x_b) s_a"]["Liger"]
-for label, r in flat_runs + [("Liger (same run as 3.)", liger)]:
-    print(f"{label:26s}{r['read']:8.0f} MB{r['us']:8.1f} us{r['busy']:9.1f} %{r['l2_hit']:6.1f} %")
-read = [round(r["read"]) for _, r in flat_runs]
-took = [round(r["us"], 1) for _, r in flat_runs]
-l2_hit = [round(r["l2_hit"], 1) for _, r in flat_runs]
-print(f"ordered by tokens against q first: {read[1] - read[0]:+d} MB read from DRAM "
-      f"({100 * (read[1] / read[0] - 1):+.0f} %), {100 * (took[1] / took[0] - 1):+.0f} % time, "
-      f"L2 hit rate {l2_hit[1] - l2_hit[0]:+.1f} points; ropelib against Liger: "
-      f"{read[2] - liger['read']:+.0f} MB")
-# what the text states
-assert (round(qk_mb), round(q_mb), round(tables_mb)) == (268, 235, 50)
-assert 0.15 < tables_mb / qk_mb < 0.25                                  # "about a fifth"
-assert read == [335, 302, 302] and round(liger["read"]) == 285 and round(read[2] - liger["read"]) == 17
-assert took == [186.9, 164.6, 138.7] and round(liger["us"], 1) == 134.6
-assert (round(100 * (1 - read[1] / read[0])), round(100 * (1 - took[1] / took[0]))) == (10, 12)
-assert [round(r["busy"], 1) for _, r in flat_runs[1:]] == [69.5, 82.5]
-assert l2_hit[:2] == [48.1, 51.1] and round(l2_hit[1] - l2_hit[0], 1) == 3.0
-
-fig, (ax, ax_hit) = plt.subplots(1, 2, figsize=(9, 2.8), sharey=True,
-                                 gridspec_kw=dict(width_ratios=[2, 1]))
-labels = list(tables_read) + ["Liger"]
-colors = ["C3", "C1", "C0", "grey"]
-ax.barh(labels, [r["read"] for _, r in flat_runs] + [liger["read"]], color=colors)
-ax.axvline(qk_mb, color="k", lw=0.8, ls="--")
-ax.text(qk_mb, -0.7, " q and k", fontsize=8)
-ax.invert_yaxis()
-ax.set(xlabel="MB read from DRAM (Nsight Compute)")
-ax_hit.barh(labels, [r["l2_hit"] for _, r in flat_runs] + [liger["l2_hit"]], color=colors)
-ax_hit.set(xlim=(40, 55), xlabel="L2 hit rate, % of all sectors\n(the axis starts at 40 %)")
-fig.suptitle(f"the flat pass on Qwen2-VL's bf16 tables, {gpu_name}", fontsize=10)
-fig.tight_layout()
-fig.savefig(FIGURES / "10-tables-dram-read.png", dpi=120)
-plt.show()
-
-# %% [markdown]
-# With q's programs first, k's programs ran after all of q (235 MB) had streamed through the L2
-# cache: 335 MB read where q and k are 268. Ordered by chunks of tokens, a chunk's k programs
-# run right after its q programs: 302 MB, 10 % fewer bytes, and 12 % less time (186.9 to
-# 164.6 µs), with DRAM still only 69.5 % busy. The L2 found 51.1 % of its lookups against
-# 48.1 %, 3.0 points more. q and k are read once and written once in either order; only the
-# tables are read more than once, so the hits gained are, most simply, table rows found again
-# (an inference: the hit rate counts loads and stores together and cannot show it directly).
-#
-# Then the sign: written $(-x_b)\,s_a$ instead of $-(x_b\,s_a)$ (the same bits), the same
-# 302 MB took 138.7 µs, level with Liger's 134.6, with DRAM 82.5 % busy. The same bytes in
-# less time, and **why is not measured**. Compiled for sm_90, the forms differ in how many of
-# their six loads the assembler issues before the first multiply (`benchmarks/NOTES.md`
-# records the counts with Triton 3.6 and 3.9; notebook 05, section 6, shows how to count
-# them). But rewriting a product can also change the registers a thread gets, and nothing
-# measured here holds one fixed while the other changes: load order and register count move
-# together, so neither can be credited with the drop from 164.6 to 138.7 µs. The compiler's
-# choices also change with the Triton version, so the drop is a record of Triton 3.6. ropelib
-# ships a third form, $x_b\,(-s_a)$.
-#
-# ropelib still reads 17 MB more than Liger. Liger assumes transformers' tables, whose two
-# halves are equal (`cat(f, f)`), and reads only the first halves; ropelib reads both, so that
-# any cos and sin give transformers' result. (Why the second halves cost more DRAM bytes than
-# they hold is not measured here; `benchmarks/NOTES.md` gives an untested account.)
+# Models written for transformers 4.x hand the attention cos and sin tables of every axis,
+# `[3, B, S, D]`, which `ropelib.hf.apply_multimodal_rotary_pos_emb` must read (with the flat
+# pass of notebook 05, section 6). Then the question is bytes read, not angles formed, and the
+# order of the grid matters: with a chunk of tokens' k programs run right after its q
+# programs, rather than after all of q's, Nsight Compute measured fewer bytes read from DRAM on
+# an H200. Those runs, what they do and do not show, and a comparison with Liger's kernel are in
+# `benchmarks/NOTES.md` ("Caller tables of every token") and `docs/PERFORMANCE.md`.
 
 # %% [markdown]
 # ## 7. The angles themselves at long context
@@ -1480,6 +1387,11 @@ assert all(rad(m, prec_first) < 5e-3 for m in angle_precision.METHODS)   # a few
 assert prec_first == 1024 and top == 2**24 and 1.4e6 < mid < 1.6e6          # 1 K, 1.5 M and 16 M
 assert 0.05 < rad("fp32_angle_table", mid) < 0.1                      # "almost a tenth"
 assert 1 < rad("fp32_angle_table", top) < 2                           # "more than a radian"
+# the text's 1,482,910, 0.089 and 1.71, and at 1 K 2.6e-03 (bf16) against 5.0e-05 (fp32)
+assert mid == 1482910 and round(rad("fp32_angle_table", mid), 3) == 0.089
+assert round(rad("fp32_angle_table", top), 2) == 1.71
+assert 2.5e-3 < rad("bf16_cos_sin", prec_first) < 2.7e-3
+assert 4.9e-5 < rad("fp32_angle_table", prec_first) < 5.1e-5
 assert rad("bf16_cos_sin", prec_first) > 10 * rad("fp32_angle_table", prec_first)  # worse early
 assert all(0.8 < rad("bf16_cos_sin", p) / rad("fp32_angle_table", p) < 1.25
            for p in prec_grid if p >= 10**5)                                # ... and level from 1e5
@@ -1517,13 +1429,11 @@ assert by[("ropelib_exact", top)]["out_err"] < 1e-5
 #   in every call, which a model runs once per forward; transformers 4.x's per-layer formula on
 #   tables given to it ran at 0.071.
 # - Every head of a token turns by the same angles. Formed per (token, head) they cost 32 times
-#   the sines and cosines for the same bytes, 5.3 times the warp instructions, and about 1.4
-#   times the time under `do_bench`: the per-head kernel is bound by issuing instructions, the
-#   once-per-token kernel by memory. The compiler does not hoist the angle work for you,
-#   because the stores in the loop might overwrite its inputs: write it before the loop.
-# - Reading transformers' per-axis tables, the grid's order decides the bytes read from DRAM:
-#   by chunks of tokens, 302 MB against 335 MB with q's programs first, and 3.0 points more L2
-#   hits.
+#   the sines and cosines for the same bytes and, on an H200, 5.3 times the warp instructions
+#   and about 1.4 times the time under `do_bench`: the per-head kernel is bound by issuing
+#   instructions, the once-per-token kernel by memory. The compiler does not hoist the angle
+#   work for you, because the stores in the loop might overwrite its inputs: write it before
+#   the loop.
 # - fp32 angles drift with the position: 0.089 rad at 1.5 M positions, 1.71 at 16 M. ropelib's
 #   table-free angles (`rope_angles`) stay within half an fp32 ulp.
 
