@@ -44,7 +44,7 @@
 # **Time:** about 90 minutes to read, 50 for exercises 1–4 (the two kernels take most), 20 for
 # the optional fifth. Section 3 and the end of section 4 are dense with measurements: on a first
 # pass read each part's question and answer, and come back for the numbers. On a CPU the cells
-# run in about a minute under Triton's interpreter.
+# run in one to two minutes under Triton's interpreter.
 
 # %%
 import os, torch
@@ -481,6 +481,7 @@ if multi:
               f"{(one - state) / 2:.2f} + the other rank's k and v {gathered_kv:.2f} = "
               f"{estimate:.2f} GiB, against {max(per_rank):.2f} measured")
         assert abs(estimate / max(per_rank) - 1) < 0.05
+        assert (round(estimate, 2), round(max(per_rank), 2)) == (36.69, 35.94)   # as the text says
     fig, ax = plt.subplots(figsize=(7, 4))
     plot_cp_run(run, ax, one_gpu=gpu_runs.get(1))
     fig.tight_layout()
@@ -498,9 +499,9 @@ else:
 # 35.94 measured): half of one GPU's activations, the other rank's k and v for every layer
 # (kept for the backward), and the full weights, gradients and optimizer state, which CP does
 # not split. So CP buys memory first: at a little over half of one GPU's peak per rank, a
-# sequence somewhat too long for one GPU would fit on two. In
-# speed, two ranks are 1.30 times as fast as one GPU, not twice; the end of this section asks
-# why. First, whether the two-rank run trains the same model.
+# sequence somewhat too long for one GPU should fit on two (no such run is committed, so that
+# is not measured here). In speed, two ranks are 1.30 times as fast as one GPU, not twice; the
+# end of this section asks why. First, whether the two-rank run trains the same model.
 
 # %% [markdown]
 # ### 200 steps in bf16: does the two-rank run train the same model?
@@ -676,11 +677,11 @@ assert (round(tflops[1]), round(tflops[2])) == (455, 311)
 # %% [markdown]
 # **Answer, by the fit: attention.** The excess grows 25 times for 8 times the length (38.5 ms
 # a step at 16384 tokens, 964 at 131072), faster than anything linear in $S$ can; the fit puts
-# 750 of the 964 ms in the $S^2$ term and 214 in the linear one. Nor are the collectives
-# large enough: per rank and step they move 6.56 GiB (3.00 of k and v gathered, 3.00 of their
-# gradients reduce-scattered, 0.56 of fp32 gradients all-reduced), and to take all 964 ms
-# they would have to crawl at 7.3 GB/s. (The CSV headers do not record the link, so the rate
-# they ran at is not known.)
+# 750 of the 964 ms in the $S^2$ term and 214 in the linear one. The collectives' volume points
+# the same way without measuring them: per rank and step they move 6.56 GiB (3.00 of k and v
+# gathered, 3.00 of their gradients reduce-scattered, 0.56 of fp32 gradients all-reduced), so
+# to take all 964 ms they would have to run at only 7.3 GB/s. Their actual time is not
+# measured (the runs were not profiled, and the CSV headers do not record the link).
 #
 # Each rank computes exactly half of the pairs (section 1), yet its $S^2$ term is 2373 ms where
 # half of one GPU's is 1623: its attention runs at 68 % of one GPU's rate. Counting $4D$
@@ -693,18 +694,23 @@ assert (round(tflops[1]), round(tflops[2])) == (455, 311)
 # dispatcher tries only its flash and memory-efficient kernels, while for `is_causal=True` it
 # may also pick cuDNN's; a chunk with as many queries as keys (rank 0's first, positions
 # $0 \ldots s-1$) PyTorch hands on as `is_causal=True`. So one hypothesis is that one GPU ran a
-# faster kernel; `torch.profiler`, naming the kernels of the two calls against the one, shows
-# whether the kernels differ at all.
+# faster kernel. `torch.profiler`, naming the kernels of the two calls against the one, shows
+# whether the kernels differ at all; one GPU's call forced onto the flash kernel tests whether
+# the kernel is the cause.
 #
-# On a GPU the next cell does that at the 131072-token run's sizes: one layer's attention,
-# forward and backward, as one GPU runs it and as rank 0 runs it (its gathered k and v put in
-# global order, then `cp.dual_chunk_attention`), each under `torch.profiler`. For each it
-# prints the kernels with the most device time, which of them are attention's and their share
-# of the call's device time, and that time times the layers beside the fit's $S^2$ term.
+# On a GPU the next cell does both at the 131072-token run's sizes: one layer's attention,
+# forward and backward, as one GPU runs it, as rank 0 runs it (its gathered k and v put in
+# global order, then `cp.dual_chunk_attention`), and as one GPU runs it with PyTorch's flash
+# kernel only (`torch.nn.attention.sdpa_kernel(SDPBackend.FLASH_ATTENTION)`), each under
+# `torch.profiler`. For each it prints the kernels with the most device time, which of them are
+# attention's (and how much of that is cuDNN's), their share of the call's device time, that
+# time times the layers, and attention's rate in TFLOP/s counted as the fit counts it (the
+# call's (query, key) pairs, $14D$ operations each).
 
 # %%
 from collections import Counter
 
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
 from ropelib.course.kernel_bandwidth import device_kernels
@@ -750,21 +756,41 @@ if ropelib.runtime.on_gpu():
         y = cp.dual_chunk_attention(q, k_all, v_all, 2, 0)
         torch.autograd.grad(y, (qkv_r, kv_gathered), dy_r)
 
+    def one_gpu_flash():     # the same call, PyTorch's flash kernel only (rank 0's main one)
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            one_gpu()
+
+    # (query, key) pairs of one call: all of the causal mask, or rank 0's half of it
+    pairs_1 = Bp * Hp * Sp * (Sp + 1) // 2
+    pairs_r = Bp * Hp * int((cp.dual_chunk_positions(Sp // 2, 2, 0) + 1).sum())
+    assert 2 * pairs_r == pairs_1                                  # exactly half (section 1)
     print(f"{torch.cuda.get_device_name()}, live: one layer's attention, forward and backward: "
           f"B={Bp}, H={Hp}, S={Sp}, D={Dp}, bf16 (the run: {L_layers} layers, "
           f"{one_run['n_embd']} wide)")
-    for label, step, ranks in (("one GPU, is_causal=True", one_gpu, 1),
-                               ("rank 0 of 2, cp.dual_chunk_attention", rank_0, 2)):
-        by_name = gpu_time_by_kernel(step)
+    for label, step, fit, pairs in (
+            ("one GPU, is_causal=True", one_gpu, terms[1][0], pairs_1),
+            ("rank 0 of 2, cp.dual_chunk_attention", rank_0, terms[2][0], pairs_r),
+            ("one GPU, is_causal=True, flash kernel only", one_gpu_flash, None, pairs_1)):
+        try:
+            by_name = gpu_time_by_kernel(step)
+        except RuntimeError as err:      # a GPU or build where the flash kernel cannot run
+            if step is not one_gpu_flash:
+                raise
+            print(f"\n{label}: not run here ({str(err)[:150]})")
+            continue
         assert by_name, f"{label}: the profile found no kernel"
         total = sum(by_name.values())
         matched = {n: us for n, us in by_name.items()
                    if any(w in n.lower() for w in ATTENTION_WORDS)}
         attention = sum(matched.values())
+        cudnn = sum(us for n, us in matched.items() if "cudnn" in n.lower())
+        rate = (f"{14 * Dp * pairs / (attention / 1e6) / 1e12:.0f} TFLOP/s" if attention
+                else "no attention kernel named")
+        against = "" if fit is None else f", against the fit's S^2 term {fit:.0f} ms"
         print(f"\n{label}: {total / 1e3:.1f} ms of device time, {len(by_name)} distinct kernels; "
-              f"attention's kernels {attention / 1e3:.1f} ms ({attention / total:.0%}); times "
-              f"{L_layers} layers {L_layers * attention / 1e3:.0f} ms a step, against the fit's "
-              f"S^2 term {terms[ranks][0]:.0f} ms")
+              f"attention's kernels {attention / 1e3:.1f} ms ({attention / total:.0%}; cuDNN's "
+              f"{cudnn / 1e3:.1f} ms), {rate}; times {L_layers} layers "
+              f"{L_layers * attention / 1e3:.0f} ms a step{against}")
         for name, us in by_name.most_common(5):
             print(f"  {us / 1e3:9.2f} ms  {'attention' if name in matched else '         '}  "
                   f"{name[:100]}")
@@ -773,17 +799,18 @@ else:
     print(f"The attention kernels are profiled on a GPU only; this run's device is {device}.")
 
 # %% [markdown]
-# Read the kernel names the cell prints. On the H200 this page was run on, one GPU's
+# Read the kernel names the cell prints. On an H200 (a run of 2 December), one GPU's
 # `is_causal=True` call ran cuDNN's fused attention kernels (`cudnn_generated_..._sdpa_...`),
 # while most of rank 0's attention time went to PyTorch's own flash kernels
 # (`pytorch_flash::flash_fwd_kernel`, `flash_bwd_...`), the ones its bottom-right-masked call
 # can reach, and a smaller share to the same cuDNN kernels as one GPU's: those of its first
-# chunk, handed on as `is_causal=True`. Each path's attention time, times the layers, is
-# printed beside its fit's $S^2$ term; on that run the two came out close for both paths (a
-# live profile, so the notebook prints them and asserts nothing). That agrees with the
-# hypothesis without proving it: the two paths spent most of their attention time in
-# different kernels, but no run here gives both paths the same kernel (say, one GPU forced
-# onto the flash kernel), which is what would show the kernel is the cause.
+# chunk, handed on as `is_causal=True`. Each path's attention time, times the layers, came out
+# close to its fit's $S^2$ term. So the two paths spend most of their attention time in
+# different kernels; whether that is the cause, the third profile says: one GPU's own call,
+# its own shapes, on the flash kernel. If its TFLOP/s fall to about rank 0's, the kernel
+# accounts for the gap and the split itself costs little in attention; if they stay near one
+# GPU's cuDNN rate, the cause lies in rank 0's chunk shapes instead. These are live profiles:
+# the cell prints them and asserts nothing, so read the answer in its output.
 #
 # **Takeaway:** the dual-chunk split with RoPE at global positions makes CP compute what one
 # GPU computes; each rank needs 55 % of one GPU's memory, and the speed it gives up here lies,
@@ -1260,14 +1287,11 @@ else:
 #
 # `benchmarks/decode_cache_bench.py` times one decoding step of one layer (q `[B, 1, 32, 128]`,
 # k and v `[B, 1, 8, 128]`, bf16, a cache of 4096 positions), fused against unfused, in
-# contiguous and paged caches of bf16 and fp8, batch 1 to 256. The numbers read here are its
-# CUDA-graph replays, timed one step at a time: one step is captured in a graph and
-# `do_bench` times each replay of it (`ropelib.bench.kv_cache_decode.time_step`). That leaves
-# out the host's per-launch work while the kernels still run one after another, but every
-# timed replay still pays for launching the graph and for being timed, a cost this benchmark
-# does not separate from the kernels'. The fp8-store cell above measured another way (100
-# calls captured in one graph, the replay divided by 100), which spreads that cost over the
-# calls: its numbers and these do not compare.
+# contiguous and paged caches of bf16 and fp8, batch 1 to 256. The cell reads its CUDA-graph
+# replays of one step each (`ropelib.bench.kv_cache_decode.time_step`): the host's launches
+# are left out, but every timed replay still pays for launching the graph and for being
+# timed, which the benchmark does not separate from the kernels' time (so these times and the
+# fp8-store cell's, 100 calls a replay, do not compare).
 #
 # Replayed, the fused step takes 6.1–8.9 µs with a bf16 cache against 19.0–33.8 µs unfused
 # (2.8–3.8× faster), and 6.6–9.9 µs with an fp8 cache against 34.4–52.4 µs (4.6–5.7×), the
@@ -1276,11 +1300,9 @@ else:
 # with one kernel of its own (vLLM's `reshape_and_cache`); the end of this section times that
 # two-kernel path too.
 #
-# The CSV also holds eager rows, each call timed without a graph. They are not drawn: an
-# eager call's time holds the host's work (Python, dispatch, launches), which this benchmark
-# does not separate from the kernels', and it jumps between neighbouring batches (the fused
-# step from 5.8 to 50.8 µs with a bf16 cache), so it is no comparison of kernels. Notebook 07
-# (section 7) measures the host's time per call.
+# The CSV's eager rows (no graph) hold the host's work too and are not drawn;
+# `benchmarks/NOTES.md` ("Beyond the anchors") discusses them, and notebook 07 (section 7)
+# measures the host's time per call.
 
 # %%
 def plot_decode_cache(rows, axes) -> None:
@@ -1324,7 +1346,7 @@ fig.suptitle(f"measured on {meta['gpu']} ({meta.get('date', '?')[:10]}): one dec
 fig.tight_layout()
 fig.savefig(FIGURES / "11-decode-cache-latency.png", dpi=120)
 plt.show()
-for r in timed:       # the replays; the eager rows are summed up in one line below
+for r in timed:       # the replays (the eager rows are not read)
     if r["provider"] == "fused" and r["mode"] == "graph" and r.get("speedup_vs_unfused"):
         print(f"{r['cache']:>10} {r['cache_dtype']:<14} {r['mode']:<5} B={r['batch']:<4} "
               f"fused {r['ms'] * 1e3:7.1f} us  {r['speedup_vs_unfused']:.2f}x the unfused step")
@@ -1350,8 +1372,7 @@ stated_ranges = {("bfloat16", "graph", "fused", "ms"): (6.1, 8.9),
                  ("bfloat16", "graph", "fused", "speedup_vs_unfused"): (2.8, 3.8),
                  ("float8_e4m3fn", "graph", "fused", "ms"): (6.6, 9.9),
                  ("float8_e4m3fn", "graph", "unfused", "ms"): (34.4, 52.4),
-                 ("float8_e4m3fn", "graph", "fused", "speedup_vs_unfused"): (4.6, 5.7),
-                 ("bfloat16", "eager", "fused", "ms"): (5.8, 50.8)}   # host-bound, not drawn
+                 ("float8_e4m3fn", "graph", "fused", "speedup_vs_unfused"): (4.6, 5.7)}
 for (cache_dtype, mode, provider, key), stated in stated_ranges.items():
     measured = span(cache_dtype, mode, provider, key, 1e3 if key == "ms" else 1)
     unit = " us" if key == "ms" else "x faster than the unfused step"
@@ -1460,16 +1481,12 @@ for cache in ("contiguous", "paged"):      # per cache: to fp32, divide, clamp, 
 # - **Replayed, the time follows the count.** The unfused step's replayed time rises with its
 #   operations (7, 10, 15, 18): 19.0–24.2, 25.3–33.8, 34.4–43.1 and 39.8–52.4 µs over the
 #   batches. The fused kernel takes 6.1–9.9 µs with any cache.
-# - **About 1.9 µs an operation, on average.** At batch 1, where the bytes are fewest, a
-#   least-squares line through the four replayed times against the count has an intercept of
-#   6.2 µs and a slope of 1.9 µs per operation, every time within 0.4 µs of it. The slope is an
-#   average over four different mixes of operators (index arithmetic, copies, conversions, the
-#   RoPE launch), not the cost of any one kernel. The intercept is about the whole fused step
-#   (6.1 to 7.0 µs); what it is made of is not measured. A one-step replay pays for launching
-#   the graph and for being timed in full, so those are candidates (the fp8-store cell, whose
-#   100 calls share one replay, spreads such a cost a hundredfold). Either way a graph still
-#   runs every kernel, so replayed at batch 1 the fused step's gain is mostly the kernels it
-#   does not run.
+# - **About 1.9 µs an operation, on average.** At batch 1 a least-squares line through the
+#   four replayed times against the count has a slope of 1.9 µs per operation (an average over
+#   four different mixes of operators, not any one kernel's cost) and an intercept of 6.2 µs,
+#   every time within 0.4 µs of it. The intercept is about the whole fused step (6.1 to
+#   7.0 µs); what it is made of is not measured. Replayed at batch 1, then, the fused step's
+#   gain is mostly the kernels it does not run.
 
 # %%
 def unfused_us(cache, dtype, mode):
@@ -1564,10 +1581,8 @@ assert as_stated((min(two_vs_unfused), max(two_vs_unfused)), (2.2, 4.8))
 # write kernel, 0.8 to 3.0 µs a step: the time one more kernel adds to a one-step replay, in
 # the range of the line's average of 1.9 µs an operation. The two kernels in turn run 2.2 to
 # 4.8 times faster than the PyTorch write's chain. So most of the 2.8–5.7× of the first figure
-# is the PyTorch operators; fusion itself saves one kernel. Every ratio here is between
-# one-step replays, with whatever a replay costs beyond its kernels (not measured) on both
-# sides: they are what a decoder replaying one step at a time sees, not ratios of the
-# kernels' own times.
+# is the PyTorch operators; fusion itself saves one kernel. These are ratios of one-step
+# replays, as a decoder replaying one step at a time sees them, not of the kernels' own times.
 #
 # **Takeaway:** a decoding step stores rotated keys; fusing RoPE with the store is one kernel
 # with the bits of RoPE-then-write, in either cache layout and in fp8 (whose scale must be
@@ -1588,7 +1603,8 @@ assert as_stated((min(two_vs_unfused), max(two_vs_unfused)), (2.2, 4.8))
 # - On H200s, two ranks ran a 131072-token step 1.30 times as fast as one GPU, each peaking at
 #   55 % of its memory. A fit of $t = aS^2 + bS$ through two lengths puts 750 of the 964 ms
 #   shortfall in the $S^2$ term: each rank's attention at 68 % of one GPU's rate, for a reason
-#   the fit cannot give; on a GPU, section 3 profiles the attention kernels of both paths.
+#   the fit cannot give; on a GPU, section 3 profiles the attention kernels of both paths and
+#   of one GPU forced onto rank 0's flash kernel.
 # - A KV cache stores rotated keys. The fused kernel (exercises 2 and 4) is one program per
 #   sequence: its position, one row of angles, every head rotated, k and v stored at slot
 #   `[b, p]` or, paged, `[block_table[b, p // BS], p % BS]`, with the bits of RoPE-then-write.
