@@ -32,7 +32,7 @@
 # and tolerances that fit the dtype.
 #
 # **Time:** about two hours of reading, with the exercises of sections 4, 4b and 5; section 4b
-# alone is close to half of it. The cells run in about a minute in the Triton interpreter.
+# alone is close to half of it. The cells run in a few minutes in the Triton interpreter.
 #
 # **After this notebook you will be able to**
 #
@@ -432,7 +432,8 @@ assert torch.equal(yb.flatten()[:10], yb_moved.flatten()[:10])
 assert 10 <= n_big <= 1e-4 * yb.numel() and torch.allclose(yb, yb_moved, **debug.tolerances("bf16"))
 
 # %% [markdown]
-# 43 in a million, with the first ten values equal: the reported symptom. The default
+# Tens in a million (the cell prints 43 on the H200 page), with the first ten values equal:
+# the reported symptom. The default
 # tolerances are no test for bf16: two *correct* bf16 kernels pass them only when their fp32
 # intermediates round to the same bf16 value everywhere. A table that differs from TE's
 # sin/cos in the last bit breaks that; so, section 4b shows, does fusing a different product of
@@ -749,7 +750,7 @@ te_combine = my_combine if combined_by_learner else ex.solution_te_combine
 # $y_{\text{none}}$; on a GPU `check_bits` compiles with contraction off, which does the same.
 # So both machines compute $y_{\text{none}}$ (the file's `free_sub-nofuse` row): 17 elements
 # differ from TE (asserted from the file). Left free to contract, a GPU compiler makes "as
-# written" a different computation, its own choice at each compilation: 12 elements in the
+# written" a different computation, its own choice for each kernel: 12 elements in the
 # file's kernel (asserted), 0 in the kernel above compiled on the H200 page (a GPU run prints
 # its own). The steps chart comes back to this.
 
@@ -965,17 +966,14 @@ if GPU:   # this notebook's kernel with contraction on (step a): which halves ha
 # %% [markdown]
 # The last five lines show that each of $y_1$, $y_2$ is one fma of an exact product and a
 # rounded one: `mul.f32` rounds a product (negated for $y_1$), and `fma.rn.f32` adds it to the
-# other product, unrounded. Which product is which, the PTX alone does not settle. `%r114` and
-# `%r123` are each written last by an `fma.rn.ftz`, like the polynomial steps of a sin/cos
-# evaluation (the chain that ends in `%r123` runs in `%r18` = `%r119`·`%r119`). Read as $c$ and
-# $s$, they make $y_1$ fuse $x_1 c$ (TE's order) and $y_2$ fuse $x_1 s$ (the other). But the
-# loads that fill `%r98` and `%r99` lie before these 16 lines, and the file keeps no more of
-# the PTX, so that reading is a guess until the bits confirm it. `gpu_choice` writes it down,
-# and the cell checks it: on the CPU, and on a GPU like the file's, it gives the file's
-# kernel's output bit for bit, every element it gets wrong sits in the second half, $y_2$, and
-# the file's own outputs say the same (each half of the file's kernel's output equals that
-# half of the file's step c or step d output, asserted). Nothing in the source asks for either order. The steps,
-# in one chart:
+# other product, unrounded. Which product is which, these lines do not say: the loads that
+# fill `%r98` and `%r99` lie before them, and the file keeps no more of the PTX. The bits say
+# it. The first half of the file's kernel's output is the file's step c output (TE's order,
+# $x_1 c$ fused), the second half its step d output (the other order, $x_1 s$ fused)
+# (asserted). `gpu_choice` writes that choice down, and the cell checks it: on the CPU, and
+# on a GPU like the file's, it gives the file's kernel's output bit for bit, and every element
+# it gets wrong sits in the second half, $y_2$. Nothing in the source asks for either order.
+# The steps, in one chart:
 
 # %%
 steps_tbl = [     # (step, change, elements != TE here, on the file's GPU)
@@ -1098,9 +1096,8 @@ assert (min(r[4] for r in fp32_tbl if r[4]), max(r[4] for r in fp32_tbl)) == (16
 assert SMALL32.rows["free_sub/tl"]["n_differ"] == 573          # the file's compiled choice
 if SAME_GPU:
     assert all(r[1] in ("-", r[2]) for r in fp32_tbl)         # here = the GPU's counts
-# bf16: 12 to 22 of 1,048,576 elements at the large size, none at the small one
-assert all(0 < gpu_row(BIG, v) <= 5e-5 * BIG.x.numel()
-           for v in ("free_sub/tl", "fma_rs/tl", "none_rn/tl"))
+# bf16: 12, 17 and 22 of 1,048,576 elements at the large size, none at the small one
+assert [gpu_row(BIG, v) for v in ("free_sub/tl", "none_rn/tl", "fma_rs/tl")] == [12, 17, 22]
 small_bf16 = {r["variant"]: r["n_differ"] for r in BITS["scenarios"]["nb_cpu"]["rows"]}
 assert all(small_bf16[f"{c}/{s_}"] == 0 for c in ("free_sub", "fma_xc", "fma_rs", "none_rn")
            for s_ in ("tl", "libdevice", "table_te_fp32"))
@@ -1108,11 +1105,13 @@ assert all(small_bf16[f"{c}/{s_}"] == 0 for c in ("free_sub", "fma_xc", "fma_rs"
 # %% [markdown]
 # In fp32, only $\mathrm{fma}(x, c, r s)$ matches TE, at both sizes; every other evaluation of
 # the same formula differs in 166,505 to 333,053 of 1,048,576 elements at the large size
-# (asserted from the file). Of the four, only that one gives TE's bits: nvcc contracted
-# `v_src * v_cos + v_src_rotate * v_sin` into `fma(v_src, v_cos, v_src_rotate * v_sin)`. In bf16 the same fact shows as 12 to 22 elements
-# in 1,048,576 (rows a, d and e of the steps chart; the cell asserts at most five per hundred
-# thousand): none at the small size, where each of these orders agrees with TE in bf16 (the
-# file's `nb_cpu` rows), and enough to fail a bit-for-bit test at the large one.
+# (asserted from the file). So TE's output is, in every bit, what
+# `fma(v_src, v_cos, v_src_rotate * v_sin)` gives for TE's line
+# `v_src * v_cos + v_src_rotate * v_sin`; the bits do not show TE's compiled code, only that
+# no other of the four evaluations reproduces it. In bf16 the same fact shows as 12, 17 and 22
+# elements in 1,048,576 (rows e, a and d of the steps chart; asserted from the file): none at
+# the small size, where each of these orders agrees with TE in bf16 (the file's `nb_cpu`
+# rows), and enough to fail a bit-for-bit test at the large one.
 #
 # To make a Triton kernel equal TE bit for bit: compute cos/sin in fp32 from the fp32 angles
 # (`tl.cos`/`tl.sin`, or libdevice's precise ones — not the fast approximations), do the math in
@@ -1121,13 +1120,16 @@ assert all(small_bf16[f"{c}/{s_}"] == 0 for c in ("free_sub", "fma_xc", "fma_rs"
 #
 # **The same two changes in your copy of section 1.** `_rope_repro_kernel` calls that line,
 # `te_combine`, under `if USE_FMA:`, and takes sin/cos from the angles under `if FROM_ANGLES:`.
-# The cell below runs your copy on the fp32 case three ways — the plain line with TE's own
-# table, the `USE_FMA` line with that table, the `USE_FMA` line with `tl.cos`/`tl.sin` — and
-# counts the elements whose bits differ from TE's. On a GPU the plain line is compiled with
-# contraction on (573 on the H200 page, as the file's compiled choice in the fp32 table). To
-# try another order, edit the `USE_FMA` branch or `my_combine`, then rerun section 1's cell (a
-# compiled kernel keeps the combine it was compiled with) and this one. The asserts check the
-# course's kernel, run beside yours.
+# The cell below runs your copy on the fp32 case with both switches, one at a time: two
+# combines (the plain line, the `USE_FMA` line) times two sources of sin/cos (TE's own table,
+# `tl.cos`/`tl.sin` of the angles), and counts the elements whose bits differ from TE's. On a
+# GPU the plain line is compiled with contraction on. Beside your counts it prints the file's
+# rows for the course's copy of this kernel on the GPU (`debug:` presets of
+# `benchmarks/te_bits.py`), and then the file's whole way from section 1's reported failure to
+# TE's bits, one change per row, in bf16 and fp32 at the GPU size. To try another order, edit
+# the `USE_FMA` branch or `my_combine`, then rerun section 1's cell (a compiled kernel keeps the
+# combine it was compiled with) and this one. The asserts check the course's kernel, run beside
+# yours, and the file.
 
 # %%
 def repro_bits(case, use_fma, from_angles=False, kernel=_rope_repro_kernel):
@@ -1147,27 +1149,84 @@ def repro_bits(case, use_fma, from_angles=False, kernel=_rope_repro_kernel):
     return int(debug.bits_differ(y, side["te"]).sum())
 
 
-WAYS = {"plain line, TE's table": dict(use_fma=False),
-        "USE_FMA, TE's table": dict(use_fma=True),
-        "USE_FMA, tl.cos/tl.sin": dict(use_fma=True, from_angles=True)}
-yours_bits = {label: repro_bits(SMALL32, **way) for label, way in WAYS.items()}
-course_bits = {label: repro_bits(SMALL32, kernel=None, **way) for label, way in WAYS.items()}
-for label, n in yours_bits.items():
-    print(f"your kernel, {label:24s} {n:5d} of {SMALL32.x.numel():,} fp32 elements differ from TE"
-          + ("" if n == course_bits[label] else f" (the course's kernel: {course_bits[label]})"))
+WAYS = {   # label: (the switches, the file's debug: row for the course's copy on the GPU)
+    "plain line, TE's table": (dict(use_fma=False), "debug:FIXED-table_fp32"),
+    "plain line, tl.cos/tl.sin": (dict(use_fma=False, from_angles=True), "debug:FIXED"),
+    "USE_FMA, TE's table": (dict(use_fma=True), None),
+    "USE_FMA, tl.cos/tl.sin": (dict(use_fma=True, from_angles=True), "debug:FIXED+fma")}
+yours_bits = {label: repro_bits(SMALL32, **way) for label, (way, _) in WAYS.items()}
+course_bits = {label: repro_bits(SMALL32, kernel=None, **way) for label, (way, _) in WAYS.items()}
+file_bits = {label: None if v is None else SMALL32.rows[v]["n_differ"]
+             for label, (_, v) in WAYS.items()}
+display(HTML(f"<table><tr><th>your section-1 kernel, fp32, S=32 B=2 H=2 D=32</th>"
+             f"<th>elements ≠ TE, your kernel, {here}</th><th>the course's kernel, {here}</th>"
+             f"<th>the course's kernel, {GPU_NAME} (file)</th><th>of</th></tr>" +
+             "".join(f"<tr><td>{label}</td><td>{yours_bits[label]}</td>"
+                     f"<td>{course_bits[label]}</td>"
+                     f"<td>{'not run' if file_bits[label] is None else file_bits[label]}</td>"
+                     f"<td>{SMALL32.x.numel():,}</td></tr>" for label in WAYS) + "</table>"))
 print("your kernel gives the course kernel's counts" if yours_bits == course_bits else
       "your edit changed a count: the asserts below check the course's kernel")
-print(f"on the {GPU_NAME}, the course's kernel with Causes(fma=True) against TE: "
-      f"{SMALL32.rows['debug:FIXED+fma']['n_differ']} elements differ in this fp32 case, "
-      f"{gpu_row(BIG, 'debug:FIXED+fma')} at S=512 B=2 H=8 D=128 in bf16")
 assert course_bits["USE_FMA, TE's table"] == 0                    # TE's bits, on every machine
-assert SMALL32.rows["debug:FIXED+fma"]["n_differ"] == gpu_row(BIG, "debug:FIXED+fma") == 0
 if not GPU:   # the interpreter rounds every product, and its tl.cos is NumPy's, not CUDA's
     assert course_bits["plain line, TE's table"] == \
         SMALL32.rows["none_rn/table_te_fp32"]["n_differ"]
     assert course_bits["USE_FMA, tl.cos/tl.sin"] > 0
 elif SAME_GPU:  # tl.cos is CUDA's sincosf, TE's own
     assert course_bits["USE_FMA, tl.cos/tl.sin"] == 0
+# the file: on the GPU the source of sin/cos leaves the count, the fma line takes it to 0
+assert (file_bits["plain line, TE's table"], file_bits["plain line, tl.cos/tl.sin"],
+        file_bits["USE_FMA, tl.cos/tl.sin"]) == (573, 573, 0)
+# the file's "TE's table" row read a torch fp32 table made on the GPU: TE's entries, every bit
+assert all(SMALL32.sincos["table_fp32"][f]["n_differ"] == 0 for f in ("cos", "sin"))
+
+# The file's way from section 1's reported failure to TE's bits: the course's reproduction
+# kernel against the real TE on the GPU, S=512 B=2 H=8 D=128, one change per row
+LEDGER = [  # (the change, the file's row, the causes that row ran)
+    ("section 1's reported failure: bf16 table, bf16 math (debug.REPRO)", "debug:REPRO", REPRO),
+    ("fp32 table, fp32 math (two changes; section 4 separates them)", "debug:FIXED-table_fp32",
+     dataclasses.replace(FIXED, sincos_in_kernel=False)),
+    ("sin/cos from the angles in the kernel (debug.FIXED)", "debug:FIXED", FIXED),
+    ("the fma line: debug.Causes(fma=True), te_combine's order", "debug:FIXED+fma",
+     dataclasses.replace(FIXED, fma=True))]
+fp32_big_rows = {r["variant"]: r for r in BITS["scenarios"]["nb_gpu_fp32"]["rows"]}
+live = {}
+if LIVE:   # your section-1 kernel, the file's bf16 inputs, against TE on this GPU, now
+    ang = SIDE[BIG.key]["angles"].to(device)
+    freqs4 = torch.cat((ang, ang), dim=-1).view(ang.shape[0], 1, 1, -1)
+    for _, v, causes in LEDGER:
+        y = debug.apply_rotary_pos_emb_triton(BIG.x.to(device), freqs4, "sbhd", causes,
+                                              kernel=_rope_repro_kernel)
+        live[v] = int(debug.bits_differ(y.cpu(), SIDE[BIG.key]["te"]).sum())
+display(HTML(f"<table><tr><th>the reproduction kernel, one change per row</th>"
+             f"<th>bf16: elements ≠ TE</th><th>fp32: elements ≠ TE</th><th>of</th>"
+             + ("<th>bf16, your kernel, live on this GPU</th>" if live else "") + "</tr>" +
+             "".join(f"<tr><td>{label}</td><td>{gpu_row(BIG, v):,}</td>"
+                     f"<td>{fp32_big_rows[v]['n_differ']:,}</td><td>{BIG.x.numel():,}</td>"
+                     + (f"<td>{live[v]:,}</td>" if live else "") + "</tr>"
+                     for label, v, _ in LEDGER) +
+             f"</table><p>bf16 and fp32 columns: the course's kernel against the real TE on the "
+             f"{GPU_NAME}, read from the file</p>"))
+ledger_bf16 = [gpu_row(BIG, v) for _, v, _ in LEDGER]
+ledger_fp32 = [fp32_big_rows[v]["n_differ"] for _, v, _ in LEDGER]
+assert ledger_bf16 == [320601, 12, 12, 0] and ledger_fp32 == [166505, 166505, 166505, 0]
+
+# %% [markdown]
+# **Which change did it.** Read the file's table row by row. Section 1's reported failure
+# differs from TE in 320,601 of 1,048,576 bf16 elements. An fp32 table and fp32 math leave 12;
+# taking sin/cos from the angles in the kernel instead of from that table leaves the same 12;
+# the fma line leaves 0. In fp32, where every rounding shows, the first three rows all give
+# 166,505 — in fp32 "the table in the input dtype" is an fp32 table already — and only the fma
+# line gives 0 (all asserted from the file). The first table's file column says the same at
+# the small size: 573 with either source, 0 with the fma line (its "TE's table" row is the
+# file's run with a torch fp32 table computed on the GPU, whose entries equal TE's in every bit
+# here as in step b, asserted). So on the GPU the source of sin/cos moved nothing, and the
+# contraction order took the last elements away. On a GPU with TE the second table adds a
+# column: your section-1 kernel, run live on the file's bf16 inputs with each row's causes. On
+# the CPU, where the interpreter rounds every product, the plain line with TE's table differs
+# from TE in as many elements as the file's every-product-rounded row (asserted); the fma line
+# with TE's table gives 0 (asserted); with `tl.cos`/`tl.sin` it does not, because there they
+# are NumPy's and differ from TE's in the last bit (step b).
 
 # %% [markdown]
 # ## 5. Six layout traps — all invisible in the first ten values
@@ -1415,8 +1474,8 @@ assert far_steps == {"fma_rs/tl": 5, "free_sub/tl": 5}      # the file: one elem
 # %% [markdown]
 # The thresholds, in one unit: the norm-wise error against fp64 in units of $u = 2^{-8}$, the
 # measure `debug.classify` compares with its threshold of $8u$ (`debug.LAYOUT_NORMWISE_U`). The
-# cell prints what sections 4 and 5 measured in it: the precision variants at most 2.22 $u$ on
-# the H200 page (asserted at most 3), the side with a layout trap 508 $u$ to
+# cell prints what sections 4 and 5 measured in it. On the H200 page: the precision variants
+# at most 2.22 $u$ (asserted at most 3), the side with a layout trap 508 $u$ to
 # $5.09 \times 10^{7}\,u$ (asserted beyond $1/u = 256\,u$). (Section 5's `max diff` column,
 # 7.75 to 9.09 there, is in another unit: plain differences of bf16 values.) So anything beyond
 # $8u$ is a layout trap; below that, two sides each within one ulp of fp64 are both right (a
@@ -1434,9 +1493,9 @@ assert far_steps == {"fma_rs/tl": 5, "free_sub/tl": 5}      # the file: one elem
 # Each checkbox switches one cause on. Watch `allclose`, the largest difference and where it is,
 # the error map, and the verdict under the panel. "the reported failure" and "all causes fixed"
 # reset the boxes; the tolerance buttons switch between `allclose`'s defaults and dtype-aware
-# tolerances. The one-ulp cause flips a rounding in tens of elements per million (43 in
-# section 3b), so the CPU's panel of 4,096 elements usually shows none, and a GPU's
-# million-element panel shows tens. Widgets need a running kernel: in a notebook reopened
+# tolerances. The one-ulp cause flips a rounding in tens of elements per million (section 3b:
+# 43 of 1,048,576 on the H200 page); at that rate the CPU's panel of 4,096 elements expects
+# about 0.2 of them, so it mostly shows none, and a GPU's million-element panel tens. Widgets need a running kernel: in a notebook reopened
 # from disk, run its cells first (Run → Run All Cells) — until then the saved widget reads
 # "Error displaying widget: model not found" — and on the executed page they compute nothing;
 # the cell after the panel drives it from code and prints its verdicts.
@@ -1523,12 +1582,13 @@ print(f"fixed: allclose with {tol} passes; max error {float(ulps.max()):.3g} ulp
 # - a kernel written after Unsloth's carries a bf16 cos/sin table and bf16 products: 309 ulps
 #   off fp64 near zero on the H200 page, yet 2.22 $u$ norm-wise;
 # - a correct kernel whose sin/cos differ from TE's in the last fp32 bit fails the default
-#   tolerances by a rounding step (section 3b: 43 of 1,048,576 elements);
-# - against the real TE on the H200, `tl.cos`/`tl.sin` equal TE's sin/cos in every entry, and
-#   what separated the fixed kernel from TE was which product the fused multiply-add took. With
-#   `tl.fma(x, c, rot * s)`, TE's contraction, the kernel matched TE bit for bit; the line as
-#   written matched only where the compiler fused TE's way (section 4b's kernel, not the
-#   reproduction kernel: 12 elements).
+#   tolerances by a rounding step (section 3b: 43 of 1,048,576 elements on the H200 page);
+# - against the real TE on the H200 (the file's table at the end of section 4b), the
+#   reproduction kernel went from 320,601 differing bf16 elements to 12 with an fp32 table and
+#   fp32 math, stayed at 12 with sin/cos from the angles in the kernel (`tl.cos`/`tl.sin` equal
+#   TE's sin/cos in every entry), and reached 0 with `tl.fma(x, c, rot * s)`. The line as
+#   written matched TE only where the compiler happened to fuse that way (section 4b's kernel
+#   on the H200 page: 0 elements; the reproduction kernel: 12).
 #
 # The fix is the comparison itself: an fp64 reference, dtype-aware tolerances, errors in ulps
 # *and* norm-wise, a look at the argmax and at the positions the output encodes instead of the
