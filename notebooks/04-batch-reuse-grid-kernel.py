@@ -24,13 +24,11 @@
 # earlier study project built and benchmarked against Transformer Engine (section 3 retells its
 # story, and what can be concluded from it), and the second of ropelib's three generations.
 #
-# **Time:** three to four hours, best in two sittings. Reading the text with the tables the
-# cells print takes about two hours, more than half of it in section 5, which is long and
-# dense; its clock-free part ("Where TE's time goes with the clock free") can wait for the
-# second sitting, section 5.6, the answer, cannot. The five exercises take about 45 minutes
-# (the last two are kernels), and then there are the discussion questions. The cells run in
-# about 20 seconds on a two-core CPU: Triton's interpreter, and one compile for an H200 that
-# needs no GPU.
+# **Time:** about three hours, best in two sittings. Reading the text with the tables the
+# cells print takes about an hour and a half, most of it in section 5 (the measurements; its
+# answer is section 5.6). The five exercises take about 45 minutes (the last two are kernels),
+# and then there are the discussion questions. The cells run in about a minute on a two-core
+# CPU: Triton's interpreter, and one compile for an H200 that needs no GPU.
 #
 # **After this notebook you will be able to**
 #
@@ -452,10 +450,11 @@ print(f"programs launched: naive {naive.naive_grid(S, B, H)[0]:,}, batch-reuse "
 # unrolls the loop at compile time: $B$ must then be a `tl.constexpr`, and every batch size
 # compiles its own kernel; in exchange the compiler sees all iterations at once and can issue
 # their loads together. ropelib's loop is a runtime `range(0, B)`: one compiled kernel serves
-# every batch size, and the other programs running on the same multiprocessor hide the wait
-# for each iteration's loads. Section 5.3's ablation times both (`sh_loop_b` against
+# every batch size. Section 5.3's ablation times both (`sh_loop_b` against
 # `sh_loop_b_unrolled`): on the H200 they run level, less than one percent apart, closer than
-# the widest 20-80 % quantile spread of that run's timings (section 5.3 prints both).
+# the widest 20-80 % quantile spread of that run's timings (section 5.3 prints both). Why
+# unrolling buys nothing here (other programs on the multiprocessor may cover each
+# iteration's wait for its loads) is not measured.
 #
 # ## 3. The story: a batch-reusing kernel on an RTX 2070 Super
 #
@@ -700,12 +699,10 @@ else:
 # took 84.6 µs, at batch 2, with twice the bytes, 84.7 (a ratio of 1.002). And the naive kernel,
 # whose program count grows with $B$ (131 thousand at $b = 1$ to 2.1 million at $b = 16$), took
 # between 84 and 80 ns per program on each SM across the whole committed sweep. These are one
-# run's times; a live run on another machine or day can differ, short kernels most (on a GPU
-# the cell also prints section 5.1's live batch-1 and batch-2 times and their ratio). Where
-# that live ratio lands far from 1, either way (batch 2 well above batch 1, or batch 1 slower
-# than its committed time while batch 2 is not), this pair no longer points at the program
-# count on its own, and the argument rests on sections 5.3 and 5.4, which change one factor at
-# a time in one run.
+# run's times, and short kernels move most between runs: on a GPU the cell also prints section
+# 5.1's live batch-1 and batch-2 times, and where their ratio lands far from 1 this pair alone
+# no longer points at the program count. The argument does not rest on it: sections 5.3 and 5.4
+# change one factor at a time, in one run.
 #
 # ### 5.3 Why: one factor at a time
 #
@@ -716,15 +713,14 @@ else:
 #    programs, not because it reuses cos/sin: a variant with one row per program and no sine or
 #    cosine at all is as slow as the naive kernel (section 5.3), and a million one-row programs
 #    take as long as a million empty ones (notebook 03, section 4; section 5.4 checks it here).
-# 2. Once programs are few enough, the Triton variants that execute few instructions per
-#    element get faster as the KiB of $x$ an SM's warps can request per step rises (resident
-#    warps × bytes per warp, an upper bound on the bytes in flight), up to about 22 KiB; above
-#    about 28 KiB that bound no longer orders their times. More heads per program raise it
-#    (section 5.4).
-# 3. It beats TE's fused kernel at $b = 8$ although TE evaluates fewer sines and cosines and
+# 2. It beats TE's fused kernel at $b = 8$ although TE evaluates fewer sines and cosines and
 #    moves the same bytes with a fuller SM: TE issues two and a half times the grid's
 #    instructions per element, and issuing them takes two-thirds of its time. At $b = 1$ the
-#    grid is back to one row per program and TE is faster (sections 5.5 and 5.6).
+#    grid is back to one row per program and TE is faster (sections 5.4 to 5.6).
+#
+# On the way, section 5.4 shows where the grid's own limit lies, which notebook 05 takes up:
+# with programs few enough, variants that let an SM's warps ask for more bytes of $x$ at once
+# (more heads per program) get faster, up to a point.
 #
 # `benchmarks/ablation.py` times, at bf16 sbhd $s = 4096, b = 8, h = 32, d = 128$ and at
 # $s = 32768, b = 1$ (the same bytes), a device copy, TE's fused kernel (when Transformer
@@ -1019,13 +1015,9 @@ else:
 # would cost is not a row of this ablation: the editable kernel above times it on a GPU (move them
 # into the loop).
 #
-# Read each ratio against the question it answers, and keep its limits in mind: one GPU, two
-# sizes, bf16 only, one run.
-# The CSV keeps the 20 % and 80 % quantiles of every timing; in this run they lie at most 1.7 %
-# of the median apart (the cell above prints it). A factor that changes the
-# time by less than that has not been shown to matter. That spread is noise *within* one run;
-# between runs a time can move more (section 5.1 sets a live run beside the committed one), so a
-# small difference between two CSVs is weaker evidence than the same difference inside one.
+# The ablation's limits: one GPU, two sizes, bf16 only, one run. Its CSV keeps every timing's
+# 20 % and 80 % quantiles, at most 1.7 % of the median apart in this run (the cell prints it):
+# a factor that changes the time by less has not been shown to matter.
 #
 # ### 5.4 Why, measured: the profiler's answer
 #
@@ -1043,19 +1035,14 @@ else:
 #
 # - **At this size no variant moves extra bytes.** DRAM bytes are within a few percent of the
 #   model for all of them, so the differences are in how well each keeps the memory system busy.
-#   At $s = 32768$, $b = 1$ it is different: the batch-reuse kernel moves 1.19 times the model's
-#   bytes, while the naive kernel, with as many programs, moves 0.968. Where the extra bytes
-#   come from is not known: no counter here says what they are. The two grids run their
-#   programs in different orders (section 2's figure), which could change what the L2 cache
-#   keeps, but that is a guess no run here tests. The extra bytes cost no time there: the two
-#   kernels take the same time, set by the program count (below).
+#   (At $s = 32768$, $b = 1$ the batch-reuse kernel moves 1.19 times the model's bytes, for a
+#   reason no counter here shows, and still takes the naive kernel's time: the cell prints both.)
 # - **A million one-warp, one-row programs take the same time, whatever they do.** Notebook 03
 #   (section 4) measured this: the naive kernel, `sh_one_b` and `sh_one_b_table` each launch
 #   1,048,576 one-warp programs and take as long as an empty kernel with the same grid, about
-#   80 ns per program on each SM, the time the GPU takes to start and retire them. What this
-#   notebook needs from it: `sh_one_b_table`, with no sine or cosine at all, is one of them, so
-#   at one row per program cos/sin cost no measurable time; the batch loop divides the program
-#   count by $B$. The cell prints the three times beside the empty kernel's.
+#   80 ns per program on each SM, the time the GPU takes to start and retire them.
+#   `sh_one_b_table`, with no sine or cosine at all, is one of them: at one row per program
+#   cos/sin cost no measurable time. The cell prints the three times beside the empty kernel's.
 # - **More KiB requested per SM, faster, up to a point.** The batch-reuse kernel's one-warp
 #   programs fill at most half of an SM's warp slots (32 programs per SM), and each warp asks
 #   for one 256-byte row per step. Two warps on the same tile (`sh_loop_b_w2`) nearly double the
@@ -1064,23 +1051,17 @@ else:
 #   per warp again, and the SM's 64 warp slots now hold only 16 four-warp programs: half the KiB
 #   per SM, and 1.6 times the time. It also executes twice the warp instructions per element of
 #   `sh_loop_b_w2`, 1.39, more than TE's 1.23, because each element of its 64-element half-row
-#   is held, loaded and computed by two of its 128 threads (section 5.5 compiles it). This pair
-#   cannot separate the bytes requested from the duplicated instructions, and no profile here
-#   counts its stalls. Four heads per program on two warps (`heads4_loop_b`) raise both
-#   occupancy and bytes per warp: several times the KiB per SM and, at $b = 8$, a time level
-#   with the finished kernel's (at $b = 1$ it is slower: 175 µs against 138, section 5.3).
-#   Eight heads on four warps (`heads8_loop_b`) are level with it at $b = 8$ too, but at $b = 1$
-#   take 279 µs, where the same tile on one or two warps (`_w1`, `_w2`) takes 154 and 158 µs:
-#   the slowdown comes with the four warps, and why is not measured (no profile here covers
-#   these variants at $b = 1$).
+#   is held, loaded and computed by two of its 128 threads (section 5.5 compiles it); this pair
+#   cannot separate the bytes requested from the duplicated instructions. Four heads per
+#   program on two warps (`heads4_loop_b`) raise both occupancy and bytes per warp: several
+#   times the KiB per SM and, at $b = 8$, a time level with the finished kernel's (at $b = 1$ it
+#   is slower: 175 µs against 138, section 5.3).
 #
 #   The bound orders the times only up to a point. Among the Triton kernels of the figure with
 #   at most 131,072 programs and under one warp instruction per element, the time falls as the
-#   KiB per SM rises below 25 KiB (a correlation of −0.95 over 10 kernels, up to 21.8 KiB) and
-#   does not follow it above (0.04 over 12 kernels, from 28.2 KiB, all between 126 and 147 µs).
-#   Notebook 05's rungs `heads` and `tile` (points 22 and 23) request 51 KiB per SM and take
-#   142 and 144 µs, slower than `heads4_loop_b` and `heads8_loop_b_w2` (points 10 and 19) at 29
-#   and 33 KiB, 137 and 136 µs. What sets the time above that point is not measured here.
+#   KiB per SM rises below 25 KiB (a correlation of −0.95 over 10 kernels) and does not follow
+#   it above 28 KiB (0.04 over 12 kernels, all between 126 and 147 µs). What sets the time
+#   there is notebook 05's subject.
 # - **Instructions count where nothing amortises them.** TE's grid written in Triton
 #   (`heads_all_one_b`: one program per token and batch row, all heads) asks for as many bytes
 #   per SM as `heads4_loop_b`, but executes several times as many instructions per element,
@@ -1175,11 +1156,6 @@ assert [(len(p), round(statistics.correlation(*zip(*p)), 2)) for p in kib.values
     == [(10, -0.95), (12, 0.04)]
 assert max(kib[False])[0] < 22 < 28 < min(kib[True])[0]
 assert (round(min(u for _, u in kib[True])), round(max(u for _, u in kib[True]))) == (126, 147)
-more = ("heads", "tile", "heads4_loop_b", "heads8_loop_b_w2")   # more KiB/SM, yet slower
-print("  " + ", ".join(f"{drawn.index(v) + 1} {v} {mech[v]['x_kib_per_sm']:.0f} KiB "
-                       f"{mech[v]['us']:.0f} us" for v in more))
-assert [(drawn.index(v) + 1, round(mech[v]["x_kib_per_sm"]), round(mech[v]["us"]))
-        for v in more] == [(22, 51, 142), (23, 51, 144), (10, 29, 137), (19, 33, 136)]
 
 
 def same_time(a, b, tol=0.05):
@@ -1199,8 +1175,9 @@ assert round(mech["naive"]["ncu_dram_bytes_over_model"], 3) == 0.965   # section
 b1 = measured.mechanism("s32768-b1")
 table_mib = b1["batch_reuse"]["seq_len"] * b1["batch_reuse"]["head_dim"] * 4 / 2**20
 print(f"s32768-b1: DRAM bytes / model: batch_reuse (grid {b1['batch_reuse']['grid']}) "
-      f"{b1['batch_reuse']['ncu_dram_bytes_over_model']:.2f}, naive (grid {b1['naive']['grid']}) "
-      f"{b1['naive']['ncu_dram_bytes_over_model']:.3f}; the angle table {table_mib:.0f} MiB")
+      f"{b1['batch_reuse']['ncu_dram_bytes_over_model']:.2f} in {b1['batch_reuse']['us']:.0f} us, "
+      f"naive (grid {b1['naive']['grid']}) {b1['naive']['ncu_dram_bytes_over_model']:.3f} in "
+      f"{b1['naive']['us']:.0f} us; the angle table {table_mib:.0f} MiB")
 assert round(b1["batch_reuse"]["ncu_dram_bytes_over_model"], 2) == 1.19
 assert round(b1["naive"]["ncu_dram_bytes_over_model"], 3) == 0.968 and table_mib == 16
 assert b1["batch_reuse"]["heads"] == 32
@@ -1254,14 +1231,6 @@ assert abs(h4_t["s4096-b8"]["heads4_loop_b"]["ms"] / h4_t["s4096-b8"]["ropelib_f
            - 1) < 0.03
 assert [round(h4_t["s32768-b1"][v]["ms"] * 1e3) for v in ("heads4_loop_b", "ropelib_finished")] \
     == [175, 138]
-h8 = ("heads8_loop_b", "heads8_loop_b_w1", "heads8_loop_b_w2")   # 4 warps (its default), 1, 2
-print("heads8_loop_b (4 warps), _w1, _w2 (ablation): " + "; ".join(
-    f"{case} " + ", ".join(f"{t_[v]['ms'] * 1e3:.0f}" for v in h8) + " us"
-    for case, t_ in h4_t.items()))
-assert h4_t["s32768-b1"]["heads8_loop_b"]["num_warps"] == 4
-assert [round(h4_t["s32768-b1"][v]["ms"] * 1e3) for v in h8] == [279, 154, 158]
-assert all(abs(h4_t["s4096-b8"][v]["ms"] / h4_t["s4096-b8"]["heads4_loop_b"]["ms"] - 1) < 0.03
-           for v in h8)
 h2 = mech["heads2_loop_b"]      # two heads, one warp: the occupancy of batch_reuse, twice its KiB
 assert abs(h2["ncu_achieved_occupancy_pct"] - br["ncu_achieved_occupancy_pct"]) < 2
 assert h2["x_kib_per_sm"] > 1.9 * br["x_kib_per_sm"] and h2["us"] < 0.9 * br["us"]
@@ -1348,12 +1317,10 @@ assert te1_programs == 32_768 and t1["sh_loop_b"]["programs"] == 1_048_576
 # - **clock sensitivity.** A kernel limited by DRAM does not care how fast the SMs are clocked;
 #   a kernel limited by its SMs' own work takes longer when their clock is lower. The cell sets
 #   each time beside the same kernel's in section 5.4's runs, where the clock ran free.
-# - **issue time.** An SM sub-partition issues at most one warp instruction a cycle. A kernel
-#   whose instructions, issued back to back, need more cycles than the copy's whole run cannot
-#   run at the copy's speed, however many bytes are in flight:
-#   $$\text{issue-bound floor} = \frac{\text{warp instructions}}{4 \times \text{SMs}}
-#   \text{ cycles, against the copy's active cycles,}$$
-#   both counted here at the locked clock.
+# - **issue time.** An SM sub-partition (4 to an SM) issues at most one warp instruction a
+#   cycle, so a kernel needs at least $\text{warp instructions} / (4 \times \text{SMs})$ cycles
+#   (the table's "issue floor/copy" divides them by the copy's active cycles): above 1, no
+#   number of bytes in flight brings it to the copy's speed.
 # - **not selected.** A warp that is ready to issue but loses the slot to another waits in
 #   `not_selected`. A memory-bound kernel's warps rarely do; an issue-bound kernel's often do.
 
@@ -1381,7 +1348,6 @@ def per_kernel(m):
         load_bytes=32 * m["l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum"]
         / m["l1tex__t_requests_pipe_lsu_mem_global_op_ld.sum"],
         stores=m["smsp__sass_inst_executed_op_global_st.sum"] * 32 / n_elem,
-        xu_share=m["smsp__inst_executed_pipe_xu.sum"] / m["smsp__inst_executed.sum"],
         active=m["sm__cycles_active.avg"],
         issue_floor=m["smsp__inst_executed.sum"] / SM_PARTITIONS,
         memory_wait=m["smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio"],
@@ -1464,14 +1430,13 @@ print(f"sin/cos in TE's grid in Triton: {along:.1f} thread instructions of all k
 assert round(rotation, 2) == 2.00 and round(te_p["float"], 2) == 2.91
 assert round(sincos["te_fused"], 2) == 0.91 and round(te_p["threads"]) == 33
 assert round(along, 1) == 2.4 and 1.9 < sincos["te_fused"] * along < 2.4
-# the XU pipe is no guide: libdevice's sin/cos are float arithmetic
+# tl.sin/tl.cos compiled to libdevice's accurate sine and cosine (float arithmetic)
 assert mech["heads_all_one_b"]["trig"] == mech["sh_loop_b"]["trig"] == "libdevice"
 table_cut = 1 - te_table_p["warp_inst"] / te_grid_p["warp_inst"]
-print(f"TE's grid in Triton: {te_grid_p['xu_share']:.1%} of its warp instructions on the XU "
-      f"pipe; tables instead of sin/cos remove {table_cut:.0%} of them "
-      f"({te_grid_p['warp_inst'] * n_elem / 1e6:.0f} M to "
+print(f"TE's grid in Triton: tables instead of sin/cos remove {table_cut:.0%} of its warp "
+      f"instructions ({te_grid_p['warp_inst'] * n_elem / 1e6:.0f} M to "
       f"{te_table_p['warp_inst'] * n_elem / 1e6:.0f} M)")
-assert round(te_grid_p["xu_share"], 3) == 0.017 and round(table_cut, 2) == 0.86
+assert round(table_cut, 2) == 0.86
 assert round(te_grid_p["warp_inst"] * n_elem / 1e6) == 246
 assert round(te_table_p["warp_inst"] * n_elem / 1e6) == 36
 # once per head: TE's grid in Triton does 8 times the grid's sin/cos arithmetic per element
@@ -1528,25 +1493,21 @@ assert round(mix) == round(grid_p["load_bytes"]) == 142
 #   copy's for 512. It stores one element a store, and executes 17.7 integer instructions an
 #   element (indexing and loop control), three times the grid's 5.7.
 # - **No 16-byte vectors.** Section 3 guessed that the grid might win with wide vector loads.
-#   Its compiled layout says otherwise: the compile cell below prints `sizePerThread = [1, 2]`
-#   for `sh_loop_b`'s `x` tile, so a thread loads two bf16 values of a row at a time, 4 bytes,
-#   not a 16-byte vector. Its launch says the same (a half-row of 64 bf16 on one warp of 32
-#   threads: the cell above counts it from the launch's constants and checks it against both
-#   CSVs). The profile's 142 bytes a warp load fits: it averages the program's two angle loads
-#   (256 bytes a warp each, fp32) with its 16 loads of `x` (128 bytes a warp each), as the cell
-#   above computes. TE's loads ask for 78 bytes a warp, about 2 a thread, and only the copy's
-#   512 reach 16 bytes a thread. Whatever the grid gains, it is not this.
+#   It does not: a half-row of 64 bf16 on one warp of 32 threads is two values, 4 bytes, a
+#   thread (the cell above counts it from the launch and checks it against both CSVs; the
+#   compile cell below prints the layout, `sizePerThread = [1, 2]`). The profile's 142 bytes a
+#   warp load is the average of the program's two fp32 angle loads (256 bytes a warp) and its
+#   16 loads of `x` (128). TE's loads ask for about 2 bytes a thread, the copy's for 16.
 # - **The clock matters to it.** Locked at about 1.5 GHz, TE's kernel takes 289.2 µs, 19 %
 #   longer than in section 5.4's clock-free run (243.6 µs). TE's grid in Triton takes 373.1 µs
 #   locked against 293.2, while the copy (124.5 against 125.3 µs) and TE's grid from tables
 #   (145.1 against 143.7) keep their times. The batch-reusing grid slows by 5 % (190.9 against
-#   181.9 µs), about a quarter of TE's 19 %. At the locked clock TE's schedulers issue on 73 %
-#   of its cycles, and its warps wait at a block-wide barrier (0.44 warps per instruction
-#   issued), where the Triton kernels never do. Its ready warps often queue for the issue
-#   slot: 3.4 warps wait as `not_selected` per instruction issued, against the grid's 0.5.
-# - **Issue is not the whole of it.** At the locked clock its instructions, issued back to back,
-#   need 1.77 copies' time, yet its schedulers issued on only part of the cycles. The end of
-#   this section splits its time at the free clock.
+#   181.9 µs), about a quarter of TE's 19 %.
+# - **Issue-bound.** At the locked clock TE's instructions alone need 1.77 copies' time (the
+#   grid's fit in one), and its ready warps often queue for the issue slot: 3.4 warps wait as
+#   `not_selected` per instruction issued, against the grid's 0.5. Its warps also wait at a
+#   block-wide barrier (0.44 warps per instruction issued), where the Triton kernels never do.
+#   The end of this section splits its time at the free clock.
 #
 # Sin and cos are a small part of TE's instructions. The rotation needs two float instructions
 # per element, a multiply and an fma, and TE's grid from tables executes exactly 2.00; TE's
@@ -1554,10 +1515,8 @@ assert round(mix) == round(grid_p["load_bytes"]) == 142
 # cos. They bring other instructions along (to reduce the angle, to pick the quadrant): in TE's
 # grid written in Triton, 2.4 thread instructions of all kinds for each float one. At that rate
 # sin and cos account for about 2 of TE's 33 thread instructions per element, against 17.7
-# integer ones. The pipe counters would mislead here: accurate sine and cosine, which `tl.sin`
-# and `tl.cos` compile to (libdevice's), are float arithmetic, not the XU pipe's approximations.
-# TE's grid in Triton has 1.7 % of its warp instructions on the XU pipe, yet reading cos/sin
-# from tables removes 86 % of them (246 M to 36 M).
+# integer ones. In TE's grid written in Triton, by contrast, sin and cos are most of the work:
+# reading them from tables removes 86 % of its warp instructions (246 M to 36 M).
 #
 # TE's barrier agrees with the source quoted in section 3: the version profiled computes
 # cos/sin into shared memory and waits at a `__syncthreads`, so it evaluates $B \cdot D$
@@ -1734,15 +1693,12 @@ else:
 # split takes the instructions as spread evenly over the schedulers; the cell checks that
 # against the profile's own share of cycles that issued (within 0.01).
 #
-# The warp states say what the warps were doing. Each state's counter is the number of warps in
-# that state per instruction issued. Times the instructions issued, it is the warp-cycles spent
-# in the state; over the warps resident, the cycles an average warp spent in it. All the states
-# together add up to the cycles between two instructions of one warp, so a state's share of
-# that sum is its share of a warp's time. Two states are not stalls: `selected` (the warp
-# issuing, always 1 per instruction) and `not_selected` (ready, but another warp got the slot).
-# What these counters cannot do is name the state that held *every* warp in a particular empty
-# cycle. The locked run helps there: a wait counted in cycles (a fixed latency, a busy pipe)
-# gets shorter when the clock rises; a wait on DRAM keeps its nanoseconds.
+# The profile also counts, per instruction issued, the warps in each *state* (stalled on a
+# load's data: `long_scoreboard`; ready but not picked: `not_selected`; and so on); they add up
+# to the cycles between two instructions of a warp, so a state's share of the sum is its share
+# of a warp's time. The committed CSV holds every state of every kernel; the cell reads the one
+# that matters here. And the locked run gives one more test: a wait counted in cycles (a fixed
+# latency, a busy pipe) gets shorter when the clock rises, a wait on DRAM keeps its nanoseconds.
 
 # %%
 # the same probe with the clock free (--clock-control none): cycles, instructions and warp
@@ -1773,8 +1729,7 @@ def at_free_clock(m, name):
         states=states, stalled=sum(v for s, v in states.items() if s not in NOT_STALLS),
         latency=m["smsp__average_warp_latency_per_inst_issued.ratio"],
         resident=m["sm__warps_active.avg.pct_of_peak_sustained_active"] / 100
-        * WARPS_PER_SCHEDULER,
-        dram_tbs=(m["dram__bytes_read.sum"] + m["dram__bytes_write.sum"]) / ns / 1e3)
+        * WARPS_PER_SCHEDULER)
 
 
 free = {name: at_free_clock(k["metrics"], name) for name, k in zip(PROFILED, free_launched)}
@@ -1800,7 +1755,7 @@ ghz_free = [r["ghz"] for r in free.values()]
 assert (round(min(ghz_free), 2), round(max(ghz_free), 2)) == (1.92, 1.96)
 assert top_ghz == 1.98 and max(ghz_free) < top_ghz
 assert all(abs(r["of_54"] - 1) < 0.02 for r in free.values())
-te_f, grid_f, copy_f = free["te_fused"], free["sh_loop_b"], free["copy"]
+te_f, grid_f = free["te_fused"], free["sh_loop_b"]
 assert round(te_f["ghz"], 2) == 1.95
 assert (round(te_f["us"], 1), round(te_f["us_54"], 1)) == (240.8, 243.6)
 assert (round(grid_f["us"], 1), round(grid_f["us_54"], 1)) == (178.9, 181.9)
@@ -1814,50 +1769,21 @@ assert (round(grid_f["issue_us"], 1), round(grid_f["issue_share"], 2)) == (63.7,
 assert round(grid_f["issued"], 2) == 0.37
 assert (round(grid_f["empty_us"], 1), round(grid_f["idle_us"], 1)) == (112.4, 2.7)
 
-# the warp states, largest first: warps in the state per instruction issued, and the share of
-# an average warp's cycles
-SHOWN = ("te_fused", "sh_loop_b", "copy")
-ranked = {n: sorted(free[n]["states"].items(), key=lambda kv: -kv[1]) for n in SHOWN}
-state_rows = []
-for i in range(len(compare.WARP_STALLS)):
-    row = {}
-    for n in SHOWN:
-        state, v = ranked[n][i]
-        row.update({f"{n}_s": state, f"{n}_v": v, f"{n}_w": v / sum(free[n]["states"].values())})
-    state_rows.append(row)
-print("\nwarp states per instruction issued (share of a warp's cycles), clock free")
-print(measured.table(state_rows, [c for n in SHOWN for c in (
-    (n, f"{n}_s", ""), ("per issue", f"{n}_v", ".2f"), ("share", f"{n}_w", ".0%"))]))
-# the states add up to the cycles between two instructions of a warp; times the share of
-# cycles that issue, to the warps a scheduler holds
-for n in SHOWN:
-    r = free[n]
-    print(f"  {n:10} states add to {sum(r['states'].values()):6.2f} cycles between issues "
-          f"(profile: {r['latency']:6.2f}); x issued {r['issued_counted']:.3f} = "
-          f"{r['latency'] * r['issued_counted']:5.2f} warps a scheduler (occupancy: "
-          f"{r['resident']:5.2f})")
+# the warp states: warps in each state per instruction issued; they add up to the cycles
+# between two instructions of a warp (the profile's own latency), so a state's share of the
+# sum is its share of an average warp's cycles (section 5.6 reads long_scoreboard's)
+for r in free.values():
     assert abs(sum(r["states"].values()) / r["latency"] - 1) < 0.01
     assert abs(r["latency"] * r["issued_counted"] / r["resident"] - 1) < 0.01
-
-# TE's warps: of their stalled cycles, 70 % wait for a global load's data; the load/store
-# queues never fill; DRAM runs at 55 % of the copy's rate
+# TE's warps: of their stalled cycles, most wait for a global load's data (long_scoreboard)
 st = te_f["states"]
 share = {s: v / te_f["stalled"] for s, v in st.items() if s not in NOT_STALLS}
 waiting_on_memory = st["long_scoreboard"] * te_f["issued_counted"]   # warps, at a mean cycle
-print(f"\nTE fused, of its warps' stalled cycles: long_scoreboard {share['long_scoreboard']:.0%}, "
-      f"wait {share['wait']:.0%}, math_pipe_throttle {share['math_pipe_throttle']:.0%}, barrier "
-      f"{share['barrier']:.0%}; at a mean cycle {waiting_on_memory:.1f} of a scheduler's "
+print(f"\nTE fused, of its warps' stalled cycles: long_scoreboard {share['long_scoreboard']:.0%} "
+      f"(the largest); at a mean cycle {waiting_on_memory:.1f} of a scheduler's "
       f"{te_f['resident']:.1f} warps wait on global memory")
-print(f"  lg_throttle {st['lg_throttle']:.2f}, mio_throttle {st['mio_throttle']:.2f} warps per "
-      f"issue; DRAM {te_f['dram_tbs']:.2f} TB/s, the copy's {copy_f['dram_tbs']:.2f} "
-      f"({te_f['dram_tbs'] / copy_f['dram_tbs']:.0%})")
-assert (round(share["long_scoreboard"], 2), round(share["wait"], 2)) == (0.70, 0.16)
-assert (round(share["math_pipe_throttle"], 2), round(share["barrier"], 2)) == (0.05, 0.02)
+assert round(share["long_scoreboard"], 2) == 0.70 and max(share, key=share.get) == "long_scoreboard"
 assert round(waiting_on_memory, 1) == 8.5 and round(te_f["resident"], 1) == 14.4
-assert max(share, key=share.get) == "long_scoreboard"
-assert (st["lg_throttle"], st["mio_throttle"]) == (0.00, 0.04)
-assert (round(te_f["dram_tbs"], 2), round(copy_f["dram_tbs"], 2)) == (2.23, 4.07)
-assert round(te_f["dram_tbs"] / copy_f["dram_tbs"], 2) == 0.55
 
 # the clock test: the same split at the locked clock (the cells above) against the free one
 for n in ("te_fused", "sh_loop_b"):
@@ -1883,38 +1809,23 @@ assert (round(grid_p["empty_us"], 1), round(grid_f["empty_us"], 1)) == (103.9, 1
 # %% [markdown]
 # What the profile with the clock free says:
 #
-# - **The clock, measured.** The five kernels ran at 1.92 to 1.96 GHz, TE's at 1.95, just under
-#   the device's top clock. Their times agree with section 5.4's within 2 %: TE's kernel
+# - **The clock.** The five kernels ran at 1.92 to 1.96 GHz, TE's at 1.95, just under the
+#   device's top clock, and their times agree with section 5.4's within 2 %: TE's kernel
 #   240.8 µs against 243.6, the batch-reusing grid 178.9 against 181.9.
-# - **Issuing takes two-thirds of TE's time.** Its warp instructions (the cell checks that the
-#   locked run counted exactly the same ones, kernel by kernel), issued back to back on all
-#   schedulers, take 159.6 µs at 1.95 GHz: 66 % of its 240.8 µs. Its schedulers issued on 67 %
-#   of their active cycles (73 % at the locked clock). The grid's instructions take 63.7 µs,
-#   36 % of its time; its schedulers issued on 37 % of their cycles.
-# - **In the rest, the warps wait, mostly on memory.** TE's 240.8 µs split into 159.6 µs of
-#   issuing, 78.0 µs in which a scheduler issued nothing although it held 14.4 warps on
-#   average, and 3.2 µs in which SMs held no block. Of the cycles its warps spend stalled, 70 %
-#   are `long_scoreboard`: waiting for the data of a global load. At an average cycle, 8.5 of a
-#   scheduler's 14.4 warps wait so. Next come `wait` (a fixed latency between dependent
-#   instructions, 16 %), the busy math pipe (5 %) and the barrier (2 %). The memory system is
-#   not full: the load/store queues hardly ever hold a warp back (`lg_throttle` 0.00 and
-#   `mio_throttle` 0.04 warps per instruction issued), and TE's DRAM traffic runs at 2.23 TB/s,
-#   55 % of the copy's 4.07. Its warps wait for the latency of their loads, not for a queue.
-# - **The clock test.** From the locked clock to the free one (1.49 to 1.95 GHz), TE's issuing
-#   time falls from 209.8 to 159.6 µs, in proportion to the clock. That holds by construction:
-#   issue time is the instruction count over the clock, and both runs execute the same
-#   instructions (what the cell checks is that equality, not the proportion). The finding
-#   is the other part. TE's time with no ready warp hardly moves, 75.7 µs, then 78.0, while the
-#   clock rises by 31 % (1.95 / 1.49). A wait counted in cycles would have shrunk with the
-#   clock; a wait on DRAM keeps its nanoseconds. So TE's empty time behaves like a wait on
-#   memory, as `long_scoreboard`'s share says.
-# - **The grid's counterpoint.** The empty time is not an independent wait: it is what is left
-#   of the active time after issuing, so it depends on how much issuing overlaps the waits. The
-#   cell prints the grid's split at both clocks too, and there the time with no ready warp
-#   *grows* as the issue time shrinks: from the locked clock to the free one its issuing falls
-#   from 83.7 to 63.7 µs, and its time with no ready warp rises from 103.9 to 112.4. The split
-#   moves with the overlap. It bounds causes; it does not name them, and these counters cannot
-#   divide the empty time among the states.
+# - **Issuing takes two-thirds of TE's time.** Its warp instructions (the same ones the locked
+#   run counted, kernel by kernel), issued back to back on all schedulers, take 159.6 µs at
+#   1.95 GHz: 66 % of its 240.8 µs. The grid's take 63.7 µs, 36 % of its time.
+# - **In the rest, TE's warps wait on memory.** Besides 159.6 µs of issuing, TE's time holds
+#   78.0 µs in which a scheduler issued nothing, and 3.2 µs in which SMs held no block. Of its
+#   warps' stalled cycles 70 % are `long_scoreboard`, waiting for a global load's data: at an
+#   average cycle 8.5 of a scheduler's 14.4 warps. The clock agrees: from the locked clock to
+#   the free one (1.49 to 1.95 GHz, 31 % faster) TE's issuing time falls with the clock, 209.8
+#   to 159.6 µs (by construction: the same instructions), but its time with no ready warp does
+#   not, 75.7 µs then 78.0, as a wait on DRAM would not.
+# - **The split is accounting.** The time with no ready warp is what is left of the active time
+#   after issuing, so it moves with how much issuing overlaps the waits: the grid's *grows* as
+#   its issuing shrinks (issuing 83.7 to 63.7 µs, no warp ready 103.9 to 112.4, locked to free).
+#   The split bounds causes; it does not name them.
 #
 # ### 5.6 The answer: why the batch-reusing grid beat TE's fused kernel
 #
