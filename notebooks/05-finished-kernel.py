@@ -30,9 +30,9 @@
 # climbs a ladder of kernels, each adding one idea and each checked against the reference, until
 # the last one computes what ropelib's kernel computes, bit for bit.
 #
-# **Time budget.** About three and a half to four hours: 20 minutes for the bytes-in-flight
-# model, 40 for the ladder (read each kernel, change it or its launch, rerun its cells), 15 for
-# the compiled layout, an hour and a half for the measured ladder and the two-pass route
+# **Time budget.** About three and a quarter hours: 20 minutes for the bytes-in-flight model,
+# 40 for the ladder (read each kernel, change it or its launch, rerun its cells), 15 for the
+# compiled layout, an hour and a quarter for the measured ladder and the two-pass route
 # (sections 5 and 6, with their profiles and load schedules: read them in two sittings), and
 # about an hour and a quarter for the kernel exercises (three kernels, and the first again with
 # 16-byte loads); the discussion questions are for afterwards.
@@ -1065,26 +1065,26 @@ else:
 #   rung (the grid is already full), each still looping over the whole batch, with about as many
 #   warp instructions per element and the same DRAM reads (to 0.02 %). Yet it costs about three
 #   points. Its DRAM bytes are 0.99 of the model against the warps rung's 0.96, the difference
-#   all in the writes (even the copy is counted at 0.954, 243.7 MB of writes for 268.4 MB of
-#   `y`); the profile after this cell says what those writes are and what they cost.
+#   all in the writes; the profile after this cell says what those writes are and what they
+#   cost.
 # - **Accurate sin/cos (rung 5)** is the same machine code as rung 4 with the H200 run's Triton,
 #   so that step is zero but for noise: on that Triton it is insurance for others.
 # - **The equal-halves shortcut** gains about five points, 5.5 at $s = 4096$, $b = 8$ and 5.1
 #   at $b = 1$. It cuts a quarter of the warp instructions per element, 0.29 against rung 5's
-#   0.38, because every thread along the head axis evaluates its own sin/cos (counted after the
-#   opcode profile below). But issuing instructions is not what limits these kernels: Nsight
-#   Compute's SM throughput (the busiest unit of the SM, as a share of its peak) is 34.3 % for
-#   rung 5 and 28.0 % for rung 6. So the instructions saved do not by themselves explain the
-#   gain; the profile after this cell splits it in two.
+#   0.38, because every thread along the head axis evaluates its own sin/cos (the profile of
+#   the cycles below counts it). But issuing instructions is not what limits these kernels:
+#   Nsight Compute's SM throughput (the busiest unit of the SM, as a share of its peak) is
+#   34.3 % for rung 5 and 28.0 % for rung 6. So the instructions saved do not by themselves
+#   explain the gain; the profile after this cell splits it in two.
 # - **At $b = 1$, 8 warps lose over two fifths** of the 4-warp tile rung's speed. With no batch
-#   loop a program pays its sin/cos for every row, and if it lays the tile out as at $b = 8$,
-#   each of the 32 threads along the head axis pays it. The 8-warp rung executes 1.85 warp
-#   instructions per element at an SM throughput of 70.9 %, the highest of the ladder's kernels
-#   profiled at this size: here the work comes near a limit. The chunks rung (4 warps again, but
-#   16,384 programs of two tokens) executes 7.6 times fewer, 0.24 per element — fewer than its
-#   sin/cos alone would take if each thread evaluated the angles of its own elements. So it lays
-#   out its cos/sin tile another way; the profile after this cell counts how often each rung
-#   evaluates every sin and cos.
+#   loop a program pays its sin/cos for every row, and each of the 32 threads along the head
+#   axis pays it (the profile below counts 32 evaluations of each sin and cos). The 8-warp rung
+#   executes 1.85 warp instructions per element at an SM throughput of 70.9 %, the highest of
+#   the ladder's kernels profiled at this size: here the work comes near a limit. The chunks
+#   rung (4 warps again, but 16,384 programs of two tokens) executes 7.6 times fewer, 0.24 per
+#   element — fewer than its sin/cos alone would take if each thread evaluated the angles of its
+#   own elements. So it lays out its cos/sin tile another way; the profile after this cell
+#   counts how often each rung evaluates every sin and cos.
 # - **`finished kernel (forced)`** (section 1) has every feature of section 3's list compiled
 #   in, on rung 6's launch (at $s = 4096$, $b = 8$, `_rope_kernel` on 4,096 programs of 8
 #   warps). With a batch loop it ends about the noise below rung 6: 1.5 points at $s = 4096$,
@@ -1111,18 +1111,12 @@ else:
 #   instructions per element (0.35 against 0.31). For the 16-token call (8 MiB, under the
 #   route's 64 MiB) both bars are the same finished kernel.
 # - **The 16-token panel times launches as much as kernels.** Its tensor is 8 MiB. Up to `warps`
-#   the rungs launch one program per token, 16 for 132 SMs, and the profiler times such a kernel
-#   at about six times the copy's. From `chunks` on the grid is full and the timed calls stop
-#   being steady: `chunks` and `accurate`, the same machine code, have medians of 51.5 and
-#   16.4 µs, 20 % quantiles of 13.2 and 13.0 µs and 80 % quantiles of 66.1 and 54.7. A call is
-#   either fast or slow, and the median lands on one side or the other, so the +36 points of
-#   `accurate` are noise and the +25 of `equal_halves` start from that bar (the waterfall
-#   hatches these steps: their whiskers are longer than the steps). The profiler times the
-#   chunks kernel at 11.2 µs, near its fast calls; what the slow calls wait for (these rungs go
-#   through Triton's Python launcher) was not measured. ropelib calls Triton's compiled launcher
-#   directly: its calls are steady, 10.2 to 10.7 µs from the 20 % to the 80 % quantile, their
-#   median about 2 µs above its kernel's. Even so its two bars, the same kernel here, differ by
-#   about 5 points: a step in this panel must be well above that to mean anything.
+#   the rungs launch one program per token, 16 for 132 SMs. From `chunks` on the grid is full
+#   and the timed calls stop being steady: `chunks` and `accurate`, the same machine code, have
+#   medians of 51.5 and 16.4 µs, each with an 80 % quantile over three times its 20 % quantile:
+#   a call is either fast or slow, and the median lands on one side or the other. The steps of
+#   this panel from `chunks` on say nothing about the rungs (the waterfall hatches them); what
+#   the slow calls wait for was not measured.
 
 # %%
 def said(v, digits=3):
@@ -1207,16 +1201,12 @@ if LADDER_CSV.exists():
     # opcode profile); equal halves: more at b = 8 than at b = 1
     assert all(abs(step[c]["accurate"]) < 0.5 for c in large_cases)
     assert [said_steps[c, "equal_halves"] for c in ("s4096-b8", "s32768-b1")] == ["5.5", "5.1"]
-    # the 16-token panel: the two ropelib bars, the same finished kernel, apart by
-    assert said(by_case["s16-b64"]["ropelib"] - by_case["s16-b64"]["ropelib_planned"], 1) == "5.0"
-    t16_eh = measured.timings("ladder", "s16-b64")["equal_halves"]
-    assert t16_eh["ms_p80"] > 2 * t16_eh["ms_p20"] and round(step["s16-b64"]["equal_halves"]) == 25
 
     # chunks: the same programs, about the same instructions, the same DRAM reads; the writes
-    # counted differ, and even the copy's fall short of its output (the rest is still in L2)
+    # counted differ
     m = mech
     MB = 1e6
-    for v in ("copy", "warps", "chunks", "accurate", "equal_halves"):
+    for v in ("warps", "chunks"):
         print(f"  {v:13s} DRAM read {m[v]['ncu_dram_read_bytes'] / MB:6.1f} MB, written "
               f"{m[v]['ncu_dram_write_bytes'] / MB:6.1f} MB: "
               f"{m[v]['ncu_dram_bytes_over_model']:.3f} of the model")
@@ -1227,10 +1217,6 @@ if LADDER_CSV.exists():
     assert [said(m[v]["ncu_dram_bytes_over_model"], 2) for v in ("warps", "chunks")] == \
         ["0.96", "0.99"]
     assert m["chunks"]["ncu_dram_write_bytes"] > m["warps"]["ncu_dram_write_bytes"]
-    copy_m = m["copy"]
-    assert said(copy_m["ncu_dram_bytes_over_model"]) == "0.954"
-    assert [said(v / MB, 1) for v in (copy_m["ncu_dram_write_bytes"], copy_m["model_bytes"] / 2)] \
-        == ["243.7", "268.4"]
     # equal halves: fewer warp instructions per element, but the SMs are far from busy
     assert [said(m[v]["ncu_warp_inst_per_element"], 2) for v in ("equal_halves", "accurate")] == \
         ["0.29", "0.38"]
@@ -1330,30 +1316,14 @@ if LADDER_CSV.exists():
           f"{fin['ncu_achieved_occupancy_pct']:.0f} %), {planned['ncu_warp_inst_per_element']:.2f} "
           f"warp instructions per element, DRAM/model {planned['ncu_dram_bytes_over_model']:.3f}")
 
-    # 16 tokens: the profiler's kernel time against the timed calls (do_bench), in us
-    m16, t16 = measured.mechanism("s16-b64"), measured.timings("ladder", "s16-b64")
-    assert m16["copy"]["elements"] * 2 == 8 << 20                       # bf16: 8 MiB
-    for name in ("copy", "warps", "chunks", "accurate", "ropelib"):
-        kernel_us = f"{m16[name]['us']:5.1f} us" if name in m16 else "(not profiled)"
-        print(f"s16-b64 {shown(name):24s} kernel {kernel_us:>14s}; timed call: median "
-              f"{t16[name]['ms'] * 1000:5.1f} us, 20-80 % quantiles "
-              f"{t16[name]['ms_p20'] * 1000:5.1f}-{t16[name]['ms_p80'] * 1000:5.1f} us")
-    assert round(m16["warps"]["us"] / m16["copy"]["us"]) == 6          # 16 programs: the kernel
-    small = by_case["s16-b64"]
-    assert all(small[name] < small["ropelib"] for name in ladder.NAMES if name in small)
-    # chunks and accurate (the same machine code): medians far apart, each call fast or slow
-    us16 = {n: [t16[n][k] * 1000 for k in ("ms", "ms_p20", "ms_p80")]
-            for n in ("chunks", "accurate")}
-    assert [said(v, 1) for n in ("chunks", "accurate") for v in us16[n]] == \
-        ["51.5", "13.2", "66.1", "16.4", "13.0", "54.7"]
+    # 16 tokens: chunks and accurate (the same machine code), medians far apart, each call fast
+    # or slow
+    t16 = measured.timings("ladder", "s16-b64")
+    for n in ("chunks", "accurate"):
+        print(f"s16-b64 {n:9s} timed call: median {t16[n]['ms'] * 1000:5.1f} us, 20-80 % "
+              f"quantiles {t16[n]['ms_p20'] * 1000:5.1f}-{t16[n]['ms_p80'] * 1000:5.1f} us")
+    assert [said(t16[n]["ms"] * 1000, 1) for n in ("chunks", "accurate")] == ["51.5", "16.4"]
     assert all(t16[n]["ms_p80"] > 3 * t16[n]["ms_p20"] for n in ("chunks", "accurate"))
-    assert round(small["accurate"] - small["chunks"]) == 36
-    assert said(m16["chunks"]["us"], 1) == "11.2"
-    assert m16["chunks"]["us"] < us16["chunks"][1] < 1.25 * m16["chunks"]["us"]   # near fast calls
-    # ropelib: steady calls, within a few microseconds of its kernel
-    t_fin = t16["ropelib"]
-    assert [said(t_fin[k] * 1000, 1) for k in ("ms_p20", "ms_p80")] == ["10.2", "10.7"]
-    assert said(t_fin["ms"] * 1000 - m16["ropelib"]["us"], 1) == "2.3"
 
 # %% [markdown]
 # ### Where the rungs spend their cycles
@@ -1644,224 +1614,98 @@ if order_sass:
 # the pair of timings above, not this count.
 #
 # **Where the finished kernel's extra instructions go.** The finished kernel writes NaN for a
-# position outside the table (a silently clamped row would be a wrong answer nobody sees). Two
-# variants of it differ only in where that guard is applied: to every output,
-# `tl.where(valid, y, nan)`, or to the cosine tile, as ropelib's kernel does. A profile by
-# opcode (`benchmarks/ladder_opcodes_ncu.py`, on the same H200, the launches of section 5 at
-# $s = 4096$, $b = 8$) counts the executed warp instructions of each variant and of rungs 4 to
-# 6; the cell below sets each variant beside rung 6, opcode by opcode. With the guard on every
-# output, the finished kernel executes as many warp instructions as rung 5, as if it evaluated
-# sin/cos for both halves. It does not:
-#
-# - **the rotation's arithmetic is rung 6's, to the instruction**: the same counts of FFMA,
-#   FMUL, FADD, FSETP, FSEL and F2FP (the fp32 multiply-adds, the libdevice sin/cos and the
-#   conversion to bf16), so the shortcut is taken;
-# - **a third of the extra is one SEL per element**, exactly as many as the elements;
-# - **half is PRMT**, byte permutes: four times rung 6's count, one and a half more per
-#   element;
-# - **the rest is integer arithmetic** (IMAD, IADD3 and their kin, less some LEA), where the
-#   finished kernel's more general indexing lives (offsets in int64 where needed, positions,
-#   batch chunks).
-#
-# A count does not name source lines; the machine code does, and it can be read on any machine
-# (this page does not print that listing). Compiled for sm_90 (as `load_schedule` compiles),
-# the stores of the variant with the guard on every output are preceded by a run of
-# `PRMT ... 0x7632` / `0x7610`, `SEL ..., 0x7fc0` and `PRMT ... 0x5410`. `0x7fc0` is a bf16 NaN.
-# The SEL and the PRMT have one source, the guard: the compiler moves that select past the
-# rounding to bf16, so it unpacks each pair of rounded outputs from their 32-bit register (two
-# PRMT), selects each half against a bf16 NaN (two SEL) and packs them again (one PRMT): one SEL
-# and one and a half PRMT an element, the counts above.
-#
-# The other variant makes the select where it is cheap. Whether a position is in the table is a
-# property of the (token, pair), not of the element: it makes the *cosine* NaN there, once per
-# table element of the tile, and every output of that row is NaN because each output is one fma
-# with a cosine. Written plainly that changes nothing (in the same listing): LLVM folds a select
-# whose one side is a constant into the operations that read it (`fma(x, NaN, z)` is NaN, so it
-# puts `select(valid, fma(...), NaN)` back on every output). So the guarded tile passes through an
-# opaque register move (`nan_unless` in `ropelib/kernels/common.py`: a `mov` in inline PTX,
-# which the compiler cannot see through; the interpreter skips it). Its profile, the second
-# below, shows the result: no SEL over rung 6, the PRMT at rung 6's count, an FSEL for the tile
-# instead, and 0.5 % more time than rung 6 under the profiler (2.7 % with the guard on every
-# output).
+# position outside the table (a silently clamped row would be a wrong answer nobody sees). It
+# makes that guard once per table element, on the cosine tile: every output is one fma with a
+# cosine, so every output of that row is NaN too. A profile by opcode
+# (`benchmarks/ladder_opcodes_ncu.py`, on the same H200, the launches of section 5 at
+# $s = 4096$, $b = 8$) counts the executed warp instructions of rungs 4 to 6 and of the finished
+# kernel; the cell below sets the finished kernel beside rung 6, opcode by opcode. Where the
+# guard is made matters: applied to every output instead, it cost one select and one and a half
+# byte permutes per element, as many warp instructions as rung 5 (`benchmarks/NOTES.md`, "The
+# out-of-table guard made once per table element", has that profile and the machine code).
 
 # %%
-GUARD_OUTPUTS, GUARD_TILE = "guard on every output", "guard on the cos tile"
-OPCODE_CSVS = {
-    GUARD_OUTPUTS:
-        measured.RESULTS
-        / "ladder_opcodes_per_opcode-nvidia-h200-20261130-0313-guard-per-output.csv",
-    GUARD_TILE: measured.RESULTS / "ladder_opcodes_per_opcode-nvidia-h200.csv"}
-TIMED_CSVS = {
-    GUARD_OUTPUTS:
-        measured.RESULTS / "ladder_opcodes_ncu-nvidia-h200-20261130-0312-guard-per-output.csv",
-    GUARD_TILE: measured.RESULTS / "ladder_opcodes_ncu-nvidia-h200.csv"}
+OPCODE_CSV = measured.RESULTS / "ladder_opcodes_per_opcode-nvidia-h200.csv"
+TIMED_CSV = measured.RESULTS / "ladder_opcodes_ncu-nvidia-h200.csv"
 elements = 4096 * 8 * 32 * 128                          # the profiled bf16 sbhd s4096 b8 launch
 FLOAT_OPS = ("FFMA", "FMUL", "FADD", "FSETP", "FSEL", "F2FP")
-profiles = {}
-for label, path in OPCODE_CSVS.items():
-    op_meta = compare.read_meta(path)
-    launched = measured.ncu_kernels(path)               # chunks, accurate, equal_halves, finished
-    assert [k["kernel"] for k in launched] == ["_ladder_chunk_kernel", "_ladder_chunk_kernel",
-                                               "_ladder_final_kernel", "_rope_kernel"]
-    r4, r5, r6, fin_ops = [k["instances"]["sass__inst_executed_per_opcode"] for k in launched]
-    extra = {op: fin_ops.get(op, 0) - r6.get(op, 0) for op in set(r6) | set(fin_ops)}
-    timed = {k["id"]: k["metrics"]["gpu__time_duration.sum"] / 1e3
-             for k in measured.ncu_kernels(TIMED_CSVS[label])}
-    profiles[label] = dict(r4=r4, r5=r5, r6=r6, fin=fin_ops, extra=extra, timed=timed)
-    print(f"finished kernel, {label}: {op_meta['gpu']}, Triton {op_meta['triton']}: warp "
-          f"instructions executed, rung 6 {sum(r6.values()):,.0f}, finished kernel "
-          f"{sum(fin_ops.values()):,.0f}")
-    print(f"  {'opcode':8s}{'rung 6':>13s}{'finished':>13s}{'extra':>13s}  per element")
-    for op in sorted(extra, key=lambda o: -abs(extra[o]))[:6]:
-        print(f"  {op:8s}{r6.get(op, 0):>13,.0f}{fin_ops.get(op, 0):>13,.0f}{extra[op]:>+13,.0f}"
-              f"  {extra[op] * 32 / elements:+.2f}")
-    print(f"  under Nsight Compute: rung 6 {timed[2]:.1f} us, the finished kernel "
-          f"{timed[3]:.1f} us ({timed[3] / timed[2] - 1:+.1%})")
-    # rungs 4 and 5 are the same code on this GPU (no MUFU in either), in both profiles
-    assert r4 == r5 and "MUFU" not in r4
-
-per_out, per_tile = profiles[GUARD_OUTPUTS], profiles[GUARD_TILE]
-ex = per_out["extra"]
-total_extra = sum(ex.values())
-# guard on every output: the rotation's arithmetic identical to rung 6's (the same sin/cos)
-assert all(per_out["fin"][op] == per_out["r6"][op] for op in FLOAT_OPS)
-# one SEL per element (32 threads a warp instruction), a third of the extra
-assert ex["SEL"] * 32 == elements and round(ex["SEL"] / total_extra, 1) == 0.3
-# half the extra is PRMT: four times rung 6's, 1.5 more per element
-assert per_out["fin"]["PRMT"] == 4 * per_out["r6"]["PRMT"] and ex["PRMT"] * 32 / elements == 1.5
-assert round(ex["PRMT"] / total_extra, 1) == 0.5
-# the rest: integer address arithmetic (more IMAD and IADD3, fewer LEA)
-integer = ("IMAD", "IADD3", "VIADD", "ISETP", "IABS", "LEA", "LDC", "S2R", "SHF", "LOP3", "MOV",
-           "ULDC", "S2UR", "UIMAD", "ULEA", "VIADDMNMX", "USHF")
-rest = total_extra - ex["SEL"] - ex["PRMT"]
-assert 0 < rest < 0.25 * total_extra and ex["IMAD"] > 0 and ex["IADD3"] > 0 and ex["LEA"] < 0
-assert abs(sum(ex.get(op, 0) for op in integer) - rest) < 0.1 * rest    # nearly all of it
-print(f"{GUARD_OUTPUTS}, the extra over rung 6: SEL {ex['SEL'] / total_extra:.0%}, PRMT "
-      f"{ex['PRMT'] / total_extra:.0%}, the rest {rest / total_extra:.0%} (integer)")
-# ... and its total level with rung 5's, rung 6 a quarter fewer
-assert abs(sum(per_out["fin"].values()) / sum(per_out["r5"].values()) - 1) < 0.02
-assert sum(per_out["r6"].values()) < 0.8 * sum(per_out["fin"].values())
-
-# guard on the cos tile: no SEL or PRMT over rung 6; an FSEL per table element and warp
-assert per_tile["fin"].get("SEL", 0) <= per_tile["r6"].get("SEL", 0)
-assert per_tile["fin"]["PRMT"] == per_tile["r6"]["PRMT"]
-assert all(per_tile["fin"][op] == per_tile["r6"][op] for op in FLOAT_OPS if op != "FSEL")
-fsel = per_tile["extra"]["FSEL"] * 32 / elements
-assert 0 < fsel <= 0.125                                # at most one per eight elements
-print(f"{GUARD_TILE}: {sum(per_tile['fin'].values()) / sum(per_tile['r6'].values()) - 1:+.1%} "
-      f"warp instructions over rung 6 (on every output: "
-      f"{sum(per_out['fin'].values()) / sum(per_out['r6'].values()) - 1:+.1%}); the guard's FSEL "
-      f"{fsel:.3f} an element")
-assert sum(per_tile["fin"].values()) < 1.1 * sum(per_tile["r6"].values())   # within a tenth
-# under the profiler: the guard on every output a few per cent slower than rung 6, the guard
-# on the cos tile level with it
-assert 1.0 < per_out["timed"][3] / per_out["timed"][2] < 1.05
-assert abs(per_tile["timed"][3] / per_tile["timed"][2] - 1) < 0.01
-# the mechanism profile of section 5, a separate run, agrees: the same share of extra warp
-# instructions over rung 6, within two points
+INTEGER_OPS = ("IMAD", "IADD3", "VIADD", "ISETP", "IABS", "LEA", "LDC", "S2R", "SHF", "LOP3",
+               "MOV", "ULDC", "S2UR", "UIMAD", "ULEA", "VIADDMNMX", "USHF")
+op_meta = compare.read_meta(OPCODE_CSV)
+launched = measured.ncu_kernels(OPCODE_CSV)             # chunks, accurate, equal_halves, finished
+assert [k["kernel"] for k in launched] == ["_ladder_chunk_kernel", "_ladder_chunk_kernel",
+                                           "_ladder_final_kernel", "_rope_kernel"]
+r4, r5, r6, fin_ops = [k["instances"]["sass__inst_executed_per_opcode"] for k in launched]
+extra = {op: fin_ops.get(op, 0) - r6.get(op, 0) for op in set(r6) | set(fin_ops)}
+total_extra = sum(extra.values())
+timed = {k["id"]: k["metrics"]["gpu__time_duration.sum"] / 1e3
+         for k in measured.ncu_kernels(TIMED_CSV)}
+print(f"{op_meta['gpu']}, Triton {op_meta['triton']}: warp instructions executed, rung 6 "
+      f"{sum(r6.values()):,.0f}, finished kernel {sum(fin_ops.values()):,.0f} "
+      f"({sum(fin_ops.values()) / sum(r6.values()) - 1:+.1%})")
+print(f"  {'opcode':8s}{'rung 6':>13s}{'finished':>13s}{'extra':>13s}  per element")
+for op in sorted(extra, key=lambda o: -abs(extra[o]))[:6]:
+    print(f"  {op:8s}{r6.get(op, 0):>13,.0f}{fin_ops.get(op, 0):>13,.0f}{extra[op]:>+13,.0f}"
+          f"  {extra[op] * 32 / elements:+.3f}")
+integer_share = sum(extra.get(op, 0) for op in INTEGER_OPS) / total_extra
+print(f"  of the extra: the guard's FSEL {extra['FSEL'] / total_extra:.0%}, integer "
+      f"{integer_share:.0%}")
+print(f"  under Nsight Compute: rung 6 {timed[2]:.1f} us, the finished kernel {timed[3]:.1f} us "
+      f"({timed[3] / timed[2] - 1:+.1%})")
+# rungs 4 and 5 are the same code on this GPU (no MUFU in either)
+assert r4 == r5 and "MUFU" not in r4
+# the rotation's arithmetic is rung 6's (the same sin/cos: the shortcut is taken); no SEL or
+# PRMT over rung 6; the guard's FSEL at most one per eight elements, a fifth of the extra
+assert all(fin_ops[op] == r6[op] for op in FLOAT_OPS if op != "FSEL")
+assert fin_ops.get("SEL", 0) <= r6.get("SEL", 0) and fin_ops["PRMT"] == r6["PRMT"]
+assert 0 < extra["FSEL"] * 32 / elements <= 0.125 and round(extra["FSEL"] / total_extra, 1) == 0.2
+assert integer_share > 0.6                              # most of the rest: integer arithmetic
+assert round(sum(fin_ops.values()) / sum(r6.values()) - 1, 3) == 0.068
+assert abs(timed[3] / timed[2] - 1) < 0.01              # level with rung 6 under this profile
+# the mechanism profile of section 5, a separate run, agrees within two points
 mech_extra = mech["ropelib"]["ncu_warp_inst_per_element"] \
     / mech["equal_halves"]["ncu_warp_inst_per_element"]
 print(f"section 5's mechanism profile: {mech_extra - 1:+.1%} warp instructions over rung 6")
-assert abs(mech_extra - sum(per_tile["fin"].values()) / sum(per_tile["r6"].values())) < 0.02
+assert abs(mech_extra - sum(fin_ops.values()) / sum(r6.values())) < 0.02
 
 # %% [markdown]
-# With the guard on the cos tile, what is left of the extra is the integer arithmetic of the
-# finished kernel's general indexing and the guard's select per table element, 6.8 % more warp
-# instructions than rung 6, and under this profile it runs level with rung 6. The mechanism
-# profile of section 5, a separate run, agrees: 7 % more warp instructions per element and a
-# per cent more time (the cell above checks the two profiles against each other).
+# What is left of the extra is the guard's select per table element and the integer arithmetic
+# of the finished kernel's general indexing (offsets in int64 where needed, positions, batch
+# chunks): 6.8 % more warp instructions than rung 6, and under this profile it runs level with
+# rung 6. The mechanism profile of section 5, a separate run, agrees: 7 % more warp instructions
+# per element and a per cent more time (the cell above checks the two profiles against each
+# other).
 #
 # **Where the sin/cos are evaluated.** The source of rungs 1 to 6 computes cos/sin as a tile
 # with one row per token, $[\text{BLOCK\_S}, 1, D/2]$, broadcast over the heads: once per
-# program, it reads. The same opcode profile says what the GPU does. Rung 5 evaluates sin and
-# cos for both halves of a row and rung 6 for the first half only, so their difference is the
-# sin/cos of the second half's angles. Spread over the elements and set against the program's
-# layout (section 4: 8 features of a half per thread, 4 × 8 = 32 threads along the head axis),
-# it comes to the count the cell below prints per angle and thread: one sin and one cos, each
-# evaluated by every thread that holds a head of the token, not once per program. This holds for
-# the launch profiled here, 8 warps on a $[1, 32, 64]$ tile at $b = 8$. The count assumes that
-# repetition (it divides by the 32 threads) and checks only that the result is plausible for
-# one libdevice sin and cos, whose cost alone was not measured. The repetition itself is
-# counted in section 5's profile of the cycles: rung 5 evaluates each sin and cos 32 times at
-# this size.
-#
-# The cell prints both counts in *warp* instructions per element, the unit of the profile.
+# program, it reads. The profile of the cycles above counts what the GPU does (its `sin/cos
+# copies` column): at $b = 8$ the 4-warp rungs (heads, tile) evaluate every sin and cos 16
+# times, the 8-warp rungs (warps, chunks, accurate) 32 times. That is one evaluation per thread
+# along the head axis. In section 4's layouts a thread holds 8 features of a half, so 8 threads
+# span the 64 features and the program's other threads lie along the heads: 16 of them on 4
+# warps, 32 on 8, as the cell below checks. So at $b = 8$ the batch loop does not amortise the
+# sin/cos to nothing, and the equal-halves shortcut, which evaluates one half's instead of
+# both, removes 24 % of rung 5's instructions (the profile's count, asserted above). The
+# two-pass route of section 6 evaluates no sin/cos in the pass that reads `x`: that is one of
+# the things it changes.
 
 # %%
-# rung 5 minus rung 6: the sin/cos of the second half's angles, in thread instructions per
-# element (a warp instruction is 32 threads'), on the launch profiled (plan_h200, b = 8)
-r5_ops, r6_ops = per_tile["r5"], per_tile["r6"]
-half_trig = (sum(r5_ops.values()) - sum(r6_ops.values())) * 32 / elements
-B_PROF, HALF_PROF = 8, 64                           # the profiled batch and half (d = 128)
-VEC = 8                                             # bf16 per 16-byte vector: features a thread
-threads = plan_h200.num_warps * 32                  # holds of a half (section 4)
-threads_on_features = HALF_PROF // VEC
-threads_on_heads = threads // threads_on_features
-assert (plan_h200.block_s, plan_h200.block_h, plan_h200.chunk) == (1, 32, B_PROF)
-assert threads_on_heads == plan_h200.block_h == 32  # one head of the token per thread
-if compiled:                                        # the layout compiled in section 4 agrees
-    lay5 = x_tile(next(c for c in compiled if c["what"] == "accurate"))
-    assert lay5["sizePerThread"][-1] == VEC
-    assert lay5["threadsPerWarp"][-1] * lay5["warpsPerCTA"][-1] == threads_on_features
-    assert lay5["threadsPerWarp"][-2] * lay5["warpsPerCTA"][-2] == threads_on_heads
-elements_per_thread = VEC * 2 * B_PROF              # both halves, every batch entry
-angles_per_thread = VEC                             # the second half's angles of its features
-per_angle = half_trig * elements_per_thread / angles_per_thread
-program_elements = plan_h200.block_h * 2 * HALF_PROF * B_PROF
-once_per_program = per_angle * HALF_PROF / program_elements
-trig_share = 2 * (sum(r5_ops.values()) - sum(r6_ops.values())) / sum(r5_ops.values())
-print(f"rung 5 - rung 6: {half_trig:.3f} thread instructions per element "
-      f"({half_trig / 32:.3f} warp instructions; rung 5 executes "
-      f"{sum(r5_ops.values()) / elements:.2f})")
-print(f"  a thread: {elements_per_thread} elements, {angles_per_thread} second-half angles -> "
-      f"{per_angle:.0f} instructions per angle and thread; {threads_on_heads} threads along "
-      f"the heads evaluate each angle")
-print(f"  in warp instructions per element: measured {half_trig / 32:.3f}; once per program it "
-      f"would be {once_per_program / 32:.4f}; sin/cos of both halves: {trig_share:.0%} of "
-      "rung 5's instructions")
-assert half_trig == 2.875 and round(half_trig / 32, 2) == 0.09
-assert 35 <= per_angle <= 55 and once_per_program < 0.1
-assert round(once_per_program / 32, 4) == 0.0028                  # the text's "about 0.0028"
-assert round(half_trig / once_per_program) == threads_on_heads    # 32 times fewer
-assert round(sum(r6_ops.values()) / sum(r5_ops.values()) - 1, 2) == -0.24   # "a quarter fewer"
-assert 0.4 < trig_share < 0.55                                              # "about half"
-# the same count per angle, applied to the profiles of section 5 (mechanism CSV):
-# 4 warps (the tile rung) put 16 threads on the heads, 8 warps 32, so on 8 warps every angle is
-# evaluated twice as often: both halves' sin/cos once more, 2 * half_trig / 2 per element
-tile_m, warps_m = mech["tile"], mech["warps"]
-assert (tile_m["num_warps"], warps_m["num_warps"]) == (4, 8) and tile_m["grid"] == warps_m["grid"]
-if compiled:
-    lay3 = x_tile(next(c for c in compiled if c["what"] == "tile"))
-    assert lay3["threadsPerWarp"][-2] * lay3["warpsPerCTA"][-2] == threads_on_heads // 2
-more_on_8 = (warps_m["ncu_warp_inst_per_element"] - tile_m["ncu_warp_inst_per_element"])
-from_trig = half_trig / 32                          # both halves, half the threads more
-# b = 1, the warps rung: the same [1, 32, 64] tile on 8 warps, no batch loop and both halves'
-# sin/cos, so 16 angles over a thread's 16 elements
-m1_warps = measured.mechanism("s32768-b1")["warps"]
-b1_plan = ladder.plan("warps", 32768, 1, 32, 128, 2, SMS_H200, H200_KNOBS)
-assert (b1_plan.block_s, b1_plan.block_h, b1_plan.chunk, b1_plan.num_warps) == (1, 32, 1, 8)
-b1_trig = per_angle * (2 * VEC) / (2 * VEC) / 32    # warp instructions per element
-print(f"8 warps against 4 on the same tile (b = 8): {more_on_8:+.3f} warp instructions per "
-      f"element, of which sin/cos evaluated by twice the threads {from_trig:.3f}")
-print(f"b = 1, warps rung: {m1_warps['ncu_warp_inst_per_element']:.2f} warp instructions per "
-      f"element, of which sin/cos of both halves {b1_trig:.2f}")
-assert round(more_on_8, 2) == 0.11 and 0.7 < from_trig / more_on_8 < 1
-assert round(b1_trig, 2) == 1.44 and 0.7 < b1_trig / m1_warps["ncu_warp_inst_per_element"] < 0.85
-
-# %% [markdown]
-# So at $b = 8$, in this 8-warp launch, the batch loop does not amortise the sin/cos to
-# nothing: each of the 32
-# threads along the head axis evaluates the sin and cos of its own 8 angles, about 46
-# instructions each, and both halves' sin/cos make about half of rung 5's instructions. That is
-# why the equal-halves shortcut removes a quarter of rung 5's instructions at $b = 8$. It also
-# accounts for most of two counts section 5 leaves open. On 8 warps the tile puts 32 threads on
-# the heads, on 4 warps 16, so each angle is evaluated twice as often: 0.09 of the 0.11 more
-# warp instructions per element the warps rung executes than the tile rung. At $b = 1$ a thread
-# has no batch loop and no shortcut, 16 angles for its 16 elements: if the warps rung lays out
-# its tile as at $b = 8$ (not read at that size), that is 1.44 of its 1.85 warp instructions
-# per element. The chunks rung at $b = 1$ does not fit this count (section 5's list above). The
-# two-pass route of section 6 evaluates no sin/cos in
-# the pass that reads `x`: that is one of the things it changes.
+# sin/cos copies at b = 8 (the profile of the cycles) against the threads each rung's layout
+# puts along the head axis: HALF / 8 threads span a half (8 bf16 a thread), the rest lie on
+# the heads
+HALF_PROF, VEC = 64, 8
+copies_b8 = {n: round(b8[n]["sin_cos_copies"]) for n in ("heads", "tile", "warps", "chunks",
+                                                          "accurate")}
+on_heads = {n: mech[n]["num_warps"] * 32 // (HALF_PROF // VEC) for n in copies_b8}
+print(f"b = 8: sin/cos copies {copies_b8}; threads along the heads {on_heads}")
+assert copies_b8 == on_heads == {"heads": 16, "tile": 16, "warps": 32, "chunks": 32,
+                                 "accurate": 32}
+if compiled:                                        # the layouts compiled in section 4 agree
+    for c in compiled:
+        if c["what"] in ("tile", "accurate"):
+            lay = x_tile(c)
+            assert lay["sizePerThread"][-1] == VEC
+            assert lay["threadsPerWarp"][-2] * lay["warpsPerCTA"][-2] == on_heads[c["what"]]
 
 # %% [markdown]
 # ## 6. Past the finished kernel: two passes for large tensors
@@ -1890,15 +1734,11 @@ assert round(b1_trig, 2) == 1.44 and 0.7 < b1_trig / m1_warps["ncu_warp_inst_per
 #    rows of pairs would leave a third of each program's lanes idle.) The end of this section
 #    measures why the pairs share a thread.
 #
-# The route's main table below (`two_pass-nvidia-h200.csv`) was timed on 2 December 2026 with
-# the route as it is now. Three things in it are newer than every other run this section reads
-# (each dated in its file's name): the pre-pass takes 256 (token, pair) entries a program,
-# where the older runs timed more; on a GPU of compute capability 9.0 or more the flat pass is
-# launched early (programmatic dependent launch, `tiles.EARLY_LAUNCH`): its programs start while
-# the pre-pass is still running, and each waits for the pre-pass's rows before it reads them;
-# and where the eager route keeps the pre-pass's rows, the flat pass reads only half of them
-# when every pair's two members are equal (the batch-1 case below). The compile cells of this
-# section compile the current code.
+# The route's main table below (`two_pass-nvidia-h200.csv`, 2 December 2026) timed the route as
+# it is now; the other runs this section reads are older, each dated in its file's name. On a
+# GPU of compute capability 9.0 or more the flat pass is launched early (programmatic dependent
+# launch, `tiles.EARLY_LAUNCH`): its programs start while the pre-pass is still running, and
+# each waits for the pre-pass's rows before it reads them.
 #
 # When you pass a cos/sin table and positions are the token index, the flat pass reads your
 # table itself and there is no pre-pass. The route is taken when q and k are fresh-output,
@@ -1907,15 +1747,10 @@ assert round(b1_trig, 2) == 1.44 and 0.7 < b1_trig / m1_warps["ncu_warp_inst_per
 # 1/16 where an eager call keeps them (a model's later layers read the rows the first one
 # wrote, so only the reads count); otherwise the finished kernel runs.
 #
-# Packed sequences share rows between tokens: the flat pass reads the rows of the *positions*.
-# Where a token's position is its index in its sequence, the flat pass can take one sequence per
-# row of a 2-D grid and find its positions' rows as sbhd finds a token's. The host does not know
-# the longest sequence, so that grid covers every sequence times the table's rows, and a program
-# past its sequence's end still costs time: on the H200, with the element-wise flat pass, a grid
-# of twice the tokens ran at 0.517 of a copy where a row index per token ran at 0.856, and with
-# the pass of section 6's end at 0.649 (printed below). So it is taken only where the grid is the
-# tokens themselves (every sequence as long as the table); otherwise, where it is cheaper, each
-# token first gets the index of its row (4 bytes).
+# Packed sequences (thd) take the route too: the flat pass reads the rows of each token's
+# *position*, found through a row index per token (4 bytes), or, where every sequence is as long
+# as the table, by taking one sequence per row of a 2-D grid. The cell below lists which route a
+# few such calls take; `benchmarks/NOTES.md` has their timings (`two_pass_thd-*.csv`).
 #
 # The planner sees only shapes, so tensors on the `meta` device (no memory at all) show which
 # route an eager call would take (the last four lines: section 5's ladder sizes, called as
@@ -1983,25 +1818,6 @@ assert routes["thd, 8 sequences, table of 4096 rows"] == \
     "two passes, pre-pass, one sequence per grid row"         # 8 x 4096 rows: the tokens
 assert tiles.TWO_PASS_SEQUENCE_GRID == 1                     # "the tokens themselves"
 assert "one sequence per grid row" not in routes["thd, 8 sequences, table of 8192 rows"]
-# what the text above quotes: 8 sequences of 4096 tokens, the route forced each way
-# (benchmarks/two_pass.py --only 8x4k)
-thd_runs = measured.two_pass(kind="two_pass_thd")
-grid_1x, grid_2x = (thd_runs[(f"bf16 thd 256 MiB 8x4k {p}", "forward")] for p in ("P4k", "P8k"))
-print("8 x 4096 tokens, forward, ratio to a copy: one sequence per grid row "
-      f"{grid_1x['two-pass by sequence']['ratio_to_copy']:.3f} (a table of 4096 rows), "
-      f"{grid_2x['two-pass by sequence']['ratio_to_copy']:.3f} (8192 rows: half the grid empty);"
-      f" a row index per token {grid_2x['two-pass row index']['ratio_to_copy']:.3f}")
-assert [f"{r[p]['ratio_to_copy']:.3f}" for r, p in ((grid_2x, "two-pass by sequence"),
-                                                     (grid_2x, "two-pass row index"))] == \
-    ["0.517", "0.856"]
-assert grid_1x["two-pass by sequence"]["ratio_to_copy"] > \
-    grid_1x["two-pass row index"]["ratio_to_copy"]
-# ... and with the flat pass that holds both members of a pair in one thread (another run)
-thd_pairs = measured.two_pass(measured.GPU + "-20261129-0944", kind="two_pass_thd")
-pairs_2x = thd_pairs[("bf16 thd 256 MiB 8x4k P8k", "forward")]["two-pass by sequence"][
-    "ratio_to_copy"]
-print(f"  with both members of a pair in one thread: a grid of twice the tokens {pairs_2x:.3f}")
-assert f"{pairs_2x:.3f}" == "0.649"
 assert routes["thd, 32 sequences, table of 4096 rows"] == \
     "two passes, pre-pass, rows by position"                  # 32 x 4096 rows > 2 x 32768
 # the H200 numbers the text above quotes (section 1's mechanism table)
@@ -2063,10 +1879,7 @@ assert [said(r["ncu_warp_inst_per_element"], 2) for r in (planned_m, fin_m)] == 
 # `finished`; `two-pass` with angles (the pre-pass, then the flat pass, which reads half of the
 # pre-pass's rows where it can: below); `two-pass cos/sin`, the flat pass reading your fp32
 # cos/sin table with no pre-pass — and torch.compile of Hugging
-# Face's formula. `pre-pass alone` is the route's first kernel timed by itself. The second
-# table sets this flat pass, which holds both members of a pair in one thread, beside the same
-# script's run of a variant with the element-wise flat pass, one element a thread
-# (`two_pass-nvidia-h200-20261128-0853.csv`).
+# Face's formula. `pre-pass alone` is the route's first kernel timed by itself.
 
 # %%
 tp, tp_before = measured.two_pass(), measured.two_pass(measured.GPU + "-20261128-0853")
@@ -2098,12 +1911,9 @@ def route_table(meta, runs):
 
 
 route_table(tp_meta, tp)
-print(f"\nthe flat pass with angles, forward: this run against {measured.where(before_meta)}")
-print(f"{'case':27s}{'one element a thread':>22s}{'pairs':>12s}")
-for case in (s4k, s16k):
-    print(f"{case:27s}{ratio(tp_before, case, 'two-pass'):22.3f}"
-          f"{ratio(tp, case, 'two-pass'):12.3f}")
-print(f"{s16k}, that run's finished kernel: {ratio(tp_before, s16k, 'finished'):.3f}")
+print(f"\n{measured.where(before_meta)}, the element-wise flat pass, {s16k}: two-pass "
+      f"{ratio(tp_before, s16k, 'two-pass'):.3f}, finished "
+      f"{ratio(tp_before, s16k, 'finished'):.3f}")
 print(f"\n{s16k}, forward+backward, ratio to two copies: finished "
       f"{ratio(tp, s16k, 'finished', 'fwd+bwd'):.3f}, two-pass "
       f"{ratio(tp, s16k, 'two-pass', 'fwd+bwd'):.3f}")
@@ -2114,8 +1924,8 @@ assert [said(ratio(tp, s4k, c)) for c in cols[:3]] == ["0.903", "0.996", "0.998"
 assert [said(ratio(tp, s16k, c)) for c in cols[:3]] == ["0.932", "1.002", "0.987"]
 assert [said(ratio(tp, s16k, c, "fwd+bwd")) for c in ("finished", "two-pass")] == \
     ["0.935", "0.998"]
-# the run with one element a thread: 0.977 and 0.931 with angles, the finished kernel 0.924
-assert [said(ratio(tp_before, c, "two-pass")) for c in (s4k, s16k)] == ["0.977", "0.931"]
+# the older run, one element a thread: 0.931 with angles, the finished kernel 0.924
+assert said(ratio(tp_before, s16k, "two-pass")) == "0.931"
 assert said(ratio(tp_before, s16k, "finished")) == "0.924"
 # batch 1: the pre-pass alone takes a sixth of a copy's time, yet the route is ahead ...
 assert [said(ratio(tp, b1, c)) for c in cols[:2]] == ["0.936", "0.963"]
@@ -2139,12 +1949,10 @@ assert [said(compile_lead[c], 1) for c in show] == ["0.5", "-0.8", "2.8"]
 #   0.998 reading a cos/sin table, against 0.903;
 # - at 1 GiB (batch 8) too: 1.002 with angles and 0.987 with a table against 0.932, and
 #   forward+backward with angles ahead as well, 0.998 of two copies against 0.935 (printed
-#   under the tables). The same script's run with the element-wise flat pass (one element a
-#   thread) measured that variant at 0.931 here, level with that run's finished kernel (0.924,
-#   printed under the second table), and 0.977 at 256 MiB. The pass timed now differs from it
-#   in three ways: both members of a pair in one thread, table addresses written so more loads
-#   go out early (the last two subsections of this section), and, with angles, half of the kept
-#   rows read (below). These two runs do not split them; the probe below splits off the third;
+#   under the tables). An older run of the same script (28 November), with an element-wise
+#   flat pass (one element a thread), had the route level with that run's finished kernel here,
+#   0.931 against 0.924: the last two subsections of this section measure what the pass of
+#   pairs, and the way it writes its table addresses, changed;
 # - at batch 1 (128 MiB, 16,384 tokens) the pre-pass writes a 1 KiB row for every token with no
 #   batch to spread it over: 11.7 µs, 17.2 % of the copy's time (2.3 % for the same tokens at
 #   batch 8, 1 GiB). Paid on every call, it would hold the route to at most
@@ -2158,7 +1966,8 @@ assert [said(compile_lead[c], 1) for c in show] == ["0.5", "-0.8", "2.8"]
 #
 # torch.compile's kernel reaches 1.000, 0.994 and 0.989 of a copy on the three cases: 0.5 %
 # ahead of the flat pass with angles at 256 MiB, 0.8 % behind it at 1 GiB, and 2.8 % ahead at
-# batch 1 (printed under the tables).
+# batch 1 (printed under the tables). It reads a bf16 table where ropelib reads fp32 by
+# default (below, "torch.compile reads a 16-bit table").
 #
 # The cell below counts with the code on this machine, on a small call with the route forced:
 # each eager call's kernels, listed as they start, each marked `+flag` where it is given the
@@ -2293,13 +2102,16 @@ assert min(rounds_256["halves"]) < max(rounds_256["both halves"])
 #
 # The comparisons with torch.compile above are not like for like. torch.compile is given
 # cos/sin in the input's dtype, bf16 here, as Hugging Face models cache them; ropelib reads fp32
-# tables unless it is given others. The same run times each with the other's tables. The columns below are named by who
-# computes and the table's dtype: `compile bf16` is torch.compile as above, `compile fp32` the
-# same compiled formula given fp32 tables (the CSV's `torch.compile fp32 table`), `flat fp32`
-# the flat pass forced (`two-pass cos/sin`, as above), and `auto fp32` and `auto bf16`
-# `ropelib.apply_rope` choosing its route by itself with fp32 tables (`auto cos/sin`) and with
-# the bf16 tables torch.compile reads (`auto cos/sin x-dtype`). The torch.compile cases at
-# batch 8:
+# tables unless it is given others, because a bf16 cos or sin is off by up to $2^{-9}$, a
+# relative error of up to $2^{-8}$ (notebook 08). The same run timed each with the other's
+# tables: `compile bf16` is torch.compile as above, `compile fp32` the same compiled formula
+# given fp32 tables, `flat fp32` the flat pass forced (`two-pass cos/sin`), `auto fp32` and
+# `auto bf16` `ropelib.apply_rope` choosing its route by itself with fp32 tables and with the
+# bf16 tables torch.compile reads. Two probes on the H200, with the element-wise flat pass of
+# the time, repeated the comparison: `benchmarks/flat_pass_probe.py` (each table for
+# torch.compile, fp32 for ropelib) and `benchmarks/flat_hints_probe.py` (bf16 for both);
+# `benchmarks/NOTES.md` reads them in full, with the flat pass's tile sweep and Inductor's load
+# hints. The batch-8 cases:
 
 # %%
 like = ("bf16 sbhd 256 MiB s4k b8", "bf16 bshd 256 MiB s4k b8", "bf16 sbhd 1 GiB s16k b8")
@@ -2344,45 +2156,14 @@ assert [said(min(mine_fb)), said(max(mine_fb)), said(min(theirs_fb)), said(max(t
     ["0.992", "1.001", "0.487", "0.941"]
 assert said(behind_b1, 1) == "2.1"
 assert [said(behind[c], 1) for c in like] == ["1.0", "-1.4", "0.5"]     # bshd: ropelib ahead
+assert route_of((16384, 8, 32, 128), "sbhd", "cos/sin") == "two passes, your table"
 
-# %% [markdown]
-# Given fp32 tables, torch.compile's kernel loses about a tenth of a copy's speed (0.994 →
-# 0.898 at 1 GiB) and falls behind ropelib reading the same fp32 tables (0.974 as ropelib picks
-# the route, 0.987 with the flat pass forced), in these three cases and at batch 1. Given the
-# same bf16 tables, ropelib and it are at most 1.4 % apart forward at batch 8, ahead or behind
-# (0.989 against 0.994 at 1 GiB, 1.0 % behind at 256 MiB sbhd, 1.4 % ahead in bshd), and
-# ropelib is ahead forward+backward (0.992–1.001 of two copies against 0.487–0.941). So with
-# fp32 tables for both, torch.compile's kernel is the slower forward in every case; with bf16
-# tables for both, the two are within 1.4 % at batch 8, and ropelib is 2.1 % behind at batch 1
-# (128 MiB, the same CSV). ropelib reads fp32 tables by default because a bf16 cos or sin is
-# off by up to $2^{-9}$, a relative error of up to $2^{-8}$ (notebook 08).
-#
-# One run is one sample. Two probes on the H200, with the element-wise flat pass of the second
-# table's other run (one element a thread), repeated this comparison:
-# `benchmarks/flat_pass_probe.py` timed torch.compile with each table beside
-# `ropelib.apply_rope` with fp32 tables, and `benchmarks/flat_hints_probe.py` timed
-# `ropelib.apply_rope` with the bf16 tables beside torch.compile. That run with the
-# element-wise pass had `auto cos/sin` and the forced `two-pass cos/sin` at 1 GiB, the same
-# route, further apart than the gaps compared here (0.910 against 0.932; the cell below prints
-# and asserts both), and the run above has them 1.3 points apart (0.974 against 0.987): a gap
-# of a percent or two in one run needs a second run.
-
-# %%
+# the two probes (the element-wise flat pass)
 fp, hints = measured.probe("flat_pass_probe"), measured.probe("flat_hints_probe")
 fp_meta, _ = measured.load("flat_pass_probe")
 hints_meta, _ = measured.load("flat_hints_probe")
 assert hints_meta["gpu"] == fp_meta["gpu"] == tp_meta["gpu"]
-print(f"both probes: {measured.where(fp_meta)}; forward, ratio to a copy")
-assert route_of((16384, 8, 32, 128), "sbhd", "cos/sin") == "two passes, your table"
-print(f"{measured.where(before_meta)}, the element-wise pass, {s16k}: auto cos/sin "
-      f"{ratio(tp_before, s16k, 'auto cos/sin'):.3f}, two-pass cos/sin "
-      f"{ratio(tp_before, s16k, 'two-pass cos/sin'):.3f} (the same route)")
-assert said(ratio(tp_before, s16k, "auto cos/sin")) == "0.910"
-assert said(ratio(tp_before, s16k, "two-pass cos/sin")) == "0.932"
-print(f"{measured.where(tp_meta)}, {s16k}: auto cos/sin {ratio(tp, s16k, 'auto cos/sin'):.3f}, "
-      f"two-pass cos/sin {ratio(tp, s16k, 'two-pass cos/sin'):.3f}")
-assert said(100 * (ratio(tp, s16k, "two-pass cos/sin") - ratio(tp, s16k, "auto cos/sin")), 1) \
-    == "1.3"
+print(f"\nboth probes: {measured.where(fp_meta)}; forward, ratio to a copy")
 for case in ("bf16 sbhd 1 GiB s16k b8", "bf16 bshd 256 MiB s4k b8"):
     c16, c32, mine32 = (fp[case][p]["ratio_to_copy"] for p in (
         "torch.compile, bfloat16 table", "torch.compile, float32 table",
@@ -2394,67 +2175,31 @@ for case in ("bf16 sbhd 1 GiB s16k b8", "bf16 bshd 256 MiB s4k b8"):
           f"ropelib fp32 {mine32:.3f} | flat_hints_probe: compile bf16 {c16_h:.3f}, "
           f"ropelib bf16 {mine16:.3f} ({gap:.1f} % behind)")
     assert c32 < mine32 < c16, case          # the same order as two_pass's run
-    assert 1 <= round(gap) <= 3, case
     assert said(gap, 1) == {"bf16 sbhd 1 GiB s16k b8": "2.2",
                             "bf16 bshd 256 MiB s4k b8": "1.6"}[case]
+print(f"{s16k}, this run: auto cos/sin {ratio(tp, s16k, 'auto cos/sin'):.3f}, two-pass cos/sin "
+      f"{ratio(tp, s16k, 'two-pass cos/sin'):.3f} (the same route)")
+assert said(100 * (ratio(tp, s16k, "two-pass cos/sin") - ratio(tp, s16k, "auto cos/sin")), 1) \
+    == "1.3"
 
 # %% [markdown]
-# The probes agree with that run: with fp32 tables torch.compile's kernel was behind
-# ropelib, and with the same bf16 tables the pass of one element a thread was 1.6 to 2.2 %
-# behind it forward (both asserted above), where the pass of pairs is between 1.0 % behind it
-# and 1.4 % ahead at batch 8 (the run above).
-#
-# The first probe also timed the flat pass itself (reading an fp32 cos/sin table) at other
-# program sizes: 1,024, 2,048 and 4,096 elements per program, on 4 or 8 warps, each with and
-# without `evict_last` on the table loads (`keep`). The better of each tile's two rows:
-
-# %%
-for case, rows in fp.items():
-    tile_ratio = {}
-    for name, r in rows.items():
-        m = re.fullmatch(r"flat x(\d+) w(\d+) keep=[01]", name)
-        if m:
-            key = (int(m[1]), int(m[2]))
-            tile_ratio[key] = max(tile_ratio.get(key, 0.0), r["ratio_to_copy"])
-    best = max(tile_ratio, key=tile_ratio.get)
-    print(f"{case:26s} "
-          + "  ".join(f"x{e} w{w} {v:.3f}" for (e, w), v in sorted(tile_ratio.items()))
-          + f"  -> best: {best[0]} elements, {best[1]} warps")
-    assert best == (tiles.TWO_PASS_ELEMENTS, tiles.TWO_PASS_WARPS) == (1024, 4), case
-
-# %% [markdown]
-# In all three cases the best tile is 1,024 elements on 4 warps, the element-wise flat pass's
-# own (`TWO_PASS_ELEMENTS` and `TWO_PASS_WARPS` in `ropelib/kernels/tiles.py`, still the tile
-# of interleaved pairs, of heads whose $D$ or $R/2$ is no power of two, and of per-axis tables
-# whose sections do not start at multiples of 8 pairs); every larger program, and the same
-# 1,024 elements on 8 warps, is slower. Rotate-half pairs take another shape, found at the end
-# of this section.
-#
-# What the remaining few percent are, these runs do not settle. Inductor's kernel
-# (`benchmarks/results/inductor-rope-bf16-sbhd.txt`) differs from the flat pass in three details:
-# it has no bounds masks (it knows the size), and it loads the partner and the table with
-# `evict_last`. `flat_hints_probe` switched each on and off in a copy of the flat pass, eight
-# copies reading the bf16 tables:
-
-# %%
-for case, rows in hints.items():
-    copies = {n: r["ratio_to_copy"] for n, r in rows.items() if n.startswith("even=")}
-    best = max(copies, key=copies.get)
-    comp, mine = rows["torch.compile"]["ratio_to_copy"], rows["ropelib.apply_rope"]["ratio_to_copy"]
-    print(f"{case:26s} torch.compile {comp:.3f}, ropelib.apply_rope {mine:.3f}, "
-          f"best copy {copies[best]:.3f} ({best})")
-    assert mine < copies[best] < comp, case    # part of the gap closed, not all of it
-
-# %% [markdown]
-# In both cases the best copy lands between ropelib's flat pass and torch.compile's kernel: the
-# three details close part of the gap, not all of it.
+# Given fp32 tables, torch.compile's kernel loses about a tenth of a copy's speed (0.994 →
+# 0.898 at 1 GiB) and falls behind ropelib reading the same fp32 tables (0.974 as ropelib picks
+# the route, 0.987 with the flat pass forced), in these three cases and at batch 1;
+# `flat_pass_probe` found the same order in both its cases. Given the same bf16 tables, the two
+# are at most 1.4 % apart forward at batch 8, ahead or behind (0.989 against 0.994 at 1 GiB,
+# 1.0 % behind at 256 MiB sbhd, 1.4 % ahead in bshd), ropelib is 2.1 % behind at batch 1
+# (128 MiB), and ropelib is ahead forward+backward (0.992–1.001 of two copies against
+# 0.487–0.941). `flat_hints_probe`, with the element-wise pass, had ropelib 1.6 to 2.2 % behind
+# on the same bf16 tables. Read gaps this small with care: in this run `auto cos/sin` and the
+# forced `two-pass cos/sin`, the same route at 1 GiB, are 1.3 points apart.
 #
 # ### Both members of a pair in one thread
 #
-# Count what a thread of that flat pass loads for its 8 bf16 features: its own 16 bytes of x,
-# its partners' 16 bytes (the same cache lines another thread of the program loads as *its*
-# x), and 32 bytes each of fp32 cos and $s'$: six 16-byte loads. torch.compile's kernel loads
-# the table in bf16, four loads. Two ways to load less, each timed by
+# Count what a thread of the element-wise flat pass loads for its 8 bf16 features: its own 16
+# bytes of x, its partners' 16 bytes (the same cache lines another thread of the program loads
+# as *its* x), and 32 bytes each of fp32 cos and $s'$: six 16-byte loads. torch.compile's kernel
+# loads the table in bf16, four loads. Two ways to load less, each timed by
 # `benchmarks/paired_rows_probe.py` on copies of the flat pass reading the pre-pass's own fp32
 # rows (so every copy must give `apply_rope`'s bits, and did):
 #
@@ -2488,22 +2233,16 @@ assert [one_gib[c] for c in probe_cols[:5]] == ["0.994", "0.938", "0.948", "0.89
 
 # %% [markdown]
 # Reading half the table made every case slower (0.896 of a copy at 1 GiB against 0.948); why
-# was not measured. Its machine code was not read: a select in an address can hide contiguity
-# and split a 16-byte load into scalar loads (Exercise 2's note explains how), and that is one
-# candidate. Holding both members in one thread reached 0.993 at 1 GiB with the same fp32 rows,
+# was not measured, and its machine code was not read (a select in an address can hide
+# contiguity and split a 16-byte load into scalar loads, as Exercise 2's note explains: one
+# candidate). Holding both members in one thread reached 0.993 at 1 GiB with the same fp32 rows,
 # level with torch.compile's 0.994 on its bf16 table, and 0.001 and 0.002 ahead of it in the two
 # 256 MiB cases. That is ropelib's flat pass for rotate-half pairs (`_rotate_pairs` in
-# `ropelib/kernels/flat.py`, on `tiles.TWO_PASS_PAIR_WARPS` = 2 warps): every table of this
-# section read from `two_pass-nvidia-h200.csv` measured it, while the run set beside it in the
-# second table, and the probes `flat_pass_probe.py` and `flat_hints_probe.py`, measured the
-# element-wise pass.
-#
-# The shipped pass now reads half of the eager route's kept rows too (the batch-1 cells above),
-# but not as `rows=paired` did: it does not rewrite member $b$'s addresses. A thread's four
-# 16-byte loads of member $b$'s cos and $s'$ stay, masked by the pre-pass's flag, so where the
-# flag is 0 they move no bytes.
-# That form made the batch-1 route faster (`half_rows_probe` above), where `rows=paired` made
-# every case of this probe slower.
+# `ropelib/kernels/flat.py`, on `tiles.TWO_PASS_PAIR_WARPS` = 2 warps), the pass this section's
+# main table measured; the older run and the two probes above measured the element-wise pass.
+# The shipped pass reads half of the eager route's kept rows another way (the batch-1 cells
+# above): member $b$'s four 16-byte loads of cos and $s'$ stay, masked by the pre-pass's flag, so
+# where the flag is 0 they move no bytes.
 
 # %% [markdown]
 # ### How an address is written decides when a load goes out
@@ -2668,9 +2407,9 @@ if sched:
 # against 8) with Triton 3.6, the GPU runs', and 3.9; with another version only that row pointers
 # put more loads out early. ropelib's own flat pass, compiled the same way, issues the same eight
 # early; given the pre-pass's flag, it loads the flag first and issues the same ten loads after
-# it, as many of them early. What the two forms are worth, timed on the H200 by `benchmarks/one_gib_probe.py` (five
-# alternating rounds in one process, medians; one run with ropelib's pass written each way, each
-# beside the same probe kernel):
+# it, as many of them early. What the two forms are worth, timed on the H200 by
+# `benchmarks/one_gib_probe.py` (five alternating rounds in one process, medians; one run with
+# ropelib's pass written each way, each beside the same probe kernel):
 
 # %%
 def one_gib_medians(gpu):
@@ -2694,20 +2433,6 @@ assert [said(before[p]) for p in ("flat pass", "planned", "probe copy")] == \
     ["0.915", "0.913", "0.992"]
 assert [said(after[p]) for p in ("flat pass", "planned")] == ["0.990", "0.986"]
 assert abs(after["probe copy"] - before["probe copy"]) < 0.005      # the probe did not move
-# the packed-sequence route (one sequence per grid row, the floor's thd case): row pointers in
-# a floor run (its log), offsets in a two_pass.py run and in another floor run
-# (floor_grads_summed-...-20261129-1219.csv)
-floor_log = ROOT / "benchmarks" / "results" / f"floor-{measured.GPU}-20261129-0937.log"
-line = next(l for l in floor_log.read_text().splitlines()
-            if l.startswith("forward 256 MiB bf16 thd:"))
-thd_rows = float(re.search(r"ropelib ([0-9.]+)", line).group(1))
-thd_offsets = measured.two_pass(measured.GPU + "-20261129-0944", kind="two_pass_thd")[
-    ("bf16 thd 256 MiB 8x4k P4k", "forward")]["two-pass by sequence"]["ratio_to_copy"]
-thd_floor = measured.floor(measured.GPU + "-20261129-1219", kind="floor_grads_summed")[
-    "forward 256 MiB bf16 thd"]["ropelib"]["ratio_to_copy"]
-print(f"packed sequences, one per grid row: row pointers {thd_rows:.3f}, offsets {thd_offsets:.3f} "
-      f"(two_pass.py) and {thd_floor:.3f} (a floor run with offsets)")
-assert [said(thd_rows), said(thd_offsets), said(thd_floor)] == ["0.953", "0.993", "0.991"]
 
 # %% [markdown]
 # With row pointers the flat pass alone runs at 0.990 of a copy against 0.915 with offsets,
@@ -2716,12 +2441,11 @@ assert [said(thd_rows), said(thd_offsets), said(thd_floor)] == ["0.953", "0.993"
 # lines of address arithmetic (and in the order the four table loads are written, which does
 # not change the machine code).
 #
-# It is not a rule to apply everywhere. ropelib's route for packed sequences (one sequence per
-# grid row, a few lines away in `flat.py`) goes the other way: 0.953 of a copy with row
-# pointers against 0.993 with offsets (the cell above prints both; another run with offsets
-# measured 0.991), so that route keeps offsets (`ROW_POINTERS` in `_rotate_pairs`). Which form
-# ptxas schedules better is its choice, kernel by kernel. What carries over is the method: when
-# a kernel runs slower than a copy of itself with "the same code", compile both with the Triton
+# It is not a rule to apply everywhere: ropelib's route for packed sequences (one sequence per
+# grid row) measured the other way round and keeps offsets (the comment on `ROW_POINTERS` in
+# `_rotate_pairs`, shown at the end of this notebook, gives both runs). Which form ptxas
+# schedules better is its choice, kernel by kernel. What carries over is the method: when a
+# kernel runs slower than a copy of itself with "the same code", compile both with the Triton
 # the GPU runs, and count in the SASS which loads go out before the arithmetic that waits for
 # them.
 
