@@ -81,7 +81,8 @@ def _launch_naive(x, f):
     f2 = f.reshape(f.shape[0], -1)
     naive._rope_naive_kernel[(S * B * H,)](
         x, y, f2, B, H, *x.stride(), y.stride(0), y.stride(1), y.stride(2), *f2.stride(),
-        HALF=D // 2, BLOCK_HALF=max(1, D // 2), BACKWARD=False, COMPUTE_DTYPE=tl.float32,
+        HALF=D // 2, BLOCK_HALF=max(1, 1 << (D // 2 - 1).bit_length()), BACKWARD=False,
+        COMPUTE_DTYPE=tl.float32,
         BF16_RTNE=False)
     return y
 

@@ -245,8 +245,11 @@ def check_interleave_permutation(fn: Callable, *, to: str = "rotate_half",
     to="rotate_half": perm with  interleaved RoPE(x) == rotate-half RoPE(x[..., perm])[..., inv]
     to="interleaved": perm with  rotate-half RoPE(x) == interleaved RoPE(x[..., perm])[..., inv]
     where inv = argsort(perm) undoes the permutation, and each side uses its own `rope_freqs`
-    table. fn runs with ropelib barred (`own_code`) for each rot_dim in `dims`; its permutation is
-    checked by applying the reference to random inputs, not against a stored list.
+    table. fn runs with ropelib barred (`own_code`) for each rot_dim in `dims`, then for an even
+    rot_dim drawn when the check runs (6 to 512, `own_code.fresh_generator`, its seed in the
+    case's label): a table of permutations listed beforehand for the dims it is tried on fails.
+    Each permutation is checked by applying the reference to random inputs, not against a stored
+    list.
     """
     if to not in ("rotate_half", "interleaved"):
         raise ValueError(f"to must be 'rotate_half' or 'interleaved', got {to!r}")
@@ -255,8 +258,12 @@ def check_interleave_permutation(fn: Callable, *, to: str = "rotate_half",
     hint = ("rotate-half pairs (j, j + R/2), interleaved pairs (2j, 2j+1): "
             "where must each pair's two features go?")
     helpers = course_rope_helpers()
-    for rot_dim in dims:
-        label = f"{name} (R={rot_dim})"
+    seed, g = fresh_generator()     # and a rot_dim drawn now: a table made beforehand fails
+    drawn = 2 * int(torch.randint(3, 257, (), generator=g))     # 6 to 512, a head dim's range
+    tried = (*dims, drawn)
+    for i, rot_dim in enumerate(tried):
+        label = f"{name} (R={rot_dim}" + (f", drawn with seed {seed})" if i == len(dims)
+                                          else ")")
         ok, perm = run_own_code(label, "the permutation worked out by your code", fn, rot_dim,
                                 bar=helpers)
         if not ok:
@@ -273,7 +280,7 @@ def check_interleave_permutation(fn: Callable, *, to: str = "rotate_half",
         want, got = _both_sides(p, rot_dim, src, dst)
         if not torch.allclose(got, want, atol=1e-12, rtol=0):
             return check(label, got, want, atol=1e-12, rtol=0, hint=hint)
-    return check(f"{name} (R={', '.join(map(str, dims))})", True, True)
+    return check(f"{name} (R={', '.join(map(str, tried))})", True, True)
 
 
 # --- notebook 02: reference and layouts ------------------------------------------------------

@@ -8,9 +8,10 @@ the same error) and every worked solution.
 
 `check_trap_name(fn)` (section 5) runs the learner's ``fn(x, y, layout)`` on outputs of the
 reproduction kernel, fp32 sbhd, each with one of the four layout traps that leave a curve of
-recovered positions (or none), at two sizes, and wants the trap's name back. The learner may
-use `debug.recovered_positions`, the section's tool; `debug.reproduce` (running every trap and
-comparing outputs) and the worked solution are barred.
+recovered positions (or none), at two fixed sizes and once more at a size and on tokens drawn
+when the check runs (`own_code.fresh_generator`, its seed in the cases' labels), and wants the
+trap's name back. The learner may use `debug.recovered_positions`, the section's tool;
+`debug.reproduce` (running every trap and comparing outputs) and the worked solution are barred.
 
 The section's kernel, `_rope_combine_kernel`, rotates the rows of an sbhd tensor in fp32 and
 leaves one line to a `@triton.jit` function it is handed as a constexpr,
@@ -24,8 +25,13 @@ output equals TE's fused RoPE bit for bit.
 hashes): ``nb_cpu_fp32``, fp32 S=32 B=2 H=2 D=32, where every rounding shows, and ``nb_gpu``,
 bf16 S=512 B=2 H=8 D=128. Cos and sin are TE's own (read back from TE on the GPU), so only the
 combine can differ; the output is rounded once to the input dtype and its bits are compared with
-TE's stored output. It passes when no element differs in either case, and prints how many do
-otherwise.
+TE's stored output. TE's outputs exist for those inputs only, so a combine that returned outputs
+recorded beforehand (in Triton's interpreter a `@triton.jit` function can run Python, a table
+look-up included) would match them: a third case draws fp32 x when the check runs
+(`own_code.fresh_generator`, its seed in the label), on the fp32 case's positions and TE's cos
+and sin, and compares with TE's line worked out exactly here (`_te_rounding`: fma(x, c, rot s),
+the rounding both stored cases pin down, element for element). It passes when no element differs
+in any case, and prints how many do otherwise.
 
 The line counts as written: in Triton's interpreter (a CPU) every product is rounded unless the
 line fuses it with ``tl.fma``; compiled (a GPU), the kernel is built with
@@ -112,9 +118,10 @@ TRAPS_WITH_A_CURVE = ("sbhd_row_indexing", "te_freqs_reshaped", "table_margin",
 
 def _trap_cases() -> list:
     """(label, (x, y, layout), trap name or "none"): the wrong side of each trap, fp32; fresh
-    copies on every call (an answer may write into its inputs)."""
+    copies on every call (an answer may write into its inputs). Then the five again, at a size
+    and on tokens drawn when the check runs (`_drawn_trap_outputs`)."""
     return [(label, (x.clone(), y.clone(), layout), trap)
-            for label, (x, y, layout), trap in _trap_outputs()]
+            for label, (x, y, layout), trap in _trap_outputs()] + _drawn_trap_outputs()
 
 
 def _kept(compute):
@@ -130,21 +137,40 @@ def _kept(compute):
     return kept
 
 
-def _computed_trap_outputs() -> tuple:
+def _trap_output(S: int, B: int, H: int, D: int, seed: int, trap: str) -> tuple:
+    """(x, y, layout): the reproduction's tokens and the wrong side of `trap` ("none": the
+    right RoPE), fp32 sbhd (the layout names no trap), tokens drawn from `seed`."""
     import dataclasses
+    sc = debug.Scenario(seq_len=S, batch=B, heads=H, head_dim=D, dtype="fp32", seed=seed)
+    causes = debug.FIXED if trap == "none" else dataclasses.replace(debug.FIXED, **{trap: True})
+    r = debug.reproduce(sc, causes, device=runtime.default_device())
+    wrong = r.tokens_te if trap == "inplace_double_rotation" else r.tokens_triton
+    return r.x.clone(), wrong.clone(), r.layout
+
+
+def _computed_trap_outputs() -> tuple:
     cases = []
     for S, B, H, D, seed in ((24, 3, 2, 16, 5), (40, 2, 1, 32, 6)):
         for trap in (*TRAPS_WITH_A_CURVE, "none"):
-            sc = debug.Scenario(seq_len=S, batch=B, heads=H, head_dim=D, dtype="fp32",
-                                seed=seed)         # sbhd: the layout names no trap
-            causes = debug.FIXED if trap == "none" else dataclasses.replace(debug.FIXED,
-                                                                           **{trap: True})
-            r = debug.reproduce(sc, causes, device=runtime.default_device())
-            wrong = r.tokens_te if trap == "inplace_double_rotation" else r.tokens_triton
-            cases.append((f"S={S} B={B} H={H} D={D}", (r.x.clone(), wrong.clone(), r.layout),
-                          trap))
+            cases.append((f"S={S} B={B} H={H} D={D}", _trap_output(S, B, H, D, seed, trap), trap))
     # the order of the cases says nothing: sorted by a hash of the output
     return tuple(sorted(cases, key=lambda c: float(c[1][1].double().abs().sum()) % 1.0))
+
+
+def _drawn_trap_outputs() -> list:
+    """The four traps and the right RoPE once more, on tokens, a size and an order drawn when
+    the check runs (`fresh_generator`, its seed in the labels): names recorded beforehand for
+    the fixed cases' outputs have none of these to look up. Every call draws anew."""
+    seed, g = fresh_generator()
+    S = int(torch.randint(12, 33, (), generator=g))     # small: the interpreter runs each row
+    B = int(torch.randint(2, 4, (), generator=g))       # two batches at least: the row mix-up
+    H = int(torch.randint(1, 3, (), generator=g))       # and the margin show from batch 1 on
+    D = (16, 32)[int(torch.randint(0, 2, (), generator=g))]
+    traps = (*TRAPS_WITH_A_CURVE, "none")
+    tokens_seed = int(torch.randint(0, 2**31 - 1, (), generator=g))
+    return [(f"S={S} B={B} H={H} D={D}, drawn with seed {seed}",
+             _trap_output(S, B, H, D, tokens_seed, traps[i]), traps[i])
+            for i in torch.randperm(len(traps), generator=g).tolist()]
 
 
 _trap_outputs = _kept(_computed_trap_outputs)   # the check's cases and their answers
@@ -152,12 +178,16 @@ _trap_outputs = _kept(_computed_trap_outputs)   # the check's cases and their an
 
 def check_trap_name(fn) -> bool:
     """fn(x, y, layout) -> the name of the layout trap that turned x into y: one of
-    TRAPS_WITH_A_CURVE, or "none" for a right RoPE. x, y: fp32 [S, B, H, D] in `layout`."""
+    TRAPS_WITH_A_CURVE, or "none" for a right RoPE. x, y: fp32 [S, B, H, D] in `layout`.
+
+    Tried on each trap's output at two fixed sizes, then at a size and on tokens drawn when the
+    check runs (the seed in the case's label), so only reading the output names them all."""
     return check_cases(
         "which trap", "your reading of the recovered positions", fn, _trap_cases(),
         # running every trap and comparing is not reading, nor is looking the output up in the
         # check's own cases
-        bar=(debug.reproduce, _trap_outputs, _computed_trap_outputs, _trap_cases),
+        bar=(debug.reproduce, _trap_outputs, _computed_trap_outputs, _trap_cases,
+             _drawn_trap_outputs, _trap_output),
         hint=f"read debug.recovered_positions(x, y, layout) [S, B, H] against the true "
              f"positions s: one of {', '.join(TRAPS_WITH_A_CURVE)}, or 'none'")
 
@@ -270,7 +300,8 @@ def _answer(name: str, fn) -> bool:
 
 def check_te_combine(fn) -> bool:
     """Launch the section's kernel with the learner's combine on CASE_KEYS' cases and count the
-    elements whose bits differ from TE's stored output (see the module's docstring).
+    elements whose bits differ from TE's stored output; then on fp32 x drawn when the check runs,
+    against TE's rounding worked out here (see the module's docstring).
 
     Args:
         fn: a @triton.jit function (x1, x2, c, s) -> (y1, y2), fp32 tiles of one shape.
@@ -293,9 +324,11 @@ def check_te_combine(fn) -> bool:
     device = runtime.default_device()
     interpreted = not runtime.on_gpu()
     counts, wrong_values = [], False
-    for case in cases:
-        label = _label(case)
-        args = [t.to(device) for t in (case.x, case.angles, case.te_cos, case.te_sin)]
+    compared = [(_label(c), c.x, c.angles, c.te_cos, c.te_sin, c.te, "TE's output")
+                for c in cases]
+    compared.append(_drawn_te_case(next(c for c in cases if c.x.dtype == torch.float32)))
+    for label, x, angles, te_cos, te_sin, te, whose in compared:
+        args = [t.to(device) for t in (x, angles, te_cos, te_sin)]
         ok, y = launch_barred(
             name, label, "your combine",
             lambda: launch(_rope_combine_kernel, fn, *args, sincos="table",
@@ -303,22 +336,24 @@ def check_te_combine(fn) -> bool:
             bar=(debug._fused_pair,))      # the reproduction kernel's fma line
         if not ok:
             return False
-        y = y.to(case.x.dtype).cpu()
-        differ = debug.bits_differ(y, case.te)
+        y = y.to(x.dtype).cpu()
+        differ = debug.bits_differ(y, te)
         n = int(differ.sum())
         counts.append(n)
         # more than roundings: off by a sizeable part of the inputs' scale (or NaN)
-        off = (y.double() - case.te.double()).abs().nan_to_num(float("inf")).max()
-        wrong_values |= bool(off > 0.05 * case.x.double().abs().max())
+        off = (y.double() - te.double()).abs().nan_to_num(float("inf")).max()
+        wrong_values |= bool(off > 0.05 * x.double().abs().max())
         if n:
-            steps = debug.steps_apart(y, case.te)[differ]
+            steps = debug.steps_apart(y, te)[differ]
             values, times = torch.unique(steps, return_counts=True)
             hist = dict(zip(values.tolist(), times.tolist()))
-            print(f"❌ {name} ({label}): {n:,} of {y.numel():,} elements differ from TE's "
-                  f"output; {str(case.x.dtype).replace('torch.', '')} steps apart -> count: "
+            print(f"❌ {name} ({label}): {n:,} of {y.numel():,} elements differ from {whose}; "
+                  f"{str(x.dtype).replace('torch.', '')} steps apart -> count: "
                   f"{dict(list(hist.items())[:6])}" + (" ..." if len(hist) > 6 else ""))
+        elif whose == "TE's output":
+            print(f"   {label}: 0 of {y.numel():,} elements differ from {whose}")
         else:
-            print(f"   {label}: 0 of {y.numel():,} elements differ from TE's output")
+            print(f"   {label}: every one of its {y.numel():,} elements has {whose}")
     where = ("in Triton's interpreter" if interpreted
              else "compiled without contraction (enable_fp_fusion=False)")
     if wrong_values:
@@ -330,8 +365,51 @@ def check_te_combine(fn) -> bool:
               "computes a*b + d with one rounding: which product enters TE's compiled line "
               "exact?")
         return False
-    print(f"✅ {name}: bit for bit with TE's output in both cases ({where})")
+    print(f"✅ {name}: bit for bit with TE's output in both cases, and with TE's rounding on "
+          f"inputs drawn now ({where})")
     return True
+
+
+def _fma32(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """fma(a, b, d) in fp32, exact: a*b + d rounded once to fp32 (round to nearest, ties to
+    even). a*b is exact in fp64 (two 24-bit significands); the fp64 sum s and its error e
+    (Knuth's two-sum, exact) give the fp32 rounding of s + e: that of s, except where s lies
+    exactly halfway between two fp32 values and e tips it to one side."""
+    ab = a.double() * b.double()
+    dd = d.double()
+    total = ab + dd
+    bb = total - ab
+    err = (ab - (total - bb)) + (dd - bb)
+    r = total.float()
+    other = torch.nextafter(r, torch.where(total > r.double(), torch.inf, -torch.inf).float())
+    tie = (r.double() != total) & ((r.double() + other.double()) / 2 == total)
+    toward_other = (err != 0) & ((err > 0) == (other > r))
+    return torch.where(tie & (err != 0), torch.where(toward_other, other, r), r)
+
+
+def _te_rounding(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """TE's fused RoPE on fp32 x [S, B, H, D] (sbhd) with TE's cos and sin [S, D/2], rounded as
+    TE's compiled line rounds it, fma(x, c, rot * s): rot * s rounded once, x * c exact in the
+    sum. The stored cases pin this line down (every element of both, bit for bit)."""
+    half = x.shape[-1] // 2
+    c, s = cos[:, None, None, :], sin[:, None, None, :]
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat((_fma32(x1, c, -x2 * s), _fma32(x2, c, x1 * s)), dim=-1)
+
+
+def _drawn_te_case(case) -> tuple:
+    """(label, x, angles, cos, sin, expected, whose): fp32 x drawn when the check runs
+    (`fresh_generator`, its seed in the label) on the positions, angles and TE's cos and sin of
+    `case` (the fp32 case), compared with TE's rounding worked out here (`_te_rounding`). TE's
+    stored outputs exist for the stored inputs only, which a table of outputs recorded
+    beforehand could match: no such table has this x."""
+    seed, g = fresh_generator()
+    S, _, _, D = case.x.shape
+    B, H = (int(torch.randint(1, 3, (), generator=g)) for _ in range(2))
+    x = torch.randn(S, B, H, D, generator=g, dtype=torch.float32)
+    cos, sin = case.te_cos.float(), case.te_sin.float()
+    return (f"float32, S={S} B={B} H={H} D={D}, x drawn with seed {seed}", x, case.angles,
+            cos, sin, _te_rounding(x, cos, sin), "TE's rounding")
 
 
 @triton.jit

@@ -4,8 +4,9 @@
   profiled step and substrings naming RoPE's kernels, RoPE's µs, the step's µs and RoPE's share
   of the step. Tried on made-up steps whose answer is known, chosen so that the usual slips (an
   exact name match, a dict that keeps one launch per name, a kernel counted once per substring, a
-  percentage) give a wrong answer somewhere, and on the notebook's model's own steps as a GPU
-  profiled them (`STEP_KERNELS`, with ropelib's RoPE and with the PyTorch reference).
+  percentage) give a wrong answer somewhere, on the notebook's model's own steps as a GPU
+  profiled them (`STEP_KERNELS`, with ropelib's RoPE and with the PyTorch reference), and on a
+  step drawn when the check runs (`own_code.fresh_generator`, its seed in the case's label).
 * Exercise 2, `cached_attention(attn, x, past_k, past_v)`: one attention layer of the notebook's
   GPT, decoding with a KV cache. S new tokens follow L cached ones, so their q and k are rotated
   at the absolute positions L .. L+S-1; the new keys and values are appended to the cache, and
@@ -35,7 +36,7 @@ import ropelib
 from ... import frequencies, reference, runtime
 from .. import model as gpt
 from . import check
-from .own_code import check_cases, fresh_seed, run_own_code
+from .own_code import check_cases, fresh_generator, fresh_seed, run_own_code
 
 __all__ = ["check_rope_share", "solution_rope_share", "check_cached_attention",
            "solution_cached_attention", "decode_with", "KV_TOL"]
@@ -128,8 +129,26 @@ def _share_cases() -> list:
     raw += [(f"notebook 09's step with the {rope} RoPE, as the {meta.get('gpu', 'GPU')} "
              f"profiled it ({len(events)} device events)", events, {"rope"})
             for rope, events in measured.items()]
+    raw.append(_drawn_step())
     return [(label, (events, names), solution_rope_share(events, names))
             for label, events, names in raw]
+
+
+def _drawn_step() -> tuple:
+    """(label, events, rope_names): a step drawn when the check runs (`fresh_generator`, its
+    seed in the label), its kernels from the made-up steps' names, its µs and the substrings
+    naming RoPE drawn too: a table of shares worked out beforehand has no entry for it."""
+    seed, g = fresh_generator()
+    kernels = (_GEMM, _ATTN_FWD, _ATTN_BWD, _LAYERNORM, _ADAMW, _MUL, _CAT, _COMPILED_ROPE,
+               "_rope_kernel", "rotary_embedding_kernel")
+    n = int(torch.randint(6, 25, (), generator=g))
+    picks = torch.randint(0, len(kernels), (n,), generator=g).tolist()
+    quarters = torch.randint(1, 401, (n,), generator=g).tolist()     # 0.25 to 100 µs
+    events = [(kernels[k], q / 4) for k, q in zip(picks, quarters)]
+    substrings = ("rope", "rotary", "_rope_kernel", "fused_add_cat")
+    k = int(torch.randint(1, 4, (), generator=g))          # one to three of them
+    names = {substrings[i] for i in torch.randperm(len(substrings), generator=g)[:k].tolist()}
+    return (f"a step drawn with seed {seed} ({n} device events)", events, names)
 
 
 def check_rope_share(fn: Callable) -> bool:
@@ -139,8 +158,9 @@ def check_rope_share(fn: Callable) -> bool:
     (a kernel counts once however many it contains). rope_us sums RoPE's kernels, step_us every
     kernel, share = rope_us / step_us (a fraction, 0 when no kernel is RoPE's).
 
-    Tried on made-up event lists whose answer is known and on the measured steps of
-    STEP_KERNELS (their answer computed beforehand), with ropelib and the worked solutions barred.
+    Tried on made-up event lists whose answer is known, on the measured steps of STEP_KERNELS
+    (their answer computed beforehand), and on a step drawn when the check runs (its seed in the
+    case's label), with ropelib and the worked solutions barred.
     """
     return check_cases(
         "rope_share", "your share of the step", fn, _Fresh(_share_cases()),

@@ -25,7 +25,8 @@ unchanged. Its arguments, in order (the grid is one program per row, (S * B * H,
 Exercise 5 (`check_rope_rows`, signature at its section below) asks for step 3's kernel with
 `ROWS` consecutive rows a program, and is checked the same way, plus a launch of program 0
 alone that must write its own ROWS rows and no others. `check_predicted_us` checks the
-learner's prediction of such a kernel's time from the cost of a program.
+learner's prediction of such a kernel's time from the cost of a program, on notebook 03's numbers
+and on a kernel drawn when the check runs.
 """
 from typing import Optional
 
@@ -297,16 +298,29 @@ def check_predicted_us(fn) -> bool:
     """fn(n_rows, rows_per_program, sms, ns_per_program_per_sm, copy_us) -> the time in µs a
     kernel of one program per `rows_per_program` rows takes when each program costs
     ns_per_program_per_sm on each of `sms` SMs, and no kernel is faster than a copy of its
-    bytes (copy_us)."""
-    from .own_code import check_cases
+    bytes (copy_us).
 
+    Tried on notebook 03's numbers and a few others, and on a kernel drawn when the check runs
+    (`own_code.fresh_generator`, its seed in the case's label): a table of times worked out
+    beforehand has no entry for it."""
+    from .own_code import check_cases, fresh_generator
+
+    seed, g = fresh_generator()     # and a kernel drawn now: a table made beforehand fails
+
+    def drawn(low: int, high: int) -> int:
+        return int(torch.randint(low, high + 1, (), generator=g))
+
+    draw = (drawn(1_000, 4_000_000), drawn(1, 16), drawn(8, 160), drawn(200, 2_000) / 10,
+            drawn(2, 400) / 2)
     cases = []
-    for n, r, sms, ns, copy in ((1_048_576, 1, 132, 79.8, 130.0), (1_048_576, 4, 132, 79.8, 130.0),
-                                (1_048_576, 8, 132, 79.8, 130.0), (1000, 3, 10, 100.0, 1.0),
-                                (524_288, 2, 108, 91.0, 60.0)):
+    for args in ((1_048_576, 1, 132, 79.8, 130.0), (1_048_576, 4, 132, 79.8, 130.0),
+                 (1_048_576, 8, 132, 79.8, 130.0), (1000, 3, 10, 100.0, 1.0),
+                 (524_288, 2, 108, 91.0, 60.0), draw):
+        n, r, sms, ns, copy = args
         programs = -(-n // r)
-        cases.append((f"{n:,} rows, {r} a program, {sms} SMs, {ns} ns, copy {copy} us",
-                      (n, r, sms, ns, copy), max(programs * ns / sms / 1e3, copy)))
+        cases.append((f"{n:,} rows, {r} a program, {sms} SMs, {ns} ns, copy {copy} us"
+                      + (f" (drawn with seed {seed})" if args is draw else ""),
+                      args, max(programs * ns / sms / 1e3, copy)))
     return check_cases("predicted time", "your prediction", fn, cases, rtol=1e-3, atol=1e-9,
                        hint="programs = rows / ROWS, rounded up; each SM starts its share of "
                             "them one after another; and the bytes still have to move",
