@@ -717,7 +717,9 @@ def check_bits(case, combine_fn, sincos=SINCOS, table=None, quiet=False, fusion=
 # `ex.check_te_combine(my_combine)` grades it: it launches the course's kernel with your combine
 # on both cases of this section — the bf16 one above and `SMALL32`, fp32 at $S = 32$, $B = 2$,
 # $H = 2$, $D = 32$, where every rounding shows — with TE's own cos and sin, and passes when no
-# element differs from TE's stored output in either. It refuses ropelib's own `@triton.jit`
+# element differs from TE's stored output in either, and when, on a third case of fp32 inputs
+# drawn as the check runs, every element has the rounding of TE's line (so a combine that
+# looked TE's stored outputs up would fail there). It refuses ropelib's own `@triton.jit`
 # helpers and the worked solution.
 #
 # Both take the line as written: on a GPU they compile with contraction off

@@ -807,14 +807,18 @@ else:
 # chunk, handed on as `is_causal=True`. Each path's attention time, times the layers, came out
 # close to its fit's $S^2$ term. So the two paths spend most of their attention time in
 # different kernels; whether that is the cause, the third profile says: one GPU's own call,
-# its own shapes, on the flash kernel. If its TFLOP/s fall to about rank 0's, the kernel
-# accounts for the gap and the split itself costs little in attention; if they stay near one
-# GPU's cuDNN rate, the cause lies in rank 0's chunk shapes instead. These are live profiles:
-# the cell prints them and asserts nothing, so read the answer in its output.
+# its own shapes, on the flash kernel. Had its TFLOP/s stayed near one GPU's cuDNN rate, the
+# cause would lie in rank 0's chunk shapes. They did not: in that run one GPU's call reached
+# 437 TFLOP/s on cuDNN's kernels, rank 0's 305, and one GPU's own call forced onto the flash
+# kernel 294. On rank 0's kernel one GPU falls to rank 0's rate, so the kernel accounts for the
+# gap, and splitting the pairs between ranks costs little in attention itself. These are live
+# profiles: the cell prints them and asserts nothing, so compare the three rates in its output
+# on your GPU.
 #
 # **Takeaway:** the dual-chunk split with RoPE at global positions makes CP compute what one
 # GPU computes; each rank needs 55 % of one GPU's memory, and the speed it gives up here lies,
-# by the fit, mostly in the $S^2$ term, attention (750 of the 964 ms).
+# by the fit, mostly in the $S^2$ term, attention (750 of the 964 ms), which the profiles put
+# in the kernel its masked calls can reach (PyTorch's flash kernel, not cuDNN's).
 #
 # ## 4. Decoding with the fused cache write
 #
@@ -1602,9 +1606,9 @@ assert as_stated((min(two_vs_unfused), max(two_vs_unfused)), (2.2, 4.8))
 #   though below its twin at every step after step 105 (one pair of runs: cause not known).
 # - On H200s, two ranks ran a 131072-token step 1.30 times as fast as one GPU, each peaking at
 #   55 % of its memory. A fit of $t = aS^2 + bS$ through two lengths puts 750 of the 964 ms
-#   shortfall in the $S^2$ term: each rank's attention at 68 % of one GPU's rate, for a reason
-#   the fit cannot give; on a GPU, section 3 profiles the attention kernels of both paths and
-#   of one GPU forced onto rank 0's flash kernel.
+#   shortfall in the $S^2$ term: each rank's attention at 68 % of one GPU's rate. Section 3's
+#   profiles find the kernel: one GPU's call forced onto rank 0's flash kernel ran at rank 0's
+#   rate (an H200, 2 December: 294 TFLOP/s against 305, and 437 on cuDNN's kernels).
 # - A KV cache stores rotated keys. The fused kernel (exercises 2 and 4) is one program per
 #   sequence: its position, one row of angles, every head rotated, k and v stored at slot
 #   `[b, p]` or, paged, `[block_table[b, p // BS], p % BS]`, with the bits of RoPE-then-write.

@@ -214,8 +214,9 @@ class EagerTwoPass:
     because the rows would be kept (planned with rows_kept; without it, the finished kernel).
     A call whose rows cannot be kept (a table made under inference_mode, a CUDA graph being
     captured) takes it: the pre-pass would write its rows every call, and at batch 1 that costs
-    more than the finished kernel (s16k b1 bf16 on an H200: 76.6 us replayed, pre-pass and flat
-    pass, against the finished kernel's 72.7; benchmarks/NOTES.md)."""
+    more than the finished kernel (s16k b1 bf16 on an H200, a call replayed from a CUDA graph:
+    76.6 us with the pre-pass and the flat pass, 68.7 with the finished kernel;
+    benchmarks/results/b1_launch_probe-*)."""
     __slots__ = ("route", "_index_pass", "_table_pass", "_rotate_pass", "_halves_pass",
                  "_unwritten", "__weakref__")
 
