@@ -1224,11 +1224,15 @@ assert ledger_bf16 == [320601, 12, 12, 0] and ledger_fp32 == [166505, 166505, 16
 # file's run with a torch fp32 table computed on the GPU, whose entries equal TE's in every bit
 # here as in step b, asserted). So on the GPU the source of sin/cos moved nothing, and the
 # contraction order took the last elements away. On a GPU with TE the second table adds a
-# column: your section-1 kernel, run live on the file's bf16 inputs with each row's causes. On
-# the CPU, where the interpreter rounds every product, the plain line with TE's table differs
-# from TE in as many elements as the file's every-product-rounded row (asserted); the fma line
-# with TE's table gives 0 (asserted); with `tl.cos`/`tl.sin` it does not, because there they
-# are NumPy's and differ from TE's in the last bit (step b).
+# column: your section-1 kernel, run live on the file's bf16 inputs with each row's causes,
+# against TE run live too. On the H200 page that column printed the file's bf16 counts row for
+# row, 320,601, 12, 12 and 0 (printed, not asserted: another GPU or compiler may fuse the plain
+# line the other way); in the first table your kernel's counts there, 573, 573, 0 and 0, are
+# the file's wherever the file has a row. On the CPU, where the interpreter rounds every
+# product, the plain line with TE's table differs from TE in as many elements as the file's
+# every-product-rounded row (asserted); the fma line with TE's table gives 0 (asserted); with
+# `tl.cos`/`tl.sin` it does not, because there they are NumPy's and differ from TE's in the
+# last bit (step b).
 
 # %% [markdown]
 # ## 5. Six layout traps — all invisible in the first ten values

@@ -393,9 +393,10 @@ plt.show()
 # of every axis for every pair, their cosines and sines, the recomposed tables, and the
 # temporaries of `x * cos + rotate_half(x) * sin`. Part of that is the rotary embedding, which
 # a model pays once per forward, not once per layer: `apply_rotary_pos_emb` alone, with cos
-# and sin given, still allocates about 3.5 times its outputs (`q * cos`, the negated half,
-# `rotate_half`'s concatenation and its product with `sin`, for q and for k). ropelib's call
-# allocates its outputs and nothing more (0.00 MB).
+# and sin given, still allocates 3.5 to 3.6 times its outputs (the cell prints it): `q * cos`,
+# the negated half, `rotate_half`'s concatenation and its product with `sin`, for q and for k,
+# are 3.5 outputs' worth, and a GPU's allocator counts a little more. ropelib's call allocates
+# its outputs and nothing more (0.00 MB).
 #
 # The H200 times point the same way: ropelib's kernel runs at 0.985 of a copy's speed forward
 # and 0.980 forward and backward, transformers' code at 0.068 and 0.065. Those two include the
@@ -1423,7 +1424,7 @@ assert by[("ropelib_exact", top)]["out_err"] < 1e-5
 # - One kernel, reading positions `[axes, B, S]` (or `[axes, T]`), `inv_freq` and `axis`,
 #   serves all of them, forward and backward (the rotation by $-\theta$), and matches
 #   transformers' Qwen2-VL, Qwen3-VL and vision code. It allocates nothing beyond its outputs,
-#   where transformers' code allocates several times its outputs (about 3.5 times for
+#   where transformers' code allocates several times its outputs (3.5 to 3.6 times for
 #   `apply_rotary_pos_emb` alone, the part a model runs in every layer), and on an H200 runs at
 #   0.985 of a copy's speed against transformers' 0.068. That 0.068 times the rotary embedding
 #   in every call, which a model runs once per forward; transformers 4.x's per-layer formula on

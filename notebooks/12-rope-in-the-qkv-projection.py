@@ -1580,10 +1580,11 @@ assert [round(v, 2) for v in lag.values()] == [0.04, 0.09]
 # `qkv_rope_linear` from table-free angles, after checking that your q, k and v match
 # `qkv_rope_linear`'s within bf16's rounding (absolute 0.1, relative 0.05). It also times your
 # kernel with `N_ROT = 0`, so every head takes the v path: same grid, main loop and stores, and
-# the difference of the two times is your rotation's cost. On an H200 the rotating launch has
-# come out no slower than the launch without it (both printed below, with their p20 and p80).
-# That says only that the rotation costs less than one timing moves: their ratio can land on
-# either side of 1, so time both several times before trusting a difference that small.
+# the difference of the two times is your rotation's cost. On an H200 the two launches have
+# come out within a few per cent of each other, the rotating one sometimes the faster (both
+# printed below, with their p20 and p80, and their ratio). That says only that the rotation
+# costs less than one timing moves: their ratio lands on either side of 1 from run to run, so
+# time both several times before trusting a difference that small.
 #
 # In 7.1's shuffled runs the ratio of times at this shape, fused over unfused, is 0.98 to 1.00,
 # the pointer-loaded forward's 1.26 to 1.30. On an H200 the cell asserts only that the median of
