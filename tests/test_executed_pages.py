@@ -43,6 +43,7 @@ STALE = {stem: _OLDER + _rerender(stem) for stem in (
 _OLDER_DATA = ("the page shows outputs of benchmarks/results/floor-nvidia-h200.csv as it was "
                "before its latest rerun; ")
 STALE.update({stem: _OLDER_DATA + _rerender(stem) for stem in (
+    "07-te-vs-triton-live",
 )})
 
 # notebook -> why it has no page yet
