@@ -698,6 +698,12 @@ def test_floor_write_into_replaces_only_the_parts_rows(tmp_path):
     assert got.meta["date"] == "then" and got.meta["timing"] == "old"
     assert got.meta["replaced_rows"].startswith("a from a later run: date now")
     assert got.skipped == ["liger in b fwd: unsupported"]     # a's line went with a's rows
+    # a line naming cases of both parts keeps the other part's, whatever its reason holds
+    mixed = floor.read(path)
+    floor.write(path, mixed.meta, floor.Measured(rows=mixed.rows),
+                skipped=["te in a fwd; b fwd: unsupported config: bshd only"])
+    floor.write_into(path, {"date": "now", "gpu": "X", "timing": "new"}, new, [a])
+    assert floor.read(path).skipped == ["te in b fwd: unsupported config: bshd only"]
     # a second run of another part keeps the first's entry; a third of `a` replaces it
     b = floor.Part("b", ("b fwd",), None)
     again = floor.Measured()

@@ -486,11 +486,17 @@ def read(path) -> FloorCSV:
     return FloorCSV(Path(path), meta, skipped, rows)
 
 
-def _names_only(line: str, names: set) -> bool:
-    """Does a `# skipped:` line ("provider in case; case: reason") name only cases of `names`?"""
-    where = line.partition(" in ")[2]
-    cases = [c for c in re.split(r"; ", where.rpartition(": ")[0]) if c]
-    return bool(cases) and all(c in names for c in cases)
+def _less_cases(line: str, names: set) -> Optional[str]:
+    """A `# skipped:` line ("provider in case; case: reason", case names holding no ": ",
+    reasons may) without the cases of `names`: None when it named no other case, the line as
+    it is when it names none of them (or every row its provider was tried in)."""
+    provider, _, rest = line.partition(" in ")
+    where, _, reason = rest.partition(": ")
+    cases = [c for c in where.split("; ") if c]
+    left = [c for c in cases if c not in names]
+    if len(left) == len(cases):
+        return line
+    return f"{provider} in {'; '.join(left)}: {reason}" if left else None
 
 
 def write_into(path, meta: dict, measured: Measured, selected: list) -> str:
@@ -514,7 +520,7 @@ def write_into(path, meta: dict, measured: Measured, selected: list) -> str:
             rows += measured.rows
             placed = True
     merged = Measured(rows=rows, skipped=measured.skipped)
-    skipped = [line for line in base.skipped if not _names_only(line, names)]
+    skipped = [kept for kept in (_less_cases(line, names) for line in base.skipped) if kept]
     skipped += skipped_lines(measured)
     env = {k: meta.get(k, "?") for k in ("date", "torch", "triton", "transformers",
                                          "liger_kernel")}
