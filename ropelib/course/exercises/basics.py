@@ -9,9 +9,14 @@ it with ropelib's own answers barred (`own_code`): a function that calls `ropeli
 `ropelib.reference`, `ropelib.frequencies`, the finished API, the benchmarks' bytes model or the
 worked solution below is refused, whatever it returns. Notebook 01's checks also refuse the
 course's own RoPE helpers (`own_code.course_rope_helpers`: notebook 13's specs and the like), and
-the rotation matrix's check refuses PyTorch's block_diag operator however it is reached
-(`torch.block_diag`, `torch.ops.aten.block_diag`, `torch._C._VariableFunctions.block_diag`), and
-SciPy's `scipy.linalg.block_diag` where SciPy is installed.
+the rotation matrix's check refuses PyTorch's block_diag operator, every overload, however it is
+reached (`torch.block_diag`, `torch.ops.aten.block_diag.*`,
+`torch._C._VariableFunctions.block_diag`, its Python reference `torch._refs.block_diag` and its
+decompositions), an answer that switches off the check's watch of PyTorch's operators
+(`_disable_current_modes`, `_DisableTorchDispatch`), and SciPy's `scipy.linalg.block_diag` and
+`scipy.sparse.block_diag` where SciPy is installed. Notebook 00's interleaved RoPE refuses the
+RoPE functions of transformers, Transformer Engine and flash-attn (`third_party_ropes`), where
+they are installed.
 Notebook 01's checks try several sizes and bases, and positions drawn anew on every call, so an
 answer that ignores its `inv_freq` or returns stored matrices fails; the other checks that take
 inputs add a case drawn when the check runs (`own_code.fresh_generator`, its seed in the label),
@@ -22,6 +27,7 @@ The worked solutions are the `solution_*` functions below, shown folded in the n
 learner's copy of its solution, on library answers and on wrong answers.
 """
 import math
+import re
 from typing import Callable, Sequence
 
 import torch
@@ -36,7 +42,8 @@ __all__ = [
     "check_rotation_matrix", "check_relative_angle", "check_rotate_half",
     "check_interleave_permutation",
     "check_cp_positions", "check_cos_sin_from_freqs", "check_bytes_moved",
-    "rotation_matrix_ref", "other_block_diags",
+    "rotation_matrix_ref", "other_block_diags", "torch_block_diags", "BLOCK_DIAG_OPS",
+    "third_party_ropes",
 ]
 
 
@@ -85,8 +92,9 @@ def check_interleaved_rope(fn: Callable) -> bool:
 
     Tried on the exercise's shape and on others (B == S, where a table left in `sbhd` order
     broadcasts without an error; B == 1; a table of positions 3.. and another base; bf16), with
-    ropelib barred, the worked solutions of this exercise and of notebook 01's rotate_half, and
-    the course's own RoPE helpers (`course_rope_helpers`: notebook 13's specs and the like).
+    ropelib barred, the worked solutions of this exercise and of notebook 01's rotate_half, the
+    course's own RoPE helpers (`course_rope_helpers`: notebook 13's specs and the like), and the
+    RoPE functions of transformers, Transformer Engine and flash-attn (`third_party_ropes`).
     The expected values are `reference.rope_reference`'s, computed outside the block.
     """
     g = torch.Generator().manual_seed(3)
@@ -113,7 +121,64 @@ def check_interleaved_rope(fn: Callable) -> bool:
                        hint="move the table's positions to dim 1 (bshd: [1, S, 1, D]), pair "
                             "neighbours: rotate_half(x) = (-x1, x0, -x3, x2, ...), and compute "
                             "in fp32, rounding to x's dtype once at the end",
-                       bar=course_rope_helpers())
+                       bar=(*course_rope_helpers(), *third_party_ropes()))
+
+
+# RoPE code of other libraries, refused by the interleaved RoPE's check where installed: these
+# modules always (GPT-J's interleaved rotation and its kin, Transformer Engine's and
+# flash-attn's RoPE), and every other module of those libraries the notebook has imported
+_THIRD_PARTY_ROPE_MODULES = (
+    *(f"transformers.models.{m}.modeling_{m}"
+      for m in ("gptj", "codegen", "roformer", "cohere", "glm", "deepseek_v3", "llama",
+                "gpt_neox")),
+    "transformer_engine.pytorch.attention.rope", "transformer_engine.pytorch.attention",
+    "transformer_engine.pytorch.dot_product_attention.rope",
+    "flash_attn.layers.rotary", "flash_attn.ops.triton.rotary",
+)
+_THIRD_PARTY_PREFIXES = ("transformers.", "transformer_engine.", "flash_attn.")
+_ROPE_NAME = re.compile(r"rotary|rotate|(^|_)rope(_|$)", re.IGNORECASE)
+
+
+def _rope_functions(module) -> list:
+    """The functions and classes `module` defines whose names say RoPE (apply_rotary_pos_emb,
+    rotate_every_two, rotate_half, GPTJRotaryEmbedding...), and such methods of its classes
+    (RoFormer's apply_rotary_position_embeddings)."""
+    found = []
+    for name, obj in list(vars(module).items()):
+        if getattr(obj, "__module__", None) != module.__name__ or not callable(obj):
+            continue
+        if _ROPE_NAME.search(name):
+            found.append(obj)
+        elif isinstance(obj, type):
+            found += [getattr(v, "__func__", v) for n, v in vars(obj).items()
+                      if _ROPE_NAME.search(n) and callable(getattr(v, "__func__", v))]
+    return found
+
+
+def third_party_ropes() -> tuple:
+    """The RoPE functions of transformers (GPT-J's `apply_rotary_pos_emb` and
+    `rotate_every_two`, Llama's `rotate_half`, and those of every model module already
+    imported), Transformer Engine (`apply_rotary_pos_emb`, fused or not) and flash-attn, where
+    they are installed: the same answer from a library, refused where the exercise asks for
+    the learner's own RoPE."""
+    import importlib
+    import importlib.util
+    import sys
+    modules = []
+    for name in _THIRD_PARTY_ROPE_MODULES:
+        try:
+            if importlib.util.find_spec(name.split(".")[0]) is None:
+                continue
+            modules.append(importlib.import_module(name))
+        except Exception:  # noqa: BLE001  (another version's layout, or one that fails to import)
+            continue
+    modules += [m for n, m in list(sys.modules.items())
+                if n.startswith(_THIRD_PARTY_PREFIXES) and isinstance(m, type(sys))
+                and re.search(r"modeling_|rope|rotary", n.rsplit(".", 1)[-1])]
+    found = []
+    for module in dict.fromkeys(modules):
+        found += _rope_functions(module)
+    return tuple(dict.fromkeys(found))
 
 
 # --- notebook 01: RoFormer math --------------------------------------------------------------
@@ -141,13 +206,55 @@ def _positions(count: int, high: int = 10_000) -> list:
 
 
 def other_block_diags() -> tuple:
-    """The block_diag functions of other installed libraries (SciPy's `scipy.linalg.block_diag`),
-    refused by the rotation matrix's check like PyTorch's: the exercise places the blocks."""
+    """The block_diag functions of other installed libraries (SciPy's `scipy.linalg.block_diag`
+    and `scipy.sparse.block_diag`), refused by the rotation matrix's check like PyTorch's: the
+    exercise places the blocks."""
+    found = []
+    for name in ("scipy.linalg", "scipy.sparse"):
+        try:
+            module = __import__(name, fromlist=["block_diag"])
+        except ImportError:
+            continue
+        if callable(getattr(module, "block_diag", None)):
+            found.append(module.block_diag)
+    return tuple(found)
+
+
+def _innermost(fn):
+    """The function a decorator wraps (`__wrapped__`, all the way in): the wrappers' own code
+    is shared by many functions, the innermost is block_diag's alone."""
+    for _ in range(16):
+        inner = getattr(fn, "__wrapped__", None)
+        if inner is None:
+            break
+        fn = inner
+    return fn
+
+
+def torch_block_diags() -> tuple:
+    """PyTorch's block_diag in Python, every way in: `torch.block_diag`, its Python reference
+    (`torch._refs.block_diag`) and its decompositions (`torch._decomp.decomposition_table`, for
+    every overload of aten::block_diag). The operator itself is refused as `BLOCK_DIAG_OPS`."""
+    import importlib
+    found = [torch.block_diag]
     try:
-        import scipy.linalg
-    except ImportError:
-        return ()
-    return (scipy.linalg.block_diag,)
+        found.append(_innermost(importlib.import_module("torch._refs").block_diag))
+    except (ImportError, AttributeError):
+        pass
+    try:
+        from torch._decomp import decomposition_table
+        packet = torch.ops.aten.block_diag
+        found += [_innermost(decomposition_table[getattr(packet, name)])
+                  for name in packet.overloads()
+                  if getattr(packet, name) in decomposition_table]
+    except (ImportError, AttributeError):
+        pass
+    return tuple(dict.fromkeys(found))
+
+
+# PyTorch's block_diag operator, every overload (aten::block_diag.default, .out), however it is
+# reached (torch.block_diag, torch.ops.aten.block_diag.*, torch._C._VariableFunctions)
+BLOCK_DIAG_OPS = (torch.ops.aten.block_diag,)
 
 
 def check_rotation_matrix(fn: Callable) -> bool:
@@ -155,7 +262,9 @@ def check_rotation_matrix(fn: Callable) -> bool:
 
     Tried for each (R, base) of SIZES_AND_BASES at m = 0 and three positions drawn on each call,
     with inv_freq in float64. Refused: ropelib, the course's RoPE helpers, the worked solution,
-    PyTorch's block_diag operator, however it is reached, and SciPy's block_diag.
+    PyTorch's block_diag operator (every overload), however it is reached, with its Python
+    reference and decompositions (`torch_block_diags`), an answer that switches off the check's
+    watch of PyTorch's operators, and SciPy's block_diags.
     """
     cases = []
     for rot_dim, base in SIZES_AND_BASES:
@@ -168,9 +277,9 @@ def check_rotation_matrix(fn: Callable) -> bool:
                        hint="block j is [[cos a, -sin a], [sin a, cos a]] with "
                             "a = m * inv_freq[j], in float64 (inv_freq's dtype: the positions "
                             "go up to 10^4)",
-                       bar=(torch.block_diag, *other_block_diags(), rotation_matrix_ref,
+                       bar=(*torch_block_diags(), *other_block_diags(), rotation_matrix_ref,
                             *course_rope_helpers()),
-                       bar_ops=(torch.ops.aten.block_diag.default,))
+                       bar_ops=BLOCK_DIAG_OPS)
 
 
 def _wrap_to(answer, expected):

@@ -12,9 +12,15 @@ watches the answer these ways:
   switches that watch off (`sys.setprofile`, `threading.setprofile`), even to put it back
   before it returns, is refused too;
 * with `bar_ops`, every PyTorch operator it runs (a `TorchDispatchMode`, this thread only): an
-  operator in `bar_ops` (for example `torch.ops.aten.block_diag.default`) stops the answer
-  whichever way it is reached (`torch.block_diag`, `torch.ops.aten.block_diag`,
-  `torch._C._VariableFunctions.block_diag`);
+  operator in `bar_ops`, one overload (`torch.ops.aten.block_diag.default`) or all of them
+  (`torch.ops.aten.block_diag`), stops the answer whichever way it is reached
+  (`torch.block_diag`, `torch.ops.aten.block_diag.out`,
+  `torch._C._VariableFunctions.block_diag`). An answer that switches that watch off (takes the
+  check's mode off PyTorch's stack, as `_disable_current_modes` does, or excludes the Python
+  dispatch key, as `torch._C._DisableTorchDispatch` does) is refused: at once where it calls
+  one of torch._C's switches itself, else when it returns (seen at its next call or return with
+  the watch off); PyTorch's own switching (printing a tensor takes the modes off for the
+  while) is let through;
 * every Triton kernel it launches (`kernel[grid](...)`, compiled or interpreted, and ropelib's
   direct launcher, in any thread: on a GPU autograd runs a backward in a thread of its own): a
   kernel defined in a barred file, or a kernel of the learner's that calls a barred
@@ -62,6 +68,7 @@ reproduction, notebook 05's ladder, the course model's rotary module): `course_r
 lists those functions, for a check to pass as `bar` (by function, not by file: the same files
 hold code the checks themselves run).
 """
+import dis
 import os
 import sys
 import sysconfig
@@ -316,25 +323,165 @@ def course_rope_helpers() -> list:
     return found
 
 
+class _OpsWatch:
+    """The operator watch of one block, as `library_barred`'s call watch asks it whether the
+    answer switched it off (this thread only: dispatch modes are per thread)."""
+
+    def __init__(self, mode, owner: int):
+        self.mode, self.owner = mode, owner
+        self.pending: list = []       # frames whose call of a C function has not returned yet
+        # (not PythonTLSSnapshot: PyTorch excludes it itself while it dispatches an operator)
+        self.keys = [k for k in (torch._C.DispatchKey.Python,)
+                     if not torch._C._dispatch_tls_is_dispatch_key_excluded(k)]
+
+    def off(self) -> Optional[str]:
+        """How the watch is switched off now in this thread, or None while it is on."""
+        if any(torch._C._dispatch_tls_is_dispatch_key_excluded(k) for k in self.keys):
+            return ("excluded PyTorch's Python dispatch key, as torch._C._DisableTorchDispatch "
+                    "does")
+        stack = torch._C._len_torch_dispatch_stack()
+        if not any(torch._C._get_dispatch_stack_at(i) is self.mode for i in range(stack)):
+            return ("took the check's dispatch mode off PyTorch's stack, as "
+                    "_disable_current_modes does")
+        return None
+
+    def by_the_answer(self, frame, event: str) -> Optional[str]:
+        """How the watch is off at a profile event of `frame`, where the code that made the call
+        (or returns) and all its callers are outside PyTorch: the answer switched it off.
+        PyTorch switches it off for its own work (printing a tensor), which is let through, as
+        is this guard's own (its dispatch, its launches)."""
+        if threading.get_ident() != self.owner:
+            return None
+        pending = self.pending
+        if event == "c_call":
+            pending.append(frame)
+        elif event in ("c_return", "c_exception"):
+            while pending and pending.pop() is not frame:
+                pass
+        if self.mode.dispatching or event == "c_exception" \
+                or _frame_kind(frame.f_code.co_filename) == "guard":
+            return None
+        if event == "call":
+            frame = frame.f_back
+            if frame is None or _frame_kind(frame.f_code.co_filename) == "guard" \
+                    or (pending and pending[-1] is frame) or not _calling(frame):
+                return None     # (called back from C, or by an operator's syntax: PyTorch's
+                #                 dispatcher calls its Python helpers with the modes taken off)
+        how = self.off()
+        if how is None:
+            return None
+        while frame is not None:
+            if _in_torch(frame.f_code.co_filename):
+                return None
+            frame = frame.f_back
+        return how
+
+
+_CALLS = {dis.opmap[name] for name in ("CALL", "CALL_FUNCTION", "CALL_METHOD", "CALL_KW",
+                                         "CALL_FUNCTION_KW", "CALL_FUNCTION_EX")
+          if name in dis.opmap}
+
+
+def _calling(frame) -> bool:
+    """Is `frame` at a call instruction (so the Python function just entered is its call),
+    rather than at an operator (`a * b`, `x[i]`) whose C code called back into Python?"""
+    try:
+        return frame.f_code.co_code[frame.f_lasti] in _CALLS
+    except IndexError:
+        return True
+
+
+_TORCH_ROOT = Path(torch.__file__).resolve().parent
+_in_torch_files: dict = {}
+
+
+def _in_torch(filename: str) -> bool:
+    hit = _in_torch_files.get(filename)
+    if hit is None:
+        p = _resolved(filename)
+        hit = _in_torch_files[filename] = p is not None and _TORCH_ROOT in p.parents
+    return hit
+
+
+def _barred_op(func, barred: frozenset) -> bool:
+    """Is `func` (an OpOverload) in `barred`, by itself or by its packet (every overload)?"""
+    return func in barred or getattr(func, "overloadpacket", None) in barred
+
+
 @contextmanager
 def _ops_barred(bar_ops: tuple, what: str, caught: list, inside: list, owner: int):
-    """Refuse the PyTorch operators in `bar_ops` (this thread; not inside allowed code)."""
+    """Refuse the PyTorch operators in `bar_ops` (this thread; not inside allowed code): an
+    overload (`torch.ops.aten.block_diag.default`) or a whole operator, every overload
+    (`torch.ops.aten.block_diag`). Yields the block's `_OpsWatch`, or None without bar_ops."""
     if not bar_ops:
-        yield
+        yield None
         return
     from torch.utils._python_dispatch import TorchDispatchMode
 
     barred = frozenset(bar_ops)
 
     class _Refuse(TorchDispatchMode):
+        dispatching = 0
+
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func in barred and not (inside and threading.get_ident() == owner):
+            if _barred_op(func, barred) and not (inside and threading.get_ident() == owner):
                 caught.append(("called", func))
                 raise LibraryAnswer(_refusal(what, "called", func))
-            return func(*args, **(kwargs or {}))
+            self.dispatching += 1
+            try:
+                return func(*args, **(kwargs or {}))
+            finally:
+                self.dispatching -= 1
 
-    with _Refuse():
-        yield
+    mode = _Refuse()
+
+    def switch(name, original):
+        """torch._C's `name`, refusing an answer that calls it itself (PyTorch's own calls pass):
+        it switches the watch off with no Python call after it that the watch would see."""
+        def guarded(*args, **kwargs):
+            caller = sys._getframe(1)
+            if threading.get_ident() == owner and not (inside or caught) \
+                    and _frame_kind(caller.f_code.co_filename) != "guard" \
+                    and not _in_torch(caller.f_code.co_filename):
+                message = _ops_switched_off(what, f"called torch._C.{name}")
+                caught.append(message)
+                raise LibraryAnswer(message)
+            return original(*args, **kwargs)
+        guarded.__wrapped__ = original
+        return guarded
+
+    saved = [(name, getattr(torch._C, name)) for name in _DISPATCH_SWITCHES
+             if hasattr(torch._C, name)]
+    with mode:
+        watch = _OpsWatch(mode, owner)
+        for name, original in saved:
+            setattr(torch._C, name, switch(name, original))
+        try:
+            yield watch
+        finally:
+            for name, original in saved:
+                setattr(torch._C, name, original)
+            how = watch.off()
+            if how is not None:       # left off when the answer returned: refused, and put back
+                caught.append(_ops_switched_off(what, how))
+                for key in watch.keys:
+                    torch._C._dispatch_tls_set_dispatch_key_excluded(key, False)
+                stack = torch._C._len_torch_dispatch_stack()
+                if not any(torch._C._get_dispatch_stack_at(i) is mode for i in range(stack)):
+                    torch._C._push_on_torch_dispatch_stack(mode)     # for `with` to take off
+
+
+# torch._C's ways to take the dispatch modes off, or to exclude the Python dispatch key
+_DISPATCH_SWITCHES = ("_DisableTorchDispatch", "_ExcludeDispatchKeyGuard",
+                      "ExcludeDispatchKeyGuard", "_SetExcludeDispatchKeyGuard",
+                      "_dispatch_tls_set_dispatch_key_excluded", "_pop_torch_dispatch_stack",
+                      "_unset_dispatch_mode", "_set_dispatch_mode")
+
+
+def _ops_switched_off(what: str, how: str) -> str:
+    return (f"this exercise wants {what}, but the answer switched off the check's watch of "
+            f"PyTorch's operators (it {how}): write it yourself, without switching PyTorch's "
+            "dispatch off")
 
 
 def library_kernel(kernel, *, allow: Iterable = (), bar: Iterable = ()) -> Optional[str]:
@@ -634,8 +781,9 @@ def library_barred(what: str, *, allow: Iterable = (), bar: Iterable = (), bar_o
         in turn is allowed too.
     bar: further functions, classes or @triton.jit kernels the answer must not call (their
         code objects are matched; a kernel also by its file and name).
-    bar_ops: PyTorch operators (`torch.ops.aten.block_diag.default`) the answer must not run,
-        however it reaches them.
+    bar_ops: PyTorch operators the answer must not run, however it reaches them: an overload
+        (`torch.ops.aten.block_diag.default`) or every overload (`torch.ops.aten.block_diag`).
+        An answer that switches this watch off is refused too.
 
     A barred call that the answer catches and survives is still reported: the block raises
     LibraryAnswer when it ends.
@@ -650,6 +798,7 @@ def library_barred(what: str, *, allow: Iterable = (), bar: Iterable = (), bar_o
                     "yourself, without touching the profiler")
 
     switched = []
+    ops = None                      # the operator watch (`_OpsWatch`), with bar_ops
 
     def switched_by(mine: bool):
         """The answer switches the watch off: refused now in its own thread; in another (a thread
@@ -661,6 +810,11 @@ def library_barred(what: str, *, allow: Iterable = (), bar: Iterable = (), bar_o
         switched.append(switched_off)
 
     def watch(frame, event, arg):
+        if ops is not None and not caught and not (inside and threading.get_ident() == owner):
+            how = ops.by_the_answer(frame, event)
+            if how is not None:       # the operator watch switched off: refused when the block
+                caught.append(_ops_switched_off(what, how))  # ends, not raised here, where it
+                return                # could stop the answer's `with` from switching it back
         if event == "call":
             mine = threading.get_ident() == owner
             if caught or (mine and inside):
@@ -684,7 +838,7 @@ def library_barred(what: str, *, allow: Iterable = (), bar: Iterable = (), bar_o
     previous = sys.getprofile()
     previous_threads = threading.getprofile()
     with _launches_watched(rules, what, caught, inside, owner), \
-            _ops_barred(tuple(bar_ops), what, caught, inside, owner), \
+            _ops_barred(tuple(bar_ops), what, caught, inside, owner) as ops, \
             _processes_refused(_Block(watch, what, caught, inside, owner)):
         sys.setprofile(watch)
         threading.setprofile(watch)             # threads the answer starts are watched too

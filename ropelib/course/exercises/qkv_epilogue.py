@@ -19,7 +19,10 @@ not multiples of BLOCK_M, hidden sizes that are not multiples of BLOCK_K, groupe
 index), and an angle table of free angles (so every feature's sine matters). The output starts as
 NaN between NaN guard bands, so an unwritten element or a store past the last token shows. The
 expected values are the fp64 PyTorch reference (`reference_qkv`, and autograd through it for
-dX); a test holds that reference to `ropelib.qkv_rope_linear`.
+dX); a test holds that reference to `ropelib.qkv_rope_linear`. Where the dX kernel's results are
+right, the check runs it once more in Triton's interpreter and counts the elements it loads from
+cos and sin (`work_count.count_work`): the exercise asks for them once per program, so a kernel
+that loads them for every head is refused.
 
 Only a `@triton.jit` kernel is accepted, and it runs with ropelib's own answers barred
 (`own_code`): the finished kernels, the teaching kernels (the worked solutions, shown with
@@ -263,10 +266,43 @@ def check_split_epilogue_kernel(kernel, seed: Optional[int] = None) -> bool:
         structure=_matrix_multiplies)
 
 
+def _cos_sin_loads(kernel, seed: int = 0) -> Optional[str]:
+    """None if the dX kernel, run by Triton's interpreter on the first case's shape (three q
+    and k heads to rotate), loads no more elements of cos and of sin than once per program:
+    each program's BLOCK_M rows of D/2 angles. Otherwise what is wrong (a kernel that loads
+    them for every head loads them three times)."""
+    from ..work_count import count_work, interpreted
+    from .own_code import LibraryAnswer, library_barred
+
+    M, K, HQ, HK, D, BLOCK_M, BLOCK_K = CASES[0]
+    gen = torch.Generator().manual_seed(seed)
+    x, w, cos, sin, pos = draw_inputs(gen, M, K, HQ, HK, D, device="cpu")
+    g = torch.randn(M, HQ + 2 * HK, D, generator=gen)
+    gx = torch.empty(M, K, dtype=w.dtype)
+    try:
+        with count_work(cos=cos, sin=sin) as work, library_barred("your prologue"):
+            launch_dx(interpreted(kernel), g, w, gx, cos, sin, pos, HQ, HK, D, BLOCK_M, BLOCK_K)
+    except LibraryAnswer as exc:
+        return str(exc)
+    except Exception as exc:  # noqa: BLE001 -- report, never stop the notebook
+        return f"counting its loads in the interpreter raised {exception_line(exc)}"
+    once = work.programs * BLOCK_M * (D // 2)        # every program reads its rows once
+    cos_n, sin_n = work.loads["cos"], work.loads["sin"]
+    if cos_n <= once and sin_n <= once:
+        return None
+    return (f"in the interpreter it loads {cos_n} elements of cos and {sin_n} of sin for "
+            f"{work.programs} programs of {BLOCK_M} tokens x {D // 2} angles (M={M}, "
+            f"{HQ + HK} q and k heads), where loading each program's rows once reads at most "
+            f"{once} of each: load cos and sin once per program, before the loop over the "
+            "heads, and reuse them for every q and k head")
+
+
 def check_prologue_kernel(kernel, seed: Optional[int] = None) -> bool:
     """Launch the learner's dX kernel (the teaching kernel's signature) on a fresh gradient of
-    q, k and v and compare dL/dx [M, K] with autograd through the fp64 reference. Prints ✅ or
-    ❌; never raises."""
+    q, k and v and compare dL/dx [M, K] with autograd through the fp64 reference; where the
+    results are right, run it once more in Triton's interpreter and refuse it unless it loads
+    cos and sin once per program (`_cos_sin_loads`; a kernel that loads them for every head
+    computes the same numbers). Prints ✅ or ❌; never raises."""
     name = "dX GEMM with the inverse rotation in the prologue"
     if not _ready(name, kernel, "gx_ptr"):
         return False
@@ -293,7 +329,8 @@ def check_prologue_kernel(kernel, seed: Optional[int] = None) -> bool:
         name, "your prologue", kernel, seed, make_output, launch, expected, where,
         hint="the forward rotated (a, b) by R(theta); the gradient goes back through "
              "R(theta)^T = R(-theta): dY_a = g_a cos + g_b sin, dY_b = g_b cos - g_a sin, for "
-             "q and k heads only (h < N_ROT); v's gradient is dY as it is")
+             "q and k heads only (h < N_ROT); v's gradient is dY as it is",
+        structure=_cos_sin_loads)
 
 
 def show_epilogue_solution() -> None:
