@@ -217,16 +217,19 @@ def _open(page, url, token, name):
 
 def _run_all(page, name):
     started = ("() => (" + PROMPTS_JS + ")().some(t => t === '[*]:' || /^\\[\\d+\\]:$/.test(t))")
-    for attempt in range(2):     # a menu click can land before the notebook is ready: once more
+    # a menu click can land before the notebook is ready, or wait behind a dialog or an open
+    # menu on a loaded machine: close what is open and try again, three times in all
+    for attempt in range(3):
         _accept_dialogs(page)
-        page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-        page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Run All Cells$")).first.click()
         try:
+            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click(timeout=30_000)
+            page.locator(".lm-Menu-itemLabel",
+                         has_text=re.compile(r"^Run All Cells$")).first.click(timeout=30_000)
             page.wait_for_function(started, timeout=60_000, polling=500)
             break
         except Exception:
             page.keyboard.press("Escape")
-            if attempt:
+            if attempt == 2:
                 raise
     # done: nothing queued or running ([*]), and the kernel idle
     page.wait_for_function(

@@ -378,6 +378,11 @@ TORCH_API_SINCE = {
         # the course's exercise checks: an ATen operator barred in an answer (block_diag: 1.8),
         # watched through a dispatch mode (1.13)
         "ops.aten.block_diag.default", "utils._python_dispatch.TorchDispatchMode",
+        # every block_diag overload, its decomposition, and the watch kept on: the Python
+        # dispatch key (1.11) and the mode stack's C++ functions (2.0)
+        "ops.aten.block_diag", "_decomp.decomposition_table", "_C.DispatchKey.Python",
+        "_C._dispatch_tls_is_dispatch_key_excluded", "_C._dispatch_tls_set_dispatch_key_excluded",
+        "_C._get_dispatch_stack_at", "_C._push_on_torch_dispatch_stack",
         # (least squares refused in a fit written by hand: linalg.lstsq 1.9, pinv's atol/rtol 1.11)
         "ops.aten.linalg_lstsq.default", "ops.aten.linalg_pinv.atol_rtol_tensor",
     )},

@@ -381,7 +381,8 @@ def _fma32(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
     bb = total - ab
     err = (ab - (total - bb)) + (dd - bb)
     r = total.float()
-    other = torch.nextafter(r, torch.where(total > r.double(), torch.inf, -torch.inf).float())
+    toward = torch.where(total > r.double(), float("inf"), float("-inf")).float()
+    other = torch.nextafter(r, toward)
     tie = (r.double() != total) & ((r.double() + other.double()) / 2 == total)
     toward_other = (err != 0) & ((err > 0) == (other > r))
     return torch.where(tie & (err != 0), torch.where(toward_other, other, r), r)
