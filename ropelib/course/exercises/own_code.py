@@ -323,6 +323,23 @@ def course_rope_helpers() -> list:
     return found
 
 
+def installed_modules(names: Iterable[str]) -> list:
+    """The modules of `names` (dotted) that import here, in order: another library's code an
+    exercise's check refuses where it is installed. A module whose package is not installed,
+    or that fails to import (another version's layout), is left out."""
+    import importlib
+    import importlib.util
+    found = []
+    for name in names:
+        try:
+            if importlib.util.find_spec(name.split(".")[0]) is None:
+                continue
+            found.append(importlib.import_module(name))
+        except Exception:  # noqa: BLE001  (another version's layout, or one that fails to import)
+            continue
+    return found
+
+
 class _OpsWatch:
     """The operator watch of one block, as `library_barred`'s call watch asks it whether the
     answer switched it off (this thread only: dispatch modes are per thread)."""
@@ -339,11 +356,15 @@ class _OpsWatch:
         if any(torch._C._dispatch_tls_is_dispatch_key_excluded(k) for k in self.keys):
             return ("excluded PyTorch's Python dispatch key, as torch._C._DisableTorchDispatch "
                     "does")
-        stack = torch._C._len_torch_dispatch_stack()
-        if not any(torch._C._get_dispatch_stack_at(i) is self.mode for i in range(stack)):
+        if not self.mode_on_stack():
             return ("took the check's dispatch mode off PyTorch's stack, as "
                     "_disable_current_modes does")
         return None
+
+    def mode_on_stack(self) -> bool:
+        """Is the check's dispatch mode on this thread's stack of PyTorch's dispatch modes?"""
+        return any(torch._C._get_dispatch_stack_at(i) is self.mode
+                   for i in range(torch._C._len_torch_dispatch_stack()))
 
     def by_the_answer(self, frame, event: str) -> Optional[str]:
         """How the watch is off at a profile event of `frame`, where the code that made the call
@@ -450,24 +471,21 @@ def _ops_barred(bar_ops: tuple, what: str, caught: list, inside: list, owner: in
         guarded.__wrapped__ = original
         return guarded
 
-    saved = [(name, getattr(torch._C, name)) for name in _DISPATCH_SWITCHES
-             if hasattr(torch._C, name)]
+    saved: list = []
     with mode:
         watch = _OpsWatch(mode, owner)
-        for name, original in saved:
-            setattr(torch._C, name, switch(name, original))
+        for name in _DISPATCH_SWITCHES:
+            _patched(torch._C, name, lambda original, name=name: switch(name, original), saved)
         try:
             yield watch
         finally:
-            for name, original in saved:
-                setattr(torch._C, name, original)
+            _put_back(saved)
             how = watch.off()
             if how is not None:       # left off when the answer returned: refused, and put back
                 caught.append(_ops_switched_off(what, how))
                 for key in watch.keys:
                     torch._C._dispatch_tls_set_dispatch_key_excluded(key, False)
-                stack = torch._C._len_torch_dispatch_stack()
-                if not any(torch._C._get_dispatch_stack_at(i) is mode for i in range(stack)):
+                if not watch.mode_on_stack():
                     torch._C._push_on_torch_dispatch_stack(mode)     # for `with` to take off
 
 
@@ -727,14 +745,21 @@ def _thread_entry_points() -> list:
     return points
 
 
-def _patched(holder, attr: str, wrap: Callable) -> None:
+def _patched(holder, attr: str, wrap: Callable, saved: list) -> None:
     """Replace holder.attr (a class's own attribute, or a module's) by wrap(it), saved in
-    _PROCESS_SAVED to be put back; nothing where it has none."""
+    `saved` to be put back (`_put_back`); nothing where it has none."""
     original = (holder.__dict__.get(attr) if isinstance(holder, type)
                 else getattr(holder, attr, None))
     if original is not None:
-        _PROCESS_SAVED.append((holder, attr, original))
+        saved.append((holder, attr, original))
         setattr(holder, attr, wrap(original))
+
+
+def _put_back(saved: list) -> None:
+    """Undo `_patched`'s replacements recorded in `saved`, the newest first."""
+    while saved:
+        holder, attr, original = saved.pop()
+        setattr(holder, attr, original)
 
 
 @contextmanager
@@ -748,9 +773,11 @@ def _processes_refused(block: _Block):
             if not _COMPILERS:
                 _COMPILERS = _compiler_folders()
             for holder, attr, label, verb in _process_entry_points():
-                _patched(holder, attr, lambda f: _refusing(f, label, verb, holder))
+                _patched(holder, attr, lambda f: _refusing(f, label, verb, holder),
+                         _PROCESS_SAVED)
             for holder, attr, index, name in _thread_entry_points():
-                _patched(holder, attr, lambda f: _handing_to_a_thread(f, index, name))
+                _patched(holder, attr, lambda f: _handing_to_a_thread(f, index, name),
+                         _PROCESS_SAVED)
         _BLOCKS.append(block)
     try:
         yield
@@ -758,9 +785,7 @@ def _processes_refused(block: _Block):
         with _BLOCKS_LOCK:
             _BLOCKS.remove(block)
             if not _BLOCKS:
-                while _PROCESS_SAVED:
-                    holder, attr, original = _PROCESS_SAVED.pop()
-                    setattr(holder, attr, original)
+                _put_back(_PROCESS_SAVED)
 
 
 _THREADING_SETPROFILE = threading.setprofile.__code__
