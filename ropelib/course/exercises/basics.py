@@ -26,6 +26,7 @@ The worked solutions are the `solution_*` functions below, shown folded in the n
 `ropelib.course.exercises.solution(basics.solution_...)`; the tests run every check on a
 learner's copy of its solution, on library answers and on wrong answers.
 """
+import inspect
 import math
 import re
 from typing import Callable, Sequence
@@ -34,8 +35,8 @@ import torch
 
 from ... import frequencies, reference, runtime
 from . import check
-from .own_code import (check_cases, course_rope_helpers, fresh_generator, listed_as_tensor,
-                       run_own_code)
+from .own_code import (check_cases, course_rope_helpers, fresh_generator, installed_modules,
+                       listed_as_tensor, run_own_code)
 
 __all__ = [
     "check_device", "check_rotary_dim", "check_interleaved_rope",
@@ -161,17 +162,8 @@ def third_party_ropes() -> tuple:
     imported), Transformer Engine (`apply_rotary_pos_emb`, fused or not) and flash-attn, where
     they are installed: the same answer from a library, refused where the exercise asks for
     the learner's own RoPE."""
-    import importlib
-    import importlib.util
     import sys
-    modules = []
-    for name in _THIRD_PARTY_ROPE_MODULES:
-        try:
-            if importlib.util.find_spec(name.split(".")[0]) is None:
-                continue
-            modules.append(importlib.import_module(name))
-        except Exception:  # noqa: BLE001  (another version's layout, or one that fails to import)
-            continue
+    modules = installed_modules(_THIRD_PARTY_ROPE_MODULES)
     modules += [m for n, m in list(sys.modules.items())
                 if n.startswith(_THIRD_PARTY_PREFIXES) and isinstance(m, type(sys))
                 and re.search(r"modeling_|rope|rotary", n.rsplit(".", 1)[-1])]
@@ -220,31 +212,22 @@ def other_block_diags() -> tuple:
     return tuple(found)
 
 
-def _innermost(fn):
-    """The function a decorator wraps (`__wrapped__`, all the way in): the wrappers' own code
-    is shared by many functions, the innermost is block_diag's alone."""
-    for _ in range(16):
-        inner = getattr(fn, "__wrapped__", None)
-        if inner is None:
-            break
-        fn = inner
-    return fn
-
-
 def torch_block_diags() -> tuple:
     """PyTorch's block_diag in Python, every way in: `torch.block_diag`, its Python reference
     (`torch._refs.block_diag`) and its decompositions (`torch._decomp.decomposition_table`, for
-    every overload of aten::block_diag). The operator itself is refused as `BLOCK_DIAG_OPS`."""
+    every overload of aten::block_diag). The operator itself is refused as `BLOCK_DIAG_OPS`.
+    Each is taken unwrapped (`inspect.unwrap`): its decorators' code is shared by many
+    functions, the innermost function is block_diag's alone."""
     import importlib
     found = [torch.block_diag]
     try:
-        found.append(_innermost(importlib.import_module("torch._refs").block_diag))
+        found.append(inspect.unwrap(importlib.import_module("torch._refs").block_diag))
     except (ImportError, AttributeError):
         pass
     try:
         from torch._decomp import decomposition_table
         packet = torch.ops.aten.block_diag
-        found += [_innermost(decomposition_table[getattr(packet, name)])
+        found += [inspect.unwrap(decomposition_table[getattr(packet, name)])
                   for name in packet.overloads()
                   if getattr(packet, name) in decomposition_table]
     except (ImportError, AttributeError):

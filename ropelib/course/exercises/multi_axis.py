@@ -39,7 +39,8 @@ import triton.language as tl
 from ... import mrope, runtime
 from ..work_count import WorkCount, count_work, interpreted
 from . import _compare, check, kernel_answer
-from .own_code import check_cases, fresh_generator, fresh_seed, launch_on, listed_as_tensor
+from .own_code import (check_cases, fresh_generator, fresh_seed, installed_modules, launch_on,
+                       listed_as_tensor)
 
 __all__ = ["check_axis_of_pairs", "solution_axis_of_pairs", "check_text_then_image",
            "solution_text_then_image", "check_mrope_kernel", "solution_mrope_kernel",
@@ -94,16 +95,9 @@ def _text_then_image(n_text: int, h: int, w: int) -> torch.Tensor:
 def transformers_rope_index() -> tuple:
     """transformers' own position numbering of Qwen2-VL's family (each model class's
     `get_rope_index`), where transformers is installed: the same answer from a library."""
-    import importlib
-    import importlib.util
-    if importlib.util.find_spec("transformers") is None:
-        return ()
     found = []
-    for name in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
-        try:
-            module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
-        except Exception:  # noqa: BLE001  (a version without it, or one that fails to import)
-            continue
+    for module in installed_modules(f"transformers.models.{name}.modeling_{name}"
+                                    for name in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")):
         found += [vars(cls)["get_rope_index"] for cls in vars(module).values()
                   if isinstance(cls, type) and "get_rope_index" in vars(cls)]
     return tuple(found)
