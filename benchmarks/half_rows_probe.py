@@ -1,14 +1,25 @@
-"""Does the flat pass gain from reading half of the kept cos/sin rows where every pair's members
-are equal? ropelib's eager route (the pre-pass's rows kept, eager.TableRows) with its flag
-("halves": member b's cos and s' loaded only where some pair differs) against the same route
-with no flag ("both halves": every entry loaded, as before), in alternating rounds in one
-process, beside the device copy of the same bytes and torch.compile of Hugging Face's formula
-reading a bf16 table made before the timing.
+"""Does the flat pass gain from reading half of the pre-pass's cos/sin rows where a row's pairs
+have equal members? The two-pass route with the pre-pass's flag per row ("halves": member b's
+cos and s' written and loaded only in rows where some pair differs; kernels/flat.py) against the
+same route without flags ("both halves": every entry written and loaded;
+tiles.TWO_PASS_ROW_FLAGS = False), in alternating rounds in one process, beside the device copy
+of the same bytes and torch.compile of Hugging Face's formula reading a bf16 table made before
+the timing. Passes (the `pass` column):
+
+    forward                   eager calls on one table: the rows written once and kept
+    fwd+bwd                   the same, forward and backward
+    forward, rows not kept    eager calls on a table made under inference_mode: rows written
+                              every call (at batch 1 the planner takes the finished kernel)
+    forward, CUDA graph       GRAPH_CALLS calls captured in one graph, replayed: rows written
+                              every call (the copy replayed the same way beside them)
+    forward, compiled         torch.compile (Inductor, static shapes) of apply_rope, compiled
+                              once per variant: rows written every call
 
     python benchmarks/half_rows_probe.py [--out DIR] [--rounds 5]   # GPU; half_rows_probe-<gpu>.csv
 
-Each time is triton.testing.do_bench's median (L2 flushed); a row's ms is the median over the
-rounds; ratio = copy ms / provider ms (forward+backward: two copies' ms).
+Each time is triton.testing.do_bench's median (L2 flushed; a replay's divided by its calls); a
+row's ms is the median over the rounds; ratio = the copy's ms of the same pass kind / provider ms
+(forward+backward: two copies').
 """
 import argparse
 import csv
@@ -26,7 +37,7 @@ import ropelib  # noqa: E402
 from ropelib import eager  # noqa: E402
 from ropelib.bench import compare  # noqa: E402
 from ropelib.bench.compare import hf_rotate  # noqa: E402
-from ropelib.kernels import launch  # noqa: E402
+from ropelib.kernels import tiles  # noqa: E402
 
 # name: (layout, S, B, H, D); bf16
 CASES = [
@@ -36,14 +47,26 @@ CASES = [
     ("sbhd 256 MiB s4k b8", "sbhd", 4096, 8, 32, 128),
     ("sbhd 1 GiB s16k b8", "sbhd", 16384, 8, 32, 128),
 ]
-REAL_NEW_FLAG = launch.TwoPass.new_flag
+GRAPH_CALLS = 20
 
 
 def variant(halves: bool) -> None:
-    """The eager route with (halves) or without the pre-pass's flag; kept rows forgotten."""
-    launch.TwoPass.new_flag = REAL_NEW_FLAG if halves else (lambda self, device: None)
+    """The two-pass route with (halves) or without the pre-pass's flags; plans and kept rows
+    forgotten."""
+    tiles.TWO_PASS_ROW_FLAGS = halves
     eager.TABLE_ROWS.clear()
     eager.SIGNATURES.clear()
+
+
+def replayed(fn):
+    """fn captured GRAPH_CALLS times in one CUDA graph: a step that replays it."""
+    fn()                                    # planned (and compiled) before the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(GRAPH_CALLS):
+            fn()
+    return graph.replay
 
 
 def ms(fn):
@@ -62,7 +85,7 @@ def main(argv=None):
             f"# triton: {triton.__version__}\n"
             f"# date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%M:%SZ}\n"
             f"# rounds: {args.rounds}, providers alternating in each; ms the median over rounds\n"
-            "# ratio: copy ms / provider ms (forward+backward: two copies)\n")
+            "# ratio: copy ms / provider ms (forward+backward: two copies; CUDA graph: the copy replayed)\n")
     w = csv.writer(f)
     w.writerow(["case", "pass", "provider", "ms", "ratio_to_copy", "ms_per_round"])
     print(f"{'case':24s} {'pass':8s} {'provider':14s} {'ms':>8s} {'ratio':>6s}", flush=True)
@@ -80,17 +103,40 @@ def main(argv=None):
             comp = torch.compile(lambda t: hf_rotate(t, c16, s16, False).to(t.dtype))
             comp(x)
 
+            with torch.inference_mode():
+                frozen = ropelib.rope_freqs(S, D, device="cuda")
+
             def fwd():
                 return ropelib.apply_rope(x, freqs, layout=layout)
+
+            def not_kept():
+                return ropelib.apply_rope(x, frozen, layout=layout)
 
             def both():
                 out = ropelib.apply_rope(xg, freqs, layout=layout)
                 return torch.autograd.grad(out, xg, dy)
 
+            # each variant's compiled function and graph made while its switch is set (the
+            # route is planned when the call is compiled or captured)
+            made = {}
+            for halves in (True, False):
+                variant(halves)
+                made[("compiled", halves)] = torch.compile(
+                    (lambda t: ropelib.apply_rope(t, freqs, layout=layout)) if halves else
+                    (lambda u: ropelib.apply_rope(u, freqs, layout=layout)), dynamic=False)
+                made[("compiled", halves)](x)
+                made[("graph", halves)] = replayed(fwd)
+            copy_graph = replayed(lambda: y.copy_(x))
+
             providers = {
                 "forward": {"copy": lambda: y.copy_(x), "halves": fwd, "both halves": fwd,
                             "torch.compile": lambda: comp(x)},
                 "fwd+bwd": {"halves": both, "both halves": both},
+                "forward, rows not kept": {"halves": not_kept, "both halves": not_kept},
+                "forward, CUDA graph": {"copy": copy_graph, "halves": made[("graph", True)],
+                                        "both halves": made[("graph", False)]},
+                "forward, compiled": {"halves": lambda: made[("compiled", True)](x),
+                                      "both halves": lambda: made[("compiled", False)](x)},
             }
             times = {(p, n): [] for p, d in providers.items() for n in d}
             for _ in range(args.rounds):
@@ -98,16 +144,19 @@ def main(argv=None):
                     for n, fn in d.items():
                         variant(n != "both halves")
                         fn()                    # rows written (and kept) before the timing
-                        times[(pass_, n)].append(ms(fn))
+                        t = ms(fn)
+                        times[(pass_, n)].append(t / GRAPH_CALLS if "graph" in pass_ else t)
             copy = statistics.median(times[("forward", "copy")])
+            copy_replayed = statistics.median(times[("forward, CUDA graph", "copy")])
             for (pass_, n), t in times.items():
                 med = statistics.median(t)
-                ratio = (copy if pass_ == "forward" else 2 * copy) / med
+                base = copy_replayed if "graph" in pass_ else copy
+                ratio = (2 * base if pass_ == "fwd+bwd" else base) / med
                 w.writerow([name, pass_, n, f"{med:.5f}", f"{ratio:.4f}",
                             " ".join(f"{v:.5f}" for v in t)])
                 print(f"{name:24s} {pass_:8s} {n:14s} {med:8.4f} {ratio:6.3f}", flush=True)
             f.flush()
-            del x, y, dy, xg, comp
+            del x, y, dy, xg, comp, made, copy_graph, providers
             torch.cuda.empty_cache()
     finally:
         variant(True)

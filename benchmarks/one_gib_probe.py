@@ -22,6 +22,10 @@ What it found (H200, 2026-11-29, benchmarks/NOTES.md): the bare flat pass ran at
 the probe's kernel ran at 0.992 on the same rows, so the kernel, not the route: compiled with
 the GPU's Triton, its cos/sin addresses took four base registers and ptxas issued three table
 loads late. With each row's pointer first, apply_rope ran at 0.986.
+
+The probe's kernel reads both members' entries of every row, so this probe runs the route
+without the pre-pass's flags per row (tiles.TWO_PASS_ROW_FLAGS = False: full rows written and
+read, as when it was written); half_rows_probe.py times the flags.
 """
 import argparse
 import os
@@ -34,7 +38,7 @@ import ropelib
 import ropelib.eager
 from ropelib import ops
 from ropelib.bench import compare, routes
-from ropelib.kernels import launch, planning
+from ropelib.kernels import launch, planning, tiles
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:            # the other benchmarks, however this file is loaded
@@ -54,6 +58,7 @@ def main(argv=None):
     if not torch.cuda.is_available():
         raise SystemExit("one_gib_probe.py times GPU kernels: run it on a machine with a GPU")
     os.makedirs(args.out, exist_ok=True)
+    tiles.TWO_PASS_ROW_FLAGS = False        # full rows, which the probe's kernel reads
     S, B, H, D = 16384, 8, 32, 128
     x = torch.randn(S, B, H, D, device="cuda", dtype=torch.bfloat16)
     y = torch.empty_like(x)
@@ -64,7 +69,7 @@ def main(argv=None):
 
     ropelib.eager.TABLE_ROWS.clear()
     want = ropelib.apply_rope(x, freqs)
-    cos_rows, sin_rows = next(reversed(ropelib.eager.TABLE_ROWS.entries.values()))[1]
+    cos_rows, sin_rows, row_flags = next(reversed(ropelib.eager.TABLE_ROWS.entries.values()))[1]
     view = ops.kernel_view(x, "sbhd")
     route, _ = launch.plan(view, ops.kernel_view(y, "sbhd"), launch.Table(f, None),
                            launch.Positions(), R=D, interleaved=False, backward=False,
@@ -74,7 +79,8 @@ def main(argv=None):
     print("flat pass:", flat.grid, flat.num_warps, "warps,", flat.args, flush=True)
 
     def flat_alone():
-        planning.start(flat.launcher, flat, (x, y, None, None, cos_rows, sin_rows, None, None))
+        planning.start(flat.launcher, flat, (x, y, None, None, cos_rows, sin_rows, None,
+                                             row_flags))
 
     flat_alone()
     assert torch.equal(y, want), "the flat pass alone differs from apply_rope"

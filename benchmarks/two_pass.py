@@ -81,10 +81,10 @@ def table_pass_ms(x, freqs, kw):
             launch.Table(freqs.view(freqs.shape[0], -1), None),
             launch.Positions(cu_seqlens=kw.get("cu_seqlens")), R=freqs.shape[-1],
             interleaved=kw["interleaved"], backward=False, layout=layout)
-    out = tuple(torch.empty(planned.table_shape, device="cuda") for _ in range(2))
+    cos, sin, flags = planned.new_rows(x.device)
     tp = planned.table_pass
     return ms(lambda: planning.start(launch.COS_SIN_ROWS, tp, pointers[4:6] + pointers[6:9]
-                                     + out + (None,)))
+                                     + (cos, sin, None, flags)))
 
 
 @contextlib.contextmanager

@@ -1971,7 +1971,7 @@ assert [said(compile_lead[c], 1) for c in show] == ["0.5", "-0.8", "2.8"]
 #
 # The cell below counts with the code on this machine, on a small call with the route forced:
 # each eager call's kernels, listed as they start, each marked `+flag` where it is given the
-# pre-pass's flag (next paragraph), and the flag the route keeps with the rows.
+# pre-pass's flags (next paragraph), and the flags the route keeps with the rows.
 
 # %%
 from ropelib import eager
@@ -1983,8 +1983,8 @@ _start = eager.EagerLaunch.__call__
 
 
 def _counting_start(self, pointers):
-    flag = dict(zip(self.direct.pointer_names, pointers)).get("pairs_differ_ptr")
-    # the kernel this start launches, and whether it is given the pre-pass's flag
+    flag = dict(zip(self.direct.pointer_names, pointers)).get("row_flags_ptr")
+    # the kernel this start launches, and whether it is given the pre-pass's flags
     launched[-1].append(self.direct.kernel.fn.__name__ + ("+flag" if flag is not None else ""))
     _start(self, pointers)
 
@@ -2004,22 +2004,28 @@ assert [len(names) for names in launched] == [2, 1, 1]   # the pre-pass on the f
 assert launched[1] == launched[2] == [launched[0][-1]]   # later calls: the flat pass alone
 assert launched[0] == ["_cos_sin_rows_kernel+flag", "_rope_rows_kernel+flag"]
 (_, kept_rows, _), = eager.TABLE_ROWS.entries.values()   # the rows of these calls, kept
-kept_cos, kept_s, kept_flag = kept_rows
-print(f"kept: cos and s' rows {tuple(kept_cos.shape)} fp32, and the flag = {kept_flag.item()}")
-assert kept_flag.item() == 0                             # rope_freqs: every pair's members equal
+kept_cos, kept_s, kept_flags = kept_rows
+print(f"kept: cos and s' rows {tuple(kept_cos.shape)} fp32, and a flag a row "
+      f"{tuple(kept_flags.shape)} {str(kept_flags.dtype)[6:]} = {kept_flags.tolist()}")
+assert kept_flags.shape == kept_cos.shape[:1] and kept_flags.dtype == torch.int8
+assert not kept_flags.any()                              # rope_freqs: every pair's members equal
 
 # %% [markdown]
 # The first call launches the pre-pass and the flat pass, every later call with the same table
 # the flat pass alone: a timed loop of such calls measures the flat pass, and the pre-pass's
 # 17.2 % is paid once, not per call.
 #
-# The pre-pass also writes a flag, one int32 zeroed when the rows are made: a program that finds
-# a pair whose two members have different cos or sin sets it to 1. The eager route keeps the flag
-# with the rows and hands both to the flat pass. `rope_freqs` gives both members of a pair the
-# same angle (the second half of each row repeats the first), so the flag stays 0, as printed
-# above, and the flat pass loads only member $a$'s cos and $s'$ and takes $c_b = c_a$,
-# $s'_b = -s'_a$ (forward $s'_a = -s_a$ and $s'_b = s_b$; backward $s'_a = s_b$ and
-# $s'_b = -s_a$): 512 bytes of rows a token where both halves are 1 KiB.
+# The pre-pass also writes a flag for every row, one byte: 1 where one of the row's pairs has
+# two members with different cos or sin, else 0, and it writes member $b$'s cos and $s'$ only in
+# rows whose flag is 1. The eager route keeps the flags with the rows and hands both to the flat
+# pass. `rope_freqs` gives both members of a pair the same angle (the second half of each row
+# repeats the first), so every flag is 0, as printed above, and the flat pass loads only member
+# $a$'s cos and $s'$ and takes $c_b = c_a$, $s'_b = -s'_a$ (forward $s'_a = -s_a$ and
+# $s'_b = s_b$; backward $s'_a = s_b$ and $s'_b = -s_a$): 512 bytes of rows a token where both
+# halves are 1 KiB, written and read. A flag per row needs no zeroing before the pre-pass (one
+# flag for the whole table would: a launch of its own), so calls whose rows are written every
+# time (compiled code, CUDA graphs, tables made under inference_mode) write and read half as
+# well.
 #
 # At batch 1 that is a share worth counting. Per token, 32 heads of 128 bf16 features, the flat
 # pass reads 8 KiB of $x$ and writes 8 KiB, beside the token's rows, which its 32 heads share
@@ -2240,9 +2246,9 @@ assert [one_gib[c] for c in probe_cols[:5]] == ["0.994", "0.938", "0.948", "0.89
 # 256 MiB cases. That is ropelib's flat pass for rotate-half pairs (`_rotate_pairs` in
 # `ropelib/kernels/flat.py`, on `tiles.TWO_PASS_PAIR_WARPS` = 2 warps), the pass this section's
 # main table measured; the older run and the two probes above measured the element-wise pass.
-# The shipped pass reads half of the eager route's kept rows another way (the batch-1 cells
-# above): member $b$'s four 16-byte loads of cos and $s'$ stay, masked by the pre-pass's flag, so
-# where the flag is 0 they move no bytes.
+# The shipped pass reads half of the rows another way (the batch-1 cells above): member $b$'s
+# four 16-byte loads of cos and $s'$ stay, masked by the pre-pass's flag for that row, so where
+# the flag is 0 they move no bytes.
 
 # %% [markdown]
 # ### How an address is written decides when a load goes out
@@ -2378,20 +2384,20 @@ if sched:
     print(f"  ropelib's flat pass        {own['registers']} registers, {own['early']} of "
           f"{len(own['loads'])} loads before the first multiply")
     assert own["early"] == sched[True]["early"] and len(own["loads"]) == 10
-    # ... and as the eager route runs it on kept rows, given the pre-pass's flag
-    halves_pass = route_1g.halves_pass
-    flag_args = dict(zip(halves_pass.launcher.pointer_names,
+    # ... and as the route runs it after its pre-pass, given the pre-pass's flags per row
+    assert route_1g.row_flags
+    flag_args = dict(zip(rot_pass.launcher.pointer_names,
                          (bf16, bf16, None, None, fp32, fp32, None,
-                          torch.zeros(1, dtype=torch.int32))),
-                     **dict(halves_pass.args, XBLOCK=tiles.TWO_PASS_ELEMENTS))
-    own_flag = load_schedule.schedule(halves_pass.launcher.kernel, flag_args,
-                                      num_warps=halves_pass.num_warps)
-    print(f"  ... given the flag         {own_flag['registers']} registers, {own_flag['early']} "
+                          torch.zeros(16, dtype=torch.int8))),
+                     **dict(rot_pass.args, XBLOCK=tiles.TWO_PASS_ELEMENTS))
+    own_flag = load_schedule.schedule(rot_pass.launcher.kernel, flag_args,
+                                      num_warps=rot_pass.num_warps)
+    print(f"  ... given the flags        {own_flag['registers']} registers, {own_flag['early']} "
           f"of {len(own_flag['loads'])} loads before the first multiply, the first "
           f"{own_flag['loads'][0][1]}")
-    # the flag's load (4 bytes) first, then the same ten 16-byte loads, as many of them early
+    # its row's flag (1 byte) first, then the same ten 16-byte loads, as many of them early
     assert len(own_flag["loads"]) == 11 and own_flag["early"] == own["early"] + 1
-    assert "LDG.E " in own_flag["loads"][0][1]
+    assert "LDG.E.U8 " in own_flag["loads"][0][1]
     assert all(".128" in ins for _, ins in own_flag["loads"][1:])
     if triton.__version__.startswith(("3.6", "3.9")):             # section 5's "46 registers"
         assert own["registers"] == 46
@@ -2406,8 +2412,9 @@ if sched:
 # counts (4 base registers against 2, the three late loads each reusing a register, 7 loads early
 # against 8) with Triton 3.6, the GPU runs', and 3.9; with another version only that row pointers
 # put more loads out early. ropelib's own flat pass, compiled the same way, issues the same eight
-# early; given the pre-pass's flag, it loads the flag first and issues the same ten loads after
-# it, as many of them early. What the two forms are worth, timed on the H200 by
+# early; given the pre-pass's flags, it loads its row's flag first (one byte) and issues the
+# same ten loads after it, as many of them early. What the two forms are worth, timed on the
+# H200 by
 # `benchmarks/one_gib_probe.py` (five alternating rounds in one process, medians; one run with
 # ropelib's pass written each way, each beside the same probe kernel):
 
@@ -2902,10 +2909,11 @@ else:
 # you wrote; `SIGNED` (the pre-pass's $s'$) and `BACKWARD` choose the formula, `KEEP_TABLE`
 # keeps a table that serves every batch entry in L2 (`evict_last`), `ROW_POINTERS` is section
 # 6's address form, and the `AXIS_*` constants serve notebook 10's multi-axis tables.
-# `pairs_differ_ptr` is the pre-pass's flag, passed where the eager route reads rows it kept
-# (else `None`): where the flag is 0, every pair's two members share their cos and sin, so the
-# mask `m_b` switches off member $b$'s loads of cos and $s'$, and $b$ takes $c_b = c_a$,
-# $s'_b = -s'_a$, reading half of the rows' bytes (section 6's batch-1 cells). The cell
+# `row_flags_ptr` holds the pre-pass's flags, one a row, passed wherever the pass reads the
+# pre-pass's rows (else `None`): where a row's flag is 0, every pair's two members share their
+# cos and sin, so the mask `m_b` switches off member $b$'s loads of cos and $s'$ in that row, and
+# $b$ takes $c_b = c_a$, $s'_b = -s'_a$, reading half of the rows' bytes (section 6's batch-1
+# cells). The cell
 # after it forces the two-pass route on a small input of its own (8 tokens, batch 2, 4 heads of
 # 64), checks that the route is planned, and compares the output with the reference.
 #
@@ -2913,7 +2921,7 @@ else:
 # ```python
 # @triton.jit
 # def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, token_rows_ptr,
-#                   stride_rows_b, stride_tab_p, stride_tab_axis, pairs_differ_ptr,
+#                   stride_rows_b, stride_tab_p, stride_tab_axis, row_flags_ptr,
 #                   D: tl.constexpr, R: tl.constexpr,
 #                   BACKWARD: tl.constexpr, SIGNED: tl.constexpr, KEEP_TABLE: tl.constexpr,
 #                   ROW_POINTERS: tl.constexpr, AXIS_H_FROM: tl.constexpr,
@@ -2925,8 +2933,9 @@ else:
 #     # loaded after x, so x's loads do not wait on it (a row of -1, a position outside the
 #     # table, gives NaN). With one table per axis (AXIS_H_FROM < R/2) pair j and both its
 #     # members read the table of j's section, stride_tab_axis further on per axis. Given the
-#     # pre-pass's flag (pairs_differ_ptr, with its s' rows), member b's entries are loaded only
-#     # where some pair's members differ: otherwise c_b = c_a and s'_b = -s'_a.
+#     # pre-pass's row flags (row_flags_ptr, one per row of its s' rows), member b's entries are
+#     # loaded only for rows where some pair's members differ: otherwise c_b = c_a and
+#     # s'_b = -s'_a (the pre-pass did not write them).
 #     HALF: tl.constexpr = R // 2
 #     BLOCK_HALF: tl.constexpr = tile_width(HALF)
 #     j = tl.arange(0, BLOCK_HALF)
@@ -2961,10 +2970,11 @@ else:
 #     else:
 #         cos_a = cos_ptr + (tab[:, None] + col[None, :])
 #         sin_a = sin_ptr + (tab[:, None] + col[None, :])
-#     if SIGNED and pairs_differ_ptr is not None:
-#         # (a scalar predicate: where it is false the b loads move no bytes; a select, as
-#         # Triton's interpreter takes no mask anded with a loaded scalar)
-#         m_b = tl.where(tl.load(pairs_differ_ptr) != 0, m, False)
+#     if SIGNED and row_flags_ptr is not None:
+#         # the row's flag: the pre-pass's rows are [NB * S, R], so row tab // R (where it is 0
+#         # the b loads move no bytes)
+#         differs = tl.load(row_flags_ptr + tab // R, mask=live, other=1)
+#         m_b = m & (differs != 0)[:, None]
 #     else:
 #         m_b = m
 #     if KEEP_TABLE:          # the rows serve every batch entry: keep them in L2
@@ -2979,7 +2989,7 @@ else:
 #         sb = tl.load(sin_a + HALF, mask=m_b, other=0.0)
 #     sa = sa.to(tl.float32)
 #     sb = sb.to(tl.float32)
-#     if SIGNED and pairs_differ_ptr is not None:     # the two halves equal: a's entries serve b
+#     if SIGNED and row_flags_ptr is not None:     # the two halves equal: a's entries serve b
 #         cb = tl.where(m_b, cb, ca)
 #         sb = tl.where(m_b, sb, -sa)
 #     if SIGNED:              # s' (the pre-pass's rows): y_a = x_a c_a + x_b s'_a, and so for b

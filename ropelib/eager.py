@@ -153,10 +153,8 @@ class TableRows:
             return False
         return tables[0].device.type != "cuda" or not torch.cuda.is_current_stream_capturing()
 
-    @classmethod
-    def _key(cls, owner, tables: tuple) -> Optional[tuple]:
-        if not cls.keeps(tables):
-            return None
+    @staticmethod
+    def _key(owner, tables: tuple) -> tuple:
         key = [id(owner)]
         for t in tables:
             key += (t.data_ptr(), t._version)
@@ -167,10 +165,8 @@ class TableRows:
 
     def get(self, owner, tables: tuple):
         """(key, the kept rows or None) for `owner` (an EagerTwoPass: one plan) reading `tables`
-        (angles, or cos and sin); key None: this call must neither use nor fill the store."""
+        (angles, or cos and sin), which the caller found `keeps` allows."""
         key = self._key(owner, tables)
-        if key is None:
-            return None, None
         hit = self.entries.get(key)
         if hit is None:
             return key, None
@@ -217,8 +213,8 @@ class EagerTwoPass:
     more than the finished kernel (s16k b1 bf16 on an H200, a call replayed from a CUDA graph:
     76.6 us with the pre-pass and the flat pass, 68.7 with the finished kernel;
     benchmarks/results/b1_launch_probe-*)."""
-    __slots__ = ("route", "_index_pass", "_table_pass", "_rotate_pass", "_halves_pass",
-                 "_unwritten", "__weakref__")
+    __slots__ = ("route", "_index_pass", "_table_pass", "_rotate_pass", "_unwritten",
+                 "__weakref__")
 
     def __init__(self, route, unwritten: Optional[Launch] = None):
         self.route = route
@@ -227,16 +223,15 @@ class EagerTwoPass:
             operator.itemgetter(*(TWO_PASS_POINTERS.index(name)
                                   for name in unwritten.launcher.pointer_names)))
         self._rotate_pass = EagerLaunch(route.rotate_pass.launcher, route.rotate_pass)
-        self._halves_pass = None if route.halves_pass is None else \
-            EagerLaunch(route.halves_pass.launcher, route.halves_pass)
         self._table_pass, self._index_pass = (
             EagerLaunch(p.launcher, p) if p is not None else None
             for p in (route.table_pass, route.index_pass))
 
     def __call__(self, pointers) -> None:
         q, q_out, k, k_out, cos, sin, position_ids, cu_seqlens, start = pointers
-        if self._unwritten is not None and \
-                not TableRows.keeps((cos,) if sin is None else (cos, sin)):
+        tables = (cos,) if sin is None else (cos, sin)
+        keeps = TableRows.keeps(tables)
+        if self._unwritten is not None and not keeps:
             finished, pick = self._unwritten
             finished(pick(pointers))
             return
@@ -247,27 +242,21 @@ class EagerTwoPass:
             token_rows = self.route.new_index(q.device)
             self._index_pass((position_ids, cu_seqlens, start, token_rows))
             position_ids = cu_seqlens = start = None
+        flags = None
         if self._table_pass is not None:
             plain = position_ids is None and cu_seqlens is None and start is None
-            tables = (cos,) if sin is None else (cos, sin)
-            key, rows = TABLE_ROWS.get(self, tables) if plain else (None, None)
+            key, rows = TABLE_ROWS.get(self, tables) if plain and keeps else (None, None)
             if rows is None:
-                # rows to keep come with the pre-pass's flag (are the pairs' members equal?):
-                # zeroing it is one more launch, paid once for every later call that reads
-                # half the rows
-                flag = self.route.new_flag(q.device) \
-                    if key is not None and self._halves_pass is not None else None
-                rows = self.route.new_rows(q.device) + (flag,)
-                self._table_pass((cos, sin, position_ids, cu_seqlens, start) + rows)
+                # the rows, and (rotate-half) the flag per row saying where member b's entries
+                # were written
+                rows = self.route.new_rows(q.device)
+                self._table_pass((cos, sin, position_ids, cu_seqlens, start) + rows[:2]
+                                 + (None, rows[2]))
                 if key is not None:
                     TABLE_ROWS.put(key, self, tables, rows)
-            cos, sin, flag = rows
-            if flag is not None:
-                self._halves_pass((q, q_out, k, k_out, cos, sin,
-                                   token_rows if sequences is None else sequences, flag))
-                return
+            cos, sin, flags = rows
         self._rotate_pass((q, q_out, k, k_out, cos, sin,
-                           token_rows if sequences is None else sequences, None))
+                           token_rows if sequences is None else sequences, flags))
 
 
 class PlannedRotation:

@@ -113,9 +113,9 @@ def cos_sin_rows(x: Tensor, table: Tensor, sin: Optional[Tensor], position_ids, 
     if nb * S:
         pre = plan_cos_sin_rows(Table(table, sin), Positions(position_ids, cu_seqlens), S, nb,
                                 R=R, interleaved=interleaved, backward=False, device=x.device,
-                                any_length=True)
+                                any_length=True, pairs_differ=pairs_differ is not None)
         start(COS_SIN_ROWS, pre, (table, sin, position_ids, cu_seqlens, None) + rows
-              + (pairs_differ,))
+              + (pairs_differ, None))
     return rows
 
 

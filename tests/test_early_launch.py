@@ -37,12 +37,12 @@ def test_planned_early_only_after_a_pre_pass(monkeypatch):
     assert route.table_pass is not None and route.table_pass.args["EARLY_DEPENDENTS"]
     assert route.rotate_pass.early and route.rotate_pass.args["WAIT_PRIOR"]
     assert route.rotate_pass.options()["launch_pdl"] is True
-    # (the same pass reading the pre-pass's flag, for kept rows: as early, another kernel)
-    halves = route.halves_pass
-    assert halves.early and halves.args == route.rotate_pass.args and halves != route.rotate_pass
-    # the caller's cos/sin read directly: no pre-pass, nothing to overlap
+    # (reading the pre-pass's flag per row)
+    assert route.row_flags and route.rotate_pass.dtypes[-1] == torch.int8
+    # the caller's cos/sin read directly: no pre-pass, nothing to overlap, no flags
     direct = _two_pass("cpu", table_from_angles=False)
-    assert direct.table_pass is None and direct.halves_pass is None
+    assert direct.table_pass is None and not direct.row_flags
+    assert direct.rotate_pass.dtypes[-1] is None
     assert not direct.rotate_pass.early and not direct.rotate_pass.args["WAIT_PRIOR"]
     assert "launch_pdl" not in direct.rotate_pass.options()
 

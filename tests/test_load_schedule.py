@@ -47,15 +47,16 @@ def test_the_flat_pass_issues_eight_of_its_ten_loads_early():
                 **dict(fp.args, XBLOCK=tiles.TWO_PASS_ELEMENTS))
     out = load_schedule.schedule(fp.launcher.kernel, args, num_warps=fp.num_warps)
     assert len(out["loads"]) == 10 and out["early"] == 8
-    # with the pre-pass's flag (kept rows): member b's four loads wait on it, and still go out
-    # ahead of the first multiply with the others; the flag's own load comes first
-    hp = route.halves_pass
-    flag = torch.zeros(1, dtype=torch.int32)
-    args = dict(zip(hp.launcher.pointer_names, (bf16, bf16, None, None, fp32, fp32, None, flag)),
-                **dict(hp.args, XBLOCK=tiles.TWO_PASS_ELEMENTS))
-    out = load_schedule.schedule(hp.launcher.kernel, args, num_warps=hp.num_warps)
+    # as planned after a pre-pass, with its flag per row: member b's four loads wait on the
+    # row's flag, and still go out ahead of the first multiply with the others; the flag's own
+    # one-byte load comes first
+    assert route.row_flags and fp.dtypes[-1] == torch.int8
+    flags = torch.zeros(16, dtype=torch.int8)
+    args = dict(zip(fp.launcher.pointer_names, (bf16, bf16, None, None, fp32, fp32, None, flags)),
+                **dict(fp.args, XBLOCK=tiles.TWO_PASS_ELEMENTS))
+    out = load_schedule.schedule(fp.launcher.kernel, args, num_warps=fp.num_warps)
     assert len(out["loads"]) == 11 and out["early"] == 9
-    assert "LDG.E " in out["loads"][0][1] and all(".128" in t for _, t in out["loads"][1:])
+    assert "LDG.E.U8 " in out["loads"][0][1] and all(".128" in t for _, t in out["loads"][1:])
 
 
 def test_an_argument_that_is_not_a_launch_value_is_named():

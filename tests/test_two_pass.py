@@ -15,7 +15,7 @@ import torch
 import ropelib
 import ropelib.hf
 from ropelib import eager
-from ropelib.kernels import launch
+from ropelib.kernels import launch, planning
 from ropelib.reference import rotate_half
 from ropelib.runtime import on_gpu
 from routes import forced, thresholds, through  # noqa: E402  (tests/routes.py)
@@ -524,11 +524,14 @@ def test_qwen2_vl_tables_eager_route_gradients(starts):
 
 
 @pytest.mark.parametrize("halves", ["equal", "one pair differs", "all differ"])
-def test_kept_rows_read_half_only_where_every_pair_is_equal(halves, pre_passes):
-    # The eager route keeps the pre-pass's rows with its flag (is any pair's cos or sin
-    # unequal?); later calls read member b's entries only where the flag says so. Whatever
-    # the table, every call gives the finished kernel's bits, forward and backward, rotate-half
-    # and interleaved (whose pass by element reads every entry and no flag).
+@pytest.mark.parametrize("how", ["kept", "inference table", "compiled"])
+def test_rows_read_half_where_their_pairs_are_equal(halves, how, pre_passes):
+    # The pre-pass writes a flag per row (does one of its pairs have members whose cos or sin
+    # differ?) and member b's cos and s' only where it does; the flat pass reads them only
+    # there. Whatever the table, every call gives the finished kernel's bits, forward and
+    # backward, rotate-half and interleaved (whose pass by element reads every entry and is
+    # given no flags), with the rows kept between eager calls and with rows written every call
+    # (a table made under inference_mode; compiled code, through the operators).
     g = torch.Generator().manual_seed(5)
     freqs = ropelib.rope_freqs(S, D, device=DEVICE)
     if halves == "one pair differs":
@@ -536,38 +539,56 @@ def test_kept_rows_read_half_only_where_every_pair_is_equal(halves, pre_passes):
         freqs[S // 2, ..., D // 2 + 3] += 0.25        # one token, member b of pair 3
     elif halves == "all differ":
         freqs = torch.rand(freqs.shape, generator=g).to(DEVICE) * 3
+    if how == "inference table":
+        with torch.inference_mode():
+            freqs = freqs.clone()
     q = torch.randn(S, B, HQ, D, generator=g).to(DEVICE).requires_grad_(True)
     dy = torch.randn(S, B, HQ, D, generator=g).to(DEVICE)
     flags = []
-    real = launch.TwoPass.new_flag
+    real = launch.TwoPass.new_rows
 
-    def kept_flag(self, device):
-        flags.append(real(self, device))
-        return flags[-1]
+    def recorded(self, device):
+        rows = real(self, device)
+        if not planning.is_fake(rows[0]):     # (not while torch.compile traces the call)
+            flags.append(rows[2])
+        # NaN where nothing is written: a b entry read where it was not written shows
+        rows[0].fill_(float("nan"))
+        rows[1].fill_(float("nan"))
+        return rows
 
+    want_flags = {"equal": [0] * S, "one pair differs": [int(s == S // 2) for s in range(S)],
+                  "all differ": [1] * S}[halves]
     for interleaved in (False, True):
+        def rotate(q, freqs):
+            return ropelib.apply_rope(q, freqs, interleaved=interleaved)
+
+        step = torch.compile(rotate, backend="aot_eager", fullgraph=True) \
+            if how == "compiled" else rotate
+
         def call():
-            y = ropelib.apply_rope(q, freqs, interleaved=interleaved)
+            y = step(q, freqs)
             return (y.detach(), *torch.autograd.grad(y, q, dy))
 
-        want = through("finished", call)
+        want = through("finished", lambda: call() if how != "compiled" else
+                       (lambda y: (y.detach(), *torch.autograd.grad(y, q, dy)))(rotate(q, freqs)))
         saved = thresholds(0, 0)
         eager.SIGNATURES.clear()
         eager.TABLE_ROWS.clear()
         flags.clear()
-        launch.TwoPass.new_flag = kept_flag
+        launch.TwoPass.new_rows = recorded
         try:
-            for _ in range(3):                          # rows written, then read as kept
+            for _ in range(3):          # rows written, then (kept) read as kept
                 assert_same_bits(call(), want, f"{halves}, interleaved {interleaved}")
         finally:
-            launch.TwoPass.new_flag = real
+            launch.TwoPass.new_rows = real
             thresholds(*saved)
             eager.SIGNATURES.clear()
+        # the forward's and the backward's rows, once when kept, every call when not
+        assert len(flags) == (2 if how == "kept" else 6)
         if interleaved:
-            assert not flags
-        else:                                           # the forward's and backward's rows
-            assert len(flags) == 2
-            assert [int(f) for f in flags] == [int(halves != "equal")] * 2
+            assert all(f is None for f in flags)
+        else:
+            assert all(f.tolist() == want_flags for f in flags)
 
 
 @pytest.mark.parametrize("mode", ["grad", "no_grad", "inference_mode"])
@@ -633,7 +654,7 @@ def test_kept_rows_are_bounded_in_bytes(pre_passes, monkeypatch):
     # rows larger than the byte budget are not kept; the budget evicts the oldest first
     q = torch.randn(S, B, HQ, D, device=DEVICE)
     freqs = ropelib.rope_freqs(S, D, device=DEVICE)
-    row_bytes = 2 * S * D * 4 + 4                       # cos and s', fp32, and their flag
+    row_bytes = 2 * S * D * 4 + S                       # cos and s', fp32, and a flag a row
     saved = thresholds(0, 0)
     eager.SIGNATURES.clear()
     try:

@@ -404,9 +404,9 @@ def _compile_here(what: str, S: int, B: int, H: int, D: int, dtype: str, sm_coun
                                             _launch.Table(f, None), _launch.Positions(), R=D,
                                             interleaved=False, backward=False, layout="sbhd")
         lau = route.rotate_pass
-        rows = torch.empty(route.table_shape, dtype=torch.float32)
+        rows, _, flags = route.new_rows(x.device)   # (and the flag per row)
         kernel = lau.launcher.kernel
-        args = dict(zip(lau.launcher.pointer_names, ptrs[:4] + (rows, rows, None, None)),
+        args = dict(zip(lau.launcher.pointer_names, ptrs[:4] + (rows, rows, None, flags)),
                     **dict(lau.args, XBLOCK=_tiles.TWO_PASS_ELEMENTS))
         grid, warps = (triton.cdiv(x.numel(), _tiles.TWO_PASS_ELEMENTS),), lau.num_warps
         tile = dict(XBLOCK=_tiles.TWO_PASS_ELEMENTS)

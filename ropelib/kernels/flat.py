@@ -1,7 +1,7 @@
 """The two-pass route for large contiguous tensors: a cos/sin table of the call's tokens, then a
 flat pass over the tensor that reads it.
 
-    _cos_sin_rows_kernel   every token's fp32 cos and sin rows, from any table and positions  22 args
+    _cos_sin_rows_kernel   every token's fp32 cos and sin rows, from any table and positions  23 args
     _token_rows_kernel     or each token's table row (then the rows are positions 0..P'-1)    11 args
     _rope_rows_kernel      q (and k) rotated row by row (pairs) or element by element,       29 args
                            reading cos/sin per feature
@@ -39,10 +39,14 @@ as one contiguous row (two stores at stride 2 took the pre-pass twice as long: 1
 7.8 us at s4096 b8 on an H100). Given pairs_differ_ptr (an int32 the caller zeroed), a program
 that finds a pair whose two members' cos or sin differ in a valid row sets it to 1: the QKV
 projection's forward then reads four tiles of the rows, and otherwise two (one cos and one sin
-a pair), as it does for table-free angles. The flat pass takes the same flag where the eager
-route keeps the pre-pass's rows (eager.TableRows, the rows and their flag made together, once):
-rows of pairs whose flag is 0 read only member a's cos and s' (s'_b = -s'_a in either direction,
-c_b = c_a), half the table's bytes, which at batch 1 are 1 KiB a token beside 16 KiB of q moved.
+a pair), as it does for table-free angles. Given row_flags_ptr (the two-pass route's rotate-half
+rows), it writes one flag per row instead, 1 where a pair's members differ, and writes member
+b's cos and s' only in those rows: the tables models pass repeat each frequency in both members
+of a pair, so member b's cos equals a's and its s' is -s'_a in either direction. The flat pass
+then reads member b's entries only where its row's flag is 1: half the rows' bytes written and
+read, which at batch 1 are 1 KiB a token beside 16 KiB of q moved. Per row, so no flag needs
+zeroing before the pre-pass (a launch of its own): every call, kept rows or not, compiled or
+replayed from a CUDA graph, writes and reads half.
 
 On a GPU with programmatic dependent launch (compute capability 9.0 and up) the flat pass after
 a pre-pass is launched early: the pre-pass lets it start at once (EARLY_DEPENDENTS), and its
@@ -246,6 +250,9 @@ def _cos_sin_rows_kernel(
     position_ids_ptr, cu_seqlens_ptr, start_ptr,   # where positions come from (fused.table_rows)
     cos_out_ptr, sin_out_ptr,            # cos, s' [NB * S, R] fp32, contiguous
     pairs_differ_ptr,                    # int32 [1] set to 1 where a pair's members differ, or None
+    row_flags_ptr,                       # int8 [NB * S]: 1 where one of the row's pairs has
+                                         # members that differ, else 0 and member b's entries
+                                         # are not written (rotate-half rows); or None
     S, P, N_SEQ, cp_size, cp_rank,       # tokens, table rows, packed sequences, context parallel
     stride_tab_b, stride_tab_p, stride_ids_b,
     R: tl.constexpr, INTERLEAVED: tl.constexpr, BACKWARD: tl.constexpr,
@@ -264,10 +271,18 @@ def _cos_sin_rows_kernel(
                              start_ptr, N_SEQ, cp_size, cp_rank)
     c_a, s_a, c_b, s_b = table_cos_sin(cos_ptr, sin_ptr, rows, valid, b, stride_tab_b,
                                        stride_tab_p, d_a, d_b, mask, tl.float32, HALF, True)
-    if pairs_differ_ptr is not None:    # (rows outside the table are NaN whichever is read)
-        differ = mask & valid[:, None, None] & ((c_a != c_b) | (s_a != s_b))
-        if tl.max(differ.to(tl.int32)) > 0:
-            tl.store(pairs_differ_ptr, 1)
+    mask_b = mask           # member b's entries written (rotate-half rows)
+    if pairs_differ_ptr is not None or row_flags_ptr is not None:
+        # (rows outside the table are NaN whichever member is read)
+        differ = (mask & valid[:, None, None] & ((c_a != c_b) | (s_a != s_b))).to(tl.int32)
+        if pairs_differ_ptr is not None:
+            if tl.max(differ) > 0:
+                tl.store(pairs_differ_ptr, 1)
+        if row_flags_ptr is not None:
+            row_differs = tl.max(differ, axis=2)                        # [BLOCK_S, 1]
+            tl.store(row_flags_ptr + (b * S + s_idx).to(tl.int64)[:, None],
+                     row_differs.to(tl.int8), mask=(s_idx < S)[:, None])
+            mask_b = mask & (row_differs != 0)[:, :, None]
     if BACKWARD:
         s_a, s_b = s_b, -s_a
     else:
@@ -284,9 +299,9 @@ def _cos_sin_rows_kernel(
         tl.store(sin_out_ptr + row, _pairs_joined(s_a, s_b, BLOCK_S, BLOCK_HALF), mask=mask2)
     else:               # the two halves: two contiguous stores of R/2
         tl.store(cos_out_ptr + out + d_a[None, None, :], c_a, mask=mask)
-        tl.store(cos_out_ptr + out + d_b[None, None, :], c_b, mask=mask)
+        tl.store(cos_out_ptr + out + d_b[None, None, :], c_b, mask=mask_b)
         tl.store(sin_out_ptr + out + d_a[None, None, :], s_a, mask=mask)
-        tl.store(sin_out_ptr + out + d_b[None, None, :], s_b, mask=mask)
+        tl.store(sin_out_ptr + out + d_b[None, None, :], s_b, mask=mask_b)
 
 
 @triton.jit
@@ -422,7 +437,7 @@ def _row_tile(block, S, B, H, LAYOUT: tl.constexpr, ROWS: tl.constexpr, INT64: t
 
 @triton.jit
 def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, token_rows_ptr,
-                  stride_rows_b, stride_tab_p, stride_tab_axis, pairs_differ_ptr,
+                  stride_rows_b, stride_tab_p, stride_tab_axis, row_flags_ptr,
                   D: tl.constexpr, R: tl.constexpr,
                   BACKWARD: tl.constexpr, SIGNED: tl.constexpr, KEEP_TABLE: tl.constexpr,
                   ROW_POINTERS: tl.constexpr, AXIS_H_FROM: tl.constexpr,
@@ -434,8 +449,9 @@ def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, token_rows
     # loaded after x, so x's loads do not wait on it (a row of -1, a position outside the
     # table, gives NaN). With one table per axis (AXIS_H_FROM < R/2) pair j and both its
     # members read the table of j's section, stride_tab_axis further on per axis. Given the
-    # pre-pass's flag (pairs_differ_ptr, with its s' rows), member b's entries are loaded only
-    # where some pair's members differ: otherwise c_b = c_a and s'_b = -s'_a.
+    # pre-pass's row flags (row_flags_ptr, one per row of its s' rows), member b's entries are
+    # loaded only for rows where some pair's members differ: otherwise c_b = c_a and
+    # s'_b = -s'_a (the pre-pass did not write them).
     HALF: tl.constexpr = R // 2
     BLOCK_HALF: tl.constexpr = tile_width(HALF)
     j = tl.arange(0, BLOCK_HALF)
@@ -470,10 +486,11 @@ def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, token_rows
     else:
         cos_a = cos_ptr + (tab[:, None] + col[None, :])
         sin_a = sin_ptr + (tab[:, None] + col[None, :])
-    if SIGNED and pairs_differ_ptr is not None:
-        # (a scalar predicate: where it is false the b loads move no bytes; a select, as
-        # Triton's interpreter takes no mask anded with a loaded scalar)
-        m_b = tl.where(tl.load(pairs_differ_ptr) != 0, m, False)
+    if SIGNED and row_flags_ptr is not None:
+        # the row's flag: the pre-pass's rows are [NB * S, R], so row tab // R (where it is 0
+        # the b loads move no bytes)
+        differs = tl.load(row_flags_ptr + tab // R, mask=live, other=1)
+        m_b = m & (differs != 0)[:, None]
     else:
         m_b = m
     if KEEP_TABLE:          # the rows serve every batch entry: keep them in L2
@@ -488,7 +505,7 @@ def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, token_rows
         sb = tl.load(sin_a + HALF, mask=m_b, other=0.0)
     sa = sa.to(tl.float32)
     sb = sb.to(tl.float32)
-    if SIGNED and pairs_differ_ptr is not None:     # the two halves equal: a's entries serve b
+    if SIGNED and row_flags_ptr is not None:     # the two halves equal: a's entries serve b
         cb = tl.where(m_b, cb, ca)
         sb = tl.where(m_b, sb, -sa)
     if SIGNED:              # s' (the pre-pass's rows): y_a = x_a c_a + x_b s'_a, and so for b
@@ -525,7 +542,7 @@ def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, token_rows
 
 
 @triton.jit
-def _rotate_rows(x_ptr, y_ptr, cos_ptr, sin_ptr, index_ptr, pairs_differ_ptr, block, seq, S, B,
+def _rotate_rows(x_ptr, y_ptr, cos_ptr, sin_ptr, index_ptr, row_flags_ptr, block, seq, S, B,
                  H, stride_tab_p, stride_tab_b, stride_rows_b, stride_tab_axis, D: tl.constexpr,
                  R: tl.constexpr,
                  LAYOUT: tl.constexpr, BACKWARD: tl.constexpr, SIGNED: tl.constexpr,
@@ -537,7 +554,7 @@ def _rotate_rows(x_ptr, y_ptr, cos_ptr, sin_ptr, index_ptr, pairs_differ_ptr, bl
         r, live, tab = _sequence_span(block, seq, index_ptr, S, B, H, stride_tab_p, ROWS,
                                       INT64)
         _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, r, r, None, 0,
-                      stride_tab_p, stride_tab_axis, pairs_differ_ptr, D, R, BACKWARD, SIGNED,
+                      stride_tab_p, stride_tab_axis, row_flags_ptr, D, R, BACKWARD, SIGNED,
                       KEEP_TABLE, False, AXIS_H_FROM, AXIS_W_FROM)
     else:
         r, live, s, b = _row_tile(block, S, B, H, LAYOUT, ROWS, INT64)
@@ -545,7 +562,7 @@ def _rotate_rows(x_ptr, y_ptr, cos_ptr, sin_ptr, index_ptr, pairs_differ_ptr, bl
         if PER_ENTRY:
             tab += b * stride_tab_b
         _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, index_ptr,
-                      stride_rows_b, stride_tab_p, stride_tab_axis, pairs_differ_ptr, D, R,
+                      stride_rows_b, stride_tab_p, stride_tab_axis, row_flags_ptr, D, R,
                       BACKWARD, SIGNED, KEEP_TABLE, True, AXIS_H_FROM, AXIS_W_FROM)
 
 
@@ -555,8 +572,8 @@ def _rope_rows_kernel(
     cos_ptr, sin_ptr,                    # cos, s' of the pre-pass (SIGNED), or the caller's
     index_ptr,                           # None, or each token's row [NB * S] int32 (-1: none),
                                          # or (LAYOUT 3) the packed sequences' cu_seqlens
-    pairs_differ_ptr,                    # None, or the pre-pass's int32 flag: 0 where every
-                                         # pair's members are equal (rows of pairs read half)
+    row_flags_ptr,                       # None, or the pre-pass's int8 flag per row: 0 where
+                                         # every pair's members are equal (read half)
     S, B, HQ, HK,                        # (LAYOUT 3: S tokens, B the positions each sequence's
                                          # programs cover)
     stride_tab_p, stride_tab_b,          # a token's row: s * stride_tab_p (+ b * stride_tab_b),
@@ -616,7 +633,7 @@ def _rope_rows_kernel(
                          LAYOUT, INTERLEAVED, BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE,
                          AXIS_H_FROM, AXIS_W_FROM, XBLOCK, INT64)
         else:
-            _rotate_rows(q_ptr, q_out_ptr, cos_ptr, sin_ptr, index_ptr, pairs_differ_ptr,
+            _rotate_rows(q_ptr, q_out_ptr, cos_ptr, sin_ptr, index_ptr, row_flags_ptr,
                          q_block, seq, S, B, HQ, stride_tab_p, stride_tab_b, stride_rows_b,
                          stride_tab_axis, D, R, LAYOUT, BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE,
                          AXIS_H_FROM, AXIS_W_FROM, ROWS, INT64)
@@ -630,7 +647,7 @@ def _rope_rows_kernel(
                          R, LAYOUT, INTERLEAVED, BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE,
                          AXIS_H_FROM, AXIS_W_FROM, XBLOCK, INT64)
         else:
-            _rotate_rows(k_ptr, k_out_ptr, cos_ptr, sin_ptr, index_ptr, pairs_differ_ptr,
+            _rotate_rows(k_ptr, k_out_ptr, cos_ptr, sin_ptr, index_ptr, row_flags_ptr,
                          k_block, seq, S, B, HK, stride_tab_p, stride_tab_b, stride_rows_b,
                          stride_tab_axis, D, R, LAYOUT, BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE,
                          AXIS_H_FROM, AXIS_W_FROM, ROWS, INT64)

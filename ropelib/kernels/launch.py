@@ -474,9 +474,9 @@ class TwoPass(NamedTuple):
     index_pass: Optional[Launch] = None
     index_shape: tuple = (0,)
     seq_rows: int = 0       # > 0: the flat pass takes one packed sequence per grid row
-    # the flat pass reading the pre-pass's flag (rows of pairs after a pre-pass; else None):
-    # member b's cos and s' only where some pair's members differ (the eager route's kept rows)
-    halves_pass: Optional[Launch] = None
+    # the pre-pass writes a flag per row and the flat pass reads member b's cos and s' only
+    # in rows where a pair's members differ (rotate-half rows after a pre-pass)
+    row_flags: bool = False
 
     def start(self, pointers: tuple) -> None:
         """Every pass (planning.start), with the rows made here (the eager route,
@@ -490,14 +490,15 @@ class TwoPass(NamedTuple):
             start(self.index_pass.launcher, self.index_pass,
                   (position_ids, cu_seqlens, start_, token_rows))
             position_ids = cu_seqlens = start_ = None   # the pre-pass: positions 0..P'-1
+        flags = None
         if self.table_pass is not None:
-            out = self.new_rows(q.device)
+            rows = self.new_rows(q.device)
             start(self.table_pass.launcher, self.table_pass,
-                  (cos, sin, position_ids, cu_seqlens, start_) + out + (None,))
-            cos, sin = out
+                  (cos, sin, position_ids, cu_seqlens, start_) + rows[:2] + (None, rows[2]))
+            cos, sin, flags = rows
         start(self.rotate_pass.launcher, self.rotate_pass,
               (q, q_out, k, k_out, cos, sin, token_rows if sequences is None else sequences,
-               None))
+               flags))
 
     def positions_split(self, position_ids, cu_seqlens, start) -> tuple:
         """((position ids, cu_seqlens, start offsets) for the index pass or the pre-pass, what
@@ -510,13 +511,12 @@ class TwoPass(NamedTuple):
         return (position_ids, cu_seqlens, start), None
 
     def new_rows(self, device) -> tuple:
-        """Fresh fp32 cos and s' rows for the pre-pass to write."""
+        """Fresh fp32 cos and s' rows for the pre-pass to write, and its flag per row (int8;
+        None where the flat pass reads every entry)."""
         return (torch.empty(self.table_shape, dtype=torch.float32, device=device),
-                torch.empty(self.table_shape, dtype=torch.float32, device=device))
-
-    def new_flag(self, device) -> torch.Tensor:
-        """A zeroed int32 for the pre-pass to set where a pair's members differ."""
-        return torch.zeros(1, dtype=torch.int32, device=device)
+                torch.empty(self.table_shape, dtype=torch.float32, device=device),
+                torch.empty(self.table_shape[:1], dtype=torch.int8, device=device)
+                if self.row_flags else None)
 
     def new_index(self, device) -> torch.Tensor:
         """A fresh row index per token, for the index pass to write."""
@@ -542,11 +542,14 @@ class TableRead(NamedTuple):
 
 
 def plan_table_read(table: Table, positions: Positions, S, B, *, R: int, interleaved: bool,
-                    backward: bool, device, rows_kept: bool = False) -> TableRead:
+                    backward: bool, device, rows_kept: bool = False,
+                    row_flags: bool = False) -> TableRead:
     """The first half of a two-pass plan: the pre-pass writing every token's fp32 cos and s'
     rows (per batch entry where positions or tables differ between entries), or none where
     the caller's cos/sin table is read as it is (positions the token index); or, where that
-    moves fewer bytes, each token's row index and the rows of the positions below P'."""
+    moves fewer bytes, each token's row index and the rows of the positions below P'.
+    row_flags: the pre-pass writes a flag per row and member b's entries only where it is 1
+    (for a flat pass that reads the flags)."""
     pos = positions
     per_entry, tab_p = _table_strides(table)
     on_gpu = device.type == "cuda" and not INTERPRET
@@ -561,7 +564,8 @@ def plan_table_read(table: Table, positions: Positions, S, B, *, R: int, interle
     seq_rows = by_sequence(table, pos, S, B)
     if seq_rows:    # the rows of positions 0 .. seq_rows - 1, read by each sequence's programs
         rows = plan_table_read(table, Positions(), seq_rows, 1, R=R, interleaved=interleaved,
-                               backward=backward, device=device, rows_kept=rows_kept)
+                               backward=backward, device=device, rows_kept=rows_kept,
+                               row_flags=row_flags)
         return rows._replace(seq_rows=seq_rows)
     if table_bytes(table, pos, S, B, R, rows_kept)[1]:
         block_s = pow2_at_least(S, 1024 if on_gpu else 1 << 14)
@@ -574,23 +578,28 @@ def plan_table_read(table: Table, positions: Positions, S, B, *, R: int, interle
                  stride_ids_b=S if ids_per_entry else 0, BLOCK_S=block_s),
             pointer_dtypes((ids, pos.cu_seqlens, pos.start)), device, TOKEN_ROWS)
         rows = plan_table_read(table, Positions(), below, 1, R=R, interleaved=interleaved,
-                               backward=backward, device=device, rows_kept=rows_kept)
+                               backward=backward, device=device, rows_kept=rows_kept,
+                               row_flags=row_flags)
         return rows._replace(index_pass=index_pass, index_shape=(nb * S,),
                              stride_rows_b=S if nb > 1 else 0)
     table_pass = plan_cos_sin_rows(table, pos, S, nb, R=R, interleaved=interleaved,
-                                   backward=backward, device=device)
+                                   backward=backward, device=device, row_flags=row_flags)
     return TableRead(table_pass, True, R, S * R if nb > 1 else 0, (nb * S, R))
 
 
 def plan_cos_sin_rows(table: Table, positions: Positions, S, nb: int, *, R: int,
                       interleaved: bool, backward: bool, device,
-                      any_length: bool = False) -> Launch:
+                      any_length: bool = False, pairs_differ: bool = False,
+                      row_flags: bool = False) -> Launch:
     """The pre-pass (flat._cos_sin_rows_kernel, pointers COS_SIN_ROWS.pointer_names): every
     token's fp32 cos and signed sine s' rows [nb * S, R], nb = B where positions or tables
     differ between batch entries (else 1), from any table and source of positions; a NaN row
     for a position outside the table. The two-pass route's first pass, and what the QKV
     projection's kernels read (kernels/qkv_gemm.py). any_length: tokens per program that do not
-    depend on S (compiled code with dynamic lengths then needs no new graph per length)."""
+    depend on S (compiled code with dynamic lengths then needs no new graph per length).
+    pairs_differ: the caller passes the int32 flag (set where a pair's members differ);
+    row_flags: the int8 flag per row (member b's entries then written only where it is 1).
+    Each is a kernel of its own (the Launch names every pointer's dtype)."""
     pos = positions
     per_entry, tab_p = _table_strides(table)
     on_gpu = device.type == "cuda" and not INTERPRET
@@ -607,8 +616,9 @@ def plan_cos_sin_rows(table: Table, positions: Positions, S, nb: int, *, R: int,
              stride_ids_b=S if ids_per_entry else 0, R=R, INTERLEAVED=interleaved,
              BACKWARD=backward, BLOCK_S=block_s, BLOCK_HALF=half,
              EARLY_DEPENDENTS=launches_early(device)),
-        pointer_dtypes((table.cos, table.sin, ids, pos.cu_seqlens, pos.start)), device,
-        COS_SIN_ROWS)
+        pointer_dtypes((table.cos, table.sin, ids, pos.cu_seqlens, pos.start))
+        + (torch.float32, torch.float32, torch.int32 if pairs_differ else None,
+           torch.int8 if row_flags else None), device, COS_SIN_ROWS)
 
 
 def plan_two_pass(q: View, q_out: View, table: Table, positions: Positions, *, R: int,
@@ -619,9 +629,17 @@ def plan_two_pass(q: View, q_out: View, table: Table, positions: Positions, *, R
     S, B, D = x.shape[0], x.shape[1], x.shape[3]
     HK = k.heads if k is not None else 0
     on_gpu = x.device.type == "cuda" and not INTERPRET
+    axis_h_from, axis_w_from = table.axes[:2] if table.axes else (R // 2, R // 2)
+    # flat._rope_rows_kernel's own choice of pass, from the same arguments
+    by_element = bool(flat_by_element(D, R, interleaved, axis_h_from, axis_w_from))
+    # rows of pairs read member b's entries by the pre-pass's flag per row (the pass by
+    # element reads every entry)
+    row_flags = not by_element and _tiles_module.TWO_PASS_ROW_FLAGS
     read = plan_table_read(table, positions, S, B, R=R, interleaved=interleaved,
-                           backward=backward, device=x.device, rows_kept=rows_kept)
+                           backward=backward, device=x.device, rows_kept=rows_kept,
+                           row_flags=row_flags)
     table_pass, signed, stride_p, stride_b, table_shape = read[:5]
+    row_flags = row_flags and table_pass is not None
     out32 = torch.empty(0, dtype=torch.float32, device="meta")     # (the pre-pass's dtype)
     index = torch.empty(0, dtype=torch.int32, device="meta") if read.index_pass else None
     seqs = positions.cu_seqlens if read.seq_rows else None
@@ -631,9 +649,6 @@ def plan_two_pass(q: View, q_out: View, table: Table, positions: Positions, *, R
                  pow2_at_least(D, 1 << 30))
     n_q, n_k = S * B * q.heads * D, S * B * HK * D
     positions_per = read.seq_rows or S * B     # (rows of positions a grid row covers)
-    axis_h_from, axis_w_from = table.axes[:2] if table.axes else (R // 2, R // 2)
-    # flat._rope_rows_kernel's own choice of pass, from the same arguments
-    by_element = bool(flat_by_element(D, R, interleaved, axis_h_from, axis_w_from))
     kernel_layout = 3 if read.seq_rows else OUT_LAYOUT[layout]
     rows = xblock // pow2_at_least(D, 1 << 30)
     if by_element:
@@ -666,17 +681,13 @@ def plan_two_pass(q: View, q_out: View, table: Table, positions: Positions, *, R
         pointer_dtypes((x, q_out.tensor, k.tensor if k is not None else None,
                  k_out.tensor if k_out is not None else None)
                 + ((table.cos, table.sin) if table_pass is None else (out32, out32))
-                + (index if seqs is None else seqs, None)), x.device, ROWS, early=early)
-    halves_pass = None
-    if table_pass is not None and not by_element:
-        halves_pass = Launch(rotate_pass.grid, rotate_pass.num_warps, rotate_pass.args,
-                             rotate_pass.dtypes[:-1] + (torch.int32,), x.device, ROWS,
-                             early=early)
+                + (index if seqs is None else seqs,)) + (torch.int8 if row_flags else None,),
+        x.device, ROWS, early=early)
     pointers = (x, q_out.tensor, k.tensor if k is not None else None,
                 k_out.tensor if k_out is not None else None, table.cos, table.sin,
                 positions.position_ids, positions.cu_seqlens, positions.start)
     return TwoPass(table_pass, rotate_pass, table_shape, read.index_pass,
-                   read.index_shape, read.seq_rows, halves_pass), pointers
+                   read.index_shape, read.seq_rows, row_flags), pointers
 
 
 # The finished kernels, by where positions come from, with their pointer arguments in order
@@ -689,10 +700,10 @@ QKV = DirectLauncher(_rope_qkv_kernel, ("qkv_ptr", "q_ptr", "k_ptr", "q_cos_ptr"
                                         "start_ptr"))
 COS_SIN_ROWS = DirectLauncher(_cos_sin_rows_kernel, (
     "cos_ptr", "sin_ptr", "position_ids_ptr", "cu_seqlens_ptr", "start_ptr", "cos_out_ptr",
-    "sin_out_ptr", "pairs_differ_ptr"))
+    "sin_out_ptr", "pairs_differ_ptr", "row_flags_ptr"))
 TOKEN_ROWS = DirectLauncher(_token_rows_kernel, ("position_ids_ptr", "cu_seqlens_ptr",
                                                  "start_ptr", "rows_out_ptr"))
-ROWS = DirectLauncher(_rope_rows_kernel, _ROTATED + ("index_ptr", "pairs_differ_ptr"))
+ROWS = DirectLauncher(_rope_rows_kernel, _ROTATED + ("index_ptr", "row_flags_ptr"))
 TWO_PASS_POINTERS = _ROTATED + ("position_ids_ptr", "cu_seqlens_ptr", "start_ptr")
 LAUNCHERS = (TOKENS, IDS, PACKED, QKV, COS_SIN_ROWS, TOKEN_ROWS, ROWS)
 

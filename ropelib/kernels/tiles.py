@@ -73,6 +73,15 @@ TWO_PASS_PAIR_WARPS = 2
 # 64 MiB sbhd 0.900 -> 0.948 (0.931 with 256 alone, 0.914 early alone), bshd 0.894 -> 0.942,
 # thd 0.895 -> 0.945, 256 MiB bshd 0.961 -> 0.975; forward at 64 MiB 0.918 -> 0.948.
 TWO_PASS_TABLE_ELEMENTS = 256
+# Rotate-half rows after a pre-pass: the pre-pass writes a flag per row (does one of its pairs
+# have members whose cos or sin differ?) and member b's entries only where it does; the flat
+# pass reads them only there. The tables models pass repeat each frequency in both members, so
+# the rows' bytes written and read halve. With one flag for the whole table, zeroed when kept
+# rows were made, the kept rows' reads went 0.932 -> 0.963 of a copy at s16k b1 bf16 and
+# 0.986 -> 1.002 at 1 GiB (H200, results/half_rows_probe-nvidia-h200-20261202-0822.csv);
+# per row, no flag needs zeroing, so calls whose rows are not kept (compiled code, CUDA
+# graphs, inference tables) halve theirs too. False: full rows, no flags (for comparisons).
+TWO_PASS_ROW_FLAGS = True
 # False: every kernel waits for the one before it to end before it launches (the flat pass after
 # its pre-pass, the QKV projection's forward after its cos/sin rows)
 EARLY_LAUNCH = True
