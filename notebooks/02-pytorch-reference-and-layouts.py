@@ -82,10 +82,24 @@ COMMITTED = (f"COMMITTED run, the one the text quotes ({KERNELS_CSV.relative_to(
 # | `bshd` | `[B, S, H, D]` | flash-attention, most PyTorch code (HF attends in `[B, H, S, D]`) |
 # | `thd`  | `[T, H, D]` + `cu_seqlens` | packed variable-length sequences, no padding |
 #
-# The rotation is the same in all of them: token (sequence $b$, position $s$) is rotated by the
-# table row of its position. Only the *addressing* differs. A `bshd` tensor is often just a
-# transposed view of `sbhd` memory — same bytes, different strides — so a kernel that takes
-# strides needs no `.contiguous()` copy.
+# The rotation is the same in all of them. Notebook 01 wrote it for one head; with rotate-half
+# pairing, a head's $R$ rotated features split into halves, feature $i < R/2$ pairs with
+# $i + R/2$, and a token at position $m$ turns each pair by the angle $m\theta_i$, with
+# $\theta_i = \mathrm{base}^{-2i/R}$:
+#
+# $$
+# y_i = x_i\cos m\theta_i - x_{i+R/2}\sin m\theta_i, \qquad
+# y_{i+R/2} = x_{i+R/2}\cos m\theta_i + x_i\sin m\theta_i .
+# $$
+#
+# Every head of every token is rotated by the table row of its position; only the *addressing*
+# differs between layouts. Element $(s, b, h, d)$ of a tensor with strides
+# $(\sigma_s, \sigma_b, \sigma_h, \sigma_d)$ sits at offset
+# $s\sigma_s + b\sigma_b + h\sigma_h + d\sigma_d$. A `bshd` tensor is often just a transposed view
+# of `sbhd` memory: the same bytes with $\sigma_s$ and $\sigma_b$ swapped. A kernel that takes
+# strides reads such a view where it lies; one that assumes contiguous rows needs a
+# `.contiguous()` copy first, which moves every byte once more. The cell prints both sets of
+# strides and checks that the two calls give the same numbers.
 
 # %%
 freqs = rope_freqs(2 * S, D)                     # [2S, 1, 1, D] fp32 angles (longer than needed)
@@ -103,8 +117,9 @@ print("sbhd and bshd agree; both match the fp64 reference")
 
 # %% [markdown]
 # In `thd` the sequences of a batch are concatenated along the token axis and
-# `cu_seqlens = [0, l_0, l_0 + l_1, ...]` marks where each starts; positions restart at 0 in
-# every sequence. Packing avoids computing on padding.
+# `cu_seqlens` $= [c_0, c_1, \dots] = [0,\ l_0,\ l_0 + l_1, \dots]$ marks where each starts;
+# positions restart at 0 in every sequence. Token $t$ of sequence $i$ ($c_i \le t < c_{i+1}$) is
+# at position $p_t = t - c_i$. Packing avoids computing on padding.
 #
 # The cell prints the positions of the packed tokens on each side of every boundary between
 # two sequences, and checks that the first token of every sequence is at position 0. The loop
@@ -122,6 +137,8 @@ p_thd = reference.positions("thd", 0, cu_seqlens=cu_seqlens.cpu())     # [T]
 for c in cu_seqlens[1:-1].tolist():                  # each boundary: two tokens before, three after
     print(f"tokens {c - 2} to {c + 2}: positions {p_thd[c - 2:c + 3].tolist()}")
 assert (p_thd[cu_seqlens[:-1].cpu().long()] == 0).all()     # every sequence starts at 0
+seq_of = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))  # i of t
+assert torch.equal(p_thd, torch.arange(T) - cu_seqlens.cpu().long()[seq_of])       # t - c_i
 # the same as rotating each sequence on its own (as [s, 1, H, D] sbhd):
 for i, part in enumerate(torch.split(x_thd, lengths)):
     alone = ropelib.apply_rope(part.unsqueeze(1), freqs.to(device)).squeeze(1)
@@ -131,7 +148,9 @@ print(f"thd with cu_seqlens={cu_seqlens.tolist()} == each sequence rotated alone
 # %% [markdown]
 # ## 2. Two table conventions: TE's angles vs HF's cos/sin
 #
-# Both encode, for every position $m$ and rotated feature $i$, the angle $m\theta_{j(i)}$:
+# Both encode, for every position $m$ and rotated feature $i$ ($0 \le i < R$), the angle
+# $m\theta_{j(i)}$ of the pair it belongs to: $j(i) = i \bmod R/2$ for rotate-half,
+# $j(i) = \lfloor i/2 \rfloor$ for the interleaved pairing.
 #
 # - **Transformer Engine** passes the *angles* `freqs [P, 1, 1, R]` in fp32: `cat(f, f)` for
 #   rotate-half, each angle twice in a row (`f0 f0 f1 f1 ...`) for the interleaved pairing.
@@ -160,6 +179,12 @@ print(f"thd with cu_seqlens={cu_seqlens.tolist()} == each sequence rotated alone
 f_tab = rope_freqs(S, D).to(device)                               # [S, 1, 1, D] fp32
 cos_bf16, sin_bf16 = rope_cos_sin(S, D, dtype=dtype, device=device)  # [S, D] bf16
 print("freqs", tuple(f_tab.shape), f_tab.dtype, "| cos/sin", tuple(cos_bf16.shape), cos_bf16.dtype)
+# row m = 1 holds the theta_j themselves: base^(-2j/R), laid out as j(i) above says
+theta = f_tab[1, 0, 0].cpu()
+j = torch.arange(D)
+assert torch.allclose(theta, 10000.0 ** (-2 * (j % (D // 2)) / D))                 # rotate-half
+assert torch.equal(rope_freqs(2, D, interleaved=True)[1, 0, 0], theta[:D // 2][j // 2])  # pairs
+assert torch.equal(f_tab.cpu(), torch.arange(S).view(S, 1, 1, 1) * theta)   # row m: m * theta
 
 # the correctly rounded answer: computed in fp64, rounded once to bf16
 exact = reference.rope_reference(x_sbhd, f_tab, compute_dtype=torch.float64)
@@ -237,14 +262,13 @@ print(f"rotary_percent=0.5: features 0..{R - 1} rotated, {R}..{D - 1} untouched"
 # position that sequence has reached, and is rotated in one pass; HF's `position_ids` agree
 # with `start_positions`. The cell prints the positions used.
 #
-# The last two agree bit for bit (`torch.equal`), and that is expected, not luck. Both calls run
-# ropelib's finished kernel, through two entry points that differ only in where a token's table
-# row comes from: `start_positions[b]` plus the token's index, or the id itself. From that row on
-# they share one body, on the same tiles (picked from the shapes alone): the same fp32 angles
-# are read, the same cosine and sine taken, and each output is the same fused multiply-add,
-# written out in the kernel so that the compiler cannot contract the two entry points
-# differently. The same inputs through the same operations in the same order give the same
-# bits, on a GPU as in the interpreter.
+# The last two agree bit for bit (`torch.equal`), by construction rather than by luck. Both
+# calls run the same kernel code; only the lines that find a token's table row read a different
+# input: `start_positions[b]` plus the token's index, or the id itself. From that row on the two
+# are the same: the same fp32 angles, the same cosine and sine, and each output one fused
+# multiply-add written out in the kernel (`tl.fma`), so that the compiler cannot contract the
+# two specialisations differently. The same inputs through the same operations in the same order
+# give the same bits, on a GPU as in the interpreter.
 
 # %%
 L = S                                                       # prompt length
@@ -305,8 +329,21 @@ assert y_past.isnan().all()
 # With context parallelism (CP) the sequence is split over `cp_size` GPUs. A plain split would
 # be unfair under a causal mask: the rank with the last tokens attends to everything, the first
 # to almost nothing. TE therefore cuts the sequence into $2\,\mathrm{cp\_size}$ chunks and gives
-# rank $r$ chunks $r$ and $2\,\mathrm{cp\_size}-1-r$ (dual-chunk): the sums of work even out.
-# Each rank holds `S_local = 2 * chunk` tokens and must rotate them by their *global* positions.
+# rank $r$ chunks $r$ and $2\,\mathrm{cp\_size}-1-r$ (dual-chunk). Each rank holds
+# `S_local = 2 * chunk` tokens and must rotate them by their *global* positions.
+#
+# Why the sums of work even out: under a causal mask the token at position $p$ attends to $p + 1$
+# tokens. With $N$ = `cp_size` and chunks of $c$ tokens, chunk $k$ holds positions $kc$ to
+# $(k+1)c - 1$, so its work is
+#
+# $$
+# W_k = \sum_{p=kc}^{(k+1)c-1} (p + 1) = c^2 k + \frac{c(c+1)}{2},
+# \qquad
+# W_r + W_{2N-1-r} = c^2 (2N - 1) + c(c+1),
+# $$
+#
+# the same for every rank $r$. A plain split into $N$ pieces of $2c$ tokens gives rank $r$ the
+# work $4c^2 r + c(2c+1)$, which grows with $r$. The cell prints both.
 
 # %%
 cp_size, S_local = 4, 8
@@ -322,8 +359,10 @@ for r, p in pos.items():                         # rank r: chunk r, then chunk 2
                                      torch.arange(mirror * chunk, (mirror + 1) * chunk)]))
 # causal attention work of a token ~ its position + 1: every rank gets the same total
 work = [int((p + 1).sum()) for p in pos.values()]
-assert len(set(work)) == 1, work
-print("causal work per rank:", work)
+assert work == [chunk**2 * (2 * cp_size - 1) + chunk * (chunk + 1)] * cp_size, work
+plain = [int((torch.arange(r * S_local, (r + 1) * S_local) + 1).sum()) for r in range(cp_size)]
+assert plain == [4 * chunk**2 * r + chunk * (2 * chunk + 1) for r in range(cp_size)], plain
+print("causal work per rank, dual-chunk:", work, "| a plain split:", plain)
 
 fig, ax = plt.subplots(figsize=(9, 1.8))
 colors = plt.cm.tab10.colors
@@ -366,14 +405,48 @@ print("each rank's local rotation == the global rotation at its positions")
 # RoPE is **memory-bound**. Its speed is set by the bytes it moves, and the floor is reading $x$
 # once and writing $y$ once (plus a small table).
 #
-# TE's plain-PyTorch path (`fused=False`, copied op for op in `ropelib.reference.te_unfused`)
-# is five lines of tensor code, but each ATen operation in them is a separate kernel that reads
-# its inputs from memory and writes a temporary back (a line such as
-# `t * cos + rotate_half(t) * sin` is several of them). A `TorchDispatchMode` sees every ATen
-# operation that actually runs; we record the bytes each reads and writes. Each op's schema
-# says which outputs are views (`transpose(Tensor(a) self) -> Tensor(a)`: no bytes move,
-# skipped) and which arguments it writes (`Tensor(a!)`: in place or `out=`). The count works
-# the same on the CPU and on a GPU.
+# TE's plain-PyTorch path (`apply_rotary_pos_emb(..., fused=False)`) is the code below, for
+# `sbhd` and rotate-half. `ropelib.reference.te_unfused` keeps it line for line; the cell writes
+# it out and checks it against that function bit for bit. It is a handful of lines of tensor
+# code, but each ATen operation in them is a separate kernel that reads its inputs from memory
+# and writes a temporary back: the line `(t * cos_) + (rotate_half(t) * sin_)` alone is five of
+# them. The comments number the operations in the order they run; the count below prints the
+# same numbers.
+
+# %%
+def rotate_half(x):
+    x1, x2 = torch.chunk(x, 2, dim=-1)               # two views of x: no bytes move
+    return torch.cat((-x2, x1), dim=-1)              # 5: neg, 6: cat
+
+
+def te_unfused_sbhd(t, freqs):
+    cos_ = torch.cos(freqs).to(t.dtype)              # 0: cos, 1: _to_copy (fp32 -> bf16)
+    sin_ = torch.sin(freqs).to(t.dtype)              # 2: sin, 3: _to_copy
+    rot_dim = freqs.shape[-1]
+    t, t_pass = t[..., :rot_dim], t[..., rot_dim:]   # the rotated part and the rest: views
+    t = (t * cos_) + (rotate_half(t) * sin_)         # 4: mul, 5-6 above, 7: mul, 8: add
+    return torch.cat((t, t_pass), dim=-1)            # 9: cat (t_pass is empty here)
+
+
+x_small, f_small = x_sbhd[:8], rope_freqs(8, D).to(device)
+assert torch.equal(te_unfused_sbhd(x_small, f_small), reference.te_unfused(x_small, f_small))
+print("te_unfused_sbhd == ropelib.reference.te_unfused, bit for bit")
+
+# %% [markdown]
+# A `TorchDispatchMode` sees every ATen operation that actually runs; `CountTraffic` records
+# the bytes each reads and writes. Each op's schema says which outputs are views
+# (`transpose(Tensor(a) self) -> Tensor(a)`: no bytes move, skipped) and which arguments it
+# writes (`Tensor(a!)`: in place or `out=`). The count works the same on the CPU and on a GPU.
+#
+# The floor it is held against is one fused kernel: read $x$ once, write $y$ once, read the
+# fp32 table once. With $e$ bytes per element of $x$ and a table of $S \times R$ angles,
+#
+# $$
+# \text{bytes}_{\text{fused}} = 2\,SBHD\,e + 4\,SR
+# = SBHD\,e\left(2 + \frac{4R}{BHD\,e}\right),
+# $$
+#
+# which for bf16 ($e = 2$) and full rotation ($R = D$) is $2 + 2/(BH)$ times the bytes of $x$.
 
 # %%
 class CountTraffic(TorchDispatchMode):
@@ -421,14 +494,18 @@ fc = rope_freqs(Sc, Dc)
 with CountTraffic() as fwd:
     yc = reference.te_unfused(xc, fc)
 x_bytes = xc.numel() * xc.element_size()
-print(f"{'op':10s} {'read':>10s} {'written':>10s}   (in units of x = {x_bytes / 2**20:.0f} MiB)")
-for name, r, w in fwd.ops:
-    print(f"{name:10s} {r / x_bytes:10.2f} {w / x_bytes:10.2f}")
+print(f" # {'op':10s} {'read':>10s} {'written':>10s}   (in units of x = {x_bytes / 2**20:.0f} MiB)")
+for i, (name, r, w) in enumerate(fwd.ops):
+    print(f"{i:2d} {name:10s} {r / x_bytes:10.2f} {w / x_bytes:10.2f}")
 unfused_bytes = sum(r + w for _, r, w in fwd.ops)
 floor_bytes = 2 * x_bytes + fc.numel() * 4
 print(f"\n{len(fwd.ops)} kernels, {unfused_bytes / x_bytes:.1f}x the bytes of x; "
       f"a fused kernel: 1 kernel, {floor_bytes / x_bytes:.2f}x  ->  "
       f"{unfused_bytes / floor_bytes:.1f}x more traffic")
+# the ops numbered in te_unfused_sbhd, in that order; the floor as the formula above gives it
+assert [n for n, _, _ in fwd.ops] == ["cos", "_to_copy", "sin", "_to_copy", "mul", "neg", "cat",
+                                      "mul", "add", "cat"]
+assert floor_bytes / x_bytes == 2 + 2 / (Bc * Hc)
 # the numbers the text quotes (they follow from the shapes alone)
 assert len(fwd.ops) == 10 and unfused_bytes > 5 * floor_bytes
 assert (round(unfused_bytes / x_bytes, 1), round(floor_bytes / x_bytes, 2),
@@ -484,6 +561,52 @@ plt.show()
 # nothing. In the backward, the gradient of the empty `t_pass` slice is `slice_backward`: a
 # tensor of zeros the size of $x$, which the last `add` sums into the gradient of `t`.
 #
+# The next cell measures that share. It counts the same rotation with the split left out (valid
+# only when every feature turns) and checks that it gives the same bits. Edit the function and
+# rerun the cell to count your own variant; the asserts at the end check the numbers of the
+# version given here.
+
+# %%
+def te_unfused_all_rotated(t, freqs):
+    """TE's path without the partial-rotary split and its final cat: every feature turns."""
+    cos_ = torch.cos(freqs).to(t.dtype)
+    sin_ = torch.sin(freqs).to(t.dtype)
+    return (t * cos_) + (rotate_half(t) * sin_)
+
+
+assert torch.equal(te_unfused_all_rotated(xc, fc), yc)
+with CountTraffic() as lean_fwd:
+    te_unfused_all_rotated(xc, fc)
+xg_lean = xc.clone().requires_grad_()
+y_lean = te_unfused_all_rotated(xg_lean, fc)
+with CountTraffic() as lean_bwd:
+    y_lean.backward(dy)
+lean_fwd_bytes = sum(r + w for _, r, w in lean_fwd.ops)
+lean_bwd_bytes = sum(r + w for _, r, w in lean_bwd.ops)
+for what, full_c, full_b, lean_c, lean_b in [
+        ("forward", fwd, unfused_bytes, lean_fwd, lean_fwd_bytes),
+        ("backward", bwd, bwd_bytes, lean_bwd, lean_bwd_bytes)]:
+    print(f"{what:8s}  TE's code: {len(full_c.ops)} ops, {full_b / x_bytes:5.2f}x the bytes of x"
+          f"  |  without the split: {len(lean_c.ops)} ops, {lean_b / x_bytes:5.2f}x")
+assert (unfused_bytes - lean_fwd_bytes) / x_bytes == 2       # the last cat: read x, write x
+assert (bwd_bytes - lean_bwd_bytes) / x_bytes == 4           # zeros written, then added: 1 + 3
+assert [n for n, _, _ in bwd.ops if n not in [m for m, _, _ in lean_bwd.ops]] == ["slice_backward"]
+# the share of each direction's excess over the fused floor that the split costs
+share_fwd = (unfused_bytes - lean_fwd_bytes) / (unfused_bytes - floor_bytes)
+share_bwd = (bwd_bytes - lean_bwd_bytes) / (bwd_bytes - floor_bytes)
+print(f"the split's share of the bytes beyond the fused floor: forward {share_fwd:.0%}, "
+      f"backward {share_bwd:.0%}")
+assert [round(v / x_bytes, 2) for v in (unfused_bytes, lean_fwd_bytes, bwd_bytes, lean_bwd_bytes)] \
+    == [12.5, 10.5, 14.06, 10.06]
+assert (round(share_fwd, 2), round(share_bwd, 2)) == (0.19, 0.33)
+
+# %% [markdown]
+# Without the split the forward moves 10.50 times the bytes of $x$ instead of 12.50, and the
+# backward 10.06 instead of 14.06. The last `cat` costs a fifth (19%) of the forward's bytes
+# beyond the fused floor; the backward's tensor of zeros and the `add` that sums it cost a third
+# (33%) of the backward's. The rest is the chain itself: one temporary written and read back per
+# operation.
+#
 # ### The profiler's view
 #
 # `torch.profiler` lists the same operations. On the CPU it shows the ATen ops; on a GPU,
@@ -522,7 +645,9 @@ for name, fn in {"TE unfused": lambda: reference.te_unfused(xp, fp),
         print(f"    {n} x {op[:100]}")
 n_unfused, n_fused = (sum(launched[k].values()) for k in ("TE unfused", "ropelib.apply_rope"))
 assert n_unfused >= 8 and n_fused < n_unfused
-if not GPU:     # one autograd node: ropelib's Rotate
+if GPU:         # one kernel per counted op for the chain, one Triton kernel for ropelib
+    assert n_unfused == len(fwd.ops) and n_fused == 1
+else:           # one autograd node: ropelib's Rotate
     assert list(launched["ropelib.apply_rope"]) == ["Rotate"]
 
 # %% [markdown]
@@ -596,6 +721,23 @@ assert c_time_ratio > c_bytes_ratio
 # table and the factor lines after it are `LIVE`. Without a GPU the cell prints the committed
 # run's table instead, headed `COMMITTED`, and checks the same things against it. Either way,
 # the cell after it prints the committed run's numbers that the text quotes.
+#
+# The factor lines at the end of the cell split the timed ratio into measured parts. Write
+# $t_u$ and $t_f$ for `do_bench`'s times of the chain and of the fused call, $t_k$ and $b_k$
+# for kernel $k$'s device time and bytes, $b_f$ for the fused kernel's bytes, $\tau_f$ for its
+# device time and $\beta$ for the copy's GB/s. Then
+#
+# $$
+# \frac{t_u}{t_f} =
+# \underbrace{\frac{t_u}{\sum_k t_k}}_{\text{launch gaps}} \cdot
+# \underbrace{\frac{\sum_k t_k}{\sum_k b_k / \beta}}_{\text{below the copy}} \cdot
+# \underbrace{\frac{\sum_k b_k}{b_f}}_{\text{bytes}} \cdot
+# \underbrace{\frac{b_f / \beta}{\tau_f}}_{\text{fused against a copy}} \cdot
+# \underbrace{\frac{\tau_f}{t_f}}_{\text{device over do\_bench}} .
+# $$
+#
+# Every quantity but $t_u$ and $t_f$ appears once above and once below a fraction line, so the
+# product is the timed ratio exactly. What the split tells is which factors are far from 1.
 
 
 # %%
@@ -697,6 +839,36 @@ assert factors["the fused kernel against a copy"] > 0.8
 assert factors["the fused kernel's device time over do_bench's time"] > 0.8
 
 # %%
+# the table above as a figure: each kernel's device time, split into the time its bytes would
+# take at the copy's GB/s and the time beyond it
+source = (f"{torch.cuda.get_device_name()}, LIVE" if GPU
+          else f"{committed['gpu']}, COMMITTED run: {KERNELS_CSV.name}")
+# (a kernel faster than the copy, such as the add, is all grey: its own time, nothing beyond)
+at_copy = [min(r.nbytes / copy_gbps / 1e3, r.us) for r in rows]
+beyond = [r.us - a for r, a in zip(rows, at_copy)]
+plain_kinds = (kb.NOT_VECTORIZED, kb.CAT_NOT_VECTORIZED)
+fig, ax = plt.subplots(figsize=(8, 3.4))
+names = [f"{i}: {r.op}" for i, r in enumerate(rows)]
+ax.barh(names, at_copy, color="0.7")
+ax.barh(names, beyond, left=at_copy,
+        color=["tab:red" if r.kind in plain_kinds else "tab:blue" for r in rows])
+ax.invert_yaxis()
+ax.set(xlabel="device time per call (us)",
+       title=f"TE unfused forward, kernel by kernel ({source})")
+ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in ("0.7", "tab:red", "tab:blue")],
+          labels=["its bytes at the copy's GB/s", "beyond: not vectorized",
+                  "beyond: vectorized"], fontsize=8, loc="lower right")
+fig.tight_layout()
+fig.savefig(FIGURES / "02-unfused-kernel-time.png", dpi=120)
+plt.show()
+
+# %% [markdown]
+# Grey is the time each kernel's bytes would take at the copy's bandwidth (for the `add`, which
+# beats the copy, its whole time); colour is the rest. The red bars, the kernels PyTorch did not
+# vectorize, hold nearly all of it (the `not vectorized` line above: more than nine tenths,
+# asserted).
+
+# %%
 # the committed H200 run (read before any cell ran): the numbers the text below quotes
 c_copy = committed["copy_gbps"]
 c_big = max(r.nbytes for r in committed_rows) / 4
@@ -792,6 +964,14 @@ print(f"\none multiply against the add: {mul['l1_load_sectors']:,.0f} against "
       f"({mul['l1_load_requests'] / add['l1_load_requests']:.0f}x)")
 assert mul["l1_load_sectors"] == add["l1_load_sectors"] == 8_388_608
 assert mul["l1_load_requests"] == 8 * add["l1_load_requests"]
+# Nsight Compute's durations against the committed profiler run's, kernel for kernel
+c_x_rows = [committed_rows[i] for i in c_on_x]              # the same six kernels, in order
+assert [r.op for r in c_x_rows] == ["mul", "neg", "cat", "mul", "add", "cat"]
+under_ncu = [r["duration_ns"] / 1e3 / c.us for r, c in zip(big, c_x_rows)]
+print("duration under Nsight Compute / under the profiler: "
+      + ", ".join(f"{c.op} {q:.2f}" for c, q in zip(c_x_rows, under_ncu)))
+assert all(q > 1.05 for r, q in zip(big, under_ncu) if r in one_wide)     # longer
+assert all(abs(q - 1) < 0.05 for r, q in zip(big, under_ncu) if r in eight_wide)  # about as long
 
 # %% [markdown]
 # The counters confirm what the names said. Every kernel of the chain that is not vectorized
@@ -803,9 +983,9 @@ assert mul["l1_load_requests"] == 8 * add["l1_load_requests"]
 #
 # Two cautions. The non-vectorized path also computes each element's offset from the strides,
 # and these counters cannot separate that cost from the narrower loads. And Nsight Compute
-# replays each kernel under its own measurement, so its durations are not the profiler's (the
-# non-vectorized kernels take longer under it, the `add` about as long): compare its counts,
-# not its times.
+# replays each kernel under its own measurement, so its durations are not the profiler's: the
+# last line of the cell shows the non-vectorized kernels taking longer under it, the two
+# vectorized ones about as long. Compare its counts, not its times.
 #
 # What to take from section 6: in the committed run the unfused chain takes 13.0 times as long
 # as one fused call because it moves 6.02 times the bytes *and* streams them at 1/2.31 of a
