@@ -25,6 +25,7 @@ import argparse
 import csv
 import datetime
 import os
+import re
 import statistics
 import sys
 
@@ -77,6 +78,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--cases", default="", help="a regular expression: the cases it finds")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"half_rows_probe-{compare.gpu_slug()}.csv")
@@ -91,6 +93,8 @@ def main(argv=None):
     print(f"{'case':24s} {'pass':8s} {'provider':14s} {'ms':>8s} {'ratio':>6s}", flush=True)
     try:
         for name, layout, S, B, H, D in CASES:
+            if not re.search(args.cases, name):
+                continue
             shape = (S, B, H, D) if layout == "sbhd" else (B, S, H, D)
             x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
             y = torch.empty_like(x)

@@ -490,6 +490,10 @@ def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, token_rows
         # the row's flag: the pre-pass's rows are [NB * S, R], so row tab // R (where it is 0
         # the b loads move no bytes)
         differs = tl.load(row_flags_ptr + tab // R, mask=live, other=1)
+        # (Only b's loads wait for it. With a's waiting too, ptxas issued all eight table loads
+        # ahead of the first multiply, 9 of 11 against 7 of 11 (sm_90, Triton 3.6), yet the
+        # pass was slower: 0.943 of a copy at 1 GiB b8 against 1.001, 0.900 at s16k b1 against
+        # 0.941 (H200, results/half_rows_probe-*-1511-a-loads-wait.csv and -1443.csv).)
         m_b = m & (differs != 0)[:, None]
     else:
         m_b = m
