@@ -166,12 +166,14 @@ def main():
             pre = route.table_pass
             half = pre.args["BLOCK_HALF"]
             pre.args = dict(pre.args, BLOCK_S=max(1, T.TWO_PASS_TABLE_ELEMENTS // half))
-            cs = [torch.empty(route.table_shape, dtype=torch.float32) for _ in range(2)]
+            *cs, flags = route.new_rows(torch.device("cpu"))     # (and the flag per row)
             compile_for_gpu(name + "-table", pre.launcher.kernel, pre.launcher.pointer_names,
-                            pre, ptrs[4:6] + ptrs[6:9] + tuple(cs) + (None,))
+                            pre, ptrs[4:6] + ptrs[6:9] + tuple(cs) + (None, flags))
             ptrs = ptrs[:4] + tuple(cs)
+        else:
+            flags = None
         compile_for_gpu(name, rows.launcher.kernel, rows.launcher.pointer_names, rows,
-                        ptrs[:6] + (token_rows, None))
+                        ptrs[:6] + (token_rows, flags))
     # packed sequences, one per grid row of the flat pass (launch.by_sequence): no row index
     xt, xto = xb.reshape(B * S, 2 * H, D), torch.empty(B * S, 2 * H, D, dtype=bf)
     cu = torch.tensor([0, 3, B * S], dtype=torch.int32)
@@ -185,9 +187,9 @@ def main():
     assert route.seq_rows and route.index_pass is None, "thd by sequence"
     rows = route.rotate_pass
     rows.args = dict(rows.args, XBLOCK=T.TWO_PASS_ELEMENTS)
-    cs = [torch.empty(route.table_shape, dtype=torch.float32) for _ in range(2)]
+    *cs, flags = route.new_rows(torch.device("cpu"))
     compile_for_gpu("two-pass-by-sequence", rows.launcher.kernel, rows.launcher.pointer_names,
-                    rows, ptrs[:4] + tuple(cs) + (cu, None))
+                    rows, ptrs[:4] + tuple(cs) + (cu, flags))
     # Qwen2-VL's per-axis tables [3, B, S, D] in the input's dtype, read as they are
     c3 = torch.empty(3, B, S, D, dtype=bf)
     route, ptrs = L.plan_two_pass(*views(xb, xbo), L.Table(c3[0], c3[0], (2, 5, c3.stride(0))),
