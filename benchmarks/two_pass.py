@@ -81,10 +81,10 @@ def table_pass_ms(x, freqs, kw):
             launch.Table(freqs.view(freqs.shape[0], -1), None),
             launch.Positions(cu_seqlens=kw.get("cu_seqlens")), R=freqs.shape[-1],
             interleaved=kw["interleaved"], backward=False, layout=layout)
-    cos, sin, flags = planned.new_rows(x.device)
+    rows = planned.new_rows(x.device)
     tp = planned.table_pass
-    return ms(lambda: planning.start(launch.COS_SIN_ROWS, tp, pointers[4:6] + pointers[6:9]
-                                     + (cos, sin, None, flags)))
+    return ms(lambda: planning.start(launch.COS_SIN_ROWS, tp,
+                                     planned.table_pass_pointers(pointers[4:9], rows)))
 
 
 @contextlib.contextmanager

@@ -250,8 +250,8 @@ class EagerTwoPass:
                 # the rows, and (rotate-half) the flag per row saying where member b's entries
                 # were written
                 rows = self.route.new_rows(q.device)
-                self._table_pass((cos, sin, position_ids, cu_seqlens, start) + rows[:2]
-                                 + (None, rows[2]))
+                self._table_pass(self.route.table_pass_pointers(
+                    (cos, sin, position_ids, cu_seqlens, start), rows))
                 if key is not None:
                     TABLE_ROWS.put(key, self, tables, rows)
             cos, sin, flags = rows

@@ -166,9 +166,10 @@ def main():
             pre = route.table_pass
             half = pre.args["BLOCK_HALF"]
             pre.args = dict(pre.args, BLOCK_S=max(1, T.TWO_PASS_TABLE_ELEMENTS // half))
-            *cs, flags = route.new_rows(torch.device("cpu"))     # (and the flag per row)
+            table_rows = route.new_rows(torch.device("cpu"))    # (and the flag per row)
+            *cs, flags = table_rows
             compile_for_gpu(name + "-table", pre.launcher.kernel, pre.launcher.pointer_names,
-                            pre, ptrs[4:6] + ptrs[6:9] + tuple(cs) + (None, flags))
+                            pre, route.table_pass_pointers(ptrs[4:9], table_rows))
             ptrs = ptrs[:4] + tuple(cs)
         else:
             flags = None

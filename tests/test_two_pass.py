@@ -562,15 +562,16 @@ def test_rows_read_half_where_their_pairs_are_equal(halves, how, pre_passes):
         def rotate(q, freqs):
             return ropelib.apply_rope(q, freqs, interleaved=interleaved)
 
+        def with_grads(y):
+            return (y.detach(), *torch.autograd.grad(y, q, dy))
+
         step = torch.compile(rotate, backend="aot_eager", fullgraph=True) \
             if how == "compiled" else rotate
 
         def call():
-            y = step(q, freqs)
-            return (y.detach(), *torch.autograd.grad(y, q, dy))
+            return with_grads(step(q, freqs))
 
-        want = through("finished", lambda: call() if how != "compiled" else
-                       (lambda y: (y.detach(), *torch.autograd.grad(y, q, dy)))(rotate(q, freqs)))
+        want = through("finished", lambda: with_grads(rotate(q, freqs)))
         saved = thresholds(0, 0)
         eager.SIGNATURES.clear()
         eager.TABLE_ROWS.clear()

@@ -494,7 +494,7 @@ class TwoPass(NamedTuple):
         if self.table_pass is not None:
             rows = self.new_rows(q.device)
             start(self.table_pass.launcher, self.table_pass,
-                  (cos, sin, position_ids, cu_seqlens, start_) + rows[:2] + (None, rows[2]))
+                  self.table_pass_pointers((cos, sin, position_ids, cu_seqlens, start_), rows))
             cos, sin, flags = rows
         start(self.rotate_pass.launcher, self.rotate_pass,
               (q, q_out, k, k_out, cos, sin, token_rows if sequences is None else sequences,
@@ -517,6 +517,14 @@ class TwoPass(NamedTuple):
                 torch.empty(self.table_shape, dtype=torch.float32, device=device),
                 torch.empty(self.table_shape[:1], dtype=torch.int8, device=device)
                 if self.row_flags else None)
+
+    @staticmethod
+    def table_pass_pointers(reads: tuple, rows: tuple) -> tuple:
+        """The pre-pass's pointers (COS_SIN_ROWS.pointer_names) from what it reads (the table's
+        cos and sin, position ids, cu_seqlens, start offsets) and `new_rows`' rows and flags;
+        the QKV projection's table-wide flag is not given here."""
+        cos_rows, sin_rows, flags = rows
+        return tuple(reads) + (cos_rows, sin_rows, None, flags)
 
     def new_index(self, device) -> torch.Tensor:
         """A fresh row index per token, for the index pass to write."""
