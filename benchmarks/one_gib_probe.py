@@ -69,7 +69,7 @@ def main(argv=None):
 
     ropelib.eager.TABLE_ROWS.clear()
     want = ropelib.apply_rope(x, freqs)
-    cos_rows, sin_rows, row_flags = next(reversed(ropelib.eager.TABLE_ROWS.entries.values()))[1]
+    cos_rows, sin_rows, row_flags = next(reversed(ropelib.eager.TABLE_ROWS.entries.values()))[1][:3]
     view = ops.kernel_view(x, "sbhd")
     route, _ = launch.plan(view, ops.kernel_view(y, "sbhd"), launch.Table(f, None),
                            launch.Positions(), R=D, interleaved=False, backward=False,

@@ -1984,8 +1984,10 @@ _start = eager.EagerLaunch.__call__
 
 def _counting_start(self, pointers):
     flag = dict(zip(self.direct.pointer_names, pointers)).get("row_flags_ptr")
-    # the kernel this start launches, and whether it is given the pre-pass's flags
-    launched[-1].append(self.direct.kernel.fn.__name__ + ("+flag" if flag is not None else ""))
+    # the kernel this start launches, and whether it is given the pre-pass's flags, or is the
+    # flat pass for rows known to have no differing pair (PAIRS_EQUAL)
+    mark = "+flag" if flag is not None else "+equal" if self.launch.args.get("PAIRS_EQUAL") else ""
+    launched[-1].append(self.direct.kernel.fn.__name__ + mark)
     _start(self, pointers)
 
 
@@ -2001,10 +2003,12 @@ finally:
 for i, names in enumerate(launched, 1):
     print(f"eager call {i}: {len(names)} kernel{'s' if len(names) > 1 else ''} {names}")
 assert [len(names) for names in launched] == [2, 1, 1]   # the pre-pass on the first call only
-assert launched[1] == launched[2] == [launched[0][-1]]   # later calls: the flat pass alone
 assert launched[0] == ["_cos_sin_rows_kernel+flag", "_rope_rows_kernel+flag"]
+# later calls: the flat pass alone, reading no flags once they are known to be all 0
+assert launched[1] == launched[2] == ["_rope_rows_kernel+equal"]
 (_, kept_rows, _), = eager.TABLE_ROWS.entries.values()   # the rows of these calls, kept
-kept_cos, kept_s, kept_flags = kept_rows
+kept_cos, kept_s, kept_flags, kept_equal = kept_rows
+assert kept_equal.known()                                # (eager.PairsEqual)
 print(f"kept: cos and s' rows {tuple(kept_cos.shape)} fp32, and a flag a row "
       f"{tuple(kept_flags.shape)} {str(kept_flags.dtype)[6:]} = {kept_flags.tolist()}")
 assert kept_flags.shape == kept_cos.shape[:1] and kept_flags.dtype == torch.int8
@@ -2026,6 +2030,14 @@ assert not kept_flags.any()                              # rope_freqs: every pai
 # flag for the whole table would: a launch of its own), so calls whose rows are written every
 # time (compiled code, CUDA graphs, tables made under inference_mode) write and read half as
 # well.
+#
+# Kept rows go one step further. When the rows are made, the eager route also asks whether any
+# flag is 1: a reduction on the GPU whose one-byte answer is copied to pinned host memory behind
+# an event, so nothing waits for it (`PairsEqual` in `ropelib/eager.py`). Once the event has
+# passed and the answer is "none", later calls launch a flat pass compiled with
+# `PAIRS_EQUAL=True` (`+equal` above): it loads neither the flags nor member $b$'s entries, where
+# the flat pass with flags loads a flag per row and issues member $b$'s loads under a mask that
+# the flag decides. The cell after the measurements compiles both and counts their loads.
 #
 # At batch 1 that is a share worth counting. Per token, 32 heads of 128 bf16 features, the flat
 # pass reads 8 KiB of $x$ and writes 8 KiB, beside the token's rows, which its 32 heads share
@@ -2406,6 +2418,20 @@ if sched:
     assert all(".128" in ins for _, ins in own_flag["loads"][1:])
     if triton.__version__.startswith(("3.6", "3.9")):             # section 5's "46 registers"
         assert own["registers"] == 46
+    # ... and for kept rows known to have no differing pair (PAIRS_EQUAL): no flag, no loads of
+    # member b's cos and s'
+    equal_pass = route_1g.rotate_pass_equal
+    equal_args = dict(zip(equal_pass.launcher.pointer_names,
+                          (bf16, bf16, None, None, fp32, fp32, None, None)),
+                      **dict(equal_pass.args, XBLOCK=tiles.TWO_PASS_ELEMENTS))
+    own_equal = load_schedule.schedule(equal_pass.launcher.kernel, equal_args,
+                                       num_warps=equal_pass.num_warps)
+    print(f"  ... rows known equal       {own_equal['registers']} registers, "
+          f"{own_equal['early']} of {len(own_equal['loads'])} loads before the first multiply")
+    assert len(own_equal["loads"]) == 6 and all(".128" in ins for _, ins in own_equal["loads"])
+    assert own_equal["registers"] < own_flag["registers"]
+    if triton.__version__.startswith(("3.6", "3.9")):             # the counts the prose gives
+        assert (own_equal["early"], own_equal["registers"]) == (5, 32)
 
 # %% [markdown]
 # With offsets, three of the eight table loads go out only after the rotation has started (the
@@ -2422,7 +2448,10 @@ if sched:
 # two fewer (7 of 11, in fewer registers), since member $b$'s loads must wait for the flag's
 # value. Making member $a$'s loads wait for it too put all of them back ahead (9 of 11 with
 # 3.6) and was slower on the H200, at 1 GiB and at batch 1 alike (the comment in
-# `_rotate_pairs` has the numbers): which loads come first is not the whole story. What the
+# `_rotate_pairs` has the numbers): which loads come first is not the whole story. The pass for
+# kept rows known to have no differing pair (`PAIRS_EQUAL`) loads six pieces, x's two and
+# member $a$'s four, five of them ahead of the first multiply, in 32 registers with both
+# versions. What the
 # two address forms are worth, timed on the H200 by
 # `benchmarks/one_gib_probe.py` (five alternating rounds in one process, medians; one run with
 # ropelib's pass written each way, each beside the same probe kernel):
@@ -2934,7 +2963,7 @@ else:
 #                   D: tl.constexpr, R: tl.constexpr,
 #                   BACKWARD: tl.constexpr, SIGNED: tl.constexpr, KEEP_TABLE: tl.constexpr,
 #                   ROW_POINTERS: tl.constexpr, AXIS_H_FROM: tl.constexpr,
-#                   AXIS_W_FROM: tl.constexpr):
+#                   AXIS_W_FROM: tl.constexpr, PAIRS_EQUAL: tl.constexpr):
 #     # Rotate-half rows r [ROWS] of x [rows, D] -> y: a thread holds both members of its pairs,
 #     # x_a = x[r, j] and x_b = x[r, j + R/2] ([ROWS, BLOCK_HALF] each), so no feature is loaded
 #     # twice; features R..D-1 are copied through. Each row's cos/sin row is at offset tab, or,
@@ -2944,7 +2973,8 @@ else:
 #     # members read the table of j's section, stride_tab_axis further on per axis. Given the
 #     # pre-pass's row flags (row_flags_ptr, one per row of its s' rows), member b's entries are
 #     # loaded only for rows where some pair's members differ: otherwise c_b = c_a and
-#     # s'_b = -s'_a (the pre-pass did not write them).
+#     # s'_b = -s'_a (the pre-pass did not write them). PAIRS_EQUAL: no row's pairs differ
+#     # (every flag of kept rows was 0): member b's entries are never loaded, nor the flags.
 #     HALF: tl.constexpr = R // 2
 #     BLOCK_HALF: tl.constexpr = tile_width(HALF)
 #     j = tl.arange(0, BLOCK_HALF)
@@ -2979,7 +3009,9 @@ else:
 #     else:
 #         cos_a = cos_ptr + (tab[:, None] + col[None, :])
 #         sin_a = sin_ptr + (tab[:, None] + col[None, :])
-#     if SIGNED and row_flags_ptr is not None:
+#     if SIGNED and PAIRS_EQUAL:
+#         m_b = m                 # (unused: b's entries are a's)
+#     elif SIGNED and row_flags_ptr is not None:
 #         # the row's flag: the pre-pass's rows are [NB * S, R], so row tab // R (where it is 0
 #         # the b loads move no bytes)
 #         differs = tl.load(row_flags_ptr + tab // R, mask=live, other=1)
@@ -2990,7 +3022,16 @@ else:
 #         m_b = m & (differs != 0)[:, None]
 #     else:
 #         m_b = m
-#     if KEEP_TABLE:          # the rows serve every batch entry: keep them in L2
+#     if SIGNED and PAIRS_EQUAL:
+#         if KEEP_TABLE:
+#             ca = tl.load(cos_a, mask=m, other=0.0, eviction_policy="evict_last")
+#             sa = tl.load(sin_a, mask=m, other=0.0, eviction_policy="evict_last")
+#         else:
+#             ca = tl.load(cos_a, mask=m, other=0.0)
+#             sa = tl.load(sin_a, mask=m, other=0.0)
+#         cb = ca
+#         sb = -sa
+#     elif KEEP_TABLE:        # the rows serve every batch entry: keep them in L2
 #         ca = tl.load(cos_a, mask=m, other=0.0, eviction_policy="evict_last")
 #         sa = tl.load(sin_a, mask=m, other=0.0, eviction_policy="evict_last")
 #         cb = tl.load(cos_a + HALF, mask=m_b, other=0.0, eviction_policy="evict_last")
@@ -3002,7 +3043,8 @@ else:
 #         sb = tl.load(sin_a + HALF, mask=m_b, other=0.0)
 #     sa = sa.to(tl.float32)
 #     sb = sb.to(tl.float32)
-#     if SIGNED and row_flags_ptr is not None:     # the two halves equal: a's entries serve b
+#     if SIGNED and row_flags_ptr is not None and not PAIRS_EQUAL:
+#         # the two halves equal: a's entries serve b
 #         cb = tl.where(m_b, cb, ca)
 #         sb = tl.where(m_b, sb, -sa)
 #     if SIGNED:              # s' (the pre-pass's rows): y_a = x_a c_a + x_b s'_a, and so for b

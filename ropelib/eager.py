@@ -132,7 +132,8 @@ class EagerLaunch:
 
 
 class TableRows:
-    """The two-pass route's pre-pass output (fp32 cos and s' rows, kernels/flat.py) of the last
+    """The two-pass route's pre-pass output (fp32 cos and s' rows, kernels/flat.py; with its
+    flags per row, whether they are all 0: PairsEqual) of the last
     TABLE_ROWS_KEPT eager calls whose positions are the token index, by (plan, table, stream).
 
     A kept entry serves a call only if it is the same plan (the same EagerTwoPass object) and
@@ -179,7 +180,7 @@ class TableRows:
         return key, rows
 
     def put(self, key, owner, tables: tuple, rows: tuple) -> None:
-        size = sum(r.numel() * r.element_size() for r in rows if r is not None)
+        size = sum(r.numel() * r.element_size() for r in rows if isinstance(r, torch.Tensor))
         if size > TABLE_ROWS_BYTES:
             return
         self.entries[key] = (tuple(weakref.ref(o) for o in (owner, *map(_base, tables))), rows,
@@ -191,6 +192,34 @@ class TableRows:
     def clear(self) -> None:
         self.entries.clear()
         self.bytes = 0
+
+
+class PairsEqual:
+    """Are all of kept rows' flags 0 (no row has a pair whose members differ)? Asked without
+    waiting for the device: the flags' reduction is copied to pinned host memory behind an
+    event when the rows are made, and read once the event has passed; until then the answer
+    is no. On the CPU (the interpreter) it is read at once."""
+    __slots__ = ("_host", "_event", "value")
+
+    def __init__(self, flags: torch.Tensor):
+        differ = flags.any()
+        if flags.device.type != "cuda":
+            self.value, self._host, self._event = not bool(differ), None, None
+            return
+        self.value = None
+        self._host = torch.empty((), dtype=torch.bool, pin_memory=True)
+        self._host.copy_(differ, non_blocking=True)
+        self._event = torch.cuda.Event()
+        self._event.record()
+
+    def known(self) -> bool:
+        """True once every flag is known to be 0."""
+        if self.value is None:
+            if not self._event.query():
+                return False
+            self.value = not bool(self._host)
+            self._host = self._event = None
+        return self.value
 
 
 def _base(t: torch.Tensor) -> torch.Tensor:
@@ -213,8 +242,8 @@ class EagerTwoPass:
     more than the finished kernel (s16k b1 bf16 on an H200, a call replayed from a CUDA graph:
     76.6 us with the pre-pass and the flat pass, 68.7 with the finished kernel;
     benchmarks/results/b1_launch_probe-*)."""
-    __slots__ = ("route", "_index_pass", "_table_pass", "_rotate_pass", "_unwritten",
-                 "__weakref__")
+    __slots__ = ("route", "_index_pass", "_table_pass", "_rotate_pass", "_rotate_equal",
+                 "_unwritten", "__weakref__")
 
     def __init__(self, route, unwritten: Optional[Launch] = None):
         self.route = route
@@ -223,6 +252,8 @@ class EagerTwoPass:
             operator.itemgetter(*(TWO_PASS_POINTERS.index(name)
                                   for name in unwritten.launcher.pointer_names)))
         self._rotate_pass = EagerLaunch(route.rotate_pass.launcher, route.rotate_pass)
+        equal = route.rotate_pass_equal
+        self._rotate_equal = None if equal is None else EagerLaunch(equal.launcher, equal)
         self._table_pass, self._index_pass = (
             EagerLaunch(p.launcher, p) if p is not None else None
             for p in (route.table_pass, route.index_pass))
@@ -242,21 +273,26 @@ class EagerTwoPass:
             token_rows = self.route.new_index(q.device)
             self._index_pass((position_ids, cu_seqlens, start, token_rows))
             position_ids = cu_seqlens = start = None
-        flags = None
+        flags, rotate = None, self._rotate_pass
         if self._table_pass is not None:
             plain = position_ids is None and cu_seqlens is None and start is None
-            key, rows = TABLE_ROWS.get(self, tables) if plain and keeps else (None, None)
-            if rows is None:
+            key, kept = TABLE_ROWS.get(self, tables) if plain and keeps else (None, None)
+            if kept is None:
                 # the rows, and (rotate-half) the flag per row saying where member b's entries
                 # were written
                 rows = self.route.new_rows(q.device)
                 self._table_pass(self.route.table_pass_pointers(
                     (cos, sin, position_ids, cu_seqlens, start), rows))
+                cos, sin, flags = rows
                 if key is not None:
-                    TABLE_ROWS.put(key, self, tables, rows)
-            cos, sin, flags = rows
-        self._rotate_pass((q, q_out, k, k_out, cos, sin,
-                           token_rows if sequences is None else sequences, flags))
+                    TABLE_ROWS.put(key, self, tables, rows + (
+                        PairsEqual(flags) if self._rotate_equal is not None else None,))
+            else:
+                cos, sin, flags, equal = kept
+                if equal is not None and equal.known():     # no row's pairs differ
+                    flags, rotate = None, self._rotate_equal
+        rotate((q, q_out, k, k_out, cos, sin, token_rows if sequences is None else sequences,
+                flags))
 
 
 class PlannedRotation:

@@ -175,6 +175,11 @@ def main():
             flags = None
         compile_for_gpu(name, rows.launcher.kernel, rows.launcher.pointer_names, rows,
                         ptrs[:6] + (token_rows, flags))
+        equal = route.rotate_pass_equal     # kept rows whose flags are all 0
+        if equal is not None:
+            equal.args = dict(equal.args, XBLOCK=T.TWO_PASS_ELEMENTS)
+            compile_for_gpu(name + "-pairs-equal", equal.launcher.kernel,
+                            equal.launcher.pointer_names, equal, ptrs[:6] + (token_rows, None))
     # packed sequences, one per grid row of the flat pass (launch.by_sequence): no row index
     xt, xto = xb.reshape(B * S, 2 * H, D), torch.empty(B * S, 2 * H, D, dtype=bf)
     cu = torch.tensor([0, 3, B * S], dtype=torch.int32)

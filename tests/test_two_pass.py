@@ -558,6 +558,15 @@ def test_rows_read_half_where_their_pairs_are_equal(halves, how, pre_passes):
 
     want_flags = {"equal": [0] * S, "one pair differs": [int(s == S // 2) for s in range(S)],
                   "all differ": [1] * S}[halves]
+    # which flat pass each eager call ran: kept rows found to have no differing pair run the
+    # one that loads neither flags nor member b's entries (PAIRS_EQUAL)
+    flat_passes = []
+    real_start = eager.EagerLaunch.__call__
+
+    def start(self, pointers):
+        if self.launch.launcher is launch.ROWS:
+            flat_passes.append(self.launch.args.get("PAIRS_EQUAL", False))
+        return real_start(self, pointers)
     for interleaved in (False, True):
         def rotate(q, freqs):
             return ropelib.apply_rope(q, freqs, interleaved=interleaved)
@@ -576,14 +585,24 @@ def test_rows_read_half_where_their_pairs_are_equal(halves, how, pre_passes):
         eager.SIGNATURES.clear()
         eager.TABLE_ROWS.clear()
         flags.clear()
+        flat_passes.clear()
         launch.TwoPass.new_rows = recorded
+        eager.EagerLaunch.__call__ = start
         try:
             for _ in range(3):          # rows written, then (kept) read as kept
                 assert_same_bits(call(), want, f"{halves}, interleaved {interleaved}")
+                if DEVICE == "cuda":    # (the flags' reduction has reached the host)
+                    torch.cuda.synchronize()
         finally:
             launch.TwoPass.new_rows = real
+            eager.EagerLaunch.__call__ = real_start
             thresholds(*saved)
             eager.SIGNATURES.clear()
+        if how == "kept" and not interleaved:
+            # forward and backward: rows written (flat pass with flags), then read as kept
+            assert flat_passes == [False, False] + [halves == "equal"] * 4, flat_passes
+        elif how != "compiled":
+            assert not any(flat_passes), flat_passes
         # the forward's and the backward's rows, once when kept, every call when not (compiled
         # code: at least every forward call's; on an H200 the three calls made three sets of
         # rows in all, where the interpreter makes six)

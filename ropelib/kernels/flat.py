@@ -441,7 +441,7 @@ def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, token_rows
                   D: tl.constexpr, R: tl.constexpr,
                   BACKWARD: tl.constexpr, SIGNED: tl.constexpr, KEEP_TABLE: tl.constexpr,
                   ROW_POINTERS: tl.constexpr, AXIS_H_FROM: tl.constexpr,
-                  AXIS_W_FROM: tl.constexpr):
+                  AXIS_W_FROM: tl.constexpr, PAIRS_EQUAL: tl.constexpr):
     # Rotate-half rows r [ROWS] of x [rows, D] -> y: a thread holds both members of its pairs,
     # x_a = x[r, j] and x_b = x[r, j + R/2] ([ROWS, BLOCK_HALF] each), so no feature is loaded
     # twice; features R..D-1 are copied through. Each row's cos/sin row is at offset tab, or,
@@ -451,7 +451,8 @@ def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, token_rows
     # members read the table of j's section, stride_tab_axis further on per axis. Given the
     # pre-pass's row flags (row_flags_ptr, one per row of its s' rows), member b's entries are
     # loaded only for rows where some pair's members differ: otherwise c_b = c_a and
-    # s'_b = -s'_a (the pre-pass did not write them).
+    # s'_b = -s'_a (the pre-pass did not write them). PAIRS_EQUAL: no row's pairs differ
+    # (every flag of kept rows was 0): member b's entries are never loaded, nor the flags.
     HALF: tl.constexpr = R // 2
     BLOCK_HALF: tl.constexpr = tile_width(HALF)
     j = tl.arange(0, BLOCK_HALF)
@@ -486,7 +487,9 @@ def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, token_rows
     else:
         cos_a = cos_ptr + (tab[:, None] + col[None, :])
         sin_a = sin_ptr + (tab[:, None] + col[None, :])
-    if SIGNED and row_flags_ptr is not None:
+    if SIGNED and PAIRS_EQUAL:
+        m_b = m                 # (unused: b's entries are a's)
+    elif SIGNED and row_flags_ptr is not None:
         # the row's flag: the pre-pass's rows are [NB * S, R], so row tab // R (where it is 0
         # the b loads move no bytes)
         differs = tl.load(row_flags_ptr + tab // R, mask=live, other=1)
@@ -497,7 +500,16 @@ def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, token_rows
         m_b = m & (differs != 0)[:, None]
     else:
         m_b = m
-    if KEEP_TABLE:          # the rows serve every batch entry: keep them in L2
+    if SIGNED and PAIRS_EQUAL:
+        if KEEP_TABLE:
+            ca = tl.load(cos_a, mask=m, other=0.0, eviction_policy="evict_last")
+            sa = tl.load(sin_a, mask=m, other=0.0, eviction_policy="evict_last")
+        else:
+            ca = tl.load(cos_a, mask=m, other=0.0)
+            sa = tl.load(sin_a, mask=m, other=0.0)
+        cb = ca
+        sb = -sa
+    elif KEEP_TABLE:        # the rows serve every batch entry: keep them in L2
         ca = tl.load(cos_a, mask=m, other=0.0, eviction_policy="evict_last")
         sa = tl.load(sin_a, mask=m, other=0.0, eviction_policy="evict_last")
         cb = tl.load(cos_a + HALF, mask=m_b, other=0.0, eviction_policy="evict_last")
@@ -509,7 +521,8 @@ def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, token_rows
         sb = tl.load(sin_a + HALF, mask=m_b, other=0.0)
     sa = sa.to(tl.float32)
     sb = sb.to(tl.float32)
-    if SIGNED and row_flags_ptr is not None:     # the two halves equal: a's entries serve b
+    if SIGNED and row_flags_ptr is not None and not PAIRS_EQUAL:
+        # the two halves equal: a's entries serve b
         cb = tl.where(m_b, cb, ca)
         sb = tl.where(m_b, sb, -sa)
     if SIGNED:              # s' (the pre-pass's rows): y_a = x_a c_a + x_b s'_a, and so for b
@@ -551,7 +564,8 @@ def _rotate_rows(x_ptr, y_ptr, cos_ptr, sin_ptr, index_ptr, row_flags_ptr, block
                  R: tl.constexpr,
                  LAYOUT: tl.constexpr, BACKWARD: tl.constexpr, SIGNED: tl.constexpr,
                  PER_ENTRY: tl.constexpr, KEEP_TABLE: tl.constexpr, AXIS_H_FROM: tl.constexpr,
-                 AXIS_W_FROM: tl.constexpr, ROWS: tl.constexpr, INT64: tl.constexpr):
+                 AXIS_W_FROM: tl.constexpr, ROWS: tl.constexpr, INT64: tl.constexpr,
+                 PAIRS_EQUAL: tl.constexpr):
     # Rotate-half: head rows block * ROWS .. + ROWS of x (contiguous in LAYOUT) -> y; with
     # LAYOUT 3, of packed sequence `seq` (cu_seqlens in index_ptr), its first B positions.
     if LAYOUT == 3:
@@ -559,7 +573,7 @@ def _rotate_rows(x_ptr, y_ptr, cos_ptr, sin_ptr, index_ptr, row_flags_ptr, block
                                       INT64)
         _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, r, r, None, 0,
                       stride_tab_p, stride_tab_axis, row_flags_ptr, D, R, BACKWARD, SIGNED,
-                      KEEP_TABLE, False, AXIS_H_FROM, AXIS_W_FROM)
+                      KEEP_TABLE, False, AXIS_H_FROM, AXIS_W_FROM, PAIRS_EQUAL)
     else:
         r, live, s, b = _row_tile(block, S, B, H, LAYOUT, ROWS, INT64)
         tab = s * stride_tab_p          # (rows by token index; with a row index, found later)
@@ -567,7 +581,8 @@ def _rotate_rows(x_ptr, y_ptr, cos_ptr, sin_ptr, index_ptr, row_flags_ptr, block
             tab += b * stride_tab_b
         _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, index_ptr,
                       stride_rows_b, stride_tab_p, stride_tab_axis, row_flags_ptr, D, R,
-                      BACKWARD, SIGNED, KEEP_TABLE, True, AXIS_H_FROM, AXIS_W_FROM)
+                      BACKWARD, SIGNED, KEEP_TABLE, True, AXIS_H_FROM, AXIS_W_FROM,
+                      PAIRS_EQUAL)
 
 
 @triton.jit
@@ -596,6 +611,8 @@ def _rope_rows_kernel(
     XBLOCK: tl.constexpr, INT64: tl.constexpr,
     WAIT_PRIOR: tl.constexpr = False,    # launched early (programmatic dependent launch): wait
                                          # for the kernel before, the pre-pass, to finish first
+    PAIRS_EQUAL: tl.constexpr = False,   # (SIGNED, rotate-half) no row's pairs differ: member
+                                         # b's entries are a's; row_flags_ptr None
 ):
     if WAIT_PRIOR:
         gdc_wait()
@@ -640,7 +657,7 @@ def _rope_rows_kernel(
             _rotate_rows(q_ptr, q_out_ptr, cos_ptr, sin_ptr, index_ptr, row_flags_ptr,
                          q_block, seq, S, B, HQ, stride_tab_p, stride_tab_b, stride_rows_b,
                          stride_tab_axis, D, R, LAYOUT, BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE,
-                         AXIS_H_FROM, AXIS_W_FROM, ROWS, INT64)
+                         AXIS_H_FROM, AXIS_W_FROM, ROWS, INT64, PAIRS_EQUAL)
         if LAYOUT == 3:
             if pid == q_blocks - 1:     # a sequence longer than the table: the rest is NaN
                 _sequence_tail(q_ptr, q_out_ptr, seq, index_ptr, S, B, HQ, D, R, XBLOCK, INT64)
@@ -654,7 +671,7 @@ def _rope_rows_kernel(
             _rotate_rows(k_ptr, k_out_ptr, cos_ptr, sin_ptr, index_ptr, row_flags_ptr,
                          k_block, seq, S, B, HK, stride_tab_p, stride_tab_b, stride_rows_b,
                          stride_tab_axis, D, R, LAYOUT, BACKWARD, SIGNED, PER_ENTRY, KEEP_TABLE,
-                         AXIS_H_FROM, AXIS_W_FROM, ROWS, INT64)
+                         AXIS_H_FROM, AXIS_W_FROM, ROWS, INT64, PAIRS_EQUAL)
         if LAYOUT == 3:
             if pid == tl.num_programs(0) - 1:
                 _sequence_tail(k_ptr, k_out_ptr, seq, index_ptr, S, B, HK, D, R, XBLOCK, INT64)

@@ -477,6 +477,9 @@ class TwoPass(NamedTuple):
     # the pre-pass writes a flag per row and the flat pass reads member b's cos and s' only
     # in rows where a pair's members differ (rotate-half rows after a pre-pass)
     row_flags: bool = False
+    # the flat pass for rows whose flags are all 0 (kept rows found so, eager.KeptRows): no
+    # flags, no member b's entries read
+    rotate_pass_equal: Optional[Launch] = None
 
     def start(self, pointers: tuple) -> None:
         """Every pass (planning.start), with the rows made here (the eager route,
@@ -691,11 +694,15 @@ def plan_two_pass(q: View, q_out: View, table: Table, positions: Positions, *, R
                 + ((table.cos, table.sin) if table_pass is None else (out32, out32))
                 + (index if seqs is None else seqs,)) + (torch.int8 if row_flags else None,),
         x.device, ROWS, early=early)
+    rotate_pass_equal = Launch(
+        rotate_pass.grid, rotate_pass.num_warps, dict(rotate_pass.args, PAIRS_EQUAL=True),
+        rotate_pass.dtypes[:-1] + (None,), x.device, ROWS, early=early) \
+        if row_flags and _tiles_module.TWO_PASS_PAIRS_EQUAL else None
     pointers = (x, q_out.tensor, k.tensor if k is not None else None,
                 k_out.tensor if k_out is not None else None, table.cos, table.sin,
                 positions.position_ids, positions.cu_seqlens, positions.start)
     return TwoPass(table_pass, rotate_pass, table_shape, read.index_pass,
-                   read.index_shape, read.seq_rows, row_flags), pointers
+                   read.index_shape, read.seq_rows, row_flags, rotate_pass_equal), pointers
 
 
 # The finished kernels, by where positions come from, with their pointer arguments in order

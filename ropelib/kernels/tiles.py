@@ -82,6 +82,10 @@ TWO_PASS_TABLE_ELEMENTS = 256
 # per row, no flag needs zeroing, so calls whose rows are not kept (compiled code, CUDA
 # graphs, inference tables) halve theirs too. False: full rows, no flags (for comparisons).
 TWO_PASS_ROW_FLAGS = True
+# Kept rows (eager.TableRows) whose flags are all 0, found once the flags' reduction has reached
+# the host without waiting for it: later calls run a flat pass that loads neither flags nor
+# member b's entries (PAIRS_EQUAL). False: kept rows read their flags every call.
+TWO_PASS_PAIRS_EQUAL = True
 # False: every kernel waits for the one before it to end before it launches (the flat pass after
 # its pre-pass, the QKV projection's forward after its cos/sin rows)
 EARLY_LAUNCH = True
