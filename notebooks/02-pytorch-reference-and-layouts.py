@@ -402,8 +402,46 @@ print("each rank's local rotation == the global rotation at its positions")
 #
 # RoPE does little arithmetic: two multiplies and an add for each output, besides the sine and
 # cosine of its angle. A GPU can do far more arithmetic in the time it takes to move a byte, so
-# RoPE is **memory-bound**. Its speed is set by the bytes it moves, and the floor is reading $x$
-# once and writing $y$ once (plus a small table).
+# RoPE is **memory-bound**: its speed is set by the bytes it moves, and the floor is reading $x$
+# once and writing $y$ once (plus a small table). The cell below puts numbers on that claim:
+# RoPE's arithmetic intensity (operations per byte moved) beside the GPU's, and the time of
+# ropelib's fused kernel beside a device copy of the same bytes, which does no arithmetic at all,
+# from the committed H200 run (`benchmarks/results/floor-nvidia-h200.csv`).
+
+# %%
+from ropelib.course import measured
+
+# per output element (bf16): y_a = x_a c_a - x_b s_a is a multiply and a fused multiply-add,
+# 3 floating-point operations (an fma counts 2), for 2 bytes read and 2 written
+flop_per_elem, bytes_per_elem = 3, 2 + 2
+intensity = flop_per_elem / bytes_per_elem
+h200_fp32_flops = 67e12      # NVIDIA's H200 SXM datasheet: FP32, not measured here
+fl = measured.floor()
+fl_meta, _ = measured.load("floor")
+case_1g = "forward 1 GiB bf16 sbhd"
+copy_ms, rope_ms = (float(fl[case_1g][p]["ms"]) for p in ("copy", "ropelib"))
+x_1g = 1 << 30                                   # the bytes of x in that case
+copy_bw = 2 * x_1g / (copy_ms * 1e-3)            # read and written, bytes per second
+ridge = h200_fp32_flops / copy_bw                # operations per byte where the two balance
+rope_flops = flop_per_elem * (x_1g // 2) / (rope_ms * 1e-3)
+print(f"RoPE: {intensity:.2f} FLOP per byte moved")
+print(f"{fl_meta['gpu']}: a copy moves {copy_bw / 1e12:.2f} TB/s (measured); at the datasheet's "
+      f"{h200_fp32_flops / 1e12:.0f} TFLOP/s FP32 the balance point is {ridge:.1f} FLOP/byte, "
+      f"{ridge / intensity:.0f}x RoPE's")
+print(f"{case_1g}: ropelib {rope_ms:.4f} ms, the copy {copy_ms:.4f} ms "
+      f"({copy_ms / rope_ms:.3f} of a copy), doing {rope_flops / 1e12:.2f} TFLOP/s, "
+      f"{100 * rope_flops / h200_fp32_flops:.1f} % of the datasheet's rate")
+assert "H200" in fl_meta["gpu"] and intensity == 0.75
+assert round(ridge) == 16 and ridge / intensity > 15     # far on the memory side
+assert copy_ms / rope_ms > 0.95                  # the arithmetic adds (almost) no time
+assert rope_flops / h200_fp32_flops < 0.05
+
+# %% [markdown]
+# RoPE does 0.75 operations per byte it moves; the H200 balances its arithmetic and its memory
+# near 16 (the printed ratio uses the copy's measured bandwidth and the datasheet's FP32 rate,
+# which this course does not measure). The measurement that settles it is the second line: the
+# fused kernel takes the time of a copy of the same bytes, which does no arithmetic, while
+# using a few percent of the arithmetic rate. So every byte counts, and the arithmetic is free.
 #
 # TE's plain-PyTorch path (`apply_rotary_pos_emb(..., fused=False)`) is the code below, for
 # `sbhd` and rotate-half. `ropelib.reference.te_unfused` keeps it line for line; the cell writes

@@ -2035,9 +2035,11 @@ assert not kept_flags.any()                              # rope_freqs: every pai
 # flag is 1: a reduction on the GPU whose one-byte answer is copied to pinned host memory behind
 # an event, so nothing waits for it (`PairsEqual` in `ropelib/eager.py`). Once the event has
 # passed and the answer is "none", later calls launch a flat pass compiled with
-# `PAIRS_EQUAL=True` (`+equal` above): it loads neither the flags nor member $b$'s entries, where
-# the flat pass with flags loads a flag per row and issues member $b$'s loads under a mask that
-# the flag decides. The cell after the measurements compiles both and counts their loads.
+# `PAIRS_EQUAL=True` (`+equal` above, a call of one batch entry): it loads neither the flags nor
+# member $b$'s entries, where the flat pass with flags loads a flag per row and issues member
+# $b$'s loads under a mask that the flag decides. The measurements below say why only at batch
+# 1, and "How an address is written decides when a load goes out" below compiles both passes
+# and counts their loads.
 #
 # At batch 1 that is a share worth counting. Per token, 32 heads of 128 bf16 features, the flat
 # pass reads 8 KiB of $x$ and writes 8 KiB, beside the token's rows, which its 32 heads share
@@ -2115,6 +2117,58 @@ assert min(rounds_256["halves"]) < max(rounds_256["both halves"])
 # there: torch.compile's kernel reads as many table bytes a token (bf16 cos and sin, 256 bytes
 # each) and ran at 0.981 of a copy in the same probe, above it. These runs do not say what the
 # remaining difference is.
+#
+# That run had one flag for the whole table; the flags per row, and the pass for rows known to
+# have no differing pair (`+equal` in the count above), came later. A later run of the same
+# probe on the H200 timed the three ways of reading kept rows side by side, five alternating
+# rounds again: `both halves` (no flags), `halves` (a flag per row) and `known equal`
+# (`PAIRS_EQUAL`: no flags, no member $b$ loads), each forced for every case:
+
+# %%
+eq_run = measured.GPU + "-20261202-1747"
+eq = measured.two_pass(eq_run, kind="half_rows_probe")
+eq_meta, _ = measured.load("half_rows_probe", eq_run)
+assert eq_meta["gpu"] == hr_meta["gpu"]
+eq_cols = ("both halves", "halves", "known equal")
+print(f"{measured.where(eq_meta)}: kept rows, forward, ratio to a copy (median of the rounds)")
+print(f"{'case':24s}" + "".join(f"{c:>13s}" for c in eq_cols) + "   known equal: every round")
+eq_rounds = {}
+for case in ("sbhd 128 MiB s16k b1", "bshd 128 MiB s16k b1", "sbhd 256 MiB s32k b1",
+             "sbhd 256 MiB s4k b8", "sbhd 1 GiB s16k b8"):
+    r = eq[(case, "forward")]
+    t = {c: [float(v) for v in r[c]["ms_per_round"].split()] for c in ("halves", "known equal")}
+    # faster in every round (all of its times below the flags' fastest), slower in every round,
+    # or the rounds overlap
+    eq_rounds[case] = ("faster" if max(t["known equal"]) < min(t["halves"]) else
+                       "slower" if min(t["known equal"]) > max(t["halves"]) else "overlap")
+    print(f"{case:24s}" + "".join(f"{r[c]['ratio_to_copy']:13.3f}" for c in eq_cols)
+          + f"   {eq_rounds[case]}")
+
+
+def eq_ratio(case, c):
+    return said(eq[(case, "forward")][c]["ratio_to_copy"])
+
+
+# batch 1, rows read once: no flags is ahead (its median) ...
+assert [eq_ratio("bshd 128 MiB s16k b1", c) for c in eq_cols[1:]] == ["0.947", "0.957"]
+assert [eq_ratio("sbhd 256 MiB s32k b1", c) for c in eq_cols[1:]] == ["0.953", "0.961"]
+assert [eq_ratio("sbhd 128 MiB s16k b1", c) for c in eq_cols[1:]] == ["0.942", "0.946"]
+# ... in every round for bshd; sbhd's rounds overlap at the edges
+assert eq_rounds["bshd 128 MiB s16k b1"] == "faster"
+assert eq_rounds["sbhd 128 MiB s16k b1"] == eq_rounds["sbhd 256 MiB s32k b1"] == "overlap"
+# ... at batch 8, rows kept in L2 for every entry, behind at 1 GiB in every round
+assert [eq_ratio("sbhd 1 GiB s16k b8", c) for c in eq_cols[1:]] == ["1.000", "0.990"]
+assert eq_rounds["sbhd 1 GiB s16k b8"] == "slower"
+
+# %% [markdown]
+# At batch 1 the pass without flags gained 0.4 to 1 point in the medians (0.942 to 0.946 sbhd,
+# 0.947 to 0.957 bshd, 0.953 to 0.961 at 32,768 tokens; in every round for bshd, with the sbhd
+# rounds overlapping at their edges); at 1 GiB, batch 8, it lost 1 point in every round
+# (1.000 to 0.990). So the planner makes that pass only where the rows are read once, without
+# `KEEP_TABLE` (one batch entry), and batches keep the pass with flags. What makes it slower
+# at batch 8, where its rows come from L2 and it issues fewer loads in fewer registers, these
+# runs do not show. The batch-1 forward stays below torch.compile's 0.971-0.982 on bf16 tables
+# in that run.
 #
 # ### torch.compile reads a 16-bit table
 #
@@ -2419,8 +2473,14 @@ if sched:
     if triton.__version__.startswith(("3.6", "3.9")):             # section 5's "46 registers"
         assert own["registers"] == 46
     # ... and for kept rows known to have no differing pair (PAIRS_EQUAL): no flag, no loads of
-    # member b's cos and s'
-    equal_pass = route_1g.rotate_pass_equal
+    # member b's cos and s'; planned where rows are read once, at batch 1 (s16k b1)
+    assert route_1g.rotate_pass_equal is None
+    x_b1 = torch.empty(16384, 1, 32, 128, dtype=torch.bfloat16, device="meta")
+    route_b1, _ = launch.plan_two_pass(launch.View.of(x_b1), launch.View.of(x_b1),
+                                       launch.Table(torch.empty(16384, 128, device="meta"), None),
+                                       launch.Positions(), R=128, interleaved=False,
+                                       backward=False, layout="sbhd", rows_kept=True)
+    equal_pass = route_b1.rotate_pass_equal
     equal_args = dict(zip(equal_pass.launcher.pointer_names,
                           (bf16, bf16, None, None, fp32, fp32, None, None)),
                       **dict(equal_pass.args, XBLOCK=tiles.TWO_PASS_ELEMENTS))
@@ -2449,9 +2509,9 @@ if sched:
 # value. Making member $a$'s loads wait for it too put all of them back ahead (9 of 11 with
 # 3.6) and was slower on the H200, at 1 GiB and at batch 1 alike (the comment in
 # `_rotate_pairs` has the numbers): which loads come first is not the whole story. The pass for
-# kept rows known to have no differing pair (`PAIRS_EQUAL`) loads six pieces, x's two and
-# member $a$'s four, five of them ahead of the first multiply, in 32 registers with both
-# versions. What the
+# kept rows known to have no differing pair (`PAIRS_EQUAL`, planned at batch 1) loads six
+# pieces, x's two and member $a$'s four, five of them ahead of the first multiply, in 32
+# registers with both versions. What the
 # two address forms are worth, timed on the H200 by
 # `benchmarks/one_gib_probe.py` (five alternating rounds in one process, medians; one run with
 # ropelib's pass written each way, each beside the same probe kernel):

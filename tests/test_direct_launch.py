@@ -160,3 +160,29 @@ def test_start_refuses_a_pointer_tuple_of_the_wrong_length():
         planning.start(qkv_gemm.FWD, None, full + (None, None))
     with pytest.raises(TypeError, match="no pointer"):
         qkv_gemm.pointers("dx", x_ptr=x)
+
+
+def test_start_refuses_a_launch_that_leaves_an_argument_unnamed():
+    """The direct launch passes every argument after the pointers from the Launch, defaulted
+    constexprs included: a Launch that leaves one to its default is a planner bug, refused in
+    the interpreter too (where Triton would have filled in the default)."""
+    from ropelib.kernels import launch, planning
+    if not planning.INTERPRET:
+        pytest.skip("checked through the interpreter's start")
+    x = torch.randn(4, 1, 2, 16)
+    y = torch.empty_like(x)
+    route, _ = launch.plan_two_pass(launch.View.of(x), launch.View.of(y),
+                                    launch.Table(torch.randn(4, 16), None), launch.Positions(),
+                                    R=16, interleaved=False, backward=False, layout="sbhd",
+                                    rows_kept=True)
+    flat = route.rotate_pass
+    assert flat.args["PAIRS_EQUAL"] is False        # named, though the kernel defaults it
+    rows = route.new_rows(x.device)
+    pointers = (x, y, None, None, rows[0], rows[1], None, rows[2])
+    rows[2].zero_()
+    planning.start(flat.launcher, flat, pointers)    # runs
+    short = launch.Launch(flat.grid, flat.num_warps,
+                          {k: v for k, v in flat.args.items() if k != "PAIRS_EQUAL"},
+                          flat.dtypes, flat.device, flat.launcher)
+    with pytest.raises(TypeError, match=r"names no \['PAIRS_EQUAL'\]"):
+        planning.start(flat.launcher, short, pointers)

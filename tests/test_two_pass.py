@@ -549,7 +549,7 @@ def test_rows_read_half_where_their_pairs_are_equal(halves, how, pre_passes):
 
     def recorded(self, device):
         rows = real(self, device)
-        if not planning.is_fake(rows[0]):     # (not while torch.compile traces the call)
+        if type(rows[0]) is torch.Tensor:     # (not while torch.compile traces the call)
             flags.append(rows[2])
         # NaN where nothing is written: a b entry read where it was not written shows
         rows[0].fill_(float("nan"))
@@ -558,15 +558,7 @@ def test_rows_read_half_where_their_pairs_are_equal(halves, how, pre_passes):
 
     want_flags = {"equal": [0] * S, "one pair differs": [int(s == S // 2) for s in range(S)],
                   "all differ": [1] * S}[halves]
-    # which flat pass each eager call ran: kept rows found to have no differing pair run the
-    # one that loads neither flags nor member b's entries (PAIRS_EQUAL)
-    flat_passes = []
-    real_start = eager.EagerLaunch.__call__
 
-    def start(self, pointers):
-        if self.launch.launcher is launch.ROWS:
-            flat_passes.append(self.launch.args.get("PAIRS_EQUAL", False))
-        return real_start(self, pointers)
     for interleaved in (False, True):
         def rotate(q, freqs):
             return ropelib.apply_rope(q, freqs, interleaved=interleaved)
@@ -585,35 +577,80 @@ def test_rows_read_half_where_their_pairs_are_equal(halves, how, pre_passes):
         eager.SIGNATURES.clear()
         eager.TABLE_ROWS.clear()
         flags.clear()
-        flat_passes.clear()
         launch.TwoPass.new_rows = recorded
-        eager.EagerLaunch.__call__ = start
         try:
             for _ in range(3):          # rows written, then (kept) read as kept
                 assert_same_bits(call(), want, f"{halves}, interleaved {interleaved}")
-                if DEVICE == "cuda":    # (the flags' reduction has reached the host)
-                    torch.cuda.synchronize()
         finally:
             launch.TwoPass.new_rows = real
-            eager.EagerLaunch.__call__ = real_start
             thresholds(*saved)
             eager.SIGNATURES.clear()
-        if how == "kept" and not interleaved:
-            # forward and backward: rows written (flat pass with flags), then read as kept
-            assert flat_passes == [False, False] + [halves == "equal"] * 4, flat_passes
-        elif how != "compiled":
-            assert not any(flat_passes), flat_passes
-        # the forward's and the backward's rows, once when kept, every call when not (compiled
-        # code: at least every forward call's; on an H200 the three calls made three sets of
-        # rows in all, where the interpreter makes six)
+        # the forward's and the backward's rows, once when kept, every call when not. Compiled
+        # code on a GPU makes its rows inside the compiled graph, where no call of new_rows is
+        # seen (the bits above are its check); through the interpreter the operators run
+        # opaque, and every call makes its rows.
         if how == "compiled":
-            assert len(flags) >= 3
+            if DEVICE == "cpu":
+                assert len(flags) == 6
         else:
             assert len(flags) == (2 if how == "kept" else 6)
         if interleaved:
             assert all(f is None for f in flags)
         else:
             assert all(f.tolist() == want_flags for f in flags)
+
+
+@pytest.mark.parametrize("halves", ["equal", "one pair differs"])
+@pytest.mark.parametrize("batch", [1, B])
+def test_kept_rows_with_no_differing_pair_read_no_flags(halves, batch, pre_passes):
+    # Kept rows whose flags are all 0 (found once their reduction reaches the host) are read by
+    # a flat pass that loads neither the flags nor member b's entries (PAIRS_EQUAL), where
+    # the rows are read once (batch 1); at batch B they stay in L2 for every entry, and the pass
+    # with flags serves. The bits stay the finished kernel's, with the rows NaN where the
+    # pre-pass did not write.
+    g = torch.Generator().manual_seed(6)
+    freqs = ropelib.rope_freqs(S, D, device=DEVICE)
+    if halves == "one pair differs":
+        freqs = freqs.clone()
+        freqs[S // 2, ..., D // 2 + 3] += 0.25
+    q = torch.randn(S, batch, HQ, D, generator=g).to(DEVICE).requires_grad_(True)
+    dy = torch.randn(S, batch, HQ, D, generator=g).to(DEVICE)
+    real_rows, real_start = launch.TwoPass.new_rows, eager.EagerLaunch.__call__
+    flat_passes = []
+
+    def nan_rows(self, device):
+        rows = real_rows(self, device)
+        rows[0].fill_(float("nan"))
+        rows[1].fill_(float("nan"))
+        return rows
+
+    def start(self, pointers):
+        if self.launch.launcher is launch.ROWS:
+            flat_passes.append(self.launch.args["PAIRS_EQUAL"])
+        return real_start(self, pointers)
+
+    def call():
+        y = ropelib.apply_rope(q, freqs)
+        return (y.detach(), *torch.autograd.grad(y, q, dy))
+
+    want = through("finished", call)
+    saved = thresholds(0, 0)
+    eager.SIGNATURES.clear()
+    eager.TABLE_ROWS.clear()
+    launch.TwoPass.new_rows, eager.EagerLaunch.__call__ = nan_rows, start
+    try:
+        for _ in range(3):
+            assert_same_bits(call(), want, f"{halves}, batch {batch}")
+            if DEVICE == "cuda":        # (the flags' reduction has reached the host)
+                torch.cuda.synchronize()
+    finally:
+        launch.TwoPass.new_rows, eager.EagerLaunch.__call__ = real_rows, real_start
+        thresholds(*saved)
+        eager.SIGNATURES.clear()
+        eager.TABLE_ROWS.clear()
+    # forward and backward: rows written (the pass with flags), then read as kept
+    known = halves == "equal" and batch == 1
+    assert flat_passes == [False, False] + [known] * 4, flat_passes
 
 
 @pytest.mark.parametrize("mode", ["grad", "no_grad", "inference_mode"])

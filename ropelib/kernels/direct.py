@@ -118,6 +118,14 @@ class DirectLauncher:
                 "the kernel's pointer arguments must come first, in POINTERS order"
         return self._order
 
+    def check_args(self, launch) -> None:
+        """Raise unless the Launch names every argument after the pointers, defaulted ones
+        included: the direct launch passes them all from launch.args, in the kernel's order."""
+        missing = [n for n in self._params()[len(self.pointer_names):] if n not in launch.args]
+        if missing:
+            raise TypeError(f"a planned launch of {self.kernel.__name__} names no {missing}: "
+                            "a planner bug (every argument after the pointers must be named)")
+
     def _through_triton(self, launch, pointers: tuple):
         return self.kernel[launch.grid](**dict(zip(self.pointer_names, pointers)), **launch.args,
                                         **launch.options())
@@ -133,6 +141,7 @@ class DirectLauncher:
             start, tail = hit
             start(current_stream(launch.device.index), *addresses, *tail)
             return
+        self.check_args(launch)
         compiled = self._through_triton(launch, pointers)
         try:
             if self.thin:

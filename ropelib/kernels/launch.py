@@ -688,16 +688,19 @@ def plan_two_pass(q: View, q_out: View, table: Table, positions: Positions, *, R
              KEEP_TABLE=(B > 1 and stride_b == 0) or read.index_pass is not None
              or read.seq_rows > 0,
              AXIS_H_FROM=axis_h_from, AXIS_W_FROM=axis_w_from, XBLOCK=xblock, INT64=int64,
-             WAIT_PRIOR=early),
+             WAIT_PRIOR=early, PAIRS_EQUAL=False),
         pointer_dtypes((x, q_out.tensor, k.tensor if k is not None else None,
                  k_out.tensor if k_out is not None else None)
                 + ((table.cos, table.sin) if table_pass is None else (out32, out32))
                 + (index if seqs is None else seqs,)) + (torch.int8 if row_flags else None,),
         x.device, ROWS, early=early)
+    # where the rows are read once (no batch entries to keep them in L2 for): the pass for
+    # kept rows with no differing pair (tiles.TWO_PASS_PAIRS_EQUAL)
     rotate_pass_equal = Launch(
         rotate_pass.grid, rotate_pass.num_warps, dict(rotate_pass.args, PAIRS_EQUAL=True),
         rotate_pass.dtypes[:-1] + (None,), x.device, ROWS, early=early) \
-        if row_flags and _tiles_module.TWO_PASS_PAIRS_EQUAL else None
+        if row_flags and _tiles_module.TWO_PASS_PAIRS_EQUAL \
+        and not rotate_pass.args["KEEP_TABLE"] else None
     pointers = (x, q_out.tensor, k.tensor if k is not None else None,
                 k_out.tensor if k_out is not None else None, table.cos, table.sin,
                 positions.position_ids, positions.cu_seqlens, positions.start)

@@ -131,6 +131,7 @@ def start(direct: DirectLauncher, launch: Launch, pointers: tuple) -> None:
     named = dict(zip(direct.pointer_names, pointers))
     if INTERPRET:
         if not is_fake(q):
+            direct.check_args(launch)   # (what the GPU's direct launch needs, checked here too)
             direct.kernel[launch.grid](**named, **launch.args, **launch.options())
         return
     if plain_eager(q):

@@ -84,7 +84,12 @@ TWO_PASS_TABLE_ELEMENTS = 256
 TWO_PASS_ROW_FLAGS = True
 # Kept rows (eager.TableRows) whose flags are all 0, found once the flags' reduction has reached
 # the host without waiting for it: later calls run a flat pass that loads neither flags nor
-# member b's entries (PAIRS_EQUAL). False: kept rows read their flags every call.
+# member b's entries (PAIRS_EQUAL), where the rows are read once (one batch entry, no
+# KEEP_TABLE). Forward, of a copy, with flags -> without (H200, bf16, five alternating rounds,
+# results/half_rows_probe-nvidia-h200-20261202-1747.csv): s16k b1 sbhd 0.942 -> 0.946, bshd
+# 0.947 -> 0.957, s32k b1 0.953 -> 0.961; but at 1 GiB b8, rows read from L2, 1.000 -> 0.990
+# (every round slower), so batches keep the pass with flags. False: kept rows read their
+# flags every call.
 TWO_PASS_PAIRS_EQUAL = True
 # False: every kernel waits for the one before it to end before it launches (the flat pass after
 # its pre-pass, the QKV projection's forward after its cos/sin rows)
