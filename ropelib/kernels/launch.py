@@ -477,7 +477,7 @@ class TwoPass(NamedTuple):
     # the pre-pass writes a flag per row and the flat pass reads member b's cos and s' only
     # in rows where a pair's members differ (rotate-half rows after a pre-pass)
     row_flags: bool = False
-    # the flat pass for rows whose flags are all 0 (kept rows found so, eager.KeptRows): no
+    # the flat pass for rows whose flags are all 0 (kept rows found so, eager.PairsEqual): no
     # flags, no member b's entries read
     rotate_pass_equal: Optional[Launch] = None
 
