@@ -13,6 +13,9 @@ positions):
     copy            y.copy_(x) of the same bytes
     planned         ropelib.apply_rope(x, freqs): the tile the planner picks
     cos/sin         ropelib.apply_rope(x, cos=, sin=) with a bf16 table: sin/cos not evaluated
+    table-free      ropelib.apply_rope(x, angles=ropelib.rope_angles(128)): the same
+                    frequencies, the angles computed in the kernel from the position (no row
+                    of a table to wait for; cos/sin by integer arithmetic and polynomials)
     tile h/c/w      apply_rope with the planner's tile replaced by BLOCK_H heads, batch chunks
                     of c entries, w warps (BLOCK_S = 1)
     torch.compile   Hugging Face's formula on bf16 tables (the floor's provider)
@@ -98,13 +101,19 @@ def main(argv=None):
         def rope_table():
             return ropelib.apply_rope(x, cos=cos16, sin=sin16, **kw)
 
+        angles = ropelib.rope_angles(config.head_dim, device=x.device)
+
+        def rope_table_free():
+            return ropelib.apply_rope(x, angles=angles, **kw)
+
         for tile in candidates:   # every tile gives the planned bits
             got = _with_tiles(tile, rope)
             assert torch.equal(got, want), f"{name}: tile {tile} changes the output"
         comp = compiled.fn
         comp(case)
         providers = {"copy": (lambda: y.copy_(x), None), "planned": (rope, None),
-                     "cos/sin": (rope_table, None), "torch.compile": (lambda: comp(case), None)}
+                     "cos/sin": (rope_table, None), "table-free": (rope_table_free, None),
+                     "torch.compile": (lambda: comp(case), None)}
         for tile in candidates:
             providers["tile %d/%d/%d" % tile] = (rope, tile)
         names = list(providers)
@@ -116,6 +125,7 @@ def main(argv=None):
                                  ratio_to_copy=f"{us['copy'] / us[n]:.4f}"))
             print(f"{name} round {rnd}: copy {us['copy']:.2f} us, planned "
                   f"{us['copy'] / us['planned']:.3f}, cos/sin {us['copy'] / us['cos/sin']:.3f}, "
+                  f"table-free {us['copy'] / us['table-free']:.3f}, "
                   f"torch.compile {us['copy'] / us['torch.compile']:.3f}", flush=True)
         med = {}
         for n in names:
@@ -131,6 +141,7 @@ def main(argv=None):
     for name, ranked in best.items():
         fixed = {n: r for n, r in ranked if not n.startswith("tile")}
         print(f"\n{name}: planned {fixed['planned']:.3f}  cos/sin {fixed['cos/sin']:.3f}  "
+              f"table-free {fixed['table-free']:.3f}  "
               f"torch.compile {fixed['torch.compile']:.3f}  (median ratio to copy)")
         for n, r in [kv for kv in ranked if kv[0].startswith("tile")][:6]:
             print(f"   {n:14s} {r:.3f}")

@@ -3072,9 +3072,7 @@ else:
 #     else:
 #         cos_a = cos_ptr + (tab[:, None] + col[None, :])
 #         sin_a = sin_ptr + (tab[:, None] + col[None, :])
-#     if SIGNED and PAIRS_EQUAL:
-#         m_b = m                 # (unused: b's entries are a's)
-#     elif SIGNED and row_flags_ptr is not None:
+#     if SIGNED and row_flags_ptr is not None and not PAIRS_EQUAL:
 #         # the row's flag: the pre-pass's rows are [NB * S, R], so row tab // R (where it is 0
 #         # the b loads move no bytes)
 #         differs = tl.load(row_flags_ptr + tab // R, mask=live, other=1)
@@ -3085,13 +3083,10 @@ else:
 #         m_b = m & (differs != 0)[:, None]
 #     else:
 #         m_b = m
-#     if SIGNED and PAIRS_EQUAL:
-#         if KEEP_TABLE:
-#             ca = tl.load(cos_a, mask=m, other=0.0, eviction_policy="evict_last")
-#             sa = tl.load(sin_a, mask=m, other=0.0, eviction_policy="evict_last")
-#         else:
-#             ca = tl.load(cos_a, mask=m, other=0.0)
-#             sa = tl.load(sin_a, mask=m, other=0.0)
+#     if SIGNED and PAIRS_EQUAL:  # (planned only where rows are read once: no KEEP_TABLE)
+#         tl.static_assert(not KEEP_TABLE, "PAIRS_EQUAL is planned for rows read once")
+#         ca = tl.load(cos_a, mask=m, other=0.0)
+#         sa = tl.load(sin_a, mask=m, other=0.0)
 #         cb = ca
 #         sb = -sa
 #     elif KEEP_TABLE:        # the rows serve every batch entry: keep them in L2
