@@ -44,6 +44,8 @@
 #                                        # shapes of the same bytes under Nsight Compute (~1 min)
 #   bash benchmarks/gpu_run.sh b1_gap-ncu  # batch 1: the flat pass beside torch.compile's kernel
 #                                          # and an element-wise copy under Nsight Compute
+#   bash benchmarks/gpu_run.sh rows-ncu    # notebook 03's exercise 5 at 1-8 rows a program, beside
+#                                        # notebook 04's kernel, under Nsight Compute (~1 min)
 #   bash benchmarks/gpu_run.sh naive_warps-ncu  # notebook 03's naive kernel at 1, 2, 4, 8 warps
 #                                               # under Nsight Compute, beside a row move (~1 min)
 #   bash benchmarks/gpu_run.sh te-ncu    # Transformer Engine's fused kernel (installed first)
@@ -227,7 +229,7 @@ lts__t_sector_hit_rate.pct,l1tex__t_sector_hit_rate.pct,launch__grid_size \
                 echo "=== tables: no ncu on this machine: the Nsight Compute part is skipped"
             fi
             step hf-tables "$PY" benchmarks/hf_tables_probe.py ;;
-        decode-ncu|puzzle9-ncu|te-ncu|mrope_angles-ncu|naive_warps-ncu|ladder_stalls-ncu|qk_norm-ncu|b1_gap-ncu)
+        decode-ncu|puzzle9-ncu|te-ncu|mrope_angles-ncu|naive_warps-ncu|rows-ncu|ladder_stalls-ncu|qk_norm-ncu|b1_gap-ncu)
             # a probe's launches under Nsight Compute with the warp-state metrics
             # (compare.WARP_STATE_METRICS): decode-ncu, ropelib's decode kernel (angles, and a
             # cos/sin table) beside torch.compile's kernel of Hugging Face's formula
@@ -237,6 +239,8 @@ lts__t_sector_hit_rate.pct,l1tex__t_sector_hit_rate.pct,launch__grid_size \
             # (benchmarks/te_ncu.py; TE installed first); mrope_angles-ncu, notebook 10's two
             # multi-axis kernels and ropelib's (benchmarks/mrope_angles_ncu.py); naive_warps-ncu,
             # notebook 03's naive kernel at 1, 2, 4 and 8 warps (benchmarks/naive_warps_ncu.py);
+            # rows-ncu, notebook 03's exercise 5 at 1, 2, 4 and 8 rows a program beside notebook
+            # 04's kernel (benchmarks/rows_ncu.py);
             # ladder_stalls-ncu, notebook 05's ladder rungs at b = 8 and b = 1
             # (benchmarks/ladder_stalls_ncu.py); qk_norm-ncu, QK-norm + RoPE forward+backward at
             # b8 s4096 and b2 s16384 (benchmarks/qk_norm_ncu.py); b1_gap-ncu, the flat pass at batch
@@ -309,7 +313,7 @@ print('# what: Nsight Compute (--profile-from-start off --csv${NCU_CLOCK:+ --clo
                 ${ONLY:+--only "$ONLY"}
             [ -n "${OUT:-}" ] && tar czf "$OUT/executed-$tag.tar.gz" -C "$executed" . ;;
         *)
-            echo "unknown step: $what (tests, targets, floor, two-pass, decode, decode-ncu, puzzle9-ncu, te-ncu, mrope_angles-ncu, naive_warps-ncu, ladder_stalls-ncu, qk_norm-ncu, b1_gap-ncu, model, sweeps, ablation, ladder, features, qkv-backward, qkv-mainloop, qkv-forward-ab, qkv-table-flag, tables, fwdbwd, fwdbwd-mid, probes, course, notebooks)"; exit 2 ;;
+            echo "unknown step: $what (tests, targets, floor, two-pass, decode, decode-ncu, puzzle9-ncu, te-ncu, mrope_angles-ncu, naive_warps-ncu, rows-ncu, ladder_stalls-ncu, qk_norm-ncu, b1_gap-ncu, model, sweeps, ablation, ladder, features, qkv-backward, qkv-mainloop, qkv-forward-ab, qkv-table-flag, tables, fwdbwd, fwdbwd-mid, probes, course, notebooks)"; exit 2 ;;
     esac
 done
 exit $rc

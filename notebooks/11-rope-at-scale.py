@@ -1489,8 +1489,8 @@ for cache in ("contiguous", "paged"):      # per cache: to fp32, divide, clamp, 
 #   four replayed times against the count has a slope of 1.9 µs per operation (an average over
 #   four different mixes of operators, not any one kernel's cost) and an intercept of 6.2 µs,
 #   every time within 0.4 µs of it. The intercept is about the whole fused step (6.1 to
-#   7.0 µs); what it is made of is not measured. Replayed at batch 1, then, the fused step's
-#   gain is mostly the kernels it does not run.
+#   7.0 µs); the cell after the next one measures what it is made of. Replayed at batch 1,
+#   then, the fused step's gain is mostly the kernels it does not run.
 
 # %%
 def unfused_us(cache, dtype, mode):
@@ -1532,6 +1532,59 @@ stated_graph = [(19.0, 24.2), (25.3, 33.8), (34.4, 43.1), (39.8, 52.4)]
 assert all(as_stated(g, s) for g, s in zip(graph, stated_graph, strict=True)), graph
 fused_graph = [r["ms"] * 1e3 for r in timed if (r["provider"], r["mode"]) == ("fused", "graph")]
 assert as_stated((min(fused_graph), max(fused_graph)), (6.1, 9.9)), fused_graph
+
+# %% [markdown]
+# ### What a replay costs before any kernel works
+#
+# *Question: the line above costs 6.2 µs with no operation at all, and every operation 1.9 µs
+# more. How much of that is the replay itself?* `benchmarks/graph_floor.py` answers with
+# kernels that do nothing worth timing: it replays graphs of $n$ kernels that each fill one
+# 4-byte element (`zero_` on a one-element tensor), timed exactly as the decode benchmark times
+# a step (`kv_cache_decode.time_step`, one step per replay), for $n$ from 1 to 18, in five
+# alternating rounds. The cell reads its committed run (`graph_floor-nvidia-h200.csv`, an
+# H200, the day after the decode run) and fits the same kind of line; on a GPU it also replays
+# graphs of 1 and 7 such kernels on your machine.
+#
+# - **One kernel that does nothing costs 4.5 µs replayed.** So of the fused step's 6.1 µs at
+#   batch 1, 4.5 µs are the replay and its one launch; the kernel's own work is the rest.
+# - **Each further kernel costs 1.1 µs** in the line through $n$ = 1 to 18 (3.7 µs + 1.1 µs a
+#   kernel). Of the unfused step's 1.9 µs an operation, then, 1.1 µs are the launch of one more
+#   kernel inside the graph, and about 0.8 µs the work of the average operation.
+#
+# Graph replay takes the host out of the step, not the GPU's cost of starting each kernel:
+# a step's kernel count still sets most of its time at batch 1. The run was on another day
+# than the decode run, so the two lines are compared as sizes, not to the last 0.1 µs.
+
+# %%
+FLOOR = RESULTS / "graph_floor-nvidia-h200.csv"
+floor_meta = compare.read_meta(FLOOR)
+assert floor_meta["gpu"] == "NVIDIA H200", FLOOR.name
+floor_rows = compare.read_csv(FLOOR)
+kernel_counts = sorted({r["kernels"] for r in floor_rows})
+replay_us = {n: statistics.median(r["us"] for r in floor_rows if r["kernels"] == n)
+             for n in kernel_counts}
+per_empty, replay_fixed = statistics.linear_regression(kernel_counts,
+                                                       [replay_us[n] for n in kernel_counts])
+print(f"{FLOOR.name}: {floor_meta['gpu']}, {floor_meta.get('date')}, medians of "
+      f"{len({r['round'] for r in floor_rows})} rounds")
+for n in kernel_counts:
+    print(f"  {n:>2} do-nothing kernels: {replay_us[n]:5.2f} us a replay")
+print(f"line: {replay_fixed:.2f} us + {per_empty:.2f} us a kernel;  the unfused decode steps "
+      f"(batch 1): {fixed:.2f} us + {per_kernel:.2f} us an operation")
+print(f"fused step at batch 1: {min(fused_b1):.1f} us, of which a one-kernel replay is "
+      f"{replay_us[1]:.1f} us; per operation {per_kernel:.1f} us, of which one more kernel is "
+      f"{per_empty:.1f} us")
+assert kernel_counts == [1, 2, 4, 7, 10, 15, 18]
+assert as_stated((replay_us[1], replay_fixed, per_empty), (4.5, 3.7, 1.1))
+assert replay_us[1] < min(fused_b1) and per_empty < per_kernel       # the sizes the text compares
+assert as_stated((per_kernel - per_empty,), (0.8,))
+assert all(a < b for a, b in zip([replay_us[n] for n in kernel_counts],
+                                 [replay_us[n] for n in kernel_counts][1:]))   # rises with n
+if GPU:   # the same replays on this machine (not asserted: another GPU, another day)
+    for n in (1, 7):
+        cells = [torch.empty(1, device="cuda") for _ in range(n)]
+        live = kv_cache_decode.time_step(lambda _: [c.zero_() for c in cells], None, "graph")
+        print(f"this GPU: {n} do-nothing kernels, {live[0] * 1e3:.2f} us a replay")
 
 # %% [markdown]
 # ### Against the fewest kernels an unfused step can run
