@@ -975,8 +975,6 @@ assert [round(f, 2) for f in c_factors.values()] == [1.00, 2.31, 6.02, 1.00, 0.9
 # each lane loads at once.
 
 # %%
-from ropelib.course import measured
-
 acc_meta, acc_rows = measured.load("access_counters")
 chain = [dict(r, kind=kb.kernel_kind(r["pattern"]),
               per_request=r["l1_load_sectors"] / r["l1_load_requests"])

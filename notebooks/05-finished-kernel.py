@@ -1045,7 +1045,21 @@ else:
 # ![The ladder on an NVIDIA H200: % of a copy per rung](../figures/05-ladder-waterfall.png)
 #
 # **What the H200 run shows** (the cell below checks each point on the CSVs and prints each
-# step in points of a copy):
+# step in points of a copy). In short, before the details:
+#
+# | rung | step at $s = 4096$, $b = 8$ | at $b = 1$ | what the profiles say |
+# |---|---|---|---|
+# | tile of heads | the big step | a fifth of a copy → three quarters | fewer programs, half the instructions, more bytes in flight: which buys it is not separated |
+# | tile of tokens | −0.1 / −0.3 points (noise) | −6.1 points | 3 % more instructions, issued at a lower rate |
+# | warps | (printed by the cell) | 8 warps lose over two fifths | every thread along the heads evaluates the sin/cos |
+# | chunks | about −3 points | (printed by the cell) | more DRAM writes (next profile) |
+# | accurate sin/cos | noise only | noise only | the same machine code as the chunks rung |
+# | equal halves | +5.5 points | +5.1 points | a quarter fewer instructions; the next profile splits the gain |
+# | finished kernel | 1.5 points below rung 6 | 2.7 points above | more indexing work; `x` loaded first at $b = 1$ |
+#
+# So two ideas carry the ladder, a tile of heads and evaluating each pair's sin/cos once; the
+# others are neutral or cost a little at these sizes, and each bullet below says how the run
+# knows.
 #
 # - **A tile of heads is the big step** at every large size: a program that moved one head row
 #   (256 bytes in bf16) now moves tens of KiB, as section 2 asked. It changes three measured

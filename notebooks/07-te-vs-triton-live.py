@@ -1101,48 +1101,21 @@ for what, (seconds, pct) in stated_shares.items():
 # ### 7.5 At 64 MiB: the host against the kernels
 #
 # **Question: at a size where the bytes should dominate, who is slower, ropelib's kernels or
-# its host?** `benchmarks/mid_fwdbwd_probe.py` measures both in one process, for ropelib,
-# torch.compile (of Hugging Face's formula) and TE's fused kernel, in three alternating rounds:
-# at section 2's size, 64 MiB of bf16 ($S = 1024$, $B = 8$, $H = 32$, $D = 128$) in each
-# layout, and at 256 MiB in bshd. For each forward+backward it times the device, replayed from a
-# CUDA graph; the host, as the time to issue one (enqueue, 7.3's way: 50 calls back to back with
-# no synchronisation); and the eager call (50 calls, then a synchronisation: it should take the
-# larger of the two). The gradients are handed back with `torch.autograd.grad`, as a model's q
-# and k pass theirs to the projection's backward. The cell reads the log of one run on an H200
-# (1 December: after the route's first two changes, before the third; section 5's table), draws
-# the three times side by side, and on a GPU also prints section 2's live eager forward+backward
-# on as many bytes, unchecked, a third host-bound time to set beside these.
+# its host?** `benchmarks/mid_fwdbwd_probe.py` times one forward+backward three ways, for
+# ropelib, torch.compile (of Hugging Face's formula) and TE's fused kernel:
 #
-# - **Replayed, ropelib's kernels are as fast as torch.compile's**: 69.9 to 70.7 µs a
-#   forward+backward at 64 MiB, 0.938 to 0.955 of two copies, against 68.3 to 72.1 µs (0.927 to
-#   0.971) for torch.compile and 124.3 to 128.4 µs (0.520 to 0.533) for TE. The forward alone
-#   trails: 0.942 to 0.957 of a copy, against torch.compile's 0.998 to 1.037. Replayed ratios
-#   divide by a replayed copy; compare them only with each other.
-# - **The host is the larger by far for ropelib and torch.compile**: 234 to 344 µs and 451 to
-#   532 µs to issue a call, 3.3 to 4.9 and 6.3 to 7.8 times their kernels' time. TE's host is
-#   lighter (163 to 199 µs, 1.3 to 1.6 times its kernels). So TE's eager call is the fastest at
-#   this size, 148 to 182 µs against ropelib's 200 to 305 and torch.compile's 306 to 484, with
-#   kernels that take 1.8 times as long.
-# - **At 256 MiB the kernels catch up with the host.** By the enqueue measure ropelib's host
-#   takes 1.25 times its kernels' 261 µs, yet its eager call takes 264 µs, 0.96 of two copies:
-#   in the eager loop the host kept pace with the kernels (next point). TE's kernels (482 µs)
-#   set its pace, its host a third of them.
-# - **The two host measures disagree.** Each number is the median of three rounds (the log
-#   keeps their range). ropelib's eager call came out below its enqueue time in sbhd (200
-#   against 234 µs), though an eager call includes issuing it, and the table printed below
-#   shows the same in every row where the host is the larger. So the enqueue loop, which
-#   runs just before the eager loop, costs the host more per call than the eager loop does; why
-#   was not measured. Read a host time to a few tens of per cent; the factors above are larger
-#   than that.
+# | measure | what it times | how |
+# |---|---|---|
+# | device | the kernels alone | the call replayed from a CUDA graph |
+# | host | issuing the call | 50 calls back to back, no synchronisation (7.3's enqueue) |
+# | eager | what a training step waits for | 50 calls, then one synchronisation |
 #
-# Read a host time as the size of the host's work, not as a constant: ropelib's decode-size host
-# row (7.1) is about as long as its whole eager call here. The cure for such calls is to take the
-# host's per-call work out of the loop: capture the step in a CUDA graph (notebook 11, section 4,
-# times whole decoding steps replayed from graphs). Compiling the RoPE call alone with `torch.compile` is no
-# cure: the compiled call here spends 451 to 532 µs of host time on each forward+backward, more
-# than ropelib's. Compiling a whole step, which sees each ropelib entry point whole
-# (`docs/API.md`, "Autograd, torch.compile and other transforms"), can save the host's work
-# between the step's operations; this notebook does not time that.
+# It runs at section 2's size, 64 MiB of bf16 ($S = 1024$, $B = 8$, $H = 32$, $D = 128$), in
+# each layout, and at 256 MiB in bshd, in three alternating rounds (medians). The gradients go
+# back through `torch.autograd.grad`, as a model's q and k pass theirs to the projection's
+# backward. The cell reads the log of one run on an H200 (1 December, after the route's first
+# two changes: section 5's table) and prints one row per case and provider; on a GPU it also
+# prints section 2's live eager forward+backward on as many bytes, unchecked.
 
 # %%
 MID_LOG = RESULTS / "mid_fwdbwd-nvidia-h200-20261201-2307.log"
@@ -1158,16 +1131,16 @@ assert (c64.seq_len, c64.batch, c64.heads, c64.head_dim, c64.dtype) == (1024, 8,
 if GPU:                                                   # the size of section 2's case
     assert (c64.seq_len * c64.batch, c64.heads, c64.head_dim) == (
         one.seq_len * one.batch, one.heads, one.head_dim)
-print(f"{MID_LOG.name}: measured on {mid_gpu}, {mid_day}; per eager forward+backward, the host's "
-      "time to issue it (enqueue) and the device's (replayed from a CUDA graph)")
+print(f"{MID_LOG.name}: measured on {mid_gpu}, {mid_day}; µs per forward+backward, medians of "
+      "three rounds; 'of copies': the replayed time against two replayed copies (forward: one)")
+print(f"{'case':17s} {'provider':13s} {'host':>7s} {'device':>7s} {'host/device':>12s} "
+      f"{'eager':>7s} {'of copies':>10s} {'forward':>8s}")
 for case in MID + [BIG]:
     for p in ("ropelib", "torch.compile", "te_fused"):
         r = mid[case, p]
-        print(f"  {case:17s} {p:13s} enqueue {r['enqueue_us']:5.1f} us, graph "
-              f"{r['fwdbwd_graph_us']:5.1f} us, host/device "
-              f"{r['enqueue_us'] / r['fwdbwd_graph_us']:4.1f}; eager {r['eager_us']:5.1f} us; "
-              f"replayed: {r['fwdbwd_ratio']:.3f} of two copies, forward {r['fwd_ratio']:.3f} "
-              "of one")
+        print(f"{case:17s} {p:13s} {r['enqueue_us']:7.1f} {r['fwdbwd_graph_us']:7.1f} "
+              f"{r['enqueue_us'] / r['fwdbwd_graph_us']:12.1f} {r['eager_us']:7.1f} "
+              f"{r['fwdbwd_ratio']:10.3f} {r['fwd_ratio']:8.3f}")
 
 
 def at_64(key, providers, per=None):
@@ -1224,12 +1197,46 @@ if GPU:     # section 2's live eager forward+backward, on as many bytes: a third
            if by.get(p, {}).get("available") and by[p].get("fwdbwd_ms")}, "us")
 
 # %% [markdown]
+# **What the run shows.**
+#
+# 1. **The kernels are not the problem.** Replayed, ropelib's forward+backward takes 69.9 to
+#    70.7 µs at 64 MiB (0.938 to 0.955 of two copies), torch.compile's 68.3 to 72.1 µs (0.927
+#    to 0.971) and TE's 124.3 to 128.4 µs (0.520 to 0.533): TE's kernels take 1.8 times
+#    ropelib's. Only ropelib's forward trails: 0.942 to 0.957 of a copy, against
+#    torch.compile's 0.998 to 1.037. (Replayed ratios divide by a replayed copy: compare them
+#    with each other only.)
+# 2. **The host is.** Issuing one call takes ropelib's host 234 to 344 µs, 3.3 to 4.9 times its
+#    kernels' time; torch.compile's 451 to 532 µs, 6.3 to 7.8 times; TE's 163 to 199 µs, 1.3 to
+#    1.6 times. So TE's eager call is the fastest at this size, 148 to 182 µs against
+#    ropelib's 200 to 305 and torch.compile's 306 to 484, with kernels that take 1.8 times as
+#    long.
+# 3. **At 256 MiB the kernels catch up with the host.** By the enqueue measure ropelib's host
+#    takes 1.25 times its kernels' 261 µs, yet its eager call takes 264 µs, 0.96 of two
+#    copies: in the eager loop the host kept pace with the kernels. TE's kernels (482 µs) set
+#    its pace, its host a third of them.
+#
+# *How far to trust a host time.* ropelib's eager call in sbhd came out below its enqueue time
+# (200 against 234 µs), though an eager call includes issuing it, and the drawing below shows
+# the same wherever the host is the larger: the enqueue loop, which runs just before the eager
+# loop, costs the host more per call than the eager loop does. Why was not measured. Read a host
+# time to a few tens of per cent; the factors above are larger than that.
+#
+# *What to do about a host-bound call.* A host time measures the host's work, not a constant:
+# ropelib's decode-size host row (7.1) is about as long as its whole eager call here. The cure
+# is to take the host's per-call work out of the loop: capture the step in a CUDA graph
+# (notebook 11, section 4, times whole decoding steps replayed from graphs). Compiling the RoPE
+# call alone is no cure: the compiled call spends 451 to 532 µs of host time on each
+# forward+backward, more than ropelib's. Compiling a whole step, which sees each ropelib entry
+# point whole (`docs/API.md`, "Autograd, torch.compile and other transforms"), can save the
+# host's work between the step's operations; this notebook does not time that.
+
+# %% [markdown]
 # **The same log, drawn.** One panel a case, three bars a provider: the host's time to issue a
 # forward+backward (enqueue), the device's (replayed), and the eager call, which waits for both.
 # At 64 MiB the host's bar stands above the device's for all three providers; at 256 MiB TE's
 # stands below. Either way the eager bar lands near the taller of the two, at 0.68 to 1.02 of
 # it. Below it wherever the host's bar is the taller: an eager call that takes less than the
-# host's enqueue time is 7.5's last point, the two host measures disagreeing. The cell prints
+# host's enqueue time, the two host measures disagreeing (the caveat above). The cell prints
 # and checks these readings from the log.
 
 # %%
