@@ -4,7 +4,8 @@
 * Notebook 01's rotation matrix (`basics.check_rotation_matrix`): PyTorch's block_diag reached
   by its `out` overload, its Python reference, its decomposition, or with the check's watch of
   PyTorch's operators switched off (`_disable_current_modes`, `torch._C._DisableTorchDispatch`,
-  torch._C's other switches); SciPy's `scipy.sparse.block_diag`.
+  torch._C's other switches, one of them taken before the check began and the operator run
+  from C, and with PyTorch's profiler stopped too); SciPy's `scipy.sparse.block_diag`.
 * Notebook 00's interleaved RoPE (`basics.check_interleaved_rope`): transformers' GPT-J RoPE
   (`apply_rotary_pos_emb`, `rotate_every_two`), and Transformer Engine's
   `apply_rotary_pos_emb(..., interleaved=True, fused=False)` (a module in its place where it is
@@ -89,6 +90,29 @@ def _dispatch_disabled_no_call_inside(m, inv_freq):
     return out[0]
 
 
+# torch._C's switch taken before the check patches torch._C (a learner's module-level name):
+# the check's wrapper never sees the call, and `with` enters the guard with no Python call
+_GRABBED_SWITCH = torch._C._DisableTorchDispatch
+
+
+def _dispatch_disabled_pregrabbed_map(m, inv_freq):
+    blocks = _blocks(m, inv_freq)
+    with _GRABBED_SWITCH():
+        out = list(map(VF.block_diag, [blocks]))     # no Python call while the key is off
+    return out[0]
+
+
+_GRABBED_PROFILER_STOP = torch._C._autograd._disable_profiler
+
+
+def _profiler_stopped_then_dispatch_disabled(m, inv_freq):
+    blocks = _blocks(m, inv_freq)
+    next(iter(_GRABBED_PROFILER_STOP, object()))     # called from C: no Python call of it
+    with _GRABBED_SWITCH():
+        out = list(map(VF.block_diag, [blocks]))
+    return out[0]
+
+
 def _key_excluded(m, inv_freq):
     blocks = _blocks(m, inv_freq)
     key = torch._C.DispatchKey.Python
@@ -137,11 +161,14 @@ SWITCHED_OFF = "switched off the check's watch of PyTorch's operators"
     (_modes_disabled_no_call_inside, SWITCHED_OFF),
     (_dispatch_disabled, SWITCHED_OFF),
     (_dispatch_disabled_no_call_inside, SWITCHED_OFF),
+    (_dispatch_disabled_pregrabbed_map, SWITCHED_OFF),
+    (_profiler_stopped_then_dispatch_disabled, "switched off the check's profiler"),
     (_key_excluded, SWITCHED_OFF),
     (_mode_popped, SWITCHED_OFF),
 ], ids=["aten.block_diag.out", "torch._refs.block_diag", "decomposition_table",
         "_disable_current_modes", "_disable_current_modes, map", "_DisableTorchDispatch",
-        "_DisableTorchDispatch, map", "Python key excluded", "mode popped"])
+        "_DisableTorchDispatch, map", "_DisableTorchDispatch taken before, map", "profiler stopped, then that",
+        "Python key excluded", "mode popped"])
 def test_rotation_matrix_refuses_block_diag_every_way(answer, words, capsys):
     inv = frequencies.inv_freq(8, 10000.0, dtype=torch.float64)
     torch.testing.assert_close(answer(5, inv), basics.rotation_matrix_ref(5, inv))   # right
@@ -154,6 +181,7 @@ def test_rotation_matrix_refuses_block_diag_every_way(answer, words, capsys):
     assert torch._C._len_torch_dispatch_stack() == 0
     assert not torch._C._dispatch_tls_is_dispatch_key_excluded(torch._C.DispatchKey.Python)
     assert torch._C._DisableTorchDispatch.__name__ == "_DisableTorchDispatch"
+    assert not torch._C._autograd._profiler_enabled()
 
 
 def test_rotation_matrix_accepts_own_code(capsys):

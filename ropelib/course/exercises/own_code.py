@@ -20,7 +20,11 @@ watches the answer these ways:
   dispatch key, as `torch._C._DisableTorchDispatch` does) is refused: at once where it calls
   one of torch._C's switches itself, else when it returns (seen at its next call or return with
   the watch off); PyTorch's own switching (printing a tensor takes the modes off for the
-  while) is let through;
+  while) is let through. Beside the mode, PyTorch's profiler records every operator the
+  dispatcher runs, below any dispatch key: a barred operator it recorded that the mode did not
+  see (a switch taken before the check began, entered with no Python call, the operator run
+  from C through `map`) is refused when the answer returns, and so is an answer that stops
+  that profiler;
 * every Triton kernel it launches (`kernel[grid](...)`, compiled or interpreted, and ropelib's
   direct launcher, in any thread: on a GPU autograd runs a backward in a thread of its own): a
   kernel defined in a barred file, or a kernel of the learner's that calls a barred
@@ -443,11 +447,14 @@ def _ops_barred(bar_ops: tuple, what: str, caught: list, inside: list, owner: in
 
     class _Refuse(TorchDispatchMode):
         dispatching = 0
+        let_through = 0              # barred operators run inside allowed code
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if _barred_op(func, barred) and not (inside and threading.get_ident() == owner):
-                caught.append(("called", func))
-                raise LibraryAnswer(_refusal(what, "called", func))
+            if _barred_op(func, barred):
+                if not (inside and threading.get_ident() == owner):
+                    caught.append(("called", func))
+                    raise LibraryAnswer(_refusal(what, "called", func))
+                self.let_through += 1
             self.dispatching += 1
             try:
                 return func(*args, **(kwargs or {}))
@@ -472,7 +479,7 @@ def _ops_barred(bar_ops: tuple, what: str, caught: list, inside: list, owner: in
         return guarded
 
     saved: list = []
-    with mode:
+    with mode, _operators_recorded() as recorded:
         watch = _OpsWatch(mode, owner)
         for name in _DISPATCH_SWITCHES:
             _patched(torch._C, name, lambda original, name=name: switch(name, original), saved)
@@ -487,6 +494,72 @@ def _ops_barred(bar_ops: tuple, what: str, caught: list, inside: list, owner: in
                     torch._C._dispatch_tls_set_dispatch_key_excluded(key, False)
                 if not watch.mode_on_stack():
                     torch._C._push_on_torch_dispatch_stack(mode)     # for `with` to take off
+    # What the dispatch mode cannot see: an operator run while the Python key was excluded by a
+    # switch the answer took before the check patched torch._C, with no Python call while it
+    # was off. PyTorch's profiler records every operator the dispatcher runs, below any key.
+    if recorded is not None and not caught and not mode.let_through:
+        if recorded.stopped_by_the_answer:
+            caught.append(_ops_switched_off(what, "switched off the check's profiler"))
+        else:
+            names = {_profiled_name(op) for op in barred}
+            ran = sorted(names.intersection(recorded.names))
+            if ran:
+                caught.append(_ops_switched_off(
+                    what, f"ran PyTorch's operator {ran[0]} where the watch could not see it"))
+
+
+def _profiled_name(op) -> str:
+    """"aten::block_diag" for an operator or any of its overloads (the name PyTorch's profiler
+    gives the operator's runs)."""
+    packet = getattr(op, "overloadpacket", op)
+    return packet._qualified_op_name
+
+
+class _Recorded:
+    """The operators PyTorch's profiler recorded while a block ran (`_operators_recorded`)."""
+    names: frozenset = frozenset()
+    stopped_by_the_answer = False
+
+
+@contextmanager
+def _operators_recorded():
+    """Record the names of the operators the dispatcher runs while the block runs (PyTorch's
+    profiler, CPU only). Yields a `_Recorded`, filled when the block ends, or None where a
+    profiler is already running (they do not nest)."""
+    from torch.autograd import profiler
+    if torch._C._autograd._profiler_enabled():
+        yield None
+        return
+    recorded = _Recorded()
+    prof = profiler.profile()
+    with _quiet_stderr():
+        prof.__enter__()
+    try:
+        yield recorded
+    finally:
+        if not torch._C._autograd._profiler_enabled():      # switched off by the answer
+            recorded.stopped_by_the_answer = True
+        else:
+            with _quiet_stderr():
+                prof.__exit__(None, None, None)
+            recorded.names = frozenset(e.name for e in prof.function_events)
+
+
+
+@contextmanager
+def _quiet_stderr():
+    """File descriptor 2 pointed at the null device for the block: some CPU builds of PyTorch
+    print a line from C++ as the profiler starts and stops, which a notebook would show."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
 
 
 # torch._C's ways to take the dispatch modes off, or to exclude the Python dispatch key
