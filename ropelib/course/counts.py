@@ -26,6 +26,8 @@ GPU_TILES, the dX kernel with QK-norm as "dx_norm"), each row marked `swept` and
 """
 import contextlib
 import dataclasses
+import os
+import sys
 import warnings
 from typing import Callable, Dict, List, Optional
 
@@ -35,6 +37,7 @@ from .kernel_bandwidth import is_device_kernel
 from .offline_compile import compile_for_cuda, resource_usage
 
 __all__ = ["StepKernels", "count_kernels", "work_ops", "gpu_kernels", "interpreted_launches",
+           "quietly",
            "SM", "SM90", "Occupancy", "programs_per_sm", "compile_for_sm90", "cubin_resources",
            "qkv_tile_resources", "sweep_tiles", "shipped_tiles", "tiles_to_compile"]
 
@@ -125,6 +128,23 @@ def interpreted_launches():
         InterpretedFunction.run = original
 
 
+@contextlib.contextmanager
+def quietly():
+    """File descriptor 2 pointed at the null device for the block. Some CPU builds of PyTorch
+    print a line from C++ as its profiler starts and as it stops, which a notebook would show
+    beside the cell's output: the profiler is started and stopped inside this."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
 def count_kernels(step: Callable[[], object], *, warmup: int = 1) -> StepKernels:
     """Run `step()` `warmup` times, then once more, counted (see the module docstring). The
     step should run on the GPU when there is one: a CPU step on a GPU machine has no CUDA
@@ -138,11 +158,17 @@ def count_kernels(step: Callable[[], object], *, warmup: int = 1) -> StepKernels
         torch.cuda.synchronize()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*[Pp]rofiler.*")
-        with interpreted_launches() as launched, \
-                torch.profiler.profile(activities=activities) as prof:
-            step()
-            if gpu:
-                torch.cuda.synchronize()
+        prof = torch.profiler.profile(activities=activities)
+        with interpreted_launches() as launched:
+            with quietly():
+                prof.__enter__()
+            try:
+                step()
+                if gpu:
+                    torch.cuda.synchronize()
+            finally:
+                with quietly():
+                    prof.__exit__(None, None, None)
         events = prof.events()
     return StepKernels(aten=work_ops(events), triton=list(launched),
                        cuda=gpu_kernels(events) if gpu else None)

@@ -84,6 +84,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Tuple
 
 import torch
 
+from ..counts import quietly
 from ..work_count import interpreted
 from . import _compare, check, exception_line, guarded_call
 
@@ -532,7 +533,7 @@ def _operators_recorded():
         return
     recorded = _Recorded()
     prof = profiler.profile()
-    with _quiet_stderr():
+    with quietly():
         prof.__enter__()
     try:
         yield recorded
@@ -540,26 +541,10 @@ def _operators_recorded():
         if not torch._C._autograd._profiler_enabled():      # switched off by the answer
             recorded.stopped_by_the_answer = True
         else:
-            with _quiet_stderr():
+            with quietly():
                 prof.__exit__(None, None, None)
             recorded.names = frozenset(e.name for e in prof.function_events)
 
-
-
-@contextmanager
-def _quiet_stderr():
-    """File descriptor 2 pointed at the null device for the block: some CPU builds of PyTorch
-    print a line from C++ as the profiler starts and stops, which a notebook would show."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    null = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(null, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(null)
 
 
 # torch._C's ways to take the dispatch modes off, or to exclude the Python dispatch key
