@@ -523,6 +523,20 @@ def test_qwen2_vl_tables_eager_route_gradients(starts):
     assert all(torch.equal(g, torch.zeros_like(g)) for g in zero)
 
 
+def _nan_rows(real, flags=None):
+    """`TwoPass.new_rows` (the function `real`) made to fill the rows it makes with NaN, so a
+    member-b entry read where the pre-pass did not write it shows in the output; each call's
+    flags are appended to `flags` (plain tensors only: not while torch.compile traces)."""
+    def rows_of(self, device):
+        rows = real(self, device)
+        if flags is not None and type(rows[0]) is torch.Tensor:
+            flags.append(rows[2])
+        rows[0].fill_(float("nan"))
+        rows[1].fill_(float("nan"))
+        return rows
+    return rows_of
+
+
 @pytest.mark.parametrize("halves", ["equal", "one pair differs", "all differ"])
 @pytest.mark.parametrize("how", ["kept", "inference table", "compiled"])
 def test_rows_read_half_where_their_pairs_are_equal(halves, how, pre_passes):
@@ -546,15 +560,7 @@ def test_rows_read_half_where_their_pairs_are_equal(halves, how, pre_passes):
     dy = torch.randn(S, B, HQ, D, generator=g).to(DEVICE)
     flags = []
     real = launch.TwoPass.new_rows
-
-    def recorded(self, device):
-        rows = real(self, device)
-        if type(rows[0]) is torch.Tensor:     # (not while torch.compile traces the call)
-            flags.append(rows[2])
-        # NaN where nothing is written: a b entry read where it was not written shows
-        rows[0].fill_(float("nan"))
-        rows[1].fill_(float("nan"))
-        return rows
+    recorded = _nan_rows(real, flags)
 
     want_flags = {"equal": [0] * S, "one pair differs": [int(s == S // 2) for s in range(S)],
                   "all differ": [1] * S}[halves]
@@ -616,13 +622,8 @@ def test_kept_rows_with_no_differing_pair_read_no_flags(halves, batch, pre_passe
     q = torch.randn(S, batch, HQ, D, generator=g).to(DEVICE).requires_grad_(True)
     dy = torch.randn(S, batch, HQ, D, generator=g).to(DEVICE)
     real_rows, real_start = launch.TwoPass.new_rows, eager.EagerLaunch.__call__
+    nan_rows = _nan_rows(real_rows)
     flat_passes = []
-
-    def nan_rows(self, device):
-        rows = real_rows(self, device)
-        rows[0].fill_(float("nan"))
-        rows[1].fill_(float("nan"))
-        return rows
 
     def start(self, pointers):
         if self.launch.launcher is launch.ROWS:
