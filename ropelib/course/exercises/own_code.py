@@ -546,7 +546,6 @@ def _operators_recorded():
             recorded.names = frozenset(e.name for e in prof.function_events)
 
 
-
 # torch._C's ways to take the dispatch modes off, or to exclude the Python dispatch key
 _DISPATCH_SWITCHES = ("_DisableTorchDispatch", "_ExcludeDispatchKeyGuard",
                       "ExcludeDispatchKeyGuard", "_SetExcludeDispatchKeyGuard",
