@@ -372,6 +372,8 @@ TORCH_API_SINCE = {
         "optim.AdamW", "optim.Optimizer",
         "profiler.ProfilerActivity.CPU", "profiler.ProfilerActivity.CUDA", "profiler.profile",
         "profiler.record_function",
+        # (the autograd profiler, and whether one runs: 1.x)
+        "autograd.profiler.profile", "_C._autograd._profiler_enabled",
         # internals, each read defensively (getattr with a default) or stable since 2.0
         "_C", "_C._functorch", "_C._get_tracing_state", "_C._len_torch_dispatch_stack",
         "_dynamo.explain", "_dynamo.reset", "_subclasses.FakeTensor",
