@@ -128,6 +128,24 @@ def test_naive_warps_profile_launches_agree_and_list_their_metrics(benchmark, ca
     assert len(listed) == len(set(listed))
 
 
+def test_rows_profile_launches_agree_and_list_their_metrics(benchmark, capsys):
+    # notebook 03's exercise 5: the worked kernel and notebook 04's at 1-8 rows, then the copy,
+    # in the order notebook 03 reads the profile's kernels in
+    probe = benchmark("rows_ncu")
+    calls, _ = probe.launches("cpu")
+    assert [label for label, _ in calls] == (
+        [f"worked, {r} rows" for r in (1, 2, 4, 8)]
+        + [f"notebook 04, {r} heads" for r in (1, 2, 4, 8)] + ["copy"])
+    assert probe.main(["--check"]) == 0
+    assert capsys.readouterr().out.startswith("check: worked, 1 rows")
+    assert probe.main(["--metrics"]) == 0
+    listed = capsys.readouterr().out.strip().split(",")
+    for metric in ("smsp__issue_active.avg.per_cycle_active", "smsp__inst_executed.sum",
+                   "sm__warps_active.avg.pct_of_peak_sustained_active", "gpu__time_duration.sum"):
+        assert metric in listed                      # what notebook 03 reads
+    assert len(listed) == len(set(listed))
+
+
 def test_ladder_stalls_profile_every_rung_and_list_their_metrics(benchmark, capsys):
     probe = benchmark("ladder_stalls_ncu")
     calls, _ = probe.launches("cpu")
