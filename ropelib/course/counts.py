@@ -37,7 +37,7 @@ from .kernel_bandwidth import is_device_kernel
 from .offline_compile import compile_for_cuda, resource_usage
 
 __all__ = ["StepKernels", "count_kernels", "work_ops", "gpu_kernels", "interpreted_launches",
-           "quietly",
+           "quietly_running",
            "SM", "SM90", "Occupancy", "programs_per_sm", "compile_for_sm90", "cubin_resources",
            "qkv_tile_resources", "sweep_tiles", "shipped_tiles", "tiles_to_compile"]
 
@@ -129,10 +129,23 @@ def interpreted_launches():
 
 
 @contextlib.contextmanager
-def quietly():
-    """File descriptor 2 pointed at the null device for the block. Some CPU builds of PyTorch
-    print a line from C++ as its profiler starts and as it stops, which a notebook would show
-    beside the cell's output: the profiler is started and stopped inside this."""
+def quietly_running(prof):
+    """`prof` (a PyTorch profiler) running for the block, started and stopped with file
+    descriptor 2 pointed at the null device: some CPU builds of PyTorch print a line from C++
+    as the profiler starts and as it stops, which a notebook would show beside the cell's
+    output. A profiler that the block stopped itself is not stopped again."""
+    with _stderr_silenced():
+        prof.__enter__()
+    try:
+        yield prof
+    finally:
+        if torch._C._autograd._profiler_enabled():
+            with _stderr_silenced():
+                prof.__exit__(None, None, None)
+
+
+@contextlib.contextmanager
+def _stderr_silenced():
     sys.stderr.flush()
     saved = os.dup(2)
     null = os.open(os.devnull, os.O_WRONLY)
@@ -158,17 +171,11 @@ def count_kernels(step: Callable[[], object], *, warmup: int = 1) -> StepKernels
         torch.cuda.synchronize()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*[Pp]rofiler.*")
-        prof = torch.profiler.profile(activities=activities)
-        with interpreted_launches() as launched:
-            with quietly():
-                prof.__enter__()
-            try:
-                step()
-                if gpu:
-                    torch.cuda.synchronize()
-            finally:
-                with quietly():
-                    prof.__exit__(None, None, None)
+        with interpreted_launches() as launched, \
+                quietly_running(torch.profiler.profile(activities=activities)) as prof:
+            step()
+            if gpu:
+                torch.cuda.synchronize()
         events = prof.events()
     return StepKernels(aten=work_ops(events), triton=list(launched),
                        cuda=gpu_kernels(events) if gpu else None)

@@ -84,7 +84,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Tuple
 
 import torch
 
-from ..counts import quietly
+from ..counts import quietly_running
 from ..work_count import interpreted
 from . import _compare, check, exception_line, guarded_call
 
@@ -532,18 +532,13 @@ def _operators_recorded():
         yield None
         return
     recorded = _Recorded()
-    prof = profiler.profile()
-    with quietly():
-        prof.__enter__()
-    try:
-        yield recorded
-    finally:
-        if not torch._C._autograd._profiler_enabled():      # switched off by the answer
-            recorded.stopped_by_the_answer = True
-        else:
-            with quietly():
-                prof.__exit__(None, None, None)
-            recorded.names = frozenset(e.name for e in prof.function_events)
+    with quietly_running(profiler.profile()) as prof:
+        try:
+            yield recorded
+        finally:        # (switched off by the answer: quietly_running leaves it so)
+            recorded.stopped_by_the_answer = not torch._C._autograd._profiler_enabled()
+    if not recorded.stopped_by_the_answer:
+        recorded.names = frozenset(e.name for e in prof.function_events)
 
 
 # torch._C's ways to take the dispatch modes off, or to exclude the Python dispatch key
