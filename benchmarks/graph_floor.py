@@ -5,7 +5,7 @@ the replay of a CUDA graph holding that step, with `triton.testing.do_bench`. A 
 the unfused steps' replayed times against their kernel counts has an intercept of a few
 microseconds and a slope of about two microseconds a kernel. This probe times, the same way
 (`kv_cache_decode.time_step`, mode "graph"), graphs that hold n kernels that do nothing worth
-timing: each fills one 4-byte element (`zero_` on a one-element tensor), for n = 1 to 18, the
+timing (`kv_cache_decode.fill_step`: each fills one 4-byte element), for n = 1 to 18, the
 counts of the decode steps among them. Its intercept is what a replay costs at all; its slope
 what one more kernel in a graph costs when the kernel itself takes no time.
 
@@ -25,16 +25,6 @@ from ropelib.bench import compare, kv_cache_decode
 KERNELS = (1, 2, 4, 7, 10, 15, 18)
 
 
-def fills(n: int):
-    """A step of n one-element fill kernels (n separate tensors, so none is merged)."""
-    cells = [torch.empty(1, device="cuda") for _ in range(n)]
-
-    def step(_case):
-        for c in cells:
-            c.zero_()
-    return step
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
@@ -43,7 +33,7 @@ def main(argv=None):
     if not torch.cuda.is_available():
         raise SystemExit("graph_floor.py times CUDA-graph replays: run it on a machine with a GPU")
     os.makedirs(args.out, exist_ok=True)
-    steps = {n: fills(n) for n in KERNELS}
+    steps = {n: kv_cache_decode.fill_step(n) for n in KERNELS}
     rows = []
     for rnd in range(args.rounds):
         order = KERNELS if rnd % 2 == 0 else KERNELS[::-1]

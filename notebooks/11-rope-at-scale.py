@@ -1539,9 +1539,9 @@ assert as_stated((min(fused_graph), max(fused_graph)), (6.1, 9.9)), fused_graph
 # *Question: the line above costs 6.2 µs with no operation at all, and every operation 1.9 µs
 # more. How much of that is the replay itself?* `benchmarks/graph_floor.py` answers with
 # kernels that do nothing worth timing: it replays graphs of $n$ kernels that each fill one
-# 4-byte element (`zero_` on a one-element tensor), timed exactly as the decode benchmark times
-# a step (`kv_cache_decode.time_step`, one step per replay), for $n$ from 1 to 18, in five
-# alternating rounds. The cell reads its committed run (`graph_floor-nvidia-h200.csv`, an
+# 4-byte element (`kv_cache_decode.fill_step`: `zero_` on a one-element tensor), timed
+# exactly as the decode benchmark times a step (`kv_cache_decode.time_step`, one step per
+# replay), for $n$ from 1 to 18, in five alternating rounds. The cell reads its committed run (`graph_floor-nvidia-h200.csv`, an
 # H200, the day after the decode run) and fits the same kind of line; on a GPU it also replays
 # graphs of 1 and 7 such kernels on your machine.
 #
@@ -1582,8 +1582,7 @@ assert all(a < b for a, b in zip([replay_us[n] for n in kernel_counts],
                                  [replay_us[n] for n in kernel_counts][1:]))   # rises with n
 if GPU:   # the same replays on this machine (not asserted: another GPU, another day)
     for n in (1, 7):
-        cells = [torch.empty(1, device="cuda") for _ in range(n)]
-        live = kv_cache_decode.time_step(lambda _: [c.zero_() for c in cells], None, "graph")
+        live = kv_cache_decode.time_step(kv_cache_decode.fill_step(n), None, "graph")
         print(f"this GPU: {n} do-nothing kernels, {live[0] * 1e3:.2f} us a replay")
 
 # %% [markdown]

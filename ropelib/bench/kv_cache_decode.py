@@ -189,6 +189,18 @@ def time_step(fn, c, mode):
     return triton.testing.do_bench(graph.replay, quantiles=[0.5, 0.2, 0.8])
 
 
+def fill_step(n: int, device="cuda"):
+    """A step of n kernels that do no work worth timing, for `time_step`: each fills one 4-byte
+    element (`zero_` on its own one-element tensor, so no two are merged). Replayed as a graph,
+    it measures what the replay and its kernel launches cost before any kernel does work."""
+    cells = [torch.empty(1, device=device) for _ in range(n)]
+
+    def step(_case):
+        for cell in cells:
+            cell.zero_()
+    return step
+
+
 def run(dry_run: bool, batches=BATCHES, HQ=32, HK=8, D=128, cache_len=4096, page=16,
         dtypes=("bfloat16", "float8_e4m3fn")) -> list:
     """Every (cache dtype, contiguous/paged, batch, eager/graph, provider): timed on a GPU,
