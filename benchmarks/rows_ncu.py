@@ -40,7 +40,8 @@ import mechanism  # noqa: E402  (benchmarks/mechanism.py: its copy)
 
 ROWS_WARPS = {1: 1, 2: 1, 4: 2, 8: 1}     # the ablation's warps for programs of that many rows
 METRICS = (*compare.WARP_STATE_METRICS, *compare.INSTRUCTION_MIX_METRICS,
-           "sm__ctas_launched.sum", "sm__maximum_warps_per_active_cycle_pct")
+           "sm__ctas_launched.sum", "sm__maximum_warps_per_active_cycle_pct",
+           "launch__occupancy_limit_registers")
 
 
 def launches(device: str):

@@ -146,6 +146,27 @@ def test_rows_profile_launches_agree_and_list_their_metrics(benchmark, capsys):
     assert len(listed) == len(set(listed))
 
 
+def test_metrics_nsight_compute_does_not_list_are_kept_only_if_launch_metrics(tmp_path, capsys,
+                                                                             benchmark):
+    # `ncu --query-metrics` lists counter metrics only; the launch's registers and occupancy
+    # limits must survive the filter (they were dropped from the profiles before), an unknown
+    # counter must not (it would fail the whole run)
+    fake = tmp_path / "ncu"
+    fake.write_text("#!/bin/sh\necho 'Device GH100'\necho 'gpu__time_duration  Duration'\n"
+                    "echo 'smsp__inst_executed  Warp instructions'\n")
+    fake.chmod(0o755)
+    kept = compare.known_metrics(("gpu__time_duration.sum", "smsp__no_such_counter.sum",
+                                  "launch__registers_per_thread", "launch__no_such_thing",
+                                  "sm__maximum_warps_per_active_cycle_pct"), str(fake))
+    assert kept == ("gpu__time_duration.sum", "launch__registers_per_thread",
+                    "sm__maximum_warps_per_active_cycle_pct")
+    probe = benchmark("rows_ncu")
+    assert probe.main(["--metrics", "--ncu", str(fake)]) == 0
+    listed = capsys.readouterr().out.strip().split(",")
+    assert {"launch__registers_per_thread", "launch__occupancy_limit_registers",
+            "sm__maximum_warps_per_active_cycle_pct", "smsp__inst_executed.sum"} <= set(listed)
+
+
 def test_ladder_stalls_profile_every_rung_and_list_their_metrics(benchmark, capsys):
     probe = benchmark("ladder_stalls_ncu")
     calls, _ = probe.launches("cpu")

@@ -1126,15 +1126,24 @@ INSTRUCTION_MIX_METRICS = (
     "smsp__inst_executed_pipe_fma.sum", "smsp__inst_executed_pipe_lsu.sum")
 
 
+# Metrics Nsight Compute derives from a launch's configuration and the compiled kernel's
+# resources, not from hardware counters: `ncu --query-metrics` does not list them, yet
+# `--metrics` takes them (its LaunchStats and Occupancy sections are made of them).
+LAUNCH_METRICS = ("launch__grid_size", "launch__block_size", "launch__registers_per_thread",
+                  "launch__occupancy_limit_registers", "launch__occupancy_limit_blocks",
+                  "launch__occupancy_limit_warps", "launch__occupancy_limit_shared_mem",
+                  "sm__maximum_warps_per_active_cycle_pct")
+
+
 def known_metrics(metrics, ncu: str) -> tuple:
     """`metrics` less those this Nsight Compute (the executable `ncu`) does not know on this
     machine's GPU: one unknown metric would fail the whole run. A metric's base name is the part
-    before its first dot."""
+    before its first dot. LAUNCH_METRICS are kept: the query does not list them."""
     import subprocess
     listed = subprocess.run([ncu, "--query-metrics"], capture_output=True, text=True,
                             timeout=300).stdout
     names = {line.split()[0] for line in listed.splitlines() if line.strip()}
-    return tuple(m for m in metrics if m.split(".")[0] in names)
+    return tuple(m for m in metrics if m.split(".")[0] in names or m in LAUNCH_METRICS)
 
 
 def profile_main(argv, script: str, launches: Callable, check: Callable,
