@@ -1735,12 +1735,12 @@ done = subprocess.run([sys.executable, "-c", CHILD_ROWS], env=env, capture_outpu
 assert done.returncode == 0, done.stderr[-2000:]
 regs = json.loads(done.stdout.strip().splitlines()[-1])
 from ropelib.course.counts import programs_per_sm
-for rows in ("2", "8"):
-    occ = programs_per_sm(regs[rows], 1, 0)
+fits = {rows: programs_per_sm(regs[rows], 1, 0) for rows in ("2", "8")}   # 1 warp, no smem
+for rows, occ in fits.items():
     print(f"worked kernel, {rows} rows on 1 warp (sm_90, Triton {regs['triton']}): "
           f"{regs[rows]} registers a thread -> at most {occ.warps} warps an SM "
           f"({100 * occ.fraction:.0f} % of 64), limited by {', '.join(occ.limited_by)}")
-occ8, occ2 = programs_per_sm(regs["8"], 1, 0), programs_per_sm(regs["2"], 1, 0)
+occ2, occ8 = fits["2"], fits["8"]
 assert regs["8"] > 100 and occ8.fraction <= 0.25 and occ8.limited_by == ["registers"]
 assert occ2.fraction == 0.5 and occ2.limited_by == ["programs"]   # 32 programs of 1 warp
 # the profile's 18 % lies under what 8 rows' registers allow; 2 rows' 47 % under their 50 %
