@@ -1272,18 +1272,19 @@ assert all(mid[c, p]["enqueue_us"] > mid[c, p]["fwdbwd_graph_us"] for c in MID f
 assert mid[BIG, "te_fused"]["fwdbwd_graph_us"] > mid[BIG, "te_fused"]["enqueue_us"]
 
 # %% [markdown]
-# ### 7.6 What the two-pass route's changes of 1 December bought
+# ### 7.6 Two choices of the two-pass route, each measured
 #
-# **Question: how much of the kernels' speed in 7.5 do the route's first two changes account
+# **Question: how much of the kernels' speed in 7.5 do two of the route's choices account
 # for?** From 64 MiB on ropelib runs a small pre-pass kernel (the cos/sin rows) and then the
-# flat pass; two changes (a pre-pass of 256 (token, pair) entries a program instead of 1024, and
-# on sm_90+ the flat pass launched early) took its replayed forward+backward at 64 MiB from
+# flat pass. Two choices of that route (a pre-pass of 256 (token, pair) entries a program
+# rather than 1024, and on sm_90+ the flat pass launched early) take its replayed
+# forward+backward at 64 MiB from
 # 0.894 to 0.900 of two copies to 0.942 to 0.948 (74.4 to 74.8 µs down to 70.7 to 70.9 µs), the
 # forward alone from 0.903 to 0.918 of a copy to 0.937 to 0.948; at 256 MiB the forward+backward
-# went from 0.961 to 0.975. The cell reads the probe's `--variants` log, which has every variant
-# and size; checks that the code imported here keeps both changes on (the log's row `early True,
-# 256 a program`; the third change, reading half the rows, came after this log and is not in
-# it); and checks that this row agrees with 7.5's run, a later run the same day, to within
+# from 0.961 to 0.975. The cell reads the probe's `--variants` log, which has every variant
+# and size; checks that the code imported here makes both choices (the log's row `early True,
+# 256 a program`; a third, reading half the rows where a pair's two angles are equal, is not in
+# this log); and checks that this row agrees with 7.5's run, a later run the same day, to within
 # 0.01 of each ratio and 1.5 % of the time: the same kernels, timed twice.
 
 # %%
@@ -1326,8 +1327,8 @@ assert (variants[BIG, BEFORE]["fwdbwd_ratio"], variants[BIG, NOW]["fwdbwd_ratio"
 # its two launches, the rest PyTorch around them, its autograd engine the largest item (7.4). At
 # 64 MiB its kernels run the forward+backward at 0.94 to 0.96 of two copies, 1.8 times as fast
 # as TE's, and its eager call is still the slower: by the enqueue measure its host takes 3.3 to
-# 4.9 times its kernels (7.5). The two-pass route's changes of 1 December bought about 5 points of
-# that kernel speed (7.6).
+# 4.9 times its kernels (7.5). Two of the two-pass route's choices account for about 5 points
+# of that kernel speed (7.6).
 
 # %% [markdown]
 # ## 8. Your kernel in the race
