@@ -41,11 +41,10 @@ Transformer Engine's CUDA kernel computes in.
 
 Positions come from one of three places (whichever pointer is given): the token index (with
 TE's context-parallel dual-chunk split and per-batch start offsets), explicit position ids, or,
-for packed sequences, a search of the token index in cu_seqlens (64 entries at once, with the
-entries after them, then, past 64 sequences, a binary search between two). A position outside
-the table makes its row NaN (the table read is clamped, so memory stays safe and the bad value
-cannot pass unnoticed): its cosines are made NaN once in the tile's table (common.nan_unless),
-and every output is one fma with one.
+for packed sequences, a search of the token index in cu_seqlens (64 entries at once, then a
+binary search between two of them). A position outside the table makes its row NaN (the table
+read is clamped, so memory stays safe and the bad value cannot pass unnoticed): its cosines are
+made NaN once in the tile's table (common.nan_unless), and every output is one fma with one.
 
 The pairing: rotate-half pairs feature j with j + R/2 (two contiguous half loads); interleaved
 pairs 2j with 2j+1 (one contiguous load of R features, split into even/odd lanes, joined back
@@ -206,10 +205,29 @@ SEARCH_TILE = tl.constexpr(2048)
 
 
 @triton.jit
-def _search_on(seq, step, t, cu_ptr, N_SEQ, cp_size):
-    # seq [BLOCK_S], the last sequence known to start at or below t -> the last one that does
-    # (a binary search over the next 2 * step - 1), its start and its end: step halving, one
-    # dependent trip to memory a step, one more for the bounds.
+def packed_positions(t, cu_ptr, start_ptr, N_SEQ, cp_size, cp_rank, PIVOTS: tl.constexpr):
+    # t [BLOCK_S] token indices of a packed batch -> (positions, valid) [BLOCK_S] each.
+    # The sequence of token t is the last i with cu_seqlens[i] // cp_size <= t (cu_seqlens are
+    # the global lengths, a rank holds 1/cp_size of every sequence). Found in two steps, each
+    # a dependent trip to memory: one load of PIVOTS evenly spaced entries narrows it to a run
+    # of `stride` sequences (all of them up to PIVOTS sequences: a decode batch), then a binary
+    # search of that run; a search of all of them from the start took log2(N_SEQ) + 1 trips.
+    # (PIVOTS = 1: the binary search alone, where a [tokens, PIVOTS] tile costs too many
+    # registers.)
+    span = N_SEQ * 0 + 1
+    while span < N_SEQ:
+        span *= 2
+    if PIVOTS == 1:
+        seq = t * 0
+        step = span
+    else:
+        stride = tl.maximum(span // PIVOTS, 1)
+        pivot = tl.arange(0, PIVOTS) * stride                       # [PIVOTS]
+        in_range = pivot < N_SEQ
+        starts = tl.load(cu_ptr + pivot, mask=in_range, other=0).to(tl.int32) // cp_size
+        hit = in_range[None, :] & (starts[None, :] <= t[:, None])   # [BLOCK_S, PIVOTS]
+        seq = tl.max(tl.where(hit, pivot[None, :], 0), axis=1)     # the last pivot at or below
+        step = stride // 2
     while step > 0:
         cand = seq + step
         ok = cand < N_SEQ
@@ -217,56 +235,13 @@ def _search_on(seq, step, t, cu_ptr, N_SEQ, cp_size):
         seq = tl.where(ok & (first <= t), cand, seq)
         step = step // 2
     first = tl.load(cu_ptr + seq).to(tl.int32) // cp_size
-    end = tl.load(cu_ptr + seq + 1).to(tl.int32) // cp_size
-    return seq, first, end
-
-
-@triton.jit
-def packed_positions(t, cu_ptr, start_ptr, N_SEQ, cp_size, cp_rank, PIVOTS: tl.constexpr):
-    # t [BLOCK_S] token indices of a packed batch -> (positions, valid) [BLOCK_S] each.
-    # The sequence of token t is the last i with cu_seqlens[i] // cp_size <= t (cu_seqlens are
-    # the global lengths, a rank holds 1/cp_size of every sequence). Found with as few dependent
-    # trips to memory as the batch allows. One load of PIVOTS evenly spaced entries, with the
-    # entry after each (and each one's start offset), narrows it to a run of `stride`
-    # sequences. Where every sequence is a pivot (at most PIVOTS sequences: a decode batch) that
-    # one trip also gave the sequence's bounds; otherwise a binary search of the run follows,
-    # then a trip for the bounds. A search of all of them from the start took log2(N_SEQ) + 2
-    # trips. (PIVOTS = 1: the binary search alone, where a [tokens, PIVOTS] tile costs too many
-    # registers.)
-    span = N_SEQ * 0 + 1
-    while span < N_SEQ:
-        span *= 2
-    if PIVOTS == 1:
-        seq, first, end = _search_on(t * 0, span, t, cu_ptr, N_SEQ, cp_size)
-        if start_ptr is not None:
-            idx_start = tl.load(start_ptr + seq).to(tl.int32)
-    else:
-        stride = tl.maximum(span // PIVOTS, 1)
-        pivot = tl.arange(0, PIVOTS) * stride                       # [PIVOTS]
-        in_range = pivot < N_SEQ
-        starts = tl.load(cu_ptr + pivot, mask=in_range, other=0).to(tl.int32) // cp_size
-        ends = tl.load(cu_ptr + pivot + 1, mask=in_range, other=0).to(tl.int32) // cp_size
-        if start_ptr is not None:
-            offsets = tl.load(start_ptr + pivot, mask=in_range, other=0).to(tl.int32)
-        hit = in_range[None, :] & (starts[None, :] <= t[:, None])   # [BLOCK_S, PIVOTS]
-        seq = tl.max(tl.where(hit, pivot[None, :], 0), axis=1)     # the last pivot at or below
-        if stride == 1:          # every sequence a pivot: its bounds came with this trip
-            last = pivot[None, :] == seq[:, None]                   # [BLOCK_S, PIVOTS]
-            first = tl.sum(tl.where(last, starts[None, :], 0), axis=1)
-            end = tl.sum(tl.where(last, ends[None, :], 0), axis=1)
-            if start_ptr is not None:
-                idx_start = tl.sum(tl.where(last, offsets[None, :], 0), axis=1)
-        else:
-            seq, first, end = _search_on(seq, stride // 2, t, cu_ptr, N_SEQ, cp_size)
-            if start_ptr is not None:
-                idx_start = tl.load(start_ptr + seq).to(tl.int32)
-    length = end - first
+    length = tl.load(cu_ptr + seq + 1).to(tl.int32) // cp_size - first
     idx = t - first
     valid = (idx >= 0) & (idx < length)
     if cp_size > 1:      # each packed sequence is split over the ranks on its own
         idx = dual_chunk_position(idx, length, cp_size, cp_rank)
     if start_ptr is not None:
-        idx = idx + idx_start
+        idx = idx + tl.load(start_ptr + seq).to(tl.int32)
     return idx, valid
 
 
