@@ -949,7 +949,9 @@ if ABLATION_CSV.exists():
     for case in dict.fromkeys(r["case"] for r in arows):
         t = {r["variant"]: r["ms"] for r in arows if r["case"] == case and r.get("ms")}
         print(f"\n{case}: what each factor does (time of the first / time of the second)")
-        for a, b_, what in (("sh_one_b", "sh_loop_b", "B rows per program instead of one"),
+        for a, b_, what in (("sh_one_b", "sh_loop_b", "B rows per program (and 1/B the sin/cos)"),
+                            ("sh_one_b_table", "sh_loop_b_table",
+                             "B rows per program, no sin/cos in either"),
                             ("sh_one_b", "sh_one_b_table", "one row per program, no sin/cos"),
                             ("sh_loop_b", "sh_loop_b_table",
                              "reading cos/sin instead of computing them"),
@@ -981,12 +983,15 @@ if ABLATION_CSV.exists():
     # grid's sin/cos work costs (tables instead), with B rows a program and with one
     t = {r["variant"]: r["ms"] for r in arows if r["case"] == "s4096-b8" and r.get("ms")}
     rows_worth = t["sh_one_b"] / t["sh_loop_b"]
+    rows_alone = t["sh_one_b_table"] / t["sh_loop_b_table"]      # granularity, nothing else
     trig_cost = {"B rows": t["sh_loop_b"] / t["sh_loop_b_table"],
                  "one row": t["sh_one_b"] / t["sh_one_b_table"]}
-    print(f"s4096-b8: one row a program instead of B: {rows_worth:.2f}x the time; computing "
+    print(f"s4096-b8: one row a program instead of B: {rows_worth:.2f}x the time, "
+          f"{rows_alone:.2f}x between the two kernels that read tables; computing "
           f"cos/sin instead of reading tables: {trig_cost['B rows']:.3f}x with B rows a program, "
           f"{trig_cost['one row']:.3f}x with one")
     assert round(rows_worth, 2) == 3.46 and round(trig_cost["B rows"], 2) == 1.04
+    assert round(rows_alone, 2) == 3.59
     assert round(trig_cost["one row"], 2) == 1.00
     assert (trig_cost["B rows"] - 1) * 100 > spread          # above the run's noise
     assert abs(trig_cost["one row"] - 1) * 100 < spread      # within it
@@ -1008,7 +1013,9 @@ else:
 # %% [markdown]
 # A ratio above 1 means the second kernel of the pair is faster. The cell's line that begins
 # `s4096-b8: one row a program` prices two of section 1's explanations separately. One row per
-# program instead of $B$ costs the (S, H) grid a factor 3.46. All of its sin/cos work, replaced by
+# program instead of $B$ costs the (S, H) grid a factor 3.46; between the two kernels that read
+# tables and evaluate no sin/cos at all, granularity is the only difference, and it costs 3.59.
+# All of its sin/cos work, replaced by
 # two table reads, costs it 4 % (`sh_loop_b / sh_loop_b_table` = 1.04, above the run's noise), and
 # where each program has one row even that disappears (`sh_one_b / sh_one_b_table` = 1.00): the
 # program count sets the time there. What evaluating cos/sin once per row, at $B$ rows a program,
@@ -1455,6 +1462,18 @@ print(f"cos/sin per position (section 3): the (S, H) grid {te_counts['grid']:,},
 assert round(te_p["barrier"], 2) == 0.44
 assert all(r["barrier"] == 0 for n, r in prof.items() if n != "te_fused")
 assert te_counts == dict(grid=4096, te_shared=1024, te_registers=8192)
+# which count TE's float instructions allow: at the grid's float cost of a (cos, sin) pair, the
+# pairs each version evaluates per element of x, against TE's 0.91 sin/cos float budget
+per_elem = B_a * H_a * D_a                                  # elements of x a position holds
+per_pair = sincos["sh_loop_b"] / (te_counts["grid"] / per_elem)
+need = {k: per_pair * te_counts[k] / per_elem for k in ("te_shared", "te_registers")}
+print(f"float instructions a (cos, sin) pair costs in the grid: {per_pair:.1f}; at that cost TE "
+      f"would need {need['te_shared']:.2f} an element with shared memory, "
+      f"{need['te_registers']:.2f} with registers; it has {sincos['te_fused']:.2f} to spare")
+assert need["te_shared"] <= sincos["te_fused"] < need["te_registers"]
+assert need["te_registers"] > te_p["float"]                 # more than all its float work
+assert (round(per_pair), round(need["te_registers"], 1), round(need["te_shared"], 2)) \
+    == (17, 4.2, 0.53)                                      # the text's 17, 4.2 and 0.53
 
 # %%
 # the bytes a thread asks for in one load: a warp's (the table above) over its 32 threads
@@ -1520,7 +1539,10 @@ assert round(mix) == round(grid_p["load_bytes"]) == 142
 #
 # TE's barrier agrees with the source quoted in section 3: the version profiled computes
 # cos/sin into shared memory and waits at a `__syncthreads`, so it evaluates $B \cdot D$
-# (cos, sin) pairs per position.
+# (cos, sin) pairs per position. Its float count agrees too (the cell prints it): at the
+# grid's cost of about 17 float instructions a pair, the register version's 8,192 pairs per
+# position would need 4.2 float instructions an element, more than TE's 2.91 of all kinds;
+# the shared-memory version's 1,024 need 0.53, within its 0.91.
 #
 # **TE's grid in Triton evaluates sin and cos 32 times as often as its source asks.** Beyond the
 # rotation it executes 16.99 float instructions per element for sin and cos, the batch-reusing
@@ -1878,6 +1900,16 @@ assert (round(te_f["issue_share"], 2), round(grid_f["issue_share"], 2)) == (0.66
 assert (round(lsb["te_fused"], 2), round(lsb["sh_loop_b"], 2)) == (0.59, 0.84)
 assert {k: round(v) for k, v in diff.items()} == dict(us=62, issue_us=96, empty_us=-34, idle_us=0)
 assert 0 < diff["idle_us"] < 0.5
+# where TE's extra instructions are, by kind: thread instructions per element, TE minus the grid
+kinds = ("integer", "float", "loads", "stores")
+more = {k: te_p[k] - grid_p[k] for k in kinds}
+more["other"] = (te_p["threads"] - grid_p["threads"]) - sum(more.values())
+print(f"thread instructions per element: TE fused {te_p['threads']:.1f}, grid "
+      f"{grid_p['threads']:.1f}; TE minus grid by kind: "
+      + ", ".join(f"{k} {v:+.1f}" for k, v in more.items()))
+assert (round(te_p["threads"], 1), round(grid_p["threads"], 1)) == (33.2, 14.4)
+assert {k: round(v, 1) for k, v in more.items()} == dict(integer=12.1, float=-1.2, loads=1.5,
+                                                         stores=0.5, other=5.9)
 
 # %% [markdown]
 # **The answer.** TE's fused kernel evaluates a quarter of the grid's (cos, sin) pairs per
@@ -1901,10 +1933,15 @@ assert 0 < diff["idle_us"] < 0.5
 # the part with no warp ready moves with how much issuing overlaps the waits (section 5.5: the
 # grid's grew when its issuing shrank), so the split does not say how much of the 62 µs each
 # difference between the kernels costs. What it does show is that TE's extra issuing alone
-# exceeds the whole difference. What the grid has, against TE, is few instructions per byte;
-# its source suggests where they are saved: a half-row tile per load, the position's and head's
-# offsets computed once per program (a row adds `b * stride_xb`), and cos/sin once per $B$
-# rows.
+# exceeds the whole difference. What the grid has, against TE, is few instructions per byte,
+# and the profile says of which kind (thread instructions per element, TE minus the grid,
+# printed above): 12.1 more integer instructions, 5.9 more of other kinds (moves, conversions,
+# predicates, control), 1.5 more loads and 0.5 more stores, but 1.2 *fewer* floating-point
+# ones. The grid evaluates four times TE's (cos, sin) pairs, and its floating-point count
+# shows it (section 5.5: 2.11 of its float instructions an element go to sin/cos, 0.91 of
+# TE's); its lead is not its cos/sin reuse. It is the integer work: the grid computes a
+# program's position and head offsets once (a row adds `b * stride_xb`) and loads half a row
+# per instruction, where TE's threads each index one element, twice.
 #
 # What this does not show is which of TE's differences (one-element loads, every element read
 # twice, its indexing, its barrier) costs what: they change together in TE's source, and these
@@ -1950,7 +1987,9 @@ except ImportError as exc:
 # rerun the cell; the solutions are folded away in the cell after each exercise. The checks
 # refuse ropelib's own answers: its functions, its bytes models, its kernels and `@triton.jit`
 # helpers (`round_to` too: a kernel of yours stores with `.to(y_ptr.dtype.element_ty)`, and
-# 16-bit outputs are compared within a rounding).
+# 16-bit outputs are compared within a rounding), and the kernels this notebook defines above
+# (versions 1 and 2 among them). Name a `@triton.jit` helper of your own `my_...`: the checks
+# take those as yours.
 #
 # **1.** How many bytes of fp32 angles do all programs of a generation load together?
 # `my_angle_bytes(generation, S, B, H, D)` with `generation` `"naive"` or `"batch_reuse"`.
@@ -2056,7 +2095,9 @@ grid_kernel.show_solution()
 # The check launches your kernel in Triton's interpreter, on CPU tensors, on any machine. It
 # uses four settings of `ROWS`, compares each output with the reference, counts what the
 # launch issued (`ropelib.course.work_count`) and compares the counts with your prediction. It
-# refuses a kernel that launches or calls ropelib's kernels, and a prediction that calls ropelib.
+# refuses a kernel that reads `x` or the angles more often than this design needs (even if you
+# predicted it), a kernel that launches or calls ropelib's kernels or this notebook's, and a
+# prediction that calls ropelib.
 
 # %%
 @triton.jit

@@ -7,6 +7,7 @@ API and the worked solution itself included), and a learner's own copy of the wo
 must pass.
 """
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -197,6 +198,71 @@ def test_batch_reuse_check_refuses_ropelibs_kernels(answer, words, capsys):
     out = capsys.readouterr().out
     assert out.startswith("❌ batch-reusing kernel: this exercise wants your batch-reusing kernel")
     assert words in out, out
+
+
+_NOTEBOOK_CELLS = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rope_batch_reuse_v2(x_ptr, y_ptr, freqs_ptr, B, sxs, sxb, sxh, sxd, sys_, syb, syh, D,
+                         ROT_HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
+                         BLOCK_PASS: tl.constexpr):
+    # a teaching kernel the notebook defines before its exercises (the worked forward)
+    s = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1).to(tl.int64)
+    offs = tl.arange(0, BLOCK_HALF)
+    mask = offs < ROT_HALF
+    theta1 = tl.load(freqs_ptr + s * 2 * ROT_HALF + offs, mask=mask, other=0.0)
+    theta2 = tl.load(freqs_ptr + s * 2 * ROT_HALF + ROT_HALF + offs, mask=mask, other=0.0)
+    c1, s1, c2, s2 = tl.cos(theta1), tl.sin(theta1), tl.cos(theta2), tl.sin(theta2)
+    p = 2 * ROT_HALF + tl.arange(0, BLOCK_PASS)
+    for b in range(0, B):
+        x_row = x_ptr + s * sxs + b * sxb + h * sxh
+        y_row = y_ptr + s * sys_ + b * syb + h * syh
+        x1 = tl.load(x_row + offs * sxd, mask=mask, other=0.0).to(tl.float32)
+        x2 = tl.load(x_row + (offs + ROT_HALF) * sxd, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y_row + offs, (x1 * c1 - x2 * s1).to(y_ptr.dtype.element_ty), mask=mask)
+        tl.store(y_row + ROT_HALF + offs, (x2 * c2 + x1 * s2).to(y_ptr.dtype.element_ty),
+                 mask=mask)
+        tl.store(y_row + p, tl.load(x_row + p * sxd, mask=p < D), mask=p < D)
+
+
+@triton.jit
+def my_batch_reuse_kernel(x_ptr, y_ptr, freqs_ptr, B, sxs, sxb, sxh, sxd, sys_, syb, syh, D,
+                          ROT_HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
+                          BLOCK_PASS: tl.constexpr):
+    # the "answer": the notebook's own teaching kernel called as a helper
+    _rope_batch_reuse_v2(x_ptr, y_ptr, freqs_ptr, B, sxs, sxb, sxh, sxd, sys_, syb, syh, D,
+                         ROT_HALF, BLOCK_HALF, BLOCK_PASS)
+"""
+
+
+def test_batch_reuse_check_refuses_a_kernel_the_notebook_itself_defines(tmp_path, monkeypatch,
+                                                                      capsys):
+    # notebook 04 defines its versions 1 and 2 in cells: neither file nor name is ropelib's, so
+    # only the notebook's namespace says they are the notebook's and not the learner's
+    path = tmp_path / "notebook_cells.py"
+    path.write_text(_NOTEBOOK_CELLS, encoding="utf-8")
+    cells = load_file("notebook_cells", path)
+    answer = cells.my_batch_reuse_kernel
+    assert gk.check_batch_reuse_kernel(answer) is True       # outside a notebook: a helper
+    capsys.readouterr()
+    monkeypatch.setitem(sys.modules, "__main__", cells)      # the notebook's namespace
+    from ropelib.course.exercises import own_code
+    assert own_code.notebook_kernels() == (cells._rope_batch_reuse_v2,)   # not my_...
+    assert gk.check_batch_reuse_kernel(answer) is False
+    out = capsys.readouterr().out
+    assert out.startswith("❌ batch-reusing kernel: this exercise wants your batch-reusing kernel")
+    assert "_rope_batch_reuse_v2" in out, out
+    # the learner's own kernel stays theirs under another name (notebook 08 binds its combine
+    # to the name the later cells use), and so does a kernel whose function is named my_...
+    monkeypatch.setattr(cells, "later_name", cells.my_batch_reuse_kernel, raising=False)
+    monkeypatch.setattr(cells, "renamed", cells._rope_batch_reuse_v2, raising=False)
+    assert own_code.notebook_kernels() == (cells._rope_batch_reuse_v2,) * 2
+    monkeypatch.delattr(cells, "my_batch_reuse_kernel")
+    assert own_code.notebook_kernels() == (cells._rope_batch_reuse_v2,) * 2   # by its name
 
 
 def test_the_planted_mistakes_harness_is_right_when_nothing_is_planted(capsys):

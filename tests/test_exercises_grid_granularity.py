@@ -86,6 +86,34 @@ def _calls_teaching_helper(x_ptr, y_ptr, freqs_ptr, B, H, ROWS, HALF: tl.constex
                               cos1, sin1, cos2, sin2, HALF, False)
 
 
+@triton.jit
+def _reads_x_twice(x_ptr, y_ptr, freqs_ptr, B, H, ROWS, HALF: tl.constexpr):
+    # right outputs, cos/sin once per program, but each half of a row loaded twice (the first
+    # load's value thrown away): a prediction that counts the same passes the comparison
+    s, h, g = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    offs = tl.arange(0, HALF)
+    theta1 = tl.load(freqs_ptr + s * 2 * HALF + offs)
+    theta2 = tl.load(freqs_ptr + s * 2 * HALF + HALF + offs)
+    cos1, sin1 = tl.cos(theta1), tl.sin(theta1)
+    cos2, sin2 = tl.cos(theta2), tl.sin(theta2)
+    for i in range(0, ROWS):
+        row = ((s * B + g * ROWS + i) * H + h) * 2 * HALF
+        x1 = tl.load(x_ptr + row + offs) * 0.0 + tl.load(x_ptr + row + offs)
+        x2 = tl.load(x_ptr + row + HALF + offs) * 0.0 + tl.load(x_ptr + row + HALF + offs)
+        tl.store(y_ptr + row + offs, x1 * cos1 - x2 * sin1)
+        tl.store(y_ptr + row + HALF + offs, x2 * cos2 + x1 * sin2)
+
+
+def test_a_kernel_that_reads_x_more_than_once_fails_even_when_predicted(capsys):
+    def predicts_it(S, B, H, D, rows):
+        programs = S * H * (B // rows)
+        return dict(programs=programs, sincos=programs * 2 * D, angle_loads=programs * D,
+                    x_loads=2 * S * B * H * D)
+    assert not gk.check_granularity(_reads_x_twice, predicts_it)
+    out = capsys.readouterr().out
+    assert "❌" in out and "each element of x once, whatever the grid" in out, out
+
+
 def test_own_kernel_and_prediction_pass(capsys):
     assert gk.check_granularity(OWN_KERNEL, OWN_WORK)
     assert gk.check_granularity(OWN_KERNEL, _own_work_written_differently)

@@ -35,7 +35,7 @@ import triton.language as tl
 from ... import reference, runtime
 from . import _compare, check, exception_line, is_blank_kernel, is_kernel, solution
 from ..work_count import interpreted
-from .own_code import fresh_seed, launch_barred, library_barred, run_own_code
+from .own_code import fresh_seed, launch_barred, library_barred, notebook_kernels, run_own_code
 
 __all__ = ["KERNEL_SIGNATURE", "check_batch_reuse_kernel", "show_solution", "launch",
            "is_blank_kernel", "count_trig", "GRANULAR_SIGNATURE", "check_granularity",
@@ -170,7 +170,7 @@ def check_kernel_cases(name: str, kernel, cases, expected: Callable, *, hint: st
             x, f2 = _inputs(torch.Generator().manual_seed(7), 2, B, 2, 16, 16, torch.float32)
             with count_trig() as counts:
                 try:
-                    with library_barred(what, bar=bar):
+                    with library_barred(what, bar=(*bar, *notebook_kernels())):
                         launch(run, x.cpu(), f2.cpu())
                 except Exception as exc:  # noqa: BLE001
                     print(f"❌ {name} (B={B}): launching your kernel raised {exception_line(exc)}")
@@ -347,7 +347,8 @@ def check_granularity(kernel, work: Callable) -> bool:
     Every case launches the kernel through Triton's interpreter (on any machine, on CPU tensors)
     with ropelib's answers barred, checks its output against the reference, and counts its
     programs, sin/cos evaluations and loads; cos/sin must be evaluated once per program (as
-    often per program at ROWS = 4 as at ROWS = 1). Then `work(S, B, H, D, rows)`, run with
+    often per program at ROWS = 4 as at ROWS = 1), and x and the angles read no more often than
+    the design needs (solution_granular_work's counts). Then `work(S, B, H, D, rows)`, run with
     ropelib's answers barred too, must predict those counts: a dict with WORK_KEYS.
     Prints one ✅ line or the first ❌; returns the verdict; never raises."""
     name = "program granularity"
@@ -380,6 +381,16 @@ def check_granularity(kernel, work: Callable) -> bool:
               f"cosines at ROWS = 1 and {per_program[4]:g} at ROWS = 4: evaluate cos/sin once "
               "per program, before the loop over its rows")
         return False
+    for args, counts in measured:      # the design asked for: x once, a position's angles once
+        need = solution_granular_work(*args)
+        for key, what in (("x_loads", "elements of x"), ("angle_loads", "angles")):
+            if counts[key] > need[key]:
+                print(f"❌ {name} (S={args[0]}, B={args[1]}, H={args[2]}, D={args[3]}, "
+                      f"ROWS={args[4]}): correct outputs, but your kernel read {counts[key]:,} "
+                      f"{what} where {need[key]:,} do: "
+                      + ("each element of x once, whatever the grid" if key == "x_loads" else
+                         "a program loads its position's D angles once, before its rows"))
+                return False
     for args, counts in measured:
         label = "S={}, B={}, H={}, D={}, rows={}".format(*args)
         ok, guess = run_own_code(f"{name}: your prediction ({label})", "your prediction", work,

@@ -66,6 +66,10 @@ classes (their methods) and `@triton.jit` kernels from anywhere, for example an 
 worked solution. Every worked solution of the course (a function or kernel under
 `ropelib/course/` named `solution_*` or `_*_solution_kernel`) is barred in every check, the
 check's own and any other: another exercise's answer is not the learner's code.
+The `@triton.jit` kernels a notebook defines itself (its `__main__` namespace: the kernels it
+teaches before its exercises, such as notebook 04's versions 1 and 2) are barred in every kernel
+check too (`launch_barred`), except the learner's own: those named `my_...`, as every
+exercise's answer and any helper of the learner's must be (`notebook_kernels`).
 The course's other helpers (recording accesses, the checks themselves) are never barred by
 default. Some of them compute a RoPE in plain PyTorch (notebook 13's specs, notebook 08's
 reproduction, notebook 05's ladder, the course model's rotary module): `course_rope_helpers()`
@@ -94,7 +98,8 @@ TEACHING_KERNELS = COURSE / "kernels"
 EXERCISES = Path(__file__).resolve().parent
 
 __all__ = ["LibraryAnswer", "library_barred", "run_own_code", "library_kernel", "PACKAGE",
-           "COURSE", "TEACHING_KERNELS", "course_rope_helpers", "fresh_seed", "fresh_generator"]
+           "COURSE", "TEACHING_KERNELS", "course_rope_helpers", "fresh_seed", "fresh_generator",
+           "notebook_kernels"]
 
 
 class LibraryAnswer(RuntimeError):
@@ -1000,12 +1005,30 @@ def listed_as_tensor(answer, expected):
     return answer
 
 
+def notebook_kernels() -> tuple:
+    """The `@triton.jit` kernels the running notebook defines (its `__main__` namespace), less
+    the learner's own (named `my_...`, or bound to such a name too): the kernels a notebook
+    teaches before its exercises. A
+    kernel check bars them, as it bars ropelib's, so an answer that launches one or calls it as
+    a helper is refused. Outside a notebook, whatever `__main__` holds."""
+    main = sys.modules.get("__main__")
+    names = dict(vars(main)) if main is not None else {}
+    kernels = [(key, obj) for key, obj in names.items() if _is_jit(obj)]
+    # the learner's: bound to a my_ name (also under another: `te_combine = my_combine`), or
+    # a function named my_ (a cell run again defines it anew, in the same file)
+    learners = {id(obj) for key, obj in kernels if key.startswith("my_")}
+    return tuple(obj for key, obj in kernels
+                 if id(obj) not in learners and not key.startswith("my_")
+                 and not getattr(getattr(obj, "fn", obj), "__name__", "").startswith("my_"))
+
+
 def launch_barred(name: str, label: str, what: str, start: Callable[[], Any], *,
                   bar: Iterable = (), barred: bool = True, last_line: bool = False
                   ) -> Tuple[bool, Any]:
-    """(True, start()) when the learner's kernel launches with ropelib's answers (and `bar`)
-    barred; else print the ❌ line (a refusal, or what the launch raised, for case `label`) and
-    return (False, None). The kernel exercises' checks all launch through here.
+    """(True, start()) when the learner's kernel launches with ropelib's answers, the
+    notebook's own teaching kernels (`notebook_kernels`) and `bar` barred; else print the ❌
+    line (a refusal, or what the launch raised, for case `label`) and return (False, None). The
+    kernel exercises' checks all launch through here.
 
     barred: False runs start() as it is, nothing barred (a check's compiled launch on a GPU,
         after its interpreted launch was barred); a failure is reported the same way.
@@ -1014,7 +1037,7 @@ def launch_barred(name: str, label: str, what: str, start: Callable[[], Any], *,
         quotes), not by its first.
     """
     try:
-        with library_barred(what, bar=bar) if barred else nullcontext():
+        with library_barred(what, bar=(*bar, *notebook_kernels())) if barred else nullcontext():
             return True, start()
     except LibraryAnswer as exc:
         print(f"❌ {name}: {exc}")
