@@ -1675,10 +1675,13 @@ assert all(per_row[r] == (256, 256 / r) for r in per_row)
 # Compute on the H200, at 1, 2, 4 and 8 rows (heads) a program, at the ablation's shape and
 # warps (`rows_ncu-nvidia-h200.csv`; the profiler fixes the SM clock, so compare its times with
 # each other). The cell prints, per launch, the time, the warp instructions executed, the share
-# of cycles in which a scheduler issued one, and the share of an SM's 64 warp slots that held a
-# warp on average (achieved occupancy). A child Python then compiles the worked kernel for
-# sm_90 on this machine, as in section 5, and reads the registers a thread at 2 and 8 rows and
-# the warps an SM can hold with them (`ropelib.course.counts.programs_per_sm`).
+# of cycles in which a scheduler issued one, the registers a thread the compiled kernel held,
+# the share of an SM's 64 warp slots those registers and the launch leave room for
+# (theoretical occupancy, "warps fit"), and the share that held a warp on average (achieved
+# occupancy). A child Python then compiles the worked kernel for sm_90 on this machine, as in
+# section 5, reads the registers a thread at 2 and 8 rows, and works out the warps an SM can
+# hold with them (`ropelib.course.counts.programs_per_sm`), for this machine's Triton and for
+# the H200's registers.
 
 # %%
 rows_csv = measured.RESULTS / "rows_ncu-nvidia-h200.csv"
@@ -1687,32 +1690,41 @@ rows_labels = [f"worked, {r} row{'s' * (r > 1)}" for r in (1, 2, 4, 8)] + \
     [f"notebook 04, {r} head{'s' * (r > 1)}" for r in (1, 2, 4, 8)] + ["copy"]
 prof = dict(zip(rows_labels, (k["metrics"] for k in measured.ncu_kernels(rows_csv))))
 print(f"NVIDIA H200 ({rows_csv.name}), bf16 sbhd x [32768, 1, 32, 128], warps 1, 1, 2, 1")
-print(f"{'':22s}{'us':>6s}{'warp instr. M':>15s}{'issuing':>9s}{'warps active':>14s}")
+print(f"{'':22s}{'us':>6s}{'warp instr. M':>15s}{'issuing':>9s}{'regs':>6s}{'warps fit':>11s}"
+      f"{'warps active':>14s}")
 for label, m in prof.items():
     print(f"{label:22s}{m['gpu__time_duration.sum'] / 1e3:6.0f}"
           f"{m['smsp__inst_executed.sum'] / M:15.1f}"
           f"{100 * m['smsp__issue_active.avg.per_cycle_active']:8.0f}%"
+          f"{m['launch__registers_per_thread']:6.0f}"
+          f"{m['sm__maximum_warps_per_active_cycle_pct']:10.0f}%"
           f"{m['sm__warps_active.avg.pct_of_peak_sustained_active']:13.0f}%")
 
 
 def profiled(kind, what):
     key = {"us": "gpu__time_duration.sum", "instr": "smsp__inst_executed.sum",
            "issuing": "smsp__issue_active.avg.per_cycle_active",
-           "active": "sm__warps_active.avg.pct_of_peak_sustained_active"}[what]
-    scale = {"us": 1e-3, "instr": 1 / M, "issuing": 100, "active": 1}[what]
+           "active": "sm__warps_active.avg.pct_of_peak_sustained_active",
+           "regs": "launch__registers_per_thread",
+           "fit": "sm__maximum_warps_per_active_cycle_pct"}[what]
+    scale = {"us": 1e-3, "instr": 1 / M, "issuing": 100}.get(what, 1)
     labels = rows_labels[:4] if kind == "worked" else rows_labels[4:8]
     return [round(prof[label][key] * scale) for label in labels]
 
 
 # notebook 04's kernel: its instructions fall with the heads a program, and its time with them
-assert profiled("04", "instr") == [287, 172, 114, 58] and profiled("04", "us") == [646, 326, 191, 150]
+assert profiled("04", "instr") == [287, 172, 114, 58] and profiled("04", "us") == [648, 325, 192, 150]
 # the worked kernel: about as many instructions at every ROWS (each row's sin and cos again)
 assert profiled("worked", "instr") == [299, 278, 284, 256]
-assert profiled("worked", "us") == [645, 413, 396, 680]
+assert profiled("worked", "us") == [645, 413, 396, 676]
 # at 2 and 4 rows the schedulers issue nearly every cycle; at 8 rows few warps, half the cycles
 assert profiled("worked", "issuing") == [59, 86, 91, 48]
-assert profiled("worked", "active") == [22, 47, 70, 18]
-assert round(prof["copy"]["gpu__time_duration.sum"] / 1e3) == 126
+assert profiled("worked", "active") == [21, 47, 70, 18]
+# what the compiled kernel lets fit: 151 registers a thread at 8 rows leave room for 12 one-warp
+# programs, 19 % of an SM's 64 warp slots (the profiler's theoretical occupancy), against 50 %
+assert profiled("worked", "regs") == [28, 46, 40, 151] and profiled("worked", "fit") == [50, 50, 75, 19]
+assert prof["worked, 8 rows"]["launch__occupancy_limit_registers"] == 12
+assert round(prof["copy"]["gpu__time_duration.sum"] / 1e3) == 125
 
 CHILD_ROWS = r'''
 import json, torch, triton
@@ -1743,6 +1755,16 @@ for rows, occ in fits.items():
 occ2, occ8 = fits["2"], fits["8"]
 assert regs["8"] > 100 and occ8.fraction <= 0.25 and occ8.limited_by == ["registers"]
 assert occ2.fraction == 0.5 and occ2.limited_by == ["programs"]   # 32 programs of 1 warp
+# the same calculator on the registers the H200's kernel held: the profiler's own limits
+for rows in ("2", "8"):
+    m = prof[f"worked, {rows} rows"]
+    h200 = programs_per_sm(int(m["launch__registers_per_thread"]), 1, 0)
+    print(f"  on the H200: {m['launch__registers_per_thread']:.0f} registers -> {h200.warps} "
+          f"warps by the calculator; the profiler: {m['launch__occupancy_limit_registers']:.0f} "
+          f"programs by registers, {m['sm__maximum_warps_per_active_cycle_pct']:.2f} % of the "
+          f"warp slots")
+    assert h200.warps / 64 * 100 == m["sm__maximum_warps_per_active_cycle_pct"]
+assert programs_per_sm(151, 1, 0).warps == prof["worked, 8 rows"]["launch__occupancy_limit_registers"]
 # the profile's 18 % lies under what 8 rows' registers allow; 2 rows' 47 % under their 50 %
 assert profiled("worked", "active")[3] <= 100 * occ8.fraction
 assert profiled("worked", "active")[1] <= 100 * occ2.fraction
@@ -1752,19 +1774,21 @@ assert profiled("worked", "active")[1] <= 100 * occ2.fraction
 #
 # - **The sines and cosines keep the worked kernel above the model.** Notebook 04's kernel
 #   executes 287, 172, 114 and 58 million warp instructions at 1, 2, 4 and 8 heads a program,
-#   and its time falls with them (646, 326, 191 and 150 µs, beside the copy's 126). The worked
+#   and its time falls with them (648, 325, 192 and 150 µs, beside the copy's 125). The worked
 #   kernel executes 299, 278, 284 and 256 million at every `ROWS`: with fewer programs, each
 #   evaluates the sin and cos of every row of its tile again. At 2 and 4 rows its schedulers
 #   issue an instruction in 86 and 91 % of their cycles, so the instructions, not the programs,
 #   set its time (413 and 396 µs). The model counts programs only; it holds while programs are
 #   what the GPU waits for, at 1 row.
 # - **8 rows are slower than 2 because too few warps fit.** One warp holds 8 rows of 64 pairs,
-#   16 pairs a thread, and their sines and cosines: the compiled kernel asks for over 100
-#   registers a thread (the cell prints this machine's Triton's count), which leaves room for
-#   at most a quarter of an SM's 64 warps, against half at 2 rows (32 programs of one warp).
+#   16 pairs a thread, and their sines and cosines: the kernel the H200 ran held 151 registers
+#   a thread (the profile reports it; the cell also prints this machine's Triton's count, from
+#   its own compile). That leaves room for 12 one-warp programs, 19 % of an SM's 64 warp slots,
+#   against half at 2 rows (46 registers; 32 programs of one warp is the limit there): the
+#   profiler's own occupancy limits, which `programs_per_sm` reproduces from the registers.
 #   The profile finds 18 % of the warp slots busy, against 47 % at 2 rows and 70 % at 4, and
 #   the schedulers issuing in only 48 % of their cycles: with so few warps, nothing else is
-#   ready while one waits for its previous instruction. The same instructions take 680 µs.
+#   ready while one waits for its previous instruction. The same instructions take 676 µs.
 #
 # So for your kernel: evaluate the sines and cosines once a position and share them over its
 # rows, as notebook 04 does, and keep a thread's share of the tile small enough that the
