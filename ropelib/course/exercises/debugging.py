@@ -211,7 +211,8 @@ def solution_trap_name(x, y, layout):
         return "sbhd_row_indexing"
     if torch.allclose(pos[:, 0], s[:, 0].expand_as(pos[:, 0]), atol=1e-2):
         return "table_margin"                              # batch 0 right, later batches shifted
-    return "none of the four"
+    raise ValueError("the positions follow no curve of the four traps, nor s: not a RoPE of "
+                     "these inputs")
 
 # the te-bits scenarios the check compares: fp32 first (cheap, every rounding visible), then the
 # notebook's bf16 comparison at the GPU size
