@@ -303,8 +303,10 @@ print("HF drop-in:", tuple(q_hf.shape), tuple(k_hf.shape))
 # on $3 \cdot 2n^2$ bytes, $n/3$ FLOPs per byte: over a thousand at $n = 4096$. A GPU that is
 # fast enough for the matrix multiply waits on memory for RoPE, so the fair yardstick for a RoPE
 # kernel is the time a copy of the same bytes takes. "% of a copy" is the copy's time over the
-# kernel's, a share of the copy's speed; notebooks 04–07 print it in percent, the cell below as a
-# fraction (0.99 of a copy is 99 %).
+# kernel's, a share of the copy's speed; some notebooks print it in percent, others (the cell
+# below among them) as a fraction: 0.99 of a copy is 99 %. Notebook 04 divides speeds in GB/s
+# and counts the angle table in the kernel's bytes only, so its percent sits a point or two
+# above the ratio of times; it says so where it prints one.
 #
 # The cell computes RoPE's intensity for the tour's `x` and the matrix multiply's, then reads
 # the committed H200 run of the floor suite (`benchmarks/results/floor-nvidia-h200.csv`): a
@@ -493,8 +495,8 @@ ropelib.default_device() encodes that rule, and section 1 prints it as "notebook
 # **Exercise 2.** A model has `head_dim = 80` and `rotary_percent = 0.5` (partial rotary). How
 # many features of each head does RoPE rotate? Write the rule that Transformer Engine and
 # Hugging Face both follow, `my_rotary_dim(head_dim, rotary_percent)`. The check tries this model
-# and four others, one where `head_dim * rotary_percent` is not a whole number, with ropelib
-# barred (`frequencies.rotary_dim` is the answer, and so it is not one).
+# and five others (one where `head_dim * rotary_percent` is not a whole number, one drawn as the
+# check runs), with ropelib barred (`frequencies.rotary_dim` is the answer, and so it is not one).
 
 # %%
 def my_rotary_dim(head_dim, rotary_percent):
@@ -523,8 +525,9 @@ solution(basics.solution_rotary_dim)
 # style) the features that turn together are neighbours, $(x_0, x_1), (x_2, x_3), \dots$, so
 # the table holds each angle twice ($\theta_0\, \theta_0\, \theta_1\, \theta_1 \dots$) and
 # $\mathrm{rotate\_half}(x) = (-x_1, x_0, -x_3, x_2, \dots)$.
-# The check tries `x` of shape `[2, 6, 4, 16]` and three others (one with `B == S`, one with a
-# table that starts at position 3), with ropelib barred.
+# The check tries `x` of shape `[2, 6, 4, 16]` and four others (one with `B == S`, one with a
+# table that starts at position 3, one in bf16 with another base, one drawn as the check runs),
+# with ropelib barred.
 
 # %%
 def my_rope(x, freqs):
@@ -561,7 +564,7 @@ solution(basics.solution_interleaved_rope)
 # 5. `ropelib` offers a function, a module and two drop-ins for one operation. Which would you
 #    pick for a model you write yourself, for a Hugging Face checkpoint you fine-tune, and for a
 #    Transformer Engine stack, and what does each choice tie you to?
-# 6. Section 3 found one decoding step's RoPE taking about three times as long as a copy of its
+# 6. Section 3 found one decoding step's RoPE taking 2.7 times as long as a copy of its
 #    bytes, and its CUDA-graph line showed that most of both calls is work on the host, which a
 #    faster kernel does not remove. A graph takes the host out; what does it cost a serving
 #    stack to capture one, and what else could? Think of what else reads or writes the same
