@@ -47,8 +47,8 @@
 # not.
 #
 # **Time:** about 90 minutes to read and do the two exercises (the questions at the end are for
-# discussion); the cells run in about a minute and a half on a 2-core CPU (Triton's
-# interpreter), most of it training the models of section 3.
+# discussion); the cells run in about 40 s on a 2-core CPU (38 s measured through nbclient,
+# Triton's interpreter), most of it training the models of section 3.
 
 # %%
 import os, torch
@@ -122,6 +122,7 @@ print(ropelib.runtime.mode(), "| device:", device, "| figures go to", FIGURES)
 data = CharDataset.from_pydoc_topics()
 print(f"{len(data.text):,} characters, vocabulary of {data.vocab_size}: "
       f"train {len(data.train_data):,}, val {len(data.val_data):,}")
+assert 400_000 < len(data.text) < 600_000                  # "about half a million characters"
 print(f"uniform guess: ln V = {math.log(data.vocab_size):.3f} nats/char\n")
 print(data.text[:400])
 x, y = data.get_batch("train", 2, 24, torch.Generator().manual_seed(0))
@@ -172,6 +173,8 @@ models = {rope: build(cfg, rope, seed=0, device=device) for rope in ("ropelib", 
 for a, b in zip(models["ropelib"].parameters(), models["reference"].parameters()):
     assert torch.equal(a, b)                          # same seed: the same initial weights
 print(f"{models['ropelib'].num_params() / 1e6:.2f}M parameters, head_dim {cfg.head_dim}")
+if ON_GPU:                                  # nanoGPT's character-level sizes: "~10.7M"
+    assert round(models["ropelib"].num_params() / 1e6, 1) == 10.7
 
 xb, yb = data.get_batch("train", 4, cfg.block_size, torch.Generator().manual_seed(1), device)
 out = {}

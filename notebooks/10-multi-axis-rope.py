@@ -35,8 +35,8 @@
 # - say how far fp32 angles drift at $10^6$ positions and more.
 #
 # **Time:** about 80 minutes to read (section 6's measurements take most of it) and 45 for the
-# three exercises (the kernel takes most); the cells run in about a minute and a half on a
-# 2-core CPU (Triton's interpreter).
+# three exercises (the kernel takes most); the cells run in about half a minute on a 2-core
+# CPU (31 s measured through nbclient, Triton's interpreter).
 
 # %%
 import os, torch
