@@ -17,7 +17,8 @@
 # # 05 — The finished kernel, one idea at a time
 #
 # On an H200, notebook 04's batch-reusing grid runs at about two thirds to three quarters of the
-# speed of a device copy of the same tensor, and ropelib's finished kernel
+# speed of a device copy of the same tensor at batch 8 (a fifth at batch 1, where it has no
+# batch to reuse over), and ropelib's finished kernel
 # (`ropelib/kernels/fused.py`) at about nine tenths (section 5's ladder). Most of that climb is
 # the ladder's first step. The last tenth comes from no rung: on a tensor this large
 # `ropelib.apply_rope` takes a two-pass route (section 6) that reads cos/sin from a table instead
@@ -1051,15 +1052,18 @@ else:
 # |---|---|---|---|
 # | tile of heads | the big step | a fifth of a copy → three quarters | fewer programs, half the instructions, more bytes in flight: which buys it is not separated |
 # | tile of tokens | −0.1 / −0.3 points (noise) | −6.1 points | 3 % more instructions, issued at a lower rate |
-# | warps | (printed by the cell) | 8 warps lose over two fifths | every thread along the heads evaluates the sin/cos |
-# | chunks | about −3 points | (printed by the cell) | more DRAM writes (next profile) |
+# | warps | +1.8 points | −30.5 points: 8 warps lose over two fifths | every thread along the heads evaluates the sin/cos |
+# | chunks | about −3 points | +49.6 points (4 warps again) | more DRAM writes at $b = 8$ (next profile); at $b = 1$ 7.6 times fewer instructions |
 # | accurate sin/cos | noise only | noise only | the same machine code as the chunks rung |
 # | equal halves | +5.5 points | +5.1 points | a quarter fewer instructions; the next profile splits the gain |
 # | finished kernel | 1.5 points below rung 6 | 2.7 points above | more indexing work; `x` loaded first at $b = 1$ |
 #
-# So two ideas carry the ladder, a tile of heads and evaluating each pair's sin/cos once; the
-# others are neutral or cost a little at these sizes, and each bullet below says how the run
-# knows.
+# So at $b = 8$ the tile of heads is the big step, and the equal-halves shortcut is the only
+# other gain; the others are neutral or cost a little there. Why equal halves gains is only
+# partly explained: the profile after this cell splits its gain, and fewer instructions are
+# not the reason (the SM was far from busy). At $b = 1$ the warps and chunks rungs swing by
+# tens of points, down with 8 warps and up again with 4, with the number of threads that
+# evaluate each sin/cos. Each bullet below says how the run knows.
 #
 # - **A tile of heads is the big step** at every large size: a program that moved one head row
 #   (256 bytes in bf16) now moves tens of KiB, as section 2 asked. It changes three measured
@@ -1215,6 +1219,9 @@ if LADDER_CSV.exists():
     # opcode profile); equal halves: more at b = 8 than at b = 1
     assert all(abs(step[c]["accurate"]) < 0.5 for c in large_cases)
     assert [said_steps[c, "equal_halves"] for c in ("s4096-b8", "s32768-b1")] == ["5.5", "5.1"]
+    # the summary table's warps and chunks rows
+    assert [said_steps[c, "warps"] for c in ("s4096-b8", "s32768-b1")] == ["1.8", "-30.5"]
+    assert said_steps["s32768-b1", "chunks"] == "49.6"
 
     # chunks: the same programs, about the same instructions, the same DRAM reads; the writes
     # counted differ
@@ -2706,8 +2713,10 @@ ex1b_passed = load_schedule.check_wide_loads(
 # $d = 128$ (256 MiB: large enough that the bytes, not the launch, set the time), asserts that
 # each output there is the reference's too, and times it with `do_bench` beside the worked
 # solution, ropelib's finished kernel on the same interleaved pairs (`ropelib.apply_rope(...,
-# interleaved=True)`: its loads are Exercise 1b's, whole rows split into pairs in registers)
-# and a device copy `y.copy_(x)` of the same tensor. A kernel is timed once it has
+# interleaved=True)` with its route forced to the one-pass kernel: its loads are Exercise 1b's,
+# whole rows split into pairs in registers), `apply_rope` as it plans this size (section 6's
+# two passes, the second reading cos/sin rows the first wrote and a repeated call keeps), and
+# a device copy `y.copy_(x)` of the same tensor. A kernel is timed once it has
 # passed its check above. The launch is the check's, written out in `launch_interleaved`, with
 # the tile and warps that ropelib's planner gives the finished kernel on this GPU (on the H200
 # the launch whose loads the cells above count): change it and rerun.
@@ -2787,8 +2796,17 @@ def time_exercise_1(shape):
                              "yours (Exercise 1b)": (ex1b_passed,
                                                      run(my_interleaved_vector_kernel))},
                       solution=run(fk._rope_interleaved_tile_solution_kernel),
-                      others=[("ropelib, interleaved", lambda: ropelib.apply_rope(
-                          x, freqs_sbhd, interleaved=True))])
+                      others=[("ropelib's finished kernel", lambda: finished(x, freqs_sbhd)),
+                              ("apply_rope (two passes)", lambda: ropelib.apply_rope(
+                                  x, freqs_sbhd, interleaved=True))])
+
+
+def finished(x, freqs_sbhd):
+    """ropelib's finished kernel on the interleaved pairs: apply_rope with its route forced to
+    the one-pass kernel (on 256 MiB it would take two passes, whose second pass reads cos/sin
+    from a table the first pass wrote and a repeated call keeps)."""
+    with forced("finished"):
+        return ropelib.apply_rope(x, freqs_sbhd, interleaved=True)
 
 
 if GPU:
@@ -2798,9 +2816,9 @@ else:
           "here the checks above are all there is.")
 
 # %% [markdown]
-# On a GPU, read the worked solution's line against ropelib's: the same rotation of the same
-# pairs, but two-byte loads at stride 2 (the compiled count above) against 16-byte vectors of
-# whole rows. How much of the difference in time do the load instructions alone explain, and
+# On a GPU, read the worked solution's line against ropelib's finished kernel: the same
+# rotation of the same pairs, but two-byte loads at stride 2 (`measure_loads` counts them for
+# your Exercise 1 kernel) against 16-byte vectors of whole rows. How much of the difference in time do the load instructions alone explain, and
 # what else changes when a warp's loads stop being contiguous (section 4 shows how the tile is
 # laid over the threads)? Set your kernel of Exercise 1b, whose loads are ropelib's kind, beside
 # ropelib's line.

@@ -1401,9 +1401,13 @@ print("racing", "your kernel" if rows_ok else "the worked kernel")
 # - **across a row**, *rotation / copy*: what the angles, sines and cosines add to the same
 #   traffic at that tile. At one row the program's own cost hides the arithmetic; from four rows
 #   on it does not (worked kernel, GPU: checked under 1.1 at one row, over 1.5 at four, over 2
-#   at sixteen). Your kernel evaluates a sine and a cosine for every element; ropelib's finished
-#   kernel evaluates them once per position and pair and reuses them over heads and batch
-#   (notebook 05). If your rotation runs well behind your copy, try that first.
+#   at sixteen). Your kernel evaluates a sine and a cosine for every element. At this size
+#   `ropelib.apply_rope` (the race's line) evaluates none in its pass over x: a first pass
+#   writes each token's cos/sin rows, which a repeated call with the same table keeps
+#   (notebook 05, section 6); its one-pass kernel shares them over a program's tile of heads
+#   and batch entries, though as compiled several threads of a program evaluate the same one
+#   (notebook 05, section 5, counts them rung by rung). If your rotation runs well behind your
+#   copy, evaluate fewer sines and cosines: share them over a program's rows, or read them.
 #
 # In the interpreter the times are Python's and mean nothing.
 
