@@ -110,8 +110,8 @@ def check_rung(y, x, freqs, name):
 # `benchmarks/results/generations-nvidia-h200.csv` holds the three generations measured on an
 # NVIDIA H200, each as a percentage of the GB/s a device copy `y.copy_(x)` of the same tensor
 # reaches in the same run (notebook 04 explains the bytes model). Every committed measurement
-# this notebook reads comes from H200 runs of 28 November to 2 December 2026; each table prints
-# its GPU and date. (The cells that time your exercise kernels, at the end, measure on the GPU
+# this notebook reads comes from runs on an H200; each table prints its GPU and the date of its
+# run. (The cells that time your exercise kernels, at the end, measure on the GPU
 # they run on.)
 # Two kernels go by the name `ropelib` in the CSVs, so the tables here print them apart:
 # **`apply_rope (as planned)`** is `ropelib.apply_rope` as you call it, which at this size
@@ -1755,8 +1755,9 @@ if compiled:                                        # the layouts compiled in se
 #    rows of pairs would leave a third of each program's lanes idle.) The end of this section
 #    measures why the pairs share a thread.
 #
-# The route's main table below (`two_pass-nvidia-h200.csv`, 2 December 2026) timed the route as
-# it is now; the other runs this section reads are older, each dated in its file's name. On a
+# The route's main table below (`two_pass-nvidia-h200.csv`) times the route as the code has it;
+# the other runs this section reads each time a design it did not keep beside one it did (the
+# file names carry their dates). On a
 # GPU of compute capability 9.0 or more the flat pass is launched early (programmatic dependent
 # launch, `tiles.EARLY_LAUNCH`): its programs start while the pre-pass is still running, and
 # each waits for the pre-pass's rows before it reads them.
@@ -1945,7 +1946,7 @@ assert [said(ratio(tp, s4k, c)) for c in cols[:3]] == ["0.903", "0.996", "0.998"
 assert [said(ratio(tp, s16k, c)) for c in cols[:3]] == ["0.932", "1.002", "0.987"]
 assert [said(ratio(tp, s16k, c, "fwd+bwd")) for c in ("finished", "two-pass")] == \
     ["0.935", "0.998"]
-# the older run, one element a thread: 0.931 with angles, the finished kernel 0.924
+# the element-wise flat pass (one element a thread): 0.931 with angles, the finished kernel 0.924
 assert said(ratio(tp_before, s16k, "two-pass")) == "0.931"
 assert said(ratio(tp_before, s16k, "finished")) == "0.924"
 # batch 1: the pre-pass alone takes a sixth of a copy's time, yet the route is ahead ...
@@ -1970,10 +1971,10 @@ assert [said(compile_lead[c], 1) for c in show] == ["0.5", "-0.8", "2.8"]
 #   0.998 reading a cos/sin table, against 0.903;
 # - at 1 GiB (batch 8) too: 1.002 with angles and 0.987 with a table against 0.932, and
 #   forward+backward with angles ahead as well, 0.998 of two copies against 0.935 (printed
-#   under the tables). An older run of the same script (28 November), with an element-wise
-#   flat pass (one element a thread), had the route level with that run's finished kernel here,
-#   0.931 against 0.924: the last two subsections of this section measure what the pass of
-#   pairs, and the way it writes its table addresses, changed;
+#   under the tables). The same script run with an element-wise flat pass (one element a
+#   thread) had the route level with the finished kernel here, 0.931 against 0.924: the last
+#   two subsections of this section measure what the pass of pairs, and the way it writes its
+#   table addresses, change;
 # - at batch 1 (128 MiB, 16,384 tokens) the pre-pass writes a 1 KiB row for every token with no
 #   batch to spread it over: 11.7 µs, 17.2 % of the copy's time (2.3 % for the same tokens at
 #   batch 8, 1 GiB). Paid on every call, it would hold the route to at most
@@ -2142,10 +2143,10 @@ assert min(rounds_256["halves"]) < max(rounds_256["both halves"])
 # each) and ran at 0.981 of a copy in the same probe, above it. These runs do not say what the
 # remaining difference is.
 #
-# That run had one flag for the whole table; the flags per row, and the pass for rows known to
-# have no differing pair (`+equal` in the count above), came later. A later run of the same
-# probe on the H200 timed the three ways of reading kept rows side by side, five alternating
-# rounds again: `both halves` (no flags), `halves` (a flag per row) and `known equal`
+# That run read kept rows with one flag for the whole table, not with a flag per row or the
+# pass for rows known to have no differing pair (`+equal` in the count above). A second run of
+# the same probe on the H200 timed the three ways of reading kept rows side by side, five
+# alternating rounds again: `both halves` (no flags), `halves` (a flag per row) and `known equal`
 # (`PAIRS_EQUAL`: no flags, no member $b$ loads), each forced for every case:
 
 # %%
@@ -2203,8 +2204,8 @@ assert eq_rounds["sbhd 1 GiB s16k b8"] == "slower"
 # tables: `compile bf16` is torch.compile as above, `compile fp32` the same compiled formula
 # given fp32 tables, `flat fp32` the flat pass forced (`two-pass cos/sin`), `auto fp32` and
 # `auto bf16` `ropelib.apply_rope` choosing its route by itself with fp32 tables and with the
-# bf16 tables torch.compile reads. Two probes on the H200, with the element-wise flat pass of
-# the time, repeated the comparison: `benchmarks/flat_pass_probe.py` (each table for
+# bf16 tables torch.compile reads. Two probes on the H200 repeated the comparison with the
+# element-wise flat pass: `benchmarks/flat_pass_probe.py` (each table for
 # torch.compile, fp32 for ropelib) and `benchmarks/flat_hints_probe.py` (bf16 for both);
 # `benchmarks/NOTES.md` reads them in full, with the flat pass's tile sweep and Inductor's load
 # hints. The batch-8 cases:
@@ -2335,7 +2336,8 @@ assert [one_gib[c] for c in probe_cols[:5]] == ["0.994", "0.938", "0.948", "0.89
 # level with torch.compile's 0.994 on its bf16 table, and 0.001 and 0.002 ahead of it in the two
 # 256 MiB cases. That is ropelib's flat pass for rotate-half pairs (`_rotate_pairs` in
 # `ropelib/kernels/flat.py`, on `tiles.TWO_PASS_PAIR_WARPS` = 2 warps), the pass this section's
-# main table measured; the older run and the two probes above measured the element-wise pass.
+# main table measured; the element-wise run and the two probes above measured the element-wise
+# pass.
 # The shipped pass reads half of the rows another way (the batch-1 cells above): member $b$'s
 # four 16-byte loads of cos and $s'$ stay, masked by the pre-pass's flag for that row, so where
 # the flag is 0 they move no bytes.
@@ -2746,7 +2748,7 @@ def time_against_copy(x, y, want, yours, solution, others=()):
     writes y)), the worked solution's (a call that writes y) and `others` ((name, call) pairs)
     with do_bench; print each median and its speed as a fraction of the copy's. Yours are timed
     only once they pass their check, and only after their output at this size is asserted to be
-    `want` (the reference)."""
+    `want` (the reference); a solution of None is not timed."""
     from triton.testing import do_bench
     print(f"x {list(x.shape)} {str(x.dtype).replace('torch.', '')} "
           f"({x.numel() * x.element_size() >> 20} MiB), {runtime.mode()}: median us "
@@ -2761,7 +2763,8 @@ def time_against_copy(x, y, want, yours, solution, others=()):
         torch.testing.assert_close(                # correct at this size too
             y, want, msg=lambda m, name=name: f"{name}, x {list(x.shape)}: {m}")
         timed[name] = run
-    timed["worked solution"] = solution
+    if solution is not None:
+        timed["worked solution"] = solution
     timed.update(others)
     copy_ms = do_bench(lambda: y.copy_(x), quantiles=[0.5, 0.2, 0.8])
     for name, run in {"y.copy_(x)": None, **timed}.items():
@@ -2796,17 +2799,15 @@ def time_exercise_1(shape):
                              "yours (Exercise 1b)": (ex1b_passed,
                                                      run(my_interleaved_vector_kernel))},
                       solution=run(fk._rope_interleaved_tile_solution_kernel),
-                      others=[("ropelib's finished kernel", lambda: finished(x, freqs_sbhd)),
-                              ("apply_rope (two passes)", lambda: ropelib.apply_rope(
-                                  x, freqs_sbhd, interleaved=True))])
-
-
-def finished(x, freqs_sbhd):
-    """ropelib's finished kernel on the interleaved pairs: apply_rope with its route forced to
-    the one-pass kernel (on 256 MiB it would take two passes, whose second pass reads cos/sin
-    from a table the first pass wrote and a repeated call keeps)."""
+                      others=[("apply_rope (two passes)", lambda: ropelib.apply_rope(
+                          x, freqs_sbhd, interleaved=True))])
+    # ropelib's finished kernel on the same pairs: apply_rope with its route forced to the
+    # one-pass kernel for the whole timing (entering the block forgets the plans; calls inside
+    # it plan once, as calls outside do)
     with forced("finished"):
-        return ropelib.apply_rope(x, freqs_sbhd, interleaved=True)
+        time_against_copy(x, y, None, yours={}, solution=None,
+                          others=[("ropelib's finished kernel", lambda: ropelib.apply_rope(
+                              x, freqs_sbhd, interleaved=True))])
 
 
 if GPU:

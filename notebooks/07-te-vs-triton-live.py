@@ -270,18 +270,19 @@ if GPU and SEED_CSV.exists():
 # **Question: on an H200, where does each provider stand against a copy, and what sets that?**
 # Sections 5 to 7 answer from the committed files below; the cell prints where and when each
 # was measured, and says so when a file is missing rather than making its numbers up. Each file
-# measured ropelib's code **as it was that day**, and the two-pass route (which `apply_rope`
-# takes from 64 MiB on) changed three times while these files were being written:
+# measured ropelib's code as it was when the file was written, so what matters is which of the
+# two-pass route's three choices (the route `apply_rope` takes from 64 MiB on) each one
+# includes:
 #
-# - the first two, on 1 December: a pre-pass of 256 (token, pair) entries a program, and the
-#   flat pass launched early on sm_90+. They came after the sweeps and the profile, and before
-#   the floor run and the two `mid_fwdbwd` logs (7.6 times each of them on and off);
-# - the third, on 2 December: the flat pass reads only half of the pre-pass's cos/sin rows where
-#   every pair's two members are equal (`half_rows_probe-nvidia-h200-20261202-0822.csv`, read in
-#   notebook 05, section 6). It came after every file below, so none of them measured it.
+# - **a pre-pass of 256 (token, pair) entries a program, and the flat pass launched early on
+#   sm_90+.** The floor run and the two `mid_fwdbwd` logs include both (7.6 times each of them
+#   on and off); the sweeps and the profile were measured without them;
+# - **the flat pass reading only half of the pre-pass's cos/sin rows where every pair's two
+#   members are equal.** No file below includes it: notebook 05, section 6, measures what it
+#   adds (`half_rows_probe-nvidia-h200-20261202-0822.csv`).
 #
-# The cell checks that order from the dates. Read the logs of 7.5 and 7.6 as the route's speed
-# before the third change; notebook 05 measures what that change adds.
+# The cell checks that order from the files' dates. Read the logs of 7.5 and 7.6 as the
+# route's speed without the third choice.
 #
 # | file in `benchmarks/results/` (or `figures/`) | what it measured | read in |
 # |---|---|---|
@@ -1037,8 +1038,8 @@ if GPU and {"ropelib", "te_fused"} <= available:
 # ### 7.4 Where the host's time goes
 #
 # **Question: where does the host's time per call go?**
-# `benchmarks/results/host-profile-nvidia-h200-20261201.txt` is a cProfile (an H200, 1 December
-# 2026) of what `benchmarks/host_profile.py` runs: a leaf `x` of shape [1, 64, 32, 128] (sbhd,
+# `benchmarks/results/host-profile-nvidia-h200-20261201.txt` is a cProfile (an H200) of what
+# `benchmarks/host_profile.py` runs: a leaf `x` of shape [1, 64, 32, 128] (sbhd,
 # decode size, bf16, `requires_grad=True`) through `ropelib.apply_rope(x, freqs).backward(g)`,
 # 50 times to warm up, then 300 times under the profiler. `ropelib.course.cprofile_text` reads
 # its two tables. The 300 calls took 90 ms of host time, and of that:
@@ -1113,8 +1114,8 @@ for what, (seconds, pct) in stated_shares.items():
 # It runs at section 2's size, 64 MiB of bf16 ($S = 1024$, $B = 8$, $H = 32$, $D = 128$), in
 # each layout, and at 256 MiB in bshd, in three alternating rounds (medians). The gradients go
 # back through `torch.autograd.grad`, as a model's q and k pass theirs to the projection's
-# backward. The cell reads the log of one run on an H200 (1 December, after the route's first
-# two changes: section 5's table) and prints one row per case and provider; on a GPU it also
+# backward. The cell reads the log of one run on an H200 (with the route's first two choices:
+# section 5's list) and prints one row per case and provider; on a GPU it also
 # prints section 2's live eager forward+backward on as many bytes, unchecked.
 
 # %%
