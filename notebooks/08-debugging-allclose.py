@@ -944,6 +944,30 @@ assert len(tail) == 16 and tail[-5:] == [      # the file's lines, as the prose 
 assert len(fmas) == 2            # y1 and y2, each one fma of an exact product and a rounded one
 
 
+def regs(line):
+    """The registers of one PTX instruction, destination first."""
+    return [r.strip(",;") for r in line.split()[1:]]
+
+
+# which register is which: the sines and cosines come out of polynomial chains (fma.rn.ftz) in
+# the tail; x1 and x2 were loaded before it, so the tail never writes them
+mul1, neg1, fma1, mul2, fma2 = (regs(ln) for ln in tail[-5:])
+trig = {regs(ln)[0] for ln in tail if ln.startswith("fma.rn.ftz")}
+written = {regs(ln)[0] for ln in tail}
+# y1 = x1 c - x2 s: its negated, rounded product (mul1, then neg1 into fma1's addend) is x2 s
+assert neg1[1] == mul1[0] and fma1[3] == neg1[0]
+s_reg, x2_reg = (mul1[1], mul1[2]) if mul1[1] in trig else (mul1[2], mul1[1])
+c_reg, x1_reg = (fma1[1], fma1[2]) if fma1[1] in trig else (fma1[2], fma1[1])
+assert {s_reg, c_reg} <= trig and not {x1_reg, x2_reg} & written and s_reg != c_reg
+name = {s_reg: "s", c_reg: "c", x1_reg: "x1", x2_reg: "x2"}
+fused = {y: sorted(name[r] for r in ops[1:3]) for y, ops in (("y1", fma1), ("y2", fma2))}
+rounded = {y: sorted(name[r] for r in ops[1:3]) for y, ops in (("y1", mul1), ("y2", mul2))}
+for y in ("y1", "y2"):
+    print(f"{y} = fma({', '.join(fused[y])}, rn({' * '.join(rounded[y])}))")
+assert fused == {"y1": ["c", "x1"], "y2": ["s", "x1"]}          # x1 c fused, then x1 s fused
+assert rounded == {"y1": ["s", "x2"], "y2": ["c", "x2"]}
+
+
 @triton.jit
 def gpu_choice(x1, x2, c, s):
     y1 = tl.fma(x1, c, -(x2 * s))      # first half: x*c fused, as TE
@@ -971,13 +995,17 @@ if GPU:   # this notebook's kernel with contraction on (step a): which halves ha
 # %% [markdown]
 # The last five lines show that each of $y_1$, $y_2$ is one fma of an exact product and a
 # rounded one: `mul.f32` rounds a product (negated for $y_1$), and `fma.rn.f32` adds it to the
-# other product, unrounded. Which product is which, these lines do not say: the loads that
-# fill `%r98` and `%r99` lie before them, and the file keeps no more of the PTX. The bits say
-# it. The first half of the file's kernel's output is the file's step c output (TE's order,
-# $x_1 c$ fused), the second half its step d output (the other order, $x_1 s$ fused)
-# (asserted). `gpu_choice` writes that choice down, and the cell checks it: on the CPU, and
-# on a GPU like the file's, it gives the file's kernel's output bit for bit, and every element
-# it gets wrong sits in the second half, $y_2$. Nothing in the source asks for either order.
+# other product, unrounded. Which product is which, the registers say. Two of them are written
+# in the tail by chains of `fma.rn.ftz`, the polynomials of a sine and a cosine; the two the
+# tail never writes were loaded before it: $x_1$ and $x_2$. $y_1 = x_1 c - x_2 s$ has one
+# negated product, so the negated `mul.f32` is $x_2 s$, which names all four registers; the
+# cell then reads $y_1 = \mathrm{fma}(x_1, c, -\mathrm{rn}(x_2 s))$, TE's order, and
+# $y_2 = \mathrm{fma}(x_1, s, \mathrm{rn}(x_2 c))$, the other one. The bits say the same. The
+# first half of the file's kernel's output is the file's step c output (TE's order, $x_1 c$
+# fused), the second half its step d output (the other order, $x_1 s$ fused) (asserted).
+# `gpu_choice` writes that choice down, and the cell checks it: on the CPU, and on a GPU like
+# the file's, it gives the file's kernel's output bit for bit, and every element it gets wrong
+# sits in the second half, $y_2$. Nothing in the source asks for either order.
 # The steps, in one chart:
 
 # %%
@@ -1425,8 +1453,9 @@ print({t: f"{v:.0f}" for t, v in spread.items()}, "= largest |recovered position
 # - **in-place double rotation**: a clean line of slope 2 on the *TE* side, $2s$;
 # - **interleaved vs rotate-half** and **partial rotary**: no curve at all — the output is no
 #   rotation of the model's pairs, so the angle is noise. Partial rotary's cloud is far wider
-#   (largest |recovered position| 6583 against 378; the symlog axis goes logarithmic beyond
-#   $\pm 2S$): the kernel turns the model's
+#   (the cell prints each one's largest |recovered position| and asserts partial rotary's more
+#   than 4 times the other's; the symlog axis goes logarithmic beyond $\pm 2S$): the kernel
+#   turns the model's
 #   lowest-frequency features with the much higher frequencies of a $D$-wide head, and it also
 #   changes the features the model passes through. Recovering the angle with the kernel's
 #   pairing instead (rotate-half over all of $D$) gives the diagonal back for both — the
