@@ -962,8 +962,8 @@ assert {s_reg, c_reg} <= trig and not {x1_reg, x2_reg} & written and s_reg != c_
 name = {s_reg: "s", c_reg: "c", x1_reg: "x1", x2_reg: "x2"}
 fused = {y: sorted(name[r] for r in ops[1:3]) for y, ops in (("y1", fma1), ("y2", fma2))}
 rounded = {y: sorted(name[r] for r in ops[1:3]) for y, ops in (("y1", mul1), ("y2", mul2))}
-for y in ("y1", "y2"):
-    print(f"{y} = fma({', '.join(fused[y])}, rn({' * '.join(rounded[y])}))")
+for y, sign in (("y1", "-"), ("y2", "")):
+    print(f"{y} = fma({', '.join(fused[y])}, {sign}rn({' * '.join(rounded[y])}))")
 assert fused == {"y1": ["c", "x1"], "y2": ["s", "x1"]}          # x1 c fused, then x1 s fused
 assert rounded == {"y1": ["s", "x2"], "y2": ["c", "x2"]}
 
