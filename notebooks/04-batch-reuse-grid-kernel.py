@@ -1845,7 +1845,8 @@ assert (round(grid_p["empty_us"], 1), round(grid_f["empty_us"], 1)) == (103.9, 1
 #   1.95 GHz: 66 % of its 240.8 µs. The grid's take 63.7 µs, 36 % of its time.
 # - **In the rest, TE's warps wait on memory.** Besides 159.6 µs of issuing, TE's time holds
 #   78.0 µs in which a scheduler issued nothing, and 3.2 µs in which SMs held no block. Of its
-#   warps' stalled cycles 70 % are `long_scoreboard`, waiting for a global load's data: at an
+#   warps' stalled cycles 70 % are `long_scoreboard`, waiting for a global load's data (59 % of
+#   all its warps' cycles, issuing included: the measure 5.6's table uses): at an
 #   average cycle 8.5 of a scheduler's 14.4 warps. The clock agrees: from the locked clock to
 #   the free one (1.49 to 1.95 GHz, 31 % faster) TE's issuing time falls with the clock, 209.8
 #   to 159.6 µs (by construction: the same instructions), but its time with no ready warp does
@@ -1975,8 +1976,9 @@ assert {k: round(v, 1) for k, v in more.items()} == dict(integer=12.1, float=-1.
 # each program a **tile** of positions × heads, whose source computes cos/sin once per tile and
 # uses them for its heads *and* a chunk of the batch (compiled, that is as many evaluations per
 # position as the batch-reusing grid's: section 5.5), loads contiguous runs of the head dim as
-# wide vectors, and
-# takes every layout through strides. Its header says how it is parallelised:
+# vectors as wide as the tile allows (at this shape 4 bf16 elements, 8 bytes, a thread: section
+# 5.5's layout table prints `sizePerThread = [1, 1, 4]` for it), and takes every layout through
+# strides. Its header says how it is parallelised:
 
 # %%
 try:
