@@ -741,7 +741,8 @@ backward_kernel.show_solution()
 # the sequence) and makes sure it launched `my_backward_kernel`:
 # `ropelib.apply_rope(grad_y, -freqs)`, `rope_batch_reuse(grad_y, freqs, backward=True)` and
 # section 2's `rope_cell` compute the right numbers (on a whole-head table at least), and none of
-# them is your kernel, so the check refuses them.
+# them is your kernel, so the check refuses them (`rope_cell` by the ropelib helper its kernel
+# calls, `round_to`: its message names that helper).
 
 # %%
 def my_rope_backward(grad_y, freqs):
