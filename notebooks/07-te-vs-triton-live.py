@@ -1392,7 +1392,8 @@ print("racing", "your kernel" if rows_ok else "the worked kernel")
 # %% [markdown]
 # **The race.** On one bf16 tensor (256 MiB on a GPU, a few KiB in the interpreter) the cell
 # times `y.copy_(x)` and `ropelib.apply_rope`, then your kernel copying and rotating at tiles of
-# one row a program and more. Read it two ways:
+# one row a program and more, through `launch_rows`, the check's launch written out in the cell
+# (change its grid, or add `num_warps=`, and rerun). Read it two ways:
 #
 # - **down a column**, the tile: at one row a program, the grid has a program per row, and the
 #   last column divides your copy's time by the programs each SM runs. Notebook 03 (section 4)
@@ -1419,9 +1420,33 @@ else:
     S7, B7, H7, D7, tiles = 8, 2, 2, 16, (1, 4, 16)
 x7 = torch.randn(S7, B7, H7, D7, device=device, dtype=torch.bfloat16)
 f7 = compare.angles(S7, D7, device=device).view(S7, D7)
+y7 = torch.empty_like(x7)
 sms = torch.cuda.get_device_properties(device).multi_processor_count if GPU else None
-timed = yardstick.race(rows_kernel, x7, f7, tiles)
-race, copy_ms = timed["tiles"], timed["torch copy"]
+
+
+def launch_rows(kernel, x, y, freqs2d, *, block_rows, rotate):
+    """One launch of a rows kernel (the check's launch, written out): a program for each
+    `block_rows` of x's S*B*H rows; y = x, or RoPE(x) with `rotate`. Change the grid or add
+    num_warps= here, and rerun."""
+    S, B, H, D = x.shape
+    n_rows = S * B * H
+    kernel[(triton.cdiv(n_rows, block_rows),)](x, y, freqs2d, n_rows, B * H, D=D,
+                                               BLOCK_ROWS=block_rows, ROTATE=rotate)
+
+
+def time_ms(fn):
+    """Median ms of fn() on this device (do_bench on a GPU; the interpreter's wall time)."""
+    return compare.time_ms(fn, x7.device)[0]
+
+
+race = [{"BLOCK_ROWS": b, "programs": triton.cdiv(S7 * B7 * H7, b),
+         "your copy": time_ms(lambda: launch_rows(rows_kernel, x7, y7, f7, block_rows=b,
+                                                  rotate=False)),
+         "your rotation": time_ms(lambda: launch_rows(rows_kernel, x7, y7, f7, block_rows=b,
+                                                      rotate=True))}
+        for b in tiles]
+copy_ms = time_ms(lambda: y7.copy_(x7))
+timed = {"ropelib": time_ms(lambda: ropelib.apply_rope(x7, f7.view(S7, 1, 1, D7)))}
 where7 = torch.cuda.get_device_name() if GPU else "CPU, Triton's interpreter: times mean nothing"
 size7 = f"{x7.numel() * 2 / 2**20:.0f} MiB" if GPU else f"{x7.numel() * 2 / 2**10:.0f} KiB"
 print(f"x [{S7}, {B7}, {H7}, {D7}] bf16, {size7} ({where7})")

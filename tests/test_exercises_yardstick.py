@@ -164,16 +164,3 @@ def test_the_learners_kernel_runs_beside_the_other_providers():
         c = compare.Config(**{**config.as_dict(), **unsupported})
         (row,) = compare.run_case(c, [ys.provider(own)], backward=False)
         assert not row["available"] and "unsupported config" in row["reason"], row
-
-
-def test_the_race_times_the_copy_and_ropelib_once_and_the_kernel_per_tile():
-    own = learner_copy(ys.solution_rows_kernel)
-    device = runtime.default_device()
-    x = torch.randn(4, 2, 2, 16, dtype=torch.bfloat16, device=device)
-    freqs = compare.angles(4, 16, device=device).view(4, 16)
-    times = ys.race(own, x, freqs, tiles=(1, 4))
-    assert set(times) == {"torch copy", "ropelib", "tiles"}
-    assert times["torch copy"] > 0 and times["ropelib"] > 0
-    assert [t["BLOCK_ROWS"] for t in times["tiles"]] == [1, 4]
-    assert [t["programs"] for t in times["tiles"]] == [16, 4]
-    assert all(t[k] > 0 for t in times["tiles"] for k in ("your copy", "your rotation"))

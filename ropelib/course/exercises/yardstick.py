@@ -24,8 +24,8 @@ ropelib's own answers barred (`own_code`): its kernels, the worked solution belo
 calling one of its @triton.jit helpers, are refused.
 
 `provider(kernel)` wraps a kernel as a `ropelib.bench.compare.Provider`, so `compare.run_case`
-measures it beside every other provider; `race(kernel, ...)` times its copy and its rotation beside
-`y.copy_(x)` and `ropelib.apply_rope` on the same tensor.
+measures it beside every other provider. (Notebook 07 times its copy and its rotation beside
+`y.copy_(x)` and `ropelib.apply_rope` itself, with the launch written out in its cell.)
 """
 from typing import Optional
 
@@ -38,7 +38,7 @@ from . import _compare, check, kernel_answer, solution
 from .own_code import fresh_seed, launch_barred
 
 __all__ = ["KERNEL_SIGNATURE", "CASES", "check_rows_kernel", "solution_rows_kernel",
-           "show_solution", "launch", "provider", "race"]
+           "show_solution", "launch", "provider"]
 
 KERNEL_SIGNATURE = '''\
 @triton.jit
@@ -220,28 +220,3 @@ def provider(kernel, block_rows: int = 16, name: str = "yours"):
                             description=f"your kernel, {block_rows} rows a program")
 
 
-def race(kernel, x: torch.Tensor, freqs2d: torch.Tensor, tiles) -> dict:
-    """Times in ms (medians; `compare.time_ms`) on the same x [S, B, H, D] (contiguous sbhd) and
-    angles [S, D]: "torch copy" (`y.copy_(x)`) and "ropelib" (`ropelib.apply_rope` on the same
-    tensor, its route as planned), each timed once, and "tiles": for each BLOCK_ROWS in `tiles`
-    a dict of "BLOCK_ROWS", "programs" (the grid of the kernel's launches), "your copy" and
-    "your rotation" (the kernel with ROTATE off and on)."""
-    import ropelib
-    from ...bench import compare
-
-    S, B, H, D = x.shape
-    y = torch.empty_like(x)
-    freqs_te = freqs2d.view(S, 1, 1, D)
-
-    def time_ms(fn):
-        return compare.time_ms(fn, x.device)[0]
-
-    per_tile = [{
-        "BLOCK_ROWS": b,
-        "programs": triton.cdiv(S * B * H, b),
-        "your copy": time_ms(lambda: launch(kernel, x, y, freqs2d, b, False)),
-        "your rotation": time_ms(lambda: launch(kernel, x, y, freqs2d, b, True)),
-    } for b in tiles]
-    return {"torch copy": time_ms(lambda: y.copy_(x)),
-            "ropelib": time_ms(lambda: ropelib.apply_rope(x, freqs_te)),
-            "tiles": per_tile}
