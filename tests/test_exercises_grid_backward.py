@@ -6,8 +6,10 @@ every known way to pass it without doing the exercise must fail (ropelib's kerne
 API and the worked solution itself included), and a learner's own copy of the worked solution
 must pass.
 """
+import inspect
 import os
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -200,33 +202,7 @@ def test_batch_reuse_check_refuses_ropelibs_kernels(answer, words, capsys):
     assert words in out, out
 
 
-_NOTEBOOK_CELLS = """
-import triton
-import triton.language as tl
-
-
-@triton.jit
-def _rope_batch_reuse_v2(x_ptr, y_ptr, freqs_ptr, B, sxs, sxb, sxh, sxd, sys_, syb, syh, D,
-                         ROT_HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
-                         BLOCK_PASS: tl.constexpr):
-    # a teaching kernel the notebook defines before its exercises (the worked forward)
-    s = tl.program_id(0).to(tl.int64)
-    h = tl.program_id(1).to(tl.int64)
-    offs = tl.arange(0, BLOCK_HALF)
-    mask = offs < ROT_HALF
-    theta1 = tl.load(freqs_ptr + s * 2 * ROT_HALF + offs, mask=mask, other=0.0)
-    theta2 = tl.load(freqs_ptr + s * 2 * ROT_HALF + ROT_HALF + offs, mask=mask, other=0.0)
-    c1, s1, c2, s2 = tl.cos(theta1), tl.sin(theta1), tl.cos(theta2), tl.sin(theta2)
-    p = 2 * ROT_HALF + tl.arange(0, BLOCK_PASS)
-    for b in range(0, B):
-        x_row = x_ptr + s * sxs + b * sxb + h * sxh
-        y_row = y_ptr + s * sys_ + b * syb + h * syh
-        x1 = tl.load(x_row + offs * sxd, mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(x_row + (offs + ROT_HALF) * sxd, mask=mask, other=0.0).to(tl.float32)
-        tl.store(y_row + offs, (x1 * c1 - x2 * s1).to(y_ptr.dtype.element_ty), mask=mask)
-        tl.store(y_row + ROT_HALF + offs, (x2 * c2 + x1 * s2).to(y_ptr.dtype.element_ty),
-                 mask=mask)
-        tl.store(y_row + p, tl.load(x_row + p * sxd, mask=p < D), mask=p < D)
+_NOTEBOOK_ANSWER = """
 
 
 @triton.jit
@@ -239,12 +215,21 @@ def my_batch_reuse_kernel(x_ptr, y_ptr, freqs_ptr, B, sxs, sxb, sxh, sxd, sys_, 
 """
 
 
+def _notebook_cells() -> str:
+    """A notebook's cells as a file: a teaching kernel it defines before its exercises (the
+    worked forward under a teaching name), then an answer that calls it."""
+    teaching = textwrap.dedent(inspect.getsource(gk._rope_batch_reuse_solution_kernel.fn))
+    return ("import triton\nimport triton.language as tl\n\n\n"
+            + teaching.replace("_rope_batch_reuse_solution_kernel", "_rope_batch_reuse_v2")
+            + _NOTEBOOK_ANSWER)
+
+
 def test_batch_reuse_check_refuses_a_kernel_the_notebook_itself_defines(tmp_path, monkeypatch,
                                                                       capsys):
     # notebook 04 defines its versions 1 and 2 in cells: neither file nor name is ropelib's, so
     # only the notebook's namespace says they are the notebook's and not the learner's
     path = tmp_path / "notebook_cells.py"
-    path.write_text(_NOTEBOOK_CELLS, encoding="utf-8")
+    path.write_text(_notebook_cells(), encoding="utf-8")
     cells = load_file("notebook_cells", path)
     answer = cells.my_batch_reuse_kernel
     assert gk.check_batch_reuse_kernel(answer) is True       # outside a notebook: a helper
