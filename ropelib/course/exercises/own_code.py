@@ -1008,9 +1008,9 @@ def listed_as_tensor(answer, expected):
 def notebook_kernels() -> tuple:
     """The `@triton.jit` kernels the running notebook defines (its `__main__` namespace), less
     the learner's own (named `my_...`, or bound to such a name too): the kernels a notebook
-    teaches before its exercises. A
-    kernel check bars them, as it bars ropelib's, so an answer that launches one or calls it as
-    a helper is refused. Outside a notebook, whatever `__main__` holds."""
+    teaches before its exercises. A kernel check bars them, as it bars ropelib's, so an answer
+    that launches one or calls it as a helper is refused. Outside a notebook, whatever
+    `__main__` holds."""
     main = sys.modules.get("__main__")
     names = dict(vars(main)) if main is not None else {}
     kernels = [(key, obj) for key, obj in names.items() if _is_jit(obj)]

@@ -218,5 +218,3 @@ def provider(kernel, block_rows: int = 16, name: str = "yours"):
         return compare.teaching_kernel_supports(config, power_of_two_head_dim=True)
     return compare.Provider(name, True, "", fn, supports,
                             description=f"your kernel, {block_rows} rows a program")
-
-
