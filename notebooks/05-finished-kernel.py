@@ -2776,7 +2776,7 @@ def time_against_copy(x, y, want, yours, solution, others=()):
     copy_ms = do_bench(lambda: y.copy_(x), quantiles=[0.5, 0.2, 0.8])
     for name, run in {"y.copy_(x)": None, **timed}.items():
         ms = copy_ms if run is None else do_bench(run, quantiles=[0.5, 0.2, 0.8])
-        print(f"  {name:22s} {ms[0] * 1e3:7.1f} us ({ms[1] * 1e3:.1f}-{ms[2] * 1e3:.1f})  "
+        print(f"  {name:26s} {ms[0] * 1e3:7.1f} us ({ms[1] * 1e3:.1f}-{ms[2] * 1e3:.1f})  "
               f"{copy_ms[0] / ms[0]:.2f} of a copy")
 
 

@@ -1,7 +1,7 @@
 """Notebook 07's kernel exercise (ropelib/course/exercises/yardstick.py): the check passes a
 learner's own copy of the copy-and-rotate kernel, refuses the worked solution and ropelib's
 answers, and catches the mistakes such a kernel is written with; the kernel runs as a provider
-beside the others and through the race's timings."""
+beside the others (notebook 07 runs its race itself, and the notebook runs in the suite)."""
 import os
 from pathlib import Path
 
