@@ -44,6 +44,8 @@
 #                                        # shapes of the same bytes under Nsight Compute (~1 min)
 #   bash benchmarks/gpu_run.sh b1_gap-ncu  # batch 1: the flat pass beside torch.compile's kernel
 #                                          # and an element-wise copy under Nsight Compute
+#   bash benchmarks/gpu_run.sh contiguous-ncu  # notebook 06's .contiguous() of a stride-0
+#                                        # gradient beside a fill and a copy (~1 min)
 #   bash benchmarks/gpu_run.sh rows-ncu    # notebook 03's exercise 5 at 1-8 rows a program, beside
 #                                        # notebook 04's kernel, under Nsight Compute (~1 min)
 #   bash benchmarks/gpu_run.sh naive_warps-ncu  # notebook 03's naive kernel at 1, 2, 4, 8 warps
@@ -229,7 +231,7 @@ lts__t_sector_hit_rate.pct,l1tex__t_sector_hit_rate.pct,launch__grid_size \
                 echo "=== tables: no ncu on this machine: the Nsight Compute part is skipped"
             fi
             step hf-tables "$PY" benchmarks/hf_tables_probe.py ;;
-        decode-ncu|puzzle9-ncu|te-ncu|mrope_angles-ncu|naive_warps-ncu|rows-ncu|ladder_stalls-ncu|qk_norm-ncu|b1_gap-ncu)
+        decode-ncu|puzzle9-ncu|te-ncu|mrope_angles-ncu|naive_warps-ncu|rows-ncu|ladder_stalls-ncu|qk_norm-ncu|b1_gap-ncu|contiguous-ncu)
             # a probe's launches under Nsight Compute with the warp-state metrics
             # (compare.WARP_STATE_METRICS): decode-ncu, ropelib's decode kernel (angles, and a
             # cos/sin table) beside torch.compile's kernel of Hugging Face's formula
@@ -244,7 +246,9 @@ lts__t_sector_hit_rate.pct,l1tex__t_sector_hit_rate.pct,launch__grid_size \
             # ladder_stalls-ncu, notebook 05's ladder rungs at b = 8 and b = 1
             # (benchmarks/ladder_stalls_ncu.py); qk_norm-ncu, QK-norm + RoPE forward+backward at
             # b8 s4096 and b2 s16384 (benchmarks/qk_norm_ncu.py); b1_gap-ncu, the flat pass at batch
-            # 1 beside torch.compile's kernel and an element-wise copy (benchmarks/b1_gap_ncu.py)
+            # 1 beside torch.compile's kernel and an element-wise copy (benchmarks/b1_gap_ncu.py);
+            # contiguous-ncu, notebook 06's .contiguous() of a stride-0 gradient beside a fill and
+            # a copy of the same elements (benchmarks/contiguous_ncu.py)
             probe=${what%-ncu}_ncu
             # NCU_CLOCK=none: the clock left free (Nsight Compute locks it to base unless told);
             # the file's name says so
@@ -313,7 +317,7 @@ print('# what: Nsight Compute (--profile-from-start off --csv${NCU_CLOCK:+ --clo
                 ${ONLY:+--only "$ONLY"}
             [ -n "${OUT:-}" ] && tar czf "$OUT/executed-$tag.tar.gz" -C "$executed" . ;;
         *)
-            echo "unknown step: $what (tests, targets, floor, two-pass, decode, decode-ncu, puzzle9-ncu, te-ncu, mrope_angles-ncu, naive_warps-ncu, rows-ncu, ladder_stalls-ncu, qk_norm-ncu, b1_gap-ncu, model, sweeps, ablation, ladder, features, qkv-backward, qkv-mainloop, qkv-forward-ab, qkv-table-flag, tables, fwdbwd, fwdbwd-mid, probes, course, notebooks)"; exit 2 ;;
+            echo "unknown step: $what (tests, targets, floor, two-pass, decode, decode-ncu, puzzle9-ncu, te-ncu, mrope_angles-ncu, naive_warps-ncu, rows-ncu, ladder_stalls-ncu, qk_norm-ncu, b1_gap-ncu, contiguous-ncu, model, sweeps, ablation, ladder, features, qkv-backward, qkv-mainloop, qkv-forward-ab, qkv-table-flag, tables, fwdbwd, fwdbwd-mid, probes, course, notebooks)"; exit 2 ;;
     esac
 done
 exit $rc

@@ -146,6 +146,24 @@ def test_rows_profile_launches_agree_and_list_their_metrics(benchmark, capsys):
     assert len(listed) == len(set(listed))
 
 
+def test_contiguous_profile_launches_agree_and_list_their_metrics(benchmark, capsys):
+    # notebook 06's .contiguous() of a stride-0 gradient, then the fill it is compared with, in
+    # the order notebook 06 reads the profile's kernels in
+    probe = benchmark("contiguous_ncu")
+    calls, (g_sum,) = probe.launches("cpu")
+    assert [label for label, _ in calls] == ["expand -> contiguous", "fill"]
+    assert g_sum.stride() == (0, 0, 0, 0)
+    assert probe.main(["--check"]) == 0
+    assert capsys.readouterr().out.startswith("check: expand -> contiguous, fill")
+    assert probe.main(["--metrics"]) == 0
+    listed = capsys.readouterr().out.strip().split(",")
+    for metric in ("dram__bytes_write.sum", "gpu__time_duration.sum", "smsp__inst_executed.sum",
+                   "smsp__sass_inst_executed_op_global_st.sum",
+                   "sm__warps_active.avg.pct_of_peak_sustained_active"):
+        assert metric in listed                      # what notebook 06 reads
+    assert len(listed) == len(set(listed))
+
+
 def test_metrics_nsight_compute_does_not_list_are_kept_only_if_launch_metrics(tmp_path, capsys,
                                                                              benchmark):
     # `ncu --query-metrics` lists counter metrics only; the launch's registers and occupancy
