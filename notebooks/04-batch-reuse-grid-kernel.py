@@ -53,6 +53,7 @@ import statistics
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -74,8 +75,12 @@ from ropelib.kernels.launch import two_pass_min_bytes   # where apply_rope takes
 ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "ropelib").is_dir())
 FIGURES = ropelib.runtime.figures_dir()   # a scratch folder (ROPELIB_WRITE_FIGURES=1: figures/)
 sys.path.insert(0, str(ROOT / "benchmarks"))
-# benchmarks/ablation.py: times the ablation, prints its table
-import ablation as ablation_bench  # noqa: E402
+# benchmarks/ablation.py: times the ablation, prints its table. It imports Transformer Engine
+# where installed, which warns about its Jax extension; this notebook uses no Jax
+with warnings.catch_warnings():
+    warnings.filterwarnings("ignore", category=RuntimeWarning,
+                            message="Detected a Jax installation but could not find")
+    import ablation as ablation_bench  # noqa: E402
 import generations  # benchmarks/generations.py: the measurement and the figure  # noqa: E402
 
 GPU = runtime.on_gpu()
@@ -124,11 +129,19 @@ assert bill["naive"][1] == 2 * x_bytes                   # 2 GiB of angles for 1
 raw_ncu = measured.RESULTS / "mechanism-te-nvidia-h200-ncu-raw.csv"
 device_attrs = next(r for r in csv.DictReader(compare.ncu_table(raw_ncu.read_text()))
                     if r["Kernel Name"])   # the first kernel's row (the row above it: units)
-l2_bytes = int(device_attrs["device__attribute_l2_cache_size"].replace(",", ""))
-print(f"L2 of the H200: "
+
+
+def device_attr(name):
+    """An attribute of the profiled GPU, as Nsight Compute recorded it (device__attribute_...)."""
+    return int(device_attrs[f"device__attribute_{name}"].replace(",", ""))
+
+
+GPU_NAME = device_attrs["device__attribute_display_name"]
+l2_bytes = device_attr("l2_cache_size")
+print(f"L2 of the {GPU_NAME}: "
       f"{l2_bytes / 2**20:.0f} MiB (Nsight Compute's device__attribute_l2_cache_size); "
       f"the table is {Sr * Dr * 4 / l2_bytes:.0%} of it")
-assert l2_bytes == 62_914_560 and l2_bytes / 2**20 == 60
+assert GPU_NAME == "NVIDIA H200" and l2_bytes == 62_914_560 and l2_bytes / 2**20 == 60
 
 # %% [markdown]
 # The naive kernel requests 2 GiB of angles to rotate 1 GiB of data: twice the tensor
@@ -661,7 +674,12 @@ if GEN_CSV.exists():   # read by the cell of section 5.1
     # the program count, in the batch sweep (s=4096, h=32): the naive kernel launches S*B*H
     # programs, the batch-reusing grid S*H whatever B
     sweep = {(r["case"], r["provider"]): r for r in gen_rows if r["group"] == "batch"}
-    n_sm = 132                                        # the H200's SMs
+    # the SMs of the GPU that ran it: the committed profile's device record (section 1), of the
+    # same GPU model as this CSV's, and the device's own count where it is that GPU
+    n_sm = device_attr("multiprocessor_count")
+    assert GPU_NAME == gen_meta["gpu"], (GPU_NAME, gen_meta["gpu"])
+    if GPU and torch.cuda.get_device_name() == GPU_NAME:
+        assert torch.cuda.get_device_properties(0).multi_processor_count == n_sm
     ns_naive = {}
     for (case, prov), r in sweep.items():
         if prov == "ropelib_naive":
@@ -688,6 +706,7 @@ if GEN_CSV.exists():   # read by the cell of section 5.1
               f"{live_br[1] * 1e3:.1f} us: ratio {live_br[1] / live_br[0]:.3f}")
     assert (round(ns_naive[1]), round(ns_naive[16])) == (84, 80)
     assert (round(br1 * 1e3, 1), round(br2 * 1e3, 1)) == (84.6, 84.7)
+    assert round(br2 / br1, 3) == 1.002
 else:
     print(f"{GEN_CSV.relative_to(ROOT)} is not there yet: run "
           "`python benchmarks/generations.py` on a GPU to measure and draw it.")
@@ -724,9 +743,10 @@ else:
 #    instructions per element, and issuing them takes two-thirds of its time. At $b = 1$ the
 #    grid is back to one row per program and TE is faster (sections 5.4 to 5.6).
 #
-# On the way, section 5.4 shows where the grid's own limit lies, which notebook 05 takes up:
-# with programs few enough, variants that let an SM's warps ask for more bytes of $x$ at once
-# (more heads per program) get faster, up to a point.
+# On the way, section 5.4 looks at where the grid's own limit lies, which notebook 05 takes up:
+# variants with more heads per program get faster, up to a point. They ask for more bytes of
+# $x$ per SM at once *and* launch fewer programs, and the committed profile cannot say which of
+# the two does it.
 #
 # `benchmarks/ablation.py` times, at bf16 sbhd $s = 4096, b = 8, h = 32, d = 128$ and at
 # $s = 32768, b = 1$ (the same bytes), a device copy, TE's fused kernel (when Transformer
@@ -983,7 +1003,8 @@ if ABLATION_CSV.exists():
         t = {r["variant"]: r["ms"] for r in arows if r["case"] == case and r.get("ms")}
         unroll = t["sh_loop_b"] / t["sh_loop_b_unrolled"]
         print(f"{case}: sh_loop_b / sh_loop_b_unrolled = {unroll:.3f}, "
-              f"{abs(unroll - 1) * 100:.1f} % apart; the run's widest 20-80 % spread {spread:.1f} %")
+              f"{abs(unroll - 1) * 100:.1f} % apart; "
+              f"the run's widest 20-80 % spread {spread:.1f} %")
         assert abs(unroll - 1) * 100 < spread and abs(unroll - 1) < 0.01, (case, unroll, spread)
     # program granularity against cos/sin: what B rows per program are worth, and what all the
     # grid's sin/cos work costs (tables instead), with B rows a program and with one
@@ -1056,25 +1077,38 @@ else:
 #   80 ns per program on each SM, the time the GPU takes to start and retire them.
 #   `sh_one_b_table`, with no sine or cosine at all, is one of them: at one row per program
 #   cos/sin cost no measurable time. The cell prints the three times beside the empty kernel's.
-# - **More KiB requested per SM, faster, up to a point.** The batch-reuse kernel's one-warp
-#   programs fill at most half of an SM's warp slots (32 programs per SM), and each warp asks
-#   for one 256-byte row per step. Two warps on the same tile (`sh_loop_b_w2`) nearly double the
-#   occupancy but halve the bytes each warp holds: the same KiB per SM, the same time. Four
-#   warps on that tile (`sh_loop_b_w4`) cannot raise the occupancy further but halve the bytes
-#   per warp again, and the SM's 64 warp slots now hold only 16 four-warp programs: half the KiB
-#   per SM, and 1.6 times the time. It also executes twice the warp instructions per element of
-#   `sh_loop_b_w2`, 1.39, more than TE's 1.23, because each element of its 64-element half-row
-#   is held, loaded and computed by two of its 128 threads (section 5.5 compiles it); this pair
-#   cannot separate the bytes requested from the duplicated instructions. Four heads per
-#   program on two warps (`heads4_loop_b`) raise both occupancy and bytes per warp: several
-#   times the KiB per SM and, at $b = 8$, a time level with the finished kernel's (at $b = 1$ it
-#   is slower: 175 µs against 138, section 5.3).
+# - **More KiB requested per SM goes with less time, up to a point, but is not shown to be the
+#   cause.** The batch-reuse kernel's one-warp programs fill at most half of an SM's warp slots
+#   (32 programs per SM), and each warp asks for one 256-byte row per step. Two warps on the
+#   same tile (`sh_loop_b_w2`) nearly double the occupancy but halve the bytes each warp holds:
+#   the same KiB per SM and the same time, with more warp instructions per element (0.69
+#   against `sh_loop_b`'s 0.49). Four warps on that tile (`sh_loop_b_w4`) cannot raise the
+#   occupancy further but halve the bytes per warp again, and the SM's 64 warp slots now hold
+#   only 16 four-warp programs: half the KiB per SM, and 1.6 times the time. It also executes
+#   twice the warp instructions per element of `sh_loop_b_w2`, 1.39, more than TE's 1.23,
+#   because each element of its 64-element half-row is held, loaded and computed by two of its
+#   128 threads (section 5.5 compiles it). Four heads per program on two warps
+#   (`heads4_loop_b`) raise both occupancy and bytes per warp: several times the KiB per SM
+#   and, at $b = 8$, a time level with the finished kernel's (at $b = 1$ it is slower: 175 µs
+#   against 138, section 5.3); it also launches a quarter of the programs.
 #
-#   The bound orders the times only up to a point. Among the Triton kernels of the figure with
-#   at most 131,072 programs and under one warp instruction per element, the time falls as the
-#   KiB per SM rises below 25 KiB (a correlation of −0.95 over 10 kernels) and does not follow
-#   it above 28 KiB (0.04 over 12 kernels, all between 126 and 147 µs). What sets the time
-#   there is notebook 05's subject.
+#   That is the catch in every comparison here: what changes the KiB per SM changes something
+#   else with it. More warps on one tile lower the KiB and raise the instructions per element
+#   together; more heads per program raise the KiB and cut the programs together. Among the
+#   Triton kernels of the figure with at most 131,072 programs and under one warp instruction
+#   per element, the 10 below 25 KiB per SM take less time the more KiB they request (a
+#   correlation of −0.95), but their time follows their program count as closely (+0.97), and
+#   the two move together (−0.93). The closest pair, `sh_loop_b_table` and `heads2_loop_b` (one
+#   warp, 48 % occupancy, 8 steps, 0.31 and 0.33 warp instructions per element), changes both:
+#   twice the KiB and half the programs, 170 to 148 µs. One pair speaks against the program
+#   count alone: `heads2_loop_b` and `heads8_loop_b_w8` ask for about the same KiB per SM (15.4
+#   and 13.9) with four times different program counts (65,536 and 16,384) and take the same
+#   time (148 and 147 µs), though they differ in warps and instructions too. Above 28 KiB the
+#   time no longer follows the KiB (0.04 over 12 kernels, all between 126 and 147 µs); what
+#   sets it there is notebook 05's subject. Measuring the bytes in flight alone would take one
+#   kernel launched with the same programs and instructions but fewer of them resident on an SM
+#   (reserving shared memory it does not use, say), so that only the resident warps, and with
+#   them the KiB per SM, change.
 # - **Instructions count where nothing amortises them.** TE's grid written in Triton
 #   (`heads_all_one_b`: one program per token and batch row, all heads) asks for as many bytes
 #   per SM as `heads4_loop_b`, but executes several times as many instructions per element,
@@ -1169,6 +1203,33 @@ assert [(len(p), round(statistics.correlation(*zip(*p)), 2)) for p in kib.values
     == [(10, -0.95), (12, 0.04)]
 assert max(kib[False])[0] < 22 < 28 < min(kib[True])[0]
 assert (round(min(u for _, u in kib[True])), round(max(u for _, u in kib[True]))) == (126, 147)
+# ... but below 25 KiB the program count follows the time as closely: the two move together
+below25 = [r for r in lean if r["x_kib_per_sm"] < 25]
+
+
+def corr(a, b):
+    return statistics.correlation([r[a] for r in below25], [r[b] for r in below25])
+
+
+print(f"the same {len(below25)} kernels: correlation of time with programs "
+      f"{corr('programs', 'us'):+.2f}, of KiB/SM with programs "
+      f"{corr('x_kib_per_sm', 'programs'):+.2f}")
+assert (round(corr("programs", "us"), 2), round(corr("x_kib_per_sm", "programs"), 2)) \
+    == (0.97, -0.93)
+# the closest pair changes both; a pair at about the same KiB with 4x the programs: same time
+tab, h2, h8w8 = mech["sh_loop_b_table"], mech["heads2_loop_b"], mech["heads8_loop_b_w8"]
+for r in (tab, h2, h8w8):
+    print(f"  {r['variant']:16} {r['x_kib_per_sm']:5.1f} KiB/SM, {r['programs']:7,} programs, "
+          f"{r['num_warps']} warp(s), occupancy {r['ncu_achieved_occupancy_pct']:.0f} %, "
+          f"{r['ncu_warp_inst_per_element']:.2f} warp inst/elem: {r['us']:.0f} us")
+assert tab["num_warps"] == h2["num_warps"] == 1 and tab["steps"] == h2["steps"] == 8
+assert round(tab["ncu_achieved_occupancy_pct"]) == round(h2["ncu_achieved_occupancy_pct"]) == 48
+assert [round(r["ncu_warp_inst_per_element"], 2) for r in (tab, h2)] == [0.31, 0.33]
+assert tab["programs"] == 2 * h2["programs"]
+assert round(h2["x_kib_per_sm"] / tab["x_kib_per_sm"]) == 2
+assert [round(r["us"]) for r in (tab, h2, h8w8)] == [170, 148, 147]
+assert [round(r["x_kib_per_sm"], 1) for r in (h2, h8w8)] == [15.4, 13.9]
+assert (h2["programs"], h8w8["programs"]) == (65_536, 16_384)
 
 
 def same_time(a, b, tol=0.05):
@@ -1220,12 +1281,18 @@ assert mech["sh_one_b"]["programs"] == mech["naive"]["programs"] \
 assert mech["sh_one_b"]["us"] > 3 * mech["sh_loop_b"]["us"]
 assert b1["batch_reuse"]["programs"] == b1["naive"]["programs"]
 assert same_time(b1["batch_reuse"], b1["naive"])
-# bytes in flight: occupancy alone (two warps, same tile) changes nothing; occupancy and bytes do
+# KiB per SM: occupancy alone (two warps, same tile) changes nothing; more heads per program
+# (more occupancy and bytes per warp, and fewer programs) is faster
 br, w2, h4 = mech["batch_reuse"], mech["sh_loop_b_w2"], mech["heads4_loop_b"]
 assert br["occ_limiter"] == "blocks" and br["occ_theoretical_pct"] == 50
+# an SM's 64 warp slots and 32 resident programs at most (the device record of section 1)
+assert (device_attr("max_warps_per_multiprocessor"), device_attr("max_blocks_per_multiprocessor")) \
+    == (64, 32)
 assert br["num_warps"] == 1 and br["x_bytes_per_warp_step"] == 256   # one 256-byte row a step
 assert w2["ncu_achieved_occupancy_pct"] > 1.5 * br["ncu_achieved_occupancy_pct"]
 assert same_time(w2, br)
+assert [round(mech[v]["ncu_warp_inst_per_element"], 2) for v in ("sh_loop_b_w2", "sh_loop_b")] \
+    == [0.69, 0.49]
 assert abs(w2["x_kib_per_sm"] - br["x_kib_per_sm"]) < 0.1 * br["x_kib_per_sm"]
 w4 = mech["sh_loop_b_w4"]       # the SM full, half the bytes per warp again: half the KiB, slower
 assert w4["ncu_achieved_occupancy_pct"] > 90 and w4["occ_blocks_per_sm"] == 16
@@ -1235,6 +1302,7 @@ assert 1.8 < w4["ncu_warp_inst_per_element"] / w2["ncu_warp_inst_per_element"] <
 assert h4["ncu_achieved_occupancy_pct"] > 1.5 * br["ncu_achieved_occupancy_pct"]
 assert h4["x_kib_per_sm"] > 3 * br["x_kib_per_sm"] and h4["us"] < 0.8 * br["us"]
 assert same_time(h4, mech["ropelib"], tol=0.03)          # level with the finished kernel, b = 8
+assert 4 * h4["programs"] == br["programs"]              # ... with a quarter of the programs
 # ... at b = 8 only: the ablation's timings of the two at both sizes
 h4_t = {case: measured.timings("ablation", case) for case in ("s4096-b8", "s32768-b1")}
 print("heads4_loop_b against the finished kernel (ablation): " + "; ".join(
@@ -1244,7 +1312,7 @@ assert abs(h4_t["s4096-b8"]["heads4_loop_b"]["ms"] / h4_t["s4096-b8"]["ropelib_f
            - 1) < 0.03
 assert [round(h4_t["s32768-b1"][v]["ms"] * 1e3) for v in ("heads4_loop_b", "ropelib_finished")] \
     == [175, 138]
-h2 = mech["heads2_loop_b"]      # two heads, one warp: the occupancy of batch_reuse, twice its KiB
+# two heads, one warp (h2, above): the occupancy of batch_reuse, twice its KiB, half its programs
 assert abs(h2["ncu_achieved_occupancy_pct"] - br["ncu_achieved_occupancy_pct"]) < 2
 assert h2["x_kib_per_sm"] > 1.9 * br["x_kib_per_sm"] and h2["us"] < 0.9 * br["us"]
 # instructions: TE's grid in Triton asks for as many bytes, executes far more, and is slower
@@ -1344,7 +1412,10 @@ PROFILED = ["te_fused", "sh_loop_b", "heads_all_one_b", "heads_all_one_b_table",
 launched = measured.ncu_kernels(te_ncu_path)
 assert "fused_rope_forward" in launched[0]["kernel"] and len(launched) == len(PROFILED)
 n_elem = 4096 * 8 * 32 * 128
-SM_PARTITIONS = 4 * 132                                     # H200: 132 SMs of 4 schedulers
+# schedulers (SM sub-partitions), from the device record of section 1: 4 on each of 132 SMs
+SM_PARTITIONS = (device_attr("num_schedulers_per_multiprocessor")
+                 * device_attr("multiprocessor_count"))
+assert te_meta["gpu"] == GPU_NAME and SM_PARTITIONS == 4 * 132
 assert SM_PARTITIONS == 4 * mech["copy"]["sm_count"]       # the SMs section 5.4's profile counted
 THREAD_INST = "smsp__sass_thread_inst_executed_op_"        # thread instructions, by kind
 
@@ -1570,12 +1641,12 @@ import json, sys, torch, triton
 from ropelib.course.kernels import ablation
 from ropelib.course.offline_compile import compile_for_cuda
 from ropelib.kernels import launch
-S, B, H, D = (int(a) for a in sys.argv[1:5])
+S, B, H, D, N_SM = (int(a) for a in sys.argv[1:6])
 x = torch.empty(S, B, H, D, dtype=torch.bfloat16)   # only shapes, strides, dtypes matter
 y, f = torch.empty_like(x), torch.empty(S, D)
 out = {}
 for name, _, _, o in ablation.variants(H):
-    if name not in sys.argv[5:]:
+    if name not in sys.argv[6:]:
         continue
     bpp, bh = o.get("batch_per_program") or B, triton.next_power_of_2(D // 2)
     warps = o.get("num_warps") or ablation.default_warps(o.get("heads_per_program", 1) * bh)
@@ -1587,8 +1658,8 @@ for name, _, _, o in ablation.variants(H):
                 TABLE=bool(o.get("table")), BF16_RTNE=False)
     k = compile_for_cuda(ablation._rope_ablation_kernel, args, num_warps=warps)
     out[name] = dict(num_warps=warps, ttgir=k.asm["ttgir"])
-if "ropelib_finished" in sys.argv[5:]:   # the finished kernel, with the tile it picks on 132 SMs
-    tiles = launch.pick_tiles(S, B, (H, 0), D, D, x.element_size(), 132)
+if "ropelib_finished" in sys.argv[6:]:   # the finished kernel, with the tile it picks on N_SM SMs
+    tiles = launch.pick_tiles(S, B, (H, 0), D, D, x.element_size(), N_SM)
     lau, ptrs = launch.plan(launch.View.of(x), launch.View.of(y), launch.Table(f, None),
                             launch.Positions(), R=D, interleaved=False, backward=False,
                             layout="sbhd", tiles=tiles)
@@ -1604,7 +1675,9 @@ env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
 env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
 env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")   # Triton's default, without its warning
 import subprocess   # noqa: E402
-done = subprocess.run([sys.executable, "-c", CHILD, *map(str, (S_a, B_a, H_a, D_a)), *COMPILED],
+n_sm_profiled = device_attr("multiprocessor_count")   # the H200's SMs (section 1's record)
+done = subprocess.run([sys.executable, "-c", CHILD,
+                       *map(str, (S_a, B_a, H_a, D_a, n_sm_profiled)), *COMPILED],
                       env=env, capture_output=True, text=True, timeout=600)
 import json, re   # noqa: E402, E401
 ttgir = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
@@ -1676,6 +1749,8 @@ else:
     assert [rep[f"sh_loop_b_w{w}"][0] for w in (2, 4, 8)] == [1, 2, 4]
     # the finished kernel: one program per position with the tile it picks here, so its 32
     # copies make as many cos/sin per position as the batch-reusing grid's
+    # section 6 quotes the finished kernel's x tile: 4 bf16 (8 bytes) a thread along the head dim
+    assert "sizePerThread = [1, 1, 4]" in rep["ropelib_finished"][2]
     fin = source["ropelib_finished"] * rep["ropelib_finished"][0]
     assert source["ropelib_finished"] == D_a and fin == source["sh_loop_b"] == 4096
 
@@ -1738,7 +1813,8 @@ assert "--clock-control none" in free_meta["what"]
 assert [k["kernel"] for k in free_launched] == [k["kernel"] for k in launched]
 STALLED = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
 NOT_STALLS = ("selected", "not_selected")                  # issuing, and ready but not picked
-WARPS_PER_SCHEDULER = 16                                    # H200: 64 warps an SM, 4 schedulers
+WARPS_PER_SCHEDULER = device_attr("max_warps_per_scheduler")   # 64 warps an SM, 4 schedulers
+assert WARPS_PER_SCHEDULER * 4 == device_attr("max_warps_per_multiprocessor") == 64
 top_ghz = int(device_attrs["device__attribute_clock_rate"].replace(",", "")) / 1e6
 
 
