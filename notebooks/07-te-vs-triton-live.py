@@ -154,13 +154,14 @@ if "torch.compile" in head:
 # ones, and each forward median beside its 20th and 80th percentiles:
 #
 # - ropelib's forward+backward can take longer than TE's: section 7 finds out why (the host).
-# - ropelib's forward median need not show its kernel's speed. The committed sweeps put its
-#   forward at this 64 MiB shape near a copy's speed and well ahead of TE's fused kernel
-#   (section 5), and its kernels replayed from a CUDA graph in the runs of 7.5 and 7.6 ran at
-#   0.94 to 0.96 of a copy's speed; yet a live median can land far below the copy, behind TE's,
-#   with its 20th percentile still near the copy. A 20th percentile near the copy says the
-#   kernel can run at the copy's speed; a median far below it says some calls pay a cost the
-#   others do not, the kind of cost section 7 traces to the host.
+# - ropelib's forward median need not show its kernel's speed. At this 64 MiB shape the
+#   committed sweeps put its forward near a copy's speed and well ahead of TE's fused kernel
+#   (section 5), and replayed from a CUDA graph (7.5, 7.6) it ran at 0.94 to 0.96 of a copy's.
+#   A live median far below those says some calls paid a cost the committed runs did not.
+#   This notebook does not measure what that cost is. It need not be the host's: the host's
+#   work for one forward at decode size (21 µs, section 5) fits inside the memset `do_bench`
+#   runs before each call (7.3). Timing this very call with exercise 2's `host_or_device`
+#   would tell the host's share from the device's.
 # - torch.compile's forward may likewise land near the copy or far below it: at this shape its
 #   time is the host's, which varies from run to run (section 5).
 #
@@ -276,7 +277,8 @@ if GPU and SEED_CSV.exists():
 #
 # - **a pre-pass of 256 (token, pair) entries a program, and the flat pass launched early on
 #   sm_90+.** The floor run and the two `mid_fwdbwd` logs include both (7.6 times each of them
-#   on and off); the sweeps and the profile were measured without them;
+#   on and off); the sweeps were measured without them (the host profile and probe too, at
+#   decode size, where the route is not taken);
 # - **the flat pass reading only half of the pre-pass's cos/sin rows where every pair's two
 #   members are equal.** No file below includes it: notebook 05, section 6, measures what it
 #   adds (`half_rows_probe-nvidia-h200-20261202-0822.csv`).
@@ -290,6 +292,7 @@ if GPU and SEED_CSV.exists():
 # | `figures/02-unfused-kernels.csv` | notebook 02's profile of eager PyTorch's ten kernels | 5 |
 # | `floor-nvidia-h200.csv` | host time per eager call at decode size (its `decode host` rows, all from the run that wrote the file; its large-tensor rows, measured again later, are not read here) | 5, 7.1, 7.3, 7.5 |
 # | `host-profile-nvidia-h200-20261201.txt` | where the host's time goes, by cProfile | 7.4 |
+# | `autograd_host-nvidia-h200-20261130-1352.log`, `-1436.log` | the host's time per call at decode size, ropelib beside TE, taken apart | 7.4 |
 # | `mid_fwdbwd_variants-nvidia-h200-20261201-1444.log` | ropelib alone at 64 and 256 MiB, replayed, each change on and off | 7.6 |
 # | `mid_fwdbwd-nvidia-h200-20261201-2307.log` | the host and the device side by side at 64 and 256 MiB, ropelib, torch.compile, TE | 7.5 |
 
@@ -307,16 +310,18 @@ def measured_when(path):
     return meta.get("gpu", path.name.split("-nvidia-")[-1].split("-")[0]), date
 
 
+AUTOGRAD_LOGS = [RESULTS / f"autograd_host-nvidia-h200-20261130-{t}.log"
+                 for t in ("1352", "1436")]
 PROVENANCE = [SEED_CSV, FIGURES / "02-unfused-kernels.csv", RESULTS / "floor-nvidia-h200.csv",
               RESULTS / "host-profile-nvidia-h200-20261201.txt",
-              RESULTS / "mid_fwdbwd_variants-nvidia-h200-20261201-1444.log",
+              *AUTOGRAD_LOGS, RESULTS / "mid_fwdbwd_variants-nvidia-h200-20261201-1444.log",
               RESULTS / "mid_fwdbwd-nvidia-h200-20261201-2307.log"]
 when = {p.name: measured_when(p) for p in PROVENANCE if p.exists()}
 for name, (gpu, date) in when.items():
     print(f"{name:52s} {gpu:12s} {date or '(no date recorded)'}")
 assert all("h200" in gpu.lower() for gpu, _ in when.values())
 # the last two files and the floor run measured ropelib after both changes to the two-pass route
-# (the first of the two files times each change on and off); the sweeps and the profile before
+# (the first of the two files times each change on and off); the sweeps and host probes before
 after = [PROVENANCE[2], *PROVENANCE[-2:]]
 assert [when[p.name][1] for p in PROVENANCE[-2:]] == ["2026-12-01 14:44", "2026-12-01 23:07"]
 assert all(when[p.name][1] >= "2026-12-01 14:44" for p in after)
@@ -799,6 +804,16 @@ if len(models) == 2:
 # above the copy's at every size. Eager PyTorch's lie higher still at every size but one: TE's
 # fp32 point at $S = 1792$ took 702 µs, an outlier of the kind that leaves a fitted line
 # meaning nothing (printed, checked).
+#
+# **Why there is no line.** $t_0 + N/\text{BW}$ describes a call that waits for its kernels.
+# ropelib's does not: two copies of a point's bytes take at most 127 µs here (fp32, the longest
+# sequence), and its kernels run near two copies (0.94 to 0.96 of them at 64 MiB, 7.5), but its
+# host needs 205 µs to issue one eager forward+backward (the floor run, at decode size; 234 to
+# 344 µs at 64 MiB in 7.5). So each of ropelib's points times its host, whose work does not
+# follow the bytes and varies from call to call: the intercepts (132 to 185 µs, printed) give
+# the level the points scatter around, not a cost paid before a byte moves, and the slopes fit
+# the scatter. TE's kernels take longer and its host less (7.5), so its points may mix the two
+# sides; this sweep cannot say which side timed each. Section 7 separates them.
 
 # %%
 if len(models) == 2:
@@ -810,6 +825,15 @@ if len(models) == 2:
                                         for r in got], [r["fwdbwd_ms"] for r in got])
             print(f"{d} {prov:9s} forward+backward, a line through the points: "
                   f"t0 {fwdbwd_fits[d, prov][0]:5.0f} us, {fwdbwd_fits[d, prov][1]:8.0f} GB/s")
+    # why: at every point two copies of the bytes take less than ropelib's host needs to issue
+    # one eager forward+backward (the floor run, decode size): its times are the host's
+    host_fb = {r["provider"]: r["ms"] * 1e3 for r in floor_rows
+               if r["case"] == "decode host forward+backward sbhd"}
+    copies_us = max(r["copy_fwdbwd_ms"] for d in DTYPES for r in models[d]["ropelib"]["rows"]) * 1e3
+    print(f"two copies of a point's bytes: at most {copies_us:.0f} us; ropelib's host per eager "
+          f"forward+backward: {host_fb['ropelib']:.0f} us (floor run, decode size)")
+    assert round(copies_us) == 127 and copies_us < host_fb["ropelib"]
+    assert [round(f(v[0] for v in fwdbwd_fits.values())) for f in (min, max)] == [132, 185]
     negative = [k for k, (t0_, bw) in fwdbwd_fits.items() if bw < 0]
     assert sorted(negative) == [("bf16", "ropelib"), ("bf16", "te_fused"), ("fp32", "te_fused")]
     assert [round(v) for v in fwdbwd_fits["fp32", "ropelib"]] == [173, 3868]
@@ -899,6 +923,12 @@ if len(models) == 2:
 # shapes side by side; and it is not the whole story, since the host issues the same calls in
 # fp32 and bf16 yet ropelib's medians differ (218 µs against 158 µs, printed in 6.2). Section 7.3
 # measures one call three ways in one process.
+#
+# The same run timed the host in four decode cases (sbhd, bshd, thd, sbhd with start
+# positions). In every one, ropelib's host took 1.29 to 1.48 times TE's for a forward+backward
+# (38 to 67 µs more a call), and 0.76 to 1.03 times TE's for a forward without gradients
+# (printed, checked): the host work ropelib adds over TE comes with the gradients. Section 7.4
+# takes it apart.
 
 # %%
 # the host's time per eager call, measured on its own (floor suite)
@@ -913,6 +943,21 @@ if len(models) == 2:
     print("batch-1 median / host time per call:",
           {f"{d} {p}": round(v, 2) for (d, p), v in over_host.items()})
     assert (round(min(over_host.values()), 2), round(max(over_host.values()), 2)) == (0.77, 1.06)
+# ropelib's host time over TE's in each decode case of the same run: forward, forward+backward
+DECODE = ("sbhd", "bshd", "thd", "sbhd start positions")
+host_us = {(r["case"], r["provider"]): r["ms"] * 1e3 for r in floor_rows}
+pair = lambda k, c: (host_us[f"decode host {k} {c}", "ropelib"],
+                     host_us[f"decode host {k} {c}", "te_fused"])
+over_te = {(c, k): pair(k, c)[0] / pair(k, c)[1] for c in DECODE
+           for k in ("forward", "forward+backward")}
+more_us = [pair("forward+backward", c)[0] - pair("forward+backward", c)[1] for c in DECODE]
+for c in DECODE:
+    print(f"  decode {c:21s} ropelib's host / TE's: forward {over_te[c, 'forward']:.2f}, "
+          f"forward+backward {over_te[c, 'forward+backward']:.2f}")
+assert {measured.floor_run_date(floor_meta, f"decode {c}") for c in DECODE} == {decode_date}
+span_te = lambda k: tuple(round(f(over_te[c, k] for c in DECODE), 2) for f in (min, max))
+assert span_te("forward+backward") == (1.29, 1.48) and span_te("forward") == (0.76, 1.03)
+assert (round(min(more_us)), round(max(more_us))) == (38, 67)
 
 # %% [markdown]
 # ### 7.2 Host or device? Time a call three ways
@@ -1057,7 +1102,7 @@ if GPU and {"ropelib", "te_fused"} <= available:
 # gradient into `x.grad` (a third kernel, launched from C++, that the timed calls do not make,
 # so the backward's shares include it); cProfile adds its own cost to every Python call, so read
 # shares, not times; and the profile is of ropelib alone, so it does not say why TE's call takes
-# less.
+# less. The probe after it does.
 
 # %%
 import re
@@ -1097,6 +1142,65 @@ for what, (seconds, pct) in stated_shares.items():
     share = 100 * seconds / step["cumtime"]
     print(f"{what:31s} {share:5.1f} % of the host time (the text: {pct} %)")
     assert abs(share - pct) <= 0.5, (what, share, pct)     # the text rounds to whole per cent
+
+# %% [markdown]
+# **Beside TE.** Autograd's engine is the largest item above, but TE's call goes through autograd
+# too. `benchmarks/autograd_host_probe.py` timed the host's work per eager forward+backward at the
+# same decode size, in the same rounds, for TE's fused call, ropelib's, ropelib's with its
+# launches replaced by nothing (its own Python alone), and a trivial `autograd.Function` that
+# only allocates its outputs. It timed each twice: with autograd's device thread on (the
+# default: the backward runs on a thread of its own, handed over to and back) and off
+# (`torch.autograd.set_multithreading_enabled(False)`). Two runs of it, 44 minutes apart on
+# 30 November (`autograd_host-*-1352.log` and `-1436.log`; the second slower on every row),
+# agree on where the difference goes (printed, checked):
+#
+# - the device thread costs TE and ropelib alike: 57 and 55 µs in the first run, 93 and 95 in
+#   the second. Autograd is not where ropelib loses;
+# - with the thread off, TE's call costs 16 to 17 µs more than the trivial Function, ropelib's
+#   38 to 44: its own Python 10 to 14 and its two Triton launches 24 to 34.
+#
+# So the host time ropelib adds over TE at decode size is its own: its Python and its launches,
+# 21 to 28 µs a call with the thread off in these runs. The floor run of 7.1 put the difference
+# at 38 to 67 µs: host times swing from run to run (7.5), so read the probe for the split, not
+# for its size.
+
+# %%
+def host_table(path):
+    """{variant: (µs with autograd's device thread on, µs with it off)} of an
+    autograd_host_probe log's table."""
+    compare.note_read(path)                 # a page records the committed data it read
+    rows = {}
+    for line in path.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and all(re.fullmatch(r"[\d.]+", v) for v in cells[1:]):
+            rows[cells[0]] = (float(cells[1]), float(cells[2]))
+    return rows
+
+
+TE_FB, OURS_FB = "TE fused: forward+backward", "ropelib: forward+backward"
+BARE, NO_LAUNCH = "trivial Function: forward+backward", OURS_FB + ", launches removed"
+split, tables_ = {}, [host_table(log) for log in AUTOGRAD_LOGS]
+for log, t in zip(AUTOGRAD_LOGS, tables_):
+    on, off = {k: v[0] for k, v in t.items()}, {k: v[1] for k, v in t.items()}
+    split[log.name] = {
+        "device thread, TE": on[TE_FB] - off[TE_FB],
+        "device thread, ropelib": on[OURS_FB] - off[OURS_FB],
+        "TE over trivial, off": off[TE_FB] - off[BARE],
+        "ropelib over trivial, off": off[OURS_FB] - off[BARE],
+        "ropelib Python, off": off[NO_LAUNCH] - off[BARE],
+        "ropelib launches, off": off[OURS_FB] - off[NO_LAUNCH],
+        "ropelib over TE, off": off[OURS_FB] - off[TE_FB]}
+    print(f"{log.name} ({measured_when(log)[1]}), host µs per call:",
+          {k: round(v, 1) for k, v in split[log.name].items()})
+assert all(re.search(r"^# NVIDIA H200,", log.read_text(), re.M) for log in AUTOGRAD_LOGS)
+probe_script = (ROOT / "benchmarks" / "autograd_host_probe.py").read_text()
+assert "s, b, h, d = 1, 64, 32, 128" in probe_script and "dtype=torch.bfloat16" in probe_script
+assert all(b >= a for k, v in tables_[0].items() for a, b in zip(v, tables_[1][k]))  # 2nd slower
+got = lambda k: [round(s_[k]) for s_ in split.values()]     # the two runs, rounded to a µs
+assert got("device thread, TE") == [57, 93] and got("device thread, ropelib") == [55, 95]
+assert got("TE over trivial, off") == [17, 16] and got("ropelib over trivial, off") == [38, 44]
+assert got("ropelib Python, off") == [14, 10] and got("ropelib launches, off") == [24, 34]
+assert got("ropelib over TE, off") == [21, 28]
 
 # %% [markdown]
 # ### 7.5 At 64 MiB: the host against the kernels
@@ -1164,6 +1268,42 @@ assert at_64("fwdbwd_ratio", ["te_fused"]) == (0.52, 0.533)
 assert at_64("fwd_ratio", ["ropelib"]) == (0.942, 0.957)
 assert at_64("fwd_ratio", ["torch.compile"]) == (0.998, 1.037)
 te_over = [mid[c, "te_fused"]["fwdbwd_graph_us"] / mid[c, "ropelib"]["fwdbwd_graph_us"] for c in MID]
+
+
+def kernels_us(path):
+    """{(case, provider): [µs of each device kernel, in order]} that torch.profiler listed under
+    each provider's line in a mid_fwdbwd log: one eager forward+backward."""
+    compare.note_read(path)
+    out, case, prov = {}, None, None
+    for line in path.read_text().splitlines():
+        if m := re.match(r"== (.+?): copy ", line):
+            case = m[1]
+        elif m := re.match(r"(\S+)\s+fwd graph ", line):
+            prov = m[1]
+        elif m := re.match(r"\s+([\d.]+) us  \S", line):
+            out.setdefault((case, prov), []).append(float(m[1]))
+    return out
+
+
+# a ratio above 1: the forward kernels of ropelib and torch.compile, each alone, run shorter
+# than PyTorch's copy kernel of the same bytes (the replayed copy of the case)
+kernels = kernels_us(MID_LOG)
+assert all(len(kernels[c, p]) == 2 for c in MID          # one kernel each way
+           for p in ("ropelib", "torch.compile", "te_fused"))
+kernel_fwd = {k: v[0] for k, v in kernels.items()}
+copy_64 = [mid[c, "ropelib"]["copy_us"] for c in MID]
+fast = [kernel_fwd[c, p] for c in MID for p in ("ropelib", "torch.compile")]
+print(f"64 MiB: the copy replayed {min(copy_64):.1f}-{max(copy_64):.1f} us; forward kernels in "
+      f"one profiled eager call, ropelib's and torch.compile's {min(fast):.1f}-{max(fast):.1f} "
+      f"us, TE's {min(kernel_fwd[c, 'te_fused'] for c in MID):.1f}-"
+      f"{max(kernel_fwd[c, 'te_fused'] for c in MID):.1f} us")
+assert all(kernel_fwd[c, p] < mid[c, "ropelib"]["copy_us"] for c in MID
+           for p in ("ropelib", "torch.compile"))
+assert (min(copy_64), max(copy_64), min(fast), max(fast)) == (33.3, 33.5, 31.8, 32.5)
+# ropelib's replayed forward (the copy's µs over its ratio) spends about 3 µs more than its kernel
+beyond = [mid[c, "ropelib"]["copy_us"] / mid[c, "ropelib"]["fwd_ratio"] - kernel_fwd[c, "ropelib"]
+          for c in MID]
+assert all(2.5 < v < 3.5 for v in beyond), beyond
 assert rounded((min(te_over), max(te_over)), 1) == (1.8, 1.8)
 # the host: the larger by far for ropelib and torch.compile, lighter for TE
 assert rounded(at_64("enqueue_us", ["ropelib"])) == (234, 344)
@@ -1204,8 +1344,16 @@ if GPU:     # section 2's live eager forward+backward, on as many bytes: a third
 #    70.7 µs at 64 MiB (0.938 to 0.955 of two copies), torch.compile's 68.3 to 72.1 µs (0.927
 #    to 0.971) and TE's 124.3 to 128.4 µs (0.520 to 0.533): TE's kernels take 1.8 times
 #    ropelib's. Only ropelib's forward trails: 0.942 to 0.957 of a copy, against
-#    torch.compile's 0.998 to 1.037. (Replayed ratios divide by a replayed copy: compare them
-#    with each other only.)
+#    torch.compile's 0.998 to 1.037. Neither the 1.037 nor the trailing lies in the kernel that
+#    rotates: the log also lists the kernels of one eager call, profiled, and there ropelib's
+#    forward kernel and torch.compile's each took 31.8 to 32.5 µs, under the 33.3 to 33.5 µs
+#    of the replayed copy (printed, checked). A kernel generated for these bytes streams them a
+#    few per cent faster than PyTorch's `copy_` kernel: a ratio a little above 1 says the
+#    yardstick runs a little below what the memory allows, not that a kernel moved fewer bytes
+#    than a copy (one profiled call against a replayed copy: read the few per cent loosely).
+#    ropelib's replayed forward spends about 3 µs more than that kernel; the profiled call ran
+#    no pre-pass (it kept an earlier call's cos/sin rows and lists one kernel each way), and
+#    the log does not take the replayed forward apart.
 # 2. **The host is.** Issuing one call takes ropelib's host 234 to 344 µs, 3.3 to 4.9 times its
 #    kernels' time; torch.compile's 451 to 532 µs, 6.3 to 7.8 times; TE's 163 to 199 µs, 1.3 to
 #    1.6 times. So TE's eager call is the fastest at this size, 148 to 182 µs against
@@ -1216,10 +1364,10 @@ if GPU:     # section 2's live eager forward+backward, on as many bytes: a third
 #    copies: in the eager loop the host kept pace with the kernels. TE's kernels (482 µs) set
 #    its pace, its host a third of them.
 #
-# *How far to trust a host time.* ropelib's eager call in sbhd came out below its enqueue time
-# (200 against 234 µs), though an eager call includes issuing it, and the drawing below shows
-# the same wherever the host is the larger: the enqueue loop, which runs just before the eager
-# loop, costs the host more per call than the eager loop does. Why was not measured. Read a host
+# *How far to trust a host time.* Wherever the host is the larger, the eager call came out below
+# the enqueue time (ropelib in sbhd: 200 against 234 µs; the drawing below shows every case),
+# though an eager call includes issuing it: the enqueue loop, which runs just before the eager
+# loop, cost the host more per call than the eager loop did. Why was not measured. Read a host
 # time to a few tens of per cent; the factors above are larger than that.
 #
 # *What to do about a host-bound call.* A host time measures the host's work, not a constant:
@@ -1236,8 +1384,7 @@ if GPU:     # section 2's live eager forward+backward, on as many bytes: a third
 # forward+backward (enqueue), the device's (replayed), and the eager call, which waits for both.
 # At 64 MiB the host's bar stands above the device's for all three providers; at 256 MiB TE's
 # stands below. Either way the eager bar lands near the taller of the two, at 0.68 to 1.02 of
-# it. Below it wherever the host's bar is the taller: an eager call that takes less than the
-# host's enqueue time, the two host measures disagreeing (the caveat above). The cell prints
+# it, and below it wherever the host's bar is the taller (the caveat above). The cell prints
 # and checks these readings from the log.
 
 # %%
@@ -1325,7 +1472,9 @@ assert (variants[BIG, BEFORE]["fwdbwd_ratio"], variants[BIG, NOW]["fwdbwd_ratio"
 # %% [markdown]
 # **What section 7 found.** Where ropelib loses to TE, it loses on the host. At batch 1 its
 # forward+backward is host-bound (7.1, 7.3); a third of that host time is ropelib's own route to
-# its two launches, the rest PyTorch around them, its autograd engine the largest item (7.4). At
+# its two launches, the rest PyTorch around them, its autograd engine the largest item (7.4).
+# Beside TE, autograd costs both alike: what ropelib's host adds is its own Python and its
+# launches (7.4), where gradients are taken (7.1). At
 # 64 MiB its kernels run the forward+backward at 0.94 to 0.96 of two copies, 1.8 times as fast
 # as TE's, and its eager call is still the slower: by the enqueue measure its host takes 3.3 to
 # 4.9 times its kernels (7.5). Two of the two-pass route's choices account for about 5 points
@@ -1585,8 +1734,9 @@ if not rows_ok:     # the worked kernel: rounded once; on a GPU below TE's fused
 #   64 MiB or more, whichever axis makes it so; TE's fused kernel stays well below.
 # - **A time that does not follow the bytes is a cost per call; find out whose.** Enqueue, wall
 #   and replayed timings tell the host from the device. ropelib's eager forward+backward loses to
-#   TE's on the host (PyTorch's autograd around ropelib's launches, 7.4), not on its kernels,
-#   which replayed run the forward+backward near two copies. Replaying the step from a CUDA graph
+#   TE's on the host, not on its kernels, which replayed run the forward+backward near two
+#   copies; and on the host it loses by its own Python and launches, not by autograd, which
+#   costs both alike (7.4). Replaying the step from a CUDA graph
 #   removes that cost; `torch.compile` of the RoPE call alone does not (its host took longer
 #   still, 7.5).
 # - **A RoPE kernel is a copy with arithmetic in between**: one kernel with a switch measures
