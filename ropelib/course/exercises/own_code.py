@@ -337,16 +337,18 @@ def installed_modules(names: Iterable[str]) -> list:
     """The modules of `names` (dotted) that import here, in order: another library's code an
     exercise's check refuses where it is installed. A module whose package is not installed,
     or that fails to import (another version's layout), is left out."""
-    import importlib
     import importlib.util
+    from ...bench.compare import try_import     # (quiet about TE's Jax check)
     found = []
     for name in names:
         try:
             if importlib.util.find_spec(name.split(".")[0]) is None:
                 continue
-            found.append(importlib.import_module(name))
-        except Exception:  # noqa: BLE001  (another version's layout, or one that fails to import)
+        except Exception:  # noqa: BLE001  (a parent package that fails to import)
             continue
+        module, _ = try_import(name)     # None: another version's layout, or fails to import
+        if module is not None:
+            found.append(module)
     return found
 
 
