@@ -246,8 +246,9 @@ pz.time_solution("interleaved");
 # cell below counts it in section 0's checked memory, on a copy of one row of 128 features
 # done that way. The worked solution loads whole rows instead, at offsets
 # `tl.arange(0, 2 * HALF)` that the compiler can prove contiguous, and splits and joins the
-# pairs in registers: on a GPU, its ⏱ line above puts it near a copy's speed. Notebook 03,
-# section 5, measures both on a GPU: stride 2 is its pattern (b), whole rows its pattern (d).
+# pairs in registers; on a GPU its ⏱ line above sets it against a copy of the same bytes.
+# Notebook 03, section 5, reads both patterns off an H200's memory counters: stride 2 is its
+# pattern (b), whole rows its pattern (d).
 
 # %%
 @triton.jit
@@ -389,7 +390,7 @@ pz.time_solution("odd_head_dim");
 # is right at every position up to 131,071.
 #
 # The check grades the **angle error** of each pair, $|y - y_\text{spec}| / |x|$ against the
-# fp64 spec, at positions up to 131,071, and allows 0.03 rad.
+# fp64 spec, at positions up to 131,071, and allows 0.03 rad (`pz.ANGLE_TOL`).
 #
 # One trap of the interpreter, where the checks run your kernel: it does arithmetic on bf16
 # tiles on their raw bits, not their values (Triton's debugging guide says its interpreter does
@@ -424,6 +425,7 @@ assert not torch.isclose(y[:4].float(), (x * x).float()).any()   # on bf16 tiles
 
 # %%
 pz.show_spec("long_context")
+assert pz.ANGLE_TOL == 0.03                       # radians, the check's tolerance (the text)
 
 # %%
 @triton.jit
@@ -571,6 +573,9 @@ pz.time_solution("position_ids");
 # %%
 pz.show_spec("int64_offsets")
 assert 262_144 * (64 * 128) == 2**31              # the first row that starts at element 2^31
+# the check's virtual row strides (the text): row 2 of x and of y starts past 2^31
+assert (pz.VIRTUAL_STRIDE_X, pz.VIRTUAL_STRIDE_Y) == (2**30 + 64, 1_200_000_000)
+assert min(2 * pz.VIRTUAL_STRIDE_X, 2 * pz.VIRTUAL_STRIDE_Y) > 2**31 > pz.VIRTUAL_STRIDE_Y
 
 # %%
 @triton.jit
@@ -730,6 +735,10 @@ pz.time_solution("shared_table");
 
 # %%
 pz.show_spec("packed_sequences")
+packed_cases = pz.PUZZLES["packed_sequences"].build(torch.Generator().manual_seed(0), "cpu")
+print("the check's cases: " + "; ".join(case.label for case in packed_cases))
+assert [case.label.split("lengths ")[1] for case in packed_cases] == [   # the text's lengths
+    "[5, 1, 12, 0], BLOCK_T=4", "[4, 4, 4], BLOCK_T=4", "[7, 0, 2, 9, 3], BLOCK_T=4"]
 
 # %%
 @triton.jit
