@@ -317,7 +317,8 @@ plt.show()
 # training: with $L_0 = 8192$ that is 29 of Llama 3's 64 pairs, against 14 of 64 at
 # $b = 10000$ (the cell counts both). A longer context shows them angles they never saw. The
 # context-extension methods of `ropelib.frequencies` slow those pairs down. Linear scaling
-# slows every pair; the others keep the fast pairs and change mostly or only the slow ones:
+# slows every pair; the others keep the fast pairs and change mostly or only the slow ones.
+# Llama 3.1's rule divides exactly those 29 pairs by 8 (the cell checks that too):
 #
 # | scaling | effect on $\theta_j$ |
 # |---|---|
@@ -397,7 +398,10 @@ assert round(factor, 2) == 0.81 and abs((1 - factor) - 1 / 5) < 0.02
 # %% [markdown]
 # ![The wavelength of each pair, and each scaling's change](../figures/01-frequency-spectrum.png)
 #
-# Left: the wavelength of each pair. Right: how each scaling changes the frequencies.
+# Left: the wavelength of each pair; the pairs above the dashed line never finish a turn in
+# 8192 tokens. Right: each scaling's $\theta'_j/\theta_j$. Linear is flat at $1/8$; NTK starts
+# at 1 and falls geometrically to $1/8$; Llama 3.1 keeps the fast pairs, divides the slow ones
+# by 8 and blends between; YaRN does the same with a ramp in $j$.
 
 # %% [markdown]
 # ## 6. Long-term decay (RoFormer §3.4.3, Figure 2) — and what it does *not* say
@@ -443,7 +447,7 @@ assert round(factor, 2) == 0.81 and abs((1 - factor) - 1 / 5) < 0.02
 #
 # **What the decay is not.** It is a property of the *bound*. The bound is loose: for
 # $q = k = \mathbf 1$ it is $2 \sum_j |S_j|$, at least 18 times the score at every distance
-# from 0 to 256 (the next cell prints it). Vectors whose $h_j$ varies slowly with $j$, like
+# from 0 to 256. Vectors whose $h_j$ varies slowly with $j$, like
 # $q = k = \mathbf 1$, tend to have scores that decay too. Other pairs $(q, k)$ need not. The
 # expected score is
 #
@@ -469,9 +473,9 @@ assert round(factor, 2) == 0.81 and abs((1 - factor) - 1 / 5) < 0.02
 # that point the same way score less the further apart they are. It is not a rule that far
 # tokens interact less: a trained model chooses its $q$ and $k$ and can give a high score at any
 # distance, for instance by putting its weight on the slowest pairs, which hardly turn: at
-# $d = 128$, $b = 10000$ the slowest pair turns by less than a sixth of a turn over 8192 tokens
-# (the next cell prints it). The next cell computes all of it: the bound, the
-# summation-by-parts identity, and the scores of 4096 random pairs at distances 0 to 256.
+# $d = 128$, $b = 10000$ the slowest pair turns by less than a sixth of a turn over 8192 tokens.
+# The next cell checks each of these statements: the bound, the summation-by-parts identity,
+# and the scores of 4096 random pairs at distances 0 to 256.
 
 # %%
 d = 128
@@ -654,19 +658,17 @@ assert (wrong - trained).abs().max() > trained.std()
 # %% [markdown]
 # ## Exercises
 #
-# Each cell checks your answer at once (✅ or ❌) and never stops the notebook. Replace the
-# `...` and rerun the cell. The solutions are folded away below each exercise. (The `;` after a
-# check only stops Jupyter from echoing its `True`/`False`.)
+# Replace the `...`, rerun the cell and read its ✅ or ❌ line; a wrong answer never stops the
+# notebook. The solutions are folded away below each exercise. (The `;` after a check only
+# stops Jupyter from echoing its `True`/`False`.)
 #
-# The exercises ask for the formulas, so the checks run your functions with ropelib's own RoPE
-# code barred, anywhere in the package: a function that calls `ropelib.reference` (as this
-# notebook's `R_from_reference` does), `ropelib.frequencies`, one of the course's RoPE helpers
-# or a worked solution is refused, even when its numbers are right. Plain PyTorch is yours to
-# use. Your functions must work from the arguments they are given: the checks of exercises 1
-# and 2 try sizes and bases other than this notebook's, at positions drawn anew on every run;
-# exercise 3's adds inputs of a size drawn anew; exercise 4's tries $d = 8$ and other even
-# sizes. The checks' messages call the size $R$ (the rotary dim: here all of $d$), so
-# "R=8, base=10000, m=0" is $d = 8$, $b = 10000$, position 0.
+# The checks want your own formulas. They run your function with ropelib's RoPE code barred
+# (`ropelib.reference`, as `R_from_reference` above uses it, `ropelib.frequencies`, the course's
+# helpers and the worked solutions), so calling it fails even when the numbers are right; plain
+# PyTorch is yours. They also try sizes, bases and inputs other than this notebook's, some
+# drawn anew on every run, so the function must work from its arguments. Their messages call
+# the size $R$ (the rotary dim, here all of $d$): "R=8, base=10000, m=0" is $d = 8$,
+# $b = 10000$, position 0.
 #
 # **Exercise 1 — the rotation matrix.** Write `rotation_matrix(m, inv_freq)` that returns the
 # $[d, d]$ block-diagonal $R_m$ for the interleaved pairing ($d = 2\cdot$`len(inv_freq)`),
