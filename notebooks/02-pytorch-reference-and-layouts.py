@@ -209,30 +209,26 @@ assert off[ours] < off[table] < off[unfused] and ulps[ours] < ulps[table] < ulps
 # %% [markdown]
 # Each line is measured three ways against the correctly rounded $y$: its largest absolute
 # error, its largest error in **ulps** (the gap between neighbouring bf16 numbers at each value),
-# and the share of its outputs that are not the correctly rounded value at all. The first alone
-# says little. It sits at the largest outputs, where one bf16 step is already 1/64 or 1/32
-# (for values from 2 to 8), and it says nothing about how many outputs are off.
+# and the share of its outputs that are not the correctly rounded value. The first alone says
+# little: it sits at the largest outputs, where one bf16 step is already 1/64 or 1/32 (values
+# from 2 to 8), and it does not say how many outputs are off.
 #
-# ropelib's line is off by at most one ulp, and in fewer than one output in a thousand.
-# ropelib rounds its fp32 result once. fp32 math carries its own tiny error, so that rounding
-# can land on the bf16 neighbour of the correctly rounded value, but only when the exact value
-# lies almost halfway between two bf16 numbers.
-#
-# Near zero the ulp is tiny. An output there is what is left when $x_a\cos - x_b\sin$ cancels
-# values of order one, and fp32's own error, not the rounding, decides its last bits. So values
-# smaller than a thousandth of the largest are measured in the ulp at that floor
-# (`ropelib.bench.compare.error_metrics` does so).
+# ropelib's line is off by at most one ulp, in fewer than one output in a thousand: it rounds
+# its fp32 result once, and fp32's own tiny error can only tip that rounding to the
+# neighbouring bf16 value when the exact value lies almost halfway between two. (Near zero,
+# where $x_a\cos - x_b\sin$ cancels values of order one, fp32's error rather than the rounding
+# decides the last bits; so `ropelib.bench.compare.error_metrics` measures values below a
+# thousandth of the largest in the ulp at that floor.)
 #
 # The other two lines round $\cos$ and $\sin$ to bf16 first: an error of up to $2^{-9}$ in
 # each (half a bf16 step of a value between 0.5 and 1), which the multiply carries into every
 # output. More than a tenth of their outputs miss the correctly rounded value, and their
-# `max ulps` is far above one even measured at the floor: near zero the table's error is a share
-# of $x$, of order one, not of the small output. TE's unfused path also rounds every product and
-# sum to bf16, so it misses more often and further: in `max ulps` and in `outputs off` the order
-# is ropelib, then the bf16 cos/sin, then TE's unfused path. (Notebook 08 shows how this
-# difference makes an innocent `torch.allclose(te_out, triton_out)` fail.)
-
-# %% [markdown]
+# `max ulps` is far above one even at the floor, because the table's error is a share of $x$,
+# not of the small output. TE's unfused path also rounds every product and sum to bf16, so in
+# both `max ulps` and `outputs off` the order is ropelib, then the bf16 cos/sin, then TE's
+# unfused path (all three asserted). Notebook 08 shows how this difference makes an innocent
+# `torch.allclose(te_out, triton_out)` fail.
+#
 # ## 3. Partial rotary
 #
 # Some models rotate only the first $R < D$ features of each head and pass the rest through:
@@ -262,13 +258,11 @@ print(f"rotary_percent=0.5: features 0..{R - 1} rotated, {R}..{D - 1} untouched"
 # position that sequence has reached, and is rotated in one pass; HF's `position_ids` agree
 # with `start_positions`. The cell prints the positions used.
 #
-# The last two agree bit for bit (`torch.equal`), by construction rather than by luck. Both
-# calls run the same kernel code; only the lines that find a token's table row read a different
-# input: `start_positions[b]` plus the token's index, or the id itself. From that row on the two
-# are the same: the same fp32 angles, the same cosine and sine, and each output one fused
-# multiply-add written out in the kernel (`tl.fma`), so that the compiler cannot contract the
-# two specialisations differently. The same inputs through the same operations in the same order
-# give the same bits, on a GPU as in the interpreter.
+# The last two agree bit for bit (`torch.equal`) by construction: the kernel differs only in
+# how it finds a token's table row (`start_positions[b]` plus the token's index, or the id
+# itself). From that row on, the same fp32 angles go through the same operations in the same
+# order, each output one fused multiply-add written out in the kernel (`tl.fma`) so that the
+# compiler cannot contract the two variants differently; the same holds on a GPU.
 
 # %%
 L = S                                                       # prompt length
@@ -544,6 +538,9 @@ print(f"\n{len(fwd.ops)} kernels, {unfused_bytes / x_bytes:.1f}x the bytes of x;
 assert [n for n, _, _ in fwd.ops] == ["cos", "_to_copy", "sin", "_to_copy", "mul", "neg", "cat",
                                       "mul", "add", "cat"]
 assert floor_bytes / x_bytes == 2 + 2 / (Bc * Hc)
+# without the table: the chain's ops on x (4 to 9) move 12 x, besides the bf16 table the
+# multiplies read; the fused kernel 2 x
+assert sum(r + w for _, r, w in fwd.ops[4:]) == 12 * x_bytes + 2 * fc.numel() * 2
 # the numbers the text quotes (they follow from the shapes alone)
 assert len(fwd.ops) == 10 and unfused_bytes > 5 * floor_bytes
 assert (round(unfused_bytes / x_bytes, 1), round(floor_bytes / x_bytes, 2),
@@ -691,16 +688,13 @@ else:           # one autograd node: ropelib's Rotate
 # %% [markdown]
 # On the CPU, `ropelib.apply_rope` shows up as one autograd function (`Rotate`): its Triton
 # kernel runs as Python inside the interpreter, invisible to the profiler.
-
-# %% [markdown]
-# On a GPU the next cell also times both against a plain copy of the same bytes: a yardstick
-# for what a kernel that reads and writes each byte once reaches on this GPU. Those times are
-# **live**: measured on your machine when the cell runs, so they differ a little from run to run.
-# The text quotes instead one **committed** run on an H200, kept in
-# `figures/02-unfused-kernels.csv`. Every timing this section prints is headed `LIVE` or
-# `COMMITTED`, the latter with the file, the GPU and the versions it came from. In the
-# interpreter the kernels are simulated in Python, so times would mean nothing: the cell prints
-# no live block, only the committed one.
+#
+# On a GPU the next cell times both against a plain copy of the same bytes, the yardstick for a
+# kernel that reads and writes each byte once. Every timing from here on is headed `LIVE`
+# (measured now, on your GPU; it varies a little from run to run) or `COMMITTED` (one H200 run
+# kept in `figures/02-unfused-kernels.csv`, named with its GPU and versions). The text quotes
+# the committed run only. In the interpreter kernel times mean nothing, so there is no live
+# block.
 
 # %%
 if GPU:
@@ -733,32 +727,27 @@ c_bytes_ratio = sum(r.nbytes for r in committed_rows) / committed["fused_bytes"]
 print(f"\n{COMMITTED}:")
 print(f"  TE unfused {committed['unfused_us']:.0f} us, "
       f"ropelib.apply_rope {committed['fused_us']:.1f} us -> unfused / fused "
-      f"{c_time_ratio:.1f}x; their bytes {c_bytes_ratio:.1f}x")
-assert (round(c_time_ratio, 1), round(c_bytes_ratio, 1)) == (13.0, 6.0)
-assert c_time_ratio > c_bytes_ratio
+      f"{c_time_ratio:.1f}x; their bytes {c_bytes_ratio:.2f}x")
+assert (round(c_time_ratio, 1), round(c_bytes_ratio, 2)) == (13.0, 6.02)
+assert c_time_ratio > 2 * c_bytes_ratio
 
 # %% [markdown]
-# Read the unfused/fused ratio against the ratio of the bytes the two move, counted with
-# `CountTraffic` on the very tensors the cell times. (The count above used a smaller `x`; the
-# ratio barely depends on the shape, since every op but the table's scales with `x`.) If every
-# kernel of the chain streamed its bytes as fast as the fused one, the two ratios would be
-# equal. They are not: in the committed run (the `COMMITTED` block) the time ratio is 13.0 and
-# the bytes ratio 6.0 (both asserted). A GPU's `LIVE` block above it gives that run's own
-# ratios, which need not match the committed ones to the last digit; the text quotes the
-# committed run only.
+# If every kernel of the chain streamed its bytes as fast as the fused one, the time ratio
+# would equal the bytes ratio, counted with `CountTraffic` on the very tensors timed. That
+# ratio hardly depends on the shape: leaving out the small table, the chain moves 12 times the
+# bytes of $x$ and the fused kernel 2 (asserted with the count above), so it tends to 6 as
+# $BH$ grows, 6.1 for the smaller `x` above and 6.02 here. The time ratio is more than twice
+# that: in the committed run the chain takes 13.0 times as long for 6.02 times the bytes (both
+# asserted).
 #
 # ### Each kernel against a copy
 #
-# Where does the rest go? On a GPU the next cell profiles five forward passes of the chain
-# with CUDA activity and takes each kernel's mean device time. Eager PyTorch launches one
-# kernel per op, in order, so it matches kernels to the ops `CountTraffic` counted above and
-# stops with an error if the two lists differ. It profiles a copy of `x` and
-# `ropelib.apply_rope` the same way, so that all three are timed by one clock. The table gives
-# each kernel's device time, its op's bytes, its GB/s and that as a fraction of the copy's
-# GB/s. (`ropelib.course.kernel_bandwidth` does the matching and the arithmetic.) On a GPU the
-# table and the factor lines after it are `LIVE`. Without a GPU the cell prints the committed
-# run's table instead, headed `COMMITTED`, and checks the same things against it. Either way,
-# the cell after it prints the committed run's numbers that the text quotes.
+# Where does the rest go? The next cell profiles five forward passes of the chain, a copy of
+# `x` and `ropelib.apply_rope` under one clock (CUDA activity in `torch.profiler`) and gives
+# each kernel's mean device time, its op's bytes (matched to the ops `CountTraffic` counted;
+# the cell stops if the two lists differ), its GB/s and that as a fraction of the copy's.
+# `ropelib.course.kernel_bandwidth` does the matching and the arithmetic. Without a GPU it
+# prints the committed run's table and checks the same things against it.
 #
 # The factor lines at the end of the cell split the timed ratio into measured parts. Write
 # $t_u$ and $t_f$ for `do_bench`'s times of the chain and of the fused call, $t_k$ and $b_k$
@@ -937,15 +926,13 @@ assert [round(f, 2) for f in c_factors.values()] == [1.00, 2.31, 6.02, 1.00, 0.9
 # `cat`) stream at 23% to 38% of the copy's bandwidth. The table's own `cos`, `sin` and casts,
 # 1.4 to 2.8 µs each on a small tensor, are left out of that count.
 #
-# The factor lines answer "where does the rest go?" as a product of measured factors; the committed
-# run's, printed by the last cell, read as follows. The unfused chain moves 6.02 times the fused
-# kernel's bytes, and its kernels take 2.31 times what those bytes would take at the copy's speed.
-# The time between its kernels adds nothing visible (1.00). The last two factors keep two clocks
-# apart: `triton.testing.do_bench` times whole calls, launch included, while the profiler's device
-# time counts the kernel alone. In device time the fused kernel streams its bytes at the copy's
-# speed (1.00); its device time is 0.94 of do_bench's time of its call, a fixed cost that vanishes
-# in the unfused chain's long time but not in one short kernel. The product of the five is the
-# timed ratio, by construction.
+# The factor lines of the committed run (printed by the last cell) answer "where does the
+# rest go?": the chain moves 6.02 times the fused kernel's bytes, and its kernels take 2.31
+# times what those bytes would take at the copy's speed; the time between its kernels adds
+# nothing visible (1.00). The last two factors keep two clocks apart: the profiler's device
+# time counts a kernel alone, `triton.testing.do_bench` a whole call. By device time the fused
+# kernel streams at the copy's speed (1.00); that time is 0.94 of its call's, a fixed cost of
+# the call that vanishes in the chain's long time but not in one short kernel.
 #
 # Which kernels fall short, and why? The by-kind table sums the kernels by the PyTorch template
 # each was launched from, as its name shows in the profiler listing above. The slow ones are the
@@ -1023,13 +1010,12 @@ assert all(abs(q - 1) < 0.05 for r, q in zip(big, under_ncu) if r in eight_wide)
 # last line of the cell shows the non-vectorized kernels taking longer under it, the two
 # vectorized ones about as long. Compare its counts, not its times.
 #
-# What to take from section 6: in the committed run the unfused chain takes 13.0 times as long
-# as one fused call because it moves 6.02 times the bytes *and* streams them at 1/2.31 of a
-# copy's speed (the fused call's own fixed cost, the 0.94, takes a little back). The second
-# factor goes with operands that are not contiguous (a broadcast table, a strided half), for
-# which PyTorch loads one element a lane. A fused kernel removes both: one read, one write, and
-# loads as wide as it chooses. Notebook 07 measures the fixed cost of a call, and notebooks 03
-# to 05 what makes one kernel stream at a copy's speed.
+# What to take from section 6: the unfused chain takes 13.0 times as long as one fused call
+# because it moves 6.02 times the bytes *and* streams them at 1/2.31 of a copy's speed, which
+# goes with operands that are not contiguous (a broadcast table, a strided half), loaded one
+# element a lane. A fused kernel removes both: one read, one write, loads as wide as it
+# chooses. Notebook 07 measures the fixed cost of a call, and notebooks 03 to 05 what makes one
+# kernel stream at a copy's speed.
 
 # %% [markdown]
 # ## Exercises
