@@ -140,7 +140,9 @@ def timing(device: str) -> list:
     return rows
 
 
-def figure(rows, path) -> str:
+def figure(rows, path, where: str = "") -> str:
+    """Angle and output errors against the position, one line per method; `where`: the machine
+    the rows were measured on, in the figure's title."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -156,6 +158,8 @@ def figure(rows, path) -> str:
     for ax in axes:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
+    if where:
+        fig.suptitle(f"measured on {where}", fontsize=9)
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
@@ -236,7 +240,7 @@ def main(argv=None) -> int:
     if args.time:
         rows += timing(device)
     if args.figure is not None:
-        print("wrote", figure(rows, args.figure))
+        print("wrote", figure(rows, args.figure, where=runtime.mode()))
     if args.out is not None:
         print("wrote", write(rows, args.out))
     print(table(rows))
