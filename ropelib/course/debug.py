@@ -33,7 +33,9 @@ __all__ = ["Causes", "Scenario", "REPRO", "FIXED", "CAUSE_DOCS", "DECISIONS", "t
            "te_label", "rope_unsloth_repro", "check_repro_kernel", "REPRO_KERNEL_ARGS",
            "apply_rotary_pos_emb_triton", "reproduce",
            "diagnose", "classify", "model_pairing", "LAYOUT_NORMWISE_U", "te_bits_file",
-           "load_te_bits", "te_bits_inputs", "te_bits_case", "TeBitsCase", "bits_differ"]
+           "load_te_bits", "te_bits_inputs", "te_bits_case", "TeBitsCase", "bits_differ",
+           "CONTRACTION_WAYS", "contraction_emulations", "float_instructions",
+           "repro_kernel_instructions"]
 
 
 # --- the reproduction kernel ------------------------------------------------------------------
@@ -134,13 +136,16 @@ def check_repro_kernel(kernel):
 
 def rope_unsloth_repro(x: torch.Tensor, cos: torch.Tensor, sin: Optional[torch.Tensor] = None, *,
                        seq_len: int, from_angles: bool = False, compute_fp32: bool = False,
-                       use_fma: bool = False, kernel=None) -> torch.Tensor:
+                       use_fma: bool = False, kernel=None,
+                       enable_fp_fusion: bool = True) -> torch.Tensor:
     """Rotate ``x`` [ROWS, H, D] (rows = flattened bshd batch x seq) **in place**, Unsloth-style.
 
     ``cos``/``sin`` [P, R/2] tables (or ``cos`` = fp32 angles [P, R/2] with ``from_angles``);
     the first R = 2 * cos.shape[1] features are rotated, the rest left alone. A row's position is
     ``row % seq_len``. ``kernel``: the Triton kernel to launch, by default
-    ``_rope_unsloth_repro_kernel`` (see :func:`check_repro_kernel`). Returns ``x``.
+    ``_rope_unsloth_repro_kernel`` (see :func:`check_repro_kernel`). ``enable_fp_fusion``:
+    Triton's launch option; False keeps a GPU compiler from contracting a multiply and an add
+    into one fma (the interpreter never does). Returns ``x``.
     """
     kernel = check_repro_kernel(kernel)
     if not isinstance(x, torch.Tensor) or x.dim() != 3:
@@ -163,7 +168,8 @@ def rope_unsloth_repro(x: torch.Tensor, cos: torch.Tensor, sin: Optional[torch.T
     kernel[(x.shape[0], x.shape[1])](
         x, cos, cos if sin is None else sin, x.stride(0), x.stride(1), cos.stride(0), seq_len,
         HALF=half, BLOCK_HALF=triton.next_power_of_2(half), FROM_ANGLES=bool(from_angles),
-        COMPUTE_FP32=bool(compute_fp32), USE_FMA=bool(use_fma), BF16_RTNE=BF16_RTNE)
+        COMPUTE_FP32=bool(compute_fp32), USE_FMA=bool(use_fma), BF16_RTNE=BF16_RTNE,
+        enable_fp_fusion=bool(enable_fp_fusion))
     return x
 
 
@@ -677,6 +683,100 @@ def bits_differ(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
                          f"must have one shape and one dtype")
     it = _INT_OF[a.dtype]
     return a.contiguous().view(it) != b.contiguous().view(it)
+
+
+# How each product of the line "in the input dtype" can reach the sum: rounded to x's dtype first
+# ("rounded", as the source writes it) or exact ("exact": a fused multiply-add in that dtype).
+CONTRACTION_WAYS = ("rounded", "x1 exact", "x2 exact", "both exact")
+
+
+def contraction_emulations(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> dict:
+    """The reproduction kernel's math in x's dtype, y1 = x1 c - x2 s and y2 = x2 c + x1 s, with
+    each output half's two products rounded to x's dtype or left exact, independently (4 x 4
+    ways), evaluated in float64 and rounded once to x's dtype: {(way of y1, way of y2): y}.
+
+    x: [S, B, H, D] (sbhd) in bf16 or fp16; cos, sin: [S, D/2] in x's dtype. A product of two
+    bf16 (fp16) numbers and its sum with one more are exact in float64, so "exact" is what one
+    fused multiply-add in x's dtype gives, and the way of each half is which product it fuses.
+    "x1 exact" in y1 is fma(x1, c, -rn(x2 s)); in y2 it is fma(x1, s, rn(x2 c))."""
+    half = x.shape[-1] // 2
+    if cos.shape != (x.shape[0], half) or sin.shape != cos.shape:
+        raise ValueError(f"cos and sin must be [S, D/2] = [{x.shape[0]}, {half}] for x "
+                         f"{tuple(x.shape)}; got {tuple(cos.shape)} and {tuple(sin.shape)}")
+    if not (x.dtype == cos.dtype == sin.dtype) or x.dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError(f"x, cos and sin must share one dtype, bf16 or fp16 (the products are "
+                         f"rounded to it); got {x.dtype}, {cos.dtype}, {sin.dtype}")
+    xd = x.double()
+    x1, x2 = xd[..., :half], xd[..., half:]
+    c, s = (t.double()[:, None, None, :] for t in (cos, sin))
+
+    def rn(v):
+        return v.to(x.dtype).double()
+
+    def line(a, b, sign, way):       # a + sign * b, a product with x1 and one with x2
+        a = a if way in ("x1 exact", "both exact") else rn(a)
+        b = b if way in ("x2 exact", "both exact") else rn(b)
+        return a + sign * b
+
+    y1 = {w: line(x1 * c, x2 * s, -1, w) for w in CONTRACTION_WAYS}
+    y2 = {w: line(x1 * s, x2 * c, +1, w) for w in CONTRACTION_WAYS}
+    return {(w1, w2): torch.cat((y1[w1], y2[w2]), -1).to(x.dtype)
+            for w1 in CONTRACTION_WAYS for w2 in CONTRACTION_WAYS}
+
+
+# Floating-point multiplies, adds and fmas in a kernel's PTX (with the rounding modifier and
+# type: `mul.rn.bf16` is a product rounded to bf16 where the source says so, `mul.bf16` one the
+# assembler may still contract) and its SASS (`HFMA2.BF16_V2`: a bf16 fma on two lanes).
+_PTX_FLOAT_OPS = r"\b((?:fma|mul|add|sub|neg)(?:\.r[nzmp])?\.(?:bf16x2|bf16|f16x2|f16|f32))\b"
+_SASS_FLOAT_OPS = r"\b((?:HFMA2|HMUL2|HADD2|FFMA|FMUL|FADD)(?:\.[A-Z0-9_]+)*)\b"
+
+
+def float_instructions(ptx: str, sass: Optional[str] = None) -> dict:
+    """{"ptx": {op: count}, "sass": {op: count}} of the floating-point multiplies, adds and fmas
+    in a compiled kernel's PTX and SASS (sass None or empty: {})."""
+    import collections
+    import re
+    count = lambda pattern, text: dict(sorted(collections.Counter(  # noqa: E731
+        re.findall(pattern, text or "")).items()))
+    return {"ptx": count(_PTX_FLOAT_OPS, ptx), "sass": count(_SASS_FLOAT_OPS, sass)}
+
+
+def _repro_instructions_here(enable_fp_fusion: bool, arch: int) -> dict:
+    from .offline_compile import compile_for_cuda, cuobjdump
+    x = torch.empty(1024, 8, 128, dtype=torch.bfloat16)              # [rows, H, D]: bshd rows
+    table = torch.empty(512, 64, dtype=torch.bfloat16)              # [S, D/2] in x's dtype
+    compiled = compile_for_cuda(
+        _rope_unsloth_repro_kernel,
+        dict(x_ptr=x, cos_ptr=table, sin_ptr=table, stride_xr=x.stride(0), stride_xh=x.stride(1),
+             stride_t=table.stride(0), SEQ_LEN=512, HALF=64, BLOCK_HALF=64, FROM_ANGLES=False,
+             COMPUTE_FP32=False, USE_FMA=False, BF16_RTNE=False),
+        num_warps=4, arch=arch, enable_fp_fusion=enable_fp_fusion)
+    return float_instructions(compiled.asm["ptx"], cuobjdump(compiled.asm["cubin"], "-sass"))
+
+
+def repro_kernel_instructions(enable_fp_fusion: bool = True, arch: int = 90) -> dict:
+    """The floating-point instructions (`float_instructions`) of the reproduction kernel's math
+    in the input dtype (bf16: section 1's reported failure), compiled for sm_<arch> with Triton's
+    contraction on or off. No GPU is needed: Triton and ptxas run on the CPU (under the
+    interpreter in a child Python without TRITON_INTERPRET)."""
+    if not runtime.INTERPRET:
+        return _repro_instructions_here(bool(enable_fp_fusion), arch)
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2]) + os.pathsep + \
+        env.get("PYTHONPATH", "")
+    code = ("import json; from ropelib.course.debug import _repro_instructions_here; "
+            f"print(json.dumps(_repro_instructions_here({bool(enable_fp_fusion)}, {int(arch)})))")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"compiling the reproduction kernel for sm_{arch} failed:\n"
+                           f"{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def te_bits_inputs(scenario: Scenario, device="cpu"):

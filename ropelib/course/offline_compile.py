@@ -19,14 +19,14 @@ __all__ = ["compile_for_cuda", "cuobjdump", "resource_usage", "triton_tool"]
 
 
 def compile_for_cuda(kernel, args: dict, *, num_warps: int, num_stages: Optional[int] = None,
-                     arch: int = 90):
+                     arch: int = 90, enable_fp_fusion: Optional[bool] = None):
     """`kernel` (a @triton.jit function) compiled for sm_<arch> as a launch with `args` (every
     argument by name: pointers as tensors, the rest as values) would compile it: the JIT's own
     specialisation (ints equal to 1 become constants; pointers and ints divisible by 16 get a
     divisibility hint, what lets the compiler prove a contiguous run aligned and load it as one
-    vector) and the launch's warps and pipeline stages (Triton's default where None). Returns
-    Triton's compiled kernel: `.asm` holds its ttgir, ptx and cubin, `.metadata` its shared
-    memory."""
+    vector) and the launch's warps, pipeline stages and floating-point contraction
+    (`enable_fp_fusion`), Triton's default where None. Returns Triton's compiled kernel:
+    `.asm` holds its ttgir, ptx and cubin, `.metadata` its shared memory."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend
     from triton.runtime.jit import create_function_from_signature
@@ -36,6 +36,8 @@ def compile_for_cuda(kernel, args: dict, *, num_warps: int, num_stages: Optional
     options = {"num_warps": num_warps}
     if num_stages is not None:
         options["num_stages"] = num_stages
+    if enable_fp_fusion is not None:
+        options["enable_fp_fusion"] = enable_fp_fusion
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     bound, spec, opts = binder(**args, **options)
     options, signature, constexprs, attrs = kernel._pack_args(backend, options, bound, spec, opts)
