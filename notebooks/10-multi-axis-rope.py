@@ -1106,9 +1106,10 @@ assert list(waves.values()) == [2, 1] and occ_a.programs * 132 == 1584
 # 16,384 × 32 × 128 × 2 bytes × 2 = 268 MB that q and k, read and written, must be, and the
 # split says where: every kernel reads q and k in full (134.4 MB), and 14 to 19 % of the writes
 # are missing. The missing 19 to 25 MB are less than the 50 MiB L2 cache, which holds written
-# lines until it evicts them: the last writes of a kernel are still in the L2 when the profiler
-# stops counting. So compare the DRAM column and its TB/s between the two kernels, not with
-# `do_bench`'s GB/s.
+# lines until it evicts them, so the likely reading is that a kernel's last writes are still in
+# the L2 when the profiler stops counting; the profile does not show it (the L2's count of
+# written sectors, `lts__t_sectors_op_write.sum`, would). Either way, compare the DRAM column
+# and its TB/s between the two kernels, not with `do_bench`'s GB/s.
 #
 # The per-head kernel executes 5.3 times the warp instructions. The loads, rotation and stores
 # of q and k are the same in both; what it repeats for every head is the angle work. Spread
