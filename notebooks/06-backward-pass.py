@@ -320,9 +320,9 @@ def rope_cell(x, freqs, *, backward=False, num_warps=4):
 # forward, what the equal byte counts predict. For a 32 MiB tensor it takes 5.05x (4.5x to 6.3x
 # between the two timings' 20 % and 80 % quantiles, far above 2 either way): at that size
 # something besides the kernels' bytes sets an eager step's time. Notebook 07 (section 7) times
-# the host and the device of a forward+backward call apart: at 64 MiB, twice this tensor, the
-# host's work around the two launches, autograd's included, takes 3.3 to 4.9 times as long as
-# the kernels.
+# the host and the device of a forward+backward call apart for ropelib's finished kernel, a
+# different route from this one: at 64 MiB, twice this tensor, its host's work around the
+# launches, autograd's included, takes 3.3 to 4.9 times as long as its kernels.
 
 # %%
 torch.manual_seed(0)
@@ -692,15 +692,17 @@ print(f"g_sum.contiguous(): {con['us'] / fil['us']:.2f}x the fill's time for the
       f"{con['instr_m'] / fil['instr_m']:.1f}x its warp instructions")
 
 # %% [markdown]
-# Both kernels put the same 509 MB into DRAM (of the 537 MB written, the rest is still in the
-# L2 cache when the kernel ends); the fill takes 0.36 of the time. They are
+# Both kernels put the same 509 MB into DRAM (of the 537 MB written, the rest most likely still
+# in the L2 cache when the kernel ends: the profile has no L2 write count to show it); the fill
+# takes 0.36 of the time. They are
 # different kernels. A stride-0 source is not contiguous, so PyTorch's copy takes its general
 # `elementwise_kernel`, which computes each element's offset through the source's strides and
 # stores one float (4 bytes) per thread per store instruction. The fill runs the
 # `vectorized_elementwise_kernel`, whose threads store four floats (16 bytes) at once. The
 # general kernel executes 11.5 times the warp instructions, and only 24 % of the warp slots of
-# an SM are filled with its warps, against 88 % for the fill: it has fewer stores in flight to
-# cover the memory's latency with. How much of its 2.75 times the fill's time each of these
+# an SM are filled with its warps, against 88 % for the fill, so, most likely, it has fewer
+# stores in flight to cover the memory's latency with (the profile does not count stores in
+# flight). How much of its 2.75 times the fill's time each of these
 # costs, the profile does not separate; the kernel's own code is PyTorch's, not the course's to
 # change. What a RoPE backward can do is not ask for it: read the stride-0 gradient as it is.
 
