@@ -867,9 +867,10 @@ else:
 
 # %% [markdown]
 # **4. The autograd Function.** Write `MyRope` with `forward(ctx, x, freqs)`: the forward with
-# the ropelib teaching kernel that this exercise hands you, `rope_batch_reuse`, or with section
-# 2's `rope_cell` (the check lets the forward's kernel call ropelib's `round_to`), and the
-# backward with your launcher from exercise 3. The check compares $y$ and
+# a kernel of yours — section 2's `rope_cell` (the check lets its kernel call ropelib's
+# `round_to`), or your launcher from exercise 3 at `-freqs`, since the transpose of the rotation
+# by $-\theta$ is the rotation by $\theta$ — and the backward with your launcher from exercise 3.
+# ropelib's kernels, teaching ones included, are refused in both. The check compares $y$ and
 # $\partial L/\partial x$ with the reference (also for `y.sum()`), makes sure the forward
 # launches a kernel and the backward launches `my_backward_kernel` (ropelib's kernels and API
 # are barred there), and checks what your Function keeps: once `forward` has returned, nothing

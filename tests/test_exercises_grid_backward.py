@@ -488,13 +488,13 @@ def _bwd_finished_api(ctx, g):
 
 def _fwd_saves_x(ctx, x, freqs):
     ctx.save_for_backward(x, freqs)
-    return rope_batch_reuse(x, freqs)
+    return own_rope_backward(x, -freqs)
 
 
 def _fwd_ctx_attribute(ctx, x, freqs):
     ctx.x = x                     # not through save_for_backward: invisible to saved_tensors
     ctx.save_for_backward(freqs)
-    return rope_batch_reuse(x, freqs)
+    return own_rope_backward(x, -freqs)
 
 
 _STASH = []
@@ -503,16 +503,16 @@ _STASH = []
 def _fwd_global(ctx, x, freqs):
     _STASH.append(x)              # parked outside ctx
     ctx.save_for_backward(freqs)
-    return rope_batch_reuse(x, freqs)
+    return own_rope_backward(x, -freqs)
 
 
 def _fwd_saves_copy(ctx, x, freqs):
     ctx.save_for_backward(x.detach().clone(), freqs)   # a copy: x itself may die
-    return rope_batch_reuse(x, freqs)
+    return own_rope_backward(x, -freqs)
 
 
 def _fwd_saves_output(ctx, x, freqs):
-    y = rope_batch_reuse(x, freqs)
+    y = own_rope_backward(x, -freqs)
     ctx.y = y.detach()
     ctx.save_for_backward(freqs)
     return y
@@ -520,7 +520,12 @@ def _fwd_saves_output(ctx, x, freqs):
 
 def _fwd_kernel(ctx, x, freqs):
     ctx.save_for_backward(freqs)
-    return rope_batch_reuse(x, freqs)
+    return own_rope_backward(x, -freqs)       # the learner's backward kernel at -theta
+
+
+def _fwd_teaching_kernel(ctx, x, freqs):
+    ctx.save_for_backward(freqs)
+    return rope_batch_reuse(x, freqs)          # ropelib's teaching kernel: not the learner's
 
 
 def _fwd_finished_api(ctx, x, freqs):
@@ -577,7 +582,7 @@ def test_rope_function_check_wants_the_kernels_gradient(capsys):
 
 
 def test_rope_function_check_accepts_an_own_function(capsys):
-    own = _function(_fwd_kernel, _bwd_saved_freqs)    # forward: a teaching kernel, as handed
+    own = _function(_fwd_kernel, _bwd_saved_freqs)    # forward: the own kernel at -theta
     assert ex.check_rope_function(own) is True
     assert "✅" in capsys.readouterr().out
     assert ex.check_rope_function(own, kernel=OWN_BACKWARD) is True
@@ -630,12 +635,16 @@ def test_rope_function_check_accepts_a_forward_through_the_notebooks_rope_cell(t
      "rope_batch_reuse"),
     (_function(_fwd_kernel, _bwd_finished_api), "called ropelib's apply_rope"),
     (_function(_fwd_finished_api, _bwd_saved_freqs), "(forward): this exercise wants your "
-     "autograd.Function (a teaching kernel may do its forward), but the answer called ropelib's "
-     "apply_rope"),
+     "autograd.Function, its forward with a kernel of yours (or section 2's rope_cell), but the "
+     "answer called ropelib's apply_rope"),
+    (_function(_fwd_teaching_kernel, _bwd_saved_freqs), "(forward): this exercise wants your "
+     "autograd.Function, its forward with a kernel of yours (or section 2's rope_cell), but the "
+     "answer called ropelib's rope_batch_reuse"),
     (_function(_fwd_reference, _bwd_saved_freqs), "called ropelib's rope_reference"),
     (_function(_fwd_kernel, _bwd_reference), "called ropelib's _reference_grad"),
 ], ids=["worked-solution", "teaching-kernel-backward", "finished-api-backward",
-        "finished-api-forward", "reference-forward", "reference-backward"])
+        "finished-api-forward", "teaching-kernel-forward", "reference-forward",
+        "reference-backward"])
 def test_rope_function_check_refuses_library_answers(answer, words, capsys):
     assert ex.check_rope_function(answer, kernel=OWN_BACKWARD) is False
     out = capsys.readouterr().out

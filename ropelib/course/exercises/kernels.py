@@ -21,7 +21,6 @@ import triton
 
 from ... import reference, runtime
 from ..kernels import batch_reuse, naive
-from ..kernels.batch_reuse import rope_batch_reuse
 from . import _compare, check, is_blank_kernel
 from .own_code import (LibraryAnswer, check_cases, fresh_generator, library_barred,
                        run_own_code)
@@ -318,21 +317,21 @@ def check_rope_function(cls, kernel=None) -> bool:
     memory: `ctx.save_for_backward(x)`, `ctx.x = x`, a copy of x or of y in ctx, or x parked in a
     global all fail it.
 
-    The forward may use the teaching kernels (`rope_batch_reuse`, `rope_naive`), which the
-    exercise hands the learner, or a kernel of the learner's that calls ropelib's `round_to`
-    (notebook 06's `rope_cell` launches such a copy of the teaching kernel); the backward runs
-    with all of ropelib's answers barred, so it must launch the learner's own kernel (`kernel`,
-    exercise 2's, when given). The finished API and the worked solution are barred in both.
+    The forward must launch a kernel of the learner's: notebook 06's section-2 kernel through
+    `rope_cell` (which calls ropelib's `round_to`, the one helper allowed there), or their own
+    backward launcher at -freqs (the transpose of the rotation by -theta is the rotation by
+    theta); ropelib's teaching kernels are barred like its finished API. The backward runs with
+    all of ropelib's answers barred, `round_to` too, so it must launch the learner's own kernel
+    (`kernel`, exercise 2's, when given). The worked solution is barred in both.
     """
     import gc
     import weakref
 
     from ...kernels.common import round_to
-    from ..kernels import batch_reuse, naive
     from .backward_kernel import count_launches
 
     name = "RoPE autograd.Function"
-    what_fwd = "your autograd.Function (a teaching kernel may do its forward)"
+    what_fwd = "your autograd.Function, its forward with a kernel of yours (or section 2's rope_cell)"
     what_bwd = "your autograd.Function's backward, with your own kernel"
     if cls is None or cls is Ellipsis:
         return check(name, None, True)
@@ -352,7 +351,7 @@ def check_rope_function(cls, kernel=None) -> bool:
         return False
     with count_launches() as fwd_launches:
         ok, y = run_own_code(f"{name} (forward)", what_fwd, cls.apply, x, freqs,
-                             allow=(batch_reuse, naive, round_to), bar=_solutions())
+                             allow=(round_to,), bar=_solutions())
     del x
     if not ok:
         return False
@@ -361,7 +360,8 @@ def check_rope_function(cls, kernel=None) -> bool:
         return check(f"{name} (forward)", y, want_y, atol=1e-5, rtol=1e-5)
     if fwd_launches["launches"] == 0:
         print(f"❌ {name}: forward launched no Triton kernel (a PyTorch formula does not count): "
-              "call a kernel launcher, e.g. ropelib.course.kernels.batch_reuse.rope_batch_reuse")
+              "call a kernel launcher of yours: section 2's rope_cell, or your backward "
+              "launcher at -freqs")
         return False
     gc.collect()
     ctx = y.grad_fn
@@ -473,7 +473,9 @@ class SolutionRopeFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, freqs):
         ctx.save_for_backward(freqs)  # not x: the backward is linear and needs only the angles
-        return rope_batch_reuse(x, freqs)
+        # the backward's kernel at -theta: the transpose of the rotation by -theta is the
+        # rotation by theta (in the notebook, section 2's rope_cell does the same)
+        return solution_rope_backward(x, -freqs)
 
     @staticmethod
     def backward(ctx, grad_y):
