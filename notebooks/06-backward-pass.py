@@ -319,7 +319,12 @@ def rope_cell(x, freqs, *, backward=False, num_warps=4):
 # one in section 3, beside the forward alone. For a 1 GiB tensor the step takes 2.00x the
 # forward, what the equal byte counts predict. For a 32 MiB tensor it takes 5.05x (4.5x to 6.3x
 # between the two timings' 20 % and 80 % quantiles, far above 2 either way): at that size
-# something besides the kernels' bytes sets an eager step's time. Notebook 07 (section 7) times
+# something besides the kernels' bytes sets an eager step's time. Two things, both read from
+# committed runs. The forward itself is set by its programs, not its bytes: at batch 1 the grid
+# $(S, H)$ starts 131,072 one-warp programs, and an empty kernel's cost per program (notebook
+# 03, section 4) puts 79.2 µs on starting them, 0.94 of the forward's 84.6 µs. And the step
+# spends 258 µs beyond two forwards' time, outside the kernels if the backward takes the
+# forward's time, as it does at 1 GiB. Notebook 07 (section 7) times
 # the host and the device of a forward+backward call apart for ropelib's finished kernel, a
 # different route from this one: at 64 MiB, twice this tensor, its host's work around the
 # launches, autograd's included, takes 3.3 to 4.9 times as long as its kernels.
@@ -377,6 +382,18 @@ assert f"{small['fwdbwd_ms'] / small['fwd_ms']:.2f}" == "5.05"
 spread = (small["fwdbwd_ms_p20"] / small["fwd_ms_p80"], small["fwdbwd_ms_p80"] / small["fwd_ms_p20"])
 print(f"  over the 20-80 % quantiles of both timings: {spread[0]:.1f}x to {spread[1]:.1f}x")
 assert (round(spread[0], 1), round(spread[1], 1)) == (4.5, 6.3)     # far above 2 either way
+# the 32 MiB forward against the cost of starting its programs (notebook 03, section 4): an
+# empty kernel of a million one-warp programs on the same GPU, per program and SM
+_, cost_rows = measured.load("program_cost")
+empty = next(r for r in cost_rows if r["kernel"] == "empty" and r["num_warps"] == 1)
+programs = small["seq_len"] * small["heads"]                          # the grid (S, H)
+start_us = programs * empty["ns_per_program_per_sm"] / empty["sms"] / 1e3
+outside_us = (small["fwdbwd_ms"] - 2 * small["fwd_ms"]) * 1e3
+print(f"  {programs:,} programs x {empty['ns_per_program_per_sm']:.1f} ns / {empty['sms']} SMs = "
+      f"{start_us:.1f} us just to start them: {start_us / (small['fwd_ms'] * 1e3):.2f} of the "
+      f"forward; the step beyond two forwards' time: {outside_us:.0f} us")
+assert programs == 131_072 and round(start_us, 1) == 79.2
+assert round(start_us / (small["fwd_ms"] * 1e3), 2) == 0.94 and round(outside_us) == 258
 
 # %% [markdown]
 # ## 3. A `torch.autograd.Function`
