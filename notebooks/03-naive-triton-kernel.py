@@ -629,14 +629,17 @@ else:
 #   `measured` derives an upper bound per SM, with no counter behind it: resident warps × the
 #   `x` bytes a warp asks for in one step (one 256-byte row, for the naive kernel as for
 #   notebook 04's, whose `x B/prog` counts the $B$ rows it loops over). The naive kernel's is
-#   4.5 KiB, a twelfth of the copy's 54.6 KiB. But notebook 04's batch-reusing kernel asks for
-#   only 1.7 times as much and runs 3.5 times faster, so bytes in flight do not explain the gap
-#   between the two (notebook 05 measures where bytes in flight do set the time).
+#   4.5 KiB, a twelfth of the copy's 54.6 KiB. Yet that bound does not set its time, as the
+#   next point shows (notebook 05 measures where bytes in flight do set the time).
 # - **The number of programs.** Notebook 04's ablation has two more kernels of 1,048,576
 #   one-row programs: `sh_one_b`, notebook 04's kernel with its batch loop cut to one row, and
 #   `sh_one_b_table`, the same reading cos and sin from fp32 tables (no sine or cosine). The
-#   three execute warp instructions 4.7 times apart and reach occupancies 2.9 times apart, yet
-#   take the same time within 0.3 %. What they share is their number of programs.
+#   three execute warp instructions 4.7 times apart and reach occupancies of 28.1, 18.4 and
+#   9.7 %, so by the same formula 4.5, 3.0 and 1.6 KiB of `x` per SM, yet take 634.0, 633.2
+#   and 632.4 µs: the same time within 0.3 % while the bytes in flight fall nearly threefold.
+#   What they share is their number of programs. (Notebook 04's batch-reusing kernel, with
+#   $B$ times fewer programs, asks for only 1.7 times the naive kernel's KiB per SM and runs
+#   3.5 times faster.)
 
 # %%
 from ropelib.course import measured
@@ -679,19 +682,24 @@ print(f"batch-reusing kernel (notebook 04): {kib_ratio:.1f}x the naive kernel's 
       f"{speedup:.1f}x faster")
 assert (round(kib_ratio, 1), round(speedup, 1)) == (1.7, 3.5)
 assert nv["programs"] == reuse_m["batch"] * reuse_m["programs"]
-# three kernels of a million one-row programs: instructions 4.7x apart, occupancy 2.9x apart,
-# the same time within 0.3 %
+# three kernels of a million one-row programs: instructions 4.7x apart, occupancy and KiB of
+# x per SM 2.9x apart, the same time within 0.3 %
 million = [mech[v] for v in ("naive", "sh_one_b", "sh_one_b_table")]
 print(measured.table(million, [
     ("kernel", "variant", ""), ("programs", "programs", ","), ("time us", "us", ".1f"),
     ("warp instr.", "ncu_warp_inst", ",.0f"),
-    ("occ. achieved %", "ncu_achieved_occupancy_pct", ".1f")]))
+    ("occ. achieved %", "ncu_achieved_occupancy_pct", ".1f"),
+    ("x KiB/SM", "x_kib_per_sm", ".1f")]))
 inst = [r["ncu_warp_inst"] for r in million]
 occ = [r["ncu_achieved_occupancy_pct"] for r in million]
+kib = [r["x_kib_per_sm"] for r in million]
 times = [r["us"] for r in million]
 assert all(r["programs"] == nv["programs"] and r["num_warps"] == 1 for r in million)
 assert round(max(inst) / min(inst), 1) == 4.7 and round(max(occ) / min(occ), 1) == 2.9
-assert max(times) / min(times) < 1.003
+assert [f"{v:.1f}" for v in occ] == ["28.1", "18.4", "9.7"]
+assert [f"{v:.1f}" for v in kib] == ["4.5", "3.0", "1.6"]
+assert [f"{v:.1f}" for v in times] == ["634.0", "633.2", "632.4"]
+assert max(times) / min(times) < 1.003 and max(kib) / min(kib) > 2.5   # bytes in flight fall ~3x
 
 # %% [markdown]
 # So what does a program cost when it does nothing? `benchmarks/program_cost.py` launched, on
@@ -732,7 +740,9 @@ assert round(life_us, 1) == 1.4
 # A million programs that do nothing take as long as the naive kernel (within 1 %), and as
 # long as a million programs that each move their row. So at 1 warp the naive kernel's time is
 # the time the GPU takes to start and retire its programs, about 80 ns per program on each SM;
-# its loads, stores and arithmetic hide under that. The cost does not grow with the warps: the
+# its loads, stores and arithmetic fit under that, but only just: in the profile below the
+# schedulers of the 1-warp naive kernel issue an instruction in 72 % of cycles, those of the
+# one-row kernel (a row moved, no arithmetic) in 4 %. The cost does not grow with the warps: the
 # empty and one-row kernels keep their 1-warp time at 8 warps, when at most 8 programs fit an
 # SM (64 warp slots ÷ 8).
 #
@@ -764,7 +774,8 @@ nw = dict(zip(nw_labels, (k["metrics"] for k in measured.ncu_kernels(nw_csv))))
 assert compare.read_meta(nw_csv)["gpu"] == "NVIDIA H200"
 NOT_SELECTED = "smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio"
 M = 1e6
-programs_m = 4096 * 8 * 32                        # the profile's x: S = 4096, B = 8, H = 32
+programs_m = round(nw["naive, 1 warp"]["sm__ctas_launched.sum"])   # programs launched
+assert programs_m == 4096 * 8 * 32                # the profile's x: S = 4096, B = 8, H = 32
 print(f"NVIDIA H200 ({nw_csv.name}), bf16 sbhd x [4096, 8, 32, 128], {programs_m:,} programs")
 print(f"{'':18s}{'us':>8s}{'warp instr. M':>15s}{'loads M':>9s}{'sectors M':>11s}"
       f"{'issuing':>9s}{'not selected':>14s}")
@@ -1637,13 +1648,14 @@ if GPU:
 # your prediction stop holding, in the ablation and in the rows timed live, and why there?
 #
 # The rows timed live (on a GPU, the second table) are the worked kernel's until yours passes,
-# not notebook 04's; read their ratio line. In the H200 run this text was written against, it
-# refuted the model for this kernel: 4 rows a program took about twice their prediction, 8
-# rows about four times, and 8 rows were slower than 2 (live timings, not asserted; a rerun
-# prints its own). One difference from the ablation's kernel can be counted on the CPU: the
-# worked kernel evaluates cos and sin for every row of its tile, notebook 04's those of its
-# position once, shared by its heads. The next cell counts both in the interpreter
-# (`work_count`, notebook 04's counting tool) on a small `x` of one position and 8 heads.
+# not notebook 04's; read their ratio line, which a GPU run prints beside them. The profile
+# below times the worked kernel under Nsight Compute at 645, 413, 396 and 676 µs for 1, 2, 4
+# and 8 rows a program (the ablation's kernel: 648, 325, 192, 150): the model does not hold
+# for it, and 8 rows are slower than 2. One difference from the ablation's kernel can be
+# counted on the CPU: the worked kernel evaluates cos and sin for every row of its tile,
+# notebook 04's those of its position once, shared by its heads. The next cell counts both in
+# the interpreter (`work_count`, notebook 04's counting tool) on a small `x` of one position
+# and 8 heads.
 
 # %%
 from ropelib.course import work_count
@@ -1689,7 +1701,15 @@ assert compare.read_meta(rows_csv)["gpu"] == "NVIDIA H200"
 rows_labels = [f"worked, {r} row{'s' * (r > 1)}" for r in (1, 2, 4, 8)] + \
     [f"notebook 04, {r} head{'s' * (r > 1)}" for r in (1, 2, 4, 8)] + ["copy"]
 prof = dict(zip(rows_labels, (k["metrics"] for k in measured.ncu_kernels(rows_csv))))
-print(f"NVIDIA H200 ({rows_csv.name}), bf16 sbhd x [32768, 1, 32, 128], warps 1, 1, 2, 1")
+rows_warps = [round(prof[label]["launch__block_size"]) // 32 for label in rows_labels[:4]]
+rows_grid = [round(prof[label]["launch__grid_size"]) for label in rows_labels[:4]]
+# the profile's x is [32768, 1, 32, 128] (S, B, H, D; the file has no shape column): its
+# S * B * H rows split into ROWS-row programs, for both kernels
+assert rows_grid == [32768 * 32 // r for r in (1, 2, 4, 8)]
+assert rows_grid == [round(prof[label]["launch__grid_size"]) for label in rows_labels[4:8]]
+assert rows_warps == [round(prof[label]["launch__block_size"]) // 32 for label in rows_labels[4:8]]
+print(f"NVIDIA H200 ({rows_csv.name}), bf16 sbhd x [32768, 1, 32, 128], programs "
+      + ", ".join(f"{g:,}" for g in rows_grid) + ", warps " + ", ".join(map(str, rows_warps)))
 print(f"{'':22s}{'us':>6s}{'warp instr. M':>15s}{'issuing':>9s}{'regs':>6s}{'warps fit':>11s}"
       f"{'warps active':>14s}")
 for label, m in prof.items():
