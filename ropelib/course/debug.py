@@ -761,22 +761,10 @@ def repro_kernel_instructions(enable_fp_fusion: bool = True, arch: int = 90) -> 
     interpreter in a child Python without TRITON_INTERPRET)."""
     if not runtime.INTERPRET:
         return _repro_instructions_here(bool(enable_fp_fusion), arch)
-    import json
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2]) + os.pathsep + \
-        env.get("PYTHONPATH", "")
+    from .offline_compile import in_compiling_python
     code = ("import json; from ropelib.course.debug import _repro_instructions_here; "
             f"print(json.dumps(_repro_instructions_here({bool(enable_fp_fusion)}, {int(arch)})))")
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=300)
-    if done.returncode != 0:
-        raise RuntimeError(f"compiling the reproduction kernel for sm_{arch} failed:\n"
-                           f"{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return in_compiling_python(code, what=f"compiling the reproduction kernel for sm_{arch}")
 
 
 def te_bits_inputs(scenario: Scenario, device="cpu"):

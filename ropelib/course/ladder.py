@@ -25,11 +25,7 @@ The last rung computes what ropelib's finished kernel computes, bit for bit, on 
 Offsets are int32: tensors below 2**31 elements.
 """
 import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 from typing import NamedTuple, Optional
 
 import torch
@@ -42,7 +38,7 @@ from .kernels.batch_reuse import rope_batch_reuse
 from ..kernels.common import BF16_RTNE, round_to
 from ..kernels.common import cos_sin
 from ..runtime import INTERPRET
-from .offline_compile import compile_for_cuda, resource_usage
+from .offline_compile import compile_for_cuda, in_compiling_python, resource_usage
 
 
 # --- rung 1: a tile of heads ------------------------------------------------------------------
@@ -469,19 +465,11 @@ def compile_for_gpu(whats, S: int = 4096, B: int = 8, H: int = 32, D: int = 128,
     whats = [whats] if isinstance(whats, str) else list(whats)
     if not INTERPRET:
         return [_compile_here(w, S, B, H, D, dtype, sm_count, arch, knobs) for w in whats]
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = str(Path(__file__).resolve().parents[1])
-    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")   # Triton's default, without its warning
     call = json.dumps([whats, S, B, H, D, dtype, sm_count, arch, knobs])
     code = ("import json; from ropelib.course.ladder import _compile_here; "
             f"w, *a = json.loads({call!r}); "
             "print(json.dumps([_compile_here(x, *a) for x in w]))")
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=timeout)
-    if done.returncode != 0:
-        raise RuntimeError(f"compiling {whats} for sm_{arch} failed:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return in_compiling_python(code, what=f"compiling {whats} for sm_{arch}", timeout=timeout)
 
 
 # --- the figures of notebook 05 -------------------------------------------------------------------

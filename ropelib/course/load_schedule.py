@@ -35,10 +35,7 @@ tensors (only their dtype matters), the others as values, as a launch would pass
 """
 import inspect
 import json
-import os
 import re
-import subprocess
-import sys
 import tempfile
 import textwrap
 from pathlib import Path
@@ -47,7 +44,7 @@ from typing import Optional
 import torch
 
 from ..runtime import INTERPRET
-from .offline_compile import compile_for_cuda, cuobjdump, resource_usage
+from .offline_compile import compile_for_cuda, cuobjdump, in_compiling_python, resource_usage
 
 __all__ = ["schedule", "sass_instructions", "load_bytes", "load_widths", "check_wide_loads"]
 
@@ -161,17 +158,10 @@ def schedule(kernel, args: dict, *, num_warps: int, num_stages: Optional[int] = 
         path = Path(tmp) / "notebook_kernel.py"
         path.write_text("import triton\nimport triton.language as tl\n\n\n"
                         + textwrap.dedent(inspect.getsource(fn)))
-        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-        root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-        env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")   # Triton's default, without its warning
         request = json.dumps(dict(name=fn.__name__, module=module, args=_encode(args),
                                   num_warps=num_warps, num_stages=num_stages))
-        done = subprocess.run([sys.executable, "-c", _CHILD, str(path), request], env=env,
-                              capture_output=True, text=True, timeout=timeout)
-    if done.returncode != 0:
-        raise RuntimeError(f"compiling {fn.__name__} for sm_90 failed:\n{done.stderr[-2000:]}")
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+        out = in_compiling_python(_CHILD, str(path), request,
+                                  what=f"compiling {fn.__name__} for sm_90", timeout=timeout)
     out["loads"] = [tuple(x) for x in out["loads"]]
     return out
 

@@ -4,18 +4,23 @@ code uses: Triton's front end, its optimiser and ptxas run on the CPU.
 Notebook 05's layouts (ladder.compile_for_gpu), notebook 12's resource table
 (counts.qkv_tile_resources) and the sm_90 compile check of the tests (tests/gpu_compile_check.py)
 all compile through `compile_for_cuda` and read the cubin with `resource_usage`. Run without
-TRITON_INTERPRET: under the interpreter @triton.jit gives interpreted functions.
+TRITON_INTERPRET: under the interpreter @triton.jit gives interpreted functions, so a course
+session under the interpreter compiles in a second Python (`in_compiling_python`).
 """
+import json
 import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
+from pathlib import Path
 from typing import Optional
 
 import triton
 
-__all__ = ["compile_for_cuda", "cuobjdump", "resource_usage", "triton_tool"]
+__all__ = ["compile_for_cuda", "cuobjdump", "in_compiling_python", "resource_usage",
+           "triton_tool"]
 
 
 def compile_for_cuda(kernel, args: dict, *, num_warps: int, num_stages: Optional[int] = None,
@@ -43,6 +48,22 @@ def compile_for_cuda(kernel, args: dict, *, num_warps: int, num_stages: Optional
     options, signature, constexprs, attrs = kernel._pack_args(backend, options, bound, spec, opts)
     return triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=target,
                           options=options.__dict__)
+
+
+def in_compiling_python(code: str, *argv: str, what: str, timeout: float = 300.0):
+    """Run `code` in a second Python without TRITON_INTERPRET (under the interpreter @triton.jit
+    gives interpreted functions, and a kernel object cannot be both interpreted and compiled),
+    with ropelib importable, and return the JSON `code` printed as its last line. `argv`: the
+    child's sys.argv[1:]. Raises RuntimeError saying `what` failed, with the child's stderr."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")   # Triton's default, without its warning
+    done = subprocess.run([sys.executable, "-c", code, *argv], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise RuntimeError(f"{what} failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def triton_tool(name: str) -> Optional[str]:
