@@ -20,22 +20,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ropelib  # noqa: E402
+from autograd_host_probe import function_with  # noqa: E402  (the floor: a trivial Function)
 from ropelib import api, eager  # noqa: E402
-
-
-class Trivial(torch.autograd.Function):
-    """The floor: saves the table, an empty_like each way."""
-
-    @staticmethod
-    def forward(ctx, x, table):
-        ctx.save_for_backward(table)
-        return torch.empty_like(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        ctx.saved_tensors
-        return torch.empty_like(grad), None
 
 
 def best_us(fn, calls: int, rounds: int) -> float:
@@ -64,7 +52,8 @@ def pieces(device: str) -> dict:
     ctx = y.grad_fn
     rev = ctx.rotation.reverse((g,), ctx.x_dtype)
     saved = ctx.saved_tensors
-    yt = Trivial.apply(xg, freqs)
+    trivial = function_with(None, "neither")      # empty_like each way, the table saved
+    yt = trivial(xg, freqs)
 
     def no_grad(fn):
         def run():
@@ -84,13 +73,13 @@ def pieces(device: str) -> dict:
         "      its run (output + pointer pick)": lambda: planned.rotation.run((xg,), [freqs]),
         "      torch.empty_like(x, dtype, contiguous)": lambda: torch.empty_like(
             x, dtype=x.dtype, memory_format=torch.contiguous_format),
-        "trivial Function, forward with grad": lambda: Trivial.apply(xg, freqs),
+        "trivial Function, forward with grad": lambda: trivial(xg, freqs),
         "Rotate.backward under no_grad": no_grad(lambda: eager.Rotate.backward(ctx, g)),
         "  the reverse's lookup (PlannedRotation.reverse)": lambda: ctx.rotation.reverse(
             (g,), ctx.x_dtype),
         "  its run": lambda: rev.run((g,), saved),
-        "trivial Function's backward under no_grad": no_grad(lambda: Trivial.backward(
-            yt.grad_fn, g)),
+        "trivial Function's backward under no_grad": no_grad(
+            lambda: trivial.__self__.backward(yt.grad_fn, g)),     # trivial: the class's apply
         "autograd.grad of apply_rope's output (retain_graph)": lambda: torch.autograd.grad(
             y, [xg], [g], retain_graph=True),
         "autograd.grad of the trivial Function's output": lambda: torch.autograd.grad(

@@ -16,6 +16,8 @@ fp32 multiply-add, one rounding), labelled "TE emulation".
 """
 from __future__ import annotations
 
+import collections
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -734,10 +736,8 @@ _SASS_FLOAT_OPS = r"\b((?:HFMA2|HMUL2|HADD2|FFMA|FMUL|FADD)(?:\.[A-Z0-9_]+)*)\b"
 def float_instructions(ptx: str, sass: Optional[str] = None) -> dict:
     """{"ptx": {op: count}, "sass": {op: count}} of the floating-point multiplies, adds and fmas
     in a compiled kernel's PTX and SASS (sass None or empty: {})."""
-    import collections
-    import re
-    count = lambda pattern, text: dict(sorted(collections.Counter(  # noqa: E731
-        re.findall(pattern, text or "")).items()))
+    def count(pattern, text):
+        return dict(sorted(collections.Counter(re.findall(pattern, text or "")).items()))
     return {"ptx": count(_PTX_FLOAT_OPS, ptx), "sass": count(_SASS_FLOAT_OPS, sass)}
 
 
