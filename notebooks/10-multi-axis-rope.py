@@ -1157,7 +1157,8 @@ def angles_no_store_in_loop(
 # compiled for sm_90 by this machine's Triton, in a second Python without TRITON_INTERPRET
 # (under the interpreter @triton.jit gives interpreted functions): the kernels' source is
 # written to a file there, since a notebook's kernels cannot be imported
-import json, subprocess, sys, tempfile   # noqa: E401
+import tempfile
+from ropelib.course.offline_compile import in_compiling_python
 HOIST_CHILD = r'''
 import importlib.util, json, sys, torch
 from ropelib.course.offline_compile import compile_for_cuda
@@ -1179,15 +1180,10 @@ with tempfile.TemporaryDirectory() as tmp:
     src = Path(tmp) / "notebook_kernels.py"
     src.write_text("import triton\nimport triton.language as tl\n\n\n" + "\n\n".join(
         inspect.getsource(kern.fn) for kern in hoist_kernels))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")   # Triton's default, without its warning
-    done = subprocess.run([sys.executable, "-c", HOIST_CHILD, str(src),
-                           *map(str, (T_NCU, HQ6, HK6, D6, BLOCK_T_NCU)),
-                           "mrope_per_head_kernel", "angles_no_store_in_loop"],
-                          env=env, capture_output=True, text=True, timeout=600)
-assert done.returncode == 0, done.stderr[-2000:]
-hoist_ir = json.loads(done.stdout.strip().splitlines()[-1])
+    hoist_ir = in_compiling_python(HOIST_CHILD, str(src),
+                                   *map(str, (T_NCU, HQ6, HK6, D6, BLOCK_T_NCU)),
+                                   "mrope_per_head_kernel", "angles_no_store_in_loop",
+                                   what="compiling the head-loop kernels for sm_90", timeout=600)
 
 
 def in_and_out_of_loops(ttgir):
