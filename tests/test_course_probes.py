@@ -36,3 +36,12 @@ def test_chain_is_one_cycle_through_every_line():
         seen.append(p)
         p = int(nxt[p])
     assert p == start and sorted(seen) == list(range(0, 64 * per_line, per_line))
+
+
+def test_ladder_table_probe_dry_run(capsys):
+    """The last rung with cos/sin loaded from tables: the same outputs as the rung (within a
+    bf16 step, checked inside the probe), on the lesson's tiny shape."""
+    probe = load_file("ladder_table_probe", ROOT / "benchmarks" / "ladder_table_probe.py")
+    probe.main(["--dry-run"])
+    out = capsys.readouterr().out
+    assert "from_table" in out and "equal_halves" in out
