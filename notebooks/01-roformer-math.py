@@ -107,9 +107,6 @@ fig.savefig(FIGURES / "01-2d-rotation.png", dpi=120)
 plt.show()
 
 # %% [markdown]
-# ![The same vector rotated by m·θ for positions m = 0..5](../figures/01-2d-rotation.png)
-
-# %% [markdown]
 # ## 2. The block-diagonal rotation matrix $R_m$
 #
 # A head has $d$ features. RoPE splits them into $d/2$ pairs and turns pair $j$ at its own
@@ -170,8 +167,6 @@ fig.savefig(FIGURES / "01-block-diagonal.png", dpi=120)
 plt.show()
 
 # %% [markdown]
-# ![R_3 is block-diagonal: four 2x2 rotations](../figures/01-block-diagonal.png)
-#
 # The four pairs turn at 1, 0.1, 0.01 and 0.001 radians per position (the $\theta_j$ printed
 # above), like the hands of a clock, from seconds to hours.
 
@@ -292,8 +287,6 @@ fig.savefig(FIGURES / "01-relative-scores.png", dpi=120)
 plt.show()
 
 # %% [markdown]
-# ![Scores for all (m, n): with RoPE every diagonal holds one value; with added sinusoids it does not](../figures/01-relative-scores.png)
-#
 # Left, RoPE: every diagonal holds one value. Right, the same $q$ and $k$ with added sinusoids:
 # the main diagonal still stands out, since $\langle p_m, p_n\rangle$ is largest at $m = n$
 # (where it is $d/2$), but the scores change along the diagonals, the largest change exceeding
@@ -396,8 +389,6 @@ assert math.isclose(wavelength[-1].item(), 2 * math.pi * base * factor, rel_tol=
 assert round(factor, 2) == 0.81 and abs((1 - factor) - 1 / 5) < 0.02
 
 # %% [markdown]
-# ![The wavelength of each pair, and each scaling's change](../figures/01-frequency-spectrum.png)
-#
 # Left: the wavelength of each pair; the pairs above the dashed line never finish a turn in
 # 8192 tokens. Right: each scaling's $\theta'_j/\theta_j$. Linear is flat at $1/8$; NTK starts
 # at 1 and falls geometrically to $1/8$; Llama 3.1 keeps the fast pairs, divides the slow ones
@@ -571,8 +562,6 @@ fig.savefig(FIGURES / "01-long-term-decay.png", dpi=120)
 plt.show()
 
 # %% [markdown]
-# ![The bound decays; random q, k score 0 on average](../figures/01-long-term-decay.png)
-#
 # Left: the relative upper bound decays with distance, as in RoFormer's Figure 2. Right: the
 # mean score of independent random $q, k$ is zero within sampling error at every distance, with
 # a spread near $\sqrt d$ that does not shrink; the mean score of $k = q$ decays. Over 250
@@ -690,19 +679,27 @@ basics.check_rotation_matrix(rotation_matrix);
 solution(basics.solution_rotation_matrix)
 
 # %% [markdown]
-# **Exercise 2 — the relative angle.** $R_m^\top R_n$ is again block-diagonal. Write
-# `relative_angle(m, n, inv_freq)` returning the $d/2$ angles of its blocks (any angle that is
-# equal modulo $2\pi$ counts).
+# **Exercise 2 — the score from complex pairs.** Section 4 wrote the score of a query at
+# position $m$ and a key at position $n$ as
+# $g(q, k, n-m) = \mathrm{Re}\sum_j q_j\, \overline{k_j}\, e^{-i(n-m)\theta_j}$, with the pairs
+# read as complex numbers, $q_j = q_{2j} + i\,q_{2j+1}$ and $k_j = k_{2j} + i\,k_{2j+1}$. Write
+# `relative_score(q, k, offset, inv_freq)` that computes this sum, `offset` being $n - m$:
+# `q` and `k` are float64 vectors of $d$ features, the result is one number. Work with the
+# complex pairs, not with rotation matrices: the check compares your number with the rotated dot
+# product $(R_m q)^\top (R_n k)$ for several $m$ and $n$, $n < m$ (a negative offset) among
+# them, and refuses an answer that rotates the vectors instead (ropelib, `rot2`,
+# `R_from_reference`, `rope_at`, your `rotation_matrix` of exercise 1, `torch.block_diag`). Which pair is conjugated and the sign
+# of the offset are where it goes wrong: a wrong sign still gives the right score at $m = n$.
 
 # %%
-def relative_angle(m, n, inv_freq):
-    ...   # your code: a [d/2] tensor of angles
+def relative_score(q, k, offset, inv_freq):
+    ...   # your code: one number, Re sum_j q_j conj(k_j) e^{-i offset theta_j}
 
 
-basics.check_relative_angle(relative_angle);
+basics.check_relative_score(relative_score);
 
 # %%
-solution(basics.solution_relative_angle)
+solution(basics.solution_relative_score)
 
 # %% [markdown]
 # **Exercise 3 — rotate_half.** Implement both pairings of `rotate_half(x, interleaved)`:

@@ -370,8 +370,7 @@ fig.savefig(FIGURES / "02-context-parallel.png", dpi=120)
 plt.show()
 
 # %% [markdown]
-# ![Each rank holds one chunk from the front and its mirror from the
-# back](../figures/02-context-parallel.png)
+# Each rank holds one chunk from the front and its mirror from the back.
 #
 # Rotating a rank's local tokens with `cp_size, cp_rank` must give the same rows as rotating the
 # whole sequence and then picking that rank's positions:
@@ -579,9 +578,6 @@ fig.savefig(FIGURES / "02-unfused-traffic.png", dpi=120)
 plt.show()
 
 # %% [markdown]
-# ![Bytes read and written by each kernel of the unfused path, against the fused
-# floor](../figures/02-unfused-traffic.png)
-#
 # The forward runs 10 kernels that move 12.5 times the bytes of $x$; a fused kernel reads $x$
 # once, writes $y$ once and reads the fp32 table: 2.06 times, so the unfused forward moves 6.1
 # times as much. Six of its ops stream a tensor the size of $x$ or half of it (`neg`), and the
@@ -647,41 +643,53 @@ assert (round(share_fwd, 2), round(share_bwd, 2)) == (0.19, 0.33)
 # `torch.profiler` lists the same operations. On the CPU it shows the ATen ops; on a GPU,
 # with CUDA activity, it lists the actual kernels launched — one per op for the unfused path,
 # a single Triton kernel for `ropelib.apply_rope`.
+#
+# One thing is set aside here. For a large tensor on a GPU (this section's `x` is 128 MiB),
+# `apply_rope` normally plans two passes — a small kernel that prepares the angle rows, then a
+# flat kernel that rotates — which notebook 05 explains and measures. This section wants one
+# kernel against the chain, so its cells force the single-kernel route (`forced("finished")`
+# from `ropelib.bench.routes`): ropelib's finished kernel, `_rope_kernel`, reading the fp32
+# table itself.
 
 # %%
 from collections import Counter
 
 from torch.profiler import ProfilerActivity, profile
 
+from ropelib.bench.routes import forced   # one kernel for apply_rope, at every size
 from ropelib.course import counts    # the profile filters notebook 11 counts a decode step with
 
 activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if GPU else [])
 # an input that needs gradients, as in training: ropelib then runs as one autograd function
 xp = torch.randn(S, B, H, D, device=device, dtype=dtype, requires_grad=True)
 fp = rope_freqs(S, D).to(device)
-reference.te_unfused(xp, fp), ropelib.apply_rope(xp, fp)          # warm up (compile, caches)
-launched = {}
-for name, fn in {"TE unfused": lambda: reference.te_unfused(xp, fp),
-                 "ropelib.apply_rope": lambda: ropelib.apply_rope(xp, fp)}.items():
-    with profile(activities=activities, acc_events=True) as prof:
-        fn()
-        if GPU:
-            torch.cuda.synchronize()
+launched, events_of = {}, {}
+with forced("finished"):                                         # the single-kernel route
+    reference.te_unfused(xp, fp), ropelib.apply_rope(xp, fp)      # warm up (compile, caches)
+    for name, fn in {"TE unfused": lambda: reference.te_unfused(xp, fp),
+                     "ropelib.apply_rope": lambda: ropelib.apply_rope(xp, fp)}.items():
+        with profile(activities=activities, acc_events=True) as prof:
+            fn()
+            if GPU:
+                torch.cuda.synchronize()
+        events_of[name] = prof.events()
+for name, events in events_of.items():
     if GPU:   # the kernels the GPU actually ran
         what = "GPU kernels"
-        ops = counts.gpu_kernels(prof.events())          # memory copies and sets left out
+        ops = counts.gpu_kernels(events)                 # memory copies and sets left out
     else:     # the top-level operations the CPU ran, views left out
         what = "top-level ops (views left out)"
-        ops = [e.name for e in prof.events()
-               if e.cpu_parent is None and e.name not in counts.VIEW_OPS]
+        ops = [e.name for e in events if e.cpu_parent is None and e.name not in counts.VIEW_OPS]
     launched[name] = Counter(ops)
     print(f"{name}: {len(ops)} {what}")
     for op, n in launched[name].items():
         print(f"    {n} x {op[:100]}")
 n_unfused, n_fused = (sum(launched[k].values()) for k in ("TE unfused", "ropelib.apply_rope"))
 assert n_unfused >= 8 and n_fused < n_unfused
-if GPU:         # one kernel per counted op for the chain, one Triton kernel for ropelib
+if GPU:         # one kernel per counted op for the chain, ropelib's finished kernel for ropelib
     assert n_unfused == len(fwd.ops) and n_fused == 1
+    assert xp.numel() * xp.element_size() == 128 << 20     # the 128 MiB the text names
+    assert "_rope_kernel" in next(iter(launched["ropelib.apply_rope"])), launched
 else:           # one autograd node: ropelib's Rotate
     assert list(launched["ropelib.apply_rope"]) == ["Rotate"]
 
@@ -707,7 +715,8 @@ if GPU:
     timed_unfused_bytes = sum(r + w for _, r, w in counted.ops)
     moved = 2 * xd.numel() * xd.element_size() + fp.numel() * 4     # the fused kernel's bytes
     t_unfused = triton.testing.do_bench(lambda: reference.te_unfused(xd, fp))
-    t_fused = triton.testing.do_bench(lambda: ropelib.apply_rope(xd, fp))
+    with forced("finished"):                     # one kernel, as in the profile above
+        t_fused = triton.testing.do_bench(lambda: ropelib.apply_rope(xd, fp))
     t_copy = triton.testing.do_bench(lambda: y_buf.copy_(xd))
     print(f"{LIVE}:")
     for name, t in [("copy (floor)", t_copy), ("ropelib.apply_rope", t_fused),
@@ -797,8 +806,9 @@ if GPU:
     copy_us = kb.mean_us(copies, repeats, "copy of x")
     copy_gbps = kb.gbps(2 * xd.numel() * xd.element_size(), copy_us)
     # the fused kernel, timed as the copy is (device time), beside do_bench's time of its call
-    fused_device_us = kb.mean_us(kernels_of(lambda: ropelib.apply_rope(xd, fp)), repeats,
-                                 "ropelib.apply_rope")
+    with forced("finished"):                     # the single-kernel route, as timed above
+        fused_device_us = kb.mean_us(kernels_of(lambda: ropelib.apply_rope(xd, fp)), repeats,
+                                     "ropelib.apply_rope")
     rows = kb.kernel_table(kernels_of(lambda: reference.te_unfused(xd, fp)), counted.ops,
                            repeats, copy_gbps)
     kb.write_rows(FIGURES / KERNELS_CSV.name, rows, copy_gbps=copy_gbps,
@@ -908,12 +918,11 @@ c_plain_over = sum(c_kinds[k].over_copy_us for k in (kb.NOT_VECTORIZED, kb.CAT_N
 c_factors = ratio_split(committed["unfused_us"], committed["fused_us"], committed_rows,
                         committed["fused_bytes"], c_copy, float(committed["fused_device_us"]))
 print(f"{COMMITTED}:")
-print(f"  kernels on x below half a copy {c_slow} of {c_on_x}; "
-      f"table kernels {min(c_table_us):.1f} to {max(c_table_us):.1f} us each")
-print(f"  of copy: " + ", ".join(f"{i} {committed_rows[i].op} {committed_rows[i].of_copy:.0%}"
-                                 for i in c_on_x))
-print(f"  beyond the copy's speed: {c_over:.0f} us, {c_plain_over:.0f} us of it not vectorized")
-print("  factors: " + ", ".join(f"{f:.2f}x {what}" for what, f in c_factors.items()))
+print(f"  kernels {c_on_x[0]}-{c_on_x[-1]} at "
+      + "/".join(f"{100 * committed_rows[i].of_copy:.0f}" for i in c_on_x)
+      + f" % of a copy, table kernels {min(c_table_us):.1f}-{max(c_table_us):.1f} us; "
+      f"{c_over:.0f} us beyond the copy's speed, {c_plain_over:.0f} not vectorized; factors "
+      + " * ".join(f"{f:.2f}" for f in c_factors.values()))
 assert c_slow == [4, 5, 6, 7] and c_on_x == [4, 5, 6, 7, 8, 9]
 assert (round(min(c_table_us), 1), round(max(c_table_us), 1)) == (1.4, 2.8)
 assert [round(100 * committed_rows[i].of_copy) for i in c_on_x] == [34, 38, 23, 35, 105, 95]
@@ -921,12 +930,13 @@ assert (round(c_over), round(c_plain_over)) == (509, 506)
 assert [round(f, 2) for f in c_factors.values()] == [1.00, 2.31, 6.02, 1.00, 0.94]
 
 # %% [markdown]
-# The table shows what the bytes alone do not. In the committed run (the `COMMITTED` block the
-# last cell printed), 4 of the 6 kernels on $x$ (the two multiplies, the `neg` and the first
-# `cat`) stream at 23% to 38% of the copy's bandwidth. The table's own `cos`, `sin` and casts,
+# The table shows what the bytes alone do not. The text quotes the committed run, whose numbers
+# the last cell printed in one line (a live table on a GPU varies a little from run to run).
+# There, 4 of the 6 kernels on $x$ (the two multiplies, the `neg` and the first `cat`) stream
+# at 23% to 38% of the copy's bandwidth. The table's own `cos`, `sin` and casts,
 # 1.4 to 2.8 µs each on a small tensor, are left out of that count.
 #
-# The factor lines of the committed run (printed by the last cell) answer "where does the
+# The committed factors (the end of that line, in the formula's order) answer "where does the
 # rest go?": the chain moves 6.02 times the fused kernel's bytes, and its kernels take 2.31
 # times what those bytes would take at the copy's speed; the time between its kernels adds
 # nothing visible (1.00). The last two factors keep two clocks apart: the profiler's device
@@ -1009,6 +1019,45 @@ assert all(abs(q - 1) < 0.05 for r, q in zip(big, under_ncu) if r in eight_wide)
 # replays each kernel under its own measurement, so its durations are not the profiler's: the
 # last line of the cell shows the non-vectorized kernels taking longer under it, the two
 # vectorized ones about as long. Compare its counts, not its times.
+#
+# One more timing answers a question the counters leave aside: is it the broadcast operand
+# that costs the time? On a GPU the next cell times the
+# chain's first multiply, `x * cos`, twice: with the table broadcast over batch and heads, as in
+# the chain, and with the same table expanded to the shape of $x$ and made contiguous. It is the
+# same operation on the same values; the second moves more bytes, since its table is as large
+# as $x$.
+
+# %%
+# x * cos two ways: the table [S, 1, 1, D] broadcast (stride 0 over B and H), and the same
+# table expanded to x's shape and copied into contiguous memory
+if GPU:
+    cos_b = torch.cos(fp).to(xd.dtype)
+    cos_full = cos_b.expand_as(xd).contiguous()
+    assert torch.equal(xd * cos_b, xd * cos_full)
+    x_nbytes = xd.numel() * xd.element_size()
+    same_mul = {}
+    for label, table, nbytes in [
+            ("table broadcast", cos_b, 2 * x_nbytes + cos_b.numel() * cos_b.element_size()),
+            ("table expanded, contiguous", cos_full, 3 * x_nbytes)]:
+        ks = kernels_of(lambda t=table: xd * t)
+        us = kb.mean_us(ks, repeats, label)
+        same_mul[label] = (kb.kernel_kind(ks[0][0]), us, kb.gbps(nbytes, us) / copy_gbps)
+    print(f"{LIVE}: x * cos, device time (mean of {repeats} calls)")
+    for label, (kind, us, of_copy) in same_mul.items():
+        print(f"  {label:28s} {kind:28s} {us:7.1f} us   {of_copy:5.0%} of the copy's GB/s")
+    (kind_b, us_b, of_b), (kind_c, us_c, of_c) = same_mul.values()
+    assert kind_b == kb.NOT_VECTORIZED and kind_c == kb.VECTORIZED
+    assert us_c < us_b and of_c > of_b        # directions only: the margins vary by GPU
+    del cos_full
+else:
+    print("LIVE: none here (a GPU times the two multiplies; the interpreter's times mean nothing)")
+
+# %% [markdown]
+# On a GPU you will see the contiguous multiply launched from the vectorized template and
+# finishing sooner than the broadcast one, although it moves half as many bytes again (both
+# directions asserted; the sizes of the gaps vary by GPU). So the broadcast operand, not the
+# multiply itself, sends the kernel down the slow template. Which part of that template costs more,
+# the one-element loads or the stride arithmetic, this timing does not split either.
 #
 # What to take from section 6: the unfused chain takes 13.0 times as long as one fused call
 # because it moves 6.02 times the bytes *and* streams them at 1/2.31 of a copy's speed, which

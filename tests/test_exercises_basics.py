@@ -91,8 +91,8 @@ def test_solution_prints_outside_jupyter(capsys):
     """, title="Answer")
     out = capsys.readouterr().out
     assert "Answer" in out and "x = 1\ny = x + 1" in out
-    solution(basics.solution_relative_angle)
-    assert "def solution_relative_angle" in capsys.readouterr().out
+    solution(basics.solution_relative_score)
+    assert "def solution_relative_score" in capsys.readouterr().out
     with pytest.raises(TypeError, match="text_or_code"):
         solution(3)
 
@@ -445,51 +445,146 @@ def test_rotation_matrix_ref_is_orthogonal_and_composes():
     assert R3.shape == (8, 8) and basics.rotation_matrix_ref(1, inv)[1, 0].item() == pytest.approx(math.sin(1))
 
 
-def _relative_angle_from_reference(m, n, inv_freq):
-    """Right values (modulo 2 pi), read off the reference's matrices."""
-    M = _reference_answer(m, inv_freq).T @ _reference_answer(n, inv_freq)
-    j = torch.arange(0, 2 * inv_freq.numel(), 2)
-    return torch.atan2(M[j + 1, j], M[j, j])
+def _pairs(v):
+    """The interleaved pairs of v as complex numbers: v[2j] + i v[2j+1]."""
+    return torch.complex(v[0::2], v[1::2])
 
 
-def test_check_relative_angle(capsys):
-    assert basics.check_relative_angle(learner_copy(basics.solution_relative_angle))
-    for library in (_relative_angle_from_reference, basics.solution_relative_angle):
-        assert not basics.check_relative_angle(library)
-        assert "ropelib's" in capsys.readouterr().out
-    # the same angles shifted by 2 pi are also right
-    assert basics.check_relative_angle(lambda m, n, inv: (n - m) * inv + 2 * math.pi)
-    assert not basics.check_relative_angle(lambda m, n, inv: (m - n) * inv)   # sign
-    assert not basics.check_relative_angle(lambda m, n, inv: (m + n) * inv)
-    assert not basics.check_relative_angle(lambda m, n, inv: (n - m) * inv[:2])
-    capsys.readouterr()
-    # right for the notebook's own inv only: ignoring inv_freq fails at another size and base
-    assert not basics.check_relative_angle(lambda m, n, inv: (n - m) * _NOTEBOOK_INV)
-    assert "(R=4, base=10000, m=5, n=2): shape (4,), expected (2,)" in capsys.readouterr().out
-    assert not basics.check_relative_angle(
-        lambda m, n, inv: (n - m) * _base_10000(2 * inv.numel()))
-    assert "(R=16, base=500000, m=2, n=5)" in capsys.readouterr().out
-    # a right answer passes every draw of the random pair
+def _own_score(q, k, offset, inv_freq):
+    """A learner's right answer: Re sum_j q_j conj(k_j) e^{-i (n - m) theta_j}."""
+    return (_pairs(q) * _pairs(k).conj() * torch.exp(-1j * offset * inv_freq)).sum().real
+
+
+def _score_from_reference(q, k, offset, inv_freq):
+    """Right values, q^T R_{n-m} k with R read off the reference."""
+    return q @ _reference_answer(offset, inv_freq) @ k
+
+
+def _score_from_spec(q, k, offset, inv_freq):
+    """Right values, the dot product of q with k rotated by notebook 13's interleaved spec."""
+    return q @ puzzles.spec_interleaved(k[None], (offset * inv_freq)[None])[0]
+
+
+def _rot2(alpha):
+    """Notebook 01's rot2 (section 1), as the notebook defines it."""
+    a = torch.as_tensor(alpha, dtype=torch.float64)
+    return torch.stack([torch.stack([a.cos(), -a.sin()]), torch.stack([a.sin(), a.cos()])])
+
+
+def _score_from_rot2(q, k, offset, inv_freq):
+    """Right values, pair by pair with the notebook's rot2: q_j^T R((n - m) theta_j) k_j."""
+    return sum(q[2 * j:2 * j + 2] @ _rot2(offset * t) @ k[2 * j:2 * j + 2]
+               for j, t in enumerate(inv_freq))
+
+
+def _score_from_block_diag(q, k, offset, inv_freq):
+    """Right values, q^T R_{n-m} k with R_{n-m} placed by torch.block_diag."""
+    c, s = (offset * inv_freq).cos(), (offset * inv_freq).sin()
+    blocks = [torch.stack([torch.stack([c[j], -s[j]]), torch.stack([s[j], c[j]])])
+              for j in range(inv_freq.numel())]
+    return q @ torch.block_diag(*blocks) @ k
+
+
+def test_relative_score_is_the_rotated_dot_product():
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 8, generator=g, dtype=torch.float64)
+    for m, n in ((0, 3), (5, 2), (7, 7), (4000, 17)):
+        want = (_reference_answer(m, _NOTEBOOK_INV) @ q) @ (_reference_answer(n, _NOTEBOOK_INV) @ k)
+        for answer in (_own_score, basics.solution_relative_score, _score_from_rot2):
+            assert answer(q, k, n - m, _NOTEBOOK_INV).item() == pytest.approx(want.item(), abs=1e-9)
+
+
+def test_check_relative_score(capsys):
+    assert basics.check_relative_score(learner_copy(basics.solution_relative_score))
+    assert basics.check_relative_score(_own_score)
+    assert "✅ relative score g(q, k, n - m): correct" in capsys.readouterr().out
+    # the score as a Python float is a number too
+    assert basics.check_relative_score(lambda q, k, o, inv: _own_score(q, k, o, inv).item())
+    # a right answer passes every draw of q, k and the random pair
     for _ in range(5):
-        assert basics.check_relative_angle(lambda m, n, inv: (n - m) * inv)
+        assert basics.check_relative_score(_own_score)
+    capsys.readouterr()
 
 
-def _relative_angle_from_spec(m, n, inv_freq):
-    """Right values (modulo 2 pi), read off notebook 13's spec of the interleaved RoPE."""
-    from ropelib.course import puzzles
-    R = 2 * inv_freq.numel()
-    M = puzzles.spec_interleaved(torch.eye(R, dtype=torch.float64),
-                                 ((n - m) * inv_freq).expand(R, -1)).T
-    j = torch.arange(0, R, 2)
-    return torch.atan2(M[j + 1, j], M[j, j])
+_FIRST_CASE = "(R=8, base=10000, m=0, n=3"     # the check's first case: n - m = 3
 
 
-def test_check_relative_angle_refuses_the_course_spec(capsys):
-    torch.testing.assert_close(_relative_angle_from_spec(3, 5, _NOTEBOOK_INV), 2 * _NOTEBOOK_INV)
-    assert basics.check_relative_angle(_relative_angle_from_spec) is False
+def _sum_of(terms):
+    """Re sum_j terms(q_j, k_j, offset, theta_j): a score with its pairs written as complex."""
+    return lambda q, k, o, inv: terms(_pairs(q), _pairs(k), o, inv).sum().real
+
+
+@pytest.mark.parametrize("answer, words", [
+    (_sum_of(lambda qj, kj, o, t: qj * kj.conj() * torch.exp(1j * o * t)), _FIRST_CASE),
+    (_sum_of(lambda qj, kj, o, t: qj.conj() * kj * torch.exp(-1j * o * t)), _FIRST_CASE),
+    (_sum_of(lambda qj, kj, o, t: qj * kj * torch.exp(-1j * o * t)), _FIRST_CASE),
+    (lambda q, k, o, inv: (_pairs(q) * _pairs(k).conj() * torch.exp(-1j * o * inv)).real,
+     "expected a single number, got a tensor of shape (4,)"),
+    (lambda q, k, o, inv: (_pairs(q) * _pairs(k).conj() * torch.exp(-1j * o * inv)).sum(),
+     _FIRST_CASE),
+    (lambda q, k, o, inv: _own_score(q, k, o, _NOTEBOOK_INV), "(R=4, base=10000, m=0, n=3"),
+], ids=["wrong sign of the offset", "conjugate on the query", "no conjugate", "no sum",
+        "complex, not its real part", "the notebook's inv_freq"])
+def test_check_relative_score_refuses_wrong_answers(answer, words, capsys):
+    assert basics.check_relative_score(answer) is False
     out = capsys.readouterr().out
-    assert "this exercise wants your relative angles" in out
-    assert "ropelib's spec_interleaved (ropelib/course/puzzles.py)" in out, out
+    assert out.startswith("❌ relative score g(q, k, n - m) ") and words in out, out
+
+
+def test_a_wrong_sign_passes_only_at_m_equals_n(capsys):
+    # the cases m = n agree whatever the sign: the check must try offsets of both signs
+    wrong = _sum_of(lambda qj, kj, o, t: qj * kj.conj() * torch.exp(1j * o * t))
+    g = torch.Generator().manual_seed(1)
+    q, k = torch.randn(2, 8, generator=g, dtype=torch.float64)
+    gap = [abs(wrong(q, k, o, _NOTEBOOK_INV) - _own_score(q, k, o, _NOTEBOOK_INV)).item()
+           for o in (0, 3, -3)]
+    assert gap[0] < 1e-12 and min(gap[1:]) > 1e-3, gap
+    assert {n - m for m, n in basics._SCORE_PAIRS} >= {3, -3, 0}
+
+
+@pytest.mark.parametrize("answer, words", [
+    (_score_from_reference, "ropelib's apply_rope_ref (ropelib/reference.py)"),
+    (_score_from_spec, "ropelib's spec_interleaved (ropelib/course/puzzles.py)"),
+    (lambda q, k, o, inv: q @ basics.rotation_matrix_ref(o, inv) @ k,
+     "ropelib's rotation_matrix_ref"),
+    (lambda q, k, o, inv: q @ basics.solution_rotation_matrix(o, inv) @ k,
+     "ropelib's solution_rotation_matrix"),
+    (basics.solution_relative_score, "ropelib's solution_relative_score"),
+    (lambda q, k, o, inv: basics.solution_relative_score(q, k, o, inv),
+     "ropelib's solution_relative_score"),
+    (_score_from_block_diag, "block_diag"),
+], ids=["reference", "notebook 13's spec", "the check's own matrix", "exercise 1's worked solution",
+        "the worked solution", "wrapped worked solution", "torch.block_diag"])
+def test_check_relative_score_refuses_library_answers(answer, words, capsys):
+    # right values, computed by ropelib's rotations (or a rotation matrix), not the complex sum
+    assert answer(torch.ones(8, dtype=torch.float64), torch.ones(8, dtype=torch.float64), 0,
+                  _NOTEBOOK_INV).item() == pytest.approx(8.0)
+    assert basics.check_relative_score(answer) is False
+    out = capsys.readouterr().out
+    assert "this exercise wants the score computed from complex pairs" in out and words in out, out
+    assert "write it yourself" in out
+
+
+def test_check_relative_score_refuses_the_notebooks_rotations(monkeypatch, capsys):
+    """In the notebook, the rotations it defined before the exercises (rot2, R_from_reference,
+    rope_at, exercise 1's rotation_matrix) live in __main__: an answer that calls one is refused.
+    The same code outside __main__ is the learner's own."""
+    import types
+    assert basics.check_relative_score(_score_from_rot2)       # here rot2 is not the notebook's
+    capsys.readouterr()
+    notebook = types.ModuleType("__main__")
+    notebook.rot2 = _rot2
+    notebook.rotation_matrix = learner_copy(basics.solution_rotation_matrix)
+    monkeypatch.setitem(sys.modules, "__main__", notebook)
+    assert set(basics.notebook_rotations()) == {_rot2, notebook.rotation_matrix}
+    assert basics.check_relative_score(_score_from_rot2) is False
+    out = capsys.readouterr().out
+    assert "this exercise wants the score computed from complex pairs" in out
+    assert "called _rot2" in out, out
+    assert basics.check_relative_score(
+        lambda q, k, o, inv: q @ notebook.rotation_matrix(o, inv) @ k) is False
+    assert "called solution_rotation_matrix" in capsys.readouterr().out
+    assert basics.check_relative_score(_own_score)          # the complex sum still passes
 
 
 def test_check_rotate_half(capsys):

@@ -118,8 +118,8 @@ FUNCTION_CHECKS = {
     "00 ex1 check_device": (basics.check_device, lambda: _device_rule),
     "01 ex1 check_rotation_matrix": (basics.check_rotation_matrix,
                                      _own(basics.solution_rotation_matrix)),
-    "01 ex2 check_relative_angle": (basics.check_relative_angle,
-                                    _own(basics.solution_relative_angle)),
+    "01 ex2 check_relative_score": (basics.check_relative_score,
+                                    _own(basics.solution_relative_score)),
     "01 ex3 check_rotate_half": (basics.check_rotate_half, _own(basics.solution_rotate_half)),
     "02 ex2 check_cos_sin_from_freqs": (basics.check_cos_sin_from_freqs,
                                         _own(basics.solution_cos_sin_from_freqs)),
@@ -169,23 +169,19 @@ def test_right_values_after_a_call_into_ropelib_are_refused(check, side, capsys)
 
 # --- direct library answers the per-notebook tests do not try ----------------------------------
 
-def _relative_from_matrices(matrix):
-    """phi_j read off matrix(m)^T matrix(n), block by block (atan2)."""
-    def answer(m, n, inv):
-        M = matrix(m, inv).T @ matrix(n, inv)
-        j = torch.arange(0, 2 * inv.numel(), 2)
-        return torch.atan2(M[j + 1, j], M[j, j])
+def _score_from_matrices(matrix):
+    """q^T matrix(n - m) k: the score from a rotation matrix instead of the complex pairs."""
+    def answer(q, k, offset, inv):
+        return q @ matrix(offset, inv) @ k
     return answer
 
 
-def _relative_from_apply_rope(m, n, inv):
-    """phi_j as the angle ropelib.apply_rope turns pair j of a unit vector by at offset n - m."""
+def _score_from_apply_rope(q, k, offset, inv):
+    """q . (k rotated by ropelib.apply_rope to the offset n - m)."""
     R = 2 * inv.numel()
-    x = torch.zeros(1, 1, 1, R, dtype=torch.float32)
-    x[..., 0::2] = 1.0
-    table = ((n - m) * inv).float().repeat_interleave(2).view(1, 1, 1, R)
-    y = ropelib.apply_rope(x, table, interleaved=True).double().view(-1)
-    return torch.atan2(y[1::2], y[0::2])
+    table = (offset * inv).float().repeat_interleave(2).view(1, 1, 1, R)
+    turned = ropelib.apply_rope(k.float().view(1, 1, 1, R), table, interleaved=True)
+    return q @ turned.double().view(-1)
 
 
 def _backward_matrix_by_autograd(theta):
@@ -205,17 +201,17 @@ def _backward_matrix_by_apply_rope(theta):
 
 
 DIRECT = [
-    ("01 ex2 worked solution", basics.check_relative_angle, basics.solution_relative_angle,
-     "called ropelib's solution_relative_angle"),
-    ("01 ex2 wrapped worked solution", basics.check_relative_angle,
-     lambda m, n, inv: basics.solution_relative_angle(m, n, inv),
-     "called ropelib's solution_relative_angle"),
-    ("01 ex2 from notebook 01's worked rotation matrix", basics.check_relative_angle,
-     _relative_from_matrices(basics.solution_rotation_matrix),
+    ("01 ex2 worked solution", basics.check_relative_score, basics.solution_relative_score,
+     "called ropelib's solution_relative_score"),
+    ("01 ex2 wrapped worked solution", basics.check_relative_score,
+     lambda q, k, o, inv: basics.solution_relative_score(q, k, o, inv),
+     "called ropelib's solution_relative_score"),
+    ("01 ex2 from notebook 01's worked rotation matrix", basics.check_relative_score,
+     _score_from_matrices(basics.solution_rotation_matrix),
      "called ropelib's solution_rotation_matrix"),
-    ("01 ex2 from the check's own matrix", basics.check_relative_angle,
-     _relative_from_matrices(basics.rotation_matrix_ref), "called ropelib's rotation_matrix_ref"),
-    ("01 ex2 from ropelib.apply_rope", basics.check_relative_angle, _relative_from_apply_rope,
+    ("01 ex2 from the check's own matrix", basics.check_relative_score,
+     _score_from_matrices(basics.rotation_matrix_ref), "called ropelib's rotation_matrix_ref"),
+    ("01 ex2 from ropelib.apply_rope", basics.check_relative_score, _score_from_apply_rope,
      "called ropelib's apply_rope"),
     ("01 ex1 wrapped worked solution", basics.check_rotation_matrix,
      lambda m, inv: basics.solution_rotation_matrix(m, inv),

@@ -14,9 +14,12 @@ reached (`torch.block_diag`, `torch.ops.aten.block_diag.*`,
 `torch._C._VariableFunctions.block_diag`, its Python reference `torch._refs.block_diag` and its
 decompositions), an answer that switches off the check's watch of PyTorch's operators
 (`_disable_current_modes`, `_DisableTorchDispatch`), and SciPy's `scipy.linalg.block_diag` and
-`scipy.sparse.block_diag` where SciPy is installed. Notebook 00's interleaved RoPE refuses the
-RoPE functions of transformers, Transformer Engine and flash-attn (`third_party_ropes`), where
-they are installed.
+`scipy.sparse.block_diag` where SciPy is installed. The relative score's check (notebook 01,
+exercise 2) refuses those block_diags too, and the rotations notebook 01 defines before its
+exercises (`notebook_rotations`: rot2, R_from_reference, rope_at and exercise 1's
+rotation_matrix): the exercise wants the score from complex pairs. Notebook 00's interleaved
+RoPE refuses the RoPE functions of transformers, Transformer Engine and flash-attn
+(`third_party_ropes`), where they are installed.
 Notebook 01's checks try several sizes and bases, and positions drawn anew on every call, so an
 answer that ignores its `inv_freq` or returns stored matrices fails; the other checks that take
 inputs add a case drawn when the check runs (`own_code.fresh_generator`, its seed in the label),
@@ -27,7 +30,6 @@ The worked solutions are the `solution_*` functions below, shown folded in the n
 learner's copy of its solution, on library answers and on wrong answers.
 """
 import inspect
-import math
 import re
 from typing import Callable, Sequence
 
@@ -40,10 +42,11 @@ from .own_code import (check_cases, course_rope_helpers, fresh_generator, instal
 
 __all__ = [
     "check_device", "check_rotary_dim", "check_interleaved_rope",
-    "check_rotation_matrix", "check_relative_angle", "check_rotate_half",
+    "check_rotation_matrix", "check_relative_score", "check_rotate_half",
     "check_interleave_permutation",
     "check_cp_positions", "check_cos_sin_from_freqs", "check_bytes_moved",
     "rotation_matrix_ref", "other_block_diags", "torch_block_diags", "BLOCK_DIAG_OPS",
+    "notebook_rotations", "NOTEBOOK_01_ROTATIONS",
     "third_party_ropes",
 ]
 
@@ -265,36 +268,60 @@ def check_rotation_matrix(fn: Callable) -> bool:
                        bar_ops=BLOCK_DIAG_OPS)
 
 
-def _wrap_to(answer, expected):
-    """answer reduced modulo 2 pi into (expected - pi, expected + pi]."""
-    a = torch.as_tensor(answer, dtype=torch.float64)
-    if a.shape != expected.shape:
-        return a
-    return expected + torch.remainder(a - expected + math.pi, 2 * math.pi) - math.pi
+# the rotations notebook 01 builds before its exercises (its `__main__` namespace): rot2 of
+# section 1, R_from_reference of section 2, rope_at of section 4, and the learner's own
+# rotation_matrix of exercise 1. Exercise 2 wants the score from complex pairs, not a rotation.
+NOTEBOOK_01_ROTATIONS = ("rot2", "R_from_reference", "rope_at", "rotation_matrix")
 
 
-def check_relative_angle(fn: Callable) -> bool:
-    """fn(m, n, inv_freq) -> [R/2] angles phi_j with R_m^T R_n = blockdiag(rot(phi_j)).
+def notebook_rotations() -> tuple:
+    """The functions of NOTEBOOK_01_ROTATIONS the running notebook defines (its `__main__`
+    namespace; outside a notebook, whatever `__main__` holds), refused by the relative score's
+    check: they rotate, the exercise asks for the sum over complex pairs."""
+    import sys
+    main = sys.modules.get("__main__")
+    names = vars(main) if main is not None else {}
+    return tuple(names[n] for n in NOTEBOOK_01_ROTATIONS
+                 if callable(names.get(n)) and hasattr(names[n], "__code__"))
 
-    Tried for each (R, base) of SIZES_AND_BASES (R = 8, base 10000 on five fixed pairs, the
-    others on two) and a pair (m, n) drawn on each call, with inv_freq in float64. The expected
-    angles are read off the product of the reference matrices (atan2 of each block); answers are
-    compared modulo 2 pi.
+
+# the (m, n) pairs the relative score's check tries at every size: n below m (a negative
+# offset n - m) as often as above, m = n, and positions up to 10^4
+_SCORE_PAIRS = ((0, 3), (5, 2), (7, 7), (100, 42), (1000, 1001), (4000, 17))
+
+
+def check_relative_score(fn: Callable) -> bool:
+    """fn(q, k, offset, inv_freq) -> g(q, k, n - m), the score of notebook 01's section 4 from
+    complex pairs, offset = n - m: Re sum_j q_j conj(k_j) exp(-i (n - m) theta_j), with
+    q_j = q[2j] + i q[2j+1] and k_j = k[2j] + i k[2j+1] (interleaved pairs).
+
+    Tried for each (R, base) of SIZES_AND_BASES on the pairs (m, n) of _SCORE_PAIRS and a pair
+    drawn on each call, with q and k [R] drawn anew on every call (their seed in the label) and
+    everything in float64; only the offset n - m is passed. The expected score is the rotated
+    dot product (R_m q)^T (R_n k) of the reference matrices (`rotation_matrix_ref`), computed
+    outside the block. Refused: ropelib, the course's RoPE helpers, the worked solutions, the
+    check's own matrix, PyTorch's block_diag operator, and the rotations notebook 01 defines
+    (`notebook_rotations`: rot2, R_from_reference, rope_at and exercise 1's rotation_matrix).
     """
-    pairs = {8: [(0, 3), (5, 2), (7, 7), (100, 42), (1000, 1001)], 4: [(5, 2), (3, 900)],
-             16: [(2, 5), (4000, 17)]}
+    seed, g = fresh_generator()     # q, k and a pair drawn now: answers made beforehand fail
     cases = []
     for rot_dim, base in SIZES_AND_BASES:
         inv = frequencies.inv_freq(rot_dim, base, dtype=torch.float64)
-        j = torch.arange(0, rot_dim, 2)
-        for m, n in pairs[rot_dim] + [tuple(_positions(2))]:
-            M = rotation_matrix_ref(m, inv).T @ rotation_matrix_ref(n, inv)
-            cases.append((f"R={rot_dim}, base={base:g}, m={m}, n={n}", (m, n, inv.clone()),
-                          torch.atan2(M[j + 1, j], M[j, j])))
-    return check_cases("relative angle of R_m^T R_n", "your relative angles", fn, cases, atol=1e-4,
-                       rtol=0, post=_wrap_to,
-                       hint="R_m^T = R_{-m}, and rotations in the same plane add their angles",
-                       bar=(rotation_matrix_ref, *course_rope_helpers()))
+        q = torch.randn(rot_dim, generator=g, dtype=torch.float64)
+        k = torch.randn(rot_dim, generator=g, dtype=torch.float64)
+        drawn = tuple(int(v) for v in torch.randint(0, 10_000, (2,), generator=g))
+        for m, n in _SCORE_PAIRS + (drawn,):
+            want = (rotation_matrix_ref(m, inv) @ q) @ (rotation_matrix_ref(n, inv) @ k)
+            cases.append((f"R={rot_dim}, base={base:g}, m={m}, n={n}, q and k drawn with seed "
+                          f"{seed}", (q.clone(), k.clone(), n - m, inv.clone()), want.item()))
+    return check_cases("relative score g(q, k, n - m)", "the score computed from complex pairs",
+                       fn, cases, atol=1e-9, rtol=1e-9,
+                       hint="pairs as complex numbers: torch.view_as_complex(q.reshape(-1, "
+                            "2)); the key's pair is conjugated and turned by -(n - m) * "
+                            "theta_j; the score is the real part of the sum",
+                       bar=(rotation_matrix_ref, *torch_block_diags(), *other_block_diags(),
+                            *course_rope_helpers(), *notebook_rotations()),
+                       bar_ops=BLOCK_DIAG_OPS)
 
 
 def check_rotate_half(fn: Callable) -> bool:
@@ -492,9 +519,14 @@ def solution_rotation_matrix(m, inv_freq):
     return M
 
 
-def solution_relative_angle(m, n, inv_freq):
-    # R_m^T R_n = R_{-m} R_n = R_{n-m}: only the offset n - m survives.
-    return (n - m) * inv_freq
+def solution_relative_score(q, k, offset, inv_freq):
+    # pairs as complex numbers: q_j = q[2j] + i q[2j+1], the same for k
+    q_c = torch.view_as_complex(q.reshape(-1, 2).contiguous())
+    k_c = torch.view_as_complex(k.reshape(-1, 2).contiguous())
+    # g(q, k, n - m) = Re sum_j q_j conj(k_j) e^{-i (n - m) theta_j}, offset = n - m:
+    # <R_m q, R_n k> = Re sum_j (q_j e^{i m theta_j}) conj(k_j e^{i n theta_j})
+    turn = torch.polar(torch.ones_like(inv_freq), -offset * inv_freq)   # e^{-i (n - m) theta_j}
+    return (q_c * k_c.conj() * turn).sum().real
 
 
 def solution_rotate_half(x, interleaved=False):
