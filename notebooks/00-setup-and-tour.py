@@ -303,10 +303,8 @@ print("HF drop-in:", tuple(q_hf.shape), tuple(k_hf.shape))
 # on $3 \cdot 2n^2$ bytes, $n/3$ FLOPs per byte: over a thousand at $n = 4096$. A GPU that is
 # fast enough for the matrix multiply waits on memory for RoPE, so the fair yardstick for a RoPE
 # kernel is the time a copy of the same bytes takes. "% of a copy" is the copy's time over the
-# kernel's, a share of the copy's speed; some notebooks print it in percent, others (the cell
-# below among them) as a fraction: 0.99 of a copy is 99 %. Notebook 04 divides speeds in GB/s
-# and counts the angle table in the kernel's bytes only, so its percent sits a point or two
-# above the ratio of times; it says so where it prints one.
+# kernel's, a share of the copy's speed, in every notebook; some print it in percent, others
+# (the cell below among them) as a fraction: 0.99 of a copy is 99 %.
 #
 # The cell computes RoPE's intensity for the tour's `x` and the matrix multiply's, then reads
 # the committed H200 run of the floor suite (`benchmarks/results/floor-nvidia-h200.csv`): a
@@ -396,6 +394,12 @@ if measured.path("floor").is_file():
     assert device_us["copy"] > 1                       # the device's share: over a microsecond
     print(f"  of ropelib's {gap_host:.1f} µs more than the copy eagerly, "
           f"{gap_device:.1f} µs are left under the graph")
+    # the launch against the 1 GiB call: the step's whole device time under the graph
+    big_us = large["ropelib"]["ms"] * 1e3
+    launch_share = device_us["ropelib"] / big_us
+    print(f"  ropelib's step under the graph, {device_us['ropelib']:.1f} µs, against its 1 GiB "
+          f"call's {big_us:.0f} µs: {launch_share:.1%}")
+    assert round(big_us) == 506 and round(100 * launch_share, 1) == 0.4
 else:
     print("ropelib is installed without its benchmarks/results/ folder: nothing to read")
 
@@ -403,8 +407,10 @@ else:
 # On 1 GiB the call runs within 5 % of a copy's speed (the printed ratio), and both are limited by
 # memory, as the line below the table shows: both move their bytes at 4.3 TB/s, between 85 % and
 # 95 % of the 4.8 TB/s NVIDIA gives for the H200's memory, while RoPE's arithmetic keeps the fp32
-# units below 6 % of their peak (the datasheet's 67 TFLOP/s). The launch is lost in half a millisecond of streaming. One decoding step moves
-# about two thousand times fewer bytes, which at the 1 GiB line's rate would stream in under
+# units below 6 % of their peak (the datasheet's 67 TFLOP/s). At that size a launch hardly
+# counts: a whole decoding step of ropelib, replayed from a CUDA graph (the third line), costs
+# the device 2.0 µs, 0.4 % of the 506 µs its 1 GiB call takes (printed last). One decoding step
+# moves about two thousand times fewer bytes, which at the 1 GiB line's rate would stream in under
 # half a microsecond (printed); yet even the copy takes microseconds, and ropelib's call takes
 # 2.7 times the copy's time: 0.37 of a copy.
 #
