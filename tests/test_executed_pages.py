@@ -39,13 +39,8 @@ _OLDER = "the page was rendered from an older version of the notebook; "
 # page -> why it is allowed to differ from its notebook for now
 STALE = {stem: _OLDER + _rerender(stem) for stem in (
     "00-setup-and-tour",    # the launch's share of the 1 GiB call, printed from the floor CSV
-    "01-roformer-math",     # exercise 2 asks for the complex score; figures drawn once
     "02-pytorch-reference-and-layouts",     # one kernel forced; the broadcast confound timed
-    "03-naive-triton-kernel",   # the launcher in a code cell, timed live beside a copy
-    "06-backward-pass",     # the profile of one warp against four, read from a committed CSV
     "04-batch-reuse-grid-kernel",   # the sm_90 compile through offline_compile
-    "10-multi-axis-rope",   # the sm_90 compile through offline_compile
-    "11-rope-at-scale",     # the learner's fused KV-cache write timed against the unfused step
 )}
 # pages rendered before a data file they read was measured again
 _OLDER_DATA = ("the page shows outputs of benchmarks/results/floor-nvidia-h200.csv as it was "
