@@ -263,3 +263,32 @@ def test_floor_run_date_names_the_run_that_measured_a_part():
             assert measured.floor_run_date(meta, part) == meta["date"], part
     for part in replaced:               # and those it did: the later run's date
         assert measured.floor_run_date(meta, part) > meta["date"], part
+
+
+def test_07_route_logs_time_the_route_settings_they_say():
+    """Notebook 07 reads its 7.5 and 7.6 logs (and the floor run's decode rows) as ropelib's
+    two-pass route with its pre-pass of 256 entries a program and its early launch, and without
+    its half-rows read: every one of those files is dated from the variants log, which times
+    those settings, on; the sweeps and host probes before it; the half-rows probe after all."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    results = root / "benchmarks" / "results"
+
+    def when(path):
+        if path.suffix == ".csv":
+            return compare.read_meta(path).get("date", "")[:16].replace("T", " ")
+        y, m, d, hh, mm = re.search(r"-(\d{4})(\d\d)(\d\d)(?:-(\d\d)(\d\d))?\.", path.name).groups()
+        return f"{y}-{m}-{d}" + (f" {hh}:{mm}" if hh else "")
+
+    settings_on = [results / "floor-nvidia-h200.csv",
+                   results / "mid_fwdbwd_variants-nvidia-h200-20261201-1444.log",
+                   results / "mid_fwdbwd-nvidia-h200-20261201-2307.log"]
+    before = [results / "seed_sweeps.csv", root / "figures" / "02-unfused-kernels.csv",
+              results / "host-profile-nvidia-h200-20261201.txt",
+              results / "autograd_host-nvidia-h200-20261130-1352.log",
+              results / "autograd_host-nvidia-h200-20261130-1436.log"]
+    half_rows = results / "half_rows_probe-nvidia-h200-20261202-0822.csv"
+    assert [when(p) for p in settings_on[1:]] == ["2026-12-01 14:44", "2026-12-01 23:07"]
+    assert all(when(p) >= "2026-12-01 14:44" for p in settings_on)
+    assert all(when(p) < "2026-12-01 14:44" for p in before if when(p))
+    assert all(when(p) < when(half_rows) for p in settings_on + before if when(p))
