@@ -567,6 +567,11 @@ assert torch.equal(y, ladder.rope_ladder("heads", x, freqs))              # the 
 # it, and at the sizes timed it gains nothing. cos/sin are now a
 # $[\text{BLOCK\_S}, 1, D/2]$ tile, broadcast over the heads.
 #
+# With 32 heads the heads alone fill the target, so the planner gives $\text{BLOCK\_S} = 1$:
+# at $h = 32$ rung 2's tile holds one token, the tile of rung 1, written in the 3-D form (the
+# launch cell prints both plans and checks this). Only with 8 heads does the tile span
+# tokens, 4 of them.
+#
 # Rung 2 launches this kernel with Triton's default 4 warps, rung 3 with the warps of the GPU's
 # tile knob — 8 on the H200, where the ladder was measured (the launch cell prints it from the
 # plan and checks it against the CSV): the same tile, 32 or 16 elements per thread in all.
@@ -638,6 +643,10 @@ check_rung(launch_tile(x, freqs, block_s=4, block_h=2, num_warps=1), x, freqs,
 for h in (32, 8):
     print(f"h={h:2d}, s=16384, b=8, d=128 on the H200: tile rung "
           f"{ladder.plan('tile', 16384, 8, h, 128, 2, SMS_H200, H200_KNOBS)}")
+# h = 32: one token per tile (rung 1's tile in the 3-D form); h = 8: four tokens of 8 heads
+assert [(ladder.plan("tile", 16384, 8, h, 128, 2, SMS_H200, H200_KNOBS).block_s,
+         ladder.plan("tile", 16384, 8, h, 128, 2, SMS_H200, H200_KNOBS).block_h)
+        for h in (32, 8)] == [(1, 32), (4, 8)]
 _, lad_rows = measured.load("ladder")
 lad = {r["provider"]: r for r in lad_rows if r["case"] == "s4096-b8"}
 print(f"the H200 run: tile rung {lad['tile']['num_warps']} warps, warps rung "
@@ -664,7 +673,8 @@ assert ladder.plan("warps", 4096, 8, 32, 128, 2, SMS_H200, H200_KNOBS).num_warps
 # becomes on a GPU depends on the Triton version: section 4 reads it from the compiled code.
 # With the Triton of the H200 run, 3.6, `tl.cos` is libdevice's too, so the "fast
 # approximations" named in the kernel's comment on `ACCURATE` do not exist there: rungs 4 and 5
-# are the same machine code.
+# are the same machine code: the opcode profile of section 5 counts the same instructions
+# for both, opcode by opcode, and asserts it.
 
 # %%
 # ropelib-source: ropelib.course.ladder._ladder_chunk_kernel
@@ -1020,14 +1030,19 @@ if LADDER_CSV.exists():
         if r.get("pct_of_copy") is not None:
             assert r["pct_of_copy"] < 110, f"{r['case']}/{r['provider']}: faster than a copy?"
             assert r["ms_p20"] <= r["ms"] <= r["ms_p80"], (r["case"], r["provider"])
-    ladder.plot_waterfall(rows, FIGURES / "05-ladder-waterfall.png", names=SHOWN,
+    # the axis labels say what two rungs are at the sizes drawn: at h = 32 the tile rung's
+    # tile is one token (BLOCK_S = 1), and with Triton 3.6 the accurate rung is the chunks
+    # rung's machine code (section 5's opcode profile)
+    WATERFALL_NAMES = {**SHOWN, "tile": "tile (BLOCK_S=1 at h=32)",
+                       "accurate": "accurate (= chunks' code)"}
+    ladder.plot_waterfall(rows, FIGURES / "05-ladder-waterfall.png", names=WATERFALL_NAMES,
                           title="From the batch-reusing grid to the finished kernel, one idea at "
                                 f"a time: {measured.where(meta)}")
     plt.show()
     hatched = {case: ladder.within_spread(rows, case) for case in dict.fromkeys(r["case"]
                                                                                for r in rows)}
     print("steps smaller than their rung's 20-80 % range (hatched):", hatched)
-    # the text below: the tile of tokens and the accurate sin/cos within the noise at
+    # the text below: the tile rung and the accurate sin/cos within the noise at
     # s = 4096, b = 8; from chunks on, the 16-token panel's steps too
     assert hatched["s4096-b8"] == ["tile", "accurate"]
     assert hatched["s16-b64"][-3:] == ["chunks", "accurate", "equal_halves"]
@@ -1052,10 +1067,10 @@ else:
 # | rung | step at $s = 4096$, $b = 8$ | at $b = 1$ | what the profiles say |
 # |---|---|---|---|
 # | tile of heads | the big step | a fifth of a copy → three quarters | fewer programs, half the instructions, more bytes in flight: which buys it is not separated |
-# | tile of tokens | −0.1 / −0.3 points (noise) | −6.1 points | 3 % more instructions, issued at a lower rate |
+# | tile (3-D form; $\text{BLOCK\_S} = 1$ at $h = 32$) | −0.1 / −0.3 points (noise) | −6.1 points | one token per tile at $h = 32$: occupancy 47.3 → 41.4 %, 3 % more instructions |
 # | warps | +1.8 points | −30.5 points: 8 warps lose over two fifths | every thread along the heads evaluates the sin/cos |
 # | chunks | about −3 points | +49.6 points (4 warps again) | more DRAM writes at $b = 8$; at $b = 1$ 7.6 times fewer instructions |
-# | accurate sin/cos | noise only | noise only | the same machine code as the chunks rung |
+# | accurate sin/cos | noise only | noise only | the same machine code as the chunks rung (Triton 3.6): no cause to find |
 # | equal halves | +5.5 points | +5.1 points | a quarter fewer instructions; the cycles profile splits the gain |
 # | finished kernel | 1.5 points below rung 6 | 2.7 points above | more indexing work; `x` loaded first at $b = 1$ |
 #
@@ -1064,12 +1079,14 @@ else:
 #   three measured things at once — 32 times fewer programs, about half the warp instructions
 #   per element, over six times the x asked for per SM — and these data cannot say which of them
 #   buys the time.
-# - **The tile of tokens (rung 2) buys nothing** at $b = 8$, $-0.1$ and $-0.3$ points. With 8
+# - **The 3-D tile (rung 2) buys nothing** at $b = 8$, $-0.1$ and $-0.3$ points. With 8
 #   heads, the case that motivated it, the heads rung already launches 16,384 programs of one
 #   token's 8 heads at 93.1 % of a copy; packing 4 tokens into each of 4,096 programs gains
-#   nothing. At $b = 1$ it *loses* 6.1 points, 75.9 → 69.8 %, on the heads rung's grid and
-#   warps: the two differ only by the tile's token axis. Fewer heads, or $d = 64$, were not
-#   timed.
+#   nothing. At $b = 1$, $h = 32$ it *loses* 6.1 points, 75.9 → 69.8 %, but not to a tile of
+#   tokens: there $\text{BLOCK\_S} = 1$, and the tile rung runs the heads rung's grid, warps
+#   and one-token tile. What differs is the code of the 3-D form: the cycles profile below
+#   counts 3 % more instructions at an achieved occupancy of 41.4 % against 47.3 %. Fewer
+#   heads, or $d = 64$, were not timed.
 # - **8 warps (rung 3)** gain 1.8 points at $b = 8$ and lose over two fifths of the speed at
 #   $b = 1$, where a program pays its sin/cos for every row: 1.85 warp instructions per
 #   element at an SM throughput (the busiest unit of the SM, as a share of its peak) of 70.9 %,
@@ -1079,8 +1096,9 @@ else:
 #   0.02 %), yet cost about three points; their DRAM bytes are 0.99 of the model against 0.96,
 #   the difference all in the writes. At $b = 1$ (4 warps again, 16,384 programs of two tokens)
 #   they execute 7.6 times fewer instructions than the warps rung.
-# - **Accurate sin/cos (rung 5)** is rung 4's machine code with the H200 run's Triton (section
-#   4): a step of noise, insurance for other Tritons.
+# - **Accurate sin/cos (rung 5)** is rung 4's machine code with the H200 run's Triton, 3.6:
+#   the opcode profile below counts the same instructions for both, opcode by opcode. Its step
+#   is noise, and there is no cause to look for; the rung is insurance for other Tritons.
 # - **Equal halves (rung 6)** cut a quarter of the warp instructions per element, 0.29 against
 #   0.38, but instructions are not what limits these kernels: the SM throughput is 34.3 % for
 #   rung 5 and 28.0 % for rung 6. The cycles profile splits the gain in two.
@@ -1097,13 +1115,13 @@ else:
 #   rung (the same grid and warps at $b = 1$) it holds 128 registers a thread to 102, yet both
 #   fit 4 programs (16 warps) on an SM and reach about the same occupancy (24 % against 22 %).
 # - **`apply_rope (as planned)`** takes section 6's two-pass route at the three 256 MiB sizes:
-#   faster than the finished kernel in both $b = 8$ panels, the fastest bar at $s = 4096$,
-#   $b = 8$, and level with it at $b = 1$ (within a point). Its profile is of the flat pass as
-#   it was then, ten 16-byte loads and no one-byte flag load (the pass has one now, section 6):
-#   131,072 programs of 2 warps at 46 registers a thread, 56 % achieved occupancy against the
-#   finished kernel's 44 %, the same DRAM bytes, and more warp instructions per element (0.35
-#   against 0.31). The
-#   16-token call (8 MiB, under the route's 64 MiB) runs the finished kernel in both bars.
+#   faster than the finished kernel in both $b = 8$ panels, the fastest bar at $s = 4096$, $b = 8$,
+#   and level with it at $b = 1$ (within a point). Its profile is of the flat pass launched without
+#   the pre-pass's flags, ten 16-byte loads and no one-byte flag load (section 6 compiles it both
+#   ways): 131,072 programs of 2 warps at 46 registers a thread, 56 % achieved occupancy against
+#   the finished kernel's 44 %, the same DRAM bytes, and more warp instructions per element (0.35
+#   against 0.31). The 16-token call (8 MiB, under the route's 64 MiB) runs the finished kernel in
+#   both bars.
 # - **The 16-token panel times launches as much as kernels.** Up to `warps` the rungs launch
 #   one program per token, 16 for 132 SMs. From `chunks` on the grid is full and the timed
 #   calls stop being steady: `chunks` and `accurate`, the same machine code, have medians of
@@ -1169,7 +1187,7 @@ if LADDER_CSV.exists():
     # notebook measured a mechanism for it
     MECHANISM = {
         "heads": "measured: programs, bytes in flight (sections 1-2)",
-        "tile": "b = 8: no step; b = 1: 3 % more instructions at a lower issue rate (below)",
+        "tile": "b = 8: no step; b = 1 (BLOCK_S = 1): 3 % more instructions, lower occupancy",
         "warps": "each sin/cos evaluated 32 times, not 16 (profile below)",
         "chunks": "b = 1: each sin/cos once; b = 8: 16 MB more written in its time",
         "accurate": "none: the same machine code (Triton 3.6)",
@@ -1197,6 +1215,8 @@ if LADDER_CSV.exists():
     assert math.prod(h8_heads.grid) == 16384 and h8_heads.block_s == 1
     assert (math.prod(h8_tile.grid), h8_tile.block_s, h8_tile.block_h) == (4096, 4, 8)
     assert (b1_heads.grid, b1_heads.num_warps) == (b1_tile.grid, b1_tile.num_warps)
+    # ... and the same one-token tile: at h = 32 the tile rung's BLOCK_S is 1
+    assert (b1_tile.block_s, b1_tile.block_h) == (1, b1_heads.block_h) == (1, 32)
     # accurate: no step at the three large sizes (rungs 4 and 5 the same code, section 5's
     # opcode profile); equal halves: more at b = 8 than at b = 1
     assert all(abs(step[c]["accurate"]) < 0.5 for c in large_cases)
@@ -1310,8 +1330,8 @@ if LADDER_CSV.exists():
     assert big["ropelib_planned"] == max(v for k, v in big.items() if k != "copy"), big
     assert planned["kernel"] == "_rope_rows_kernel" and planned["num_warps"] == 2
     assert planned["registers"] == 46 and planned["programs"] == 131072
-    # the pass profiled then: ten 16-byte loads, no one-byte flag load (section 6 compiles the
-    # pass as it is now, with one)
+    # the pass profiled without the pre-pass's flags: ten 16-byte loads, no one-byte flag load
+    # (section 6 compiles it with and without them)
     assert planned["ptx_access_detail"] == "ld.v4.b32=10 st.v4.b32=2"
     assert [round(r["ncu_achieved_occupancy_pct"]) for r in (planned, fin)] == [56, 44]
     assert abs(planned["ncu_dram_bytes_over_model"] - fin["ncu_dram_bytes_over_model"]) < 0.03
@@ -1457,8 +1477,9 @@ assert [round(100 * b1[n]["issuing"]) for n in ("heads", "tile", "warps")] == [8
 assert [r(b1[n]["sin_cos_copies"]) for n in ("heads", "tile", "warps", "chunks")] == \
     [16, 16, 32, 1]
 assert [r(b1[n]["tb_s"], 2) for n in ("heads", "tile", "warps")] == [2.50, 2.40, 1.25]
-# the tile of tokens: 3 % more instructions at lower occupancy; instructions over the issue
-# rate predict the time under the profiler
+# the tile rung (BLOCK_S = 1 at h = 32, the heads rung's tile in the 3-D form): 3 % more
+# instructions at lower occupancy; instructions over the issue rate predict the time under the
+# profiler
 more_inst = b1["tile"]["inst_m"] / b1["heads"]["inst_m"]
 predicted = more_inst * b1["heads"]["issuing"] / b1["tile"]["issuing"]
 print(f"b = 1, tile against heads: {more_inst:.3f}x the instructions, issuing "
@@ -1529,8 +1550,9 @@ assert (r(free_predicted, 2), r(free["tile"]["us"] / free["heads"]["us"], 2),
 # - **At $b = 1$ the heads, tile and warps rungs are paced by their instructions**: the
 #   schedulers issue in 74 % to 80 % of their cycles, and every sin and cos is evaluated 16
 #   times (heads, tile) or 32 times (warps), each evaluation serving one row where at $b = 8$ it
-#   served 8. The tile of tokens executes 3 % more instructions at 41.4 % occupancy against
-#   47.3 %: instructions over issue rate predict 1.043 times the heads rung's time, and the
+#   served 8. The tile rung, whose tile at $h = 32$ is the heads rung's single token
+#   ($\text{BLOCK\_S} = 1$) in the 3-D form, executes 3 % more instructions at 41.4 % occupancy
+#   against 47.3 %: instructions over issue rate predict 1.043 times the heads rung's time, and the
 #   profiler measures 1.041. Timed, the step is larger, 1.09 times (191.1 against 175.8 µs);
 #   profiled again at the GPU's own clock (Nsight Compute told to leave it alone: 173.7 and
 #   188.5 µs, issuing in 77 % and 73 % of cycles), the same prediction gives 1.09. So the 3 %
@@ -1621,9 +1643,7 @@ if order_sass:
 # cosine, so every output of that row is NaN too. A profile by opcode
 # (`benchmarks/ladder_opcodes_ncu.py`, the same H200, section 5's launches at $s = 4096$,
 # $b = 8$) counts the executed warp instructions of rungs 4 to 6 and of the finished kernel;
-# the cell below sets the finished kernel beside rung 6, opcode by opcode. Made on every output
-# instead, the guard cost far more (`benchmarks/NOTES.md`, "The out-of-table guard made once
-# per table element", has that profile and the machine code).
+# the cell below sets the finished kernel beside rung 6, opcode by opcode.
 
 # %%
 OPCODE_CSV = measured.RESULTS / "ladder_opcodes_per_opcode-nvidia-h200.csv"
@@ -1734,16 +1754,16 @@ if compiled:                                        # the layouts compiled in se
 # (programmatic dependent launch, `tiles.EARLY_LAUNCH`): its programs start while the pre-pass
 # runs, and each waits for the pre-pass's rows before it reads them.
 #
-# The route is taken when q and k are fresh-output, contiguous, at least 64 MiB, and the table
-# is small beside them: at most 1/32 of the bytes the flat pass moves where every call writes
-# its rows (an operator call, or compiled code), 1/16 where an eager call keeps them (a model's
-# later layers read the rows the first one wrote, so only the reads count); otherwise the
-# finished kernel runs. Packed sequences (thd) take it too, reading the rows of each token's
-# *position* through a row index per token (4 bytes) or, where every sequence is as long as
-# the table, with one sequence per row of a 2-D grid (`benchmarks/NOTES.md` has their timings,
-# `two_pass_thd-*.csv`). The planner sees only shapes, so tensors on the `meta` device (no
-# memory at all) show which route an eager call would take (the last four lines: section 5's
-# ladder sizes, called as `benchmarks/ladder.py` calls `ropelib.apply_rope`):
+# The route is taken when q and k are fresh-output, contiguous, at least 64 MiB, and the table is
+# small beside them: at most 1/32 of the bytes the flat pass moves where every call writes its rows
+# (an operator call, or compiled code), 1/16 where an eager call keeps them (a model's later layers
+# read the rows the first one wrote, so only the reads count); otherwise the finished kernel runs.
+# Packed sequences (thd) take it too, reading the rows of each token's *position* through a row
+# index per token (4 bytes) or, where every sequence is as long as the table, with one sequence per
+# row of a 2-D grid (their timings: `benchmarks/results/two_pass_thd-*.csv`). The planner sees only
+# shapes, so tensors on the `meta` device (no memory at all) show which route an eager call would
+# take (the last four lines: section 5's ladder sizes, called as `benchmarks/ladder.py` calls
+# `ropelib.apply_rope`):
 
 # %%
 def route_of(shape, layout="sbhd", table="freqs", P=32768, n_seq=4):
@@ -1831,12 +1851,12 @@ assert len(re.findall(r"tl\.load\(in_ptr[12] .*evict_last", body)) == 2   # cos 
 # size and the loads each thread issues. An SM has 65,536 registers and holds at most 64 warps,
 # so registers per thread bound how many warps can wait on memory at once.
 #
-# Two register counts of the flat pass appear in this notebook, for two versions of it. The
-# pass compiled here is the one the route runs now: given the pre-pass's flag per row (below),
-# it loads that flag, one byte (`ld.v1.b8`), besides its ten 16-byte loads, and holds 42
-# registers with Triton 3.6, the GPU runs'. Section 5's profile is of the pass before the flags:
-# the same ten 16-byte loads and no byte load, in 46 registers; the load-schedule cell at the
-# end of this section compiles both versions.
+# The flat pass compiles to two register counts, with and without the pre-pass's flag per row
+# (below). Given the flags, as the route runs it after its pre-pass, it loads that flag, one
+# byte (`ld.v1.b8`), besides its ten 16-byte loads, and holds 42 registers with Triton 3.6, the
+# GPU runs'; this cell compiles that launch. Launched without flags, the profile of section 5,
+# it has the same ten 16-byte loads and no byte load, in 46 registers; the load-schedule cell at
+# the end of this section compiles both launches.
 #
 # Registers are one difference among several (occupancy, instructions per element, no
 # sin/cos, no batch loop); which of them sets the time was not separated.
@@ -1864,8 +1884,8 @@ if compiled:
     assert flat["accesses"] == {"ld.v1.b8": 1, "ld.v4.b32": 10, "st.v4.b32": 2}
     if triton.__version__.startswith("3.6"):                 # "42 registers with Triton 3.6"
         assert flat["registers"] == 42
-# the H200 profile's differences named above (section 5's mechanism CSV): the pass before the
-# flags, its ten 16-byte loads and no byte load, in 46 registers
+# the H200 profile's differences named above (section 5's mechanism CSV): the pass launched
+# without flags, its ten 16-byte loads and no byte load, in 46 registers
 print(f"section 5's profile of the flat pass (H200): {planned_m['registers']} registers, PTX "
       f"{planned_m['ptx_access_detail']}")
 assert planned_m["ptx_access_detail"] == "ld.v4.b32=10 st.v4.b32=2"
@@ -1882,13 +1902,11 @@ assert [said(r["ncu_warp_inst_per_element"], 2) for r in (planned_m, fin_m)] == 
 # copy), with the route forced each way — `finished`; `two-pass` with angles (the pre-pass,
 # then the flat pass); `two-pass cos/sin`, the flat pass reading your fp32 cos/sin table with no
 # pre-pass — and torch.compile of Hugging Face's formula. `pre-pass alone` is the route's first
-# kernel timed by itself. The other runs this section reads each time a design it did not keep
-# beside one it did (the file names carry their dates).
+# kernel timed by itself.
 
 # %%
-tp, tp_before = measured.two_pass(), measured.two_pass(measured.GPU + "-20261128-0853")
+tp = measured.two_pass()
 tp_meta, _ = measured.load("two_pass")
-before_meta, _ = measured.load("two_pass", measured.GPU + "-20261128-0853")
 cols = ("finished", "two-pass", "two-pass cos/sin", "torch.compile")
 show = ("bf16 sbhd 256 MiB s4k b8", "bf16 sbhd 1 GiB s16k b8", "bf16 sbhd 128 MiB s16k b1")
 s4k, s16k, b1 = show
@@ -1915,22 +1933,16 @@ def route_table(meta, runs):
 
 
 route_table(tp_meta, tp)
-print(f"\n{measured.where(before_meta)}, the element-wise flat pass, {s16k}: two-pass "
-      f"{ratio(tp_before, s16k, 'two-pass'):.3f}, finished "
-      f"{ratio(tp_before, s16k, 'finished'):.3f}")
 print(f"\n{s16k}, forward+backward, ratio to two copies: finished "
       f"{ratio(tp, s16k, 'finished', 'fwd+bwd'):.3f}, two-pass "
       f"{ratio(tp, s16k, 'two-pass', 'fwd+bwd'):.3f}")
-assert tp_meta["gpu"] == before_meta["gpu"]
+assert tp_meta["gpu"] == "NVIDIA H200"
 # the H200, forward: at 256 MiB the route is well ahead, with angles or with a table
 assert [said(ratio(tp, s4k, c)) for c in cols[:3]] == ["0.903", "0.996", "0.998"]
 # at 1 GiB too; forward+backward likewise (with angles)
 assert [said(ratio(tp, s16k, c)) for c in cols[:3]] == ["0.932", "1.002", "0.987"]
 assert [said(ratio(tp, s16k, c, "fwd+bwd")) for c in ("finished", "two-pass")] == \
     ["0.935", "0.998"]
-# the element-wise flat pass (one element a thread): 0.931 with angles, the finished kernel 0.924
-assert said(ratio(tp_before, s16k, "two-pass")) == "0.931"
-assert said(ratio(tp_before, s16k, "finished")) == "0.924"
 # batch 1: the pre-pass alone takes a sixth of a copy's time, yet the route is ahead ...
 assert [said(ratio(tp, b1, c)) for c in cols[:2]] == ["0.936", "0.963"]
 assert [said(v, 1) for v in (*pre_pass(tp, b1), pre_pass(tp, s16k)[1])] == ["11.7", "17.2", "2.3"]
@@ -1952,10 +1964,9 @@ assert [said(compile_lead[c], 1) for c in show] == ["0.5", "-0.8", "2.8"]
 # - at 256 MiB (batch 8) the flat pass beats the finished kernel: 0.996 of a copy with angles,
 #   0.998 reading a cos/sin table, against 0.903;
 # - at 1 GiB (batch 8) too: 1.002 with angles and 0.987 with a table against 0.932, and
-#   forward+backward with angles 0.998 of two copies against 0.935. An earlier run with an
-#   element-wise flat pass (one element a thread) had the route only level here, 0.931 against
-#   0.924: the last two subsections measure what the pass of pairs, and the way it writes its
-#   table addresses, change;
+#   forward+backward with angles 0.998 of two copies against 0.935. The last two subsections
+#   show what gets the flat pass there: both members of a pair in one thread, and the way it
+#   writes its table addresses;
 # - at batch 1 (128 MiB, 16,384 tokens) the pre-pass writes a 1 KiB row for every token with no
 #   batch to spread it over: 11.7 µs, 17.2 % of the copy's time (2.3 % at batch 8). Paid on
 #   every call, it would hold the route to copy / (copy + pre-pass) = 0.854 of a copy at most.
@@ -2041,9 +2052,10 @@ assert not kept_flags.any()                              # rope_freqs: every pai
 # If every byte moved at the copy's bandwidth, reading both halves would allow at most
 # $16/(16 + 1) \approx 0.94$ of a copy, and half of them $32/33 \approx 0.97$ (a bytes estimate,
 # not a hard limit); at batch 8 the share is an eighth as large.
-# `benchmarks/half_rows_probe.py` timed the route with the flag (`halves`) and without it
-# (`both halves`, every entry loaded), alternating in five rounds in one process, beside the
-# copy and torch.compile's kernel on a bf16 table:
+# `benchmarks/half_rows_probe.py` times the route reading half the rows (`halves`: member
+# $b$'s entries skipped where its pair shares the angle) and all of them (`both halves`, every
+# entry loaded), alternating in five rounds in one process, beside the copy and torch.compile's
+# kernel on a bf16 table:
 
 # %%
 # the bytes estimate at batch 1 (s16k b1): per token 32 heads of 128 bf16 features
@@ -2102,19 +2114,18 @@ print("256 MiB s4k b8, forward, ms a round: "
 assert min(rounds_256["halves"]) < max(rounds_256["both halves"])
 
 # %% [markdown]
-# Reading half the rows took the batch-1 forward from 0.932 to 0.963 of a copy at 128 MiB
-# (bshd: 0.927 to 0.948), from 0.941 to 0.967 at 256 MiB (32,768 tokens), and forward+backward
-# at 128 MiB from 0.936 to 0.963 of two copies; the route's 0.963 at batch 1 is the main
-# table's too. At batch 8 it took 1 GiB from 0.986 to 1.002 and left 256 MiB level (0.999
-# against 0.994, their times a round overlapping). The batch-1 times stay under the 32/33
-# estimate, but the estimate does not say what holds them there: torch.compile's kernel, which
-# reads as many table bytes a token (bf16 cos and sin, 256 bytes each), ran at 0.981 in the
-# same probe, above it.
+# Reading half the rows, the batch-1 forward runs at 0.963 of a copy at 128 MiB against 0.932
+# reading all of them (bshd: 0.948 against 0.927), at 0.967 against 0.941 at 256 MiB (32,768
+# tokens), and forward+backward at 128 MiB at 0.963 of two copies against 0.936; the route's 0.963
+# at batch 1 is the main table's too. At batch 8 it runs 1 GiB at 1.002 against 0.986 and leaves
+# 256 MiB level (0.994 against 0.999, their times a round overlapping). The batch-1 times stay
+# under the 32/33 estimate, but the estimate does not say what holds them there: torch.compile's
+# kernel, which reads as many table bytes a token (bf16 cos and sin, 256 bytes each), ran at 0.981
+# in the same probe, above it.
 #
-# That run read kept rows with one flag for the whole table. A second run of the probe timed
-# the three ways of reading kept rows side by side, five alternating rounds again:
-# `both halves` (no flags), `halves` (a flag per row) and `known equal` (`PAIRS_EQUAL`: no
-# flags, no member $b$ loads), each forced for every case:
+# Kept rows can be read three ways, and a run of the same probe times them side by side, five
+# alternating rounds again: `both halves` (no flags), `halves` (a flag per row) and
+# `known equal` (`PAIRS_EQUAL`: no flags, no member $b$ loads), each forced for every case:
 
 # %%
 eq_run = measured.GPU + "-20261202-1747"
@@ -2161,14 +2172,14 @@ assert all(eq[(c, "forward")][k]["ratio_to_copy"] < v for c, v in zip(b1_cases, 
            for k in eq_cols)
 
 # %% [markdown]
-# At batch 1 the pass without flags gained 0.4 to 1 point in the medians (0.942 to 0.946 sbhd,
-# 0.947 to 0.957 bshd, 0.953 to 0.961 at 32,768 tokens; in every round for bshd, the sbhd
-# rounds overlapping at their edges); at 1 GiB, batch 8, it lost 1 point in every round (1.000
-# to 0.990). So the planner makes that pass only where the rows are read once (one batch entry,
-# no `KEEP_TABLE`), and batches keep the pass with flags. Why it is slower at batch 8, where its
-# rows come from L2 and it issues fewer loads in fewer registers, these runs do not show. At
-# batch 1 every way of reading the rows stays below torch.compile's 0.971-0.982 on bf16 tables
-# in that run.
+# At batch 1 the pass without flags is 0.4 to 1 point ahead in the medians (0.946 against 0.942
+# sbhd, 0.957 against 0.947 bshd, 0.961 against 0.953 at 32,768 tokens; in every round for bshd,
+# the sbhd rounds overlapping at their edges); at 1 GiB, batch 8, it is 1 point behind in every
+# round (0.990 against 1.000). So the planner makes that pass only where the rows are read once
+# (one batch entry, no `KEEP_TABLE`), and batches keep the pass with flags. Why it is slower at
+# batch 8, where its rows come from L2 and it issues fewer loads in fewer registers, these runs do
+# not show. At batch 1 every way of reading the rows stays below torch.compile's 0.971-0.982 on
+# bf16 tables in that run.
 #
 # ### torch.compile reads a 16-bit table
 #
@@ -2179,9 +2190,6 @@ assert all(eq[(c, "forward")][k]["ratio_to_copy"] < v for c, v in zip(b1_cases, 
 # `compile bf16` is torch.compile as above, `compile fp32` the same formula given fp32 tables,
 # `flat fp32` the flat pass forced (`two-pass cos/sin`), `auto fp32` and `auto bf16`
 # `ropelib.apply_rope` choosing its route with fp32 tables and with torch.compile's bf16 ones.
-# Two probes on the H200 repeated the comparison with the element-wise flat pass:
-# `benchmarks/flat_pass_probe.py` (each table for torch.compile, fp32 for ropelib) and
-# `benchmarks/flat_hints_probe.py` (bf16 for both); `benchmarks/NOTES.md` reads them in full.
 # The batch-8 cases:
 
 # %%
@@ -2228,26 +2236,6 @@ assert [said(min(mine_fb)), said(max(mine_fb)), said(min(theirs_fb)), said(max(t
 assert said(behind_b1, 1) == "2.1"
 assert [said(behind[c], 1) for c in like] == ["1.0", "-1.4", "0.5"]     # bshd: ropelib ahead
 assert route_of((16384, 8, 32, 128), "sbhd", "cos/sin") == "two passes, your table"
-
-# the two probes (the element-wise flat pass)
-fp, hints = measured.probe("flat_pass_probe"), measured.probe("flat_hints_probe")
-fp_meta, _ = measured.load("flat_pass_probe")
-hints_meta, _ = measured.load("flat_hints_probe")
-assert hints_meta["gpu"] == fp_meta["gpu"] == tp_meta["gpu"]
-print(f"\nboth probes: {measured.where(fp_meta)}; forward, ratio to a copy")
-for case in ("bf16 sbhd 1 GiB s16k b8", "bf16 bshd 256 MiB s4k b8"):
-    c16, c32, mine32 = (fp[case][p]["ratio_to_copy"] for p in (
-        "torch.compile, bfloat16 table", "torch.compile, float32 table",
-        "ropelib.apply_rope cos/sin"))
-    c16_h, mine16 = (hints[case][p]["ratio_to_copy"]
-                     for p in ("torch.compile", "ropelib.apply_rope"))
-    gap = 100 * (1 - mine16 / c16_h)
-    print(f"{case:26s} flat_pass_probe: compile bf16 {c16:.3f}, compile fp32 {c32:.3f}, "
-          f"ropelib fp32 {mine32:.3f} | flat_hints_probe: compile bf16 {c16_h:.3f}, "
-          f"ropelib bf16 {mine16:.3f} ({gap:.1f} % behind)")
-    assert c32 < mine32 < c16, case          # the same order as two_pass's run
-    assert said(gap, 1) == {"bf16 sbhd 1 GiB s16k b8": "2.2",
-                            "bf16 bshd 256 MiB s4k b8": "1.6"}[case]
 print(f"{s16k}, this run: auto cos/sin {ratio(tp, s16k, 'auto cos/sin'):.3f}, two-pass cos/sin "
       f"{ratio(tp, s16k, 'two-pass cos/sin'):.3f} (the same route)")
 assert said(100 * (ratio(tp, s16k, "two-pass cos/sin") - ratio(tp, s16k, "auto cos/sin")), 1) \
@@ -2256,21 +2244,21 @@ assert said(100 * (ratio(tp, s16k, "two-pass cos/sin") - ratio(tp, s16k, "auto c
 # %% [markdown]
 # Given fp32 tables, torch.compile's kernel loses about a tenth of a copy (0.994 → 0.898 at
 # 1 GiB) and falls behind ropelib on the same fp32 tables (0.974 as ropelib picks the route,
-# 0.987 with the flat pass forced), in these three cases and at batch 1; `flat_pass_probe`
-# found the same order in both its cases. Given the same bf16 tables, ropelib is 0.5 % behind
-# at 1 GiB (0.989 against 0.994), 1.0 % behind at 256 MiB sbhd and 1.4 % ahead in bshd, 2.1 %
-# behind at batch 1 (128 MiB), and ahead forward+backward (0.992–1.001 of two copies against
-# 0.487–0.941); `flat_hints_probe`, with the element-wise pass, had it 1.6 to 2.2 % behind.
+# 0.987 with the flat pass forced), in these three cases and at batch 1. Given the same bf16
+# tables, ropelib is 0.5 % behind at 1 GiB (0.989 against 0.994), 1.0 % behind at 256 MiB sbhd
+# and 1.4 % ahead in bshd, 2.1 % behind at batch 1 (128 MiB), and ahead forward+backward
+# (0.992–1.001 of two copies against 0.487–0.941).
 # Read gaps this small with care: in this run `auto cos/sin` and the forced `two-pass cos/sin`,
 # the same route at 1 GiB, are 1.3 points apart.
 #
 # ### Both members of a pair in one thread
 #
-# A thread of the element-wise flat pass loads, for its 8 bf16 features, its own 16 bytes of x,
-# its partners' 16 bytes (cache lines another thread of the program loads as *its* x), and 32
-# bytes each of fp32 cos and $s'$: six 16-byte loads (torch.compile's kernel, with a bf16
-# table, four). `benchmarks/paired_rows_probe.py` timed two ways to load less, on copies of the
-# flat pass reading the pre-pass's fp32 rows (each copy gave `apply_rope`'s bits):
+# A flat pass that gives each thread 8 consecutive bf16 features of one half (`rows=fp32`
+# below) loads its own 16 bytes of x, its partners' 16 bytes (cache lines another thread of the
+# program loads as *its* x), and 32 bytes each of fp32 cos and $s'$: six 16-byte loads
+# (torch.compile's kernel, with a bf16 table, four). `benchmarks/paired_rows_probe.py` times it
+# and two ways to load less, on copies of the flat pass reading the pre-pass's fp32 rows (each
+# copy gives `apply_rope`'s bits):
 #
 # - **read half the table** (`rows=paired`): where both members of a pair share their angle
 #   (`cat(f, f)`, as TE's and Hugging Face's tables are), both halves of a head read the first
@@ -2302,26 +2290,68 @@ assert [said(pr[c][probe_cols[4]]["ratio_to_copy"] - pr[c][probe_cols[0]]["ratio
 assert [one_gib[c] for c in probe_cols[:5]] == ["0.994", "0.938", "0.948", "0.896", "0.993"]
 
 # %% [markdown]
-# Reading half the table made every case slower (0.896 of a copy at 1 GiB against 0.948); why
-# was not measured, nor was its machine code read (one candidate: a select in an address can
+# Reading half the table is slower in every case (0.896 of a copy at 1 GiB against 0.948); why
+# is not measured here, nor is its machine code read (one candidate: a select in an address can
 # hide contiguity and split a 16-byte load into scalar ones, as Exercise 2's note explains).
-# Holding both members in one thread reached 0.993 at 1 GiB with the same fp32 rows, level with
+# Holding both members in one thread reaches 0.993 at 1 GiB with the same fp32 rows, level with
 # torch.compile's 0.994 on its bf16 table, and 0.001 and 0.002 ahead of it in the two 256 MiB
 # cases. That is ropelib's flat pass for rotate-half pairs (`_rotate_pairs` in
 # `ropelib/kernels/flat.py`, on `tiles.TWO_PASS_PAIR_WARPS` = 2 warps), the pass this section's
 # main table measured. It reads half of the rows another way (the batch-1 cells above): member
 # $b$'s four 16-byte loads of cos and $s'$ stay, masked by the row's flag, so where the flag is
 # 0 they move no bytes.
+#
+# The same comparison holds for the whole route. In an H200 run of the route with the
+# element-wise pass (one thread per 8 features of a half, the design of `rows=fp32`), the two
+# passes at 1 GiB are only level with the finished kernel, 0.931 of a copy against 0.924; with
+# the pass of pairs, the main table above, 1.002 against 0.932. Two probes set the element-wise
+# pass beside torch.compile: `benchmarks/flat_pass_probe.py` (torch.compile given each table,
+# ropelib fp32) finds the order of the bf16-table comparison above (compile fp32 below ropelib
+# fp32, below compile bf16), and `benchmarks/flat_hints_probe.py` (bf16 tables for both) has
+# ropelib 1.6 to 2.2 % behind torch.compile, where the pass of pairs is within 1.5 % of it.
+
+# %%
+# the element-wise pass in the whole route: an H200 run of the two passes with it
+tp_elementwise = measured.two_pass(measured.GPU + "-20261128-0853")
+ew_meta, _ = measured.load("two_pass", measured.GPU + "-20261128-0853")
+assert ew_meta["gpu"] == tp_meta["gpu"] == "NVIDIA H200"
+print(f"{measured.where(ew_meta)}, the element-wise flat pass, {s16k}: two-pass "
+      f"{ratio(tp_elementwise, s16k, 'two-pass'):.3f}, finished "
+      f"{ratio(tp_elementwise, s16k, 'finished'):.3f}; the pass of pairs (main table): "
+      f"{ratio(tp, s16k, 'two-pass'):.3f}, finished {ratio(tp, s16k, 'finished'):.3f}")
+assert [said(ratio(tp_elementwise, s16k, c)) for c in ("two-pass", "finished")] == \
+    ["0.931", "0.924"]
+# the two probes of the element-wise pass against torch.compile
+fp, hints = measured.probe("flat_pass_probe"), measured.probe("flat_hints_probe")
+fp_meta, _ = measured.load("flat_pass_probe")
+hints_meta, _ = measured.load("flat_hints_probe")
+assert hints_meta["gpu"] == fp_meta["gpu"] == tp_meta["gpu"]
+print(f"both probes: {measured.where(fp_meta)}; forward, ratio to a copy")
+for case in ("bf16 sbhd 1 GiB s16k b8", "bf16 bshd 256 MiB s4k b8"):
+    c16, c32, mine32 = (fp[case][p]["ratio_to_copy"] for p in (
+        "torch.compile, bfloat16 table", "torch.compile, float32 table",
+        "ropelib.apply_rope cos/sin"))
+    c16_h, mine16 = (hints[case][p]["ratio_to_copy"]
+                     for p in ("torch.compile", "ropelib.apply_rope"))
+    gap = 100 * (1 - mine16 / c16_h)
+    print(f"{case:26s} flat_pass_probe: compile bf16 {c16:.3f}, compile fp32 {c32:.3f}, "
+          f"ropelib fp32 {mine32:.3f} | flat_hints_probe: compile bf16 {c16_h:.3f}, "
+          f"ropelib bf16 {mine16:.3f} ({gap:.1f} % behind)")
+    assert c32 < mine32 < c16, case          # the same order as two_pass's run
+    assert said(gap, 1) == {"bf16 sbhd 1 GiB s16k b8": "2.2",
+                            "bf16 bshd 256 MiB s4k b8": "1.6"}[case]
+assert all(abs(v) < 1.5 for v in behind.values())      # the pass of pairs: within 1.5 %
 
 # %% [markdown]
 # ### How an address is written decides when a load goes out
 #
-# Written with one offset per table entry, ropelib's pairs pass ran at 0.915 of a copy at 1 GiB
-# on the H200, while the probe's kernel, on the same fp32 rows in the same process, ran at
-# 0.992: the same 16-byte loads and stores in the PTX. The difference is how the address of a
-# token's cos/sin row is written: the probe computes `s * D`, `D` a compile-time constant; that
-# version of ropelib's pass one offset per entry, `cos_ptr + (s * stride_tab + j)`, the stride a
-# runtime argument.
+# Written with one offset per table entry, ropelib's pairs pass runs at 0.915 of a copy at 1 GiB
+# on the H200, while the probe's kernel, on the same fp32 rows in the same process, runs at
+# 0.992: the same 16-byte loads and stores in the PTX (the timings are at the end of this
+# subsection). The difference is how the address of a token's cos/sin row is written: the
+# probe computes `s * D`, `D` a compile-time constant; the offset form computes one offset per
+# entry, `cos_ptr + (s * stride_tab + j)`, the stride a runtime argument. ropelib's pass
+# writes a pointer per row instead, and this subsection shows why.
 #
 # A thread reads four 16-byte pieces of a cos row and four of an $s'$ row (the first half of
 # each row for $x_a$, the second for $x_b$). Written as offsets, each piece's address is
@@ -2503,13 +2533,13 @@ if sched:
 # runs', and 3.9; with another version only that row pointers put more loads out early.
 #
 # ropelib's own flat pass, compiled the same way, issues the same eight early, in 46 registers:
-# the pass section 5 profiled. Given the pre-pass's flags, as the route runs it now, it loads
-# its row's flag first (one byte), then the same ten loads, member $b$'s waiting for the flag's
-# value: with Triton 3.6 seven of the eleven go out before the first multiply, in 42 registers
-# (the count of section 6's compile cell), with 3.9 nine. Making member $a$'s loads wait for the
-# flag too put more of them ahead and was slower on the H200, at 1 GiB and at batch 1 (the
-# comment in `_rotate_pairs` has the counts and the timings): which loads go first is not the
-# whole story.
+# the pass section 5 profiled. Given the pre-pass's flags, as the route runs it after its
+# pre-pass, it loads its row's flag first (one byte), then the same ten loads, member $b$'s
+# waiting for the flag's value: with Triton 3.6 seven of the eleven go out before the first
+# multiply, in 42 registers (the count of section 6's compile cell), with 3.9 nine. Making
+# member $a$'s loads wait for the flag too puts more of them ahead and is slower on the H200, at
+# 1 GiB and at batch 1 (the comment in `_rotate_pairs` has the counts and the timings): which
+# loads go first is not the whole story.
 # The pass for rows known to have no differing pair (`PAIRS_EQUAL`, planned at batch 1) loads
 # six pieces, x's two and member $a$'s four, five of them early, in 32 registers with both
 # versions.
@@ -3022,133 +3052,163 @@ else:
 # pre-pass's rows (else `None`): where a row's flag is 0, every pair's two members share their
 # cos and sin, so the mask `m_b` switches off member $b$'s loads of cos and $s'$ in that row, and
 # $b$ takes $c_b = c_a$, $s'_b = -s'_a$, reading half of the rows' bytes (section 6's batch-1
-# cells). The cell
-# after it forces the two-pass route on a small input of its own (8 tokens, batch 2, 4 heads of
-# 64), checks that the route is planned, and compares the output with the reference.
+# cells).
 #
-# <!-- ropelib-source: ropelib.kernels.flat._rotate_pairs -->
-# ```python
-# @triton.jit
-# def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, token_rows_ptr,
-#                   stride_rows_b, stride_tab_p, stride_tab_axis, row_flags_ptr,
-#                   D: tl.constexpr, R: tl.constexpr,
-#                   BACKWARD: tl.constexpr, SIGNED: tl.constexpr, KEEP_TABLE: tl.constexpr,
-#                   ROW_POINTERS: tl.constexpr, AXIS_H_FROM: tl.constexpr,
-#                   AXIS_W_FROM: tl.constexpr, PAIRS_EQUAL: tl.constexpr):
-#     # Rotate-half rows r [ROWS] of x [rows, D] -> y: a thread holds both members of its pairs,
-#     # x_a = x[r, j] and x_b = x[r, j + R/2] ([ROWS, BLOCK_HALF] each), so no feature is loaded
-#     # twice; features R..D-1 are copied through. Each row's cos/sin row is at offset tab, or,
-#     # with a row index (token_rows_ptr), at token_rows[s + b * stride_rows_b] * stride_tab_p:
-#     # loaded after x, so x's loads do not wait on it (a row of -1, a position outside the
-#     # table, gives NaN). With one table per axis (AXIS_H_FROM < R/2) pair j and both its
-#     # members read the table of j's section, stride_tab_axis further on per axis. Given the
-#     # pre-pass's row flags (row_flags_ptr, one per row of its s' rows), member b's entries are
-#     # loaded only for rows where some pair's members differ: otherwise c_b = c_a and
-#     # s'_b = -s'_a (the pre-pass did not write them). PAIRS_EQUAL: no row's pairs differ
-#     # (every flag of kept rows was 0): member b's entries are never loaded, nor the flags.
-#     HALF: tl.constexpr = R // 2
-#     BLOCK_HALF: tl.constexpr = tile_width(HALF)
-#     j = tl.arange(0, BLOCK_HALF)
-#     col = j                                                          # the table's column of j
-#     if AXIS_H_FROM < HALF:
-#         col = j + ((j >= AXIS_H_FROM).to(tl.int32) + (j >= AXIS_W_FROM).to(tl.int32)) \
-#             * stride_tab_axis
-#         # sections start at multiples of 8 pairs (the planner's condition) and the tables'
-#         # strides are multiples of 8 (contiguous tables): runs of 8 columns stay contiguous,
-#         # which the selects hide from Triton's analysis (each entry would be its own load)
-#         col = tl.max_contiguous(tl.multiple_of(col, 8), 8)
-#     at = r[:, None] * D + j[None, :]                                 # x_a [ROWS, BLOCK_HALF]
-#     m = live[:, None] & (j < HALF)[None, :]
-#     xa = tl.load(x_ptr + at, mask=m, other=0.0).to(tl.float32)
-#     xb = tl.load(x_ptr + at + HALF, mask=m, other=0.0).to(tl.float32)
-#     if token_rows_ptr is not None:
-#         row = tl.load(token_rows_ptr + s + b * stride_rows_b, mask=live, other=0)
-#         outside = row < 0
-#         tab = tl.maximum(row, 0).to(r.dtype) * stride_tab_p
-#     # Member a's cos/sin entries. A thread's 8 pairs are 4 16-byte pieces of a cos row and 4
-#     # of a sin row; which of the 8 loads ptxas issues before the rotation starts (the others
-#     # wait for registers, a second trip to memory) follows from how their addresses are
-#     # written. With each row's pointer first (ROW_POINTERS), a row's pieces are one address
-#     # plus constants: at 1 GiB sbhd 6 of the 8 loads go early (sm_90, Triton 3.6) and
-#     # apply_rope reached 0.986 of a copy where the offsets [row, feature] reached 0.913 (4 base
-#     # addresses; 5 early; H200, results/one_gib_probe-*). For one packed sequence per grid row
-#     # the offsets schedule better: 6 early against 4, 0.993-0.997 of a copy against 0.953
-#     # (H200, the floor's thd case, 2026-11-29).
-#     if ROW_POINTERS:
-#         cos_a = (cos_ptr + tab)[:, None] + col[None, :]
-#         sin_a = (sin_ptr + tab)[:, None] + col[None, :]
-#     else:
-#         cos_a = cos_ptr + (tab[:, None] + col[None, :])
-#         sin_a = sin_ptr + (tab[:, None] + col[None, :])
-#     if SIGNED and row_flags_ptr is not None and not PAIRS_EQUAL:
-#         # the row's flag: the pre-pass's rows are [NB * S, R], so row tab // R (where it is 0
-#         # the b loads move no bytes)
-#         differs = tl.load(row_flags_ptr + tab // R, mask=live, other=1)
-#         # (Only b's loads wait for it. With a's waiting too, ptxas issued all eight table loads
-#         # ahead of the first multiply, 9 of 11 against 7 of 11 (sm_90, Triton 3.6), yet the
-#         # pass was slower: 0.943 of a copy at 1 GiB b8 against 1.001, 0.900 at s16k b1 against
-#         # 0.941 (H200, results/half_rows_probe-*-1511-a-loads-wait.csv and -1443.csv).)
-#         m_b = m & (differs != 0)[:, None]
-#     else:
-#         m_b = m
-#     if SIGNED and PAIRS_EQUAL:  # (planned only where rows are read once: no KEEP_TABLE)
-#         tl.static_assert(not KEEP_TABLE, "PAIRS_EQUAL is planned for rows read once")
-#         ca = tl.load(cos_a, mask=m, other=0.0)
-#         sa = tl.load(sin_a, mask=m, other=0.0)
-#         cb = ca
-#         sb = -sa
-#     elif KEEP_TABLE:        # the rows serve every batch entry: keep them in L2
-#         ca = tl.load(cos_a, mask=m, other=0.0, eviction_policy="evict_last")
-#         sa = tl.load(sin_a, mask=m, other=0.0, eviction_policy="evict_last")
-#         cb = tl.load(cos_a + HALF, mask=m_b, other=0.0, eviction_policy="evict_last")
-#         sb = tl.load(sin_a + HALF, mask=m_b, other=0.0, eviction_policy="evict_last")
-#     else:
-#         ca = tl.load(cos_a, mask=m, other=0.0)
-#         sa = tl.load(sin_a, mask=m, other=0.0)
-#         cb = tl.load(cos_a + HALF, mask=m_b, other=0.0)
-#         sb = tl.load(sin_a + HALF, mask=m_b, other=0.0)
-#     sa = sa.to(tl.float32)
-#     sb = sb.to(tl.float32)
-#     if SIGNED and row_flags_ptr is not None and not PAIRS_EQUAL:
-#         # the two halves equal: a's entries serve b
-#         cb = tl.where(m_b, cb, ca)
-#         sb = tl.where(m_b, sb, -sa)
-#     if SIGNED:              # s' (the pre-pass's rows): y_a = x_a c_a + x_b s'_a, and so for b
-#         ta = xb * sa
-#         tb = xa * sb
-#     elif BACKWARD:          # the transpose: y_a = x_a c_a + x_b s_b, y_b = x_b c_b - x_a s_a
-#         ta = xb * sb
-#         tb = -xa * sa
-#     else:                   # y_a = x_a c_a - x_b s_a, y_b = x_b c_b + x_a s_b
-#         # x_b (-s_a) rather than -(x_b s_a), the same bits. Which loads ptxas issues before
-#         # the first multiply follows from how the product is written, and differently by
-#         # Triton version (sm_90): -(x_b s_a) 4 of 6 with Triton 3.6 and 6 with 3.9; (-x_b) s_a
-#         # 6 and 4; x_b (-s_a) 6 with both (40 registers, what 38 round to in the allocation).
-#         # With 3.6, the GPU runs', (-x_b) s_a took Qwen2-VL's bf16 tables forward from 167.8 to
-#         # 142.5 us (b4 s8192 28/4 heads, H200, results/tables_flat_pass_variants-*); this form
-#         # ran at 139.0 us under Nsight Compute, as (-x_b) s_a's 138.7 (results/tables_read_ncu-*)
-#         ta = xb * (-sa)
-#         tb = xa * sb
-#     ya = tl.fma(xa, ca.to(tl.float32), ta)
-#     yb = tl.fma(xb, cb.to(tl.float32), tb)
-#     if token_rows_ptr is not None:      # a position outside the table: NaN, never a clamped row
-#         ya = tl.where(outside[:, None], float("nan"), ya)
-#         yb = tl.where(outside[:, None], float("nan"), yb)
-#     tl.store(y_ptr + at, round_to(ya, y_ptr.dtype.element_ty, ROUND_BF16_RTNE), mask=m)
-#     tl.store(y_ptr + at + HALF, round_to(yb, y_ptr.dtype.element_ty, ROUND_BF16_RTNE),
-#              mask=m)
-#     if R < D:               # the features not rotated, copied
-#         PASS: tl.constexpr = D - R
-#         k = tl.arange(0, tile_width(PASS))
-#         pt = r[:, None] * D + R + k[None, :]
-#         mp = live[:, None] & (k < PASS)[None, :]
-#         xp = tl.load(x_ptr + pt, mask=mp, other=0.0).to(tl.float32)
-#         tl.store(y_ptr + pt, round_to(xp, y_ptr.dtype.element_ty, ROUND_BF16_RTNE), mask=mp)
-# ```
+# The cell below is the function itself, a copy of `ropelib/kernels/flat.py`'s (a test keeps the
+# two equal). The cell after it launches this copy on section 6's small input and rows
+# (`x_small`, `cos_rows`, `s_rows`: the pre-pass's cos and $s'$) through a dozen-line kernel
+# that finds each program's rows as section 6's `rotate_rows` does, and compares the output
+# with the reference: edit the copy (the order of the loads, the address form, the masks) and
+# rerun both. The last cell runs ropelib's own through `apply_rope`, with the two-pass route
+# forced on a small input of its own (8 tokens, batch 2, 4 heads of 64).
 
 # %%
-from ropelib.kernels import flat
-from ropelib.kernels.flat import _rotate_pairs       # the function shown above
+# ropelib-source: ropelib.kernels.flat._rotate_pairs
+@triton.jit
+def _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, tab, s, b, token_rows_ptr,
+                  stride_rows_b, stride_tab_p, stride_tab_axis, row_flags_ptr,
+                  D: tl.constexpr, R: tl.constexpr,
+                  BACKWARD: tl.constexpr, SIGNED: tl.constexpr, KEEP_TABLE: tl.constexpr,
+                  ROW_POINTERS: tl.constexpr, AXIS_H_FROM: tl.constexpr,
+                  AXIS_W_FROM: tl.constexpr, PAIRS_EQUAL: tl.constexpr):
+    # Rotate-half rows r [ROWS] of x [rows, D] -> y: a thread holds both members of its pairs,
+    # x_a = x[r, j] and x_b = x[r, j + R/2] ([ROWS, BLOCK_HALF] each), so no feature is loaded
+    # twice; features R..D-1 are copied through. Each row's cos/sin row is at offset tab, or,
+    # with a row index (token_rows_ptr), at token_rows[s + b * stride_rows_b] * stride_tab_p:
+    # loaded after x, so x's loads do not wait on it (a row of -1, a position outside the
+    # table, gives NaN). With one table per axis (AXIS_H_FROM < R/2) pair j and both its
+    # members read the table of j's section, stride_tab_axis further on per axis. Given the
+    # pre-pass's row flags (row_flags_ptr, one per row of its s' rows), member b's entries are
+    # loaded only for rows where some pair's members differ: otherwise c_b = c_a and
+    # s'_b = -s'_a (the pre-pass did not write them). PAIRS_EQUAL: no row's pairs differ
+    # (every flag of kept rows was 0): member b's entries are never loaded, nor the flags.
+    HALF: tl.constexpr = R // 2
+    BLOCK_HALF: tl.constexpr = tile_width(HALF)
+    j = tl.arange(0, BLOCK_HALF)
+    col = j                                                          # the table's column of j
+    if AXIS_H_FROM < HALF:
+        col = j + ((j >= AXIS_H_FROM).to(tl.int32) + (j >= AXIS_W_FROM).to(tl.int32)) \
+            * stride_tab_axis
+        # sections start at multiples of 8 pairs (the planner's condition) and the tables'
+        # strides are multiples of 8 (contiguous tables): runs of 8 columns stay contiguous,
+        # which the selects hide from Triton's analysis (each entry would be its own load)
+        col = tl.max_contiguous(tl.multiple_of(col, 8), 8)
+    at = r[:, None] * D + j[None, :]                                 # x_a [ROWS, BLOCK_HALF]
+    m = live[:, None] & (j < HALF)[None, :]
+    xa = tl.load(x_ptr + at, mask=m, other=0.0).to(tl.float32)
+    xb = tl.load(x_ptr + at + HALF, mask=m, other=0.0).to(tl.float32)
+    if token_rows_ptr is not None:
+        row = tl.load(token_rows_ptr + s + b * stride_rows_b, mask=live, other=0)
+        outside = row < 0
+        tab = tl.maximum(row, 0).to(r.dtype) * stride_tab_p
+    # Member a's cos/sin entries. A thread's 8 pairs are 4 16-byte pieces of a cos row and 4
+    # of a sin row; which of the 8 loads ptxas issues before the rotation starts (the others
+    # wait for registers, a second trip to memory) follows from how their addresses are
+    # written. With each row's pointer first (ROW_POINTERS), a row's pieces are one address
+    # plus constants: at 1 GiB sbhd 6 of the 8 loads go early (sm_90, Triton 3.6) and
+    # apply_rope reached 0.986 of a copy where the offsets [row, feature] reached 0.913 (4 base
+    # addresses; 5 early; H200, results/one_gib_probe-*). For one packed sequence per grid row
+    # the offsets schedule better: 6 early against 4, 0.993-0.997 of a copy against 0.953
+    # (H200, the floor's thd case, 2026-11-29).
+    if ROW_POINTERS:
+        cos_a = (cos_ptr + tab)[:, None] + col[None, :]
+        sin_a = (sin_ptr + tab)[:, None] + col[None, :]
+    else:
+        cos_a = cos_ptr + (tab[:, None] + col[None, :])
+        sin_a = sin_ptr + (tab[:, None] + col[None, :])
+    if SIGNED and row_flags_ptr is not None and not PAIRS_EQUAL:
+        # the row's flag: the pre-pass's rows are [NB * S, R], so row tab // R (where it is 0
+        # the b loads move no bytes)
+        differs = tl.load(row_flags_ptr + tab // R, mask=live, other=1)
+        # (Only b's loads wait for it. With a's waiting too, ptxas issued all eight table loads
+        # ahead of the first multiply, 9 of 11 against 7 of 11 (sm_90, Triton 3.6), yet the
+        # pass was slower: 0.943 of a copy at 1 GiB b8 against 1.001, 0.900 at s16k b1 against
+        # 0.941 (H200, results/half_rows_probe-*-1511-a-loads-wait.csv and -1443.csv).)
+        m_b = m & (differs != 0)[:, None]
+    else:
+        m_b = m
+    if SIGNED and PAIRS_EQUAL:  # (planned only where rows are read once: no KEEP_TABLE)
+        tl.static_assert(not KEEP_TABLE, "PAIRS_EQUAL is planned for rows read once")
+        ca = tl.load(cos_a, mask=m, other=0.0)
+        sa = tl.load(sin_a, mask=m, other=0.0)
+        cb = ca
+        sb = -sa
+    elif KEEP_TABLE:        # the rows serve every batch entry: keep them in L2
+        ca = tl.load(cos_a, mask=m, other=0.0, eviction_policy="evict_last")
+        sa = tl.load(sin_a, mask=m, other=0.0, eviction_policy="evict_last")
+        cb = tl.load(cos_a + HALF, mask=m_b, other=0.0, eviction_policy="evict_last")
+        sb = tl.load(sin_a + HALF, mask=m_b, other=0.0, eviction_policy="evict_last")
+    else:
+        ca = tl.load(cos_a, mask=m, other=0.0)
+        sa = tl.load(sin_a, mask=m, other=0.0)
+        cb = tl.load(cos_a + HALF, mask=m_b, other=0.0)
+        sb = tl.load(sin_a + HALF, mask=m_b, other=0.0)
+    sa = sa.to(tl.float32)
+    sb = sb.to(tl.float32)
+    if SIGNED and row_flags_ptr is not None and not PAIRS_EQUAL:
+        # the two halves equal: a's entries serve b
+        cb = tl.where(m_b, cb, ca)
+        sb = tl.where(m_b, sb, -sa)
+    if SIGNED:              # s' (the pre-pass's rows): y_a = x_a c_a + x_b s'_a, and so for b
+        ta = xb * sa
+        tb = xa * sb
+    elif BACKWARD:          # the transpose: y_a = x_a c_a + x_b s_b, y_b = x_b c_b - x_a s_a
+        ta = xb * sb
+        tb = -xa * sa
+    else:                   # y_a = x_a c_a - x_b s_a, y_b = x_b c_b + x_a s_b
+        # x_b (-s_a) rather than -(x_b s_a), the same bits. Which loads ptxas issues before
+        # the first multiply follows from how the product is written, and differently by
+        # Triton version (sm_90): -(x_b s_a) 4 of 6 with Triton 3.6 and 6 with 3.9; (-x_b) s_a
+        # 6 and 4; x_b (-s_a) 6 with both (40 registers, what 38 round to in the allocation).
+        # With 3.6, the GPU runs', (-x_b) s_a took Qwen2-VL's bf16 tables forward from 167.8 to
+        # 142.5 us (b4 s8192 28/4 heads, H200, results/tables_flat_pass_variants-*); this form
+        # ran at 139.0 us under Nsight Compute, as (-x_b) s_a's 138.7 (results/tables_read_ncu-*)
+        ta = xb * (-sa)
+        tb = xa * sb
+    ya = tl.fma(xa, ca.to(tl.float32), ta)
+    yb = tl.fma(xb, cb.to(tl.float32), tb)
+    if token_rows_ptr is not None:      # a position outside the table: NaN, never a clamped row
+        ya = tl.where(outside[:, None], float("nan"), ya)
+        yb = tl.where(outside[:, None], float("nan"), yb)
+    tl.store(y_ptr + at, round_to(ya, y_ptr.dtype.element_ty, ROUND_BF16_RTNE), mask=m)
+    tl.store(y_ptr + at + HALF, round_to(yb, y_ptr.dtype.element_ty, ROUND_BF16_RTNE),
+             mask=m)
+    if R < D:               # the features not rotated, copied
+        PASS: tl.constexpr = D - R
+        k = tl.arange(0, tile_width(PASS))
+        pt = r[:, None] * D + R + k[None, :]
+        mp = live[:, None] & (k < PASS)[None, :]
+        xp = tl.load(x_ptr + pt, mask=mp, other=0.0).to(tl.float32)
+        tl.store(y_ptr + pt, round_to(xp, y_ptr.dtype.element_ty, ROUND_BF16_RTNE), mask=mp)
+
+
+# %%
+from ropelib.kernels.common import ROUND_BF16_RTNE, tile_width   # names the copy above uses
+
+
+@triton.jit
+def rotate_rows_with_copy(x_ptr, y_ptr, cos_ptr, sin_ptr, n_rows, B, H, stride_tab,
+                          D: tl.constexpr, ROWS: tl.constexpr):
+    # ROWS head rows of x [S * B * H rows of D] (sbhd, contiguous) per program, rotated by the
+    # copy of _rotate_pairs above, reading the pre-pass's fp32 rows of cos and s' [S, stride_tab]
+    r = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    live = r < n_rows
+    s = r // (B * H)                                           # each row's token
+    _rotate_pairs(x_ptr, y_ptr, cos_ptr, sin_ptr, r, live, s * stride_tab, s, 0, None, 0,
+                  stride_tab, 0, None, D, D, False, True, False, True, D // 2, D // 2, False)
+
+
+y_copy = torch.empty_like(x_small)
+n_rows = x_small.numel() // D_
+rotate_rows_with_copy[(triton.cdiv(n_rows, 8),)](x_small, y_copy, cos_rows, s_rows, n_rows, B_,
+                                                  H_, cos_rows.stride(0), D=D_, ROWS=8,
+                                                  num_warps=2)
+torch.testing.assert_close(y_copy, reference.rope_reference(x_small, f_small), atol=1e-5,
+                           rtol=1e-2)
+print(f"the copy of _rotate_pairs above, x {tuple(x_small.shape)} bf16: == the reference")
+
+# %%
+from ropelib.kernels import flat                     # ropelib's own, as apply_rope runs it
 import inspect
 
 assert "_rotate_rows(" in inspect.getsource(flat._rope_rows_kernel.fn)    # the kernel's rows,
