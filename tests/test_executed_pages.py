@@ -43,6 +43,8 @@ STALE = {stem: _OLDER + _rerender(stem) for stem in (
     "04-batch-reuse-grid-kernel",   # % of a copy as a ratio of times; no earlier project's story
     "05-finished-kernel",   # BLOCK_S = 1 at h = 32 said; _rotate_pairs in a code cell, launched
     "07-te-vs-triton-live",     # torch.compile's 64 MiB forward timed host against device
+    "09-rope-in-a-model",   # section 4's verdict computed from the run it prints
+    "12-rope-in-the-qkv-projection",    # 7.2's barrier profile answers section 3's question
 )}
 # pages rendered before a data file they read was measured again
 _OLDER_DATA = ("the page shows outputs of benchmarks/results/floor-nvidia-h200.csv as it was "
