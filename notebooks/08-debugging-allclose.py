@@ -268,7 +268,11 @@ assert bool((emap[1:].flatten(1).amax(1) > 0).all())     # every other position 
 assert steps_at_max == 1                                  # the largest difference: one bf16 step
 
 # %% [markdown]
-# ![Error map of the reported failure: zero at position 0, differences elsewhere](../figures/08-heatmap-repro.png)
+# ![The committed run's error map of the reported failure: |TE fused - Triton| on an NVIDIA H200, zero at position 0, differences elsewhere](../figures/08-heatmap-repro.png)
+#
+# *Above: the committed run, with Transformer Engine installed, on an NVIDIA H200 (512
+# positions, 128 features), against the real TE. The map the cell drew just before it is this machine's run,
+# against the real TE only where it is installed (the title says which).*
 #
 # Row 0 is black: no difference at position 0. Every other position differs somewhere (the
 # cell asserts both). The largest difference lies elsewhere; the cell prints where, and the two
@@ -519,6 +523,8 @@ assert all(v["triton_max_normwise_u"] <= 3 for v in prec.values())
 assert prec["sin/cos in kernel, fp32 (fixed)"]["triton_max_normwise_u"] <= 1.0
 if not GPU or debug.te_label(device) == "TE fused":   # the emulation here, or TE itself
     assert prec["sin/cos in kernel + FMA"]["max_abs_diff"] == 0    # TE's output, bit for bit
+# the outputs each row compares (the prose's counts): 4,096 on the CPU, 1,048,576 on a GPU
+assert prec["sin/cos in kernel + FMA"]["numel"] == (1_048_576 if GPU else 4096)
 assert prec["table bf16, math bf16 (reported)"]["triton_max_ulp"] > 16   # tens of ulps, or more
 
 # the same kernel's presets against the real TE on the GPU, at its size (the file's rows)
@@ -534,8 +540,6 @@ for label, v in PRESET_ROWS.items():
 assert [gpu_rows[v]["max_abs_diff"] for v in PRESET_ROWS.values()] == [2 ** -5, 2 ** -6, 2 ** -6, 0]
 
 # %% [markdown]
-# ![Max error vs fp64 per precision variant: bars in ulps, labels norm-wise in u](../figures/08-precision.png)
-#
 # The ulps (bars) and the norm-wise error (labels) tell one story from two sides. Norm-wise, a
 # bf16 table and bf16 products cost a few $u$ at most (the cell asserts at most 3) — the
 # standard HF/Unsloth cache is not *wrong*, it is bf16-accurate. In ulps of outputs near zero
@@ -552,6 +556,13 @@ assert [gpu_rows[v]["max_abs_diff"] for v in PRESET_ROWS.values()] == [2 ** -5, 
 # compiler, is not: $2^{-6} \approx 0.0156$ (both asserted from the file). Section 4b finds
 # which fma order makes the difference. On the CPU the last row proves nothing: the
 # interpreter rounds every product, as the emulation does, so the fixed row is 0 there too.
+# Without TE (on the CPU, or on a GPU where it is not installed) the live `max |TE - Triton|`
+# is measured against the emulation, which rounds both products (PyTorch's fp32 multiplies and
+# add are separate operations), while the FMA row rounds one (`tl.fma` rounds once, in the
+# interpreter as on a GPU). The two may differ by design in the last fp32 bit, and so in any
+# bf16 output that bit tips to the neighbouring value: the CPU's 4,096 outputs happen to hold
+# none (asserted), a GPU's 1,048,576 may hold some, and a nonzero value on that row against the
+# emulation says nothing against the kernel; only the file's rows, against the real TE, test it.
 #
 # **Exercise — the norm-wise error.** Write `my_normwise_error(y, exact, x, rot_dim)`: for
 # every element of `y` (any shape, last dim $D$), $|y - y^\star|$ divided by $|x_a| + |x_b|$,
@@ -1069,7 +1080,7 @@ steps_tbl = [     # (step, change, elements != TE here, on the file's GPU)
     ("-", "as written, contraction on, in the reproduction kernel (debug.FIXED)",
      n_fixed if LIVE else None, gpu_row(BIG, "debug:FIXED")),     # section 3's run, vs TE live
 ]
-here = "the CPU (interpreter)" if not GPU else "this GPU"
+here = f"{torch.cuda.get_device_name()} (this run)" if GPU else ropelib.runtime.mode()
 # the file's reproduction kernel, and te_bits.py's copy of it (row e's right column): one count
 assert gpu_row(BIG, "debug:FIXED") == gpu_row(BIG, "free_sub/tl") > 0
 zero_rows = [r[0] for r in steps_tbl if r[3] == 0]
@@ -1576,8 +1587,6 @@ for trap in ("interleaved_mismatch", "partial_rotary_ignored"):  # the kernel's 
 print({t: f"{v:.0f}" for t, v in spread.items()}, "= largest |recovered position|")
 
 # %% [markdown]
-# ![The position each trap's output encodes, against the true position](../figures/08-trap-positions.png)
-#
 # Each trap leaves its own curve:
 #
 # - **sbhd vs bshd indexing**: a sawtooth of slope 2 that wraps at $S/2$ — row $sB + b$ read as
@@ -1599,17 +1608,43 @@ print({t: f"{v:.0f}" for t, v in spread.items()}, "= largest |recovered position
 # And comparing each side with fp64 (the table above) says which side to blame: for the double
 # rotation it is TE's output, not the kernel's.
 #
-# **Exercise — name the trap.** Write `my_trap_name(x, y, layout)`. It gets an input `x` and
-# an output `y` (fp32, $[S, B, H, D]$ in `layout`) and returns the name of the trap that made
-# `y`: `"sbhd_row_indexing"`, `"te_freqs_reshaped"`, `"table_margin"` or
-# `"inplace_double_rotation"`, or `"none"` for a right RoPE. Read
-# `debug.recovered_positions(x, y, layout)` against the true positions, as the figure does, for
-# every batch and head. The check runs your function on ten outputs of the reproduction kernel,
-# each with a hidden trap or none, at two sizes, and wants every name right. It bars
-# `debug.reproduce`: run every trap and compare, and you have not read the positions.
+# **Exercise — name the trap.** Two parts: first read the positions off an output yourself,
+# then name the trap from their curve.
+#
+# *Part 1.* Write `my_recovered_positions(x, y, layout)`: `x` an input and `y` an output (fp32,
+# $[S, B, H, D]$ in `layout`, `"sbhd"` or `"bshd"`), rotate-half over all of $D$. Return, in
+# float64 and as $[S, B, H]$ whatever the layout, the position each token's output encodes: the
+# angle from input pair to output pair of the lowest frequency,
+# $\operatorname{atan2}(x_a y_b - x_b y_a,\ x_a y_a + x_b y_b)$ with $(a, b) = (D/2 - 1, D - 1)$,
+# divided by $\omega_{\min} = 10000^{-(D-2)/D}$ — the formula above, the one the figure's
+# `debug.recovered_positions` computes. The check compares yours with it on outputs of the
+# reproduction kernel, each with one of the four traps with a curve or none, at two fixed sizes
+# and at a size drawn when it runs, and on two of them again in bshd. It bars
+# `debug.recovered_positions` and the worked solution: this part is that function.
 
 # %%
-def my_trap_name(x, y, layout):
+def my_recovered_positions(x, y, layout):
+    ...  # your code: [S, B, H] float64
+
+
+ex.check_recovered_positions(my_recovered_positions);
+
+# %%
+solution(ex.solution_recovered_positions)
+
+# %% [markdown]
+# *Part 2.* Write `my_trap_name(pos)`. It gets the positions that part 1 computes, `pos`
+# $[S, B, H]$, for one of those outputs and returns the name of the trap that made it:
+# `"sbhd_row_indexing"`, `"te_freqs_reshaped"`, `"table_margin"` or
+# `"inplace_double_rotation"`, or `"none"` for a right RoPE. Read the curve against the true
+# positions $s$, as the figure does, for every batch and head. The check wants every name
+# right, on the same kind of outputs, fixed and drawn. It bars `debug.reproduce`: run every
+# trap and compare, and you have not read the positions. To try yours on a run of the figure,
+# `r = runs[trap]`: `my_trap_name(my_recovered_positions(r.x, r.tokens_triton, r.layout))`
+# (`r.tokens_te` for the double rotation, whose wrong side is TE's).
+
+# %%
+def my_trap_name(pos):
     ...  # your code: one of the four names, or "none"
 
 

@@ -328,11 +328,83 @@ def test_the_notebook_grades_my_normwise_error_before_showing_the_solution():
     assert check < source.index("solution(ex.solution_normwise_error)")
 
 
-# --- section 5's exercise: name the trap --------------------------------------------------------
+# --- section 5's exercise: the recovered positions, and the trap's name ------------------------
 
-def _own_trap_name(x, y, layout):
+def _own_positions(x, y, layout):
+    """Written here, as a learner would: the lowest frequency's pair as complex numbers."""
+    if layout == "bshd":
+        x, y = x.transpose(0, 1), y.transpose(0, 1)
+    D = x.shape[-1]
+    zx = torch.complex(x[..., D // 2 - 1].double(), x[..., D - 1].double())
+    zy = torch.complex(y[..., D // 2 - 1].double(), y[..., D - 1].double())
+    return torch.angle(zy * zx.conj()) * 10000.0 ** ((D - 2) / D)
+
+
+def _angle_only(x, y, layout):
+    return _own_positions(x, y, layout) * 10000.0 ** (-(x.shape[-1] - 2) / x.shape[-1])
+
+
+def _highest_frequency(x, y, layout):
+    """The pair (0, D/2), which turns by one radian per position: wraps past pi."""
+    if layout == "bshd":
+        x, y = x.transpose(0, 1), y.transpose(0, 1)
+    D = x.shape[-1]
+    zx = torch.complex(x[..., 0].double(), x[..., D // 2].double())
+    zy = torch.complex(y[..., 0].double(), y[..., D // 2].double())
+    return torch.angle(zy * zx.conj())
+
+
+def _ignores_layout(x, y, layout):
+    return _own_positions(x, y, "sbhd")
+
+
+def test_positions_check_accepts_own_answers(capsys):
+    assert ex.check_recovered_positions(_own_positions) is True
+    assert ex.check_recovered_positions(learner_copy(ex.solution_recovered_positions)) is True
+    assert "✅" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("answer", [_angle_only, _highest_frequency, _ignores_layout],
+                         ids=["angle-not-divided", "highest-frequency", "ignores-bshd"])
+def test_positions_check_rejects_wrong_answers(answer, capsys):
+    assert ex.check_recovered_positions(answer) is False
+    out = capsys.readouterr().out
+    assert "❌" in out and "✅" not in out, out
+
+
+@pytest.mark.parametrize("answer, words", [
+    (debug.recovered_positions, "ropelib's recovered_positions"),
+    (lambda x, y, layout: debug.recovered_positions(x, y, layout),
+     "ropelib's recovered_positions"),
+    (ex.solution_recovered_positions, "ropelib's solution_recovered_positions"),
+    (lambda x, y, layout: ex.solution_recovered_positions(x, y, layout),
+     "ropelib's solution_recovered_positions"),
+], ids=["debug", "debug-wrapped", "worked-solution", "worked-solution-wrapped"])
+def test_positions_check_refuses_library_answers(answer, words, capsys):
+    assert ex.check_recovered_positions(answer) is False
+    out = capsys.readouterr().out
+    assert "write it yourself" in out and words in out, out
+
+
+@pytest.mark.parametrize("answer", [debug.recovered_positions, ex.solution_recovered_positions],
+                         ids=["debug", "worked-solution"])
+def test_the_positions_refusal_is_the_barring_alone(answer, monkeypatch, capsys):
+    # with nothing barred the library's positions pass: the test above fails for a check that
+    # stops barring
+    monkeypatch.setattr(own_code, "library_barred", _nothing_barred)
+    assert ex.check_recovered_positions(answer) is True, capsys.readouterr().out
+
+
+def test_the_position_cases_hold_both_layouts():
+    cases = ex._position_cases()
+    assert {layout for _, (_, _, layout), _ in cases} == {"sbhd", "bshd"}
+    for _, (x, y, layout), pos in cases:
+        assert pos.dtype == torch.float64 and tuple(pos.shape) == tuple(
+            (x.shape if layout == "sbhd" else x.transpose(0, 1).shape)[:3])
+
+
+def _own_trap_name(pos):
     """Written here, as a learner would: the slope and the batches of the recovered curve."""
-    pos = debug.recovered_positions(x, y, layout)
     S, B = pos.shape[:2]
     s = torch.arange(S, dtype=pos.dtype)
     on = lambda got, want: bool((got - want).abs().max() < 1e-2)
@@ -347,11 +419,11 @@ def _own_trap_name(x, y, layout):
     return "sbhd_row_indexing"
 
 
-def _reruns_every_trap(x, y, layout):
+def _reruns_every_trap(pos):
     import dataclasses
+    S, B, H = pos.shape
     for trap in ex.TRAPS_WITH_A_CURVE:
-        sc = debug.Scenario(seq_len=x.shape[0], batch=x.shape[1], heads=x.shape[2],
-                            head_dim=x.shape[3], dtype="fp32")
+        sc = debug.Scenario(seq_len=S, batch=B, heads=H, head_dim=16, dtype="fp32")
         debug.reproduce(sc, dataclasses.replace(debug.FIXED, **{trap: True}))
     return "none"
 
@@ -362,7 +434,7 @@ def test_trap_check_accepts_own_readings(capsys):
     assert "✅" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("answer", [lambda x, y, l: "none", lambda x, y, l: "table_margin"],
+@pytest.mark.parametrize("answer", [lambda pos: "none", lambda pos: "table_margin"],
                          ids=["always-none", "always-one-trap"])
 def test_trap_check_rejects_guesses(answer, capsys):
     assert ex.check_trap_name(answer) is False
@@ -385,8 +457,11 @@ def test_the_trap_cases_cover_every_curve_and_a_right_rope():
     assert all(layout == "sbhd" for _, (_, _, layout), _ in ex._trap_cases())   # no name leaks
 
 
-def test_the_notebook_grades_my_trap_name_before_showing_the_solution():
+def test_the_notebook_grades_my_positions_and_trap_name_before_showing_the_solutions():
     source = NOTEBOOK.read_text(encoding="utf-8")
+    positions = source.index("ex.check_recovered_positions(my_recovered_positions)")
+    assert source.index("def my_recovered_positions(x, y, layout):") < positions
+    assert positions < source.index("solution(ex.solution_recovered_positions)")
     check = source.index("ex.check_trap_name(my_trap_name)")
-    assert source.index("def my_trap_name(x, y, layout):") < check
+    assert source.index("def my_trap_name(pos):") < check
     assert check < source.index("solution(ex.solution_trap_name)")

@@ -1,7 +1,8 @@
-"""Five exercise checks that draw a case when they run: notebook 01's permutation
+"""Six exercise checks that draw a case when they run: notebook 01's permutation
 (`check_interleave_permutation`), notebook 03's predicted time (`check_predicted_us`), notebook
-08's trap name (`check_trap_name`) and combine with TE's bits (`check_te_combine`), and notebook
-09's share of the step (`check_rope_share`).
+08's recovered positions (`check_recovered_positions`), trap name (`check_trap_name`) and
+combine with TE's bits (`check_te_combine`), and notebook 09's share of the step
+(`check_rope_share`).
 
 For each: a learner's own copy of the worked solution passes; an answer that returns results
 recorded beforehand for the check's fixed cases (a table keyed on the inputs, computed outside
@@ -152,6 +153,13 @@ def test_trap_name_worked_solution_passes(capsys):
     assert "✅" in out and "❌" not in out, out
 
 
+def test_recovered_positions_worked_solution_passes(capsys):
+    own = learner_copy(debugging.solution_recovered_positions)
+    assert debugging.check_recovered_positions(own) is True
+    out = capsys.readouterr().out
+    assert "✅" in out and "❌" not in out, out
+
+
 def test_trap_name_drawn_cases_hold_every_trap_and_a_right_rope():
     drawn = debugging._drawn_trap_outputs()
     assert sorted(t for _, _, t in drawn) == sorted((*debugging.TRAPS_WITH_A_CURVE, "none"))
@@ -163,13 +171,21 @@ def test_trap_name_drawn_cases_hold_every_trap_and_a_right_rope():
 def test_trap_names_recorded_beforehand_fail_at_the_drawn_cases(capsys):
     own = learner_copy(debugging.solution_trap_name)
     answer = _recorded(debugging.check_trap_name, own, debugging.solution_trap_name,
-                       lambda x, y, layout: "none")
+                       lambda pos: "none")
     _fails_at_the_drawn_case(debugging.check_trap_name, answer, capsys, tries=1)
 
 
+def test_recovered_positions_recorded_beforehand_fail_at_the_drawn_cases(capsys):
+    own = learner_copy(debugging.solution_recovered_positions)
+    answer = _recorded(debugging.check_recovered_positions, own,
+                       debugging.solution_recovered_positions,
+                       lambda x, y, layout: torch.zeros(y.shape[:3], dtype=torch.float64))
+    _fails_at_the_drawn_case(debugging.check_recovered_positions, answer, capsys, tries=1)
+
+
 def test_trap_name_wrong_answers_fail(capsys):
-    assert debugging.check_trap_name(lambda x, y, layout: "none") is False
-    assert debugging.check_trap_name(lambda x, y, layout: "sbhd_row_indexing") is False
+    assert debugging.check_trap_name(lambda pos: "none") is False
+    assert debugging.check_trap_name(lambda pos: "sbhd_row_indexing") is False
     assert "❌" in capsys.readouterr().out
 
 

@@ -136,6 +136,8 @@ FUNCTION_CHECKS = {
                                     _own(measuring.solution_host_or_device)),
     "08 normwise-error check_normwise_error": (debugging.check_normwise_error,
                                     _own(debugging.solution_normwise_error)),
+    "08 recovered-positions check_recovered_positions": (
+        debugging.check_recovered_positions, _own(debugging.solution_recovered_positions)),
     "08 name-the-trap check_trap_name": (debugging.check_trap_name,
                                          _own(debugging.solution_trap_name)),
     "10 ex1 check_axis_of_pairs": (multi_axis.check_axis_of_pairs,
@@ -368,10 +370,12 @@ def test_an_answer_that_switches_the_watcher_off_and_on_again_is_refused(answer,
     assert sys.getprofile() is None and threading.getprofile() is None
 
 
-def _trap_from_the_checks_cases(x, y, layout):
-    """Notebook 08's trap read off the check's own cases (debugging._trap_outputs, cached)."""
-    for _, (x_case, y_case, _), trap in debugging._trap_outputs():
-        if torch.equal(x_case, x) and torch.equal(y_case, y):
+def _trap_from_the_checks_cases(pos):
+    """Notebook 08's trap read off the check's own cases (debugging._trap_outputs, cached):
+    the case whose output has pos's shape, its positions read by the course's tool."""
+    from ropelib.course import debug
+    for _, (x_case, y_case, layout), trap in debugging._trap_outputs():
+        if torch.equal(debug.recovered_positions(x_case, y_case, layout), pos):
             return trap
     return "none"
 

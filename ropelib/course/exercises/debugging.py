@@ -6,12 +6,14 @@ Transformer Engine's bits (section 4b).
 `debug.normwise_error`, which is barred inside the answer, as are `debug.diagnose` (it computes
 the same error) and every worked solution.
 
-`check_trap_name(fn)` (section 5) runs the learner's ``fn(x, y, layout)`` on outputs of the
-reproduction kernel, fp32 sbhd, each with one of the four layout traps that leave a curve of
-recovered positions (or none), at two fixed sizes and once more at a size and on tokens drawn
-when the check runs (`own_code.fresh_generator`, its seed in the cases' labels), and wants the
-trap's name back. The learner may use `debug.recovered_positions`, the section's tool;
-`debug.reproduce` (running every trap and comparing outputs) and the worked solution are barred.
+Section 5 has two parts, tried on outputs of the reproduction kernel, fp32 sbhd, each with one
+of the four layout traps that leave a curve of recovered positions (or none), at two fixed sizes
+and once more at a size and on tokens drawn when the check runs (`own_code.fresh_generator`,
+its seed in the cases' labels). `check_recovered_positions(fn)` runs the learner's
+``fn(x, y, layout)`` on them (and on two of them again in bshd) and compares the positions with
+`debug.recovered_positions`, which is barred inside the answer, as are its worked solution and
+the check's own cases. `check_trap_name(fn)` hands the learner's ``fn(pos)`` those positions,
+[S, B, H], and wants the trap's name back; the worked solution and the cases are barred there.
 
 The section's kernel, `_rope_combine_kernel`, rotates the rows of an sbhd tensor in fp32 and
 leaves one line to a `@triton.jit` function it is handed as a constexpr,
@@ -57,9 +59,10 @@ from .. import debug
 from . import exception_line, is_blank_kernel, is_kernel
 from .own_code import check_cases, fresh_generator, launch_barred
 
-__all__ = ["check_normwise_error", "solution_normwise_error", "check_trap_name",
-           "solution_trap_name", "TRAPS_WITH_A_CURVE", "check_te_combine",
-           "solution_te_combine", "launch", "CASE_KEYS", "te_cases"]
+__all__ = ["check_normwise_error", "solution_normwise_error", "check_recovered_positions",
+           "solution_recovered_positions", "check_trap_name", "solution_trap_name",
+           "TRAPS_WITH_A_CURVE", "check_te_combine", "solution_te_combine", "launch", "CASE_KEYS",
+           "te_cases"]
 
 
 # --- section 4: the norm-wise error ----------------------------------------------------------
@@ -176,25 +179,66 @@ def _drawn_trap_outputs() -> list:
 _trap_outputs = _kept(_computed_trap_outputs)   # the check's cases and their answers
 
 
+_CASE_LOOKUPS = (_trap_outputs, _computed_trap_outputs, _trap_cases, _drawn_trap_outputs,
+                 _trap_output)   # looking the output up in the check's own cases is not reading
+
+
+def _position_cases() -> list:
+    """(label, (x, y, layout), the positions y encodes [S, B, H]): the trap cases, and the
+    first two of them again in bshd (the same positions)."""
+    cases = [(label, (x, y, layout), debug.recovered_positions(x, y, layout))
+             for label, (x, y, layout), _ in _trap_cases()]
+    for label, (x, y, _), pos in cases[:2]:
+        cases.append((f"{label}, bshd", (x.transpose(0, 1).contiguous(),
+                                         y.transpose(0, 1).contiguous(), "bshd"), pos.clone()))
+    return cases
+
+
+def check_recovered_positions(fn) -> bool:
+    """fn(x, y, layout) -> the position each token's output encodes, [S, B, H] float64: the
+    angle from the input pair to the output pair of the lowest frequency,
+    atan2(x_a y_b - x_b y_a, x_a y_a + x_b y_b), divided by that frequency
+    omega_min = 10000^(-(D-2)/D); (a, b) = (D/2 - 1, D - 1), rotate-half. x, y: fp32
+    [S, B, H, D] in `layout` ("sbhd" or "bshd"; the answer is [S, B, H] either way)."""
+    return check_cases(
+        "recovered positions", "your recovered positions", fn, _position_cases(), atol=1e-6,
+        rtol=1e-9, bar=(debug.recovered_positions, *_CASE_LOOKUPS),
+        hint="in float64, per token: atan2(x_a*y_b - x_b*y_a, x_a*y_a + x_b*y_b) / omega_min, "
+             "(a, b) = (D/2 - 1, D - 1), omega_min = 10000 ** (-(D - 2) / D); bshd: positions "
+             "along dim 1, answer [S, B, H]")
+
+
 def check_trap_name(fn) -> bool:
-    """fn(x, y, layout) -> the name of the layout trap that turned x into y: one of
-    TRAPS_WITH_A_CURVE, or "none" for a right RoPE. x, y: fp32 [S, B, H, D] in `layout`.
+    """fn(pos) -> the name of the layout trap whose output encodes the positions pos
+    [S, B, H] (float64, what `check_recovered_positions` computes): one of
+    TRAPS_WITH_A_CURVE, or "none" for a right RoPE.
 
     Tried on each trap's output at two fixed sizes, then at a size and on tokens drawn when the
-    check runs (the seed in the case's label), so only reading the output names them all."""
+    check runs (the seed in the case's label), so only reading the curve names them all."""
+    cases = [(label, (debug.recovered_positions(x, y, layout),), trap)
+             for label, (x, y, layout), trap in _trap_cases()]
     return check_cases(
-        "which trap", "your reading of the recovered positions", fn, _trap_cases(),
-        # running every trap and comparing is not reading, nor is looking the output up in the
-        # check's own cases
-        bar=(debug.reproduce, _trap_outputs, _computed_trap_outputs, _trap_cases,
-             _drawn_trap_outputs, _trap_output),
-        hint=f"read debug.recovered_positions(x, y, layout) [S, B, H] against the true "
-             f"positions s: one of {', '.join(TRAPS_WITH_A_CURVE)}, or 'none'")
+        "which trap", "your reading of the recovered positions", fn, cases,
+        # running every trap and comparing is not reading, nor is looking up the check's cases
+        bar=(debug.reproduce, *_CASE_LOOKUPS),
+        hint=f"read pos [S, B, H] against the true positions s: one of "
+             f"{', '.join(TRAPS_WITH_A_CURVE)}, or 'none'")
 
 
-def solution_trap_name(x, y, layout):
-    pos = debug.recovered_positions(x, y, layout)          # [S, B, H]: the position y encodes
-    S, B = pos.shape[:2]
+def solution_recovered_positions(x, y, layout):
+    xs, ys = x.double(), y.double()
+    if layout == "bshd":                                   # positions along dim 0, as sbhd
+        xs, ys = xs.transpose(0, 1), ys.transpose(0, 1)
+    D = xs.shape[-1]
+    a, b = D // 2 - 1, D - 1                               # the pair of lowest frequency
+    cross = xs[..., a] * ys[..., b] - xs[..., b] * ys[..., a]
+    dot = xs[..., a] * ys[..., a] + xs[..., b] * ys[..., b]
+    omega_min = 10000.0 ** (-(D - 2) / D)
+    return torch.atan2(cross, dot) / omega_min             # [S, B, H]
+
+
+def solution_trap_name(pos):
+    S, B = pos.shape[:2]                                   # pos: [S, B, H], the recovered curve
     s = torch.arange(S, dtype=pos.dtype).view(-1, 1, 1)
     b = torch.arange(B, dtype=pos.dtype).view(1, -1, 1)
 
