@@ -38,13 +38,6 @@ _OLDER = "the page was rendered from an older version of the notebook; "
 
 # page -> why it is allowed to differ from its notebook for now
 STALE = {stem: _OLDER + _rerender(stem) for stem in (
-    "00-setup-and-tour",    # the launch's share of the 1 GiB call, printed from the floor CSV
-    "02-pytorch-reference-and-layouts",     # one kernel forced; the broadcast confound timed
-    "04-batch-reuse-grid-kernel",   # % of a copy as a ratio of times; no earlier project's story
-    "05-finished-kernel",   # BLOCK_S = 1 at h = 32 said; _rotate_pairs in a code cell, launched
-    "07-te-vs-triton-live",     # torch.compile's 64 MiB forward timed host against device
-    "09-rope-in-a-model",   # section 4's verdict computed from the run it prints
-    "12-rope-in-the-qkv-projection",    # 7.2's barrier profile answers section 3's question
 )}
 # pages rendered before a data file they read was measured again
 _OLDER_DATA = ("the page shows outputs of benchmarks/results/floor-nvidia-h200.csv as it was "
