@@ -207,8 +207,13 @@ def main(argv=None) -> int:
               f"grid {r['grid']} warps {r['num_warps']} tile {r['block_s']}x{r['block_h']} "
               f"chunk {r['chunk']}")
     if args.out:
-        path = args.out / f"ladder_table_probe-{compare.gpu_slug()}.csv"
-        compare.write_csv(rows, path, meta=compare.environment_meta(), fields=fields)
+        where = compare.gpu_slug() if runtime.on_gpu() else "interpreter"
+        path = args.out / f"ladder_table_probe-{where}.csv"
+        meta = compare.environment_meta()
+        # this probe shuffles its own rounds (random.Random(0)), whatever the suite's default
+        meta.update(rounds_order="shuffled", rounds_seed="0", rounds=str(args.rounds),
+                    script="benchmarks/ladder_table_probe.py")
+        compare.write_csv(rows, path, meta=meta, fields=fields)
         print(f"wrote {path}")
     return 0
 
