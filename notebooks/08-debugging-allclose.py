@@ -1801,8 +1801,11 @@ print(f"fixed: allclose with {tol} passes; max error {float(ulps.max()):.3g} ulp
 #   (the file), the reproduction kernel went from 320,601 differing bf16 elements to 12 with
 #   an fp32 table and fp32 math, stayed at 12 with sin/cos from the angles in the kernel
 #   (`tl.cos`/`tl.sin` equal TE's sin/cos in every entry), and reached 0 with
-#   `tl.fma(x, c, rot * s)`; the line as written, compiled, differed from TE only in the half
-#   of the outputs where the compiler fused the other product (section 4b, step e). On the CPU (the
+#   `tl.fma(x, c, rot * s)`; the line as written, compiled into the file's kernel, differed
+#   from TE only in the half of the outputs where the compiler fused the other product (section
+#   4b, step e). Which product the compiler fuses is its choice, kernel by kernel: step a prints
+#   what it chose for this notebook's own kernel on your GPU, which need not be the file's
+#   kernel's choice. On the CPU (the
 #   interpreter against TE's stored output) the same kernel reaches 0 only when both changes
 #   are made: TE's own cos/sin and TE's order — with NumPy's sin/cos, or with every product
 #   rounded, it does not.
