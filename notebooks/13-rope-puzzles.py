@@ -1130,8 +1130,9 @@ assert (f"{kernel_med:.1f}", f"{copy_med:.1f}", f"{copy_med / kernel_med:.2f}") 
 # position: for a context of $2^{24}$, reduce the angle exactly before the sine (notebook 10,
 # section 7). **4.** The tables are $2 \times 16384 \times 64 \times 4$ bytes = 8.4 MB of fp32,
 # of the timed 143 MB. They fit in a 50 MB L2, and each program loads the same rows $B$ times
-# in a row, so the repeats should hit in L2 and DRAM read the tables about once (an estimate;
-# nothing here measures it). The $B - 1$ extra loads cost load instructions and L2 traffic, not
+# in a row, so the repeats should hit in L2 and DRAM read the tables about once. Nsight Compute
+# measured it on an H200 (the second cell below): at each of the six tiles DRAM read $x$ and the
+# tables once, within 0.1 %. The $B - 1$ extra loads cost load instructions and L2 traffic, not
 # $B$ times the table's DRAM bytes.
 
 # %% [markdown]
@@ -1151,3 +1152,16 @@ assert gap(996, 1012, torch.bfloat16) == 4
 assert fp32_gaps == [1, 2, 2, 4]                  # every integer below 2^24; 4 apart from 2^25
 assert f"{2**25 / 1e6:.1f}" == "33.6"
 assert (f"{table_bytes / 1e6:.1f}", f"{timed_bytes / 1e6:.0f}") == ("8.4", "143")
+
+# %%
+# Answer 4 measured: puzzle 9's solution under Nsight Compute on an H200 at the six tiles of the
+# appendix's sweep (benchmarks/puzzle9_ncu.py), its DRAM bytes read against x and the tables
+NCU9 = measured.RESULTS / "puzzle9_ncu-nvidia-h200-20261130-0953.csv"
+x_bytes = 16384 * 8 * 128 * 4                     # x [S, B, 2 * HALF] fp32, read once
+solution9 = [k for k in measured.ncu_kernels(NCU9) if k["kernel"] == "solution_shared_table_kernel"]
+read_mb = [k["metrics"]["dram__bytes_read.sum"] / 1e6 for k in solution9]
+print(f"DRAM read at the six tiles ({NCU9.name}): " + ", ".join(f"{v:.2f}" for v in read_mb)
+      + f" MB; x once {x_bytes / 1e6:.2f} MB + the tables once {table_bytes / 1e6:.2f} MB = "
+      f"{(x_bytes + table_bytes) / 1e6:.2f} MB")
+assert len(read_mb) == 6
+assert all(abs(v * 1e6 / (x_bytes + table_bytes) - 1) < 0.001 for v in read_mb)
