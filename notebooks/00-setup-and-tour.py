@@ -298,7 +298,9 @@ print("HF drop-in:", tuple(q_hf.shape), tuple(k_hf.shape))
 # For each element it rotates, the kernel multiplies twice and adds once,
 # $y_j = x_j\cos\theta_{m,j} - x_{j+D/2}\sin\theta_{m,j}$: 3 FLOPs. It also reads the element
 # and writes it back, 4 bytes in bf16, and reads the fp32 angle table once; the sine and cosine
-# of an angle serve every batch entry and head. Its *arithmetic intensity*, FLOPs per byte,
+# of an angle serve every batch entry and head. (The sines and cosines are not in the 3 FLOPs:
+# they run on the GPU's special-function units, once per angle, shared by the $B \cdot H$ rows
+# of its position.) Its *arithmetic intensity*, FLOPs per byte,
 # is therefore below one. A bf16 matrix multiply of two $n \times n$ matrices does $2n^3$ FLOPs
 # on $3 \cdot 2n^2$ bytes, $n/3$ FLOPs per byte: over a thousand at $n = 4096$. A GPU that is
 # fast enough for the matrix multiply waits on memory for RoPE, so the fair yardstick for a RoPE
@@ -406,8 +408,9 @@ else:
 # %% [markdown]
 # On 1 GiB the call runs within 5 % of a copy's speed (the printed ratio), and both are limited by
 # memory, as the line below the table shows: both move their bytes at 4.3 TB/s, between 85 % and
-# 95 % of the 4.8 TB/s NVIDIA gives for the H200's memory, while RoPE's arithmetic keeps the fp32
-# units below 6 % of their peak (the datasheet's 67 TFLOP/s). At that size a launch hardly
+# 95 % of the 4.8 TB/s NVIDIA gives for the H200's memory, while RoPE's multiplies and adds keep
+# the fp32 units below 6 % of their peak (the datasheet's 67 TFLOP/s; the sines and cosines run
+# on other units and are not counted). At that size a launch hardly
 # counts: a whole decoding step of ropelib, replayed from a CUDA graph (the third line), costs
 # the device 2.0 µs, 0.4 % of the 506 µs its 1 GiB call takes (printed last). One decoding step
 # moves about two thousand times fewer bytes, which at the 1 GiB line's rate would stream in under
