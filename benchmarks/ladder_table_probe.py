@@ -42,7 +42,8 @@ import ropelib  # noqa: E402
 from ropelib import runtime  # noqa: E402
 from ropelib.bench import compare, routes  # noqa: E402
 from ropelib.course import ladder  # noqa: E402
-from ropelib.course.offline_compile import compile_for_cuda, cuobjdump, resource_usage  # noqa: E402
+from ropelib.course.load_schedule import sass_instructions  # noqa: E402
+from ropelib.course.offline_compile import compile_for_cuda, resource_usage  # noqa: E402
 from ropelib.kernels.common import BF16_RTNE, round_to  # noqa: E402
 
 
@@ -116,9 +117,10 @@ def sass_counts(S, B, H, D, p) -> dict:
     for name, (kernel, args) in kernels.items():
         compiled = compile_for_cuda(kernel, args, num_warps=p.num_warps)
         cubin = compiled.asm.get("cubin", b"")
-        sass = cuobjdump(cubin, "-sass") or ""
-        n = sum(1 for line in sass.splitlines() if line.strip().startswith("/*") and "*/" in line
-                and line.strip()[2:6].strip().isalnum() and ";" in line)
+        try:
+            n = len(sass_instructions(cubin))
+        except RuntimeError:            # no cuobjdump here
+            n = None
         regs = (resource_usage(cubin) or {}).get("registers")
         out[name] = (n or None, regs)
     return out
