@@ -348,16 +348,65 @@ def test_exercise_1b_accepts_a_kernel_whose_x_loads_are_vectors(tmp_path, capsys
     assert "✅ 1b: a thread's global loads, sm_90:" in out
 
 
-def test_exercise_1b_refuses_the_stride_2_kernel_though_it_is_right(capsys):
+STRIDE_2_KERNEL = '''\
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def kernel(x_ptr, y_ptr, freqs_ptr, S, B, H, B_CHUNK, sxs, sxb, sxh, sxd, sys_, syb, syh, syd,
+           HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_S: tl.constexpr,
+           BLOCK_H: tl.constexpr):
+    # the members of a pair as two loads at stride 2: right, one element at a time
+    s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    b_lo = tl.program_id(2) * B_CHUNK
+    b_hi = tl.minimum(b_lo + B_CHUNK, B)
+    j = tl.arange(0, BLOCK_HALF)
+    m = ((s < S)[:, None] & (h < H)[None, :])[:, :, None] & (j < HALF)[None, None, :]
+    tab_m = (s < S)[:, None, None] & (j < HALF)[None, None, :]
+    f = freqs_ptr + s[:, None, None] * (2 * HALF) + 2 * j[None, None, :]
+    theta_a = tl.load(f, mask=tab_m, other=0.0)
+    theta_b = tl.load(f + 1, mask=tab_m, other=0.0)
+    x_off = s[:, None, None] * sxs + h[None, :, None] * sxh + (2 * j)[None, None, :] * sxd
+    y_off = s[:, None, None] * sys_ + h[None, :, None] * syh + (2 * j)[None, None, :] * syd
+    for b in range(b_lo, b_hi):
+        xr = x_ptr + x_off + b * sxb
+        yr = y_ptr + y_off + b * syb
+        x_a = tl.load(xr, mask=m, other=0.0).to(tl.float32)
+        x_b = tl.load(xr + sxd, mask=m, other=0.0).to(tl.float32)
+        tl.store(yr, (x_a * tl.cos(theta_a) - x_b * tl.sin(theta_a)).to(y_ptr.dtype.element_ty),
+                 mask=m)
+        tl.store(yr + syd, (x_b * tl.cos(theta_b) + x_a * tl.sin(theta_b))
+                 .to(y_ptr.dtype.element_ty), mask=m)
+'''
+
+
+def test_exercise_1b_refuses_the_stride_2_kernel_though_it_is_right(tmp_path, capsys):
     from ropelib.course import load_schedule
-    from loading import learner_copy
-    own = learner_copy(fk._rope_interleaved_tile_solution_kernel)   # right, but 2-byte loads
+    file = tmp_path / "learner_stride_2_kernel.py"
+    file.write_text(STRIDE_2_KERNEL)
+    own = load_file("learner_stride_2_kernel", file).kernel          # right, but 2-byte loads
     assert fk.check_interleaved_tile_kernel(own) is True
-    widths = load_schedule.load_widths(load_schedule.schedule(own, _solution_args(), num_warps=8))
+    widths = load_schedule.load_widths(load_schedule.schedule(own, _h200_args(), num_warps=8))
     assert widths.get(2, 0) >= 8                                      # one element at a time
-    assert load_schedule.check_wide_loads("1b", own, _solution_args(), num_warps=8, wide=2,
+    assert load_schedule.check_wide_loads("1b", own, _h200_args(), num_warps=8, wide=2,
                                           check=fk.check_interleaved_tile_kernel) is False
     assert "❌ 1b: a thread's global loads, sm_90:" in capsys.readouterr().out
+
+
+def test_the_worked_solution_loads_and_stores_whole_rows():
+    """The worked solution is the kernel to learn from: 16-byte vectors in and out at the
+    H200's launch, no 2-byte access, no spill."""
+    from ropelib.course import load_schedule
+    from loading import learner_copy
+    own = learner_copy(fk._rope_interleaved_tile_solution_kernel)
+    sched = load_schedule.schedule(own, _solution_args(), num_warps=8)
+    widths = load_schedule.load_widths(sched)
+    assert widths.get(16, 0) >= 2 and 2 not in widths, widths
+    stores = [ins for ins in sched["sass"] if "STG" in ins]
+    assert stores and all(".128" in ins for ins in stores), stores
+    assert sched["local_stores"] == 0 and sched["local_loads"] == 0
 
 
 def test_exercise_1b_grades_nothing_the_exercise_check_refuses(capsys):

@@ -541,7 +541,8 @@ def plot_waterfall(rows, path=None, title=None, names=None):
         r0 = rs[0]
         ax.set_title(f"s={r0['seq_len']}, b={r0['batch']}, h={r0['heads']}, d={r0['head_dim']}",
                      fontsize=9)
-    axes[0][0].set_ylabel("% of a device copy's GB/s\n(whiskers: 20-80 % quantiles of the calls)")
+    axes[0][0].set_ylabel("% of a copy: the copy's time over the kernel's\n"
+                          "(whiskers: 20-80 % quantiles of the calls)")
     fig.suptitle((title or "From the batch-reusing grid to the finished kernel, one idea at a "
                   "time") + "\nhatched: a step smaller than its rung's spread", fontsize=10)
     fig.tight_layout()

@@ -181,26 +181,26 @@ def _rope_interleaved_tile_solution_kernel(
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H]
     b_lo = tl.program_id(2) * B_CHUNK
     b_hi = tl.minimum(b_lo + B_CHUNK, B)  # the last chunk stops at B
-    j = tl.arange(0, BLOCK_HALF)  # pair index
-    m = ((s < S)[:, None] & (h < H)[None, :])[:, :, None] & (j < HALF)[None, None, :]
-    tab_m = (s < S)[:, None, None] & (j < HALF)[None, None, :]
-    # the angles of pair j: features 2j and 2j + 1 of the token's row, once per program
-    f = freqs_ptr + s[:, None, None] * (2 * HALF) + 2 * j[None, None, :]
-    theta_a = tl.load(f, mask=tab_m, other=0.0)
-    theta_b = tl.load(f + 1, mask=tab_m, other=0.0)
-    c_a, s_a = tl.cos(theta_a), tl.sin(theta_a)  # [BLOCK_S, 1, BLOCK_HALF]
-    c_b, s_b = tl.cos(theta_b), tl.sin(theta_b)
+    k = tl.arange(0, 2 * BLOCK_HALF)  # feature index: a head's whole row, pairs side by side
+    m = ((s < S)[:, None] & (h < H)[None, :])[:, :, None] & (k < 2 * HALF)[None, None, :]
+    tab_m = (s < S)[:, None, None] & (k < 2 * HALF)[None, None, :]
+    # the angle of every feature of the token's row (pair j: 2j and 2j + 1), once per program
+    theta = tl.load(freqs_ptr + s[:, None, None] * (2 * HALF) + k[None, None, :], mask=tab_m,
+                    other=0.0)  # [BLOCK_S, 1, 2 * BLOCK_HALF]
+    c, sn = tl.cos(theta), tl.sin(theta)
     x_off = s[:, None, None] * stride_xs + h[None, :, None] * stride_xh \
-        + (2 * j)[None, None, :] * stride_xd
+        + k[None, None, :] * stride_xd
     y_off = s[:, None, None] * stride_ys + h[None, :, None] * stride_yh \
-        + (2 * j)[None, None, :] * stride_yd
+        + k[None, None, :] * stride_yd
     for b in range(b_lo, b_hi):
-        xr = x_ptr + x_off + b * stride_xb
-        yr = y_ptr + y_off + b * stride_yb
-        x_a = tl.load(xr, mask=m, other=0.0).to(tl.float32)  # features 2j
-        x_b = tl.load(xr + stride_xd, mask=m, other=0.0).to(tl.float32)  # features 2j + 1
-        tl.store(yr, (x_a * c_a - x_b * s_a).to(y_ptr.dtype.element_ty), mask=m)
-        tl.store(yr + stride_yd, (x_b * c_b + x_a * s_b).to(y_ptr.dtype.element_ty), mask=m)
+        # whole rows in (contiguous features: 16-byte vectors where x's last stride is 1) ...
+        x = tl.load(x_ptr + x_off + b * stride_xb, mask=m, other=0.0).to(tl.float32)
+        # ... each feature's partner found in registers: [.., 2j] pairs with [.., 2j + 1]
+        x_even, x_odd = tl.split(tl.reshape(x, (BLOCK_S, BLOCK_H, BLOCK_HALF, 2)))
+        partner = tl.reshape(tl.join(-x_odd, x_even), (BLOCK_S, BLOCK_H, 2 * BLOCK_HALF))
+        # y[2j] = x[2j] cos - x[2j+1] sin, y[2j+1] = x[2j+1] cos + x[2j] sin: whole rows out
+        tl.store(y_ptr + y_off + b * stride_yb, (x * c + partner * sn).to(y_ptr.dtype.element_ty),
+                 mask=m)
 
 
 def show_solution() -> None:
