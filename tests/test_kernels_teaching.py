@@ -4,6 +4,7 @@ Shapes are tiny: on the CPU every program instance costs a few ms in Triton's in
 """
 import os
 import re
+import sys
 
 import pytest
 import torch
@@ -386,3 +387,25 @@ def test_percent_of_copy_is_a_ratio_of_times(capsys):
     assert ex.check_percent_of_copy(lambda kms, cms: 100 * cms / kms) is True
     # a kernel faster than its copy is above 100, as notebook 04's section 5.2 prints
     assert ex.solution_percent_of_copy(0.0364, 0.0369) > 100
+
+
+def test_percent_of_copy_refuses_the_notebooks_own_definition(monkeypatch, capsys):
+    """Notebook 04's cells take % of a copy from benchmarks/generations.py's `pct_of_copy`
+    (imported as `generations`); exercise 3 asks for the formula, so an answer that hands the
+    two times to that function is refused, and the same formula typed out passes."""
+    from pathlib import Path
+
+    from ropelib.course.exercises import kernels as ex
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "generations.py"
+    generations = load_file("generations", script)
+    monkeypatch.setitem(sys.modules, "generations", generations)   # as the notebook imports it
+
+    def via_generations(kms, cms):
+        return generations.pct_of_copy({"copy_fwd_ms": cms, "fwd_ms": kms})
+
+    assert ex.check_percent_of_copy(via_generations) is False
+    out = capsys.readouterr().out
+    assert "❌" in out and "pct_of_copy (generations.py)" in out, out
+    assert ex.check_percent_of_copy(lambda kms, cms: 100.0 * cms / kms) is True
+    assert generations.pct_of_copy({"copy_fwd_ms": 0.6, "fwd_ms": 0.8}) == \
+        ex.solution_percent_of_copy(0.8, 0.6)   # one definition, the same number

@@ -14,6 +14,8 @@ Inputs are tiny so that checks which launch a learner's Triton kernel stay fast 
 interpreter.
 """
 import math
+import sys
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -141,9 +143,30 @@ def check_floor_ms(fn: Callable) -> bool:
                        bar=(kernel_bandwidth.us_at_copy_speed, kernel_bandwidth.gbps))
 
 
+# benchmarks/generations.py: its `pct_of_copy(row)` is the definition notebook 04's cells use
+_GENERATIONS_SCRIPT = Path(__file__).resolve().parents[3] / "benchmarks" / "generations.py"
+
+
+def _shared_percent_of_copy() -> tuple:
+    """`pct_of_copy` of benchmarks/generations.py in every module that file is loaded as
+    (notebook 04 imports it as `generations`): given a row of the two times it returns exercise
+    3's answer, so the check bars it. A checkout without the file has none to bar."""
+    found = []
+    for module in list(sys.modules.values()):
+        where = getattr(module, "__file__", None)
+        if where and Path(where).name == _GENERATIONS_SCRIPT.name \
+                and Path(where).resolve() == _GENERATIONS_SCRIPT:
+            fn = getattr(module, "pct_of_copy", None)
+            if callable(fn):
+                found.append(fn)
+    return tuple(found)
+
+
 def check_percent_of_copy(fn: Callable) -> bool:
     """fn(kernel_ms, copy_ms) -> the kernel's percentage of a copy: the copy's time over the
-    kernel's, in percent (100 at the copy's speed, above 100 for a kernel faster than the copy)."""
+    kernel's, in percent (100 at the copy's speed, above 100 for a kernel faster than the copy).
+    Calling the course's own definition (`pct_of_copy` of benchmarks/generations.py, which the
+    notebook's cells use) is refused: the exercise asks for the formula."""
     seed, g = fresh_generator()     # and a case drawn now: a table made beforehand fails
     drawn = (round(float(torch.rand((), generator=g)) + 0.01, 4),
              round(float(torch.rand((), generator=g)) + 0.01, 4))
@@ -154,7 +177,7 @@ def check_percent_of_copy(fn: Callable) -> bool:
     return check_cases("percent of a copy", "your percentage", fn, cases, rtol=1e-9, atol=1e-9,
                        hint="the same bytes in less time is faster: copy time / kernel time, "
                             "x 100",
-                       bar=(solution_percent_of_copy,))
+                       bar=(solution_percent_of_copy, *_shared_percent_of_copy()))
 
 
 # --- notebook 06: the backward pass -----------------------------------------------------------
