@@ -394,3 +394,204 @@ def test_the_notebook_hands_its_exercises_to_the_checks_where_they_belong():
         < text.index("## 7. Drop-in I")
     assert text.index("**Exercise 1") < text.index("**Exercise 2")
     assert "same_training" not in text
+
+
+# --- exercise 3: a Triton RoPE kernel of the learner's, inside the model -----------------------
+
+_VARIANTS = Path(__import__("tempfile").mkdtemp(prefix="ropelib-nb09-"))
+
+
+def _kernel_variant(label, *edits):
+    """The worked kernel as a learner would type it in (`my_...`, a file of its own), with the
+    source edits (old, new) applied: a slip a learner might make."""
+    import inspect
+    import textwrap
+    import triton
+    import triton.language as tl
+    source = textwrap.dedent(inspect.getsource(in_a_model.solution_model_rope_kernel.fn))
+    for old, new in edits:
+        assert old in source, old
+        source = source.replace(old, new)
+    name = "my_" + "".join(c if c.isalnum() else "_" for c in label)[:40]
+    source = source.replace("def solution_model_rope_kernel(", f"def {name}(")
+    path = _VARIANTS / f"{name}.py"
+    path.write_text(source, encoding="utf-8")
+    namespace = {"triton": triton, "tl": tl, "__name__": name, "__file__": str(path)}
+    exec(compile(source, str(path), "exec"), namespace)  # noqa: S102 -- the test's own source
+    return namespace[name]
+
+
+def test_the_worked_kernel_typed_in_passes_and_trains_like_the_reference(capsys):
+    my_kernel = _kernel_variant("typed in")
+    assert in_a_model.check_model_rope_kernel(my_kernel, seed=0)
+    out = capsys.readouterr().out
+    assert "✅ RoPE kernel in the model: logits after 3 training steps" in out, out
+    assert "❌" not in out, out
+
+
+WRONG_KERNELS = {
+    "rotated by -theta (the sines' signs swapped)": (
+        [("y1 = x1 * tl.cos(theta1) - x2", "y1 = x1 * tl.cos(theta1) + x2"),
+         ("y2 = x2 * tl.cos(theta2) + x1", "y2 = x2 * tl.cos(theta2) - x1")],
+        "a view of a QKV output"),
+    "rows in sbhd order (notebook 03's kernel unchanged)": (
+        [("b = (rows // (S * H))[:, None]", "b = ((rows // H) % 2)[:, None]"),
+         ("s = ((rows // H) % S)[:, None]", "s = (rows // (2 * H))[:, None]")],
+        "a view of a QKV output"),
+    "x read as if contiguous": (
+        [("x_row = x_ptr + b * stride_xb + s * stride_xs + h * stride_xh",
+          "x_row = x_ptr + rows[:, None] * 2 * HALF")],
+        "a view of a QKV output"),
+    "one row a program, whatever ROWS says": (
+        [("tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)",
+          "tl.program_id(0).to(tl.int64) + tl.arange(0, ROWS) * 0")],
+        "were not (wholly) written"),
+    "no mask on the rows: the last program writes past the end": (
+        [("mask = (rows[:, None] < n_rows) & (offs < HALF)",
+          "mask = (offs < HALF) | (rows[:, None] >= 0)")],
+        "RoPE kernel in the model"),
+    "the angles of position 0 for every token": (
+        [("f_row = freqs_ptr + s * stride_fs", "f_row = freqs_ptr + 0 * s * stride_fs")],
+        "a view of a QKV output"),
+}
+
+
+@pytest.mark.parametrize("label", list(WRONG_KERNELS))
+def test_a_wrong_kernel_fails_and_says_where(label, capsys):
+    edits, words = WRONG_KERNELS[label]
+    assert in_a_model.check_model_rope_kernel(_kernel_variant(label, *edits), seed=0) is False
+    out = capsys.readouterr().out
+    assert "❌" in out and "✅" not in out and words in out, out
+
+
+def test_a_blank_kernel_and_a_function_are_not_answers(capsys):
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def my_blank(x_ptr, y_ptr, freqs_ptr, n_rows, S, H, stride_xb, stride_xs, stride_xh,
+                 stride_xd, stride_fs, stride_fd, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
+                 ROWS: tl.constexpr):
+        ...
+    assert in_a_model.check_model_rope_kernel(my_blank, seed=0) is False
+    assert "no kernel yet" in capsys.readouterr().out
+    assert in_a_model.check_model_rope_kernel(
+        lambda x, freqs: ropelib.apply_rope(x, freqs, layout="bshd"), seed=0) is False
+    assert "expected a @triton.jit kernel" in capsys.readouterr().out
+
+
+def _calling(target):
+    """A kernel of the learner's with the worked kernel's parameters whose body only calls
+    `target` (a worked or teaching kernel) with them."""
+    import inspect
+    import textwrap
+    import triton
+    import triton.language as tl
+    fn = in_a_model.solution_model_rope_kernel.fn
+    tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    node = tree.body[0]
+    node.name, node.decorator_list = f"my_calls_{getattr(target, 'fn', target).__name__}", []
+    node.body = [ast.Expr(ast.Call(func=ast.Name("TARGET", ast.Load()),
+                                   args=[ast.Name(a.arg, ast.Load()) for a in node.args.args],
+                                   keywords=[]))]
+    source = "@triton.jit\n" + ast.unparse(ast.fix_missing_locations(tree)) + "\n"
+    path = _VARIANTS / f"{node.name}.py"
+    path.write_text(source, encoding="utf-8")
+    namespace = {"triton": triton, "tl": tl, "TARGET": target, "__name__": node.name,
+                 "__file__": str(path)}
+    exec(compile(source, str(path), "exec"), namespace)  # noqa: S102 -- the test's own source
+    return namespace[node.name]
+
+
+def test_the_worked_kernel_and_kernels_that_call_it_are_refused(capsys):
+    assert in_a_model.check_model_rope_kernel(in_a_model.solution_model_rope_kernel,
+                                              seed=0) is False
+    out = capsys.readouterr().out
+    assert "your RoPE kernel, but the answer launched ropelib's solution_model_rope_kernel" \
+        in out and "write it yourself" in out, out
+    assert in_a_model.check_model_rope_kernel(
+        _calling(in_a_model.solution_model_rope_kernel), seed=0) is False
+    out = capsys.readouterr().out
+    assert "ropelib's solution_model_rope_kernel" in out and "write it yourself" in out, out
+
+
+def test_notebook_03s_worked_rows_kernel_is_refused(capsys):
+    """Notebook 03's worked kernel of ROWS rows a program (sbhd, one argument fewer per layout
+    change) called from a kernel of the learner's: refused, not launched."""
+    from ropelib.course.exercises import naive_kernel
+    assert in_a_model.check_model_rope_kernel(_calling(naive_kernel.solution_rope_rows),
+                                              seed=0) is False
+    out = capsys.readouterr().out
+    assert "ropelib's solution_rope_rows" in out and "write it yourself" in out, out
+
+
+def test_the_plugged_model_matches_the_reference_and_runs_the_kernel():
+    """plug_rope puts a rotate function in every layer (forward and backward through it), and
+    leaves the parameters as they were."""
+    cfg = GPTConfig(vocab_size=20, block_size=8, n_layer=2, n_head=2, n_embd=16)
+    ref = gpt_model.build(cfg, "reference", seed=0)
+    calls = []
+
+    def rotate(x, freqs):
+        calls.append(tuple(x.shape))
+        return reference.rope_reference(x, freqs[:, None, None, :], layout="bshd")
+
+    mine = gpt_model.build(cfg, "reference", seed=0)
+    in_a_model.plug_rope(mine, rotate)
+    assert set(mine.state_dict()) == set(ref.state_dict())
+    idx = torch.randint(20, (2, 8), generator=torch.Generator().manual_seed(0))
+    (_, l_ref), (_, l_mine) = ref(idx, idx), mine(idx, idx)
+    l_ref.backward()
+    l_mine.backward()
+    assert len(calls) == 2 * 2 * 2                    # 2 layers x (q, k) x (forward, backward)
+    torch.testing.assert_close(l_mine, l_ref)
+    for a, b in zip(mine.parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=1e-5)
+
+
+def test_the_notebook_runs_exercise_3_after_exercise_2():
+    text = NOTEBOOK.read_text(encoding="utf-8")
+    assert "model_rope_by_learner = in_a_model.check_model_rope_kernel(my_model_rope_kernel)" \
+        in text
+    assert "solution(in_a_model.solution_model_rope_kernel.fn" in text
+    assert text.index("**Exercise 2") < text.index("**Exercise 3") \
+        < text.index("check_model_rope_kernel")
+
+
+def teardown_module():
+    import shutil
+    shutil.rmtree(_VARIANTS, ignore_errors=True)
+
+
+def _notebook_functions(*names):
+    """The notebook's own functions `names`, compiled from its source (with torch in scope)."""
+    tree = ast.parse(NOTEBOOK.read_text(encoding="utf-8"))
+    defs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in names]
+    assert sorted(d.name for d in defs) == sorted(names)
+    namespace = {"torch": torch}
+    code = compile(ast.Module(body=defs, type_ignores=[]), str(NOTEBOOK), "exec")
+    exec(code, namespace)  # noqa: S102 -- the notebook's own source
+    return [namespace[n] for n in names]
+
+
+def test_the_speed_verdict_resolves_only_where_the_middle_halves_part():
+    """Section 4's verdict on interleaved rounds: a faster arm only where the interquartile
+    ranges do not overlap, else none; the difference and ratio of the medians."""
+    quartiles, step_verdict = _notebook_functions("quartiles", "step_verdict")
+    assert quartiles([1.0, 2.0, 3.0, 4.0, 5.0]) == (2.0, 3.0, 4.0)
+    apart = {"ropelib": [10.0, 10.2, 9.9, 10.1, 13.0], "reference": [12.0, 12.3, 11.9, 12.1, 9.0]}
+    faster, saved, ratio = step_verdict(apart)      # one outlier each: the middle halves part
+    assert faster == "ropelib" and saved == pytest.approx(1.9) and ratio == pytest.approx(12 / 10.1)
+    swapped = {"ropelib": apart["reference"], "reference": apart["ropelib"]}
+    assert step_verdict(swapped)[0] == "reference"
+    overlap = {"ropelib": [10.0, 10.5, 11.0, 11.5, 12.0],
+               "reference": [10.8, 11.2, 11.6, 12.0, 12.4]}
+    assert step_verdict(overlap) is None
+
+
+def test_the_notebook_times_the_speed_verdict_in_interleaved_rounds():
+    text = NOTEBOOK.read_text(encoding="utf-8")
+    assert "step_ms = interleaved_step_ms(step_models, step_batch, rounds=ROUNDS" in text
+    assert "no difference that this run can" in text and "shuffle.shuffle(order)" in text
+    # the training runs' tokens/s give the committed run's verdict only, not this run's
+    assert 'say_verdict("this run"' not in text

@@ -59,7 +59,8 @@ from ropelib import te as rope_te  # noqa: E402
 from ropelib.course import puzzles as pz  # noqa: E402
 from ropelib.course.exercises import (  # noqa: E402
     at_scale, backward_kernel, basics, debugging, finished_kernel, flat_pass, grid_kernel,
-    kernels, measuring, multi_axis, naive_kernel, pairs_pass, qkv_epilogue, yardstick)
+    in_a_model, kernels, measuring, multi_axis, naive_kernel, pairs_pass, qkv_epilogue,
+    yardstick)
 from ropelib.course.kernels import naive, qkv_teaching  # noqa: E402
 from loading import load_file  # noqa: E402
 
@@ -700,6 +701,8 @@ KERNEL_CHECKS = [
     ("06 ex2 check_backward_kernel", backward_kernel.check_backward_kernel,
      backward_kernel._rope_backward_solution_kernel),
     ("07 ex3 check_rows_kernel", yardstick.check_rows_kernel, yardstick.solution_rows_kernel),
+    ("09 ex3 check_model_rope_kernel", in_a_model.check_model_rope_kernel,
+     in_a_model.solution_model_rope_kernel),
     ("11 ex4 check_rope_kv_paged_kernel", at_scale.check_rope_kv_paged_kernel,
      at_scale.solution_rope_kv_paged_kernel),
     ("11 ex5 check_fp8_store_kernel", at_scale.check_fp8_store_kernel,

@@ -17,12 +17,25 @@
   cached keys left as they were, the new keys (when they are wrong: at which positions they were
   rotated), the values, the attention output, and the logits.
 
+* Exercise 3, `my_model_rope_kernel`: a @triton.jit RoPE kernel for the model's layout (q and k
+  [B, S, H, D], strided views of the QKV projection's output; `MODEL_ROPE_ROWS` rows, one head
+  of one token each, a program), the signature `launch_model_rope` launches.
+  `check_model_rope_kernel` runs it on the CPU with Triton's interpreter, on tiny shapes: one
+  launch on a strided q against `ropelib.reference`, then a small GPT with the kernel as its
+  RoPE (`plug_rope`: every layer's `attn.rotary` becomes a `KernelRotary`, whose backward is the
+  same kernel on the negated angles) trained for a few steps next to the same GPT with its own
+  PyTorch RoPE: losses, gradients and logits must agree. `kernel_rope(kernel)` makes the same
+  plug from a kernel as it is (compiled on a GPU), for the notebook's trained model.
+
 Every learner function runs with ropelib's own answers and the worked solutions barred
 (`own_code`). The cached attention may rotate with ropelib's RoPE functions, whose position
 arguments are the point of the exercise: `apply_rope` and `apply_rope_qk` (the kernel),
 `ropelib.reference` (plain PyTorch) and the tables of `ropelib.frequencies`. What would do the
 whole job stays barred: `ropelib.rope_kv_cache` (it reads each token's position off the cache
-itself) and the model's own cached decoding (`forward_cached`, `generate`).
+itself) and the model's own cached decoding (`forward_cached`, `generate`). The kernel of
+exercise 3 is launched with ropelib's kernels, the course's teaching kernels and every worked
+solution barred (notebook 03's kernel of ROWS rows a program among them), as a kernel or as a
+helper it calls.
 """
 from __future__ import annotations
 
@@ -31,15 +44,20 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 import ropelib
 from ... import frequencies, reference, runtime
 from .. import model as gpt
-from . import check
-from .own_code import check_cases, fresh_generator, fresh_seed, run_own_code
+from ..work_count import interpreted
+from . import check, kernel_answer
+from .own_code import check_cases, fresh_generator, fresh_seed, launch_barred, run_own_code
 
 __all__ = ["check_rope_share", "solution_rope_share", "check_cached_attention",
-           "solution_cached_attention", "decode_with", "KV_TOL"]
+           "solution_cached_attention", "decode_with", "KV_TOL", "check_model_rope_kernel",
+           "solution_model_rope_kernel", "launch_model_rope", "kernel_rope", "plug_rope",
+           "KernelRotary", "MODEL_ROPE_ROWS"]
 
 
 class _Fresh:
@@ -418,4 +436,241 @@ def solution_cached_attention(attn, x, past_k, past_v):
 _ALLOWED = (ropelib.apply_rope, ropelib.apply_rope_qk, reference, frequencies)
 _BARRED = (solution_cached_attention, gpt.forward_cached, gpt.generate)
 
-_WORKED = (solution_rope_share, solution_cached_attention)
+
+# --- exercise 3: a Triton RoPE kernel of the learner's, inside the model ----------------------
+
+MODEL_ROPE_ROWS = 4
+"""Rows (one head of one token each) a program of the learner's kernel rotates, as the check
+and `kernel_rope` launch it."""
+
+_MODEL_ROPE = "RoPE kernel in the model"
+_MODEL_ROPE_WHAT = "your RoPE kernel"
+_TRAIN_STEPS = 3            # steps the check trains both models for, on the same batches
+_TRAIN_LR = 3e-3
+_MODEL_TOL = 1e-5           # fp32, one launch, losses, step 1's gradients: of the largest value
+# the logits after training: AdamW divides each update by the root of its squared gradients, so
+# a gradient near zero turns a difference in its last bits into one of the update's size; after
+# 3 steps the two models' logits differ by up to ~2e-6 of the largest, a wrong rotation by ~1
+_TRAINED_TOL = 1e-4
+_UNIT_SHAPE = (2, 5, 3)     # (B, S, H) of the first launch: 30 rows, the last program holds 2
+
+
+def launch_model_rope(kernel, x: torch.Tensor, freqs: torch.Tensor, out: torch.Tensor,
+                      rows: int = MODEL_ROPE_ROWS) -> None:
+    """Launch a kernel of exercise 3's signature: x [B, S, H, D] (any strides: the model's q
+    and k are views of its QKV projection's output), freqs [S, D] fp32 (row s: the angles of
+    position s), out [B, S, H, D] contiguous; grid (cdiv(B * S * H, rows),)."""
+    B, S, H, D = x.shape
+    n_rows = B * S * H
+    kernel[(triton.cdiv(n_rows, rows),)](
+        x, out, freqs, n_rows, S, H, *x.stride(), *freqs.stride(),
+        HALF=D // 2, BLOCK_HALF=triton.next_power_of_2(D // 2), ROWS=rows)
+
+
+class _KernelRope(torch.autograd.Function):
+    """y = rotate(x, freqs); its backward is the rotation by -theta (notebook 06): the same
+    kernel on the negated angles, TE's table cat(f, f) having one angle for both halves."""
+
+    @staticmethod
+    def forward(ctx, x, freqs, rotate):
+        ctx.freqs, ctx.rotate = freqs, rotate
+        return rotate(x, freqs)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        return ctx.rotate(grad_y, -ctx.freqs), None, None
+
+
+class KernelRotary(torch.nn.Module):
+    """The model's rotary module (`_Rotary`: q, k [B, S, H, D] -> rotated q, k) with RoPE by
+    `rotate(x, freqs) -> y` instead: x [B, S, H, D], freqs [S, D] fp32, y [B, S, H, D]. Reads
+    the angle table of the module it replaces."""
+
+    def __init__(self, rotary: torch.nn.Module, rotate: Callable):
+        super().__init__()
+        P = rotary.freqs.shape[0]
+        self.register_buffer("freqs", rotary.freqs.reshape(P, -1).contiguous(),
+                             persistent=False)                              # [P, D] fp32
+        self.rotate = rotate
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor):
+        f = self.freqs[:q.shape[1]]
+        with torch.profiler.record_function(gpt.ROPE_LABEL):
+            return _KernelRope.apply(q, f, self.rotate), _KernelRope.apply(k, f, self.rotate)
+
+
+def kernel_rope(kernel, rows: int = MODEL_ROPE_ROWS) -> Callable:
+    """rotate(x, freqs) -> y by a kernel of exercise 3's signature (as it is: compiled on a GPU,
+    interpreted under TRITON_INTERPRET=1), for `plug_rope`."""
+    def rotate(x, freqs):
+        y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+        launch_model_rope(kernel, x, freqs, y, rows)
+        return y
+    return rotate
+
+
+def plug_rope(model: gpt.GPT, rotate: Callable) -> gpt.GPT:
+    """Every attention layer of `model` rotates q and k with `rotate(x, freqs) -> y` (its backward
+    `rotate` on the negated angles): each `attn.rotary` becomes a `KernelRotary`. In place; the
+    model is returned. Its parameters and state_dict are unchanged."""
+    for block in model.blocks:
+        block.attn.rotary = KernelRotary(block.attn.rotary, rotate)
+    return model
+
+
+def _barred_rotate(kernel, log: list) -> Callable:
+    """rotate(x, freqs) -> y for the check: the learner's kernel interpreted on CPU tensors, with
+    ropelib's answers barred, into a NaN-filled output; a launch that fails or leaves rows
+    unwritten prints ❌ and raises _Stop. `log` gets one label per launch."""
+    run = interpreted(kernel)
+
+    def rotate(x, freqs):
+        B, S, H, D = x.shape
+        label = (f"launch {len(log) + 1}: x [{B}, {S}, {H}, {D}] strides {tuple(x.stride())}, "
+                 f"{B * S * H} rows, ROWS={MODEL_ROPE_ROWS}")
+        log.append(label)
+        pad = MODEL_ROPE_ROWS * D         # NaN guard bands: a store past either end shows
+        buf = torch.full((x.numel() + 2 * pad,), float("nan"), dtype=x.dtype, device=x.device)
+        y = buf[pad:pad + x.numel()].view(x.shape)
+        x_before = x.detach().clone()
+        ok, _ = launch_barred(_MODEL_ROPE, label, _MODEL_ROPE_WHAT,
+                              lambda: launch_model_rope(run, x.detach(), freqs, y))
+        if not ok:
+            raise _Stop
+        outside = int((~buf[:pad].isnan()).sum() + (~buf[-pad:].isnan()).sum())
+        if outside:
+            print(f"❌ {_MODEL_ROPE} ({label}): the kernel stored {outside} elements outside y "
+                  "(a store without its mask: rows past n_rows, or lanes past HALF)")
+            raise _Stop
+        if not torch.equal(x.detach(), x_before):
+            print(f"❌ {_MODEL_ROPE} ({label}): the kernel changed its input x (q or k is a view "
+                  "of the QKV projection's output: write y only)")
+            raise _Stop
+        unwritten = y.isnan().reshape(B * S * H, D).any(-1)
+        if bool(unwritten.any()):
+            first = int(unwritten.nonzero()[0])
+            print(f"❌ {_MODEL_ROPE} ({label}): {int(unwritten.sum())} of {B * S * H} rows were "
+                  f"not (wholly) written, first row {first}: program p rotates rows p * ROWS to "
+                  "p * ROWS + ROWS - 1, the last program fewer (a mask)")
+            raise _Stop
+        return y
+    return rotate
+
+
+def _far(got: torch.Tensor, want: torch.Tensor) -> float:
+    """max |got - want| over the largest |want| (inf where got is not finite)."""
+    got = got.detach().float()
+    if not bool(torch.isfinite(got).all()):
+        return float("inf")
+    return float((got - want.detach().float()).abs().max()) / max(float(want.abs().max()), 1e-30)
+
+
+def check_model_rope_kernel(kernel, *, seed: Optional[int] = None) -> bool:
+    """Exercise 3: the learner's @triton.jit RoPE kernel (rows of the model's bshd layout,
+    `MODEL_ROPE_ROWS` a program, signature `launch_model_rope`'s) as the RoPE of a small GPT.
+
+    On the CPU, with Triton's interpreter, whatever the notebook's device: first one launch on
+    a q view of a QKV output (strided), compared with `ropelib.reference`; then two copies of a
+    small GPT from the same weights (drawn from `seed`, a fresh one when None), one with the
+    model's own PyTorch RoPE, one with the kernel (`plug_rope`, its backward the kernel on the
+    negated angles), trained for a few AdamW steps on the same fp32 batches: each step's loss and
+    the first step's gradients of every parameter must agree within 1e-5 of the largest value (the
+    gradients 1e-4), the logits after training within 1e-4. Every launch runs with ropelib's answers
+    barred, and the notebook's other kernels and the worked solutions too (`launch_barred`); each
+    goes into a NaN-filled output, and must write every row and leave its input alone. Prints one
+    line (✅, or ❌ at the first thing that goes wrong); never raises.
+    """
+    if not kernel_answer(_MODEL_ROPE, kernel, "the output buffer it allocated"):
+        return False
+    seed = fresh_seed() if seed is None else seed
+    gen = torch.Generator().manual_seed(seed)
+    log: list = []
+    rotate = _barred_rotate(kernel, log)
+    cfg = gpt.GPTConfig(**_SIZES)
+    B, S, H, D = _BATCH, cfg.block_size, cfg.n_head, cfg.head_dim
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(torch.randint(0, 2**31 - 1, (), generator=gen)))
+        ref = gpt.GPT(cfg, rope="reference")
+    mine = gpt.GPT(cfg, rope="reference")
+    mine.load_state_dict(ref.state_dict())
+    plug_rope(mine, rotate)
+    freqs = mine.blocks[0].attn.rotary.freqs[:S]                          # [S, D] fp32
+    where = f"(seed {seed})"
+    try:
+        # one launch: q, a strided view of a QKV projection's output [B, S, 3, H, D], with
+        # rows not a multiple of ROWS (the last program holds fewer)
+        B1, S1, H1 = _UNIT_SHAPE
+        q = torch.randn(B1, S1, 3, H1, D, generator=gen).unbind(2)[0]
+        y = rotate(q, freqs[:S1])
+        want = reference.rope_reference(q, freqs[:S1, None, None, :], layout="bshd")
+        if _far(y, want) > _MODEL_TOL:
+            return check(f"{_MODEL_ROPE}: q [{B1}, {S1}, {H1}, {D}], a view of a QKV output with "
+                         f"strides {tuple(q.stride())} {where}", y, want, atol=1e-5, rtol=1e-5,
+                         hint="row r is head h of token s of sequence b: b = r // (S * H), "
+                              "s = (r // H) % S, h = r % H; read x through all four strides, "
+                              "the angles of row s, and write y contiguous (row r at r * D)")
+        # training: the same batches, fp32, AdamW (the notebook's train_step)
+        opts = [gpt.make_optimizer(m, lr=_TRAIN_LR) for m in (ref, mine)]
+        for step in range(1, _TRAIN_STEPS + 1):
+            idx = torch.randint(cfg.vocab_size, (B, S + 1), generator=gen)
+            x_b, y_b = idx[:, :-1], idx[:, 1:]
+            losses = [gpt.train_step(m, o, x_b, y_b).item() for m, o in zip((ref, mine), opts)]
+            if not abs(losses[1] - losses[0]) <= _MODEL_TOL * max(1.0, abs(losses[0])):
+                return check(f"{_MODEL_ROPE}: the loss of training step {step} {where}",
+                             losses[1], losses[0], atol=_MODEL_TOL, rtol=_MODEL_TOL,
+                             hint="the forward rotated q and k right in one launch: look at "
+                                  "what changes in training (the gradients go through your "
+                                  "kernel on the negated angles, any strides)")
+            if step == 1:
+                for (name, p_ref), p_mine in zip(ref.named_parameters(), mine.parameters()):
+                    if _far(p_mine.grad, p_ref.grad) > 10 * _MODEL_TOL:
+                        return check(f"{_MODEL_ROPE}: the gradient of {name} after step 1 "
+                                     f"{where}", p_mine.grad, p_ref.grad, atol=1e-6, rtol=1e-4,
+                                     hint="the backward is your kernel on dL/dy with the "
+                                          "angles negated: it must rotate any strides, not "
+                                          "only the forward's")
+        with torch.no_grad():
+            idx = torch.randint(cfg.vocab_size, (B, S), generator=gen)
+            ref.eval(), mine.eval()
+            want_logits, got_logits = ref(idx)[0], mine(idx)[0]
+    except _Stop:
+        return False
+    return check(f"{_MODEL_ROPE}: logits after {_TRAIN_STEPS} training steps with your kernel, "
+                 f"against the model's own RoPE ({len(log)} launches, {where})",
+                 got_logits, want_logits, atol=_TRAINED_TOL * float(want_logits.abs().max()),
+                 rtol=0.0)
+
+
+@triton.jit
+def solution_model_rope_kernel(
+    x_ptr,  # *q or *k: [B, S, H, D], any strides (a view of the QKV projection's output)
+    y_ptr,  # *y: [B, S, H, D], contiguous, x's dtype
+    freqs_ptr,  # *fp32: angles [S, D], row s for position s (TE's cat(f, f))
+    n_rows,  # B * S * H: one row is one head of one token
+    S, H,  # row r -> (b, s, h)
+    stride_xb, stride_xs, stride_xh, stride_xd,  # x strides, in elements
+    stride_fs, stride_fd,  # freqs strides, in elements
+    HALF: tl.constexpr,  # D // 2: rotate-half pairs (j, j + HALF)
+    BLOCK_HALF: tl.constexpr,  # next power of two >= HALF
+    ROWS: tl.constexpr,  # rows per program, a power of two
+):
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)  # [ROWS] this program's
+    b = (rows // (S * H))[:, None]  # [ROWS, 1]: bshd, so the batch is the slowest index
+    s = ((rows // H) % S)[:, None]
+    h = (rows % H)[:, None]
+    offs = tl.arange(0, BLOCK_HALF)[None, :]  # [1, BLOCK_HALF]
+    mask = (rows[:, None] < n_rows) & (offs < HALF)  # [ROWS, BLOCK_HALF]: the last program's tail
+    f_row = freqs_ptr + s * stride_fs
+    theta1 = tl.load(f_row + offs * stride_fd, mask=mask, other=0.0)
+    theta2 = tl.load(f_row + (offs + HALF) * stride_fd, mask=mask, other=0.0)
+    x_row = x_ptr + b * stride_xb + s * stride_xs + h * stride_xh
+    x1 = tl.load(x_row + offs * stride_xd, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_row + (offs + HALF) * stride_xd, mask=mask, other=0.0).to(tl.float32)
+    y1 = x1 * tl.cos(theta1) - x2 * tl.sin(theta1)
+    y2 = x2 * tl.cos(theta2) + x1 * tl.sin(theta2)
+    y_row = y_ptr + rows[:, None] * 2 * HALF  # y is contiguous: row r starts at element r * D
+    tl.store(y_row + offs, y1.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_row + HALF + offs, y2.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+_WORKED = (solution_rope_share, solution_cached_attention, solution_model_rope_kernel)
