@@ -323,8 +323,11 @@ def rope_cell(x, freqs, *, backward=False, num_warps=4):
 # committed runs. The forward itself is set by its programs, not its bytes: at batch 1 the grid
 # $(S, H)$ starts 131,072 one-warp programs, and an empty kernel's cost per program (notebook
 # 03, section 4) puts 79.2 µs on starting them, 0.94 of the forward's 84.6 µs. And the step
-# spends 258 µs beyond two forwards' time, outside the kernels if the backward takes the
-# forward's time, as it does at 1 GiB. Notebook 07 (section 7) times
+# spends 258 µs beyond two forwards' time. The committed run times whole calls only
+# (`do_bench`), so it cannot say where those 258 µs go: to the device (a backward slower than
+# the forward at this size) or to the host (autograd's work around the launches, which the
+# GPU waits for when its kernels are this short). On a GPU, section 2's last cell measures
+# that. Notebook 07 (section 7) times
 # the host and the device of a forward+backward call apart for ropelib's finished kernel, a
 # different route from this one: at 64 MiB, twice this tensor, its host's work around the
 # launches, autograd's included, takes 3.3 to 4.9 times as long as its kernels.
@@ -394,6 +397,54 @@ print(f"  {programs:,} programs x {empty['ns_per_program_per_sm']:.1f} ns / {emp
       f"forward; the step beyond two forwards' time: {outside_us:.0f} us")
 assert programs == 131_072 and round(start_us, 1) == 79.2
 assert round(start_us / (small["fwd_ms"] * 1e3), 2) == 0.94 and round(outside_us) == 258
+
+# %% [markdown]
+# **The 32 MiB step's device time.** On a GPU the next cell runs the committed run's case again
+# (the same shape, provider and step: `ropelib.bench.compare`'s `ropelib_batch_reuse` through
+# `torch.autograd.grad`) and times the forward and the step twice: as whole calls
+# (`do_bench`, as the committed run did) and replayed from a CUDA graph of 20 calls
+# (`ropelib.bench.suite.graph_replay_ms`, as notebook 07 section 7.3 does), which takes the
+# host out and leaves the device's time. It prints the replayed step against two replayed
+# forwards (what the bytes predict) and how much of the whole call's time is not the device's,
+# and says from those numbers which of the two holds more of the time beyond two forwards.
+# Replayed calls run back to back without `do_bench`'s cache flush, so at this size part of
+# their bytes may come from L2: read the replayed times as the device's time, at most.
+
+# %%
+if GPU:
+    from ropelib.bench import compare, suite
+    cfg = compare.Config(small["seq_len"], small["batch"], small["heads"], small["head_dim"],
+                         small["dtype"])
+    case = compare.make_case(cfg, device)
+    prov = next(p for p in compare.providers() if p.name == "ropelib_batch_reuse")
+    gcase, leaves, grads = compare.fwdbwd_inputs(case, fill=0.5)   # no random draws (capture)
+    calls = {"forward": lambda: prov.fn(case),
+             "step": compare.fwdbwd_step(lambda: prov.fn(gcase), leaves, grads)}
+    whole = {k: compare.time_ms(f, device)[0] * 1e3 for k, f in calls.items()}
+    try:
+        replayed = {k: suite.graph_replay_ms(f, 20, device)[0] * 1e3 for k, f in calls.items()}
+    except RuntimeError as err:          # a build where this route cannot be captured
+        replayed = None
+        print(f"not captured in a CUDA graph here ({str(err)[:150]})")
+    print(f"{torch.cuda.get_device_name()}, live, {cfg}:")
+    for k in calls:
+        print(f"  {k:8s} whole call (do_bench) {whole[k]:7.1f} us"
+              + (f" | replayed (device) {replayed[k]:7.1f} us" if replayed else ""))
+    if replayed:
+        beyond = whole["step"] - 2 * whole["forward"]          # the committed run's 258 us, live
+        device_beyond = replayed["step"] - 2 * replayed["forward"]
+        host_share = whole["step"] - replayed["step"]
+        print(f"  replayed step = {replayed['step'] / replayed['forward']:.2f}x the replayed "
+              f"forward (the bytes predict 2)")
+        print(f"  the whole step's {beyond:.0f} us beyond two whole forwards: the device's "
+              f"step beyond two of its forwards {device_beyond:.0f} us, the whole step beyond "
+              f"its device time {host_share:.0f} us")
+        print("  so the larger part is "
+              + ("outside the kernels (the host)" if host_share > device_beyond
+                 else "on the device (the kernels)"))
+        assert replayed["step"] > replayed["forward"] > 0
+else:
+    print("(no GPU here: the step's device time is measured on a GPU only)")
 
 # %% [markdown]
 # ## 3. A `torch.autograd.Function`

@@ -491,7 +491,7 @@ if multi:
         base = [v for v in run["single_loss"] if v is not None]
         assert len(base) == 2 and all(abs(a - b) < 1e-4 for a, b in zip(base, one_loss))
         assert len(gaps) == 6 and max(gaps[:2]) < 1e-3          # steps 1-2: within 0.001
-        assert [round(g, 2) for g in gaps[2:]] == [0.15, 0.47, 0.02, 2.68]   # then they part
+        assert [round(g, 2) for g in gaps[2:]] == [0.15, 0.47, 0.02, 2.68]   # then they diverge
         assert (round(two_loss[5], 3), round(one_loss[5], 3)) == (6.818, 4.136)
         # both runs climb for three steps before the loss falls (to 7.85 and 8.32 at step 4)
         for curve, top in ((two_loss, 7.85), (one_loss, 8.32)):
@@ -521,13 +521,13 @@ else:
 # The figure's losses are another matter. Both runs use seed 0, and the 2-rank job's own
 # 1-process baseline reproduces the 1-GPU run's first two losses to 1e-4 (asserted): the same
 # start. The two runs agree to within 0.001 nats over steps 1 and 2. From step 3 they
-# part: 0.15, 0.47 and 0.02 nats apart over steps 3 to 5, and 2.68 at step 6, where the 2-rank
+# diverge: 0.15, 0.47 and 0.02 nats apart over steps 3 to 5, and 2.68 at step 6, where the 2-rank
 # run's loss is 6.818 and the 1-GPU run's 4.136. Both curves climb by more than 3 nats over
 # the first steps (to 7.85 and 8.32 at step 4) before they fall, so these steps are far from
-# smooth training. The data does not say why the runs part here. What would measure it: the
+# smooth training. The data does not say why the runs diverge here. What would measure it: the
 # 1-process baseline run beside the two ranks for all 6 steps (`--compare-single
 # --compare-steps 6`), and the 1-GPU run repeated, to show how far two bf16 runs of one
-# configuration already part in these steps. So this pair shows two steps in agreement, not
+# configuration already diverge in these steps. So this pair shows two steps in agreement, not
 # the same training; the longer runs below ask that question.
 
 # %% [markdown]
@@ -535,7 +535,7 @@ else:
 #
 # In bf16 the two runs cannot agree to the bit: the ranks add attention and gradients in
 # another order, each rounding difference changes the next step's weights a little, and
-# training compounds it. The question is how far the curves part. The committed
+# training compounds it. The question is how far the curves diverge. The committed
 # `benchmarks/results/cp200-*.csv` hold three 200-step bf16 runs of the same model on
 # sequences of 16384 tokens, on H200s (the cell checks the headers say so, and titles the
 # figure from them):
@@ -607,7 +607,7 @@ else:
 # grows, though: 0.052 over the last 50 steps, against 0.305 between the seeds. And it is
 # one-sided: the signed mean over the last 50 steps is −0.052, the 2-rank loss below its
 # twin's at every step after step 105. One pair of runs cannot say whether that offset comes
-# from the split or is where these two bf16 trajectories happened to part (successive losses
+# from the split or is where these two bf16 trajectories happened to diverge (successive losses
 # are not independent draws); other seeds, each run both ways, would.
 #
 # ### Why two ranks are not twice as fast
@@ -683,8 +683,54 @@ assert round(half[0] / terms[2][0], 2) == 0.68
 # **Answer, by the fit: attention.** The excess grows 25 times for 8 times the length (38.5 ms
 # a step at 16384 tokens, 964 at 131072), faster than anything linear in $S$ can, and the fit
 # puts 750 of the 964 ms in the $S^2$ term. Each rank computes exactly half of the pairs
-# (section 1), yet its $S^2$ term is 2373 ms where half of one GPU's is 1623: its attention
-# runs at 68 % of one GPU's rate.
+# (section 1; the next cell counts them at this length), yet its $S^2$ term is 2373 ms where
+# half of one GPU's is 1623: its attention runs at 68 % of one GPU's rate.
+#
+# How the code parts the 131072 tokens between the two ranks: the next cell reads the
+# sequence length and each rank's share from the 2-rank run's header, asks
+# `cp.dual_chunk_positions` (the function `cp_train.py` shards with) for the global positions
+# each rank holds, and prints them as runs of consecutive positions. For each rank it also
+# prints the keys each of `cp.dual_chunk_attention`'s two calls reads, and counts the rank's
+# (query, key) pairs.
+
+# %%
+cp_long = speed_meta[2, "long"]                            # the 2-rank, 131072-token run
+S_cp, S_local = int(cp_long["seq_len"]), int(cp_long["local_seq_len"])
+chunk = S_local // 2                                       # s = S / 2c, c = 2
+
+
+def position_runs(pos) -> list:
+    """[(first, last + 1)] of the runs of consecutive positions in pos."""
+    cut = (torch.nonzero(pos[1:] != pos[:-1] + 1).flatten() + 1).tolist()
+    return [(int(pos[a]), int(pos[b - 1]) + 1) for a, b in zip([0] + cut, cut + [len(pos)])]
+
+
+held, key_ends, pairs_cp = {}, {}, {}
+for r in range(2):
+    pos = cp.dual_chunk_positions(S_local, 2, r)
+    held[r] = position_runs(pos)
+    key_ends[r] = ((r + 1) * chunk, S_cp - r * chunk)     # as dual_chunk_attention cuts its keys
+    pairs_cp[r] = int((pos + 1).sum())                    # query p sees keys 0..p
+    print(f"rank {r}: positions " + " and ".join(f"[{a}, {b})" for a, b in held[r])
+          + f"; its two attention calls: {chunk} queries against keys "
+          + " and ".join(f"[0, {e})" for e in key_ends[r])
+          + f"; {pairs_cp[r]:,} (query, key) pairs per sequence and head")
+print(f"all of the causal mask: {S_cp * (S_cp + 1) // 2:,} pairs")
+assert (S_cp, S_local, chunk) == (131072, 65536, 32768)
+assert held == {0: [(0, 32768), (98304, 131072)], 1: [(32768, 98304)]}   # chunks 0+3, 1+2
+assert key_ends == {0: (32768, 131072), 1: (65536, 98304)}
+assert pairs_cp[0] == pairs_cp[1] == S_cp * (S_cp + 1) // 4                # exactly half each
+
+# %% [markdown]
+# Four chunks of 32768 tokens: rank 0 holds chunks 0 and 3, positions $[0, 32768)$ and
+# $[98304, 131072)$; rank 1 holds chunks 1 and 2, which adjoin, so its share is the one run
+# $[32768, 98304)$. Each rank attends with two calls, one per chunk, every call 32768 queries
+# against all the keys before the chunk's end: rank 0's first call is a plain square causal
+# mask ($32768 \times 32768$), its second reads all 131072 keys; rank 1's read 65536 and 98304.
+# The pairs come out equal, 4,295,000,064 per sequence and head on each rank, half of the
+# whole mask. So the split itself is even: the 68 % the fit shows is not one rank waiting for
+# the other, it is each rank's attention doing its equal half of the pairs more slowly per
+# pair than one GPU's single call does.
 #
 # The kernels say why. One GPU calls attention once per layer with `is_causal=True`, which
 # PyTorch may send to cuDNN's fused kernel; a rank calls it twice (`cp.dual_chunk_attention`),
@@ -798,7 +844,7 @@ else:
 #
 # **Takeaway:** with RoPE at global positions, the dual-chunk split computes one process's
 # loss to fp32 rounding (section 2). In bf16 the 131072-token runs agree over their first two
-# steps and then part, and over 200 steps at 16384 tokens the 2-rank run stays well inside the
+# steps and then diverge, and over 200 steps at 16384 tokens the 2-rank run stays well inside the
 # seed gap. Each rank needs 55 % of one GPU's memory; the speed it gives up lies, by the fit,
 # mostly in attention (750 of the 964 ms), which the profiles put in the kernel its masked
 # calls can reach (PyTorch's flash kernel, not cuDNN's).
@@ -1741,7 +1787,7 @@ assert as_stated((min(two_vs_unfused), max(two_vs_unfused)), (2.2, 4.8))
 #   shard bit for bit as the full sequence; attention all-gathers k and v and runs two
 #   bottom-right causal blocks (`cp.dual_chunk_attention`). Over 3 fp32 steps, two processes
 #   reach the 1-process loss within a few ulps; the 131072-token bf16 runs agree over two
-#   steps and then part (2.68 nats at step 6); over 200 bf16 steps, well inside the seed gap,
+#   steps and then diverge (2.68 nats at step 6); over 200 bf16 steps, well inside the seed gap,
 #   though below its twin at every step after step 105 (one pair of runs: cause not known).
 # - On H200s, two ranks ran a 131072-token step 1.30 times as fast as one GPU, each peaking at
 #   55 % of its memory. A fit of $t = aS^2 + bS$ through two lengths puts 750 of the 964 ms
