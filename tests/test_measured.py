@@ -275,10 +275,7 @@ def test_07_route_logs_time_the_route_settings_they_say():
     results = root / "benchmarks" / "results"
 
     def when(path):
-        if path.suffix == ".csv":
-            return compare.read_meta(path).get("date", "")[:16].replace("T", " ")
-        y, m, d, hh, mm = re.search(r"-(\d{4})(\d\d)(\d\d)(?:-(\d\d)(\d\d))?\.", path.name).groups()
-        return f"{y}-{m}-{d}" + (f" {hh}:{mm}" if hh else "")
+        return measured.committed_when(path)[1]
 
     settings_on = [results / "floor-nvidia-h200.csv",
                    results / "mid_fwdbwd_variants-nvidia-h200-20261201-1444.log",
@@ -292,3 +289,16 @@ def test_07_route_logs_time_the_route_settings_they_say():
     assert all(when(p) >= "2026-12-01 14:44" for p in settings_on)
     assert all(when(p) < "2026-12-01 14:44" for p in before if when(p))
     assert all(when(p) < when(half_rows) for p in settings_on + before if when(p))
+
+
+def test_committed_when_reads_the_header_else_the_name(tmp_path):
+    """A committed result's (GPU, date): a CSV's header wins; a log's name gives the day and,
+    where it has one, the minute; a name without a date gives no date."""
+    csv = tmp_path / "floor-nvidia-h200-20250101.csv"
+    csv.write_text("# gpu: nvidia-h200\n# date: 2026-12-04T09:01:33Z\ncase,ms\nx,1\n")
+    assert measured.committed_when(csv) == ("nvidia-h200", "2026-12-04 09:01")
+    log = tmp_path / "dobench_gap-nvidia-h200-20261204-0901.log"
+    log.write_text("# NVIDIA H200\n")
+    assert measured.committed_when(log) == ("h200", "2026-12-04 09:01")
+    assert measured.committed_when(tmp_path / "x-nvidia-h100-20261130.log")[1] == "2026-11-30"
+    assert measured.committed_when(tmp_path / "te_ncu-nvidia-h200.csv.log")[1] == ""

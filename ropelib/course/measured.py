@@ -143,6 +143,19 @@ def floor_run_date(meta: dict, part: str) -> str:
     return date
 
 
+def committed_when(path: Path) -> tuple:
+    """(GPU, date) of a committed result: a CSV's header (``gpu``, ``date`` to the minute), else
+    what its name says (``<what>-<gpu>-YYYYMMDD[-HHMM].<ext>``); the date is "" where neither
+    records one."""
+    path = Path(path)
+    meta = compare.read_meta(path) if path.suffix == ".csv" else {}
+    date = meta.get("date", "")[:16].replace("T", " ")
+    day = re.search(r"-(\d{4})(\d\d)(\d\d)(?:-(\d\d)(\d\d))?\.", path.name)
+    if not date and day:
+        date = "-".join(day.groups()[:3]) + (f" {day[4]}:{day[5]}" if day[4] else "")
+    return meta.get("gpu", path.name.split("-nvidia-")[-1].split("-")[0]), date
+
+
 def two_pass(gpu: str = GPU, kind: str = "two_pass") -> dict:
     """{(case, pass): {provider: row}} of ``two_pass-<gpu>.csv`` (``benchmarks/two_pass.py``;
     kind "two_pass_thd": its packed-sequence cases alone, ``--only thd``): pass is "forward" or
