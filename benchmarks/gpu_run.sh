@@ -58,6 +58,10 @@
 #                                          # memory counters, for notebooks 05 and 03 (~2 min)
 #   bash benchmarks/gpu_run.sh fwdbwd-mid  # the 64/256 MiB forward+backward taken apart; the
 #                                          # two-pass route's early launch on and off (~3 min)
+#   bash benchmarks/gpu_run.sh host-rounds  # what do_bench times at batch 1 (its loop written
+#                                        # out, autograd's device thread on and off, beside TE),
+#                                        # and the compiled GPT's step in alternating rounds,
+#                                        # both torch.compile modes (~3 min)
 #   bash benchmarks/gpu_run.sh probes    # the flat pass at 1 GiB (one_gib_probe), decode tiles
 #                                        # under CUDA graphs (~3 min)
 #   bash benchmarks/gpu_run.sh course    # the course's measurements (ladder, generations, Nsight
@@ -290,6 +294,11 @@ print('# what: Nsight Compute (--profile-from-start off --csv${NCU_CLOCK:+ --clo
             # early launch and pre-pass width (benchmarks/mid_fwdbwd_probe.py, ~3 min)
             step mid-fwdbwd "$PY" benchmarks/mid_fwdbwd_probe.py
             step mid-fwdbwd-variants "$PY" benchmarks/mid_fwdbwd_probe.py --variants ;;
+        host-rounds)
+            step dobench-gap "$PY" benchmarks/dobench_gap_probe.py
+            step model-rounds-reduce-overhead "$PY" benchmarks/model_step_rounds.py \
+                --mode reduce-overhead
+            step model-rounds-default "$PY" benchmarks/model_step_rounds.py --mode default ;;
         probes)
             step one-gib "$PY" benchmarks/one_gib_probe.py --out "$RESULTS"
             step decode-tiles "$PY" benchmarks/decode_tiles.py --out "$RESULTS"
