@@ -667,16 +667,11 @@ assert ladder.plan("warps", 4096, 8, 32, 128, 2, SMS_H200, H200_KNOBS).num_warps
 # for 16-bit inputs whose programs loop over fewer than 4 entries a tile of fewer threads with
 # more elements each (no batch loop amortises their sin/cos).
 #
-# **Accurate sin/cos** (rung 5, the constexpr `ACCURATE`): `cos_sin` from ropelib's kernels
-# calls libdevice's `cosf`/`sinf`, whose argument reduction is exact for any angle — as TE's
-# `sincosf`. Positions reach $10^5$ and beyond, and a fast approximation loses accuracy as the
-# angle grows (notebook 08 measures what one ulp of sin/cos does to the output). The
-# interpreter has no libdevice and uses NumPy's functions, accurate too. Which code `tl.cos`
-# becomes on a GPU depends on the Triton version: section 4 reads it from the compiled code.
-# With the Triton of the H200 run, 3.6, `tl.cos` is libdevice's too, so the "fast
-# approximations" named in the kernel's comment on `ACCURATE` do not exist there: rungs 4 and 5
-# are the same machine code: the opcode profile of section 5 counts the same instructions
-# for both, opcode by opcode, and asserts it.
+# **Accurate sin/cos** (rung 5, the constexpr `ACCURATE`) calls libdevice's `cosf`/`sinf`,
+# exact for any angle as TE's `sincosf` is (positions reach $10^5$; notebook 08 measures what an
+# ulp costs). With the H200 run's Triton, 3.6, `tl.cos` is libdevice's too, so rungs 4 and 5
+# compile to the same machine code (section 4 reads the call, section 5's opcode profile
+# asserts the counts).
 
 # %%
 # ropelib-source: ropelib.course.ladder._ladder_chunk_kernel
@@ -1079,7 +1074,7 @@ else:
 # | tile (3-D form; $\text{BLOCK\_S} = 1$ at $h = 32$) | −0.1 / −0.3 points (noise) | −5.9 points | one token per tile at $h = 32$: occupancy 47.3 → 41.4 %, 3 % more instructions |
 # | warps | +1.8 points | −29.6 points: 8 warps lose over two fifths | every thread along the heads evaluates the sin/cos |
 # | chunks | about −3 points | +48.1 points (4 warps again) | more DRAM writes at $b = 8$; at $b = 1$ 7.6 times fewer instructions |
-# | accurate sin/cos | noise only | noise only | the same machine code as the chunks rung (Triton 3.6): no cause to find |
+# | accurate sin/cos | noise only | noise only | the same machine code as the chunks rung (Triton 3.6) |
 # | equal halves | +5.5 points | +4.9 points | a quarter fewer instructions; the cycles profile splits the gain |
 # | finished kernel | 1.5 points below rung 6 | 2.7 points above | more indexing work; `x` loaded first at $b = 1$ |
 #
@@ -1105,9 +1100,8 @@ else:
 #   0.02 %), yet cost about three points; their DRAM bytes are 0.99 of the model against 0.96,
 #   the difference all in the writes. At $b = 1$ (4 warps again, 16,384 programs of two tokens)
 #   they execute 7.6 times fewer instructions than the warps rung.
-# - **Accurate sin/cos (rung 5)** is rung 4's machine code with the H200 run's Triton, 3.6:
-#   the opcode profile below counts the same instructions for both, opcode by opcode. Its step
-#   is noise, and there is no cause to look for; the rung is insurance for other Tritons.
+# - **Accurate sin/cos (rung 5)** compiles to rung 4's machine code with Triton 3.6 (the opcode
+#   profile below asserts it), so its step is noise: under half a point at each large size.
 # - **Equal halves (rung 6)** cut a quarter of the warp instructions per element, 0.29 against
 #   0.38, but instructions are not what limits these kernels: the SM throughput is 34.3 % for
 #   rung 5 and 28.0 % for rung 6. The cycles profile splits the gain in two.
@@ -1807,10 +1801,87 @@ assert [said(small["equal_halves"][k] * 1e3, 1) for k in ("ms", "ms_min", "ms_ma
 # **What the probe says.** On the three 256 MiB tensors taking the sin/cos out entirely buys
 # 0.7 to 1.5 points of the rung's 8 to 9 point gap, though the rung's machine code holds up to
 # 17 times the instructions of the tables'. So the finished kernel does not stop short of a
-# copy because of its transcendental work: the rest of the gap is in what the two kernels
-# share, the tile, the batch loop and the grid. On the 8 MiB case (16 tokens, a batch of 64)
-# the same change moves 0.730 to 0.904, 17.4 of the rung's 27.0 points: there the chain from
-# each angle's load through its sin and cos to the first multiply is most of the time.
+# copy because of its transcendental work. That leaves what the two kernels share: the tile,
+# the batch loop and the grid, and the rotation's own loads and arithmetic (the partner half,
+# the fma, the rounding). On the 8 MiB case (16 tokens, a batch of 64) the same change moves
+# 0.730 to 0.904, 17.4 of the rung's 27.0 points: there loading tables instead of evaluating
+# the angles buys most of the gap, so the angles' path (each load, its sin and cos) is most of
+# the rung's time beyond a copy; which step of that path is not separated.
+#
+# **A copy on the rung's tile.** Only elimination points at the tile, batch loop and grid so
+# far. The cell below times them directly: `_copy_on_tile_kernel` has rung 6's grid, tile,
+# warps and batch loop (the plan `ladder.plan("equal_halves", ...)` gives at $s = 4096$,
+# $b = 8$, $h = 32$, $d = 128$, a 256 MiB case of the probe), loads each half of a head's rows
+# of `x` as the rung does and stores them to `y` unchanged: no angles, no arithmetic. Beside it
+# `y.copy_(x)`, both with `do_bench`. If this copy lands near the rung's ratio, the tile, loop
+# and grid are where the gap is; if it lands near 1.0, the gap is in the rotation's loads and
+# arithmetic after all. The cell prints which from its numbers (on a GPU; here it only checks
+# that the kernel copies).
+
+# %%
+@triton.jit
+def _copy_on_tile_kernel(
+    x_ptr, y_ptr,  # x, y [S, B, H, D] (any strides)
+    S, B, H,  # tokens, batch, heads
+    B_CHUNK,  # batch entries per program (the last chunk may be shorter)
+    stride_xs, stride_xb, stride_xh, stride_xd,  # x strides, in elements
+    stride_ys, stride_yb, stride_yh, stride_yd,  # y strides, in elements
+    HALF: tl.constexpr,  # D // 2
+    BLOCK_HALF: tl.constexpr,  # next power of two >= HALF
+    BLOCK_S: tl.constexpr,  # tokens per program
+    BLOCK_H: tl.constexpr,  # heads per program
+):
+    # rung 6's grid (cdiv(S, BLOCK_S), cdiv(H, BLOCK_H), cdiv(B, B_CHUNK)), tile and batch
+    # loop; y = x, half by half, with nothing in between
+    s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)  # [BLOCK_S]
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H]
+    b_lo = tl.program_id(2) * B_CHUNK
+    b_hi = tl.minimum(b_lo + B_CHUNK, B)
+    j = tl.arange(0, BLOCK_HALF)  # [BLOCK_HALF]
+    m = ((s < S)[:, None] & (h < H)[None, :])[:, :, None] & (j < HALF)[None, None, :]
+    x_off = s[:, None, None] * stride_xs + h[None, :, None] * stride_xh + j[None, None, :] * stride_xd
+    y_off = s[:, None, None] * stride_ys + h[None, :, None] * stride_yh + j[None, None, :] * stride_yd
+    for b in range(b_lo, b_hi):
+        xr = x_ptr + x_off + b * stride_xb
+        yr = y_ptr + y_off + b * stride_yb
+        x_a = tl.load(xr, mask=m, other=0.0)
+        x_b = tl.load(xr + HALF * stride_xd, mask=m, other=0.0)
+        tl.store(yr, x_a, mask=m)
+        tl.store(yr + HALF * stride_yd, x_b, mask=m)
+
+
+def copy_on_tile(x, y):
+    """y = x with rung 6's launch for x [S, B, H, D]; returns the plan."""
+    S, B, H, D = x.shape
+    p = ladder.plan("equal_halves", S, B, H, D, x.element_size(), *ladder.device_knobs(x))
+    _copy_on_tile_kernel[p.grid](x, y, S, B, H, p.chunk, *x.stride(), *y.stride(), HALF=D // 2,
+                                 BLOCK_HALF=triton.next_power_of_2(D // 2), BLOCK_S=p.block_s,
+                                 BLOCK_H=p.block_h, num_warps=p.num_warps)
+    return p
+
+
+tile_shape_copy = (4096, 8, 32, 128) if GPU else (6, 3, 5, 48)
+x_c = torch.randn(tile_shape_copy, device=device, dtype=torch.bfloat16)
+y_c = torch.full_like(x_c, float("nan"))
+p_c = copy_on_tile(x_c, y_c)
+assert torch.equal(y_c, x_c)                      # a copy: every element, unchanged
+print(f"x {list(x_c.shape)} bf16: grid {p_c.grid}, BLOCK_S={p_c.block_s} "
+      f"BLOCK_H={p_c.block_h} B_CHUNK={p_c.chunk}, {p_c.num_warps} warps; y == x")
+if GPU:
+    from triton.testing import do_bench
+    t_copy = do_bench(lambda: y_c.copy_(x_c), quantiles=[0.5, 0.2, 0.8])
+    t_tile = do_bench(lambda: copy_on_tile(x_c, y_c), quantiles=[0.5, 0.2, 0.8])
+    tile_ratio = t_copy[0] / t_tile[0]
+    rung_ratio = tab["s4096-b8"]["equal_halves"]["ratio_to_copy"]   # the probe's, committed
+    print(f"y.copy_(x) {t_copy[0] * 1e3:.1f} us; the copy on rung 6's tile "
+          f"{t_tile[0] * 1e3:.1f} us: {tile_ratio:.3f} of a copy (the rung, in the probe's "
+          f"run: {rung_ratio:.3f})")
+    if abs(tile_ratio - rung_ratio) < abs(1 - tile_ratio):
+        print("nearer the rung than a copy: the tile, batch loop and grid hold the gap")
+    else:
+        print("nearer a copy than the rung: the gap is in the rotation's loads and arithmetic")
+else:
+    print("Timing needs a GPU: here the cell checks only that the kernel copies.")
 
 # %% [markdown]
 # ## 6. Past the finished kernel: two passes for large tensors
@@ -2378,10 +2449,50 @@ assert [said(pr[c][probe_cols[4]]["ratio_to_copy"] - pr[c][probe_cols[0]]["ratio
 assert [one_gib[c] for c in probe_cols[:5]] == ["0.994", "0.938", "0.948", "0.896", "0.993"]
 
 # %% [markdown]
-# Reading half the table is slower in every case (0.896 of a copy at 1 GiB against 0.948); why
-# is not measured here, nor is its machine code read (one candidate: a select in an address can
-# hide contiguity and split a 16-byte load into scalar ones, as Exercise 2's note explains).
-# Holding both members in one thread reaches 0.993 at 1 GiB with the same fp32 rows, level with
+# Reading half the table is slower in every case (0.896 of a copy at 1 GiB against 0.948). One
+# candidate is in the machine code: a select in an address (`tl.where(first, d, d - HALF)`, the
+# column `rows=paired` reads) can hide contiguity from Triton and split a 16-byte load into
+# narrower ones, as Exercise 2's note explains. The cell below compiles the probe's two kernels
+# (`_flat_rows` in `benchmarks/paired_rows_probe.py`, `ROWS=1` and `ROWS=2`, at the probe's
+# launch: 1,024 elements a program on 4 warps, the 1 GiB sbhd case) for sm_90 and counts a
+# thread's global loads by the bytes each moves.
+
+# %%
+_spec = importlib.util.spec_from_file_location("paired_rows_probe",
+                                               ROOT / "benchmarks" / "paired_rows_probe.py")
+paired_probe = importlib.util.module_from_spec(_spec)    # the probe's kernels, for their code
+_spec.loader.exec_module(paired_probe)
+S1G, B1G, H1G, D1G = 16384, 8, 32, 128                   # "bf16 sbhd 1 GiB s16k b8"
+rows_code = {}
+for mode, label in ((1, "rows=fp32"), (2, "rows=paired")):
+    args = dict(x_ptr=torch.empty(16, dtype=torch.bfloat16),
+                y_ptr=torch.empty(16, dtype=torch.bfloat16), cos_ptr=torch.empty(16),
+                sin_ptr=torch.empty(16), N=S1G * B1G * H1G * D1G, S=S1G, B=B1G, H=H1G, D=D1G,
+                LAYOUT=0, ROWS=mode, XBLOCK=1024)
+    sc = load_schedule.schedule(paired_probe._flat_rows, args, num_warps=4)
+    rows_code[label] = sc
+    print(f"{label:12s} sm_90, Triton {triton.__version__}: loads by bytes "
+          + ", ".join(f"{n} of {b}" for b, n in load_schedule.load_widths(sc).items())
+          + f"; {sc['early']} of {len(sc['loads'])} before the first multiply; "
+            f"{sc['registers']} registers, {sc['instructions']} instructions")
+widths_of = {k: load_schedule.load_widths(sc) for k, sc in rows_code.items()}
+# does the select split a load? the same loads by width in both kernels: no
+select_splits = widths_of["rows=fp32"] != widths_of["rows=paired"]
+print(f"with Triton {triton.__version__} the select "
+      + ("changes a thread's loads" if select_splits else
+         "leaves a thread's loads as they are: the same loads, by width, in both kernels"))
+assert all(widths_of.values())
+
+# %% [markdown]
+# The cell prints its answer for the Triton it runs on. With Triton 3.6, the compiler of the
+# committed GPU runs, and 3.9, the CPU install's, the select does not split a load: both kernels
+# issue six 16-byte loads a thread and no narrower one, so the width of the loads does not
+# explain the slower half-table read. What the 3.6 compile does change is when they go out:
+# `rows=fp32` issues all six before its first multiply, `rows=paired` three (printed on the
+# H200 page; the order is the compiler's, so the cell prints it rather than checks it). Fewer
+# loads in flight while a thread waits is a candidate for the slower read; this notebook does
+# not time it apart from the other difference, how the two halves of a head meeting on the same
+# table rows share L1 and L2. Holding both members in one thread reaches 0.993 at 1 GiB with the same fp32 rows, level with
 # torch.compile's 0.994 on its bf16 table, and 0.001 and 0.002 ahead of it in the two 256 MiB
 # cases. That is ropelib's flat pass for rotate-half pairs (`_rotate_pairs` in
 # `ropelib/kernels/flat.py`, on `tiles.TWO_PASS_PAIR_WARPS` = 2 warps), the pass this section's
@@ -2861,9 +2972,10 @@ def timing_inputs(shape):
 def time_against_copy(x, y, want, yours, solution, others=()):
     """Time y.copy_(x), each of your launches (yours: name -> (passed its check, a call that
     writes y)), the worked solution's (a call that writes y) and `others` ((name, call) pairs)
-    with do_bench; print each median and its speed as a fraction of the copy's. Yours are timed
-    only once they pass their check, and only after their output at this size is asserted to be
-    `want` (the reference); a solution of None is not timed."""
+    with do_bench; print each median and its speed as a fraction of the copy's, and return those
+    fractions by name. Yours are timed only once they pass their check, and only after their
+    output at this size is asserted to be `want` (the reference); a solution of None is not
+    timed."""
     from triton.testing import do_bench
     print(f"x {list(x.shape)} {str(x.dtype).replace('torch.', '')} "
           f"({x.numel() * x.element_size() >> 20} MiB), {runtime.mode()}: median us "
@@ -2882,10 +2994,24 @@ def time_against_copy(x, y, want, yours, solution, others=()):
         timed["worked solution"] = solution
     timed.update(others)
     copy_ms = do_bench(lambda: y.copy_(x), quantiles=[0.5, 0.2, 0.8])
+    ratios = {}
     for name, run in {"y.copy_(x)": None, **timed}.items():
         ms = copy_ms if run is None else do_bench(run, quantiles=[0.5, 0.2, 0.8])
+        ratios[name] = copy_ms[0] / ms[0]
         print(f"  {name:26s} {ms[0] * 1e3:7.1f} us ({ms[1] * 1e3:.1f}-{ms[2] * 1e3:.1f})  "
-              f"{copy_ms[0] / ms[0]:.2f} of a copy")
+              f"{ratios[name]:.2f} of a copy")
+    return ratios
+
+
+def against_committed(live, committed, band=0.15):
+    """Print each live ratio to a copy beside the committed run's for the same shape, and
+    assert it lies within `band` (a fraction) of it: another GPU, driver or day moves a ratio
+    by a few per cent, not by a sixth."""
+    for name, (was, where) in committed.items():
+        print(f"  {name:26s} live {live[name]:.3f} of a copy; committed {was:.3f} ({where})")
+        assert abs(live[name] / was - 1) <= band, \
+            f"{name}: {live[name]:.3f} of a copy here, {was:.3f} committed: more than " \
+            f"{band:.0%} apart"
 
 
 def launch_interleaved(kernel, x, y, freqs, *, block_s, block_h, chunk, num_warps):
@@ -2909,7 +3035,7 @@ def time_exercise_1(shape):
         return lambda: launch_interleaved(kernel, x, y, freqs, block_s=p.block_s,
                                           block_h=p.block_h, chunk=p.chunk, num_warps=p.num_warps)
 
-    time_against_copy(x, y, reference.rope_reference(x, freqs, interleaved=True),
+    live = time_against_copy(x, y, reference.rope_reference(x, freqs, interleaved=True),
                       yours={"yours (Exercise 1)": (ex1_passed, run(my_interleaved_tile_kernel)),
                              "yours (Exercise 1b)": (ex1b_passed,
                                                      run(my_interleaved_vector_kernel))},
@@ -2920,9 +3046,18 @@ def time_exercise_1(shape):
     # one-pass kernel for the whole timing (entering the block forgets the plans; calls inside
     # it plan once, as calls outside do)
     with forced("finished"):
-        time_against_copy(x, y, None, yours={}, solution=None,
-                          others=[("ropelib's finished kernel", lambda: ropelib.apply_rope(
-                              x, freqs_sbhd, interleaved=True))])
+        live.update(time_against_copy(x, y, None, yours={}, solution=None,
+                                      others=[("ropelib's finished kernel",
+                                               lambda: ropelib.apply_rope(
+                                                   x, freqs_sbhd, interleaved=True))]))
+    if GPU and tuple(shape) == (4096, 8, 32, 128):
+        # section 6's committed run at this shape (rotate-half pairs, forward): the finished
+        # kernel forced, and apply_rope as it plans the call
+        runs = measured.two_pass()[("bf16 sbhd 256 MiB s4k b8", "forward")]
+        where = measured.where(measured.load("two_pass")[0])
+        against_committed(live, {
+            "ropelib's finished kernel": (runs["finished"]["ratio_to_copy"], where),
+            "apply_rope (two passes)": (runs["auto"]["ratio_to_copy"], where)})
 
 
 if GPU:
@@ -2932,7 +3067,13 @@ else:
           "here the checks above are all there is.")
 
 # %% [markdown]
-# On a GPU, read the lines in pairs. The worked solution and ropelib's finished kernel form
+# On a GPU the cell ends with two more lines: ropelib's finished kernel and `apply_rope` as
+# timed here beside the ratios section 6's committed H200 run measured at the same shape
+# (rotate-half pairs there, interleaved here), and it asserts each live ratio within 15 % of
+# the committed one: a machine whose copy and kernels relate very differently from the run the
+# text reads shows up here, not as prose that no longer fits.
+#
+# Read the lines in pairs. The worked solution and ropelib's finished kernel form
 # their pairs the same way: whole rows in and out, split and joined in registers (the cell
 # after the solution counts its 16-byte vectors). Where their lines differ, look at what else
 # differs: how each reads its angles and turns them into cos and sin, and the code around the
