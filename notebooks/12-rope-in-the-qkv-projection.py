@@ -1016,30 +1016,59 @@ bare_8192 = measured("nvidia-h200", "triton_gemm", "fwd", 8192)["ms"]
 assert round(bare_8192, 2) == 0.67 and round(ep[8192] / bare_8192, 2) == 0.17   # "17 % of 0.67 ms"
 
 # %% [markdown]
-# **What the main loop waits on.** `benchmarks/qkv_forward_ncu_probe.py` ran each forward once
-# under Nsight Compute at 8192 tokens, beside a probe kernel of the same tile that loads with
-# TMA (section 3's probe). The profiler fixes the clocks, so compare its times only with each
-# other. A slower kernel has fewer resident warps, more instructions, or longer waits:
+# **What the main loop waits on.** `benchmarks/qkv_forward_ncu_probe.py` ran the first design
+# once under Nsight Compute at 8192 tokens: ropelib's pointer-loaded forward,
+# `_qkv_rope_fwd_kernel` (`product_fused` in the table below; `product_bare` is the same kernel
+# with its rotation off), the one that still serves GPUs without TMA, not the persistent
+# forward 7.1 timed. Beside it ran a probe kernel of the same tile that loads with TMA (section
+# 3's probe: `probe_fused`, and `probe_bare` without the epilogue). The profiler fixes the
+# clocks, so compare its times only with each other. A slower kernel has fewer resident warps,
+# more instructions, or longer waits:
 #
 # - **Resident warps: the same**, one 8-warp program per SM (achieved occupancy 12.4 to 12.5 %).
-# - **Instructions: about the same**, 145 M warp instructions for ropelib's fused forward, 152 M
+# - **Instructions: about the same**, 145 M warp instructions for the pointer-loaded forward, 152 M
 #   for the probe's.
-# - **Waits: not the same.** A warp of ropelib's kernel waits 8.2 cycles between two issued
-#   instructions, the probe's 6.4: 1.8 more. *Dispatch* stalls (an instruction picked but not
-#   sent on) add 2.0 (2.2 against 0.16), *LG throttle* (a full queue of global-memory
-#   instructions) 0.4 (0.4 against 0.00), and the probe waits at barriers instead (1.9 cycles
-#   against 0.4: −1.5).
+# - **Waits: not the same.** A warp of the pointer-loaded forward waits 8.2 cycles between two issued
+#   instructions, the probe's 6.4: 1.8 more.
+#
+# Nsight Compute splits those cycles into **stall reasons**: for every cycle a warp was not
+# issued, the state it was in. Three reasons carry the 1.8 cycles; here is what each means, and
+# how much of it the committed data can explain.
+#
+# - **LG throttle**, +0.4 (0.4 against 0.00): the warp's next instruction was a global-memory
+#   one (L for local, G for global) and the SM's queue for such instructions was full, so it
+#   could not be sent. This one the data explain. Compiled for sm_90 (the listing printed
+#   below, the Triton of the profile), a pointer-loaded GEMM of this tile (128 × 128 × 64,
+#   8 warps, 4 stages) copies its tiles with 32 `cp.async` instructions and no TMA load: what
+#   copies of 16 bytes a thread come to, an X tile and a W tile of 16 KiB each over 256
+#   threads being 8 a stage, 32 over 4 stages. So every warp sends a stream of global-memory
+#   instructions into that queue on every K step. The probe's listing has no `cp.async` at all,
+#   only 8 TMA loads (2 tiles × 4 stages): each is one instruction, from one thread, for a whole
+#   tile, and it goes to the TMA unit, not into the queue. Hence its 0.00.
+# - **Dispatch stall**, +2.0 (2.2 against 0.16): the scheduler had picked the warp's
+#   instruction, and the dispatch unit held it back, for a conflict that the counter does not
+#   name: it counts the cycles, not the cause. This is the largest term, and it is measured,
+#   not explained. Nothing in this profile (stall reasons, occupancy, throughputs; no count of
+#   instructions by kind or by pipe) says which instructions were held back, or why.
+# - **Barrier**, −1.5 (the probe 1.9 against 0.4): the warp had reached a barrier that every
+#   warp of its program must reach (what `tl.debug_barrier()` or CUDA's `__syncthreads()`
+#   compile to) and was waiting for the others. The compiler placed these barriers; the listing
+#   does not count them and the profile does not say which one the warps waited at. So this
+#   term too is measured, not explained: the probe's warps wait 1.5 cycles an instruction longer
+#   at barriers, and the profile does not say why. (A TMA kernel also waits on barriers of
+#   another kind, in shared memory, which its TMA loads signal when a tile has arrived: see the
+#   persistent kernel further on in this section. Whether those waits are counted under this reason, the profile
+#   does not say either.)
 #
 # At equal occupancy time goes as instructions times cycles per instruction:
 # $0.95 \times 1.29 = 1.23$, against the 1.22 the profile's times give, so these numbers account
-# for the gap. The loads explain the smaller part: with pointer loads every thread issues its
-# own copies, a stream of memory instructions that fills the queue (the LG-throttle term); with
-# TMA one instruction asks the copy engine for a whole tile, and the warps wait on a barrier
-# instead. The largest term, the dispatch stalls, the profile does not explain: its counters say
-# that a picked instruction was not sent on, not why. ropelib's bare GEMM shows the same waits,
-# so they come from the main loop, not the epilogue; the epilogue adds 6 % more instructions
-# (145 M against 136 M) at the same 8.2 cycles each. cuBLAS issues a third of the instructions
-# (49 M), each waited on longer (20.0 cycles), with 168 registers a thread and 14.8 % occupancy.
+# for the gap. Only its smaller part, the LG throttle, has a cause the data show (the pointer
+# loads' `cp.async` stream); the dispatch stalls, the largest part, and the probe's barrier
+# waits have none that these counters show. Its bare GEMM (`product_bare`) shows the same
+# waits (dispatch 2.3, LG throttle 0.4), so they come from the main loop, not the epilogue; the
+# epilogue adds 6 % more instructions (145 M against 136 M) at the same 8.2 cycles each. cuBLAS
+# issues a third of the instructions (49 M), each waited on longer (20.0 cycles), with 168
+# registers a thread and 14.8 % occupancy.
 #
 # TMA alone is no guarantee, and this answers section 3's question. The probe's bare TMA GEMM
 # (`probe_bare`) is section 3's 4-stage bare GEMM, 128 × 128 × 64 on 8 warps, and it was the
@@ -1070,7 +1099,13 @@ for call, m in prof.items():
           f"{m['Achieved Occupancy']:8.1f} {m['smsp__inst_executed.sum'] / 1e6:8.0f} "
           f"{m['Warp Cycles Per Issued Instruction']:9.2f} {m[STALL.format('dispatch_stall')]:8.2f} "
           f"{m[STALL.format('lg_throttle')]:5.2f} {m[STALL.format('barrier')]:8.2f}")
-ours, tma_probe = prof["product_fused"], prof["probe_fused"]     # ropelib's forward, the probe's
+ours, tma_probe = prof["product_fused"], prof["probe_fused"]     # the pointer-loaded forward, the probe's
+# which kernels these are: the first design (pointer loads) and the probe's TMA kernels
+kernel_of = {r["call"]: r["kernel"] for r in compare.read_csv(NCU)}
+print("kernels profiled: " + ", ".join(f"{c} = {k}" for c, k in kernel_of.items()))
+assert kernel_of["product_fused"] == kernel_of["product_bare"] == "_qkv_rope_fwd_kernel"
+assert kernel_of["probe_fused"] == "_qkv_rope_descriptors" and kernel_of["probe_bare"] == "_gemm_descriptors"
+assert "_qkv_rope_fwd_kernel" != qkv_gemm._qkv_rope_fwd_tma_kernel.fn.__name__   # not the TMA forward
 triton_kernels = ("product_bare", "product_fused", "probe_bare", "probe_fused")
 # what the text says: one 8-warp program per SM for every Triton kernel, 12.4-12.5 % achieved
 assert all(round(prof[c]["Achieved Occupancy"], 1) in (12.4, 12.5) for c in triton_kernels)
@@ -1090,7 +1125,7 @@ assert round(prof["probe_bare"][STALL.format("barrier")], 2) == 4.85
 more = {r: ours[STALL.format(r)] - tma_probe[STALL.format(r)] for r in ("dispatch_stall", "lg_throttle", "barrier")}
 cpi = ours["Warp Cycles Per Issued Instruction"] / tma_probe["Warp Cycles Per Issued Instruction"]
 inst = ours["smsp__inst_executed.sum"] / tma_probe["smsp__inst_executed.sum"]
-print(f"ropelib's forward against the probe's: {ours['Warp Cycles Per Issued Instruction'] - tma_probe['Warp Cycles Per Issued Instruction']:.2f} "
+print(f"the pointer-loaded forward against the probe's: {ours['Warp Cycles Per Issued Instruction'] - tma_probe['Warp Cycles Per Issued Instruction']:.2f} "
       f"cycles more an instruction (" + ", ".join(f"{r} {v:+.2f}" for r, v in more.items())
       + f"); instructions x cycles {inst:.2f} x {cpi:.2f} = {inst * cpi:.2f}, time "
       f"{ours['Duration'] / tma_probe['Duration']:.2f}")
@@ -1100,6 +1135,22 @@ assert max(more, key=more.get) == "dispatch_stall"
 assert (round(inst, 2), round(cpi, 2), round(inst * cpi, 2), round(ours["Duration"] / tma_probe["Duration"], 2)) \
     == (0.95, 1.29, 1.23, 1.22)
 assert max(triton_kernels, key=lambda c: prof[c]["Duration"]) == "probe_bare"   # the slowest
+# the LG throttle's cause: the copy instructions of a pointer-loaded GEMM of the probe's tile and
+# of the probe itself, compiled for sm_90 with the profile's Triton (the listing of 7.3)
+LISTING = RESULTS / "qkv_mainloop_sass-triton3.6-sm90.txt"
+compare.note_read(LISTING)                # a compiler listing: read as text
+assert ncu_meta["triton"] == "3.6.0" and "Triton 3.6.0" in LISTING.read_text().splitlines()[0]
+copies = {}
+for name in ("pointers", "fused 1 acc table"):
+    (hit,) = re.findall(rf"^{name}\s+128x128x64 w8 s4: .*TMA loads (\d+), .*cp\.async (\d+)$",
+                        LISTING.read_text(), re.M)
+    copies[name] = dict(tma=int(hit[0]), cp_async=int(hit[1]))
+print("compiled for sm_90, 128 x 128 x 64, 8 warps, 4 stages: " + "; ".join(
+    f"{name}: {c['cp_async']} cp.async, {c['tma']} TMA loads" for name, c in copies.items()))
+tile_bytes, stages_, threads_ = 128 * 64 * 2, 4, 32 * 8     # an X or W tile, bf16
+assert copies["pointers"] == dict(tma=0, cp_async=stages_ * 2 * tile_bytes // (threads_ * 16))
+assert copies["pointers"]["cp_async"] == 32 and tile_bytes == 16 * 1024
+assert copies["fused 1 acc table"] == dict(tma=2 * stages_, cp_async=0)      # the probe
 # section 3's question: the 4-stage bare GEMM (probe_bare) against the one-accumulator kernel of
 # the same tile (probe_fused); about the same instructions, more cycles each, all of them (and
 # more) barrier waits
@@ -1131,6 +1182,8 @@ assert round(ours["smsp__inst_executed.sum"] / bare_prof["smsp__inst_executed.su
 assert round(ours["Duration"] / bare_prof["Duration"], 2) == 1.07
 assert ours["Warp Cycles Per Issued Instruction"] == bare_prof["Warp Cycles Per Issued Instruction"] == 8.2
 assert round(bare_prof["smsp__inst_executed.sum"] / 1e6) == 136
+assert (round(bare_prof[STALL.format("dispatch_stall")], 1),
+        round(bare_prof[STALL.format("lg_throttle")], 1)) == (2.3, 0.4)     # "the same waits"
 # cuBLAS: a third of the instructions, 20.0 cycles each, 168 registers, 14.8 % occupancy
 cublas_prof = prof["cublas"]
 assert round(ours["smsp__inst_executed.sum"] / cublas_prof["smsp__inst_executed.sum"]) == 3
@@ -1229,6 +1282,106 @@ assert [round(early[BARE_TMA, t], 2) for t in TOKENS] == [0.97, 1.00]
 for t in TOKENS:
     assert rounds["2207", t, POINTERS] < rounds["2207", t, UNFUSED] < rounds["2207", t, TWO]
     assert rounds["2204", t, ONE_HEAD] < rounds["2204", t, TWO]
+
+# %% [markdown]
+# **Try it: a persistent main loop with TMA loads.** The kernel below is exercise 1's forward
+# (the worked epilogue written in) on the shipped forward's kind of main loop, small enough to
+# read in one screen. Two things change, and only in the main loop:
+#
+# - **A persistent grid.** The launch starts `PROGRAMS` programs, not one per tile (on a GPU
+#   one per SM: the H200 profiled above has 132). Program $p$ walks the tiles
+#   $t = p,\; p + \text{PROGRAMS},\; p + 2\,\text{PROGRAMS}, \dots$ up to the last of the
+#   $\lceil M / B_M \rceil \cdot H$ (token tile, head) tiles, and sets its accumulators to
+#   zero at the start of each.
+# - **TMA descriptors.** `tl.make_tensor_descriptor` describes $X$ and $W$ once: base, shape,
+#   strides and the tile shape a load fetches. `x_desc.load([m0, k0])` then fetches the whole
+#   $[B_M, B_K]$ tile at those coordinates, and rows or columns past the tensor's edge come back
+#   as zeros, so the K loop and the last token tile need no masks. (TMA asks that every stride
+#   but the last be a multiple of 16 bytes: the check's hidden sizes are multiples of 4 fp32.)
+#   The epilogue still loads cos and sin and stores by pointer, as the shipped kernel's does.
+#
+# Triton's interpreter runs the kernel on this CPU as plain copies: it checks the indexing, not
+# the speed. On a Hopper GPU a descriptor load compiles to one TMA instruction, issued by one
+# thread, which the TMA unit completes into shared memory while the warps wait on a barrier in
+# shared memory before their MMA; exercise 1's pointer loads compile, once Triton pipelines them,
+# to the `cp.async` copies that every thread issues (32 at the profiled tile, counted above). The
+# next cell prints where the shipped kernel does both. It does two more things this one leaves
+# out: it walks the tiles in groups of `GROUP_M` token tiles (so that tiles running at the same
+# time share their $W$ tiles in the L2 cache), and it holds two heads a tile.
+#
+# The check launches your kernel on 3 and then on 5 programs, fewer than every case's tiles (8
+# to 10), into NaN: a program that stops after one tile leaves tiles unwritten, and the check
+# says where. Edit it and rerun: walk the tiles in another order (head-major, or grouped), or
+# break the loop to see the check fail.
+
+# %%
+@triton.jit
+def my_persistent_qkv_kernel(
+    x_ptr,  # *x: input [M, K], contiguous; K x its itemsize a multiple of 16 bytes (TMA)
+    w_ptr,  # *weight: [N, K], contiguous, N = H D: q's heads' rows, then k's, then v's
+    out_ptr,  # *qkv: output [M, H, D], contiguous, same dtype as x
+    cos_ptr, sin_ptr,  # *fp32: [P, D // 2] each, cos and sin of position p's angles
+    pos_ptr,  # *int64: [M], each token's position (its row of cos and sin)
+    M, K,  # tokens, hidden size
+    H,  # heads of q, k and v together: HQ + 2 HK
+    N_ROT,  # HQ + HK: heads h < N_ROT are q's and k's (rotated), the others v's
+    D: tl.constexpr,  # head dim (a power of two, D // 2 >= 16)
+    BLOCK_M: tl.constexpr,  # tokens per tile (>= 16)
+    BLOCK_K: tl.constexpr,  # hidden columns per step of the K loop (>= 16)
+    PROGRAMS: tl.constexpr,  # programs launched (on a GPU: one per SM)
+):
+    # grid (PROGRAMS,): each program walks the (token tile, head) tiles PROGRAMS apart
+    HALF: tl.constexpr = D // 2
+    x_desc = tl.make_tensor_descriptor(x_ptr, shape=[M, K], strides=[K, 1],
+                                       block_shape=[BLOCK_M, BLOCK_K])
+    w_desc = tl.make_tensor_descriptor(w_ptr, shape=[H * D, K], strides=[K, 1],
+                                       block_shape=[HALF, BLOCK_K])    # half a head's rows
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    j = tl.arange(0, HALF)                                    # [HALF] pair index
+    for tile in range(tl.program_id(0), tiles_m * H, PROGRAMS):
+        h = tile // tiles_m                                   # the tile's head
+        m0 = (tile % tiles_m) * BLOCK_M                       # its first token
+        acc_a = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)   # features j
+        acc_b = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)   # features j + D/2
+        for k0 in range(0, K, BLOCK_K):                       # past the edges TMA reads zeros
+            x = x_desc.load([m0, k0])                                           # [BLOCK_M, BLOCK_K]
+            acc_a = tl.dot(x, w_desc.load([h * D, k0]).T, acc_a)                # W^T [BLOCK_K, HALF]
+            acc_b = tl.dot(x, w_desc.load([h * D + HALF, k0]).T, acc_b)
+        # --- the epilogue, as in exercise 1: pointer loads and stores, masked ---
+        m = m0 + tl.arange(0, BLOCK_M)
+        m_ok = m < M
+        if h < N_ROT:
+            p = tl.load(pos_ptr + m, mask=m_ok, other=0)
+            cs = p[:, None] * HALF + j[None, :]
+            c = tl.load(cos_ptr + cs, mask=m_ok[:, None], other=1.0)
+            s = tl.load(sin_ptr + cs, mask=m_ok[:, None], other=0.0)
+            acc_a, acc_b = acc_a * c - acc_b * s, acc_b * c + acc_a * s
+        out = out_ptr + (m[:, None] * H + h) * D + j[None, :]
+        tl.store(out, acc_a.to(out_ptr.dtype.element_ty), mask=m_ok[:, None])
+        tl.store(out + HALF, acc_b.to(out_ptr.dtype.element_ty), mask=m_ok[:, None])
+
+
+persistent_ok = ex.check_persistent_kernel(my_persistent_qkv_kernel)
+print("programs launched / tiles in each case: " + ", ".join(
+    f"{programs}/{triton.cdiv(c[0], c[5]) * (c[2] + 2 * c[3])}"
+    for c in ex.CASES for programs in ex.PERSISTENT_PROGRAMS))
+assert all(max(ex.PERSISTENT_PROGRAMS) < triton.cdiv(c[0], c[5]) * (c[2] + 2 * c[3])
+           for c in ex.CASES)                                   # "fewer than every case's tiles"
+assert prof["cublas"]["# SMs"] == 132                           # the H200's SMs (the profile)
+
+# %%
+# where the shipped forward does the same: its descriptors, its persistent loop over the tiles,
+# and the one load of an X tile and a W tile (two heads) a K step
+import inspect
+
+for fn in (qkv_gemm._qkv_rope_fwd_tma_kernel.fn, qkv_gemm._tma_tiles.fn):
+    lines, first_line = inspect.getsourcelines(fn)
+    shown = [(first_line + i, line.rstrip()) for i, line in enumerate(lines)
+             if re.search(r"make_tensor_descriptor|tl\.range\(tl\.program_id|_desc\.load", line)]
+    print(f"ropelib/kernels/qkv_gemm.py, {fn.__name__} (from line {first_line}):")
+    for number, line in shown:
+        print(f"  {number:5d}  {line.strip()}")
+    assert shown, fn.__name__
 
 # %% [markdown]
 # **Answer:** the first forward lost in its main loop, and again in its epilogue. Its warps

@@ -361,3 +361,74 @@ def test_a_launch_without_rotation_stores_the_projection(kernel):
     rotated = torch.full_like(out, float("nan"))
     ex.launch_forward(kernel, x, w, rotated, nan, nan, pos, HQ, HK, D, BLOCK_M, BLOCK_K)
     assert rotated[:, :HQ + HK].isnan().all() and not rotated[:, HQ + HK:].isnan().any()
+
+
+# --- the persistent TMA forward (section 7.2's editable kernel) --------------------------------
+
+def _notebook_persistent(name="my_persistent_qkv_kernel", *replacements):
+    """The notebook's persistent kernel, compiled in a file of its own as a learner runs it,
+    with each (old, new) replaced (each must occur)."""
+    src = _notebook_kernel("my_persistent_qkv_kernel")
+    for old, new in replacements:
+        assert old in src, old
+        src = src.replace(old, new)
+    path = _COPIES / f"{name}_{next(_count)}.py"
+    path.write_text(src, encoding="utf-8")
+    namespace = {"triton": triton, "tl": tl, "__name__": f"learner_{path.stem}",
+                 "__file__": str(path)}
+    exec(compile(src, str(path), "exec"), namespace)  # noqa: S102 -- the notebook's source
+    return namespace["my_persistent_qkv_kernel"]
+
+
+def test_the_notebooks_persistent_kernel_passes(capsys):
+    assert ex.check_persistent_kernel(_notebook_persistent(), seed=12)
+    out = capsys.readouterr().out
+    assert out.count("✅") == len(ex.PERSISTENT_PROGRAMS) and "❌" not in out
+
+
+@pytest.mark.parametrize("why, replacements", [
+    ("one tile a program: not persistent",
+     [("for tile in range(tl.program_id(0), tiles_m * H, PROGRAMS):",
+       "for tile in range(tl.program_id(0), tl.program_id(0) + 1):")]),
+    ("a fixed stride, larger than the programs launched",
+     [("for tile in range(tl.program_id(0), tiles_m * H, PROGRAMS):",
+       "for tile in range(tl.program_id(0), tiles_m * H, 7):")]),
+    ("the accumulators not reset for each tile",
+     [("        acc_a = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)   # features j\n"
+       "        acc_b = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)   # features j + D/2\n", ""),
+      ("    for tile in range(", "    acc_a = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)\n"
+       "    acc_b = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)\n    for tile in range(")]),
+    ("head and token tile swapped", [("h = tile // tiles_m", "h = tile % H"),
+                                     ("m0 = (tile % tiles_m) * BLOCK_M",
+                                      "m0 = (tile // H) * BLOCK_M")]),
+    ("the partner half read from the wrong rows",
+     [("w_desc.load([h * D + HALF, k0])", "w_desc.load([h * D, k0])")]),
+])
+def test_persistent_mistakes_fail(why, replacements, capsys):
+    kernel = _notebook_persistent("mutated_persistent", *replacements)
+    if why == "head and token tile swapped":     # a valid order of the same tiles: still right
+        assert ex.check_persistent_kernel(kernel, seed=13), capsys.readouterr().out
+        return
+    assert not ex.check_persistent_kernel(kernel, seed=13), why
+    assert "❌" in capsys.readouterr().out
+
+
+@triton.jit
+def _persistent_calls_teaching(x_ptr, w_ptr, out_ptr, cos_ptr, sin_ptr, pos_ptr, M, K, H, N_ROT,
+                               D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                               PROGRAMS: tl.constexpr):
+    HALF: tl.constexpr = D // 2
+    m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    a = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
+    c = tl.zeros((BLOCK_M, HALF), dtype=tl.float32)
+    a, b = common.rotate_pair(a, a, c, c, c, c)
+    tl.store(out_ptr + m[:, None] * H * D + tl.arange(0, HALF)[None, :], a, mask=(m < M)[:, None])
+
+
+def test_persistent_check_refuses_library_code(capsys):
+    assert not ex.check_persistent_kernel(_persistent_calls_teaching, seed=14)
+    out = capsys.readouterr().out
+    assert "rotate_pair" in out and "write it yourself" in out, out
+    for answer in (ropelib.qkv_rope_linear, qkv_teaching._qkv_rope_teaching_kernel, None):
+        assert not ex.check_persistent_kernel(answer, seed=14)
+        assert "❌" in capsys.readouterr().out

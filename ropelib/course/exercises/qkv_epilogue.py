@@ -9,6 +9,9 @@ The learner edits two small Triton GEMMs whose main loops are written (the signa
   by each token's angles before it is stored, and stores a v head as it is;
 * the same forward holding the head as one accumulator [BLOCK_M, D] (one tl.dot a K step, as
   ropelib's forward does): the epilogue splits it into its two halves, rotates, and joins them;
+* the forward on a persistent main loop with TMA loads (section 7.2's editable kernel, written
+  out in the notebook): PROGRAMS programs walk the (token tile, head) tiles; its check launches
+  fewer programs than tiles, twice, with different counts (check_persistent_kernel);
 * the dX GEMM, grid (cdiv(M, BLOCK_M), cdiv(K, BLOCK_K)), looping over the heads: the prologue
   turns the gradient of a rotated q or k head into the gradient of the projection,
   dY = R(-theta) dL/dq, as the tile is loaded, so dY is never written.
@@ -41,6 +44,7 @@ from . import _compare, check, exception_line, is_blank_kernel, is_kernel, solut
 from .own_code import fresh_seed, launch_barred
 
 __all__ = ["check_epilogue_kernel", "check_split_epilogue_kernel", "check_prologue_kernel",
+           "check_persistent_kernel", "launch_persistent", "PERSISTENT_PROGRAMS",
            "show_epilogue_solution", "show_split_epilogue_solution", "show_prologue_solution", "reference_qkv", "reference_dx", "draw_inputs",
            "launch_forward", "launch_dx", "CASES"]
 
@@ -104,6 +108,32 @@ def launch_forward(kernel, x, weight, out, cos, sin, positions, HQ, HK, D, BLOCK
     n_rot = HQ + HK if rotate else 0
     kernel[(triton.cdiv(M, BLOCK_M), H)](x, weight, out, cos, sin, positions, M, K, H, n_rot,
                                          D=D, BLOCK_M=BLOCK_M, BLOCK_K=BLOCK_K)
+
+
+# programs the persistent check launches: fewer than every case's tiles (8, 10 and 8), so a kernel
+# that does not walk its tiles leaves some unwritten; two counts, so none is built into it
+PERSISTENT_PROGRAMS = (3, 5)
+
+
+def _descriptor_scratch(size: int, alignment: int, stream):
+    """The scratch a launch's device-side descriptors ask for: torch's caching allocator."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def launch_persistent(kernel, x, weight, out, cos, sin, positions, HQ, HK, D, BLOCK_M, BLOCK_K,
+                      programs, rotate=True):
+    """Launch a persistent forward kernel (the teaching kernel's signature and a last constexpr
+    PROGRAMS) on `programs` programs, each walking the (token tile, head) tiles
+    program_id, program_id + PROGRAMS, ... On a GPU, set the allocator Triton asks for the
+    scratch of descriptors made in a kernel (tl.make_tensor_descriptor): this module's own, so
+    that the launch calls no code of the library (the check refuses answers that do)."""
+    if not runtime.INTERPRET:
+        triton.set_allocator(_descriptor_scratch)
+    M, K = x.shape
+    H = HQ + 2 * HK
+    n_rot = HQ + HK if rotate else 0
+    kernel[(programs,)](x, weight, out, cos, sin, positions, M, K, H, n_rot,
+                        D=D, BLOCK_M=BLOCK_M, BLOCK_K=BLOCK_K, PROGRAMS=programs)
 
 
 def launch_dx(kernel, grad_qkv, weight, grad_x, cos, sin, positions, HQ, HK, D, BLOCK_M,
@@ -187,7 +217,7 @@ def _run_cases(name: str, what: str, kernel, seed: Optional[int], make_output: C
 
 
 def _check_forward(name: str, what: str, kernel, seed: Optional[int], hint: str,
-                   structure: Optional[Callable] = None) -> bool:
+                   structure: Optional[Callable] = None, programs: Optional[int] = None) -> bool:
     """Launch a forward kernel (the teaching kernel's signature) into a NaN qkv [M, H, D] inside
     NaN guard bands and compare it with the fp64 reference."""
     if not _ready(name, kernel, "out_ptr"):
@@ -201,7 +231,10 @@ def _check_forward(name: str, what: str, kernel, seed: Optional[int], hint: str,
 
     def launch(kernel, case, inputs, kin, out):
         x, w, cos, sin, pos = inputs
-        launch_forward(kernel, x, w, out, cos, sin, pos, *case[2:])
+        if programs is None:
+            launch_forward(kernel, x, w, out, cos, sin, pos, *case[2:])
+        else:
+            launch_persistent(kernel, x, w, out, cos, sin, pos, *case[2:], programs)
 
     def expected(case, inputs, kin):
         HQ, HK, D = case[2:5]
@@ -264,6 +297,24 @@ def check_split_epilogue_kernel(kernel, seed: Optional[int] = None) -> bool:
              "tl.permute to [BLOCK_M, D/2, 2] moves them last, where tl.split separates them; "
              "rotate, then tl.join and the inverse permute and reshape give [BLOCK_M, D] back",
         structure=_matrix_multiplies)
+
+
+def check_persistent_kernel(kernel, seed: Optional[int] = None) -> bool:
+    """Launch the learner's persistent forward kernel (the teaching kernel's signature and a
+    last constexpr PROGRAMS) on fewer programs than there are (token tile, head) tiles, once for
+    each count in PERSISTENT_PROGRAMS, and compare its qkv [M, H, D] with the fp64 reference, as
+    check_epilogue_kernel does. Prints ✅ or ❌; never raises."""
+    name = "persistent QKV GEMM with RoPE in the epilogue"
+    for programs in PERSISTENT_PROGRAMS:
+        print(f"   launched on {programs} programs:")
+        if not _check_forward(
+                name, "your persistent kernel", kernel, seed,
+                hint="each program walks the tiles tile = program_id, program_id + PROGRAMS, "
+                     "...: every (token tile, head) tile once over all programs, each tile's "
+                     "accumulators set to zero before its K loop; the epilogue as in exercise 1",
+                programs=programs):
+            return False
+    return True
 
 
 def _cos_sin_loads(kernel, seed: int = 0) -> Optional[str]:
