@@ -1168,6 +1168,12 @@ if GPU:
 # says as much against a kernel that streams 64 MiB at about a copy's speed. That need not
 # show in `do_bench`, which hides the host's work up to the memset's length. The live medians
 # themselves are not checked: they are this machine's, this minute's.
+#
+# Read the prediction as a rough guide, not a measurement: it takes the enqueue time for the
+# host's work inside `do_bench`'s loop, and the forward+backward above showed that the two need
+# not agree. Where the median lies below the prediction, more of the host's work hid behind the
+# memset than the enqueue time suggests; where it lies above, the host's work inside the loop
+# exceeded its enqueue time, as it can for the forward+backward.
 
 # %%
 if GPU:
@@ -1744,7 +1750,10 @@ if GPU and not rows_ok:     # the worked kernel: a program's cost, and what the 
 # suggest rather than measure. All checked by the cell:
 #
 # - **Instructions**: the rotation has over five times the copy's per element at every tile. A
-#   one-row program hides that behind its own cost; larger tiles do not.
+#   one-row program hides that behind its own cost; larger tiles do not. That explains why the
+#   rotation costs more than the copy once a program holds several rows, not why *rotation /
+#   copy* keeps growing with the tile: per element the rotation's instructions do not grow with
+#   it (the table prints them).
 # - **Spills**: the rotation's registers grow with the tile until, at 64 rows, a thread takes all
 #   255 and still runs out: the compiler stores registers to local memory (`STL`) and loads them
 #   back (`LDL`). Triton 3.6 (the committed GPU runs') also gives the sine and cosine a small
@@ -1756,7 +1765,10 @@ if GPU and not rows_ok:     # the worked kernel: a program's cost, and what the 
 #   rows (Triton 3.6), 16 at 16 and 8 at 64; the copy 40 or more at every tile.
 #
 # More rows a program means fewer programs to pay for, but more arithmetic per thread, fewer
-# warps an SM holds, and past some size, spills.
+# warps an SM holds, and past some size, spills. The warps an SM holds fall as the ratio grows,
+# which makes them the candidate for the growth; but the column is a cap derived from registers,
+# not the occupancy the GPU achieved, so this notebook suggests that cause rather than measures
+# it (Nsight Compute's achieved occupancy per tile would).
 
 # %%
 from ropelib.course import load_schedule
@@ -1855,7 +1867,8 @@ if not rows_ok:     # the worked kernel: rounded once; on a GPU below TE's fused
 #   and replayed timings tell the host from the device. ropelib's eager forward+backward loses to
 #   TE's on the host, not on its kernels, which replayed run the forward+backward near two
 #   copies; and on the host it loses by its own Python and launches, not by autograd, which
-#   costs both alike (7.4). And a host-bound call's `do_bench` median is the host's time inside
+#   costs both alike (7.4, from committed probes; the live cells check only that the call is
+#   host-bound). And a host-bound call's `do_bench` median is the host's time inside
 #   `do_bench`'s own loop, which can exceed the back-to-back enqueue time (7.3): compare two
 #   providers' host times only when they were measured the same way, in the same rounds.
 #   Replaying the step from a CUDA graph
