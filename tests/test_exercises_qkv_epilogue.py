@@ -432,3 +432,16 @@ def test_persistent_check_refuses_library_code(capsys):
     for answer in (ropelib.qkv_rope_linear, qkv_teaching._qkv_rope_teaching_kernel, None):
         assert not ex.check_persistent_kernel(answer, seed=14)
         assert "❌" in capsys.readouterr().out
+
+
+def test_the_persistent_launch_calls_no_library_code_on_a_gpu():
+    """On a GPU the persistent check's launch sets the allocator Triton asks for descriptor
+    scratch: the exercise module's own, not ropelib's (the check refuses an answer whose launch
+    calls the library's code, and the allocator runs inside that launch)."""
+    import inspect
+    from ropelib.course.exercises import own_code
+    source = inspect.getsource(ex.launch_persistent)
+    assert "qkv_gemm" not in source and "ensure_allocator" not in source
+    assert "_descriptor_scratch" in source
+    rules = own_code._Rules((), ())
+    assert rules.verdict(ex._descriptor_scratch.__code__) is None
