@@ -984,7 +984,7 @@ time_three_ways = host_or_device if timed_by_learner else measuring.solution_hos
 # 64 heads of 128: 32 MiB of $x$), the cell times ropelib's and TE's forward+backward
 # (`compare.fwdbwd_step`, as the sweeps time it) in one process: **`do_bench`**, the median the
 # sweeps report; **enqueue**, the host's time to issue one call (50 calls with no
-# synchronisation until after them, the median of 5 runs); **replayed**, the device's time per
+# synchronisation until after them, the median of 5 rounds); **replayed**, the device's time per
 # call (20 calls captured in a CUDA graph). These are exercise 2's enqueue and replay, with the
 # sweeps' `do_bench` median in place of its wall time; 7.5 adds torch.compile, at 64 MiB.
 #
@@ -1010,10 +1010,9 @@ time_three_ways = host_or_device if timed_by_learner else measuring.solution_hos
 # (checked where the cell runs): the events span about the host's time (the device waits for
 # the host), and the `do_bench` median lies near the in-loop host time. `do_bench` at batch 1
 # times the host's work as it is done inside its own loop. That need not equal the enqueue
-# measure: in the committed probe below a call of ropelib's cost the host 282.6 µs inside the
-# loop against 235.3 back to back, while in other runs the two agree within a few per cent
-# (the cell prints both).
-# Compare two host times only when they were measured the same way, in the same rounds.
+# measure: in the committed probe below a call cost the host more inside the loop than back to
+# back, while in other runs the two agree within a few per cent (the cell prints both). Compare
+# two host times only when they were measured the same way, in the same rounds.
 #
 # The committed probe of this shape measured it in five shuffled rounds (printed, checked):
 # ropelib's host 282.6 µs a call in the loop against 235.3 back to back and a `do_bench` median
