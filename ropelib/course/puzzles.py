@@ -48,7 +48,7 @@ import triton.language as tl
 
 from .. import runtime
 from . import access
-from .exercises import kernel_answer
+from .exercises import guarded_view, kernel_answer
 from .exercises.own_code import fresh_seed, run_own_code
 from .work_count import interpreted
 
@@ -419,9 +419,7 @@ def _placed(t: torch.Tensor, device, pad: int = PAD) -> torch.Tensor:
 
 def _poisoned(shape, dtype, device, pad: int = PAD) -> Tuple[torch.Tensor, torch.Tensor]:
     """(buffer, view): a NaN-filled `shape` view in the middle of NaN guard bands."""
-    n = math.prod(shape)
-    buf = torch.full((pad + n + pad,), float("nan"), dtype=dtype, device=device)
-    return buf, buf[pad:pad + n].view(shape)
+    return guarded_view(shape, pad, dtype=dtype, device=device)
 
 
 def _angles(gen, *shape) -> torch.Tensor:

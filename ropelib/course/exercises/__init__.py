@@ -197,6 +197,16 @@ def check(name: str, answer: Any, expected: Any, *, atol: Optional[float] = None
     return ok
 
 
+def guarded_view(shape, pad: int, *, dtype, device, fill=float("nan")) -> Tuple[torch.Tensor,
+                                                                             torch.Tensor]:
+    """(buffer, view): a contiguous `shape` view of `fill` in the middle of a buffer with `pad`
+    elements of `fill` on each side (guard bands). A kernel's output there shows an unwritten
+    element as NaN, and a store or load past either end lands in memory the check owns."""
+    n = torch.Size(shape).numel()
+    buf = torch.full((pad + n + pad,), fill, dtype=dtype, device=device)
+    return buf, buf[pad:pad + n].view(shape)
+
+
 def call_answer(name: str, fn: Callable, *args, **kwargs) -> Tuple[bool, Any]:
     """Call a learner's function; on an exception print ❌ with it and return (False, None).
 

@@ -51,7 +51,7 @@ import ropelib
 from ... import frequencies, reference, runtime
 from .. import model as gpt
 from ..work_count import interpreted
-from . import check, kernel_answer
+from . import check, guarded_view, kernel_answer
 from .own_code import check_cases, fresh_generator, fresh_seed, launch_barred, run_own_code
 
 __all__ = ["check_rope_share", "solution_rope_share", "check_cached_attention",
@@ -530,8 +530,7 @@ def _barred_rotate(kernel, log: list) -> Callable:
                  f"{B * S * H} rows, ROWS={MODEL_ROPE_ROWS}")
         log.append(label)
         pad = MODEL_ROPE_ROWS * D         # NaN guard bands: a store past either end shows
-        buf = torch.full((x.numel() + 2 * pad,), float("nan"), dtype=x.dtype, device=x.device)
-        y = buf[pad:pad + x.numel()].view(x.shape)
+        buf, y = guarded_view(x.shape, pad, dtype=x.dtype, device=x.device)
         x_before = x.detach().clone()
         ok, _ = launch_barred(_MODEL_ROPE, label, _MODEL_ROPE_WHAT,
                               lambda: launch_model_rope(run, x.detach(), freqs, y))

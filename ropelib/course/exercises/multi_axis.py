@@ -38,7 +38,7 @@ import triton.language as tl
 
 from ... import mrope, runtime
 from ..work_count import WorkCount, count_work, interpreted
-from . import _compare, check, kernel_answer
+from . import _compare, check, guarded_view, kernel_answer
 from .own_code import (check_cases, fresh_generator, fresh_seed, installed_modules, launch_on,
                        listed_as_tensor)
 
@@ -157,9 +157,8 @@ def launch_mrope(kernel, q: torch.Tensor, k: torch.Tensor, positions: torch.Tens
 def _guarded(shape, dtype, device):
     """(buffer, view): a NaN view in the middle of a NaN buffer, so a store outside the view
     lands in memory the check owns and shows up."""
-    n, pad = torch.Size(shape).numel(), 64 + 4 * shape[-1]
-    buf = torch.full((pad + n + pad,), float("nan"), dtype=dtype, device=device)
-    return buf, buf[pad:pad + n].view(shape), pad
+    pad = 64 + 4 * shape[-1]
+    return (*guarded_view(shape, pad, dtype=dtype, device=device), pad)
 
 
 def _kernel_inputs(case, gen):

@@ -35,7 +35,7 @@ import triton
 import triton.language as tl
 
 from ... import reference, runtime
-from . import _compare, check, kernel_answer
+from . import _compare, check, guarded_view, kernel_answer
 from .own_code import fresh_seed, launch_barred
 
 __all__ = ["check_rope_interleaved", "solution_rope_interleaved", "launch_interleaved",
@@ -58,14 +58,6 @@ def launch_interleaved(kernel, x: torch.Tensor, freqs: torch.Tensor, out: torch.
                          D=D, R=R, BLOCK_PAIRS=triton.next_power_of_2(D // 2))
 
 
-def _guarded(shape, pad, *, dtype, device, fill=float("nan")):
-    """(buffer, view): a contiguous `shape` view in the middle of a buffer with `pad` elements
-    of `fill` on each side, so a kernel that overshoots stays in memory the check owns."""
-    n = torch.Size(shape).numel()
-    buf = torch.full((pad + n + pad,), fill, dtype=dtype, device=device)
-    return buf, buf[pad:pad + n].view(shape)
-
-
 def _pad(D: int) -> int:
     return 4 * triton.next_power_of_2(D) + 64  # wider than any unmasked tile of one row
 
@@ -73,7 +65,7 @@ def _pad(D: int) -> int:
 def _inputs(case, gen, device):
     S, B, H, D, R, dtype, layout = case
     shape = (B, S, H, D) if layout == "bshd" else (S, B, H, D)
-    _, x = _guarded(shape, _pad(D), dtype=dtype, device=device, fill=0.0)
+    _, x = guarded_view(shape, _pad(D), dtype=dtype, device=device, fill=0.0)
     x.copy_(torch.randn(shape, generator=gen).to(dtype))
     if layout == "bshd":  # a [B, S, H, D] tensor seen as sbhd: strides (D*H, S*H*D, D, 1)
         x = x.transpose(0, 1)
@@ -82,7 +74,7 @@ def _inputs(case, gen, device):
     base = float(torch.rand((), generator=gen)) * 3
     inv = 1.0 / (10000.0 ** (torch.arange(0, R, 2, dtype=torch.float32) / R))
     f = torch.outer(torch.arange(S + 2, dtype=torch.float32) + base, inv).repeat_interleave(2, -1)
-    _, f_view = _guarded(tuple(f.shape), _pad(D), dtype=torch.float32, device=device, fill=0.0)
+    _, f_view = guarded_view(tuple(f.shape), _pad(D), dtype=torch.float32, device=device, fill=0.0)
     return x, f_view.copy_(f)
 
 
@@ -106,7 +98,7 @@ def check_rope_interleaved(kernel, *, seed: Optional[int] = None) -> bool:
         x, freqs = _inputs(case, gen, device)
         x_before = x.clone()
         pad = _pad(D)
-        y_buf, y = _guarded((S, B, H, D), pad, dtype=dtype, device=device)  # poisoned, guarded
+        y_buf, y = guarded_view((S, B, H, D), pad, dtype=dtype, device=device)  # poisoned, guarded
         ok, _ = launch_barred(name, label, "your interleaved RoPE kernel",
                               lambda: launch_interleaved(kernel, x, freqs, y), last_line=True)
         if not ok:
@@ -213,13 +205,13 @@ def rows_warps(rows: int, D: int) -> int:
 def _rows_inputs(case, gen, device):
     S, B, H, D, rows, dtype, layout = case
     shape = (B, S, H, D) if layout == "bshd" else (S, B, H, D)
-    _, x = _guarded(shape, _pad(D), dtype=dtype, device=device, fill=0.0)
+    _, x = guarded_view(shape, _pad(D), dtype=dtype, device=device, fill=0.0)
     x.copy_(torch.randn(shape, generator=gen).to(dtype))
     if layout == "bshd":  # a [B, S, H, D] tensor seen as sbhd
         x = x.transpose(0, 1)
     # any table (not cat(f, f)), longer than S, random per call: each feature has its own angle
     f = torch.rand(S + 3, D, generator=gen) * 6
-    _, f_view = _guarded(tuple(f.shape), _pad(D), dtype=torch.float32, device=device, fill=0.0)
+    _, f_view = guarded_view(tuple(f.shape), _pad(D), dtype=torch.float32, device=device, fill=0.0)
     return x, f_view.copy_(f)
 
 
@@ -252,7 +244,7 @@ def check_rope_rows(kernel, *, seed: Optional[int] = None) -> bool:
         x, freqs = _rows_inputs(case, gen, device)
         x_before = x.clone()
         pad = _pad(D)
-        y_buf, y = _guarded((S, B, H, D), pad, dtype=dtype, device=device)
+        y_buf, y = guarded_view((S, B, H, D), pad, dtype=dtype, device=device)
         if not launch(x, freqs, y, rows, label):
             return False
         if not torch.equal(x, x_before):
