@@ -440,7 +440,7 @@ def test_the_persistent_launch_calls_no_library_code_on_a_gpu():
     calls the library's code, and the allocator runs inside that launch)."""
     import inspect
     from ropelib.course.exercises import own_code
-    source = inspect.getsource(ex.launch_persistent)
+    source = inspect.getsource(ex.launch_forward)
     assert "qkv_gemm" not in source and "ensure_allocator" not in source
     assert "_descriptor_scratch" in source
     rules = own_code._Rules((), ())

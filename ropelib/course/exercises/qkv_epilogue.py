@@ -44,7 +44,7 @@ from . import _compare, check, exception_line, is_blank_kernel, is_kernel, solut
 from .own_code import fresh_seed, launch_barred
 
 __all__ = ["check_epilogue_kernel", "check_split_epilogue_kernel", "check_prologue_kernel",
-           "check_persistent_kernel", "launch_persistent", "PERSISTENT_PROGRAMS",
+           "check_persistent_kernel", "PERSISTENT_PROGRAMS",
            "show_epilogue_solution", "show_split_epilogue_solution", "show_prologue_solution", "reference_qkv", "reference_dx", "draw_inputs",
            "launch_forward", "launch_dx", "CASES"]
 
@@ -99,15 +99,27 @@ def reference_dx(grad_qkv, x, weight, cos, sin, positions, HQ, HK, D) -> torch.T
 
 
 def launch_forward(kernel, x, weight, out, cos, sin, positions, HQ, HK, D, BLOCK_M, BLOCK_K,
-                   rotate=True):
+                   rotate=True, programs=None):
     """Launch a forward kernel (the teaching kernel's signature) on grid (cdiv(M, BLOCK_M), H).
     rotate=False passes N_ROT = 0: no head is a q or k head, so every head is stored as v is,
-    unrotated, and the launch times the same GEMM without the epilogue's rotation."""
+    unrotated, and the launch times the same GEMM without the epilogue's rotation.
+
+    programs=P: a persistent kernel (the same signature and a last constexpr PROGRAMS) on grid
+    (P,), each program walking the (token tile, head) tiles program_id, program_id + P, ... On a
+    GPU this sets the allocator Triton asks for the scratch of descriptors made in a kernel
+    (tl.make_tensor_descriptor): this module's own, so that the launch calls no code of the
+    library (the check refuses answers that do)."""
     M, K = x.shape
     H = HQ + 2 * HK
     n_rot = HQ + HK if rotate else 0
-    kernel[(triton.cdiv(M, BLOCK_M), H)](x, weight, out, cos, sin, positions, M, K, H, n_rot,
-                                         D=D, BLOCK_M=BLOCK_M, BLOCK_K=BLOCK_K)
+    if programs is None:
+        grid, persistent = (triton.cdiv(M, BLOCK_M), H), {}
+    else:
+        grid, persistent = (programs,), dict(PROGRAMS=programs)
+        if not runtime.INTERPRET:
+            triton.set_allocator(_descriptor_scratch)
+    kernel[grid](x, weight, out, cos, sin, positions, M, K, H, n_rot,
+                 D=D, BLOCK_M=BLOCK_M, BLOCK_K=BLOCK_K, **persistent)
 
 
 # programs the persistent check launches: fewer than every case's tiles (8, 10 and 8), so a kernel
@@ -118,22 +130,6 @@ PERSISTENT_PROGRAMS = (3, 5)
 def _descriptor_scratch(size: int, alignment: int, stream):
     """The scratch a launch's device-side descriptors ask for: torch's caching allocator."""
     return torch.empty(size, dtype=torch.int8, device="cuda")
-
-
-def launch_persistent(kernel, x, weight, out, cos, sin, positions, HQ, HK, D, BLOCK_M, BLOCK_K,
-                      programs, rotate=True):
-    """Launch a persistent forward kernel (the teaching kernel's signature and a last constexpr
-    PROGRAMS) on `programs` programs, each walking the (token tile, head) tiles
-    program_id, program_id + PROGRAMS, ... On a GPU, set the allocator Triton asks for the
-    scratch of descriptors made in a kernel (tl.make_tensor_descriptor): this module's own, so
-    that the launch calls no code of the library (the check refuses answers that do)."""
-    if not runtime.INTERPRET:
-        triton.set_allocator(_descriptor_scratch)
-    M, K = x.shape
-    H = HQ + 2 * HK
-    n_rot = HQ + HK if rotate else 0
-    kernel[(programs,)](x, weight, out, cos, sin, positions, M, K, H, n_rot,
-                        D=D, BLOCK_M=BLOCK_M, BLOCK_K=BLOCK_K, PROGRAMS=programs)
 
 
 def launch_dx(kernel, grad_qkv, weight, grad_x, cos, sin, positions, HQ, HK, D, BLOCK_M,
@@ -231,10 +227,7 @@ def _check_forward(name: str, what: str, kernel, seed: Optional[int], hint: str,
 
     def launch(kernel, case, inputs, kin, out):
         x, w, cos, sin, pos = inputs
-        if programs is None:
-            launch_forward(kernel, x, w, out, cos, sin, pos, *case[2:])
-        else:
-            launch_persistent(kernel, x, w, out, cos, sin, pos, *case[2:], programs)
+        launch_forward(kernel, x, w, out, cos, sin, pos, *case[2:], programs=programs)
 
     def expected(case, inputs, kin):
         HQ, HK, D = case[2:5]
