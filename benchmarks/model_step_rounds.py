@@ -17,8 +17,8 @@ import time
 
 import torch
 
-from ropelib.course.model import (CharDataset, GPTConfig, build, make_optimizer, train_step)
-from ropelib.course.model_step import MODEL_IMPLS
+from ropelib.course.model import CharDataset, build, make_optimizer, train_step
+from ropelib.course.model_step import BATCH_SIZE, LR, MODEL_IMPLS, model_config
 
 
 def main():
@@ -31,11 +31,11 @@ def main():
     args = ap.parse_args()
     device = "cuda"
     data = CharDataset.from_pydoc_topics()
-    cfg = GPTConfig(vocab_size=data.vocab_size, block_size=512, n_layer=4, n_head=8, n_embd=512)
+    cfg = model_config(data)
     runs = {}
     for impl in MODEL_IMPLS:
         model = build(cfg, impl, seed=0, device=device)
-        runs[impl] = (torch.compile(model, mode=args.mode), make_optimizer(model, lr=1e-4),
+        runs[impl] = (torch.compile(model, mode=args.mode), make_optimizer(model, lr=LR),
                       torch.Generator().manual_seed(0))
     mark = args.mode == "reduce-overhead"
 
@@ -44,7 +44,7 @@ def main():
         for _ in range(n):
             if mark:
                 torch.compiler.cudagraph_mark_step_begin()
-            x, y = data.get_batch("train", 8, 512, g, device)
+            x, y = data.get_batch("train", BATCH_SIZE, cfg.block_size, g, device)
             train_step(runner, opt, x, y, amp_dtype=torch.bfloat16)
 
     for impl in MODEL_IMPLS:

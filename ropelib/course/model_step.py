@@ -18,10 +18,18 @@ from ..runtime import on_gpu
 from .model import CharDataset, GPTConfig, build, train
 
 MODEL_IMPLS = ("reference", "ropelib")
+BATCH_SIZE, LR = 8, 1e-4        # the timed step: 8 sequences of block_size tokens, AdamW's rate
 
 
-def model_suite(*, steps: int = 200, batch_size: int = 8, block_size: int = 512,
-                n_layer: int = 4, n_head: int = 8, n_embd: int = 512, lr: float = 1e-4,
+def model_config(data: CharDataset, *, block_size: int = 512, n_layer: int = 4, n_head: int = 8,
+                 n_embd: int = 512) -> GPTConfig:
+    """The GPT this module times (4 layers, 512 wide, 8 heads, 512-token blocks) on `data`."""
+    return GPTConfig(vocab_size=data.vocab_size, block_size=block_size, n_layer=n_layer,
+                     n_head=n_head, n_embd=n_embd)
+
+
+def model_suite(*, steps: int = 200, batch_size: int = BATCH_SIZE, block_size: int = 512,
+                n_layer: int = 4, n_head: int = 8, n_embd: int = 512, lr: float = LR,
                 timing_warmup: int = 20, compile: bool = True, mode: str = "default",
                 device=None) -> list:
     """ropelib.course.model's GPT trained for `steps` steps, once with RoPE by plain PyTorch
@@ -32,8 +40,8 @@ def model_suite(*, steps: int = 200, batch_size: int = 8, block_size: int = 512,
     tokens_per_s, graphs and graph_breaks."""
     device = device or ("cuda" if on_gpu() else "cpu")
     data = CharDataset.from_pydoc_topics()
-    cfg = GPTConfig(vocab_size=data.vocab_size, block_size=block_size, n_layer=n_layer,
-                    n_head=n_head, n_embd=n_embd)
+    cfg = model_config(data, block_size=block_size, n_layer=n_layer, n_head=n_head,
+                       n_embd=n_embd)
     rows = []
     for impl in MODEL_IMPLS:
         torch._dynamo.reset()
