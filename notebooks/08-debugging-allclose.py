@@ -73,7 +73,6 @@ device = ropelib.default_device()
 
 # %%
 import dataclasses
-import json
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -113,22 +112,19 @@ print("measured against the real TE on:", GPU_NAME)
 # Unsloth's kernel inherits from Hugging Face: a cos/sin table **precomputed in the model's
 # dtype**, and the multiply-add done **in that dtype** (`Q1 = tl.load(...).to(sin1.dtype)`).
 #
-# Here is that kernel — your own copy of `ropelib.course.debug._rope_unsloth_repro_kernel`, the
-# same code with more comments. Its switches `FROM_ANGLES`, `COMPUTE_FP32` and `USE_FMA` are the
-# precision causes this notebook studies; the wrapper sets them from a `debug.Causes` (`REPRO`:
-# table and math in bf16; `FIXED`: sin/cos from fp32 angles in the kernel, fp32 math) and
-# decides the rest itself: the dtype of the table, and the rows, positions and angles the kernel
-# is given (the layout causes). `debug.reproduce(..., kernel=_rope_repro_kernel)` launches this
-# copy instead of the course's: edit it, rerun this cell and the two code cells after it, and
-# see what the edit does. The launch grid is (rows, heads): one program rotates one head of one
-# row.
+# Here is that kernel, your own copy of `ropelib.course.debug._rope_unsloth_repro_kernel`. Its
+# switches `FROM_ANGLES`, `COMPUTE_FP32` and `USE_FMA` are the precision causes this notebook
+# studies; the wrapper sets them from a `debug.Causes` (`REPRO`: table and math in bf16;
+# `FIXED`: sin/cos from fp32 angles in the kernel, fp32 math) and decides the layout causes
+# itself: the table's dtype, and the rows, positions and angles the kernel is given.
+# `debug.reproduce(..., kernel=_rope_repro_kernel)` launches this copy: edit it, rerun this cell
+# and the two code cells after it, and see what the edit does. The grid is (rows, heads): one
+# program rotates one head of one row.
 #
-# One name in it is defined later: the `USE_FMA` branch calls `te_combine`, the combine line
-# that section 4b's exercise settles on. Triton looks a global name up when it compiles the
-# kernel (the interpreter, when it runs it), and no cell runs this copy with `USE_FMA=True`
-# before section 4b defines `te_combine`, so the cell runs now. On a GPU a compiled kernel
-# keeps the `te_combine` it was compiled with: after you change your combine in section 4b,
-# rerun this cell before the cells that use the kernel again.
+# The `USE_FMA` branch calls `te_combine`, the combine that section 4b's exercise settles on and
+# defines. Triton looks a global name up when it compiles the kernel (the interpreter, when it
+# runs it), and no cell runs this branch before section 4b. A compiled kernel keeps the
+# `te_combine` it was compiled with: after you change your combine there, rerun this cell.
 
 # %%
 @triton.jit
@@ -340,17 +336,15 @@ if not GPU:
 # Two lessons. The reported kernel is many ulps from the exact result near outputs close to
 # zero, where its rounded products cancel; section 4 finds why. And the fixed kernel passes
 # with dtype-aware tolerances but is not TE bit for bit: in the file's run on the H200, 12 of
-# 1,048,576 elements differ from the real TE (asserted; a GPU run prints its own count
-# beside it), enough to fail the default `allclose` (on the CPU's 4,096 elements the cell
-# asserts none). Agreement at one size proves little. Two suspects for such
-# last-bit differences: where sin/cos come from, and the order of the multiply-add. Section
-# 3b shows that the first *can* produce the reported symptom; section 4b finds that on the
-# GPU it is the second.
+# 1,048,576 elements differ from the real TE (asserted; a GPU run prints its own count beside
+# it), enough to fail the default `allclose`, while the CPU's 4,096 elements show none
+# (asserted). Two suspects for such last-bit differences: where sin/cos come from, and the order
+# of the multiply-add. Section 3b shows that the first *can* produce the reported symptom;
+# section 4b finds that on the GPU it is the second.
 #
-# On the CPU the fixed kernel takes sin/cos from `tl.cos`/`tl.sin`, which in the interpreter
-# are NumPy's fp32 functions, and the TE emulation takes them from `torch.cos`/`torch.sin`:
-# two correct fp32 implementations that differ in the last bit for some entries. This cell
-# counts them (on any machine):
+# On the CPU the fixed kernel's `tl.cos`/`tl.sin` are NumPy's fp32 functions (the interpreter's),
+# and the TE emulation's are `torch.cos`/`torch.sin`: two correct implementations that differ in
+# the last bit for some entries. This cell counts them:
 
 # %%
 f_half = compare.angles(SC.seq_len, SC.head_dim)[:, 0, 0, :SC.head_dim // 2].cpu()
@@ -408,22 +402,18 @@ assert bool((moved[far_u].float().abs() < 2 ** -6).all())   # the rest: near zer
 
 # %% [markdown]
 # That is the reported failure, from two correct kernels: the first ten values equal,
-# `torch.allclose` false for a handful of elements (at most one in a thousand, asserted), and
-# true with bf16 tolerances. The first line compares the kernel with itself, the unmoved table
-# against the moved one, so the nudge is the only difference on every machine. Most of the
-# elements it moves are one bf16 step apart. Any that are two or more steps apart (the
-# histogram counts them) are outputs near zero (the cell asserts below $2^{-6}$), where $x_1 c$
-# and $x_2 s$ nearly cancel: bf16's steps are tiny there, and `steps_apart` counts every representable
-# value in between.
+# `torch.allclose` false for a handful of elements (at most one in a thousand), and true with
+# bf16 tolerances (all asserted). The first line compares the kernel with itself, unmoved table
+# against moved, so the nudge is the only difference on every machine. Most of the elements it
+# moves are one bf16 step apart; any further apart are outputs near zero (below $2^{-6}$,
+# asserted), where $x_1 c$ and $x_2 s$ nearly cancel and bf16's steps are tiny.
 #
 # The second line compares with the TE side, as the report did. On the CPU that is the
-# emulation, whose table the kernel was given: the unmoved table gives no difference, and the
-# two counts are the same (asserted). On a GPU it is the real TE, or without TE the emulation
-# in PyTorch's arithmetic, and the count mixes two causes: the nudge, and the elements where
-# the compiled kernel's multiply-add order already differs from TE with the unmoved table (12 of 1,048,576 in the file's run of this
-# kernel, asserted below; section 4b finds why). The same experiment at the GPU size
-# (1,048,576 elements) in plain PyTorch on the CPU runs on every machine: the TE emulation
-# against itself with the moved table.
+# emulation, whose table the kernel was given, so the two counts are the same (asserted). On a
+# GPU the count also holds the elements where the compiled kernel's multiply-add order already
+# differs from TE with the unmoved table (12 of 1,048,576 in the file's run, asserted below;
+# section 4b finds why). The next cell runs the same experiment at the GPU size in plain
+# PyTorch, on every machine: the TE emulation against itself with the moved table.
 
 # %%
 big = debug.Scenario(seq_len=512, batch=2, heads=8, head_dim=128)
@@ -449,12 +439,11 @@ assert fixed_gpu["n_differ"] == {r["variant"]: r for r in BITS["scenarios"]["nb_
     "debug:FIXED-table_fp32"]["n_differ"] == 12
 
 # %% [markdown]
-# 43 in a million, 38 of them one bf16 step apart (asserted), with the first ten values
-# equal: the reported symptom. The default
-# tolerances are no test for bf16: two *correct* bf16 kernels pass them only when their fp32
-# intermediates round to the same bf16 value everywhere. A table that differs from TE's
-# sin/cos in the last bit breaks that; so, section 4b shows, does fusing a different product of
-# the same formula, with sin/cos equal to TE's in every bit.
+# 43 in a million, 38 of them one bf16 step apart, with the first ten values equal (asserted):
+# the reported symptom. Two *correct* bf16 kernels pass the default tolerances only when their
+# fp32 intermediates round to the same bf16 value everywhere. A sin/cos that differs from TE's in
+# the last bit breaks that; so, section 4b shows, does fusing a different product of the same
+# formula, with sin/cos equal to TE's in every bit.
 
 # %% [markdown]
 # ## 4. Where sin/cos come from, the dtype of the math, and FMA
@@ -463,17 +452,15 @@ assert fixed_gpu["n_differ"] == {r["variant"]: r for r in BITS["scenarios"]["nb_
 # changes one thing on the fixed kernel:
 #
 # - **table in the input dtype**: $c, s$ rounded to bf16 before use, a relative error of up to
-#   $u = 2^{-8}$ in each — and the two products can cancel, so the *output's* relative error
-#   near zero is much larger;
+#   $u = 2^{-8}$ in each; where the two products cancel, the *output's* relative error is much
+#   larger;
 # - **math in the input dtype**: each product rounded to bf16 before the subtraction;
-# - **fp32 table** (precomputed with `torch.cos` in fp32) vs **sin/cos in the kernel** from
-#   fp32 angles, as TE's kernel does: both accurate; a table computed with torch on the CPU can
-#   differ from CUDA's `sincosf` (section 4b counts where);
+# - **fp32 table** (`torch.cos` in fp32) vs **sin/cos in the kernel** from fp32 angles, as TE's
+#   kernel does: both accurate, though a table computed on the CPU can differ from CUDA's
+#   `sincosf` (section 4b counts where);
 # - **fused multiply-add**: one product and the sum rounded once instead of twice. A GPU
 #   compiler contracts `a*b + c` into an FMA on its own; the interpreter (NumPy) does not.
-#   Which product is fused changes the last fp32 bit of many outputs. In bf16, TE's order
-#   leaves no element different from the real TE, the other evaluations 12 to 22 of 1,048,576
-#   (section 4b).
+#   Which product is fused changes the last fp32 bit of many outputs (section 4b).
 #
 # The error in ulps of the exact output is harsh where that output is near zero: a bf16 table
 # is then "many ulps" off although every value in it is as good as bf16 allows. A fairer
@@ -485,6 +472,7 @@ assert fixed_gpu["n_differ"] == {r["variant"]: r for r in BITS["scenarios"]["nb_
 # (`debug.normwise_error`). Since $|y_a^\star| \le |x_a| + |x_b|$, one rounding of the output
 # costs at most $u$ norm-wise; a table rounded to bf16 adds at most about $u$ more. We print it
 # in units of $u$ beside the ulps.
+
 # %%
 variants = {
     "table bf16, math bf16 (reported)": REPRO,
@@ -541,28 +529,23 @@ assert [gpu_rows[v]["max_abs_diff"] for v in PRESET_ROWS.values()] == [2 ** -5, 
 
 # %% [markdown]
 # The ulps (bars) and the norm-wise error (labels) tell one story from two sides. Norm-wise, a
-# bf16 table and bf16 products cost a few $u$ at most (the cell asserts at most 3) — the
-# standard HF/Unsloth cache is not *wrong*, it is bf16-accurate. In ulps of outputs near zero
-# the same kernel is tens of ulps off or more (asserted more than 16), because it rounds to
-# bf16 before the cancellation $x_1 c - x_2 s$, which the fp32 path computes in fp32. Which to
-# report depends on the question: "is this formula right?" — norm-wise; "is it as accurate as
-# bf16 can be?" — ulps. The rule for precision: keep the table in fp32 (or compute sin/cos
-# from fp32 angles), do the math in fp32, round once on the store — what TE's fused kernel and
-# ropelib's kernel do.
+# bf16 table and bf16 products cost a few $u$ at most (asserted at most 3): the standard
+# HF/Unsloth cache is not *wrong*, it is bf16-accurate. In ulps of outputs near zero the same
+# kernel is tens of ulps off or more (asserted more than 16), because it rounds to bf16 before
+# the cancellation $x_1 c - x_2 s$. "Is this formula right?" asks for the norm-wise error; "is it
+# as accurate as bf16 can be?" for ulps. The rule for precision: keep the table in fp32 (or
+# compute sin/cos from fp32 angles), do the math in fp32, round once on the store, as TE's fused
+# kernel and ropelib's kernel do.
 #
-# The last row goes further. The lines under the chart read the file's runs of the same
-# presets against the real TE on the H200: with the fused multiply-add, `max |TE - Triton|` is
-# 0, every output with TE's bits; the fixed kernel, the same math with the fma left to the
-# compiler, is not: $2^{-6} \approx 0.0156$ (both asserted from the file). Section 4b finds
-# which fma order makes the difference. On the CPU the last row proves nothing: the
-# interpreter rounds every product, as the emulation does, so the fixed row is 0 there too.
-# Without TE (on the CPU, or on a GPU where it is not installed) the live `max |TE - Triton|`
-# is measured against the emulation, which rounds both products (PyTorch's fp32 multiplies and
-# add are separate operations), while the FMA row rounds one (`tl.fma` rounds once, in the
-# interpreter as on a GPU). The two may differ by design in the last fp32 bit, and so in any
-# bf16 output that bit tips to the neighbouring value: the CPU's 4,096 outputs happen to hold
-# none (asserted), a GPU's 1,048,576 may hold some, and a nonzero value on that row against the
-# emulation says nothing against the kernel; only the file's rows, against the real TE, test it.
+# The lines under the chart read the file's runs of the same presets against the real TE on the
+# H200: with the fused multiply-add, `max |TE - Triton|` is 0, every output with TE's bits; the
+# fixed kernel, the same math with the fma left to the compiler, is not: $2^{-6} \approx 0.0156$
+# (both asserted from the file). Section 4b finds which fma order makes the difference. The live
+# last row cannot show it: on the CPU the interpreter rounds every product, as the emulation
+# does, so the fixed row is 0 there too; and against the emulation (no TE installed), which
+# rounds both products while `tl.fma` rounds one, a GPU's FMA row may differ by design in the
+# few bf16 outputs whose last fp32 bit tips the rounding. Only the file's rows, against the real
+# TE, test it.
 #
 # **Exercise — the norm-wise error.** Write `my_normwise_error(y, exact, x, rot_dim)`: for
 # every element of `y` (any shape, last dim $D$), $|y - y^\star|$ divided by $|x_a| + |x_b|$,
@@ -589,7 +572,7 @@ solution(ex.solution_normwise_error)
 # ## 4b. Bit for bit: which change makes the kernel equal TE?
 #
 # Dtype-aware tolerances let the fixed kernel pass. But a kernel that computes TE's formula in
-# fp32 and rounds once *can* agree with TE exactly — and when it does not, the elements that
+# fp32 and rounds once *can* agree with TE exactly, and when it does not, the elements that
 # differ are a clue. This section is an investigation: a kernel whose combine line you write
 # (the exercise), a check that counts the elements whose **bits** differ from TE's output, and
 # one change at a time.
@@ -614,17 +597,17 @@ solution(ex.solution_normwise_error)
 # $y_{xc}$ is one fused multiply-add, $\mathrm{fma}(x, c, rs)$: the product $xc$ enters the sum
 # exact. CUDA compilers contract `a*b + c*d` into such an fma by default (nvcc's `-fmad=true`,
 # Triton's `enable_fp_fusion=True`), and **which** product is fused is the compiler's choice,
-# not the source's. The three results differ in the last fp32 bit for many elements. Rounding to
-# bf16 hides most of that, not all: an fp32 value lying close to the midpoint between two bf16
-# numbers rounds one way or the other.
+# not the source's. The three differ in the last fp32 bit for many elements; rounding to bf16
+# hides most of that, but not where an fp32 value lies close to a midpoint between two bf16
+# numbers.
 #
-# **The measurements.** `benchmarks/te_bits.py` ran the variants of this section against the real
-# TE on a GPU and saved TE's outputs, TE's own fp32 cos/sin (read back from TE itself: an input
-# of ones in the first half and zeros in the second makes TE's output exactly its cos and sin)
-# and one row per variant. The comparison here is the notebook's GPU size, $S = 512$, $B = 2$,
-# $H = 8$, $D = 128$ in bf16. On a GPU with TE the cells below compare with TE live; elsewhere
-# the kernel runs in the interpreter on the same inputs — drawn again here, their hashes checked
-# against the GPU's — against TE's stored output.
+# **The measurements.** `benchmarks/te_bits.py` ran the variants of this section against the
+# real TE on a GPU and saved TE's outputs, TE's own fp32 cos/sin (an input of ones in the first
+# half and zeros in the second makes TE's output exactly its cos and sin) and one row per
+# variant, at the notebook's GPU size, $S = 512$, $B = 2$, $H = 8$, $D = 128$ in bf16. On a GPU
+# with TE the cells below compare with TE live; elsewhere the kernel runs in the interpreter on
+# the same inputs (drawn again here, their hashes checked against the GPU's) against TE's stored
+# output.
 
 # %%
 print(f"{TE_BITS.relative_to(ROOT)}: {GPU_NAME} (compute capability {META['capability']}), "
@@ -661,19 +644,18 @@ print(f"compared with: {where}; x and angles hash as on the GPU")
 
 # %% [markdown]
 # **The kernel.** A complete RoPE kernel, short on purpose: one program rotates `BLOCK_ROWS`
-# rows of an sbhd tensor (a row is one head of one token, $D$ features; the position of row
-# $r$ is $\lfloor r / (BH) \rfloor$). The line $y = xc + rs$ is not in it: the kernel calls
-# `COMBINE(x1, x2, c, s)`, a `@triton.jit` function it is handed as a constexpr, and that
-# function is what you write in the exercise below. The kernel stores fp32; the one rounding to
-# bf16 is torch's `.to(torch.bfloat16)`, round-to-nearest-even like TE's store. The cell is a
-# runnable copy of `ropelib.course.exercises.debugging._rope_combine_kernel`, the kernel the
-# exercise's check launches (a test keeps the two the same).
+# rows of an sbhd tensor (a row is one head of one token, $D$ features; row $r$ is at position
+# $\lfloor r / (BH) \rfloor$). The line $y = xc + rs$ is not in it: the kernel calls
+# `COMBINE(x1, x2, c, s)`, a `@triton.jit` function handed to it as a constexpr, which you write
+# in the exercise below. The kernel stores fp32; the one rounding to bf16 is torch's
+# `.to(torch.bfloat16)`, round-to-nearest-even like TE's store. The cell is a runnable copy of
+# `ropelib.course.exercises.debugging._rope_combine_kernel`, the kernel the exercise's check
+# launches (a test keeps the two the same).
 #
-# Where cos and sin come from is `check_bits`'s `sincos` argument: `"tl"` computes them in the
-# kernel from the fp32 angles, `"table"` reads a table (by default TE's own cos/sin). `SINCOS`,
-# the default, is `"tl"` on a GPU and `"table"` on the CPU: in the interpreter `tl.cos` is
-# NumPy's `cos`, not CUDA's `sincosf` (step b counts where they differ), and libdevice does not
-# run there at all.
+# `check_bits`'s `sincos` argument says where cos and sin come from: `"tl"` computes them in the
+# kernel from the fp32 angles, `"table"` reads a table (by default TE's own). The default,
+# `SINCOS`, is `"tl"` on a GPU and `"table"` on the CPU, where `tl.cos` is NumPy's `cos`, not
+# CUDA's `sincosf` (step b counts where they differ), and libdevice does not run.
 
 # %%
 # ropelib-source: ropelib.course.exercises.debugging._rope_combine_kernel
@@ -750,20 +732,16 @@ def check_bits(case, combine_fn, sincos=SINCOS, table=None, quiet=False, fusion=
 # equals TE's bit for bit. It starts as the line as written, $y_1 = x_1 c - x_2 s$ and
 # $y_2 = x_2 c + x_1 s$; `check_bits(BIG, my_combine)` prints how many elements differ from TE
 # and how many bf16 steps apart they are. `tl.fma(a, b, d)` computes $ab + d$ with one
-# rounding, and the three ways of evaluating the line are written out above.
+# rounding; the three ways of evaluating the line are written out above.
 #
-# `ex.check_te_combine(my_combine)` grades it: it launches the course's kernel with your combine
-# on both cases of this section — the bf16 one above and `SMALL32`, fp32 at $S = 32$, $B = 2$,
-# $H = 2$, $D = 32$, where every rounding shows — with TE's own cos and sin, and passes when no
-# element differs from TE's stored output in either, and when, on a third case of fp32 inputs
-# drawn as the check runs, every element has the rounding of TE's line (so a combine that
-# looked TE's stored outputs up would fail there). It refuses ropelib's own `@triton.jit`
-# helpers and the worked solution.
-#
-# Both take the line as written: on a GPU they compile with contraction off
-# (`enable_fp_fusion=False`), and the interpreter never contracts, so nothing is fused that
-# your line does not fuse, and `check_bits` counts on every machine what the grader counts
-# (step a shows what a GPU compiler does with the line when it may contract).
+# `ex.check_te_combine(my_combine)` grades it with TE's own cos and sin on both cases of this
+# section, the bf16 one above and `SMALL32` (fp32 at $S = 32$, $B = 2$, $H = 2$, $D = 32$, where
+# every rounding shows). It passes when no element differs from TE's stored output in either,
+# and when every element of a third case, fp32 inputs drawn as the check runs, has the rounding
+# of TE's line (so a combine that looked TE's stored outputs up fails there). It refuses
+# ropelib's own `@triton.jit` helpers and the worked solution. Both compile with contraction off
+# on a GPU (`enable_fp_fusion=False`), and the interpreter never contracts: nothing is fused that
+# your line does not fuse, and `check_bits` counts on every machine what the grader counts.
 
 # %%
 @triton.jit
@@ -783,16 +761,14 @@ solution(ex.solution_te_combine.fn, title="Solution: the combine with TE's bits"
 te_combine = my_combine if combined_by_learner else ex.solution_te_combine
 
 # %% [markdown]
-# The steps below walk the way to that line, one change at a time, and keep a table of what each
-# change did.
+# The steps below walk the way to that line, one change at a time.
 #
 # **Step a — the kernel as written.** The interpreter rounds each product and the sum,
-# $y_{\text{none}}$; on a GPU `check_bits` compiles with contraction off, which does the same.
-# So both machines compute $y_{\text{none}}$ (the file's `free_sub-nofuse` row): 17 elements
-# differ from TE (asserted from the file). Left free to contract, a GPU compiler makes "as
-# written" a different computation, its own choice for each kernel: 12 elements in the
-# file's kernel (asserted). The file holds no run of the kernel above with contraction on; a
-# GPU run compiles it so and prints its own count. The steps chart comes back to this.
+# $y_{\text{none}}$, and so does a GPU with contraction off (the file's `free_sub-nofuse` row):
+# 17 elements differ from TE (asserted from the file). Left free to contract, a GPU compiler
+# makes "as written" a different computation, its own choice for each kernel: 12 elements in
+# the file's kernel (asserted). The file holds no run of the kernel above with contraction on; a
+# GPU run compiles it so and prints its own count.
 
 # %%
 @triton.jit
@@ -825,11 +801,10 @@ assert gpu_row(BIG, "free_sub/tl") == 12
 
 # %% [markdown]
 # **Step b — swap where sin/cos come from.** The suspect everyone names first. The sources: the
-# kernel's `tl.cos`/`tl.sin`, libdevice's precise `cos`/`sin`, libdevice's fast ones (the
-# `cos.approx`/`sin.approx` units, what a kernel built with fast math uses), a torch table of
-# the angles computed on the GPU or on the CPU, NumPy's `cos`/`sin` (what `tl.cos` is in the
-# interpreter), and TE's own cos and sin as a table. Two tables answer two questions, each in
-# one unit:
+# kernel's `tl.cos`/`tl.sin`, libdevice's precise `cos`/`sin` and its fast ones (the
+# `cos.approx`/`sin.approx` units that fast math uses), a torch table of the angles computed on
+# the GPU or on the CPU, NumPy's `cos`/`sin` (the interpreter's `tl.cos`), and TE's own cos and
+# sin as a table. Two tables answer two questions:
 #
 # 1. **Are the values TE's?** Entries of the $S \times D/2$ cos and sin tables whose bits
 #    differ from TE's. A kernel's own cos and sin are read back from the kernel: with
@@ -837,10 +812,9 @@ assert gpu_row(BIG, "free_sub/tl") == 12
 # 2. **Does the output move?** Elements of the bf16 output whose bits differ from TE's, for the
 #    line as written without contraction and for the fma line, with each source.
 #
-# The column "measured" says where each row comes from. On a GPU every row is measured here,
-# now. On the CPU, libdevice does not run and `tl.cos` is NumPy's, so the rows of the GPU's
-# sources are the file's (`BITS`); the tables any machine can make (torch on the CPU, NumPy,
-# TE's own) run here, in the interpreter.
+# The column "measured" says where each row comes from: on a GPU, here and now; on the CPU,
+# where libdevice does not run and `tl.cos` is NumPy's, the file's rows for the GPU's sources,
+# and the interpreter for the tables any machine can make.
 
 # %%
 theta = SIDE[BIG.key]["angles"]                       # [S, D/2] fp32, the GPU's angles
@@ -937,21 +911,18 @@ if GPU and SAME_GPU and triton.__version__ == META["triton"]:   # the file's GPU
                                      BIG.sincos[s]["cos"]["numel"]) for s in GPU_SOURCES)
 
 # %% [markdown]
-# Read the first table for the values, the second for the outputs. On the GPU, `tl.cos`/`tl.sin`,
-# libdevice's `cos`/`sin` and a torch table computed on the GPU are TE's `sincosf` bit for bit:
-# 0 entries differ. So swapping among them cannot move the count, and it does not: each gives
-# what TE's own table gives, 17 elements as written and 0 with the fma line (asserted; on the
-# CPU the TE's-own-table row runs in the interpreter and gives the file's 17 and 0, asserted).
-# Sources whose values *are* different move the count even under the fma line: the fast
-# approximations (2,287 elements in the file's run), a torch table computed on the CPU (16 in
-# the file's run), NumPy's functions (thousands of entries differ, asserted; the row prints
-# its counts). That is why, on the CPU, the notebook's kernel reads TE's own table rather than
-# the interpreter's `tl.cos`. Sin/cos are not what separates the kernel from TE. The combine
-# line is.
+# On the GPU, `tl.cos`/`tl.sin`, libdevice's `cos`/`sin` and a torch table computed on the GPU
+# are TE's `sincosf` bit for bit: 0 entries differ. So swapping among them cannot move the
+# count, and it does not: each gives what TE's own table gives, 17 elements as written and 0
+# with the fma line (asserted; on the CPU the TE's-own-table row runs in the interpreter and
+# gives the same 17 and 0, asserted). Sources whose values *do* differ move the count even
+# under the fma line: the fast approximations (2,287 elements in the file's run), a torch table
+# computed on the CPU (16), NumPy's functions (thousands of entries differ; all asserted). That
+# is why, on the CPU, the kernel reads TE's own table rather than the interpreter's `tl.cos`.
+# Sin/cos are not what separates the kernel from TE. The combine line is.
 #
 # **Step c — fuse TE's product: $\mathrm{fma}(x, c, r s)$**, the contraction nvcc applies to
-# TE's line. This is the exercise's line: `te_combine` is your combine if it passed the check,
-# else the worked solution. $x c$ enters the sum exact; $r s$ is rounded once.
+# TE's line. This is `te_combine`: your combine if it passed the check, else the worked solution.
 
 # %%
 print("step c runs", "your my_combine" if combined_by_learner else "the worked solution")
@@ -1049,20 +1020,17 @@ if GPU:   # this notebook's kernel with contraction on (step a): which halves ha
           f"(TE's order's) bits: {halves[0]}, {halves[1]}")
 
 # %% [markdown]
-# The last five lines show that each of $y_1$, $y_2$ is one fma of an exact product and a
-# rounded one: `mul.f32` rounds a product (negated for $y_1$), and `fma.rn.f32` adds it to the
-# other product, unrounded. Which product is which, the registers say. Two of them are written
-# in the tail by chains of `fma.rn.ftz`, the polynomials of a sine and a cosine; the two the
-# tail never writes were loaded before it: $x_1$ and $x_2$. $y_1 = x_1 c - x_2 s$ has one
-# negated product, so the negated `mul.f32` is $x_2 s$, which names all four registers; the
-# cell then reads $y_1 = \mathrm{fma}(x_1, c, -\mathrm{rn}(x_2 s))$, TE's order, and
-# $y_2 = \mathrm{fma}(x_1, s, \mathrm{rn}(x_2 c))$, the other one. The bits say the same. The
-# first half of the file's kernel's output is the file's step c output (TE's order, $x_1 c$
-# fused), the second half its step d output (the other order, $x_1 s$ fused) (asserted).
-# `gpu_choice` writes that choice down, and the cell checks it: on the CPU, and on a GPU like
-# the file's, it gives the file's kernel's output bit for bit, and every element it gets wrong
-# sits in the second half, $y_2$. Nothing in the source asks for either order.
-# The steps, in one chart:
+# Each of $y_1$, $y_2$ is one fma of an exact product and a rounded one: `mul.f32` rounds a
+# product (negated for $y_1$), and `fma.rn.f32` adds it to the other product, unrounded. The
+# registers say which product is which. Two are written in the tail by chains of `fma.rn.ftz`,
+# the polynomials of a sine and a cosine; the two the tail never writes were loaded before it:
+# $x_1$ and $x_2$. $y_1$'s negated `mul.f32` is then $x_2 s$, so
+# $y_1 = \mathrm{fma}(x_1, c, -\mathrm{rn}(x_2 s))$, TE's order, and
+# $y_2 = \mathrm{fma}(x_1, s, \mathrm{rn}(x_2 c))$, the other one. The bits say the same: the
+# first half of the file's kernel's output is its step c output, the second half its step d
+# output (asserted). `gpu_choice` writes that choice down; on the CPU, and on a GPU like the
+# file's, it gives the file's kernel's output bit for bit, and every element it gets wrong sits
+# in $y_2$. Nothing in the source asks for either order. The steps, in one chart:
 
 # %%
 steps_tbl = [     # (step, change, elements != TE here, on the file's GPU)
@@ -1120,107 +1088,38 @@ plt.show()
 
 # %% [markdown]
 # **Reading the chart.** Purple is this machine (the interpreter on the CPU, or the kernel
-# above compiled here on a GPU), green the file (`benchmarks/te_bits.py` on the GPU in its
-# header). Rows a to e leave nothing to a compiler: each product is rounded or sits in a
-# `tl.fma`, so each row is one computation on every machine, and the two bars agree row by row
-# (asserted on the CPU and on the file's GPU). Only row c is 0: `tl.fma` pins TE's order in
-# the source, and row d shows that the order is what matters. "not run" is a count not taken:
-# libdevice does not run in the interpreter, the last two rows need a compiler that contracts
-# (the last one, TE itself), and the file holds no run of this notebook's kernel.
+# above compiled here on a GPU), green the file. Rows a to e leave nothing to a compiler: each
+# product is rounded or sits in a `tl.fma`, so each row is one computation on every machine, and
+# the two bars agree row by row (asserted on the CPU and on the file's GPU). Only row c is 0:
+# `tl.fma` pins TE's order in the source, and row d shows that the order is what matters. "not
+# run" is a count not taken: libdevice does not run in the interpreter, the last two rows need a
+# compiler that contracts, and the file holds no run of this notebook's kernel.
 #
 # The last two rows are the line as written with contraction on, where the compiler chooses.
-# The file's kernel fused TE's product in $y_1$ and the other in $y_2$ (row e's bits, above):
-# 12 elements, from two lines of the same form, $y = x c \pm r s$, contracted two ways. A GPU
-# run also compiles this notebook's kernel so and prints which halves have step c's bits; the
-# file holds no such run, so the CPU cannot say what that kernel's compiler chose. The file's
-# case does not show what in a kernel decides the choice — only that the source does not, and
-# that the bits of the output tell which choice was made.
-#
-# **How far apart are the elements that differ?** Most are one bf16 step: each check prints
-# its counts per number of steps (steps d and e above). An element several steps apart is an
-# output near zero, where $x c$ and $r s$ nearly cancel: the fp32 rounding that the fma skips
-# is then large *relative to the output*, and bf16 has many small steps near zero. The largest
-# one of step e:
-
-# %%
-st = debug.steps_apart(step_e["y"], SIDE["nb_gpu"]["te"])
-k = int(torch.argmax(st.view(-1)))
-idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(k), st.shape))
-xs = BIG.x.float()[idx[:3]]
-dd_ = idx[3] % half
-pair = (float(xs[dd_]), float(xs[dd_ + half]))
-print(f"at (s, b, h, d) = {idx}: TE {float(SIDE['nb_gpu']['te'][idx]):.4g}, kernel "
-      f"{float(step_e['y'][idx]):.4g}, {int(st[idx])} bf16 steps apart; the pair "
-      f"(x1, x2) = ({pair[0]:.3g}, {pair[1]:.3g})")
-assert int(st[idx]) == max(step_e["hist"])
-assert abs(float(SIDE["nb_gpu"]["te"][idx])) < 1e-3 * (abs(pair[0]) + abs(pair[1]))  # cancellation
+# The file's kernel fused TE's product in $y_1$ and the other in $y_2$: 12 elements, from two
+# lines of the same form, $y = x c \pm r s$, contracted two ways. A GPU run prints which halves
+# of this notebook's kernel have step c's bits; the file cannot say what that kernel's compiler
+# chose. Nor does it show what in a kernel decides the choice: only that the source does not,
+# and that the output's bits tell which choice was made.
 
 # %% [markdown]
-# **The same steps with fp32 outputs.** In bf16 only elements near a rounding midpoint show the
-# difference; an fp32 output shows every one, so there the order is read off directly. The file
-# holds TE's fp32 output of the small scenario ($S = 32$, $B = 2$, $H = 2$, $D = 32$); the same
-# kernels run against it (and the GPU's fp32 rows at the large size are printed beside them):
-
-# %%
-fp32_big = {r["variant"]: r["n_differ"] for r in BITS["scenarios"]["nb_gpu_fp32"]["rows"]}
-fp32_tbl = []
-for label, fn, variant in (
-        ("every product rounded (as written, no contraction)", as_written, "none_rn/tl"),
-        ("fma(x, c, rot*s)", te_combine, "fma_xc/tl"),
-        ("fma(rot, s, x*c)", fma_rs, "fma_rs/tl"),
-        ("the file's compiled choice (as written, contraction on)", gpu_choice, "free_sub/tl")):
-    n_here = None if fn is None else check_bits(SMALL32, fn, quiet=True)["n"]
-    fp32_tbl.append((label, "-" if n_here is None else n_here, SMALL32.rows[variant]["n_differ"],
-                     SMALL32.x.numel(), fp32_big[variant]))
-display(HTML(f"<table><tr><th>fp32 output</th><th>elements ≠ TE, {here}</th>"
-             f"<th>elements ≠ TE, {GPU_NAME}</th><th>of</th>"
-             f"<th>{GPU_NAME}, S=512 B=2 H=8 D=128 (of {BIG.x.numel():,})</th></tr>"
-             + "".join("<tr>" + "".join(f"<td>{v}</td>" for v in r) + "</tr>" for r in fp32_tbl)
-             + "</table>"))
-assert [r[0] for r in fp32_tbl if r[1] == 0] == ["fma(x, c, rot*s)"]
-assert [r[0] for r in fp32_tbl if r[2] == 0] == ["fma(x, c, rot*s)"]
-assert [r[0] for r in fp32_tbl if r[4] == 0] == ["fma(x, c, rot*s)"]
-assert min(r[4] for r in fp32_tbl if r[4]) > 100_000          # hundreds of thousands
-assert (min(r[4] for r in fp32_tbl if r[4]), max(r[4] for r in fp32_tbl)) == (166505, 333053)
-assert SMALL32.rows["free_sub/tl"]["n_differ"] == 573          # the file's compiled choice
-if SAME_GPU:
-    assert all(r[1] in ("-", r[2]) for r in fp32_tbl)         # here = the GPU's counts
-# bf16: 12, 17 and 22 of 1,048,576 elements at the large size, none at the small one
-assert [gpu_row(BIG, v) for v in ("free_sub/tl", "none_rn/tl", "fma_rs/tl")] == [12, 17, 22]
-small_bf16 = {r["variant"]: r["n_differ"] for r in BITS["scenarios"]["nb_cpu"]["rows"]}
-assert all(small_bf16[f"{c}/{s_}"] == 0 for c in ("free_sub", "fma_xc", "fma_rs", "none_rn")
-           for s_ in ("tl", "libdevice", "table_te_fp32"))
-
-# %% [markdown]
-# In fp32, only $\mathrm{fma}(x, c, r s)$ matches TE, at both sizes; every other evaluation of
-# the same formula differs in 166,505 to 333,053 of 1,048,576 elements at the large size
-# (asserted from the file). So TE's output is, in every bit, what
-# `fma(v_src, v_cos, v_src_rotate * v_sin)` gives for TE's line
-# `v_src * v_cos + v_src_rotate * v_sin`; the bits do not show TE's compiled code, only that
-# no other of the four evaluations reproduces it. In bf16 the same fact shows as 12, 17 and 22
-# elements in 1,048,576 (rows e, a and d of the steps chart; asserted from the file): none at
-# the small size, where each of these orders agrees with TE in bf16 (the file's `nb_cpu`
-# rows), and enough to fail a bit-for-bit test at the large one.
-#
 # To make a Triton kernel equal TE bit for bit: compute cos/sin in fp32 from the fp32 angles
-# (`tl.cos`/`tl.sin`, or libdevice's precise ones — not the fast approximations), do the math in
+# (`tl.cos`/`tl.sin`, or libdevice's precise ones, not the fast approximations), do the math in
 # fp32, and write the combine as `tl.fma(x, c, rot * s)` rather than leaving the order to the
 # compiler. `debug.Causes(fma=True)` is exactly that line in the reproduction kernel.
 #
 # **The same changes in your copy of section 1, one per row.** `_rope_repro_kernel` calls that
 # line, `te_combine`, under `if USE_FMA:`, and takes sin/cos from the angles under
-# `if FROM_ANGLES:`. The table below is the whole way from section 1's reported failure to
-# TE's bits, one change per row, and every count in it is one quantity: elements whose bits
-# differ from TE's output. The three columns from the file are the course's copy of this
-# kernel against the real TE on the GPU (`debug:` presets of `benchmarks/te_bits.py`): in bf16
-# and fp32 at the GPU size, and in fp32 at the small size. The column "here" runs your copy on
-# that small fp32 case on this machine — on the CPU in the interpreter against TE's stored
-# output, on a GPU compiled with contraction on — with TE's own cos/sin wherever a row reads a
-# table. fp32 is the sharper witness: every rounding shows. On a GPU with TE one more column
-# runs your copy live at the GPU size in bf16. To try another order, edit the `USE_FMA` branch
-# or `my_combine`, then rerun section 1's cell (a compiled kernel keeps the combine it was
-# compiled with) and this one. The asserts check the course's kernel, run beside yours, and
-# the file.
+# `if FROM_ANGLES:`. The table below goes from section 1's reported failure to TE's bits, one
+# change per row; every count is elements whose bits differ from TE's output. The three columns
+# from the file are the course's copy of this kernel against the real TE on the GPU (`debug:`
+# presets of `benchmarks/te_bits.py`): in bf16 and fp32 at the GPU size, and in fp32 at the small
+# size. fp32 is the sharper witness: every rounding shows. The column "here" runs your copy on
+# the small fp32 case on this machine (on the CPU in the interpreter against TE's stored output,
+# on a GPU compiled with contraction on), with TE's own cos/sin wherever a row reads a table; on
+# a GPU with TE one more column runs it live at the GPU size in bf16. To try another order, edit
+# the `USE_FMA` branch or `my_combine`, then rerun section 1's cell and this one. The asserts
+# check the course's kernel, run beside yours, and the file.
 
 # %%
 def repro_bits(case, use_fma, from_angles=False, input_dtype_math=False,
@@ -1303,112 +1202,24 @@ elif SAME_GPU:  # tl.cos is CUDA's sincosf, TE's own
 # %% [markdown]
 # **Which change did it.** Read the file's columns row by row. Section 1's reported failure
 # differs from TE in 320,601 of 1,048,576 bf16 elements. An fp32 table and fp32 math leave 12;
-# taking sin/cos from the angles in the kernel instead of from that table leaves the same 12;
-# the fma line leaves 0. In fp32, where every rounding shows, the first three rows give
-# 166,505 at the GPU size and 573 at the small one — in fp32 "the input dtype" is fp32 already,
-# and the file's table is a torch fp32 table made on the GPU whose entries equal TE's in every
-# bit, as in step b — and only the fma line gives 0 (all asserted from the file). So on the GPU
-# the source of sin/cos moved nothing, and the contraction order took the last elements away.
+# sin/cos from the angles in the kernel leave the same 12; the fma line leaves 0. In fp32 the
+# first three rows give 166,505 at the GPU size and 573 at the small one (in fp32 "the input
+# dtype" is fp32 already, and the file's torch fp32 table equals TE's entries in every bit), and
+# only the fma line gives 0 (all asserted from the file): TE's output is, in every bit, what
+# `fma(v_src, v_cos, v_src_rotate * v_sin)` gives for its line. On the GPU the source of sin/cos
+# moved nothing, and the contraction order took the last elements away.
 #
-# The column "here" is what this machine shows. On the CPU the interpreter rounds every
-# product, so the first two rows give the file's every-product-rounded count, 990 (asserted),
-# where the GPU, whose compiler contracted the plain line, gives 573. Sin/cos from the angles
-# are NumPy's there, not TE's, so rows 3 and 4 are not 0 (asserted): TE's order alone does not
-# make TE's bits from other sin/cos. The last row, TE's order with TE's own cos/sin, is 0 on
-# every machine (asserted). Those are the two changes that made the kernel TE's on the GPU, and
-# the CPU needs the same two. On the file's GPU and Triton version the column "here" equals the
-# file's small-size column row for row (asserted there).
-
-# %% [markdown]
-# **The first row, taken apart.** Section 1's kernel with math in the input dtype rounds every
-# product to bf16 before the sum — that is what its source says:
+# The column "here": on the CPU the interpreter rounds every product, so the first two rows give
+# the file's every-product-rounded count, 990 (asserted), where the GPU, whose compiler
+# contracted the plain line, gives 573. Sin/cos from the angles are NumPy's there, so rows 3 and
+# 4 are not 0: TE's order alone does not make TE's bits from other sin/cos. The last row, TE's
+# order with TE's own cos/sin, is 0 on every machine (both asserted): the CPU needs the same two
+# changes as the GPU. On the file's GPU and Triton version the column equals the file's
+# small-size column row for row (asserted there).
 #
-# $$ y_1 = \mathrm{rn}(x_1 c) - \mathrm{rn}(x_2 s), \qquad y_2 = \mathrm{rn}(x_2 c) + \mathrm{rn}(x_1 s), $$
-#
-# with $\mathrm{rn}$ now rounding to bf16. The interpreter computes exactly that, and so does
-# PyTorch; yet the file's GPU row is not their count. The cell below evaluates the two lines
-# sixteen ways in float64 from the stored inputs — in each half, each product rounded to bf16 or
-# entering the sum exact, as one fused multiply-add would take it — rounds each result once to
-# bf16, and counts it against TE's output. The committed file
-# `repro_contraction-<gpu>.json` (`benchmarks/repro_contraction.py`) is the same kernel launched
-# on the GPU with Triton's contraction on and off: its count, which of the sixteen it equals bit
-# for bit, and the multiply and fma instructions in its PTX. On a GPU the cell also launches your
-# section-1 kernel both ways, live.
-
-# %%
-CONTRACTION = json.loads(TE_BITS.with_name(
-    TE_BITS.name.replace("te-bits-", "repro_contraction-").replace(".pt", ".json")).read_text())
-assert CONTRACTION["gpu"] == GPU_NAME and CONTRACTION["file_row"] == gpu_row(BIG, "debug:REPRO")
-bf16_table = [torch.cos(BIG.angles).to(torch.bfloat16), torch.sin(BIG.angles).to(torch.bfloat16)]
-ways = debug.contraction_emulations(BIG.x, *bf16_table)       # {(y1's way, y2's way): y}
-way_counts = {w: int(debug.bits_differ(y, SIDE[BIG.key]["te"]).sum()) for w, y in ways.items()}
-label = lambda w: f"y1 {w[0]} | y2 {w[1]}"                     # the file's name of a way
-kernel_runs = {f"{FILE}, contraction {'on' if on else 'off'}":
-               CONTRACTION["kernel"][f"enable_fp_fusion={on}"] for on in (True, False)}
-if GPU:   # your section-1 kernel on this GPU, both ways, against the emulations
-    S, B, H, D = BIG.x.shape
-    for on in (True, False):
-        rows = BIG.x.transpose(0, 1).contiguous().to(device).view(B * S, H, D)
-        debug.rope_unsloth_repro(rows, *(t.to(device) for t in bf16_table), seq_len=S,
-                                 kernel=_rope_repro_kernel, enable_fp_fusion=on)
-        y = rows.view(B, S, H, D).transpose(0, 1).cpu()
-        kernel_runs[f"your kernel, {MEASURED}, contraction {'on' if on else 'off'}"] = {
-            "n_differ": int(debug.bits_differ(y, SIDE[BIG.key]["te"]).sum()),
-            "equals_emulations": [label(w) for w, e in ways.items() if torch.equal(y, e)]}
-WAYS = debug.CONTRACTION_WAYS
-cell = lambda n: f"<b>{n:,}</b>" if n == CONTRACTION["file_row"] else f"{n:,}"  # bold: the file's
-display(HTML(
-    "<table><tr><th>y1 = x1·c − x2·s; y2 = x2·c + x1·s</th>"
-    + "".join(f"<th>y2: {w}</th>" for w in WAYS) + "</tr>"
-    + "".join(f"<tr><th>y1: {w1}</th>" + "".join(
-        f"<td>{cell(way_counts[w1, w2])}</td>" for w2 in WAYS) + "</tr>" for w1 in WAYS)
-    + f"</table><p>bf16 elements whose bits differ from TE's, of {BIG.x.numel():,}, each way "
-    f"evaluated in float64 {MEASURED.split(',')[0]}; bold: the file's GPU row</p>"))
-for name, run in kernel_runs.items():
-    print(f"{name}: {run['n_differ']:,} differ from TE; equal bit for bit to: "
-          f"{', '.join(run['equals_emulations']) or 'none of the sixteen'}")
-here = {on: debug.repro_kernel_instructions(on) for on in (True, False)}   # compiled for sm_90
-for on in (True, False):
-    gpu_ops = CONTRACTION["kernel"][f"enable_fp_fusion={on}"]
-    for where, ops in ((f"{FILE}, Triton {CONTRACTION['triton']}", gpu_ops),
-                       (f"compiled here for sm_90, Triton {triton.__version__}", here[on])):
-        print(f"contraction {'on ' if on else 'off'}, {where}:\n   PTX  "
-              + ", ".join(f"{op} x{n}" for op, n in ops["ptx"].items())
-              + "\n   SASS " + ", ".join(f"{op} x{n}" for op, n in ops["sass"].items()))
-
-rounded, fused = ("rounded", "rounded"), ("x1 exact", "x1 exact")
-assert [w for w, n in way_counts.items() if n == CONTRACTION["file_row"]] == [fused]   # one way
-assert way_counts[rounded] == max(way_counts.values()) == 374_724   # the line as written: most
-assert CONTRACTION["emulations"] == {label(w): n for w, n in way_counts.items()}  # the GPU's emulations
-on_file, off_file = (kernel_runs[f"{FILE}, contraction {o}"] for o in ("on", "off"))
-assert on_file["n_differ"] == CONTRACTION["file_row"] and on_file["equals_emulations"] == [label(fused)]
-assert off_file["n_differ"] == way_counts[rounded] and off_file["equals_emulations"] == [label(rounded)]
-for ops in (CONTRACTION["kernel"]["enable_fp_fusion=True"], here[True]):      # bf16 fmas
-    assert ops["ptx"].get("fma.rn.bf16", 0) > 0
-for ops in (CONTRACTION["kernel"]["enable_fp_fusion=False"], here[False]):    # every product rounded
-    assert "fma.rn.bf16" not in ops["ptx"] and ops["ptx"].get("mul.rn.bf16", 0) >= 4
-
-# %% [markdown]
-# **What the GPU computed.** One of the sixteen ways gives the file's 320,601, and only one: in
-# $y_1$ the product $x_1 c$ enters the sum exact, in $y_2$ the product $x_1 s$ does — the two
-# bf16 fused multiply-adds $\mathrm{fma}(x_1, c, -\mathrm{rn}(x_2 s))$ and
-# $\mathrm{fma}(x_1, s, \mathrm{rn}(x_2 c))$. On the GPU the kernel's output equals that way bit
-# for bit; compiled with `enable_fp_fusion=False` it equals the line as written, every product
-# rounded, the way with the most differences, 374,724 (all asserted from the file). The
-# interpreter rounds every product (the small case above shows it) and so counts the line as
-# written too.
-#
-# The PTX says how. The source multiplies in fp32, rounds to bf16 and widens again; a product
-# of two bf16 numbers is exact in fp32, so the compiler may do the line in bf16 arithmetic
-# instead, with the same result. With contraction on it then joins a product and its sum into
-# `fma.rn.bf16` (`HFMA2.BF16_V2` in the SASS, two lanes at a time), and that product's rounding
-# is gone; with contraction off every product is a `mul.rn.bf16`, rounded where the source
-# rounds. Both are asserted for the file's GPU run and for the kernel compiled here, for an
-# sm_90, by whatever Triton this machine has. So the reported row is not the arithmetic its
-# source writes: the compiler skipped two of the four roundings the source asks for, and chose
-# which two. That is why the exercise's grader compiles with contraction off, and why a count
-# from the interpreter and one from the GPU can differ for the same kernel. To watch it move,
-# launch your section-1 kernel with `enable_fp_fusion=False` on a GPU (the cell does, both ways).
+# `benchmarks/repro_contraction.py` takes the first row apart: which of the sixteen ways of
+# rounding or fusing its four bf16 products the GPU's output equals, and the PTX instructions
+# behind it (`benchmarks/results/repro_contraction-<gpu>.json`).
 
 # %% [markdown]
 # ## 5. Six layout traps — all invisible in the first ten values
@@ -1496,30 +1307,26 @@ print("share of the map that differs:", {t: f"{v:.2f}" for t, v in lit.items()},
 # %% [markdown]
 # The column in units of $u$ splits each row into its two sides. The side the trap leaves alone
 # is within one $u$ of fp64: one rounding, as for the fixed kernel. The side with the trap is
-# more than $1/u$ off — the error is as large as the values themselves, hundreds of times the
-# rounding and more (the cell asserts both bounds for every trap). No trap is a rounding
-# difference; each is a wrong value. Two kinds of wrong show in the size. Four traps rotate the
+# more than $1/u$ off: the error is as large as the values themselves (both bounds asserted for
+# every trap). No trap is a rounding difference; each is a wrong value. Four traps rotate the
 # right pair by a wrong angle, and two rotations of one pair are at most
 # $2\sqrt{x_a^2 + x_b^2} \le 2(|x_a| + |x_b|)$ apart: at most $2/u$, plus the roundings
 # (asserted). Interleaved vs rotate-half and partial rotary mix features of different pairs, or
-# rotate features the model passes through, so the error is no longer bounded by the size of
-# the model's pair: they go beyond $2/u$ (asserted), the further the smaller that pair's
-# $|x_a| + |x_b|$.
+# rotate features the model passes through, so nothing bounds their error by the size of the
+# model's pair: they go beyond $2/u$ (asserted).
 #
-# The table says *that* the layout is wrong: every trap gets the verdict `layout`. It does not
-# say *how*: a large difference at some position far from 0 fits every trap. The error maps say
-# little more. Every trap lights up nearly all of its map (the cell prints the share of each
-# and asserts more than 0.9). Row 0 is dark in four of them and lit in two,
-# sbhd indexing and the table margin, which rotate the position-0 tokens of batch 1
-# (asserted). That splits the six into two groups and names none of them. A sharper
-# question: **which position does each output encode?** A right RoPE turns the pair of
-# lowest frequency $\omega_{\min} = 10000^{-(R-2)/R}$ by $s\,\omega_{\min}$; the angle from
-# input pair to output pair, $\operatorname{atan2}(x_a y_b - x_b y_a,\ x_a y_a + x_b y_b)$,
-# divided by $\omega_{\min}$ gives the position back (`debug.recovered_positions`). That angle
-# grows by only $\omega_{\min} \approx 10^{-4}$ rad per position, finer than bf16 resolves, so
-# we run the traps once more in fp32 — the traps do not depend on the dtype — and plot, for the
-# wrong side, the recovered position of every token (one dot per token and head, colour =
-# batch) against its true position:
+# The table says *that* the layout is wrong (every trap gets the verdict `layout`), not *how*.
+# The error maps say little more: every trap lights nearly all of its map (more than 0.9,
+# asserted), and row 0 is lit in two of them, sbhd indexing and the table margin, which rotate
+# the position-0 tokens of batch 1 (asserted). A sharper question: **which position does each
+# output encode?** A right RoPE turns the pair of lowest frequency
+# $\omega_{\min} = 10000^{-(R-2)/R}$ by $s\,\omega_{\min}$; the angle from input pair to output
+# pair, $\operatorname{atan2}(x_a y_b - x_b y_a,\ x_a y_a + x_b y_b)$, divided by
+# $\omega_{\min}$ gives the position back (`debug.recovered_positions`). That angle grows by only
+# $\omega_{\min} \approx 10^{-4}$ rad per position, finer than bf16 resolves, so we run the traps
+# once more in fp32 (the traps do not depend on the dtype) and plot, for the wrong side, the
+# recovered position of every token (one dot per token and head, colour = batch) against its
+# true position:
 
 # %%
 TRAP_SC = debug.Scenario(seq_len=32, batch=2, heads=2, head_dim=32, dtype="fp32")
@@ -1589,37 +1396,33 @@ print({t: f"{v:.0f}" for t, v in spread.items()}, "= largest |recovered position
 # %% [markdown]
 # Each trap leaves its own curve:
 #
-# - **sbhd vs bshd indexing**: a sawtooth of slope 2 that wraps at $S/2$ — row $sB + b$ read as
-#   position $(sB + b) \bmod S$ — with batch 1 one position above batch 0;
+# - **sbhd vs bshd indexing**: a sawtooth of slope 2 that wraps at $S/2$ (row $sB + b$ read as
+#   position $(sB + b) \bmod S$), with batch 1 one position above batch 0;
 # - **TE's duplicated angles**: a staircase of slope ½, $\lfloor s/2 \rfloor$;
 # - **table margin** (bshd): batch 0 on the diagonal; batch 1 jumps above it for $s < m$ and
-#   runs $m$ positions below it after — $(S + s) \bmod (S + m)$;
+#   runs $m$ positions below it after: $(S + s) \bmod (S + m)$;
 # - **in-place double rotation**: a clean line of slope 2 on the *TE* side, $2s$;
-# - **interleaved vs rotate-half** and **partial rotary**: no curve at all — the output is no
+# - **interleaved vs rotate-half** and **partial rotary**: no curve at all; the output is no
 #   rotation of the model's pairs, so the angle is noise. Partial rotary's cloud is far wider
-#   (the cell prints each one's largest |recovered position| and asserts partial rotary's more
-#   than 4 times the other's; the symlog axis goes logarithmic beyond $\pm 2S$): the kernel
-#   turns the model's
-#   lowest-frequency features with the much higher frequencies of a $D$-wide head, and it also
-#   changes the features the model passes through. Recovering the angle with the kernel's
-#   pairing instead (rotate-half over all of $D$) gives the diagonal back for both — the
-#   positions are right, the pairs are not.
+#   (the cell asserts more than 4 times; the axis goes logarithmic beyond $\pm 2S$): the kernel
+#   turns the model's lowest-frequency features with the higher frequencies of a $D$-wide head,
+#   and changes the features the model passes through. With the kernel's pairing instead
+#   (rotate-half over all of $D$) both give the diagonal back: the positions are right, the
+#   pairs are not.
 #
-# And comparing each side with fp64 (the table above) says which side to blame: for the double
+# Comparing each side with fp64 (the table above) says which side to blame: for the double
 # rotation it is TE's output, not the kernel's.
 #
-# **Exercise — name the trap.** Two parts: first read the positions off an output yourself,
-# then name the trap from their curve.
+# **Exercise — name the trap.** First read the positions off an output yourself, then name the
+# trap from their curve.
 #
 # *Part 1.* Write `my_recovered_positions(x, y, layout)`: `x` an input and `y` an output (fp32,
 # $[S, B, H, D]$ in `layout`, `"sbhd"` or `"bshd"`), rotate-half over all of $D$. Return, in
 # float64 and as $[S, B, H]$ whatever the layout, the position each token's output encodes: the
-# angle from input pair to output pair of the lowest frequency,
-# $\operatorname{atan2}(x_a y_b - x_b y_a,\ x_a y_a + x_b y_b)$ with $(a, b) = (D/2 - 1, D - 1)$,
-# divided by $\omega_{\min} = 10000^{-(D-2)/D}$ — the formula above, the one the figure's
-# `debug.recovered_positions` computes. The check compares yours with it on outputs of the
-# reproduction kernel, each with one of the four traps with a curve or none, at two fixed sizes
-# and at a size drawn when it runs, and on two of them again in bshd. It bars
+# angle above with $(a, b) = (D/2 - 1, D - 1)$, divided by $\omega_{\min} = 10000^{-(D-2)/D}$,
+# the formula the figure's `debug.recovered_positions` computes. The check compares yours with
+# it on outputs of the reproduction kernel, each with one of the four traps with a curve or
+# none, at two fixed sizes and one drawn when it runs, two of them again in bshd. It bars
 # `debug.recovered_positions` and the worked solution: this part is that function.
 
 # %%
@@ -1683,34 +1486,30 @@ assert far_steps == {"fma_rs/tl": 5, "free_sub/tl": 5}      # the file: one elem
 assert BIG.rows["fma_rs/tl"]["hist"][5] == BIG.rows["free_sub/tl"]["hist"][5] == 1
 
 # %% [markdown]
-# The thresholds, in one unit: the norm-wise error against fp64 in units of $u = 2^{-8}$, the
-# measure `debug.classify` compares with its threshold of $8u$ (`debug.LAYOUT_NORMWISE_U`). The
-# cell prints what sections 4 and 5 measured in it: the precision variants within $3u$, the
-# side with a layout trap beyond $1/u = 256\,u$, the threshold between them (all asserted).
-# (Section 5's `max diff` column is in another unit: plain differences of bf16 values, above 1
-# for every trap, asserted.) So anything beyond
-# $8u$ is a layout trap; below that, two sides each within one ulp of fp64 are both right (a
-# tolerance question), and a side many ulps off is a precision cause. The rules are meant for
-# bf16/fp16 outputs of fp32 math; in fp32 outputs fp32's own rounding is no longer hidden.
+# In one unit, the norm-wise error against fp64 in $u = 2^{-8}$: section 4's precision variants
+# stay within $3u$, the side with a layout trap goes beyond $1/u = 256\,u$, and `debug.classify`'s
+# threshold, $8u$ (`debug.LAYOUT_NORMWISE_U`), lies between them (all asserted). Beyond $8u$ is a
+# layout trap; below it, two sides each within one ulp of fp64 are both right (a tolerance
+# question), and a side many ulps off is a precision cause. The rules are meant for bf16/fp16
+# outputs of fp32 math; in fp32 outputs fp32's own rounding is no longer hidden.
 #
 # The `tolerance` row says *most* such elements are one rounding step apart: near zero bf16's
 # steps are tiny, and a last-bit difference in fp32 can move an output by several of them
-# (section 3b's nudge at the GPU size in PyTorch: 38 of 43 elements one step apart, the rest
-# more; steps d and e: one element 5 steps apart each; all asserted). What marks the row is
-# that both sides are within one ulp of fp64.
+# (section 3b's nudge in PyTorch: 38 of 43 elements one step apart, the rest more; steps d and
+# e: one element 5 steps apart each; all asserted). What marks the row is that both sides are
+# within one ulp of fp64.
 #
 # ## 7. Try it: toggle the causes
 #
-# Each checkbox switches one cause on. Watch `allclose`, the largest difference and where it is,
+# Each checkbox switches one cause on; watch `allclose`, the largest difference and where it is,
 # the error map, and the verdict under the panel. "the reported failure" and "all causes fixed"
 # reset the boxes; the tolerance buttons switch between `allclose`'s defaults and dtype-aware
 # tolerances. The one-ulp cause flips a rounding in tens of elements per million (section 3b:
-# 43 of 1,048,576 in PyTorch); at that rate the CPU's panel of 4,096 elements expects about
-# 0.2 of them (asserted below), so it mostly shows none, and a GPU's million-element panel
-# tens. Widgets need a running kernel: in a notebook reopened
-# from disk, run its cells first (Run → Run All Cells) — until then the saved widget reads
-# "Error displaying widget: model not found" — and on the executed page they compute nothing;
-# the cell after the panel drives it from code and prints its verdicts.
+# 43 of 1,048,576 in PyTorch), so the CPU's panel of 4,096 elements expects about 0.2 of them
+# (asserted below) and mostly shows none; a GPU's million-element panel shows tens. Widgets need
+# a running kernel: in a notebook reopened from disk, run its cells first (until then the saved
+# widget reads "Error displaying widget: model not found"); on the executed page they compute
+# nothing, and the cell after the panel drives it from code and prints its verdicts.
 
 # %%
 import ipywidgets as W
@@ -1797,22 +1596,17 @@ print(f"fixed: allclose with {tol} passes; max error {float(ulps.max()):.3g} ulp
 # - a correct kernel whose sin/cos differ from TE's in the last fp32 bit fails the default
 #   tolerances, most elements by one bf16 step and a few near-zero ones by more (section 3b:
 #   43 of 1,048,576 elements in PyTorch at the GPU size);
-# - the ledger at the end of section 4b, one change per row. Against the real TE on the H200
-#   (the file), the reproduction kernel went from 320,601 differing bf16 elements to 12 with
-#   an fp32 table and fp32 math, stayed at 12 with sin/cos from the angles in the kernel
-#   (`tl.cos`/`tl.sin` equal TE's sin/cos in every entry), and reached 0 with
-#   `tl.fma(x, c, rot * s)`; the line as written, compiled into the file's kernel, differed
-#   from TE only in the half of the outputs where the compiler fused the other product (section
-#   4b, step e). Which product the compiler fuses is its choice, kernel by kernel: step a prints
-#   what it chose for this notebook's own kernel on your GPU, which need not be the file's
-#   kernel's choice. On the CPU (the
-#   interpreter against TE's stored output) the same kernel reaches 0 only when both changes
-#   are made: TE's own cos/sin and TE's order — with NumPy's sin/cos, or with every product
-#   rounded, it does not.
+# - against the real TE on the H200 (the ledger at the end of section 4b), the reproduction
+#   kernel went from 320,601 differing bf16 elements to 12 with an fp32 table and fp32 math,
+#   stayed at 12 with sin/cos from the angles in the kernel (equal to TE's in every entry), and
+#   reached 0 with `tl.fma(x, c, rot * s)`. The 12 lie in the half of the outputs where the
+#   compiler fused the other product (step e), a choice it makes kernel by kernel: step a prints
+#   what it chose for this notebook's own kernel on your GPU. On the CPU the same kernel reaches
+#   0 only with both TE's own cos/sin and TE's order.
 #
 # The fix is the comparison itself: an fp64 reference, dtype-aware tolerances, errors in ulps
 # *and* norm-wise, a look at the argmax and at the positions the output encodes instead of the
-# first ten values — and, where bit-for-bit equality is the goal, the other side's contraction.
+# first ten values, and, where bit-for-bit equality is the goal, the other side's contraction.
 #
 # ## Questions for a study group
 #
@@ -1827,10 +1621,11 @@ print(f"fixed: allclose with {tol} passes; max error {float(ulps.max()):.3g} ulp
 # 4. The recovered-position plot needs fp32 outputs. How would you find a layout trap in a
 #    bf16-only pipeline — which pair, which frequency, which statistic over heads?
 # 5. Section 4b found `tl.cos` equal to TE's `sincosf` in every entry, yet the line as written
-#    differed from TE in the file's kernels, by the compiler's choice of the product to fuse.
-#    In the next comparison that fails by one rounding step, what
-#    would you look at first — the sin/cos tables, the PTX's `fma` lines, or an fp32 run of
-#    both sides — and why is an fp32 output the sharper witness?
+#    differed from TE by the compiler's choice of the product to fuse. In the next comparison
+#    that fails by one rounding step, what would you look at first — the sin/cos tables, the
+#    PTX's `fma` lines, or an fp32 run of both sides — and why is an fp32 output the sharper
+#    witness?
 # 6. `tl.fma` pins the order in Triton. What would pin it in a CUDA kernel, in a PyTorch
 #    expression, in a `torch.compile`d one — and which of them would you trust to stay put
 #    after a compiler upgrade?
+
