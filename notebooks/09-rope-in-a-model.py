@@ -868,22 +868,29 @@ print(f"this run: the reference code's training runs took {min(ref_ms):.2f} to "
 # round, in ms per step.
 #
 # Per arm the cell prints the median over the rounds and two spreads: the interquartile range
-# (the middle half of the rounds, $[q_{25}, q_{75}]$) and the full range. The verdict:
+# (the middle half of the rounds, $[q_{25}, q_{75}]$) and the full range. Those spreads are
+# mostly the machine's drift, and the drift is shared: in a round where the host is slow, both
+# arms are slow. The cell measures how much by the correlation of the two arms' times across
+# rounds. Because the two arms of a round run one right after the other, the drift largely
+# cancels in that round's *ratio* (reference time over ropelib time), so the verdict reads the
+# rounds as pairs:
 #
-# - if the interquartile ranges of the two arms do not overlap, the difference is larger than
-#   the movement of either arm's middle half, and the cell names the faster arm and by how much:
-#   the difference of the medians in ms per step and their ratio, with the per-round ratios
-#   (each round's reference time over its ropelib time, two times taken one right after the
-#   other) as the range that ratio moved in;
-# - if they overlap, it says there is no difference that this run can resolve.
+# - in how many of the $n$ rounds was ropelib's arm the faster one? If the two models were
+#   equally fast, each round would be a coin toss, and $k$ or more wins of one arm out of $n$
+#   would come up with probability $p = 2 \sum_{j \ge k} \binom{n}{j} 2^{-n}$ (the *sign test*;
+#   for $k > n/2$);
+# - if $p < 0.01$ the cell names the faster arm and by how much: the median of the per-round
+#   ratios with their middle half, and the difference of the medians in ms per step;
+# - otherwise it says there is no difference that this run can resolve. Three rounds (the CPU's)
+#   can never get there: even three wins of three come up with $p = 0.25$.
 #
-# Read the verdict together with its numbers. A difference of the medians many interquartile
-# ranges wide is likely to come out the same way on a rerun; one that barely clears the overlap
-# test may not.
+# Read the verdict together with its numbers: a ratio whose middle half sits far from 1 is
+# likely to come out the same way on a rerun; one that barely passes the test may not.
 # On a GPU the cell runs 15 rounds of 20 steps per arm, 600 steps in all; on the CPU 3 rounds of
 # one step, the kernel in Triton's interpreter, which tests the code, not the speed.
 
 # %%
+import math
 import random
 import time
 
@@ -927,16 +934,28 @@ def quartiles(v):
     return tuple(q.tolist())
 
 
-def step_verdict(times):
-    """From {"ropelib": [...], "reference": [...]} (ms per step, one per round): the faster arm
-    and the median difference and ratio, or None where the interquartile ranges overlap."""
-    lo_k, med_k, hi_k = quartiles(times["ropelib"])
-    lo_r, med_r, hi_r = quartiles(times["reference"])
-    if hi_k < lo_r:
-        return "ropelib", med_r - med_k, med_r / med_k
-    if hi_r < lo_k:
-        return "reference", med_k - med_r, med_k / med_r
-    return None
+def sign_test(wins, n):
+    """Two-sided sign test: the probability that a fair coin gives `wins` or more heads, or as
+    few, out of `n` tosses."""
+    k = max(wins, n - wins)
+    return min(1.0, 2 * sum(math.comb(n, j) for j in range(k, n + 1)) / 2 ** n)
+
+
+def step_verdict(times, alpha=0.01):
+    """From {"ropelib": [...], "reference": [...]} (ms per step, one per round, the two arms of a
+    round run one right after the other): (the faster arm, its wins of the rounds, the sign
+    test's p, the median per-round ratio slower/faster, the median difference in ms), the arm
+    None where p >= alpha."""
+    k, r = times["ropelib"], times["reference"]
+    wins = sum(a < b for a, b in zip(k, r))
+    p = sign_test(wins, len(k))
+    faster = None if p >= alpha else "ropelib" if 2 * wins > len(k) else "reference"
+    if faster == "reference":
+        ratios, wins = [a / b for a, b in zip(k, r)], len(k) - wins
+    else:
+        ratios = [b / a for a, b in zip(k, r)]
+    diff = abs(quartiles(r)[1] - quartiles(k)[1])
+    return faster, wins, p, quartiles(ratios)[1], diff
 
 
 step_models = {rope: build(cfg, rope, seed=0, device=device) for rope in ("ropelib", "reference")}
@@ -954,18 +973,24 @@ per_round = [r / k for r, k in zip(step_ms["reference"], step_ms["ropelib"])]
 lo_q, med_q, hi_q = quartiles(per_round)
 print(f"per-round ratio reference / ropelib: median {med_q:.3f}, middle half [{lo_q:.3f}, "
       f"{hi_q:.3f}], all rounds [{min(per_round):.3f}, {max(per_round):.3f}]")
-found = step_verdict(step_ms)
-if found is None:
-    print("verdict: the middle halves of the two arms overlap: no difference that this run can "
-          "resolve")
+together = float(torch.corrcoef(torch.tensor([step_ms["ropelib"], step_ms["reference"]],
+                                             dtype=torch.float64))[0, 1])
+print(f"the two arms' round times move together: correlation {together:.2f} across rounds")
+faster, wins, p_sign, ratio, diff_ms = step_verdict(step_ms)
+ropelib_wins = sum(k < r for k, r in zip(step_ms["ropelib"], step_ms["reference"]))
+print(f"ropelib's arm was the faster in {ropelib_wins} of {ROUNDS} rounds; sign test "
+      f"p = {p_sign:.2g}")
+if faster is None:
+    print("verdict: no difference that this run can resolve (p >= 0.01)")
 else:
-    faster, saved_ms, ratio = found
     slower = "reference" if faster == "ropelib" else "ropelib"
-    print(f"verdict: the {faster} model's step is faster, by {saved_ms:.3f} ms per step "
-          f"(medians), {ratio:.3f} times as many steps a second as the {slower}'s")
+    print(f"verdict: the {faster} model's step is faster in {wins} of {ROUNDS} rounds: "
+          f"{ratio:.3f} times as many steps a second as the {slower}'s (median per-round ratio), "
+          f"{diff_ms:.3f} ms per step apart (medians)")
 if not ON_GPU:
     print("(CPU: the kernel runs in Triton's interpreter; this tests the code, not the speed)")
 assert all(len(v) == ROUNDS and min(v) > 0 for v in step_ms.values())
+assert sign_test(15, 15) < 1e-4 and sign_test(3, 3) == 0.25 and sign_test(8, 15) == 1.0
 
 # %% [markdown]
 # The verdict and its numbers are this run's; the cell prints them, and a rerun prints its own.

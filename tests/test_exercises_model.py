@@ -568,25 +568,37 @@ def _notebook_functions(*names):
     tree = ast.parse(NOTEBOOK.read_text(encoding="utf-8"))
     defs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in names]
     assert sorted(d.name for d in defs) == sorted(names)
-    namespace = {"torch": torch}
+    namespace = {"torch": torch, "math": __import__("math")}
     code = compile(ast.Module(body=defs, type_ignores=[]), str(NOTEBOOK), "exec")
     exec(code, namespace)  # noqa: S102 -- the notebook's own source
     return [namespace[n] for n in names]
 
 
-def test_the_speed_verdict_resolves_only_where_the_middle_halves_part():
-    """Section 4's verdict on interleaved rounds: a faster arm only where the interquartile
-    ranges do not overlap, else none; the difference and ratio of the medians."""
-    quartiles, step_verdict = _notebook_functions("quartiles", "step_verdict")
+def test_the_speed_verdict_reads_the_rounds_as_pairs():
+    """Section 4's verdict on interleaved rounds: a faster arm only where it won enough rounds
+    for the sign test (p < 0.01), else none, however far apart the arms' spreads lie; the
+    median per-round ratio and the difference of the medians."""
+    import math
+    quartiles, sign_test, step_verdict = _notebook_functions("quartiles", "sign_test",
+                                                             "step_verdict")
     assert quartiles([1.0, 2.0, 3.0, 4.0, 5.0]) == (2.0, 3.0, 4.0)
-    apart = {"ropelib": [10.0, 10.2, 9.9, 10.1, 13.0], "reference": [12.0, 12.3, 11.9, 12.1, 9.0]}
-    faster, saved, ratio = step_verdict(apart)      # one outlier each: the middle halves part
-    assert faster == "ropelib" and saved == pytest.approx(1.9) and ratio == pytest.approx(12 / 10.1)
-    swapped = {"ropelib": apart["reference"], "reference": apart["ropelib"]}
-    assert step_verdict(swapped)[0] == "reference"
-    overlap = {"ropelib": [10.0, 10.5, 11.0, 11.5, 12.0],
-               "reference": [10.8, 11.2, 11.6, 12.0, 12.4]}
-    assert step_verdict(overlap) is None
+    assert sign_test(15, 15) == pytest.approx(2 / 2 ** 15)
+    assert sign_test(0, 15) == sign_test(15, 15) and sign_test(7, 15) == 1.0
+    assert sign_test(13, 15) == pytest.approx(2 * (math.comb(15, 13) + 15 + 1) / 2 ** 15)
+    # drift shared by both arms: the spreads overlap, yet ropelib wins every round by 20 %
+    drift = [10.0, 14.0, 11.0, 18.0, 12.0, 16.0, 13.0, 10.5, 17.0, 15.0]
+    paired = {"ropelib": drift, "reference": [1.2 * t for t in drift]}
+    faster, wins, p, ratio, diff = step_verdict(paired)
+    assert (faster, wins, ratio) == ("ropelib", 10, pytest.approx(1.2))
+    assert p == pytest.approx(2 / 2 ** 10)
+    assert diff == pytest.approx(0.2 * quartiles(drift)[1])
+    swapped = {"ropelib": paired["reference"], "reference": paired["ropelib"]}
+    assert step_verdict(swapped)[:3] == ("reference", 10, p)
+    # far-apart spreads but only 6 wins of 10: unresolved
+    mixed = {"ropelib": [10.0] * 10, "reference": [12.0] * 6 + [9.0] * 4}
+    assert step_verdict(mixed)[0] is None
+    # the CPU's three rounds can never resolve
+    assert step_verdict({"ropelib": [1.0, 1.0, 1.0], "reference": [2.0, 2.0, 2.0]})[0] is None
 
 
 def test_the_notebook_times_the_speed_verdict_in_interleaved_rounds():
