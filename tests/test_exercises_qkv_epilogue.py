@@ -445,3 +445,17 @@ def test_the_persistent_launch_calls_no_library_code_on_a_gpu():
     assert "_descriptor_scratch" in source
     rules = own_code._Rules((), ())
     assert rules.verdict(ex._descriptor_scratch.__code__) is None
+
+
+def test_paired_rounds_counts_wins_and_the_sign_test():
+    got = ex.paired_rounds([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0], [2.0] * 7)
+    assert (got["a_wins"], got["b_wins"], got["rounds"]) == (1, 5, 7)     # round 2 is a tie
+    assert got["ratio"] == 2.0 and (got["low"], got["high"]) == (0.5, 3.5)
+    assert got["p"] == pytest.approx(2 * (6 + 1) / 2**6)                  # n = 6, k = 5
+    every = ex.paired_rounds([1.0] * 7, [2.0] * 7)
+    assert (every["a_wins"], every["b_wins"]) == (7, 0)
+    assert every["p"] == pytest.approx(2 / 2**7)                         # 0.016
+    assert ex.paired_rounds([1.0, 2.0], [2.0, 1.0])["p"] == 1.0          # capped at 1
+    assert ex.paired_rounds([1.0], [1.0])["p"] == 1.0                    # all ties
+    with pytest.raises(ValueError):
+        ex.paired_rounds([1.0, 2.0], [1.0])
