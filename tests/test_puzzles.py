@@ -28,20 +28,33 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "13-rope-puzzles.py"
 KEYS = list(pz.PUZZLES)
 
-# what each starting kernel of the notebook gets wrong, as the check words it
+# what each starting kernel of the notebook gets wrong, as the check words it: (the symptom its
+# ❌ line states, the diagnosis only pz.hint(n) prints, or None)
 STARTER_FAILS_WITH = {
-    "rotate_row": "no kernel yet",
-    "interleaved": "no kernel yet",
-    "partial": "your partner of feature j is at j + D/2",
-    "odd_head_dim": "no kernel yet",
-    "long_context": "bf16 values near",
-    "position_ids": "read no element of any input",
-    "int64_offsets": "a 32-bit offset",
-    "backward": "no kernel yet",
-    "shared_table": "was loaded 4 times",
-    "packed_sequences": "RoPE at each row's index in the packed x",
-    "bf16_table": "eager PyTorch's x * cos + rotate_half(x) * sin",
+    "rotate_row": ("no kernel yet", None),
+    "interleaved": ("no kernel yet", None),
+    "partial": ("features 16-31, 48-63", "your partner of feature j is at j + D/2"),
+    "odd_head_dim": ("no kernel yet", None),
+    "long_context": ("at position", "bf16 values near"),
+    "position_ids": ("read no element of any input", None),
+    "int64_offsets": ("element offset -2,147,483,520", "a 32-bit offset"),
+    "backward": ("no kernel yet", None),
+    "shared_table": ("was loaded 4 times", "before the loop over b"),
+    "packed_sequences": ("elements differ", "RoPE at each row's index in the packed x"),
+    "bf16_table": ("bf16 ulp from the rotation", "eager PyTorch's x * cos + rotate_half(x) * sin"),
 }
+
+
+def _hinted(capsys, number: int, out: str) -> str:
+    """What pz.hint(number) prints after a failed check whose output was `out`; the diagnoses
+    it recognised must not be in that ❌ output (the ❌ line states the symptom only)."""
+    pz.hint(number)
+    told = capsys.readouterr().out
+    assert told.startswith(f"puzzle {number} "), told
+    for line in told.splitlines():
+        if "what your last check recognised: " in line:
+            assert line.split("recognised: ", 1)[1] not in out, (line, out)
+    return told
 
 
 def _import_file(path: Path, name: str):
@@ -120,8 +133,14 @@ def test_starting_kernel_fails_for_its_reason(key, starters, capsys):
     kernel = getattr(starters, f"my_{key}_kernel")
     assert pz.grade(pz.PUZZLES[key], kernel, seed=3, draw=False) is False
     out = capsys.readouterr().out
-    assert out.startswith(f"❌ puzzle {pz.PUZZLES[key].number} "), out
-    assert STARTER_FAILS_WITH[key] in out, out
+    number = pz.PUZZLES[key].number
+    assert out.startswith(f"❌ puzzle {number} "), out
+    symptom, diagnosis = STARTER_FAILS_WITH[key]
+    assert symptom in out, out
+    told = _hinted(capsys, number, out)
+    if diagnosis is not None:
+        assert diagnosis in told and diagnosis not in out, (out, told)
+        assert f"a hint: pz.hint({number})" in out, out
 
 
 # The bugs puzzles 2, 4 and 8 are built on, as a learner might hand them in (the notebook gives
@@ -220,7 +239,9 @@ def test_the_bug_a_written_puzzle_is_built_on_fails_for_its_reason(key, kernel, 
     for seed in (0, 3):
         assert pz.grade(pz.PUZZLES[key], kernel, seed=seed, draw=False) is False
         out = capsys.readouterr().out
-        assert out.startswith(f"❌ puzzle {pz.PUZZLES[key].number} ") and says in out, out
+        number = pz.PUZZLES[key].number
+        assert out.startswith(f"❌ puzzle {number} "), out
+        assert says in out + _hinted(capsys, number, out), out
 
 
 def test_interleaved_passes_with_stride_two_loads_too(capsys):
@@ -463,23 +484,24 @@ def test_partial_names_the_partner_at_half_d_with_the_tail_copied(partial_varian
     for seed in (0, 3):
         assert pz.check_partial(partial_variants["tail_only"], seed=seed, draw=False) is False
         out = capsys.readouterr().out
-        assert out.startswith("❌ puzzle 3 "), out
-        assert "your partner of feature j is at j + D/2 = j + 32" in out, out
-        assert "the partner is at j + 16" in out and "features 16-31 of rows" in out, out
+        assert out.startswith("❌ puzzle 3 ") and "features 16-31 of rows" in out, out
+        told = _hinted(capsys, 3, out)
+        assert "your partner of feature j is at j + D/2 = j + 32" in told, told
+        assert "the partner is at j + 16" in told and "your partner" not in out, (out, told)
 
 
 def test_partial_starter_is_told_both_mistakes(starters, capsys):
     assert pz.check_partial(starters.my_partial_kernel, seed=0, draw=False) is False
     out = capsys.readouterr().out
-    assert "j + D/2 = j + 32" in out and "were never written" in out, out
-    assert "features 16-31, 48-63" in out, out
+    assert "were never written" in out and "features 16-31, 48-63" in out, out
+    assert "j + D/2 = j + 32" in _hinted(capsys, 3, out)
 
 
 def test_partial_with_the_right_partner_is_not_blamed_for_it(partial_variants, capsys):
     assert pz.check_partial(partial_variants["partner_only"], seed=0, draw=False) is False
     out = capsys.readouterr().out
     assert "were never written" in out and "features 32-63" in out, out
-    assert "your partner" not in out, out
+    assert "your partner" not in out + _hinted(capsys, 3, out), out
     assert pz.check_partial(partial_variants["both"], seed=0, draw=False) is True
     assert "✅ puzzle 3 " in capsys.readouterr().out
 
@@ -569,7 +591,8 @@ def test_packed_inclusive_end_spills_past_the_tensor(capsys):
         out = capsys.readouterr().out
         assert out.startswith("❌ puzzle 10 ") and "lengths [5, 1, 12, 0]" in out, out
         assert "store lanes in 1 program" in out and "wrote no element of any output" in out, out
-        assert "index in the packed x" not in out, out             # the positions are right
+        told = _hinted(capsys, 10, out)
+        assert "index in the packed x" not in out + told, out      # the positions are right
 
 
 def test_packed_inclusive_end_clamped_is_failed_for_the_race(capsys):
@@ -671,13 +694,16 @@ def test_long_context_names_the_16_bit_mistake(kernel, says, not_says, capsys):
     for seed in (0, 3):
         assert pz.check_long_context(kernel, seed=seed, draw=False) is False
         out = capsys.readouterr().out
-        assert out.startswith("❌ puzzle 5 ") and says in out and not_says not in out, out
+        told = _hinted(capsys, 5, out)
+        assert out.startswith("❌ puzzle 5 ") and says in told and not_says not in told, told
+        assert says not in out, out
 
 
 def test_long_context_starter_is_blamed_on_the_table(starters, capsys):
     assert pz.check_long_context(starters.my_long_context_kernel, seed=0, draw=False) is False
     out = capsys.readouterr().out
-    assert "rotation by the angle held in bf16" in out and "inverse frequencies" not in out, out
+    told = _hinted(capsys, 5, out)
+    assert "rotation by the angle held in bf16" in told and "inverse frequencies" not in told, told
 
 
 # --- puzzle 11: what the check measures, and the claims the notebook makes about it -----------
@@ -761,7 +787,7 @@ def _bf16_arithmetic_kernel(
 def test_bf16_arithmetic_in_the_interpreter_is_named(capsys):
     assert pz.check_bf16_table(_bf16_arithmetic_kernel, seed=0, draw=False) is False
     out = capsys.readouterr().out
-    assert "far more than rounding" in out and "raw bits" in out, out
+    assert "far more than rounding" in out and "raw bits" in _hinted(capsys, 11, out), out
     assert "never written" not in out, out                    # it stored NaN: it wrote them
 
 
@@ -978,3 +1004,77 @@ def test_interpreter_compat_turns_one_element_scalars_into_indices():
         interpreter._patch_lang_tensor(Tensor, Scope())
         assert range(Tensor()) == range(7)
     assert interpreter._patch_lang_tensor is before
+
+
+def test_hint_prints_the_diagnosis_only_after_a_failed_check(starters, capsys):
+    """The ❌ line states the symptom; pz.hint(n) adds what the check recognised, and a pass (or
+    no check yet) leaves only the puzzle's general hint."""
+    pz.check_shared_table(starters.my_shared_table_kernel, seed=0, draw=False)
+    out = capsys.readouterr().out
+    assert "loaded 4 times" in out and "before the loop" not in out, out
+    told = _hinted(capsys, 9, out)
+    assert "what your last check recognised" in told and pz.SHARED_TABLE.hint in told, told
+    pz.hint(99)
+    assert "no puzzle 99" in capsys.readouterr().out
+    pz.hint(0)
+    assert pz.COPY.hint in capsys.readouterr().out
+
+
+def test_given_shared_table_kernel_is_the_notebooks_starting_kernel():
+    """The kernel the notebook times beside puzzle 9's solution is the one it hands out."""
+    source = NOTEBOOK.read_text(encoding="utf-8")
+    first, last = _notebook_kernels(source)["my_shared_table_kernel"]
+    starter = "\n".join(source.splitlines()[first - 1:last])
+
+    def body(src):
+        lines = src.split("):\n", 1)[1].splitlines()
+        return [ln.strip() for ln in lines if ln.strip() and not ln.strip().startswith("#")]
+    given = inspect.getsource(pz.given_shared_table_kernel.fn)
+    assert body(given) == body(starter)
+
+
+def test_given_shared_table_kernel_handed_in_is_refused(capsys):
+    """ropelib's copy of the given kernel is not a learner's answer (nor a right one)."""
+    assert pz.check_shared_table(pz.given_shared_table_kernel, seed=0, draw=False) is False
+    assert "ropelib's given_shared_table_kernel" in capsys.readouterr().out
+
+
+def test_time_kernel_on_the_cpu_says_nothing_was_timed(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert pz.time_kernel("shared_table", pz.given_shared_table_kernel, "the given kernel") is None
+    assert "not timed" in capsys.readouterr().out
+
+
+def test_stated_prints_each_claim_and_fails_on_a_mismatch(capsys):
+    pz.stated([("a share", "74%", "74%"), ("a count", 8, 8)])
+    out = capsys.readouterr().out
+    assert out.count("✓") == 2 and "a share" in out, out
+    with pytest.raises(AssertionError, match="a count"):
+        pz.stated([("a share", "74%", "74%"), ("a count", 8, 9)])
+
+
+def test_access_picture_legend_has_every_shade(monkeypatch):
+    """The legend names the four load shades the notebook's intro promises, 4 or more included."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    labels = []
+    real_show = plt.show
+
+    def keep(*a, **k):
+        for leg in plt.gcf().legends:
+            labels.extend(t.get_text() for t in leg.get_texts())
+    monkeypatch.setattr(plt, "show", keep)
+    x = torch.arange(8.0)
+    y = torch.full((8,), float("nan"))
+
+    @triton.jit
+    def _twice(x_ptr, y_ptr):
+        i = tl.arange(0, 8)
+        tl.store(y_ptr + i, tl.load(x_ptr + i) + tl.load(x_ptr + i))
+    memory = pz.run_in_checked_memory(_twice, (1,), x, y, inputs={"x": x}, outputs={"y": y})
+    pz.draw_accesses(memory, "legend")
+    monkeypatch.setattr(plt, "show", real_show)
+    assert labels == ["never touched", "loaded once", "loaded twice", "loaded 3 times",
+                      "loaded 4 or more", "stored by 2+ programs"], labels

@@ -14,8 +14,9 @@ notebook; tests/test_puzzles.py runs the notebook with them filled in). A check
    input (loads) or of the output (stores). A lane outside them is reported and masked off
    before it touches memory, so a buggy kernel cannot read or overwrite what the check does not
    own. Outputs start as NaN, so an element the kernel never writes cannot pass;
-3. compares the output with the spec and says what differs, naming the mistake when the output
-   is what a known wrong kernel gives;
+3. compares the output with the spec and says what differs and where (the ❌ line states the
+   symptom only); when the output is what a known wrong kernel gives, it keeps that diagnosis
+   for `hint(n)`, which prints it with the puzzle's hint;
 4. draws which elements of each tensor the kernel loaded and stored (inline, from the recorded
    accesses: they depend on the learner's kernel);
 5. on a GPU with no interpreter, runs the compiled kernel on the same cases, then times it
@@ -37,6 +38,7 @@ import functools
 import inspect
 import itertools
 import math
+import re
 import textwrap
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -53,11 +55,27 @@ from .exercises.own_code import fresh_seed, run_own_code
 from .work_count import interpreted
 
 __all__ = ["PUZZLES", "BoundsCheckedMemory", "Region", "run_in_checked_memory", "draw_accesses",
-           "grade", "Graded", "last_grade", "sector_use", "scoreboard", "show_spec", "Timing",
-           "time_solution", "solution_times", "copy_of", "COPY", "check_copy",
+           "grade", "Graded", "last_grade", "hint", "sector_use", "scoreboard", "show_spec",
+           "Timing", "time_solution", "solution_times", "time_kernel", "stated",
+           "given_shared_table_kernel", "copy_of", "COPY", "check_copy",
            "check_rotate_row", "check_interleaved", "check_partial", "check_odd_head_dim",
            "check_long_context", "check_position_ids", "check_int64_offsets", "check_backward",
            "check_shared_table", "check_packed_sequences", "check_bf16_table"]
+
+_WHY, _END = "\x1e", "\x1f"   # around a diagnosis inside a problem: pz.hint(n) shows it
+
+
+def _why(text: str) -> str:
+    """A diagnosis, kept out of the ❌ line (which states the symptom) for `hint` to print."""
+    return f"{_WHY}{text}{_END}"
+
+
+def _split_why(problem: str) -> Tuple[str, List[str]]:
+    """(the problem with its diagnoses taken out, the diagnoses)."""
+    whys = re.findall(f"{_WHY}(.*?){_END}", problem, flags=re.S)
+    return (re.sub(f"{_WHY}.*?{_END}", "", problem, flags=re.S).strip(),
+            list(dict.fromkeys(whys)))
+
 
 PAD = 256            # guard elements on each side of every input and output buffer
 INT32_MAX = 2**31 - 1
@@ -340,8 +358,9 @@ class BoundsCheckedMemory:
                     out[i] = p if out[i] in (-1, p) else -2
         return out.reshape(reg.addresses.shape)
 
-    def fault_report(self) -> Optional[str]:
-        """One paragraph on the lanes that were masked off, or None when every lane was fine."""
+    def fault_report(self, marked: bool = False) -> Optional[str]:
+        """One paragraph on the lanes that were masked off, or None when every lane was fine
+        (`marked`: the diagnoses kept apart for `hint`, as a check prints them)."""
         if not self.faults:
             return None
         lines = []
@@ -358,7 +377,8 @@ class BoundsCheckedMemory:
                          f"(first: program {first.program[0]}"
                          f"{', ' + str(first.program[1]) if any(p[1] for p in programs) else ''}) "
                          f"{where}; the check masked them off")
-        return "; ".join(lines)
+        text = "; ".join(lines)
+        return text if marked else text.replace(_WHY, " — ").replace(_END, "")
 
     def _nearest(self, fault: Fault) -> str:
         if fault.why != "outside":
@@ -375,8 +395,8 @@ class BoundsCheckedMemory:
                 f"{'input' if fault.kind == 'load' else 'output'}: the first at element offset "
                 f"{off:,} from {reg.describe()}")
         if abs(off) >= 2**30 and (reg.row_stride is None or off < 0):
-            text += (" — an offset near -2^31 is what a 32-bit offset gives once it wraps past "
-                     f"2^31 - 1 = {INT32_MAX:,}")
+            text += _why("an offset near -2^31 is what a 32-bit offset gives once it wraps past "
+                         f"2^31 - 1 = {INT32_MAX:,}")
         return text
 
 
@@ -833,16 +853,16 @@ def _compare_long_context(case, got) -> Optional[str]:
     cause = next((what for what, alt in _long_context_mistakes(case)
                   if float(_pair_angle_error(case, got, alt).max()) <= ANGLE_TOL), None)
     if cause == "table":
-        return (text + f". Your y is the rotation by the angle held in bf16: bf16 values near "
-                f"{p:,} are {_bf16_spacing(p)} apart, so an angle held in bf16 is off by up to "
-                "half that")
+        return text + _why(f"your y is the rotation by the angle held in bf16: bf16 values near "
+                           f"{p:,} are {_bf16_spacing(p)} apart, so an angle held in bf16 is off "
+                           "by up to half that")
     if cause == "inv_freq":
-        return (text + ". Your y is the rotation by inverse frequencies rounded to bf16: that "
-                "moves each inv_freq[j] by up to 2^-8 of itself (bf16 keeps 8 significant bits), "
-                "and so the angle at position p by up to p * inv_freq[j] / 256 rad. Multiply by "
-                "the fp32 inv_freq as loaded")
-    return (text + ". The angle of pair j at position p is p * inv_freq[j]: compute it in fp32 "
-            "from the integer position and the fp32 inverse frequencies")
+        return text + _why("your y is the rotation by inverse frequencies rounded to bf16: that "
+                           "moves each inv_freq[j] by up to 2^-8 of itself (bf16 keeps 8 "
+                           "significant bits), and so the angle at position p by up to "
+                           "p * inv_freq[j] / 256 rad. Multiply by the fp32 inv_freq as loaded")
+    return text + _why("the angle of pair j at position p is p * inv_freq[j]: compute it in "
+                       "fp32 from the integer position and the fp32 inverse frequencies")
 
 
 def _plot_long_context(ax, case, got):
@@ -1132,6 +1152,32 @@ def solution_shared_table_kernel(
         tl.store(y_ptr + row + HALF + j[None, :], x2 * c + x1 * sn, mask=live)
 
 
+@triton.jit
+def given_shared_table_kernel(
+    x_ptr,  # *fp32: x [S, B, 2 * HALF], contiguous
+    cos_ptr,  # *fp32: cos table [S, HALF], contiguous
+    sin_ptr,  # *fp32: sin table [S, HALF], contiguous
+    y_ptr,  # *fp32: y [S, B, 2 * HALF], contiguous
+    S,  # positions
+    B,  # batch entries per position (the program loops over them)
+    HALF: tl.constexpr,  # pairs per row (a power of two here)
+    BLOCK_S: tl.constexpr,  # positions per program
+):
+    # the kernel notebook 13 hands out for puzzle 9 (a test keeps the two the same), kept here so
+    # that it can be timed beside the worked solution whatever a learner did to their copy
+    s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)
+    j = tl.arange(0, HALF)
+    live = (s < S)[:, None]
+    for b in range(B):
+        c = tl.load(cos_ptr + s[:, None] * HALF + j[None, :], mask=live, other=1.0)
+        sn = tl.load(sin_ptr + s[:, None] * HALF + j[None, :], mask=live, other=0.0)
+        row = (s * B + b)[:, None] * (2 * HALF)
+        x1 = tl.load(x_ptr + row + j[None, :], mask=live, other=0.0)
+        x2 = tl.load(x_ptr + row + HALF + j[None, :], mask=live, other=0.0)
+        tl.store(y_ptr + row + j[None, :], x1 * c - x2 * sn, mask=live)
+        tl.store(y_ptr + row + HALF + j[None, :], x2 * c + x1 * sn, mask=live)
+
+
 def _build_shared_table(gen, device, block_s=4):
     cases = []
     for S, B, half in ((5, 4, 8), (3, 2, 16)):
@@ -1154,9 +1200,9 @@ def _each_table_element_once(case, memory) -> Optional[str]:
         if n.max() > 1:
             B = case.args[5]
             return (f"right values, but each element of {name} was loaded {int(n.max())} times "
-                    f"({int(n.sum())} loads for {n.size} elements; B = {B}): the table of a "
-                    "position is the same for every batch entry, load it once per program, "
-                    "before the loop over b")
+                    f"({int(n.sum())} loads for {n.size} elements; B = {B})"
+                    + _why("the table of a position is the same for every batch entry: load "
+                           "it once per program, before the loop over b"))
     return None
 
 
@@ -1245,8 +1291,9 @@ def _each_row_stored_by_one_program(case, memory) -> Optional[str]:
     return (f"right values in the interpreter, but rows {_ranges(twice)} of y were stored by two "
             f"programs{' (each the first row of a sequence)' if firsts.issuperset(twice) else ''}"
             ": the interpreter runs programs in order, so the last store wins here; on a GPU "
-            "they run in no fixed order. cu_seqlens[i + 1] is one past the last row of "
-            "sequence i: a program must store its own sequence's rows only")
+            "they run in no fixed order"
+            + _why("cu_seqlens[i + 1] is one past the last row of sequence i: a program must "
+                   "store its own sequence's rows only"))
 
 
 def _big_packed_sequences(device):
@@ -1403,14 +1450,15 @@ def _compare_bf16_table(case, got) -> Optional[str]:
             f"{float(ulps[worst]):.3g} ulp at {worst}, position {p:,}: got "
             f"{got[worst].item():.6g}, expected {want[worst].item():.6g})")
     if any(torch.equal(got, e) for e in case.extra["eager"]):
-        return (text + ". Your y is, bit for bit, eager PyTorch's x * cos + rotate_half(x) * sin "
-                "in bf16: each product rounded to bf16 before the add, then the sum rounded "
-                "again. Where the two products nearly cancel, their rounding errors are many "
-                "ulps of the small result")
+        return text + _why("your y is, bit for bit, eager PyTorch's x * cos + rotate_half(x) * "
+                           "sin in bf16: each product rounded to bf16 before the add, then the "
+                           "sum rounded again. Where the two products nearly cancel, their "
+                           "rounding errors are many ulps of the small result")
     if float(err.max()) > 0.1 * float(case.inputs["x"].double().abs().max()):
-        text += (": far more than rounding. If your kernel does arithmetic on bf16 tiles: "
-                 "Triton's interpreter computes on their raw bits, not their values; convert "
-                 "each tile to fp32 first")
+        text += (": far more than rounding"
+                 + _why("if your kernel does arithmetic on bf16 tiles: Triton's interpreter "
+                        "computes on their raw bits, not their values; convert each tile to "
+                        "fp32 first"))
     return text
 
 
@@ -1508,16 +1556,20 @@ def _what_differs(case: Case, got: torch.Tensor, stored: bool = False) -> Option
         text = (f"{int(nan.sum())} of {nan.numel()} output elements {what} (first "
                 f"at {first}); features {_ranges(flat.any(0).nonzero().flatten().tolist())} "
                 f"of rows {_ranges(flat.any(1).nonzero().flatten().tolist())}")
-        return text if named is None else f"{named}; and {text}"
-    if named is not None:
-        return named
+        off = (~close & ~nan).reshape(-1, width)
+        if off.any():
+            text += (f"; and {int(off.sum())} written elements differ (features "
+                     f"{_ranges(off.any(0).nonzero().flatten().tolist())} of rows "
+                     f"{_ranges(off.any(1).nonzero().flatten().tolist())})")
+        return text if named is None else text + _why(named)
     bad = (~close).reshape(-1, width)
     err = (got64 - want).abs().masked_fill(close, 0)
     worst = tuple(int(i) for i in torch.unravel_index(err.argmax(), err.shape))
     return (f"{int(bad.sum())} of {bad.numel()} elements differ (features "
             f"{_ranges(bad.any(0).nonzero().flatten().tolist())} of rows "
             f"{_ranges(bad.any(1).nonzero().flatten().tolist())}); worst at {worst}: got "
-            f"{got64[worst].item():.5g}, expected {want[worst].item():.5g}")
+            f"{got64[worst].item():.5g}, expected {want[worst].item():.5g}"
+            + ("" if named is None else _why(named)))
 
 
 def _judge(p: Puzzle, case: Case, got: torch.Tensor,
@@ -1602,11 +1654,11 @@ def draw_accesses(memory: BoundsCheckedMemory, title: str,
             ax.set_yticks([0])
     if panel is not None:
         panel(axes[0][-1])
-    handles = [Patch(color=load_colors[0], label="never touched"),
-               Patch(color=load_colors[1], label="loaded once"),
-               Patch(color=load_colors[3], label="loaded 3 times"),
-               Patch(color=(0, 0, 0), label="stored by 2+ programs")]
-    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=7, frameon=False)
+    handles = [Patch(color=load_colors[0], label="never touched")]
+    handles += [Patch(color=load_colors[k], label=f"loaded {what}")
+                for k, what in ((1, "once"), (2, "twice"), (3, "3 times"), (4, "4 or more"))]
+    handles.append(Patch(color=(0, 0, 0), label="stored by 2+ programs"))
+    fig.legend(handles=handles, loc="lower center", ncol=6, fontsize=7, frameon=False)
     if memory.faults:
         title += (f"\n{len(memory.faults)} instructions had lanes outside the tensors (not drawn: "
                   "the check masked them off)")
@@ -1665,6 +1717,7 @@ class Graded:
     seed: Optional[int]
     case: Optional[str] = None                       # the case whose accesses were printed
     sectors: Dict[str, Tuple[int, float]] = field(default_factory=dict)   # see sector_use
+    why: List[str] = field(default_factory=list)     # a fail's diagnoses, which `hint` prints
 
 
 _GRADES: Dict[str, Graded] = {}
@@ -1676,13 +1729,31 @@ def last_grade(key: str) -> Optional[Graded]:
 
 
 def _fail(p: Puzzle, label: str, problem: str, seed: int, kernel=None) -> bool:
+    """Print the ❌ line: the symptom only (what differs, where); the diagnosis waits for
+    `hint(p.number)`."""
     you = getattr(getattr(kernel, "fn", None), "__name__", "your_kernel")
-    print(f"❌ puzzle {p.number} ({p.title}), {label} (seed={seed}): {problem}\n"
-          f"   hint: {p.hint}\n"
-          f"   the same inputs again: pz.check_{p.key}({you}, seed={seed})")
+    symptom, whys = _split_why(problem)
+    print(f"❌ puzzle {p.number} ({p.title}), {label} (seed={seed}): {symptom}\n"
+          f"   the same inputs again: pz.check_{p.key}({you}, seed={seed}); "
+          f"a hint: pz.hint({p.number})")
     _RESULTS[p.key] = False
-    _GRADES[p.key] = Graded(p.key, False, seed)
+    _GRADES[p.key] = Graded(p.key, False, seed, why=whys)
     return False
+
+
+def hint(number: int) -> None:
+    """Print the hint for puzzle `number` (0: the masked copy): what the last failed check of
+    it points to, when it recognised the mistake, then the puzzle's general hint."""
+    p = next((q for q in list(PUZZLES.values()) + [COPY] if q.number == number), None)
+    if p is None:
+        print(f"no puzzle {number}: the puzzles are 1 to {len(PUZZLES)}")
+        return
+    g = _GRADES.get(p.key)
+    lines = [f"puzzle {p.number} ({p.title}), a hint:"]
+    if g is not None and not g.passed and g.why:
+        lines += [f"   what your last check recognised: {w}" for w in g.why]
+    lines.append(f"   {p.hint}")
+    print("\n".join(lines))
 
 
 def grade(p: Puzzle, kernel, *, seed: Optional[int] = None, draw: bool = True,
@@ -1722,7 +1793,7 @@ def _grade(p: Puzzle, kernel, *, seed, draw, time_it) -> bool:
         if ran.error is not None:
             return _fail(p, case.label, f"the launch raised {_error_line(ran.error)}", seed,
                          kernel)
-        problems = [memory.fault_report(), _judge(p, case, case.out, memory)]
+        problems = [memory.fault_report(marked=True), _judge(p, case, case.out, memory)]
         if not any(problems) and p.require is not None:
             problems.append(p.require(case, memory))
         problem = "; and ".join(q for q in problems if q) or None
@@ -1797,8 +1868,9 @@ def _on_gpu(p: Puzzle, kernel, seed: int) -> bool:
     wrong = _compiled_problem(p, kernel, seed)
     if wrong is not None:
         return _fail(p, wrong[0] + " (compiled, on the GPU)",
-                     wrong[1] + " — it passed in the interpreter: look for a race between "
-                     "programs or a load whose mask differs from its store's", seed, kernel)
+                     wrong[1] + " — it passed in the interpreter"
+                     + _why("look for a race between programs or a load whose mask differs "
+                            "from its store's"), seed, kernel)
     if p.big is None:
         print(f"   ⏱ not timed: {p.no_timing}")
         return True
@@ -1865,6 +1937,45 @@ def time_solution(key: str) -> Optional[Timing]:
         return None
     print(f"{head} (the time to aim for), {t.gpu}, {t.label}: {t.against_copy()}")
     return t
+
+
+def time_kernel(key: str, kernel, who: str) -> Optional[Timing]:
+    """Time `kernel` (named `who` in the line printed) on puzzle `key`'s timed case as a check
+    times a right answer, after it is found right on the GPU; it is not graded (a kernel that
+    fails its check for its loads, such as `given_shared_table_kernel`, can be timed). On the
+    CPU, say that timing needs a GPU. Never raises; returns None when nothing was timed."""
+    p = PUZZLES[key]
+    head = f"   ⏱ {who}, puzzle {p.number}"
+    if not runtime.on_gpu() or p.big is None:
+        print(f"{head}: not timed ({_why_no_timing() if p.big else p.no_timing})")
+        return None
+    try:
+        wrong = _compiled_problem(p, kernel, seed=0)
+        if wrong is not None:
+            print(f"❌{head[4:]}: not timed, wrong on the GPU ({wrong[0]}: {wrong[1]})")
+            return None
+        t = _time_big(p, kernel)
+    except Exception as exc:  # noqa: BLE001 -- the notebook goes on
+        print(f"❌{head[4:]}: could not be timed ({type(exc).__name__}: {_error_line(exc)})")
+        return None
+    print(f"{head}, {t.gpu}, {t.label}: {t.against_copy()}")
+    return t
+
+
+def stated(claims: Sequence[Tuple[str, object, object]]) -> None:
+    """Print each number the notebook's text states beside what the data give, one row a claim
+    (what, as the text writes it, as computed), and assert every pair equal: the text cannot
+    drift from the committed data it quotes."""
+    width = max(len(what) for what, _, _ in claims)
+    cols = max([13] + [max(len(str(t)), len(str(g))) for _, t, g in claims])
+    print(f"{'the text says':{width}s}  {'stated':>{cols}s}  {'from the data':>{cols}s}")
+    wrong = []
+    for what, text, got in claims:
+        print(f"{what:{width}s}  {str(text):>{cols}s}  {str(got):>{cols}s}  "
+              f"{'✓' if text == got else '✗'}")
+        if text != got:
+            wrong.append(what)
+    assert not wrong, f"the text no longer matches the data: {wrong}"
 
 
 def solution_times() -> Dict[str, Timing]:
