@@ -39,9 +39,7 @@ _OLDER = "the page was rendered from an older version of the notebook; "
 # page -> why it is allowed to differ from its notebook for now
 STALE = {stem: _OLDER + _rerender(stem) for stem in (
     "07-te-vs-triton-live",  # 7.3: the forward measured inside do_bench's loop
-    "08-debugging-allclose",  # shortened: three code cells fewer
     "09-rope-in-a-model",  # section 4: the rounds read as pairs
-    "12-rope-in-the-qkv-projection",  # the persistent kernel's check: its own descriptor allocator
 )}
 # pages rendered before a data file they read was measured again
 _OLDER_DATA = ("the page shows outputs of benchmarks/results/floor-nvidia-h200.csv as it was "
