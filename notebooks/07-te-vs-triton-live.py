@@ -36,10 +36,10 @@
 # - write the yardstick yourself: one kernel that copies or rotates a tile of rows, and race it.
 #
 # Without a GPU everything runs in Triton's interpreter at tiny sizes: the *errors* are real, the
-# **timings are meaningless**, and every table and figure says so. The GPU numbers the text
-# quotes come from the committed runs in `benchmarks/results/`; live cells print their own.
+# **timings are meaningless**. The GPU numbers the text quotes come from the committed runs in
+# `benchmarks/results/`; live cells print their own.
 #
-# **Time:** a minute or two to run on a CPU (a few on a GPU); about 90 minutes to read, run the
+# **Time:** a minute or two to run on a CPU (a few on a GPU); about two hours to read, run the
 # dashboard and do the three exercises.
 
 # %%
@@ -148,25 +148,35 @@ if "torch.compile_te_unfused" in head:
     assert head["torch.compile_te_unfused"] <= 0.5 + 1e-3 < head["pytorch"]
 if "torch.compile" in head:
     assert 0.5 + 1e-3 < head["torch.compile"] < head["pytorch"]
+# the committed sweep's run of this very shape (seq-bf16, S = 4096: 64 MiB), beside this run's
+SEED_ROWS_AT_ONE = {r["provider"]: r for r in compare.read_csv(RESULTS / "seed_sweeps.csv")
+                    if r["timing"] == compare.TIMING_GPU and r["sweep"] == "seq-bf16"
+                    and r["seq_len"] == 4096} if (RESULTS / "seed_sweeps.csv").exists() else {}
+for name in ("ropelib", "torch.compile"):
+    if name not in SEED_ROWS_AT_ONE:
+        continue
+    was = SEED_ROWS_AT_ONE[name]
+    line = (f"{name:13s} forward at S=4096, B=2, H=32, D=128 bf16: the committed sweep's run "
+            f"{was['fwd_ms'] * 1e3:5.1f} us ({was['ratio_fwd']:.3f} of its copy)")
+    if GPU and by.get(name, {}).get("available"):
+        now = by[name]["fwd_ms"] / was["fwd_ms"]
+        line += (f"; this run {by[name]['fwd_ms'] * 1e3:5.1f} us ({by[name]['ratio_fwd']:.3f}): "
+                 + ("within a fifth of it" if 0.8 <= now <= 1.25 else
+                    f"{1 / now:.1f} times as fast" if now < 0.8 else f"{now:.1f} times as slow"))
+    print(line)
+assert (round(SEED_ROWS_AT_ONE["torch.compile"]["fwd_ms"] * 1e3),
+        round(SEED_ROWS_AT_ONE["torch.compile"]["ratio_fwd"], 2)) == (84, 0.43)
 
 # %% [markdown]
 # **How to read the live table.** On a GPU, set the forward columns beside the forward+backward
 # ones, and each forward median beside its 20th and 80th percentiles:
 #
 # - ropelib's forward+backward can take longer than TE's: section 7 finds out why (the host).
-# - ropelib's forward median need not show its kernel's speed. At this 64 MiB shape the
-#   committed sweeps put its forward near a copy's speed and well ahead of TE's fused kernel
-#   (section 5), and replayed from a CUDA graph (7.5, 7.6) it ran at 0.94 to 0.96 of a copy's.
-#   A live median far below those says some calls paid a cost the kernel does not. At this size
-#   the host's work to issue one forward can take longer than the kernel runs, and `do_bench`
-#   hides host work only up to the length of the memset it runs before each call (about 60 µs
-#   on an H200). 7.3 times this very call on the host and on the device and prints which is the
-#   larger.
-# - torch.compile's forward may likewise land near the copy or far below it (the committed
-#   sweep put it at 0.43 of a copy at this shape, section 5).
-#
-# On a GPU, 7.3 times both forwards at this very shape with exercise 2's `host_or_device`
-# (the host's enqueue against the device's replay) and prints these medians beside them.
+# - ropelib's forward: at this 64 MiB shape the committed sweeps put it near a copy's speed and
+#   ahead of TE's fused kernel (section 5); 7.3 times this very call inside `do_bench`'s loop.
+# - torch.compile's forward: one committed run of the sweep timed this shape at 84 µs, 0.43 of
+#   a copy (section 5). That is one run's number; the cell above prints this run's beside it
+#   and says how far apart the two lie.
 #
 # The live table is not checked (a live time is this machine's, this minute's); sections 5 to 7
 # check the same readings from committed runs.
@@ -187,9 +197,8 @@ assert all(r["max_head_ulp_err"] <= 4 for r in rows32)
 
 # %% [markdown]
 # **What section 2 found.** The error is set by *where the rounding happens*, not by the formula.
-# Eager PyTorch (ten kernels in bf16, profiled in notebook 02 and read in section 5) rounds every
-# intermediate to bf16, hence more ulps. ropelib's and TE's fused kernels keep everything in fp32
-# registers and round once. `torch.compile_te_unfused`, eager PyTorch's very formula compiled,
+# Eager PyTorch rounds every intermediate to bf16, hence more ulps; ropelib's and TE's fused
+# kernels keep everything in fp32 registers and round once. `torch.compile_te_unfused`, eager PyTorch's very formula compiled,
 # also rounds once (≤ 0.5 head-wise); `torch.compile` of Hugging Face's formula takes bf16 cos/sin
 # tables and lands between the two (both checked where torch.compile runs).
 
@@ -201,9 +210,8 @@ assert all(r["max_head_ulp_err"] <= 4 for r in rows32)
 # forward+backward dashed) and the table row by row; **export** writes the rows (GPU, driver,
 # versions, date) as CSV and the plot as PNG to a scratch folder (`ROPELIB_WRITE_FIGURES=1`:
 # to `figures/`). Every control is a plain attribute, so the next cell drives it from code.
-# In the interpreter the sliders stop at tiny sizes. Widgets live in the running kernel: a
-# reopened notebook shows the dashboard again after Run → Run All Cells. A static page shows no
-# dashboard, only the next cell's printed lines; section 4's live figure is the same kind of plot.
+# In the interpreter the sliders stop at tiny sizes. A reopened notebook shows the dashboard
+# again after Run → Run All Cells; a static page shows only the next cell's printed lines.
 
 # %%
 dash = widgets.Dashboard(device=device, figures_dir=str(EXPORT_DIR))
@@ -336,16 +344,15 @@ for dtype in DTYPES:
 # sweeps too, titled with the GPU and versions they were measured with)
 
 # %% [markdown]
-# **Reading the panels.** Each panel holds the batch and grows the sequence; the y-axis is GB/s by
-# the bytes model, forward only, and the dashed grey line is the copy measured beside each point.
-# A kernel that cost nothing but memory traffic would sit on that line. The cell below prints
-# and checks what the panels show:
+# **Reading the panels.** Each panel holds the batch and grows the sequence; the y-axis is
+# forward GB/s by the bytes model, and the dashed grey line is the copy measured beside each
+# point. The cell below checks what the panels show:
 #
 # - **The lines rise** with the tensor: a call has a fixed cost that more bytes amortise. The
 #   copy's line rises too, so most of that cost is any kernel's; section 6 measures it.
 # - **Eager PyTorch stays low** (at most 0.15 of a copy in fp32, 0.10 in bf16). Notebook 02's
 #   profile explains the bf16 figure: its ten kernels move 6.0 times the fused kernel's bytes at
-#   0.44 of the copy's speed, which predicts 0.44 / 6.0 = 0.073 of a copy; the bf16 sweep
+#   0.44 of the copy's speed, which predicts $0.44 / 6.0 = 0.073$ of a copy; the bf16 sweep
 #   measures 0.073 on its largest tensor, in a separate run.
 # - **On large tensors the fused kernels separate**: ropelib's forward runs next to the copy,
 #   TE's CUDA kernel and the batch-reuse generation below.
@@ -359,8 +366,7 @@ for dtype in DTYPES:
 #   the longest sequence) is a slow copy: the cell shows the copy reaching clearly fewer GB/s
 #   there than at the other sizes, and TE's ratio jumping at the same point.
 #
-# If a new measurement changes the picture, these checks stop the notebook instead of telling
-# an old story.
+# If a new measurement changes the picture, these checks stop the notebook.
 
 # %%
 from ropelib.course import kernel_bandwidth
@@ -433,6 +439,8 @@ for dtype in DTYPES:
         print("bf16, longest sequence: ropelib's forward ratio",
               {b: round(r["ratio_fwd"], 3) for b, r in top.items()})
         assert round(top[1]["ratio_fwd"], 2) == 0.85
+        # batch 8 (the largest tensor) below batches 2 and 4: an open question (section 5)
+        assert [round(top[b]["ratio_fwd"], 3) for b in (2, 4, 8)] == [0.987, 0.984, 0.931]
         assert all(top[b]["ratio_fwd"] >= 0.9 for b in (2, 4, 8))
         assert all(x_bytes(r) < two_pass_min_bytes() for r in gpu_rows
                    if r["sweep"] == "seq_len-b1-bf16")                 # batch 1: one pass only
@@ -461,22 +469,28 @@ for dtype in DTYPES:
 # - TE's fused kernel stays at or below 0.60 at every point, behind ropelib at every point;
 #   eager PyTorch at 0.10 at most.
 #
-# **torch.compile is the odd line.** It reaches the copy only on the largest tensors (0.99) and
-# is not monotone (0.67 at $S = 2048$, 0.43 at 4096). The cell prints its times:
+# **torch.compile is the odd line, in this run.** It reaches the copy only on the largest
+# tensors (0.99) and is not monotone (0.67 at $S = 2048$, 0.43 at 4096). Up to 64 MiB its call
+# took 64 to 84 µs at every point but one, while the copy grew from 9 to 37 µs, and the 32 MiB
+# base shape, timed twice (along the sequence and along the batch), took 30 and 83 µs. These
+# are one run's times: section 2's live table times the 64 MiB point (84 µs here) again and
+# prints its own beside it.
 #
-# - up to 64 MiB its call took 64 to 84 µs at every point but one, while the copy grew from 9
-#   to 37 µs. Its time follows not its bytes but a cost per call;
-# - the same cost need not come back: the sweep timed its 32 MiB base shape twice, along the
-#   sequence and along the batch, at 30 and 83 µs;
-# - the floor suite times the host alone at 73 µs to issue one torch.compile forward at decode
-#   size (one token, batch 64, 32 heads of 128; printed beside ropelib's 21 and TE's 27).
+# *Whose cost, a hypothesis that 7.3 tests.* The floor suite times the host alone at 73 µs to
+# issue one torch.compile forward at decode size (one token, batch 64, 32 heads of 128; beside
+# ropelib's 21 and TE's 27), near the sweep's times. But `do_bench` zeroes a 256 MiB buffer
+# before each timed call, and host work that ends while that memset runs never reaches its
+# clock. If that is all, a call shows as
+# $$ t_\text{do\_bench} \approx t_\text{kernel} + \max\left(0,\; t_\text{host} -
+#    t_\text{memset}\right), $$
+# not as $t_\text{host}$. The sweep alone cannot say what set its times; 7.3 writes `do_bench`'s
+# loop out at section 2's shape and measures the host's time and the device's inside it.
 #
-# Whose cost is it? That the sweep's times lie near 73 µs is no sign that the host set them.
-# `do_bench` zeroes a 256 MiB buffer before each timed call, and host work that ends while that
-# memset runs never reaches the clock (7.3 times the memset). By that account a 73 µs host shows
-# as the kernel's time plus only the part of the 73 µs that outlasts the memset, not as 73 µs.
-# The sweep alone cannot say what set its times. 7.3 times torch.compile's forward at 64 MiB
-# live, host against device, beside section 2's `do_bench` median of the same call.
+# **Open questions.** Two readings printed in this section have no measured cause in this notebook or
+# in `benchmarks/`: in bf16 at the longest sequence ropelib's forward ratio is lower at batch 8
+# (0.931, the largest tensor) than at batches 2 and 4 (0.987, 0.984); and along the batch axis
+# it is not monotone (0.879, 0.807, 0.987, 0.998, 0.963 at batch 1, 2, 4, 8, 16). Both are
+# single points of one run; a repeat, or a profile of those points, would say whether they hold.
 
 # %%
 AXES = {"seq-bf16": "seq_len", "hidden-bf16": "head_dim", "heads-bf16": "heads",
@@ -503,6 +517,8 @@ if DTYPES:
     print("batch sweep, ropelib:", {r["batch"]: round(r["ratio_fwd"], 3) for r in rope
                                     if r["sweep"] == "batch-bf16"})
     assert round(min(large), 2) >= 0.96 and round(max(small), 2) <= 0.88
+    batch_ratio = [round(ratio["batch-bf16", b, "ropelib"], 3) for b in (1, 2, 4, 8, 16)]
+    assert batch_ratio == [0.879, 0.807, 0.987, 0.998, 0.963]            # not monotone
     assert all(ratio["batch-bf16", b, "ropelib"] >= 0.96 for b in (4, 8, 16))
     assert te_top <= 0.60
     assert all(v > ratio[s, x, "te_fused"] for (s, x, p), v in ratio.items() if p == "ropelib")
@@ -535,6 +551,7 @@ if DTYPES:     # torch.compile's forward call along the sequence and the batch, 
     assert (round(call_us[("seq-bf16", 2048)]), round(call_us[("batch-bf16", 2)])) == (30, 83)
     assert round(call_us.pop(("seq-bf16", 2048))) == 30 and len(call_us) == 6   # one fast point
     assert (round(min(call_us.values())), round(max(call_us.values()))) == (64, 84)
+    assert round(call_us["seq-bf16", 4096]) == 84           # section 2's shape, in this run
     assert [round(f(r["copy_fwd_ms"] * 1e3 for r in up_to_64)) for f in (min, max)] == [9, 37]
 
 # %% [markdown]
@@ -559,7 +576,8 @@ if DTYPES:     # torch.compile's forward call along the sequence and the batch, 
 #    \begin{pmatrix} \sum t_i \\ \sum N_i t_i \end{pmatrix}; $$
 # solve them yourself. The check tries your function on made-up sweeps whose answer is known,
 # with a library's least-squares fit (`np.polyfit`, `np.linalg.lstsq`, `np.polynomial`'s fits,
-# `pinv`, `torch.linalg.lstsq`), ropelib and the worked fit below barred. Once the committed
+# `pinv`, `torch.linalg.lstsq`, `statistics.linear_regression`, SciPy's `linregress`), ropelib
+# and the worked fit below barred. Once the committed
 # sweeps are read below, the line meets real data: fitted to ropelib's batch-1 sweep with
 # $S = 2048$ left out, it predicts that point.
 
@@ -662,9 +680,9 @@ if len(models) == 2:
 
 # %% [markdown]
 # **A point the line has not seen.** The cell fits your line (the worked one if yours did not
-# pass) to ropelib's forward at batch 1, bf16, every sequence length but $S = 2048$, predicts
-# that point as $t_0 + N/\text{BW}$ with $N$ from `compare.bytes_moved`, and draws the points, the
-# line and the held-out point. Before running it, write down the number you expect.
+# pass) to ropelib's forward at batch 1, bf16, every sequence length but $S = 2048$, and
+# predicts that point as $t_0 + N/\text{BW}$. Before running it, write down the number you
+# expect.
 
 # %%
 dtype = "bf16" if "bf16" in models else next(iter(models), None)
@@ -708,11 +726,10 @@ else:
 #
 # The cell below takes the line back to section 5: ropelib's extra fixed cost over the copy's,
 # added to the copy's time at section 5's four fp32 points under 64 MiB from batch 2 on, leaves
-# 0.85 to 0.92 of a copy, and the points with tight percentiles measured within 0.04 of that.
-# The two at $S = 256$ do not fit: at batch 2 even ropelib's 20th percentile gives 0.61 against
-# the 0.85 left, and at batch 4 its percentiles lie up to 50 % from the median. In bf16
-# ropelib's forward loses more than its fixed cost (its line streams at 0.89 of the copy's
-# bandwidth), and TE's forward lies further off the copy (a median 0.57 of a copy at batch 8;
+# 0.85 to 0.92 of a copy, and the two points with tight percentiles measured within 0.04 of
+# that; the two at $S = 256$ do not fit (printed). In bf16 ropelib's fitted line streams at
+# only 0.89 of the copy's bandwidth, a loss beyond its fixed cost that no counter here
+# explains; TE's forward lies further off the copy (a median 0.57 of a copy at batch 8;
 # notebook 04, sections 5.4 and 5.5, traces it to the instructions the kernel issues).
 
 # %%
@@ -771,17 +788,15 @@ if len(models) == 2:
 # times (bf16) and 8.8 times (fp32); ropelib's and TE's grow at most 1.8 times, ragged, and stay
 # above the copy's at every size. Eager PyTorch's lie higher still at every size but one: TE's
 # fp32 point at $S = 1792$ took 702 µs, an outlier of the kind that leaves a fitted line
-# meaning nothing (printed, checked).
+# meaning nothing.
 #
 # **Why there is no line.** $t_0 + N/\text{BW}$ describes a call that waits for its kernels.
 # ropelib's does not: two copies of a point's bytes take at most 127 µs here (fp32, the longest
-# sequence), and its kernels run near two copies (0.94 to 0.96 of them at 64 MiB, 7.5), but its
-# host needs 205 µs to issue one eager forward+backward (the floor run, at decode size; 234 to
-# 344 µs at 64 MiB in 7.5). So each of ropelib's points times its host, whose work does not
-# follow the bytes and varies from call to call: the intercepts (132 to 185 µs, printed) give
-# the level the points scatter around, not a cost paid before a byte moves, and the slopes fit
-# the scatter. TE's kernels take longer and its host less (7.5), so its points may mix the two
-# sides; this sweep cannot say which side timed each. Section 7 separates them.
+# sequence), but its host needs 205 µs to issue one eager forward+backward (the floor run, at
+# decode size). So each of ropelib's points times its host, whose work does not follow the bytes
+# and varies from call to call: the intercepts (132 to 185 µs) give the level the points scatter
+# around, and the slopes fit the scatter. TE's kernels take longer and its host less (7.5), so
+# its points may mix the two sides. Section 7 separates them.
 
 # %%
 if len(models) == 2:
@@ -868,9 +883,8 @@ if len(models) == 2:
 # **What section 6 found.** The forward is a fixed cost plus bytes at near the copy's bandwidth,
 # and the line predicts a point it has not seen: 25.8 µs against 26.0 measured (the check allows
 # a fifth). The forward+backward at batch 1 is not: it takes 1.6 to 2.9 times a copy of its
-# bytes at the largest size and 9 to 15 times at the smallest, more for ropelib than for TE
-# (printed in 6.1). A time that does not follow the bytes is a cost per call, and the line
-# cannot say whose: the host's, issuing the call, or the device's, running its kernels.
+# bytes at the largest size and 9 to 15 times at the smallest. A time that does not follow the
+# bytes is a cost per call, and the line cannot say whose: the host's or the device's.
 #
 # ## 7. Fixed cost per call: the host against the device
 #
@@ -894,15 +908,10 @@ if len(models) == 2:
 #
 # The same run timed the host in four decode cases (sbhd, bshd, thd, sbhd with start
 # positions). In every one, ropelib's host took 1.29 to 1.48 times TE's for a forward+backward
-# (38 to 67 µs more a call), and 0.76 to 1.03 times TE's for a forward without gradients
-# (printed, checked): the host work ropelib adds over TE comes with the gradients. Section 7.4
-# takes it apart.
-#
-# How large that difference is depends on the run and on how the calls are issued, so read
-# these factors as one run's. A probe of 7.3's shape ($S = 2048$, batch 1, 64 heads,
-# `benchmarks/dobench_gap_probe.py`, both providers in the same shuffled rounds) measured
-# ropelib's host at 1.18 times TE's with the calls back to back and 1.29 times inside
-# `do_bench`'s loop (read from its log in 7.3, checked); 7.3's live cell prints this machine's.
+# (38 to 67 µs more a call), and 0.76 to 1.03 times TE's for a forward without gradients: the
+# host work ropelib adds over TE comes with the gradients (7.4 takes it apart). Read these
+# factors as one run's: a probe of 7.3's shape put ropelib's host at 1.18 times TE's with the
+# calls back to back and 1.29 times inside `do_bench`'s loop (read in 7.3).
 
 # %%
 # the host's time per eager call, measured on its own (floor suite)
@@ -957,8 +966,8 @@ assert (round(min(more_us)), round(max(more_us))) == (38, 67)
 # and 1000 µs (spinning on the clock), and on a GPU a 512 MiB copy. It counts the calls, and
 # every time must be at least the host's busy time and fit, $n$ calls at a time, inside the
 # time your function took; on a GPU the replay must not run the host's part again, and the copy
-# must come out device-bound. A library's timer (Triton's `do_bench`, ropelib's benchmark
-# suite) is refused: time the calls yourself.
+# must come out device-bound. A library's timer (Triton's `do_bench`,
+# `torch.utils.benchmark.Timer`, ropelib's benchmark suite) is refused: time the calls yourself.
 
 # %%
 import time
@@ -982,48 +991,34 @@ time_three_ways = host_or_device if timed_by_learner else measuring.solution_hos
 #
 # On a GPU with Transformer Engine, at one point of section 6's batch-1 bf16 sweep ($S = 2048$,
 # 64 heads of 128: 32 MiB of $x$), the cell times ropelib's and TE's forward+backward
-# (`compare.fwdbwd_step`, as the sweeps time it) in one process: **`do_bench`**, the median the
-# sweeps report; **enqueue**, the host's time to issue one call (50 calls with no
-# synchronisation until after them, the median of 5 rounds); **replayed**, the device's time per
-# call (20 calls captured in a CUDA graph). These are exercise 2's enqueue and replay, with the
-# sweeps' `do_bench` median in place of its wall time; 7.5 adds torch.compile, at 64 MiB.
+# (`compare.fwdbwd_step`, as the sweeps time it) in one process, in five rounds each in a new
+# order, so that a slow spell of the host falls on both:
+#
+# - **`do_bench`**: the median the sweeps report;
+# - **enqueue**: the host's time to issue one call (50 calls, no synchronisation until after);
+# - **replayed**: the device's time per call (20 calls captured in a CUDA graph);
+# - **in-loop host** and **in-loop events**: `do_bench`'s loop written out (zero the buffer,
+#   record an event, call, record an event), the host's clock read around the call and the
+#   device's time between the two events.
 #
 # What to expect on an H200 (checked where the cell runs): the host takes longer to issue
 # either call than the GPU takes to run it, and ropelib's `do_bench` time lies above twice its
-# replayed kernels'. The call is host-bound: at batch 1 the sweeps' forward+backward times the
-# host. The cell times the two providers in alternating rounds (five, each in a new order), so
-# that a slow spell of the host falls on both; which of them comes out ahead on the host varies
-# from run to run (7.1).
+# replayed kernels': at batch 1 the sweeps' forward+backward times the host. The events span
+# about the in-loop host time (the device waits for the host), and the `do_bench` median lies
+# near that in-loop host time, not necessarily near the enqueue time: compare two host times only
+# when they were measured the same way, in the same rounds. Which provider comes out ahead on
+# the host varies from run to run (7.1).
 #
-# Why then does the forward's fixed cost (about 8 µs) stay below ropelib's host work per forward
-# (21 µs at the decode size, two and a half to three times as much; printed)? An account that
-# fits the numbers: `do_bench` zeroes a 256 MiB buffer before each timed call to flush the L2
-# cache, and the host issues the call while that memset runs, so a host cost shorter than the
-# memset can hide behind it. The cell times the memset (longer than the forward's host work:
-# checked where it runs).
+# The forward's fixed cost (about 8 µs) stays below ropelib's host work per forward (21 µs at
+# decode size, printed), as section 5's hypothesis allows: the memset before each call (timed by
+# the cell) lasts longer than that host work. The forward+backward's host work outlasts the
+# memset by far, and then `do_bench` times the host's work inside its own loop.
 #
-# For the forward+backward that account falls short: its `do_bench` median lies above the
-# enqueue time less the memset, in some runs above the enqueue time itself. So the cell writes
-# `do_bench`'s loop out (zero the buffer, record an event, call, record an event) and reads the
-# host's clock around the call: **in-loop host** is the host's time to issue one call inside
-# that loop, **in-loop events** the device's time between the two events. Two readings follow
-# (checked where the cell runs): the events span about the host's time (the device waits for
-# the host), and the `do_bench` median lies near the in-loop host time. `do_bench` at batch 1
-# times the host's work as it is done inside its own loop. That need not equal the enqueue
-# measure: in the committed probe below a call cost the host more inside the loop than back to
-# back, while in other runs the two agree within a few per cent (the cell prints both). Compare
-# two host times only when they were measured the same way, in the same rounds.
-#
-# The committed probe of this shape measured it in five shuffled rounds (printed, checked):
-# ropelib's host 282.6 µs a call in the loop against 235.3 back to back and a `do_bench` median
-# of 298.0; TE's 219.3 against 198.8, median 209.4. Without the memset the loop's host time
-# stayed above the back-to-back one (267.6 and 209.7 µs): the memset is not what slows the host.
-# The probe does not say why a call between event records costs the host more. It did split off
-# the largest single piece: with autograd's device thread off
-# (`torch.autograd.set_multithreading_enabled(False)`, the backward run on the calling thread)
-# the in-loop host time fell to 192.1 and 149.6 µs. Handing the backward to that thread and back
-# cost ropelib's call 90 µs and TE's 70 in that run; the cell times that variant live too, and
-# 7.4 takes the host's time apart further.
+# The committed probe of this shape (`benchmarks/dobench_gap_probe.py`, printed below) found
+# the same, and split off two pieces: without the memset the loop's host time stays above the
+# back-to-back one (the memset is not what slows the host), and with autograd's device thread
+# off (`torch.autograd.set_multithreading_enabled(False)`) it falls by about 90 µs for ropelib
+# and 70 for TE, a variant the cell times live too (*one thread*).
 
 # %%
 import random
@@ -1044,15 +1039,20 @@ gap = {(m.group(1).strip(), m.group(2)): (float(m.group(3)), float(m.group(4)))
                             gap_text, re.M)}
 gap_memset = float(re.search(r"memset of 256 MiB ([\d.]+) us", gap_text)[1])
 probe_host = lambda m, p: gap[m, p][0]
-print(f"{GAP_LOG.name}: memset {gap_memset} us; host us per call back to back / in do_bench's "
-      "loop / in the loop with one thread; do_bench median")
+print(f"{GAP_LOG.name}: memset {gap_memset} us; host us per call, medians of 5 shuffled rounds")
+print(f"  {'':9s} {'back to back':>12s} {'in the loop':>12s} {'no memset':>10s} "
+      f"{'one thread':>11s} {'do_bench':>9s}")
 for p in ("ropelib", "te_fused"):
-    print(f"  {p:9s} {probe_host('enqueue', p):6.1f} / {probe_host('loop memset', p):6.1f} / "
-          f"{probe_host('loop memset, one thread', p):6.1f}; do_bench {gap['do_bench', p][1]:.1f}")
+    print(f"  {p:9s} {probe_host('enqueue', p):12.1f} {probe_host('loop memset', p):12.1f} "
+          f"{probe_host('loop no memset', p):10.1f} {probe_host('loop memset, one thread', p):11.1f} "
+          f"{gap['do_bench', p][1]:9.1f}")
 assert [probe_host("enqueue", p) for p in ("ropelib", "te_fused")] == [235.3, 198.8]
 assert [probe_host("loop memset", p) for p in ("ropelib", "te_fused")] == [282.6, 219.3]
 assert [gap["do_bench", p][1] for p in ("ropelib", "te_fused")] == [298.0, 209.4]
 assert [probe_host("loop no memset", p) for p in ("ropelib", "te_fused")] == [267.6, 209.7]
+# without the memset the loop's host time stays above the back-to-back one
+assert all(probe_host("loop no memset", p) > probe_host("enqueue", p) for p in ("ropelib",
+                                                                               "te_fused"))
 assert [probe_host("loop memset, one thread", p) for p in ("ropelib", "te_fused")] == [192.1,
                                                                                        149.6]
 thread_cost = [probe_host("loop memset", p) - probe_host("loop memset, one thread", p)
@@ -1154,26 +1154,19 @@ if GPU:
     del flush
 
 # %% [markdown]
-# **Section 2's forwards, host against device.** Back to section 2's shape (64 MiB of bf16),
-# forward only, for ropelib and torch.compile: the cell times each call with exercise 2's
+# **Section 2's forwards: the hypothesis tested.** Back to section 2's shape (64 MiB of
+# bf16), forward only, for ropelib and torch.compile. The cell times each call with exercise 2's
 # function (yours if it passed), 20 calls enqueued and 20 replayed, and says which side is the
-# larger. Then it measures what `do_bench` sees, the way it measured the forward+backward above:
-# `do_bench`'s loop written out (`in_loop_us`), the host's time to issue the call inside it and
-# the device's time between its events, in five rounds alternating the two providers. Beside
-# them it prints section 2's `do_bench` median of the same call.
-#
-# The memset account above now becomes a measurement. If the host issues the forward in less
-# time than the device spends on the memset in front of it, the kernel is already queued when
-# the start event fires, and the events span the kernel alone: about the replayed time. If the
-# host takes longer, the device waits for it after the memset, and the events grow by the
-# difference. The cell labels each provider from its own numbers (*hidden* where the in-loop
-# host time is shorter than the memset, *exposed* otherwise) and checks, where it runs, that a
-# hidden host leaves the events within a third of the replayed time.
-#
-# What to expect on an H200 (checked where the cell runs): torch.compile's host takes longer
-# to issue its forward than the GPU takes to run it (section 5's decode-size host row, 73 µs,
-# against a kernel that streams 64 MiB at about a copy's speed). The live medians themselves
-# are not checked against fixed numbers: they are this machine's, this minute's.
+# larger; then `do_bench`'s loop written out (`in_loop_us`), in five rounds alternating the two.
+# Section 5's hypothesis predicts the events' span
+# $$ t_\text{events} \approx t_\text{replayed} + \max\left(0,\; t_\text{in-loop host} -
+#    t_\text{memset}\right): $$
+# a host that issues the call within the memset leaves the kernel queued when the start event
+# fires (*hidden*); one that takes longer makes the device wait (*exposed*). The cell prints the
+# prediction beside the measured span and section 2's `do_bench` median, and says from the
+# numbers whether the prediction held (within a fifth). It checks, where it runs, that a
+# well-hidden host leaves the events within a third of the replayed time, and that
+# torch.compile's host takes longer to issue its forward than the GPU takes to run it.
 
 # %%
 if GPU:
@@ -1201,6 +1194,13 @@ if GPU:
               f"({'hidden behind' if hidden else 'exposed past'} the memset), events "
               f"{loop_events:6.1f} us = {loop_events / t['replay_us']:.2f} x the replayed time; "
               f"section 2's do_bench {median_us:6.1f} us ({by[name]['ratio_fwd']:.3f} of the copy)")
+        predicted = t["replay_us"] + max(0.0, loop_host - flush_us)
+        near = "events" if abs(median_us - loop_events) <= abs(median_us - loop_host) else \
+            "in-loop host"
+        print(f"  {'':13s} the hypothesis predicts events of {predicted:6.1f} us: "
+              + ("held (within a fifth)" if abs(loop_events / predicted - 1) <= 0.2 else
+                 f"missed ({loop_events / predicted:.2f} x the prediction)")
+              + f"; section 2's do_bench lies nearer the {near} time")
         assert loop_events > 0.7 * t["replay_us"], (name, loop_events, t)
         if loop_host < 0.8 * flush_us:                 # well hidden: the events time the kernel
             assert loop_events < 1.33 * t["replay_us"], (name, loop_host, loop_events, t)
@@ -1229,13 +1229,10 @@ else:
 #   launch) takes 32 % over the 600 launches (two a call), of which `torch.empty_like` 6 % and
 #   Triton's C launcher 8 %.
 #
-# So about a third of the host's time is ropelib's own route to its two launches (allocation and
-# Triton's launcher among it), and the other two thirds are spent around them, the autograd
-# engine's own C++ code the largest single item. Three cautions: the profiled call sums its
-# gradient into `x.grad` (a third kernel, launched from C++, that the timed calls do not make,
-# so the backward's shares include it); cProfile adds its own cost to every Python call, so read
-# shares, not times; and the profile is of ropelib alone, so it does not say why TE's call takes
-# less. The probe after it does.
+# So about a third of the host's time is ropelib's own route to its two launches, and two thirds
+# are spent around them. Three cautions: the profiled call sums its gradient into `x.grad` (a
+# third kernel the timed calls do not make); cProfile adds its own cost to every Python call, so
+# read shares, not times; and the profile is of ropelib alone. The probe after it sets TE beside.
 
 # %%
 import re
@@ -1281,11 +1278,10 @@ for what, (seconds, pct) in stated_shares.items():
 # too. `benchmarks/autograd_host_probe.py` timed the host's work per eager forward+backward at the
 # same decode size, in the same rounds, for TE's fused call, ropelib's, ropelib's with its
 # launches replaced by nothing (its own Python alone), and a trivial `autograd.Function` that
-# only allocates its outputs. It timed each twice: with autograd's device thread on (the
-# default: the backward runs on a thread of its own, handed over to and back) and off
-# (`torch.autograd.set_multithreading_enabled(False)`). Two runs of it, 44 minutes apart on
-# 30 November (`autograd_host-*-1352.log` and `-1436.log`; the second slower on every row),
-# agree on where the difference goes (printed, checked):
+# only allocates its outputs, each with autograd's device thread on (the default: the backward
+# runs on a thread of its own) and off. Two runs of it, 44 minutes apart
+# (`autograd_host-*-1352.log` and `-1436.log`; the second slower on every row), agree on where
+# the difference goes:
 #
 # - the device thread costs TE and ropelib alike: 57 and 55 µs in the first run, 93 and 95 in
 #   the second. Autograd is not where ropelib loses;
@@ -1293,9 +1289,8 @@ for what, (seconds, pct) in stated_shares.items():
 #   38 to 44: its own Python 10 to 14 and its two Triton launches 24 to 34.
 #
 # So the host time ropelib adds over TE at decode size is its own: its Python and its launches,
-# 21 to 28 µs a call with the thread off in these runs. The floor run of 7.1 put the difference
-# at 38 to 67 µs: host times swing from run to run (7.5), so read the probe for the split, not
-# for its size.
+# 21 to 28 µs a call with the thread off. The floor run of 7.1 put the difference at 38 to
+# 67 µs: read the probe for the split, not for its size.
 
 # %%
 def host_table(path):
@@ -1340,7 +1335,7 @@ assert got("ropelib over TE, off") == [21, 28]
 #
 # **Question: at a size where the bytes should dominate, who is slower, ropelib's kernels or
 # its host?** `benchmarks/mid_fwdbwd_probe.py` times one forward+backward three ways, for
-# ropelib, torch.compile (of Hugging Face's formula) and TE's fused kernel:
+# ropelib, torch.compile and TE's fused kernel:
 #
 # | measure | what it times | how |
 # |---|---|---|
@@ -1350,11 +1345,12 @@ assert got("ropelib over TE, off") == [21, 28]
 #
 # It runs at section 2's size, 64 MiB of bf16 ($S = 1024$, $B = 8$, $H = 32$, $D = 128$), in
 # each layout, and at 256 MiB in bshd, in three alternating rounds (medians). The gradients go
-# back through `torch.autograd.grad`, as a model's q and k pass theirs to the projection's
-# backward. The cell reads the log of one run on an H200 (ropelib's two-pass route with both
+# back through `torch.autograd.grad`. The cell reads the log of one run on an H200 (ropelib's two-pass route with both
 # settings 7.6 times turned on, without the half-rows read 7.6 describes) and prints one row
-# per case and provider; on a GPU it also
-# prints section 2's live eager forward+backward on as many bytes, unchecked.
+# per case and provider. On a GPU it also prints section 2's live eager forward+backward on as
+# many bytes, unchecked, and replays this run's forward+backward at section 2's shape against
+# two copies replayed the same way: the code imported here, not the log's (checked only that
+# ropelib's lies above 0.8 of two copies).
 
 # %%
 MID_LOG = RESULTS / "mid_fwdbwd-nvidia-h200-20261201-2307.log"
@@ -1363,6 +1359,7 @@ mid = measured.fwdbwd_log(MID_LOG)
 assert "h200" in mid_gpu and mid_day == "20261201"
 MID = [f"64 MiB bf16 {layout}" for layout in ("sbhd", "bshd", "thd")]
 BIG = "256 MiB bf16 bshd"
+PROVS = ("ropelib", "torch.compile", "te_fused")
 from ropelib.bench import floor as floor_suite
 
 c64 = {c.name: c.config for c in floor_suite.rope_cases()}["64 MiB bf16 sbhd"]
@@ -1378,7 +1375,7 @@ for case in MID + [BIG]:
     for p in ("ropelib", "torch.compile", "te_fused"):
         r = mid[case, p]
         print(f"{case:17s} {p:13s} {r['enqueue_us']:7.1f} {r['fwdbwd_graph_us']:7.1f} "
-              f"{r['enqueue_us'] / r['fwdbwd_graph_us']:12.1f} {r['eager_us']:7.1f} "
+              f"{r['enqueue_us'] / r['fwdbwd_graph_us']:12.2f} {r['eager_us']:7.1f} "
               f"{r['fwdbwd_ratio']:10.3f} {r['fwd_ratio']:8.3f}")
 
 
@@ -1457,6 +1454,10 @@ big = {p: mid[BIG, p] for p in ("ropelib", "torch.compile", "te_fused")}
 assert round(big["ropelib"]["enqueue_us"] / big["ropelib"]["fwdbwd_graph_us"], 2) == 1.25
 assert (round(big["ropelib"]["fwdbwd_graph_us"]), round(big["ropelib"]["eager_us"])) == (261, 264)
 assert round(big["ropelib"]["copy_pair_us"] / big["ropelib"]["eager_us"], 2) == 0.96
+print(f"{BIG}, ropelib: host / device {big['ropelib']['enqueue_us'] / big['ropelib']['fwdbwd_graph_us']:.2f}; "
+      f"eager call {big['ropelib']['eager_us']:.0f} us against two replayed copies' "
+      f"{big['ropelib']['copy_pair_us']:.0f} us: "
+      f"{big['ropelib']['copy_pair_us'] / big['ropelib']['eager_us']:.2f} of two copies")
 assert round(big["te_fused"]["fwdbwd_graph_us"]) == 482
 assert round(big["te_fused"]["enqueue_us"] / big["te_fused"]["fwdbwd_graph_us"], 2) == 0.33
 # the host's times swing: in sbhd ropelib's eager median below its enqueue median
@@ -1470,6 +1471,27 @@ if GPU:     # section 2's live eager forward+backward, on as many bytes: a third
     print("section 2, live, eager forward+backward:",
           {p: round(by[p]["fwdbwd_ms"] * 1e3, 1) for p in ("ropelib", "te_fused")
            if by.get(p, {}).get("available") and by[p].get("fwdbwd_ms")}, "us")
+    # the kernels of this run, at section 2's shape: forward+backward replayed from a CUDA graph
+    # against two copies of the same bytes, replayed the same way
+    case2 = compare.make_case(one, device, seed=1)
+    copies_live_us = suite.graph_replay_ms(compare.copy_floor(case2.tensors)[1], 20,
+                                           device)[0] * 1e3
+    replayed_live = {}
+    for prov in (q for q in provs if q.name in PROVS and by.get(q.name, {}).get("available")):
+        gcase, leaves, grads = compare.fwdbwd_inputs(case2, fill=0.5)
+        step_ = compare.fwdbwd_step(lambda q=prov, g=gcase: q.fn(g), leaves, grads)
+        try:
+            step_()
+            replayed_live[prov.name] = suite.graph_replay_ms(step_, 20, device)[0] * 1e3
+        except Exception as e:          # a capture that fails is reported, not hidden
+            if prov.name == "ropelib":
+                raise
+            print(f"  {prov.name}: not replayed ({type(e).__name__}: {e})"[:200])
+    print(f"this run, replayed forward+backward at section 2's shape ({torch.cuda.get_device_name()}); "
+          f"two copies {copies_live_us:.1f} us")
+    for name, us in replayed_live.items():
+        print(f"  {name:13s} {us:6.1f} us: {copies_live_us / us:.3f} of two copies")
+    assert copies_live_us / replayed_live["ropelib"] > 0.8, replayed_live
 
 # %% [markdown]
 # **What the run shows.**
@@ -1478,16 +1500,13 @@ if GPU:     # section 2's live eager forward+backward, on as many bytes: a third
 #    70.7 µs at 64 MiB (0.938 to 0.955 of two copies), torch.compile's 68.3 to 72.1 µs (0.927
 #    to 0.971) and TE's 124.3 to 128.4 µs (0.520 to 0.533): TE's kernels take 1.8 times
 #    ropelib's. Only ropelib's forward trails: 0.942 to 0.957 of a copy, against
-#    torch.compile's 0.998 to 1.037. Neither the 1.037 nor the trailing lies in the kernel that
-#    rotates: the log also lists the kernels of one eager call, profiled, and there ropelib's
-#    forward kernel and torch.compile's each took 31.8 to 32.5 µs, under the 33.3 to 33.5 µs
-#    of the replayed copy (printed, checked). A kernel generated for these bytes streams them a
-#    few per cent faster than PyTorch's `copy_` kernel: a ratio a little above 1 says the
-#    yardstick runs a little below what the memory allows, not that a kernel moved fewer bytes
-#    than a copy (one profiled call against a replayed copy: read the few per cent loosely).
-#    ropelib's replayed forward spends about 3 µs more than that kernel; the profiled call ran
-#    no pre-pass (it kept an earlier call's cos/sin rows and lists one kernel each way), and
-#    the log does not take the replayed forward apart.
+#    torch.compile's 0.998 to 1.037. Neither lies in the kernel that rotates: in one profiled
+#    eager call (listed in the log) ropelib's forward kernel and torch.compile's each took 31.8
+#    to 32.5 µs, under the replayed copy's 33.3 to 33.5 µs, so a ratio a little above 1 says
+#    PyTorch's `copy_` kernel runs a little below what the memory allows (one profiled call
+#    against a replayed copy: read the few per cent loosely). ropelib's replayed forward
+#    spends about 3 µs more than that kernel; the profiled call ran no pre-pass, and where the
+#    3 µs go is an open question: the log does not take the replayed forward apart.
 # 2. **The host is.** Issuing one call takes ropelib's host 234 to 344 µs, 3.3 to 4.9 times its
 #    kernels' time; torch.compile's 451 to 532 µs, 6.3 to 7.8 times; TE's 163 to 199 µs, 1.3 to
 #    1.6 times. So TE's eager call is the fastest at this size, 148 to 182 µs against
@@ -1495,35 +1514,31 @@ if GPU:     # section 2's live eager forward+backward, on as many bytes: a third
 #    long.
 # 3. **At 256 MiB the kernels catch up with the host.** By the enqueue measure ropelib's host
 #    takes 1.25 times its kernels' 261 µs, yet its eager call takes 264 µs, 0.96 of two
-#    copies: in the eager loop the host kept pace with the kernels. TE's kernels (482 µs) set
+#    copies (printed): in the eager loop the host kept pace with the kernels. TE's kernels (482 µs) set
 #    its pace, its host a third of them.
 #
 # *How far to trust a host time.* Wherever the host is the larger, the eager call came out below
 # the enqueue time (ropelib in sbhd: 200 against 234 µs; the drawing below shows every case),
-# though an eager call includes issuing it: the enqueue loop, which runs just before the eager
-# loop, cost the host more per call than the eager loop did. Why was not measured. Read a host
-# time to a few tens of per cent; the factors above are larger than that.
+# though an eager call includes issuing it. Why the enqueue loop, run just before the eager
+# loop, cost the host more per call is an open question. Read a host time to a few tens of per
+# cent; the factors above are larger than that.
 #
-# *What to do about a host-bound call.* A host time measures the host's work, not a constant:
-# ropelib's decode-size host row (7.1) is about as long as its whole eager call here. The cure
-# is to take the host's per-call work out of the loop: capture the step in a CUDA graph
-# (notebook 11, section 4, times whole decoding steps replayed from graphs). Compiling the RoPE
-# call alone is no cure: the compiled call spends 451 to 532 µs of host time on each
-# forward+backward, more than ropelib's. Compiling a whole step, which sees each ropelib entry
-# point whole (`docs/API.md`, "Autograd, torch.compile and other transforms"), can save the
-# host's work between the step's operations; this notebook does not time that.
+# *What to do about a host-bound call.* Take the host's per-call work out of the loop: capture
+# the step in a CUDA graph (notebook 11, section 4, times whole decoding steps replayed from
+# graphs). Compiling the RoPE call alone is no cure: the compiled call spends 451 to 532 µs of
+# host time on each forward+backward, more than ropelib's. Compiling a whole step
+# (`docs/API.md`, "Autograd, torch.compile and other transforms") can save the host's work
+# between the step's operations; this notebook does not time that.
 
 # %% [markdown]
 # **The same log, drawn.** One panel a case, three bars a provider: the host's time to issue a
 # forward+backward (enqueue), the device's (replayed), and the eager call, which waits for both.
 # At 64 MiB the host's bar stands above the device's for all three providers; at 256 MiB TE's
-# stands below. Either way the eager bar lands near the taller of the two, at 0.68 to 1.02 of
-# it, and below it wherever the host's bar is the taller (the caveat above). The cell prints
-# and checks these readings from the log.
+# stands below. Either way the eager bar lands at 0.68 to 1.02 of the taller of the two, and
+# below it wherever the host's bar is the taller (the caveat above).
 
 # %%
 fig, axes = plt.subplots(1, 4, figsize=(16, 3.4), sharey=True)
-PROVS = ("ropelib", "torch.compile", "te_fused")
 BARS = (("enqueue_us", "host: enqueue"), ("fwdbwd_graph_us", "device: replayed"),
         ("eager_us", "eager call"))
 for ax, case in zip(axes, MID + [BIG]):
@@ -1567,10 +1582,9 @@ assert mid[BIG, "te_fused"]["fwdbwd_graph_us"] > mid[BIG, "te_fused"]["enqueue_u
 # (checked), at 0.942 to 0.948 (70.7 to 70.9 µs). The forward alone goes from 0.903 to 0.918
 # of a copy to 0.937 to 0.948, and at 256 MiB the forward+backward from 0.961 to 0.975.
 #
-# The flat pass also reads only half of the pre-pass's rows where a pair's two angles are
-# equal. Neither this log nor 7.5's times that read; notebook 05, section 6, does. The cell
-# checks that the row with both settings on agrees with 7.5's run to within 0.01 of each ratio
-# and 1.5 % of the time: the same kernels, timed in two runs.
+# (The half-rows read of the flat pass is in neither log; notebook 05, section 6, times it.) The
+# cell checks that the row with both settings on agrees with 7.5's run to within 0.01 of each
+# ratio and 1.5 % of the time: the same kernels, timed in two runs.
 
 # %%
 from ropelib.kernels import launch, tiles
@@ -1607,15 +1621,13 @@ assert (variants[BIG, OFF]["fwdbwd_ratio"], variants[BIG, ON]["fwdbwd_ratio"]) =
 
 # %% [markdown]
 # **What section 7 found.** Where ropelib loses to TE, it loses on the host. At batch 1 its
-# forward+backward is host-bound (7.1, 7.3), and `do_bench` times the host's work inside its
-# own loop (7.3); a third of that host time is ropelib's own route to
-# its two launches, the rest PyTorch around them, its autograd engine the largest item (7.4).
-# Beside TE, autograd costs both alike: what ropelib's host adds is its own Python and its
-# launches (7.4), where gradients are taken (7.1). At
-# 64 MiB its kernels run the forward+backward at 0.94 to 0.96 of two copies, 1.8 times as fast
-# as TE's, and its eager call is still the slower: by the enqueue measure its host takes 3.3 to
-# 4.9 times its kernels (7.5). Two settings of the two-pass route account for about 5 points
-# of that kernel speed (7.6).
+# forward+backward is host-bound, and `do_bench` times the host's work inside its own loop
+# (7.3). A third of that host time is ropelib's own route to its two launches, the rest PyTorch
+# around them; beside TE, autograd costs both alike, and what ropelib adds is its own Python and
+# launches (7.4). In the committed run at 64 MiB its kernels ran the forward+backward at 0.94 to
+# 0.96 of two copies, 1.8 times as fast as TE's, while its host took 3.3 to 4.9 times its
+# kernels (7.5). Two settings of the two-pass route account for about 5 points of that kernel
+# speed (7.6).
 
 # %% [markdown]
 # ## 8. Your kernel in the race
@@ -1682,20 +1694,18 @@ print("racing", "your kernel" if rows_ok else "the worked kernel")
 # (change its grid, or add `num_warps=`, and rerun). Read it two ways:
 #
 # - **down a column**, the tile: at one row a program, the grid has a program per row, and the
-#   last column divides your copy's time by the programs each SM runs. Notebook 03 (section 4)
-#   measured about 80 ns of an SM's time per program on an H200, whatever it does; where this
-#   column shows that, the program count, not the bytes, sets the time (with the worked kernel
-#   on a GPU, the cell checks 70 to 95 ns at one row);
+#   last column is your copy's time per program an SM runs,
+#   $t_\text{copy} \cdot n_\text{SM} / n_\text{programs}$. Notebook 03 (section 4) measured
+#   about 80 ns of an SM's time per program on an H200, whatever it does; where this column shows
+#   that, the program count, not the bytes, sets the time (worked kernel, GPU: checked 70 to
+#   95 ns at one row);
 # - **across a row**, *rotation / copy*: what the angles, sines and cosines add to the same
 #   traffic at that tile. At one row the program's own cost hides the arithmetic; from four rows
 #   on it does not (worked kernel, GPU: checked under 1.1 at one row, over 1.5 at four, over 2
-#   at sixteen). Your kernel evaluates a sine and a cosine for every element. At this size
-#   `ropelib.apply_rope` (the race's line) evaluates none in its pass over x: a first pass
-#   writes each token's cos/sin rows, which a repeated call with the same table keeps
-#   (notebook 05, section 6); its one-pass kernel shares them over a program's tile of heads
-#   and batch entries, though as compiled several threads of a program evaluate the same one
-#   (notebook 05, section 5, counts them rung by rung). If your rotation runs well behind your
-#   copy, evaluate fewer sines and cosines: share them over a program's rows, or read them.
+#   at sixteen). Your kernel evaluates a sine and a cosine for every element; at this size
+#   `ropelib.apply_rope` reads cos/sin rows a first pass wrote instead (notebook 05, section 6).
+#   If your rotation runs well behind your copy, evaluate fewer: share them over a program's
+#   rows, or read them.
 #
 # In the interpreter the times are Python's and mean nothing.
 
@@ -1755,32 +1765,36 @@ if GPU and not rows_ok:     # the worked kernel: a program's cost, and what the 
     assert rot[1] < 1.1 and rot[4] > 1.5 and rot[16] > 2, rot   # hidden at one row only
 
 # %% [markdown]
-# **What the compiler made of each tile.** The times say how much the rotation adds; its machine
-# code suggests why. `ropelib.course.load_schedule.schedule` (notebook 05) compiles the racing
-# kernel for sm_90 (H100, H200) on any machine, copying and rotating, at each tile: registers a
-# thread holds and instructions compiled per element. These count code, not what runs, so they
-# suggest rather than measure. All checked by the cell:
+# **What the compiler made of each tile.** `ropelib.course.load_schedule.schedule` (notebook 05)
+# compiles the racing kernel for sm_90 (H100, H200) on any machine, copying and rotating, at
+# each tile: registers a thread holds and instructions compiled per element. These count code
+# compiled, not code run. The cell checks:
 #
-# - **Instructions**: the rotation has over five times the copy's per element at every tile. A
-#   one-row program hides that behind its own cost; larger tiles do not. That explains why the
-#   rotation costs more than the copy once a program holds several rows, not why *rotation /
-#   copy* keeps growing with the tile: per element the rotation's instructions do not grow with
-#   it (the table prints them).
+# - **Instructions**: the rotation compiles to over five times the copy's per element at every
+#   tile, and per element that count does not grow with the tile.
 # - **Spills**: the rotation's registers grow with the tile until, at 64 rows, a thread takes all
 #   255 and still runs out: the compiler stores registers to local memory (`STL`) and loads them
 #   back (`LDL`). Triton 3.6 (the committed GPU runs') also gives the sine and cosine a small
 #   local array for their slow path; the cell reads that share off the one-row tile and takes it
 #   off. What is left is spills: none up to 16 rows; at 64 rows 115 stores and 83 loads under
 #   Triton 3.6.
-# - **Warps**: an SM has 65,536 registers, so a thread's count (rounded up to 8) times a
-#   program's 128 threads caps the warps an SM holds (at most 64). The rotation keeps 48 at 4
-#   rows (Triton 3.6), 16 at 16 and 8 at 64; the copy 40 or more at every tile.
+# - **Warps**: an SM has 65,536 registers, so a thread's count $r$, rounded up to 8, caps the
+#   warps an SM holds for programs of 4 warps (128 threads):
+#   $$ \text{warps/SM} = \min\left(64,\; 4 \left\lfloor \frac{65536}{128 \cdot
+#      8\lceil r/8 \rceil} \right\rfloor\right). $$
+#   The rotation keeps 48 at 4 rows (Triton 3.6), 16 at 16 and 8 at 64; the copy 40 or more at
+#   every tile.
 #
-# More rows a program means fewer programs to pay for, but more arithmetic per thread, fewer
-# warps an SM holds, and past some size, spills. The warps an SM holds fall as the ratio grows,
-# which makes them the candidate for the growth; but the column is a cap derived from registers,
-# not the occupancy the GPU achieved, so this notebook suggests that cause rather than measures
-# it (Nsight Compute's achieved occupancy per tile would).
+# **How much of that code runs?** Compiled code need not run: the sine's and cosine's slow path,
+# for one, runs only for large arguments. On a GPU the cell turns each count into the least time
+# it could take to issue: $N$ elements at $i$ instructions each are $N i / 32$ warp
+# instructions, and an SM issues at most 4 a clock, so
+# $$ t_\text{issue} \ge \frac{N\, i / 32}{4\, n_\text{SM}\, f_\text{clock}}, $$
+# with $n_\text{SM}$ and the peak clock $f_\text{clock}$ read from the device. Where that bound
+# exceeds the time the race measured, the count overstates what ran (the cell labels each tile
+# from its numbers). What the executed instructions, the occupancy achieved and the stalls were
+# is not measured here (Nsight Compute's counters per tile would): read the warps column as a
+# cap, and the growth of *rotation / copy* with the tile as unexplained by this notebook.
 
 # %%
 from ropelib.course import load_schedule
@@ -1835,6 +1849,36 @@ if not rows_ok:     # the worked kernel: 40+ warps at 4 rows, 16 at 16 and 8 at 
     if triton.__version__.startswith("3.6."):     # the committed GPU runs' Triton
         assert warps[4, True] == 48
         assert (spills[64]["local_stores"], spills[64]["local_loads"]) == (115, 83)
+# per element, the rotation's compiled instructions do not grow with the tile
+inst_per_elem = {(b, rotate): compiled[b, rotate]["instructions"] / per_thread[b]
+                 for b, rotate in compiled}
+assert inst_per_elem[64, True] <= inst_per_elem[1, True]
+
+# the least time the compiled instructions would take to issue, against the race's times
+if GPU:
+    props = torch.cuda.get_device_properties(device)
+    clock_khz = getattr(props, "clock_rate", 0) or 0          # the peak SM clock, kHz
+    clock_from = "read from the device"
+    if not clock_khz:                      # not reported: the H200's 1980 MHz peak, assumed
+        clock_khz, clock_from = 1_980_000, "assumed (the H200's peak), not reported"
+    issue_per_s = props.multi_processor_count * 4 * clock_khz * 1e3   # warp instructions / s
+    n_elem = x7.numel()
+    print(f"issue bound: {props.multi_processor_count} SMs x 4 warp instructions a clock x "
+          f"{clock_khz / 1e3:.0f} MHz ({clock_from}); {n_elem:,} elements")
+    for r in race:
+        b = r["BLOCK_ROWS"]
+        if (b, True) not in compiled:
+            continue
+        for rotate, key in ((False, "your copy"), (True, "your rotation")):
+            bound_ms = n_elem * inst_per_elem[b, rotate] / 32 / issue_per_s * 1e3
+            label = ("the count overstates what ran" if bound_ms > r[key] else
+                     "within the measured time: the count alone cannot say")
+            print(f"  {b:>2} rows, {key[5:]:8s} {inst_per_elem[b, rotate]:4.0f} inst/elem: at least "
+                  f"{bound_ms * 1e3:7.1f} us to issue, measured {r[key] * 1e3:7.1f} us "
+                  f"({bound_ms / r[key]:.2f} x): {label}")
+else:
+    print("issue bound against the race's times: skipped (no GPU: no clock, and the times "
+          "above are the interpreter's)")
 
 # %% [markdown]
 # Now your kernel as a provider, at its fastest tile, beside the others on the same inputs
@@ -1878,17 +1922,14 @@ if not rows_ok:     # the worked kernel: rounded once; on a GPU below TE's fused
 # - **A time that does not follow the bytes is a cost per call; find out whose.** Enqueue, wall
 #   and replayed timings tell the host from the device. ropelib's eager forward+backward loses to
 #   TE's on the host, not on its kernels, which replayed run the forward+backward near two
-#   copies; and on the host it loses by its own Python and launches, not by autograd, which
-#   costs both alike (7.4, from committed probes; the live cells check only that the call is
-#   host-bound). And a host-bound call's `do_bench` median is the host's time inside
-#   `do_bench`'s own loop, which can exceed the back-to-back enqueue time (7.3): compare two
-#   providers' host times only when they were measured the same way, in the same rounds.
-#   Replaying the step from a CUDA graph
-#   removes that cost; `torch.compile` of the RoPE call alone does not (its host took longer
-#   still, 7.5).
+#   copies; on the host it loses by its own Python and launches, not by autograd (7.4, from
+#   committed probes). A host-bound call's `do_bench` median is the host's time inside
+#   `do_bench`'s own loop (7.3): compare two host times only when they were measured the same
+#   way. Replaying the step from a CUDA graph removes that cost; `torch.compile` of the RoPE call
+#   alone does not (7.5).
 # - **A RoPE kernel is a copy with arithmetic in between**: one kernel with a switch measures
-#   what the rotation adds, and its compiled code (instructions, registers, spills, warps)
-#   suggests why.
+#   what the rotation adds; its compiled code shows registers, spills and a cap on warps, and
+#   bounds how much of that code can have run.
 #
 # The second point rests on the committed sweeps of section 5 (`seed_sweeps.csv`). The cell
 # below reads them again, the same file on a CPU as on a GPU: every point of ropelib's forward

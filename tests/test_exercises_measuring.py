@@ -3,12 +3,15 @@
 
 The fit's check accepts a learner's own copy of the worked fit and a fit written differently, and
 refuses the worked fit itself (ropelib's, not the learner's), the libraries' least-squares fits
-(numpy's and PyTorch's) and wrong fits. The timing's check accepts a learner's own copy of the
-worked timing and one written differently, and refuses the worked timing, a library's timer
-(Triton's do_bench, ropelib's benchmark suite), constants, timings of something other than the
-call, times not divided by n, calls run too few times, a replay where there is no GPU, and a
-wrong bound; on a GPU also a missing replay, a replay that runs the host's part, and a copy
+(numpy's, PyTorch's, `statistics.linear_regression`, SciPy's `linregress` where installed) and
+wrong fits. The timing's check accepts a learner's own copy of the worked timing and one written
+differently, and refuses the worked timing, a library's timer (Triton's do_bench, PyTorch's
+`torch.utils.benchmark.Timer`, ropelib's benchmark suite), constants, timings of something other
+than the call, times not divided by n, calls run too few times, a replay where there is no GPU,
+and a wrong bound; on a GPU also a missing replay, a replay that runs the host's part, and a copy
 called host-bound."""
+import importlib.util
+import statistics
 from pathlib import Path
 
 import numpy as np
@@ -93,10 +96,29 @@ def _torch_lstsq(nbytes, ms):
     return c.item() * 1e3, 1e-6 / s.item()
 
 
-def test_a_librarys_least_squares_fit_is_refused(monkeypatch, capsys):
+def _statistics_regression(nbytes, ms):
+    slope, intercept = statistics.linear_regression(nbytes, ms)
+    return intercept * 1e3, 1e-6 / slope
+
+
+def _scipy_linregress(nbytes, ms):
+    from scipy import stats
+    got = stats.linregress(nbytes, ms)
+    return got.intercept * 1e3, 1e-6 / got.slope
+
+
+def _library_fits():
     fits = {_polyfit: "called polyfit", _numpy_lstsq: "called lstsq",
             _numpy_polynomial: "called lstsq", _numpy_pinv: "called pinv",
-            _torch_lstsq: "PyTorch's operator aten::linalg_lstsq"}
+            _torch_lstsq: "PyTorch's operator aten::linalg_lstsq",
+            _statistics_regression: "called linear_regression"}
+    if importlib.util.find_spec("scipy") is not None:
+        fits[_scipy_linregress] = "called linregress"
+    return fits
+
+
+def test_a_librarys_least_squares_fit_is_refused(monkeypatch, capsys):
+    fits = _library_fits()
     for fn, words in fits.items():
         assert not measuring.check_fit_time_model(fn), fn.__name__
         out = capsys.readouterr().out
@@ -189,10 +211,31 @@ def test_the_worked_timing_and_a_librarys_timer_are_refused(capsys):
         ms = compare.wall_clock(lambda: [call() for _ in range(n)])[0] / n
         return {"enqueue_us": ms * 1e3, "wall_us": ms * 1e3, "replay_us": None, "bound": "host"}
 
-    for fn, words in ((by_do_bench, "called do_bench"), (by_ropelib, "called ropelib's")):
+    for fn, words in ((by_do_bench, "called do_bench"), (by_ropelib, "called ropelib's"),
+                      (_by_torch_timer, "called __init__")):
         assert not measuring.check_host_or_device(fn)
         out = capsys.readouterr().out
         assert "❌" in out and words in out, out
+
+
+def _by_torch_timer(call, n):
+    """PyTorch's benchmark Timer, run twice (the enqueue and the wall time): a library's timer."""
+    import torch.utils.benchmark as benchmark
+    us = [benchmark.Timer(stmt="call()", globals={"call": call}).timeit(n).mean * 1e6
+          for _ in range(2)]
+    return {"enqueue_us": us[0], "wall_us": us[1], "replay_us": None,
+            "bound": "host" if not GPU else "device"}
+
+
+@pytest.mark.skipif(GPU, reason="the answer has no replay: on a GPU it fails for that too")
+def test_torch_benchmark_timer_is_refused_for_being_a_library_timer(monkeypatch, capsys):
+    # refused while PyTorch's Timer is barred; with nothing barred the same answer passes on the
+    # CPU, so the refusal is the barring's
+    assert not measuring.check_host_or_device(_by_torch_timer)
+    out = capsys.readouterr().out
+    assert "❌" in out and "but the answer" in out, out
+    monkeypatch.setattr(measuring, "LIBRARY_TIMERS", ())
+    assert measuring.check_host_or_device(_by_torch_timer)
 
 
 def _altered(**change):

@@ -9,22 +9,27 @@ the least-squares problem for the line's intercept and slope through its normal 
 check tries the learner's fit on made-up sweeps whose answer is known, with ropelib's own
 answers, the worked solution below and the libraries' least-squares fits barred
 (`LIBRARY_FITS`: `np.polyfit`, `np.linalg.lstsq` and what calls it, such as `np.polynomial`'s
-fits, `np.linalg.pinv`, `torch.linalg.lstsq`). The notebook then applies the learner's function
-to the committed GPU results.
+fits, `np.linalg.pinv`, `statistics.linear_regression`, `scipy.stats.linregress` where SciPy is
+installed; `LIBRARY_FIT_OPS`: `torch.linalg.lstsq` and `torch.linalg.pinv`). The notebook then
+applies the learner's function to the committed GPU results.
 
 The second check hands the learner's timing function calls whose cost it knows (`CountedCall`):
 calls that keep the host busy a known time, and on a GPU a large copy. The calls count
 themselves and keep when they ran: the times must be at least that busy time, be what a clock
-around n calls in a row reads, and a replay must not run the host's part again; a library's timer (`LIBRARY_TIMERS`: Triton's
-`do_bench`, and ropelib's benchmark suite, barred with the rest of ropelib) is refused.
+around n calls in a row reads, and a replay must not run the host's part again; a library's timer
+(`LIBRARY_TIMERS`: Triton's `do_bench` and `do_bench_cudagraph`, PyTorch's
+`torch.utils.benchmark.Timer`; ropelib's benchmark suite is barred with the rest of ropelib) is
+refused.
 """
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Callable, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
+import torch.utils.benchmark as _torch_benchmark
 import triton.testing as _testing
 
 from . import check
@@ -33,9 +38,21 @@ from .own_code import fresh_generator, run_own_code
 __all__ = ["check_fit_time_model", "solution_fit_time_model", "LIBRARY_FITS", "LIBRARY_FIT_OPS",
            "check_host_or_device", "solution_host_or_device", "CountedCall", "LIBRARY_TIMERS"]
 
+
+def _scipy_linregress() -> tuple:
+    """scipy.stats.linregress where SciPy is installed, else nothing to bar."""
+    try:
+        from scipy import stats
+    except ImportError:
+        return ()
+    return (stats.linregress,)
+
+
 # least-squares fits a library hands over: refused (numpy's are functions behind a dispatcher)
 LIBRARY_FITS = tuple(getattr(f, "__wrapped__", f) for f in (np.polyfit, np.linalg.lstsq,
-                                                            np.linalg.pinv))
+                                                            np.linalg.pinv,
+                                                            statistics.linear_regression,
+                                                            *_scipy_linregress()))
 LIBRARY_FIT_OPS = (torch.ops.aten.linalg_lstsq.default, torch.ops.aten.linalg_pinv.atol_rtol_tensor)
 
 
@@ -94,7 +111,8 @@ def solution_fit_time_model(nbytes: Sequence[float], ms: Sequence[float]) -> Tup
 
 # timers a library hands over: refused, the answer times the call itself
 LIBRARY_TIMERS = tuple(f for f in (getattr(_testing, "do_bench", None),
-                                   getattr(_testing, "do_bench_cudagraph", None)) if f)
+                                   getattr(_testing, "do_bench_cudagraph", None),
+                                   _torch_benchmark.Timer) if f)
 
 HOST_BUSY_US = (100.0, 1000.0)   # the host-bound calls keep the host busy this long a call
 COPY_MIB = 512                   # the device-bound call (GPU only): a copy of this many MiB
