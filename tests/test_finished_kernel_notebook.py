@@ -300,8 +300,10 @@ def test_every_heading_is_in_a_markdown_cell(same, ext):
 
 
 def test_section_6_reads_the_h200_runs():
+    # section 6 and its appendix (the two-pass route's details, after the exercises)
     text = NOTEBOOK.with_suffix(".py").read_text(encoding="utf-8")
-    section = text.split("## 6. Past the finished kernel")[1].split("## Exercise")[0]
+    section = text.split("## 6. Past the finished kernel")[1].split("## Exercise")[0] \
+        + text.split("## Appendix: the two-pass route's details")[1].split("## Questions")[0]
     assert "measured.two_pass()" in section           # two_pass-nvidia-h200.csv
     assert 'measured.probe("flat_pass_probe")' in section and 'measured.probe("flat_hints_probe")' in section
     assert 'ladder.compile_for_gpu(["two-pass"])' in section

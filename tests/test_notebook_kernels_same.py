@@ -50,7 +50,8 @@ REQUIRED = {
     "04-batch-reuse-grid-kernel": ["ropelib.course.kernels.batch_reuse._rope_batch_reuse_kernel",
                                    "ropelib.course.kernels.ablation._rotate_tile",
                                    "ropelib.course.kernels.ablation._rope_ablation_kernel"],
-    "05-finished-kernel": ["ropelib.kernels.flat._rotate_pairs"],
+    # (05 prints the part of ropelib.kernels.flat._rotate_pairs it discusses, from the source)
+    "05-finished-kernel": [],
     "06-backward-pass": ["ropelib.course.kernels.batch_reuse._rope_batch_reuse_kernel"],
     "08-debugging-allclose": ["ropelib.course.exercises.debugging._rope_combine_kernel"],
     "10-multi-axis-rope": ["ropelib.kernels.mrope._mrope_cos_sin",
