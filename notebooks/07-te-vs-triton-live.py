@@ -1004,8 +1004,11 @@ time_three_ways = host_or_device if timed_by_learner else measuring.solution_hos
 # What to expect on an H200 (checked where the cell runs): the host takes longer to issue
 # either call than the GPU takes to run it, and ropelib's `do_bench` time lies above twice its
 # replayed kernels': at batch 1 the sweeps' forward+backward times the host. The events span
-# about the in-loop host time (the device waits for the host), and the `do_bench` median lies
-# near that in-loop host time, not necessarily near the enqueue time: compare two host times only
+# more than the replayed kernels (the device waits for the host), and ropelib's `do_bench`
+# median lies far above its kernels' time. Where between the kernels' time and the in-loop host
+# time the median falls is not fixed: in the committed probe it lay near the in-loop host time
+# (298.0 against 282.6 µs); in other runs on the same GPU it has come out well below it. The
+# cell prints this run's ratios and says where the median fell. Compare two host times only
 # when they were measured the same way, in the same rounds. Which provider comes out ahead on
 # the host varies from run to run (7.1).
 #
@@ -1145,9 +1148,14 @@ if GPU and {"ropelib", "te_fused"} <= available:
               f"do_bench / replayed {t['do_bench'] / t['replayed']:4.1f}")
     assert all(t["enqueue"] > t["replayed"] for t in three.values())    # the host is slower
     assert three["ropelib"]["do_bench"] > 2 * three["ropelib"]["replayed"]
+    for name, t in three.items():
+        near = min(("the in-loop host time", t["loop_host"]), ("the in-loop events", t["loop_events"]),
+                   ("the replayed kernels", t["replayed"]), key=lambda kv: abs(kv[1] - t["do_bench"]))
+        print(f"  {name:9s} its do_bench median lies nearest {near[0]}")
     for t in three.values():
-        assert 0.8 < t["loop_events"] / t["loop_host"] < 1.25, t     # the device waits: host-bound
-        assert 0.75 < t["do_bench"] / t["loop_host"] < 1.35, t       # do_bench: the in-loop host
+        assert t["loop_events"] > t["replayed"], t                   # the device waits for the host
+        assert 0.5 < t["loop_events"] / t["loop_host"] < 1.25, t     # ... about the host's time
+        assert 0.8 * t["replayed"] < t["do_bench"] < 1.35 * t["loop_host"], t
         assert t["one_thread"] < t["loop_host"], t                   # the device thread costs
     assert flush_us > host_fwd["ropelib"]      # the forward's host work fits inside the memset
 if GPU:
