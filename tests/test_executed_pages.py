@@ -38,7 +38,6 @@ _OLDER = "the page was rendered from an older version of the notebook; "
 
 # page -> why it is allowed to differ from its notebook for now
 STALE = {stem: _OLDER + _rerender(stem) for stem in (
-    "05-finished-kernel",  # the launch shape's account, the heads step, an appendix
     "07-te-vs-triton-live",  # 7.3: the forward measured inside do_bench's loop
     "09-rope-in-a-model",  # section 4: the rounds read as pairs
 )}
