@@ -757,11 +757,11 @@ print(f"this run: the reference code's training runs took {min(ref_ms):.2f} to "
 # one step, the kernel in Triton's interpreter, which tests the code, not the speed.
 
 # %%
-import math
 import random
 import time
 
 from ropelib.course.model import make_optimizer, train_step
+from ropelib.course.rounds import paired_rounds
 
 ROUNDS, ROUND_STEPS, TIMING_WARMUP = (15, 20, 10) if ON_GPU else (3, 1, 1)
 
@@ -801,28 +801,19 @@ def quartiles(v):
     return tuple(q.tolist())
 
 
-def sign_test(wins, n):
-    """Two-sided sign test: the probability that a fair coin gives `wins` or more heads, or as
-    few, out of `n` tosses."""
-    k = max(wins, n - wins)
-    return min(1.0, 2 * sum(math.comb(n, j) for j in range(k, n + 1)) / 2 ** n)
-
-
 def step_verdict(times, alpha=0.01):
     """From {"ropelib": [...], "reference": [...]} (ms per step, one per round, the two arms of a
     round run one right after the other): (the faster arm, its wins of the rounds, the sign
     test's p, the median per-round ratio slower/faster, the median difference in ms), the arm
     None where p >= alpha."""
     k, r = times["ropelib"], times["reference"]
-    wins = sum(a < b for a, b in zip(k, r))
-    p = sign_test(wins, len(k))
-    faster = None if p >= alpha else "ropelib" if 2 * wins > len(k) else "reference"
-    if faster == "reference":
-        ratios, wins = [a / b for a, b in zip(k, r)], len(k) - wins
+    over_ropelib = paired_rounds(r, k)                  # reference / ropelib, round by round
+    if over_ropelib["b_wins"] >= over_ropelib["a_wins"]:
+        lead, pair = "ropelib", over_ropelib
     else:
-        ratios = [b / a for a, b in zip(k, r)]
+        lead, pair = "reference", paired_rounds(k, r)   # ropelib / reference
     diff = abs(quartiles(r)[1] - quartiles(k)[1])
-    return faster, wins, p, quartiles(ratios)[1], diff
+    return (lead if pair["p"] < alpha else None), pair["b_wins"], pair["p"], pair["ratio"], diff
 
 
 step_models = {rope: build(cfg, rope, seed=0, device=device) for rope in ("ropelib", "reference")}
@@ -857,7 +848,8 @@ else:
 if not ON_GPU:
     print("(CPU: the kernel runs in Triton's interpreter; this tests the code, not the speed)")
 assert all(len(v) == ROUNDS and min(v) > 0 for v in step_ms.values())
-assert sign_test(15, 15) < 1e-4 and sign_test(3, 3) == 0.25 and sign_test(8, 15) == 1.0
+sign_p = lambda wins, n: paired_rounds([1.0] * wins + [2.0] * (n - wins), [1.5] * n)["p"]
+assert sign_p(15, 15) < 1e-4 and sign_p(3, 3) == 0.25 and sign_p(8, 15) == 1.0
 
 # %% [markdown]
 # The verdict measures the whole training step on the wall clock, the host's side included. On a

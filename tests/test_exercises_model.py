@@ -21,6 +21,7 @@ if not torch.cuda.is_available():
 
 import ropelib  # noqa: E402
 from ropelib import reference  # noqa: E402
+from ropelib.course.rounds import paired_rounds  # noqa: E402
 from ropelib.course import model as gpt_model  # noqa: E402
 from ropelib.course.exercises import in_a_model, own_code  # noqa: E402
 from ropelib.course.model import GPTConfig, KVCache  # noqa: E402
@@ -568,7 +569,7 @@ def _notebook_functions(*names):
     tree = ast.parse(NOTEBOOK.read_text(encoding="utf-8"))
     defs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in names]
     assert sorted(d.name for d in defs) == sorted(names)
-    namespace = {"torch": torch, "math": __import__("math")}
+    namespace = {"torch": torch, "math": __import__("math"), "paired_rounds": paired_rounds}
     code = compile(ast.Module(body=defs, type_ignores=[]), str(NOTEBOOK), "exec")
     exec(code, namespace)  # noqa: S102 -- the notebook's own source
     return [namespace[n] for n in names]
@@ -579,8 +580,8 @@ def test_the_speed_verdict_reads_the_rounds_as_pairs():
     for the sign test (p < 0.01), else none, however far apart the arms' spreads lie; the
     median per-round ratio and the difference of the medians."""
     import math
-    quartiles, sign_test, step_verdict = _notebook_functions("quartiles", "sign_test",
-                                                             "step_verdict")
+    quartiles, step_verdict = _notebook_functions("quartiles", "step_verdict")
+    sign_test = lambda wins, n: paired_rounds([1.0] * wins + [2.0] * (n - wins), [1.5] * n)["p"]
     assert quartiles([1.0, 2.0, 3.0, 4.0, 5.0]) == (2.0, 3.0, 4.0)
     assert sign_test(15, 15) == pytest.approx(2 / 2 ** 15)
     assert sign_test(0, 15) == sign_test(15, 15) and sign_test(7, 15) == 1.0
