@@ -7,7 +7,7 @@ programs, not the rotation. This probe asks which launch lifts that bound. For e
 times, against `y.copy_(x)` of the same tensors:
 
     tile_copy   y = x on a launch (BLOCK_S tokens x BLOCK_H heads x the whole row, a loop over
-                B_CHUNK batch entries, num_warps): `_tile_copy_kernel` below
+                B_CHUNK batch entries, num_warps): `ladder.copy_on_plan`, notebook 05's kernel
     rope        the finished kernel's rung of notebook 05 (`ladder.rope_ladder("equal_halves")`)
                 on the same launch
     shipped     which of the launches is the one `ladder.plan` picks today
@@ -34,7 +34,6 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before any @triton.jit is imported
 
 import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import ropelib  # noqa: E402
@@ -44,44 +43,6 @@ from ropelib.course import ladder  # noqa: E402
 SHAPES = {"s4096 b8": (4096, 8, 32, 128), "s16384 b1": (16384, 1, 32, 128),
           "s1024 b8": (1024, 8, 32, 128)}
 BLOCK_S, BLOCK_H, CHUNKS, WARPS = (1, 2, 4, 8), (8, 16, 32), (1, 2, 4, 8), (2, 4, 8)
-
-
-@triton.jit
-def _tile_copy_kernel(
-    x_ptr, y_ptr,  # x, y [S, B, H, D] (any strides)
-    S, B, H,  # tokens, batch, heads
-    B_CHUNK,  # batch entries per program (the last chunk may be shorter)
-    stride_xs, stride_xb, stride_xh, stride_xd,  # x strides, in elements
-    stride_ys, stride_yb, stride_yh, stride_yd,  # y strides, in elements
-    HALF: tl.constexpr,  # D // 2
-    BLOCK_HALF: tl.constexpr,  # next power of two >= HALF
-    BLOCK_S: tl.constexpr,  # tokens per program
-    BLOCK_H: tl.constexpr,  # heads per program
-):
-    # grid (cdiv(S, BLOCK_S), cdiv(H, BLOCK_H), cdiv(B, B_CHUNK)): a program copies a tile of
-    # BLOCK_S tokens x BLOCK_H heads x both halves of the row, for B_CHUNK batch entries in turn
-    s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)  # [BLOCK_S]
-    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H]
-    b_lo = tl.program_id(2) * B_CHUNK
-    b_hi = tl.minimum(b_lo + B_CHUNK, B)
-    j = tl.arange(0, BLOCK_HALF)  # [BLOCK_HALF]
-    m = ((s < S)[:, None] & (h < H)[None, :])[:, :, None] & (j < HALF)[None, None, :]
-    x_off = s[:, None, None] * stride_xs + h[None, :, None] * stride_xh + j[None, None, :] * stride_xd
-    y_off = s[:, None, None] * stride_ys + h[None, :, None] * stride_yh + j[None, None, :] * stride_yd
-    for b in range(b_lo, b_hi):
-        xr = x_ptr + x_off + b * stride_xb
-        yr = y_ptr + y_off + b * stride_yb
-        x_a = tl.load(xr, mask=m, other=0.0)
-        x_b = tl.load(xr + HALF * stride_xd, mask=m, other=0.0)
-        tl.store(yr, x_a, mask=m)
-        tl.store(yr + HALF * stride_yd, x_b, mask=m)
-
-
-def tile_copy(x: torch.Tensor, y: torch.Tensor, p: ladder.Plan) -> None:
-    S, B, H, D = x.shape
-    _tile_copy_kernel[p.grid](x, y, S, B, H, p.chunk, *x.stride(), *y.stride(), HALF=D // 2,
-                              BLOCK_HALF=triton.next_power_of_2(D // 2), BLOCK_S=p.block_s,
-                              BLOCK_H=p.block_h, num_warps=p.num_warps)
 
 
 def launches(S: int, B: int, H: int, D: int) -> list:
@@ -105,7 +66,7 @@ def check() -> None:
     want = ladder.rope_ladder("equal_halves", x, freqs)
     for p in launches(6, 3, 8, 16)[::7]:
         y = torch.full_like(x, float("nan"))
-        tile_copy(x, y, p)
+        ladder.copy_on_plan(x, y, p)
         assert torch.equal(y, x), p
         got = ladder.rope_ladder("equal_halves", x, freqs, tiles=p)
         torch.testing.assert_close(got, want)
@@ -134,9 +95,9 @@ def main(argv=None) -> int:
         copies, timed = [], []
         for p in plans:
             copies.append(bench(lambda: y.copy_(x)))
-            tile_copy(x, y, p)
+            ladder.copy_on_plan(x, y, p)
             assert torch.equal(y, x), p
-            t_tile = bench(lambda p=p: tile_copy(x, y, p))
+            t_tile = bench(lambda p=p: ladder.copy_on_plan(x, y, p))
             t_rope = bench(lambda p=p: ladder.rope_ladder("equal_halves", x, freqs, out=y,
                                                           tiles=p))
             timed.append((p, t_tile, t_rope))

@@ -1,4 +1,4 @@
-"""benchmarks/tile_sweep.py and noloop_knob_probe.py on the CPU: the sweep's copy kernel copies,
+"""benchmarks/tile_sweep.py and noloop_knob_probe.py on the CPU: ladder.copy_on_plan copies,
 the rotation agrees with the rung's own plan on every launch it would time, and the launches
 stay within the elements-a-thread bounds the docstring names."""
 import os
@@ -37,3 +37,17 @@ def test_the_knob_probe_sets_a_known_knob():
     from ropelib.kernels import tiles
     assert probe.SETTINGS[0] == tiles.TILE_NOLOOP          # the shipped setting is the control
     assert all(len(s) == 2 for s in probe.SETTINGS)
+
+
+def test_notebook_05_shows_the_copy_kernel_the_sweep_times():
+    """Notebook 05's editable `_copy_on_tile_kernel` is, as committed, the kernel
+    `ladder.copy_on_plan` launches (benchmarks/tile_sweep.py times that one on many launches)."""
+    import ast
+    import inspect
+
+    from ropelib.course import ladder
+    text = (ROOT / "notebooks" / "05-finished-kernel.py").read_text(encoding="utf-8")
+    (node,) = [n for n in ast.parse(text).body
+               if isinstance(n, ast.FunctionDef) and n.name == "_copy_on_tile_kernel"]
+    shown = "\n".join(text.splitlines()[node.decorator_list[0].lineno - 1:node.end_lineno])
+    assert shown == inspect.getsource(ladder._copy_on_tile_kernel.fn).rstrip("\n")

@@ -345,6 +345,50 @@ def rope_ladder(rung: str, x: torch.Tensor, freqs: torch.Tensor, *,
     return y
 
 
+# --- a copy on a rung's launch ----------------------------------------------------------------
+# Notebook 05 shows this kernel in a cell the learner can change (tests/test_tile_sweep.py keeps
+# that copy equal to this one); benchmarks/tile_sweep.py times it on many launches.
+
+@triton.jit
+def _copy_on_tile_kernel(
+    x_ptr, y_ptr,  # x, y [S, B, H, D] (any strides)
+    S, B, H,  # tokens, batch, heads
+    B_CHUNK,  # batch entries per program (the last chunk may be shorter)
+    stride_xs, stride_xb, stride_xh, stride_xd,  # x strides, in elements
+    stride_ys, stride_yb, stride_yh, stride_yd,  # y strides, in elements
+    HALF: tl.constexpr,  # D // 2
+    BLOCK_HALF: tl.constexpr,  # next power of two >= HALF
+    BLOCK_S: tl.constexpr,  # tokens per program
+    BLOCK_H: tl.constexpr,  # heads per program
+):
+    # rung 6's grid (cdiv(S, BLOCK_S), cdiv(H, BLOCK_H), cdiv(B, B_CHUNK)), tile and batch
+    # loop; y = x, half by half, with nothing in between
+    s = tl.program_id(0) * BLOCK_S + tl.arange(0, BLOCK_S)  # [BLOCK_S]
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # [BLOCK_H]
+    b_lo = tl.program_id(2) * B_CHUNK
+    b_hi = tl.minimum(b_lo + B_CHUNK, B)
+    j = tl.arange(0, BLOCK_HALF)  # [BLOCK_HALF]
+    m = ((s < S)[:, None] & (h < H)[None, :])[:, :, None] & (j < HALF)[None, None, :]
+    x_off = s[:, None, None] * stride_xs + h[None, :, None] * stride_xh + j[None, None, :] * stride_xd
+    y_off = s[:, None, None] * stride_ys + h[None, :, None] * stride_yh + j[None, None, :] * stride_yd
+    for b in range(b_lo, b_hi):
+        xr = x_ptr + x_off + b * stride_xb
+        yr = y_ptr + y_off + b * stride_yb
+        x_a = tl.load(xr, mask=m, other=0.0)
+        x_b = tl.load(xr + HALF * stride_xd, mask=m, other=0.0)
+        tl.store(yr, x_a, mask=m)
+        tl.store(yr + HALF * stride_yd, x_b, mask=m)
+
+
+def copy_on_plan(x: torch.Tensor, y: torch.Tensor, p: Plan) -> None:
+    """y = x for x [S, B, H, D] (y of the same shape and dtype, any strides) on the launch `p`:
+    a rung's grid, tile and batch loop with nothing between the loads and the stores."""
+    S, B, H, D = x.shape
+    _copy_on_tile_kernel[p.grid](x, y, S, B, H, p.chunk, *x.stride(), *y.stride(), HALF=D // 2,
+                                 BLOCK_HALF=triton.next_power_of_2(D // 2), BLOCK_S=p.block_s,
+                                 BLOCK_H=p.block_h, num_warps=p.num_warps)
+
+
 # --- what the compiler makes of a tile (no GPU needed) ------------------------------------------
 
 _BLOCKED = re.compile(r"#ttg\.blocked<\{([^}]*)\}>")
