@@ -23,28 +23,27 @@
 # the ladder's first step. The last tenth is not the rotation's: rung 6 reading cos/sin from
 # tables instead of evaluating them gains about a point, and a plain copy launched on the
 # finished kernel's tile, batch loop and grid, with no rotation at all, lands about where the
-# rung does (section 5). The gap lies in that launch shape: a few thousand 8-warp programs that
-# each loop over the batch. On a tensor this large `ropelib.apply_rope` takes a two-pass route
-# (section 6) whose flat pass has a different shape, over a hundred thousand small 2-warp
-# programs with no loop, and called again with the same table it matches the copy within the
-# timing's spread: the pre-pass's rows are kept, so from the second call on only the flat pass
-# runs.
+# rung does (section 5). Which part of that launch costs the tenth, this page narrows without
+# settling: under the profiler, tiles of heads on one to eight warps a program, with a batch
+# loop or without, stop at 0.87 to 0.91 of a copy, and the rungs keep about half as many warps
+# waiting on memory as a copy does (section 5). On a tensor this large `ropelib.apply_rope`
+# takes a two-pass route (section 6) whose flat pass has a different shape, over a hundred
+# thousand small 2-warp programs with no loop, and called again with the same table it matches
+# the copy within the timing's spread: the pre-pass's rows are kept, so from the second call on
+# only the flat pass runs.
 #
 # The notebook starts from a number — how many bytes a GPU must have in flight to stream at full
 # speed — which sets a floor under the tile (the tile itself was then chosen by a sweep). It then
 # climbs a ladder of kernels, each adding one idea and each checked against the reference, until
 # the last one computes what ropelib's kernel computes, bit for bit.
 #
-# **Time budget.** About two and three quarter hours: 20 minutes for the bytes-in-flight model,
+# **Time budget.** About three and a quarter hours: 20 minutes for the bytes-in-flight model,
 # 40 for the ladder (read each kernel, change it or its launch, rerun its cells), 15 for the
-# compiled layout, three quarters of an hour for the measured ladder and the two-pass route
-# (sections 5 and 6), and about an hour and a quarter for the kernel exercises (three kernels,
-# and the first again with 16-byte loads). The appendix (the two-pass route's details: row flags,
-# 16-bit tables, where the pairs pass came from, the shipped pass) and the discussion questions
-# are for afterwards.
-# Running every cell takes a minute or two on a 2-core CPU: Triton's interpreter runs the kernels,
-# and the layout and load-schedule cells compile them for sm_90, the H100's and H200's
-# architecture.
+# compiled layout, 40 for Exercises 1 and 1b (after section 4), three quarters of an hour for
+# the measured ladder and the two-pass route (sections 5 and 6), and 35 minutes for Exercises 2
+# and 3. The appendices and the discussion questions are for afterwards. Running every cell
+# takes a minute or two on a 2-core CPU: Triton's interpreter runs the kernels, and the layout
+# and load-schedule cells compile them for sm_90, the H100's and H200's architecture.
 #
 # **After this notebook you will be able to**
 #
@@ -115,21 +114,16 @@ def check_rung(y, x, freqs, name):
 # `benchmarks/results/generations-nvidia-h200.csv` holds the three generations measured on an
 # NVIDIA H200, each as a percentage of a device copy `y.copy_(x)` of the same tensor in the
 # same run: the copy's time over the kernel's, as everywhere in this course. Every committed
-# measurement this notebook reads comes from runs on an H200; each table prints its GPU and the
-# date of its run. (The cells that time your exercise kernels, at the end, measure on the GPU
-# they run on.)
-# Two kernels go by the name `ropelib` in the CSVs, so the tables here print them apart:
-# **`apply_rope`** (printed `apply_rope (11-30 route)`) is `ropelib.apply_rope` as you call
-# it, which at this size takes section 6's two-pass route, timed as repeated calls with one table,
-# so the flat pass
-# alone (the generations CSV's `ropelib`, the other CSVs'
-# `ropelib_planned`), and **`finished kernel (forced)`** is the same call with its route forced
-# to the finished kernel, `ropelib/kernels/fused.py` (the mechanism and ladder CSVs' `ropelib`).
-# The generations, ladder and mechanism runs are dated 2026-11-30 (each table prints its date),
-# before the flat pass got a flag per table row and a pass for rows known to hold equal pairs
-# (first timed on 2026-12-02: the appendix). Their `apply_rope` rows are the route as it ran
-# then, hence the label; where a later cell prints newer numbers for the same shape, those are
-# what the route does now.
+# measurement this notebook reads comes from H200 runs; each table prints its GPU and date.
+# Two kernels go by the name `ropelib` in the CSVs, and the tables print them apart:
+#
+# - **`apply_rope (11-30 route)`** is `ropelib.apply_rope` as you call it. At these sizes it
+#   takes section 6's two-pass route, and repeated calls with one table run only its flat pass.
+#   The runs of 2026-11-30 predate the flat pass's row flags (first timed on 2026-12-02), hence
+#   the label; later cells print what the route does now.
+# - **`finished kernel (forced)`** is the same call with its route forced to the finished kernel,
+#   `ropelib/kernels/fused.py`.
+#
 # At bf16 sbhd $s = 4096$, $b = 8$, $h = 32$, $d = 128$:
 
 # %%
@@ -379,33 +373,26 @@ assert planned_m["us"] == min(mech[v]["us"] for v in RUNGS_PROFILED)
 
 # %% [markdown]
 # The batch-reusing kernel's warps ask for more than DRAM's idle latency needs but less than
-# the loaded latency does, and it runs at about 70 % of a copy's speed: by the model its loads
-# would be enough on an idle memory system, and are not on the busy one its streaming makes.
-# The finished kernel's ask for about 1.4 times the loaded bound, the copy's for about 2.7
-# times it (upper bounds, as said).
+# the loaded latency does, and it runs at about 70 % of a copy's speed. The finished kernel's
+# ask for about 1.4 times the loaded bound, the copy's for about 2.7 times it.
 #
-# The naive kernel sits below both bounds, but bytes in flight are not what limits it. Little's
+# The naive kernel sits below both bounds, but bytes in flight are not what limits it: Little's
 # law with the idle latency says its 4.5 KiB per SM could read at 80 % of $W_\text{read}$; it
 # reads at 20 %. Notebook 04 found what sets its time: a million one-warp programs, each too
-# short to keep its slot on the SM busy. Its `sh_one_b_table` (one row per program, no sin/cos)
-# asks for 1.6 KiB per SM and takes the same time, within half a per cent.
+# short to keep its slot busy. Its `sh_one_b_table` (one row a program, no sin/cos) asks for
+# 1.6 KiB per SM and takes the same time, within half a per cent.
 #
 # The last column solves Little's law the other way: the latency at which the x asked for, all
-# of it in flight all the time, would give the DRAM read rate measured. For the batch-reusing
-# kernel that is 0.67 µs, below the loaded latency; for the finished kernel 1.95 µs and for the
-# copy 3.43 µs, above the 1.3 µs measured beside a copy, so for those two not every byte asked
-# for is in flight at once: the `KiB/SM` column is an upper bound (for the copy about 2.7
-# times what Little's law with the loaded latency says is in flight), and "between the bounds"
-# places a kernel's upper bound, not a measured count. The column separates those three
-# kernels but not the rungs of section 3, which all ask for more than the loaded bound: the
-# `heads` rung asks for 1.8 times rung 6's bytes (`equal_halves`) and is slower, 142 µs against
-# 137, and `apply_rope` (the 11-30 route) asks for less than `heads` and is the fastest of
-# them. Above the bound, bytes asked for no longer order the kernels; how many of them are actually
-# waiting
-# at a time takes a stall counter, which section 5's second profile records ("waiting on
-# memory"). The plot sets each kernel's time against the KiB it asks for: every
-# variant profiled at this size, notebook 04's among them (one head or several a program, with
-# or without the batch loop, on 1 to 8 warps).
+# of it in flight all the time, would give the read rate measured. For the batch-reusing kernel
+# that is 0.67 µs, below the loaded latency; for the finished kernel 1.95 µs and for the copy
+# 3.43 µs, above the 1.3 µs measured beside a copy, so for those two not every byte asked for
+# is in flight at once: `KiB/SM` is an upper bound. It separates those three kernels but not
+# the rungs of section 3, which all ask for more than the loaded bound: the `heads` rung asks
+# for 1.8 times rung 6's bytes (`equal_halves`) and is slower, 142 µs against 137, and
+# `apply_rope` (the 11-30 route) asks for less than `heads` and is the fastest of them. Above
+# the bound, bytes asked for no longer order the kernels; section 5 counts from a stall profile
+# how many are in flight. The plot sets each kernel's time against the KiB it asks for: every
+# variant profiled at this size, notebook 04's among them.
 
 # %%
 IN_FLIGHT_GROUPS = [
@@ -421,9 +408,8 @@ ladder.plot_in_flight(mech, IN_FLIGHT_GROUPS,
 plt.show()
 
 # %% [markdown]
-# Section 2's bounds say how much must be asked for at least. That floor rules out programs of
-# one row; above it the model does not order the candidates (the rungs above all clear it and
-# their times do not follow their bytes), and ropelib's tile was chosen by the tile sweep that
+# Section 2's bounds say how much must be asked for at least; above that floor the model does
+# not order the candidates, and ropelib's tile was chosen by the tile sweep that
 # `ropelib/kernels/tiles.py` names. What the floor asks of a tile:
 #
 # - **per thread**: a wide vector per load (8 bf16 values = 16 bytes is the widest); 2-byte
@@ -436,12 +422,11 @@ plt.show()
 #   $k \cdot N_\text{SM}$ of them, or SMs idle; the planner wants 4 programs per SM
 #   (`PROGRAMS_PER_SM`) and below that splits the batch into chunks (section 3, rung 4).
 #
-# Measured against this, the batch-reusing kernel fails the first two points and the finished
-# kernel meets them: section 1's table shows the batch-reusing kernel's warps each asking for
-# one 256-byte row per step, with at most 32 one-warp programs per SM (half the warp slots), and
-# the finished kernel's 8-warp programs asking for 1 KiB per warp per step, several times the
-# bytes per SM although its achieved occupancy is lower. The cell below checks that the H200 run
-# launched what the planner computes for the H200.
+# The batch-reusing kernel fails the first two points and the finished kernel meets them: its
+# one-warp programs ask for one 256-byte row a warp per step, at most 32 per SM (half the warp
+# slots); the finished kernel's 8-warp programs ask for 1 KiB a warp per step, more per SM at a
+# lower achieved occupancy. The cell below checks that the H200 run launched what the planner
+# computes for the H200.
 
 # %%
 from ropelib.kernels import tiles
@@ -1027,6 +1012,292 @@ assert (t4["num_warps"], t4["registers"], t4["occ_warps_per_sm"]) == (4, 72, 28)
 assert (w8["num_warps"], w8["registers"], w8["occ_warps_per_sm"]) == (8, 64, 32)
 
 # %% [markdown]
+# ## Exercise 1: the interleaved 3-D tile
+#
+# Write rung 4 (3-D tile, a grid axis over batch chunks) for the other pairing, **interleaved**:
+# pair $j$ of a head is features $(2j, 2j+1)$, its angles `freqs[s, 2j]` and `freqs[s, 2j+1]`:
+#
+# $$ y_{2j} = x_{2j} \cos\theta_{2j} - x_{2j+1} \sin\theta_{2j}, \qquad
+#    y_{2j+1} = x_{2j+1} \cos\theta_{2j+1} + x_{2j} \sin\theta_{2j+1}. $$
+#
+# The check launches your kernel itself, on grid
+# $(\lceil S/\text{BLOCK\_S} \rceil, \lceil H/\text{BLOCK\_H} \rceil,
+#   \lceil B/\text{B\_CHUNK} \rceil)$,
+# with fresh inputs every time: $S$, $H$ and $B$ that the blocks do not divide, a head dim of
+# 24, non-contiguous x and y, fp32 and fp16, into an output full of NaN inside a NaN guard band
+# (an element you do not write, or one you write outside the output, shows). Replace the
+# `pass` and rerun the cell; until then the check says what to do.
+
+# %%
+@triton.jit
+def my_interleaved_tile_kernel(
+    x_ptr,  # *x: input [S, B, H, D], any strides
+    y_ptr,  # *y: output [S, B, H, D], any strides, same dtype as x
+    freqs_ptr,  # *fp32: angles [S, D], contiguous; pair j uses freqs[s, 2j] and freqs[s, 2j + 1]
+    S, B, H,  # tokens, batch, heads
+    B_CHUNK,  # batch entries per program (the last chunk may be shorter)
+    stride_xs, stride_xb, stride_xh, stride_xd,  # x strides, in elements
+    stride_ys, stride_yb, stride_yh, stride_yd,  # y strides, in elements
+    HALF: tl.constexpr,  # D // 2: pairs per head
+    BLOCK_HALF: tl.constexpr,  # next power of two >= HALF
+    BLOCK_S: tl.constexpr,  # tokens per program
+    BLOCK_H: tl.constexpr,  # heads per program
+):
+    # launched on grid (cdiv(S, BLOCK_S), cdiv(H, BLOCK_H), cdiv(B, B_CHUNK))
+    pass  # your code
+
+
+ex1_passed = fk.check_interleaved_tile_kernel(my_interleaved_tile_kernel)
+
+# %% [markdown]
+# A first answer often takes the two members of a pair as two loads at stride 2 (features
+# `2 * j` and `2 * j + 1`) and writes them back as two stores at stride 2. It is correct, but no
+# thread then holds contiguous features, so no load or store can be a vector, and each store
+# writes half of every 32-byte sector it touches (notebook 03 measured that pattern on its pair
+# swap). Correct is not the same as fast. The worked solution comes after Exercise 1b. The
+# cell below compiles your kernel for sm_90 on this machine (`load_schedule`, as the appendix
+# compiles the finished kernel; no GPU needed) with the launch the H200 gives the finished
+# kernel at bf16 sbhd $s = 4096$, $b = 8$, $h = 32$, $d = 128$: the tile $[1, 32, 64]$ per half on
+# 8 warps, contiguous x. It counts a thread's global loads by the bytes each moves: 16 is a
+# vector of 8 bf16 (`LDG.E.128`), 2 a single element.
+
+# %%
+from ropelib.course.exercises import is_blank_kernel, is_kernel
+from ropelib.course import load_schedule
+
+x_h200 = torch.empty(4096, 8, 32, 128, dtype=torch.bfloat16, device="meta")   # shapes only
+bf16_any, fp32_any = torch.empty(16, dtype=torch.bfloat16), torch.empty(16)
+EX1_ARGS = dict(x_ptr=bf16_any, y_ptr=bf16_any, freqs_ptr=fp32_any, S=4096, B=8, H=32,
+                B_CHUNK=plan_h200.chunk,
+                **dict(zip(("stride_xs", "stride_xb", "stride_xh", "stride_xd"), x_h200.stride())),
+                **dict(zip(("stride_ys", "stride_yb", "stride_yh", "stride_yd"), x_h200.stride())),
+                HALF=64, BLOCK_HALF=64, BLOCK_S=plan_h200.block_s, BLOCK_H=plan_h200.block_h)
+# x of a program per batch entry, per thread, in 16-byte vectors: [1, 32, 128] on 256 threads
+X_VECTORS = plan_h200.block_s * plan_h200.block_h * 128 * 2 // (plan_h200.num_warps * 32) // 16
+assert X_VECTORS == 2
+
+
+def measure_loads(kernel, args, num_warps):
+    """Print a thread's global loads by width (and how many go out before the first multiply)
+    of a kernel compiled for sm_90; None (and a line saying why) for a kernel not written yet."""
+    if not is_kernel(kernel) or is_blank_kernel(kernel):
+        print("write the kernel above first: then this cell counts its loads")
+        return None
+    try:
+        sc = load_schedule.schedule(kernel, args, num_warps=num_warps)
+    except Exception as exc:  # noqa: BLE001 -- a kernel that does not compile: say so
+        print(f"compiling it for sm_90 did not work ({type(exc).__name__}: {str(exc)[-300:]})")
+        return None
+    widths = load_schedule.load_widths(sc)
+    print(f"sm_90, Triton {triton.__version__}: a thread's global loads, by the bytes each moves: "
+          + ", ".join(f"{n} of {b}" for b, n in widths.items())
+          + f"; {sc['early']} of {len(sc['loads'])} before the first multiply, "
+            f"{sc['registers']} registers")
+    return sc
+
+
+measure_loads(my_interleaved_tile_kernel, EX1_ARGS, plan_h200.num_warps);
+
+# %% [markdown]
+# ### Exercise 1b: the same kernel with 16-byte loads
+#
+# Write the interleaved tile again, so that a thread loads its features of `x` as 16-byte
+# vectors: load each head's row of $2 \cdot \text{BLOCK\_HALF}$ features as one contiguous tile
+# (feature index `tl.arange(0, 2 * BLOCK_HALF)`), then find each element's partner in
+# registers: `tl.reshape` the tile to $[\ldots, \text{BLOCK\_HALF}, 2]$, `tl.split` the members
+# of the pairs, `tl.join` them again in the order you need, and reshape back. The angles can be
+# read the same way. The signature and the grid are Exercise 1's. (If your kernel of Exercise 1
+# already loads whole rows, copy it here: it answers this exercise too.)
+#
+# The check runs Exercise 1's check on your kernel first (fresh inputs, tails, strided x and
+# y), then compiles it for sm_90 with the launch above and counts its loads: it wants no 2-byte
+# load and at least the 2 sixteen-byte vectors a thread's 16 elements of `x` take.
+
+# %%
+@triton.jit
+def my_interleaved_vector_kernel(
+    x_ptr,  # *x: input [S, B, H, D], any strides
+    y_ptr,  # *y: output [S, B, H, D], any strides, same dtype as x
+    freqs_ptr,  # *fp32: angles [S, D], contiguous; pair j uses freqs[s, 2j] and freqs[s, 2j + 1]
+    S, B, H,  # tokens, batch, heads
+    B_CHUNK,  # batch entries per program (the last chunk may be shorter)
+    stride_xs, stride_xb, stride_xh, stride_xd,  # x strides, in elements
+    stride_ys, stride_yb, stride_yh, stride_yd,  # y strides, in elements
+    HALF: tl.constexpr,  # D // 2: pairs per head
+    BLOCK_HALF: tl.constexpr,  # next power of two >= HALF
+    BLOCK_S: tl.constexpr,  # tokens per program
+    BLOCK_H: tl.constexpr,  # heads per program
+):
+    # launched on grid (cdiv(S, BLOCK_S), cdiv(H, BLOCK_H), cdiv(B, B_CHUNK))
+    pass  # your code
+
+
+ex1b_passed = load_schedule.check_wide_loads(
+    "interleaved tile, 16-byte loads", my_interleaved_vector_kernel, EX1_ARGS,
+    num_warps=plan_h200.num_warps, wide=X_VECTORS, check=fk.check_interleaved_tile_kernel)
+
+# %% [markdown]
+# `ropelib/kernels/fused.py` loads interleaved pairs this way (read it after your attempt):
+# one contiguous row, split into the members of its pairs in registers. What did the wider
+# loads cost in registers? `measure_loads` above prints them for any of your kernels.
+#
+# The worked solution below answers both exercises: whole rows in, each feature's partner found
+# with `tl.reshape` and `tl.split`, put back with `tl.join`, whole rows out. The cell after it
+# counts its loads and checks in the machine code that its stores are 16-byte vectors too.
+
+# %%
+fk.show_solution()
+
+# %%
+sol_ex1 = measure_loads(fk._rope_interleaved_tile_solution_kernel, EX1_ARGS, plan_h200.num_warps)
+sol_widths = load_schedule.load_widths(sol_ex1)
+sol_stores = [ins for ins in sol_ex1["sass"] if "STG" in ins]
+print(f"its global stores: {len(sol_stores)}, as "
+      + ", ".join(sorted({w for ins in sol_stores for w in ins.split() if w.startswith("STG")})))
+assert sol_widths.get(16, 0) >= X_VECTORS and 2 not in sol_widths       # vectors, no lone bf16
+assert sol_stores and all(".128" in ins for ins in sol_stores)          # 16-byte stores
+# local memory: spilled registers, or the array the sin/cos slow path for large angles keeps
+# there (which of the two this count holds, and whether it is 0, depends on the Triton version)
+print(f"its local-memory instructions: {sol_ex1['local_stores']} stores, "
+      f"{sol_ex1['local_loads']} loads; {sol_ex1['registers']} registers")
+
+# %% [markdown]
+# ### Your kernels against a copy, on a GPU
+#
+# A check says whether a kernel computes RoPE, not how fast it runs. On a GPU the cell below
+# launches your kernels of Exercises 1 and 1b on bf16 sbhd $s = 4096$, $b = 8$, $h = 32$,
+# $d = 128$ (256 MiB: the bytes, not the launch, set the time), asserts that each output there
+# is the reference's, and times it with `do_bench` beside the worked solution, ropelib's
+# finished kernel on the same interleaved pairs (its route forced; its loads are Exercise 1b's),
+# `apply_rope` as it plans this size (section 6's two passes) and a device copy `y.copy_(x)`.
+# A kernel is timed once it has passed its check. The launch, in `launch_interleaved`, uses the
+# tile and warps ropelib's planner gives the finished kernel on this GPU: change it and rerun.
+#
+# Each kernel moves the copy's bytes (its table of angles is small beside them), so the cell
+# prints its speed as a fraction of the copy's. The rest of the way to 1.00 is time its bytes do
+# not explain: loads too narrow or too few in flight, or arithmetic the stores wait for. The
+# cell asserts nothing about speed; in the interpreter it prints that timing needs a GPU.
+
+# %%
+TIMED_SHAPE = (4096, 8, 32, 128)    # [S, B, H, D] bf16 sbhd: 256 MiB
+
+
+def timing_inputs(shape):
+    """x (bf16 sbhd [S, B, H, D], random), an output y for it, and angles [S, D] whose two
+    members of a pair differ."""
+    S, B, H, D = shape
+    x = torch.randn(shape, device=device, dtype=torch.bfloat16)
+    return x, torch.empty_like(x), torch.rand(S, D, device=device) * 6 - 3
+
+
+def time_against_copy(x, y, want, yours, solution, others=()):
+    """Time y.copy_(x), each of your launches (yours: name -> (passed its check, a call that
+    writes y)), the worked solution's (a call that writes y) and `others` ((name, call) pairs)
+    with do_bench; print each median and its speed as a fraction of the copy's, and return those
+    fractions by name. Yours are timed only once they pass their check, and only after their
+    output at this size is asserted to be `want` (the reference); a solution of None is not
+    timed."""
+    from triton.testing import do_bench
+    print(f"x {list(x.shape)} {str(x.dtype).replace('torch.', '')} "
+          f"({x.numel() * x.element_size() >> 20} MiB), {runtime.mode()}: median us "
+          "(20-80 % quantiles), speed as a fraction of the copy's")
+    timed = {}
+    for name, (passed, run) in yours.items():
+        if not passed:
+            print(f"  {name}: timed here once it passes its check above")
+            continue
+        y.fill_(float("nan"))                  # an element the kernel does not write stays NaN
+        run()
+        torch.testing.assert_close(                # correct at this size too
+            y, want, msg=lambda m, name=name: f"{name}, x {list(x.shape)}: {m}")
+        timed[name] = run
+    if solution is not None:
+        timed["worked solution"] = solution
+    timed.update(others)
+    copy_ms = do_bench(lambda: y.copy_(x), quantiles=[0.5, 0.2, 0.8])
+    ratios = {}
+    for name, run in {"y.copy_(x)": None, **timed}.items():
+        ms = copy_ms if run is None else do_bench(run, quantiles=[0.5, 0.2, 0.8])
+        ratios[name] = copy_ms[0] / ms[0]
+        print(f"  {name:26s} {ms[0] * 1e3:7.1f} us ({ms[1] * 1e3:.1f}-{ms[2] * 1e3:.1f})  "
+              f"{ratios[name]:.2f} of a copy")
+    return ratios
+
+
+def against_committed(live, committed, band=0.15):
+    """Print each live ratio to a copy beside the committed run's for the same shape, and
+    assert it lies within `band` (a fraction) of it: another GPU, driver or day moves a ratio
+    by a few per cent, not by a sixth."""
+    for name, (was, where) in committed.items():
+        print(f"  {name:26s} live {live[name]:.3f} of a copy; committed {was:.3f} ({where})")
+        assert abs(live[name] / was - 1) <= band, \
+            f"{name}: {live[name]:.3f} of a copy here, {was:.3f} committed: more than " \
+            f"{band:.0%} apart"
+
+
+def launch_interleaved(kernel, x, y, freqs, *, block_s, block_h, chunk, num_warps):
+    """Exercises 1 and 1b: the check's launch, with the warps given; writes y."""
+    S, B, H, D = x.shape
+    grid = (triton.cdiv(S, block_s), triton.cdiv(H, block_h), triton.cdiv(B, chunk))
+    kernel[grid](x, y, freqs, S, B, H, chunk, *x.stride(), *y.stride(), HALF=D // 2,
+                 BLOCK_HALF=triton.next_power_of_2(D // 2), BLOCK_S=block_s, BLOCK_H=block_h,
+                 num_warps=num_warps)
+
+
+def time_exercise_1(shape):
+    """Your kernels of Exercises 1 and 1b, the worked solution and a copy, at `shape`."""
+    x, y, freqs = timing_inputs(shape)
+    freqs_sbhd = freqs.view(shape[0], 1, 1, shape[3])      # the angles as ropelib takes them
+    p = ladder.plan("chunks", *shape, x.element_size(), *ladder.device_knobs(x))  # rung 4's tile
+    print(f"launch: grid {p.grid}, tile BLOCK_S={p.block_s} BLOCK_H={p.block_h} "
+          f"B_CHUNK={p.chunk}, {p.num_warps} warps")
+
+    def run(kernel):
+        return lambda: launch_interleaved(kernel, x, y, freqs, block_s=p.block_s,
+                                          block_h=p.block_h, chunk=p.chunk, num_warps=p.num_warps)
+
+    live = time_against_copy(x, y, reference.rope_reference(x, freqs, interleaved=True),
+                      yours={"yours (Exercise 1)": (ex1_passed, run(my_interleaved_tile_kernel)),
+                             "yours (Exercise 1b)": (ex1b_passed,
+                                                     run(my_interleaved_vector_kernel))},
+                      solution=run(fk._rope_interleaved_tile_solution_kernel),
+                      others=[("apply_rope (two passes)", lambda: ropelib.apply_rope(
+                          x, freqs_sbhd, interleaved=True))])
+    # ropelib's finished kernel on the same pairs: apply_rope with its route forced to the
+    # one-pass kernel for the whole timing (entering the block forgets the plans; calls inside
+    # it plan once, as calls outside do)
+    with forced("finished"):
+        live.update(time_against_copy(x, y, None, yours={}, solution=None,
+                                      others=[("ropelib's finished kernel",
+                                               lambda: ropelib.apply_rope(
+                                                   x, freqs_sbhd, interleaved=True))]))
+    if GPU and tuple(shape) == (4096, 8, 32, 128):
+        # section 6's committed run at this shape (rotate-half pairs, forward): the finished
+        # kernel forced, and apply_rope as it plans the call
+        runs = measured.two_pass()[("bf16 sbhd 256 MiB s4k b8", "forward")]
+        where = measured.where(measured.load("two_pass")[0])
+        against_committed(live, {
+            "ropelib's finished kernel": (runs["finished"]["ratio_to_copy"], where),
+            "apply_rope (two passes)": (runs["auto"]["ratio_to_copy"], where)})
+
+
+if GPU:
+    time_exercise_1(TIMED_SHAPE)
+else:
+    print("Timing needs a GPU: the interpreter runs one program after another in Python, so "
+          "here the checks above are all there is.")
+
+# %% [markdown]
+# On a GPU the cell ends with two more lines: ropelib's finished kernel and `apply_rope` beside
+# the ratios section 6's committed H200 run measured at the same shape, each asserted within
+# 15 % of it. The worked solution and ropelib's finished kernel form their pairs the same way,
+# whole rows split and joined in registers; where their lines differ, look at how each reads
+# its angles and at the code around the rotation. If your Exercise 1 kernel loads and stores at
+# stride 2, how much of its difference to the worked solution would the loads explain, which L1
+# serves a second time, and how much the stores, each writing half of every 32-byte sector it
+# touches (notebook 03's pair swap measures the two apart)?
+
+# %% [markdown]
 # ## 5. Measured: the ladder as a "% of copy" waterfall
 #
 # `python benchmarks/ladder.py --out benchmarks/results/ladder-nvidia-h200.csv` times, on a GPU
@@ -1036,9 +1307,9 @@ assert (w8["num_warps"], w8["registers"], w8["occ_warps_per_sm"]) == (8, 64, 32)
 # the rung before to the rung's own median % of copy (the copy's median time over the rung's),
 # green up, red down. Every call was timed
 # many times, and the CSV keeps the 20 % and 80 % quantiles of each timing: the black whisker
-# on a bar spans them (as % of the copy's median time). A step whose whisker is longer than
-# the step itself is drawn hatched and pale: that run cannot tell it from the spread of its
-# calls.
+# on a bar spans them (as % of the copy's median time). A step smaller than the whiskers of
+# its two ends laid end to end is drawn hatched and pale: that run cannot tell it from the
+# spread of its calls.
 
 # %%
 LADDER_CSV = measured.path("ladder")
@@ -1077,14 +1348,15 @@ if LADDER_CSV.exists():
                        "accurate": "accurate (= chunks' code)"}
     ladder.plot_waterfall(rows, FIGURES / "05-ladder-waterfall.png", names=WATERFALL_NAMES,
                           title="From the batch-reusing grid to the finished kernel, one idea at "
-                                f"a time: {measured.where(meta)}")
+                                f"a time: {measured.where(meta)}",
+                          unclear_rule=ladder.within_both_spreads)
     plt.show()
-    hatched = {case: ladder.within_spread(rows, case) for case in dict.fromkeys(r["case"]
-                                                                               for r in rows)}
-    print("steps smaller than their rung's 20-80 % range (hatched):", hatched)
-    # the text below: the tile rung and the accurate sin/cos within the noise at
+    hatched = {case: ladder.within_both_spreads(rows, case)
+               for case in dict.fromkeys(r["case"] for r in rows)}
+    print("steps smaller than the 20-80 % ranges at their two ends (hatched):", hatched)
+    # the text below: the tile rung, the warps and the accurate sin/cos within the noise at
     # s = 4096, b = 8; from chunks on, the 16-token panel's steps too
-    assert hatched["s4096-b8"] == ["tile", "accurate"]
+    assert hatched["s4096-b8"] == ["tile", "warps", "accurate"]
     assert hatched["s16-b64"][-3:] == ["chunks", "accurate", "equal_halves"]
 else:
     print(f"{LADDER_CSV.relative_to(ROOT)} is not there yet: the numbers come from "
@@ -1092,13 +1364,10 @@ else:
           "(about a minute). Nothing is drawn until then.")
 
 # %% [markdown]
-# Read each step against the idea it adds, the size it is measured at, and how well the run
-# measured it: for the rungs compared below at $s = 4096$, $b = 8$ the 20 % and 80 % quantiles
-# lie at most 1.2 % of the median apart, so a step of three or five points is real and one of a
-# point or so is not. Two Nsight Compute profiles say what a step changes: the mechanism CSV of
-# section 1 (its counters per rung, printed by the cell below) and a profile of where the cycles
-# went ("Where the rungs spend their cycles", after it). Where neither explains a step, the text
-# says so.
+# For the rungs compared below at $s = 4096$, $b = 8$ the 20 % and 80 % quantiles lie at most
+# 1.2 % of the median apart: a step of three or five points is real, one of a point or two is
+# not, and the waterfall hatches it. Two Nsight Compute profiles say what a step changes: the
+# mechanism CSV of section 1 (the cell below) and a profile of where the cycles went (after it).
 #
 # ![The ladder on an NVIDIA H200: % of a copy per rung](../figures/05-ladder-waterfall.png)
 #
@@ -1106,102 +1375,63 @@ else:
 #
 # | rung | step at $s = 4096$, $b = 8$ | at $b = 1$ | what the profiles say |
 # |---|---|---|---|
-# | tile of heads | the big step | a fifth of a copy → three quarters | work per program: notebook 04's variants at this size separate it (below) |
-# | tile (3-D form; $\text{BLOCK\_S} = 1$ at $h = 32$) | −0.1 / −0.3 points (noise) | −5.9 points | one token per tile at $h = 32$: occupancy 47.3 → 41.4 %, 3 % more instructions |
-# | warps | +1.8 points, level within the runs' spread | −29.6 points: 8 warps lose over two fifths | at $b = 1$ every thread along the heads evaluates the sin/cos |
-# | chunks | about −3 points | +48.1 points (4 warps again) | more DRAM writes at $b = 8$; at $b = 1$ 7.6 times fewer instructions |
-# | accurate sin/cos | noise only | noise only | the same machine code as the chunks rung (Triton 3.6) |
+# | tile of heads | the big step | a fifth of a copy → three quarters | work per program: notebook 04's variants (below) |
+# | tile (3-D form) | −0.1 points (hatched) | −5.9 points | at $b = 1$ ($\text{BLOCK\_S} = 1$): 3 % more instructions, issued at a lower rate |
+# | warps | +1.8 points (hatched) | −29.6 points | $b = 8$: the two profiles disagree on its sign; $b = 1$: each sin/cos evaluated 32 times, not 16 |
+# | chunks | about −3 points | +48.1 points | $b = 8$: more DRAM writes counted; $b = 1$: 7.6 times fewer instructions |
+# | accurate sin/cos | noise (hatched) | noise (hatched) | the chunks rung's machine code (Triton 3.6) |
 # | equal halves | +5.5 points | +4.9 points | a quarter fewer instructions; the cycles profile splits the gain |
-# | finished kernel | 1.5 points below rung 6 | 2.7 points above | more indexing work; `x` loaded first at $b = 1$ |
+# | finished kernel | 1.5 points below rung 6 | 2.7 points above | 7 % more instructions; at $b = 1$ `x` loaded first |
 #
-# - **A tile of heads is the big step** at every large size: a program that moved one head row
-#   (256 bytes in bf16) per batch entry now moves a tile of heads, as section 2 asked. It changes
-#   three things at once — 32 times fewer programs, about half the warp instructions per
-#   element, over six times the x asked for per SM. Notebook 04's variants, profiled in the same
-#   mechanism run at this size (the dots of section 2's plot), change them one at a time (the
-#   cell below prints them): the batch-reusing grid on 2 warps (`sh_loop_b_w2`: the same
-#   programs, achieved occupancy 48 → 94 %) takes 178.1 µs against 179.1, so occupancy and warps
-#   alone buy nothing; the same grid reading a cos/sin table (`sh_loop_b_table`: 0.31 warp
-#   instructions per element against 0.51) takes 169.9, so instructions buy about 9 µs; two
-#   heads a program (`heads2_loop_b`, 65,536 one-warp programs) take 147.6, and four heads on
-#   2 warps (`heads4_loop_b`) 137.2 — level with rung 6 (137.2) and the finished kernel (138.6),
-#   and ahead of the heads rung (142.2), at 92 % occupancy where eight heads on 2 warps
-#   (`heads8_loop_b_w2`, 136.3) run at 51 %. So the step follows the work each program does,
-#   not occupancy: one head row a program, two, four take 179.1, 147.6, 137.2 µs, and beyond
-#   four heads nothing more is bought (eight on 2 warps 136.3; the heads rung's 32 on 4 warps
-#   142.2). Notebook 04's 4-heads, 2-warp kernel already reaches the ladder's end at $b = 8$.
-# - **The 3-D tile (rung 2) buys nothing** at $b = 8$, $-0.1$ and $-0.3$ points. With 8
-#   heads, the case that motivated it, the heads rung already launches 16,384 programs of one
-#   token's 8 heads at 91.7 % of a copy; packing 4 tokens into each of 4,096 programs gains
-#   nothing. At $b = 1$, $h = 32$ it *loses* 5.9 points, 73.6 → 67.7 %, but not to a tile of
-#   tokens: there $\text{BLOCK\_S} = 1$, and the tile rung runs the heads rung's grid, warps
-#   and one-token tile. What differs is the code of the 3-D form: the cycles profile below
-#   counts 3 % more instructions at an achieved occupancy of 41.4 % against 47.3 %. Fewer
-#   heads, or $d = 64$, were not timed.
-# - **8 warps (rung 3)** are level with the tile rung at $b = 8$: the timed run puts them 1.8
-#   points ahead, against quantiles up to 1.2 % of the median apart, and the cycles profile
-#   below has them 2 µs *slower* than the heads rung (147.4 against 145.4 µs), so the step is
-#   not shown to be a gain. At $b = 1$ they lose over two fifths of the speed, where a program
-#   pays its sin/cos for every row: 1.85 warp instructions per
-#   element at an SM throughput (the busiest unit of the SM, as a share of its peak) of 70.9 %,
-#   the highest of the ladder's kernels profiled at that size.
-# - **Chunks (rung 4)** at $b = 8$ launch the warps rung's 4,096 programs (the grid is already
-#   full), with about as many warp instructions per element and the same DRAM reads (to
-#   0.02 %), yet cost about three points; their DRAM bytes are 0.99 of the model against 0.96,
-#   the difference all in the writes. At $b = 1$ (4 warps again, 16,384 programs of two tokens)
-#   they execute 7.6 times fewer instructions than the warps rung.
-# - **Accurate sin/cos (rung 5)** compiles to rung 4's machine code with Triton 3.6 (the
-#   appendix's opcode profile asserts it), so its step is noise: under half a point at each
-#   large size.
+# - **A tile of heads is the big step.** It changes three things at once: 32 times fewer
+#   programs, about half the warp instructions per element, over six times the x asked for per
+#   SM. Notebook 04's variants, profiled in the same run (printed below), change them one at a
+#   time. The batch-reusing grid on 2 warps (`sh_loop_b_w2`: the same programs, 128 bytes of
+#   x a warp per step, achieved occupancy 48 → 94 %) takes 178.1 µs against 179.1: at that
+#   work per warp, occupancy alone buys nothing. Reading a cos/sin table (`sh_loop_b_table`,
+#   0.31 warp instructions per element against 0.51) saves about 9 µs. Two heads a program
+#   (`heads2_loop_b`, one warp) take 147.6 µs and four on 2 warps (`heads4_loop_b`) 137.2,
+#   level with rung 6; that pair changes occupancy (48 → 92 %) with the work, so it does not
+#   separate them. Eight heads a program on 1, 2, 4 and 8 warps take 138.1, 136.3, 139.6 and
+#   146.8 µs at 29, 51, 68 and 87 % occupancy: past four heads a program nothing more is
+#   bought, and the most occupied is the slowest.
+# - **The warps step (rung 3)** at $b = 8$ is within the runs' spread, and the two profiles
+#   disagree on its sign: the mechanism profile has the warps rung at 141.5 µs against the heads
+#   rung's 142.2, the cycles profile at 147.4 against 145.4. At $b = 1$ 8 warps lose over two
+#   fifths of the speed: each thread along the heads evaluates the sin/cos, 1.85 warp
+#   instructions per element.
+# - **Chunks (rung 4)** at $b = 8$ launch the warps rung's 4,096 programs with about as many
+#   instructions and the same DRAM reads (to 0.02 %), yet cost about three points; their
+#   counted DRAM writes are higher (0.99 of the bytes model against 0.96). At $b = 1$ they
+#   evaluate each sin/cos once: 7.6 times fewer instructions than the warps rung.
 # - **Equal halves (rung 6)** cut a quarter of the warp instructions per element, 0.29 against
-#   0.38, but instructions are not what limits these kernels: the SM throughput is 34.3 % for
-#   rung 5 and 28.0 % for rung 6. The cycles profile splits the gain in two.
-# - **`finished kernel (forced)`** is rung 6's launch (4,096 programs of 8 warps at
-#   $s = 4096$, $b = 8$) with every feature of section 3's list compiled in. With a batch loop
-#   it ends about the noise below rung 6, 1.5 points at $s = 4096$ and 0.4 at $s = 16384$: 7 %
-#   more warp instructions per element (SM throughput 29.7 %, about the same DRAM bytes, a per
-#   cent more time under the profiler), which the appendix's opcode profile takes apart. At $b = 1$
-#   it ends 2.7 points *above* rung 6: its programs have no batch loop there, and for such
-#   programs the planner has the kernel load `x` before its table work. Timed as two variants
-#   of the finished kernel (`benchmarks/results/finished_kernel_knobs-*.csv`), `x` first is the
-#   faster at $s = 4096$, $b = 1$ (0.931 of a copy against 0.892) and the slower at $s = 1024$,
-#   $b = 8$, where each program loops over 8 entries (0.804 against 0.835). Against the chunks
-#   rung (the same grid and warps at $b = 1$) it holds 128 registers a thread to 102, yet both
-#   fit 4 programs (16 warps) on an SM and reach about the same occupancy (24 % against 22 %).
-# - **`apply_rope (11-30 route)`** is the two-pass route as it ran on 2026-11-30, before its
-#   row flags, at the three 256 MiB sizes: faster than the finished kernel in both $b = 8$
-#   panels, the fastest bar at $s = 4096$, $b = 8$, and level with it at $b = 1$ (within a point)
-#   in that run. The route as it runs now was timed later at the same $b = 1$ shape (the
-#   appendix's half-rows probe, 2026-12-02): 0.967 of a copy reading half the rows, the number
-#   for what it does today. The profile of that day is of the flat pass of that day: ten 16-byte
-#   loads and no flag, 131,072 programs of 2 warps at 46 registers a thread, 56 % achieved
-#   occupancy against the finished kernel's 44 %, the same DRAM bytes, and more warp
-#   instructions per element (0.35 against 0.31); the passes the route launches now are
-#   compiled in section 6 and the appendix. The 16-token call (8 MiB, under the route's 64 MiB)
-#   runs the finished kernel in both bars; that they differ, 10.4 against 11.1 µs, is one more
-#   unsteady timing of that panel (below).
-# - **The 16-token panel times launches as much as kernels.** Up to `warps` the rungs launch
-#   one program per token, 16 for 132 SMs. From `chunks` on, with the grid full, the timed
-#   calls stop being steady, and the long whiskers of that panel show two kinds of call, not
-#   two kinds of kernel: `chunks` and `accurate`, the same machine code, both have a 20 %
-#   quantile near 13 µs (the finished kernel's median: 10.4) and an 80 % quantile four to five
-#   times that, over 50 µs; their medians, 51.5 and 16.4 µs, fall on whichever side more of
-#   their calls landed. The table probe at the
-#   end of this section, which times rung 6 at this size in seven rounds, saw the same: its
-#   round medians run from 11.0 to 67.6 µs, their median 12.3, so a slow spell can last a
-#   whole round. The steps of this panel from `chunks` on say nothing about the rungs (the
-#   waterfall hatches them). What the slow calls wait for is open: at 8 MiB a call's host time is
-#   a candidate, and no committed run measures it.
-# - **Open anomalies.** Three more steps have no mechanism on this page. The chunks rung's
-#   three points at $b = 8$ come with an identical launch (grid, warps, registers and PTX
-#   accesses of the warps rung); its extra counted writes are below, but `do_bench` flushes L2
-#   between calls, so writes left in L2 are written back outside the timed window, and whether
-#   the counted writes are the cause or a side effect of the harness is open. Equal halves at
-#   $h = 8$ step by −0.2 points (hatched) against +5.5 at $h = 32$: with 8 heads a tile holds 4
-#   tokens, so fewer threads lie along the heads to share each sin/cos (the layout cell of
-#   section 5 counts them for $h = 32$), a candidate not profiled at $h = 8$. And the tile rung's
-#   lower occupancy at $b = 1$ (47.3 → 41.4 %) is a symptom on the same grid and warps, not a
-#   shown cause.
+#   0.38, on SMs far from busy (SM throughput 34.3 % for rung 5, 28.0 % for rung 6); the
+#   cycles profile splits the gain in two.
+# - **`finished kernel (forced)`** is rung 6's launch with every feature of section 3's list
+#   compiled in: 1.5 points below rung 6 at $s = 4096$, $b = 8$ (0.4 at $s = 16384$), with 7 %
+#   more warp instructions per element, which the appendix's opcode profile takes apart. At
+#   $b = 1$ it ends 2.7 points *above* rung 6: its programs have no batch loop there, and the
+#   planner has them load `x` before the table work. Timed as two variants of the finished
+#   kernel (`finished_kernel_knobs`), `x` first is the faster at $s = 4096$, $b = 1$ (0.931 of a
+#   copy against 0.892) and the slower at $s = 1024$, $b = 8$ (0.804 against 0.835).
+# - **`apply_rope (11-30 route)`** is the two-pass route as it ran on 2026-11-30: the fastest
+#   bar at $s = 4096$, $b = 8$, and level with the finished kernel at $b = 1$. At that $b = 1$
+#   shape kept rows now run the known-equal pass (section 6 prints the launch), timed at 0.961
+#   of a copy on 2026-12-02 (the appendix's half-rows probe); in two runs of that day the
+#   flag pass at the same shape measured 0.967 and 0.953, so a point or so separates runs.
+#
+# **Open on this page.**
+#
+# - The chunks rung's three points at $h = 32$. At $h = 8$, on the same 4,096-program, 8-warp
+#   launch, the step is +0.1. Rung 6 has the same runtime loop bounds, and its counted writes
+#   are the warps rung's (246.3 and 246.7 MB against the chunks rung's 262.8). Compiled here for
+#   sm_90 (printed; the H200 run used Triton 3.6), the two rungs issue the same stores in the
+#   same order. So neither the launch, the loop bounds nor the store form makes the writes.
+# - The 16-token panel from `chunks` on: the calls split into fast and slow ones (whiskers four
+#   to five times their 20 % quantile), so those steps say nothing about the rungs. What the
+#   slow calls wait for is not measured.
+# - Equal halves at $h = 8$: −0.2 points (hatched) against +5.5 at $h = 32$, not profiled at
+#   $h = 8$.
 
 # %%
 def said(v, digits=3):
@@ -1238,6 +1468,18 @@ if LADDER_CSV.exists():
     assert [said(hs[v]["us"], 1) for v in HEADS_STEP] == [
         "179.1", "178.1", "169.9", "147.6", "137.2", "136.3", "142.2", "137.2", "138.6"]
     assert hs["sh_loop_b_w2"]["programs"] == hs["batch_reuse"]["programs"] == 131072
+    assert hs["sh_loop_b_w2"]["x_bytes_per_warp_step"] == 128       # "128 bytes of x a warp"
+    # eight heads a program on 1, 2, 4, 8 warps: times and achieved occupancy
+    H8_WARPS = [f"heads8_loop_b_w{w}" for w in (1, 2, 4, 8)]
+    print("eight heads a program on 1, 2, 4, 8 warps: "
+          + ", ".join(f"{mech[v]['us']:.1f} us at {mech[v]['ncu_achieved_occupancy_pct']:.0f} %"
+                      for v in H8_WARPS))
+    assert [said(mech[v]["us"], 1) for v in H8_WARPS] == ["138.1", "136.3", "139.6", "146.8"]
+    assert [round(mech[v]["ncu_achieved_occupancy_pct"]) for v in H8_WARPS] == [29, 51, 68, 87]
+    assert max(H8_WARPS, key=lambda v: mech[v]["us"]) == max(
+        H8_WARPS, key=lambda v: mech[v]["ncu_achieved_occupancy_pct"])    # the most occupied
+    # the warps step in the mechanism profile (the cycles profile's is asserted below)
+    assert [said(mech[v]["us"], 1) for v in ("warps", "heads")] == ["141.5", "142.2"]
     assert [round(hs[v]["ncu_achieved_occupancy_pct"]) for v in
             ("batch_reuse", "sh_loop_b_w2", "heads4_loop_b", "heads8_loop_b_w2")] == \
         [48, 94, 92, 51]
@@ -1268,8 +1510,6 @@ if LADDER_CSV.exists():
         ("warp inst/elem", "ncu_warp_inst_per_element", ".2f"),
         ("SM thr. %", "ncu_sm_throughput_pct", ".1f"),
         ("DRAM/model", "ncu_dram_bytes_over_model", ".3f")]))
-    print({case: round(pct["ropelib"]) for case, pct in by_case.items()},
-          "% of copy for the finished kernel (forced)")
 
     # how well the run measured the rungs compared below: the width of their 20-80 %
     # quantiles, as % of the median
@@ -1370,10 +1610,6 @@ if LADDER_CSV.exists():
                 / m1["chunks"]["ncu_warp_inst_per_element"], 1) == "7.6"
     assert (b1_rows["chunks"]["num_warps"], b1_rows["chunks"]["block_s"]) == (4, 2)
     assert m1["chunks"]["grid"] == "16384x1x1"
-    assert said(m1["warps"]["ncu_sm_throughput_pct"], 1) == "70.9"
-    assert m1["warps"]["ncu_sm_throughput_pct"] == max(
-        m1[v]["ncu_sm_throughput_pct"] for v in (*ladder.NAMES, "ropelib", "ropelib_planned")
-        if v in m1)                                                     # of the ladder's kernels
 
     # the ropelib bar: about the noise below rung 6 with a batch loop, above it at b = 1
     large = ("s4096-b8", "s16384-b8-h8", "s32768-b1")
@@ -1384,10 +1620,6 @@ if LADDER_CSV.exists():
     rung6, fin = mech["equal_halves"], mech["ropelib"]
     assert fin["kernel"] == "_rope_kernel" and fin["grid"] == rung6["grid"] == "4096x1x1"
     assert fin["num_warps"] == rung6["num_warps"] == 8
-    print(f"s4096-b8 under Nsight Compute: rung 6 {rung6['us']:.0f} us, "
-          f"{rung6['ncu_warp_inst_per_element']:.2f} warp instructions per element; finished "
-          "kernel "
-          f"{fin['us']:.0f} us, {fin['ncu_warp_inst_per_element']:.2f}")
     # 7 % more warp instructions per element than rung 6, well under rung 5's (both halves'
     # sin/cos); a per cent more time under the profiler
     assert round(fin["ncu_warp_inst_per_element"]
@@ -1413,17 +1645,6 @@ if LADDER_CSV.exists():
             for v in (X_FIRST_VARIANT, TABLE_FIRST_VARIANT)] == ["0.931", "0.892", "0.804", "0.835"]
     # the equal-halves step at b = 1, and the profiled rung of the same grid and warps
     assert [said(b1_pct[v], 1) for v in ("accurate", "equal_halves")] == ["85.8", "90.8"]
-    fin1, chunks1 = m1["ropelib"], m1["chunks"]
-    print(f"s32768-b1 under Nsight Compute: chunks {chunks1['registers']} registers, "
-          f"{chunks1['occ_warps_per_sm']} warps per SM, "
-          f"{chunks1['ncu_achieved_occupancy_pct']:.1f} % achieved; finished kernel "
-          f"{fin1['registers']} registers, {fin1['occ_warps_per_sm']} warps per SM, "
-          f"{fin1['ncu_achieved_occupancy_pct']:.1f} % achieved")
-    assert (fin1["grid"], fin1["num_warps"]) == (chunks1["grid"], chunks1["num_warps"])
-    assert (fin1["registers"], chunks1["registers"]) == (128, 102)
-    assert fin1["occ_warps_per_sm"] == chunks1["occ_warps_per_sm"] == 16
-    assert fin1["occ_blocks_per_sm"] == chunks1["occ_blocks_per_sm"] == 4
-    assert [round(r["ncu_achieved_occupancy_pct"]) for r in (fin1, chunks1)] == [24, 22]
 
     # apply_rope as planned: the two-pass route at the three large sizes, the fastest bar there;
     # more occupancy with the same bytes, and more instructions per element
@@ -1432,51 +1653,64 @@ if LADDER_CSV.exists():
                for c in ("s4096-b8", "s16384-b8-h8")), by_case
     assert abs(by_case["s32768-b1"]["ropelib_planned"] - by_case["s32768-b1"]["ropelib"]) < 1
     assert big["ropelib_planned"] == max(v for k, v in big.items() if k != "copy"), big
-    assert planned["kernel"] == "_rope_rows_kernel" and planned["num_warps"] == 2
-    assert planned["registers"] == 46 and planned["programs"] == 131072
-    # the pass profiled without the pre-pass's flags: ten 16-byte loads, no one-byte flag load
-    # (section 6 compiles it with and without them)
-    assert planned["ptx_access_detail"] == "ld.v4.b32=10 st.v4.b32=2"
-    assert [round(r["ncu_achieved_occupancy_pct"]) for r in (planned, fin)] == [56, 44]
-    assert abs(planned["ncu_dram_bytes_over_model"] - fin["ncu_dram_bytes_over_model"]) < 0.03
-    assert [said(r["ncu_warp_inst_per_element"], 2) for r in (planned, fin)] == ["0.35", "0.31"]
-    print(f"s4096-b8 as planned (two passes, the flat pass profiled): {planned['programs']:,} "
-          f"programs of {planned['num_warps']} warps, {planned['registers']} registers, "
-          f"{planned['ncu_achieved_occupancy_pct']:.0f} % achieved occupancy (finished kernel "
-          f"{fin['ncu_achieved_occupancy_pct']:.0f} %), {planned['ncu_warp_inst_per_element']:.2f} "
-          f"warp instructions per element, DRAM/model {planned['ncu_dram_bytes_over_model']:.3f}")
 
     # 16 tokens: chunks and accurate (the same machine code), medians far apart, each call fast
     # or slow
     t16 = measured.timings("ladder", "s16-b64")
-    for n in ("chunks", "accurate"):
-        print(f"s16-b64 {n:9s} timed call: median {t16[n]['ms'] * 1000:5.1f} us, 20-80 % "
-              f"quantiles {t16[n]['ms_p20'] * 1000:5.1f}-{t16[n]['ms_p80'] * 1000:5.1f} us")
-    assert [said(t16[n]["ms"] * 1000, 1) for n in ("chunks", "accurate")] == ["51.5", "16.4"]
-    assert all(t16[n]["ms_p80"] > 3 * t16[n]["ms_p20"] for n in ("chunks", "accurate"))
-    assert all(12.5 < t16[n]["ms_p20"] * 1e3 < 13.5 and t16[n]["ms_p80"] * 1e3 > 50
-               for n in ("chunks", "accurate"))                # "near 13 µs", "over 50 µs"
-    assert said(t16["ropelib"]["ms"] * 1e3, 1) == "10.4"
-    assert said(t16["ropelib_planned"]["ms"] * 1e3, 1) == "11.1"     # the same kernel
     assert said(step["s16384-b8-h8"]["equal_halves"], 1) == "-0.2"
     assert "equal_halves" in hatched["s16384-b8-h8"]
     assert meta["date"][:10] == "2026-11-30" < FLAGS_DATE               # the ladder run
-    # the route as it runs now, at the ladder's b = 1 shape (256 MiB s32k b1), a later run
-    flags_b1 = measured.two_pass(measured.GPU + "-20261202-0822", kind="half_rows_probe")[
-        ("sbhd 256 MiB s32k b1", "forward")]["halves"]["ratio_to_copy"]
-    assert said(flags_b1) == "0.967"
+    # the route as it runs now at the ladder's b = 1 shape (256 MiB s32k b1): kept rows of
+    # one batch entry run the known-equal pass (the 17:47 run); the flag pass in both runs
+    at_b1 = {run: measured.two_pass(measured.GPU + run, kind="half_rows_probe")[
+        ("sbhd 256 MiB s32k b1", "forward")] for run in ("-20261202-0822", "-20261202-1747")}
+    print("sbhd 256 MiB s32k b1, forward: known equal "
+          f"{at_b1['-20261202-1747']['known equal']['ratio_to_copy']:.3f} (17:47); the flag "
+          "pass " + ", ".join(f"{at_b1[run]['halves']['ratio_to_copy']:.3f} ({run[-4:]})"
+                              for run in at_b1))
+    assert said(at_b1["-20261202-1747"]["known equal"]["ratio_to_copy"]) == "0.961"
+    assert [said(at_b1[run]["halves"]["ratio_to_copy"]) for run in at_b1] == ["0.967", "0.953"]
+    # the chunks step at h = 8: +0.1 on the warps rung's launch
+    h8_rows = {r["provider"]: r for r in rows if r["case"] == "s16384-b8-h8"}
+    assert said(step["s16384-b8-h8"]["chunks"], 1) == "0.1"
+    h8_launch = {v: (math.prod(int(g) for g in str(h8_rows[v]["grid"]).split("x")),
+                     h8_rows[v]["num_warps"], h8_rows[v]["block_s"]) for v in ("warps", "chunks")}
+    assert h8_launch["warps"] == h8_launch["chunks"] == (4096, 8, 4), h8_launch
+    # ... and the counted writes: rung 6 (the same runtime loop bounds) writes as the warps rung
+    written = {v: mech[v]["ncu_dram_write_bytes"] / 1e6 for v in ("equal_halves", "warps",
+                                                                  "chunks")}
+    assert [said(v, 1) for v in written.values()] == ["246.3", "246.7", "262.8"]
+    # ... and the two rungs' stores in sm_90 machine code, compiled here with the H200's plan
+    x_meta = torch.empty(4096, 8, 32, 128, dtype=torch.bfloat16, device="meta")
+    stores = {}
+    try:
+        from ropelib.course import load_schedule
+        for v in ("warps", "chunks"):
+            pv = ladder.plan(v, 4096, 8, 32, 128, 2, SMS_H200, H200_KNOBS)
+            a = dict(x_ptr=torch.empty(16, dtype=torch.bfloat16), y_ptr=torch.empty(
+                16, dtype=torch.bfloat16), freqs_ptr=torch.empty(16), S=4096, B=8, H=32,
+                HALF=64, BLOCK_HALF=64, BLOCK_S=pv.block_s, BLOCK_H=pv.block_h, BF16_RTNE=False,
+                **dict(zip([f"stride_{t}{k}" for t in "xy" for k in "sbhd"], 2 * x_meta.stride())),
+                stride_fs=128, **(dict(B_CHUNK=pv.chunk, ACCURATE=False) if v == "chunks" else {}))
+            sass = load_schedule.schedule(getattr(ladder, ladder.KERNELS[v]), a,
+                                          num_warps=pv.num_warps)["sass"]
+            stores[v] = [re.sub(r"\s*(/\*.*|;.*)$", "", i).strip() for i in sass if "STG" in i]
+        print(f"sm_90, Triton {triton.__version__}: the stores of warps {stores['warps']}, "
+              f"of chunks {stores['chunks']}")
+        assert stores["warps"] == stores["chunks"]             # the same stores, the same order
+        assert meta["triton"].startswith("3.6")                 # "the H200 run used Triton 3.6"
+    except Exception as exc:  # noqa: BLE001 -- no compiler for this target here: say so
+        print(f"compiling for sm_90 did not work here ({type(exc).__name__}: {str(exc)[:300]})")
     assert all(4 < t16[n]["ms_p80"] / t16[n]["ms_p20"] < 5.1
                for n in ("chunks", "accurate"))                # "four to five times that"
 
 # %% [markdown]
 # ### Where the rungs spend their cycles
 #
-# **Question: for each step the counters above leave open, what did the kernel's cycles go to?**
-# `benchmarks/ladder_stalls_ncu.py` profiles every rung once more, the copy first and the
-# finished kernel last, at $s = 4096$, $b = 8$ and at $s = 32768$, $b = 1$, with Nsight
-# Compute's **warp states**: for every instruction a scheduler issued, how many warps were
-# waiting and on what (`long_scoreboard`: a load from memory; `barrier`; the math pipes; ...).
-# The cell derives, per kernel:
+# **Question: what did each rung's cycles go to?** `benchmarks/ladder_stalls_ncu.py` profiles
+# the copy, every rung and the finished kernel at $s = 4096$, $b = 8$ and $s = 32768$, $b = 1$
+# with Nsight Compute's **warp states**: for every instruction a scheduler issued, how many warps
+# were waiting and on what (`long_scoreboard`: a load from memory). The cell derives, per kernel:
 #
 # - **DRAM rate**: the bytes read from and written to DRAM while the kernel ran, over its time.
 #   The copy's, 4.11 TB/s under the profiler, is the most any kernel here reached;
@@ -1485,12 +1719,10 @@ if LADDER_CSV.exists():
 # - **waiting on memory**: warps waiting for a load from memory per instruction issued. Fewer
 #   instructions issued raise it by themselves, so it compares kernels that issue at similar
 #   rates;
-# - **copies of each sin/cos**: the instructions of the XU pipe (conversions and special
-#   functions) over $S \cdot 64 \cdot 2 / 32$: $S \cdot 64$ angles, a sin and a cos each, 32 to a
-#   warp instruction. libdevice's sin and cos are FMA arithmetic but for one float-to-integer
-#   conversion each, on the XU pipe (the appendix's opcode profile), so this counts how many times
-#   each was evaluated. It is read for the rungs that evaluate both halves, `heads` to
-#   `accurate`.
+# - **copies of each sin/cos**: the XU pipe's instructions over $S \cdot 64 \cdot 2 / 32$
+#   ($S \cdot 64$ angles, a sin and a cos each, 32 to a warp instruction). libdevice's sin and cos
+#   put one conversion each on the XU pipe (the appendix's opcode profile), so this counts how
+#   many times each was evaluated, for the rungs `heads` to `accurate`.
 #
 # Nsight Compute locks the SM clock to its base, below the timed runs' clock: a kernel paced by
 # its instructions takes longer here than timed (at $b = 1$ the heads rung 214.3 µs against
@@ -1616,8 +1848,10 @@ assert [round(100 * b1[n]["issuing"]) for n in ("chunks", "equal_halves", "finis
     [29, 30, 36]
 assert [r(b1[n]["tb_s"], 2) for n in ("chunks", "equal_halves", "finished", "copy")] == \
     [3.53, 3.69, 3.99, 4.11]
-# x first (the finished kernel at b = 1): fewer warps waiting on memory per instruction issued
-assert [r(b1[n]["waiting_on_memory"]) for n in ("equal_halves", "finished")] == [11.1, 6.2]
+# x first (the finished kernel at b = 1): fewer warps waiting on memory in an average cycle
+waiting_b1 = {n: b1[n]["waiting_on_memory"] * b1[n]["issuing"] for n in ("equal_halves",
+                                                                         "finished")}
+assert [r(waiting_b1[n]) for n in ("equal_halves", "finished")] == [3.3, 2.2]
 
 # the profiler's base clock against the timed runs (benchmarks/ladder.py's CSV), at b = 1: the
 # heads rung, paced by its instructions, slower under the profiler; the chunks rung about the same
@@ -1646,62 +1880,86 @@ assert [round(100 * free[n]["issuing"]) for n in ("heads", "tile")] == [77, 73]
 assert (r(free_predicted, 2), r(free["tile"]["us"] / free["heads"]["us"], 2),
         r(timed_b1["tile"] / timed_b1["heads"], 2)) == (1.09, 1.08, 1.09)
 
+# how much is in flight, measured: warps waiting on memory per instruction issued, times the
+# share of cycles a scheduler issues, is the warps waiting on memory in an average cycle of a
+# scheduler (4 to an SM). Each has at least one 16-byte-a-thread load out (512 bytes a warp)
+# and at most its whole step's x: KiB in flight per SM, set against section 2's bounds
+SCHEDULERS_PER_SM, WARPS_PER_SCHEDULER = 4, 16                     # 64 warps an SM, sm_90
+MECH_NAME = {"finished": "ropelib"}
+print(f"\nb = 8, in flight per SM (bounds: {need_idle:.1f} KiB idle, {need_loaded:.1f} beside a "
+      "copy)\n  kernel        waiting/sched  resident/sched  KiB per SM (low-high)  DRAM TB/s")
+waiting, kib_low, kib_high = {}, {}, {}
+for name in ("copy", "heads", "tile", "warps", "chunks", "accurate", "equal_halves", "finished"):
+    m = stall_kernels[STALL_NAMES.index(name)]["metrics"]
+    mv = mech[MECH_NAME.get(name, name)]
+    assert "ld.v4" in mv["ptx_access_detail"]                # x in 16-byte vectors a thread
+    waiting[name] = m[LONG_SB] * m["smsp__issue_active.avg.per_cycle_active"]
+    resident = m["sm__warps_active.avg.pct_of_peak_sustained_active"] / 100 * WARPS_PER_SCHEDULER
+    kib_low[name] = waiting[name] * SCHEDULERS_PER_SM * 512 / 1024
+    kib_high[name] = waiting[name] * SCHEDULERS_PER_SM * mv["x_bytes_per_warp_step"] / 1024
+    print(f"  {name:14s}{waiting[name]:10.1f}{resident:15.1f}{kib_low[name]:14.1f}-"
+          f"{kib_high[name]:<9.1f}{b8[name]['tb_s']:10.2f}")
+LATER = ("warps", "chunks", "accurate", "equal_halves", "finished")
+assert r(waiting["copy"]) == 10.6
+assert (r(min(waiting[n] for n in LATER)), r(max(waiting[n] for n in LATER))) == (4.9, 5.5)
+assert [r(kib_low["copy"]), r(kib_high["copy"])] == [21.3, 42.6]
+assert (r(min(kib_low[n] for n in LATER)), r(max(kib_high[n] for n in LATER))) == (9.8, 22.1)
+assert kib_low["copy"] > need_loaded > max(kib_low[n] for n in LATER)   # only the copy, surely
+assert all(1.8 < waiting["copy"] / waiting[n] < 2.3 for n in LATER)     # "about half"
+assert (r(min(b8[n]["tb_s"] for n in LATER), 2), r(max(b8[n]["tb_s"] for n in LATER), 2)) == \
+    (3.49, 3.65)
+
 # %% [markdown]
 # **What the profile says, step by step.**
 #
 # - **At $b = 8$, from the heads rung on, memory sets the pace.** The heads, tile and warps
 #   rungs take 145 to 147 µs at 3.51 to 3.56 TB/s while their warp instructions grow by 45 %;
 #   the schedulers issue in only 32 % to 46 % of their cycles, so the extra instructions fill
-#   idle issue slots. What holds these kernels near 3.5 TB/s, below the copy's 4.11, the profile
-#   does not say.
+#   idle issue slots.
+# - **They have about half a copy's loads in flight.** "Waiting on memory" times the share of
+#   cycles a scheduler issues is the number of warps waiting on memory in an average cycle,
+#   whatever the instruction count: 10.6 a scheduler for the copy, 4.9 to 5.5 for the rungs
+#   from `warps` on. A waiting warp has at least one 16-byte-a-thread load out (512 bytes) and at
+#   most its step's x, so per SM (4 schedulers) the copy holds 21.3 to 42.6 KiB in flight, at or
+#   above section 2's 20.1 KiB, and those rungs 9.8 to 22.1 KiB, at most at it. That fits their
+#   read rate, 3.49 to 3.65 TB/s against 4.11. They also keep about half the copy's warps
+#   resident, but the copy on the rung's tile (below) says more resident programs alone do not
+#   close the gap.
 # - **The chunks rung's extra time is writes.** Its DRAM rate is the warps rung's (3.50 against
 #   3.51 TB/s), with 3 % more instructions, but 16.1 MB more of its writes reach DRAM while it
 #   runs: at its rate 4.6 µs of its 5.0 µs extra. A kernel is charged only for the writes that
-#   reach DRAM before it ends; the rest of its `y` is still in L2 and is written back after it
-#   (even the copy is charged 244.2 of its 268.4 MB). Why the chunks rung leaves less of `y` in
-#   L2 was not measured.
+#   reach DRAM before it ends; the rest of its `y` is written back from L2 after it (even the
+#   copy is charged 244.2 of its 268.4 MB).
 # - **The equal-halves gain has two parts.** Its counted writes fall back to 246.9 MB, 16.4 MB
 #   fewer than the accurate rung's, and its DRAM rate rises from 3.49 to 3.65 TB/s with 24 %
 #   fewer instructions (issuing 46 % → 38 %). The accurate rung's bytes at the new rate would
-#   take 6.6 µs less; the 16.4 MB of writes account for the other 4.5 µs of the 11.1. Why the
-#   rate rises the profile does not show (its warps wait on memory more per instruction, 14.5
-#   against 10.7, but fewer instructions raise that ratio by themselves).
+#   take 6.6 µs less; the 16.4 MB of writes account for the other 4.5 µs of the 11.1.
 # - **The finished kernel against rung 6** at $b = 8$: 143.7 against 141.9 µs; its 4.2 MB more
 #   counted writes take 1.2 µs of that at its rate, and it executes 7 % more instructions.
 # - **At $b = 1$ the heads, tile and warps rungs are paced by their instructions**: the
 #   schedulers issue in 74 % to 80 % of their cycles, and every sin and cos is evaluated 16
-#   times (heads, tile) or 32 times (warps), each evaluation serving one row where at $b = 8$ it
-#   served 8. The tile rung, whose tile at $h = 32$ is the heads rung's single token
-#   ($\text{BLOCK\_S} = 1$) in the 3-D form, executes 3 % more instructions at 41.4 % occupancy
-#   against 47.3 %: instructions over issue rate predict 1.043 times the heads rung's time, and the
-#   profiler measures 1.041. Timed, the step is larger, 1.09 times (191.1 against 175.8 µs);
-#   profiled again at the GPU's own clock (Nsight Compute told to leave it alone: 173.7 and
-#   188.5 µs, issuing in 77 % and 73 % of cycles), the same prediction gives 1.09. So the 3 %
-#   more instructions at a lower issue rate predict the whole step; why the rate falls further
-#   at the faster clock was not measured.
-# - **The chunks rung evaluates each sin and cos once** at $b = 1$, with 7.6 times fewer
-#   instructions than the warps rung. From there the schedulers issue in 29 % to 36 % of their
-#   cycles and the DRAM rate climbs: 3.53 TB/s, 3.69 with equal halves, 3.99 for the finished
-#   kernel, against the copy's 4.11.
-# - **The finished kernel at $b = 1$**, which loads `x` before its table work: its warps wait on
-#   memory 6.2 times per instruction issued against rung 6's 11.1, a drop far larger than its
-#   busier schedulers (36 % of cycles against 30 %) make by themselves. That fits loads of `x`
-#   in flight while the angles are computed; but the two kernels differ in more than the order,
-#   so the profile does not isolate it. The two timed variants above do, and the appendix's
-#   reading of the machine code shows what the order changes.
+#   times (heads, tile) or 32 times (warps). The tile rung ($\text{BLOCK\_S} = 1$, the heads
+#   rung's tile in the 3-D form) executes 3 % more instructions at 41.4 % occupancy against
+#   47.3 %: instructions over issue rate predict 1.043 times the heads rung's time, and the
+#   profiler measures 1.041. At the GPU's own clock (173.7 and 188.5 µs, issuing in 77 % and
+#   73 % of cycles) the same prediction gives 1.09, the timed step (191.1 against 175.8 µs).
+# - **From the chunks rung on, $b = 1$ is memory-bound again**: each sin and cos evaluated once,
+#   7.6 times fewer instructions than the warps rung, the schedulers issuing in 29 % to 36 % of
+#   their cycles, and the DRAM rate climbing: 3.53 TB/s, 3.69 with equal halves, 3.99 for the
+#   finished kernel, against the copy's 4.11. The finished kernel, which loads `x` before its
+#   table work, has fewer warps waiting on memory in an average cycle than rung 6 (2.2 a
+#   scheduler against 3.3) and reads faster: loads that wait less. The two kernels differ in
+#   more than the order; the two timed variants above isolate it.
 
 # %% [markdown]
 # ### Is the gap to a copy the sin/cos?
 #
-# **Question: the last rung, the finished kernel's computation, stops 8 to 9 points short of a
-# copy on the 256 MiB tensors. Is that gap its sin/cos?** `benchmarks/ladder_table_probe.py`
-# takes them out: beside rung 6 it times a copy of it that loads cos and sin from fp32 tables
-# $[S, D/2]$ instead of loading the angles and evaluating them (the same grid, tile, warps,
-# batch loop, fma order and rounding, and the same bytes asked for), the finished kernel
-# (forced) and a device copy, in seven rounds of `do_bench` at four of section 5's bf16 sbhd
-# sizes (the 8 MiB one with a grid axis over the batch, as the ladder's CSV launched it). The
-# cell prints its CSV: the median over the rounds as the copy's time over each kernel's, and
-# the static instruction count and registers of the two rungs' sm_90 code.
+# **Question: the last rung stops 8 to 9 points short of a copy on the 256 MiB tensors. Is that
+# gap its sin/cos?** `benchmarks/ladder_table_probe.py` times, beside rung 6 and a device copy,
+# a copy of rung 6 that loads cos and sin from fp32 tables $[S, D/2]$ instead of evaluating
+# them (the same grid, tile, warps, batch loop, fma order and rounding), in seven rounds at four
+# of section 5's sizes. The cell prints the median ratio to a copy and the two rungs' sm_90
+# instruction counts and registers.
 
 # %%
 probe_meta, probe_rows = measured.load("ladder_table_probe")
@@ -1747,27 +2005,19 @@ assert [said(small["equal_halves"][k] * 1e3, 1) for k in ("ms", "ms_min", "ms_ma
     ["12.3", "11.0", "67.6"]
 
 # %% [markdown]
-# **What the probe says.** On the three 256 MiB tensors taking the sin/cos out entirely buys
-# 0.7 to 1.5 points of the rung's 8 to 9 point gap, though the rung's machine code holds up to
-# 17 times the instructions of the tables'. So the finished kernel does not stop short of a
-# copy because of its transcendental work: on $s = 4096$, $b = 8$ the rung reading tables is
-# still about nine tenths of a copy. That leaves what the two kernels share: the tile,
-# the batch loop and the grid, and the rotation's own loads and arithmetic (the partner half,
-# the fma, the rounding). On the 8 MiB case (16 tokens, a batch of 64) the same change moves
-# 0.730 to 0.904, 17.4 of the rung's 27.0 points: there loading tables instead of evaluating
-# the angles buys most of the gap, so the angles' path (each load, its sin and cos) is most of
-# the rung's time beyond a copy; which step of that path is not separated.
+# **What the probe says.** On the three 256 MiB tensors taking the sin/cos out buys 0.7 to 1.5
+# points of the rung's 8 to 9 point gap, though the rung's machine code holds up to 17 times
+# the instructions of the tables'. On the 8 MiB case (16 tokens, a batch of 64) the same change
+# moves 0.730 to 0.904, 17.4 of the rung's 27.0 points: there the angles' path is most of the
+# rung's time beyond a copy.
 #
-# **A copy on the rung's tile.** Only elimination points at the tile, batch loop and grid so
-# far. The cell below times them directly: `_copy_on_tile_kernel` has rung 6's grid, tile,
-# warps and batch loop (the plan `ladder.plan("equal_halves", ...)` gives at $s = 4096$,
-# $b = 8$, $h = 32$, $d = 128$, a 256 MiB case of the probe), loads each half of a head's rows
-# of `x` as the rung does and stores them to `y` unchanged: no angles, no arithmetic. Beside it
-# `y.copy_(x)` and rung 6 itself, all with `do_bench` in one process. If this copy lands near
-# the rung's ratio, the tile, loop and grid are where the gap is; if it lands near 1.0, the gap
-# is in the rotation's loads and arithmetic after all. The cell prints which from its numbers
-# (on a GPU; here it only checks that the kernel copies), and then sets the grid's waves
-# beside the flat pass's.
+# **A copy on the rung's tile.** `_copy_on_tile_kernel` has rung 6's grid, tile, warps and batch
+# loop (`ladder.plan("equal_halves", ...)` at $s = 4096$, $b = 8$, $h = 32$, $d = 128$), loads
+# each half of a head's rows of `x` as the rung does and stores them to `y` unchanged: no
+# angles, no arithmetic. On a GPU the cell times it beside `y.copy_(x)` and rung 6 in one
+# process; if it lands near the rung, the gap belongs to the launch, if near 1.0, to the
+# rotation. It then compiles the copy's registers, groups the profiled tiles of heads by batch
+# loop and warps, and prints the grid's waves.
 
 # %%
 @triton.jit
@@ -1840,59 +2090,94 @@ if GPU:
 else:
     print("Timing needs a GPU: here the cell checks only that the kernel copies.")
 
-# the grid in waves (the mechanism CSV's `waves`: programs / (SMs x resident programs per SM)):
-# the last wave's fill, and the share of the SMs' program slots the last wave leaves idle if
-# every wave took the same time
-def wave_shape(r):
-    w = r["waves"]
-    full = math.ceil(w)
-    return w, w - (full - 1), (full - w) / full
+
+def resident_programs(registers, threads):
+    """Programs an SM holds by registers and threads alone (65,536 registers, allocated 8 a
+    thread at a time; 2,048 threads; 32 programs)."""
+    return min(65536 // (-(-registers // 8) * 8 * threads), 2048 // threads, 32)
 
 
-print("\nwaves on the H200 (mechanism CSV), bf16 sbhd s=4096 b=8:")
-for v in ("equal_halves", "ropelib", "ropelib_planned", "copy"):
-    w, last, idle = wave_shape(mech[v])
-    print(f"  {shown(v):26s} {mech[v]['programs']:7,} programs, {mech[v]['occ_blocks_per_sm']:2d} "
-          f"per SM: {w:6.2f} waves, the last {last:.0%} full, {idle:.1%} of the slots idle")
-waves_fin, waves_flat = wave_shape(mech["ropelib"]), wave_shape(mech["ropelib_planned"])
-assert mech["ropelib"]["waves"] == mech["equal_halves"]["waves"]
-assert [said(mech[v]["waves"], 2) for v in ("ropelib", "ropelib_planned")] == ["7.76", "49.65"]
-assert [round(100 * w[1]) for w in (waves_fin, waves_flat)] == [76, 65]
-assert [said(100 * w[2], 1) for w in (waves_fin, waves_flat)] == ["3.0", "0.7"]
-assert said(mech["copy"]["waves"], 2) == "31.03" and said(100 * wave_shape(mech["copy"])[2], 1) \
-    == "3.0"                                          # the copy's grid: the same idle share
+# its registers against rung 6's, both compiled for sm_90 here with the H200's plan
+shape_h200 = torch.empty(4096, 8, 32, 128, dtype=torch.bfloat16, device="meta").stride()
+p_h200 = ladder.plan("equal_halves", 4096, 8, 32, 128, 2, SMS_H200, H200_KNOBS)
+cot_args = dict(x_ptr=torch.empty(16, dtype=torch.bfloat16),
+                y_ptr=torch.empty(16, dtype=torch.bfloat16), S=4096, B=8, H=32, B_CHUNK=p_h200.chunk,
+                **dict(zip(("stride_xs", "stride_xb", "stride_xh", "stride_xd"), shape_h200)),
+                **dict(zip(("stride_ys", "stride_yb", "stride_yh", "stride_yd"), shape_h200)),
+                HALF=64, BLOCK_HALF=64, BLOCK_S=p_h200.block_s, BLOCK_H=p_h200.block_h)
+try:
+    from ropelib.course import load_schedule
+    cot_regs = load_schedule.schedule(_copy_on_tile_kernel, cot_args,
+                                      num_warps=p_h200.num_warps)["registers"]
+    (rung6_sm90,) = ladder.compile_for_gpu(["equal_halves"], sm_count=SMS_H200, knobs=H200_KNOBS)
+    rung6_regs = rung6_sm90["registers"]
+except Exception as exc:  # noqa: BLE001 -- no compiler for this target here: say so
+    cot_regs = None
+    print(f"compiling for sm_90 did not work here ({type(exc).__name__}: {str(exc)[:300]})")
+if cot_regs:
+    threads = 32 * p_h200.num_warps
+    print(f"\nsm_90, Triton {triton.__version__}, {p_h200.num_warps} warps a program: the copy on "
+          f"the tile {cot_regs} registers a thread, {resident_programs(cot_regs, threads)} "
+          f"programs per SM; rung 6 {rung6_regs}, {resident_programs(rung6_regs, threads)} "
+          f"(the H200 run's rung 6, Triton {mech_meta.get('triton')}: {rung6_m['registers']}, "
+          f"{rung6_m['occ_blocks_per_sm']})")
+    # fewer registers than the rung: more programs resident, and (on a GPU) no faster
+    assert resident_programs(cot_regs, threads) > resident_programs(rung6_regs, threads)
+    assert resident_programs(rung6_m["registers"], threads) == rung6_m["occ_blocks_per_sm"]
+
+# the tiles of heads profiled at this size (notebook 04's variants and the rungs), by batch
+# loop and warps a program: the copy's profiled time over each one's
+LOOP_GROUPS = {"batch loop": [v for v in mech if v.startswith("heads") and "loop_b" in v
+                              or v in RUNGS_PROFILED[:-1]],
+               "no batch loop": [v for v in mech if v.startswith("heads_all_one_b")]}
+print("\nUnder Nsight Compute (s=4096 b=8), tiles of heads: the best of each group, as a share "
+      "of the copy's speed")
+best = {}
+for loop, names in LOOP_GROUPS.items():
+    for w in sorted({mech[v]["num_warps"] for v in names}):
+        v = min((v for v in names if mech[v]["num_warps"] == w), key=lambda v: mech[v]["us"])
+        best[loop, w] = mech["copy"]["us"] / mech[v]["us"]
+        print(f"  {loop:14s} {w} warp{'s' if w > 1 else ' '}: {shown(v):26s} "
+              f"{best[loop, w]:.3f}")
+flat_speed = mech["copy"]["us"] / planned_m["us"]
+print(f"  the flat pass (no loop, 2 warps, {planned_m['programs']:,} programs): {flat_speed:.3f}")
+assert (said(min(best.values()), 2), said(max(best.values()), 2)) == ("0.87", "0.91")
+assert max(best.values()) < 0.95 < flat_speed
+assert {w for _, w in best} == {1, 2, 4, 8}
+
+# the grid in waves (the mechanism CSV's `waves`: programs / (SMs x resident programs per SM)),
+# and the share of the SMs' program slots the last wave leaves idle if every wave took as long
+idle_share = {v: (math.ceil(mech[v]["waves"]) - mech[v]["waves"]) / math.ceil(mech[v]["waves"])
+              for v in ("ropelib", "copy")}
+print("\nwaves on the H200 (mechanism CSV), bf16 sbhd s=4096 b=8: " + ", ".join(
+    f"{shown(v)} {mech[v]['programs']:,} programs, {mech[v]['occ_blocks_per_sm']} per SM, "
+    f"{mech[v]['waves']:.2f} waves, {idle_share[v]:.1%} of the slots idle" for v in idle_share))
+assert [said(mech[v]["waves"], 2) for v in ("ropelib", "copy")] == ["7.76", "31.03"]
+assert [said(100 * idle_share[v], 1) for v in idle_share] == ["3.0", "3.0"]
 
 # %% [markdown]
-# **What the copy on the tile says.** Read the first printed line on a GPU: `the copy on rung
-# 6's tile` against `rung 6`, both as a fraction of `y.copy_(x)` in the same process. The cell
-# asserts that they lie within 0.05 of each other and prints which of the two the copy is
-# nearer. Where it is nearer the rung, a kernel that moves the same bytes with no angles and
-# no arithmetic, on the same grid, tile, warps and batch loop, pays about what the rung pays:
-# the gap to a copy belongs to that launch shape, not to the rotation; together with the table
-# probe (tables instead of sin/cos buy about a point) this says the finished kernel does not
-# stop short of a copy for its cos/sin, in registers or not.
-#
-# Which part of the shape costs the time is not separated here. One measured candidate is the
-# grid's waves, printed last: the finished kernel's 4,096 programs, 4 resident per SM, make
-# 7.76 waves, the last of them 76 % full, so if every wave took the same time 3.0 % of the SMs'
-# program slots would idle at the end; the flat pass's 131,072 small programs make 49.65 waves
-# and idle 0.7 %. That is a candidate, not shown to be the cause, and a weak one by this
-# arithmetic: the device copy's own grid, 65,536 programs at 16 per SM, makes 31.03 waves and
-# leaves the same 3.0 % idle, yet sets the 1.0 it is measured against. Waves need not take the
-# same time either, and the copy on the tile also keeps each program's batch loop; which part
-# of the launch shape holds the gap stays open on this page.
+# **What the copy on the tile says.** On a GPU the first printed line sets `the copy on rung 6's
+# tile` against `rung 6`, both as a fraction of `y.copy_(x)` in the same process; the cell
+# asserts them within 0.05 of each other and prints which the copy is nearer. Where it is
+# nearer the rung, a kernel that moves the same bytes with no angles and no arithmetic, on the
+# same grid, tile, warps and batch loop, pays about what the rung pays: with the table probe,
+# the finished kernel does not stop short of a copy for its cos/sin. The copy on the tile holds
+# fewer registers than the rung, so more of its programs fit on an SM (printed after the
+# timing, compiled for sm_90 here): more resident programs alone do not close the gap. Nor does the kind of launch: the
+# best tiles of heads profiled at this size, with a batch loop on 1, 2, 4 or 8 warps or without
+# one on 8, stop at 0.87 to 0.91 of the copy, and only the flat pass (section 6) passes them.
+# The waves, printed last, are a weak candidate: the finished kernel's 4,096 programs make 7.76
+# waves and, if every wave took the same time, leave 3.0 % of the SMs' program slots idle at
+# the end, but the copy's own grid (31.03 waves) leaves the same 3.0 %.
 #
 # ## 6. Past the finished kernel: two passes for large tensors
 #
 # Everything above runs a few thousand 8-warp programs, each looping over its batch entries
-# with the cos and sin of its tokens held across the loop: 64 registers per thread on the H200,
-# four programs per SM (section 4), 44 % achieved occupancy (section 1). Section 5 found the
-# gap to a copy in that launch shape rather than in the sin/cos.
-# The kernel torch.compile generates for Hugging Face's `q * cos + rotate_half(q) * sin`
-# (`benchmarks/results/inductor-rope-bf16-sbhd.txt`) takes the other side: no loop, each program
-# rotates `XBLOCK` consecutive elements (its autotuner's choice, which the file does not
-# record), and it loads cos and sin for every element, with `evict_last`, a hint to keep the
-# small table in the L2 cache. Its registers, occupancy and L2 hit rate were not profiled here.
+# with the cos and sin of its tokens held across the loop. Section 5 placed the gap to a copy
+# in that launch rather than in the sin/cos. The kernel torch.compile generates for Hugging
+# Face's `q * cos + rotate_half(q) * sin` (`benchmarks/results/inductor-rope-bf16-sbhd.txt`)
+# takes the other side: no loop, each program rotates `XBLOCK` consecutive elements, loading
+# cos and sin for every element with `evict_last`, a hint to keep the small table in L2.
 #
 # For large contiguous tensors `ropelib.apply_rope` does the same, in two passes
 # (`ropelib/kernels/flat.py`):
@@ -1913,15 +2198,11 @@ assert said(mech["copy"]["waves"], 2) == "31.03" and said(100 * wave_shape(mech[
 # runs, and each waits for the pre-pass's rows before it reads them.
 #
 # The route is taken when q and k are fresh-output, contiguous, at least 64 MiB, and the table is
-# small beside them: at most 1/32 of the bytes the flat pass moves where every call writes its rows
-# (an operator call, or compiled code), 1/16 where an eager call keeps them (a model's later layers
-# read the rows the first one wrote, so only the reads count); otherwise the finished kernel runs.
-# Packed sequences (thd) take it too, reading the rows of each token's *position* through a row
-# index per token (4 bytes) or, where every sequence is as long as the table, with one sequence per
-# row of a 2-D grid (their timings: `benchmarks/results/two_pass_thd-*.csv`). The planner sees only
-# shapes, so tensors on the `meta` device (no memory at all) show which route an eager call would
-# take (the last four lines: section 5's ladder sizes, called as `benchmarks/ladder.py` calls
-# `ropelib.apply_rope`):
+# small beside them: at most 1/32 of the bytes the flat pass moves where every call writes its
+# rows (an operator call, or compiled code), 1/16 where an eager call keeps them; otherwise the
+# finished kernel runs. Packed sequences (thd) take it too, through a row index per token
+# (`benchmarks/results/two_pass_thd-*.csv`). Tensors on the `meta` device show which route an
+# eager call would take (the last four lines: section 5's ladder sizes):
 
 # %%
 def route_of(shape, layout="sbhd", table="freqs", P=32768, n_seq=4):
@@ -2060,6 +2341,16 @@ assert [said(v, 1) for v in (*pre_pass(tp, b1), pre_pass(tp, s16k)[1])] == ["11.
 # ... faster than a pre-pass every call would allow: at most copy / (copy + pre-pass)
 cap = 1 / (1 + pre_pass(tp, b1)[1] / 100)
 assert said(cap) == "0.854" and ratio(tp, b1, "two-pass") > cap
+# ... and a later run of the same day (17:47): the known-equal pass and the flag pass at b = 1
+later_b1 = measured.two_pass(measured.GPU + "-20261202-1747", kind="half_rows_probe")[
+    ("sbhd 128 MiB s16k b1", "forward")]
+print(f"{b1}, forward, the 17:47 run: known equal {later_b1['known equal']['ratio_to_copy']:.3f}, "
+      f"the flag pass {later_b1['halves']['ratio_to_copy']:.3f} (this run: "
+      f"{ratio(tp, b1, 'two-pass'):.3f})")
+assert [said(later_b1[c]["ratio_to_copy"]) for c in ("known equal", "halves")] == \
+    ["0.946", "0.942"]
+assert 1.5 < 100 * (ratio(tp, b1, "two-pass") - later_b1["halves"]["ratio_to_copy"]) < 2.5
+assert tp_meta["date"].startswith("2026-12-02T08:22")             # "this run"
 # torch.compile against the flat pass with angles: ahead at 256 MiB, behind at 1 GiB, ahead at
 # batch 1 (in %, its ratio over the flat pass's)
 compile_lead = {c: 100 * (ratio(tp, c, "torch.compile") / ratio(tp, c, "two-pass") - 1)
@@ -2100,12 +2391,15 @@ assert all(abs(v) < 100 * (hi_c - lo_c) for v in compile_lead.values())   # lead
 #   forward+backward with angles 0.998 of two copies against 0.935. Two design choices get
 #   the flat pass there: both members of a pair in one thread (the appendix) and the way it
 #   writes its table addresses (the next subsection);
-# - at batch 1 (128 MiB, 16,384 tokens) the pre-pass writes a 1 KiB row for every token with no
-#   batch to spread it over: 11.7 µs, 17.2 % of the copy's time (2.3 % at batch 8). Paid on
-#   every call, it would hold the route to copy / (copy + pre-pass) = 0.854 of a copy at most.
-#   The route measured 0.963, ahead of the finished kernel's 0.936, because the eager route
-#   keeps the pre-pass's rows (`TableRows` in `ropelib/eager.py`) and later calls with the same
-#   table skip it, as a model's later layers do. Hence the 1/16 share above for kept rows;
+# - at batch 1 (128 MiB, 16,384 tokens) the pre-pass writes a row for every token (512 bytes
+#   and a flag when its pairs share their angles, the appendix) with no batch to spread it
+#   over: 11.7 µs, 17.2 % of the copy's time (2.3 % at batch 8). Paid on every call, it would
+#   hold the route to copy / (copy + pre-pass) = 0.854 of a copy at most. The route measured
+#   0.963 in this run, ahead of the finished kernel's 0.936, because the eager route keeps the
+#   pre-pass's rows (`TableRows` in `ropelib/eager.py`) and later calls with the same table skip
+#   it, as a model's later layers do. Kept rows now run the known-equal pass (the appendix),
+#   timed at 0.946 in a later run of that day, where the same flag pass measured 0.942: runs of
+#   one pass differ by up to two points at batch 1, about the lead over the finished kernel. Hence the 1/16 share above for kept rows;
 #   operator calls and compiled code, which write the rows every call, keep the finished kernel
 #   at batch 1.
 #
@@ -2310,305 +2604,6 @@ assert abs(after["probe copy"] - before["probe copy"]) < 0.005      # the probe 
 # method: when a kernel runs slower than a copy of itself with "the same code", compile both
 # with the Triton the GPU runs, and count in the SASS which loads go out before the arithmetic
 # that waits for them.
-
-# %% [markdown]
-# ## Exercise 1: the interleaved 3-D tile
-#
-# Write rung 4 (3-D tile, a grid axis over batch chunks) for the other pairing, **interleaved**:
-# pair $j$ of a head is features $(2j, 2j+1)$, its angles `freqs[s, 2j]` and `freqs[s, 2j+1]`:
-#
-# $$ y_{2j} = x_{2j} \cos\theta_{2j} - x_{2j+1} \sin\theta_{2j}, \qquad
-#    y_{2j+1} = x_{2j+1} \cos\theta_{2j+1} + x_{2j} \sin\theta_{2j+1}. $$
-#
-# The check launches your kernel itself, on grid
-# $(\lceil S/\text{BLOCK\_S} \rceil, \lceil H/\text{BLOCK\_H} \rceil,
-#   \lceil B/\text{B\_CHUNK} \rceil)$,
-# with fresh inputs every time: $S$, $H$ and $B$ that the blocks do not divide, a head dim of
-# 24, non-contiguous x and y, fp32 and fp16, into an output full of NaN inside a NaN guard band
-# (an element you do not write, or one you write outside the output, shows). Replace the
-# `pass` and rerun the cell; until then the check says what to do.
-
-# %%
-@triton.jit
-def my_interleaved_tile_kernel(
-    x_ptr,  # *x: input [S, B, H, D], any strides
-    y_ptr,  # *y: output [S, B, H, D], any strides, same dtype as x
-    freqs_ptr,  # *fp32: angles [S, D], contiguous; pair j uses freqs[s, 2j] and freqs[s, 2j + 1]
-    S, B, H,  # tokens, batch, heads
-    B_CHUNK,  # batch entries per program (the last chunk may be shorter)
-    stride_xs, stride_xb, stride_xh, stride_xd,  # x strides, in elements
-    stride_ys, stride_yb, stride_yh, stride_yd,  # y strides, in elements
-    HALF: tl.constexpr,  # D // 2: pairs per head
-    BLOCK_HALF: tl.constexpr,  # next power of two >= HALF
-    BLOCK_S: tl.constexpr,  # tokens per program
-    BLOCK_H: tl.constexpr,  # heads per program
-):
-    # launched on grid (cdiv(S, BLOCK_S), cdiv(H, BLOCK_H), cdiv(B, B_CHUNK))
-    pass  # your code
-
-
-ex1_passed = fk.check_interleaved_tile_kernel(my_interleaved_tile_kernel)
-
-# %% [markdown]
-# A first answer often takes the two members of a pair as two loads at stride 2 (features
-# `2 * j` and `2 * j + 1`) and writes them back as two stores at stride 2. It is correct, but no
-# thread then holds contiguous features, so no load or store can be a vector, and each store
-# writes half of every 32-byte sector it touches (notebook 03 measured that pattern on its pair
-# swap). Correct is not the same as fast. The worked solution comes after Exercise 1b. The
-# cell below compiles your kernel for sm_90 on this machine (`load_schedule`, as section 5
-# compiles the finished kernel; no GPU needed) with the launch the H200 gives the finished
-# kernel at bf16 sbhd $s = 4096$, $b = 8$, $h = 32$, $d = 128$: the tile $[1, 32, 64]$ per half on
-# 8 warps, contiguous x. It counts a thread's global loads by the bytes each moves: 16 is a
-# vector of 8 bf16 (`LDG.E.128`), 2 a single element.
-
-# %%
-from ropelib.course.exercises import is_blank_kernel, is_kernel
-
-x_h200 = torch.empty(4096, 8, 32, 128, dtype=torch.bfloat16, device="meta")   # shapes only
-bf16_any, fp32_any = torch.empty(16, dtype=torch.bfloat16), torch.empty(16)
-EX1_ARGS = dict(x_ptr=bf16_any, y_ptr=bf16_any, freqs_ptr=fp32_any, S=4096, B=8, H=32,
-                B_CHUNK=plan_h200.chunk,
-                **dict(zip(("stride_xs", "stride_xb", "stride_xh", "stride_xd"), x_h200.stride())),
-                **dict(zip(("stride_ys", "stride_yb", "stride_yh", "stride_yd"), x_h200.stride())),
-                HALF=64, BLOCK_HALF=64, BLOCK_S=plan_h200.block_s, BLOCK_H=plan_h200.block_h)
-# x of a program per batch entry, per thread, in 16-byte vectors: [1, 32, 128] on 256 threads
-X_VECTORS = plan_h200.block_s * plan_h200.block_h * 128 * 2 // (plan_h200.num_warps * 32) // 16
-assert X_VECTORS == 2
-
-
-def measure_loads(kernel, args, num_warps):
-    """Print a thread's global loads by width (and how many go out before the first multiply)
-    of a kernel compiled for sm_90; None (and a line saying why) for a kernel not written yet."""
-    if not is_kernel(kernel) or is_blank_kernel(kernel):
-        print("write the kernel above first: then this cell counts its loads")
-        return None
-    try:
-        sc = load_schedule.schedule(kernel, args, num_warps=num_warps)
-    except Exception as exc:  # noqa: BLE001 -- a kernel that does not compile: say so
-        print(f"compiling it for sm_90 did not work ({type(exc).__name__}: {str(exc)[-300:]})")
-        return None
-    widths = load_schedule.load_widths(sc)
-    print(f"sm_90, Triton {triton.__version__}: a thread's global loads, by the bytes each moves: "
-          + ", ".join(f"{n} of {b}" for b, n in widths.items())
-          + f"; {sc['early']} of {len(sc['loads'])} before the first multiply, "
-            f"{sc['registers']} registers")
-    return sc
-
-
-measure_loads(my_interleaved_tile_kernel, EX1_ARGS, plan_h200.num_warps);
-
-# %% [markdown]
-# ### Exercise 1b: the same kernel with 16-byte loads
-#
-# Write the interleaved tile again, so that a thread loads its features of `x` as 16-byte
-# vectors: load each head's row of $2 \cdot \text{BLOCK\_HALF}$ features as one contiguous tile
-# (feature index `tl.arange(0, 2 * BLOCK_HALF)`), then find each element's partner in
-# registers: `tl.reshape` the tile to $[\ldots, \text{BLOCK\_HALF}, 2]$, `tl.split` the members
-# of the pairs, `tl.join` them again in the order you need, and reshape back. The angles can be
-# read the same way. The signature and the grid are Exercise 1's. (If your kernel of Exercise 1
-# already loads whole rows, copy it here: it answers this exercise too.)
-#
-# The check runs Exercise 1's check on your kernel first (fresh inputs, tails, strided x and
-# y), then compiles it for sm_90 with the launch above and counts its loads: it wants no 2-byte
-# load and at least the 2 sixteen-byte vectors a thread's 16 elements of `x` take.
-
-# %%
-@triton.jit
-def my_interleaved_vector_kernel(
-    x_ptr,  # *x: input [S, B, H, D], any strides
-    y_ptr,  # *y: output [S, B, H, D], any strides, same dtype as x
-    freqs_ptr,  # *fp32: angles [S, D], contiguous; pair j uses freqs[s, 2j] and freqs[s, 2j + 1]
-    S, B, H,  # tokens, batch, heads
-    B_CHUNK,  # batch entries per program (the last chunk may be shorter)
-    stride_xs, stride_xb, stride_xh, stride_xd,  # x strides, in elements
-    stride_ys, stride_yb, stride_yh, stride_yd,  # y strides, in elements
-    HALF: tl.constexpr,  # D // 2: pairs per head
-    BLOCK_HALF: tl.constexpr,  # next power of two >= HALF
-    BLOCK_S: tl.constexpr,  # tokens per program
-    BLOCK_H: tl.constexpr,  # heads per program
-):
-    # launched on grid (cdiv(S, BLOCK_S), cdiv(H, BLOCK_H), cdiv(B, B_CHUNK))
-    pass  # your code
-
-
-ex1b_passed = load_schedule.check_wide_loads(
-    "interleaved tile, 16-byte loads", my_interleaved_vector_kernel, EX1_ARGS,
-    num_warps=plan_h200.num_warps, wide=X_VECTORS, check=fk.check_interleaved_tile_kernel)
-
-# %% [markdown]
-# `ropelib/kernels/fused.py` loads interleaved pairs this way (read it after your attempt):
-# one contiguous row, split into the members of its pairs in registers. What did the wider
-# loads cost in registers? `measure_loads` above prints them for any of your kernels.
-#
-# The worked solution below answers both exercises: whole rows in, each feature's partner found
-# with `tl.reshape` and `tl.split`, put back with `tl.join`, whole rows out. The cell after it
-# counts its loads and checks in the machine code that its stores are 16-byte vectors too.
-
-# %%
-fk.show_solution()
-
-# %%
-sol_ex1 = measure_loads(fk._rope_interleaved_tile_solution_kernel, EX1_ARGS, plan_h200.num_warps)
-sol_widths = load_schedule.load_widths(sol_ex1)
-sol_stores = [ins for ins in sol_ex1["sass"] if "STG" in ins]
-print(f"its global stores: {len(sol_stores)}, as "
-      + ", ".join(sorted({w for ins in sol_stores for w in ins.split() if w.startswith("STG")})))
-assert sol_widths.get(16, 0) >= X_VECTORS and 2 not in sol_widths       # vectors, no lone bf16
-assert sol_stores and all(".128" in ins for ins in sol_stores)          # 16-byte stores
-# local memory: spilled registers, or the array the sin/cos slow path for large angles keeps
-# there (which of the two this count holds, and whether it is 0, depends on the Triton version)
-print(f"its local-memory instructions: {sol_ex1['local_stores']} stores, "
-      f"{sol_ex1['local_loads']} loads; {sol_ex1['registers']} registers")
-
-# %% [markdown]
-# ### Your kernels against a copy, on a GPU
-#
-# A check says whether a kernel computes RoPE, not how fast it runs. On a GPU the cell below
-# launches your kernels of Exercises 1 and 1b on bf16 sbhd $s = 4096$, $b = 8$, $h = 32$,
-# $d = 128$ (256 MiB: large enough that the bytes, not the launch, set the time), asserts that
-# each output there is the reference's too, and times it with `do_bench` beside the worked
-# solution, ropelib's finished kernel on the same interleaved pairs (`ropelib.apply_rope(...,
-# interleaved=True)` with its route forced to the one-pass kernel: its loads are Exercise 1b's,
-# whole rows split into pairs in registers), `apply_rope` as it plans this size (section 6's
-# two passes, the second reading cos/sin rows the first wrote and a repeated call keeps), and
-# a device copy `y.copy_(x)` of the same tensor. A kernel is timed once it has
-# passed its check above. The launch is the check's, written out in `launch_interleaved`, with
-# the tile and warps that ropelib's planner gives the finished kernel on this GPU (on the H200
-# the launch whose loads the cells above count): change it and rerun.
-#
-# Each kernel reads x and writes y, the bytes the copy moves (its table of angles is small
-# beside them), so the cell prints its speed as a fraction of the copy's: the copy's time over
-# the kernel's. At 1.00 a kernel moves its bytes as fast as a copy does; the rest of the way
-# to 1.00 is time its bytes do not explain, spent on loads too narrow or too few in flight, or
-# on arithmetic (sin and cos) that the stores wait for. A slow kernel is not a wrong one: the
-# cell asserts nothing about speed. In the interpreter it prints that timing needs a GPU and
-# does nothing else.
-
-# %%
-TIMED_SHAPE = (4096, 8, 32, 128)    # [S, B, H, D] bf16 sbhd: 256 MiB
-
-
-def timing_inputs(shape):
-    """x (bf16 sbhd [S, B, H, D], random), an output y for it, and angles [S, D] whose two
-    members of a pair differ."""
-    S, B, H, D = shape
-    x = torch.randn(shape, device=device, dtype=torch.bfloat16)
-    return x, torch.empty_like(x), torch.rand(S, D, device=device) * 6 - 3
-
-
-def time_against_copy(x, y, want, yours, solution, others=()):
-    """Time y.copy_(x), each of your launches (yours: name -> (passed its check, a call that
-    writes y)), the worked solution's (a call that writes y) and `others` ((name, call) pairs)
-    with do_bench; print each median and its speed as a fraction of the copy's, and return those
-    fractions by name. Yours are timed only once they pass their check, and only after their
-    output at this size is asserted to be `want` (the reference); a solution of None is not
-    timed."""
-    from triton.testing import do_bench
-    print(f"x {list(x.shape)} {str(x.dtype).replace('torch.', '')} "
-          f"({x.numel() * x.element_size() >> 20} MiB), {runtime.mode()}: median us "
-          "(20-80 % quantiles), speed as a fraction of the copy's")
-    timed = {}
-    for name, (passed, run) in yours.items():
-        if not passed:
-            print(f"  {name}: timed here once it passes its check above")
-            continue
-        y.fill_(float("nan"))                  # an element the kernel does not write stays NaN
-        run()
-        torch.testing.assert_close(                # correct at this size too
-            y, want, msg=lambda m, name=name: f"{name}, x {list(x.shape)}: {m}")
-        timed[name] = run
-    if solution is not None:
-        timed["worked solution"] = solution
-    timed.update(others)
-    copy_ms = do_bench(lambda: y.copy_(x), quantiles=[0.5, 0.2, 0.8])
-    ratios = {}
-    for name, run in {"y.copy_(x)": None, **timed}.items():
-        ms = copy_ms if run is None else do_bench(run, quantiles=[0.5, 0.2, 0.8])
-        ratios[name] = copy_ms[0] / ms[0]
-        print(f"  {name:26s} {ms[0] * 1e3:7.1f} us ({ms[1] * 1e3:.1f}-{ms[2] * 1e3:.1f})  "
-              f"{ratios[name]:.2f} of a copy")
-    return ratios
-
-
-def against_committed(live, committed, band=0.15):
-    """Print each live ratio to a copy beside the committed run's for the same shape, and
-    assert it lies within `band` (a fraction) of it: another GPU, driver or day moves a ratio
-    by a few per cent, not by a sixth."""
-    for name, (was, where) in committed.items():
-        print(f"  {name:26s} live {live[name]:.3f} of a copy; committed {was:.3f} ({where})")
-        assert abs(live[name] / was - 1) <= band, \
-            f"{name}: {live[name]:.3f} of a copy here, {was:.3f} committed: more than " \
-            f"{band:.0%} apart"
-
-
-def launch_interleaved(kernel, x, y, freqs, *, block_s, block_h, chunk, num_warps):
-    """Exercises 1 and 1b: the check's launch, with the warps given; writes y."""
-    S, B, H, D = x.shape
-    grid = (triton.cdiv(S, block_s), triton.cdiv(H, block_h), triton.cdiv(B, chunk))
-    kernel[grid](x, y, freqs, S, B, H, chunk, *x.stride(), *y.stride(), HALF=D // 2,
-                 BLOCK_HALF=triton.next_power_of_2(D // 2), BLOCK_S=block_s, BLOCK_H=block_h,
-                 num_warps=num_warps)
-
-
-def time_exercise_1(shape):
-    """Your kernels of Exercises 1 and 1b, the worked solution and a copy, at `shape`."""
-    x, y, freqs = timing_inputs(shape)
-    freqs_sbhd = freqs.view(shape[0], 1, 1, shape[3])      # the angles as ropelib takes them
-    p = ladder.plan("chunks", *shape, x.element_size(), *ladder.device_knobs(x))  # rung 4's tile
-    print(f"launch: grid {p.grid}, tile BLOCK_S={p.block_s} BLOCK_H={p.block_h} "
-          f"B_CHUNK={p.chunk}, {p.num_warps} warps")
-
-    def run(kernel):
-        return lambda: launch_interleaved(kernel, x, y, freqs, block_s=p.block_s,
-                                          block_h=p.block_h, chunk=p.chunk, num_warps=p.num_warps)
-
-    live = time_against_copy(x, y, reference.rope_reference(x, freqs, interleaved=True),
-                      yours={"yours (Exercise 1)": (ex1_passed, run(my_interleaved_tile_kernel)),
-                             "yours (Exercise 1b)": (ex1b_passed,
-                                                     run(my_interleaved_vector_kernel))},
-                      solution=run(fk._rope_interleaved_tile_solution_kernel),
-                      others=[("apply_rope (two passes)", lambda: ropelib.apply_rope(
-                          x, freqs_sbhd, interleaved=True))])
-    # ropelib's finished kernel on the same pairs: apply_rope with its route forced to the
-    # one-pass kernel for the whole timing (entering the block forgets the plans; calls inside
-    # it plan once, as calls outside do)
-    with forced("finished"):
-        live.update(time_against_copy(x, y, None, yours={}, solution=None,
-                                      others=[("ropelib's finished kernel",
-                                               lambda: ropelib.apply_rope(
-                                                   x, freqs_sbhd, interleaved=True))]))
-    if GPU and tuple(shape) == (4096, 8, 32, 128):
-        # section 6's committed run at this shape (rotate-half pairs, forward): the finished
-        # kernel forced, and apply_rope as it plans the call
-        runs = measured.two_pass()[("bf16 sbhd 256 MiB s4k b8", "forward")]
-        where = measured.where(measured.load("two_pass")[0])
-        against_committed(live, {
-            "ropelib's finished kernel": (runs["finished"]["ratio_to_copy"], where),
-            "apply_rope (two passes)": (runs["auto"]["ratio_to_copy"], where)})
-
-
-if GPU:
-    time_exercise_1(TIMED_SHAPE)
-else:
-    print("Timing needs a GPU: the interpreter runs one program after another in Python, so "
-          "here the checks above are all there is.")
-
-# %% [markdown]
-# On a GPU the cell ends with two more lines: ropelib's finished kernel and `apply_rope` as
-# timed here beside the ratios section 6's committed H200 run measured at the same shape
-# (rotate-half pairs there, interleaved here), and it asserts each live ratio within 15 % of
-# the committed one: a machine whose copy and kernels relate very differently from the run the
-# text reads shows up here, not as prose that no longer fits.
-#
-# Read the lines in pairs. The worked solution and ropelib's finished kernel form
-# their pairs the same way: whole rows in and out, split and joined in registers (the cell
-# after the solution counts its 16-byte vectors). Where their lines differ, look at what else
-# differs: how each reads its angles and turns them into cos and sin, and the code around the
-# rotation (section 5 takes the finished kernel's apart). If your Exercise 1 kernel loads and
-# stores at stride 2, set its line beside the worked solution's: how much of the difference
-# would the loads explain, which L1 serves a second time, and how much the stores, each
-# writing half of every 32-byte sector it touches (notebook 03's pair swap measures the two
-# apart)?
 
 # %% [markdown]
 # ## Exercise 2: the flat pass

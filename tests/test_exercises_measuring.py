@@ -331,3 +331,22 @@ def test_the_notebook_hands_the_check_its_own_function():
     defined = [f for f in tree.body
                if isinstance(f, ast.FunctionDef) and f.name == "host_or_device"]
     assert len(defined) == 1 and [a.arg for a in defined[0].args.args] == ["call", "n"]
+
+
+def _by_timeit(call, n):
+    """Python's timeit, run twice (the enqueue and the wall time): a library's timer."""
+    import timeit
+    us = [timeit.timeit(call, number=n) / n * 1e6 for _ in range(2)]
+    return {"enqueue_us": us[0], "wall_us": us[1], "replay_us": None,
+            "bound": "host" if not GPU else "device"}
+
+
+@pytest.mark.skipif(GPU, reason="the answer has no replay: on a GPU it fails for that too")
+def test_timeit_is_refused_for_being_a_library_timer(monkeypatch, capsys):
+    # refused while timeit is barred; with nothing barred the same answer passes on the CPU, so
+    # the refusal is the barring's
+    assert not measuring.check_host_or_device(_by_timeit)
+    out = capsys.readouterr().out
+    assert "❌" in out and "but the answer" in out, out
+    monkeypatch.setattr(measuring, "LIBRARY_TIMERS", ())
+    assert measuring.check_host_or_device(_by_timeit)

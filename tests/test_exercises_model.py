@@ -608,3 +608,24 @@ def test_the_notebook_times_the_speed_verdict_in_interleaved_rounds():
     assert "no difference that this run can" in text and "shuffle.shuffle(order)" in text
     # the training runs' tokens/s give the committed run's verdict only, not this run's
     assert 'say_verdict("this run"' not in text
+
+
+def test_the_notebook_reads_its_speed_claims_from_committed_data():
+    """Section 5's host-bound reading rests on the profiler-free committed log, the slow kernel
+    groups' mechanism on the committed Nsight Compute counters, the swings of a host-bound step
+    on the committed rounds log; section 9's fp-fusion reading is asserted on a GPU, with no
+    escape clause; the committed run's readouts sit in one appendix after the main path."""
+    text = NOTEBOOK.read_text(encoding="utf-8")
+    for name in ("model_host_parts-nvidia-h200-20261130-1958.log",
+                 "contiguous_ncu-nvidia-h200.csv",
+                 "model_rounds-default-nvidia-h200-20261204-0904.log"):
+        assert name in text and (ROOT / "benchmarks" / "results" / name).is_file(), name
+    assert 'assert differ["as compiled by default"] == 0 < differ["with enable_fp_fusion=False"]' \
+        in text
+    assert "this paragraph's reading is not" not in text
+    assert "time.process_time()" in text and "cpu=step_cpu" in text
+    appendix = text.index("# ## Appendix: the committed H200 run")
+    assert appendix > text.index("# ## Questions for a study group")
+    for readout in ("assert round(100 * committed[\"ropelib\"][\"share\"], 2) == 2.84",
+                    "assert round(margin_c, 3) == 1.145", "from statistics import median"):
+        assert text.index(readout) > appendix, readout

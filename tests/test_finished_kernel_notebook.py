@@ -576,3 +576,25 @@ def test_the_timing_cells_launch_your_kernel_in_the_cell(same):
         assert not re.search(r"\b(fk|flat_pass|pairs_pass)\.launch\(", cell), n
         assert "if GPU:" in cell and "time_against_copy(" in cell, n
     assert "do_bench(" in _timing_cells(same)[0]
+
+
+def test_the_waterfall_can_hatch_a_step_inside_both_ends_spreads(tmp_path):
+    import matplotlib
+    matplotlib.use("Agg")
+    # warps: a 4.2-point step whose own range is narrow but whose rung before (tile) is wide
+    rows = _timed_rows({"tile": (0.97, 1.03)})
+    steps = {r["provider"]: r["pct_of_copy"] for r in rows}
+    rung_only = ladder.within_spread(rows, "s4096-b8")
+    both = ladder.within_both_spreads(rows, "s4096-b8")
+    assert set(rung_only) <= set(both)                       # stricter: every step hatched before
+    assert "warps" in both and "warps" not in rung_only
+    for name in both:
+        prev = ladder.NAMES[ladder.NAMES.index(name) - 1]
+        a, b = (next(r for r in rows if r["provider"] == n) for n in (prev, name))
+        width = sum(hi - lo for lo, hi in (ladder.pct_range(a), ladder.pct_range(b)))
+        assert width > abs(steps[name] - steps[prev])
+    fig = ladder.plot_waterfall(rows, tmp_path / "w.png", unclear_rule=ladder.within_both_spreads)
+    (ax,) = [a for a in fig.axes if a.patches]
+    hatched = [rows_drawn for rows_drawn, bar in enumerate(ax.patches) if bar.get_hatch()]
+    assert len(hatched) == len(both)
+    assert "spreads at its two ends" in fig._suptitle.get_text()

@@ -538,7 +538,22 @@ def within_spread(rows, case: str) -> list:
     return out
 
 
-def plot_waterfall(rows, path=None, title=None, names=None):
+def within_both_spreads(rows, case: str) -> list:
+    """The rungs of `case` whose step from the rung before is smaller than the two rungs' 20-80 %
+    quantile ranges (pct_range) laid end to end: a step the run cannot tell from the spread of
+    the calls at either end of it. Stricter than `within_spread`, which reads the rung's range
+    alone."""
+    rs = [r for r in rows if r["case"] == case and r["provider"] in NAMES
+          and r.get("pct_of_copy") is not None]
+    out = []
+    for a, b in zip(rs, rs[1:]):
+        (lo_a, hi_a), (lo_b, hi_b) = pct_range(a), pct_range(b)
+        if (hi_a - lo_a) + (hi_b - lo_b) > abs(b["pct_of_copy"] - a["pct_of_copy"]):
+            out.append(b["provider"])
+    return out
+
+
+def plot_waterfall(rows, path=None, title=None, names=None, *, unclear_rule=None):
     """The "% of copy" waterfall with the spread of every timing.
 
     One panel per case; a rung's bar goes from the rung before to its own median % of copy
@@ -546,8 +561,10 @@ def plot_waterfall(rows, path=None, title=None, names=None):
     rung's 20 % to 80 % quantiles. A step bar whose whisker is longer than the step itself is
     drawn hatched and pale: the run cannot tell that step from the spread of its calls.
     `names` renames providers on the axis (e.g. {"ropelib": "finished kernel (forced)"}).
+    `unclear_rule(rows, case)` picks the hatched steps instead (e.g. `within_both_spreads`).
     Returns the figure (saved to `path` when given)."""
     import matplotlib.pyplot as plt
+    unclear_rule = unclear_rule or within_spread
     names = names or {}
     timed = [r for r in rows if r.get("pct_of_copy") is not None and r["provider"] != "copy"]
     if not timed:
@@ -557,7 +574,7 @@ def plot_waterfall(rows, path=None, title=None, names=None):
                              squeeze=False)
     for ax, case in zip(axes[0], case_names):
         rs = sorted((r for r in timed if r["case"] == case), key=lambda r: r["step"])
-        unclear_steps = within_spread(rs, case)
+        unclear_steps = unclear_rule(rs, case)
         prev = 0.0
         for i, r in enumerate(rs):
             pct = float(r["pct_of_copy"])
@@ -588,7 +605,10 @@ def plot_waterfall(rows, path=None, title=None, names=None):
     axes[0][0].set_ylabel("% of a copy: the copy's time over the kernel's\n"
                           "(whiskers: 20-80 % quantiles of the calls)")
     fig.suptitle((title or "From the batch-reusing grid to the finished kernel, one idea at a "
-                  "time") + "\nhatched: a step smaller than its rung's spread", fontsize=10)
+                  "time") + "\nhatched: " + ("a step smaller than its rung's spread"
+                                       if unclear_rule is within_spread else
+                                       "a step smaller than the spreads at its two ends"),
+                 fontsize=10)
     fig.tight_layout()
     if path is not None:
         fig.savefig(path, dpi=110)

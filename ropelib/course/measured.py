@@ -294,3 +294,65 @@ def table(rows, columns) -> str:
     return "\n".join(lines)
 
 
+
+
+_GAP_ROW = re.compile(r"^([^\d\n]+?)\s+(ropelib|te_fused)\s+([\d.]+|nan)\s+([\d.]+|nan)$", re.M)
+_GAP_EVENT = re.compile(r"^\s+(host|device)\s+([\d.]+)\s+([\d.]+)\s+(.+)$")
+
+
+def dobench_gap_log(path) -> tuple:
+    """(memset µs, {(measure, provider): (host µs, events µs)}) of a
+    ``benchmarks/dobench_gap_probe.py`` log: medians of shuffled rounds, NaN where a measure has
+    no such column (``enqueue`` has no events, ``do_bench`` no host time)."""
+    compare.note_read(path)
+    text = Path(path).read_text()
+    memset = re.search(r"memset of 256 MiB ([\d.]+) us", text)
+    if not text.startswith("# NVIDIA") or not memset:
+        raise ValueError(f"{path}: not a dobench_gap_probe log (no GPU line or memset time)")
+    rows = {(m[1].strip(), m[2]): (float(m[3]), float(m[4])) for m in _GAP_ROW.finditer(text)}
+    return float(memset[1]), rows
+
+
+def dobench_gap_timeline(path) -> dict:
+    """{provider: {"memset_device_start_us", "memset_device_end_us", "call_kernel_start_us"}}
+    from the torch.profiler timeline of one memset-loop iteration in a dobench_gap log (offsets
+    from the memset's host-side start): when the device began and ended the memset, and when the
+    call's first kernel began on the device. Providers without a timeline are left out."""
+    compare.note_read(path)
+    out, prov, events = {}, None, []
+
+    def close():
+        memset = next((e for e in events if e[0] == "device" and e[3].endswith(": memset")), None)
+        call = next((e for e in events if e[0] == "device" and e[3].endswith(": call")), None)
+        if prov and memset and call:
+            out[prov] = {"memset_device_start_us": memset[1],
+                         "memset_device_end_us": memset[1] + memset[2],
+                         "call_kernel_start_us": call[1]}
+
+    for line in Path(path).read_text().splitlines():
+        if m := re.match(r"== one memset-loop iteration under torch.profiler: (\S+)", line):
+            close()
+            prov, events = m[1], []
+        elif prov and (m := _GAP_EVENT.match(line)):
+            events.append((m[1], float(m[2]), float(m[3]), m[4].strip()))
+    close()
+    return out
+
+
+def host_by_size_logs(results=RESULTS) -> dict:
+    """{log name: {(case, variant): enqueue µs (best round)}} of every committed
+    ``host_by_size*-<gpu>-<date>.log`` (``benchmarks/host_by_size_probe.py``): the host's time
+    to issue one eager forward+backward at decode size, 64 and 256 MiB. Empty when none is
+    committed."""
+    out = {}
+    for path in sorted(Path(results).glob("host_by_size*.log")):
+        compare.note_read(path)
+        rows, case = {}, None
+        for line in path.read_text().splitlines():
+            if m := re.match(r"== (.+?) \(", line):
+                case = m[1]
+            elif case and (m := re.match(r"\s+(.+?)\s+enqueue\s+([\d.]+) us", line)):
+                rows[case, m[1]] = float(m[2])
+        if rows:
+            out[path.name] = rows
+    return out

@@ -1484,11 +1484,12 @@ def _plot_bf16_table(ax, case, got):
     ax.axhline(TABLE_BOUND, color="tab:red", lw=1, ls="--")
     ax.set_ylim(1e-5, 50)
     ax.set_xlabel("position", fontsize=7)
-    ax.set_ylabel("worst |y - y_fp32 table| / |x| of a pair", fontsize=7)
+    ax.set_ylabel("worst pair error / |x|", fontsize=7)
     ax.set_title(f"error against an fp32 table\nthe kernel's part: {float(k['ulps'].max()):.3g} "
                  f"ulp (allowed {ULP_TOL:g})", fontsize=8)
     ax.tick_params(labelsize=6)
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0,
+              frameon=False)                  # beside the axes, not over the curves
 
 
 def _big_bf16_table(device):
@@ -1624,7 +1625,9 @@ def draw_accesses(memory: BoundsCheckedMemory, title: str,
 
     regions = sorted(memory.regions, key=lambda r: r.kind != "in")     # inputs, then outputs
     panels = len(regions) + (1 if panel is not None else 0)
-    fig, axes = plt.subplots(1, panels, figsize=(min(3.1 * panels, 15.5), 2.9), squeeze=False)
+    wide = 2.0 if panel is not None else 0.0          # room for the panel's legend, outside it
+    fig, axes = plt.subplots(1, panels, figsize=(min(3.1 * panels, 15.5) + wide, 2.9),
+                             squeeze=False)
     load_colors = np.array([[0.90, 0.90, 0.90], [0.62, 0.79, 0.88], [0.26, 0.57, 0.78],
                             [0.03, 0.32, 0.61], [0.03, 0.19, 0.42]])
     programs = plt.get_cmap("tab10")
@@ -1874,7 +1877,7 @@ def _on_gpu(p: Puzzle, kernel, seed: int) -> bool:
     if p.big is None:
         print(f"   ⏱ not timed: {p.no_timing}")
         return True
-    t = _time_big(p, kernel)
+    t = _CHECK_TIMES[p.key] = _time_big(p, kernel)
     print(f"   ⏱ {t.gpu}, {t.label}: your kernel {t.against_copy()}")
     return True
 
@@ -1909,6 +1912,13 @@ def _time_big(p: Puzzle, kernel) -> Timing:
 
 
 _SOLUTION_TIMES: Dict[str, Timing] = {}
+_CHECK_TIMES: Dict[str, Timing] = {}     # the ⏱ line of the last passing check, per puzzle
+
+
+def check_time(key: str) -> Optional[Timing]:
+    """The ⏱ line the last passing check of `key` printed (section 0's copy included), or None
+    where nothing was timed (no GPU, or the check failed)."""
+    return _CHECK_TIMES.get(key)
 
 
 def time_solution(key: str) -> Optional[Timing]:
@@ -1965,16 +1975,18 @@ def time_kernel(key: str, kernel, who: str) -> Optional[Timing]:
 def stated(claims: Sequence[Tuple[str, object, object]]) -> None:
     """Print each number the notebook's text states beside what the data give, one row a claim
     (what, as the text writes it, as computed), and assert every pair equal: the text cannot
-    drift from the committed data it quotes."""
+    drift from the committed data it quotes. When all agree it prints one line; the table of
+    every claim, only on a mismatch."""
+    wrong = [what for what, text, got in claims if text != got]
+    if not wrong:
+        print(f"✓ the {len(claims)} numbers the text quotes agree with the data")
+        return
     width = max(len(what) for what, _, _ in claims)
     cols = max([13] + [max(len(str(t)), len(str(g))) for _, t, g in claims])
     print(f"{'the text says':{width}s}  {'stated':>{cols}s}  {'from the data':>{cols}s}")
-    wrong = []
     for what, text, got in claims:
         print(f"{what:{width}s}  {str(text):>{cols}s}  {str(got):>{cols}s}  "
               f"{'✓' if text == got else '✗'}")
-        if text != got:
-            wrong.append(what)
     assert not wrong, f"the text no longer matches the data: {wrong}"
 
 

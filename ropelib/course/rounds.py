@@ -25,3 +25,44 @@ def paired_rounds(times_a, times_b) -> dict:
     return dict(ratio=statistics.median(ratios), low=min(ratios), high=max(ratios),
                 a_wins=a_wins, b_wins=b_wins, rounds=len(a), p=p)
 
+
+def pooled_rounds(pairs, level: float = 0.95) -> dict:
+    """Two variants compared over the rounds of several cells taken together.
+
+    ``pairs`` is a list of ``(times_a, times_b)``, one a cell (a size, an option), each as for
+    ``paired_rounds``. Every round of every cell counts once: ``ratio`` (the median of all the
+    rounds' t_a / t_b), ``a_wins``, ``b_wins``, ``rounds`` and the two-sided sign test ``p`` over
+    them all (under "each is as likely to win a round" the pooled wins are binomial, whatever the
+    cells' own medians), and ``ci``: a distribution-free interval for the median ratio, the
+    k-th least and k-th most of the n ratios, k the largest rank whose coverage,
+    ``1 - 2 P(Binomial(n, 1/2) < k)`` (returned as ``coverage``), is at least ``level``.
+    ``resolved`` is the page's one rule: ``p < 1 - level`` and ``ci`` does not contain 1.
+    """
+    a = [float(t) for ta, _ in pairs for t in ta]
+    b = [float(t) for _, tb in pairs for t in tb]
+    if any(len(ta) != len(tb) for ta, tb in pairs) or not a:
+        raise ValueError("need the same number (> 0) of rounds for both variants in every cell")
+    out = paired_rounds(a, b)
+    ratios = sorted(x / y for x, y in zip(a, b))
+    n = len(ratios)
+
+    def below(k):                         # P(Binomial(n, 1/2) < k)
+        return sum(math.comb(n, j) for j in range(k)) / 2**n
+
+    k = 1
+    while k < n // 2 and 1 - 2 * below(k + 1) >= level:
+        k += 1
+    coverage = 1 - 2 * below(k)
+    ci = (ratios[k - 1], ratios[n - k])
+    resolved = out["p"] < 1 - level and not ci[0] <= 1.0 <= ci[1] and coverage >= level
+    return dict(out, ci=ci, coverage=coverage, resolved=resolved)
+
+
+def correlation(x, y) -> float:
+    """Pearson's correlation of two variants' times over the same rounds: pairing by round
+    removes scatter only where it is high (the two moved together from round to round)."""
+    x, y = [float(v) for v in x], [float(v) for v in y]
+    mx, my = statistics.fmean(x), statistics.fmean(y)
+    sxy = sum((u - mx) * (v - my) for u, v in zip(x, y))
+    sxx, syy = sum((u - mx) ** 2 for u in x), sum((v - my) ** 2 for v in y)
+    return sxy / math.sqrt(sxx * syy) if sxx and syy else 0.0

@@ -18,13 +18,14 @@ calls that keep the host busy a known time, and on a GPU a large copy. The calls
 themselves and keep when they ran: the times must be at least that busy time, be what a clock
 around n calls in a row reads, and a replay must not run the host's part again; a library's timer
 (`LIBRARY_TIMERS`: Triton's `do_bench` and `do_bench_cudagraph`, PyTorch's
-`torch.utils.benchmark.Timer`; ropelib's benchmark suite is barred with the rest of ropelib) is
-refused.
+`torch.utils.benchmark.Timer`, Python's `timeit`; ropelib's benchmark suite is barred with the
+rest of ropelib) is refused.
 """
 from __future__ import annotations
 
 import statistics
 import time
+import timeit
 from typing import Callable, Optional, Sequence, Tuple
 
 import numpy as np
@@ -112,7 +113,9 @@ def solution_fit_time_model(nbytes: Sequence[float], ms: Sequence[float]) -> Tup
 # timers a library hands over: refused, the answer times the call itself
 LIBRARY_TIMERS = tuple(f for f in (getattr(_testing, "do_bench", None),
                                    getattr(_testing, "do_bench_cudagraph", None),
-                                   _torch_benchmark.Timer) if f)
+                                   _torch_benchmark.Timer, timeit.timeit, timeit.repeat,
+                                   timeit.Timer.timeit, timeit.Timer.repeat,
+                                   timeit.Timer.autorange) if f)
 
 HOST_BUSY_US = (100.0, 1000.0)   # the host-bound calls keep the host busy this long a call
 COPY_MIB = 512                   # the device-bound call (GPU only): a copy of this many MiB

@@ -1,0 +1,62 @@
+"""ropelib.course.rounds' pooled comparison and correlation (notebook 12's section 7.1), and the
+per-cell table notebook 12 states, checked against the committed rounds."""
+import math
+from pathlib import Path
+
+import pytest
+
+from ropelib.bench import compare
+from ropelib.course import qkv_rounds_stated, rounds
+
+RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
+
+
+def test_pooled_rounds_counts_every_round_once():
+    cells = [([1.0] * 7, [2.0] * 7), ([1.0] * 7, [2.0] * 7)]
+    got = rounds.pooled_rounds(cells)
+    assert (got["a_wins"], got["b_wins"], got["rounds"]) == (14, 0, 14)
+    assert got["p"] == pytest.approx(2 / 2**14)
+    assert got["ci"] == (0.5, 0.5) and got["resolved"]
+
+
+def test_pooled_rounds_interval_is_order_statistics_with_stated_coverage():
+    a = [float(i) for i in range(1, 29)]
+    got = rounds.pooled_rounds([(a, [1.0] * 28)])
+    assert got["ci"] == (9.0, 20.0)                      # the 9th least and 9th most of 28
+    below = sum(math.comb(28, j) for j in range(9)) / 2**28
+    assert got["coverage"] == pytest.approx(1 - 2 * below) and got["coverage"] >= 0.95
+    assert not got["resolved"] or got["p"] < 0.05
+
+
+def test_pooled_rounds_not_resolved_when_evenly_split():
+    got = rounds.pooled_rounds([([1.0, 3.0] * 5, [2.0] * 10)])
+    assert got["p"] == 1.0 and not got["resolved"]
+    with pytest.raises(ValueError):
+        rounds.pooled_rounds([([1.0, 2.0], [1.0])])
+
+
+def test_correlation():
+    assert rounds.correlation([1, 2, 3], [2, 4, 6]) == pytest.approx(1.0)
+    assert rounds.correlation([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    assert rounds.correlation([1, 1, 1], [1, 2, 3]) == 0.0
+
+
+def test_notebook_12_per_cell_table_matches_the_committed_rounds():
+    path = RESULTS / "qkv_forward_ab-seed1-nvidia-h200-20261201-0941.csv"
+    rows = {(r["tokens"], r["qk_norm"], r["variant"]): r for r in compare.read_csv(path)}
+    pairs = {"fused from angles / unfused": ("TMA, two heads", "unfused"),
+             "fused from a table / unfused": ("table, flag", "unfused"),
+             "fused from angles / bare GEMM": ("TMA, two heads", "GEMM, no epilogue"),
+             "fused from a table / bare GEMM": ("table, flag", "GEMM, no epilogue"),
+             "unfused / cuBLAS alone": ("unfused", "cublas"),
+             "bare GEMM / cuBLAS alone": ("GEMM, no epilogue", "cublas")}
+
+    def ms(v, t, n):
+        return [float(x) for x in rows[t, n, v]["round_ms"].split()]
+
+    kinds = [(t, n) for t in (8192, 32768) for n in (False, True)]
+    paired = {label: [rounds.paired_rounds(ms(a, t, n), ms(b, t, n)) for t, n in kinds]
+              for label, (a, b) in pairs.items()}
+    qkv_rounds_stated.check_cells(paired)
+    pooled = rounds.pooled_rounds([(ms("table, flag", t, n), ms("unfused", t, n)) for t, n in kinds])
+    assert pooled["resolved"] and pooled["a_wins"] == 21
