@@ -1426,7 +1426,7 @@ else:
 #   launch, the step is +0.1. Rung 6 has the same runtime loop bounds, and its counted writes
 #   are the warps rung's (246.3 and 246.7 MB against the chunks rung's 262.8). Compiled here for
 #   sm_90 (printed; the H200 run used Triton 3.6), the two rungs issue the same stores in the
-#   same order. So neither the launch, the loop bounds nor the store form makes the writes.
+#   same order, the registers they name aside. So neither the launch, the loop bounds nor the store form makes the writes.
 # - The 16-token panel from `chunks` on: the calls split into fast and slow ones (whiskers four
 #   to five times their 20 % quantile), so those steps say nothing about the rungs. What the
 #   slow calls wait for is not measured.
@@ -1695,12 +1695,17 @@ if LADDER_CSV.exists():
             sass = load_schedule.schedule(getattr(ladder, ladder.KERNELS[v]), a,
                                           num_warps=pv.num_warps)["sass"]
             stores[v] = [re.sub(r"\s*(/\*.*|;.*)$", "", i).strip() for i in sass if "STG" in i]
-        print(f"sm_90, Triton {triton.__version__}: the stores of warps {stores['warps']}, "
-              f"of chunks {stores['chunks']}")
-        assert stores["warps"] == stores["chunks"]             # the same stores, the same order
-        assert meta["triton"].startswith("3.6")                 # "the H200 run used Triton 3.6"
     except Exception as exc:  # noqa: BLE001 -- no compiler for this target here: say so
         print(f"compiling for sm_90 did not work here ({type(exc).__name__}: {str(exc)[:300]})")
+    if len(stores) == 2:
+        print(f"sm_90, Triton {triton.__version__}: the stores of warps {stores['warps']}, "
+              f"of chunks {stores['chunks']}")
+        # the same stores in the same order: the same opcodes, widths and offsets (which
+        # registers hold the address and the data is the register allocator's choice)
+        def shape_of(store):
+            return re.sub(r"\bR\d+", "R", store)
+        assert [shape_of(i) for i in stores["warps"]] == [shape_of(i) for i in stores["chunks"]]
+        assert meta["triton"].startswith("3.6")                 # "the H200 run used Triton 3.6"
     assert all(4 < t16[n]["ms_p80"] / t16[n]["ms_p20"] < 5.1
                for n in ("chunks", "accurate"))                # "four to five times that"
 

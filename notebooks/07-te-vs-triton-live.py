@@ -1237,8 +1237,10 @@ for what, (seconds, pct) in stated_shares.items():
 # (the default) and off. Two runs 44 minutes apart (the second slower on every row) agree on
 # where the difference goes:
 #
-# - the device thread costs TE and ropelib alike: 57 and 55 µs in the first run, 93 and 95 in
-#   the second. Autograd is not where ropelib loses;
+# - in these two runs the device thread cost TE and ropelib alike: 57 and 55 µs in the first,
+#   93 and 95 in the second. Not every run agrees: 7.3's "thread" column, live and in two
+#   logs, has ropelib's cost above TE's each time, so how much of the gap autograd's hand-over
+#   carries is not settled;
 # - with the thread off, TE's call costs 16 to 17 µs more than the trivial Function, ropelib's
 #   38 to 44: its own Python 10 to 14 and its two Triton launches 24 to 34.
 #
@@ -1576,7 +1578,8 @@ assert (variants[BIG, OFF]["fwdbwd_ratio"], variants[BIG, ON]["fwdbwd_ratio"]) =
 # forward+backward is host-bound: its `do_bench` median lies far above its kernels' time, at a
 # host time that moves from run to run (7.3). A third of that host time is ropelib's own route
 # to its two launches, the rest PyTorch around them; in the decode-size probe of 7.4 autograd's
-# device thread cost both alike, and what ropelib adds is its own Python and launches. In the
+# device thread cost both alike and ropelib added its own Python and launches, though 7.3's
+# runs charge ropelib more for the thread than TE. In the
 # committed run at 64 MiB its kernels ran the forward+backward in 69.9 to 70.7 µs, 1.8 times as
 # fast as TE's, while its host took 3.3 to 4.9 times its kernels (7.5).
 

@@ -302,3 +302,17 @@ def test_committed_when_reads_the_header_else_the_name(tmp_path):
     assert measured.committed_when(log) == ("h200", "2026-12-04 09:01")
     assert measured.committed_when(tmp_path / "x-nvidia-h100-20261130.log")[1] == "2026-11-30"
     assert measured.committed_when(tmp_path / "te_ncu-nvidia-h200.csv.log")[1] == ""
+
+
+def test_qkv_clock_log_reads_every_variant_and_the_power_limit():
+    logs = sorted(measured.RESULTS.glob("qkv_clock-*.log"))
+    assert logs, "benchmarks/results holds no qkv_clock log"
+    rows, limit = measured.qkv_clock_log(logs[-1])
+    assert limit and limit > 0
+    for tokens, by_variant in rows.items():
+        assert set(by_variant) == {"cublas", "unfused", "fused, angles", "fused, table",
+                                   "bare GEMM"}, tokens
+        for r in by_variant.values():
+            # ms x MHz is the cycles a call took, as the probe prints it (rounded there)
+            assert abs(r["ms"] * r["mhz"] / 1e3 - r["mcycles"]) < 0.02 * r["mcycles"]
+            assert 0 <= r["power_capped"] <= 1 and 0 <= r["hw_slowdown"] <= 1

@@ -356,3 +356,25 @@ def host_by_size_logs(results=RESULTS) -> dict:
         if rows:
             out[path.name] = rows
     return out
+
+
+def qkv_clock_log(path) -> dict:
+    """{tokens: {variant: dict(ms, mhz, watts, mcycles, power_capped, hw_slowdown)}} and the
+    power limit, from a ``qkv_clock-<gpu>-<date>.log`` of ``benchmarks/qkv_clock_probe.py``:
+    the QKV projection's forwards timed back to back while NVML read the SM clock, the power
+    drawn and the throttle reasons (medians of shuffled rounds). Returns (rows, limit W)."""
+    path = Path(path)
+    compare.note_read(path)
+    text = path.read_text()
+    limit = re.search(r"enforced power limit (\d+) W", text)
+    rows, tokens = {}, None
+    for line in text.splitlines():
+        if m := re.match(r"== (\d+) tokens", line):
+            tokens = int(m[1])
+            rows[tokens] = {}
+        elif tokens and (m := re.match(r"\s+(.+?)\s+([\d.]+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+"
+                                       r"(\d+)%\s+(\d+)%\s+\d+$", line)):
+            rows[tokens][m[1]] = dict(ms=float(m[2]), mhz=float(m[3]), watts=float(m[4]),
+                                      mcycles=float(m[5]), power_capped=int(m[6]) / 100,
+                                      hw_slowdown=int(m[7]) / 100)
+    return rows, (float(limit[1]) if limit else None)
