@@ -1,5 +1,5 @@
-"""ropelib.course.rounds' pooled comparison and correlation (notebook 12's section 7.1), and the
-per-cell table notebook 12 states, checked against the committed rounds."""
+"""ropelib.course.rounds' pooled comparison, Holm's adjustment and correlation (notebook 12's
+section 7.1), and the per-cell table notebook 12 states, checked against the committed rounds."""
 import math
 from pathlib import Path
 
@@ -60,3 +60,33 @@ def test_notebook_12_per_cell_table_matches_the_committed_rounds():
     qkv_rounds_stated.check_cells(paired)
     pooled = rounds.pooled_rounds([(ms("table, flag", t, n), ms("unfused", t, n)) for t, n in kinds])
     assert pooled["resolved"] and pooled["a_wins"] == 21
+
+
+def test_holm_steps_down_and_keeps_the_order_given():
+    # sorted 0.01, 0.02, 0.04 of three: 3 x 0.01, then max(0.03, 2 x 0.02), then max(0.04, 0.04)
+    assert rounds.holm([0.04, 0.01, 0.02]) == pytest.approx([0.04, 0.03, 0.04])
+    assert rounds.holm([0.5, 0.9]) == pytest.approx([1.0, 1.0])          # capped at 1
+    assert rounds.holm([0.03]) == [0.03] and rounds.holm([]) == []
+    raw = [0.001, 0.04, 0.02, 0.0]
+    got = rounds.holm(raw)
+    assert got == pytest.approx([0.003, 0.04, 0.04, 0.0])
+    assert all(a >= p for a, p in zip(got, raw))                          # never below unadjusted
+    with pytest.raises(ValueError):
+        rounds.holm([1.2])
+
+
+def test_notebook_12_pooled_verdicts_after_holm():
+    path = RESULTS / "qkv_forward_ab-seed1-nvidia-h200-20261201-0941.csv"
+    rows = {(r["tokens"], r["qk_norm"], r["variant"]): r for r in compare.read_csv(path)}
+
+    def ms(v, t, n):
+        return [float(x) for x in rows[t, n, v]["round_ms"].split()]
+
+    kinds = [(t, n) for t in (8192, 32768) for n in (False, True)]
+    pairs = [("TMA, two heads", "unfused"), ("table, flag", "unfused"),
+             ("TMA, two heads", "GEMM, no epilogue"), ("table, flag", "GEMM, no epilogue"),
+             ("unfused", "cublas"), ("GEMM, no epilogue", "cublas")]
+    pooled = [rounds.pooled_rounds([(ms(a, t, n), ms(b, t, n)) for t, n in kinds]) for a, b in pairs]
+    adjusted = rounds.holm([c["p"] for c in pooled])
+    # the table's forward over the unfused pipeline stays under 0.05; the bare GEMM over cuBLAS not
+    assert [round(v, 3) for v in adjusted] == [1.0, 0.038, 0.0, 0.0, 0.004, 0.071]

@@ -623,9 +623,35 @@ def test_the_notebook_reads_its_speed_claims_from_committed_data():
     assert 'assert differ["as compiled by default"] == 0 < differ["with enable_fp_fusion=False"]' \
         in text
     assert "this paragraph's reading is not" not in text
-    assert "time.process_time()" in text and "cpu=step_cpu" in text
+    assert "t_issued = time.perf_counter()" in text and "issue=step_issue" in text
+    assert "time.process_time()" not in text and "paired_wall_saving" in text
     appendix = text.index("# ## Appendix: the committed H200 run")
     assert appendix > text.index("# ## Questions for a study group")
     for readout in ("assert round(100 * committed[\"ropelib\"][\"share\"], 2) == 2.84",
                     "assert round(margin_c, 3) == 1.145", "from statistics import median"):
         assert text.index(readout) > appendix, readout
+
+
+def test_the_host_probe_times_single_and_grouped_calls():
+    """Section 5's profiler-free host probe (GPU only in the notebook): run on the CPU with the
+    reference rotary, it returns two positive µs a layer and runs the calls it says it runs."""
+    import time
+    namespace = {"torch": torch, "time": time}
+    tree = ast.parse(NOTEBOOK.read_text(encoding="utf-8"))
+    defs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "host_probe_us"]
+    assert len(defs) == 1
+    exec(compile(ast.Module(body=defs, type_ignores=[]), str(NOTEBOOK), "exec"),  # noqa: S102
+         namespace)
+    cfg = GPTConfig(vocab_size=20, block_size=8, n_layer=3, n_head=2, n_embd=16)
+    rotary = gpt_model.build(cfg, "reference", seed=0).blocks[0].attn.rotary
+    calls = []
+
+    def counted(q, k):
+        calls.append(1)
+        return rotary(q, k)
+
+    q, k = (torch.randn(2, 8, 2, 8, requires_grad=True) for _ in range(2))
+    one, grouped = namespace["host_probe_us"](counted, q, k, torch.randn_like(q), layers=3,
+                                              reps=6, sync=lambda: None)
+    assert one > 0 and grouped > 0
+    assert len(calls) == (3 + 6) + (3 + 2) * 3       # warm-up and timed, single then grouped

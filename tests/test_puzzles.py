@@ -1080,3 +1080,28 @@ def test_access_picture_legend_has_every_shade(monkeypatch):
     monkeypatch.setattr(plt, "show", real_show)
     assert labels == ["never touched", "loaded once", "loaded twice", "loaded 3 times",
                       "loaded 4 or more", "stored by 2+ programs"], labels
+
+
+@pytest.mark.parametrize("number", pz.SOLUTIONS_AT_TIMED_SHAPE)
+def test_worked_solutions_at_their_timed_shape_cut_to_a_few_rows(number):
+    """Answer 5 counts these: the timed case's head dim, dtypes and tiles, a few rows, no fault,
+    every byte of the rows' and tables' sectors used."""
+    p = next(q for q in pz.PUZZLES.values() if q.number == number)
+    big = p.big("meta")
+    label, memory = pz.at_timed_shape(number, rows=32)
+    assert not memory.faults and label.split(" [")[0] == big.label.split(" [")[0]
+    small = p.big("cpu", rows=32)
+    assert small.constexprs == big.constexprs and small.out.dtype == big.out.dtype
+    assert small.out.shape[-1] == big.out.shape[-1]
+    use = pz.sector_use(memory)
+    assert all(share == 1.0 for name, (_, share) in use.items() if name != "cu_seqlens")
+    if number == 6:                                  # expanded ids: each table row, once per entry
+        assert all(int(memory.counts(t, "load").min()) == 8 for t in ("cos", "sin"))
+
+
+def test_at_timed_shape_leaves_the_timed_case_as_it_was():
+    for number in pz.SOLUTIONS_AT_TIMED_SHAPE:
+        p = next(q for q in pz.PUZZLES.values() if q.number == number)
+        assert p.big("meta").out.numel() >= 8 * 16384 * 64      # the full size by default
+    with pytest.raises(AssertionError):
+        pz.at_timed_shape(9)

@@ -55,7 +55,8 @@ from .exercises.own_code import fresh_seed, run_own_code
 from .work_count import interpreted
 
 __all__ = ["PUZZLES", "BoundsCheckedMemory", "Region", "run_in_checked_memory", "draw_accesses",
-           "grade", "Graded", "last_grade", "hint", "sector_use", "scoreboard", "show_spec",
+           "grade", "Graded", "last_grade", "hint", "sector_use", "at_timed_shape",
+           "SOLUTIONS_AT_TIMED_SHAPE", "scoreboard", "show_spec",
            "Timing", "time_solution", "solution_times", "time_kernel", "stated",
            "given_shared_table_kernel", "copy_of", "COPY", "check_copy",
            "check_rotate_row", "check_interleaved", "check_partial", "check_odd_head_dim",
@@ -471,7 +472,7 @@ class Puzzle:
     build: Callable                  # (generator, device) -> [Case]
     solution: object                 # the worked solution, a @triton.jit kernel (None: none)
     hint: str                        # shown under a wrong answer
-    big: Optional[Callable] = None   # device -> a Case worth timing on a GPU
+    big: Optional[Callable] = None   # (device, rows=None) -> a Case worth timing on a GPU
     no_timing: str = ""              # why a puzzle is not timed
     picture: int = 0                 # which case's accesses to draw when every case passes
     compare: Optional[Callable] = None   # (case, got) -> problem or None (default: tolerances)
@@ -595,8 +596,8 @@ def _build_interleaved(gen, device, block_rows=4):
     return cases
 
 
-def _big_interleaved(device):
-    n, half, br = 1 << 17, 64, 16
+def _big_interleaved(device, rows=None):
+    n, half, br = rows or 1 << 17, 64, 16
     x = torch.randn(n, 2 * half, device=device)
     theta = torch.rand(n, half, device=device)
     y = torch.empty_like(x)
@@ -667,8 +668,8 @@ def _partner_at_half_d(x, theta, r) -> Tuple[str, torch.Tensor]:
             f"R/2 = {h} wide, so the partner is at j + {h}", y)
 
 
-def _big_partial(device):
-    n, d, r, br = 1 << 17, 128, 64, 16
+def _big_partial(device, rows=None):
+    n, d, r, br = rows or 1 << 17, 128, 64, 16
     x = torch.randn(n, d, device=device)
     theta = torch.rand(n, r // 2, device=device)
     y = torch.empty_like(x)
@@ -723,8 +724,8 @@ def _build_odd_head_dim(gen, device, block_rows=4):
     return cases
 
 
-def _big_odd_head_dim(device):
-    n, d, br = 1 << 17, 80, 16
+def _big_odd_head_dim(device, rows=None):
+    n, d, br = rows or 1 << 17, 80, 16
     x = torch.randn(n, d, device=device)
     theta = torch.rand(n, d // 2, device=device)
     y = torch.empty_like(x)
@@ -967,8 +968,8 @@ def _build_position_ids(gen, device, block_s=4):
     return cases
 
 
-def _big_position_ids(device):
-    B, S, half, bs = 8, 16384, 64, 16
+def _big_position_ids(device, rows=None):
+    B, S, half, bs = 8, rows or 16384, 64, 16
     x = torch.randn(B, S, 2 * half, device=device)
     cos, sin = (t.to(device) for t in _table(S, half))
     ids = torch.arange(S, device=device)[None, :].expand(B, S)
@@ -1048,8 +1049,8 @@ def _build_int64_offsets(gen, device, block_rows=4):
     return cases
 
 
-def _big_int64_offsets(device):
-    n, half, br = 1 << 17, 64, 16
+def _big_int64_offsets(device, rows=None):
+    n, half, br = rows or 1 << 17, 64, 16
     x = torch.randn(n, 2 * half, device=device)
     theta = torch.rand(n, half, device=device)
     y = torch.empty_like(x)
@@ -1111,8 +1112,8 @@ def _build_backward(gen, device, block_rows=4):
     return cases
 
 
-def _big_backward(device):
-    case = _big_interleaved(device)
+def _big_backward(device, rows=None):
+    case = _big_interleaved(device, rows)
     case.out_name, case.inputs = "dx", {"dy": case.inputs["x"], "theta": case.inputs["theta"]}
     return case
 
@@ -1296,9 +1297,10 @@ def _each_row_stored_by_one_program(case, memory) -> Optional[str]:
                    "store its own sequence's rows only"))
 
 
-def _big_packed_sequences(device):
-    n_seqs, half, bt = 64, 64, 16
-    lengths = torch.randint(1, 4096, (n_seqs,), generator=torch.Generator().manual_seed(0))
+def _big_packed_sequences(device, rows=None):
+    n_seqs, half, bt = (64, 64, 16) if rows is None else (4, 64, 16)
+    lengths = torch.randint(1, rows or 4096, (n_seqs,),
+                            generator=torch.Generator().manual_seed(0))
     cu = _cu_seqlens(lengths.tolist()).to(device)
     total, longest = int(lengths.sum()), int(lengths.max())
     x = torch.randn(total, 2 * half, device=device)
@@ -1492,8 +1494,8 @@ def _plot_bf16_table(ax, case, got):
               frameon=False)                  # beside the axes, not over the curves
 
 
-def _big_bf16_table(device):
-    n, half, br = 1 << 17, 64, 16
+def _big_bf16_table(device, rows=None):
+    n, half, br = rows or 1 << 17, 64, 16
     x = torch.randn(n, 2 * half, device=device, dtype=torch.bfloat16)
     angle = torch.arange(n, device=device, dtype=torch.float64)[:, None] \
         * _inv_freq(half).to(device).double()[None, :]
@@ -1700,6 +1702,21 @@ def sector_use(memory: BoundsCheckedMemory) -> Dict[str, Tuple[int, float]]:
             s = access.summary(mine, kind)
             out[reg.name] = (s["instructions"], s["efficiency"])
     return out
+
+
+SOLUTIONS_AT_TIMED_SHAPE = (2, 3, 4, 6, 7, 8, 10, 11)   # at_timed_shape builds these
+
+
+def at_timed_shape(number: int, rows: int = 32) -> Tuple[str, BoundsCheckedMemory]:
+    """Puzzle `number`'s worked solution run in checked memory on its timed case cut to `rows`
+    rows (positions; tokens per sequence for puzzle 10's four sequences), same head dim, dtypes
+    and tiles: (the case's label, the memory with its recorded accesses)."""
+    assert number in SOLUTIONS_AT_TIMED_SHAPE, number
+    p = next(q for q in PUZZLES.values() if q.number == number)
+    case = p.big("cpu", rows=rows)
+    memory = run_in_checked_memory(p.solution, case.grid, *case.args, inputs=case.inputs,
+                                   outputs={case.out_name: case.out}, **case.constexprs)
+    return case.label, memory
 
 
 def _sectors(memory: BoundsCheckedMemory) -> str:

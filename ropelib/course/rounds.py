@@ -66,3 +66,23 @@ def correlation(x, y) -> float:
     sxy = sum((u - mx) * (v - my) for u, v in zip(x, y))
     sxx, syy = sum((u - mx) ** 2 for u in x), sum((v - my) ** 2 for v in y)
     return sxy / math.sqrt(sxx * syy) if sxx and syy else 0.0
+
+
+def holm(p_values) -> list:
+    """Holm's step-down adjustment of several p-values tested together (a family of comparisons).
+
+    Sort the m p-values from least to most, p_(1) <= ... <= p_(m); the i-th gets
+    ``max over j <= i of min(1, (m - j + 1) p_(j))``. Returned in the order given. Calling a
+    comparison resolved when its adjusted p is below 0.05 keeps the chance of *any* false call
+    among the m at most 0.05, whatever the comparisons' dependence (Holm, 1979); each unadjusted
+    p below 0.05 would keep only each one's own chance there.
+    """
+    p = [float(v) for v in p_values]
+    if any(not 0.0 <= v <= 1.0 for v in p):
+        raise ValueError(f"p-values lie in [0, 1], got {p}")
+    m = len(p)
+    adjusted, running = [0.0] * m, 0.0
+    for rank, i in enumerate(sorted(range(m), key=lambda i: p[i])):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        adjusted[i] = running
+    return adjusted
