@@ -525,17 +525,24 @@ def pct_range(row: dict) -> tuple:
     return pct * row["ms"] / row["ms_p80"], pct * row["ms"] / row["ms_p20"]
 
 
+def _steps_within(rows, case: str, spread) -> list:
+    """The rungs of `case` whose step from the rung before (a to b) is smaller than
+    `spread(a, b)`, a width in % of copy."""
+    rs = [r for r in rows if r["case"] == case and r["provider"] in NAMES
+          and r.get("pct_of_copy") is not None]
+    return [b["provider"] for a, b in zip(rs, rs[1:])
+            if spread(a, b) > abs(b["pct_of_copy"] - a["pct_of_copy"])]
+
+
+def _width(r) -> float:
+    lo, hi = pct_range(r)
+    return hi - lo
+
+
 def within_spread(rows, case: str) -> list:
     """The rungs of `case` whose step from the rung before is smaller than the rung's own 20-80 %
     quantile range (pct_range): steps the run cannot tell from the spread of its calls."""
-    rs = [r for r in rows if r["case"] == case and r["provider"] in NAMES
-          and r.get("pct_of_copy") is not None]
-    out = []
-    for a, b in zip(rs, rs[1:]):
-        lo, hi = pct_range(b)
-        if hi - lo > abs(b["pct_of_copy"] - a["pct_of_copy"]):
-            out.append(b["provider"])
-    return out
+    return _steps_within(rows, case, lambda a, b: _width(b))
 
 
 def within_both_spreads(rows, case: str) -> list:
@@ -543,14 +550,7 @@ def within_both_spreads(rows, case: str) -> list:
     quantile ranges (pct_range) laid end to end: a step the run cannot tell from the spread of
     the calls at either end of it. Stricter than `within_spread`, which reads the rung's range
     alone."""
-    rs = [r for r in rows if r["case"] == case and r["provider"] in NAMES
-          and r.get("pct_of_copy") is not None]
-    out = []
-    for a, b in zip(rs, rs[1:]):
-        (lo_a, hi_a), (lo_b, hi_b) = pct_range(a), pct_range(b)
-        if (hi_a - lo_a) + (hi_b - lo_b) > abs(b["pct_of_copy"] - a["pct_of_copy"]):
-            out.append(b["provider"])
-    return out
+    return _steps_within(rows, case, lambda a, b: _width(a) + _width(b))
 
 
 def plot_waterfall(rows, path=None, title=None, names=None, *, unclear_rule=None):
