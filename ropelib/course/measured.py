@@ -294,8 +294,6 @@ def table(rows, columns) -> str:
     return "\n".join(lines)
 
 
-
-
 _GAP_ROW = re.compile(r"^([^\d\n]+?)\s+(ropelib|te_fused)\s+([\d.]+|nan)\s+([\d.]+|nan)$", re.M)
 _GAP_EVENT = re.compile(r"^\s+(host|device)\s+([\d.]+)\s+([\d.]+)\s+(.+)$")
 
@@ -339,26 +337,7 @@ def dobench_gap_timeline(path) -> dict:
     return out
 
 
-def host_by_size_logs(results=RESULTS) -> dict:
-    """{log name: {(case, variant): enqueue µs (best round)}} of every committed
-    ``host_by_size*-<gpu>-<date>.log`` (``benchmarks/host_by_size_probe.py``): the host's time
-    to issue one eager forward+backward at decode size, 64 and 256 MiB. Empty when none is
-    committed."""
-    out = {}
-    for path in sorted(Path(results).glob("host_by_size*.log")):
-        compare.note_read(path)
-        rows, case = {}, None
-        for line in path.read_text().splitlines():
-            if m := re.match(r"== (.+?) \(", line):
-                case = m[1]
-            elif case and (m := re.match(r"\s+(.+?)\s+enqueue\s+([\d.]+) us", line)):
-                rows[case, m[1]] = float(m[2])
-        if rows:
-            out[path.name] = rows
-    return out
-
-
-def qkv_clock_log(path) -> dict:
+def qkv_clock_log(path) -> tuple:
     """{tokens: {variant: dict(ms, mhz, watts, mcycles, power_capped, hw_slowdown)}} and the
     power limit, from a ``qkv_clock-<gpu>-<date>.log`` of ``benchmarks/qkv_clock_probe.py``:
     the QKV projection's forwards timed back to back while NVML read the SM clock, the power

@@ -59,13 +59,15 @@ def pooled_rounds(pairs, level: float = 0.95) -> dict:
 
 
 def correlation(x, y) -> float:
-    """Pearson's correlation of two variants' times over the same rounds: pairing by round
-    removes scatter only where it is high (the two moved together from round to round)."""
+    """Pearson's correlation of two variants' times over the same rounds (`statistics.correlation`;
+    0 where either did not vary): pairing by round removes scatter only where it is high (the two
+    moved together from round to round)."""
     x, y = [float(v) for v in x], [float(v) for v in y]
-    mx, my = statistics.fmean(x), statistics.fmean(y)
-    sxy = sum((u - mx) * (v - my) for u, v in zip(x, y))
-    sxx, syy = sum((u - mx) ** 2 for u in x), sum((v - my) ** 2 for v in y)
-    return sxy / math.sqrt(sxx * syy) if sxx and syy else 0.0
+    if len(x) != len(y):
+        raise ValueError(f"need the same rounds for both, got {len(x)} and {len(y)}")
+    if len(set(x)) < 2 or len(set(y)) < 2:
+        return 0.0
+    return statistics.correlation(x, y)
 
 
 def holm(p_values) -> list:
