@@ -25,7 +25,12 @@ differ in one factor at a time, so each factor's share can be read off:
 Every variant's output is checked against `ropelib.reference` (fp64) before it is timed. Timings
 are `triton.testing.do_bench` medians (20 %/80 % quantiles alongside) in ms; GB/s uses
 ropelib.bench.compare's bytes model (x read + y written + the fp32 angle table read once) for every
-row, so GB/s ratios are time ratios; `pct_of_copy` compares with the copy timed in the same run.
+kernel row, so GB/s ratios between kernels are time ratios; the copy's GB/s counts x and y only.
+`pct_of_copy` is 100 * copy ms / kernel ms, against the copy timed in the same run: a ratio of
+times, as benchmarks/generations.py's `pct_of_copy` (a ratio of the GB/s would count the angle
+table for the kernel and not for the copy). CSVs written before this definition held
+100 * gbps / copy_gbps in that column; the committed ones carry the time ratio (their header's
+`pct_of_copy` line says so).
 The CSV starts with `# key: value` lines (GPU, driver, versions, date) that ropelib.bench.compare
 reads back. `--dry-run` runs every variant through Triton's interpreter on tiny shapes and
 checks its output; it times nothing.
@@ -61,6 +66,7 @@ from ropelib.course.kernels.ablation import rope_ablation, shape_columns, varian
 from ropelib.course.kernels.batch_reuse import rope_batch_reuse  # noqa: E402
 from ropelib.course.kernels.naive import rope_naive  # noqa: E402
 
+PCT_OF_COPY = "100 * copy ms / ms (the copy of the same case, same run)"
 CSV_PATH = REPO_ROOT / "benchmarks" / "results" / "ablation.csv"
 FIELDS = ["case", "seq_len", "batch", "heads", "head_dim", "dtype", "variant", "factor",
           "description", "available", "reason", "grid", "programs", "heads_per_program",
@@ -177,11 +183,16 @@ def run(dry_run: bool, progress: bool = True):
                     ms = triton.testing.do_bench(fn, quantiles=[0.5, 0.2, 0.8])
                     gbps = nbytes / ms[0] / 1e6
                     row.update(ms=ms[0], ms_p20=ms[1], ms_p80=ms[2], gbps=gbps,
-                               copy_gbps=copy_gbps, pct_of_copy=100.0 * gbps / copy_gbps)
+                               copy_gbps=copy_gbps, pct_of_copy=pct_of_copy(copy_ms[0], ms[0]))
             rows.append(row)
             if progress:
                 print("  " + line(row), flush=True)
     return rows
+
+
+def pct_of_copy(copy_ms: float, ms: float) -> float:
+    """% of a copy: the copy's time over the kernel's, 100 at the copy's speed."""
+    return 100.0 * copy_ms / ms
 
 
 def line(row) -> str:
@@ -199,6 +210,7 @@ def write(rows, path) -> str:
     meta = compare.environment_meta()
     meta["script"] = "benchmarks/ablation.py"
     meta["bytes_model"] = "x read + y written + fp32 angles [S, D] read once; copy: x + y"
+    meta["pct_of_copy"] = PCT_OF_COPY
     meta["timing"] = "triton.testing.do_bench median ms (p20, p80)" if runtime.on_gpu() else \
         "none (dry run: outputs checked only)"
     return compare.write_csv(rows, path, meta=meta, fields=FIELDS)

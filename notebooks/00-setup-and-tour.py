@@ -32,7 +32,8 @@
 # - switch interpreter mode on (and off) the right way;
 # - call `ropelib.apply_rope`, the `RotaryEmbedding` module and the Transformer Engine / Hugging
 #   Face drop-ins, forward and backward;
-# - say why a RoPE kernel is measured against a copy of the same bytes, and read "% of a copy";
+# - say why a RoPE kernel is measured against a copy of the same bytes, read "% of a copy", and
+#   work out a call's TB/s and TFLOP/s;
 # - find your way through the other notebooks.
 #
 # **Time:** about 30 minutes to read and do the three exercises; the cells take seconds, on a
@@ -218,7 +219,11 @@ print(f"x.grad vs dy rotated by -theta: largest difference "
 # table covers `max_seq_len` positions and doubles when a longer sequence arrives: the cell
 # starts it at half the tour's length and prints its length before and after the call. Only
 # the shape grows it: positions passed as `start_positions` or `position_ids` are not read
-# (that would wait for the GPU), so a decoder sets `max_seq_len` to its KV cache's length.
+# (that would wait for the GPU), so a decoder sets `max_seq_len` to its KV cache's length. A
+# position past the table gives a row of NaN, not an error: the cell's last lines decode one
+# token per sequence, sequence $b$ at position $b \cdot S$, from a table of $S$ positions.
+# (Positions in CPU memory are checked by default and raise a `ValueError`;
+# `ropelib.set_index_checks` chooses.)
 
 # %%
 from ropelib.course.counts import count_kernels, interpreted_launches
@@ -242,6 +247,14 @@ else:                                             # the Triton launches the inte
         rope(q, k)
 print(f"one call, q and k: {len(kernels)} {'CUDA kernel' if GPU else 'Triton launch'} {kernels}")
 assert len(kernels) == 1 and kernels[0].startswith("_rope"), kernels
+
+starts = torch.arange(B, device=device) * S                       # sequence b at position b*S
+with ropelib.set_index_checks("off"):                              # as a GPU's positions: unread
+    q_far = rope(q[:, :1], start_positions=starts)                 # one token per sequence
+nan_rows = q_far.isnan().flatten(1).all(dim=1).tolist()
+print(f"table of {rope.table_length()} positions, starts {starts.tolist()}: "
+      f"all-NaN rows {nan_rows}")
+assert rope.table_length() == S and nan_rows == [False] + [True] * (B - 1)
 
 # %% [markdown]
 # ### Drop-ins: swap one import
@@ -297,24 +310,34 @@ print("HF drop-in:", tuple(q_hf.shape), tuple(k_hf.shape))
 #
 # For each element it rotates, the kernel multiplies twice and adds once,
 # $y_j = x_j\cos\theta_{m,j} - x_{j+D/2}\sin\theta_{m,j}$: 3 FLOPs. It also reads the element
-# and writes it back, 4 bytes in bf16, and reads the fp32 angle table once; the sine and cosine
-# of an angle serve every batch entry and head. (The sines and cosines are not in the 3 FLOPs:
-# they run on the GPU's special-function units, once per angle, shared by the $B \cdot H$ rows
-# of its position.) Its *arithmetic intensity*, FLOPs per byte,
-# is therefore below one. A bf16 matrix multiply of two $n \times n$ matrices does $2n^3$ FLOPs
-# on $3 \cdot 2n^2$ bytes, $n/3$ FLOPs per byte: over a thousand at $n = 4096$. A GPU that is
-# fast enough for the matrix multiply waits on memory for RoPE, so the fair yardstick for a RoPE
-# kernel is the time a copy of the same bytes takes. "% of a copy" is the copy's time over the
+# and writes it back, 4 bytes in bf16, and reads the fp32 angle table, which every batch entry
+# and head share. (The sines and cosines are not in the 3 FLOPs. ropelib evaluates them with
+# libdevice's `sinf`/`cosf`, polynomials on the same fp32 units, per token and pair in each
+# program (a few copies across its threads, which notebook 05 counts), reused by the batch
+# entries and heads the program covers; on large tensors a pre-pass evaluates them once per
+# token and pair, one sine and cosine per $2BH$ elements. The cell reads both facts off the
+# committed H200 data.) Its *arithmetic intensity*, FLOPs per byte, is therefore below one. A
+# bf16 matrix multiply of two $n \times n$ matrices does $2n^3$ FLOPs on $3 \cdot 2n^2$ bytes,
+# $n/3$ FLOPs per byte: over a thousand at $n = 4096$. A GPU that is fast enough for the matrix
+# multiply waits on memory for RoPE, so the fair yardstick for a RoPE kernel is the time a copy
+# of the same bytes takes. "% of a copy" is the copy's time over the
 # kernel's, a share of the copy's speed, in every notebook; some print it in percent, others
 # (the cell below among them) as a fraction: 0.99 of a copy is 99 %.
 #
-# The cell computes RoPE's intensity for the tour's `x` and the matrix multiply's, then reads
-# the committed H200 run of the floor suite (`benchmarks/results/floor-nvidia-h200.csv`): a
+# The cell computes RoPE's intensity for the tour's `x` and the matrix multiply's, reads the
+# H200's profile by opcode of notebook 05's kernels (`ladder_opcodes_per_opcode-nvidia-h200.csv`,
+# no `MUFU`, the special-function unit's instruction, in rungs 4 to 6, which evaluate sin/cos
+# in every program, and one per warp in ropelib's kernel), then reads the committed H200 run of
+# the floor suite (`benchmarks/results/floor-nvidia-h200.csv`): a
 # forward pass over 1 GiB, and the forward of one decoding step (1 token × 64 sequences × 32
 # heads × 128 features), timed on the host's clock as an eager call is, and again replayed
 # from a CUDA graph.
 
 # %%
+import math
+
+import matplotlib.pyplot as plt
+
 from ropelib.bench import floor as floor_suite
 from ropelib.bench.compare import bytes_moved
 from ropelib.course import measured
@@ -332,6 +355,15 @@ assert rope_flops / rope_bytes < 1 and gemm_intensity > 1000
 print(f"two-pass route from {tiles.TWO_PASS_MIN_BYTES >> 20} MiB of x; "
       f"the tour's x: {x_bytes / 2**20:.2f} MiB (the finished kernel)")
 assert tiles.TWO_PASS_MIN_BYTES == 64 << 20 and x_bytes < tiles.TWO_PASS_MIN_BYTES
+
+OPCODES = measured.RESULTS / "ladder_opcodes_per_opcode-nvidia-h200.csv"
+if OPCODES.is_file():        # warp instructions by opcode: rungs 4, 5, 6 of 05's ladder, ropelib
+    ops = [k["instances"]["sass__inst_executed_per_opcode"] for k in measured.ncu_kernels(OPCODES)]
+    print("sin/cos on the H200 (05's opcode profile): MUFU "
+          + " / ".join(f"{o.get('MUFU', 0):,.0f}" for o in ops) + ", FFMA "
+          + " / ".join(f"{o['FFMA'] / 1e6:.1f} M" for o in ops))
+    assert len(ops) == 4 and all("MUFU" not in o for o in ops[:3])   # polynomials: fp32 units
+    assert ops[3].get("MUFU", 0) < 0.01 * ops[3]["FFMA"]              # one per warp, no more
 
 if measured.path("floor").is_file():
     floor_meta, _ = measured.load("floor")
@@ -365,18 +397,23 @@ if measured.path("floor").is_file():
     assert 1500 < fewer < 2500 and round(step["ropelib"]["ms"] / step["copy"]["ms"], 1) == 2.7
     assert round(step["ropelib"]["ratio_to_copy"], 2) == 0.37
     # memory-bound or not: the 1 GiB line's bytes per second against the H200's memory, and its
-    # FLOPs per second against the H200's fp32 units (both peaks: NVIDIA's H200 SXM datasheet)
-    assert "H200" in measured.where(floor_meta)
-    HBM_TB_S, FP32_TFLOP_S = 4.8, 67.0
-    big_bytes = bytes_moved(configs["1 GiB bf16 sbhd"])
-    big_elements = 16384 * 8 * 32 * 128
-    assert big_bytes > 4 * big_elements                             # bf16 in and out, the table
+    # FLOPs per second against the H200's fp32 units. Peaks of the H200 SXM (the NVL board calls
+    # itself "NVIDIA H200 NVL"): NVIDIA's 4.8 TB/s, and 132 SMs x 128 fp32 lanes x 2 FLOPs an
+    # fma x 1.98 GHz boost
+    assert floor_meta["gpu"] == "NVIDIA H200"
+    HBM_TB_S, FP32_TFLOP_S = 4.8, 132 * 128 * 2 * 1.98e9 / 1e12
+    big = configs["1 GiB bf16 sbhd"]
+    big_bytes = bytes_moved(big)
+    big_elements = big.seq_len * big.batch * big.heads * big.head_dim
+    assert big_bytes == 2 * 2 * big_elements + big.seq_len * big.head_dim * 4   # x, y, table
+    sin_cos_every = big_elements // (big.seq_len * big.head_dim // 2)   # elements per pair
+    assert sin_cos_every == 2 * big.batch * big.heads == 512 and round(FP32_TFLOP_S) == 67
     tb_s = {p: big_bytes / (large[p]["ms"] * 1e-3) / 1e12 for p in ("copy", "ropelib")}
     rope_tflop_s = 3 * big_elements / (large["ropelib"]["ms"] * 1e-3) / 1e12
     print(f"  1 GiB line: copy {tb_s['copy']:.2f} TB/s, ropelib {tb_s['ropelib']:.2f} TB/s "
           f"({tb_s['ropelib'] / HBM_TB_S:.0%} of the H200's {HBM_TB_S} TB/s); ropelib's "
           f"arithmetic {rope_tflop_s:.1f} TFLOP/s ({rope_tflop_s / FP32_TFLOP_S:.0%} of "
-          f"{FP32_TFLOP_S:.0f} fp32 TFLOP/s)")
+          f"{FP32_TFLOP_S:.0f} fp32 TFLOP/s); one sine and cosine per {sin_cos_every} elements")
     assert all(0.85 < v / HBM_TB_S < 0.95 for v in tb_s.values())    # the memory: near its peak
     assert [round(v, 1) for v in tb_s.values()] == [4.3, 4.3]
     assert rope_tflop_s / FP32_TFLOP_S < 0.06                        # the arithmetic: idle
@@ -384,12 +421,12 @@ if measured.path("floor").is_file():
     print(f"  one decoding step's bytes streamed at the 1 GiB copy's rate: "
           f"{step_stream_us:.2f} µs")
     assert step_stream_us < 0.5
-    # the same step replayed from a CUDA graph: the host's work gone, the device's left
+    # the same step replayed from a CUDA graph: the host's and the launch path's work gone
     host_us = {p: step[p]["ms"] * 1e3 for p in ("copy", "ropelib")}
     device_us = {p: graph[p]["ms"] * 1e3 for p in ("copy", "ropelib")}
     assert "calls captured per CUDA graph: 100" in floor_meta["graph_rows"]   # per replayed call
     assert round(device_us["copy"], 1) == 1.4 and round(device_us["ropelib"], 1) == 2.0
-    assert all(device_us[p] < 0.25 * host_us[p] for p in host_us)   # most of a call: the host
+    assert all(device_us[p] < 0.25 * host_us[p] for p in host_us)   # most of a call: gone
     gap_host = host_us["ropelib"] - host_us["copy"]
     gap_device = device_us["ropelib"] - device_us["copy"]
     assert gap_device < 0.1 * gap_host                 # and most of ropelib's gap to the copy
@@ -402,15 +439,43 @@ if measured.path("floor").is_file():
     print(f"  ropelib's step under the graph, {device_us['ropelib']:.1f} µs, against its 1 GiB "
           f"call's {big_us:.0f} µs: {launch_share:.1%}")
     assert round(big_us) == 506 and round(100 * launch_share, 1) == 0.4
+
+    # the figure: the three lines' times, and the time their bytes need at the 1 GiB copy's rate
+    labels = list(rows)
+    copy_us = [floor[rows[lb][0]]["copy"]["ms"] * 1e3 for lb in labels]
+    rope_us = [floor[rows[lb][0]]["ropelib"]["ms"] * 1e3 for lb in labels]
+    bytes_us = [bytes_moved(rows[lb][1]) / (big_bytes / (large["copy"]["ms"] * 1e-3)) * 1e6
+                for lb in labels]
+    assert rope_us[0] == big_us and copy_us[2] == device_us["copy"]     # what the text reads
+    assert rope_us[2] == device_us["ropelib"] and rope_us[1] == host_us["ropelib"]
+    assert math.isclose(bytes_us[1], step_stream_us, rel_tol=1e-9)
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    at = range(len(labels))
+    ax.bar([i - 0.2 for i in at], copy_us, 0.4, label="copy of the same bytes", color="0.6")
+    ax.bar([i + 0.2 for i in at], rope_us, 0.4, label="ropelib", color="C0")
+    ax.scatter(at, bytes_us, marker="_", s=900, color="C3", zorder=3,
+               label=f"the bytes alone, at {tb_s['copy']:.1f} TB/s")
+    ax.set_yscale("log")
+    ax.set_xticks(list(at), ["1 GiB of x, eager", "one decoding step, eager",
+                             "the same step,\nCUDA graph replay"])
+    ax.set_ylabel("time per call (µs, log scale)")
+    ax.set_title(f"Bytes set the time of a large call, a fixed cost that of a small one\n"
+                 f"{measured.where(floor_meta)}", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(ropelib.runtime.figures_dir() / "00-cost-of-a-call.png", dpi=120)
+    plt.show()
 else:
     print("ropelib is installed without its benchmarks/results/ folder: nothing to read")
 
 # %% [markdown]
 # On 1 GiB the call runs within 5 % of a copy's speed (the printed ratio), and both are limited by
 # memory, as the line below the table shows: both move their bytes at 4.3 TB/s, between 85 % and
-# 95 % of the 4.8 TB/s NVIDIA gives for the H200's memory, while RoPE's multiplies and adds keep
-# the fp32 units below 6 % of their peak (the datasheet's 67 TFLOP/s; the sines and cosines run
-# on other units and are not counted). At that size a launch hardly
+# 95 % of the 4.8 TB/s NVIDIA gives for the H200 SXM's memory, while RoPE's multiplies and adds
+# keep the fp32 units below 6 % of their peak (67 TFLOP/s; the sines and cosines are left out,
+# one of each per 512 elements here, printed). The figure shows it: on 1 GiB both bars sit on
+# the time the bytes need; on a decoding step they stand far above it. At that size a launch hardly
 # counts: a whole decoding step of ropelib, replayed from a CUDA graph (the third line), costs
 # the device 2.0 µs, 0.4 % of the 506 µs its 1 GiB call takes (printed last). One decoding step
 # moves about two thousand times fewer bytes, which at the 1 GiB line's rate would stream in under
@@ -420,10 +485,11 @@ else:
 # The third line says where that time goes. A CUDA graph records the launches once and replays
 # them without the host's part of each call (Python, PyTorch's dispatcher, the launch code).
 # Replayed so, 100 calls to a graph and the replay's time divided by 100, the same step takes
-# 1.4 µs for the copy and 2.0 µs for ropelib. Most of an eager call's time is therefore work on
-# the host, a fixed cost that a faster kernel does not remove, and so is most of the gap between
-# ropelib and the copy (last line). The device's share is still over a microsecond, more than
-# the bytes need: a launch costs something there too.
+# 1.4 µs for the copy and 2.0 µs for ropelib. Most of an eager call's time is therefore work
+# that a CUDA graph takes away (on the host and on the launch path), a fixed cost that no faster
+# kernel removes, and so is most of the gap between ropelib and the copy (last line). The
+# device's share is still over a microsecond, more than the bytes need: a launch costs
+# something there too.
 # How the host's share splits between Python, the dispatcher and the launch is not measured
 # here. Notebook 07 measures both regimes live, fits the fixed cost (section 6), splits it
 # between host and device (section 7) and shows what CUDA graphs do to it.
@@ -492,31 +558,27 @@ else:
 # Solutions are folded below each exercise. (The `;` after a check only stops Jupyter from
 # echoing its `True`/`False`.)
 #
-# **Exercise 1.** The notebooks put their tensors on `"cuda"` or on `"cpu"`, and section 1
-# printed which one for this machine. Write the rule: `my_device(has_gpu, interpret)` returns
-# the device for a machine that has (or has not) a usable GPU, with `TRITON_INTERPRET=1` set (or
-# not). The check tries all four machines, with ropelib barred: the rule is yours to state,
-# not to look up.
+# **Exercise 1.** Section 3 judged the 1 GiB call by two rates. Write
+# `my_rates(seq_len, batch, heads, head_dim, bytes_per_element, ms)` that returns
+# `(tb_s, tflop_s)` for a RoPE forward of one `sbhd` tensor that took `ms` milliseconds: its
+# bytes are `x` read and `y` written plus the fp32 angle table `[seq_len, head_dim]` read once,
+# its FLOPs 3 an element. The check tries the committed H200 run's 1 GiB line and decoding
+# step, and two calls drawn as it runs, with `ropelib.bench` (its bytes model is the answer)
+# and the reader of the committed results barred. Then the share of the H200's 4.8 TB/s is one
+# division: is the decoding step memory-bound?
 
 # %%
 from ropelib.course.exercises import basics, solution
 
 
-def my_device(has_gpu, interpret):
-    ...   # your code: "cuda" or "cpu"
+def my_rates(seq_len, batch, heads, head_dim, bytes_per_element, ms):
+    ...   # your code: (TB/s, TFLOP/s)
 
 
-basics.check_device(my_device);
+basics.check_call_rates(my_rates);
 
 # %%
-solution("""
-def my_device(has_gpu, interpret):
-    # the kernels run compiled only with a usable GPU *and* TRITON_INTERPRET unset; otherwise
-    # Triton's interpreter runs them as NumPy on the CPU, so the tensors live there
-    return "cuda" if has_gpu and not interpret else "cpu"
-
-ropelib.default_device() encodes that rule, and section 1 prints it as "notebook device".
-""")
+solution(basics.solution_call_rates)
 
 # %% [markdown]
 # **Exercise 2.** A model has `head_dim = 80` and `rotary_percent = 0.5` (partial rotary). How
@@ -592,8 +654,8 @@ solution(basics.solution_interleaved_rope)
 #    pick for a model you write yourself, for a Hugging Face checkpoint you fine-tune, and for a
 #    Transformer Engine stack, and what does each choice tie you to?
 # 6. Section 3 found one decoding step's RoPE taking 2.7 times as long as a copy of its
-#    bytes, and its CUDA-graph line showed that most of both calls is work on the host, which a
-#    faster kernel does not remove. A graph takes the host out; what does it cost a serving
+#    bytes, and its CUDA-graph line showed that most of both calls is work a graph removes,
+#    which a faster kernel does not. A graph takes the host out; what does it cost a serving
 #    stack to capture one, and what else could? Think of what else reads or writes the same
 #    query and key bytes in the same step, so that RoPE could ride along with it (one launch
 #    instead of two). Notebooks 07, 11 and 12 each try one answer; guess which before you open

@@ -34,8 +34,9 @@
 # - turn the interleaved pairing (GPT-J, RoFormer) into the rotate-half pairing (GPT-NeoX,
 #   Hugging Face's Llama, Transformer Engine) with a permutation.
 #
-# Nothing here needs a GPU: it is plain PyTorch in float64 (only section 7 uses ropelib's
-# angle tables, which are float32, as Transformer Engine's are).
+# Nothing here needs a GPU: it is plain PyTorch in float64 plus ropelib's reference functions
+# (only section 7 uses its angle tables, which are float32, as Transformer Engine's are), and
+# one small Triton kernel that runs the elementwise form, compiled or in Triton's interpreter.
 #
 # **Time:** about 60 minutes to read and do the four exercises; the cells run in a few seconds
 # on a CPU.
@@ -60,7 +61,8 @@ from ropelib.frequencies import LinearScaling, Llama3Scaling, NTKScaling, YaRNSc
 FIGURES = ropelib.runtime.figures_dir()   # a scratch folder (ROPELIB_WRITE_FIGURES=1: figures/)
 torch.manual_seed(0)
 f64 = torch.float64
-print("device:", device, "| figures go to", FIGURES)
+print("device:", device, "| figures saved to", "figures/" if FIGURES.name == "figures"
+      else "a scratch folder")
 
 # %% [markdown]
 # ## 1. A rotation in the plane
@@ -168,7 +170,7 @@ plt.show()
 
 # %% [markdown]
 # The four pairs turn at 1, 0.1, 0.01 and 0.001 radians per position (the $\theta_j$ printed
-# above), like the hands of a clock, from seconds to hours.
+# above): each pair ten times slower than the one before, like the hands of a clock.
 
 # %% [markdown]
 # ## 3. The complex-number view
@@ -438,8 +440,9 @@ assert round(factor, 2) == 0.81 and abs((1 - factor) - 1 / 5) < 0.02
 #
 # **What the decay is not.** It is a property of the *bound*. The bound is loose: for
 # $q = k = \mathbf 1$ it is $2 \sum_j |S_j|$, at least 18 times the score at every distance
-# from 0 to 256. Vectors whose $h_j$ varies slowly with $j$, like
-# $q = k = \mathbf 1$, tend to have scores that decay too. Other pairs $(q, k)$ need not. The
+# from 0 to 256. Vectors whose $h_j$ are positive and spread over the fast pairs as well as
+# the slow ones, like $q = k = \mathbf 1$, have scores that decay too: at $\Delta = 0$ every
+# term adds, further away the fast pairs' terms cancel. Other pairs $(q, k)$ need not. The
 # expected score is
 #
 # $$
@@ -463,10 +466,12 @@ assert round(factor, 2) == 0.81 and abs((1 - factor) - 1 / 5) < 0.02
 # So the long-term decay is a prior built into the construction: on average, a query and a key
 # that point the same way score less the further apart they are. It is not a rule that far
 # tokens interact less: a trained model chooses its $q$ and $k$ and can give a high score at any
-# distance, for instance by putting its weight on the slowest pairs, which hardly turn: at
-# $d = 128$, $b = 10000$ the slowest pair turns by less than a sixth of a turn over 8192 tokens.
+# distance, for instance by putting its weight on the slowest pair, which hardly turns: at
+# $d = 128$, $b = 10000$ it turns by less than a sixth of a turn over 8192 tokens, so a $q = k$
+# on that pair alone keeps more than half of its score at every distance up to 8192.
 # The next cell checks each of these statements: the bound, the summation-by-parts identity,
-# and the scores of 4096 random pairs at distances 0 to 256.
+# the scores of 4096 random pairs at distances 0 to 256, and where the weight sits: all pairs
+# alike ($q = k = \mathbf 1$), falling with $j$, or only the slowest pair.
 
 # %%
 d = 128
@@ -538,6 +543,23 @@ assert ones_over_score > 18
 slowest_turns = 8192 * theta128[-1].item() / (2 * math.pi)      # turns of the slowest pair
 print(f"the slowest pair turns {slowest_turns:.2f} of a full turn over 8192 tokens")
 assert slowest_turns < 1 / 6
+# where the weight sits, each profile real and positive with the score 128 of q = k = 1 at 0:
+# falling with j (weight on the fast pairs), or all on the slowest pair, |q_63|^2 = 128
+def profile_score(h, at):
+    """Re sum_j h_j e^{i at theta_j} for a real h [64], at every distance of `at`."""
+    return (h * torch.cos(at[:, None] * theta128)).sum(dim=1)
+falling_score = profile_score(4 * (1 - torch.arange(d // 2, dtype=f64) / (d // 2)), dist)
+far = torch.arange(0, 8193, dtype=f64)
+slowest_only = profile_score(torch.zeros(d // 2, dtype=f64).index_fill(0, torch.tensor([63]), d),
+                             far)
+kept = {name: (sc[128:].abs().max() / sc[0]).item()
+        for name, sc in (("q = k = 1", ones_score), ("h_j falling", falling_score))}
+print("largest |score| at distance 128..256, as a share of the score at 0: "
+      + ", ".join(f"{name} {v:.0%}" for name, v in kept.items())
+      + f"; q = k on the slowest pair keeps at least {(slowest_only.min() / slowest_only[0]):.0%}"
+      " of its score up to distance 8192")
+assert all(v < 0.5 for v in kept.values())                 # spread over the pairs: decays 2x
+assert slowest_only.min() > 0.5 * slowest_only[0]          # the slowest pair: more than half
 
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.8))
 ax1.plot(dist, bound, label=r"relative upper bound $\frac{1}{d/2}\sum_j |S_j|$")
@@ -552,10 +574,12 @@ ax2.fill_between(dist, mean_indep - std_indep, mean_indep + std_indep, color="C2
 ax2.plot(dist, mean_indep, color="C2", lw=1.2, label=r"$q, k$ independent: mean score")
 ax2.plot(dist, mean_same, color="C1", lw=1.2, label=r"$k = q$: mean score")
 ax2.plot(dist, ones_score, color="k", lw=0.8, ls="--", label=r"$\sum_j 2\cos((m-n)\theta_j)$")
+ax2.plot(dist, slowest_only[:257], color="C3", lw=1.2, ls=":",
+         label=r"$q = k$ on the slowest pair only (same score at 0)")
 ax2.axhline(0, color="gray", lw=0.5)
 ax2.set(xlabel="relative distance m − n", ylabel=r"score $\langle R_m q, R_n k\rangle$",
         title=f"Scores of {N} random pairs, N(0, 1) entries")
-ax2.legend(fontsize=8)
+ax2.legend(fontsize=8, loc="upper right", bbox_to_anchor=(1, 0.93))
 ax2.grid(alpha=0.3)
 fig.tight_layout()
 fig.savefig(FIGURES / "01-long-term-decay.png", dpi=120)
@@ -565,7 +589,8 @@ plt.show()
 # Left: the relative upper bound decays with distance, as in RoFormer's Figure 2. Right: the
 # mean score of independent random $q, k$ is zero within sampling error at every distance, with
 # a spread near $\sqrt d$ that does not shrink; the mean score of $k = q$ decays. Over 250
-# positions the bound and the $k = q$ curve fall by a factor of three to five (the table).
+# positions the bound and the $k = q$ curve fall by a factor of three to five (the table); a
+# $q = k$ on the slowest pair alone (dotted) stays level.
 
 # %% [markdown]
 # ## 7. Rotate-half vs interleaved: one rotation, two pairings
@@ -645,6 +670,60 @@ assert torch.allclose(converted, trained)
 assert (wrong - trained).abs().max() > trained.std()
 
 # %% [markdown]
+# ### The elementwise form as a Triton kernel
+#
+# Both pairings fit one kernel: $y = x \odot \cos\boldsymbol\theta + \mathrm{sign} \odot
+# x_{[\mathrm{partner}]} \odot \sin\boldsymbol\theta$, where feature $i$'s partner is $i \oplus 1$
+# for neighbours and $i + d/2 \bmod d$ for halves, and the sign is $-1$ on the first member of a
+# pair. One program rotates one position's $d$ features; `INTERLEAVED` is a compile-time
+# constant, so each pairing compiles to its own code. It runs compiled on a GPU and in Triton's
+# interpreter on a CPU; the cell checks it against section 2's $R_m x$ and section 7's
+# permutation. Later notebooks grow this kernel into the library's.
+
+# %%
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def rope_rows_kernel(x_ptr, ang_ptr, y_ptr, D: tl.constexpr, INTERLEAVED: tl.constexpr):
+    """y[m] = x[m] * cos(ang[m]) + sign * x[m, partner] * sin(ang[m]) for the position m of this
+    program; x, ang, y are contiguous [S, D] float32, ang one angle per feature."""
+    m = tl.program_id(0)
+    i = tl.arange(0, D)                                    # the features of position m
+    if INTERLEAVED:
+        partner, first = i ^ 1, i % 2 == 0                 # pairs (2j, 2j + 1)
+    else:
+        partner, first = (i + D // 2) % D, i < D // 2      # pairs (j, j + D/2)
+    x = tl.load(x_ptr + m * D + i)
+    x_partner = tl.load(x_ptr + m * D + partner)
+    a = tl.load(ang_ptr + m * D + i)
+    rotated = tl.where(first, -x_partner, x_partner)       # rotate_half(x), either pairing
+    tl.store(y_ptr + m * D + i, x * tl.cos(a) + rotated * tl.sin(a))
+
+
+def rope_rows(x, angles, interleaved):
+    y = torch.empty_like(x)
+    rope_rows_kernel[(x.shape[0],)](x, angles, y, D=x.shape[1], INTERLEAVED=interleaved)
+    return y
+
+
+S_k = 6
+x_k = torch.randn(S_k, d, dtype=f64)                               # S_k positions, one head
+inv8 = frequencies.inv_freq(d, dtype=f64)
+ang_inter = (torch.arange(S_k, dtype=f64)[:, None] * inv8).repeat_interleave(2, dim=-1)
+ang_half = ang_inter[:, perm]                                      # cat(f, f): the same angles
+on_dev = lambda t: t.to(device=device, dtype=torch.float32).contiguous()
+y_inter_k = rope_rows(on_dev(x_k), on_dev(ang_inter), interleaved=True).cpu().double()
+want = torch.stack([R_from_reference(m_, inv8) @ x_k[m_] for m_ in range(S_k)])   # R_m x
+y_half_k = rope_rows(on_dev(x_k[:, perm]), on_dev(ang_half), interleaved=False).cpu().double()
+print(f"Triton kernel ({ropelib.runtime.mode()}): interleaved vs R_m x "
+      f"{(y_inter_k - want).abs().max().item():.1e}; rotate-half of x[perm], put back, vs "
+      f"interleaved {(y_half_k[:, inverse] - y_inter_k).abs().max().item():.1e}")
+assert torch.allclose(y_inter_k, want, atol=1e-5, rtol=0)          # float32 in the kernel
+assert torch.allclose(y_half_k[:, inverse], y_inter_k, atol=1e-6, rtol=0)
+
+# %% [markdown]
 # ## Exercises
 #
 # Replace the `...`, rerun the cell and read its ✅ or ❌ line; a wrong answer never stops the
@@ -653,8 +732,9 @@ assert (wrong - trained).abs().max() > trained.std()
 #
 # The checks want your own formulas. They run your function with ropelib's RoPE code barred
 # (`ropelib.reference`, as `R_from_reference` above uses it, `ropelib.frequencies`, the course's
-# helpers and the worked solutions), so calling it fails even when the numbers are right; plain
-# PyTorch is yours. They also try sizes, bases and inputs other than this notebook's, some
+# helpers and the worked solutions), and other libraries' RoPE functions too (transformers',
+# Transformer Engine's, flash-attn's), so calling one fails even when the numbers are right;
+# plain PyTorch is yours. They also try sizes, bases and inputs other than this notebook's, some
 # drawn anew on every run, so the function must work from its arguments. Their messages call
 # the size $R$ (the rotary dim, here all of $d$): "R=8, base=10000, m=0" is $d = 8$,
 # $b = 10000$, position 0.
@@ -687,9 +767,11 @@ solution(basics.solution_rotation_matrix)
 # `q` and `k` are float64 vectors of $d$ features, the result is one number. Work with the
 # complex pairs, not with rotation matrices: the check compares your number with the rotated dot
 # product $(R_m q)^\top (R_n k)$ for several $m$ and $n$, $n < m$ (a negative offset) among
-# them, and refuses an answer that rotates the vectors instead (ropelib, `rot2`,
-# `R_from_reference`, `rope_at`, your `rotation_matrix` of exercise 1, `torch.block_diag`). Which pair is conjugated and the sign
-# of the offset are where it goes wrong: a wrong sign still gives the right score at $m = n$.
+# them, and refuses an answer that rotates the vectors with code that is not yours: ropelib,
+# the rotations this notebook defines (`rot2`, `R_from_reference`, `rope_at`, your
+# `rotation_matrix` of exercise 1), `torch.block_diag`, and library RoPE functions such as
+# transformers'. Which pair is conjugated and the sign of the offset are where it goes wrong:
+# a wrong sign still gives the right score at $m = n$.
 
 # %%
 def relative_score(q, k, offset, inv_freq):

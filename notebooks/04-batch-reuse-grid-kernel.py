@@ -24,10 +24,11 @@
 # ropelib's three generations, and section 3 sets it against Transformer Engine's fused kernel,
 # which section 5 then measures beside it.
 #
-# **Time:** about three hours, best in two sittings. Reading the text with the tables the
-# cells print takes about an hour and a half, most of it in section 5 (the measurements; its
-# answer is section 5.6). The five exercises take about 45 minutes (the last two are kernels),
-# and then there are the discussion questions. The cells run in about a minute on a two-core
+# **Time:** about two and a half hours, best in two sittings. Reading the text with the tables
+# the cells print takes about an hour, most of it in section 5 (the measurements; its answer is
+# section 5.5); the appendix at the end, the profiles behind that answer, adds half an hour. The
+# five exercises take about 45 minutes (the last two are kernels), and then there are the
+# discussion questions. The cells run in about a minute on a two-core
 # CPU: Triton's interpreter, and one compile for an H200 that needs no GPU.
 #
 # **After this notebook you will be able to**
@@ -482,24 +483,13 @@ print(f"programs launched: naive {naive.naive_grid(S, B, H)[0]:,}, batch-reuse "
 # **Why would it be faster?** The tempting answer — "it reuses cos/sin across the batch, and TE
 # does not" — does not survive a look at TE's kernel. `fused_rope.cu` launches a grid
 # `(s, b)`: one CUDA block of 4 or 8 warps per (position, batch entry), and the block reuses
-# the sines and cosines of position $s$ across the $h$ heads it rotates. Releases up to 2.7
-# compute them once per warp, in registers (each warp then loops over $h / \text{warps}$
-# heads). From release 2.8 on they are computed once per block into shared memory, and the
-# block waits at a barrier before it uses them:
-#
-# ```
-# extern __shared__ float shared_mem_cos_sin[];
-# ...
-# for (int i = tid; i < d2; i += blockDim.x * blockDim.y) {
-#   sincosf(freqs[s_id * d2 + i], &shared_mem_sin[i], &shared_mem_cos[i]);
-# }
-# __syncthreads();
-# ```
-#
-# (`fused_rope_block_forward` in `transformer_engine/common/fused_rope/fused_rope.cu`: the
-# same lines from 2.8 to the 2.20 development tree. The profiles of section 5 ran 2.20.2, and
-# section 5.5 finds its warps waiting at such a barrier.) Count the (cos, sin) pairs evaluated
-# per position, one per feature:
+# the sines and cosines of position $s$ across the $h$ heads it rotates. A block can share them
+# in one of two ways: each warp computes them once, in registers, and loops over its heads; or
+# the block computes them once into shared memory and waits at a barrier before it uses them.
+# The release that section 5 profiles, 2.20.2, behaves as the second: the appendix (A.1) finds its
+# warps waiting at a block-wide barrier, and counts float instructions that fit one evaluation
+# per block, not one per warp. Count the (cos, sin) pairs evaluated per position, one per
+# feature:
 #
 # | kernel | grid | (cos, sin) pairs evaluated per position |
 # |---|---|---|
@@ -509,7 +499,7 @@ print(f"programs launched: naive {naive.naive_grid(S, B, H)[0]:,}, batch-reuse "
 #
 # Against TE's shared-memory version (the one section 5 profiles) the (S, H) grid evaluates
 # $H / B$ times as many sines and cosines: at $h = 32$, 4 times as many at $b = 8$ and 32 times
-# at $b = 1$ (section 5.5 prints the counts at $b = 8$). For every batch up to the number of
+# at $b = 1$ (appendix A.1 prints the counts at $b = 8$). For every batch up to the number of
 # heads it evaluates at least as many as TE, never fewer. So reusing cos/sin cannot be what
 # makes it faster at $b = 8$.
 #
@@ -584,7 +574,7 @@ assert compare.bytes_moved(cfg) == 2 * x_bytes + Sr * Dr * 4
 # that no kernel comes out more than 10 % faster than a copy of its tensors (a timing gone
 # wrong); section 5.2 times again the pair of rows its argument uses. Without a GPU the live
 # column stays empty. **The prose of this notebook states only the committed numbers**, which
-# the cells assert. Where it compares runs of different days (sections 5.4 and 5.5 do), it
+# the cells assert. Where it compares runs of different days (section 5.4 and the appendix do), it
 # assumes the GPU behaved the same in each.
 
 # %%
@@ -785,7 +775,7 @@ else:
 # 2. It beats TE's fused kernel at $b = 8$ although TE evaluates fewer sines and cosines and
 #    moves the same bytes with a fuller SM: TE issues two and a half times the grid's
 #    instructions per element, and issuing them takes two-thirds of its time. At $b = 1$ the
-#    grid is back to one row per program and TE is faster (sections 5.4 to 5.6).
+#    grid is back to one row per program and TE is faster (sections 5.4 and 5.5).
 #
 # On the way, section 5.4 looks at where the grid's own limit lies, which notebook 05 takes up:
 # variants with more heads per program get faster, up to a point. They ask for more bytes of
@@ -811,7 +801,7 @@ for name, factor, desc, opts in ablation.variants(H_a):
 print(f"TE fused: grid ({S_a}, {B_a}), all {H_a} heads per block -> at least "
       f"{B_a * D_a:,} cos,sin per position")
 print(f"(the last column counts what each source asks for; compiled, heads_all_one_b evaluates "
-      f"each value on 32 threads, {B_a * H_a * D_a:,} per position: section 5.5)")
+      f"each value on 32 threads, {B_a * H_a * D_a:,} per position: appendix A.1)")
 plan_cols = {name: ablation.shape_columns(S_a, B_a, H_a, D_a, opts)
              for name, _, _, opts in ablation.variants(H_a)}
 assert [plan_cols[f"sh_loop_b_w{w}"]["elems_per_thread"] for w in (4, 8)] == [0.5, 0.25]
@@ -823,9 +813,9 @@ assert plan_cols["heads_all_one_b"]["cos_sin_per_position"] * 32 == B_a * H_a * 
 # threads hold is computed by each of them. In `heads_all_one_b` (all 32 heads in one program)
 # the source computes cos/sin once, before broadcasting them over the heads, hence 1,024 per
 # position; compiled, 32 threads hold each value, which makes 32,768 per position, the naive
-# kernel's count (section 5.5 measures it and shows why). In `sh_loop_b_w4` and `_w8` the
+# kernel's count (appendix A.1 measures it and shows why). In `sh_loop_b_w4` and `_w8` the
 # elems/thread column is below one: a 64-element half-row on 128 and 256 threads, so each
-# element, and its cos/sin, is held by 2 and 4 threads. Of the kernels section 5.5 compiles,
+# element, and its cos/sin, is held by 2 and 4 threads. Of the kernels appendix A.1 compiles,
 # `sh_loop_b`, `sh_loop_b_w2` and `heads4_loop_b` evaluate what their source asks for.
 #
 # **The kernel behind every row.** Each line of that plan is one launch of a single kernel,
@@ -999,7 +989,7 @@ assert not ab_differ, f"correct, but not the bits of the course's kernel: {ab_di
 # - `*_table` vs the same without: does evaluating sines and cosines cost time at all, when a
 #   memory-bound kernel could read them instead?
 # - `heads_all_one_b` — TE's grid $(s, b)$ written in Triton, cos/sin computed once for all
-#   heads in the source (on the GPU, once per head: section 5.5) — vs `sh_loop_b` and vs
+#   heads in the source (on the GPU, once per head: appendix A.1) — vs `sh_loop_b` and vs
 #   `te_fused`: is it the grid or the code inside it?
 # - `heads{2,4,8}_loop_b` and the `_w{1,2,4,8}` rows: how the tile and the warps (and so the
 #   elements each thread moves per load) change the time.
@@ -1016,6 +1006,10 @@ if ABLATION_CSV.exists():
     print(f"measured on {measured.where(meta)}, transformer_engine "
           f"{meta.get('transformer_engine')} (driver {meta.get('driver')})")
     print(ablation_bench.table(arows))
+    # the table's "% copy" is section 4's definition: the copy's time over the kernel's
+    a_copy = {r["case"]: r["ms"] for r in arows if r["variant"] == "copy"}
+    assert all(abs(r["pct_of_copy"] - generations.pct_of_copy(
+        dict(copy_fwd_ms=a_copy[r["case"]], fwd_ms=r["ms"]))) < 1e-9 for r in arows if r.get("ms"))
     for case in dict.fromkeys(r["case"] for r in arows):
         t = {r["variant"]: r["ms"] for r in arows if r["case"] == case and r.get("ms")}
         print(f"\n{case}: what each factor does (time of the first / time of the second)")
@@ -1133,46 +1127,42 @@ else:
 #   only 16 four-warp programs: half the KiB per SM, and 1.6 times the time. It also executes
 #   twice the warp instructions per element of `sh_loop_b_w2`, 1.39, more than TE's 1.23,
 #   because each element of its 64-element half-row is held, loaded and computed by two of its
-#   128 threads (section 5.5 compiles it). Four heads per program on two warps
+#   128 threads (appendix A.1 compiles it). Four heads per program on two warps
 #   (`heads4_loop_b`) raise both occupancy and bytes per warp: several times the KiB per SM
 #   and, at $b = 8$, a time level with the finished kernel's (at $b = 1$ it is slower: 175 µs
 #   against 138, section 5.3); it also launches a quarter of the programs.
 #
 #   That is the catch in every comparison here: what changes the KiB per SM changes something
 #   else with it. More warps on one tile lower the KiB and raise the instructions per element
-#   together; more heads per program raise the KiB and cut the programs together. Among the
-#   Triton kernels of the figure with at most 131,072 programs and under one warp instruction
-#   per element, the 10 below 25 KiB per SM take less time the more KiB they request (a
-#   correlation of −0.95), but their time follows their program count as closely (+0.97), and
-#   the two move together (−0.93). The closest pair, `sh_loop_b_table` and `heads2_loop_b` (one
-#   warp, 48 % occupancy, 8 steps, 0.31 and 0.33 warp instructions per element), changes both:
-#   twice the KiB and half the programs, 170 to 148 µs. One pair speaks against the program
-#   count alone: `heads2_loop_b` and `heads8_loop_b_w8` ask for about the same KiB per SM (15.4
-#   and 13.9) with four times different program counts (65,536 and 16,384) and take the same
-#   time (148 and 147 µs), though they differ in warps and instructions too. Above 28 KiB the
-#   time no longer follows the KiB (0.04 over 12 kernels, all between 126 and 147 µs); what
-#   sets it there is notebook 05's subject. Measuring the bytes in flight alone would take one
-#   kernel launched with the same programs and instructions but fewer of them resident on an SM
-#   (reserving shared memory it does not use, say), so that only the resident warps, and with
-#   them the KiB per SM, change.
+#   together; more heads per program raise the KiB and cut the programs together. Two pairs
+#   come closest to changing one thing. `sh_loop_b_table` and `heads2_loop_b` (one warp, 48 %
+#   occupancy, 8 steps, 0.31 and 0.33 warp instructions per element) still change two: twice
+#   the KiB and half the programs, 170 to 148 µs. `heads2_loop_b` and `heads8_loop_b_w8` ask for
+#   about the same KiB per SM (15.4 and 13.9) with four times different program counts (65,536
+#   and 16,384) and take the same time (148 and 147 µs), though they differ in warps and
+#   instructions too: at these counts the programs alone do not set the time. Whether the bytes
+#   in flight do, these profiles cannot settle: that would take one kernel launched with the same
+#   programs and instructions but fewer of them resident on an SM (reserving shared memory it
+#   does not use, say), so that only the KiB per SM changes. What sets the time of the fastest
+#   kernels, near the copy's, is notebook 05's subject.
 # - **Instructions count where nothing amortises them.** TE's grid written in Triton
 #   (`heads_all_one_b`: one program per token and batch row, all heads) asks for as many bytes
 #   per SM as `heads4_loop_b`, but executes several times as many instructions per element,
 #   between the one-row programs' counts. Most of them are sin/cos (tables remove 86 % of
-#   them): compiled, each value is evaluated by every thread that holds it (section 5.5). It
+#   them): compiled, each value is evaluated by every thread that holds it (appendix A.1). It
 #   takes about twice as long, and reading cos/sin from a table brings it back to the others.
 #
 # **TE's CUDA kernel.** A second run of the same script, on an H200 with Transformer Engine
 # installed (`benchmarks/results/mechanism-te-nvidia-h200.csv`), profiled it beside the copy and
-# the Triton kernels (the red points 30 and 31 in the figure). It moves the model's bytes, its
+# the Triton kernels (the red points 23 and 24 in the figure). It moves the model's bytes, its
 # warps fill nine-tenths of an SM's slots, and counted as the Triton kernels are (a block's
 # 8 KiB of `x` as one step, 1,024 bytes a warp) they ask for about the copy's KiB per SM, 57.6
 # against 54.5. Yet TE takes 1.94 times the copy's time, longer than the batch-reusing grid with
 # less than a seventh of that per SM (7.7 KiB). So this count does not set TE's time (it is an
 # upper bound, and a loose one for TE: each TE warp works through its heads in loads of 78
-# bytes, section 5.5). What differs is the work per byte: TE executes more than twice the grid's
+# bytes, appendix A.1). What differs is the work per byte: TE executes more than twice the grid's
 # instructions per element, and its SM throughput is well above its DRAM throughput, where the
-# grid shows the reverse. Sections 5.5 and 5.6 take that apart.
+# grid shows the reverse. Section 5.5 takes that apart.
 #
 # **At $b = 1$ the order reverses.** With no batch to loop over, the (S, H) grid launches a
 # million one-row programs, as many as the naive kernel, and takes its time; TE's grid has one
@@ -1181,7 +1171,9 @@ else:
 # count, which is what notebook 05's tile of heads fixes for every $B$.
 #
 # In the figure every kernel carries a number, the key on the right names it, and the middle
-# panel enlarges the kernels near the copy's time.
+# panel enlarges the kernels under 190 µs. Besides this notebook's kernels it shows the finished
+# kernel that notebook 05 builds (`ropelib`, forced onto that kernel), which sections 5.3 and 5.4
+# compare with.
 #
 # ![Time against the KiB of x requested per SM, H200](../figures/04-bytes-in-flight.png)
 
@@ -1205,28 +1197,26 @@ print(measured.table([mech[v] for v in order if v in mech], [
 te_run = measured.mechanism("s4096-b8", kind="mechanism-te")
 te_run_meta = measured.load("mechanism-te")[0]
 te_date = te_run_meta.get("date", "?")[:10]
-# every point numbered, the key on the right (ropelib.course.ladder.plot_in_flight, notebook
-# 05's plot); notebook 05's ladder rungs are profiled at this size too
-LADDER_RUNGS = ("heads", "tile", "warps", "chunks", "accurate", "equal_halves")
-FINISHED = {"ropelib": "ropelib (finished kernel, forced)",
-            "ropelib_planned": "ropelib_planned (apply_rope)"}
+# every point numbered, the key on the right (ropelib.course.ladder.plot_in_flight). The same
+# profile holds notebook 05's steps towards the finished kernel: they are left out here
+NOTEBOOK_05 = ("heads", "tile", "warps", "chunks", "accurate", "equal_halves", "ropelib_planned")
+FINISHED = {"ropelib": "ropelib (finished kernel, forced)"}
 TE_RUN = {f"te_fused, run of {te_date}": "te_fused", f"copy, run of {te_date}": "copy"}
 in_flight = {**mech, **{k: te_run[v] for k, v in TE_RUN.items()}}
 IN_FLIGHT_GROUPS = [
     ("a device copy", "k", {"copy": "copy"}),
     ("this notebook's kernels and variants", "tab:blue",
-     {v: v for v in mech if v not in ("copy", *LADDER_RUNGS, *FINISHED)}),
-    ("notebook 05's ladder rungs", "tab:green", {v: v for v in LADDER_RUNGS if v in mech}),
-    ("ropelib", "tab:purple", {v: label for v, label in FINISHED.items() if v in mech}),
+     {v: v for v in mech if v not in ("copy", *NOTEBOOK_05, *FINISHED)}),
+    ("notebook 05's finished kernel", "tab:purple", FINISHED),
     ("the run with TE installed", "tab:red", {k: k for k in TE_RUN})]
 drawn = [v for _, _, members in IN_FLIGHT_GROUPS for v in members]
-assert sorted(drawn) == sorted(in_flight), "every profiled variant is drawn, once"
-fig = ladder.plot_in_flight(in_flight, IN_FLIGHT_GROUPS,
+assert sorted(drawn + list(NOTEBOOK_05)) == sorted(in_flight), "every other variant drawn, once"
+fig = ladder.plot_in_flight(in_flight, IN_FLIGHT_GROUPS, zoom_us=190,
                             title=f"{mech_meta['gpu']}, {mech_meta.get('date', '?')[:10]} "
                                   f"(TE's run: {te_date})\nbf16 sbhd s=4096, b=8, h=32, d=128")
 print("numbered in the figure: " + ", ".join(f"{n} {v}" for n, v in enumerate(drawn, 1)
                                              if v in ("copy", "heads4_loop_b", "ropelib", *TE_RUN)))
-assert [drawn.index(k) + 1 for k in TE_RUN] == [30, 31]   # the prose below names them
+assert [drawn.index(k) + 1 for k in TE_RUN] == [23, 24]   # the prose below names them
 fig.savefig(FIGURES / "04-bytes-in-flight.png", dpi=120)
 plt.show()
 print(f"TE fused (run of {te_date}): {te_run['te_fused']['x_kib_per_sm']:.1f} KiB/SM, "
@@ -1235,34 +1225,9 @@ print(f"TE fused (run of {te_date}): {te_run['te_fused']['x_kib_per_sm']:.1f} Ki
 assert round(te_run["te_fused"]["x_kib_per_sm"], 1) == 57.6
 assert round(te_run["te_fused"]["us"]) == 244
 assert round(te_run["copy"]["x_kib_per_sm"], 1) == 54.5
-# the KiB per SM (an upper bound on the bytes in flight) against the time: Triton kernels of at
-# most 131,072 programs and under one warp instruction per element, below and above 25 KiB
-lean = [r for v, r in mech.items() if v != "copy" and r["programs"] <= 131_072
-        and r["ncu_warp_inst_per_element"] < 1]
-kib = {part: [(r["x_kib_per_sm"], r["us"]) for r in lean if (r["x_kib_per_sm"] >= 25) == part]
-       for part in (False, True)}
-for part, pts in kib.items():
-    print(f"{'above' if part else 'below'} 25 KiB/SM: {len(pts)} kernels, {min(pts)[0]:.1f}-"
-          f"{max(pts)[0]:.1f} KiB, {min(u for _, u in pts):.0f}-{max(u for _, u in pts):.0f} us; "
-          f"correlation of time with KiB/SM {statistics.correlation(*zip(*pts)):+.2f}")
-assert [(len(p), round(statistics.correlation(*zip(*p)), 2)) for p in kib.values()] \
-    == [(10, -0.95), (12, 0.04)]
-assert max(kib[False])[0] < 22 < 28 < min(kib[True])[0]
-assert (round(min(u for _, u in kib[True])), round(max(u for _, u in kib[True]))) == (126, 147)
-# ... but below 25 KiB the program count follows the time as closely: the two move together
-below25 = [r for r in lean if r["x_kib_per_sm"] < 25]
-
-
-def corr(a, b):
-    return statistics.correlation([r[a] for r in below25], [r[b] for r in below25])
-
-
-print(f"the same {len(below25)} kernels: correlation of time with programs "
-      f"{corr('programs', 'us'):+.2f}, of KiB/SM with programs "
-      f"{corr('x_kib_per_sm', 'programs'):+.2f}")
-assert (round(corr("programs", "us"), 2), round(corr("x_kib_per_sm", "programs"), 2)) \
-    == (0.97, -0.93)
-# the closest pair changes both; a pair at about the same KiB with 4x the programs: same time
+# the KiB per SM (an upper bound on the bytes in flight) against the time, in two pairs: the
+# closest pair changes both KiB and programs; a pair at about the same KiB with 4x the programs
+# takes the same time
 tab, h2, h8w8 = mech["sh_loop_b_table"], mech["heads2_loop_b"], mech["heads8_loop_b_w8"]
 for r in (tab, h2, h8w8):
     print(f"  {r['variant']:16} {r['x_kib_per_sm']:5.1f} KiB/SM, {r['programs']:7,} programs, "
@@ -1425,33 +1390,18 @@ assert t1["sh_loop_b"]["ms"] > 2 * t1["te_fused"]["ms"]
 assert te1_programs == 32_768 and t1["sh_loop_b"]["programs"] == 1_048_576
 
 # %% [markdown]
-# ### 5.5 What TE's instructions are, and whether they set its time
+# ### 5.5 The answer: why the batch-reusing grid beat TE's fused kernel
 #
-# A third profile (`benchmarks/te_ncu.py`, on the H200 with Transformer Engine installed) counts
-# TE's instructions by kind beside the batch-reusing grid, TE's grid written in Triton (with
-# sin/cos and from tables) and the copy, on the same $s = 4096, b = 8$ tensor: global loads and
-# stores (and how many bytes a warp's load asks for, from the 32-byte sectors it touches),
-# integer and floating-point instructions, and the warp states.
-#
-# One setting differs from section 5.4's profiles. Unless it is told not to (`--clock-control
-# none`, which `benchmarks/mechanism.py` passes and this run did not), Nsight Compute locks the
-# GPU's clocks while it profiles, and the cycles this run counted, over the time it measured,
-# put the SM clock at 1.44 to 1.50 GHz for all five kernels. That turns the run into a second
-# experiment. (A later run of the same script with the clock free, read at the end of this
-# section, says where TE's time goes at the clock it was timed at.) Three numbers test whether
-# "more instructions" is a cause:
-#
-# - **clock sensitivity.** A kernel limited by DRAM does not care how fast the SMs are clocked;
-#   a kernel limited by its SMs' own work takes longer when their clock is lower. The cell sets
-#   each time beside the same kernel's in section 5.4's runs, where the clock ran free.
-# - **issue time.** An SM sub-partition (4 to an SM) issues at most one warp instruction a
-#   cycle, so a kernel needs at least $\text{warp instructions} / (4 \times \text{SMs})$ cycles
-#   (the table's "issue floor/copy" divides them by the copy's active cycles): above 1, no
-#   number of bytes in flight brings it to the copy's speed.
-# - **not selected.** A warp that is ready to issue but loses the slot to another waits in
-#   `not_selected`. A memory-bound kernel's warps rarely do; an issue-bound kernel's often do.
+# Section 3 asked why a Triton kernel that reuses cos/sin *less* than Transformer Engine's
+# CUDA kernel ran faster. The next cell sets the two kernels' measurements side by side at
+# bf16 sbhd $s = 4096$, $b = 8$, $h = 32$, $d = 128$ on the H200, each row read from the committed
+# CSV it names, and checks every number the answer below states. Two of those CSVs are profiles
+# of TE's kernel beside the grid (`benchmarks/te_ncu.py`): one with the GPU's clock locked by
+# Nsight Compute, one with it free. The appendix at the end of the notebook reads them in full.
 
 # %%
+# the two profiles of TE's kernel beside the grid (benchmarks/te_ncu.py), read once here;
+# the appendix prints them in full and checks what it says of them
 te_ncu_path = measured.RESULTS / "te_ncu-nvidia-h200.csv"
 te_meta = compare.read_meta(te_ncu_path)
 PROFILED = ["te_fused", "sh_loop_b", "heads_all_one_b", "heads_all_one_b_table", "copy"]
@@ -1491,365 +1441,9 @@ for name, r in prof.items():
     r["floor_over_copy"] = r["issue_floor"] / prof["copy"]["active"]
     r["us_free"] = te_run[name]["us"]                      # section 5.4's run, clock free
     r["slowed"] = r["us"] / r["us_free"]
-print(f"Nsight Compute on {te_meta['gpu']} (torch {te_meta['torch']}, Triton {te_meta['triton']}, "
-      f"Transformer Engine {te_meta['transformer_engine']}), bf16 sbhd s=4096 b=8 h=32 d=128")
-print("the clock: this run (locked) against section 5.4's runs (free)")
-print(measured.table([dict(name=n, **r) for n, r in prof.items()], [
-    ("kernel", "name", ""), ("GHz", "ghz", ".2f"), ("us locked", "us", ".1f"),
-    ("us free", "us_free", ".1f"), ("locked/free", "slowed", ".3f")]))
-print("per element of x (issue floor in cycles of the locked clock):")
-print(measured.table([dict(name=n, **r) for n, r in prof.items()], [
-    ("kernel", "name", ""), ("warp inst", "warp_inst", ".3f"), ("thread inst", "threads", ".1f"),
-    ("float", "float", ".2f"), ("integer", "integer", ".1f"), ("loads", "loads", ".2f"),
-    ("B/warp load", "load_bytes", ".0f"), ("stores", "stores", ".2f"),
-    ("issue used", "issue_used", ".0%"), ("issue floor/copy", "floor_over_copy", ".2f"),
-    ("mem wait", "memory_wait", ".1f"), ("barrier", "barrier", ".2f"),
-    ("not selected", "not_selected", ".2f")]))
 te_p, grid_p, copy_p = prof["te_fused"], prof["sh_loop_b"], prof["copy"]
 te_grid_p, te_table_p = prof["heads_all_one_b"], prof["heads_all_one_b_table"]
-# the clock: this run's command line has no --clock-control none, section 5.4's runs had it
-print(f"this run: {te_meta['what'][:50]}...; section 5.4's: ncu_duration_ns = "
-      f"{te_run_meta['column ncu_duration_ns']}")
-assert "clock-control" not in te_meta["what"]
-assert "clocks not locked" in te_run_meta["column ncu_duration_ns"]
-# locked at 1.44-1.50 GHz for every kernel: the memory-bound copy and table version keep their
-# times, TE's kernel and TE's grid in Triton slow down
-ghz = [r["ghz"] for r in prof.values()]
-assert (round(min(ghz), 2), round(max(ghz), 2)) == (1.44, 1.50)
-assert abs(copy_p["slowed"] - 1) < 0.03 and abs(te_table_p["slowed"] - 1) < 0.03
-assert te_p["us"] > 1.15 * te_p["us_free"] and te_grid_p["us"] > 1.2 * te_grid_p["us_free"]
-assert (round(te_p["us"], 1), round(te_p["us_free"], 1)) == (289.2, 243.6)
-assert (round(te_grid_p["us"], 1), round(te_grid_p["us_free"], 1)) == (373.1, 293.2)
-assert (round(copy_p["us"], 1), round(copy_p["us_free"], 1)) == (124.5, 125.3)
-assert (round(te_table_p["us"], 1), round(te_table_p["us_free"], 1)) == (145.1, 143.7)
-# the batch-reusing grid in between: 5 % slower, about a quarter of TE's 19 %
-print(f"slowed by the locked clock: TE fused {te_p['slowed'] - 1:.0%}, the batch-reusing grid "
-      f"{grid_p['slowed'] - 1:.0%} ({grid_p['us']:.1f} against {grid_p['us_free']:.1f} us)")
-assert round(grid_p["slowed"], 2) == 1.05 and round(te_p["slowed"], 2) == 1.19
-assert (round(grid_p["us"], 1), round(grid_p["us_free"], 1)) == (190.9, 181.9)
-assert 0.2 < (grid_p["slowed"] - 1) / (te_p["slowed"] - 1) < 0.3
-# TE reads every element twice (itself, its partner), two bytes a load, and stores one a store
-assert round(te_p["loads"], 1) == 2.1 and round(te_p["stores"], 2) == 1.00
-assert round(te_p["load_bytes"]) == 78 and round(copy_p["load_bytes"]) == 512
-assert round(grid_p["load_bytes"]) == 142
-# its indexing: 17.7 integer instructions an element, three times the grid's 5.7
-assert (round(te_p["integer"], 1), round(grid_p["integer"], 1)) == (17.7, 5.7)
-print(f"integer instructions per element: TE fused {te_p['integer']:.1f}, the grid "
-      f"{grid_p['integer']:.1f} ({te_p['integer'] / grid_p['integer']:.1f}x)")
-assert round(te_p["integer"] / grid_p["integer"]) == 3
-# issue-bound: at the locked clock its instructions alone need 1.77 copies' time; the grid's fit
-# within one copy
-assert round(te_p["floor_over_copy"], 2) == 1.77 and grid_p["floor_over_copy"] < 0.75
-assert round(te_p["issue_used"], 2) == 0.73 and round(grid_p["issue_used"], 2) == 0.45
-# eligible warps waiting for the issue slot: TE's, not the memory-bound grid's
-assert round(te_p["not_selected"], 1) == 3.4 and round(grid_p["not_selected"], 1) == 0.5
-assert grid_p["memory_wait"] > te_p["memory_wait"]
-assert round(te_run["te_fused"]["us"] / te_run["copy"]["us"], 2) == 1.94   # clock free
 
-# sin and cos, bounded by float instructions: the rotation is 2.00 (TE's grid from tables)
-rotation = te_table_p["float"]
-sincos = {n: r["float"] - rotation for n, r in prof.items() if n != "copy"}
-# what sin/cos bring besides float instructions, in TE's grid in Triton: all kinds per float one
-along = (te_grid_p["threads"] - te_table_p["threads"]) / sincos["heads_all_one_b"]
-print(f"float instructions per element beyond the rotation's {rotation:.2f}: TE fused "
-      f"{sincos['te_fused']:.2f} of its {te_p['float']:.2f}; TE's grid in Triton "
-      f"{sincos['heads_all_one_b']:.2f}, the batch-reusing grid {sincos['sh_loop_b']:.2f}")
-print(f"sin/cos in TE's grid in Triton: {along:.1f} thread instructions of all kinds per float "
-      f"one; at that rate about {sincos['te_fused'] * along:.1f} of TE's "
-      f"{te_p['threads']:.1f} thread instructions per element")
-assert round(rotation, 2) == 2.00 and round(te_p["float"], 2) == 2.91
-assert round(sincos["te_fused"], 2) == 0.91 and round(te_p["threads"]) == 33
-assert round(along, 1) == 2.4 and 1.9 < sincos["te_fused"] * along < 2.4
-# tl.sin/tl.cos compiled to libdevice's accurate sine and cosine (float arithmetic)
-assert mech["heads_all_one_b"]["trig"] == mech["sh_loop_b"]["trig"] == "libdevice"
-table_cut = 1 - te_table_p["warp_inst"] / te_grid_p["warp_inst"]
-print(f"TE's grid in Triton: tables instead of sin/cos remove {table_cut:.0%} of its warp "
-      f"instructions ({te_grid_p['warp_inst'] * n_elem / 1e6:.0f} M to "
-      f"{te_table_p['warp_inst'] * n_elem / 1e6:.0f} M)")
-assert round(table_cut, 2) == 0.86
-assert round(te_grid_p["warp_inst"] * n_elem / 1e6) == 246
-assert round(te_table_p["warp_inst"] * n_elem / 1e6) == 36
-# once per head: TE's grid in Triton does 8 times the grid's sin/cos arithmetic per element
-# (once per program would be B/H = 1/4 of it, once per head B = 8 times)
-per_head = sincos["heads_all_one_b"] / sincos["sh_loop_b"]
-print(f"sin/cos arithmetic per element, TE's grid in Triton / the batch-reusing grid: "
-      f"{per_head:.2f} (once per program: {B_a / H_a:.2f}; once per head: {B_a})")
-assert (round(sincos["heads_all_one_b"], 2), round(sincos["sh_loop_b"], 2)) == (16.99, 2.11)
-assert 7.5 < per_head < 8.5 and round(per_head, 2) == 8.06
-# a block-wide barrier in TE's kernel only: the shared-memory version of section 3's table
-te_counts = dict(grid=H_a * D_a, te_shared=B_a * D_a, te_registers=8 * B_a * D_a)
-print(f"barrier: TE fused {te_p['barrier']:.2f}, the Triton kernels "
-      f"{max(r['barrier'] for n, r in prof.items() if n != 'te_fused'):.2f}")
-print(f"cos/sin per position (section 3): the (S, H) grid {te_counts['grid']:,}, TE shared "
-      f"memory {te_counts['te_shared']:,}, TE registers {te_counts['te_registers']:,}")
-assert round(te_p["barrier"], 2) == 0.44
-assert all(r["barrier"] == 0 for n, r in prof.items() if n != "te_fused")
-assert te_counts == dict(grid=4096, te_shared=1024, te_registers=8192)
-# which count TE's float instructions allow: at the grid's float cost of a (cos, sin) pair, the
-# pairs each version evaluates per element of x, against TE's 0.91 sin/cos float budget
-per_elem = B_a * H_a * D_a                                  # elements of x a position holds
-per_pair = sincos["sh_loop_b"] / (te_counts["grid"] / per_elem)
-need = {k: per_pair * te_counts[k] / per_elem for k in ("te_shared", "te_registers")}
-print(f"float instructions a (cos, sin) pair costs in the grid: {per_pair:.1f}; at that cost TE "
-      f"would need {need['te_shared']:.2f} an element with shared memory, "
-      f"{need['te_registers']:.2f} with registers; it has {sincos['te_fused']:.2f} to spare")
-assert need["te_shared"] <= sincos["te_fused"] < need["te_registers"]
-assert need["te_registers"] > te_p["float"]                 # more than all its float work
-assert (round(per_pair), round(need["te_registers"], 1), round(need["te_shared"], 2)) \
-    == (17, 4.2, 0.53)                                      # the text's 17, 4.2 and 0.53
-
-# %%
-# the bytes a thread asks for in one load: a warp's (the table above) over its 32 threads
-print("bytes a thread asks for in one load (B/warp load / 32): " + ", ".join(
-    f"{n} {prof[n]['load_bytes'] / 32:.1f}" for n in ("te_fused", "sh_loop_b", "copy")))
-assert [round(prof[n]["load_bytes"] / 32) for n in ("te_fused", "sh_loop_b", "copy")] == [2, 4, 16]
-# the grid's tile as it is launched (sh_loop_b: one head a program): a half-row of BLOCK_HALF
-# lanes on default_warps(BLOCK_HALF) warps of 32 threads, so each thread holds
-# BLOCK_HALF / (32 x warps) values of each half
-half_tile = triton.next_power_of_2(D_a // 2)
-grid_warps = ablation.default_warps(half_tile)
-per_thread = half_tile // (32 * grid_warps)
-sh_row = measured.timings("ablation", "s4096-b8")["sh_loop_b"]   # the launch the H200 timed
-print(f"sh_loop_b: a half-row of {half_tile} bf16 ({half_tile * 2} bytes) on {grid_warps} warp "
-      f"of 32 threads: {per_thread} values ({per_thread * 2} bytes) a thread per load; the "
-      f"ablation CSV: {sh_row['tile_elems']} elements, {sh_row['num_warps']} warp, "
-      f"{sh_row['elems_per_thread']:g} a thread; the profile: "
-      f"{mech['sh_loop_b']['x_bytes_per_warp_step']:.0f} bytes of x a warp per step (two halves)")
-assert (half_tile, grid_warps) == (sh_row["tile_elems"], sh_row["num_warps"]) == (64, 1)
-assert per_thread == sh_row["elems_per_thread"] == 2
-assert mech["sh_loop_b"]["x_bytes_per_warp_step"] == 2 * 32 * per_thread * 2   # halves, threads
-# the profile's 142 bytes a warp load averages two kinds of load: per program, two of fp32
-# angles (a half-row of 64 lanes, 256 bytes) and 2 x B of x (half-rows of bf16, 128 bytes)
-angle_load, x_load = half_tile * 4, 32 * per_thread * 2
-mix = (2 * angle_load + 2 * B_a * x_load) / (2 + 2 * B_a)
-print(f"sh_loop_b's loads per program: 2 of angles ({angle_load} bytes a warp), {2 * B_a} of x "
-      f"({x_load} bytes a warp): {mix:.1f} bytes a warp load on average; the profile: "
-      f"{grid_p['load_bytes']:.1f}")
-assert round(mix) == round(grid_p["load_bytes"]) == 142
-
-# %% [markdown]
-# What the tables say about TE's kernel, against the batch-reusing grid:
-#
-# - **It executes many instructions.** It reads every element twice (itself, and as its
-#   partner), two bytes at a time: a warp's load asks for 78 bytes, the grid's for 142, the
-#   copy's for 512. It stores one element a store, and executes 17.7 integer instructions an
-#   element (indexing and loop control), three times the grid's 5.7.
-# - **No 16-byte vectors.** Section 3 guessed that the grid might win with wide vector loads.
-#   It does not: a half-row of 64 bf16 on one warp of 32 threads is two values, 4 bytes, a
-#   thread (the cell above counts it from the launch and checks it against both CSVs; the
-#   compile cell below prints the layout, `sizePerThread = [1, 2]`). The profile's 142 bytes a
-#   warp load is the average of the program's two fp32 angle loads (256 bytes a warp) and its
-#   16 loads of `x` (128). TE's loads ask for about 2 bytes a thread, the copy's for 16.
-# - **The clock matters to it.** Locked at about 1.5 GHz, TE's kernel takes 289.2 µs, 19 %
-#   longer than in section 5.4's clock-free run (243.6 µs). TE's grid in Triton takes 373.1 µs
-#   locked against 293.2, while the copy (124.5 against 125.3 µs) and TE's grid from tables
-#   (145.1 against 143.7) keep their times. The batch-reusing grid slows by 5 % (190.9 against
-#   181.9 µs), about a quarter of TE's 19 %.
-# - **Issue-bound.** At the locked clock TE's instructions alone need 1.77 copies' time (the
-#   grid's fit in one), and its ready warps often queue for the issue slot: 3.4 warps wait as
-#   `not_selected` per instruction issued, against the grid's 0.5. Its warps also wait at a
-#   block-wide barrier (0.44 warps per instruction issued), where the Triton kernels never do.
-#   The end of this section splits its time at the free clock.
-#
-# Sin and cos are a small part of TE's instructions. The rotation needs two float instructions
-# per element, a multiply and an fma, and TE's grid from tables executes exactly 2.00; TE's
-# kernel executes 2.91, so at most 0.91 float instructions per element can belong to its sin and
-# cos. They bring other instructions along (to reduce the angle, to pick the quadrant): in TE's
-# grid written in Triton, 2.4 thread instructions of all kinds for each float one. At that rate
-# sin and cos account for about 2 of TE's 33 thread instructions per element, against 17.7
-# integer ones. In TE's grid written in Triton, by contrast, sin and cos are most of the work:
-# reading them from tables removes 86 % of its warp instructions (246 M to 36 M).
-#
-# TE's barrier agrees with the source quoted in section 3: the version profiled computes
-# cos/sin into shared memory and waits at a `__syncthreads`, so it evaluates $B \cdot D$
-# (cos, sin) pairs per position. Its float count agrees too (the cell prints it): at the
-# grid's cost of about 17 float instructions a pair, the register version's 8,192 pairs per
-# position would need 4.2 float instructions an element, more than TE's 2.91 of all kinds;
-# the shared-memory version's 1,024 need 0.53, within its 0.91.
-#
-# **TE's grid in Triton evaluates sin and cos 32 times as often as its source asks.** Beyond the
-# rotation it executes 16.99 float instructions per element for sin and cos, the batch-reusing
-# grid 2.11: 8.06 times as many, where its source, once per program, asks for a quarter of the
-# grid's ($B / H$): 32 times what it asks. The cause is in the compiled kernel. Triton computes
-# a value in the layout of the tensor that uses it: `cos1[None, :]` is broadcast over a
-# `[heads, BLOCK_HALF]` tile, so `tl.cos` runs in that tile's layout, and every thread that
-# holds a column of the tile computes that column's cosine itself. The next cell compiles the
-# kernels for an H200 (sm_90) on this machine, no GPU needed, reads the layouts from Triton's IR,
-# and counts how many threads of a program hold each cos/sin value and each element of a loaded
-# `x` tile. The compile uses this machine's Triton, which need not be the version of the H200
-# runs: its layouts can differ.
-
-# %%
-# compiled for an H200 (sm_90) by this machine's Triton, in a child Python without
-# TRITON_INTERPRET (under the interpreter @triton.jit gives interpreted functions); no GPU needed
-CHILD = r'''
-import json, sys, torch, triton
-from ropelib.course.kernels import ablation
-from ropelib.course.offline_compile import compile_for_cuda
-from ropelib.kernels import launch
-S, B, H, D, N_SM = (int(a) for a in sys.argv[1:6])
-x = torch.empty(S, B, H, D, dtype=torch.bfloat16)   # only shapes, strides, dtypes matter
-y, f = torch.empty_like(x), torch.empty(S, D)
-out = {}
-for name, _, _, o in ablation.variants(H):
-    if name not in sys.argv[6:]:
-        continue
-    bpp, bh = o.get("batch_per_program") or B, triton.next_power_of_2(D // 2)
-    warps = o.get("num_warps") or ablation.default_warps(o.get("heads_per_program", 1) * bh)
-    args = dict(x_ptr=x, y_ptr=y, freqs_ptr=f, cos_ptr=f, sin_ptr=f, B=B, H=H,
-                BATCH_PER_PROGRAM=bpp, stride_xs=x.stride(0), stride_xb=x.stride(1),
-                stride_xh=x.stride(2), stride_ys=y.stride(0), stride_yb=y.stride(1),
-                stride_yh=y.stride(2), HALF=D // 2, BLOCK_HALF=bh,
-                BLOCK_H=o.get("heads_per_program", 1), UNROLL_B=bpp if o.get("unroll") else 0,
-                TABLE=bool(o.get("table")), BF16_RTNE=False)
-    k = compile_for_cuda(ablation._rope_ablation_kernel, args, num_warps=warps)
-    out[name] = dict(num_warps=warps, ttgir=k.asm["ttgir"])
-if "ropelib_finished" in sys.argv[6:]:   # the finished kernel, with the tile it picks on N_SM SMs
-    tiles = launch.pick_tiles(S, B, (H, 0), D, D, x.element_size(), N_SM)
-    lau, ptrs = launch.plan(launch.View.of(x), launch.View.of(y), launch.Table(f, None),
-                            launch.Positions(), R=D, interleaved=False, backward=False,
-                            layout="sbhd", tiles=tiles)
-    k = compile_for_cuda(lau.launcher.kernel, dict(zip(lau.launcher.pointer_names, ptrs),
-                                                   **lau.args), num_warps=lau.num_warps)
-    out["ropelib_finished"] = dict(num_warps=lau.num_warps, ttgir=k.asm["ttgir"],
-                                   grid=list(lau.grid))
-print(json.dumps(out))
-'''
-COMPILED = ["sh_loop_b", "sh_loop_b_w2", "sh_loop_b_w4", "sh_loop_b_w8", "heads4_loop_b",
-            "heads_all_one_b", "ropelib_finished"]
-n_sm_profiled = device_attr("multiprocessor_count")   # the H200's SMs (section 1's record)
-from ropelib.course.offline_compile import in_compiling_python   # noqa: E402
-try:
-    ttgir = in_compiling_python(CHILD, *map(str, (S_a, B_a, H_a, D_a, n_sm_profiled)), *COMPILED,
-                                what="compiling for sm_90", timeout=600)
-except RuntimeError as err:   # it says why, with the child's stderr
-    ttgir, compile_failure = None, str(err)
-import re   # noqa: E402
-
-TYPE = r"tensor<([\dx]+)x(f32|!tt\.ptr<bf16>), (#ttg\.slice<\{[^}]*\}>|#\w+)>"
-
-
-def copies(shape, layout, defs):
-    """How many threads of a program hold (and compute) each value of a tensor in `layout`."""
-    sliced = re.match(r"#ttg\.slice<\{dim = (\d+), parent = (#\w+)\}>", layout)
-    if sliced:   # a slice of a parent layout: the parent's, with the sliced axis of size 1
-        shape, layout = shape[:int(sliced[1])] + [1] + shape[int(sliced[1]):], sliced[2]
-    L = {k: [int(v) for v in vals.split(",")]
-         for k, vals in re.findall(r"(\w+) = \[([\d, ]*)\]", defs[layout])}
-    held = math.prod(spt * max(1, n // (spt * tpw * wpc)) for n, spt, tpw, wpc in zip(
-        shape, L["sizePerThread"], L["threadsPerWarp"], L["warpsPerCTA"]))
-    return 32 * math.prod(L["warpsPerCTA"]) * held // math.prod(shape)
-
-
-def replication(ir):
-    """(copies of each cos/sin value, copies of each element of a loaded x tile, x layout)."""
-    defs = dict(re.findall(r"^(#\w+) = (#ttg\.blocked<\{[^}]*\}>)", ir, re.M))
-    trig, xs = set(), set()
-    for line in ir.splitlines():
-        if "math.sin" in line or "math.cos" in line or "__nv_sinf" in line \
-                or "__nv_cosf" in line:
-            shape, _, layout = re.findall(TYPE, line)[-1]
-            trig.add(copies([int(n) for n in shape.split("x")], layout, defs))
-        elif "tt.load" in line and "!tt.ptr<bf16>" in line:
-            shape, _, layout = re.findall(TYPE, line)[-1]
-            xs.add((copies([int(n) for n in shape.split("x")], layout, defs), defs[layout]))
-    assert len(trig) == 1 and len(xs) == 1, (trig, xs)
-    (x_copies, x_layout), = xs
-    return trig.pop(), x_copies, x_layout
-
-
-if ttgir is None:
-    print(compile_failure)
-else:
-    source = {name: ablation.shape_columns(S_a, B_a, H_a, D_a, opts)["cos_sin_per_position"]
-              for name, _, _, opts in ablation.variants(H_a)}
-    # the finished kernel's source computes cos/sin once per program: its programs per position
-    source["ropelib_finished"] = math.prod(ttgir["ropelib_finished"]["grid"]) // S_a * D_a
-    rep = {name: replication(v["ttgir"]) for name, v in ttgir.items()}
-    print(f"compiled for sm_90 with Triton {triton.__version__}: bf16 sbhd s={S_a}, b={B_a}, "
-          f"h={H_a}, d={D_a}")
-    print(f"{'kernel':18} {'warps':>5} {'copies of cos,sin':>17} {'copies of x':>11} "
-          f"{'cos,sin per position: source':>29} {'compiled':>9}   x tile layout")
-    for name, (trig_copies, x_copies, x_layout) in rep.items():
-        print(f"{name:18} {ttgir[name]['num_warps']:5} {trig_copies:17} {x_copies:11} "
-              f"{source[name]:29,} {source[name] * trig_copies:9,}   "
-              f"{x_layout.split('<')[1].rstrip('}>')}")
-    # each cos/sin value is computed by every thread that holds it: the source's count
-    # times the copies. sh_loop_b: one copy; TE's grid in Triton and the finished kernel: 32
-    assert rep["sh_loop_b"][:2] == (1, 1) and rep["heads4_loop_b"][0] == 1
-    # the grid's x tile: each thread holds per_thread values of a half-row (the cell before
-    # section 5.5's prose counts them from the launch)
-    grid_spt = re.search(r"sizePerThread = \[([\d, ]*)\]", rep["sh_loop_b"][2])[1]
-    assert math.prod(int(n) for n in grid_spt.split(",")) == per_thread
-    assert grid_spt.replace(" ", "") == "1,2"   # the prose of section 5.5 quotes it
-    assert rep["heads_all_one_b"][0] == 32 and rep["ropelib_finished"][0] == 32
-    # the measured 8.06 (section 5.5's profile, Triton 3.6): 32 copies x B/H programs' worth
-    predicted = rep["heads_all_one_b"][0] / rep["sh_loop_b"][0] * B_a / H_a
-    print(f"TE's grid in Triton / the batch-reusing grid, sin/cos work per element: compiled "
-          f"{predicted:.2f}, measured {per_head:.2f}")
-    assert predicted == 8 and abs(per_head / predicted - 1) < 0.01
-    # a half-row of 64 elements on 64, 128, 256 threads: each held by 1, 2, 4 of them
-    assert [rep[f"sh_loop_b_w{w}"][1] for w in (2, 4, 8)] == [1, 2, 4]
-    assert [rep[f"sh_loop_b_w{w}"][0] for w in (2, 4, 8)] == [1, 2, 4]
-    # the finished kernel: one program per position with the tile it picks here, so its 32
-    # copies make as many cos/sin per position as the batch-reusing grid's
-    # section 6 quotes the finished kernel's x tile: 4 bf16 (8 bytes) a thread along the head dim
-    assert "sizePerThread = [1, 1, 4]" in rep["ropelib_finished"][2]
-    fin = source["ropelib_finished"] * rep["ropelib_finished"][0]
-    assert source["ropelib_finished"] == D_a and fin == source["sh_loop_b"] == 4096
-
-# %% [markdown]
-# In `heads_all_one_b` 32 threads hold each column of the tile (its layout's threads and warps
-# along the head axis), so each cos/sin value is computed 32 times: $32 \times B/H = 8$ times the
-# batch-reusing grid's work per element, the 8.06 the profile measured. With four heads on two
-# warps (`heads4_loop_b`) Triton computes cos/sin in a layout of its own, one copy each, and
-# the source's count holds.
-#
-# The same rule explains section 5.4's four-warp tile: on 128 threads each element of its
-# 64-element half-row, and its cos/sin, is held and computed by 2 threads (`sh_loop_b_w8`: 4),
-# so it executes twice the warp instructions of `sh_loop_b_w2`: the same work done twice.
-#
-# The finished kernel has the same property: compiled here, each of its cos/sin values is held
-# by 32 threads, so its one evaluation per tile in the source becomes 32 in the machine code.
-# With the tile it picks here, one program per position, that is 4,096 per position, as many as
-# the batch-reusing grid's. Notebook 05 measures what its instructions cost.
-
-# %% [markdown]
-# ### Where TE's time goes with the clock free
-#
-# A second run of the same script,
-# `benchmarks/results/te_ncu-nvidia-h200-20261201-1431-clock-none.csv`, was profiled with
-# `--clock-control none`: the same five launches, the same tensor, the same counters (and one
-# more, the share of cycles in which a scheduler issued), at the clock the times of section 5.4
-# were taken at. Its cycles split a kernel's time into three parts. In each cycle a scheduler
-# issues one warp instruction or none, so with $f$ the measured clock (elapsed cycles over
-# time) and $4 \times 132$ schedulers,
-#
-# $$t \;=\; \underbrace{\frac{\text{warp instructions}}{4 \times 132 \cdot f}}_{\text{issue}}
-# \;+\; \underbrace{\frac{\text{active cycles} - \text{issue cycles}}{f}}_{\text{no warp ready}}
-# \;+\; \underbrace{\frac{\text{elapsed cycles} - \text{active cycles}}{f}}_{\text{SM idle}} .$$
-#
-# This split is bookkeeping, not a measurement: $f$ is defined as elapsed cycles over time, so
-# the three parts add up to $t$ by algebra (the cell does not check that: the check could not
-# fail). What it adds is a name for each part. The first term is the issue floor of the cells
-# above, now at the right clock. The second counts the active cycles in which a scheduler issued
-# nothing. The third is the time an average SM held no block at all: the launch's start, and its
-# tail as the last blocks finish. Read both loosely: "no warp ready" also counts cycles in which
-# a scheduler held no warp at all, or could not dispatch a ready one, and "SM idle" subtracts an
-# average over SMs (`sm__cycles_active.avg`) from a maximum (`gpc__cycles_elapsed.max`). The
-# split takes the instructions as spread evenly over the schedulers; the cell checks that
-# against the profile's own share of cycles that issued (within 0.01).
-#
-# The profile also counts, per instruction issued, the warps in each *state* (stalled on a
-# load's data: `long_scoreboard`; ready but not picked: `not_selected`; and so on); they add up
-# to the cycles between two instructions of a warp, so a state's share of the sum is its share
-# of a warp's time. The committed CSV holds every state of every kernel; the cell reads the one
-# that matters here. And the locked run gives one more test: a wait counted in cycles (a fixed
-# latency, a busy pipe) gets shorter when the clock rises, a wait on DRAM keeps its nanoseconds.
-
-# %%
-# the same probe with the clock free (--clock-control none): cycles, instructions and warp
-# states at the clock section 5.4's times were taken at
 free_path = measured.RESULTS / "te_ncu-nvidia-h200-20261201-1431-clock-none.csv"
 free_meta = compare.read_meta(free_path)
 free_launched = measured.ncu_kernels(free_path)
@@ -1883,107 +1477,9 @@ def at_free_clock(m, name):
 free = {name: at_free_clock(k["metrics"], name) for name, k in zip(PROFILED, free_launched)}
 for r in free.values():
     r["of_54"] = r["us"] / r["us_54"]
-print(f"Nsight Compute, clock free, on {free_meta['gpu']} ({free_meta['date'][:10]}; Transformer "
-      f"Engine {free_meta['transformer_engine']}): the time in three parts")
-print(measured.table([dict(name=n, **r) for n, r in free.items()], [
-    ("kernel", "name", ""), ("GHz", "ghz", ".2f"), ("us", "us", ".1f"),
-    ("us 5.4", "us_54", ".1f"), ("/5.4", "of_54", ".3f"), ("active cyc", "active", ",.0f"),
-    ("issue us", "issue_us", ".1f"), ("of time", "issue_share", ".0%"),
-    ("issued", "issued", ".2f"), ("no warp ready us", "empty_us", ".1f"),
-    ("SM idle us", "idle_us", ".1f")]))
-# the three parts add up to the time by definition (f = elapsed cycles / time): not checked.
-# What can fail: the issue share counted from the instructions agrees with the profile's own
-# counter, and both runs, locked and free, execute the same instructions, kernel by kernel
-for r in free.values():
-    assert abs(r["issued_counted"] - r["issued"]) < 0.01
-same_inst = {n: (free[n]["warp_inst"], prof[n]["issue_floor"] * SM_PARTITIONS) for n in free}
-assert all(a == b for a, b in same_inst.values()), same_inst
-# the clock: 1.92-1.96 GHz, under the device's top clock; times within 2 % of section 5.4's
-ghz_free = [r["ghz"] for r in free.values()]
-assert (round(min(ghz_free), 2), round(max(ghz_free), 2)) == (1.92, 1.96)
-assert top_ghz == 1.98 and max(ghz_free) < top_ghz
-assert all(abs(r["of_54"] - 1) < 0.02 for r in free.values())
 te_f, grid_f = free["te_fused"], free["sh_loop_b"]
-assert round(te_f["ghz"], 2) == 1.95
-assert (round(te_f["us"], 1), round(te_f["us_54"], 1)) == (240.8, 243.6)
-assert (round(grid_f["us"], 1), round(grid_f["us_54"], 1)) == (178.9, 181.9)
-# TE: issuing takes 66 % of its time (schedulers issuing on 67 % of their active cycles)
-assert round(te_f["warp_inst"] / 1e6, 1) == 164.6   # warp instructions, M, in the free run
-assert (round(te_f["issue_us"], 1), round(te_f["issue_share"], 2)) == (159.6, 0.66)
-assert round(te_f["issued"], 2) == 0.67 and round(te_p["issue_used"], 2) == 0.73
-assert (round(te_f["empty_us"], 1), round(te_f["idle_us"], 1)) == (78.0, 3.2)
-# the grid: issuing takes 36 % of its time, schedulers issuing on 37 % of their cycles
-assert (round(grid_f["issue_us"], 1), round(grid_f["issue_share"], 2)) == (63.7, 0.36)
-assert round(grid_f["issued"], 2) == 0.37
-assert (round(grid_f["empty_us"], 1), round(grid_f["idle_us"], 1)) == (112.4, 2.7)
+te_counts = dict(grid=H_a * D_a, te_shared=B_a * D_a, te_registers=8 * B_a * D_a)
 
-# the warp states: warps in each state per instruction issued; they add up to the cycles
-# between two instructions of a warp (the profile's own latency), so a state's share of the
-# sum is its share of an average warp's cycles (section 5.6 reads long_scoreboard's)
-for r in free.values():
-    assert abs(sum(r["states"].values()) / r["latency"] - 1) < 0.01
-    assert abs(r["latency"] * r["issued_counted"] / r["resident"] - 1) < 0.01
-# TE's warps: of their stalled cycles, most wait for a global load's data (long_scoreboard)
-st = te_f["states"]
-share = {s: v / te_f["stalled"] for s, v in st.items() if s not in NOT_STALLS}
-waiting_on_memory = st["long_scoreboard"] * te_f["issued_counted"]   # warps, at a mean cycle
-print(f"\nTE fused, of its warps' stalled cycles: long_scoreboard {share['long_scoreboard']:.0%} "
-      f"(the largest); at a mean cycle {waiting_on_memory:.1f} of a scheduler's "
-      f"{te_f['resident']:.1f} warps wait on global memory")
-assert round(share["long_scoreboard"], 2) == 0.70 and max(share, key=share.get) == "long_scoreboard"
-assert round(waiting_on_memory, 1) == 8.5 and round(te_f["resident"], 1) == 14.4
-
-# the clock test: the same split at the locked clock (the cells above) against the free one
-for n in ("te_fused", "sh_loop_b"):
-    lk, fr = prof[n], free[n]
-    lk["issue_us"] = lk["issue_floor"] / lk["ghz"] / 1e3
-    lk["empty_us"] = (lk["active"] - lk["issue_floor"]) / lk["ghz"] / 1e3
-    print(f"{n:10} locked {lk['ghz']:.2f} GHz: issue {lk['issue_us']:6.1f} us, no warp ready "
-          f"{lk['empty_us']:6.1f} us | free {fr['ghz']:.2f} GHz: issue {fr['issue_us']:6.1f} us, "
-          f"no warp ready {fr['empty_us']:6.1f} us")
-# TE's issue time falls in proportion to the clock: by construction, since both runs execute
-# the same instructions (checked above). The finding: its time with no ready warp does not fall
-assert (round(te_p["ghz"], 2), round(te_f["ghz"], 2)) == (1.49, 1.95)
-clock_rise = te_f["ghz"] / te_p["ghz"]
-print(f"TE's clock, locked to free: {te_p['ghz']:.2f} to {te_f['ghz']:.2f} GHz, "
-      f"{clock_rise - 1:.0%} faster")
-assert round(clock_rise - 1, 2) == 0.31
-assert (round(te_p["issue_us"], 1), round(te_p["empty_us"], 1)) == (209.8, 75.7)
-assert abs(te_f["empty_us"] / te_p["empty_us"] - 1) < 0.05
-# the grid's counterpoint: its empty time grows as its issue time shrinks
-assert (round(grid_p["issue_us"], 1), round(grid_f["issue_us"], 1)) == (83.7, 63.7)
-assert (round(grid_p["empty_us"], 1), round(grid_f["empty_us"], 1)) == (103.9, 112.4)
-
-# %% [markdown]
-# What the profile with the clock free says:
-#
-# - **The clock.** The five kernels ran at 1.92 to 1.96 GHz, TE's at 1.95, just under the
-#   device's top clock, and their times agree with section 5.4's within 2 %: TE's kernel
-#   240.8 µs against 243.6, the batch-reusing grid 178.9 against 181.9.
-# - **Issuing takes two-thirds of TE's time.** Its warp instructions (the same ones the locked
-#   run counted, kernel by kernel), issued back to back on all schedulers, take 159.6 µs at
-#   1.95 GHz: 66 % of its 240.8 µs. The grid's take 63.7 µs, 36 % of its time.
-# - **In the rest, TE's warps wait on memory.** Besides 159.6 µs of issuing, TE's time holds
-#   78.0 µs in which a scheduler issued nothing, and 3.2 µs in which SMs held no block. Of its
-#   warps' stalled cycles 70 % are `long_scoreboard`, waiting for a global load's data (59 % of
-#   all its warps' cycles, issuing included: the measure 5.6's table uses): at an
-#   average cycle 8.5 of a scheduler's 14.4 warps. The clock agrees: from the locked clock to
-#   the free one (1.49 to 1.95 GHz, 31 % faster) TE's issuing time falls with the clock, 209.8
-#   to 159.6 µs (by construction: the same instructions), but its time with no ready warp does
-#   not, 75.7 µs then 78.0, as a wait on DRAM would not.
-# - **The split is accounting.** The time with no ready warp is what is left of the active time
-#   after issuing, so it moves with how much issuing overlaps the waits: the grid's *grows* as
-#   its issuing shrinks (issuing 83.7 to 63.7 µs, no warp ready 103.9 to 112.4, locked to free).
-#   The split bounds causes; it does not name them.
-#
-# ### 5.6 The answer: why the batch-reusing grid beat TE's fused kernel
-#
-# Section 3 asked why a Triton kernel that reuses cos/sin *less* than Transformer Engine's
-# CUDA kernel ran faster. The next cell sets the two kernels' measurements side by side at
-# bf16 sbhd $s = 4096$, $b = 8$, $h = 32$, $d = 128$ on the H200, each row read from the committed
-# CSV it names, and checks every number the answer below states.
-
-# %%
 grid_sh = te_run["sh_loop_b"]            # the same run as TE's row (mechanism-te)
 lsb = {n: free[n]["states"]["long_scoreboard"] / sum(free[n]["states"].values())
        for n in ("te_fused", "sh_loop_b")}
@@ -2049,26 +1545,15 @@ assert {k: round(v, 1) for k, v in more.items()} == dict(integer=12.1, float=-1.
 # Issuing them fills 66 % of TE's time at the clock it runs at, against 36 % for the grid, and
 # the locked, lower clock slowed TE by 19 %, the grid by 5 %. The grid's warps instead spend
 # 84 % of their cycles waiting for loads: it is bound by memory latency, with half an SM's warp
-# slots filled, which is what notebook 05 works on. In section 5.5's bookkeeping the 62 µs
-# difference is
+# slots filled, which is what notebook 05 works on.
 #
-# $$\underbrace{240.8 - 178.9}_{62\ \mu\text{s}} \;\approx\;
-# \underbrace{(159.6 - 63.7)}_{96\ \mu\text{s more issuing}} \;-\;
-# \underbrace{(112.4 - 78.0)}_{34\ \mu\text{s less with no warp ready}} .$$
-#
-# Read it as accounting, not as the cause. The parts add up to each time by definition, and
-# the part with no warp ready moves with how much issuing overlaps the waits (section 5.5: the
-# grid's grew when its issuing shrank), so the split does not say how much of the 62 µs each
-# difference between the kernels costs. What it does show is that TE's extra issuing alone
-# exceeds the whole difference. What the grid has, against TE, is few instructions per byte,
-# and the profile says of which kind (thread instructions per element, TE minus the grid,
-# printed above): 12.1 more integer instructions, 5.9 more of other kinds (moves, conversions,
-# predicates, control), 1.5 more loads and 0.5 more stores, but 1.2 *fewer* floating-point
-# ones. The grid evaluates four times TE's (cos, sin) pairs, and its floating-point count
-# shows it (section 5.5: 2.11 of its float instructions an element go to sin/cos, 0.91 of
-# TE's); its lead is not its cos/sin reuse. It is the integer work: the grid computes a
-# program's position and head offsets once (a row adds `b * stride_xb`) and loads half a row
-# per instruction, where TE's threads each index one element, twice.
+# By kind (thread instructions per element, TE minus the grid, printed above), TE executes 12.1
+# more integer instructions, 5.9 more of other kinds, 1.5 more loads and 0.5 more stores, but 1.2
+# *fewer* floating-point ones. So the grid's lead is not its cos/sin reuse: it is the integer
+# work. The grid computes a program's position and head offsets once (a row adds
+# `b * stride_xb`) and loads half a row per instruction, where TE's threads each index one
+# element, twice. The appendix at the end of the notebook shows how these counts were taken,
+# what TE's instructions are, and where its time goes at the free clock.
 #
 # What this does not show is which of TE's differences (one-element loads, every element read
 # twice, its indexing, its barrier) costs what: they change together in TE's source, and these
@@ -2084,7 +1569,7 @@ assert {k: round(v, 1) for k, v in more.items()} == dict(integer=12.1, float=-1.
 # - **cos/sin are reused across the batch, not across heads**: all $H$ programs of a position
 #   compute the same cosines and sines. A tile of heads removes that work only where the
 #   compiled layout keeps one copy of each value: four heads on two warps do, all 32 heads in
-#   one program do not (section 5.5);
+#   one program do not (appendix A.1);
 # - **one row per load**: each load is half a head ($D/2$ elements, 128 bytes in bf16 for
 #   $D = 128$), so a program moves $B$ small pieces, one after another;
 # - **the grid depends on the shape**: with $B = 1$ nothing is reused at all, and when $S \cdot H$
@@ -2095,10 +1580,10 @@ assert {k: round(v, 1) for k, v in more.items()} == dict(integer=12.1, float=-1.
 # small and mid-sized tensors; large ones take two passes, notebook 05 section 6) gives
 # each program a **tile** of positions × heads, whose source computes cos/sin once per tile and
 # uses them for its heads *and* a chunk of the batch (compiled, that is as many evaluations per
-# position as the batch-reusing grid's: section 5.5), loads contiguous runs of the head dim as
-# vectors as wide as the tile allows (at this shape 4 bf16 elements, 8 bytes, a thread: section
-# 5.5's layout table prints `sizePerThread = [1, 1, 4]` for it), and takes every layout through
-# strides. Its header says how it is parallelised:
+# position as the batch-reusing grid's: appendix A.1), loads contiguous runs of the head dim as
+# vectors as wide as the tile allows (at this shape 4 bf16 elements, 8 bytes, a thread:
+# appendix A.1's layout table prints `sizePerThread = [1, 1, 4]` for it), and takes every
+# layout through strides. Its header says how it is parallelised:
 
 # %%
 try:
@@ -2310,3 +1795,507 @@ assert round(table["us"] / one["us"], 3) == 0.998
 #    decode-like shapes ($S = 1$, $B = 64$)? Which of the finished kernel's features answers this?
 # 5. The bytes model counts the angle table once. For which shapes is that term no longer
 #    negligible next to $2Ne$, and what does that mean for "% of copy"?
+
+# %% [markdown]
+# ## Appendix: why TE's CUDA kernel is slower
+#
+# Section 5.5 states the answer; this appendix shows the measurements behind it. A.1 counts
+# TE's instructions by kind with the GPU's clock locked, and compiles the Triton kernels to see
+# how many threads compute each cos/sin value; A.2 splits TE's time at the free clock; A.3 reads
+# section 5.5's 62 µs difference through that split. The cells use the profiles that section
+# 5.5's cell reads.
+
+# %% [markdown]
+# ### A.1 What TE's instructions are, and whether they set its time
+#
+# A third profile (`benchmarks/te_ncu.py`, on the H200 with Transformer Engine installed) counts
+# TE's instructions by kind beside the batch-reusing grid, TE's grid written in Triton (with
+# sin/cos and from tables) and the copy, on the same $s = 4096, b = 8$ tensor: global loads and
+# stores (and how many bytes a warp's load asks for, from the 32-byte sectors it touches),
+# integer and floating-point instructions, and the warp states.
+#
+# One setting differs from section 5.4's profiles. Unless it is told not to (`--clock-control
+# none`, which `benchmarks/mechanism.py` passes and this run did not), Nsight Compute locks the
+# GPU's clocks while it profiles, and the cycles this run counted, over the time it measured,
+# put the SM clock at 1.44 to 1.50 GHz for all five kernels. That turns the run into a second
+# experiment. (A later run of the same script with the clock free, read in A.2, says where
+# TE's time goes at the clock it was timed at.) Three numbers test whether "more instructions"
+# is a cause:
+#
+# - **clock sensitivity.** A kernel limited by DRAM does not care how fast the SMs are clocked;
+#   a kernel limited by its SMs' own work takes longer when their clock is lower. The cell sets
+#   each time beside the same kernel's in section 5.4's runs, where the clock ran free.
+# - **issue time.** An SM sub-partition (4 to an SM) issues at most one warp instruction a
+#   cycle, so a kernel needs at least $\text{warp instructions} / (4 \times \text{SMs})$ cycles
+#   (the table's "issue floor/copy" divides them by the copy's active cycles): above 1, no
+#   number of bytes in flight brings it to the copy's speed.
+# - **not selected.** A warp that is ready to issue but loses the slot to another waits in
+#   `not_selected`. A memory-bound kernel's warps rarely do; an issue-bound kernel's often do.
+
+# %%
+print(f"Nsight Compute on {te_meta['gpu']} (torch {te_meta['torch']}, Triton {te_meta['triton']}, "
+      f"Transformer Engine {te_meta['transformer_engine']}), bf16 sbhd s=4096 b=8 h=32 d=128")
+print("the clock: this run (locked) against section 5.4's runs (free)")
+print(measured.table([dict(name=n, **r) for n, r in prof.items()], [
+    ("kernel", "name", ""), ("GHz", "ghz", ".2f"), ("us locked", "us", ".1f"),
+    ("us free", "us_free", ".1f"), ("locked/free", "slowed", ".3f")]))
+print("per element of x (issue floor in cycles of the locked clock):")
+print(measured.table([dict(name=n, **r) for n, r in prof.items()], [
+    ("kernel", "name", ""), ("warp inst", "warp_inst", ".3f"), ("thread inst", "threads", ".1f"),
+    ("float", "float", ".2f"), ("integer", "integer", ".1f"), ("loads", "loads", ".2f"),
+    ("B/warp load", "load_bytes", ".0f"), ("stores", "stores", ".2f"),
+    ("issue used", "issue_used", ".0%"), ("issue floor/copy", "floor_over_copy", ".2f"),
+    ("mem wait", "memory_wait", ".1f"), ("barrier", "barrier", ".2f"),
+    ("not selected", "not_selected", ".2f")]))
+# the clock: this run's command line has no --clock-control none, section 5.4's runs had it
+print(f"this run: {te_meta['what'][:50]}...; section 5.4's: ncu_duration_ns = "
+      f"{te_run_meta['column ncu_duration_ns']}")
+assert "clock-control" not in te_meta["what"]
+assert "clocks not locked" in te_run_meta["column ncu_duration_ns"]
+# locked at 1.44-1.50 GHz for every kernel: the memory-bound copy and table version keep their
+# times, TE's kernel and TE's grid in Triton slow down
+ghz = [r["ghz"] for r in prof.values()]
+assert (round(min(ghz), 2), round(max(ghz), 2)) == (1.44, 1.50)
+assert abs(copy_p["slowed"] - 1) < 0.03 and abs(te_table_p["slowed"] - 1) < 0.03
+assert te_p["us"] > 1.15 * te_p["us_free"] and te_grid_p["us"] > 1.2 * te_grid_p["us_free"]
+assert (round(te_p["us"], 1), round(te_p["us_free"], 1)) == (289.2, 243.6)
+assert (round(te_grid_p["us"], 1), round(te_grid_p["us_free"], 1)) == (373.1, 293.2)
+assert (round(copy_p["us"], 1), round(copy_p["us_free"], 1)) == (124.5, 125.3)
+assert (round(te_table_p["us"], 1), round(te_table_p["us_free"], 1)) == (145.1, 143.7)
+# the batch-reusing grid in between: 5 % slower, about a quarter of TE's 19 %
+print(f"slowed by the locked clock: TE fused {te_p['slowed'] - 1:.0%}, the batch-reusing grid "
+      f"{grid_p['slowed'] - 1:.0%} ({grid_p['us']:.1f} against {grid_p['us_free']:.1f} us)")
+assert round(grid_p["slowed"], 2) == 1.05 and round(te_p["slowed"], 2) == 1.19
+assert (round(grid_p["us"], 1), round(grid_p["us_free"], 1)) == (190.9, 181.9)
+assert 0.2 < (grid_p["slowed"] - 1) / (te_p["slowed"] - 1) < 0.3
+# TE reads every element twice (itself, its partner), two bytes a load, and stores one a store
+assert round(te_p["loads"], 1) == 2.1 and round(te_p["stores"], 2) == 1.00
+assert round(te_p["load_bytes"]) == 78 and round(copy_p["load_bytes"]) == 512
+assert round(grid_p["load_bytes"]) == 142
+# its indexing: 17.7 integer instructions an element, three times the grid's 5.7
+assert (round(te_p["integer"], 1), round(grid_p["integer"], 1)) == (17.7, 5.7)
+print(f"integer instructions per element: TE fused {te_p['integer']:.1f}, the grid "
+      f"{grid_p['integer']:.1f} ({te_p['integer'] / grid_p['integer']:.1f}x)")
+assert round(te_p["integer"] / grid_p["integer"]) == 3
+# issue-bound: at the locked clock its instructions alone need 1.77 copies' time; the grid's fit
+# within one copy
+assert round(te_p["floor_over_copy"], 2) == 1.77 and grid_p["floor_over_copy"] < 0.75
+assert round(te_p["issue_used"], 2) == 0.73 and round(grid_p["issue_used"], 2) == 0.45
+# eligible warps waiting for the issue slot: TE's, not the memory-bound grid's
+assert round(te_p["not_selected"], 1) == 3.4 and round(grid_p["not_selected"], 1) == 0.5
+assert grid_p["memory_wait"] > te_p["memory_wait"]
+assert round(te_run["te_fused"]["us"] / te_run["copy"]["us"], 2) == 1.94   # clock free
+
+# sin and cos, bounded by float instructions: the rotation is 2.00 (TE's grid from tables)
+rotation = te_table_p["float"]
+sincos = {n: r["float"] - rotation for n, r in prof.items() if n != "copy"}
+# what sin/cos bring besides float instructions, in TE's grid in Triton: all kinds per float one
+along = (te_grid_p["threads"] - te_table_p["threads"]) / sincos["heads_all_one_b"]
+print(f"float instructions per element beyond the rotation's {rotation:.2f}: TE fused "
+      f"{sincos['te_fused']:.2f} of its {te_p['float']:.2f}; TE's grid in Triton "
+      f"{sincos['heads_all_one_b']:.2f}, the batch-reusing grid {sincos['sh_loop_b']:.2f}")
+print(f"sin/cos in TE's grid in Triton: {along:.1f} thread instructions of all kinds per float "
+      f"one; at that rate about {sincos['te_fused'] * along:.1f} of TE's "
+      f"{te_p['threads']:.1f} thread instructions per element")
+assert round(rotation, 2) == 2.00 and round(te_p["float"], 2) == 2.91
+assert round(sincos["te_fused"], 2) == 0.91 and round(te_p["threads"]) == 33
+assert round(along, 1) == 2.4 and 1.9 < sincos["te_fused"] * along < 2.4
+# tl.sin/tl.cos compiled to libdevice's accurate sine and cosine (float arithmetic)
+assert mech["heads_all_one_b"]["trig"] == mech["sh_loop_b"]["trig"] == "libdevice"
+table_cut = 1 - te_table_p["warp_inst"] / te_grid_p["warp_inst"]
+print(f"TE's grid in Triton: tables instead of sin/cos remove {table_cut:.0%} of its warp "
+      f"instructions ({te_grid_p['warp_inst'] * n_elem / 1e6:.0f} M to "
+      f"{te_table_p['warp_inst'] * n_elem / 1e6:.0f} M)")
+assert round(table_cut, 2) == 0.86
+assert round(te_grid_p["warp_inst"] * n_elem / 1e6) == 246
+assert round(te_table_p["warp_inst"] * n_elem / 1e6) == 36
+# once per head: TE's grid in Triton does 8 times the grid's sin/cos arithmetic per element
+# (once per program would be B/H = 1/4 of it, once per head B = 8 times)
+per_head = sincos["heads_all_one_b"] / sincos["sh_loop_b"]
+print(f"sin/cos arithmetic per element, TE's grid in Triton / the batch-reusing grid: "
+      f"{per_head:.2f} (once per program: {B_a / H_a:.2f}; once per head: {B_a})")
+assert (round(sincos["heads_all_one_b"], 2), round(sincos["sh_loop_b"], 2)) == (16.99, 2.11)
+assert 7.5 < per_head < 8.5 and round(per_head, 2) == 8.06
+# a block-wide barrier in TE's kernel only: the shared-memory version of section 3's table
+print(f"barrier: TE fused {te_p['barrier']:.2f}, the Triton kernels "
+      f"{max(r['barrier'] for n, r in prof.items() if n != 'te_fused'):.2f}")
+print(f"cos/sin per position (section 3): the (S, H) grid {te_counts['grid']:,}, TE shared "
+      f"memory {te_counts['te_shared']:,}, TE registers {te_counts['te_registers']:,}")
+assert round(te_p["barrier"], 2) == 0.44
+assert all(r["barrier"] == 0 for n, r in prof.items() if n != "te_fused")
+assert te_counts == dict(grid=4096, te_shared=1024, te_registers=8192)
+# which count TE's float instructions allow: at the grid's float cost of a (cos, sin) pair, the
+# pairs each version evaluates per element of x, against TE's 0.91 sin/cos float budget
+per_elem = B_a * H_a * D_a                                  # elements of x a position holds
+per_pair = sincos["sh_loop_b"] / (te_counts["grid"] / per_elem)
+need = {k: per_pair * te_counts[k] / per_elem for k in ("te_shared", "te_registers")}
+print(f"float instructions a (cos, sin) pair costs in the grid: {per_pair:.1f}; at that cost TE "
+      f"would need {need['te_shared']:.2f} an element with shared memory, "
+      f"{need['te_registers']:.2f} with registers; it has {sincos['te_fused']:.2f} to spare")
+assert need["te_shared"] <= sincos["te_fused"] < need["te_registers"]
+assert need["te_registers"] > te_p["float"]                 # more than all its float work
+assert (round(per_pair), round(need["te_registers"], 1), round(need["te_shared"], 2)) \
+    == (17, 4.2, 0.53)                                      # the text's 17, 4.2 and 0.53
+
+# %%
+# the bytes a thread asks for in one load: a warp's (the table above) over its 32 threads
+print("bytes a thread asks for in one load (B/warp load / 32): " + ", ".join(
+    f"{n} {prof[n]['load_bytes'] / 32:.1f}" for n in ("te_fused", "sh_loop_b", "copy")))
+assert [round(prof[n]["load_bytes"] / 32) for n in ("te_fused", "sh_loop_b", "copy")] == [2, 4, 16]
+assert round(prof["te_fused"]["load_bytes"] / 32, 1) == 2.4     # the text's 2.4
+# the grid's tile as it is launched (sh_loop_b: one head a program): a half-row of BLOCK_HALF
+# lanes on default_warps(BLOCK_HALF) warps of 32 threads, so each thread holds
+# BLOCK_HALF / (32 x warps) values of each half
+half_tile = triton.next_power_of_2(D_a // 2)
+grid_warps = ablation.default_warps(half_tile)
+per_thread = half_tile // (32 * grid_warps)
+sh_row = measured.timings("ablation", "s4096-b8")["sh_loop_b"]   # the launch the H200 timed
+print(f"sh_loop_b: a half-row of {half_tile} bf16 ({half_tile * 2} bytes) on {grid_warps} warp "
+      f"of 32 threads: {per_thread} values ({per_thread * 2} bytes) a thread per load; the "
+      f"ablation CSV: {sh_row['tile_elems']} elements, {sh_row['num_warps']} warp, "
+      f"{sh_row['elems_per_thread']:g} a thread; the profile: "
+      f"{mech['sh_loop_b']['x_bytes_per_warp_step']:.0f} bytes of x a warp per step (two halves)")
+assert (half_tile, grid_warps) == (sh_row["tile_elems"], sh_row["num_warps"]) == (64, 1)
+assert per_thread == sh_row["elems_per_thread"] == 2
+assert mech["sh_loop_b"]["x_bytes_per_warp_step"] == 2 * 32 * per_thread * 2   # halves, threads
+# the profile's 142 bytes a warp load averages two kinds of load: per program, two of fp32
+# angles (a half-row of 64 lanes, 256 bytes) and 2 x B of x (half-rows of bf16, 128 bytes)
+angle_load, x_load = half_tile * 4, 32 * per_thread * 2
+mix = (2 * angle_load + 2 * B_a * x_load) / (2 + 2 * B_a)
+print(f"sh_loop_b's loads per program: 2 of angles ({angle_load} bytes a warp), {2 * B_a} of x "
+      f"({x_load} bytes a warp): {mix:.1f} bytes a warp load on average; the profile: "
+      f"{grid_p['load_bytes']:.1f}")
+assert round(mix) == round(grid_p["load_bytes"]) == 142
+
+# %% [markdown]
+# What the tables say about TE's kernel, against the batch-reusing grid:
+#
+# - **It executes many instructions.** It reads every element twice (itself, and as its
+#   partner), two bytes at a time: a warp's load asks for 78 bytes, the grid's for 142, the
+#   copy's for 512. It stores one element a store, and executes 17.7 integer instructions an
+#   element (indexing and loop control), three times the grid's 5.7.
+# - **No 16-byte vectors.** Section 3 guessed that the grid might win with wide vector loads.
+#   It does not: a half-row of 64 bf16 on one warp of 32 threads is two values, 4 bytes, a
+#   thread (the cell above counts it from the launch and checks it against both CSVs; the
+#   compile cell below prints the layout, `sizePerThread = [1, 2]`). The profile's 142 bytes a
+#   warp load is the average of the program's two fp32 angle loads (256 bytes a warp) and its
+#   16 loads of `x` (128). TE's loads ask for 2.4 bytes a thread (one bf16, plus the fp32
+#   angle loads), the copy's for 16.
+# - **The clock matters to it.** Locked at about 1.5 GHz, TE's kernel takes 289.2 µs, 19 %
+#   longer than in section 5.4's clock-free run (243.6 µs). TE's grid in Triton takes 373.1 µs
+#   locked against 293.2, while the copy (124.5 against 125.3 µs) and TE's grid from tables
+#   (145.1 against 143.7) keep their times. The batch-reusing grid slows by 5 % (190.9 against
+#   181.9 µs), about a quarter of TE's 19 %.
+# - **Issue-bound.** At the locked clock TE's instructions alone need 1.77 copies' time (the
+#   grid's fit in one), and its ready warps often queue for the issue slot: 3.4 warps wait as
+#   `not_selected` per instruction issued, against the grid's 0.5. Its warps also wait at a
+#   block-wide barrier (0.44 warps per instruction issued), where the Triton kernels never do.
+#   A.2 splits its time at the free clock.
+#
+# Sin and cos are a small part of TE's instructions. The rotation needs two float instructions
+# per element, a multiply and an fma, and TE's grid from tables executes exactly 2.00; TE's
+# kernel executes 2.91, so at most 0.91 float instructions per element can belong to its sin and
+# cos. They bring other instructions along (to reduce the angle, to pick the quadrant): in TE's
+# grid written in Triton, 2.4 thread instructions of all kinds for each float one. At that rate
+# sin and cos account for about 2 of TE's 33 thread instructions per element, against 17.7
+# integer ones. In TE's grid written in Triton, by contrast, sin and cos are most of the work:
+# reading them from tables removes 86 % of its warp instructions (246 M to 36 M).
+#
+# TE's barrier fits the shared-memory form of section 3, in which a block computes cos/sin once
+# and waits before it uses them, evaluating $B \cdot D$ (cos, sin) pairs per position. Its float
+# count fits it too (the cell prints it): at the
+# grid's cost of about 17 float instructions a pair, the register version's 8,192 pairs per
+# position would need 4.2 float instructions an element, more than TE's 2.91 of all kinds;
+# the shared-memory version's 1,024 need 0.53, within its 0.91.
+#
+# **TE's grid in Triton evaluates sin and cos 32 times as often as its source asks.** Beyond the
+# rotation it executes 16.99 float instructions per element for sin and cos, the batch-reusing
+# grid 2.11: 8.06 times as many, where its source, once per program, asks for a quarter of the
+# grid's ($B / H$): 32 times what it asks. The cause is in the compiled kernel. Triton computes
+# a value in the layout of the tensor that uses it: `cos1[None, :]` is broadcast over a
+# `[heads, BLOCK_HALF]` tile, so `tl.cos` runs in that tile's layout, and every thread that
+# holds a column of the tile computes that column's cosine itself. The next cell compiles the
+# kernels for an H200 (sm_90) on this machine, no GPU needed, reads the layouts from Triton's IR,
+# and counts how many threads of a program hold each cos/sin value and each element of a loaded
+# `x` tile. The compile uses this machine's Triton, which need not be the version of the H200
+# runs: its layouts can differ.
+
+# %%
+# compiled for an H200 (sm_90) by this machine's Triton, in a child Python without
+# TRITON_INTERPRET (under the interpreter @triton.jit gives interpreted functions); no GPU needed
+CHILD = r'''
+import json, sys, torch, triton
+from ropelib.course.kernels import ablation
+from ropelib.course.offline_compile import compile_for_cuda
+from ropelib.kernels import launch
+S, B, H, D, N_SM = (int(a) for a in sys.argv[1:6])
+x = torch.empty(S, B, H, D, dtype=torch.bfloat16)   # only shapes, strides, dtypes matter
+y, f = torch.empty_like(x), torch.empty(S, D)
+out = {}
+for name, _, _, o in ablation.variants(H):
+    if name not in sys.argv[6:]:
+        continue
+    bpp, bh = o.get("batch_per_program") or B, triton.next_power_of_2(D // 2)
+    warps = o.get("num_warps") or ablation.default_warps(o.get("heads_per_program", 1) * bh)
+    args = dict(x_ptr=x, y_ptr=y, freqs_ptr=f, cos_ptr=f, sin_ptr=f, B=B, H=H,
+                BATCH_PER_PROGRAM=bpp, stride_xs=x.stride(0), stride_xb=x.stride(1),
+                stride_xh=x.stride(2), stride_ys=y.stride(0), stride_yb=y.stride(1),
+                stride_yh=y.stride(2), HALF=D // 2, BLOCK_HALF=bh,
+                BLOCK_H=o.get("heads_per_program", 1), UNROLL_B=bpp if o.get("unroll") else 0,
+                TABLE=bool(o.get("table")), BF16_RTNE=False)
+    k = compile_for_cuda(ablation._rope_ablation_kernel, args, num_warps=warps)
+    out[name] = dict(num_warps=warps, ttgir=k.asm["ttgir"])
+if "ropelib_finished" in sys.argv[6:]:   # the finished kernel, with the tile it picks on N_SM SMs
+    tiles = launch.pick_tiles(S, B, (H, 0), D, D, x.element_size(), N_SM)
+    lau, ptrs = launch.plan(launch.View.of(x), launch.View.of(y), launch.Table(f, None),
+                            launch.Positions(), R=D, interleaved=False, backward=False,
+                            layout="sbhd", tiles=tiles)
+    k = compile_for_cuda(lau.launcher.kernel, dict(zip(lau.launcher.pointer_names, ptrs),
+                                                   **lau.args), num_warps=lau.num_warps)
+    out["ropelib_finished"] = dict(num_warps=lau.num_warps, ttgir=k.asm["ttgir"],
+                                   grid=list(lau.grid))
+print(json.dumps(out))
+'''
+COMPILED = ["sh_loop_b", "sh_loop_b_w2", "sh_loop_b_w4", "sh_loop_b_w8", "heads4_loop_b",
+            "heads_all_one_b", "ropelib_finished"]
+n_sm_profiled = device_attr("multiprocessor_count")   # the H200's SMs (section 1's record)
+from ropelib.course.offline_compile import in_compiling_python   # noqa: E402
+try:
+    ttgir = in_compiling_python(CHILD, *map(str, (S_a, B_a, H_a, D_a, n_sm_profiled)), *COMPILED,
+                                what="compiling for sm_90", timeout=600)
+except RuntimeError as err:   # it says why, with the child's stderr
+    ttgir, compile_failure = None, str(err)
+import re   # noqa: E402
+
+TYPE = r"tensor<([\dx]+)x(f32|!tt\.ptr<bf16>), (#ttg\.slice<\{[^}]*\}>|#\w+)>"
+
+
+def copies(shape, layout, defs):
+    """How many threads of a program hold (and compute) each value of a tensor in `layout`."""
+    sliced = re.match(r"#ttg\.slice<\{dim = (\d+), parent = (#\w+)\}>", layout)
+    if sliced:   # a slice of a parent layout: the parent's, with the sliced axis of size 1
+        shape, layout = shape[:int(sliced[1])] + [1] + shape[int(sliced[1]):], sliced[2]
+    L = {k: [int(v) for v in vals.split(",")]
+         for k, vals in re.findall(r"(\w+) = \[([\d, ]*)\]", defs[layout])}
+    held = math.prod(spt * max(1, n // (spt * tpw * wpc)) for n, spt, tpw, wpc in zip(
+        shape, L["sizePerThread"], L["threadsPerWarp"], L["warpsPerCTA"]))
+    return 32 * math.prod(L["warpsPerCTA"]) * held // math.prod(shape)
+
+
+def replication(ir):
+    """(copies of each cos/sin value, copies of each element of a loaded x tile, x layout)."""
+    defs = dict(re.findall(r"^(#\w+) = (#ttg\.blocked<\{[^}]*\}>)", ir, re.M))
+    trig, xs = set(), set()
+    for line in ir.splitlines():
+        if "math.sin" in line or "math.cos" in line or "__nv_sinf" in line \
+                or "__nv_cosf" in line:
+            shape, _, layout = re.findall(TYPE, line)[-1]
+            trig.add(copies([int(n) for n in shape.split("x")], layout, defs))
+        elif "tt.load" in line and "!tt.ptr<bf16>" in line:
+            shape, _, layout = re.findall(TYPE, line)[-1]
+            xs.add((copies([int(n) for n in shape.split("x")], layout, defs), defs[layout]))
+    assert len(trig) == 1 and len(xs) == 1, (trig, xs)
+    (x_copies, x_layout), = xs
+    return trig.pop(), x_copies, x_layout
+
+
+if ttgir is None:
+    print(compile_failure)
+else:
+    source = {name: ablation.shape_columns(S_a, B_a, H_a, D_a, opts)["cos_sin_per_position"]
+              for name, _, _, opts in ablation.variants(H_a)}
+    # the finished kernel's source computes cos/sin once per program: its programs per position
+    source["ropelib_finished"] = math.prod(ttgir["ropelib_finished"]["grid"]) // S_a * D_a
+    rep = {name: replication(v["ttgir"]) for name, v in ttgir.items()}
+    print(f"compiled for sm_90 with Triton {triton.__version__}: bf16 sbhd s={S_a}, b={B_a}, "
+          f"h={H_a}, d={D_a}")
+    print(f"{'kernel':18} {'warps':>5} {'copies of cos,sin':>17} {'copies of x':>11} "
+          f"{'cos,sin per position: source':>29} {'compiled':>9}   x tile layout")
+    for name, (trig_copies, x_copies, x_layout) in rep.items():
+        print(f"{name:18} {ttgir[name]['num_warps']:5} {trig_copies:17} {x_copies:11} "
+              f"{source[name]:29,} {source[name] * trig_copies:9,}   "
+              f"{x_layout.split('<')[1].rstrip('}>')}")
+    # each cos/sin value is computed by every thread that holds it: the source's count
+    # times the copies. sh_loop_b: one copy; TE's grid in Triton and the finished kernel: 32
+    assert rep["sh_loop_b"][:2] == (1, 1) and rep["heads4_loop_b"][0] == 1
+    # the grid's x tile: each thread holds per_thread values of a half-row (the cell before
+    # A.1's prose counts them from the launch)
+    grid_spt = re.search(r"sizePerThread = \[([\d, ]*)\]", rep["sh_loop_b"][2])[1]
+    assert math.prod(int(n) for n in grid_spt.split(",")) == per_thread
+    assert grid_spt.replace(" ", "") == "1,2"   # the prose of A.1 quotes it
+    assert rep["heads_all_one_b"][0] == 32 and rep["ropelib_finished"][0] == 32
+    # the measured 8.06 (A.1's profile, Triton 3.6): 32 copies x B/H programs' worth
+    predicted = rep["heads_all_one_b"][0] / rep["sh_loop_b"][0] * B_a / H_a
+    print(f"TE's grid in Triton / the batch-reusing grid, sin/cos work per element: compiled "
+          f"{predicted:.2f}, measured {per_head:.2f}")
+    assert predicted == 8 and abs(per_head / predicted - 1) < 0.01
+    # a half-row of 64 elements on 64, 128, 256 threads: each held by 1, 2, 4 of them
+    assert [rep[f"sh_loop_b_w{w}"][1] for w in (2, 4, 8)] == [1, 2, 4]
+    assert [rep[f"sh_loop_b_w{w}"][0] for w in (2, 4, 8)] == [1, 2, 4]
+    # the finished kernel: one program per position with the tile it picks here, so its 32
+    # copies make as many cos/sin per position as the batch-reusing grid's
+    # section 6 quotes the finished kernel's x tile: 4 bf16 (8 bytes) a thread along the head dim
+    assert "sizePerThread = [1, 1, 4]" in rep["ropelib_finished"][2]
+    fin = source["ropelib_finished"] * rep["ropelib_finished"][0]
+    assert source["ropelib_finished"] == D_a and fin == source["sh_loop_b"] == 4096
+
+# %% [markdown]
+# In `heads_all_one_b` 32 threads hold each column of the tile (its layout's threads and warps
+# along the head axis), so each cos/sin value is computed 32 times: $32 \times B/H = 8$ times the
+# batch-reusing grid's work per element, the 8.06 the profile measured. With four heads on two
+# warps (`heads4_loop_b`) Triton computes cos/sin in a layout of its own, one copy each, and
+# the source's count holds.
+#
+# The same rule explains section 5.4's four-warp tile: on 128 threads each element of its
+# 64-element half-row, and its cos/sin, is held and computed by 2 threads (`sh_loop_b_w8`: 4),
+# so it executes twice the warp instructions of `sh_loop_b_w2`: the same work done twice.
+#
+# The finished kernel has the same property: compiled here, each of its cos/sin values is held
+# by 32 threads, so its one evaluation per tile in the source becomes 32 in the machine code.
+# With the tile it picks here, one program per position, that is 4,096 per position, as many as
+# the batch-reusing grid's. Notebook 05 measures what its instructions cost.
+
+# %% [markdown]
+# ### A.2 Where TE's time goes with the clock free
+#
+# A second run of the same script,
+# `benchmarks/results/te_ncu-nvidia-h200-20261201-1431-clock-none.csv`, was profiled with
+# `--clock-control none`: the same five launches, the same tensor, the same counters (and one
+# more, the share of cycles in which a scheduler issued), at the clock the times of section 5.4
+# were taken at. Its cycles split a kernel's time into three parts. In each cycle a scheduler
+# issues one warp instruction or none, so with $f$ the measured clock (elapsed cycles over
+# time) and $4 \times 132$ schedulers,
+#
+# $$t \;=\; \underbrace{\frac{\text{warp instructions}}{4 \times 132 \cdot f}}_{\text{issue}}
+# \;+\; \underbrace{\frac{\text{active cycles} - \text{issue cycles}}{f}}_{\text{no warp ready}}
+# \;+\; \underbrace{\frac{\text{elapsed cycles} - \text{active cycles}}{f}}_{\text{SM idle}} .$$
+#
+# This split is bookkeeping, not a measurement: $f$ is defined as elapsed cycles over time, so
+# the three parts add up to $t$ by algebra (the cell does not check that: the check could not
+# fail). What it adds is a name for each part. The first term is the issue floor of the cells
+# above, now at the right clock. The second counts the active cycles in which a scheduler issued
+# nothing. The third is the time an average SM held no block at all: the launch's start, and its
+# tail as the last blocks finish. Read both loosely: "no warp ready" also counts cycles in which
+# a scheduler held no warp at all, or could not dispatch a ready one, and "SM idle" subtracts an
+# average over SMs (`sm__cycles_active.avg`) from a maximum (`gpc__cycles_elapsed.max`). The
+# split takes the instructions as spread evenly over the schedulers; the cell checks that
+# against the profile's own share of cycles that issued (within 0.01).
+#
+# The profile also counts, per instruction issued, the warps in each *state* (stalled on a
+# load's data: `long_scoreboard`; ready but not picked: `not_selected`; and so on); they add up
+# to the cycles between two instructions of a warp, so a state's share of the sum is its share
+# of a warp's time. The committed CSV holds every state of every kernel; the cell reads the one
+# that matters here. And the locked run gives one more test: a wait counted in cycles (a fixed
+# latency, a busy pipe) gets shorter when the clock rises, a wait on DRAM keeps its nanoseconds.
+
+# %%
+# the same probe with the clock free (--clock-control none): cycles, instructions and warp
+# states at the clock section 5.4's times were taken at
+print(f"Nsight Compute, clock free, on {free_meta['gpu']} ({free_meta['date'][:10]}; Transformer "
+      f"Engine {free_meta['transformer_engine']}): the time in three parts")
+print(measured.table([dict(name=n, **r) for n, r in free.items()], [
+    ("kernel", "name", ""), ("GHz", "ghz", ".2f"), ("us", "us", ".1f"),
+    ("us 5.4", "us_54", ".1f"), ("/5.4", "of_54", ".3f"), ("active cyc", "active", ",.0f"),
+    ("issue us", "issue_us", ".1f"), ("of time", "issue_share", ".0%"),
+    ("issued", "issued", ".2f"), ("no warp ready us", "empty_us", ".1f"),
+    ("SM idle us", "idle_us", ".1f")]))
+# the three parts add up to the time by definition (f = elapsed cycles / time): not checked.
+# What can fail: the issue share counted from the instructions agrees with the profile's own
+# counter, and both runs, locked and free, execute the same instructions, kernel by kernel
+for r in free.values():
+    assert abs(r["issued_counted"] - r["issued"]) < 0.01
+same_inst = {n: (free[n]["warp_inst"], prof[n]["issue_floor"] * SM_PARTITIONS) for n in free}
+assert all(a == b for a, b in same_inst.values()), same_inst
+# the clock: 1.92-1.96 GHz, under the device's top clock; times within 2 % of section 5.4's
+ghz_free = [r["ghz"] for r in free.values()]
+assert (round(min(ghz_free), 2), round(max(ghz_free), 2)) == (1.92, 1.96)
+assert top_ghz == 1.98 and max(ghz_free) < top_ghz
+assert all(abs(r["of_54"] - 1) < 0.02 for r in free.values())
+assert round(te_f["ghz"], 2) == 1.95
+assert (round(te_f["us"], 1), round(te_f["us_54"], 1)) == (240.8, 243.6)
+assert (round(grid_f["us"], 1), round(grid_f["us_54"], 1)) == (178.9, 181.9)
+# TE: issuing takes 66 % of its time (schedulers issuing on 67 % of their active cycles)
+assert round(te_f["warp_inst"] / 1e6, 1) == 164.6   # warp instructions, M, in the free run
+assert (round(te_f["issue_us"], 1), round(te_f["issue_share"], 2)) == (159.6, 0.66)
+assert round(te_f["issued"], 2) == 0.67 and round(te_p["issue_used"], 2) == 0.73
+assert (round(te_f["empty_us"], 1), round(te_f["idle_us"], 1)) == (78.0, 3.2)
+# the grid: issuing takes 36 % of its time, schedulers issuing on 37 % of their cycles
+assert (round(grid_f["issue_us"], 1), round(grid_f["issue_share"], 2)) == (63.7, 0.36)
+assert round(grid_f["issued"], 2) == 0.37
+assert (round(grid_f["empty_us"], 1), round(grid_f["idle_us"], 1)) == (112.4, 2.7)
+
+# the warp states: warps in each state per instruction issued; they add up to the cycles
+# between two instructions of a warp (the profile's own latency), so a state's share of the
+# sum is its share of an average warp's cycles (section 5.5 reads long_scoreboard's)
+for r in free.values():
+    assert abs(sum(r["states"].values()) / r["latency"] - 1) < 0.01
+    assert abs(r["latency"] * r["issued_counted"] / r["resident"] - 1) < 0.01
+# TE's warps: of their stalled cycles, most wait for a global load's data (long_scoreboard)
+st = te_f["states"]
+share = {s: v / te_f["stalled"] for s, v in st.items() if s not in NOT_STALLS}
+waiting_on_memory = st["long_scoreboard"] * te_f["issued_counted"]   # warps, at a mean cycle
+print(f"\nTE fused, of its warps' stalled cycles: long_scoreboard {share['long_scoreboard']:.0%} "
+      f"(the largest); at a mean cycle {waiting_on_memory:.1f} of a scheduler's "
+      f"{te_f['resident']:.1f} warps wait on global memory")
+assert round(share["long_scoreboard"], 2) == 0.70 and max(share, key=share.get) == "long_scoreboard"
+assert round(waiting_on_memory, 1) == 8.5 and round(te_f["resident"], 1) == 14.4
+
+# the clock test: the same split at the locked clock (the cells above) against the free one
+for n in ("te_fused", "sh_loop_b"):
+    lk, fr = prof[n], free[n]
+    lk["issue_us"] = lk["issue_floor"] / lk["ghz"] / 1e3
+    lk["empty_us"] = (lk["active"] - lk["issue_floor"]) / lk["ghz"] / 1e3
+    print(f"{n:10} locked {lk['ghz']:.2f} GHz: issue {lk['issue_us']:6.1f} us, no warp ready "
+          f"{lk['empty_us']:6.1f} us | free {fr['ghz']:.2f} GHz: issue {fr['issue_us']:6.1f} us, "
+          f"no warp ready {fr['empty_us']:6.1f} us")
+# TE's issue time falls in proportion to the clock: by construction, since both runs execute
+# the same instructions (checked above). The finding: its time with no ready warp does not fall
+assert (round(te_p["ghz"], 2), round(te_f["ghz"], 2)) == (1.49, 1.95)
+clock_rise = te_f["ghz"] / te_p["ghz"]
+print(f"TE's clock, locked to free: {te_p['ghz']:.2f} to {te_f['ghz']:.2f} GHz, "
+      f"{clock_rise - 1:.0%} faster")
+assert round(clock_rise - 1, 2) == 0.31
+assert (round(te_p["issue_us"], 1), round(te_p["empty_us"], 1)) == (209.8, 75.7)
+assert abs(te_f["empty_us"] / te_p["empty_us"] - 1) < 0.05
+# the grid's counterpoint: its empty time grows as its issue time shrinks
+assert (round(grid_p["issue_us"], 1), round(grid_f["issue_us"], 1)) == (83.7, 63.7)
+assert (round(grid_p["empty_us"], 1), round(grid_f["empty_us"], 1)) == (103.9, 112.4)
+
+# %% [markdown]
+# What the profile with the clock free says:
+#
+# - **The clock.** The five kernels ran at 1.92 to 1.96 GHz, TE's at 1.95, just under the
+#   device's top clock, and their times agree with section 5.4's within 2 %: TE's kernel
+#   240.8 µs against 243.6, the batch-reusing grid 178.9 against 181.9.
+# - **Issuing takes two-thirds of TE's time.** Its warp instructions (the same ones the locked
+#   run counted, kernel by kernel), issued back to back on all schedulers, take 159.6 µs at
+#   1.95 GHz: 66 % of its 240.8 µs. The grid's take 63.7 µs, 36 % of its time.
+# - **In the rest, TE's warps wait on memory.** Besides 159.6 µs of issuing, TE's time holds
+#   78.0 µs in which a scheduler issued nothing, and 3.2 µs in which SMs held no block. Of its
+#   warps' stalled cycles 70 % are `long_scoreboard`, waiting for a global load's data (59 % of
+#   all its warps' cycles, issuing included: the measure section 5.5's table uses): at an
+#   average cycle 8.5 of a scheduler's 14.4 warps. The clock agrees: from the locked clock to
+#   the free one (1.49 to 1.95 GHz, 31 % faster) TE's issuing time falls with the clock, 209.8
+#   to 159.6 µs (by construction: the same instructions), but its time with no ready warp does
+#   not, 75.7 µs then 78.0, as a wait on DRAM would not.
+# - **The split is accounting.** The time with no ready warp is what is left of the active time
+#   after issuing, so it moves with how much issuing overlaps the waits: the grid's *grows* as
+#   its issuing shrinks (issuing 83.7 to 63.7 µs, no warp ready 103.9 to 112.4, locked to free).
+#   The split bounds causes; it does not name them.
+
+# %% [markdown]
+# ### A.3 The 62 µs as bookkeeping
+#
+# In the split of A.2 the 62 µs difference of section 5.5 is
+#
+# $$\underbrace{240.8 - 178.9}_{62\ \mu\text{s}} \;\approx\;
+# \underbrace{(159.6 - 63.7)}_{96\ \mu\text{s more issuing}} \;-\;
+# \underbrace{(112.4 - 78.0)}_{34\ \mu\text{s less with no warp ready}} .$$
+#
+# Read it as accounting, not as the cause. The parts add up to each time by definition, and
+# the part with no warp ready moves with how much issuing overlaps the waits (A.2: the grid's
+# grew when its issuing shrank), so the split does not say how much of the 62 µs each
+# difference between the kernels costs. What it does show is that TE's extra issuing alone
+# exceeds the whole difference. The grid evaluates four times TE's (cos, sin) pairs, and its
+# floating-point count shows it (A.1: 2.11 of its float instructions an element go to sin/cos,
+# 0.91 of TE's). (Section 5.5's cell checks these numbers.)

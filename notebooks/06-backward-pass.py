@@ -311,26 +311,8 @@ def rope_cell(x, freqs, *, backward=False, num_warps=4):
 # On a GPU it then times this kernel forward and backward on the cell's fp32 tensor, at
 # `rope_cell`'s default of four warps, and prints the ratio of the two times: the same bytes
 # predict 1. The only speed it asserts is a wide one, that the backward does not take half as
-# long again as the forward.
-#
-# Next it reads a committed H200 run of a different configuration (bf16, the same kernel
-# through ropelib's launcher at one warp a program, so its times do not compare with the live
-# ones) that times a whole step: `torch.autograd.grad` through an `autograd.Function` like the
-# one in section 3, beside the forward alone. For a 1 GiB tensor the step takes 2.00x the
-# forward, what the equal byte counts predict. For a 32 MiB tensor it takes 5.05x (4.5x to 6.3x
-# between the two timings' 20 % and 80 % quantiles, far above 2 either way): at that size
-# something besides the kernels' bytes sets an eager step's time. Two things, both read from
-# committed runs. The forward itself is set by its programs, not its bytes: at batch 1 the grid
-# $(S, H)$ starts 131,072 one-warp programs, and an empty kernel's cost per program (notebook
-# 03, section 4) puts 79.2 µs on starting them, 0.94 of the forward's 84.6 µs. And the step
-# spends 258 µs beyond two forwards' time. The committed run times whole calls only
-# (`do_bench`), so it cannot say where those 258 µs go: to the device (a backward slower than
-# the forward at this size) or to the host (autograd's work around the launches, which the
-# GPU waits for when its kernels are this short). On a GPU, section 2's last cell measures
-# that. Notebook 07 (section 7) times
-# the host and the device of a forward+backward call apart for ropelib's finished kernel, a
-# different route from this one: at 64 MiB, twice this tensor, its host's work around the
-# launches, autograd's included, takes 3.3 to 4.9 times as long as its kernels.
+# long again as the forward. What a whole training step costs, through an
+# `autograd.Function`, is section 3.1's question, once section 3 has built one.
 
 # %%
 torch.manual_seed(0)
@@ -361,90 +343,6 @@ if GPU:
           f"backward {bwd_ms * 1e3:.1f} us = {bwd_ms / fwd_ms:.2f}x the forward "
           "(same loads and stores, same kernel)")
     assert bwd_ms < 1.5 * fwd_ms, "the same bytes should not take half as long again"
-
-# committed: the same kernel through ropelib's launcher (one warp a program), bf16, on an H200
-gen_meta, gen_rows = measured.load("generations")
-gen = next(r for r in gen_rows if r["provider"] == "ropelib_batch_reuse"
-           and r["case"] == "reference")
-print(f"{measured.where(gen_meta)}, [{gen['seq_len']}, {gen['batch']}, {gen['heads']}, "
-      f"{gen['head_dim']}] {gen['dtype']}: forward {gen['fwd_ms']:.3f} ms, forward+backward "
-      f"{gen['fwdbwd_ms']:.3f} ms = {gen['fwdbwd_ms'] / gen['fwd_ms']:.2f}x the forward")
-n_x = gen["seq_len"] * gen["batch"] * gen["heads"] * gen["head_dim"] * 2      # bf16 bytes of x
-assert n_x == 2**30 and gen["dtype"] == "bf16"                               # 1 GiB
-assert f"{gen['fwdbwd_ms'] / gen['fwd_ms']:.2f}" == "2.00"   # the backward: the forward's time
-small = next(r for r in gen_rows if r["provider"] == "ropelib_batch_reuse"
-             and r["case"] == "batch-1")
-n_small = small["seq_len"] * small["batch"] * small["heads"] * small["head_dim"] * 2
-print(f"[{small['seq_len']}, {small['batch']}, {small['heads']}, {small['head_dim']}] "
-      f"{small['dtype']} ({n_small / 2**20:.0f} MiB): forward {small['fwd_ms'] * 1e3:.1f} us, "
-      f"forward+backward {small['fwdbwd_ms'] * 1e3:.1f} us = "
-      f"{small['fwdbwd_ms'] / small['fwd_ms']:.2f}x the forward")
-assert n_small == 32 * 2**20 and small["dtype"] == "bf16"                   # 32 MiB
-assert f"{small['fwdbwd_ms'] / small['fwd_ms']:.2f}" == "5.05"
-# how firm 5.05 is: the ratio over the two timings' 20 % and 80 % quantiles
-spread = (small["fwdbwd_ms_p20"] / small["fwd_ms_p80"], small["fwdbwd_ms_p80"] / small["fwd_ms_p20"])
-print(f"  over the 20-80 % quantiles of both timings: {spread[0]:.1f}x to {spread[1]:.1f}x")
-assert (round(spread[0], 1), round(spread[1], 1)) == (4.5, 6.3)     # far above 2 either way
-# the 32 MiB forward against the cost of starting its programs (notebook 03, section 4): an
-# empty kernel of a million one-warp programs on the same GPU, per program and SM
-_, cost_rows = measured.load("program_cost")
-empty = next(r for r in cost_rows if r["kernel"] == "empty" and r["num_warps"] == 1)
-programs = small["seq_len"] * small["heads"]                          # the grid (S, H)
-start_us = programs * empty["ns_per_program_per_sm"] / empty["sms"] / 1e3
-outside_us = (small["fwdbwd_ms"] - 2 * small["fwd_ms"]) * 1e3
-print(f"  {programs:,} programs x {empty['ns_per_program_per_sm']:.1f} ns / {empty['sms']} SMs = "
-      f"{start_us:.1f} us just to start them: {start_us / (small['fwd_ms'] * 1e3):.2f} of the "
-      f"forward; the step beyond two forwards' time: {outside_us:.0f} us")
-assert programs == 131_072 and round(start_us, 1) == 79.2
-assert round(start_us / (small["fwd_ms"] * 1e3), 2) == 0.94 and round(outside_us) == 258
-
-# %% [markdown]
-# **The 32 MiB step's device time.** On a GPU the next cell runs the committed run's case again
-# (the same shape, provider and step: `ropelib.bench.compare`'s `ropelib_batch_reuse` through
-# `torch.autograd.grad`) and times the forward and the step twice: as whole calls
-# (`do_bench`, as the committed run did) and replayed from a CUDA graph of 20 calls
-# (`ropelib.bench.suite.graph_replay_ms`, as notebook 07 section 7.3 does), which takes the
-# host out and leaves the device's time. It prints the replayed step against two replayed
-# forwards (what the bytes predict) and how much of the whole call's time is not the device's,
-# and says from those numbers which of the two holds more of the time beyond two forwards.
-# Replayed calls run back to back without `do_bench`'s cache flush, so at this size part of
-# their bytes may come from L2: read the replayed times as the device's time, at most.
-
-# %%
-if GPU:
-    from ropelib.bench import compare, suite
-    cfg = compare.Config(small["seq_len"], small["batch"], small["heads"], small["head_dim"],
-                         small["dtype"])
-    case = compare.make_case(cfg, device)
-    prov = next(p for p in compare.providers() if p.name == "ropelib_batch_reuse")
-    gcase, leaves, grads = compare.fwdbwd_inputs(case, fill=0.5)   # no random draws (capture)
-    calls = {"forward": lambda: prov.fn(case),
-             "step": compare.fwdbwd_step(lambda: prov.fn(gcase), leaves, grads)}
-    whole = {k: compare.time_ms(f, device)[0] * 1e3 for k, f in calls.items()}
-    try:
-        replayed = {k: suite.graph_replay_ms(f, 20, device)[0] * 1e3 for k, f in calls.items()}
-    except RuntimeError as err:          # a build where this route cannot be captured
-        replayed = None
-        print(f"not captured in a CUDA graph here ({str(err)[:150]})")
-    print(f"{torch.cuda.get_device_name()}, live, {cfg}:")
-    for k in calls:
-        print(f"  {k:8s} whole call (do_bench) {whole[k]:7.1f} us"
-              + (f" | replayed (device) {replayed[k]:7.1f} us" if replayed else ""))
-    if replayed:
-        beyond = whole["step"] - 2 * whole["forward"]          # the committed run's 258 us, live
-        device_beyond = replayed["step"] - 2 * replayed["forward"]
-        host_share = whole["step"] - replayed["step"]
-        print(f"  replayed step = {replayed['step'] / replayed['forward']:.2f}x the replayed "
-              f"forward (the bytes predict 2)")
-        print(f"  the whole step's {beyond:.0f} us beyond two whole forwards: the device's "
-              f"step beyond two of its forwards {device_beyond:.0f} us, the whole step beyond "
-              f"its device time {host_share:.0f} us")
-        print("  so the larger part is "
-              + ("outside the kernels (the host)" if host_share > device_beyond
-                 else "on the device (the kernels)"))
-        assert replayed["step"] > replayed["forward"] > 0
-else:
-    print("(no GPU here: the step's device time is measured on a GPU only)")
 
 # %% [markdown]
 # ## 3. A `torch.autograd.Function`
@@ -499,6 +397,153 @@ for dtype in (torch.float16, torch.bfloat16):        # dtype-aware: one rounding
     (want,) = torch.autograd.grad(reference.rope_reference(x64, freqs), x64, gd.double())
     torch.testing.assert_close(xd.grad, want.to(dtype))   # torch's default tolerances for dtype
 print("gradients match the reference's autograd in fp32, fp16 and bf16")
+
+# %% [markdown]
+# ### 3.1 What one training step costs
+#
+# A training step runs the forward and then, through an `autograd.Function` like `RopeFunction`,
+# the backward: two kernels that move the same bytes, so the step should take twice the forward.
+# A committed H200 run (`benchmarks/results/generations-nvidia-h200.csv`) timed exactly that:
+# `torch.autograd.grad` through an `autograd.Function` like `RopeFunction` for each of
+# ropelib's generations (`ropelib.bench.compare`), beside the forward alone, in bf16. Its `ropelib_batch_reuse` is section 2's kernel, launched by
+# ropelib at one warp a program, so its times do not compare with section 2's live ones. The
+# cell prints the step's time over the forward's for every batch size of the run
+# ($s = 4096$, $h = 32$, $d = 128$) and draws both times.
+#
+# At the 1 GiB reference case the step takes 2.00 times the forward, and from batch 4 up 1.97
+# to 2.01 times for all three kernels: what the equal bytes predict. At batch 1 and 2 (32 and
+# 64 MiB) it does not, and the ratio is not one number there: 2.67 to 6.62 between the kernels
+# and the two cases of the same run. The batch-reusing kernel's step even takes longer at
+# batch 1 (427 µs) than at batch 4 (207 µs), with a quarter of the bytes. So a fixed cost per
+# step cannot explain it either. The run times whole calls only (`do_bench`), so it cannot say
+# where that time goes; that would take timing each step's host work apart from its kernels,
+# as notebook 07 (section 7.5) does for the finished kernel.
+#
+# One thing about these small sizes is plain arithmetic: at batch 1 the grid $(S, H)$ starts
+# 131,072 one-warp programs, and an empty kernel's cost per program (notebook 03, section 4)
+# puts 79.2 µs on starting them, 0.94 of the forward's 84.6 µs. That forward's time is set by
+# its programs, not by its bytes.
+
+# %%
+gen_meta, gen_rows = measured.load("generations")
+STEP_KERNELS = ("ropelib_naive", "ropelib_batch_reuse", "ropelib")
+sweep = {(r["provider"], r["batch"]): r for r in gen_rows
+         if r["group"] == "batch" and r["provider"] in STEP_KERNELS and r.get("fwdbwd_ms")}
+batches = sorted({b_ for _, b_ in sweep})
+ratio = {k: r["fwdbwd_ms"] / r["fwd_ms"] for k, r in sweep.items()}
+print(f"{measured.where(gen_meta)}: bf16 sbhd s=4096, h=32, d=128; forward+backward step / "
+      "forward")
+print(f"{'kernel':20}" + "".join(f"{'b=' + str(b_):>8}" for b_ in batches))
+for k in STEP_KERNELS:
+    print(f"{k:20}" + "".join(f"{ratio[(k, b_)]:8.2f}" for b_ in batches))
+gen = next(r for r in gen_rows if r["provider"] == "ropelib_batch_reuse"
+           and r["case"] == "reference")
+n_x = gen["seq_len"] * gen["batch"] * gen["heads"] * gen["head_dim"] * 2      # bf16 bytes of x
+print(f"reference case [{gen['seq_len']}, {gen['batch']}, {gen['heads']}, {gen['head_dim']}] "
+      f"({n_x / 2**30:.0f} GiB), ropelib_batch_reuse: {gen['fwdbwd_ms'] / gen['fwd_ms']:.2f}")
+assert n_x == 2**30 and gen["dtype"] == "bf16"
+assert f"{gen['fwdbwd_ms'] / gen['fwd_ms']:.2f}" == "2.00"   # the backward: the forward's time
+large = [v for (k, b_), v in ratio.items() if b_ >= 4]
+small_ = [v for (k, b_), v in ratio.items() if b_ <= 2]
+assert batches == [1, 2, 4, 8, 16] and len(large) == 9
+assert (round(min(large), 2), round(max(large), 2)) == (1.97, 2.01)      # 2x from batch 4 up
+assert (round(min(small_), 2), round(max(small_), 2)) == (2.67, 6.62)    # not one number below
+# not monotonic: the batch-reusing kernel's step at batch 1 takes longer than at batch 4
+br1, br4 = sweep[("ropelib_batch_reuse", 1)], sweep[("ropelib_batch_reuse", 4)]
+print(f"ropelib_batch_reuse step: batch 1 {br1['fwdbwd_ms'] * 1e3:.0f} us, batch 4 "
+      f"{br4['fwdbwd_ms'] * 1e3:.0f} us (4x the bytes)")
+assert (round(br1["fwdbwd_ms"] * 1e3), round(br4["fwdbwd_ms"] * 1e3)) == (427, 207)
+assert round(ratio[("ropelib_batch_reuse", 1)], 1) > 2 * round(ratio[("ropelib_batch_reuse", 4)], 1)
+# the batch-1 forward against the cost of starting its programs (notebook 03, section 4): an
+# empty kernel of a million one-warp programs on the same GPU, per program and SM
+_, cost_rows = measured.load("program_cost")
+empty = next(r for r in cost_rows if r["kernel"] == "empty" and r["num_warps"] == 1)
+programs = br1["seq_len"] * br1["heads"]                              # the grid (S, H)
+start_us = programs * empty["ns_per_program_per_sm"] / empty["sms"] / 1e3
+print(f"batch 1: {programs:,} programs x {empty['ns_per_program_per_sm']:.1f} ns / "
+      f"{empty['sms']} SMs = {start_us:.1f} us just to start them: "
+      f"{start_us / (br1['fwd_ms'] * 1e3):.2f} of the forward's {br1['fwd_ms'] * 1e3:.1f} us")
+assert programs == 131_072 and round(start_us, 1) == 79.2
+assert round(start_us / (br1["fwd_ms"] * 1e3), 2) == 0.94 and round(br1["fwd_ms"] * 1e3, 1) == 84.6
+
+fig, ax = plt.subplots(figsize=(6.4, 4.2))
+for k, colour in zip(("ropelib_naive", "ropelib_batch_reuse"), ("tab:orange", "tab:blue")):
+    fwd_us = [sweep[(k, b_)]["fwd_ms"] * 1e3 for b_ in batches]
+    ax.plot(batches, fwd_us, "o--", color=colour, label=f"{k}: forward")
+    ax.plot(batches, [sweep[(k, b_)]["fwdbwd_ms"] * 1e3 for b_ in batches], "s-", color=colour,
+            label=f"{k}: forward + backward step")
+    ax.plot(batches, [2 * u for u in fwd_us], ":", color=colour, alpha=0.6,
+            label=f"{k}: 2 x forward (the bytes' prediction)")
+ax.set_xscale("log", base=2)
+ax.set_yscale("log")
+ax.set_xticks(batches, [str(b_) for b_ in batches])
+ax.set_xlabel("batch (s=4096, h=32, d=128, bf16)")
+ax.set_ylabel("time, µs (do_bench median)")
+ax.set_title(f"{gen_meta['gpu']}, {gen_meta['date'][:10]}: a step against two forwards",
+             fontsize=9)
+ax.grid(alpha=0.3, which="both")
+ax.legend(fontsize=7)
+fig.tight_layout()
+fig.savefig(FIGURES / "06-step-vs-forward.png", dpi=110)
+plt.show()
+
+# %% [markdown]
+# **The batch-1 step's device time.** On a GPU the next cell runs the committed batch-1 case
+# again (the same shape, provider and step: `ropelib.bench.compare`'s `ropelib_batch_reuse`
+# through `torch.autograd.grad`; it times that provider rather than `RopeFunction` so that its
+# numbers sit beside the committed ones) and times the forward and the step twice: as whole
+# calls (`do_bench`, as the committed run did) and replayed from a CUDA graph of 20 calls
+# (`ropelib.bench.suite.graph_replay_ms`, as notebook 07 section 7.3 does), which takes the
+# host out. The time a step spends beyond two forwards then splits in three:
+#
+# $$t_{	ext{step}} - 2t_{	ext{fwd}} = ig(t^{	ext{dev}}_{	ext{step}} - 2t^{	ext{dev}}_{	ext{fwd}}ig)
+#   + ig(t_{	ext{step}} - t^{	ext{dev}}_{	ext{step}}ig)
+#   - 2ig(t_{	ext{fwd}} - t^{	ext{dev}}_{	ext{fwd}}ig),$$
+#
+# the device's part, the step's host share and the two forwards' host shares. Replayed calls run
+# back to back without `do_bench`'s cache flush, so part of their bytes may come from L2: a
+# replayed time is a lower bound on the device's time, and a host share computed from it an
+# upper bound.
+
+# %%
+if GPU:
+    from ropelib.bench import compare, suite
+    small = br1                                   # the committed batch-1 row (above)
+    cfg = compare.Config(small["seq_len"], small["batch"], small["heads"], small["head_dim"],
+                         small["dtype"])
+    case = compare.make_case(cfg, device)
+    prov = next(p for p in compare.providers() if p.name == "ropelib_batch_reuse")
+    gcase, leaves, grads = compare.fwdbwd_inputs(case, fill=0.5)   # no random draws (capture)
+    calls = {"forward": lambda: prov.fn(case),
+             "step": compare.fwdbwd_step(lambda: prov.fn(gcase), leaves, grads)}
+    whole = {k: compare.time_ms(f, device)[0] * 1e3 for k, f in calls.items()}
+    try:
+        replayed = {k: suite.graph_replay_ms(f, 20, device)[0] * 1e3 for k, f in calls.items()}
+    except RuntimeError as err:          # a build where this route cannot be captured
+        replayed = None
+        print(f"not captured in a CUDA graph here ({str(err)[:150]})")
+    print(f"{torch.cuda.get_device_name()}, live, {cfg}:")
+    for k in calls:
+        print(f"  {k:8s} whole call (do_bench) {whole[k]:7.1f} us"
+              + (f" | replayed (device) {replayed[k]:7.1f} us" if replayed else ""))
+    if replayed:
+        beyond = whole["step"] - 2 * whole["forward"]          # the step beyond two forwards, live
+        device_beyond = replayed["step"] - 2 * replayed["forward"]
+        host_step = whole["step"] - replayed["step"]           # upper bounds (see above)
+        host_fwd = whole["forward"] - replayed["forward"]
+        print(f"  replayed step = {replayed['step'] / replayed['forward']:.2f}x the replayed "
+              f"forward (the bytes predict 2)")
+        print(f"  beyond two forwards {beyond:.0f} us = device {device_beyond:.0f} us + the "
+              f"step's host share {host_step:.0f} us - 2 x the forward's host share "
+              f"{host_fwd:.0f} us")
+        assert abs(device_beyond + host_step - 2 * host_fwd - beyond) < 1
+        print("  so the larger part is "
+              + ("outside the kernels (the host)" if host_step - 2 * host_fwd > device_beyond
+                 else "on the device (the kernels)"))
+        assert replayed["step"] > replayed["forward"] > 0
+else:
+    print("(no GPU here: the step's device time is measured on a GPU only)")
+
 
 # %% [markdown]
 # ## 4. `gradcheck` in float64
@@ -732,11 +777,13 @@ else:
 ct_csv = measured.RESULTS / "contiguous_ncu-nvidia-h200.csv"
 ct = dict(zip(("g_sum.contiguous()", "buf.fill_(1.0)"),
               (k for k in measured.ncu_kernels(ct_csv))))
-print(f"NVIDIA H200 ({ct_csv.name}), N = {4096 * 8 * 32 * 128:,} fp32 elements written")
+print(f"NVIDIA H200 ({ct_csv.name}), N = {4096 * 8 * 32 * 128:,} fp32 elements written: "
+      f"4N = {4 * 4096 * 8 * 32 * 128 / 1e6:.0f} MB")
 print(f"{'':20s}{'MB to DRAM':>11s}{'us':>7s}{'TB/s':>6s}{'stores M':>10s}{'B/thread/store':>16s}"
       f"{'warp instr. M':>15s}{'warps resident':>16s}")
 ct_row = {}
 n_bytes_ct = 4 * 4096 * 8 * 32 * 128                               # what each kernel writes
+assert round(n_bytes_ct / 1e6) == 537                               # the text's 537 MB
 for label, k in ct.items():
     m = k["metrics"]
     written, us = m["dram__bytes_write.sum"], m["gpu__time_duration.sum"] / 1e3
@@ -938,11 +985,12 @@ else:
 # shape (bf16, $S = 4096$, $B = 8$, $H = 32$, $D = 128$; `benchmarks/mechanism.py`, variants
 # `sh_loop_b_w1` and `sh_loop_b_w4` of the batch-reusing kernel) at one warp and at four warps
 # a program. Both move the same DRAM bytes; the four-warp programs execute far more
-# instructions for each element. The likely reason: a program rotates one head's $D/2 = 64$
-# pairs at a time, 128 threads have more lanes than 64 pairs fill, and the spare threads hold
-# copies of the same elements and repeat their work (the profile counts the instructions, not
-# which threads repeat them). Four warps also fill the SMs twice as full, which does not pay
-# that back.
+# instructions for each element. Part of the reason is measured in notebook 04 (appendix A.1),
+# which compiles this tile for an H200 and reads its layout: a program rotates one head's
+# $D/2 = 64$ pairs at a time, and on 128 threads each element and each cos/sin value is held,
+# loaded and computed by 2 threads. Two copies account for about twice the instructions, not the
+# 2.85 times the profile counts; what the rest is, the profile does not say. Four warps also fill
+# the SMs twice as full, which does not pay that back.
 
 # %%
 prof = measured.mechanism("s4096-b8")
@@ -969,10 +1017,10 @@ assert [round(r["ncu_achieved_occupancy_pct"]) for r in (w1_row, w4_row)] == [48
 
 # %% [markdown]
 # **4. The autograd Function.** Write `MyRope` with `forward(ctx, x, freqs)`: the forward with
-# a kernel of yours — section 2's `rope_cell` (the check lets its kernel call ropelib's
-# `round_to`), or your launcher from exercise 3 at `-freqs`, since the transpose of the rotation
-# by $-\theta$ is the rotation by $\theta$ — and the backward with your launcher from exercise 3.
-# ropelib's kernels, teaching ones included, are refused in both. The check compares $y$ and
+# your launcher from exercise 3 at `-freqs`, since the transpose of the rotation by $-\theta$ is
+# the rotation by $\theta$, and the backward with the same launcher at `freqs`. ropelib's
+# kernels, teaching ones included, and this notebook's section-2 kernel (`rope_cell`) are
+# refused in both. The check compares $y$ and
 # $\partial L/\partial x$ with the reference (also for `y.sum()`), makes sure the forward
 # launches a kernel and the backward launches `my_backward_kernel` (ropelib's kernels and API
 # are barred there), and checks what your Function keeps: once `forward` has returned, nothing
@@ -997,10 +1045,11 @@ solution(ex.SolutionRopeFunction)
 # %% [markdown]
 # ## Questions for discussion
 #
-# 1. In section 2's committed run the step on 32 MiB takes 5.05x the forward, not the 2x of its
-#    bytes. Name two things besides the kernels' bytes that could set its time. How would
-#    notebook 07's three timings of a call (the host's enqueue, the wall clock, a CUDA-graph
-#    replay) tell them apart?
+# 1. In section 3.1's committed run the batch-reusing kernel's step takes 427 µs at batch 1 and
+#    207 µs at batch 4, with four times the bytes, and from batch 4 up every step is 2x its
+#    forward. What could make the smaller steps slower, and vary between kernels of one run?
+#    Which timing would you add to each case (notebook 07 times a call's host enqueue, its wall
+#    clock and a CUDA-graph replay) to tell your explanations apart?
 # 2. With TE's `cat(f, f)` table, "negate the sines" and "swap and negate the sines" give the
 #    same results. Why did ropelib keep the swap? What would break, and where would you notice?
 # 3. `ctx.save_for_backward(freqs)` keeps a reference to a table shared by every layer. What

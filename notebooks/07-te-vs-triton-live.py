@@ -708,7 +708,7 @@ else:
 # with tight percentiles land within 0.04 of that, the two at $S = 256$ (wide percentiles) do
 # not. In bf16 at batch 1 the fitted line streams at 0.89 of the copy's bandwidth, a loss
 # beyond the fixed cost that no counter here explains. TE's forward lies further off (a median
-# 0.57 of a copy at batch 8; notebook 04, sections 5.4 and 5.5, traces it to its instructions).
+# 0.57 of a copy at batch 8; notebook 04, section 5.4 and appendix A.1, traces it to its instructions).
 
 # %%
 if len(models) == 2:

@@ -61,8 +61,9 @@
 # sin/cos of fp32 angles, every product rounded to fp32, one rounding to the output dtype).
 # It is not TE bit for bit: TE's kernel fuses one product into a multiply-add, and section 4b
 # counts the elements where the emulation and the real TE differ.
-# Section 4b also reads what `benchmarks/te_bits.py` measured against the real TE on a GPU
-# (`benchmarks/results/te-bits-<gpu>.pt`), so that the CPU can compare with it bit for bit.
+# Section 4b also reads what `benchmarks/te_bits.py` measured against the real TE on an H200
+# (`benchmarks/results/te-bits-<gpu>.pt`, *the H200 reference run* from here on), so that the
+# CPU can compare with it bit for bit.
 
 # %%
 import os, torch
@@ -304,7 +305,10 @@ for name, (rtol, atol) in ASSERT_CLOSE_DEFAULTS.items():
 # The sharper measure is the error in **ulps** (units in the last place): $|y - y^\star|$
 # divided by the spacing of the output dtype at the exact value $y^\star$, computed in fp64.
 # A correctly rounded result is within 0.5 ulp. Compare both sides with fp64, not only with
-# each other:
+# each other. The default `allclose` of the "all causes fixed" row depends on the machine:
+# True on the CPU, False on a GPU against the real TE (12 elements on the H200, the line under
+# the table), because a GPU compiler fuses products into multiply-adds in an order of its own
+# and the interpreter fuses none. Neither run is broken; section 4b finds the order.
 
 # %%
 fixed = debug.reproduce(SC, FIXED, device=device)
@@ -335,7 +339,7 @@ if not GPU:
 # %% [markdown]
 # Two lessons. The reported kernel is many ulps from the exact result near outputs close to
 # zero, where its rounded products cancel; section 4 finds why. And the fixed kernel passes
-# with dtype-aware tolerances but is not TE bit for bit: in the file's run on the H200, 12 of
+# with dtype-aware tolerances but is not TE bit for bit: in the H200 reference run, 12 of
 # 1,048,576 elements differ from the real TE (asserted; a GPU run prints its own count beside
 # it), enough to fail the default `allclose`, while the CPU's 4,096 elements show none
 # (asserted). Two suspects for such last-bit differences: where sin/cos come from, and the order
@@ -363,7 +367,8 @@ assert int(apart.max()) <= 1
 # `sincos_one_ulp`; position 0 keeps $\cos 0 = 1$, $\sin 0 = 0$, exact in every implementation).
 # The output of one pair changes by about $2^{-24}(|x_1| + |x_2|)$ in fp32; that flips the bf16
 # rounding only where the fp32 value lies that close to a midpoint between two bf16 numbers —
-# about one element in $2^{15}$ (bf16 keeps 16 fewer bits than fp32). So the test needs a tensor
+# about one element in $2^{15}$ (bf16 keeps 16 fewer bits than fp32; the PyTorch run below
+# measures it). So the test needs a tensor
 # of a realistic size (on the CPU we take $131\,072$ elements instead of the $4\,096$ above):
 
 # %%
@@ -411,7 +416,7 @@ assert bool((moved[far_u].float().abs() < 2 ** -6).all())   # the rest: near zer
 # The second line compares with the TE side, as the report did. On the CPU that is the
 # emulation, whose table the kernel was given, so the two counts are the same (asserted). On a
 # GPU the count also holds the elements where the compiled kernel's multiply-add order already
-# differs from TE with the unmoved table (12 of 1,048,576 in the file's run, asserted below;
+# differs from TE with the unmoved table (12 of 1,048,576 in the H200 reference run, asserted below;
 # section 4b finds why). The next cell runs the same experiment at the GPU size in plain
 # PyTorch, on every machine: the TE emulation against itself with the moved table.
 
@@ -434,13 +439,17 @@ print(f"PyTorch, GPU size: {n_big} of {yb.numel():,} elements fail the default a
 assert torch.equal(yb.flatten()[:10], yb_moved.flatten()[:10])
 assert 10 <= n_big <= 1e-4 * yb.numel() and torch.allclose(yb, yb_moved, **debug.tolerances("bf16"))
 assert n_big == 43 and hist_big.get(1) == 38      # fixed inputs, CPU arithmetic: any machine
+rate_log2 = float(np.log2(yb.numel() / n_big))
+print(f"one element in 2^{rate_log2:.1f}; {1e6 * n_big / yb.numel():.0f} per million")
+assert 14 <= rate_log2 <= 16 and round(rate_log2, 1) == 14.6   # "about one in 2^15"; 2^14.6
+assert 10 <= 1e6 * n_big / yb.numel() < 100       # "tens of elements per million" (section 7)
 # the file's run of the reproduction kernel with the unmoved fp32 table, against the real TE
 assert fixed_gpu["n_differ"] == {r["variant"]: r for r in BITS["scenarios"]["nb_gpu"]["rows"]}[
     "debug:FIXED-table_fp32"]["n_differ"] == 12
 
 # %% [markdown]
-# 43 in a million, 38 of them one bf16 step apart, with the first ten values equal (asserted):
-# the reported symptom. Two *correct* bf16 kernels pass the default tolerances only when their
+# 43 of 1,048,576 (one in $2^{14.6}$), 38 of them one bf16 step apart, with the first ten
+# values equal (asserted): the reported symptom. Two *correct* bf16 kernels pass the default tolerances only when their
 # fp32 intermediates round to the same bf16 value everywhere. A sin/cos that differs from TE's in
 # the last bit breaks that; so, section 4b shows, does fusing a different product of the same
 # formula, with sin/cos equal to TE's in every bit.
@@ -511,6 +520,8 @@ assert all(v["triton_max_normwise_u"] <= 3 for v in prec.values())
 assert prec["sin/cos in kernel, fp32 (fixed)"]["triton_max_normwise_u"] <= 1.0
 if not GPU or debug.te_label(device) == "TE fused":   # the emulation here, or TE itself
     assert prec["sin/cos in kernel + FMA"]["max_abs_diff"] == 0    # TE's output, bit for bit
+if GPU and debug.te_label(device) == "TE fused":      # live TE: the fixed row shows the order
+    assert prec["sin/cos in kernel, fp32 (fixed)"]["max_abs_diff"] == 2 ** -6
 # the outputs each row compares (the prose's counts): 4,096 on the CPU, 1,048,576 on a GPU
 assert prec["sin/cos in kernel + FMA"]["numel"] == (1_048_576 if GPU else 4096)
 assert prec["table bf16, math bf16 (reported)"]["triton_max_ulp"] > 16   # tens of ulps, or more
@@ -522,12 +533,16 @@ PRESET_ROWS = {"table bf16, math bf16 (reported)": "debug:REPRO",
                "sin/cos in kernel, fp32 (fixed)": "debug:FIXED",
                "sin/cos in kernel + FMA": "debug:FIXED+fma"}
 for label, v in PRESET_ROWS.items():
-    print(f"{label:34s} on the {GPU_NAME} vs the real TE (file, S=512 B=2 H=8 D=128): "
+    print(f"{label:34s} on the {GPU_NAME} vs the real TE (reference run, S=512 B=2 H=8 D=128): "
           f"max |TE - Triton| {gpu_rows[v]['max_abs_diff']:.3g}, {gpu_rows[v]['n_differ']:,} "
           f"of {gpu_rows[v]['numel']:,} elements differ")
 assert [gpu_rows[v]["max_abs_diff"] for v in PRESET_ROWS.values()] == [2 ** -5, 2 ** -6, 2 ** -6, 0]
 
 # %% [markdown]
+# *The chart: one bar per variant, its largest error against fp64 in bf16 ulps (log scale; the
+# dotted line is 0.5 ulp, one correct rounding), its norm-wise error as the label. Compare the
+# two top bars with the three at the line.*
+#
 # The ulps (bars) and the norm-wise error (labels) tell one story from two sides. Norm-wise, a
 # bf16 table and bf16 products cost a few $u$ at most (asserted at most 3): the standard
 # HF/Unsloth cache is not *wrong*, it is bf16-accurate. In ulps of outputs near zero the same
@@ -537,15 +552,15 @@ assert [gpu_rows[v]["max_abs_diff"] for v in PRESET_ROWS.values()] == [2 ** -5, 
 # compute sin/cos from fp32 angles), do the math in fp32, round once on the store, as TE's fused
 # kernel and ropelib's kernel do.
 #
-# The lines under the chart read the file's runs of the same presets against the real TE on the
-# H200: with the fused multiply-add, `max |TE - Triton|` is 0, every output with TE's bits; the
+# The lines under the chart read the H200 reference run of the same presets against the real TE: with the fused multiply-add, `max |TE - Triton|` is 0, every output with TE's bits; the
 # fixed kernel, the same math with the fma left to the compiler, is not: $2^{-6} \approx 0.0156$
-# (both asserted from the file). Section 4b finds which fma order makes the difference. The live
-# last row cannot show it: on the CPU the interpreter rounds every product, as the emulation
-# does, so the fixed row is 0 there too; and against the emulation (no TE installed), which
-# rounds both products while `tl.fma` rounds one, a GPU's FMA row may differ by design in the
-# few bf16 outputs whose last fp32 bit tips the rounding. Only the file's rows, against the real
-# TE, test it.
+# (both asserted from it). Section 4b finds which fma order makes the difference. On a
+# GPU with TE installed the live rows above show it too: $2^{-6}$ for the fixed kernel, 0 with
+# the fma (asserted there). On the CPU, or on a GPU without TE, they cannot: the interpreter
+# rounds every product, as the emulation does, so the fixed row is 0 there too; and the
+# emulation rounds both products while `tl.fma` rounds one, so a GPU's FMA row may differ from
+# it by design in the few bf16 outputs whose last fp32 bit tips the rounding. There only the
+# reference run's rows, against the real TE, test it.
 #
 # **Exercise — the norm-wise error.** Write `my_normwise_error(y, exact, x, rot_dim)`: for
 # every element of `y` (any shape, last dim $D$), $|y - y^\star|$ divided by $|x_a| + |x_b|$,
@@ -764,11 +779,15 @@ te_combine = my_combine if combined_by_learner else ex.solution_te_combine
 # The steps below walk the way to that line, one change at a time.
 #
 # **Step a — the kernel as written.** The interpreter rounds each product and the sum,
-# $y_{\text{none}}$, and so does a GPU with contraction off (the file's `free_sub-nofuse` row):
-# 17 elements differ from TE (asserted from the file). Left free to contract, a GPU compiler
-# makes "as written" a different computation, its own choice for each kernel: 12 elements in
-# the file's kernel (asserted). The file holds no run of the kernel above with contraction on; a
-# GPU run compiles it so and prints its own count.
+# $y_{\text{none}}$, and so does a GPU with contraction off (the reference run's `free_sub-nofuse` row):
+# 17 elements differ from TE (asserted from the reference run). Left free to contract, a GPU compiler
+# makes "as written" a different computation, its own choice for each kernel. The same line in
+# two kernels, on the same H200 and Triton: 12 elements in the reference run's kernel (te_bits.py's copy
+# of the reproduction kernel), 0 in the kernel above, whose compiler happened to contract both
+# halves TE's way (the notebook's own run on the H200, kept in
+# `te-bits-combine-contraction-nvidia-h200-from-page.csv`; both asserted). A GPU run compiles
+# the kernel above so and prints its own count. Neither is a promise: the source asks for no
+# order, so the next kernel, or the next compiler, may choose either.
 
 # %%
 @triton.jit
@@ -785,7 +804,13 @@ def gpu_row(case, variant):
 step_a = check_bits(BIG, as_written)
 print(f"on the {GPU_NAME}: the same line without contraction: "
       f"{gpu_row(BIG, 'free_sub-nofuse/tl')} elements differ; with contraction on, in the "
-      f"file's kernel: {gpu_row(BIG, 'free_sub/tl')}")
+      f"reference run's kernel: {gpu_row(BIG, 'free_sub/tl')}")
+PAGE_CSV = ROOT / "benchmarks/results/te-bits-combine-contraction-nvidia-h200-from-page.csv"
+page = {r["quantity"]: r["value"] for r in compare.read_csv(PAGE_CSV)}   # this kernel, on the H200
+print(f"on the {compare.read_meta(PAGE_CSV)['gpu']}, this notebook's kernel with contraction on: "
+      f"{page['n_differ_from_te']} elements differ (the notebook's own run there)")
+assert compare.read_meta(PAGE_CSV)["gpu"] == GPU_NAME and page["numel"] == BIG.x.numel()
+assert page["n_differ_from_te"] == 0 and page["y1_has_step_c_bits"] and page["y2_has_step_c_bits"]
 step_a_free = None                # the line with contraction on: a GPU compiler's choice
 if GPU:
     step_a_free = check_bits(BIG, as_written, fusion=True, quiet=True)
@@ -813,7 +838,7 @@ assert gpu_row(BIG, "free_sub/tl") == 12
 #    line as written without contraction and for the fma line, with each source.
 #
 # The column "measured" says where each row comes from: on a GPU, here and now; on the CPU,
-# where libdevice does not run and `tl.cos` is NumPy's, the file's rows for the GPU's sources,
+# where libdevice does not run and `tl.cos` is NumPy's, the reference run's rows for the GPU's sources,
 # and the interpreter for the tables any machine can make.
 
 # %%
@@ -826,7 +851,7 @@ GPU_SOURCES = ("tl", "libdevice", "fast", "table_fp32")   # a GPU's (table_fp32:
 SOURCE_DOC = {**BITS["sincos_sources"],
               "numpy": "NumPy's cos / sin in fp32 (the interpreter's tl.cos / tl.sin)"}
 MEASURED = f"here, on this {torch.cuda.get_device_name()}" if GPU else "here, in the interpreter"
-FILE = f"{GPU_NAME} (file)"
+FILE = f"{GPU_NAME} reference run"
 
 
 def kernel_cos_sin(case, sincos):
@@ -882,7 +907,7 @@ display(HTML("<table><tr><th>cos/sin source</th><th></th><th>cos entries ≠ TE'
 src_outputs = {src: source_outputs(src) for src in (*GPU_SOURCES, *TABLES)}
 display(HTML(f"<table><tr><th>cos/sin source</th><th>as written, no contraction</th>"
              f"<th>fma(x, c, rot·s)</th><th>measured</th><th>as written, contraction on: the "
-             f"file's kernel, {FILE}</th></tr>" +
+             f"reference run's kernel, {FILE}</th></tr>" +
              "".join(f"<tr><td>{src}</td><td>{fmt_n(r[0])}</td><td>{fmt_n(r[1])}</td>"
                      f"<td>{r[2]}</td>"
                      f"<td>{fmt_n(BIG.rows.get(f'free_sub/{src}', {}).get('n_differ'))}</td></tr>"
@@ -916,7 +941,7 @@ if GPU and SAME_GPU and triton.__version__ == META["triton"]:   # the file's GPU
 # count, and it does not: each gives what TE's own table gives, 17 elements as written and 0
 # with the fma line (asserted; on the CPU the TE's-own-table row runs in the interpreter and
 # gives the same 17 and 0, asserted). Sources whose values *do* differ move the count even
-# under the fma line: the fast approximations (2,287 elements in the file's run), a torch table
+# under the fma line: the fast approximations (2,287 elements in the reference run), a torch table
 # computed on the CPU (16), NumPy's functions (thousands of entries differ; all asserted). That
 # is why, on the CPU, the kernel reads TE's own table rather than the interpreter's `tl.cos`.
 # Sin/cos are not what separates the kernel from TE. The combine line is.
@@ -955,7 +980,7 @@ if SAME_GPU:
     assert torch.equal(step_d["y"], BIG.output("fma_rs/table_te_fp32"))   # the GPU's bits
 
 # %% [markdown]
-# **Step e — what the GPU compiler did with the line as written.** The file keeps the last 16
+# **Step e — what the GPU compiler did with the line as written.** The reference run keeps the last 16
 # fp32 instructions of the free line's PTX (all it keeps of the PTX); the last five compute
 # $y_1$ and $y_2$. `fma.rn.f32 d, a, b, c` is $\mathrm{rn}(ab + c)$, `mul.f32` a rounded
 # product:
@@ -1027,9 +1052,9 @@ if GPU:   # this notebook's kernel with contraction on (step a): which halves ha
 # $x_1$ and $x_2$. $y_1$'s negated `mul.f32` is then $x_2 s$, so
 # $y_1 = \mathrm{fma}(x_1, c, -\mathrm{rn}(x_2 s))$, TE's order, and
 # $y_2 = \mathrm{fma}(x_1, s, \mathrm{rn}(x_2 c))$, the other one. The bits say the same: the
-# first half of the file's kernel's output is its step c output, the second half its step d
+# first half of the reference run's kernel's output is its step c output, the second half its step d
 # output (asserted). `gpu_choice` writes that choice down; on the CPU, and on a GPU like the
-# file's, it gives the file's kernel's output bit for bit, and every element it gets wrong sits
+# reference run's, it gives that kernel's output bit for bit, and every element it gets wrong sits
 # in $y_2$. Nothing in the source asks for either order. The steps, in one chart:
 
 # %%
@@ -1040,32 +1065,33 @@ steps_tbl = [     # (step, change, elements != TE here, on the file's GPU)
      gpu_row(BIG, "free_sub-nofuse/libdevice")),
     ("c", "fma(x, c, rot*s) — TE's contraction", step_c["n"], gpu_row(BIG, "fma_xc/tl")),
     ("d", "fma(rot, s, x*c) — the other order", step_d["n"], gpu_row(BIG, "fma_rs/tl")),
-    ("e", "the file's compiled choice: fma(x1, c, ·), fma(x1, s, ·)", step_e["n"],
+    ("e", "the reference run's compiled choice: fma(x1, c, ·), fma(x1, s, ·)", step_e["n"],
      gpu_row(BIG, "free_sub/tl")),
     # the line as written, contraction on: the compiler's choice, per kernel (a GPU's only)
     ("-", "as written, contraction on, in _rope_combine_kernel (this notebook's)",
-     None if step_a_free is None else step_a_free["n"], None),    # the file did not run it
+     None if step_a_free is None else step_a_free["n"], page["n_differ_from_te"]),  # page CSV
     ("-", "as written, contraction on, in the reproduction kernel (debug.FIXED)",
      n_fixed if LIVE else None, gpu_row(BIG, "debug:FIXED")),     # section 3's run, vs TE live
 ]
 here = f"{torch.cuda.get_device_name()} (this run)" if GPU else ropelib.runtime.mode()
 # the file's reproduction kernel, and te_bits.py's copy of it (row e's right column): one count
 assert gpu_row(BIG, "debug:FIXED") == gpu_row(BIG, "free_sub/tl") > 0
-zero_rows = [r[0] for r in steps_tbl if r[3] == 0]
-assert zero_rows == ["c"]                       # on the GPU, only TE's contraction gives 0
+zero_rows = [r[0] for r in steps_tbl[:5] if r[3] == 0]
+assert zero_rows == ["c"]                       # on the GPU, of rows a to e only TE's order
+assert (steps_tbl[5][3], steps_tbl[6][3]) == (0, 12)   # one line, two kernels, two choices
 assert [r[0] for r in steps_tbl[:5] if r[2] == 0] == ["c"]    # and here, in rows a to e
 if SAME_GPU:   # rows a to e fix every rounding in the source: here = the file, row by row
     assert all(r[2] in (None, r[3]) for r in steps_tbl[:5])
 
 fig, ax = plt.subplots(figsize=(8, 3.2))
 labels = ["a: as written, no contraction", "b: a, sin/cos from libdevice",
-          "c: fma(x, c, rot*s)", "d: fma(rot, s, x*c)", "e: the file's compiled choice",
+          "c: fma(x, c, rot*s)", "d: fma(rot, s, x*c)", "e: the reference run's choice",
           "contraction on: _rope_combine_kernel", "contraction on: reproduction kernel"]
 assert len(labels) == len(steps_tbl)
 rows_y = np.arange(len(steps_tbl))
 x_max = 1.35 * max(max(r[3] for r in steps_tbl if r[3] is not None),
                    max(r[2] for r in steps_tbl if r[2] is not None))
-for offset, column, color, label in ((0.2, 3, "tab:green", f"{GPU_NAME} (file)"),
+for offset, column, color, label in ((0.2, 3, "tab:green", FILE),
                                      (-0.2, 2, "tab:purple", here)):
     run = [i for i, r in enumerate(steps_tbl) if r[column] is not None]   # not run: no bar
     ax.barh(rows_y[run] + offset, [steps_tbl[i][column] for i in run], height=0.4,
@@ -1088,19 +1114,21 @@ plt.show()
 
 # %% [markdown]
 # **Reading the chart.** Purple is this machine (the interpreter on the CPU, or the kernel
-# above compiled here on a GPU), green the file. Rows a to e leave nothing to a compiler: each
-# product is rounded or sits in a `tl.fma`, so each row is one computation on every machine, and
-# the two bars agree row by row (asserted on the CPU and on the file's GPU). Only row c is 0:
-# `tl.fma` pins TE's order in the source, and row d shows that the order is what matters. "not
-# run" is a count not taken: libdevice does not run in the interpreter, the last two rows need a
-# compiler that contracts, and the file holds no run of this notebook's kernel.
+# above compiled here on a GPU), green the H200: the reference run, and for the notebook's kernel with
+# contraction on, the notebook's own run there. Rows a to e leave nothing to a compiler: each
+# product is rounded or sits in a `tl.fma`, so each row is one computation on every machine,
+# and the two bars agree row by row (asserted on the CPU and on the reference run's GPU). Of rows a to
+# e, only row c is 0: `tl.fma` pins TE's order in the source, and row d shows that the order
+# is what matters. "not run" is a count not taken: libdevice does not run in the interpreter,
+# and the last two rows need a compiler that contracts.
 #
-# The last two rows are the line as written with contraction on, where the compiler chooses.
-# The file's kernel fused TE's product in $y_1$ and the other in $y_2$: 12 elements, from two
-# lines of the same form, $y = x c \pm r s$, contracted two ways. A GPU run prints which halves
-# of this notebook's kernel have step c's bits; the file cannot say what that kernel's compiler
-# chose. Nor does it show what in a kernel decides the choice: only that the source does not,
-# and that the output's bits tell which choice was made.
+# The last two rows are the line as written with contraction on, where the compiler chooses,
+# and on the same H200 it chose two ways. In the reproduction kernel it fused TE's product in
+# $y_1$ and the other in $y_2$: 12 elements. In this notebook's kernel it fused TE's product in
+# both halves: 0 (and a GPU run prints which halves have step c's bits). Two kernels with the
+# same line, one contracted TE's way and one not: that is why the fix is to pin the order with
+# `tl.fma` rather than hope for it. What in a kernel decides the choice is not shown here; only
+# that the source does not, and that the output's bits tell which choice was made.
 
 # %% [markdown]
 # To make a Triton kernel equal TE bit for bit: compute cos/sin in fp32 from the fp32 angles
@@ -1111,15 +1139,15 @@ plt.show()
 # **The same changes in your copy of section 1, one per row.** `_rope_repro_kernel` calls that
 # line, `te_combine`, under `if USE_FMA:`, and takes sin/cos from the angles under
 # `if FROM_ANGLES:`. The table below goes from section 1's reported failure to TE's bits, one
-# change per row; every count is elements whose bits differ from TE's output. The three columns
-# from the file are the course's copy of this kernel against the real TE on the GPU (`debug:`
-# presets of `benchmarks/te_bits.py`): in bf16 and fp32 at the GPU size, and in fp32 at the small
-# size. fp32 is the sharper witness: every rounding shows. The column "here" runs your copy on
+# change per row; every count is elements whose bits differ from TE's output. The two columns
+# from the reference run are the course's copy of this kernel against the real TE on the GPU
+# (`debug:` presets of `benchmarks/te_bits.py`): in bf16 at the GPU size and in fp32 at the
+# small size. fp32 is the sharper witness: every rounding shows. The column "here" runs your copy on
 # the small fp32 case on this machine (on the CPU in the interpreter against TE's stored output,
 # on a GPU compiled with contraction on), with TE's own cos/sin wherever a row reads a table; on
 # a GPU with TE one more column runs it live at the GPU size in bf16. To try another order, edit
 # the `USE_FMA` branch or `my_combine`, then rerun section 1's cell and this one. The asserts
-# check the course's kernel, run beside yours, and the file.
+# check the course's kernel, run beside yours, and the reference run.
 
 # %%
 def repro_bits(case, use_fma, from_angles=False, input_dtype_math=False,
@@ -1155,9 +1183,7 @@ LEDGER = [  # (the change, its debug.Causes, repro_bits's switches, the file's r
      dataclasses.replace(FIXED, fma=True, sincos_in_kernel=False), dict(use_fma=True), None)]
 yours_bits = [repro_bits(SMALL32, **sw) for _, _, sw, _ in LEDGER]
 course_bits = [repro_bits(SMALL32, kernel=None, **sw) for _, _, sw, _ in LEDGER]
-fp32_big_rows = {r["variant"]: r for r in BITS["scenarios"]["nb_gpu_fp32"]["rows"]}
 file_bf16 = [None if v is None else gpu_row(BIG, v) for *_, v in LEDGER]
-file_fp32 = [None if v is None else fp32_big_rows[v]["n_differ"] for *_, v in LEDGER]
 file_small = [None if v is None else SMALL32.rows[v]["n_differ"] for *_, v in LEDGER]
 live = []
 if LIVE:   # your section-1 kernel, the file's bf16 inputs, against TE on this GPU, now
@@ -1171,22 +1197,20 @@ big_of, small_of = f"of {BIG.x.numel():,}", f"of {SMALL32.x.numel():,}"
 display(HTML(
     f"<table><tr><th>your section-1 kernel, one change per row</th>"
     f"<th>bf16, S=512 B=2 H=8 D=128, {FILE} ({big_of})</th>"
-    f"<th>fp32, S=512 B=2 H=8 D=128, {FILE} ({big_of})</th>"
     f"<th>fp32, S=32 B=2 H=2 D=32, {FILE} ({small_of})</th>"
     f"<th>fp32, S=32 B=2 H=2 D=32, your kernel, {MEASURED} ({small_of})</th>"
     + (f"<th>bf16, S=512 B=2 H=8 D=128, your kernel, live on this GPU ({big_of})</th>"
        if live else "") + "</tr>" +
-    "".join(f"<tr><td>{row[0]}</td><td>{fmt_n(file_bf16[i])}</td><td>{fmt_n(file_fp32[i])}</td>"
+    "".join(f"<tr><td>{row[0]}</td><td>{fmt_n(file_bf16[i])}</td>"
             f"<td>{fmt_n(file_small[i])}</td><td>{fmt_n(yours_bits[i])}</td>"
             + (f"<td>{fmt_n(live[i])}</td>" if live else "") + "</tr>"
             for i, row in enumerate(LEDGER)) +
     f"</table><p>elements whose bits differ from TE's output. {FILE}: the course's kernel "
-    f"against the real TE; —: the file has no such row</p>"))
+    f"against the real TE; —: no such row</p>"))
 print("your kernel gives the course kernel's counts" if yours_bits == course_bits else
       "your edit changed a count: the asserts below check the course's kernel")
 # the file: on the GPU the source of sin/cos leaves the count, the fma line takes it to 0
 assert file_bf16 == [320601, 12, 12, 0, None]
-assert file_fp32 == [166505, 166505, 166505, 0, None]
 assert file_small == [573, 573, 573, 0, None]
 # the file's fp32 table rows read a torch fp32 table made on the GPU: TE's entries, every bit
 assert all(SMALL32.sincos["table_fp32"][f]["n_differ"] == 0 for f in ("cos", "sin"))
@@ -1200,21 +1224,21 @@ elif SAME_GPU:  # tl.cos is CUDA's sincosf, TE's own
         assert course_bits[:4] == file_small[:4]
 
 # %% [markdown]
-# **Which change did it.** Read the file's columns row by row. Section 1's reported failure
+# **Which change did it.** Read the reference run's columns row by row. Section 1's reported failure
 # differs from TE in 320,601 of 1,048,576 bf16 elements. An fp32 table and fp32 math leave 12;
 # sin/cos from the angles in the kernel leave the same 12; the fma line leaves 0. In fp32 the
-# first three rows give 166,505 at the GPU size and 573 at the small one (in fp32 "the input
-# dtype" is fp32 already, and the file's torch fp32 table equals TE's entries in every bit), and
-# only the fma line gives 0 (all asserted from the file): TE's output is, in every bit, what
+# first three rows give 573 at the small size (in fp32 "the input dtype" is fp32 already, and
+# the reference run's torch fp32 table equals TE's entries in every bit), and
+# only the fma line gives 0 (all asserted from the reference run): TE's output is, in every bit, what
 # `fma(v_src, v_cos, v_src_rotate * v_sin)` gives for its line. On the GPU the source of sin/cos
 # moved nothing, and the contraction order took the last elements away.
 #
 # The column "here": on the CPU the interpreter rounds every product, so the first two rows give
-# the file's every-product-rounded count, 990 (asserted), where the GPU, whose compiler
+# the reference run's every-product-rounded count, 990 (asserted), where the GPU, whose compiler
 # contracted the plain line, gives 573. Sin/cos from the angles are NumPy's there, so rows 3 and
 # 4 are not 0: TE's order alone does not make TE's bits from other sin/cos. The last row, TE's
 # order with TE's own cos/sin, is 0 on every machine (both asserted): the CPU needs the same two
-# changes as the GPU. On the file's GPU and Triton version the column equals the file's
+# changes as the GPU. On the reference run's GPU and Triton version the column equals its
 # small-size column row for row (asserted there).
 #
 # `benchmarks/repro_contraction.py` takes the first row apart: which of the sixteen ways of
@@ -1305,6 +1329,9 @@ print("share of the map that differs:", {t: f"{v:.2f}" for t, v in lit.items()},
       "| row 0 lit:", row0_lit)
 
 # %% [markdown]
+# *The six maps: position (rows) by feature (columns), bright where the trap's output differs
+# from TE's. Look at how much of each map is lit, and at row 0.*
+#
 # The column in units of $u$ splits each row into its two sides. The side the trap leaves alone
 # is within one $u$ of fp64: one rounding, as for the fixed kernel. The side with the trap is
 # more than $1/u$ off: the error is as large as the values themselves (both bounds asserted for
@@ -1600,8 +1627,9 @@ print(f"fixed: allclose with {tol} passes; max error {float(ulps.max()):.3g} ulp
 #   kernel went from 320,601 differing bf16 elements to 12 with an fp32 table and fp32 math,
 #   stayed at 12 with sin/cos from the angles in the kernel (equal to TE's in every entry), and
 #   reached 0 with `tl.fma(x, c, rot * s)`. The 12 lie in the half of the outputs where the
-#   compiler fused the other product (step e), a choice it makes kernel by kernel: step a prints
-#   what it chose for this notebook's own kernel on your GPU. On the CPU the same kernel reaches
+#   compiler fused the other product (step e), a choice it makes kernel by kernel: on the same
+#   H200 it fused TE's product in both halves of section 4b's kernel, 0 elements (step a), so
+#   only `tl.fma` makes TE's order a property of the source. On the CPU the same kernel reaches
 #   0 only with both TE's own cos/sin and TE's order.
 #
 # The fix is the comparison itself: an fp64 reference, dtype-aware tolerances, errors in ulps

@@ -608,10 +608,16 @@ def _notebook_rope_cell(folder):
     return namespace["rope_cell"]
 
 
-def test_rope_function_check_accepts_a_forward_through_the_notebooks_rope_cell(tmp_path, capsys):
-    # exercise 4's forward may run section 2's rope_cell, whose kernel calls ropelib's round_to;
-    # the backward may not: there round_to is barred like every other helper of ropelib's
+def test_rope_function_check_refuses_a_forward_through_the_notebooks_rope_cell(
+        tmp_path, capsys, monkeypatch):
+    # exercise 4's forward must launch the learner's own kernel: section 2's kernel, which
+    # rope_cell launches, is one the notebook teaches, so it is barred as the notebook defines it
+    # (in __main__), in the forward and in the backward
+    import sys
     rope_cell = _notebook_rope_cell(tmp_path)
+    main = sys.modules["__main__"]
+    monkeypatch.setattr(main, "_rope_batch_reuse_kernel",
+                        rope_cell.__globals__["_rope_batch_reuse_kernel"], raising=False)
 
     def fwd(ctx, x, freqs):
         ctx.save_for_backward(freqs)
@@ -621,11 +627,14 @@ def test_rope_function_check_accepts_a_forward_through_the_notebooks_rope_cell(t
         (freqs,) = ctx.saved_tensors
         return rope_cell(g, freqs, backward=True), None
 
-    assert ex.check_rope_function(_function(fwd, _bwd_saved_freqs), kernel=OWN_BACKWARD) is True
-    assert "✅" in capsys.readouterr().out
-    assert ex.check_rope_function(_function(fwd, bwd_cell), kernel=OWN_BACKWARD) is False
+    assert ex.check_rope_function(_function(fwd, _bwd_saved_freqs), kernel=OWN_BACKWARD) is False
     out = capsys.readouterr().out
-    assert "(backward)" in out and "launched ropelib's round_to" in out, out
+    assert "(forward)" in out and "_rope_batch_reuse_kernel" in out, out
+    assert ex.check_rope_function(_function(_fwd_kernel, bwd_cell), kernel=OWN_BACKWARD) is False
+    assert "(backward)" in capsys.readouterr().out
+    # the learner's own forward beside it still passes
+    assert ex.check_rope_function(_function(_fwd_kernel, _bwd_saved_freqs),
+                                  kernel=OWN_BACKWARD) is True
 
 
 @pytest.mark.parametrize("answer, words", [
@@ -635,10 +644,10 @@ def test_rope_function_check_accepts_a_forward_through_the_notebooks_rope_cell(t
      "rope_batch_reuse"),
     (_function(_fwd_kernel, _bwd_finished_api), "called ropelib's apply_rope"),
     (_function(_fwd_finished_api, _bwd_saved_freqs), "(forward): this exercise wants your "
-     "autograd.Function, its forward with a kernel of yours (or section 2's rope_cell), but the "
+     "autograd.Function, its forward with a kernel of yours, but the "
      "answer called ropelib's apply_rope"),
     (_function(_fwd_teaching_kernel, _bwd_saved_freqs), "(forward): this exercise wants your "
-     "autograd.Function, its forward with a kernel of yours (or section 2's rope_cell), but the "
+     "autograd.Function, its forward with a kernel of yours, but the "
      "answer called ropelib's rope_batch_reuse"),
     (_function(_fwd_reference, _bwd_saved_freqs), "called ropelib's rope_reference"),
     (_function(_fwd_kernel, _bwd_reference), "called ropelib's _reference_grad"),

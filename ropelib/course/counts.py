@@ -37,7 +37,7 @@ from .kernel_bandwidth import is_device_kernel
 from .offline_compile import compile_for_cuda, resource_usage
 
 __all__ = ["StepKernels", "count_kernels", "work_ops", "gpu_kernels", "interpreted_launches",
-           "quietly_running",
+           "quietly_running", "stderr_silenced",
            "SM", "SM90", "Occupancy", "programs_per_sm", "compile_for_sm90", "cubin_resources",
            "qkv_tile_resources", "sweep_tiles", "shipped_tiles", "tiles_to_compile"]
 
@@ -142,6 +142,12 @@ def quietly_running(prof):
         if torch._C._autograd._profiler_enabled():
             with _stderr_silenced():
                 prof.__exit__(None, None, None)
+
+
+def stderr_silenced():
+    """File descriptor 2 pointed at the null device for the block: for C++ log lines, such as
+    the CPU allocator's warnings while a profiler runs, that Python cannot filter."""
+    return _stderr_silenced()
 
 
 @contextlib.contextmanager

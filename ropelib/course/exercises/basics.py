@@ -3,11 +3,11 @@
 Every `check_...` computes its expected answer from ropelib itself (`reference`, `frequencies`,
 `compare`), prints ✅ or ❌ through `ropelib.course.exercises.check`, returns a bool and never raises.
 The exercises of notebooks 00, 01 and 02 are answered with the learner's *function*, also those
-whose answer is a number or a list (the rotary dim, a permutation, the positions a rank holds, a
-byte count): the check tries it on several inputs and reports the first one that fails, and runs
-it with ropelib's own answers barred (`own_code`): a function that calls `ropelib.apply_rope`,
-`ropelib.reference`, `ropelib.frequencies`, the finished API, the benchmarks' bytes model or the
-worked solution below is refused, whatever it returns. Notebook 01's checks also refuse the
+whose answer is a number or a list (a call's TB/s and TFLOP/s, the rotary dim, a permutation, the
+positions a rank holds, a byte count): the check tries it on several inputs and reports the first
+one that fails, and runs it with ropelib's own answers barred (`own_code`): a function that
+calls `ropelib.apply_rope`, `ropelib.reference`, `ropelib.frequencies`, the finished API, the
+benchmarks' bytes model or the worked solution below is refused, whatever it returns. Notebook 01's checks also refuse the
 course's own RoPE helpers (`own_code.course_rope_helpers`: notebook 13's specs and the like), and
 the rotation matrix's check refuses PyTorch's block_diag operator, every overload, however it is
 reached (`torch.block_diag`, `torch.ops.aten.block_diag.*`,
@@ -18,8 +18,9 @@ decompositions), an answer that switches off the check's watch of PyTorch's oper
 exercise 2) refuses those block_diags too, and the rotations notebook 01 defines before its
 exercises (`notebook_rotations`: rot2, R_from_reference, rope_at and exercise 1's
 rotation_matrix): the exercise wants the score from complex pairs. Notebook 00's interleaved
-RoPE refuses the RoPE functions of transformers, Transformer Engine and flash-attn
-(`third_party_ropes`), where they are installed.
+RoPE and notebook 01's rotation matrix, relative score and rotate_half refuse the RoPE functions
+of transformers, Transformer Engine and flash-attn (`third_party_ropes`), where they are
+installed.
 Notebook 01's checks try several sizes and bases, and positions drawn anew on every call, so an
 answer that ignores its `inv_freq` or returns stored matrices fails; the other checks that take
 inputs add a case drawn when the check runs (`own_code.fresh_generator`, its seed in the label),
@@ -41,7 +42,7 @@ from .own_code import (check_cases, course_rope_helpers, fresh_generator, instal
                        listed_as_tensor, run_own_code)
 
 __all__ = [
-    "check_device", "check_rotary_dim", "check_interleaved_rope",
+    "check_device", "check_call_rates", "check_rotary_dim", "check_interleaved_rope",
     "check_rotation_matrix", "check_relative_score", "check_rotate_half",
     "check_interleave_permutation",
     "check_cp_positions", "check_cos_sin_from_freqs", "check_bytes_moved",
@@ -54,8 +55,8 @@ __all__ = [
 # --- notebook 00: setup and tour -------------------------------------------------------------
 
 def check_device(fn) -> bool:
-    """Notebook 00, exercise 1: fn(has_gpu, interpret) -> "cuda" or "cpu", the device the
-    notebooks put their tensors on for a machine with or without a usable GPU, with
+    """Notebook 00's device rule (section 1): fn(has_gpu, interpret) -> "cuda" or "cpu", the
+    device the notebooks put their tensors on for a machine with or without a usable GPU, with
     TRITON_INTERPRET=1 set or not. The check tries all four machines (with ropelib barred),
     then prints the answer for this one."""
     cases = [(f"has_gpu={gpu}, interpret={interpret}", (gpu, interpret),
@@ -68,6 +69,66 @@ def check_device(fn) -> bool:
         here = runtime.default_device()
         print(f"   this machine: {here} (section 1 printed it as the notebook device)")
     return ok
+
+
+def _rates(S, B, H, D, elem_bytes, ms):
+    """(TB/s, TFLOP/s) of a RoPE forward of one sbhd tensor [S, B, H, D] that took ms: the bytes
+    of `ropelib.bench.compare.bytes_moved` (x read and written, the fp32 table [S, D] read once),
+    3 FLOPs an element."""
+    from ...bench.compare import Config, bytes_moved  # imported late: a heavier module
+    dtype = {2: "bf16", 4: "fp32"}[elem_bytes]
+    seconds = ms * 1e-3
+    return (bytes_moved(Config(S, B, H, D, dtype=dtype)) / seconds / 1e12,
+            3 * S * B * H * D / seconds / 1e12)
+
+
+def check_call_rates(fn: Callable) -> bool:
+    """Notebook 00, exercise 1: fn(seq_len, batch, heads, head_dim, bytes_per_element, ms) ->
+    (tb_s, tflop_s), the memory rate and the arithmetic rate of a RoPE forward of one `sbhd`
+    tensor that took `ms` milliseconds: bytes = x read and written plus the fp32 angle table
+    [seq_len, head_dim] read once, 3 FLOPs an element (2 multiplies, 1 add).
+
+    Tried on the committed H200 run's 1 GiB line and decoding step (ropelib's times, where the
+    floor CSV is present) and on two shapes and times drawn when the check runs (their seed in
+    the label). Barred: ropelib (all of `ropelib.bench`, whose bytes model is the answer), the
+    course's reader of the committed results (`ropelib.course.measured`) and the worked
+    solution."""
+    import inspect as _inspect
+    from .. import measured
+    cases = []
+    if measured.path("floor").is_file():
+        from ...bench import floor as floor_suite
+        configs = {case.name: case.config for case in floor_suite.rope_cases()}
+        floor = measured.floor()
+        for name, row in (("1 GiB bf16 sbhd", "forward 1 GiB bf16 sbhd"),
+                          ("sbhd", "decode host forward sbhd")):
+            c, ms = configs[name], floor[row]["ropelib"]["ms"]
+            args = (c.seq_len, c.batch, c.heads, c.head_dim, 2, ms)
+            cases.append((f"the committed H200 run, {row}: x [{c.seq_len}, {c.batch}, {c.heads}, "
+                          f"{c.head_dim}] bf16 in {ms:.4g} ms", args, _rates(*args)))
+    seed, g = fresh_generator()     # and calls drawn now: answers computed beforehand fail
+    for _ in range(2):
+        S, B, H = (int(v) for v in torch.randint(1, 4097, (3,), generator=g))
+        H = 1 + H % 64
+        D = 16 * int(torch.randint(1, 17, (), generator=g))
+        elem = (2, 4)[int(torch.randint(0, 2, (), generator=g))]
+        ms = round(float(torch.rand((), generator=g)) * 10 + 0.001, 4)
+        cases.append((f"x [{S}, {B}, {H}, {D}], {elem} bytes an element, {ms} ms (drawn with "
+                      f"seed {seed})", (S, B, H, D, elem, ms), _rates(S, B, H, D, elem, ms)))
+    own_readers = tuple(v for v in vars(measured).values()
+                        if _inspect.isfunction(v) and v.__module__ == measured.__name__)
+    return check_cases("TB/s and TFLOP/s of one call", "your own count of bytes and FLOPs", fn,
+                       cases, post=_as_pair, rtol=1e-6, atol=0,
+                       hint="bytes: 2 * S*B*H*D * bytes_per_element (read x, write y) + S*D*4 "
+                            "(the fp32 table); FLOPs: 3 * S*B*H*D; divide each by ms * 1e-3 "
+                            "seconds, then by 1e12",
+                       bar=(*own_readers, solution_call_rates))
+
+
+def _as_pair(answer, expected):
+    """The learner's (tb_s, tflop_s) as a tuple of two floats."""
+    tb_s, tflop_s = answer
+    return float(tb_s), float(tflop_s)
 
 
 def check_rotary_dim(fn: Callable) -> bool:
@@ -250,7 +311,8 @@ def check_rotation_matrix(fn: Callable) -> bool:
     with inv_freq in float64. Refused: ropelib, the course's RoPE helpers, the worked solution,
     PyTorch's block_diag operator (every overload), however it is reached, with its Python
     reference and decompositions (`torch_block_diags`), an answer that switches off the check's
-    watch of PyTorch's operators, and SciPy's block_diags.
+    watch of PyTorch's operators, SciPy's block_diags and the RoPE functions of other libraries
+    (`third_party_ropes`: GPT-J's RoPE applied to the basis vectors is R_m too).
     """
     cases = []
     for rot_dim, base in SIZES_AND_BASES:
@@ -264,7 +326,7 @@ def check_rotation_matrix(fn: Callable) -> bool:
                             "a = m * inv_freq[j], in float64 (inv_freq's dtype: the positions "
                             "go up to 10^4)",
                        bar=(*torch_block_diags(), *other_block_diags(), rotation_matrix_ref,
-                            *course_rope_helpers()),
+                            *course_rope_helpers(), *third_party_ropes()),
                        bar_ops=BLOCK_DIAG_OPS)
 
 
@@ -301,7 +363,8 @@ def check_relative_score(fn: Callable) -> bool:
     dot product (R_m q)^T (R_n k) of the reference matrices (`rotation_matrix_ref`), computed
     outside the block. Refused: ropelib, the course's RoPE helpers, the worked solutions, the
     check's own matrix, PyTorch's block_diag operator, and the rotations notebook 01 defines
-    (`notebook_rotations`: rot2, R_from_reference, rope_at and exercise 1's rotation_matrix).
+    (`notebook_rotations`: rot2, R_from_reference, rope_at and exercise 1's rotation_matrix),
+    and the RoPE functions of other libraries (`third_party_ropes`).
     """
     seed, g = fresh_generator()     # q, k and a pair drawn now: answers made beforehand fail
     cases = []
@@ -320,12 +383,14 @@ def check_relative_score(fn: Callable) -> bool:
                             "2)); the key's pair is conjugated and turned by -(n - m) * "
                             "theta_j; the score is the real part of the sum",
                        bar=(rotation_matrix_ref, *torch_block_diags(), *other_block_diags(),
-                            *course_rope_helpers(), *notebook_rotations()),
+                            *course_rope_helpers(), *notebook_rotations(), *third_party_ropes()),
                        bar_ops=BLOCK_DIAG_OPS)
 
 
 def check_rotate_half(fn: Callable) -> bool:
-    """fn(x, interleaved) -> rotate_half(x): [-x2, x1] (halves) or [-x1, x0, -x3, x2, ...]."""
+    """fn(x, interleaved) -> rotate_half(x): [-x2, x1] (halves) or [-x1, x0, -x3, x2, ...].
+    Refused: ropelib, the course's RoPE helpers and the RoPE functions of other libraries
+    (`third_party_ropes`: transformers' rotate_half and GPT-J's rotate_every_two)."""
     g = torch.Generator().manual_seed(1)
     cases = []
     for interleaved in (False, True):
@@ -342,7 +407,7 @@ def check_rotate_half(fn: Callable) -> bool:
     return check_cases("rotate_half", "your own rotate_half", fn, cases,
                        atol=0, rtol=0,
                        hint="halves: torch.chunk(x, 2, -1); pairs: x[..., ::2] and x[..., 1::2]",
-                       bar=course_rope_helpers())
+                       bar=(*course_rope_helpers(), *third_party_ropes()))
 
 
 def _both_sides(p: torch.Tensor, rot_dim: int, src: bool, dst: bool):
@@ -491,6 +556,15 @@ def check_bytes_moved(fn: Callable) -> bool:
 
 
 # --- worked solutions (shown folded in the notebooks) ----------------------------------------
+
+def solution_call_rates(seq_len, batch, heads, head_dim, bytes_per_element, ms):
+    elements = seq_len * batch * heads * head_dim
+    # x read and written, the fp32 angle table [seq_len, head_dim] read once
+    bytes_ = 2 * elements * bytes_per_element + seq_len * head_dim * 4
+    flops = 3 * elements                       # y = x cos - x' sin: 2 multiplies, 1 add
+    seconds = ms * 1e-3
+    return bytes_ / seconds / 1e12, flops / seconds / 1e12
+
 
 def solution_rotary_dim(head_dim, rotary_percent):
     # Transformer Engine and Hugging Face both cut the fraction off: int(80 * 0.5) = 40, and

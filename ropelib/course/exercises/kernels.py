@@ -25,7 +25,7 @@ from ... import reference, runtime
 from ..kernels import batch_reuse, naive
 from . import _compare, check, is_blank_kernel
 from .own_code import (LibraryAnswer, check_cases, fresh_generator, library_barred,
-                       run_own_code)
+                       notebook_kernels, run_own_code)
 
 __all__ = [
     "check_naive_grid", "check_half_tile", "check_row_index", "check_rope_interleaved",
@@ -327,21 +327,21 @@ def check_rope_function(cls, kernel=None) -> bool:
     memory: `ctx.save_for_backward(x)`, `ctx.x = x`, a copy of x or of y in ctx, or x parked in a
     global all fail it.
 
-    The forward must launch a kernel of the learner's: notebook 06's section-2 kernel through
-    `rope_cell` (which calls ropelib's `round_to`, the one helper allowed there), or their own
-    backward launcher at -freqs (the transpose of the rotation by -theta is the rotation by
-    theta); ropelib's teaching kernels are barred like its finished API. The backward runs with
-    all of ropelib's answers barred, `round_to` too, so it must launch the learner's own kernel
-    (`kernel`, exercise 2's, when given). The worked solution is barred in both.
+    The forward must launch a kernel of the learner's: their own backward launcher at -freqs
+    (the transpose of the rotation by -theta is the rotation by theta), or a forward kernel of
+    their own. ropelib's teaching kernels are barred like its finished API, and so are the
+    kernels the running notebook defines (`own_code.notebook_kernels`: notebook 06's section-2
+    kernel, which `rope_cell` launches). The backward runs with the same bars, so it must launch
+    the learner's own kernel (`kernel`, exercise 2's, when given). The worked solution is barred
+    in both.
     """
     import gc
     import weakref
 
-    from ...kernels.common import round_to
     from .backward_kernel import count_launches
 
     name = "RoPE autograd.Function"
-    what_fwd = "your autograd.Function, its forward with a kernel of yours (or section 2's rope_cell)"
+    what_fwd = "your autograd.Function, its forward with a kernel of yours"
     what_bwd = "your autograd.Function's backward, with your own kernel"
     if cls is None or cls is Ellipsis:
         return check(name, None, True)
@@ -361,7 +361,7 @@ def check_rope_function(cls, kernel=None) -> bool:
         return False
     with count_launches() as fwd_launches:
         ok, y = run_own_code(f"{name} (forward)", what_fwd, cls.apply, x, freqs,
-                             allow=(round_to,), bar=_solutions())
+                             bar=(*_solutions(), *notebook_kernels()))
     del x
     if not ok:
         return False
@@ -370,8 +370,7 @@ def check_rope_function(cls, kernel=None) -> bool:
         return check(f"{name} (forward)", y, want_y, atol=1e-5, rtol=1e-5)
     if fwd_launches["launches"] == 0:
         print(f"❌ {name}: forward launched no Triton kernel (a PyTorch formula does not count): "
-              "call a kernel launcher of yours: section 2's rope_cell, or your backward "
-              "launcher at -freqs")
+              "call a kernel launcher of yours: your backward launcher at -freqs")
         return False
     gc.collect()
     ctx = y.grad_fn
@@ -387,7 +386,7 @@ def check_rope_function(cls, kernel=None) -> bool:
     y_sum = y.sum()                          # outside the block: autograd's sum, not the answer's
     with count_launches(written=True) as bwd_launches:
         try:
-            with library_barred(what_bwd, bar=_solutions()):
+            with library_barred(what_bwd, bar=(*_solutions(), *notebook_kernels())):
                 (gx,) = torch.autograd.grad(y, leaf, g, retain_graph=True)
                 (gx_sum,) = torch.autograd.grad(y_sum, leaf)
         except LibraryAnswer as exc:
@@ -482,7 +481,7 @@ class SolutionRopeFunction(torch.autograd.Function):
     def forward(ctx, x, freqs):
         ctx.save_for_backward(freqs)  # not x: the backward is linear and needs only the angles
         # the backward's kernel at -theta: the transpose of the rotation by -theta is the
-        # rotation by theta (in the notebook, section 2's rope_cell does the same)
+        # rotation by theta
         return solution_rope_backward(x, -freqs)
 
     @staticmethod

@@ -1,0 +1,77 @@
+"""Notebook 02's exercises 1b and 2 (ropelib.course.exercises.layouts): each check accepts a
+learner's own copy of its worked solution and refuses the worked solution itself, ropelib's
+answers, Hugging Face's own rotary module, and the wrong answers a learner is likely to write."""
+import pytest
+import torch
+
+from ropelib import reference
+from ropelib.course.exercises import layouts
+from loading import learner_copy
+
+
+def test_thd_cp_positions_hand_values_and_answers(capsys):
+    own = learner_copy(layouts.solution_thd_cp_positions)
+    cu = torch.tensor([0, 8, 24], dtype=torch.int32)          # lengths 8 and 16 over 2 ranks
+    # sequence 0: 4 chunks of 2, rank 1 holds 2-3 and 4-5; sequence 1: chunks of 4, 4-7 and 8-11
+    assert own(cu, 2, 1) == [2, 3, 4, 5, 4, 5, 6, 7, 8, 9, 10, 11]
+    assert layouts.check_thd_cp_positions(own)
+    assert layouts.check_thd_cp_positions(lambda c, n, r: torch.tensor(own(c, n, r)))
+    for wrong in (
+            lambda c, n, r: reference.positions("thd", 0, cu_seqlens=c, cp_size=n, cp_rank=r),
+            layouts.solution_thd_cp_positions,                          # the worked solution
+            lambda c, n, r: own(c, 1, 0)[:int(c[-1]) // n],             # no split at all
+            lambda c, n, r: list(range(int(c[-1]) // n * r, int(c[-1]) // n * (r + 1))),
+            lambda c, n, r: own(c, n, r)[::-1],
+            lambda c, n, r: ...):
+        assert not layouts.check_thd_cp_positions(wrong)
+    capsys.readouterr()
+
+
+def _angles64(inv, pos, s, dt):        # angles in fp64: off by thousandths at 10^5
+    a = pos.double()[..., None] * inv.double()
+    e = torch.cat((a, a), -1)
+    return (e.cos() * s).to(dt), (e.sin() * s).to(dt)
+
+
+def _rounded_first(inv, pos, s, dt):   # cos and sin rounded before the scaling: twice
+    a = pos.float()[..., None] * inv.float()
+    e = torch.cat((a, a), -1)
+    return (e.cos().to(dt) * s).to(dt), (e.sin().to(dt) * s).to(dt)
+
+
+def _interleaved(inv, pos, s, dt):     # each angle twice in a row: TE's interleaved layout
+    a = (pos.float()[..., None] * inv.float()).repeat_interleave(2, -1)
+    return (a.cos() * s).to(dt), (a.sin() * s).to(dt)
+
+
+def test_hf_cos_sin_answers(capsys):
+    own = learner_copy(layouts.solution_hf_cos_sin)
+    inv = torch.tensor([1.0, 0.01])
+    cos, sin = own(inv, torch.tensor([[0, 1]]), 1.0, torch.float32)
+    assert cos.shape == (1, 2, 4) and torch.equal(cos[0, 0], torch.ones(4))
+    assert torch.equal(sin[0, 1], torch.tensor([1.0, 0.01, 1.0, 0.01]).sin())
+    assert layouts.check_hf_cos_sin(own)
+    for wrong in (layouts.solution_hf_cos_sin, _angles64, _rounded_first, _interleaved,
+                  lambda i, p, s, d: layouts.hf_cos_sin_expected(i, p, 1.0, d),   # no scaling
+                  lambda i, p, s, d: ...):
+        assert not layouts.check_hf_cos_sin(wrong)
+    capsys.readouterr()
+
+
+def test_hf_cos_sin_refuses_transformers_rotary_module(capsys):
+    modeling = pytest.importorskip("transformers.models.llama.modeling_llama")
+    from transformers import LlamaConfig
+    emb = modeling.LlamaRotaryEmbedding(LlamaConfig(hidden_size=128, num_attention_heads=1,
+                                                    head_dim=128))
+
+    def hf(inv, pos, s, dt):
+        emb.inv_freq, emb.attention_scaling = inv.clone(), s
+        return emb(torch.zeros(1, dtype=dt), pos)
+
+    torch.testing.assert_close(hf(torch.tensor([1.0, 0.1]), torch.tensor([[3, 70000]]), 1.2,
+                                  torch.float32),
+                               layouts.hf_cos_sin_expected(torch.tensor([1.0, 0.1]),
+                                                           torch.tensor([[3, 70000]]), 1.2,
+                                                           torch.float32), atol=0, rtol=0)
+    assert not layouts.check_hf_cos_sin(hf)
+    assert "transformers" in capsys.readouterr().out
