@@ -395,9 +395,9 @@ bar_labels = {"transformers": "transformers (rotary embedding in every call)",
 for i, who in enumerate(floor_who):
     ax.bar([x + (i - 1) * width for x in range(len(floor_cases))], of_copy[who], width,
            label=bar_labels.get(who, who))
-# torch.compile's forward is slower than its forward+backward: reproduced, its cause not measured
-ax.annotate("in three runs this forward took longer than\nforward+backward: a graph of its own, "
-            "whose\nkernels were not profiled (text below)",
+# torch.compile's forward is slower than its forward+backward: its graph recomputes sin/cos
+ax.annotate("in three runs this forward took longer than\nforward+backward: its graph evaluates "
+            "sin/cos\nfor every element (text below)",
             (width, of_copy["torch.compile"][0]), xytext=(0.4, 0.5), fontsize=7,
             arrowprops=dict(arrowstyle="->", lw=0.6))
 ax.axhline(1.0, color="k", lw=0.8, ls="--")
@@ -436,17 +436,59 @@ plt.show()
 # forward+backward's 0.64 ms, and is only 1.24 times as fast as transformers' eager forward
 # (1.97 ms), while the compiled forward+backward is 6.3 times as fast as the eager one.
 #
-# What is known: the two timings run two separately compiled graphs, one traced without
-# gradients and one with them, so a forward+backward step does not simply contain the
-# forward-only call. A step that runs a forward and a backward in 0.64 ms shows that compiled
-# code *can* do this forward's work in well under 1.59 ms; the forward-only graph did not.
-# What is not known is why: the benchmark file keeps times only. A time this close to eager
-# code's is what a graph break (part of the call sent back to eager PyTorch) or a recompile on
-# every call would give, but neither was looked for, and the kernels Inductor generated for
-# that graph were not profiled. The measurements that would tell are `torch._dynamo.explain`
-# on the forward-only call (its graph breaks), `TORCH_LOGS=recompiles`, and a
-# `torch.profiler` listing of the kernels of one compiled forward. So the forward bar says
-# what this compiled code gave on that machine, not what torch.compile can give.
+# The two timings run two separately compiled graphs, one traced without gradients and one
+# with them, so a forward+backward step does not simply contain the forward-only call. The
+# compiled call has no graph break (it is compiled with `fullgraph=True`, which refuses one).
+# What the two graphs do differently shows in the Triton code Inductor wrote for each:
+# `benchmarks/mrope_compile_probe.py` compiled both on an H200 the same way, kept the code, and
+# profiled one call of each. The next cell counts, in that committed code, the sines and
+# cosines each kernel evaluates: its elements times the `sin`/`cos` calls in its body.
+
+# %%
+from ropelib.course.counts import inductor_sin_cos
+
+probe_dir = measured.RESULTS / "mrope_compile-nvidia-h200-20261204-1911"
+ind_evals, kernels_of = {}, {}
+for mode, fname in (("forward", "forward.py.txt"), ("forward+backward", "forward_backward.py.txt")):
+    kernels_of[mode] = inductor_sin_cos((probe_dir / fname).read_text())
+    ind_evals[mode] = sum(n * c for _, n, c in kernels_of[mode])
+ind_profiled, log_part = {}, None                 # the probe's profiled µs a call
+for line in (probe_dir / "probe.log").read_text().splitlines():
+    if line.endswith("Triton kernels"):
+        log_part = line.split(":")[0]
+    elif line.strip().startswith("profiled:") and log_part:
+        name, us = line.split("profiled:")[1].rsplit(None, 4)[:2]
+        ind_profiled.setdefault(log_part, []).append((name, float(us)))
+qk_elements = 4 * 8192 * (28 + 4) * 128              # q and k of the floor's case
+qk_pairs = 4 * 8192 * 64                             # (token, pair)
+for mode in ind_evals:
+    ind_with_sin = [(n, c) for _, n, c in kernels_of[mode] if c]
+    print(f"{mode:17s} {len(kernels_of[mode])} kernels; sin/cos evaluated in "
+          + ", ".join(f"{n:,} elements x {c}" for n, c in ind_with_sin)
+          + f" = {ind_evals[mode]:,} a call")
+q_fwd_only = max(us for name, us in ind_profiled["forward"])
+q_in_step = max(us for name, us in ind_profiled["forward+backward"]
+                if "transpose_un" in name and "backward" not in name)
+step_kernels = sum(us for name, us in ind_profiled["forward+backward"])
+print(f"per element of q and k: {ind_evals['forward'] / qk_elements:.0f} in the forward-only "
+      f"graph; "
+      f"per (token, pair): {ind_evals['forward+backward'] / qk_pairs:.0f} in the step's graph; "
+      f"{ind_evals['forward'] // ind_evals['forward+backward']}x as many")
+print(f"q's forward kernel, profiled: {q_fwd_only:.1f} us alone, {q_in_step:.1f} us in the "
+      f"step; the step's kernels {step_kernels / 1e3:.2f} ms in all")
+assert ind_evals["forward"] == 6 * qk_elements and ind_evals["forward+backward"] == 6 * qk_pairs
+assert ind_evals["forward"] // ind_evals["forward+backward"] == 64
+assert (q_fwd_only, q_in_step) == (1412.8, 167.0) and round(step_kernels / 1e3, 2) == 0.47
+
+# %% [markdown]
+# So the forward-only graph fuses the rotary embedding into the rotation: every element of q
+# and k computes the angles of all three axes, six sines and cosines, then picks its axis. With
+# gradients wanted, the cos/sin tables are saved for the backward, so Inductor writes them once
+# ($B \cdot S \cdot D/2$ pairs, six evaluations each) and the rotation only reads them: 64 times
+# fewer evaluations, and q's kernel takes 167 µs instead of 1,413. The forward bar is Inductor's
+# fusion choice on this graph, a kernel busy with six libdevice sines and cosines an element, not a
+# limit of compiled code. (The probe's `do_bench` of the step, 1.62 ms, is not the floor's 0.64:
+# the device's part of it is the kernels' 0.47 ms; the probe does not take the rest apart.)
 
 # %% [markdown]
 # Models written for transformers 4.x call `apply_multimodal_rotary_pos_emb(q, k, cos, sin,

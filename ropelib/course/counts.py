@@ -27,6 +27,7 @@ GPU_TILES, the dX kernel with QK-norm as "dx_norm"), each row marked `swept` and
 import contextlib
 import dataclasses
 import os
+import re
 import sys
 import warnings
 from typing import Callable, Dict, List, Optional
@@ -222,6 +223,28 @@ class Occupancy:
     def fraction(self) -> float:
         """Resident warps over the most an SM holds (the profilers' 'theoretical occupancy')."""
         return self.warps / self.warps_per_sm
+
+
+_INDUCTOR_KERNEL = re.compile(r"def (triton_\w+)\(")
+_NUMEL = re.compile(r"\b([xyr])numel = (\d+)")
+_SIN_COS = re.compile(r"\b(?:tl_math|libdevice|tl)\.(?:sin|cos)\(")
+
+
+def inductor_sin_cos(code: str) -> List[tuple]:
+    """(kernel name, elements it covers, sines and cosines in its body) for each Triton kernel
+    in Inductor's generated code (`torch._inductor.utils.run_and_get_code`); the elements are
+    the product of its literal x/y numels, so sin/cos evaluations a call = elements x calls."""
+    out = []
+    for part in code.split("@triton.jit")[1:]:
+        name = _INDUCTOR_KERNEL.search(part)
+        if name is None:
+            continue
+        body = part.split("\'\'\', device_str=")[0]
+        elements = 1
+        for _, n in dict((axis, n) for axis, n in _NUMEL.findall(body)).items():
+            elements *= int(n)
+        out.append((name.group(1), elements, len(_SIN_COS.findall(body))))
+    return out
 
 
 def _round_up(n: int, unit: int) -> int:
