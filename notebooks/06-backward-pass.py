@@ -553,10 +553,11 @@ else:
 # %% [markdown]
 # Read the last lines together. Replayed, the step is two forwards' work on the device (the
 # cell asserts the order; the bytes predict 2). Whatever the whole call adds beyond two
-# forwards is then the host's, and how much differs from run to run: two renders of this page
-# on H200 machines the same day printed whole steps nearly three times apart over the same
-# replayed step (benchmarks/NOTES.md keeps both). The committed run's 427 µs at batch 1 is such a host share, not these kernels'
-# cost at that shape, which is why one committed number is never enough to explain a time.
+# forwards is then the host's, and it is not a fixed amount: rerun the cell and compare. The
+# committed run timed whole calls only, so it cannot split its 427 µs at batch 1; that the
+# replayed step here is about two replayed forwards makes a host share the likely reading of
+# its extra time, not a proof, which is why one committed number is never enough to explain a
+# time.
 
 
 # %% [markdown]
