@@ -31,24 +31,13 @@ from ropelib.course.counts import inductor_sin_cos  # noqa: E402
 
 
 def replica(section, freqs):
-    """transformers 4.x's Qwen2-VL text RoPE in plain PyTorch (where transformers is absent):
-    the angles of every axis from its positions, each feature's axis picked, cos/sin in the
-    input's dtype, x * cos + rotate_half(x) * sin."""
-    inv = freqs.inv_freq.float()
-
+    """transformers 4.x's Qwen2-VL text RoPE in plain PyTorch (where transformers is absent),
+    from multi_axis's own pieces: every axis's cos/sin table built in the call, each feature's
+    axis picked, x * cos + rotate_half(x) * sin, on [B, H, S, D] views as transformers has."""
     def fn(q, k, positions):                      # q, k [B, S, H, D]; positions [3, B, S]
-        ang = positions[..., None].float() * inv                        # [3, B, S, D/2]
-        emb = torch.cat((ang, ang), -1)
-        cos, sin = emb.cos().to(q.dtype), emb.sin().to(q.dtype)
-        split = list(section) * 2
-        cos = torch.cat([c[i % 3] for i, c in enumerate(cos.split(split, -1))], -1)
-        sin = torch.cat([s[i % 3] for i, s in enumerate(sin.split(split, -1))], -1)
-        cos, sin = cos[:, :, None], sin[:, :, None]
-
-        def rot(x):
-            h = x.shape[-1] // 2
-            return torch.cat((-x[..., h:], x[..., :h]), -1)
-        return q * cos + rot(q) * sin, k * cos + rot(k) * sin
+        cos, sin = M.materialised_tables(positions, freqs, q.dtype)
+        qe, ke = M.multimodal_rotary_4x(q.transpose(1, 2), k.transpose(1, 2), cos, sin, section)
+        return qe.transpose(1, 2), ke.transpose(1, 2)
     return fn
 
 

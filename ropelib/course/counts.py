@@ -135,24 +135,20 @@ def quietly_running(prof):
     descriptor 2 pointed at the null device: some CPU builds of PyTorch print a line from C++
     as the profiler starts and as it stops, which a notebook would show beside the cell's
     output. A profiler that the block stopped itself is not stopped again."""
-    with _stderr_silenced():
+    with stderr_silenced():
         prof.__enter__()
     try:
         yield prof
     finally:
         if torch._C._autograd._profiler_enabled():
-            with _stderr_silenced():
+            with stderr_silenced():
                 prof.__exit__(None, None, None)
 
 
+@contextlib.contextmanager
 def stderr_silenced():
     """File descriptor 2 pointed at the null device for the block: for C++ log lines, such as
     the CPU allocator's warnings while a profiler runs, that Python cannot filter."""
-    return _stderr_silenced()
-
-
-@contextlib.contextmanager
-def _stderr_silenced():
     sys.stderr.flush()
     saved = os.dup(2)
     null = os.open(os.devnull, os.O_WRONLY)
@@ -239,9 +235,9 @@ def inductor_sin_cos(code: str) -> List[tuple]:
         name = _INDUCTOR_KERNEL.search(part)
         if name is None:
             continue
-        body = part.split("\'\'\', device_str=")[0]
+        body = part.split("''', device_str=")[0]
         elements = 1
-        for _, n in dict((axis, n) for axis, n in _NUMEL.findall(body)).items():
+        for n in dict(_NUMEL.findall(body)).values():     # one numel per axis
             elements *= int(n)
         out.append((name.group(1), elements, len(_SIN_COS.findall(body))))
     return out
