@@ -278,12 +278,13 @@ assert torch.allclose(pos_with_pos.diagonal(), torch.full((P,), d / 2, dtype=f64
 assert worst_abs > scores_abs.std().item()                 # the cross terms: m and n separately
 
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 4))
+vmax = max(scores.abs().max().item(), scores_abs.abs().max().item())   # one colour scale
 for ax, M, title in ((ax1, scores, r"RoPE: $\langle R_m q, R_n k\rangle$"),
                      (ax2, scores_abs, r"added sinusoids: $\langle q + p_m, k + p_n\rangle$")):
-    im = ax.imshow(M, cmap="RdBu")
+    im = ax.imshow(M, cmap="RdBu", vmin=-vmax, vmax=vmax)
     ax.set(title=title, xlabel="key position n", ylabel="query position m")
     fig.colorbar(im, ax=ax, fraction=0.046)
-fig.suptitle(f"Scores of one (q, k), d = {d}, at every pair of positions")
+fig.suptitle(f"Scores of one (q, k), d = {d}, at every pair of positions (one colour scale)")
 fig.tight_layout()
 fig.savefig(FIGURES / "01-relative-scores.png", dpi=120)
 plt.show()
@@ -312,8 +313,10 @@ plt.show()
 # training: with $L_0 = 8192$ that is 29 of Llama 3's 64 pairs, against 14 of 64 at
 # $b = 10000$ (the cell counts both). A longer context shows them angles they never saw. The
 # context-extension methods of `ropelib.frequencies` slow those pairs down. Linear scaling
-# slows every pair; the others keep the fast pairs and change mostly or only the slow ones.
-# Llama 3.1's rule divides exactly those 29 pairs by 8 (the cell checks that too):
+# slows every pair. Llama 3.1 and YaRN keep the fast pairs and change only the slower ones.
+# NTK keeps only the fastest exactly and slows every other pair: 7 of the 29 pairs Llama 3.1
+# keeps are slowed 2× or more, the last of them (a wavelength near 2000 tokens) 2.5×.
+# Llama 3.1's rule divides exactly those 29 slowest pairs by 8 (the cell checks all of this):
 #
 # | scaling | effect on $\theta_j$ |
 # |---|---|
@@ -365,6 +368,11 @@ print(f"pairs (of {d // 2}) with a wavelength over L0 = {L0}: "
 print(f"Llama 3.1 keeps {int(short.sum())} pairs, divides {int(long_.sum())} by 8 "
       f"and blends {d // 2 - int(short.sum()) - int(long_.sum())}")
 assert never_turn == {10000.0: 14, base: 29} and int(long_.sum()) == 29
+ntk_kept = ratios["NTK-aware (s=8)"][short]                  # NTK on the pairs Llama 3.1 keeps
+print(f"NTK slows {int((ntk_kept < 0.5).sum())} of those {int(short.sum())} pairs 2x or more; "
+      f"the last (wavelength {wavelength[short][-1].item():.0f} tokens) {1 / ntk_kept.min().item():.1f}x")
+assert int((ntk_kept < 0.5).sum()) == 7 and round(1 / ntk_kept.min().item(), 1) == 2.5
+assert round(wavelength[short][-1].item(), -3) == 2000 and bool((yarn[:10] == 1).all())
 
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
 for b_ in (10000.0, 500000.0):
@@ -527,13 +535,14 @@ for i in (0, 10, 50, 100, 250):
           f"{mean_indep[i].item():13.2f} {std_indep[i].item():12.1f} {ratio:16.0f}")
 print(f"(N = {N} random pairs; sqrt(d) = {math.sqrt(d):.1f}; "
       "the last column is the median over pairs)")
-# what the text below reads off the table: over 250 positions the bound and the k = q curve
-# fall by a factor of three to five, and for independent pairs the bound is hundreds to
+# what the text below reads off the table: over 250 positions the bound falls by a factor of
+# 5.0 and the k = q curve by 3.3, and for independent pairs the bound is hundreds to
 # thousands of times the score
 falls = [bound[0].item() / bound[250].item(), ones_score[0].item() / ones_score[250].abs().item()]
+print(f"from distance 0 to 250 the bound falls {falls[0]:.1f}x, the k = q curve {falls[1]:.1f}x")
 bound_over_score = [(upper[:, i] / score_indep[:, i].abs()).median().item()
                     for i in (0, 10, 50, 100, 250)]
-assert all(3 <= f <= 5 for f in falls), falls
+assert [round(f, 1) for f in falls] == [5.0, 3.3], falls
 assert 100 <= min(bound_over_score) and max(bound_over_score) < 10_000, bound_over_score
 # q = k = 1: max |h_{j+1} - h_j| = 2 (only the last step, h_{d/2} - h_{d/2-1}, is not 0)
 ones_over_score = (2 * S_j.abs().sum(dim=1) / ones_score.abs()).min().item()
@@ -589,7 +598,7 @@ plt.show()
 # Left: the relative upper bound decays with distance, as in RoFormer's Figure 2. Right: the
 # mean score of independent random $q, k$ is zero within sampling error at every distance, with
 # a spread near $\sqrt d$ that does not shrink; the mean score of $k = q$ decays. Over 250
-# positions the bound and the $k = q$ curve fall by a factor of three to five (the table); a
+# positions the bound falls by a factor of 5.0 and the $k = q$ curve by 3.3 (both printed); a
 # $q = k$ on the slowest pair alone (dotted) stays level.
 
 # %% [markdown]
@@ -678,7 +687,10 @@ assert (wrong - trained).abs().max() > trained.std()
 # pair. One program rotates one position's $d$ features; `INTERLEAVED` is a compile-time
 # constant, so each pairing compiles to its own code. It runs compiled on a GPU and in Triton's
 # interpreter on a CPU; the cell checks it against section 2's $R_m x$ and section 7's
-# permutation. Later notebooks grow this kernel into the library's.
+# permutation. `D` must be a power of two: `tl.arange(0, D)` has no other sizes, and the cell
+# shows $D = 80$ refused (notebook 03 loads a power-of-two tile and masks the lanes past the
+# end). Try a change: pair feature $i$ with $i \oplus 2$, or drop the minus sign on `first`,
+# and rerun; the asserts catch both. Later notebooks grow this kernel into the library's.
 
 # %%
 import triton
@@ -722,6 +734,13 @@ print(f"Triton kernel ({ropelib.runtime.mode()}): interleaved vs R_m x "
       f"interleaved {(y_half_k[:, inverse] - y_inter_k).abs().max().item():.1e}")
 assert torch.allclose(y_inter_k, want, atol=1e-5, rtol=0)          # float32 in the kernel
 assert torch.allclose(y_half_k[:, inverse], y_inter_k, atol=1e-6, rtol=0)
+try:                                                               # a head dim of 80
+    rope_rows(on_dev(torch.randn(2, 80)), on_dev(torch.zeros(2, 80)), interleaved=True)
+    raise AssertionError("D = 80 should have been refused")
+except Exception as exc:   # CompilationError on a GPU, InterpreterError in the interpreter
+    assert "power of 2" in str(exc)
+    print("D = 80:", type(exc).__name__, "->",
+          next(l for l in str(exc).splitlines() if "power of 2" in l).strip())
 
 # %% [markdown]
 # ## Exercises
@@ -767,8 +786,8 @@ solution(basics.solution_rotation_matrix)
 # `q` and `k` are float64 vectors of $d$ features, the result is one number. Work with the
 # complex pairs, not with rotation matrices: the check compares your number with the rotated dot
 # product $(R_m q)^\top (R_n k)$ for several $m$ and $n$, $n < m$ (a negative offset) among
-# them, and refuses an answer that rotates the vectors with code that is not yours: ropelib,
-# the rotations this notebook defines (`rot2`, `R_from_reference`, `rope_at`, your
+# them, and refuses an answer built on rotation matrices, yours included: ropelib, the
+# rotations this notebook defines (`rot2`, `R_from_reference`, `rope_at`, your
 # `rotation_matrix` of exercise 1), `torch.block_diag`, and library RoPE functions such as
 # transformers'. Which pair is conjugated and the sign of the offset are where it goes wrong:
 # a wrong sign still gives the right score at $m = n$.

@@ -44,6 +44,7 @@ import ropelib
 device = ropelib.default_device()
 
 # %%
+import importlib.util
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -172,9 +173,10 @@ print(f"thd with cu_seqlens={cu_seqlens.tolist()} == each sequence rotated alone
 # The difference that matters is precision. HF, its old cache and TE's unfused path all round
 # $\cos$ and $\sin$ to the model's dtype *before* the multiply (8 significant bits in bf16),
 # then do the multiply-adds in bf16 too. A fused kernel that reads fp32 angles and rounds once at
-# the end is nearly as accurate as bf16 allows. The cell compares three outputs: ropelib's kernel
+# the end is nearly as accurate as bf16 allows. The cell compares four outputs: ropelib's kernel
 # on fp32 angles, ropelib on bf16 cos/sin (HF's table: the kernel reads it instead of computing
-# sin and cos, and still does its math in fp32), and TE's unfused path.
+# sin and cos, and still does its math in fp32), TE's unfused path, and HF's own
+# `apply_rotary_pos_emb` (transformers' where it is installed, else its formula op for op).
 
 # %%
 f_tab = rope_freqs(S, D).to(device)                               # [S, 1, 1, D] fp32
@@ -193,7 +195,15 @@ outputs = {
     "fused, fp32 angles (ropelib)": ropelib.apply_rope(x_sbhd, f_tab),
     "fused, bf16 cos/sin": ropelib.apply_rope(x_sbhd, cos=cos_bf16, sin=sin_bf16),
     "TE unfused (math in bf16)": reference.te_unfused(x_sbhd, f_tab),
+    # HF's code: x * cos + rotate_half(x) * sin, every op in bf16, cos/sin broadcast over b, h
+    "HF's code (math in bf16)": (x_sbhd * cos_bf16[:, None, None]
+                                 + reference.rotate_half(x_sbhd) * sin_bf16[:, None, None]),
 }
+if importlib.util.find_spec("transformers"):            # the installed function, on [B, H, S, D]
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_apply
+    x_bhsd = x_sbhd.permute(1, 2, 0, 3)
+    hf_y = hf_apply(x_bhsd, x_bhsd, cos_bf16[None], sin_bf16[None])[0].permute(2, 0, 1, 3)
+    assert torch.equal(hf_y, outputs["HF's code (math in bf16)"])
 print(f"{'':30s} {'max |error|':>11s} {'max ulps':>9s} {'outputs off':>12s}   "
       f"(against the correctly rounded y, {exact.numel():,} outputs)")
 off, ulps = {}, {}
@@ -202,10 +212,12 @@ for name, y in outputs.items():
     off[name] = (y != exact).double().mean().item()                # not the correctly rounded y
     print(f"{name:30s} {(y.double() - exact.double()).abs().max().item():11.4f} "
           f"{ulps[name]:9g} {off[name]:12.3%}")
-ours, table, unfused = outputs                           # the three names, in order
+ours, table, unfused, hf_code = outputs                  # the four names, in order
 assert ulps[ours] <= 1 and off[ours] < 1e-3              # one rounding: at most one step, rarely
 assert off[table] > 0.1 and ulps[table] >= 10             # cos and sin rounded first
 assert off[ours] < off[table] < off[unfused] and ulps[ours] < ulps[table] < ulps[unfused]
+assert off[table] < off[hf_code] and ulps[table] < ulps[hf_code]     # HF sits with TE unfused
+assert torch.equal(outputs[hf_code], outputs[unfused])  # the same bf16 ops on the same cos/sin
 share = min(off[table], off[unfused])          # the smaller share of the two bf16-table lines
 print(f"the two bf16-table lines miss {off[table]:.0%} and {off[unfused]:.0%} of the outputs "
       f"({'this GPU' if GPU else 'the interpreter'}'s x: {S}x{B}x{H}x{D})")
@@ -231,9 +243,10 @@ assert share > (0.25 if GPU else 0.1)           # a GPU's x: a quarter or more; 
 # rounded value, on the interpreter's small $x$ (16×2×3×32) more than a tenth: the share
 # depends on the shape (the last line prints it; the cell asserts the bound for the machine it
 # runs on). Their `max ulps`, tens to hundreds, is far above one even at the floor, because the
-# table's error is a share of $x$, not of the small output. TE's unfused path also rounds every product and sum to bf16, so in
-# both `max ulps` and `outputs off` the order is ropelib, then the bf16 cos/sin, then TE's
-# unfused path (all three asserted). Notebook 08 shows how this difference makes an innocent
+# table's error is a share of $x$, not of the small output. TE's unfused path and HF's code also
+# round every product and sum to bf16, so in both `max ulps` and `outputs off` the order is
+# ropelib, then the bf16 cos/sin, then those two (all asserted); on the same bf16 cos and sin
+# they do the same ops, and HF's line equals TE's unfused one. Notebook 08 shows how this difference makes an innocent
 # `torch.allclose(te_out, triton_out)` fail.
 #
 # ## 3. Partial rotary
@@ -409,6 +422,7 @@ print("each rank's local rotation == the global rotation at its positions")
 # from the committed H200 run (`benchmarks/results/floor-nvidia-h200.csv`).
 
 # %%
+from ropelib.bench import compare, floor as floor_suite
 from ropelib.course import measured
 
 # per output element (bf16): y_a = x_a c_a - x_b s_a is a multiply and a fused multiply-add,
@@ -421,10 +435,13 @@ fl_meta, _ = measured.load("floor")
 case_1g = "forward 1 GiB bf16 sbhd"
 copy_ms, rope_ms = (float(fl[case_1g][p]["ms"]) for p in ("copy", "ropelib"))
 x_1g = 1 << 30                                   # the bytes of x in that case
-copy_bw = 2 * x_1g / (copy_ms * 1e-3)            # read and written, bytes per second
+config_1g = {c.name: c.config for c in floor_suite.rope_cases()}["1 GiB bf16 sbhd"]
+moved_1g = compare.bytes_moved(config_1g)        # x read, y written, the fp32 table read
+assert moved_1g == 2 * x_1g + config_1g.seq_len * config_1g.head_dim * 4
+copy_bw = moved_1g / (copy_ms * 1e-3)            # bytes per second, as notebook 00 counts them
 ridge = h200_fp32_flops / copy_bw                # operations per byte where the two balance
 rope_flops = flop_per_elem * (x_1g // 2) / (rope_ms * 1e-3)
-print(f"RoPE: {intensity:.2f} FLOP per byte moved")
+print(f"RoPE: {intensity:.2f} FLOP per byte of x and y moved (the small table left out)")
 print(f"{fl_meta['gpu']}: a copy moves {copy_bw / 1e12:.2f} TB/s (measured); at the datasheet's "
       f"{h200_fp32_flops / 1e12:.0f} TFLOP/s FP32 the balance point is {ridge:.1f} FLOP/byte, "
       f"{ridge / intensity:.0f}x RoPE's")
@@ -439,7 +456,7 @@ assert rope_flops / h200_fp32_flops < 0.05
 # %% [markdown]
 # RoPE does 0.75 operations per byte it moves; the H200 balances its arithmetic and its memory
 # near 16 (the printed ratio uses the copy's measured bandwidth and the datasheet's FP32 rate,
-# which this course does not measure). The measurement that settles it is the second line: the
+# which this course does not measure). The measurement that settles it is the last line: the
 # fused kernel takes the time of a copy of the same bytes, which does no arithmetic, while
 # using a few percent of the arithmetic rate. So every byte counts, and the arithmetic is free.
 #
@@ -892,7 +909,7 @@ assert factors["the fused kernel's device time over do_bench's time"] > 0.8
 # the table above as a figure: each kernel's device time, split into the time its bytes would
 # take at the copy's GB/s and the time beyond it
 source = (f"{torch.cuda.get_device_name()}, LIVE" if GPU
-          else f"{committed['gpu']}, COMMITTED run: {KERNELS_CSV.name}")
+          else f"{committed['gpu']}, {committed['versions']}, COMMITTED run: {KERNELS_CSV.name}")
 # (a kernel faster than the copy, such as the add, is all grey: its own time, nothing beyond)
 at_copy = [min(r.nbytes / copy_gbps / 1e3, r.us) for r in rows]
 beyond = [r.us - a for r, a in zip(rows, at_copy)]
@@ -903,8 +920,8 @@ ax.barh(names, at_copy, color="0.7")
 ax.barh(names, beyond, left=at_copy,
         color=["tab:red" if r.kind in plain_kinds else "tab:blue" for r in rows])
 ax.invert_yaxis()
-ax.set(xlabel="device time per call (us)",
-       title=f"TE unfused forward, kernel by kernel ({source})")
+ax.set_xlabel("device time per call (us)")
+ax.set_title(f"TE unfused forward, kernel by kernel\n{source}", fontsize=10)
 ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=c) for c in ("0.7", "tab:red", "tab:blue")],
           labels=["its bytes at the copy's GB/s", "beyond: not vectorized",
                   "beyond: vectorized"], fontsize=8, loc="lower right")
@@ -941,11 +958,18 @@ assert (round(min(c_table_us), 1), round(max(c_table_us), 1)) == (1.5, 2.8)
 assert [round(100 * committed_rows[i].of_copy) for i in c_on_x] == [35, 39, 24, 35, 103, 97]
 assert (round(c_over), round(c_plain_over)) == (498, 494)
 assert [round(f, 2) for f in c_factors.values()] == [1.00, 2.29, 6.02, 0.87, 0.94]
-# the same 128 MiB on apply_rope's default (two-pass) route, in the committed floor run
-two_pass = float(fl["forward 128 MiB bf16 sbhd"]["ropelib"]["ratio_to_copy"])
-print(f"  apply_rope's default route at this size ({fl_meta['gpu']}, floor run, do_bench): "
-      f"{two_pass:.3f} of a copy")
-assert round(two_pass, 2) == 0.95
+# 128 MiB of x on one clock, do_bench's: the single kernel of this run against apply_rope's
+# default (two-pass) route and a copy in the committed floor run (same GPU and versions)
+assert committed["gpu"] == fl_meta["gpu"]
+assert committed["versions"] == f"torch {fl_meta['torch']}, triton {fl_meta['triton']}"
+fl_128 = fl["forward 128 MiB bf16 sbhd"]
+fl_copy_us, two_pass_us = (float(fl_128[p]["ms"]) * 1e3 for p in ("copy", "ropelib"))
+single, two_pass = fl_copy_us / committed["fused_us"], float(fl_128["ropelib"]["ratio_to_copy"])
+print(f"  do_bench, 128 MiB of x: the single kernel {committed['fused_us']:.1f} us; floor run: "
+      f"the default two-pass route {two_pass_us:.1f} us, a copy {fl_copy_us:.1f} us -> "
+      f"{single:.2f} against {two_pass:.2f} of a copy")
+assert [round(v, 1) for v in (committed["fused_us"], two_pass_us, fl_copy_us)] == [78.6, 71.3, 67.5]
+assert (round(single, 2), round(two_pass, 2)) == (0.86, 0.95)
 
 # %% [markdown]
 # The table shows what the bytes alone do not. The text quotes the committed run, whose numbers
@@ -959,11 +983,12 @@ assert round(two_pass, 2) == 0.95
 # times what those bytes would take at the copy's speed; the time between its kernels adds
 # nothing visible (1.00). The last two factors keep two clocks apart: the profiler's device
 # time counts a kernel alone, `triton.testing.do_bench` a whole call. By device time the fused
-# kernel streams at 0.87 of the copy's speed: that is the single-kernel route this section
-# forces; at the same 128 MiB the default two-pass route reaches 0.95 of a copy in the
-# committed floor run (the last printed line; notebook 05 takes that gap apart). Its device
-# time is 0.94 of its call's, a fixed cost of the call that vanishes in the chain's long time
-# but not in one short kernel.
+# kernel, the single-kernel route this section forces, streams at 0.87 of the copy's speed; its
+# device time is 0.94 of its call's, a fixed cost of the call that vanishes in the chain's long
+# time but not in one short kernel. Against apply_rope's default route, compare on one clock,
+# do_bench's (the last printed line): for 128 MiB of $x$ the single kernel takes 78.6 µs, the
+# two-pass route 71.3 µs and a copy 67.5 µs in the committed floor run, 0.86 against 0.95 of
+# a copy (two runs on the same GPU and versions; notebook 05 takes that gap apart).
 #
 # Which kernels fall short, and why? The by-kind table sums the kernels by the PyTorch template
 # each was launched from, as its name shows in the profiler listing above. The slow ones are the
@@ -1191,14 +1216,17 @@ solution(layouts.solution_thd_cp_positions)
 # computed in another precision, or cos and sin rounded before the scaling, no longer match;
 # it refuses transformers' own rotary modules. Then give `ropelib.apply_rope` your bf16 `cos[0],
 # sin[0]` for section 2's `x_sbhd` (positions `torch.arange(S)`): which line of section 2's
-# table does it reproduce?
+# table does it reproduce? (Once your cos and sin pass, the cell prints it.)
 
 # %%
 def hf_cos_sin(inv_freq, position_ids, attention_scaling, dtype):
     ...   # your code: return (cos, sin)
 
 
-layouts.check_hf_cos_sin(hf_cos_sin);
+if layouts.check_hf_cos_sin(hf_cos_sin):     # passed: the last question, with your cos and sin
+    line, same = layouts.table_line_of(hf_cos_sin, x_sbhd, outputs)
+    print(f"apply_rope on your bf16 cos[0], sin[0]: {same:.1%} of the outputs equal the line "
+          f"'{line}' of section 2's table")
 
 # %%
 solution(layouts.solution_hf_cos_sin)
@@ -1234,10 +1262,11 @@ solution(basics.solution_bytes_moved)
 #    store them rotated or unrotated? Think of appending one token per step, of attention
 #    reading every cached key, and of what happens when the positions change afterwards (a
 #    sliding window that evicts old tokens, a context extension applied to a running model).
-# 2. TE keeps the angles in fp32; HF keeps cos/sin in the model's dtype. Near position $10^6$,
-#    how large is one fp32 rounding step of the angle $m\theta_0$, in radians, and which pairs
-#    does that hurt? Would computing $m\theta_j$ inside the kernel instead of reading a table
-#    change it?
+# 2. Section 2's bf16 cos/sin table errs by up to $2^{-9}$ in each value, whatever the
+#    position. Two pairs of tokens with the same distance $m - n$ therefore no longer turn by
+#    exactly the same relative angle. How much can the score $q_m^\top k_n$ differ between two
+#    such pairs, and would a model trained with that table notice being served with fp32 angles
+#    (or the reverse)?
 # 3. Dual-chunk context parallelism evens out causal attention work. Does it still help with
 #    sliding-window attention, or with packed `thd` batches of many short documents? What would
 #    you split on instead?

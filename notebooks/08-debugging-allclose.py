@@ -332,7 +332,7 @@ fixed_gpu = {r["variant"]: r for r in BITS["scenarios"]["nb_gpu"]["rows"]}["debu
 print(f"fixed kernel vs {fixed.te_label}: {n_fixed} of {fixed.x.numel()} elements differ here; "
       f"vs the real TE on the {GPU_NAME} (S=512 B=2 H=8 D=128): {fixed_gpu['n_differ']} of "
       f"{fixed_gpu['numel']:,}")
-assert fixed_gpu["n_differ"] == 12         # equal within tolerance, not bit for bit (the file)
+assert fixed_gpu["n_differ"] == 12         # equal within tolerance, not bit for bit (the H200 reference run)
 if not GPU:
     assert n_fixed == 0                   # the small CPU comparison hides it
 
@@ -403,7 +403,19 @@ if one_ulp.te_label == "TE emulation" and not GPU:   # the interpreter contracts
     assert n_control == 0 and du["n_mismatched"] == n_nudge   # unmoved table gives TE's bits
 assert hist_u.get(1, 0) >= sum(hist_u.values()) / 2          # most: one bf16 step
 far_u = mism & (debug.steps_apart(unmoved, moved) > 1)
-assert bool((moved[far_u].float().abs() < 2 ** -6).all())   # the rest: near zero
+assert bool((moved[far_u].float().abs() < 2 ** -6).all())   # the rest, however far: near zero
+# the second line's count, split: elements the nudge moved, elements where the kernel's
+# multiply-add order already differs from TE, and those of either now back on TE's value
+te_out = one_ulp.tokens_te
+assert torch.equal(te_out, control.tokens_te)                # one TE output, two tables
+order = ~torch.isclose(te_out, unmoved)
+vs_te = ~torch.isclose(te_out, moved)
+back = (mism | order) & ~vs_te
+print(f"split: {n_nudge} moved by the nudge, {int(order.sum())} off by the order, "
+      f"{int((mism & order).sum())} both; {int(back.sum())} of these back on TE's value: "
+      f"{int((mism | order).sum())} - {int(back.sum())} = {int(vs_te.sum())}")
+assert int(vs_te.sum()) == du["n_mismatched"]
+assert not bool((vs_te & ~(mism | order)).any())   # each element off TE was moved or off before
 
 # %% [markdown]
 # That is the reported failure, from two correct kernels: the first ten values equal,
@@ -411,14 +423,17 @@ assert bool((moved[far_u].float().abs() < 2 ** -6).all())   # the rest: near zer
 # bf16 tolerances (all asserted). The first line compares the kernel with itself, unmoved table
 # against moved, so the nudge is the only difference on every machine. Most of the elements it
 # moves are one bf16 step apart; any further apart are outputs near zero (below $2^{-6}$,
-# asserted), where $x_1 c$ and $x_2 s$ nearly cancel and bf16's steps are tiny.
+# asserted), where $x_1 c$ and $x_2 s$ nearly cancel and bf16's steps are tiny. How many steps
+# the farthest one moves depends on the inputs and the machine.
 #
 # The second line compares with the TE side, as the report did. On the CPU that is the
 # emulation, whose table the kernel was given, so the two counts are the same (asserted). On a
-# GPU the count also holds the elements where the compiled kernel's multiply-add order already
-# differs from TE with the unmoved table (12 of 1,048,576 in the H200 reference run, asserted below;
-# section 4b finds why). The next cell runs the same experiment at the GPU size in plain
-# PyTorch, on every machine: the TE emulation against itself with the moved table.
+# GPU the compiled kernel's multiply-add order already differs from TE with the unmoved table
+# (12 of 1,048,576 in the H200 reference run, asserted below; section 4b finds why). The counts
+# do not add: an element can be in both sets, and a nudge can put an element back on TE's
+# value. The `split` line counts each part (asserted: every element off TE is in one of the
+# sets). The next cell runs the same experiment at the GPU size in plain PyTorch, on every
+# machine: the TE emulation against itself with the moved table.
 
 # %%
 big = debug.Scenario(seq_len=512, batch=2, heads=8, head_dim=128)
@@ -443,7 +458,7 @@ rate_log2 = float(np.log2(yb.numel() / n_big))
 print(f"one element in 2^{rate_log2:.1f}; {1e6 * n_big / yb.numel():.0f} per million")
 assert 14 <= rate_log2 <= 16 and round(rate_log2, 1) == 14.6   # "about one in 2^15"; 2^14.6
 assert 10 <= 1e6 * n_big / yb.numel() < 100       # "tens of elements per million" (section 7)
-# the file's run of the reproduction kernel with the unmoved fp32 table, against the real TE
+# the reference run's reproduction kernel with the unmoved fp32 table, against the real TE
 assert fixed_gpu["n_differ"] == {r["variant"]: r for r in BITS["scenarios"]["nb_gpu"]["rows"]}[
     "debug:FIXED-table_fp32"]["n_differ"] == 12
 
@@ -526,7 +541,7 @@ if GPU and debug.te_label(device) == "TE fused":      # live TE: the fixed row s
 assert prec["sin/cos in kernel + FMA"]["numel"] == (1_048_576 if GPU else 4096)
 assert prec["table bf16, math bf16 (reported)"]["triton_max_ulp"] > 16   # tens of ulps, or more
 
-# the same kernel's presets against the real TE on the GPU, at its size (the file's rows)
+# the same kernel's presets against the real TE on the GPU, at its size (the reference run's rows)
 gpu_rows = {r["variant"]: r for r in BITS["scenarios"]["nb_gpu"]["rows"]}
 PRESET_ROWS = {"table bf16, math bf16 (reported)": "debug:REPRO",
                "table fp32, math fp32": "debug:FIXED-table_fp32",
@@ -552,15 +567,13 @@ assert [gpu_rows[v]["max_abs_diff"] for v in PRESET_ROWS.values()] == [2 ** -5, 
 # compute sin/cos from fp32 angles), do the math in fp32, round once on the store, as TE's fused
 # kernel and ropelib's kernel do.
 #
-# The lines under the chart read the H200 reference run of the same presets against the real TE: with the fused multiply-add, `max |TE - Triton|` is 0, every output with TE's bits; the
-# fixed kernel, the same math with the fma left to the compiler, is not: $2^{-6} \approx 0.0156$
-# (both asserted from it). Section 4b finds which fma order makes the difference. On a
-# GPU with TE installed the live rows above show it too: $2^{-6}$ for the fixed kernel, 0 with
-# the fma (asserted there). On the CPU, or on a GPU without TE, they cannot: the interpreter
-# rounds every product, as the emulation does, so the fixed row is 0 there too; and the
-# emulation rounds both products while `tl.fma` rounds one, so a GPU's FMA row may differ from
-# it by design in the few bf16 outputs whose last fp32 bit tips the rounding. There only the
-# reference run's rows, against the real TE, test it.
+# The lines under the chart read the H200 reference run of the same presets against the real
+# TE: with the fused multiply-add every output has TE's bits (`max |TE - Triton|` is 0); the
+# fixed kernel, with the fma left to the compiler, does not ($2^{-6} \approx 0.0156$; both
+# asserted). Section 4b finds which order makes the difference. A GPU with TE shows the same in
+# the live rows above (asserted there). The TE emulation rounds both products, as the
+# interpreter does: on the CPU the fixed row is 0 too, and against the emulation a GPU's fma
+# row may differ in a few outputs by design.
 #
 # **Exercise — the norm-wise error.** Write `my_normwise_error(y, exact, x, rot_dim)`: for
 # every element of `y` (any shape, last dim $D$), $|y - y^\star|$ divided by $|x_a| + |x_b|$,
@@ -617,12 +630,19 @@ solution(ex.solution_normwise_error)
 # numbers.
 #
 # **The measurements.** `benchmarks/te_bits.py` ran the variants of this section against the
-# real TE on a GPU and saved TE's outputs, TE's own fp32 cos/sin (an input of ones in the first
-# half and zeros in the second makes TE's output exactly its cos and sin) and one row per
-# variant, at the notebook's GPU size, $S = 512$, $B = 2$, $H = 8$, $D = 128$ in bf16. On a GPU
-# with TE the cells below compare with TE live; elsewhere the kernel runs in the interpreter on
-# the same inputs (drawn again here, their hashes checked against the GPU's) against TE's stored
-# output.
+# real TE on the H200 and saved TE's outputs, TE's own fp32 cos/sin (an input of ones in the
+# first half and zeros in the second makes TE's output exactly its cos and sin) and one row per
+# variant, at $S = 512$, $B = 2$, $H = 8$, $D = 128$ in bf16. The inputs are drawn again here,
+# their hashes checked against the H200's. Each count below is one of two kinds:
+#
+# > - **H200 reference run**: read from that file; the same on every machine.
+# > - **here**: this machine. On the CPU the kernel runs in the interpreter against TE's stored
+# >   output; the interpreter rounds every product, fuses none, has no libdevice, and its
+# >   `tl.cos` is NumPy's. On a GPU the kernel is compiled, and with TE installed it is compared
+# >   with TE computed now (*live*).
+# >
+# > Where the source leaves no rounding to the compiler (each product rounded or inside a
+# > `tl.fma`), *here* equals the reference run on the CPU and on the H200 (asserted).
 
 # %%
 print(f"{TE_BITS.relative_to(ROOT)}: {GPU_NAME} (compute capability {META['capability']}), "
@@ -631,7 +651,7 @@ print(f"{TE_BITS.relative_to(ROOT)}: {GPU_NAME} (compute capability {META['capab
 BIG = debug.te_bits_case(BITS, "nb_gpu")            # bf16, S=512 B=2 H=8 D=128
 SMALL32 = debug.te_bits_case(BITS, "nb_cpu_fp32")   # fp32, S=32 B=2 H=2 D=32
 LIVE = GPU and debug.te_label(device) == "TE fused"
-SAME_GPU = not GPU or torch.cuda.get_device_name() == GPU_NAME   # the file's GPU, or a CPU
+SAME_GPU = not GPU or torch.cuda.get_device_name() == GPU_NAME   # the reference run's GPU, or a CPU
 
 
 def ones_then_zeros(S, half):
@@ -779,15 +799,11 @@ te_combine = my_combine if combined_by_learner else ex.solution_te_combine
 # The steps below walk the way to that line, one change at a time.
 #
 # **Step a — the kernel as written.** The interpreter rounds each product and the sum,
-# $y_{\text{none}}$, and so does a GPU with contraction off (the reference run's `free_sub-nofuse` row):
-# 17 elements differ from TE (asserted from the reference run). Left free to contract, a GPU compiler
-# makes "as written" a different computation, its own choice for each kernel. The same line in
-# two kernels, on the same H200 and Triton: 12 elements in the reference run's kernel (te_bits.py's copy
-# of the reproduction kernel), 0 in the kernel above, whose compiler happened to contract both
-# halves TE's way (the notebook's own run on the H200, kept in
-# `te-bits-combine-contraction-nvidia-h200-from-page.csv`; both asserted). A GPU run compiles
-# the kernel above so and prints its own count. Neither is a promise: the source asks for no
-# order, so the next kernel, or the next compiler, may choose either.
+# $y_{\text{none}}$, and so does a GPU with contraction off (the reference run's
+# `free_sub-nofuse` row): 17 elements differ from TE (asserted). With contraction on, a GPU
+# compiler makes "as written" a computation of its own choosing, kernel by kernel: in the
+# reference run's kernel (`te_bits.py`'s copy of the reproduction kernel) 12 elements differ
+# (asserted). Step e reads which products it fused there, and in the kernel above.
 
 # %%
 @triton.jit
@@ -805,23 +821,15 @@ step_a = check_bits(BIG, as_written)
 print(f"on the {GPU_NAME}: the same line without contraction: "
       f"{gpu_row(BIG, 'free_sub-nofuse/tl')} elements differ; with contraction on, in the "
       f"reference run's kernel: {gpu_row(BIG, 'free_sub/tl')}")
-PAGE_CSV = ROOT / "benchmarks/results/te-bits-combine-contraction-nvidia-h200-from-page.csv"
-page = {r["quantity"]: r["value"] for r in compare.read_csv(PAGE_CSV)}   # this kernel, on the H200
-print(f"on the {compare.read_meta(PAGE_CSV)['gpu']}, this notebook's kernel with contraction on: "
-      f"{page['n_differ_from_te']} elements differ (the notebook's own run there)")
-assert compare.read_meta(PAGE_CSV)["gpu"] == GPU_NAME and page["numel"] == BIG.x.numel()
-assert page["n_differ_from_te"] == 0 and page["y1_has_step_c_bits"] and page["y2_has_step_c_bits"]
 step_a_free = None                # the line with contraction on: a GPU compiler's choice
-if GPU:
+if GPU:                           # (step e reads it)
     step_a_free = check_bits(BIG, as_written, fusion=True, quiet=True)
-    print(f"this notebook's kernel, compiled here with contraction on: {step_a_free['n']} "
-          f"elements differ")
 if not GPU:   # the interpreter rounds every product: the GPU's no-contraction row, bit for bit
     assert step_a["n"] == gpu_row(BIG, "none_rn/table_te_fp32")
     assert torch.equal(step_a["y"], BIG.output("none_rn/table_te_fp32"))
-elif SAME_GPU:   # contraction off: the file's line compiled without contraction, bit for bit
+elif SAME_GPU:   # contraction off: the reference run's line without contraction, bit for bit
     assert step_a["n"] == gpu_row(BIG, "free_sub-nofuse/tl")
-assert gpu_row(BIG, "free_sub-nofuse/tl") == gpu_row(BIG, "none_rn/tl") == 17   # the file
+assert gpu_row(BIG, "free_sub-nofuse/tl") == gpu_row(BIG, "none_rn/tl") == 17   # the reference run
 assert gpu_row(BIG, "free_sub/tl") == 12
 
 # %% [markdown]
@@ -837,9 +845,8 @@ assert gpu_row(BIG, "free_sub/tl") == 12
 # 2. **Does the output move?** Elements of the bf16 output whose bits differ from TE's, for the
 #    line as written without contraction and for the fma line, with each source.
 #
-# The column "measured" says where each row comes from: on a GPU, here and now; on the CPU,
-# where libdevice does not run and `tl.cos` is NumPy's, the reference run's rows for the GPU's sources,
-# and the interpreter for the tables any machine can make.
+# The column "measured" says where each row comes from: on the CPU, the GPU's own sources are
+# read from the reference run.
 
 # %%
 theta = SIDE[BIG.key]["angles"]                       # [S, D/2] fp32, the GPU's angles
@@ -920,17 +927,17 @@ assert set(same_as_te) == {"tl", "libdevice", "table_fp32"}     # equal to TE's 
 equal_values = [*same_as_te, "table_te_fp32"]
 assert len({src_outputs[s][0] for s in equal_values} - {None}) == 1   # so the count cannot move
 assert all(src_outputs[s][1] == 0 for s in equal_values)              # and the fma line gives 0
-te_table_file = (gpu_row(BIG, "free_sub-nofuse/table_te_fp32"),
+te_table_ref = (gpu_row(BIG, "free_sub-nofuse/table_te_fp32"),
                  gpu_row(BIG, "fma_xc/table_te_fp32"))
-assert te_table_file == (17, 0)                                  # the file
-if SAME_GPU:   # TE's own cos/sin, in the interpreter or on the file's GPU: the file's counts
-    assert src_outputs["table_te_fp32"][:2] == te_table_file
+assert te_table_ref == (17, 0)                                  # the reference run
+if SAME_GPU:   # TE's own cos/sin, in the interpreter or on the reference run's GPU: its counts
+    assert src_outputs["table_te_fp32"][:2] == te_table_ref
 different = ("fast", "table_cpu_fp32", "numpy")                  # sources that differ move it
 assert all(src_values[s][0] > 0 and src_outputs[s][1] > 0 for s in different)
 assert min(src_values["numpy"][:2]) > 1000                      # thousands of NumPy's entries
-assert (gpu_row(BIG, "fma_xc/fast"), gpu_row(BIG, "fma_xc/table_cpu_fp32")) == (2287, 16)  # file
-if GPU and SAME_GPU and triton.__version__ == META["triton"]:   # the file's GPU and compiler
-    # the cos and sin entries are the file's: they do not depend on the kernel around them
+assert (gpu_row(BIG, "fma_xc/fast"), gpu_row(BIG, "fma_xc/table_cpu_fp32")) == (2287, 16)
+if GPU and SAME_GPU and triton.__version__ == META["triton"]:   # the reference run's GPU and compiler
+    # the cos and sin entries are the reference run's: they do not depend on the kernel around them
     assert all(src_values[s][:3] == (BIG.sincos[s]["cos"]["n_differ"],
                                      BIG.sincos[s]["sin"]["n_differ"],
                                      BIG.sincos[s]["cos"]["numel"]) for s in GPU_SOURCES)
@@ -989,7 +996,7 @@ if SAME_GPU:
 tail = BIG.rows["free_sub/tl"]["ptx_tail"]
 fmas = [ln for ln in tail if ln.startswith("fma.rn.f32")]
 print("\n".join(tail))
-assert len(tail) == 16 and tail[-5:] == [      # the file's lines, as the prose reads them
+assert len(tail) == 16 and tail[-5:] == [      # the reference run's lines, as the prose reads them
     "mul.f32 \t%r100, %r123, %r99;", "neg.f32 \t%r101, %r100;",
     "fma.rn.f32 \t%r102, %r114, %r98, %r101;", "mul.f32 \t%r103, %r114, %r99;",
     "fma.rn.f32 \t%r104, %r123, %r98, %r103;"]
@@ -1034,15 +1041,10 @@ if SAME_GPU:
 half = BIG.x.shape[-1] // 2
 where_d = step_e["differ"].nonzero()[:, -1]
 assert bool((where_d >= half).all())                           # all in the second half
-file_out = BIG.output("free_sub/tl")           # the file's kernel: y1 as TE's order, y2 the other
-assert torch.equal(file_out[..., :half], BIG.output("fma_xc/tl")[..., :half])
-assert torch.equal(file_out[..., half:], BIG.output("fma_rs/tl")[..., half:])
+ref_out = BIG.output("free_sub/tl")           # the reference run's kernel: y1 as TE's order, y2 the other
+assert torch.equal(ref_out[..., :half], BIG.output("fma_xc/tl")[..., :half])
+assert torch.equal(ref_out[..., half:], BIG.output("fma_rs/tl")[..., half:])
 print(f"all {step_e['n']} differing elements lie in the second half (d >= {half})")
-if GPU:   # this notebook's kernel with contraction on (step a): which halves have TE's bits
-    halves = [torch.equal(step_a_free["y"][..., sl], step_c["y"][..., sl])
-              for sl in (slice(0, half), slice(half, None))]
-    print(f"this notebook's kernel, compiled here with contraction on: y1 and y2 with step c's "
-          f"(TE's order's) bits: {halves[0]}, {halves[1]}")
 
 # %% [markdown]
 # Each of $y_1$, $y_2$ is one fma of an exact product and a rounded one: `mul.f32` rounds a
@@ -1055,80 +1057,58 @@ if GPU:   # this notebook's kernel with contraction on (step a): which halves ha
 # first half of the reference run's kernel's output is its step c output, the second half its step d
 # output (asserted). `gpu_choice` writes that choice down; on the CPU, and on a GPU like the
 # reference run's, it gives that kernel's output bit for bit, and every element it gets wrong sits
-# in $y_2$. Nothing in the source asks for either order. The steps, in one chart:
+# in $y_2$. Nothing in the source asks for either order.
+#
+# **The same line in the kernel above.** Both kernels can be compiled for the H200's sm_90 on
+# any machine: Triton's compiler and `ptxas` run on the CPU. The PTX's line info (`.loc file
+# line column`, printed after each instruction) says which product of the combine line each
+# `mul.f32` rounds; the other one enters an `fma.rn.f32` exact. One of each, per line:
 
 # %%
-steps_tbl = [     # (step, change, elements != TE here, on the file's GPU)
-    ("a", "as written, no contraction: every product rounded", step_a["n"],
-     gpu_row(BIG, "free_sub-nofuse/tl")),
-    ("b", "a, with sin/cos from libdevice (= TE's)", src_outputs["libdevice"][0] if GPU else None,
-     gpu_row(BIG, "free_sub-nofuse/libdevice")),
-    ("c", "fma(x, c, rot*s) — TE's contraction", step_c["n"], gpu_row(BIG, "fma_xc/tl")),
-    ("d", "fma(rot, s, x*c) — the other order", step_d["n"], gpu_row(BIG, "fma_rs/tl")),
-    ("e", "the reference run's compiled choice: fma(x1, c, ·), fma(x1, s, ·)", step_e["n"],
-     gpu_row(BIG, "free_sub/tl")),
-    # the line as written, contraction on: the compiler's choice, per kernel (a GPU's only)
-    ("-", "as written, contraction on, in _rope_combine_kernel (this notebook's)",
-     None if step_a_free is None else step_a_free["n"], page["n_differ_from_te"]),  # page CSV
-    ("-", "as written, contraction on, in the reproduction kernel (debug.FIXED)",
-     n_fixed if LIVE else None, gpu_row(BIG, "debug:FIXED")),     # section 3's run, vs TE live
-]
-here = f"{torch.cuda.get_device_name()} (this run)" if GPU else ropelib.runtime.mode()
-# the file's reproduction kernel, and te_bits.py's copy of it (row e's right column): one count
-assert gpu_row(BIG, "debug:FIXED") == gpu_row(BIG, "free_sub/tl") > 0
-zero_rows = [r[0] for r in steps_tbl[:5] if r[3] == 0]
-assert zero_rows == ["c"]                       # on the GPU, of rows a to e only TE's order
-assert (steps_tbl[5][3], steps_tbl[6][3]) == (0, 12)   # one line, two kernels, two choices
-assert [r[0] for r in steps_tbl[:5] if r[2] == 0] == ["c"]    # and here, in rows a to e
-if SAME_GPU:   # rows a to e fix every rounding in the source: here = the file, row by row
-    assert all(r[2] in (None, r[3]) for r in steps_tbl[:5])
-
-fig, ax = plt.subplots(figsize=(8, 3.2))
-labels = ["a: as written, no contraction", "b: a, sin/cos from libdevice",
-          "c: fma(x, c, rot*s)", "d: fma(rot, s, x*c)", "e: the reference run's choice",
-          "contraction on: _rope_combine_kernel", "contraction on: reproduction kernel"]
-assert len(labels) == len(steps_tbl)
-rows_y = np.arange(len(steps_tbl))
-x_max = 1.35 * max(max(r[3] for r in steps_tbl if r[3] is not None),
-                   max(r[2] for r in steps_tbl if r[2] is not None))
-for offset, column, color, label in ((0.2, 3, "tab:green", FILE),
-                                     (-0.2, 2, "tab:purple", here)):
-    run = [i for i, r in enumerate(steps_tbl) if r[column] is not None]   # not run: no bar
-    ax.barh(rows_y[run] + offset, [steps_tbl[i][column] for i in run], height=0.4,
-            color=color, label=label)
-    for i, r in enumerate(steps_tbl):
-        v = r[column]
-        note = "not run" if v is None else "0: bit for bit" if v == 0 else str(v)
-        ax.text(0.01 * x_max if not v else v + 0.01 * x_max, i + offset, note, va="center",
-                fontsize=7, color="black" if v else color)
-ax.set_yticks(rows_y, labels, fontsize=8)
-ax.invert_yaxis()
-ax.set_xlabel(f"bf16 elements whose bits differ from TE (of {BIG.x.numel():,})")
-ax.set_title(f"which change makes the kernel equal TE: bf16, S={BIG.x.shape[0]} "
-             f"B={BIG.x.shape[1]} H={BIG.x.shape[2]} D={BIG.x.shape[3]}", fontsize=9)
-ax.set_xlim(0, x_max)
-ax.legend(fontsize=8, loc="lower right")
-fig.tight_layout()
-fig.savefig(FIGURES / "08-bits-steps.png", dpi=110)
-plt.show()
+import inspect
+header = ("import triton\nimport triton.language as tl\n"
+          "from triton.language.extra import libdevice\n\n\n")
+compiled = {   # the line as written, contraction on, compiled here for sm_90
+    "_rope_combine_kernel (above)": debug.combine_kernel_products(
+        header + inspect.getsource(_rope_combine_kernel.fn) + "\n\n"
+        + inspect.getsource(as_written.fn)),
+    "reproduction kernel (debug.FIXED)": debug.repro_kernel_products()}
+print(f"compiled here for sm_90 by Triton {triton.__version__}, contraction on")
+for kname, ys in compiled.items():
+    print(f"{kname}:")
+    for y, r in ys.items():
+        for op in ("mul.f32", "fma.rn.f32"):
+            print("   ", [ln for ln in r["lines"] if ln.startswith(op)][-1])
+        print(f"    -> {y}: {', '.join(r['fused'])} exact, {', '.join(r['rounded'])} rounded "
+              f"(all {r['fma.rn.f32']} fma.rn.f32 of the line in a thread alike)")
+above, repro = ({y: sorted(r["fused"][0].split(" * ")) for y, r in ys.items()}
+               for ys in compiled.values())
+assert all(len(r["fused"]) == len(r["rounded"]) == 1 for ys in compiled.values()
+           for r in ys.values())                   # one choice per line, in every element
+assert repro == fused        # the reproduction kernel: the H200 run's choice (step e's PTX)
+assert above == {"y1": ["c", "x1"], "y2": ["c", "x2"]}   # the kernel above: x c fused, TE's line
+assert gpu_row(BIG, "debug:FIXED") == gpu_row(BIG, "free_sub/tl") == 12
+if GPU:   # the kernel above, run with contraction on (step a): the halves the PTX predicts
+    halves = [torch.equal(step_a_free["y"][..., sl], step_c["y"][..., sl])
+              for sl in (slice(0, half), slice(half, None))]
+    print(f"run here with contraction on: {step_a_free['n']} elements differ from TE; y1 and "
+          f"y2 with step c's bits: {halves[0]}, {halves[1]}")
+    assert halves == [above["y1"] == ["c", "x1"], above["y2"] == ["c", "x2"]]
+# of steps a to e, only c gives TE's bits: in the reference run, and here
+assert [v for v in ("free_sub-nofuse/tl", "free_sub-nofuse/libdevice", "fma_xc/tl", "fma_rs/tl",
+                   "free_sub/tl")
+        if gpu_row(BIG, v) == 0] == ["fma_xc/tl"]
+assert [k for k, r in zip("acde", (step_a, step_c, step_d, step_e)) if r["n"] == 0] == ["c"]
 
 # %% [markdown]
-# **Reading the chart.** Purple is this machine (the interpreter on the CPU, or the kernel
-# above compiled here on a GPU), green the H200: the reference run, and for the notebook's kernel with
-# contraction on, the notebook's own run there. Rows a to e leave nothing to a compiler: each
-# product is rounded or sits in a `tl.fma`, so each row is one computation on every machine,
-# and the two bars agree row by row (asserted on the CPU and on the reference run's GPU). Of rows a to
-# e, only row c is 0: `tl.fma` pins TE's order in the source, and row d shows that the order
-# is what matters. "not run" is a count not taken: libdevice does not run in the interpreter,
-# and the last two rows need a compiler that contracts.
-#
-# The last two rows are the line as written with contraction on, where the compiler chooses,
-# and on the same H200 it chose two ways. In the reproduction kernel it fused TE's product in
-# $y_1$ and the other in $y_2$: 12 elements. In this notebook's kernel it fused TE's product in
-# both halves: 0 (and a GPU run prints which halves have step c's bits). Two kernels with the
-# same line, one contracted TE's way and one not: that is why the fix is to pin the order with
-# `tl.fma` rather than hope for it. What in a kernel decides the choice is not shown here; only
-# that the source does not, and that the output's bits tell which choice was made.
+# One line, one compiler, two choices. In the reproduction kernel the compiler fuses $x_1 c$
+# and then $x_1 s$: TE's product in $y_1$, the other in $y_2$, 12 elements on the H200 (the
+# compile here makes the choice the H200 run's PTX shows, asserted). In the kernel above it
+# fuses $x_1 c$ and $x_2 c$: TE's product in both halves, which is step c's line, so that
+# kernel's output is step c's, 0 elements (a GPU run checks both halves against step c's bits).
+# The PTX says which choice was made, not what in a kernel decides it; the source does not. Of
+# steps a to e only c gives 0, here and in the reference run (asserted): pin the order with
+# `tl.fma` rather than hope for it.
 
 # %% [markdown]
 # To make a Triton kernel equal TE bit for bit: compute cos/sin in fp32 from the fp32 angles
@@ -1138,16 +1118,14 @@ plt.show()
 #
 # **The same changes in your copy of section 1, one per row.** `_rope_repro_kernel` calls that
 # line, `te_combine`, under `if USE_FMA:`, and takes sin/cos from the angles under
-# `if FROM_ANGLES:`. The table below goes from section 1's reported failure to TE's bits, one
-# change per row; every count is elements whose bits differ from TE's output. The two columns
-# from the reference run are the course's copy of this kernel against the real TE on the GPU
-# (`debug:` presets of `benchmarks/te_bits.py`): in bf16 at the GPU size and in fp32 at the
-# small size. fp32 is the sharper witness: every rounding shows. The column "here" runs your copy on
-# the small fp32 case on this machine (on the CPU in the interpreter against TE's stored output,
-# on a GPU compiled with contraction on), with TE's own cos/sin wherever a row reads a table; on
-# a GPU with TE one more column runs it live at the GPU size in bf16. To try another order, edit
-# the `USE_FMA` branch or `my_combine`, then rerun section 1's cell and this one. The asserts
-# check the course's kernel, run beside yours, and the reference run.
+# `if FROM_ANGLES:`. The table goes from section 1's reported failure to TE's bits, one change
+# per row, counting elements whose bits differ from TE's output. The reference run's columns
+# are the course's copy of this kernel (`debug:` presets of `benchmarks/te_bits.py`), in bf16 at
+# the GPU size and in fp32 at the small size, where every rounding shows. The column "here" runs
+# your copy on the small fp32 case (on a GPU with contraction on), with TE's own cos/sin wherever
+# a row reads a table; a GPU with TE adds a live bf16 column. To try another order, edit the
+# `USE_FMA` branch or `my_combine`, then rerun section 1's cell and this one. The asserts check
+# the course's kernel, run beside yours.
 
 # %%
 def repro_bits(case, use_fma, from_angles=False, input_dtype_math=False,
@@ -1169,7 +1147,7 @@ def repro_bits(case, use_fma, from_angles=False, input_dtype_math=False,
     return int(debug.bits_differ(y, side["te"]).sum())
 
 
-LEDGER = [  # (the change, its debug.Causes, repro_bits's switches, the file's row)
+LEDGER = [  # (the change, its debug.Causes, repro_bits's switches, the reference run's row)
     ("section 1's reported failure: table and math in the input dtype (debug.REPRO)", REPRO,
      dict(use_fma=False, input_dtype_math=True), "debug:REPRO"),
     ("fp32 table, fp32 math (two changes; section 4 separates them)",
@@ -1183,10 +1161,10 @@ LEDGER = [  # (the change, its debug.Causes, repro_bits's switches, the file's r
      dataclasses.replace(FIXED, fma=True, sincos_in_kernel=False), dict(use_fma=True), None)]
 yours_bits = [repro_bits(SMALL32, **sw) for _, _, sw, _ in LEDGER]
 course_bits = [repro_bits(SMALL32, kernel=None, **sw) for _, _, sw, _ in LEDGER]
-file_bf16 = [None if v is None else gpu_row(BIG, v) for *_, v in LEDGER]
-file_small = [None if v is None else SMALL32.rows[v]["n_differ"] for *_, v in LEDGER]
+ref_bf16 = [None if v is None else gpu_row(BIG, v) for *_, v in LEDGER]
+ref_small = [None if v is None else SMALL32.rows[v]["n_differ"] for *_, v in LEDGER]
 live = []
-if LIVE:   # your section-1 kernel, the file's bf16 inputs, against TE on this GPU, now
+if LIVE:   # your section-1 kernel, the reference run's bf16 inputs, against TE on this GPU, now
     ang = SIDE[BIG.key]["angles"].to(device)
     freqs4 = torch.cat((ang, ang), dim=-1).view(ang.shape[0], 1, 1, -1)
     for _, causes, _, _ in LEDGER:
@@ -1201,27 +1179,28 @@ display(HTML(
     f"<th>fp32, S=32 B=2 H=2 D=32, your kernel, {MEASURED} ({small_of})</th>"
     + (f"<th>bf16, S=512 B=2 H=8 D=128, your kernel, live on this GPU ({big_of})</th>"
        if live else "") + "</tr>" +
-    "".join(f"<tr><td>{row[0]}</td><td>{fmt_n(file_bf16[i])}</td>"
-            f"<td>{fmt_n(file_small[i])}</td><td>{fmt_n(yours_bits[i])}</td>"
+    "".join(f"<tr><td>{row[0]}</td><td>{fmt_n(ref_bf16[i])}</td>"
+            f"<td>{fmt_n(ref_small[i])}</td><td>{fmt_n(yours_bits[i])}</td>"
             + (f"<td>{fmt_n(live[i])}</td>" if live else "") + "</tr>"
             for i, row in enumerate(LEDGER)) +
     f"</table><p>elements whose bits differ from TE's output. {FILE}: the course's kernel "
     f"against the real TE; —: no such row</p>"))
 print("your kernel gives the course kernel's counts" if yours_bits == course_bits else
       "your edit changed a count: the asserts below check the course's kernel")
-# the file: on the GPU the source of sin/cos leaves the count, the fma line takes it to 0
-assert file_bf16 == [320601, 12, 12, 0, None]
-assert file_small == [573, 573, 573, 0, None]
-# the file's fp32 table rows read a torch fp32 table made on the GPU: TE's entries, every bit
+# the reference run: the source of sin/cos leaves the count, the fma line takes it to 0
+assert ref_bf16 == [320601, 12, 12, 0, None]
+assert ref_small == [573, 573, 573, 0, None]
+# its fp32 table rows read a torch fp32 table made on the GPU: TE's entries, every bit
 assert all(SMALL32.sincos["table_fp32"][f]["n_differ"] == 0 for f in ("cos", "sin"))
 assert course_bits[4] == 0                       # TE's cos/sin and TE's order: on every machine
+assert SMALL32.rows["none_rn/table_te_fp32"]["n_differ"] == 990   # every product rounded
 if not GPU:   # the interpreter rounds every product, and its tl.cos is NumPy's, not CUDA's
     assert course_bits[0] == course_bits[1] == SMALL32.rows["none_rn/table_te_fp32"]["n_differ"]
     assert course_bits[2] > 0 and course_bits[3] > 0
 elif SAME_GPU:  # tl.cos is CUDA's sincosf, TE's own
     assert course_bits[3] == 0
-    if triton.__version__ == META["triton"]:    # and the file's compiler: the file's counts
-        assert course_bits[:4] == file_small[:4]
+    if triton.__version__ == META["triton"]:    # and its compiler: its counts
+        assert course_bits[:4] == ref_small[:4]
 
 # %% [markdown]
 # **Which change did it.** Read the reference run's columns row by row. Section 1's reported failure
@@ -1509,7 +1488,7 @@ print(f"bf16 steps apart -> count: section 3b's nudge in PyTorch at the GPU size
       f"steps d and e on the {GPU_NAME}: {BIG.rows['fma_rs/tl']['hist']}, "
       f"{BIG.rows['free_sub/tl']['hist']}")
 assert hist_big[1] == 38 and max(hist_big) > 1               # section 3b, asserted there too
-assert far_steps == {"fma_rs/tl": 5, "free_sub/tl": 5}      # the file: one element 5 steps apart
+assert far_steps == {"fma_rs/tl": 5, "free_sub/tl": 5}      # the reference run: one element 5 steps apart each
 assert BIG.rows["fma_rs/tl"]["hist"][5] == BIG.rows["free_sub/tl"]["hist"][5] == 1
 
 # %% [markdown]
@@ -1627,9 +1606,9 @@ print(f"fixed: allclose with {tol} passes; max error {float(ulps.max()):.3g} ulp
 #   kernel went from 320,601 differing bf16 elements to 12 with an fp32 table and fp32 math,
 #   stayed at 12 with sin/cos from the angles in the kernel (equal to TE's in every entry), and
 #   reached 0 with `tl.fma(x, c, rot * s)`. The 12 lie in the half of the outputs where the
-#   compiler fused the other product (step e), a choice it makes kernel by kernel: on the same
-#   H200 it fused TE's product in both halves of section 4b's kernel, 0 elements (step a), so
-#   only `tl.fma` makes TE's order a property of the source. On the CPU the same kernel reaches
+#   compiler fused the other product (step e), a choice it makes kernel by kernel: the same
+#   compiler fuses TE's product in both halves of section 4b's kernel, 0 elements (step e's
+#   PTX), so only `tl.fma` makes TE's order a property of the source. On the CPU the same kernel reaches
 #   0 only with both TE's own cos/sin and TE's order.
 #
 # The fix is the comparison itself: an fp64 reference, dtype-aware tolerances, errors in ulps

@@ -632,26 +632,34 @@ def test_the_notebook_reads_its_speed_claims_from_committed_data():
         assert text.index(readout) > appendix, readout
 
 
-def test_the_host_probe_times_single_and_grouped_calls():
-    """Section 5's profiler-free host probe (GPU only in the notebook): run on the CPU with the
-    reference rotary, it returns two positive µs a layer and runs the calls it says it runs."""
+def test_the_host_probe_times_three_arms_and_the_no_rope_model_ignores_positions():
+    """Section 5's profiler-free host probe (GPU only in the notebook): section 4's interleaved
+    rounds with a third arm whose rotary module (`NoRotary`) leaves q and k as they are. Run on
+    the CPU: every arm gets a wall time and an issue time per round, the issue time no longer than
+    the wall time, and the no-RoPE model's attention does not depend on where a token sits."""
+    import random
     import time
-    namespace = {"torch": torch, "time": time}
+    namespace = {"torch": torch, "time": time, "random": random,
+                 "make_optimizer": gpt_model.make_optimizer, "train_step": gpt_model.train_step}
     tree = ast.parse(NOTEBOOK.read_text(encoding="utf-8"))
-    defs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "host_probe_us"]
-    assert len(defs) == 1
+    wanted = {"interleaved_step_ms", "NoRotary"}
+    defs = [n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))
+            and n.name in wanted]
+    assert {n.name for n in defs} == wanted
     exec(compile(ast.Module(body=defs, type_ignores=[]), str(NOTEBOOK), "exec"),  # noqa: S102
          namespace)
-    cfg = GPTConfig(vocab_size=20, block_size=8, n_layer=3, n_head=2, n_embd=16)
-    rotary = gpt_model.build(cfg, "reference", seed=0).blocks[0].attn.rotary
-    calls = []
-
-    def counted(q, k):
-        calls.append(1)
-        return rotary(q, k)
-
-    q, k = (torch.randn(2, 8, 2, 8, requires_grad=True) for _ in range(2))
-    one, grouped = namespace["host_probe_us"](counted, q, k, torch.randn_like(q), layers=3,
-                                              reps=6, sync=lambda: None)
-    assert one > 0 and grouped > 0
-    assert len(calls) == (3 + 6) + (3 + 2) * 3       # warm-up and timed, single then grouped
+    cfg = GPTConfig(vocab_size=20, block_size=8, n_layer=2, n_head=2, n_embd=16)
+    models = {"reference": gpt_model.build(cfg, "reference", seed=0),
+              "no RoPE": gpt_model.build(cfg, "reference", seed=0)}
+    for blk in models["no RoPE"].blocks:
+        blk.attn.rotary = namespace["NoRotary"]()
+    q, k = torch.randn(2, 2, 8, 2, 8).unbind(0)
+    assert all(a is b for a, b in zip(models["no RoPE"].blocks[0].attn.rotary(q, k), (q, k)))
+    x = torch.randint(0, 20, (2, 8))
+    issue = {}
+    times = namespace["interleaved_step_ms"](models, (x, x), rounds=2, steps=1, warmup=1,
+                                             issue=issue)
+    assert set(times) == set(issue) == set(models)
+    for arm in models:
+        assert len(times[arm]) == len(issue[arm]) == 2
+        assert all(0 < i <= w for i, w in zip(issue[arm], times[arm]))

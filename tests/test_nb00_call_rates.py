@@ -24,7 +24,15 @@ learner_copy = load_file("own_code_tests_nb00", ROOT / "tests" / "test_own_code.
 
 def test_the_learners_own_rates_pass(capsys):
     assert basics.check_call_rates(learner_copy(basics.solution_call_rates)) is True
-    assert "✅" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "✅" in out
+    if measured.path("floor").is_file():          # the exercise's last question, answered
+        assert "the committed decoding step moves" in out and "not memory-bound" in out, out
+
+
+def test_a_failing_answer_gets_no_answer_to_the_last_question(capsys):
+    assert basics.check_call_rates(lambda *a: (0.0, 0.0)) is False
+    assert "not memory-bound" not in capsys.readouterr().out
 
 
 def test_the_bytes_model_of_ropelib_bench_is_refused(capsys):

@@ -75,3 +75,20 @@ def test_hf_cos_sin_refuses_transformers_rotary_module(capsys):
                                                            torch.float32), atol=0, rtol=0)
     assert not layouts.check_hf_cos_sin(hf)
     assert "transformers" in capsys.readouterr().out
+
+
+def test_exercise_2s_last_question_is_the_bf16_cos_sin_line():
+    # the learner's own cos and sin, given to apply_rope, reproduce section 2's "fused, bf16
+    # cos/sin" line bit for bit, and no other line of the table
+    import ropelib
+    from ropelib.frequencies import rope_cos_sin, rope_freqs
+    torch.manual_seed(0)
+    S, D = 16, 32
+    x = torch.randn(S, 2, 3, D, dtype=torch.bfloat16)
+    f_tab = rope_freqs(S, D)
+    cos, sin = rope_cos_sin(S, D, dtype=torch.bfloat16)
+    lines = {"fused, fp32 angles (ropelib)": ropelib.apply_rope(x, f_tab),
+             "fused, bf16 cos/sin": ropelib.apply_rope(x, cos=cos, sin=sin),
+             "TE unfused (math in bf16)": reference.te_unfused(x, f_tab)}
+    own = learner_copy(layouts.solution_hf_cos_sin)
+    assert layouts.table_line_of(own, x, lines) == ("fused, bf16 cos/sin", 1.0)

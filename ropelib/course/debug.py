@@ -37,7 +37,8 @@ __all__ = ["Causes", "Scenario", "REPRO", "FIXED", "CAUSE_DOCS", "DECISIONS", "t
            "diagnose", "classify", "model_pairing", "LAYOUT_NORMWISE_U", "te_bits_file",
            "load_te_bits", "te_bits_inputs", "te_bits_case", "TeBitsCase", "bits_differ",
            "CONTRACTION_WAYS", "contraction_emulations", "float_instructions",
-           "repro_kernel_instructions"]
+           "repro_kernel_instructions", "ptx_products", "combine_kernel_products",
+           "repro_kernel_products"]
 
 
 # --- the reproduction kernel ------------------------------------------------------------------
@@ -765,6 +766,140 @@ def repro_kernel_instructions(enable_fp_fusion: bool = True, arch: int = 90) -> 
     code = ("import json; from ropelib.course.debug import _repro_instructions_here; "
             f"print(json.dumps(_repro_instructions_here({bool(enable_fp_fusion)}, {int(arch)})))")
     return in_compiling_python(code, what=f"compiling the reproduction kernel for sm_{arch}")
+
+
+# Which product of `y = a * b +/- c * d` a compiled kernel rounds and which it fuses, read from the
+# PTX's line info: `.loc <file> <line> <column>` precedes the instructions of a source position;
+# Triton places a product at its left operand's column and a sum at the start of the sum.
+_PTX_LOC = re.compile(r"^\s*\.loc\s+(\d+)\s+(\d+)\s+(\d+)")
+_PTX_FILE = re.compile(r'^\s*\.file\s+(\d+)\s+"([^"]*)"(?:\s+"([^"]*)")?')
+_PTX_MUL_FMA = re.compile(r"^\s*(?:@%p\d+\s+)?((?:mul|fma\.rn)\.f32)\b")
+
+
+def _products(text: str) -> Optional[tuple]:
+    """(target, {(first, last) 1-based column of a product: its text}, the sum) of a line
+    `y = a * b +/- c * d`, else None."""
+    import ast
+    indent = len(text) - len(text.lstrip())
+    try:
+        node = ast.parse(text.strip()).body[0]
+    except (SyntaxError, IndexError):
+        return None
+    if not (isinstance(node, ast.Assign) and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name) and isinstance(node.value, ast.BinOp)
+            and isinstance(node.value.op, (ast.Add, ast.Sub))):
+        return None
+    terms = (node.value.left, node.value.right)
+    if not all(isinstance(t, ast.BinOp) and isinstance(t.op, ast.Mult) for t in terms):
+        return None
+    return (node.targets[0].id,
+            {(indent + t.col_offset + 1, indent + t.end_col_offset): ast.unparse(t)
+             for t in terms}, ast.unparse(node.value))
+
+
+def _product_at(products: dict, column: int, total: str) -> str:
+    """The product whose columns hold `column` (Triton 3.9 puts a multiply's line info on the
+    product's first column, Triton 3.6 a few columns into it), else the whole sum."""
+    return next((text for (first, last), text in products.items() if first <= column <= last),
+                total)
+
+
+def ptx_products(ptx: str, source: str, path: str) -> dict:
+    """How compiled code computes each line `y = a * b +/- c * d` of `source` (the text of the
+    file `path` it was compiled from; matched by file name, since Triton's cache may hand back
+    code compiled from the same text elsewhere): {y: {"rounded": the products compiled as mul.f32,
+    "fused": the line's other product where an fma.rn.f32 adds it unrounded, "mul.f32": n,
+    "fma.rn.f32": n, "lines": the instructions, each with the source it came from}}."""
+    name = lambda p: p.replace("\\", "/").rsplit("/", 1)[-1]
+    mine = name(str(path))
+    files = {m[1]: m[2] if m[3] is None else f"{m[2]}/{m[3]}"      # listed after the code
+             for m in map(_PTX_FILE.match, ptx.splitlines()) if m}
+    loc, found = None, {}
+    src_lines = source.splitlines()
+    for line in ptx.splitlines():
+        if m := _PTX_LOC.match(line):
+            loc = (m[1], int(m[2]), int(m[3]))
+        elif (m := _PTX_MUL_FMA.match(line)) and loc and name(files.get(loc[0], "")) == mine:
+            parsed = _products(src_lines[loc[1] - 1]) if loc[1] <= len(src_lines) else None
+            if parsed is None:
+                continue
+            y, products, total = parsed
+            rec = found.setdefault(y, {"rounded": set(), "mul.f32": 0, "fma.rn.f32": 0,
+                                       "lines": [], "products": products})
+            rec[m[1]] += 1
+            what = _product_at(products, loc[2], total) if m[1] == "mul.f32" else total
+            if m[1] == "mul.f32":
+                rec["rounded"].add(what)
+            rec["lines"].append(f"{line.strip():44s} // column {loc[2]}: {what}")
+    for rec in found.values():
+        products = rec.pop("products")
+        rec["fused"] = (sorted(set(products.values()) - rec["rounded"]) if rec["fma.rn.f32"]
+                        else [])
+        rec["rounded"] = sorted(rec["rounded"])
+    return found
+
+
+_COMBINE_CHILD = r'''
+import importlib.util, json, sys, torch
+from ropelib.course.offline_compile import compile_for_cuda
+path, kernel, combine, arch, S, B, H, D = sys.argv[1:9]
+spec = importlib.util.spec_from_file_location("combine_kernels", path)
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+S, B, H, D = int(S), int(B), int(H), int(D)
+x, y = torch.empty(S, B, H, D, dtype=torch.bfloat16), torch.empty(S, B, H, D)
+a = torch.empty(S, D // 2)
+compiled = compile_for_cuda(getattr(module, kernel), dict(
+    x_ptr=x, y_ptr=y, ang_ptr=a, cos_ptr=a, sin_ptr=a, n_rows=S * B * H, rows_per_pos=B * H,
+    HALF=D // 2, BLOCK_ROWS=64, SINCOS="tl", COMBINE=getattr(module, combine)),
+    num_warps=4, arch=int(arch), enable_fp_fusion=True)
+print(json.dumps(compiled.asm["ptx"]))
+'''
+
+_REPRO_CHILD = r'''
+import json, sys, torch
+from ropelib.course.debug import _rope_unsloth_repro_kernel
+from ropelib.course.offline_compile import compile_for_cuda
+x, ang = torch.empty(1024, 8, 128, dtype=torch.bfloat16), torch.empty(512, 64)
+compiled = compile_for_cuda(_rope_unsloth_repro_kernel, dict(
+    x_ptr=x, cos_ptr=ang, sin_ptr=ang, stride_xr=x.stride(0), stride_xh=x.stride(1),
+    stride_t=ang.stride(0), SEQ_LEN=512, HALF=64, BLOCK_HALF=64, FROM_ANGLES=True,
+    COMPUTE_FP32=True, USE_FMA=False, BF16_RTNE=False),
+    num_warps=4, arch=int(sys.argv[1]), enable_fp_fusion=True)
+print(json.dumps(compiled.asm["ptx"]))
+'''
+
+
+def combine_kernel_products(kernel_source: str, kernel: str = "_rope_combine_kernel",
+                            combine: str = "as_written", shape=(512, 2, 8, 128),
+                            arch: int = 90) -> dict:
+    """`ptx_products` of notebook 08's combine kernel: `kernel` launched with COMBINE=`combine`
+    (both defined in `kernel_source`, a module's text), sin/cos from the angles ("tl"), 64 rows
+    a program and 4 warps on bf16 x of `shape` (sbhd), compiled for sm_<arch> with Triton's
+    default contraction (enable_fp_fusion=True). No GPU is needed: Triton and ptxas run on the
+    CPU, in a second Python without TRITON_INTERPRET."""
+    import tempfile
+    from pathlib import Path
+    from .offline_compile import in_compiling_python
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "combine_kernels.py"
+        path.write_text(kernel_source)
+        ptx = in_compiling_python(_COMBINE_CHILD, str(path), kernel, combine, str(arch),
+                                  *map(str, shape), what=f"compiling {kernel} for sm_{arch}")
+    return ptx_products(ptx, kernel_source, str(path))
+
+
+def repro_kernel_products(arch: int = 90) -> dict:
+    """`ptx_products` of the reproduction kernel with debug.FIXED's switches (sin/cos from the
+    angles, fp32 math, the line as written), compiled for sm_<arch> with Triton's default
+    contraction, at notebook 08's GPU size (bf16 rows [1024, 8, 128], S = 512)."""
+    import inspect
+    from .offline_compile import in_compiling_python
+    ptx = in_compiling_python(_REPRO_CHILD, str(arch),
+                              what=f"compiling the reproduction kernel for sm_{arch}")
+    path = inspect.getsourcefile(_rope_unsloth_repro_kernel.fn)
+    with open(path) as f:
+        return ptx_products(ptx, f.read(), path)
 
 
 def te_bits_inputs(scenario: Scenario, device="cpu"):

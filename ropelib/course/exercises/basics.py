@@ -96,6 +96,7 @@ def check_call_rates(fn: Callable) -> bool:
     import inspect as _inspect
     from .. import measured
     cases = []
+    decode_tb_s = None
     if measured.path("floor").is_file():
         from ...bench import floor as floor_suite
         configs = {case.name: case.config for case in floor_suite.rope_cases()}
@@ -106,6 +107,7 @@ def check_call_rates(fn: Callable) -> bool:
             args = (c.seq_len, c.batch, c.heads, c.head_dim, 2, ms)
             cases.append((f"the committed H200 run, {row}: x [{c.seq_len}, {c.batch}, {c.heads}, "
                           f"{c.head_dim}] bf16 in {ms:.4g} ms", args, _rates(*args)))
+        decode_tb_s = cases[-1][2][0]
     seed, g = fresh_generator()     # and calls drawn now: answers computed beforehand fail
     for _ in range(2):
         S, B, H = (int(v) for v in torch.randint(1, 4097, (3,), generator=g))
@@ -117,12 +119,22 @@ def check_call_rates(fn: Callable) -> bool:
                       f"seed {seed})", (S, B, H, D, elem, ms), _rates(S, B, H, D, elem, ms)))
     own_readers = tuple(v for v in vars(measured).values()
                         if _inspect.isfunction(v) and v.__module__ == measured.__name__)
-    return check_cases("TB/s and TFLOP/s of one call", "your own count of bytes and FLOPs", fn,
-                       cases, post=_as_pair, rtol=1e-6, atol=0,
-                       hint="bytes: 2 * S*B*H*D * bytes_per_element (read x, write y) + S*D*4 "
-                            "(the fp32 table); FLOPs: 3 * S*B*H*D; divide each by ms * 1e-3 "
-                            "seconds, then by 1e12",
-                       bar=(*own_readers, solution_call_rates))
+    ok = check_cases("TB/s and TFLOP/s of one call", "your own count of bytes and FLOPs", fn,
+                     cases, post=_as_pair, rtol=1e-6, atol=0,
+                     hint="bytes: 2 * S*B*H*D * bytes_per_element (read x, write y) + S*D*4 "
+                          "(the fp32 table); FLOPs: 3 * S*B*H*D; divide each by ms * 1e-3 "
+                          "seconds, then by 1e12",
+                     bar=(*own_readers, solution_call_rates))
+    if ok and decode_tb_s is not None:      # the exercise's last question, answered
+        share = decode_tb_s / H200_HBM_TB_S
+        verdict = ("not memory-bound, its time is the call's fixed cost" if share < 0.5
+                   else "its bytes set a good part of its time")
+        print(f"   the committed decoding step moves {decode_tb_s:.3f} TB/s, {share:.1%} of the "
+              f"H200's {H200_HBM_TB_S} TB/s: {verdict}")
+    return ok
+
+
+H200_HBM_TB_S = 4.8     # NVIDIA's figure for the H200 SXM's memory (notebook 00, section 3)
 
 
 def _as_pair(answer, expected):

@@ -57,7 +57,7 @@ from .own_code import check_cases, fresh_generator, fresh_seed, launch_barred, r
 __all__ = ["check_rope_share", "solution_rope_share", "check_cached_attention",
            "solution_cached_attention", "decode_with", "KV_TOL", "check_model_rope_kernel",
            "solution_model_rope_kernel", "launch_model_rope", "kernel_rope", "plug_rope",
-           "KernelRotary", "MODEL_ROPE_ROWS"]
+           "KernelRotary", "MODEL_ROPE_ROWS", "solution_model_rope_one_angle"]
 
 
 class _Fresh:
@@ -672,4 +672,30 @@ def solution_model_rope_kernel(
     tl.store(y_row + HALF + offs, y2.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-_WORKED = (solution_rope_share, solution_cached_attention, solution_model_rope_kernel)
+@triton.jit
+def solution_model_rope_one_angle(
+    x_ptr, y_ptr, freqs_ptr, n_rows, S, H,
+    stride_xb, stride_xs, stride_xh, stride_xd, stride_fs, stride_fd,
+    HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, ROWS: tl.constexpr,
+):
+    """`solution_model_rope_kernel` with one angle a pair: the model's table is TE's cat(f, f),
+    so theta_{j + HALF} = theta_j, and one sine and one cosine serve both members of a pair
+    (two transcendental functions a pair instead of four). The same results on that table."""
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    b = (rows // (S * H))[:, None]
+    s = ((rows // H) % S)[:, None]
+    h = (rows % H)[:, None]
+    offs = tl.arange(0, BLOCK_HALF)[None, :]
+    mask = (rows[:, None] < n_rows) & (offs < HALF)
+    theta = tl.load(freqs_ptr + s * stride_fs + offs * stride_fd, mask=mask, other=0.0)
+    cos, sin = tl.cos(theta), tl.sin(theta)
+    x_row = x_ptr + b * stride_xb + s * stride_xs + h * stride_xh
+    x1 = tl.load(x_row + offs * stride_xd, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(x_row + (offs + HALF) * stride_xd, mask=mask, other=0.0).to(tl.float32)
+    y_row = y_ptr + rows[:, None] * 2 * HALF
+    tl.store(y_row + offs, (x1 * cos - x2 * sin).to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_row + HALF + offs, (x2 * cos + x1 * sin).to(y_ptr.dtype.element_ty), mask=mask)
+
+
+_WORKED = (solution_rope_share, solution_cached_attention, solution_model_rope_kernel,
+           solution_model_rope_one_angle)

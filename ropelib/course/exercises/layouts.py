@@ -18,7 +18,7 @@ from ... import reference
 from .basics import third_party_ropes
 from .own_code import check_cases, fresh_generator, listed_as_tensor
 
-__all__ = ["check_thd_cp_positions", "check_hf_cos_sin", "hf_cos_sin_expected"]
+__all__ = ["check_thd_cp_positions", "check_hf_cos_sin", "hf_cos_sin_expected", "table_line_of"]
 
 
 # --- exercise 1b: a packed batch under context parallelism ------------------------------------
@@ -122,6 +122,23 @@ def check_hf_cos_sin(fn: Callable) -> bool:
                             "angles for both halves; cos and sin in fp32, times "
                             "attention_scaling, then one .to(dtype)",
                        bar=third_party_ropes())
+
+
+def table_line_of(fn, x_sbhd: torch.Tensor, lines: dict) -> tuple:
+    """Exercise 2's last question, answered with the learner's own cos and sin: `fn` (their
+    hf_cos_sin) gives bf16 cos, sin for positions 0..S-1 of `x_sbhd` [S, B, H, D] (base 10000,
+    every feature rotated, no scaling); `ropelib.apply_rope(x_sbhd, cos=cos[0], sin=sin[0])` is
+    then held against each line of section 2's table (`lines`: name -> output). Returns (the name
+    of the line with the most outputs equal to it, that share of outputs)."""
+    from ... import apply_rope, frequencies
+    S, D = x_sbhd.shape[0], x_sbhd.shape[-1]
+    inv = frequencies.inv_freq(D).to(x_sbhd.device)                    # [D/2] fp32, as HF's
+    positions = torch.arange(S, device=x_sbhd.device)[None]            # [1, S]
+    cos, sin = fn(inv, positions, 1.0, torch.bfloat16)                 # [1, S, D] each
+    y = apply_rope(x_sbhd, cos=cos[0], sin=sin[0])
+    shares = {name: (y == out).double().mean().item() for name, out in lines.items()}
+    best = max(shares, key=shares.get)
+    return best, shares[best]
 
 
 # --- worked solutions (shown folded in notebook 02) ------------------------------------------
