@@ -281,16 +281,14 @@ assert [[round(measured(slug, "cublas", p, 32768)["ms"], 3) for slug in ("nvidia
 # second read of $X$? `benchmarks/qkv_mainloop_probe.py` timed both on an H200 at four tiles
 # (a probe kernel that loads with TMA, the Tensor Memory Accelerator of Hopper GPUs, which
 # copies a whole tile into shared memory from one instruction; one head a tile, Llama-3-8B's
-# projection), and the next cell prints every pair. Two accumulators took longer in seven of
-# the eight cases, by 4 to 30 %; six of those eight differences exceed the two timings'
-# p20-p80 spreads. One of the six goes the other way: at the 64/64/8/4/4 tile and 32768 tokens
-# two accumulators were 5.3 % *faster* (0.209 ms, against spreads of 0.138 ms together). It is
-# an anomaly of that tile's one-accumulator time: 3.935 ms, 4.6 times its 0.851 ms at 8192
-# tokens, where every other one-accumulator tile grew 4.1 to 4.2 times with four times the
-# tokens. The five other resolved cases favour one accumulator, though they cannot say which of
-# the two costs decides (section 4 counts both). One oddity: at 4 stages the one-accumulator kernel came
-# out 15 and 17 % *faster* than its own bare GEMM, because the compiler's 4-stage bare GEMM is
-# slow (19 to 23 % slower than at 3 stages); 7.2's profile finds its warps waiting at barriers.
+# projection), and the next cell prints every pair. **One accumulator is cheaper**: two took
+# 4 to 30 % longer in seven of the eight cases, five of them beyond the two timings' p20-p80
+# spreads together; which of the two costs decides, timings cannot say (section 4 counts both).
+# **One case** goes the other way, resolved: at the 64/64/8/4/4 tile and 32768 tokens two
+# accumulators came out 5.3 % faster, an anomaly of that tile's one-accumulator time, which grew
+# 4.6 times from 8192 tokens where every other tile's grew 4.1 to 4.2 times. (At 4 stages one accumulator
+# also beat its own bare GEMM: the compiler's 4-stage bare GEMM is slow, its warps waiting at
+# barriers, 7.2.)
 #
 # So ropelib holds a head as one accumulator whenever every feature is rotated and $D/2$ is a
 # power of two, and gathers accumulators (three, with the pass-through features) for partial
@@ -348,6 +346,7 @@ assert [round(two_over_one[fwd_tile, t], 2) for t in (8192, 32768)] == [0.08, 0.
 within = {key for key, outside in resolved_two.items() if not outside}
 assert within == {((64, 64, 8, 4, 4), 8192), ((128, 128, 8, 8, 3), 8192)}, within
 assert sorted(round(100 * two_over_one[key], 1) for key in within) == [3.7, 4.2]
+assert sum(resolved_two[key] for key in slower) == 5            # "five of them beyond"
 # the one resolved case the other way: 64/64/8/4/4 at 32768 tokens, and its odd scaling
 odd = (64, 64, 8, 4, 4)
 one_ms = {(tile, t): probe[t, f"fused 1 acc table {tile}"] for tile in probe_tiles for t in (8192, 32768)}
@@ -833,7 +832,13 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 # where the two correlate at 0.80 and 0.85.) The scatter is in each timing itself: from round to round cuBLAS, the unfused pipeline
 # and the forward from angles vary by 2.2 to 6.4 % of their mean (standard deviation), the
 # forward from a table by 0.7 to 1.7 %.
-# More rounds, not their pairing, is what resolves the rows above.
+# More rounds, not their pairing, is what resolves the rows above. Nor can pairing cancel a
+# clock each kernel sets for itself: on the H200 every one of these forwards runs at the card's
+# 700 W limit (7.2), so its SM clock follows its own power draw. In 7.2's clock run (medians
+# of seven rounds; the clock read in steps of 15 MHz, about 1 %) the forward from a table took
+# 1.020 and 0.997 times the unfused pipeline's time at the two sizes, but 1.031 and 1.012 times
+# its cycles: at 32768 tokens a clock 1 % faster turned more cycles into less time. A ratio of
+# times here prices the work and the clock together.
 #
 # **Forward+backward** on an H200, seed 0. Here the CSVs keep only each variant's paired ratio to
 # the unfused pipeline, $t_{\text{unfused}} / t$ (above 1: faster), as a median and range over
@@ -852,6 +857,8 @@ print(f"dL/dx {tuple(gx_t.shape)}: teaching dX kernel vs autograd of qkv_rope_li
 # others against the unfused pipeline: **not resolved**, at both sizes, with and without
 # QK-norm. Like for like with QK-norm (both from a table), 1.02 and 1.03 against 1.01: the CSVs
 # hold no rounds to pair them, and the ranges overlap, so that difference is not resolved either.
+# Pricing forward+backward needs a run that keeps every round's time, as the seed-1 forward run
+# does, pooled as above; none has been made, so this page gives it no verdict.
 
 # %%
 def read_rounds(path, name):
@@ -992,6 +999,17 @@ print(f"{CLOCK_RUN.name} (7 shuffled rounds, medians): " + "; ".join(
     for (a, b), vs in later_vs.items()))
 assert [round(100 * (v - 1), 1) for vs in later_vs.values() for v in vs] == [2.0, -0.3, 4.1, 2.4]
 assert [round(later[8192][v]["ms"], 3) for v in ("fused, table", "unfused")] == [0.663, 0.65]
+# the same two ratios split: time = cycles x clock (b's MHz over a's)
+split = {(a, b): [(later[t][a]["ms"] / later[t][b]["ms"], later[t][a]["mcycles"] / later[t][b]["mcycles"],
+                   later[t][b]["mhz"] / later[t][a]["mhz"]) for t in TOKENS] for a, b in later_vs}
+print("  split, time = cycles x clock (clock: b's MHz over a's, below 1 where a's clock ran faster):")
+for (a, b), cells in split.items():
+    print(f"  {a} / {b}: " + "; ".join(f"{t} tokens time {x:.3f} = cycles {c:.3f} x clock {k:.3f}"
+                                       for t, (x, c, k) in zip(TOKENS, cells)))
+assert all(later[t][v]["mhz"] % 15 == 0 for t in TOKENS for v in later[t])    # "steps of 15 MHz"
+assert [(round(x, 3), round(c, 3)) for x, c, _ in split["fused, table", "unfused"]] \
+    == [(1.02, 1.031), (0.997, 1.012)]
+assert round(split["fused, table", "unfused"][1][2], 2) == 0.99                 # "1 % faster"
 # the bullets: the pass 7.4 % (5.3 to 8.7), the table's fused forward 1.6 % faster, the epilogue
 # 4.4 and 4.6 %, the bare GEMM 1.3 %; the pass about one copy of q and k
 assert [round(100 * (pooled[k]["ratio"] - 1), 1) for k in (
@@ -1087,20 +1105,16 @@ draw_paired(FIGURES / "12-qkv-projection-paired.png")
 # #### Why the first design lost
 #
 # The first fused forward was section 4's kernel grown up: pointer loads, exercise 1b's
-# epilogue. Timed on the H200 (single `do_bench` medians), the same GEMM with its rotation
-# switched off (`triton_gemm`) trailed cuBLAS by 0.08 ms at 8192 tokens and 0.58 ms at 32768,
-# each more than the two timings' spreads. Measured against what the RoPE pass must cost at
-# least, its copy floor (0.040 and 0.158 ms there), and against 7.1's pooled share (the pass
-# adds 7.4 % to cuBLAS's time, about 0.04 and 0.18 ms), the main loop alone lost 2.1 and 3.7
-# copy floors, more than a fusion can save. No epilogue on that main loop could win.
-#
-# The epilogue then cost 0.11 ms more at 8192 tokens, 17 % of the bare GEMM's 0.67 ms and well
-# beyond the two timings' spreads (at 32768 tokens its 0.25 ms lies within them). Under the
-# profiler the two kernels are only 7 % apart. Its count of **elapsed cycles** over the timed
-# duration gives the SM clock each timing implies (*derived*, not measured: it assumes the same
-# cycles at the GPU's own clock as at the profiler's fixed one): the bare GEMM about 1.65 GHz,
-# the fused kernel about 1.51, cuBLAS about 1.4, far below the H200's highest SM clock (1.98
-# GHz, NVIDIA's specification). 6.8 % more cycles, each 9 % longer, give the timing's 17 %.
+# epilogue. Timed on the H200 (single `do_bench` medians), its main loop alone (the same GEMM
+# with its rotation off, `triton_gemm`) trailed cuBLAS by 0.08 ms at 8192 tokens and 0.58 ms at
+# 32768, each beyond the two timings' spreads: 2.1 and 3.7 copy floors (0.040 and 0.158 ms), more
+# than the whole RoPE pass a fusion can save (7.1's 7.4 %, about 0.04 and 0.18 ms). No epilogue
+# on that loop could win. Its epilogue then cost 0.11 ms more at 8192 tokens, 17 % of the bare
+# GEMM's 0.67 ms, where under the profiler the two are only 7 % apart. The profiler's elapsed
+# cycles over the timed durations give the clock each timing implies (*derived*: it assumes the
+# same cycles at the GPU's own clock as at the profiler's fixed one): about 1.65 GHz for the
+# bare GEMM, 1.51 for the fused kernel, 1.4 for cuBLAS. 6.8 % more cycles, each 9 % longer,
+# give the timing's 17 %.
 #
 # **The clock, measured.** `benchmarks/qkv_clock_probe.py` later timed the shipped kernels back
 # to back while NVML read the SM clock, the power drawn and the reasons the clock was held
@@ -1150,23 +1164,21 @@ assert round(ep[8192] / bare_8192, 2) == 0.17                      # "17 % of 0.
 assert round(bare_8192, 2) == 0.67
 
 # %% [markdown]
-# **What the first design's main loop waits on.** `benchmarks/qkv_forward_ncu_probe.py` ran it
-# once under Nsight Compute at 8192 tokens (`product_fused`; `product_bare` with its rotation
-# off), beside a probe of the same tile that loads with TMA (section 3's probe: `probe_fused`,
-# and `probe_bare` without the epilogue). The profiler fixes the clocks, so compare its times
-# only with each other. All of them run one 8-warp program per SM, and then time goes as
-# instructions times cycles per instruction: the pointer-loaded forward executes 0.95 times the
-# probe's instructions at 1.29 times the cycles each, 1.23 in all, against the 1.22 its time
-# gives. Of its 1.8 cycles more an instruction, the **stall reasons** (for every cycle a warp
-# was not issued, the state it was in; the cell prints the larger ones) account for 1.6: mostly
-# **dispatch stall** (+2.0, a conflict the counter does not name), less waiting at barriers
-# ($-1.5$), and a full queue for global-memory instructions (**LG throttle**, +0.4). That last
-# one has a cause these files show: compiled for sm_90, the pointer-loaded kernel copies its
-# tiles with 32 `cp.async` instructions a thread (8 a stage, 4 stages), where the probe issues
-# 8 TMA loads, each one instruction from one thread for a whole tile. The dispatch stall stays unexplained, but it belongs to the
-# pointer-loaded loop: its bare GEMM shows it too (2.3), and the shipped TMA loop below has
-# almost none. (The probe's own bare GEMM was the slowest kernel here, 1022 µs against 728 µs
-# with its epilogue, for longer barrier waits; at which barrier, these counters do not say.)
+# **What its main loop waits on.** `benchmarks/qkv_forward_ncu_probe.py` profiled it once at
+# 8192 tokens (`product_fused`; `product_bare` with its rotation off) beside a probe of the same
+# tile that loads with TMA (section 3's probe: `probe_fused`, and `probe_bare` without the
+# epilogue). The profiler fixes the clocks, so compare its times only with each other. Each
+# runs one 8-warp program per SM, so time goes as instructions times cycles per instruction:
+# the pointer-loaded forward executes 0.95 times the probe's instructions at 1.29 times the
+# cycles each, 1.23 in all, against 1.22 in time. The **stall reasons** (for every cycle a warp
+# was not issued, the state it was in) account for 1.6 of its 1.8 cycles more an instruction:
+# mostly **dispatch stall** (+2.0, a conflict the counter does not name), less waiting at
+# barriers ($-1.5$), and a full queue for global-memory instructions (**LG throttle**, +0.4).
+# The last has a cause the sm_90 compile shows: 32 `cp.async` copies a thread (8 a stage, 4
+# stages), where the probe has 8 TMA loads, each one instruction for a whole tile. The
+# dispatch stall belongs to the pointer-loaded loop (its bare GEMM shows it too, 2.3); the
+# shipped TMA loop below has almost none. (The probe's own bare GEMM was the slowest here,
+# 1022 µs against 728 µs with its epilogue, from longer barrier waits.)
 
 # %%
 def read_profile(path):
@@ -1324,11 +1336,14 @@ for rows in clocked.values():                           # "within 1 % of one clo
 # variant's median moved by up to 5 % between them. The persistent TMA GEMM alone runs at 0.96 to
 # 0.99 of cuBLAS's speed; with the epilogue on it (two heads a tile, cos and sin from a table) at
 # 0.94 to 0.99, at most about 5 % behind the bare loop: about as much as a median moves between
-# runs, so these runs price the epilogue at a few per cent and no closer. Each step helped. In
-# an earlier run a bare TMA GEMM with one program per tile ran at 0.85 and 0.86 where the
-# persistent one ran at 0.97 and 1.00 (with 128 columns a tile to its 256). In run 2 the same
-# fused kernel with pointer loads runs at 0.87 and 0.88, behind the unfused pipeline (0.93),
-# where with TMA it runs at 0.94 and 0.99. One head a tile trails two heads. `qkv_rope_linear`
+# runs, so these runs price the epilogue at a few per cent and no closer. TMA and two heads
+# each helped: in run 2 the same fused kernel with pointer loads runs at 0.87 and 0.88, behind
+# the unfused pipeline (0.93), where with TMA it runs at 0.94 and 0.99; in run 1 one head a tile
+# trails two heads. The persistent grid's own share is not measured: in an earlier run a bare
+# TMA GEMM with one program per tile ran at 0.85 and 0.86 where the persistent one ran at 0.97
+# and 1.00, but with 128 columns a tile to its 256, so the grid and the tile width changed
+# together. No committed run times a persistent and a non-persistent GEMM of the same tile,
+# which would separate the two. `qkv_rope_linear`
 # runs its forward on this main loop wherever the GPU has TMA and both head counts are even (and
 # every feature is rotated). To read it: `_qkv_rope_fwd_tma_kernel` in
 # `ropelib/kernels/qkv_gemm.py`; its epilogue, `_store_qk_heads`, takes each head out of the
@@ -1424,11 +1439,6 @@ for t in TOKENS:
 #   barriers (4.8 to 5.0 cycles an instruction), on memory (long scoreboard, 2.1 to 2.3) and on
 #   the shared-memory queue (MIO throttle, 1.2). For cuBLAS the eighteen reasons add up to only
 #   16.25 of its 20.02 cycles; what holds the rest, these counters do not say.
-#
-# Still open: "each step is needed" rests on the earlier run's 0.85 against 0.97, which set a
-# bare GEMM of 128-column tiles on one program per tile against a persistent one of 256-column
-# tiles. A persistent and a non-persistent GEMM of the *same* tile would separate the grid from
-# the tile width; no committed run has timed that.
 
 # %%
 SHIPPED = RESULTS / "qkv_forward_ncu-nvidia-h200-20261204-1157.csv"
@@ -1468,7 +1478,9 @@ assert (round(sum(stalls(s_cublas).values()), 2), s_cublas[CPI]) == (16.25, 20.0
 # %% [markdown]
 # **A worked kernel to read and change: a persistent main loop with TMA loads.** This is not an
 # exercise: the kernel below arrives complete. It is exercise 1's forward (the worked epilogue
-# written in) on the shipped forward's kind of main loop, small enough to read in one screen. Two things change, and only in the main loop:
+# written in) on the two parts of the shipped forward's main loop that change how it loads,
+# without the shipped kernel's tuning (section 8 lists what it leaves out), small enough to read
+# in one screen. Two things change, and only in the main loop:
 #
 # - **A persistent grid.** The launch starts `PROGRAMS` programs, not one per tile (on a GPU
 #   one per SM: the H200 profiled above has 132). Program $p$ walks the tiles
@@ -2147,6 +2159,9 @@ if torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9 and 
           f"{live['teaching'] / live['cublas']:.2f}: the persistent loop is "
           + ("closer to" if per_cublas["persistent, rotating"] < live["teaching"] / live["cublas"]
              else "no closer to") + " cuBLAS")
+    print(f"cuBLAS alone timed here {timed['cuBLAS alone'][0]:.3f} ms, in the cell before "
+          f"{live['cublas']:.3f} ms ({timed['cuBLAS alone'][0] / live['cublas'] - 1:+.1%}): each "
+          "ratio above is over its own cell's cuBLAS timing")
 else:
     print("No Hopper GPU here (or the persistent check did not pass): nothing timed.")
 
@@ -2174,7 +2189,9 @@ assert head_d == 128                                                  # one head
 # %% [markdown]
 # **Reading the persistent kernel's line.** The printed comparison can come out either way:
 # nothing in the worked kernel makes it sure to beat the 64 × 64 teaching launch, and on an
-# H200 it may well not. Read it as it comes out, and set it against the shipped forward, which
+# H200 it may well not. Each ratio is over its own cell's cuBLAS timing, and the two cuBLAS
+# timings (printed) can differ by several per cent from cell to cell: two ratios closer than
+# that are not told apart. Read it as it comes out, and set it against the shipped forward, which
 # runs on the same kind of main loop within a few per cent of cuBLAS (7.1, 7.2): where the
 # worked kernel is much further behind, the difference is in what it leaves out. A persistent
 # grid and TMA loads are two parts of a fast main loop, not all of it. The worked kernel leaves
@@ -2196,7 +2213,9 @@ assert head_d == 128                                                  # one head
 # of the three matters most on your GPU, launch the kernel yourself with `num_warps=8` (as
 # `my_persistent_qkv_kernel[(sms,)](..., PROGRAMS=sms, num_warps=8)`, the arguments as in
 # `launch_forward`), or change its walk to the grouped order of `_grouped` in
-# `ropelib/kernels/qkv_gemm.py`, check it on the CPU, and time it again.
+# `ropelib/kernels/qkv_gemm.py`, check it on the CPU, and time it again. No committed run has
+# timed the worked kernel with 8 warps or in grouped order, so which of the three costs most is
+# not measured here.
 
 # %% [markdown]
 # ## Summary
