@@ -1014,8 +1014,9 @@ if not ON_GPU:
     print("(CPU: no device to wait for and no CUDA graphs; both measurements run on a GPU only)")
 else:
     # 1. the host time RoPE adds a layer: each arm's issue time minus the no-RoPE arm's
-    probe_models = {rope: build(cfg, rope, seed=0, device=device)
-                    for rope in ("ropelib", "reference", "no RoPE")}
+    # (the no-RoPE arm: the reference model, its rotary replaced below)
+    probe_models = {rope: build(cfg, "reference" if rope == "no RoPE" else rope, seed=0,
+                                device=device) for rope in ("ropelib", "reference", "no RoPE")}
     for blk in probe_models["no RoPE"].blocks:
         blk.attn.rotary = NoRotary()
     probe_issue = {}
