@@ -195,7 +195,7 @@ def run(args, device, world, rank, backend) -> int:
             "tokens_per_s": f"{hist['tokens_per_s']:.1f}",
             "ms_per_step": f"{hist['ms_per_step']:.2f}",
             "timing": "wall clock per step incl. reading the loss back; summary over the steps "
-                      "after the first min(5, steps // 5)",
+                      "after the first min(5, max(1, steps // 5)) (none left out of 1 step)",
             "peak_mem_gib_per_rank": ("none (CPU)" if peaks[0] is None
                                       else " ".join(f"{p:.2f}" for p in peaks))}
     del model

@@ -533,10 +533,12 @@ if GPU:
         host_fwd = whole["forward"] - replayed["forward"]
         print(f"  replayed step = {replayed['step'] / replayed['forward']:.2f}x the replayed "
               f"forward (the bytes predict 2)")
-        print(f"  beyond two forwards {beyond:.0f} us = device {device_beyond:.0f} us + the "
-              f"step's host share {host_step:.0f} us - 2 x the forward's host share "
-              f"{host_fwd:.0f} us")
-        assert abs(device_beyond + host_step - 2 * host_fwd - beyond) < 1
+        device_txt = (f"device ~0 ({device_beyond:.1f} us)"
+                      if abs(device_beyond) < 0.02 * replayed["step"] else
+                      f"device {device_beyond:.1f} us")
+        print(f"  beyond two forwards {beyond:.1f} us = {device_txt} + the step's host share "
+              f"{host_step:.1f} us - 2 x the forward's host share {host_fwd:.1f} us")
+        assert abs(device_beyond + host_step - 2 * host_fwd - beyond) < 0.01   # an identity
         if abs(beyond) < 0.05 * 2 * whole["forward"]:        # within 5 % of two forwards
             print("  so nothing to place: the step is two forwards' work here, on the device "
                   "and as whole calls")
@@ -1038,8 +1040,8 @@ assert [round(r["ncu_achieved_occupancy_pct"]) for r in (w1_row, w4_row)] == [48
 # refused in both. The check compares $y$ and
 # $\partial L/\partial x$ with the reference (also for `y.sum()`), makes sure the forward
 # launches a kernel and the backward launches `my_backward_kernel` (ropelib's kernels and API
-# are barred there), and checks what your Function keeps: once `forward` has returned, nothing
-# may hold `x` or a tensor as large as it.
+# are barred there), and checks what your Function keeps once `forward` has returned: `freqs`
+# and nothing else (not `x`, nor `-freqs`, nor cos/sin tables).
 
 # %%
 class MyRope(torch.autograd.Function):

@@ -34,9 +34,10 @@
 #   counts, timings and Nsight Compute profiles why that is faster than forming them per head;
 # - say how far fp32 angles drift at $10^6$ positions and more.
 #
-# **Time:** about 80 minutes to read (section 6's measurements take most of it) and 45 for the
-# three exercises (the kernel takes most); the cells run in a minute or two on a 2-core CPU
-# (Triton's interpreter, plus one compile for sm_90 in section 6).
+# **Time:** about 70 minutes to read (section 6's measurements take most of it; the two
+# "Beyond this notebook" blocks at its end are optional) and 45 for the three exercises (the
+# kernel takes most); the cells run in a minute or two on a 2-core CPU (Triton's interpreter,
+# plus one compile for sm_90 in section 6).
 
 # %%
 import os, torch
@@ -343,6 +344,8 @@ if HAVE_HF:
     # q * cos, -x2, cat(-x2, x1), ... * sin: 3.5 times each output before the sum that is it;
     # the CUDA allocator counts the blocks it hands out, which may be larger than asked for
     assert (3.50 <= per_layer < 3.7) if ON_GPU else round(per_layer, 2) == 3.50
+    if ON_GPU and torch.cuda.get_device_name() == "NVIDIA H200":
+        assert abs(per_layer - 3.58) < 0.02                         # the text's 3.58
 
 floor_csv = measured.RESULTS / f"floor_multi_axis-fixed-{measured.GPU}-20261201-0700.csv"
 floor_meta = compare.read_meta(floor_csv)
@@ -397,7 +400,7 @@ for i, who in enumerate(floor_who):
            label=bar_labels.get(who, who))
 # torch.compile's forward is slower than its forward+backward: its graph recomputes sin/cos
 ax.annotate("in three runs this forward took longer than\nforward+backward: its graph evaluates "
-            "sin/cos\nfor every element (text below)",
+            "sin/cos\nfor every element (end of section 6)",
             (width, of_copy["torch.compile"][0]), xytext=(0.4, 0.5), fontsize=7,
             arrowprops=dict(arrowstyle="->", lw=0.6))
 ax.axhline(1.0, color="k", lw=0.8, ls="--")
@@ -416,8 +419,8 @@ plt.show()
 # a model pays once per forward, not once per layer: `apply_rotary_pos_emb` alone, with cos
 # and sin given, still allocates 3.50 times its outputs on a CPU: `q * cos`, the negated half,
 # `rotate_half`'s concatenation and its product with `sin`, for q and for k, are 3.5 outputs'
-# worth (a GPU prints a little more: the CUDA allocator counts whole blocks, which it may hand
-# out larger than asked for). On a GPU, whose allocator sees every array, ropelib's call
+# worth (3.58 on the H200: the CUDA allocator counts whole blocks, which it may hand out
+# larger than asked for). On a GPU, whose allocator sees every array, ropelib's call
 # allocates its outputs and nothing more (0.00 MB); on a CPU the profiler cannot see the
 # interpreter's arrays, so the cell prints no figure for it.
 #
@@ -428,67 +431,10 @@ plt.show()
 # formula on tables given to it, ran at 0.071 forward: without the rotary embedding in the
 # call, the eager arithmetic alone is still about 14 times slower than a copy.
 #
-# torch.compile's forward (0.084 of a copy's speed) took longer than its forward and backward
-# together (0.414), which the file times differently (one `do_bench` against the median of
-# five rounds). It is no accident of one run: the two other runs of that morning, with the
-# providers in shuffled order, give the same forward to within 0.001 (printed above). In
-# milliseconds (the cell prints them): the compiled forward takes 1.59 ms, 2.5 times its own
-# forward+backward's 0.64 ms, and is only 1.24 times as fast as transformers' eager forward
-# (1.97 ms), while the compiled forward+backward is 6.3 times as fast as the eager one.
-#
-# The two timings run two separately compiled graphs, one traced without gradients and one
-# with them, so a forward+backward step does not simply contain the forward-only call. The
-# compiled call has no graph break (it is compiled with `fullgraph=True`, which refuses one).
-# What the two graphs do differently shows in the Triton code Inductor wrote for each:
-# `benchmarks/mrope_compile_probe.py` compiled both on an H200 the same way, kept the code, and
-# profiled one call of each. The next cell counts, in that committed code, the sines and
-# cosines each kernel evaluates: its elements times the `sin`/`cos` calls in its body.
-
-# %%
-from ropelib.course.counts import inductor_sin_cos
-
-probe_dir = measured.RESULTS / "mrope_compile-nvidia-h200-20261204-1911"
-ind_evals, kernels_of = {}, {}
-for mode, fname in (("forward", "forward.py.txt"), ("forward+backward", "forward_backward.py.txt")):
-    kernels_of[mode] = inductor_sin_cos((probe_dir / fname).read_text())
-    ind_evals[mode] = sum(n * c for _, n, c in kernels_of[mode])
-ind_profiled, log_part = {}, None                 # the probe's profiled µs a call
-for line in (probe_dir / "probe.log").read_text().splitlines():
-    if line.endswith("Triton kernels"):
-        log_part = line.split(":")[0]
-    elif line.strip().startswith("profiled:") and log_part:
-        name, us = line.split("profiled:")[1].rsplit(None, 4)[:2]
-        ind_profiled.setdefault(log_part, []).append((name, float(us)))
-qk_elements = 4 * 8192 * (28 + 4) * 128              # q and k of the floor's case
-qk_pairs = 4 * 8192 * 64                             # (token, pair)
-for mode in ind_evals:
-    ind_with_sin = [(n, c) for _, n, c in kernels_of[mode] if c]
-    print(f"{mode:17s} {len(kernels_of[mode])} kernels; sin/cos evaluated in "
-          + ", ".join(f"{n:,} elements x {c}" for n, c in ind_with_sin)
-          + f" = {ind_evals[mode]:,} a call")
-q_fwd_only = max(us for name, us in ind_profiled["forward"])
-q_in_step = max(us for name, us in ind_profiled["forward+backward"]
-                if "transpose_un" in name and "backward" not in name)
-step_kernels = sum(us for name, us in ind_profiled["forward+backward"])
-print(f"per element of q and k: {ind_evals['forward'] / qk_elements:.0f} in the forward-only "
-      f"graph; "
-      f"per (token, pair): {ind_evals['forward+backward'] / qk_pairs:.0f} in the step's graph; "
-      f"{ind_evals['forward'] // ind_evals['forward+backward']}x as many")
-print(f"q's forward kernel, profiled: {q_fwd_only:.1f} us alone, {q_in_step:.1f} us in the "
-      f"step; the step's kernels {step_kernels / 1e3:.2f} ms in all")
-assert ind_evals["forward"] == 6 * qk_elements and ind_evals["forward+backward"] == 6 * qk_pairs
-assert ind_evals["forward"] // ind_evals["forward+backward"] == 64
-assert (q_fwd_only, q_in_step) == (1412.8, 167.0) and round(step_kernels / 1e3, 2) == 0.47
-
-# %% [markdown]
-# So the forward-only graph fuses the rotary embedding into the rotation: every element of q
-# and k computes the angles of all three axes, six sines and cosines, then picks its axis. With
-# gradients wanted, the cos/sin tables are saved for the backward, so Inductor writes them once
-# ($B \cdot S \cdot D/2$ pairs, six evaluations each) and the rotation only reads them: 64 times
-# fewer evaluations, and q's kernel takes 167 µs instead of 1,413. The forward bar is Inductor's
-# fusion choice on this graph, a kernel busy with six libdevice sines and cosines an element, not a
-# limit of compiled code. (The probe's `do_bench` of the step, 1.62 ms, is not the floor's 0.64:
-# the device's part of it is the kernels' 0.47 ms; the probe does not take the rest apart.)
+# torch.compile's forward (0.084 of a copy's speed) took longer than its own forward and
+# backward (0.414): its forward-only graph evaluates six sines and cosines for every element
+# of q and k, 64 times the evaluations of the step's graph (taken apart at the end of
+# section 6, for the curious).
 
 # %% [markdown]
 # Models written for transformers 4.x call `apply_multimodal_rotary_pos_emb(q, k, cos, sin,
@@ -1081,12 +1027,33 @@ else:
           "The counts above are what this machine can measure.")
 
 # %% [markdown]
-# On the H200 the per-head kernel takes about 1.4 times the time of the once-per-token one;
+# The medians this cell printed on an H200 are committed; the next cell reads them on any
+# machine.
+
+# %%
+bench_csv = measured.RESULTS / "mrope_angles_do_bench-nvidia-h200-20261204-from-page.csv"
+bench_meta = compare.read_meta(bench_csv)
+h200_us = {r["provider"]: r["us"] for r in compare.read_csv(bench_csv)
+           if r["timing"] == "side by side"}
+h200_ratio = h200_us["angles per (token head)"] / h200_us["angles once per token"]
+h200_lib = h200_us["ropelib.apply_mrope_qk"] / h200_us["angles once per token"]
+h200_mhz = int(bench_meta["nvml_sm_mhz_after"])   # NVML's SM clock, read right after timing
+print(f"{bench_meta['gpu']}, Triton {bench_meta['triton']} ({bench_csv.name}), do_bench medians:")
+for who, us in h200_us.items():
+    print(f"  {who:26s} {us:6.1f} us  ({us / h200_us['copy of q and k']:.2f}x the copy's time)")
+print(f"per (token, head) / once per token: {h200_ratio:.2f}x; ropelib / once per token: "
+      f"{h200_lib:.2f}x")
+assert bench_meta["gpu"] == "NVIDIA H200"
+assert round(h200_ratio, 2) == 1.40                  # "about 1.4 times"
+assert abs(h200_lib - 1) < 0.1                       # "level": within a tenth of each other
+assert max(h200_us["ropelib.apply_mrope_qk"], h200_us["angles once per token"]) \
+    < 1.25 * h200_us["copy of q and k"]              # "within a quarter of the copy's time"
+
+# %% [markdown]
+# On the H200 the per-head kernel takes 1.40 times the time of the once-per-token one;
 # ropelib's kernel and the worked solution are level (within a tenth of each other), both
-# within a quarter of the copy of q and k's time (the cell prints the medians and ratios on a
-# GPU, and your kernel at 1 to 16 tokens a program; the H200 run is in `docs/executed/`). A
-# time says which kernel is faster, not why. Nsight
-# Compute counted what the same three kernels execute on an H200
+# within a quarter of the copy of q and k's time. A time says which kernel is faster, not why.
+# Nsight Compute counted what the same three kernels execute on an H200
 # (`benchmarks/mrope_angles_ncu.py`, each launched once at the timing cell's size):
 
 # %%
@@ -1191,8 +1158,8 @@ assert list(waves.values()) == [2, 1] and occ_a.programs * 132 == 1584
 # of q and k are the same in both; what it repeats for every head is the angle work. Spread
 # over the angles it forms again (16,384 tokens × 64 pairs × 31 more heads, 32 lanes a warp
 # instruction), each costs about 65 warp instructions: three positions, a frequency and an
-# axis loaded, three selects, a multiply, a sine and a cosine. How those 65 divide among them
-# is not measured here.
+# axis loaded, three selects, a multiply, a sine and a cosine. The compile below counts how
+# those 65 divide among them, in the machine code.
 #
 # `angles_cos_sin` does not depend on `h`: why does the compiler not move it out of the head
 # loop? The hypothesis: every step of the loop stores to `q_out` or `k_out`, and the compiler
@@ -1237,7 +1204,8 @@ import tempfile
 from ropelib.course.offline_compile import in_compiling_python
 HOIST_CHILD = r'''
 import importlib.util, json, sys, torch
-from ropelib.course.offline_compile import compile_for_cuda
+from ropelib.course.exercises import multi_axis
+from ropelib.course.offline_compile import compile_for_cuda, cuobjdump
 spec = importlib.util.spec_from_file_location("notebook_kernels", sys.argv[1])
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
@@ -1246,8 +1214,13 @@ q, k = torch.empty(T, HQ, D, dtype=torch.bfloat16), torch.empty(T, HK, D, dtype=
 args = dict(q_ptr=q, k_ptr=k, q_out_ptr=q, k_out_ptr=k, T=T, HQ=HQ, HK=HK, D=D, N_AXES=3,
             pos_ptr=torch.empty(3, T, dtype=torch.int32), inv_freq_ptr=torch.empty(D // 2),
             axis_ptr=torch.empty(D // 2, dtype=torch.int32), BLOCK_T=BLOCK_T)
-print(json.dumps({name: compile_for_cuda(getattr(module, name), args, num_warps=4).asm["ttgir"]
-                  for name in sys.argv[7:]}))
+found = {"ttgir": {}, "sass": {}}
+for name in sys.argv[7:]:
+    compiled = compile_for_cuda(getattr(module, name, None) or getattr(multi_axis, name), args,
+                                num_warps=4)
+    found["ttgir"][name] = compiled.asm["ttgir"]
+    found["sass"][name] = cuobjdump(compiled.asm["cubin"], "-sass") or ""   # "" without cuobjdump
+print(json.dumps(found))
 '''
 T_NCU, BLOCK_T_NCU = 16384, 8                  # the profiled launch: 2,048 programs, 4 warps
 assert T_NCU // BLOCK_T_NCU == int(per_head_m["launch__grid_size"])
@@ -1256,10 +1229,14 @@ with tempfile.TemporaryDirectory() as tmp:
     src = Path(tmp) / "notebook_kernels.py"
     src.write_text("import triton\nimport triton.language as tl\n\n\n" + "\n\n".join(
         inspect.getsource(kern.fn) for kern in hoist_kernels))
-    hoist_ir = in_compiling_python(HOIST_CHILD, str(src),
-                                   *map(str, (T_NCU, HQ6, HK6, D6, BLOCK_T_NCU)),
-                                   "mrope_per_head_kernel", "angles_no_store_in_loop",
-                                   what="compiling the head-loop kernels for sm_90", timeout=600)
+    compiled_asm = in_compiling_python(HOIST_CHILD, str(src),
+                                       *map(str, (T_NCU, HQ6, HK6, D6, BLOCK_T_NCU)),
+                                       "mrope_per_head_kernel", "angles_no_store_in_loop",
+                                       "solution_mrope_kernel",   # the worked solution
+                                       what="compiling the head-loop kernels for sm_90",
+                                       timeout=600)
+hoist_ir = {name: compiled_asm["ttgir"][name]
+            for name in ("mrope_per_head_kernel", "angles_no_store_in_loop")}
 
 
 def in_and_out_of_loops(ttgir):
@@ -1304,6 +1281,66 @@ assert moved.get(("load", False), 0) >= 5 and moved.get(("sin/cos", False), 0) >
 # and `axis` as they were, it loads them again after each store and forms everything from them
 # again. Loading them before the loop, as the worked solution does, states what the compiler
 # cannot prove.
+#
+# The same compile gives the machine code (SASS, `cuobjdump -sass`) of the per-head kernel and
+# of the worked solution. The next cell counts the instructions a thread issues in one pass of
+# q's head loop, on the path these angles take: libdevice's sine and cosine branch to a slow
+# range reduction only at $|\theta| \ge 105{,}615$, and positions below 256 times frequencies
+# at most 1 stay far below it. A thread forms $8 \cdot 64 / 128 = 4$ angles per head, so the
+# per-head kernel's extra instructions over 4 are its extra warp instructions per angle, the
+# quantity the profile gave as 65.
+
+# %%
+from ropelib.course.counts import loop_fast_paths
+
+sass_of = compiled_asm["sass"]
+angles_a_thread = BLOCK_T_NCU * (D6 // 2) // (4 * 32)     # (token, pair) angles, 4 warps
+SASS_CLASSES = {"float multiplies, FMAs, adds": ("FFMA", "FMUL", "FADD", "HFMA2"),
+                "compares and selects": ("ISETP", "FSETP", "FSEL", "SEL", "P2R", "R2P",
+                                         "PLOP3", "UISETP"),
+                "conversions": ("I2FP", "I2F", "F2I", "F2FP"),
+                "branches (the slow path's)": ("BRA", "BSSY", "BSYNC"),
+                "global loads": ("LDG",)}
+if all(sass_of.values()):
+    loop_head = loop_fast_paths(sass_of["mrope_per_head_kernel"])[0]      # q's head loop
+    loop_once = loop_fast_paths(sass_of["solution_mrope_kernel"])[0]
+    extra_ops = {op: loop_head.get(op, 0) - loop_once.get(op, 0)
+                 for op in loop_head.keys() | loop_once.keys()}
+    by_class = dict.fromkeys([*SASS_CLASSES, "integer, moves, the rest"], 0)
+    for op, n in extra_ops.items():
+        by_class[next((c for c, ops in SASS_CLASSES.items() if op in ops),
+                      "integer, moves, the rest")] += n
+    sass_per_angle = sum(extra_ops.values()) / angles_a_thread
+    print(f"Triton {triton.__version__}, sm_90: one pass of q's head loop, instructions a thread "
+          f"issues: per-head kernel {sum(loop_head.values())}, worked solution "
+          f"{sum(loop_once.values())}")
+    print(f"the difference over the {angles_a_thread} angles a thread forms per head:")
+    for cls, n in by_class.items():
+        print(f"  {cls:30s} {n / angles_a_thread:6.2f}")
+    print(f"  {'in all':30s} {sass_per_angle:6.2f}   (the profile: {extra_per_angle:.1f})")
+    # "about 63 of the profile's 65" (Triton 3.6 and 3.9: 62.75 and 62.5); "the 20 float
+    # operations"; 5 loads a pass, "1.25 an angle"; 8 branches and 8 BSSY a pass, "4 an angle"
+    assert abs(sass_per_angle - extra_per_angle) < 0.06 * extra_per_angle
+    assert 62 <= sass_per_angle <= 64
+    assert by_class["global loads"] == 5 and by_class["branches (the slow path's)"] == 16
+    assert round(by_class["float multiplies, FMAs, adds"] / angles_a_thread) == 20
+    rest = sass_per_angle - (by_class["float multiplies, FMAs, adds"]
+                             + by_class["global loads"] + by_class["branches (the slow path's)"]
+                             ) / angles_a_thread
+    assert 36 <= rest <= 38                                          # "the other 36 to 38"
+else:
+    print("no cuobjdump here: the machine code is not counted")
+
+# %% [markdown]
+# The machine code accounts for about 63 of the profile's 65 warp instructions an angle. 20
+# are float multiplies, FMAs and adds: the angle is one multiply, nearly all the rest the range
+# reduction and polynomials of the sine and cosine; 4 are the branches around libdevice's slow
+# path. The five loads of the angle inputs are vector loads that serve 4 angles each, 1.25
+# instructions an angle. The other 36 to 38 (compares, selects, conversions, integer work and
+# moves) mix the axis selects with the sine and cosine's quadrant handling; the machine code
+# does not label which is which. So the loads the compiler could not hoist cost little: what
+# the per-head kernel repeats is arithmetic, the sine and cosine the largest part of it that
+# the count can name.
 #
 # Back to the profile. DRAM bytes over time (undercounted as above) say how busy each kernel
 # kept the memory: the once-per-token kernel 3.42 TB/s, a memory stream; the per-head kernel
@@ -1400,18 +1437,20 @@ assert (round(lib2[STALLED.format("long_scoreboard")], 1),
 
 # the clock account: were the per-head kernel's time to scale with the SM clock and the
 # once-per-token kernel's not at all, the profiler's ratio at a clock f would become
-# 1.90 x 1.50 GHz / f. Where this run timed on a GPU, f is the one NVML reading taken after
-# timing, and the prediction is printed beside do_bench's ratio (not asserted: live timings)
+# 1.90 x 1.50 GHz / f, with f the one NVML reading taken after timing: the committed H200
+# run's, and this run's where it timed on a GPU (printed, not asserted: live timings)
 profiler_ghz = sum(clock_ghz.values()) / len(clock_ghz)
 assert round(time_ratio, 2) == 1.90 and round(profiler_ghz, 2) == 1.50
+runs = [("the committed H200 run", h200_mhz, h200_ratio)]
 if nvml_mhz and bench_ratio is not None:
-    predicted = time_ratio * profiler_ghz / (nvml_mhz / 1e3)
-    print(f"the clock account: {time_ratio:.2f} x {profiler_ghz:.2f} / {nvml_mhz / 1e3:.2f} = "
-          f"{predicted:.2f}x at the {nvml_mhz} MHz NVML reported after timing, against "
-          f"{bench_ratio:.2f}x under do_bench")
-else:
-    print(f"the clock account: {time_ratio:.2f} x {profiler_ghz:.2f} GHz / f at an SM clock f "
-          "(no GPU here: no clock read, no do_bench ratio to compare it with)")
+    runs.append(("this run", nvml_mhz, bench_ratio))
+for who, mhz, ratio in runs:
+    predicted = time_ratio * profiler_ghz / (mhz / 1e3)
+    print(f"the clock account, {who}: {time_ratio:.2f} x {profiler_ghz:.2f} / {mhz / 1e3:.2f} = "
+          f"{predicted:.2f}x at the {mhz} MHz NVML reported after timing, against "
+          f"{ratio:.2f}x under do_bench")
+h200_predicted = time_ratio * profiler_ghz / (h200_mhz / 1e3)
+assert (h200_mhz, round(h200_predicted, 2), round(h200_ratio, 2)) == (1980, 1.44, 1.40)
 
 # %%
 # the two profiles in one figure: work and time (first profile), and what the cycles between
@@ -1480,10 +1519,11 @@ assert all(v > 0 for v in parts["other"])                   # the two waits are 
 # the SMs at 1.50 GHz (printed above); `do_bench` leaves the clock to the GPU. At a higher
 # clock an instruction takes less time and a byte from memory does not, so the
 # instruction-bound kernel gains more. If the per-head kernel's time scaled with the clock and
-# the other's not at all, 1.90 would become 1.90 × 1.50 GHz / $f$ at a clock $f$. On a GPU the
-# cell above prints that prediction at the clock NVML reported right after the timing cell,
-# beside `do_bench`'s ratio. Even where the two agree, the account rests on one clock reading
-# taken after timing, a hint at `do_bench`'s clock, not a measurement of it.
+# the other's not at all, 1.90 would become 1.90 × 1.50 GHz / $f$ at a clock $f$. The H200
+# run's NVML reading after timing, 1980 MHz, gives 1.44, against the 1.40 `do_bench` measured
+# (the cell above; on a GPU it adds this run's). The account rests on one clock reading
+# taken after timing, a hint at `do_bench`'s clock, not a measurement of it: no run here has
+# timed the two kernels at a locked clock.
 
 # %% [markdown]
 # ### Beyond this notebook: reading transformers' per-axis tables
@@ -1495,6 +1535,71 @@ assert all(v > 0 for v in parts["other"])                   # the two waits are 
 # programs, rather than after all of q's, Nsight Compute measured fewer bytes read from DRAM on
 # an H200. Those runs, what they do and do not show, and a comparison with Liger's kernel are in
 # `benchmarks/NOTES.md` ("Caller tables of every token") and `docs/PERFORMANCE.md`.
+
+# %% [markdown]
+# ### Beyond this notebook: what torch.compile's forward computes
+#
+# In section 3, torch.compile's forward (0.084 of a copy's speed) took longer than its forward
+# and backward together (0.414), which the file times differently (one `do_bench` against the
+# median of five rounds). It is no accident of one run: the two other runs of that morning, with
+# the providers in shuffled order, give the same forward to within 0.001 (printed in section 3).
+# In milliseconds (section 3's cell prints them): the compiled forward takes 1.59 ms, 2.5 times
+# its own forward+backward's 0.64 ms, and is only 1.24 times as fast as transformers' eager
+# forward (1.97 ms), while the compiled forward+backward is 6.3 times as fast as the eager one.
+#
+# The two timings run two separately compiled graphs, one traced without gradients and one
+# with them, so a forward+backward step does not simply contain the forward-only call. The
+# compiled call has no graph break (it is compiled with `fullgraph=True`, which refuses one).
+# What the two graphs do differently shows in the Triton code Inductor wrote for each:
+# `benchmarks/mrope_compile_probe.py` compiled both on an H200 the same way, kept the code, and
+# profiled one call of each. The next cell counts, in that committed code, the sines and
+# cosines each kernel evaluates: its elements times the `sin`/`cos` calls in its body.
+
+# %%
+from ropelib.course.counts import inductor_sin_cos
+
+probe_dir = measured.RESULTS / "mrope_compile-nvidia-h200-20261204-1911"
+ind_evals, kernels_of = {}, {}
+for mode, fname in (("forward", "forward.py.txt"), ("forward+backward", "forward_backward.py.txt")):
+    kernels_of[mode] = inductor_sin_cos((probe_dir / fname).read_text())
+    ind_evals[mode] = sum(n * c for _, n, c in kernels_of[mode])
+ind_profiled, log_part = {}, None                 # the probe's profiled µs a call
+for line in (probe_dir / "probe.log").read_text().splitlines():
+    if line.endswith("Triton kernels"):
+        log_part = line.split(":")[0]
+    elif line.strip().startswith("profiled:") and log_part:
+        name, us = line.split("profiled:")[1].rsplit(None, 4)[:2]
+        ind_profiled.setdefault(log_part, []).append((name, float(us)))
+qk_elements = 4 * 8192 * (28 + 4) * 128              # q and k of the floor's case
+qk_pairs = 4 * 8192 * 64                             # (token, pair)
+for mode in ind_evals:
+    ind_with_sin = [(n, c) for _, n, c in kernels_of[mode] if c]
+    print(f"{mode:17s} {len(kernels_of[mode])} kernels; sin/cos evaluated in "
+          + ", ".join(f"{n:,} elements x {c}" for n, c in ind_with_sin)
+          + f" = {ind_evals[mode]:,} a call")
+q_fwd_only = max(us for name, us in ind_profiled["forward"])
+q_in_step = max(us for name, us in ind_profiled["forward+backward"]
+                if "transpose_un" in name and "backward" not in name)
+step_kernels = sum(us for name, us in ind_profiled["forward+backward"])
+print(f"per element of q and k: {ind_evals['forward'] / qk_elements:.0f} in the forward-only "
+      f"graph; "
+      f"per (token, pair): {ind_evals['forward+backward'] / qk_pairs:.0f} in the step's graph; "
+      f"{ind_evals['forward'] // ind_evals['forward+backward']}x as many")
+print(f"q's forward kernel, profiled: {q_fwd_only:.1f} us alone, {q_in_step:.1f} us in the "
+      f"step; the step's kernels {step_kernels / 1e3:.2f} ms in all")
+assert ind_evals["forward"] == 6 * qk_elements and ind_evals["forward+backward"] == 6 * qk_pairs
+assert ind_evals["forward"] // ind_evals["forward+backward"] == 64
+assert (q_fwd_only, q_in_step) == (1412.8, 167.0) and round(step_kernels / 1e3, 2) == 0.47
+
+# %% [markdown]
+# So the forward-only graph fuses the rotary embedding into the rotation: every element of q
+# and k computes the angles of all three axes, six sines and cosines, then picks its axis. With
+# gradients wanted, the cos/sin tables are saved for the backward, so Inductor writes them once
+# ($B \cdot S \cdot D/2$ pairs, six evaluations each) and the rotation only reads them: 64 times
+# fewer evaluations, and q's kernel takes 167 µs instead of 1,413. The forward bar is Inductor's
+# fusion choice on this graph, a kernel busy with six libdevice sines and cosines an element, not a
+# limit of compiled code. (The probe's `do_bench` of the step, 1.62 ms, is not the floor's 0.64:
+# the device's part of it is the kernels' 0.47 ms; the probe does not take the rest apart.)
 
 # %% [markdown]
 # ## 7. The angles themselves at long context

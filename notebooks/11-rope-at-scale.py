@@ -316,8 +316,9 @@ print(proc.stdout[-2500:])
 assert proc.returncode == 0, proc.stderr[-3000:]
 
 # %% [markdown]
-# The CSV starts with `# key: value` lines (versions, sizes, the summary) and has one row per
-# step. The same two functions read and draw the committed GPU runs in section 3.
+# The CSV starts with `# key: value` lines (versions, sizes, the summary: tokens/s and ms a step
+# leave out the first step, which compiles) and has one row per step. The same two functions
+# read and draw the committed GPU runs in section 3.
 
 # %%
 def read_cp_run(path) -> dict:
@@ -524,11 +525,12 @@ else:
 # diverge: 0.15, 0.47 and 0.02 nats apart over steps 3 to 5, and 2.68 at step 6, where the 2-rank
 # run's loss is 6.818 and the 1-GPU run's 4.136. Both curves climb by more than 3 nats over
 # the first steps (to 7.85 and 8.32 at step 4) before they fall, so these steps are far from
-# smooth training. The data does not say why the runs diverge here. What would measure it: the
-# 1-process baseline run beside the two ranks for all 6 steps (`--compare-single
-# --compare-steps 6`), and the 1-GPU run repeated, to show how far two bf16 runs of one
-# configuration already diverge in these steps. So this pair shows two steps in agreement, not
-# the same training; the longer runs below ask that question.
+# smooth training. The data does not say why the runs diverge here: the 1-process baseline
+# beside the two ranks for all 6 steps (`--compare-single --compare-steps 6`) and the 1-GPU
+# run repeated (how far two bf16 runs of one configuration diverge) would measure it.
+#
+# **Answer:** per rank, 55 % of one GPU's peak memory; 1.30 times one GPU's speed, not twice;
+# the same losses over the first two steps only (the 200-step runs below ask about training).
 
 # %% [markdown]
 # ### 200 steps in bf16: does the two-rank run train the same model?
@@ -758,6 +760,8 @@ assert pairs_cp[0] == pairs_cp[1] == S_cp * (S_cp + 1) // 4                # exa
 # the other, it is each rank's attention doing its equal half of the pairs more slowly per
 # pair than one GPU's single call does.
 #
+# ### The mechanism (optional on a first reading): the attention kernel each call reaches
+#
 # The kernels say why. One GPU calls attention once per layer with `is_causal=True`, which
 # PyTorch may send to cuDNN's fused kernel; a rank calls it twice (`cp.dual_chunk_attention`),
 # and for a chunk with fewer queries than keys (a bottom-right causal mask) PyTorch offers
@@ -871,9 +875,11 @@ else:
 # cuDNN's kernels (over 90 % of its time) and rank 0's mostly PyTorch's flash kernels (cuDNN's
 # under 20 %, its first chunk's); each call's attention, times the layers, lies within 5 % of
 # its fit's $S^2$ term; and one GPU forced onto the flash kernel runs within 10 % of rank 0's
-# rate, while cuDNN's rate is more than 1.3 times the flash kernel's. On rank 0's kernel one
-# GPU falls to rank 0's rate: the gap is the kernel a masked call can reach, and splitting the
-# pairs between ranks costs little in attention itself.
+# rate, while cuDNN's rate is more than 1.3 times the flash kernel's.
+#
+# **Answer, by the profiles:** on rank 0's kernel one GPU falls to rank 0's rate: the gap is
+# the kernel a masked call can reach, and splitting the pairs between ranks costs little in
+# attention itself.
 #
 # **Takeaway:** with RoPE at global positions, the dual-chunk split computes one process's
 # loss to fp32 rounding (section 2). In bf16 the 131072-token runs agree over their first two
@@ -1789,6 +1795,18 @@ assert len(gap_small) == 12 and len(gap_large) == 4
 assert as_stated((min(gap_small), max(gap_small), min(gap_large), max(gap_large)),
                  (0.8, 1.6, 2.6, 3.0))
 assert per_empty / 2 < min(gap_small) and max(gap_small) < 2 * per_empty   # about one launch
+# the same fused step in the decode run (2026-11-30) and in this one: how far a step moves
+# between two runs, beside the differences compared across them
+fused_then = {(r["cache"], r["cache_dtype"], r["batch"]): r["ms"] * 1e3
+              for r in compare.read_csv(DECODE) if r.get("ms")
+              and (r["mode"], r["provider"]) == ("graph", "fused")}
+shift = [step_us[k + ("fused",)] - fused_then[k] for k in gain]
+print(f"the fused step, this run against the decode run: {min(shift):+.1f} to {max(shift):+.1f} "
+      f"us (contiguous bf16, B = 1: {fused_then['contiguous', 'bfloat16', 1]:.1f} then, "
+      f"{step_us['contiguous', 'bfloat16', 1, 'fused']:.1f} now)")
+assert len(shift) == 16 and as_stated((min(shift), max(shift)), (0.0, 0.6))
+assert as_stated((fused_then["contiguous", "bfloat16", 1],
+                  step_us["contiguous", "bfloat16", 1, "fused"]), (6.1, 6.4))
 assert min(gap_large) > 2 * per_empty                                  # more than one launch
 # the rotated k's round trip that fusion removes, at batch 256: written by RoPE, read by the
 # write kernel; at the H200's 4.8 TB/s of HBM (NVIDIA's figure) a fraction of the gap
@@ -1819,7 +1837,9 @@ assert as_stated((min(two_vs_unfused), max(two_vs_unfused)), (2.2, 4.8))
 #
 # - **Up to 64 sequences, about one kernel:** the two kernels take 0.8 to 1.6 µs a step more
 #   than the fused one, the size of one more kernel in a replay (1.1 µs, the graph-floor line
-#   above).
+#   above). That line comes from another run, and the same fused step moved by up to 0.6 µs
+#   between two runs (6.1 µs at batch 1 on 11-30, 6.4 on 12-01; the cell prints all 16), so
+#   "about one kernel" compares sizes: a launch, not a launch to the tenth of a µs.
 # - **At 256 sequences, more than one launch explains:** 2.6 to 3.0 µs, over twice that
 #   1.1 µs. Nor does the rotated k's trip through memory, which fusion removes: 1 MiB written
 #   and read back (256 × 8 heads × 128 × 2 bytes, each way) takes 0.2 µs at the H200's

@@ -637,6 +637,32 @@ def test_rope_function_check_refuses_a_forward_through_the_notebooks_rope_cell(
                                   kernel=OWN_BACKWARD) is True
 
 
+def _fwd_saves_negated_freqs(ctx, x, freqs):
+    ctx.save_for_backward(-freqs, freqs)       # small, but not only freqs
+    return own_rope_backward(x, -freqs)
+
+
+def _fwd_saves_cos_sin(ctx, x, freqs):
+    ctx.cos, ctx.sin = freqs.cos(), freqs.sin()   # tables as attributes, beside freqs
+    ctx.save_for_backward(freqs)
+    return own_rope_backward(x, -freqs)
+
+
+def _fwd_freqs_attribute(ctx, x, freqs):
+    ctx.freqs = freqs                          # freqs itself, as an attribute: allowed
+    return own_rope_backward(x, -freqs)
+
+
+def _bwd_freqs_attribute(ctx, g):
+    return own_rope_backward(g, ctx.freqs), None
+
+
+def test_rope_function_check_accepts_freqs_kept_as_an_attribute(capsys):
+    assert ex.check_rope_function(_function(_fwd_freqs_attribute, _bwd_freqs_attribute),
+                                  kernel=OWN_BACKWARD) is True
+    assert "✅" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("answer, words", [
     (ex.SolutionRopeFunction, "called ropelib's forward (ropelib/course/exercises/kernels.py)"),
     (_function(_fwd_kernel, _bwd_teaching_kernel), "backward): this exercise wants your "
@@ -678,8 +704,11 @@ def test_rope_function_check_wants_the_named_kernel(capsys):
     (_fwd_pytorch, _bwd_saved_freqs, "forward launched no Triton kernel"),
     (_fwd_kernel, _bwd_pytorch, "backward launched no Triton kernel"),
     (_fwd_kernel, _bwd_forward, "entries differ"),
+    (_fwd_saves_negated_freqs, _bwd_saved_freqs, "Keep only freqs"),
+    (_fwd_saves_cos_sin, _bwd_saved_freqs, "Keep only freqs"),
 ], ids=["save_for_backward-x", "ctx.x", "global", "saved-copy-recompute", "saved-output",
-        "pytorch-forward", "pytorch-backward", "wrong-direction"])
+        "pytorch-forward", "pytorch-backward", "wrong-direction", "saves-negated-freqs",
+        "keeps-cos-sin"])
 def test_rope_function_check_rejects_shortcuts(forward, backward, words, capsys):
     _STASH.clear()
     assert ex.check_rope_function(_function(forward, backward)) is False

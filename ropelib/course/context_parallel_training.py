@@ -153,7 +153,9 @@ def train(model: GPT, data: CharDataset, *, steps: int, batch_size: int, group=N
     start of a longer run).
 
     Returns `step`, `train_loss` (the whole batch's, every step), `tokens_per_s` and
-    `ms_per_step` (whole-batch tokens over the steps after `timing_warmup`), `train_time_s`,
+    `ms_per_step` (whole-batch tokens over the steps after `timing_warmup`; by default
+    min(5, steps // 5), and at least the first step, which compiles, where there are two or
+    more), `train_time_s`,
     `cp_size`, and on a GPU `peak_mem_gib` (this rank's peak allocated memory).
     """
     if steps < 1:
@@ -166,7 +168,8 @@ def train(model: GPT, data: CharDataset, *, steps: int, batch_size: int, group=N
     T = model.config.block_size
     min_lr = lr / 10 if min_lr is None else min_lr
     warmup = min(100, steps // 10) if warmup is None else warmup
-    timing_warmup = min(5, run_steps // 5) if timing_warmup is None else timing_warmup
+    if timing_warmup is None:       # the first step compiles: never in the summary of 2 or more
+        timing_warmup = min(5, max(1, run_steps // 5)) if run_steps > 1 else 0
     opt = make_optimizer(model, lr, weight_decay)
 
     def lr_at(it):

@@ -38,6 +38,7 @@ from .kernel_bandwidth import is_device_kernel
 from .offline_compile import compile_for_cuda, resource_usage
 
 __all__ = ["StepKernels", "count_kernels", "work_ops", "gpu_kernels", "interpreted_launches",
+           "loop_fast_paths",
            "quietly_running", "stderr_silenced",
            "SM", "SM90", "Occupancy", "programs_per_sm", "compile_for_sm90", "cubin_resources",
            "qkv_tile_resources", "sweep_tiles", "shipped_tiles", "tiles_to_compile"]
@@ -242,6 +243,45 @@ def inductor_sin_cos(code: str) -> List[tuple]:
         out.append((name.group(1), elements, len(_SIN_COS.findall(body))))
     return out
 
+
+
+_SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]\s+)?([A-Z][A-Z0-9_]*)[^;]*;")
+_SASS_BRA = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]\s+)?BRA\s+(?:`?\()?0x([0-9a-f]+)")
+_SASS_BSSY = re.compile(r"/\*([0-9a-f]{4,})\*/\s+BSSY\s+B\d+,\s*0x([0-9a-f]+)")
+
+
+def loop_fast_paths(sass: str) -> List[Dict[str, int]]:
+    """{opcode: how many} a thread issues in one iteration of each outermost loop of a kernel's
+    SASS (`cuobjdump -sass`), in address order: the instructions between a backward branch's
+    target and the branch, less every BSSY...BSYNC region's instructions after the region's
+    first branch. In libdevice's sinf/cosf that branch skips the slow range reduction
+    (Payne-Hanek, for |x| >= 105615 rad), so the count is the path of angles below it.
+    Opcodes without their modifiers (FFMA.FTZ -> FFMA)."""
+    ins = [(int(m[1], 16), m[2]) for m in map(_SASS_LINE.search, sass.splitlines()) if m]
+    addrs = [a for a, _ in ins]
+    skipped = set()
+    for line in sass.splitlines():
+        m = _SASS_BSSY.search(line)
+        if not m:
+            continue
+        start, end = int(m[1], 16), int(m[2], 16)
+        first_branch = next((a for a, op in ins if start < a < end and op == "BRA"), end)
+        skipped.update(a for a in addrs if first_branch < a < end)
+    loops = []
+    for line in sass.splitlines():
+        m = _SASS_BRA.search(line)
+        if m and int(m[2], 16) < int(m[1], 16) and int(m[1], 16) not in skipped:
+            loops.append((int(m[2], 16), int(m[1], 16)))
+    outer = [(t, b) for t, b in loops
+             if not any(t2 <= t and b <= b2 and (t2, b2) != (t, b) for t2, b2 in loops)]
+    out = []
+    for t, b in sorted(outer):
+        counts: Dict[str, int] = {}
+        for a, op in ins:
+            if t <= a <= b and a not in skipped:
+                counts[op] = counts.get(op, 0) + 1
+        out.append(counts)
+    return out
 
 def _round_up(n: int, unit: int) -> int:
     return -(-n // unit) * unit

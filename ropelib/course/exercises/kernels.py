@@ -325,7 +325,8 @@ def check_rope_function(cls, kernel=None) -> bool:
     keeps x alive or holds a tensor as large as x once forward has returned (RoPE is linear in x:
     its backward needs the angles, not the activation). The last is what is checkable about
     memory: `ctx.save_for_backward(x)`, `ctx.x = x`, a copy of x or of y in ctx, or x parked in a
-    global all fail it.
+    global all fail it. Beyond that, the only tensor the Function may keep in ctx is freqs
+    itself (saved or as an attribute): -freqs or cos/sin tables beside or instead of it fail.
 
     The forward must launch a kernel of the learner's: their own backward launcher at -freqs
     (the transpose of the rotation by -theta is the rotation by theta), or a forward kernel of
@@ -382,6 +383,13 @@ def check_rope_function(cls, kernel=None) -> bool:
             f"ctx holds a tensor as large as x ({big[0]})"
         print(f"❌ {name}: {what}. The backward of RoPE needs only the angles (it is linear in "
               "x): save freqs with ctx.save_for_backward, and keep no activation for it")
+        return False
+    others = [tuple(t.shape) for t in held
+              if not (t.data_ptr() == freqs.data_ptr() and t.shape == freqs.shape)]
+    if others:
+        print(f"❌ {name}: your Function keeps {', '.join(map(str, others))} beside freqs. Keep "
+              "only freqs (ctx.save_for_backward(freqs)): the backward is your launcher at "
+              "freqs, and needs nothing else")
         return False
     y_sum = y.sum()                          # outside the block: autograd's sum, not the answer's
     with count_launches(written=True) as bwd_launches:
