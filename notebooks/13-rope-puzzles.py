@@ -734,17 +734,16 @@ pz.time_solution("shared_table");
 # the worked solution's ⏱ line, and prints the two times and their ratio; on a CPU it says that
 # nothing was timed. (Notebook 04 measures what a batch-reusing grid saves.)
 #
-# A ratio means something only against the noise of the timer. The committed CSVs of
-# `benchmarks/puzzle_fractions.py` timed this worked solution at six tiles in four runs on an
-# H200; the most any tile's own time moved between runs is the **run-to-run spread**, and it is
-# the one rule this page uses: two times closer than it are the same time. The cell applies it
-# to the given kernel against the worked solution, and to puzzle 6's worked solution against
-# this one: the same 143 MB, but puzzle 6 loads each table row once per batch entry, in $B$
-# different programs (answer 5 counts it), where the given kernel repeats its loads inside one
-# program's loop. The rule has a limit: its spread is between the medians of separate runs,
-# while within one page the copy timed beside each ⏱ line moves too, and the cell's last line
-# prints how far the copies of these lines moved: a ratio inside that is not resolved by one
-# timing of each kernel.
+# A ratio means something only against the noise of the timer, and there are two. The
+# committed CSVs of `benchmarks/puzzle_fractions.py` timed this worked solution at six tiles in
+# four runs on an H200; the most any tile's own time moved between runs is the **run-to-run
+# spread**. Within one page, the copy beside the ⏱ lines is timed in five rounds (once per byte
+# size, reused), and its rounds move too. The cell's rule: two times closer than the larger of
+# the two are the same time. It applies it to the given kernel against the worked solution, and
+# to puzzle 6's worked solution against this one: the same 143 MB, but puzzle 6 loads each table
+# row once per batch entry, in $B$ different programs (answer 5 counts it), where the given
+# kernel repeats its loads inside one program's loop. Each kernel is timed once here; timing the
+# two in alternating rounds would resolve smaller differences, and this page has not done it.
 
 # %%
 FRACTIONS = measured.RESULTS / "puzzle_fractions-nvidia-h200.csv"
@@ -759,12 +758,12 @@ spread9 = max((max(v) - min(v)) / min(v) for v in own.values())   # the run-to-r
 assert len(own) == 6 and all(len(v) == 4 for v in own.values()) and f"{spread9:.1%}" == "1.7%"
 
 
-def verdict(a, b, what):
-    """a's time against b's, by the one rule: closer than the run-to-run spread is the same."""
+def verdict(a, b, what, noise):
+    """a's time against b's: closer than the noise is the same time."""
     ratio = a.us / b.us
-    said = ("the same time, within the run-to-run spread" if abs(ratio - 1) <= spread9 else
+    said = (f"the same time, within the noise ({noise:.1%})" if abs(ratio - 1) <= noise else
             f"{what} {'slower' if ratio > 1 else 'faster'} by {abs(ratio - 1):.1%}, more than "
-            "the spread")
+            f"the noise ({noise:.1%})")
     return ratio, f"{a.us:.1f} us against {b.us:.1f} us: {ratio:.3f}x, {said}"
 
 
@@ -773,19 +772,15 @@ given9 = pz.time_kernel("shared_table", pz.given_shared_table_kernel,
 solved9, solved6 = (pz.solution_times().get(k) for k in ("shared_table", "position_ids"))
 print(f"the run-to-run spread (committed, four runs, {len(own)} tiles): {spread9:.1%}")
 if given9 is not None and solved9 is not None and solved6 is not None:
-    ratio9, said9 = verdict(given9, solved9, "the given kernel")
-    ratio6, said6 = verdict(solved6, solved9, "puzzle 6")
+    copy_moved = max(t.copy_spread for t in (given9, solved9, solved6))   # this page's rounds
+    noise9 = max(spread9, copy_moved)
+    print(f"within this page the copies' rounds beside these lines moved up to {copy_moved:.1%}; "
+          f"the noise, the larger of the two: {noise9:.1%}")
+    ratio9, said9 = verdict(given9, solved9, "the given kernel", noise9)
+    ratio6, said6 = verdict(solved6, solved9, "puzzle 6", noise9)
     print(f"repeats in one program's loop (given kernel, worked solution): {said9}")
     print(f"repeats across programs (puzzle 6's solution, puzzle 9's): {said6}")
     assert 0.9 < ratio9 < 1.25 and 0.85 < ratio6 < 1.15    # a band: the times vary by render
-    copies_here = [t.copy_us for t in (given9, solved9, solved6)]   # about 143 MB, each line's
-    copy_moved = max(copies_here) / min(copies_here) - 1
-    unresolved = [who for who, r in (("the given kernel's", ratio9), ("puzzle 6's", ratio6))
-                  if abs(r - 1) <= copy_moved]
-    print(f"the rule's limit: within this page the copy beside these three lines took "
-          f"{min(copies_here):.1f} to {max(copies_here):.1f} us, {copy_moved:.1%} apart; "
-          + (f"{' and '.join(unresolved)} ratio{'s lie' if len(unresolved) > 1 else ' lies'}"
-             " inside that" if unresolved else "both ratios lie outside that"))
     assert 0 <= copy_moved < 0.2                           # a band: the copies vary by render
 else:
     print("not timed here: what the repeated loads cost stays a prediction (study question 4)")
@@ -1031,8 +1026,10 @@ pz.scoreboard();
 # %% [markdown]
 # And the worked solutions' ⏱ lines in one table. Puzzle 1 has no timed size: on one row a
 # timer would see only the launch. A fraction is a device copy's time over the kernel's, for
-# the bytes of every tensor the kernel is handed, read or not. Puzzle 5's worked solution never
-# reads the bf16 angle table it is handed, so its fraction flatters it.
+# the bytes of every tensor the kernel is handed, read or not; the copy of each byte size is
+# timed once (the median of five rounds) and reused, so kernels of the same bytes are read
+# against the same copy. Puzzle 5's worked solution never reads the bf16 angle table it is
+# handed, so its fraction flatters it.
 #
 # What counts as copy speed is section 0's masked copy: a Triton kernel that does nothing but
 # move the bytes, timed the same way. Its fraction is this page's anchor, and the copy's own
@@ -1292,6 +1289,7 @@ fastest9 = [min(run, key=lambda r: r["us"]) for run in p9_runs]
 copies = [r["copy_us"] for run in p9_runs for r in run]
 kernel_med, copy_med = statistics.median(sum(own.values(), [])), statistics.median(copies)
 assert all((r["block"], r["num_warps"]) == (4, 4) for r in fastest9)   # fastest in every run
+assert pz.PUZZLES["shared_table"].big("meta").constexprs["BLOCK_S"] == 16   # the ⏱ lines' tile
 assert {compare.read_meta(f)["gpu"] for f in runs9} == {"NVIDIA H200"}
 us_of = {r["tile"]: r["us"] for r in rows9}
 assert us_of[(32, 4)] <= min(us_of[(8, 4)], us_of[(16, 8)])                 # 23 %, no slower
@@ -1343,19 +1341,19 @@ pz.stated([
 # (`long_scoreboard`, 31 to 123 warps stalled per issue against the stand-in's 46). The two tiles
 # slowest under the profiler (its column: 36.5 and 36.7 µs) are the two with the most warps
 # resident (88 %), the longest memory stalls and the most `lg_throttle`: more warps in flight
-# waited longer, and gained nothing. An
-# uneven split of one wave accounts for part of the idle tail at most, and not its order: 1,024
-# programs leave 100 SMs with 8 and 32 with 7, the prediction (which assumes each SM's own pace, not
-# DRAM's, sets when it finishes) is 34 % to 59 % of the idle cycles measured, and the two tiles with
-# that same split idle 2,839 and 4,898 cycles. The working explanation is the tail of a single
-# wave: five of the six grids fit in one wave (0.78 to 0.97 waves), so every program is resident
-# from the start and an SM whose programs end early has nothing left to run; the one grid of two
-# waves, BLOCK_S=4 (1.94), idles least (795 cycles, against 2,802 to 4,898) and was the fastest
-# tile in every timed run. One tile in one profile is all the support it has: the counters
-# average over the SMs, and a per-SM count (`sm__cycles_active` as `.max` and `.min`) would
-# test it. Nor is this the
-# `do_bench` loop: Nsight Compute ran each kernel once, caches flushed and clocks fixed, and only 44
-# of $y$'s 67 MB reached DRAM before each launch ended.
+# waited longer, and gained nothing. An uneven split of one wave accounts for part of the idle
+# tail at most, and not its order: 1,024 programs leave 100 SMs with 8 and 32 with 7, the
+# prediction (which assumes each SM's own pace, not DRAM's, sets when it finishes) is 34 % to
+# 59 % of the idle cycles measured, and the two tiles with that same split idle 2,839 and 4,898
+# cycles. The working explanation is the tail of a single wave: five of the six grids fit in one
+# wave (0.78 to 0.97 waves), so every program is resident from the start and an SM whose
+# programs end early has nothing left to run; the one grid of two waves, BLOCK_S=4 (1.94),
+# idles least (795 cycles, against 2,802 to 4,898) and was the fastest tile in every timed run.
+# So BLOCK_S=4 on 4 warps is the tile to ship (the ⏱ lines time BLOCK_S=16). One tile in one
+# profile is all the support the explanation has: the counters average over the SMs, and a
+# per-SM count (`sm__cycles_active` as `.max` and `.min`), not yet run, would test it. Nor is
+# this the `do_bench` loop: Nsight Compute ran each kernel once, caches flushed and clocks
+# fixed, and only 44 of $y$'s 67 MB reached DRAM before each launch ended.
 
 # %% [markdown]
 # ## Questions for a study group
@@ -1413,8 +1411,8 @@ pz.stated([
 # read the tables about once: $B - 1$ extra load instructions and their L2 traffic, not $B$
 # times the table's DRAM bytes. The appendix's profile measured the once for the worked
 # solution (DRAM read $x$ and the tables once, within 0.1 %); the given kernel was not
-# profiled. What the repeats cost in time is set out under puzzle 9, with the rule's limit: how
-# far this page's own copies moved.
+# profiled. What the repeats cost in time is set out under puzzle 9, each kernel timed once and
+# read against the noise.
 #
 # **5.** The cell under "Where you stand" lists, on a GPU, the solutions short of copy speed by
 # that page's rule. What this page measures for them is where their bytes go: the cell below
@@ -1425,8 +1423,9 @@ pz.stated([
 # the shortfalls and the control all do, a sector count alone does not tell a kernel at copy
 # speed from one short of it. It ends with each shortfall beside the mechanism this page has for
 # it. Puzzle 6 loads each table row once per batch entry, $B = 8$ times, where puzzle 9's
-# solution loads it once; its line follows the timing of the two under puzzle 9, and where they
-# are within the spread it names the repeated loads as a candidate that timing does not support.
+# solution loads it once; its line follows the timing of the two under puzzle 9. Where the two
+# run in the same time, the repeats are not what holds puzzle 6 back, and nor, as measured, is
+# puzzle 9's single-wave tail: puzzle 6's grid takes several waves. Its line then says so.
 #
 # **6.** Each pair of $q$ and of $k$ is moved by at most $\varepsilon = \sqrt 2 \cdot 2^{-9}$
 # of its length, so each pair's product moves by at most about $2\varepsilon$ of
@@ -1488,20 +1487,22 @@ whole = [n for n in counted                 # every byte of x, y and the tables'
          if all(share == 1.0 for name, (k, share) in uses[n].items() if name != "cu_seqlens")]
 print(f"   every byte of their rows' and tables' sectors used: puzzles {whole} of {counted}")
 assert {4, 6, 11} & set(counted) <= set(whole)
+grid6 = pz.PUZZLES["position_ids"].big("meta").grid          # (B, S / BLOCK_S), timed case
+waves6 = math.prod(grid6) / (SMS * 64 // 4)   # 4 warps a program: at most 16 on an SM
+assert grid6 == (8, 1024) and waves6 > 3                     # several waves, not one
 if given9 is not None and solved9 is not None and solved6 is not None:   # puzzle 9's verdicts
-    if abs(ratio6 - 1) <= spread9:
-        six = (f"at puzzle 9's time ({ratio6:.3f}x, within the spread): each table row loaded "
-               "B = 8 times is a candidate that timing does not support")
+    if abs(ratio6 - 1) <= noise9:
+        six = (f"at puzzle 9's time ({ratio6:.3f}x, within the noise): its B = 8 loads of each "
+               "table row cost nothing the timer resolves; puzzle 9's gap is idle SMs at the end "
+               f"of a single wave (appendix), but puzzle 6's {math.prod(grid6):,} programs take "
+               f"at least {waves6:.1f} waves: what holds it below copy speed is not measured")
     elif ratio6 < 1:
         six = (f"faster than puzzle 9's solution ({ratio6:.3f}x): its B = 8 loads of each table "
                "row cost nothing that timing sees; what keeps it below copy speed is not "
                "measured")
     else:
-        six = (f"{ratio6:.3f}x puzzle 9's time, beyond the spread"
-               + (" but inside how far this page's copies moved" if ratio6 - 1 <= copy_moved
-                  else "")
-               + ": each table row loaded B = 8 times, across programs, is the candidate; no "
-                 "counter here measures it")
+        six = (f"{ratio6:.3f}x puzzle 9's time, beyond the noise: each table row loaded B = 8 "
+               "times, across programs, is the candidate; no counter here measures it")
 else:
     six = "each table row loaded B = 8 times: its time against puzzle 9's needs a GPU"
 mechanism = {   # what this page measures for each solution's shortfall

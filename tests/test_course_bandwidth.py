@@ -246,6 +246,7 @@ def fake_gpu(monkeypatch):
 
     monkeypatch.setattr(triton.testing, "do_bench", do_bench)
     monkeypatch.setattr(pz, "_SOLUTION_TIMES", {})
+    monkeypatch.setattr(pz, "_COPY_ROUNDS", {})
     for p in pz.PUZZLES.values():
         build = p.build
         monkeypatch.setattr(p, "build", lambda gen, device, build=build: build(gen, "cpu"))
@@ -267,14 +268,27 @@ def test_worked_solution_is_timed_and_labelled(fake_gpu, capsys):
     before = dict(pz._RESULTS)
     t = pz.time_solution("shared_table")
     out = capsys.readouterr().out
-    assert isinstance(t, pz.Timing) and len(fake_gpu) == 2          # the kernel, then the copy
+    assert isinstance(t, pz.Timing) and len(fake_gpu) == 1 + pz.COPY_ROUNDS   # kernel, copies
+    # the copy's rounds alternate 10, 20, 10, ... us in this stand-in: their median is 10
     assert (t.us, t.copy_us, t.of_copy) == (KERNEL_US, COPY_US, 0.5)
+    assert t.copy_spread == KERNEL_US / COPY_US - 1
     assert t.label == "x [5, 4, 16]" and t.gpu == "a CPU standing in" and t.nbytes > 0
     assert out.startswith("   ⏱ worked solution of puzzle 9 (the time to aim for), "
                           "a CPU standing in, x [5, 4, 16]: 20.0 us for ")
     assert "a device copy of the same bytes 10.0 us: 50% of copy speed" in out
     assert pz.solution_times() == {"shared_table": t}
     assert pz._RESULTS == before                     # timing a solution grades nothing
+
+
+def test_one_copy_timing_per_byte_size_is_reused(fake_gpu, capsys):
+    first = pz.time_solution("shared_table")
+    again = pz.time_kernel("shared_table", pz.given_shared_table_kernel, "the given kernel")
+    other = pz.time_solution("position_ids")          # other bytes: a copy of its own
+    capsys.readouterr()
+    assert first.nbytes == again.nbytes != other.nbytes
+    assert again.copy_us == first.copy_us and again.copy_spread == first.copy_spread
+    assert len(fake_gpu) == 1 + pz.COPY_ROUNDS + 1 + 1 + pz.COPY_ROUNDS   # copies timed twice
+    assert len(pz._COPY_ROUNDS) == 2
 
 
 def test_every_timed_puzzle_times_its_worked_solution(fake_gpu, capsys):
