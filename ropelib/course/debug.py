@@ -742,17 +742,31 @@ def float_instructions(ptx: str, sass: Optional[str] = None) -> dict:
     return {"ptx": count(_PTX_FLOAT_OPS, ptx), "sass": count(_SASS_FLOAT_OPS, sass)}
 
 
-def _repro_instructions_here(enable_fp_fusion: bool, arch: int) -> dict:
-    from .offline_compile import compile_for_cuda, cuobjdump
+def _repro_compiled_here(fixed: bool, enable_fp_fusion: bool, arch: int):
+    """The reproduction kernel at notebook 08's GPU size (bf16 rows [1024, 8, 128], S = 512),
+    compiled for sm_<arch> on this machine: with section 1's reported switches (a bf16 table,
+    math in bf16) or, `fixed`, debug.FIXED's (sin/cos from fp32 angles, math in fp32); the line
+    as written either way."""
+    from .offline_compile import compile_for_cuda
     x = torch.empty(1024, 8, 128, dtype=torch.bfloat16)              # [rows, H, D]: bshd rows
-    table = torch.empty(512, 64, dtype=torch.bfloat16)              # [S, D/2] in x's dtype
-    compiled = compile_for_cuda(
+    # [S, D/2]: fp32 angles, or the cos/sin table in x's dtype
+    table = torch.empty(512, 64, dtype=torch.float32 if fixed else torch.bfloat16)
+    return compile_for_cuda(
         _rope_unsloth_repro_kernel,
         dict(x_ptr=x, cos_ptr=table, sin_ptr=table, stride_xr=x.stride(0), stride_xh=x.stride(1),
-             stride_t=table.stride(0), SEQ_LEN=512, HALF=64, BLOCK_HALF=64, FROM_ANGLES=False,
-             COMPUTE_FP32=False, USE_FMA=False, BF16_RTNE=False),
+             stride_t=table.stride(0), SEQ_LEN=512, HALF=64, BLOCK_HALF=64, FROM_ANGLES=fixed,
+             COMPUTE_FP32=fixed, USE_FMA=False, BF16_RTNE=False),
         num_warps=4, arch=arch, enable_fp_fusion=enable_fp_fusion)
+
+
+def _repro_instructions_here(enable_fp_fusion: bool, arch: int) -> dict:
+    from .offline_compile import cuobjdump
+    compiled = _repro_compiled_here(False, enable_fp_fusion, arch)
     return float_instructions(compiled.asm["ptx"], cuobjdump(compiled.asm["cubin"], "-sass"))
+
+
+def _repro_fixed_ptx_here(arch: int) -> str:
+    return _repro_compiled_here(True, True, arch).asm["ptx"]
 
 
 def repro_kernel_instructions(enable_fp_fusion: bool = True, arch: int = 90) -> dict:
@@ -770,7 +784,8 @@ def repro_kernel_instructions(enable_fp_fusion: bool = True, arch: int = 90) -> 
 
 # Which product of `y = a * b +/- c * d` a compiled kernel rounds and which it fuses, read from the
 # PTX's line info: `.loc <file> <line> <column>` precedes the instructions of a source position;
-# Triton places a product at its left operand's column and a sum at the start of the sum.
+# Triton 3.9 places a product at its left operand's column, Triton 3.6 a few columns into it
+# (`_product_at` takes either).
 _PTX_LOC = re.compile(r"^\s*\.loc\s+(\d+)\s+(\d+)\s+(\d+)")
 _PTX_FILE = re.compile(r'^\s*\.file\s+(\d+)\s+"([^"]*)"(?:\s+"([^"]*)")?')
 _PTX_MUL_FMA = re.compile(r"^\s*(?:@%p\d+\s+)?((?:mul|fma\.rn)\.f32)\b")
@@ -856,19 +871,6 @@ compiled = compile_for_cuda(getattr(module, kernel), dict(
 print(json.dumps(compiled.asm["ptx"]))
 '''
 
-_REPRO_CHILD = r'''
-import json, sys, torch
-from ropelib.course.debug import _rope_unsloth_repro_kernel
-from ropelib.course.offline_compile import compile_for_cuda
-x, ang = torch.empty(1024, 8, 128, dtype=torch.bfloat16), torch.empty(512, 64)
-compiled = compile_for_cuda(_rope_unsloth_repro_kernel, dict(
-    x_ptr=x, cos_ptr=ang, sin_ptr=ang, stride_xr=x.stride(0), stride_xh=x.stride(1),
-    stride_t=ang.stride(0), SEQ_LEN=512, HALF=64, BLOCK_HALF=64, FROM_ANGLES=True,
-    COMPUTE_FP32=True, USE_FMA=False, BF16_RTNE=False),
-    num_warps=4, arch=int(sys.argv[1]), enable_fp_fusion=True)
-print(json.dumps(compiled.asm["ptx"]))
-'''
-
 
 def combine_kernel_products(kernel_source: str, kernel: str = "_rope_combine_kernel",
                             combine: str = "as_written", shape=(512, 2, 8, 128),
@@ -894,9 +896,13 @@ def repro_kernel_products(arch: int = 90) -> dict:
     angles, fp32 math, the line as written), compiled for sm_<arch> with Triton's default
     contraction, at notebook 08's GPU size (bf16 rows [1024, 8, 128], S = 512)."""
     import inspect
-    from .offline_compile import in_compiling_python
-    ptx = in_compiling_python(_REPRO_CHILD, str(arch),
-                              what=f"compiling the reproduction kernel for sm_{arch}")
+    if runtime.INTERPRET:
+        from .offline_compile import in_compiling_python
+        code = ("import json; from ropelib.course.debug import _repro_fixed_ptx_here; "
+                f"print(json.dumps(_repro_fixed_ptx_here({int(arch)})))")
+        ptx = in_compiling_python(code, what=f"compiling the reproduction kernel for sm_{arch}")
+    else:
+        ptx = _repro_fixed_ptx_here(arch)
     path = inspect.getsourcefile(_rope_unsloth_repro_kernel.fn)
     with open(path) as f:
         return ptx_products(ptx, f.read(), path)
