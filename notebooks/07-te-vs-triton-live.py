@@ -1305,18 +1305,7 @@ for what, (seconds, pct) in stated_shares.items():
 HOST_LOG = RESULTS / "host_by_size-nvidia-h200-20261204-1600.log"
 
 
-def host_by_size(path):
-    """{(case, variant): host µs per eager forward+backward} from a host_by_size log's table."""
-    compare.note_read(path)                 # a page records the committed data it read
-    text = path.read_text()
-    rows = {}
-    for line in text[text.index("\ncase "):].splitlines()[2:]:
-        if m := re.fullmatch(r"(.+?)\s{2,}(\S.*?)\s{2,}([\d.]+)(\s+[\d.]+)?\s*", line):
-            rows[m[1], m[2]] = float(m[3])
-    return rows
-
-
-by_size = host_by_size(HOST_LOG)
+by_size = measured.host_by_size_log(HOST_LOG)   # {(case, variant): host µs}
 assert HOST_LOG.read_text().startswith("# NVIDIA H200,")
 SIZES = list(dict.fromkeys(c for c, _ in by_size))
 assert SIZES == ["decode s1 b64 sbhd", "64 MiB sbhd", "64 MiB bshd", "64 MiB thd", "256 MiB bshd"]

@@ -316,3 +316,13 @@ def test_qkv_clock_log_reads_every_variant_and_the_power_limit():
             # ms x MHz is the cycles a call took, as the probe prints it (rounded there)
             assert abs(r["ms"] * r["mhz"] / 1e3 - r["mcycles"]) < 0.02 * r["mcycles"]
             assert 0 <= r["power_capped"] <= 1 and 0 <= r["hw_slowdown"] <= 1
+
+
+def test_host_by_size_log_reads_the_final_table():
+    from ropelib.course import measured
+    rows = measured.host_by_size_log(
+        measured.RESULTS / "host_by_size-nvidia-h200-20261204-1600.log")
+    assert len(rows) == 40
+    assert rows["decode s1 b64 sbhd", "ropelib"] == 203.7
+    assert rows["decode s1 b64 sbhd", "te_fused, one thread"] == 73.9
+    assert rows["decode s1 b64 sbhd", "ropelib: in launches"] == 46.7

@@ -277,6 +277,21 @@ def fwdbwd_variants_log(path) -> dict:
     return out
 
 
+_HOST_ROW = re.compile(r"(.+?)\s{2,}(\S.*?)\s{2,}([\d.]+)(\s+[\d.]+)?\s*")
+
+
+def host_by_size_log(path) -> dict:
+    """{(case, variant): host µs per eager forward+backward (best round)} of a
+    ``benchmarks/host_by_size_probe.py`` log, read from its final table ("case variant host us
+    device us"): ropelib, TE's fused RoPE and an ATen control, with autograd's device thread and
+    without, ropelib with its launches removed, and the µs spent inside ropelib's launches."""
+    _, rows = _final_table(path, "case variant")
+    out = {(m[1], m[2]): float(m[3]) for line in rows if (m := _HOST_ROW.fullmatch(line))}
+    if not out:
+        raise ValueError(f"{path}: its final table has no rows")
+    return out
+
+
 def table(rows, columns) -> str:
     """A fixed-width text table of ``rows`` (dicts): ``columns`` is [(header, key, format)]."""
     width = {h: max(len(h), 7, *(len(str(r.get(k))) for r in rows if isinstance(r.get(k), str)))
