@@ -561,32 +561,26 @@ for dtype in (torch.float32, torch.bfloat16):
 # Notebook 08 turns contraction off (`enable_fp_fusion=False`) to settle such questions.
 
 # %%
-# A child Python without TRITON_INTERPRET compiles step 3 (its source, passed as an argument)
-# and the kernel above, fp32, for the view the cell above compares: x [8, 4, 32, 80].
-import inspect, re   # noqa: E401
-from ropelib.course.offline_compile import in_compiling_python
+# Step 3 and the kernel above (ropelib's copy of it) compiled for sm_90, fp32, for the view the
+# cell above compares: x [8, 4, 32, 80]. `compiled_code` compiles here, or, under the
+# interpreter (whose @triton.jit gives interpreted functions), in a second Python: step 3 from
+# its source, ropelib's kernel from its module.
+import re
+from ropelib.course.kernels import naive
+from ropelib.course.offline_compile import compiled_code
 
-CHILD_FMA = r'''
-import importlib.util, json, sys, tempfile, torch, triton, triton.language as tl
-from ropelib.course.kernels.naive import _rope_naive_kernel, default_num_warps
-from ropelib.course.offline_compile import compile_for_cuda
-with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as src:
-    src.write("import triton\nimport triton.language as tl\n" + sys.argv[1])
-spec = importlib.util.spec_from_file_location("step3", src.name)
-step3 = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(step3)
-x, y, f = torch.empty(4, 8, 32, 80).transpose(0, 1), torch.empty(8, 4, 32, 80), torch.empty(18, 80)
-args = dict(x_ptr=x, y_ptr=y, freqs_ptr=f, B=4, H=32, stride_xs=x.stride(0), stride_xb=x.stride(1),
-            stride_xh=x.stride(2), stride_xd=x.stride(3), stride_fs=80, stride_fd=1,
-            HALF=40, BLOCK_HALF=64)
-print(json.dumps({"triton": triton.__version__,
-    "step 3": compile_for_cuda(step3._rope_step3_kernel, args, num_warps=4).asm["ptx"],
-    "_rope_naive_kernel": compile_for_cuda(_rope_naive_kernel, dict(args, stride_ys=y.stride(0),
-        stride_yb=y.stride(1), stride_yh=y.stride(2), BACKWARD=False, COMPUTE_DTYPE=tl.float32,
-        BF16_RTNE=False), num_warps=default_num_warps(64)).asm["ptx"]}))
-'''
-ptxs = in_compiling_python(CHILD_FMA, inspect.getsource(_rope_step3_kernel.fn),
-                           what="compiling step 3 and the naive kernel for sm_90", timeout=600)
+x_, y_, f_ = (torch.empty(4, 8, 32, 80).transpose(0, 1), torch.empty(8, 4, 32, 80),
+              torch.empty(18, 80))
+step3_args = dict(x_ptr=x_, y_ptr=y_, freqs_ptr=f_, B=4, H=32, stride_xs=x_.stride(0),
+                  stride_xb=x_.stride(1), stride_xh=x_.stride(2), stride_xd=x_.stride(3),
+                  stride_fs=80, stride_fd=1, HALF=40, BLOCK_HALF=64)
+naive_args = dict(step3_args, stride_ys=y_.stride(0), stride_yb=y_.stride(1),
+                  stride_yh=y_.stride(2), BACKWARD=False, COMPUTE_DTYPE=tl.float32,
+                  BF16_RTNE=False)
+code = {"step 3": compiled_code(_rope_step3_kernel, step3_args, num_warps=4, timeout=600),
+        "_rope_naive_kernel": compiled_code(naive._rope_naive_kernel, naive_args,
+                                            num_warps=default_num_warps(64), timeout=600)}
+ptxs = {name: c["ptx"] for name, c in code.items()}
 
 
 def fused_x(ptx):
@@ -605,7 +599,7 @@ def fused_x(ptx):
 same_x = {}
 for name in ("step 3", "_rope_naive_kernel"):
     same_x[name], line = fused_x(ptxs[name])
-    print(f"{name:18s} (Triton {ptxs['triton']}, sm_90): y2 fuses "
+    print(f"{name:18s} (Triton {code[name]['triton']}, sm_90): y2 fuses "
           f"{'x1 sin2, as y1 fuses x1 cos1' if same_x[name] else 'x2 cos2; y1 fuses x1 cos1'}"
           f"  | {line}")
 assert not same_x["step 3"] and same_x["_rope_naive_kernel"]   # the two contract y2 unlike
@@ -1113,26 +1107,19 @@ draw_sectors(recorded, FIGURES / "03-access-sectors.png")
 # stride-2 store more, and (c) against (d) as the compiled layout says; the cell checks that.
 
 # %%
-# A child Python without TRITON_INTERPRET (under it @triton.jit gives interpreted functions)
-# compiles ropelib's pair swap, the cell above's code, as the counters' launch ran it: a
-# [262144, 128] bf16 tensor, 16 rows a program, Triton's default of 4 warps.
+# ropelib's pair swap, the cell above's code, compiled for sm_90 (here, or under the interpreter
+# in a second Python) as the counters' launch ran it: a [262144, 128] bf16 tensor, 16 rows a
+# program, Triton's default of 4 warps.
 import collections, re   # noqa: E401
-from ropelib.course.offline_compile import in_compiling_python
-
-CHILD = r'''
-import json, torch, triton
 from ropelib.course.kernels.pair_swap import _pair_swap_kernel
-from ropelib.course.offline_compile import compile_for_cuda
-x = torch.empty(1 << 18, 128, dtype=torch.bfloat16)   # only its shape, dtype and alignment matter
-out = {"triton": triton.__version__}
-for name, whole_rows in (("c", False), ("d", True)):
-    k = compile_for_cuda(_pair_swap_kernel, dict(x_ptr=x, y_ptr=x, n_rows=x.shape[0], D=128,
-                         ROWS=16, STRIDED_LOAD=False, STRIDED_STORE=False, WHOLE_ROWS=whole_rows),
-                         num_warps=4)
-    out[name] = {"ttgir": k.asm["ttgir"], "ptx": k.asm["ptx"]}
-print(json.dumps(out))
-'''
-built = in_compiling_python(CHILD, what="compiling the pair swap for sm_90", timeout=600)
+from ropelib.course.offline_compile import compiled_code
+
+x_ = torch.empty(16, 128, dtype=torch.bfloat16)     # only its dtype and alignment matter
+built = {name: compiled_code(_pair_swap_kernel, dict(
+             x_ptr=x_, y_ptr=x_, n_rows=1 << 18, D=128, ROWS=16, STRIDED_LOAD=False,
+             STRIDED_STORE=False, WHOLE_ROWS=whole_rows), num_warps=4, timeout=600)
+         for name, whole_rows in (("c", False), ("d", True))}
+built["triton"] = built["c"]["triton"]
 
 
 def load_layout(ttgir):
@@ -1910,24 +1897,18 @@ assert profiled("worked", "regs") == [28, 46, 40, 151] and profiled("worked", "f
 assert prof["worked, 8 rows"]["launch__occupancy_limit_registers"] == 12
 assert round(prof["copy"]["gpu__time_duration.sum"] / 1e3) == 125
 
-CHILD_ROWS = r'''
-import json, torch, triton
+# the worked rows kernel compiled for sm_90 at the profiled launches (1 warp, 2 and 8 rows)
 from ropelib.course.exercises.naive_kernel import solution_rope_rows
-from ropelib.course.offline_compile import compile_for_cuda, resource_usage
-x = torch.empty(32768, 1, 32, 128, dtype=torch.bfloat16)   # only its shape, dtype, alignment
-f = torch.empty(32768, 128)
-out = {"triton": triton.__version__}
-for rows, warps in ((2, 1), (8, 1)):
-    k = compile_for_cuda(solution_rope_rows, dict(
-        x_ptr=x, y_ptr=x, freqs_ptr=f, n_rows=32768 * 32, B=1, H=32, stride_xs=x.stride(0),
-        stride_xb=x.stride(1), stride_xh=x.stride(2), stride_xd=x.stride(3),
-        stride_fs=f.stride(0), stride_fd=f.stride(1), HALF=64, BLOCK_HALF=64, ROWS=rows),
-        num_warps=warps)
-    out[rows] = resource_usage(k.asm["cubin"])["registers"]
-print(json.dumps(out))
-'''
-regs = in_compiling_python(CHILD_ROWS, what="compiling the worked rows kernel for sm_90",
-                           timeout=600)
+from ropelib.course.offline_compile import compiled_code
+# x [32768, 1, 32, 128] bf16 contiguous, freqs [32768, 128] fp32: pointers stand in by dtype
+x_, f_ = torch.empty(16, dtype=torch.bfloat16), torch.empty(16)
+rows_code = {str(rows): compiled_code(solution_rope_rows, dict(
+                 x_ptr=x_, y_ptr=x_, freqs_ptr=f_, n_rows=32768 * 32, B=1, H=32,
+                 stride_xs=4096, stride_xb=4096, stride_xh=128, stride_xd=1, stride_fs=128,
+                 stride_fd=1, HALF=64, BLOCK_HALF=64, ROWS=rows), num_warps=1, timeout=600)
+             for rows in (2, 8)}
+regs = {rows: c["resources"]["registers"] for rows, c in rows_code.items()}
+regs["triton"] = rows_code["2"]["triton"]
 from ropelib.course.counts import programs_per_sm
 fits = {rows: programs_per_sm(regs[rows], 1, 0) for rows in ("2", "8")}   # 1 warp, no smem
 for rows, occ in fits.items():

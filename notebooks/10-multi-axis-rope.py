@@ -1197,44 +1197,27 @@ def angles_no_store_in_loop(
     tl.store(q_out_ptr + t[:, None] * D + j, total, mask=live)   # once, after the loops
 
 
-# compiled for sm_90 by this machine's Triton, in a second Python without TRITON_INTERPRET
-# (under the interpreter @triton.jit gives interpreted functions): the kernels' source is
-# written to a file there, since a notebook's kernels cannot be imported
-import tempfile
-from ropelib.course.offline_compile import in_compiling_python
-HOIST_CHILD = r'''
-import importlib.util, json, sys, torch
+# compiled for sm_90 by this machine's Triton (offline_compile.compiled_code: under the
+# interpreter, in a second Python, the notebook's kernels from their source, which holds the
+# functions they call)
 from ropelib.course.exercises import multi_axis
-from ropelib.course.offline_compile import compile_for_cuda, cuobjdump
-spec = importlib.util.spec_from_file_location("notebook_kernels", sys.argv[1])
-module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)
-T, HQ, HK, D, BLOCK_T = (int(a) for a in sys.argv[2:7])
-q, k = torch.empty(T, HQ, D, dtype=torch.bfloat16), torch.empty(T, HK, D, dtype=torch.bfloat16)
-args = dict(q_ptr=q, k_ptr=k, q_out_ptr=q, k_out_ptr=k, T=T, HQ=HQ, HK=HK, D=D, N_AXES=3,
-            pos_ptr=torch.empty(3, T, dtype=torch.int32), inv_freq_ptr=torch.empty(D // 2),
-            axis_ptr=torch.empty(D // 2, dtype=torch.int32), BLOCK_T=BLOCK_T)
-found = {"ttgir": {}, "sass": {}}
-for name in sys.argv[7:]:
-    compiled = compile_for_cuda(getattr(module, name, None) or getattr(multi_axis, name), args,
-                                num_warps=4)
-    found["ttgir"][name] = compiled.asm["ttgir"]
-    found["sass"][name] = cuobjdump(compiled.asm["cubin"], "-sass") or ""   # "" without cuobjdump
-print(json.dumps(found))
-'''
+from ropelib.course.offline_compile import compiled_code
 T_NCU, BLOCK_T_NCU = 16384, 8                  # the profiled launch: 2,048 programs, 4 warps
 assert T_NCU // BLOCK_T_NCU == int(per_head_m["launch__grid_size"])
 hoist_kernels = (angles_cos_sin, rotate_head, mrope_per_head_kernel, angles_no_store_in_loop)
-with tempfile.TemporaryDirectory() as tmp:
-    src = Path(tmp) / "notebook_kernels.py"
-    src.write_text("import triton\nimport triton.language as tl\n\n\n" + "\n\n".join(
-        inspect.getsource(kern.fn) for kern in hoist_kernels))
-    compiled_asm = in_compiling_python(HOIST_CHILD, str(src),
-                                       *map(str, (T_NCU, HQ6, HK6, D6, BLOCK_T_NCU)),
-                                       "mrope_per_head_kernel", "angles_no_store_in_loop",
-                                       "solution_mrope_kernel",   # the worked solution
-                                       what="compiling the head-loop kernels for sm_90",
-                                       timeout=600)
+hoist_source = "import triton\nimport triton.language as tl\n\n\n" + "\n\n".join(
+    inspect.getsource(kern.fn) for kern in hoist_kernels)
+q_, k_ = torch.empty(16, dtype=torch.bfloat16), torch.empty(16, dtype=torch.bfloat16)
+hoist_args = dict(q_ptr=q_, k_ptr=k_, q_out_ptr=q_, k_out_ptr=k_, T=T_NCU, HQ=HQ6, HK=HK6, D=D6,
+                  N_AXES=3, pos_ptr=torch.empty(16, dtype=torch.int32),
+                  inv_freq_ptr=torch.empty(16), axis_ptr=torch.empty(16, dtype=torch.int32),
+                  BLOCK_T=BLOCK_T_NCU)
+compiled_asm = {"ttgir": {}, "sass": {}}
+for kern in (mrope_per_head_kernel, angles_no_store_in_loop,
+             multi_axis.solution_mrope_kernel):          # the worked solution
+    code = compiled_code(kern, hoist_args, num_warps=4, source=hoist_source, timeout=600)
+    compiled_asm["ttgir"][kern.fn.__name__] = code["ttgir"]
+    compiled_asm["sass"][kern.fn.__name__] = code["sass"]      # "" without cuobjdump
 hoist_ir = {name: compiled_asm["ttgir"][name]
             for name in ("mrope_per_head_kernel", "angles_no_store_in_loop")}
 

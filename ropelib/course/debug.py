@@ -742,16 +742,16 @@ def float_instructions(ptx: str, sass: Optional[str] = None) -> dict:
     return {"ptx": count(_PTX_FLOAT_OPS, ptx), "sass": count(_SASS_FLOAT_OPS, sass)}
 
 
-def _repro_compiled_here(fixed: bool, enable_fp_fusion: bool, arch: int):
+def _repro_code(fixed: bool, enable_fp_fusion: bool, arch: int) -> dict:
     """The reproduction kernel at notebook 08's GPU size (bf16 rows [1024, 8, 128], S = 512),
-    compiled for sm_<arch> on this machine: with section 1's reported switches (a bf16 table,
-    math in bf16) or, `fixed`, debug.FIXED's (sin/cos from fp32 angles, math in fp32); the line
-    as written either way."""
-    from .offline_compile import compile_for_cuda
+    compiled for sm_<arch> on this machine (offline_compile.compiled_code): with section 1's
+    reported switches (a bf16 table, math in bf16) or, `fixed`, debug.FIXED's (sin/cos from
+    fp32 angles, math in fp32); the line as written either way."""
+    from .offline_compile import compiled_code
     x = torch.empty(1024, 8, 128, dtype=torch.bfloat16)              # [rows, H, D]: bshd rows
     # [S, D/2]: fp32 angles, or the cos/sin table in x's dtype
     table = torch.empty(512, 64, dtype=torch.float32 if fixed else torch.bfloat16)
-    return compile_for_cuda(
+    return compiled_code(
         _rope_unsloth_repro_kernel,
         dict(x_ptr=x, cos_ptr=table, sin_ptr=table, stride_xr=x.stride(0), stride_xh=x.stride(1),
              stride_t=table.stride(0), SEQ_LEN=512, HALF=64, BLOCK_HALF=64, FROM_ANGLES=fixed,
@@ -759,27 +759,13 @@ def _repro_compiled_here(fixed: bool, enable_fp_fusion: bool, arch: int):
         num_warps=4, arch=arch, enable_fp_fusion=enable_fp_fusion)
 
 
-def _repro_instructions_here(enable_fp_fusion: bool, arch: int) -> dict:
-    from .offline_compile import cuobjdump
-    compiled = _repro_compiled_here(False, enable_fp_fusion, arch)
-    return float_instructions(compiled.asm["ptx"], cuobjdump(compiled.asm["cubin"], "-sass"))
-
-
-def _repro_fixed_ptx_here(arch: int) -> str:
-    return _repro_compiled_here(True, True, arch).asm["ptx"]
-
-
 def repro_kernel_instructions(enable_fp_fusion: bool = True, arch: int = 90) -> dict:
     """The floating-point instructions (`float_instructions`) of the reproduction kernel's math
     in the input dtype (bf16: section 1's reported failure), compiled for sm_<arch> with Triton's
     contraction on or off. No GPU is needed: Triton and ptxas run on the CPU (under the
-    interpreter in a child Python without TRITON_INTERPRET)."""
-    if not runtime.INTERPRET:
-        return _repro_instructions_here(bool(enable_fp_fusion), arch)
-    from .offline_compile import in_compiling_python
-    code = ("import json; from ropelib.course.debug import _repro_instructions_here; "
-            f"print(json.dumps(_repro_instructions_here({bool(enable_fp_fusion)}, {int(arch)})))")
-    return in_compiling_python(code, what=f"compiling the reproduction kernel for sm_{arch}")
+    interpreter in a second Python without TRITON_INTERPRET)."""
+    code = _repro_code(False, bool(enable_fp_fusion), arch)
+    return float_instructions(code["ptx"], code["sass"])
 
 
 # Which product of `y = a * b +/- c * d` a compiled kernel rounds and which it fuses, read from the
@@ -819,16 +805,22 @@ def _product_at(products: dict, column: int, total: str) -> str:
                 total)
 
 
-def ptx_products(ptx: str, source: str, path: str) -> dict:
+def ptx_products(ptx: str, source: str, path: Optional[str] = None) -> dict:
     """How compiled code computes each line `y = a * b +/- c * d` of `source` (the text of the
-    file `path` it was compiled from; matched by file name, since Triton's cache may hand back
-    code compiled from the same text elsewhere): {y: {"rounded": the products compiled as mul.f32,
-    "fused": the line's other product where an fma.rn.f32 adds it unrounded, "mul.f32": n,
-    "fma.rn.f32": n, "lines": the instructions, each with the source it came from}}."""
+    file `path` it was compiled from, matched by file name, since Triton's cache may hand back
+    code compiled from the same text elsewhere; None: the file of the PTX's first line info,
+    the kernel's own, whatever it was named when compiled): {y: {"rounded": the products
+    compiled as mul.f32, "fused": the line's other product where an fma.rn.f32 adds it
+    unrounded, "mul.f32": n, "fma.rn.f32": n, "lines": the instructions, each with the source
+    it came from}}."""
     name = lambda p: p.replace("\\", "/").rsplit("/", 1)[-1]
-    mine = name(str(path))
     files = {m[1]: m[2] if m[3] is None else f"{m[2]}/{m[3]}"      # listed after the code
              for m in map(_PTX_FILE.match, ptx.splitlines()) if m}
+    if path is None:
+        first = next((m for m in map(_PTX_LOC.match, ptx.splitlines()) if m), None)
+        mine = name(files.get(first[1], "")) if first else None
+    else:
+        mine = name(str(path))
     loc, found = None, {}
     src_lines = source.splitlines()
     for line in ptx.splitlines():
@@ -854,24 +846,6 @@ def ptx_products(ptx: str, source: str, path: str) -> dict:
     return found
 
 
-_COMBINE_CHILD = r'''
-import importlib.util, json, sys, torch
-from ropelib.course.offline_compile import compile_for_cuda
-path, kernel, combine, arch, S, B, H, D = sys.argv[1:9]
-spec = importlib.util.spec_from_file_location("combine_kernels", path)
-module = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(module)
-S, B, H, D = int(S), int(B), int(H), int(D)
-x, y = torch.empty(S, B, H, D, dtype=torch.bfloat16), torch.empty(S, B, H, D)
-a = torch.empty(S, D // 2)
-compiled = compile_for_cuda(getattr(module, kernel), dict(
-    x_ptr=x, y_ptr=y, ang_ptr=a, cos_ptr=a, sin_ptr=a, n_rows=S * B * H, rows_per_pos=B * H,
-    HALF=D // 2, BLOCK_ROWS=64, SINCOS="tl", COMBINE=getattr(module, combine)),
-    num_warps=4, arch=int(arch), enable_fp_fusion=True)
-print(json.dumps(compiled.asm["ptx"]))
-'''
-
-
 def combine_kernel_products(kernel_source: str, kernel: str = "_rope_combine_kernel",
                             combine: str = "as_written", shape=(512, 2, 8, 128),
                             arch: int = 90) -> dict:
@@ -880,15 +854,24 @@ def combine_kernel_products(kernel_source: str, kernel: str = "_rope_combine_ker
     a program and 4 warps on bf16 x of `shape` (sbhd), compiled for sm_<arch> with Triton's
     default contraction (enable_fp_fusion=True). No GPU is needed: Triton and ptxas run on the
     CPU, in a second Python without TRITON_INTERPRET."""
+    import importlib.util
     import tempfile
     from pathlib import Path
-    from .offline_compile import in_compiling_python
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "combine_kernels.py"
+    from .offline_compile import compiled_code
+    S, B, H, D = shape
+    x, y = torch.empty(S, B, H, D, dtype=torch.bfloat16), torch.empty(S, B, H, D)
+    a = torch.empty(S, D // 2)
+    with tempfile.TemporaryDirectory() as tmp:      # the kernel and COMBINE, from the text
+        path = Path(tmp) / "combine_kernels.py"     # the PTX's line info names this file
         path.write_text(kernel_source)
-        ptx = in_compiling_python(_COMBINE_CHILD, str(path), kernel, combine, str(arch),
-                                  *map(str, shape), what=f"compiling {kernel} for sm_{arch}")
-    return ptx_products(ptx, kernel_source, str(path))
+        spec = importlib.util.spec_from_file_location("combine_kernels", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    code = compiled_code(getattr(module, kernel), dict(
+        x_ptr=x, y_ptr=y, ang_ptr=a, cos_ptr=a, sin_ptr=a, n_rows=S * B * H, rows_per_pos=B * H,
+        HALF=D // 2, BLOCK_ROWS=64, SINCOS="tl", COMBINE=getattr(module, combine)),
+        num_warps=4, arch=arch, enable_fp_fusion=True, source=kernel_source)
+    return ptx_products(code["ptx"], kernel_source)
 
 
 def repro_kernel_products(arch: int = 90) -> dict:
@@ -896,13 +879,7 @@ def repro_kernel_products(arch: int = 90) -> dict:
     angles, fp32 math, the line as written), compiled for sm_<arch> with Triton's default
     contraction, at notebook 08's GPU size (bf16 rows [1024, 8, 128], S = 512)."""
     import inspect
-    if runtime.INTERPRET:
-        from .offline_compile import in_compiling_python
-        code = ("import json; from ropelib.course.debug import _repro_fixed_ptx_here; "
-                f"print(json.dumps(_repro_fixed_ptx_here({int(arch)})))")
-        ptx = in_compiling_python(code, what=f"compiling the reproduction kernel for sm_{arch}")
-    else:
-        ptx = _repro_fixed_ptx_here(arch)
+    ptx = _repro_code(True, True, arch)["ptx"]
     path = inspect.getsourcefile(_rope_unsloth_repro_kernel.fn)
     with open(path) as f:
         return ptx_products(ptx, f.read(), path)

@@ -28,23 +28,16 @@ bf16: 2), and `check_wide_loads` grades a kernel exercise on them once its own c
 passed: a kernel that computes the right thing with 2-byte loads is correct, not fast.
 
 Under Triton's interpreter (TRITON_INTERPRET=1) the kernel is compiled in a second Python
-without it: a kernel of an importable module (ropelib's own) is imported there by name; one
-defined in a notebook, from its source, so it must be self-contained (only `triton`,
-`triton.language as tl` and its arguments). Pointer arguments are given as
-tensors (only their dtype matters), the others as values, as a launch would pass them.
+without it (offline_compile.compiled_code): a kernel of an importable module (ropelib's own) is
+imported there by name; one defined in a notebook, from its source, so it must be
+self-contained (only `triton`, `triton.language as tl` and its arguments). Pointer arguments are
+given as tensors (only their dtype and alignment matter), the others as values, as a launch
+would pass them.
 """
-import inspect
-import json
 import re
-import tempfile
-import textwrap
-from pathlib import Path
 from typing import Optional
 
-import torch
-
-from ..runtime import INTERPRET
-from .offline_compile import compile_for_cuda, cuobjdump, in_compiling_python, resource_usage
+from .offline_compile import compiled_code, cuobjdump
 
 __all__ = ["schedule", "sass_instructions", "load_bytes", "load_widths", "check_wide_loads"]
 
@@ -60,51 +53,38 @@ def sass_instructions(cubin: bytes) -> list:
     text = cuobjdump(cubin, "-sass", timeout=120.0)
     if text is None:
         raise RuntimeError("no cuobjdump: Triton's NVIDIA backend ships one; is it installed?")
+    return _instructions(text)
+
+
+def _instructions(sass: str) -> list:
+    """cuobjdump's SASS listing, one instruction a line, predicates kept, in order."""
     return [re.sub(r"^\s+/\*[0-9a-f]+\*/\s+", "", line).split(";")[0].strip()
-            for line in text.splitlines() if re.match(r"^\s+/\*[0-9a-f]{4,}\*/", line)]
+            for line in sass.splitlines() if re.match(r"^\s+/\*[0-9a-f]{4,}\*/", line)]
 
 
-def _summary(cubin: bytes) -> dict:
-    ins = sass_instructions(cubin)
+def schedule(kernel, args: dict, *, num_warps: int, num_stages: Optional[int] = None,
+             timeout: float = 300.0) -> dict:
+    """Compile `kernel` for sm_90 as a launch with `args` (every argument by name), `num_warps`
+    and `num_stages` (Triton's default where None) would compile it, and say where its machine
+    code issues its global loads (see the module docstring)."""
+    code = compiled_code(kernel, args, num_warps=num_warps, num_stages=num_stages,
+                         timeout=timeout)
+    if not code["sass"]:
+        raise RuntimeError("no cuobjdump: Triton's NVIDIA backend ships one; is it installed?")
+    ins = _instructions(code["sass"])
     loads = [(i, s) for i, s in enumerate(ins) if _LOAD.match(s)]
     first_math = next((i for i, s in enumerate(ins) if _MATH.match(s)), len(ins))
-    return dict(loads=loads, first_math=first_math,
-                early=sum(i < first_math for i, _ in loads),
-                registers=resource_usage(cubin).get("registers"), instructions=len(ins),
-                local_stores=sum(bool(_SPILL_STORE.match(s)) for s in ins),
-                local_loads=sum(bool(_SPILL_LOAD.match(s)) for s in ins),
-                sass=ins)
-
-
-def _encode(args: dict) -> dict:
-    out = {}
-    for name, value in args.items():
-        if isinstance(value, torch.Tensor):
-            out[name] = {"tensor": str(value.dtype).replace("torch.", "")}
-        elif value is None or isinstance(value, (bool, int, float)):
-            out[name] = value
-        else:
-            raise TypeError(f"argument {name!r}: a tensor, None, bool, int or float, got "
-                            f"{type(value).__name__}")
-    return out
-
-
-def _decode(args: dict) -> dict:
-    return {name: torch.empty(16, dtype=getattr(torch, v["tensor"])) if isinstance(v, dict)
-            else v for name, v in args.items()}
-
-
-def _compile_here(kernel, args: dict, num_warps: int, num_stages=None) -> dict:
-    compiled = compile_for_cuda(kernel, args, num_warps=num_warps, num_stages=num_stages)
-    out = _summary(compiled.asm["cubin"])
+    moved = _conversions(code["ttgir"])
     # shared memory a program asks for (Triton's pipelining buffers and layout conversions),
     # and how many times the TTGIR moves a tensor from one register layout to another
-    out["shared"] = compiled.metadata.shared
-    moved = _conversions(compiled.asm["ttgir"])
-    out["dots"] = len(re.findall(r"= (?:ttng\.warp_group_dot|tt\.dot) ", compiled.asm["ttgir"]))
-    out["layout_conversions"] = len(moved)
-    out["converted_bytes"] = sum(moved)
-    return out
+    return dict(loads=loads, first_math=first_math,
+                early=sum(i < first_math for i, _ in loads),
+                registers=code["resources"].get("registers"), instructions=len(ins),
+                local_stores=sum(bool(_SPILL_STORE.match(s)) for s in ins),
+                local_loads=sum(bool(_SPILL_LOAD.match(s)) for s in ins),
+                sass=ins, shared=code["shared"],
+                dots=len(re.findall(r"= (?:ttng\.warp_group_dot|tt\.dot) ", code["ttgir"])),
+                layout_conversions=len(moved), converted_bytes=sum(moved))
 
 
 _CONVERT = re.compile(r"ttg\.convert_layout .*: tensor<([0-9x]+)x(bf16|f16|f32|f64|i1|i8|i16|i32|i64)")
@@ -121,49 +101,6 @@ def _conversions(ttgir: str) -> list:
             n *= int(dim)
         sizes.append(n * _BYTES[m[2]])
     return sizes
-
-
-_CHILD = """
-import importlib, importlib.util, json, sys
-from ropelib.course.load_schedule import _compile_here, _decode
-request = json.loads(sys.argv[2])
-try:
-    module = importlib.import_module(request["module"]) if request["module"] else None
-except ImportError:
-    module = None
-if module is None:
-    spec = importlib.util.spec_from_file_location("notebook_kernel", sys.argv[1])
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-kernel = getattr(module, request["name"])
-print(json.dumps(_compile_here(kernel, _decode(request["args"]), request["num_warps"],
-                               request["num_stages"])))
-"""
-
-
-def schedule(kernel, args: dict, *, num_warps: int, num_stages: Optional[int] = None,
-             timeout: float = 300.0) -> dict:
-    """Compile `kernel` for sm_90 as a launch with `args` (every argument by name), `num_warps`
-    and `num_stages` (Triton's default where None) would compile it, and say where its machine
-    code issues its global loads (see the module docstring)."""
-    _encode(args)                                   # (the argument check, on every path)
-    if not INTERPRET:
-        return _compile_here(kernel, args, num_warps, num_stages)
-    fn = getattr(kernel, "fn", kernel)
-    # a kernel of an importable module (ropelib's own) is imported there; one defined in a
-    # notebook (module __main__), or in a module the second Python cannot import, is compiled
-    # from its source
-    module = fn.__module__ if fn.__module__ not in (None, "__main__") else ""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "notebook_kernel.py"
-        path.write_text("import triton\nimport triton.language as tl\n\n\n"
-                        + textwrap.dedent(inspect.getsource(fn)))
-        request = json.dumps(dict(name=fn.__name__, module=module, args=_encode(args),
-                                  num_warps=num_warps, num_stages=num_stages))
-        out = in_compiling_python(_CHILD, str(path), request,
-                                  what=f"compiling {fn.__name__} for sm_90", timeout=timeout)
-    out["loads"] = [tuple(x) for x in out["loads"]]
-    return out
 
 
 # --- the widths of the loads: what a thread moves in one instruction -----------------------------

@@ -6,7 +6,13 @@ Notebook 05's layouts (ladder.compile_for_gpu), notebook 12's resource table
 all compile through `compile_for_cuda` and read the cubin with `resource_usage`. Run without
 TRITON_INTERPRET: under the interpreter @triton.jit gives interpreted functions, so a course
 session under the interpreter compiles in a second Python (`in_compiling_python`).
+
+`compiled_code(kernel, args, ...)` does either, whichever this Python can: it returns the
+compiled kernel's text (TTGIR, PTX, SASS) and resources, for a kernel of ropelib's or one a
+notebook defines (compiled from its source in the second Python). Notebooks 03, 08 and 10 read
+their own kernels' code through it, and load_schedule (notebook 05) its loads.
 """
+import inspect
 import json
 import os
 import re
@@ -14,13 +20,19 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 from typing import Optional
 
+import torch
 import triton
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
 
-__all__ = ["compile_for_cuda", "cuobjdump", "in_compiling_python", "resource_usage",
-           "triton_tool"]
+from ..runtime import INTERPRET
+
+__all__ = ["compile_for_cuda", "compiled_code", "cuobjdump", "in_compiling_python",
+           "resource_usage", "triton_tool"]
 
 
 def compile_for_cuda(kernel, args: dict, *, num_warps: int, num_stages: Optional[int] = None,
@@ -97,3 +109,109 @@ def resource_usage(cubin: bytes) -> dict:
     found = {key: re.search(rf"{field}:(\d+)", text)
              for key, field in (("registers", "REG"), ("stack", "STACK"), ("shared", "SHARED"))}
     return {key: int(m[1]) if m else None for key, m in found.items()}
+
+
+# --- a kernel's compiled code, from whichever Python can compile it ---------------------------
+
+def compiled_code(kernel, args: dict, *, num_warps: int, num_stages: Optional[int] = None,
+                  arch: int = 90, enable_fp_fusion: Optional[bool] = None,
+                  source: Optional[str] = None, timeout: float = 300.0) -> dict:
+    """`kernel` (a @triton.jit function) compiled for sm_<arch> as `compile_for_cuda` would with
+    `args`, read back as text: {"triton": the version, "ttgir", "ptx", "sass" (cuobjdump's; ""
+    without one), "resources" (`resource_usage`), "shared" (bytes a program asks for)}.
+
+    In this Python, unless it runs Triton's interpreter; there, in a second Python
+    (`in_compiling_python`), where the kernel is imported from its module by name, or, for a
+    kernel defined in a notebook (or a module the second Python cannot import), built from
+    `source`: a module's text defining the kernel and every @triton.jit function it calls or
+    is given (with its imports: it is written as it is); by default the kernel's own source,
+    after `import triton` and `import triton.language as tl`. `args` pass as a launch passes them: pointers
+    as tensors (what matters is their dtype and whether they are 16-byte aligned), the rest as
+    ints, floats, bools, strings, None, Triton dtypes (tl.float32) or @triton.jit functions of
+    the kernel's module (a constexpr such as COMBINE=as_written)."""
+    encoded = _encode(args)                       # (the argument check, on every path)
+    if not INTERPRET:
+        return _compiled_here(kernel, args, num_warps, num_stages, arch, enable_fp_fusion)
+    fn = getattr(kernel, "fn", kernel)
+    module = fn.__module__ if fn.__module__ not in (None, "__main__") else ""
+    if source is None:
+        source = _IMPORTS + textwrap.dedent(inspect.getsource(fn))
+    request = dict(name=fn.__name__, module=module, args=encoded, num_warps=num_warps,
+                   num_stages=num_stages, arch=arch, enable_fp_fusion=enable_fp_fusion)
+    with tempfile.TemporaryDirectory() as tmp:
+        # named after the kernel's module: the PTX's line info names this file
+        path = Path(tmp) / f"{module.rsplit('.', 1)[-1] or 'notebook_kernels'}.py"
+        path.write_text(source)
+        return in_compiling_python(_CHILD, str(path), json.dumps(request),
+                                   what=f"compiling {fn.__name__} for sm_{arch}",
+                                   timeout=timeout)
+
+
+_IMPORTS = "import triton\nimport triton.language as tl\n\n\n"
+
+
+def _compiled_here(kernel, args, num_warps, num_stages, arch, enable_fp_fusion) -> dict:
+    compiled = compile_for_cuda(kernel, args, num_warps=num_warps, num_stages=num_stages,
+                                arch=arch, enable_fp_fusion=enable_fp_fusion)
+    cubin = compiled.asm.get("cubin")
+    return {"triton": triton.__version__, "ttgir": compiled.asm.get("ttgir", ""),
+            "ptx": compiled.asm.get("ptx", ""), "sass": cuobjdump(cubin, "-sass") or "",
+            "resources": resource_usage(cubin), "shared": compiled.metadata.shared}
+
+
+_KERNEL_TYPES = (triton.runtime.JITFunction, InterpretedFunction)   # @triton.jit's, either way
+
+
+def _encode(args: dict) -> dict:
+    """`args` as JSON for the second Python (see `compiled_code`); TypeError names an argument
+    it cannot pass."""
+    out = {}
+    for name, value in args.items():
+        if isinstance(value, torch.Tensor):
+            out[name] = {"tensor": str(value.dtype).replace("torch.", ""),
+                         "aligned": value.data_ptr() % 16 == 0}
+        elif isinstance(value, tl.dtype):
+            out[name] = {"tl": value.name}
+        elif isinstance(value, _KERNEL_TYPES):
+            out[name] = {"jit": value.fn.__name__}
+        elif value is None or isinstance(value, (bool, int, float, str)):
+            out[name] = value
+        else:
+            raise TypeError(f"argument {name!r}: a tensor, a Triton dtype, a @triton.jit "
+                            f"function, None, bool, int, float or str, got "
+                            f"{type(value).__name__}")
+    return out
+
+
+def _decode(args: dict, module) -> dict:
+    """`_encode`'s JSON back to launch arguments; @triton.jit functions from `module`."""
+    def value(v):
+        if not isinstance(v, dict):
+            return v
+        if "tensor" in v:
+            t = torch.empty(32, dtype=getattr(torch, v["tensor"]))
+            return t if v["aligned"] else t[1:]
+        if "tl" in v:
+            return tl.dtype(v["tl"])
+        return getattr(module, v["jit"])
+    return {name: value(v) for name, v in args.items()}
+
+
+_CHILD = """
+import importlib, importlib.util, json, sys
+from ropelib.course.offline_compile import _compiled_here, _decode
+request = json.loads(sys.argv[2])
+try:
+    module = importlib.import_module(request["module"]) if request["module"] else None
+except ImportError:
+    module = None
+if module is None or not hasattr(module, request["name"]):
+    spec = importlib.util.spec_from_file_location(request["module"] or "notebook_kernels",
+                                                  sys.argv[1])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+print(json.dumps(_compiled_here(getattr(module, request["name"]),
+                                _decode(request["args"], module), request["num_warps"],
+                                request["num_stages"], request["arch"],
+                                request["enable_fp_fusion"])))
+"""

@@ -1,0 +1,71 @@
+"""ropelib.course.offline_compile.compiled_code: a kernel's sm_90 code read back as text, from
+whichever Python can compile it (under the interpreter, a second Python)."""
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before ropelib's kernels are imported
+
+from ropelib.course.offline_compile import compiled_code  # noqa: E402
+
+# a kernel as a notebook defines one: with a helper it calls and a combine function it is given
+SOURCE = '''import triton
+import triton.language as tl
+
+
+@triton.jit
+def twice(x):
+    return x + x
+
+
+@triton.jit
+def scale_kernel(x_ptr, y_ptr, n, COMBINE: tl.constexpr, DTYPE: tl.constexpr,
+                 BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + i, mask=i < n).to(DTYPE)
+    tl.store(y_ptr + i, COMBINE(x), mask=i < n)
+'''
+
+
+def _module(tmp_path):
+    import importlib.util
+    path = tmp_path / "scale_kernels.py"
+    path.write_text(SOURCE)
+    spec = importlib.util.spec_from_file_location("scale_kernels", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_kernel_from_source_given_a_dtype_and_a_function(tmp_path):
+    import triton.language as tl
+    m = _module(tmp_path)
+    x = torch.empty(64)
+    code = compiled_code(m.scale_kernel, dict(x_ptr=x, y_ptr=x, n=4096, COMBINE=m.twice,
+                                              DTYPE=tl.float32, BLOCK=512),
+                         num_warps=4, source=SOURCE)
+    assert set(code) == {"triton", "ttgir", "ptx", "sass", "resources", "shared"}
+    assert ".target sm_90" in code["ptx"] and "add.f32" in code["ptx"]
+    assert "ld.global.v4.b32" in code["ptx"]            # 16-byte aligned pointers: vector loads
+    if code["sass"]:                                    # (cuobjdump ships with Triton)
+        assert "LDG.E.128" in code["sass"] and code["resources"]["registers"] > 0
+
+
+def test_a_pointer_off_16_bytes_loses_its_vector_loads(tmp_path):
+    import triton.language as tl
+    m = _module(tmp_path)
+    x = torch.empty(64)
+    code = compiled_code(m.scale_kernel, dict(x_ptr=x[1:], y_ptr=x, n=4096, COMBINE=m.twice,
+                                              DTYPE=tl.float32, BLOCK=512),
+                         num_warps=4, source=SOURCE)
+    assert "ld.global.v4.b32" not in code["ptx"]
+
+
+def test_an_argument_it_cannot_pass_is_named(tmp_path):
+    m = _module(tmp_path)
+    with pytest.raises(TypeError, match="argument 'n'"):
+        compiled_code(m.scale_kernel, dict(x_ptr=torch.empty(4), y_ptr=torch.empty(4),
+                                           n=object(), COMBINE=m.twice, DTYPE=None, BLOCK=8),
+                      num_warps=4, source=SOURCE)
